@@ -1,0 +1,220 @@
+"""The ``finecap`` command: parse arguments, build the configuration, call one function per command.
+
+Every command that takes a recipe accepts dotlist overrides after it: ``finecap train RECIPE.yaml train.lr=1e-4``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Callable
+
+from finecap.config import SECTIONS, Config, ConfigError, describe, load
+
+
+def _split_recipe(items: list[str]) -> tuple[str | None, list[str]]:
+    """The first item is a recipe when it does not look like an override (``key=value``)."""
+    if items and "=" not in items[0]:
+        return items[0], items[1:]
+    return None, items
+
+
+def _config(args: argparse.Namespace, flag_overrides: list[str] | None = None) -> Config:
+    recipe, overrides = _split_recipe(list(args.items))
+    for item in overrides:
+        if "=" not in item:
+            raise ConfigError(
+                f"argument {item!r}: expected section.key=value (only the first argument may be a recipe)"
+            )
+    return load(recipe, [*(flag_overrides or []), *overrides])
+
+
+def _flags(args: argparse.Namespace, mapping: dict[str, str]) -> list[str]:
+    """Turn command-line flags that were given into ``section.key=value`` overrides."""
+    out = []
+    for attr, key in mapping.items():
+        value = getattr(args, attr, None)
+        if value is not None:
+            out.append(f"{key}={value}")
+    return out
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# Commands
+# --------------------------------------------------------------------------------------------------------------------
+
+
+def cmd_world_make(args: argparse.Namespace) -> None:
+    from finecap.world.make import main
+
+    flags = {
+        "out": "world.out",
+        "n_train": "world.n_train",
+        "n_val": "world.n_val",
+        "n_test": "world.n_test",
+        "seed": "world.seed",
+        "image_size": "world.image_size",
+        "families": "world.families",
+    }
+    main(_config(args, _flags(args, flags)))
+
+
+def cmd_retriever_train(args: argparse.Namespace) -> None:
+    from finecap.models.world_encoder import main
+
+    main(_config(args))
+
+
+def cmd_retriever_probe(args: argparse.Namespace) -> None:
+    from finecap.models.world_encoder import probe_main
+
+    probe_main(_config(args), out=args.out)
+
+
+def cmd_train(args: argparse.Namespace) -> None:
+    from finecap.train.loop import train
+
+    train(_config(args), resume=args.resume)
+
+
+def cmd_caption(args: argparse.Namespace) -> None:
+    from finecap.caption import main
+
+    main(_config(args), checkpoint=args.checkpoint, split=args.split, out=args.out, data=args.data)
+
+
+def cmd_eval(args: argparse.Namespace) -> None:
+    from finecap.evaluate import main
+
+    main(
+        _config(args),
+        predictions=args.predictions,
+        references=args.references,
+        images=args.images,
+        bags=args.bags,
+        metrics=args.metrics,
+        out=args.out,
+        split=args.split,
+    )
+
+
+def cmd_bags_build(args: argparse.Namespace) -> None:
+    from finecap.data.truematch import main
+
+    main(_config(args), data=args.data, split=args.split, sizes=args.sizes, out=args.out)
+
+
+def cmd_demo(args: argparse.Namespace) -> None:
+    from finecap.demo import main
+
+    flags = []
+    if args.quick:
+        flags.append("demo.quick=true")
+    if args.run_dir:
+        flags.append(f"run.dir={args.run_dir}")
+    if args.force:
+        flags.append("demo.force=true")
+    if args.stages:
+        flags.append(f"demo.stages=[{args.stages}]")
+    main(_config(args, flags))
+
+
+def cmd_config(args: argparse.Namespace) -> None:
+    import yaml
+
+    if args.describe:
+        for name, cls in SECTIONS.items():
+            print(f"[{name}]")
+            for key, tp, default, text in describe(cls):
+                print(f"  {name}.{key} ({tp}, default {default!r}): {text}")
+        return
+    print(yaml.safe_dump(_config(args).to_dict(), sort_keys=False), end="")
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# Parser
+# --------------------------------------------------------------------------------------------------------------------
+
+OVERRIDES_HELP = "optional recipe YAML, then section.key=value overrides (e.g. train.lr=1e-4)"
+
+
+def _add(sub: argparse._SubParsersAction, name: str, func: Callable, help: str) -> argparse.ArgumentParser:
+    p = sub.add_parser(name, help=help, description=help)
+    p.add_argument("items", nargs="*", metavar="[RECIPE] [key=value ...]", help=OVERRIDES_HELP)
+    p.set_defaults(func=func)
+    return p
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="finecap", description=__doc__.splitlines()[0])
+    parser.add_argument("--version", action="version", version=f"finecap {__import__('finecap').__version__}")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    world = sub.add_parser("world", help="the embedded synthetic world").add_subparsers(dest="action", required=True)
+    p = _add(world, "make", cmd_world_make, "Generate the synthetic world data set (images, captions, scene graphs).")
+    p.add_argument("--out", help="output folder (world.out)")
+    p.add_argument("--n-train", dest="n_train", type=int, help="training scenes (world.n_train)")
+    p.add_argument("--n-val", dest="n_val", type=int, help="validation scenes (world.n_val)")
+    p.add_argument("--n-test", dest="n_test", type=int, help="test scenes (world.n_test)")
+    p.add_argument("--seed", type=int, help="world seed (world.seed)")
+    p.add_argument("--image-size", dest="image_size", type=int, help="image side in pixels (world.image_size)")
+    p.add_argument("--families", type=int, help="scene-family size, 0 = off (world.families)")
+
+    retr = sub.add_parser("retriever", help="the CLIP retriever").add_subparsers(dest="action", required=True)
+    _add(retr, "train", cmd_retriever_train, "Train (or reuse from cache) the world encoder / retriever.")
+    p = _add(retr, "probe", cmd_retriever_probe, "Linear-probe and caption-retrieval checks of the world encoder.")
+    p.add_argument("--out", default=None, help="JSON file for the probe results")
+
+    p = _add(sub, "train", cmd_train, "Train a captioner with a recipe.")
+    p.add_argument("--resume", action="store_true", help="continue the run from its last checkpoint")
+
+    p = _add(sub, "caption", cmd_caption, "Caption a data split with a trained checkpoint (COCO results JSON).")
+    p.add_argument("--checkpoint", required=True, help="checkpoint directory")
+    p.add_argument("--data", default=None, help="data set file (default: data.path / the world)")
+    p.add_argument("--split", default="test", help="split to caption")
+    p.add_argument("--out", required=True, help="output COCO results JSON")
+
+    p = _add(sub, "eval", cmd_eval, "Evaluate captions (n-gram, CLIP, retrieval, diversity, faithfulness).")
+    p.add_argument("--predictions", required=True, help="COCO results JSON")
+    p.add_argument("--references", required=True, help="references (Karpathy/COCO/JSONL/world data set file)")
+    p.add_argument("--images", default=None, help="image root for relative paths")
+    p.add_argument("--bags", default=None, help="bags JSON from `finecap bags build`")
+    p.add_argument("--metrics", default=None, help="comma-separated metric names (default: eval.metrics)")
+    p.add_argument("--split", default=None, help="restrict references to this split")
+    p.add_argument("--out", required=True, help="output JSON")
+
+    bags = sub.add_parser("bags", help="TrueMatch-style bags").add_subparsers(dest="action", required=True)
+    p = _add(bags, "build", cmd_bags_build, "Build bags of similar images (NDLB Algorithms 1-2).")
+    p.add_argument("--data", default=None, help="data set file (default: the world)")
+    p.add_argument("--split", default="test", help="split to build bags on")
+    p.add_argument("--sizes", default="3,5,7", help="comma-separated bag sizes")
+    p.add_argument("--out", required=True, help="output JSON")
+
+    p = _add(sub, "demo", cmd_demo, "Run the whole pipeline on the embedded world and print the results table.")
+    p.add_argument("--quick", action="store_true", help="tiny settings (about two minutes)")
+    p.add_argument("--run-dir", dest="run_dir", default=None, help="run directory (default runs/demo)")
+    p.add_argument("--force", action="store_true", help="re-run stages whose outputs exist")
+    p.add_argument("--stages", default=None, help="comma-separated stages to run (default demo.stages)")
+
+    p = _add(sub, "config", cmd_config, "Print the resolved configuration (or all keys with --describe).")
+    p.add_argument("--describe", action="store_true", help="list every key with its type, default and doc")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        args.func(args)
+    except (ValueError, FileNotFoundError) as e:
+        # Configuration and data errors carry a message naming the key, file or record at fault; print it
+        # without a traceback (set FINECAP_DEBUG=1 to see one).
+        if os.environ.get("FINECAP_DEBUG"):
+            raise
+        print(f"finecap: error: {e}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,391 @@
+"""Typed configuration: one dataclass per section, loaded from YAML with dotlist overrides.
+
+Every field has a default and a one-line doc (``doc(...)``). ``load("recipe.yaml", ["train.lr=1e-4"])`` returns a
+:class:`Config`; unknown sections or keys, values of the wrong type and values outside a ``Literal`` raise
+:class:`ConfigError` naming the key (and the file) and listing the valid choices. Cross-field checks live in each
+section's ``__post_init__`` and name the override key to change.
+
+Example::
+
+    >>> cfg = load(None, ["world.n_train=200", "train.objective=mle"])
+    >>> cfg.world.n_train
+    200
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+
+
+class ConfigError(ValueError):
+    """A configuration value is unknown, of the wrong type or invalid; the message names the key."""
+
+
+def doc(default: Any, text: str) -> Any:
+    """A dataclass field with a default (copied for mutable values) and a one-line documentation string."""
+    if isinstance(default, list | dict):
+        return field(default_factory=lambda d=default: type(d)(d), metadata={"doc": text})
+    return field(default=default, metadata={"doc": text})
+
+
+def _check(cond: bool, key: str, message: str) -> None:
+    if not cond:
+        raise ConfigError(f"{key}: {message}")
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# Sections
+# --------------------------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class RunConfig:
+    name: str = doc("run", "Run name; the run directory is <run.root>/<run.name> unless run.dir is set.")
+    root: str = doc("runs", "Folder holding run directories.")
+    dir: str = doc("", "Explicit run directory (overrides root/name when non-empty).")
+    seed: int = doc(0, "Global random seed (torch, numpy, python).")
+    cache_dir: str = doc("runs/cache", "Where trained world encoders and frozen-feature caches are kept.")
+
+    @property
+    def path(self) -> Path:
+        return Path(self.dir) if self.dir else Path(self.root) / self.name
+
+
+@dataclass
+class WorldConfig:
+    seed: int = doc(0, "Seed of the synthetic world; the same seed gives the same scenes, images and captions.")
+    n_train: int = doc(10000, "Number of training scenes.")
+    n_val: int = doc(500, "Number of validation scenes.")
+    n_test: int = doc(1000, "Number of test scenes.")
+    image_size: int = doc(64, "Rendered image side in pixels.")
+    min_objects: int = doc(1, "Fewest objects in a scene.")
+    max_objects: int = doc(4, "Most objects in a scene.")
+    pattern_prob: float = doc(0.3, "Probability that an object carries a pattern (stripes, dots, ...).")
+    families: int = doc(0, "Scene-family size: 0 = off; k >= 2 = groups of k scenes differing in one detail.")
+    out: str = doc("data/world", "Folder the world data set is written to (and read from by later stages).")
+
+    def __post_init__(self) -> None:
+        for key in ("n_train", "n_val", "n_test"):
+            _check(getattr(self, key) >= 0, f"world.{key}", "must be >= 0")
+        _check(16 <= self.image_size <= 1024, "world.image_size", f"must be in [16, 1024], got {self.image_size}")
+        _check(
+            1 <= self.min_objects <= self.max_objects <= 4,
+            "world.min_objects/world.max_objects",
+            "need 1 <= min_objects <= max_objects <= 4",
+        )
+        _check(0.0 <= self.pattern_prob <= 1.0, "world.pattern_prob", "must be in [0, 1]")
+        _check(self.families == 0 or self.families >= 2, "world.families", "must be 0 (off) or >= 2")
+
+
+@dataclass
+class DataConfig:
+    format: Literal["world", "karpathy", "coco", "jsonl"] = doc("world", "Data set format of data.path.")
+    path: str = doc("", "Data set file (Karpathy JSON, COCO annotations, JSONL); empty = the world at world.out.")
+    images: str = doc("", "Image root for relative image paths; empty = next to data.path.")
+    max_tokens: int = doc(32, "Captions are truncated to this many tokens (EOS included) for training.")
+    num_workers: int = doc(0, "DataLoader worker processes.")
+
+
+@dataclass
+class RetrieverConfig:
+    checkpoint: str = doc("", "CLIP checkpoint (HF name or local path); empty = train/reuse the world encoder preset.")
+    preset: Literal["world-tiny"] = doc("world-tiny", "Tiny CLIP preset used when training the world encoder.")
+    epochs: int = doc(6, "Contrastive training epochs of the world encoder.")
+    batch_size: int = doc(128, "Batch size of world-encoder training.")
+    lr: float = doc(1e-3, "Peak learning rate of world-encoder training.")
+    aux_weight: float = doc(1.0, "Weight of the auxiliary scene-graph attribute loss (stands in for pretraining).")
+    batch_size_eval: int = doc(256, "Batch size when embedding images and texts.")
+
+    def __post_init__(self) -> None:
+        _check(self.epochs >= 0, "retriever.epochs", "must be >= 0")
+        _check(self.batch_size >= 2, "retriever.batch_size", "must be >= 2 (contrastive needs negatives)")
+        _check(self.aux_weight >= 0, "retriever.aux_weight", "must be >= 0")
+
+
+@dataclass
+class ModelConfig:
+    encoder: str = doc("world", "'world' (the cached world encoder) or a CLIP checkpoint name/path (vision tower).")
+    lm: str = doc("world-tiny", "'world-tiny' (preset GPT-2 + world tokenizer) or any AutoModelForCausalLM name/path.")
+    mapper: Literal["mlp", "transformer"] = doc("mlp", "Mapper from image features to the LM prefix.")
+    prefix_length: int = doc(10, "Number of prefix embeddings k fed to the language model.")
+    mapper_layers: int = doc(2, "Transformer mapper: number of layers.")
+    train_encoder: bool = doc(False, "Train the vision encoder too (SR-V); otherwise features are frozen and cached.")
+    train_lm: bool = doc(True, "Train the language model (otherwise only the mapper).")
+
+    def __post_init__(self) -> None:
+        _check(self.prefix_length >= 1, "model.prefix_length", "must be >= 1")
+        _check(self.mapper_layers >= 1, "model.mapper_layers", "must be >= 1")
+
+
+@dataclass
+class TrainConfig:
+    objective: str = doc("mle", "Objective name (see finecap.objectives) or a dotted import path 'pkg.mod:factory'.")
+    init_from: str = doc("", "Checkpoint directory to start from (empty = fresh model).")
+    epochs: float = doc(10.0, "Training epochs (fractional allowed); ignored when train.max_steps > 0.")
+    max_steps: int = doc(0, "Stop after this many optimizer steps (0 = use train.epochs).")
+    batch_size: int = doc(64, "Images per batch (per process).")
+    lr: float = doc(2e-3, "Peak learning rate (AdamW).")
+    weight_decay: float = doc(0.01, "AdamW weight decay.")
+    warmup_steps: int = doc(100, "Linear warmup steps.")
+    schedule: Literal["linear", "cosine", "constant"] = doc("linear", "Learning-rate schedule after warmup.")
+    grad_clip: float = doc(1.0, "Max gradient norm (0 = no clipping).")
+    eval_every: int = doc(0, "Evaluate on the validation split every N steps (0 = once per epoch).")
+    eval_samples: int = doc(500, "Validation images used per evaluation (0 = all).")
+    best_metric: str = doc(
+        "loss", "Validation metric picking the best checkpoint ('loss' minimised, others maximised)."
+    )
+    log_every: int = doc(20, "Log training metrics every N steps.")
+    save_every: int = doc(0, "Save a resumable checkpoint every N steps (0 = at each evaluation).")
+
+    def __post_init__(self) -> None:
+        _check(self.epochs > 0 or self.max_steps > 0, "train.epochs/train.max_steps", "one of them must be > 0")
+        _check(self.batch_size >= 1, "train.batch_size", "must be >= 1")
+        _check(self.lr > 0, "train.lr", "must be > 0")
+        _check(self.warmup_steps >= 0, "train.warmup_steps", "must be >= 0")
+        _check(self.grad_clip >= 0, "train.grad_clip", "must be >= 0")
+
+
+@dataclass
+class DecodeConfig:
+    strategy: Literal["greedy", "beam", "sample"] = doc("greedy", "Decoding strategy.")
+    max_length: int = doc(24, "Maximum generated tokens (EOS included).")
+    beam_size: int = doc(5, "Beam width for strategy=beam.")
+    length_penalty: float = doc(1.0, "Beam score = logprob / length**length_penalty.")
+    temperature: float = doc(1.0, "Sampling temperature.")
+    top_k: int = doc(0, "Sample from the k most likely tokens (0 = off).")
+    top_p: float = doc(1.0, "Nucleus sampling mass (1.0 = off).")
+    num_return_sequences: int = doc(1, "Captions returned per image.")
+    stop_at_period: bool = doc(False, "Also stop a caption at a period token.")
+    batch_size: int = doc(128, "Images decoded per batch.")
+
+    def __post_init__(self) -> None:
+        _check(self.max_length >= 1, "decode.max_length", "must be >= 1")
+        _check(self.beam_size >= 1, "decode.beam_size", "must be >= 1")
+        _check(self.temperature > 0, "decode.temperature", "must be > 0")
+        _check(0 < self.top_p <= 1, "decode.top_p", "must be in (0, 1]")
+        _check(self.top_k >= 0, "decode.top_k", "must be >= 0")
+        _check(self.num_return_sequences >= 1, "decode.num_return_sequences", "must be >= 1")
+        _check(
+            self.strategy != "beam" or self.num_return_sequences <= self.beam_size,
+            "decode.num_return_sequences",
+            "must be <= decode.beam_size for beam search",
+        )
+
+
+@dataclass
+class EvalConfig:
+    metrics: list[str] = doc(["length", "vocab", "faithfulness", "retrieval"], "Metric groups to compute.")
+    n_distractors: int = doc(99, "Random distractors per image for RD-N self-retrieval.")
+    draws: int = doc(3, "Random-distractor draws averaged.")
+    bag_sizes: list[int] = doc([3, 5, 7], "Bag sizes for TrueMatch-style bag retrieval.")
+    seed: int = doc(0, "Seed of distractor draws.")
+
+
+@dataclass
+class DemoConfig:
+    stages: list[str] = doc(["world", "retriever", "mle", "caption", "report"], "Demo stages to run, in order.")
+    quick: bool = doc(False, "Tiny settings that finish in about two minutes (used by tests).")
+    force: bool = doc(False, "Re-run stages even when their outputs exist.")
+
+
+SECTIONS: dict[str, type] = {
+    "run": RunConfig,
+    "world": WorldConfig,
+    "data": DataConfig,
+    "retriever": RetrieverConfig,
+    "model": ModelConfig,
+    "train": TrainConfig,
+    "decode": DecodeConfig,
+    "eval": EvalConfig,
+    "demo": DemoConfig,
+}
+
+
+@dataclass
+class Config:
+    run: RunConfig = field(default_factory=RunConfig)
+    world: WorldConfig = field(default_factory=WorldConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    retriever: RetrieverConfig = field(default_factory=RetrieverConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    decode: DecodeConfig = field(default_factory=DecodeConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
+    demo: DemoConfig = field(default_factory=DemoConfig)
+
+    def to_dict(self) -> dict[str, dict[str, Any]]:
+        return dataclasses.asdict(self)
+
+    def save(self, path: str | Path) -> None:
+        """Write the resolved configuration as YAML (atomically)."""
+        from finecap.utils import atomic_write_text
+
+        atomic_write_text(path, yaml.safe_dump(self.to_dict(), sort_keys=False))
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# Type checking and coercion
+# --------------------------------------------------------------------------------------------------------------------
+
+
+def _type_name(tp: Any) -> str:
+    if typing.get_origin(tp) is Literal:
+        return "one of " + ", ".join(repr(a) for a in typing.get_args(tp))
+    return getattr(tp, "__name__", None) or str(tp).replace("typing.", "")
+
+
+def _coerce(value: Any, tp: Any, key: str) -> Any:
+    """Return ``value`` converted to ``tp`` or raise a ConfigError naming ``key``."""
+    origin = typing.get_origin(tp)
+    args = typing.get_args(tp)
+    if origin is Literal:
+        if value not in args:
+            raise ConfigError(f"{key}: invalid value {value!r}; valid choices: {', '.join(map(str, args))}")
+        return value
+    if origin in (types.UnionType, typing.Union):
+        if value is None and type(None) in args:
+            return None
+        errors = []
+        for a in args:
+            if a is type(None):
+                continue
+            try:
+                return _coerce(value, a, key)
+            except ConfigError as e:
+                errors.append(str(e))
+        raise ConfigError(f"{key}: expected {' | '.join(_type_name(a) for a in args)}, got {value!r}")
+    if origin is list:
+        if not isinstance(value, list | tuple):
+            raise ConfigError(f"{key}: expected a list, got {value!r}")
+        return [_coerce(v, args[0], f"{key}[{i}]") for i, v in enumerate(value)]
+    if origin is dict:
+        if not isinstance(value, dict):
+            raise ConfigError(f"{key}: expected a mapping, got {value!r}")
+        return {_coerce(k, args[0], f"{key} key"): _coerce(v, args[1], f"{key}.{k}") for k, v in value.items()}
+    if tp is bool:
+        if isinstance(value, bool):
+            return value
+        raise ConfigError(f"{key}: expected true/false, got {value!r}")
+    if tp is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+        if isinstance(value, float) and value.is_integer():
+            return int(value)
+        raise ConfigError(f"{key}: expected an integer, got {value!r}")
+    if tp is float:
+        if isinstance(value, int | float) and not isinstance(value, bool):
+            return float(value)
+        if isinstance(value, str):
+            try:
+                return float(value)
+            except ValueError:
+                pass
+        raise ConfigError(f"{key}: expected a number, got {value!r}")
+    if tp is str:
+        if isinstance(value, str):
+            return value
+        if isinstance(value, int | float) and not isinstance(value, bool):
+            return str(value)
+        raise ConfigError(f"{key}: expected a string, got {value!r}")
+    raise ConfigError(f"{key}: unsupported field type {tp!r}")
+
+
+def _build_section(name: str, cls: type, values: dict[str, Any], source: str) -> Any:
+    hints = typing.get_type_hints(cls)
+    known = {f.name for f in dataclasses.fields(cls)}
+    kwargs = {}
+    for k, v in values.items():
+        key = f"{name}.{k}"
+        if k not in known:
+            raise ConfigError(f"{source}unknown key {key!r}; valid keys of [{name}]: {', '.join(sorted(known))}")
+        kwargs[k] = _coerce(v, hints[k], f"{source}{key}")
+    try:
+        return cls(**kwargs)
+    except ConfigError as e:
+        raise ConfigError(f"{source}{e}") from None
+
+
+def from_dict(data: dict[str, Any] | None, source: str = "") -> Config:
+    """Build a :class:`Config` from nested mappings ``{section: {key: value}}``; ``source`` prefixes errors."""
+    data = data or {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"{source}the configuration must be a mapping of sections, got {type(data).__name__}")
+    sections = {}
+    for name, values in data.items():
+        if name not in SECTIONS:
+            raise ConfigError(f"{source}unknown section {name!r}; valid sections: {', '.join(SECTIONS)}")
+        if values is None:
+            values = {}
+        if not isinstance(values, dict):
+            raise ConfigError(f"{source}section {name!r} must be a mapping, got {values!r}")
+        sections[name] = _build_section(name, SECTIONS[name], values, source)
+    return Config(**sections)
+
+
+def parse_override(item: str) -> tuple[list[str], Any]:
+    """Parse ``section.key=value`` (value read as YAML: numbers, booleans, lists, mappings)."""
+    if "=" not in item:
+        raise ConfigError(f"override {item!r}: expected section.key=value")
+    key, raw = item.split("=", 1)
+    parts = key.strip().split(".")
+    if len(parts) != 2 or not all(parts):
+        raise ConfigError(f"override {item!r}: the key must look like section.key (e.g. train.lr=1e-4)")
+    try:
+        value = yaml.safe_load(raw) if raw.strip() else ""
+    except yaml.YAMLError:
+        value = raw
+    if isinstance(value, str):
+        # YAML reads "1e-4" as a string; let the field type decide.
+        value = raw.strip()
+    return parts, value
+
+
+def merge_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
+    data = {k: dict(v or {}) for k, v in (data or {}).items()}
+    for item in overrides:
+        (section, key), value = parse_override(item)
+        data.setdefault(section, {})[key] = value
+    return data
+
+
+def load(
+    path: str | Path | None = None, overrides: list[str] | None = None, base: dict[str, Any] | None = None
+) -> Config:
+    """Load ``path`` (YAML), apply ``base`` defaults beneath it and dotlist ``overrides`` on top, validate."""
+    data: dict[str, Any] = {k: dict(v) for k, v in (base or {}).items()}
+    source = ""
+    if path is not None:
+        path = Path(path)
+        if not path.exists():
+            raise ConfigError(f"{path}: recipe file not found")
+        try:
+            loaded = yaml.safe_load(path.read_text()) or {}
+        except yaml.YAMLError as e:
+            raise ConfigError(f"{path}: invalid YAML: {e}") from None
+        if not isinstance(loaded, dict):
+            raise ConfigError(f"{path}: a recipe must be a mapping of sections")
+        for name, values in loaded.items():
+            if isinstance(values, dict) and isinstance(data.get(name), dict):
+                data[name] = {**data[name], **values}
+            else:
+                data[name] = values
+        source = f"{path}: "
+    data = merge_overrides(data, overrides or [])
+    return from_dict(data, source)
+
+
+def describe(cls: type) -> list[tuple[str, str, Any, str]]:
+    """(key, type, default, doc) rows of a section, for help output and documentation."""
+    rows = []
+    hints = typing.get_type_hints(cls)
+    for f in dataclasses.fields(cls):
+        default = f.default if f.default is not dataclasses.MISSING else f.default_factory()  # type: ignore[misc]
+        rows.append((f.name, _type_name(hints[f.name]), default, f.metadata.get("doc", "")))
+    return rows
