@@ -189,6 +189,25 @@ class EvalConfig:
 
 
 @dataclass
+class SmileConfig:
+    subset: Literal["sequence", "reverse", "random", "full"] = doc("sequence", "Softmax subset (SMILE Sec. 2.2, 3.4).")
+    first_token: Literal["mle", "shift", "none"] = doc("mle", "Initial-context restriction (SMILE Sec. 3.3).")
+    mle_weight: float = doc(0.0, "λ of Eq. 4: loss = λ·MLE + (1-λ)·SMILE.")
+    include_eos: bool = doc(True, "The end-of-sequence id belongs to the sequence subset (as in the paper's code).")
+    shift_token_id: int | None = doc(None, "Alternative first-token id for first_token=shift.")
+    random_k: int = doc(10, "Random ids per sequence for subset=random.")
+
+    def __post_init__(self) -> None:
+        _check(0.0 <= self.mle_weight <= 1.0, "smile.mle_weight", f"must be in [0, 1], got {self.mle_weight}")
+        _check(self.random_k >= 1, "smile.random_k", "must be >= 1")
+        _check(
+            self.first_token != "shift" or self.shift_token_id is not None,
+            "smile.shift_token_id",
+            "must be set when smile.first_token=shift",
+        )
+
+
+@dataclass
 class DemoConfig:
     stages: list[str] = doc(["world", "retriever", "mle", "caption", "report"], "Demo stages to run, in order.")
     quick: bool = doc(False, "Tiny settings that finish in about two minutes (used by tests).")
@@ -204,6 +223,7 @@ SECTIONS: dict[str, type] = {
     "train": TrainConfig,
     "decode": DecodeConfig,
     "eval": EvalConfig,
+    "smile": SmileConfig,
     "demo": DemoConfig,
 }
 
@@ -218,6 +238,7 @@ class Config:
     train: TrainConfig = field(default_factory=TrainConfig)
     decode: DecodeConfig = field(default_factory=DecodeConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
+    smile: SmileConfig = field(default_factory=SmileConfig)
     demo: DemoConfig = field(default_factory=DemoConfig)
 
     def to_dict(self) -> dict[str, dict[str, Any]]:

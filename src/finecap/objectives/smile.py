@@ -1,0 +1,207 @@
+"""SMILE: semipermeable maximum likelihood (Yue et al., NeurIPS 2023, Eq. 1-4, Sec. 3.3-3.4, Algorithm 1).
+
+At every position the softmax runs only over a subset of the vocabulary (logits outside it set to -inf) and the loss
+is the cross-entropy of the label under that restricted softmax (Eq. 2-3). Subset modes:
+
+- ``sequence`` (SMILE): the ids occurring in the target sequence, V_D = {w_i | w_i in D}.
+- ``reverse`` (Sec. 3.4): the complement of V_D plus the current label, V_{S_i} = {w not in V_D} ∪ {w_i}.
+- ``random`` (Sec. 3.4): ``random_k`` ids drawn uniformly without replacement from the whole vocabulary, redrawn per
+  sequence, plus the current label. (The paper's released code applied the sequence mask in this mode by mistake;
+  here the random subset really is used, and a test checks it.)
+- ``full``: the whole vocabulary, i.e. plain MLE.
+
+Initial-context restriction (Sec. 3.3): ``first_token="mle"`` scores the first caption token over the full
+vocabulary (Algorithm 1's ``logits_mask[:, 0, :] = True``; the default), ``"shift"`` replaces the first label by
+``shift_token_id`` (e.g. BERT's ``##a``) in the SMILE term and keeps the subset restriction there, ``"none"`` applies
+the subset at the first position too. Mixing (Eq. 4): ``loss = λ·MLE + (1-λ)·SMILE`` with ``λ = mle_weight``.
+
+Choices the paper leaves open, made here:
+- "First token" is the first non-ignored label of each row (position 0 for right-padded captions).
+- With ``first_token="shift"`` the subset of the SMILE term is built from the shifted labels (the released code shifts
+  the target before masking); the MLE term of Eq. 4 always uses the original labels.
+- ``include_eos=False`` removes the end-of-sequence id from V_D except at positions whose label it is (the label
+  must always be in its own subset, or the loss would be infinite).
+- Losses are means over non-ignored positions of the whole batch (token-level average, as CrossEntropyLoss).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+import torch.nn.functional as F
+
+SUBSETS = ("sequence", "reverse", "random", "full")
+FIRST_TOKEN_MODES = ("mle", "shift", "none")
+
+
+def _first_positions(valid: torch.Tensor) -> torch.Tensor:
+    """Index of the first True of each row of ``valid`` (B, T); rows without one get T (no position)."""
+    T = valid.shape[1]
+    idx = torch.arange(T, device=valid.device).expand_as(valid)
+    return torch.where(valid, idx, torch.full_like(idx, T)).min(dim=1).values  # (B,)
+
+
+def subset_mask(
+    labels: torch.Tensor,
+    vocab_size: int,
+    *,
+    subset: str = "sequence",
+    ignore_index: int = -100,
+    include_eos: bool = True,
+    eos_token_id: int | None = None,
+    random_k: int = 10,
+    generator: torch.Generator | None = None,
+) -> torch.Tensor:
+    """Boolean mask (B, T, V): True where a vocabulary id takes part in the softmax at that position.
+
+    Every valid position's own label is always inside its subset. Ignored positions get a full row (their loss is
+    dropped anyway).
+
+    >>> labels = torch.tensor([[2, 0, -100]])
+    >>> subset_mask(labels, 4)[0, 0].tolist()
+    [True, False, True, False]
+    """
+    if subset not in SUBSETS:
+        raise ValueError(f"smile.subset: invalid value {subset!r}; valid choices: {', '.join(SUBSETS)}")
+    B, T = labels.shape
+    valid = labels != ignore_index  # (B, T)
+    safe = torch.where(valid, labels, torch.zeros_like(labels))  # (B, T)
+    label_onehot = F.one_hot(safe, vocab_size).bool() & valid.unsqueeze(-1)  # (B, T, V)
+    if subset == "full":
+        return torch.ones(B, T, vocab_size, dtype=torch.bool, device=labels.device)
+    if subset == "random":
+        scores = torch.rand(B, vocab_size, generator=generator, device="cpu").to(labels.device)  # (B, V)
+        k = min(random_k, vocab_size)
+        chosen = torch.zeros(B, vocab_size, dtype=torch.bool, device=labels.device)
+        chosen.scatter_(1, scores.topk(k, dim=1).indices, True)  # k distinct random ids per sequence
+        mask = chosen.unsqueeze(1) | label_onehot  # (B, T, V)
+    else:
+        in_seq = label_onehot.any(dim=1)  # (B, V): V_D of each sequence
+        if not include_eos and eos_token_id is not None:
+            in_seq[:, eos_token_id] = False
+        allowed = in_seq if subset == "sequence" else ~in_seq  # reverse: the complement of V_D
+        mask = allowed.unsqueeze(1) | label_onehot  # (B, T, V): plus the current label
+    return mask | ~valid.unsqueeze(-1)
+
+
+def smile_loss(
+    logits: torch.Tensor,
+    labels: torch.Tensor,
+    *,
+    ignore_index: int = -100,
+    subset: str = "sequence",
+    first_token: str = "mle",
+    mle_weight: float = 0.0,
+    include_eos: bool = True,
+    eos_token_id: int | None = None,
+    shift_token_id: int | None = None,
+    random_k: int = 10,
+    generator: torch.Generator | None = None,
+) -> torch.Tensor:
+    """Mean SMILE loss over non-ignored positions; ``logits[:, t]`` predicts ``labels[:, t]``.
+
+    ``loss = mle_weight · CE(full vocabulary) + (1 - mle_weight) · CE(restricted softmax)`` (Eq. 4).
+
+    >>> logits = torch.log(torch.tensor([[[0.5, 0.25, 0.25]]]))
+    >>> round(smile_loss(logits, torch.tensor([[0]]), first_token="none").item(), 6)  # subset {0}: -log 1
+    0.0
+    """
+    if first_token not in FIRST_TOKEN_MODES:
+        raise ValueError(
+            f"smile.first_token: invalid value {first_token!r}; valid choices: {', '.join(FIRST_TOKEN_MODES)}"
+        )
+    if not 0.0 <= mle_weight <= 1.0:
+        raise ValueError(f"smile.mle_weight must be in [0, 1], got {mle_weight}")
+    B, T, V = logits.shape
+    valid = labels != ignore_index  # (B, T)
+    n = valid.sum().clamp(min=1)
+    first = _first_positions(valid)  # (B,)
+    rows = torch.arange(B, device=labels.device)
+    has_first = first < T
+
+    smile_labels = labels
+    if first_token == "shift":
+        if shift_token_id is None:
+            raise ValueError("smile.first_token=shift needs smile.shift_token_id (the alternative first-token id)")
+        smile_labels = labels.clone()
+        smile_labels[rows[has_first], first[has_first]] = shift_token_id
+
+    mask = subset_mask(
+        smile_labels,
+        V,
+        subset=subset,
+        ignore_index=ignore_index,
+        include_eos=include_eos,
+        eos_token_id=eos_token_id,
+        random_k=random_k,
+        generator=generator,
+    )  # (B, T, V)
+    if first_token == "mle":
+        mask[rows[has_first], first[has_first]] = True  # first-token MLE: full vocabulary at the first position
+    restricted = logits.masked_fill(~mask, float("-inf"))  # (B, T, V)
+    smile = (
+        F.cross_entropy(
+            restricted.reshape(B * T, V), smile_labels.reshape(B * T), ignore_index=ignore_index, reduction="sum"
+        )
+        / n
+    )
+    if mle_weight == 0.0:
+        return smile
+    mle = (
+        F.cross_entropy(logits.reshape(B * T, V), labels.reshape(B * T), ignore_index=ignore_index, reduction="sum")
+        / n
+    )
+    return mle_weight * mle + (1.0 - mle_weight) * smile
+
+
+@dataclass
+class SmileObjective:
+    """``objective(model, batch)``: SMILE on teacher-forced logits; logs the MLE loss of the same batch too."""
+
+    subset: Literal["sequence", "reverse", "random", "full"] = "sequence"
+    first_token: Literal["mle", "shift", "none"] = "mle"
+    mle_weight: float = 0.0
+    include_eos: bool = True
+    shift_token_id: int | None = None
+    random_k: int = 10
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        self._generator = torch.Generator().manual_seed(self.seed)
+
+    def __call__(self, model, batch):
+        from finecap.objectives.base import ObjectiveOutput
+
+        logits = model(batch)  # (B, T, V)
+        labels = batch["labels"]  # (B, T)
+        loss = smile_loss(
+            logits,
+            labels,
+            subset=self.subset,
+            first_token=self.first_token,
+            mle_weight=self.mle_weight,
+            include_eos=self.include_eos,
+            eos_token_id=model.tokenizer.eos_token_id,
+            shift_token_id=self.shift_token_id,
+            random_k=self.random_k,
+            generator=self._generator,
+        )
+        with torch.no_grad():
+            mle = F.cross_entropy(logits.flatten(0, 1), labels.flatten(), ignore_index=-100)
+        return ObjectiveOutput(losses={"smile": loss}, metrics={"mle_loss": float(mle)})
+
+
+def build(cfg) -> SmileObjective:
+    """Factory used by the objective registry (``train.objective=smile``), configured by the ``smile`` section."""
+    s = cfg.smile
+    return SmileObjective(
+        subset=s.subset,
+        first_token=s.first_token,
+        mle_weight=s.mle_weight,
+        include_eos=s.include_eos,
+        shift_token_id=s.shift_token_id,
+        random_k=s.random_k,
+        seed=cfg.run.seed,
+    )

@@ -1,0 +1,138 @@
+"""SMILE loss against hand-computed values on a 5-word vocabulary.
+
+Every position uses the logits z = log([1, 2, 3, 4, 5]), so the softmax of id j over a subset S is
+(j + 1) / sum_{i in S} (i + 1).
+"""
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from finecap.objectives.smile import smile_loss, subset_mask
+
+Z = torch.log(torch.tensor([1.0, 2.0, 3.0, 4.0, 5.0]))
+
+
+def logits_for(labels: torch.Tensor) -> torch.Tensor:
+    B, T = labels.shape
+    return Z.expand(B, T, 5).clone()  # (B, T, V)
+
+
+def test_full_equals_cross_entropy():
+    torch.manual_seed(0)
+    logits = torch.randn(3, 4, 7)
+    labels = torch.tensor([[1, 2, 3, -100], [0, 0, -100, -100], [6, 5, 4, 3]])
+    expected = F.cross_entropy(logits.reshape(-1, 7), labels.reshape(-1), ignore_index=-100)
+    got = smile_loss(logits, labels, subset="full")
+    assert got.item() == pytest.approx(expected.item(), abs=1e-6)
+
+
+def test_sequence_subset_hand_computed():
+    labels = torch.tensor([[2, 0, 2, -100]])  # V_D = {0, 2}: exps 1 and 3
+    # first_token=none: p(2) = 3/4, p(0) = 1/4, p(2) = 3/4 -> mean(log 4/3, log 4, log 4/3)
+    expected_none = (2 * math.log(4 / 3) + math.log(4)) / 3
+    got = smile_loss(logits_for(labels), labels, subset="sequence", first_token="none")
+    assert got.item() == pytest.approx(expected_none, abs=1e-6)
+    # first_token=mle: the first position uses the full vocabulary, p(2) = 3/15 -> log 5
+    expected_mle = (math.log(5) + math.log(4) + math.log(4 / 3)) / 3
+    got = smile_loss(logits_for(labels), labels, subset="sequence", first_token="mle")
+    assert got.item() == pytest.approx(expected_mle, abs=1e-6)
+
+
+def test_reverse_subset_hand_computed():
+    labels = torch.tensor([[2, 0]])  # V_D = {0, 2}; complement {1, 3, 4} (exps 2, 4, 5)
+    # t0: {1,3,4} + label 2 -> 3 / (2+4+5+3) = 3/14 ; t1: {1,3,4} + label 0 -> 1 / (2+4+5+1) = 1/12
+    expected = (math.log(14 / 3) + math.log(12)) / 2
+    got = smile_loss(logits_for(labels), labels, subset="reverse", first_token="none")
+    assert got.item() == pytest.approx(expected, abs=1e-6)
+
+
+def test_gradients_outside_subset_are_exactly_zero():
+    labels = torch.tensor([[2, 0, 2, -100], [4, 4, 1, 3]])
+    logits = torch.randn(2, 4, 5, requires_grad=True)
+    smile_loss(logits, labels, subset="sequence", first_token="none").backward()
+    g = logits.grad
+    # row 0: V_D = {0, 2}; ids 1, 3, 4 get no gradient at any position
+    assert torch.equal(g[0, :, [1, 3, 4]], torch.zeros(4, 3))
+    assert torch.equal(g[0, 3], torch.zeros(5))  # ignored position
+    # row 1: V_D = {1, 3, 4}; id 0 and 2 get none
+    assert torch.equal(g[1, :, [0, 2]], torch.zeros(4, 2))
+    assert g[0, 0, [0, 2]].abs().min() > 0 and g[1, 0, [1, 3, 4]].abs().min() > 0
+
+
+def test_first_token_mle_gives_full_gradient_at_first_position_only():
+    labels = torch.tensor([[2, 0, 2]])
+    logits = torch.randn(1, 3, 5, requires_grad=True)
+    smile_loss(logits, labels, subset="sequence", first_token="mle").backward()
+    assert logits.grad[0, 0].abs().min() > 0  # every id takes part at t=0
+    assert torch.equal(logits.grad[0, 1:, [1, 3, 4]], torch.zeros(2, 3))
+
+
+def test_first_token_shift_hand_computed():
+    labels = torch.tensor([[2, 0]])
+    # the first label becomes 4; subset from the shifted labels = {4, 0} (exps 5, 1)
+    # t0: p(4) = 5/6 -> log 6/5 ; t1: p(0) = 1/6 -> log 6
+    expected = (math.log(6 / 5) + math.log(6)) / 2
+    got = smile_loss(logits_for(labels), labels, subset="sequence", first_token="shift", shift_token_id=4)
+    assert got.item() == pytest.approx(expected, abs=1e-6)
+    with pytest.raises(ValueError, match="shift_token_id"):
+        smile_loss(logits_for(labels), labels, first_token="shift")
+
+
+def test_first_token_is_first_non_ignored_label():
+    left_padded = torch.tensor([[-100, 2, 0, 2]])
+    right_padded = torch.tensor([[2, 0, 2, -100]])
+    a = smile_loss(logits_for(left_padded), left_padded, first_token="mle")
+    b = smile_loss(logits_for(right_padded), right_padded, first_token="mle")
+    assert a.item() == pytest.approx(b.item(), abs=1e-6)
+
+
+def test_mle_weight_mixes_linearly():
+    labels = torch.tensor([[2, 0, 2]])
+    full = (math.log(15 / 3) + math.log(15) + math.log(15 / 3)) / 3  # MLE over all five ids
+    smile = (2 * math.log(4 / 3) + math.log(4)) / 3  # as in the sequence test, first_token=none
+    for lam in (0.0, 0.25, 1.0):
+        got = smile_loss(logits_for(labels), labels, first_token="none", mle_weight=lam)
+        assert got.item() == pytest.approx(lam * full + (1 - lam) * smile, abs=1e-6)
+
+
+def test_include_eos_option():
+    labels = torch.tensor([[2, 4]])  # 4 is EOS; V_D = {2, 4} (exps 3, 5)
+    with_eos = (math.log(8 / 3) + math.log(8 / 5)) / 2
+    without_eos = (0.0 + math.log(8 / 5)) / 2  # t0: subset {2} -> p = 1; t1: {2} + label 4 -> 5/8
+    kw = {"subset": "sequence", "first_token": "none", "eos_token_id": 4}
+    assert smile_loss(logits_for(labels), labels, include_eos=True, **kw).item() == pytest.approx(with_eos, abs=1e-6)
+    got = smile_loss(logits_for(labels), labels, include_eos=False, **kw).item()
+    assert got == pytest.approx(without_eos, abs=1e-6)
+
+
+def test_random_mode_uses_its_random_subset_not_the_sequence_mask():
+    # With k = V the random subset is the whole vocabulary, so the loss must equal full cross-entropy; the bug in
+    # the released code (sequence mask applied in random mode) would give 0 here, since V_D = {0}.
+    labels = torch.tensor([[0, 0]])
+    got = smile_loss(logits_for(labels), labels, subset="random", random_k=5, first_token="none")
+    assert got.item() == pytest.approx(math.log(15), abs=1e-6)
+    assert smile_loss(logits_for(labels), labels, subset="sequence", first_token="none").item() == 0.0
+
+
+def test_random_mask_is_k_ids_plus_label_redrawn_per_sequence():
+    V, k = 1000, 10
+    labels = torch.tensor([[5, 6, 7], [5, 6, 7]])
+    mask = subset_mask(labels, V, subset="random", random_k=k, generator=torch.Generator().manual_seed(0))
+    for b in range(2):
+        random_ids = mask[b, 0] & mask[b, 1] & mask[b, 2]  # shared by every position of the sequence
+        assert int(random_ids.sum()) == k  # exactly the k random ids (a label is only in its own position)
+        for t, lab in enumerate([5, 6, 7]):
+            assert mask[b, t, lab]
+            assert int(mask[b, t].sum()) in (k, k + 1)
+    assert not torch.equal(mask[0], mask[1])  # redrawn per sequence
+
+
+def test_invalid_options_name_the_option():
+    labels = torch.tensor([[1]])
+    with pytest.raises(ValueError, match="smile.subset.*sequence, reverse, random, full"):
+        smile_loss(logits_for(labels), labels, subset="complement")
+    with pytest.raises(ValueError, match="smile.first_token"):
+        smile_loss(logits_for(labels), labels, first_token="first")
