@@ -1,0 +1,278 @@
+"""Caption data set files: readers for Karpathy split JSON, COCO caption annotations, JSONL and the world, plus the
+COCO results format (reader and writer).
+
+Every reader returns :class:`Record` s (one per image). Bad input raises :class:`DataError` naming the file and
+the record at fault (missing keys, wrong types, empty caption lists, image files that do not exist — reported with
+a count and the first few paths).
+
+Formats:
+
+- ``karpathy``: ``{"images": [{"filename", "filepath"?, "split", "imgid"?, "cocoid"?, "sentences": [{"raw",
+  "tokens"?}]}]}`` (``dataset_coco.json``, ``dataset_flickr30k.json``). Image path: ``<images>/<filepath>/<filename>``
+  (``filepath`` optional, as in Flickr30k). ``image_id`` is ``cocoid`` when present (what COCO evaluation expects),
+  else ``imgid``, else the record index. Captions are the ``raw`` strings (stripped), or the joined ``tokens`` when
+  ``raw`` is missing. Splits are kept as written (``restval`` included; :mod:`finecap.data.datasets` merges it into
+  training). Default image root: the JSON file's folder.
+- ``world``: the Karpathy JSON written by ``finecap world make``; ``path`` is the world folder or its
+  ``dataset.json``; default image root ``<world>/images``.
+- ``coco``: ``{"images": [{"id", "file_name"}], "annotations": [{"image_id", "caption"}]}``
+  (``captions_val2014.json``). The split is inferred from the file name (``train``/``val``/``test``) unless given.
+  Default image root: the JSON file's folder.
+- ``jsonl``: one ``{"image": path, "captions": [str, ...], "id"?, "split"?}`` per line; ``id`` defaults to the image
+  path as written, ``split`` to the reader's ``split`` argument (``"test"``). Relative image paths are resolved
+  against ``images`` (default: the JSONL file's folder).
+- results: ``[{"image_id", "caption"}]``.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from finecap.utils import atomic_write_text
+
+FORMATS = ("world", "karpathy", "coco", "jsonl")
+MAX_LISTED = 5
+
+
+class DataError(ValueError):
+    """A data set or results file is malformed; the message names the file and the record."""
+
+
+@dataclass
+class Record:
+    image_id: int | str
+    path: Path
+    split: str
+    captions: list[str] = field(default_factory=list)
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Helpers
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+def _load_json(path: Path) -> Any:
+    if not path.exists():
+        raise DataError(f"{path}: file not found")
+    try:
+        with path.open() as f:
+            return json.load(f)
+    except json.JSONDecodeError as e:
+        raise DataError(f"{path}: invalid JSON at line {e.lineno}, column {e.colno}: {e.msg}") from None
+    except UnicodeDecodeError as e:
+        raise DataError(f"{path}: not a UTF-8 text file ({e.reason})") from None
+
+
+def _type(value: Any) -> str:
+    return type(value).__name__
+
+
+def _require(rec: Any, key: str, types: type | tuple[type, ...], where: str) -> Any:
+    if not isinstance(rec, dict):
+        raise DataError(f"{where}: expected an object, got {_type(rec)}")
+    if key not in rec:
+        raise DataError(f"{where}: missing key {key!r} (keys present: {', '.join(sorted(map(str, rec))) or 'none'})")
+    value = rec[key]
+    if not isinstance(value, types) or isinstance(value, bool):
+        names = " or ".join(t.__name__ for t in (types if isinstance(types, tuple) else (types,)))
+        raise DataError(f"{where}: {key!r} must be {names}, got {_type(value)} {value!r:.60}")
+    return value
+
+
+def _check_images(records: list[Record], path: Path, root: Path) -> None:
+    missing = [r.path for r in records if not r.path.is_file()]
+    if missing:
+        shown = "\n  ".join(str(p) for p in missing[:MAX_LISTED])
+        more = f"\n  ... and {len(missing) - MAX_LISTED} more" if len(missing) > MAX_LISTED else ""
+        raise DataError(
+            f"{path}: {len(missing)} of {len(records)} image files do not exist (image root {root}; set the image "
+            f"folder with data.images):\n  {shown}{more}"
+        )
+
+
+def _captions(items: list[Any], where: str) -> list[str]:
+    if not items:
+        raise DataError(f"{where}: empty caption list")
+    out = []
+    for j, c in enumerate(items):
+        if not isinstance(c, str):
+            raise DataError(f"{where}: caption {j} must be a string, got {_type(c)} {c!r:.60}")
+        if not c.strip():
+            raise DataError(f"{where}: caption {j} is empty")
+        out.append(c.strip())
+    return out
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Readers
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+def read_karpathy(path: str | Path, images: str | Path | None = None, check_images: bool = True) -> list[Record]:
+    """Read a Karpathy split JSON (``dataset_coco.json`` / ``dataset_flickr30k.json`` layout)."""
+    path = Path(path)
+    root = Path(images) if images is not None else path.parent
+    data = _load_json(path)
+    entries = _require(data, "images", list, f"{path}")
+    records = []
+    for i, img in enumerate(entries):
+        where = f"{path}: images[{i}]"
+        filename = _require(img, "filename", str, where)
+        where = f"{path}: images[{i}] ({filename})"
+        split = _require(img, "split", str, where)
+        filepath = _require(img, "filepath", str, where) if "filepath" in img else ""
+        if "cocoid" in img:
+            image_id = _require(img, "cocoid", (int, str), where)
+        elif "imgid" in img:
+            image_id = _require(img, "imgid", (int, str), where)
+        else:
+            image_id = i
+        sentences = _require(img, "sentences", list, where)
+        texts = []
+        for j, s in enumerate(sentences):
+            swhere = f"{where}: sentences[{j}]"
+            if isinstance(s, dict) and "raw" not in s and "tokens" in s:
+                tokens = _require(s, "tokens", list, swhere)
+                if not all(isinstance(t, str) for t in tokens):
+                    raise DataError(f"{swhere}: 'tokens' must be a list of strings")
+                texts.append(" ".join(tokens))
+            else:
+                texts.append(_require(s, "raw", str, swhere))
+        records.append(Record(image_id, root / filepath / filename, split, _captions(texts, where)))
+    if check_images:
+        _check_images(records, path, root)
+    return records
+
+
+def read_world(path: str | Path, images: str | Path | None = None, check_images: bool = True) -> list[Record]:
+    """Read a world data set (``path`` = the world folder or its ``dataset.json``)."""
+    path = Path(path)
+    if path.is_dir():
+        path = path / "dataset.json"
+    if not path.exists():
+        raise DataError(f"{path}: file not found; create the world with `finecap world make --out {path.parent}`")
+    return read_karpathy(path, images if images is not None else path.parent / "images", check_images)
+
+
+def _infer_split(path: Path) -> str:
+    name = path.name.lower()
+    for split in ("train", "val", "test"):
+        if split in name:
+            return split
+    return "test"
+
+
+def read_coco_captions(
+    path: str | Path, images: str | Path | None = None, check_images: bool = True, split: str | None = None
+) -> list[Record]:
+    """Read COCO caption annotations (``captions_val2014.json`` layout); one record per image, in file order."""
+    path = Path(path)
+    root = Path(images) if images is not None else path.parent
+    split = split or _infer_split(path)
+    data = _load_json(path)
+    imgs = _require(data, "images", list, f"{path}")
+    anns = _require(data, "annotations", list, f"{path}")
+    by_id: dict[int | str, tuple[str, list[str]]] = {}
+    for i, img in enumerate(imgs):
+        where = f"{path}: images[{i}]"
+        image_id = _require(img, "id", (int, str), where)
+        file_name = _require(img, "file_name", str, f"{where} (id {image_id})")
+        if image_id in by_id:
+            raise DataError(f"{where}: duplicate image id {image_id!r}")
+        by_id[image_id] = (file_name, [])
+    for i, ann in enumerate(anns):
+        where = f"{path}: annotations[{i}]"
+        image_id = _require(ann, "image_id", (int, str), where)
+        caption = _require(ann, "caption", str, where)
+        if image_id not in by_id:
+            raise DataError(f"{where}: image_id {image_id!r} is not in 'images'")
+        by_id[image_id][1].append(caption)
+    records = []
+    for image_id, (file_name, caps) in by_id.items():
+        where = f"{path}: image id {image_id} ({file_name})"
+        if not caps:
+            raise DataError(f"{where}: empty caption list (no annotation refers to this image)")
+        records.append(Record(image_id, root / file_name, split, _captions(caps, where)))
+    if check_images:
+        _check_images(records, path, root)
+    return records
+
+
+def read_jsonl(
+    path: str | Path, images: str | Path | None = None, check_images: bool = True, split: str = "test"
+) -> list[Record]:
+    """Read ``{"image": path, "captions": [...], "id"?, "split"?}`` per line (blank lines are skipped)."""
+    path = Path(path)
+    root = Path(images) if images is not None else path.parent
+    if not path.exists():
+        raise DataError(f"{path}: file not found")
+    records = []
+    seen: set[int | str] = set()
+    with path.open() as f:
+        for lineno, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            where = f"{path}, line {lineno}"
+            try:
+                rec = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise DataError(f"{where}: invalid JSON at column {e.colno}: {e.msg}") from None
+            image = _require(rec, "image", str, where)
+            caps = _require(rec, "captions", list, where)
+            image_id = _require(rec, "id", (int, str), where) if "id" in rec else image
+            rec_split = _require(rec, "split", str, where) if "split" in rec else split
+            if image_id in seen:
+                raise DataError(f"{where}: duplicate image id {image_id!r}")
+            seen.add(image_id)
+            p = Path(image)
+            records.append(Record(image_id, p if p.is_absolute() else root / p, rec_split, _captions(caps, where)))
+    if check_images:
+        _check_images(records, path, root)
+    return records
+
+
+def read_dataset(
+    fmt: str, path: str | Path, images: str | Path | None = None, check_images: bool = True
+) -> list[Record]:
+    """Read a data set of format ``fmt`` (one of :data:`FORMATS`)."""
+    readers = {"world": read_world, "karpathy": read_karpathy, "coco": read_coco_captions, "jsonl": read_jsonl}
+    if fmt not in readers:
+        raise DataError(f"unknown data set format {fmt!r}; valid formats: {', '.join(FORMATS)}")
+    return readers[fmt](path, images, check_images)
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# COCO results
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+def read_results(path: str | Path) -> dict[int | str, str]:
+    """Read COCO results ``[{"image_id", "caption"}]`` into ``{image_id: caption}`` (duplicate ids are an error)."""
+    path = Path(path)
+    data = _load_json(path)
+    if not isinstance(data, list):
+        raise DataError(f"{path}: COCO results must be a list of {{'image_id', 'caption'}} objects, got {_type(data)}")
+    out: dict[int | str, str] = {}
+    for i, rec in enumerate(data):
+        where = f"{path}: [{i}]"
+        image_id = _require(rec, "image_id", (int, str), where)
+        caption = _require(rec, "caption", str, where)
+        if image_id in out:
+            raise DataError(f"{where}: duplicate image_id {image_id!r}")
+        out[image_id] = caption
+    return out
+
+
+def write_results(path: str | Path, captions: dict[int | str, str]) -> None:
+    """Write ``{image_id: caption}`` as COCO results ``[{"image_id", "caption"}]`` (atomically, in dict order)."""
+    rows = []
+    for image_id, caption in captions.items():
+        if not isinstance(caption, str):
+            raise DataError(f"{path}: caption of image {image_id!r} must be a string, got {_type(caption)}")
+        if isinstance(image_id, bool) or not isinstance(image_id, int | str):
+            raise DataError(f"{path}: image id {image_id!r} must be an int or a string")
+        rows.append({"image_id": image_id, "caption": caption})
+    atomic_write_text(path, json.dumps(rows, indent=None) + "\n")

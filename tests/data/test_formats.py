@@ -1,0 +1,259 @@
+import json
+from pathlib import Path
+
+import pytest
+
+from finecap.data.formats import (
+    DataError,
+    Record,
+    read_coco_captions,
+    read_dataset,
+    read_jsonl,
+    read_karpathy,
+    read_results,
+    write_results,
+)
+
+
+def _touch(root: Path, *names: str) -> None:
+    for n in names:
+        p = root / n
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_bytes(b"")
+
+
+def _write(path: Path, obj) -> Path:
+    path.write_text(json.dumps(obj))
+    return path
+
+
+KARPATHY = {
+    "dataset": "coco",
+    "images": [
+        {
+            "filepath": "val2014",
+            "filename": "COCO_val2014_000000000042.jpg",
+            "imgid": 0,
+            "cocoid": 42,
+            "split": "test",
+            "sentids": [0, 1],
+            "sentences": [
+                {"raw": "A dog on a couch. ", "tokens": ["a", "dog", "on", "a", "couch"]},
+                {"raw": "A brown dog sleeping.", "tokens": ["a", "brown", "dog", "sleeping"]},
+            ],
+        },
+        {
+            "filepath": "train2014",
+            "filename": "COCO_train2014_000000000007.jpg",
+            "imgid": 1,
+            "cocoid": 7,
+            "split": "restval",
+            "sentences": [{"tokens": ["two", "cats"]}],
+        },
+    ],
+}
+
+
+def test_read_karpathy(tmp_path):
+    path = _write(tmp_path / "dataset_coco.json", KARPATHY)
+    _touch(tmp_path, "val2014/COCO_val2014_000000000042.jpg", "train2014/COCO_train2014_000000000007.jpg")
+    records = read_karpathy(path)
+    caps = ["A dog on a couch.", "A brown dog sleeping."]  # raw, stripped
+    assert records == [
+        Record(42, tmp_path / "val2014/COCO_val2014_000000000042.jpg", "test", caps),
+        Record(7, tmp_path / "train2014/COCO_train2014_000000000007.jpg", "restval", ["two cats"]),
+    ]
+    assert read_dataset("karpathy", path) == records
+
+
+def test_read_karpathy_flickr_layout_and_image_root(tmp_path):
+    data = {"images": [{"filename": "1000.jpg", "imgid": 5, "split": "train", "sentences": [{"raw": "a man"}]}]}
+    path = _write(tmp_path / "dataset_flickr30k.json", data)
+    _touch(tmp_path / "flickr30k-images", "1000.jpg")
+    (rec,) = read_karpathy(path, images=tmp_path / "flickr30k-images")
+    assert rec == Record(5, tmp_path / "flickr30k-images/1000.jpg", "train", ["a man"])
+
+
+@pytest.mark.parametrize(
+    ("mutate", "message"),
+    [
+        (lambda d: d.pop("images"), r"missing key 'images'"),
+        (lambda d: d["images"][1].pop("split"), r"images\[1\] \(COCO_train2014_\d+.jpg\): missing key 'split'"),
+        (lambda d: d["images"][0].update(sentences=[]), r"images\[0\] \(COCO_val2014_\d+.jpg\): empty caption"),
+        (lambda d: d["images"][0].update(sentences="a dog"), r"images\[0\] .*'sentences' must be list, got str"),
+        (lambda d: d["images"][0]["sentences"][1].update(raw=3), r"sentences\[1\]: 'raw' must be str, got int"),
+        (lambda d: d["images"][1].update(filename=None), r"images\[1\]: 'filename' must be str, got NoneType"),
+        (lambda d: d["images"][0]["sentences"][0].update(raw="  "), r"images\[0\] .*caption 0 is empty"),
+        (lambda d: d["images"].__setitem__(0, "x.jpg"), r"images\[0\]: expected an object, got str"),
+    ],
+)  # fmt: skip
+def test_karpathy_errors_name_file_and_record(tmp_path, mutate, message):
+    data = json.loads(json.dumps(KARPATHY))
+    mutate(data)
+    path = _write(tmp_path / "dataset_coco.json", data)
+    with pytest.raises(DataError, match=message) as e:
+        read_karpathy(path, check_images=False)
+    assert str(path) in str(e.value)
+
+
+def test_missing_images_reported_with_count_and_first_paths(tmp_path):
+    data = {"images": [{"filename": f"{i}.jpg", "split": "train", "sentences": [{"raw": "x"}]} for i in range(8)]}
+    path = _write(tmp_path / "d.json", data)
+    _touch(tmp_path, "0.jpg")
+    with pytest.raises(DataError) as e:
+        read_karpathy(path)
+    msg = str(e.value)
+    assert "7 of 8 image files do not exist" in msg and str(path) in msg
+    assert str(tmp_path / "1.jpg") in msg and str(tmp_path / "5.jpg") in msg
+    assert str(tmp_path / "6.jpg") not in msg and "and 2 more" in msg  # first 5 listed
+    assert len(read_karpathy(path, check_images=False)) == 8
+
+
+def test_bad_json_and_missing_file(tmp_path):
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"images": [')
+    with pytest.raises(DataError, match=r"bad.json: invalid JSON at line 1"):
+        read_karpathy(bad)
+    with pytest.raises(DataError, match=r"nope.json: file not found"):
+        read_coco_captions(tmp_path / "nope.json")
+    with pytest.raises(DataError, match="unknown data set format 'csv'; valid formats: world, karpathy, coco, jsonl"):
+        read_dataset("csv", bad)
+
+
+COCO = {
+    "info": {},
+    "images": [{"id": 42, "file_name": "COCO_val2014_000000000042.jpg"}, {"id": 7, "file_name": "b.jpg"}],
+    "annotations": [
+        {"image_id": 7, "id": 1, "caption": "Two cats."},
+        {"image_id": 42, "id": 2, "caption": "A dog."},
+        {"image_id": 7, "id": 3, "caption": "Cats on a bed"},
+    ],
+}
+
+
+def test_read_coco_captions(tmp_path):
+    path = _write(tmp_path / "captions_val2014.json", COCO)
+    _touch(tmp_path / "val2014", "COCO_val2014_000000000042.jpg", "b.jpg")
+    records = read_coco_captions(path, images=tmp_path / "val2014")
+    assert records == [
+        Record(42, tmp_path / "val2014/COCO_val2014_000000000042.jpg", "val", ["A dog."]),
+        Record(7, tmp_path / "val2014/b.jpg", "val", ["Two cats.", "Cats on a bed"]),
+    ]
+    assert read_dataset("coco", path, images=tmp_path / "val2014") == records
+    assert read_coco_captions(path, check_images=False, split="test")[0].split == "test"
+
+
+@pytest.mark.parametrize(
+    ("mutate", "message"),
+    [
+        (lambda d: d.pop("annotations"), r"missing key 'annotations'"),
+        (lambda d: d["annotations"][1].pop("caption"), r"annotations\[1\]: missing key 'caption'"),
+        (lambda d: d["annotations"][0].update(image_id=99), r"annotations\[0\]: image_id 99 is not in 'images'"),
+        (lambda d: d["images"][1].update(id=42), r"images\[1\]: duplicate image id 42"),
+        (lambda d: d["images"][0].pop("file_name"), r"images\[0\] \(id 42\): missing key 'file_name'"),
+        (lambda d: d["annotations"].pop(1), r"image id 42 \(COCO_val2014_000000000042.jpg\): empty caption list"),
+        (lambda d: d["annotations"][2].update(caption=["x"]), r"annotations\[2\]: 'caption' must be str, got list"),
+    ],
+)
+def test_coco_errors(tmp_path, mutate, message):
+    data = json.loads(json.dumps(COCO))
+    mutate(data)
+    path = _write(tmp_path / "captions_val2014.json", data)
+    with pytest.raises(DataError, match=message):
+        read_coco_captions(path, check_images=False)
+
+
+def test_read_jsonl(tmp_path):
+    _touch(tmp_path, "imgs/a.png")
+    _touch(tmp_path / "abs", "b.png")
+    lines = [
+        {"image": "imgs/a.png", "captions": ["a red circle", "a circle"]},
+        {"image": str(tmp_path / "abs/b.png"), "captions": ["x"], "id": 9, "split": "train"},
+    ]
+    path = tmp_path / "data.jsonl"
+    path.write_text(json.dumps(lines[0]) + "\n\n" + json.dumps(lines[1]) + "\n")
+    records = read_jsonl(path)
+    assert records == [
+        Record("imgs/a.png", tmp_path / "imgs/a.png", "test", ["a red circle", "a circle"]),
+        Record(9, tmp_path / "abs/b.png", "train", ["x"]),
+    ]
+    assert read_dataset("jsonl", path) == records
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ('{"captions": ["x"]}', r"line 2: missing key 'image'"),
+        ('{"image": "b.png", "captions": []}', r"line 2: empty caption list"),
+        ('{"image": "a.png", "captions": "x"}', r"line 2: 'captions' must be list, got str"),
+        ('{"image": "b.png", "captions": [1]}', r"line 2: caption 0 must be a string, got int"),
+        ('{"image": "a.png", "captions": ["x"], "id": 1.5}', r"line 2: 'id' must be int or str, got float"),
+        ('{"image": "c.png", "captions": ["x"], "id": "a.png"}', r"line 2: duplicate image id 'a.png'"),
+        ('{"image": "a.png",', r"line 2: invalid JSON"),
+        ('["a.png"]', r"line 2: expected an object, got list"),
+    ],
+)
+def test_jsonl_errors(tmp_path, text, message):
+    path = tmp_path / "data.jsonl"
+    path.write_text('{"image": "a.png", "captions": ["ok"]}\n' + text + "\n")
+    with pytest.raises(DataError, match=message) as e:
+        read_jsonl(path, check_images=False)
+    assert str(path) in str(e.value)
+
+
+def test_jsonl_missing_images(tmp_path):
+    path = tmp_path / "data.jsonl"
+    path.write_text('{"image": "gone.png", "captions": ["x"]}\n')
+    with pytest.raises(DataError, match=r"1 of 1 image files do not exist"):
+        read_jsonl(path)
+
+
+def test_world_format_reads_a_world_folder(tmp_path):
+    from finecap.config import WorldConfig
+    from finecap.world.make import make_world
+
+    out = make_world(WorldConfig(n_train=3, n_val=1, n_test=1, image_size=32), tmp_path / "w", progress=False)
+    records = read_dataset("world", out)
+    assert read_dataset("world", out / "dataset.json") == records
+    assert [r.split for r in records] == ["train"] * 3 + ["val", "test"]
+    assert records[4].path == out / "images/test/000004.png" and len(records[4].captions) == 5
+    with pytest.raises(DataError, match="finecap world make"):
+        read_dataset("world", tmp_path / "nothing")
+
+
+def test_results_round_trip(tmp_path):
+    path = tmp_path / "sub" / "results.json"
+    captions = {42: "a dog on a couch", 7: "two cats", "x-1": "a bird"}
+    write_results(path, captions)
+    assert json.loads(path.read_text()) == [
+        {"image_id": 42, "caption": "a dog on a couch"},
+        {"image_id": 7, "caption": "two cats"},
+        {"image_id": "x-1", "caption": "a bird"},
+    ]
+    assert read_results(path) == captions
+
+
+@pytest.mark.parametrize(
+    ("data", "message"),
+    [
+        ({"image_id": 1, "caption": "x"}, r"must be a list of"),
+        ([{"image_id": 1}], r"\[0\]: missing key 'caption'"),
+        ([{"caption": "x"}], r"\[0\]: missing key 'image_id'"),
+        ([{"image_id": 1, "caption": "x"}, {"image_id": 1, "caption": "y"}], r"\[1\]: duplicate image_id 1"),
+        ([{"image_id": 1, "caption": 5}], r"\[0\]: 'caption' must be str, got int"),
+        ([{"image_id": True, "caption": "x"}], r"\[0\]: 'image_id' must be int or str, got bool"),
+    ],
+)
+def test_results_errors(tmp_path, data, message):
+    path = _write(tmp_path / "results.json", data)
+    with pytest.raises(DataError, match=message) as e:
+        read_results(path)
+    assert str(path) in str(e.value)
+
+
+def test_write_results_rejects_bad_values(tmp_path):
+    with pytest.raises(DataError, match="caption of image 3 must be a string"):
+        write_results(tmp_path / "r.json", {3: None})
+    with pytest.raises(DataError, match=r"image id 1.5 must be an int or a string"):
+        write_results(tmp_path / "r.json", {1.5: "x"})
+    assert not (tmp_path / "r.json").exists()
