@@ -89,8 +89,9 @@ class DataConfig:
     format: Literal["world", "karpathy", "coco", "jsonl"] = doc("world", "Data set format of data.path.")
     path: str = doc("", "Data set file (Karpathy JSON, COCO annotations, JSONL); empty = the world at world.out.")
     images: str = doc("", "Image root for relative image paths; empty = next to data.path.")
-    max_tokens: int = doc(32, "Captions are truncated to this many tokens (EOS included) for training.")
+    max_tokens: int = doc(48, "Captions are cut to this many tokens (EOS included); dense world captions reach 41.")
     num_workers: int = doc(0, "DataLoader worker processes.")
+    sampler: str = doc("random", "Training batch sampler (finecap.data.samplers.SAMPLERS) or 'pkg.module:factory'.")
 
 
 @dataclass
@@ -118,10 +119,18 @@ class ModelConfig:
     mapper_layers: int = doc(2, "Transformer mapper: number of layers.")
     train_encoder: bool = doc(False, "Train the vision encoder too (SR-V); otherwise features are frozen and cached.")
     train_lm: bool = doc(True, "Train the language model (otherwise only the mapper).")
+    mapper_heads: int = doc(8, "Transformer mapper: attention heads (must divide the LM hidden size).")
+    tiny_layers: int = doc(3, "world-tiny LM: GPT-2 layers.")
+    tiny_hidden: int = doc(128, "world-tiny LM: hidden size (n_embd).")
+    tiny_heads: int = doc(4, "world-tiny LM: attention heads (must divide model.tiny_hidden).")
 
     def __post_init__(self) -> None:
         _check(self.prefix_length >= 1, "model.prefix_length", "must be >= 1")
         _check(self.mapper_layers >= 1, "model.mapper_layers", "must be >= 1")
+        _check(self.mapper_heads >= 1, "model.mapper_heads", "must be >= 1")
+        _check(self.tiny_layers >= 1, "model.tiny_layers", "must be >= 1")
+        heads_ok = self.tiny_heads >= 1 and self.tiny_hidden % self.tiny_heads == 0
+        _check(heads_ok, "model.tiny_heads", f"must be >= 1 and divide model.tiny_hidden={self.tiny_hidden}")
 
 
 @dataclass
@@ -143,6 +152,11 @@ class TrainConfig:
     )
     log_every: int = doc(20, "Log training metrics every N steps.")
     save_every: int = doc(0, "Save a resumable checkpoint every N steps (0 = at each evaluation).")
+    best_mode: Literal["auto", "min", "max"] = doc("auto", "Minimise/maximise best_metric (auto: min for 'loss').")
+    loss_weights: dict[str, float] = doc({}, "Weight of each named loss of the objective (absent = 1.0).")
+    validators: list[str] = doc([], "Validators run at each evaluation (loop.VALIDATORS names or 'pkg.mod:factory').")
+    cpu: bool = doc(False, "Train on the CPU even when an accelerator (GPU) is available.")
+    mixed_precision: Literal["no", "fp16", "bf16"] = doc("no", "Mixed precision of accelerate.")
 
     def __post_init__(self) -> None:
         _check(self.epochs > 0 or self.max_steps > 0, "train.epochs/train.max_steps", "one of them must be > 0")
@@ -186,6 +200,19 @@ class EvalConfig:
     draws: int = doc(3, "Random-distractor draws averaged.")
     bag_sizes: list[int] = doc([3, 5, 7], "Bag sizes for TrueMatch-style bag retrieval.")
     seed: int = doc(0, "Seed of distractor draws.")
+    bag_similarity: Literal["query", "pairwise"] = doc(
+        "query", "TrueMatch intra-bag similarity: query-to-members mean (NDLB Alg. 1) or mean over all pairs."
+    )
+    lm: str = doc("", "Causal LM (HF name or path) scoring caption perplexity; needed by the 'perplexity' metric.")
+    batch_size: int = doc(64, "Captions per forward pass of the perplexity language model.")
+    vocab_min_count: int = doc(5, "A word counts towards vocabulary usage when used at least this often (NDLB).")
+
+    def __post_init__(self) -> None:
+        _check(self.n_distractors >= 1, "eval.n_distractors", "must be >= 1")
+        _check(self.draws >= 1, "eval.draws", "must be >= 1")
+        _check(all(s >= 2 for s in self.bag_sizes), "eval.bag_sizes", "bag sizes must be >= 2")
+        _check(self.batch_size >= 1, "eval.batch_size", "must be >= 1")
+        _check(self.vocab_min_count >= 1, "eval.vocab_min_count", "must be >= 1")
 
 
 @dataclass

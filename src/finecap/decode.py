@@ -1,0 +1,340 @@
+"""Batched decoding: greedy, beam search and sampling (temperature, top-k, top-p) over any incremental model.
+
+The decoders drive a :class:`Stepper`, a small protocol that any autoregressive model with a cache can implement
+(:class:`finecap.models.clipcap.ClipCap` implements it with the language model's ``past_key_values``):
+
+- ``start(features) -> (logits (B, V), state)``: logits of the first token given the conditioning,
+- ``step(tokens (N,), state) -> (logits (N, V), state)``: feed one token per row, get the next logits,
+- ``select(state, index (M,)) -> state``: keep/repeat/reorder rows of the state (beam reordering, repeats).
+
+Every decoder returns a :class:`Generation`: ``sequences (N, L)`` with the stop token included and padded with the
+pad id after it, ``token_logprobs (N, L)`` (0 at padding), ``lengths (N,)``, ``image_index (N,)`` (rows of one image
+are contiguous: image ``i`` owns rows ``i*n ... i*n+n-1``) and ``scores (N,)``.
+
+Conventions chosen here (the papers leave them open):
+
+- **Log-probs are of the model's own distribution** (temperature 1, before top-k/top-p truncation), whatever the
+  decoding strategy, so they equal ``ClipCap.sequence_logprob(..., temperature=1.0)``. The sampling distribution's
+  log-probs (temperature-scaled, NDLB-style) come from ``sequence_logprob(..., temperature=T)``, with gradient.
+- **Greedy ignores temperature/top-k/top-p** (argmax is invariant to temperature); beam search uses the model's
+  log-probs at temperature 1.
+- **Beam search** keeps finished hypotheses in the beam (as ClipCap's reference ``generate_beam`` does): a finished
+  beam has exactly one continuation, itself (pad token, log-prob 0, length and score unchanged), and competes for
+  the ``beam_size`` slots with the extensions of live beams. Hypotheses are ranked by
+  ``sum(logprob) / length ** length_penalty`` (length counts the stop token); live beams all have the same length
+  at a step, so the penalty only matters when a finished beam competes with live ones. Hypotheses still alive at
+  ``max_length`` end there without a stop token. Returned ``scores`` are these ranking scores, best first per image.
+- **Stopping**: a row stops at EOS, and with ``stop_at_period`` also at a period token (kept in the caption, no EOS
+  added after it).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Protocol
+
+import torch
+import torch.nn.functional as F
+
+if TYPE_CHECKING:
+    from finecap.config import DecodeConfig
+
+STRATEGIES = ("greedy", "beam", "sample")
+
+
+class Stepper(Protocol):
+    def start(self, features: torch.Tensor) -> tuple[torch.Tensor, Any]: ...
+
+    def step(self, tokens: torch.Tensor, state: Any) -> tuple[torch.Tensor, Any]: ...
+
+    def select(self, state: Any, index: torch.Tensor) -> Any: ...
+
+
+@dataclass
+class Generation:
+    """Decoded captions, ``N = B * num_return_sequences`` rows, rows of one image contiguous."""
+
+    sequences: torch.Tensor  # (N, L) long, stop token included, pad id after it
+    token_logprobs: torch.Tensor  # (N, L) float, model log-prob of each token (temperature 1), 0 at padding
+    lengths: torch.Tensor  # (N,) long, tokens up to and including the stop token
+    image_index: torch.Tensor  # (N,) long, row -> image of the decoded batch
+    scores: torch.Tensor  # (N,) float: summed log-probs (greedy/sample) or length-penalised beam score
+    texts: list[str] = field(default_factory=list)  # (N,) decoded captions without special tokens
+
+    @property
+    def mask(self) -> torch.Tensor:
+        """``(N, L)`` bool, True on real tokens (stop token included)."""
+        return torch.arange(self.sequences.shape[1], device=self.lengths.device)[None, :] < self.lengths[:, None]
+
+    def __len__(self) -> int:
+        return self.sequences.shape[0]
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# Helpers
+# --------------------------------------------------------------------------------------------------------------------
+
+
+def stop_token_ids(tokenizer: Any, stop_at_period: bool = False) -> list[int]:
+    """EOS, plus with ``stop_at_period`` every single-token spelling of a period (``"."``, ``" ."``) the tokenizer
+    has (none for the world tokenizer, which has no punctuation)."""
+    if tokenizer.eos_token_id is None:
+        raise ValueError(f"tokenizer {type(tokenizer).__name__} has no EOS token; decoding needs one to stop")
+    ids = [int(tokenizer.eos_token_id)]
+    if stop_at_period:
+        for text in (".", " ."):
+            enc = tokenizer.encode(text, add_special_tokens=False)
+            if len(enc) == 1 and enc[0] != tokenizer.unk_token_id and enc[0] not in ids:
+                ids.append(int(enc[0]))
+    return ids
+
+
+def filter_logits(logits: torch.Tensor, top_k: int = 0, top_p: float = 1.0) -> torch.Tensor:
+    """Set logits outside the top-k and outside the nucleus to -inf. ``logits (N, V)``.
+
+    top-k keeps the k largest logits (ties with the k-th are kept); top-p keeps the smallest set of most likely
+    tokens whose probability mass reaches ``top_p`` (the most likely token is always kept).
+    """
+    if top_k > 0 and top_k < logits.shape[-1]:
+        kth = logits.topk(top_k, dim=-1).values[..., -1:]  # (N, 1)
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    if top_p < 1.0:
+        sorted_logits, order = logits.sort(dim=-1, descending=True)  # (N, V)
+        probs = sorted_logits.softmax(dim=-1)
+        mass_before = probs.cumsum(dim=-1) - probs  # (N, V) mass of strictly more likely tokens
+        remove_sorted = mass_before >= top_p
+        remove_sorted[..., 0] = False
+        remove = torch.zeros_like(remove_sorted).scatter(-1, order, remove_sorted)
+        logits = logits.masked_fill(remove, float("-inf"))
+    return logits
+
+
+def _check_ids(pad_id: int, stop_ids: Sequence[int], vocab: int) -> None:
+    if not 0 <= pad_id < vocab:
+        raise ValueError(f"pad id {pad_id} is outside the vocabulary of size {vocab}")
+    if not stop_ids:
+        raise ValueError("decoding needs at least one stop token id (EOS)")
+    bad = [i for i in stop_ids if not 0 <= i < vocab]
+    if bad:
+        raise ValueError(f"stop token ids {bad} are outside the vocabulary of size {vocab}")
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# Greedy and sampling
+# --------------------------------------------------------------------------------------------------------------------
+
+
+def _token_loop(
+    stepper: Stepper,
+    features: torch.Tensor,
+    max_length: int,
+    stop_ids: Sequence[int],
+    pad_id: int,
+    choose: Callable[[torch.Tensor], torch.Tensor],
+    n: int,
+) -> Generation:
+    """One token per row and step; ``choose(logits (N, V)) -> tokens (N,)``."""
+    logits, state = stepper.start(features)  # (B, V)
+    B, V = logits.shape
+    _check_ids(pad_id, stop_ids, V)
+    device = logits.device
+    if n > 1:
+        rows = torch.arange(B, device=device).repeat_interleave(n)  # (B*n,)
+        state = stepper.select(state, rows)
+        logits = logits[rows]  # (B*n, V)
+    N = B * n
+    stop = torch.tensor(list(stop_ids), device=device)
+    finished = torch.zeros(N, dtype=torch.bool, device=device)
+    lengths = torch.zeros(N, dtype=torch.long, device=device)
+    tokens, logprobs = [], []
+    for t in range(max_length):
+        if t > 0:
+            logits, state = stepper.step(tokens[-1], state)  # (N, V)
+        logp = F.log_softmax(logits.float(), dim=-1)  # (N, V) model distribution, temperature 1
+        tok = choose(logits).masked_fill(finished, pad_id)  # (N,)
+        lp = logp.gather(1, tok[:, None]).squeeze(1).masked_fill(finished, 0.0)  # (N,)
+        tokens.append(tok)
+        logprobs.append(lp)
+        lengths += (~finished).long()
+        finished |= torch.isin(tok, stop)
+        if bool(finished.all()):
+            break
+    sequences = torch.stack(tokens, dim=1)  # (N, L)
+    token_logprobs = torch.stack(logprobs, dim=1)  # (N, L)
+    return Generation(
+        sequences=sequences,
+        token_logprobs=token_logprobs,
+        lengths=lengths,
+        image_index=torch.arange(B, device=device).repeat_interleave(n),
+        scores=token_logprobs.sum(dim=1),
+    )
+
+
+def greedy(
+    stepper: Stepper, features: torch.Tensor, max_length: int, stop_ids: Sequence[int], pad_id: int
+) -> Generation:
+    """Arg-max decoding, one caption per image."""
+    return _token_loop(stepper, features, max_length, stop_ids, pad_id, lambda logits: logits.argmax(dim=-1), 1)
+
+
+def sample(
+    stepper: Stepper,
+    features: torch.Tensor,
+    max_length: int,
+    stop_ids: Sequence[int],
+    pad_id: int,
+    temperature: float = 1.0,
+    top_k: int = 0,
+    top_p: float = 1.0,
+    num_return_sequences: int = 1,
+    generator: torch.Generator | None = None,
+) -> Generation:
+    """Ancestral sampling from ``softmax(logits / temperature)`` restricted to top-k / top-p, n captions per image.
+
+    Uses ``generator`` (or torch's global RNG). Returned log-probs are of the untempered model (module docstring).
+    """
+    if temperature <= 0:
+        raise ValueError(f"decode.temperature must be > 0, got {temperature}")
+
+    def choose(logits: torch.Tensor) -> torch.Tensor:
+        probs = filter_logits(logits.float() / temperature, top_k, top_p).softmax(dim=-1)  # (N, V)
+        return torch.multinomial(probs, 1, generator=generator).squeeze(1)  # (N,)
+
+    return _token_loop(stepper, features, max_length, stop_ids, pad_id, choose, num_return_sequences)
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# Beam search
+# --------------------------------------------------------------------------------------------------------------------
+
+
+def beam_search(
+    stepper: Stepper,
+    features: torch.Tensor,
+    max_length: int,
+    stop_ids: Sequence[int],
+    pad_id: int,
+    beam_size: int = 5,
+    length_penalty: float = 1.0,
+    num_return_sequences: int = 1,
+) -> Generation:
+    """Batched beam search; returns the ``num_return_sequences`` best hypotheses per image, best first.
+
+    Score of a hypothesis: ``sum(logprob) / length ** length_penalty`` (see the module docstring for finished beams).
+    """
+    K, n = beam_size, num_return_sequences
+    if not 1 <= n <= K:
+        raise ValueError(f"decode.num_return_sequences={n} must be in [1, decode.beam_size={K}]")
+    logits, state = stepper.start(features)  # (B, V)
+    B, V = logits.shape
+    _check_ids(pad_id, stop_ids, V)
+    device = logits.device
+    stop = torch.tensor(list(stop_ids), device=device)
+    state = stepper.select(state, torch.arange(B, device=device).repeat_interleave(K))  # B*K rows
+    logp = F.log_softmax(logits.float(), dim=-1).repeat_interleave(K, dim=0)  # (B*K, V)
+    sums = torch.full((B, K), float("-inf"), device=device)
+    sums[:, 0] = 0.0  # one live beam per image at the start; the others are empty slots
+    lengths = torch.zeros((B, K), dtype=torch.long, device=device)
+    finished = torch.zeros((B, K), dtype=torch.bool, device=device)
+    scores = sums.clone()
+    hist_tok = torch.zeros((B * K, 0), dtype=torch.long, device=device)
+    hist_lp = torch.zeros((B * K, 0), device=device)
+    offsets = (torch.arange(B, device=device) * K)[:, None]  # (B, 1)
+    for t in range(max_length):
+        if t > 0:
+            logits, state = stepper.step(hist_tok[:, -1], state)  # (B*K, V)
+            logp = F.log_softmax(logits.float(), dim=-1)
+        logp3 = logp.view(B, K, V)
+        cand = (sums[..., None] + logp3) / (lengths[..., None] + 1).float() ** length_penalty  # (B, K, V)
+        cand = cand.masked_fill(finished[..., None], float("-inf"))
+        # a finished beam's single continuation: itself, scored as before (pad token, nothing added)
+        kept = sums / lengths.clamp(min=1).float() ** length_penalty  # (B, K)
+        cand[..., pad_id] = torch.where(finished, kept, cand[..., pad_id])
+        scores, flat_idx = cand.view(B, K * V).topk(K, dim=1)  # (B, K), sorted best first
+        parent, token = flat_idx // V, flat_idx % V  # (B, K)
+        parent_done = finished.gather(1, parent)  # (B, K)
+        tok_lp = logp3.reshape(B, K * V).gather(1, flat_idx).masked_fill(parent_done, 0.0)  # (B, K)
+        token = token.masked_fill(parent_done, pad_id)
+        sums = sums.gather(1, parent) + tok_lp
+        lengths = lengths.gather(1, parent) + (~parent_done).long()
+        finished = parent_done | torch.isin(token, stop)
+        rows = (parent + offsets).view(-1)  # (B*K,) flat parent rows
+        hist_tok = torch.cat([hist_tok[rows], token.view(-1, 1)], dim=1)  # (B*K, t+1)
+        hist_lp = torch.cat([hist_lp[rows], tok_lp.view(-1, 1)], dim=1)
+        if bool(finished.all()) or t == max_length - 1:
+            break
+        state = stepper.select(state, rows)
+    L = hist_tok.shape[1]
+    return Generation(
+        sequences=hist_tok.view(B, K, L)[:, :n].reshape(B * n, L),
+        token_logprobs=hist_lp.view(B, K, L)[:, :n].reshape(B * n, L),
+        lengths=lengths[:, :n].reshape(-1),
+        image_index=torch.arange(B, device=device).repeat_interleave(n),
+        scores=scores[:, :n].reshape(-1),
+    )
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# Entry point
+# --------------------------------------------------------------------------------------------------------------------
+
+
+def texts_of(tokenizer: Any, generation: Generation) -> list[str]:
+    """Decode each row up to its length, dropping special tokens (EOS, pad)."""
+    seqs = generation.sequences.tolist()
+    lens = generation.lengths.tolist()
+    return [tokenizer.decode(s[:n], skip_special_tokens=True).strip() for s, n in zip(seqs, lens)]
+
+
+def decode(
+    stepper: Stepper,
+    features: torch.Tensor,
+    cfg: DecodeConfig,
+    tokenizer: Any,
+    generator: torch.Generator | None = None,
+) -> Generation:
+    """Decode ``features (B, D)`` with the strategy of ``cfg``; fills ``texts`` with ``tokenizer``."""
+    if cfg.strategy not in STRATEGIES:
+        raise ValueError(f"decode.strategy={cfg.strategy!r}; valid: {', '.join(STRATEGIES)}")
+    stop_ids = stop_token_ids(tokenizer, cfg.stop_at_period)
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    if cfg.strategy == "greedy":
+        if cfg.num_return_sequences != 1:
+            raise ValueError(
+                f"decode.num_return_sequences={cfg.num_return_sequences} needs decode.strategy=sample or beam "
+                "(greedy decoding returns one caption per image)"
+            )
+        gen = greedy(stepper, features, cfg.max_length, stop_ids, pad_id)
+    elif cfg.strategy == "beam":
+        gen = beam_search(stepper, features, cfg.max_length, stop_ids, pad_id, cfg.beam_size, cfg.length_penalty,
+                          cfg.num_return_sequences)  # fmt: skip
+    else:
+        gen = sample(stepper, features, cfg.max_length, stop_ids, pad_id, cfg.temperature, cfg.top_k, cfg.top_p,
+                     cfg.num_return_sequences, generator)  # fmt: skip
+    gen.texts = texts_of(tokenizer, gen)
+    return gen
+
+
+def concat(generations: Sequence[Generation], pad_id: int) -> Generation:
+    """Concatenate generations of consecutive image chunks (image indices are shifted, widths padded)."""
+    if not generations:
+        raise ValueError("nothing to concatenate")
+    if len(generations) == 1:
+        return generations[0]
+    L = max(g.sequences.shape[1] for g in generations)
+    seqs, lps, idx, offset = [], [], [], 0
+    for g in generations:
+        extra = L - g.sequences.shape[1]
+        seqs.append(F.pad(g.sequences, (0, extra), value=pad_id))
+        lps.append(F.pad(g.token_logprobs, (0, extra), value=0.0))
+        idx.append(g.image_index + offset)
+        offset += int(g.image_index.max()) + 1 if len(g) else 0
+    return Generation(
+        sequences=torch.cat(seqs),
+        token_logprobs=torch.cat(lps),
+        lengths=torch.cat([g.lengths for g in generations]),
+        image_index=torch.cat(idx),
+        scores=torch.cat([g.scores for g in generations]),
+        texts=[t for g in generations for t in g.texts],
+    )

@@ -1,0 +1,470 @@
+"""ClipCap: vision encoder -> mapper -> prefix embeddings -> any causal language model (Mokady et al., 2021).
+
+``ClipCap`` = a :class:`~finecap.models.vision.VisionEncoder` (projected image features of a CLIP-style dual
+encoder: the world encoder or any ``CLIPModel`` checkpoint) -> a mapper turning a feature vector ``(D,)`` into ``k``
+prefix embeddings ``(k, H)`` -> any ``AutoModelForCausalLM`` fed through ``inputs_embeds`` with the prefix followed
+by the caption's token embeddings. Shapes, vocabulary and tokenizer always come from the loaded models.
+
+Mappers (``model.mapper``), as in ClipCap's reference code:
+
+- ``mlp``: ``Linear(D, k*H/2) -> Tanh -> Linear(k*H/2, k*H)``, reshaped to ``(k, H)``.
+- ``transformer``: ``Linear(D, k*H)`` reshaped to ``k`` tokens, concatenated with ``k`` learned prefix constants,
+  a pre-norm transformer encoder (``model.mapper_layers`` layers, ``model.mapper_heads`` heads, feed-forward width
+  2H, ReLU, no dropout), and the outputs at the constants' positions are the prefix. ClipCap lets the number of
+  projected tokens differ from the prefix length; here both are ``model.prefix_length``.
+
+Choices the paper leaves open:
+
+- Features are the *unnormalised projected* image embedding (``get_image_features(...).pooler_output``), as
+  ClipCap feeds ``encode_image`` output. With a frozen encoder (default) batches carry cached ``features``; with
+  ``model.train_encoder=true`` they carry ``pixel_values`` and gradients flow into the vision tower (text tower,
+  text projection and logit scale always stay frozen).
+- No BOS token: the prefix starts the sequence; the last prefix position predicts the first caption token, and
+  logits come back aligned with the labels (``logits[:, t]`` predicts ``labels[:, t]``).
+- Frozen parts (the encoder unless trained, the LM with ``model.train_lm=false``) stay in eval mode when the module
+  is put in train mode, as ClipCap's prefix-only variant does, so dropout never perturbs frozen features.
+- A checkpoint stores the LM (``save_pretrained``, safetensors) with its tokenizer, the mapper
+  (``mapper.safetensors``), ``captioner.json`` and, only when the encoder was trained, the encoder; a frozen
+  encoder is referenced by its source (Hub name or absolute path).
+
+Module names stay the checkpoints' own (``lm.transformer.h.0.attn.c_attn``, ``encoder.model.vision_model....
+q_proj``; the mapper uses none of these names), so ``peft`` LoRA targets only what it should.
+"""
+
+from __future__ import annotations
+
+import inspect
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+import torch.nn.functional as F
+from safetensors.torch import load_file, save_file
+from torch import nn
+from transformers import AutoModelForCausalLM, AutoTokenizer
+from transformers.cache_utils import Cache
+
+from finecap.decode import Generation, concat, decode
+from finecap.models.tokenizer import ensure_pad_token
+from finecap.models.vision import VisionEncoder
+from finecap.utils import read_json, write_json
+
+if TYPE_CHECKING:
+    from finecap.config import Config, DecodeConfig
+
+MAPPERS = ("mlp", "transformer")
+CONFIG_NAME = "captioner.json"
+MAPPER_WEIGHTS = "mapper.safetensors"
+WORLD_LM = "world-tiny"
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# Mappers
+# --------------------------------------------------------------------------------------------------------------------
+
+
+class MLPMapper(nn.Module):
+    """ClipCap's MLP mapper: ``(B, D) -> (B, k, H)`` through a Tanh hidden layer of width ``k*H/2``."""
+
+    def __init__(self, feature_dim: int, hidden: int, prefix_length: int) -> None:
+        super().__init__()
+        self.prefix_length, self.hidden = prefix_length, hidden
+        mid = max(1, prefix_length * hidden // 2)
+        self.net = nn.Sequential(nn.Linear(feature_dim, mid), nn.Tanh(), nn.Linear(mid, prefix_length * hidden))
+
+    def forward(self, features: torch.Tensor) -> torch.Tensor:
+        return self.net(features).view(-1, self.prefix_length, self.hidden)  # (B, k, H)
+
+
+class TransformerMapper(nn.Module):
+    """ClipCap's transformer mapper: projected feature tokens + learned prefix constants through a transformer."""
+
+    def __init__(self, feature_dim: int, hidden: int, prefix_length: int, layers: int, heads: int) -> None:
+        super().__init__()
+        if hidden % heads:
+            raise ValueError(f"model.mapper_heads={heads} must divide the language model's hidden size {hidden}")
+        self.prefix_length, self.hidden = prefix_length, hidden
+        self.linear = nn.Linear(feature_dim, prefix_length * hidden)
+        self.prefix_const = nn.Parameter(torch.randn(prefix_length, hidden))
+        layer = nn.TransformerEncoderLayer(hidden, heads, dim_feedforward=2 * hidden, dropout=0.0, activation="relu",
+                                           batch_first=True, norm_first=True)  # fmt: skip
+        self.transformer = nn.TransformerEncoder(layer, layers, enable_nested_tensor=False)
+
+    def forward(self, features: torch.Tensor) -> torch.Tensor:
+        B, k = features.shape[0], self.prefix_length
+        x = self.linear(features).view(B, k, self.hidden)  # (B, k, H)
+        const = self.prefix_const.unsqueeze(0).expand(B, k, self.hidden)  # (B, k, H)
+        return self.transformer(torch.cat([x, const], dim=1))[:, k:]  # (B, k, H)
+
+
+def build_mapper(kind: str, feature_dim: int, hidden: int, prefix_length: int, layers: int = 2,
+                 heads: int = 8) -> nn.Module:  # fmt: skip
+    if kind == "mlp":
+        return MLPMapper(feature_dim, hidden, prefix_length)
+    if kind == "transformer":
+        return TransformerMapper(feature_dim, hidden, prefix_length, layers, heads)
+    raise ValueError(f"model.mapper={kind!r}; valid: {', '.join(MAPPERS)}")
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# The captioner
+# --------------------------------------------------------------------------------------------------------------------
+
+
+class ClipCap(nn.Module):
+    """Prefix captioner. See the module docstring; build it with :func:`build_captioner` or :meth:`from_checkpoint`.
+
+    Args:
+        lm: any causal LM accepting ``inputs_embeds`` and ``past_key_values``.
+        tokenizer: the LM's tokenizer (needs an EOS token; pad = EOS when it has no pad token).
+        feature_dim: dimension D of the image features (the encoder's projection dim).
+        encoder: the vision encoder; ``None`` makes a features-only captioner (batches must carry ``features``).
+        mapper, prefix_length, mapper_layers, mapper_heads: the mapper (``model.*`` options of the same names).
+        train_encoder: train the encoder (batches carry ``pixel_values``); otherwise it is frozen.
+        train_lm: train the LM; otherwise it is frozen and only the mapper (and encoder) learn.
+        lm_source, encoder_source: where the LM / encoder came from (recorded in checkpoints).
+    """
+
+    def __init__(
+        self,
+        lm: nn.Module,
+        tokenizer: Any,
+        feature_dim: int,
+        *,
+        encoder: VisionEncoder | None = None,
+        mapper: str = "mlp",
+        prefix_length: int = 10,
+        mapper_layers: int = 2,
+        mapper_heads: int = 8,
+        train_encoder: bool = False,
+        train_lm: bool = True,
+        lm_source: str = "",
+        encoder_source: str = "",
+    ) -> None:
+        super().__init__()
+        if train_encoder and encoder is None:
+            raise ValueError("model.train_encoder=true needs a vision encoder (got none)")
+        if encoder is not None and encoder.feature_dim != feature_dim:
+            raise ValueError(f"feature_dim={feature_dim} but the encoder {encoder.source} gives {encoder.feature_dim}")
+        self.tokenizer = ensure_pad_token(tokenizer)
+        self.lm = lm
+        if getattr(lm.config, "pad_token_id", None) is None:
+            lm.config.pad_token_id = self.tokenizer.pad_token_id
+        self.hidden_size = int(lm.get_input_embeddings().embedding_dim)
+        self.feature_dim = int(feature_dim)
+        self.prefix_length = int(prefix_length)
+        self.mapper_kind = mapper
+        self.mapper = build_mapper(mapper, self.feature_dim, self.hidden_size, self.prefix_length, mapper_layers,
+                                   mapper_heads)  # fmt: skip
+        self.encoder = encoder
+        self.train_encoder = bool(train_encoder)
+        self.train_lm = bool(train_lm)
+        self.lm_source = lm_source
+        self.encoder_source = encoder_source or (encoder.source if encoder is not None else "")
+        self.mapper_layers, self.mapper_heads = int(mapper_layers), int(mapper_heads)
+        if encoder is not None:
+            encoder.set_trainable(self.train_encoder)
+        self.lm.requires_grad_(self.train_lm)
+        self._keep_kw = "logits_to_keep" in inspect.signature(type(lm).forward).parameters
+        self.train(self.training)
+
+    # ------------------------------------------------------------------------------------------------------------
+    # Properties and modes
+    # ------------------------------------------------------------------------------------------------------------
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.mapper.parameters()).device
+
+    @property
+    def max_positions(self) -> int | None:
+        """The LM's position limit (``n_positions`` / ``max_position_embeddings``), if it has one."""
+        cfg = self.lm.config
+        value = getattr(cfg, "n_positions", None) or getattr(cfg, "max_position_embeddings", None)
+        return int(value) if value else None
+
+    @property
+    def pad_token_id(self) -> int:
+        return int(self.tokenizer.pad_token_id)
+
+    @property
+    def eos_token_id(self) -> int:
+        return int(self.tokenizer.eos_token_id)
+
+    def train(self, mode: bool = True) -> ClipCap:
+        super().train(mode)
+        if self.encoder is not None and not self.train_encoder:
+            self.encoder.eval()
+        if not self.train_lm:
+            self.lm.eval()
+        return self
+
+    def config_dict(self) -> dict[str, Any]:
+        """What :meth:`save` records in ``captioner.json``."""
+        return {
+            "mapper": self.mapper_kind,
+            "prefix_length": self.prefix_length,
+            "mapper_layers": self.mapper_layers,
+            "mapper_heads": self.mapper_heads,
+            "feature_dim": self.feature_dim,
+            "hidden_size": self.hidden_size,
+            "train_encoder": self.train_encoder,
+            "train_lm": self.train_lm,
+            "lm_source": self.lm_source,
+            "encoder_source": self.encoder_source,
+        }
+
+    # ------------------------------------------------------------------------------------------------------------
+    # Forward pieces
+    # ------------------------------------------------------------------------------------------------------------
+
+    def image_features(self, batch: dict[str, Any]) -> torch.Tensor:
+        """Image features ``(B, D)``: the batch's cached ``features`` (frozen encoder) or the encoder applied to
+        ``pixel_values`` (with gradient only when the encoder is trained)."""
+        if self.train_encoder:
+            if "pixel_values" not in batch:
+                raise ValueError("model.train_encoder=true: batches must carry pixel_values, not cached features")
+            return self.encoder(batch["pixel_values"].to(self.device))  # (B, D)
+        if "features" in batch:
+            return batch["features"].to(self.device, torch.float32)  # (B, D)
+        if "pixel_values" in batch:
+            if self.encoder is None:
+                raise ValueError("this captioner was loaded without its vision encoder; pass cached features")
+            with torch.no_grad():
+                return self.encoder(batch["pixel_values"].to(self.device)).float()  # (B, D)
+        raise ValueError(f"batch has neither 'features' nor 'pixel_values' (keys: {sorted(batch)})")
+
+    def prefix(self, features: torch.Tensor) -> torch.Tensor:
+        """Features ``(B, D)`` -> prefix embeddings ``(B, k, H)``."""
+        if features.ndim != 2 or features.shape[1] != self.feature_dim:
+            raise ValueError(f"image features must be (B, {self.feature_dim}), got {tuple(features.shape)}")
+        param = next(self.mapper.parameters())
+        return self.mapper(features.to(param.device, param.dtype))  # (B, k, H)
+
+    def embed_tokens(self, input_ids: torch.Tensor) -> torch.Tensor:
+        return self.lm.get_input_embeddings()(input_ids)  # (B, T, H)
+
+    def _check_positions(self, n_tokens: int, what: str) -> None:
+        limit = self.max_positions
+        if limit is not None and self.prefix_length + n_tokens - 1 > limit:
+            raise ValueError(
+                f"model.prefix_length={self.prefix_length} + {what}={n_tokens} needs "
+                f"{self.prefix_length + n_tokens - 1} positions but the language model has {limit}"
+            )
+
+    def lm_logits(self, prefix: torch.Tensor, input_ids: torch.Tensor,
+                  attention_mask: torch.Tensor | None = None) -> torch.Tensor:  # fmt: skip
+        """Teacher-forced logits ``(B, T, V)`` of ``input_ids (B, T)`` after ``prefix (B, k, H)``, aligned so that
+        ``logits[:, t]`` predicts ``input_ids[:, t]`` (the last prefix position predicts the first token)."""
+        B, T = input_ids.shape
+        if T < 1:
+            raise ValueError("input_ids must hold at least one token (the EOS)")
+        k = prefix.shape[1]
+        self._check_positions(T, "caption length (data.max_tokens)")
+        tokens = self.embed_tokens(input_ids[:, :-1].to(self.device))  # (B, T-1, H)
+        x = torch.cat([prefix.to(tokens.dtype), tokens], dim=1)  # (B, k+T-1, H)
+        mask = None
+        if attention_mask is not None:
+            ones = torch.ones(B, k, dtype=attention_mask.dtype, device=self.device)
+            mask = torch.cat([ones, attention_mask[:, :-1].to(self.device)], dim=1)  # (B, k+T-1)
+        kwargs = {"logits_to_keep": T} if self._keep_kw else {}
+        out = self.lm(inputs_embeds=x, attention_mask=mask, use_cache=False, **kwargs)
+        return out.logits[:, -T:]  # (B, T, V)
+
+    def forward(self, batch: dict[str, Any]) -> torch.Tensor:
+        """Teacher-forced ``(B, T, V)`` of ``batch['input_ids']``: ``logits[:, t]`` predicts ``labels[:, t]``."""
+        prefix = self.prefix(self.image_features(batch))  # (B, k, H)
+        return self.lm_logits(prefix, batch["input_ids"], batch.get("attention_mask"))
+
+    def sequence_logprob(
+        self,
+        features: torch.Tensor,
+        sequences: torch.Tensor,
+        mask: torch.Tensor,
+        temperature: float = 1.0,
+        image_index: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """Per-token log-probs ``(N, L)`` of ``sequences (N, L)`` given ``features``, with gradient, 0 where
+        ``mask`` is 0.
+
+        ``temperature`` scales the logits first (``log_softmax(logits / T)``: the sampling distribution at T, as
+        NDLB's REINFORCE uses). ``features`` is ``(N, D)``, or ``(B, D)`` with ``image_index (N,)`` mapping rows to
+        images (e.g. ``Generation.image_index``), which runs the mapper once per image.
+        """
+        if temperature <= 0:
+            raise ValueError(f"temperature must be > 0, got {temperature}")
+        prefix = self.prefix(features)  # (B, k, H)
+        if image_index is not None:
+            prefix = prefix[image_index.to(prefix.device)]  # (N, k, H)
+        elif prefix.shape[0] != sequences.shape[0]:
+            raise ValueError(
+                f"{features.shape[0]} feature rows for {sequences.shape[0]} sequences; pass image_index to map them"
+            )
+        sequences = sequences.to(self.device)
+        mask = mask.to(self.device)
+        logits = self.lm_logits(prefix, sequences, mask.long())  # (N, L, V)
+        logp = F.log_softmax(logits.float() / temperature, dim=-1)  # (N, L, V)
+        token = logp.gather(-1, sequences.unsqueeze(-1)).squeeze(-1)  # (N, L)
+        return token * mask.to(token.dtype)
+
+    # ------------------------------------------------------------------------------------------------------------
+    # Decoding
+    # ------------------------------------------------------------------------------------------------------------
+
+    def start(self, features: torch.Tensor) -> tuple[torch.Tensor, Any]:
+        """Stepper protocol: run the prefix, return the first token's logits ``(B, V)`` and the KV cache."""
+        prefix = self.prefix(features)  # (B, k, H)
+        kwargs = {"logits_to_keep": 1} if self._keep_kw else {}
+        dtype = self.lm.get_input_embeddings().weight.dtype
+        out = self.lm(inputs_embeds=prefix.to(dtype), use_cache=True, **kwargs)
+        return out.logits[:, -1], out.past_key_values  # (B, V)
+
+    def step(self, tokens: torch.Tensor, cache: Any) -> tuple[torch.Tensor, Any]:
+        """Stepper protocol: feed one token per row ``(N,)``, return the next logits ``(N, V)`` and the cache."""
+        out = self.lm(inputs_embeds=self.embed_tokens(tokens[:, None]), past_key_values=cache, use_cache=True)
+        return out.logits[:, -1], out.past_key_values  # (N, V)
+
+    @staticmethod
+    def select(cache: Any, index: torch.Tensor) -> Any:
+        """Stepper protocol: keep/repeat/reorder cache rows (``DynamicCache`` and legacy tuples)."""
+        if isinstance(cache, Cache):
+            cache.reorder_cache(index)
+            return cache
+        return tuple(tuple(t.index_select(0, index.to(t.device)) for t in layer) for layer in cache)
+
+    @torch.no_grad()
+    def generate(
+        self,
+        batch_or_features: dict[str, Any] | torch.Tensor,
+        decode_cfg: DecodeConfig | None = None,
+        generator: torch.Generator | None = None,
+    ) -> Generation:
+        """Decode captions for a batch (dict with ``features`` or ``pixel_values``) or a features tensor ``(B, D)``.
+
+        Runs in the module's current mode (call ``.eval()`` for deterministic decoding) in chunks of
+        ``decode.batch_size`` images. See :mod:`finecap.decode` for strategies and the log-prob convention.
+        """
+        from finecap.config import DecodeConfig
+
+        cfg = decode_cfg or DecodeConfig()
+        if isinstance(batch_or_features, torch.Tensor):
+            features = batch_or_features
+        else:
+            features = self.image_features(batch_or_features)
+        self._check_positions(cfg.max_length, "decode.max_length")
+        features = features.to(self.device)
+        chunks = [decode(self, features[i : i + cfg.batch_size], cfg, self.tokenizer, generator)
+                  for i in range(0, features.shape[0], cfg.batch_size)]  # fmt: skip
+        if not chunks:
+            raise ValueError("generate got an empty batch")
+        return concat(chunks, self.pad_token_id)
+
+    # ------------------------------------------------------------------------------------------------------------
+    # Saving and loading
+    # ------------------------------------------------------------------------------------------------------------
+
+    def save(self, out: str | Path) -> Path:
+        """Write ``lm/`` (weights + tokenizer), ``mapper.safetensors``, ``captioner.json`` and, when the encoder is
+        trained, ``encoder/`` into ``out``. Reload with :meth:`from_checkpoint`."""
+        out = Path(out)
+        out.mkdir(parents=True, exist_ok=True)
+        self.lm.save_pretrained(out / "lm")
+        self.tokenizer.save_pretrained(out / "lm")
+        state = {k: v.detach().contiguous().cpu() for k, v in self.mapper.state_dict().items()}
+        save_file(state, str(out / MAPPER_WEIGHTS))
+        meta = self.config_dict()
+        meta["encoder_saved"] = bool(self.train_encoder and self.encoder is not None)
+        if meta["encoder_saved"]:
+            self.encoder.save(out / "encoder")
+        write_json(out / CONFIG_NAME, meta)
+        return out
+
+    @classmethod
+    def from_checkpoint(cls, path: str | Path, load_encoder: bool = True) -> ClipCap:
+        """Load a captioner written by :meth:`save`. ``load_encoder=False`` skips the vision encoder (batches must
+        then carry cached ``features``; not allowed for a checkpoint with a trained encoder)."""
+        path = Path(path)
+        if not (path / CONFIG_NAME).exists():
+            raise FileNotFoundError(f"{path}: not a captioner checkpoint (no {CONFIG_NAME})")
+        meta = read_json(path / CONFIG_NAME)
+        lm = AutoModelForCausalLM.from_pretrained(path / "lm")
+        tokenizer = AutoTokenizer.from_pretrained(path / "lm")
+        encoder = None
+        if meta.get("encoder_saved"):
+            encoder = VisionEncoder.from_pretrained(path / "encoder")
+        elif load_encoder and meta.get("encoder_source"):
+            try:
+                encoder = VisionEncoder.from_pretrained(meta["encoder_source"])
+            except OSError as e:
+                raise OSError(
+                    f"{path / CONFIG_NAME}: cannot load the frozen encoder {meta['encoder_source']!r} it refers to "
+                    f"({e}); pass load_encoder=False to use cached features"
+                ) from None
+        model = cls(
+            lm,
+            tokenizer,
+            meta["feature_dim"],
+            encoder=encoder,
+            mapper=meta["mapper"],
+            prefix_length=meta["prefix_length"],
+            mapper_layers=meta["mapper_layers"],
+            mapper_heads=meta["mapper_heads"],
+            train_encoder=meta["train_encoder"],
+            train_lm=meta["train_lm"],
+            lm_source=meta.get("lm_source", ""),
+            encoder_source=meta.get("encoder_source", ""),
+        )
+        model.mapper.load_state_dict(load_file(str(path / MAPPER_WEIGHTS)))
+        return model
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# Construction from the configuration
+# --------------------------------------------------------------------------------------------------------------------
+
+
+def load_lm(name_or_path: str) -> tuple[nn.Module, Any]:
+    """Any ``AutoModelForCausalLM`` checkpoint and its own tokenizer (pad token = EOS when missing, as for GPT-2)."""
+    try:
+        lm = AutoModelForCausalLM.from_pretrained(name_or_path)
+        tokenizer = AutoTokenizer.from_pretrained(name_or_path)
+    except OSError as e:
+        raise OSError(f"model.lm={name_or_path}: cannot load the language model or its tokenizer: {e}") from None
+    return lm, ensure_pad_token(tokenizer)
+
+
+def build_captioner(cfg: Config) -> ClipCap:
+    """A fresh captioner from ``cfg.model``: encoder (``model.encoder``: ``world`` = the trained/cached world encoder,
+    else a CLIP checkpoint name/path), mapper (random init) and LM (``world-tiny`` = the preset GPT-2 with random
+    init, else a pretrained ``AutoModelForCausalLM``)."""
+    m = cfg.model
+    if m.encoder == "world":
+        from finecap.models.retriever import world_encoder
+
+        encoder = VisionEncoder.from_pretrained(world_encoder(cfg))
+    else:
+        try:
+            encoder = VisionEncoder.from_pretrained(m.encoder)
+        except OSError as e:
+            raise OSError(f"model.encoder={m.encoder}: cannot load the vision encoder: {e}") from None
+    if m.lm == WORLD_LM:
+        from finecap.models.presets import WORLD_LM_POSITIONS, build_world_lm
+
+        positions = max(WORLD_LM_POSITIONS, m.prefix_length + max(cfg.data.max_tokens, cfg.decode.max_length))
+        lm, tokenizer = build_world_lm(m.tiny_layers, m.tiny_hidden, m.tiny_heads, n_positions=positions)
+    else:
+        lm, tokenizer = load_lm(m.lm)
+    return ClipCap(
+        lm,
+        tokenizer,
+        encoder.feature_dim,
+        encoder=encoder,
+        mapper=m.mapper,
+        prefix_length=m.prefix_length,
+        mapper_layers=m.mapper_layers,
+        mapper_heads=m.mapper_heads,
+        train_encoder=m.train_encoder,
+        train_lm=m.train_lm,
+        lm_source=m.lm,
+        encoder_source=encoder.source,
+    )

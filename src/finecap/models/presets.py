@@ -1,0 +1,96 @@
+"""Tiny model presets for the embedded world: a small GPT-2 over the world tokenizer (random initialisation).
+
+These are real ``transformers`` architectures (``GPT2LMHeadModel``) at toy sizes, trained from scratch here. Nothing
+else in finecap assumes them: a captioner built on ``gpt2`` takes every shape from the loaded checkpoint.
+
+Example::
+
+    >>> lm, tok = build_world_lm(layers=2, hidden=64, heads=2, vocab=["a", "red", "circle"])
+    >>> lm.config.vocab_size, lm.config.eos_token_id, lm.config.pad_token_id
+    (8, 4, 0)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from transformers import CLIPConfig, GPT2Config, GPT2LMHeadModel
+
+from finecap.models.tokenizer import world_tokenizer
+
+WORLD_LM_POSITIONS = 64
+"""Default position limit of the tiny LM; enough for a prefix of 10 plus 32 caption tokens."""
+
+
+def world_gpt2_config(
+    tokenizer: Any,
+    layers: int = 3,
+    hidden: int = 128,
+    heads: int = 4,
+    n_positions: int = WORLD_LM_POSITIONS,
+    dropout: float = 0.1,
+) -> GPT2Config:
+    """A small ``GPT2Config`` whose vocabulary and special ids come from ``tokenizer``.
+
+    The feed-forward width is GPT-2's default ``4 * hidden``; dropout (residual, embedding, attention) is GPT-2's
+    default 0.1.
+    """
+    if hidden % heads:
+        raise ValueError(f"tiny LM hidden size {hidden} is not divisible by its {heads} heads (model.tiny_heads)")
+    return GPT2Config(
+        vocab_size=len(tokenizer),
+        n_positions=n_positions,
+        n_embd=hidden,
+        n_layer=layers,
+        n_head=heads,
+        resid_pdrop=dropout,
+        embd_pdrop=dropout,
+        attn_pdrop=dropout,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+        tie_word_embeddings=True,
+    )
+
+
+def build_world_lm(
+    layers: int = 3,
+    hidden: int = 128,
+    heads: int = 4,
+    n_positions: int = WORLD_LM_POSITIONS,
+    vocab: Sequence[str] | None = None,
+) -> tuple[GPT2LMHeadModel, Any]:
+    """The tiny world language model (random initialisation, current torch RNG) and the world tokenizer."""
+    tokenizer = world_tokenizer(vocab)
+    config = world_gpt2_config(tokenizer, layers=layers, hidden=hidden, heads=heads, n_positions=n_positions)
+    lm = GPT2LMHeadModel(config)
+    tokenizer.model_max_length = n_positions
+    return lm, tokenizer
+
+
+def tiny_clip_config(
+    vocab_size: int,
+    eos_token_id: int,
+    pad_token_id: int = 0,
+    bos_token_id: int = 0,
+    image_size: int = 32,
+    patch_size: int = 8,
+    hidden: int = 32,
+    layers: int = 2,
+    heads: int = 2,
+    projection_dim: int = 24,
+    max_text_length: int = 32,
+) -> CLIPConfig:
+    """A minimal ``CLIPConfig`` (ViT vision tower + text tower) for tests and experiments.
+
+    ``eos_token_id`` must not be 2 with ``transformers``' CLIP (id 2 selects the legacy argmax pooling).
+    """
+    if eos_token_id == 2:
+        raise ValueError("CLIP eos_token_id must not be 2 (transformers then uses the legacy argmax pooling)")
+    common = {"hidden_size": hidden, "intermediate_size": 2 * hidden, "num_hidden_layers": layers,
+              "num_attention_heads": heads}  # fmt: skip
+    text = dict(common, vocab_size=vocab_size, max_position_embeddings=max_text_length, eos_token_id=eos_token_id,
+                pad_token_id=pad_token_id, bos_token_id=bos_token_id)  # fmt: skip
+    vision = dict(common, image_size=image_size, patch_size=patch_size)
+    return CLIPConfig(text_config=text, vision_config=vision, projection_dim=projection_dim)

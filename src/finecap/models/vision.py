@@ -1,0 +1,121 @@
+"""The captioner's vision encoder: the image side of any CLIP-style dual encoder, as a trainable ``nn.Module``.
+
+:class:`VisionEncoder` loads a checkpoint by Hugging Face name or local path (``openai/clip-vit-base-patch32``, the
+world encoder folder, any ``VisionTextDualEncoderModel``) and returns ``get_image_features(...).pooler_output``:
+the *projected*, unnormalised image embedding (the same features :meth:`finecap.models.retriever.Retriever.
+vision_features` returns, so a frozen-feature cache computed by the retriever of the same checkpoint feeds the
+captioner directly).
+
+The whole dual encoder is kept (so ``save_pretrained`` round-trips and the checkpoint stays loadable by anyone), but
+only its image path is ever run or trained: :meth:`VisionEncoder.set_trainable` leaves the text tower, text
+projection and logit scale frozen. Module names are the checkpoint's own (``model.vision_model....q_proj``), so
+``peft`` LoRA can target them; restrict the target to the vision tower with a regex such as
+``r".*vision_model.*\\.(q_proj|v_proj)"``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+import transformers
+from PIL import Image
+from torch import nn
+
+TEXT_SIDE = ("text_model", "text_projection", "logit_scale")
+"""Attributes of a dual encoder that belong to the text side (never trained through the captioner)."""
+
+
+def load_dual_encoder(name_or_path: str | Path) -> Any:
+    """Load a dual encoder with ``get_image_features``; the class is the checkpoint's recorded architecture.
+
+    Falls back to ``AutoModel``; raises ``TypeError`` naming the checkpoint if the loaded model has no
+    ``get_image_features`` (e.g. a bare ``CLIPVisionModel``).
+    """
+    name = str(name_or_path)
+    config = transformers.AutoConfig.from_pretrained(name)
+    archs = list(getattr(config, "architectures", None) or [])
+    model_cls = next(
+        (getattr(transformers, a) for a in archs if hasattr(getattr(transformers, a, None), "get_image_features")),
+        transformers.AutoModel,
+    )
+    model = model_cls.from_pretrained(name)
+    if not hasattr(model, "get_image_features"):
+        raise TypeError(
+            f"model.encoder={name}: {type(model).__name__} (architectures={archs}) has no get_image_features; "
+            "give a CLIP-style dual encoder checkpoint (CLIPModel, VisionTextDualEncoderModel)"
+        )
+    return model
+
+
+class VisionEncoder(nn.Module):
+    """Projected image features ``(B, D)`` of a dual encoder's vision tower.
+
+    Args:
+        model: a ``transformers`` model with ``get_image_features`` (e.g. ``CLIPModel``).
+        image_processor: the checkpoint's image processor (``None``: :meth:`preprocess` is unavailable).
+        source: where it came from (Hub name or local path), recorded in captioner checkpoints.
+    """
+
+    def __init__(self, model: Any, image_processor: Any = None, source: str = "") -> None:
+        super().__init__()
+        if not hasattr(model, "get_image_features"):
+            raise TypeError(f"vision encoder {source or type(model).__name__} has no get_image_features")
+        self.model = model
+        self.image_processor = image_processor
+        self.source = source
+
+    @classmethod
+    def from_pretrained(cls, name_or_path: str | Path) -> VisionEncoder:
+        """Load model and image processor (if the checkpoint has one) from a Hub name or local folder."""
+        name = str(name_or_path)
+        model = load_dual_encoder(name)
+        try:
+            processor = transformers.AutoImageProcessor.from_pretrained(name)
+        except (OSError, ValueError):
+            processor = None
+        source = str(Path(name).resolve()) if Path(name).exists() else name
+        return cls(model, processor, source=source)
+
+    @property
+    def feature_dim(self) -> int:
+        """Dimension D of the projected image features."""
+        dim = getattr(self.model.config, "projection_dim", None)
+        if not dim:
+            dim = self.model.visual_projection.out_features
+        return int(dim)
+
+    def forward(self, pixel_values: torch.Tensor) -> torch.Tensor:
+        """Pixel values ``(B, 3, H, W)`` -> projected image features ``(B, D)`` (respects the grad mode)."""
+        out = self.model.get_image_features(pixel_values=pixel_values)
+        feats = out.pooler_output if hasattr(out, "pooler_output") else out
+        return feats.flatten(1)  # (B, D)
+
+    def preprocess(self, images: Sequence[Image.Image]) -> torch.Tensor:
+        """PIL images -> pixel values ``(B, 3, H, W)`` with the checkpoint's image processor."""
+        if self.image_processor is None:
+            raise ValueError(f"vision encoder {self.source}: the checkpoint has no image processor")
+        images = [im.convert("RGB") for im in images]
+        return self.image_processor(images=images, return_tensors="pt")["pixel_values"]
+
+    def image_parameters(self) -> list[nn.Parameter]:
+        """Parameters on the image path (everything except the text tower, text projection and logit scale)."""
+        skip = {id(p) for a in TEXT_SIDE if (m := getattr(self.model, a, None)) is not None
+                for p in (m.parameters() if isinstance(m, nn.Module) else [m])}  # fmt: skip
+        return [p for p in self.model.parameters() if id(p) not in skip]
+
+    def set_trainable(self, trainable: bool) -> None:
+        """Freeze everything, then unfreeze the image path when ``trainable``."""
+        self.model.requires_grad_(False)
+        if trainable:
+            for p in self.image_parameters():
+                p.requires_grad_(True)
+
+    def save(self, out: str | Path) -> None:
+        """``save_pretrained`` of the dual encoder (+ image processor) into ``out``."""
+        out = Path(out)
+        self.model.save_pretrained(out)
+        if self.image_processor is not None:
+            self.image_processor.save_pretrained(out)
