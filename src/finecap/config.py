@@ -92,6 +92,9 @@ class DataConfig:
     max_tokens: int = doc(48, "Captions are cut to this many tokens (EOS included); dense world captions reach 41.")
     num_workers: int = doc(0, "DataLoader worker processes.")
     sampler: str = doc("random", "Training batch sampler (finecap.data.samplers.SAMPLERS) or 'pkg.module:factory'.")
+    train_unit: Literal["auto", "caption", "image"] = doc(
+        "auto", "Training examples: one per reference caption or per image (auto: the objective's; MLE: caption)."
+    )
 
 
 @dataclass
@@ -164,6 +167,9 @@ class TrainConfig:
         _check(self.lr > 0, "train.lr", "must be > 0")
         _check(self.warmup_steps >= 0, "train.warmup_steps", "must be >= 0")
         _check(self.grad_clip >= 0, "train.grad_clip", "must be >= 0")
+        _check(self.log_every >= 1, "train.log_every", "must be >= 1")
+        for key in ("eval_every", "eval_samples", "save_every", "max_steps"):
+            _check(getattr(self, key) >= 0, f"train.{key}", "must be >= 0")
 
 
 @dataclass
@@ -235,6 +241,47 @@ class SmileConfig:
 
 
 @dataclass
+class RLConfig:
+    rewards: dict[str, float] = doc({"cider": 1.0}, "Reward weights, R = sum w_i r_i (finecap.rewards.REWARDS names).")
+    baseline: Literal["greedy", "mean", "leave_one_out", "none"] = doc("greedy", "REINFORCE baseline of the reward.")
+    samples: int = doc(5, "Captions decoded per image in training (s); greedy/beam decoding need 1.")
+    strategy: Literal["sample", "greedy", "beam"] = doc("sample", "Training-time decoding (beam uses decode.*).")
+    temperature: float = doc(1.0, "Sampling temperature of training-time decoding (NDLB: 0.3).")
+    logprob: Literal["sum", "mean"] = doc("sum", "log p(caption): sum of token log-probs or their per-token mean.")
+    scaled_logprob: bool = doc(False, "Score log p under the temperature-scaled distribution (NDLB), not T = 1.")
+    mean_momentum: float = doc(0.0, "baseline=mean: 0 = cumulative mean of past batch rewards, else EMA momentum.")
+    entropy_coef: float = doc(0.0, "Max-entropy regularisation (SLL-ME): loss -= coef * mean token entropy.")
+    alpha: float = doc(0.75, "sle: weight of the precision term; the diversity term gets 1 - alpha (Eq. 8).")
+    distance: Literal["bleu34"] = doc("bleu34", "sle: caption distance, bleu34 = 1 - (BLEU-3 + BLEU-4) / 2.")
+    diversity_baseline: Literal["pairwise_mean", "none"] = doc(
+        "pairwise_mean", "sle: baseline of the diversity term (pairwise_mean: Sec. 4.3, zero-mean advantages)."
+    )
+
+    def __post_init__(self) -> None:
+        _check(bool(self.rewards), "rl.rewards", "needs at least one reward, e.g. {cider: 1.0}")
+        _check(self.samples >= 1, "rl.samples", "must be >= 1")
+        _check(self.temperature > 0, "rl.temperature", "must be > 0")
+        _check(
+            self.strategy == "sample" or self.samples == 1,
+            "rl.samples",
+            f"must be 1 with rl.strategy={self.strategy} (deterministic decoding gives one caption per image)",
+        )
+        _check(
+            self.baseline != "leave_one_out" or self.samples >= 2,
+            "rl.samples",
+            "must be >= 2 with rl.baseline=leave_one_out (the other samples of the image are the baseline)",
+        )
+        _check(
+            not (self.baseline == "greedy" and self.strategy == "greedy"),
+            "rl.baseline",
+            "greedy with rl.strategy=greedy makes every advantage 0; use mean, or decode with sample/beam",
+        )
+        _check(0.0 <= self.mean_momentum < 1.0, "rl.mean_momentum", "must be in [0, 1)")
+        _check(self.entropy_coef >= 0, "rl.entropy_coef", "must be >= 0")
+        _check(0.0 <= self.alpha <= 1.0, "rl.alpha", f"must be in [0, 1], got {self.alpha}")
+
+
+@dataclass
 class DemoConfig:
     stages: list[str] = doc(["world", "retriever", "mle", "caption", "report"], "Demo stages to run, in order.")
     quick: bool = doc(False, "Tiny settings that finish in about two minutes (used by tests).")
@@ -251,6 +298,7 @@ SECTIONS: dict[str, type] = {
     "decode": DecodeConfig,
     "eval": EvalConfig,
     "smile": SmileConfig,
+    "rl": RLConfig,
     "demo": DemoConfig,
 }
 
@@ -266,6 +314,7 @@ class Config:
     decode: DecodeConfig = field(default_factory=DecodeConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
     smile: SmileConfig = field(default_factory=SmileConfig)
+    rl: RLConfig = field(default_factory=RLConfig)
     demo: DemoConfig = field(default_factory=DemoConfig)
 
     def to_dict(self) -> dict[str, dict[str, Any]]:

@@ -1,0 +1,167 @@
+"""Caption data sets and the collator that turns examples into the batch dict every captioner and objective reads.
+
+Examples come from :class:`finecap.data.formats.Record` s:
+
+- training (``per_caption=True``): one example per reference caption, as ClipCap does, so an image with five
+  references is seen five times per epoch, each time with another target (``data.train_unit=image`` or an
+  objective sampling its own captions, e.g. REINFORCE, trains per image instead);
+- validation / test (``per_caption=False``): one example per image; its target (for the validation loss) is the
+  image's first reference caption, so the loss is comparable across runs and evaluations.
+
+Every example also carries all references of its image (``references``), which later objectives read (CIDEr-D
+rewards, self-retrieval bags). Images are represented by frozen encoder features (a ``(N, D)`` tensor aligned with
+the records, see :mod:`finecap.data.features`) or, when the encoder is trained, by the decoded image that the
+collator turns into ``pixel_values`` with the model's preprocessing.
+
+Batch dict (see ``INTERFACES.md``)::
+
+    features      (B, D) float          or  pixel_values (B, 3, H, W)
+    input_ids     (B, T) caption tokens + EOS, right-padded with the pad id, T <= data.max_tokens
+    attention_mask(B, T) 1 on tokens (EOS included), 0 on padding
+    labels        (B, T) input_ids with -100 at padding
+    image_ids     list of B image ids;  references: list of B lists of reference captions;  index: (B,) example index
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch.utils.data import Dataset
+
+from finecap.objectives.mle import IGNORE_INDEX
+
+if TYPE_CHECKING:
+    from finecap.config import Config
+    from finecap.data.formats import Record
+
+TRAIN_SPLITS = ("train", "restval")
+
+
+def data_file(cfg: Config) -> Path:
+    """The data set file read for ``cfg``: ``data.path``, or the world's ``dataset.json`` under ``world.out``."""
+    if cfg.data.path:
+        return Path(cfg.data.path)
+    if cfg.data.format != "world":
+        raise ValueError(f"data.path: required for data.format={cfg.data.format!r} (only the world has a default)")
+    return Path(cfg.world.out) / "dataset.json"
+
+
+@functools.lru_cache(maxsize=4)
+def _read(fmt: str, path: Path, images: str, mtime_ns: int) -> tuple[Record, ...]:
+    from finecap.data.formats import read_dataset
+
+    return tuple(read_dataset(fmt, path, images=images or None))
+
+
+def load_records(cfg: Config, split: str) -> list[Record]:
+    """Records of ``split``; ``"train"`` also takes Karpathy's ``restval`` images, as most captioning code does."""
+    path = data_file(cfg)
+    if not path.exists():
+        raise FileNotFoundError(f"{path}: data set file not found (data.path / world.out)")
+    records = _read(cfg.data.format, path, cfg.data.images, path.stat().st_mtime_ns)
+    wanted = TRAIN_SPLITS if split == "train" else (split,)
+    out = [r for r in records if r.split in wanted]
+    if not out:
+        present = sorted({r.split for r in records})
+        raise ValueError(f"{path}: no records in split {split!r}; splits present: {', '.join(present)}")
+    return out
+
+
+class CaptionDataset(Dataset):
+    """Examples ``(record, caption)`` of a list of records; ``features[i]`` belongs to ``records[i]``."""
+
+    def __init__(self, records: Sequence[Record], *, per_caption: bool, features: torch.Tensor | None = None) -> None:
+        if features is not None and len(features) != len(records):
+            raise ValueError(f"CaptionDataset: {len(features)} feature rows for {len(records)} records")
+        self.records = list(records)
+        self.features = features
+        if per_caption:
+            self.examples = [(i, j) for i, r in enumerate(self.records) for j in range(len(r.captions))]
+            if not self.examples:
+                raise ValueError("CaptionDataset: no reference captions to train on")
+        else:
+            self.examples = [(i, 0) for i in range(len(self.records))]
+
+    def __len__(self) -> int:
+        return len(self.examples)
+
+    def __getitem__(self, index: int) -> dict[str, Any]:
+        i, j = self.examples[index]
+        record = self.records[i]
+        item = {
+            "index": index,
+            "image_id": record.image_id,
+            "caption": record.captions[j] if record.captions else "",
+            "references": list(record.captions),
+        }
+        if self.features is not None:
+            item["features"] = self.features[i]  # (D,)
+        else:
+            item["image"] = load_image(record.path)
+        return item
+
+
+def load_image(path: str | Path):
+    """The image at ``path`` as RGB (errors name the file)."""
+    from PIL import Image
+
+    try:
+        with Image.open(path) as image:
+            return image.convert("RGB")
+    except (OSError, ValueError) as e:
+        raise ValueError(f"{path}: cannot read image: {e}") from None
+
+
+@dataclass
+class CaptionCollator:
+    """Tokenises captions, appends EOS, truncates and pads them, and stacks features (or preprocesses images).
+
+    A caption longer than ``max_tokens - 1`` tokens keeps its first ``max_tokens - 1`` tokens and still ends with
+    EOS (so the model always learns to stop); padding uses the tokenizer's pad id, or EOS when it has none (GPT-2);
+    labels are -100 there either way. ``preprocess(images) -> (B, 3, H, W)`` is needed only without features.
+    """
+
+    tokenizer: Any
+    max_tokens: int
+    preprocess: Callable[[list], torch.Tensor] | None = None
+
+    def __post_init__(self) -> None:
+        if self.max_tokens < 1:
+            raise ValueError(f"data.max_tokens: must be >= 1 (EOS needs a place), got {self.max_tokens}")
+
+    def __call__(self, items: list[dict[str, Any]]) -> dict[str, Any]:
+        from finecap.models.tokenizer import encode_captions
+
+        enc = encode_captions(self.tokenizer, [it["caption"] for it in items], self.max_tokens)
+        input_ids, attention_mask = enc["input_ids"], enc["attention_mask"]  # (B, T)
+        batch: dict[str, Any] = {
+            "input_ids": input_ids,
+            "attention_mask": attention_mask,
+            "labels": input_ids.masked_fill(attention_mask == 0, IGNORE_INDEX),  # (B, T)
+            "image_ids": [it["image_id"] for it in items],
+            "references": [it["references"] for it in items],
+            "index": torch.tensor([it["index"] for it in items]),  # (B,)
+        }
+        if "features" in items[0]:
+            batch["features"] = torch.stack([it["features"] for it in items]).float()  # (B, D)
+        else:
+            if self.preprocess is None:
+                raise ValueError("CaptionCollator: examples carry images but no preprocess function was given")
+            batch["pixel_values"] = self.preprocess([it["image"] for it in items])  # (B, 3, H, W)
+        return batch
+
+
+def model_collator(model: Any, max_tokens: int) -> CaptionCollator:
+    """The collator for a captioner: its tokenizer, and its encoder's image preprocessing (if it has an encoder)."""
+    encoder = getattr(model, "encoder", None)
+    return CaptionCollator(model.tokenizer, max_tokens, preprocess=encoder.preprocess if encoder is not None else None)
+
+
+def to_device(batch: dict[str, Any], device: torch.device | str) -> dict[str, Any]:
+    """The batch with every tensor moved to ``device`` (lists stay as they are)."""
+    return {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in batch.items()}

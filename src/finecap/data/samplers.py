@@ -1,0 +1,140 @@
+"""Batch samplers: which examples form each global batch of an epoch, and which part each process takes.
+
+A :class:`GlobalBatchSampler` returns the *global* batches of an epoch (all processes together), as a pure function
+of ``(seed, epoch)``; :class:`ShardedBatches` hands process ``rank`` its contiguous slice of each global batch,
+starting at a position inside the epoch. Hence:
+
+- the data order is the same with 1 or N processes (only how a global batch is split differs), and
+- ``--resume`` continues exactly where a run stopped: the trainer state stores ``(epoch, position)`` and the
+  batches of the epoch are recomputed from the seed (nothing about the sampler itself needs saving).
+
+A global batch holds ``train.batch_size × num_processes`` examples. Its slices differ in size by at most one (the
+loop averages per-process gradients, so uneven slices are fine); only when a (last) global batch has fewer examples
+than there are processes are examples repeated, so that no process gets an empty batch.
+
+Samplers are chosen by ``data.sampler`` from :data:`SAMPLERS` (or a dotted path ``"pkg.module:factory"``); a factory
+is called as ``factory(cfg, dataset, global_batch_size)``. Curricula such as BagCurri implement ``batches(epoch)``
+differently per epoch (e.g. whole bags per batch) and plug in the same way.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch.utils.data import Sampler
+
+if TYPE_CHECKING:
+    from finecap.config import Config
+
+
+class GlobalBatchSampler:
+    """Base class: ``batches(epoch)`` returns the list of global batches (lists of dataset indices) of an epoch."""
+
+    def batches(self, epoch: int) -> list[list[int]]:
+        raise NotImplementedError
+
+    def num_batches(self, epoch: int) -> int:
+        """Number of global batches of ``epoch`` (override when it is cheaper than building them)."""
+        return len(self.batches(epoch))
+
+
+class RandomBatches(GlobalBatchSampler):
+    """A fresh permutation each epoch (seeded by ``seed`` and ``epoch``), cut into batches of ``batch_size``.
+
+    The last batch of an epoch may be smaller (no example is dropped). With ``shuffle=False`` the order is
+    ``0..n-1`` (evaluation).
+
+    Example::
+
+        >>> RandomBatches(5, 2, shuffle=False).batches(0)
+        [[0, 1], [2, 3], [4]]
+    """
+
+    def __init__(self, n: int, batch_size: int, *, seed: int = 0, shuffle: bool = True):
+        if n <= 0:
+            raise ValueError("RandomBatches: the data set is empty")
+        if batch_size < 1:
+            raise ValueError(f"RandomBatches: batch_size must be >= 1, got {batch_size}")
+        self.n, self.batch_size, self.seed, self.shuffle = n, batch_size, seed, shuffle
+
+    def batches(self, epoch: int) -> list[list[int]]:
+        if self.shuffle:
+            generator = torch.Generator().manual_seed(self.seed * 1_000_003 + epoch)
+            order = torch.randperm(self.n, generator=generator).tolist()
+        else:
+            order = list(range(self.n))
+        return [order[i : i + self.batch_size] for i in range(0, self.n, self.batch_size)]
+
+    def num_batches(self, epoch: int) -> int:
+        return math.ceil(self.n / self.batch_size)
+
+
+def shard(batch: list[int], rank: int, world: int) -> list[int]:
+    """Process ``rank``'s contiguous slice of a global batch (sizes differ by at most one; never empty).
+
+    Example::
+
+        >>> [shard([0, 1, 2, 3, 4], r, 2) for r in range(2)]
+        [[0, 1, 2], [3, 4]]
+        >>> [shard([7], r, 2) for r in range(2)]
+        [[7], [7]]
+    """
+    if len(batch) < world:
+        batch = [batch[i % len(batch)] for i in range(world)]
+    base, extra = divmod(len(batch), world)
+    start = rank * base + min(rank, extra)
+    return batch[start : start + base + (1 if rank < extra else 0)]
+
+
+class ShardedBatches(Sampler[list[int]]):
+    """``batch_sampler`` of a DataLoader: this process's slice of each global batch from ``start`` on."""
+
+    def __init__(self, batches: list[list[int]], *, rank: int = 0, world: int = 1, start: int = 0):
+        self.batches, self.rank, self.world, self.start = batches, rank, world, start
+
+    def __iter__(self) -> Iterator[list[int]]:
+        for batch in self.batches[self.start :]:
+            yield shard(batch, self.rank, self.world)
+
+    def __len__(self) -> int:
+        return max(0, len(self.batches) - self.start)
+
+
+def random_sampler(cfg: Config, dataset: Any, global_batch_size: int) -> GlobalBatchSampler:
+    return RandomBatches(len(dataset), global_batch_size, seed=cfg.run.seed)
+
+
+SAMPLERS: dict[str, str] = {
+    "random": "finecap.data.samplers:random_sampler",
+    "bagcurri": "finecap.data.bags:bagcurri_sampler",
+}
+
+
+def get_sampler(cfg: Config, dataset: Any, global_batch_size: int) -> GlobalBatchSampler:
+    """The training sampler named by ``data.sampler`` (a name of :data:`SAMPLERS` or ``"pkg.module:factory"``)."""
+    from finecap.objectives import import_object
+
+    name = cfg.data.sampler
+    if ":" not in name and name not in SAMPLERS:
+        raise ValueError(
+            f"data.sampler: unknown sampler {name!r}; valid names: {', '.join(sorted(SAMPLERS))} "
+            "(or a dotted path 'pkg.module:factory')"
+        )
+    factory = import_object(SAMPLERS.get(name, name), "data.sampler")
+    return factory(cfg, dataset, global_batch_size)
+
+
+def process_slice(n: int, rank: int, world: int) -> range:
+    """Process ``rank``'s contiguous part of ``range(n)`` for evaluation (no repetition; may be empty).
+
+    Example::
+
+        >>> [list(process_slice(5, r, 2)) for r in range(2)]
+        [[0, 1, 2], [3, 4]]
+    """
+    base, extra = divmod(n, world)
+    start = rank * base + min(rank, extra)
+    return range(start, start + base + (1 if rank < extra else 0))

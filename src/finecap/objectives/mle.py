@@ -1,0 +1,51 @@
+"""Maximum likelihood: token cross-entropy of the reference caption under teacher forcing.
+
+``logits[:, t]`` predicts ``labels[:, t]`` (the captioner aligns them, no shift here); padding positions carry the
+label -100 and are ignored. The loss is the mean over all non-ignored tokens of the batch (token-level average, as
+``torch.nn.CrossEntropyLoss``), so long captions weigh more than short ones, as in ClipCap.
+
+Example::
+
+    >>> import torch
+    >>> logits = torch.zeros(1, 2, 4)  # uniform over 4 tokens
+    >>> round(float(mle_loss(logits, torch.tensor([[1, -100]]))), 4)  # ln 4
+    1.3863
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from finecap.objectives.base import ObjectiveOutput
+
+IGNORE_INDEX = -100
+
+
+def mle_loss(logits: torch.Tensor, labels: torch.Tensor, ignore_index: int = IGNORE_INDEX) -> torch.Tensor:
+    """Mean cross-entropy over positions whose label is not ``ignore_index``; logits (B, T, V), labels (B, T)."""
+    B, T, V = logits.shape
+    if not (labels != ignore_index).any():
+        raise ValueError("mle_loss: every label is ignored (empty captions?)")
+    return F.cross_entropy(logits.reshape(B * T, V).float(), labels.reshape(B * T), ignore_index=ignore_index)
+
+
+class MLE:
+    """``objective(model, batch)``: the MLE loss ``losses["mle"]``, plus token accuracy and token count as metrics."""
+
+    def __call__(self, model: torch.nn.Module, batch: dict[str, Any]) -> ObjectiveOutput:
+        logits = model(batch)  # (B, T, V)
+        labels = batch["labels"]  # (B, T)
+        loss = mle_loss(logits, labels)
+        with torch.no_grad():
+            valid = labels != IGNORE_INDEX  # (B, T)
+            correct = (logits.argmax(-1) == labels) & valid
+            n = int(valid.sum())
+        return ObjectiveOutput(losses={"mle": loss}, metrics={"accuracy": float(correct.sum()) / n, "tokens": n})
+
+
+def build(cfg: Any = None) -> MLE:
+    """Factory of the registry (``train.objective=mle``); MLE has no options."""
+    return MLE()

@@ -1,0 +1,110 @@
+import os
+from pathlib import Path
+
+import pytest
+import torch
+from PIL import Image
+from safetensors import safe_open
+
+from finecap.config import load
+from finecap.data.features import cached_features, fingerprint_data, fingerprint_module, model_features
+from finecap.data.formats import Record
+
+
+@pytest.fixture
+def records(tmp_path):
+    out = []
+    for i in range(5):
+        path = tmp_path / "images" / f"{i}.png"
+        path.parent.mkdir(exist_ok=True)
+        Image.new("RGB", (4, 4), (50 * i, 0, 0)).save(path)
+        out.append(Record(i, path, "train", [f"caption {i}"]))
+    return out
+
+
+class RedEncoder(torch.nn.Module):
+    """Stand-in vision encoder: feature = scale * mean red value of the image (preprocess -> (B, 3, 4, 4))."""
+
+    def __init__(self):
+        super().__init__()
+        self.scale = torch.nn.Parameter(torch.tensor([1.0, 2.0]))
+        self.calls = 0
+
+    def preprocess(self, images):
+        return torch.stack([torch.tensor(list(im.getdata()), dtype=torch.float32).T.reshape(3, 4, 4) for im in images])
+
+    def forward(self, pixel_values):
+        self.calls += 1
+        return pixel_values[:, 0].mean(dim=(1, 2))[:, None] * self.scale  # (B, 2)
+
+
+class StandIn(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.encoder = RedEncoder()
+
+
+def test_fingerprint_module_tracks_weights_and_extra():
+    a, b = torch.nn.Linear(2, 2), torch.nn.Linear(2, 2)
+    b.load_state_dict(a.state_dict())
+    assert fingerprint_module(a) == fingerprint_module(b)
+    assert fingerprint_module(a, {"size": 32}) != fingerprint_module(a, {"size": 64})
+    with torch.no_grad():
+        b.bias[0] += 1e-6
+    assert fingerprint_module(a) != fingerprint_module(b)
+
+
+def test_fingerprint_data_tracks_file_images_and_split(tmp_path, records):
+    data = tmp_path / "dataset.json"
+    data.write_text("{}")
+    key = fingerprint_data(records, data, "train")
+    assert key == fingerprint_data(records, data, "train")
+    assert key != fingerprint_data(records, data, "val")
+    assert key != fingerprint_data(records[::-1], data, "train")  # order of rows matters
+    data.write_text("{ }")
+    assert key != fingerprint_data(records, data, "train")
+    data.write_text("{}")
+    st = os.stat(records[0].path)
+    os.utime(records[0].path, ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))  # an image rewritten
+    assert key != fingerprint_data(records, data, "train")
+
+
+def test_cached_features_computed_once(tmp_path, records):
+    calls = []
+
+    def encode(images):
+        calls.append(len(images))
+        return torch.arange(len(images) * 2, dtype=torch.float32).reshape(-1, 2)
+
+    kwargs = {"cache_dir": tmp_path / "cache", "encoder_key": "enc", "data_key": "data", "split": "train",
+              "batch_size": 2, "progress": False}  # fmt: skip
+    first = cached_features(records, encode, **kwargs)
+    assert calls == [2, 2, 1] and first.shape == (5, 2)  # batches of 2, 2, 1
+    again = cached_features(records, encode, **kwargs)
+    assert calls == [2, 2, 1] and torch.equal(first, again)  # loaded, not recomputed
+    files = list((tmp_path / "cache" / "features").iterdir())
+    assert len(files) == 1 and files[0].name.startswith("train-") and files[0].suffix == ".safetensors"
+    with safe_open(str(files[0]), "pt") as f:
+        assert f.metadata() == {"encoder": "enc", "data": "data", "split": "train", "n": "5"}
+    cached_features(records, encode, **{**kwargs, "encoder_key": "other"})
+    assert len(calls) == 6  # another encoder: recomputed, into its own file
+    assert len(list((tmp_path / "cache" / "features").iterdir())) == 2
+
+
+def test_model_features_never_reuses_a_stale_cache(tmp_path, records):
+    data = tmp_path / "dataset.json"
+    data.write_text("{}")
+    cfg = load(None, [f"run.cache_dir={tmp_path / 'cache'}", "data.format=karpathy", f"data.path={data}"])
+    model = StandIn()
+    feats = model_features(model, records, cfg, "train", progress=False)
+    # red channel of image i is 50 * i everywhere -> features (50 i * 1, 50 i * 2)
+    expected = torch.tensor([[50.0 * i, 100.0 * i] for i in range(5)])
+    assert torch.allclose(feats, expected)
+    calls = model.encoder.calls
+    assert torch.equal(model_features(model, records, cfg, "train", progress=False), feats)
+    assert model.encoder.calls == calls  # cache hit
+    with torch.no_grad():
+        model.encoder.scale[1] = 3.0  # e.g. an encoder fine-tuned in place
+    changed = model_features(model, records, cfg, "train", progress=False)
+    assert model.encoder.calls > calls and torch.allclose(changed[:, 1], expected[:, 0] * 3)
+    assert not any(Path(p).name.endswith(".tmp") for p in os.listdir(tmp_path / "cache" / "features"))

@@ -1,0 +1,94 @@
+import math
+
+import pytest
+import torch
+
+from finecap.config import load
+from finecap.objectives import OBJECTIVES, ObjectiveOutput, get_objective
+from finecap.objectives.mle import MLE, mle_loss
+
+LN2, LN3, LN5 = math.log(2), math.log(3), math.log(5)
+
+
+def _logits_labels():
+    # Two captions, V = 3, T = 3; the last position of caption 0 and the last two of caption 1 are padding.
+    logits = torch.tensor(
+        [
+            [[1.0, 0.0, 0.0], [0.0, LN2, 0.0], [50.0, -50.0, 9.0]],
+            [[0.0, LN3, 0.0], [-7.0, 3.0, 20.0], [1.0, 2.0, 3.0]],
+        ]
+    )
+    labels = torch.tensor([[0, 1, -100], [0, -100, -100]])
+    return logits, labels
+
+
+def test_mle_loss_hand_computed():
+    logits, labels = _logits_labels()
+    # token 1: softmax([1, 0, 0])[0] = e / (e + 2)        -> -log = ln(e + 2) - 1 = 1.551445 - 1 = 0.551445
+    # token 2: softmax([0, ln2, 0])[1] = 2 / (1 + 2 + 1)   -> -log = ln 2 = 0.693147
+    # token 3: softmax([0, ln3, 0])[0] = 1 / (1 + 3 + 1)   -> -log = ln 5 = 1.609438
+    # padding ignored; mean over the 3 real tokens = (0.551445 + 0.693147 + 1.609438) / 3 = 0.951343
+    expected = (math.log(math.e + 2) - 1 + LN2 + LN5) / 3
+    assert expected == pytest.approx(0.951343, abs=1e-6)
+    assert float(mle_loss(logits, labels)) == pytest.approx(expected, abs=1e-6)
+
+
+def test_mle_loss_ignores_padding_logits_and_has_no_gradient_there():
+    logits, labels = _logits_labels()
+    other = logits.clone()
+    other[0, 2] = torch.tensor([-3.0, 8.0, 1.0])  # change only padding positions
+    other[1, 1:] = 0.0
+    assert torch.equal(mle_loss(logits, labels), mle_loss(other, labels))
+    logits.requires_grad_(True)
+    mle_loss(logits, labels).backward()
+    assert torch.all(logits.grad[0, 2] == 0) and torch.all(logits.grad[1, 1:] == 0)
+    # gradient of the mean CE at a real position: (softmax - onehot) / 3; position (0, 1): softmax = [1/4, 1/2, 1/4]
+    assert torch.allclose(logits.grad[0, 1], torch.tensor([0.25, -0.5, 0.25]) / 3, atol=1e-6)
+
+
+def test_mle_loss_all_ignored_is_an_error():
+    with pytest.raises(ValueError, match="every label is ignored"):
+        mle_loss(torch.zeros(1, 2, 3), torch.full((1, 2), -100))
+
+
+class FixedLogits(torch.nn.Module):
+    def __init__(self, logits):
+        super().__init__()
+        self.logits = torch.nn.Parameter(logits)
+
+    def forward(self, batch):
+        return self.logits
+
+
+def test_mle_objective_output():
+    logits, labels = _logits_labels()
+    out = MLE()(FixedLogits(logits), {"labels": labels})
+    assert isinstance(out, ObjectiveOutput) and set(out.losses) == {"mle"}
+    assert out.losses["mle"].item() == pytest.approx((math.log(math.e + 2) - 1 + LN2 + LN5) / 3, abs=1e-6)
+    # argmax predictions at real positions: 0 (right), 1 (right), 1 (label 0: wrong) -> accuracy 2/3
+    assert out.metrics == {"accuracy": pytest.approx(2 / 3), "tokens": 3}
+    out.losses["mle"].backward()  # the loss carries gradient to the model
+
+
+def make_factory(cfg):
+    return MLE()
+
+
+def test_registry_names_dotted_paths_and_errors():
+    cfg = load()
+    assert "mle" in OBJECTIVES
+    assert isinstance(get_objective("mle", cfg), MLE)
+    assert isinstance(get_objective(f"{__name__}:make_factory", cfg), MLE)
+    with pytest.raises(ValueError, match=r"unknown objective 'nope'; valid names: .*mle"):
+        get_objective("nope", cfg)
+    with pytest.raises(ValueError, match="cannot import module"):
+        get_objective("no_such_pkg.mod:factory", cfg)
+    with pytest.raises(ValueError, match="has no attribute 'missing'"):
+        get_objective(f"{__name__}:missing", cfg)
+
+
+def test_every_registered_objective_resolves_to_a_factory():
+    from finecap.objectives import import_object
+
+    for name, path in OBJECTIVES.items():
+        assert callable(import_object(path, f"OBJECTIVES[{name!r}]")), name

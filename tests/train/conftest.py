@@ -1,0 +1,64 @@
+"""Shared fixtures of the training tests: a tiny generated world, a tiny random CLIP saved like a Hub checkpoint,
+and a configuration for a tiny ClipCap (1-layer GPT-2 of width 32) that trains in a fraction of a second per step."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from finecap.config import Config, WorldConfig, load
+
+N_TRAIN, N_VAL, N_TEST = 40, 8, 8  # scenes per split of the tiny world
+
+
+@pytest.fixture(scope="session")
+def tiny_world(tmp_path_factory) -> Path:
+    from finecap.world.make import make_world
+
+    out = tmp_path_factory.mktemp("world")
+    make_world(
+        WorldConfig(n_train=N_TRAIN, n_val=N_VAL, n_test=N_TEST, image_size=32, seed=0), out=out, progress=False
+    )
+    return out
+
+
+@pytest.fixture(scope="session")
+def tiny_encoder(tmp_path_factory) -> Path:
+    """A random tiny ``CLIPModel`` + image processor saved with ``save_pretrained`` (what a Hub checkpoint holds)."""
+    from transformers import CLIPImageProcessor, CLIPModel
+
+    from finecap.models.presets import tiny_clip_config
+    from finecap.models.tokenizer import world_tokenizer
+
+    out = tmp_path_factory.mktemp("encoder")
+    tok = world_tokenizer()
+    config = tiny_clip_config(len(tok), tok.eos_token_id, image_size=32, patch_size=8, hidden=32, layers=1)
+    CLIPModel(config).save_pretrained(out)
+    CLIPImageProcessor(size={"shortest_edge": 32}, crop_size={"height": 32, "width": 32}).save_pretrained(out)
+    return out
+
+
+@pytest.fixture
+def make_cfg(tiny_world, tiny_encoder, tmp_path):
+    """``make_cfg(*overrides, run="run")``: a tiny-ClipCap configuration writing under ``tmp_path``."""
+
+    def make(*overrides: str, run: str = "run") -> Config:
+        base = [
+            f"world.out={tiny_world}",
+            f"model.encoder={tiny_encoder}",
+            "model.tiny_layers=1",
+            "model.tiny_hidden=32",
+            "model.tiny_heads=2",
+            "model.prefix_length=2",
+            f"run.dir={tmp_path / run}",
+            f"run.cache_dir={tmp_path / 'cache'}",
+            "train.batch_size=16",
+            "train.lr=3e-3",
+            "train.warmup_steps=2",
+            "train.log_every=1",
+            "decode.max_length=10",
+        ]
+        return load(None, [*base, *overrides])
+
+    return make

@@ -1,0 +1,177 @@
+"""Smoke test of the training loop with the real tiny ClipCap, plus its small building blocks."""
+
+import json
+
+import pytest
+import torch
+
+from finecap.data.samplers import RandomBatches
+from finecap.models.clipcap import ClipCap, build_captioner
+from finecap.objectives import ObjectiveOutput
+from finecap.objectives.mle import MLE
+from finecap.train.checkpoint import checkpoint_dir, model_dir
+from finecap.train.loop import (
+    build_model,
+    build_optimizer,
+    config_changes,
+    is_better,
+    total_steps,
+    train,
+    train_step,
+    train_unit,
+    weighted_loss,
+)
+from finecap.train.schedule import build_scheduler
+from finecap.utils import seed_everything
+
+
+def read_metrics(run_dir):
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def test_smoke_training_changes_parameters_and_lowers_loss(make_cfg):
+    cfg = make_cfg("train.max_steps=16", "train.eval_every=8", "train.validators=[captions]")
+    seed_everything(cfg.run.seed)
+    initial = {k: v.clone() for k, v in build_captioner(cfg).state_dict().items()}  # the same init train() builds
+    seen_steps = []
+    run_dir = train(cfg, callbacks=[lambda state: seen_steps.append(state.step)])
+    assert seen_steps == list(range(1, 17))
+
+    trained = ClipCap.from_checkpoint(model_dir(checkpoint_dir(run_dir, "last"))).state_dict()
+    changed = [k for k in initial if not torch.equal(initial[k], trained[k])]
+    assert any(k.startswith("mapper.") for k in changed) and any(k.startswith("lm.") for k in changed)
+    assert not any(k.startswith("encoder.") for k in changed)  # frozen encoder
+
+    events = read_metrics(run_dir)
+    train_loss = [e["values"]["loss"] for e in events if e["split"] == "train"]
+    assert len(train_loss) == 16
+    assert sum(train_loss[-3:]) / 3 < sum(train_loss[:3]) / 3 - 0.2
+    val = [e for e in events if e["split"] == "val"]
+    assert [e["step"] for e in val] == [8, 16]
+    assert val[1]["values"]["loss"] < val[0]["values"]["loss"]
+    assert {"loss", "perplexity", "length", "vocab"} <= set(val[0]["values"])
+    first = events[0]
+    assert set(first) == {"step", "epoch", "split", "values"}
+    assert {"loss", "loss/mle", "accuracy", "lr", "grad_norm"} <= set(first["values"])
+    # 40 scenes x 5 references = 200 examples, 16 per step -> 13 steps per epoch; step 1 is at epoch 1/13
+    assert first["epoch"] == pytest.approx(round(1 / 13, 4))
+
+    assert (run_dir / "config.yaml").exists()
+    best = json.loads((checkpoint_dir(run_dir, "best") / "trainer_state.json").read_text())
+    assert best["metric"] == "loss" and best["best_step"] == 16  # loss still falling: the last eval is the best
+    assert not (checkpoint_dir(run_dir, "best") / "trainer_state.pt").exists()
+    assert not list((run_dir / "checkpoints").glob(".*"))  # no temporary folders left
+
+
+def test_existing_run_needs_resume_or_overwrite(make_cfg):
+    cfg = make_cfg("train.max_steps=1")
+    train(cfg)
+    with pytest.raises(ValueError, match="run.dir: .* already holds a run; pass --resume"):
+        train(cfg)
+    train(cfg, overwrite=True)
+    assert [e["step"] for e in read_metrics(cfg.run.path)] == [1, 1]  # one train + one val event, old ones gone
+
+
+def test_best_metric_must_be_a_validation_value(make_cfg):
+    cfg = make_cfg("train.max_steps=1", "train.best_metric=r@1")
+    with pytest.raises(ValueError, match=r"train.best_metric: 'r@1' is not a validation value; available: loss"):
+        train(cfg)
+
+
+def test_custom_validator_selects_best_checkpoint(make_cfg):
+    scores = iter([0.2, 0.9, 0.5])
+
+    def validator(model, cfg, accelerator):
+        return {"score": next(scores)}
+
+    cfg = make_cfg("train.max_steps=3", "train.eval_every=1", "train.best_metric=score")
+    run_dir = train(cfg, validators=[validator])
+    best = json.loads((checkpoint_dir(run_dir, "best") / "trainer_state.json").read_text())
+    assert best["best_step"] == 2 and best["best_value"] == 0.9  # maximised: 0.2, 0.9, 0.5
+
+
+def test_weighted_loss():
+    losses = {"a": torch.tensor(2.0), "b": torch.tensor(3.0)}
+    assert float(weighted_loss(losses, {})) == 5.0  # 2 + 3
+    assert float(weighted_loss(losses, {"b": 0.5})) == 3.5  # 2 + 0.5 * 3
+    with pytest.raises(ValueError, match=r"train.loss_weights: \['c'\] are not losses of this objective"):
+        weighted_loss(losses, {"c": 1.0})
+
+
+def test_is_better_modes(make_cfg):
+    cfg = make_cfg()
+    assert is_better(1.0, None, cfg) and is_better(1.0, 2.0, cfg) and not is_better(3.0, 2.0, cfg)  # loss: min
+    cfg = make_cfg("train.best_metric=r@1")
+    assert is_better(3.0, 2.0, cfg) and not is_better(1.0, 2.0, cfg)  # others: max
+    cfg = make_cfg("train.best_metric=length", "train.best_mode=min")
+    assert is_better(1.0, 2.0, cfg)
+
+
+def test_total_steps_fractional_epochs(make_cfg):
+    sampler = RandomBatches(10, 4)  # 3 batches per epoch
+    assert total_steps(make_cfg("train.epochs=2.5"), sampler) == 8  # 3 + 3 + ceil(0.5 * 3)
+    assert total_steps(make_cfg("train.epochs=1", "train.max_steps=5"), sampler) == 5
+
+
+def test_config_changes_reported_on_resume(make_cfg, tmp_path):
+    saved = tmp_path / "config.yaml"
+    make_cfg().save(saved)
+    assert config_changes(saved, make_cfg()) == []
+    assert config_changes(saved, make_cfg("train.lr=1e-3")) == ["train.lr: 0.003 -> 0.001"]
+    saved.write_text(saved.read_text().replace("  lr: 0.003\n", ""))  # a key the old run did not have: not reported
+    assert config_changes(saved, make_cfg("train.lr=1e-3")) == []
+
+
+class TwoLosses:
+    """Objective with losses a = 100 * sum(p) and b = 200 * sum(p) on a 4-element parameter p."""
+
+    def __call__(self, model, batch):
+        s = model.p.sum()
+        return ObjectiveOutput(losses={"a": 100 * s, "b": 200 * s}, metrics={"m": 7.0})
+
+
+def _step(make_cfg, *overrides):
+    from accelerate import Accelerator
+
+    cfg = make_cfg("train.weight_decay=0", "train.warmup_steps=0", *overrides)
+    model = torch.nn.Module()
+    model.p = torch.nn.Parameter(torch.zeros(4))
+    optimizer = build_optimizer(model, cfg)
+    scheduler = build_scheduler(optimizer, warmup=0, total=10, kind="constant")
+    values = train_step(model, {}, TwoLosses(), optimizer, scheduler, Accelerator(cpu=True), cfg)
+    return model, values
+
+
+def test_train_step_weights_logs_and_clips(make_cfg):
+    # weights {b: 0.5}: total = 100 s + 0.5 * 200 s = 200 s -> gradient 200 per element, norm sqrt(4 * 200^2) = 400
+    model, values = _step(make_cfg, "train.loss_weights={b: 0.5}", "train.grad_clip=0")
+    assert torch.equal(model.p.grad, torch.full((4,), 200.0))
+    assert values["grad_norm"] == pytest.approx(400.0)
+    assert set(values) == {"loss", "loss/a", "loss/b", "m", "lr", "grad_norm"}
+    assert values["loss"] == 0.0 and values["m"] == 7.0 and values["lr"] == pytest.approx(3e-3)
+    # clipping to norm 1 scales the gradient by 1/400: 200 / 400 = 0.5 per element; the logged norm is pre-clip
+    model, values = _step(make_cfg, "train.loss_weights={b: 0.5}", "train.grad_clip=1")
+    assert torch.allclose(model.p.grad, torch.full((4,), 0.5)) and values["grad_norm"] == pytest.approx(400.0)
+    # Adam's first step moves every element by lr against the gradient's sign
+    assert torch.allclose(model.p.detach(), torch.full((4,), -3e-3))
+
+
+def test_init_from_starts_from_a_checkpoint(make_cfg):
+    first = train(make_cfg("train.max_steps=2", run="first"))
+    start = checkpoint_dir(first, "best")
+    model = build_model(make_cfg(f"train.init_from={start}"))
+    saved = ClipCap.from_checkpoint(model_dir(start)).state_dict()
+    assert all(torch.equal(v, saved[k]) for k, v in model.state_dict().items())
+    train(make_cfg(f"train.init_from={start}", "train.max_steps=1", run="second"))
+
+
+def test_train_unit(make_cfg):
+    class Sampling:
+        example_unit = "image"
+
+    assert train_unit(make_cfg(), MLE()) == "caption"
+    assert train_unit(make_cfg(), Sampling()) == "image"
+    assert train_unit(make_cfg("data.train_unit=caption"), Sampling()) == "caption"
+    run_dir = train(make_cfg("data.train_unit=image", "train.max_steps=1"))
+    # 40 training images (not 200 captions) / 16 per step -> 3 steps per epoch
+    assert read_metrics(run_dir)[0]["epoch"] == pytest.approx(round(1 / 3, 4))

@@ -1,0 +1,70 @@
+"""``finecap train`` under ``accelerate launch`` with 2 CPU processes: data sharded, metrics gathered, one writer.
+
+accelerate 1.15's ``accelerate launch --cpu --num_processes 2`` starts a single process (its simple launcher needs
+an MPI hostfile for several CPU processes), so the test launches through torchrun (``--multi_gpu``); on a machine
+without an accelerator device the loop then sets accelerate up for multi-CPU (gloo).
+"""
+
+import json
+import os
+import socket
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from finecap.train.checkpoint import checkpoint_dir, load_trainer_state
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(torch.accelerator.is_available(), reason="the test launches CPU processes on a CPU-only machine")
+def test_two_cpu_processes(make_cfg, tiny_world, tiny_encoder, tmp_path):
+    run_dir = tmp_path / "mp"
+    overrides = [
+        f"world.out={tiny_world}",
+        f"model.encoder={tiny_encoder}",
+        "model.tiny_layers=1",
+        "model.tiny_hidden=32",
+        "model.tiny_heads=2",
+        "model.prefix_length=2",
+        f"run.dir={run_dir}",
+        f"run.cache_dir={tmp_path / 'cache'}",
+        "train.batch_size=8",
+        "train.max_steps=12",
+        "train.lr=3e-3",
+        "train.warmup_steps=2",
+        "train.log_every=2",
+        "train.eval_every=6",
+        "train.validators=[captions]",
+        "decode.max_length=10",
+    ]
+    cmd = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
+           "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
+           "--main_process_port", str(free_port()), "-m", "finecap.cli", "train", *overrides]  # fmt: skip
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=180, env=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+
+    events = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    keys = [(e["step"], e["split"]) for e in events]
+    assert len(keys) == len(set(keys)) == 6 + 2  # written once: train events at 2,4,..,12, val at 6 and 12
+    # 200 examples, global batch 2 x 8 = 16 -> 13 steps per epoch (one process alone would need 25)
+    assert events[0]["step"] == 2 and events[0]["epoch"] == pytest.approx(round(2 / 13, 4))
+    train_loss = [e["values"]["loss"] for e in events if e["split"] == "train"]
+    assert train_loss[-1] < train_loss[0] - 0.1
+    val = [e["values"] for e in events if e["split"] == "val"]
+    assert val[1]["loss"] < val[0]["loss"] and "length" in val[0]
+
+    info = json.loads((checkpoint_dir(run_dir, "last") / "trainer_state.json").read_text())
+    assert info["num_processes"] == 2 and info["step"] == 12
+    processes = load_trainer_state(checkpoint_dir(run_dir, "last"))["processes"]
+    assert len(processes) == 2  # both processes' RNG states, gathered to the writer
+    assert not torch.equal(processes[0]["rng"]["torch"], processes[1]["rng"]["torch"])
+    assert (checkpoint_dir(run_dir, "best") / "model").is_dir()

@@ -1,0 +1,48 @@
+import pytest
+
+from finecap.data.samplers import RandomBatches, ShardedBatches, process_slice, shard
+
+
+def test_random_batches_reproducible_and_cover_each_index_once():
+    s = RandomBatches(10, 4, seed=3)
+    b0 = s.batches(0)
+    assert b0 == RandomBatches(10, 4, seed=3).batches(0)  # a pure function of (seed, epoch)
+    assert [len(b) for b in b0] == [4, 4, 2] and s.num_batches(0) == 3
+    assert sorted(i for b in b0 for i in b) == list(range(10))
+    assert s.batches(1) != b0  # a new permutation each epoch
+    assert RandomBatches(10, 4, seed=4).batches(0) != b0
+
+
+def test_shard_contiguous_even_and_never_empty():
+    batch = [9, 8, 7, 6, 5, 4, 3]
+    parts = [shard(batch, r, 3) for r in range(3)]
+    assert parts == [[9, 8, 7], [6, 5], [4, 3]]
+    assert sum(parts, []) == batch  # concatenating the slices in rank order gives the global batch back
+    assert [shard([1, 2], r, 3) for r in range(3)] == [[1], [2], [1]]  # too few: repeat
+    assert shard(batch, 0, 1) == batch
+
+
+def test_sharded_batches_start_position():
+    batches = [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9]]
+    assert list(ShardedBatches(batches, rank=1, world=2, start=1)) == [[6, 7], [9]]
+    assert len(ShardedBatches(batches, start=1)) == 2
+    assert list(ShardedBatches(batches)) == batches
+
+
+def test_process_slice():
+    assert [list(process_slice(5, r, 3)) for r in range(3)] == [[0, 1], [2, 3], [4]]
+    assert [list(process_slice(1, r, 2)) for r in range(2)] == [[0], []]
+
+
+def test_sampler_registry():
+    from finecap.config import load
+    from finecap.data.samplers import SAMPLERS, get_sampler
+    from finecap.objectives import import_object
+
+    for name, path in SAMPLERS.items():
+        assert callable(import_object(path, f"SAMPLERS[{name!r}]")), name
+    cfg = load(None, ["run.seed=3"])
+    sampler = get_sampler(cfg, list(range(10)), 4)
+    assert sampler.batches(0) == RandomBatches(10, 4, seed=3).batches(0)
+    with pytest.raises(ValueError, match="data.sampler: unknown sampler 'nope'; valid names: bagcurri, random"):
+        get_sampler(load(None, ["data.sampler=nope"]), list(range(10)), 4)

@@ -1,0 +1,43 @@
+import math
+
+import pytest
+import torch
+
+from finecap.train.schedule import build_scheduler, lr_factor
+
+
+def factors(kind, warmup, total):
+    return [lr_factor(s, warmup=warmup, total=total, kind=kind) for s in range(total)]
+
+
+def test_linear_with_warmup():
+    # warmup 2: (0+1)/2 = 0.5, (1+1)/2 = 1; then decay over d = 6 - 2 = 4 steps: 1 - u/4 for u = 0..3
+    assert factors("linear", 2, 6) == pytest.approx([0.5, 1.0, 1.0, 0.75, 0.5, 0.25])
+
+
+def test_cosine_with_warmup():
+    # warmup 1: 1/1 = 1; then (1 + cos(pi * u / 4)) / 2 for u = 0..3: 1, (1 + 0.70711)/2, 1/2, (1 - 0.70711)/2
+    c = math.cos(math.pi / 4)
+    assert factors("cosine", 1, 5) == pytest.approx([1.0, 1.0, (1 + c) / 2, 0.5, (1 - c) / 2])
+    assert factors("cosine", 1, 5)[2] == pytest.approx(0.853553, abs=1e-6)
+
+
+def test_constant_and_no_warmup():
+    assert factors("constant", 4, 6) == pytest.approx([0.25, 0.5, 0.75, 1.0, 1.0, 1.0])
+    assert factors("linear", 0, 4) == pytest.approx([1.0, 0.75, 0.5, 0.25])
+
+
+def test_scheduler_drives_optimizer_lr():
+    opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=0.1)
+    sched = build_scheduler(opt, warmup=2, total=6, kind="linear")
+    seen = []
+    for _ in range(6):
+        seen.append(opt.param_groups[0]["lr"])  # the lr the step uses
+        opt.step()
+        sched.step()
+    assert seen == pytest.approx([0.05, 0.1, 0.1, 0.075, 0.05, 0.025])
+
+
+def test_unknown_schedule():
+    with pytest.raises(ValueError, match="train.schedule: unknown schedule 'step'"):
+        build_scheduler(torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=0.1), warmup=0, total=3, kind="step")
