@@ -111,6 +111,35 @@ def caption_stats_validator(cfg: Config):
     return validator
 
 
+def retrieval_validator(cfg: Config):
+    """Validator factory (``train.validators=[retrieval]``): captions ``train.eval_samples`` validation images and
+    returns their self-retrieval ``r@1`` (and ``length``) against ``min(eval.n_distractors, n - 1)`` random distractor
+    validation images, scored by the frozen retriever (``retriever.*``). With ``train.best_metric=r@1`` the loop keeps
+    the checkpoint that retrieves best, as the SMILE paper selects checkpoints."""
+    from finecap.metrics.retrieval import SelfRetrieval
+    from finecap.models.retriever import load_retriever
+
+    retriever = load_retriever(cfg)
+    records = load_records(cfg, "val")
+    if cfg.train.eval_samples:
+        records = records[: cfg.train.eval_samples]
+    if len(records) < 2:
+        raise ValueError("train.validators=[retrieval] needs at least 2 validation images (world.n_val)")
+    scorer = SelfRetrieval(
+        retriever, records, cache_dir=cfg.run.cache_dir, n_distractors=min(cfg.eval.n_distractors, len(records) - 1),
+        draws=cfg.eval.draws, seed=cfg.eval.seed, protocols=("rd",),
+    )
+
+    def validator(model: Any, cfg: Config, accelerator: Accelerator) -> dict[str, float]:
+        captions = generate_captions(model, cfg, "val", accelerator=accelerator, limit=cfg.train.eval_samples,
+                                     progress=False)  # fmt: skip
+        scores = scorer({i: c[0] for i, c in captions.items()})
+        r1 = next(v for k, v in scores.items() if k.endswith("/R@1"))
+        return {"r@1": r1, **caption_stats(captions)}
+
+    return validator
+
+
 def main(
     cfg: Config, *, checkpoint: str | Path, split: str = "test", out: str | Path, data: str | None = None
 ) -> Path:

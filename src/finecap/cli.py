@@ -106,18 +106,18 @@ def cmd_bags_build(args: argparse.Namespace) -> None:
 
 
 def cmd_demo(args: argparse.Namespace) -> None:
-    from finecap.demo import main
+    from finecap.demo import load_demo_config, main
 
+    recipe, items = _split_recipe(list(args.items))
     flags = []
-    if args.quick:
-        flags.append("demo.quick=true")
     if args.run_dir:
         flags.append(f"run.dir={args.run_dir}")
     if args.force:
         flags.append("demo.force=true")
     if args.stages:
         flags.append(f"demo.stages=[{args.stages}]")
-    main(_config(args, flags))
+    items = [*flags, *items]
+    main(load_demo_config(recipe, items, args.quick), items=items, quick=args.quick)
 
 
 def cmd_config(args: argparse.Namespace) -> None:

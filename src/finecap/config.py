@@ -283,7 +283,9 @@ class RLConfig:
 
 @dataclass
 class DemoConfig:
-    stages: list[str] = doc(["world", "retriever", "mle", "caption", "report"], "Demo stages to run, in order.")
+    stages: list[str] = doc(
+        ["world", "retriever", "mle", "mle_continued", "smile", "report"], "Demo stages to run, in order."
+    )
     quick: bool = doc(False, "Tiny settings that finish in about two minutes (used by tests).")
     force: bool = doc(False, "Re-run stages even when their outputs exist.")
 

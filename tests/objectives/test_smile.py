@@ -136,3 +136,14 @@ def test_invalid_options_name_the_option():
         smile_loss(logits_for(labels), labels, subset="complement")
     with pytest.raises(ValueError, match="smile.first_token"):
         smile_loss(logits_for(labels), labels, first_token="first")
+
+
+def test_objective_state_roundtrip_continues_random_draws():
+    from finecap.objectives.smile import SmileObjective
+
+    a = SmileObjective(subset="random", seed=3)
+    torch.rand(5, generator=a._generator)  # advance
+    state = a.state_dict()
+    b = SmileObjective(subset="random", seed=99)
+    b.load_state_dict(state)
+    assert torch.equal(torch.rand(4, generator=a._generator), torch.rand(4, generator=b._generator))

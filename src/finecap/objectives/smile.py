@@ -171,6 +171,13 @@ class SmileObjective:
     def __post_init__(self) -> None:
         self._generator = torch.Generator().manual_seed(self.seed)
 
+    def state_dict(self) -> dict:
+        """The random-subset generator, so ``--resume`` continues the same draws."""
+        return {"generator": self._generator.get_state()}
+
+    def load_state_dict(self, state: dict) -> None:
+        self._generator.set_state(state["generator"])
+
     def __call__(self, model, batch):
         from finecap.objectives.base import ObjectiveOutput
 

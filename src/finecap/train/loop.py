@@ -70,7 +70,10 @@ if TYPE_CHECKING:
 
 Validator = Callable[[torch.nn.Module, "Config", "Accelerator"], dict[str, float]]
 
-VALIDATORS: dict[str, str] = {"captions": "finecap.caption:caption_stats_validator"}
+VALIDATORS: dict[str, str] = {
+    "captions": "finecap.caption:caption_stats_validator",
+    "retrieval": "finecap.caption:retrieval_validator",
+}
 """Built-in validator factories by name (``train.validators``); each ``factory(cfg)`` returns a validator."""
 
 METRICS_FILE = "metrics.jsonl"

@@ -1,0 +1,221 @@
+"""``finecap demo``: the whole pipeline on the embedded world, ending in one results table.
+
+Stages (``demo.stages``, run in order; each skips work whose outputs exist unless ``demo.force``):
+
+- ``world``: generate the synthetic world (``world.*``) into ``world.out``.
+- ``retriever``: train the world encoder / CLIP retriever, or reuse it from ``run.cache_dir``.
+- training stages (:data:`TRAIN_STAGES`): train a captioner with ``recipes/demo/<stage>.yaml`` into
+  ``<run_dir>/<stage>/`` (starting from the MLE checkpoint where the stage says so), then caption the test split.
+  A killed stage resumes from its last checkpoint when re-run.
+- ``report``: evaluate every trained stage and the human reference captions on the test split and write
+  ``results.json`` (stage -> metric -> number), ``results.md`` and the captions (COCO results format).
+
+``--quick`` swaps in tiny settings (:data:`QUICK`) that finish in about two minutes; any ``section.key=value``
+override still applies on top (``finecap demo world.seed=7 world.n_train=5000``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from finecap.config import Config, load
+from finecap.utils import read_json, write_json
+
+RECIPES = Path(__file__).resolve().parents[2] / "recipes" / "demo"
+
+# Settings of the default demo that differ from the library defaults (beneath recipes and user overrides).
+DEFAULT: dict[str, dict[str, Any]] = {
+    "world": {"out": "data/world"},
+}
+# --quick: a tiny world and a few steps per stage (tests use it); not meant to meet the quality bars.
+QUICK: dict[str, dict[str, Any]] = {
+    "world": {"out": "data/world-quick", "n_train": 300, "n_val": 40, "n_test": 100},
+    "retriever": {"epochs": 2, "batch_size": 64},
+    "train": {"max_steps": 40, "eval_every": 20, "eval_samples": 40, "warmup_steps": 5, "log_every": 10},
+    "eval": {"n_distractors": 19, "draws": 2},
+}
+# Training stages: recipe name and the stage whose best checkpoint it starts from (None = fresh model).
+TRAIN_STAGES: dict[str, str | None] = {
+    "mle": None,
+    "mle_continued": "mle",
+    "smile": "mle",
+}
+# Metric groups of the demo table (finecap.evaluate names).
+REPORT_METRICS = ["length", "vocab", "faithfulness", "retrieval", "bleu", "cider"]
+# Columns of the printed table, in order (keys of finecap.evaluate's output).
+COLUMNS = ["length", "distinct_words", "vocab_usage", "precision", "recall", "RD/R@1", "BLEU-4", "CIDEr-D"]
+
+
+@dataclass
+class Demo:
+    """Resolved demo configuration and paths shared by the stages."""
+
+    cfg: Config
+    items: list[str]
+    quick: bool
+    run_dir: Path
+    timings: dict[str, float] = field(default_factory=dict)
+
+    def stage_dir(self, stage: str) -> Path:
+        return self.run_dir / stage
+
+    def stage_config(self, stage: str) -> Config:
+        """The stage's recipe over the demo base settings, the user's overrides on top, its own run directory."""
+        recipe = RECIPES / f"{stage}.yaml"
+        if not recipe.exists():
+            raise FileNotFoundError(f"demo stage {stage!r}: recipe {recipe} not found")
+        base = base_settings(self.quick)
+        cfg = load(recipe, self.items, base=base)
+        init = TRAIN_STAGES[stage]
+        run = dataclasses.replace(cfg.run, dir=str(self.stage_dir(stage)))
+        train = cfg.train
+        if init is not None:
+            train = dataclasses.replace(train, init_from=str(self.stage_dir(init) / "checkpoints" / "best"))
+        return dataclasses.replace(cfg, run=run, train=train)
+
+
+def base_settings(quick: bool) -> dict[str, dict[str, Any]]:
+    merged: dict[str, dict[str, Any]] = {k: dict(v) for k, v in DEFAULT.items()}
+    if quick:
+        for section, values in QUICK.items():
+            merged.setdefault(section, {}).update(values)
+    return merged
+
+
+def load_demo_config(recipe: str | None, items: list[str], quick: bool) -> Config:
+    """The demo's configuration: demo defaults (quick or full), an optional recipe, then the overrides."""
+    return load(recipe, items, base=base_settings(quick))
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# Stages
+# --------------------------------------------------------------------------------------------------------------------
+
+
+def stage_world(demo: Demo) -> None:
+    from finecap.world.make import make_world
+
+    make_world(demo.cfg.world)
+
+
+def stage_retriever(demo: Demo) -> None:
+    from finecap.models.retriever import world_encoder
+
+    path = world_encoder(demo.cfg)
+    print(f"retriever: {path}")
+
+
+def train_stage(stage: str) -> Callable[[Demo], None]:
+    def run(demo: Demo) -> None:
+        from finecap.train.loop import train
+
+        out = demo.stage_dir(stage)
+        done = out / "DONE"
+        if done.exists() and not demo.cfg.demo.force:
+            print(f"{stage}: already trained ({out}); skipping")
+        else:
+            cfg = demo.stage_config(stage)
+            init = TRAIN_STAGES[stage]
+            if init is not None and not (demo.stage_dir(init) / "DONE").exists():
+                raise FileNotFoundError(f"demo stage {stage!r} starts from stage {init!r}, which has not run yet")
+            resume = (out / "checkpoints" / "last").exists() and not demo.cfg.demo.force
+            train(cfg, resume=resume, overwrite=demo.cfg.demo.force)
+            done.write_text("ok\n")
+        caption_stage(demo, stage)
+
+    return run
+
+
+def caption_stage(demo: Demo, stage: str) -> Path:
+    """Greedy test-split captions of the stage's best checkpoint (COCO results format)."""
+    from finecap.caption import generate_captions
+    from finecap.data.formats import write_results
+    from finecap.models.clipcap import ClipCap
+    from finecap.train.checkpoint import model_dir
+
+    out = demo.stage_dir(stage) / "captions_test.json"
+    if out.exists() and not demo.cfg.demo.force:
+        return out
+    cfg = demo.stage_config(stage)
+    model = ClipCap.from_checkpoint(model_dir(demo.stage_dir(stage) / "checkpoints" / "best")).eval()
+    captions = generate_captions(model, cfg, "test")
+    write_results(out, {i: c[0] for i, c in captions.items()})
+    return out
+
+
+def stage_report(demo: Demo) -> dict[str, dict[str, float]]:
+    from finecap.data.datasets import load_records
+    from finecap.data.formats import read_results, write_results
+    from finecap.evaluate import evaluate
+    from finecap.models.retriever import load_retriever
+    from finecap.report.table import markdown_table
+    from finecap.world.make import load_scenes
+
+    cfg = demo.cfg
+    records = load_records(cfg, "test")
+    references = {r.image_id: r.captions for r in records}
+    scenes_by_imgid = load_scenes(cfg.world.out)
+    scenes = {r.image_id: scenes_by_imgid[int(r.image_id)] for r in records}
+    retriever = load_retriever(cfg)
+
+    rows: dict[str, dict[str, Any]] = {}
+    # The human row: the first reference caption of each image, scored against the other four (n-gram metrics)
+    # and against the image (faithfulness, retrieval) exactly like a model's caption.
+    human = {r.image_id: r.captions[0] for r in records}
+    human_refs = {r.image_id: r.captions[1:] for r in records}
+    write_results(demo.run_dir / "captions" / "human.json", human)
+    rows["human"] = evaluate(human, human_refs, metrics=REPORT_METRICS, retriever=retriever, images=records,
+                             scenes=scenes, cfg=cfg)  # fmt: skip
+    for stage in TRAIN_STAGES:
+        path = demo.stage_dir(stage) / "captions_test.json"
+        if not path.exists():
+            continue
+        predictions = read_results(path)
+        write_results(demo.run_dir / "captions" / f"{stage}.json", predictions)
+        # References for n-gram metrics: the four references the human row is scored against, so the rows compare.
+        rows[stage] = evaluate(predictions, human_refs, metrics=REPORT_METRICS, retriever=retriever, images=records,
+                               scenes=scenes, cfg=cfg)  # fmt: skip
+    columns = [c for c in COLUMNS if any(c in r for r in rows.values())]
+    table = markdown_table({k: {c: v.get(c) for c in columns} for k, v in rows.items()}, columns)
+    write_json(demo.run_dir / "results.json", rows)
+    (demo.run_dir / "results.md").write_text(table + "\n")
+    print(table)
+    return rows
+
+
+STAGES: dict[str, Callable[[Demo], Any]] = {
+    "world": stage_world,
+    "retriever": stage_retriever,
+    **{name: train_stage(name) for name in TRAIN_STAGES},
+    "report": stage_report,
+}
+
+
+def main(cfg: Config, items: list[str] | None = None, quick: bool | None = None) -> dict[str, dict[str, float]]:
+    """Run ``cfg.demo.stages``; returns the results table (also written to ``<run_dir>/results.json``)."""
+    unknown = [s for s in cfg.demo.stages if s not in STAGES]
+    if unknown:
+        raise ValueError(f"demo.stages: unknown stage(s) {unknown}; valid stages: {', '.join(STAGES)}")
+    quick = cfg.demo.quick if quick is None else quick
+    run_dir = Path(cfg.run.dir) if cfg.run.dir else Path(cfg.run.root) / "demo"
+    demo = Demo(cfg=cfg, items=list(items or []), quick=quick, run_dir=run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    cfg.save(run_dir / "config.yaml")
+    timings_file = run_dir / "timings.json"
+    timings = read_json(timings_file) if timings_file.exists() else {}
+    rows: dict[str, dict[str, float]] = {}
+    for stage in cfg.demo.stages:
+        print(f"== demo stage: {stage}")
+        start = time.perf_counter()
+        result = STAGES[stage](demo)
+        timings[stage] = round(time.perf_counter() - start, 1)
+        write_json(timings_file, timings)
+        if stage == "report":
+            rows = result
+    print("stage wall times (s): " + ", ".join(f"{k} {v}" for k, v in timings.items()))
+    return rows
