@@ -47,8 +47,9 @@ TRAIN_STAGES: dict[str, str | None] = {
 }
 # Metric groups of the demo table (finecap.evaluate names).
 REPORT_METRICS = ["length", "vocab", "faithfulness", "retrieval", "bleu", "cider"]
-# Columns of the printed table, in order (keys of finecap.evaluate's output).
-COLUMNS = ["length", "distinct_words", "vocab_usage", "precision", "recall", "RD/R@1", "BLEU-4", "CIDEr-D"]
+# Columns of the printed table, in order (keys of finecap.evaluate's output; "RD" becomes RD{eval.n_distractors}).
+COLUMNS = ["Length", "Lexical diversity", "Vocab usage", "faith/precision", "faith/recall", "RD/R@1", "BLEU-4",
+           "CIDEr-D"]  # fmt: skip
 
 
 @dataclass
@@ -180,7 +181,9 @@ def stage_report(demo: Demo) -> dict[str, dict[str, float]]:
         # References for n-gram metrics: the four references the human row is scored against, so the rows compare.
         rows[stage] = evaluate(predictions, human_refs, metrics=REPORT_METRICS, retriever=retriever, images=records,
                                scenes=scenes, cfg=cfg)  # fmt: skip
-    columns = [c for c in COLUMNS if any(c in r for r in rows.values())]
+    rd = f"RD{cfg.eval.n_distractors}/"
+    columns = [c.replace("RD/", rd) for c in COLUMNS]
+    columns = [c for c in columns if any(c in r for r in rows.values())]
     table = markdown_table({k: {c: v.get(c) for c in columns} for k, v in rows.items()}, columns)
     write_json(demo.run_dir / "results.json", rows)
     (demo.run_dir / "results.md").write_text(table + "\n")

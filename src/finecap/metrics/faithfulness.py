@@ -1,0 +1,102 @@
+"""Faithfulness of captions to the world's scene graphs: precision, recall and hallucination counts.
+
+Only the embedded world has scene graphs, so only there can a caption be checked fact by fact. Each caption is parsed
+into facts by :func:`finecap.world.facts.faithfulness` (see that module for the parsing rules and for which facts
+count for recall); this module aggregates over a set of captions.
+
+Reported (keys of :func:`faithfulness`):
+
+- ``faith/precision``: mean over captions of (true stated facts / stated facts); a caption that states nothing has
+  precision 1 (no claim, nothing false), as in :mod:`finecap.world.facts`.
+- ``faith/recall``: mean over captions of (scene facts stated / scene facts).
+- ``faith/precision_micro``: all true stated facts / all stated facts (pooled; captions stating many facts weigh
+  more). 1.0 when no caption states anything.
+- ``faith/facts``: mean number of facts stated per caption.
+- ``faith/hallucinated``: total number of hallucinated (false) facts over all captions.
+- ``faith/halluc_rate``: share of captions with at least one hallucinated fact.
+- ``faith/halluc/<kind>``: number of hallucinated facts of each kind of :data:`finecap.world.facts.FACT_KINDS`
+  (``object``, ``color``, ..., ``relation``); every kind is reported, 0 included.
+
+Example::
+
+    >>> from finecap.world.scene import Obj, Scene
+    >>> scene = Scene(0, "grass", [Obj("circle", "red", "large", 1, 1)])
+    >>> out = faithfulness({0: "a blue circle"}, {0: scene})
+    >>> out["faith/precision"], out["faith/halluc/color"]   # object(circle) true, color(circle)=blue false
+    (0.5, 1.0)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable, Mapping
+from typing import TYPE_CHECKING
+
+from finecap.world.facts import FACT_KINDS
+from finecap.world.facts import faithfulness as caption_faithfulness
+
+if TYPE_CHECKING:
+    from finecap.world.facts import Faithfulness
+    from finecap.world.scene import Scene
+
+__all__ = ["faithfulness", "faithfulness_per_item"]
+
+
+def faithfulness_per_item(
+    predictions: Mapping[Hashable, str], scenes: Mapping[Hashable, Scene]
+) -> tuple[dict[str, float], dict[Hashable, Faithfulness]]:
+    """Corpus scores (see the module docstring) and the per-caption :class:`~finecap.world.facts.Faithfulness`.
+
+    Args:
+        predictions: ``{image_id: caption}``.
+        scenes: ``{image_id: Scene}``; every predicted image needs its scene (extra scenes are ignored). String ids
+            that spell an integer (``"12"``) also find the scene of integer id 12, since JSON keys are strings.
+    """
+    if not predictions:
+        raise ValueError("faithfulness: no predictions to score")
+    items: dict[Hashable, Faithfulness] = {}
+    missing = []
+    for image_id, caption in predictions.items():
+        scene = _scene_of(image_id, scenes)
+        if scene is None:
+            missing.append(image_id)
+            continue
+        if not isinstance(caption, str):
+            raise ValueError(f"faithfulness: caption of image {image_id!r} must be a string, got {type(caption)}")
+        items[image_id] = caption_faithfulness(caption, scene)
+    if missing:
+        raise ValueError(
+            f"faithfulness: no scene graph for {len(missing)} predicted image(s), e.g. {missing[:5]} "
+            "(scene graphs exist only for the world's images; drop 'faithfulness' from the metrics otherwise)"
+        )
+    n = len(items)
+    stated = sum(f.n_stated for f in items.values())
+    correct = sum(f.n_correct for f in items.values())
+    per_kind = dict.fromkeys(FACT_KINDS, 0)
+    for f in items.values():
+        for fact in f.hallucinated:
+            per_kind[fact.kind] = per_kind.get(fact.kind, 0) + 1
+    corpus = {
+        "faith/precision": sum(f.precision for f in items.values()) / n,
+        "faith/recall": sum(f.recall for f in items.values()) / n,
+        "faith/precision_micro": correct / stated if stated else 1.0,
+        "faith/facts": stated / n,
+        "faith/hallucinated": float(sum(len(f.hallucinated) for f in items.values())),
+        "faith/halluc_rate": sum(1 for f in items.values() if f.hallucinated) / n,
+    }
+    corpus.update({f"faith/halluc/{kind}": float(count) for kind, count in per_kind.items()})
+    return corpus, items
+
+
+def faithfulness(predictions: Mapping[Hashable, str], scenes: Mapping[Hashable, Scene]) -> dict[str, float]:
+    """Corpus faithfulness scores of ``{image_id: caption}`` against ``{image_id: Scene}`` (module docstring)."""
+    return faithfulness_per_item(predictions, scenes)[0]
+
+
+def _scene_of(image_id: Hashable, scenes: Mapping[Hashable, Scene]) -> Scene | None:
+    if image_id in scenes:
+        return scenes[image_id]
+    if isinstance(image_id, str) and image_id.strip().lstrip("-").isdigit():
+        return scenes.get(int(image_id))
+    if isinstance(image_id, int) and str(image_id) in scenes:
+        return scenes[str(image_id)]
+    return None

@@ -1,0 +1,225 @@
+"""Training bags (NDLB B.2) and the BagCurri sampler (B.3)."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from finecap.data.bags import BagCurriSampler, parse_schedule, training_bags
+from finecap.data.truematch import nearest_neighbours
+
+
+def unit(deg: float) -> list[float]:
+    return [math.cos(math.radians(deg)), math.sin(math.radians(deg))]
+
+
+# Eight images on the unit circle; the cosine falls with the angle difference, so neighbours are by angle:
+#   index: 0  1  2   3   4   5   6    7
+#   angle: 0  5  10  40  45  50  55  120
+EMB = torch.tensor([unit(a) for a in (0, 5, 10, 40, 45, 50, 55, 120)])
+
+
+def test_bags_by_hand_with_full_neighbour_lists():
+    _, nbrs = nearest_neighbours(EMB, 7)
+    out = training_bags(nbrs, 3, shuffle_queries=False)
+    # q0: nearest 1 (5 deg), 2 (10) -> [0, 1, 2]; q1, q2 taken; q3: nearest 4 (5), 5 (10) -> [3, 4, 5];
+    # q6: nearest 5, 4, 3, 2, 1, 0 are taken, the next is 7 (65 deg) -> [6, 7], the one smaller last bag.
+    assert out.bags == [[0, 1, 2], [3, 4, 5], [6, 7]]
+    assert out.filled == 0
+
+
+def test_top_k_exhausted_fills_with_random_free_images():
+    _, nbrs = nearest_neighbours(EMB, 2)
+    # top-2 lists: 0: [1, 2]; 3: [4, 5]; 6: [5, 4] -> q6 finds no free neighbour among its top 2 and gets the only
+    # free image left, 7, at random: one filled member.
+    out = training_bags(nbrs, 3, shuffle_queries=False)
+    assert out.bags == [[0, 1, 2], [3, 4, 5], [6, 7]]
+    assert out.filled == 1
+
+
+def check_partition(bags: list[list[int]], n: int, size: int) -> None:
+    flat = [i for b in bags for i in b]
+    assert sorted(flat) == list(range(n))  # disjoint and covering: every image exactly once
+    assert sum(len(b) != size for b in bags) <= 1  # at most one smaller last bag
+    assert all(len(b) <= size for b in bags)
+
+
+@pytest.mark.parametrize("size", [2, 3, 5])
+def test_random_embeddings_disjoint_coverage_and_nearest_available(size):
+    torch.manual_seed(0)
+    emb = torch.randn(103, 8)
+    _, nbrs = nearest_neighbours(emb, 10)
+    out = training_bags(nbrs, size, seed=3)
+    check_partition(out.bags, 103, size)
+    # Replay: when a bag was made, its members (after the query) were the query's nearest neighbours not yet used,
+    # in order; only when fewer than s-1 were free in the top 10 come random free images.
+    used: set[int] = set()
+    random_members = 0
+    for bag in out.bags:
+        q, mates = bag[0], bag[1:]
+        assert q not in used
+        used.add(q)
+        free = [j for j in nbrs[q].tolist() if j not in used][: size - 1]
+        assert mates[: len(free)] == free
+        random_members += len(mates) - len(free)
+        used.update(mates)
+    assert random_members == out.filled
+
+
+def test_query_order_is_seeded():
+    _, nbrs = nearest_neighbours(torch.randn(50, 4, generator=torch.Generator().manual_seed(1)), 10)
+    a, b, c = (training_bags(nbrs, 3, seed=s).bags for s in (0, 0, 1))
+    assert a == b and a != c
+
+
+def test_parse_schedule():
+    assert parse_schedule({"4": 5, 1: 0, 2: "3"}) == [(1, 0), (2, 3), (4, 5)]
+    for bad in ({}, {0: 3}, {2: 1}, {2: -1}, {"x": 3}):
+        with pytest.raises(ValueError, match="schedule"):
+            parse_schedule(bad)
+
+
+def make_sampler(n: int = 30, batch_size: int = 10, schedule=None, **kw) -> BagCurriSampler:
+    torch.manual_seed(0)
+    _, nbrs = nearest_neighbours(torch.randn(n, 6), 8)
+    return BagCurriSampler(nbrs, batch_size, schedule or {1: 0, 2: 3, 4: 5}, seed=7, **kw)
+
+
+def test_schedule_switches_bag_size_by_epoch():
+    s = make_sampler()
+    # {1: 0, 2: 3, 4: 5}: epoch 0 random; epoch 1 bags of 3; epochs 2-3 bags of 5; later epochs keep 5
+    assert [s.bag_size(e) for e in range(6)] == [0, 3, 5, 5, 5, 5]
+    for epoch, size, per_batch in ((1, 3, 3), (2, 5, 2), (3, 5, 2)):
+        # batch size 10: 10 // 3 = 3 bags (9 images) per batch; 10 // 5 = 2 bags (10 images)
+        bags = {tuple(b) for b in s.bags_for(size).bags}
+        batches = s.batches(epoch)
+        for batch in batches:
+            assert {tuple(batch[i : i + size]) for i in range(0, len(batch), size)} <= bags  # whole bags
+        assert [len(b) for b in batches[:-1]] == [per_batch * size] * (len(batches) - 1)
+        assert sorted(i for b in batches for i in b) == list(range(30))  # every image once per epoch
+        assert s.num_batches(epoch) == len(batches)
+    random_batches = s.batches(0)
+    assert [len(b) for b in random_batches] == [10, 10, 10]
+    assert sorted(i for b in random_batches for i in b) == list(range(30))
+
+
+def test_deterministic_given_seed_and_epoch():
+    a, b = make_sampler(), make_sampler()
+    assert a.batches(2) == b.batches(2)
+    assert a.batches(2) != a.batches(3)  # same bags (size 5 in both epochs), reshuffled order
+    assert sorted(map(sorted, a.bags_for(5).bags)) == sorted(map(sorted, b.bags_for(5).bags))
+    a.set_epoch(3)
+    assert list(a) == a.batches(3) and len(a) == a.num_batches(3)
+
+
+def test_rebuild_each_epoch_changes_bags_not_coverage():
+    s = make_sampler(rebuild_each_epoch=True)
+    b2, b3 = s.bags_for(5, 2).bags, s.bags_for(5, 3).bags
+    assert b2 != b3
+    check_partition(b2, 30, 5)
+
+
+def test_sharding_keeps_bags_whole_per_process():
+    # 2 processes, global batch 12, bags of 3: (12 // 2) // 3 = 2 bags per process -> 4 bags per global batch;
+    # the contiguous half of each batch a process takes is 2 whole bags.
+    shards = [make_sampler(batch_size=12, schedule={1: 3}, num_processes=2, process_index=r) for r in (0, 1)]
+    bags = {tuple(b) for b in shards[0].bags_for(3).bags}
+    full = shards[0].batches(0)
+    for sampler in shards:
+        sampler.set_epoch(0)
+        mine = list(sampler)
+        assert len(mine) == len(full) == 3  # 10 bags: 4 + 4 + 2
+        for part in mine:
+            assert {tuple(part[i : i + 3]) for i in range(0, len(part), 3)} <= bags
+    for batch, p0, p1 in zip(full, *(list(s) for s in shards)):
+        assert p0 + p1 == batch
+
+
+def test_groups_pick_one_example_per_image():
+    # a per-caption data set: image i has examples 2i and 2i+1
+    groups = [[2 * i, 2 * i + 1] for i in range(30)]
+    s = make_sampler(groups=groups)
+    for epoch in (0, 1, 2):
+        flat = [i for b in s.batches(epoch) for i in b]
+        assert sorted(j // 2 for j in flat) == list(range(30))  # each image once, through one of its examples
+    picks = [tuple(i for b in s.batches(e) for i in sorted(b)) for e in (2, 3)]
+    assert picks[0] != picks[1]  # which caption an image comes with changes across epochs
+
+
+def test_bag_index_groups_bag_mates():
+    s = make_sampler(schedule={1: 3})
+    index = s.bag_index(0)
+    assert sorted(index) == list(range(30))
+    for bag in s.bags_for(3).bags:
+        assert len({index[i] for i in bag}) == 1
+    assert len(set(index.values())) == len(s.bags_for(3).bags)
+
+
+def test_bag_size_larger_than_data_rejected():
+    _, nbrs = nearest_neighbours(torch.randn(4, 2), 3)
+    with pytest.raises(ValueError, match="exceeds the 4 training images"):
+        BagCurriSampler(nbrs, 4, {1: 5})
+    with pytest.raises(ValueError, match="groups"):
+        BagCurriSampler(nbrs, 4, {1: 2}, groups=[[0]])
+
+
+def test_neighbours_as_numpy_array():
+    nbrs = np.array([[1, 2, 3], [0, 2, 3], [3, 1, 0], [2, 1, 0]])
+    assert training_bags(nbrs, 2, shuffle_queries=False).bags == [[0, 1], [2, 3]]
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# The data.sampler factory on a tiny world with a tiny random CLIP
+# --------------------------------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def world_and_clip(tmp_path_factory):
+    from transformers import CLIPImageProcessor, CLIPModel
+
+    from finecap.config import WorldConfig
+    from finecap.models.presets import tiny_clip_config
+    from finecap.models.retriever import Retriever
+    from finecap.models.tokenizer import world_tokenizer
+    from finecap.world.make import make_world
+
+    root = tmp_path_factory.mktemp("bags")
+    make_world(WorldConfig(n_train=20, n_val=2, n_test=2, image_size=32), root / "world", progress=False)
+    torch.manual_seed(0)
+    tok = world_tokenizer()
+    clip_cfg = tiny_clip_config(len(tok), eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id,
+                                bos_token_id=tok.bos_token_id, image_size=32, max_text_length=48)  # fmt: skip
+    proc = CLIPImageProcessor(size={"shortest_edge": 32}, crop_size={"height": 32, "width": 32})
+    Retriever(CLIPModel(clip_cfg).eval(), tok, proc).save(root / "clip")
+    return root
+
+
+def test_bagcurri_factory_on_per_caption_dataset(world_and_clip, monkeypatch):
+    import finecap.data.truematch as truematch
+    from finecap.config import load
+    from finecap.data.bags import bagcurri_sampler
+    from finecap.data.datasets import CaptionDataset, load_records
+
+    root = world_and_clip
+    cfg = load(None, [f"world.out={root / 'world'}", f"retriever.checkpoint={root / 'clip'}",
+                      f"run.cache_dir={root / 'cache'}", "train.batch_size=6"])  # fmt: skip
+    records = load_records(cfg, "train")
+    dataset = CaptionDataset(records, per_caption=True)  # 20 images x 5 captions = 100 examples
+    sampler = bagcurri_sampler(cfg, dataset, 12, schedule={1: 0, 2: 3})  # 2 processes x 6
+    assert sampler.num_processes == 2 and sampler.neighbours.shape == (20, 19)  # k = min(200, N - 1)
+    for epoch in (0, 1):
+        images = [dataset.examples[i][0] for b in sampler.batches(epoch) for i in b]
+        assert sorted(images) == list(range(20))  # every image once per epoch, via one of its captions
+    # bags of 3: (12 // 2) // 3 = 2 per process -> 4 bags per global batch
+    # 20 images -> six bags of 3 and one of 2 = 7 bags -> batches of 4 and 3 bags
+    assert [len(b) for b in sampler.image_batches(1)] == [4, 3]
+    assert sorted(len(bag) for b in sampler.image_batches(1) for bag in b) == [2, 3, 3, 3, 3, 3, 3]
+    # The neighbour table is cached: a second sampler does not search again.
+    monkeypatch.setattr(truematch, "nearest_neighbours", lambda *a, **k: pytest.fail("neighbours recomputed"))
+    again = bagcurri_sampler(cfg, dataset, 12, schedule={1: 0, 2: 3})
+    assert again.neighbours.tolist() == sampler.neighbours.tolist()
+    with pytest.raises(ValueError, match="data.bag_schedule"):
+        bagcurri_sampler(cfg, dataset, 12)

@@ -1,0 +1,301 @@
+"""finecap.evaluate: metric registry, hand-computed groups, and `finecap eval` / `finecap bags build` end to end."""
+
+from __future__ import annotations
+
+import json
+import math
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from finecap.config import WorldConfig, load
+from finecap.data.formats import write_results
+from finecap.evaluate import detect_format, evaluate, load_references, parse_metrics, read_predictions
+from finecap.metrics.diversity import set_diversity
+from finecap.world.scene import Obj, Scene
+
+# --------------------------------------------------------------------------------------------------------------------
+# Registry and text metrics
+# --------------------------------------------------------------------------------------------------------------------
+
+
+def test_unknown_metric_lists_valid_ones():
+    with pytest.raises(ValueError, match=r"unknown metric\(s\) 'blue'.*valid metrics: bleu, rouge, cider"):
+        evaluate({1: "a"}, {1: ["a"]}, metrics=["bleu", "blue"])
+    assert parse_metrics("bleu, cider,bleu") == ["bleu", "cider"]
+    assert parse_metrics(None, ["length"]) == ["length"]
+
+
+def test_length_and_vocab_by_hand():
+    preds = {1: "A red circle.", 2: "a red red square", 3: "a red circle", 4: "a Red star, big", 5: "a red"}
+    out = evaluate(preds, None, metrics="length,vocab")
+    # PTB-tokenised (lower-cased, punctuation dropped): 3 + 4 + 3 + 4 + 2 = 16 words / 5 captions = 3.2
+    assert out["Length"] == pytest.approx(3.2)
+    # counts: a 5, red 6, circle 2, square 1, star 1, big 1 -> 6 distinct words; used >= 5 times: a, red -> 2
+    assert out["Lexical diversity"] == 6.0
+    assert out["Vocab usage"] == 2.0
+    cfg = load(None, ["eval.vocab_min_count=6"])
+    assert evaluate(preds, None, metrics="vocab", cfg=cfg)["Vocab usage"] == 1.0  # only "red" (6 times)
+
+
+def test_ngram_groups_on_tokenised_text_by_hand():
+    # One image, candidate "A red circle." = reference "a red circle" after PTB tokenisation.
+    out = evaluate({1: "A red circle."}, {1: ["a red circle"]}, metrics=["bleu", "rouge", "cider"])
+    # BLEU-n precisions: (3/3, 2/2, 1/1) then no 4-gram: (0 + 1e-15) / (0 + 1e-9) = 1e-6; brevity penalty 1.
+    assert out["BLEU-1"] == pytest.approx(1.0)
+    assert out["BLEU-3"] == pytest.approx(1.0)
+    assert out["BLEU-4"] == pytest.approx(1e-6 ** (1 / 4), rel=1e-6)  # (1 * 1 * 1 * 1e-6)^(1/4) = 0.0316
+    assert out["ROUGE-L"] == pytest.approx(1.0)
+    # CIDEr-D with a single image: idf = log(1) - log(1) = 0 for every n-gram -> 0
+    assert out["CIDEr-D"] == 0.0
+    assert list(out) == ["BLEU-1", "BLEU-2", "BLEU-3", "BLEU-4", "ROUGE-L", "CIDEr-D"]
+
+
+def test_missing_references_for_a_prediction_is_named():
+    with pytest.raises(ValueError, match=r"no references for 1 image\(s\), e.g. \[2\]"):
+        evaluate({1: "a", 2: "b"}, {1: ["a"]}, metrics="bleu")
+
+
+def test_diversity_by_hand():
+    samples = {1: ["A red circle", "a blue circle."], 2: ["a star", "a star"]}
+    out = evaluate({1: "a red circle", 2: "a star"}, None, metrics="diversity", samples=samples)
+    # image 1: unigrams {a, red, circle, blue} = 4 over 6 words; bigrams {a red, red circle, a blue, blue circle} = 4
+    # image 2: unigrams {a, star} = 2 over 4 words; bigrams {a star} = 1 over 4
+    assert out["Div-1"] == pytest.approx((4 / 6 + 2 / 4) / 2, rel=1e-5)
+    assert out["Div-2"] == pytest.approx((4 / 6 + 1 / 4) / 2, rel=1e-5)
+    tokenised = {1: ["a red circle", "a blue circle"], 2: ["a star", "a star"]}
+    assert out["mBLEU-4"] == pytest.approx(set_diversity(tokenised)["mBLEU-4"])
+    with pytest.raises(ValueError, match="'diversity' needs samples"):
+        evaluate({1: "a"}, None, metrics="diversity")
+
+
+def test_faithfulness_group_and_missing_scenes():
+    scene = Scene(0, "grass", [Obj("circle", "red", "large", 1, 1)])
+    # "a blue circle": object(circle) true, color(circle)=blue false -> precision 1/2; scene facts: background,
+    # count, object, color, size, position = 6 -> recall 1/6
+    out = evaluate({0: "a blue circle"}, None, metrics="faithfulness", scenes={0: scene})
+    assert out["faith/precision"] == 0.5
+    assert out["faith/recall"] == pytest.approx(1 / 6)
+    assert out["faith/halluc/color"] == 1.0
+    with pytest.raises(ValueError, match="'faithfulness' needs scenes"):
+        evaluate({0: "a"}, None, metrics="faithfulness")
+
+
+def test_java_metric_unavailable_warns_and_others_still_run(tmp_path, monkeypatch):
+    monkeypatch.setenv("FINECAP_METEOR_JAR", str(tmp_path / "missing.jar"))
+    monkeypatch.setenv("FINECAP_SPICE_DIR", str(tmp_path / "no-spice"))
+    with warnings.catch_warnings(record=True) as record:
+        warnings.simplefilter("always")
+        out = evaluate({1: "a red circle"}, {1: ["a red circle"]}, metrics="meteor,spice,rouge")
+    messages = [str(w.message) for w in record]
+    assert any("skipping METEOR" in m for m in messages) and any("skipping SPICE" in m for m in messages)
+    assert out == {"ROUGE-L": pytest.approx(1.0)}
+
+
+def test_perplexity_needs_eval_lm():
+    with pytest.raises(ValueError, match="eval.lm"):
+        evaluate({1: "a"}, None, metrics="perplexity")
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# CLIP-based groups with a fake retriever whose embeddings are chosen by hand
+# --------------------------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Rec:
+    image_id: int
+    path: Path = Path("unused.png")
+
+
+# Image i embeds to the basis vector e_i (4-D). Caption vectors, and so their cosines to the images:
+#   "zero"  -> (1, 0, 0, 0):     image 0 scores 1 -> rank 1
+#   "one"   -> (0.8, 0.6, 0, 0): image 1 scores 0.6 but image 0 scores 0.8 -> rank 2
+#   "two"   -> (0, 0, 1, 0):     rank 1
+#   "three" -> (0, 0, 0.6, 0.8): image 3 scores 0.8 > 0.6 -> rank 1
+TEXT = {"zero": [1, 0, 0, 0], "one": [0.8, 0.6, 0, 0], "two": [0, 0, 1, 0], "three": [0, 0, 0.6, 0.8]}
+PREDS = {0: "zero", 1: "one", 2: "two", 3: "three"}
+
+
+class FakeTokenizer:
+    unk_token_id = None  # CLIPScore then uses Hessel's prefix "A photo depicts"
+
+
+class FakeRetriever:
+    tokenizer = FakeTokenizer()
+    name = "fake"
+
+    def image_embeddings(self, records, cache_dir=None):
+        return torch.eye(4)[[r.image_id for r in records]]  # (N, 4)
+
+    def embed_texts(self, texts):
+        texts = [t.removeprefix("A photo depicts ") for t in texts]
+        return F.normalize(torch.tensor([TEXT[t] for t in texts], dtype=torch.float32), dim=-1)  # (B, 4)
+
+
+def test_retrieval_and_bags_by_hand():
+    cfg = load(None, ["eval.n_distractors=3", "eval.draws=2"])
+    bags = {2: [[0, 1], [2, 3]], 3: [[1, 2, 3]]}
+    out = evaluate(PREDS, None, metrics="retrieval,bags", retriever=FakeRetriever(),
+                   images=[Rec(i) for i in range(4)], bags=bags, cfg=cfg)  # fmt: skip
+    # ranks 1, 2, 1, 1 -> R@1 = 3/4, mean rank 5/4, median 1; RD-3 draws every other image = the pool
+    assert out["pool/R@1"] == 0.75 and out["pool/R@5"] == 1.0
+    assert out["pool/mean_rank"] == 1.25 and out["pool/median_rank"] == 1.0
+    assert out["RD3/R@1"] == 0.75 and out["RD3/mean_rank"] == 1.25
+    # bags of 2: "one" against {0, 1} ranks 2, the others rank 1 -> R@1 3/4 over 4 captions
+    assert out["bag2/R@1"] == 0.75 and out["bag2/n"] == 4.0
+    # bag of 3 {1, 2, 3}: "one" scores (0.6, 0, 0) -> rank 1; "two" (0, 1, 0.6)... all rank 1; image 0 in no bag
+    assert out["bag3/R@1"] == 1.0 and out["bag3/n"] == 3.0
+
+
+def test_clipscore_by_hand():
+    refs = {i: [c] for i, c in PREDS.items()}  # each reference = the caption: max reference cosine 1
+    out = evaluate(PREDS, refs, metrics="clipscore", retriever=FakeRetriever(), images=[Rec(i) for i in range(4)])
+    # CLIP-S = 2.5 * cos(caption, own image) = 2.5 * (1, 0.6, 1, 0.8) = (2.5, 1.5, 2.5, 2.0): mean 8.5 / 4 = 2.125
+    assert out["CLIPScore"] == pytest.approx(2.125, rel=1e-6)
+    # RefCLIP-S = harmonic mean(CLIP-S, 1) = 2 * c / (c + 1): 5/3.5, 3/2.5, 5/3.5, 4/3
+    expected = (2 * 5 / 3.5 + 3 / 2.5 + 4 / 3) / 4
+    assert out["RefCLIPScore"] == pytest.approx(expected, rel=1e-6)
+
+
+def test_retrieval_needs_images():
+    with pytest.raises(ValueError, match="'retrieval' needs images"):
+        evaluate(PREDS, None, metrics="retrieval", retriever=FakeRetriever())
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# Files and the commands, on a tiny generated world
+# --------------------------------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory) -> Path:
+    from finecap.world.make import make_world
+
+    out = tmp_path_factory.mktemp("world")
+    make_world(WorldConfig(n_train=24, n_val=4, n_test=12, image_size=32, families=3), out, progress=False)
+    return out
+
+
+@pytest.fixture(scope="module")
+def clip_dir(tmp_path_factory) -> Path:
+    """A tiny random CLIP over the world tokenizer, saved like a Hub checkpoint."""
+    from transformers import CLIPImageProcessor, CLIPModel
+
+    from finecap.models.presets import tiny_clip_config
+    from finecap.models.retriever import Retriever
+    from finecap.models.tokenizer import world_tokenizer
+
+    torch.manual_seed(0)
+    tok = world_tokenizer()
+    cfg = tiny_clip_config(len(tok), eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id,
+                           bos_token_id=tok.bos_token_id, image_size=32, max_text_length=48)  # fmt: skip
+    proc = CLIPImageProcessor(size={"shortest_edge": 32}, crop_size={"height": 32, "width": 32})
+    out = tmp_path_factory.mktemp("clip")
+    Retriever(CLIPModel(cfg).eval(), tok, proc).save(out)
+    return out
+
+
+def test_detect_format(world, tmp_path):
+    assert detect_format(world) == ("world", world / "dataset.json")
+    assert detect_format(world / "dataset.json")[0] == "world"
+    coco = tmp_path / "captions_val2014.json"
+    coco.write_text(json.dumps({"images": [], "annotations": []}))
+    assert detect_format(coco)[0] == "coco"
+    karpathy = tmp_path / "dataset_coco.json"
+    karpathy.write_text(json.dumps({"images": []}))
+    assert detect_format(karpathy)[0] == "karpathy"
+    (tmp_path / "x.jsonl").write_text("")
+    assert detect_format(tmp_path / "x.jsonl")[0] == "jsonl"
+    with pytest.raises(FileNotFoundError):
+        detect_format(tmp_path / "nope.json")
+
+
+def test_read_predictions_with_samples(tmp_path):
+    path = tmp_path / "r.json"
+    path.write_text(json.dumps([{"image_id": 1, "caption": "a"}, {"image_id": 2, "caption": "b"},
+                                {"image_id": 1, "caption": "c"}]))  # fmt: skip
+    preds, samples = read_predictions(path)
+    assert preds == {1: "a", 2: "b"} and samples == {1: ["a", "c"], 2: ["b"]}
+    write_results(path, {1: "a"})
+    assert read_predictions(path) == ({1: "a"}, None)
+
+
+def test_eval_command_end_to_end_text_metrics(world, tmp_path, capsys):
+    from finecap.cli import main as cli
+
+    refs = load_references(load(), world, split="test")
+    assert refs.scenes is not None and len(refs.records) == 12
+    # Predictions: each test image's first reference caption. They state only true facts, so faithfulness
+    # precision is exactly 1 with no hallucination, and BLEU-1 is 1 (every word matches, same length).
+    write_results(tmp_path / "results.json", {r.image_id: r.captions[0] for r in refs.records})
+    metrics = "bleu,rouge,cider,length,vocab,faithfulness"
+    code = cli(["eval", "--predictions", str(tmp_path / "results.json"), "--references", str(world),
+                "--metrics", metrics, "--out", str(tmp_path / "eval.json")])  # fmt: skip
+    assert code == 0
+    out = json.loads((tmp_path / "eval.json").read_text())
+    assert out["faith/precision"] == 1.0 and out["faith/hallucinated"] == 0.0
+    assert out["BLEU-1"] == pytest.approx(1.0) and out["ROUGE-L"] == pytest.approx(1.0)
+    assert out["CIDEr-D"] > 0
+    expected_len = sum(len(r.captions[0].split()) for r in refs.records) / 12
+    assert out["Length"] == pytest.approx(expected_len)
+    printed = capsys.readouterr().out
+    assert "| metric | results.json |" in printed and "| faith/precision | 1.000 |" in printed
+
+
+def test_eval_command_unknown_metric_and_missing_ids(world, tmp_path, capsys):
+    from finecap.cli import main as cli
+
+    write_results(tmp_path / "r.json", {99999: "a red circle"})
+    args = ["eval", "--predictions", str(tmp_path / "r.json"), "--references", str(world), "--out",
+            str(tmp_path / "e.json")]  # fmt: skip
+    assert cli([*args, "--metrics", "length,nope"]) == 2
+    assert "valid metrics" in capsys.readouterr().err
+    assert cli([*args, "--metrics", "length"]) == 2
+    assert "not in the references" in capsys.readouterr().err
+
+
+def test_default_metrics_skip_what_cannot_run(world, tmp_path, capsys):
+    from finecap.evaluate import main
+
+    refs = load_references(load(), world, split="val")
+    write_results(tmp_path / "r.json", {r.image_id: "a red circle" for r in refs.records})
+    # eval.metrics = length, faithfulness, perplexity: perplexity has no eval.lm -> skipped with a note
+    cfg = load(None, ["eval.metrics=[length,faithfulness,perplexity]"])
+    out = main(cfg, predictions=tmp_path / "r.json", references=world, out=tmp_path / "e.json")
+    assert "skipping perplexity: eval.lm is not set" in capsys.readouterr().out
+    assert set(out) >= {"Length", "faith/precision"} and "perplexity" not in out
+
+
+def test_bags_build_and_clip_metrics_end_to_end(world, clip_dir, tmp_path, capsys):
+    from finecap.cli import main as cli
+
+    overrides = [f"retriever.checkpoint={clip_dir}", f"run.cache_dir={tmp_path / 'cache'}", "eval.n_distractors=5",
+                 "eval.draws=2"]  # fmt: skip
+    assert cli(["bags", "build", "--data", str(world), "--split", "test", "--sizes", "3,2",
+                "--out", str(tmp_path / "bags.json"), *overrides]) == 0  # fmt: skip
+    built = json.loads((tmp_path / "bags.json").read_text())
+    assert built["sizes"] == [2, 3] and built["n_images"] == 12
+    for size in ("2", "3"):
+        members = [i for b in built["bags"][size] for i in b["images"]]
+        assert len(members) == len(set(members)) and all(len(b["images"]) == int(size) for b in built["bags"][size])
+        sims = [b["similarity"] for b in built["bags"][size]]
+        assert sims == sorted(sims, reverse=True)
+        assert 0.0 <= built["family_purity"][size] <= 1.0
+    assert "within one family" in capsys.readouterr().out
+
+    refs = load_references(load(), world, split="test")
+    write_results(tmp_path / "results.json", {r.image_id: r.captions[0] for r in refs.records})
+    assert cli(["eval", "--predictions", str(tmp_path / "results.json"), "--references", str(world), "--bags",
+                str(tmp_path / "bags.json"), "--metrics", "retrieval,bags,clipscore", "--out",
+                str(tmp_path / "eval.json"), *overrides]) == 0  # fmt: skip
+    out = json.loads((tmp_path / "eval.json").read_text())
+    for key in ("RD5/R@1", "RD5/R@5", "pool/R@1", "pool/R@10", "pool/mean_rank", "bag2/R@1", "bag3/R@1"):
+        assert 0.0 <= out[key] <= 12.0, key
+    assert out["pool/R@10"] <= 1.0 and 1.0 <= out["pool/mean_rank"] <= 12.0
+    assert out["bag2/n"] == 2 * len(built["bags"]["2"])
+    assert 0.0 <= out["CLIPScore"] <= 2.5 and math.isfinite(out["RefCLIPScore"])
