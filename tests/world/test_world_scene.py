@@ -76,15 +76,37 @@ def test_scene_labels_are_hand_computed():
 def test_every_variant_changes_exactly_one_detail():
     rng = random.Random(1)
     for i in range(60):
-        base = sample_scene(rng, i, 2, 3, pattern_prob=0.5)
+        base = sample_scene(rng, i, 1, 3, pattern_prob=0.5)
         for kind in VARIANTS:
             new = perturb(base, rng, kind, 1, 4)
+            if kind == "size" and len(base.objects) > 1:
+                assert new is None  # with company the main object must stay the only large one
+                continue
+            if kind == "remove" and len(base.objects) == 1:
+                assert new is None
+                continue
+            if kind == "add" and base.objects[0].size == "small":
+                assert new is None  # a small lone main object cannot get (small) company
+                continue
             assert new is not None
             validate(new)
             diff = scene_diff(base, new)
             assert len(diff) == 1, (kind, diff)
             assert diff[0].split(":")[0] == kind
             assert new.objects[0].shape == base.objects[0].shape or kind == "shape"
+
+
+def test_main_object_is_the_only_large_one_with_company():
+    rng = random.Random(3)
+    for i in range(300):
+        scene = sample_scene(rng, i)
+        sizes = [o.size for o in scene.objects]
+        if len(sizes) > 1:
+            assert sizes == ["large"] + ["small"] * (len(sizes) - 1)
+        validate(scene)
+    bad = Scene(0, "grass", [Obj("circle", "red", "small", 0, 0), Obj("star", "red", "large", 1, 1)])
+    with pytest.raises(ValueError, match="only large one"):
+        validate(bad)
 
 
 def test_add_and_remove_respect_object_limits():

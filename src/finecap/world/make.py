@@ -33,7 +33,7 @@ from finecap.world.captions import dense_caption, reference_captions, vocabulary
 from finecap.world.render import render
 from finecap.world.scene import Scene, sample_family, sample_scene
 
-WORLD_VERSION = 1
+WORLD_VERSION = 2
 """Bump when scenes, rendering or captions change, so cached worlds (and everything keyed on them) are rebuilt."""
 SPLITS = ("train", "val", "test")
 

@@ -3,8 +3,11 @@
 Choices the issue leaves open:
 
 - Shapes are unique within a scene, so a shape word identifies one object when captions are parsed into facts.
-- ``objects[0]`` is the main object: every reference caption names it. It is large with probability 0.7 (other
-  objects 0.5), so the object captions lead with is usually the most salient one.
+- ``objects[0]`` is the main object: every reference caption names it. It must be recognisable in the image, as the
+  object a human annotator would lead with, or no encoder could tell which object "the main object" is: in a scene
+  with several objects the main object is the only large one (all others are small); alone, it is large with
+  probability 0.7. (An earlier rule, main large with p = 0.7 and others with p = 0.5, made the main object
+  ambiguous in most multi-object scenes, and a linear probe could not decode its shape.)
 - One object per grid cell; row 0 is the top, column 0 the left. Pairwise relations (left of, right of, above,
   below) follow from the cells: A is left of B when A's column is smaller, above B when A's row is smaller.
 - Colours may repeat between objects; a pattern is drawn with probability ``pattern_prob`` (no pattern = plain).
@@ -34,7 +37,7 @@ CELLS: list[str] = [
 
 MAX_OBJECTS = 4
 MAIN_LARGE_PROB = 0.7
-OTHER_LARGE_PROB = 0.5
+"""Probability that the main object of a one-object scene is large (with company it is always large)."""
 
 LABEL_SIZES: dict[str, int] = {
     "shape": len(SHAPES),
@@ -110,6 +113,8 @@ def validate(scene: Scene) -> None:
         bad("shapes must be unique within a scene")
     if len({o.cell for o in scene.objects}) != len(scene.objects):
         bad("two objects share a grid cell")
+    if len(scene.objects) > 1 and [o.size for o in scene.objects] != ["large"] + ["small"] * (len(scene.objects) - 1):
+        bad("with several objects the main object (objects[0]) must be the only large one")
 
 
 def scene_labels(scene: Scene) -> dict[str, int]:
@@ -125,9 +130,8 @@ def scene_labels(scene: Scene) -> dict[str, int]:
     }
 
 
-def _random_obj(rng: random.Random, shape: str, cell: int, large_prob: float, pattern_prob: float) -> Obj:
+def _random_obj(rng: random.Random, shape: str, cell: int, size: str, pattern_prob: float) -> Obj:
     color = rng.choice(COLORS)
-    size = "large" if rng.random() < large_prob else "small"
     pattern = rng.choice(PATTERNS) if rng.random() < pattern_prob else None
     return Obj(shape=shape, color=color, size=size, row=cell // GRID, col=cell % GRID, pattern=pattern)
 
@@ -135,12 +139,14 @@ def _random_obj(rng: random.Random, shape: str, cell: int, large_prob: float, pa
 def sample_scene(
     rng: random.Random, id: int, min_objects: int = 1, max_objects: int = MAX_OBJECTS, pattern_prob: float = 0.3
 ) -> Scene:
-    """Draw a random scene: uniform object count, distinct shapes and cells, independent colours."""
+    """Draw a random scene: uniform object count, distinct shapes and cells, independent colours; the main object
+    is the only large one when there are several (module docstring)."""
     n = rng.randint(min_objects, max_objects)
     shapes = rng.sample(SHAPES, n)
     cells = rng.sample(range(GRID * GRID), n)
+    main_size = "large" if n > 1 or rng.random() < MAIN_LARGE_PROB else "small"
     objects = [
-        _random_obj(rng, s, c, MAIN_LARGE_PROB if i == 0 else OTHER_LARGE_PROB, pattern_prob)
+        _random_obj(rng, s, c, main_size if i == 0 else "small", pattern_prob)
         for i, (s, c) in enumerate(zip(shapes, cells))
     ]
     return Scene(id=id, background=rng.choice(BACKGROUNDS), objects=objects)
@@ -167,18 +173,20 @@ def perturb(
         objs[i] = replace(o, row=cell // GRID, col=cell % GRID)
     elif kind == "shape":
         objs[i] = replace(o, shape=rng.choice([s for s in SHAPES if s not in used_shapes]))
-    elif kind == "size":
+    elif kind == "size":  # only a lone main object may change size: with company it must stay the large one
+        if len(objs) > 1:
+            return None
         objs[i] = replace(o, size="small" if o.size == "large" else "large")
     elif kind == "pattern":
         objs[i] = replace(o, pattern=rng.choice([p for p in [None, *PATTERNS] if p != o.pattern]))
     elif kind == "background":
         return Scene(scene.id, rng.choice([b for b in BACKGROUNDS if b != scene.background]), objs)
     elif kind == "add":
-        if len(objs) >= max_objects:
+        if len(objs) >= max_objects or objs[0].size != "large":  # a small lone main object cannot get company
             return None
         shape = rng.choice([s for s in SHAPES if s not in used_shapes])
         cell = rng.choice([c for c in range(GRID * GRID) if c not in used_cells])
-        objs.append(_random_obj(rng, shape, cell, OTHER_LARGE_PROB, pattern_prob))
+        objs.append(_random_obj(rng, shape, cell, "small", pattern_prob))
     elif kind == "remove":
         if len(objs) <= max(min_objects, 1) or len(objs) < 2:
             return None
