@@ -46,7 +46,8 @@ def test_wrong_type_names_key():
 
 
 def test_invalid_choice_lists_choices():
-    with pytest.raises(ConfigError, match="decode.strategy: invalid value 'nucleus'; valid choices: greedy, beam, sample"):
+    expected = "decode.strategy: invalid value 'nucleus'; valid choices: greedy, beam, sample"
+    with pytest.raises(ConfigError, match=expected):
         load(None, ["decode.strategy=nucleus"])
 
 

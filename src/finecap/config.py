@@ -95,6 +95,16 @@ class DataConfig:
     train_unit: Literal["auto", "caption", "image"] = doc(
         "auto", "Training examples: one per reference caption or per image (auto: the objective's; MLE: caption)."
     )
+    bag_schedule: dict[int, int] = doc(
+        {}, "data.sampler=bagcurri: {end_epoch: bag_size} (0 = random batches), e.g. {1: 0, 2: 3, 3: 5, 4: 7}."
+    )
+    bag_neighbours: int = doc(200, "data.sampler=bagcurri: nearest neighbours per image searched for bag-mates.")
+
+    def __post_init__(self) -> None:
+        _check(self.bag_neighbours >= 1, "data.bag_neighbours", "must be >= 1")
+        for end, size in self.bag_schedule.items():
+            _check(end >= 1, "data.bag_schedule", f"end epochs must be >= 1, got {end}")
+            _check(size == 0 or size >= 2, "data.bag_schedule", f"bag sizes must be 0 (random) or >= 2, got {size}")
 
 
 @dataclass
@@ -282,6 +292,46 @@ class RLConfig:
 
 
 @dataclass
+class SRConfig:
+    reward: Literal["log_prob", "accuracy", "cosine"] = doc(
+        "log_prob", "Self-retrieval reward: log-softmax of the target (NDLB Eq. 1), top-1 hit, or cosine alone."
+    )
+    distractors: Literal["batch", "bag", "hard"] = doc(
+        "batch", "Distractors: other images of the global batch, bag-mates only, or k mined + in-batch random."
+    )
+    hard_k: int = doc(5, "distractors=hard: nearest training images (retriever image cosine) per target (D.2: 5/10).")
+    duplicate_threshold: float | None = doc(
+        None, "Drop distractors whose image cosine to the target exceeds this (near-duplicates); null = keep all."
+    )
+    logit_scale: float = doc(0.0, "Similarity scale of the log-softmax; 0 = the retriever's own exp(logit_scale).")
+
+    def __post_init__(self) -> None:
+        _check(self.hard_k >= 1, "sr.hard_k", "must be >= 1")
+        _check(self.logit_scale >= 0, "sr.logit_scale", "must be >= 0 (0 = the retriever's own)")
+        _check(
+            self.duplicate_threshold is None or -1.0 <= self.duplicate_threshold <= 1.0,
+            "sr.duplicate_threshold",
+            "must be a cosine in [-1, 1] or null",
+        )
+
+
+@dataclass
+class LoraConfig:
+    lm: bool = doc(False, "Train the language model through LoRA adapters (needs model.train_lm=true).")
+    encoder: bool = doc(False, "Train the vision encoder through LoRA adapters (needs model.train_encoder=true).")
+    rank: int = doc(32, "LoRA rank r (NDLB: 32 on GPT-2 and CLIP).")
+    alpha: float = doc(32.0, "LoRA alpha; the update is scaled by alpha / rank.")
+    dropout: float = doc(0.0, "Dropout on the LoRA input.")
+    lm_targets: list[str] = doc([], "LM module names (suffixes) to adapt; empty = every linear layer but the head.")
+    encoder_targets: list[str] = doc([], "Encoder module names (suffixes); empty = every image-side linear layer.")
+
+    def __post_init__(self) -> None:
+        _check(self.rank >= 1, "lora.rank", "must be >= 1")
+        _check(self.alpha > 0, "lora.alpha", "must be > 0")
+        _check(0.0 <= self.dropout < 1.0, "lora.dropout", "must be in [0, 1)")
+
+
+@dataclass
 class DemoConfig:
     stages: list[str] = doc(
         ["world", "retriever", "mle", "mle_continued", "smile", "report"], "Demo stages to run, in order."
@@ -301,6 +351,8 @@ SECTIONS: dict[str, type] = {
     "eval": EvalConfig,
     "smile": SmileConfig,
     "rl": RLConfig,
+    "sr": SRConfig,
+    "lora": LoraConfig,
     "demo": DemoConfig,
 }
 
@@ -317,6 +369,8 @@ class Config:
     eval: EvalConfig = field(default_factory=EvalConfig)
     smile: SmileConfig = field(default_factory=SmileConfig)
     rl: RLConfig = field(default_factory=RLConfig)
+    sr: SRConfig = field(default_factory=SRConfig)
+    lora: LoraConfig = field(default_factory=LoraConfig)
     demo: DemoConfig = field(default_factory=DemoConfig)
 
     def to_dict(self) -> dict[str, dict[str, Any]]:

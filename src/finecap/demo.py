@@ -159,7 +159,6 @@ def stage_report(demo: Demo) -> dict[str, dict[str, float]]:
 
     cfg = demo.cfg
     records = load_records(cfg, "test")
-    references = {r.image_id: r.captions for r in records}
     scenes_by_imgid = load_scenes(cfg.world.out)
     scenes = {r.image_id: scenes_by_imgid[int(r.image_id)] for r in records}
     retriever = load_retriever(cfg)

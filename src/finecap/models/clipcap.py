@@ -25,7 +25,8 @@ Choices the paper leaves open:
   is put in train mode, as ClipCap's prefix-only variant does, so dropout never perturbs frozen features.
 - A checkpoint stores the LM (``save_pretrained``, safetensors) with its tokenizer, the mapper
   (``mapper.safetensors``), ``captioner.json`` and, only when the encoder was trained, the encoder; a frozen
-  encoder is referenced by its source (Hub name or absolute path).
+  encoder is referenced by its source (Hub name or absolute path). LoRA adapters (:mod:`finecap.models.lora`) are
+  saved in peft's format beside the base weights (``lm_lora/``, ``encoder_lora/``) and reloaded unmerged.
 
 Module names stay the checkpoints' own (``lm.transformer.h.0.attn.c_attn``, ``encoder.model.vision_model....
 q_proj``; the mapper uses none of these names), so ``peft`` LoRA targets only what it should.
@@ -366,16 +367,19 @@ class ClipCap(nn.Module):
     def save(self, out: str | Path) -> Path:
         """Write ``lm/`` (weights + tokenizer), ``mapper.safetensors``, ``captioner.json`` and, when the encoder is
         trained, ``encoder/`` into ``out``. Reload with :meth:`from_checkpoint`."""
+        from finecap.models import lora  # LoRA adapters: base weights in lm/ and encoder/, adapters beside them
+
         out = Path(out)
         out.mkdir(parents=True, exist_ok=True)
-        self.lm.save_pretrained(out / "lm")
+        lora.save_base(self.lm, out / "lm")
         self.tokenizer.save_pretrained(out / "lm")
         state = {k: v.detach().contiguous().cpu() for k, v in self.mapper.state_dict().items()}
         save_file(state, str(out / MAPPER_WEIGHTS))
         meta = self.config_dict()
         meta["encoder_saved"] = bool(self.train_encoder and self.encoder is not None)
         if meta["encoder_saved"]:
-            self.encoder.save(out / "encoder")
+            lora.save_encoder(self.encoder, out / "encoder")
+        meta["lora"] = lora.save_adapters(self, out)
         write_json(out / CONFIG_NAME, meta)
         return out
 
@@ -415,6 +419,10 @@ class ClipCap(nn.Module):
             encoder_source=meta.get("encoder_source", ""),
         )
         model.mapper.load_state_dict(load_file(str(path / MAPPER_WEIGHTS)))
+        if meta.get("lora"):
+            from finecap.models.lora import load_adapters
+
+            load_adapters(model, path, meta["lora"])  # unmerged and trainable; finecap.models.lora.merge_lora merges
         return model
 
 

@@ -129,13 +129,15 @@ def make_accelerator(cfg: Config) -> Accelerator:
 
 
 def build_model(cfg: Config, resume_from: Path | None = None) -> torch.nn.Module:
-    """The captioner to train: ``resume_from`` (a checkpoint), else ``train.init_from``, else a fresh one."""
+    """The captioner to train: ``resume_from`` (a checkpoint), else ``train.init_from``, else a fresh one; what it
+    trains (``model.train_lm``, ``model.train_encoder``, LoRA adapters ``lora.*``) follows ``cfg``, also for a
+    checkpoint (:func:`finecap.models.lora.configure_training`)."""
     from finecap.models.clipcap import ClipCap, build_captioner
+    from finecap.models.lora import configure_training
 
     start = resume_from or cfg.train.init_from
-    if start:
-        return ClipCap.from_checkpoint(model_dir(start))
-    return build_captioner(cfg)
+    model = ClipCap.from_checkpoint(model_dir(start)) if start else build_captioner(cfg)
+    return configure_training(model, cfg)
 
 
 def train_unit(cfg: Config, objective: Any) -> str:
@@ -556,7 +558,10 @@ def train(
     progress = tqdm(total=total, initial=state.step, desc="train", disable=not accelerator.is_main_process)
     while state.step < total:
         batches = sampler.batches(state.epoch)
+        bags = sampler.bag_index(state.epoch) if hasattr(sampler, "bag_index") else None  # BagCurri bag numbers
         for batch in epoch_loader(data, batches, state, accelerator, cfg):
+            if bags is not None:  # batch["bag"] (B,): bag-mates share a number (self-retrieval distractors)
+                batch["bag"] = torch.tensor([bags[int(i)] for i in batch["index"]])
             values = train_step(model, to_device(batch, accelerator.device), objective, optimizer, scheduler,
                                 accelerator, cfg)  # fmt: skip
             logger.add(values)

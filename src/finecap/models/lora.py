@@ -1,0 +1,345 @@
+"""LoRA adapters (``peft``) on the captioner's language model and/or vision encoder: what SR-L / SR-V / SR-LV train.
+
+NDLB (Sec. 4.2) fine-tunes with self-retrieval by training ClipCap's mapper fully and GPT-2 and CLIP through LoRA
+adapters of rank 32. In finecap *whether* a part learns is ``model.train_lm`` / ``model.train_encoder``, and *how*
+is ``lora.lm`` / ``lora.encoder`` (adapters) or full fine-tuning; the mapper always learns. :func:`configure_training`
+applies this to a captioner, also one loaded from a checkpoint (``train.init_from``, ``--resume``), so the run's
+configuration, not the checkpoint's, decides what is trained.
+
+Each adapted part is wrapped in a ``peft.PeftModel`` (``model.lm``, ``model.encoder.model``); module names stay
+the checkpoint's own, so targets are plain module names:
+
+- ``lora.lm_targets`` (empty = every ``nn.Linear`` / GPT-2 ``Conv1D`` of the LM except the output head, i.e. for
+  GPT-2 ``c_attn``, ``c_proj``, ``c_fc`` of every block);
+- ``lora.encoder_targets`` (empty = every ``nn.Linear`` on the image side of the dual encoder: the vision tower and
+  the visual projection, e.g. CLIP's ``q_proj``, ``k_proj``, ``v_proj``, ``out_proj``, ``fc1``, ``fc2``,
+  ``visual_projection``). The text tower is never adapted, whatever the targets say.
+
+A target is matched as a full module name or a dot-separated suffix of one (``c_attn`` matches
+``transformer.h.0.attn.c_attn``); a target that matches nothing is an error naming the option.
+
+**Checkpoints** (:func:`save_adapters` / :func:`load_adapters`, called by ``ClipCap.save`` /
+``ClipCap.from_checkpoint``): the *base* weights go where a plain checkpoint keeps them (``lm/``, ``encoder/``;
+LoRA's ``base_layer`` names are undone, so these folders load with plain ``from_pretrained``), the adapters in
+peft's own format next to them (``lm_lora/``, ``encoder_lora/``: ``adapter_config.json`` +
+``adapter_model.safetensors``, loadable with ``PeftModel.from_pretrained(base, dir)``), and ``captioner.json``
+records them under ``"lora"``. Reloading gives the same unmerged, trainable adapters (so ``--resume`` continues
+them); :func:`merge_lora` folds them into the base weights (``merge_and_unload``) for inference or export, and
+:func:`export_merged` writes a plain checkpoint.
+
+Choices the paper leaves open: ``alpha = rank`` (scale 1) and no LoRA dropout by default, so the policy that
+REINFORCE scores is the one it sampled from; targets as above (NDLB only says "rank 32 on GPT-2 and CLIP").
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch import nn
+
+if TYPE_CHECKING:
+    from finecap.config import Config
+    from finecap.models.clipcap import ClipCap
+
+PARTS = ("lm", "encoder")
+ADAPTER_DIRS = {"lm": "lm_lora", "encoder": "encoder_lora"}
+TEXT_SIDE = ("text_model", "text_projection", "logit_scale")
+
+
+@dataclass(frozen=True)
+class LoraSpec:
+    """Adapter settings of one part. ``targets``: module names or suffixes (empty = the part's default)."""
+
+    rank: int = 32
+    alpha: float = 32.0
+    dropout: float = 0.0
+    targets: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.rank < 1:
+            raise ValueError(f"lora.rank must be >= 1, got {self.rank}")
+        if self.alpha <= 0:
+            raise ValueError(f"lora.alpha must be > 0, got {self.alpha}")
+        if not 0.0 <= self.dropout < 1.0:
+            raise ValueError(f"lora.dropout must be in [0, 1), got {self.dropout}")
+
+
+def specs_from_config(cfg: Config) -> dict[str, LoraSpec | None]:
+    """``{"lm": spec or None, "encoder": spec or None}`` from ``cfg.lora``."""
+    c = cfg.lora
+    common = dict(rank=c.rank, alpha=float(c.alpha), dropout=c.dropout)
+    return {
+        "lm": LoraSpec(**common, targets=tuple(c.lm_targets)) if c.lm else None,
+        "encoder": LoraSpec(**common, targets=tuple(c.encoder_targets)) if c.encoder else None,
+    }
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# Which modules of a part
+# --------------------------------------------------------------------------------------------------------------------
+
+
+def is_peft(module: Any) -> bool:
+    """Whether ``module`` is a ``peft.PeftModel`` (without importing peft when nothing has used it yet)."""
+    peft = sys.modules.get("peft")
+    return peft is not None and isinstance(module, peft.PeftModel)
+
+
+def _base(module: nn.Module) -> nn.Module:
+    """The model inside a ``PeftModel`` (with LoRA layers injected), or ``module`` itself."""
+    return module.get_base_model() if is_peft(module) else module
+
+
+def _part_module(model: ClipCap, part: str) -> nn.Module:
+    if part == "lm":
+        return model.lm
+    if part == "encoder":
+        if model.encoder is None:
+            raise ValueError("lora.encoder=true: this captioner has no vision encoder")
+        return model.encoder.model
+    raise ValueError(f"LoRA part must be one of {', '.join(PARTS)}, got {part!r}")
+
+
+def _set_part_module(model: ClipCap, part: str, module: nn.Module) -> None:
+    if part == "lm":
+        model.lm = module  # an existing submodule name: keeps its place, so parameter order is stable
+    else:
+        model.encoder.model = module
+
+
+def _is_linear(module: nn.Module) -> bool:
+    from transformers.pytorch_utils import Conv1D
+
+    return isinstance(module, nn.Linear | Conv1D)
+
+
+def candidate_modules(part: str, module: nn.Module) -> list[str]:
+    """Names of the modules LoRA may adapt in ``part``: linear layers of the LM except its output head, or linear
+    layers on the image side of a dual encoder (never the text tower or text projection)."""
+    base = _base(module)
+    head = base.get_output_embeddings() if part == "lm" and hasattr(base, "get_output_embeddings") else None
+    names = []
+    for name, m in base.named_modules():
+        if not _is_linear(m) or m is head or "lora_" in name:
+            continue
+        name = name.removesuffix(".base_layer")  # a layer already wrapped by LoRA keeps its own name
+        if part == "encoder" and name.split(".", 1)[0] in TEXT_SIDE:
+            continue
+        names.append(name)
+    return names
+
+
+def resolve_targets(part: str, module: nn.Module, targets: Sequence[str]) -> list[str]:
+    """Full module names adapted in ``part`` for ``targets`` (names or dot-suffixes; empty = every candidate)."""
+    candidates = candidate_modules(part, module)
+    option = f"lora.{part}_targets"
+    if not candidates:
+        raise ValueError(f"{option}: the {part} ({type(_base(module)).__name__}) has no linear layers to adapt")
+    if not targets:
+        return candidates
+    out = []
+    for target in targets:
+        hits = [n for n in candidates if n == target or n.endswith("." + target)]
+        if not hits:
+            examples = sorted({n.rsplit(".", 1)[-1] for n in candidates})
+            raise ValueError(
+                f"{option}: {target!r} matches no linear layer of the {part}; available names: {', '.join(examples)}"
+            )
+        out += [n for n in hits if n not in out]
+    return [n for n in candidates if n in out]  # module order
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# Applying, inspecting, merging
+# --------------------------------------------------------------------------------------------------------------------
+
+
+def _lora_config(part: str, module: nn.Module, spec: LoraSpec):
+    from peft import LoraConfig
+    from transformers.pytorch_utils import Conv1D
+
+    names = resolve_targets(part, module, spec.targets)
+    base = _base(module)
+    modules = dict(base.named_modules())
+    conv1d = any(isinstance(modules[n], Conv1D) for n in names)  # GPT-2 stores weights as (in, out)
+    return LoraConfig(r=spec.rank, lora_alpha=spec.alpha, lora_dropout=spec.dropout, target_modules=names,
+                      fan_in_fan_out=conv1d, bias="none")  # fmt: skip
+
+
+def apply_lora(model: ClipCap, part: str, spec: LoraSpec) -> None:
+    """Wrap ``part`` (``"lm"`` or ``"encoder"``) of ``model`` in fresh LoRA adapters (in place); only the adapters of
+    that part are then trainable. The adapter initialisation draws from torch's global RNG (LoRA's B = 0, so the
+    model's outputs are unchanged until the first update)."""
+    from peft import get_peft_model
+
+    module = _part_module(model, part)
+    if is_peft(module):
+        raise ValueError(f"the {part} already has LoRA adapters; merge them first (merge_lora)")
+    wrapped = get_peft_model(module, _lora_config(part, module, spec))
+    _set_part_module(model, part, wrapped)
+    freeze_to_adapters(wrapped)
+
+
+def freeze_to_adapters(module: nn.Module) -> None:
+    """Only the LoRA parameters of a ``PeftModel`` train; its base weights are frozen."""
+    for name, p in module.named_parameters():
+        p.requires_grad_("lora_" in name)
+
+
+def adapter_spec(model: ClipCap, part: str) -> LoraSpec | None:
+    """The settings of ``part``'s adapters (targets as full module names), or None without adapters."""
+    if part == "encoder" and model.encoder is None:
+        return None
+    module = _part_module(model, part)
+    if not is_peft(module):
+        return None
+    c = module.peft_config["default"]
+    targets = c.target_modules
+    names = sorted(targets) if isinstance(targets, set | list | tuple) else [targets]
+    return LoraSpec(rank=int(c.r), alpha=float(c.lora_alpha), dropout=float(c.lora_dropout), targets=tuple(names))
+
+
+def _same(model: ClipCap, part: str, have: LoraSpec, want: LoraSpec) -> bool:
+    module = _part_module(model, part)
+    resolved = tuple(sorted(resolve_targets(part, module, want.targets)))
+    return (have.rank, have.alpha, have.dropout, tuple(sorted(have.targets))) == (
+        want.rank, want.alpha, want.dropout, resolved,
+    )  # fmt: skip
+
+
+def merge_part(model: ClipCap, part: str) -> None:
+    """Fold ``part``'s adapters into its base weights (``merge_and_unload``), in place."""
+    module = _part_module(model, part)
+    if is_peft(module):
+        _set_part_module(model, part, module.merge_and_unload())
+
+
+def merge_lora(model: ClipCap) -> ClipCap:
+    """Fold every adapter into the base weights (in place; returns ``model``): a plain captioner with the same
+    outputs, for inference or :meth:`ClipCap.save` as a plain checkpoint. Trainability follows
+    ``model.train_lm`` / ``model.train_encoder`` again (full fine-tuning)."""
+    for part in PARTS:
+        if part == "encoder" and model.encoder is None:
+            continue
+        merge_part(model, part)
+    set_trainable(model, lm=model.train_lm, encoder=model.train_encoder)
+    return model
+
+
+def has_adapters(model: ClipCap) -> bool:
+    return any(adapter_spec(model, p) is not None for p in PARTS)
+
+
+def set_trainable(model: ClipCap, *, lm: bool, encoder: bool) -> None:
+    """Set what learns: the mapper always; the LM and encoder when asked, through their adapters when they have
+    some, else fully. Updates ``model.train_lm`` / ``model.train_encoder`` (batches then carry ``pixel_values``)."""
+    if encoder and model.encoder is None:
+        raise ValueError("model.train_encoder=true needs a captioner with a vision encoder")
+    model.train_lm, model.train_encoder = bool(lm), bool(encoder)
+    model.mapper.requires_grad_(True)
+    model.lm.requires_grad_(model.train_lm)
+    if model.train_lm and is_peft(model.lm):
+        freeze_to_adapters(model.lm)
+    if model.encoder is not None:
+        model.encoder.set_trainable(model.train_encoder)  # the text side always stays frozen
+        if model.train_encoder and is_peft(model.encoder.model):
+            freeze_to_adapters(model.encoder.model)
+    model.train(model.training)  # frozen parts back to eval mode
+
+
+def configure_training(model: ClipCap, cfg: Config) -> ClipCap:
+    """Make ``model`` train what ``cfg`` says (``model.train_lm``, ``model.train_encoder``, ``lora.*``), in place.
+
+    Adapters the model already has with the same settings are kept (``--resume``, or continuing a LoRA run);
+    adapters with other settings, or on a part now trained fully or frozen, are merged into the base weights first;
+    missing ones are created fresh.
+    """
+    wanted = specs_from_config(cfg)
+    flags = {"lm": cfg.model.train_lm, "encoder": cfg.model.train_encoder}
+    for part in PARTS:
+        if wanted[part] is not None and not flags[part]:
+            key = "model.train_lm" if part == "lm" else "model.train_encoder"
+            raise ValueError(f"lora.{part}=true trains the {part} through adapters: set {key}=true as well")
+    for part in PARTS:
+        have = adapter_spec(model, part)
+        want = wanted[part]
+        if have is not None and (want is None or not _same(model, part, have, want)):
+            merge_part(model, part)
+    for part in PARTS:
+        want = wanted[part]
+        if want is not None and adapter_spec(model, part) is None:
+            apply_lora(model, part, want)
+    set_trainable(model, lm=flags["lm"], encoder=flags["encoder"])
+    return model
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# Saving and loading (hooks of ClipCap.save / ClipCap.from_checkpoint)
+# --------------------------------------------------------------------------------------------------------------------
+
+
+def base_state_dict(module: nn.Module) -> dict[str, torch.Tensor]:
+    """The state dict of the model inside a ``PeftModel`` without adapters, under its original names."""
+    state = _base(module).state_dict()
+    return {k.replace(".base_layer.", "."): v for k, v in state.items() if "lora_" not in k}
+
+
+def save_base(module: nn.Module, out: str | Path) -> None:
+    """``save_pretrained`` of a plain model, or of the base weights of a ``PeftModel`` (loadable without peft)."""
+    if is_peft(module):
+        _base(module).save_pretrained(out, state_dict=base_state_dict(module))
+    else:
+        module.save_pretrained(out)
+
+
+def save_encoder(encoder: Any, out: str | Path) -> None:
+    """Like ``VisionEncoder.save`` (weights + image processor), writing base weights when adapters are present."""
+    out = Path(out)
+    save_base(encoder.model, out)
+    if encoder.image_processor is not None:
+        encoder.image_processor.save_pretrained(out)
+
+
+def save_adapters(model: ClipCap, out: str | Path) -> dict[str, dict[str, Any]]:
+    """Write each part's adapters in peft's format (``<out>/lm_lora``, ``<out>/encoder_lora``); returns what
+    ``captioner.json`` records under ``"lora"`` (empty without adapters)."""
+    meta: dict[str, dict[str, Any]] = {}
+    for part in PARTS:
+        spec = adapter_spec(model, part)
+        if spec is None:
+            continue
+        folder = Path(out) / ADAPTER_DIRS[part]
+        _part_module(model, part).save_pretrained(folder)
+        meta[part] = {"dir": ADAPTER_DIRS[part], "rank": spec.rank, "alpha": spec.alpha, "dropout": spec.dropout}
+    return meta
+
+
+def load_adapters(model: ClipCap, path: str | Path, meta: dict[str, dict[str, Any]] | None) -> ClipCap:
+    """Attach the adapters recorded in ``meta`` (``captioner.json``'s ``"lora"``) from checkpoint ``path``,
+    unmerged; they are trainable when their part is (``model.train_lm`` / ``model.train_encoder``)."""
+    from peft import PeftModel
+
+    for part, info in (meta or {}).items():
+        if part not in PARTS:
+            raise ValueError(f"{path}: captioner.json lists LoRA adapters of an unknown part {part!r}")
+        folder = Path(path) / info.get("dir", ADAPTER_DIRS[part])
+        if not (folder / "adapter_config.json").exists():
+            raise FileNotFoundError(f"{folder}: LoRA adapters of the {part} are missing (no adapter_config.json)")
+        module = _part_module(model, part)
+        _set_part_module(model, part, PeftModel.from_pretrained(module, str(folder), is_trainable=True))
+    set_trainable(model, lm=model.train_lm, encoder=model.train_encoder)
+    return model
+
+
+def export_merged(checkpoint: str | Path, out: str | Path) -> Path:
+    """Load a captioner checkpoint, merge its adapters and save it as a plain checkpoint in ``out``."""
+    from finecap.models.clipcap import ClipCap
+    from finecap.train.checkpoint import model_dir
+
+    model = ClipCap.from_checkpoint(model_dir(checkpoint))
+    return merge_lora(model).save(out)

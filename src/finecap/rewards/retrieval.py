@@ -1,0 +1,356 @@
+"""Self-retrieval reward (DiscriTune Sec. 3, NDLB Eq. 1): a frozen retriever scores each caption against its own
+image and a set of distractor images.
+
+For a caption ``c`` of image ``i`` with distractors ``D``, with unit-norm text and image embeddings and the
+retriever's similarity ``sim(c, i') = s * cos(c, i')`` (``s``: the retriever's ``exp(logit_scale)``, or
+``sr.logit_scale``), the reward (``sr.reward``) is
+
+- ``log_prob`` (default; DiscriTune, NDLB Eq. 1): ``sim(c, i) - log sum_{i' in D + {i}} exp(sim(c, i'))``, the
+  log-probability that the retriever picks ``i`` (<= 0; ``log(1 / (|D| + 1))`` at chance);
+- ``accuracy``: 1 if ``sim(c, i) > sim(c, i')`` for every distractor ``i'`` (strictly, as DiscriTune defines
+  retrieval; a tie is a miss), else 0;
+- ``cosine``: ``cos(c, i)`` alone, no distractors (CLIPScore-like; DiscriTune appendix B.2).
+
+All three (and the number of candidates) are returned as parts and logged (``reward/retrieval/accuracy`` is the
+training batch's R@1), whichever is the reward.
+
+Distractors (``sr.distractors``):
+
+- ``batch`` (default; DiscriTune: a batch of 100 gives 99 random distractors): the other images of the *global*
+  batch. Under ``accelerate`` with several processes, every process gathers the image rows of all processes'
+  slices (``accelerator.gather``), so the distractors do not depend on the number of processes. Only image
+  *indices* travel: embeddings come from the cache.
+- ``bag``: only the image's bag-mates, from ``batch["bag"]`` (bag numbers that the training loop attaches when
+  ``data.sampler=bagcurri``). In the random-batch epochs of a BagCurri schedule (bag size 0) each image is its
+  own bag and the other batch images are used instead. (With ``batch`` and BagCurri, the distractors are the
+  bag-mates *plus* the other bags of the batch, as NDLB trains.)
+- ``hard`` (DiscriTune D.2): the ``sr.hard_k`` training images most similar to the target under the retriever's
+  image embeddings (mined over the whole training set, the target itself excluded), plus random ones: the other
+  images of the global batch, in batch order (random batches are a random sample), skipping the mined ones, up to
+  ``|global batch| - 1`` distractors in all, as the paper keeps 99 candidates with k of them mined.
+
+``sr.duplicate_threshold`` drops every distractor (and mined candidate) whose image cosine to the target exceeds
+it, so that near-identical images (duplicates in COCO; identical scenes in the world) do not punish a correct
+caption. Images with the same image id are one candidate.
+
+Image embeddings are computed once, in :meth:`RetrievalReward.setup`, over the training records with
+:meth:`finecap.models.retriever.Retriever.image_embeddings` (cached on disk by model and data set identity) and
+looked up by image id; only the captions are encoded each step. The retriever is a separate, frozen copy
+(``load_retriever``, ``requires_grad_(False)``, eval mode), so fine-tuning the captioner's vision encoder (SR-V),
+even one loaded from the same checkpoint, never moves the scorer.
+
+Example (hand-computed; see tests/rewards/test_retrieval_reward.py)::
+
+    >>> import torch
+    >>> text = torch.tensor([[1.0, 0.0]])                  # the caption's embedding
+    >>> images = torch.tensor([[1.0, 0.0], [0.0, 1.0]])    # target, one distractor
+    >>> out = self_retrieval_scores(text, images, torch.tensor([0]), torch.ones(1, 2, dtype=torch.bool), 1.0)
+    >>> round(out["log_prob"].item(), 4)                   # 1 - log(e^1 + e^0)
+    -0.3133
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from finecap.rewards.base import RewardOutput, caption_rows
+
+if TYPE_CHECKING:
+    from finecap.config import Config
+    from finecap.objectives.base import TrainContext
+
+VARIANTS = ("log_prob", "accuracy", "cosine")
+DISTRACTORS = ("batch", "bag", "hard")
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# Pure functions (hand-tested)
+# --------------------------------------------------------------------------------------------------------------------
+
+
+def self_retrieval_scores(
+    text_emb: torch.Tensor, image_emb: torch.Tensor, target: torch.Tensor, mask: torch.Tensor, scale: float
+) -> dict[str, torch.Tensor]:
+    """Per-caption ``log_prob``, ``accuracy``, ``cosine`` and ``candidates`` (each ``(N,)``).
+
+    Args:
+        text_emb: ``(N, D)`` unit-norm caption embeddings.
+        image_emb: ``(M, D)`` unit-norm candidate image embeddings.
+        target: ``(N,)`` column of each caption's own image in ``image_emb``.
+        mask: ``(N, M)`` bool, the candidates of each caption (its target is always one).
+        scale: similarity scale ``s`` (logit scale) of the log-softmax.
+    """
+    n = text_emb.shape[0]
+    rows = torch.arange(n, device=text_emb.device)
+    cos = text_emb.float() @ image_emb.float().T  # (N, M)
+    mask = mask.clone().to(cos.device)
+    mask[rows, target] = True
+    logits = (scale * cos).masked_fill(~mask, float("-inf"))  # (N, M)
+    own = logits[rows, target]  # (N,)
+    log_prob = own - torch.logsumexp(logits, dim=1)  # (N,)
+    others = logits.clone()
+    others[rows, target] = float("-inf")
+    best_other = others.max(dim=1).values if logits.shape[1] else torch.full_like(own, float("-inf"))  # (N,)
+    return {
+        "log_prob": log_prob,
+        "accuracy": (own > best_other).float(),
+        "cosine": cos[rows, target],
+        "candidates": mask.sum(dim=1).float(),
+    }
+
+
+def mine_hard(
+    pool: torch.Tensor, targets: torch.Tensor, k: int, threshold: float | None = None, chunk: int = 256
+) -> torch.Tensor:
+    """``(U, k)`` rows of ``pool`` most similar to each of ``pool[targets]`` (best first), the target itself and
+    rows with cosine above ``threshold`` excluded; ``-1`` where fewer than ``k`` remain.
+
+    ``pool``: ``(P, D)`` unit-norm image embeddings; ``targets``: ``(U,)`` row indices.
+    """
+    k_eff = min(k, pool.shape[0])
+    out = torch.full((len(targets), k), -1, dtype=torch.long)
+    for start in range(0, len(targets), chunk):
+        t = targets[start : start + chunk].to(pool.device)
+        sims = pool[t] @ pool.T  # (u, P)
+        sims[torch.arange(len(t), device=pool.device), t] = float("-inf")
+        if threshold is not None:
+            sims = sims.masked_fill(sims > threshold, float("-inf"))
+        values, index = sims.topk(k_eff, dim=1)  # (u, k_eff)
+        index[values == float("-inf")] = -1
+        out[start : start + len(t), :k_eff] = index.cpu()
+    return out
+
+
+def candidate_mask(
+    mode: str,
+    target: torch.Tensor,
+    batch_columns: int,
+    n_columns: int,
+    *,
+    bags: torch.Tensor | None = None,
+    hard: torch.Tensor | None = None,
+    duplicates: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """``(N, M)`` bool candidates of each caption (targets included) over ``M = n_columns`` image columns whose
+    first ``batch_columns`` are the global batch's images (the rest: mined images outside the batch).
+
+    Args:
+        mode: ``batch``, ``bag`` or ``hard`` (module docstring).
+        target: ``(N,)`` column of each caption's image (a batch column).
+        bags: ``(batch_columns,)`` bag number of each batch column (``bag`` mode).
+        hard: ``(N, k)`` columns of each caption's mined distractors, ``-1`` = none (``hard`` mode).
+        duplicates: ``(N, M)`` bool, columns too similar to the caption's image (never distractors).
+    """
+    if mode not in DISTRACTORS:
+        raise ValueError(f"sr.distractors: invalid value {mode!r}; valid choices: {', '.join(DISTRACTORS)}")
+    n = len(target)
+    rows = torch.arange(n)
+    in_batch = torch.zeros(n, n_columns, dtype=torch.bool)
+    in_batch[:, :batch_columns] = True
+    allowed = in_batch.clone()
+    if duplicates is not None:
+        allowed &= ~duplicates
+    allowed[rows, target] = False  # distractors only
+    if mode == "batch":
+        mask = allowed
+    elif mode == "bag":
+        if bags is None:
+            raise ValueError("sr.distractors=bag needs bag numbers (batch['bag']): use data.sampler=bagcurri")
+        column_bags = torch.full((n_columns,), -1, dtype=torch.long)
+        column_bags[:batch_columns] = bags.long()
+        mates = allowed & (column_bags[None, :] == column_bags[target][:, None])  # (N, M)
+        lonely = ~mates.any(dim=1)  # no bag-mate (random-batch epochs): the other batch images instead
+        mask = torch.where(lonely[:, None], allowed, mates)
+    else:
+        if hard is None:
+            raise ValueError("sr.distractors=hard: the mined distractors are missing")
+        mined = torch.zeros(n, n_columns, dtype=torch.bool)
+        valid = hard >= 0
+        mined[rows[:, None].expand_as(hard)[valid], hard[valid]] = True
+        if duplicates is not None:
+            mined &= ~duplicates
+        mined[rows, target] = False
+        fill = allowed & ~mined  # in-batch random ones, in batch order
+        room = (batch_columns - 1 - mined.sum(dim=1)).clamp(min=0)  # (N,)
+        fill &= fill.long().cumsum(dim=1) <= room[:, None]
+        mask = mined | fill
+    mask = mask.clone()
+    mask[rows, target] = True
+    return mask
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# The reward
+# --------------------------------------------------------------------------------------------------------------------
+
+
+class RetrievalReward:
+    """Self-retrieval reward of each caption; see the module docstring.
+
+    Args:
+        retriever: a :class:`finecap.models.retriever.Retriever` (``embed_texts``, ``logit_scale``,
+            ``image_embeddings``); ``None``: ``load_retriever(cfg)`` in :meth:`setup`.
+        variant: ``sr.reward`` (``log_prob``, ``accuracy`` or ``cosine``).
+        distractors: ``sr.distractors`` (``batch``, ``bag`` or ``hard``).
+        hard_k: ``sr.hard_k``, mined distractors per image (``hard``).
+        duplicate_threshold: ``sr.duplicate_threshold``, image cosine above which a distractor is dropped.
+        logit_scale: similarity scale; 0 = the retriever's own.
+        image_ids, embeddings: the embedding table (``(P, D)`` unit-norm rows of the listed image ids); default: the
+            training records' embeddings, computed (or read from the cache) in :meth:`setup`.
+        accelerator: for the global batch (default: the training loop's, from :meth:`setup`).
+    """
+
+    name = "retrieval"
+
+    def __init__(
+        self,
+        retriever: Any = None,
+        *,
+        variant: str = "log_prob",
+        distractors: str = "batch",
+        hard_k: int = 5,
+        duplicate_threshold: float | None = None,
+        logit_scale: float = 0.0,
+        image_ids: Sequence[Hashable] | None = None,
+        embeddings: torch.Tensor | None = None,
+        accelerator: Any = None,
+    ) -> None:
+        if variant not in VARIANTS:
+            raise ValueError(f"sr.reward: invalid value {variant!r}; valid choices: {', '.join(VARIANTS)}")
+        if distractors not in DISTRACTORS:
+            raise ValueError(f"sr.distractors: invalid value {distractors!r}; valid choices: {', '.join(DISTRACTORS)}")
+        if hard_k < 1:
+            raise ValueError(f"sr.hard_k must be >= 1, got {hard_k}")
+        if logit_scale < 0:
+            raise ValueError(f"sr.logit_scale must be >= 0, got {logit_scale}")
+        self.variant, self.distractors, self.hard_k = variant, distractors, hard_k
+        self.duplicate_threshold, self.logit_scale = duplicate_threshold, logit_scale
+        self.accelerator = accelerator
+        self.retriever = None
+        if retriever is not None:
+            self._set_retriever(retriever)
+        self.table: torch.Tensor | None = None
+        self.mining_table: torch.Tensor | None = None  # the table on the accelerator's device (hard mining)
+        self.row_of: dict[Hashable, int] = {}
+        if embeddings is not None:
+            if image_ids is None:
+                raise ValueError("RetrievalReward: embeddings need the image_ids of their rows")
+            self.set_embeddings(image_ids, embeddings)
+
+    # ----------------------------------------------------------------------------------------------------------------
+
+    def _set_retriever(self, retriever: Any) -> None:
+        model = getattr(retriever, "model", None)
+        if isinstance(model, torch.nn.Module):  # the scorer never learns, whatever the captioner trains
+            model.requires_grad_(False)
+            model.eval()
+        self.retriever = retriever
+
+    def set_embeddings(self, image_ids: Sequence[Hashable], embeddings: torch.Tensor) -> None:
+        """Use ``embeddings`` ``(P, D)`` (L2-normalised here) as the image table, row ``j`` = ``image_ids[j]``."""
+        if len(image_ids) != embeddings.shape[0]:
+            raise ValueError(f"RetrievalReward: {len(image_ids)} image ids for {embeddings.shape[0]} embeddings")
+        self.table = torch.nn.functional.normalize(embeddings.detach().float().cpu(), dim=-1)  # (P, D)
+        self.mining_table = None
+        self.row_of = {image_id: j for j, image_id in enumerate(image_ids)}
+
+    def setup(self, ctx: TrainContext) -> None:
+        """Load the frozen retriever (``retriever.*``) and the training images' embeddings (disk-cached)."""
+        from finecap.models.retriever import load_retriever
+
+        self.accelerator = ctx.accelerator
+        if self.retriever is None:
+            self._set_retriever(load_retriever(ctx.cfg))
+        device = getattr(ctx.accelerator, "device", None)
+        if device is not None and isinstance(getattr(self.retriever, "model", None), torch.nn.Module):
+            self.retriever.model.to(device)
+        if self.table is None:
+            records = list(ctx.train_records)
+            if not records:
+                raise ValueError("rl.rewards.retrieval: the training split has no images")
+            cache = ctx.cfg.run.cache_dir or None
+            with ctx.accelerator.main_process_first():  # the main process fills the cache, the others read it
+                emb = self.retriever.image_embeddings(records, cache_dir=cache)
+            self.set_embeddings([r.image_id for r in records], emb)
+
+    @property
+    def scale(self) -> float:
+        return float(self.logit_scale) if self.logit_scale > 0 else float(self.retriever.logit_scale)
+
+    # ----------------------------------------------------------------------------------------------------------------
+
+    def _rows(self, image_ids: Sequence[Hashable]) -> torch.Tensor:
+        try:
+            return torch.tensor([self.row_of[i] for i in image_ids], dtype=torch.long)  # (B,)
+        except KeyError as e:
+            raise KeyError(
+                f"rl.rewards.retrieval: image id {e.args[0]!r} has no retriever embedding (only the training "
+                f"split's {len(self.row_of)} images are embedded)"
+            ) from None
+
+    def _gather(self, rows: torch.Tensor, bags: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Image rows (and bag numbers) of the global batch, process 0's slice first."""
+        acc = self.accelerator
+        if acc is None or acc.num_processes <= 1:
+            return rows, bags
+        local = torch.stack([rows, bags.long().cpu() if bags is not None else torch.zeros_like(rows)], dim=1)  # (B, 2)
+        local = acc.pad_across_processes(local.to(acc.device), dim=0, pad_index=-1)  # (B_max, 2)
+        every = acc.gather(local).cpu()  # (processes * B_max, 2)
+        every = every[every[:, 0] >= 0]
+        return every[:, 0], (every[:, 1] if bags is not None else None)
+
+    def __call__(self, captions: Sequence[str], batch: Mapping[str, Any]) -> RewardOutput:
+        if self.retriever is None or self.table is None:
+            raise RuntimeError("RetrievalReward: no retriever or image embeddings; call setup(ctx) first")
+        caption_row = caption_rows(captions, batch)  # (N,) batch row of each caption
+        rows = self._rows(batch["image_ids"])  # (B,) table row of each batch image
+        bags = batch.get("bag")
+        if self.distractors == "bag" and bags is None:
+            raise ValueError("sr.distractors=bag needs the batch's bag numbers: train with data.sampler=bagcurri")
+        global_rows, global_bags = self._gather(rows, bags if self.distractors == "bag" else None)
+        column_of: dict[int, int] = {}
+        column_bags = []
+        for j, r in enumerate(global_rows.tolist()):  # one column per image of the global batch
+            if r not in column_of:
+                column_of[r] = len(column_of)
+                if global_bags is not None:
+                    column_bags.append(int(global_bags[j]))
+        batch_columns = len(column_of)
+        target_rows = rows[caption_row]  # (N,)
+        hard = None
+        if self.distractors == "hard":
+            unique_rows = torch.unique(target_rows)  # (U,)
+            if self.mining_table is None:
+                device = getattr(self.accelerator, "device", None) or torch.device("cpu")
+                self.mining_table = self.table.to(device)
+            mined = mine_hard(self.mining_table, unique_rows, self.hard_k, self.duplicate_threshold)  # (U, k) rows
+            for r in mined[mined >= 0].tolist():
+                column_of.setdefault(r, len(column_of))
+            mined_columns = mined.apply_(lambda r: column_of[r] if r >= 0 else -1)  # (U, k) columns
+            where = {r: u for u, r in enumerate(unique_rows.tolist())}
+            hard = mined_columns[torch.tensor([where[r] for r in target_rows.tolist()])]  # (N, k)
+        columns = torch.tensor(list(column_of), dtype=torch.long)  # (M,) table rows
+        image_emb = self.table[columns]  # (M, D)
+        target = torch.tensor([column_of[r] for r in target_rows.tolist()], dtype=torch.long)  # (N,)
+        duplicates = None
+        if self.duplicate_threshold is not None:
+            duplicates = (image_emb[target] @ image_emb.T) > self.duplicate_threshold  # (N, M)
+        mask = candidate_mask(
+            self.distractors, target, batch_columns, len(columns),
+            bags=torch.tensor(column_bags) if column_bags else None, hard=hard, duplicates=duplicates,
+        )  # fmt: skip
+        text_emb = self.retriever.embed_texts(list(captions)).float().cpu()  # (N, D)
+        scores = self_retrieval_scores(text_emb, image_emb, target, mask, self.scale)
+        total = scores[self.variant]
+        return RewardOutput(total, {self.name: total, **scores})
+
+
+def build(cfg: Config) -> RetrievalReward:
+    """Factory of the reward registry (``rl.rewards: {retrieval: w}``) from the ``sr`` section; the retriever
+    (``retriever.*``) and the image embeddings are loaded in ``setup(ctx)``."""
+    s = cfg.sr
+    return RetrievalReward(variant=s.reward, distractors=s.distractors, hard_k=s.hard_k,
+                           duplicate_threshold=s.duplicate_threshold, logit_scale=s.logit_scale)  # fmt: skip

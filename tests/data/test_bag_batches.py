@@ -1,0 +1,154 @@
+"""Self-retrieval training on batches of whole bags (BagCurri, NDLB appendices B.2-B.3) through the training loop:
+bag numbers reach the reward, bag-mates are the sampler's bags, and the demo's `sr_bagcurri` recipe (SR-LV with
+LoRA, SR + 0.5 CIDEr-D, greedy baseline) trains on a tiny world, checkpoints its adapters and resumes exactly."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import CLIPConfig, CLIPImageProcessor, CLIPModel
+
+from finecap.config import WorldConfig, load
+from finecap.models import lora
+from finecap.models.clipcap import ClipCap
+from finecap.models.retriever import Retriever
+from finecap.models.tokenizer import world_tokenizer
+from finecap.rewards.retrieval import RetrievalReward
+from finecap.train.checkpoint import checkpoint_dir, model_dir
+from finecap.train.loop import train
+
+RECIPES = Path(__file__).resolve().parents[2] / "recipes" / "demo"
+N_TRAIN = 40
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory) -> Path:
+    from finecap.world.make import make_world
+
+    out = tmp_path_factory.mktemp("world")
+    make_world(WorldConfig(n_train=N_TRAIN, n_val=6, n_test=4, image_size=32, seed=0), out=out, progress=False)
+    return out
+
+
+@pytest.fixture(scope="module")
+def clip_dir(tmp_path_factory) -> Path:
+    """A tiny random CLIP with the world tokenizer and an image processor: captioner encoder and retriever."""
+    torch.manual_seed(0)
+    tok = world_tokenizer()
+    cfg = CLIPConfig(
+        text_config=dict(vocab_size=len(tok), hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                         num_attention_heads=2, max_position_embeddings=48, eos_token_id=tok.eos_token_id,
+                         pad_token_id=0, bos_token_id=3),
+        vision_config=dict(hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
+                           image_size=32, patch_size=16),
+        projection_dim=8,
+    )  # fmt: skip
+    processor = CLIPImageProcessor(size={"shortest_edge": 32}, crop_size={"height": 32, "width": 32})
+    out = tmp_path_factory.mktemp("clip")
+    Retriever(CLIPModel(cfg), tok, processor).save(out)
+    return out
+
+
+@pytest.fixture
+def make_cfg(world, clip_dir, tmp_path):
+    def make(*overrides: str, recipe: Path | None = None, run: str = "run"):
+        base = [
+            f"world.out={world}", f"model.encoder={clip_dir}", f"retriever.checkpoint={clip_dir}",
+            "model.tiny_layers=1", "model.tiny_hidden=32", "model.tiny_heads=2", "model.prefix_length=2",
+            f"run.dir={tmp_path / run}", f"run.cache_dir={tmp_path / 'cache'}", "train.init_from=",
+            "train.batch_size=12", "train.log_every=1", "decode.max_length=8", "eval.n_distractors=3", "eval.draws=1",
+        ]  # fmt: skip
+        return load(recipe, [*base, *overrides])
+
+    return make
+
+
+def test_bag_numbers_reach_the_reward_and_bag_mates_are_the_sampler_bags(make_cfg, monkeypatch):
+    from finecap.data.bags import BagCurriSampler, neighbour_table
+    from finecap.data.datasets import load_records
+
+    seen = []
+    original = RetrievalReward.__call__
+
+    def spy(self, captions, batch):
+        out = original(self, captions, batch)
+        seen.append((list(batch["image_ids"]), batch["bag"].tolist(), out.parts["candidates"].tolist()))
+        return out
+
+    monkeypatch.setattr(RetrievalReward, "__call__", spy)
+    # 40 images, batches of 12: epoch 0 bags of 2 (6 per batch: 4 batches), epoch 1 bags of 4 (3 per batch: 4 batches)
+    cfg = make_cfg("train.objective=reinforce", "data.sampler=bagcurri", "data.bag_schedule={1: 2, 2: 4}",
+                   "rl.rewards={retrieval: 1.0}", "rl.baseline=mean", "rl.strategy=greedy", "rl.samples=1",
+                   "sr.distractors=bag", "train.max_steps=8", "train.eval_every=100", "train.lr=1e-3")  # fmt: skip
+    train(cfg)
+    assert len(seen) == 8
+
+    records = load_records(cfg, "train")
+    sampler = BagCurriSampler(neighbour_table(cfg, records, cfg.data.bag_neighbours), 12, {1: 2, 2: 4},
+                              seed=cfg.run.seed)  # fmt: skip
+    for step, (ids, bags, candidates) in enumerate(seen):
+        size = 2 if step < 4 else 4
+        expected = {frozenset(records[i].image_id for i in bag) for bag in sampler.bags_for(size).bags}
+        groups: dict[int, list] = {}
+        for image_id, bag in zip(ids, bags):
+            groups.setdefault(bag, []).append(image_id)
+        assert all(frozenset(g) in expected for g in groups.values())  # whole bags of the sampler
+        assert candidates == [float(size)] * len(ids)  # distractors = the bag-mates only
+        assert bags == sorted(bags, key=lambda b: bags.index(b))  # bag-mates are contiguous
+    assert sum(len(ids) for ids, _, _ in seen[:4]) == N_TRAIN  # every image once in the epoch
+
+
+def test_sr_bagcurri_recipe_trains_lora_adapters_and_resumes_exactly(make_cfg):
+    # epoch 0: random batches (4 steps); epoch 1: bags of 2. Killed after step 4, resumed to step 6.
+    common = ["train.max_steps=6", "train.save_every=2", "train.eval_every=3", "data.bag_schedule={1: 0, 2: 2}",
+              "lora.rank=4", "lora.alpha=8", "train.lr=1e-3"]  # fmt: skip
+    recipe = RECIPES / "sr_bagcurri.yaml"
+    full = train(make_cfg(*common, recipe=recipe, run="full"))
+
+    events = [json.loads(line) for line in (full / "metrics.jsonl").read_text().splitlines()]
+    train_values = [e["values"] for e in events if e["split"] == "train"]
+    assert len(train_values) == 6
+    for v in train_values:
+        assert {"reward/retrieval", "reward/cider", "reward_greedy", "reward/retrieval/accuracy"} <= set(v)
+        assert torch.isfinite(torch.tensor(v["loss"]))
+    # random batches of 12 (the last has 4) then bags of 2 in batches of 12: the global batch is every distractor
+    assert [v["reward/retrieval/candidates"] for v in train_values] == [12.0, 12.0, 12.0, 4.0, 12.0, 12.0]
+    assert "r@1" in [e for e in events if e["split"] == "val"][0]["values"]
+
+    last = model_dir(checkpoint_dir(full, "last"))
+    assert (last / "lm_lora" / "adapter_model.safetensors").exists()
+    assert (last / "encoder_lora" / "adapter_model.safetensors").exists()
+    model = ClipCap.from_checkpoint(last)
+    assert lora.adapter_spec(model, "lm").rank == 4 and lora.adapter_spec(model, "encoder").rank == 4
+    assert model.train_encoder and model.train_lm
+
+    class Killed(Exception):
+        pass
+
+    def kill_at_4(state):
+        if state.step == 4:
+            raise Killed
+
+    cfg = make_cfg(*common, recipe=recipe, run="killed")
+    with pytest.raises(Killed):
+        train(cfg, callbacks=[kill_at_4])
+    resumed = train(cfg, resume=True)
+    a = ClipCap.from_checkpoint(model_dir(checkpoint_dir(full, "last"))).state_dict()
+    b = ClipCap.from_checkpoint(model_dir(checkpoint_dir(resumed, "last"))).state_dict()
+    assert a.keys() == b.keys()
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    adapters = [k for k in a if "lora_B" in k]
+    assert adapters and any(a[k].abs().sum() > 0 for k in adapters)  # the adapters learned
+
+
+def test_hard_distractors_through_the_loop(make_cfg):
+    # batches of 12: 3 mined training images + 12 - 1 - 3 = 8 batch images + the target = 12 candidates per caption
+    cfg = make_cfg("train.objective=reinforce", "rl.rewards={retrieval: 1.0}", "rl.baseline=mean",
+                   "rl.strategy=greedy", "rl.samples=1", "sr.distractors=hard", "sr.hard_k=3", "train.max_steps=2",
+                   "train.eval_every=100")  # fmt: skip
+    run = train(cfg)
+    values = [json.loads(line)["values"] for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [v["reward/retrieval/candidates"] for v in values if "reward" in v] == [12.0, 12.0]

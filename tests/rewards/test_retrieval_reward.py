@@ -1,0 +1,274 @@
+"""Self-retrieval reward: the three variants, every distractor mode, near-duplicate exclusion, the global batch under
+several processes, registry and configuration. Hand-computed with tiny 2-d embeddings (arithmetic in comments)."""
+
+import math
+
+import pytest
+import torch
+
+from finecap.config import ConfigError, load
+from finecap.rewards import WeightedSum, get_reward
+from finecap.rewards.cider import CiderReward
+from finecap.rewards.retrieval import RetrievalReward, candidate_mask, mine_hard, self_retrieval_scores
+
+# Image embeddings (unit norm) of the table; captions are written as "x y" and embedded as that vector.
+#   a = (1, 0)   b = (0, 1)   c = (0.6, 0.8)   d = (0.8, 0.6)   e = (-1, 0)
+IDS = ["a", "b", "c", "d", "e"]
+TABLE = torch.tensor([[1.0, 0.0], [0.0, 1.0], [0.6, 0.8], [0.8, 0.6], [-1.0, 0.0]])
+SCALE = 2.0  # the stand-in retriever's logit scale
+
+
+class VectorRetriever:
+    """Stand-in retriever: a caption "x y ..." embeds as (x, y) normalised (further words ignored); logit scale 2."""
+
+    logit_scale = SCALE
+
+    def __init__(self):
+        self.calls = 0
+
+    def embed_texts(self, texts):
+        self.calls += 1
+        vectors = torch.tensor([[float(v) for v in t.split()[:2]] for t in texts])
+        return torch.nn.functional.normalize(vectors, dim=-1)
+
+
+def reward(**kwargs) -> RetrievalReward:
+    return RetrievalReward(VectorRetriever(), image_ids=IDS, embeddings=TABLE, **kwargs)
+
+
+def close(values, expected):
+    return torch.allclose(torch.as_tensor(values, dtype=torch.float32), torch.as_tensor(expected), atol=1e-5)
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# The scores
+# --------------------------------------------------------------------------------------------------------------------
+
+
+def test_scores_of_the_three_variants():
+    text = torch.tensor([[1.0, 0.0], [0.6, 0.8]])
+    images = TABLE[:3]  # a, b, c
+    out = self_retrieval_scores(text, images, torch.tensor([0, 1]), torch.ones(2, 3, dtype=torch.bool), SCALE)
+    # caption 0 -> a: cos (a, b, c) = (1, 0, 0.6); logits x2 = (2, 0, 1.2)
+    #   log p = 2 - log(e^2 + e^0 + e^1.2) = 2 - log(7.389056 + 1 + 3.320117) = 2 - log(11.709173) = -0.460373
+    #   accuracy: 2 > 1.2 -> 1;  cosine: 1
+    # caption 1 -> b: cos = (0.6, 0.8, 0.6*0.6 + 0.8*0.8 = 1.0); logits = (1.2, 1.6, 2.0)
+    #   log p = 1.6 - log(3.320117 + 4.953032 + 7.389056) = 1.6 - log(15.662205) = -1.151251
+    #   accuracy: c scores 2.0 > 1.6 -> 0;  cosine: 0.8
+    assert close(out["log_prob"], [-0.460373, -1.151251])
+    assert out["accuracy"].tolist() == [1.0, 0.0]
+    assert close(out["cosine"], [1.0, 0.8])
+    assert out["candidates"].tolist() == [3.0, 3.0]
+
+
+def test_masked_candidates_ties_and_no_distractor():
+    text = torch.tensor([[1.0, 0.0], [1.0, 0.0]])
+    images = torch.tensor([[1.0, 0.0], [1.0, 0.0], [0.0, 1.0]])  # columns 0 and 1 are the same vector
+    mask = torch.tensor([[True, True, False], [True, False, False]])
+    out = self_retrieval_scores(text, images, torch.tensor([0, 0]), mask, 1.0)
+    # caption 0: candidates (0, 1), logits (1, 1): log p = 1 - log(2e) = -log 2; a tie is a miss (strict ">")
+    # caption 1: the target alone: log p = 0, accuracy 1
+    assert close(out["log_prob"], [-math.log(2.0), 0.0])
+    assert out["accuracy"].tolist() == [0.0, 1.0]
+    assert out["candidates"].tolist() == [2.0, 1.0]
+
+
+def test_mine_hard_nearest_images_without_self_and_near_duplicates():
+    # cos(a, .) = (b 0, c 0.6, d 0.8, e -1): nearest d then c;  cos(b, .) = (a 0, c 0.8, d 0.6, e 0): c then d
+    assert mine_hard(TABLE, torch.tensor([0, 1]), 2).tolist() == [[3, 2], [2, 3]]
+    # threshold 0.7 drops d for a (0.8) and c for b (0.8)
+    assert mine_hard(TABLE, torch.tensor([0, 1]), 2, threshold=0.7).tolist() == [[2, 1], [3, 0]]
+    # more than the pool: -1 where nothing is left (4 other images)
+    assert mine_hard(TABLE, torch.tensor([0]), 6).tolist() == [[3, 2, 1, 4, -1, -1]]
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# Candidate masks
+# --------------------------------------------------------------------------------------------------------------------
+
+
+def test_candidate_mask_batch_bag_and_fallback():
+    target = torch.tensor([0, 2])
+    assert candidate_mask("batch", target, 3, 3).all()
+    bags = torch.tensor([0, 0, 1, 1])
+    mask = candidate_mask("bag", target, 4, 4, bags=bags)
+    assert mask.tolist() == [[True, True, False, False], [False, False, True, True]]
+    # one bag per image (the random-batch epochs of BagCurri): no bag-mate, so the whole batch
+    alone = candidate_mask("bag", target, 4, 4, bags=torch.tensor([0, 1, 2, 3]))
+    assert alone.all()
+    with pytest.raises(ValueError, match="data.sampler=bagcurri"):
+        candidate_mask("bag", target, 4, 4)
+    with pytest.raises(ValueError, match="sr.distractors"):
+        candidate_mask("random", target, 4, 4)
+
+
+def test_candidate_mask_hard_fills_up_with_batch_images():
+    # 4 batch columns (0-3) + 2 mined outside the batch (4, 5); the target is column 0, mined: 4 and 2.
+    # distractors = mined {4, 2} + (4 - 1 - 2 = 1) batch image in batch order, skipping target and mined: column 1
+    mask = candidate_mask("hard", torch.tensor([0]), 4, 6, hard=torch.tensor([[4, 2]]))
+    assert mask.tolist() == [[True, True, True, False, True, False]]
+    # a missing mined distractor (-1) leaves room for one more batch image: columns 1 and 2
+    mask = candidate_mask("hard", torch.tensor([0]), 4, 6, hard=torch.tensor([[4, -1]]))
+    assert mask.tolist() == [[True, True, True, False, True, False]]
+
+
+def test_candidate_mask_excludes_near_duplicates_but_keeps_the_target():
+    duplicates = torch.tensor([[True, True, False]])  # columns 0 (the target itself) and 1 too similar
+    mask = candidate_mask("batch", torch.tensor([0]), 3, 3, duplicates=duplicates)
+    assert mask.tolist() == [[True, False, True]]
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# The reward on batches
+# --------------------------------------------------------------------------------------------------------------------
+
+
+def test_in_batch_distractors():
+    r = reward()
+    out = r(["1 0", "0.6 0.8", "0 1"], {"image_ids": ["a", "b", "c"]})
+    # captions 0 and 1: see test_scores_of_the_three_variants
+    # caption 2 -> c, text (0, 1): cos (a, b, c) = (0, 1, 0.8); logits (0, 2, 1.6)
+    #   log p = 1.6 - log(1 + 7.389056 + 4.953032) = 1.6 - log(13.342088) = -0.990924;  b wins -> accuracy 0
+    assert close(out.total, [-0.460373, -1.151251, -0.990924])
+    assert out.parts["accuracy"].tolist() == [1.0, 0.0, 0.0]
+    assert close(out.parts["cosine"], [1.0, 0.8, 0.8])
+    assert out.parts["candidates"].tolist() == [3.0, 3.0, 3.0]
+    assert torch.equal(out.parts["retrieval"], out.total)
+
+
+def test_variants_choose_the_total():
+    batch = {"image_ids": ["a", "b", "c"]}
+    captions = ["1 0", "0.6 0.8", "0 1"]
+    assert reward(variant="accuracy")(captions, batch).total.tolist() == [1.0, 0.0, 0.0]
+    assert close(reward(variant="cosine")(captions, batch).total, [1.0, 0.8, 0.8])
+
+
+def test_several_samples_per_image_and_duplicate_images_in_the_batch():
+    # image_index maps 4 captions to 2 rows; the batch holds image a twice (one candidate column)
+    out = reward()(["1 0", "0 1", "0 1", "1 0"], {"image_ids": ["a", "b", "a"], "image_index": [0, 0, 1, 1]})
+    # candidates a, b (logits a, b). Captions 0, 1 describe a (row 0), captions 2, 3 describe b (row 1):
+    #   "1 0" of a: (2, 0): 2 - log(e^2 + 1) = 2 - log(8.389056) = -0.126928; "0 1" of a: 0 - log(8.389056) = -2.126928
+    #   "0 1" of b: (0, 2): 2 - log(8.389056) = -0.126928;  "1 0" of b: 0 - log(8.389056) = -2.126928
+    assert close(out.total, [-0.126928, -2.126928, -0.126928, -2.126928])
+    assert out.parts["candidates"].tolist() == [2.0] * 4
+
+
+def test_hard_distractors_mined_from_the_training_images():
+    out = reward(distractors="hard", hard_k=1)(["1 0", "0 1", "-1 0"], {"image_ids": ["a", "b", "e"]})
+    # a: mined d (cos 0.8), plus 3 - 1 - 1 = 1 batch image in batch order: b.  Candidates a, d, b
+    #   text (1, 0): logits (2, 1.6, 0): 2 - log(7.389056 + 4.953032 + 1) = 2 - log(13.342088) = -0.590924
+    # b: mined c (cos 0.8), plus a.  text (0, 1): logits b 2, c 1.6, a 0: the same, -0.590924
+    # e: cos(e, .) = (a -1, b 0, c -0.6, d -0.8): mined b (in the batch), plus one batch image other than e and
+    #   b: a.  Candidates e, b, a; text (-1, 0): logits (2, 0, -2)
+    #   log p = 2 - log(e^2 + 1 + e^-2) = 2 - log(7.389056 + 1 + 0.135335) = 2 - log(8.524391) = -0.142931
+    assert close(out.total, [-0.590924, -0.590924, -0.142931])
+    assert out.parts["candidates"].tolist() == [3.0, 3.0, 3.0]
+
+
+def test_hard_distractors_skip_near_duplicates():
+    out = reward(distractors="hard", hard_k=1, duplicate_threshold=0.7)(["1 0"], {"image_ids": ["a"]})
+    # d (0.8) is a near-duplicate of a, so c (0.6) is mined; no other batch image.  logits (a 2, c 1.2)
+    #   log p = 2 - log(7.389056 + 3.320117) = 2 - log(10.709173) = -0.371101
+    assert close(out.total, [-0.371101])
+
+
+def test_in_batch_near_duplicates_are_dropped():
+    out = reward(duplicate_threshold=0.7)(["1 0"], {"image_ids": ["a", "d", "b"]})
+    # d is dropped (cos(a, d) = 0.8 > 0.7): candidates a, b, logits (2, 0): -0.126928
+    assert close(out.total, [-0.126928])
+    assert out.parts["candidates"].tolist() == [2.0]
+
+
+def test_bag_mates_only():
+    batch = {"image_ids": ["a", "b", "c", "d"], "bag": torch.tensor([0, 0, 1, 1])}
+    out = reward(distractors="bag")(["1 0", "0 1"], {**batch, "image_index": [0, 2]})
+    # a with its bag-mate b: logits (2, 0): 2 - log(8.389056) = -0.126928
+    # c with its bag-mate d, text (0, 1): cos (c 0.8, d 0.6) -> logits (1.6, 1.2)
+    #   log p = 1.6 - log(4.953032 + 3.320117) = 1.6 - log(8.273149) = -0.513015
+    assert close(out.total, [-0.126928, -0.513015])
+    with pytest.raises(ValueError, match="data.sampler=bagcurri"):
+        reward(distractors="bag")(["1 0"], {"image_ids": ["a"]})
+
+
+class TwoProcesses:
+    """Stand-in accelerator of process 0 of 2; process 1 holds ``other`` ((rows, bags) of its slice)."""
+
+    num_processes = 2
+    device = torch.device("cpu")
+
+    def __init__(self, other):
+        self.other = other
+
+    def pad_across_processes(self, tensor, dim=0, pad_index=0):
+        n = max(len(tensor), len(self.other))
+
+        def pad(t):
+            return torch.cat([t, torch.full((n - len(t), *t.shape[1:]), pad_index, dtype=t.dtype)])
+
+        self.padded_other = pad(self.other)
+        return pad(tensor)
+
+    def gather(self, tensor):
+        return torch.cat([tensor, self.padded_other])
+
+
+def test_global_batch_gathered_across_processes():
+    r = reward(accelerator=TwoProcesses(torch.tensor([[2, 0]])))  # process 1 trains on image c (table row 2)
+    out = r(["1 0", "0.6 0.8"], {"image_ids": ["a", "b"]})
+    # candidates a, b (this process) + c (the other one): the values of test_scores_of_the_three_variants
+    assert close(out.total, [-0.460373, -1.151251])
+    assert out.parts["candidates"].tolist() == [3.0, 3.0]
+    # one process alone would only see a and b: caption "0.6 0.8" -> b: logits (1.2, 1.6)
+    #   1.6 - log(3.320117 + 4.953032) = -0.513015
+    assert close(reward()(["1 0", "0.6 0.8"], {"image_ids": ["a", "b"]}).total[1:], [-0.513015])
+
+
+def test_global_bag_numbers_are_gathered_too():
+    r = reward(distractors="bag", accelerator=TwoProcesses(torch.tensor([[1, 0]])))  # process 1: b in bag 0
+    out = r(["1 0"], {"image_ids": ["a", "c"], "bag": torch.tensor([0, 1])})
+    # a's bag-mate b lives on the other process: logits (a 2, b 0) -> -0.126928
+    assert close(out.total, [-0.126928])
+
+
+def test_errors_name_the_option():
+    with pytest.raises(KeyError, match="image id 'z'"):
+        reward()(["1 0"], {"image_ids": ["z"]})
+    with pytest.raises(ValueError, match="sr.reward"):
+        RetrievalReward(variant="clipscore")
+    with pytest.raises(ValueError, match="sr.distractors"):
+        RetrievalReward(distractors="random")
+    with pytest.raises(RuntimeError, match="setup"):
+        RetrievalReward()(["1 0"], {"image_ids": ["a"]})
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# Registry, configuration, joint reward
+# --------------------------------------------------------------------------------------------------------------------
+
+
+def test_registry_builds_from_the_sr_section():
+    cfg = load(None, ["sr.reward=accuracy", "sr.distractors=hard", "sr.hard_k=3", "sr.duplicate_threshold=0.9"])
+    r = get_reward("retrieval", cfg)
+    assert isinstance(r, RetrievalReward)
+    assert (r.variant, r.distractors, r.hard_k, r.duplicate_threshold) == ("accuracy", "hard", 3, 0.9)
+
+
+@pytest.mark.parametrize(
+    "override, key",
+    [("sr.reward=clip", "sr.reward"), ("sr.hard_k=0", "sr.hard_k"), ("sr.distractors=random", "sr.distractors"),
+     ("sr.duplicate_threshold=2", "sr.duplicate_threshold")],
+)  # fmt: skip
+def test_config_checks_name_the_key(override, key):
+    with pytest.raises(ConfigError, match=key):
+        load(None, [override])
+
+
+def test_sr_plus_lambda_cider():
+    cider = CiderReward({"a": ["1 0 red circle", "a red circle"], "b": ["a blue square", "0 1 blue square"]})
+    joint = WeightedSum({"retrieval": (1.0, reward()), "cider": (0.5, cider)})
+    out = joint(["1 0 red circle", "0 1 green"], {"image_ids": ["a", "b"]})
+    # SR: the stand-in embeds the first two words; candidates a, b; logits (2, 0) for both: -0.126928
+    assert close(out.parts["retrieval"], [-0.126928, -0.126928])
+    assert out.parts["cider"][0] > 1.0  # the caption repeats a reference of a
+    assert close(out.total, out.parts["retrieval"] + 0.5 * out.parts["cider"])  # R = SR + 0.5 * CIDEr
+    assert set(out.parts) >= {"retrieval", "cider", "retrieval/accuracy", "retrieval/candidates"}

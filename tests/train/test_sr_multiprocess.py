@@ -1,0 +1,86 @@
+"""Self-retrieval under ``accelerate launch`` with 2 CPU processes: the in-batch distractors are the *global* batch.
+
+The demo's DiscriTune recipe runs on a tiny world with 2 processes of 8 images each (launched through torchrun with
+``--multi_gpu``, see tests/train/test_multiprocess.py). Every caption must be scored against all 16 images of the
+global batch, so the first step's rewards equal those of a single process training on batches of 16.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import CLIPConfig, CLIPImageProcessor, CLIPModel
+
+from finecap.config import load
+from finecap.models.retriever import Retriever
+from finecap.models.tokenizer import world_tokenizer
+from finecap.train.loop import train
+
+RECIPE = Path(__file__).resolve().parents[2] / "recipes" / "demo" / "discritune.yaml"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def clip_dir(tmp_path_factory) -> Path:
+    """A tiny random CLIP with tokenizer and image processor (captioner encoder and retriever)."""
+    torch.manual_seed(0)
+    tok = world_tokenizer()
+    cfg = CLIPConfig(
+        text_config=dict(vocab_size=len(tok), hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                         num_attention_heads=2, max_position_embeddings=48, eos_token_id=tok.eos_token_id,
+                         pad_token_id=0, bos_token_id=3),
+        vision_config=dict(hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
+                           image_size=32, patch_size=16),
+        projection_dim=8,
+    )  # fmt: skip
+    processor = CLIPImageProcessor(size={"shortest_edge": 32}, crop_size={"height": 32, "width": 32})
+    out = tmp_path_factory.mktemp("clip")
+    Retriever(CLIPModel(cfg), tok, processor).save(out)
+    return out
+
+
+def train_values(run_dir: Path) -> list[dict]:
+    events = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return [e["values"] for e in events if e["split"] == "train"]
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(torch.accelerator.is_available(), reason="the test launches CPU processes on a CPU-only machine")
+def test_in_batch_distractors_are_the_global_batch(tiny_world, clip_dir, tmp_path):
+    common = [
+        f"world.out={tiny_world}", f"model.encoder={clip_dir}", f"retriever.checkpoint={clip_dir}",
+        "model.tiny_layers=1", "model.tiny_hidden=32", "model.tiny_heads=2", "model.prefix_length=2",
+        f"run.cache_dir={tmp_path / 'cache'}", "train.init_from=", "train.max_steps=3", "train.log_every=1",
+        "train.eval_every=3", "train.lr=1e-3", "decode.max_length=8", "eval.n_distractors=3", "eval.draws=1",
+    ]  # fmt: skip
+    two = tmp_path / "two"
+    cmd = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
+           "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
+           "--main_process_port", str(free_port()), "-m", "finecap.cli", "train", str(RECIPE), *common,
+           f"run.dir={two}", "train.batch_size=8"]  # fmt: skip
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=180, env=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+
+    # 40 training images in global batches of 2 x 8 = 16: 16, 16, then the last 8 images
+    values = train_values(two)
+    assert [v["reward/retrieval/candidates"] for v in values] == [16.0, 16.0, 8.0]
+
+    one = train(load(RECIPE, [*common, f"run.dir={tmp_path / 'one'}", "train.batch_size=16"]))
+    single = train_values(one)
+    assert [v["reward/retrieval/candidates"] for v in single] == [16.0, 16.0, 8.0]
+    # same start, same global batch, greedy captions: the first step's rewards agree (each process averages its 8)
+    for key in ("reward", "reward/retrieval/accuracy", "reward/retrieval/cosine", "baseline"):
+        assert values[0][key] == pytest.approx(single[0][key], abs=1e-5), key
