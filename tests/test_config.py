@@ -80,3 +80,12 @@ def test_save_roundtrip(tmp_path):
     assert again == cfg
     assert dataclasses.asdict(again) == cfg.to_dict()
     assert isinstance(again, Config)
+
+
+def test_layers_base_recipe_over_overrides(tmp_path):
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text("train:\n  max_steps: 800\n  lr: 0.5\n")
+    cfg = load(recipe, ["train.lr=0.125"], base={"train": {"max_steps": 1, "batch_size": 7}},
+               over={"train": {"max_steps": 40}})  # fmt: skip
+    # base < recipe < over < overrides
+    assert (cfg.train.batch_size, cfg.train.max_steps, cfg.train.lr) == (7, 40, 0.125)

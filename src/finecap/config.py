@@ -334,7 +334,8 @@ class LoraConfig:
 @dataclass
 class DemoConfig:
     stages: list[str] = doc(
-        ["world", "retriever", "mle", "mle_continued", "smile", "report"], "Demo stages to run, in order."
+        ["world", "retriever", "mle", "mle_continued", "smile", "scst", "sle", "discritune", "sr_bagcurri", "report"],
+        "Demo stages to run, in order (scst_me is available too).",
     )
     quick: bool = doc(False, "Tiny settings that finish in about two minutes (used by tests).")
     force: bool = doc(False, "Re-run stages even when their outputs exist.")
@@ -509,9 +510,14 @@ def merge_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any
 
 
 def load(
-    path: str | Path | None = None, overrides: list[str] | None = None, base: dict[str, Any] | None = None
+    path: str | Path | None = None,
+    overrides: list[str] | None = None,
+    base: dict[str, Any] | None = None,
+    over: dict[str, Any] | None = None,
 ) -> Config:
-    """Load ``path`` (YAML), apply ``base`` defaults beneath it and dotlist ``overrides`` on top, validate."""
+    """Load ``path`` (YAML) and validate. Layers, lowest first: the dataclass defaults, ``base`` (settings beneath
+    the recipe), the recipe, ``over`` (settings above the recipe, e.g. the demo's ``--quick``), then the dotlist
+    ``overrides``."""
     data: dict[str, Any] = {k: dict(v) for k, v in (base or {}).items()}
     source = ""
     if path is not None:
@@ -530,6 +536,8 @@ def load(
             else:
                 data[name] = values
         source = f"{path}: "
+    for name, values in (over or {}).items():
+        data[name] = {**(data.get(name) or {}), **values}
     data = merge_overrides(data, overrides or [])
     return from_dict(data, source)
 

@@ -29,14 +29,23 @@ from finecap.utils import read_json, write_json
 RECIPES = Path(__file__).resolve().parents[2] / "recipes" / "demo"
 
 # Settings of the default demo that differ from the library defaults (beneath recipes and user overrides).
+# Test captions use beam search (beam 5), as ClipCap, DiscriTune and NDLB evaluate.
 DEFAULT: dict[str, dict[str, Any]] = {
     "world": {"out": "data/world"},
+    "decode": {"strategy": "beam", "beam_size": 5},
 }
 # --quick: a tiny world and a few steps per stage (tests use it); not meant to meet the quality bars.
 QUICK: dict[str, dict[str, Any]] = {
     "world": {"out": "data/world-quick", "n_train": 300, "n_val": 40, "n_test": 100},
     "retriever": {"epochs": 2, "batch_size": 64},
-    "train": {"max_steps": 40, "eval_every": 20, "eval_samples": 40, "warmup_steps": 5, "log_every": 10},
+    "train": {
+        "max_steps": 12,
+        "eval_every": 12,
+        "eval_samples": 40,
+        "warmup_steps": 2,
+        "log_every": 4,
+        "batch_size": 32,
+    },
     "eval": {"n_distractors": 19, "draws": 2},
 }
 # Training stages: recipe name and the stage whose best checkpoint it starts from (None = fresh model).
@@ -44,12 +53,21 @@ TRAIN_STAGES: dict[str, str | None] = {
     "mle": None,
     "mle_continued": "mle",
     "smile": "mle",
+    "scst": "mle",
+    "sle": "mle",
+    "scst_me": "mle",
+    "discritune": "mle",
+    "sr_bagcurri": "mle",
 }
+# Stages whose set-level diversity (5 captions per image, sampled and beam) is reported (exploration paper Table 4).
+DIVERSITY_STAGES = ("mle", "mle_continued", "scst", "sle", "scst_me")
+SAMPLES = 5
 # Metric groups of the demo table (finecap.evaluate names).
-REPORT_METRICS = ["length", "vocab", "faithfulness", "retrieval", "bleu", "cider"]
+REPORT_METRICS = ["length", "vocab", "faithfulness", "retrieval", "bags", "bleu", "cider"]
 # Columns of the printed table, in order (keys of finecap.evaluate's output; "RD" becomes RD{eval.n_distractors}).
-COLUMNS = ["Length", "Lexical diversity", "Vocab usage", "faith/precision", "faith/recall", "RD/R@1", "BLEU-4",
-           "CIDEr-D"]  # fmt: skip
+COLUMNS = ["Length", "Lexical diversity", "Vocab usage", "faith/precision", "faith/recall", "faith/halluc_rate",
+           "RD/R@1", "bag3/R@1", "bag5/R@1", "bag7/R@1", "BLEU-4", "CIDEr-D"]  # fmt: skip
+DIVERSITY_COLUMNS = [f"{mode}/{m}" for mode in ("sample", "beam") for m in ("CIDEr-D", "Div-1", "Div-2", "mBLEU-4")]
 
 
 @dataclass
@@ -70,8 +88,7 @@ class Demo:
         recipe = RECIPES / f"{stage}.yaml"
         if not recipe.exists():
             raise FileNotFoundError(f"demo stage {stage!r}: recipe {recipe} not found")
-        base = base_settings(self.quick)
-        cfg = load(recipe, self.items, base=base)
+        cfg = load(recipe, self.items, base=DEFAULT, over=QUICK if self.quick else None)
         init = TRAIN_STAGES[stage]
         run = dataclasses.replace(cfg.run, dir=str(self.stage_dir(stage)))
         train = cfg.train
@@ -80,17 +97,9 @@ class Demo:
         return dataclasses.replace(cfg, run=run, train=train)
 
 
-def base_settings(quick: bool) -> dict[str, dict[str, Any]]:
-    merged: dict[str, dict[str, Any]] = {k: dict(v) for k, v in DEFAULT.items()}
-    if quick:
-        for section, values in QUICK.items():
-            merged.setdefault(section, {}).update(values)
-    return merged
-
-
 def load_demo_config(recipe: str | None, items: list[str], quick: bool) -> Config:
-    """The demo's configuration: demo defaults (quick or full), an optional recipe, then the overrides."""
-    return load(recipe, items, base=base_settings(quick))
+    """The demo's configuration: demo defaults, an optional recipe, the quick settings, then the overrides."""
+    return load(recipe, items, base=DEFAULT, over=QUICK if quick else None)
 
 
 # --------------------------------------------------------------------------------------------------------------------
@@ -149,6 +158,51 @@ def caption_stage(demo: Demo, stage: str) -> Path:
     return out
 
 
+def test_bags(demo: Demo) -> dict[int, list[list[Any]]]:
+    """TrueMatch-style bags (NDLB Algorithms 1-2) of sizes ``eval.bag_sizes`` on the test split, built once."""
+    from finecap.data.truematch import main as build
+    from finecap.data.truematch import read_bags
+
+    path = demo.run_dir / "bags_test.json"
+    if not path.exists() or demo.cfg.demo.force:
+        build(demo.cfg, split="test", sizes=demo.cfg.eval.bag_sizes, out=path)
+    return read_bags(path)
+
+
+def stage_samples(demo: Demo, stage: str, mode: str) -> dict[Any, list[str]]:
+    """``SAMPLES`` captions per test image of the stage's best checkpoint: ``sample`` (T = 1) or ``beam`` (top 5)."""
+    from finecap.caption import generate_captions
+    from finecap.models.clipcap import ClipCap
+    from finecap.train.checkpoint import model_dir
+
+    path = demo.stage_dir(stage) / f"samples_test_{mode}.json"
+    if path.exists() and not demo.cfg.demo.force:
+        return {int(k) if k.isdigit() else k: v for k, v in read_json(path).items()}
+    cfg = demo.stage_config(stage)
+    settings = {"sample": {"strategy": "sample", "temperature": 1.0}, "beam": {"strategy": "beam"}}[mode]
+    decode = dataclasses.replace(cfg.decode, beam_size=SAMPLES, num_return_sequences=SAMPLES, **settings)
+    model = ClipCap.from_checkpoint(model_dir(demo.stage_dir(stage) / "checkpoints" / "best")).eval()
+    samples = generate_captions(model, cfg, "test", decode=decode)
+    write_json(path, {str(k): v for k, v in samples.items()})
+    return samples
+
+
+def diversity_metrics(demo: Demo, stage: str, references: dict[Any, list[str]]) -> dict[str, float]:
+    """Div-1, Div-2, mBLEU-4 over 5 captions per image and their mean CIDEr-D (exploration paper Sec. 3.2)."""
+    from finecap.evaluate import evaluate
+
+    out: dict[str, float] = {}
+    for mode in ("sample", "beam"):
+        samples = stage_samples(demo, stage, mode)
+        first = {i: c[0] for i, c in samples.items()}
+        out.update({f"{mode}/{k}": v for k, v in evaluate(first, references, metrics=["diversity"], samples=samples,
+                                                           cfg=demo.cfg).items()})  # fmt: skip
+        ciders = [evaluate({i: c[j] for i, c in samples.items()}, references, metrics=["cider"])["CIDEr-D"]
+                  for j in range(SAMPLES)]  # fmt: skip
+        out[f"{mode}/CIDEr-D"] = sum(ciders) / len(ciders)
+    return out
+
+
 def stage_report(demo: Demo) -> dict[str, dict[str, float]]:
     from finecap.data.datasets import load_records
     from finecap.data.formats import read_results, write_results
@@ -162,28 +216,35 @@ def stage_report(demo: Demo) -> dict[str, dict[str, float]]:
     scenes_by_imgid = load_scenes(cfg.world.out)
     scenes = {r.image_id: scenes_by_imgid[int(r.image_id)] for r in records}
     retriever = load_retriever(cfg)
-
-    rows: dict[str, dict[str, Any]] = {}
+    bags = test_bags(demo)
     # The human row: the first reference caption of each image, scored against the other four (n-gram metrics)
-    # and against the image (faithfulness, retrieval) exactly like a model's caption.
+    # and against the image (faithfulness, retrieval) exactly like a model's caption. Model rows are scored against
+    # the same four references, so every row is comparable.
     human = {r.image_id: r.captions[0] for r in records}
-    human_refs = {r.image_id: r.captions[1:] for r in records}
+    references = {r.image_id: r.captions[1:] for r in records}
+
+    def score(predictions: dict[Any, str]) -> dict[str, float]:
+        return evaluate(predictions, references, metrics=REPORT_METRICS, retriever=retriever, images=records,
+                        scenes=scenes, bags=bags, cfg=cfg)  # fmt: skip
+
     write_results(demo.run_dir / "captions" / "human.json", human)
-    rows["human"] = evaluate(human, human_refs, metrics=REPORT_METRICS, retriever=retriever, images=records,
-                             scenes=scenes, cfg=cfg)  # fmt: skip
+    rows: dict[str, dict[str, Any]] = {"human": score(human)}
     for stage in TRAIN_STAGES:
         path = demo.stage_dir(stage) / "captions_test.json"
         if not path.exists():
             continue
         predictions = read_results(path)
         write_results(demo.run_dir / "captions" / f"{stage}.json", predictions)
-        # References for n-gram metrics: the four references the human row is scored against, so the rows compare.
-        rows[stage] = evaluate(predictions, human_refs, metrics=REPORT_METRICS, retriever=retriever, images=records,
-                               scenes=scenes, cfg=cfg)  # fmt: skip
+        rows[stage] = score(predictions)
+        if stage in DIVERSITY_STAGES:
+            rows[stage].update(diversity_metrics(demo, stage, references))
     rd = f"RD{cfg.eval.n_distractors}/"
-    columns = [c.replace("RD/", rd) for c in COLUMNS]
-    columns = [c for c in columns if any(c in r for r in rows.values())]
+    columns = [c for c in (c.replace("RD/", rd) for c in COLUMNS) if any(c in r for r in rows.values())]
     table = markdown_table({k: {c: v.get(c) for c in columns} for k, v in rows.items()}, columns)
+    diversity_rows = {k: v for k, v in rows.items() if any(c in v for c in DIVERSITY_COLUMNS)}
+    if diversity_rows:
+        table += "\n\n5 captions per test image (random sampling at T = 1; the top 5 of beam search):\n\n"
+        table += markdown_table(diversity_rows, DIVERSITY_COLUMNS)
     write_json(demo.run_dir / "results.json", rows)
     (demo.run_dir / "results.md").write_text(table + "\n")
     print(table)
