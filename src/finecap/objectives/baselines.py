@@ -1,0 +1,134 @@
+"""REINFORCE baselines, usable with any reward (``rl.baseline``).
+
+A baseline is called as ``baseline(rewards, image_index, greedy) -> b`` with the (N,) rewards of the decoded
+captions, their batch rows ``image_index`` (N,) (rows of one image contiguous) and, when ``needs_greedy`` is True,
+the (B,) rewards of the greedily decoded caption of each image; it returns the (N,) values subtracted from the
+rewards. The advantage is ``rewards - b``.
+
+- ``greedy`` (SCST, Rennie et al. 2017; the sequence-level exploration paper Sec. 4.3): the reward of the image's
+  greedy caption under the current model, ``b_j = R(greedy caption of image(j))``.
+- ``mean`` (DiscriTune appendix B.1, NDLB appendix C.2): a running mean of past rewards. DiscriTune's code base
+  (EGG's ``MeanBaseline``) keeps the *cumulative mean of per-batch mean rewards*,
+  ``m_t = m_{t-1} + (mean_t - m_{t-1}) / t``, and subtracts ``m_{t-1}`` (the mean of *past* batches) before
+  updating with the current batch; ``rl.mean_momentum = mu > 0`` uses an exponential moving average
+  ``m_t = mu * m_{t-1} + (1 - mu) * mean_t`` instead. Choice made here where EGG's is arbitrary: at the very first
+  step, with no past rewards, the baseline is the current batch's mean (EGG subtracts 0, i.e. trains the first
+  step without a baseline). With several processes the batch mean is that of the global batch (sums gathered
+  across processes), so every process holds the same running mean. The state (mean, number of batches) is saved in
+  checkpoints and restored on ``--resume``.
+- ``leave_one_out``: the mean reward of the other ``s - 1`` captions of the same image,
+  ``b_j = (sum_k r_k - r_j) / (s - 1)`` (needs ``s >= 2``; unbiased since ``b_j`` does not depend on ``y_j``).
+- ``none``: ``b = 0``.
+
+Example::
+
+    >>> import torch
+    >>> rewards = torch.tensor([1.0, 2.0, 6.0])  # three captions of one image
+    >>> LeaveOneOut()(rewards, torch.tensor([0, 0, 0]), None).tolist()  # (2+6)/2, (1+6)/2, (1+2)/2
+    [4.0, 3.5, 1.5]
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+if TYPE_CHECKING:
+    from finecap.objectives.base import TrainContext
+
+BASELINES = ("greedy", "mean", "leave_one_out", "none")
+
+
+class NoBaseline:
+    """``b = 0``."""
+
+    needs_greedy = False
+
+    def __call__(self, rewards: torch.Tensor, image_index: torch.Tensor, greedy: torch.Tensor | None) -> torch.Tensor:
+        return torch.zeros_like(rewards)
+
+
+class GreedyBaseline:
+    """SCST: ``b_j`` = reward of the greedy caption of caption j's image."""
+
+    needs_greedy = True
+
+    def __call__(self, rewards: torch.Tensor, image_index: torch.Tensor, greedy: torch.Tensor | None) -> torch.Tensor:
+        if greedy is None:
+            raise ValueError("rl.baseline=greedy: the rewards of the greedy captions are missing")
+        return greedy.to(rewards.device, rewards.dtype)[image_index.to(rewards.device)]  # (N,)
+
+
+class LeaveOneOut:
+    """``b_j`` = mean reward of the other captions of the same image (every image needs >= 2 captions)."""
+
+    needs_greedy = False
+
+    def __call__(self, rewards: torch.Tensor, image_index: torch.Tensor, greedy: torch.Tensor | None) -> torch.Tensor:
+        index = image_index.to(rewards.device)
+        n_images = int(index.max()) + 1 if len(index) else 0
+        sums = torch.zeros(n_images, dtype=rewards.dtype, device=rewards.device).index_add_(0, index, rewards)
+        counts = torch.bincount(index, minlength=n_images)  # (B,)
+        if bool((counts[index] < 2).any()):
+            raise ValueError("rl.baseline=leave_one_out needs at least 2 captions per image (rl.samples >= 2)")
+        return (sums[index] - rewards) / (counts[index] - 1).to(rewards.dtype)  # (N,)
+
+
+class MeanBaseline:
+    """Running mean of past batch-mean rewards (cumulative, or exponential with ``momentum > 0``); see the module
+    docstring for the exact update."""
+
+    needs_greedy = False
+
+    def __init__(self, momentum: float = 0.0):
+        if not 0.0 <= momentum < 1.0:
+            raise ValueError(f"rl.mean_momentum must be in [0, 1), got {momentum}")
+        self.momentum = momentum
+        self.mean = 0.0
+        self.count = 0
+        self._accelerator: Any = None
+
+    def setup(self, ctx: TrainContext) -> None:
+        self._accelerator = ctx.accelerator
+
+    def _batch_mean(self, rewards: torch.Tensor) -> float:
+        """Mean reward of the (global) batch."""
+        stats = torch.stack([rewards.detach().double().sum(), torch.tensor(float(rewards.numel()), dtype=torch.float64,
+                                                                           device=rewards.device)])  # fmt: skip
+        acc = self._accelerator
+        if acc is not None and acc.num_processes > 1:
+            stats = acc.reduce(stats.to(acc.device), reduction="sum")
+        return float(stats[0] / stats[1].clamp(min=1))
+
+    def update(self, batch_mean: float) -> None:
+        self.count += 1
+        if self.momentum > 0 and self.count > 1:
+            self.mean = self.momentum * self.mean + (1.0 - self.momentum) * batch_mean
+        else:
+            self.mean += (batch_mean - self.mean) / self.count  # cumulative mean (first batch: its own mean)
+
+    def __call__(self, rewards: torch.Tensor, image_index: torch.Tensor, greedy: torch.Tensor | None) -> torch.Tensor:
+        batch_mean = self._batch_mean(rewards)
+        value = self.mean if self.count > 0 else batch_mean  # mean of *past* batches
+        self.update(batch_mean)
+        return torch.full_like(rewards, value)
+
+    def state_dict(self) -> dict[str, float | int]:
+        return {"mean": self.mean, "count": self.count}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.mean, self.count = float(state["mean"]), int(state["count"])
+
+
+def build_baseline(name: str, momentum: float = 0.0):
+    """The baseline named ``name`` (``rl.baseline``), one of :data:`BASELINES`."""
+    if name == "greedy":
+        return GreedyBaseline()
+    if name == "mean":
+        return MeanBaseline(momentum)
+    if name == "leave_one_out":
+        return LeaveOneOut()
+    if name == "none":
+        return NoBaseline()
+    raise ValueError(f"rl.baseline: invalid value {name!r}; valid choices: {', '.join(BASELINES)}")

@@ -1,0 +1,160 @@
+"""Sequence-level exploration (Chen & Jin, CVPR 2020, Eq. 8-16, Algorithm 1, Sec. 4.3): REINFORCE on
+``alpha * precision + (1 - alpha) * diversity`` (``train.objective=sle``).
+
+For each image, s captions y_1..y_s are sampled (``rl.samples``, paper: 5). Per sample j (Eq. 15-16):
+
+- **precision**: the reward ``R(y_j)`` (``rl.rewards``, paper: CIDEr-D) minus its own baseline (``rl.baseline``,
+  paper: the greedy caption's CIDEr-D), weighted by ``alpha`` (``rl.alpha``, paper: 0.75);
+- **diversity**: the reward ``r_j = (2/s) sum_k d(y_j, y_k)`` (Eq. 14-16; k runs over all s samples, and
+  ``d(y_j, y_j) = 0``) minus ``2 b`` with ``b = (1/s^2) sum_j sum_k d(y_j, y_k)`` the mean pairwise distance of the
+  image's samples (Sec. 4.3), weighted by ``1 - alpha``.
+
+The loss is ``-(1/B) sum_i (1/s) sum_j [A_prec_j + A_div_j] log p(y_j)``, returned as the two named losses
+``precision`` and ``diversity`` (weights included). Every sample gets its own diversity advantage, so the term
+distinguishes the samples of one image: those far from the others are pushed up, near-duplicates down (unlike a
+per-image diversity score shared by all samples of the image).
+
+Choices made where the paper is open, and why:
+
+- **Where the baseline goes.** Eq. 13 is two REINFORCE estimates, one for each of the two expectations; giving each
+  the baseline b yields ``(2/s^2) sum_j sum_k (d_jk - b) grad log p_j``, i.e. the advantage
+  ``(2/s) sum_k (d_jk - b) = r_j - 2b``. Sec. 4.3 states b but not the factor; subtracting b once from
+  ``r_j`` (whose mean over j is ``2b``) would leave advantages whose mean is ``+b > 0``, pushing up every sampled
+  caption and so *narrowing* the distribution, the opposite of the term's purpose. With ``r_j - 2b`` the diversity
+  advantages of an image sum to zero. ``rl.diversity_baseline=none`` uses ``r_j`` itself. Checked on world scenes
+  (tiny GPT-2 captioner, 300 steps of 32 images x 5 samples, lr 1e-4, 300 validation images): the literal
+  ``r_j - b`` form ended with the diversity of SCST (Div-2 0.31 vs 0.30, mBLEU-4 0.85 vs 0.84), while ``r_j - 2b``
+  kept part of the MLE model's diversity (Div-2 0.37, mBLEU-4 0.72; MLE: 0.62, 0.33).
+- **Distance.** The paper uses "BLEU3 + BLEU4"; a distance must grow with difference, so
+  ``d = 1 - (BLEU-3 + BLEU-4) / 2``: sentence-level BLEU (pycocoevalcap's smoothing) of one caption against the
+  other as the single reference (:func:`finecap.metrics.diversity.bleu_distance`). Sentence BLEU is not symmetric
+  (brevity penalty and precision denominators depend on the hypothesis), while Eq. 13-14 assume ``d(y, y') =
+  d(y', y)``; for an asymmetric d, Eq. 13 gives exactly the symmetrised distance ``(d(y, y') + d(y', y)) / 2``,
+  which is used. Identical captions are at distance 0 by definition (pycocoevalcap's smoothing would give two
+  identical captions shorter than 4 words a positive distance, rewarding short duplicates). Captions are
+  PTB-tokenised first, like the CIDEr-D reward.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import torch
+
+from finecap.metrics.diversity import bleu_distance
+from finecap.metrics.ptb_tokenize import tokenize
+from finecap.objectives.reinforce import Reinforce, Rollout, reinforce_kwargs
+
+if TYPE_CHECKING:
+    from finecap.config import Config
+
+DISTANCES = ("bleu34",)
+DIVERSITY_BASELINES = ("pairwise_mean", "none")
+
+
+def caption_distances(captions: Sequence[str], s: int, distance: str = "bleu34") -> torch.Tensor:
+    """Pairwise distances (B, s, s) within consecutive groups of ``s`` captions (one group per image).
+
+    ``d = 1 - (BLEU-3 + BLEU-4) / 2``, symmetrised, 0 between identical captions (module docstring).
+
+    >>> d = caption_distances(["a red circle on grass", "a red circle on grass", "two big blue squares"], 3)
+    >>> d[0].tolist()[0][:2], round(float(d[0, 0, 2]), 3)  # identical: 0; no shared 3-gram: ~1
+    ([0.0, 0.0], 1.0)
+    """
+    if distance not in DISTANCES:
+        raise ValueError(f"rl.distance: invalid value {distance!r}; valid choices: {', '.join(DISTANCES)}")
+    if s < 1 or len(captions) % s:
+        raise ValueError(f"caption_distances: {len(captions)} captions do not form groups of {s}")
+    texts = [tokenize(c) for c in captions]
+    groups = [texts[i : i + s] for i in range(0, len(texts), s)]
+    d = bleu_distance(groups, (3, 4))  # (B, s, s), asymmetric
+    d = (d + d.transpose(0, 2, 1)) / 2.0
+    same = np.array([[[a == b for b in g] for a in g] for g in groups], dtype=bool).reshape(d.shape)  # (B, s, s)
+    d[same] = 0.0
+    return torch.from_numpy(d).float()
+
+
+def diversity_rewards(d: torch.Tensor) -> torch.Tensor:
+    """Eq. 14-16: ``r_j = (2/s) sum_k d(y_j, y_k)`` per sample; d (B, s, s) -> (B, s)."""
+    s = d.shape[-1]
+    return (2.0 / s) * d.sum(dim=-1)  # (B, s)
+
+
+def diversity_advantages(d: torch.Tensor, baseline: str = "pairwise_mean") -> torch.Tensor:
+    """Diversity advantage per sample (B, s): ``(2/s) sum_k (d_jk - b)`` with ``b`` the image's mean pairwise
+    distance ``(1/s^2) sum_jk d_jk`` (``pairwise_mean``; zero-mean over an image's samples), or ``r_j`` (``none``).
+
+    >>> d = torch.tensor([[[0.0, 0.5, 1.0], [0.5, 0.0, 0.5], [1.0, 0.5, 0.0]]])
+    >>> [round(v, 4) for v in diversity_advantages(d)[0].tolist()]  # r = (2/3)(1.5, 1, 1.5), b = 4/9: r - 8/9
+    [0.1111, -0.2222, 0.1111]
+    """
+    r = diversity_rewards(d)  # (B, s)
+    if baseline == "none":
+        return r
+    if baseline == "pairwise_mean":
+        b = d.mean(dim=(-2, -1))  # (B,) = (1/s^2) sum_j sum_k d_jk
+        return r - 2.0 * b[:, None]
+    raise ValueError(
+        f"rl.diversity_baseline: invalid value {baseline!r}; valid choices: {', '.join(DIVERSITY_BASELINES)}"
+    )
+
+
+class SequenceLevelExploration(Reinforce):
+    """``objective(model, batch)``: losses ``precision`` (alpha-weighted REINFORCE of the reward with its baseline)
+    and ``diversity`` ((1 - alpha)-weighted diversity REINFORCE term); see the module docstring."""
+
+    def __init__(
+        self, *args: Any, alpha: float = 0.75, distance: str = "bleu34", diversity_baseline: str = "pairwise_mean",
+        **kwargs: Any,
+    ):  # fmt: skip
+        super().__init__(*args, **kwargs)
+        if not 0.0 <= alpha <= 1.0:
+            raise ValueError(f"rl.alpha must be in [0, 1], got {alpha}")
+        if self.strategy != "sample" or self.samples < 2:
+            raise ValueError(
+                "train.objective=sle needs rl.strategy=sample and rl.samples >= 2 (paper: 5), got "
+                f"rl.strategy={self.strategy}, rl.samples={self.samples}"
+            )
+        if distance not in DISTANCES:
+            raise ValueError(f"rl.distance: invalid value {distance!r}; valid choices: {', '.join(DISTANCES)}")
+        if diversity_baseline not in DIVERSITY_BASELINES:
+            raise ValueError(
+                f"rl.diversity_baseline: invalid value {diversity_baseline!r}; "
+                f"valid choices: {', '.join(DIVERSITY_BASELINES)}"
+            )
+        self.alpha = alpha
+        self.distance = distance
+        self.diversity_baseline = diversity_baseline
+
+    def advantages(self, rollout: Rollout, batch: dict[str, Any]) -> tuple[dict[str, torch.Tensor], dict[str, float]]:
+        gen = rollout.samples
+        s = self.samples
+        expected = torch.arange(len(gen) // s, device=gen.image_index.device).repeat_interleave(s)
+        if len(gen) % s or not torch.equal(gen.image_index, expected):
+            raise ValueError(f"sle: expected {s} contiguous samples per image from the decoder")
+        t0 = time.perf_counter()
+        d = caption_distances(gen.texts, s, self.distance)  # (B, s, s)
+        seconds = time.perf_counter() - t0
+        div = diversity_advantages(d, self.diversity_baseline).reshape(-1)  # (N,)
+        device = rollout.advantage.device
+        advantages = {
+            "precision": self.alpha * rollout.advantage,
+            "diversity": (1.0 - self.alpha) * div.to(device),
+        }
+        metrics = {
+            "diversity_reward": float(diversity_rewards(d).mean()),
+            "pairwise_distance": float(d.sum() / max(1, d.shape[0] * s * (s - 1))),  # mean over pairs j != k
+            "time/diversity": seconds,
+        }
+        return advantages, metrics
+
+
+def build(cfg: Config) -> SequenceLevelExploration:
+    """Factory of ``train.objective=sle`` (options ``rl.*``; paper: alpha 0.75, s 5, CIDEr-D, greedy baseline)."""
+    rl = cfg.rl
+    return SequenceLevelExploration(
+        **reinforce_kwargs(cfg), alpha=rl.alpha, distance=rl.distance, diversity_baseline=rl.diversity_baseline
+    )

@@ -1,0 +1,271 @@
+"""REINFORCE with pluggable rewards and baselines: SCST, DiscriTune/NDLB-style self-retrieval, SLL-ME.
+
+One step, per batch of B images (``train.objective=reinforce``, options in the ``rl`` section):
+
+1. **Roll out** (no gradient, model in eval mode): decode s = ``rl.samples`` captions per image
+   (``rl.strategy=sample`` at ``rl.temperature``; ``greedy`` or ``beam`` for s = 1), plus the greedy caption of each
+   image when the baseline needs it (``rl.baseline=greedy``).
+2. **Score**: ``R = sum_i w_i r_i`` (``rl.rewards``, see :mod:`finecap.rewards`) of every caption, and of the greedy
+   captions; every part is logged (``reward/<name>``).
+3. **Baseline** (:mod:`finecap.objectives.baselines`): ``b`` per caption; advantage ``A = R - b`` (no gradient).
+4. **Surrogate loss** (model in train mode, with gradient): ``loss = -mean_n A_n * log p(y_n | x_n)`` over the N =
+   B*s captions, i.e. ``(1/B) sum_i (1/s) sum_j`` as Eq. 15 of the sequence-level exploration paper.
+   ``log p`` is the sum of the caption's token log-probs (stop token included; ``rl.logprob=sum``, the REINFORCE
+   gradient of the sequence probability) or their mean (``rl.logprob=mean``, length-normalised). With
+   ``rl.scaled_logprob=true`` and sampling, the token log-probs are those of the temperature-scaled distribution
+   ``softmax(logits / T)`` that was sampled from (NDLB); otherwise of the model at T = 1.
+5. Optional **max-entropy** term (SLL-ME, ``rl.entropy_coef > 0`` or ``train.objective=scst_me``): the loss
+   ``entropy = -coef * mean token entropy`` (:mod:`finecap.objectives.entropy`), from the same forward pass.
+
+Losses returned: ``reinforce`` (and ``entropy``); metrics: mean reward and parts, greedy reward, baseline, advantage
+spread, sampled caption length, share of distinct captions per image, and the seconds spent decoding
+(``time/generate``) and scoring (``time/reward``).
+
+Choices the papers leave open:
+
+- Decoding runs in eval mode (no dropout) and the log-probs with gradient in train mode, as the training loop puts
+  the model in train mode. With dropout (the world-tiny GPT-2 preset has GPT-2's 0.1) the scored policy is thus the
+  dropout-perturbed one, a small mismatch that self-critical implementations sampling in train mode share the other
+  way round; the captions themselves are always drawn from the clean policy.
+- The loss is a mean over captions (not a sum), so its scale does not depend on the batch size or s.
+- Sampling uses torch's global random state (seeded per process by the loop and restored on ``--resume``).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from finecap.config import DecodeConfig
+from finecap.decode import Generation
+from finecap.objectives.base import ObjectiveOutput
+from finecap.objectives.baselines import build_baseline
+from finecap.objectives.entropy import logprobs_and_entropy, mean_entropy
+from finecap.rewards.base import RewardOutput, call_hook
+
+if TYPE_CHECKING:
+    from finecap.config import Config
+    from finecap.objectives.base import TrainContext
+    from finecap.rewards.base import Reward
+
+STRATEGIES = ("sample", "greedy", "beam")
+LOGPROBS = ("sum", "mean")
+
+
+@dataclass
+class Rollout:
+    """What one step decoded and scored (all without gradient)."""
+
+    samples: Generation  # N = B * s captions, rows of one image contiguous
+    rewards: RewardOutput  # total (N,), parts
+    baseline: torch.Tensor  # (N,)
+    greedy: Generation | None = None  # B greedy captions (baseline=greedy)
+    greedy_rewards: RewardOutput | None = None
+
+    @property
+    def advantage(self) -> torch.Tensor:
+        return self.rewards.total - self.baseline  # (N,)
+
+
+def sequence_logprob(token_logprobs: torch.Tensor, lengths: torch.Tensor, reduction: str = "sum") -> torch.Tensor:
+    """log p of each caption from its token log-probs (N, L) (0 at padding): their sum, or mean over ``lengths``.
+
+    >>> sequence_logprob(torch.tensor([[-1.0, -2.0, 0.0]]), torch.tensor([2]), "mean").tolist()
+    [-1.5]
+    """
+    total = token_logprobs.sum(dim=1)  # (N,)
+    if reduction == "sum":
+        return total
+    if reduction == "mean":
+        return total / lengths.to(total.device, total.dtype).clamp(min=1.0)
+    raise ValueError(f"rl.logprob: invalid value {reduction!r}; valid choices: {', '.join(LOGPROBS)}")
+
+
+def policy_gradient_loss(advantage: torch.Tensor, logprob: torch.Tensor) -> torch.Tensor:
+    """REINFORCE surrogate ``-mean(A * log p)``; the advantage carries no gradient. Both (N,).
+
+    >>> policy_gradient_loss(torch.tensor([2.0, -1.0]), torch.tensor([-1.0, -3.0])).item()  # -(2*-1 + -1*-3)/2
+    -0.5
+    """
+    return -(advantage.detach().to(logprob.dtype) * logprob).mean()
+
+
+def distinct_share(texts: list[str], s: int) -> float:
+    """Mean over images of (distinct captions / s), captions of one image contiguous in groups of ``s``."""
+    if s <= 1 or not texts:
+        return 1.0
+    groups = [texts[i : i + s] for i in range(0, len(texts), s)]
+    return sum(len(set(g)) / len(g) for g in groups) / len(groups)
+
+
+class Reinforce:
+    """``objective(model, batch)``: REINFORCE with a reward, a baseline and optional max-entropy term.
+
+    Args:
+        reward: ``reward(captions, batch) -> RewardOutput`` (e.g. :func:`finecap.rewards.build_reward`).
+        baseline: a baseline of :mod:`finecap.objectives.baselines`.
+        decode: base decoding settings (max length, beam size, length penalty, stop at period, chunk size).
+        samples, strategy, temperature, logprob, scaled_logprob, entropy_coef: the ``rl.*`` options of the same
+            names (see :class:`finecap.config.RLConfig`).
+    """
+
+    example_unit = "image"  # the loop trains on one example per image (each image once per epoch)
+
+    def __init__(
+        self,
+        reward: Reward,
+        baseline: Any,
+        *,
+        decode: DecodeConfig | None = None,
+        samples: int = 5,
+        strategy: str = "sample",
+        temperature: float = 1.0,
+        logprob: str = "sum",
+        scaled_logprob: bool = False,
+        entropy_coef: float = 0.0,
+    ):
+        if strategy not in STRATEGIES:
+            raise ValueError(f"rl.strategy: invalid value {strategy!r}; valid choices: {', '.join(STRATEGIES)}")
+        if logprob not in LOGPROBS:
+            raise ValueError(f"rl.logprob: invalid value {logprob!r}; valid choices: {', '.join(LOGPROBS)}")
+        if strategy != "sample" and samples != 1:
+            raise ValueError(f"rl.samples={samples}: rl.strategy={strategy} decodes one caption per image")
+        if entropy_coef < 0:
+            raise ValueError(f"rl.entropy_coef must be >= 0, got {entropy_coef}")
+        base = decode or DecodeConfig()
+        self.reward = reward
+        self.baseline = baseline
+        self.samples = samples
+        self.strategy = strategy
+        self.logprob = logprob
+        self.entropy_coef = entropy_coef
+        self.logprob_temperature = temperature if (scaled_logprob and strategy == "sample") else 1.0
+        common = dict(max_length=base.max_length, stop_at_period=base.stop_at_period, batch_size=base.batch_size)
+        self.sample_cfg = DecodeConfig(strategy=strategy, temperature=temperature, num_return_sequences=samples,
+                                       beam_size=max(base.beam_size, samples), length_penalty=base.length_penalty,
+                                       **common)  # fmt: skip
+        self.greedy_cfg = DecodeConfig(strategy="greedy", **common)
+
+    # ----------------------------------------------------------------------------------------------------------------
+    # Hooks called by the training loop
+    # ----------------------------------------------------------------------------------------------------------------
+
+    def setup(self, ctx: TrainContext) -> None:
+        call_hook(self.reward, "setup", ctx)
+        call_hook(self.baseline, "setup", ctx)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"reward": call_hook(self.reward, "state_dict"), "baseline": call_hook(self.baseline, "state_dict")}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        for key, target in (("reward", self.reward), ("baseline", self.baseline)):
+            if state.get(key) is not None:
+                call_hook(target, "load_state_dict", state[key])
+
+    # ----------------------------------------------------------------------------------------------------------------
+    # The step
+    # ----------------------------------------------------------------------------------------------------------------
+
+    def rollout(self, model: torch.nn.Module, batch: dict[str, Any]) -> tuple[Rollout, dict[str, float]]:
+        """Decode (eval mode, no gradient), score and compute the baseline; returns the rollout and timings."""
+        was_training = model.training
+        t0 = time.perf_counter()
+        model.eval()
+        try:
+            with torch.no_grad():
+                samples = model.generate(batch, self.sample_cfg)
+                greedy = model.generate(batch, self.greedy_cfg) if self.baseline.needs_greedy else None
+        finally:
+            model.train(was_training)
+        t1 = time.perf_counter()
+        rewards = self.reward(samples.texts, {**batch, "image_index": samples.image_index})
+        greedy_rewards = None
+        if greedy is not None:
+            greedy_rewards = self.reward(greedy.texts, {**batch, "image_index": greedy.image_index})
+        t2 = time.perf_counter()
+        device = samples.sequences.device
+        total = rewards.total.to(device)
+        rewards = RewardOutput(total, {k: v.to(device) for k, v in rewards.parts.items()})
+        baseline = self.baseline(
+            total, samples.image_index.to(device), greedy_rewards.total.to(device) if greedy_rewards else None
+        )  # (N,)
+        rollout = Rollout(samples, rewards, baseline.detach(), greedy, greedy_rewards)
+        return rollout, {"time/generate": t1 - t0, "time/reward": t2 - t1}
+
+    def advantages(self, rollout: Rollout, batch: dict[str, Any]) -> tuple[dict[str, torch.Tensor], dict[str, float]]:
+        """Named (N,) advantages, one loss each; subclasses add terms (sequence-level exploration)."""
+        return {"reinforce": rollout.advantage}, {}
+
+    def __call__(self, model: torch.nn.Module, batch: dict[str, Any]) -> ObjectiveOutput:
+        rollout, metrics = self.rollout(model, batch)
+        advantages, extra = self.advantages(rollout, batch)
+        gen = rollout.samples
+        features = model.image_features(batch)  # (B, D), with gradient when the encoder is trained
+        entropy = None
+        if self.entropy_coef > 0:
+            token_lp, token_h = logprobs_and_entropy(
+                model, features, gen.sequences, gen.mask, self.logprob_temperature, gen.image_index
+            )  # (N, L) each
+            entropy = mean_entropy(token_h, gen.mask.to(token_h.device))
+        else:
+            token_lp = model.sequence_logprob(
+                features, gen.sequences, gen.mask, temperature=self.logprob_temperature, image_index=gen.image_index
+            )  # (N, L)
+        logp = sequence_logprob(token_lp, gen.lengths, self.logprob)  # (N,)
+        losses = {name: policy_gradient_loss(adv.to(logp.device), logp) for name, adv in advantages.items()}
+        if entropy is not None:
+            losses["entropy"] = -self.entropy_coef * entropy
+        metrics.update(self.metrics(rollout, logp))
+        metrics.update(extra)
+        if entropy is not None:
+            metrics["entropy"] = float(entropy.detach())
+        return ObjectiveOutput(losses=losses, metrics=metrics)
+
+    def metrics(self, rollout: Rollout, logp: torch.Tensor) -> dict[str, float]:
+        r = rollout.rewards
+        out = {"reward": float(r.total.mean())}
+        out.update({f"reward/{k}": float(v.float().mean()) for k, v in r.parts.items()})
+        if rollout.greedy_rewards is not None:
+            out["reward_greedy"] = float(rollout.greedy_rewards.total.mean())
+        adv = rollout.advantage
+        out["baseline"] = float(rollout.baseline.mean())
+        out["advantage_std"] = float(adv.std()) if adv.numel() > 1 else 0.0
+        out["logprob"] = float(logp.detach().mean())
+        texts = rollout.samples.texts
+        out["sample_words"] = sum(len(t.split()) for t in texts) / max(1, len(texts))
+        if self.samples > 1:
+            out["distinct_samples"] = distinct_share(texts, self.samples)
+        return out
+
+
+def reinforce_kwargs(cfg: Config) -> dict[str, Any]:
+    """Constructor arguments of :class:`Reinforce` from ``cfg.rl`` and ``cfg.decode``."""
+    from finecap.rewards import build_reward
+
+    rl = cfg.rl
+    return dict(
+        reward=build_reward(cfg),
+        baseline=build_baseline(rl.baseline, rl.mean_momentum),
+        decode=cfg.decode,
+        samples=rl.samples,
+        strategy=rl.strategy,
+        temperature=rl.temperature,
+        logprob=rl.logprob,
+        scaled_logprob=rl.scaled_logprob,
+        entropy_coef=rl.entropy_coef,
+    )
+
+
+def build(cfg: Config) -> Reinforce:
+    """Factory of ``train.objective=reinforce`` (SCST with the defaults: CIDEr-D reward, greedy baseline)."""
+    return Reinforce(**reinforce_kwargs(cfg))
+
+
+def build_max_entropy(cfg: Config) -> Reinforce:
+    """Factory of ``train.objective=scst_me``: REINFORCE with the max-entropy term, which needs rl.entropy_coef > 0."""
+    if cfg.rl.entropy_coef <= 0:
+        raise ValueError("train.objective=scst_me needs rl.entropy_coef > 0 (the paper's SLL-ME uses 0.01)")
+    return Reinforce(**reinforce_kwargs(cfg))

@@ -1,0 +1,127 @@
+"""What a reward is, and the weighted sum of named rewards ``R = sum_i w_i * r_i``.
+
+A reward is a callable ``reward(captions, batch) -> RewardOutput(total, parts)``:
+
+- ``captions``: N generated captions (strings, as decoded by the captioner).
+- ``batch``: the training batch (see :mod:`finecap.data.datasets`: ``features`` or ``pixel_values``, ``image_ids``,
+  ``references``, ...) plus ``image_index`` (N,): caption ``n`` describes batch row ``image_index[n]`` (rows of one
+  image are contiguous when several captions are sampled per image). Without ``image_index`` caption ``n`` belongs
+  to row ``n``. :func:`caption_rows` reads it.
+- ``total``: (N,) float tensor, one reward per caption; ``parts``: named (N,) tensors that are logged separately
+  (a plain reward returns ``{name: total}``; a reward made of pieces may return each piece).
+
+Rewards that need state (CIDEr-D document frequencies, a frozen retriever, image embeddings) are classes with the
+optional hooks of objectives (:mod:`finecap.objectives.base`), which the REINFORCE objective forwards:
+
+- ``setup(ctx: TrainContext)``: once before training, with the accelerator (``ctx.accelerator.gather`` lets a reward
+  score against the *global* batch, e.g. in-batch distractors across processes), the training records, the
+  tokenizer and the run directory;
+- ``state_dict()`` / ``load_state_dict(state)``: state that must survive ``--resume``.
+
+A reward that needs every process's captions (retrieval against the global batch) must be called by every process
+at the same time, which the objective does: it scores sampled captions and, for the greedy baseline, greedy
+captions, in the same order on every process.
+
+Example::
+
+    >>> import torch
+    >>> class Length:
+    ...     def __call__(self, captions, batch):
+    ...         total = torch.tensor([float(len(c.split())) for c in captions])
+    ...         return RewardOutput(total, {"length": total})
+    >>> reward = WeightedSum({"length": (0.5, Length())})
+    >>> reward(["a red circle", "a circle"], {}).total.tolist()
+    [1.5, 1.0]
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Protocol
+
+import torch
+
+if TYPE_CHECKING:
+    from finecap.objectives.base import TrainContext
+
+
+@dataclass
+class RewardOutput:
+    """One reward per caption (``total`` (N,)) and named parts (each (N,)) that are logged separately."""
+
+    total: torch.Tensor
+    parts: dict[str, torch.Tensor] = field(default_factory=dict)
+
+
+class Reward(Protocol):
+    def __call__(self, captions: Sequence[str], batch: Mapping[str, Any]) -> RewardOutput: ...
+
+
+def caption_rows(captions: Sequence[str], batch: Mapping[str, Any]) -> torch.Tensor:
+    """(N,) long: the batch row each caption describes (``batch['image_index']``, else ``arange(N)``)."""
+    index = batch.get("image_index")
+    n = len(captions)
+    if index is None:
+        return torch.arange(n)
+    index = torch.as_tensor(index).long().cpu()
+    if index.shape != (n,):
+        raise ValueError(f"reward: batch['image_index'] has shape {tuple(index.shape)} for {n} captions")
+    return index
+
+
+def call_hook(obj: Any, hook: str, *args: Any) -> Any:
+    """Call ``obj.hook(*args)`` when ``obj`` defines it (optional setup / state hooks)."""
+    fn = getattr(obj, hook, None)
+    return fn(*args) if callable(fn) else None
+
+
+class WeightedSum:
+    """``R = sum_i w_i * r_i`` over named rewards; ``parts`` holds every reward's *unweighted* value by its name.
+
+    A component's own parts other than its name are kept as ``"<name>/<part>"``. Hooks (``setup``,
+    ``state_dict``, ``load_state_dict``) are forwarded to the components that define them.
+    """
+
+    def __init__(self, rewards: Mapping[str, tuple[float, Reward]]):
+        if not rewards:
+            raise ValueError("rl.rewards: needs at least one reward")
+        self.rewards = dict(rewards)
+
+    def setup(self, ctx: TrainContext) -> None:
+        for reward in self._components():
+            call_hook(reward, "setup", ctx)
+
+    def _components(self) -> list[Reward]:
+        return [r for _, r in self.rewards.values()]
+
+    def __call__(self, captions: Sequence[str], batch: Mapping[str, Any]) -> RewardOutput:
+        total: torch.Tensor | None = None
+        parts: dict[str, torch.Tensor] = {}
+        for name, (weight, reward) in self.rewards.items():
+            out = reward(captions, batch)
+            value = out.total.detach().float()
+            if value.shape != (len(captions),):
+                raise ValueError(f"reward {name!r} returned shape {tuple(value.shape)} for {len(captions)} captions")
+            if total is not None:
+                value = value.to(total.device)
+            total = weight * value if total is None else total + weight * value  # (N,)
+            parts[name] = value
+            for key, part in out.parts.items():
+                if key != name:
+                    parts[f"{name}/{key}"] = part.detach().float()
+        assert total is not None
+        return RewardOutput(total, parts)
+
+    def state_dict(self) -> dict[str, Any]:
+        out = {}
+        for name, (_, reward) in self.rewards.items():
+            state = call_hook(reward, "state_dict")
+            if state is not None:
+                out[name] = state
+        return out
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        for name, sub in state.items():
+            if name in self.rewards:
+                call_hook(self.rewards[name][1], "load_state_dict", sub)

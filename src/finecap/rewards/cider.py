@@ -1,0 +1,87 @@
+"""CIDEr-D reward: each caption scored against the references of its image (the SCST reward).
+
+Uses the reward form of :class:`finecap.metrics.ngram.CiderD`: reference n-gram statistics and document
+frequencies are computed once, from the *training* references (``setup(ctx)`` reads ``ctx.train_records``; N = the
+number of training images), as self-critical training does; each step then only counts the captions' n-grams.
+References and captions are tokenised with the pure-Python PTB tokenizer (:mod:`finecap.metrics.ptb_tokenize`),
+like the evaluation, so the reward is the number the evaluation reports (per caption, not corpus-averaged). The
+values are pycocoevalcap's scale (about 0-10 per caption; the papers' "CIDEr 114.6" is 100 x the mean).
+
+Example::
+
+    >>> reward = CiderReward({1: ["a red circle", "a small red circle"], 2: ["a blue square"]})
+    >>> out = reward(["a red circle", "a square"], {"image_ids": [1, 2]})
+    >>> [round(v, 3) for v in out.total.tolist()]  # pycocoevalcap's Cider gives the same per-image scores
+    [5.26, 1.743]
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from finecap.metrics.ngram import CiderD
+from finecap.metrics.ptb_tokenize import tokenize
+from finecap.rewards.base import RewardOutput, caption_rows
+
+if TYPE_CHECKING:
+    from finecap.objectives.base import TrainContext
+
+
+class CiderReward:
+    """CIDEr-D of each caption against its image's references; document frequencies from a fixed corpus.
+
+    Args:
+        references: ``{image_id: [reference captions]}``; when ``None`` they are read in :meth:`setup` from the
+            training records (the training loop calls it once).
+        tokenize_text: PTB-tokenise references and captions (lower-case, punctuation removed) before scoring.
+        sigma: CIDEr-D length-penalty width (6, as pycocoevalcap).
+    """
+
+    name = "cider"
+
+    def __init__(
+        self,
+        references: Mapping[Hashable, Sequence[str]] | None = None,
+        *,
+        tokenize_text: bool = True,
+        sigma: float = 6.0,
+    ):
+        self.tokenize_text = tokenize_text
+        self.sigma = sigma
+        self.scorer: CiderD | None = None
+        if references is not None:
+            self._build(references)
+
+    def _build(self, references: Mapping[Hashable, Sequence[str]]) -> None:
+        if self.tokenize_text:
+            references = {i: [tokenize(c) for c in refs] for i, refs in references.items()}
+        self.scorer = CiderD(references, sigma=self.sigma)
+
+    def setup(self, ctx: TrainContext) -> None:
+        """Reference statistics and document frequencies from the training records (once)."""
+        if self.scorer is not None:
+            return
+        refs: dict[Hashable, list[str]] = {}
+        for record in ctx.train_records:
+            refs.setdefault(record.image_id, []).extend(record.captions)
+        if not refs:
+            raise ValueError("rl.rewards.cider: the training split has no records with references")
+        self._build(refs)
+
+    def __call__(self, captions: Sequence[str], batch: Mapping[str, Any]) -> RewardOutput:
+        if self.scorer is None:
+            raise RuntimeError("CiderReward: no references; pass them to the constructor or call setup(ctx) first")
+        rows = caption_rows(captions, batch).tolist()
+        ids = batch["image_ids"]
+        texts = [tokenize(c) for c in captions] if self.tokenize_text else list(captions)
+        scores = self.scorer.score(texts, [ids[r] for r in rows])  # (N,) float64
+        total = torch.from_numpy(scores).float()  # (N,)
+        return RewardOutput(total, {self.name: total})
+
+
+def build(cfg: Any = None) -> CiderReward:
+    """Factory of the reward registry (``rl.rewards: {cider: w}``); references come from ``setup(ctx)``."""
+    return CiderReward()

@@ -1,0 +1,199 @@
+"""Sequence-level exploration: the BLEU-3/4 distance, diversity rewards and their baseline (Eq. 14-16, Sec. 4.3), the
+two-term surrogate loss with a stand-in model (hand-computed), configuration, and a tiny-ClipCap smoke test."""
+
+import math
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from finecap.config import load
+from finecap.decode import Generation
+from finecap.models.clipcap import ClipCap
+from finecap.models.presets import build_world_lm
+from finecap.objectives import get_objective
+from finecap.objectives.baselines import GreedyBaseline, NoBaseline
+from finecap.objectives.exploration import (
+    SequenceLevelExploration,
+    caption_distances,
+    diversity_advantages,
+    diversity_rewards,
+)
+from finecap.rewards import RewardOutput
+
+# --------------------------------------------------------------------------------------------------------------------
+# Distance
+# --------------------------------------------------------------------------------------------------------------------
+
+
+def test_distance_of_equal_length_captions():
+    # "a b c d" vs "a b c e" (either way round, same lengths so symmetric; brevity penalty 1):
+    #   precisions 1..3: 3/4, 2/3, 1/2 -> BLEU-3 = (3/4 * 2/3 * 1/2)^(1/3) = (1/4)^(1/3) = 0.629961
+    #   no shared 4-gram: p4 = (0 + 1e-15) / (1 + 1e-9) -> BLEU-4 = (1/4 * 1e-15)^(1/4) = 0.000126
+    #   d = 1 - (0.629961 + 0.000126) / 2 = 0.684957
+    d = caption_distances(["a b c d", "a b c e"], 2)
+    expected = 1 - ((1 / 4) ** (1 / 3) + (1 / 4 * 1e-15) ** (1 / 4)) / 2
+    assert d.shape == (1, 2, 2)
+    assert d[0, 0, 1].item() == pytest.approx(expected, abs=1e-6)
+    assert d[0, 1, 0].item() == pytest.approx(expected, abs=1e-6)
+    assert d[0, 0, 0].item() == 0.0 and d[0, 1, 1].item() == 0.0
+
+
+def test_distance_is_symmetrised():
+    # hypothesis "a b c d" vs reference "a b c d e": all precisions 1, brevity penalty exp(1 - 5/4) = exp(-0.25)
+    #   d(1, 2) = 1 - exp(-0.25) = 0.221199
+    # hypothesis "a b c d e" vs reference "a b c d": precisions 4/5, 3/4, 2/3, 1/2, no penalty
+    #   BLEU-3 = (4/5 * 3/4 * 2/3)^(1/3) = 0.4^(1/3) = 0.736806; BLEU-4 = (0.4 * 1/2)^(1/4) = 0.2^(1/4) = 0.668740
+    #   d(2, 1) = 1 - (0.736806 + 0.668740) / 2 = 0.297227
+    # symmetrised: (0.221199 + 0.297227) / 2 = 0.259213
+    d12 = 1 - math.exp(-0.25)
+    d21 = 1 - (0.4 ** (1 / 3) + 0.2**0.25) / 2
+    d = caption_distances(["a b c d", "a b c d e"], 2)
+    assert d[0, 0, 1].item() == pytest.approx((d12 + d21) / 2, abs=1e-6)
+    assert d[0, 1, 0].item() == d[0, 0, 1].item()
+
+
+def test_identical_captions_are_at_distance_zero_even_when_short():
+    # pycocoevalcap's smoothing gives "a b" vs itself BLEU-3 = (1 * 1 * 1e-6)^(1/3) = 0.01, i.e. d ~ 0.99;
+    # identical captions are at distance 0 by definition. "b a" shares no bigram with "a b": d ~ 1.
+    d = caption_distances(["a b", "a b", "b a"], 3)[0]
+    assert d[0, 1].item() == 0.0
+    assert d[0, 2].item() == pytest.approx(1.0, abs=1e-3)
+
+
+def test_distances_are_per_image_group():
+    d = caption_distances(["a b c d", "a b c d", "e f g h", "e f g h"], 2)
+    assert d.shape == (2, 2, 2)
+    assert d.abs().max().item() == 0.0  # each image's two captions are identical; across images is never compared
+    with pytest.raises(ValueError, match="groups of 2"):
+        caption_distances(["a", "b", "c"], 2)
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# Diversity rewards and baseline
+# --------------------------------------------------------------------------------------------------------------------
+
+DIST = torch.tensor([[[0.0, 0.5, 1.0], [0.5, 0.0, 0.5], [1.0, 0.5, 0.0]]])  # one image, s = 3
+
+
+def test_diversity_reward_eq_14():
+    # r_j = (2/s) sum_k d_jk = (2/3) * (1.5, 1.0, 1.5) = (1, 2/3, 1)
+    assert diversity_rewards(DIST)[0].tolist() == pytest.approx([1.0, 2 / 3, 1.0])
+
+
+def test_diversity_baseline_inside_the_sum_gives_zero_mean_advantages():
+    # b = (1/s^2) sum_jk d_jk = 4/9; advantage = (2/s) sum_k (d_jk - b) = r_j - 2b = r_j - 8/9
+    #   = (1/9, -2/9, 1/9), summing to 0
+    adv = diversity_advantages(DIST, "pairwise_mean")[0]
+    assert adv.tolist() == pytest.approx([1 / 9, -2 / 9, 1 / 9])
+    assert adv.sum().item() == pytest.approx(0.0, abs=1e-7)
+    assert diversity_advantages(DIST, "none")[0].tolist() == pytest.approx([1.0, 2 / 3, 1.0])
+    with pytest.raises(ValueError, match="pairwise_mean, none"):
+        diversity_advantages(DIST, "outside")
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# The two-term surrogate loss
+# --------------------------------------------------------------------------------------------------------------------
+
+
+class TableReward:
+    def __init__(self, table):
+        self.table = table
+
+    def __call__(self, captions, batch):
+        total = torch.tensor([self.table[c] for c in captions])
+        return RewardOutput(total, {"table": total})
+
+
+class StandIn(torch.nn.Module):
+    """One image, three fixed samples, fixed token log-probs; greedy caption "a b c d"."""
+
+    def __init__(self, texts, token_logprobs, lengths):
+        super().__init__()
+        self.lp = torch.nn.Parameter(torch.tensor(token_logprobs))
+        self.texts, self.lengths = texts, lengths
+
+    def generate(self, batch, cfg):
+        greedy = cfg.strategy == "greedy"
+        texts = ["a b c d"] if greedy else self.texts
+        L = self.lp.shape[1]
+        return Generation(
+            sequences=torch.ones(len(texts), L, dtype=torch.long),
+            token_logprobs=torch.zeros(len(texts), L),
+            lengths=torch.tensor([1] if greedy else self.lengths),
+            image_index=torch.zeros(len(texts), dtype=torch.long),
+            scores=torch.zeros(len(texts)),
+            texts=list(texts),
+        )
+
+    def image_features(self, batch):
+        return batch["features"]
+
+    def sequence_logprob(self, features, sequences, mask, temperature=1.0, image_index=None):
+        return self.lp * mask
+
+
+def test_surrogate_loss_eq_15_16_with_baselines():
+    texts = ["a b c d", "a b c d", "e f g h"]
+    model = StandIn(texts, [[-1.0, 0.0], [-1.0, -1.0], [-2.0, -2.0]], [1, 2, 2])  # log p = (-1, -2, -4)
+    objective = SequenceLevelExploration(
+        TableReward({"a b c d": 1.0, "e f g h": 0.4}), GreedyBaseline(), samples=3, alpha=0.75
+    )
+    out = objective(model, {"features": torch.zeros(1, 2), "image_ids": [7]})
+    # precision: R = (1, 1, 0.4), greedy baseline R("a b c d") = 1 -> A = (0, 0, -0.6); times alpha: (0, 0, -0.45)
+    #   loss = -(0*-1 + 0*-2 + -0.45*-4) / 3 = -1.8/3 = -0.6
+    assert out.losses["precision"].item() == pytest.approx(-0.6)
+    # distances: d12 = 0 (identical), d13 = d23 = 1 (no shared n-gram; up to smoothing ~1e-5)
+    #   r = (2/3)(1, 1, 2) = (2/3, 2/3, 4/3); b = 4/9 -> A = r - 8/9 = (-2/9, -2/9, 4/9); times 0.25:
+    #   (-1/18, -1/18, 1/9); loss = -((-1/18)(-1) + (-1/18)(-2) + (1/9)(-4)) / 3 = -(1/18 + 2/18 - 8/18)/3 = 5/54
+    assert out.losses["diversity"].item() == pytest.approx(5 / 54, abs=1e-5)
+    assert out.metrics["diversity_reward"] == pytest.approx(8 / 9, abs=1e-5)  # mean of r = 2b
+    assert out.metrics["pairwise_distance"] == pytest.approx(4 / 6, abs=1e-5)  # mean over the 6 pairs j != k
+    assert out.metrics["distinct_samples"] == pytest.approx(2 / 3)
+    assert set(out.losses) == {"precision", "diversity"}
+
+
+def test_alpha_one_is_plain_reinforce():
+    texts = ["a b c d", "a b c d", "e f g h"]
+    model = StandIn(texts, [[-1.0, 0.0], [-1.0, -1.0], [-2.0, -2.0]], [1, 2, 2])
+    objective = SequenceLevelExploration(TableReward({"a b c d": 1.0, "e f g h": 0.4}), NoBaseline(), samples=3,
+                                         alpha=1.0)  # fmt: skip
+    out = objective(model, {"features": torch.zeros(1, 2), "image_ids": [7]})
+    # -(1*-1 + 1*-2 + 0.4*-4) / 3 = 4.6/3; the diversity term has weight 0
+    assert out.losses["precision"].item() == pytest.approx(4.6 / 3)
+    assert out.losses["diversity"].item() == 0.0
+
+
+def test_sle_from_config_and_checks():
+    objective = get_objective("sle", load())
+    assert isinstance(objective, SequenceLevelExploration)
+    assert objective.alpha == 0.75 and objective.samples == 5 and isinstance(objective.baseline, GreedyBaseline)
+    with pytest.raises(ValueError, match="rl.samples >= 2"):
+        get_objective("sle", load(None, ["rl.samples=1"]))
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# Smoke test
+# --------------------------------------------------------------------------------------------------------------------
+
+
+def test_smoke_sle_on_tiny_clipcap():
+    torch.manual_seed(0)
+    lm, tok = build_world_lm(layers=2, hidden=32, heads=2)
+    model = ClipCap(lm, tok, 16, prefix_length=4).train()
+    refs = {0: ["a red circle on grass", "a small red circle"], 1: ["a blue square", "a big blue square on sand"]}
+    batch = {"features": torch.randn(2, 16), "image_ids": [0, 1]}
+    objective = get_objective("sle", load(None, ["rl.samples=3", "decode.max_length=8"]))
+    records = [SimpleNamespace(image_id=i, captions=c) for i, c in refs.items()]
+    objective.setup(SimpleNamespace(train_records=records, accelerator=None))
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    before = [p.detach().clone() for p in model.parameters()]
+    for _ in range(2):
+        out = objective(model, batch)
+        loss = sum(out.losses.values())
+        assert torch.isfinite(loss)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    assert all(not torch.equal(a, b) for a, b in zip(before, model.parameters()))

@@ -1,0 +1,333 @@
+"""REINFORCE: surrogate loss, log-prob conventions, baselines, max-entropy term (hand-computed values with a stand-in
+model), configuration, and a smoke test on a tiny ClipCap with the CIDEr-D reward."""
+
+import math
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from finecap.config import ConfigError, DecodeConfig, load
+from finecap.decode import Generation
+from finecap.models.clipcap import ClipCap
+from finecap.models.presets import build_world_lm
+from finecap.objectives import get_objective
+from finecap.objectives.baselines import GreedyBaseline, LeaveOneOut, MeanBaseline, NoBaseline, build_baseline
+from finecap.objectives.entropy import logprobs_and_entropy, mean_entropy, token_entropy
+from finecap.objectives.reinforce import Reinforce, sequence_logprob
+from finecap.rewards import RewardOutput, WeightedSum, caption_rows
+
+# --------------------------------------------------------------------------------------------------------------------
+# Stand-ins
+# --------------------------------------------------------------------------------------------------------------------
+
+
+class TableReward:
+    """Reward looked up by caption text."""
+
+    def __init__(self, table):
+        self.table = table
+        self.seen = []
+
+    def __call__(self, captions, batch):
+        self.seen.append((list(captions), caption_rows(captions, batch).tolist()))
+        total = torch.tensor([self.table[c] for c in captions])
+        return RewardOutput(total, {"table": total})
+
+
+class StandIn(torch.nn.Module):
+    """Decodes fixed captions; ``sequence_logprob`` returns a fixed (N, L) parameter (0 at padding), so the loss and
+    its gradient are known. Records the mode and gradient state of every call."""
+
+    def __init__(self, texts, token_logprobs, lengths, samples, greedy_texts=None):
+        super().__init__()
+        self.lp = torch.nn.Parameter(torch.tensor(token_logprobs))
+        self.texts, self.lengths, self.samples, self.greedy_texts = texts, lengths, samples, greedy_texts
+        self.calls = []
+
+    def _gen(self, texts, lengths, n, B):
+        L = self.lp.shape[1]
+        return Generation(
+            sequences=torch.ones(len(texts), L, dtype=torch.long),
+            token_logprobs=torch.zeros(len(texts), L),
+            lengths=torch.tensor(lengths),
+            image_index=torch.arange(B).repeat_interleave(n),
+            scores=torch.zeros(len(texts)),
+            texts=list(texts),
+        )
+
+    def generate(self, batch, cfg):
+        self.calls.append(("generate", cfg.strategy, self.training, torch.is_grad_enabled()))
+        B = batch["features"].shape[0]
+        if cfg.strategy == "greedy" and self.samples != 1:
+            return self._gen(self.greedy_texts, [1] * B, 1, B)
+        assert cfg.num_return_sequences == self.samples
+        return self._gen(self.texts, self.lengths, self.samples, B)
+
+    def image_features(self, batch):
+        return batch["features"]
+
+    def sequence_logprob(self, features, sequences, mask, temperature=1.0, image_index=None):
+        self.calls.append(("logprob", temperature, self.training))
+        return self.lp * mask
+
+
+# Two images, two samples each. Token log-probs (0 at padding) and lengths:
+#   sample 0: (-1, -1, 0)     length 2  sum -2   mean -1
+#   sample 1: (-2, 0, 0)      length 1  sum -2   mean -2
+#   sample 2: (-.5, -.5, -.5) length 3  sum -1.5 mean -0.5
+#   sample 3: (-3, 0, 0)      length 1  sum -3   mean -3
+TEXTS = ["a", "b", "c", "d"]
+LOGPROBS = [[-1.0, -1.0, 0.0], [-2.0, 0.0, 0.0], [-0.5, -0.5, -0.5], [-3.0, 0.0, 0.0]]
+LENGTHS = [2, 1, 3, 1]
+REWARDS = {"a": 1.0, "b": 3.0, "c": 2.0, "d": 2.0, "g0": 2.0, "g1": 1.0}
+BATCH = {"features": torch.zeros(2, 3), "image_ids": [10, 11]}
+
+
+def run(baseline, *, logprob="sum", **kw):
+    model = StandIn(TEXTS, LOGPROBS, LENGTHS, 2, greedy_texts=["g0", "g1"]).train()
+    reward = WeightedSum({"table": (1.0, TableReward(REWARDS))})
+    objective = Reinforce(reward, baseline, samples=2, logprob=logprob, **kw)
+    out = objective(model, BATCH)
+    return model, out
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# Surrogate loss and log-prob conventions
+# --------------------------------------------------------------------------------------------------------------------
+
+
+def test_surrogate_loss_without_baseline_and_its_gradient():
+    model, out = run(NoBaseline())
+    # A = R = (1, 3, 2, 2); log p = sums (-2, -2, -1.5, -3)
+    # loss = -(1*-2 + 3*-2 + 2*-1.5 + 2*-3) / 4 = -(-2 - 6 - 3 - 6) / 4 = 17/4
+    assert out.losses["reinforce"].item() == pytest.approx(4.25)
+    out.losses["reinforce"].backward()
+    # d loss / d lp[n, t] = -A_n / N on real tokens, 0 on padding
+    expected = torch.tensor([[-0.25, -0.25, 0.0], [-0.75, 0.0, 0.0], [-0.5, -0.5, -0.5], [-0.5, 0.0, 0.0]])
+    assert torch.allclose(model.lp.grad, expected)
+    assert out.metrics["reward"] == pytest.approx(2.0)  # (1 + 3 + 2 + 2) / 4
+    assert out.metrics["reward/table"] == pytest.approx(2.0)
+    assert out.metrics["baseline"] == 0.0
+    assert out.metrics["logprob"] == pytest.approx(-2.125)  # (-2 - 2 - 1.5 - 3) / 4
+    assert out.metrics["distinct_samples"] == 1.0
+    assert set(out.losses) == {"reinforce"}
+
+
+def test_length_normalised_logprob():
+    _, out = run(NoBaseline(), logprob="mean")
+    # log p = means (-1, -2, -0.5, -3): loss = -(1*-1 + 3*-2 + 2*-0.5 + 2*-3) / 4 = -(-1 - 6 - 1 - 6) / 4 = 14/4
+    assert out.losses["reinforce"].item() == pytest.approx(3.5)
+    assert sequence_logprob(torch.tensor(LOGPROBS), torch.tensor(LENGTHS), "mean").tolist() == [-1, -2, -0.5, -3]
+
+
+def test_decoding_without_gradient_in_eval_mode_then_logprob_in_train_mode():
+    model, _ = run(GreedyBaseline(), temperature=0.3)
+    assert model.calls[0] == ("generate", "sample", False, False)
+    assert model.calls[1] == ("generate", "greedy", False, False)
+    assert model.calls[2] == ("logprob", 1.0, True)  # log-probs of the untempered model by default
+    assert model.training
+
+
+def test_scaled_logprob_uses_the_sampling_temperature():
+    model, _ = run(NoBaseline(), temperature=0.3, scaled_logprob=True)
+    assert model.calls[-1] == ("logprob", 0.3, True)
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# Baselines
+# --------------------------------------------------------------------------------------------------------------------
+
+
+def test_greedy_baseline_scst():
+    _, out = run(GreedyBaseline())
+    # greedy rewards per image (g0 = 2, g1 = 1) -> b = (2, 2, 1, 1); A = (1-2, 3-2, 2-1, 2-1) = (-1, 1, 1, 1)
+    # loss = -(-1*-2 + 1*-2 + 1*-1.5 + 1*-3) / 4 = -(2 - 2 - 1.5 - 3) / 4 = 4.5/4
+    assert out.losses["reinforce"].item() == pytest.approx(1.125)
+    assert out.metrics["reward_greedy"] == pytest.approx(1.5)
+    assert out.metrics["baseline"] == pytest.approx(1.5)
+
+
+def test_leave_one_out_baseline():
+    _, out = run(LeaveOneOut())
+    # b = the other sample of the image: (3, 1, 2, 2); A = (-2, 2, 0, 0)
+    # loss = -(-2*-2 + 2*-2 + 0 + 0) / 4 = 0
+    assert out.losses["reinforce"].item() == pytest.approx(0.0)
+    b = LeaveOneOut()(torch.tensor([1.0, 2.0, 6.0, 4.0, 8.0]), torch.tensor([0, 0, 0, 1, 1]), None)
+    # image 0: ((2+6)/2, (1+6)/2, (1+2)/2) = (4, 3.5, 1.5); image 1: (8, 4)
+    assert b.tolist() == [4.0, 3.5, 1.5, 8.0, 4.0]
+    with pytest.raises(ValueError, match="at least 2"):
+        LeaveOneOut()(torch.tensor([1.0, 2.0, 3.0]), torch.tensor([0, 0, 1]), None)
+
+
+def test_running_mean_baseline_cumulative_and_resume():
+    idx = torch.tensor([0, 1])
+    base = MeanBaseline()
+    # batch 1 (mean 2): no past rewards -> its own mean 2; running mean 2 (1 batch)
+    assert base(torch.tensor([1.0, 3.0]), idx, None).tolist() == [2.0, 2.0]
+    # batch 2 (mean 5): b = 2; then mean = 2 + (5 - 2)/2 = 3.5
+    assert base(torch.tensor([4.0, 6.0]), idx, None).tolist() == [2.0, 2.0]
+    state = base.state_dict()
+    assert state == {"mean": 3.5, "count": 2}
+    resumed = MeanBaseline()
+    resumed.load_state_dict(state)
+    # batch 3 (mean 0.5): b = 3.5; then mean = 3.5 + (0.5 - 3.5)/3 = 2.5
+    for b in (base, resumed):
+        assert b(torch.tensor([0.0, 1.0]), idx, None).tolist() == [3.5, 3.5]
+        assert b.mean == pytest.approx(2.5)
+
+
+def test_running_mean_baseline_exponential():
+    idx = torch.tensor([0, 1])
+    base = MeanBaseline(momentum=0.9)
+    base(torch.tensor([1.0, 3.0]), idx, None)  # b = 2 (own mean), mean = 2
+    assert base(torch.tensor([4.0, 6.0]), idx, None).tolist() == [2.0, 2.0]  # mean = 0.9*2 + 0.1*5 = 2.3
+    assert base(torch.tensor([0.0, 0.0]), idx, None)[0].item() == pytest.approx(2.3)
+
+
+def test_objective_state_holds_the_baseline():
+    model = StandIn(TEXTS, LOGPROBS, LENGTHS, 2)
+    objective = Reinforce(TableReward(REWARDS), MeanBaseline(), samples=2)
+    objective(model, BATCH)  # rewards (1, 3, 2, 2): mean 2
+    state = objective.state_dict()
+    assert state["baseline"] == {"mean": 2.0, "count": 1}
+    other = Reinforce(TableReward(REWARDS), MeanBaseline(), samples=2)
+    other.load_state_dict(state)
+    assert other.baseline.mean == 2.0 and other.baseline.count == 1
+
+
+def test_build_baseline_names():
+    assert isinstance(build_baseline("greedy"), GreedyBaseline)
+    assert build_baseline("mean", 0.5).momentum == 0.5
+    assert isinstance(build_baseline("leave_one_out"), LeaveOneOut)
+    assert isinstance(build_baseline("none"), NoBaseline)
+    with pytest.raises(ValueError, match="valid choices: greedy, mean, leave_one_out, none"):
+        build_baseline("median")
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# Max-entropy term
+# --------------------------------------------------------------------------------------------------------------------
+
+
+def test_token_entropy_and_masked_mean():
+    logits = torch.log(torch.tensor([[[0.5, 0.5, 0.0, 0.0], [0.25, 0.25, 0.25, 0.25], [1.0, 0.0, 0.0, 0.0]]]))
+    h = token_entropy(logits)  # (1, 3): ln 2, ln 4, 0
+    assert h[0].tolist() == pytest.approx([math.log(2), math.log(4), 0.0], abs=1e-6)
+    # only the first two positions are real: (ln 2 + ln 4) / 2 = 1.5 ln 2
+    assert mean_entropy(h, torch.tensor([[True, True, False]])).item() == pytest.approx(1.5 * math.log(2))
+    # temperature 2 on logits (log 1, log 0 -> -inf) keeps the one-hot: entropy 0; uniform stays uniform
+    assert token_entropy(logits, 2.0)[0, 1].item() == pytest.approx(math.log(4))
+
+
+class Uniform(StandIn):
+    """A stand-in whose LM gives uniform logits over 2 tokens: every token log-prob is -ln 2, entropy ln 2."""
+
+    def prefix(self, features):
+        return features[:, None, :] + 0 * self.lp.sum()  # (B, 1, 3), depends on the parameter
+
+    def lm_logits(self, prefix, sequences, mask):
+        N, L = sequences.shape
+        return prefix[:, :1, :1].expand(N, L, 2) * 0.0 + 0 * self.lp.sum()  # (N, L, 2) zeros
+
+
+def test_max_entropy_loss():
+    model = Uniform(TEXTS, LOGPROBS, LENGTHS, 2).train()
+    objective = Reinforce(TableReward(REWARDS), NoBaseline(), samples=2, entropy_coef=0.1)
+    out = objective(model, BATCH)
+    ln2 = math.log(2)
+    # log p = -ln2 * lengths (2, 1, 3, 1); loss = ln2 * (1*2 + 3*1 + 2*3 + 2*1) / 4 = ln2 * 13/4
+    assert out.losses["reinforce"].item() == pytest.approx(13 / 4 * ln2)
+    # mean entropy over the real tokens = ln 2; the loss subtracts coef * entropy
+    assert out.metrics["entropy"] == pytest.approx(ln2)
+    assert out.losses["entropy"].item() == pytest.approx(-0.1 * ln2)
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# Configuration and registry
+# --------------------------------------------------------------------------------------------------------------------
+
+
+def test_objectives_from_config():
+    objective = get_objective("reinforce", load())
+    assert isinstance(objective, Reinforce)
+    assert isinstance(objective.baseline, GreedyBaseline)
+    assert objective.samples == 5 and objective.sample_cfg.strategy == "sample"
+    assert objective.greedy_cfg.strategy == "greedy"
+    assert sorted(objective.reward.rewards) == ["cider"]
+    with pytest.raises(ValueError, match="rl.entropy_coef > 0"):
+        get_objective("scst_me", load())
+    me = get_objective("scst_me", load(None, ["rl.entropy_coef=0.01"]))
+    assert me.entropy_coef == 0.01
+    dt = get_objective("reinforce", load(None, ["rl.strategy=greedy", "rl.samples=1", "rl.baseline=mean"]))
+    assert dt.sample_cfg.strategy == "greedy" and isinstance(dt.baseline, MeanBaseline)
+
+
+@pytest.mark.parametrize(
+    "overrides, key",
+    [
+        (["rl.strategy=beam"], "rl.samples"),  # beam with the default 5 samples
+        (["rl.baseline=leave_one_out", "rl.samples=1"], "rl.samples"),
+        (["rl.strategy=greedy", "rl.samples=1"], "rl.baseline"),  # greedy baseline of greedy captions: A = 0
+        (["rl.alpha=1.5"], "rl.alpha"),
+        (["rl.rewards={}"], "rl.rewards"),
+        (["rl.baseline=median"], "rl.baseline"),
+    ],
+)
+def test_config_checks_name_the_key(overrides, key):
+    with pytest.raises(ConfigError, match=key):
+        load(None, overrides)
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# Smoke test on a tiny ClipCap
+# --------------------------------------------------------------------------------------------------------------------
+
+D = 16
+CAPTIONS = {
+    0: ["a red circle on grass", "a small red circle", "a red circle at the top"],
+    1: ["a blue square on the sand", "a big blue square", "a blue square in the middle"],
+    2: ["two shapes on grass with a green star", "a green star", "a green star left of a circle"],
+    3: ["a yellow triangle", "a yellow triangle at the bottom", "a large yellow triangle on snow"],
+}
+
+
+def tiny_captioner(seed=0):
+    torch.manual_seed(seed)
+    lm, tok = build_world_lm(layers=2, hidden=32, heads=2)
+    return ClipCap(lm, tok, D, prefix_length=4)
+
+
+def test_logprobs_and_entropy_match_sequence_logprob():
+    model = tiny_captioner().eval()
+    feats = torch.randn(2, D)
+    gen = model.generate(feats, DecodeConfig(strategy="sample", num_return_sequences=2, max_length=6))
+    token, h = logprobs_and_entropy(model, feats, gen.sequences, gen.mask, 0.7, gen.image_index)
+    ref = model.sequence_logprob(feats, gen.sequences, gen.mask, temperature=0.7, image_index=gen.image_index)
+    assert torch.allclose(token, ref, atol=1e-6)
+    assert bool((h[gen.mask] > 0).all()) and bool((h[~gen.mask] == 0).all())
+
+
+@pytest.mark.parametrize("objective_name", ["reinforce", "scst_me"])
+def test_smoke_reinforce_with_cider_on_tiny_clipcap(objective_name):
+    model = tiny_captioner().train()
+    torch.manual_seed(1)
+    batch = {"features": torch.randn(4, D), "image_ids": [0, 1, 2, 3], "references": list(CAPTIONS.values())}
+    coef = 0.01 if objective_name == "scst_me" else 0.0
+    cfg = load(None, ["rl.samples=3", "decode.max_length=8", f"rl.entropy_coef={coef}"])
+    objective = get_objective(objective_name, cfg)
+    records = [SimpleNamespace(image_id=i, captions=c) for i, c in CAPTIONS.items()]
+    objective.setup(SimpleNamespace(train_records=records, accelerator=None))
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    before = [p.detach().clone() for p in model.parameters()]
+    for _ in range(3):
+        out = objective(model, batch)
+        loss = sum(out.losses.values())
+        assert torch.isfinite(loss)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    assert set(out.losses) == ({"reinforce", "entropy"} if objective_name == "scst_me" else {"reinforce"})
+    assert out.metrics["time/reward"] >= 0 and "reward/cider" in out.metrics and "reward_greedy" in out.metrics
+    changed = [not torch.equal(a, b) for a, b in zip(before, model.parameters())]
+    assert all(changed)

@@ -1,0 +1,101 @@
+"""Weighted reward sums R = sum w_i r_i, their logged parts and hooks, and the reward registry."""
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from finecap.config import load
+from finecap.rewards import REWARDS, RewardOutput, WeightedSum, build_reward, caption_rows, get_reward
+from finecap.rewards.cider import CiderReward
+
+
+class Words:
+    """Number of words of each caption."""
+
+    def __call__(self, captions, batch):
+        total = torch.tensor([float(len(c.split())) for c in captions])
+        return RewardOutput(total, {"words": total})
+
+
+class Pieces:
+    """Two pieces: 1 per caption and the caption's row; total = their sum. Stateful (counts its calls)."""
+
+    def __init__(self):
+        self.calls = 0
+        self.ctx = None
+
+    def setup(self, ctx):
+        self.ctx = ctx
+
+    def __call__(self, captions, batch):
+        self.calls += 1
+        rows = caption_rows(captions, batch).float()
+        ones = torch.ones(len(captions))
+        return RewardOutput(ones + rows, {"one": ones, "row": rows})
+
+    def state_dict(self):
+        return {"calls": self.calls}
+
+    def load_state_dict(self, state):
+        self.calls = state["calls"]
+
+
+def pieces_factory(cfg):
+    return Pieces()
+
+
+def test_weighted_sum_and_unweighted_parts():
+    reward = WeightedSum({"words": (0.5, Words()), "pieces": (2.0, Pieces())})
+    out = reward(["a b c", "a", "a b"], {"image_index": torch.tensor([0, 0, 1])})
+    # words (3, 1, 2); pieces = 1 + row = (1, 1, 2)
+    # total = 0.5 * (3, 1, 2) + 2 * (1, 1, 2) = (1.5 + 2, 0.5 + 2, 1 + 4) = (3.5, 2.5, 5.0)
+    assert out.total.tolist() == [3.5, 2.5, 5.0]
+    assert out.parts["words"].tolist() == [3.0, 1.0, 2.0]  # the component's own part named like it is not repeated
+    assert out.parts["pieces"].tolist() == [1.0, 1.0, 2.0]
+    assert out.parts["pieces/one"].tolist() == [1.0, 1.0, 1.0]
+    assert out.parts["pieces/row"].tolist() == [0.0, 0.0, 1.0]
+    assert "words/words" not in out.parts
+
+
+def test_hooks_are_forwarded():
+    pieces = Pieces()
+    reward = WeightedSum({"words": (1.0, Words()), "pieces": (1.0, pieces)})
+    ctx = SimpleNamespace(train_records=[])
+    reward.setup(ctx)
+    assert pieces.ctx is ctx
+    reward(["a"], {})
+    reward(["a"], {})
+    state = reward.state_dict()
+    assert state == {"pieces": {"calls": 2}}  # Words has no state
+    fresh_pieces = Pieces()
+    fresh = WeightedSum({"words": (1.0, Words()), "pieces": (1.0, fresh_pieces)})
+    fresh.load_state_dict(state)
+    assert fresh_pieces.calls == 2
+
+
+def test_wrong_shape_is_reported_with_the_reward_name():
+    class Bad:
+        def __call__(self, captions, batch):
+            return RewardOutput(torch.zeros(len(captions) + 1))
+
+    with pytest.raises(ValueError, match="'bad'"):
+        WeightedSum({"bad": (1.0, Bad())})(["a", "b"], {})
+
+
+def test_registry_names_dotted_paths_and_errors():
+    cfg = load()
+    assert "cider" in REWARDS
+    assert isinstance(get_reward("cider", cfg), CiderReward)
+    assert isinstance(get_reward(f"{__name__}:pieces_factory", cfg), Pieces)
+    with pytest.raises(ValueError, match="unknown reward 'nope'.*cider"):
+        get_reward("nope", cfg)
+
+
+def test_build_reward_from_config_weights():
+    cfg = load(None, [f"rl.rewards={{cider: 1.0, '{__name__}:pieces_factory': 0.25}}"])
+    reward = build_reward(cfg)
+    assert {name: w for name, (w, _) in reward.rewards.items()} == {
+        "cider": 1.0,
+        f"{__name__}:pieces_factory": 0.25,
+    }
