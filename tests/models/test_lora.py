@@ -8,14 +8,13 @@ from pathlib import Path
 
 import pytest
 import torch
-from transformers import AutoModelForCausalLM, CLIPConfig, CLIPImageProcessor, CLIPModel
+from transformers import AutoModelForCausalLM, CLIPModel
 
 from finecap.config import DecodeConfig, load
 from finecap.models import lora
 from finecap.models.clipcap import ClipCap
-from finecap.models.presets import build_world_lm
+from finecap.models.presets import build_world_lm, save_tiny_clip
 from finecap.models.retriever import Retriever
-from finecap.models.tokenizer import world_tokenizer
 from finecap.models.vision import VisionEncoder
 from finecap.objectives.baselines import MeanBaseline
 from finecap.objectives.reinforce import Reinforce
@@ -33,20 +32,7 @@ def one_thread():
 @pytest.fixture(scope="module")
 def clip_dir(tmp_path_factory) -> Path:
     """A tiny random CLIP (ViT + text tower over the world vocabulary) saved like a Hub checkpoint."""
-    torch.manual_seed(0)
-    tok = world_tokenizer()
-    cfg = CLIPConfig(
-        text_config=dict(vocab_size=len(tok), hidden_size=16, intermediate_size=32, num_hidden_layers=1,
-                         num_attention_heads=2, max_position_embeddings=32, eos_token_id=tok.eos_token_id,
-                         pad_token_id=0, bos_token_id=3),
-        vision_config=dict(hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
-                           image_size=16, patch_size=8),
-        projection_dim=8,
-    )  # fmt: skip
-    processor = CLIPImageProcessor(size={"shortest_edge": 16}, crop_size={"height": 16, "width": 16})
-    out = tmp_path_factory.mktemp("clip")
-    Retriever(CLIPModel(cfg), tok, processor).save(out)
-    return out
+    return save_tiny_clip(tmp_path_factory.mktemp("clip"), image_size=16, patch_size=8)
 
 
 def captioner(clip_dir: Path, *, train_encoder: bool = False, train_lm: bool = True, seed: int = 0) -> ClipCap:

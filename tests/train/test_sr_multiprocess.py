@@ -16,11 +16,9 @@ from pathlib import Path
 
 import pytest
 import torch
-from transformers import CLIPConfig, CLIPImageProcessor, CLIPModel
 
 from finecap.config import load
-from finecap.models.retriever import Retriever
-from finecap.models.tokenizer import world_tokenizer
+from finecap.models.presets import save_tiny_clip
 from finecap.train.loop import train
 
 RECIPE = Path(__file__).resolve().parents[2] / "recipes" / "demo" / "discritune.yaml"
@@ -35,20 +33,7 @@ def free_port() -> int:
 @pytest.fixture(scope="module")
 def clip_dir(tmp_path_factory) -> Path:
     """A tiny random CLIP with tokenizer and image processor (captioner encoder and retriever)."""
-    torch.manual_seed(0)
-    tok = world_tokenizer()
-    cfg = CLIPConfig(
-        text_config=dict(vocab_size=len(tok), hidden_size=16, intermediate_size=32, num_hidden_layers=1,
-                         num_attention_heads=2, max_position_embeddings=48, eos_token_id=tok.eos_token_id,
-                         pad_token_id=0, bos_token_id=3),
-        vision_config=dict(hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
-                           image_size=32, patch_size=16),
-        projection_dim=8,
-    )  # fmt: skip
-    processor = CLIPImageProcessor(size={"shortest_edge": 32}, crop_size={"height": 32, "width": 32})
-    out = tmp_path_factory.mktemp("clip")
-    Retriever(CLIPModel(cfg), tok, processor).save(out)
-    return out
+    return save_tiny_clip(tmp_path_factory.mktemp("clip"), image_size=32, patch_size=16)
 
 
 def train_values(run_dir: Path) -> list[dict]:

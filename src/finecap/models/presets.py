@@ -13,6 +13,7 @@ Example::
 from __future__ import annotations
 
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 from transformers import CLIPConfig, GPT2Config, GPT2LMHeadModel
@@ -94,3 +95,36 @@ def tiny_clip_config(
                 pad_token_id=pad_token_id, bos_token_id=bos_token_id)  # fmt: skip
     vision = dict(common, image_size=image_size, patch_size=patch_size)
     return CLIPConfig(text_config=text, vision_config=vision, projection_dim=projection_dim)
+
+
+def save_tiny_clip(
+    out: str | Path,
+    *,
+    image_size: int = 32,
+    patch_size: int = 16,
+    hidden: int = 16,
+    layers: int = 1,
+    heads: int = 2,
+    projection_dim: int = 8,
+    max_text_length: int = 48,
+    seed: int = 0,
+) -> Path:
+    """Save a random tiny ``CLIPModel`` over the world tokenizer with a matching ``CLIPImageProcessor`` into ``out``,
+    laid out like a Hub checkpoint (``Retriever.from_pretrained`` and ``model.encoder=<out>`` load it). For tests and
+    experiments that need a dual encoder without training one."""
+    import torch
+    from transformers import CLIPImageProcessor, CLIPModel
+
+    from finecap.models.retriever import Retriever
+
+    torch.manual_seed(seed)
+    tok = world_tokenizer()
+    config = tiny_clip_config(
+        len(tok), tok.eos_token_id, pad_token_id=tok.pad_token_id, bos_token_id=tok.bos_token_id,
+        image_size=image_size, patch_size=patch_size, hidden=hidden, layers=layers, heads=heads,
+        projection_dim=projection_dim, max_text_length=max_text_length,
+    )  # fmt: skip
+    size = {"shortest_edge": image_size}
+    processor = CLIPImageProcessor(size=size, crop_size={"height": image_size, "width": image_size})
+    Retriever(CLIPModel(config), tok, processor).save(out)
+    return Path(out)
