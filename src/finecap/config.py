@@ -111,16 +111,18 @@ class DataConfig:
 class RetrieverConfig:
     checkpoint: str = doc("", "CLIP checkpoint (HF name or local path); empty = train/reuse the world encoder preset.")
     preset: Literal["world-tiny"] = doc("world-tiny", "Tiny CLIP preset used when training the world encoder.")
-    epochs: int = doc(6, "Contrastive training epochs of the world encoder.")
+    epochs: int = doc(12, "Contrastive training epochs of the world encoder.")
     batch_size: int = doc(128, "Batch size of world-encoder training.")
-    lr: float = doc(1e-3, "Peak learning rate of world-encoder training.")
-    aux_weight: float = doc(1.0, "Weight of the auxiliary scene-graph attribute loss (stands in for pretraining).")
+    lr: float = doc(2e-3, "Peak learning rate of world-encoder training.")
+    aux_weight: float = doc(5.0, "Weight of the auxiliary scene-graph attribute loss (stands in for pretraining).")
+    dense_fraction: float = doc(0.5, "Share of each world-encoder batch also trained against its dense captions.")
     batch_size_eval: int = doc(256, "Batch size when embedding images and texts.")
 
     def __post_init__(self) -> None:
         _check(self.epochs >= 0, "retriever.epochs", "must be >= 0")
         _check(self.batch_size >= 2, "retriever.batch_size", "must be >= 2 (contrastive needs negatives)")
         _check(self.aux_weight >= 0, "retriever.aux_weight", "must be >= 0")
+        _check(0.0 <= self.dense_fraction <= 1.0, "retriever.dense_fraction", "must be in [0, 1]")
 
 
 @dataclass

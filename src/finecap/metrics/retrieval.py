@@ -1,0 +1,284 @@
+"""Self-retrieval: does a caption pick out its own image among others?
+
+Three protocols over a precomputed score matrix ``scores (Q, N)`` (caption ``q`` against image ``n``; cosine
+similarities or logits, only the order matters) and the column ``targets[q]`` of each caption's own image:
+
+- :func:`rd_retrieval` (RD-N): the target against ``N`` random distractors drawn per caption from the other images
+  (DiscriTune / NDLB "random distractors"); ``draws`` seeded draws, metrics averaged over draws.
+- :func:`pool_retrieval`: the target against every other image of the pool (the split, plus extra images if the
+  caller appends their columns).
+- :func:`bag_retrieval` (TrueMatch): the target against the other images of its bag only; reported per bag size.
+
+Each reports ``R@k`` (fraction of captions whose image ranks in the top k, in [0, 1]), ``mean_rank`` and
+``median_rank`` (1 = best). Ties are counted against the caption (pessimistic): rank = 1 + number of other
+candidates scoring >= the target, so a collapsed model that scores every image the same gets the worst rank, not the
+best. :class:`SelfRetrieval` embeds captions and images with a :class:`~finecap.models.retriever.Retriever` and runs
+the protocols on a ``{image_id: caption}`` mapping.
+
+Example::
+
+    >>> import numpy as np
+    >>> scores = np.array([[0.9, 0.1, 0.3], [0.2, 0.1, 0.5]])
+    >>> pool_retrieval(scores, targets=np.array([0, 1]))["R@1"]  # caption 0 ranks 1st, caption 1 ranks 2nd
+    0.5
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+KS: tuple[int, ...] = (1, 5, 10)
+_CHUNK = 1024  # captions per block when drawing distractors (bounds memory at CHUNK x N floats)
+
+
+def _as_array(scores: Any) -> np.ndarray:
+    if hasattr(scores, "detach"):
+        scores = scores.detach().cpu().float().numpy()
+    scores = np.asarray(scores, dtype=np.float64)
+    if scores.ndim != 2:
+        raise ValueError(f"scores must be a (captions, images) matrix, got shape {scores.shape}")
+    return scores
+
+
+def _targets(scores: np.ndarray, targets: Any) -> np.ndarray:
+    q, n = scores.shape
+    if targets is None:
+        if q != n:
+            raise ValueError(f"targets are needed when captions ({q}) and images ({n}) differ in number")
+        return np.arange(q)
+    targets = np.asarray(targets, dtype=np.int64)
+    if targets.shape != (q,):
+        raise ValueError(f"targets must have shape ({q},), got {targets.shape}")
+    if q and (targets.min() < 0 or targets.max() >= n):
+        raise ValueError(f"targets must be image columns in [0, {n}), got range [{targets.min()}, {targets.max()}]")
+    return targets
+
+
+def target_ranks(scores: Any, targets: Any = None, candidates: np.ndarray | None = None) -> np.ndarray:
+    """1-based rank ``(Q,)`` of each caption's target image among its candidates (ties counted against it).
+
+    Args:
+        scores: ``(Q, N)`` caption-image scores.
+        targets: ``(Q,)`` target column per caption (default ``arange(Q)``, needs ``Q == N``).
+        candidates: ``(Q, C)`` columns competing with the target per caption (the target itself may be included;
+            it is never counted against itself); default: every column.
+    """
+    scores = _as_array(scores)
+    targets = _targets(scores, targets)
+    rows = np.arange(len(targets))
+    own = scores[rows, targets]  # (Q,)
+    if candidates is None:
+        beats = scores >= own[:, None]  # (Q, N)
+        return beats.sum(axis=1)  # the target itself is one of the >=, so this is 1 + #others
+    candidates = np.asarray(candidates, dtype=np.int64)
+    beats = (scores[rows[:, None], candidates] >= own[:, None]) & (candidates != targets[:, None])  # (Q, C)
+    return 1 + beats.sum(axis=1)
+
+
+def summarize_ranks(ranks: Any, ks: Sequence[int] = KS) -> dict[str, float]:
+    """``R@k`` for each k (fraction in [0, 1]), ``mean_rank`` and ``median_rank`` of 1-based ranks."""
+    ranks = np.asarray(ranks, dtype=np.float64)
+    if ranks.size == 0:
+        raise ValueError("no captions to rank")
+    out = {f"R@{k}": float((ranks <= k).mean()) for k in ks}
+    out["mean_rank"] = float(ranks.mean())
+    out["median_rank"] = float(np.median(ranks))
+    return out
+
+
+def random_distractors(
+    n_queries: int, n_images: int, targets: np.ndarray, n_distractors: int, rng: np.random.Generator
+) -> np.ndarray:
+    """``(Q, n_distractors)`` image columns drawn uniformly without replacement, never the caption's own target."""
+    if n_distractors > n_images - 1:
+        raise ValueError(
+            f"n_distractors={n_distractors} needs at least {n_distractors + 1} images, got {n_images} "
+            "(lower eval.n_distractors)"
+        )
+    out = np.empty((n_queries, n_distractors), dtype=np.int64)
+    for start in range(0, n_queries, _CHUNK):
+        stop = min(start + _CHUNK, n_queries)
+        keys = rng.random((stop - start, n_images))  # (C, N) random order of the images
+        keys[np.arange(stop - start), targets[start:stop]] = 2.0  # the target sorts last, never drawn
+        if n_distractors:
+            out[start:stop] = np.argpartition(keys, n_distractors - 1, axis=1)[:, :n_distractors]
+    return out
+
+
+def rd_ranks(scores: Any, targets: Any = None, n_distractors: int = 99, draws: int = 3, seed: int = 0) -> np.ndarray:
+    """Ranks ``(draws, Q)`` of each caption's image among itself and ``n_distractors`` random other images.
+
+    Draw ``d`` uses ``numpy.random.default_rng((seed, d))``, so the distractors depend only on (seed, d, Q, N,
+    targets), never on the scores: two captioners evaluated with the same seed face the same distractors.
+    """
+    scores = _as_array(scores)
+    targets = _targets(scores, targets)
+    if draws < 1:
+        raise ValueError(f"draws must be >= 1, got {draws}")
+    q, n = scores.shape
+    out = np.empty((draws, q), dtype=np.int64)
+    for d in range(draws):
+        rng = np.random.default_rng((seed, d))
+        cands = random_distractors(q, n, targets, n_distractors, rng)
+        out[d] = target_ranks(scores, targets, cands)
+    return out
+
+
+def rd_retrieval(
+    scores: Any, targets: Any = None, n_distractors: int = 99, draws: int = 3, seed: int = 0, ks: Sequence[int] = KS
+) -> dict[str, float]:
+    """RD-N self-retrieval: metrics of :func:`summarize_ranks` per draw, averaged over ``draws`` draws."""
+    ranks = rd_ranks(scores, targets, n_distractors, draws, seed)
+    per_draw = [summarize_ranks(r, ks) for r in ranks]
+    return {k: float(np.mean([p[k] for p in per_draw])) for k in per_draw[0]}
+
+
+def pool_retrieval(scores: Any, targets: Any = None, ks: Sequence[int] = KS) -> dict[str, float]:
+    """Self-retrieval against every image column of ``scores`` (the whole pool)."""
+    return summarize_ranks(target_ranks(scores, targets), ks)
+
+
+def bag_retrieval(
+    scores: Any,
+    bags: Sequence[Sequence[Hashable]],
+    image_ids: Sequence[Hashable],
+    targets: Any = None,
+    ks: Sequence[int] = KS,
+) -> dict[str, float]:
+    """Self-retrieval within bags (TrueMatch): each caption competes only with the images of its own bag.
+
+    Args:
+        scores: ``(Q, N)`` caption-image scores; column ``n`` is image ``image_ids[n]``.
+        bags: lists of image ids; an image should be in at most one bag (only the first bag holding it is used).
+        image_ids: the id of every column.
+        targets: target column per caption (default ``arange(Q)``).
+        ks: recall cut-offs; only those smaller than a bag's size are reported for it (others are trivially 1).
+
+    Returns:
+        ``bag{s}/R@k``, ``bag{s}/mean_rank``, ``bag{s}/median_rank`` and ``bag{s}/n`` (captions) per bag size ``s``.
+    """
+    scores = _as_array(scores)
+    targets = _targets(scores, targets)
+    column = {i: c for c, i in enumerate(image_ids)}
+    if len(column) != len(image_ids):
+        raise ValueError("image_ids must be unique")
+    if len(image_ids) != scores.shape[1]:
+        raise ValueError(f"image_ids has {len(image_ids)} ids but scores have {scores.shape[1]} columns")
+    bag_of: dict[int, np.ndarray] = {}
+    for b, bag in enumerate(bags):
+        missing = [i for i in bag if i not in column]
+        if missing:
+            raise ValueError(f"bag {b} names images not among the scored images: {missing[:5]}")
+        cols = np.array([column[i] for i in bag], dtype=np.int64)
+        for c in cols:
+            bag_of.setdefault(int(c), cols)
+    by_size: dict[int, list[int]] = {}
+    for q, t in enumerate(targets):
+        cols = bag_of.get(int(t))
+        if cols is None:
+            continue
+        rank = int(target_ranks(scores[q : q + 1], [t], cols[None, :])[0])
+        by_size.setdefault(len(cols), []).append(rank)
+    out: dict[str, float] = {}
+    for size in sorted(by_size):
+        summary = summarize_ranks(by_size[size], [k for k in ks if k < size])
+        out.update({f"bag{size}/{k}": v for k, v in summary.items()})
+        out[f"bag{size}/n"] = float(len(by_size[size]))
+    return out
+
+
+class SelfRetrieval:
+    """Self-retrieval of generated captions with a retriever: RD-N, whole pool and (optionally) bags.
+
+    Args:
+        retriever: a :class:`~finecap.models.retriever.Retriever`.
+        records: the images captions are retrieved among (objects with ``image_id`` and ``path``).
+        cache_dir: image-feature cache folder (None = no cache).
+        extra_records: extra pool images (distractors only, never targets).
+        n_distractors, draws, seed: RD-N settings (``eval.n_distractors``, ``eval.draws``, ``eval.seed``).
+        bags: TrueMatch bags (lists of image ids) or None.
+        protocols: any of ``"rd"``, ``"pool"``, ``"bags"``.
+
+    Calling it with ``{image_id: caption or [captions]}`` returns ``RD{N}/R@1``, ..., ``pool/R@1``, ...,
+    ``bag{s}/R@1``, ... (several captions per image are each one query).
+
+    Example::
+
+        >>> sr = SelfRetrieval(retriever, records, cache_dir="runs/cache")  # doctest: +SKIP
+        >>> sr({0: "a red circle on grass", 1: "a blue star"})["RD99/R@1"]  # doctest: +SKIP
+    """
+
+    PROTOCOLS = ("rd", "pool", "bags")
+
+    def __init__(
+        self,
+        retriever: Any,
+        records: Sequence[Any],
+        cache_dir: str | Path | None = None,
+        extra_records: Sequence[Any] = (),
+        n_distractors: int = 99,
+        draws: int = 3,
+        seed: int = 0,
+        bags: Sequence[Sequence[Hashable]] | None = None,
+        protocols: Sequence[str] = ("rd", "pool", "bags"),
+        ks: Sequence[int] = KS,
+    ) -> None:
+        bad = [p for p in protocols if p not in self.PROTOCOLS]
+        if bad:
+            raise ValueError(f"unknown self-retrieval protocol(s) {bad}; valid: {', '.join(self.PROTOCOLS)}")
+        self.retriever = retriever
+        self.records = list(records)
+        self.image_ids = [r.image_id for r in self.records] + [r.image_id for r in extra_records]
+        if len(set(self.image_ids)) != len(self.image_ids):
+            raise ValueError("self-retrieval images (records + extra_records) must have unique image ids")
+        self.column = {i: c for c, i in enumerate(self.image_ids[: len(self.records)])}
+        self.image_emb = retriever.image_embeddings([*self.records, *extra_records], cache_dir)  # (N, D)
+        self.n_distractors, self.draws, self.seed = n_distractors, draws, seed
+        self.bags = bags
+        self.protocols = tuple(protocols)
+        self.ks = tuple(ks)
+
+    def _queries(self, predictions: Mapping[Hashable, str | Sequence[str]]) -> tuple[list[Hashable], list[str]]:
+        ids, texts = [], []
+        for image_id, caps in predictions.items():
+            if image_id not in self.column:
+                raise KeyError(f"prediction for image {image_id!r}, which is not among the retrieval images")
+            for cap in [caps] if isinstance(caps, str) else caps:
+                ids.append(image_id)
+                texts.append(cap)
+        return ids, texts
+
+    def scores(self, predictions: Mapping[Hashable, str | Sequence[str]]) -> tuple[list[Hashable], np.ndarray]:
+        """Query image ids and the cosine score matrix ``(Q, N)`` of the captions against all pool images."""
+        ids, texts = self._queries(predictions)
+        text_emb = self.retriever.embed_texts(texts)  # (Q, D)
+        return ids, (text_emb @ self.image_emb.T).numpy()  # (Q, N)
+
+    def per_item(self, predictions: Mapping[Hashable, str | Sequence[str]]) -> dict[Hashable, float]:
+        """RD-N rank of each image's caption (averaged over draws, and over the image's captions)."""
+        ids, scores = self.scores(predictions)
+        targets = np.array([self.column[i] for i in ids], dtype=np.int64)
+        ranks = rd_ranks(scores, targets, self.n_distractors, self.draws, self.seed).mean(axis=0)  # (Q,)
+        out: dict[Hashable, list[float]] = {}
+        for i, r in zip(ids, ranks):
+            out.setdefault(i, []).append(float(r))
+        return {i: float(np.mean(v)) for i, v in out.items()}
+
+    def __call__(
+        self, predictions: Mapping[Hashable, str | Sequence[str]], references: Any = None
+    ) -> dict[str, float]:
+        ids, scores = self.scores(predictions)
+        targets = np.array([self.column[i] for i in ids], dtype=np.int64)
+        out: dict[str, float] = {}
+        if "rd" in self.protocols:
+            rd = rd_retrieval(scores, targets, self.n_distractors, self.draws, self.seed, self.ks)
+            out.update({f"RD{self.n_distractors}/{k}": v for k, v in rd.items()})
+        if "pool" in self.protocols:
+            out.update({f"pool/{k}": v for k, v in pool_retrieval(scores, targets, self.ks).items()})
+        if "bags" in self.protocols and self.bags:
+            out.update(bag_retrieval(scores, self.bags, self.image_ids, targets, self.ks))
+        return out

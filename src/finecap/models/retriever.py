@@ -1,0 +1,352 @@
+"""The retriever: a frozen CLIP-style dual encoder that scores how well a caption picks out its image.
+
+:class:`Retriever` wraps any ``transformers`` dual encoder exposing ``get_image_features`` /
+``get_text_features`` / ``logit_scale`` (``CLIPModel`` checkpoints such as ``openai/clip-vit-base-patch32``, or the
+world encoder, a ``VisionTextDualEncoderModel`` with a ConvNeXt vision tower, see
+:mod:`finecap.models.world_encoder`). Every checkpoint brings its own tokenizer and image processor; nothing here
+assumes the tiny world models.
+
+Example::
+
+    >>> r = Retriever.from_pretrained("openai/clip-vit-base-patch32")  # doctest: +SKIP
+    >>> img = r.embed_images(r.preprocess([image]))                     # (1, D), unit norm
+    >>> txt = r.embed_texts(["a red circle on grass"])                  # (1, D), unit norm
+    >>> r.similarity(txt, img)                                          # (1, 1) = logit_scale * cosine
+
+Choices left open by the papers:
+
+- Texts are truncated to the text tower's maximum length. When the text tower pools at the first EOS token
+  (``CLIPTextModel`` with ``eos_token_id != 2``) and a tokenised text lacks that token (a tokenizer without an EOS
+  post-processor, or truncation), the EOS is appended (or replaces the last token), so pooling never silently
+  falls back to position 0.
+- The image-feature cache (:meth:`Retriever.image_features`) is keyed by a hash of the model weights and image
+  processor settings (the *model identity*) and of the data set's image ids, resolved paths, file sizes and
+  modification times (the *data set identity*), so a different model or a regenerated data set never reuses a
+  stale cache. Hashing the weights costs about a second per 500 MB and is redone on every call, so in-place
+  fine-tuning can never leave a stale key.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+import torch.nn.functional as F
+import transformers
+from PIL import Image
+from safetensors import safe_open
+from safetensors.torch import save_file
+from tqdm.auto import tqdm
+
+if TYPE_CHECKING:
+    from finecap.config import Config
+
+CACHE_SUBDIR = "image_features"
+"""Folder under the cache directory holding ``<model>-<dataset>.safetensors`` image-feature files."""
+
+
+def _hash_update_tensor(h: Any, t: torch.Tensor) -> None:
+    t = t.detach().to("cpu").contiguous()
+    h.update(str(t.dtype).encode() + str(tuple(t.shape)).encode())
+    if t.numel():
+        h.update(t.view(-1).view(torch.uint8).numpy().tobytes())
+
+
+def dataset_identity(records: Sequence[Any]) -> str:
+    """Hash of the image ids, resolved paths, file sizes and modification times of ``records`` (in order)."""
+    h = hashlib.blake2b(digest_size=16)
+    for r in records:
+        path = Path(r.path)
+        try:
+            st = path.stat()
+            stat = (st.st_size, st.st_mtime_ns)
+        except OSError:
+            raise FileNotFoundError(f"image of record {r.image_id!r} not found: {path}") from None
+        h.update(json.dumps([str(r.image_id), str(path.resolve()), *stat]).encode() + b"\n")
+    return h.hexdigest()
+
+
+class Retriever:
+    """L2-normalised image/text embeddings, logit-scaled similarities and cached image features of a dual encoder.
+
+    Args:
+        model: a ``transformers`` model with ``get_image_features``, ``get_text_features`` and ``logit_scale``.
+        tokenizer: the checkpoint's tokenizer.
+        image_processor: the checkpoint's image processor (resize, crop, normalise).
+        name: name or path the model came from (for messages and cache metadata only; the cache key uses weights).
+        batch_size: images or texts per forward pass.
+        device: torch device (default: the model's).
+    """
+
+    def __init__(
+        self,
+        model: Any,
+        tokenizer: Any,
+        image_processor: Any,
+        name: str = "",
+        batch_size: int = 256,
+        device: str | torch.device | None = None,
+    ) -> None:
+        for attr in ("get_image_features", "get_text_features", "logit_scale"):
+            if not hasattr(model, attr):
+                raise TypeError(f"retriever model {name or type(model).__name__} has no {attr!r}; need a dual encoder")
+        if batch_size < 1:
+            raise ValueError(f"retriever batch_size must be >= 1, got {batch_size}")
+        self.model = model.eval()
+        if device is not None:
+            self.model.to(device)
+        self.tokenizer = tokenizer
+        self.image_processor = image_processor
+        self.name = name
+        self.batch_size = batch_size
+        text_cfg = getattr(model.config, "text_config", model.config)
+        self.max_length = self._max_length(tokenizer, text_cfg)
+        # CLIPTextTransformer pools at the first eos_token_id unless that id is the legacy 2 (argmax pooling).
+        eos = getattr(text_cfg, "eos_token_id", None)
+        pools_at_eos = getattr(text_cfg, "model_type", "") == "clip_text_model" and eos is not None and eos != 2
+        self.pool_eos_id: int | None = int(eos) if pools_at_eos else None
+
+    # ----------------------------------------------------------------------------------------------------------------
+    # Construction and saving
+    # ----------------------------------------------------------------------------------------------------------------
+
+    @classmethod
+    def from_pretrained(
+        cls, name_or_path: str | Path, batch_size: int = 256, device: str | torch.device | None = None
+    ) -> Retriever:
+        """Load a dual encoder, its tokenizer and image processor from a Hub name or a local folder.
+
+        The model class is the one recorded in the checkpoint's ``config.json`` (``architectures``), e.g.
+        ``CLIPModel`` or ``VisionTextDualEncoderModel``.
+        """
+        name = str(name_or_path)
+        config = transformers.AutoConfig.from_pretrained(name)
+        archs = list(getattr(config, "architectures", None) or [])
+        model_cls = None
+        for arch in archs:
+            c = getattr(transformers, arch, None)
+            if c is not None and hasattr(c, "get_image_features") and hasattr(c, "get_text_features"):
+                model_cls = c
+                break
+        if model_cls is None:
+            model_cls = transformers.AutoModel
+        model = model_cls.from_pretrained(name)
+        if not (hasattr(model, "get_image_features") and hasattr(model, "get_text_features")):
+            raise TypeError(
+                f"{name}: {type(model).__name__} (architectures={archs}) is not a dual encoder with "
+                "get_image_features/get_text_features; use a CLIP-style checkpoint"
+            )
+        tokenizer = transformers.AutoTokenizer.from_pretrained(name)
+        image_processor = transformers.AutoImageProcessor.from_pretrained(name)
+        return cls(model, tokenizer, image_processor, name=name, batch_size=batch_size, device=device)
+
+    def save(self, out: str | Path) -> Path:
+        """Write model, tokenizer and image processor so that :meth:`from_pretrained` reloads them."""
+        out = Path(out)
+        out.mkdir(parents=True, exist_ok=True)
+        self.model.save_pretrained(out)
+        self.tokenizer.save_pretrained(out)
+        self.image_processor.save_pretrained(out)
+        return out
+
+    @staticmethod
+    def _max_length(tokenizer: Any, text_cfg: Any) -> int:
+        limit = getattr(text_cfg, "max_position_embeddings", None)
+        tok = getattr(tokenizer, "model_max_length", None)
+        if isinstance(tok, int) and 0 < tok < 1_000_000:
+            limit = min(tok, limit) if limit else tok
+        return int(limit or 77)
+
+    # ----------------------------------------------------------------------------------------------------------------
+    # Properties
+    # ----------------------------------------------------------------------------------------------------------------
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.model.parameters()).device
+
+    @property
+    def logit_scale(self) -> float:
+        """The model's temperature ``exp(logit_scale)`` multiplying cosine similarities."""
+        return float(self.model.logit_scale.detach().exp())
+
+    @property
+    def dim(self) -> int:
+        return int(getattr(self.model.config, "projection_dim", 0) or self.model.visual_projection.out_features)
+
+    def identity(self) -> str:
+        """Hash of the model class, weights and image-processor settings (keys the image-feature cache)."""
+        h = hashlib.blake2b(digest_size=16)
+        h.update(type(self.model).__name__.encode())
+        for name, t in sorted(self.model.state_dict().items()):
+            h.update(name.encode())
+            _hash_update_tensor(h, t)
+        h.update(json.dumps(self.image_processor.to_dict(), sort_keys=True, default=str).encode())
+        return h.hexdigest()
+
+    # ----------------------------------------------------------------------------------------------------------------
+    # Images
+    # ----------------------------------------------------------------------------------------------------------------
+
+    def preprocess(self, images: Sequence[Image.Image]) -> torch.Tensor:
+        """Resize/crop/normalise PIL images with the checkpoint's image processor -> pixel values ``(B, 3, H, W)``."""
+        images = [im.convert("RGB") for im in images]
+        return self.image_processor(images=images, return_tensors="pt")["pixel_values"]
+
+    def vision_features(self, pixel_values: torch.Tensor) -> torch.Tensor:
+        """Unnormalised projected image features ``(B, D)`` (``get_image_features(...).pooler_output``).
+
+        Runs in one pass and respects the caller's grad mode (the captioner may train through it).
+        """
+        out = self.model.get_image_features(pixel_values=pixel_values.to(self.device))
+        return out.pooler_output if hasattr(out, "pooler_output") else out  # (B, D)
+
+    @torch.no_grad()
+    def embed_images(self, images: torch.Tensor | Sequence[Image.Image]) -> torch.Tensor:
+        """L2-normalised image embeddings ``(B, D)`` from pixel values or PIL images, batched, without gradient."""
+        return F.normalize(self._batched_image_features(images), dim=-1)
+
+    def _batched_image_features(self, images: torch.Tensor | Sequence[Image.Image], desc: str = "") -> torch.Tensor:
+        n = len(images)
+        out = []
+        starts = range(0, n, self.batch_size)
+        show = bool(desc) and n > 4 * self.batch_size
+        for i in tqdm(starts, desc=desc, disable=not show, leave=False):
+            chunk = images[i : i + self.batch_size]
+            pv = chunk if isinstance(chunk, torch.Tensor) else self.preprocess(chunk)
+            with torch.no_grad():
+                out.append(self.vision_features(pv).float().cpu())
+        if not out:
+            return torch.zeros(0, self.dim)
+        return torch.cat(out)  # (N, D)
+
+    def image_features(
+        self, records: Sequence[Any], cache_dir: str | Path | None = None, normalize: bool = False
+    ) -> torch.Tensor:
+        """Projected features ``(N, D)`` of the images of ``records`` (objects with ``image_id`` and ``path``).
+
+        With ``cache_dir``, features are stored in ``<cache_dir>/image_features/<model>-<dataset>.safetensors``
+        (see the module docstring for the keys) and reused when both identities match. ``normalize=True`` returns
+        unit-norm embeddings (what :meth:`image_embeddings` returns).
+        """
+        records = list(records)
+        feats = None
+        path = None
+        if cache_dir is not None:
+            model_id, data_id = self.identity(), dataset_identity(records)
+            path = Path(cache_dir) / CACHE_SUBDIR / f"{model_id}-{data_id}.safetensors"
+            feats = self._load_cache(path, model_id, data_id, len(records))
+        if feats is None:
+            feats = self._features_from_files(records)
+            if path is not None:
+                self._save_cache(path, feats, model_id, data_id)
+        return F.normalize(feats, dim=-1) if normalize else feats
+
+    def image_embeddings(self, records: Sequence[Any], cache_dir: str | Path | None = None) -> torch.Tensor:
+        """L2-normalised image embeddings ``(N, D)`` of ``records``, cached per model and data set."""
+        return self.image_features(records, cache_dir, normalize=True)
+
+    def _features_from_files(self, records: list[Any]) -> torch.Tensor:
+        out = []
+        show = len(records) > 4 * self.batch_size
+        for i in tqdm(range(0, len(records), self.batch_size), desc="image features", disable=not show, leave=False):
+            images = []
+            for r in records[i : i + self.batch_size]:
+                try:
+                    with Image.open(r.path) as im:
+                        images.append(im.convert("RGB"))
+                except OSError as e:
+                    raise OSError(f"cannot read image of record {r.image_id!r} at {r.path}: {e}") from None
+            with torch.no_grad():
+                out.append(self.vision_features(self.preprocess(images)).float().cpu())
+        return torch.cat(out) if out else torch.zeros(0, self.dim)  # (N, D)
+
+    @staticmethod
+    def _load_cache(path: Path, model_id: str, data_id: str, n: int) -> torch.Tensor | None:
+        if not path.exists():
+            return None
+        try:
+            with safe_open(str(path), framework="pt") as f:
+                meta = f.metadata() or {}
+                feats = f.get_tensor("features")
+        except Exception:  # a truncated or foreign file is recomputed, never trusted
+            return None
+        if meta.get("model") != model_id or meta.get("dataset") != data_id or feats.shape[0] != n:
+            return None
+        return feats
+
+    def _save_cache(self, path: Path, feats: torch.Tensor, model_id: str, data_id: str) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        meta = {"model": model_id, "dataset": data_id, "name": self.name, "n": str(feats.shape[0])}
+        save_file({"features": feats.contiguous()}, str(tmp), metadata=meta)
+        os.replace(tmp, path)
+
+    # ----------------------------------------------------------------------------------------------------------------
+    # Texts
+    # ----------------------------------------------------------------------------------------------------------------
+
+    def tokenize(self, texts: Sequence[str]) -> tuple[torch.Tensor, torch.Tensor]:
+        """Token ids and attention mask ``(B, T)``, truncated to the text tower's length, EOS guaranteed."""
+        enc = self.tokenizer(list(texts), padding=True, truncation=True, max_length=self.max_length,
+                             return_tensors="pt")  # fmt: skip
+        ids, mask = enc["input_ids"], enc["attention_mask"]  # (B, T)
+        eos = self.pool_eos_id
+        if eos is not None and len(texts):
+            missing = ~(ids == eos).any(dim=1)  # (B,)
+            if missing.any():
+                pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
+                ids = torch.cat([ids, torch.full_like(ids[:, :1], pad)], dim=1)  # (B, T+1)
+                mask = torch.cat([mask, torch.zeros_like(mask[:, :1])], dim=1)
+                lengths = mask.sum(dim=1)  # (B,)
+                for b in missing.nonzero().flatten().tolist():
+                    pos = min(int(lengths[b]), self.max_length - 1)
+                    ids[b, pos] = eos
+                    mask[b, pos] = 1
+                keep = int(mask.sum(dim=1).max())
+                ids, mask = ids[:, :keep], mask[:, :keep]
+        return ids, mask
+
+    def text_features(self, texts: Sequence[str]) -> torch.Tensor:
+        """Unnormalised projected text features ``(B, D)`` in one pass (respects the caller's grad mode)."""
+        ids, mask = self.tokenize(texts)
+        out = self.model.get_text_features(input_ids=ids.to(self.device), attention_mask=mask.to(self.device))
+        return out.pooler_output if hasattr(out, "pooler_output") else out  # (B, D)
+
+    @torch.no_grad()
+    def embed_texts(self, texts: Sequence[str]) -> torch.Tensor:
+        """L2-normalised text embeddings ``(B, D)``, batched, without gradient (progress bar on long lists)."""
+        texts = list(texts)
+        out = []
+        show = len(texts) > 4 * self.batch_size
+        for i in tqdm(range(0, len(texts), self.batch_size), desc="text features", disable=not show, leave=False):
+            out.append(self.text_features(texts[i : i + self.batch_size]).float().cpu())
+        if not out:
+            return torch.zeros(0, self.dim)
+        return F.normalize(torch.cat(out), dim=-1)  # (B, D)
+
+    # ----------------------------------------------------------------------------------------------------------------
+    # Scores
+    # ----------------------------------------------------------------------------------------------------------------
+
+    def similarity(self, text_emb: torch.Tensor, image_emb: torch.Tensor) -> torch.Tensor:
+        """Logit-scaled cosine similarities ``(T, I)`` of unit-norm text ``(T, D)`` and image ``(I, D)`` embeddings."""
+        return self.logit_scale * text_emb @ image_emb.T  # (T, I)
+
+
+def load_retriever(cfg: Config, batch_size: int | None = None) -> Retriever:
+    """The retriever a run uses: ``retriever.checkpoint`` if set, else the (trained or cached) world encoder."""
+    path = cfg.retriever.checkpoint or world_encoder(cfg)
+    return Retriever.from_pretrained(path, batch_size=batch_size or cfg.retriever.batch_size_eval)
+
+
+def world_encoder(cfg: Config) -> Path:
+    """Train (or reuse from the cache) the world dual encoder: :func:`finecap.models.world_encoder.world_encoder`."""
+    from finecap.models.world_encoder import world_encoder as _world_encoder
+
+    return _world_encoder(cfg)

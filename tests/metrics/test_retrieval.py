@@ -1,0 +1,194 @@
+"""Self-retrieval metrics against hand-computed ranks."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from finecap.metrics.retrieval import (
+    SelfRetrieval,
+    bag_retrieval,
+    pool_retrieval,
+    random_distractors,
+    rd_ranks,
+    rd_retrieval,
+    summarize_ranks,
+    target_ranks,
+)
+
+# Caption q's own image is column q.
+SCORES = np.array(
+    [
+        [0.9, 0.1, 0.3],  # own 0.9 beats both -> rank 1
+        [0.2, 0.1, 0.5],  # own 0.1, both others higher -> rank 3
+        [0.4, 0.4, 0.4],  # all tied -> pessimistic rank 3 (1 + two others >= own)
+    ]
+)
+
+
+def test_target_ranks_all_candidates_ties_pessimistic():
+    assert target_ranks(SCORES).tolist() == [1, 3, 3]
+
+
+def test_target_ranks_accepts_torch_and_explicit_targets():
+    # Caption 1 targeted at column 2 (0.5 is its best score) -> rank 1; caption 0 at column 2: 0.9 >= 0.3 -> rank 2.
+    ranks = target_ranks(torch.tensor(SCORES[:2]), targets=[2, 2])
+    assert ranks.tolist() == [2, 1]
+
+
+def test_target_ranks_candidate_subset_ignores_own_column():
+    # Caption 1 (own 0.1) against candidates {0, 1}: only 0.2 >= 0.1 -> rank 2; the target listed among the
+    # candidates does not count against itself.
+    ranks = target_ranks(SCORES[1:2], targets=[1], candidates=np.array([[1, 0]]))
+    assert ranks.tolist() == [2]
+
+
+def test_summarize_ranks_hand_computed():
+    out = summarize_ranks([1, 3, 3], ks=(1, 2, 5))
+    assert out["R@1"] == pytest.approx(1 / 3)  # one of three at rank 1
+    assert out["R@2"] == pytest.approx(1 / 3)  # ranks 3, 3 are > 2
+    assert out["R@5"] == 1.0
+    assert out["mean_rank"] == pytest.approx(7 / 3)  # (1 + 3 + 3) / 3
+    assert out["median_rank"] == 3.0
+
+
+def test_summarize_ranks_empty_raises():
+    with pytest.raises(ValueError, match="no captions"):
+        summarize_ranks([])
+
+
+def test_pool_retrieval_with_extra_columns():
+    # Two captions, four pool images (columns 2, 3 are extra distractors).
+    scores = np.array([[0.5, 0.0, 0.6, 0.1], [0.0, 0.9, 0.2, 0.95]])
+    out = pool_retrieval(scores, targets=[0, 1], ks=(1, 2))
+    # caption 0: 0.6 >= 0.5 -> rank 2; caption 1: 0.95 >= 0.9 -> rank 2
+    assert out["R@1"] == 0.0
+    assert out["R@2"] == 1.0
+    assert out["mean_rank"] == 2.0
+
+
+def test_targets_needed_when_shapes_differ():
+    with pytest.raises(ValueError, match="targets are needed"):
+        pool_retrieval(np.zeros((2, 3)))
+    with pytest.raises(ValueError, match=r"targets must be image columns in \[0, 3\)"):
+        pool_retrieval(np.zeros((1, 3)), targets=[3])
+
+
+def test_random_distractors_exclude_target_without_replacement():
+    rng = np.random.default_rng(0)
+    targets = np.array([0, 3, 5, 5])
+    d = random_distractors(4, 6, targets, 5, rng)
+    assert d.shape == (4, 5)
+    for row, t in zip(d, targets):
+        # 5 distractors out of the 5 non-target images: exactly the other images.
+        assert sorted(row.tolist()) == [i for i in range(6) if i != t]
+
+
+def test_random_distractors_too_few_images_names_option():
+    with pytest.raises(ValueError, match="eval.n_distractors"):
+        random_distractors(1, 3, np.array([0]), 3, np.random.default_rng(0))
+
+
+def test_rd_ranks_match_recomputation_from_drawn_distractors():
+    # One caption, own image column 0 scored 0.5; only column 1 (0.9) beats it.
+    scores = np.array([[0.5, 0.9, 0.1, 0.3]])
+    ranks = rd_ranks(scores, targets=[0], n_distractors=1, draws=20, seed=3)
+    for d in range(20):
+        drawn = random_distractors(1, 4, np.array([0]), 1, np.random.default_rng((3, d)))[0, 0]
+        assert ranks[d, 0] == (2 if drawn == 1 else 1)
+    # With 20 draws of one distractor among three, both outcomes occur.
+    assert set(ranks[:, 0].tolist()) == {1, 2}
+
+
+def test_rd_with_all_distractors_equals_pool_and_is_seeded():
+    rng = np.random.default_rng(1)
+    scores = rng.normal(size=(6, 6))
+    full = rd_retrieval(scores, n_distractors=5, draws=2, seed=0)
+    assert full == pool_retrieval(scores)  # every other image drawn -> same ranks as the pool
+    a = rd_retrieval(scores, n_distractors=2, draws=4, seed=7)
+    b = rd_retrieval(scores, n_distractors=2, draws=4, seed=7)
+    assert a == b
+
+
+def test_rd_retrieval_averages_draws():
+    scores = np.array([[0.5, 0.9, 0.1, 0.3]])
+    ranks = rd_ranks(scores, targets=[0], n_distractors=1, draws=6, seed=0)
+    out = rd_retrieval(scores, targets=[0], n_distractors=1, draws=6, seed=0, ks=(1,))
+    # Per draw R@1 is 1 or 0 (a single caption); the average is the fraction of draws with rank 1.
+    assert out["R@1"] == pytest.approx(float((ranks[:, 0] == 1).mean()))
+    assert out["mean_rank"] == pytest.approx(float(ranks.mean()))
+
+
+def test_bag_retrieval_per_bag_size():
+    ids = ["a", "b", "c", "d", "e"]
+    # Rows are captions of a..e (targets = diagonal).
+    scores = np.array(
+        [
+            [0.9, 0.1, 0.2, 0.95, 0.0],  # a in bag {a,b,c}: 0.9 beats 0.1, 0.2 -> rank 1 (d's 0.95 is outside)
+            [0.8, 0.5, 0.1, 0.0, 0.0],  # b: 0.8 >= 0.5 -> rank 2
+            [0.3, 0.3, 0.3, 0.0, 0.0],  # c: ties with a and b -> rank 3
+            [0.0, 0.0, 0.0, 0.4, 0.6],  # d in bag {d,e}: 0.6 >= 0.4 -> rank 2
+            [0.0, 0.0, 0.0, 0.1, 0.7],  # e: rank 1
+        ]
+    )
+    out = bag_retrieval(scores, [["a", "b", "c"], ["d", "e"]], ids, ks=(1, 5))
+    assert out["bag3/R@1"] == pytest.approx(1 / 3)  # ranks 1, 2, 3
+    assert out["bag3/mean_rank"] == pytest.approx(2.0)
+    assert out["bag3/median_rank"] == 2.0
+    assert out["bag3/n"] == 3
+    assert out["bag2/R@1"] == pytest.approx(0.5)  # ranks 2, 1
+    assert "bag3/R@5" not in out  # k >= bag size is trivially 1, not reported
+
+
+def test_bag_retrieval_unknown_image_raises():
+    with pytest.raises(ValueError, match="bag 0 names images not among the scored images"):
+        bag_retrieval(np.eye(2), [["a", "zzz"]], ["a", "b"])
+
+
+@dataclass
+class Rec:
+    image_id: int
+    path: Path
+
+
+class StubRetriever:
+    """Images and captions embedded as fixed 2-D unit vectors."""
+
+    def __init__(self, image_vecs, text_vecs):
+        self.image_vecs, self.text_vecs = image_vecs, text_vecs
+
+    def image_embeddings(self, records, cache_dir=None):
+        return torch.tensor([self.image_vecs[r.image_id] for r in records], dtype=torch.float32)
+
+    def embed_texts(self, texts):
+        return torch.tensor([self.text_vecs[t] for t in texts], dtype=torch.float32)
+
+
+def test_self_retrieval_end_to_end_with_stub():
+    c, s = np.cos(0.3), np.sin(0.3)
+    images = {0: [1.0, 0.0], 1: [0.0, 1.0], 2: [c, s], 9: [-1.0, 0.0]}
+    texts = {"x": [1.0, 0.0], "y": [0.0, 1.0], "z": [1.0, 0.0]}
+    recs = [Rec(0, Path("0.png")), Rec(1, Path("1.png")), Rec(2, Path("2.png"))]
+    sr = SelfRetrieval(StubRetriever(images, texts), recs, extra_records=[Rec(9, Path("9.png"))],
+                       n_distractors=2, draws=2, bags=[[0, 2]], ks=(1,))  # fmt: skip
+    out = sr({0: "x", 1: ["y", "z"]})
+    # Pool cosines: "x" vs (0, 1, 2, 9) = (1, 0, .955, -1) -> own image 0 rank 1.
+    # "y" -> image 1 cos 1 -> rank 1.  "z" (= x) for image 1: cos 0 < 1 (img 0), .955 (img 2) -> rank 3.
+    assert out["pool/R@1"] == pytest.approx(2 / 3)
+    assert out["pool/mean_rank"] == pytest.approx(5 / 3)
+    # Bag {0, 2}: only caption "x" of image 0 is in a bag: 1 >= .955 -> rank 1.
+    assert out["bag2/R@1"] == 1.0 and out["bag2/n"] == 1
+    assert set(out) >= {"RD2/R@1", "RD2/mean_rank", "RD2/median_rank"}
+    per = sr.per_item({0: "x", 1: ["y", "z"]})
+    assert per[0] == 1.0  # best score among any distractors
+    with pytest.raises(KeyError, match="not among the retrieval images"):
+        sr({9: "x"})  # extra images are distractors only
+
+
+def test_self_retrieval_rejects_unknown_protocol():
+    with pytest.raises(ValueError, match="valid: rd, pool, bags"):
+        SelfRetrieval(StubRetriever({}, {}), [], protocols=["rd", "nope"])

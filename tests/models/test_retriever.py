@@ -1,0 +1,184 @@
+"""Retriever: tiny random CLIPModel saved with save_pretrained and loaded through the user's code path."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+from tokenizers import processors
+from transformers import CLIPConfig, CLIPImageProcessor, CLIPModel
+
+from finecap.models.retriever import CACHE_SUBDIR, Retriever, dataset_identity
+from finecap.models.tokenizer import world_tokenizer
+
+WORDS = ["a", "red", "blue", "circle", "square", "on", "grass", "big", "small", "the"]
+
+
+@dataclass
+class Rec:
+    image_id: int | str
+    path: Path
+
+
+def tiny_clip(max_pos: int = 16) -> CLIPModel:
+    torch.manual_seed(0)
+    cfg = CLIPConfig(
+        text_config=dict(vocab_size=5 + len(WORDS), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                         num_attention_heads=2, max_position_embeddings=max_pos, eos_token_id=4, pad_token_id=0,
+                         bos_token_id=3),
+        vision_config=dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2,
+                           image_size=32, patch_size=8),
+        projection_dim=16,
+    )  # fmt: skip
+    return CLIPModel(cfg).eval()
+
+
+def processor() -> CLIPImageProcessor:
+    return CLIPImageProcessor(size={"shortest_edge": 32}, crop_size={"height": 32, "width": 32},
+                              image_mean=[0.5, 0.5, 0.5], image_std=[0.25, 0.25, 0.25])  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def ckpt(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("clip")
+    Retriever(tiny_clip(), world_tokenizer(WORDS), processor(), batch_size=2).save(out)
+    return out
+
+
+@pytest.fixture(scope="module")
+def images(tmp_path_factory) -> list[Rec]:
+    out = tmp_path_factory.mktemp("images")
+    rng = np.random.default_rng(0)
+    recs = []
+    for i in range(5):
+        p = out / f"{i:06d}.png"
+        Image.fromarray(rng.integers(0, 256, (32, 32, 3), dtype=np.uint8)).save(p)
+        recs.append(Rec(i, p))
+    return recs
+
+
+def test_from_pretrained_loads_recorded_class(ckpt):
+    r = Retriever.from_pretrained(ckpt, batch_size=2)
+    assert isinstance(r.model, CLIPModel)
+    assert r.pool_eos_id == 4
+    assert r.max_length == 16  # min(tokenizer model_max_length 64, text positions 16)
+
+
+def test_embeddings_unit_norm_and_similarity_matches_clip_forward(ckpt, images):
+    r = Retriever.from_pretrained(ckpt, batch_size=2)
+    pil = [Image.open(x.path) for x in images]
+    pv = r.preprocess(pil)
+    assert pv.shape == (5, 3, 32, 32)
+    img = r.embed_images(pv)
+    assert torch.allclose(img, r.embed_images(pil), atol=1e-6)  # PIL input goes through the same processor
+    texts = ["a red circle", "a big blue square on the grass", "small"]
+    txt = r.embed_texts(texts)
+    assert img.shape == (5, 16) and txt.shape == (3, 16)
+    assert torch.allclose(img.norm(dim=-1), torch.ones(5), atol=1e-5)
+    ids, mask = r.tokenize(texts)
+    with torch.no_grad():
+        out = r.model(input_ids=ids, attention_mask=mask, pixel_values=pv)
+    assert torch.allclose(r.similarity(txt, img), out.logits_per_text, atol=1e-4)
+
+
+def test_text_batching_and_padding_do_not_change_embeddings(ckpt):
+    r = Retriever.from_pretrained(ckpt, batch_size=1)
+    texts = ["a red circle", "a big blue square on the grass on the grass"]
+    one_by_one = r.embed_texts(texts)
+    r.batch_size = 8
+    assert torch.allclose(one_by_one, r.embed_texts(texts), atol=1e-5)
+
+
+def test_vision_features_unnormalised_projection(ckpt, images):
+    r = Retriever.from_pretrained(ckpt)
+    pv = r.preprocess([Image.open(images[0].path)])
+    f = r.vision_features(pv)
+    with torch.no_grad():
+        ref = r.model.get_image_features(pixel_values=pv).pooler_output
+    assert torch.allclose(f.detach(), ref)
+    assert f.requires_grad  # respects the caller's grad mode (the captioner may train through it)
+    assert torch.allclose(r.embed_images(pv), ref / ref.norm(dim=-1, keepdim=True), atol=1e-6)
+
+
+def test_missing_eos_is_appended_for_eos_pooling(ckpt):
+    r = Retriever.from_pretrained(ckpt)
+    ids_ok, _ = r.tokenize(["a red circle"])
+    assert ids_ok.tolist() == [[5, 6, 8, 4]]  # word ids (WORDS order after 5 specials) + <eos>=4
+    want = r.embed_texts(["a red circle"])
+    r.tokenizer.backend_tokenizer.post_processor = processors.TemplateProcessing(single="$A", special_tokens=[])
+    ids, mask = r.tokenize(["a red circle", "a"])
+    # EOS appended after the last real token; the shorter row keeps its padding after the EOS.
+    assert ids.tolist() == [[5, 6, 8, 4], [5, 4, 0, 0]]
+    assert mask.tolist() == [[1, 1, 1, 1], [1, 1, 0, 0]]
+    assert torch.allclose(r.embed_texts(["a red circle"]), want, atol=1e-6)
+    # Truncated at max_length (16): EOS replaces the last token.
+    ids, _ = r.tokenize([" ".join(["red"] * 30)])
+    assert ids.shape == (1, 16) and ids[0, -1].item() == 4
+
+
+def test_save_reload_roundtrip(ckpt, images, tmp_path):
+    r = Retriever.from_pretrained(ckpt)
+    r.save(tmp_path / "again")
+    r2 = Retriever.from_pretrained(tmp_path / "again")
+    assert torch.allclose(r.embed_texts(["a red circle"]), r2.embed_texts(["a red circle"]))
+    assert r.identity() == r2.identity()
+
+
+def test_image_cache_reused_and_keyed_by_model_and_dataset(ckpt, images, tmp_path, monkeypatch):
+    r = Retriever.from_pretrained(ckpt, batch_size=2)
+    cache = tmp_path / "cache"
+    first = r.image_embeddings(images, cache)
+    files = list((cache / CACHE_SUBDIR).glob("*.safetensors"))
+    assert len(files) == 1
+    direct = r.embed_images([Image.open(x.path) for x in images])
+    assert torch.allclose(first, direct, atol=1e-6)
+    raw = r.image_features(images, cache)  # unnormalised features from the same file
+    assert torch.allclose(torch.nn.functional.normalize(raw, dim=-1), first, atol=1e-6)
+
+    def boom(_records):
+        raise AssertionError("recomputed although cached")
+
+    monkeypatch.setattr(r, "_features_from_files", boom)
+    assert torch.equal(r.image_embeddings(images, cache), first)  # served from the cache
+    monkeypatch.undo()
+
+    # Another data set (subset) -> another file.
+    r.image_embeddings(images[:3], cache)
+    assert len(list((cache / CACHE_SUBDIR).glob("*.safetensors"))) == 2
+    # Another model (one weight changed) -> another file, different features.
+    with torch.no_grad():
+        r.model.visual_projection.weight.mul_(-1)
+    flipped = r.image_embeddings(images, cache)
+    assert len(list((cache / CACHE_SUBDIR).glob("*.safetensors"))) == 3
+    assert torch.allclose(flipped, -first, atol=1e-6)
+
+
+def test_dataset_identity_tracks_file_changes(images, tmp_path):
+    p = tmp_path / "x.png"
+    Image.new("RGB", (4, 4)).save(p)
+    before = dataset_identity([Rec(0, p)])
+    assert dataset_identity([Rec(1, p)]) != before  # id matters
+    st = p.stat()
+    os.utime(p, ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))
+    assert dataset_identity([Rec(0, p)]) != before  # a rewritten image invalidates the cache
+    with pytest.raises(FileNotFoundError, match="record 'gone'"):
+        dataset_identity([Rec("gone", tmp_path / "missing.png")])
+
+
+def test_corrupt_cache_file_is_recomputed(ckpt, images, tmp_path):
+    r = Retriever.from_pretrained(ckpt)
+    cache = tmp_path / "cache"
+    want = r.image_embeddings(images, cache)
+    (f,) = (cache / CACHE_SUBDIR).glob("*.safetensors")
+    f.write_bytes(b"garbage")
+    assert torch.allclose(r.image_embeddings(images, cache), want, atol=1e-6)
+
+
+def test_rejects_non_dual_encoder():
+    with pytest.raises(TypeError, match="no 'get_image_features'"):
+        Retriever(torch.nn.Linear(2, 2), None, None, name="lin")

@@ -1,0 +1,168 @@
+"""World encoder: architecture, losses, training smoke test, cache, checkpoint contract, probe (tiny world)."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import transformers
+from PIL import Image
+
+from finecap.config import load
+from finecap.models import world_encoder as we
+from finecap.models.retriever import Retriever
+from finecap.models.tokenizer import world_tokenizer
+from finecap.world.make import make_world
+from finecap.world.scene import Obj, Scene
+
+TINY = ["world.n_train=24", "world.n_val=8", "world.n_test=12", "world.image_size=32", "retriever.epochs=2",
+        "retriever.batch_size=8", "retriever.batch_size_eval=16"]  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    root = tmp_path_factory.mktemp("we")
+    cfg = load(None, [*TINY, f"world.out={root / 'world'}", f"run.cache_dir={root / 'cache'}"])
+    make_world(cfg.world, progress=False)
+    path = we.world_encoder(cfg, progress=False)
+    return cfg, path
+
+
+def test_build_world_model_final_map_is_1x1_and_projects():
+    torch.manual_seed(0)
+    model = we.build_world_model(world_tokenizer(), 32)
+    assert isinstance(model, transformers.VisionTextDualEncoderModel)
+    assert model.config.vision_config.patch_size == 4  # 32 / 2**3, so 4 -> 2 -> 1 after three halvings
+    x = torch.randn(2, 3, 32, 32)
+    with torch.no_grad():
+        out = model.vision_model(pixel_values=x)
+        assert out.last_hidden_state.shape[-2:] == (1, 1)  # no average pooling over a larger map
+        feats = model.get_image_features(pixel_values=x).pooler_output
+    assert feats.shape == (2, 256)
+    assert model.config.text_config.eos_token_id == 4
+
+
+def test_build_world_model_rejects_bad_image_size():
+    with pytest.raises(ValueError, match="world.image_size=30"):
+        we.build_world_model(world_tokenizer(), 30)
+
+
+def test_image_processor_is_identity_resize_for_world_sized_images():
+    proc = we.world_image_processor(8, [0.5, 0.25, 0.0], [0.5, 0.25, 1.0])
+    a = np.random.default_rng(0).integers(0, 256, (8, 8, 3), dtype=np.uint8)
+    pv = proc(images=[Image.fromarray(a)], return_tensors="pt")["pixel_values"][0]
+    want = (torch.tensor(a).permute(2, 0, 1).float() / 255 - torch.tensor([0.5, 0.25, 0.0])[:, None, None]) / \
+        torch.tensor([0.5, 0.25, 1.0])[:, None, None]  # fmt: skip
+    assert torch.allclose(pv, want, atol=1e-5)
+
+
+def test_contrastive_loss_hand_computed():
+    eye = torch.eye(2)
+    # logits = [[1, 0], [0, 1]]: each row CE = -log(e / (e + 1)) = log(1 + e^-1); both directions equal.
+    want = math.log(1 + math.exp(-1))
+    got = we.contrastive_loss(eye, eye, torch.tensor([0, 1]), torch.tensor(1.0))
+    assert got.item() == pytest.approx(want, rel=1e-6)
+    # One text (= image 1) against both images: t2i CE = log(1 + e^-1); i2t over the single targeted image = 0.
+    got = we.contrastive_loss(eye[1:], eye, torch.tensor([1]), torch.tensor(1.0))
+    assert got.item() == pytest.approx(want / 2, rel=1e-6)
+
+
+def test_aux_heads_uniform_logits_give_log_class_counts():
+    heads = we.AuxHeads(4, main_sizes=[2, 3], cell_sizes=[2], cells=2)
+    for p in heads.parameters():
+        torch.nn.init.zeros_(p)
+    loss = heads(torch.randn(5, 4), torch.zeros(5, 2, dtype=torch.long), torch.ones(5, 2, 1, dtype=torch.long))
+    # Three cross-entropies of uniform predictions: log 2, log 3, log 2 -> mean.
+    assert loss.item() == pytest.approx((2 * math.log(2) + math.log(3)) / 3, rel=1e-6)
+
+
+def test_linear_probe_separable():
+    x = torch.tensor([[0.0, 1.0], [0.1, 0.9], [1.0, 0.0], [0.9, 0.2]])
+    y = torch.tensor([0, 0, 1, 1])
+    train_acc, pred = we.linear_probe(x, y, torch.tensor([[0.0, 2.0], [2.0, 0.0]]), 2)
+    assert train_acc == 1.0
+    assert pred.tolist() == [0, 1]
+
+
+def test_retrieval_ceiling_counts_consistent_distractors():
+    red = Scene(0, "grass", [Obj("circle", "red", "large", 0, 0)])
+    red2 = Scene(1, "sand", [Obj("circle", "red", "small", 1, 1)])
+    blue = Scene(2, "grass", [Obj("square", "blue", "large", 0, 0)])
+    # "a red circle" fits scenes 0 and 1: with both others as distractors the oracle picks 1 of 2 -> 0.5.
+    # "a blue square" fits only scene 2 -> 1.0.
+    got = we._retrieval_ceiling(["a red circle", "a blue square"], np.array([0, 2]), [red, red2, blue], 2, 1, 0)
+    assert got == pytest.approx(0.75)
+
+
+def test_training_reduces_loss_and_changes_weights(tiny):
+    cfg, _ = tiny
+    data = we.load_split(cfg.world.out, "train", progress=False)
+    data = we.WorldData(data.ids[:8], data.images[:8], data.refs[:8], data.dense[:8], data.main[:8], data.cell[:8])
+    c = load(None, [*TINY, "retriever.epochs=25", "retriever.lr=3e-3"])
+    torch.manual_seed(0)
+    model = we.build_world_model(world_tokenizer(), 32)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    mean, std = torch.full((3,), 0.5), torch.full((3,), 0.25)
+    stats = we.train_dual_encoder(model, world_tokenizer(), data, mean, std, c, progress=False)
+    assert stats["steps"] == 25
+    assert stats["loss"] < 0.5 * stats["first_loss"]
+    changed = [k for k, v in model.state_dict().items() if not torch.equal(v, before[k])]
+    assert any("vision_model" in k for k in changed) and any("text_model" in k for k in changed)
+    assert "logit_scale" in changed
+
+
+def test_world_encoder_checkpoint_contract(tiny):
+    cfg, path = tiny
+    assert path.parent.name == we.CACHE_SUBDIR and path.name == we.encoder_key(cfg)
+    info = json.loads((path / "encoder.json").read_text())
+    assert set(info["in_batch_accuracy"]) == {"ref/text_to_image", "ref/image_to_text", "dense/text_to_image",
+                                              "dense/image_to_text"}  # fmt: skip
+    # The agreed contract: the class recorded in config.json loads the folder, get_image_features gives features,
+    # AutoImageProcessor reads the saved preprocessing.
+    arch = transformers.AutoConfig.from_pretrained(path).architectures[0]
+    model = getattr(transformers, arch).from_pretrained(path)
+    proc = transformers.AutoImageProcessor.from_pretrained(path)
+    assert proc.crop_size == {"height": 32, "width": 32}
+    image = Image.open(next((Path(cfg.world.out) / "images" / "test").iterdir()))
+    pv = proc(images=[image], return_tensors="pt")["pixel_values"]
+    with torch.no_grad():
+        feats = model.get_image_features(pixel_values=pv).pooler_output
+    r = Retriever.from_pretrained(path)
+    assert torch.allclose(r.vision_features(pv).detach(), feats, atol=1e-5)
+    assert r.embed_texts(["a red circle"]).shape == (1, 256)
+
+
+def test_world_encoder_reused_from_cache_and_keyed(tiny, monkeypatch):
+    cfg, path = tiny
+
+    def boom(*args, **kwargs):
+        raise AssertionError("retrained although cached")
+
+    monkeypatch.setattr(we, "train_dual_encoder", boom)
+    assert we.world_encoder(cfg, progress=False) == path
+    base = we.encoder_key(cfg)
+    assert we.encoder_key(load(None, [*TINY, "retriever.lr=1e-4"])) != base
+    assert we.encoder_key(load(None, [*TINY, "world.seed=3"])) != base
+    assert we.encoder_key(load(None, [*TINY, "run.seed=3"])) != base
+    # Evaluation batch size and world.out do not change the trained weights.
+    assert we.encoder_key(load(None, [*TINY, "retriever.batch_size_eval=7"])) == base
+    assert we.encoder_key(load(None, [*TINY, "world.out=elsewhere"])) == base
+
+
+def test_probe_writes_numbers_and_bar(tiny, tmp_path):
+    cfg, path = tiny
+    res = we.probe((path, cfg.world.out), out=tmp_path / "probe.json", progress=False)
+    saved = json.loads((tmp_path / "probe.json").read_text())
+    assert set(saved["probe"]) == set(we.MAIN_LABELS)
+    for v in saved["probe"].values():
+        assert 0.0 <= v["test"] <= 1.0
+    ret = saved["retrieval"]
+    assert ret["n_distractors"] == 11  # min(99, 12 test images - 1)
+    assert 0.0 < ret["reference_oracle_R@1"] <= 1.0
+    assert set(saved["bar"]["passed"]) == {"probe/shape", "probe/color", "probe/size", "probe/position",
+                                           "reference/R@1", "dense/R@1"}  # fmt: skip
+    assert res["out"] == str(tmp_path / "probe.json")
