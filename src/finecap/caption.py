@@ -126,8 +126,13 @@ def retrieval_validator(cfg: Config):
     if len(records) < 2:
         raise ValueError("train.validators=[retrieval] needs at least 2 validation images (world.n_val)")
     scorer = SelfRetrieval(
-        retriever, records, cache_dir=cfg.run.cache_dir, n_distractors=min(cfg.eval.n_distractors, len(records) - 1),
-        draws=cfg.eval.draws, seed=cfg.eval.seed, protocols=("rd",),
+        retriever,
+        records,
+        cache_dir=cfg.run.cache_dir,
+        n_distractors=min(cfg.eval.n_distractors, len(records) - 1),
+        draws=cfg.eval.draws,
+        seed=cfg.eval.seed,
+        protocols=("rd",),
     )
 
     def validator(model: Any, cfg: Config, accelerator: Accelerator) -> dict[str, float]:

@@ -58,6 +58,13 @@ TRAIN_STAGES: dict[str, str | None] = {
     "scst_me": "mle",
     "discritune": "mle",
     "sr_bagcurri": "mle",
+    "smile_random": "mle",
+    "smile_reverse": "mle",
+}
+# Ablation stages: the recipe they run and the overrides that make them (SMILE Sec. 3.4 subsetting ablations).
+ABLATIONS: dict[str, tuple[str, list[str]]] = {
+    "smile_random": ("smile", ["smile.subset=random"]),
+    "smile_reverse": ("smile", ["smile.subset=reverse"]),
 }
 # Stages whose set-level diversity (5 captions per image, sampled and beam) is reported (exploration paper Table 4).
 DIVERSITY_STAGES = ("mle", "mle_continued", "scst", "sle", "scst_me")
@@ -85,10 +92,11 @@ class Demo:
 
     def stage_config(self, stage: str) -> Config:
         """The stage's recipe over the demo base settings, the user's overrides on top, its own run directory."""
-        recipe = RECIPES / f"{stage}.yaml"
+        name, variant = ABLATIONS.get(stage, (stage, []))
+        recipe = RECIPES / f"{name}.yaml"
         if not recipe.exists():
             raise FileNotFoundError(f"demo stage {stage!r}: recipe {recipe} not found")
-        cfg = load(recipe, self.items, base=DEFAULT, over=QUICK if self.quick else None)
+        cfg = load(recipe, [*variant, *self.items], base=DEFAULT, over=QUICK if self.quick else None)
         init = TRAIN_STAGES[stage]
         run = dataclasses.replace(cfg.run, dir=str(self.stage_dir(stage)))
         train = cfg.train
@@ -203,6 +211,19 @@ def diversity_metrics(demo: Demo, stage: str, references: dict[Any, list[str]]) 
     return out
 
 
+def smile_length_plot(demo: Demo) -> Path | None:
+    """Mean validation caption length over training steps for each SMILE subset mode (SMILE Fig. 4a), when at least
+    one ablation run is present next to ``smile``."""
+    from finecap.report.plots import length_curves
+
+    runs = {label: demo.stage_dir(stage) for label, stage in
+            (("sequence (SMILE)", "smile"), ("random", "smile_random"), ("reverse", "smile_reverse"))}  # fmt: skip
+    runs = {label: path for label, path in runs.items() if (path / "metrics.jsonl").exists()}
+    if len(runs) < 2:
+        return None
+    return length_curves(runs, demo.run_dir / "smile_length.png", start=demo.stage_dir("mle"))
+
+
 def stage_report(demo: Demo) -> dict[str, dict[str, float]]:
     from finecap.data.datasets import load_records
     from finecap.data.formats import read_results, write_results
@@ -245,6 +266,9 @@ def stage_report(demo: Demo) -> dict[str, dict[str, float]]:
     if diversity_rows:
         table += "\n\n5 captions per test image (random sampling at T = 1; the top 5 of beam search):\n\n"
         table += markdown_table(diversity_rows, DIVERSITY_COLUMNS)
+    plot = smile_length_plot(demo)
+    if plot is not None:
+        print(f"wrote {plot}")
     write_json(demo.run_dir / "results.json", rows)
     (demo.run_dir / "results.md").write_text(table + "\n")
     print(table)

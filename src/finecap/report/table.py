@@ -23,8 +23,9 @@ def _fmt(value: object) -> str:
     return str(value)
 
 
-def markdown_table(rows: Mapping[str, Mapping[str, object]], columns: Sequence[str] | None = None,
-                   row_header: str = "stage") -> str:
+def markdown_table(
+    rows: Mapping[str, Mapping[str, object]], columns: Sequence[str] | None = None, row_header: str = "stage"
+) -> str:
     """A Markdown table with one row per key of ``rows``; missing cells print as ``-``."""
     if columns is None:
         columns = []
