@@ -115,15 +115,9 @@ SAMPLERS: dict[str, str] = {
 
 def get_sampler(cfg: Config, dataset: Any, global_batch_size: int) -> GlobalBatchSampler:
     """The training sampler named by ``data.sampler`` (a name of :data:`SAMPLERS` or ``"pkg.module:factory"``)."""
-    from finecap.objectives import import_object
+    from finecap.registry import lookup
 
-    name = cfg.data.sampler
-    if ":" not in name and name not in SAMPLERS:
-        raise ValueError(
-            f"data.sampler: unknown sampler {name!r}; valid names: {', '.join(sorted(SAMPLERS))} "
-            "(or a dotted path 'pkg.module:factory')"
-        )
-    factory = import_object(SAMPLERS.get(name, name), "data.sampler")
+    factory = lookup(cfg.data.sampler, SAMPLERS, "data.sampler", "sampler")
     return factory(cfg, dataset, global_batch_size)
 
 

@@ -15,11 +15,11 @@ Example::
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from finecap.objectives.base import Objective, ObjectiveOutput, TrainContext
+from finecap.registry import import_object, lookup
 
 if TYPE_CHECKING:
     from finecap.config import Config
@@ -35,30 +35,7 @@ OBJECTIVES: dict[str, str] = {
 }
 
 
-def import_object(path: str, option: str) -> Any:
-    """Import ``"pkg.module:attribute"``; errors name ``option`` (the config key that holds the path)."""
-    module_name, sep, attr = path.partition(":")
-    if not sep or not module_name or not attr:
-        raise ValueError(f"{option}: {path!r} is not a dotted path of the form 'pkg.module:factory'")
-    try:
-        module = importlib.import_module(module_name)
-    except ImportError as e:
-        raise ValueError(f"{option}: cannot import module {module_name!r} of {path!r}: {e}") from e
-    try:
-        return getattr(module, attr)
-    except AttributeError:
-        raise ValueError(f"{option}: module {module_name!r} has no attribute {attr!r}") from None
-
-
 def get_objective(name: str, cfg: Config) -> Objective:
     """Build the objective ``name`` (a registry name or ``"pkg.module:factory"``) from ``cfg``."""
-    if ":" in name:
-        factory: Callable[[Config], Objective] = import_object(name, "train.objective")
-    elif name in OBJECTIVES:
-        factory = import_object(OBJECTIVES[name], "train.objective")
-    else:
-        raise ValueError(
-            f"train.objective: unknown objective {name!r}; valid names: {', '.join(sorted(OBJECTIVES))} "
-            "(or a dotted path 'pkg.module:factory')"
-        )
+    factory: Callable[[Config], Objective] = lookup(name, OBJECTIVES, "train.objective", "objective")
     return factory(cfg)

@@ -34,17 +34,9 @@ REWARDS: dict[str, str] = {
 
 def get_reward(name: str, cfg: Config) -> Reward:
     """Build the reward ``name`` (a :data:`REWARDS` name or ``"pkg.module:factory"``) from ``cfg``."""
-    from finecap.objectives import import_object
+    from finecap.registry import lookup
 
-    if ":" in name:
-        factory: Callable[[Config], Reward] = import_object(name, "rl.rewards")
-    elif name in REWARDS:
-        factory = import_object(REWARDS[name], "rl.rewards")
-    else:
-        raise ValueError(
-            f"rl.rewards: unknown reward {name!r}; valid names: {', '.join(sorted(REWARDS))} "
-            "(or a dotted path 'pkg.module:factory')"
-        )
+    factory: Callable[[Config], Reward] = lookup(name, REWARDS, "rl.rewards", "reward")
     return factory(cfg)
 
 

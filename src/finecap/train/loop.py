@@ -48,8 +48,9 @@ from tqdm.auto import tqdm
 
 from finecap.data.datasets import CaptionCollator, CaptionDataset, load_records, model_collator, to_device
 from finecap.data.samplers import ShardedBatches, get_sampler, process_slice
-from finecap.objectives import TrainContext, get_objective, import_object
+from finecap.objectives import TrainContext, get_objective
 from finecap.objectives.mle import IGNORE_INDEX
+from finecap.registry import lookup
 from finecap.train.checkpoint import (
     BEST,
     LAST,
@@ -197,15 +198,8 @@ def total_steps(cfg: Config, sampler: Any) -> int:
 
 
 def resolve_validators(cfg: Config, extra: Sequence[Validator] | None) -> list[Validator]:
-    out: list[Validator] = []
-    for name in cfg.train.validators:
-        if ":" not in name and name not in VALIDATORS:
-            raise ValueError(
-                f"train.validators: unknown validator {name!r}; valid names: {', '.join(sorted(VALIDATORS))} "
-                "(or a dotted path 'pkg.module:factory')"
-            )
-        out.append(import_object(VALIDATORS.get(name, name), "train.validators")(cfg))
-    return out + list(extra or [])
+    factories = [lookup(name, VALIDATORS, "train.validators", "validator") for name in cfg.train.validators]
+    return [factory(cfg) for factory in factories] + list(extra or [])
 
 
 def weighted_loss(losses: dict[str, torch.Tensor], weights: dict[str, float]) -> torch.Tensor:
