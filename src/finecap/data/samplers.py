@@ -19,6 +19,7 @@ differently per epoch (e.g. whole bags per batch) and plug in the same way.
 
 from __future__ import annotations
 
+import abc
 import math
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
@@ -30,11 +31,12 @@ if TYPE_CHECKING:
     from finecap.config import Config
 
 
-class GlobalBatchSampler:
+class GlobalBatchSampler(abc.ABC):
     """Base class: ``batches(epoch)`` returns the list of global batches (lists of dataset indices) of an epoch."""
 
+    @abc.abstractmethod
     def batches(self, epoch: int) -> list[list[int]]:
-        raise NotImplementedError
+        """The global batches of ``epoch``, a pure function of the sampler's seed and ``epoch``."""
 
     def num_batches(self, epoch: int) -> int:
         """Number of global batches of ``epoch`` (override when it is cheaper than building them)."""
