@@ -149,18 +149,24 @@ def train_stage(stage: str) -> Callable[[Demo], None]:
     return run
 
 
-def caption_stage(demo: Demo, stage: str) -> Path:
-    """Greedy test-split captions of the stage's best checkpoint (COCO results format)."""
-    from finecap.caption import generate_captions
-    from finecap.data.formats import write_results
+def best_model(demo: Demo, stage: str) -> Any:
+    """The stage's best checkpoint as a captioner in eval mode."""
     from finecap.models.clipcap import ClipCap
     from finecap.train.checkpoint import model_dir
+
+    return ClipCap.from_checkpoint(model_dir(demo.stage_dir(stage) / "checkpoints" / "best")).eval()
+
+
+def caption_stage(demo: Demo, stage: str) -> Path:
+    """Test-split captions of the stage's best checkpoint, decoded with its ``decode.*`` (beam 5 in the demo)."""
+    from finecap.caption import generate_captions
+    from finecap.data.formats import write_results
 
     out = demo.stage_dir(stage) / "captions_test.json"
     if out.exists() and not demo.cfg.demo.force:
         return out
     cfg = demo.stage_config(stage)
-    model = ClipCap.from_checkpoint(model_dir(demo.stage_dir(stage) / "checkpoints" / "best")).eval()
+    model = best_model(demo, stage)
     captions = generate_captions(model, cfg, "test")
     write_results(out, {i: c[0] for i, c in captions.items()})
     return out
@@ -180,8 +186,6 @@ def test_bags(demo: Demo) -> dict[int, list[list[Any]]]:
 def stage_samples(demo: Demo, stage: str, mode: str) -> dict[Any, list[str]]:
     """``SAMPLES`` captions per test image of the stage's best checkpoint: ``sample`` (T = 1) or ``beam`` (top 5)."""
     from finecap.caption import generate_captions
-    from finecap.models.clipcap import ClipCap
-    from finecap.train.checkpoint import model_dir
 
     path = demo.stage_dir(stage) / f"samples_test_{mode}.json"
     if path.exists() and not demo.cfg.demo.force:
@@ -189,7 +193,7 @@ def stage_samples(demo: Demo, stage: str, mode: str) -> dict[Any, list[str]]:
     cfg = demo.stage_config(stage)
     settings = {"sample": {"strategy": "sample", "temperature": 1.0}, "beam": {"strategy": "beam"}}[mode]
     decode = dataclasses.replace(cfg.decode, beam_size=SAMPLES, num_return_sequences=SAMPLES, **settings)
-    model = ClipCap.from_checkpoint(model_dir(demo.stage_dir(stage) / "checkpoints" / "best")).eval()
+    model = best_model(demo, stage)
     samples = generate_captions(model, cfg, "test", decode=decode)
     write_json(path, {str(k): v for k, v in samples.items()})
     return samples
