@@ -156,7 +156,7 @@ def main(
     from finecap.data.formats import write_results
     from finecap.models.clipcap import ClipCap
     from finecap.train.checkpoint import model_dir
-    from finecap.train.loop import make_accelerator
+    from finecap.app.train import make_accelerator
 
     if data:
         cfg = dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, path=str(data)))

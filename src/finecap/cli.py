@@ -73,7 +73,7 @@ def cmd_retriever_probe(args: argparse.Namespace) -> None:
 
 
 def cmd_train(args: argparse.Namespace) -> None:
-    from finecap.train.loop import train
+    from finecap.app.train import train
 
     train(_config(args), resume=args.resume)
 

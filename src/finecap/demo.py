@@ -130,7 +130,7 @@ def stage_retriever(demo: Demo) -> None:
 
 def train_stage(stage: str) -> Callable[[Demo], None]:
     def run(demo: Demo) -> None:
-        from finecap.train.loop import train
+        from finecap.app.train import train
 
         out = demo.stage_dir(stage)
         done = out / "DONE"

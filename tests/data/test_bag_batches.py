@@ -16,7 +16,7 @@ from finecap.models.clipcap import ClipCap
 from finecap.models.presets import save_tiny_clip
 from finecap.rewards.retrieval import RetrievalReward
 from finecap.train.checkpoint import checkpoint_dir, model_dir
-from finecap.train.loop import train
+from finecap.app.train import train
 
 RECIPES = Path(__file__).resolve().parents[2] / "recipes" / "demo"
 N_TRAIN = 40

@@ -5,7 +5,7 @@ from finecap.config import DecodeConfig
 from finecap.data.datasets import load_records
 from finecap.models.clipcap import ClipCap
 from finecap.train.checkpoint import checkpoint_dir, model_dir
-from finecap.train.loop import train
+from finecap.app.train import train
 
 
 def test_caption_stats_hand_computed():

@@ -10,7 +10,7 @@ from finecap.models.clipcap import ClipCap, build_captioner
 from finecap.objectives import ObjectiveOutput
 from finecap.objectives.mle import MLE
 from finecap.train.checkpoint import checkpoint_dir, model_dir
-from finecap.train.loop import (
+from finecap.app.train import (
     build_model,
     build_optimizer,
     config_changes,

@@ -7,7 +7,7 @@ import torch
 
 from finecap.models.clipcap import ClipCap
 from finecap.train.checkpoint import checkpoint_dir, model_dir
-from finecap.train.loop import train
+from finecap.app.train import train
 
 
 class Killed(Exception):

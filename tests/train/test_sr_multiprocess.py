@@ -19,7 +19,7 @@ import torch
 
 from finecap.config import load
 from finecap.models.presets import save_tiny_clip
-from finecap.train.loop import train
+from finecap.app.train import train
 
 RECIPE = Path(__file__).resolve().parents[2] / "recipes" / "demo" / "discritune.yaml"
 

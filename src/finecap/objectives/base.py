@@ -1,6 +1,6 @@
 """What an objective is: ``objective(model, batch) -> ObjectiveOutput(losses, metrics)``.
 
-The training loop (:func:`finecap.train.loop.train`) multiplies each named loss by its weight
+The training loop (:func:`finecap.app.train.train`) multiplies each named loss by its weight
 (``train.loss_weights``, 1.0 when absent), sums them, back-propagates the sum and logs every part as
 ``loss/<name>`` next to the objective's ``metrics`` (plain floats, e.g. token accuracy or a mean reward).
 
