@@ -1,6 +1,6 @@
 """The CLI parses, builds the configuration and reports errors without a traceback."""
 
-from finecap.cli import main
+from finecap.app.cli import main
 
 
 def test_config_prints_resolved(capsys):

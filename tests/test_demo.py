@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from finecap.cli import main
+from finecap.app.cli import main
 
 pytestmark = pytest.mark.slow
 

@@ -226,7 +226,7 @@ def test_read_predictions_with_samples(tmp_path):
 
 
 def test_eval_command_end_to_end_text_metrics(world, tmp_path, capsys):
-    from finecap.cli import main as cli
+    from finecap.app.cli import main as cli
 
     refs = load_references(load(), world, split="test")
     assert refs.scenes is not None and len(refs.records) == 12
@@ -248,7 +248,7 @@ def test_eval_command_end_to_end_text_metrics(world, tmp_path, capsys):
 
 
 def test_eval_command_unknown_metric_and_missing_ids(world, tmp_path, capsys):
-    from finecap.cli import main as cli
+    from finecap.app.cli import main as cli
 
     write_results(tmp_path / "r.json", {99999: "a red circle"})
     args = ["eval", "--predictions", str(tmp_path / "r.json"), "--references", str(world), "--out",
@@ -272,7 +272,7 @@ def test_default_metrics_skip_what_cannot_run(world, tmp_path, capsys):
 
 
 def test_bags_build_and_clip_metrics_end_to_end(world, clip_dir, tmp_path, capsys):
-    from finecap.cli import main as cli
+    from finecap.app.cli import main as cli
 
     overrides = [f"retriever.checkpoint={clip_dir}", f"run.cache_dir={tmp_path / 'cache'}", "eval.n_distractors=5",
                  "eval.draws=2"]  # fmt: skip

@@ -47,7 +47,7 @@ def test_two_cpu_processes(make_cfg, tiny_world, tiny_encoder, tmp_path):
     ]
     cmd = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
            "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
-           "--main_process_port", str(free_port()), "-m", "finecap.cli", "train", *overrides]  # fmt: skip
+           "--main_process_port", str(free_port()), "-m", "finecap.app.cli", "train", *overrides]  # fmt: skip
     env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=180, env=env)
     assert proc.returncode == 0, proc.stderr[-3000:]

@@ -53,7 +53,7 @@ def test_in_batch_distractors_are_the_global_batch(tiny_world, clip_dir, tmp_pat
     two = tmp_path / "two"
     cmd = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
            "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
-           "--main_process_port", str(free_port()), "-m", "finecap.cli", "train", str(RECIPE), *common,
+           "--main_process_port", str(free_port()), "-m", "finecap.app.cli", "train", str(RECIPE), *common,
            f"run.dir={two}", "train.batch_size=8"]  # fmt: skip
     env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=180, env=env)

@@ -16,7 +16,7 @@ come from ``train.validators`` (names of :data:`VALIDATORS`, or ``"pkg.module:fa
 returning the validator) and from the ``validators`` argument. Example: a self-retrieval validator returning
 ``{"r@1": ...}`` with ``train.best_metric=r@1`` keeps the checkpoint that retrieves best, as SMILE does.
 
-Multi-process (``accelerate launch --multi_gpu --num_processes N -m finecap.cli train ...``, or ``torchrun``): each
+Multi-process (``accelerate launch --multi_gpu --num_processes N -m finecap.app.cli train ...``, or ``torchrun``): each
 process takes its slice of every global batch (see :mod:`finecap.data.samplers`); the model is *not* wrapped in
 ``DistributedDataParallel`` because objectives call methods other than ``forward`` (``generate``,
 ``sequence_logprob``) whose gradients DDP would not synchronise. Instead every process starts from the main

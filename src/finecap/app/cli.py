@@ -106,7 +106,7 @@ def cmd_bags_build(args: argparse.Namespace) -> None:
 
 
 def cmd_demo(args: argparse.Namespace) -> None:
-    from finecap.demo import load_demo_config, main
+    from finecap.app.demo import load_demo_config, main
 
     recipe, items = _split_recipe(list(args.items))
     flags = []

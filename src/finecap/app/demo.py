@@ -26,7 +26,7 @@ from typing import Any
 from finecap.config import Config, load
 from finecap.utils import read_json, write_json
 
-RECIPES = Path(__file__).resolve().parents[2] / "recipes" / "demo"
+RECIPES = Path(__file__).resolve().parents[3] / "recipes" / "demo"
 
 # Settings of the default demo that differ from the library defaults (beneath recipes and user overrides).
 # Test captions use beam search (beam 5), as ClipCap, DiscriTune and NDLB evaluate.
