@@ -138,12 +138,14 @@ class ModelConfig:
     tiny_layers: int = doc(3, "world-tiny LM: GPT-2 layers.")
     tiny_hidden: int = doc(128, "world-tiny LM: hidden size (n_embd).")
     tiny_heads: int = doc(4, "world-tiny LM: attention heads (must divide model.tiny_hidden).")
+    tiny_dropout: float = doc(0.1, "world-tiny LM: dropout of embeddings, residuals and attention (GPT-2's 0.1).")
 
     def __post_init__(self) -> None:
         _check(self.prefix_length >= 1, "model.prefix_length", "must be >= 1")
         _check(self.mapper_layers >= 1, "model.mapper_layers", "must be >= 1")
         _check(self.mapper_heads >= 1, "model.mapper_heads", "must be >= 1")
         _check(self.tiny_layers >= 1, "model.tiny_layers", "must be >= 1")
+        _check(0.0 <= self.tiny_dropout < 1.0, "model.tiny_dropout", "must be in [0, 1)")
         heads_ok = self.tiny_heads >= 1 and self.tiny_hidden % self.tiny_heads == 0
         _check(heads_ok, "model.tiny_heads", f"must be >= 1 and divide model.tiny_hidden={self.tiny_hidden}")
 
@@ -154,7 +156,11 @@ class TrainConfig:
     init_from: str = doc("", "Checkpoint directory to start from (empty = fresh model).")
     epochs: float = doc(10.0, "Training epochs (fractional allowed); ignored when train.max_steps > 0.")
     max_steps: int = doc(0, "Stop after this many optimizer steps (0 = use train.epochs).")
-    batch_size: int = doc(64, "Images per batch (per process).")
+    batch_size: int = doc(
+        64,
+        "Examples per micro-batch per process; effective batch = batch_size x processes x train.grad_accum_steps.",
+    )
+    grad_accum_steps: int = doc(1, "Micro-batches accumulated per optimizer step (accelerate's accumulate).")
     lr: float = doc(2e-3, "Peak learning rate (AdamW).")
     weight_decay: float = doc(0.01, "AdamW weight decay.")
     warmup_steps: int = doc(100, "Linear warmup steps.")
@@ -172,10 +178,16 @@ class TrainConfig:
     validators: list[str] = doc([], "Validators run at each evaluation (loop.VALIDATORS names or 'pkg.mod:factory').")
     cpu: bool = doc(False, "Train on the CPU even when an accelerator (GPU) is available.")
     mixed_precision: Literal["no", "fp16", "bf16"] = doc("no", "Mixed precision of accelerate.")
+    log_with: list[str] = doc(
+        ["jsonl"], "Experiment trackers (accelerate log_with): jsonl (metrics.jsonl), tensorboard, wandb, mlflow, ..."
+    )
+    log_captions: int = doc(4, "Validation images whose greedy captions are logged as text at each evaluation.")
 
     def __post_init__(self) -> None:
         _check(self.epochs > 0 or self.max_steps > 0, "train.epochs/train.max_steps", "one of them must be > 0")
         _check(self.batch_size >= 1, "train.batch_size", "must be >= 1")
+        _check(self.grad_accum_steps >= 1, "train.grad_accum_steps", "must be >= 1")
+        _check(self.log_captions >= 0, "train.log_captions", "must be >= 0")
         _check(self.lr > 0, "train.lr", "must be > 0")
         _check(self.warmup_steps >= 0, "train.warmup_steps", "must be >= 0")
         _check(self.grad_clip >= 0, "train.grad_clip", "must be >= 0")

@@ -121,6 +121,40 @@ def _check_ids(pad_id: int, stop_ids: Sequence[int], vocab: int) -> None:
 
 
 # --------------------------------------------------------------------------------------------------------------------
+# Counter-based random numbers (seeded sampling)
+# --------------------------------------------------------------------------------------------------------------------
+
+_M32 = 0xFFFFFFFF
+
+
+def hash32(x: torch.Tensor) -> torch.Tensor:
+    """A 32-bit integer mixing function (int64 tensor in, values in ``[0, 2**32)`` out): two xor-shift-multiply
+    rounds with the constant 0x45d9f3b. Products stay below 2**58, so int64 arithmetic is exact.
+
+    >>> hash32(torch.tensor([0, 1, 2])).tolist()
+    [0, 824515495, 1722258072]
+    """
+    x = x.long() & _M32
+    x = (((x >> 16) ^ x) * 0x45D9F3B) & _M32
+    x = (((x >> 16) ^ x) * 0x45D9F3B) & _M32
+    return (x >> 16) ^ x
+
+
+def sample_keys(seeds: torch.Tensor, n: int) -> torch.Tensor:
+    """Keys ``(B*n,)`` of the ``n`` samples of each image (rows of one image contiguous, as the decoders order them)."""
+    j = torch.arange(n, device=seeds.device).repeat(seeds.shape[0])  # (B*n,)
+    return hash32(hash32(seeds.repeat_interleave(n)) ^ hash32(j + 0x9E3779B9))
+
+
+def seeded_gumbel(keys: torch.Tensor, t: int, vocab: int) -> torch.Tensor:
+    """Gumbel(0, 1) noise ``(N, V)`` (float64) for position ``t``, a pure function of ``(keys[n], t, v)``."""
+    step = hash32(keys ^ hash32(torch.full_like(keys, t + 1)))  # (N,)
+    v = hash32(torch.arange(vocab, device=keys.device) + 0x632BE5AB)  # (V,)
+    u = (hash32(step[:, None] ^ v[None, :]).double() + 0.5) / 2.0**32  # (N, V) uniform in (0, 1)
+    return -torch.log(-torch.log(u))
+
+
+# --------------------------------------------------------------------------------------------------------------------
 # Greedy and sampling
 # --------------------------------------------------------------------------------------------------------------------
 
@@ -131,10 +165,10 @@ def _token_loop(
     max_length: int,
     stop_ids: Sequence[int],
     pad_id: int,
-    choose: Callable[[torch.Tensor], torch.Tensor],
+    choose: Callable[[torch.Tensor, int], torch.Tensor],
     n: int,
 ) -> Generation:
-    """One token per row and step; ``choose(logits (N, V)) -> tokens (N,)``."""
+    """One token per row and step; ``choose(logits (N, V), t) -> tokens (N,)``."""
     logits, state = stepper.start(features)  # (B, V)
     B, V = logits.shape
     _check_ids(pad_id, stop_ids, V)
@@ -152,7 +186,7 @@ def _token_loop(
         if t > 0:
             logits, state = stepper.step(tokens[-1], state)  # (N, V)
         logp = F.log_softmax(logits.float(), dim=-1)  # (N, V) model distribution, temperature 1
-        tok = choose(logits).masked_fill(finished, pad_id)  # (N,)
+        tok = choose(logits, t).masked_fill(finished, pad_id)  # (N,)
         lp = logp.gather(1, tok[:, None]).squeeze(1).masked_fill(finished, 0.0)  # (N,)
         tokens.append(tok)
         logprobs.append(lp)
@@ -175,7 +209,7 @@ def greedy(
     stepper: Stepper, features: torch.Tensor, max_length: int, stop_ids: Sequence[int], pad_id: int
 ) -> Generation:
     """Arg-max decoding, one caption per image."""
-    return _token_loop(stepper, features, max_length, stop_ids, pad_id, lambda logits: logits.argmax(dim=-1), 1)
+    return _token_loop(stepper, features, max_length, stop_ids, pad_id, lambda logits, t: logits.argmax(dim=-1), 1)
 
 
 def sample(
@@ -189,17 +223,27 @@ def sample(
     top_p: float = 1.0,
     num_return_sequences: int = 1,
     generator: torch.Generator | None = None,
+    seeds: torch.Tensor | None = None,
 ) -> Generation:
     """Ancestral sampling from ``softmax(logits / temperature)`` restricted to top-k / top-p, n captions per image.
 
-    Uses ``generator`` (or torch's global RNG). Returned log-probs are of the untempered model (module docstring).
+    Uses ``generator`` (or torch's global RNG); with ``seeds (B,)`` (one integer per image) the draws are instead a
+    function of (image seed, sample number, position) only (:func:`seeded_gumbel`), so an image's samples do not
+    depend on the batch it is decoded in. Returned log-probs are of the untempered model (module docstring).
     """
     if temperature <= 0:
         raise ValueError(f"decode.temperature must be > 0, got {temperature}")
+    keys = None
+    if seeds is not None:
+        if seeds.shape != (features.shape[0],):
+            raise ValueError(f"sampling seeds must be one per image, (B,) = ({features.shape[0]},)")
+        keys = sample_keys(seeds.to(features.device), num_return_sequences)  # (B*n,)
 
-    def choose(logits: torch.Tensor) -> torch.Tensor:
-        probs = filter_logits(logits.float() / temperature, top_k, top_p).softmax(dim=-1)  # (N, V)
-        return torch.multinomial(probs, 1, generator=generator).squeeze(1)  # (N,)
+    def choose(logits: torch.Tensor, t: int) -> torch.Tensor:
+        scaled = filter_logits(logits.float() / temperature, top_k, top_p)  # (N, V)
+        if keys is not None:  # Gumbel-max: argmax(log p + G) is a draw from p
+            return (scaled.double() + seeded_gumbel(keys, t, scaled.shape[1])).argmax(dim=-1)  # (N,)
+        return torch.multinomial(scaled.softmax(dim=-1), 1, generator=generator).squeeze(1)  # (N,)
 
     return _token_loop(stepper, features, max_length, stop_ids, pad_id, choose, num_return_sequences)
 
@@ -293,8 +337,10 @@ def decode(
     cfg: DecodeConfig,
     tokenizer: Any,
     generator: torch.Generator | None = None,
+    seeds: torch.Tensor | None = None,
 ) -> Generation:
-    """Decode ``features (B, D)`` with the strategy of ``cfg``; fills ``texts`` with ``tokenizer``."""
+    """Decode ``features (B, D)`` with the strategy of ``cfg``; fills ``texts`` with ``tokenizer``. ``seeds (B,)``:
+    per-image sampling seeds (see :func:`sample`; ignored by greedy and beam search)."""
     if cfg.strategy not in STRATEGIES:
         raise ValueError(f"decode.strategy={cfg.strategy!r}; valid: {', '.join(STRATEGIES)}")
     stop_ids = stop_token_ids(tokenizer, cfg.stop_at_period)
@@ -311,7 +357,7 @@ def decode(
                           cfg.num_return_sequences)  # fmt: skip
     else:
         gen = sample(stepper, features, cfg.max_length, stop_ids, pad_id, cfg.temperature, cfg.top_k, cfg.top_p,
-                     cfg.num_return_sequences, generator)  # fmt: skip
+                     cfg.num_return_sequences, generator, seeds)  # fmt: skip
     gen.texts = texts_of(tokenizer, gen)
     return gen
 

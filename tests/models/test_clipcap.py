@@ -128,13 +128,13 @@ def test_padding_after_eos(trained):
 def test_returned_logprobs_equal_sequence_logprob(trained, cfg):
     model, feats, _, _ = trained
     gen = model.generate(feats, cfg, generator=torch.Generator().manual_seed(0))
-    lp = model.sequence_logprob(feats, gen.sequences, gen.mask, image_index=gen.image_index)
+    lp = model({"features": feats}, sequences=gen.sequences, mask=gen.mask, image_index=gen.image_index).logprobs
     assert torch.allclose(lp, gen.token_logprobs, atol=1e-5)
-    repeated = model.sequence_logprob(feats[gen.image_index], gen.sequences, gen.mask)
+    repeated = model({"features": feats[gen.image_index]}, sequences=gen.sequences, mask=gen.mask).logprobs
     assert torch.allclose(repeated, lp, atol=1e-6)
 
 
-def test_sequence_logprob_temperature_and_gradient():
+def test_forward_scores_sequences_with_temperature_entropy_and_gradient():
     model = tiny_captioner().train()
     feats = torch.randn(3, D)
     seqs = torch.tensor([[5, 6, 4, 0], [7, 8, 9, 4], [4, 0, 0, 0]])
@@ -143,9 +143,15 @@ def test_sequence_logprob_temperature_and_gradient():
     with torch.no_grad():
         logits = model(make_batch(model, feats, ["x"] * 3) | {"input_ids": seqs, "attention_mask": mask})
     manual = torch.log_softmax(logits / 0.5, -1).gather(-1, seqs[..., None]).squeeze(-1) * mask
-    lp = model.sequence_logprob(feats, seqs, mask, temperature=0.5)
+    scores = model({"features": feats}, sequences=seqs, mask=mask, temperature=0.5, with_entropy=True)
+    lp = scores.logprobs
     assert torch.allclose(lp, manual, atol=1e-5)
     assert (lp[mask == 0] == 0).all()
+    # entropies of the same temperature-0.5 distributions, 0 at padding
+    probs = torch.softmax(logits / 0.5, -1)
+    manual_h = -(probs * torch.log_softmax(logits / 0.5, -1)).sum(-1) * mask
+    assert torch.allclose(scores.entropy, manual_h, atol=1e-4)
+    assert model({"features": feats}, sequences=seqs, mask=mask).entropy is None
     lp.sum().backward()
     assert model.mapper.net[0].weight.grad.abs().sum() > 0
     assert model.lm.transformer.h[0].attn.c_attn.weight.grad.abs().sum() > 0
@@ -193,7 +199,7 @@ def test_mappers_shapes_and_module_names():
     with pytest.raises(ValueError, match="model.mapper_heads"):
         TransformerMapper(D, 32, K, layers=1, heads=5)
     model = tiny_captioner(mapper="transformer", mapper_layers=1, mapper_heads=4)
-    assert model.prefix(feats).shape == (3, K, 32)
+    assert model._prefix(feats).shape == (3, K, 32)
     # LoRA targets (c_attn/c_proj/q_proj/v_proj) appear only inside the LM, never in the mapper
     names = [n for n, _ in model.named_modules()]
     targets = ("c_attn", "c_proj", "q_proj", "v_proj")

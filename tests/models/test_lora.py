@@ -12,7 +12,7 @@ from transformers import AutoModelForCausalLM, CLIPModel
 
 from finecap.config import DecodeConfig, load
 from finecap.models import lora
-from finecap.models.clipcap import ClipCap
+from finecap.models.clipcap import ClipCap, export_merged
 from finecap.models.presets import build_world_lm, save_tiny_clip
 from finecap.models.retriever import Retriever
 from finecap.models.vision import VisionEncoder
@@ -185,7 +185,7 @@ def test_checkpoint_saves_base_and_peft_adapters_and_reloads_them(clip_dir, tmp_
     assert not lora.has_adapters(merged)
     with torch.no_grad():
         assert torch.allclose(merged.eval()(batch), expected, atol=1e-5)
-    export = lora.export_merged(out, tmp_path / "merged")
+    export = export_merged(out, tmp_path / "merged")
     assert json.loads((export / "captioner.json").read_text())["lora"] == {}
     with torch.no_grad():
         assert torch.allclose(ClipCap.from_checkpoint(export).eval()(batch), expected, atol=1e-5)

@@ -74,7 +74,7 @@ def test_build_from_paths_forward_generate_save_reload(checkpoints, tmp_path):
 
     gen = model.generate(feats, DecodeConfig(strategy="beam", beam_size=2, num_return_sequences=2, max_length=6))
     assert gen.sequences.shape[0] == 6 and len(gen.texts) == 6 and all(isinstance(t, str) for t in gen.texts)
-    lp = model.sequence_logprob(feats, gen.sequences, gen.mask, image_index=gen.image_index)
+    lp = model({"features": feats}, sequences=gen.sequences, mask=gen.mask, image_index=gen.image_index).logprobs
     assert torch.allclose(lp, gen.token_logprobs, atol=1e-5)
 
     model.save(tmp_path / "ckpt")

@@ -7,6 +7,8 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from finecap.models.captioner import TokenScores
+
 from finecap.config import load
 from finecap.decode import Generation
 from finecap.models.clipcap import ClipCap
@@ -114,7 +116,7 @@ class StandIn(torch.nn.Module):
         self.lp = torch.nn.Parameter(torch.tensor(token_logprobs))
         self.texts, self.lengths = texts, lengths
 
-    def generate(self, batch, cfg):
+    def generate(self, batch, cfg, seeds=None):
         greedy = cfg.strategy == "greedy"
         texts = ["a b c d"] if greedy else self.texts
         L = self.lp.shape[1]
@@ -127,11 +129,8 @@ class StandIn(torch.nn.Module):
             texts=list(texts),
         )
 
-    def image_features(self, batch):
-        return batch["features"]
-
-    def sequence_logprob(self, features, sequences, mask, temperature=1.0, image_index=None):
-        return self.lp * mask
+    def forward(self, batch, sequences, mask, image_index=None, temperature=1.0, with_entropy=False):
+        return TokenScores(self.lp * mask)
 
 
 def test_surrogate_loss_eq_15_16_with_baselines():

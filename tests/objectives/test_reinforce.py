@@ -13,7 +13,8 @@ from finecap.models.clipcap import ClipCap
 from finecap.models.presets import build_world_lm
 from finecap.objectives import get_objective
 from finecap.objectives.baselines import GreedyBaseline, LeaveOneOut, MeanBaseline, NoBaseline, build_baseline
-from finecap.objectives.entropy import logprobs_and_entropy, mean_entropy, token_entropy
+from finecap.models.captioner import TokenScores, token_scores
+from finecap.objectives.entropy import mean_entropy, token_entropy
 from finecap.objectives.reinforce import Reinforce, sequence_logprob
 from finecap.rewards import RewardOutput, WeightedSum, caption_rows
 
@@ -36,7 +37,7 @@ class TableReward:
 
 
 class StandIn(torch.nn.Module):
-    """Decodes fixed captions; ``sequence_logprob`` returns a fixed (N, L) parameter (0 at padding), so the loss and
+    """Decodes fixed captions; ``forward`` scores them with a fixed (N, L) parameter (0 at padding), so the loss and
     its gradient are known. Records the mode and gradient state of every call."""
 
     def __init__(self, texts, token_logprobs, lengths, samples, greedy_texts=None):
@@ -56,7 +57,7 @@ class StandIn(torch.nn.Module):
             texts=list(texts),
         )
 
-    def generate(self, batch, cfg):
+    def generate(self, batch, cfg, seeds=None):
         self.calls.append(("generate", cfg.strategy, self.training, torch.is_grad_enabled()))
         B = batch["features"].shape[0]
         if cfg.strategy == "greedy" and self.samples != 1:
@@ -64,12 +65,9 @@ class StandIn(torch.nn.Module):
         assert cfg.num_return_sequences == self.samples
         return self._gen(self.texts, self.lengths, self.samples, B)
 
-    def image_features(self, batch):
-        return batch["features"]
-
-    def sequence_logprob(self, features, sequences, mask, temperature=1.0, image_index=None):
+    def forward(self, batch, sequences, mask, image_index=None, temperature=1.0, with_entropy=False):
         self.calls.append(("logprob", temperature, self.training))
-        return self.lp * mask
+        return TokenScores(self.lp * mask, torch.zeros_like(self.lp) if with_entropy else None)
 
 
 # Two images, two samples each. Token log-probs (0 at padding) and lengths:
@@ -163,25 +161,43 @@ def test_leave_one_out_baseline():
 def test_running_mean_baseline_cumulative_and_resume():
     idx = torch.tensor([0, 1])
     base = MeanBaseline()
-    # batch 1 (mean 2): no past rewards -> its own mean 2; running mean 2 (1 batch)
-    assert base(torch.tensor([1.0, 3.0]), idx, None).tolist() == [2.0, 2.0]
-    # batch 2 (mean 5): b = 2; then mean = 2 + (5 - 2)/2 = 3.5
+    # step 1 (mean 2): no past rewards -> b = 0 (as EGG); after the step the running mean is 2 (1 batch)
+    assert base(torch.tensor([1.0, 3.0]), idx, None).tolist() == [0.0, 0.0]
+    base.end_step()
+    # step 2 (mean 5): b = 2; then mean = 2 + (5 - 2)/2 = 3.5
     assert base(torch.tensor([4.0, 6.0]), idx, None).tolist() == [2.0, 2.0]
+    base.end_step()
     state = base.state_dict()
     assert state == {"mean": 3.5, "count": 2}
     resumed = MeanBaseline()
     resumed.load_state_dict(state)
-    # batch 3 (mean 0.5): b = 3.5; then mean = 3.5 + (0.5 - 3.5)/3 = 2.5
+    # step 3 (mean 0.5): b = 3.5; then mean = 3.5 + (0.5 - 3.5)/3 = 2.5
     for b in (base, resumed):
         assert b(torch.tensor([0.0, 1.0]), idx, None).tolist() == [3.5, 3.5]
+        b.end_step()
         assert b.mean == pytest.approx(2.5)
+
+
+def test_running_mean_baseline_counts_a_step_once_whatever_its_micro_batches():
+    # one step of rewards (1, 3, 4, 6) as one batch, or as two micro-batches: the same b during the step (the past
+    # mean, 0 here) and the same running mean after it, (1 + 3 + 4 + 6) / 4 = 3.5
+    idx = torch.tensor([0, 1])
+    whole, split = MeanBaseline(), MeanBaseline()
+    assert whole(torch.tensor([1.0, 3.0, 4.0, 6.0]), torch.tensor([0, 1, 2, 3]), None).tolist() == [0.0] * 4
+    assert split(torch.tensor([1.0, 3.0]), idx, None).tolist() == [0.0, 0.0]
+    assert split(torch.tensor([4.0, 6.0]), idx, None).tolist() == [0.0, 0.0]
+    whole.end_step()
+    split.end_step()
+    assert whole.state_dict() == split.state_dict() == {"mean": 3.5, "count": 1}
 
 
 def test_running_mean_baseline_exponential():
     idx = torch.tensor([0, 1])
     base = MeanBaseline(momentum=0.9)
-    base(torch.tensor([1.0, 3.0]), idx, None)  # b = 2 (own mean), mean = 2
+    base(torch.tensor([1.0, 3.0]), idx, None)  # b = 0, mean = 2 after the step
+    base.end_step()
     assert base(torch.tensor([4.0, 6.0]), idx, None).tolist() == [2.0, 2.0]  # mean = 0.9*2 + 0.1*5 = 2.3
+    base.end_step()
     assert base(torch.tensor([0.0, 0.0]), idx, None)[0].item() == pytest.approx(2.3)
 
 
@@ -189,6 +205,7 @@ def test_objective_state_holds_the_baseline():
     model = StandIn(TEXTS, LOGPROBS, LENGTHS, 2)
     objective = Reinforce(TableReward(REWARDS), MeanBaseline(), samples=2)
     objective(model, BATCH)  # rewards (1, 3, 2, 2): mean 2
+    objective.end_step()
     state = objective.state_dict()
     assert state["baseline"] == {"mean": 2.0, "count": 1}
     other = Reinforce(TableReward(REWARDS), MeanBaseline(), samples=2)
@@ -223,12 +240,10 @@ def test_token_entropy_and_masked_mean():
 class Uniform(StandIn):
     """A stand-in whose LM gives uniform logits over 2 tokens: every token log-prob is -ln 2, entropy ln 2."""
 
-    def prefix(self, features):
-        return features[:, None, :] + 0 * self.lp.sum()  # (B, 1, 3), depends on the parameter
-
-    def lm_logits(self, prefix, sequences, mask):
+    def forward(self, batch, sequences, mask, image_index=None, temperature=1.0, with_entropy=False):
         N, L = sequences.shape
-        return prefix[:, :1, :1].expand(N, L, 2) * 0.0 + 0 * self.lp.sum()  # (N, L, 2) zeros
+        logits = torch.zeros(N, L, 2) + 0 * self.lp.sum()  # (N, L, 2) uniform, depends on the parameter
+        return token_scores(logits, torch.zeros_like(sequences), mask, temperature, with_entropy)
 
 
 def test_max_entropy_loss():
@@ -298,13 +313,14 @@ def tiny_captioner(seed=0):
     return ClipCap(lm, tok, D, prefix_length=4)
 
 
-def test_logprobs_and_entropy_match_sequence_logprob():
+def test_entropy_comes_from_the_same_forward_as_the_logprobs():
     model = tiny_captioner().eval()
     feats = torch.randn(2, D)
     gen = model.generate(feats, DecodeConfig(strategy="sample", num_return_sequences=2, max_length=6))
-    token, h = logprobs_and_entropy(model, feats, gen.sequences, gen.mask, 0.7, gen.image_index)
-    ref = model.sequence_logprob(feats, gen.sequences, gen.mask, temperature=0.7, image_index=gen.image_index)
-    assert torch.allclose(token, ref, atol=1e-6)
+    kw = dict(sequences=gen.sequences, mask=gen.mask, image_index=gen.image_index, temperature=0.7)
+    both = model({"features": feats}, with_entropy=True, **kw)
+    assert torch.allclose(both.logprobs, model({"features": feats}, **kw).logprobs, atol=1e-6)
+    h = both.entropy
     assert bool((h[gen.mask] > 0).all()) and bool((h[~gen.mask] == 0).all())
 
 

@@ -190,43 +190,22 @@ def test_bag_mates_only():
         reward(distractors="bag")(["1 0"], {"image_ids": ["a"]})
 
 
-class TwoProcesses:
-    """Stand-in accelerator of process 0 of 2; process 1 holds ``other`` ((rows, bags) of its slice)."""
-
-    num_processes = 2
-    device = torch.device("cpu")
-
-    def __init__(self, other):
-        self.other = other
-
-    def pad_across_processes(self, tensor, dim=0, pad_index=0):
-        n = max(len(tensor), len(self.other))
-
-        def pad(t):
-            return torch.cat([t, torch.full((n - len(t), *t.shape[1:]), pad_index, dtype=t.dtype)])
-
-        self.padded_other = pad(self.other)
-        return pad(tensor)
-
-    def gather(self, tensor):
-        return torch.cat([tensor, self.padded_other])
-
-
-def test_global_batch_gathered_across_processes():
-    r = reward(accelerator=TwoProcesses(torch.tensor([[2, 0]])))  # process 1 trains on image c (table row 2)
-    out = r(["1 0", "0.6 0.8"], {"image_ids": ["a", "b"]})
-    # candidates a, b (this process) + c (the other one): the values of test_scores_of_the_three_variants
+def test_distractors_are_the_whole_steps_global_batch():
+    # the loop gives every micro-batch its step's global batch (a, b here; c on another process or micro-batch)
+    out = reward()(["1 0", "0.6 0.8"], {"image_ids": ["a", "b"], "step_image_ids": ["a", "b", "c"]})
+    # candidates a, b (this micro-batch) + c: the values of test_scores_of_the_three_variants
     assert close(out.total, [-0.460373, -1.151251])
     assert out.parts["candidates"].tolist() == [3.0, 3.0]
-    # one process alone would only see a and b: caption "0.6 0.8" -> b: logits (1.2, 1.6)
+    # without the step's ids only a and b are candidates: caption "0.6 0.8" -> b: logits (1.2, 1.6)
     #   1.6 - log(3.320117 + 4.953032) = -0.513015
     assert close(reward()(["1 0", "0.6 0.8"], {"image_ids": ["a", "b"]}).total[1:], [-0.513015])
 
 
-def test_global_bag_numbers_are_gathered_too():
-    r = reward(distractors="bag", accelerator=TwoProcesses(torch.tensor([[1, 0]])))  # process 1: b in bag 0
-    out = r(["1 0"], {"image_ids": ["a", "c"], "bag": torch.tensor([0, 1])})
-    # a's bag-mate b lives on the other process: logits (a 2, b 0) -> -0.126928
+def test_bag_mates_come_from_the_steps_global_batch_too():
+    batch = {"image_ids": ["a", "c"], "bag": torch.tensor([0, 1]),
+             "step_image_ids": ["a", "c", "b"], "step_bags": torch.tensor([0, 1, 0])}  # fmt: skip
+    out = reward(distractors="bag")(["1 0"], batch)
+    # a's bag-mate b is in another micro-batch of the step: logits (a 2, b 0) -> -0.126928
     assert close(out.total, [-0.126928])
 
 

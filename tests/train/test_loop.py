@@ -4,6 +4,7 @@ import json
 
 import pytest
 import torch
+from accelerate import Accelerator
 
 from finecap.data.samplers import RandomBatches
 from finecap.models.clipcap import ClipCap, build_captioner
@@ -123,22 +124,24 @@ def test_config_changes_reported_on_resume(make_cfg, tmp_path):
 
 
 class TwoLosses:
-    """Objective with losses a = 100 * sum(p) and b = 200 * sum(p) on a 4-element parameter p."""
+    """Objective with losses a = c * 100 * sum(p) and b = c * 200 * sum(p) on a 4-element parameter p, where c is the
+    batch's ``scale`` (1 by default), a mean over ``batch["items"]`` items."""
 
     def __call__(self, model, batch):
-        s = model.p.sum()
-        return ObjectiveOutput(losses={"a": 100 * s, "b": 200 * s}, metrics={"m": 7.0})
+        s = model.p.sum() * batch.get("scale", 1.0)
+        return ObjectiveOutput(losses={"a": 100 * s, "b": 200 * s}, metrics={"m": 7.0}, num_items=batch.get("items"))
 
 
-def _step(make_cfg, *overrides):
-    from accelerate import Accelerator
-
+def _step(make_cfg, *overrides, micro_batches=({"image_ids": [0, 1]},)):
     cfg = make_cfg("train.weight_decay=0", "train.warmup_steps=0", *overrides)
     model = torch.nn.Module()
     model.p = torch.nn.Parameter(torch.zeros(4))
     optimizer = build_optimizer(model, cfg)
     scheduler = build_scheduler(optimizer, warmup=0, total=10, kind="constant")
-    values = train_step(model, {}, TwoLosses(), optimizer, scheduler, Accelerator(cpu=True), cfg)
+    accelerator = Accelerator(cpu=True, gradient_accumulation_steps=cfg.train.grad_accum_steps,
+                              step_scheduler_with_optimizer=False)  # fmt: skip
+    optimizer, scheduler = accelerator.prepare(optimizer, scheduler)
+    values = train_step(model, list(micro_batches), TwoLosses(), optimizer, scheduler, accelerator, cfg)
     return model, values
 
 
@@ -154,6 +157,17 @@ def test_train_step_weights_logs_and_clips(make_cfg):
     assert torch.allclose(model.p.grad, torch.full((4,), 0.5)) and values["grad_norm"] == pytest.approx(400.0)
     # Adam's first step moves every element by lr against the gradient's sign
     assert torch.allclose(model.p.detach(), torch.full((4,), -3e-3))
+
+
+def test_accumulated_micro_batches_are_weighted_by_their_items(make_cfg):
+    # Two micro-batches whose losses are means over 1 and 3 items with scales 1 and 2: the step's gradient is that of
+    # the mean over all 4 items, (1 * 1 + 3 * 2) / 4 = 1.75 times the single-batch gradient of 200 -> 350 (not the
+    # plain mean of the two micro-batch gradients, (200 + 400) / 2 = 300).
+    micro = ({"items": 1, "scale": 1.0}, {"items": 3, "scale": 2.0})
+    model, values = _step(make_cfg, "train.loss_weights={b: 0.5}", "train.grad_clip=0", "train.grad_accum_steps=2",
+                          micro_batches=micro)  # fmt: skip
+    assert torch.allclose(model.p.grad, torch.full((4,), 350.0))
+    assert values["loss"] == 0.0 and values["grad_norm"] == pytest.approx(700.0)
 
 
 def test_init_from_starts_from_a_checkpoint(make_cfg):

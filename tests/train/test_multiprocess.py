@@ -14,7 +14,7 @@ import sys
 import pytest
 import torch
 
-from finecap.train.checkpoint import checkpoint_dir, load_trainer_state
+from finecap.train.checkpoint import checkpoint_dir
 
 
 def free_port() -> int:
@@ -64,7 +64,9 @@ def test_two_cpu_processes(make_cfg, tiny_world, tiny_encoder, tmp_path):
 
     info = json.loads((checkpoint_dir(run_dir, "last") / "trainer_state.json").read_text())
     assert info["num_processes"] == 2 and info["step"] == 12
-    processes = load_trainer_state(checkpoint_dir(run_dir, "last"))["processes"]
-    assert len(processes) == 2  # both processes' RNG states, gathered to the writer
-    assert not torch.equal(processes[0]["rng"]["torch"], processes[1]["rng"]["torch"])
+    state = checkpoint_dir(run_dir, "last") / "accelerate"  # accelerator.save_state: one RNG file per process
+    rng = [torch.load(state / f"random_states_{r}.pkl", weights_only=False) for r in range(2)]
+    assert not torch.equal(rng[0]["torch_manual_seed"], rng[1]["torch_manual_seed"])
+    loop_state = torch.load(state / "custom_checkpoint_0.pkl", weights_only=False)
+    assert loop_state["state"]["step"] == 12 and len(loop_state["processes"]) == 2  # both processes' states
     assert (checkpoint_dir(run_dir, "best") / "model").is_dir()

@@ -1,6 +1,6 @@
 import pytest
 
-from finecap.data.samplers import RandomBatches, ShardedBatches, process_slice, shard
+from finecap.data.samplers import RandomBatches, StepBatches, process_slice, shard, step_micro_batches
 
 
 def test_random_batches_reproducible_and_cover_each_index_once():
@@ -24,9 +24,19 @@ def test_shard_contiguous_even_and_never_empty():
 
 def test_sharded_batches_start_position():
     batches = [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9]]
-    assert list(ShardedBatches(batches, rank=1, world=2, start=1)) == [[6, 7], [9]]
-    assert len(ShardedBatches(batches, start=1)) == 2
-    assert list(ShardedBatches(batches)) == batches
+    assert list(StepBatches(batches, rank=1, world=2, start=1)) == [[6, 7], [9]]
+    assert len(StepBatches(batches, start=1)) == 2
+    assert list(StepBatches(batches)) == batches
+    # 2 accumulation steps: process 1 of 2 takes the last two of four slices of each global batch
+    assert list(StepBatches([list(range(8))], rank=1, world=2, accum=2)) == [[4, 5], [6, 7]]
+    assert len(StepBatches(batches, world=2, accum=2)) == 2 * len(batches)
+
+
+def test_micro_batches_cover_the_global_batch_whatever_the_split():
+    batch = list(range(10))
+    for world, accum in ((1, 1), (2, 1), (1, 2), (2, 2), (1, 4)):
+        parts = [mb for r in range(world) for mb in step_micro_batches(batch, r, world, accum)]
+        assert sorted(i for mb in parts for i in mb) == batch and all(parts)
 
 
 def test_process_slice():

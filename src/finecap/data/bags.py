@@ -30,7 +30,7 @@ bags. The bag order is shuffled every epoch from ``(seed, epoch)``; everything i
 
 **Several processes (accelerate).** :class:`BagCurriSampler` follows :mod:`finecap.data.samplers`: ``batches(epoch)``
 returns the *global* batches, and each process takes a contiguous slice of each (the training loop's
-``ShardedBatches``, or this sampler's own ``__iter__`` when built with ``num_processes``/``process_index``; the
+``StepBatches``, or this sampler's own ``__iter__`` when built with ``num_processes``/``process_index``; the
 DataLoader is then *not* passed through ``accelerator.prepare``, which would shard a second time). The number of
 bags per global batch is rounded down to a multiple of ``num_processes`` so that each process's slice holds whole
 bags (except possibly in the last batch of an epoch); the self-retrieval reward gathers the global batch, so the

@@ -90,6 +90,10 @@ class CaptionDataset(Dataset):
     def __len__(self) -> int:
         return len(self.examples)
 
+    def image_id(self, index: int) -> Any:
+        """The image id of example ``index`` (without loading anything)."""
+        return self.records[self.examples[index][0]].image_id
+
     def __getitem__(self, index: int) -> dict[str, Any]:
         i, j = self.examples[index]
         record = self.records[i]

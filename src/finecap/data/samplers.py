@@ -1,16 +1,17 @@
 """Batch samplers: which examples form each global batch of an epoch, and which part each process takes.
 
 A :class:`GlobalBatchSampler` returns the *global* batches of an epoch (all processes together), as a pure function
-of ``(seed, epoch)``; :class:`ShardedBatches` hands process ``rank`` its contiguous slice of each global batch,
+of ``(seed, epoch)``; :class:`StepBatches` hands process ``rank`` its contiguous micro-batches of each global batch,
 starting at a position inside the epoch. Hence:
 
 - the data order is the same with 1 or N processes (only how a global batch is split differs), and
 - ``--resume`` continues exactly where a run stopped: the trainer state stores ``(epoch, position)`` and the
   batches of the epoch are recomputed from the seed (nothing about the sampler itself needs saving).
 
-A global batch holds ``train.batch_size × num_processes`` examples. Its slices differ in size by at most one (the
-loop averages per-process gradients, so uneven slices are fine); only when a (last) global batch has fewer examples
-than there are processes are examples repeated, so that no process gets an empty batch.
+A global batch holds ``train.batch_size × num_processes × train.grad_accum_steps`` examples, cut into that many
+contiguous micro-batches whose sizes differ by at most one (the loop weights each micro-batch's loss by its item
+count, so uneven slices are fine); only when a (last) global batch has fewer examples than there are micro-batches
+are examples repeated, so that no micro-batch is empty.
 
 Samplers are chosen by ``data.sampler`` from :data:`SAMPLERS` (or a dotted path ``"pkg.module:factory"``); a factory
 is called as ``factory(cfg, dataset, global_batch_size)``. Curricula such as BagCurri implement ``batches(epoch)``
@@ -91,18 +92,33 @@ def shard(batch: list[int], rank: int, world: int) -> list[int]:
     return batch[start : start + base + (1 if rank < extra else 0)]
 
 
-class ShardedBatches(Sampler[list[int]]):
-    """``batch_sampler`` of a DataLoader: this process's slice of each global batch from ``start`` on."""
+def step_micro_batches(batch: list[int], rank: int, world: int, accum: int) -> list[list[int]]:
+    """Process ``rank``'s ``accum`` micro-batches of one global batch: the global batch is cut into ``world * accum``
+    contiguous slices (:func:`shard`); process ``r`` takes slices ``r * accum ... r * accum + accum - 1``.
 
-    def __init__(self, batches: list[list[int]], *, rank: int = 0, world: int = 1, start: int = 0):
-        self.batches, self.rank, self.world, self.start = batches, rank, world, start
+    Example::
+
+        >>> [step_micro_batches(list(range(8)), r, 2, 2) for r in range(2)]
+        [[[0, 1], [2, 3]], [[4, 5], [6, 7]]]
+    """
+    return [shard(batch, rank * accum + a, world * accum) for a in range(accum)]
+
+
+class StepBatches(Sampler[list[int]]):
+    """``batch_sampler`` of a DataLoader: this process's ``accum`` micro-batches of each global batch, in order, from
+    global batch ``start`` on."""
+
+    def __init__(self, batches: list[list[int]], *, rank: int = 0, world: int = 1, accum: int = 1, start: int = 0):
+        if accum < 1:
+            raise ValueError(f"train.grad_accum_steps must be >= 1, got {accum}")
+        self.batches, self.rank, self.world, self.accum, self.start = batches, rank, world, accum, start
 
     def __iter__(self) -> Iterator[list[int]]:
         for batch in self.batches[self.start :]:
-            yield shard(batch, self.rank, self.world)
+            yield from step_micro_batches(batch, self.rank, self.world, self.accum)
 
     def __len__(self) -> int:
-        return max(0, len(self.batches) - self.start)
+        return max(0, len(self.batches) - self.start) * self.accum
 
 
 def random_sampler(cfg: Config, dataset: Any, global_batch_size: int) -> GlobalBatchSampler:

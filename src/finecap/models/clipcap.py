@@ -39,19 +39,22 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
-import torch.nn.functional as F
 from safetensors.torch import load_file, save_file
 from torch import nn
 from transformers import AutoModelForCausalLM, AutoTokenizer
 from transformers.cache_utils import Cache
 
+from finecap.config import DecodeConfig
 from finecap.decode import Generation, concat, decode
+from finecap.models import lora
+from finecap.models.captioner import TokenScores, token_scores
 from finecap.models.tokenizer import ensure_pad_token
 from finecap.models.vision import VisionEncoder
+from finecap.train.checkpoint import model_dir
 from finecap.utils import read_json, write_json
 
 if TYPE_CHECKING:
-    from finecap.config import Config, DecodeConfig
+    from finecap.config import Config
 
 MAPPERS = ("mlp", "transformer")
 CONFIG_NAME = "captioner.json"
@@ -235,7 +238,7 @@ class ClipCap(nn.Module):
                 return self.encoder(batch["pixel_values"].to(self.device)).float()  # (B, D)
         raise ValueError(f"batch has neither 'features' nor 'pixel_values' (keys: {sorted(batch)})")
 
-    def prefix(self, features: torch.Tensor) -> torch.Tensor:
+    def _prefix(self, features: torch.Tensor) -> torch.Tensor:
         """Features ``(B, D)`` -> prefix embeddings ``(B, k, H)``."""
         if features.ndim != 2 or features.shape[1] != self.feature_dim:
             raise ValueError(f"image features must be (B, {self.feature_dim}), got {tuple(features.shape)}")
@@ -253,7 +256,7 @@ class ClipCap(nn.Module):
                 f"{self.prefix_length + n_tokens - 1} positions but the language model has {limit}"
             )
 
-    def lm_logits(self, prefix: torch.Tensor, input_ids: torch.Tensor,
+    def _lm_logits(self, prefix: torch.Tensor, input_ids: torch.Tensor,
                   attention_mask: torch.Tensor | None = None) -> torch.Tensor:  # fmt: skip
         """Teacher-forced logits ``(B, T, V)`` of ``input_ids (B, T)`` after ``prefix (B, k, H)``, aligned so that
         ``logits[:, t]`` predicts ``input_ids[:, t]`` (the last prefix position predicts the first token)."""
@@ -272,41 +275,37 @@ class ClipCap(nn.Module):
         out = self.lm(inputs_embeds=x, attention_mask=mask, use_cache=False, **kwargs)
         return out.logits[:, -T:]  # (B, T, V)
 
-    def forward(self, batch: dict[str, Any]) -> torch.Tensor:
-        """Teacher-forced ``(B, T, V)`` of ``batch['input_ids']``: ``logits[:, t]`` predicts ``labels[:, t]``."""
-        prefix = self.prefix(self.image_features(batch))  # (B, k, H)
-        return self.lm_logits(prefix, batch["input_ids"], batch.get("attention_mask"))
-
-    def sequence_logprob(
+    def forward(
         self,
-        features: torch.Tensor,
-        sequences: torch.Tensor,
-        mask: torch.Tensor,
-        temperature: float = 1.0,
+        batch: dict[str, Any],
+        sequences: torch.Tensor | None = None,
+        mask: torch.Tensor | None = None,
         image_index: torch.Tensor | None = None,
-    ) -> torch.Tensor:
-        """Per-token log-probs ``(N, L)`` of ``sequences (N, L)`` given ``features``, with gradient, 0 where
-        ``mask`` is 0.
+        temperature: float = 1.0,
+        with_entropy: bool = False,
+    ) -> torch.Tensor | TokenScores:
+        """The one differentiable entry point (see :mod:`finecap.models.captioner`).
 
-        ``temperature`` scales the logits first (``log_softmax(logits / T)``: the sampling distribution at T, as
-        NDLB's REINFORCE uses). ``features`` is ``(N, D)``, or ``(B, D)`` with ``image_index (N,)`` mapping rows to
-        images (e.g. ``Generation.image_index``), which runs the mapper once per image.
+        Without ``sequences``: teacher-forced logits ``(B, T, V)`` of ``batch['input_ids']``, ``logits[:, t]``
+        predicting ``labels[:, t]``. With ``sequences (N, L)`` (e.g. sampled captions, stop token included, padded
+        after it) and ``mask (N, L)`` (true up to and including the stop token; default all true): their per-token
+        log-probs under ``softmax(logits / temperature)`` with gradient, 0 where ``mask`` is false, and the
+        next-token entropies when ``with_entropy``. ``image_index (N,)`` maps rows to batch images (e.g.
+        ``Generation.image_index``), so the mapper runs once per image; without it row ``n`` is image ``n``.
         """
-        if temperature <= 0:
-            raise ValueError(f"temperature must be > 0, got {temperature}")
-        prefix = self.prefix(features)  # (B, k, H)
+        prefix = self._prefix(self.image_features(batch))  # (B, k, H)
+        if sequences is None:
+            return self._lm_logits(prefix, batch["input_ids"], batch.get("attention_mask"))
         if image_index is not None:
             prefix = prefix[image_index.to(prefix.device)]  # (N, k, H)
         elif prefix.shape[0] != sequences.shape[0]:
             raise ValueError(
-                f"{features.shape[0]} feature rows for {sequences.shape[0]} sequences; pass image_index to map them"
+                f"{prefix.shape[0]} images for {sequences.shape[0]} sequences; pass image_index to map them"
             )
         sequences = sequences.to(self.device)
-        mask = mask.to(self.device)
-        logits = self.lm_logits(prefix, sequences, mask.long())  # (N, L, V)
-        logp = F.log_softmax(logits.float() / temperature, dim=-1)  # (N, L, V)
-        token = logp.gather(-1, sequences.unsqueeze(-1)).squeeze(-1)  # (N, L)
-        return token * mask.to(token.dtype)
+        mask = torch.ones_like(sequences, dtype=torch.bool) if mask is None else mask.to(self.device)
+        logits = self._lm_logits(prefix, sequences, mask.long())  # (N, L, V)
+        return token_scores(logits, sequences, mask, temperature, with_entropy)
 
     # ------------------------------------------------------------------------------------------------------------
     # Decoding
@@ -314,7 +313,7 @@ class ClipCap(nn.Module):
 
     def start(self, features: torch.Tensor) -> tuple[torch.Tensor, Any]:
         """Stepper protocol: run the prefix, return the first token's logits ``(B, V)`` and the KV cache."""
-        prefix = self.prefix(features)  # (B, k, H)
+        prefix = self._prefix(features)  # (B, k, H)
         kwargs = {"logits_to_keep": 1} if self._keep_kw else {}
         dtype = self.lm.get_input_embeddings().weight.dtype
         out = self.lm(inputs_embeds=prefix.to(dtype), use_cache=True, **kwargs)
@@ -339,14 +338,14 @@ class ClipCap(nn.Module):
         batch_or_features: dict[str, Any] | torch.Tensor,
         decode_cfg: DecodeConfig | None = None,
         generator: torch.Generator | None = None,
+        seeds: torch.Tensor | None = None,
     ) -> Generation:
         """Decode captions for a batch (dict with ``features`` or ``pixel_values``) or a features tensor ``(B, D)``.
 
         Runs in the module's current mode (call ``.eval()`` for deterministic decoding) in chunks of
-        ``decode.batch_size`` images. See :mod:`finecap.decode` for strategies and the log-prob convention.
+        ``decode.batch_size`` images. ``seeds (B,)``: per-image sampling seeds (:func:`finecap.decode.sample`). See
+        :mod:`finecap.decode` for strategies and the log-prob convention.
         """
-        from finecap.config import DecodeConfig
-
         cfg = decode_cfg or DecodeConfig()
         if isinstance(batch_or_features, torch.Tensor):
             features = batch_or_features
@@ -354,8 +353,12 @@ class ClipCap(nn.Module):
             features = self.image_features(batch_or_features)
         self._check_positions(cfg.max_length, "decode.max_length")
         features = features.to(self.device)
-        chunks = [decode(self, features[i : i + cfg.batch_size], cfg, self.tokenizer, generator)
-                  for i in range(0, features.shape[0], cfg.batch_size)]  # fmt: skip
+        size = cfg.batch_size
+        chunks = [
+            decode(self, features[i : i + size], cfg, self.tokenizer, generator,
+                   None if seeds is None else seeds[i : i + size])
+            for i in range(0, features.shape[0], size)
+        ]  # fmt: skip
         if not chunks:
             raise ValueError("generate got an empty batch")
         return concat(chunks, self.pad_token_id)
@@ -364,22 +367,24 @@ class ClipCap(nn.Module):
     # Saving and loading
     # ------------------------------------------------------------------------------------------------------------
 
-    def save(self, out: str | Path) -> Path:
+    def save(self, out: str | Path, state_dict: dict[str, torch.Tensor] | None = None) -> Path:
         """Write ``lm/`` (weights + tokenizer), ``mapper.safetensors``, ``captioner.json`` and, when the encoder is
-        trained, ``encoder/`` into ``out``. Reload with :meth:`from_checkpoint`."""
-        from finecap.models import lora  # LoRA adapters: base weights in lm/ and encoder/, adapters beside them
-
+        trained, ``encoder/`` into ``out``; LoRA adapters in peft's format beside them. ``state_dict``: the weights
+        to write (``accelerator.get_state_dict`` of a wrapped or sharded model; default: this module's own).
+        Reload with :meth:`from_checkpoint`."""
         out = Path(out)
         out.mkdir(parents=True, exist_ok=True)
-        lora.save_base(self.lm, out / "lm")
+        state = self.state_dict() if state_dict is None else state_dict
+        parts = {"lm": _prefixed(state, "lm."), "encoder": _prefixed(state, "encoder.model.")}
+        lora.save_base(self.lm, out / "lm", parts["lm"])
         self.tokenizer.save_pretrained(out / "lm")
-        state = {k: v.detach().contiguous().cpu() for k, v in self.mapper.state_dict().items()}
-        save_file(state, str(out / MAPPER_WEIGHTS))
+        mapper = {k: v.detach().contiguous().cpu() for k, v in _prefixed(state, "mapper.").items()}
+        save_file(mapper, str(out / MAPPER_WEIGHTS))
         meta = self.config_dict()
         meta["encoder_saved"] = bool(self.train_encoder and self.encoder is not None)
         if meta["encoder_saved"]:
-            lora.save_encoder(self.encoder, out / "encoder")
-        meta["lora"] = lora.save_adapters(self, out)
+            lora.save_encoder(self.encoder, out / "encoder", parts["encoder"])
+        meta["lora"] = lora.save_adapters(self, out, parts)
         write_json(out / CONFIG_NAME, meta)
         return out
 
@@ -420,10 +425,19 @@ class ClipCap(nn.Module):
         )
         model.mapper.load_state_dict(load_file(str(path / MAPPER_WEIGHTS)))
         if meta.get("lora"):
-            from finecap.models.lora import load_adapters
-
-            load_adapters(model, path, meta["lora"])  # unmerged and trainable; finecap.models.lora.merge_lora merges
+            lora.load_adapters(model, path, meta["lora"])  # unmerged and trainable; finecap.models.lora.merge_lora merges
         return model
+
+
+def _prefixed(state: dict[str, torch.Tensor], prefix: str) -> dict[str, torch.Tensor]:
+    """The entries of ``state`` under ``prefix``, with the prefix removed."""
+    return {k[len(prefix) :]: v for k, v in state.items() if k.startswith(prefix)}
+
+
+def export_merged(checkpoint: str | Path, out: str | Path) -> Path:
+    """Load a captioner checkpoint, merge its LoRA adapters and save it as a plain checkpoint in ``out``."""
+    model = ClipCap.from_checkpoint(model_dir(checkpoint))
+    return lora.merge_lora(model).save(out)
 
 
 # --------------------------------------------------------------------------------------------------------------------
@@ -459,7 +473,8 @@ def build_captioner(cfg: Config) -> ClipCap:
         from finecap.models.presets import WORLD_LM_POSITIONS, build_world_lm
 
         positions = max(WORLD_LM_POSITIONS, m.prefix_length + max(cfg.data.max_tokens, cfg.decode.max_length))
-        lm, tokenizer = build_world_lm(m.tiny_layers, m.tiny_hidden, m.tiny_heads, n_positions=positions)
+        lm, tokenizer = build_world_lm(m.tiny_layers, m.tiny_hidden, m.tiny_heads, n_positions=positions,
+                                       dropout=m.tiny_dropout)  # fmt: skip
     else:
         lm, tokenizer = load_lm(m.lm)
     return ClipCap(

@@ -25,7 +25,7 @@ peft's own format next to them (``lm_lora/``, ``encoder_lora/``: ``adapter_confi
 ``adapter_model.safetensors``, loadable with ``PeftModel.from_pretrained(base, dir)``), and ``captioner.json``
 records them under ``"lora"``. Reloading gives the same unmerged, trainable adapters (so ``--resume`` continues
 them); :func:`merge_lora` folds them into the base weights (``merge_and_unload``) for inference or export, and
-:func:`export_merged` writes a plain checkpoint.
+:func:`finecap.models.clipcap.export_merged` writes a plain checkpoint.
 
 Choices the paper leaves open: ``alpha = rank`` (scale 1) and no LoRA dropout by default, so the policy that
 REINFORCE scores is the one it sampled from; targets as above (NDLB only says "rank 32 on GPT-2 and CLIP").
@@ -283,38 +283,42 @@ def configure_training(model: ClipCap, cfg: Config) -> ClipCap:
 # --------------------------------------------------------------------------------------------------------------------
 
 
-def base_state_dict(module: nn.Module) -> dict[str, torch.Tensor]:
-    """The state dict of the model inside a ``PeftModel`` without adapters, under its original names."""
-    state = _base(module).state_dict()
-    return {k.replace(".base_layer.", "."): v for k, v in state.items() if "lora_" not in k}
+def base_state_dict(module: nn.Module, state: dict[str, torch.Tensor] | None = None) -> dict[str, torch.Tensor]:
+    """The state dict of ``module`` without adapters, under the base model's own names (``state``: the module's
+    state dict to use, e.g. gathered from a sharded model; default ``module.state_dict()``)."""
+    state = module.state_dict() if state is None else state
+    if not is_peft(module):
+        return dict(state)
+    return {k.removeprefix("base_model.model.").replace(".base_layer.", "."): v for k, v in state.items()
+            if "lora_" not in k}  # fmt: skip
 
 
-def save_base(module: nn.Module, out: str | Path) -> None:
+def save_base(module: nn.Module, out: str | Path, state: dict[str, torch.Tensor] | None = None) -> None:
     """``save_pretrained`` of a plain model, or of the base weights of a ``PeftModel`` (loadable without peft)."""
-    if is_peft(module):
-        _base(module).save_pretrained(out, state_dict=base_state_dict(module))
-    else:
-        module.save_pretrained(out)
+    _base(module).save_pretrained(out, state_dict=base_state_dict(module, state))
 
 
-def save_encoder(encoder: Any, out: str | Path) -> None:
+def save_encoder(encoder: Any, out: str | Path, state: dict[str, torch.Tensor] | None = None) -> None:
     """Like ``VisionEncoder.save`` (weights + image processor), writing base weights when adapters are present."""
     out = Path(out)
-    save_base(encoder.model, out)
+    save_base(encoder.model, out, state)
     if encoder.image_processor is not None:
         encoder.image_processor.save_pretrained(out)
 
 
-def save_adapters(model: ClipCap, out: str | Path) -> dict[str, dict[str, Any]]:
+def save_adapters(
+    model: ClipCap, out: str | Path, states: dict[str, dict[str, torch.Tensor]] | None = None
+) -> dict[str, dict[str, Any]]:
     """Write each part's adapters in peft's format (``<out>/lm_lora``, ``<out>/encoder_lora``); returns what
-    ``captioner.json`` records under ``"lora"`` (empty without adapters)."""
+    ``captioner.json`` records under ``"lora"`` (empty without adapters). ``states``: per part, the part's state dict
+    to take the adapter weights from (default: the part's own)."""
     meta: dict[str, dict[str, Any]] = {}
     for part in PARTS:
         spec = adapter_spec(model, part)
         if spec is None:
             continue
         folder = Path(out) / ADAPTER_DIRS[part]
-        _part_module(model, part).save_pretrained(folder)
+        _part_module(model, part).save_pretrained(folder, state_dict=(states or {}).get(part))
         meta[part] = {"dir": ADAPTER_DIRS[part], "rank": spec.rank, "alpha": spec.alpha, "dropout": spec.dropout}
     return meta
 
@@ -334,12 +338,3 @@ def load_adapters(model: ClipCap, path: str | Path, meta: dict[str, dict[str, An
         _set_part_module(model, part, PeftModel.from_pretrained(module, str(folder), is_trainable=True))
     set_trainable(model, lm=model.train_lm, encoder=model.train_encoder)
     return model
-
-
-def export_merged(checkpoint: str | Path, out: str | Path) -> Path:
-    """Load a captioner checkpoint, merge its adapters and save it as a plain checkpoint in ``out``."""
-    from finecap.models.clipcap import ClipCap
-    from finecap.train.checkpoint import model_dir
-
-    model = ClipCap.from_checkpoint(model_dir(checkpoint))
-    return merge_lora(model).save(out)

@@ -61,10 +61,12 @@ def build_world_lm(
     heads: int = 4,
     n_positions: int = WORLD_LM_POSITIONS,
     vocab: Sequence[str] | None = None,
+    dropout: float = 0.1,
 ) -> tuple[GPT2LMHeadModel, Any]:
     """The tiny world language model (random initialisation, current torch RNG) and the world tokenizer."""
     tokenizer = world_tokenizer(vocab)
-    config = world_gpt2_config(tokenizer, layers=layers, hidden=hidden, heads=heads, n_positions=n_positions)
+    config = world_gpt2_config(tokenizer, layers=layers, hidden=hidden, heads=heads, n_positions=n_positions,
+                               dropout=dropout)  # fmt: skip
     lm = GPT2LMHeadModel(config)
     tokenizer.model_max_length = n_positions
     return lm, tokenizer

@@ -11,6 +11,8 @@ Optional attributes and hooks an objective may define (the loop uses them when p
 
 - ``setup(ctx: TrainContext)`` once before training: the accelerator (device, ``gather`` for global-batch rewards),
   the training records (e.g. CIDEr-D document frequencies), the tokenizer and the run directory.
+- ``end_step()`` after every optimizer step (state updated once per step, whatever the micro-batches: a running-mean
+  baseline).
 - ``state_dict() -> dict`` / ``load_state_dict(state)``: state that must survive ``--resume`` (a running-mean
   baseline, a private random generator); it is stored in the trainer state of every checkpoint.
 """
@@ -22,6 +24,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
+from accelerate.utils import extract_model_from_parallel
 
 if TYPE_CHECKING:
     from accelerate import Accelerator
@@ -31,10 +34,13 @@ if TYPE_CHECKING:
 
 @dataclass
 class ObjectiveOutput:
-    """Named losses (scalar tensors with gradient) and named metrics (floats, logged only)."""
+    """Named losses (scalar tensors with gradient), named metrics (floats, logged only) and ``num_items``: how many
+    items (tokens, captions, ...) the losses are means over, so that the loop can weight micro-batches and give an
+    optimizer step the gradient of the mean over the whole global batch (``None``: the batch's examples)."""
 
     losses: dict[str, torch.Tensor]
     metrics: dict[str, float] = field(default_factory=dict)
+    num_items: float | None = None
 
 
 class Objective(Protocol):
@@ -50,3 +56,10 @@ class TrainContext:
     train_records: list
     tokenizer: Any
     run_dir: Path
+
+
+def unwrap(model: torch.nn.Module) -> torch.nn.Module:
+    """The bare captioner inside a DDP / FSDP / compiled wrapper (``accelerate``'s ``extract_model_from_parallel``):
+    what decoding (``generate``) and attribute access (``tokenizer``) use. Gradients flow only through the wrapped
+    model's ``forward``; decode on the bare model under ``no_grad`` (TRL's pattern for generation)."""
+    return extract_model_from_parallel(model)

@@ -11,11 +11,12 @@ rewards. The advantage is ``rewards - b``.
   (EGG's ``MeanBaseline``) keeps the *cumulative mean of per-batch mean rewards*,
   ``m_t = m_{t-1} + (mean_t - m_{t-1}) / t``, and subtracts ``m_{t-1}`` (the mean of *past* batches) before
   updating with the current batch; ``rl.mean_momentum = mu > 0`` uses an exponential moving average
-  ``m_t = mu * m_{t-1} + (1 - mu) * mean_t`` instead. Choice made here where EGG's is arbitrary: at the very first
-  step, with no past rewards, the baseline is the current batch's mean (EGG subtracts 0, i.e. trains the first
-  step without a baseline). With several processes the batch mean is that of the global batch (sums gathered
-  across processes), so every process holds the same running mean. The state (mean, number of batches) is saved in
-  checkpoints and restored on ``--resume``.
+  ``m_t = mu * m_{t-1} + (1 - mu) * mean_t`` instead. At the very first step, with no past rewards, the baseline
+  is 0, as in EGG (the first step trains without a baseline). A "batch" is one optimizer step's *global* batch:
+  the rewards of all its micro-batches and processes are summed, and the mean is updated once, after the step
+  (``end_step``, called by the training loop), so the baseline does not depend on the number of processes or
+  accumulation steps and every process holds the same running mean. Used outside the loop, call ``end_step()``
+  after each batch. The state (mean, number of batches) is saved in checkpoints and restored on ``--resume``.
 - ``leave_one_out``: the mean reward of the other ``s - 1`` captions of the same image,
   ``b_j = (sum_k r_k - r_j) / (s - 1)`` (needs ``s >= 2``; unbiased since ``b_j`` does not depend on ``y_j``).
 - ``none``: ``b = 0``.
@@ -87,19 +88,11 @@ class MeanBaseline:
         self.momentum = momentum
         self.mean = 0.0
         self.count = 0
+        self._sum, self._n = 0.0, 0  # rewards of the current optimizer step so far (this process)
         self._accelerator: Any = None
 
     def setup(self, ctx: TrainContext) -> None:
         self._accelerator = ctx.accelerator
-
-    def _batch_mean(self, rewards: torch.Tensor) -> float:
-        """Mean reward of the (global) batch."""
-        stats = torch.stack([rewards.detach().double().sum(), torch.tensor(float(rewards.numel()), dtype=torch.float64,
-                                                                           device=rewards.device)])  # fmt: skip
-        acc = self._accelerator
-        if acc is not None and acc.num_processes > 1:
-            stats = acc.reduce(stats.to(acc.device), reduction="sum")
-        return float(stats[0] / stats[1].clamp(min=1))
 
     def update(self, batch_mean: float) -> None:
         self.count += 1
@@ -109,10 +102,20 @@ class MeanBaseline:
             self.mean += (batch_mean - self.mean) / self.count  # cumulative mean (first batch: its own mean)
 
     def __call__(self, rewards: torch.Tensor, image_index: torch.Tensor, greedy: torch.Tensor | None) -> torch.Tensor:
-        batch_mean = self._batch_mean(rewards)
-        value = self.mean if self.count > 0 else batch_mean  # mean of *past* batches
-        self.update(batch_mean)
-        return torch.full_like(rewards, value)
+        detached = rewards.detach().double()
+        self._sum += float(detached.sum())
+        self._n += detached.numel()
+        return torch.full_like(rewards, self.mean)  # the mean of *past* steps (0 before the first one, as EGG)
+
+    def end_step(self) -> None:
+        """Fold this optimizer step's rewards (all micro-batches, all processes) into the running mean."""
+        stats = torch.tensor([self._sum, float(self._n)], dtype=torch.float64)
+        acc = self._accelerator
+        if acc is not None and acc.num_processes > 1:
+            stats = acc.reduce(stats.to(acc.device), reduction="sum").cpu()
+        self._sum, self._n = 0.0, 0
+        if stats[1] > 0:
+            self.update(float(stats[0] / stats[1]))
 
     def state_dict(self) -> dict[str, float | int]:
         return {"mean": self.mean, "count": self.count}

@@ -24,12 +24,17 @@ from finecap.objectives.base import ObjectiveOutput
 IGNORE_INDEX = -100
 
 
-def mle_loss(logits: torch.Tensor, labels: torch.Tensor, ignore_index: int = IGNORE_INDEX) -> torch.Tensor:
-    """Mean cross-entropy over positions whose label is not ``ignore_index``; logits (B, T, V), labels (B, T)."""
+def mle_loss(
+    logits: torch.Tensor, labels: torch.Tensor, ignore_index: int = IGNORE_INDEX, reduction: str = "mean"
+) -> torch.Tensor:
+    """Cross-entropy over positions whose label is not ``ignore_index`` (their mean, or ``reduction="sum"``);
+    logits (B, T, V), labels (B, T). finecap's one masked cross-entropy: MLE, SMILE (on restricted logits), the
+    validation loss and perplexity all use it."""
     B, T, V = logits.shape
     if not (labels != ignore_index).any():
         raise ValueError("mle_loss: every label is ignored (empty captions?)")
-    return F.cross_entropy(logits.reshape(B * T, V).float(), labels.reshape(B * T), ignore_index=ignore_index)
+    flat = logits.reshape(B * T, V).float()  # (B*T, V)
+    return F.cross_entropy(flat, labels.reshape(B * T), ignore_index=ignore_index, reduction=reduction)
 
 
 class MLE:
@@ -43,7 +48,8 @@ class MLE:
             valid = labels != IGNORE_INDEX  # (B, T)
             correct = (logits.argmax(-1) == labels) & valid
             n = int(valid.sum())
-        return ObjectiveOutput(losses={"mle": loss}, metrics={"accuracy": float(correct.sum()) / n, "tokens": n})
+        metrics = {"accuracy": float(correct.sum()) / n, "tokens": n}
+        return ObjectiveOutput(losses={"mle": loss}, metrics=metrics, num_items=n)  # a mean over n tokens
 
 
 def build(cfg: Any = None) -> MLE:

@@ -28,7 +28,12 @@ Choices the papers leave open:
   dropout-perturbed one, a small mismatch that self-critical implementations sampling in train mode share the other
   way round; the captions themselves are always drawn from the clean policy.
 - The loss is a mean over captions (not a sum), so its scale does not depend on the batch size or s.
-- Sampling uses torch's global random state (seeded per process by the loop and restored on ``--resume``).
+- Sampling in the training loop is seeded per image: the draws of image ``i`` at optimizer step ``t`` are a function
+  of ``(run.seed, t, i)`` (Gumbel-max with counter-based noise, :func:`finecap.decode.sample`), so they do not depend
+  on how the global batch is split over processes and accumulation steps, and ``--resume`` repeats them exactly.
+  Called outside the loop (no ``batch['step']``), sampling uses torch's global random state.
+- The log-probs with gradient come from the captioner's ``forward`` (given the sampled sequences), the one entry
+  point that DDP synchronises; decoding uses the bare model (:func:`finecap.objectives.base.unwrap`).
 """
 
 from __future__ import annotations
@@ -40,10 +45,11 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from finecap.config import DecodeConfig
-from finecap.decode import Generation
-from finecap.objectives.base import ObjectiveOutput
+from finecap.decode import Generation, hash32
+from finecap.objectives.base import ObjectiveOutput, unwrap
 from finecap.objectives.baselines import build_baseline
-from finecap.objectives.entropy import logprobs_and_entropy, mean_entropy
+from finecap.objectives.entropy import mean_entropy
+from finecap.rewards import build_reward
 from finecap.rewards.base import RewardOutput, call_hook
 
 if TYPE_CHECKING:
@@ -110,6 +116,7 @@ class Reinforce:
         decode: base decoding settings (max length, beam size, length penalty, stop at period, chunk size).
         samples, strategy, temperature, logprob, scaled_logprob, entropy_coef: the ``rl.*`` options of the same
             names (see :class:`finecap.config.RLConfig`).
+        seed: ``run.seed``, the base of the per-image sampling seeds (:meth:`sampling_seeds`).
     """
 
     example_unit = "image"  # the loop trains on one example per image (each image once per epoch)
@@ -126,6 +133,7 @@ class Reinforce:
         logprob: str = "sum",
         scaled_logprob: bool = False,
         entropy_coef: float = 0.0,
+        seed: int = 0,
     ):
         if strategy not in STRATEGIES:
             raise ValueError(f"rl.strategy: invalid value {strategy!r}; valid choices: {', '.join(STRATEGIES)}")
@@ -142,6 +150,7 @@ class Reinforce:
         self.strategy = strategy
         self.logprob = logprob
         self.entropy_coef = entropy_coef
+        self.seed = seed
         self.logprob_temperature = temperature if (scaled_logprob and strategy == "sample") else 1.0
         common = dict(max_length=base.max_length, stop_at_period=base.stop_at_period, batch_size=base.batch_size)
         self.sample_cfg = DecodeConfig(strategy=strategy, temperature=temperature, num_return_sequences=samples,
@@ -169,17 +178,28 @@ class Reinforce:
     # The step
     # ----------------------------------------------------------------------------------------------------------------
 
+    def sampling_seeds(self, batch: dict[str, Any]) -> torch.Tensor | None:
+        """Per-image sampling seeds ``(B,)`` from ``(rl seed, batch['step'], batch['index'])`` when the training loop
+        provides the step, so that an image's samples do not depend on how the global batch is split over processes
+        and accumulation steps; ``None`` (torch's global RNG) otherwise."""
+        if "step" not in batch or "index" not in batch or self.strategy != "sample":
+            return None
+        step = hash32(torch.tensor([self.seed * 1_000_003 + int(batch["step"])]))  # (1,)
+        return hash32(step ^ hash32(torch.as_tensor(batch["index"]).long().cpu()))  # (B,)
+
     def rollout(self, model: torch.nn.Module, batch: dict[str, Any]) -> tuple[Rollout, dict[str, float]]:
-        """Decode (eval mode, no gradient), score and compute the baseline; returns the rollout and timings."""
-        was_training = model.training
+        """Decode (the bare model in eval mode, no gradient), score and compute the baseline; returns the rollout and
+        timings."""
+        bare = unwrap(model)
+        was_training = bare.training
         t0 = time.perf_counter()
-        model.eval()
+        bare.eval()
         try:
             with torch.no_grad():
-                samples = model.generate(batch, self.sample_cfg)
-                greedy = model.generate(batch, self.greedy_cfg) if self.baseline.needs_greedy else None
+                samples = bare.generate(batch, self.sample_cfg, seeds=self.sampling_seeds(batch))
+                greedy = bare.generate(batch, self.greedy_cfg) if self.baseline.needs_greedy else None
         finally:
-            model.train(was_training)
+            bare.train(was_training)
         t1 = time.perf_counter()
         rewards = self.reward(samples.texts, {**batch, "image_index": samples.image_index})
         greedy_rewards = None
@@ -203,26 +223,29 @@ class Reinforce:
         rollout, metrics = self.rollout(model, batch)
         advantages, extra = self.advantages(rollout, batch)
         gen = rollout.samples
-        features = model.image_features(batch)  # (B, D), with gradient when the encoder is trained
-        entropy = None
-        if self.entropy_coef > 0:
-            token_lp, token_h = logprobs_and_entropy(
-                model, features, gen.sequences, gen.mask, self.logprob_temperature, gen.image_index
-            )  # (N, L) each
-            entropy = mean_entropy(token_h, gen.mask.to(token_h.device))
-        else:
-            token_lp = model.sequence_logprob(
-                features, gen.sequences, gen.mask, temperature=self.logprob_temperature, image_index=gen.image_index
-            )  # (N, L)
-        logp = sequence_logprob(token_lp, gen.lengths, self.logprob)  # (N,)
+        scores = model(
+            batch,
+            sequences=gen.sequences,
+            mask=gen.mask,
+            image_index=gen.image_index,
+            temperature=self.logprob_temperature,
+            with_entropy=self.entropy_coef > 0,
+        )  # TokenScores: (N, L) log-probs (and entropies), with gradient through the captioner's forward
+        logp = sequence_logprob(scores.logprobs, gen.lengths, self.logprob)  # (N,)
         losses = {name: policy_gradient_loss(adv.to(logp.device), logp) for name, adv in advantages.items()}
-        if entropy is not None:
+        entropy = None
+        if scores.entropy is not None:
+            entropy = mean_entropy(scores.entropy, gen.mask.to(scores.entropy.device))
             losses["entropy"] = -self.entropy_coef * entropy
         metrics.update(self.metrics(rollout, logp))
         metrics.update(extra)
         if entropy is not None:
             metrics["entropy"] = float(entropy.detach())
-        return ObjectiveOutput(losses=losses, metrics=metrics)
+        return ObjectiveOutput(losses=losses, metrics=metrics, num_items=len(gen))  # means over the N captions
+
+    def end_step(self) -> None:
+        """After each optimizer step: baselines with per-step state (the running mean) update once."""
+        call_hook(self.baseline, "end_step")
 
     def metrics(self, rollout: Rollout, logp: torch.Tensor) -> dict[str, float]:
         r = rollout.rewards
@@ -243,8 +266,6 @@ class Reinforce:
 
 def reinforce_kwargs(cfg: Config) -> dict[str, Any]:
     """Constructor arguments of :class:`Reinforce` from ``cfg.rl`` and ``cfg.decode``."""
-    from finecap.rewards import build_reward
-
     rl = cfg.rl
     return dict(
         reward=build_reward(cfg),
@@ -256,6 +277,7 @@ def reinforce_kwargs(cfg: Config) -> dict[str, Any]:
         logprob=rl.logprob,
         scaled_logprob=rl.scaled_logprob,
         entropy_coef=rl.entropy_coef,
+        seed=cfg.run.seed,
     )
 
 

@@ -32,6 +32,9 @@ from typing import Literal
 import torch
 import torch.nn.functional as F
 
+from finecap.objectives.base import ObjectiveOutput, unwrap
+from finecap.objectives.mle import IGNORE_INDEX, mle_loss
+
 SUBSETS = ("sequence", "reverse", "random", "full")
 FIRST_TOKEN_MODES = ("mle", "shift", "none")
 
@@ -141,18 +144,10 @@ def smile_loss(
     if first_token == "mle":
         mask[rows[has_first], first[has_first]] = True  # first-token MLE: full vocabulary at the first position
     restricted = logits.masked_fill(~mask, float("-inf"))  # (B, T, V)
-    smile = (
-        F.cross_entropy(
-            restricted.reshape(B * T, V), smile_labels.reshape(B * T), ignore_index=ignore_index, reduction="sum"
-        )
-        / n
-    )
+    smile = mle_loss(restricted, smile_labels, ignore_index, reduction="sum") / n
     if mle_weight == 0.0:
         return smile
-    mle = (
-        F.cross_entropy(logits.reshape(B * T, V), labels.reshape(B * T), ignore_index=ignore_index, reduction="sum")
-        / n
-    )
+    mle = mle_loss(logits, labels, ignore_index, reduction="sum") / n
     return mle_weight * mle + (1.0 - mle_weight) * smile
 
 
@@ -179,8 +174,6 @@ class SmileObjective:
         self._generator.set_state(state["generator"])
 
     def __call__(self, model, batch):
-        from finecap.objectives.base import ObjectiveOutput
-
         logits = model(batch)  # (B, T, V)
         labels = batch["labels"]  # (B, T)
         loss = smile_loss(
@@ -190,14 +183,15 @@ class SmileObjective:
             first_token=self.first_token,
             mle_weight=self.mle_weight,
             include_eos=self.include_eos,
-            eos_token_id=model.tokenizer.eos_token_id,
+            eos_token_id=unwrap(model).tokenizer.eos_token_id,
             shift_token_id=self.shift_token_id,
             random_k=self.random_k,
             generator=self._generator,
         )
         with torch.no_grad():
-            mle = F.cross_entropy(logits.flatten(0, 1), labels.flatten(), ignore_index=-100)
-        return ObjectiveOutput(losses={"smile": loss}, metrics={"mle_loss": float(mle)})
+            mle = mle_loss(logits, labels)
+        n = int((labels != IGNORE_INDEX).sum())
+        return ObjectiveOutput(losses={"smile": loss}, metrics={"mle_loss": float(mle)}, num_items=n)  # n tokens
 
 
 def build(cfg) -> SmileObjective:

@@ -17,9 +17,9 @@ training batch's R@1), whichever is the reward.
 Distractors (``sr.distractors``):
 
 - ``batch`` (default; DiscriTune: a batch of 100 gives 99 random distractors): the other images of the *global*
-  batch. Under ``accelerate`` with several processes, every process gathers the image rows of all processes'
-  slices (``accelerator.gather``), so the distractors do not depend on the number of processes. Only image
-  *indices* travel: embeddings come from the cache.
+  batch, i.e. of the whole optimizer step: the training loop gives every micro-batch the image ids of its step's
+  global batch (``batch['step_image_ids']``), so the distractors do not depend on the number of processes or
+  gradient-accumulation steps and no communication is needed (embeddings come from the table).
 - ``bag``: only the image's bag-mates, from ``batch["bag"]`` (bag numbers that the training loop attaches when
   ``data.sampler=bagcurri``). In the random-batch epochs of a BagCurri schedule (bag size 0) each image is its
   own bag and the other batch images are used instead. (With ``batch`` and BagCurri, the distractors are the
@@ -56,6 +56,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from finecap.models.retriever import load_retriever
 from finecap.rewards.base import RewardOutput, caption_rows
 
 if TYPE_CHECKING:
@@ -200,7 +201,7 @@ class RetrievalReward:
         logit_scale: similarity scale; 0 = the retriever's own.
         image_ids, embeddings: the embedding table (``(P, D)`` unit-norm rows of the listed image ids); default: the
             training records' embeddings, computed (or read from the cache) in :meth:`setup`.
-        accelerator: for the global batch (default: the training loop's, from :meth:`setup`).
+        accelerator: where hard-negative mining runs (default: the training loop's, from :meth:`setup`).
     """
 
     name = "retrieval"
@@ -259,8 +260,6 @@ class RetrievalReward:
 
     def setup(self, ctx: TrainContext) -> None:
         """Load the frozen retriever (``retriever.*``) and the training images' embeddings (disk-cached)."""
-        from finecap.models.retriever import load_retriever
-
         self.accelerator = ctx.accelerator
         if self.retriever is None:
             self._set_retriever(load_retriever(ctx.cfg))
@@ -291,16 +290,17 @@ class RetrievalReward:
                 f"split's {len(self.row_of)} images are embedded)"
             ) from None
 
-    def _gather(self, rows: torch.Tensor, bags: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Image rows (and bag numbers) of the global batch, process 0's slice first."""
-        acc = self.accelerator
-        if acc is None or acc.num_processes <= 1:
+    def _global_batch(self, batch: Mapping[str, Any], rows: torch.Tensor, bags: torch.Tensor | None):
+        """Table rows (and bag numbers) of the images of the optimizer step's global batch, in global order: from
+        ``batch['step_image_ids']`` / ``batch['step_bags']``, which the training loop attaches to every micro-batch
+        (so the distractors are the same whatever the number of processes and accumulation steps); without them, the
+        batch itself."""
+        if "step_image_ids" not in batch:
             return rows, bags
-        local = torch.stack([rows, bags.long().cpu() if bags is not None else torch.zeros_like(rows)], dim=1)  # (B, 2)
-        local = acc.pad_across_processes(local.to(acc.device), dim=0, pad_index=-1)  # (B_max, 2)
-        every = acc.gather(local).cpu()  # (processes * B_max, 2)
-        every = every[every[:, 0] >= 0]
-        return every[:, 0], (every[:, 1] if bags is not None else None)
+        step_bags = batch.get("step_bags") if bags is not None else None
+        if bags is not None and step_bags is None:
+            raise ValueError("sr.distractors=bag: the micro-batch carries bag numbers but its step's are missing")
+        return self._rows(batch["step_image_ids"]), (torch.as_tensor(step_bags).cpu() if bags is not None else None)
 
     def __call__(self, captions: Sequence[str], batch: Mapping[str, Any]) -> RewardOutput:
         if self.retriever is None or self.table is None:
@@ -310,7 +310,7 @@ class RetrievalReward:
         bags = batch.get("bag")
         if self.distractors == "bag" and bags is None:
             raise ValueError("sr.distractors=bag needs the batch's bag numbers: train with data.sampler=bagcurri")
-        global_rows, global_bags = self._gather(rows, bags if self.distractors == "bag" else None)
+        global_rows, global_bags = self._global_batch(batch, rows, bags if self.distractors == "bag" else None)
         column_of: dict[int, int] = {}
         column_bags = []
         for j, r in enumerate(global_rows.tolist()):  # one column per image of the global batch

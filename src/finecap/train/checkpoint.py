@@ -9,8 +9,9 @@ Layout of a run directory::
         last/                     resumable: every train.save_every steps (or at each evaluation) and at the end
           model/                  the captioner (ClipCap.save: safetensors weights, tokenizer, model config)
           config.yaml             the resolved configuration
-          trainer_state.pt        optimizer, scheduler, per-process RNG and objective states, step/epoch/position, best
-          trainer_state.json      the same counters, human-readable
+          accelerate/             accelerator.save_state: optimizer, scheduler, per-process RNG states, and the loop's
+                                  counters with every process's objective and logger state (custom_checkpoint_0.pkl)
+          trainer_state.json      step/epoch/position/best, human-readable
         best/                     the best evaluation so far on train.best_metric (no optimizer state)
           model/  config.yaml  trainer_state.json
 
@@ -23,13 +24,9 @@ A folder is first written as ``checkpoints/.<name>.tmp`` and then swapped in by
 from __future__ import annotations
 
 import contextlib
-import random
 import shutil
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
-
-import numpy as np
-import torch
 
 from finecap.utils import atomic_replace_dir, read_json, write_json
 
@@ -38,7 +35,6 @@ if TYPE_CHECKING:
 
 LAST, BEST = "last", "best"
 MODEL_SUBDIR = "model"
-STATE_FILE = "trainer_state.pt"
 INFO_FILE = "trainer_state.json"
 
 
@@ -69,26 +65,33 @@ def _quiet_transformers():
             hf_logging.enable_progress_bar()
 
 
+def temporary_dir(path: str | Path) -> Path:
+    """Where the checkpoint ``path`` is written before it is swapped in (``<parent>/.<name>.tmp``)."""
+    path = Path(path)
+    return path.with_name(f".{path.name}.tmp")
+
+
 def save_checkpoint(
     path: str | Path,
     *,
     model: Any,
     cfg: Config,
     info: dict[str, Any],
-    trainer_state: dict[str, Any] | None = None,
+    state_dict: dict[str, Any] | None = None,
+    keep_tmp_contents: bool = False,
 ) -> Path:
-    """Write ``model`` (via ``model.save``), ``cfg``, ``info`` (JSON) and ``trainer_state`` (torch) to ``path``."""
+    """Write ``model`` (via ``model.save``; with ``state_dict``, those weights, e.g. gathered from a sharded model),
+    ``cfg`` and ``info`` (JSON) to ``path``, atomically: the folder replaces the previous one only once complete.
+    ``keep_tmp_contents``: files already written into :func:`temporary_dir` (e.g. ``accelerate/``) are kept."""
     path = Path(path)
-    tmp = path.with_name(f".{path.name}.tmp")
-    if tmp.exists():
+    tmp = temporary_dir(path)
+    if tmp.exists() and not keep_tmp_contents:
         shutil.rmtree(tmp)
-    tmp.mkdir(parents=True)
+    tmp.mkdir(parents=True, exist_ok=True)
     try:
         with _quiet_transformers():
-            model.save(tmp / MODEL_SUBDIR)
+            model.save(tmp / MODEL_SUBDIR, state_dict=state_dict)
         cfg.save(tmp / "config.yaml")
-        if trainer_state is not None:
-            torch.save(trainer_state, tmp / STATE_FILE)
         write_json(tmp / INFO_FILE, info)
         atomic_replace_dir(tmp, path)
     except BaseException:
@@ -97,30 +100,5 @@ def save_checkpoint(
     return path
 
 
-def load_trainer_state(path: str | Path) -> dict[str, Any]:
-    """The ``trainer_state.pt`` of a resumable checkpoint (our own file, so unpickling is allowed)."""
-    file = Path(path) / STATE_FILE
-    if not file.exists():
-        raise FileNotFoundError(f"{file}: no trainer state (is {path} a 'last' checkpoint?)")
-    return torch.load(file, map_location="cpu", weights_only=False)
-
-
 def load_info(path: str | Path) -> dict[str, Any]:
     return read_json(Path(path) / INFO_FILE)
-
-
-def rng_state() -> dict[str, Any]:
-    """RNG states of python, numpy and torch (CPU, and CUDA when available) of this process."""
-    state = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
-    if torch.cuda.is_available():
-        state["cuda"] = torch.cuda.get_rng_state_all()
-    return state
-
-
-def set_rng_state(state: dict[str, Any]) -> None:
-    """Restore the states captured by :func:`rng_state`."""
-    random.setstate(state["python"])
-    np.random.set_state(state["numpy"])
-    torch.set_rng_state(state["torch"])
-    if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])

@@ -1,0 +1,82 @@
+"""What a captioner is to the rest of finecap, and the one way of scoring given captions under it.
+
+A captioner (``ClipCap``; later backbones implement the same) is an ``nn.Module`` with:
+
+- ``forward(batch)`` -> teacher-forced logits ``(B, T, V)`` of ``batch["input_ids"]``, aligned so that
+  ``logits[:, t]`` predicts ``batch["labels"][:, t]``;
+- ``forward(batch, sequences=S, mask=M, image_index=I, temperature=T, with_entropy=E)`` -> :class:`TokenScores` of
+  the given captions ``S (N, L)`` (e.g. sampled ones): their per-token log-probs ``(N, L)``, with gradient, and the
+  next-token entropies when ``E`` is true. Row ``n`` of ``S`` describes image ``I[n]`` of the batch.
+
+``forward`` is the *only* differentiable entry point: it is what ``accelerator.prepare`` wraps (DDP, FSDP), so every
+gradient that an objective or a reward needs flows through it and is synchronised by the wrapper. Decoding (the
+:class:`finecap.decode.Stepper` methods ``start``/``step``/``select`` and ``generate``) runs on the *unwrapped* model
+under ``torch.no_grad`` (see :func:`finecap.objectives.base.unwrap`), the pattern TRL uses for generation in its
+online trainers. Objectives never touch a captioner's private members.
+
+Besides ``forward`` and the Stepper methods a captioner has ``tokenizer``, ``pad_token_id``, ``eos_token_id``,
+``generate(batch, decode_cfg, ...)``, ``save(folder, state_dict=None)`` and ``from_checkpoint(folder)``.
+
+Example (the arithmetic of :func:`token_scores`)::
+
+    >>> import torch
+    >>> logits = torch.log(torch.tensor([[[0.5, 0.5], [0.25, 0.75]]]))  # (1, 2, 2)
+    >>> out = token_scores(logits, torch.tensor([[0, 1]]), torch.tensor([[True, True]]), with_entropy=True)
+    >>> [round(v, 4) for v in out.logprobs[0].tolist()]  # log 0.5, log 0.75
+    [-0.6931, -0.2877]
+    >>> round(out.entropy[0, 0].item(), 4)  # ln 2
+    0.6931
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import torch
+import torch.nn.functional as F
+
+
+@dataclass
+class TokenScores:
+    """Per-token log-probs ``(N, L)`` of given captions (0 where the mask is false) and, when asked, the entropies
+    ``(N, L)`` of the next-token distributions at those positions (0 elsewhere)."""
+
+    logprobs: torch.Tensor
+    entropy: torch.Tensor | None = None
+
+
+class Captioner(Protocol):
+    """The interface every backbone implements (see the module docstring)."""
+
+    tokenizer: Any
+
+    def __call__(self, batch: dict[str, Any], **kwargs: Any) -> torch.Tensor | TokenScores: ...
+
+    def generate(self, batch: dict[str, Any], decode_cfg: Any = None, **kwargs: Any) -> Any: ...
+
+    def save(self, out: Any, state_dict: dict[str, torch.Tensor] | None = None) -> Any: ...
+
+
+def entropy_of(logp: torch.Tensor) -> torch.Tensor:
+    """``-sum p log p`` over the last axis of log-probs ``(..., V)`` -> ``(...)``, with ``0 * log 0 = 0``."""
+    p = logp.exp()
+    return -(p * logp.masked_fill(p == 0, 0.0)).sum(-1)
+
+
+def token_scores(
+    logits: torch.Tensor,
+    sequences: torch.Tensor,
+    mask: torch.Tensor,
+    temperature: float = 1.0,
+    with_entropy: bool = False,
+) -> TokenScores:
+    """Log-probs of ``sequences (N, L)`` under ``softmax(logits / temperature)`` (logits ``(N, L, V)`` aligned with
+    the tokens), zeroed where ``mask (N, L)`` is false, and optionally the entropies of the same distributions."""
+    if temperature <= 0:
+        raise ValueError(f"temperature must be > 0, got {temperature}")
+    logp = F.log_softmax(logits.float() / temperature, dim=-1)  # (N, L, V)
+    keep = mask.to(logp.device, logp.dtype)  # (N, L)
+    token = logp.gather(-1, sequences.to(logp.device).unsqueeze(-1)).squeeze(-1) * keep  # (N, L)
+    entropy = entropy_of(logp) * keep if with_entropy else None  # (N, L)
+    return TokenScores(token, entropy)
