@@ -150,6 +150,10 @@ class ModelConfig:
         _check(heads_ok, "model.tiny_heads", f"must be >= 1 and divide model.tiny_hidden={self.tiny_hidden}")
 
 
+TRACKERS = ("jsonl", "tensorboard", "wandb", "mlflow", "comet_ml", "aim", "clearml", "dvclive", "swanlab", "trackio")
+"""Values of ``train.log_with``: finecap's ``jsonl`` (metrics.jsonl) and accelerate's trackers (``LoggerType``)."""
+
+
 @dataclass
 class TrainConfig:
     objective: str = doc("mle", "Objective name (see finecap.objectives) or a dotted import path 'pkg.mod:factory'.")
@@ -187,6 +191,8 @@ class TrainConfig:
         _check(self.epochs > 0 or self.max_steps > 0, "train.epochs/train.max_steps", "one of them must be > 0")
         _check(self.batch_size >= 1, "train.batch_size", "must be >= 1")
         _check(self.grad_accum_steps >= 1, "train.grad_accum_steps", "must be >= 1")
+        for tracker in self.log_with:
+            _check(tracker in TRACKERS, "train.log_with", f"unknown tracker {tracker!r}; valid: {', '.join(TRACKERS)}")
         _check(self.log_captions >= 0, "train.log_captions", "must be >= 0")
         _check(self.lr > 0, "train.lr", "must be > 0")
         _check(self.warmup_steps >= 0, "train.warmup_steps", "must be >= 0")

@@ -141,7 +141,7 @@ def hash32(x: torch.Tensor) -> torch.Tensor:
 
 
 def sample_keys(seeds: torch.Tensor, n: int) -> torch.Tensor:
-    """Keys ``(B*n,)`` of the ``n`` samples of each image (rows of one image contiguous, as the decoders order them)."""
+    """Keys ``(B*n,)`` of the ``n`` samples of each image (rows of one image contiguous, as decoders order them)."""
     j = torch.arange(n, device=seeds.device).repeat(seeds.shape[0])  # (B*n,)
     return hash32(hash32(seeds.repeat_interleave(n)) ^ hash32(j + 0x9E3779B9))
 

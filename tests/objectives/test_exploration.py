@@ -7,10 +7,9 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from finecap.models.captioner import TokenScores
-
 from finecap.config import load
 from finecap.decode import Generation
+from finecap.models.captioner import TokenScores
 from finecap.models.clipcap import ClipCap
 from finecap.models.presets import build_world_lm
 from finecap.objectives import get_objective

@@ -9,11 +9,11 @@ import torch
 
 from finecap.config import ConfigError, DecodeConfig, load
 from finecap.decode import Generation
+from finecap.models.captioner import TokenScores, token_scores
 from finecap.models.clipcap import ClipCap
 from finecap.models.presets import build_world_lm
 from finecap.objectives import get_objective
 from finecap.objectives.baselines import GreedyBaseline, LeaveOneOut, MeanBaseline, NoBaseline, build_baseline
-from finecap.models.captioner import TokenScores, token_scores
 from finecap.objectives.entropy import mean_entropy, token_entropy
 from finecap.objectives.reinforce import Reinforce, sequence_logprob
 from finecap.rewards import RewardOutput, WeightedSum, caption_rows

@@ -1,11 +1,11 @@
 import json
 
+from finecap.app.train import train
 from finecap.caption import caption_stats, generate_captions, main
 from finecap.config import DecodeConfig
 from finecap.data.datasets import load_records
 from finecap.models.clipcap import ClipCap
 from finecap.train.checkpoint import checkpoint_dir, model_dir
-from finecap.app.train import train
 
 
 def test_caption_stats_hand_computed():

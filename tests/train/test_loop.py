@@ -6,11 +6,6 @@ import pytest
 import torch
 from accelerate import Accelerator
 
-from finecap.data.samplers import RandomBatches
-from finecap.models.clipcap import ClipCap, build_captioner
-from finecap.objectives import ObjectiveOutput
-from finecap.objectives.mle import MLE
-from finecap.train.checkpoint import checkpoint_dir, model_dir
 from finecap.app.train import (
     build_model,
     build_optimizer,
@@ -22,6 +17,11 @@ from finecap.app.train import (
     train_unit,
     weighted_loss,
 )
+from finecap.data.samplers import RandomBatches
+from finecap.models.clipcap import ClipCap, build_captioner
+from finecap.objectives import ObjectiveOutput
+from finecap.objectives.mle import MLE
+from finecap.train.checkpoint import checkpoint_dir, model_dir
 from finecap.train.schedule import build_scheduler
 from finecap.utils import seed_everything
 

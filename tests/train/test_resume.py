@@ -5,9 +5,9 @@ import json
 import pytest
 import torch
 
+from finecap.app.train import train
 from finecap.models.clipcap import ClipCap
 from finecap.train.checkpoint import checkpoint_dir, model_dir
-from finecap.app.train import train
 
 
 class Killed(Exception):

@@ -17,9 +17,9 @@ from pathlib import Path
 import pytest
 import torch
 
+from finecap.app.train import train
 from finecap.config import load
 from finecap.models.presets import save_tiny_clip
-from finecap.app.train import train
 
 RECIPE = Path(__file__).resolve().parents[2] / "recipes" / "demo" / "discritune.yaml"
 

@@ -708,5 +708,7 @@ def train(
             if done or end_of_epoch:
                 break
     progress.close()
-    accelerator.end_training()
+    for tracker in accelerator.trackers:  # not end_training(): it would destroy the process group, and a caller (the
+        tracker.finish()  # demo, a sweep) may train again in the same processes
+    accelerator.wait_for_everyone()
     return run_dir

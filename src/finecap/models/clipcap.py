@@ -425,7 +425,7 @@ class ClipCap(nn.Module):
         )
         model.mapper.load_state_dict(load_file(str(path / MAPPER_WEIGHTS)))
         if meta.get("lora"):
-            lora.load_adapters(model, path, meta["lora"])  # unmerged and trainable; finecap.models.lora.merge_lora merges
+            lora.load_adapters(model, path, meta["lora"])  # unmerged, trainable; lora.merge_lora merges them
         return model
 
 

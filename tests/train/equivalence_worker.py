@@ -1,0 +1,12 @@
+"""Worker of tests/train/test_equivalence.py: trains each configuration given as JSON ``[[overrides...], ...]``, one
+after the other, in this (possibly ``accelerate launch``-ed) process group."""
+
+import json
+import sys
+
+from finecap.app.train import train
+from finecap.config import load
+
+if __name__ == "__main__":
+    for overrides in json.loads(sys.argv[1]):
+        train(load(None, overrides))

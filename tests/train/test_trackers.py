@@ -1,0 +1,55 @@
+"""``finecap train ... train.grad_accum_steps=N train.log_with=[jsonl,tensorboard]`` from the command line: the
+TensorBoard event file is read back (scalars per step, captions as text), and the JSONL log matches it."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from accelerate.utils import LoggerType
+
+from finecap.app.cli import main
+from finecap.config import TRACKERS, ConfigError, load
+
+
+def test_tracker_names_are_accelerates():
+    assert set(TRACKERS) - {"jsonl"} == {t.value for t in LoggerType} - {"all"}
+    with pytest.raises(ConfigError, match="train.log_with.*unknown tracker 'tensorbored'"):
+        load(None, ["train.log_with=[tensorbored]"])
+
+
+def test_tensorboard_and_jsonl_with_accumulation(make_cfg, tmp_path):
+    event_accumulator = pytest.importorskip(
+        "tensorboard.backend.event_processing.event_accumulator", reason="tensorboard is a test dependency"
+    )
+    cfg = make_cfg()  # the tiny-world overrides, as a command line
+    keys = ("out", "encoder", "tiny_layers", "tiny_hidden", "tiny_heads", "prefix_length", "dir", "cache_dir")
+    items = [f"{section}.{key}={value}" for section, values in cfg.to_dict().items() for key, value in values.items()
+             if section in ("world", "model", "run") and key in keys]  # fmt: skip
+    code = main(["train", *items, "train.max_steps=4", "train.batch_size=8", "train.grad_accum_steps=2",
+                 "train.log_every=2", "train.eval_every=4", "train.log_captions=2", "decode.max_length=8",
+                 "train.log_with=[jsonl,tensorboard]"])  # fmt: skip
+    assert code == 0
+    run_dir = cfg.run.path
+    events = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    train_events = [e for e in events if e["split"] == "train"]
+    assert [e["step"] for e in train_events] == [2, 4]
+    # 200 captions in global batches of 8 x 2 accumulation steps = 16 -> 13 optimizer steps per epoch
+    assert train_events[0]["epoch"] == pytest.approx(round(2 / 13, 4))
+    val = next(e for e in events if e["split"] == "val")
+    assert val["step"] == 4 and len(val["text"]["captions"].splitlines()) == 2
+
+    logdirs = [p.parent for p in (run_dir / "trackers").rglob("events.out.tfevents.*")]
+    assert logdirs, "no TensorBoard event file under <run>/trackers"
+    acc = event_accumulator.EventAccumulator(str(logdirs[0]), size_guidance={"tensors": 0, "scalars": 0})
+    acc.Reload()
+    scalars = acc.Tags()["scalars"]
+    assert {"train/loss", "train/lr", "val/loss"} <= set(scalars)
+    loss = [(e.step, e.value) for e in acc.Scalars("train/loss")]
+    assert [s for s, _ in loss] == [2, 4]
+    for (_, value), event in zip(loss, train_events, strict=True):
+        assert value == pytest.approx(event["values"]["loss"], rel=1e-6)
+    texts = [t for t in acc.Tags()["tensors"] if "captions" in t]
+    assert texts, f"no caption text in TensorBoard (tensors: {acc.Tags()['tensors']})"
+    logged = acc.Tensors(texts[0])[0].tensor_proto.string_val[0].decode()
+    assert logged.splitlines()[0].split(": ", 1)[1] == val["text"]["captions"].splitlines()[0].split(": ", 1)[1]
