@@ -41,7 +41,7 @@ def timed_run(cfg, skip: int) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--n-train", type=int, default=3000)
-    parser.add_argument("--mle-steps", type=int, default=40)
+    parser.add_argument("--mle-steps", type=int, default=80)
     parser.add_argument("--rl-steps", type=int, default=12)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--json", default=None)

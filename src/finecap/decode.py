@@ -14,8 +14,12 @@ are contiguous: image ``i`` owns rows ``i*n ... i*n+n-1``) and ``scores (N,)``.
 Conventions chosen here (the papers leave them open):
 
 - **Log-probs are of the model's own distribution** (temperature 1, before top-k/top-p truncation), whatever the
-  decoding strategy, so they equal ``ClipCap.sequence_logprob(..., temperature=1.0)``. The sampling distribution's
-  log-probs (temperature-scaled, NDLB-style) come from ``sequence_logprob(..., temperature=T)``, with gradient.
+  decoding strategy, so they equal the captioner's ``forward(batch, sequences=..., temperature=1.0).logprobs``. The
+  sampling distribution's log-probs (temperature-scaled, NDLB-style) come from ``forward(..., temperature=T)``, with
+  gradient.
+- **Seeded sampling**: with per-image ``seeds``, a draw is ``argmax(logits / T + G)`` with Gumbel noise ``G`` that is
+  a pure function of (image seed, sample number, position, token id) (:func:`seeded_gumbel`, a counter-based hash),
+  i.e. a draw from the same distribution that does not depend on which other images share the batch.
 - **Greedy ignores temperature/top-k/top-p** (argmax is invariant to temperature); beam search uses the model's
   log-probs at temperature 1.
 - **Beam search** keeps finished hypotheses in the beam (as ClipCap's reference ``generate_beam`` does): a finished

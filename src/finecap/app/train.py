@@ -7,8 +7,8 @@ AdamW with warmup + linear/cosine/constant decay and gradient clipping. Every st
 are weighted (``train.loss_weights``) and summed; every part is logged. Every ``train.eval_every`` steps (0: each
 epoch) and at the end it evaluates on the validation split: the teacher-forced MLE token loss (``loss``, always,
 whatever the objective, so runs are comparable) plus every validator's values; the best value of
-``train.best_metric`` selects ``checkpoints/best``. Events go to ``metrics.jsonl``; the resolved config to
-``config.yaml``; layout and atomic writes in :mod:`finecap.train.checkpoint`.
+``train.best_metric`` selects ``checkpoints/best``. Events go to the trackers (``metrics.jsonl`` by default); the
+resolved config to ``config.yaml``; layout and atomic writes in :mod:`finecap.train.checkpoint`.
 
 Validators are callables ``validator(model, cfg, accelerator) -> dict[str, float]`` run on every process at each
 evaluation (they shard their own work and gather results, e.g. with :func:`finecap.caption.generate_captions`). They
