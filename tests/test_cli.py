@@ -1,4 +1,13 @@
-"""The CLI parses, builds the configuration and reports errors without a traceback."""
+"""The CLI parses, builds the configuration and reports errors without a traceback; text-only commands start
+without torch."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
 
 from finecap.app.cli import main
 
@@ -23,3 +32,46 @@ def test_bad_override_is_a_clean_error(capsys):
 def test_missing_recipe_is_a_clean_error(tmp_path, capsys):
     assert main(["config", str(tmp_path / "nope.yaml")]) == 2
     assert "recipe file not found" in capsys.readouterr().err
+
+
+EVAL_SCRIPT = """
+import json, sys
+from finecap.app.cli import main
+code = main(sys.argv[1:])
+print(json.dumps({"code": code, "torch": "torch" in sys.modules, "transformers": "transformers" in sys.modules}))
+"""
+
+
+def _run_eval(tmp_path: Path, metrics: str) -> dict:
+    """Run `finecap eval --metrics METRICS` on two hand-made images in a fresh interpreter; return its exit code and
+    whether torch / transformers were imported by the end."""
+    refs = tmp_path / "refs.jsonl"
+    refs.write_text(
+        json.dumps({"id": 1, "image": "1.png", "captions": ["a red circle", "a big red circle"]}) + "\n"
+        + json.dumps({"id": 2, "image": "2.png", "captions": ["a blue square", "a small blue square"]}) + "\n"
+    )  # fmt: skip
+    for name in ("1.png", "2.png"):
+        (tmp_path / name).write_bytes(b"")  # image metrics check that the files exist
+    (tmp_path / "results.json").write_text(json.dumps([{"image_id": 1, "caption": "A red circle."},
+                                                       {"image_id": 2, "caption": "a blue square"}]))  # fmt: skip
+    argv = ["eval", "--predictions", str(tmp_path / "results.json"), "--references", str(refs), "--metrics", metrics,
+            "--out", str(tmp_path / "eval.json"), f"run.cache_dir={tmp_path / 'cache'}"]  # fmt: skip
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1] / "src")}
+    proc = subprocess.run([sys.executable, "-c", EVAL_SCRIPT, *argv], capture_output=True, text=True, env=env,
+                          timeout=120, check=False)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def test_text_only_eval_imports_no_torch(tmp_path):
+    # `finecap eval` on n-gram metrics is a text job: it must start without torch or transformers (seconds each).
+    state = _run_eval(tmp_path, "bleu,rouge,cider,length,vocab")
+    assert state == {"code": 0, "torch": False, "transformers": False}
+    scores = json.loads((tmp_path / "eval.json").read_text())
+    assert scores["BLEU-1"] == pytest.approx(1.0) and scores["Length"] == 3.0
+
+
+def test_image_metric_eval_does_import_torch(tmp_path):
+    # The same harness sees torch when a group needs it: CLIPScore loads the retriever (torch, transformers), which
+    # then stops the command (exit 2) because no world encoder has been trained for this configuration.
+    assert _run_eval(tmp_path, "clipscore") == {"code": 2, "torch": True, "transformers": True}

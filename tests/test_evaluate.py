@@ -1,4 +1,5 @@
-"""finecap.evaluate: metric registry, hand-computed groups, and `finecap eval` / `finecap bags build` end to end."""
+"""Evaluation: the metric-group registry and hand-computed groups (finecap.metrics.suite), reference detection
+(finecap.data.references), and `finecap eval` / `finecap bags build` end to end (finecap.app)."""
 
 from __future__ import annotations
 
@@ -11,16 +12,31 @@ from pathlib import Path
 import pytest
 import torch
 import torch.nn.functional as F
+from transformers import CLIPImageProcessor, CLIPModel
 
+from finecap import registry
+from finecap.app.cli import main as cli
+from finecap.app.eval import main as eval_main
 from finecap.config import WorldConfig, load
 from finecap.data.formats import write_results
-from finecap.evaluate import detect_format, evaluate, load_references, parse_metrics, read_predictions
+from finecap.data.references import detect_format, load_references
 from finecap.metrics.diversity import set_diversity
+from finecap.metrics.suite import METRICS, evaluate, parse_metrics
+from finecap.models.presets import tiny_clip_config
+from finecap.models.retriever import Retriever
+from finecap.models.tokenizer import world_tokenizer
+from finecap.world.make import make_world
 from finecap.world.scene import Obj, Scene
 
 # --------------------------------------------------------------------------------------------------------------------
 # Registry and text metrics
 # --------------------------------------------------------------------------------------------------------------------
+
+
+def test_registry_names_are_the_config_table():
+    # config.py checks eval.metrics at load against finecap.registry.METRIC_GROUPS (torch-free); the groups that
+    # can run are the keys of METRICS: one list of names.
+    assert tuple(METRICS) == tuple(registry.METRIC_GROUPS)
 
 
 def test_unknown_metric_lists_valid_ones():
@@ -174,8 +190,6 @@ def test_retrieval_needs_images():
 
 @pytest.fixture(scope="module")
 def world(tmp_path_factory) -> Path:
-    from finecap.world.make import make_world
-
     out = tmp_path_factory.mktemp("world")
     make_world(WorldConfig(n_train=24, n_val=4, n_test=12, image_size=32, families=3), out, progress=False)
     return out
@@ -184,12 +198,6 @@ def world(tmp_path_factory) -> Path:
 @pytest.fixture(scope="module")
 def clip_dir(tmp_path_factory) -> Path:
     """A tiny random CLIP over the world tokenizer, saved like a Hub checkpoint."""
-    from transformers import CLIPImageProcessor, CLIPModel
-
-    from finecap.models.presets import tiny_clip_config
-    from finecap.models.retriever import Retriever
-    from finecap.models.tokenizer import world_tokenizer
-
     torch.manual_seed(0)
     tok = world_tokenizer()
     cfg = tiny_clip_config(len(tok), eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id,
@@ -215,19 +223,26 @@ def test_detect_format(world, tmp_path):
         detect_format(tmp_path / "nope.json")
 
 
-def test_read_predictions_with_samples(tmp_path):
+def test_eval_command_scores_first_caption_and_uses_all_as_samples(world, tmp_path, capsys):
+    refs = load_references(load(), world, split="test")
+    first, second = refs.records[0], refs.records[1]
     path = tmp_path / "r.json"
-    path.write_text(json.dumps([{"image_id": 1, "caption": "a"}, {"image_id": 2, "caption": "b"},
-                                {"image_id": 1, "caption": "c"}]))  # fmt: skip
-    preds, samples = read_predictions(path)
-    assert preds == {1: "a", 2: "b"} and samples == {1: ["a", "c"], 2: ["b"]}
-    write_results(path, {1: "a"})
-    assert read_predictions(path) == ({1: "a"}, None)
+    # Each image is listed twice (its 1st and its 3rd reference captions), interleaved as pycocotools allows.
+    rows = [{"image_id": r.image_id, "caption": r.captions[j]} for j in (0, 2) for r in (first, second)]
+    path.write_text(json.dumps(rows))
+    out = eval_main(load(), predictions=path, references=world, metrics="length,diversity", out=tmp_path / "e.json")
+    assert "2 image(s) have several captions" in capsys.readouterr().out
+    only_first = evaluate({first.image_id: first.captions[0], second.image_id: second.captions[0]}, None,
+                          metrics="length")  # fmt: skip
+    only_third = evaluate({r.image_id: r.captions[2] for r in (first, second)}, None, metrics="length")
+    assert only_first["Length"] != only_third["Length"]  # so the next line tells which captions were scored
+    assert out["Length"] == only_first["Length"]  # the second captions are not scored
+    samples = {r.image_id: [r.captions[0], r.captions[2]] for r in (first, second)}
+    want = evaluate({i: c[0] for i, c in samples.items()}, None, metrics="diversity", samples=samples)
+    assert out["Div-1"] == pytest.approx(want["Div-1"]) and 0 < out["Div-1"] < 1
 
 
 def test_eval_command_end_to_end_text_metrics(world, tmp_path, capsys):
-    from finecap.app.cli import main as cli
-
     refs = load_references(load(), world, split="test")
     assert refs.scenes is not None and len(refs.records) == 12
     # Predictions: each test image's first reference caption. They state only true facts, so faithfulness
@@ -248,8 +263,6 @@ def test_eval_command_end_to_end_text_metrics(world, tmp_path, capsys):
 
 
 def test_eval_command_unknown_metric_and_missing_ids(world, tmp_path, capsys):
-    from finecap.app.cli import main as cli
-
     write_results(tmp_path / "r.json", {99999: "a red circle"})
     args = ["eval", "--predictions", str(tmp_path / "r.json"), "--references", str(world), "--out",
             str(tmp_path / "e.json")]  # fmt: skip
@@ -260,20 +273,16 @@ def test_eval_command_unknown_metric_and_missing_ids(world, tmp_path, capsys):
 
 
 def test_default_metrics_skip_what_cannot_run(world, tmp_path, capsys):
-    from finecap.evaluate import main
-
     refs = load_references(load(), world, split="val")
     write_results(tmp_path / "r.json", {r.image_id: "a red circle" for r in refs.records})
     # eval.metrics = length, faithfulness, perplexity: perplexity has no eval.lm -> skipped with a note
     cfg = load(None, ["eval.metrics=[length,faithfulness,perplexity]"])
-    out = main(cfg, predictions=tmp_path / "r.json", references=world, out=tmp_path / "e.json")
+    out = eval_main(cfg, predictions=tmp_path / "r.json", references=world, out=tmp_path / "e.json")
     assert "skipping perplexity: eval.lm is not set" in capsys.readouterr().out
     assert set(out) >= {"Length", "faith/precision"} and "perplexity" not in out
 
 
 def test_bags_build_and_clip_metrics_end_to_end(world, clip_dir, tmp_path, capsys):
-    from finecap.app.cli import main as cli
-
     overrides = [f"retriever.checkpoint={clip_dir}", f"run.cache_dir={tmp_path / 'cache'}", "eval.n_distractors=5",
                  "eval.draws=2"]  # fmt: skip
     assert cli(["bags", "build", "--data", str(world), "--split", "test", "--sizes", "3,2",

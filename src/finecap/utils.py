@@ -13,21 +13,33 @@ from typing import Any
 import numpy as np
 
 
-def atomic_write_text(path: str | Path, text: str) -> None:
-    """Write ``text`` to ``path`` through a temporary file in the same folder, then rename."""
+def atomic_write_bytes(path: str | Path, data: bytes) -> None:
+    """Write ``data`` to ``path`` through a uniquely named temporary file in the same folder, then rename.
+
+    The one atomic file write of the package (text, JSON and safetensors go through it): readers see the old file or
+    the complete new one, never a half-written file, and an interrupted write leaves no temporary file behind. The
+    temporary name is unique per call (``mkstemp``), so concurrent writers of the same file never share one; the last
+    rename wins.
+    """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
 
 
+def atomic_write_text(path: str | Path, text: str) -> None:
+    """Write ``text`` (UTF-8) to ``path`` atomically (:func:`atomic_write_bytes`)."""
+    atomic_write_bytes(path, text.encode("utf-8"))
+
+
 def write_json(path: str | Path, obj: Any, indent: int | None = 2) -> None:
+    """Write ``obj`` as JSON (plus a final newline) to ``path`` atomically."""
     atomic_write_text(path, json.dumps(obj, indent=indent) + "\n")
 
 
@@ -60,6 +72,8 @@ def atomic_replace_dir(tmp_dir: str | Path, final_dir: str | Path) -> None:
 
 
 def seed_everything(seed: int) -> None:
+    # Deferred: utils is on the start-up path of text-only commands (`finecap eval` writes JSON with it), which
+    # must not import torch (tests/test_cli.py checks); only training seeds.
     import torch
 
     random.seed(seed)

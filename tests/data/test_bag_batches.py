@@ -10,13 +10,13 @@ from pathlib import Path
 import pytest
 import torch
 
+from finecap.app.train import train
 from finecap.config import WorldConfig, load
 from finecap.models import lora
 from finecap.models.clipcap import ClipCap
 from finecap.models.presets import save_tiny_clip
 from finecap.rewards.retrieval import RetrievalReward
 from finecap.train.checkpoint import checkpoint_dir, model_dir
-from finecap.app.train import train
 
 RECIPES = Path(__file__).resolve().parents[2] / "recipes" / "demo"
 N_TRAIN = 40

@@ -7,7 +7,14 @@ from PIL import Image
 from safetensors import safe_open
 
 from finecap.config import load
-from finecap.data.features import cached_features, fingerprint_data, fingerprint_module, model_features
+from finecap.data.features import (
+    CACHE_SUBDIR,
+    cache_file,
+    cached_features,
+    fingerprint_data,
+    fingerprint_module,
+    model_features,
+)
 from finecap.data.formats import Record
 
 
@@ -54,19 +61,26 @@ def test_fingerprint_module_tracks_weights_and_extra():
     assert fingerprint_module(a) != fingerprint_module(b)
 
 
-def test_fingerprint_data_tracks_file_images_and_split(tmp_path, records):
-    data = tmp_path / "dataset.json"
-    data.write_text("{}")
-    key = fingerprint_data(records, data, "train")
-    assert key == fingerprint_data(records, data, "train")
-    assert key != fingerprint_data(records, data, "val")
-    assert key != fingerprint_data(records[::-1], data, "train")  # order of rows matters
-    data.write_text("{ }")
-    assert key != fingerprint_data(records, data, "train")
-    data.write_text("{}")
+def test_fingerprint_data_tracks_images_not_captions(tmp_path, records):
+    key = fingerprint_data(records)
+    assert key == fingerprint_data(records)
+    assert key != fingerprint_data(records[::-1])  # order of rows matters
+    assert key != fingerprint_data([Record(99, records[0].path, "train"), *records[1:]])  # ids matter
+    # Captions and the split label do not change image features, so they do not change the key.
+    assert key == fingerprint_data([Record(r.image_id, r.path, "val", ["other"]) for r in records])
     st = os.stat(records[0].path)
     os.utime(records[0].path, ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))  # an image rewritten
-    assert key != fingerprint_data(records, data, "train")
+    assert key != fingerprint_data(records)
+    with pytest.raises(FileNotFoundError, match="record 'gone'"):
+        fingerprint_data([Record("gone", tmp_path / "missing.png", "train")])
+
+
+def test_cache_file_is_keyed_by_model_data_and_split(tmp_path):
+    base = cache_file(tmp_path, "enc", "data", "train")
+    assert base.parent == tmp_path / CACHE_SUBDIR and base.name.startswith("train-")
+    others = {cache_file(tmp_path, "enc2", "data", "train"), cache_file(tmp_path, "enc", "data2", "train"),
+              cache_file(tmp_path, "enc", "data", "val")}  # fmt: skip
+    assert base not in others and len(others) == 3
 
 
 def test_cached_features_computed_once(tmp_path, records):
@@ -89,12 +103,29 @@ def test_cached_features_computed_once(tmp_path, records):
     cached_features(records, encode, **{**kwargs, "encoder_key": "other"})
     assert len(calls) == 6  # another encoder: recomputed, into its own file
     assert len(list((tmp_path / "cache" / "features").iterdir())) == 2
+    # The default data key is the fingerprint of the records' images.
+    cached_features(records, encode, **{**kwargs, "data_key": None})
+    assert len(calls) == 9
+    assert cache_file(tmp_path / "cache", "enc", fingerprint_data(records), "train").exists()
+
+
+def test_unreadable_cache_file_is_recomputed(tmp_path, records):
+    calls = []
+
+    def encode(images):
+        calls.append(len(images))
+        return torch.ones(len(images), 3)
+
+    kwargs = {"cache_dir": tmp_path, "encoder_key": "enc", "split": "train", "progress": False}
+    want = cached_features(records, encode, **kwargs)
+    (path,) = (tmp_path / CACHE_SUBDIR).glob("*.safetensors")
+    path.write_bytes(b"garbage")  # e.g. a foreign or truncated file
+    assert torch.equal(cached_features(records, encode, **kwargs), want)
+    assert len(calls) == 2 and torch.equal(cached_features(records, encode, **kwargs), want) and len(calls) == 2
 
 
 def test_model_features_never_reuses_a_stale_cache(tmp_path, records):
-    data = tmp_path / "dataset.json"
-    data.write_text("{}")
-    cfg = load(None, [f"run.cache_dir={tmp_path / 'cache'}", "data.format=karpathy", f"data.path={data}"])
+    cfg = load(None, [f"run.cache_dir={tmp_path / 'cache'}"])
     model = StandIn()
     feats = model_features(model, records, cfg, "train", progress=False)
     # red channel of image i is 50 * i everywhere -> features (50 i * 1, 50 i * 2)

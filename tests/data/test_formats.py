@@ -1,11 +1,15 @@
+import contextlib
+import io
 import json
 from pathlib import Path
 
 import pytest
+from pycocotools import coco as pycocotools_coco
 
 from finecap.data.formats import (
     DataError,
     Record,
+    read_bags,
     read_coco_captions,
     read_dataset,
     read_jsonl,
@@ -13,6 +17,7 @@ from finecap.data.formats import (
     read_results,
     write_results,
 )
+from finecap.utils import write_json
 
 
 def _touch(root: Path, *names: str) -> None:
@@ -230,7 +235,24 @@ def test_results_round_trip(tmp_path):
         {"image_id": 7, "caption": "two cats"},
         {"image_id": "x-1", "caption": "a bird"},
     ]
-    assert read_results(path) == captions
+    assert read_results(path) == {i: [c] for i, c in captions.items()}
+    write_results(path, {})
+    assert read_results(path) == {}
+
+
+def test_results_with_repeated_ids_keep_every_caption_like_pycocotools(tmp_path):
+    rows = [{"image_id": 1, "caption": "a"}, {"image_id": 2, "caption": "b"}, {"image_id": 1, "caption": "c"},
+            {"image_id": 1, "caption": "a"}]  # fmt: skip
+    path = _write(tmp_path / "results.json", rows)
+    # Every entry is kept, grouped per image in file order (an exact repeat too).
+    assert read_results(path) == {1: ["a", "c", "a"], 2: ["b"]}
+    # pycocotools' COCO.loadRes, which pycocoevalcap's COCOEvalCap reads results with, keeps the same captions.
+    gt = pycocotools_coco.COCO()
+    gt.dataset = {"images": [{"id": 1}, {"id": 2}], "annotations": []}
+    with contextlib.redirect_stdout(io.StringIO()):
+        gt.createIndex()
+        res = gt.loadRes(str(path))
+    assert {i: [a["caption"] for a in res.imgToAnns[i]] for i in (1, 2)} == read_results(path)
 
 
 @pytest.mark.parametrize(
@@ -239,7 +261,6 @@ def test_results_round_trip(tmp_path):
         ({"image_id": 1, "caption": "x"}, r"must be a list of"),
         ([{"image_id": 1}], r"\[0\]: missing key 'caption'"),
         ([{"caption": "x"}], r"\[0\]: missing key 'image_id'"),
-        ([{"image_id": 1, "caption": "x"}, {"image_id": 1, "caption": "y"}], r"\[1\]: duplicate image_id 1"),
         ([{"image_id": 1, "caption": 5}], r"\[0\]: 'caption' must be str, got int"),
         ([{"image_id": True, "caption": "x"}], r"\[0\]: 'image_id' must be int or str, got bool"),
     ],
@@ -257,3 +278,17 @@ def test_write_results_rejects_bad_values(tmp_path):
     with pytest.raises(DataError, match=r"image id 1.5 must be an int or a string"):
         write_results(tmp_path / "r.json", {1.5: "x"})
     assert not (tmp_path / "r.json").exists()
+
+
+def test_read_bags_roundtrip_and_errors(tmp_path):
+    path = tmp_path / "bags.json"
+    write_json(path, {"bags": {"3": [{"images": [1, 2, 3], "similarity": 0.9}], "2": [["a", "b"]]}})
+    assert read_bags(path) == {3: [[1, 2, 3]], 2: [["a", "b"]]}
+    write_json(path, {"bags": {"x": []}})
+    with pytest.raises(DataError, match="not a bag size"):
+        read_bags(path)
+    write_json(path, {"bags": {"2": [[1]]}})
+    with pytest.raises(DataError, match=r"bags\['2'\]\[0\] must hold a list of at least two image ids"):
+        read_bags(path)
+    with pytest.raises(FileNotFoundError, match="finecap bags build"):
+        read_bags(tmp_path / "missing.json")

@@ -8,6 +8,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from finecap.app.bags import parse_sizes
 from finecap.data.truematch import (
     Bag,
     build_bags,
@@ -17,11 +18,8 @@ from finecap.data.truematch import (
     mean_text_embeddings,
     multimodal_embeddings,
     nearest_neighbours,
-    parse_sizes,
     random_bag_purity,
-    read_bags,
 )
-from finecap.utils import write_json
 
 
 def unit(deg: float) -> list[float]:
@@ -164,15 +162,6 @@ def test_family_embeddings_give_pure_bags():
     fams = {i: i // 3 for i in range(6)}
     bags = build_bags(emb, [3])[3]
     assert len(bags) == 2 and family_purity(bags, fams) == 1.0
-
-
-def test_read_bags_roundtrip(tmp_path):
-    path = tmp_path / "bags.json"
-    write_json(path, {"bags": {"3": [{"images": [1, 2, 3], "similarity": 0.9}], "2": [["a", "b"]]}})
-    assert read_bags(path) == {3: [[1, 2, 3]], 2: [["a", "b"]]}
-    write_json(path, {"bags": {"x": []}})
-    with pytest.raises(ValueError, match="not a bag size"):
-        read_bags(path)
 
 
 def test_parse_sizes():

@@ -13,6 +13,8 @@ from pycocoevalcap.bleu.bleu import Bleu
 
 from finecap.metrics.diversity import (
     bleu_distance,
+    caption_length,
+    caption_words,
     div_n,
     lexical_diversity,
     mbleu,
@@ -38,6 +40,21 @@ def test_length_lexical_diversity_vocab_usage():
     out = vocabulary_metrics({i: c for i, c in enumerate(caps)})
     assert out == {"Length": pytest.approx(1.8), "Lexical diversity": 4.0, "Vocab usage": 1.0}
     assert mean_length([]) == 0.0
+
+
+def test_caption_words_are_ptb_tokens():
+    # lower-cased, punctuation dropped, contractions split as pycocoevalcap's PTB tokenizer does
+    assert caption_words("A man's dog can't swim, really.") == ["a", "man", "'s", "dog", "ca", "n't", "swim", "really"]
+    assert caption_length("A red circle.") == 3 == caption_length("a red circle")
+    assert caption_length("") == 0
+
+
+def test_corpus_metrics_count_words_of_captions_as_written():
+    caps = ["A dog.", "a Dog runs!", "a cat,", "A a", ""]  # the captions of the test above, as a model writes them
+    assert mean_length(caps) == pytest.approx(1.8)
+    assert lexical_diversity(caps) == 4 and vocabulary_usage(caps) == 1
+    assert vocabulary_metrics(dict(enumerate(caps))) == {"Length": pytest.approx(1.8), "Lexical diversity": 4.0,
+                                                         "Vocab usage": 1.0}  # fmt: skip
 
 
 def test_div_n_hand_computed():

@@ -9,7 +9,7 @@ from PIL import Image
 from tokenizers import ByteLevelBPETokenizer
 from transformers import CLIPImageProcessor, CLIPModel, GPT2Config, GPT2LMHeadModel, GPT2TokenizerFast
 
-import finecap.models.retriever
+import finecap.models.clipcap
 from finecap.config import DecodeConfig, load
 from finecap.models.clipcap import ClipCap, build_captioner
 from finecap.models.presets import tiny_clip_config
@@ -118,7 +118,7 @@ def test_trainable_encoder_trains_only_the_image_path_and_is_saved(checkpoints, 
 
 def test_world_encoder_and_world_tiny_lm_from_config(checkpoints, monkeypatch):
     # model.encoder=world asks the retriever module for the (cached) world encoder folder; a tiny CLIP stands in
-    monkeypatch.setattr(finecap.models.retriever, "world_encoder", lambda cfg: checkpoints / "clip")
+    monkeypatch.setattr(finecap.models.clipcap, "world_encoder_path", lambda cfg: checkpoints / "clip")
     cfg = load(None, ["model.encoder=world", "model.lm=world-tiny", "model.tiny_layers=1", "model.tiny_hidden=32",
                       "model.tiny_heads=2", "model.prefix_length=4"])  # fmt: skip
     model = build_captioner(cfg)

@@ -13,7 +13,10 @@ from PIL import Image
 from tokenizers import processors
 from transformers import CLIPConfig, CLIPImageProcessor, CLIPModel
 
-from finecap.models.retriever import CACHE_SUBDIR, Retriever, dataset_identity
+from finecap.config import load
+from finecap.data.features import CACHE_SUBDIR, model_features
+from finecap.data.formats import Record
+from finecap.models.retriever import Retriever, load_retriever
 from finecap.models.tokenizer import world_tokenizer
 
 WORDS = ["a", "red", "blue", "circle", "square", "on", "grass", "big", "small", "the"]
@@ -143,7 +146,7 @@ def test_image_cache_reused_and_keyed_by_model_and_dataset(ckpt, images, tmp_pat
     def boom(_records):
         raise AssertionError("recomputed although cached")
 
-    monkeypatch.setattr(r, "_features_from_files", boom)
+    monkeypatch.setattr(r, "_encode_images", boom)
     assert torch.equal(r.image_embeddings(images, cache), first)  # served from the cache
     monkeypatch.undo()
 
@@ -158,16 +161,56 @@ def test_image_cache_reused_and_keyed_by_model_and_dataset(ckpt, images, tmp_pat
     assert torch.allclose(flipped, -first, atol=1e-6)
 
 
-def test_dataset_identity_tracks_file_changes(images, tmp_path):
-    p = tmp_path / "x.png"
-    Image.new("RGB", (4, 4)).save(p)
-    before = dataset_identity([Rec(0, p)])
-    assert dataset_identity([Rec(1, p)]) != before  # id matters
-    st = p.stat()
-    os.utime(p, ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))
-    assert dataset_identity([Rec(0, p)]) != before  # a rewritten image invalidates the cache
-    with pytest.raises(FileNotFoundError, match="record 'gone'"):
-        dataset_identity([Rec("gone", tmp_path / "missing.png")])
+def test_rewritten_image_is_recomputed(ckpt, images, tmp_path):
+    r = Retriever.from_pretrained(ckpt)
+    recs = [Rec(i, tmp_path / f"{i}.png") for i in range(2)]
+    for rec, src in zip(recs, images, strict=False):
+        Image.open(src.path).save(rec.path)
+    cache = tmp_path / "cache"
+    before = r.image_embeddings(recs, cache)
+    Image.open(images[4].path).save(recs[0].path)  # another image under the same name
+    st = recs[0].path.stat()
+    os.utime(recs[0].path, ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))  # (even within one mtime tick)
+    after = r.image_embeddings(recs, cache)
+    assert torch.allclose(after[1], before[1]) and not torch.allclose(after[0], before[0])
+    assert torch.allclose(after, r.embed_images([Image.open(x.path) for x in recs]), atol=1e-6)
+
+
+class VisionStandIn(torch.nn.Module):
+    """A captioner whose frozen encoder (``model.encoder``) is the retriever's own model and preprocessing; its
+    forward must not run (the features are in the cache already)."""
+
+    def __init__(self, retriever):
+        super().__init__()
+        self.encoder = retriever.model
+        self.encoder.preprocess = retriever.preprocess
+        self.encoder.image_processor = retriever.image_processor
+
+        def boom(pixel_values):
+            raise AssertionError("recomputed although cached")
+
+        self.encoder.forward = boom
+
+
+def test_retriever_and_captioner_features_share_one_cache(ckpt, images, tmp_path):
+    r = Retriever.from_pretrained(ckpt)
+    cfg = load(None, [f"run.cache_dir={tmp_path}"])
+    recs = [Record(x.image_id, x.path, "test") for x in images]
+    want = r.image_features(recs, tmp_path)
+    # The same weights, class and preprocessing on the same images and split: the same file, from either side.
+    got = model_features(VisionStandIn(r), recs, cfg, "test", progress=False)
+    assert torch.equal(got, want)
+    assert [p.name[:5] for p in (tmp_path / CACHE_SUBDIR).iterdir()] == ["test-"]
+    assert [p.name for p in tmp_path.iterdir()] == [CACHE_SUBDIR]
+
+
+def test_load_retriever_only_loads(ckpt, tmp_path):
+    cfg = load(None, [f"run.cache_dir={tmp_path}", f"world.out={tmp_path / 'world'}"])
+    with pytest.raises(FileNotFoundError, match="finecap retriever train"):
+        load_retriever(cfg)  # no world encoder trained for cfg: an error naming the command, never training
+    assert not (tmp_path / "world").exists()
+    cfg = load(None, [f"run.cache_dir={tmp_path}", f"retriever.checkpoint={ckpt}"])
+    assert isinstance(load_retriever(cfg).model, CLIPModel)
 
 
 def test_corrupt_cache_file_is_recomputed(ckpt, images, tmp_path):

@@ -1,4 +1,5 @@
-"""World encoder: architecture, losses, training smoke test, cache, checkpoint contract, probe (tiny world)."""
+"""World encoder: architecture and losses (finecap.models.world_encoder), training, cache and probe
+(finecap.app.retriever), checkpoint contract, on a tiny world."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import torch
 import transformers
 from PIL import Image
 
+from finecap.app import retriever as ar
 from finecap.config import load
 from finecap.models import world_encoder as we
 from finecap.models.retriever import Retriever
@@ -28,7 +30,9 @@ def tiny(tmp_path_factory):
     root = tmp_path_factory.mktemp("we")
     cfg = load(None, [*TINY, f"world.out={root / 'world'}", f"run.cache_dir={root / 'cache'}"])
     make_world(cfg.world, progress=False)
-    path = we.world_encoder(cfg, progress=False)
+    with pytest.raises(FileNotFoundError, match="finecap retriever train"):
+        we.world_encoder_path(cfg)  # looking up never trains
+    path = ar.ensure_world_encoder(cfg, progress=False)
     return cfg, path
 
 
@@ -83,7 +87,7 @@ def test_aux_heads_uniform_logits_give_log_class_counts():
 def test_linear_probe_separable():
     x = torch.tensor([[0.0, 1.0], [0.1, 0.9], [1.0, 0.0], [0.9, 0.2]])
     y = torch.tensor([0, 0, 1, 1])
-    train_acc, pred = we.linear_probe(x, y, torch.tensor([[0.0, 2.0], [2.0, 0.0]]), 2)
+    train_acc, pred = ar.linear_probe(x, y, torch.tensor([[0.0, 2.0], [2.0, 0.0]]), 2)
     assert train_acc == 1.0
     assert pred.tolist() == [0, 1]
 
@@ -94,7 +98,7 @@ def test_retrieval_ceiling_counts_consistent_distractors():
     blue = Scene(2, "grass", [Obj("square", "blue", "large", 0, 0)])
     # "a red circle" fits scenes 0 and 1: with both others as distractors the oracle picks 1 of 2 -> 0.5.
     # "a blue square" fits only scene 2 -> 1.0.
-    got = we._retrieval_ceiling(["a red circle", "a blue square"], np.array([0, 2]), [red, red2, blue], 2, 1, 0)
+    got = ar.retrieval_ceiling(["a red circle", "a blue square"], np.array([0, 2]), [red, red2, blue], 2, 1, 0)
     assert got == pytest.approx(0.75)
 
 
@@ -107,7 +111,7 @@ def test_training_reduces_loss_and_changes_weights(tiny):
     model = we.build_world_model(world_tokenizer(), 32)
     before = {k: v.clone() for k, v in model.state_dict().items()}
     mean, std = torch.full((3,), 0.5), torch.full((3,), 0.25)
-    stats = we.train_dual_encoder(model, world_tokenizer(), data, mean, std, c, progress=False)
+    stats = ar.train_dual_encoder(model, world_tokenizer(), data, mean, std, c, progress=False)
     assert stats["steps"] == 25
     assert stats["loss"] < 0.5 * stats["first_loss"]
     changed = [k for k, v in model.state_dict().items() if not torch.equal(v, before[k])]
@@ -142,8 +146,9 @@ def test_world_encoder_reused_from_cache_and_keyed(tiny, monkeypatch):
     def boom(*args, **kwargs):
         raise AssertionError("retrained although cached")
 
-    monkeypatch.setattr(we, "train_dual_encoder", boom)
-    assert we.world_encoder(cfg, progress=False) == path
+    monkeypatch.setattr(ar, "train_dual_encoder", boom)
+    assert ar.ensure_world_encoder(cfg, progress=False) == path
+    assert we.world_encoder_path(cfg) == path
     base = we.encoder_key(cfg)
     assert we.encoder_key(load(None, [*TINY, "retriever.lr=1e-4"])) != base
     assert we.encoder_key(load(None, [*TINY, "world.seed=3"])) != base
@@ -155,7 +160,7 @@ def test_world_encoder_reused_from_cache_and_keyed(tiny, monkeypatch):
 
 def test_probe_writes_numbers_and_bar(tiny, tmp_path):
     cfg, path = tiny
-    res = we.probe((path, cfg.world.out), out=tmp_path / "probe.json", progress=False)
+    res = ar.probe((path, cfg.world.out), out=tmp_path / "probe.json", progress=False)
     saved = json.loads((tmp_path / "probe.json").read_text())
     assert set(saved["probe"]) == set(we.MAIN_LABELS)
     for v in saved["probe"].values():

@@ -1,10 +1,16 @@
 import json
 
+import pytest
+
+from finecap.app.caption import main
 from finecap.app.train import train
-from finecap.caption import caption_stats, generate_captions, main
+from finecap.app.validators import VALIDATORS, caption_stats_validator, retrieval_validator
+from finecap.caption import caption_stats, generate_captions
 from finecap.config import DecodeConfig
 from finecap.data.datasets import load_records
+from finecap.metrics.suite import evaluate
 from finecap.models.clipcap import ClipCap
+from finecap.registry import lookup
 from finecap.train.checkpoint import checkpoint_dir, model_dir
 
 
@@ -12,6 +18,23 @@ def test_caption_stats_hand_computed():
     # first captions: "a red circle" (3 words), "a circle" (2) -> mean 2.5; distinct words {a, red, circle} -> 3
     assert caption_stats({1: ["a red circle", "ignored extra sample"], 2: ["a circle"]}) == {
         "length": 2.5, "vocab": 3.0}  # fmt: skip
+    # Words as finecap eval counts them (PTB tokens): "A red circle." -> a, red, circle (3; the period is dropped
+    # and "A" is "a"); "the dog's ball" -> the, dog, 's, ball (4) -> mean 3.5; distinct words: 7
+    stats = caption_stats({1: ["A red circle."], 2: ["the dog's ball"]})
+    assert stats == {"length": 3.5, "vocab": 7.0}
+    assert stats["length"] == evaluate({1: "A red circle.", 2: "the dog's ball"}, None, metrics="length")["Length"]
+
+
+def test_validators_registry_resolves_to_the_factories():
+    assert lookup("captions", VALIDATORS, "train.validators", "validator") is caption_stats_validator
+    assert lookup("retrieval", VALIDATORS, "train.validators", "validator") is retrieval_validator
+
+
+def test_retrieval_validator_needs_a_trained_retriever(make_cfg):
+    # load_retriever only loads: without retriever.checkpoint and no trained world encoder, the error names the
+    # command that trains it.
+    with pytest.raises(FileNotFoundError, match="finecap retriever train"):
+        retrieval_validator(make_cfg())
 
 
 def test_caption_main_writes_coco_results(make_cfg, tmp_path):

@@ -7,11 +7,12 @@ import numpy as np
 import pytest
 from PIL import Image
 
+from finecap.app.world import main
 from finecap.config import WorldConfig, load
 from finecap.data.formats import read_dataset
 from finecap.world.captions import vocabulary
 from finecap.world.facts import faithfulness, scene_facts
-from finecap.world.make import load_scene_records, load_scenes, main, make_world, world_key
+from finecap.world.make import load_scene_records, load_scenes, make_world, world_key
 from finecap.world.render import render
 from finecap.world.scene import VARIANTS, sample_family, scene_diff
 

@@ -10,6 +10,8 @@ import os
 import sys
 from collections.abc import Callable
 
+import yaml
+
 from finecap.config import SECTIONS, Config, ConfigError, describe, load
 
 
@@ -43,10 +45,13 @@ def _flags(args: argparse.Namespace, mapping: dict[str, str]) -> list[str]:
 # --------------------------------------------------------------------------------------------------------------------
 # Commands
 # --------------------------------------------------------------------------------------------------------------------
+# Each command imports its application module when it runs, not at the top of this file: most of them import torch
+# and transformers (seconds), which `finecap config` and text-only `finecap eval` never need (tests/test_cli.py checks
+# that `finecap eval --metrics bleu,rouge,cider` imports neither).
 
 
 def cmd_world_make(args: argparse.Namespace) -> None:
-    from finecap.world.make import main
+    from finecap.app.world import main
 
     flags = {
         "out": "world.out",
@@ -61,13 +66,13 @@ def cmd_world_make(args: argparse.Namespace) -> None:
 
 
 def cmd_retriever_train(args: argparse.Namespace) -> None:
-    from finecap.models.world_encoder import main
+    from finecap.app.retriever import main
 
     main(_config(args))
 
 
 def cmd_retriever_probe(args: argparse.Namespace) -> None:
-    from finecap.models.world_encoder import probe_main
+    from finecap.app.retriever import probe_main
 
     probe_main(_config(args), out=args.out)
 
@@ -79,13 +84,13 @@ def cmd_train(args: argparse.Namespace) -> None:
 
 
 def cmd_caption(args: argparse.Namespace) -> None:
-    from finecap.caption import main
+    from finecap.app.caption import main
 
     main(_config(args), checkpoint=args.checkpoint, split=args.split, out=args.out, data=args.data)
 
 
 def cmd_eval(args: argparse.Namespace) -> None:
-    from finecap.evaluate import main
+    from finecap.app.eval import main
 
     main(
         _config(args),
@@ -100,7 +105,7 @@ def cmd_eval(args: argparse.Namespace) -> None:
 
 
 def cmd_bags_build(args: argparse.Namespace) -> None:
-    from finecap.data.truematch import main
+    from finecap.app.bags import main
 
     main(_config(args), data=args.data, split=args.split, sizes=args.sizes, out=args.out)
 
@@ -121,8 +126,6 @@ def cmd_demo(args: argparse.Namespace) -> None:
 
 
 def cmd_config(args: argparse.Namespace) -> None:
-    import yaml
-
     if args.describe:
         for name, cls in SECTIONS.items():
             print(f"[{name}]")

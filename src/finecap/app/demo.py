@@ -23,8 +23,21 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from finecap.app.bags import main as build_bags
+from finecap.app.retriever import ensure_world_encoder
+from finecap.app.train import train
+from finecap.caption import generate_captions
 from finecap.config import Config, load
-from finecap.utils import read_json, write_json
+from finecap.data.datasets import load_records
+from finecap.data.formats import read_bags, read_results, write_results
+from finecap.metrics.suite import evaluate
+from finecap.models.clipcap import ClipCap
+from finecap.models.retriever import load_retriever
+from finecap.report.plots import length_curves
+from finecap.report.table import markdown_table
+from finecap.train.checkpoint import model_dir
+from finecap.utils import atomic_write_text, read_json, write_json
+from finecap.world.make import load_scenes, make_world
 
 RECIPES = Path(__file__).resolve().parents[3] / "recipes" / "demo"
 
@@ -69,9 +82,9 @@ ABLATIONS: dict[str, tuple[str, list[str]]] = {
 # Stages whose set-level diversity (5 captions per image, sampled and beam) is reported (exploration paper Table 4).
 DIVERSITY_STAGES = ("mle", "mle_continued", "scst", "sle", "scst_me")
 SAMPLES = 5
-# Metric groups of the demo table (finecap.evaluate names).
+# Metric groups of the demo table (finecap.metrics.suite names).
 REPORT_METRICS = ["length", "vocab", "faithfulness", "retrieval", "bags", "bleu", "cider"]
-# Columns of the printed table, in order (keys of finecap.evaluate's output; "RD" becomes RD{eval.n_distractors}).
+# Columns of the printed table, in order (keys of evaluate's output; "RD" becomes RD{eval.n_distractors}).
 COLUMNS = ["Length", "Lexical diversity", "Vocab usage", "faith/precision", "faith/recall", "faith/halluc_rate",
            "RD/R@1", "bag3/R@1", "bag5/R@1", "bag7/R@1", "BLEU-4", "CIDEr-D"]  # fmt: skip
 DIVERSITY_COLUMNS = [f"{mode}/{m}" for mode in ("sample", "beam") for m in ("CIDEr-D", "Div-1", "Div-2", "mBLEU-4")]
@@ -116,22 +129,16 @@ def load_demo_config(recipe: str | None, items: list[str], quick: bool) -> Confi
 
 
 def stage_world(demo: Demo) -> None:
-    from finecap.world.make import make_world
-
     make_world(demo.cfg.world)
 
 
 def stage_retriever(demo: Demo) -> None:
-    from finecap.models.retriever import world_encoder
-
-    path = world_encoder(demo.cfg)
+    path = ensure_world_encoder(demo.cfg)
     print(f"retriever: {path}")
 
 
 def train_stage(stage: str) -> Callable[[Demo], None]:
     def run(demo: Demo) -> None:
-        from finecap.app.train import train
-
         out = demo.stage_dir(stage)
         done = out / "DONE"
         if done.exists() and not demo.cfg.demo.force:
@@ -151,17 +158,11 @@ def train_stage(stage: str) -> Callable[[Demo], None]:
 
 def best_model(demo: Demo, stage: str) -> Any:
     """The stage's best checkpoint as a captioner in eval mode."""
-    from finecap.models.clipcap import ClipCap
-    from finecap.train.checkpoint import model_dir
-
     return ClipCap.from_checkpoint(model_dir(demo.stage_dir(stage) / "checkpoints" / "best")).eval()
 
 
 def caption_stage(demo: Demo, stage: str) -> Path:
     """Test-split captions of the stage's best checkpoint, decoded with its ``decode.*`` (beam 5 in the demo)."""
-    from finecap.caption import generate_captions
-    from finecap.data.formats import write_results
-
     out = demo.stage_dir(stage) / "captions_test.json"
     if out.exists() and not demo.cfg.demo.force:
         return out
@@ -174,19 +175,14 @@ def caption_stage(demo: Demo, stage: str) -> Path:
 
 def test_bags(demo: Demo) -> dict[int, list[list[Any]]]:
     """TrueMatch-style bags (NDLB Algorithms 1-2) of sizes ``eval.bag_sizes`` on the test split, built once."""
-    from finecap.data.truematch import main as build
-    from finecap.data.truematch import read_bags
-
     path = demo.run_dir / "bags_test.json"
     if not path.exists() or demo.cfg.demo.force:
-        build(demo.cfg, split="test", sizes=demo.cfg.eval.bag_sizes, out=path)
+        build_bags(demo.cfg, split="test", sizes=demo.cfg.eval.bag_sizes, out=path)
     return read_bags(path)
 
 
 def stage_samples(demo: Demo, stage: str, mode: str) -> dict[Any, list[str]]:
     """``SAMPLES`` captions per test image of the stage's best checkpoint: ``sample`` (T = 1) or ``beam`` (top 5)."""
-    from finecap.caption import generate_captions
-
     path = demo.stage_dir(stage) / f"samples_test_{mode}.json"
     if path.exists() and not demo.cfg.demo.force:
         return {int(k) if k.isdigit() else k: v for k, v in read_json(path).items()}
@@ -201,8 +197,6 @@ def stage_samples(demo: Demo, stage: str, mode: str) -> dict[Any, list[str]]:
 
 def diversity_metrics(demo: Demo, stage: str, references: dict[Any, list[str]]) -> dict[str, float]:
     """Div-1, Div-2, mBLEU-4 over 5 captions per image and their mean CIDEr-D (exploration paper Sec. 3.2)."""
-    from finecap.evaluate import evaluate
-
     out: dict[str, float] = {}
     for mode in ("sample", "beam"):
         samples = stage_samples(demo, stage, mode)
@@ -218,8 +212,6 @@ def diversity_metrics(demo: Demo, stage: str, references: dict[Any, list[str]]) 
 def smile_length_plot(demo: Demo) -> Path | None:
     """Mean validation caption length over training steps for each SMILE subset mode (SMILE Fig. 4a), when at least
     one ablation run is present next to ``smile``."""
-    from finecap.report.plots import length_curves
-
     runs = {label: demo.stage_dir(stage) for label, stage in
             (("sequence (SMILE)", "smile"), ("random", "smile_random"), ("reverse", "smile_reverse"))}  # fmt: skip
     runs = {label: path for label, path in runs.items() if (path / "metrics.jsonl").exists()}
@@ -229,13 +221,6 @@ def smile_length_plot(demo: Demo) -> Path | None:
 
 
 def stage_report(demo: Demo) -> dict[str, dict[str, float]]:
-    from finecap.data.datasets import load_records
-    from finecap.data.formats import read_results, write_results
-    from finecap.evaluate import evaluate
-    from finecap.models.retriever import load_retriever
-    from finecap.report.table import markdown_table
-    from finecap.world.make import load_scenes
-
     cfg = demo.cfg
     records = load_records(cfg, "test")
     scenes_by_imgid = load_scenes(cfg.world.out)
@@ -258,7 +243,7 @@ def stage_report(demo: Demo) -> dict[str, dict[str, float]]:
         path = demo.stage_dir(stage) / "captions_test.json"
         if not path.exists():
             continue
-        predictions = read_results(path)
+        predictions = {i: caps[0] for i, caps in read_results(path).items()}
         write_results(demo.run_dir / "captions" / f"{stage}.json", predictions)
         rows[stage] = score(predictions)
         if stage in DIVERSITY_STAGES:
@@ -274,7 +259,7 @@ def stage_report(demo: Demo) -> dict[str, dict[str, float]]:
     if plot is not None:
         print(f"wrote {plot}")
     write_json(demo.run_dir / "results.json", rows)
-    (demo.run_dir / "results.md").write_text(table + "\n")
+    atomic_write_text(demo.run_dir / "results.md", table + "\n")
     print(table)
     return rows
 

@@ -74,6 +74,8 @@ from accelerate.utils import DistributedDataParallelKwargs, broadcast_object_lis
 from torch.utils.data import DataLoader
 from tqdm.auto import tqdm
 
+from finecap.app.retriever import ensure_world_encoder
+from finecap.app.validators import VALIDATORS
 from finecap.config import Config, DecodeConfig
 from finecap.data.datasets import CaptionCollator, CaptionDataset, load_records, model_collator, to_device
 from finecap.data.features import model_features
@@ -89,12 +91,6 @@ from finecap.train.schedule import build_scheduler
 from finecap.utils import append_jsonl, atomic_write_text, seed_everything
 
 Validator = Callable[[torch.nn.Module, Config, Accelerator], dict[str, float]]
-
-VALIDATORS: dict[str, str] = {
-    "captions": "finecap.caption:caption_stats_validator",
-    "retrieval": "finecap.caption:retrieval_validator",
-}
-"""Built-in validator factories by name (``train.validators``); each ``factory(cfg)`` returns a validator."""
 
 METRICS_FILE = "metrics.jsonl"
 TRACKERS_DIR = "trackers"
@@ -605,14 +601,21 @@ def step_extras(global_batch: list[int], data: TrainData, step: int, bags: dict[
     return extras
 
 
-def ensure_encoder(cfg: Config, accelerator: Accelerator) -> None:
-    """The world encoder is trained once, by the main process, before any process builds a captioner on it."""
-    if cfg.model.encoder != "world" or cfg.train.init_from:
-        return
-    from finecap.models.retriever import world_encoder  # TODO(app split): finecap.app.retriever.ensure_world_encoder
+def needs_world_encoder(cfg: Config) -> bool:
+    """Whether this run uses the world encoder: as the captioner's encoder of a fresh model, or as the retriever
+    (``retriever.checkpoint`` empty) of the retrieval validator, the retrieval reward or BagCurri's bags."""
+    fresh = cfg.model.encoder == "world" and not cfg.train.init_from
+    retriever = "retrieval" in cfg.train.validators or "retrieval" in cfg.rl.rewards or cfg.data.sampler == "bagcurri"
+    return fresh or (retriever and not cfg.retriever.checkpoint)
 
-    with accelerator.main_process_first():
-        world_encoder(cfg)
+
+def ensure_encoder(cfg: Config, accelerator: Accelerator) -> None:
+    """The world encoder is trained (or found in the cache) once, by the main process, before any process builds a
+    captioner or retriever on it; library builders only load it."""
+    if needs_world_encoder(cfg):
+        with accelerator.main_process_first():
+            if accelerator.is_main_process:
+                ensure_world_encoder(cfg, progress=True)
 
 
 # ------------------------------------------------------------------------------------------------------------------

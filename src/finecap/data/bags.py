@@ -46,6 +46,7 @@ Example::
 
 from __future__ import annotations
 
+import io
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -54,7 +55,11 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
+from finecap.data.features import fingerprint_data
 from finecap.data.samplers import GlobalBatchSampler, RandomBatches, shard
+from finecap.data.truematch import nearest_neighbours, record_embeddings
+from finecap.models.retriever import load_retriever
+from finecap.utils import atomic_write_bytes
 
 if TYPE_CHECKING:
     from finecap.config import Config
@@ -270,14 +275,11 @@ class BagCurriSampler(GlobalBatchSampler):
 def neighbour_table(cfg: Config, records: Sequence[Any], k: int = TOP_K) -> torch.Tensor:
     """``(N, min(k, N-1))`` exact neighbour indices of ``records`` under the configured retriever's multimodal
     embeddings (TrueMatch's Algorithm 1), cached in ``<run.cache_dir>/train_bags/`` by model and data set identity."""
-    from finecap.data.truematch import nearest_neighbours, record_embeddings
-    from finecap.models.retriever import dataset_identity, load_retriever
-
     retriever = load_retriever(cfg)
     k = min(k, len(records) - 1)
     path = None
     if cfg.run.cache_dir:
-        key = f"{retriever.identity()}-{dataset_identity(records)}-k{k}"
+        key = f"{retriever.identity()}-{fingerprint_data(records)}-k{k}"
         path = Path(cfg.run.cache_dir) / "train_bags" / f"{key}.pt"
         if path.exists():
             try:
@@ -289,10 +291,9 @@ def neighbour_table(cfg: Config, records: Sequence[Any], k: int = TOP_K) -> torc
     emb = record_embeddings(retriever, records, cfg.run.cache_dir or None)
     _, table = nearest_neighbours(emb, k, device=retriever.device)
     if path is not None:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.name}.tmp")
-        torch.save(table, tmp)
-        tmp.replace(path)
+        buffer = io.BytesIO()
+        torch.save(table, buffer)
+        atomic_write_bytes(path, buffer.getvalue())
     return table
 
 

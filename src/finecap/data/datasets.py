@@ -33,43 +33,28 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch.utils.data import Dataset
 
+from finecap.data.formats import Record, load_image, read_dataset
+from finecap.data.references import data_file, select_split
+from finecap.models.tokenizer import encode_captions
 from finecap.objectives.mle import IGNORE_INDEX
 
 if TYPE_CHECKING:
     from finecap.config import Config
-    from finecap.data.formats import Record
-
-TRAIN_SPLITS = ("train", "restval")
-
-
-def data_file(cfg: Config) -> Path:
-    """The data set file read for ``cfg``: ``data.path``, or the world's ``dataset.json`` under ``world.out``."""
-    if cfg.data.path:
-        return Path(cfg.data.path)
-    if cfg.data.format != "world":
-        raise ValueError(f"data.path: required for data.format={cfg.data.format!r} (only the world has a default)")
-    return Path(cfg.world.out) / "dataset.json"
 
 
 @functools.lru_cache(maxsize=4)
 def _read(fmt: str, path: Path, images: str, mtime_ns: int) -> tuple[Record, ...]:
-    from finecap.data.formats import read_dataset
-
     return tuple(read_dataset(fmt, path, images=images or None))
 
 
 def load_records(cfg: Config, split: str) -> list[Record]:
-    """Records of ``split``; ``"train"`` also takes Karpathy's ``restval`` images, as most captioning code does."""
+    """Records of ``split`` of the configured data set (:func:`finecap.data.references.data_file`), read once per
+    file version; ``"train"`` also takes Karpathy's ``restval`` images, as most captioning code does."""
     path = data_file(cfg)
     if not path.exists():
         raise FileNotFoundError(f"{path}: data set file not found (data.path / world.out)")
     records = _read(cfg.data.format, path, cfg.data.images, path.stat().st_mtime_ns)
-    wanted = TRAIN_SPLITS if split == "train" else (split,)
-    out = [r for r in records if r.split in wanted]
-    if not out:
-        present = sorted({r.split for r in records})
-        raise ValueError(f"{path}: no records in split {split!r}; splits present: {', '.join(present)}")
-    return out
+    return select_split(records, split, path)
 
 
 class CaptionDataset(Dataset):
@@ -110,17 +95,6 @@ class CaptionDataset(Dataset):
         return item
 
 
-def load_image(path: str | Path):
-    """The image at ``path`` as RGB (errors name the file)."""
-    from PIL import Image
-
-    try:
-        with Image.open(path) as image:
-            return image.convert("RGB")
-    except (OSError, ValueError) as e:
-        raise ValueError(f"{path}: cannot read image: {e}") from None
-
-
 @dataclass
 class CaptionCollator:
     """Tokenises captions, appends EOS, truncates and pads them, and stacks features (or preprocesses images).
@@ -139,8 +113,6 @@ class CaptionCollator:
             raise ValueError(f"data.max_tokens: must be >= 1 (EOS needs a place), got {self.max_tokens}")
 
     def __call__(self, items: list[dict[str, Any]]) -> dict[str, Any]:
-        from finecap.models.tokenizer import encode_captions
-
         enc = encode_captions(self.tokenizer, [it["caption"] for it in items], self.max_tokens)
         input_ids, attention_mask = enc["input_ids"], enc["attention_mask"]  # (B, T)
         batch: dict[str, Any] = {

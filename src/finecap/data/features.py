@@ -1,17 +1,24 @@
-"""Frozen-feature cache: encoder features of a data split, computed once and stored as safetensors.
+"""The image-feature cache: features of a list of images under an encoder, computed once and stored as safetensors.
 
-The cache file name is a hash of everything the features depend on, so a different encoder or data set never
-reuses a stale file:
+One cache serves every frozen encoder of the package: the captioner's vision encoder (:func:`model_features`, the
+frozen-feature training path and :func:`finecap.caption.generate_captions`) and the CLIP retriever
+(:meth:`finecap.models.retriever.Retriever.image_features`, for self-retrieval, CLIPScore, TrueMatch bags and the
+retrieval reward). A file is keyed by three things, so a different encoder or a changed data set never reuses it:
 
-- the encoder: a hash of its weights (every tensor of its ``state_dict``: name, dtype, shape and bytes) plus its
-  preprocessing settings. Hashing the weights themselves (rather than checkpoint file names) covers every way the
-  encoder can be obtained: a Hugging Face name, a local folder, the cached world encoder, or a captioner checkpoint;
-- the data: a hash of the data set file's bytes, the split, and the ordered list of images (id, path, file size and
-  modification time).
+- the **model fingerprint** (:func:`fingerprint_module`): every tensor of the encoder's ``state_dict`` (name, dtype,
+  shape and bytes) plus its preprocessing settings. Hashing the weights themselves, rather than a checkpoint name,
+  covers every way an encoder can be obtained (a Hub name, a local folder, the cached world encoder, a captioner
+  checkpoint) and an encoder fine-tuned in place. It costs about a second per 500 MB of weights per call;
+- the **data fingerprint** (:func:`fingerprint_data`): the ordered images (image id, resolved path, file size and
+  modification time). The data set file itself is not hashed: captions do not change image features, and any change
+  of which images there are, their order or their files changes the fingerprint;
+- the **split**: a readable label (``train``, ``test``, ...; the retriever uses the records' common split, or
+  ``mixed``) that starts the file name.
 
 File: ``<cache_dir>/features/<split>-<hash16>.safetensors`` with one tensor ``features (N, D)`` (float32, row ``i``
-belongs to record ``i``) and the metadata ``encoder``, ``data``, ``split``, ``n``. Written through a temporary file
-and renamed, so an interrupted computation leaves no half file.
+belongs to record ``i``) and the metadata ``encoder``, ``data``, ``split``, ``n``, checked on load: a file whose
+metadata disagree, or that cannot be read (truncated, foreign), is recomputed, never trusted. Files are written
+atomically (:func:`finecap.utils.atomic_write_bytes`).
 
 Example::
 
@@ -25,18 +32,21 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
-import tempfile
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
-from safetensors.torch import load_file, safe_open, save_file
+from safetensors import SafetensorError
+from safetensors.torch import load_file, safe_open
+from safetensors.torch import save as save_safetensors
 from tqdm.auto import tqdm
 
-if TYPE_CHECKING:
-    from finecap.data.formats import Record
+from finecap.data.formats import load_image
+from finecap.utils import atomic_write_bytes
+
+CACHE_SUBDIR = "features"
+"""Folder under the cache directory (``run.cache_dir``) holding the feature files."""
 
 
 def fingerprint_module(module: torch.nn.Module, extra: dict[str, Any] | None = None) -> str:
@@ -50,90 +60,89 @@ def fingerprint_module(module: torch.nn.Module, extra: dict[str, Any] | None = N
     return h.hexdigest()
 
 
-def fingerprint_data(records: Sequence[Record], data_file: str | Path | None, split: str) -> str:
-    """SHA-256 of the data set file's bytes, the split and the ordered images (id, path, size, mtime)."""
-    h = hashlib.sha256(f"split={split}|".encode())
-    if data_file is not None:
-        with open(data_file, "rb") as f:
-            for chunk in iter(lambda: f.read(1 << 20), b""):
-                h.update(chunk)
+def fingerprint_data(records: Sequence[Any]) -> str:
+    """SHA-256 of the ordered images of ``records`` (objects with ``image_id`` and ``path``): id, resolved path, file
+    size and modification time. A missing image raises ``FileNotFoundError`` naming its record."""
+    h = hashlib.sha256()
     for r in records:
+        path = Path(r.path)
         try:
-            st = os.stat(r.path)
-            stamp = f"{st.st_size}:{st.st_mtime_ns}"
+            st = path.stat()
         except OSError:
-            stamp = "missing"
-        h.update(f"{r.image_id}|{r.path}|{stamp}\n".encode())
+            raise FileNotFoundError(f"image of record {r.image_id!r} not found: {path}") from None
+        h.update(json.dumps([str(r.image_id), str(path.resolve()), st.st_size, st.st_mtime_ns]).encode() + b"\n")
     return h.hexdigest()
 
 
 def cache_file(cache_dir: str | Path, encoder_key: str, data_key: str, split: str) -> Path:
+    """Where the features of (encoder, data, split) are stored."""
     key = hashlib.sha256(f"{encoder_key}|{data_key}|{split}".encode()).hexdigest()[:16]
-    return Path(cache_dir) / "features" / f"{split}-{key}.safetensors"
+    return Path(cache_dir) / CACHE_SUBDIR / f"{split}-{key}.safetensors"
 
 
 def compute_features(
-    records: Sequence[Record],
+    records: Sequence[Any],
     encode: Callable[[list], torch.Tensor],
     *,
     batch_size: int = 64,
     desc: str = "features",
     progress: bool = True,
 ) -> torch.Tensor:
-    """``encode(list of PIL images) -> (b, D)`` over all records in batches; returns ``(N, D)`` float32 on the CPU."""
-    from finecap.data.datasets import load_image
-
+    """``encode(list of PIL images) -> (b, D)`` over all records in batches, without gradient; returns ``(N, D)``
+    float32 on the CPU (``(0, 0)`` for no records)."""
     out = []
     with torch.no_grad():
         for start in tqdm(range(0, len(records), batch_size), desc=desc, disable=not progress, unit="batch"):
             images = [load_image(r.path) for r in records[start : start + batch_size]]
             out.append(encode(images).detach().float().cpu())  # (b, D)
-    return torch.cat(out)  # (N, D)
+    return torch.cat(out) if out else torch.zeros(0, 0)  # (N, D)
+
+
+def _load(path: Path, wanted: dict[str, str]) -> torch.Tensor | None:
+    if not path.exists():
+        return None
+    try:
+        with safe_open(str(path), "pt") as f:
+            meta = f.metadata() or {}
+        if any(meta.get(k) != v for k, v in wanted.items()):
+            return None
+        return load_file(str(path))["features"]
+    except (OSError, SafetensorError, KeyError):  # truncated or foreign file: recompute, never trust it
+        return None
 
 
 def cached_features(
-    records: Sequence[Record],
+    records: Sequence[Any],
     encode: Callable[[list], torch.Tensor],
     *,
     cache_dir: str | Path,
     encoder_key: str,
-    data_key: str,
     split: str,
+    data_key: str | None = None,
     batch_size: int = 64,
     progress: bool = True,
 ) -> torch.Tensor:
-    """Features ``(N, D)`` of ``records``: loaded from the cache when its key matches, else computed and stored."""
+    """Features ``(N, D)`` of ``records``: loaded from the cache when its key matches, else computed with ``encode``
+    (:func:`compute_features`) and stored. ``data_key`` defaults to :func:`fingerprint_data` of ``records``."""
+    data_key = fingerprint_data(records) if data_key is None else data_key
     path = cache_file(cache_dir, encoder_key, data_key, split)
-    if path.exists():
-        with safe_open(str(path), "pt") as f:
-            meta = f.metadata() or {}
-        wanted = {"encoder": encoder_key, "data": data_key, "n": str(len(records))}
-        if all(meta.get(k) == v for k, v in wanted.items()):
-            return load_file(str(path))["features"]
+    meta = {"encoder": encoder_key, "data": data_key, "split": split, "n": str(len(records))}
+    features = _load(path, meta)
+    if features is not None:
+        return features
     features = compute_features(records, encode, batch_size=batch_size, desc=f"features [{split}]", progress=progress)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    os.close(fd)
-    try:
-        meta = {"encoder": encoder_key, "data": data_key, "split": split, "n": str(len(records))}
-        save_file({"features": features.contiguous()}, tmp, metadata=meta)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    atomic_write_bytes(path, save_safetensors({"features": features.contiguous()}, metadata=meta))
     return features
 
 
 def model_features(
-    model: torch.nn.Module, records: Sequence[Record], cfg: Any, split: str, *, progress: bool = True
+    model: torch.nn.Module, records: Sequence[Any], cfg: Any, split: str, *, progress: bool = True
 ) -> torch.Tensor:
     """Cached frozen features ``(N, D)`` of ``records`` from the captioner's vision encoder (``model.encoder``).
 
-    The encoder key hashes the encoder's weights and its image-processor settings; the data key hashes the data set
-    file of ``cfg`` (:func:`finecap.data.datasets.data_file`) and the records. Stored under ``run.cache_dir``.
+    The model fingerprint hashes the encoder's weights, class and image-processor settings. Stored under
+    ``run.cache_dir``; computed with ``retriever.batch_size_eval`` images per forward pass.
     """
-    from finecap.data.datasets import data_file
-
     encoder = model.encoder
     processor = getattr(encoder, "image_processor", None)
     extra = {"class": type(encoder).__name__, "processor": processor.to_dict() if processor is not None else None}
@@ -150,7 +159,6 @@ def model_features(
             encode,
             cache_dir=cfg.run.cache_dir,
             encoder_key=fingerprint_module(encoder, extra),
-            data_key=fingerprint_data(records, data_file(cfg), split),
             split=split,
             batch_size=cfg.retriever.batch_size_eval,
             progress=progress,

@@ -1,5 +1,5 @@
-"""Caption data set files: readers for Karpathy split JSON, COCO caption annotations, JSONL and the world, plus the
-COCO results format (reader and writer).
+"""Caption data set files: readers for Karpathy split JSON, COCO caption annotations, JSONL and the world, the COCO
+results format (the one reader and the writer), the bags file of ``finecap bags build``, and image files.
 
 Every reader returns :class:`Record` s (one per image). Bad input raises :class:`DataError` naming the file and
 the record at fault (missing keys, wrong types, empty caption lists, image files that do not exist — reported with
@@ -21,7 +21,11 @@ Formats:
 - ``jsonl``: one ``{"image": path, "captions": [str, ...], "id"?, "split"?}`` per line; ``id`` defaults to the image
   path as written, ``split`` to the reader's ``split`` argument (``"test"``). Relative image paths are resolved
   against ``images`` (default: the JSONL file's folder).
-- results: ``[{"image_id", "caption"}]``.
+- results: ``[{"image_id", "caption"}]`` (:func:`read_results`: an image listed several times keeps all its
+  captions, as pycocotools' ``loadRes`` does).
+- bags: ``{"bags": {size: [{"images": [id, ...], "similarity"}, ...]}}`` (:func:`read_bags`).
+
+Nothing here imports torch: ``finecap eval`` reads its inputs through this module.
 """
 
 from __future__ import annotations
@@ -30,6 +34,8 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from PIL import Image
 
 from finecap.utils import atomic_write_text
 
@@ -91,6 +97,15 @@ def _check_images(records: list[Record], path: Path, root: Path) -> None:
             f"{path}: {len(missing)} of {len(records)} image files do not exist (image root {root}; set the image "
             f"folder with data.images):\n  {shown}{more}"
         )
+
+
+def load_image(path: str | Path) -> Image.Image:
+    """The image at ``path`` as RGB (errors name the file)."""
+    try:
+        with Image.open(path) as image:
+            return image.convert("RGB")
+    except (OSError, ValueError) as e:
+        raise ValueError(f"{path}: cannot read image: {e}") from None
 
 
 def _captions(items: list[Any], where: str) -> list[str]:
@@ -249,20 +264,24 @@ def read_dataset(
 # ---------------------------------------------------------------------------------------------------------------------
 
 
-def read_results(path: str | Path) -> dict[int | str, str]:
-    """Read COCO results ``[{"image_id", "caption"}]`` into ``{image_id: caption}`` (duplicate ids are an error)."""
+def read_results(path: str | Path) -> dict[int | str, list[str]]:
+    """Read COCO results ``[{"image_id", "caption"}]`` into ``{image_id: [caption, ...]}``, in file order.
+
+    An image listed several times keeps every caption, in the order of the file: this is what pycocotools'
+    ``COCO.loadRes`` does (it numbers every entry and ``imgToAnns[image_id]`` lists them all). Its caption scorers
+    (pycocoevalcap's BLEU, ROUGE-L, CIDEr) then assert exactly one caption per image, so they reject such a file;
+    finecap's callers decide instead: ``finecap eval`` scores the first caption of each image and hands all of them
+    to the ``diversity`` group as samples (:mod:`finecap.app.eval`). An empty list gives ``{}``.
+    """
     path = Path(path)
     data = _load_json(path)
     if not isinstance(data, list):
         raise DataError(f"{path}: COCO results must be a list of {{'image_id', 'caption'}} objects, got {_type(data)}")
-    out: dict[int | str, str] = {}
+    out: dict[int | str, list[str]] = {}
     for i, rec in enumerate(data):
         where = f"{path}: [{i}]"
         image_id = _require(rec, "image_id", (int, str), where)
-        caption = _require(rec, "caption", str, where)
-        if image_id in out:
-            raise DataError(f"{where}: duplicate image_id {image_id!r}")
-        out[image_id] = caption
+        out.setdefault(image_id, []).append(_require(rec, "caption", str, where))
     return out
 
 
@@ -276,3 +295,39 @@ def write_results(path: str | Path, captions: dict[int | str, str]) -> None:
             raise DataError(f"{path}: image id {image_id!r} must be an int or a string")
         rows.append({"image_id": image_id, "caption": caption})
     atomic_write_text(path, json.dumps(rows, indent=None) + "\n")
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# TrueMatch bags
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+def read_bags(path: str | Path) -> dict[int, list[list[int | str]]]:
+    """Read a bags file of ``finecap bags build`` into ``{size: [[image_id, ...], ...]}``.
+
+    Accepts ``{"bags": {size: [bag, ...]}}`` where a bag is ``{"images": [...], ...}`` (what the command writes,
+    :mod:`finecap.data.truematch`) or a plain list of image ids; every bag holds at least two images.
+    """
+    path = Path(path)
+    if not path.exists():
+        raise FileNotFoundError(f"{path}: bags file not found (build one with `finecap bags build`)")
+    data = _load_json(path)
+    raw = data.get("bags") if isinstance(data, dict) else None
+    if not isinstance(raw, dict):
+        raise DataError(f"{path}: expected an object with 'bags': {{size: [{{'images': [...]}}, ...]}}")
+    out: dict[int, list[list[int | str]]] = {}
+    for key, items in raw.items():
+        try:
+            size = int(key)
+        except ValueError:
+            raise DataError(f"{path}: bags key {key!r} is not a bag size") from None
+        if not isinstance(items, list):
+            raise DataError(f"{path}: bags[{key!r}] must be a list")
+        bags = []
+        for j, b in enumerate(items):
+            images = b.get("images") if isinstance(b, dict) else b
+            if not isinstance(images, list) or len(images) < 2:
+                raise DataError(f"{path}: bags[{key!r}][{j}] must hold a list of at least two image ids")
+            bags.append(images)
+        out[size] = bags
+    return out

@@ -1,4 +1,5 @@
-"""TrueMatch bags of highly similar images (NDLB Sec. 3.1, Algorithms 1 and 2): ``finecap bags build``.
+"""TrueMatch bags of highly similar images (NDLB Sec. 3.1, Algorithms 1 and 2); ``finecap bags build``
+(:mod:`finecap.app.bags`) builds them for a data split.
 
 Algorithm 1 (candidate bags), per image ``r`` of a split:
 
@@ -40,7 +41,7 @@ On the world with scene families, :func:`family_purity` reports how often a bag 
 intended hard cases: scenes that differ in one detail), next to the purity of random bags of the same sizes. A bag
 larger than the families (``world.families``) can never be pure; the command says so next to its number.
 
-JSON written by :func:`main`::
+JSON written by ``finecap bags build`` (read back by :func:`finecap.data.formats.read_bags`)::
 
     {"split": "test", "data": "...", "n_images": 1000, "similarity": "query", "retriever": "...",
      "sizes": [3, 5, 7],
@@ -60,7 +61,6 @@ from __future__ import annotations
 
 import math
 import random
-from collections import Counter
 from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -71,7 +71,6 @@ import torch
 import torch.nn.functional as F
 
 if TYPE_CHECKING:
-    from finecap.config import Config
     from finecap.data.formats import Record
 
 Similarity = Literal["query", "pairwise"]
@@ -325,49 +324,6 @@ def random_bag_purity(
 # --------------------------------------------------------------------------------------------------------------------
 
 
-def read_bags(path: str | Path) -> dict[int, list[list[Hashable]]]:
-    """``{size: [[image_id, ...], ...]}`` from a bags JSON written by :func:`main` (or ``{"bags": ...}`` by hand)."""
-    from finecap.utils import read_json
-
-    path = Path(path)
-    if not path.exists():
-        raise FileNotFoundError(f"{path}: bags file not found (build one with `finecap bags build`)")
-    data = read_json(path)
-    raw = data.get("bags") if isinstance(data, dict) else None
-    if not isinstance(raw, dict):
-        raise ValueError(f"{path}: expected an object with 'bags': {{size: [{{'images': [...]}}, ...]}}")
-    out: dict[int, list[list[Hashable]]] = {}
-    for key, items in raw.items():
-        try:
-            size = int(key)
-        except ValueError:
-            raise ValueError(f"{path}: bags key {key!r} is not a bag size") from None
-        if not isinstance(items, list):
-            raise ValueError(f"{path}: bags[{key!r}] must be a list")
-        bags = []
-        for j, b in enumerate(items):
-            images = b.get("images") if isinstance(b, dict) else b
-            if not isinstance(images, list) or len(images) < 2:
-                raise ValueError(f"{path}: bags[{key!r}][{j}] must hold a list of at least two image ids")
-            bags.append(images)
-        out[size] = bags
-    return out
-
-
-def parse_sizes(sizes: str | Sequence[int]) -> list[int]:
-    """``"3,5,7"`` or ``[3, 5, 7]`` -> ``[3, 5, 7]`` (each >= 2)."""
-    if isinstance(sizes, str):
-        try:
-            values = [int(s) for s in sizes.split(",") if s.strip()]
-        except ValueError:
-            raise ValueError(f"--sizes: expected comma-separated integers, got {sizes!r}") from None
-    else:
-        values = [int(s) for s in sizes]
-    if not values or min(values) < 2:
-        raise ValueError(f"--sizes: need bag sizes >= 2, got {sizes!r}")
-    return sorted(set(values))
-
-
 def record_embeddings(retriever: Any, records: Sequence[Record], cache_dir: str | Path | None = None) -> torch.Tensor:
     """Multimodal embeddings ``(N, D_img + D_txt)`` of ``records`` with a :class:`~finecap.models.retriever.Retriever`:
     image embeddings (cached per model and data set) and the mean embedding of each image's reference captions."""
@@ -375,57 +331,3 @@ def record_embeddings(retriever: Any, records: Sequence[Record], cache_dir: str 
     captions = [c for r in records for c in r.captions]
     text_emb = mean_text_embeddings(retriever.embed_texts(captions), [len(r.captions) for r in records])  # (N, D)
     return multimodal_embeddings(image_emb, text_emb)
-
-
-def main(
-    cfg: Config, *, data: str | Path | None = None, split: str = "test", sizes: str | Sequence[int] = "3,5,7",
-    out: str | Path,
-) -> dict[str, Any]:  # fmt: skip
-    """``finecap bags build``: TrueMatch bags of ``split`` of ``data`` (default: the configured data set / world).
-
-    Embeds with the configured retriever (``retriever.checkpoint``, or the world encoder), writes the JSON described
-    in the module docstring to ``out`` and prints one line per size (with family purity on a world with families).
-    """
-    from finecap.evaluate import load_references
-    from finecap.models.retriever import load_retriever
-    from finecap.utils import write_json
-
-    size_list = parse_sizes(sizes)
-    refs = load_references(cfg, data, split=split, check_images=True)
-    records = refs.records
-    retriever = load_retriever(cfg)
-    emb = record_embeddings(retriever, records, cfg.run.cache_dir or None)
-    ids = [r.image_id for r in records]
-    bags = build_bags(emb, size_list, ids, similarity=cfg.eval.bag_similarity, device=retriever.device)
-    result: dict[str, Any] = {
-        "split": split,
-        "data": str(refs.path),
-        "n_images": len(records),
-        "similarity": cfg.eval.bag_similarity,
-        "retriever": retriever.name,
-        "sizes": size_list,
-        "bags": {str(s): [b.to_dict() for b in bags[s]] for s in size_list},
-    }
-    families = refs.families
-    largest_family = 0
-    if families and any(f is not None for f in families.values()):
-        sizes_of = Counter(families.get(i) for i in ids if families.get(i) is not None)
-        largest_family = max(sizes_of.values(), default=0)
-        result["family_purity"] = {str(s): family_purity(bags[s], families) if bags[s] else 0.0 for s in size_list}
-        result["family_purity_random"] = {
-            str(s): random_bag_purity(ids, families, s, cfg.eval.seed) for s in size_list
-        }
-    write_json(out, result)
-    for s in size_list:
-        sims = [b.similarity for b in bags[s]]
-        line = f"bags of {s}: {len(bags[s])} (covering {len(bags[s]) * s} of {len(records)} images)"
-        if sims:
-            line += f", similarity {max(sims):.3f} .. {min(sims):.3f}"
-        if "family_purity" in result:
-            line += (f", within one family {result['family_purity'][str(s)]:.1%} "
-                     f"(random bags {result['family_purity_random'][str(s)]:.1%})")  # fmt: skip
-            if s > largest_family:
-                line += f" [bags larger than the largest family ({largest_family}) cannot be pure]"
-        print(line)
-    print(f"wrote {out}")
-    return result

@@ -1,6 +1,7 @@
 """Diversity and vocabulary metrics of generated captions, and sentence-level pairwise BLEU.
 
-Corpus-level, over one caption per image (``(predictions, references) -> dict``; references are not used):
+Corpus-level, over one caption per image (``(predictions, references) -> dict``; references are not used), on
+captions as written:
 
 - ``Length``: mean caption length in words (SMILE Table 1).
 - ``Lexical diversity``: number of distinct words over all captions (SMILE Sec. 3.1, "unique word count of all
@@ -19,7 +20,12 @@ Set-level, over the s captions sampled per image (sequence-level exploration pap
   sentence-level BLEU-4 against the other s-1. Images with different numbers of samples are allowed: round i uses the
   images that have an i-th caption. Every image needs s >= 2.
 
-Captions are expected tokenised (words separated by spaces; see :mod:`finecap.metrics.ptb_tokenize`).
+Words: every length and vocabulary count of the package (these metrics, the ``captions`` training validator, the
+``length`` / ``vocab`` evaluation groups) uses :func:`caption_words`, the whitespace-separated tokens of the caption's
+PTB tokenisation (:func:`finecap.metrics.ptb_tokenize.tokenize`: lower-cased, punctuation dropped, contractions
+split as ``ca n't`` and ``man 's``). That is how pycocoevalcap, and so the n-gram metrics, see a caption; a plain
+``str.split()`` would count ``circle.`` and ``Circle`` as new words. The set-level metrics below take captions
+already tokenised (words separated by spaces), as the n-gram metrics do.
 
 Pairwise BLEU (the sequence-level exploration distance): :func:`pairwise_bleu` gives ``B[i, j]`` = sentence-level
 BLEU-n of caption i as hypothesis against caption j as the single reference, computed exactly as pycocoevalcap's
@@ -44,9 +50,12 @@ from collections.abc import Hashable, Iterable, Mapping, Sequence
 import numpy as np
 
 from finecap.metrics.ngram import _bleu_from_counts, _count, _Grams, bleu_per_item
+from finecap.metrics.ptb_tokenize import tokenize
 
 __all__ = [
     "bleu_distance",
+    "caption_length",
+    "caption_words",
     "div_n",
     "lexical_diversity",
     "mbleu",
@@ -67,26 +76,49 @@ PerItem = dict[Hashable, dict[str, float]]
 # --------------------------------------------------------------------------------------------------------------------
 
 
+def caption_words(caption: str) -> list[str]:
+    """The words of a caption as finecap counts them: the tokens of its PTB tokenisation (module docstring).
+
+    Example::
+
+        >>> caption_words("A man's dog can't swim.")
+        ['a', 'man', "'s", 'dog', 'ca', "n't", 'swim']
+    """
+    return tokenize(caption).split()
+
+
+def caption_length(caption: str) -> int:
+    """Length of a caption in words (:func:`caption_words`): the one definition of caption length.
+
+    Example::
+
+        >>> caption_length("A red circle, on grass.")
+        5
+    """
+    return len(caption_words(caption))
+
+
 def mean_length(captions: Iterable[str]) -> float:
-    """Mean number of words per caption (``str.split()``); 0.0 for no captions."""
-    lengths = [len(c.split()) for c in captions]
+    """Mean :func:`caption_length` of captions as written; 0.0 for no captions."""
+    lengths = [caption_length(c) for c in captions]
     return float(np.mean(lengths)) if lengths else 0.0
 
 
 def _word_counts(captions: Iterable[str]) -> Counter[str]:
     counts: Counter[str] = Counter()
     for c in captions:
-        counts.update(c.split())
+        counts.update(caption_words(c))
     return counts
 
 
 def lexical_diversity(captions: Iterable[str]) -> int:
-    """Number of distinct words over all captions."""
+    """Number of distinct words (:func:`caption_words`) over all captions."""
     return len(_word_counts(captions))
 
 
 def vocabulary_usage(captions: Iterable[str], min_count: int = 5) -> int:
-    """Number of distinct words used at least ``min_count`` times over all captions (NDLB Table 6: 5)."""
+    """Number of distinct words (:func:`caption_words`) used at least ``min_count`` times over all captions (NDLB
+    Table 6: 5)."""
     return sum(1 for n in _word_counts(captions).values() if n >= min_count)
 
 

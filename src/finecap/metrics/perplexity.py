@@ -36,6 +36,7 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
+from transformers import AutoModelForCausalLM, AutoTokenizer
 
 __all__ = ["Perplexity", "perplexity"]
 
@@ -63,8 +64,6 @@ class Perplexity:
         if batch_size < 1:
             raise ValueError(f"perplexity batch_size must be >= 1, got {batch_size}")
         if isinstance(model, str | Path):
-            from transformers import AutoModelForCausalLM, AutoTokenizer
-
             name = str(model)
             try:
                 loaded = AutoModelForCausalLM.from_pretrained(name)

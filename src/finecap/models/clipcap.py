@@ -48,8 +48,10 @@ from finecap.config import DecodeConfig
 from finecap.decode import Generation, concat, decode
 from finecap.models import lora
 from finecap.models.captioner import TokenScores, token_scores
+from finecap.models.presets import WORLD_LM_POSITIONS, build_world_lm
 from finecap.models.tokenizer import ensure_pad_token
 from finecap.models.vision import VisionEncoder
+from finecap.models.world_encoder import world_encoder_path
 from finecap.train.checkpoint import model_dir
 from finecap.utils import read_json, write_json
 
@@ -461,17 +463,13 @@ def build_captioner(cfg: Config) -> ClipCap:
     init, else a pretrained ``AutoModelForCausalLM``)."""
     m = cfg.model
     if m.encoder == "world":
-        from finecap.models.retriever import world_encoder
-
-        encoder = VisionEncoder.from_pretrained(world_encoder(cfg))
+        encoder = VisionEncoder.from_pretrained(world_encoder_path(cfg))
     else:
         try:
             encoder = VisionEncoder.from_pretrained(m.encoder)
         except OSError as e:
             raise OSError(f"model.encoder={m.encoder}: cannot load the vision encoder: {e}") from None
     if m.lm == WORLD_LM:
-        from finecap.models.presets import WORLD_LM_POSITIONS, build_world_lm
-
         positions = max(WORLD_LM_POSITIONS, m.prefix_length + max(cfg.data.max_tokens, cfg.decode.max_length))
         lm, tokenizer = build_world_lm(m.tiny_layers, m.tiny_hidden, m.tiny_heads, n_positions=positions,
                                        dropout=m.tiny_dropout)  # fmt: skip

@@ -16,8 +16,10 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from transformers import CLIPConfig, GPT2Config, GPT2LMHeadModel
+import torch
+from transformers import CLIPConfig, CLIPImageProcessor, CLIPModel, GPT2Config, GPT2LMHeadModel
 
+from finecap.models.retriever import Retriever
 from finecap.models.tokenizer import world_tokenizer
 
 WORLD_LM_POSITIONS = 64
@@ -114,11 +116,6 @@ def save_tiny_clip(
     """Save a random tiny ``CLIPModel`` over the world tokenizer with a matching ``CLIPImageProcessor`` into ``out``,
     laid out like a Hub checkpoint (``Retriever.from_pretrained`` and ``model.encoder=<out>`` load it). For tests and
     experiments that need a dual encoder without training one."""
-    import torch
-    from transformers import CLIPImageProcessor, CLIPModel
-
-    from finecap.models.retriever import Retriever
-
     torch.manual_seed(seed)
     tok = world_tokenizer()
     config = tiny_clip_config(

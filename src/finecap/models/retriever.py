@@ -9,9 +9,9 @@ assumes the tiny world models.
 Example::
 
     >>> r = Retriever.from_pretrained("openai/clip-vit-base-patch32")  # doctest: +SKIP
-    >>> img = r.embed_images(r.preprocess([image]))                     # (1, D), unit norm
-    >>> txt = r.embed_texts(["a red circle on grass"])                  # (1, D), unit norm
-    >>> r.similarity(txt, img)                                          # (1, 1) = logit_scale * cosine
+    >>> img = r.embed_images(r.preprocess([image]))  # (1, D), unit norm  # doctest: +SKIP
+    >>> txt = r.embed_texts(["a red circle on grass"])  # (1, D), unit norm  # doctest: +SKIP
+    >>> r.similarity(txt, img)  # (1, 1) = logit_scale * cosine  # doctest: +SKIP
 
 Choices left open by the papers:
 
@@ -19,18 +19,18 @@ Choices left open by the papers:
   (``CLIPTextModel`` with ``eos_token_id != 2``) and a tokenised text lacks that token (a tokenizer without an EOS
   post-processor, or truncation), the EOS is appended (or replaces the last token), so pooling never silently
   falls back to position 0.
-- The image-feature cache (:meth:`Retriever.image_features`) is keyed by a hash of the model weights and image
-  processor settings (the *model identity*) and of the data set's image ids, resolved paths, file sizes and
-  modification times (the *data set identity*), so a different model or a regenerated data set never reuses a
-  stale cache. Hashing the weights costs about a second per 500 MB and is redone on every call, so in-place
-  fine-tuning can never leave a stale key.
+- Image features (:meth:`Retriever.image_features`) go through the package's one image-feature cache
+  (:mod:`finecap.data.features`), keyed by the model fingerprint (weights, class and image-processor settings,
+  :meth:`Retriever.identity`), the data fingerprint (image ids, resolved paths, file sizes and modification times)
+  and the records' split, so a different model or a regenerated data set never reuses a stale file. The weights
+  are hashed on every call, so in-place fine-tuning can never leave a stale key.
+
+:func:`load_retriever` only loads: the world encoder is trained by the application layer (``finecap retriever
+train``, :func:`finecap.app.retriever.ensure_world_encoder`), never as a side effect of building a retriever.
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
-import os
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -39,36 +39,13 @@ import torch
 import torch.nn.functional as F
 import transformers
 from PIL import Image
-from safetensors import safe_open
-from safetensors.torch import save_file
 from tqdm.auto import tqdm
+
+from finecap.data.features import cached_features, compute_features, fingerprint_module
+from finecap.models.world_encoder import world_encoder_path
 
 if TYPE_CHECKING:
     from finecap.config import Config
-
-CACHE_SUBDIR = "image_features"
-"""Folder under the cache directory holding ``<model>-<dataset>.safetensors`` image-feature files."""
-
-
-def _hash_update_tensor(h: Any, t: torch.Tensor) -> None:
-    t = t.detach().to("cpu").contiguous()
-    h.update(str(t.dtype).encode() + str(tuple(t.shape)).encode())
-    if t.numel():
-        h.update(t.view(-1).view(torch.uint8).numpy().tobytes())
-
-
-def dataset_identity(records: Sequence[Any]) -> str:
-    """Hash of the image ids, resolved paths, file sizes and modification times of ``records`` (in order)."""
-    h = hashlib.blake2b(digest_size=16)
-    for r in records:
-        path = Path(r.path)
-        try:
-            st = path.stat()
-            stat = (st.st_size, st.st_mtime_ns)
-        except OSError:
-            raise FileNotFoundError(f"image of record {r.image_id!r} not found: {path}") from None
-        h.update(json.dumps([str(r.image_id), str(path.resolve()), *stat]).encode() + b"\n")
-    return h.hexdigest()
 
 
 class Retriever:
@@ -180,14 +157,10 @@ class Retriever:
         return int(getattr(self.model.config, "projection_dim", 0) or self.model.visual_projection.out_features)
 
     def identity(self) -> str:
-        """Hash of the model class, weights and image-processor settings (keys the image-feature cache)."""
-        h = hashlib.blake2b(digest_size=16)
-        h.update(type(self.model).__name__.encode())
-        for name, t in sorted(self.model.state_dict().items()):
-            h.update(name.encode())
-            _hash_update_tensor(h, t)
-        h.update(json.dumps(self.image_processor.to_dict(), sort_keys=True, default=str).encode())
-        return h.hexdigest()
+        """The model fingerprint (:func:`finecap.data.features.fingerprint_module`): class, weights and
+        image-processor settings. Keys the image-feature cache."""
+        processor = self.image_processor.to_dict() if self.image_processor is not None else None
+        return fingerprint_module(self.model, {"class": type(self.model).__name__, "processor": processor})
 
     # ----------------------------------------------------------------------------------------------------------------
     # Images
@@ -230,62 +203,31 @@ class Retriever:
     ) -> torch.Tensor:
         """Projected features ``(N, D)`` of the images of ``records`` (objects with ``image_id`` and ``path``).
 
-        With ``cache_dir``, features are stored in ``<cache_dir>/image_features/<model>-<dataset>.safetensors``
-        (see the module docstring for the keys) and reused when both identities match. ``normalize=True`` returns
-        unit-norm embeddings (what :meth:`image_embeddings` returns).
+        With ``cache_dir``, features go through the image-feature cache (:mod:`finecap.data.features`; split label:
+        the records' common ``split``, else ``mixed``). ``normalize=True`` returns unit-norm embeddings (what
+        :meth:`image_embeddings` returns).
         """
         records = list(records)
-        feats = None
-        path = None
-        if cache_dir is not None:
-            model_id, data_id = self.identity(), dataset_identity(records)
-            path = Path(cache_dir) / CACHE_SUBDIR / f"{model_id}-{data_id}.safetensors"
-            feats = self._load_cache(path, model_id, data_id, len(records))
-        if feats is None:
-            feats = self._features_from_files(records)
-            if path is not None:
-                self._save_cache(path, feats, model_id, data_id)
+        progress = len(records) > 4 * self.batch_size
+        if cache_dir is None:
+            feats = compute_features(records, self._encode_images, batch_size=self.batch_size,
+                                     desc="image features", progress=progress)  # fmt: skip
+        else:
+            splits = {getattr(r, "split", None) for r in records}
+            split = splits.pop() if len(splits) == 1 and None not in splits else "mixed"
+            feats = cached_features(records, self._encode_images, cache_dir=cache_dir, encoder_key=self.identity(),
+                                    split=split, batch_size=self.batch_size, progress=progress)  # fmt: skip
+        if not len(feats):
+            feats = torch.zeros(0, self.dim)
         return F.normalize(feats, dim=-1) if normalize else feats
 
     def image_embeddings(self, records: Sequence[Any], cache_dir: str | Path | None = None) -> torch.Tensor:
         """L2-normalised image embeddings ``(N, D)`` of ``records``, cached per model and data set."""
         return self.image_features(records, cache_dir, normalize=True)
 
-    def _features_from_files(self, records: list[Any]) -> torch.Tensor:
-        out = []
-        show = len(records) > 4 * self.batch_size
-        for i in tqdm(range(0, len(records), self.batch_size), desc="image features", disable=not show, leave=False):
-            images = []
-            for r in records[i : i + self.batch_size]:
-                try:
-                    with Image.open(r.path) as im:
-                        images.append(im.convert("RGB"))
-                except OSError as e:
-                    raise OSError(f"cannot read image of record {r.image_id!r} at {r.path}: {e}") from None
-            with torch.no_grad():
-                out.append(self.vision_features(self.preprocess(images)).float().cpu())
-        return torch.cat(out) if out else torch.zeros(0, self.dim)  # (N, D)
-
-    @staticmethod
-    def _load_cache(path: Path, model_id: str, data_id: str, n: int) -> torch.Tensor | None:
-        if not path.exists():
-            return None
-        try:
-            with safe_open(str(path), framework="pt") as f:
-                meta = f.metadata() or {}
-                feats = f.get_tensor("features")
-        except Exception:  # a truncated or foreign file is recomputed, never trusted
-            return None
-        if meta.get("model") != model_id or meta.get("dataset") != data_id or feats.shape[0] != n:
-            return None
-        return feats
-
-    def _save_cache(self, path: Path, feats: torch.Tensor, model_id: str, data_id: str) -> None:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-        meta = {"model": model_id, "dataset": data_id, "name": self.name, "n": str(feats.shape[0])}
-        save_file({"features": feats.contiguous()}, str(tmp), metadata=meta)
-        os.replace(tmp, path)
+    def _encode_images(self, images: list[Image.Image]) -> torch.Tensor:
+        """Unnormalised features ``(b, D)`` of a batch of PIL images (the cache's ``encode``)."""
+        return self.vision_features(self.preprocess(images))
 
     # ----------------------------------------------------------------------------------------------------------------
     # Texts
@@ -340,13 +282,7 @@ class Retriever:
 
 
 def load_retriever(cfg: Config, batch_size: int | None = None) -> Retriever:
-    """The retriever a run uses: ``retriever.checkpoint`` if set, else the (trained or cached) world encoder."""
-    path = cfg.retriever.checkpoint or world_encoder(cfg)
+    """The retriever a run uses: ``retriever.checkpoint`` if set, else the world encoder of ``cfg``, which must have
+    been trained already (:func:`finecap.models.world_encoder.world_encoder_path` names the command otherwise)."""
+    path = cfg.retriever.checkpoint or world_encoder_path(cfg)
     return Retriever.from_pretrained(path, batch_size=batch_size or cfg.retriever.batch_size_eval)
-
-
-def world_encoder(cfg: Config) -> Path:
-    """Train (or reuse from the cache) the world dual encoder: :func:`finecap.models.world_encoder.world_encoder`."""
-    from finecap.models.world_encoder import world_encoder as _world_encoder
-
-    return _world_encoder(cfg)

@@ -31,6 +31,8 @@ import torch
 from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors
 from transformers import PreTrainedTokenizerFast
 
+from finecap.world.captions import vocabulary
+
 PAD, UNK, MASK, BOS, EOS = "<pad>", "<unk>", "<mask>", "<bos>", "<eos>"
 SPECIAL_TOKENS: list[str] = [PAD, UNK, MASK, BOS, EOS]
 """Special tokens in id order: ``<pad>``=0, ``<unk>``=1, ``<mask>``=2 (reserved), ``<bos>``=3, ``<eos>``=4."""
@@ -46,8 +48,6 @@ def world_tokenizer(vocab: Sequence[str] | None = None) -> PreTrainedTokenizerFa
     unknown word, becomes ``<unk>``. Decoding joins words with single spaces.
     """
     if vocab is None:
-        from finecap.world.captions import vocabulary
-
         vocab = vocabulary()
     words = list(dict.fromkeys(vocab))  # stable de-duplication
     clash = [w for w in words if w in SPECIAL_TOKENS]

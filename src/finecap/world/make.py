@@ -1,4 +1,5 @@
-"""Write the world data set: images, Karpathy-style captions, dense captions and scene graphs.
+"""Write the world data set: images, Karpathy-style captions, dense captions and scene graphs (``finecap world make``,
+:mod:`finecap.app.world`, calls :func:`make_world`).
 
 Layout of ``out``::
 
@@ -21,13 +22,12 @@ import hashlib
 import json
 import random
 import shutil
-import time
 from pathlib import Path
 from typing import Any
 
 from tqdm import tqdm
 
-from finecap.config import Config, WorldConfig
+from finecap.config import WorldConfig
 from finecap.utils import atomic_write_text, read_json, write_json
 from finecap.world.captions import dense_caption, reference_captions, vocabulary
 from finecap.world.render import render
@@ -74,7 +74,8 @@ def generate_scenes(cfg: WorldConfig) -> list[dict[str, Any]]:
     return records
 
 
-def _is_complete(out: Path, key: str) -> bool:
+def is_complete(out: Path, key: str) -> bool:
+    """Whether ``out`` holds the complete world of content key ``key`` (``world.json`` is written last)."""
     meta = out / "world.json"
     if not meta.exists() or not (out / "dataset.json").exists() or not (out / "scenes.jsonl").exists():
         return False
@@ -88,7 +89,7 @@ def make_world(cfg: WorldConfig, out: Path | str | None = None, progress: bool =
     """Write the world of ``cfg`` to ``out`` (default ``cfg.out``); skip when it is already there. Returns ``out``."""
     out = Path(out if out is not None else cfg.out)
     key = world_key(cfg)
-    if _is_complete(out, key):
+    if is_complete(out, key):
         return out
     (out / "world.json").unlink(missing_ok=True)
     if (out / "images").exists():
@@ -146,17 +147,3 @@ def load_scene_records(out: Path | str) -> list[dict[str, Any]]:
 def load_scenes(out: Path | str) -> dict[int, Scene]:
     """``{imgid: Scene}`` of the world at ``out``."""
     return {r["imgid"]: r["scene"] for r in load_scene_records(out)}
-
-
-def main(cfg: Config | WorldConfig) -> Path:
-    """CLI entry point of ``finecap world make``: build (or reuse) the world and print a summary."""
-    wcfg = cfg.world if isinstance(cfg, Config) else cfg
-    t0 = time.perf_counter()
-    out = Path(wcfg.out)
-    reused = _is_complete(out, world_key(wcfg))
-    make_world(wcfg, out)
-    total = wcfg.n_train + wcfg.n_val + wcfg.n_test
-    what = "up to date" if reused else f"written in {time.perf_counter() - t0:.1f}s"
-    print(f"world: {total} scenes ({wcfg.n_train} train / {wcfg.n_val} val / {wcfg.n_test} test), "
-          f"{wcfg.image_size}px, key {world_key(wcfg)}, {what}: {out}")  # fmt: skip
-    return out

@@ -1,8 +1,9 @@
-"""Evaluate captions: n-gram metrics, CLIPScore, self-retrieval, TrueMatch bags, diversity, faithfulness, perplexity.
+"""Evaluation of captions: metric groups chosen by name, computed together with shared intermediate results.
 
-``finecap eval --predictions results.json --references DATA [--images DIR] [--bags bags.json] [--metrics ...]
---out eval.json`` calls :func:`main`; code calls :func:`evaluate` with in-memory captions. Metric *groups* are chosen
-by name from :data:`METRICS` (a plain dict; an unknown name raises ``ValueError`` listing the valid ones):
+:func:`evaluate` computes metric *groups* for in-memory captions; the ``finecap eval`` command
+(:mod:`finecap.app.eval`) reads files and calls it. Groups are chosen by name from :data:`METRICS` (a plain dict,
+whose names are :data:`finecap.registry.METRIC_GROUPS`; an unknown name raises ``ValueError`` listing the valid
+ones):
 
 ============  =====================================================  ======================================
 group         keys                                                   needs
@@ -36,14 +37,12 @@ faithfulness, the CLIP metrics and perplexity see the captions as written. Recal
 ranks start at 1. The images evaluated are those of ``predictions`` (like pycocoevalcap); extra references are
 ignored, but the retrieval pool is every image given in ``images``.
 
-Reference files (:func:`load_references`): the format is recognised from the file: a folder or a ``dataset.json``
-with ``scenes.jsonl`` next to it is the world (its scene graphs are then used for faithfulness, and its scene
-families reported by ``finecap bags build``); ``*.jsonl`` is JSONL; a JSON whose ``images`` carry ``sentences`` is
-Karpathy, one with ``annotations`` is COCO (:mod:`finecap.data.formats`).
+The ``length`` and ``vocab`` groups count words with :func:`finecap.metrics.diversity.caption_words`, the one
+definition of a caption's words (the ``captions`` training validator uses it too).
 
-Predictions (:func:`read_predictions`): COCO results ``[{"image_id", "caption"}]``. An image listed several times
-has several samples: its first caption is its prediction for every metric, and all of them form its ``samples`` for
-the ``diversity`` group.
+Imports: importing this module imports no torch, so text-only evaluation starts fast. The groups that need torch or
+transformers (``retrieval``, ``bags`` and ``clipscore`` load the CLIP retriever, ``perplexity`` a causal LM) import
+them when they run.
 
 Example::
 
@@ -56,12 +55,22 @@ Example::
 
 from __future__ import annotations
 
-import json
 import warnings
 from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from finecap.config import load
+from finecap.metrics.clipscore import CLIPScore
+from finecap.metrics.diversity import mean_length, set_diversity, vocabulary_metrics
+from finecap.metrics.faithfulness import faithfulness
+from finecap.metrics.meteor import MetricUnavailable, meteor
+from finecap.metrics.ngram import ngram_metrics
+from finecap.metrics.ptb_tokenize import tokenize
+from finecap.metrics.retrieval import SelfRetrieval, bag_retrieval, pool_retrieval, rd_retrieval
+from finecap.metrics.spice import spice
 
 if TYPE_CHECKING:
     from finecap.config import Config
@@ -100,15 +109,11 @@ class _Context:
 
     def tok_predictions(self) -> dict[Hashable, str]:
         if "tok_pred" not in self.cache:
-            from finecap.metrics.ptb_tokenize import tokenize
-
             self.cache["tok_pred"] = {i: tokenize(c) for i, c in self.predictions.items()}
         return self.cache["tok_pred"]
 
     def tok_references(self, group: str) -> dict[Hashable, list[str]]:
         if "tok_refs" not in self.cache:
-            from finecap.metrics.ptb_tokenize import tokenize
-
             refs = self.need("references", group, "pass the reference captions")
             missing = [i for i in self.predictions if not refs.get(i)]
             if missing:
@@ -120,6 +125,8 @@ class _Context:
 
     def get_retriever(self) -> Any:
         if self.retriever is None:
+            # Deferred: the retriever module imports torch and transformers, which text-only evaluation never needs
+            # (`finecap eval --metrics bleu,...` must not import them; tests/test_cli.py checks).
             from finecap.models.retriever import load_retriever
 
             self.retriever = load_retriever(self.cfg)
@@ -128,8 +135,6 @@ class _Context:
     def retrieval_scores(self, group: str) -> tuple[Any, list[Hashable], Any]:
         """(SelfRetrieval, query image ids, cosine scores (Q, N)), computed once for 'retrieval' and 'bags'."""
         if "retrieval" not in self.cache:
-            from finecap.metrics.retrieval import SelfRetrieval
-
             images = self.need("images", group, "pass the image records (the retrieval pool)")
             e = self.cfg.eval
             sr = SelfRetrieval(self.get_retriever(), images, cache_dir=self.cfg.run.cache_dir or None,
@@ -147,8 +152,6 @@ class _Context:
 def _ngram(ctx: _Context, group: str) -> dict[str, float]:
     """BLEU / ROUGE-L / CIDEr-D; the groups asked for in this evaluation share one reference index."""
     if "ngram" not in ctx.cache:
-        from finecap.metrics.ngram import ngram_metrics
-
         names = {"bleu": "bleu", "rouge": "rouge_l", "cider": "cider_d"}
         wanted = [names[g] for g in ctx.requested if g in names] or [names[group]]
         ctx.cache["ngram"] = ngram_metrics(ctx.tok_predictions(), ctx.tok_references(group), wanted)[0]
@@ -170,12 +173,7 @@ def _cider(ctx: _Context) -> dict[str, float]:
 
 
 def _java_metric(ctx: _Context, group: str) -> dict[str, float]:
-    from finecap.metrics.meteor import MetricUnavailable
-
-    if group == "meteor":
-        from finecap.metrics.meteor import meteor as fn
-    else:
-        from finecap.metrics.spice import spice as fn
+    fn = meteor if group == "meteor" else spice
     refs = ctx.tok_references(group)
     try:
         return fn(ctx.tok_predictions(), refs)
@@ -193,38 +191,25 @@ def _spice(ctx: _Context) -> dict[str, float]:
 
 
 def _length(ctx: _Context) -> dict[str, float]:
-    from finecap.metrics.diversity import mean_length
-
-    return {"Length": mean_length(ctx.tok_predictions().values())}
+    return {"Length": mean_length(ctx.predictions.values())}
 
 
 def _vocab(ctx: _Context) -> dict[str, float]:
-    from finecap.metrics.diversity import vocabulary_metrics
-
-    out = vocabulary_metrics(ctx.tok_predictions(), min_count=ctx.cfg.eval.vocab_min_count)
+    out = vocabulary_metrics(ctx.predictions, min_count=ctx.cfg.eval.vocab_min_count)
     return {k: out[k] for k in ("Lexical diversity", "Vocab usage")}
 
 
 def _diversity(ctx: _Context) -> dict[str, float]:
-    from finecap.metrics.diversity import set_diversity
-    from finecap.metrics.ptb_tokenize import tokenize
-
     samples = ctx.need("samples", "diversity", "pass several sampled captions per image ({id: [caption, ...]})")
     return set_diversity({i: [tokenize(c) for c in caps] for i, caps in samples.items()})
 
 
 def _faithfulness(ctx: _Context) -> dict[str, float]:
-    from finecap.metrics.faithfulness import faithfulness
-
     scenes = ctx.need("scenes", "faithfulness", "scene graphs exist only for the world (scenes.jsonl)")
     return faithfulness(ctx.predictions, scenes)
 
 
 def _retrieval(ctx: _Context) -> dict[str, float]:
-    import numpy as np
-
-    from finecap.metrics.retrieval import pool_retrieval, rd_retrieval
-
     sr, ids, scores = ctx.retrieval_scores("retrieval")
     targets = np.array([sr.column[i] for i in ids], dtype=np.int64)
     e = ctx.cfg.eval
@@ -235,10 +220,6 @@ def _retrieval(ctx: _Context) -> dict[str, float]:
 
 
 def _bags(ctx: _Context) -> dict[str, float]:
-    import numpy as np
-
-    from finecap.metrics.retrieval import bag_retrieval
-
     bags = ctx.need("bags", "bags", "pass TrueMatch bags ({size: [[image_id, ...], ...]}, `finecap bags build`)")
     sr, ids, scores = ctx.retrieval_scores("bags")
     targets = np.array([sr.column[i] for i in ids], dtype=np.int64)
@@ -252,8 +233,6 @@ def _bags(ctx: _Context) -> dict[str, float]:
 
 
 def _clipscore(ctx: _Context) -> dict[str, float]:
-    from finecap.metrics.clipscore import CLIPScore
-
     images = ctx.need("images", "clipscore", "pass the image records")
     scorer = CLIPScore(ctx.get_retriever(), images, cache_dir=ctx.cfg.run.cache_dir or None)
     refs = None
@@ -263,17 +242,20 @@ def _clipscore(ctx: _Context) -> dict[str, float]:
 
 
 def _perplexity(ctx: _Context) -> dict[str, float]:
-    from finecap.metrics.perplexity import Perplexity
-
     if not ctx.cfg.eval.lm:
         raise ValueError("metric 'perplexity' needs a language model: set eval.lm=<causal LM name or path>")
+    # Deferred: perplexity runs a causal LM (torch + transformers); text-only evaluation must not import them.
     import torch
+
+    from finecap.metrics.perplexity import Perplexity
 
     device = "cuda" if torch.cuda.is_available() and not ctx.cfg.train.cpu else None
     return Perplexity(ctx.cfg.eval.lm, batch_size=ctx.cfg.eval.batch_size, device=device)(ctx.predictions)
 
 
-METRICS: dict[str, Callable[[_Context], dict[str, float]]] = {
+MetricGroup = Callable[[_Context], dict[str, float]]
+
+METRICS: dict[str, MetricGroup] = {
     "bleu": _bleu,
     "rouge": _rouge,
     "cider": _cider,
@@ -291,6 +273,7 @@ METRICS: dict[str, Callable[[_Context], dict[str, float]]] = {
 """Metric groups by name (see the module docstring for their keys and inputs)."""
 
 IMAGE_METRICS = ("retrieval", "bags", "clipscore")
+"""Groups that read image files (through the retriever)."""
 
 
 def parse_metrics(metrics: str | Sequence[str] | None, default: Sequence[str] = ()) -> list[str]:
@@ -339,7 +322,6 @@ def evaluate(
         ``{metric key: value}`` in the order of the groups asked for (module docstring). A group whose input is
         missing raises ``ValueError`` naming it; METEOR / SPICE without Java are skipped with a warning.
     """
-    from finecap.config import load
 
     cfg = cfg if cfg is not None else load()
     names = parse_metrics(metrics)
@@ -365,183 +347,3 @@ def evaluate(
     for name in names:
         out.update({k: float(v) for k, v in METRICS[name](ctx).items()})
     return out
-
-
-# --------------------------------------------------------------------------------------------------------------------
-# Files
-# --------------------------------------------------------------------------------------------------------------------
-
-
-@dataclass
-class LoadedReferences:
-    """Records of a reference file, where they came from, and the world's scene graphs / families when present."""
-
-    records: list[Record]
-    path: Path
-    format: str
-    scenes: dict[Hashable, Scene] | None = None
-    families: dict[Hashable, Any] | None = None
-
-    def captions(self) -> dict[Hashable, list[str]]:
-        return {r.image_id: list(r.captions) for r in self.records}
-
-
-def detect_format(path: str | Path) -> tuple[str, Path]:
-    """``(format, file)`` of a reference file or world folder (module docstring)."""
-    path = Path(path)
-    if path.is_dir():
-        if (path / "dataset.json").exists():
-            return "world", path / "dataset.json"
-        raise FileNotFoundError(f"{path}: a folder, but no dataset.json in it (expected a world folder)")
-    if not path.exists():
-        raise FileNotFoundError(f"{path}: reference file not found")
-    if path.suffix == ".jsonl":
-        return "jsonl", path
-    if (path.parent / "scenes.jsonl").exists() and path.name == "dataset.json":
-        return "world", path
-    try:
-        data = json.loads(path.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise ValueError(f"{path}: not a JSON reference file ({e})") from None
-    if isinstance(data, dict) and "annotations" in data:
-        return "coco", path
-    if isinstance(data, dict) and isinstance(data.get("images"), list):
-        return "karpathy", path
-    raise ValueError(
-        f"{path}: unrecognised reference format; expected a world folder, Karpathy JSON ('images' with "
-        "'sentences'), COCO annotations ('images' + 'annotations') or JSONL"
-    )
-
-
-def load_references(
-    cfg: Config,
-    data: str | Path | None = None,
-    *,
-    split: str | None = None,
-    images: str | Path | None = None,
-    check_images: bool = False,
-) -> LoadedReferences:
-    """Read a reference data set: ``data`` (format detected), or the configured one (``data.format``/``data.path``,
-    default the world at ``world.out``). ``split`` keeps one split (``"train"`` also takes Karpathy's ``restval``).
-    ``images`` (default ``data.images``) is the image root; ``check_images`` verifies that the image files exist."""
-    from finecap.data.datasets import TRAIN_SPLITS, data_file
-    from finecap.data.formats import read_dataset
-
-    if data is None:
-        fmt, path = cfg.data.format, data_file(cfg)
-        if fmt == "world" and not path.exists():
-            raise FileNotFoundError(f"{path}: no world here; run `finecap world make` (or pass the data set file)")
-    else:
-        fmt, path = detect_format(data)
-    root = images if images is not None else (cfg.data.images or None)
-    records = read_dataset(fmt, path, images=root, check_images=check_images)
-    if split is not None:
-        wanted = TRAIN_SPLITS if split == "train" else (split,)
-        kept = [r for r in records if r.split in wanted]
-        if not kept:
-            present = sorted({r.split for r in records})
-            raise ValueError(f"{path}: no records in split {split!r}; splits present: {', '.join(present)}")
-        records = kept
-    scenes = families = None
-    scene_file = Path(path).parent / "scenes.jsonl"
-    if fmt == "world" and scene_file.exists():
-        from finecap.world.make import load_scene_records
-
-        scene_records = load_scene_records(scene_file.parent)
-        scenes = {r["imgid"]: r["scene"] for r in scene_records}
-        families = {r["imgid"]: r.get("family") for r in scene_records}
-    return LoadedReferences(records, Path(path), fmt, scenes, families)
-
-
-def read_predictions(path: str | Path) -> tuple[dict[Hashable, str], dict[Hashable, list[str]] | None]:
-    """COCO results -> ``(predictions, samples)``: the first caption of each image, and every caption of each image
-    when some image is listed more than once (else ``None``)."""
-    from finecap.data.formats import DataError, _load_json, _require
-
-    path = Path(path)
-    data = _load_json(path)
-    if not isinstance(data, list):
-        raise DataError(f"{path}: COCO results must be a list of {{'image_id', 'caption'}} objects")
-    all_caps: dict[Hashable, list[str]] = {}
-    for i, rec in enumerate(data):
-        where = f"{path}: [{i}]"
-        image_id = _require(rec, "image_id", (int, str), where)
-        all_caps.setdefault(image_id, []).append(_require(rec, "caption", str, where))
-    if not all_caps:
-        raise DataError(f"{path}: no predictions")
-    predictions = {i: caps[0] for i, caps in all_caps.items()}
-    samples = all_caps if any(len(c) > 1 for c in all_caps.values()) else None
-    return predictions, samples
-
-
-def main(
-    cfg: Config,
-    *,
-    predictions: str | Path,
-    references: str | Path | None,
-    images: str | Path | None = None,
-    bags: str | Path | None = None,
-    metrics: str | Sequence[str] | None = None,
-    out: str | Path,
-    split: str | None = None,
-) -> dict[str, float]:
-    """``finecap eval``: score a COCO results file against a reference data set, print a table, write JSON.
-
-    ``metrics`` default to ``eval.metrics``; then groups whose inputs are absent (faithfulness without scene graphs,
-    bags without ``--bags``, diversity without several captions per image, perplexity without ``eval.lm``) are
-    skipped with a note, whereas explicitly asked-for groups raise an error naming what is missing. Without
-    ``split``, the retrieval pool is the split of the predicted images (or every referenced image when they span
-    several splits). Writes ``{metric: value}`` to ``out``.
-    """
-    from finecap.data.formats import DataError
-    from finecap.data.truematch import read_bags
-    from finecap.report.table import markdown_table
-    from finecap.utils import write_json
-
-    explicit = metrics is not None
-    names = parse_metrics(metrics, cfg.eval.metrics)
-    preds, samples = read_predictions(predictions)
-    bag_data = read_bags(bags) if bags is not None else None
-    needs_images = any(n in IMAGE_METRICS for n in names)
-    refs = load_references(cfg, references, split=split, images=images, check_images=needs_images)
-    by_id = {r.image_id: r for r in refs.records}
-    missing = [i for i in preds if i not in by_id]
-    if missing:
-        where = f" (split {split!r})" if split else ""
-        raise DataError(
-            f"{predictions}: {len(missing)} predicted image id(s) are not in the references {refs.path}{where}, "
-            f"e.g. {missing[:5]}"
-        )
-    pool = refs.records
-    if split is None:
-        splits = {by_id[i].split for i in preds}
-        if len(splits) == 1:
-            pool = [r for r in refs.records if r.split in splits]
-    if not explicit:
-        reasons = {
-            "faithfulness": None if refs.scenes else "no scene graphs (not a world data set)",
-            "bags": None if bag_data else "no --bags file",
-            "diversity": None if samples else "one caption per image (diversity needs several)",
-            "perplexity": None if cfg.eval.lm else "eval.lm is not set",
-        }
-        for name in [n for n in names if reasons.get(n)]:
-            print(f"skipping {name}: {reasons[name]}")
-            names.remove(name)
-        if not names:
-            raise ValueError("none of the metrics of eval.metrics can be computed here; pass --metrics")
-    result = evaluate(
-        preds,
-        refs.captions(),
-        metrics=names,
-        images=pool if needs_images else None,
-        scenes=refs.scenes,
-        bags=bag_data,
-        samples=samples,
-        cfg=cfg,
-    )
-    title = Path(predictions).name
-    print(f"{len(preds)} images of {refs.path}" + (f" (split {split})" if split else ""))
-    print(markdown_table({k: {title: v} for k, v in result.items()}, columns=[title], row_header="metric"))
-    write_json(out, result)
-    print(f"wrote {out}")
-    return result

@@ -1,0 +1,121 @@
+"""Reference data sets for evaluation: which file the configuration means, its format, and its records by split.
+
+Format detection (:func:`detect_format`) looks at the file itself:
+
+- a folder holding ``dataset.json``, or a ``dataset.json`` with ``scenes.jsonl`` next to it, is the world (its scene
+  graphs are then loaded for faithfulness, and its scene families for ``finecap bags build``);
+- ``*.jsonl`` is JSONL;
+- a JSON object with ``annotations`` is COCO caption annotations; one whose ``images`` is a list is Karpathy.
+
+Splits: ``"train"`` also takes Karpathy's ``restval`` images (:data:`TRAIN_SPLITS`), as most captioning code does.
+
+Nothing here imports torch (``finecap eval`` on text metrics reads its references through this module).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Hashable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from finecap.data.formats import Record, read_dataset
+from finecap.world.make import load_scene_records
+
+if TYPE_CHECKING:
+    from finecap.config import Config
+    from finecap.world.scene import Scene
+
+TRAIN_SPLITS = ("train", "restval")
+"""Splits that make up ``"train"``: Karpathy's ``restval`` images are training images."""
+
+
+def data_file(cfg: Config) -> Path:
+    """The data set file read for ``cfg``: ``data.path``, or the world's ``dataset.json`` under ``world.out``."""
+    if cfg.data.path:
+        return Path(cfg.data.path)
+    if cfg.data.format != "world":
+        raise ValueError(f"data.path: required for data.format={cfg.data.format!r} (only the world has a default)")
+    return Path(cfg.world.out) / "dataset.json"
+
+
+def select_split(records: Sequence[Record], split: str, path: str | Path) -> list[Record]:
+    """The records of ``split`` (``"train"`` = :data:`TRAIN_SPLITS`); none raises ``ValueError`` listing the splits
+    present in ``path``."""
+    wanted = TRAIN_SPLITS if split == "train" else (split,)
+    kept = [r for r in records if r.split in wanted]
+    if not kept:
+        present = sorted({r.split for r in records})
+        raise ValueError(f"{path}: no records in split {split!r}; splits present: {', '.join(present)}")
+    return kept
+
+
+@dataclass
+class LoadedReferences:
+    """Records of a reference file, where they came from, and the world's scene graphs / families when present."""
+
+    records: list[Record]
+    path: Path
+    format: str
+    scenes: dict[Hashable, Scene] | None = None
+    families: dict[Hashable, Any] | None = None
+
+    def captions(self) -> dict[Hashable, list[str]]:
+        return {r.image_id: list(r.captions) for r in self.records}
+
+
+def detect_format(path: str | Path) -> tuple[str, Path]:
+    """``(format, file)`` of a reference file or world folder (module docstring)."""
+    path = Path(path)
+    if path.is_dir():
+        if (path / "dataset.json").exists():
+            return "world", path / "dataset.json"
+        raise FileNotFoundError(f"{path}: a folder, but no dataset.json in it (expected a world folder)")
+    if not path.exists():
+        raise FileNotFoundError(f"{path}: reference file not found")
+    if path.suffix == ".jsonl":
+        return "jsonl", path
+    if (path.parent / "scenes.jsonl").exists() and path.name == "dataset.json":
+        return "world", path
+    try:
+        data = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ValueError(f"{path}: not a JSON reference file ({e})") from None
+    if isinstance(data, dict) and "annotations" in data:
+        return "coco", path
+    if isinstance(data, dict) and isinstance(data.get("images"), list):
+        return "karpathy", path
+    raise ValueError(
+        f"{path}: unrecognised reference format; expected a world folder, Karpathy JSON ('images' with "
+        "'sentences'), COCO annotations ('images' + 'annotations') or JSONL"
+    )
+
+
+def load_references(
+    cfg: Config,
+    data: str | Path | None = None,
+    *,
+    split: str | None = None,
+    images: str | Path | None = None,
+    check_images: bool = False,
+) -> LoadedReferences:
+    """Read a reference data set: ``data`` (format detected), or the configured one (``data.format``/``data.path``,
+    default the world at ``world.out``). ``split`` keeps one split (:func:`select_split`). ``images`` (default
+    ``data.images``) is the image root; ``check_images`` verifies that the image files exist."""
+    if data is None:
+        fmt, path = cfg.data.format, data_file(cfg)
+        if fmt == "world" and not path.exists():
+            raise FileNotFoundError(f"{path}: no world here; run `finecap world make` (or pass the data set file)")
+    else:
+        fmt, path = detect_format(data)
+    root = images if images is not None else (cfg.data.images or None)
+    records = read_dataset(fmt, path, images=root, check_images=check_images)
+    if split is not None:
+        records = select_split(records, split, path)
+    scenes = families = None
+    if fmt == "world" and (Path(path).parent / "scenes.jsonl").exists():
+        scene_records = load_scene_records(Path(path).parent)
+        scenes = {r["imgid"]: r["scene"] for r in scene_records}
+        families = {r["imgid"]: r.get("family") for r in scene_records}
+    return LoadedReferences(records, Path(path), fmt, scenes, families)
