@@ -33,14 +33,15 @@ REINFORCE scores is the one it sampled from; targets as above (NDLB only says "r
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
+from peft import LoraConfig, PeftModel, get_peft_model
 from torch import nn
+from transformers.pytorch_utils import Conv1D
 
 if TYPE_CHECKING:
     from finecap.config import Config
@@ -85,9 +86,8 @@ def specs_from_config(cfg: Config) -> dict[str, LoraSpec | None]:
 
 
 def is_peft(module: Any) -> bool:
-    """Whether ``module`` is a ``peft.PeftModel`` (without importing peft when nothing has used it yet)."""
-    peft = sys.modules.get("peft")
-    return peft is not None and isinstance(module, peft.PeftModel)
+    """Whether ``module`` is a ``peft.PeftModel``."""
+    return isinstance(module, PeftModel)
 
 
 def _base(module: nn.Module) -> nn.Module:
@@ -113,8 +113,6 @@ def _set_part_module(model: ClipCap, part: str, module: nn.Module) -> None:
 
 
 def _is_linear(module: nn.Module) -> bool:
-    from transformers.pytorch_utils import Conv1D
-
     return isinstance(module, nn.Linear | Conv1D)
 
 
@@ -160,9 +158,6 @@ def resolve_targets(part: str, module: nn.Module, targets: Sequence[str]) -> lis
 
 
 def _lora_config(part: str, module: nn.Module, spec: LoraSpec):
-    from peft import LoraConfig
-    from transformers.pytorch_utils import Conv1D
-
     names = resolve_targets(part, module, spec.targets)
     base = _base(module)
     modules = dict(base.named_modules())
@@ -175,8 +170,6 @@ def apply_lora(model: ClipCap, part: str, spec: LoraSpec) -> None:
     """Wrap ``part`` (``"lm"`` or ``"encoder"``) of ``model`` in fresh LoRA adapters (in place); only the adapters of
     that part are then trainable. The adapter initialisation draws from torch's global RNG (LoRA's B = 0, so the
     model's outputs are unchanged until the first update)."""
-    from peft import get_peft_model
-
     module = _part_module(model, part)
     if is_peft(module):
         raise ValueError(f"the {part} already has LoRA adapters; merge them first (merge_lora)")
@@ -326,8 +319,6 @@ def save_adapters(
 def load_adapters(model: ClipCap, path: str | Path, meta: dict[str, dict[str, Any]] | None) -> ClipCap:
     """Attach the adapters recorded in ``meta`` (``captioner.json``'s ``"lora"``) from checkpoint ``path``,
     unmerged; they are trainable when their part is (``model.train_lm`` / ``model.train_encoder``)."""
-    from peft import PeftModel
-
     for part, info in (meta or {}).items():
         if part not in PARTS:
             raise ValueError(f"{path}: captioner.json lists LoRA adapters of an unknown part {part!r}")

@@ -28,6 +28,8 @@ import shutil
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from transformers.utils import logging as hf_logging
+
 from finecap.utils import atomic_replace_dir, read_json, write_json
 
 if TYPE_CHECKING:
@@ -54,8 +56,6 @@ def model_dir(path: str | Path) -> Path:
 @contextlib.contextmanager
 def _quiet_transformers():
     """Silence transformers' per-save "Writing model shards" progress bar (restored afterwards)."""
-    from transformers.utils import logging as hf_logging
-
     enabled = hf_logging.is_progress_bar_enabled()
     hf_logging.disable_progress_bar()
     try:
