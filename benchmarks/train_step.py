@@ -52,11 +52,11 @@ def main() -> None:
     encoder = save_tiny_clip(tmp / "encoder", image_size=64, patch_size=16, hidden=64, layers=2, projection_dim=64)
     common = [f"world.out={tmp / 'world'}", f"model.encoder={encoder}", f"run.cache_dir={tmp / 'cache'}",
               "train.eval_samples=16", "train.log_every=10"]  # fmt: skip
-    mle = load("recipes/demo/mle.yaml" if Path("recipes/demo/mle.yaml").exists() else None,
+    mle = load("demo/mle",
                [*common, f"run.dir={tmp / 'mle'}", f"train.max_steps={args.mle_steps}",
                 f"train.eval_every={args.mle_steps}", "train.validators=[]"])  # fmt: skip
     results = {"mle": timed_run(mle, skip=3)}
-    scst = load("recipes/demo/scst.yaml" if Path("recipes/demo/scst.yaml").exists() else None,
+    scst = load("demo/scst",
                 [*common, f"run.dir={tmp / 'scst'}", f"train.init_from={tmp / 'mle' / 'checkpoints' / 'last'}",
                  f"train.max_steps={args.rl_steps}", f"train.eval_every={args.rl_steps}",
                  "train.validators=[]"])  # fmt: skip

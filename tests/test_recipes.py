@@ -1,22 +1,37 @@
 """Every recipe loads, validates, and opens with the command that runs it (DESIGN.md style point 3)."""
 
-from pathlib import Path
-
 import pytest
 
-from finecap.config import load
+from finecap.app.cli import main
+from finecap.config import ConfigError, load
 from finecap.objectives import OBJECTIVES
+from finecap.recipes import list_recipes, resolve_recipe
 
-RECIPES = sorted((Path(__file__).resolve().parents[1] / "recipes").rglob("*.yaml"))
+RECIPES = list_recipes()
 
 
 def test_there_are_recipes():
-    names = {p.relative_to(p.parents[1]).as_posix() for p in RECIPES}
-    assert {"demo/mle.yaml", "demo/smile.yaml", "coco/smile_clipcap.yaml"} <= names
+    assert {"demo/mle", "demo/smile", "coco/smile_clipcap"} <= set(RECIPES)
 
 
-@pytest.mark.parametrize("recipe", RECIPES, ids=lambda p: p.relative_to(p.parents[1]).as_posix())
-def test_recipe_loads_and_documents_its_command(recipe):
+def test_recipes_resolve_by_name_or_path(tmp_path, capsys):
+    path = resolve_recipe("demo/smile")
+    assert path.is_file() and path.parts[-3:] == ("recipes", "demo", "smile.yaml")
+    assert resolve_recipe("smile") == resolve_recipe("demo/smile.yaml") == path  # unambiguous short name
+    mine = tmp_path / "smile"
+    mine.write_text("train:\n  lr: 0.5\n")
+    assert resolve_recipe(mine) == mine  # an existing file wins over a packaged name
+    assert load(mine).train.lr == 0.5 and load("smile").train.objective == "smile"
+    with pytest.raises(ConfigError, match="no_such_recipe: recipe file not found, and no packaged recipe.*demo/mle"):
+        load("no_such_recipe")
+    assert main(["recipes"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert len(out) == len(RECIPES) and out[0].split()[0] == RECIPES[0]
+
+
+@pytest.mark.parametrize("name", RECIPES)
+def test_recipe_loads_and_documents_its_command(name):
+    recipe = resolve_recipe(name)
     cfg = load(recipe)
     assert cfg.train.objective in OBJECTIVES, cfg.train.objective
     head = recipe.read_text().splitlines()

@@ -23,6 +23,8 @@ from typing import Any, Literal
 
 import yaml
 
+from finecap.recipes import resolve_recipe
+
 
 class ConfigError(ValueError):
     """A configuration value is unknown, of the wrong type or invalid; the message names the key."""
@@ -541,9 +543,10 @@ def load(
     data: dict[str, Any] = {k: dict(v) for k, v in (base or {}).items()}
     source = ""
     if path is not None:
-        path = Path(path)
-        if not path.exists():
-            raise ConfigError(f"{path}: recipe file not found")
+        try:
+            path = resolve_recipe(path)  # a YAML path, or a packaged recipe by name (finecap.recipes)
+        except ValueError as e:
+            raise ConfigError(str(e)) from None
         try:
             loaded = yaml.safe_load(path.read_text()) or {}
         except yaml.YAMLError as e:

@@ -15,10 +15,11 @@ from finecap.config import WorldConfig, load
 from finecap.models import lora
 from finecap.models.clipcap import ClipCap
 from finecap.models.presets import save_tiny_clip
+from finecap.recipes import resolve_recipe
 from finecap.rewards.retrieval import RetrievalReward
 from finecap.train.checkpoint import checkpoint_dir, model_dir
 
-RECIPES = Path(__file__).resolve().parents[2] / "recipes" / "demo"
+RECIPES = resolve_recipe("demo/mle").parent
 N_TRAIN = 40
 
 

@@ -20,8 +20,9 @@ import torch
 from finecap.app.train import train
 from finecap.config import load
 from finecap.models.presets import save_tiny_clip
+from finecap.recipes import resolve_recipe
 
-RECIPE = Path(__file__).resolve().parents[2] / "recipes" / "demo" / "discritune.yaml"
+RECIPE = resolve_recipe("demo/discritune")
 
 
 def free_port() -> int:

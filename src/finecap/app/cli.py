@@ -13,6 +13,7 @@ from collections.abc import Callable
 import yaml
 
 from finecap.config import SECTIONS, Config, ConfigError, describe, load
+from finecap.recipes import describe_recipe, list_recipes
 
 
 def _split_recipe(items: list[str]) -> tuple[str | None, list[str]]:
@@ -125,6 +126,12 @@ def cmd_demo(args: argparse.Namespace) -> None:
     main(load_demo_config(recipe, items, args.quick), items=items, quick=args.quick)
 
 
+def cmd_recipes(args: argparse.Namespace) -> None:
+    width = max(map(len, list_recipes()))
+    for name in list_recipes():
+        print(f"{name:<{width}}  {describe_recipe(name)}")
+
+
 def cmd_config(args: argparse.Namespace) -> None:
     if args.describe:
         for name, cls in SECTIONS.items():
@@ -199,6 +206,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--run-dir", dest="run_dir", default=None, help="run directory (default runs/demo)")
     p.add_argument("--force", action="store_true", help="re-run stages whose outputs exist")
     p.add_argument("--stages", default=None, help="comma-separated stages to run (default demo.stages)")
+
+    p = sub.add_parser("recipes", help="List the packaged recipes (run one with `finecap train NAME`).")
+    p.set_defaults(func=cmd_recipes)
 
     p = _add(sub, "config", cmd_config, "Print the resolved configuration (or all keys with --describe).")
     p.add_argument("--describe", action="store_true", help="list every key with its type, default and doc")

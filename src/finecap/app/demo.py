@@ -4,7 +4,7 @@ Stages (``demo.stages``, run in order; each skips work whose outputs exist unles
 
 - ``world``: generate the synthetic world (``world.*``) into ``world.out``.
 - ``retriever``: train the world encoder / CLIP retriever, or reuse it from ``run.cache_dir``.
-- training stages (:data:`TRAIN_STAGES`): train a captioner with ``recipes/demo/<stage>.yaml`` into
+- training stages (:data:`TRAIN_STAGES`): train a captioner with the packaged recipe ``demo/<stage>`` into
   ``<run_dir>/<stage>/`` (starting from the MLE checkpoint where the stage says so), then caption the test split.
   A killed stage resumes from its last checkpoint when re-run.
 - ``report``: evaluate every trained stage and the human reference captions on the test split and write
@@ -33,13 +33,12 @@ from finecap.data.formats import read_bags, read_results, write_results
 from finecap.metrics.suite import evaluate
 from finecap.models.clipcap import ClipCap
 from finecap.models.retriever import load_retriever
+from finecap.recipes import resolve_recipe
 from finecap.report.plots import length_curves
 from finecap.report.table import markdown_table
 from finecap.train.checkpoint import model_dir
 from finecap.utils import atomic_write_text, read_json, write_json
 from finecap.world.make import load_scenes, make_world
-
-RECIPES = Path(__file__).resolve().parents[3] / "recipes" / "demo"
 
 # Settings of the default demo that differ from the library defaults (beneath recipes and user overrides).
 # Test captions use beam search (beam 5), as ClipCap, DiscriTune and NDLB evaluate.
@@ -106,9 +105,7 @@ class Demo:
     def stage_config(self, stage: str) -> Config:
         """The stage's recipe over the demo base settings, the user's overrides on top, its own run directory."""
         name, variant = ABLATIONS.get(stage, (stage, []))
-        recipe = RECIPES / f"{name}.yaml"
-        if not recipe.exists():
-            raise FileNotFoundError(f"demo stage {stage!r}: recipe {recipe} not found")
+        recipe = resolve_recipe(f"demo/{name}")  # packaged with finecap (finecap.recipes)
         cfg = load(recipe, [*variant, *self.items], base=DEFAULT, over=QUICK if self.quick else None)
         init = TRAIN_STAGES[stage]
         run = dataclasses.replace(cfg.run, dir=str(self.stage_dir(stage)))
