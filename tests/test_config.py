@@ -89,3 +89,28 @@ def test_layers_base_recipe_over_overrides(tmp_path):
                over={"train": {"max_steps": 40}})  # fmt: skip
     # base < recipe < over < overrides
     assert (cfg.train.batch_size, cfg.train.max_steps, cfg.train.lr) == (7, 40, 0.125)
+
+
+def test_registry_names_are_checked_at_load():
+    from finecap.config import ConfigError
+
+    cases = {
+        "train.objective=smiel": "train.objective: unknown objective 'smiel'; valid names: mle, smile",
+        "data.sampler=bagcur": "data.sampler: unknown sampler 'bagcur'",
+        "rl.rewards={cidr: 1.0}": "rl.rewards: unknown reward 'cidr'",
+        "train.validators=[retreival]": "train.validators: unknown validator 'retreival'",
+        "eval.metrics=[blue]": "eval.metrics: unknown metric group 'blue'",
+    }
+    for override, message in cases.items():
+        with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(")", r"\)")):
+            load(None, [override])
+    # user code by dotted path is allowed (imported, and checked, when used)
+    assert load(None, ["train.objective=my.pkg:factory"]).train.objective == "my.pkg:factory"
+
+
+def test_validator_keys_are_what_the_validators_return():
+    # the torch-free table the configuration checks train.best_metric against, vs the app's validator factories
+    from finecap.app.validators import VALIDATORS
+    from finecap.registry import VALIDATOR_KEYS
+
+    assert set(VALIDATORS) == set(VALIDATOR_KEYS)

@@ -24,6 +24,14 @@ from typing import Any, Literal
 import yaml
 
 from finecap.recipes import resolve_recipe
+from finecap.registry import (
+    METRIC_GROUPS,
+    OBJECTIVES,
+    REWARDS,
+    SAMPLERS,
+    VALIDATOR_KEYS,
+    is_dotted_path,
+)
 
 
 class ConfigError(ValueError):
@@ -488,6 +496,37 @@ def _build_section(name: str, cls: type, values: dict[str, Any], source: str) ->
         raise ConfigError(f"{source}{e}") from None
 
 
+def _check_name(name: str, valid: Any, key: str, kind: str, dotted: bool = True) -> None:
+    if (dotted and is_dotted_path(name)) or name in valid:
+        return
+    hint = " (or a dotted path 'pkg.module:factory')" if dotted else ""
+    raise ConfigError(f"{key}: unknown {kind} {name!r}; valid names: {', '.join(valid)}{hint}")
+
+
+def check_names(cfg: Config) -> None:
+    """Registry names are checked when the configuration is loaded, not at first use (tables in the torch-free
+    :mod:`finecap.registry`); ``train.best_metric`` must be ``loss``, ``perplexity`` or a value the chosen
+    built-in validators return (any name when a validator is user code)."""
+    _check_name(cfg.train.objective, OBJECTIVES, "train.objective", "objective")
+    _check_name(cfg.data.sampler, SAMPLERS, "data.sampler", "sampler")
+    for name in cfg.rl.rewards:
+        _check_name(name, REWARDS, "rl.rewards", "reward")
+    for name in cfg.train.validators:
+        _check_name(name, VALIDATOR_KEYS, "train.validators", "validator")
+    for name in cfg.eval.metrics:
+        _check_name(name, METRIC_GROUPS, "eval.metrics", "metric group", dotted=False)
+    if any(is_dotted_path(v) for v in cfg.train.validators):
+        return
+    values = ["loss", "perplexity", *dict.fromkeys(k for v in cfg.train.validators for k in VALIDATOR_KEYS[v])]
+    if cfg.train.best_metric not in values:
+        raise ConfigError(
+            f"train.best_metric: {cfg.train.best_metric!r} is not a validation value of this run; available: "
+            f"{', '.join(values)} (train.validators adds values: "
+            + ", ".join(f"{name} -> {', '.join(keys)}" for name, keys in VALIDATOR_KEYS.items())
+            + ")"
+        )
+
+
 def from_dict(data: dict[str, Any] | None, source: str = "") -> Config:
     """Build a :class:`Config` from nested mappings ``{section: {key: value}}``; ``source`` prefixes errors."""
     data = data or {}
@@ -502,7 +541,12 @@ def from_dict(data: dict[str, Any] | None, source: str = "") -> Config:
         if not isinstance(values, dict):
             raise ConfigError(f"{source}section {name!r} must be a mapping, got {values!r}")
         sections[name] = _build_section(name, SECTIONS[name], values, source)
-    return Config(**sections)
+    cfg = Config(**sections)
+    try:
+        check_names(cfg)
+    except ConfigError as e:
+        raise ConfigError(f"{source}{e}") from None
+    return cfg
 
 
 def parse_override(item: str) -> tuple[list[str], Any]:

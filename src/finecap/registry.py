@@ -13,6 +13,45 @@ import importlib
 from collections.abc import Mapping
 from typing import Any
 
+# The name tables. They live here, torch-free, so that the configuration can check names when it is loaded
+# (finecap.config) without importing the objectives, rewards or models; each package re-exports its own table.
+OBJECTIVES: dict[str, str] = {
+    "mle": "finecap.objectives.mle:build",
+    "smile": "finecap.objectives.smile:build",
+    "reinforce": "finecap.objectives.reinforce:build",
+    "scst_me": "finecap.objectives.reinforce:build_max_entropy",
+    "sle": "finecap.objectives.exploration:build",
+}
+"""``train.objective`` names -> factories ``factory(cfg) -> objective``."""
+
+REWARDS: dict[str, str] = {
+    "cider": "finecap.rewards.cider:build",
+    "retrieval": "finecap.rewards.retrieval:build",
+}
+"""``rl.rewards`` names -> factories ``factory(cfg) -> reward``."""
+
+SAMPLERS: dict[str, str] = {
+    "random": "finecap.data.samplers:random_sampler",
+    "bagcurri": "finecap.data.bags:bagcurri_sampler",
+}
+"""``data.sampler`` names -> factories ``factory(cfg, dataset, global_batch_size)``."""
+
+VALIDATOR_KEYS: dict[str, tuple[str, ...]] = {
+    "captions": ("length", "vocab"),
+    "retrieval": ("r@1", "length", "vocab"),
+}
+"""``train.validators`` names (factories in :mod:`finecap.app.validators`) -> the values each returns; with the
+loop's own ``loss`` and ``perplexity`` they are what ``train.best_metric`` may name."""
+
+METRIC_GROUPS: tuple[str, ...] = ("bleu", "rouge", "cider", "meteor", "spice", "length", "vocab", "diversity",
+                                  "faithfulness", "retrieval", "bags", "clipscore", "perplexity")  # fmt: skip
+"""``eval.metrics`` / ``finecap eval --metrics`` group names (:data:`finecap.metrics.suite.METRICS`)."""
+
+
+def is_dotted_path(name: str) -> bool:
+    """Whether ``name`` is user code given as ``"pkg.module:attribute"`` (checked when it is imported)."""
+    return ":" in name
+
 
 def import_object(path: str, option: str) -> Any:
     """Import ``"pkg.module:attribute"``; errors name ``option`` (the config key that holds the path)."""

@@ -17,6 +17,7 @@ from finecap.app.train import (
     train_unit,
     weighted_loss,
 )
+from finecap.config import ConfigError
 from finecap.data.samplers import RandomBatches
 from finecap.models.clipcap import ClipCap, build_captioner
 from finecap.objectives import ObjectiveOutput
@@ -74,19 +75,26 @@ def test_existing_run_needs_resume_or_overwrite(make_cfg):
 
 
 def test_best_metric_must_be_a_validation_value(make_cfg):
-    cfg = make_cfg("train.max_steps=1", "train.best_metric=r@1")
-    with pytest.raises(ValueError, match=r"train.best_metric: 'r@1' is not a validation value; available: loss"):
-        train(cfg)
+    # checked when the configuration is loaded, not at the first evaluation
+    with pytest.raises(ConfigError, match=r"train.best_metric: 'r@1' is not a validation value .*available: loss"):
+        make_cfg("train.max_steps=1", "train.best_metric=r@1")
+    assert make_cfg("train.best_metric=r@1", "train.validators=[retrieval]").train.best_metric == "r@1"
 
 
-def test_custom_validator_selects_best_checkpoint(make_cfg):
+def score_validator(cfg):
+    """A user validator factory, named in train.validators by its dotted path."""
     scores = iter([0.2, 0.9, 0.5])
 
     def validator(model, cfg, accelerator):
         return {"score": next(scores)}
 
-    cfg = make_cfg("train.max_steps=3", "train.eval_every=1", "train.best_metric=score")
-    run_dir = train(cfg, validators=[validator])
+    return validator
+
+
+def test_custom_validator_selects_best_checkpoint(make_cfg):
+    cfg = make_cfg("train.max_steps=3", "train.eval_every=1", "train.best_metric=score",
+                   f"train.validators=['{__name__}:score_validator']")  # fmt: skip
+    run_dir = train(cfg)
     best = json.loads((checkpoint_dir(run_dir, "best") / "trainer_state.json").read_text())
     assert best["best_step"] == 2 and best["best_value"] == 0.9  # maximised: 0.2, 0.9, 0.5
 
@@ -102,9 +110,9 @@ def test_weighted_loss():
 def test_is_better_modes(make_cfg):
     cfg = make_cfg()
     assert is_better(1.0, None, cfg) and is_better(1.0, 2.0, cfg) and not is_better(3.0, 2.0, cfg)  # loss: min
-    cfg = make_cfg("train.best_metric=r@1")
+    cfg = make_cfg("train.best_metric=r@1", "train.validators=[retrieval]")
     assert is_better(3.0, 2.0, cfg) and not is_better(1.0, 2.0, cfg)  # others: max
-    cfg = make_cfg("train.best_metric=length", "train.best_mode=min")
+    cfg = make_cfg("train.best_metric=length", "train.best_mode=min", "train.validators=[captions]")
     assert is_better(1.0, 2.0, cfg)
 
 

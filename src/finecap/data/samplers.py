@@ -28,6 +28,8 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch.utils.data import Sampler
 
+from finecap.registry import SAMPLERS, lookup
+
 if TYPE_CHECKING:
     from finecap.config import Config
 
@@ -125,16 +127,8 @@ def random_sampler(cfg: Config, dataset: Any, global_batch_size: int) -> GlobalB
     return RandomBatches(len(dataset), global_batch_size, seed=cfg.run.seed)
 
 
-SAMPLERS: dict[str, str] = {
-    "random": "finecap.data.samplers:random_sampler",
-    "bagcurri": "finecap.data.bags:bagcurri_sampler",
-}
-
-
 def get_sampler(cfg: Config, dataset: Any, global_batch_size: int) -> GlobalBatchSampler:
     """The training sampler named by ``data.sampler`` (a name of :data:`SAMPLERS` or ``"pkg.module:factory"``)."""
-    from finecap.registry import lookup
-
     factory = lookup(cfg.data.sampler, SAMPLERS, "data.sampler", "sampler")
     return factory(cfg, dataset, global_batch_size)
 

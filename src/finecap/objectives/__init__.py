@@ -19,20 +19,12 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from finecap.objectives.base import Objective, ObjectiveOutput, TrainContext
-from finecap.registry import import_object, lookup
+from finecap.registry import OBJECTIVES, import_object, lookup
 
 if TYPE_CHECKING:
     from finecap.config import Config
 
 __all__ = ["OBJECTIVES", "Objective", "ObjectiveOutput", "TrainContext", "get_objective", "import_object"]
-
-OBJECTIVES: dict[str, str] = {
-    "mle": "finecap.objectives.mle:build",
-    "smile": "finecap.objectives.smile:build",
-    "reinforce": "finecap.objectives.reinforce:build",
-    "scst_me": "finecap.objectives.reinforce:build_max_entropy",
-    "sle": "finecap.objectives.exploration:build",
-}
 
 
 def get_objective(name: str, cfg: Config) -> Objective:

@@ -19,6 +19,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
+from finecap.registry import REWARDS, lookup
 from finecap.rewards.base import Reward, RewardOutput, WeightedSum, caption_rows
 
 if TYPE_CHECKING:
@@ -26,16 +27,9 @@ if TYPE_CHECKING:
 
 __all__ = ["REWARDS", "Reward", "RewardOutput", "WeightedSum", "build_reward", "caption_rows", "get_reward"]
 
-REWARDS: dict[str, str] = {
-    "cider": "finecap.rewards.cider:build",
-    "retrieval": "finecap.rewards.retrieval:build",
-}
-
 
 def get_reward(name: str, cfg: Config) -> Reward:
     """Build the reward ``name`` (a :data:`REWARDS` name or ``"pkg.module:factory"``) from ``cfg``."""
-    from finecap.registry import lookup
-
     factory: Callable[[Config], Reward] = lookup(name, REWARDS, "rl.rewards", "reward")
     return factory(cfg)
 
