@@ -3,6 +3,8 @@ and a configuration for a tiny ClipCap (1-layer GPT-2 of width 32) that trains i
 
 from __future__ import annotations
 
+import socket
+import sys
 from pathlib import Path
 
 import pytest
@@ -62,3 +64,23 @@ def make_cfg(tiny_world, tiny_encoder, tmp_path):
         return load(None, [*base, *overrides])
 
     return make
+
+
+@pytest.fixture(scope="session")
+def clip_dir(tmp_path_factory) -> Path:
+    """A tiny random CLIP with tokenizer and image processor (captioner encoder and retriever)."""
+    from finecap.models.presets import save_tiny_clip
+
+    return save_tiny_clip(tmp_path_factory.mktemp("clip"), image_size=32, patch_size=16)
+
+
+@pytest.fixture
+def launch_two() -> list[str]:
+    """The command prefix that starts 2 CPU processes with ``accelerate launch`` (torchrun; gloo on a CPU-only
+    machine) on a free local port: append ``-m finecap.app.cli train ...`` or a script."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    return [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
+            "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
+            "--main_process_port", str(port)]  # fmt: skip

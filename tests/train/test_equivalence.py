@@ -19,9 +19,7 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -30,7 +28,6 @@ import torch
 from finecap.app.train import train
 from finecap.config import load
 from finecap.models.clipcap import ClipCap
-from finecap.models.presets import save_tiny_clip
 from finecap.train.checkpoint import checkpoint_dir, model_dir
 
 LR = 1e-3
@@ -41,17 +38,6 @@ OBJECTIVES = {
     "sr": ["train.objective=reinforce", "rl.rewards={retrieval: 1.0}", "rl.baseline=mean", "rl.samples=1",
            "rl.strategy=greedy", "sr.distractors=batch"],
 }  # fmt: skip
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-@pytest.fixture(scope="module")
-def clip_dir(tmp_path_factory) -> Path:
-    return save_tiny_clip(tmp_path_factory.mktemp("clip"), image_size=32, patch_size=16)
 
 
 def overrides(name: str, run_dir: Path, world: Path, clip: Path, cache: Path, batch: int, accum: int) -> list[str]:
@@ -81,13 +67,11 @@ def compare(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor], what: str) -
 
 @pytest.mark.slow
 @pytest.mark.skipif(torch.accelerator.is_available(), reason="the test launches CPU processes on a CPU-only machine")
-def test_two_processes_and_accumulation_equal_one_big_batch(tiny_world, clip_dir, tmp_path):
+def test_two_processes_and_accumulation_equal_one_big_batch(tiny_world, clip_dir, tmp_path, launch_two):
     cache = tmp_path / "cache"
     args = dict(world=tiny_world, clip=clip_dir, cache=cache)
     two = [overrides(name, tmp_path / f"{name}-2proc", batch=8, accum=1, **args) for name in OBJECTIVES]
-    cmd = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
-           "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
-           "--main_process_port", str(free_port()), str(Path(__file__).with_name("equivalence_worker.py")),
+    cmd = [*launch_two, str(Path(__file__).with_name("equivalence_worker.py")),
            json.dumps(two)]  # fmt: skip
     env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env)

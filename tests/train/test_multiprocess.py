@@ -7,9 +7,7 @@ without an accelerator device the loop then sets accelerate up for multi-CPU (gl
 
 import json
 import os
-import socket
 import subprocess
-import sys
 
 import pytest
 import torch
@@ -17,15 +15,9 @@ import torch
 from finecap.train.checkpoint import checkpoint_dir
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.mark.slow
 @pytest.mark.skipif(torch.accelerator.is_available(), reason="the test launches CPU processes on a CPU-only machine")
-def test_two_cpu_processes(make_cfg, tiny_world, tiny_encoder, tmp_path):
+def test_two_cpu_processes(make_cfg, tiny_world, tiny_encoder, tmp_path, launch_two):
     run_dir = tmp_path / "mp"
     overrides = [
         f"world.out={tiny_world}",
@@ -45,9 +37,7 @@ def test_two_cpu_processes(make_cfg, tiny_world, tiny_encoder, tmp_path):
         "train.validators=[captions]",
         "decode.max_length=10",
     ]
-    cmd = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
-           "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
-           "--main_process_port", str(free_port()), "-m", "finecap.app.cli", "train", *overrides]  # fmt: skip
+    cmd = [*launch_two, "-m", "finecap.app.cli", "train", *overrides]  # fmt: skip
     env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=180, env=env)
     assert proc.returncode == 0, proc.stderr[-3000:]

@@ -9,9 +9,7 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -19,22 +17,9 @@ import torch
 
 from finecap.app.train import train
 from finecap.config import load
-from finecap.models.presets import save_tiny_clip
 from finecap.recipes import resolve_recipe
 
 RECIPE = resolve_recipe("demo/discritune")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-@pytest.fixture(scope="module")
-def clip_dir(tmp_path_factory) -> Path:
-    """A tiny random CLIP with tokenizer and image processor (captioner encoder and retriever)."""
-    return save_tiny_clip(tmp_path_factory.mktemp("clip"), image_size=32, patch_size=16)
 
 
 def train_values(run_dir: Path) -> list[dict]:
@@ -44,7 +29,7 @@ def train_values(run_dir: Path) -> list[dict]:
 
 @pytest.mark.slow
 @pytest.mark.skipif(torch.accelerator.is_available(), reason="the test launches CPU processes on a CPU-only machine")
-def test_in_batch_distractors_are_the_global_batch(tiny_world, clip_dir, tmp_path):
+def test_in_batch_distractors_are_the_global_batch(tiny_world, clip_dir, tmp_path, launch_two):
     common = [
         f"world.out={tiny_world}", f"model.encoder={clip_dir}", f"retriever.checkpoint={clip_dir}",
         "model.tiny_layers=1", "model.tiny_hidden=32", "model.tiny_heads=2", "model.prefix_length=2",
@@ -52,9 +37,7 @@ def test_in_batch_distractors_are_the_global_batch(tiny_world, clip_dir, tmp_pat
         "train.eval_every=3", "train.lr=1e-3", "decode.max_length=8", "eval.n_distractors=3", "eval.draws=1",
     ]  # fmt: skip
     two = tmp_path / "two"
-    cmd = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
-           "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
-           "--main_process_port", str(free_port()), "-m", "finecap.app.cli", "train", str(RECIPE), *common,
+    cmd = [*launch_two, "-m", "finecap.app.cli", "train", str(RECIPE), *common,
            f"run.dir={two}", "train.batch_size=8"]  # fmt: skip
     env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=180, env=env)
