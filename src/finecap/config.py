@@ -50,6 +50,23 @@ def _check(cond: bool, key: str, message: str) -> None:
         raise ConfigError(f"{key}: {message}")
 
 
+# Allowed values of string options, defined once: the fields below use them and the modules that dispatch on them
+# derive their runtime tuples with typing.get_args (e.g. finecap.objectives.smile.SUBSETS).
+DataFormat = Literal["world", "karpathy", "coco", "jsonl"]
+Mapper = Literal["mlp", "transformer"]
+Schedule = Literal["linear", "cosine", "constant"]
+DecodeStrategy = Literal["greedy", "beam", "sample"]
+Subset = Literal["sequence", "reverse", "random", "full"]
+FirstToken = Literal["mle", "shift", "none"]
+Baseline = Literal["greedy", "mean", "leave_one_out", "none"]
+RLStrategy = Literal["sample", "greedy", "beam"]
+LogProb = Literal["sum", "mean"]
+Distance = Literal["bleu34"]
+DiversityBaseline = Literal["pairwise_mean", "none"]
+SRReward = Literal["log_prob", "accuracy", "cosine"]
+Distractors = Literal["batch", "bag", "hard"]
+
+
 # --------------------------------------------------------------------------------------------------------------------
 # Sections
 # --------------------------------------------------------------------------------------------------------------------
@@ -96,7 +113,7 @@ class WorldConfig:
 
 @dataclass
 class DataConfig:
-    format: Literal["world", "karpathy", "coco", "jsonl"] = doc("world", "Data set format of data.path.")
+    format: DataFormat = doc("world", "Data set format of data.path.")
     path: str = doc("", "Data set file (Karpathy JSON, COCO annotations, JSONL); empty = the world at world.out.")
     images: str = doc("", "Image root for relative image paths; empty = next to data.path.")
     max_tokens: int = doc(48, "Captions are cut to this many tokens (EOS included); dense world captions reach 41.")
@@ -139,7 +156,7 @@ class RetrieverConfig:
 class ModelConfig:
     encoder: str = doc("world", "'world' (the cached world encoder) or a CLIP checkpoint name/path (vision tower).")
     lm: str = doc("world-tiny", "'world-tiny' (preset GPT-2 + world tokenizer) or any AutoModelForCausalLM name/path.")
-    mapper: Literal["mlp", "transformer"] = doc("mlp", "Mapper from image features to the LM prefix.")
+    mapper: Mapper = doc("mlp", "Mapper from image features to the LM prefix.")
     prefix_length: int = doc(10, "Number of prefix embeddings k fed to the language model.")
     mapper_layers: int = doc(2, "Transformer mapper: number of layers.")
     train_encoder: bool = doc(False, "Train the vision encoder too (SR-V); otherwise features are frozen and cached.")
@@ -178,7 +195,7 @@ class TrainConfig:
     lr: float = doc(2e-3, "Peak learning rate (AdamW).")
     weight_decay: float = doc(0.01, "AdamW weight decay.")
     warmup_steps: int = doc(100, "Linear warmup steps.")
-    schedule: Literal["linear", "cosine", "constant"] = doc("linear", "Learning-rate schedule after warmup.")
+    schedule: Schedule = doc("linear", "Learning-rate schedule after warmup.")
     grad_clip: float = doc(1.0, "Max gradient norm (0 = no clipping).")
     eval_every: int = doc(0, "Evaluate on the validation split every N steps (0 = once per epoch).")
     eval_samples: int = doc(500, "Validation images used per evaluation (0 = all).")
@@ -214,7 +231,7 @@ class TrainConfig:
 
 @dataclass
 class DecodeConfig:
-    strategy: Literal["greedy", "beam", "sample"] = doc("greedy", "Decoding strategy.")
+    strategy: DecodeStrategy = doc("greedy", "Decoding strategy.")
     max_length: int = doc(24, "Maximum generated tokens (EOS included).")
     beam_size: int = doc(5, "Beam width for strategy=beam.")
     length_penalty: float = doc(1.0, "Beam score = logprob / length**length_penalty.")
@@ -263,8 +280,8 @@ class EvalConfig:
 
 @dataclass
 class SmileConfig:
-    subset: Literal["sequence", "reverse", "random", "full"] = doc("sequence", "Softmax subset (SMILE Sec. 2.2, 3.4).")
-    first_token: Literal["mle", "shift", "none"] = doc("mle", "Initial-context restriction (SMILE Sec. 3.3).")
+    subset: Subset = doc("sequence", "Softmax subset (SMILE Sec. 2.2, 3.4).")
+    first_token: FirstToken = doc("mle", "Initial-context restriction (SMILE Sec. 3.3).")
     mle_weight: float = doc(0.0, "λ of Eq. 4: loss = λ·MLE + (1-λ)·SMILE.")
     include_eos: bool = doc(True, "The end-of-sequence id belongs to the sequence subset (as in the paper's code).")
     shift_token_id: int | None = doc(None, "Alternative first-token id for first_token=shift.")
@@ -283,17 +300,17 @@ class SmileConfig:
 @dataclass
 class RLConfig:
     rewards: dict[str, float] = doc({"cider": 1.0}, "Reward weights, R = sum w_i r_i (finecap.rewards.REWARDS names).")
-    baseline: Literal["greedy", "mean", "leave_one_out", "none"] = doc("greedy", "REINFORCE baseline of the reward.")
+    baseline: Baseline = doc("greedy", "REINFORCE baseline of the reward.")
     samples: int = doc(5, "Captions decoded per image in training (s); greedy/beam decoding need 1.")
-    strategy: Literal["sample", "greedy", "beam"] = doc("sample", "Training-time decoding (beam uses decode.*).")
+    strategy: RLStrategy = doc("sample", "Training-time decoding (beam uses decode.*).")
     temperature: float = doc(1.0, "Sampling temperature of training-time decoding (NDLB: 0.3).")
-    logprob: Literal["sum", "mean"] = doc("sum", "log p(caption): sum of token log-probs or their per-token mean.")
+    logprob: LogProb = doc("sum", "log p(caption): sum of token log-probs or their per-token mean.")
     scaled_logprob: bool = doc(False, "Score log p under the temperature-scaled distribution (NDLB), not T = 1.")
     mean_momentum: float = doc(0.0, "baseline=mean: 0 = cumulative mean of past batch rewards, else EMA momentum.")
     entropy_coef: float = doc(0.0, "Max-entropy regularisation (SLL-ME): loss -= coef * mean token entropy.")
     alpha: float = doc(0.75, "sle: weight of the precision term; the diversity term gets 1 - alpha (Eq. 8).")
-    distance: Literal["bleu34"] = doc("bleu34", "sle: caption distance, bleu34 = 1 - (BLEU-3 + BLEU-4) / 2.")
-    diversity_baseline: Literal["pairwise_mean", "none"] = doc(
+    distance: Distance = doc("bleu34", "sle: caption distance, bleu34 = 1 - (BLEU-3 + BLEU-4) / 2.")
+    diversity_baseline: DiversityBaseline = doc(
         "pairwise_mean", "sle: baseline of the diversity term (pairwise_mean: Sec. 4.3, zero-mean advantages)."
     )
 
@@ -323,10 +340,10 @@ class RLConfig:
 
 @dataclass
 class SRConfig:
-    reward: Literal["log_prob", "accuracy", "cosine"] = doc(
+    reward: SRReward = doc(
         "log_prob", "Self-retrieval reward: log-softmax of the target (NDLB Eq. 1), top-1 hit, or cosine alone."
     )
-    distractors: Literal["batch", "bag", "hard"] = doc(
+    distractors: Distractors = doc(
         "batch", "Distractors: other images of the global batch, bag-mates only, or k mined + in-batch random."
     )
     hard_k: int = doc(5, "distractors=hard: nearest training images (retriever image cosine) per target (D.2: 5/10).")

@@ -36,15 +36,17 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, get_args
 
 import torch
 import torch.nn.functional as F
 
+from finecap.config import DecodeStrategy
+
 if TYPE_CHECKING:
     from finecap.config import DecodeConfig
 
-STRATEGIES = ("greedy", "beam", "sample")
+STRATEGIES = get_args(DecodeStrategy)
 
 
 class Stepper(Protocol):

@@ -33,13 +33,14 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, get_args
 
 from PIL import Image
 
+from finecap.config import DataFormat
 from finecap.utils import atomic_write_text
 
-FORMATS = ("world", "karpathy", "coco", "jsonl")
+FORMATS = get_args(DataFormat)
 MAX_LISTED = 5
 
 

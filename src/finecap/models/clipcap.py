@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import inspect
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, get_args
 
 import torch
 from safetensors.torch import load_file, save_file
@@ -44,7 +44,7 @@ from torch import nn
 from transformers import AutoModelForCausalLM, AutoTokenizer
 from transformers.cache_utils import Cache
 
-from finecap.config import DecodeConfig
+from finecap.config import DecodeConfig, Mapper
 from finecap.decode import Generation, concat, decode
 from finecap.models import lora
 from finecap.models.captioner import TokenScores, token_scores
@@ -58,7 +58,7 @@ from finecap.utils import read_json, write_json
 if TYPE_CHECKING:
     from finecap.config import Config
 
-MAPPERS = ("mlp", "transformer")
+MAPPERS = get_args(Mapper)
 CONFIG_NAME = "captioner.json"
 MAPPER_WEIGHTS = "mapper.safetensors"
 WORLD_LM = "world-tiny"

@@ -43,13 +43,14 @@ from peft import LoraConfig, PeftModel, get_peft_model
 from torch import nn
 from transformers.pytorch_utils import Conv1D
 
+from finecap.models.vision import TEXT_SIDE
+
 if TYPE_CHECKING:
     from finecap.config import Config
     from finecap.models.clipcap import ClipCap
 
 PARTS = ("lm", "encoder")
 ADAPTER_DIRS = {"lm": "lm_lora", "encoder": "encoder_lora"}
-TEXT_SIDE = ("text_model", "text_projection", "logit_scale")
 
 
 @dataclass(frozen=True)

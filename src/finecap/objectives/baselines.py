@@ -31,14 +31,16 @@ Example::
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, get_args
 
 import torch
+
+from finecap.config import Baseline
 
 if TYPE_CHECKING:
     from finecap.objectives.base import TrainContext
 
-BASELINES = ("greedy", "mean", "leave_one_out", "none")
+BASELINES = get_args(Baseline)
 
 
 class NoBaseline:

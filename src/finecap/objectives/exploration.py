@@ -39,11 +39,12 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, get_args
 
 import numpy as np
 import torch
 
+from finecap.config import Distance, DiversityBaseline
 from finecap.metrics.diversity import bleu_distance
 from finecap.metrics.ptb_tokenize import tokenize
 from finecap.objectives.reinforce import Reinforce, Rollout, reinforce_kwargs
@@ -51,8 +52,8 @@ from finecap.objectives.reinforce import Reinforce, Rollout, reinforce_kwargs
 if TYPE_CHECKING:
     from finecap.config import Config
 
-DISTANCES = ("bleu34",)
-DIVERSITY_BASELINES = ("pairwise_mean", "none")
+DISTANCES = get_args(Distance)
+DIVERSITY_BASELINES = get_args(DiversityBaseline)
 
 
 def caption_distances(captions: Sequence[str], s: int, distance: str = "bleu34") -> torch.Tensor:

@@ -40,11 +40,11 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, get_args
 
 import torch
 
-from finecap.config import DecodeConfig
+from finecap.config import DecodeConfig, LogProb, RLStrategy
 from finecap.decode import Generation, hash32
 from finecap.objectives.base import ObjectiveOutput, unwrap
 from finecap.objectives.baselines import build_baseline
@@ -57,8 +57,8 @@ if TYPE_CHECKING:
     from finecap.objectives.base import TrainContext
     from finecap.rewards.base import Reward
 
-STRATEGIES = ("sample", "greedy", "beam")
-LOGPROBS = ("sum", "mean")
+STRATEGIES = get_args(RLStrategy)
+LOGPROBS = get_args(LogProb)
 
 
 @dataclass

@@ -27,16 +27,17 @@ Choices the paper leaves open, made here:
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, get_args
 
 import torch
 import torch.nn.functional as F
 
+from finecap.config import FirstToken, Subset
 from finecap.objectives.base import ObjectiveOutput, unwrap
 from finecap.objectives.mle import IGNORE_INDEX, mle_loss
 
-SUBSETS = ("sequence", "reverse", "random", "full")
-FIRST_TOKEN_MODES = ("mle", "shift", "none")
+SUBSETS = get_args(Subset)
+FIRST_TOKEN_MODES = get_args(FirstToken)
 
 
 def _first_positions(valid: torch.Tensor) -> torch.Tensor:

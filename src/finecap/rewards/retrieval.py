@@ -52,10 +52,11 @@ Example (hand-computed; see tests/rewards/test_retrieval_reward.py)::
 from __future__ import annotations
 
 from collections.abc import Hashable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, get_args
 
 import torch
 
+from finecap.config import Distractors, SRReward
 from finecap.models.retriever import load_retriever
 from finecap.rewards.base import RewardOutput, caption_rows
 
@@ -63,8 +64,8 @@ if TYPE_CHECKING:
     from finecap.config import Config
     from finecap.objectives.base import TrainContext
 
-VARIANTS = ("log_prob", "accuracy", "cosine")
-DISTRACTORS = ("batch", "bag", "hard")
+VARIANTS = get_args(SRReward)
+DISTRACTORS = get_args(Distractors)
 
 
 # --------------------------------------------------------------------------------------------------------------------

@@ -17,10 +17,13 @@ from __future__ import annotations
 
 import math
 from functools import partial
+from typing import get_args
 
 import torch
 
-SCHEDULES = ("linear", "cosine", "constant")
+from finecap.config import Schedule
+
+SCHEDULES = get_args(Schedule)
 
 
 def lr_factor(step: int, *, warmup: int, total: int, kind: str) -> float:
