@@ -95,7 +95,7 @@ def test_registry_names_are_checked_at_load():
     from finecap.config import ConfigError
 
     cases = {
-        "train.objective=smiel": "train.objective: unknown objective 'smiel'; valid names: mle, smile",
+        "train.objective=smiel": "train.objective: unknown objective 'smiel'; valid names: mle, reinforce",
         "data.sampler=bagcur": "data.sampler: unknown sampler 'bagcur'",
         "rl.rewards={cidr: 1.0}": "rl.rewards: unknown reward 'cidr'",
         "train.validators=[retreival]": "train.validators: unknown validator 'retreival'",

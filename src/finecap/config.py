@@ -517,7 +517,7 @@ def _check_name(name: str, valid: Any, key: str, kind: str, dotted: bool = True)
     if (dotted and is_dotted_path(name)) or name in valid:
         return
     hint = " (or a dotted path 'pkg.module:factory')" if dotted else ""
-    raise ConfigError(f"{key}: unknown {kind} {name!r}; valid names: {', '.join(valid)}{hint}")
+    raise ConfigError(f"{key}: unknown {kind} {name!r}; valid names: {', '.join(sorted(valid))}{hint}")
 
 
 def check_names(cfg: Config) -> None:
