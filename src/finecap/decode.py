@@ -34,6 +34,7 @@ Conventions chosen here (the papers leave them open):
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol, get_args
@@ -152,10 +153,16 @@ def sample_keys(seeds: torch.Tensor, n: int) -> torch.Tensor:
     return hash32(hash32(seeds.repeat_interleave(n)) ^ hash32(j + 0x9E3779B9))
 
 
+@functools.lru_cache(maxsize=8)
+def token_keys(vocab: int, device: torch.device) -> torch.Tensor:
+    """Keys ``(V,)`` of the token ids, computed once per vocabulary size and device (every decoding step uses them)."""
+    return hash32(torch.arange(vocab, device=device) + 0x632BE5AB)
+
+
 def seeded_gumbel(keys: torch.Tensor, t: int, vocab: int) -> torch.Tensor:
     """Gumbel(0, 1) noise ``(N, V)`` (float64) for position ``t``, a pure function of ``(keys[n], t, v)``."""
     step = hash32(keys ^ hash32(torch.full_like(keys, t + 1)))  # (N,)
-    v = hash32(torch.arange(vocab, device=keys.device) + 0x632BE5AB)  # (V,)
+    v = token_keys(vocab, keys.device)  # (V,)
     u = (hash32(step[:, None] ^ v[None, :]).double() + 0.5) / 2.0**32  # (N, V) uniform in (0, 1)
     return -torch.log(-torch.log(u))
 

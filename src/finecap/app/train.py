@@ -424,12 +424,15 @@ def epoch_loader(data: TrainData, batches: list[list[int]], state: TrainState, a
     )
 
 
-def save_model(path: Path, model, cfg: Config, accelerator: Accelerator, info: dict[str, Any]) -> None:
+def save_model(path: Path, model, cfg: Config, accelerator: Accelerator, info: dict[str, Any],
+               keep_tmp_contents: bool = False) -> None:  # fmt: skip
     """Write the model (weights from ``accelerator.get_state_dict``: gathered when sharded) in the backbone's own
-    format, with ``config.yaml`` and ``info``; the main process writes, every process takes part in the gather."""
+    format, with ``config.yaml`` and ``info``; the main process writes, every process takes part in the gather.
+    ``keep_tmp_contents``: keep what was already written into the checkpoint's temporary folder."""
     state_dict = accelerator.get_state_dict(model)
     if accelerator.is_main_process:
-        save_checkpoint(path, model=unwrap(model), cfg=cfg, info=info, state_dict=state_dict)
+        save_checkpoint(path, model=unwrap(model), cfg=cfg, info=info, state_dict=state_dict,
+                        keep_tmp_contents=keep_tmp_contents)  # fmt: skip
     accelerator.wait_for_everyone()
 
 
@@ -487,11 +490,8 @@ def save_last(run_dir: Path, model, cfg: Config, states: ProcessStates, accelera
         tmp.mkdir(parents=True)
     accelerator.wait_for_everyone()
     accelerator.save_state(str(tmp / ACCELERATE_STATE))
-    state_dict = accelerator.get_state_dict(model)
-    if accelerator.is_main_process:
-        info = {**asdict(states.state), "total_steps": total, "num_processes": accelerator.num_processes}
-        save_checkpoint(path, model=unwrap(model), cfg=cfg, info=info, state_dict=state_dict, keep_tmp_contents=True)
-    accelerator.wait_for_everyone()
+    info = {**asdict(states.state), "total_steps": total, "num_processes": accelerator.num_processes}
+    save_model(path, model, cfg, accelerator, info, keep_tmp_contents=True)
 
 
 def skip_model_weights(models: list, weights: list, *args: Any) -> None:

@@ -47,7 +47,11 @@ from finecap.models.vision import TEXT_SIDE
 
 if TYPE_CHECKING:
     from finecap.config import Config
-    from finecap.models.clipcap import ClipCap
+
+ClipCap = nn.Module
+"""What the functions below take: a :class:`finecap.models.clipcap.ClipCap` (``lm``, ``encoder``, ``mapper``,
+``train_lm``, ``train_encoder``). Named here, not imported, so that ``clipcap`` (which calls these functions to save
+and load) and this module do not import each other, even for type checking."""
 
 PARTS = ("lm", "encoder")
 ADAPTER_DIRS = {"lm": "lm_lora", "encoder": "encoder_lora"}
