@@ -111,6 +111,19 @@ def cmd_bags_build(args: argparse.Namespace) -> None:
     main(_config(args), data=args.data, split=args.split, sizes=args.sizes, out=args.out)
 
 
+def cmd_bags_review(args: argparse.Namespace) -> None:
+    from finecap.app.review import main
+
+    main(args.bags, args.images, data=args.data, out=args.out, host=args.host, port=args.port)
+
+
+def cmd_report(args: argparse.Namespace) -> None:
+    from finecap.app.report import main
+
+    main(args.run_dir, args.out, items=args.items, n_sample=args.sample, n_disagree=args.disagree, n_bags=args.bags,
+         retrieval=not args.no_bag_outcomes)  # fmt: skip
+
+
 def cmd_demo(args: argparse.Namespace) -> None:
     from finecap.app.demo import load_demo_config, main
 
@@ -200,6 +213,30 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--split", default="test", help="split to build bags on")
     p.add_argument("--sizes", default="3,5,7", help="comma-separated bag sizes")
     p.add_argument("--out", required=True, help="output JSON")
+
+    p = bags.add_parser("review", help="Accept or reject candidate bags in a local web page (saved as you click).")
+    p.add_argument("bags", metavar="BAGS.json", help="candidate bags from `finecap bags build`")
+    p.add_argument("--images", required=True, help="image root; only files under it are served")
+    p.add_argument("--data", default=None, help="data set file for captions (default: the bags file's 'data')")
+    p.add_argument("--out", default=None, help="curated bags JSON (default BAGS.curated.json)")
+    p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")
+    p.add_argument("--port", type=int, default=8765, help="port (0 = any free port)")
+    p.set_defaults(func=cmd_bags_review)
+
+    p = sub.add_parser("report", help="Write a self-contained HTML report of a run directory.")
+    p.add_argument("run_dir", metavar="RUN_DIR", help="run directory (e.g. runs/demo)")
+    p.add_argument("items", nargs="*", metavar="key=value", help="overrides of the run's config.yaml")
+    p.add_argument("--out", default=None, help="output HTML (default RUN_DIR/report.html)")
+    p.add_argument("--sample", type=int, default=8, help="random images in the caption gallery")
+    p.add_argument("--disagree", type=int, default=8, help="images where stages disagree most in the gallery")
+    p.add_argument("--bags", type=int, default=3, help="bags of each size in the bag gallery")
+    p.add_argument(
+        "--no-bag-outcomes",
+        dest="no_bag_outcomes",
+        action="store_true",
+        help="skip the bag gallery (it loads the retriever)",
+    )
+    p.set_defaults(func=cmd_report)
 
     p = _add(sub, "demo", cmd_demo, "Run the whole pipeline on the embedded world and print the results table.")
     p.add_argument("--quick", action="store_true", help="tiny settings (about two minutes)")

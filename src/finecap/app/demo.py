@@ -8,7 +8,8 @@ Stages (``demo.stages``, run in order; each skips work whose outputs exist unles
   ``<run_dir>/<stage>/`` (starting from the MLE checkpoint where the stage says so), then caption the test split.
   A killed stage resumes from its last checkpoint when re-run.
 - ``report``: evaluate every trained stage and the human reference captions on the test split and write
-  ``results.json`` (stage -> metric -> number), ``results.md`` and the captions (COCO results format).
+  ``results.json`` (stage -> metric -> number), ``results.md`` and the captions (COCO results format), then the
+  HTML report ``report.html`` (:mod:`finecap.app.report`: tables, plots, caption and bag galleries).
 
 ``--quick`` swaps in tiny settings (:data:`QUICK`) that finish in about two minutes; any ``section.key=value``
 override still applies on top (``finecap demo world.seed=7 world.n_train=5000``).
@@ -24,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from finecap.app.bags import main as build_bags
+from finecap.app.report import main as write_report
 from finecap.app.retriever import ensure_world_encoder
 from finecap.app.train import train
 from finecap.caption import generate_captions
@@ -258,6 +260,7 @@ def stage_report(demo: Demo) -> dict[str, dict[str, float]]:
     write_json(demo.run_dir / "results.json", rows)
     atomic_write_text(demo.run_dir / "results.md", table + "\n")
     print(table)
+    write_report(demo.run_dir)
     return rows
 
 

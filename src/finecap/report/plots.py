@@ -1,10 +1,23 @@
-"""Plots of training runs, written as PNG files next to the results."""
+"""Plots of training runs and results, written as PNG files (the HTML report inlines them).
+
+Every function draws from plain data (``metrics.jsonl`` events, ``{stage: {metric: value}}`` rows, ``{stage:
+{image_id: caption}}``), never from a fixed list of stages or metrics, and returns None when it has nothing to draw.
+"""
 
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+import math
+import re
+from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any
+
+from finecap.metrics.diversity import caption_length
+
+BAG_RECALL = re.compile(r"^bag(\d+)/R@1$")
+"""Result keys of TrueMatch R@1 per bag size (``bag3/R@1``), as :func:`finecap.metrics.retrieval.bag_retrieval`
+names them."""
 
 
 def validation_series(run_dir: str | Path, key: str) -> list[tuple[int, float]]:
@@ -23,13 +36,7 @@ def length_curves(runs: Mapping[str, str | Path], out: str | Path, *, start: str
 
     ``start``: the run the others continue from; its last validation value (if it logged ``key``) is drawn at step 0.
     """
-    # Deferred: pyplot takes seconds to import (measured 3 s here), and choosing the file-only Agg backend is a
-    # process-wide setting that must precede it; both happen only when a plot is drawn.
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = _pyplot()
     origin = validation_series(start, key)[-1:] if start is not None else []
     fig, ax = plt.subplots(figsize=(5, 3.5))
     for label, run_dir in runs.items():
@@ -40,9 +47,152 @@ def length_curves(runs: Mapping[str, str | Path], out: str | Path, *, start: str
     ax.set_xlabel("training step")
     ax.set_ylabel("mean caption length (words, validation)")
     ax.legend()
+    return _save(fig, out)
+
+
+def _pyplot() -> Any:
+    # Deferred: pyplot takes seconds to import (measured 3 s here), and choosing the file-only Agg backend is a
+    # process-wide setting that must precede it; both happen only when a plot is drawn.
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _save(fig: Any, out: str | Path) -> Path:
+    import matplotlib.pyplot as plt
+
     fig.tight_layout()
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, dpi=120)
+    fig.savefig(out, dpi=100)
     plt.close(fig)
     return out
+
+
+def _grid(n: int, ncols: int = 4) -> tuple[int, int]:
+    cols = min(n, ncols)
+    return math.ceil(n / cols), cols
+
+
+def read_events(path: str | Path) -> list[dict[str, Any]]:
+    """The events of a ``metrics.jsonl`` (``{"step", "split", "values", ...}`` per line; blank lines skipped)."""
+    path = Path(path)
+    events = []
+    for lineno, line in enumerate(path.read_text().splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            events.append(json.loads(line))
+        except json.JSONDecodeError as e:
+            raise ValueError(f"{path}, line {lineno}: invalid JSON: {e.msg}") from None
+    return events
+
+
+def curve_panels(events: Sequence[Mapping[str, Any]], max_val: int = 6) -> dict[str, dict[str, list[tuple]]]:
+    """``{panel title: {series: [(step, value), ...]}}`` of a run's events: every training loss on one panel, every
+    reward on another, and one panel per validation metric (the first ``max_val`` keys logged)."""
+    panels: dict[str, dict[str, list[tuple[int, float]]]] = {}
+    val_keys: list[str] = []
+    for event in events:
+        split, step = event.get("split"), event.get("step")
+        for key, value in (event.get("values") or {}).items():
+            if not isinstance(value, int | float) or isinstance(value, bool) or step is None:
+                continue
+            if split == "train" and key.split("/")[0] == "loss":
+                title = "train loss"
+            elif split == "train" and "reward" in key:
+                title = "train reward"
+            elif split == "val":
+                if key not in val_keys:
+                    val_keys.append(key)
+                if val_keys.index(key) >= max_val:
+                    continue
+                title = f"val {key}"
+            else:
+                continue
+            panels.setdefault(title, {}).setdefault(key, []).append((int(step), float(value)))
+    return panels
+
+
+def training_curves(events: Sequence[Mapping[str, Any]], out: str | Path, title: str = "") -> Path | None:
+    """Training loss, reward and validation metrics over steps (:func:`curve_panels`), one panel each."""
+    panels = curve_panels(events)
+    if not panels:
+        return None
+    plt = _pyplot()
+    rows, cols = _grid(len(panels))
+    fig, axes = plt.subplots(rows, cols, figsize=(3.2 * cols, 2.4 * rows), squeeze=False)
+    for ax, (name, series) in zip(axes.flat, panels.items()):
+        for key, points in series.items():
+            ax.plot([p[0] for p in points], [p[1] for p in points], marker="." if len(points) < 30 else None,
+                    label=key)  # fmt: skip
+        ax.set_title(name, fontsize=9)
+        ax.set_xlabel("step", fontsize=8)
+        ax.tick_params(labelsize=7)
+        if len(series) > 1:
+            ax.legend(fontsize=6)
+    for ax in list(axes.flat)[len(panels) :]:
+        ax.set_visible(False)
+    if title:
+        fig.suptitle(title, fontsize=10)
+    return _save(fig, out)
+
+
+def length_histograms(captions: Mapping[str, Mapping[Any, str]], out: str | Path) -> Path | None:
+    """Histogram of caption length (words, :func:`~finecap.metrics.diversity.caption_length`) per stage, on shared
+    bins of one word."""
+    lengths = {stage: [caption_length(c) for c in caps.values()] for stage, caps in captions.items() if caps}
+    if not lengths:
+        return None
+    plt = _pyplot()
+    top = max(max(v) for v in lengths.values())
+    bins = [b - 0.5 for b in range(0, top + 2)]
+    rows, cols = _grid(len(lengths))
+    fig, axes = plt.subplots(rows, cols, figsize=(2.8 * cols, 2.0 * rows), squeeze=False, sharex=True)
+    for ax, (stage, values) in zip(axes.flat, lengths.items()):
+        ax.hist(values, bins=bins, color="#4477aa")
+        ax.set_title(f"{stage} (mean {sum(values) / len(values):.2f})", fontsize=9)
+        ax.tick_params(labelsize=7)
+    for ax in list(axes.flat)[len(lengths) :]:
+        ax.set_visible(False)
+    fig.supxlabel("caption length (words)", fontsize=9)
+    return _save(fig, out)
+
+
+def bag_recall_curves(rows: Mapping[str, Mapping[str, Any]], out: str | Path) -> Path | None:
+    """TrueMatch R@1 against bag size (keys matching :data:`BAG_RECALL`), one line per stage that has them."""
+    series = {}
+    for stage, values in rows.items():
+        points = sorted((int(m.group(1)), float(v)) for k, v in values.items() if (m := BAG_RECALL.match(k)))
+        if points:
+            series[stage] = points
+    if not series:
+        return None
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(5.5, 3.8))
+    for stage, points in series.items():
+        ax.plot([p[0] for p in points], [p[1] for p in points], marker="o", label=stage)
+    ax.set_xticks(sorted({p[0] for points in series.values() for p in points}))
+    ax.set_xlabel("bag size")
+    ax.set_ylabel("R@1 within the bag")
+    ax.legend(fontsize=7, ncol=2)
+    return _save(fig, out)
+
+
+def precision_recall(rows: Mapping[str, Mapping[str, Any]], out: str | Path, *, x: str = "faith/recall",
+                     y: str = "faith/precision") -> Path | None:  # fmt: skip
+    """Faithfulness precision against recall of true facts, one labelled point per stage that has both."""
+    points = {s: (float(v[x]), float(v[y])) for s, v in rows.items() if v.get(x) is not None and v.get(y) is not None}
+    if not points:
+        return None
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(5.5, 3.8))
+    for stage, (px, py) in points.items():
+        ax.scatter([px], [py])
+        ax.annotate(stage, (px, py), fontsize=7, xytext=(3, 3), textcoords="offset points")
+    ax.set_xlabel("recall of true facts")
+    ax.set_ylabel("precision of stated facts")
+    return _save(fig, out)

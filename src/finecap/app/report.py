@@ -1,0 +1,172 @@
+"""``finecap report RUN_DIR``: one self-contained ``report.html`` of a run directory (the demo's ``report`` stage
+writes ``runs/demo/report.html`` with it).
+
+It reads whatever the run holds (:mod:`finecap.report.run`), draws the plots into ``<run_dir>/plots/`` (reusable PNG
+files, also inlined in the page), and renders (:mod:`finecap.report.html`):
+
+- the results tables, sortable, with each paper's headline comparison highlighted;
+- training curves per stage (loss, reward, validation metrics of ``<stage>/metrics.jsonl``), caption-length
+  histograms per stage, mean validation length over SMILE training (SMILE Fig. 4a; when ``smile`` and at least one
+  of its subsetting ablations ran), TrueMatch R@1 against bag size, faithfulness precision against recall;
+- a caption gallery: a random sample of images and those where the stages disagree most
+  (:mod:`finecap.report.gallery`), with the image, its human captions and every stage's caption, each stated fact
+  coloured true / false on the world;
+- a bag gallery: the most similar TrueMatch bags of each size (the first of each curated list), with each stage's
+  captions and whether the retriever finds each caption's own image in the bag. The outcomes are computed here from
+  the saved captions with the run's retriever (``retriever.*`` of its ``config.yaml``), on the bag images only.
+
+The data set, scene graphs and retriever come from the run's ``config.yaml`` (overrides as ``key=value`` after the
+run directory, e.g. ``world.out=data/world``); a part whose inputs are missing is left out with a message.
+"""
+
+from __future__ import annotations
+
+import datetime
+import warnings
+from collections.abc import Hashable, Sequence
+from pathlib import Path
+from typing import Any
+
+from finecap.config import Config, load
+from finecap.data.formats import Record
+from finecap.data.references import load_references
+from finecap.report.gallery import bag_outcomes, check_facts, select_images
+from finecap.report.html import headline_comparisons, image_uri, png_uri, render_report, results_tables
+from finecap.report.plots import bag_recall_curves, length_curves, length_histograms, precision_recall, training_curves
+from finecap.report.run import RunData, read_run
+from finecap.utils import read_json
+
+SMILE_RUNS = (("sequence (SMILE)", "smile"), ("random", "smile_random"), ("reverse", "smile_reverse"))
+
+
+def _plots(run: RunData, folder: Path) -> list[dict[str, str]]:
+    plots: list[dict[str, str]] = []
+
+    def add(path: Path | None, title: str, note: str = "") -> None:
+        if path is not None:
+            plots.append({"title": title, "note": note, "uri": png_uri(path)})
+
+    for stage, events in run.events.items():
+        add(training_curves(events, folder / f"curves_{stage}.png", title=stage), f"training curves: {stage}")
+    add(length_histograms(run.captions, folder / "length_hist.png"), "caption length per stage")
+    smile = {label: run.run_dir / s for label, s in SMILE_RUNS if s in run.events}
+    if "sequence (SMILE)" in smile and len(smile) >= 2:
+        start = run.run_dir / "mle" if "mle" in run.events else None
+        add(length_curves(smile, folder / "smile_length.png", start=start),
+            "mean validation caption length over SMILE training (SMILE Fig. 4a)",
+            "step 0 is the MLE checkpoint the runs start from")  # fmt: skip
+    add(bag_recall_curves(run.results, folder / "bag_recall.png"), "TrueMatch R@1 against bag size")
+    add(precision_recall(run.results, folder / "faithfulness.png"), "faithfulness: precision against recall")
+    return plots
+
+
+def _uri(records: dict[Hashable, Record], image_id: Hashable) -> str | None:
+    record = records.get(image_id)
+    if record is None or not record.path.is_file():
+        return None
+    return image_uri(record.path)
+
+
+def _gallery(run: RunData, records: dict[Hashable, Record], scenes: dict | None, n_sample: int, n_disagree: int,
+             seed: int) -> list[dict[str, Any]]:  # fmt: skip
+    sample, top = select_images(run.captions, n_sample, n_disagree, seed)
+
+    def item(image_id: Hashable, score: float | None) -> dict[str, Any]:
+        scene = scenes.get(image_id) if scenes else None
+        rows = [{"stage": stage, "caption": caps[image_id],
+                 "facts": check_facts(caps[image_id], scene) if scene is not None else []}
+                for stage, caps in run.captions.items() if image_id in caps]  # fmt: skip
+        record = records.get(image_id)
+        humans = list(record.captions) if record is not None else []
+        return {"id": image_id, "uri": _uri(records, image_id), "humans": humans, "disagreement": score,
+                "rows": rows}  # fmt: skip
+
+    sections = []
+    if top:
+        sections.append({"title": "Where the stages disagree most", "items": [item(i, s) for i, s in top]})
+    if sample:
+        sections.append({"title": f"A random sample of {len(sample)} images (seed {seed})",
+                         "items": [item(i, None) for i in sample]})  # fmt: skip
+    return sections
+
+
+def _bag_gallery(run: RunData, cfg: Config, records: dict[Hashable, Record], n_bags: int) -> tuple[list, str]:
+    if not run.bags:
+        return [], "No bags file in this run directory."
+    stages = [s for s in run.captions if s != "human"] + (["human"] if "human" in run.captions else [])
+    chosen = [(size, i, bag) for size in sorted(run.bags) for i, bag in enumerate(run.bags[size][:n_bags])]
+    chosen = [(size, i, bag) for size, i, bag in chosen if all(b in records for b in bag)]
+    if not chosen or not stages:
+        return [], "No bag whose images and captions are all available."
+    # Deferred: the retriever needs torch and transformers; the rest of the report does not.
+    from finecap.models.retriever import load_retriever
+
+    try:
+        retriever = load_retriever(cfg)
+    except (FileNotFoundError, OSError, ValueError) as e:
+        return [], f"Bag outcomes need the run's retriever, which could not be loaded: {e}"
+    ids = list(dict.fromkeys(b for _, _, bag in chosen for b in bag))
+    image_emb = retriever.image_embeddings([records[i] for i in ids])  # (N, D), bag images only: no cache entry
+    columns = {i: c for c, i in enumerate(ids)}
+    raw = read_json(run.bags_path)["bags"]
+    out = []
+    for size, index, bag in chosen:
+        rows = []
+        for stage in stages:
+            caps = run.captions[stage]
+            if not all(b in caps for b in bag):
+                continue
+            texts = [caps[b] for b in bag]
+            scores = (retriever.embed_texts(texts) @ image_emb.T).numpy()  # (S, N) cosine similarities
+            outcomes = bag_outcomes(scores, bag, columns)
+            rows.append({"stage": stage, "hits": sum(o.correct for o in outcomes),
+                         "outcomes": [{"caption": t, "correct": o.correct, "retrieved": o.retrieved, "rank": o.rank}
+                                      for t, o in zip(texts, outcomes)]})  # fmt: skip
+        entry = raw[str(size)][index]
+        similarity = entry.get("similarity") if isinstance(entry, dict) else None
+        out.append({"key": f"{size}/{index}", "similarity": similarity,
+                    "images": [{"id": b, "uri": _uri(records, b)} for b in bag], "rows": rows})  # fmt: skip
+    note = (
+        f"The {n_bags} most similar bags of each size from {run.bags_path.name}; green: the retriever "
+        f"({retriever.name}) ranks the caption's own image first in the bag (as the bagN/R@1 metric counts)."
+    )
+    return out, note
+
+
+def _records(cfg: Config) -> tuple[dict[Hashable, Record], dict | None]:
+    try:
+        refs = load_references(cfg)
+    except (FileNotFoundError, ValueError) as e:
+        warnings.warn(f"report: no images or human captions in the gallery ({e})", stacklevel=2)
+        return {}, None
+    return {r.image_id: r for r in refs.records}, refs.scenes
+
+
+def main(
+    run_dir: str | Path, out: str | Path | None = None, *, items: Sequence[str] = (), n_sample: int = 8,
+    n_disagree: int = 8, n_bags: int = 3, retrieval: bool = True, seed: int = 0,
+) -> Path:  # fmt: skip
+    """Write the report of ``run_dir`` to ``out`` (default ``<run_dir>/report.html``) and return its path."""
+    run = read_run(run_dir)
+    cfg = load(run.config_path, list(items))
+    out = Path(out) if out is not None else run.run_dir / "report.html"
+    records, scenes = _records(cfg)
+    plots = _plots(run, run.run_dir / "plots")
+    gallery = _gallery(run, records, scenes, n_sample, n_disagree, seed)
+    bags, bag_note = _bag_gallery(run, cfg, records, n_bags) if retrieval else ([], "Bag outcomes not computed.")
+    context = {
+        "title": run.run_dir.resolve().name,
+        "run_dir": str(run.run_dir),
+        "generated": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"),
+        "stages": run.stages,
+        "headlines": headline_comparisons(run.results),
+        "tables": results_tables(run.results),
+        "plots": plots,
+        "gallery": gallery,
+        "facts_checked": bool(scenes),
+        "bag_gallery": bags,
+        "bag_note": bag_note,
+    }
+    render_report(context, out)
+    print(f"wrote {out}")
+    return out

@@ -1,0 +1,102 @@
+"""A tiny world, a fabricated run directory (results, captions, logs, bags) and a headless Chromium for the report
+and review tests."""
+
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+
+from finecap.config import WorldConfig, load
+from finecap.data.formats import read_world, write_results
+from finecap.world.make import make_world
+
+
+@pytest.fixture(scope="session")
+def tiny_world(tmp_path_factory) -> Path:
+    cfg = WorldConfig(n_train=6, n_val=3, n_test=12, image_size=40, seed=5)
+    return make_world(cfg, tmp_path_factory.mktemp("world") / "w", progress=False)
+
+
+def _events(losses: list[float], lengths: list[float]) -> str:
+    lines = []
+    for k, (loss, length) in enumerate(zip(losses, lengths), 1):
+        lines.append({"step": 4 * k, "epoch": 0.1 * k, "split": "train", "values": {"loss": loss, "lr": 1e-3}})
+        lines.append({"step": 4 * k, "split": "val", "values": {"length": length, "R@1": 0.1 * k}})
+    return "".join(json.dumps(e) + "\n" for e in lines)
+
+
+@pytest.fixture(scope="session")
+def fabricated_run(tiny_world, tmp_path_factory) -> Path:
+    """A run directory as `finecap demo` writes one, with made-up numbers for stages human, mle, smile, smile_random,
+    and a stage `blip_x` that no headline names (the report must show it anyway)."""
+    run = tmp_path_factory.mktemp("run")
+    test = [r for r in read_world(tiny_world) if r.split == "test"]
+    ids = [r.image_id for r in test]
+    captions = {
+        "human": {r.image_id: r.captions[0] for r in test},
+        "mle": {i: "a red circle" for i in ids},
+        "smile": {i: "a large red striped circle on the left above a blue square on grass" for i in ids},
+        "blip_x": {i: "a shape" for i in ids},
+    }
+    for stage, caps in captions.items():
+        write_results(run / "captions" / f"{stage}.json", caps)
+    results = {
+        "human": {"Length": 8.5, "faith/precision": 1.0, "faith/recall": 0.4, "bag3/R@1": 0.7, "bag5/R@1": 0.6},
+        "mle": {
+            "Length": 3.0,
+            "faith/precision": 0.9,
+            "faith/recall": 0.2,
+            "bag3/R@1": 0.5,
+            "bag5/R@1": 0.4,
+            "sample/Div-2": 0.6,
+        },
+        "smile": {"Length": 13.0, "faith/precision": 0.8, "faith/recall": 0.5, "bag3/R@1": 0.8, "bag5/R@1": 0.7},
+        "blip_x": {"Length": 2.0, "transfer/acc": 0.3},
+    }
+    (run / "results.json").write_text(json.dumps(results))
+    for stage, lengths in {"mle": [3, 3], "smile": [6, 12], "smile_random": [3, 3.5]}.items():
+        (run / stage).mkdir()
+        (run / stage / "metrics.jsonl").write_text(_events([3.0, 2.5], lengths))
+    bags = {"data": str(tiny_world / "dataset.json"),
+            "bags": {"3": [{"images": ids[0:3], "similarity": 0.9}, {"images": ids[3:6], "similarity": 0.8}],
+                     "5": [{"images": ids[6:11], "similarity": 0.7}]}}  # fmt: skip
+    (run / "bags_test.json").write_text(json.dumps(bags))
+    cfg = load(None, [f"world.out={tiny_world}"])
+    (run / "config.yaml").write_text(yaml.safe_dump(cfg.to_dict(), sort_keys=False))
+    return run
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# A real headless Chromium (Debian's chromium + chromium-driver; `make test` installs them when it can)
+# ---------------------------------------------------------------------------------------------------------------------
+
+CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                  "--disable-background-networking", "--disable-component-update", "--disable-sync",
+                  "--disable-dev-shm-usage", "--window-size=1200,900"]  # fmt: skip
+
+
+def _find(*names: str) -> str | None:
+    import shutil
+
+    return next((p for p in map(shutil.which, names) if p), None)
+
+
+@pytest.fixture(scope="session")
+def browser(tmp_path_factory):
+    """A Selenium-driven headless Chromium with a fresh profile and browser console logging."""
+    webdriver = pytest.importorskip("selenium.webdriver", reason="selenium is not installed (pip install -e .[test])")
+    binary, driver_path = _find("chromium", "chromium-browser"), _find("chromedriver")
+    if binary is None or driver_path is None:
+        pytest.skip("no Chromium browser or chromedriver found; install them with `apt-get install chromium "
+                    "chromium-driver` (`make test` does when it can)")  # fmt: skip
+    options = webdriver.ChromeOptions()
+    options.binary_location = binary
+    for flag in [*CHROMIUM_FLAGS, f"--user-data-dir={tmp_path_factory.mktemp('chromium-profile')}"]:
+        options.add_argument(flag)
+    options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
+    from selenium.webdriver.chrome.service import Service
+
+    driver = webdriver.Chrome(options=options, service=Service(executable_path=driver_path))
+    yield driver
+    driver.quit()

@@ -1,0 +1,147 @@
+"""The HTML report and the bag-review app in a real headless Chromium: they render, images load, nothing logs a
+console error, table sorting works, and review decisions survive a reload.
+
+Screenshots: set ``FINECAP_SCREENSHOTS=docs`` to write ``docs/report.png``, ``docs/report_gallery.png`` and
+``docs/review.png`` (the README shows them); otherwise they go to the test's temporary folder.
+"""
+
+import json
+import os
+import threading
+from pathlib import Path
+
+import pytest
+from PIL import Image
+
+from finecap.app.report import main as write_report
+from finecap.app.review import create_app, default_out
+from finecap.data.formats import read_bags
+
+By = pytest.importorskip("selenium.webdriver.common.by", reason="selenium is not installed").By
+
+
+def console_errors(driver) -> list[str]:
+    return [e["message"] for e in driver.get_log("browser") if e["level"] == "SEVERE"]
+
+
+def images_loaded(driver) -> tuple[int, list[str]]:
+    """(number of <img>, sources of those that did not load)."""
+    images = driver.find_elements(By.TAG_NAME, "img")
+    loaded = "return arguments[0].complete && arguments[0].naturalWidth > 0"
+    broken = [im.get_attribute("alt") for im in images if not driver.execute_script(loaded, im)]
+    return len(images), broken
+
+
+def screenshot(driver, name: str, tmp_path: Path, element=None, width: int = 900) -> Path:
+    folder = Path(os.environ.get("FINECAP_SCREENSHOTS") or tmp_path)
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / name
+    if element is not None:
+        element.screenshot(str(path))
+    else:
+        driver.save_screenshot(str(path))
+    with Image.open(path) as im:  # keep the committed PNGs small
+        if im.width > width:
+            im = im.resize((width, round(im.height * width / im.width)), Image.Resampling.LANCZOS)
+        im.convert("P", palette=Image.Palette.ADAPTIVE, colors=128).save(path, optimize=True)
+    return path
+
+
+def check_report_page(driver, path: Path) -> None:
+    driver.get(path.resolve().as_uri())
+    assert driver.title.startswith("finecap report")
+    tables = driver.find_elements(By.CSS_SELECTOR, "table.sortable")
+    assert tables and all(t.find_elements(By.CSS_SELECTOR, "tbody tr") for t in tables)
+    n_images, broken = images_loaded(driver)
+    assert n_images > 0 and broken == []
+    plots = driver.find_elements(By.CSS_SELECTOR, ".plots img")
+    assert plots
+    assert driver.find_elements(By.CSS_SELECTOR, "#gallery ~ .card")
+    assert console_errors(driver) == []
+
+
+def sorted_by_first_column(driver, table, header_index: int) -> list[str]:
+    table.find_elements(By.TAG_NAME, "th")[header_index].click()
+    return [r.find_elements(By.TAG_NAME, "td")[0].text for r in table.find_elements(By.CSS_SELECTOR, "tbody tr")]
+
+
+def test_report_of_a_fabricated_run(browser, fabricated_run, tmp_path):
+    out = write_report(fabricated_run, tmp_path / "report.html", retrieval=False)
+    check_report_page(browser, out)
+    # Every stage shows, including one no headline names; the SMILE headline is highlighted.
+    assert "blip_x" in browser.find_element(By.ID, "results").find_element(By.XPATH, "..").text
+    headline = browser.find_element(By.ID, "headlines").text
+    assert "SMILE" in headline and "+10.000" in headline  # Length 13.0 - 3.0
+    assert "Sequence-level exploration" not in headline  # no sle / scst rows: skipped silently
+    assert browser.find_elements(By.CSS_SELECTOR, "td.headline") and browser.find_elements(
+        By.CSS_SELECTOR, "td.baseline"
+    )
+    # Sorting the first table by Length: ascending, then descending.
+    table = browser.find_elements(By.CSS_SELECTOR, "table.sortable")[0]
+    header = [th.text for th in table.find_elements(By.TAG_NAME, "th")].index("Length")
+    assert sorted_by_first_column(browser, table, header) == ["blip_x", "mle", "human", "smile"]
+    assert sorted_by_first_column(browser, table, header) == ["smile", "human", "mle", "blip_x"]
+    # Facts of the SMILE caption are coloured, some true and some false.
+    assert browser.find_elements(By.CSS_SELECTOR, ".fact.true") and browser.find_elements(
+        By.CSS_SELECTOR, ".fact.false"
+    )
+    # Plots: 3 training-curve panels, length histograms, SMILE Fig. 4a, bag recall, precision vs recall.
+    titles = [f.text for f in browser.find_elements(By.CSS_SELECTOR, ".plots figcaption")]
+    assert len(titles) == 7 and any("SMILE Fig. 4a" in t for t in titles)
+    assert console_errors(browser) == []
+
+
+@pytest.mark.slow
+def test_report_of_a_quick_demo_run(browser, quick_demo_run, tmp_path):
+    run_dir, _ = quick_demo_run
+    report = run_dir / "report.html"
+    assert report.exists()  # written by the demo's report stage
+    check_report_page(browser, report)
+    results = json.loads((run_dir / "results.json").read_text())
+    page = browser.find_element(By.TAG_NAME, "body").text
+    assert all(stage in page for stage in results)
+    bags = browser.find_elements(By.CSS_SELECTOR, ".card.bag")
+    assert bags and browser.find_elements(By.CSS_SELECTOR, "td.hit, td.miss")
+    screenshot(browser, "report.png", tmp_path)
+    gallery = browser.find_elements(By.CSS_SELECTOR, "#gallery ~ .card")[0]
+    browser.execute_script("arguments[0].scrollIntoView()", gallery)
+    screenshot(browser, "report_gallery.png", tmp_path, element=gallery)
+    assert console_errors(browser) == []
+
+
+@pytest.fixture
+def review_server(fabricated_run, tiny_world, tmp_path):
+    from werkzeug.serving import make_server
+
+    bags = tmp_path / "bags.json"
+    bags.write_text((fabricated_run / "bags_test.json").read_text())
+    server = make_server("127.0.0.1", 0, create_app(bags, tiny_world / "images"), threaded=True)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.server_port}", bags
+    server.shutdown()
+    thread.join()
+
+
+def test_review_app_round_trips_decisions(browser, review_server, tmp_path):
+    url, bags = review_server
+    browser.get(url + "/")
+    assert browser.current_url.endswith("/bag/3/0")
+    n_images, broken = images_loaded(browser)
+    assert n_images == 3 and broken == []
+    assert browser.find_element(By.ID, "status").text == "pending"
+    browser.find_element(By.ID, "accept").click()
+    assert browser.current_url.endswith("/bag/3/1")  # moved on to the next undecided bag
+    browser.find_element(By.ID, "reject").click()
+    assert browser.current_url.endswith("/bag/5/0")
+    screenshot(browser, "review.png", tmp_path)
+    browser.refresh()
+    assert "accept" in browser.find_element(By.ID, "nav-3-0").get_attribute("class")
+    assert "reject" in browser.find_element(By.ID, "nav-3-1").get_attribute("class")
+    browser.get(url + "/bag/3/0")
+    assert browser.find_element(By.ID, "status").text == "accepted"
+    browser.refresh()
+    assert browser.find_element(By.ID, "status").text == "accepted"
+    expected = json.loads(bags.read_text())["bags"]["3"][0]["images"]
+    assert read_bags(default_out(bags)) == {3: [expected], 5: []}
+    assert console_errors(browser) == []
