@@ -7,7 +7,7 @@ TORCH ?= torch==2.13.0
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.finecap-installed
 
-.PHONY: install demo test lint format bench
+.PHONY: install demo test lint format bench browser
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -21,7 +21,15 @@ install: $(STAMP)
 demo: $(STAMP)
 	$(BIN)/finecap demo
 
-test: $(STAMP)
+# Headless Chromium + chromedriver for the browser tests (tests/report/test_browser.py): Debian packages, installed
+# when missing and possible (root or password-less sudo); otherwise those tests skip and say why.
+browser:
+	@command -v chromium >/dev/null && command -v chromedriver >/dev/null || \
+	  { SUDO=$$(test "$$(id -u)" = 0 || echo "sudo -n"); \
+	    $$SUDO apt-get update -qq && $$SUDO apt-get install -y -qq chromium chromium-driver; } || \
+	  echo "make browser: could not install chromium + chromium-driver; the browser tests will skip"
+
+test: $(STAMP) browser
 	$(BIN)/ruff check src tests benchmarks
 	$(BIN)/ruff format --check src tests benchmarks
 	$(BIN)/python -m pytest -q

@@ -10,13 +10,8 @@ pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
-def quick_demo(tmp_path_factory):
-    root = tmp_path_factory.mktemp("demo")
-    run_dir = root / "run"
-    argv = ["demo", "--quick", "--run-dir", str(run_dir), f"world.out={root / 'world'}",
-            f"run.cache_dir={root / 'cache'}"]  # fmt: skip
-    assert main(argv) == 0
-    return run_dir, argv
+def quick_demo(quick_demo_run):
+    return quick_demo_run  # session-wide (tests/conftest.py): the browser tests open its report.html
 
 
 def test_quick_demo_writes_table_captions_and_checkpoints(quick_demo):
@@ -35,6 +30,7 @@ def test_quick_demo_writes_table_captions_and_checkpoints(quick_demo):
     assert "sample/Div-2" in results["scst"] and "beam/mBLEU-4" in results["mle"]
     table = (run_dir / "results.md").read_text()
     assert table.startswith("| stage |") and "| smile |" in table
+    assert (run_dir / "report.html").stat().st_size > 0  # the HTML report (tests/report/test_browser.py opens it)
 
 
 def test_rerun_skips_finished_stages(quick_demo, capsys):

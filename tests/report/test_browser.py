@@ -145,3 +145,14 @@ def test_review_app_round_trips_decisions(browser, review_server, tmp_path):
     expected = json.loads(bags.read_text())["bags"]["3"][0]["images"]
     assert read_bags(default_out(bags)) == {3: [expected], 5: []}
     assert console_errors(browser) == []
+
+
+def test_the_checks_catch_console_errors_and_broken_images(browser, tmp_path):
+    """The page checks above can fail: a script error and a broken image are reported."""
+    page = tmp_path / "broken.html"
+    page.write_text('<!doctype html><link rel="icon" href="data:,"><img alt="broken" src="missing.png">'
+                    '<script>throw new Error("deliberate")</script>')  # fmt: skip
+    browser.get(page.as_uri())
+    assert images_loaded(browser) == (1, ["broken"])
+    errors = console_errors(browser)
+    assert any("deliberate" in e for e in errors) and any("missing.png" in e for e in errors)
