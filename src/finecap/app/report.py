@@ -27,6 +27,8 @@ from collections.abc import Hashable, Sequence
 from pathlib import Path
 from typing import Any
 
+from tqdm import tqdm
+
 from finecap.config import Config, load
 from finecap.data.formats import Record
 from finecap.data.references import load_references
@@ -46,7 +48,7 @@ def _plots(run: RunData, folder: Path) -> list[dict[str, str]]:
         if path is not None:
             plots.append({"title": title, "note": note, "uri": png_uri(path)})
 
-    for stage, events in run.events.items():
+    for stage, events in tqdm(run.events.items(), desc="report: training curves", unit="stage"):
         add(training_curves(events, folder / f"curves_{stage}.png", title=stage), f"training curves: {stage}")
     add(length_histograms(run.captions, folder / "length_hist.png"), "caption length per stage")
     smile = {label: run.run_dir / s for label, s in SMILE_RUNS if s in run.events}
@@ -110,7 +112,7 @@ def _bag_gallery(run: RunData, cfg: Config, records: dict[Hashable, Record], n_b
     columns = {i: c for c, i in enumerate(ids)}
     raw = read_json(run.bags_path)["bags"]
     out = []
-    for size, index, bag in chosen:
+    for size, index, bag in tqdm(chosen, desc="report: bag outcomes", unit="bag"):
         rows = []
         for stage in stages:
             caps = run.captions[stage]
