@@ -20,6 +20,17 @@ from finecap.data.formats import read_bags
 By = pytest.importorskip("selenium.webdriver.common.by", reason="selenium is not installed").By
 
 
+def decide(driver, button: str, then: str) -> None:
+    """Click accept/reject and wait until the browser has left the page and arrived at the URL ending in ``then``."""
+    from selenium.webdriver.support import expected_conditions
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    old = driver.find_element(By.ID, "status")
+    driver.find_element(By.ID, button).click()
+    WebDriverWait(driver, 20).until(expected_conditions.staleness_of(old))
+    WebDriverWait(driver, 20).until(lambda d: d.current_url.endswith(then) and d.find_elements(By.ID, "status"))
+
+
 def console_errors(driver) -> list[str]:
     return [e["message"] for e in driver.get_log("browser") if e["level"] == "SEVERE"]
 
@@ -130,10 +141,8 @@ def test_review_app_round_trips_decisions(browser, review_server, tmp_path):
     n_images, broken = images_loaded(browser)
     assert n_images == 3 and broken == []
     assert browser.find_element(By.ID, "status").text == "pending"
-    browser.find_element(By.ID, "accept").click()
-    assert browser.current_url.endswith("/bag/3/1")  # moved on to the next undecided bag
-    browser.find_element(By.ID, "reject").click()
-    assert browser.current_url.endswith("/bag/5/0")
+    decide(browser, "accept", then="/bag/3/1")  # moved on to the next undecided bag
+    decide(browser, "reject", then="/bag/5/0")
     screenshot(browser, "review.png", tmp_path)
     browser.refresh()
     assert "accept" in browser.find_element(By.ID, "nav-3-0").get_attribute("class")

@@ -14,8 +14,8 @@ ROWS = {
     "human": {"Length": 9.0, "bag3/R@1": 0.7},
     "mle": {"Length": 7.5, "RD99/R@1": 0.83, "faith/precision": 0.985, "bag3/R@1": 0.777, "bag3/n": 99.0},
     "smile": {"Length": 12.0, "RD99/R@1": 0.95, "faith/precision": 0.827, "bag3/R@1": 0.866},
-    "scst": {"sample/mBLEU-4": 0.844, "CIDEr-D": 1.773},
-    "sle": {"sample/mBLEU-4": 0.742, "CIDEr-D": 1.749},
+    "scst": {"sample/mBLEU-4": 0.844, "CIDEr-D": 1.773, "sample/Div-1": 0.3001},
+    "sle": {"sample/mBLEU-4": 0.742, "CIDEr-D": 1.749, "sample/Div-1": 0.3},
     "new_thing": {"transfer/acc": 0.5},
 }
 
@@ -44,6 +44,7 @@ def test_headlines_compute_differences_and_skip_absent_stages():
     sle = {i["column"]: i for i in heads["Sequence-level exploration"]["items"]}
     assert sle["sample/mBLEU-4"]["diff"] == "-0.102" and sle["sample/mBLEU-4"]["better"]  # lower mBLEU-4 = diverse
     assert sle["CIDEr-D"]["diff"] == "-0.024" and not sle["CIDEr-D"]["better"]  # 1.749 - 1.773
+    assert sle["sample/Div-1"]["diff"] == "±0.000" and sle["sample/Div-1"]["better"] is None  # -0.0001: a tie
 
 
 def test_curve_panels_split_losses_rewards_and_validation():
@@ -97,3 +98,16 @@ def test_report_of_fabricated_run_is_self_contained(fabricated_run, tmp_path):
     assert sorted(p.name for p in (fabricated_run / "plots").iterdir()) == [
         "bag_recall.png", "curves_mle.png", "curves_smile.png", "curves_smile_random.png", "faithfulness.png",
         "length_hist.png", "smile_length.png"]  # fmt: skip
+
+
+def test_cli_report_and_review_errors(fabricated_run, tmp_path, capsys):
+    from finecap.app.cli import main
+
+    out = tmp_path / "cli.html"
+    assert main(["report", str(fabricated_run), "--out", str(out), "--no-bag-outcomes", "--sample", "2"]) == 0
+    assert out.exists() and f"wrote {out}" in capsys.readouterr().out
+    assert main(["report", str(tmp_path / "missing")]) == 2
+    assert "run directory not found" in capsys.readouterr().err
+    bags = fabricated_run / "bags_test.json"
+    assert main(["bags", "review", str(bags), "--images", str(tmp_path / "nowhere")]) == 2
+    assert "--images" in capsys.readouterr().err

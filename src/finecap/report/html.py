@@ -112,6 +112,10 @@ def headline_comparisons(rows: Mapping[str, Mapping[str, Any]]) -> list[dict[str
             ):
                 continue
             diff = float(value) - float(base)
+            if abs(diff) < 5e-4:  # equal at the 3 decimals shown: neither better nor worse
+                items.append({"column": column, "baseline": fmt(base), "value": fmt(value), "diff": "±0.000",
+                              "better": None})  # fmt: skip
+                continue
             better = diff < 0 if _matches(column, h.lower_is_better) else diff > 0
             items.append({"column": column, "baseline": fmt(base), "value": fmt(value), "diff": f"{diff:+.3f}",
                           "better": better})  # fmt: skip
