@@ -113,6 +113,12 @@ def test_report_of_a_quick_demo_run(browser, quick_demo_run, tmp_path):
     assert all(stage in page for stage in results)
     bags = browser.find_elements(By.CSS_SELECTOR, ".card.bag")
     assert bags and browser.find_elements(By.CSS_SELECTOR, "td.hit, td.miss")
+    saved = json.loads((run_dir / "bag_outcomes.json").read_text())["outcomes"]
+    assert len(saved) == len(bags)
+    for per_stage in saved.values():
+        for outcomes in per_stage.values():
+            # rank 1 (no bag image scores as high as the caption's own) means the top-scoring image is its own
+            assert all(o["rank"] >= 1 and (o["rank"] > 1 or o["retrieved"] == o["image"]) for o in outcomes)
     screenshot(browser, "report.png", tmp_path)
     gallery = browser.find_elements(By.CSS_SELECTOR, "#gallery ~ .card")[0]
     browser.execute_script("arguments[0].scrollIntoView()", gallery)

@@ -13,7 +13,9 @@ files, also inlined in the page), and renders (:mod:`finecap.report.html`):
   coloured true / false on the world;
 - a bag gallery: the most similar TrueMatch bags of each size (the first of each curated list), with each stage's
   captions and whether the retriever finds each caption's own image in the bag. The outcomes are computed here from
-  the saved captions with the run's retriever (``retriever.*`` of its ``config.yaml``), on the bag images only.
+  the saved captions with the run's retriever (``retriever.*`` of its ``config.yaml``), on the bag images only, and
+  also saved as ``<run_dir>/bag_outcomes.json`` (``{"outcomes": {"<size>/<index>": {stage: [{"image", "caption",
+  "retrieved", "rank"}, ...]}}}``).
 
 The data set, scene graphs and retriever come from the run's ``config.yaml`` (overrides as ``key=value`` after the
 run directory, e.g. ``world.out=data/world``); a part whose inputs are missing is left out with a message.
@@ -36,7 +38,7 @@ from finecap.report.gallery import bag_outcomes, check_facts, select_images
 from finecap.report.html import headline_comparisons, image_uri, png_uri, render_report, results_tables
 from finecap.report.plots import bag_recall_curves, length_curves, length_histograms, precision_recall, training_curves
 from finecap.report.run import RunData, read_run
-from finecap.utils import read_json
+from finecap.utils import read_json, write_json
 
 SMILE_RUNS = (("sequence (SMILE)", "smile"), ("random", "smile_random"), ("reverse", "smile_reverse"))
 
@@ -128,6 +130,11 @@ def _bag_gallery(run: RunData, cfg: Config, records: dict[Hashable, Record], n_b
         similarity = entry.get("similarity") if isinstance(entry, dict) else None
         out.append({"key": f"{size}/{index}", "similarity": similarity,
                     "images": [{"id": b, "uri": _uri(records, b)} for b in bag], "rows": rows})  # fmt: skip
+    saved = {bag["key"]: {row["stage"]: [{k: o[k] for k in ("caption", "retrieved", "rank")} | {"image": im["id"]}
+                                         for o, im in zip(row["outcomes"], bag["images"])] for row in bag["rows"]}
+             for bag in out}  # fmt: skip
+    write_json(run.run_dir / "bag_outcomes.json", {"bags": str(run.bags_path), "retriever": retriever.name,
+                                                   "outcomes": saved})  # fmt: skip
     note = (
         f"The {n_bags} most similar bags of each size from {run.bags_path.name}; green: the retriever "
         f"({retriever.name}) ranks the caption's own image first in the bag (as the bagN/R@1 metric counts)."
