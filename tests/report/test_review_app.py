@@ -47,6 +47,13 @@ def test_pages_show_images_and_captions_and_save_decisions(app_and_paths):
     assert again.get("/bag/7/0").status_code == 404
 
 
+def test_an_empty_bags_file_says_so(tiny_world, tmp_path):
+    bags = tmp_path / "empty.json"
+    bags.write_text('{"bags": {"3": []}}')
+    response = create_app(bags, tiny_world / "images").test_client().get("/")
+    assert response.status_code == 404 and "holds no bags" in response.get_data(as_text=True)
+
+
 def test_only_files_under_the_image_root_are_served(app_and_paths, tmp_path):
     app, _, world = app_and_paths
     secret = world / "dataset.json"  # exists, one level above the image root

@@ -93,6 +93,8 @@ def create_app(
 
     @app.get("/")
     def index() -> Any:
+        if not curation.keys():
+            return f"{bags_path} holds no bags to review.", 404
         key = curation.next_pending() or curation.keys()[0]
         return redirect(url_for("bag", key=key))
 
