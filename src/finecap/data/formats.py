@@ -15,9 +15,10 @@ Formats:
   training). Default image root: the JSON file's folder.
 - ``world``: the Karpathy JSON written by ``finecap world make``; ``path`` is the world folder or its
   ``dataset.json``; default image root ``<world>/images``.
-- ``coco``: ``{"images": [{"id", "file_name"}], "annotations": [{"image_id", "caption"}]}``
-  (``captions_val2014.json``). The split is inferred from the file name (``train``/``val``/``test``) unless given.
-  Default image root: the JSON file's folder.
+- ``coco``: ``{"images": [{"id", "file_name"?}], "annotations": [{"image_id", "caption"}]}``
+  (``captions_val2014.json``), in every variant pycocotools reads (:func:`read_coco_captions`: ``file_name`` optional
+  for text metrics, extra fields ignored, images without captions dropped). The split is inferred from the file name
+  (``train``/``val``/``test``) unless given. Default image root: the JSON file's folder.
 - ``jsonl``: one ``{"image": path, "captions": [str, ...], "id"?, "split"?}`` per line; ``id`` defaults to the image
   path as written, ``split`` to the reader's ``split`` argument (``"test"``). Relative image paths are resolved
   against ``images`` (default: the JSONL file's folder).
@@ -184,18 +185,24 @@ def _infer_split(path: Path) -> str:
 def read_coco_captions(
     path: str | Path, images: str | Path | None = None, check_images: bool = True, split: str | None = None
 ) -> list[Record]:
-    """Read COCO caption annotations (``captions_val2014.json`` layout); one record per image, in file order."""
+    """Read COCO caption annotations (``captions_val2014.json`` layout); one record per image, in file order.
+
+    Accepts every variant pycocotools' ``COCO`` class (hence pycocoevalcap) reads: ``images`` entries with only an
+    ``id`` (text metrics need no image file; such a record's path is ``<images>/<id>`` and ``check_images`` names
+    the missing ``file_name``), extra fields anywhere (ignored), images without annotations (dropped: nothing to
+    evaluate or train on), and no ``images`` list at all (images are then those of the annotations, in order).
+    """
     path = Path(path)
     root = Path(images) if images is not None else path.parent
     split = split or _infer_split(path)
     data = _load_json(path)
-    imgs = _require(data, "images", list, f"{path}")
     anns = _require(data, "annotations", list, f"{path}")
-    by_id: dict[int | str, tuple[str, list[str]]] = {}
-    for i, img in enumerate(imgs):
+    imgs = _require(data, "images", list, f"{path}") if "images" in data else None
+    by_id: dict[int | str, tuple[str | None, list[str]]] = {}
+    for i, img in enumerate(imgs or ()):
         where = f"{path}: images[{i}]"
         image_id = _require(img, "id", (int, str), where)
-        file_name = _require(img, "file_name", str, f"{where} (id {image_id})")
+        file_name = _require(img, "file_name", str, f"{where} (id {image_id})") if "file_name" in img else None
         if image_id in by_id:
             raise DataError(f"{where}: duplicate image id {image_id!r}")
         by_id[image_id] = (file_name, [])
@@ -204,15 +211,27 @@ def read_coco_captions(
         image_id = _require(ann, "image_id", (int, str), where)
         caption = _require(ann, "caption", str, where)
         if image_id not in by_id:
-            raise DataError(f"{where}: image_id {image_id!r} is not in 'images'")
+            if imgs is not None:
+                raise DataError(f"{where}: image_id {image_id!r} is not in 'images'")
+            by_id[image_id] = (None, [])
         by_id[image_id][1].append(caption)
     records = []
+    no_file = []
     for image_id, (file_name, caps) in by_id.items():
-        where = f"{path}: image id {image_id} ({file_name})"
         if not caps:
-            raise DataError(f"{where}: empty caption list (no annotation refers to this image)")
-        records.append(Record(image_id, root / file_name, split, _captions(caps, where)))
+            continue
+        where = f"{path}: image id {image_id}" + (f" ({file_name})" if file_name else "")
+        if file_name is None:
+            no_file.append(image_id)
+        records.append(Record(image_id, root / (file_name or str(image_id)), split, _captions(caps, where)))
+    if not records:
+        raise DataError(f"{path}: no image has a caption annotation")
     if check_images:
+        if no_file:
+            raise DataError(
+                f"{path}: {len(no_file)} image(s) have no 'file_name', e.g. ids {no_file[:MAX_LISTED]}; image "
+                "metrics and training from images need it (text metrics do not)"
+            )
         _check_images(records, path, root)
     return records
 
