@@ -68,7 +68,7 @@ from finecap.metrics.diversity import mean_length, set_diversity, vocabulary_met
 from finecap.metrics.faithfulness import faithfulness
 from finecap.metrics.meteor import MetricUnavailable, meteor
 from finecap.metrics.ngram import ngram_metrics
-from finecap.metrics.ptb_tokenize import tokenize
+from finecap.metrics.ptb_tokenize import ptb_tokenize, tokenize, tokenize_all
 from finecap.metrics.retrieval import SelfRetrieval, bag_retrieval, pool_retrieval, rd_retrieval
 from finecap.metrics.spice import spice
 
@@ -109,7 +109,8 @@ class _Context:
 
     def tok_predictions(self) -> dict[Hashable, str]:
         if "tok_pred" not in self.cache:
-            self.cache["tok_pred"] = {i: tokenize(c) for i, c in self.predictions.items()}
+            preds = self.predictions
+            self.cache["tok_pred"] = dict(zip(preds, tokenize_all(preds.values())))
         return self.cache["tok_pred"]
 
     def tok_references(self, group: str) -> dict[Hashable, list[str]]:
@@ -118,7 +119,7 @@ class _Context:
             missing = [i for i in self.predictions if not refs.get(i)]
             if missing:
                 raise ValueError(f"metric {group!r}: no references for {len(missing)} image(s), e.g. {missing[:5]}")
-            self.cache["tok_refs"] = {i: [tokenize(c) for c in refs[i]] for i in self.predictions}
+            self.cache["tok_refs"] = ptb_tokenize({i: refs[i] for i in self.predictions})
         return self.cache["tok_refs"]
 
     # self-retrieval -------------------------------------------------------------------------------------------------
