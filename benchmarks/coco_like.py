@@ -28,18 +28,104 @@ from pathlib import Path
 
 import numpy as np
 
-FUNCTION = (
-    "a the of on in with and is an to at two are sitting standing next near some his her that there it three "
-    "front top side while other large small white black red blue green young man woman people street table "
-    "field water dog cat plate group room down up by for from under over behind looking holding"
-).split()
+FUNCTION = [
+    "a",
+    "the",
+    "of",
+    "on",
+    "in",
+    "with",
+    "and",
+    "is",
+    "an",
+    "to",
+    "at",
+    "two",
+    "are",
+    "sitting",
+    "standing",
+    "next",
+    "near",
+    "some",
+    "his",
+    "her",
+    "that",
+    "there",
+    "it",
+    "three",
+    "front",
+    "top",
+    "side",
+    "while",
+    "other",
+    "large",
+    "small",
+    "white",
+    "black",
+    "red",
+    "blue",
+    "green",
+    "young",
+    "man",
+    "woman",
+    "people",
+    "street",
+    "table",
+    "field",
+    "water",
+    "dog",
+    "cat",
+    "plate",
+    "group",
+    "room",
+    "down",
+    "up",
+    "by",
+    "for",
+    "from",
+    "under",
+    "over",
+    "behind",
+    "looking",
+    "holding",
+]
 CONTRACTIONS = ("isn't", "there's", "it's", "can't", "they're", "doesn't")
 
 
 def _vocabulary(n: int, rng: np.random.Generator) -> list[str]:
-    onsets = "b c d f g h j k l m n p r s t v w z br cr dr fl gr pl st tr sh ch th".split()
-    vowels = "a e i o u ai ea oo ou".split()
-    codas = [""] * 6 + "n r s t l m ng ck st".split()
+    onsets = [
+        "b",
+        "c",
+        "d",
+        "f",
+        "g",
+        "h",
+        "j",
+        "k",
+        "l",
+        "m",
+        "n",
+        "p",
+        "r",
+        "s",
+        "t",
+        "v",
+        "w",
+        "z",
+        "br",
+        "cr",
+        "dr",
+        "fl",
+        "gr",
+        "pl",
+        "st",
+        "tr",
+        "sh",
+        "ch",
+        "th",
+    ]
+    vowels = ["a", "e", "i", "o", "u", "ai", "ea", "oo", "ou"]
+    codas = [""] * 6 + ["n", "r", "s", "t", "l", "m", "ng", "ck", "st"]
     words = list(FUNCTION)
     seen = set(words)
     while len(words) < n:

@@ -5,7 +5,6 @@ from __future__ import annotations
 import contextlib
 import importlib.util
 import io
-import json
 import shutil
 import warnings
 from pathlib import Path
@@ -13,7 +12,7 @@ from pathlib import Path
 import pytest
 from pycocotools.coco import COCO
 
-from finecap.metrics import COCOEvalCap, CaptionFile
+from finecap.metrics import CaptionFile, COCOEvalCap
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -9,9 +9,9 @@ then drops the tokens in :data:`PUNCTUATIONS`. :func:`tokenize` reproduces that 
 The scanner is a longest-match lexer over the Stanford lexer's token classes that matter for captions (words,
 hyphenated words, numbers, fractions, PTB contractions ``n't 's 're 've 'm 'll 'd``, ``cannot gonna gotta wanna gimme
 lemme 'tis``, words with inner apostrophes like ``o'clock``, abbreviations and acronyms keeping their period, quotes,
-brackets, dashes, ellipses, symbols), followed by lower-casing and the removal of pycocoevalcap's punctuation list. Captions made only of plain words,
-possessives, hyphenated words, integers and commas (most real captions) skip the lexer (:data:`_FAST`): their tokens
-are their words, which is several times faster.
+brackets, dashes, ellipses, symbols), followed by lower-casing and the removal of pycocoevalcap's punctuation list.
+Captions made only of plain words, possessives, hyphenated words, integers and commas (most real captions) skip the
+lexer (``_FAST``): their tokens are their words, which is several times faster.
 It is checked token for token against the Java tokenizer on several hundred generated caption-like sentences
 (``tests/metrics/test_ptb_tokenize.py``, marked ``java``).
 
