@@ -26,7 +26,7 @@ Formats:
   captions, as pycocotools' ``loadRes`` does).
 - bags: ``{"bags": {size: [{"images": [id, ...], "similarity"}, ...]}}`` (:func:`read_bags`).
 
-Nothing here imports torch: ``finecap eval`` reads its inputs through this module.
+Nothing here imports torch (nor PIL, until an image is loaded): ``finecap eval`` reads its inputs through this module.
 """
 
 from __future__ import annotations
@@ -34,12 +34,13 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, get_args
-
-from PIL import Image
+from typing import TYPE_CHECKING, Any, get_args
 
 from finecap.config import DataFormat
 from finecap.utils import atomic_write_text
+
+if TYPE_CHECKING:
+    from PIL import Image
 
 FORMATS = get_args(DataFormat)
 MAX_LISTED = 5
@@ -62,7 +63,23 @@ class Record:
 # ---------------------------------------------------------------------------------------------------------------------
 
 
+_HANDOFF: dict[tuple[Path, int], Any] = {}
+
+
+def hand_over_json(path: Path, data: Any) -> None:
+    """Keep ``data`` (the parsed contents of ``path``) for the next :func:`_load_json` of the same unchanged file, once:
+    format detection parses a file that a reader then reads again (a second parse of a large file costs as much as
+    the whole evaluation of its captions)."""
+    _HANDOFF.clear()
+    _HANDOFF[(Path(path), Path(path).stat().st_mtime_ns)] = data
+
+
 def _load_json(path: Path) -> Any:
+    if _HANDOFF:
+        data = _HANDOFF.pop((path, path.stat().st_mtime_ns) if path.exists() else None, None)
+        _HANDOFF.clear()
+        if data is not None:
+            return data
     if not path.exists():
         raise DataError(f"{path}: file not found")
     try:
@@ -103,6 +120,8 @@ def _check_images(records: list[Record], path: Path, root: Path) -> None:
 
 def load_image(path: str | Path) -> Image.Image:
     """The image at ``path`` as RGB (errors name the file)."""
+    from PIL import Image  # here, not at the top: text-only evaluation reads its files through this module
+
     try:
         with Image.open(path) as image:
             return image.convert("RGB")
@@ -206,15 +225,27 @@ def read_coco_captions(
         if image_id in by_id:
             raise DataError(f"{where}: duplicate image id {image_id!r}")
         by_id[image_id] = (file_name, [])
-    for i, ann in enumerate(anns):
-        where = f"{path}: annotations[{i}]"
-        image_id = _require(ann, "image_id", (int, str), where)
-        caption = _require(ann, "caption", str, where)
-        if image_id not in by_id:
-            if imgs is not None:
-                raise DataError(f"{where}: image_id {image_id!r} is not in 'images'")
-            by_id[image_id] = (None, [])
-        by_id[image_id][1].append(caption)
+    try:  # well-formed annotations in one tight loop; the checking loop below names the first bad one
+        if imgs is None:
+            for ann in anns:
+                by_id.setdefault(ann["image_id"], (None, []))
+        for ann in anns:
+            caption = ann["caption"]
+            if type(caption) is not str or type(ann["image_id"]) not in (int, str):
+                raise TypeError
+            by_id[ann["image_id"]][1].append(caption)
+    except (KeyError, TypeError):
+        for entry in by_id.values():
+            entry[1].clear()
+        for i, ann in enumerate(anns):
+            where = f"{path}: annotations[{i}]"
+            image_id = _require(ann, "image_id", (int, str), where)
+            caption = _require(ann, "caption", str, where)
+            if image_id not in by_id:
+                if imgs is not None:
+                    raise DataError(f"{where}: image_id {image_id!r} is not in 'images'")
+                by_id[image_id] = (None, [])
+            by_id[image_id][1].append(caption)
     records = []
     no_file = []
     for image_id, (file_name, caps) in by_id.items():

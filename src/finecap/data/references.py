@@ -20,8 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from finecap.data.formats import Record, read_dataset
-from finecap.world.make import load_scene_records
+from finecap.data.formats import Record, hand_over_json, read_dataset
 
 if TYPE_CHECKING:
     from finecap.config import Config
@@ -83,8 +82,10 @@ def detect_format(path: str | Path) -> tuple[str, Path]:
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise ValueError(f"{path}: not a JSON reference file ({e})") from None
     if isinstance(data, dict) and "annotations" in data:
+        hand_over_json(path, data)
         return "coco", path
     if isinstance(data, dict) and isinstance(data.get("images"), list):
+        hand_over_json(path, data)
         return "karpathy", path
     raise ValueError(
         f"{path}: unrecognised reference format; expected a world folder, Karpathy JSON ('images' with "
@@ -115,6 +116,8 @@ def load_references(
         records = select_split(records, split, path)
     scenes = families = None
     if fmt == "world" and (Path(path).parent / "scenes.jsonl").exists():
+        from finecap.world.make import load_scene_records  # the world's modules load only for a world
+
         scene_records = load_scene_records(Path(path).parent)
         scenes = {r["imgid"]: r["scene"] for r in scene_records}
         families = {r["imgid"]: r.get("family") for r in scene_records}

@@ -313,6 +313,7 @@ _FAST = re.compile(rf"[ \t]*(?:{_FAST_WORD}{_FAST_SEP})*{_FAST_WORD}(?:[ \t]*\.)
 # what makes Java's tokenizer look past the end of a line into the next one (module docstring)
 _LETTER_END = re.compile(r"(?:^|[^\w.'])[A-Za-z]\.$")
 _NUM_ABBREV_END = re.compile(r"(?:^|[^\w.'])(?i:nos?|prop)\.$")
+_NO_END = ("no", "os", "op")  # the last two letters of no. nos. prop.
 _SENT_NEXT = re.compile(rf"[ \t\xa0]*(?:{_SENT_START})(?P<end>[ \t\xa0]|$)")
 
 
@@ -330,9 +331,10 @@ def tokenize(text: str) -> str:
     letters = "".join(words)
     if letters.isalpha() and body.isascii() and len(body) - period == body.count(" ") + len(letters):
         out = " ".join(words).lower()
-        if not any(w in out for w in _ASSIM_WORDS):
-            # a final abbreviation or single letter keeps its period ("on st.", "plan b.")
-            return out + "." if period and _ABBREV_END.fullmatch(words[-1] + ".") else out
+        if not ("nn" in out or "tt" in out or "mm" in out) or not _ASSIM.search(out):  # cannot gonna gotta gimme ..
+            # a final abbreviation or single letter keeps its period ("on st.", "plan b."); the longest is 7 letters
+            keep = period and len(words[-1]) <= 7 and _ABBREV_END.fullmatch(words[-1] + ".") is not None
+            return out + "." if keep else out
     if _FAST.fullmatch(text) and not _ASSIM.search(text):
         words = text.replace(",", " ").split()
         out = " ".join(words).lower()
@@ -364,7 +366,9 @@ def tokenize_all(texts: Iterable[str]) -> list[str]:
     texts = [t.replace("\n", " ") for t in texts]
     out = [tokenize(t) for t in texts]
     for k in range(len(texts) - 1):
-        if texts[k].rstrip(" \t\xa0").endswith("."):
+        end = texts[k].rstrip(" \t\xa0")[-5:]
+        # only a single letter or no./nos./prop. before a final period can change (quick test before the regexes)
+        if end.endswith(".") and (end[-2:-1].isalpha() and not end[-3:-2].isalnum() or end[-3:-1].lower() in _NO_END):
             out[k] = _next_line_effect(texts[k], out[k], texts[k + 1], k + 2 < len(texts))
     return out
 
