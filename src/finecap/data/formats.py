@@ -67,7 +67,7 @@ _HANDOFF: dict[tuple[Path, int], Any] = {}
 
 
 def hand_over_json(path: Path, data: Any) -> None:
-    """Keep ``data`` (the parsed contents of ``path``) for the next :func:`_load_json` of the same unchanged file, once:
+    """Keep ``data`` (parsed contents of ``path``) for the next :func:`_load_json` of the same unchanged file, once:
     format detection parses a file that a reader then reads again (a second parse of a large file costs as much as
     the whole evaluation of its captions)."""
     _HANDOFF.clear()
@@ -225,6 +225,7 @@ def read_coco_captions(
         if image_id in by_id:
             raise DataError(f"{where}: duplicate image id {image_id!r}")
         by_id[image_id] = (file_name, [])
+    bad = False
     try:  # well-formed annotations in one tight loop; the checking loop below names the first bad one
         if imgs is None:
             for ann in anns:
@@ -235,6 +236,8 @@ def read_coco_captions(
                 raise TypeError
             by_id[ann["image_id"]][1].append(caption)
     except (KeyError, TypeError):
+        bad = True
+    if bad:
         for entry in by_id.values():
             entry[1].clear()
         for i, ann in enumerate(anns):
