@@ -22,8 +22,10 @@ Formats:
 - ``jsonl``: one ``{"image": path, "captions": [str, ...], "id"?, "split"?}`` per line; ``id`` defaults to the image
   path as written, ``split`` to the reader's ``split`` argument (``"test"``). Relative image paths are resolved
   against ``images`` (default: the JSONL file's folder).
-- results: ``[{"image_id", "caption"}]`` (:func:`read_results`: an image listed several times keeps all its
-  captions, as pycocotools' ``loadRes`` does).
+- ``hf``: a Hugging Face data set (saved folder, parquet/arrow files, Hub name) with configurable columns
+  (:mod:`finecap.data.hf`; ``datasets`` is imported only for it).
+- results: ``[{"image_id", "caption"}]``, extra fields (``score``, ``id``) ignored (:func:`read_results`: an image
+  listed several times keeps all its captions, as pycocotools' ``loadRes`` does).
 - bags: ``{"bags": {size: [{"images": [id, ...], "similarity"}, ...]}}`` (:func:`read_bags`).
 
 Nothing here imports torch (nor PIL, until an image is loaded): ``finecap eval`` reads its inputs through this module.
@@ -31,6 +33,7 @@ Nothing here imports torch (nor PIL, until an image is loaded): ``finecap eval``
 
 from __future__ import annotations
 
+import io
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -56,6 +59,8 @@ class Record:
     path: Path
     split: str
     captions: list[str] = field(default_factory=list)
+    image_bytes: bytes | None = field(default=None, repr=False)
+    """The encoded image when the data set embeds it (Hugging Face ``Image`` feature) instead of a file."""
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -127,6 +132,20 @@ def load_image(path: str | Path) -> Image.Image:
             return image.convert("RGB")
     except (OSError, ValueError) as e:
         raise ValueError(f"{path}: cannot read image: {e}") from None
+
+
+def load_record_image(record: Any) -> Image.Image:
+    """The image of ``record`` (a :class:`Record`, or anything with ``path``) as RGB: its embedded bytes when it has
+    them, else its file."""
+    if getattr(record, "image_bytes", None) is None:
+        return load_image(record.path)
+    from PIL import Image
+
+    try:
+        with Image.open(io.BytesIO(record.image_bytes)) as image:
+            return image.convert("RGB")
+    except (OSError, ValueError) as e:
+        raise ValueError(f"image of record {record.image_id!r} ({record.path}): cannot decode it: {e}") from None
 
 
 def _captions(items: list[Any], where: str) -> list[str]:
@@ -306,11 +325,21 @@ def read_jsonl(
 def read_dataset(
     fmt: str, path: str | Path, images: str | Path | None = None, check_images: bool = True
 ) -> list[Record]:
-    """Read a data set of format ``fmt`` (one of :data:`FORMATS`)."""
+    """Read a data set of format ``fmt`` (one of :data:`FORMATS` but ``hf``, which needs its column options: see
+    :func:`finecap.data.references.read_records`, the reader for every format)."""
     readers = {"world": read_world, "karpathy": read_karpathy, "coco": read_coco_captions, "jsonl": read_jsonl}
+    if fmt == "hf":
+        raise DataError("data.format=hf: read it with finecap.data.references.read_records (it needs data.* columns)")
     if fmt not in readers:
         raise DataError(f"unknown data set format {fmt!r}; valid formats: {', '.join(FORMATS)}")
     return readers[fmt](path, images, check_images)
+
+
+def hf_options(cfg: Any) -> dict[str, str]:
+    """The ``data.*`` column options of ``data.format=hf`` (:func:`finecap.data.hf.read_hf`)."""
+    d = cfg.data
+    return {"image_column": d.image_column, "caption_column": d.caption_column, "split_column": d.split_column,
+            "id_column": d.id_column}  # fmt: skip
 
 
 # ---------------------------------------------------------------------------------------------------------------------
