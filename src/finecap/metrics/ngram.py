@@ -675,10 +675,11 @@ def _popcount(x: np.ndarray) -> np.ndarray:
 
 def _rouge_l_arrays(preds: Sequence[str], refs: Sequence[Sequence[str]]) -> np.ndarray:
     """pycocoevalcap ROUGE-L of each prediction against its references (``str.split(" ")`` words): (N,)."""
-    vocab, wc, lc = _encode(preds, sep=" ")
-    _, wr, lr = _encode(list(chain.from_iterable(refs)), vocab, sep=" ")
+    _, words, lengths = _encode(list(preds) + list(chain.from_iterable(refs)), sep=" ")  # one vocabulary for all
+    n_pred_words = int(lengths[: len(preds)].sum())
     n_refs = np.fromiter(map(len, refs), dtype=np.int64, count=len(refs))
-    return _rouge_l_ids(wc, lc, wr, lr, n_refs)
+    wc, lc = words[:n_pred_words], lengths[: len(preds)]
+    return _rouge_l_ids(wc, lc, words[n_pred_words:], lengths[len(preds) :], n_refs)
 
 
 def _rouge_l_ids(wc: np.ndarray, lc: np.ndarray, wr: np.ndarray, lr: np.ndarray, n_refs: np.ndarray) -> np.ndarray:

@@ -40,6 +40,7 @@ Known differences from the Java tokenizer (outside ordinary caption text):
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Hashable, Iterable, Mapping, Sequence
 
@@ -230,9 +231,20 @@ _ASSIM_WORDS = frozenset(["cannot", "gonna", "wanna", "gotta", "gimme", "lemme"]
 _BRACKETS = {"(": "-LRB-", ")": "-RRB-", "[": "-LSB-", "]": "-RSB-", "{": "-LCB-", "}": "-RCB-"}
 _CURRENCY = {"\u00a2": "cents", "\u00a3": "#", "\u00a4": "$", "\u20a0": "$", "\u20ac": "$", "\u00a5": "\u00a5"}
 _FRAC2 = {"\u00bc": "1/4", "\u00bd": "1/2", "\u00be": "3/4", "\u2153": "1/3", "\u2154": "2/3"}
-_ASSIM = re.compile(r"\b(?i:cannot|gonna|wanna|gotta|gimme|lemme)\b")
 _ABBREV_END = re.compile(rf"(?:(?i:{_ABBREV})|{_ABBREV_CAP}|[A-Za-z])\.")
 _TOKEN_GROUPS = ("t", "t2", "t3", "t4", "t5")
+
+
+@functools.lru_cache(maxsize=65536)
+def _keeps_period(word: str) -> bool:
+    """Whether ``word`` (with its final period, as written) is an abbreviation or single letter keeping the period
+    at the end of a caption (``St.``, ``etc.``, ``b.``); cached: captions end with few distinct words."""
+    return len(word) <= 8 and _ABBREV_END.fullmatch(word) is not None
+
+
+def _has_assim(lowered: str) -> bool:
+    """Whether a lower-cased caption may hold cannot / gonna / ... (a substring test, a superset of the lexer's)."""
+    return ("nn" in lowered or "tt" in lowered or "mm" in lowered) and any(w in lowered for w in _ASSIM_WORDS)
 
 
 def _normalise(text: str) -> str:
@@ -331,16 +343,14 @@ def tokenize(text: str) -> str:
     letters = "".join(words)
     if letters.isalpha() and body.isascii() and len(body) - period == body.count(" ") + len(letters):
         out = " ".join(words).lower()
-        if not ("nn" in out or "tt" in out or "mm" in out) or not _ASSIM.search(out):  # cannot gonna gotta gimme ..
-            # a final abbreviation or single letter keeps its period ("on st.", "plan b."); the longest is 7 letters
-            keep = period and len(words[-1]) <= 7 and _ABBREV_END.fullmatch(words[-1] + ".") is not None
-            return out + "." if keep else out
-    if _FAST.fullmatch(text) and not _ASSIM.search(text):
+        if not _has_assim(out):  # cannot gonna gotta ... are split by the lexer
+            # a final abbreviation or single letter keeps its period ("on st.", "plan b.")
+            return out + "." if period and _keeps_period(words[-1] + ".") else out
+    if _FAST.fullmatch(text) and not _has_assim(text.lower()):
         words = text.replace(",", " ").split()
         out = " ".join(words).lower()
         if out.endswith("."):
-            keep = _ABBREV_END.fullmatch(words[-1]) is not None
-            out = out if keep else out.removesuffix(".").rstrip()
+            out = out if _keeps_period(words[-1]) else out.removesuffix(".").rstrip()
         return out.replace("'s", " 's") if "'" in out else out
     return " ".join(t for t in (w.lower() for w in tokens(text)) if t not in PUNCTUATIONS)
 
