@@ -76,6 +76,9 @@ def main(
             f"{predictions}: {len(missing)} predicted image id(s) are not in the references {refs.path}{where}, "
             f"e.g. {missing[:5]}"
         )
+    # pycocoevalcap's order (loadRes keeps the reference file's image order): its tokenizer reads captions as
+    # consecutive lines, and a caption's last token can depend on the next line (finecap.metrics.ptb_tokenize)
+    preds = {r.image_id: preds[r.image_id] for r in refs.records if r.image_id in preds}
     pool = refs.records
     if split is None:
         splits = {by_id[i].split for i in preds}
