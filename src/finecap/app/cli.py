@@ -188,7 +188,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = _add(sub, "eval", cmd_eval, "Evaluate captions (n-gram, CLIP, retrieval, diversity, faithfulness).")
     p.add_argument("--predictions", required=True, help="COCO results JSON")
-    p.add_argument("--references", required=True, help="references (Karpathy/COCO/JSONL/world data set file)")
+    p.add_argument("--references", required=True, help="references (Karpathy/COCO/JSONL/world/Hugging Face data set)")
     p.add_argument("--images", default=None, help="image root for relative paths")
     p.add_argument("--bags", default=None, help="bags JSON from `finecap bags build`")
     p.add_argument("--metrics", default=None, help="comma-separated metric names (default: eval.metrics)")
