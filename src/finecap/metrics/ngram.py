@@ -792,10 +792,12 @@ def ngram_metrics(
     metrics: Iterable[str] = NGRAM_METRICS,
     *,
     df_references: Mapping[Hashable, Sequence[str]] | None = None,
+    per_item: bool = True,
 ) -> tuple[dict[str, float], PerItem]:
     """Several n-gram metrics at once, sharing the reference n-gram index: ``(corpus, per_item)``.
 
-    ``metrics`` is a subset of ``NGRAM_METRICS`` = ``("bleu", "rouge_l", "cider_d")``.
+    ``metrics`` is a subset of ``NGRAM_METRICS`` = ``("bleu", "rouge_l", "cider_d")``. ``per_item=False`` returns
+    ``{}`` as ``per_item`` (building a dict per image costs as much as ROUGE-L itself on large corpora).
     """
     metrics = list(metrics)
     unknown = [m for m in metrics if m not in NGRAM_METRICS]
@@ -823,7 +825,7 @@ def ngram_metrics(
     if "cider_d" in metrics:
         per = index.cider(preds, img)
         corpus["CIDEr-D"], columns["CIDEr-D"] = float(np.mean(per)), per
-    return corpus, _per_item(ids, columns)
+    return corpus, _per_item(ids, columns) if per_item else {}
 
 
 # --------------------------------------------------------------------------------------------------------------------

@@ -155,7 +155,7 @@ def _ngram(ctx: _Context, group: str) -> dict[str, float]:
     if "ngram" not in ctx.cache:
         names = {"bleu": "bleu", "rouge": "rouge_l", "cider": "cider_d"}
         wanted = [names[g] for g in ctx.requested if g in names] or [names[group]]
-        ctx.cache["ngram"] = ngram_metrics(ctx.tok_predictions(), ctx.tok_references(group), wanted)[0]
+        ctx.cache["ngram"] = ngram_metrics(ctx.tok_predictions(), ctx.tok_references(group), wanted, per_item=False)[0]
     corpus = ctx.cache["ngram"]
     prefix = {"bleu": "BLEU-", "rouge": "ROUGE-L", "cider": "CIDEr-D"}[group]
     return {k: v for k, v in corpus.items() if k.startswith(prefix)}
