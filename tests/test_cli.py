@@ -38,7 +38,8 @@ EVAL_SCRIPT = """
 import json, sys
 from finecap.app.cli import main
 code = main(sys.argv[1:])
-print(json.dumps({"code": code, "torch": "torch" in sys.modules, "transformers": "transformers" in sys.modules}))
+heavy = {m: m in sys.modules for m in ("torch", "transformers", "datasets", "pyarrow")}
+print(json.dumps({"code": code, **heavy}))
 """
 
 
@@ -66,7 +67,7 @@ def _run_eval(tmp_path: Path, metrics: str) -> dict:
 def test_text_only_eval_imports_no_torch(tmp_path):
     # `finecap eval` on n-gram metrics is a text job: it must start without torch or transformers (seconds each).
     state = _run_eval(tmp_path, "bleu,rouge,cider,length,vocab")
-    assert state == {"code": 0, "torch": False, "transformers": False}
+    assert state == {"code": 0, "torch": False, "transformers": False, "datasets": False, "pyarrow": False}
     scores = json.loads((tmp_path / "eval.json").read_text())
     assert scores["BLEU-1"] == pytest.approx(1.0) and scores["Length"] == 3.0
 
@@ -74,4 +75,27 @@ def test_text_only_eval_imports_no_torch(tmp_path):
 def test_image_metric_eval_does_import_torch(tmp_path):
     # The same harness sees torch when a group needs it: CLIPScore loads the retriever (torch, transformers), which
     # then stops the command (exit 2) because no world encoder has been trained for this configuration.
-    assert _run_eval(tmp_path, "clipscore") == {"code": 2, "torch": True, "transformers": True}
+    state = _run_eval(tmp_path, "clipscore")
+    assert {k: state[k] for k in ("code", "torch", "transformers")} == {"code": 2, "torch": True, "transformers": True}
+
+
+def test_eval_prints_json_to_stdout_without_out_on_id_only_coco_references(tmp_path, capsys):
+    # A COCO reference file whose images carry only `id` (pycocotools reads it; many scripts write it), results with
+    # extra fields (`score`, `id`), no --out: `--format json` prints exactly the JSON scores on stdout.
+    refs = {
+        "images": [{"id": 1}, {"id": 2}],
+        "annotations": [{"image_id": 1, "id": 10, "caption": "A red circle."},
+                        {"image_id": 2, "id": 11, "caption": "A blue square."}],
+    }  # fmt: skip
+    (tmp_path / "refs.json").write_text(json.dumps(refs))
+    (tmp_path / "res.json").write_text(json.dumps([{"image_id": 1, "caption": "a red circle", "score": -1.5},
+                                                   {"image_id": 2, "caption": "a blue square", "id": 3}]))  # fmt: skip
+    argv = ["eval", "--predictions", str(tmp_path / "res.json"), "--references", str(tmp_path / "refs.json"),
+            "--metrics", "bleu,rouge", "--format", "json"]  # fmt: skip
+    assert main(argv) == 0
+    out = capsys.readouterr()
+    scores = json.loads(out.out)  # nothing but the JSON on stdout
+    assert scores["BLEU-1"] == pytest.approx(1.0) and scores["ROUGE-L"] == pytest.approx(1.0)
+    assert "2 images of" in out.err
+    assert main(argv[:-2]) == 0  # default: the table, still without --out
+    assert "| BLEU-1 " in capsys.readouterr().out and not list(tmp_path.glob("*eval*"))

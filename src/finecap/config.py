@@ -52,7 +52,7 @@ def _check(cond: bool, key: str, message: str) -> None:
 
 # Allowed values of string options, defined once: the fields below use them and the modules that dispatch on them
 # derive their runtime tuples with typing.get_args (e.g. finecap.objectives.smile.SUBSETS).
-DataFormat = Literal["world", "karpathy", "coco", "jsonl"]
+DataFormat = Literal["world", "karpathy", "coco", "jsonl", "hf"]
 Mapper = Literal["mlp", "transformer"]
 Schedule = Literal["linear", "cosine", "constant"]
 DecodeStrategy = Literal["greedy", "beam", "sample"]
@@ -116,6 +116,10 @@ class DataConfig:
     format: DataFormat = doc("world", "Data set format of data.path.")
     path: str = doc("", "Data set file (Karpathy JSON, COCO annotations, JSONL); empty = the world at world.out.")
     images: str = doc("", "Image root for relative image paths; empty = next to data.path.")
+    image_column: str = doc("image", "data.format=hf: column of the image (Image feature or path string).")
+    caption_column: str = doc("captions", "data.format=hf: column of the reference caption(s) (string or list).")
+    split_column: str = doc("", "data.format=hf: column naming each row's split; empty = the named splits.")
+    id_column: str = doc("", "data.format=hf: column of the image id; empty = the image path (or split/row).")
     max_tokens: int = doc(48, "Captions are cut to this many tokens (EOS included); dense world captions reach 41.")
     num_workers: int = doc(0, "DataLoader worker processes.")
     sampler: str = doc("random", "Training batch sampler (finecap.data.samplers.SAMPLERS) or 'pkg.module:factory'.")

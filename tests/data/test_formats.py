@@ -148,6 +148,35 @@ def test_read_coco_captions(tmp_path):
     assert read_coco_captions(path, check_images=False, split="test")[0].split == "test"
 
 
+def test_coco_variants_pycocotools_reads(tmp_path):
+    # pycocotools' COCO (hence pycocoevalcap) reads reference files whose images carry only an id, with extra fields
+    # everywhere, images without annotations, or no 'images' list at all: the reader takes them all for text metrics.
+    data = {
+        "images": [{"id": 42, "license": 3}, {"id": 7, "coco_url": "http://x"}, {"id": 9}],
+        "annotations": [
+            {"image_id": 7, "id": 1, "caption": "Two cats.", "score": 0.5},
+            {"image_id": 42, "id": 2, "caption": "A dog."},
+        ],
+        "licenses": [],
+        "type": "captions",
+    }
+    path = _write(tmp_path / "refs.json", data)
+    records = read_coco_captions(path, check_images=False)
+    # image 9 has no caption: dropped (nothing to score); the path of an id-only image is <root>/<id>
+    assert records == [
+        Record(42, tmp_path / "42", "test", ["A dog."]),
+        Record(7, tmp_path / "7", "test", ["Two cats."]),
+    ]
+    with pytest.raises(DataError, match=r"2 image\(s\) have no 'file_name', e.g. ids \[42, 7\]"):
+        read_coco_captions(path, check_images=True)
+    del data["images"]
+    no_images = read_coco_captions(_write(tmp_path / "anns.json", data), check_images=False)
+    assert [(r.image_id, r.captions) for r in no_images] == [(7, ["Two cats."]), (42, ["A dog."])]
+    with contextlib.redirect_stdout(io.StringIO()):
+        gt = pycocotools_coco.COCO(str(path))
+    assert {i: [a["caption"] for a in gt.imgToAnns[i]] for i in (42, 7)} == {r.image_id: r.captions for r in records}
+
+
 @pytest.mark.parametrize(
     ("mutate", "message"),
     [
@@ -155,8 +184,9 @@ def test_read_coco_captions(tmp_path):
         (lambda d: d["annotations"][1].pop("caption"), r"annotations\[1\]: missing key 'caption'"),
         (lambda d: d["annotations"][0].update(image_id=99), r"annotations\[0\]: image_id 99 is not in 'images'"),
         (lambda d: d["images"][1].update(id=42), r"images\[1\]: duplicate image id 42"),
-        (lambda d: d["images"][0].pop("file_name"), r"images\[0\] \(id 42\): missing key 'file_name'"),
-        (lambda d: d["annotations"].pop(1), r"image id 42 \(COCO_val2014_000000000042.jpg\): empty caption list"),
+        (lambda d: d["images"][0].update(file_name=3), r"images\[0\] \(id 42\): 'file_name' must be str"),
+        (lambda d: d["annotations"].clear(), r"no image has a caption annotation"),
+        (lambda d: d["annotations"][0].update(caption=" "), r"image id 7 \(b.jpg\): caption 0 is empty"),
         (lambda d: d["annotations"][2].update(caption=["x"]), r"annotations\[2\]: 'caption' must be str, got list"),
     ],
 )

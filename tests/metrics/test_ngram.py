@@ -417,3 +417,20 @@ def test_dense_ids_and_find_fallbacks():
     table = np.array([2, 5, 9, 14])
     found, pos = ngram._find(table, np.array([14, 3, 2, 9, 20]))  # unsorted queries
     assert sorted(zip(found.tolist(), pos.tolist())) == [(0, 3), (2, 0), (3, 2)]
+
+
+def test_ngram_metrics_shared_word_ids_give_separate_rouge_scores():
+    # With BLEU/CIDEr-D, ROUGE-L reuses the index's word ids when every caption's split(" ") equals its split();
+    # otherwise (an empty caption, a double space) it re-encodes. Both must equal rouge_l_per_item exactly.
+    import random
+
+    rng = random.Random(0)
+    words = [f"w{i}" for i in range(30)]
+    preds = {i: " ".join(rng.choices(words, k=rng.randint(1, 9))) for i in range(40)}
+    refs = {i: [" ".join(rng.choices(words, k=rng.randint(1, 12))) for _ in range(3)] for i in range(40)}
+    for p, r in [(preds, refs), ({**preds, 3: ""}, refs), (preds, {**refs, 5: ["a  b", "c"]})]:
+        corpus, per = ngram_metrics(p, r)
+        alone, alone_per = rouge_l_per_item(p, r)
+        assert corpus["ROUGE-L"] == alone["ROUGE-L"]
+        assert {i: v["ROUGE-L"] for i, v in per.items()} == {i: v["ROUGE-L"] for i, v in alone_per.items()}
+        assert ngram_metrics(p, r, per_item=False) == (corpus, {})

@@ -2,12 +2,26 @@
 
 from __future__ import annotations
 
+import importlib.util
 import random
 import shutil
+from pathlib import Path
 
 import pytest
 
-from finecap.metrics.ptb_tokenize import PUNCTUATIONS, ptb_tokenize, tokenize, tokens
+from finecap.metrics.ptb_tokenize import _FAST, PUNCTUATIONS, ptb_tokenize, tokenize, tokenize_all, tokens
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def coco_like_captions(n_images: int, seed: int) -> list[str]:
+    """Raw COCO-like captions of the benchmark generator (benchmarks/coco_like.py), references then predictions."""
+    spec = importlib.util.spec_from_file_location("coco_like", ROOT / "benchmarks" / "coco_like.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    refs, preds = module.generate(n_images, seed)
+    return [c for caps in refs.values() for c in caps] + list(preds.values())
+
 
 # (input, what pycocoevalcap's PTBTokenizer (CoreNLP 3.4.1 + punctuation removal) returned for it)
 EXPECTED = [
@@ -119,9 +133,43 @@ def test_fast_path_equals_lexer():
     simple = [s.replace("'", "").replace("-", " ") for s in caption_like(300, seed=11)]
     simple = ["".join(ch for ch in s if ch.isalpha() or ch in " ,.") for s in simple]
     simple += ["A man riding a wave.", "plan b.", "on St.", "a dog , a cat", "Cannot stop", "the  dog .", " a, b."]
+    # ... and possessives, hyphenated words, integers, commas with spaces around (most raw COCO captions)
+    simple += ["A dog's toy, a black-and-white cat's bowl , 2 cups.", "IT'S 10 O-CLOCK", "the U.S. flag", "x a.",
+               "it's a dog's life", "the cats's bed .", "x-ray 7 , 12", "A man on St.", "cannot-stop 5"]  # fmt: skip
+    simple += [c for c in coco_like_captions(100, seed=5) if _FAST.fullmatch(c)]
+    fast = [c for c in simple if _FAST.fullmatch(c)]
+    assert len(fast) > 400
     for s in simple:
         lexed = " ".join(t for t in (w.lower() for w in tokens(s)) if t not in PUNCTUATIONS)
         assert tokenize(s) == lexed, s
+
+
+# Lines whose end Java reads together with the start of the next line, and what it returned for the first line.
+NEXT_LINE = [
+    (["x a.", "The bar"], "x a"),
+    (["x a. ", "The bar"], "x a"),
+    (["x A.", "A\tbar"], "x a"),
+    (["x a.", " The bar"], "x a"),
+    (["x a.", "Mr. bar"], "x a"),
+    (["x a.", "The", "foo"], "x a"),
+    (["x a.", "The"], "x a."),
+    (["x a.", "the bar"], "x a."),
+    (["x a.", "However, bar"], "x a."),
+    (["x a.", "Foo bar"], "x a."),
+    (["says no.", "5 dogs"], "says no."),
+    (["says No.", "5"], "says no."),
+    (["says no.", " 5 dogs"], "says no"),
+    (["says nos.", "5 dogs"], "says nos."),
+    (["dogs 7.", "5 dogs"], "dogs 7"),
+    (["the U.S.", "The bar"], "the u.s."),
+    (["on st.", "The bar"], "on st."),
+]
+
+
+@pytest.mark.parametrize(("lines", "first"), NEXT_LINE)
+def test_next_line_effects_hand_checked(lines, first):
+    assert tokenize_all(lines)[0] == first
+    assert ptb_tokenize({0: lines})[0][0] == first
 
 
 REALISTIC = [
@@ -176,4 +224,22 @@ def test_equals_java_ptb_tokenizer():
     sentences = caption_like(500, seed=0) + REALISTIC + [t for t, _ in EXPECTED if t]
     java = PTBTokenizer().tokenize({i: [{"caption": s}] for i, s in enumerate(sentences)})
     diffs = [(s, java[i][0], tokenize(s)) for i, s in enumerate(sentences) if java[i][0] != tokenize(s)]
+    assert diffs == []
+
+
+@pytest.mark.java
+@pytest.mark.skipif(shutil.which("java") is None, reason="java not on PATH: pycocoevalcap's PTBTokenizer needs Java")
+def test_batch_equals_java_ptb_tokenizer_with_line_context():
+    # one batch, as pycocoevalcap tokenises a whole reference set: the generator's raw COCO-like captions, the
+    # caption-like sentences and the next-line cases, shuffled so that every kind of caption follows every other
+    from pycocoevalcap.tokenizer.ptbtokenizer import PTBTokenizer
+
+    rng = random.Random(1)
+    sentences = coco_like_captions(150, seed=7) + caption_like(300, seed=2) + REALISTIC
+    sentences += [line for lines, _ in NEXT_LINE for line in lines]
+    rng.shuffle(sentences)
+    captions = {i: [{"caption": s} for s in sentences[i : i + 5]] for i in range(0, len(sentences), 5)}
+    java = PTBTokenizer().tokenize(captions)
+    ours = ptb_tokenize(captions)
+    diffs = [(c["caption"], j, o) for i in captions for c, j, o in zip(captions[i], java[i], ours[i]) if j != o]
     assert diffs == []

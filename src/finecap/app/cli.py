@@ -102,6 +102,7 @@ def cmd_eval(args: argparse.Namespace) -> None:
         metrics=args.metrics,
         out=args.out,
         split=args.split,
+        fmt=args.format,
     )
 
 
@@ -200,12 +201,13 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = _add(sub, "eval", cmd_eval, "Evaluate captions (n-gram, CLIP, retrieval, diversity, faithfulness).")
     p.add_argument("--predictions", required=True, help="COCO results JSON")
-    p.add_argument("--references", required=True, help="references (Karpathy/COCO/JSONL/world data set file)")
+    p.add_argument("--references", required=True, help="references (Karpathy/COCO/JSONL/world/Hugging Face data set)")
     p.add_argument("--images", default=None, help="image root for relative paths")
     p.add_argument("--bags", default=None, help="bags JSON from `finecap bags build`")
     p.add_argument("--metrics", default=None, help="comma-separated metric names (default: eval.metrics)")
     p.add_argument("--split", default=None, help="restrict references to this split")
-    p.add_argument("--out", required=True, help="output JSON")
+    p.add_argument("--out", default=None, help="also write {metric: value} to this JSON file")
+    p.add_argument("--format", choices=("table", "json"), default="table", help="stdout: Markdown table or JSON")
 
     bags = sub.add_parser("bags", help="TrueMatch-style bags").add_subparsers(dest="action", required=True)
     p = _add(bags, "build", cmd_bags_build, "Build bags of similar images (NDLB Algorithms 1-2).")

@@ -1,8 +1,11 @@
 """``finecap eval``: score a COCO results file against a reference data set, print a table, write JSON.
 
 ``finecap eval --predictions results.json --references DATA [--images DIR] [--bags bags.json] [--metrics ...]
---out eval.json`` calls :func:`main`, which reads the files and calls :func:`finecap.metrics.suite.evaluate` (the
-metric groups and their keys are listed there).
+[--out eval.json] [--format table|json]`` calls :func:`main`, which reads the files and calls
+:func:`finecap.metrics.suite.evaluate` (the metric groups and their keys are listed there).
+
+- Output: a Markdown table on stdout (``--format table``, default), or only the JSON ``{metric: value}`` on stdout
+  (``--format json``, for scripts: notes then go to stderr); ``--out`` also writes that JSON to a file.
 
 - References: the format is detected from the file (:func:`finecap.data.references.detect_format`; a world also
   brings its scene graphs for ``faithfulness``).
@@ -16,8 +19,11 @@ metric groups and their keys are listed there).
 
 from __future__ import annotations
 
+import json
+import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Literal
 
 from finecap.config import Config
 from finecap.data.formats import DataError, read_bags, read_results
@@ -35,11 +41,12 @@ def main(
     images: str | Path | None = None,
     bags: str | Path | None = None,
     metrics: str | Sequence[str] | None = None,
-    out: str | Path,
+    out: str | Path | None = None,
     split: str | None = None,
+    fmt: Literal["table", "json"] = "table",
 ) -> dict[str, float]:
-    """Score ``predictions`` (COCO results) against ``references``; print a table and write ``{metric: value}``
-    to ``out``.
+    """Score ``predictions`` (COCO results) against ``references``; print a table (``fmt="table"``) or the JSON
+    ``{metric: value}`` (``fmt="json"``, notes to stderr) and write that JSON to ``out`` when given.
 
     ``metrics`` default to ``eval.metrics``; then groups whose inputs are absent (faithfulness without scene graphs,
     bags without ``--bags``, diversity without several captions per image, perplexity without ``eval.lm``) are
@@ -47,6 +54,9 @@ def main(
     ``split``, the retrieval pool is the split of the predicted images (or every referenced image when they span
     several splits).
     """
+    if fmt not in ("table", "json"):
+        raise ValueError(f"--format: expected 'table' or 'json', got {fmt!r}")
+    note = print if fmt == "table" else lambda *a: print(*a, file=sys.stderr)
     explicit = metrics is not None
     names = parse_metrics(metrics, cfg.eval.metrics)
     results = read_results(predictions)
@@ -54,7 +64,7 @@ def main(
     repeated = sum(len(caps) > 1 for caps in results.values())
     samples = results if repeated else None
     if repeated:
-        print(f"{repeated} image(s) have several captions: the first is scored, all of them are diversity samples")
+        note(f"{repeated} image(s) have several captions: the first is scored, all of them are diversity samples")
     bag_data = read_bags(bags) if bags is not None else None
     needs_images = any(n in IMAGE_METRICS for n in names)
     refs = load_references(cfg, references, split=split, images=images, check_images=needs_images)
@@ -66,6 +76,9 @@ def main(
             f"{predictions}: {len(missing)} predicted image id(s) are not in the references {refs.path}{where}, "
             f"e.g. {missing[:5]}"
         )
+    # pycocoevalcap's order (loadRes keeps the reference file's image order): its tokenizer reads captions as
+    # consecutive lines, and a caption's last token can depend on the next line (finecap.metrics.ptb_tokenize)
+    preds = {r.image_id: preds[r.image_id] for r in refs.records if r.image_id in preds}
     pool = refs.records
     if split is None:
         splits = {by_id[i].split for i in preds}
@@ -79,7 +92,7 @@ def main(
             "perplexity": None if cfg.eval.lm else "eval.lm is not set",
         }
         for name in [n for n in names if reasons.get(n)]:
-            print(f"skipping {name}: {reasons[name]}")
+            note(f"skipping {name}: {reasons[name]}")
             names.remove(name)
         if not names:
             raise ValueError("none of the metrics of eval.metrics can be computed here; pass --metrics")
@@ -94,8 +107,12 @@ def main(
         cfg=cfg,
     )
     title = Path(predictions).name
-    print(f"{len(preds)} images of {refs.path}" + (f" (split {split})" if split else ""))
-    print(markdown_table({k: {title: v} for k, v in result.items()}, columns=[title], row_header="metric"))
-    write_json(out, result)
-    print(f"wrote {out}")
+    note(f"{len(preds)} images of {refs.path}" + (f" (split {split})" if split else ""))
+    if fmt == "json":
+        print(json.dumps(result, indent=1))
+    else:
+        print(markdown_table({k: {title: v} for k, v in result.items()}, columns=[title], row_header="metric"))
+    if out is not None:
+        write_json(out, result)
+        note(f"wrote {out}")
     return result

@@ -33,8 +33,8 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch.utils.data import Dataset
 
-from finecap.data.formats import Record, load_image, read_dataset
-from finecap.data.references import data_file, select_split
+from finecap.data.formats import Record, hf_options, load_record_image
+from finecap.data.references import data_file, read_records, select_split
 from finecap.models.tokenizer import encode_captions
 from finecap.objectives.mle import IGNORE_INDEX
 
@@ -43,17 +43,24 @@ if TYPE_CHECKING:
 
 
 @functools.lru_cache(maxsize=4)
-def _read(fmt: str, path: Path, images: str, mtime_ns: int) -> tuple[Record, ...]:
-    return tuple(read_dataset(fmt, path, images=images or None))
+def _read(fmt: str, path: Path, images: str, mtime_ns: int, options: tuple = ()) -> tuple[Record, ...]:
+    return tuple(read_records(fmt, path, images=images or None, **dict(options)))
 
 
 def load_records(cfg: Config, split: str) -> list[Record]:
     """Records of ``split`` of the configured data set (:func:`finecap.data.references.data_file`), read once per
-    file version; ``"train"`` also takes Karpathy's ``restval`` images, as most captioning code does."""
+    file version; ``"train"`` also takes Karpathy's ``restval`` images, as most captioning code does.
+
+    Every command reading a data set (training, captioning, evaluation, boosting) comes here or to
+    :func:`finecap.data.references.load_references`, so every format works everywhere, ``data.format=hf``
+    (:mod:`finecap.data.hf`, where ``data.path`` may also be a Hub name) included."""
     path = data_file(cfg)
-    if not path.exists():
+    hf = cfg.data.format == "hf"
+    if not path.exists() and not hf:
         raise FileNotFoundError(f"{path}: data set file not found (data.path / world.out)")
-    records = _read(cfg.data.format, path, cfg.data.images, path.stat().st_mtime_ns)
+    options = tuple(sorted(hf_options(cfg).items())) if hf else ()
+    mtime = path.stat().st_mtime_ns if path.exists() else 0
+    records = _read(cfg.data.format, path, cfg.data.images, mtime, options)
     return select_split(records, split, path)
 
 
@@ -91,7 +98,7 @@ class CaptionDataset(Dataset):
         if self.features is not None:
             item["features"] = self.features[i]  # (D,)
         else:
-            item["image"] = load_image(record.path)
+            item["image"] = load_record_image(record)
         return item
 
 

@@ -42,7 +42,7 @@ from safetensors.torch import load_file, safe_open
 from safetensors.torch import save as save_safetensors
 from tqdm.auto import tqdm
 
-from finecap.data.formats import load_image
+from finecap.data.formats import load_record_image
 from finecap.utils import atomic_write_bytes
 
 CACHE_SUBDIR = "features"
@@ -66,6 +66,10 @@ def fingerprint_data(records: Sequence[Any]) -> str:
     h = hashlib.sha256()
     for r in records:
         path = Path(r.path)
+        if getattr(r, "image_bytes", None) is not None:  # embedded image (Hugging Face data set): hash its bytes
+            digest = hashlib.sha256(r.image_bytes).hexdigest()
+            h.update(json.dumps([str(r.image_id), str(path), digest]).encode() + b"\n")
+            continue
         try:
             st = path.stat()
         except OSError:
@@ -93,7 +97,7 @@ def compute_features(
     out = []
     with torch.no_grad():
         for start in tqdm(range(0, len(records), batch_size), desc=desc, disable=not progress, unit="batch"):
-            images = [load_image(r.path) for r in records[start : start + batch_size]]
+            images = [load_record_image(r) for r in records[start : start + batch_size]]
             out.append(encode(images).detach().float().cpu())  # (b, D)
     return torch.cat(out) if out else torch.zeros(0, 0)  # (N, D)
 

@@ -15,30 +15,35 @@ Formats:
   training). Default image root: the JSON file's folder.
 - ``world``: the Karpathy JSON written by ``finecap world make``; ``path`` is the world folder or its
   ``dataset.json``; default image root ``<world>/images``.
-- ``coco``: ``{"images": [{"id", "file_name"}], "annotations": [{"image_id", "caption"}]}``
-  (``captions_val2014.json``). The split is inferred from the file name (``train``/``val``/``test``) unless given.
-  Default image root: the JSON file's folder.
+- ``coco``: ``{"images": [{"id", "file_name"?}], "annotations": [{"image_id", "caption"}]}``
+  (``captions_val2014.json``), in every variant pycocotools reads (:func:`read_coco_captions`: ``file_name`` optional
+  for text metrics, extra fields ignored, images without captions dropped). The split is inferred from the file name
+  (``train``/``val``/``test``) unless given. Default image root: the JSON file's folder.
 - ``jsonl``: one ``{"image": path, "captions": [str, ...], "id"?, "split"?}`` per line; ``id`` defaults to the image
   path as written, ``split`` to the reader's ``split`` argument (``"test"``). Relative image paths are resolved
   against ``images`` (default: the JSONL file's folder).
-- results: ``[{"image_id", "caption"}]`` (:func:`read_results`: an image listed several times keeps all its
-  captions, as pycocotools' ``loadRes`` does).
+- ``hf``: a Hugging Face data set (saved folder, parquet/arrow files, Hub name) with configurable columns
+  (:mod:`finecap.data.hf`; ``datasets`` is imported only for it).
+- results: ``[{"image_id", "caption"}]``, extra fields (``score``, ``id``) ignored (:func:`read_results`: an image
+  listed several times keeps all its captions, as pycocotools' ``loadRes`` does).
 - bags: ``{"bags": {size: [{"images": [id, ...], "similarity"}, ...]}}`` (:func:`read_bags`).
 
-Nothing here imports torch: ``finecap eval`` reads its inputs through this module.
+Nothing here imports torch (nor PIL, until an image is loaded): ``finecap eval`` reads its inputs through this module.
 """
 
 from __future__ import annotations
 
+import io
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, get_args
-
-from PIL import Image
+from typing import TYPE_CHECKING, Any, get_args
 
 from finecap.config import DataFormat
 from finecap.utils import atomic_write_text
+
+if TYPE_CHECKING:
+    from PIL import Image
 
 FORMATS = get_args(DataFormat)
 MAX_LISTED = 5
@@ -54,6 +59,8 @@ class Record:
     path: Path
     split: str
     captions: list[str] = field(default_factory=list)
+    image_bytes: bytes | None = field(default=None, repr=False)
+    """The encoded image when the data set embeds it (Hugging Face ``Image`` feature) instead of a file."""
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -61,7 +68,23 @@ class Record:
 # ---------------------------------------------------------------------------------------------------------------------
 
 
+_HANDOFF: dict[tuple[Path, int], Any] = {}
+
+
+def hand_over_json(path: Path, data: Any) -> None:
+    """Keep ``data`` (parsed contents of ``path``) for the next :func:`_load_json` of the same unchanged file, once:
+    format detection parses a file that a reader then reads again (a second parse of a large file costs as much as
+    the whole evaluation of its captions)."""
+    _HANDOFF.clear()
+    _HANDOFF[(Path(path), Path(path).stat().st_mtime_ns)] = data
+
+
 def _load_json(path: Path) -> Any:
+    if _HANDOFF:
+        data = _HANDOFF.pop((path, path.stat().st_mtime_ns) if path.exists() else None, None)
+        _HANDOFF.clear()
+        if data is not None:
+            return data
     if not path.exists():
         raise DataError(f"{path}: file not found")
     try:
@@ -102,11 +125,27 @@ def _check_images(records: list[Record], path: Path, root: Path) -> None:
 
 def load_image(path: str | Path) -> Image.Image:
     """The image at ``path`` as RGB (errors name the file)."""
+    from PIL import Image  # here, not at the top: text-only evaluation reads its files through this module
+
     try:
         with Image.open(path) as image:
             return image.convert("RGB")
     except (OSError, ValueError) as e:
         raise ValueError(f"{path}: cannot read image: {e}") from None
+
+
+def load_record_image(record: Any) -> Image.Image:
+    """The image of ``record`` (a :class:`Record`, or anything with ``path``) as RGB: its embedded bytes when it has
+    them, else its file."""
+    if getattr(record, "image_bytes", None) is None:
+        return load_image(record.path)
+    from PIL import Image
+
+    try:
+        with Image.open(io.BytesIO(record.image_bytes)) as image:
+            return image.convert("RGB")
+    except (OSError, ValueError) as e:
+        raise ValueError(f"image of record {record.image_id!r} ({record.path}): cannot decode it: {e}") from None
 
 
 def _captions(items: list[Any], where: str) -> list[str]:
@@ -184,35 +223,68 @@ def _infer_split(path: Path) -> str:
 def read_coco_captions(
     path: str | Path, images: str | Path | None = None, check_images: bool = True, split: str | None = None
 ) -> list[Record]:
-    """Read COCO caption annotations (``captions_val2014.json`` layout); one record per image, in file order."""
+    """Read COCO caption annotations (``captions_val2014.json`` layout); one record per image, in file order.
+
+    Accepts every variant pycocotools' ``COCO`` class (hence pycocoevalcap) reads: ``images`` entries with only an
+    ``id`` (text metrics need no image file; such a record's path is ``<images>/<id>`` and ``check_images`` names
+    the missing ``file_name``), extra fields anywhere (ignored), images without annotations (dropped: nothing to
+    evaluate or train on), and no ``images`` list at all (images are then those of the annotations, in order).
+    """
     path = Path(path)
     root = Path(images) if images is not None else path.parent
     split = split or _infer_split(path)
     data = _load_json(path)
-    imgs = _require(data, "images", list, f"{path}")
     anns = _require(data, "annotations", list, f"{path}")
-    by_id: dict[int | str, tuple[str, list[str]]] = {}
-    for i, img in enumerate(imgs):
+    imgs = _require(data, "images", list, f"{path}") if "images" in data else None
+    by_id: dict[int | str, tuple[str | None, list[str]]] = {}
+    for i, img in enumerate(imgs or ()):
         where = f"{path}: images[{i}]"
         image_id = _require(img, "id", (int, str), where)
-        file_name = _require(img, "file_name", str, f"{where} (id {image_id})")
+        file_name = _require(img, "file_name", str, f"{where} (id {image_id})") if "file_name" in img else None
         if image_id in by_id:
             raise DataError(f"{where}: duplicate image id {image_id!r}")
         by_id[image_id] = (file_name, [])
-    for i, ann in enumerate(anns):
-        where = f"{path}: annotations[{i}]"
-        image_id = _require(ann, "image_id", (int, str), where)
-        caption = _require(ann, "caption", str, where)
-        if image_id not in by_id:
-            raise DataError(f"{where}: image_id {image_id!r} is not in 'images'")
-        by_id[image_id][1].append(caption)
+    bad = False
+    try:  # well-formed annotations in one tight loop; the checking loop below names the first bad one
+        if imgs is None:
+            for ann in anns:
+                by_id.setdefault(ann["image_id"], (None, []))
+        for ann in anns:
+            caption = ann["caption"]
+            if type(caption) is not str or type(ann["image_id"]) not in (int, str):
+                raise TypeError
+            by_id[ann["image_id"]][1].append(caption)
+    except (KeyError, TypeError):
+        bad = True
+    if bad:
+        for entry in by_id.values():
+            entry[1].clear()
+        for i, ann in enumerate(anns):
+            where = f"{path}: annotations[{i}]"
+            image_id = _require(ann, "image_id", (int, str), where)
+            caption = _require(ann, "caption", str, where)
+            if image_id not in by_id:
+                if imgs is not None:
+                    raise DataError(f"{where}: image_id {image_id!r} is not in 'images'")
+                by_id[image_id] = (None, [])
+            by_id[image_id][1].append(caption)
     records = []
+    no_file = []
     for image_id, (file_name, caps) in by_id.items():
-        where = f"{path}: image id {image_id} ({file_name})"
         if not caps:
-            raise DataError(f"{where}: empty caption list (no annotation refers to this image)")
-        records.append(Record(image_id, root / file_name, split, _captions(caps, where)))
+            continue
+        where = f"{path}: image id {image_id}" + (f" ({file_name})" if file_name else "")
+        if file_name is None:
+            no_file.append(image_id)
+        records.append(Record(image_id, root / (file_name or str(image_id)), split, _captions(caps, where)))
+    if not records:
+        raise DataError(f"{path}: no image has a caption annotation")
     if check_images:
+        if no_file:
+            raise DataError(
+                f"{path}: {len(no_file)} image(s) have no 'file_name', e.g. ids {no_file[:MAX_LISTED]}; image "
+                "metrics and training from images need it (text metrics do not)"
+            )
         _check_images(records, path, root)
     return records
 
@@ -253,11 +325,21 @@ def read_jsonl(
 def read_dataset(
     fmt: str, path: str | Path, images: str | Path | None = None, check_images: bool = True
 ) -> list[Record]:
-    """Read a data set of format ``fmt`` (one of :data:`FORMATS`)."""
+    """Read a data set of format ``fmt`` (one of :data:`FORMATS` but ``hf``, which needs its column options: see
+    :func:`finecap.data.references.read_records`, the reader for every format)."""
     readers = {"world": read_world, "karpathy": read_karpathy, "coco": read_coco_captions, "jsonl": read_jsonl}
+    if fmt == "hf":
+        raise DataError("data.format=hf: read it with finecap.data.references.read_records (it needs data.* columns)")
     if fmt not in readers:
         raise DataError(f"unknown data set format {fmt!r}; valid formats: {', '.join(FORMATS)}")
     return readers[fmt](path, images, check_images)
+
+
+def hf_options(cfg: Any) -> dict[str, str]:
+    """The ``data.*`` column options of ``data.format=hf`` (:func:`finecap.data.hf.read_hf`)."""
+    d = cfg.data
+    return {"image_column": d.image_column, "caption_column": d.caption_column, "split_column": d.split_column,
+            "id_column": d.id_column}  # fmt: skip
 
 
 # ---------------------------------------------------------------------------------------------------------------------

@@ -4,7 +4,7 @@ Format detection (:func:`detect_format`) looks at the file itself:
 
 - a folder holding ``dataset.json``, or a ``dataset.json`` with ``scenes.jsonl`` next to it, is the world (its scene
   graphs are then loaded for faithfulness, and its scene families for ``finecap bags build``);
-- ``*.jsonl`` is JSONL;
+- ``*.jsonl`` is JSONL; a ``save_to_disk`` folder or ``*.parquet`` / ``*.arrow`` is a Hugging Face data set (``hf``);
 - a JSON object with ``annotations`` is COCO caption annotations; one whose ``images`` is a list is Karpathy.
 
 Splits: ``"train"`` also takes Karpathy's ``restval`` images (:data:`TRAIN_SPLITS`), as most captioning code does.
@@ -20,8 +20,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from finecap.data.formats import Record, read_dataset
-from finecap.world.make import load_scene_records
+from finecap.data.formats import Record, hand_over_json, hf_options, read_dataset
+from finecap.data.hf import is_hf_path, read_hf
 
 if TYPE_CHECKING:
     from finecap.config import Config
@@ -38,6 +38,16 @@ def data_file(cfg: Config) -> Path:
     if cfg.data.format != "world":
         raise ValueError(f"data.path: required for data.format={cfg.data.format!r} (only the world has a default)")
     return Path(cfg.world.out) / "dataset.json"
+
+
+def read_records(
+    fmt: str, path: str | Path, images: str | Path | None = None, check_images: bool = True, **options: Any
+) -> list[Record]:
+    """Records of a data set in any format: :func:`finecap.data.formats.read_dataset`, or for ``hf``
+    :func:`finecap.data.hf.read_hf` with ``options`` (:func:`finecap.data.formats.hf_options`)."""
+    if fmt == "hf":
+        return read_hf(path, images, check_images, **options)
+    return read_dataset(fmt, path, images, check_images)
 
 
 def select_split(records: Sequence[Record], split: str, path: str | Path) -> list[Record]:
@@ -71,11 +81,15 @@ def detect_format(path: str | Path) -> tuple[str, Path]:
     if path.is_dir():
         if (path / "dataset.json").exists():
             return "world", path / "dataset.json"
+        if is_hf_path(path):
+            return "hf", path
         raise FileNotFoundError(f"{path}: a folder, but no dataset.json in it (expected a world folder)")
     if not path.exists():
         raise FileNotFoundError(f"{path}: reference file not found")
     if path.suffix == ".jsonl":
         return "jsonl", path
+    if is_hf_path(path):
+        return "hf", path
     if (path.parent / "scenes.jsonl").exists() and path.name == "dataset.json":
         return "world", path
     try:
@@ -83,8 +97,10 @@ def detect_format(path: str | Path) -> tuple[str, Path]:
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise ValueError(f"{path}: not a JSON reference file ({e})") from None
     if isinstance(data, dict) and "annotations" in data:
+        hand_over_json(path, data)
         return "coco", path
     if isinstance(data, dict) and isinstance(data.get("images"), list):
+        hand_over_json(path, data)
         return "karpathy", path
     raise ValueError(
         f"{path}: unrecognised reference format; expected a world folder, Karpathy JSON ('images' with "
@@ -110,11 +126,14 @@ def load_references(
     else:
         fmt, path = detect_format(data)
     root = images if images is not None else (cfg.data.images or None)
-    records = read_dataset(fmt, path, images=root, check_images=check_images)
+    options = hf_options(cfg) if fmt == "hf" else {}
+    records = read_records(fmt, path, images=root, check_images=check_images, **options)
     if split is not None:
         records = select_split(records, split, path)
     scenes = families = None
     if fmt == "world" and (Path(path).parent / "scenes.jsonl").exists():
+        from finecap.world.make import load_scene_records  # the world's modules load only for a world
+
         scene_records = load_scene_records(Path(path).parent)
         scenes = {r["imgid"]: r["scene"] for r in scene_records}
         families = {r["imgid"]: r.get("family") for r in scene_records}

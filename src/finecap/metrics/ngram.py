@@ -106,7 +106,7 @@ _SENTINEL = "\x01"  # joins sentences for one big str.split (not whitespace for 
 
 
 def _encode(
-    sentences: Sequence[str], vocab: dict[str, int] | None = None, sep: str | None = None
+    sentences: Sequence[str], vocab: dict[str, int] | None = None, sep: str | None = None, flags: dict | None = None
 ) -> tuple[dict[str, int], np.ndarray, np.ndarray]:
     """Word ids of ``s.split(sep)`` for every sentence, concatenated, and the sentence lengths.
 
@@ -114,12 +114,16 @@ def _encode(
     given ``vocab`` unknown words get ids ``len(vocab), len(vocab) + 1, ...`` (equal words, equal ids).
     Runs one ``split`` over the sentences joined by a sentinel token, which is several times faster than one
     ``split`` per sentence; falls back to per-sentence splitting if a sentence contains the sentinel character.
+    ``flags`` (a dict), with ``sep=None``: ``flags["space_split"]`` tells whether every sentence's ``split(" ")``
+    gives the same words as its ``split()`` (single spaces only, no empty sentence; then ROUGE-L can reuse the ids).
     """
     S = len(sentences)  # noqa: N806
     joined = f" {_SENTINEL} ".join(sentences)
     fast = joined.count(_SENTINEL) == max(S - 1, 0)
     if fast:
         tokens = joined.split(sep) if S else []
+        if flags is not None and sep is None:
+            flags["space_split"] = joined.split(" ") == tokens
     else:
         split = [x.split(sep) for x in sentences]
         tokens = list(chain.from_iterable(split))
@@ -256,9 +260,12 @@ class _Grams:
     dense (no overflow whatever the vocabulary) and new sentences are looked up with ``np.searchsorted``.
     """
 
-    def __init__(self, sentences: Sequence[str], n: int):
+    def __init__(self, sentences: Sequence[str], n: int, keep_words: bool = False):
         self.n = n
-        self.vocab, words, lengths = _encode(sentences)
+        flags: dict = {}
+        self.vocab, words, lengths = _encode(sentences, flags=flags if keep_words else None)
+        # (word ids, lengths) of every sentence when they are also its ``split(" ")`` words (for ROUGE-L)
+        self.space_words = (words, lengths) if flags.get("space_split") else None
         self.W = len(self.vocab)
         sent, rem = _token_layout(lengths)
         self.tables: list[np.ndarray] = [np.arange(self.W, dtype=np.int64)]
@@ -348,6 +355,7 @@ class _RefIndex:
         df_refs: Sequence[Sequence[str]] | None = None,
         cider: bool = True,
         extra: Sequence[str] | None = None,
+        keep_words: bool = False,
     ):
         self.n = n
         self.n_images = I = len(refs)  # noqa: N806
@@ -362,7 +370,7 @@ class _RefIndex:
         try:
             # the evaluated captions (``extra``) join the n-gram tables: they then need no lookup (their n-grams
             # absent from the references get document frequency 0, as unseen n-grams do)
-            self.grams = _Grams(sentences + list(extra or ()), n)
+            self.grams = _Grams(sentences + list(extra or ()), n, keep_words=keep_words)
         except TypeError:
             _check_strings("references", range(len(all_refs)), all_refs)
             raise
@@ -430,6 +438,16 @@ class _RefIndex:
         self._extra_counts = self._merge(extra_counts) if extra is not None else None
         self._extra_lengths = self.grams.lengths[n_sent:]
         self.grams.own, self.grams.sent = [], np.zeros(0, dtype=np.int64)  # per-token arrays: no longer needed
+        # word ids of the evaluated images' references and of ``extra`` for ROUGE-L (keep_words, single spaces)
+        self.rouge_words = None
+        if self.grams.space_words is not None and extra is not None:
+            words, lengths = self.grams.space_words
+            n_own = int(self.n_refs.sum())
+            starts = np.cumsum(lengths) - lengths
+            wr = words[: starts[n_own]] if n_own < len(lengths) else words
+            self.rouge_words = (words[starts[n_sent] :] if n_sent < len(lengths) else words[:0], lengths[n_sent:],
+                                wr, lengths[:n_own])  # fmt: skip
+        self.grams.space_words = None
 
     @staticmethod
     def _merge(counts: list[tuple[np.ndarray, np.ndarray, np.ndarray]]) -> tuple[np.ndarray, ...]:
@@ -657,11 +675,18 @@ def _popcount(x: np.ndarray) -> np.ndarray:
 
 def _rouge_l_arrays(preds: Sequence[str], refs: Sequence[Sequence[str]]) -> np.ndarray:
     """pycocoevalcap ROUGE-L of each prediction against its references (``str.split(" ")`` words): (N,)."""
-    vocab, wc, lc = _encode(preds, sep=" ")
-    _, wr, lr = _encode(list(chain.from_iterable(refs)), vocab, sep=" ")
+    _, words, lengths = _encode(list(preds) + list(chain.from_iterable(refs)), sep=" ")  # one vocabulary for all
+    n_pred_words = int(lengths[: len(preds)].sum())
     n_refs = np.fromiter(map(len, refs), dtype=np.int64, count=len(refs))
-    img = np.repeat(np.arange(len(preds)), n_refs)  # image of each reference
-    lcs = _lcs_pairs(_Flat(wc, lc), img, _Flat(wr, lr), np.arange(len(lr))).astype(np.float64)
+    wc, lc = words[:n_pred_words], lengths[: len(preds)]
+    return _rouge_l_ids(wc, lc, words[n_pred_words:], lengths[len(preds) :], n_refs)
+
+
+def _rouge_l_ids(wc: np.ndarray, lc: np.ndarray, wr: np.ndarray, lr: np.ndarray, n_refs: np.ndarray) -> np.ndarray:
+    """ROUGE-L from flat word ids and lengths of the predictions (``wc``, ``lc``) and references (``wr``, ``lr``,
+    ``n_refs[i]`` references per prediction, in order): (N,)."""
+    img = np.repeat(np.arange(len(lc)), n_refs)  # image of each reference
+    lcs = _lcs_pairs(_Flat(wc, lc), img, _Flat(wr, lr), np.arange(len(lr))).astype(np.float64)  # (R,)
     first = np.cumsum(n_refs) - n_refs
     prec = np.maximum.reduceat(lcs / lc[img], first)  # lc >= 1: "".split(" ") == [""]
     rec = np.maximum.reduceat(lcs / lr, first)
@@ -767,10 +792,12 @@ def ngram_metrics(
     metrics: Iterable[str] = NGRAM_METRICS,
     *,
     df_references: Mapping[Hashable, Sequence[str]] | None = None,
+    per_item: bool = True,
 ) -> tuple[dict[str, float], PerItem]:
     """Several n-gram metrics at once, sharing the reference n-gram index: ``(corpus, per_item)``.
 
-    ``metrics`` is a subset of ``NGRAM_METRICS`` = ``("bleu", "rouge_l", "cider_d")``.
+    ``metrics`` is a subset of ``NGRAM_METRICS`` = ``("bleu", "rouge_l", "cider_d")``. ``per_item=False`` returns
+    ``{}`` as ``per_item`` (building a dict per image costs as much as ROUGE-L itself on large corpora).
     """
     metrics = list(metrics)
     unknown = [m for m in metrics if m not in NGRAM_METRICS]
@@ -780,20 +807,25 @@ def ngram_metrics(
     columns: dict[str, np.ndarray] = {}
     corpus: dict[str, float] = {}
     img = np.arange(len(ids))
+    index = None
     if "bleu" in metrics or "cider_d" in metrics:
-        index = _RefIndex(refs, 4, df_refs=_df_lists(df_references), cider="cider_d" in metrics, extra=preds)
+        index = _RefIndex(refs, 4, df_refs=_df_lists(df_references), cider="cider_d" in metrics, extra=preds,
+                          keep_words="rouge_l" in metrics)  # fmt: skip
         if "bleu" in metrics:
             c, per = index.bleu(preds, img)
             for j in range(4):
                 corpus[f"BLEU-{j + 1}"] = float(c[j])
                 columns[f"BLEU-{j + 1}"] = per[:, j]
     if "rouge_l" in metrics:
-        per = _rouge_l_arrays(preds, refs)
+        if index is not None and index.rouge_words is not None:  # the index's word ids serve ROUGE-L too
+            per = _rouge_l_ids(*index.rouge_words, index.n_refs)
+        else:
+            per = _rouge_l_arrays(preds, refs)
         corpus["ROUGE-L"], columns["ROUGE-L"] = float(np.mean(per)), per
     if "cider_d" in metrics:
         per = index.cider(preds, img)
         corpus["CIDEr-D"], columns["CIDEr-D"] = float(np.mean(per)), per
-    return corpus, _per_item(ids, columns)
+    return corpus, _per_item(ids, columns) if per_item else {}
 
 
 # --------------------------------------------------------------------------------------------------------------------

@@ -10,6 +10,8 @@ The scanner is a longest-match lexer over the Stanford lexer's token classes tha
 hyphenated words, numbers, fractions, PTB contractions ``n't 's 're 've 'm 'll 'd``, ``cannot gonna gotta wanna gimme
 lemme 'tis``, words with inner apostrophes like ``o'clock``, abbreviations and acronyms keeping their period, quotes,
 brackets, dashes, ellipses, symbols), followed by lower-casing and the removal of pycocoevalcap's punctuation list.
+Captions made only of plain words, possessives, hyphenated words, integers and commas (most real captions) skip the
+lexer (``_FAST``): their tokens are their words, which is several times faster.
 It is checked token for token against the Java tokenizer on several hundred generated caption-like sentences
 (``tests/metrics/test_ptb_tokenize.py``, marked ``java``).
 
@@ -21,9 +23,12 @@ abbreviations such as ``st.``, ``mr.``, ``etc.``, ``jan.``, acronyms (``u.s.``, 
 
 Known differences from the Java tokenizer (outside ordinary caption text):
 
-- Java's decision for a word ending in a period at the *end* of a caption can depend on the first word of the *next*
-  caption in pycocoevalcap's temporary file (e.g. ``plan b.`` gives ``b`` when the next caption starts with ``A``
-  and ``b.`` otherwise). Here every caption is tokenised on its own as if it were the last line (``b.``).
+- Java's lexer reads pycocoevalcap's captions as the lines of one file, and at a line's end it can look into the
+  next line: ``plan b.`` gives ``b`` when the next caption starts with a sentence-start word such as ``The`` or
+  ``A`` (``b.`` otherwise), and ``says no.`` keeps ``no.`` when the next caption starts with a digit.
+  :func:`tokenize_all` and :func:`ptb_tokenize` reproduce both from the next caption in their input (give captions
+  in pycocoevalcap's order: images, then each image's captions); :func:`tokenize` alone tokenises a caption as if it
+  were the last line.
 - URLs, e-mail addresses, SGML tags, phone numbers, dates and Twitter names are recognised only in their simplest
   forms; rare Unicode symbols and characters Java cannot tokenise (it deletes them with a warning) are kept as
   single-character tokens only if they are letters, digits or common symbols, otherwise dropped.
@@ -35,6 +40,7 @@ Known differences from the Java tokenizer (outside ordinary caption text):
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Hashable, Iterable, Mapping, Sequence
 
@@ -217,15 +223,28 @@ def _candidates(ch: str) -> list[tuple[str, re.Pattern[str]]]:
 
 
 _PLAIN = re.compile(r"[A-Za-z]+(?=[ \t]|$)")  # a plain word before a space: a WORD token for every rule set
+# a run of plain words (a comma followed by a space may end each): WORD (and ',') tokens for every rule set, read with
+# one match instead of two per word
+_PLAIN_RUN = re.compile(r"(?:[A-Za-z]+,?[ \t]+)*[A-Za-z]+(?=[ \t]|$)")
 _ASSIM_WORDS = frozenset(["cannot", "gonna", "wanna", "gotta", "gimme", "lemme"])
 
 _BRACKETS = {"(": "-LRB-", ")": "-RRB-", "[": "-LSB-", "]": "-RSB-", "{": "-LCB-", "}": "-RCB-"}
 _CURRENCY = {"\u00a2": "cents", "\u00a3": "#", "\u00a4": "$", "\u20a0": "$", "\u20ac": "$", "\u00a5": "\u00a5"}
 _FRAC2 = {"\u00bc": "1/4", "\u00bd": "1/2", "\u00be": "3/4", "\u2153": "1/3", "\u2154": "2/3"}
-_SIMPLE = re.compile(r" *(?:[A-Za-z]+,? +)*[A-Za-z]+(?: *\.)? *")
-_ASSIM = re.compile(r"\b(?i:cannot|gonna|wanna|gotta|gimme|lemme)\b")
 _ABBREV_END = re.compile(rf"(?:(?i:{_ABBREV})|{_ABBREV_CAP}|[A-Za-z])\.")
 _TOKEN_GROUPS = ("t", "t2", "t3", "t4", "t5")
+
+
+@functools.lru_cache(maxsize=65536)
+def _keeps_period(word: str) -> bool:
+    """Whether ``word`` (with its final period, as written) is an abbreviation or single letter keeping the period
+    at the end of a caption (``St.``, ``etc.``, ``b.``); cached: captions end with few distinct words."""
+    return len(word) <= 8 and _ABBREV_END.fullmatch(word) is not None
+
+
+def _has_assim(lowered: str) -> bool:
+    """Whether a lower-cased caption may hold cannot / gonna / ... (a substring test, a superset of the lexer's)."""
+    return ("nn" in lowered or "tt" in lowered or "mm" in lowered) and any(w in lowered for w in _ASSIM_WORDS)
 
 
 def _normalise(text: str) -> str:
@@ -243,6 +262,13 @@ def tokens(text: str) -> list[str]:
         if m:
             pos = m.end()
             continue
+        m = _PLAIN_RUN.match(text, pos)
+        if m:
+            words = m.group(0).replace(",", " , ").split()
+            if _ASSIM_WORDS.isdisjoint(w.lower() for w in words):
+                out.extend(words)
+                pos = m.end()
+                continue
         m = _PLAIN.match(text, pos)
         if m and m.group(0).lower() not in _ASSIM_WORDS:
             out.append(m.group(0))
@@ -289,28 +315,88 @@ def tokens(text: str) -> list[str]:
     return out
 
 
+# A caption made only of these words needs no lexer: plain words (possibly with a possessive 's or hyphenated, as
+# "dog's", "black-and-white"), integers, commas followed by a space, an optional final period. Its PTB tokens are its
+# words, "'s" split off, commas and the final period dropped (tests/metrics/test_ptb_tokenize.py checks this against
+# the lexer and the Java tokenizer). A final "st." / "b." (abbreviation or single letter) keeps its period: lexer.
+_FAST_WORD = r"(?:[A-Za-z]+(?:'[sS]|(?:-[A-Za-z]+)+)?|\d+)"
+_FAST_SEP = r"(?:[ \t]*,[ \t]+|[ \t]+)"
+_FAST = re.compile(rf"[ \t]*(?:{_FAST_WORD}{_FAST_SEP})*{_FAST_WORD}(?:[ \t]*\.)?[ \t]*")
+# what makes Java's tokenizer look past the end of a line into the next one (module docstring)
+_LETTER_END = re.compile(r"(?:^|[^\w.'])[A-Za-z]\.$")
+_NUM_ABBREV_END = re.compile(r"(?:^|[^\w.'])(?i:nos?|prop)\.$")
+_NO_END = ("no", "os", "op")  # the last two letters of no. nos. prop.
+_SENT_NEXT = re.compile(rf"[ \t\xa0]*(?:{_SENT_START})(?P<end>[ \t\xa0]|$)")
+
+
 def tokenize(text: str) -> str:
-    """One caption as pycocoevalcap's PTBTokenizer returns it: lower-cased PTB tokens without punctuation."""
+    """One caption as pycocoevalcap's PTBTokenizer returns it: lower-cased PTB tokens without punctuation.
+
+    The caption is tokenised as the last line of pycocoevalcap's file; :func:`tokenize_all` also applies the rare
+    effects of the next line (module docstring).
+    """
     text = text.replace("\n", " ")
-    if _SIMPLE.fullmatch(text) and not _ASSIM.search(text):
-        # plain words, commas before spaces, an optional final period: the lexer would only split and drop the
-        # punctuation, unless the period belongs to an abbreviation or single letter ("st.", "b.")
+    # plain letter words separated by spaces, an optional final period (most captions): string methods only
+    body = text.rstrip(" ")
+    period = body.endswith(".")
+    words = (body[:-1] if period else body).split()
+    letters = "".join(words)
+    if letters.isalpha() and body.isascii() and len(body) - period == body.count(" ") + len(letters):
+        out = " ".join(words).lower()
+        if not _has_assim(out):  # cannot gonna gotta ... are split by the lexer
+            # a final abbreviation or single letter keeps its period ("on st.", "plan b.")
+            return out + "." if period and _keeps_period(words[-1] + ".") else out
+    if _FAST.fullmatch(text) and not _has_assim(text.lower()):
         words = text.replace(",", " ").split()
-        if not text.rstrip().endswith(".") or not _ABBREV_END.fullmatch(words[-1]):
-            return " ".join(words).lower().removesuffix(".").rstrip()
+        out = " ".join(words).lower()
+        if out.endswith("."):
+            out = out if _keeps_period(words[-1]) else out.removesuffix(".").rstrip()
+        return out.replace("'s", " 's") if "'" in out else out
     return " ".join(t for t in (w.lower() for w in tokens(text)) if t not in PUNCTUATIONS)
 
 
-def ptb_tokenize(captions: Mapping[Hashable, Sequence[str] | Sequence[dict]]) -> dict[Hashable, list[str]]:
-    """Tokenise ``{id: [caption, ...]}`` (strings, or COCO dicts with a ``"caption"`` key, as pycocoevalcap takes)."""
-    out: dict[Hashable, list[str]] = {}
-    for key, caps in captions.items():
-        if isinstance(caps, str):
-            raise TypeError(f"captions[{key!r}]: expected a list of captions, got a string")
-        out[key] = [tokenize(c["caption"] if isinstance(c, dict) else c) for c in caps]
+def _next_line_effect(text: str, out: str, nxt: str, more: bool) -> str:
+    """``out`` (:func:`tokenize` of ``text``) as Java gives it when the line ``nxt`` follows (``more``: and more
+    lines after it). Java's lexer looks across the line break in two rules: a single letter with a period before a
+    sentence-start word (``plan b.`` + ``The ...`` gives ``b``, then the period is dropped), and ``no.`` /
+    ``nos.`` / ``prop.`` directly before a digit (``says no.`` + ``5 dogs`` keeps ``no.``)."""
+    if _LETTER_END.search(text.rstrip(" \t\xa0")) and out.endswith("."):
+        m = _SENT_NEXT.match(nxt)
+        if m and (m.group("end") or more):
+            return out[:-1]
+    elif _NUM_ABBREV_END.search(text) and nxt[:1].isdigit() and not out.endswith("."):
+        return out + "."
     return out
 
 
 def tokenize_all(texts: Iterable[str]) -> list[str]:
-    """:func:`tokenize` over a sequence of captions."""
-    return [tokenize(t) for t in texts]
+    """:func:`tokenize` over a sequence of captions, as pycocoevalcap tokenises them: as consecutive lines of one
+    file, so that a caption's end can depend on the next caption (:func:`_next_line_effect`; pycocoevalcap's order
+    is the images' order, then each image's captions)."""
+    texts = [t.replace("\n", " ") for t in texts]
+    out = [tokenize(t) for t in texts]
+    for k in range(len(texts) - 1):
+        end = texts[k].rstrip(" \t\xa0")[-5:]
+        # only a single letter or no./nos./prop. before a final period can change (quick test before the regexes)
+        if end.endswith(".") and (end[-2:-1].isalpha() and not end[-3:-2].isalnum() or end[-3:-1].lower() in _NO_END):
+            out[k] = _next_line_effect(texts[k], out[k], texts[k + 1], k + 2 < len(texts))
+    return out
+
+
+def ptb_tokenize(captions: Mapping[Hashable, Sequence[str] | Sequence[dict]]) -> dict[Hashable, list[str]]:
+    """Tokenise ``{id: [caption, ...]}`` (strings, or COCO dicts with a ``"caption"`` key, as pycocoevalcap takes),
+    all captions as one batch in this order (:func:`tokenize_all`), as pycocoevalcap's ``PTBTokenizer`` does."""
+    flat: list[str] = []
+    sizes: list[int] = []
+    for key, caps in captions.items():
+        if isinstance(caps, str):
+            raise TypeError(f"captions[{key!r}]: expected a list of captions, got a string")
+        flat.extend(c["caption"] if isinstance(c, dict) else c for c in caps)
+        sizes.append(len(caps))
+    done = tokenize_all(flat)
+    out: dict[Hashable, list[str]] = {}
+    k = 0
+    for key, n in zip(captions, sizes):
+        out[key] = done[k : k + n]
+        k += n
+    return out

@@ -68,7 +68,7 @@ from finecap.metrics.diversity import mean_length, set_diversity, vocabulary_met
 from finecap.metrics.faithfulness import faithfulness
 from finecap.metrics.meteor import MetricUnavailable, meteor
 from finecap.metrics.ngram import ngram_metrics
-from finecap.metrics.ptb_tokenize import tokenize
+from finecap.metrics.ptb_tokenize import ptb_tokenize, tokenize, tokenize_all
 from finecap.metrics.retrieval import SelfRetrieval, bag_retrieval, pool_retrieval, rd_retrieval
 from finecap.metrics.spice import spice
 
@@ -109,7 +109,8 @@ class _Context:
 
     def tok_predictions(self) -> dict[Hashable, str]:
         if "tok_pred" not in self.cache:
-            self.cache["tok_pred"] = {i: tokenize(c) for i, c in self.predictions.items()}
+            preds = self.predictions
+            self.cache["tok_pred"] = dict(zip(preds, tokenize_all(preds.values())))
         return self.cache["tok_pred"]
 
     def tok_references(self, group: str) -> dict[Hashable, list[str]]:
@@ -118,7 +119,7 @@ class _Context:
             missing = [i for i in self.predictions if not refs.get(i)]
             if missing:
                 raise ValueError(f"metric {group!r}: no references for {len(missing)} image(s), e.g. {missing[:5]}")
-            self.cache["tok_refs"] = {i: [tokenize(c) for c in refs[i]] for i in self.predictions}
+            self.cache["tok_refs"] = ptb_tokenize({i: refs[i] for i in self.predictions})
         return self.cache["tok_refs"]
 
     # self-retrieval -------------------------------------------------------------------------------------------------
@@ -154,7 +155,7 @@ def _ngram(ctx: _Context, group: str) -> dict[str, float]:
     if "ngram" not in ctx.cache:
         names = {"bleu": "bleu", "rouge": "rouge_l", "cider": "cider_d"}
         wanted = [names[g] for g in ctx.requested if g in names] or [names[group]]
-        ctx.cache["ngram"] = ngram_metrics(ctx.tok_predictions(), ctx.tok_references(group), wanted)[0]
+        ctx.cache["ngram"] = ngram_metrics(ctx.tok_predictions(), ctx.tok_references(group), wanted, per_item=False)[0]
     corpus = ctx.cache["ngram"]
     prefix = {"bleu": "BLEU-", "rouge": "ROUGE-L", "cider": "CIDEr-D"}[group]
     return {k: v for k, v in corpus.items() if k.startswith(prefix)}

@@ -1,0 +1,119 @@
+"""The drop-in COCOEvalCap: pycocoevalcap's own example flow with both classes, every number compared."""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import io
+import shutil
+import warnings
+from pathlib import Path
+
+import pytest
+from pycocotools.coco import COCO
+
+from finecap.metrics import CaptionFile, COCOEvalCap
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _coco_like():
+    spec = importlib.util.spec_from_file_location("coco_like", ROOT / "benchmarks" / "coco_like.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory):
+    """60 images of seeded COCO-like raw captions (capitals, punctuation, possessives, numbers, contractions)."""
+    return _coco_like().write_coco(tmp_path_factory.mktemp("cocoeval"), 60, seed=3)
+
+
+def _example_flow(cls, annotation_file: Path, results_file: Path, **kwargs):
+    """pycocoevalcap/example/coco_eval_example.py, with the class passed in."""
+    with contextlib.redirect_stdout(io.StringIO()):
+        coco = COCO(str(annotation_file))
+        coco_result = coco.loadRes(str(results_file))
+        coco_eval = cls(coco, coco_result, **kwargs)
+        coco_eval.params["image_id"] = coco_result.getImgIds()
+        coco_eval.evaluate()
+    return coco_eval
+
+
+class _NoSpice:
+    """Stands in for pycocoevalcap's Spice, which would download Stanford CoreNLP (no network here): the reference
+    flow runs unchanged otherwise, and SPICE is left out of the comparison."""
+
+    def compute_score(self, gts, res):
+        return 0.0, [0.0] * len(res)
+
+    def method(self):
+        return "SPICE"
+
+
+@pytest.mark.java
+@pytest.mark.skipif(shutil.which("java") is None, reason="pycocoevalcap's tokenizer and METEOR need Java")
+def test_example_flow_gives_pycocoevalcap_numbers(files, monkeypatch):
+    import pycocoevalcap.eval as reference
+
+    monkeypatch.setattr(reference, "Spice", _NoSpice)
+    ref = _example_flow(reference.COCOEvalCap, *files)
+    ours = _example_flow(COCOEvalCap, *files, metrics=("bleu", "meteor", "rouge", "cider"))
+    names = ["Bleu_1", "Bleu_2", "Bleu_3", "Bleu_4", "METEOR", "ROUGE_L", "CIDEr"]
+    assert list(ours.eval) == names
+    for m in names:
+        assert ours.eval[m] == pytest.approx(ref.eval[m], rel=1e-12, abs=1e-15), m
+    assert list(ours.imgToEval) == list(ref.imgToEval)
+    for i, scores in ref.imgToEval.items():
+        assert ours.imgToEval[i]["image_id"] == i
+        for m in names:
+            assert ours.imgToEval[i][m] == pytest.approx(scores[m], rel=1e-9, abs=1e-12), (i, m)
+    assert ours.evalImgs == list(ours.imgToEval.values())
+    assert 0.05 < ours.eval["CIDEr"] < 5  # the data make a non-trivial comparison
+
+
+def test_file_paths_without_pycocotools_equal_coco_objects(files):
+    # paths (no pycocotools needed) and pycocotools objects give the same numbers; default: all images of the file
+    by_path = COCOEvalCap(str(files[0]), str(files[1]), metrics=("bleu", "rouge", "cider"))
+    by_path.evaluate()
+    objs = _example_flow(COCOEvalCap, *files, metrics=("bleu", "rouge", "cider"))
+    assert by_path.eval == objs.eval and by_path.imgToEval == objs.imgToEval
+    assert set(by_path.eval) == {"Bleu_1", "Bleu_2", "Bleu_3", "Bleu_4", "ROUGE_L", "CIDEr"}
+
+
+def test_hand_checked_scores_and_named_errors(tmp_path):
+    gt = CaptionFile({"images": [{"id": 1}, {"id": 2}],
+                      "annotations": [{"image_id": 1, "caption": "A red circle."},
+                                      {"image_id": 2, "caption": "A blue square."}]})  # fmt: skip
+    ev = COCOEvalCap(gt, gt.loadRes([{"image_id": 1, "caption": "a red circle"},
+                                     {"image_id": 2, "caption": "A blue square!", "score": 3}]),
+                     metrics=("bleu", "rouge"))  # fmt: skip
+    ev.evaluate()
+    # identical after tokenisation: every precision is (3 + 1e-15) / (3 + 1e-9) ~ 1, brevity penalty 1
+    assert ev.eval["Bleu_1"] == pytest.approx(1.0) and ev.eval["ROUGE_L"] == pytest.approx(1.0)
+    # a 3-word caption has no 4-gram: BLEU-4 = (1 * 1 * 1 * (0 + 1e-15) / (0 + 1e-9)) ** (1/4) = 1e-6 ** 0.25 = 0.0316
+    bleu4 = (1e-15 / 1e-9) ** 0.25
+    assert ev.imgToEval[2] == {"image_id": 2, "Bleu_1": pytest.approx(1.0), "Bleu_2": pytest.approx(1.0),
+                               "Bleu_3": pytest.approx(1.0), "Bleu_4": pytest.approx(bleu4, rel=1e-6),
+                               "ROUGE_L": pytest.approx(1.0)}  # fmt: skip
+    with pytest.raises(ValueError, match=r"image 2: no result caption"):
+        e = COCOEvalCap(gt, gt.loadRes([{"image_id": 1, "caption": "x"}]), metrics=("bleu",))
+        e.params["image_id"] = [1, 2]
+        e.evaluate()
+    with pytest.raises(ValueError, match=r"1 image id\(s\) are not in the reference file"):
+        gt.loadRes([{"image_id": 9, "caption": "x"}])
+    with pytest.raises(ValueError, match=r"unknown \['bleurt'\]"):
+        COCOEvalCap(gt, gt, metrics=("bleurt",))
+    with pytest.raises(TypeError, match=r"cocoRes: expected a pycocotools COCO object or a file path"):
+        COCOEvalCap(gt, {1: "x"})
+
+
+def test_unavailable_java_metric_is_skipped_with_the_reason(files, monkeypatch):
+    monkeypatch.setenv("FINECAP_SPICE_DIR", "/nonexistent")
+    ev = COCOEvalCap(str(files[0]), str(files[1]), metrics=("cider", "spice"))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        ev.evaluate()
+    assert list(ev.eval) == ["CIDEr"]
+    assert any("skipping SPICE" in str(w.message) and "/nonexistent" in str(w.message) for w in caught)
