@@ -31,7 +31,7 @@ from finecap.config import Config, load
 from finecap.data.datasets import load_records
 from finecap.data.formats import read_bags, read_results, write_results
 from finecap.metrics.suite import evaluate
-from finecap.models.clipcap import ClipCap
+from finecap.models.backbones import load_captioner
 from finecap.models.retriever import load_retriever
 from finecap.recipes import resolve_recipe
 from finecap.report.plots import length_curves
@@ -155,7 +155,7 @@ def train_stage(stage: str) -> Callable[[Demo], None]:
 
 def best_model(demo: Demo, stage: str) -> Any:
     """The stage's best checkpoint as a captioner in eval mode."""
-    return ClipCap.from_checkpoint(model_dir(demo.stage_dir(stage) / "checkpoints" / "best")).eval()
+    return load_captioner(model_dir(demo.stage_dir(stage) / "checkpoints" / "best")).eval()
 
 
 def caption_stage(demo: Demo, stage: str) -> Path:
