@@ -63,16 +63,13 @@ from finecap.config import DecodeConfig
 from finecap.decode import Generation
 from finecap.models import lora
 from finecap.models.captioner import TokenScores, encode_images, generate_in_chunks, token_scores
+from finecap.models.presets import BlipImageProcessor, world_blip
 from finecap.models.vision import VisionEncoder
+from finecap.models.world_encoder import world_encoder_path
 from finecap.utils import read_json, write_json
 
 if TYPE_CHECKING:
     from finecap.config import Config
-
-try:  # the PIL backend (no torchvision here); ``BlipImageProcessor`` would fall back to it with a warning
-    from transformers import BlipImageProcessorPil as BlipImageProcessor
-except ImportError:  # pragma: no cover - older transformers
-    from transformers import BlipImageProcessor
 
 CONFIG_NAME = "captioner.json"
 WORLD_DIR = "world_encoder"
@@ -484,9 +481,6 @@ def build_blip(cfg: Config) -> Blip:
     tiny ``BlipTextLMHeadModel`` of ``model.tiny_*`` sizes over the world tokenizer, random init, cross-attending
     to the image tokens of ``model.encoder``: ``world`` = the trained world encoder, or a dual-encoder path);
     anything else is loaded as a ``BlipForConditionalGeneration`` checkpoint."""
-    from finecap.models.presets import world_blip
-    from finecap.models.world_encoder import world_encoder_path
-
     m = cfg.model
     kwargs = {"train_encoder": m.train_encoder, "train_lm": m.train_lm}
     if m.blip != "world-tiny":

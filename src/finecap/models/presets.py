@@ -27,6 +27,11 @@ from transformers import (
     GPT2LMHeadModel,
 )
 
+try:  # BLIP's PIL backend (no torchvision here); ``BlipImageProcessor`` would fall back to it with a warning
+    from transformers import BlipImageProcessorPil as BlipImageProcessor
+except ImportError:  # pragma: no cover - older transformers
+    from transformers import BlipImageProcessor
+
 from finecap.models.retriever import Retriever
 from finecap.models.tokenizer import world_tokenizer
 
@@ -185,8 +190,6 @@ def save_tiny_blip(out: str | Path, *, image_size: int = 32, seed: int = 0, **si
     sized for ``image_size`` px (its default is 384) and the tokenizer, laid out like a Hub checkpoint
     (``model.blip=<out>`` and ``BlipForConditionalGeneration.from_pretrained(out)`` load it). For tests and
     benchmarks."""
-    from finecap.models.blip import BlipImageProcessor
-
     torch.manual_seed(seed)
     tok = world_tokenizer()
     model = BlipForConditionalGeneration(tiny_blip_config(tok, image_size=image_size, **sizes))
