@@ -72,6 +72,9 @@ TRAIN_STAGES: dict[str, str | None] = {
     "sr_bagcurri": "mle",
     "smile_random": "mle",
     "smile_reverse": "mle",
+    "blip_mle": None,
+    "blip_smile": "blip_mle",
+    "blip_discritune": "blip_mle",
 }
 # Ablation stages: the recipe they run and the overrides that make them (SMILE Sec. 3.4 subsetting ablations).
 ABLATIONS: dict[str, tuple[str, list[str]]] = {
