@@ -363,11 +363,14 @@ class Blip(nn.Module):
 
     @staticmethod
     def select(state: Any, index: torch.Tensor) -> Any:
-        """Keep/repeat/reorder rows of the self- and cross-attention caches and of the image tokens."""
+        """Keep/repeat/reorder rows of the self- and cross-attention caches. After :meth:`start` every layer's
+        cross-attention K/V are cached, so the decoder reads the image tokens only for their shape: they become a
+        zero-copy view of the right batch size instead of being gathered at every beam step."""
         cache, tokens = state
-        index = index.to(tokens.device)
-        cache.reorder_cache(index)
-        return cache, tokens.index_select(0, index)
+        if not cache.is_updated or not all(cache.is_updated.values()):
+            raise RuntimeError("BLIP decoding state: the cross-attention cache is not filled (call start first)")
+        cache.reorder_cache(index.to(tokens.device))
+        return cache, tokens[:1].expand(index.shape[0], -1, -1)  # (M, P, H) view
 
     @torch.no_grad()
     def generate(
