@@ -99,7 +99,11 @@ class FeatureMapTokens(VisionEncoder):
         if not maps:
             raise ValueError(f"vision encoder {self.source}: no spatial feature map with more than one cell")
         fmap = maps[-1]  # (B, C, h, w)
-        pooled = super().forward(pixel_values)  # (B, D) projected feature (a second pass: cheap next to decoding)
+        projection = getattr(self.model, "visual_projection", None)
+        if projection is not None and out.pooler_output is not None:  # get_image_features, without a second pass
+            pooled = projection(out.pooler_output)  # (B, D)
+        else:
+            pooled = super().forward(pixel_values)  # (B, D)
         if fmap.shape[1] != pooled.shape[1]:
             raise ValueError(
                 f"vision encoder {self.source}: feature map width {fmap.shape[1]} != projection dim {pooled.shape[1]}"
