@@ -104,8 +104,8 @@ def main(argv: list[str] | None = None) -> dict:
         for name, (fns, same) in cases.items():
             print(f"{name}: greedy outputs identical to generate: {same()}")
             for k, label in ((1, "greedy"), (5, "beam5")):
-                t_ours = best_time(lambda: fns["finecap"](k), args.repeat)
-                t_ref = best_time(lambda: fns["generate"](k), args.repeat)
+                t_ours = best_time(lambda fns=fns, k=k: fns["finecap"](k), args.repeat)
+                t_ref = best_time(lambda fns=fns, k=k: fns["generate"](k), args.repeat)
                 results[f"{name}/{label}"] = {"finecap_s": t_ours, "generate_s": t_ref, "ratio": t_ref / t_ours}
     print(f"\n{args.images} images, {args.max_length} tokens, torch threads {torch.get_num_threads()}")
     print(f"{'case':<16}{'finecap s':>11}{'generate s':>12}{'ratio':>8}")
