@@ -46,9 +46,11 @@ def main() -> None:
     parser.add_argument("--rl-steps", type=int, default=12)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--json", default=None)
-    parser.add_argument("--backbones", default="clipcap",
-                        help="comma-separated model.kind values to time (clipcap,blip); blip = the world BLIP "
-                             "decoder (3 layers, width 128) cross-attending to the tiny CLIP's 17 image tokens")  # fmt: skip
+    help_kinds = (
+        "comma-separated model.kind values to time (clipcap,blip); blip = the world BLIP decoder "
+        "(3 layers, width 128) cross-attending to the tiny CLIP's 17 image tokens"
+    )
+    parser.add_argument("--backbones", default="clipcap", help=help_kinds)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     tmp = Path(tempfile.mkdtemp(prefix="finecap-step-"))
