@@ -62,7 +62,7 @@ from transformers.cache_utils import DynamicCache, EncoderDecoderCache
 from finecap.config import DecodeConfig
 from finecap.decode import Generation
 from finecap.models import lora
-from finecap.models.captioner import TokenScores, encode_images, generate_in_chunks, token_scores
+from finecap.models.captioner import TokenScores, encode_images, generate_in_chunks, strip_prefix, token_scores
 from finecap.models.presets import BlipImageProcessor, world_blip
 from finecap.models.vision import VisionEncoder
 from finecap.models.world_encoder import world_encoder_path
@@ -408,7 +408,7 @@ class Blip(nn.Module):
         out.mkdir(parents=True, exist_ok=True)
         state = self.state_dict() if state_dict is None else state_dict
         base = {k.replace("base_model.model.", "").replace(".base_layer.", "."): v
-                for k, v in _prefixed(state, "model.").items() if "lora_" not in k}  # fmt: skip
+                for k, v in strip_prefix(state, "model.").items() if "lora_" not in k}  # fmt: skip
         wrapped = {part: self.lora_module(part) for part in lora.PARTS}
         try:  # save_pretrained of the plain model: adapters' wrappers swapped out while it writes
             for part, module in wrapped.items():
@@ -424,9 +424,9 @@ class Blip(nn.Module):
         meta = self.config_dict()
         meta["world_saved"] = bool(self.world is not None and self.train_encoder)
         if meta["world_saved"]:
-            lora.save_encoder(self.world, out / WORLD_DIR, _prefixed(state, "world.model."))
+            lora.save_encoder(self.world, out / WORLD_DIR, strip_prefix(state, "world.model."))
         vision_prefix = "world.model." if self.world is not None else "model.vision_model."
-        parts = {"lm": _prefixed(state, "model.text_decoder."), "encoder": _prefixed(state, vision_prefix)}
+        parts = {"lm": strip_prefix(state, "model.text_decoder."), "encoder": strip_prefix(state, vision_prefix)}
         meta["lora"] = lora.save_adapters(self, out, parts)
         write_json(out / CONFIG_NAME, meta)
         return out
@@ -472,10 +472,6 @@ class Blip(nn.Module):
         if meta.get("lora"):
             lora.load_adapters(blip, path, meta["lora"])
         return blip
-
-
-def _prefixed(state: dict[str, torch.Tensor], prefix: str) -> dict[str, torch.Tensor]:
-    return {k[len(prefix) :]: v for k, v in state.items() if k.startswith(prefix)}
 
 
 # --------------------------------------------------------------------------------------------------------------------

@@ -89,6 +89,11 @@ def token_scores(
     return TokenScores(token, entropy)
 
 
+def strip_prefix(state: dict[str, torch.Tensor], prefix: str) -> dict[str, torch.Tensor]:
+    """The entries of a state dict under ``prefix``, with the prefix removed (one part of a captioner's weights)."""
+    return {k[len(prefix) :]: v for k, v in state.items() if k.startswith(prefix)}
+
+
 def encode_images(batch: dict[str, Any], encoder: Any, trained: bool, device: torch.device) -> torch.Tensor:
     """What a captioner conditions on: the batch's cached ``features`` (frozen encoder), or ``encoder`` applied to
     ``pixel_values`` (with gradient only when the encoder is ``trained``). Shapes are the encoder's: ``(B, D)``

@@ -47,7 +47,7 @@ from transformers.cache_utils import Cache
 from finecap.config import DecodeConfig, Mapper
 from finecap.decode import Generation
 from finecap.models import lora
-from finecap.models.captioner import TokenScores, encode_images, generate_in_chunks, token_scores
+from finecap.models.captioner import TokenScores, encode_images, generate_in_chunks, strip_prefix, token_scores
 from finecap.models.presets import WORLD_LM_POSITIONS, build_world_lm
 from finecap.models.tokenizer import ensure_pad_token
 from finecap.models.vision import VisionEncoder
@@ -388,10 +388,10 @@ class ClipCap(nn.Module):
         out = Path(out)
         out.mkdir(parents=True, exist_ok=True)
         state = self.state_dict() if state_dict is None else state_dict
-        parts = {"lm": _prefixed(state, "lm."), "encoder": _prefixed(state, "encoder.model.")}
+        parts = {"lm": strip_prefix(state, "lm."), "encoder": strip_prefix(state, "encoder.model.")}
         lora.save_base(self.lm, out / "lm", parts["lm"])
         self.tokenizer.save_pretrained(out / "lm")
-        mapper = {k: v.detach().contiguous().cpu() for k, v in _prefixed(state, "mapper.").items()}
+        mapper = {k: v.detach().contiguous().cpu() for k, v in strip_prefix(state, "mapper.").items()}
         save_file(mapper, str(out / MAPPER_WEIGHTS))
         meta = self.config_dict()
         meta["encoder_saved"] = bool(self.train_encoder and self.encoder is not None)
@@ -440,11 +440,6 @@ class ClipCap(nn.Module):
         if meta.get("lora"):
             lora.load_adapters(model, path, meta["lora"])  # unmerged, trainable; lora.merge_lora merges them
         return model
-
-
-def _prefixed(state: dict[str, torch.Tensor], prefix: str) -> dict[str, torch.Tensor]:
-    """The entries of ``state`` under ``prefix``, with the prefix removed."""
-    return {k[len(prefix) :]: v for k, v in state.items() if k.startswith(prefix)}
 
 
 def export_merged(checkpoint: str | Path, out: str | Path) -> Path:

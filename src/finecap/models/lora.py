@@ -6,8 +6,9 @@ is ``lora.lm`` / ``lora.encoder`` (adapters) or full fine-tuning; the mapper alw
 applies this to a captioner, also one loaded from a checkpoint (``train.init_from``, ``--resume``), so the run's
 configuration, not the checkpoint's, decides what is trained.
 
-Each adapted part is wrapped in a ``peft.PeftModel`` (``model.lm``, ``model.encoder.model``); module names stay
-the checkpoint's own, so targets are plain module names:
+Each adapted part is wrapped in a ``peft.PeftModel`` (the backbone's ``lora_module(part)``: ClipCap's ``model.lm`` and
+``model.encoder.model``, BLIP's text decoder and vision model, see :mod:`finecap.models.blip` for its targets); module
+names stay the checkpoint's own, so targets are plain module names:
 
 - ``lora.lm_targets`` (empty = every ``nn.Linear`` / GPT-2 ``Conv1D`` of the LM except the output head, i.e. for
   GPT-2 ``c_attn``, ``c_proj``, ``c_fc`` of every block);
