@@ -141,3 +141,25 @@ def test_objective_lowers_its_loss_and_moves_only_what_trains(make_cfg, clip_dir
     if retriever_before is not None:  # the frozen retriever of the reward never moves
         for k, v in retriever.model.state_dict().items():
             assert torch.equal(retriever_before[k], v.to(retriever_before[k].device)), k
+
+
+def test_blip_run_checkpoint_loads_back_and_resumes(make_cfg, clip_dir):
+    """The training loop writes a world BLIP in BLIP's own format (BlipForConditionalGeneration.from_pretrained
+    loads its folder), ``load_captioner`` restores it, and ``--resume`` continues the run from it."""
+    from transformers import BlipForConditionalGeneration
+
+    from finecap.app.train import train
+    from finecap.models.backbones import load_captioner
+    from finecap.models.blip import Blip
+    from finecap.train.checkpoint import checkpoint_dir, model_dir
+
+    cfg = make_cfg(f"model.encoder={clip_dir}", *BACKBONES["blip"], "train.max_steps=2", "train.eval_every=2")
+    run_dir = train(cfg)
+    folder = model_dir(checkpoint_dir(run_dir, "last"))
+    assert isinstance(BlipForConditionalGeneration.from_pretrained(folder), BlipForConditionalGeneration)
+    model = load_captioner(folder)
+    assert isinstance(model, Blip) and model.world is not None
+    more = make_cfg(f"model.encoder={clip_dir}", *BACKBONES["blip"], "train.max_steps=3", "train.eval_every=3")
+    train(more, resume=True)
+    info = (checkpoint_dir(run_dir, "last") / "trainer_state.json").read_text()
+    assert '"step": 3' in info
