@@ -386,9 +386,10 @@ class LoraConfig:
 @dataclass
 class DemoConfig:
     stages: list[str] = doc(
-        ["world", "retriever", "mle", "mle_continued", "smile", "scst", "sle", "discritune", "sr_bagcurri", "report"],
-        "Demo stages to run, in order (scst_me is available too).",
-    )
+        ["world", "retriever", "mle", "mle_continued", "smile", "scst", "sle", "discritune", "sr_bagcurri", "blip_mle",
+         "blip_smile", "report"],
+        "Demo stages to run, in order (scst_me and blip_discritune are available too).",
+    )  # fmt: skip
     quick: bool = doc(False, "Tiny settings that finish in about two minutes (used by tests).")
     force: bool = doc(False, "Re-run stages even when their outputs exist.")
 
