@@ -1,6 +1,7 @@
-"""Per-step wall time of the training loop for MLE and SCST at the demo's settings.
+"""Per-step wall time of the training loop for MLE, SCST and SMILE at the demo's settings, per backbone.
 
-    .venv/bin/python benchmarks/train_step.py [--mle-steps 40] [--rl-steps 12] [--json OUT]
+    .venv/bin/python benchmarks/train_step.py [--mle-steps 40] [--rl-steps 12] [--backbones clipcap,blip]
+        [--json OUT]
 
 Setting: a generated world of ``--n-train`` scenes (64x64 images), a random tiny CLIP as the frozen encoder (the
 step's cost does not depend on whether the encoder is trained), the world-tiny GPT-2 (3 layers, width 128, prefix
@@ -45,6 +46,11 @@ def main() -> None:
     parser.add_argument("--rl-steps", type=int, default=12)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--json", default=None)
+    help_kinds = (
+        "comma-separated model.kind values to time (clipcap,blip); blip = the world BLIP decoder "
+        "(3 layers, width 128) cross-attending to the tiny CLIP's 17 image tokens"
+    )
+    parser.add_argument("--backbones", default="clipcap", help=help_kinds)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     tmp = Path(tempfile.mkdtemp(prefix="finecap-step-"))
@@ -52,15 +58,21 @@ def main() -> None:
     encoder = save_tiny_clip(tmp / "encoder", image_size=64, patch_size=16, hidden=64, layers=2, projection_dim=64)
     common = [f"world.out={tmp / 'world'}", f"model.encoder={encoder}", f"run.cache_dir={tmp / 'cache'}",
               "train.eval_samples=16", "train.log_every=10"]  # fmt: skip
-    mle = load("demo/mle",
-               [*common, f"run.dir={tmp / 'mle'}", f"train.max_steps={args.mle_steps}",
-                f"train.eval_every={args.mle_steps}", "train.validators=[]"])  # fmt: skip
-    results = {"mle": timed_run(mle, skip=3)}
-    scst = load("demo/scst",
-                [*common, f"run.dir={tmp / 'scst'}", f"train.init_from={tmp / 'mle' / 'checkpoints' / 'last'}",
-                 f"train.max_steps={args.rl_steps}", f"train.eval_every={args.rl_steps}",
-                 "train.validators=[]"])  # fmt: skip
-    results["scst"] = timed_run(scst, skip=2)
+    results = {}
+    for kind in args.backbones.split(","):
+        extra = [] if kind == "clipcap" else [f"model.kind={kind}", "model.blip=world-tiny"]
+        tag = "" if kind == "clipcap" else f"{kind}/"
+        run = tmp / kind
+        mle = load("demo/mle",
+                   [*common, *extra, f"run.dir={run / 'mle'}", f"train.max_steps={args.mle_steps}",
+                    f"train.eval_every={args.mle_steps}", "train.validators=[]"])  # fmt: skip
+        results[f"{tag}mle"] = timed_run(mle, skip=3)
+        for stage, steps in (("scst", args.rl_steps), ("smile", args.mle_steps)):
+            cfg = load(f"demo/{stage}",
+                       [*common, *extra, f"run.dir={run / stage}",
+                        f"train.init_from={run / 'mle' / 'checkpoints' / 'last'}", f"train.max_steps={steps}",
+                        f"train.eval_every={steps}", "train.validators=[]", "train.best_metric=loss"])  # fmt: skip
+            results[f"{tag}{stage}"] = timed_run(cfg, skip=2)
     for name, seconds in results.items():
         print(f"{name}: {seconds:.3f} s per step (median)")
     if args.json:

@@ -17,13 +17,15 @@ def quick_demo(quick_demo_run):
 def test_quick_demo_writes_table_captions_and_checkpoints(quick_demo):
     run_dir, _ = quick_demo
     results = json.loads((run_dir / "results.json").read_text())
-    assert {"human", "mle", "mle_continued", "smile", "scst", "sle", "discritune", "sr_bagcurri"} <= set(results)
+    expected = {"human", "mle", "mle_continued", "smile", "scst", "sle", "discritune", "sr_bagcurri", "blip_mle",
+                "blip_smile"}  # fmt: skip
+    assert expected <= set(results)
     for stage, row in results.items():
         for key in ("Length", "faith/precision", "faith/recall", "RD19/R@1", "bag3/R@1", "CIDEr-D"):
             assert key in row, (stage, key)
         assert 0.0 <= row["RD19/R@1"] <= 1.0 and 0.0 <= row["faith/precision"] <= 1.0
     assert results["human"]["faith/precision"] == 1.0  # reference captions state only true facts
-    for stage in ("mle", "smile", "scst"):
+    for stage in ("mle", "smile", "scst", "blip_smile"):
         assert (run_dir / stage / "checkpoints" / "best" / "model").is_dir()
         captions = json.loads((run_dir / "captions" / f"{stage}.json").read_text())
         assert len(captions) == 100 and all(c["caption"] for c in captions)

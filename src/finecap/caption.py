@@ -46,7 +46,8 @@ def generate_captions(
     With an ``accelerator`` of several processes the images are split between them and the result gathered.
     """
     decode = decode or cfg.decode
-    use_features = (not model.train_encoder) if use_features is None else use_features
+    if use_features is None:  # frozen encoders through the cache, when the backbone caches its vision outputs
+        use_features = not model.train_encoder and getattr(model, "cache_features", True)
     rank, world = (accelerator.process_index, accelerator.num_processes) if accelerator else (0, 1)
     main = rank == 0
     records = load_records(cfg, split)

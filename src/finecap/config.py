@@ -54,6 +54,7 @@ def _check(cond: bool, key: str, message: str) -> None:
 # derive their runtime tuples with typing.get_args (e.g. finecap.objectives.smile.SUBSETS).
 DataFormat = Literal["world", "karpathy", "coco", "jsonl", "hf"]
 Mapper = Literal["mlp", "transformer"]
+Backbone = Literal["clipcap", "blip"]
 Schedule = Literal["linear", "cosine", "constant"]
 DecodeStrategy = Literal["greedy", "beam", "sample"]
 Subset = Literal["sequence", "reverse", "random", "full"]
@@ -158,6 +159,9 @@ class RetrieverConfig:
 
 @dataclass
 class ModelConfig:
+    kind: Backbone = doc(
+        "clipcap", "Captioner: clipcap (prefix + causal LM) or blip (vision tokens + cross-attending decoder)."
+    )
     encoder: str = doc("world", "'world' (the cached world encoder) or a CLIP checkpoint name/path (vision tower).")
     lm: str = doc("world-tiny", "'world-tiny' (preset GPT-2 + world tokenizer) or any AutoModelForCausalLM name/path.")
     mapper: Mapper = doc("mlp", "Mapper from image features to the LM prefix.")
@@ -170,6 +174,7 @@ class ModelConfig:
     tiny_hidden: int = doc(128, "world-tiny LM: hidden size (n_embd).")
     tiny_heads: int = doc(4, "world-tiny LM: attention heads (must divide model.tiny_hidden).")
     tiny_dropout: float = doc(0.1, "world-tiny LM: dropout of embeddings, residuals and attention (GPT-2's 0.1).")
+    blip: str = doc("world-tiny", "kind=blip: a BlipForConditionalGeneration name/path, or 'world-tiny' (world BLIP).")
 
     def __post_init__(self) -> None:
         _check(self.prefix_length >= 1, "model.prefix_length", "must be >= 1")
@@ -385,9 +390,10 @@ class LoraConfig:
 @dataclass
 class DemoConfig:
     stages: list[str] = doc(
-        ["world", "retriever", "mle", "mle_continued", "smile", "scst", "sle", "discritune", "sr_bagcurri", "report"],
-        "Demo stages to run, in order (scst_me is available too).",
-    )
+        ["world", "retriever", "mle", "mle_continued", "smile", "scst", "sle", "discritune", "sr_bagcurri", "blip_mle",
+         "blip_smile", "report"],
+        "Demo stages to run, in order (scst_me and blip_discritune are available too).",
+    )  # fmt: skip
     quick: bool = doc(False, "Tiny settings that finish in about two minutes (used by tests).")
     force: bool = doc(False, "Re-run stages even when their outputs exist.")
 

@@ -15,7 +15,7 @@ from finecap.app.train import make_accelerator
 from finecap.caption import generate_captions
 from finecap.config import Config
 from finecap.data.formats import write_results
-from finecap.models.clipcap import ClipCap
+from finecap.models.backbones import load_captioner
 from finecap.train.checkpoint import model_dir
 
 
@@ -30,7 +30,7 @@ def main(
     if data:
         cfg = dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, path=str(data)))
     accelerator = make_accelerator(cfg)
-    model = ClipCap.from_checkpoint(model_dir(checkpoint)).to(accelerator.device)
+    model = load_captioner(model_dir(checkpoint)).to(accelerator.device)
     captions = generate_captions(model, cfg, split, accelerator=accelerator)
     out = Path(out)
     if accelerator.is_main_process:

@@ -33,7 +33,7 @@ from finecap.config import Config, load
 from finecap.data.datasets import load_records
 from finecap.data.formats import read_bags, read_results, write_results
 from finecap.metrics.suite import evaluate
-from finecap.models.clipcap import ClipCap
+from finecap.models.backbones import load_captioner
 from finecap.models.retriever import load_retriever
 from finecap.recipes import resolve_recipe
 from finecap.report.plots import length_curves
@@ -74,6 +74,9 @@ TRAIN_STAGES: dict[str, str | None] = {
     "sr_bagcurri": "mle",
     "smile_random": "mle",
     "smile_reverse": "mle",
+    "blip_mle": None,
+    "blip_smile": "blip_mle",
+    "blip_discritune": "blip_mle",
 }
 # Ablation stages: the recipe they run and the overrides that make them (SMILE Sec. 3.4 subsetting ablations).
 ABLATIONS: dict[str, tuple[str, list[str]]] = {
@@ -157,7 +160,7 @@ def train_stage(stage: str) -> Callable[[Demo], None]:
 
 def best_model(demo: Demo, stage: str) -> Any:
     """The stage's best checkpoint as a captioner in eval mode."""
-    return ClipCap.from_checkpoint(model_dir(demo.stage_dir(stage) / "checkpoints" / "best")).eval()
+    return load_captioner(model_dir(demo.stage_dir(stage) / "checkpoints" / "best")).eval()
 
 
 def caption_stage(demo: Demo, stage: str) -> Path:

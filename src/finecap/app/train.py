@@ -1,6 +1,6 @@
 """The one training loop: any objective, on ``accelerate``, resumable, single- or multi-process.
 
-``train(cfg)`` builds the captioner (``train.init_from`` or a fresh :func:`finecap.models.clipcap.build_captioner`),
+``train(cfg)`` builds the captioner (``train.init_from`` or a fresh ``model.kind``: :mod:`finecap.models.backbones`),
 the objective named by ``train.objective``, the training data (one example per reference caption, or per image for
 objectives that sample captions: :func:`train_unit`), and runs
 AdamW with warmup + linear/cosine/constant decay and gradient clipping. Every step the objective's named losses
@@ -80,7 +80,8 @@ from finecap.config import Config, DecodeConfig
 from finecap.data.datasets import CaptionCollator, CaptionDataset, load_records, model_collator, to_device
 from finecap.data.features import model_features
 from finecap.data.samplers import StepBatches, get_sampler, process_slice
-from finecap.models.clipcap import ClipCap, build_captioner
+from finecap.models.backbones import build_model as build_captioner
+from finecap.models.backbones import load_captioner
 from finecap.models.lora import configure_training
 from finecap.objectives import TrainContext, get_objective
 from finecap.objectives.base import unwrap
@@ -206,12 +207,12 @@ def make_accelerator(cfg: Config, run_dir: Path | None = None) -> Accelerator:
     return accelerator
 
 
-def build_model(cfg: Config, resume_from: Path | None = None) -> ClipCap:
+def build_model(cfg: Config, resume_from: Path | None = None) -> torch.nn.Module:
     """The captioner to train: ``resume_from`` (a checkpoint), else ``train.init_from``, else a fresh one; what it
     trains (``model.train_lm``, ``model.train_encoder``, LoRA adapters ``lora.*``) follows ``cfg``, also for a
     checkpoint (:func:`finecap.models.lora.configure_training`)."""
     start = resume_from or cfg.train.init_from
-    model = ClipCap.from_checkpoint(model_dir(start)) if start else build_captioner(cfg)
+    model = load_captioner(model_dir(start)) if start else build_captioner(cfg)
     return configure_training(model, cfg)
 
 
@@ -225,7 +226,7 @@ def train_unit(cfg: Config, objective: Any) -> str:
     return unit
 
 
-def build_data(cfg: Config, model: ClipCap, accelerator: Accelerator, *, per_caption: bool) -> TrainData:
+def build_data(cfg: Config, model: torch.nn.Module, accelerator: Accelerator, *, per_caption: bool) -> TrainData:
     """Training examples (one per reference caption, or per image) and the first ``train.eval_samples`` validation
     images."""
     train_records = load_records(cfg, "train")
@@ -233,7 +234,7 @@ def build_data(cfg: Config, model: ClipCap, accelerator: Accelerator, *, per_cap
     if cfg.train.eval_samples:
         val_records = val_records[: cfg.train.eval_samples]
     feats: dict[str, torch.Tensor | None] = {"train": None, "val": None}
-    if not model.train_encoder:
+    if not model.train_encoder and model.cache_features:
         with accelerator.main_process_first():  # the main process computes the cache, the others then read it
             for split, records in (("train", train_records), ("val", val_records)):
                 feats[split] = model_features(model, records, cfg, split, progress=accelerator.is_main_process)

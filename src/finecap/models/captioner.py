@@ -1,6 +1,7 @@
 """What a captioner is to the rest of finecap, and the one way of scoring given captions under it.
 
-A captioner (``ClipCap``; later backbones implement the same) is an ``nn.Module`` with:
+A captioner (:class:`finecap.models.clipcap.ClipCap`, :class:`finecap.models.blip.Blip`; a third backbone implements
+the same, see :mod:`finecap.models.backbones`) is an ``nn.Module`` with:
 
 - ``forward(batch)`` -> teacher-forced logits ``(B, T, V)`` of ``batch["input_ids"]``, aligned so that
   ``logits[:, t]`` predicts ``batch["labels"][:, t]``;
@@ -15,7 +16,11 @@ under ``torch.no_grad`` (see :func:`finecap.objectives.base.unwrap`), the patter
 online trainers. Objectives never touch a captioner's private members.
 
 Besides ``forward`` and the Stepper methods a captioner has ``tokenizer``, ``pad_token_id``, ``eos_token_id``,
-``generate(batch, decode_cfg, ...)``, ``save(folder, state_dict=None)`` and ``from_checkpoint(folder)``.
+``generate(batch, decode_cfg, ...)``, ``save(folder, state_dict=None)`` and ``from_checkpoint(folder)``; the flags
+``train_lm`` / ``train_encoder`` and the hooks :mod:`finecap.models.lora` uses to choose what trains:
+``lora_module(part)`` / ``set_lora_module(part, module)`` (``part`` = ``"lm"``, the text side, or ``"encoder"``, the
+vision side) and ``apply_trainable()``; ``encoder`` (the vision side: ``preprocess(images)``, ``set_trainable``) and
+``cache_features`` (whether frozen vision outputs go through the feature cache).
 
 Example (the arithmetic of :func:`token_scores`)::
 
@@ -35,6 +40,8 @@ from typing import Any, Protocol
 
 import torch
 import torch.nn.functional as F
+
+from finecap.decode import concat, decode
 
 
 @dataclass
@@ -80,3 +87,48 @@ def token_scores(
     token = logp.gather(-1, sequences.to(logp.device).unsqueeze(-1)).squeeze(-1) * keep  # (N, L)
     entropy = entropy_of(logp) * keep if with_entropy else None  # (N, L)
     return TokenScores(token, entropy)
+
+
+def strip_prefix(state: dict[str, torch.Tensor], prefix: str) -> dict[str, torch.Tensor]:
+    """The entries of a state dict under ``prefix``, with the prefix removed (one part of a captioner's weights)."""
+    return {k[len(prefix) :]: v for k, v in state.items() if k.startswith(prefix)}
+
+
+def encode_images(batch: dict[str, Any], encoder: Any, trained: bool, device: torch.device) -> torch.Tensor:
+    """What a captioner conditions on: the batch's cached ``features`` (frozen encoder), or ``encoder`` applied to
+    ``pixel_values`` (with gradient only when the encoder is ``trained``). Shapes are the encoder's: ``(B, D)``
+    feature vectors for ClipCap, ``(B, P, H)`` image tokens for BLIP."""
+    if trained:
+        if "pixel_values" not in batch:
+            raise ValueError("model.train_encoder=true: batches must carry pixel_values, not cached features")
+        return encoder(batch["pixel_values"].to(device))
+    if "features" in batch:
+        return batch["features"].to(device, torch.float32)
+    if "pixel_values" in batch:
+        if encoder is None:
+            raise ValueError("this captioner was loaded without its vision encoder; pass cached features")
+        with torch.no_grad():
+            return encoder(batch["pixel_values"].to(device)).float()
+    raise ValueError(f"batch has neither 'features' nor 'pixel_values' (keys: {sorted(batch)})")
+
+
+def generate_in_chunks(
+    stepper: Any,
+    conditioning: torch.Tensor,
+    decode_cfg: Any,
+    tokenizer: Any,
+    pad_id: int,
+    generator: torch.Generator | None = None,
+    seeds: torch.Tensor | None = None,
+) -> Any:
+    """:func:`finecap.decode.decode` over ``decode.batch_size`` images at a time (rows of ``conditioning``: ClipCap
+    features ``(B, D)``, BLIP image tokens ``(B, P, H)``), concatenated."""
+    size = decode_cfg.batch_size
+    chunks = [
+        decode(stepper, conditioning[i : i + size], decode_cfg, tokenizer, generator,
+               None if seeds is None else seeds[i : i + size])
+        for i in range(0, conditioning.shape[0], size)
+    ]  # fmt: skip
+    if not chunks:
+        raise ValueError("generate got an empty batch")
+    return concat(chunks, pad_id)

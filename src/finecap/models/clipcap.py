@@ -45,9 +45,9 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from transformers.cache_utils import Cache
 
 from finecap.config import DecodeConfig, Mapper
-from finecap.decode import Generation, concat, decode
+from finecap.decode import Generation
 from finecap.models import lora
-from finecap.models.captioner import TokenScores, token_scores
+from finecap.models.captioner import TokenScores, encode_images, generate_in_chunks, strip_prefix, token_scores
 from finecap.models.presets import WORLD_LM_POSITIONS, build_world_lm
 from finecap.models.tokenizer import ensure_pad_token
 from finecap.models.vision import VisionEncoder
@@ -190,6 +190,11 @@ class ClipCap(nn.Module):
         return int(value) if value else None
 
     @property
+    def cache_features(self) -> bool:
+        """Frozen encoder features (``(D,)`` per image) go through the feature cache."""
+        return True
+
+    @property
     def pad_token_id(self) -> int:
         return int(self.tokenizer.pad_token_id)
 
@@ -204,6 +209,31 @@ class ClipCap(nn.Module):
         if not self.train_lm:
             self.lm.eval()
         return self
+
+    # ------------------------------------------------------------------------------------------------------------
+    # What trains (hooks of finecap.models.lora)
+    # ------------------------------------------------------------------------------------------------------------
+
+    def lora_module(self, part: str) -> nn.Module | None:
+        """The module LoRA adapts for ``part``: the LM (``"lm"``) or the dual encoder (``"encoder"``; its text side
+        is never a target)."""
+        if part == "lm":
+            return self.lm
+        return self.encoder.model if self.encoder is not None else None
+
+    def set_lora_module(self, part: str, module: nn.Module) -> None:
+        """Put ``module`` (e.g. the part wrapped in a ``PeftModel``) in ``part``'s place."""
+        if part == "lm":
+            self.lm = module
+        else:
+            self.encoder.model = module
+
+    def apply_trainable(self) -> None:
+        """``requires_grad`` from ``train_lm`` / ``train_encoder``; the mapper always learns."""
+        self.mapper.requires_grad_(True)
+        self.lm.requires_grad_(self.train_lm)
+        if self.encoder is not None:
+            self.encoder.set_trainable(self.train_encoder)  # the text side always stays frozen
 
     def config_dict(self) -> dict[str, Any]:
         """What :meth:`save` records in ``captioner.json``."""
@@ -227,18 +257,7 @@ class ClipCap(nn.Module):
     def image_features(self, batch: dict[str, Any]) -> torch.Tensor:
         """Image features ``(B, D)``: the batch's cached ``features`` (frozen encoder) or the encoder applied to
         ``pixel_values`` (with gradient only when the encoder is trained)."""
-        if self.train_encoder:
-            if "pixel_values" not in batch:
-                raise ValueError("model.train_encoder=true: batches must carry pixel_values, not cached features")
-            return self.encoder(batch["pixel_values"].to(self.device))  # (B, D)
-        if "features" in batch:
-            return batch["features"].to(self.device, torch.float32)  # (B, D)
-        if "pixel_values" in batch:
-            if self.encoder is None:
-                raise ValueError("this captioner was loaded without its vision encoder; pass cached features")
-            with torch.no_grad():
-                return self.encoder(batch["pixel_values"].to(self.device)).float()  # (B, D)
-        raise ValueError(f"batch has neither 'features' nor 'pixel_values' (keys: {sorted(batch)})")
+        return encode_images(batch, self.encoder, self.train_encoder, self.device)  # (B, D)
 
     def _prefix(self, features: torch.Tensor) -> torch.Tensor:
         """Features ``(B, D)`` -> prefix embeddings ``(B, k, H)``."""
@@ -355,15 +374,7 @@ class ClipCap(nn.Module):
             features = self.image_features(batch_or_features)
         self._check_positions(cfg.max_length, "decode.max_length")
         features = features.to(self.device)
-        size = cfg.batch_size
-        chunks = [
-            decode(self, features[i : i + size], cfg, self.tokenizer, generator,
-                   None if seeds is None else seeds[i : i + size])
-            for i in range(0, features.shape[0], size)
-        ]  # fmt: skip
-        if not chunks:
-            raise ValueError("generate got an empty batch")
-        return concat(chunks, self.pad_token_id)
+        return generate_in_chunks(self, features, cfg, self.tokenizer, self.pad_token_id, generator, seeds)
 
     # ------------------------------------------------------------------------------------------------------------
     # Saving and loading
@@ -377,10 +388,10 @@ class ClipCap(nn.Module):
         out = Path(out)
         out.mkdir(parents=True, exist_ok=True)
         state = self.state_dict() if state_dict is None else state_dict
-        parts = {"lm": _prefixed(state, "lm."), "encoder": _prefixed(state, "encoder.model.")}
+        parts = {"lm": strip_prefix(state, "lm."), "encoder": strip_prefix(state, "encoder.model.")}
         lora.save_base(self.lm, out / "lm", parts["lm"])
         self.tokenizer.save_pretrained(out / "lm")
-        mapper = {k: v.detach().contiguous().cpu() for k, v in _prefixed(state, "mapper.").items()}
+        mapper = {k: v.detach().contiguous().cpu() for k, v in strip_prefix(state, "mapper.").items()}
         save_file(mapper, str(out / MAPPER_WEIGHTS))
         meta = self.config_dict()
         meta["encoder_saved"] = bool(self.train_encoder and self.encoder is not None)
@@ -429,11 +440,6 @@ class ClipCap(nn.Module):
         if meta.get("lora"):
             lora.load_adapters(model, path, meta["lora"])  # unmerged, trainable; lora.merge_lora merges them
         return model
-
-
-def _prefixed(state: dict[str, torch.Tensor], prefix: str) -> dict[str, torch.Tensor]:
-    """The entries of ``state`` under ``prefix``, with the prefix removed."""
-    return {k[len(prefix) :]: v for k, v in state.items() if k.startswith(prefix)}
 
 
 def export_merged(checkpoint: str | Path, out: str | Path) -> Path:

@@ -6,8 +6,9 @@ is ``lora.lm`` / ``lora.encoder`` (adapters) or full fine-tuning; the mapper alw
 applies this to a captioner, also one loaded from a checkpoint (``train.init_from``, ``--resume``), so the run's
 configuration, not the checkpoint's, decides what is trained.
 
-Each adapted part is wrapped in a ``peft.PeftModel`` (``model.lm``, ``model.encoder.model``); module names stay
-the checkpoint's own, so targets are plain module names:
+Each adapted part is wrapped in a ``peft.PeftModel`` (the backbone's ``lora_module(part)``: ClipCap's ``model.lm`` and
+``model.encoder.model``, BLIP's text decoder and vision model, see :mod:`finecap.models.blip` for its targets); module
+names stay the checkpoint's own, so targets are plain module names:
 
 - ``lora.lm_targets`` (empty = every ``nn.Linear`` / GPT-2 ``Conv1D`` of the LM except the output head, i.e. for
   GPT-2 ``c_attn``, ``c_proj``, ``c_fc`` of every block);
@@ -101,20 +102,18 @@ def _base(module: nn.Module) -> nn.Module:
 
 
 def _part_module(model: ClipCap, part: str) -> nn.Module:
-    if part == "lm":
-        return model.lm
-    if part == "encoder":
-        if model.encoder is None:
-            raise ValueError("lora.encoder=true: this captioner has no vision encoder")
-        return model.encoder.model
-    raise ValueError(f"LoRA part must be one of {', '.join(PARTS)}, got {part!r}")
+    """The module of ``part`` (the captioner's ``lora_module``: ClipCap's LM / dual encoder, BLIP's text decoder /
+    vision tower)."""
+    if part not in PARTS:
+        raise ValueError(f"LoRA part must be one of {', '.join(PARTS)}, got {part!r}")
+    module = model.lora_module(part)
+    if module is None:
+        raise ValueError(f"lora.{part}=true: this captioner has no {part}")
+    return module
 
 
 def _set_part_module(model: ClipCap, part: str, module: nn.Module) -> None:
-    if part == "lm":
-        model.lm = module  # an existing submodule name: keeps its place, so parameter order is stable
-    else:
-        model.encoder.model = module
+    model.set_lora_module(part, module)  # keeps the part's place, so parameter order is stable
 
 
 def _is_linear(module: nn.Module) -> bool:
@@ -191,10 +190,8 @@ def freeze_to_adapters(module: nn.Module) -> None:
 
 def adapter_spec(model: ClipCap, part: str) -> LoraSpec | None:
     """The settings of ``part``'s adapters (targets as full module names), or None without adapters."""
-    if part == "encoder" and model.encoder is None:
-        return None
-    module = _part_module(model, part)
-    if not is_peft(module):
+    module = model.lora_module(part)
+    if module is None or not is_peft(module):
         return None
     c = module.peft_config["default"]
     targets = c.target_modules
@@ -222,9 +219,8 @@ def merge_lora(model: ClipCap) -> ClipCap:
     outputs, for inference or :meth:`ClipCap.save` as a plain checkpoint. Trainability follows
     ``model.train_lm`` / ``model.train_encoder`` again (full fine-tuning)."""
     for part in PARTS:
-        if part == "encoder" and model.encoder is None:
-            continue
-        merge_part(model, part)
+        if model.lora_module(part) is not None:
+            merge_part(model, part)
     set_trainable(model, lm=model.train_lm, encoder=model.train_encoder)
     return model
 
@@ -234,19 +230,17 @@ def has_adapters(model: ClipCap) -> bool:
 
 
 def set_trainable(model: ClipCap, *, lm: bool, encoder: bool) -> None:
-    """Set what learns: the mapper always; the LM and encoder when asked, through their adapters when they have
-    some, else fully. Updates ``model.train_lm`` / ``model.train_encoder`` (batches then carry ``pixel_values``)."""
-    if encoder and model.encoder is None:
+    """Set what learns: the backbone's always-trained parts (ClipCap's mapper); the LM and encoder when asked,
+    through their adapters when they have some, else fully. Updates ``model.train_lm`` / ``model.train_encoder``
+    (batches then carry ``pixel_values``)."""
+    if encoder and model.lora_module("encoder") is None:
         raise ValueError("model.train_encoder=true needs a captioner with a vision encoder")
     model.train_lm, model.train_encoder = bool(lm), bool(encoder)
-    model.mapper.requires_grad_(True)
-    model.lm.requires_grad_(model.train_lm)
-    if model.train_lm and is_peft(model.lm):
-        freeze_to_adapters(model.lm)
-    if model.encoder is not None:
-        model.encoder.set_trainable(model.train_encoder)  # the text side always stays frozen
-        if model.train_encoder and is_peft(model.encoder.model):
-            freeze_to_adapters(model.encoder.model)
+    model.apply_trainable()  # requires_grad from the flags (the text side of a dual encoder always stays frozen)
+    for part, flag in (("lm", model.train_lm), ("encoder", model.train_encoder)):
+        module = model.lora_module(part)
+        if flag and module is not None and is_peft(module):
+            freeze_to_adapters(module)
     model.train(model.training)  # frozen parts back to eval mode
 
 

@@ -17,7 +17,20 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from transformers import CLIPConfig, CLIPImageProcessor, CLIPModel, GPT2Config, GPT2LMHeadModel
+from transformers import (
+    BlipConfig,
+    BlipForConditionalGeneration,
+    CLIPConfig,
+    CLIPImageProcessor,
+    CLIPModel,
+    GPT2Config,
+    GPT2LMHeadModel,
+)
+
+try:  # BLIP's PIL backend (no torchvision here); ``BlipImageProcessor`` would fall back to it with a warning
+    from transformers import BlipImageProcessorPil as BlipImageProcessor
+except ImportError:  # pragma: no cover - older transformers
+    from transformers import BlipImageProcessor
 
 from finecap.models.retriever import Retriever
 from finecap.models.tokenizer import world_tokenizer
@@ -127,3 +140,61 @@ def save_tiny_clip(
     processor = CLIPImageProcessor(size=size, crop_size={"height": image_size, "width": image_size})
     Retriever(CLIPModel(config), tok, processor).save(out)
     return Path(out)
+
+
+def tiny_blip_config(
+    tokenizer: Any,
+    *,
+    image_size: int = 32,
+    patch_size: int = 8,
+    vision_hidden: int = 32,
+    vision_layers: int = 2,
+    hidden: int = 32,
+    layers: int = 2,
+    heads: int = 2,
+    positions: int = 40,
+    dropout: float = 0.0,
+) -> BlipConfig:
+    """A small ``BlipConfig`` whose special ids come from ``tokenizer`` (BLIP's defaults assume BERT's vocabulary:
+    ``bos`` ([DEC]) = the tokenizer's BOS, ``sep`` (BLIP's stop token) = its EOS, ``pad`` = its pad).
+    ``vision_layers=0`` gives a vision tower without layers (the world BLIP's unused placeholder)."""
+    ids = {"bos_token_id": tokenizer.bos_token_id, "sep_token_id": tokenizer.eos_token_id,
+           "eos_token_id": tokenizer.eos_token_id, "pad_token_id": tokenizer.pad_token_id}  # fmt: skip
+    text = dict(vocab_size=len(tokenizer), hidden_size=hidden, intermediate_size=4 * hidden, num_hidden_layers=layers,
+                num_attention_heads=heads, max_position_embeddings=positions, hidden_dropout_prob=dropout,
+                attention_probs_dropout_prob=dropout, **ids)  # fmt: skip
+    vision = dict(hidden_size=vision_hidden, intermediate_size=2 * vision_hidden, num_hidden_layers=vision_layers,
+                  num_attention_heads=heads if vision_hidden % heads == 0 else 1, image_size=image_size,
+                  patch_size=patch_size)  # fmt: skip
+    return BlipConfig(text_config=text, vision_config=vision)
+
+
+def world_blip(
+    token_width: int, *, layers: int = 3, hidden: int = 128, heads: int = 4, dropout: float = 0.1, positions: int = 64
+) -> tuple[BlipForConditionalGeneration, Any]:
+    """The world BLIP (random init, current torch RNG) and the world tokenizer: a ``BlipTextLMHeadModel`` of the given
+    sizes whose cross-attention reads image tokens of width ``token_width`` (the world encoder's), inside a
+    ``BlipForConditionalGeneration`` whose vision tower is a placeholder without layers (never run)."""
+    if hidden % heads:
+        raise ValueError(f"world BLIP hidden size {hidden} is not divisible by its {heads} heads (model.tiny_heads)")
+    tokenizer = world_tokenizer()
+    sizes = dict(hidden=hidden, layers=layers, heads=heads, positions=positions, dropout=dropout)
+    config = tiny_blip_config(
+        tokenizer, image_size=8, patch_size=8, vision_hidden=token_width, vision_layers=0, **sizes
+    )
+    return BlipForConditionalGeneration(config), tokenizer
+
+
+def save_tiny_blip(out: str | Path, *, image_size: int = 32, seed: int = 0, **sizes: Any) -> Path:
+    """Save a random tiny ``BlipForConditionalGeneration`` over the world tokenizer, with a ``BlipImageProcessor``
+    sized for ``image_size`` px (its default is 384) and the tokenizer, laid out like a Hub checkpoint
+    (``model.blip=<out>`` and ``BlipForConditionalGeneration.from_pretrained(out)`` load it). For tests and
+    benchmarks."""
+    torch.manual_seed(seed)
+    tok = world_tokenizer()
+    model = BlipForConditionalGeneration(tiny_blip_config(tok, image_size=image_size, **sizes))
+    out = Path(out)
+    model.save_pretrained(out)
+    tok.save_pretrained(out)
+    BlipImageProcessor(size={"height": image_size, "width": image_size}).save_pretrained(out)
+    return out

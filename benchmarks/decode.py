@@ -1,0 +1,120 @@
+"""Time finecap's batched greedy and beam-5 decoding against the backbones' own ``generate`` in the same run.
+
+    .venv/bin/python benchmarks/decode.py [--images 64] [--max-length 20] [--repeat 3] [--threads 0] [--json OUT]
+
+Models (random initialisation, the world sizes; random models never stop early, so every caption runs to
+``--max-length`` tokens and both implementations do the same work):
+
+- ``clipcap``: the world ClipCap (MLP mapper, prefix 10, GPT-2 3 layers x 128 over the world vocabulary) on random
+  feature vectors; reference: ``GPT2LMHeadModel.generate(inputs_embeds=prefix, ...)`` on the mapper's prefix (the
+  mapper runs once, outside the timing of both).
+- ``blip``: a ``BlipForConditionalGeneration`` with a 2-layer ViT (width 256, 32 px images, 17 image tokens) and the
+  world BLIP's text decoder (3 layers x 128 with cross-attention) on random pixels; reference:
+  ``BlipForConditionalGeneration.generate(pixel_values, ...)``. Both run the ViT once per image.
+
+Settings matched: ``max_new_tokens = --max-length``, ``length_penalty=1``, no sampling, the same EOS/pad ids. Each
+timing is the best of ``--repeat`` wall-clock runs (``torch.no_grad``, eval mode). Greedy outputs are checked to be
+identical. Target: ratio (generate time / finecap time) >= 1 for all four.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+from finecap.config import DecodeConfig
+from finecap.models.blip import Blip
+from finecap.models.clipcap import ClipCap
+from finecap.models.presets import build_world_lm, save_tiny_blip
+
+
+def best_time(fn: Callable[[], object], repeat: int) -> float:
+    times = []
+    for _ in range(repeat):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return min(times)
+
+
+def clipcap_case(n: int, length: int) -> tuple[dict[str, Callable], Callable[[], bool]]:
+    torch.manual_seed(0)
+    lm, tok = build_world_lm(layers=3, hidden=128, heads=4, n_positions=64, dropout=0.0)
+    model = ClipCap(lm, tok, feature_dim=256, prefix_length=10).eval()
+    features = torch.randn(n, 256)
+    prefix = model.mapper(features)  # (n, 10, 128)
+    common = dict(max_new_tokens=length, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id, do_sample=False,
+                  min_new_tokens=0)  # fmt: skip
+
+    def ours(k: int):
+        cfg = DecodeConfig(strategy="greedy" if k == 1 else "beam", beam_size=k, max_length=length, batch_size=n)
+        return model.generate(features, cfg)
+
+    def theirs(k: int):
+        return lm.generate(inputs_embeds=prefix, num_beams=k, length_penalty=1.0, **common)
+
+    def same() -> bool:
+        return ours(1).sequences.tolist() == theirs(1)[:, : ours(1).sequences.shape[1]].tolist()
+
+    return {"finecap": ours, "generate": theirs}, same
+
+
+def blip_case(n: int, length: int, folder: Path) -> tuple[dict[str, Callable], Callable[[], bool]]:
+    save_tiny_blip(folder, image_size=32, vision_hidden=256, vision_layers=2, hidden=128, layers=3, heads=4,
+                   positions=length + 2)  # fmt: skip
+    model = Blip.from_pretrained(folder).eval()
+    pixels = torch.randn(n, 3, 32, 32, generator=torch.Generator().manual_seed(0))
+
+    def ours(k: int):
+        cfg = DecodeConfig(strategy="greedy" if k == 1 else "beam", beam_size=k, max_length=length, batch_size=n)
+        return model.generate({"pixel_values": pixels}, cfg)
+
+    def theirs(k: int):
+        return model.model.generate(pixel_values=pixels, max_new_tokens=length, num_beams=k, length_penalty=1.0,
+                                    do_sample=False, min_new_tokens=0)  # fmt: skip
+
+    def same() -> bool:
+        mine = ours(1).sequences
+        return mine.tolist() == theirs(1)[:, 1 : 1 + mine.shape[1]].tolist()
+
+    return {"finecap": ours, "generate": theirs}, same
+
+
+def main(argv: list[str] | None = None) -> dict:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--images", type=int, default=64)
+    p.add_argument("--max-length", type=int, default=20)
+    p.add_argument("--repeat", type=int, default=3)
+    p.add_argument("--threads", type=int, default=0, help="torch threads (0 = torch's default)")
+    p.add_argument("--json", type=Path, default=None)
+    args = p.parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    results: dict[str, dict[str, float]] = {}
+    with tempfile.TemporaryDirectory() as tmp, torch.no_grad():
+        cases = {"clipcap": clipcap_case(args.images, args.max_length),
+                 "blip": blip_case(args.images, args.max_length, Path(tmp) / "blip")}  # fmt: skip
+        for name, (fns, same) in cases.items():
+            print(f"{name}: greedy outputs identical to generate: {same()}")
+            for k, label in ((1, "greedy"), (5, "beam5")):
+                t_ours = best_time(lambda fns=fns, k=k: fns["finecap"](k), args.repeat)
+                t_ref = best_time(lambda fns=fns, k=k: fns["generate"](k), args.repeat)
+                results[f"{name}/{label}"] = {"finecap_s": t_ours, "generate_s": t_ref, "ratio": t_ref / t_ours}
+    print(f"\n{args.images} images, {args.max_length} tokens, torch threads {torch.get_num_threads()}")
+    print(f"{'case':<16}{'finecap s':>11}{'generate s':>12}{'ratio':>8}")
+    for key, r in results.items():
+        print(f"{key:<16}{r['finecap_s']:>11.3f}{r['generate_s']:>12.3f}{r['ratio']:>8.2f}")
+    if args.json:
+        args.json.write_text(json.dumps(results, indent=2))
+    return results
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -1,0 +1,51 @@
+"""The captioner backbones (``model.kind``) and loading any captioner checkpoint.
+
+A backbone is one module implementing the captioner protocol (:mod:`finecap.models.captioner`: ``forward``, the
+Stepper methods, ``generate``, ``save``/``from_checkpoint``, and the hooks :mod:`finecap.models.lora` uses) plus
+one entry in :data:`BACKBONES`: its builder from the configuration and its class (whose ``from_checkpoint`` reads
+the folders its ``save`` writes; ``captioner.json`` records the kind, ``clipcap`` when absent).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, get_args
+
+from finecap.config import Backbone
+from finecap.models.blip import Blip, build_blip
+from finecap.models.clipcap import CONFIG_NAME, ClipCap, build_captioner
+from finecap.utils import read_json
+
+if TYPE_CHECKING:
+    from finecap.config import Config
+
+BACKBONES: dict[str, tuple[Callable[[Config], Any], type]] = {
+    "clipcap": (build_captioner, ClipCap),
+    "blip": (build_blip, Blip),
+}
+assert set(BACKBONES) == set(get_args(Backbone)), "config.Backbone and BACKBONES must list the same kinds"
+
+
+def build_model(cfg: Config) -> Any:
+    """A fresh captioner of kind ``model.kind``."""
+    kind = cfg.model.kind
+    if kind not in BACKBONES:
+        raise ValueError(f"model.kind={kind!r}; valid: {', '.join(sorted(BACKBONES))}")
+    return BACKBONES[kind][0](cfg)
+
+
+def checkpoint_kind(path: str | Path) -> str:
+    """The backbone of a captioner checkpoint folder (``captioner.json``'s ``kind``; ``clipcap`` when absent)."""
+    meta_file = Path(path) / CONFIG_NAME
+    if not meta_file.exists():
+        raise FileNotFoundError(f"{path}: not a captioner checkpoint (no {CONFIG_NAME})")
+    kind = read_json(meta_file).get("kind", "clipcap")
+    if kind not in BACKBONES:
+        raise ValueError(f"{meta_file}: unknown captioner kind {kind!r}; valid: {', '.join(sorted(BACKBONES))}")
+    return kind
+
+
+def load_captioner(path: str | Path, **kwargs: Any) -> Any:
+    """Load any captioner checkpoint folder written by a backbone's ``save``."""
+    return BACKBONES[checkpoint_kind(path)][1].from_checkpoint(path, **kwargs)
