@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch.utils.data import Dataset
 
+from finecap.data.caption_fields import select_captions
 from finecap.data.formats import Record, load_image, read_dataset
 from finecap.data.references import data_file, select_split
 from finecap.models.tokenizer import encode_captions
@@ -49,12 +50,13 @@ def _read(fmt: str, path: Path, images: str, mtime_ns: int) -> tuple[Record, ...
 
 def load_records(cfg: Config, split: str) -> list[Record]:
     """Records of ``split`` of the configured data set (:func:`finecap.data.references.data_file`), read once per
-    file version; ``"train"`` also takes Karpathy's ``restval`` images, as most captioning code does."""
+    file version; ``"train"`` also takes Karpathy's ``restval`` images, as most captioning code does. Captions are
+    those of ``data.captions`` (:func:`finecap.data.caption_fields.select_captions`)."""
     path = data_file(cfg)
     if not path.exists():
         raise FileNotFoundError(f"{path}: data set file not found (data.path / world.out)")
     records = _read(cfg.data.format, path, cfg.data.images, path.stat().st_mtime_ns)
-    return select_split(records, split, path)
+    return select_captions(select_split(records, split, path), cfg.data.captions, path)
 
 
 class CaptionDataset(Dataset):

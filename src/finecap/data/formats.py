@@ -54,6 +54,8 @@ class Record:
     path: Path
     split: str
     captions: list[str] = field(default_factory=list)
+    boosted: dict[str, list[str]] = field(default_factory=dict)
+    """Caption fields written by ``finecap boost`` (``original``, ``blend``, ...; :mod:`finecap.boost.output`)."""
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -122,6 +124,16 @@ def _captions(items: list[Any], where: str) -> list[str]:
     return out
 
 
+def _boosted(rec: dict[str, Any], where: str) -> dict[str, list[str]]:
+    """The ``"boost": {field: [caption, ...]}`` object ``finecap boost`` adds to a record (empty when absent)."""
+    raw = rec.get("boost")
+    if raw is None:
+        return {}
+    if not isinstance(raw, dict):
+        raise DataError(f"{where}: 'boost' must be an object {{field: [caption, ...]}}, got {_type(raw)}")
+    return {str(k): _captions(v if isinstance(v, list) else [v], f"{where}: boost.{k}") for k, v in raw.items()}
+
+
 # ---------------------------------------------------------------------------------------------------------------------
 # Readers
 # ---------------------------------------------------------------------------------------------------------------------
@@ -157,7 +169,9 @@ def read_karpathy(path: str | Path, images: str | Path | None = None, check_imag
                 texts.append(" ".join(tokens))
             else:
                 texts.append(_require(s, "raw", str, swhere))
-        records.append(Record(image_id, root / filepath / filename, split, _captions(texts, where)))
+        records.append(
+            Record(image_id, root / filepath / filename, split, _captions(texts, where), _boosted(img, where))
+        )
     if check_images:
         _check_images(records, path, root)
     return records
@@ -192,6 +206,7 @@ def read_coco_captions(
     imgs = _require(data, "images", list, f"{path}")
     anns = _require(data, "annotations", list, f"{path}")
     by_id: dict[int | str, tuple[str, list[str]]] = {}
+    boosts: dict[int | str, dict[str, list[str]]] = {}
     for i, img in enumerate(imgs):
         where = f"{path}: images[{i}]"
         image_id = _require(img, "id", (int, str), where)
@@ -199,6 +214,7 @@ def read_coco_captions(
         if image_id in by_id:
             raise DataError(f"{where}: duplicate image id {image_id!r}")
         by_id[image_id] = (file_name, [])
+        boosts[image_id] = _boosted(img, where)
     for i, ann in enumerate(anns):
         where = f"{path}: annotations[{i}]"
         image_id = _require(ann, "image_id", (int, str), where)
@@ -211,7 +227,7 @@ def read_coco_captions(
         where = f"{path}: image id {image_id} ({file_name})"
         if not caps:
             raise DataError(f"{where}: empty caption list (no annotation refers to this image)")
-        records.append(Record(image_id, root / file_name, split, _captions(caps, where)))
+        records.append(Record(image_id, root / file_name, split, _captions(caps, where), boosts[image_id]))
     if check_images:
         _check_images(records, path, root)
     return records
@@ -244,7 +260,8 @@ def read_jsonl(
                 raise DataError(f"{where}: duplicate image id {image_id!r}")
             seen.add(image_id)
             p = Path(image)
-            records.append(Record(image_id, p if p.is_absolute() else root / p, rec_split, _captions(caps, where)))
+            path_ = p if p.is_absolute() else root / p
+            records.append(Record(image_id, path_, rec_split, _captions(caps, where), _boosted(rec, where)))
     if check_images:
         _check_images(records, path, root)
     return records
