@@ -10,11 +10,11 @@ default ``demo.stages``: ``finecap demo --stages vcb`` runs them all (after ``wo
   caption, RD99 R@1 and bag R@1 with the world CLIP;
 - ``mle_blend`` / ``mle_holistic``: the ``demo/mle`` recipe on BlendCap / HolisticCap (``data.captions``), for as
   many optimizer steps as ``mle`` takes on the five human captions (one boosted caption per image would otherwise
-  get a fifth of the steps), decoding up to 48 tokens (boosted captions are long);
+  get a fifth of the steps), with captions of up to :data:`MAX_TOKENS` tokens (boosted captions are long);
 - ``discritune_blend`` / ``discritune_holistic``: ``demo/discritune`` (SR-L) from each of them;
 - ``report_vcb``: NDLB Table 3: the test-split metrics of ``mle``, ``mle_blend``, ``mle_holistic``, ``discritune``,
   ``discritune_blend`` and ``discritune_holistic``; writes ``vcb_results.json`` / ``vcb_results.md`` with the
-  caption-field table and the group's stage times.
+  caption-field table and the group's stage times (``vcb_timings.json``, written by the ``vcb`` stage).
 
 :mod:`finecap.app.demo` registers these stages (this module must not import it: the import graph stays acyclic).
 """
@@ -61,6 +61,9 @@ VCB_RECIPES: dict[str, tuple[str, list[str]]] = {
     "discritune_holistic": ("discritune", []),
 }
 """Recipes the training stages run (``finecap.app.demo.ABLATIONS`` entries); their overrides: :func:`overrides`."""
+MAX_TOKENS = 55
+"""Caption tokens (EOS included) of the boosted stages, in training and decoding: the most the world-tiny LM's 64
+positions allow after a 10-token prefix (boosted captions are long; the longest are still cut)."""
 BASELINES = ("world", "retriever", "mle", "discritune")
 GROUP = ("visual_expert", "boost_holistic", "captions_holistic", "mle_blend", "mle_holistic", "discritune_blend",
          "discritune_holistic", "report_vcb")  # fmt: skip
@@ -94,7 +97,8 @@ def overrides(demo: Any, stage: str) -> list[str]:
     out = [
         f"data.path={boosted_dir(demo) / 'dataset.json'}",
         f"data.captions={FIELD_OF[stage]}",
-        "decode.max_length=48",
+        f"data.max_tokens={MAX_TOKENS}",
+        f"decode.max_length={MAX_TOKENS}",
     ]
     if stage.startswith("mle_") and not demo.quick:
         out.append(f"train.max_steps={mle_steps(demo)}")
@@ -165,7 +169,7 @@ def stage_report(demo: Any) -> dict[str, Any]:
                                scenes=scenes, bags=bags, cfg=cfg)  # fmt: skip
     fields_file = demo.run_dir / "vcb_captions.json"
     fields = read_json(fields_file) if fields_file.exists() else stage_captions(demo)
-    timings_file = demo.run_dir / "timings.json"
+    timings_file = demo.run_dir / "vcb_timings.json"
     timings = read_json(timings_file) if timings_file.exists() else {}
     table = "Caption fields of the test split (NDLB Table 2):\n\n"
     table += markdown_table(fields, _columns(FIELD_COLUMNS, cfg))
@@ -182,7 +186,7 @@ def group(stages: dict[str, Callable[[Any], Any]], train_done: Callable[[Any, st
     """The ``vcb`` stage: the baselines when missing, then every stage of :data:`GROUP`, each timed."""
 
     def run(demo: Any) -> None:
-        timings_file = demo.run_dir / "timings.json"
+        timings_file = demo.run_dir / "vcb_timings.json"
         for stage in (*BASELINES, *GROUP):
             if stage in BASELINES and stage not in ("world", "retriever") and train_done(demo, stage):
                 continue
