@@ -85,3 +85,75 @@ def test_model_without_chat_template_is_an_error(chat_model, tmp_path):
     (tmp_path / "chat_template.jinja").unlink(missing_ok=True)
     with pytest.raises(ValueError, match="boost.llm_model: .* has no chat template"):
         TransformersBackend(str(tmp_path))
+
+
+VLM_TEMPLATE = (
+    "{% for m in messages %}<{{ m['role'] }}> {% if m['content'] is string %}{{ m['content'] }}{% else %}"
+    "{% for c in m['content'] %}{% if c['type'] == 'image' %}<image> {% else %}{{ c['text'] }}{% endif %}{% endfor %}"
+    "{% endif %} <eos>{% endfor %}{% if add_generation_prompt %}<assistant>{% endif %}"
+)
+
+
+@pytest.fixture(scope="module")
+def tiny_vlm(tmp_path_factory) -> Path:
+    """A LLaVA with a 1-layer CLIP vision tower (16 px, 8 px patches) and a 1-layer Llama, plus its processor."""
+    from transformers import (
+        CLIPImageProcessor,
+        CLIPVisionConfig,
+        LlavaConfig,
+        LlavaForConditionalGeneration,
+        LlavaProcessor,
+    )
+
+    out = tmp_path_factory.mktemp("tiny-vlm")
+    tok = world_tokenizer(vocabulary())
+    tok.add_special_tokens({"additional_special_tokens": ["<image>"]})
+    images = CLIPImageProcessor(size={"shortest_edge": 16}, crop_size={"height": 16, "width": 16})
+    LlavaProcessor(image_processor=images, tokenizer=tok, patch_size=8, vision_feature_select_strategy="default",
+                   chat_template=VLM_TEMPLATE, image_token="<image>", num_additional_image_tokens=1,
+                   ).save_pretrained(out)  # fmt: skip
+    vision = CLIPVisionConfig(hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
+                              image_size=16, patch_size=8, projection_dim=16)  # fmt: skip
+    text = LlamaConfig(
+        vocab_size=len(tok),
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=1,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        pad_token_id=0,
+        bos_token_id=3,
+        eos_token_id=4,
+    )
+    image_id = tok.convert_tokens_to_ids("<image>")
+    config = LlavaConfig(vision_config=vision, text_config=text, image_token_index=image_id,
+                         vision_feature_select_strategy="default", vision_feature_layer=-1)  # fmt: skip
+    torch.manual_seed(0)
+    LlavaForConditionalGeneration(config).save_pretrained(out)
+    return out
+
+
+def test_vlm_describes_images_through_the_processor(tiny_vlm, tmp_path):
+    from PIL import Image
+    from transformers import AutoModelForImageTextToText, AutoProcessor
+
+    prompts = Prompts.load()
+    tasks = []
+    for i, color in enumerate([(200, 0, 0), (0, 0, 200), (0, 200, 0)]):
+        Image.new("RGB", (20, 20), color).save(tmp_path / f"{i}.png")
+        r = Record(i, tmp_path / f"{i}.png", "test", ["a caption"])
+        tasks.append(Task(i, r, "visual", prompts.messages("visual"), {"captions": r.captions}))
+    batched = dict(TransformersBackend(str(tiny_vlm), vision=True, batch_size=3, max_new_tokens=5).run(tasks))
+    single = dict(TransformersBackend(str(tiny_vlm), vision=True, batch_size=1, max_new_tokens=5).run(tasks))
+    assert batched == single and sorted(batched) == [0, 1, 2]
+    # Reference: the processor and model called directly on image 1, the image before the text in the last turn.
+    processor = AutoProcessor.from_pretrained(tiny_vlm)
+    model = AutoModelForImageTextToText.from_pretrained(tiny_vlm).eval()
+    messages = [dict(m) for m in tasks[1].messages]
+    messages[-1]["content"] = [{"type": "image", "image": Image.open(tmp_path / "1.png").convert("RGB")},
+                               {"type": "text", "text": messages[-1]["content"]}]  # fmt: skip
+    inputs = processor.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=True,
+                                           return_tensors="pt")  # fmt: skip
+    assert "pixel_values" in inputs
+    ref = model.generate(**inputs, max_new_tokens=5, do_sample=False, pad_token_id=0)
+    assert batched[1] == processor.tokenizer.decode(ref[0, inputs["input_ids"].shape[1] :], skip_special_tokens=True)

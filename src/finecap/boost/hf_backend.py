@@ -4,9 +4,8 @@ own chat template and generated in batches (``boost.batch_size`` prompts, left-p
 - LLM steps (``blend``, ``holistic``): ``AutoTokenizer`` + ``AutoModelForCausalLM``;
   ``tokenizer.apply_chat_template(messages, add_generation_prompt=True)``.
 - The VLM step (``visual``): ``AutoProcessor`` + ``AutoModelForImageTextToText``; the image joins the last user
-  message as a ``{"type": "image"}`` content part and the processor's chat template places its tokens. This path is
-  written to the ``transformers`` API but not exercised by the test suite (no tiny image-text-to-text checkpoint can be
-  built offline here without a full processor); the LLM path is tested on a tiny model saved by the test.
+  message as a ``{"type": "image"}`` content part and the processor's chat template places its tokens. Both paths
+  are tested on tiny models saved by the tests (a Llama chat model; a LLaVA with a tiny CLIP vision tower).
 
 Greedy decoding at ``boost.temperature=0``, sampling otherwise; at most ``boost.max_new_tokens`` new tokens. A model
 without a chat template is an error naming ``boost.llm_model`` / ``boost.vlm_model``.
@@ -80,7 +79,8 @@ class TransformersBackend:
             conversations.append(messages)
         assert self.processor is not None
         return self.processor.apply_chat_template(conversations, add_generation_prompt=True, tokenize=True,
-                                                  return_dict=True, return_tensors="pt", padding=True)  # fmt: skip
+                                                  return_dict=True, return_tensors="pt",
+                                                  processor_kwargs={"padding": True})  # fmt: skip
 
     @torch.no_grad()
     def generate(self, tasks: Sequence[Task]) -> list[str]:
