@@ -86,3 +86,27 @@ def test_killed_run_resumes_without_loss_or_duplicates(world, tmp_path):
     for r in records:
         assert r.captions == [f"boosted {r.boosted['original'][0]}"]
     assert (out / "failures.jsonl").read_text() == ""
+
+
+def test_bags_take_text_embeddings_from_the_chosen_field(world, tmp_path, monkeypatch):
+    import torch
+
+    import finecap.app.bags as bags_app
+
+    boost(load(None, [f"world.out={world}", "boost.mode=blend"]), tmp_path / "out", progress=False)
+    seen = {}
+
+    class FakeRetriever:
+        device, name = "cpu", "fake"
+
+    def embeddings(retriever, records, cache_dir):
+        seen["captions"] = [r.captions for r in records]
+        return torch.nn.functional.normalize(torch.randn(len(records), 4, generator=torch.Generator().manual_seed(0)))
+
+    monkeypatch.setattr(bags_app, "load_retriever", lambda cfg: FakeRetriever())
+    monkeypatch.setattr(bags_app, "record_embeddings", embeddings)
+    boosted = read_dataset("world", tmp_path / "out")
+    for field in ("blend", "original"):
+        cfg = load(None, [f"world.out={tmp_path / 'out'}", f"bags.text_from={field}"])
+        bags_app.main(cfg, split="train", sizes="2", out=tmp_path / f"bags_{field}.json")
+        assert seen["captions"] == [r.boosted[field] for r in boosted if r.split == "train"]
