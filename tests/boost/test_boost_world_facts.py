@@ -82,3 +82,36 @@ def test_relation_conflicts():
     assert conflicts(Fact("relation", "star", "below", "cross"), human)  # positions say star is above the cross
     assert not conflicts(Fact("relation", "star", "left of", "cross"), human)
     assert not conflicts(Fact("color", None, "red"), {Fact("color", "circle", "blue")})  # vague: never
+
+
+def test_world_llm_through_the_engine_with_a_given_visual_expert(tmp_path):
+    from finecap.boost.engine import AnswerCache, boost_records
+    from finecap.boost.prompts import Prompts
+    from finecap.boost.world_backend import WorldLLM
+    from finecap.data.formats import Record
+
+    class FixedVLM:  # stands in for the trained expert: answers given per image
+        answers = {0: "a large green circle at the top left and a small star", 1: ""}
+
+        def identity(self):
+            return {"backend": "fixed"}
+
+        def run(self, tasks):
+            for i, t in enumerate(tasks):
+                yield i, self.answers[t.record.image_id]
+
+    for i in range(2):  # the cache key hashes the image bytes of the visual step
+        (tmp_path / f"{i}.png").write_bytes(bytes([i]))
+    records = [Record(0, tmp_path / "0.png", "test", ["a red circle on grass", "a circle at the top left"]),
+               Record(1, tmp_path / "1.png", "test", ["a blue square"])]  # fmt: skip
+    cache = AnswerCache(tmp_path / "cache.jsonl")
+    result = boost_records(records, "holistic", WorldLLM(), FixedVLM(), cache, Prompts.load(), retries=1,
+                           progress=False)  # fmt: skip
+    cache.close()
+    first = result.fields[0]
+    assert first["blend"] == ["on grass a red circle at the top left"]
+    # green conflicts with the human red; large and the star are new
+    assert first["holistic"] == ["on grass a large red circle at the top left and a small star"]
+    # Image 1: the expert answers nothing (twice): visual and holistic fail, the human caption is kept in both.
+    assert result.fields[1]["visual"] == result.fields[1]["holistic"] == ["a blue square"]
+    assert [(f.image_id, f.step) for f in result.failures] == [(1, "visual"), (1, "holistic")]
