@@ -41,3 +41,23 @@ def test_rerun_skips_finished_stages(quick_demo, capsys):
     assert main([*argv, "--stages", "world,mle"]) == 0
     assert "mle: already trained" in capsys.readouterr().out
     assert (run_dir / "mle" / "checkpoints" / "best" / "trainer_state.json").stat().st_mtime_ns == before
+
+
+def test_vcb_group_after_the_quick_demo(quick_demo):
+    """The optional Visual Caption Boosting group (finecap.app.demo_vcb) on the quick demo's world and checkpoints."""
+    run_dir, argv = quick_demo
+    assert main([*argv, "--stages", "vcb"]) == 0
+    out = json.loads((run_dir / "vcb_results.json").read_text())
+    assert set(out["captions"]) == {"human (1st caption)", "BlendCap", "VisualCap", "HolisticCap"}
+    assert set(out["models"]) == {"mle", "mle_blend", "mle_holistic", "discritune", "discritune_blend",
+                                  "discritune_holistic"}  # fmt: skip
+    fields = out["captions"]
+    # Exact by construction: BlendCap states only human facts (all true) and at least as many as one caption;
+    # HolisticCap keeps all of BlendCap's and drops every VisualCap fact contradicting a human one.
+    assert fields["BlendCap"]["faith/precision"] == 1.0
+    assert fields["BlendCap"]["true facts"] >= fields["human (1st caption)"]["true facts"]
+    assert fields["HolisticCap"]["true facts"] >= fields["BlendCap"]["true facts"]
+    assert fields["HolisticCap"]["false facts"] <= fields["VisualCap"]["false facts"]
+    assert set(out["timings"]) >= {"visual_expert", "boost_holistic", "captions_holistic", "mle_holistic"}
+    boosted = json.loads((run_dir / "world_holistic" / "boost.json").read_text())
+    assert boosted["failed"] == {} and boosted["images"] == 440

@@ -66,6 +66,9 @@ Distance = Literal["bleu34"]
 DiversityBaseline = Literal["pairwise_mean", "none"]
 SRReward = Literal["log_prob", "accuracy", "cosine"]
 Distractors = Literal["batch", "bag", "hard"]
+CaptionField = Literal["original", "blend", "visual", "holistic", "dense"]
+BoostMode = Literal["blend", "visual", "holistic"]
+BoostBackend = Literal["openai", "transformers", "world"]
 
 
 # --------------------------------------------------------------------------------------------------------------------
@@ -131,6 +134,9 @@ class DataConfig:
         {}, "data.sampler=bagcurri: {end_epoch: bag_size} (0 = random batches), e.g. {1: 0, 2: 3, 3: 5, 4: 7}."
     )
     bag_neighbours: int = doc(200, "data.sampler=bagcurri: nearest neighbours per image searched for bag-mates.")
+    captions: CaptionField = doc(
+        "original", "Caption field trained on: original, a `finecap boost` field (blend/visual/holistic), world dense."
+    )
 
     def __post_init__(self) -> None:
         _check(self.bag_neighbours >= 1, "data.bag_neighbours", "must be >= 1")
@@ -388,6 +394,52 @@ class LoraConfig:
 
 
 @dataclass
+class BagsConfig:
+    text_from: CaptionField = doc(
+        "original", "Captions whose mean text embedding builds TrueMatch bags (NDLB: holistic, from `finecap boost`)."
+    )
+
+
+@dataclass
+class BoostConfig:
+    mode: BoostMode = doc(
+        "holistic", "Captions `finecap boost` writes: BlendCap, VisualCap or HolisticCap (NDLB Sec. 2)."
+    )
+    llm_backend: BoostBackend = doc(
+        "world", "LLM backend (blend, holistic): openai-compatible server, transformers, world."
+    )
+    llm_model: str = doc("", "LLM model name (openai: served name; transformers: HF name or path).")
+    llm_base_url: str = doc("", "openai: server URL, e.g. http://localhost:8000/v1; empty = env OPENAI_BASE_URL.")
+    llm_api_key: str = doc("", "openai: API key; empty = env OPENAI_API_KEY (or none for local servers).")
+    vlm_backend: BoostBackend = doc("world", "VLM backend (visual): openai-compatible server, transformers, world.")
+    vlm_model: str = doc(
+        "runs/visual_expert/checkpoints/best", "VLM name or path (world: the visual-expert ClipCap checkpoint)."
+    )
+    vlm_base_url: str = doc("", "openai: VLM server URL; empty = env OPENAI_BASE_URL.")
+    vlm_api_key: str = doc("", "openai: VLM API key; empty = env OPENAI_API_KEY.")
+    concurrency: int = doc(8, "openai: requests in flight at once.")
+    timeout: float = doc(120.0, "openai: seconds before a request times out (then retried).")
+    retries: int = doc(
+        3, "Retries of a failed request or malformed/empty answer before the image is logged as failed."
+    )
+    prompts: str = doc("", "YAML prompt file overriding the default templates (see README: boosting prompts).")
+    few_shot: bool = doc(True, "Prepend the prompts' few-shot examples to each request.")
+    batch_size: int = doc(8, "transformers: prompts generated per batch.")
+    max_new_tokens: int = doc(120, "openai/transformers: most tokens generated per answer.")
+    temperature: float = doc(0.0, "openai/transformers: sampling temperature (0 = greedy).")
+    limit: int = doc(0, "Boost only the first N images (0 = all); the rest keep their human captions.")
+
+    def __post_init__(self) -> None:
+        _check(self.concurrency >= 1, "boost.concurrency", "must be >= 1")
+        _check(self.timeout > 0, "boost.timeout", "must be > 0")
+        _check(self.retries >= 0, "boost.retries", "must be >= 0")
+        _check(self.batch_size >= 1, "boost.batch_size", "must be >= 1")
+        _check(self.max_new_tokens >= 1, "boost.max_new_tokens", "must be >= 1")
+        _check(self.temperature >= 0, "boost.temperature", "must be >= 0")
+        _check(self.limit >= 0, "boost.limit", "must be >= 0")
+
+
+@dataclass
 class DemoConfig:
     stages: list[str] = doc(
         ["world", "retriever", "mle", "mle_continued", "smile", "scst", "sle", "discritune", "sr_bagcurri", "blip_mle",
@@ -412,6 +464,8 @@ SECTIONS: dict[str, type] = {
     "sr": SRConfig,
     "lora": LoraConfig,
     "demo": DemoConfig,
+    "bags": BagsConfig,
+    "boost": BoostConfig,
 }
 
 
@@ -430,6 +484,8 @@ class Config:
     sr: SRConfig = field(default_factory=SRConfig)
     lora: LoraConfig = field(default_factory=LoraConfig)
     demo: DemoConfig = field(default_factory=DemoConfig)
+    bags: BagsConfig = field(default_factory=BagsConfig)
+    boost: BoostConfig = field(default_factory=BoostConfig)
 
     def to_dict(self) -> dict[str, dict[str, Any]]:
         return dataclasses.asdict(self)

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from finecap.config import Config
+from finecap.data.caption_fields import select_captions
 from finecap.data.references import load_references
 from finecap.data.truematch import build_bags, family_purity, random_bag_purity, record_embeddings
 from finecap.models.retriever import load_retriever
@@ -49,7 +50,7 @@ def main(
     JSON written and prints one line per size (with family purity on a world with families)."""
     size_list = parse_sizes(sizes)
     refs = load_references(cfg, data, split=split, check_images=True)
-    records = refs.records
+    records = select_captions(refs.records, cfg.bags.text_from, refs.path, key="bags.text_from")
     retriever = load_retriever(cfg)
     emb = record_embeddings(retriever, records, cfg.run.cache_dir or None)
     ids = [r.image_id for r in records]

@@ -140,6 +140,12 @@ def cmd_demo(args: argparse.Namespace) -> None:
     main(load_demo_config(recipe, items, args.quick), items=items, quick=args.quick)
 
 
+def cmd_boost(args: argparse.Namespace) -> None:
+    from finecap.app.boost import main
+
+    main(_config(args), out=args.out)
+
+
 def cmd_recipes(args: argparse.Namespace) -> None:
     width = max(map(len, list_recipes()))
     for name in list_recipes():
@@ -245,6 +251,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--run-dir", dest="run_dir", default=None, help="run directory (default runs/demo)")
     p.add_argument("--force", action="store_true", help="re-run stages whose outputs exist")
     p.add_argument("--stages", default=None, help="comma-separated stages to run (default demo.stages)")
+
+    p = _add(
+        sub,
+        "boost",
+        cmd_boost,
+        "Visual Caption Boosting: rewrite a data set's captions (BlendCap/VisualCap/HolisticCap).",
+    )
+    p.add_argument("--out", required=True, help="output folder (resumable: re-run with the same --out)")
 
     p = sub.add_parser("recipes", help="List the packaged recipes (run one with `finecap train NAME`).")
     p.set_defaults(func=cmd_recipes)

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from finecap.app import demo_vcb
 from finecap.app.bags import main as build_bags
 from finecap.app.report import main as write_report
 from finecap.app.retriever import ensure_world_encoder
@@ -77,11 +78,13 @@ TRAIN_STAGES: dict[str, str | None] = {
     "blip_mle": None,
     "blip_smile": "blip_mle",
     "blip_discritune": "blip_mle",
+    **demo_vcb.VCB_TRAIN_STAGES,  # Visual Caption Boosting (optional group `vcb`, finecap.app.demo_vcb)
 }
 # Ablation stages: the recipe they run and the overrides that make them (SMILE Sec. 3.4 subsetting ablations).
 ABLATIONS: dict[str, tuple[str, list[str]]] = {
     "smile_random": ("smile", ["smile.subset=random"]),
     "smile_reverse": ("smile", ["smile.subset=reverse"]),
+    **demo_vcb.VCB_RECIPES,
 }
 # Stages whose set-level diversity (5 captions per image, sampled and beam) is reported (exploration paper Table 4).
 DIVERSITY_STAGES = ("mle", "mle_continued", "scst", "sle", "scst_me")
@@ -111,6 +114,7 @@ class Demo:
         """The stage's recipe over the demo base settings, the user's overrides on top, its own run directory."""
         name, variant = ABLATIONS.get(stage, (stage, []))
         recipe = resolve_recipe(f"demo/{name}")  # packaged with finecap (finecap.recipes)
+        variant = [*variant, *demo_vcb.overrides(self, stage)]
         cfg = load(recipe, [*variant, *self.items], base=DEFAULT, over=QUICK if self.quick else None)
         init = TRAIN_STAGES[stage]
         run = dataclasses.replace(cfg.run, dir=str(self.stage_dir(stage)))
@@ -273,6 +277,7 @@ STAGES: dict[str, Callable[[Demo], Any]] = {
     **{name: train_stage(name) for name in TRAIN_STAGES},
     "report": stage_report,
 }
+demo_vcb.register(STAGES, train_stage)
 
 
 def main(cfg: Config, items: list[str] | None = None, quick: bool | None = None) -> dict[str, dict[str, float]]:

@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch.utils.data import Dataset
 
+from finecap.data.caption_fields import select_captions
 from finecap.data.formats import Record, hf_options, load_record_image
 from finecap.data.references import data_file, read_records, select_split
 from finecap.models.tokenizer import encode_captions
@@ -49,7 +50,8 @@ def _read(fmt: str, path: Path, images: str, mtime_ns: int, options: tuple = ())
 
 def load_records(cfg: Config, split: str) -> list[Record]:
     """Records of ``split`` of the configured data set (:func:`finecap.data.references.data_file`), read once per
-    file version; ``"train"`` also takes Karpathy's ``restval`` images, as most captioning code does.
+    file version; ``"train"`` also takes Karpathy's ``restval`` images, as most captioning code does. Captions are
+    those of ``data.captions`` (:func:`finecap.data.caption_fields.select_captions`).
 
     Every command reading a data set (training, captioning, evaluation, boosting) comes here or to
     :func:`finecap.data.references.load_references`, so every format works everywhere, ``data.format=hf``
@@ -61,7 +63,7 @@ def load_records(cfg: Config, split: str) -> list[Record]:
     options = tuple(sorted(hf_options(cfg).items())) if hf else ()
     mtime = path.stat().st_mtime_ns if path.exists() else 0
     records = _read(cfg.data.format, path, cfg.data.images, mtime, options)
-    return select_split(records, split, path)
+    return select_captions(select_split(records, split, path), cfg.data.captions, path)
 
 
 class CaptionDataset(Dataset):

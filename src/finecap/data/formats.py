@@ -59,6 +59,8 @@ class Record:
     path: Path
     split: str
     captions: list[str] = field(default_factory=list)
+    boosted: dict[str, list[str]] = field(default_factory=dict)
+    """Caption fields written by ``finecap boost`` (``original``, ``blend``, ...; :mod:`finecap.boost.output`)."""
     image_bytes: bytes | None = field(default=None, repr=False)
     """The encoded image when the data set embeds it (Hugging Face ``Image`` feature) instead of a file."""
 
@@ -161,6 +163,16 @@ def _captions(items: list[Any], where: str) -> list[str]:
     return out
 
 
+def _boosted(rec: dict[str, Any], where: str) -> dict[str, list[str]]:
+    """The ``"boost": {field: [caption, ...]}`` object ``finecap boost`` adds to a record (empty when absent)."""
+    raw = rec.get("boost")
+    if raw is None:
+        return {}
+    if not isinstance(raw, dict):
+        raise DataError(f"{where}: 'boost' must be an object {{field: [caption, ...]}}, got {_type(raw)}")
+    return {str(k): _captions(v if isinstance(v, list) else [v], f"{where}: boost.{k}") for k, v in raw.items()}
+
+
 # ---------------------------------------------------------------------------------------------------------------------
 # Readers
 # ---------------------------------------------------------------------------------------------------------------------
@@ -196,7 +208,9 @@ def read_karpathy(path: str | Path, images: str | Path | None = None, check_imag
                 texts.append(" ".join(tokens))
             else:
                 texts.append(_require(s, "raw", str, swhere))
-        records.append(Record(image_id, root / filepath / filename, split, _captions(texts, where)))
+        records.append(
+            Record(image_id, root / filepath / filename, split, _captions(texts, where), _boosted(img, where))
+        )
     if check_images:
         _check_images(records, path, root)
     return records
@@ -237,6 +251,7 @@ def read_coco_captions(
     anns = _require(data, "annotations", list, f"{path}")
     imgs = _require(data, "images", list, f"{path}") if "images" in data else None
     by_id: dict[int | str, tuple[str | None, list[str]]] = {}
+    boosts: dict[int | str, dict[str, list[str]]] = {}
     for i, img in enumerate(imgs or ()):
         where = f"{path}: images[{i}]"
         image_id = _require(img, "id", (int, str), where)
@@ -244,6 +259,7 @@ def read_coco_captions(
         if image_id in by_id:
             raise DataError(f"{where}: duplicate image id {image_id!r}")
         by_id[image_id] = (file_name, [])
+        boosts[image_id] = _boosted(img, where)
     bad = False
     try:  # well-formed annotations in one tight loop; the checking loop below names the first bad one
         if imgs is None:
@@ -276,7 +292,11 @@ def read_coco_captions(
         where = f"{path}: image id {image_id}" + (f" ({file_name})" if file_name else "")
         if file_name is None:
             no_file.append(image_id)
-        records.append(Record(image_id, root / (file_name or str(image_id)), split, _captions(caps, where)))
+        records.append(
+            Record(
+                image_id, root / (file_name or str(image_id)), split, _captions(caps, where), boosts.get(image_id, {})
+            )
+        )
     if not records:
         raise DataError(f"{path}: no image has a caption annotation")
     if check_images:
@@ -316,7 +336,8 @@ def read_jsonl(
                 raise DataError(f"{where}: duplicate image id {image_id!r}")
             seen.add(image_id)
             p = Path(image)
-            records.append(Record(image_id, p if p.is_absolute() else root / p, rec_split, _captions(caps, where)))
+            path_ = p if p.is_absolute() else root / p
+            records.append(Record(image_id, path_, rec_split, _captions(caps, where), _boosted(rec, where)))
     if check_images:
         _check_images(records, path, root)
     return records

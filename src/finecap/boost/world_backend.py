@@ -1,0 +1,90 @@
+"""The ``world`` backends: Visual Caption Boosting's exact analogue on the embedded world.
+
+- :class:`WorldLLM` answers the text steps from facts (:mod:`finecap.boost.world_facts`): ``blend`` renders the
+  union of the facts of the human captions; ``holistic`` renders BlendCap's facts plus the VisualCap facts that
+  conflict with no human-stated fact. Prompts are ignored (the world has no language model to instruct).
+- :class:`WorldVLM` is a real, noisy visual expert: a ClipCap captioner trained on the world's dense captions
+  (``finecap train demo/visual_expert``; every fact of a scene in one caption), decoding greedily. Its mistakes are
+  that model's own errors, measured by faithfulness against the scene graphs, never injected.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections import defaultdict
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from finecap.boost.engine import Task
+from finecap.boost.world_facts import blend_facts, holistic_facts, render_facts
+from finecap.world.facts import facts
+
+if TYPE_CHECKING:
+    from finecap.config import Config
+
+
+class WorldLLM:
+    """Exact BlendCap / HolisticCap from the world's fact parser and grammar."""
+
+    def identity(self) -> dict[str, Any]:
+        return {"backend": "world-llm", "version": 1}
+
+    def answer(self, task: Task) -> str:
+        human = blend_facts(task.inputs["captions"])
+        if task.step == "blend":
+            return render_facts(human)
+        if task.step == "holistic":
+            return render_facts(holistic_facts(facts(task.inputs["blend"]), facts(task.inputs["visual"]), human))
+        raise ValueError(f"the world LLM answers the blend and holistic steps, not {task.step!r}")
+
+    def run(self, tasks: Sequence[Task]) -> Iterator[tuple[int, str | BaseException]]:
+        for i, task in enumerate(tasks):
+            yield i, self.answer(task)
+
+
+class WorldVLM:
+    """The visual expert: a ClipCap checkpoint (``boost.vlm_model``) decoding greedily, up to ``data.max_tokens``
+    tokens (dense captions reach 41), on the frozen-feature cache of ``cfg``."""
+
+    def __init__(self, checkpoint: str | Path, cfg: Config, batch_size: int = 256) -> None:
+        from finecap.models.clipcap import ClipCap
+        from finecap.train.checkpoint import model_dir
+
+        path = Path(checkpoint)
+        if not path.exists():
+            raise FileNotFoundError(
+                f"boost.vlm_model: visual expert checkpoint {path} not found; train one with "
+                "`finecap train demo/visual_expert` (or set boost.vlm_backend)"
+            )
+        self.path = model_dir(path)
+        self.model = ClipCap.from_checkpoint(self.path).eval()
+        self.cfg = cfg
+        limit = (self.model.max_positions or 10**6) - self.model.prefix_length
+        self.decode = dataclasses.replace(
+            cfg.decode, strategy="greedy", max_length=min(cfg.data.max_tokens, limit), num_return_sequences=1,
+            batch_size=batch_size,
+        )  # fmt: skip
+
+    def identity(self) -> dict[str, Any]:
+        weights = sorted(self.path.rglob("*.safetensors"))
+        stamp = [(str(w.relative_to(self.path)), w.stat().st_size, w.stat().st_mtime_ns) for w in weights]
+        return {"backend": "world-vlm", "checkpoint": str(self.path.resolve()), "weights": stamp,
+                "decode": dataclasses.asdict(self.decode)}  # fmt: skip
+
+    def run(self, tasks: Sequence[Task]) -> Iterator[tuple[int, str | BaseException]]:
+        import torch
+
+        from finecap.data.features import model_features
+
+        by_split: dict[str, list[int]] = defaultdict(list)
+        for i, t in enumerate(tasks):
+            by_split[t.record.split].append(i)
+        for split, positions in by_split.items():
+            records = [tasks[i].record for i in positions]
+            features = model_features(self.model, records, self.cfg, split)  # (N, D)
+            size = self.decode.batch_size
+            for start in range(0, len(positions), size):
+                with torch.no_grad():
+                    texts = self.model.generate(features[start : start + size], self.decode).texts
+                yield from zip(positions[start : start + size], texts)

@@ -1,0 +1,89 @@
+"""A small OpenAI-compatible chat-completions server on 127.0.0.1 for the backend tests (standard library only).
+
+``ChatServer(answer)`` serves ``POST /v1/chat/completions``; ``answer(payload, n) -> (status, body)`` decides each
+response (``n`` = how many requests with the same payload came before) and may sleep. The server records every
+request (headers and JSON payload) and the largest number of requests it handled at once.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+Answer = Callable[[dict[str, Any], int], tuple[int, Any]]
+
+
+def completion(content: Any) -> dict[str, Any]:
+    return {
+        "id": "chatcmpl-test",
+        "object": "chat.completion",
+        "created": int(time.time()),
+        "model": "test-model",
+        "choices": [{"index": 0, "message": {"role": "assistant", "content": content}, "finish_reason": "stop"}],
+    }
+
+
+def echo_first_caption(payload: dict[str, Any], n: int) -> tuple[int, Any]:
+    """Answer ``"boosted <first '- ' line of the last user message>"`` (or ``"described"`` without one)."""
+    content = payload["messages"][-1]["content"]
+    text = content if isinstance(content, str) else content[0]["text"]
+    lines = [ln[2:] for ln in text.splitlines() if ln.startswith("- ")]
+    return 200, completion(f"boosted {lines[0]}" if lines else "described")
+
+
+class ChatServer:
+    def __init__(self, answer: Answer = echo_first_caption, delay: float = 0.0) -> None:
+        self.answer, self.delay = answer, delay
+        self.requests: list[dict[str, Any]] = []
+        self.seen: Counter[str] = Counter()
+        self.in_flight = self.max_in_flight = 0
+        self.lock = threading.Lock()
+        server = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args: Any) -> None:
+                pass
+
+            def do_POST(self) -> None:  # noqa: N802 - http.server's name
+                body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
+                payload = json.loads(body)
+                key = json.dumps(payload, sort_keys=True)
+                with server.lock:
+                    server.requests.append({"path": self.path, "headers": dict(self.headers), "payload": payload})
+                    n = server.seen[key]
+                    server.seen[key] += 1
+                    server.in_flight += 1
+                    server.max_in_flight = max(server.max_in_flight, server.in_flight)
+                try:
+                    time.sleep(server.delay)
+                    status, out = server.answer(payload, n)
+                finally:
+                    with server.lock:
+                        server.in_flight -= 1
+                data = out.encode() if isinstance(out, str) else json.dumps(out).encode()
+                try:
+                    self.send_response(status)
+                    self.send_header("Content-Type", "application/json")
+                    self.send_header("Content-Length", str(len(data)))
+                    self.end_headers()
+                    self.wfile.write(data)
+                except (BrokenPipeError, ConnectionResetError):
+                    pass  # the client timed out and went away
+
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.httpd.daemon_threads = True
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}/v1"
+        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
+
+    def __enter__(self) -> ChatServer:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()

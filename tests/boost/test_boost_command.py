@@ -1,0 +1,112 @@
+"""``finecap boost`` end to end on a tiny world: the boosted data set in the world format, ``data.captions`` and
+``bags.text_from`` reading it back, and a run killed mid-way (SIGKILL) that resumes with nothing lost or duplicated."""
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from chat_server import ChatServer
+
+from finecap.app.boost import main as boost
+from finecap.config import load
+from finecap.data.caption_fields import select_captions
+from finecap.data.datasets import load_records
+from finecap.data.formats import read_dataset
+from finecap.world.facts import facts
+from finecap.world.make import make_world
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("world")
+    cfg = load(None, [f"world.out={out}", "world.n_train=24", "world.n_val=4", "world.n_test=4"])
+    make_world(cfg.world, progress=False)
+    return out
+
+
+def _openai(url: str, mode: str = "blend") -> list[str]:
+    return [f"boost.mode={mode}", "boost.llm_backend=openai", "boost.llm_model=m", f"boost.llm_base_url={url}",
+            "boost.concurrency=2"]  # fmt: skip
+
+
+def test_world_blend_through_the_world_backend(world, tmp_path):
+    cfg = load(None, [f"world.out={world}", "boost.mode=blend"])
+    summary = boost(cfg, tmp_path / "out", progress=False)
+    assert summary["requested"] == {"blend": 32} and summary["failed"] == {}
+    records = read_dataset("world", tmp_path / "out")  # a world folder: images link, scenes, dense captions
+    source = read_dataset("world", world)
+    assert [r.image_id for r in records] == [r.image_id for r in source]
+    for r, s in zip(records, source):
+        assert r.boosted["original"] == s.captions
+        union = set().union(*(facts(c) for c in s.captions))
+        assert len(r.captions) == 1 and facts(r.captions[0]) == union  # BlendCap = the union of the human facts
+    # data.captions reads either field back; the train split of the boosted world trains on BlendCap.
+    boosted_cfg = load(None, [f"world.out={tmp_path / 'out'}", "data.captions=blend"])
+    assert [r.captions for r in load_records(boosted_cfg, "train")] == [
+        r.captions for r in records if r.split == "train"
+    ]
+    original_cfg = load(None, [f"world.out={tmp_path / 'out'}", "data.captions=original"])
+    assert load_records(original_cfg, "test")[0].captions == [s for s in source if s.split == "test"][0].captions
+    with pytest.raises(ValueError, match="data.captions=holistic: 32 of 32 images"):
+        select_captions(records, "holistic", tmp_path / "out" / "dataset.json")
+    dense = select_captions(source, "dense", world / "dataset.json")
+    assert dense[0].captions == [json.loads((world / "dense.json").read_text())[str(source[0].image_id)]]
+
+
+def test_killed_run_resumes_without_loss_or_duplicates(world, tmp_path):
+    out = tmp_path / "out"
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[2] / "src")}
+    with ChatServer(delay=0.1) as server:
+        args = [sys.executable, "-m", "finecap.app.cli", "boost", "--out", str(out), f"world.out={world}"]
+        proc = subprocess.Popen([*args, *_openai(server.url)], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        deadline = time.time() + 120
+        while len(server.requests) < 10 and time.time() < deadline and proc.poll() is None:
+            time.sleep(0.02)
+        proc.kill()  # SIGKILL: no clean-up runs
+        proc.wait()
+        first = len(server.requests)
+        assert 10 <= first < 32, "the run must be killed mid-way"
+        cached = [json.loads(line) for line in (out / "cache.jsonl").read_text().splitlines() if line.strip()]
+        assert 0 < len(cached) <= first
+        assert not (out / "dataset.json").exists()
+        # Resume in-process with the same --out: only the missing answers are requested.
+        cfg = load(None, [f"world.out={world}", *_openai(server.url)])
+        summary = boost(cfg, out, progress=False)
+    assert summary["requested"] == {"blend": 32 - len(cached)}
+    # Lost at most the requests in flight at the kill (concurrency 2), never an answer that was cached.
+    assert len(server.requests) - first == 32 - len(cached) and first - len(cached) <= 2
+    lines = [json.loads(line) for line in (out / "cache.jsonl").read_text().splitlines() if line.strip()]
+    assert len(lines) == len({row["key"] for row in lines}) == 32  # every image once, no duplicate answer
+    records = read_dataset("world", out)
+    assert len(records) == 32 and len({r.image_id for r in records}) == 32
+    for r in records:
+        assert r.captions == [f"boosted {r.boosted['original'][0]}"]
+    assert (out / "failures.jsonl").read_text() == ""
+
+
+def test_bags_take_text_embeddings_from_the_chosen_field(world, tmp_path, monkeypatch):
+    import torch
+
+    import finecap.app.bags as bags_app
+
+    boost(load(None, [f"world.out={world}", "boost.mode=blend"]), tmp_path / "out", progress=False)
+    seen = {}
+
+    class FakeRetriever:
+        device, name = "cpu", "fake"
+
+    def embeddings(retriever, records, cache_dir):
+        seen["captions"] = [r.captions for r in records]
+        return torch.nn.functional.normalize(torch.randn(len(records), 4, generator=torch.Generator().manual_seed(0)))
+
+    monkeypatch.setattr(bags_app, "load_retriever", lambda cfg: FakeRetriever())
+    monkeypatch.setattr(bags_app, "record_embeddings", embeddings)
+    boosted = read_dataset("world", tmp_path / "out")
+    for field in ("blend", "original"):
+        cfg = load(None, [f"world.out={tmp_path / 'out'}", f"bags.text_from={field}"])
+        bags_app.main(cfg, split="train", sizes="2", out=tmp_path / f"bags_{field}.json")
+        assert seen["captions"] == [r.boosted[field] for r in boosted if r.split == "train"]

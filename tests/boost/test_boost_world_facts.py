@@ -1,0 +1,117 @@
+"""The world's exact BlendCap / HolisticCap: rendering round-trips through the fact parser; blend and merge rules on
+hand-built captions."""
+
+import random
+
+from finecap.boost.world_facts import blend_facts, conflicts, holistic_facts, render_facts
+from finecap.world.captions import dense_caption, reference_captions
+from finecap.world.facts import Fact, facts
+from finecap.world.scene import sample_scene
+
+
+def test_render_round_trips_every_world_caption():
+    rng = random.Random(0)
+    for i in range(300):
+        scene = sample_scene(rng, i)
+        caps = reference_captions(scene, rng) + [dense_caption(scene)]
+        for c in caps:
+            assert facts(render_facts(facts(c))) == facts(c), c
+        union = blend_facts(caps[:5])
+        assert facts(render_facts(union)) == union
+
+
+def test_render_hand_built_sets():
+    # Contradictory colours, two positions, a vague fact and relations with a vague side all survive.
+    stated = {
+        Fact("object", "circle"),
+        Fact("color", "circle", "red"),
+        Fact("color", "circle", "blue"),
+        Fact("position", "circle", "top left"),
+        Fact("position", "circle", "middle"),
+        Fact("color", None, "green"),
+        Fact("relation", "circle", "left of", None),
+        Fact("relation", None, "above", "square"),
+        Fact("object", "square"),
+        Fact("count", None, "1"),
+    }
+    text = render_facts(stated)
+    assert text == (
+        "one shape a blue red circle in the middle at the top left and a square and a green shape "
+        "and the shape above the square and the circle left of the shape"
+    )
+    assert facts(text) == stated
+    assert render_facts(set()) == ""
+
+
+def test_blend_is_the_union_of_the_human_facts():
+    caps = ["a red circle on grass", "a large circle at the top left", "two shapes with a circle and a blue square"]
+    # red circle + grass | large circle + position | count 2 + circle + blue square
+    assert blend_facts(caps) == {
+        Fact("object", "circle"), Fact("color", "circle", "red"), Fact("background", None, "grass"),
+        Fact("size", "circle", "large"), Fact("position", "circle", "top left"), Fact("count", None, "2"),
+        Fact("object", "square"), Fact("color", "square", "blue"),
+    }  # fmt: skip
+    assert (
+        render_facts(blend_facts(caps)) == "two shapes on grass a large red circle at the top left and a blue square"
+    )
+
+
+def test_holistic_keeps_human_facts_and_adds_only_non_conflicting_visual_facts():
+    human = facts("a red circle at the top left above a blue square on grass")
+    # The visual expert: circle colour wrong (conflict), circle size new, square position new and consistent with
+    # "circle above square" only if the square is below row 0 (bottom: fine), background wrong (conflict), a new
+    # star (no human statement: kept even though the world may not have one), count new.
+    visual = facts("three shapes on sand a large green circle at the top left and a blue square at the bottom "
+                   "and a small star in the middle")  # fmt: skip
+    merged = holistic_facts(human, visual)
+    assert Fact("color", "circle", "green") not in merged and Fact("color", "circle", "red") in merged
+    assert Fact("background", None, "sand") not in merged and Fact("background", None, "grass") in merged
+    added = merged - human
+    assert added == {
+        Fact("size", "circle", "large"), Fact("position", "square", "bottom"), Fact("object", "star"),
+        Fact("size", "star", "small"), Fact("position", "star", "middle"), Fact("count", None, "3"),
+    }  # fmt: skip
+
+
+def test_relation_conflicts():
+    human = {Fact("relation", "circle", "left of", "square"), Fact("position", "star", "top left"),
+             Fact("position", "cross", "bottom right")}  # fmt: skip
+    assert conflicts(Fact("relation", "circle", "right of", "square"), human)  # opposite relation
+    assert conflicts(Fact("relation", "square", "left of", "circle"), human)  # swapped sides
+    assert not conflicts(Fact("relation", "circle", "above", "square"), human)  # not stated either way
+    assert conflicts(Fact("relation", "star", "below", "cross"), human)  # positions say star is above the cross
+    assert not conflicts(Fact("relation", "star", "left of", "cross"), human)
+    assert not conflicts(Fact("color", None, "red"), {Fact("color", "circle", "blue")})  # vague: never
+
+
+def test_world_llm_through_the_engine_with_a_given_visual_expert(tmp_path):
+    from finecap.boost.engine import AnswerCache, boost_records
+    from finecap.boost.prompts import Prompts
+    from finecap.boost.world_backend import WorldLLM
+    from finecap.data.formats import Record
+
+    class FixedVLM:  # stands in for the trained expert: answers given per image
+        answers = {0: "a large green circle at the top left and a small star", 1: ""}
+
+        def identity(self):
+            return {"backend": "fixed"}
+
+        def run(self, tasks):
+            for i, t in enumerate(tasks):
+                yield i, self.answers[t.record.image_id]
+
+    for i in range(2):  # the cache key hashes the image bytes of the visual step
+        (tmp_path / f"{i}.png").write_bytes(bytes([i]))
+    records = [Record(0, tmp_path / "0.png", "test", ["a red circle on grass", "a circle at the top left"]),
+               Record(1, tmp_path / "1.png", "test", ["a blue square"])]  # fmt: skip
+    cache = AnswerCache(tmp_path / "cache.jsonl")
+    result = boost_records(records, "holistic", WorldLLM(), FixedVLM(), cache, Prompts.load(), retries=1,
+                           progress=False)  # fmt: skip
+    cache.close()
+    first = result.fields[0]
+    assert first["blend"] == ["on grass a red circle at the top left"]
+    # green conflicts with the human red; large and the star are new
+    assert first["holistic"] == ["on grass a large red circle at the top left and a small star"]
+    # Image 1: the expert answers nothing (twice): visual and holistic fail, the human caption is kept in both.
+    assert result.fields[1]["visual"] == result.fields[1]["holistic"] == ["a blue square"]
+    assert [(f.image_id, f.step) for f in result.failures] == [(1, "visual"), (1, "holistic")]

@@ -1,0 +1,139 @@
+"""The openai backend against a real local HTTP server speaking chat completions: request format, images as base64
+data URLs, the concurrency limit, retries on HTTP 500 and time-outs, malformed answers (engine retries, then the
+failure log with the human captions kept)."""
+
+import base64
+import time
+from pathlib import Path
+
+from chat_server import ChatServer, completion, echo_first_caption
+from PIL import Image
+
+from finecap.boost.engine import AnswerCache, Task, boost_records, run_step
+from finecap.boost.openai_backend import OpenAIBackend
+from finecap.boost.prompts import Prompts
+from finecap.data.formats import Record
+
+
+def _records(tmp_path: Path, n: int) -> list[Record]:
+    out = []
+    for i in range(n):
+        path = tmp_path / f"{i}.png"
+        Image.new("RGB", (8, 8), (i * 20 % 256, 0, 0)).save(path)
+        out.append(Record(i, path, "test", [f"caption {i} a", f"caption {i} b"]))
+    return out
+
+
+def _tasks(records: list[Record], step: str = "blend") -> list[Task]:
+    prompts = Prompts.load()
+    return [
+        Task(i, r, step, prompts.messages(step, few_shot=False, captions=r.captions), {"captions": r.captions})
+        for i, r in enumerate(records)
+    ]
+
+
+def test_request_format_and_image_data_url(tmp_path):
+    records = _records(tmp_path, 2)
+    with ChatServer() as server:
+        backend = OpenAIBackend("my-llm", server.url, "sk-test", max_tokens=50, temperature=0.0)
+        answers = dict(backend.run(_tasks(records[:1]) + [_tasks(records, "visual")[1]]))
+    assert answers == {0: "boosted caption 0 a", 1: "described"}
+    by_step = {("image_url" in str(r["payload"])): r for r in server.requests}
+    text_req, image_req = by_step[False], by_step[True]
+    assert text_req["path"] == "/v1/chat/completions"
+    assert text_req["headers"]["Authorization"] == "Bearer sk-test"
+    payload = text_req["payload"]
+    assert payload["model"] == "my-llm" and payload["max_tokens"] == 50 and payload["temperature"] == 0.0
+    assert [m["role"] for m in payload["messages"]] == ["system", "user"]
+    assert "- caption 0 a\n- caption 0 b" in payload["messages"][-1]["content"]
+    parts = image_req["payload"]["messages"][-1]["content"]
+    assert parts[0]["type"] == "text" and parts[1]["type"] == "image_url"
+    url = parts[1]["image_url"]["url"]
+    assert url.startswith("data:image/png;base64,")
+    assert base64.b64decode(url.split(",", 1)[1]) == (tmp_path / "1.png").read_bytes()
+
+
+def test_api_key_from_environment(tmp_path, monkeypatch):
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-env")
+    with ChatServer() as server:
+        backend = OpenAIBackend("m", server.url)
+        list(backend.run(_tasks(_records(tmp_path, 1))))
+    assert server.requests[0]["headers"]["Authorization"] == "Bearer sk-env"
+
+
+def test_concurrency_is_bounded(tmp_path):
+    records = _records(tmp_path, 12)
+    with ChatServer(delay=0.15) as server:
+        backend = OpenAIBackend("m", server.url, concurrency=3)
+        start = time.perf_counter()
+        answers = dict(backend.run(_tasks(records)))
+        elapsed = time.perf_counter() - start
+    assert len(answers) == 12
+    assert server.max_in_flight == 3  # never more than boost.concurrency, and the limit is used
+    assert elapsed >= 4 * 0.15  # 12 requests, 3 at a time, 0.15 s each: at least 4 rounds
+
+
+def test_retries_on_500_and_timeout(tmp_path):
+    records = _records(tmp_path, 4)
+
+    def flaky(payload, n):
+        text = payload["messages"][-1]["content"]
+        if "caption 0 a" in text and n < 2:
+            return 500, {"error": "overloaded"}  # two 500s, then success
+        if "caption 1 a" in text and n < 1:
+            time.sleep(1.0)  # longer than the client's time-out, once
+        return echo_first_caption(payload, n)
+
+    with ChatServer(flaky) as server:
+        backend = OpenAIBackend("m", server.url, timeout=0.4, retries=3, backoff=0.01, concurrency=4)
+        answers = dict(backend.run(_tasks(records)))
+    assert answers == {i: f"boosted caption {i} a" for i in range(4)}
+    assert backend.requests_sent == 4 + 2 + 1  # one per task, two retries after 500, one after the time-out
+
+
+def test_gives_up_after_retries(tmp_path):
+    with ChatServer(lambda p, n: (503, {"error": "down"})) as server:
+        backend = OpenAIBackend("m", server.url, retries=2, backoff=0.01)
+        ((_, answer),) = list(backend.run(_tasks(_records(tmp_path, 1))))
+    assert isinstance(answer, RuntimeError) and "HTTP 503" in str(answer)
+    assert len(server.requests) == 3
+
+
+def test_malformed_answers_retried_then_logged_with_human_captions_kept(tmp_path):
+    records = _records(tmp_path, 3)
+
+    def answer(payload, n):
+        text = payload["messages"][-1]["content"]
+        if "caption 0 a" in text and n == 0:
+            return 200, completion("   ")  # empty once, then fine
+        if "caption 1 a" in text and n == 0:
+            return 200, "this is not json"  # not chat-completions JSON once, then fine
+        if "caption 2 a" in text:
+            return 200, {"choices": []}  # always malformed
+        return echo_first_caption(payload, n)
+
+    with ChatServer(answer) as server:
+        backend = OpenAIBackend("m", server.url, backoff=0.01)
+        cache = AnswerCache(tmp_path / "cache.jsonl")
+        result = boost_records(records, "blend", backend, None, cache, Prompts.load(), few_shot=False, retries=2,
+                               progress=False)  # fmt: skip
+        cache.close()
+    assert [f["blend"] for f in result.fields] == [
+        ["boosted caption 0 a"],
+        ["boosted caption 1 a"],
+        records[2].captions,
+    ]
+    (failure,) = result.failures
+    assert (failure.image_id, failure.step, failure.attempts) == (2, "blend", 3)
+    assert "malformed or empty" in failure.error
+    # Round 1: all three malformed; round 2: 0 and 1 answer, 2 malformed again; round 3 (last retry): 2 malformed.
+    assert len(server.requests) == 3 + 3 + 1
+    assert result.requested == {"blend": 3 + 3 + 1}
+    # Accepted answers are cached; a second run asks only for the failed image.
+    with ChatServer(echo_first_caption) as server:
+        cache = AnswerCache(tmp_path / "cache.jsonl")
+        answers, failures, sent = run_step(
+            "blend", _tasks(records), OpenAIBackend("m", server.url), cache, 0, progress=False
+        )
+        cache.close()
+    assert sent == 1 and not failures and answers[2] == "boosted caption 2 a"

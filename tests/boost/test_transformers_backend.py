@@ -1,0 +1,159 @@
+"""The transformers backend on a tiny chat model built and saved by the test (Llama config + a word-level tokenizer
+with a chat template; nothing downloaded): the chat template is applied, batches are left-padded so that batched
+greedy answers equal one-by-one answers, and the answers feed the engine."""
+
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+
+from finecap.boost.engine import AnswerCache, Task, boost_records
+from finecap.boost.hf_backend import TransformersBackend
+from finecap.boost.prompts import Prompts
+from finecap.data.formats import Record
+from finecap.models.tokenizer import world_tokenizer
+from finecap.world.captions import vocabulary
+
+TEMPLATE = (
+    "{% for m in messages %}<{{ m['role'] }}> {{ m['content'] }} <eos>{% endfor %}"
+    "{% if add_generation_prompt %}<assistant>{% endif %}"
+)
+
+
+@pytest.fixture(scope="module")
+def chat_model(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("tiny-chat")
+    words = vocabulary() + ["<system>", "<user>", "<assistant>", "here", "are", "descriptions"]
+    tok = world_tokenizer(words)
+    tok.chat_template = TEMPLATE
+    tok.save_pretrained(out)
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
+                         pad_token_id=0, bos_token_id=3, eos_token_id=4)  # fmt: skip
+    LlamaForCausalLM(config).save_pretrained(out)
+    return out
+
+
+def _tasks(n: int, few_shot: bool = False) -> list[Task]:
+    prompts = Prompts.load()
+    out = []
+    for i in range(n):
+        caps = ["a red circle on grass"] + ["a big blue square at the top left"] * (i % 3)
+        r = Record(i, Path(f"{i}.png"), "test", caps)
+        out.append(
+            Task(i, r, "blend", prompts.messages("blend", few_shot=few_shot, captions=caps), {"captions": caps})
+        )
+    return out
+
+
+def test_chat_template_and_batched_generation(chat_model):
+    backend = TransformersBackend(str(chat_model), batch_size=4, max_new_tokens=6)
+    tasks = _tasks(5)
+    tok = AutoTokenizer.from_pretrained(chat_model)
+    prompt = tok.apply_chat_template(tasks[0].messages, tokenize=False, add_generation_prompt=True)
+    assert prompt.startswith("<system> ") and prompt.endswith("<eos><assistant>")
+    batched = dict(backend.run(tasks))
+    assert sorted(batched) == list(range(5)) and all(isinstance(t, str) for t in batched.values())
+    one_by_one = TransformersBackend(str(chat_model), batch_size=1, max_new_tokens=6)
+    assert dict(one_by_one.run(tasks)) == batched  # left padding does not change greedy answers
+    # The answer is the decoded continuation of the prompt (greedy, 6 new tokens at most).
+    enc = tok(prompt, return_tensors="pt", add_special_tokens=False)
+    model = LlamaForCausalLM.from_pretrained(chat_model).eval()
+    ref = model.generate(**enc, max_new_tokens=6, do_sample=False, pad_token_id=0)
+    assert batched[0] == tok.decode(ref[0, enc["input_ids"].shape[1] :], skip_special_tokens=True)
+
+
+def test_engine_with_transformers_backend(chat_model, tmp_path):
+    backend = TransformersBackend(str(chat_model), batch_size=2, max_new_tokens=4)
+    records = [t.record for t in _tasks(3)]
+    cache = AnswerCache(tmp_path / "cache.jsonl")
+    result = boost_records(records, "blend", backend, None, cache, Prompts.load(), retries=0, progress=False)
+    cache.close()
+    # A random tiny model may answer with nothing but special tokens: such images must be logged, not lost.
+    failed = {f.image_id for f in result.failures}
+    for i, f in enumerate(result.fields):
+        assert f["blend"] == records[i].captions if i in failed else len(f["blend"]) == 1
+
+
+def test_model_without_chat_template_is_an_error(chat_model, tmp_path):
+    tok = AutoTokenizer.from_pretrained(chat_model)
+    tok.chat_template = None
+    tok.save_pretrained(tmp_path)
+    LlamaForCausalLM.from_pretrained(chat_model).save_pretrained(tmp_path)
+    (tmp_path / "chat_template.jinja").unlink(missing_ok=True)
+    with pytest.raises(ValueError, match="boost.llm_model: .* has no chat template"):
+        TransformersBackend(str(tmp_path))
+
+
+VLM_TEMPLATE = (
+    "{% for m in messages %}<{{ m['role'] }}> {% if m['content'] is string %}{{ m['content'] }}{% else %}"
+    "{% for c in m['content'] %}{% if c['type'] == 'image' %}<image> {% else %}{{ c['text'] }}{% endif %}{% endfor %}"
+    "{% endif %} <eos>{% endfor %}{% if add_generation_prompt %}<assistant>{% endif %}"
+)
+
+
+@pytest.fixture(scope="module")
+def tiny_vlm(tmp_path_factory) -> Path:
+    """A LLaVA with a 1-layer CLIP vision tower (16 px, 8 px patches) and a 1-layer Llama, plus its processor."""
+    from transformers import (
+        CLIPImageProcessor,
+        CLIPVisionConfig,
+        LlavaConfig,
+        LlavaForConditionalGeneration,
+        LlavaProcessor,
+    )
+
+    out = tmp_path_factory.mktemp("tiny-vlm")
+    tok = world_tokenizer(vocabulary())
+    tok.add_special_tokens({"additional_special_tokens": ["<image>"]})
+    images = CLIPImageProcessor(size={"shortest_edge": 16}, crop_size={"height": 16, "width": 16})
+    LlavaProcessor(image_processor=images, tokenizer=tok, patch_size=8, vision_feature_select_strategy="default",
+                   chat_template=VLM_TEMPLATE, image_token="<image>", num_additional_image_tokens=1,
+                   ).save_pretrained(out)  # fmt: skip
+    vision = CLIPVisionConfig(hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
+                              image_size=16, patch_size=8, projection_dim=16)  # fmt: skip
+    text = LlamaConfig(
+        vocab_size=len(tok),
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=1,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        pad_token_id=0,
+        bos_token_id=3,
+        eos_token_id=4,
+    )
+    image_id = tok.convert_tokens_to_ids("<image>")
+    config = LlavaConfig(vision_config=vision, text_config=text, image_token_index=image_id,
+                         vision_feature_select_strategy="default", vision_feature_layer=-1)  # fmt: skip
+    torch.manual_seed(0)
+    LlavaForConditionalGeneration(config).save_pretrained(out)
+    return out
+
+
+def test_vlm_describes_images_through_the_processor(tiny_vlm, tmp_path):
+    from PIL import Image
+    from transformers import AutoModelForImageTextToText, AutoProcessor
+
+    prompts = Prompts.load()
+    tasks = []
+    for i, color in enumerate([(200, 0, 0), (0, 0, 200), (0, 200, 0)]):
+        Image.new("RGB", (20, 20), color).save(tmp_path / f"{i}.png")
+        r = Record(i, tmp_path / f"{i}.png", "test", ["a caption"])
+        tasks.append(Task(i, r, "visual", prompts.messages("visual"), {"captions": r.captions}))
+    batched = dict(TransformersBackend(str(tiny_vlm), vision=True, batch_size=3, max_new_tokens=5).run(tasks))
+    single = dict(TransformersBackend(str(tiny_vlm), vision=True, batch_size=1, max_new_tokens=5).run(tasks))
+    assert batched == single and sorted(batched) == [0, 1, 2]
+    # Reference: the processor and model called directly on image 1, the image before the text in the last turn.
+    processor = AutoProcessor.from_pretrained(tiny_vlm)
+    model = AutoModelForImageTextToText.from_pretrained(tiny_vlm).eval()
+    messages = [dict(m) for m in tasks[1].messages]
+    messages[-1]["content"] = [{"type": "image", "image": Image.open(tmp_path / "1.png").convert("RGB")},
+                               {"type": "text", "text": messages[-1]["content"]}]  # fmt: skip
+    inputs = processor.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=True,
+                                           return_tensors="pt")  # fmt: skip
+    assert "pixel_values" in inputs
+    ref = model.generate(**inputs, max_new_tokens=5, do_sample=False, pad_token_id=0)
+    assert batched[1] == processor.tokenizer.decode(ref[0, inputs["input_ids"].shape[1] :], skip_special_tokens=True)
