@@ -2,19 +2,25 @@
 
 On realistic captions (a vocabulary of ~10k words) the n-gram metrics spent about half their time creating one
 Python ``str`` per token (``str.split``) and looking each one up in a dict (hashing a fresh string every time).
-:func:`split_ids` instead finds token boundaries with a byte table and identifies each token by its bytes:
+:func:`split_ids` instead finds token boundaries with a byte table (``bytes.translate``) and gives ids by sorting:
 
-- a token of at most 8 bytes *is* its key: its bytes read as one little-endian uint64 (an unaligned 8-byte
-  window at the token start, masked to the token length; exact because no token contains a zero byte, which is
-  checked);
-- a longer token of ``m`` 8-byte words is identified by its ``m`` words (``np.unique(..., axis=0)`` per length
-  class), so ids are exact, never hashes.
+- a token of at most 8 bytes has an exact key: its bytes read as one little-endian uint64 (an unaligned 8-byte
+  window at the token start, masked to the token length; unambiguous because the text has no zero byte, checked);
+  a longer token's key is a multiplicative hash of its 8-byte words;
+- the keys are hashed once more (Fibonacci hashing) into the high bits of a uint64 whose low bits hold the token
+  position, so that one plain ``np.sort`` (no ``argsort``) groups equal tokens; the groups are the ids;
+- exactness is then *verified*, not assumed: every token must have the key and length of its id's first token,
+  and a long token all its bytes. A hash collision (never seen; forced in the tests) returns ``None``.
+
+Measured on 8,000 COCO-like images (704k tokens, 12.9k word types): 0.09 s CPU against 0.12-0.17 s for
+``str.split`` plus a dict lookup per token (2-core development machine under load; same process, best of 7).
 
 Equal tokens get equal ids and different tokens different ids, exactly as ``{word: id}`` over ``str.split()``
 would give (ids are in an arbitrary but deterministic order, not in order of first appearance). UTF-8 bytes are
 equal iff the strings are equal, and ASCII whitespace bytes never occur inside a multi-byte UTF-8 character, so the
 byte boundaries are ``str.split()``'s as long as the text has no *non-ASCII* whitespace (``\\xa0``, ``\\u2009``, ...)
-and no zero character: :func:`split_ids` returns ``None`` then and the caller falls back to ``str.split``.
+and no zero character: :func:`split_ids` returns ``None`` then (as after a collision) and the caller falls back to
+``str.split``.
 """
 
 from __future__ import annotations
@@ -34,7 +40,8 @@ def split_ids(text: str) -> tuple[np.ndarray, list[str]] | None:
     """Tokens of ``text.split()`` as ids: ``(ids (T,) int64, words)``, or ``None``.
 
     ``words[v]`` is the word of id ``v`` (ids are dense: ``0 .. len(words) - 1``). ``None`` when the text
-    contains a non-ASCII whitespace character or a NUL character (then use ``str.split``).
+    contains a non-ASCII whitespace character or a NUL character, or after a hash collision (then use
+    ``str.split``).
     """
     if "\x00" in text or (not text.isascii() and any(c in text for c in _NON_ASCII_WS)):
         return None
