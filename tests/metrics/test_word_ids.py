@@ -17,7 +17,7 @@ from pycocoevalcap.cider.cider import Cider
 from pycocoevalcap.rouge.rouge import Rouge
 
 from finecap.metrics import ngram, word_ids
-from finecap.metrics.ngram import ngram_metrics
+from finecap.metrics.ngram import ngram_metrics, rouge_l_per_item
 from finecap.metrics.ptb_tokenize import ptb_tokenize
 from finecap.metrics.word_ids import split_ids
 
@@ -109,6 +109,18 @@ def test_encode_new_vocabulary_equals_dict_path():
 
 
 @pytest.mark.parametrize(
+    "sentences",
+    [["a b", "c d e", "b a"], ["a  b", "c"], ["a b", ""], [" a", "b"], ["a\tb c"], ["a\xa0b c"], [""], ["日本 語 ok"]],
+)
+def test_encode_space_separated_spells_split_space(sentences):
+    """ROUGE-L's ``split(" ")`` words: from the bytes when single-spaced, else through ``str.split(" ")``."""
+    vocab, words, lengths = ngram._encode(sentences, sep=" ")
+    inv = {i: w for w, i in vocab.items()}
+    assert [inv[i] for i in words.tolist()] == [w for s in sentences for w in s.split(" ")]
+    assert lengths.tolist() == [len(s.split(" ")) for s in sentences]
+
+
+@pytest.mark.parametrize(
     "sentences, expected",
     [
         (["a b", "c d e"], True),
@@ -143,6 +155,7 @@ def test_metrics_equal_pycocoevalcap_on_realistic_tokenised_text():
     ours, _ = ngram_metrics(preds, refs)
     expected = _pycoco(preds, refs)
     assert max(abs(ours[k] - expected[k]) for k in expected) <= TOL
+    assert abs(rouge_l_per_item(preds, refs)[0]["ROUGE-L"] - expected["ROUGE-L"]) <= TOL  # its own encoding
 
 
 def test_metrics_equal_pycocoevalcap_on_raw_text_with_long_and_unicode_words():
@@ -153,7 +166,11 @@ def test_metrics_equal_pycocoevalcap_on_raw_text_with_long_and_unicode_words():
     extra = ["über-naïve", "refrigerator-and-skateboard", "日本語のテキスト", "motorcycles", "a" * 40]
     refs = {i: [c + " " + rng.choice(extra) for c in caps] for i, caps in refs.items()}
     preds = {i: rng.choice(extra) + " " + c for i, c in preds.items()}
-    preds[next(iter(preds))] += "\tend  two"
+    ours, _ = ngram_metrics(preds, refs)
+    expected = _pycoco(preds, refs)
+    assert max(abs(ours[k] - expected[k]) for k in expected) <= TOL
+    assert abs(rouge_l_per_item(preds, refs)[0]["ROUGE-L"] - expected["ROUGE-L"]) <= TOL
+    preds[next(iter(preds))] += "\tend  two"  # now split(" ") != split(): ROUGE-L takes the str.split(" ") path
     ours, _ = ngram_metrics(preds, refs)
     expected = _pycoco(preds, refs)
     assert max(abs(ours[k] - expected[k]) for k in expected) <= TOL

@@ -112,6 +112,12 @@ _SENTINEL = "\x01"  # joins sentences for one big str.split (not whitespace for 
 _OTHER_ASCII_WS = tuple(c for c in map(chr, range(128)) if c.isspace() and c != " ")
 
 
+def _single_spaced(joined: str) -> bool:
+    """Whether ``joined.split(" ") == joined.split()``: non-empty, single spaces only, none at either end."""
+    return (joined != "" and "  " not in joined and joined[0] != " " and joined[-1] != " "
+            and not any(c in joined for c in _OTHER_ASCII_WS))  # fmt: skip
+
+
 def _word_ids(tokens: list[str], vocab: dict[str, int] | None) -> tuple[dict[str, int], np.ndarray]:
     """Ids of the tokens through a dict: a new vocabulary (first-appearance order), or ``vocab`` extended."""
     if vocab is None:
@@ -137,7 +143,8 @@ def _encode(
     With ``vocab=None`` a vocabulary of all words is built (dense ids in an arbitrary order) and returned; with a
     given ``vocab`` unknown words get ids ``len(vocab), len(vocab) + 1, ...`` (equal words, equal ids).
     Works on the sentences joined by a sentinel token: a new vocabulary with ``str.split()`` words comes from
-    :func:`finecap.metrics.word_ids.split_ids` (numpy on the bytes, no string per token: 2-3x faster on real text);
+    :func:`finecap.metrics.word_ids.split_ids` (numpy on the bytes, no string per token; also for ``sep=" "`` when
+    the text is single-spaced, so that ``split(" ") == split()``);
     otherwise one ``split`` of the joined text (several times faster than one per sentence) and a dict lookup per
     token; per-sentence splitting if a sentence contains the sentinel character.
     ``flags`` (a dict), with ``sep=None``: ``flags["space_split"]`` tells whether every sentence's ``split(" ")``
@@ -146,14 +153,15 @@ def _encode(
     S = len(sentences)  # noqa: N806
     joined = f" {_SENTINEL} ".join(sentences)
     fast = joined.count(_SENTINEL) == max(S - 1, 0)
-    coded = split_ids(joined) if fast and vocab is None and sep is None else None
+    # split(" ") gives split()'s words when the only whitespace is single spaces between words
+    by_bytes = fast and vocab is None and (sep is None or (sep == " " and _single_spaced(joined)))
+    coded = split_ids(joined) if by_bytes else None
     if coded is not None:  # word ids straight from the bytes, no Python string per token
         words, vocab_words = coded
         vocab = dict(zip(vocab_words, range(len(vocab_words))))
         vocab.setdefault(_SENTINEL, len(vocab))
-        if flags is not None:  # split(" ") == split() iff the only whitespace is single spaces between words
-            flags["space_split"] = (joined != "" and "  " not in joined and joined[0] != " " and joined[-1] != " "
-                                    and not any(c in joined for c in _OTHER_ASCII_WS))  # fmt: skip
+        if flags is not None and sep is None:
+            flags["space_split"] = _single_spaced(joined)
     elif fast:
         tokens = joined.split(sep) if S else []
         if flags is not None and sep is None:
