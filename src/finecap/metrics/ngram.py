@@ -43,6 +43,8 @@ from itertools import chain, count, repeat
 
 import numpy as np
 
+from finecap.metrics.word_ids import split_ids
+
 __all__ = [
     "CiderD",
     "bleu",
@@ -80,6 +82,10 @@ def _align(
         refs = [references[i] for i in ids]
     except KeyError as e:
         raise ValueError(f"references: no entry for prediction id {e.args[0]!r}") from None
+    str_preds = all(type(p) is str for p in preds)  # fast paths: exact types (an ABC isinstance costs ~1 us)
+    list_refs = all(type(r) is list and r for r in refs)
+    if str_preds and list_refs:
+        return ids, preds, refs
     for i, p, r in zip(ids, preds, refs):
         if not isinstance(p, str):
             raise TypeError(f"predictions[{i!r}]: expected a caption string, got {type(p).__name__}")
@@ -103,6 +109,30 @@ def _check_strings(name: str, ids: Sequence[Hashable], lists: Sequence[Sequence[
 # --------------------------------------------------------------------------------------------------------------------
 
 _SENTINEL = "\x01"  # joins sentences for one big str.split (not whitespace for str.split())
+_OTHER_ASCII_WS = tuple(c for c in map(chr, range(128)) if c.isspace() and c != " ")
+
+
+def _single_spaced(joined: str) -> bool:
+    """Whether ``joined.split(" ") == joined.split()``: non-empty, single spaces only, none at either end."""
+    return (joined != "" and "  " not in joined and joined[0] != " " and joined[-1] != " "
+            and not any(c in joined for c in _OTHER_ASCII_WS))  # fmt: skip
+
+
+def _word_ids(tokens: list[str], vocab: dict[str, int] | None) -> tuple[dict[str, int], np.ndarray]:
+    """Ids of the tokens through a dict: a new vocabulary (first-appearance order), or ``vocab`` extended."""
+    if vocab is None:
+        ids: defaultdict[str, int] = defaultdict(count().__next__)  # new word -> next id, all in C
+        words = np.fromiter(map(ids.__getitem__, tokens), dtype=np.int64, count=len(tokens))
+        vocab = dict(ids)
+        vocab.setdefault(_SENTINEL, len(vocab))
+        return vocab, words
+    W = len(vocab)  # noqa: N806
+    words = np.fromiter(map(vocab.get, tokens, repeat(-1)), dtype=np.int64, count=len(tokens))
+    unknown = np.flatnonzero(words < 0)
+    if len(unknown):
+        local: dict[str, int] = {}
+        words[unknown] = [W + local.setdefault(tokens[i], len(local)) for i in unknown]
+    return vocab, words
 
 
 def _encode(
@@ -110,35 +140,37 @@ def _encode(
 ) -> tuple[dict[str, int], np.ndarray, np.ndarray]:
     """Word ids of ``s.split(sep)`` for every sentence, concatenated, and the sentence lengths.
 
-    With ``vocab=None`` a vocabulary of all words is built (ids in order of first appearance) and returned; with a
+    With ``vocab=None`` a vocabulary of all words is built (dense ids in an arbitrary order) and returned; with a
     given ``vocab`` unknown words get ids ``len(vocab), len(vocab) + 1, ...`` (equal words, equal ids).
-    Runs one ``split`` over the sentences joined by a sentinel token, which is several times faster than one
-    ``split`` per sentence; falls back to per-sentence splitting if a sentence contains the sentinel character.
+    Works on the sentences joined by a sentinel token: a new vocabulary with ``str.split()`` words comes from
+    :func:`finecap.metrics.word_ids.split_ids` (numpy on the bytes, no string per token; also for ``sep=" "`` when
+    the text is single-spaced, so that ``split(" ") == split()``);
+    otherwise one ``split`` of the joined text (several times faster than one per sentence) and a dict lookup per
+    token; per-sentence splitting if a sentence contains the sentinel character.
     ``flags`` (a dict), with ``sep=None``: ``flags["space_split"]`` tells whether every sentence's ``split(" ")``
     gives the same words as its ``split()`` (single spaces only, no empty sentence; then ROUGE-L can reuse the ids).
     """
     S = len(sentences)  # noqa: N806
     joined = f" {_SENTINEL} ".join(sentences)
     fast = joined.count(_SENTINEL) == max(S - 1, 0)
-    if fast:
+    # split(" ") gives split()'s words when the only whitespace is single spaces between words
+    by_bytes = fast and vocab is None and (sep is None or (sep == " " and _single_spaced(joined)))
+    coded = split_ids(joined) if by_bytes else None
+    if coded is not None:  # word ids straight from the bytes, no Python string per token
+        words, vocab_words = coded
+        vocab = dict(zip(vocab_words, range(len(vocab_words))))
+        vocab.setdefault(_SENTINEL, len(vocab))
+        if flags is not None and sep is None:
+            flags["space_split"] = _single_spaced(joined)
+    elif fast:
         tokens = joined.split(sep) if S else []
         if flags is not None and sep is None:
             flags["space_split"] = joined.split(" ") == tokens
     else:
         split = [x.split(sep) for x in sentences]
         tokens = list(chain.from_iterable(split))
-    if vocab is None:
-        ids: defaultdict[str, int] = defaultdict(count().__next__)  # new word -> next id, all in C
-        words = np.fromiter(map(ids.__getitem__, tokens), dtype=np.int64, count=len(tokens))
-        vocab = dict(ids)
-        vocab.setdefault(_SENTINEL, len(vocab))
-    else:
-        W = len(vocab)  # noqa: N806
-        words = np.fromiter(map(vocab.get, tokens, repeat(-1)), dtype=np.int64, count=len(tokens))
-        unknown = np.flatnonzero(words < 0)
-        if len(unknown):
-            local: dict[str, int] = {}
-            words[unknown] = [W + local.setdefault(tokens[i], len(local)) for i in unknown]
+    if coded is None:
+        vocab, words = _word_ids(tokens, vocab)
     if not fast:
         return vocab, words, np.fromiter(map(len, split), dtype=np.int64, count=S)
     if S == 0:
