@@ -62,7 +62,7 @@ from transformers.cache_utils import DynamicCache, EncoderDecoderCache
 from finecap.config import DecodeConfig
 from finecap.decode import Generation
 from finecap.models import lora
-from finecap.models.captioner import TokenScores, encode_images, generate_in_chunks, strip_prefix, token_scores
+from finecap.models.captioner import TokenScores, encode_images, generate_in_chunks, logits_or_scores, strip_prefix
 from finecap.models.presets import BlipImageProcessor, world_blip
 from finecap.models.vision import VisionEncoder
 from finecap.models.world_encoder import world_encoder_path
@@ -331,16 +331,8 @@ class Blip(nn.Module):
         logits ``(B, T, V)`` of ``batch['input_ids']``, or :class:`TokenScores` of ``sequences (N, L)`` (rows mapped
         to images by ``image_index``; the vision side runs once per image)."""
         tokens = self.image_tokens(batch)  # (B, P, H)
-        if sequences is None:
-            return self._decoder_logits(tokens, batch["input_ids"], batch.get("attention_mask"))
-        if image_index is not None:
-            tokens = tokens[image_index.to(tokens.device)]  # (N, P, H)
-        elif tokens.shape[0] != sequences.shape[0]:
-            raise ValueError(f"{tokens.shape[0]} images for {sequences.shape[0]} sequences; pass image_index")
-        sequences = sequences.to(self.device)
-        mask = torch.ones_like(sequences, dtype=torch.bool) if mask is None else mask.to(self.device)
-        logits = self._decoder_logits(tokens, sequences, mask.long())  # (N, L, V)
-        return token_scores(logits, sequences, mask, temperature, with_entropy)
+        return logits_or_scores(tokens, self._decoder_logits, batch, sequences, mask, image_index, temperature,
+                                with_entropy, self.device)  # fmt: skip
 
     # ------------------------------------------------------------------------------------------------------------
     # Decoding (Stepper protocol)

@@ -89,6 +89,35 @@ def token_scores(
     return TokenScores(token, entropy)
 
 
+def logits_or_scores(
+    conditioning: torch.Tensor,
+    logits_fn: Any,
+    batch: dict[str, Any],
+    sequences: torch.Tensor | None,
+    mask: torch.Tensor | None,
+    image_index: torch.Tensor | None,
+    temperature: float,
+    with_entropy: bool,
+    device: torch.device,
+) -> torch.Tensor | TokenScores:
+    """The body of every backbone's ``forward``: ``logits_fn(conditioning, input_ids, attention_mask) -> (B, T, V)``
+    gives the teacher-forced logits of ``batch['input_ids']``; given ``sequences (N, L)``, the per-image
+    ``conditioning (B, ...)`` (ClipCap's prefix, BLIP's image tokens) is mapped to rows by ``image_index (N,)`` (or
+    row ``n`` is image ``n``) and the sequences' :func:`token_scores` are returned."""
+    if sequences is None:
+        return logits_fn(conditioning, batch["input_ids"], batch.get("attention_mask"))
+    if image_index is not None:
+        conditioning = conditioning[image_index.to(conditioning.device)]  # (N, ...)
+    elif conditioning.shape[0] != sequences.shape[0]:
+        raise ValueError(
+            f"{conditioning.shape[0]} images for {sequences.shape[0]} sequences; pass image_index to map them"
+        )
+    sequences = sequences.to(device)
+    mask = torch.ones_like(sequences, dtype=torch.bool) if mask is None else mask.to(device)
+    logits = logits_fn(conditioning, sequences, mask.long())  # (N, L, V)
+    return token_scores(logits, sequences, mask, temperature, with_entropy)
+
+
 def strip_prefix(state: dict[str, torch.Tensor], prefix: str) -> dict[str, torch.Tensor]:
     """The entries of a state dict under ``prefix``, with the prefix removed (one part of a captioner's weights)."""
     return {k[len(prefix) :]: v for k, v in state.items() if k.startswith(prefix)}

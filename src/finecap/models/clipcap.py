@@ -47,7 +47,7 @@ from transformers.cache_utils import Cache
 from finecap.config import DecodeConfig, Mapper
 from finecap.decode import Generation
 from finecap.models import lora
-from finecap.models.captioner import TokenScores, encode_images, generate_in_chunks, strip_prefix, token_scores
+from finecap.models.captioner import TokenScores, encode_images, generate_in_chunks, logits_or_scores, strip_prefix
 from finecap.models.presets import WORLD_LM_POSITIONS, build_world_lm
 from finecap.models.tokenizer import ensure_pad_token
 from finecap.models.vision import VisionEncoder
@@ -315,18 +315,8 @@ class ClipCap(nn.Module):
         ``Generation.image_index``), so the mapper runs once per image; without it row ``n`` is image ``n``.
         """
         prefix = self._prefix(self.image_features(batch))  # (B, k, H)
-        if sequences is None:
-            return self._lm_logits(prefix, batch["input_ids"], batch.get("attention_mask"))
-        if image_index is not None:
-            prefix = prefix[image_index.to(prefix.device)]  # (N, k, H)
-        elif prefix.shape[0] != sequences.shape[0]:
-            raise ValueError(
-                f"{prefix.shape[0]} images for {sequences.shape[0]} sequences; pass image_index to map them"
-            )
-        sequences = sequences.to(self.device)
-        mask = torch.ones_like(sequences, dtype=torch.bool) if mask is None else mask.to(self.device)
-        logits = self._lm_logits(prefix, sequences, mask.long())  # (N, L, V)
-        return token_scores(logits, sequences, mask, temperature, with_entropy)
+        return logits_or_scores(prefix, self._lm_logits, batch, sequences, mask, image_index, temperature,
+                                with_entropy, self.device)  # fmt: skip
 
     # ------------------------------------------------------------------------------------------------------------
     # Decoding
