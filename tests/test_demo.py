@@ -33,6 +33,10 @@ def test_quick_demo_writes_table_captions_and_checkpoints(quick_demo):
         captions = json.loads((run_dir / "captions" / f"{stage}.json").read_text())
         assert len(captions) == 100 and all(c["caption"] for c in captions)
     assert "sample/Div-2" in results["scst"] and "beam/mBLEU-4" in results["mle"]
+    for key in ("RD19/R@5", "CLIPScore", "listener/RD19/R@1", "listener/RD19/exploit", "listener/bag3/R@1"):
+        assert key in results["mle"], key
+    # Reference captions state only true facts, so the listener never ranks a distractor strictly above the target.
+    assert results["human"]["listener/RD19/R@1_expected"] > results["human"]["RD19/R@1"] - 0.5
     table = (run_dir / "results.md").read_text()
     assert table.startswith("| stage |") and "| smile |" in table
 
@@ -43,3 +47,16 @@ def test_rerun_skips_finished_stages(quick_demo, capsys):
     assert main([*argv, "--stages", "world,mle"]) == 0
     assert "mle: already trained" in capsys.readouterr().out
     assert (run_dir / "mle" / "checkpoints" / "best" / "trainer_state.json").stat().st_mtime_ns == before
+
+
+def test_transfer_stage_scores_every_trained_stage_on_the_shifted_domain(quick_demo):
+    run_dir, argv = quick_demo
+    assert main([*argv, "--stages", "transfer"]) == 0
+    results = json.loads((run_dir / "transfer" / "results.json").read_text())
+    assert {"human", "mle", "smile", "discritune"} <= set(results)
+    for row in results.values():
+        for key in ("BLEU-4", "CIDEr-D", "faith/precision", "RD19/R@1", "listener/RD19/R@1", "bag3/R@1"):
+            assert key in row
+    assert results["human"]["faith/precision"] == 1.0  # the shifted annotators state only true facts too
+    captions = json.loads((run_dir / "mle" / "captions_shifted_test.json").read_text())
+    assert len(captions) == 100
