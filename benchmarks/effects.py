@@ -92,6 +92,9 @@ def listener_effects(rows: Rows) -> list[Effect]:
     for stage in ("smile", "discritune", "sr_bagcurri"):
         out.append(Effect(f"{stage} listener RD99 R@1 gain", diff(stage, "mle", "listener/RD99/R@1"), +1))
         out.append(Effect(f"{stage} listener bag R@1 gain (mean of 3/5/7)", listener_bags(stage), +1))
+        # The hypothesis under test, not a paper's claim: training on the retriever raises its exploitation.
+        out.append(Effect(f"{stage} RD99 exploit change (retriever-only firsts)",
+                          diff(stage, "mle", "listener/RD99/exploit"), +1))  # fmt: skip
     return out
 
 
