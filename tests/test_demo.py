@@ -35,8 +35,10 @@ def test_quick_demo_writes_table_captions_and_checkpoints(quick_demo):
     assert "sample/Div-2" in results["scst"] and "beam/mBLEU-4" in results["mle"]
     for key in ("RD19/R@5", "CLIPScore", "listener/RD19/R@1", "listener/RD19/exploit", "listener/bag3/R@1"):
         assert key in results["mle"], key
-    # Reference captions state only true facts, so the listener never ranks a distractor strictly above the target.
-    assert results["human"]["listener/RD19/R@1_expected"] > results["human"]["RD19/R@1"] - 0.5
+    # Reference captions state only true facts, so no distractor has strictly more support than the target: every
+    # caption whose target is not tied for first is placed first (expected R@1 >= 1 - tie rate).
+    human = results["human"]
+    assert human["listener/RD19/R@1_expected"] >= 1.0 - human["listener/RD19/tie_rate"] - 1e-12
     table = (run_dir / "results.md").read_text()
     assert table.startswith("| stage |") and "| smile |" in table
 
