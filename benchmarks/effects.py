@@ -21,6 +21,7 @@ import argparse
 import json
 import math
 import os
+import re
 import subprocess
 import sys
 import time
@@ -58,43 +59,51 @@ def bags_mean(stage: str, base: str) -> Callable[[Rows], float]:
     return lambda rows: sum(rows[stage][f"bag{n}/R@1"] - rows[base][f"bag{n}/R@1"] for n in (3, 5, 7)) / 3
 
 
-RD = "RD99/R@1"
-EFFECTS: list[Effect] = [
-    Effect("SMILE length ratio (smile / mle)", ratio("smile", "mle", "Length"), +1, True, "SMILE Table 1"),
-    Effect("SMILE RD99 R@1 gain (smile - mle)", diff("smile", "mle", RD), +1, source="SMILE Table 1"),
-    Effect("SMILE RD99 R@1 gain over mle_continued", diff("smile", "mle_continued", RD), +1),
-    Effect("SMILE faith. precision change", diff("smile", "mle", "faith/precision"), -1),
-    Effect("SMILE faith. recall change", diff("smile", "mle", "faith/recall"), +1),
-    Effect("SCST CIDEr-D gain (scst - mle)", diff("scst", "mle", "CIDEr-D"), +1, source="exploration Table 4"),
-    Effect("SCST sample Div-2 change (collapse)", diff("scst", "mle", "sample/Div-2"), -1, source="exploration T4"),
-    Effect("SCST sample mBLEU-4 change", diff("scst", "mle", "sample/mBLEU-4"), +1, source="exploration Table 4"),
-    Effect("SLE sample Div-2 recovery (sle - scst)", diff("sle", "scst", "sample/Div-2"), +1, source="exploration T4"),
-    Effect("SLE sample mBLEU-4 change (sle - scst)", diff("sle", "scst", "sample/mBLEU-4"), -1),
-    Effect("SLE CIDEr-D change (sle - scst)", diff("sle", "scst", "CIDEr-D"), -1),
-    Effect("SCST faith. precision change", diff("scst", "mle", "faith/precision"), -1),
-    Effect("DiscriTune RD99 R@1 gain (discritune - mle)", diff("discritune", "mle", RD), +1, source="DiscriTune T1"),
-    Effect("DiscriTune bag R@1 gain (mean of 3/5/7)", bags_mean("discritune", "mle"), +1, source="NDLB Table 2"),
-    Effect("DiscriTune bag R@1 gain over mle_continued", bags_mean("discritune", "mle_continued"), +1),
-    Effect("DiscriTune faith. precision change", diff("discritune", "mle", "faith/precision"), -1),
-    Effect("DiscriTune CIDEr-D change", diff("discritune", "mle", "CIDEr-D"), -1, source="DiscriTune Table 1"),
-    Effect("SR-LV+BagCurri bag R@1 gain (mean of 3/5/7)", bags_mean("sr_bagcurri", "mle"), +1, source="NDLB T2"),
-    Effect("SR-LV+BagCurri bag R@1 gain over mle_continued", bags_mean("sr_bagcurri", "mle_continued"), +1),
-    Effect("SR-LV+BagCurri faith. precision change", diff("sr_bagcurri", "mle", "faith/precision"), -1),
-    Effect("SR-LV+BagCurri faith. recall change", diff("sr_bagcurri", "mle", "faith/recall"), +1),
-]
+def headline_effects(n: int) -> list[Effect]:
+    """The papers' headline effects, with RD-N retrieval for ``n`` distractors (``eval.n_distractors``)."""
+    RD = f"RD{n}/R@1"  # noqa: N806
+    return [
+        Effect("SMILE length ratio (smile / mle)", ratio("smile", "mle", "Length"), +1, True, "SMILE Table 1"),
+        Effect(f"SMILE RD{n} R@1 gain (smile - mle)", diff("smile", "mle", RD), +1, source="SMILE Table 1"),
+        Effect(f"SMILE RD{n} R@1 gain over mle_continued", diff("smile", "mle_continued", RD), +1),
+        Effect("SMILE faith. precision change", diff("smile", "mle", "faith/precision"), -1),
+        Effect("SMILE faith. recall change", diff("smile", "mle", "faith/recall"), +1),
+        Effect("SCST CIDEr-D gain (scst - mle)", diff("scst", "mle", "CIDEr-D"), +1, source="exploration T4"),
+        Effect(
+            "SCST sample Div-2 change (collapse)", diff("scst", "mle", "sample/Div-2"), -1, source="exploration T4"
+        ),
+        Effect("SCST sample mBLEU-4 change", diff("scst", "mle", "sample/mBLEU-4"), +1, source="exploration T4"),
+        Effect(
+            "SLE sample Div-2 recovery (sle - scst)", diff("sle", "scst", "sample/Div-2"), +1, source="exploration T4"
+        ),
+        Effect("SLE sample mBLEU-4 change (sle - scst)", diff("sle", "scst", "sample/mBLEU-4"), -1),
+        Effect("SLE CIDEr-D change (sle - scst)", diff("sle", "scst", "CIDEr-D"), -1),
+        Effect("SCST faith. precision change", diff("scst", "mle", "faith/precision"), -1),
+        Effect(
+            f"DiscriTune RD{n} R@1 gain (discritune - mle)", diff("discritune", "mle", RD), +1, source="DiscriTune T1"
+        ),
+        Effect("DiscriTune bag R@1 gain (mean of 3/5/7)", bags_mean("discritune", "mle"), +1, source="NDLB Table 2"),
+        Effect("DiscriTune bag R@1 gain over mle_continued", bags_mean("discritune", "mle_continued"), +1),
+        Effect("DiscriTune faith. precision change", diff("discritune", "mle", "faith/precision"), -1),
+        Effect("DiscriTune CIDEr-D change", diff("discritune", "mle", "CIDEr-D"), -1, source="DiscriTune Table 1"),
+        Effect("SR-LV+BagCurri bag R@1 gain (mean of 3/5/7)", bags_mean("sr_bagcurri", "mle"), +1, source="NDLB T2"),
+        Effect("SR-LV+BagCurri bag R@1 gain over mle_continued", bags_mean("sr_bagcurri", "mle_continued"), +1),
+        Effect("SR-LV+BagCurri faith. precision change", diff("sr_bagcurri", "mle", "faith/precision"), -1),
+        Effect("SR-LV+BagCurri faith. recall change", diff("sr_bagcurri", "mle", "faith/recall"), +1),
+    ]
 
 
-def listener_effects(rows: Rows) -> list[Effect]:
-    """Listener-based effects, when the report has the ``listener`` group (retriever gain minus listener gain)."""
-    if "listener/RD99/R@1" not in rows.get("mle", {}):
+def listener_effects(rows: Rows, n: int) -> list[Effect]:
+    """Listener-based effects, when the report has the ``listener`` group."""
+    if f"listener/RD{n}/R@1" not in rows.get("mle", {}):
         return []
     out = []
     for stage in ("smile", "discritune", "sr_bagcurri"):
-        out.append(Effect(f"{stage} listener RD99 R@1 gain", diff(stage, "mle", "listener/RD99/R@1"), +1))
+        out.append(Effect(f"{stage} listener RD{n} R@1 gain", diff(stage, "mle", f"listener/RD{n}/R@1"), +1))
         out.append(Effect(f"{stage} listener bag R@1 gain (mean of 3/5/7)", listener_bags(stage), +1))
         # The hypothesis under test, not a paper's claim: training on the retriever raises its exploitation.
-        out.append(Effect(f"{stage} RD99 exploit change (retriever-only firsts)",
-                          diff(stage, "mle", "listener/RD99/exploit"), +1))  # fmt: skip
+        out.append(Effect(f"{stage} RD{n} exploit change (retriever-only firsts)",
+                          diff(stage, "mle", f"listener/RD{n}/exploit"), +1))  # fmt: skip
     return out
 
 
@@ -128,7 +137,9 @@ def mean_std(values: list[float]) -> tuple[float, float]:
 
 def summarise(results: dict[int, Rows]) -> tuple[str, dict[str, dict[str, object]]]:
     """Markdown table of every effect over the seeds' results, and the numbers as a dict."""
-    effects = EFFECTS + listener_effects(next(iter(results.values())))
+    first = next(iter(results.values()))
+    n = next(int(k[2:].split("/")[0]) for k in first.get("mle", {}) if re.fullmatch(r"RD\d+/R@1", k))
+    effects = headline_effects(n) + listener_effects(first, n)
     seeds = sorted(results)
     lines = ["| effect | mean ± std | sign holds | " + " | ".join(f"seed {s}" for s in seeds) + " |",
              "| --- | --- | --- | " + " | ".join("---" for _ in seeds) + " |"]  # fmt: skip
