@@ -1,7 +1,7 @@
 """Per-step time of the world ClipCap and the world BLIP under the same objective, interleaved in one process.
 
     .venv/bin/python benchmarks/backbone_step.py [--batch 128] [--steps 20] [--threads 2] [--json OUT]
-        [section.key=value ...]   (e.g. run.cache_dir=/work/cache to reuse the trained world encoder)
+        [section.key=value ...]   (e.g. run.cache_dir=runs/cache to reuse the trained world encoder)
 
 Both captioners are built as the demo builds them (``demo/mle`` with ``model.kind=clipcap`` / ``blip``: GPT-2 3 x 128
 with a prefix of 10 from the world encoder's feature, or the BLIP text decoder 3 x 128 cross-attending to the world

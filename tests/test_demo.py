@@ -30,6 +30,12 @@ def test_quick_demo_writes_table_captions_and_checkpoints(quick_demo):
         captions = json.loads((run_dir / "captions" / f"{stage}.json").read_text())
         assert len(captions) == 100 and all(c["caption"] for c in captions)
     assert "sample/Div-2" in results["scst"] and "beam/mBLEU-4" in results["mle"]
+    for key in ("RD19/R@5", "CLIPScore", "listener/RD19/R@1", "listener/RD19/exploit", "listener/bag3/R@1"):
+        assert key in results["mle"], key
+    # Reference captions state only true facts, so no distractor has strictly more support than the target: every
+    # caption whose target is not tied for first is placed first (expected R@1 >= 1 - tie rate).
+    human = results["human"]
+    assert human["listener/RD19/R@1_expected"] >= 1.0 - human["listener/RD19/tie_rate"] - 1e-12
     table = (run_dir / "results.md").read_text()
     assert table.startswith("| stage |") and "| smile |" in table
     assert (run_dir / "report.html").stat().st_size > 0  # the HTML report (tests/report/test_browser.py opens it)
@@ -61,3 +67,16 @@ def test_vcb_group_after_the_quick_demo(quick_demo):
     assert set(out["timings"]) >= {"visual_expert", "boost_holistic", "captions_holistic", "mle_holistic"}
     boosted = json.loads((run_dir / "world_holistic" / "boost.json").read_text())
     assert boosted["failed"] == {} and boosted["images"] == 440
+
+
+def test_transfer_stage_scores_every_trained_stage_on_the_shifted_domain(quick_demo):
+    run_dir, argv = quick_demo
+    assert main([*argv, "--stages", "transfer"]) == 0
+    results = json.loads((run_dir / "transfer" / "results.json").read_text())
+    assert {"human", "mle", "smile", "discritune"} <= set(results)
+    for row in results.values():
+        for key in ("BLEU-4", "CIDEr-D", "faith/precision", "RD19/R@1", "listener/RD19/R@1", "bag3/R@1"):
+            assert key in row
+    assert results["human"]["faith/precision"] == 1.0  # the shifted annotators state only true facts too
+    captions = json.loads((run_dir / "mle" / "captions_shifted_test.json").read_text())
+    assert len(captions) == 100

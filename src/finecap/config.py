@@ -69,6 +69,7 @@ Distractors = Literal["batch", "bag", "hard"]
 CaptionField = Literal["original", "blend", "visual", "holistic", "dense"]
 BoostMode = Literal["blend", "visual", "holistic"]
 BoostBackend = Literal["openai", "transformers", "world"]
+WorldShift = Literal["none", "domain"]
 
 
 # --------------------------------------------------------------------------------------------------------------------
@@ -100,6 +101,7 @@ class WorldConfig:
     max_objects: int = doc(4, "Most objects in a scene.")
     pattern_prob: float = doc(0.3, "Probability that an object carries a pattern (stripes, dots, ...).")
     families: int = doc(0, "Scene-family size: 0 = off; k >= 2 = groups of k scenes differing in one detail.")
+    shift: WorldShift = doc("none", "Domain of the world: none = training domain; domain = the shifted test domain.")
     out: str = doc("data/world", "Folder the world data set is written to (and read from by later stages).")
 
     def __post_init__(self) -> None:

@@ -44,7 +44,8 @@ VALIDATOR_KEYS: dict[str, tuple[str, ...]] = {
 loop's own ``loss`` and ``perplexity`` they are what ``train.best_metric`` may name."""
 
 METRIC_GROUPS: tuple[str, ...] = ("bleu", "rouge", "cider", "meteor", "spice", "length", "vocab", "diversity",
-                                  "faithfulness", "retrieval", "bags", "clipscore", "perplexity")  # fmt: skip
+                                  "faithfulness", "retrieval", "bags", "clipscore", "perplexity",
+                                  "listener")  # fmt: skip
 """``eval.metrics`` / ``finecap eval --metrics`` group names (:data:`finecap.metrics.suite.METRICS`)."""
 
 

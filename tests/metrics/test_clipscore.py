@@ -99,6 +99,10 @@ def test_clipscore_class_prefix_and_means():
     assert out["RefCLIPScore"] == pytest.approx(1.2 / 2.3)
     assert stub.seen[:2] == ["A photo depicts x", "A photo depicts y"]
     assert "A photo depicts r" in stub.seen  # references are prefixed too (as in the authors' code)
-    assert set(cs({0: "x"})) == {"CLIPScore"}
+    # NDLB's ClipSc = 100 * cos, unclipped per caption: (100 * .6 + 100 * -1) / 2 = -20, corpus mean clipped at 0.
+    assert out["ClipSc"] == 0.0
+    assert cs.per_item({2: "y"})[2]["ClipSc"] == pytest.approx(-100.0)
+    assert cs({0: "x"})["ClipSc"] == pytest.approx(60.0)  # 100 * .6 = 40 * CLIP-S (1.5)
+    assert set(cs({0: "x"})) == {"CLIPScore", "ClipSc"}
     with pytest.raises(KeyError, match="not among the CLIPScore images"):
         cs({5: "x"})

@@ -9,7 +9,11 @@ Stages (``demo.stages``, run in order; each skips work whose outputs exist unles
   A killed stage resumes from its last checkpoint when re-run.
 - ``report``: evaluate every trained stage and the human reference captions on the test split and write
   ``results.json`` (stage -> metric -> number), ``results.md`` and the captions (COCO results format), then the
-  HTML report ``report.html`` (:mod:`finecap.app.report`: tables, plots, caption and bag galleries).
+  HTML report ``report.html`` (:mod:`finecap.app.report`: tables, plots, caption and bag galleries). Next to the
+  retriever's self-retrieval, the fact-based listener's (:mod:`finecap.metrics.listener`): a second table compares
+  them per stage, and ``exploit`` (captions the retriever places first but the listener does not) is in the first.
+- ``transfer`` (not in the default list): every trained stage captions the shifted domain's test split
+  (``world.shift=domain``), scored against its references (:mod:`finecap.app.demo_transfer`).
 
 ``--quick`` swaps in tiny settings (:data:`QUICK`) that finish in about two minutes; any ``section.key=value``
 override still applies on top (``finecap demo world.seed=7 world.n_train=5000``).
@@ -26,6 +30,7 @@ from typing import Any
 
 from finecap.app import demo_vcb
 from finecap.app.bags import main as build_bags
+from finecap.app.demo_transfer import stage_transfer
 from finecap.app.report import main as write_report
 from finecap.app.retriever import ensure_world_encoder
 from finecap.app.train import train
@@ -90,10 +95,15 @@ ABLATIONS: dict[str, tuple[str, list[str]]] = {
 DIVERSITY_STAGES = ("mle", "mle_continued", "scst", "sle", "scst_me")
 SAMPLES = 5
 # Metric groups of the demo table (finecap.metrics.suite names).
-REPORT_METRICS = ["length", "vocab", "faithfulness", "retrieval", "bags", "bleu", "cider"]
+REPORT_METRICS = ["length", "vocab", "faithfulness", "retrieval", "bags", "bleu", "cider", "clipscore", "listener"]
 # Columns of the printed table, in order (keys of evaluate's output; "RD" becomes RD{eval.n_distractors}).
 COLUMNS = ["Length", "Lexical diversity", "Vocab usage", "faith/precision", "faith/recall", "faith/halluc_rate",
-           "RD/R@1", "bag3/R@1", "bag5/R@1", "bag7/R@1", "BLEU-4", "CIDEr-D"]  # fmt: skip
+           "RD/R@1", "RD/R@5", "bag3/R@1", "bag5/R@1", "bag7/R@1", "CLIPScore", "BLEU-4", "CIDEr-D",
+           "listener/RD/exploit"]  # fmt: skip
+# Retriever vs fact-based listener on the same candidates (listener R@1 with ties broken at random; tie rate).
+LISTENER_COLUMNS = ["RD/R@1", "listener/RD/R@1", "listener/RD/tie_rate", "listener/RD/exploit",
+                    *[f"{who}bag{n}/R@1" for n in (3, 5, 7) for who in ("", "listener/")],
+                    "listener/bag3/tie_rate", "listener/bag3/exploit"]  # fmt: skip
 DIVERSITY_COLUMNS = [f"{mode}/{m}" for mode in ("sample", "beam") for m in ("CIDEr-D", "Div-1", "Div-2", "mBLEU-4")]
 
 
@@ -202,15 +212,17 @@ def stage_samples(demo: Demo, stage: str, mode: str) -> dict[Any, list[str]]:
 
 
 def diversity_metrics(demo: Demo, stage: str, references: dict[Any, list[str]]) -> dict[str, float]:
-    """Div-1, Div-2, mBLEU-4 over 5 captions per image and their mean CIDEr-D (exploration paper Sec. 3.2)."""
+    """Div-1, Div-2, mBLEU-4 over 5 captions per image (exploration paper Sec. 3.2) and CIDEr-D: the mean over the 5
+    samples for ``sample``, the top beam's for ``beam`` (the paper's beam-search numbers are top-beam scores)."""
     out: dict[str, float] = {}
     for mode in ("sample", "beam"):
         samples = stage_samples(demo, stage, mode)
         first = {i: c[0] for i, c in samples.items()}
         out.update({f"{mode}/{k}": v for k, v in evaluate(first, references, metrics=["diversity"], samples=samples,
                                                            cfg=demo.cfg).items()})  # fmt: skip
+        ranks = range(1 if mode == "beam" else SAMPLES)  # beam: captions come best first, c[0] is the top beam
         ciders = [evaluate({i: c[j] for i, c in samples.items()}, references, metrics=["cider"])["CIDEr-D"]
-                  for j in range(SAMPLES)]  # fmt: skip
+                  for j in ranks]  # fmt: skip
         out[f"{mode}/CIDEr-D"] = sum(ciders) / len(ciders)
     return out
 
@@ -258,8 +270,13 @@ def stage_report(demo: Demo) -> dict[str, dict[str, float]]:
     columns = [c for c in (c.replace("RD/", rd) for c in COLUMNS) if any(c in r for r in rows.values())]
     table = markdown_table({k: {c: v.get(c) for c in columns} for k, v in rows.items()}, columns)
     diversity_rows = {k: v for k, v in rows.items() if any(c in v for c in DIVERSITY_COLUMNS)}
+    listener = [c for c in (c.replace("RD/", rd) for c in LISTENER_COLUMNS) if any(c in r for r in rows.values())]
+    if listener:
+        table += "\n\nRetriever vs fact-based listener (same candidates; exploit = retriever first, listener not):\n\n"
+        table += markdown_table({k: {c: v.get(c) for c in listener} for k, v in rows.items()}, listener)
     if diversity_rows:
-        table += "\n\n5 captions per test image (random sampling at T = 1; the top 5 of beam search):\n\n"
+        table += "\n\n5 captions per test image (random sampling at T = 1, CIDEr-D averaged over the 5; the top 5 of "
+        table += "beam search, CIDEr-D of the top beam):\n\n"
         table += markdown_table(diversity_rows, DIVERSITY_COLUMNS)
     plot = smile_length_plot(demo)
     if plot is not None:
@@ -276,6 +293,7 @@ STAGES: dict[str, Callable[[Demo], Any]] = {
     "retriever": stage_retriever,
     **{name: train_stage(name) for name in TRAIN_STAGES},
     "report": stage_report,
+    "transfer": lambda demo: stage_transfer(demo, list(TRAIN_STAGES), best_model),
 }
 demo_vcb.register(STAGES, train_stage)
 

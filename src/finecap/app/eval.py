@@ -87,6 +87,7 @@ def main(
     if not explicit:
         reasons = {
             "faithfulness": None if refs.scenes else "no scene graphs (not a world data set)",
+            "listener": None if refs.scenes else "no scene graphs (not a world data set)",
             "bags": None if bag_data else "no --bags file",
             "diversity": None if samples else "one caption per image (diversity needs several)",
             "perplexity": None if cfg.eval.lm else "eval.lm is not set",
@@ -100,7 +101,7 @@ def main(
         preds,
         refs.captions(),
         metrics=names,
-        images=pool if needs_images else None,
+        images=pool if needs_images or "listener" in names else None,  # the listener's pool: the retriever's
         scenes=refs.scenes,
         bags=bag_data,
         samples=samples,

@@ -1,6 +1,11 @@
 """CLIPScore and RefCLIPScore (Hessel et al., EMNLP 2021), with any CLIP-style retriever.
 
 - ``CLIP-S(c, v) = w * max(cos(E_c, E_v), 0)`` with ``w = 2.5``, the caption prefixed by ``"A photo depicts "``.
+- ``ClipSc(c, v) = 100 * cos(E_c, E_v)``: the "ClipSc" of No Detail Left Behind (Gaur et al. 2024, Tables 2-3),
+  whose code computes it as torchmetrics' ``CLIPScore`` does (weight 1, times 100, no per-caption clipping; the
+  corpus mean is clipped at 0). Same embeddings and prefix as CLIP-S; only the scale and the clipping differ, so
+  ``ClipSc = 40 * CLIP-S`` whenever the cosine is positive. Reported next to ``CLIPScore`` under its own name so
+  that numbers are never compared across the two conventions.
 - ``RefCLIP-S(c, R, v) = H-Mean(CLIP-S(c, v), max(max_{r in R} cos(E_c, E_r), 0))`` (harmonic mean; 0 when both
   parts are 0). References get the same prefix as candidates, as in the authors' code.
 
@@ -31,6 +36,8 @@ from typing import Any
 import numpy as np
 
 W = 2.5
+NDLB_SCALE = 100.0
+"""NDLB's ClipSc: ``100 * cos`` (weight 1, as percentages)."""
 HESSEL_PREFIX = "A photo depicts"
 
 
@@ -131,7 +138,8 @@ class CLIPScore:
     def per_item(
         self, predictions: Mapping[Hashable, str], references: Mapping[Hashable, Sequence[str]] | None = None
     ) -> dict[Hashable, dict[str, float]]:
-        """``{image_id: {"CLIPScore": s, "RefCLIPScore": r}}`` (RefCLIPScore only with references)."""
+        """``{image_id: {"CLIPScore": s, "ClipSc": 100 * cos, "RefCLIPScore": r}}`` (RefCLIPScore only with
+        references)."""
         ids = list(predictions)
         missing = [i for i in ids if i not in self.row]
         if missing:
@@ -139,7 +147,8 @@ class CLIPScore:
         text_emb = _np(self.retriever.embed_texts(with_prefix([predictions[i] for i in ids], self.prefix)))
         image_emb = self.image_emb[[self.row[i] for i in ids]]
         cs = clip_score(image_emb, text_emb, self.w)
-        out = {i: {"CLIPScore": float(s)} for i, s in zip(ids, cs)}
+        cos = (_unit(image_emb) * _unit(text_emb)).sum(axis=-1)  # (N,) unclipped cosines for NDLB's ClipSc
+        out = {i: {"CLIPScore": float(s), "ClipSc": NDLB_SCALE * float(c)} for i, s, c in zip(ids, cs, cos)}
         if references is not None:
             no_refs = [i for i in ids if not references.get(i)]
             if no_refs:
@@ -155,7 +164,10 @@ class CLIPScore:
     def __call__(
         self, predictions: Mapping[Hashable, str], references: Mapping[Hashable, Sequence[str]] | None = None
     ) -> dict[str, float]:
-        """Corpus means: ``CLIPScore`` and, with references, ``RefCLIPScore``."""
+        """Corpus means: ``CLIPScore``, ``ClipSc`` (mean clipped at 0, as torchmetrics) and, with references,
+        ``RefCLIPScore``."""
         items = self.per_item(predictions, references)
-        keys = ["CLIPScore"] + (["RefCLIPScore"] if references is not None else [])
-        return {k: float(np.mean([v[k] for v in items.values()])) for k in keys}
+        keys = ["CLIPScore", "ClipSc"] + (["RefCLIPScore"] if references is not None else [])
+        out = {k: float(np.mean([v[k] for v in items.values()])) for k in keys}
+        out["ClipSc"] = max(out["ClipSc"], 0.0)
+        return out

@@ -27,7 +27,9 @@ retrieval     ``RD{N}/R@1,5,10``, ``mean_rank``, ``median_rank``     images + re
               image pool)
 bags          ``bag{s}/R@1``, ``mean_rank``, ``median_rank``,        images + retriever + bags
               ``n`` per bag size s (TrueMatch)
-clipscore     ``CLIPScore``, ``RefCLIPScore``                        images + retriever (+ references)
+clipscore     ``CLIPScore``, ``RefCLIPScore``, ``ClipSc`` (NDLB)     images + retriever (+ references)
+listener      ``listener/RD{N}/R@1``, ``listener/bag{s}/R@1``, tie   scene graphs (+ bags; + images and
+              rate, ``exploit`` (:mod:`finecap.metrics.listener`)    retriever for ``exploit``)
 perplexity    ``perplexity``, ``perplexity/nll``, ...                ``eval.lm`` (a causal LM)
 ============  =====================================================  ======================================
 
@@ -66,6 +68,7 @@ from finecap.config import load
 from finecap.metrics.clipscore import CLIPScore
 from finecap.metrics.diversity import mean_length, set_diversity, vocabulary_metrics
 from finecap.metrics.faithfulness import faithfulness
+from finecap.metrics.listener import listener_retrieval
 from finecap.metrics.meteor import MetricUnavailable, meteor
 from finecap.metrics.ngram import ngram_metrics
 from finecap.metrics.ptb_tokenize import ptb_tokenize, tokenize, tokenize_all
@@ -242,6 +245,18 @@ def _clipscore(ctx: _Context) -> dict[str, float]:
     return scorer(ctx.predictions, refs)
 
 
+def _listener(ctx: _Context) -> dict[str, float]:
+    """The fact-based listener on the retriever's candidates; ``exploit`` when retrieval is evaluated too."""
+    scenes = ctx.need("scenes", "listener", "scene graphs exist only for the world (scenes.jsonl)")
+    e = ctx.cfg.eval
+    pool = [r.image_id for r in ctx.images] if ctx.images is not None else list(ctx.predictions)
+    scores = None
+    if any(g in ctx.requested for g in ("retrieval", "bags")):
+        sr, _, scores = ctx.retrieval_scores("listener")
+        pool = sr.image_ids
+    return listener_retrieval(ctx.predictions, scenes, pool, e.n_distractors, e.draws, e.seed, ctx.bags, scores)
+
+
 def _perplexity(ctx: _Context) -> dict[str, float]:
     if not ctx.cfg.eval.lm:
         raise ValueError("metric 'perplexity' needs a language model: set eval.lm=<causal LM name or path>")
@@ -270,6 +285,7 @@ METRICS: dict[str, MetricGroup] = {
     "bags": _bags,
     "clipscore": _clipscore,
     "perplexity": _perplexity,
+    "listener": _listener,
 }
 """Metric groups by name (see the module docstring for their keys and inputs)."""
 

@@ -40,6 +40,7 @@ import random
 from collections.abc import Callable
 
 from finecap.world.scene import CELLS, Obj, Scene
+from finecap.world.shift import DETAIL_FACTOR, SYNONYM_PROB
 
 SHAPE_WORDS: dict[str, list[str]] = {
     "circle": ["circle", "disc"],
@@ -136,20 +137,28 @@ def relations(a: Obj, b: Obj) -> list[str]:
 
 
 class _Writer:
-    """Builds captions for one scene, remembering which facets were mentioned to favour new ones."""
+    """Builds captions for one scene, remembering which facets were mentioned to favour new ones.
 
-    def __init__(self, scene: Scene, rng: random.Random) -> None:
+    ``style="domain"``: the shifted domain's annotators (:mod:`finecap.world.shift`): rarer synonyms, more detail.
+    """
+
+    def __init__(self, scene: Scene, rng: random.Random, style: str = "none") -> None:
         self.scene = scene
         self.rng = rng
         self.mentioned: set[tuple] = set()
+        self.style = style
 
     def want(self, facet: tuple, p: float) -> bool:
         """Include ``facet`` with probability ``p`` (halved if an earlier caption already mentioned it)."""
         if facet in self.mentioned:
             p *= 0.5
+        if self.style != "none":
+            p = min(0.95, p * DETAIL_FACTOR)
         return self.rng.random() < p
 
     def pick(self, words: list[str]) -> str:
+        if self.style != "none" and len(words) > 1 and self.rng.random() < SYNONYM_PROB:
+            return self.rng.choice(words[1:])
         return self.rng.choice(words)
 
     def noun_phrase(self, o: Obj, main: bool, article: bool = True, p_attr: float = 0.5) -> tuple[str, set]:
@@ -280,9 +289,10 @@ def template_caption(name: str, scene: Scene, rng: random.Random, writer: _Write
     return _join(_article(color), color, SHAPE_WORDS[m.shape][0], BACKGROUND_PHRASES[scene.background][0])
 
 
-def reference_captions(scene: Scene, rng: random.Random, n: int = 5) -> list[str]:
-    """``n`` human-style captions naming the main object and complementary subsets of the other facts."""
-    w = _Writer(scene, rng)
+def reference_captions(scene: Scene, rng: random.Random, n: int = 5, style: str = "none") -> list[str]:
+    """``n`` human-style captions naming the main object and complementary subsets of the other facts (``style``:
+    the annotators, ``world.shift``)."""
+    w = _Writer(scene, rng, style)
     names = applicable_templates(scene)
     order: list[str] = []
     while len(order) < n:

@@ -32,6 +32,7 @@ from finecap.utils import atomic_write_text, read_json, write_json
 from finecap.world.captions import dense_caption, reference_captions, vocabulary
 from finecap.world.render import render
 from finecap.world.scene import Scene, sample_family, sample_scene
+from finecap.world.shift import scene_settings
 
 WORLD_VERSION = 2
 """Bump when scenes, rendering or captions change, so cached worlds (and everything keyed on them) are rebuilt."""
@@ -46,6 +47,8 @@ def world_key(cfg: WorldConfig) -> str:
 
 def _content_config(cfg: WorldConfig) -> dict[str, Any]:
     d = {k: v for k, v in vars(cfg).items() if k != "out"}
+    if d.get("shift") == "none":  # the training domain keeps the key it had before world.shift existed
+        d.pop("shift")
     return d
 
 
@@ -53,19 +56,20 @@ def generate_scenes(cfg: WorldConfig) -> list[dict[str, Any]]:
     """Scene records ``{"imgid", "split", "family", "variant", "scene"}`` of the whole world (no rendering)."""
     records: list[dict[str, Any]] = []
     family_id = 0
+    min_objects, max_objects, pattern_prob, tag = scene_settings(cfg)  # the shifted domain's, if world.shift says so
     for split in SPLITS:
         n = getattr(cfg, f"n_{split}")
         if cfg.families == 0:
             for j in range(n):
-                rng = random.Random(f"{cfg.seed}-{split}-{j}")
-                scene = sample_scene(rng, len(records), cfg.min_objects, cfg.max_objects, cfg.pattern_prob)
+                rng = random.Random(f"{cfg.seed}-{tag}{split}-{j}")
+                scene = sample_scene(rng, len(records), min_objects, max_objects, pattern_prob)
                 records.append({"imgid": scene.id, "split": split, "family": None, "variant": None, "scene": scene})
             continue
         made = 0
         while made < n:
-            rng = random.Random(f"{cfg.seed}-{split}-family-{family_id}")
-            members = sample_family(rng, cfg.families, len(records), cfg.min_objects, cfg.max_objects,
-                                    cfg.pattern_prob)  # fmt: skip
+            rng = random.Random(f"{cfg.seed}-{tag}{split}-family-{family_id}")
+            members = sample_family(rng, cfg.families, len(records), min_objects, max_objects,
+                                    pattern_prob)  # fmt: skip
             for scene, variant in members[: n - made]:
                 records.append({"imgid": scene.id, "split": split, "family": family_id, "variant": variant,
                                 "scene": scene})  # fmt: skip
@@ -105,7 +109,8 @@ def make_world(cfg: WorldConfig, out: Path | str | None = None, progress: bool =
         imgid, split = r["imgid"], r["split"]
         filename = f"{imgid:06d}.png"
         render(scene, cfg.image_size).save(out / "images" / split / filename, compress_level=1)
-        caps = reference_captions(scene, random.Random(f"{cfg.seed}-captions-{imgid}"))
+        tag = scene_settings(cfg)[3]
+        caps = reference_captions(scene, random.Random(f"{cfg.seed}-{tag}captions-{imgid}"), style=cfg.shift)
         sentences = []
         for c in caps:
             sentences.append({"raw": c, "tokens": c.split(), "imgid": imgid, "sentid": sentid})

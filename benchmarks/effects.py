@@ -1,0 +1,196 @@
+"""The papers' headline effects across world seeds: runs ``finecap demo`` once per seed and prints each effect as
+mean ± standard deviation over seeds, with the number of seeds where its sign is the one the paper reports.
+
+    nice -n 10 python benchmarks/effects.py                       # seeds 0,1,2 under runs/effects/seed<N>
+    python benchmarks/effects.py --seeds 1,0,2 --cache-dir runs/cache --json effects.json
+    python benchmarks/effects.py --summarise-only                 # only read the finished seeds' results.json
+
+Each seed runs in its own run directory (``<root>/seed<N>``) on its own world (``data/world-seed<N>``; world
+``world.seed=N``), with only the stages the effects need (:data:`STAGES`). The demo skips finished stages, so a killed
+benchmark resumes where it stopped; re-running it after a change to the report only re-runs the ``report`` stage
+(and the other evaluation stages). The world encoder is cached per world under ``--cache-dir``
+(``run.cache_dir``), so a seed's encoder is trained once.
+
+This is a benchmark, not a test: a full seed takes 12-15 minutes on an idle 2-core machine. The table it prints
+(Markdown; ``--json`` also writes the numbers) is the README's "Effects across world seeds".
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import re
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+STAGES = ["world", "retriever", "mle", "mle_continued", "smile", "scst", "sle", "discritune", "sr_bagcurri", "report"]
+"""Demo stages the effects need (the default demo list)."""
+
+Rows = dict[str, dict[str, float]]
+
+
+@dataclass(frozen=True)
+class Effect:
+    """One headline effect: a number computed from a seed's demo results and the sign the paper reports."""
+
+    name: str
+    value: Callable[[Rows], float]
+    sign: int  # +1: the paper's effect is an increase (or a ratio > 1 when ratio=True); -1: a decrease
+    ratio: bool = False
+    source: str = ""
+
+
+def diff(stage: str, base: str, metric: str) -> Callable[[Rows], float]:
+    return lambda rows: rows[stage][metric] - rows[base][metric]
+
+
+def ratio(stage: str, base: str, metric: str) -> Callable[[Rows], float]:
+    return lambda rows: rows[stage][metric] / rows[base][metric]
+
+
+def bags_mean(stage: str, base: str) -> Callable[[Rows], float]:
+    """Mean over bag sizes 3, 5, 7 of the R@1 difference."""
+    return lambda rows: sum(rows[stage][f"bag{n}/R@1"] - rows[base][f"bag{n}/R@1"] for n in (3, 5, 7)) / 3
+
+
+def headline_effects(n: int) -> list[Effect]:
+    """The papers' headline effects, with RD-N retrieval for ``n`` distractors (``eval.n_distractors``)."""
+    RD = f"RD{n}/R@1"  # noqa: N806
+    return [
+        Effect("SMILE length ratio (smile / mle)", ratio("smile", "mle", "Length"), +1, True, "SMILE Table 1"),
+        Effect(f"SMILE RD{n} R@1 gain (smile - mle)", diff("smile", "mle", RD), +1, source="SMILE Table 1"),
+        Effect(f"SMILE RD{n} R@1 gain over mle_continued", diff("smile", "mle_continued", RD), +1),
+        Effect("SMILE faith. precision change", diff("smile", "mle", "faith/precision"), -1),
+        Effect("SMILE faith. recall change", diff("smile", "mle", "faith/recall"), +1),
+        Effect("SCST CIDEr-D gain (scst - mle)", diff("scst", "mle", "CIDEr-D"), +1, source="exploration T4"),
+        Effect(
+            "SCST sample Div-2 change (collapse)", diff("scst", "mle", "sample/Div-2"), -1, source="exploration T4"
+        ),
+        Effect("SCST sample mBLEU-4 change", diff("scst", "mle", "sample/mBLEU-4"), +1, source="exploration T4"),
+        Effect(
+            "SLE sample Div-2 recovery (sle - scst)", diff("sle", "scst", "sample/Div-2"), +1, source="exploration T4"
+        ),
+        Effect("SLE sample mBLEU-4 change (sle - scst)", diff("sle", "scst", "sample/mBLEU-4"), -1),
+        Effect("SLE CIDEr-D change (sle - scst)", diff("sle", "scst", "CIDEr-D"), -1),
+        Effect("SCST faith. precision change", diff("scst", "mle", "faith/precision"), -1),
+        Effect(
+            f"DiscriTune RD{n} R@1 gain (discritune - mle)", diff("discritune", "mle", RD), +1, source="DiscriTune T1"
+        ),
+        Effect("DiscriTune bag R@1 gain (mean of 3/5/7)", bags_mean("discritune", "mle"), +1, source="NDLB Table 2"),
+        Effect("DiscriTune bag R@1 gain over mle_continued", bags_mean("discritune", "mle_continued"), +1),
+        Effect("DiscriTune faith. precision change", diff("discritune", "mle", "faith/precision"), -1),
+        Effect("DiscriTune CIDEr-D change", diff("discritune", "mle", "CIDEr-D"), -1, source="DiscriTune Table 1"),
+        Effect("SR-LV+BagCurri bag R@1 gain (mean of 3/5/7)", bags_mean("sr_bagcurri", "mle"), +1, source="NDLB T2"),
+        Effect("SR-LV+BagCurri bag R@1 gain over mle_continued", bags_mean("sr_bagcurri", "mle_continued"), +1),
+        Effect("SR-LV+BagCurri faith. precision change", diff("sr_bagcurri", "mle", "faith/precision"), -1),
+        Effect("SR-LV+BagCurri faith. recall change", diff("sr_bagcurri", "mle", "faith/recall"), +1),
+    ]
+
+
+def listener_effects(rows: Rows, n: int) -> list[Effect]:
+    """Listener-based effects, when the report has the ``listener`` group."""
+    if f"listener/RD{n}/R@1" not in rows.get("mle", {}):
+        return []
+    out = []
+    for stage in ("smile", "discritune", "sr_bagcurri"):
+        out.append(Effect(f"{stage} listener RD{n} R@1 gain", diff(stage, "mle", f"listener/RD{n}/R@1"), +1))
+        out.append(Effect(f"{stage} listener bag R@1 gain (mean of 3/5/7)", listener_bags(stage), +1))
+        # The hypothesis under test, not a paper's claim: training on the retriever raises its exploitation.
+        out.append(Effect(f"{stage} RD{n} exploit change (retriever-only firsts)",
+                          diff(stage, "mle", f"listener/RD{n}/exploit"), +1))  # fmt: skip
+    return out
+
+
+def listener_bags(stage: str) -> Callable[[Rows], float]:
+    return lambda rows: sum(rows[stage][f"listener/bag{n}/R@1"] - rows["mle"][f"listener/bag{n}/R@1"]
+                            for n in (3, 5, 7)) / 3  # fmt: skip
+
+
+def run_seed(seed: int, root: Path, cache_dir: str, extra: list[str], stages: list[str]) -> Path:
+    """Run (or resume) the demo for one world seed; returns its run directory."""
+    run_dir = root / f"seed{seed}"
+    cmd = [sys.executable, "-m", "finecap.app.cli", "demo", "--run-dir", str(run_dir), "--stages", ",".join(stages),
+           f"world.seed={seed}", f"world.out=data/world-seed{seed}", f"run.cache_dir={cache_dir}", *extra]  # fmt: skip
+    print(f"== seed {seed}: {' '.join(cmd)}", flush=True)
+    t0 = time.perf_counter()
+    log = run_dir.with_suffix(".log")
+    run_dir.parent.mkdir(parents=True, exist_ok=True)
+    with log.open("a") as f:
+        code = subprocess.call(cmd, stdout=f, stderr=subprocess.STDOUT, env=os.environ.copy())
+    print(f"   seed {seed}: exit {code} after {time.perf_counter() - t0:.0f} s (log {log})", flush=True)
+    if code != 0:
+        raise SystemExit(f"seed {seed}: the demo failed (exit {code}); see {log}")
+    return run_dir
+
+
+def mean_std(values: list[float]) -> tuple[float, float]:
+    m = sum(values) / len(values)
+    s = math.sqrt(sum((v - m) ** 2 for v in values) / (len(values) - 1)) if len(values) > 1 else 0.0
+    return m, s
+
+
+def summarise(results: dict[int, Rows]) -> tuple[str, dict[str, dict[str, object]]]:
+    """Markdown table of every effect over the seeds' results, and the numbers as a dict."""
+    first = next(iter(results.values()))
+    n = next(int(k[2:].split("/")[0]) for k in first.get("mle", {}) if re.fullmatch(r"RD\d+/R@1", k))
+    effects = headline_effects(n) + listener_effects(first, n)
+    seeds = sorted(results)
+    lines = ["| effect | mean ± std | sign holds | " + " | ".join(f"seed {s}" for s in seeds) + " |",
+             "| --- | --- | --- | " + " | ".join("---" for _ in seeds) + " |"]  # fmt: skip
+    out: dict[str, dict[str, object]] = {}
+    for e in effects:
+        try:
+            values = [e.value(results[s]) for s in seeds]
+        except KeyError as missing:
+            print(f"   skipped {e.name}: missing {missing}")
+            continue
+        m, s = mean_std(values)
+        holds = sum((v - 1.0 if e.ratio else v) * e.sign > 0 for v in values)
+        expected = ("<>"[e.sign > 0]) + (" 1" if e.ratio else " 0")
+        fmt = ".2f" if e.ratio else "+.3f"
+        lines.append(f"| {e.name} | {m:{fmt}} ± {s:.3f} | {holds}/{len(values)} ({expected}) | "
+                     + " | ".join(f"{v:{fmt}}" for v in values) + " |")  # fmt: skip
+        out[e.name] = {"mean": m, "std": s, "holds": holds, "n": len(values), "expected": expected,
+                       "values": dict(zip(seeds, values, strict=True)), "source": e.source}  # fmt: skip
+    return "\n".join(lines), out
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--seeds", default="0,1,2", help="comma-separated world seeds, run in this order")
+    p.add_argument("--root", default="runs/effects", help="parent of the per-seed run directories")
+    p.add_argument("--cache-dir", default="runs/cache", help="run.cache_dir (world encoders, one per world)")
+    p.add_argument("--stages", default=",".join(STAGES), help="demo stages per seed")
+    p.add_argument("--summarise-only", action="store_true", help="do not run the demo; read finished results")
+    p.add_argument("--json", default=None, help="also write the effects as JSON here")
+    p.add_argument("overrides", nargs="*", help="extra section.key=value overrides for every seed's demo")
+    args = p.parse_args()
+    seeds = [int(s) for s in args.seeds.split(",") if s.strip()]
+    root = Path(args.root)
+    results: dict[int, Rows] = {}
+    for seed in seeds:
+        run_dir = root / f"seed{seed}"
+        if not args.summarise_only:
+            run_seed(seed, root, args.cache_dir, args.overrides, args.stages.split(","))
+        path = run_dir / "results.json"
+        if path.exists():
+            results[seed] = json.loads(path.read_text())
+        else:
+            print(f"   seed {seed}: no {path} yet")
+    if not results:
+        raise SystemExit("no finished seed")
+    table, numbers = summarise(results)
+    print(f"\nEffects over {len(results)} world seed(s) ({', '.join(map(str, sorted(results)))}):\n")
+    print(table)
+    if args.json:
+        Path(args.json).write_text(json.dumps(numbers, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,83 @@
+"""The demo's ``transfer`` stage: every trained stage captions the shifted domain's test split (cross-domain
+transfer, DiscriTune Sec. 4, Tables 1 and 3-5).
+
+``finecap demo --stages transfer`` (after the training stages; not in the default list) makes the shifted test world
+(:mod:`finecap.world.shift`, ``world.shift=domain``, written to ``<world.out>-shifted``), captions its test images
+with each trained stage's best checkpoint (beam search as in the report, ``<stage>/captions_shifted_test.json``),
+builds TrueMatch bags on it with the training world's retriever, and scores every stage and the shifted domain's
+own first reference ("human") against the shifted references: BLEU-4, CIDEr-D, faithfulness, the retriever's RD-N
+and bag R@1, and the listener's (:mod:`finecap.metrics.listener`). Nothing is retrained: the captioners and the
+retriever are the training world's, as DiscriTune evaluates its COCO-trained models on other data sets.
+
+Writes ``<run_dir>/transfer/results.json`` (stage -> metric -> number) and ``results.md``; the DiscriTune effect is
+read from the ``discritune`` and ``mle`` rows (their CIDEr-D / BLEU-4 against the shifted references).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
+
+from finecap.app.bags import main as build_bags
+from finecap.caption import generate_captions
+from finecap.data.formats import read_bags, read_results, write_results
+from finecap.data.references import load_references
+from finecap.metrics.suite import evaluate
+from finecap.models.retriever import load_retriever
+from finecap.report.table import markdown_table
+from finecap.utils import atomic_write_text, write_json
+from finecap.world.make import make_world
+from finecap.world.shift import shifted_world
+
+if TYPE_CHECKING:
+    from finecap.app.demo import Demo
+
+METRICS = ["length", "bleu", "cider", "faithfulness", "retrieval", "bags", "listener"]
+COLUMNS = ["Length", "BLEU-4", "CIDEr-D", "faith/precision", "faith/recall", "RD/R@1", "listener/RD/R@1",
+           "listener/RD/exploit", "bag3/R@1", "listener/bag3/R@1", "bag5/R@1", "listener/bag5/R@1"]  # fmt: skip
+
+
+def stage_transfer(demo: Demo, stages: Sequence[str], load_model: Callable[[Demo, str], Any]) -> dict[str, Any]:
+    """Caption and score the shifted test split for every trained stage of ``stages`` (module docstring)."""
+    cfg = demo.cfg
+    world = shifted_world(cfg.world)
+    make_world(world)
+    out_dir = demo.run_dir / "transfer"
+    out_dir.mkdir(parents=True, exist_ok=True)
+    refs = load_references(cfg, world.out, split="test", check_images=True)
+    records = refs.records
+    captions = refs.captions()
+    human = {r.image_id: captions[r.image_id][0] for r in records}
+    references = {r.image_id: captions[r.image_id][1:] for r in records}  # as the report: the other four
+    bags_path = out_dir / "bags_test.json"
+    if not bags_path.exists() or cfg.demo.force:
+        build_bags(cfg, data=world.out, split="test", sizes=cfg.eval.bag_sizes, out=bags_path)
+    bags = read_bags(bags_path)
+    retriever = load_retriever(cfg)  # the training world's retriever: the shifted world is only a test domain
+
+    def score(predictions: dict[Any, str]) -> dict[str, float]:
+        return evaluate(predictions, references, metrics=METRICS, retriever=retriever, images=records,
+                        scenes=refs.scenes, bags=bags, cfg=cfg)  # fmt: skip
+
+    rows: dict[str, dict[str, float]] = {"human": score(human)}
+    for stage in stages:
+        if not (demo.stage_dir(stage) / "DONE").exists():
+            continue
+        path = demo.stage_dir(stage) / "captions_shifted_test.json"
+        if not path.exists() or cfg.demo.force:
+            stage_cfg = dataclasses.replace(demo.stage_config(stage), world=world)
+            generated = generate_captions(load_model(demo, stage), stage_cfg, "test")
+            write_results(path, {i: c[0] for i, c in generated.items()})
+        predictions = {i: caps[0] for i, caps in read_results(path).items()}
+        write_results(out_dir / "captions" / f"{stage}.json", predictions)
+        rows[stage] = score(predictions)
+    rd = f"RD{cfg.eval.n_distractors}/"
+    columns = [c.replace("RD/", rd) for c in COLUMNS]
+    columns = [c for c in columns if any(c in r for r in rows.values())]
+    table = markdown_table({k: {c: v.get(c) for c in columns} for k, v in rows.items()}, columns)
+    write_json(out_dir / "results.json", rows)
+    atomic_write_text(out_dir / "results.md", table + "\n")
+    print(f"Shifted domain ({world.out}, test split of {len(records)} images):\n")
+    print(table)
+    return rows
