@@ -624,7 +624,8 @@ def _bleu_arrays(preds: Sequence[str], refs: Sequence[Sequence[str]], n: int) ->
     """
     C = len(preds)  # noqa: N806
     n_refs = np.fromiter(map(len, refs), dtype=np.int64, count=C)
-    S = int(n_refs.max()) + 1  # noqa: N806  slots: 0 = candidate, 1..R = references
+    R = int(n_refs.max())  # noqa: N806  slots: 0 = candidate, 1..R = references, in the low `sb` bits of a key
+    sb = int(R).bit_length()
     vocab, words, lengths = _encode(list(chain.from_iterable(refs)) + list(preds))
     W = len(vocab)  # noqa: N806
     n_ref_sent = int(n_refs.sum())
@@ -633,27 +634,27 @@ def _bleu_arrays(preds: Sequence[str], refs: Sequence[Sequence[str]], n: int) ->
     slot_of_ref = np.arange(n_ref_sent, dtype=np.int64) - first_ref[img_of_ref] + 1
     img_of_sent = np.concatenate([img_of_ref, np.arange(C, dtype=np.int64)])  # (sentences,)
     slot_of_sent = np.concatenate([slot_of_ref, np.zeros(C, dtype=np.int64)])
-    ref_words = np.full((C, S - 1), -1, dtype=np.int64)
+    ref_words = np.full((C, R), -1, dtype=np.int64)
     ref_words[img_of_ref, slot_of_ref - 1] = lengths[:n_ref_sent]
     testlen = lengths[n_ref_sent:]
     sent, rem = _token_layout(lengths)
-    if max(C, len(words) - int(lengths[:n_ref_sent].sum())) * W * S >= 1 << 62:  # keys would overflow int64
+    if max(C, len(words) - int(lengths[:n_ref_sent].sum())) * W << sb >= 1 << 62:  # keys would overflow int64
         return _RefIndex(refs, n, cider=False, extra=preds).bleu(preds, np.arange(C))
     correct = np.zeros((C, n))
     prev_id = np.zeros(0, dtype=np.int64)  # (T,) dense group id of the (k-1)-gram starting at each token, or -1
     p = np.arange(len(words), dtype=np.int64)  # start positions of the occurrences still in play
-    group = img_of_sent[sent]  # (P,) image (order 1) or prefix group id (orders >= 2) of each occurrence
     for k in range(1, n + 1):
-        if k > 1:
-            keep = (rem[p] >= k) & (prev_id[p] >= 0)  # a k-gram starts here and its prefix matters
-            p = p[keep]
-            group = prev_id[p]
+        if k == 1:  # group: the image, then the dense id of the (k-1)-gram prefix's group
+            key = ((img_of_sent[sent] * W + words) << sb) | slot_of_sent[sent]  # (T,) (group, slot)
+        else:
+            p = p[(rem[p] >= k) & (prev_id[p] >= 0)]  # a k-gram starts here and its prefix matters
+            key = ((prev_id[p] * W + words[p + k - 1]) << sb) | slot_of_sent[sent[p]]  # (P,)
         if len(p) == 0:
             break
-        key = (group * W + words[p + k - 1]) * S + slot_of_sent[sent[p]]  # (P,) (group, slot)
         sk, order = _sort_order(key)
         m = len(sk)
-        g = sk // S
+        pos = p[order] if k > 1 else order  # (P,) token position of each sorted occurrence
+        g = sk >> sb
         new_g = np.empty(m, dtype=bool)  # first occurrence of each (image, n-gram) group
         new_g[0] = True
         np.not_equal(g[1:], g[:-1], out=new_g[1:])
@@ -662,17 +663,17 @@ def _bleu_arrays(preds: Sequence[str], refs: Sequence[Sequence[str]], n: int) ->
         np.not_equal(sk[1:], sk[:-1], out=new_run[1:])
         run_start = np.flatnonzero(new_run)
         run_len = np.diff(np.append(run_start, m))  # (runs,) count of the n-gram in one sentence
-        run_slot = sk[run_start] % S
+        run_slot = sk[run_start] & ((1 << sb) - 1)
         first_run = np.flatnonzero(new_g[run_start])  # (groups,) index of each group's first run
         maxref = np.maximum.reduceat(np.where(run_slot > 0, run_len, 0), first_run)  # (groups,)
         in_cand = run_slot[first_run] == 0  # slot 0 sorts first: the candidate has the n-gram
         tf = run_len[first_run]
-        cand_img = img_of_sent[sent[p[order[run_start[first_run[in_cand]]]]]]  # (kept groups,)
+        cand_img = img_of_sent[sent[pos[run_start[first_run[in_cand]]]]]  # (kept groups,)
         correct[:, k - 1] = np.bincount(cand_img, np.minimum(tf[in_cand], maxref[in_cand]), minlength=C)
         if k < n:
             gid = np.where(in_cand, np.cumsum(in_cand) - 1, -1)  # (groups,) dense id of the kept groups
             prev_id = np.full(len(words), -1, dtype=np.int64)
-            prev_id[p[order]] = gid[np.cumsum(new_g) - 1]
+            prev_id[pos] = gid[np.cumsum(new_g) - 1]
     guess = np.maximum(0, testlen[:, None] - np.arange(n)[None, :]).astype(np.float64)  # (C, n)
     reflen = _closest_ref_length(ref_words, testlen)
     per = _bleu_from_counts(correct, guess, testlen, reflen)
