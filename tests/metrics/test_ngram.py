@@ -434,3 +434,20 @@ def test_ngram_metrics_shared_word_ids_give_separate_rouge_scores():
         assert corpus["ROUGE-L"] == alone["ROUGE-L"]
         assert {i: v["ROUGE-L"] for i, v in per.items()} == {i: v["ROUGE-L"] for i, v in alone_per.items()}
         assert ngram_metrics(p, r, per_item=False) == (corpus, {})
+
+
+def test_bleu_sorted_groups_equal_reference_index_path(corpus, monkeypatch):
+    """bleu_per_item's one-sort-per-order counting and _RefIndex.bleu (used by ngram_metrics) agree bit for bit,
+    also on the edge cases; keys that would overflow int64 take the reference-index path."""
+    for preds, refs in [corpus, (EDGE_PREDS, EDGE_REFS), synthetic(300, seed=3, vocab=6)]:
+        ids, p, r = ngram._align(preds, refs)
+        c_new, per_new = ngram._bleu_arrays(p, r, 4)
+        c_old, per_old = ngram._RefIndex(r, 4, cider=False, extra=p).bleu(p, np.arange(len(ids)))
+        assert np.array_equal(c_new, c_old) and np.array_equal(per_new, per_old)
+        assert per_new[:, 0].max() > 0.5  # matches were found (not an all-zero agreement)
+    expected = bleu(*corpus)  # sorted-groups path
+    calls = []
+    real = ngram._RefIndex
+    monkeypatch.setattr(ngram, "_RefIndex", lambda *a, **k: calls.append(1) or real(*a, **k))
+    monkeypatch.setattr(ngram, "_BLEU_KEY_LIMIT", 0)
+    assert bleu(*corpus) == expected and len(calls) == 1

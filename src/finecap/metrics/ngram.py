@@ -61,6 +61,7 @@ __all__ = [
 _TINY = 1e-15  # pycocoevalcap bleu_scorer: "so that if guess is 0 still return 0"
 _SMALL = 1e-9
 _ROUGE_BETA = 1.2
+_BLEU_KEY_LIMIT = 1 << 62  # BLEU's (group, slot) keys stay below it (else the reference-index path is taken)
 
 PerItem = dict[Hashable, dict[str, float]]
 
@@ -638,7 +639,7 @@ def _bleu_arrays(preds: Sequence[str], refs: Sequence[Sequence[str]], n: int) ->
     ref_words[img_of_ref, slot_of_ref - 1] = lengths[:n_ref_sent]
     testlen = lengths[n_ref_sent:]
     sent, rem = _token_layout(lengths)
-    if max(C, len(words) - int(lengths[:n_ref_sent].sum())) * W << sb >= 1 << 62:  # keys would overflow int64
+    if max(C, len(words) - int(lengths[:n_ref_sent].sum())) * W << sb >= _BLEU_KEY_LIMIT:  # int64 keys overflow
         return _RefIndex(refs, n, cider=False, extra=preds).bleu(preds, np.arange(C))
     correct = np.zeros((C, n))
     prev_id = np.zeros(0, dtype=np.int64)  # (T,) dense group id of the (k-1)-gram starting at each token, or -1
