@@ -66,7 +66,11 @@ def stage_transfer(demo: Demo, stages: Sequence[str], load_model: Callable[[Demo
             continue
         path = demo.stage_dir(stage) / "captions_shifted_test.json"
         if not path.exists() or cfg.demo.force:
-            stage_cfg = dataclasses.replace(demo.stage_config(stage), world=world)
+            # The shifted world's test split whatever data set the stage trained on (the VCB stages train on a
+            # boosted copy of the world through data.path / data.captions).
+            stage_cfg = demo.stage_config(stage)
+            data = dataclasses.replace(stage_cfg.data, path="", format="world", captions="original")
+            stage_cfg = dataclasses.replace(stage_cfg, world=world, data=data)
             generated = generate_captions(load_model(demo, stage), stage_cfg, "test")
             write_results(path, {i: c[0] for i, c in generated.items()})
         predictions = {i: caps[0] for i, caps in read_results(path).items()}
