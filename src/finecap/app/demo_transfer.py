@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from finecap.app.bags import main as build_bags
 from finecap.caption import generate_captions
@@ -30,16 +30,14 @@ from finecap.utils import atomic_write_text, write_json
 from finecap.world.make import make_world
 from finecap.world.shift import shifted_world
 
-if TYPE_CHECKING:
-    from finecap.app.demo import Demo
-
 METRICS = ["length", "bleu", "cider", "faithfulness", "retrieval", "bags", "listener"]
 COLUMNS = ["Length", "BLEU-4", "CIDEr-D", "faith/precision", "faith/recall", "RD/R@1", "listener/RD/R@1",
            "listener/RD/exploit", "bag3/R@1", "listener/bag3/R@1", "bag5/R@1", "listener/bag5/R@1"]  # fmt: skip
 
 
-def stage_transfer(demo: Demo, stages: Sequence[str], load_model: Callable[[Demo, str], Any]) -> dict[str, Any]:
-    """Caption and score the shifted test split for every trained stage of ``stages`` (module docstring)."""
+def stage_transfer(demo: Any, stages: Sequence[str], load_model: Callable[[Any, str], Any]) -> dict[str, Any]:
+    """Caption and score the shifted test split for every trained stage of ``stages`` (module docstring). ``demo``
+    is a :class:`finecap.app.demo.Demo`, not imported here so that the two modules form no import cycle."""
     cfg = demo.cfg
     world = shifted_world(cfg.world)
     make_world(world)
