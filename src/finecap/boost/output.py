@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from finecap.data.formats import Record
-from finecap.utils import atomic_write_text, write_json
+from finecap.utils import atomic_write_text, read_json, write_json
 
 
 def _check_aligned(n_raw: int, records: Sequence[Record], path: Path) -> None:
@@ -51,7 +51,7 @@ def write_boosted(
         raise ValueError(f"--out {out_dir}: would overwrite the source data set {source}; choose another folder")
     out = out_dir / source.name
     if fmt in ("world", "karpathy"):
-        raw = json.loads(source.read_text())
+        raw = read_json(source)
         _check_aligned(len(raw["images"]), records, source)
         for img, f in zip(raw["images"], fields):
             img["sentences"] = [{"raw": c, "tokens": c.split()} for c in f[mode]]
@@ -65,7 +65,7 @@ def write_boosted(
             if not link.exists():
                 os.symlink((source.parent / "images").resolve(), link, target_is_directory=True)
     elif fmt == "coco":
-        raw = json.loads(source.read_text())
+        raw = read_json(source)
         _check_aligned(len(raw["images"]), records, source)
         annotations: list[dict[str, Any]] = []
         for img, f in zip(raw["images"], fields):
