@@ -84,6 +84,25 @@ def test_relation_conflicts():
     assert not conflicts(Fact("color", None, "red"), {Fact("color", "circle", "blue")})  # vague: never
 
 
+def test_shapes_beyond_the_human_count_conflict():
+    # Humans: two shapes, a square and a diamond are named; there is no room for a third shape.
+    human = facts("two shapes a red diamond and a large red striped square")
+    star = [Fact("object", "star"), Fact("color", "star", "red"), Fact("position", "star", "middle"),
+            Fact("relation", "star", "left of", "square"), Fact("relation", "square", "left of", "star")]  # fmt: skip
+    for f in star:
+        assert conflicts(f, human), f
+    assert not conflicts(Fact("position", "square", "middle"), human)  # a named shape: still free
+    assert not conflicts(Fact("relation", "square", "left of", "diamond"), human)
+    assert conflicts(Fact("count", None, "1"), human)  # fewer shapes than the humans name
+    # One named shape out of two: room for one more, so a new shape does not conflict.
+    one_named = facts("two shapes a red diamond")
+    assert not conflicts(Fact("object", "star"), one_named)
+    assert not conflicts(Fact("count", None, "3"), facts("a red diamond and a square"))  # no count stated: more fits
+    assert conflicts(Fact("count", None, "1"), facts("a red diamond and a square"))
+    merged = holistic_facts(human, facts("three shapes a small star and a red diamond at the top"))
+    assert merged - human == {Fact("position", "diamond", "top")}  # count 3 and the star conflict
+
+
 def test_world_llm_through_the_engine_with_a_given_visual_expert(tmp_path):
     from finecap.boost.engine import AnswerCache, boost_records
     from finecap.boost.prompts import Prompts

@@ -11,10 +11,14 @@ Conflict rules (the paper leaves "conflict" to the LLM; these are finecap's, sta
 
 - a single-valued attribute of a named shape (``color``, ``size``, ``pattern``, ``position``) conflicts with a human
   fact of the same kind and shape and another value (``color(circle)=blue`` vs human ``color(circle)=red``);
-- ``background`` and ``count`` conflict with a human fact of another value;
+- ``background`` and ``count`` conflict with a human fact of another value, and a ``count`` also conflicts when the
+  humans name more distinct shapes than it says;
+- any fact about a shape the humans do not name (its ``object``, attributes, positions and relations) conflicts
+  when the humans state a count and already name that many distinct shapes: shapes are unique within a world scene,
+  so there is no room for another one (humans "two shapes ... a square ... a diamond" vs a visual "star");
 - ``relation(a r b)`` of two named shapes conflicts with a human ``relation(a r' b)`` of the opposite relation, with
   a human ``relation(b r a)``, and with human positions of ``a`` and ``b`` under which ``r`` does not hold;
-- ``object`` facts and vague facts (``shape`` or ``other`` is ``None``) never conflict.
+- otherwise ``object`` facts never conflict, and vague facts (``shape`` is ``None``) never do.
 """
 
 from __future__ import annotations
@@ -92,10 +96,20 @@ def blend_facts(captions: Iterable[str]) -> set[Fact]:
     return out
 
 
+def _named_shapes(stated: set[Fact]) -> set[str]:
+    return {s for f in stated for s in (f.shape, f.other) if s is not None}
+
+
 def conflicts(fact: Fact, human: set[Fact]) -> bool:
     """Whether ``fact`` contradicts a human-stated fact (module docstring)."""
     if fact.shape is None and fact.kind != "count" and fact.kind != "background":
         return False
+    named = _named_shapes(human)
+    counts = [int(h.value or 0) for h in human if h.kind == "count"]
+    if counts and len(named) >= min(counts) and not _named_shapes({fact}) <= named:
+        return True  # a shape the humans leave no room for
+    if fact.kind == "count" and int(fact.value or 0) < len(named):
+        return True
     if fact.kind in _ATTRIBUTE_KINDS:
         return any(h.kind == fact.kind and h.shape == fact.shape and h.value != fact.value for h in human)
     if fact.kind in ("background", "count"):
