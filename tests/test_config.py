@@ -24,6 +24,18 @@ def test_recipe_then_override(tmp_path):
     assert (cfg.train.lr, cfg.train.epochs, cfg.world.n_train) == (0.25, 3.0, 10)
 
 
+@pytest.mark.parametrize(
+    ("text", "error"),
+    [("train: [unclosed\n", "invalid YAML"), ("- train\n", "a recipe must be a mapping of sections")],
+)
+def test_malformed_recipe_names_the_file(tmp_path, text, error):
+    recipe = tmp_path / "bad.yaml"
+    recipe.write_text(text)
+    with pytest.raises(ConfigError, match=error) as e:
+        load(recipe)
+    assert str(e.value).startswith(f"{recipe}: ")
+
+
 def test_unknown_key_lists_valid_keys(tmp_path):
     recipe = tmp_path / "bad.yaml"
     recipe.write_text("world:\n  n_trian: 10\n")

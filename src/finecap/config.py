@@ -676,12 +676,12 @@ def load(
             path = resolve_recipe(path)  # a YAML path, or a packaged recipe by name (finecap.recipes)
         except ValueError as e:
             raise ConfigError(str(e)) from None
+        from finecap.utils import read_yaml_mapping
+
         try:
-            loaded = yaml.safe_load(path.read_text()) or {}
-        except yaml.YAMLError as e:
-            raise ConfigError(f"{path}: invalid YAML: {e}") from None
-        if not isinstance(loaded, dict):
-            raise ConfigError(f"{path}: a recipe must be a mapping of sections")
+            loaded = read_yaml_mapping(path, "a recipe must be a mapping of sections")
+        except ValueError as e:
+            raise ConfigError(str(e)) from None
         for name, values in loaded.items():
             if isinstance(values, dict) and isinstance(data.get(name), dict):
                 data[name] = {**data[name], **values}

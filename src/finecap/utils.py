@@ -51,6 +51,21 @@ def read_json(path: str | Path) -> Any:
         raise ValueError(f"{path}: invalid JSON at line {e.lineno}, column {e.colno}: {e.msg}") from None
 
 
+def read_yaml_mapping(path: str | Path, expected: str) -> dict[str, Any]:
+    """A YAML file holding a mapping (an empty file is ``{}``); ``ValueError`` naming the file otherwise, with
+    ``expected`` saying what the mapping should hold."""
+    import yaml
+
+    path = Path(path)
+    try:
+        data = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as e:
+        raise ValueError(f"{path}: invalid YAML: {e}") from None
+    if not isinstance(data, dict):
+        raise ValueError(f"{path}: {expected}")
+    return data
+
+
 def append_jsonl(path: str | Path, record: dict[str, Any]) -> None:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)

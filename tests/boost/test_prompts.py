@@ -37,6 +37,8 @@ def test_prompt_file_overrides_parts(tmp_path):
         ("summary:\n  user: x\n", "unknown step 'summary'"),
         ("visual:\n  prompt: x\n", "visual: expected keys system, user, examples"),
         ("blend:\n  examples: [{captions: [a]}]\n", r"blend.examples\[0\] needs an 'answer'"),
+        ("blend: [unclosed\n", "invalid YAML"),
+        ("- blend\n", r"a prompt file maps steps \(blend, visual, holistic\)"),
     ],
 )
 def test_bad_prompt_files_name_the_file(tmp_path, text, error):

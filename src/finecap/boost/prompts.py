@@ -42,7 +42,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import yaml
+from finecap.utils import read_yaml_mapping
 
 STEPS = ("blend", "visual", "holistic")
 VARIABLES: dict[str, tuple[str, ...]] = {
@@ -138,12 +138,7 @@ class Prompts:
             path = Path(path)
             if not path.exists():
                 raise FileNotFoundError(f"boost.prompts: prompt file {path} not found")
-            try:
-                data = yaml.safe_load(path.read_text()) or {}
-            except yaml.YAMLError as e:
-                raise ValueError(f"{path}: invalid YAML: {e}") from None
-            if not isinstance(data, dict):
-                raise ValueError(f"{path}: a prompt file maps steps ({', '.join(STEPS)}) to their templates")
+            data = read_yaml_mapping(path, f"a prompt file maps steps ({', '.join(STEPS)}) to their templates")
             for step, parts in data.items():
                 if step not in STEPS:
                     raise ValueError(f"{path}: unknown step {step!r}; valid steps: {', '.join(STEPS)}")
