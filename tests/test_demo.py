@@ -64,6 +64,8 @@ def test_vcb_group_after_the_quick_demo(quick_demo):
     assert fields["BlendCap"]["true facts"] >= fields["human (1st caption)"]["true facts"]
     assert fields["HolisticCap"]["true facts"] >= fields["BlendCap"]["true facts"]
     assert fields["HolisticCap"]["false facts"] <= fields["VisualCap"]["false facts"]
+    for row in (*fields.values(), *out["models"].values()):  # the fact-based listener beside the CLIP retriever
+        assert 0.0 <= row["listener/RD19/R@1"] <= 1.0 and 0.0 <= row["listener/bag3/R@1"] <= 1.0
     assert set(out["timings"]) >= {"visual_expert", "boost_holistic", "captions_holistic", "mle_holistic"}
     boosted = json.loads((run_dir / "world_holistic" / "boost.json").read_text())
     assert boosted["failed"] == {} and boosted["images"] == 440

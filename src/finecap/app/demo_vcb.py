@@ -7,7 +7,8 @@ default ``demo.stages``: ``finecap demo --stages vcb`` runs them all (after ``wo
   ``<run_dir>/world_holistic`` (a world folder whose records carry every caption field);
 - ``captions_holistic``: the caption fields themselves on the test split (NDLB Table 2): for the first human
   caption, BlendCap, VisualCap and HolisticCap, words, faithfulness precision / recall, true and false facts per
-  caption, RD99 R@1 and bag R@1 with the world CLIP;
+  caption, RD99 R@1 and bag R@1 with the world CLIP and with the fact-based listener (which, unlike the CLIP, never
+  saw the visual expert's style of caption);
 - ``mle_blend`` / ``mle_holistic``: the ``demo/mle`` recipe on BlendCap / HolisticCap (``data.captions``), for as
   many optimizer steps as ``mle`` takes on the five human captions (one boosted caption per image would otherwise
   get a fifth of the steps), with captions of up to :data:`MAX_TOKENS` tokens (boosted captions are long);
@@ -69,12 +70,14 @@ GROUP = ("visual_expert", "boost_holistic", "captions_holistic", "mle_holistic",
          "discritune_blend", "report_vcb")  # fmt: skip
 TABLE3_STAGES = ("mle", "mle_blend", "mle_holistic", "discritune", "discritune_blend", "discritune_holistic")
 FIELD_ROWS = {"human (1st caption)": "original", "BlendCap": "blend", "VisualCap": "visual", "HolisticCap": "holistic"}
-METRICS = ["length", "faithfulness", "retrieval", "bags"]
-REPORT_METRICS = ["length", "vocab", "faithfulness", "retrieval", "bags", "bleu", "cider"]
+METRICS = ["length", "faithfulness", "retrieval", "bags", "listener"]
+REPORT_METRICS = ["length", "vocab", "faithfulness", "retrieval", "bags", "listener", "bleu", "cider"]
 FIELD_COLUMNS = ["Length", "true facts", "false facts", "faith/precision", "faith/recall", "faith/halluc_rate",
-                 "RD/R@1", "bag3/R@1", "bag5/R@1", "bag7/R@1"]  # fmt: skip
+                 "RD/R@1", "bag3/R@1", "bag5/R@1", "bag7/R@1", "listener/RD/R@1", "listener/bag3/R@1",
+                 "listener/bag5/R@1", "listener/bag7/R@1"]  # fmt: skip
 TABLE3_COLUMNS = ["Length", "Lexical diversity", "faith/precision", "faith/recall", "faith/halluc_rate", "RD/R@1",
-                  "bag3/R@1", "bag5/R@1", "bag7/R@1", "BLEU-4", "CIDEr-D"]  # fmt: skip
+                  "bag3/R@1", "bag5/R@1", "bag7/R@1", "listener/RD/R@1", "listener/bag3/R@1", "listener/bag5/R@1",
+                  "listener/bag7/R@1", "BLEU-4", "CIDEr-D"]  # fmt: skip
 
 
 def boosted_dir(demo: Any) -> Path:
