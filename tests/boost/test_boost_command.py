@@ -110,3 +110,51 @@ def test_bags_take_text_embeddings_from_the_chosen_field(world, tmp_path, monkey
         cfg = load(None, [f"world.out={tmp_path / 'out'}", f"bags.text_from={field}"])
         bags_app.main(cfg, split="train", sizes="2", out=tmp_path / f"bags_{field}.json")
         assert seen["captions"] == [r.boosted[field] for r in boosted if r.split == "train"]
+
+
+def _as_format(world: Path, fmt: str, out: Path) -> Path:
+    """The tiny world's test split as a ``fmt`` file in ``out`` naming images relative to ``world`` (COCO: with one
+    image that has no caption annotation, which readers drop)."""
+    source = [r for r in read_dataset("world", world) if r.split == "test"]
+    rel = [str(Path(r.path).relative_to(world)) for r in source]
+    if fmt == "karpathy":
+        images = [{"filename": Path(p).name, "filepath": str(Path(p).parent), "split": "test", "imgid": r.image_id,
+                   "sentences": [{"raw": c} for c in r.captions]} for r, p in zip(source, rel)]  # fmt: skip
+        path, text = out / "dataset_x.json", json.dumps({"images": images})
+    elif fmt == "coco":
+        images = [{"id": r.image_id, "file_name": p} for r, p in zip(source, rel)] + [{"id": 999, "file_name": "x"}]
+        anns = [{"id": k, "image_id": r.image_id, "caption": c} for k, (r, c) in
+                enumerate((r, c) for r in source for c in r.captions)]  # fmt: skip
+        path, text = out / "captions_test.json", json.dumps({"images": images, "annotations": anns})
+    else:
+        lines = [json.dumps({"image": p, "captions": r.captions, "id": r.image_id}) for r, p in zip(source, rel)]
+        path, text = out / "test.jsonl", "\n".join(lines) + "\n"
+    out.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+    return path
+
+
+@pytest.mark.parametrize("fmt", ["karpathy", "coco", "jsonl"])
+def test_blend_in_each_file_format_reads_back(world, tmp_path, fmt):
+    src = _as_format(world, fmt, tmp_path / "src")
+    cfg = load(None, [f"data.format={fmt}", f"data.path={src}", f"data.images={world}", "boost.mode=blend"])
+    summary = boost(cfg, tmp_path / "out", progress=False)
+    assert summary["images"] == 4 and summary["failed"] == {}
+    source = read_dataset(fmt, src, images=world)
+    boosted = read_dataset(fmt, tmp_path / "out" / src.name, images=world)  # images named relative to the source root
+    assert [r.image_id for r in boosted] == [r.image_id for r in source]
+    for r, s in zip(boosted, source):
+        assert r.path.resolve() == s.path.resolve() and r.path.exists()
+        assert r.boosted["original"] == s.captions
+        assert len(r.captions) == 1 and facts(r.captions[0]) == set().union(*(facts(c) for c in s.captions))
+    if fmt == "coco":  # the image without a caption is kept, unboosted; the original annotations are kept too
+        raw = json.loads((tmp_path / "out" / src.name).read_text())
+        assert raw["images"][-1] == {"id": 999, "file_name": "x"}
+        assert len(raw["original_annotations"]) == sum(len(s.captions) for s in source)
+
+
+def test_formats_boost_cannot_write_fail_before_any_request(world, tmp_path):
+    cfg = load(None, ["data.format=hf", f"data.path={world}", "boost.mode=blend"])
+    with pytest.raises(ValueError, match="data.format=hf: finecap boost writes world, karpathy, coco, jsonl only"):
+        boost(cfg, tmp_path / "out", progress=False)
+    assert not (tmp_path / "out").exists()

@@ -8,8 +8,9 @@ fields back.
 - ``world``: ``DIR/dataset.json`` (Karpathy layout), with ``scenes.jsonl``, ``dense.json`` and ``world.json`` copied
   and ``DIR/images`` a symbolic link to the source images, so ``DIR`` is a world folder for every command;
 - ``karpathy``: ``DIR/<file name>`` with ``sentences`` replaced (``raw`` and ``tokens``);
-- ``coco``: ``DIR/<file name>`` with ``annotations`` replaced (one per caption, renumbered) and the source's kept as
-  ``original_annotations``;
+- ``coco``: ``DIR/<file name>`` with ``annotations`` replaced (one per caption, renumbered, in the order the images
+  were read) and the source's kept as ``original_annotations``; images without a caption annotation are left as they
+  are (they were not read, so not boosted);
 - ``jsonl``: ``DIR/<file name>`` with ``captions`` replaced and image paths made absolute.
 
 Karpathy and COCO files name images relative to an image root: read them with ``data.images`` set to the source
@@ -27,6 +28,9 @@ from typing import Any
 
 from finecap.data.formats import Record
 from finecap.utils import atomic_write_text, read_json, write_json
+
+WRITABLE = ("world", "karpathy", "coco", "jsonl")
+"""Formats :func:`write_boosted` writes (``data.format``); a Hugging Face data set is boosted after exporting it."""
 
 
 def _check_aligned(n_raw: int, records: Sequence[Record], path: Path) -> None:
@@ -66,11 +70,13 @@ def write_boosted(
                 os.symlink((source.parent / "images").resolve(), link, target_is_directory=True)
     elif fmt == "coco":
         raw = read_json(source)
-        _check_aligned(len(raw["images"]), records, source)
+        by_id = dict(zip((r.image_id for r in records), fields, strict=True))
         annotations: list[dict[str, Any]] = []
-        for img, f in zip(raw["images"], fields):
-            img["boost"] = f
-            annotations += [{"id": len(annotations) + 1, "image_id": img["id"], "caption": c} for c in f[mode]]
+        for img in raw.get("images", ()):  # images without a caption were not read: they stay as they are
+            if img["id"] in by_id:
+                img["boost"] = by_id[img["id"]]
+        for image_id, f in by_id.items():
+            annotations += [{"id": len(annotations) + 1, "image_id": image_id, "caption": c} for c in f[mode]]
         raw["original_annotations"] = raw["annotations"]
         raw["annotations"] = annotations
         write_json(out, raw, indent=None)
@@ -85,5 +91,5 @@ def write_boosted(
             rows.append(json.dumps(row))
         atomic_write_text(out, "\n".join(rows) + "\n")
     else:
-        raise ValueError(f"data.format: finecap boost cannot write format {fmt!r}")
+        raise ValueError(f"data.format={fmt}: finecap boost writes {', '.join(WRITABLE)} only")
     return out
