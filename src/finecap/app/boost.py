@@ -19,7 +19,7 @@ from typing import Any
 
 from finecap.boost.backends import make_backend
 from finecap.boost.engine import MODE_STEPS, AnswerCache, boost_records
-from finecap.boost.output import WRITABLE, write_boosted
+from finecap.boost.output import check_writable, write_boosted
 from finecap.boost.prompts import Prompts
 from finecap.config import Config
 from finecap.data.formats import read_dataset
@@ -31,8 +31,7 @@ def main(cfg: Config, out: str | Path, progress: bool = True) -> dict[str, Any]:
     """Boost the configured data set into ``out``; returns the summary written to ``out/boost.json``."""
     start = time.perf_counter()
     out = Path(out)
-    if cfg.data.format not in WRITABLE:
-        raise ValueError(f"data.format={cfg.data.format}: finecap boost writes {', '.join(WRITABLE)} only")
+    check_writable(cfg.data.format)  # before any request
     source = data_file(cfg)
     if not source.exists():
         raise FileNotFoundError(

@@ -33,6 +33,12 @@ WRITABLE = ("world", "karpathy", "coco", "jsonl")
 """Formats :func:`write_boosted` writes (``data.format``); a Hugging Face data set is boosted after exporting it."""
 
 
+def check_writable(fmt: str) -> None:
+    """``ValueError`` naming ``data.format`` unless :func:`write_boosted` can write ``fmt``."""
+    if fmt not in WRITABLE:
+        raise ValueError(f"data.format={fmt}: finecap boost writes {', '.join(WRITABLE)} only")
+
+
 def _check_aligned(n_raw: int, records: Sequence[Record], path: Path) -> None:
     if n_raw != len(records):
         raise ValueError(f"{path}: {n_raw} entries in the file but {len(records)} records were read; file changed?")
@@ -91,5 +97,5 @@ def write_boosted(
             rows.append(json.dumps(row))
         atomic_write_text(out, "\n".join(rows) + "\n")
     else:
-        raise ValueError(f"data.format={fmt}: finecap boost writes {', '.join(WRITABLE)} only")
+        check_writable(fmt)
     return out
