@@ -62,7 +62,14 @@ from transformers.cache_utils import DynamicCache, EncoderDecoderCache
 from finecap.config import DecodeConfig
 from finecap.decode import Generation
 from finecap.models import lora
-from finecap.models.captioner import TokenScores, encode_images, generate_in_chunks, logits_or_scores, strip_prefix
+from finecap.models.captioner import (
+    TokenScores,
+    encode_images,
+    generate_in_chunks,
+    logits_or_scores,
+    shifted_mask,
+    strip_prefix,
+)
 from finecap.models.presets import BlipImageProcessor, world_blip
 from finecap.models.vision import VisionEncoder
 from finecap.models.world_encoder import world_encoder_path
@@ -309,10 +316,7 @@ class Blip(nn.Module):
         input_ids = input_ids.to(self.device)
         bos = torch.full((B, 1), self.bos_token_id, dtype=input_ids.dtype, device=self.device)
         dec_in = torch.cat([bos, input_ids[:, :-1]], dim=1)  # (B, T)
-        mask = None
-        if attention_mask is not None:
-            ones = torch.ones(B, 1, dtype=attention_mask.dtype, device=self.device)
-            mask = torch.cat([ones, attention_mask[:, :-1].to(self.device)], dim=1)  # (B, T)
+        mask = shifted_mask(attention_mask, 1, self.device)  # (B, T): [bos] + input_ids[:, :-1]
         dtype = next(self.model.text_decoder.parameters()).dtype
         out = self.model.text_decoder(input_ids=dec_in, attention_mask=mask, encoder_hidden_states=tokens.to(dtype),
                                       use_cache=False)  # fmt: skip

@@ -118,6 +118,16 @@ def logits_or_scores(
     return token_scores(logits, sequences, mask, temperature, with_entropy)
 
 
+def shifted_mask(attention_mask: torch.Tensor | None, k: int, device: torch.device) -> torch.Tensor | None:
+    """Attention mask of a teacher-forced input that reads ``k`` always-visible positions (a prefix, a start token)
+    and then the caption without its last token: ``(B, k + T - 1)`` from the caption's ``(B, T)``; ``None`` stays
+    ``None``."""
+    if attention_mask is None:
+        return None
+    ones = torch.ones(attention_mask.shape[0], k, dtype=attention_mask.dtype, device=device)
+    return torch.cat([ones, attention_mask[:, :-1].to(device)], dim=1)
+
+
 def strip_prefix(state: dict[str, torch.Tensor], prefix: str) -> dict[str, torch.Tensor]:
     """The entries of a state dict under ``prefix``, with the prefix removed (one part of a captioner's weights)."""
     return {k[len(prefix) :]: v for k, v in state.items() if k.startswith(prefix)}

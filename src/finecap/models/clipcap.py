@@ -47,7 +47,14 @@ from transformers.cache_utils import Cache
 from finecap.config import DecodeConfig, Mapper
 from finecap.decode import Generation
 from finecap.models import lora
-from finecap.models.captioner import TokenScores, encode_images, generate_in_chunks, logits_or_scores, strip_prefix
+from finecap.models.captioner import (
+    TokenScores,
+    encode_images,
+    generate_in_chunks,
+    logits_or_scores,
+    shifted_mask,
+    strip_prefix,
+)
 from finecap.models.presets import WORLD_LM_POSITIONS, build_world_lm
 from finecap.models.tokenizer import ensure_pad_token
 from finecap.models.vision import VisionEncoder
@@ -288,10 +295,7 @@ class ClipCap(nn.Module):
         self._check_positions(T, "caption length (data.max_tokens)")
         tokens = self.embed_tokens(input_ids[:, :-1].to(self.device))  # (B, T-1, H)
         x = torch.cat([prefix.to(tokens.dtype), tokens], dim=1)  # (B, k+T-1, H)
-        mask = None
-        if attention_mask is not None:
-            ones = torch.ones(B, k, dtype=attention_mask.dtype, device=self.device)
-            mask = torch.cat([ones, attention_mask[:, :-1].to(self.device)], dim=1)  # (B, k+T-1)
+        mask = shifted_mask(attention_mask, k, self.device)  # (B, k+T-1)
         kwargs = {"logits_to_keep": T} if self._keep_kw else {}
         out = self.lm(inputs_embeds=x, attention_mask=mask, use_cache=False, **kwargs)
         return out.logits[:, -T:]  # (B, T, V)
