@@ -148,6 +148,9 @@ class FakeRetriever:
     def image_embeddings(self, records, cache_dir=None):
         return torch.eye(4)[[r.image_id for r in records]]  # (N, 4)
 
+    def text_embeddings(self, texts, cache_dir=None):
+        return self.embed_texts(texts)
+
     def embed_texts(self, texts):
         texts = [t.removeprefix("A photo depicts ") for t in texts]
         return F.normalize(torch.tensor([TEXT[t] for t in texts], dtype=torch.float32), dim=-1)  # (B, 4)

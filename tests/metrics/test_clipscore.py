@@ -78,9 +78,14 @@ class StubRetriever:
     def __init__(self):
         self.tokenizer = world_tokenizer(["a", "photo", "depicts", "x", "y", "r"])
         self.seen: list[str] = []
+        self.cache_dirs: list = []
 
     def image_embeddings(self, records, cache_dir=None):
         return torch.tensor(IMAGES[[r.image_id for r in records]])
+
+    def text_embeddings(self, texts, cache_dir=None):
+        self.cache_dirs.append(cache_dir)
+        return self.embed_texts(texts)
 
     def embed_texts(self, texts):
         self.seen += list(texts)
@@ -106,3 +111,6 @@ def test_clipscore_class_prefix_and_means():
     assert set(cs({0: "x"})) == {"CLIPScore", "ClipSc"}
     with pytest.raises(KeyError, match="not among the CLIPScore images"):
         cs({5: "x"})
+    assert stub.cache_dirs == [None]  # only the call with references: they go through the text cache (off here)
+    CLIPScore(stub, [Rec(0, Path("0.png"))], cache_dir="c")({0: "x"}, {0: ["r"]})
+    assert stub.cache_dirs[-1] == "c"

@@ -161,6 +161,33 @@ def test_image_cache_reused_and_keyed_by_model_and_dataset(ckpt, images, tmp_pat
     assert torch.allclose(flipped, -first, atol=1e-6)
 
 
+def test_text_cache_reused_and_keyed_by_texts_and_model(ckpt, tmp_path, monkeypatch):
+    r = Retriever.from_pretrained(ckpt, batch_size=2)
+    cache = tmp_path / "cache"
+    texts = ["a red circle", "a big blue square on the grass", "the small circle"]
+    first = r.text_embeddings(texts, cache)
+    assert torch.equal(first, r.embed_texts(texts))  # the same numbers as without the cache
+    (path,) = (cache / CACHE_SUBDIR).glob("texts-*.safetensors")
+
+    def boom(_texts):
+        raise AssertionError("recomputed although cached")
+
+    monkeypatch.setattr(r, "embed_texts", boom)
+    assert torch.equal(r.text_embeddings(texts, cache), first)  # served from the file
+    monkeypatch.undo()
+    # Other texts, or the same texts in another order -> another file with their own rows.
+    swapped = r.text_embeddings(texts[::-1], cache)
+    assert torch.allclose(swapped, first.flip(0), atol=1e-6)  # batches pad differently: rounding only
+    r.text_embeddings(texts[:2], cache)
+    assert len(list((cache / CACHE_SUBDIR).glob("texts-*.safetensors"))) == 3
+    # Another text tower (one weight changed) -> recomputed, not served from the old file.
+    with torch.no_grad():
+        r.model.text_projection.weight.mul_(-1)
+    assert torch.allclose(r.text_embeddings(texts, cache), -first, atol=1e-6)
+    assert len(list((cache / CACHE_SUBDIR).glob("texts-*.safetensors"))) == 4
+    assert r.text_embeddings([], cache).shape == (0, r.dim)
+
+
 def test_rewritten_image_is_recomputed(ckpt, images, tmp_path):
     r = Retriever.from_pretrained(ckpt)
     recs = [Rec(i, tmp_path / f"{i}.png") for i in range(2)]

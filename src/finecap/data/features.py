@@ -15,6 +15,10 @@ retrieval reward). A file is keyed by three things, so a different encoder or a 
 - the **split**: a readable label (``train``, ``test``, ...; the retriever uses the records' common split, or
   ``mixed``) that starts the file name.
 
+Text embeddings of the retriever (:meth:`finecap.models.retriever.Retriever.text_embeddings`; CLIPScore's references,
+which are the same for every system scored on a data set) use the same files with the split ``texts`` and, as the
+data fingerprint, the SHA-256 of the ordered texts (:func:`text_cache_file`).
+
 File: ``<cache_dir>/features/<split>-<hash16>.safetensors`` with one tensor ``features (N, D)`` (float32, row ``i``
 belongs to record ``i``) and the metadata ``encoder``, ``data``, ``split``, ``n``, checked on load: a file whose
 metadata disagree, or that cannot be read (truncated, foreign), is recomputed, never trusted. Files are written
@@ -115,6 +119,17 @@ def _load(path: Path, wanted: dict[str, str]) -> torch.Tensor | None:
         return None
 
 
+def cached_tensor(path: Path, meta: dict[str, str], compute: Callable[[], torch.Tensor]) -> torch.Tensor:
+    """The tensor stored in the safetensors file ``path`` when its metadata equal ``meta``; otherwise ``compute()``,
+    written there atomically (with ``meta``) and returned. Unreadable or mismatching files are recomputed."""
+    stored = _load(path, meta)
+    if stored is not None:
+        return stored
+    tensor = compute()
+    atomic_write_bytes(path, save_safetensors({"features": tensor.contiguous()}, metadata=meta))
+    return tensor
+
+
 def cached_features(
     records: Sequence[Any],
     encode: Callable[[list], torch.Tensor],
@@ -131,12 +146,22 @@ def cached_features(
     data_key = fingerprint_data(records) if data_key is None else data_key
     path = cache_file(cache_dir, encoder_key, data_key, split)
     meta = {"encoder": encoder_key, "data": data_key, "split": split, "n": str(len(records))}
-    features = _load(path, meta)
-    if features is not None:
-        return features
-    features = compute_features(records, encode, batch_size=batch_size, desc=f"features [{split}]", progress=progress)
-    atomic_write_bytes(path, save_safetensors({"features": features.contiguous()}, metadata=meta))
-    return features
+
+    def compute() -> torch.Tensor:
+        return compute_features(records, encode, batch_size=batch_size, desc=f"features [{split}]", progress=progress)
+
+    return cached_tensor(path, meta, compute)
+
+
+def text_cache_file(cache_dir: str | Path, encoder_key: str, texts: Sequence[str]) -> tuple[Path, dict[str, str]]:
+    """Where the embeddings of the ordered ``texts`` under an encoder are stored, and the metadata checked on load
+    (``<cache_dir>/features/texts-<hash16>.safetensors``)."""
+    h = hashlib.sha256()
+    for t in texts:
+        h.update(t.encode() + b"\0")
+    data_key = h.hexdigest()
+    meta = {"encoder": encoder_key, "data": data_key, "split": "texts", "n": str(len(texts))}
+    return cache_file(cache_dir, encoder_key, data_key, "texts"), meta
 
 
 def model_features(

@@ -109,7 +109,7 @@ class CLIPScore:
     Args:
         retriever: a :class:`~finecap.models.retriever.Retriever` (any CLIP checkpoint or the world encoder).
         records: the images (objects with ``image_id`` and ``path``) the predictions describe.
-        cache_dir: image-feature cache folder (None = no cache).
+        cache_dir: feature cache folder for the image embeddings and the references' text embeddings (None = no cache).
         w: the CLIP-S weight (2.5).
         prefix: caption prefix; None = auto (see the module docstring).
 
@@ -131,6 +131,7 @@ class CLIPScore:
         self.retriever = retriever
         self.records = list(records)
         self.row = {r.image_id: i for i, r in enumerate(self.records)}
+        self.cache_dir = cache_dir
         self.image_emb = _np(retriever.image_embeddings(self.records, cache_dir))  # (N, D)
         self.w = w
         self.prefix = resolve_prefix(retriever.tokenizer, prefix)
@@ -154,7 +155,8 @@ class CLIPScore:
             if no_refs:
                 raise KeyError(f"no references for images {no_refs[:5]}")
             flat = [r for i in ids for r in references[i]]
-            flat_emb = _np(self.retriever.embed_texts(with_prefix(flat, self.prefix)))
+            # the references are the same for every system scored on a data set: cached with the image features
+            flat_emb = _np(self.retriever.text_embeddings(with_prefix(flat, self.prefix), self.cache_dir))
             bounds = np.cumsum([0] + [len(references[i]) for i in ids])
             refs = [flat_emb[a:b] for a, b in zip(bounds[:-1], bounds[1:])]
             for i, r in zip(ids, ref_clip_score(cs, text_emb, refs)):

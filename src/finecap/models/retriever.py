@@ -31,6 +31,8 @@ train``, :func:`finecap.app.retriever.ensure_world_encoder`), never as a side ef
 
 from __future__ import annotations
 
+import hashlib
+import json
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -41,7 +43,13 @@ import transformers
 from PIL import Image
 from tqdm.auto import tqdm
 
-from finecap.data.features import cached_features, compute_features, fingerprint_module
+from finecap.data.features import (
+    cached_features,
+    cached_tensor,
+    compute_features,
+    fingerprint_module,
+    text_cache_file,
+)
 from finecap.models.world_encoder import world_encoder_path
 
 if TYPE_CHECKING:
@@ -271,6 +279,20 @@ class Retriever:
         if not out:
             return torch.zeros(0, self.dim)
         return F.normalize(torch.cat(out), dim=-1)  # (B, D)
+
+    def text_embeddings(self, texts: Sequence[str], cache_dir: str | Path | None = None) -> torch.Tensor:
+        """:meth:`embed_texts`, through the feature cache when ``cache_dir`` is given: the embeddings of the same
+        ordered texts under the same model and tokenizer are computed once
+        (:func:`finecap.data.features.text_cache_file`; the key adds the tokenizer's vocabulary and settings to
+        :meth:`identity`)."""
+        texts = list(texts)
+        if cache_dir is None:
+            return self.embed_texts(texts)
+        vocab = self.tokenizer.get_vocab()
+        tokenizer = hashlib.sha256(json.dumps(sorted(vocab.items())).encode()).hexdigest()
+        key = f"{self.identity()}|tokenizer {tokenizer}|max_length {self.max_length}|eos {self.pool_eos_id}"
+        path, meta = text_cache_file(cache_dir, hashlib.sha256(key.encode()).hexdigest(), texts)
+        return cached_tensor(path, meta, lambda: self.embed_texts(texts))
 
     # ----------------------------------------------------------------------------------------------------------------
     # Scores
