@@ -1,16 +1,52 @@
-"""Small shared helpers: atomic writes, JSON I/O, seeding."""
+"""Small shared helpers: atomic writes (with the user's umask), JSON I/O, seeding."""
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import random
 import shutil
 import tempfile
+import threading
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+_UMASK_LOCK = threading.Lock()
+PROC_STATUS = "/proc/self/status"
+
+
+@functools.cache
+def current_umask() -> int:
+    """The process's file-mode creation mask, read once.
+
+    On Linux it is read from :data:`PROC_STATUS` (``Umask:``), which changes nothing. Elsewhere the only way is to
+    set a mask and put the old one back (``os.umask`` returns the previous value); that is done once, under a lock,
+    so no thread of finecap creates a file in between.
+    """
+    try:
+        for line in Path(PROC_STATUS).read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    with _UMASK_LOCK:
+        mask = os.umask(0o022)
+        os.umask(mask)
+    return mask
+
+
+def file_mode() -> int:
+    """Mode of a new file under the user's umask (``0o666 & ~umask``: 0644 under umask 022), what ``open`` gives."""
+    return 0o666 & ~current_umask()
+
+
+def dir_mode() -> int:
+    """Mode of a new folder under the user's umask (``0o777 & ~umask``: 0755 under umask 022), what ``mkdir``
+    gives."""
+    return 0o777 & ~current_umask()
 
 
 def atomic_write_bytes(path: str | Path, data: bytes) -> None:
@@ -19,13 +55,15 @@ def atomic_write_bytes(path: str | Path, data: bytes) -> None:
     The one atomic file write of the package (text, JSON and safetensors go through it): readers see the old file or
     the complete new one, never a half-written file, and an interrupted write leaves no temporary file behind. The
     temporary name is unique per call (``mkstemp``), so concurrent writers of the same file never share one; the last
-    rename wins.
+    rename wins. ``mkstemp`` creates its file with mode 0600; it is given :func:`file_mode` before the rename, so the
+    file ends up with the mode a plain ``open(path, "w")`` would give (0644 under umask 022, 0600 under 077).
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
         with os.fdopen(fd, "wb") as f:
+            os.chmod(tmp, file_mode())
             f.write(data)
         os.replace(tmp, path)
     except BaseException:
@@ -73,9 +111,38 @@ def append_jsonl(path: str | Path, record: dict[str, Any]) -> None:
         f.write(json.dumps(record) + "\n")
 
 
+def make_temporary_dir(final_dir: str | Path) -> Path:
+    """A new, uniquely named, empty folder next to ``final_dir`` (``.<name>.<random>.tmp``) to build it in before
+    :func:`atomic_replace_dir`; its mode is :func:`dir_mode` (``tempfile.mkdtemp`` alone gives 0700)."""
+    final_dir = Path(final_dir)
+    final_dir.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=final_dir.parent, prefix=f".{final_dir.name}.", suffix=".tmp"))
+    os.chmod(tmp, dir_mode())
+    return tmp
+
+
+def apply_umask(root: str | Path) -> None:
+    """Give ``root`` and every folder under it :func:`dir_mode`, every file :func:`file_mode` (symbolic links are
+    left alone). For folders finecap builds before renaming them into place: ``tempfile.mkdtemp`` makes 0700 folders,
+    and safetensors (0.8) writes its files with mode 0600 whatever the umask, as do ``save_pretrained`` calls that go
+    through it."""
+    root = Path(root)
+    os.chmod(root, dir_mode())
+    for folder, dirs, files in os.walk(root):
+        for name in dirs:
+            if not os.path.islink(os.path.join(folder, name)):
+                os.chmod(os.path.join(folder, name), dir_mode())
+        for name in files:
+            if not os.path.islink(os.path.join(folder, name)):
+                os.chmod(os.path.join(folder, name), file_mode())
+
+
 def atomic_replace_dir(tmp_dir: str | Path, final_dir: str | Path) -> None:
-    """Move a fully written ``tmp_dir`` to ``final_dir``, replacing any previous version."""
+    """Move a fully written ``tmp_dir`` to ``final_dir``, replacing any previous version. The folder's modes follow
+    the user's umask first (:func:`apply_umask`): what ``mkdtemp`` or safetensors created 0700 / 0600 ends up as
+    readable as ``mkdir`` and ``open`` make it."""
     tmp_dir, final_dir = Path(tmp_dir), Path(final_dir)
+    apply_umask(tmp_dir)
     old = final_dir.with_name(final_dir.name + ".old")
     if old.exists():
         shutil.rmtree(old)
