@@ -15,6 +15,7 @@ Example::
 from __future__ import annotations
 
 import dataclasses
+import os
 import types
 import typing
 from dataclasses import dataclass, field
@@ -402,6 +403,29 @@ class BagsConfig:
     )
 
 
+SECRET_KEYS: tuple[str, ...] = ("boost.llm_api_key", "boost.vlm_api_key")
+"""Keys holding secrets: masked wherever a configuration is saved, printed or logged; finecap boost never writes them
+(prefer the environment: ``boost.llm_api_key_env`` / ``boost.vlm_api_key_env``)."""
+
+
+def _http_url_problem(url: str) -> str | None:
+    """Why ``url`` is not an http(s) URL with a host, or ``None`` when it is (an empty URL means "the default")."""
+    from urllib.parse import urlsplit
+
+    if not url:
+        return None
+    try:
+        parts = urlsplit(url)
+        parts.port  # noqa: B018 - raises ValueError on a malformed port
+    except ValueError as e:
+        return f"malformed URL ({e})"
+    if parts.scheme not in ("http", "https"):
+        return f"not an http(s) URL (scheme {parts.scheme or 'missing'!r}); e.g. http://localhost:8000/v1"
+    if not parts.hostname:
+        return "the URL names no host; e.g. http://localhost:8000/v1"
+    return None
+
+
 @dataclass
 class BoostConfig:
     mode: BoostMode = doc(
@@ -412,19 +436,30 @@ class BoostConfig:
     )
     llm_model: str = doc("", "LLM model name (openai: served name; transformers: HF name or path).")
     llm_base_url: str = doc("", "openai: server URL, e.g. http://localhost:8000/v1; empty = env OPENAI_BASE_URL.")
-    llm_api_key: str = doc("", "openai: API key; empty = env OPENAI_API_KEY (or none for local servers).")
+    llm_api_key_env: str = doc("OPENAI_API_KEY", "openai: environment variable holding the LLM server's API key.")
+    llm_api_key: str = doc("", "Deprecated (use llm_api_key_env): API key given in the config; never written out.")
     vlm_backend: BoostBackend = doc("world", "VLM backend (visual): openai-compatible server, transformers, world.")
     vlm_model: str = doc(
         "runs/visual_expert/checkpoints/best", "VLM name or path (world: the visual-expert ClipCap checkpoint)."
     )
     vlm_base_url: str = doc("", "openai: VLM server URL; empty = env OPENAI_BASE_URL.")
-    vlm_api_key: str = doc("", "openai: VLM API key; empty = env OPENAI_API_KEY.")
+    vlm_api_key_env: str = doc("OPENAI_API_KEY", "openai: environment variable holding the VLM server's API key.")
+    vlm_api_key: str = doc("", "Deprecated (use vlm_api_key_env): API key given in the config; never written out.")
     concurrency: int = doc(8, "openai: requests in flight at once.")
     timeout: float = doc(120.0, "openai: seconds before a request times out (then retried).")
     retries: int = doc(
         3, "Retries of a failed request or malformed/empty answer before the image is logged as failed."
     )
-    prompts: str = doc("", "YAML prompt file overriding the default templates (see README: boosting prompts).")
+    retry_max_wait: float = doc(
+        60.0, "openai: longest wait before a retry, s; a server asking (Retry-After) for longer fails the request."
+    )
+    max_failure_rate: float = doc(
+        0.01, "Failure budget: the run stops, exit 2, once more than this fraction of the images to boost failed."
+    )
+    max_consecutive_failures: int = doc(
+        10, "The run stops, exit 2, after this many requests in a row failed to reach the server."
+    )
+    prompts: str = doc("", "Prompt file (YAML) overriding the default templates, or 'ndlb' (the paper's prompts).")
     few_shot: bool = doc(True, "Prepend the prompts' few-shot examples to each request.")
     batch_size: int = doc(8, "transformers: prompts generated per batch.")
     max_new_tokens: int = doc(120, "openai/transformers: most tokens generated per answer.")
@@ -435,10 +470,17 @@ class BoostConfig:
         _check(self.concurrency >= 1, "boost.concurrency", "must be >= 1")
         _check(self.timeout > 0, "boost.timeout", "must be > 0")
         _check(self.retries >= 0, "boost.retries", "must be >= 0")
+        _check(self.retry_max_wait >= 0, "boost.retry_max_wait", "must be >= 0")
+        _check(0 <= self.max_failure_rate <= 1, "boost.max_failure_rate", "must be a fraction in [0, 1]")
+        _check(self.max_consecutive_failures >= 1, "boost.max_consecutive_failures", "must be >= 1")
         _check(self.batch_size >= 1, "boost.batch_size", "must be >= 1")
         _check(self.max_new_tokens >= 1, "boost.max_new_tokens", "must be >= 1")
         _check(self.temperature >= 0, "boost.temperature", "must be >= 0")
         _check(self.limit >= 0, "boost.limit", "must be >= 0")
+        for role in ("llm", "vlm"):
+            problem = _http_url_problem(getattr(self, f"{role}_base_url"))
+            _check(problem is None, f"boost.{role}_base_url", str(problem))
+            _check(bool(getattr(self, f"{role}_api_key_env")), f"boost.{role}_api_key_env", "must name a variable")
 
 
 @dataclass
@@ -493,10 +535,15 @@ class Config:
         return dataclasses.asdict(self)
 
     def save(self, path: str | Path) -> None:
-        """Write the resolved configuration as YAML (atomically)."""
+        """Write the resolved configuration as YAML (atomically). Relative paths are written absolute
+        (:func:`absolute_paths`), so the stored file means the same from any working directory."""
         from finecap.utils import atomic_write_text
 
-        atomic_write_text(path, yaml.safe_dump(self.to_dict(), sort_keys=False))
+        atomic_write_text(path, yaml.safe_dump(self.saved_dict(), sort_keys=False))
+
+    def saved_dict(self) -> dict[str, dict[str, Any]]:
+        """What :meth:`save` writes (and trackers receive): relative paths made absolute, secrets masked."""
+        return absolute_paths(self).to_dict()
 
 
 # --------------------------------------------------------------------------------------------------------------------
@@ -702,3 +749,85 @@ def describe(cls: type) -> list[tuple[str, str, Any, str]]:
         default = f.default if f.default is not dataclasses.MISSING else f.default_factory()  # type: ignore[misc]
         rows.append((f.name, _type_name(hints[f.name]), default, f.metadata.get("doc", "")))
     return rows
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# Paths in stored configurations
+# --------------------------------------------------------------------------------------------------------------------
+
+PATH_KEYS: dict[str, Literal["path", "name_or_path"]] = {
+    "run.root": "path",
+    "run.dir": "path",
+    "run.cache_dir": "path",
+    "world.out": "path",
+    "data.path": "path",  # name_or_path with data.format=hf (a Hub data set name)
+    "data.images": "path",
+    "retriever.checkpoint": "name_or_path",
+    "model.encoder": "name_or_path",
+    "model.lm": "name_or_path",
+    "model.blip": "name_or_path",
+    "train.init_from": "path",
+    "eval.lm": "name_or_path",
+    "boost.prompts": "path",
+    "boost.llm_model": "name_or_path",
+    "boost.vlm_model": "name_or_path",
+}
+"""Keys holding file-system paths: ``path`` keys always are one; ``name_or_path`` keys are a Hub name unless a
+local file or folder exists there (as ``from_pretrained`` decides)."""
+KEYWORDS = ("world", "world-tiny")
+"""Values of ``name_or_path`` keys that name finecap's embedded models, never a folder."""
+
+
+def _absolute(key: str, value: Any, base: Path, data_format: Any) -> Any:
+    if not isinstance(value, str) or not value or value in KEYWORDS or Path(value).is_absolute():
+        return value
+    joined = os.path.normpath(os.path.join(base, value))
+    kind = "name_or_path" if key == "data.path" and data_format == "hf" else PATH_KEYS[key]
+    if kind == "name_or_path" and not os.path.exists(joined):
+        return value
+    return joined
+
+
+def absolute_path_values(data: dict[str, Any], base: str | Path) -> dict[str, Any]:
+    """Sections ``{section: {key: value}}`` with every relative path of :data:`PATH_KEYS` joined to ``base``."""
+    base = Path(os.path.abspath(base))
+    out = {name: dict(values) if isinstance(values, dict) else values for name, values in data.items()}
+    data_section = out.get("data") if isinstance(out.get("data"), dict) else {}
+    data_format = data_section.get("format", DataConfig().format)
+    for dotted in PATH_KEYS:
+        section, key = dotted.split(".")
+        values = out.get(section)
+        if isinstance(values, dict) and key in values:
+            values[key] = _absolute(dotted, values[key], base, data_format)
+    return out
+
+
+def absolute_paths(cfg: Config, base: str | Path | None = None) -> Config:
+    """``cfg`` with every relative path of :data:`PATH_KEYS` made absolute against ``base`` (default: the working
+    directory, against which a running command reads them). :meth:`Config.save` stores this form.
+
+    Example::
+
+        >>> absolute_paths(load(None, ["world.out=data/w"]), "/home/me").world.out
+        '/home/me/data/w'
+    """
+    data = absolute_path_values(cfg.to_dict(), base if base is not None else os.getcwd())
+    return dataclasses.replace(cfg, **{name: dataclasses.replace(getattr(cfg, name), **values)
+                                       for name, values in data.items()})  # fmt: skip
+
+
+def load_stored(path: str | Path, overrides: list[str] | None = None) -> Config:
+    """A configuration finecap stored (a run's or checkpoint's ``config.yaml``) with dotlist ``overrides`` on top.
+
+    finecap writes absolute paths (:meth:`Config.save`); a relative path found in the file (edited by hand) is read
+    relative to the file's folder. Paths in ``overrides`` are the user's, relative to the working directory.
+    """
+    from finecap.utils import read_yaml_mapping
+
+    path = Path(path)
+    try:
+        data = read_yaml_mapping(path, "a stored configuration must be a mapping of sections")
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
+    data = absolute_path_values(data, path.parent)
+    return from_dict(merge_overrides(data, overrides or []), f"{path}: ")

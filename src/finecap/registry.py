@@ -40,13 +40,36 @@ VALIDATOR_KEYS: dict[str, tuple[str, ...]] = {
     "captions": ("length", "vocab"),
     "retrieval": ("r@1", "length", "vocab"),
 }
-"""``train.validators`` names (factories in :mod:`finecap.app.validators`) -> the values each returns; with the
+"""``train.validators`` names (factories in :mod:`finecap.train.validators`) -> the values each returns; with the
 loop's own ``loss`` and ``perplexity`` they are what ``train.best_metric`` may name."""
 
 METRIC_GROUPS: tuple[str, ...] = ("bleu", "rouge", "cider", "meteor", "spice", "length", "vocab", "diversity",
                                   "faithfulness", "retrieval", "bags", "clipscore", "perplexity",
                                   "listener")  # fmt: skip
 """``eval.metrics`` / ``finecap eval --metrics`` group names (:data:`finecap.metrics.suite.METRICS`)."""
+
+
+def declared_needs(component: Any) -> frozenset[str]:
+    """What a component (objective, reward, sampler or validator factory) declares it needs prepared before it is
+    built or set up, from its optional ``needs`` attribute (``{"retriever"}``: the CLIP retriever of
+    ``retriever.*``, i.e. the world encoder when ``retriever.checkpoint`` is empty). The one place that reads it."""
+    return frozenset(getattr(component, "needs", ()))
+
+
+def requires(*needs: str) -> Any:
+    """Decorator declaring what a component factory needs (:func:`declared_needs`)::
+
+    >>> @requires("retriever")
+    ... def factory(cfg): ...
+    >>> sorted(declared_needs(factory))
+    ['retriever']
+    """
+
+    def mark(obj: Any) -> Any:
+        obj.needs = frozenset(needs)
+        return obj
+
+    return mark
 
 
 def is_dotted_path(name: str) -> bool:

@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from finecap.config import ConfigError, load
+from finecap.objectives.base import StepInfo
 from finecap.rewards import WeightedSum, get_reward
 from finecap.rewards.cider import CiderReward
 from finecap.rewards.retrieval import RetrievalReward, candidate_mask, mine_hard, self_retrieval_scores
@@ -192,7 +193,8 @@ def test_bag_mates_only():
 
 def test_distractors_are_the_whole_steps_global_batch():
     # the loop gives every micro-batch its step's global batch (a, b here; c on another process or micro-batch)
-    out = reward()(["1 0", "0.6 0.8"], {"image_ids": ["a", "b"], "step_image_ids": ["a", "b", "c"]})
+    step = StepInfo(step=0, image_ids=["a", "b", "c"])
+    out = reward()(["1 0", "0.6 0.8"], {"image_ids": ["a", "b"], "step_info": step})
     # candidates a, b (this micro-batch) + c: the values of test_scores_of_the_three_variants
     assert close(out.total, [-0.460373, -1.151251])
     assert out.parts["candidates"].tolist() == [3.0, 3.0]
@@ -203,7 +205,7 @@ def test_distractors_are_the_whole_steps_global_batch():
 
 def test_bag_mates_come_from_the_steps_global_batch_too():
     batch = {"image_ids": ["a", "c"], "bag": torch.tensor([0, 1]),
-             "step_image_ids": ["a", "c", "b"], "step_bags": torch.tensor([0, 1, 0])}  # fmt: skip
+             "step_info": StepInfo(0, ["a", "c", "b"], {"bag": torch.tensor([0, 1, 0])})}  # fmt: skip
     out = reward(distractors="bag")(["1 0"], batch)
     # a's bag-mate b is in another micro-batch of the step: logits (a 2, b 0) -> -0.126928
     assert close(out.total, [-0.126928])

@@ -11,11 +11,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from finecap.app.train import build_data, build_model, build_optimizer, make_accelerator, train_step, train_unit
+from finecap.app.train import build_data, build_model, train_unit
 from finecap.data.datasets import to_device
 from finecap.data.samplers import get_sampler
 from finecap.models import lora
 from finecap.objectives import TrainContext, get_objective
+from finecap.train.engine import Engine, TrainingData, build_optimizer, make_accelerator
 from finecap.train.schedule import build_scheduler
 from finecap.utils import seed_everything
 
@@ -102,33 +103,33 @@ def test_objective_lowers_its_loss_and_moves_only_what_trains(make_cfg, clip_dir
     cfg = make_cfg(f"model.encoder={clip_dir}", f"retriever.checkpoint={clip_dir}", "train.lr=1e-2",
                    "train.warmup_steps=0", "train.schedule=constant", "train.batch_size=16",
                    *BACKBONES[kind], *OBJECTIVES[objective])  # fmt: skip
-    accelerator = make_accelerator(cfg)
+    accelerator = make_accelerator(cfg.train)
     seed_everything(cfg.run.seed)
     model = build_model(cfg)
     obj = get_objective(cfg.train.objective, cfg)
     data = build_data(cfg, model, accelerator, per_caption=train_unit(cfg, obj) == "caption")
     retriever_before = None
-    optimizer = build_optimizer(model, cfg)
+    optimizer = build_optimizer(model, cfg.train)
     scheduler = build_scheduler(optimizer, warmup=0, total=100, kind="constant")
-    if hasattr(obj, "setup"):
-        obj.setup(TrainContext(cfg, accelerator, data.train_records, model.tokenizer, cfg.run.path))
+    obj.setup(TrainContext(cfg, accelerator, data.train_records, model.tokenizer, cfg.run.path))
     rewards = getattr(getattr(obj, "reward", None), "rewards", {})  # WeightedSum: name -> (weight, reward)
     retriever = next((r.retriever for _, r in rewards.values() if getattr(r, "retriever", None) is not None), None)
     if retriever is not None:
         retriever_before = {k: v.clone() for k, v in retriever.model.state_dict().items()}
     initial = {k: v.detach().clone() for k, v in model.state_dict().items()}
-    model, optimizer, scheduler = accelerator.prepare(model, optimizer, scheduler)
-
     sampler = get_sampler(cfg, data.train, cfg.train.batch_size)
+    engine = Engine(cfg.train, accelerator, model, obj, TrainingData(data.train, data.collator, sampler), optimizer,
+                    scheduler, seed=cfg.run.seed, total=100, progress=False)  # fmt: skip
+    model = engine.model
+
     indices = sampler.batches(0)[0]
+    fields = sampler.example_fields(0)
     batch = data.collator([data.train[i] for i in indices])
-    batch.update({"step": 0, "step_image_ids": [data.train.image_id(i) for i in indices]})
-    if hasattr(sampler, "bag_index"):
-        bags = sampler.bag_index(0)
-        batch["bag"] = torch.tensor([bags[int(i)] for i in batch["index"]])
-        batch["step_bags"] = batch["bag"].clone()
+    for name, table in fields.items():  # BagCurri: batch["bag"]
+        batch[name] = torch.tensor([table[int(i)] for i in batch["index"]])
+    batch["step_info"] = engine.step_info(indices, fields)
     batch = to_device(batch, accelerator.device)
-    losses = [train_step(model, [batch], obj, optimizer, scheduler, accelerator, cfg)["loss"] for _ in range(6)]
+    losses = [engine.train_step([batch])["loss"] for _ in range(6)]
     assert losses[-1] < losses[0], losses
 
     bare = accelerator.unwrap_model(model)

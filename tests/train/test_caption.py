@@ -4,7 +4,6 @@ import pytest
 
 from finecap.app.caption import main
 from finecap.app.train import train
-from finecap.app.validators import VALIDATORS, caption_stats_validator, retrieval_validator
 from finecap.caption import caption_stats, generate_captions
 from finecap.config import DecodeConfig
 from finecap.data.datasets import load_records
@@ -12,6 +11,7 @@ from finecap.metrics.suite import evaluate
 from finecap.models.clipcap import ClipCap
 from finecap.registry import lookup
 from finecap.train.checkpoint import checkpoint_dir, model_dir
+from finecap.train.validators import VALIDATORS, caption_stats_validator, retrieval_validator
 
 
 def test_caption_stats_hand_computed():

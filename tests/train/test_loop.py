@@ -6,24 +6,25 @@ import pytest
 import torch
 from accelerate import Accelerator
 
-from finecap.app.train import (
-    build_model,
-    build_optimizer,
-    config_changes,
-    is_better,
-    total_steps,
-    train,
-    train_step,
-    train_unit,
-    weighted_loss,
-)
+from finecap.app.train import build_model, train, train_unit
 from finecap.config import ConfigError
 from finecap.data.samplers import RandomBatches
 from finecap.models.clipcap import ClipCap, build_captioner
 from finecap.objectives import ObjectiveOutput
+from finecap.objectives.base import as_objective
 from finecap.objectives.mle import MLE
 from finecap.train.checkpoint import checkpoint_dir, model_dir
+from finecap.train.engine import (
+    Engine,
+    TrainingData,
+    best_mode,
+    build_optimizer,
+    is_better,
+    total_steps,
+    weighted_loss,
+)
 from finecap.train.schedule import build_scheduler
+from finecap.train.state import config_changes
 from finecap.utils import seed_everything
 
 
@@ -108,27 +109,33 @@ def test_weighted_loss():
 
 
 def test_is_better_modes(make_cfg):
-    cfg = make_cfg()
-    assert is_better(1.0, None, cfg) and is_better(1.0, 2.0, cfg) and not is_better(3.0, 2.0, cfg)  # loss: min
-    cfg = make_cfg("train.best_metric=r@1", "train.validators=[retrieval]")
-    assert is_better(3.0, 2.0, cfg) and not is_better(1.0, 2.0, cfg)  # others: max
-    cfg = make_cfg("train.best_metric=length", "train.best_mode=min", "train.validators=[captions]")
-    assert is_better(1.0, 2.0, cfg)
+    mode = best_mode(make_cfg().train)
+    assert mode == "min" and is_better(1.0, None, mode) and is_better(1.0, 2.0, mode) and not is_better(3.0, 2.0, mode)
+    mode = best_mode(make_cfg("train.best_metric=r@1", "train.validators=[retrieval]").train)
+    assert mode == "max" and is_better(3.0, 2.0, mode) and not is_better(1.0, 2.0, mode)  # others: max
+    mode = best_mode(make_cfg("train.best_metric=length", "train.best_mode=min", "train.validators=[captions]").train)
+    assert is_better(1.0, 2.0, mode)
+
+
+def test_non_finite_values_never_become_best():
+    for mode in ("min", "max"):
+        assert not is_better(float("nan"), None, mode) and not is_better(float("inf"), 2.0, mode)
+        assert is_better(1.0, float("nan"), mode)  # a NaN best (from an older run) is replaced by any finite value
 
 
 def test_total_steps_fractional_epochs(make_cfg):
     sampler = RandomBatches(10, 4)  # 3 batches per epoch
-    assert total_steps(make_cfg("train.epochs=2.5"), sampler) == 8  # 3 + 3 + ceil(0.5 * 3)
-    assert total_steps(make_cfg("train.epochs=1", "train.max_steps=5"), sampler) == 5
+    assert total_steps(make_cfg("train.epochs=2.5").train, sampler) == 8  # 3 + 3 + ceil(0.5 * 3)
+    assert total_steps(make_cfg("train.epochs=1", "train.max_steps=5").train, sampler) == 5
 
 
 def test_config_changes_reported_on_resume(make_cfg, tmp_path):
     saved = tmp_path / "config.yaml"
     make_cfg().save(saved)
-    assert config_changes(saved, make_cfg()) == []
-    assert config_changes(saved, make_cfg("train.lr=1e-3")) == ["train.lr: 0.003 -> 0.001"]
+    assert config_changes(saved, make_cfg().saved_dict()) == []
+    assert config_changes(saved, make_cfg("train.lr=1e-3").saved_dict()) == ["train.lr: 0.003 -> 0.001"]
     saved.write_text(saved.read_text().replace("  lr: 0.003\n", ""))  # a key the old run did not have: not reported
-    assert config_changes(saved, make_cfg("train.lr=1e-3")) == []
+    assert config_changes(saved, make_cfg("train.lr=1e-3").saved_dict()) == []
 
 
 class TwoLosses:
@@ -140,17 +147,23 @@ class TwoLosses:
         return ObjectiveOutput(losses={"a": 100 * s, "b": 200 * s}, metrics={"m": 7.0}, num_items=batch.get("items"))
 
 
-def _step(make_cfg, *overrides, micro_batches=({"image_ids": [0, 1]},)):
+def _engine(make_cfg, objective, *overrides):
     cfg = make_cfg("train.weight_decay=0", "train.warmup_steps=0", *overrides)
     model = torch.nn.Module()
     model.p = torch.nn.Parameter(torch.zeros(4))
-    optimizer = build_optimizer(model, cfg)
+    optimizer = build_optimizer(model, cfg.train)
     scheduler = build_scheduler(optimizer, warmup=0, total=10, kind="constant")
     accelerator = Accelerator(cpu=True, gradient_accumulation_steps=cfg.train.grad_accum_steps,
                               step_scheduler_with_optimizer=False)  # fmt: skip
-    optimizer, scheduler = accelerator.prepare(optimizer, scheduler)
-    values = train_step(model, list(micro_batches), TwoLosses(), optimizer, scheduler, accelerator, cfg)
-    return model, values
+    data = TrainingData(dataset=None, collator=None, sampler=RandomBatches(2, 2))
+    engine = Engine(cfg.train, accelerator, model, as_objective(objective), data, optimizer, scheduler, seed=0,
+                    total=10, progress=False)  # fmt: skip
+    return model, engine
+
+
+def _step(make_cfg, *overrides, micro_batches=({"index": [0, 1]},)):
+    model, engine = _engine(make_cfg, TwoLosses(), *overrides)
+    return model, engine.train_step(list(micro_batches))
 
 
 def test_train_step_weights_logs_and_clips(make_cfg):

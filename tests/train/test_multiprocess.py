@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from finecap.train.checkpoint import checkpoint_dir
+from finecap.train.state import load_tree
 
 
 @pytest.mark.slow
@@ -54,9 +55,9 @@ def test_two_cpu_processes(make_cfg, tiny_world, tiny_encoder, tmp_path, launch_
 
     info = json.loads((checkpoint_dir(run_dir, "last") / "trainer_state.json").read_text())
     assert info["num_processes"] == 2 and info["step"] == 12
-    state = checkpoint_dir(run_dir, "last") / "accelerate"  # accelerator.save_state: one RNG file per process
-    rng = [torch.load(state / f"random_states_{r}.pkl", weights_only=False) for r in range(2)]
-    assert not torch.equal(rng[0]["torch_manual_seed"], rng[1]["torch_manual_seed"])
-    loop_state = torch.load(state / "custom_checkpoint_0.pkl", weights_only=False)
-    assert loop_state["state"]["step"] == 12 and len(loop_state["processes"]) == 2  # both processes' states
+    state = checkpoint_dir(run_dir, "last") / "state"  # one pickle-free state per process, plus the main one
+    rng = [load_tree(state, f"process_{r}")["rng"] for r in range(2)]
+    assert not torch.equal(rng[0]["torch"], rng[1]["torch"])
+    assert load_tree(state, "main")["optimizer"]["state"]  # AdamW moments of every trained parameter
+    assert not list(checkpoint_dir(run_dir, "last").rglob("*.pkl")) and not list(run_dir.rglob("*.bin"))
     assert (checkpoint_dir(run_dir, "best") / "model").is_dir()

@@ -11,12 +11,12 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
-from finecap.app.train import make_accelerator
 from finecap.caption import generate_captions
 from finecap.config import Config
 from finecap.data.formats import write_results
 from finecap.models.backbones import load_captioner
 from finecap.train.checkpoint import model_dir
+from finecap.train.engine import make_accelerator
 
 
 def main(
@@ -29,7 +29,7 @@ def main(
     """
     if data:
         cfg = dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, path=str(data)))
-    accelerator = make_accelerator(cfg)
+    accelerator = make_accelerator(cfg.train)
     model = load_captioner(model_dir(checkpoint)).to(accelerator.device)
     captions = generate_captions(model, cfg, split, accelerator=accelerator)
     out = Path(out)

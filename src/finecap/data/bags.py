@@ -59,6 +59,7 @@ from finecap.data.features import fingerprint_data
 from finecap.data.samplers import GlobalBatchSampler, RandomBatches, shard
 from finecap.data.truematch import nearest_neighbours, record_embeddings
 from finecap.models.retriever import load_retriever
+from finecap.registry import requires
 from finecap.utils import atomic_write_bytes
 
 if TYPE_CHECKING:
@@ -241,6 +242,10 @@ class BagCurriSampler(GlobalBatchSampler):
             return -(-self.n // self.batch_size)
         return -(-len(self.bags_for(size, epoch).bags) // self.bags_per_batch(size))
 
+    def example_fields(self, epoch: int) -> dict[str, dict[int, int]]:
+        """``{"bag": bag_index(epoch)}``: the engine attaches every example's bag number (``batch["bag"]``)."""
+        return {"bag": self.bag_index(epoch)}
+
     def bag_index(self, epoch: int) -> dict[int, int]:
         """``{dataset index: bag number}`` of ``epoch`` (bag-mates share a number; random batches: one per image),
         for rewards that take distractors from the bag-mates only."""
@@ -297,6 +302,7 @@ def neighbour_table(cfg: Config, records: Sequence[Any], k: int = TOP_K) -> torc
     return table
 
 
+@requires("retriever")
 def bagcurri_sampler(
     cfg: Config, dataset: Any, global_batch_size: int, *, schedule: Mapping[Any, Any] | None = None
 ) -> BagCurriSampler:

@@ -13,9 +13,10 @@ contiguous micro-batches whose sizes differ by at most one (the loop weights eac
 count, so uneven slices are fine); only when a (last) global batch has fewer examples than there are micro-batches
 are examples repeated, so that no micro-batch is empty.
 
-Samplers are chosen by ``data.sampler`` from :data:`SAMPLERS` (or a dotted path ``"pkg.module:factory"``); a factory
-is called as ``factory(cfg, dataset, global_batch_size)``. Curricula such as BagCurri implement ``batches(epoch)``
-differently per epoch (e.g. whole bags per batch) and plug in the same way.
+A sampler (or its factory) may declare ``needs`` (:func:`finecap.registry.requires`): BagCurri needs the retriever
+to find bag-mates. Samplers are chosen by ``data.sampler`` from :data:`SAMPLERS` (or a dotted path
+``"pkg.module:factory"``); a factory is called as ``factory(cfg, dataset, global_batch_size)``. Curricula such as
+BagCurri implement ``batches(epoch)`` differently per epoch (e.g. whole bags per batch) and plug in the same way.
 """
 
 from __future__ import annotations
@@ -44,6 +45,12 @@ class GlobalBatchSampler(abc.ABC):
     def num_batches(self, epoch: int) -> int:
         """Number of global batches of ``epoch`` (override when it is cheaper than building them)."""
         return len(self.batches(epoch))
+
+    def example_fields(self, epoch: int) -> dict[str, dict[int, int]]:
+        """Per-example values of ``epoch`` the engine attaches to batches, ``{name: {dataset index: value}}`` (e.g.
+        BagCurri's ``"bag"`` numbers); none by default. The engine puts the global batch's values in
+        ``batch["step_info"].fields[name]`` and the micro-batch's own rows in ``batch[name]``."""
+        return {}
 
 
 class RandomBatches(GlobalBatchSampler):

@@ -18,16 +18,18 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from finecap.objectives.base import Objective, ObjectiveOutput, TrainContext
+from finecap.objectives.base import Objective, ObjectiveBase, ObjectiveOutput, StepInfo, TrainContext, as_objective
 from finecap.registry import OBJECTIVES, import_object, lookup
 
 if TYPE_CHECKING:
     from finecap.config import Config
 
-__all__ = ["OBJECTIVES", "Objective", "ObjectiveOutput", "TrainContext", "get_objective", "import_object"]
+__all__ = ["OBJECTIVES", "Objective", "ObjectiveBase", "ObjectiveOutput", "StepInfo", "TrainContext", "get_objective",
+           "import_object"]  # fmt: skip
 
 
-def get_objective(name: str, cfg: Config) -> Objective:
-    """Build the objective ``name`` (a registry name or ``"pkg.module:factory"``) from ``cfg``."""
+def get_objective(name: str, cfg: Config) -> ObjectiveBase:
+    """Build the objective ``name`` (a registry name or ``"pkg.module:factory"``) from ``cfg``; a user factory may
+    return a plain callable (:func:`~finecap.objectives.base.as_objective` wraps it)."""
     factory: Callable[[Config], Objective] = lookup(name, OBJECTIVES, "train.objective", "objective")
-    return factory(cfg)
+    return as_objective(factory(cfg))

@@ -1,11 +1,14 @@
 """What an objective is: ``objective(model, batch) -> ObjectiveOutput(losses, metrics)``.
 
-The training loop (:func:`finecap.app.train.train`) multiplies each named loss by its weight
+The training engine (:class:`finecap.train.engine.Engine`) multiplies each named loss by its weight
 (``train.loss_weights``, 1.0 when absent), sums them, back-propagates the sum and logs every part as
 ``loss/<name>`` next to the objective's ``metrics`` (plain floats, e.g. token accuracy or a mean reward).
 
-Optional attributes and hooks an objective may define (the loop uses them when present):
+Objectives derive from :class:`ObjectiveBase`, which declares every attribute and hook the engine uses, with no-op
+defaults (a plain callable is wrapped by :func:`as_objective`), so the engine never probes for them:
 
+- ``needs``: what the objective needs prepared before :meth:`setup` (``{"retriever"}`` for self-retrieval rewards);
+  the application prepares it (trains or finds the world encoder), the engine never checks component names.
 - ``example_unit = "image"``: train on one example per image instead of one per reference caption (objectives that
   sample captions of each image: REINFORCE, self-retrieval); ``data.train_unit`` overrides it.
 
@@ -14,14 +17,22 @@ Optional attributes and hooks an objective may define (the loop uses them when p
 - ``end_step()`` after every optimizer step (state updated once per step, whatever the micro-batches: a running-mean
   baseline).
 - ``state_dict() -> dict`` / ``load_state_dict(state)``: state that must survive ``--resume`` (a running-mean
-  baseline, a private random generator); it is stored in the trainer state of every checkpoint.
+  baseline, a private random generator); it is stored in every resumable checkpoint as JSON plus safetensors
+  (:mod:`finecap.train.state`: nested dicts, lists, numbers, strings and tensors; never pickle).
+
+Every micro-batch carries ``batch["step_info"]``, one :class:`StepInfo` per optimizer step: the step number, the
+image ids of the whole global batch and the sampler's per-example fields of the global batch (BagCurri's bag
+numbers), so that rewards scoring against the global batch (self-retrieval distractors) and seeded sampling do not
+depend on the number of processes or accumulation steps. The micro-batch's own rows of those fields are in the batch
+under the same names (``batch["bag"]``).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 import torch
 from accelerate.utils import extract_model_from_parallel
@@ -45,6 +56,65 @@ class ObjectiveOutput:
 
 class Objective(Protocol):
     def __call__(self, model: torch.nn.Module, batch: dict[str, Any]) -> ObjectiveOutput: ...
+
+
+@dataclass(frozen=True)
+class StepInfo:
+    """What every micro-batch of one optimizer step knows about the whole step (``batch["step_info"]``).
+
+    Attributes:
+        step: optimizer steps completed before this one (0 for the first).
+        image_ids: image ids of the step's global batch (every process, every micro-batch), in order.
+        fields: the sampler's per-example fields of the global batch, each ``(G,)`` in the order of ``image_ids``
+            (:meth:`finecap.data.samplers.GlobalBatchSampler.example_fields`, e.g. ``"bag"``).
+    """
+
+    step: int
+    image_ids: Sequence[Hashable]
+    fields: dict[str, torch.Tensor] = field(default_factory=dict)
+
+
+class ObjectiveBase:
+    """Base of training objectives: the hooks the engine calls, with no-op defaults (module docstring)."""
+
+    example_unit: ClassVar[str] = "caption"
+    needs: frozenset[str] = frozenset()
+
+    def __call__(self, model: torch.nn.Module, batch: dict[str, Any]) -> ObjectiveOutput:
+        raise NotImplementedError
+
+    def setup(self, ctx: TrainContext) -> None:
+        """Called once before training (after ``needs`` were prepared)."""
+
+    def end_step(self) -> None:
+        """Called after every optimizer step."""
+
+    def state_dict(self) -> dict[str, Any]:
+        """State that must survive ``--resume`` (JSON-able values and tensors)."""
+        return {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore :meth:`state_dict`."""
+
+
+class FunctionObjective(ObjectiveBase):
+    """A plain callable ``fn(model, batch) -> ObjectiveOutput`` as an objective (no state, no setup)."""
+
+    def __init__(self, fn: Callable[[torch.nn.Module, dict[str, Any]], ObjectiveOutput]):
+        self.fn = fn
+
+    def __call__(self, model: torch.nn.Module, batch: dict[str, Any]) -> ObjectiveOutput:
+        return self.fn(model, batch)
+
+
+def as_objective(obj: Any) -> ObjectiveBase:
+    """``obj`` itself when it is an :class:`ObjectiveBase`, else a plain callable wrapped in
+    :class:`FunctionObjective`; anything else is a ``ValueError`` naming ``train.objective``."""
+    if isinstance(obj, ObjectiveBase):
+        return obj
+    if callable(obj):
+        return FunctionObjective(obj)
+    raise ValueError(f"train.objective: the factory returned {type(obj).__name__}, not a callable objective")
 
 
 @dataclass

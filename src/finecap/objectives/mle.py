@@ -19,7 +19,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from finecap.objectives.base import ObjectiveOutput
+from finecap.objectives.base import ObjectiveBase, ObjectiveOutput
 
 IGNORE_INDEX = -100
 
@@ -37,7 +37,7 @@ def mle_loss(
     return F.cross_entropy(flat, labels.reshape(B * T), ignore_index=ignore_index, reduction=reduction)
 
 
-class MLE:
+class MLE(ObjectiveBase):
     """``objective(model, batch)``: the MLE loss ``losses["mle"]``, plus token accuracy and token count as metrics."""
 
     def __call__(self, model: torch.nn.Module, batch: dict[str, Any]) -> ObjectiveOutput:

@@ -31,7 +31,7 @@ Choices the papers leave open:
 - Sampling in the training loop is seeded per image: the draws of image ``i`` at optimizer step ``t`` are a function
   of ``(run.seed, t, i)`` (Gumbel-max with counter-based noise, :func:`finecap.decode.sample`), so they do not depend
   on how the global batch is split over processes and accumulation steps, and ``--resume`` repeats them exactly.
-  Called outside the loop (no ``batch['step']``), sampling uses torch's global random state.
+  Called outside the loop (no ``batch['step_info']``), sampling uses torch's global random state.
 - The log-probs with gradient come from the captioner's ``forward`` (given the sampled sequences), the one entry
   point that DDP synchronises; decoding uses the bare model (:func:`finecap.objectives.base.unwrap`).
 """
@@ -46,9 +46,10 @@ import torch
 
 from finecap.config import DecodeConfig, LogProb, RLStrategy
 from finecap.decode import Generation, hash32
-from finecap.objectives.base import ObjectiveOutput, unwrap
+from finecap.objectives.base import ObjectiveBase, ObjectiveOutput, unwrap
 from finecap.objectives.baselines import build_baseline
 from finecap.objectives.entropy import mean_entropy
+from finecap.registry import declared_needs
 from finecap.rewards import build_reward
 from finecap.rewards.base import RewardOutput, call_hook
 
@@ -107,7 +108,7 @@ def distinct_share(texts: list[str], s: int) -> float:
     return sum(len(set(g)) / len(g) for g in groups) / len(groups)
 
 
-class Reinforce:
+class Reinforce(ObjectiveBase):
     """``objective(model, batch)``: REINFORCE with a reward, a baseline and optional max-entropy term.
 
     Args:
@@ -146,6 +147,7 @@ class Reinforce:
         base = decode or DecodeConfig()
         self.reward = reward
         self.baseline = baseline
+        self.needs = declared_needs(reward)  # e.g. {"retriever"} for self-retrieval
         self.samples = samples
         self.strategy = strategy
         self.logprob = logprob
@@ -179,12 +181,14 @@ class Reinforce:
     # ----------------------------------------------------------------------------------------------------------------
 
     def sampling_seeds(self, batch: dict[str, Any]) -> torch.Tensor | None:
-        """Per-image sampling seeds ``(B,)`` from ``(rl seed, batch['step'], batch['index'])`` when the training loop
-        provides the step, so that an image's samples do not depend on how the global batch is split over processes
-        and accumulation steps; ``None`` (torch's global RNG) otherwise."""
-        if "step" not in batch or "index" not in batch or self.strategy != "sample":
+        """Per-image sampling seeds ``(B,)`` from ``(rl seed, step, batch['index'])`` when the training engine
+        provides the step (``batch["step_info"]``, :class:`~finecap.objectives.base.StepInfo`), so that an image's
+        samples do not depend on how the global batch is split over processes and accumulation steps; ``None``
+        (torch's global RNG) otherwise."""
+        info = batch.get("step_info")
+        if info is None or "index" not in batch or self.strategy != "sample":
             return None
-        step = hash32(torch.tensor([self.seed * 1_000_003 + int(batch["step"])]))  # (1,)
+        step = hash32(torch.tensor([self.seed * 1_000_003 + int(info.step)]))  # (1,)
         return hash32(step ^ hash32(torch.as_tensor(batch["index"]).long().cpu()))  # (B,)
 
     def rollout(self, model: torch.nn.Module, batch: dict[str, Any]) -> tuple[Rollout, dict[str, float]]:

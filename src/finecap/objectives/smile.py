@@ -33,7 +33,7 @@ import torch
 import torch.nn.functional as F
 
 from finecap.config import FirstToken, Subset
-from finecap.objectives.base import ObjectiveOutput, unwrap
+from finecap.objectives.base import ObjectiveBase, ObjectiveOutput, unwrap
 from finecap.objectives.mle import IGNORE_INDEX, mle_loss
 
 SUBSETS = get_args(Subset)
@@ -153,7 +153,7 @@ def smile_loss(
 
 
 @dataclass
-class SmileObjective:
+class SmileObjective(ObjectiveBase):
     """``objective(model, batch)``: SMILE on teacher-forced logits; logs the MLE loss of the same batch too."""
 
     subset: Literal["sequence", "reverse", "random", "full"] = "sequence"

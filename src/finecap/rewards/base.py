@@ -42,6 +42,8 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 
+from finecap.registry import declared_needs
+
 if TYPE_CHECKING:
     from finecap.objectives.base import TrainContext
 
@@ -87,6 +89,11 @@ class WeightedSum:
         if not rewards:
             raise ValueError("rl.rewards: needs at least one reward")
         self.rewards = dict(rewards)
+
+    @property
+    def needs(self) -> frozenset[str]:
+        """What the component rewards need prepared (:func:`finecap.registry.declared_needs`)."""
+        return frozenset().union(*(declared_needs(r) for r in self._components()))
 
     def setup(self, ctx: TrainContext) -> None:
         for reward in self._components():

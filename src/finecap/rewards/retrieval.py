@@ -17,13 +17,13 @@ training batch's R@1), whichever is the reward.
 Distractors (``sr.distractors``):
 
 - ``batch`` (default; DiscriTune: a batch of 100 gives 99 random distractors): the other images of the *global*
-  batch, i.e. of the whole optimizer step: the training loop gives every micro-batch the image ids of its step's
-  global batch (``batch['step_image_ids']``), so the distractors do not depend on the number of processes or
+  batch, i.e. of the whole optimizer step: the training engine gives every micro-batch the image ids of its step's
+  global batch (``batch['step_info'].image_ids``), so the distractors do not depend on the number of processes or
   gradient-accumulation steps and no communication is needed (embeddings come from the table).
-- ``bag``: only the image's bag-mates, from ``batch["bag"]`` (bag numbers that the training loop attaches when
-  ``data.sampler=bagcurri``). In the random-batch epochs of a BagCurri schedule (bag size 0) each image is its
-  own bag and the other batch images are used instead. (With ``batch`` and BagCurri, the distractors are the
-  bag-mates *plus* the other bags of the batch, as NDLB trains.)
+- ``bag``: only the image's bag-mates, from ``batch["bag"]`` (bag numbers, a per-example field of the BagCurri
+  sampler that the engine attaches, ``data.sampler=bagcurri``). In the random-batch epochs of a BagCurri schedule
+  (bag size 0) each image is its own bag and the other batch images are used instead. (With ``batch`` and
+  BagCurri, the distractors are the bag-mates *plus* the other bags of the batch, as NDLB trains.)
 - ``hard`` (DiscriTune D.2): the ``sr.hard_k`` training images most similar to the target under the retriever's
   image embeddings (mined over the whole training set, the target itself excluded), plus random ones: the other
   images of the global batch, in batch order (random batches are a random sample), skipping the mined ones, up to
@@ -190,7 +190,7 @@ def candidate_mask(
 
 
 class RetrievalReward:
-    """Self-retrieval reward of each caption; see the module docstring.
+    """Self-retrieval reward of each caption; see the module docstring. Needs the retriever (``needs``).
 
     Args:
         retriever: a :class:`finecap.models.retriever.Retriever` (``embed_texts``, ``logit_scale``,
@@ -259,6 +259,8 @@ class RetrievalReward:
         self.mining_table = None
         self.row_of = {image_id: j for j, image_id in enumerate(image_ids)}
 
+    needs = frozenset({"retriever"})
+
     def setup(self, ctx: TrainContext) -> None:
         """Load the frozen retriever (``retriever.*``) and the training images' embeddings (disk-cached)."""
         self.accelerator = ctx.accelerator
@@ -293,15 +295,16 @@ class RetrievalReward:
 
     def _global_batch(self, batch: Mapping[str, Any], rows: torch.Tensor, bags: torch.Tensor | None):
         """Table rows (and bag numbers) of the images of the optimizer step's global batch, in global order: from
-        ``batch['step_image_ids']`` / ``batch['step_bags']``, which the training loop attaches to every micro-batch
-        (so the distractors are the same whatever the number of processes and accumulation steps); without them, the
-        batch itself."""
-        if "step_image_ids" not in batch:
+        ``batch['step_info']`` (:class:`~finecap.objectives.base.StepInfo`), which the training engine attaches to
+        every micro-batch (so the distractors are the same whatever the number of processes and accumulation steps);
+        without it, the batch itself."""
+        info = batch.get("step_info")
+        if info is None:
             return rows, bags
-        step_bags = batch.get("step_bags") if bags is not None else None
+        step_bags = info.fields.get("bag") if bags is not None else None
         if bags is not None and step_bags is None:
             raise ValueError("sr.distractors=bag: the micro-batch carries bag numbers but its step's are missing")
-        return self._rows(batch["step_image_ids"]), (torch.as_tensor(step_bags).cpu() if bags is not None else None)
+        return self._rows(info.image_ids), (torch.as_tensor(step_bags).cpu() if bags is not None else None)
 
     def __call__(self, captions: Sequence[str], batch: Mapping[str, Any]) -> RewardOutput:
         if self.retriever is None or self.table is None:

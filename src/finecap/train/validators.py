@@ -1,5 +1,6 @@
-"""Built-in training validators (``train.validators``): what the loop measures on validation images at each
-evaluation, next to the validation loss.
+"""What training measures on validation images at each evaluation: the teacher-forced validation loss
+(:func:`validation_loss`, always), sample captions (:func:`caption_samples`) and the validators of
+``train.validators``.
 
 A validator factory ``factory(cfg) -> validator`` is called once before training; ``validator(model, cfg,
 accelerator) -> {name: value}`` then runs at every evaluation on every process (they share the work through
@@ -14,13 +15,20 @@ with :func:`finecap.registry.lookup`, so ``"pkg.module:factory"`` plugs in user 
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+import torch
+
 from finecap.caption import caption_stats, generate_captions
-from finecap.data.datasets import load_records
+from finecap.config import DecodeConfig
+from finecap.data.datasets import CaptionDataset, load_records, to_device
+from finecap.data.samplers import process_slice
 from finecap.metrics.retrieval import SelfRetrieval
 from finecap.models.retriever import load_retriever
+from finecap.objectives.mle import IGNORE_INDEX, mle_loss
+from finecap.registry import requires
 
 if TYPE_CHECKING:
     from accelerate import Accelerator
@@ -30,8 +38,8 @@ if TYPE_CHECKING:
     Validator = Callable[[Any, Config, Accelerator], dict[str, float]]
 
 VALIDATORS: dict[str, str] = {
-    "captions": "finecap.app.validators:caption_stats_validator",
-    "retrieval": "finecap.app.validators:retrieval_validator",
+    "captions": "finecap.train.validators:caption_stats_validator",
+    "retrieval": "finecap.train.validators:retrieval_validator",
 }
 """Built-in validator factories by name (``train.validators``); each ``factory(cfg)`` returns a validator."""
 
@@ -48,11 +56,12 @@ def caption_stats_validator(cfg: Config) -> Validator:
     return validator
 
 
+@requires("retriever")
 def retrieval_validator(cfg: Config) -> Validator:
     """Validator factory (``train.validators=[retrieval]``): captions ``train.eval_samples`` validation images and
     returns their self-retrieval ``r@1`` (and ``length``, ``vocab``) against ``min(eval.n_distractors, n - 1)``
     random distractor validation images, scored by the frozen retriever (``retriever.*``; the world encoder must have
-    been trained, :func:`finecap.app.retriever.ensure_world_encoder`). With ``train.best_metric=r@1`` the loop keeps
+    been prepared: the factory declares ``needs = {"retriever"}``). With ``train.best_metric=r@1`` the loop keeps
     the checkpoint that retrieves best, as the SMILE paper selects checkpoints."""
     retriever = load_retriever(cfg)
     records = load_records(cfg, "val")
@@ -78,3 +87,33 @@ def retrieval_validator(cfg: Config) -> Validator:
         return {"r@1": r1, **caption_stats(captions)}
 
     return validator
+
+
+@torch.no_grad()
+def validation_loss(model: Any, data: CaptionDataset, collator: Any, batch_size: int,
+                    accelerator: Accelerator) -> dict[str, float]:  # fmt: skip
+    """Teacher-forced MLE token loss on the validation images (first reference each), summed over processes."""
+    mine = process_slice(len(data), accelerator.process_index, accelerator.num_processes)
+    totals = torch.zeros(2, dtype=torch.float64, device=accelerator.device)  # (nll sum, tokens)
+    for start in range(0, len(mine), batch_size):
+        batch = to_device(collator([data[i] for i in mine[start : start + batch_size]]), accelerator.device)
+        with accelerator.autocast():
+            logits = model(batch)  # (B, T, V)
+        labels = batch["labels"]  # (B, T)
+        nll = mle_loss(logits, labels, reduction="sum")
+        totals += torch.stack([nll.double(), (labels != IGNORE_INDEX).sum().double()])
+    totals = accelerator.reduce(totals, reduction="sum")
+    loss = float(totals[0] / totals[1])
+    return {"loss": loss, "perplexity": math.exp(min(loss, 50.0)) if math.isfinite(loss) else float("nan")}
+
+
+@torch.no_grad()
+def caption_samples(model: Any, data: CaptionDataset, collator: Any, n: int, max_length: int,
+                    accelerator: Accelerator) -> str:  # fmt: skip
+    """Greedy captions of the first ``n`` validation images, one ``image_id: caption`` per line (main process)."""
+    n = min(n, len(data))
+    if n == 0 or not accelerator.is_main_process:
+        return ""
+    batch = to_device(collator([data[i] for i in range(n)]), accelerator.device)
+    gen = model.generate(batch, DecodeConfig(strategy="greedy", max_length=max_length))
+    return "\n".join(f"{i}: {t}" for i, t in zip(batch["image_ids"], gen.texts, strict=True))

@@ -1,0 +1,482 @@
+"""The training engine: one loop for every model finecap trains (captioners with any objective, the world encoder).
+
+An :class:`Engine` takes what a recipe built (model, objective, data with its sampler, optimizer, scheduler, and
+optionally an evaluation function and a way to save the model) and runs AdamW-style optimizer steps on
+``accelerate`` with gradient accumulation, logging, evaluation, checkpoints and resume. It knows nothing about
+captioners, rewards or the world: components declare what they need (``needs``), samplers give per-example fields,
+and every micro-batch carries one typed :class:`~finecap.objectives.base.StepInfo`.
+
+**Steps.** Each optimizer step takes one *global batch* from the sampler (:mod:`finecap.data.samplers`) and cuts it
+into ``processes x grad_accum_steps`` micro-batches. So that a step's gradient is that of the objective over the whole
+global batch, whatever the split, every micro-batch's loss (a mean over its items: tokens for MLE and SMILE, captions
+for REINFORCE; ``ObjectiveOutput.num_items``) is weighted by its item count, and at the synchronising micro-batch the
+gradients are multiplied by ``processes x accumulation / (items of the global batch)``: DDP's average and
+accelerate's division by the accumulation steps are undone and the sum is divided by the global item count (the
+normalisation torchtune and transformers' Trainer use). Objectives with per-step state update it once per optimizer
+step (``end_step``). ``tests/train/test_equivalence.py`` checks that 2 processes x batch b, and 1 process x batch b x
+2 accumulation steps, give the parameters of 1 process x batch 2b.
+
+**Divergence stops the run.** A non-finite loss (on any process) or gradient norm raises :class:`TrainingDiverged`
+before the optimizer step, naming the step and the last good checkpoint; a non-finite evaluation value never becomes
+``best``.
+
+**Distribution** is accelerate's own: model, optimizer and scheduler go through ``accelerator.prepare`` (DDP under
+``accelerate launch``/``torchrun``; gloo on a CPU-only machine). Decoding runs on the unwrapped model under
+``no_grad``; under DDP every process holds full parameters, so that is exact. FSDP and DeepSpeed are refused
+(:func:`make_accelerator`): decoding inside training (REINFORCE rollouts, validators) would need the parameters
+gathered first, and finecap has no test that could show it right on this project's machines.
+
+**Checkpoints** (:mod:`finecap.train.state`): weights from ``accelerator.get_state_dict``, written by the main process
+through the recipe's ``save`` function (the backbone's own format); the optimizer, scheduler, scaler, RNG, objective
+and logger states as JSON + safetensors, never pickle. A resumed run takes the same steps, on the same data, as an
+uninterrupted one: the batches of an epoch are a function of ``(seed, epoch)``.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import shutil
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+import torch
+from accelerate import Accelerator
+from accelerate.utils import DistributedDataParallelKwargs, DistributedType, broadcast_object_list
+from torch.utils.data import DataLoader
+from tqdm.auto import tqdm
+
+from finecap.config import TrainConfig
+from finecap.data.datasets import to_device
+from finecap.data.samplers import GlobalBatchSampler, StepBatches
+from finecap.objectives.base import ObjectiveBase, StepInfo, unwrap
+from finecap.train.checkpoint import BEST, LAST, checkpoint_dir, temporary_dir
+from finecap.train.logging import JsonlTracker, Logger
+from finecap.train.state import (
+    METRICS_FILE,
+    STATE_DIR,
+    TRACKERS_DIR,
+    TrainState,
+    load_tree,
+    read_info,
+    rng_state,
+    save_tree,
+    set_rng_state,
+)
+from finecap.utils import seed_everything
+
+
+class TrainingDiverged(ValueError):
+    """The loss or gradient norm became non-finite; the message names the step and the last good checkpoint."""
+
+
+class IndexedDataset(Protocol):
+    """What the engine needs of a training data set: examples with an ``"index"`` and an image id per index."""
+
+    def __len__(self) -> int: ...
+
+    def __getitem__(self, index: int) -> dict[str, Any]: ...
+
+    def image_id(self, index: int) -> Any: ...
+
+
+SaveFn = Callable[..., Any]
+"""``save(path, *, state_dict, info, keep_tmp_contents)``: write the model (with ``state_dict``) into
+``temporary_dir(path)``, then ``trainer_state.json`` (``info``) last, then swap it in as ``path``
+(:func:`finecap.train.checkpoint.save_checkpoint` with the model and config bound)."""
+
+EvaluateFn = Callable[[torch.nn.Module], dict[str, Any]]
+"""``evaluate(bare_model) -> {name: value}`` on every process (numbers; strings are logged as text)."""
+
+
+# ------------------------------------------------------------------------------------------------------------------
+# Building blocks
+# ------------------------------------------------------------------------------------------------------------------
+
+
+def make_accelerator(settings: TrainConfig, run_dir: Path | None = None) -> Accelerator:
+    """``Accelerator`` on the CPU when ``train.cpu`` is set, or when launched as several processes (``WORLD_SIZE``)
+    on a machine without an accelerator device: accelerate only sets up multi-CPU (gloo) when asked for the CPU, and
+    would otherwise run N independent single-process copies. With ``run_dir``, the trackers of ``train.log_with``
+    are configured (``jsonl`` writes ``<run_dir>/metrics.jsonl``, the others log under ``<run_dir>/trackers``).
+    Note: accelerate 1.15's ``accelerate launch --cpu --num_processes N`` starts a *single* process (its CPU launcher
+    needs an MPI hostfile for more), so use ``--multi_gpu`` (torchrun) for several CPU processes."""
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    cpu = settings.cpu or (world > 1 and not torch.accelerator.is_available())
+    trackers: list[Any] = []
+    if run_dir is not None:
+        trackers = [JsonlTracker(run_dir / METRICS_FILE) if t == "jsonl" else t for t in settings.log_with]
+    accelerator = Accelerator(
+        cpu=cpu,
+        mixed_precision=settings.mixed_precision,
+        gradient_accumulation_steps=settings.grad_accum_steps,
+        step_scheduler_with_optimizer=False,  # stepped once per optimizer step, whatever the process count
+        log_with=trackers or None,
+        project_dir=str(run_dir / TRACKERS_DIR) if run_dir is not None else None,
+        kwargs_handlers=[DistributedDataParallelKwargs(find_unused_parameters=False)],
+    )
+    if accelerator.distributed_type in (DistributedType.FSDP, DistributedType.DEEPSPEED):
+        raise ValueError(
+            f"accelerate: {accelerator.distributed_type.value} is not supported by finecap (decoding during training "
+            "needs full parameters on every process); launch with DDP (accelerate launch --multi_gpu)"
+        )
+    if accelerator.num_processes != world:
+        raise RuntimeError(f"launched as {world} processes but accelerate set up {accelerator.num_processes}")
+    return accelerator
+
+
+def build_optimizer(model: torch.nn.Module, settings: TrainConfig, no_decay: Sequence[str] = ()) -> torch.optim.AdamW:
+    """AdamW over the trainable parameters; weight decay on matrices only (not on biases, norms, scales or the
+    parameters named in ``no_decay``)."""
+    named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+    if not named:
+        raise ValueError("model: no trainable parameters (check model.train_lm / model.train_encoder)")
+    decay = [p for n, p in named if p.ndim >= 2 and n not in no_decay]
+    rest = [p for n, p in named if not (p.ndim >= 2 and n not in no_decay)]
+    groups = [{"params": decay, "weight_decay": settings.weight_decay}, {"params": rest, "weight_decay": 0.0}]
+    return torch.optim.AdamW([g for g in groups if g["params"]], lr=settings.lr)
+
+
+def total_steps(settings: TrainConfig, sampler: GlobalBatchSampler) -> int:
+    """``train.max_steps``, or the optimizer steps of ``train.epochs`` (a fractional last epoch rounds up)."""
+    if settings.max_steps > 0:
+        return settings.max_steps
+    full = int(settings.epochs)
+    steps = sum(sampler.num_batches(e) for e in range(full))
+    frac = settings.epochs - full
+    if frac > 0:
+        steps += math.ceil(frac * sampler.num_batches(full))
+    return steps
+
+
+def weighted_loss(losses: dict[str, torch.Tensor], weights: dict[str, float]) -> torch.Tensor:
+    """``sum_i w_i * loss_i`` (weight 1.0 when absent); a weight naming no loss of the objective is an error."""
+    if not losses:
+        raise ValueError("train.objective: the objective returned no losses")
+    unknown = set(weights) - set(losses)
+    if unknown:
+        raise ValueError(
+            f"train.loss_weights: {sorted(unknown)} are not losses of this objective; its losses: {sorted(losses)}"
+        )
+    return sum(weights.get(name, 1.0) * loss for name, loss in losses.items())
+
+
+def num_items(out: Any, batch: dict[str, Any]) -> float:
+    """What a micro-batch's losses are means over (``ObjectiveOutput.num_items``; default: its examples)."""
+    if out.num_items is not None:
+        return float(out.num_items)
+    return float(len(batch["index"]))
+
+
+def is_better(value: float, best: float | None, mode: str) -> bool:
+    """Whether ``value`` improves on ``best`` (``mode`` ``min`` or ``max``); a non-finite value never does."""
+    if not math.isfinite(value):
+        return False
+    if best is None or not math.isfinite(best):
+        return True
+    return value < best if mode == "min" else value > best
+
+
+def best_mode(settings: TrainConfig) -> str:
+    if settings.best_mode != "auto":
+        return settings.best_mode
+    return "min" if settings.best_metric in ("loss", "perplexity") else "max"
+
+
+# ------------------------------------------------------------------------------------------------------------------
+# The engine
+# ------------------------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class TrainingData:
+    """The training examples, how to batch them, and which examples form each global batch."""
+
+    dataset: IndexedDataset
+    collator: Callable[[list[dict[str, Any]]], dict[str, Any]]
+    sampler: GlobalBatchSampler
+    num_workers: int = 0
+
+
+@dataclass
+class Checkpoints:
+    """Where and how the engine saves: ``save`` (:data:`SaveFn`) writes a model checkpoint; ``config`` is the
+    (secret-masked) configuration saved with the run and sent to trackers."""
+
+    run_dir: Path
+    save: SaveFn
+    config: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+
+class Engine:
+    """Runs training; see the module docstring.
+
+    Args:
+        settings: ``train.*`` (steps or epochs, accumulation, clipping, logging/evaluation/saving cadence, best
+            metric, loss weights).
+        accelerator: from :func:`make_accelerator`.
+        model, objective, data, optimizer, scheduler: what the recipe built (not yet prepared).
+        seed: ``run.seed``: per-process dropout seeds and the data order (the sampler's own seed).
+        evaluate: :data:`EvaluateFn`, run every ``train.eval_every`` steps (0: each epoch) and at the end.
+        checkpoints: where to save (``None``: no checkpoints, e.g. the world encoder).
+        callbacks: ``callback(state)`` after every step (tests use one to simulate a kill).
+        progress: a progress bar (main process).
+        desc: the progress bar's label.
+    """
+
+    def __init__(
+        self,
+        settings: TrainConfig,
+        accelerator: Accelerator,
+        model: torch.nn.Module,
+        objective: ObjectiveBase,
+        data: TrainingData,
+        optimizer: torch.optim.Optimizer,
+        scheduler: torch.optim.lr_scheduler.LRScheduler,
+        *,
+        seed: int,
+        total: int,
+        evaluate: EvaluateFn | None = None,
+        checkpoints: Checkpoints | None = None,
+        callbacks: Sequence[Callable[[TrainState], None]] = (),
+        progress: bool = True,
+        desc: str = "train",
+    ):
+        self.settings, self.accelerator, self.objective, self.data = settings, accelerator, objective, data
+        self.seed, self.total, self.evaluate_fn, self.checkpoints = seed, total, evaluate, checkpoints
+        self.callbacks, self.progress, self.desc = list(callbacks), progress, desc
+        self.model, self.optimizer, self.scheduler = accelerator.prepare(model, optimizer, scheduler)
+        self.state = TrainState()
+        self.logger = Logger(accelerator)
+        self.last_saved: tuple[Path, int] | None = None
+        self.mode = best_mode(settings)
+        seed_everything(seed + accelerator.process_index)  # different dropout on each process; restore() overrides
+
+    # -- state ---------------------------------------------------------------------------------------------------
+
+    def _main_state(self) -> dict[str, Any]:
+        scaler = self.accelerator.scaler
+        return {
+            "optimizer": self.optimizer.state_dict(),
+            "scheduler": self.scheduler.state_dict(),
+            "scaler": scaler.state_dict() if scaler is not None else None,
+        }
+
+    def _process_state(self) -> dict[str, Any]:
+        return {"rng": rng_state(), "objective": self.objective.state_dict(), "logger": self.logger.state_dict()}
+
+    def restore(self, folder: Path) -> None:
+        """Continue from the resumable checkpoint ``folder`` (the model itself was built from ``folder/model``)."""
+        info = read_info(folder)
+        for key, value in asdict(TrainState()).items():
+            setattr(self.state, key, info.get(key, value))
+        main = load_tree(folder / STATE_DIR, "main")
+        self.optimizer.load_state_dict(main["optimizer"])
+        self.scheduler.load_state_dict(main["scheduler"])
+        if main["scaler"] is not None and self.accelerator.scaler is not None:
+            self.accelerator.scaler.load_state_dict(main["scaler"])
+        processes = int(info.get("num_processes", 1))
+        index = self.accelerator.process_index
+        if processes == self.accelerator.num_processes:
+            mine = load_tree(folder / STATE_DIR, f"process_{index}")
+            set_rng_state(mine["rng"])
+            self.logger.load_state_dict(mine["logger"])
+            self.objective.load_state_dict(mine["objective"])
+        else:
+            mine = load_tree(folder / STATE_DIR, f"process_{min(index, processes - 1)}")
+            self.objective.load_state_dict(mine["objective"])
+            self.accelerator.print(
+                f"resume: the checkpoint was written by {processes} processes, now {self.accelerator.num_processes}; "
+                "random states are re-seeded, so the continuation is not bit-identical"
+            )
+            seed_everything(self.state.step * 1000 + index)
+        self.last_saved = (folder, self.state.step)
+
+    def _save(self, path: Path, info: dict[str, Any], *, resumable: bool) -> None:
+        """Write a checkpoint at ``path`` (``resumable``: with ``state/``), atomically; every process takes part."""
+        acc, ckpt = self.accelerator, self.checkpoints
+        assert ckpt is not None
+        tmp = temporary_dir(path)
+        if resumable:
+            if acc.is_main_process:
+                if tmp.exists():
+                    shutil.rmtree(tmp)  # an unfinished save of this run (a finished one was promoted on resume)
+                tmp.mkdir(parents=True)
+            acc.wait_for_everyone()
+            save_tree(tmp / STATE_DIR, f"process_{acc.process_index}", self._process_state())
+            if acc.is_main_process:
+                save_tree(tmp / STATE_DIR, "main", self._main_state())
+            acc.wait_for_everyone()
+        state_dict = acc.get_state_dict(self.model)
+        if acc.is_main_process:
+            ckpt.save(path, state_dict=state_dict, info=info, keep_tmp_contents=resumable)
+        acc.wait_for_everyone()
+
+    def _info(self) -> dict[str, Any]:
+        return {**asdict(self.state), "total_steps": self.total, "num_processes": self.accelerator.num_processes}
+
+    def save_last(self) -> None:
+        assert self.checkpoints is not None
+        path = checkpoint_dir(self.checkpoints.run_dir, LAST)
+        self._save(path, self._info(), resumable=True)
+        self.last_saved = (path, self.state.step)
+
+    def _maybe_save_best(self, values: dict[str, Any]) -> None:
+        metric = self.settings.best_metric
+        numbers = {k: v for k, v in values.items() if not isinstance(v, str)}
+        if metric not in numbers:
+            raise ValueError(
+                f"train.best_metric: {metric!r} is not a validation value; available: {', '.join(sorted(numbers))} "
+                "(add a validator with train.validators)"
+            )
+        if not is_better(float(numbers[metric]), self.state.best_value, self.mode):
+            return
+        self.state.best_value, self.state.best_step = float(numbers[metric]), self.state.step
+        if self.checkpoints is not None:
+            info = {**self._info(), "metric": metric, "values": numbers}
+            self._save(checkpoint_dir(self.checkpoints.run_dir, BEST), info, resumable=False)
+
+    # -- steps ---------------------------------------------------------------------------------------------------
+
+    def _diverged(self, what: str) -> TrainingDiverged:
+        where = (
+            f"last good checkpoint: {self.last_saved[0]} (step {self.last_saved[1]})"
+            if self.last_saved
+            else "no checkpoint was saved yet"
+        )
+        return TrainingDiverged(
+            f"train: {what} at step {self.state.step + 1}; training stopped ({where}). Lower train.lr (now "
+            f"{self.settings.lr:g}) or check the data, then resume or restart"
+        )
+
+    def train_step(self, micro_batches: list[dict[str, Any]]) -> dict[str, float]:
+        """One optimizer step over this process's micro-batches of a global batch; returns the values to log (total
+        and per-part losses, objective metrics, lr, grad norm), averaged over the micro-batches."""
+        acc, model, optimizer = self.accelerator, self.model, self.optimizer
+        model.train()
+        optimizer.zero_grad(set_to_none=True)  # at the start, so the step's gradients stay inspectable after it
+        sums: dict[str, float] = {}
+        local_items, local_bad = 0.0, 0.0
+        grad_norm = None
+        lr = optimizer.param_groups[0]["lr"]
+        for batch in micro_batches:
+            with acc.accumulate(model):
+                with acc.autocast():
+                    out = self.objective(model, batch)
+                    loss = weighted_loss(out.losses, self.settings.loss_weights)
+                items = num_items(out, batch)
+                local_items += items
+                loss_value = loss.item()
+                local_bad += 0.0 if math.isfinite(loss_value) else 1.0
+                acc.backward(loss * items)  # an item-weighted sum; normalised at the sync below
+                if acc.sync_gradients:
+                    counts = torch.tensor([local_items, local_bad], device=acc.device)
+                    if acc.num_processes > 1:
+                        counts = acc.reduce(counts, "sum")
+                    if counts[1] > 0:
+                        raise self._diverged("the loss is not finite")
+                    factor = acc.num_processes * acc.gradient_accumulation_steps / float(counts[0])
+                    params = [p for g in optimizer.param_groups for p in g["params"] if p.grad is not None]
+                    torch._foreach_mul_([p.grad for p in params], factor)  # undo DDP mean x 1/steps; / global items
+                    max_norm = self.settings.grad_clip if self.settings.grad_clip > 0 else float("inf")
+                    grad_norm = float(acc.clip_grad_norm_(params, max_norm))
+                    if not math.isfinite(grad_norm):
+                        raise self._diverged(f"the gradient norm is {grad_norm}")
+                optimizer.step()  # accelerate skips it until the synchronising micro-batch
+            values = {"loss": loss_value, **{f"loss/{k}": v.item() for k, v in out.losses.items()}, **out.metrics}
+            for k, v in values.items():
+                sums[k] = sums.get(k, 0.0) + float(v)
+        if not acc.sync_gradients:
+            raise RuntimeError("train.grad_accum_steps: the step ended without a synchronising micro-batch")
+        self.scheduler.step()
+        self.objective.end_step()
+        values = {k: v / len(micro_batches) for k, v in sums.items()}
+        return {**values, "lr": lr, "grad_norm": grad_norm if grad_norm is not None else float("nan")}
+
+    def epoch_loader(self, batches: list[list[int]]) -> DataLoader:
+        """This process's micro-batches of the epoch's global batches from ``state.position`` on
+        (``grad_accum_steps`` consecutive ones per optimizer step)."""
+        if not batches:
+            raise ValueError(f"data.sampler: no batches in epoch {self.state.epoch}")
+        acc = self.accelerator
+        sampler = StepBatches(batches, rank=acc.process_index, world=acc.num_processes,
+                              accum=self.settings.grad_accum_steps, start=self.state.position)  # fmt: skip
+        return DataLoader(
+            self.data.dataset,
+            batch_sampler=sampler,
+            collate_fn=self.data.collator,
+            num_workers=self.data.num_workers,
+            # A private generator: creating the iterator draws a worker seed, which must not consume the global RNG
+            # (a resumed run creates its iterator mid-epoch, the uninterrupted one at the epoch start).
+            generator=torch.Generator().manual_seed(self.seed * 1_000_003 + self.state.epoch),
+        )
+
+    def step_info(self, global_batch: list[int], fields: dict[str, dict[int, int]]) -> StepInfo:
+        ids = [self.data.dataset.image_id(i) for i in global_batch]
+        values = {name: torch.tensor([table[i] for i in global_batch]) for name, table in fields.items()}  # (G,) each
+        return StepInfo(self.state.step, ids, values)
+
+    def evaluate(self) -> dict[str, Any]:
+        """The recipe's evaluation on the bare model (no gradient, no DDP wrapper), the main process's values on
+        every process."""
+        assert self.evaluate_fn is not None
+        bare = unwrap(self.model)
+        bare.eval()
+        with torch.no_grad():
+            values = self.evaluate_fn(bare)
+        bare.train()
+        if self.accelerator.num_processes > 1:  # every process selects checkpoints on the main process's values
+            values = broadcast_object_list([values])[0]
+        return values
+
+    # -- the loop ------------------------------------------------------------------------------------------------
+
+    def fit(self) -> TrainState:
+        """Train to ``total`` steps (from the restored state, if any); returns the final state."""
+        acc, settings, state = self.accelerator, self.settings, self.state
+        progress = tqdm(total=self.total, initial=state.step, desc=self.desc,
+                        disable=not (self.progress and acc.is_main_process))  # fmt: skip
+        accum = settings.grad_accum_steps
+        while state.step < self.total:
+            batches = self.data.sampler.batches(state.epoch)
+            fields = self.data.sampler.example_fields(state.epoch)
+            pending: list[dict[str, Any]] = []
+            for micro in self.epoch_loader(batches):
+                for name, table in fields.items():  # the micro-batch's own rows, e.g. batch["bag"] (B,)
+                    micro[name] = torch.tensor([table[int(i)] for i in micro["index"]])
+                pending.append(micro)
+                if len(pending) < accum:
+                    continue
+                info = self.step_info(batches[state.position], fields)
+                micro_batches = [to_device({**mb, "step_info": info}, acc.device) for mb in pending]
+                pending = []
+                values = self.train_step(micro_batches)
+                self.logger.add(values)
+                end_of_epoch = state.advance(len(batches))
+                epoch = state.epoch + state.position / len(batches)
+                progress.update(1)
+                progress.set_postfix(loss=f"{values['loss']:.4f}", epoch=f"{epoch:.2f}", refresh=False)
+                done = state.step >= self.total
+                if done or state.step % settings.log_every == 0:
+                    self.logger.flush_train(state.step, epoch)
+                every = settings.eval_every
+                due = done or (state.step % every == 0 if every else end_of_epoch)
+                evaluated = self.evaluate_fn is not None and due
+                if evaluated:
+                    val = self.evaluate()
+                    self.logger.write(state.step, epoch, "val", val)
+                    self._maybe_save_best(val)
+                save_every = settings.save_every
+                if self.checkpoints is not None and (
+                    done or (state.step % save_every == 0 if save_every else evaluated)
+                ):
+                    self.save_last()
+                for callback in self.callbacks:
+                    callback(state)
+                if done or end_of_epoch:
+                    break
+        progress.close()
+        acc.wait_for_everyone()
+        return state

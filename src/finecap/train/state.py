@@ -1,0 +1,308 @@
+"""Run state: the loop's counters, resumable checkpoints without pickle, and recovery after a kill.
+
+Layout of a run directory (the model folders themselves: :mod:`finecap.train.checkpoint`)::
+
+    <run_dir>/
+      config.yaml                the resolved configuration (secrets masked)
+      metrics.jsonl              one JSON per log / evaluation event
+      checkpoints/
+        last/                    resumable: every train.save_every steps (or at each evaluation) and at the end
+          model/  config.yaml    the captioner in its own format and the configuration
+          state/                 optimizer, scheduler, grad scaler and the loop's own state (main process), every
+                                 process's RNG, objective and pending-log state: JSON + safetensors, never pickle
+          trainer_state.json     step/epoch/position/best: written last, so its presence marks a complete checkpoint
+        best/                    the best evaluation so far on train.best_metric (no optimizer state)
+
+**No code from a run folder.** Everything resumable is stored as JSON (structure, numbers, strings) plus one
+safetensors file of tensors per state (:func:`save_tree` / :func:`load_tree`): a run folder downloaded from elsewhere
+can be resumed or inspected without unpickling anything. This is why the loop does not use ``accelerator.save_state``
+(its custom-state hook unpickles ``custom_checkpoint_*.pkl`` with ``weights_only=False``). The optimizer is saved
+from the main process: under DDP every process holds the same optimizer state; the engine refuses FSDP
+(:func:`finecap.train.engine.make_accelerator`), whose sharded optimizer would need accelerate's own format.
+
+**Recovery, never deletion.** A checkpoint is written as ``checkpoints/.last.tmp`` and swapped in by two renames
+(``last`` -> ``last.old``, ``.last.tmp`` -> ``last``), so a kill can leave any of ``last``, ``last.old`` and a finished
+or unfinished ``.last.tmp``. :func:`find_resumable` picks the newest *complete* one (``trainer_state.json`` present);
+:func:`prepare_run_dir` never removes anything on ``--resume``: with nothing resumable in a folder that holds a run,
+it stops with an error listing what it found. ``best`` is never touched by resume.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import random
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import yaml
+from safetensors import SafetensorError
+from safetensors.torch import load_file, save_file
+
+from finecap.train.checkpoint import BEST, INFO_FILE, LAST, checkpoint_dir, temporary_dir
+from finecap.utils import atomic_replace_dir, atomic_write_text, read_json
+
+METRICS_FILE = "metrics.jsonl"
+TRACKERS_DIR = "trackers"
+STATE_DIR = "state"  # inside checkpoints/last
+
+
+class CheckpointError(ValueError):
+    """A resumable checkpoint is missing, incomplete or corrupt; the message names the file and how to recover."""
+
+
+@dataclass
+class TrainState:
+    """Counters saved in every checkpoint. ``position``: global batches of ``epoch`` already trained on."""
+
+    step: int = 0
+    epoch: int = 0
+    position: int = 0
+    best_value: float | None = None
+    best_step: int | None = None
+
+    def advance(self, batches_in_epoch: int) -> bool:
+        """Count one optimizer step; returns whether it ended the epoch (then moves to the next one)."""
+        self.step += 1
+        self.position += 1
+        if self.position < batches_in_epoch:
+            return False
+        self.epoch, self.position = self.epoch + 1, 0
+        return True
+
+
+# ------------------------------------------------------------------------------------------------------------------
+# Pickle-free state trees: JSON + safetensors
+# ------------------------------------------------------------------------------------------------------------------
+
+
+def _encode(obj: Any, tensors: dict[str, torch.Tensor], path: str) -> Any:
+    """JSON-able form of ``obj``; tensors (and numpy arrays) go to ``tensors`` under their path in the tree."""
+    if isinstance(obj, torch.Tensor | np.ndarray):
+        key = path or "root"
+        t = torch.as_tensor(obj).detach().cpu().contiguous()
+        tensors[key] = t
+        return {"__tensor__": key, "numpy": isinstance(obj, np.ndarray)}
+    if isinstance(obj, bool | int | str) or obj is None:
+        return obj
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else {"__float__": repr(obj)}
+    if isinstance(obj, np.generic):
+        return _encode(obj.item(), tensors, path)
+    if isinstance(obj, tuple):
+        return {"__tuple__": [_encode(v, tensors, f"{path}.{i}") for i, v in enumerate(obj)]}
+    if isinstance(obj, list):
+        return [_encode(v, tensors, f"{path}.{i}") for i, v in enumerate(obj)]
+    if isinstance(obj, dict):
+        if all(isinstance(k, str) and not k.startswith("__") for k in obj):
+            return {k: _encode(v, tensors, f"{path}.{k}") for k, v in obj.items()}
+        items = []
+        for i, (k, v) in enumerate(obj.items()):
+            if not isinstance(k, bool | int | str):
+                raise TypeError(f"state at {path!r}: unsupported key type {type(k).__name__}")
+            items.append([k, _encode(v, tensors, f"{path}.{i}")])
+        return {"__items__": items}
+    raise TypeError(f"state at {path!r}: cannot store a {type(obj).__name__} without pickle")
+
+
+def _decode(obj: Any, tensors: dict[str, torch.Tensor], where: Path) -> Any:
+    if isinstance(obj, list):
+        return [_decode(v, tensors, where) for v in obj]
+    if not isinstance(obj, dict):
+        return obj
+    if "__tensor__" in obj:
+        key = obj["__tensor__"]
+        if key not in tensors:
+            raise CheckpointError(f"{where}: tensor {key!r} is missing from its safetensors file")
+        return tensors[key].numpy() if obj.get("numpy") else tensors[key]
+    if "__float__" in obj:
+        return float(obj["__float__"])
+    if "__tuple__" in obj:
+        return tuple(_decode(v, tensors, where) for v in obj["__tuple__"])
+    if "__items__" in obj:
+        return {k: _decode(v, tensors, where) for k, v in obj["__items__"]}
+    return {k: _decode(v, tensors, where) for k, v in obj.items()}
+
+
+def save_tree(folder: Path, name: str, tree: Any) -> None:
+    """Write ``tree`` (nested dicts/lists/tuples of numbers, strings, tensors) as ``<name>.json`` +
+    ``<name>.safetensors`` in ``folder``, atomically each."""
+    tensors: dict[str, torch.Tensor] = {}
+    encoded = _encode(tree, tensors, "")
+    folder.mkdir(parents=True, exist_ok=True)
+    tmp = folder / f".{name}.safetensors.tmp"
+    save_file(tensors, str(tmp))
+    os.replace(tmp, folder / f"{name}.safetensors")
+    atomic_write_text(folder / f"{name}.json", json.dumps(encoded) + "\n")
+
+
+def load_tree(folder: Path, name: str) -> Any:
+    """Read what :func:`save_tree` wrote; a missing or corrupt file is a :class:`CheckpointError` naming it."""
+    meta, blob = folder / f"{name}.json", folder / f"{name}.safetensors"
+    for path in (meta, blob):
+        if not path.is_file():
+            raise CheckpointError(f"{path}: missing from the checkpoint")
+    try:
+        tensors = load_file(str(blob))
+    except (SafetensorError, OSError, ValueError) as e:
+        raise CheckpointError(f"{blob}: corrupt or truncated state file ({e})") from None
+    try:
+        encoded = json.loads(meta.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as e:
+        raise CheckpointError(f"{meta}: corrupt state file ({e})") from None
+    return _decode(encoded, tensors, meta)
+
+
+def rng_state() -> dict[str, Any]:
+    """This process's random states (python, numpy, torch CPU and CUDA)."""
+    version, internal, gauss = random.getstate()
+    state = {"python": {"version": version, "internal": torch.tensor(internal, dtype=torch.int64), "gauss": gauss},
+             "numpy": np.random.get_state(legacy=True), "torch": torch.get_rng_state()}  # fmt: skip
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def set_rng_state(state: dict[str, Any]) -> None:
+    py = state["python"]
+    random.setstate((py["version"], tuple(int(v) for v in py["internal"].tolist()), py["gauss"]))
+    np.random.set_state(state["numpy"])
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+# ------------------------------------------------------------------------------------------------------------------
+# Finding what can be resumed, preparing the run directory
+# ------------------------------------------------------------------------------------------------------------------
+
+
+def is_complete(folder: Path) -> bool:
+    """Whether a checkpoint folder was written to the end (``trainer_state.json`` is its last file)."""
+    return (folder / INFO_FILE).is_file() and (folder / STATE_DIR).is_dir()
+
+
+def read_info(folder: Path) -> dict[str, Any]:
+    """A checkpoint's ``trainer_state.json``; unreadable: a :class:`CheckpointError` naming it."""
+    try:
+        info = read_json(folder / INFO_FILE)
+        int(info["step"])
+    except (ValueError, KeyError, TypeError, OSError, RecursionError) as e:
+        raise CheckpointError(f"{folder / INFO_FILE}: unreadable trainer state ({e})") from None
+    return info
+
+
+def checkpoint_step(folder: Path) -> int:
+    return int(read_info(folder)["step"])
+
+
+def resumable_candidates(run_dir: Path) -> list[Path]:
+    """Where a kill can leave a resumable checkpoint: ``last``, a finished ``.last.tmp``, ``last.old``."""
+    last = checkpoint_dir(run_dir, LAST)
+    return [last, temporary_dir(last), last.with_name(last.name + ".old")]
+
+
+def find_resumable(run_dir: Path) -> Path | None:
+    """The newest complete checkpoint among :func:`resumable_candidates` (by its step), or ``None``."""
+    complete = [c for c in resumable_candidates(run_dir) if is_complete(c)]
+    if not complete:
+        return None
+    return max(complete, key=checkpoint_step)
+
+
+def promote(found: Path, run_dir: Path) -> Path:
+    """Make ``found`` the ``last`` checkpoint (finishing an interrupted swap); returns ``last``. Older checkpoints
+    beside it are superseded and removed only as a normal save would (:func:`finecap.utils.atomic_replace_dir`)."""
+    last = checkpoint_dir(run_dir, LAST)
+    if found == last:
+        return last
+    if found == temporary_dir(last):
+        atomic_replace_dir(found, last)  # the interrupted save's own completion
+    else:  # last.old, with no newer complete checkpoint: last is missing or incomplete
+        if last.exists():
+            os.replace(last, last.with_name(".last.incomplete"))
+        os.replace(found, last)
+    return last
+
+
+def describe_checkpoints(run_dir: Path) -> str:
+    folder = run_dir / "checkpoints"
+    if not folder.is_dir():
+        return "no checkpoints/ folder"
+    found = []
+    for item in sorted(folder.iterdir()):
+        tag = "complete" if is_complete(item) else "incomplete (no trainer_state.json or state/)"
+        found.append(f"{item.name} ({tag})")
+    return ", ".join(found) or "an empty checkpoints/ folder"
+
+
+def holds_run(run_dir: Path) -> bool:
+    return (run_dir / "checkpoints").exists() or (run_dir / METRICS_FILE).exists()
+
+
+def prepare_run_dir(run_dir: Path, *, resume: bool, overwrite: bool) -> Path | None:
+    """Check the run directory (main process); returns the checkpoint to resume from, or ``None`` for a fresh start.
+
+    - fresh start in a folder holding a run: an error, unless ``overwrite`` (then finecap's own run files
+      ``checkpoints/``, ``metrics.jsonl`` and ``trackers/`` are removed; nothing else);
+    - ``resume``: the newest complete checkpoint (:func:`find_resumable`, promoted to ``last``); a folder with a run
+      but nothing resumable is an error listing what was found, and nothing is deleted; an empty folder starts fresh.
+    """
+    if resume:
+        found = find_resumable(run_dir)
+        if found is not None:
+            return promote(found, run_dir)
+        if holds_run(run_dir):
+            raise CheckpointError(
+                f"--resume: {run_dir} holds a run but no complete resumable checkpoint (found: "
+                f"{describe_checkpoints(run_dir)}); nothing was deleted. Start again from its best checkpoint with "
+                f"train.init_from={checkpoint_dir(run_dir, BEST)} and another run.dir, or remove the folder yourself"
+            )
+        return None
+    if holds_run(run_dir):
+        if not overwrite:
+            raise ValueError(
+                f"run.dir: {run_dir} already holds a run; pass --resume to continue it, or choose another run.name / "
+                "run.dir"
+            )
+        for old in (run_dir / "checkpoints", run_dir / METRICS_FILE, run_dir / TRACKERS_DIR):
+            if old.is_dir():
+                shutil.rmtree(old)
+            elif old.exists():
+                old.unlink()
+    return None
+
+
+def truncate_metrics(path: Path, step: int) -> None:
+    """Drop the events after ``step`` (written by a killed run after its last checkpoint)."""
+    if path.exists():
+        lines = [ln for ln in path.read_text().splitlines() if ln.strip() and json.loads(ln)["step"] <= step]
+        atomic_write_text(path, "".join(ln + "\n" for ln in lines))
+
+
+def config_changes(saved: Path, current: dict[str, dict[str, Any]]) -> list[str]:
+    """``section.key: old -> new`` for every value the saved run configuration has and ``current`` changes."""
+    if not saved.exists():
+        return []
+    old = yaml.safe_load(saved.read_text()) or {}
+    changes = []
+    for section, values in current.items():
+        before = old.get(section) or {}
+        changes += [
+            f"{section}.{k}: {before[k]!r} -> {v!r}" for k, v in values.items() if k in before and before[k] != v
+        ]
+    return changes
+
+
+def write_state_files(folder: Path, *, main: dict[str, Any] | None, process: dict[str, Any], index: int) -> None:
+    """This process's part of a resumable checkpoint's ``state/``: ``process_<i>`` (RNG, objective and logger
+    state) and, on the main process, ``main`` (optimizer, scheduler, scaler, loop counters)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    save_tree(folder, f"process_{index}", process)
+    if main is not None:
+        save_tree(folder, "main", main)
