@@ -15,6 +15,7 @@ Example::
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 import types
 import typing
@@ -596,14 +597,19 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
             return int(value)
         raise ConfigError(f"{key}: expected an integer, got {value!r}")
     if tp is float:
+        number = None
         if isinstance(value, int | float) and not isinstance(value, bool):
-            return float(value)
-        if isinstance(value, str):
+            number = float(value)
+        elif isinstance(value, str):
             try:
-                return float(value)
+                number = float(value)
             except ValueError:
-                pass
-        raise ConfigError(f"{key}: expected a number, got {value!r}")
+                number = None
+        if number is None:
+            raise ConfigError(f"{key}: expected a number, got {value!r}")
+        if not math.isfinite(number):  # inf/nan in a learning rate or weight silently wrecks a run
+            raise ConfigError(f"{key}: must be a finite number, got {value!r}")
+        return number
     if tp is str:
         if isinstance(value, str):
             return value

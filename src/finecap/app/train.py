@@ -44,7 +44,14 @@ from finecap.train.checkpoint import BEST, checkpoint_dir, model_dir, save_check
 from finecap.train.engine import Checkpoints, Engine, TrainingData, build_optimizer, make_accelerator, total_steps
 from finecap.train.logging import tracker_config
 from finecap.train.schedule import build_scheduler
-from finecap.train.state import METRICS_FILE, TrainState, config_changes, prepare_run_dir, truncate_metrics
+from finecap.train.state import (
+    METRICS_FILE,
+    TrainState,
+    check_finite_weights,
+    config_changes,
+    prepare_run_dir,
+    truncate_metrics,
+)
 from finecap.train.validators import VALIDATORS, caption_samples, validation_loss
 from finecap.utils import seed_everything
 
@@ -72,7 +79,10 @@ def build_model(cfg: Config, resume_from: Path | None = None) -> torch.nn.Module
     trains (``model.train_lm``, ``model.train_encoder``, LoRA adapters ``lora.*``) follows ``cfg``, also for a
     checkpoint (:func:`finecap.models.lora.configure_training`)."""
     start = resume_from or cfg.train.init_from
-    model = load_captioner(model_dir(start)) if start else build_captioner(cfg)
+    if not start:
+        return configure_training(build_captioner(cfg), cfg)
+    model = load_captioner(model_dir(start))
+    check_finite_weights(model, model_dir(start))
     return configure_training(model, cfg)
 
 

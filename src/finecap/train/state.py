@@ -236,7 +236,10 @@ def describe_checkpoints(run_dir: Path) -> str:
         return "no checkpoints/ folder"
     found = []
     for item in sorted(folder.iterdir()):
-        tag = "complete" if is_complete(item) else "incomplete (no trainer_state.json or state/)"
+        if item.name == BEST:
+            tag = "the best model, without optimizer state: not resumable"
+        else:
+            tag = "complete" if is_complete(item) else "incomplete: no trainer_state.json or state/"
         found.append(f"{item.name} ({tag})")
     return ", ".join(found) or "an empty checkpoints/ folder"
 
@@ -297,6 +300,17 @@ def config_changes(saved: Path, current: dict[str, dict[str, Any]]) -> list[str]
             f"{section}.{k}: {before[k]!r} -> {v!r}" for k, v in values.items() if k in before and before[k] != v
         ]
     return changes
+
+
+def check_finite_weights(model: torch.nn.Module, where: str | Path) -> None:
+    """A :class:`CheckpointError` naming ``where`` and the first parameters that hold NaN or infinity (a diverged
+    run's weights decode empty captions, silently)."""
+    bad = [name for name, t in model.state_dict().items() if t.is_floating_point() and not torch.isfinite(t).all()]
+    if bad:
+        raise CheckpointError(
+            f"{where}: the weights hold non-finite values ({', '.join(bad[:3])}{', ...' if len(bad) > 3 else ''}); "
+            "the run diverged: use an earlier checkpoint"
+        )
 
 
 def write_state_files(folder: Path, *, main: dict[str, Any] | None, process: dict[str, Any], index: int) -> None:

@@ -1,0 +1,194 @@
+"""A run folder is data: resume never unpickles, never deletes, recovers from every state a kill can leave, and a
+diverging run stops with a non-zero exit instead of saving NaN weights as 'best'."""
+
+import json
+import os
+import pickle
+import shutil
+
+import numpy as np
+import pytest
+import torch
+
+from finecap.app.cli import main as cli
+from finecap.app.train import train
+from finecap.config import ConfigError
+from finecap.models.clipcap import ClipCap
+from finecap.train.checkpoint import checkpoint_dir, model_dir, temporary_dir
+from finecap.train.engine import TrainingDiverged
+from finecap.train.state import CheckpointError, find_resumable, load_tree, save_tree
+
+COMMON = ("train.max_steps=4", "train.save_every=2", "train.eval_every=2")
+
+
+def snapshot(folder):
+    """Every file under ``folder`` with its bytes."""
+    return {p.relative_to(folder): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def step_of(folder):
+    return json.loads((folder / "trainer_state.json").read_text())["step"]
+
+
+class Exploit:
+    """Unpickling this object writes a marker file (what an attacker's pickle would do, harmlessly)."""
+
+    def __init__(self, marker):
+        self.marker = str(marker)
+
+    def __reduce__(self):
+        return (open, (self.marker, "w"))
+
+
+# ------------------------------------------------------------------------------------------------------------------
+# No pickle from a run folder
+# ------------------------------------------------------------------------------------------------------------------
+
+
+def test_state_trees_round_trip_without_pickle(tmp_path):
+    tree = {"a": 1, "b": [1.5, float("nan"), None, "x"], "t": torch.arange(3), "tuple": (1, (2, 3)),
+            "int_keys": {0: {"m": torch.ones(2)}, 7: 2}, "np": np.arange(4, dtype="uint32")}  # fmt: skip
+    save_tree(tmp_path, "s", tree)
+    back = load_tree(tmp_path, "s")
+    assert back["a"] == 1 and back["b"][0] == 1.5 and back["b"][1] != back["b"][1] and back["b"][2:] == [None, "x"]
+    assert torch.equal(back["t"], torch.arange(3)) and back["tuple"] == (1, (2, 3))
+    assert list(back["int_keys"]) == [0, 7] and torch.equal(back["int_keys"][0]["m"], torch.ones(2))
+    assert back["np"].dtype.name == "uint32" and back["np"].tolist() == [0, 1, 2, 3]
+    assert {p.suffix for p in tmp_path.iterdir()} == {".json", ".safetensors"}
+    with pytest.raises(TypeError, match="without pickle"):
+        save_tree(tmp_path, "bad", {"f": object()})
+
+
+def test_resume_never_unpickles_a_planted_file(make_cfg, tmp_path):
+    cfg = make_cfg(*COMMON)
+    train(cfg)
+    last = checkpoint_dir(cfg.run.path, "last")
+    assert not list(cfg.run.path.rglob("*.pkl")) and not list(cfg.run.path.rglob("*.bin"))
+    marker = tmp_path / "pwned"
+    payload = pickle.dumps(Exploit(marker))
+    # an attacker plants pickles where accelerate used to look, and in place of a state file
+    (last / "accelerate").mkdir()
+    (last / "accelerate" / "custom_checkpoint_0.pkl").write_bytes(payload)
+    resumed = make_cfg("train.max_steps=6", "train.save_every=2", "train.eval_every=2")
+    train(resumed, resume=True)  # the planted pickle is never opened
+    assert not marker.exists() and step_of(checkpoint_dir(cfg.run.path, "last")) == 6
+
+    (last / "state" / "main.safetensors").write_bytes(payload)
+    with pytest.raises(CheckpointError, match=r"state/main\.safetensors: corrupt or truncated"):
+        train(make_cfg("train.max_steps=8", "train.save_every=2", "train.eval_every=2"), resume=True)
+    assert not marker.exists()
+    assert cli(["train", *[f"{k}" for k in _overrides(make_cfg, "train.max_steps=8")], "--resume"]) == 2
+    assert not marker.exists()
+
+
+def _overrides(make_cfg, *extra):
+    """The command-line form of ``make_cfg(*extra)``'s overrides (world, encoder, run folder, ...)."""
+    cfg = make_cfg(*COMMON, *extra)
+    keys = ("world.out", "model.encoder", "run.dir", "run.cache_dir")
+    flat = [f"{k}={getattr(getattr(cfg, k.split('.')[0]), k.split('.')[1])}" for k in keys]
+    return [*flat, "model.tiny_layers=1", "model.tiny_hidden=32", "model.tiny_heads=2", "model.prefix_length=2",
+            "train.batch_size=16", *COMMON, *extra]  # fmt: skip
+
+
+# ------------------------------------------------------------------------------------------------------------------
+# Resume recovers or refuses, never deletes
+# ------------------------------------------------------------------------------------------------------------------
+
+
+def _run_with_checkpoints(make_cfg):
+    """A finished 4-step run whose last checkpoint is at step 4 and a copy of its step-2 checkpoint."""
+    cfg = make_cfg("train.max_steps=2", "train.save_every=2", "train.eval_every=2")
+    train(cfg)
+    old = checkpoint_dir(cfg.run.path, "last")
+    step2 = cfg.run.path.parent / "step2"
+    shutil.copytree(old, step2)
+    train(make_cfg(*COMMON), resume=True)
+    return cfg.run.path, step2
+
+
+@pytest.mark.parametrize("kill_state", ["between_renames", "tmp_finished", "tmp_unfinished", "old_only"])
+def test_resume_picks_the_newest_complete_checkpoint(make_cfg, kill_state):
+    run, step2 = _run_with_checkpoints(make_cfg)
+    last = checkpoint_dir(run, "last")
+    tmp, old = temporary_dir(last), last.with_name("last.old")
+    if kill_state == "between_renames":  # last -> last.old done, .last.tmp -> last not: the newest is .last.tmp
+        os.replace(last, tmp)
+        shutil.copytree(step2, old)
+        expected = 4
+    elif kill_state == "tmp_finished":  # the new checkpoint was complete but not yet swapped in
+        os.replace(last, tmp)
+        shutil.copytree(step2, last)
+        expected = 4
+    elif kill_state == "tmp_unfinished":  # killed while writing: .last.tmp has no trainer_state.json
+        shutil.copytree(last, tmp)
+        (tmp / "trainer_state.json").unlink()
+        expected = 4
+    else:  # only last.old survives
+        os.replace(last, old)
+        expected = 4
+    best_before = snapshot(checkpoint_dir(run, "best"))
+    assert step_of(find_resumable(run)) == expected
+    train(make_cfg("train.max_steps=6", "train.save_every=2", "train.eval_every=2"), resume=True)
+    assert step_of(last) == 6
+    assert checkpoint_dir(run, "best").is_dir() and best_before  # best is kept (replaced only by a better one)
+
+
+def test_resume_with_nothing_resumable_refuses_and_deletes_nothing(make_cfg):
+    run, _ = _run_with_checkpoints(make_cfg)
+    shutil.rmtree(checkpoint_dir(run, "last"))  # the user deleted last
+    before = snapshot(run)
+    with pytest.raises(
+        CheckpointError,
+        match=r"no complete resumable checkpoint \(found: best \(the best model, without optimizer state",
+    ):
+        train(make_cfg(*COMMON), resume=True)
+    assert snapshot(run) == before  # best, metrics.jsonl and config.yaml survive byte for byte
+
+
+def test_resume_in_an_empty_folder_starts_fresh(make_cfg):
+    cfg = make_cfg("train.max_steps=2")
+    run_dir = train(cfg, resume=True)
+    assert step_of(checkpoint_dir(run_dir, "last")) == 2
+
+
+# ------------------------------------------------------------------------------------------------------------------
+# Divergence stops the run
+# ------------------------------------------------------------------------------------------------------------------
+
+
+def test_divergence_stops_with_the_step_and_the_last_good_checkpoint(make_cfg):
+    cfg = make_cfg("train.lr=1e10", "train.warmup_steps=0", "train.max_steps=8", "train.save_every=1",
+                   "train.eval_every=1", "train.grad_clip=0")  # fmt: skip
+    with pytest.raises(TrainingDiverged, match=r"at step \d+; training stopped \(last good checkpoint: .*last"):
+        train(cfg)
+    run = cfg.run.path
+    best = checkpoint_dir(run, "best")
+    if best.exists():  # a best checkpoint was only ever saved with a finite value
+        info = json.loads((best / "trainer_state.json").read_text())
+        assert info["best_value"] == info["best_value"] and abs(info["best_value"]) != float("inf")
+        model = ClipCap.from_checkpoint(model_dir(best))
+        assert all(torch.isfinite(t).all() for t in model.state_dict().values() if t.is_floating_point())
+
+
+def test_divergence_exits_non_zero_on_the_command_line(make_cfg, capsys):
+    argv = ["train", *_overrides(make_cfg, "train.lr=1e10", "train.warmup_steps=0", "train.grad_clip=0")]
+    assert cli(argv) == 2
+    assert "training stopped" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("value", ["inf", "nan", ".inf", "-inf"])
+def test_non_finite_numbers_are_refused(make_cfg, value):
+    with pytest.raises(ConfigError, match="train.lr: must be a finite number"):
+        make_cfg(f"train.lr={value}")
+
+
+def test_init_from_non_finite_weights_is_refused(make_cfg):
+    cfg = make_cfg("train.max_steps=1")
+    train(cfg)
+    best = checkpoint_dir(cfg.run.path, "best")
+    model = ClipCap.from_checkpoint(model_dir(best))
+    with torch.no_grad():
+        next(p for p in model.parameters() if p.is_floating_point()).fill_(float("nan"))
+    model.save(model_dir(best))
+    with pytest.raises(CheckpointError, match="non-finite values"):
+        train(make_cfg(f"train.init_from={best}", "train.max_steps=1", run="second"))
