@@ -36,7 +36,8 @@ def _openai(url: str, mode: str = "blend") -> list[str]:
 def test_world_blend_through_the_world_backend(world, tmp_path):
     cfg = load(None, [f"world.out={world}", "boost.mode=blend"])
     summary = boost(cfg, tmp_path / "out", progress=False)
-    assert summary["requested"] == {"blend": 32} and summary["failed"] == {}
+    assert summary["requested"] == {"blend": 32} and summary["status"] == "ok"
+    assert (summary["to_boost"], summary["boosted"], summary["failed"], summary["not_done"]) == (32, 32, 0, 0)
     records = read_dataset("world", tmp_path / "out")  # a world folder: images link, scenes, dense captions
     source = read_dataset("world", world)
     assert [r.image_id for r in records] == [r.image_id for r in source]
@@ -139,7 +140,7 @@ def test_blend_in_each_file_format_reads_back(world, tmp_path, fmt):
     src = _as_format(world, fmt, tmp_path / "src")
     cfg = load(None, [f"data.format={fmt}", f"data.path={src}", f"data.images={world}", "boost.mode=blend"])
     summary = boost(cfg, tmp_path / "out", progress=False)
-    assert summary["images"] == 4 and summary["failed"] == {}
+    assert summary["images"] == summary["boosted"] == 4 and summary["failed"] == 0
     source = read_dataset(fmt, src, images=world)
     boosted = read_dataset(fmt, tmp_path / "out" / src.name, images=world)  # images named relative to the source root
     assert [r.image_id for r in boosted] == [r.image_id for r in source]

@@ -125,15 +125,13 @@ def test_malformed_answers_retried_then_logged_with_human_captions_kept(tmp_path
     ]
     (failure,) = result.failures
     assert (failure.image_id, failure.step, failure.attempts) == (2, "blend", 3)
-    assert "malformed or empty" in failure.error
+    assert failure.error.startswith("malformed reply: the reply has no choices[0].message.content text")
     # Round 1: all three malformed; round 2: 0 and 1 answer, 2 malformed again; round 3 (last retry): 2 malformed.
     assert len(server.requests) == 3 + 3 + 1
     assert result.requested == {"blend": 3 + 3 + 1}
     # Accepted answers are cached; a second run asks only for the failed image.
     with ChatServer(echo_first_caption) as server:
         cache = AnswerCache(tmp_path / "cache.jsonl")
-        answers, failures, sent = run_step(
-            "blend", _tasks(records), OpenAIBackend("m", server.url), cache, 0, progress=False
-        )
+        step = run_step("blend", _tasks(records), OpenAIBackend("m", server.url), cache, 0, progress=False)
         cache.close()
-    assert sent == 1 and not failures and answers[2] == "boosted caption 2 a"
+    assert step.sent == 1 and step.cached == 2 and not step.failures and step.answers[2] == "boosted caption 2 a"

@@ -33,10 +33,10 @@ def test_prompt_file_overrides_parts(tmp_path):
 @pytest.mark.parametrize(
     ("text", "error"),
     [
-        ("blend:\n  user: '{visual}'\n", r"blend.user uses unknown variable\(s\) \['visual'\]"),
+        ("blend:\n  user: '{visual}'\n", r"blend.user \(line 2\) uses unknown variable\(s\) \['visual'\]"),
         ("summary:\n  user: x\n", "unknown step 'summary'"),
         ("visual:\n  prompt: x\n", "visual: expected keys system, user, examples"),
-        ("blend:\n  examples: [{captions: [a]}]\n", r"blend.examples\[0\] needs an 'answer'"),
+        ("blend:\n  examples: [{captions: [a]}]\n", r"blend.examples\[0\] \(line 2\) needs an 'answer'"),
         ("blend: [unclosed\n", "invalid YAML"),
         ("- blend\n", r"a prompt file maps steps \(blend, visual, holistic\)"),
     ],

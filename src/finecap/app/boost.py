@@ -4,10 +4,19 @@ Reads every split of the data set of ``data.*`` (the world by default), runs the
 the configured backends (:mod:`finecap.boost`) and writes the same format into ``DIR``
 (:mod:`finecap.boost.output`), with:
 
-- ``DIR/cache.jsonl``: every accepted answer, keyed by request hash; a killed run re-run with the same ``--out``
-  continues where it stopped (:mod:`finecap.boost.engine`);
+- ``DIR/cache.jsonl``: every accepted answer, keyed by request hash; a killed or stopped run re-run with the same
+  ``--out`` continues where it stopped (:mod:`finecap.boost.engine`);
 - ``DIR/failures.jsonl``: one line per image and step that failed (those images keep their human captions);
-- ``DIR/boost.json``: the configuration, counts of images, requests and failures per step, and the wall time.
+- ``DIR/boost.json``: ``status`` (``ok`` or ``failed`` with the ``error``), the counts of images ``boosted``,
+  ``failed`` and ``not_done``, the requests and cached answers per step, the wall time and the configuration
+  (secrets masked: :data:`finecap.config.SECRET_KEYS`);
+- ``DIR/.boost.lock`` while it runs (:mod:`finecap.boost.lock`): one writer per folder.
+
+Before the first request: the output paths are checked (:func:`~finecap.boost.output.check_outputs`; never inside
+the source data), the prompts and backends are built (URLs and API-key variables checked), the lock is taken. A run
+that stops (failure budget, consecutive connection failures, a refused key) or ends over budget writes ``boost.json``
+with ``status: failed`` but no data set, keeps every cached answer, and raises
+:class:`~finecap.boost.engine.BoostFailed` (exit code 2).
 """
 
 from __future__ import annotations
@@ -18,21 +27,32 @@ from pathlib import Path
 from typing import Any
 
 from finecap.boost.backends import make_backend
-from finecap.boost.engine import MODE_STEPS, AnswerCache, boost_records
-from finecap.boost.output import check_writable, write_boosted
+from finecap.boost.engine import MODE_STEPS, AnswerCache, BoostFailed, boost_records
+from finecap.boost.lock import output_lock
+from finecap.boost.output import check_outputs, write_boosted
 from finecap.boost.prompts import Prompts
-from finecap.config import Config
+from finecap.config import SECRET_KEYS, Config
 from finecap.data.formats import read_dataset
 from finecap.data.references import data_file
 from finecap.utils import atomic_write_text, write_json
+
+
+def masked_config(cfg: Config) -> dict[str, Any]:
+    """The ``boost`` section with every secret (:data:`~finecap.config.SECRET_KEYS`) replaced by ``***``."""
+    out = cfg.to_dict()["boost"]
+    for key in SECRET_KEYS:
+        section, name = key.split(".", 1)
+        if section == "boost" and out.get(name):
+            out[name] = "***"
+    return out
 
 
 def main(cfg: Config, out: str | Path, progress: bool = True) -> dict[str, Any]:
     """Boost the configured data set into ``out``; returns the summary written to ``out/boost.json``."""
     start = time.perf_counter()
     out = Path(out)
-    check_writable(cfg.data.format)  # before any request
     source = data_file(cfg)
+    check_outputs(cfg.data.format, source, out, cfg.data.images or None)  # before any request or file
     if not source.exists():
         raise FileNotFoundError(
             f"{source}: data set not found (data.path / world.out; `finecap world make` for the world)"
@@ -44,39 +64,58 @@ def main(cfg: Config, out: str | Path, progress: bool = True) -> dict[str, Any]:
             r.captions = list(r.boosted["original"])
     steps = MODE_STEPS[cfg.boost.mode]
     prompts = Prompts.load(cfg.boost.prompts or None)
-    llm = make_backend(cfg, "llm") if set(steps) & {"blend", "holistic"} else None
-    vlm = make_backend(cfg, "vlm") if "visual" in steps else None
     out.mkdir(parents=True, exist_ok=True)
-    cache = AnswerCache(out / "cache.jsonl")
-    try:
-        result = boost_records(records, cfg.boost.mode, llm, vlm, cache, prompts, few_shot=cfg.boost.few_shot,
-                               retries=cfg.boost.retries, limit=cfg.boost.limit, progress=progress)  # fmt: skip
-    finally:
-        cache.close()
-        for backend in (llm, vlm):
-            close = getattr(backend, "close", None)
-            if close is not None:
-                close()
-    path = write_boosted(cfg.data.format, source, out, records, result.fields, cfg.boost.mode)
-    atomic_write_text(out / "failures.jsonl", "".join(json.dumps(f.to_dict()) + "\n" for f in result.failures))
-    failed: dict[str, int] = {}
-    for f in result.failures:
-        failed[f.step] = failed.get(f.step, 0) + 1
-    summary = {
-        "source": str(source),
-        "output": str(path),
-        "mode": cfg.boost.mode,
-        "images": len(records),
-        "boosted": len(records[: cfg.boost.limit or None]),
-        "requested": result.requested,
-        "failed": failed,
-        "seconds": round(time.perf_counter() - start, 1),
-        "prompts": prompts.source,
-        "config": cfg.to_dict()["boost"] | {"llm_api_key": "***", "vlm_api_key": "***"},
-    }
-    write_json(out / "boost.json", summary)
-    print(f"boost: {summary['boosted']} of {len(records)} images ({cfg.boost.mode}); requests {result.requested}; "
-          f"failed {failed or 'none'}; wrote {path}")  # fmt: skip
+    with output_lock(out):
+        llm = make_backend(cfg, "llm") if set(steps) & {"blend", "holistic"} else None
+        vlm = make_backend(cfg, "vlm") if "visual" in steps else None
+        cache = AnswerCache(out / "cache.jsonl")
+        try:
+            b = cfg.boost
+            result = boost_records(
+                records, b.mode, llm, vlm, cache, prompts, few_shot=b.few_shot, retries=b.retries, limit=b.limit,
+                progress=progress, max_failure_rate=b.max_failure_rate,
+                max_consecutive_failures=b.max_consecutive_failures,
+            )  # fmt: skip
+        finally:
+            cache.close()
+            for backend in (llm, vlm):
+                close = getattr(backend, "close", None)
+                if close is not None:
+                    close()
+        path = None if result.stopped else write_boosted(cfg.data.format, source, out, records, result.fields,
+                                                          cfg.boost.mode)  # fmt: skip
+        atomic_write_text(out / "failures.jsonl", "".join(json.dumps(f.to_dict()) + "\n" for f in result.failures))
+        failed_steps: dict[str, int] = {}
+        for f in result.failures:
+            failed_steps[f.step] = failed_steps.get(f.step, 0) + 1
+        summary = {
+            "status": "failed" if result.stopped else "ok",
+            "error": result.stopped,
+            "source": str(source.resolve()),
+            "output": str(path.resolve()) if path else None,
+            "mode": cfg.boost.mode,
+            "images": len(records),
+            "to_boost": len(result.chosen),
+            "boosted": len(result.boosted),
+            "failed": len(result.failed),
+            "not_done": len(result.chosen) - len(result.boosted) - len(result.failed),
+            "failed_steps": failed_steps,
+            "requested": result.requested,
+            "cached": result.cached,
+            "seconds": round(time.perf_counter() - start, 1),
+            "prompts": prompts.source,
+            "config": masked_config(cfg),
+        }
+        write_json(out / "boost.json", summary)
+    counts = f"{summary['boosted']} of {summary['to_boost']} images boosted ({b.mode}), {summary['failed']} failed"
+    if result.stopped:
+        raise BoostFailed(
+            f"boost stopped: {result.stopped}. {counts}, {summary['not_done']} not done; no data set written. "
+            f"{len(cache.answers)} answers are kept in {out / 'cache.jsonl'}: re-run with the same --out to continue "
+            f"(details: {out / 'boost.json'}, {out / 'failures.jsonl'})"
+        )
+    print(f"boost: {counts}; requests {result.requested}; wrote {path}")
     if result.failures:
-        print(f"boost: {len(result.failures)} failures logged in {out / 'failures.jsonl'} (human captions kept)")
+        print(f"boost: {len(result.failures)} failures logged in {out / 'failures.jsonl'} (human captions kept; "
+              f"within boost.max_failure_rate={b.max_failure_rate:g})")  # fmt: skip
     return summary

@@ -2,28 +2,42 @@
 
 from __future__ import annotations
 
+import dataclasses
 from typing import TYPE_CHECKING, get_args
 
 from finecap.boost.engine import Backend
-from finecap.config import BoostBackend
+from finecap.config import BoostBackend, BoostConfig
 
 if TYPE_CHECKING:
     from finecap.config import Config
 
 BACKENDS: tuple[str, ...] = get_args(BoostBackend)
+DEFAULT_KEY_ENV = next(f.default for f in dataclasses.fields(BoostConfig) if f.name == "llm_api_key_env")
+
+
+def api_key(cfg: Config, role: str) -> str:
+    """The API key of ``role``: the deprecated ``boost.<role>_api_key`` if set, else the environment variable named by
+    ``boost.<role>_api_key_env`` (``""`` when the default variable is unset: local servers need none)."""
+    from finecap.boost.openai_backend import api_key_from_env
+
+    b = cfg.boost
+    variable = getattr(b, f"{role}_api_key_env")
+    return getattr(b, f"{role}_api_key") or api_key_from_env(
+        variable, f"boost.{role}_api_key_env", explicit=variable != DEFAULT_KEY_ENV
+    )
 
 
 def make_backend(cfg: Config, role: str) -> Backend:
     """The backend of ``role`` (``llm`` or ``vlm``) from ``boost.<role>_*``."""
     b = cfg.boost
-    name, model, base_url, api_key = (getattr(b, f"{role}_{k}") for k in ("backend", "model", "base_url", "api_key"))
+    name, model, base_url = (getattr(b, f"{role}_{k}") for k in ("backend", "model", "base_url"))
     key = f"boost.{role}"
     if name == "openai":
         from finecap.boost.openai_backend import OpenAIBackend
 
-        return OpenAIBackend(model, base_url, api_key, concurrency=b.concurrency, timeout=b.timeout,
+        return OpenAIBackend(model, base_url, api_key(cfg, role), concurrency=b.concurrency, timeout=b.timeout,
                              retries=b.retries, max_tokens=b.max_new_tokens, temperature=b.temperature,
-                             key=key)  # fmt: skip
+                             max_wait=b.retry_max_wait, key=key)  # fmt: skip
     if name == "transformers":
         from finecap.boost.hf_backend import TransformersBackend
 

@@ -1,21 +1,28 @@
 """The boosting engine: runs the steps of Visual Caption Boosting over a data set through any backend, with a
-resumable cache, retries of malformed answers and a per-image failure log.
+resumable cache, retries of malformed answers, a failure budget and a per-image failure log.
 
 - **Cache** (:class:`AnswerCache`): an append-only JSONL file, one line ``{"key", "step", "image_id", "answer"}`` per
   accepted answer, written and flushed as soon as the answer arrives. ``key`` is the SHA-256 of the backend's
   identity (backend, model, generation settings), the step, the chat messages (prompt + inputs) and, for the visual
-  step, the image file's bytes. A killed run loses at most the answers in flight; re-running reads the file, skips
-  every cached key and asks only for the rest. A last line cut by the kill is ignored; a key written twice (two
-  processes on one cache) keeps its first answer, so nothing is duplicated in the output.
-- **Answers** are cleaned (:func:`clean_answer`): surrounding white space and quotes, a leading label such as
-  ``Caption:`` and everything after the first line are dropped (the prompts ask for one sentence). An empty answer is
-  malformed and asked again, up to ``boost.retries`` times; a backend error that survived the backend's own retries
-  (HTTP 5xx, time-outs) fails the image at once.
-- **Failures**: every image whose step failed is returned with the step, the reason and the attempts
-  (:class:`Failure`); the caller writes them to ``failures.jsonl`` and keeps the image's human captions for that
-  field. A failed ``blend`` or ``visual`` step also fails the image's ``holistic`` step (its inputs are missing).
+  step, the image file's bytes. A killed or stopped run loses at most the answers in flight; re-running reads the
+  file, skips every cached key and asks only for the rest. A last line cut by a kill is ignored; a key written twice
+  keeps its first answer, so nothing is duplicated in the output.
+- **Answers** are kept whole (:func:`clean_answer`): white space runs (line breaks and paragraphs included) become
+  one space, surrounding quotes and one leading label such as ``Caption:`` are dropped, nothing else. An empty answer
+  or a reply that is not a chat completion (:class:`MalformedReply`) is asked again, up to ``boost.retries`` times;
+  a backend error that survived the backend's own retries (:class:`BackendError`: HTTP 5xx, time-outs) fails the
+  image at once.
+- **Failures** (:class:`Failure`): every image whose step failed, with the step, the reason and the attempts; the
+  caller writes them to ``failures.jsonl`` and keeps the image's human captions for that field. A failed ``blend`` or
+  ``visual`` step also fails the image's ``holistic`` step (its inputs are missing).
+- **Stopping** (:class:`FailureBudget`): the run stops as soon as more than ``boost.max_failure_rate`` of the images
+  to boost failed (the fraction can then only be exceeded at the end too), after ``boost.max_consecutive_failures``
+  requests in a row could not reach the server (:class:`ServerUnavailable`), and at once on a
+  :class:`FatalBackendError` (a refused API key, a wrong URL). The result then carries ``stopped`` (the reason);
+  :mod:`finecap.app.boost` turns it into :class:`BoostFailed` (exit code 2) after saving what was done.
 - **Backends** implement :class:`Backend`: ``identity()`` for the cache key and ``run(tasks)`` yielding ``(position,
   answer or exception)`` as answers complete (so the progress bar and the cache advance while a remote server works).
+  The engine closes ``run``'s generator when it stops early; a backend cancels the requests not yet sent.
 """
 
 from __future__ import annotations
@@ -24,6 +31,7 @@ import hashlib
 import json
 import re
 from collections.abc import Iterator, Sequence
+from contextlib import closing
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -43,6 +51,27 @@ MODE_STEPS: dict[str, tuple[str, ...]] = {
 
 class BackendError(RuntimeError):
     """A request failed for good (after the backend's own retries); the image is logged as failed."""
+
+
+class ServerUnavailable(BackendError):
+    """The server could not be reached (no connection, time-outs, 502/503/504) after the backend's retries; counts
+    towards ``boost.max_consecutive_failures``."""
+
+
+class MalformedReply(BackendError):
+    """The server answered, but not with a chat completion (not JSON, no ``choices[0].message.content``); the engine
+    asks again, as for an empty answer."""
+
+
+class FatalBackendError(BackendError):
+    """Every further request would fail the same way (HTTP 401/403: the key is refused; 404: wrong URL or model):
+    the run stops at once."""
+
+
+class BoostFailed(ValueError):
+    """The boosting run failed (a stop or the failure budget): the command exits with code 2 and this message.
+
+    A ``ValueError`` so that the command line prints it as a one-line error (``finecap: error: ...``)."""
 
 
 @dataclass
@@ -83,6 +112,55 @@ class Failure:
 
 
 @dataclass
+class FailureBudget:
+    """When a run must stop (module docstring): ``n_images`` to boost, ``boost.max_failure_rate`` and
+    ``boost.max_consecutive_failures``. :meth:`failed` and :meth:`succeeded` are called per answer, in completion
+    order; each returns the reason to stop, or ``None``.
+
+    Example (10 images, at most 10 % may fail: the second failed image stops the run)::
+
+        >>> budget = FailureBudget(10, max_rate=0.1, max_consecutive=3)
+        >>> budget.failed(0, BackendError("HTTP 500")) is None
+        True
+        >>> budget.failed(1, BackendError("HTTP 500"))
+        '2 of 10 images failed, more than boost.max_failure_rate=0.1 allows; last error: HTTP 500'
+    """
+
+    n_images: int
+    max_rate: float = 0.01
+    max_consecutive: int = 10
+    failed_images: set[int] = field(default_factory=set)
+    consecutive: int = 0
+    """Connection failures in a row (:class:`ServerUnavailable`), reset by any answer."""
+
+    def over_budget(self) -> bool:
+        return self.n_images > 0 and len(self.failed_images) / self.n_images > self.max_rate
+
+    def budget_reason(self, last: str) -> str:
+        return (
+            f"{len(self.failed_images)} of {self.n_images} images failed, more than "
+            f"boost.max_failure_rate={self.max_rate:g} allows; last error: {last}"
+        )
+
+    def failed(self, index: int, error: BaseException | str) -> str | None:
+        self.failed_images.add(index)
+        if isinstance(error, FatalBackendError):
+            return str(error)
+        self.consecutive = self.consecutive + 1 if isinstance(error, ServerUnavailable) else 0
+        if self.consecutive >= self.max_consecutive:
+            return (
+                f"{self.consecutive} requests in a row could not reach the server "
+                f"(boost.max_consecutive_failures={self.max_consecutive}); last error: {error}"
+            )
+        if self.over_budget():
+            return self.budget_reason(str(error))
+        return None
+
+    def succeeded(self) -> None:
+        self.consecutive = 0
+
+
+@dataclass
 class BoostResult:
     """Per record (data set order): ``fields[i][name] = [caption, ...]`` for ``original`` and every step run."""
 
@@ -90,28 +168,43 @@ class BoostResult:
     failures: list[Failure] = field(default_factory=list)
     requested: dict[str, int] = field(default_factory=dict)
     """Answers requested from the backends per step in this run (cached answers are not requested)."""
+    cached: dict[str, int] = field(default_factory=dict)
+    """Answers per step taken from the cache of an earlier run."""
+    chosen: list[int] = field(default_factory=list)
+    """Positions of the records to boost (the first ``boost.limit``)."""
+    boosted: list[int] = field(default_factory=list)
+    """Positions of the records whose every step was answered (their ``mode`` field is the boosted caption)."""
+    failed: list[int] = field(default_factory=list)
+    """Positions of the records with a failed step (they keep their human captions there)."""
+    stopped: str | None = None
+    """Why the run stopped before the end, or ``None``."""
 
 
-_LABEL = re.compile(r"^\s*(?:improved |blended |holistic |human |final )?(?:caption|description|answer)\s*:\s*", re.I)
+_LABEL = re.compile(
+    r"^(?:improved |blended |holistic |human |final |correct |new )?(?:caption|description|answer)\s*:\s*", re.I
+)
+_QUOTES = "\"'`“”"
 
 
 def clean_answer(text: Any) -> str | None:
-    """The answer's first non-empty line without quotes or a leading label; ``None`` when nothing is left.
+    """The whole answer with white space normalised, without surrounding quotes or a leading label; ``None`` when
+    nothing is left. Every line and paragraph is kept (a VLM's description runs to several).
 
     Example::
 
-        >>> clean_answer('  Caption: "A red circle on grass."\\nI hope this helps!')
-        'A red circle on grass.'
+        >>> clean_answer('  Caption: A red circle on grass.\\n\\nA blue square is above it.')
+        'A red circle on grass. A blue square is above it.'
+        >>> clean_answer('"A red circle on grass.\\n  It is small."')
+        'A red circle on grass. It is small.'
         >>> clean_answer("   ") is None
         True
     """
     if not isinstance(text, str):
         return None
-    lines = [ln.strip() for ln in text.strip().splitlines() if ln.strip()]
-    if not lines:
-        return None
-    line = _LABEL.sub("", lines[0]).strip().strip("\"'`“”").strip()
-    return line or None
+    line = _LABEL.sub("", " ".join(text.split()))
+    if len(line) >= 2 and line[0] in _QUOTES and line[-1] in _QUOTES:  # a quoted answer, not a quote inside it
+        line = line[1:-1].strip()
+    return line.strip() or None
 
 
 def _sha256_file(path: Path, memo: dict[Path, str]) -> str:
@@ -168,6 +261,17 @@ def request_key(backend: Backend, task: Task, image_hashes: dict[Path, str]) -> 
     return hashlib.sha256(json.dumps(content, sort_keys=True, default=str).encode()).hexdigest()
 
 
+@dataclass
+class StepResult:
+    answers: dict[int, str]
+    """``{task.index: text}`` of every answered task (cached or new)."""
+    failures: list[Failure]
+    sent: int
+    """Requests sent to the backend (retries of malformed answers included)."""
+    cached: int
+    stopped: str | None = None
+
+
 def run_step(
     step: str,
     tasks: list[Task],
@@ -175,39 +279,57 @@ def run_step(
     cache: AnswerCache,
     retries: int,
     progress: bool = True,
-) -> tuple[dict[int, str], list[Failure], int]:
-    """Answers ``{task.index: text}`` of one step, the failures, and how many requests were sent."""
+    budget: FailureBudget | None = None,
+) -> StepResult:
+    """Answers of one step through ``backend`` (cached ones from ``cache``); stops early when ``budget`` says so."""
+    budget = budget or FailureBudget(len(tasks), max_rate=1.0, max_consecutive=10**9)
     hashes: dict[Path, str] = {}
     keys = {t.index: request_key(backend, t, hashes) for t in tasks}
     answers = {t.index: cache.get(keys[t.index]) for t in tasks if keys[t.index] in cache}
+    out = StepResult(answers, [], 0, len(answers))
     pending = [t for t in tasks if t.index not in answers]
-    failures: list[Failure] = []
-    sent = 0
     bar = tqdm(total=len(tasks), initial=len(answers), desc=f"boost [{step}]", unit="image", disable=not progress)
+
+    def fail(task: Task, error: BaseException | str, attempt: int) -> None:
+        message = f"{type(error).__name__}: {error}" if isinstance(error, BaseException) else error
+        out.failures.append(Failure(task.record.image_id, step, message, attempt))
+        bar.update(1)
+        out.stopped = out.stopped or budget.failed(task.index, error)
+
     for attempt in range(1, retries + 2):
-        if not pending:
+        if not pending or out.stopped:
             break
         malformed: list[tuple[Task, str]] = []
-        sent += len(pending)
-        for pos, answer in backend.run(pending):
-            task = pending[pos]
-            if isinstance(answer, BaseException):
-                failures.append(Failure(task.record.image_id, step, f"{type(answer).__name__}: {answer}", attempt))
+        out.sent += len(pending)
+        last = attempt == retries + 1
+        with closing(iter(backend.run(pending))) as results:  # closing stops the backend when the run stops
+            for pos, answer in results:
+                task = pending[pos]
+                if isinstance(answer, MalformedReply):
+                    reason, text = f"malformed reply: {answer}", None
+                elif isinstance(answer, BaseException):
+                    fail(task, answer, attempt)
+                    if out.stopped:
+                        break
+                    continue
+                else:
+                    reason, text = f"empty answer {answer!r:.200}", clean_answer(answer)
+                if text is None:
+                    if last:
+                        fail(task, reason, attempt)
+                        if out.stopped:
+                            break
+                    else:
+                        budget.succeeded()  # the server answered
+                        malformed.append((task, reason))
+                    continue
+                budget.succeeded()
+                cache.put(keys[task.index], step, task.record.image_id, text)
+                answers[task.index] = text
                 bar.update(1)
-                continue
-            text = clean_answer(answer)
-            if text is None:
-                malformed.append((task, f"malformed or empty answer {answer!r:.200}"))
-                continue
-            cache.put(keys[task.index], step, task.record.image_id, text)
-            answers[task.index] = text
-            bar.update(1)
         pending = [t for t, _ in malformed]
-        if attempt == retries + 1:
-            failures += [Failure(t.record.image_id, step, reason, attempt) for t, reason in malformed]
-            bar.update(len(malformed))
     bar.close()
-    return answers, failures, sent
+    return out
 
 
 def boost_records(
@@ -222,15 +344,21 @@ def boost_records(
     retries: int = 3,
     limit: int = 0,
     progress: bool = True,
+    max_failure_rate: float = 1.0,
+    max_consecutive_failures: int = 10**9,
 ) -> BoostResult:
     """Run the steps of ``mode`` (:data:`MODE_STEPS`) over ``records`` (the first ``limit``; 0 = all). Every record
-    gets ``original`` and one field per step; a failed step keeps the human captions in its field."""
+    gets ``original`` and one field per step; a failed or unanswered step keeps the human captions in its field. The
+    run stops early (``result.stopped``) as :class:`FailureBudget` says; the library default is no budget."""
     if mode not in MODE_STEPS:
         raise ValueError(f"boost.mode: unknown mode {mode!r}; valid modes: {', '.join(MODE_STEPS)}")
     chosen = list(range(len(records)))[: limit or None]
-    result = BoostResult(fields=[{"original": list(r.captions)} for r in records])
-    answers: dict[str, dict[int, str]] = {}
+    result = BoostResult(fields=[{"original": list(r.captions)} for r in records], chosen=chosen)
+    budget = FailureBudget(len(chosen), max_rate=max_failure_rate, max_consecutive=max_consecutive_failures)
+    answers: dict[str, dict[int, str]] = {step: {} for step in MODE_STEPS[mode]}
     for step in MODE_STEPS[mode]:
+        if result.stopped:
+            break
         backend = vlm if step == "visual" else llm
         if backend is None:
             raise ValueError(f"boost: step {step!r} needs a {'VLM' if step == 'visual' else 'LLM'} backend")
@@ -242,13 +370,21 @@ def boost_records(
                 if i not in answers["blend"] or i not in answers["visual"]:
                     missing = [s for s in ("blend", "visual") if i not in answers[s]]
                     result.failures.append(Failure(r.image_id, step, f"no {' and no '.join(missing)} caption", 0))
+                    budget.failed_images.add(i)  # already failed at that step: counted once
                     continue
                 inputs |= {"blend": answers["blend"][i], "visual": answers["visual"][i]}
             messages = prompts.messages(step, few_shot=few_shot, **inputs)
             tasks.append(Task(i, r, step, messages, inputs))
-        answers[step], failures, sent = run_step(step, tasks, backend, cache, retries, progress)
-        result.failures += failures
-        result.requested[step] = sent
+        done = run_step(step, tasks, backend, cache, retries, progress, budget)
+        answers[step] = done.answers
+        result.failures += done.failures
+        result.requested[step], result.cached[step] = done.sent, done.cached
+        result.stopped = done.stopped
+    if result.stopped is None and budget.over_budget():  # checked at the end too
+        result.stopped = budget.budget_reason(result.failures[-1].error if result.failures else "none")
+    final = MODE_STEPS[mode][-1]
+    result.boosted = [i for i in chosen if i in answers[final]]
+    result.failed = sorted(budget.failed_images)
     for i, r in enumerate(records):
         for step in MODE_STEPS[mode]:
             text = answers[step].get(i)

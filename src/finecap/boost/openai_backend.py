@@ -1,37 +1,74 @@
 """The ``openai`` backend: any OpenAI-compatible chat-completions server (vLLM, llama.cpp server, Ollama, TGI,
-``transformers serve``, OpenAI itself) over HTTP with ``httpx``.
+``transformers serve``, OpenAI itself) over HTTP with ``httpx``, retried with ``tenacity``.
 
 ``POST {base_url}/chat/completions`` with ``{"model", "messages", "max_tokens", "temperature"}``; the answer is
 ``choices[0].message.content``. For the ``visual`` step the image is sent inline as a base64 data URL in the last
 user message (``{"type": "image_url", "image_url": {"url": "data:image/png;base64,..."}}``), which every server
 above accepts for vision models. At most ``boost.concurrency`` requests are in flight (a thread pool of that size
-sharing one connection pool). A request that times out (``boost.timeout``), fails to connect or gets HTTP 429 or 5xx
-is retried up to ``boost.retries`` times with exponential backoff (``backoff * 2**attempt`` seconds, at most 30 s);
-other HTTP errors fail at once. A response that is not chat-completions JSON counts as an empty answer, which the
-engine asks again (:mod:`finecap.boost.engine`).
+sharing one connection pool).
 
-Why httpx rather than the ``openai`` package: the request is one POST, and httpx gives the time-out, connection pool
-and error types directly; the ``openai`` client would add a dependency and its own retry layer on top of ours.
+What happens to each request:
+
+- **retried** up to ``boost.retries`` times: no connection, a time-out (``boost.timeout``) or HTTP 408, 409, 429,
+  500, 502, 503, 504. The wait before a retry is the server's ``Retry-After`` (seconds or an HTTP date) when it sends
+  one, plus a random jitter of up to ``backoff`` seconds; otherwise exponential with jitter (``backoff * 2**(n-1)``
+  plus up to ``backoff``), at most ``boost.retry_max_wait``. A ``Retry-After`` longer than ``boost.retry_max_wait``
+  fails the request instead of retrying early. When the retries are spent, an unreachable server (no connection,
+  time-outs, 502/503/504) is :class:`~finecap.boost.engine.ServerUnavailable` (the engine stops after
+  ``boost.max_consecutive_failures`` of them in a row), anything else a :class:`~finecap.boost.engine.BackendError`;
+- **stops the run at once**: HTTP 401 or 403 (the key is refused) and 404 (wrong URL or model name): every further
+  request would fail the same way (:class:`~finecap.boost.engine.FatalBackendError`); no new request starts after it;
+- **fails the image**: any other HTTP error (e.g. 400, a prompt too long for the model);
+- **asked again by the engine**: a reply that is not chat-completions JSON
+  (:class:`~finecap.boost.engine.MalformedReply`, reported as "not JSON" or "no choices[0].message.content").
+
+The base URL is checked when the backend is made, before any request: an ``http(s)`` URL with a host. The API key is
+read from the environment variable ``boost.<role>_api_key_env`` (``OPENAI_API_KEY`` by default; a variable named
+explicitly must be set); it is sent as ``Authorization: Bearer`` and replaced by ``***`` in every error message.
+
+Why ``httpx`` + ``tenacity`` rather than the ``openai`` package: the request is one POST that httpx makes with a
+time-out and a connection pool; ``tenacity`` gives the retry policy (stop, jittered exponential wait, the retry
+predicate, an injectable ``sleep``), to which this module adds what the policy must know about HTTP: which statuses
+are retried, ``Retry-After``, and which failures end the run. The ``openai`` client also retries and reads
+``Retry-After``, but it hides the attempts, its waits cannot be injected in tests, and it would stop neither at the
+first 401 across concurrent requests nor after N connection failures in a row.
 """
 
 from __future__ import annotations
 
 import base64
+import email.utils
 import mimetypes
 import os
+import random
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
 from typing import Any
 
 import httpx
+from tenacity import (
+    RetryCallState,
+    Retrying,
+    retry_if_exception_type,
+    stop_after_attempt,
+    stop_when_event_set,
+    wait_exponential_jitter,
+)
 
-from finecap.boost.engine import BackendError, Task
+from finecap.boost.engine import BackendError, FatalBackendError, MalformedReply, ServerUnavailable, Task
 
 DEFAULT_BASE_URL = "https://api.openai.com/v1"
 RETRY_STATUS = {408, 409, 429, 500, 502, 503, 504}
+UNAVAILABLE_STATUS = {502, 503, 504}
+FATAL_STATUS = {
+    401: "the server refused the API key",
+    403: "the API key may not use this model or server",
+    404: "no such endpoint or model (check the base URL, which usually ends in /v1, and the model name)",
+}
+"""HTTP statuses that stop the run at once: every further request would get the same."""
 
 
 def image_data_url(path: str | Path) -> str:
@@ -49,8 +86,65 @@ def with_image(messages: list[dict[str, Any]], image: str | Path) -> list[dict[s
     return out
 
 
+def parse_retry_after(value: str | None, now: float) -> float | None:
+    """Seconds to wait from a ``Retry-After`` header (delay seconds or an HTTP date; RFC 9110 10.2.3) at time
+    ``now`` (Unix seconds); ``None`` when absent or unreadable.
+
+    Example::
+
+        >>> parse_retry_after("7", now=0.0)
+        7.0
+        >>> parse_retry_after("Thu, 01 Jan 1970 00:00:30 GMT", now=12.0)
+        18.0
+    """
+    if not value:
+        return None
+    value = value.strip()
+    try:
+        return max(0.0, float(value))
+    except ValueError:
+        pass
+    try:
+        when = email.utils.parsedate_to_datetime(value)
+    except (TypeError, ValueError):
+        return None
+    return max(0.0, when.timestamp() - now)
+
+
+class _Retry(Exception):
+    """A failed attempt worth retrying; ``unavailable`` when the server could not be reached."""
+
+    def __init__(self, message: str, *, unavailable: bool, retry_after: float | None = None) -> None:
+        super().__init__(message)
+        self.unavailable, self.retry_after = unavailable, retry_after
+
+
+class _Cancelled(BackendError):
+    """Not sent: the run is stopping."""
+
+
+def check_base_url(url: str, key: str) -> None:
+    """``ValueError`` naming ``key`` unless ``url`` is an http(s) URL with a host."""
+    try:
+        parsed = httpx.URL(url)
+    except (httpx.InvalidURL, TypeError, ValueError) as e:
+        raise ValueError(f"{key}={url!r}: malformed URL ({e})") from None
+    if parsed.scheme not in ("http", "https") or not parsed.host:
+        raise ValueError(f"{key}={url!r}: not an http(s) URL with a host; e.g. http://localhost:8000/v1")
+
+
+def api_key_from_env(variable: str, key: str, explicit: bool) -> str:
+    """The API key in environment ``variable``; ``""`` when unset, unless the variable was named explicitly (then a
+    ``ValueError`` naming ``key``)."""
+    value = os.environ.get(variable, "")
+    if not value and explicit:
+        raise ValueError(f"{key}={variable}: the environment variable {variable} is not set (export it first)")
+    return value
+
+
 class OpenAIBackend:
-    """Chat completions on an OpenAI-compatible server (module docstring)."""
+    """Chat completions on an OpenAI-compatible server (module docstring). ``sleep`` and ``clock`` are injectable
+    for tests (default: an interruptible wait and ``time.time``)."""
 
     def __init__(
         self,
@@ -64,18 +158,30 @@ class OpenAIBackend:
         max_tokens: int = 120,
         temperature: float = 0.0,
         backoff: float = 1.0,
+        max_wait: float = 60.0,
         key: str = "boost.llm",
+        sleep: Callable[[float], Any] | None = None,
+        clock: Callable[[], float] = time.time,
     ) -> None:
         if not model:
             raise ValueError(f"{key}_model: the openai backend needs the served model name")
         self.model = model
-        self.base_url = (base_url or os.environ.get("OPENAI_BASE_URL") or DEFAULT_BASE_URL).rstrip("/")
-        api_key = api_key or os.environ.get("OPENAI_API_KEY", "")
-        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-        self.concurrency, self.retries, self.backoff = concurrency, retries, backoff
+        url_key = f"{key}_base_url" if base_url else "OPENAI_BASE_URL (environment, boost.*_base_url empty)"
+        base_url = base_url or os.environ.get("OPENAI_BASE_URL") or DEFAULT_BASE_URL
+        check_base_url(base_url, url_key)
+        self.base_url = base_url.rstrip("/")
+        self.url = f"{self.base_url}/chat/completions"
+        self._api_key = api_key or os.environ.get("OPENAI_API_KEY", "")
+        headers = {"Authorization": f"Bearer {self._api_key}"} if self._api_key else {}
+        self.concurrency, self.retries, self.backoff, self.max_wait = concurrency, retries, backoff, max_wait
         self.max_tokens, self.temperature = max_tokens, temperature
+        self.key = key
         limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
         self.client = httpx.Client(headers=headers, timeout=timeout, limits=limits)
+        self._stop = threading.Event()
+        self._sleep = sleep or (lambda seconds: self._stop.wait(seconds))
+        self._clock = clock
+        self._exponential = wait_exponential_jitter(initial=backoff, max=max_wait, jitter=backoff)
         self._lock = threading.Lock()
         self.requests_sent = 0
 
@@ -89,41 +195,91 @@ class OpenAIBackend:
         return {"model": self.model, "messages": messages, "max_tokens": self.max_tokens,
                 "temperature": self.temperature}  # fmt: skip
 
+    def redact(self, text: str) -> str:
+        """``text`` with the API key replaced by ``***`` (servers may echo it in errors)."""
+        return text.replace(self._api_key, "***") if self._api_key else text
+
+    def wait(self, state: RetryCallState) -> float:
+        """Seconds before the next attempt: ``Retry-After`` plus jitter, else jittered exponential backoff."""
+        error = state.outcome.exception() if state.outcome is not None else None
+        if isinstance(error, _Retry) and error.retry_after is not None:
+            return error.retry_after + random.uniform(0, self.backoff)
+        return self._exponential(state)
+
+    def attempt(self, payload: dict[str, Any]) -> str:
+        """One POST; the answer text, or an exception saying whether and how to go on."""
+        if self._stop.is_set():
+            raise _Cancelled("not sent: the run is stopping")
+        with self._lock:
+            self.requests_sent += 1
+        try:
+            response = self.client.post(self.url, json=payload)
+        except httpx.TransportError as e:  # no connection, time-outs, a connection cut mid-reply
+            raise _Retry(f"{type(e).__name__}: {e}", unavailable=True) from None
+        status = response.status_code
+        if status in FATAL_STATUS:
+            self._stop.set()  # no new request starts
+            raise FatalBackendError(
+                f"{self.url}: HTTP {status}: {FATAL_STATUS[status]} ({self.key}_*); the server said: "
+                f"{self.redact(response.text[:300])}"
+            )
+        if status in RETRY_STATUS:
+            retry_after = parse_retry_after(response.headers.get("Retry-After"), self._clock())
+            message = f"HTTP {status}: {self.redact(response.text[:200])}"
+            if retry_after is not None and retry_after > self.max_wait:
+                raise BackendError(
+                    f"{self.url}: {message}; the server asks to retry after {retry_after:g} s, more than "
+                    f"boost.retry_max_wait={self.max_wait:g}"
+                )
+            raise _Retry(message, unavailable=status in UNAVAILABLE_STATUS, retry_after=retry_after)
+        if status >= 400:
+            raise BackendError(f"{self.url}: HTTP {status}: {self.redact(response.text[:300])}")
+        try:
+            body = response.json()
+        except ValueError:
+            raise MalformedReply(
+                f"HTTP {status} but the reply is not JSON: {self.redact(response.text[:200])!r}"
+            ) from None
+        try:
+            content = body["choices"][0]["message"]["content"]
+        except (KeyError, IndexError, TypeError):
+            content = None
+        if not isinstance(content, str):
+            raise MalformedReply(f"the reply has no choices[0].message.content text: {self.redact(str(body))[:200]}")
+        return content
+
     def complete(self, task: Task) -> str:
-        """One request with retries; the answer text ("" when the response is not chat-completions JSON)."""
-        payload = self.payload(task)
-        url = f"{self.base_url}/chat/completions"
-        error = "no attempt"
-        for attempt in range(self.retries + 1):
-            if attempt:
-                time.sleep(min(30.0, self.backoff * 2 ** (attempt - 1)))
-            with self._lock:
-                self.requests_sent += 1
-            try:
-                response = self.client.post(url, json=payload)
-            except (httpx.TimeoutException, httpx.TransportError) as e:
-                error = f"{type(e).__name__}: {e}"
-                continue
-            if response.status_code in RETRY_STATUS:
-                error = f"HTTP {response.status_code}: {response.text[:200]}"
-                continue
-            if response.status_code >= 400:
-                raise BackendError(f"{url}: HTTP {response.status_code}: {response.text[:300]}")
-            try:
-                content = response.json()["choices"][0]["message"]["content"]
-            except (ValueError, KeyError, IndexError, TypeError):
-                return ""
-            return content if isinstance(content, str) else ""
-        raise BackendError(f"{url}: gave up after {self.retries + 1} attempts; last error {error}")
+        """One request with its retries (module docstring)."""
+        retrying = Retrying(
+            stop=stop_after_attempt(self.retries + 1) | stop_when_event_set(self._stop),
+            wait=self.wait,
+            retry=retry_if_exception_type(_Retry),
+            sleep=self._sleep,
+            reraise=True,
+        )
+        try:
+            return retrying(self.attempt, self.payload(task))
+        except _Retry as e:
+            error = ServerUnavailable if e.unavailable else BackendError
+            n = retrying.statistics.get("attempt_number", self.retries + 1)
+            raise error(f"{self.url}: gave up after {n} attempt(s); last error {e}") from None
 
     def run(self, tasks: Sequence[Task]) -> Iterator[tuple[int, str | BaseException]]:
-        with ThreadPoolExecutor(max_workers=self.concurrency) as pool:
+        pool = ThreadPoolExecutor(max_workers=self.concurrency)
+        done = False
+        try:
             futures = {pool.submit(self.complete, t): i for i, t in enumerate(tasks)}
             for future in as_completed(futures):
                 try:
                     yield futures[future], future.result()
-                except Exception as e:  # noqa: BLE001 - every failure is logged per image, never raised mid-run
+                except Exception as e:  # noqa: BLE001 - every failure goes to the engine, which logs or stops
                     yield futures[future], e
+            done = True
+        finally:
+            if not done:  # the engine stopped early (or a kill): send nothing more, wake retries from their wait
+                self._stop.set()
+            pool.shutdown(wait=True, cancel_futures=True)
+            self._stop.clear()
 
     def close(self) -> None:
         self.client.close()

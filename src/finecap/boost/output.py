@@ -39,6 +39,60 @@ def check_writable(fmt: str) -> None:
         raise ValueError(f"data.format={fmt}: finecap boost writes {', '.join(WRITABLE)} only")
 
 
+BOOST_FILES = ("boost.json", "cache.jsonl", "failures.jsonl")
+"""Files ``finecap boost`` keeps in its output folder besides the data set (and the lock while it runs)."""
+
+
+def dataset_file(fmt: str, source: str | Path) -> Path:
+    """The data set file of ``source`` (a world folder's ``dataset.json``)."""
+    source = Path(source)
+    return source / "dataset.json" if fmt == "world" and source.is_dir() else source
+
+
+def output_paths(fmt: str, source: str | Path, out_dir: str | Path) -> list[Path]:
+    """Every path :func:`finecap.app.boost.main` writes into ``out_dir`` for a data set ``source`` in ``fmt``."""
+    source, out_dir = dataset_file(fmt, source), Path(out_dir)
+    paths = [out_dir / source.name, *(out_dir / name for name in BOOST_FILES)]
+    if fmt == "world":
+        paths += [out_dir / name for name in ("scenes.jsonl", "dense.json", "world.json", "images")]
+    return paths
+
+
+def check_outputs(fmt: str, source: str | Path, out_dir: str | Path, images: str | Path | None = None) -> None:
+    """Check, writing nothing, that boosting ``source`` into ``out_dir`` is safe; ``ValueError`` naming the path
+    otherwise. Refused: an output folder equal to or inside the source's folder (or the image root ``images``), a
+    folder holding files but none of a boost run, an output path that is a folder, an unwritable folder."""
+    from finecap.boost.lock import LOCK_NAME
+
+    check_writable(fmt)
+    source, out_dir = dataset_file(fmt, source), Path(out_dir)
+    out = out_dir.resolve()
+    for folder, what in ((source.parent, "the source data set's folder"), (images, "the image folder (data.images)")):
+        if folder is None or str(folder) == "":
+            continue
+        folder = Path(folder).resolve()
+        if out == folder or folder in out.parents:
+            raise ValueError(
+                f"--out {out_dir}: inside {what} {folder}; finecap boost never writes into its source data: choose "
+                "a folder outside it"
+            )
+    if out_dir.exists():
+        if not out_dir.is_dir():
+            raise ValueError(f"--out {out_dir}: exists and is not a folder")
+        names = {p.name for p in out_dir.iterdir()}
+        if names and not names & {*BOOST_FILES, LOCK_NAME}:
+            raise ValueError(
+                f"--out {out_dir}: the folder holds files but no finecap boost output ({', '.join(BOOST_FILES)}); "
+                "finecap boost writes into an empty or new folder, or one it wrote before"
+            )
+    for path in output_paths(fmt, source, out_dir):
+        if path.is_dir() and not (path.name == "images" and fmt == "world"):
+            raise ValueError(f"--out {out_dir}: {path} is a folder; finecap boost would write a file there")
+    existing = next(p for p in (out_dir, *out_dir.parents) if p.exists())
+    if not existing.is_dir() or not os.access(existing, os.W_OK | os.X_OK):
+        raise ValueError(f"--out {out_dir}: {existing} is not a writable folder")
+
+
 def _check_aligned(n_raw: int, records: Sequence[Record], path: Path) -> None:
     if n_raw != len(records):
         raise ValueError(f"{path}: {n_raw} entries in the file but {len(records)} records were read; file changed?")
@@ -53,12 +107,9 @@ def write_boosted(
     mode: str,
 ) -> Path:
     """Write the boosted data set; returns the file written (the world's ``dataset.json``)."""
-    source, out_dir = Path(source), Path(out_dir)
+    check_outputs(fmt, source, out_dir)
+    source, out_dir = dataset_file(fmt, source), Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    if fmt == "world" and source.is_dir():
-        source = source / "dataset.json"
-    if source.resolve().parent == out_dir.resolve():
-        raise ValueError(f"--out {out_dir}: would overwrite the source data set {source}; choose another folder")
     out = out_dir / source.name
     if fmt in ("world", "karpathy"):
         raw = read_json(source)

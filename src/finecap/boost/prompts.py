@@ -16,11 +16,15 @@ variable           steps          value
                    holistic
 ``{n_captions}``   blend,         how many human captions there are
                    holistic
+``{reference_      blend,         the human captions as NDLB's prompts number them: ``Reference caption 1: ...``,
+captions}``        holistic       one per line
 ``{blend}``        holistic       the image's BlendCap (the ``blend`` step's answer)
 ``{visual}``       holistic       the image's VisualCap (the ``visual`` step's answer)
 =================  =============  ==========================================================================
 
-A prompt file (``boost.prompts``, YAML) overrides any part; its layout is that of :data:`DEFAULT_PROMPTS`::
+A prompt file (``boost.prompts``, YAML) overrides any part; ``boost.prompts=ndlb`` is the packaged file with the
+paper's prompts, word for word (:data:`PACKAGED`; the default of the ``coco/boost_*`` recipes). Its layout is that
+of :data:`DEFAULT_PROMPTS`::
 
     blend:
       system: "..."
@@ -30,8 +34,9 @@ A prompt file (``boost.prompts``, YAML) overrides any part; its layout is that o
     holistic:
       user: "..."                    # keys left out keep their defaults
 
-An example's ``captions`` is a list; it is formatted as ``{captions}`` is. Unknown steps, keys or variables raise
-``ValueError`` naming the prompt file.
+An example's ``captions`` is a list; it is formatted as ``{captions}`` is. An empty ``system`` sends no system
+message. A file that is not UTF-8, unknown steps, keys or variables and unbalanced braces raise ``ValueError`` naming
+the prompt file (and the step, key and line).
 """
 
 from __future__ import annotations
@@ -42,14 +47,18 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import yaml
+
 from finecap.utils import read_yaml_mapping
 
 STEPS = ("blend", "visual", "holistic")
 VARIABLES: dict[str, tuple[str, ...]] = {
-    "blend": ("captions", "n_captions"),
+    "blend": ("captions", "n_captions", "reference_captions"),
     "visual": (),
-    "holistic": ("captions", "n_captions", "blend", "visual"),
+    "holistic": ("captions", "n_captions", "reference_captions", "blend", "visual"),
 }
+PACKAGED: dict[str, Path] = {"ndlb": Path(__file__).with_name("ndlb_prompts.yaml")}
+"""Prompt files shipped with finecap, by the name ``boost.prompts`` takes: ``ndlb`` = NDLB appendix A.1."""
 
 DEFAULT_PROMPTS: dict[str, dict[str, Any]] = {
     "blend": {
@@ -118,8 +127,50 @@ def format_captions(captions: list[str]) -> str:
     return "\n".join(f"- {c}" for c in captions)
 
 
-def _fields(template: str) -> set[str]:
-    return {name for _, name, _, _ in string.Formatter().parse(template) if name}
+def format_reference_captions(captions: list[str]) -> str:
+    """The ``{reference_captions}`` variable (NDLB's layout).
+
+    Example::
+
+        >>> print(format_reference_captions(["a dog", "a brown dog"]))
+        Reference caption 1: a dog
+        Reference caption 2: a brown dog
+    """
+    return "\n".join(f"Reference caption {k}: {c}" for k, c in enumerate(captions, 1))
+
+
+def _fields(template: str, where: str) -> set[str]:
+    try:
+        return {name for _, name, _, _ in string.Formatter().parse(template) if name is not None}
+    except ValueError as e:  # "Single '}' encountered", "expected '}' before end of string"
+        raise ValueError(f"{where}: {e} (write {{{{ and }}}} for a literal brace)") from None
+
+
+def _key_lines(text: str) -> dict[str, int]:
+    """``{"step.key": line}`` (1-based) of a prompt file's two top levels, for error messages."""
+    try:
+        root = yaml.compose(text)
+    except yaml.YAMLError:
+        return {}
+    lines: dict[str, int] = {}
+    if isinstance(root, yaml.MappingNode):
+        for step, parts in root.value:
+            if isinstance(parts, yaml.MappingNode):
+                for key, value in parts.value:
+                    lines[f"{step.value}.{key.value}"] = value.start_mark.line + 1
+    return lines
+
+
+def _read_text(path: Path) -> str:
+    data = path.read_bytes()
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = data[: e.start].count(b"\n") + 1
+        raise ValueError(
+            f"{path}: not UTF-8 text: byte 0x{data[e.start]:02x} at line {line} (offset {e.start}); save the prompt "
+            "file as UTF-8"
+        ) from None
 
 
 @dataclass
@@ -128,16 +179,27 @@ class Prompts:
 
     templates: dict[str, dict[str, Any]]
     source: str = "finecap defaults"
+    lines: dict[str, int] | None = None
+    """Line of each ``step.key`` in the prompt file, for error messages."""
 
     @classmethod
     def load(cls, path: str | Path | None = None) -> Prompts:
-        """The defaults, overridden by the YAML prompt file ``path`` (if given); checks steps, keys and variables."""
+        """The defaults, overridden by the YAML prompt file ``path`` (if given; a name in :data:`PACKAGED` is that
+        packaged file unless a file of that name exists); checks encoding, steps, keys, variables and braces."""
         templates = copy.deepcopy(DEFAULT_PROMPTS)
         source = "finecap defaults"
+        lines: dict[str, int] = {}
         if path:
+            if not Path(path).is_file() and str(path) in PACKAGED:  # an existing file wins, as for recipes
+                path = PACKAGED[str(path)]
             path = Path(path)
             if not path.exists():
-                raise FileNotFoundError(f"boost.prompts: prompt file {path} not found")
+                raise FileNotFoundError(
+                    f"boost.prompts: prompt file {path} not found (packaged prompts: {', '.join(PACKAGED)})"
+                )
+            if path.is_dir():
+                raise ValueError(f"boost.prompts: {path} is a folder, not a prompt file")
+            lines = _key_lines(_read_text(path))
             data = read_yaml_mapping(path, f"a prompt file maps steps ({', '.join(STEPS)}) to their templates")
             for step, parts in data.items():
                 if step not in STEPS:
@@ -146,29 +208,37 @@ class Prompts:
                     raise ValueError(f"{path}: {step}: expected keys system, user, examples; got {parts!r:.80}")
                 templates[step].update(parts)
             source = str(path)
-        prompts = cls(templates, source)
+        prompts = cls(templates, source, lines)
         prompts.check()
         return prompts
+
+    def _where(self, step: str, key: str, item: str = "") -> str:
+        line = (self.lines or {}).get(f"{step}.{key}")
+        return f"{self.source}: {step}.{key}{item}" + (f" (line {line})" if line else "")
 
     def check(self) -> None:
         for step in STEPS:
             t = self.templates[step]
             for key in ("system", "user"):
                 if not isinstance(t.get(key), str):
-                    raise ValueError(f"{self.source}: {step}.{key} must be a string")
-                unknown = _fields(t[key]) - set(VARIABLES[step])
+                    raise ValueError(f"{self._where(step, key)} must be a string")
+                unknown = _fields(t[key], self._where(step, key)) - set(VARIABLES[step])
                 if unknown:
                     raise ValueError(
-                        f"{self.source}: {step}.{key} uses unknown variable(s) {sorted(unknown)}; variables of "
+                        f"{self._where(step, key)} uses unknown variable(s) {sorted(unknown)}; variables of "
                         f"{step}: {', '.join(VARIABLES[step]) or 'none'}"
                     )
-            for i, ex in enumerate(t.get("examples") or []):
+            examples = t.get("examples") or []
+            if not isinstance(examples, list):
+                raise ValueError(f"{self._where(step, 'examples')} must be a list")
+            for i, ex in enumerate(examples):
                 if not isinstance(ex, dict) or not isinstance(ex.get("answer"), str):
-                    raise ValueError(f"{self.source}: {step}.examples[{i}] needs an 'answer' string")
+                    raise ValueError(f"{self._where(step, 'examples', f'[{i}]')} needs an 'answer' string")
 
     def _user(self, step: str, variables: dict[str, Any]) -> str:
         captions = list(variables.get("captions") or [])
-        values = {**variables, "captions": format_captions(captions), "n_captions": len(captions)}
+        values = {**variables, "captions": format_captions(captions), "n_captions": len(captions),
+                  "reference_captions": format_reference_captions(captions)}  # fmt: skip
         return self.templates[step]["user"].format_map(values)
 
     def messages(self, step: str, few_shot: bool = True, **variables: Any) -> list[dict[str, Any]]:
@@ -184,7 +254,7 @@ class Prompts:
         if step not in STEPS:
             raise ValueError(f"unknown boosting step {step!r}; valid steps: {', '.join(STEPS)}")
         t = self.templates[step]
-        out: list[dict[str, Any]] = [{"role": "system", "content": t["system"]}]
+        out: list[dict[str, Any]] = [{"role": "system", "content": t["system"]}] if t["system"] else []
         if few_shot:
             for ex in t.get("examples") or []:
                 out.append({"role": "user", "content": self._user(step, ex)})

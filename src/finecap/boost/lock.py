@@ -1,0 +1,89 @@
+"""One writer per output folder: ``finecap boost`` holds ``DIR/.boost.lock`` while it works.
+
+The lock is an operating-system lock (``flock``) taken with ``filelock``, so the kernel releases it when its holder
+dies, however it dies. While held, the file records the holder as JSON (``pid``, ``host``, ``started``, ``command``)
+so that a second run stops with an error naming the first. The holder removes the file when it is done; a file left
+behind by a run that died (a kill, a power cut) holds a record but no lock: the next run takes it over and says so.
+
+Example::
+
+    >>> import tempfile
+    >>> with tempfile.TemporaryDirectory() as d, output_lock(d, log=lambda m: None) as holder:
+    ...     sorted(holder)
+    ['command', 'host', 'pid', 'started']
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import sys
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from filelock import FileLock, Timeout
+
+LOCK_NAME = ".boost.lock"
+
+
+class OutputLocked(ValueError):
+    """Another run holds the output folder's lock (a ``ValueError``: the command line prints it, exit code 2)."""
+
+
+def _describe(record: dict[str, Any]) -> str:
+    if not record:
+        return "a run that has not recorded itself yet"
+    started = record.get("started")
+    when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(started)) if isinstance(started, int | float) else "?"
+    return f"pid {record.get('pid', '?')} on host {record.get('host', '?')}, started {when}"
+
+
+def _parse(data: bytes) -> dict[str, Any]:
+    try:
+        record = json.loads(data.decode("utf-8", "replace")) if data.strip() else {}
+    except json.JSONDecodeError:
+        return {"pid": "?", "host": "?", "note": "unreadable lock record"}
+    return record if isinstance(record, dict) else {}
+
+
+def read_holder(path: str | Path) -> dict[str, Any]:
+    """The record in a lock file (``{}`` when it is missing or empty)."""
+    try:
+        return _parse(Path(path).read_bytes())
+    except FileNotFoundError:
+        return {}
+
+
+@contextmanager
+def output_lock(out: str | Path, log: Callable[[str], Any] = print) -> Iterator[dict[str, Any]]:
+    """Hold ``out/.boost.lock`` for the ``with`` block (``out`` must exist); yields this run's record.
+    :class:`OutputLocked` naming the holder when another process holds it."""
+    path = Path(out) / LOCK_NAME
+    record = {"pid": os.getpid(), "host": socket.gethostname(), "started": round(time.time(), 3),
+              "command": " ".join(sys.argv)}  # fmt: skip
+    previous: dict[str, Any] = {}
+
+    def on_acquired(fd: int) -> None:  # runs with the lock held
+        previous.update(_parse(os.pread(fd, 1 << 16, 0)))
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, json.dumps(record).encode(), 0)
+
+    lock = FileLock(path, on_acquired=on_acquired)
+    try:
+        lock.acquire(blocking=False)
+    except Timeout:
+        raise OutputLocked(
+            f"{out}: another finecap boost is writing to this folder ({_describe(read_holder(path))}); wait for it "
+            f"to finish or choose another --out (lock file {path})"
+        ) from None
+    try:
+        if previous:
+            log(f"boost: taking over the lock of {_describe(previous)}, which ended without releasing it ({path})")
+        yield record
+    finally:
+        path.unlink(missing_ok=True)  # while still held: a waiting run then creates a fresh file
+        lock.release()
