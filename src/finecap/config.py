@@ -15,6 +15,7 @@ Example::
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import math
 import os
 import types
@@ -37,7 +38,25 @@ from finecap.registry import (
 
 
 class ConfigError(ValueError):
-    """A configuration value is unknown, of the wrong type or invalid; the message names the key."""
+    """A configuration value is unknown, of the wrong type or invalid; the message names the key (``key``, when one
+    is at fault: ``"train.lr"``, or ``"a/b"`` for a check across two keys)."""
+
+    def __init__(self, message: str, key: str | None = None):
+        super().__init__(message)
+        self.key = key
+
+
+def did_you_mean(name: object, valid: typing.Iterable[object], prefix: str = "") -> str:
+    """`` (did you mean 'x'?)`` for the closest of ``valid`` to a mistyped ``name`` (:func:`difflib.get_close_matches`,
+    as argparse and git suggest), or ``""`` when nothing is close; ``prefix`` is prepended to the suggestion.
+
+    Example::
+
+        >>> did_you_mean("n_trian", ["n_train", "n_val"])
+        " (did you mean 'n_train'?)"
+    """
+    match = difflib.get_close_matches(str(name), [str(v) for v in valid], n=1, cutoff=0.6)
+    return f" (did you mean {prefix + match[0]!r}?)" if match else ""
 
 
 def doc(default: Any, text: str) -> Any:
@@ -49,7 +68,7 @@ def doc(default: Any, text: str) -> Any:
 
 def _check(cond: bool, key: str, message: str) -> None:
     if not cond:
-        raise ConfigError(f"{key}: {message}")
+        raise ConfigError(f"{key}: {message}", key=key)
 
 
 # Allowed values of string options, defined once: the fields below use them and the modules that dispatch on them
@@ -532,8 +551,11 @@ class Config:
     bags: BagsConfig = field(default_factory=BagsConfig)
     boost: BoostConfig = field(default_factory=BoostConfig)
 
-    def to_dict(self) -> dict[str, dict[str, Any]]:
-        return dataclasses.asdict(self)
+    def to_dict(self, redact: bool = False) -> dict[str, dict[str, Any]]:
+        """``{section: {key: value}}``; ``redact=True`` masks every secret (:func:`redacted`), as wherever a
+        configuration leaves the process: files, stdout, experiment trackers."""
+        data = dataclasses.asdict(self)
+        return redacted(data) if redact else data
 
     def save(self, path: str | Path) -> None:
         """Write the resolved configuration as YAML (atomically). Relative paths are written absolute
@@ -544,7 +566,30 @@ class Config:
 
     def saved_dict(self) -> dict[str, dict[str, Any]]:
         """What :meth:`save` writes (and trackers receive): relative paths made absolute, secrets masked."""
-        return absolute_paths(self).to_dict()
+        return absolute_paths(self).to_dict(redact=True)
+
+
+MASK = "***"
+"""What a secret (:data:`SECRET_KEYS`) is written as. Read back (a stored ``config.yaml``), it means "not set": the key
+then comes from the environment (``boost.llm_api_key_env``), never the mask itself."""
+
+
+def redacted(data: dict[str, Any]) -> dict[str, Any]:
+    """A copy of sections ``{section: {key: value}}`` with every non-empty :data:`SECRET_KEYS` value replaced by
+    :data:`MASK`: what :meth:`Config.save` writes, ``finecap config`` prints and trackers receive.
+
+    Example::
+
+        >>> redacted({"boost": {"llm_api_key": "sk-1", "vlm_api_key": ""}})["boost"]
+        {'llm_api_key': '***', 'vlm_api_key': ''}
+    """
+    out = {name: dict(values) if isinstance(values, dict) else values for name, values in data.items()}
+    for dotted in SECRET_KEYS:
+        section, key = dotted.split(".")
+        values = out.get(section)
+        if isinstance(values, dict) and values.get(key):
+            values[key] = MASK
+    return out
 
 
 # --------------------------------------------------------------------------------------------------------------------
@@ -564,7 +609,8 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
     args = typing.get_args(tp)
     if origin is Literal:
         if value not in args:
-            raise ConfigError(f"{key}: invalid value {value!r}; valid choices: {', '.join(map(str, args))}")
+            choices = ", ".join(map(str, args))
+            raise ConfigError(f"{key}: invalid value {value!r}{did_you_mean(value, args)}; valid choices: {choices}")
         return value
     if origin in (types.UnionType, typing.Union):
         if value is None and type(None) in args:
@@ -579,6 +625,10 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
                 errors.append(str(e))
         raise ConfigError(f"{key}: expected {' | '.join(_type_name(a) for a in args)}, got {value!r}")
     if origin is list:
+        if isinstance(value, str):  # "a,b" reads like [a, b], "a" like [a], "" like []
+            value = [_list_item(part.strip(), args[0]) for part in value.split(",")] if value.strip() else []
+        elif not isinstance(value, list | tuple | dict):  # a single number or boolean
+            value = [value]
         if not isinstance(value, list | tuple):
             raise ConfigError(f"{key}: expected a list, got {value!r}")
         return [_coerce(v, args[0], f"{key}[{i}]") for i, v in enumerate(value)]
@@ -619,26 +669,68 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
     raise ConfigError(f"{key}: unsupported field type {tp!r}")
 
 
-def _build_section(name: str, cls: type, values: dict[str, Any], source: str) -> Any:
+def _list_item(text: str, tp: Any) -> Any:
+    """One item of a comma-separated list value: a string for string lists, else read as YAML (``3`` -> 3)."""
+    if tp is str or typing.get_origin(tp) is Literal:
+        return text
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError:
+        return text
+
+
+Origins = dict[str, str]
+"""Where each set key's value came from, as the prefix of its errors: ``{"train.lr": "override 'train.lr=x': "}``,
+``{"world.n_train": "recipe.yaml: "}``. Keys set by no file or override (defaults, built-in layers) are absent."""
+
+
+def _where(key: str | None, origins: Origins, source: str) -> str:
+    """The prefix of an error about ``key`` (``"a/b"`` for a check across keys): the command-line override that set
+    it, else the file, else an override of the same section (a cross-field check may name a key left at its
+    default), else ``source``."""
+    if not key:
+        return source
+    keys = [k.split("[")[0] for k in key.split("/")]
+    found = [origins[k] for k in keys if k in origins]
+    overrides = [o for o in found if o.startswith("override ")]
+    if overrides or found:
+        return (overrides or found)[0]
+    sections = {k.split(".")[0] for k in keys}
+    near = [o for k, o in origins.items() if k.split(".")[0] in sections and o.startswith("override ")]
+    return near[0] if near else source
+
+
+def _build_section(name: str, cls: type, values: dict[str, Any], source: str, origins: Origins) -> Any:
     hints = typing.get_type_hints(cls)
-    known = {f.name for f in dataclasses.fields(cls)}
+    known = [f.name for f in dataclasses.fields(cls)]
     kwargs = {}
     for k, v in values.items():
         key = f"{name}.{k}"
+        where = _where(key, origins, source)
         if k not in known:
-            raise ConfigError(f"{source}unknown key {key!r}; valid keys of [{name}]: {', '.join(sorted(known))}")
-        kwargs[k] = _coerce(v, hints[k], f"{source}{key}")
+            raise ConfigError(
+                f"{where}unknown key {key!r}{did_you_mean(k, known, f'{name}.')}; "
+                f"valid keys of [{name}]: {', '.join(sorted(known))}",
+                key=key,
+            )
+        try:
+            kwargs[k] = _coerce(v, hints[k], key)
+        except ConfigError as e:
+            raise ConfigError(f"{where}{e}", key=key) from None
     try:
         return cls(**kwargs)
     except ConfigError as e:
-        raise ConfigError(f"{source}{e}") from None
+        raise ConfigError(f"{_where(e.key or name, origins, source)}{e}", key=e.key) from None
 
 
 def _check_name(name: str, valid: Any, key: str, kind: str, dotted: bool = True) -> None:
     if (dotted and is_dotted_path(name)) or name in valid:
         return
     hint = " (or a dotted path 'pkg.module:factory')" if dotted else ""
-    raise ConfigError(f"{key}: unknown {kind} {name!r}; valid names: {', '.join(sorted(valid))}{hint}")
+    raise ConfigError(
+        f"{key}: unknown {kind} {name!r}{did_you_mean(name, valid)}; valid names: {', '.join(sorted(valid))}{hint}",
+        key=key,
+    )
 
 
 def check_names(cfg: Config) -> None:
@@ -658,32 +750,40 @@ def check_names(cfg: Config) -> None:
     values = ["loss", "perplexity", *dict.fromkeys(k for v in cfg.train.validators for k in VALIDATOR_KEYS[v])]
     if cfg.train.best_metric not in values:
         raise ConfigError(
-            f"train.best_metric: {cfg.train.best_metric!r} is not a validation value of this run; available: "
-            f"{', '.join(values)} (train.validators adds values: "
+            f"train.best_metric: {cfg.train.best_metric!r}{did_you_mean(cfg.train.best_metric, values)} is not a "
+            f"validation value of this run; available: {', '.join(values)} (train.validators adds values: "
             + ", ".join(f"{name} -> {', '.join(keys)}" for name, keys in VALIDATOR_KEYS.items())
-            + ")"
+            + ")",
+            key="train.best_metric",
         )
 
 
-def from_dict(data: dict[str, Any] | None, source: str = "") -> Config:
-    """Build a :class:`Config` from nested mappings ``{section: {key: value}}``; ``source`` prefixes errors."""
+def from_dict(data: dict[str, Any] | None, source: str = "", origins: Origins | None = None) -> Config:
+    """Build a :class:`Config` from nested mappings ``{section: {key: value}}``. Errors start with where the value at
+    fault was set (``origins``, see :func:`load`), else with ``source`` (e.g. ``"recipe.yaml: "``). A secret read
+    back as :data:`MASK` (a stored configuration) is unset."""
     data = data or {}
+    origins = origins or {}
     if not isinstance(data, dict):
         raise ConfigError(f"{source}the configuration must be a mapping of sections, got {type(data).__name__}")
     sections = {}
     for name, values in data.items():
+        where = _where("/".join(k for k in origins if k.split(".")[0] == name), origins, source)
         if name not in SECTIONS:
-            raise ConfigError(f"{source}unknown section {name!r}; valid sections: {', '.join(SECTIONS)}")
+            raise ConfigError(
+                f"{where}unknown section {name!r}{did_you_mean(name, SECTIONS)}; valid sections: {', '.join(SECTIONS)}"
+            )
         if values is None:
             values = {}
         if not isinstance(values, dict):
-            raise ConfigError(f"{source}section {name!r} must be a mapping, got {values!r}")
-        sections[name] = _build_section(name, SECTIONS[name], values, source)
+            raise ConfigError(f"{where}section {name!r} must be a mapping, got {values!r}")
+        values = {k: "" if f"{name}.{k}" in SECRET_KEYS and v == MASK else v for k, v in values.items()}
+        sections[name] = _build_section(name, SECTIONS[name], values, source, origins)
     cfg = Config(**sections)
     try:
         check_names(cfg)
     except ConfigError as e:
-        raise ConfigError(f"{source}{e}") from None
+        raise ConfigError(f"{_where(e.key, origins, source)}{e}", key=e.key) from None
     return cfg
 
 
@@ -705,11 +805,14 @@ def parse_override(item: str) -> tuple[list[str], Any]:
     return parts, value
 
 
-def merge_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
+def merge_overrides(data: dict[str, Any], overrides: list[str], origins: Origins | None = None) -> dict[str, Any]:
+    """``data`` with the dotlist ``overrides`` set; ``origins`` (when given) records which override set each key."""
     data = {k: dict(v or {}) for k, v in (data or {}).items()}
     for item in overrides:
         (section, key), value = parse_override(item)
         data.setdefault(section, {})[key] = value
+        if origins is not None:
+            origins[f"{section}.{key}"] = f"override {item!r}: "
     return data
 
 
@@ -721,8 +824,10 @@ def load(
 ) -> Config:
     """Load ``path`` (YAML) and validate. Layers, lowest first: the dataclass defaults, ``base`` (settings beneath
     the recipe), the recipe, ``over`` (settings above the recipe, e.g. the demo's ``--quick``), then the dotlist
-    ``overrides``."""
+    ``overrides``. An error names where the value at fault was set: the override (``override 'train.lr=x': ...``)
+    or the recipe file."""
     data: dict[str, Any] = {k: dict(v) for k, v in (base or {}).items()}
+    origins: Origins = {}
     source = ""
     if path is not None:
         try:
@@ -735,16 +840,18 @@ def load(
             loaded = read_yaml_mapping(path, "a recipe must be a mapping of sections")
         except ValueError as e:
             raise ConfigError(str(e)) from None
+        source = f"{path}: "
         for name, values in loaded.items():
             if isinstance(values, dict) and isinstance(data.get(name), dict):
                 data[name] = {**data[name], **values}
             else:
                 data[name] = values
-        source = f"{path}: "
+            keys = values if isinstance(values, dict) and values else [""]
+            origins.update({f"{name}.{k}" if k else name: source for k in keys})
     for name, values in (over or {}).items():
         data[name] = {**(data.get(name) or {}), **values}
-    data = merge_overrides(data, overrides or [])
-    return from_dict(data, source)
+    data = merge_overrides(data, overrides or [], origins)
+    return from_dict(data, source, origins)
 
 
 def describe(cls: type) -> list[tuple[str, str, Any, str]]:
