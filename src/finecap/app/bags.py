@@ -3,8 +3,10 @@
 ``finecap bags build --data DATA --split test --sizes 3,5,7 --out bags.json`` calls :func:`main`: it embeds the split
 with the configured retriever (``retriever.checkpoint``, or the trained world encoder), builds and curates the bags
 (:mod:`finecap.data.truematch`, where the JSON layout is described) and writes them; ``finecap eval --bags`` reads
-them back (:func:`finecap.data.formats.read_bags`). On a world with scene families it also reports how often a bag
-lies within one family, next to random bags of the same size.
+them back (:func:`finecap.data.formats.read_bags`). The file names the data set by its absolute path (``"data"``)
+and records its fingerprint (``"fingerprint"``: content, caption field ``bags.text_from``, split), so readers find
+the data from any directory and refuse other data (:func:`finecap.data.fingerprint.bags_file_data`). On a world
+with scene families it also reports how often a bag lies within one family, next to random bags of the same size.
 """
 
 from __future__ import annotations
@@ -16,6 +18,8 @@ from typing import Any
 
 from finecap.config import Config
 from finecap.data.caption_fields import select_captions
+from finecap.data.fingerprint import bags_data_fingerprint
+from finecap.data.formats import hf_options
 from finecap.data.references import load_references
 from finecap.data.truematch import build_bags, family_purity, random_bag_purity, record_embeddings
 from finecap.models.retriever import load_retriever
@@ -55,9 +59,13 @@ def main(
     emb = record_embeddings(retriever, records, cfg.run.cache_dir or None)
     ids = [r.image_id for r in records]
     bags = build_bags(emb, size_list, ids, similarity=cfg.eval.bag_similarity, device=retriever.device)
+    options = hf_options(cfg) if refs.format == "hf" else None
+    fingerprint = bags_data_fingerprint(refs.format, refs.path, captions=cfg.bags.text_from, split=split,
+                                        options=options)  # fmt: skip
     result: dict[str, Any] = {
         "split": split,
-        "data": str(refs.path),
+        "data": fingerprint["path"],  # absolute (a Hub name as given)
+        "fingerprint": fingerprint,
         "n_images": len(records),
         "similarity": cfg.eval.bag_similarity,
         "retriever": retriever.name,

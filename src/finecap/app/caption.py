@@ -1,36 +1,123 @@
 """``finecap caption``: caption a data split with a trained checkpoint and write COCO results.
 
-``finecap caption --checkpoint DIR --split test --out results.json [decode.strategy=beam decode.beam_size=3 ...]``
-calls :func:`main`: the model (architecture, weights, tokenizer) comes from the checkpoint; the data (``data.*``,
-``world.out``) and the decoding options (``decode.*``) from the configuration given on the command line. Decoding is
-:func:`finecap.caption.generate_captions` (frozen encoders read images through the image-feature cache).
+``finecap caption --checkpoint CKPT --split test --out results.json [RECIPE] [decode.beam_size=3 ...]`` calls
+:func:`main`. ``CKPT`` is a checkpoint folder (``runs/x/checkpoints/best``), a run directory (its best checkpoint,
+else its last) or a bare model folder.
+
+What it decodes with, lowest layer first:
+
+1. the checkpoint's own configuration (its ``config.yaml``, else its run's): the data the model was trained on
+   (``data.*``, ``world.out``) and the decoding settings it was evaluated with (``decode.*``: beam 5 in the demo);
+2. a recipe given on the command line, then the ``section.key=value`` overrides: only the keys actually given
+   replace the checkpoint's (``decode.strategy=greedy`` alone keeps the checkpoint's ``decode.max_length``);
+3. ``--data FILE`` replaces the data set (its format detected, :func:`finecap.data.references.detect_format`).
+
+A bare model folder has no configuration: the library defaults, the recipe and the overrides apply, as for training.
+
+Before decoding, the checkpoint's recorded fingerprints (:mod:`finecap.data.fingerprint`) are checked: the
+captioner's vision encoder it refers to must be the one it was trained with, and, unless the data was chosen on the
+command line (``--data``, a recipe, ``data.*`` or ``world.*`` overrides), the data must be the run's; otherwise
+it stops with an error naming both fingerprints (exit 2). Decoding is :func:`finecap.caption.generate_captions`
+(frozen encoders read images through the image-feature cache).
 """
 
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 from finecap.caption import generate_captions
-from finecap.config import Config
+from finecap.config import Config, load, load_stored, parse_override
+from finecap.data.fingerprint import check_run
 from finecap.data.formats import write_results
+from finecap.data.references import detect_format
 from finecap.models.backbones import load_captioner
-from finecap.train.checkpoint import model_dir
+from finecap.train.checkpoint import CONFIG_FILE, find_checkpoint, model_dir, run_dir_of
 from finecap.train.engine import make_accelerator
 
 
-def main(
-    cfg: Config, *, checkpoint: str | Path, split: str = "test", out: str | Path, data: str | None = None
-) -> Path:
-    """Caption ``split`` with the captioner in ``checkpoint``; write COCO results JSON to ``out``; return ``out``.
+@dataclass
+class CaptionSetup:
+    """What :func:`main` decodes with: the checkpoint, its configuration with the command line's changes on top,
+    where that configuration came from, and whether the data was chosen on the command line."""
 
-    ``data`` overrides ``data.path``. Runs on every process of an ``accelerate launch``; only the main process
-    writes.
+    checkpoint: Path
+    cfg: Config
+    config_file: Path | None
+    data_from_command_line: bool
+
+
+def stored_config(checkpoint: Path) -> Path | None:
+    """The checkpoint's ``config.yaml``, else its run directory's, else None (a bare model folder)."""
+    run_dir = run_dir_of(checkpoint)
+    for folder in (checkpoint, run_dir):
+        if folder is not None and (folder / CONFIG_FILE).is_file():
+            return folder / CONFIG_FILE
+    return None
+
+
+def resolve(
+    checkpoint: str | Path,
+    *,
+    data: str | Path | None = None,
+    recipe: str | None = None,
+    overrides: Sequence[str] = (),
+) -> CaptionSetup:
+    """The checkpoint meant by ``checkpoint`` and the configuration to caption with (module docstring)."""
+    ckpt = find_checkpoint(checkpoint)
+    overrides = list(overrides)
+    stored = stored_config(ckpt)
+    cfg = load_stored(stored, overrides, recipe=recipe) if stored is not None else load(recipe, overrides)
+    given = {parse_override(item)[0][0] for item in overrides}
+    if data is not None:
+        fmt, path = detect_format(data)
+        fmt = cfg.data.format if any(parse_override(o)[0] == ["data", "format"] for o in overrides) else fmt
+        cfg = dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, format=fmt, path=str(path)))
+    from_command_line = data is not None or recipe is not None or bool(given & {"data", "world"})
+    return CaptionSetup(ckpt, cfg, stored, from_command_line)
+
+
+def describe_decoding(cfg: Config) -> str:
+    """The decoding settings that matter for ``decode.strategy``, e.g. ``beam (beam_size=3, length_penalty=1.0,
+    max_length=24)``."""
+    d = cfg.decode
+    keys = {"greedy": [], "beam": ["beam_size", "length_penalty"], "sample": ["temperature", "top_k", "top_p"]}
+    shown = [*keys[d.strategy], "max_length"] + (["num_return_sequences"] if d.num_return_sequences != 1 else [])
+    return f"{d.strategy} ({', '.join(f'{k}={getattr(d, k)}' for k in shown)})"
+
+
+def main(
+    cfg: Config | None = None,
+    *,
+    checkpoint: str | Path,
+    split: str = "test",
+    out: str | Path,
+    data: str | Path | None = None,
+    recipe: str | None = None,
+    overrides: Sequence[str] = (),
+) -> Path:
+    """Caption ``split`` with the captioner of ``checkpoint``; write COCO results JSON to ``out``; return ``out``.
+
+    Without ``cfg``, the configuration is the checkpoint's with ``recipe``, ``overrides`` and ``data`` on top (module
+    docstring). A ``cfg`` given by a caller is used as it is (its ``data.path`` replaced by ``data`` when given).
+    Runs on every process of an ``accelerate launch``; only the main process writes.
     """
-    if data:
-        cfg = dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, path=str(data)))
+    if cfg is None:
+        setup = resolve(checkpoint, data=data, recipe=recipe, overrides=overrides)
+    else:
+        if data:
+            cfg = dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, path=str(data)))
+        setup = CaptionSetup(find_checkpoint(checkpoint), cfg, None, True)
+    cfg = setup.cfg
+    parts = ["captioner"] if setup.data_from_command_line else ["captioner", "data"]
+    checked = check_run(setup.checkpoint, cfg, parts=parts, model_folder=model_dir(setup.checkpoint))
     accelerator = make_accelerator(cfg.train)
-    model = load_captioner(model_dir(checkpoint)).to(accelerator.device)
+    source = f"the checkpoint's {setup.config_file}" if setup.config_file else "the command line (no stored config)"
+    accelerator.print(f"caption: {setup.checkpoint}, decoding {describe_decoding(cfg)} from {source}"
+                      + ("" if checked else "; no fingerprints recorded, inputs not checked"))  # fmt: skip
+    model = load_captioner(model_dir(setup.checkpoint)).to(accelerator.device)
     captions = generate_captions(model, cfg, split, accelerator=accelerator)
     out = Path(out)
     if accelerator.is_main_process:

@@ -87,7 +87,9 @@ def cmd_train(args: argparse.Namespace) -> None:
 def cmd_caption(args: argparse.Namespace) -> None:
     from finecap.app.caption import main
 
-    main(_config(args), checkpoint=args.checkpoint, split=args.split, out=args.out, data=args.data)
+    recipe, overrides = _split_recipe(list(args.items))  # on top of the checkpoint's own config: only keys given
+    main(checkpoint=args.checkpoint, split=args.split, out=args.out, data=args.data, recipe=recipe,
+         overrides=overrides)  # fmt: skip
 
 
 def cmd_eval(args: argparse.Namespace) -> None:
@@ -200,8 +202,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--resume", action="store_true", help="continue the run from its last checkpoint")
 
     p = _add(sub, "caption", cmd_caption, "Caption a data split with a trained checkpoint (COCO results JSON).")
-    p.add_argument("--checkpoint", required=True, help="checkpoint directory")
-    p.add_argument("--data", default=None, help="data set file (default: data.path / the world)")
+    p.add_argument("--checkpoint", required=True, help="checkpoint folder, or a run directory (its best checkpoint)")
+    p.add_argument("--data", default=None, help="data set file (default: the checkpoint's data)")
     p.add_argument("--split", default="test", help="split to caption")
     p.add_argument("--out", required=True, help="output COCO results JSON")
 

@@ -32,6 +32,7 @@ from typing import Any
 from tqdm import tqdm
 
 from finecap.config import Config, load
+from finecap.data.fingerprint import check_run_dir
 from finecap.data.formats import Record
 from finecap.data.references import load_references
 from finecap.report.gallery import bag_outcomes, check_facts, select_images
@@ -158,6 +159,7 @@ def main(
     """Write the report of ``run_dir`` to ``out`` (default ``<run_dir>/report.html``) and return its path."""
     run = read_run(run_dir)
     cfg = load(run.config_path, list(items))
+    check_run_dir(run.run_dir, cfg)  # the data and retriever read now must be the run's (exit 2 naming both)
     out = Path(out) if out is not None else run.run_dir / "report.html"
     records, scenes = _records(cfg)
     plots = _plots(run, run.run_dir / "plots")

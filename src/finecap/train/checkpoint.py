@@ -3,22 +3,33 @@
 Layout of a run directory::
 
     <run_dir>/
-      config.yaml                 the resolved configuration of the run
+      config.yaml                 the resolved configuration of the run (paths absolute: Config.save)
+      fingerprints.json           the fingerprints of its data and encoders (finecap.data.fingerprint)
       metrics.jsonl               one JSON per log / evaluation event
       checkpoints/
         last/                     resumable: every train.save_every steps (or at each evaluation) and at the end
-          model/                  the captioner (ClipCap.save: safetensors weights, tokenizer, model config)
+          model/                  the captioner (ClipCap.save: safetensors weights, tokenizer, model config) and
+                                  generation_config.json: the run's decode.* as transformers' GenerationConfig
           config.yaml             the resolved configuration
+          fingerprints.json       a copy of the run's
           accelerate/             accelerator.save_state: optimizer, scheduler, per-process RNG states, and the loop's
                                   counters with every process's objective and logger state (custom_checkpoint_0.pkl)
           trainer_state.json      step/epoch/position/best, human-readable
         best/                     the best evaluation so far on train.best_metric (no optimizer state)
-          model/  config.yaml  trainer_state.json
+          model/  config.yaml  fingerprints.json  trainer_state.json
 
 A folder is first written as ``checkpoints/.<name>.tmp`` and then swapped in by
-:func:`finecap.utils.atomic_replace_dir`, so a run killed while saving keeps its previous checkpoint.
-:func:`model_dir` accepts either a checkpoint folder or a bare model folder, so both
-``--checkpoint runs/x/checkpoints/best`` and ``train.init_from=runs/x/checkpoints/best`` work.
+:func:`finecap.utils.atomic_replace_dir` (which gives its files the user's umask), so a run killed while saving keeps
+its previous checkpoint. :func:`model_dir` accepts either a checkpoint folder or a bare model folder, so both
+``--checkpoint runs/x/checkpoints/best`` and ``train.init_from=runs/x/checkpoints/best`` work; :func:`find_checkpoint`
+also takes a run directory (its best checkpoint, else its last).
+
+``generation_config.json`` (:func:`generation_config`) holds the decoding settings the run evaluates with, so that
+``transformers``' ``generate`` on the saved model (a BLIP folder, or ClipCap's ``lm/`` given the prefix) decodes as
+``finecap caption`` does: ``num_beams``, ``max_new_tokens`` (``decode.max_length``, EOS included), ``length_penalty``,
+``do_sample``, ``temperature``, ``top_k``, ``top_p``, ``num_return_sequences`` and the stop / pad ids. It is
+written into the model folder and into every sub-folder holding a transformers model's ``generation_config.json``
+(ClipCap's ``lm/``), keeping that file's other settings (BLIP's start token).
 """
 
 from __future__ import annotations
@@ -33,11 +44,16 @@ from transformers.utils import logging as hf_logging
 from finecap.utils import atomic_replace_dir, read_json, write_json
 
 if TYPE_CHECKING:
-    from finecap.config import Config
+    from transformers import GenerationConfig
+
+    from finecap.config import Config, DecodeConfig
 
 LAST, BEST = "last", "best"
 MODEL_SUBDIR = "model"
 INFO_FILE = "trainer_state.json"
+CONFIG_FILE = "config.yaml"
+FINGERPRINTS_FILE = "fingerprints.json"
+GENERATION_CONFIG = "generation_config.json"
 
 
 def checkpoint_dir(run_dir: str | Path, which: str) -> Path:
@@ -51,6 +67,26 @@ def model_dir(path: str | Path) -> Path:
     if not path.exists():
         raise FileNotFoundError(f"{path}: checkpoint not found")
     return path / MODEL_SUBDIR if (path / MODEL_SUBDIR).is_dir() else path
+
+
+def find_checkpoint(path: str | Path) -> Path:
+    """The checkpoint meant by ``path``: a run directory gives its best checkpoint, else its last; a checkpoint
+    folder or a bare model folder is returned as it is."""
+    path = Path(path)
+    if not path.exists():
+        raise FileNotFoundError(f"{path}: checkpoint or run directory not found")
+    if (path / "checkpoints").is_dir():
+        for which in (BEST, LAST):
+            if (checkpoint_dir(path, which) / MODEL_SUBDIR).is_dir():
+                return checkpoint_dir(path, which)
+        raise FileNotFoundError(f"{path}: a run directory without a saved checkpoint (no checkpoints/best or /last)")
+    return path
+
+
+def run_dir_of(checkpoint: str | Path) -> Path | None:
+    """The run directory of a checkpoint folder ``<run_dir>/checkpoints/<name>``, else None."""
+    checkpoint = Path(checkpoint)
+    return checkpoint.parent.parent if checkpoint.parent.name == "checkpoints" else None
 
 
 @contextlib.contextmanager
@@ -71,6 +107,55 @@ def temporary_dir(path: str | Path) -> Path:
     return path.with_name(f".{path.name}.tmp")
 
 
+def generation_config(
+    decode: DecodeConfig, tokenizer: Any = None, base: GenerationConfig | None = None
+) -> GenerationConfig:
+    """``decode`` as a ``transformers.GenerationConfig`` (``base``'s other settings kept): the strategy's own
+    settings only (``length_penalty`` for beam search, ``temperature`` / ``top_k`` / ``top_p`` for sampling, the others
+    unset, as transformers requires; greedy decoding returns one caption, finecap refuses more), and with
+    ``tokenizer`` the stop ids (EOS, and with ``decode.stop_at_period`` the period tokens) and the pad id finecap's
+    decoder uses."""
+    from transformers import GenerationConfig
+
+    from finecap.decode import stop_token_ids
+
+    gen = GenerationConfig.from_dict(base.to_dict()) if base is not None else GenerationConfig()
+    beam, sample = decode.strategy == "beam", decode.strategy == "sample"
+    gen.update(
+        max_new_tokens=decode.max_length,
+        max_length=None,
+        num_beams=decode.beam_size if beam else 1,
+        num_return_sequences=decode.num_return_sequences if beam or sample else 1,
+        do_sample=sample,
+        length_penalty=decode.length_penalty if beam else None,
+        temperature=decode.temperature if sample else None,
+        top_k=decode.top_k if sample else None,
+        top_p=decode.top_p if sample else None,
+    )
+    if tokenizer is not None and tokenizer.eos_token_id is not None:
+        stops = stop_token_ids(tokenizer, decode.stop_at_period)
+        gen.eos_token_id = stops[0] if len(stops) == 1 else stops
+        pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+        gen.pad_token_id = int(pad)
+    return gen
+
+
+def write_generation_config(model_folder: str | Path, decode: DecodeConfig, tokenizer: Any = None) -> list[Path]:
+    """Write :func:`generation_config` into ``model_folder`` and every sub-folder that already holds a
+    ``generation_config.json`` (a transformers model saved inside, e.g. ClipCap's ``lm/``, whose settings are
+    kept); returns the files written."""
+    from transformers import GenerationConfig
+
+    model_folder = Path(model_folder)
+    folders = [model_folder, *sorted(p.parent for p in model_folder.glob(f"*/{GENERATION_CONFIG}"))]
+    written = []
+    for folder in folders:
+        base = GenerationConfig.from_pretrained(folder) if (folder / GENERATION_CONFIG).exists() else None
+        generation_config(decode, tokenizer, base).save_pretrained(folder)
+        written.append(folder / GENERATION_CONFIG)
+    return written
+
+
 def save_checkpoint(
     path: str | Path,
     *,
@@ -79,11 +164,19 @@ def save_checkpoint(
     info: dict[str, Any],
     state_dict: dict[str, Any] | None = None,
     keep_tmp_contents: bool = False,
+    fingerprints: dict[str, Any] | None = None,
 ) -> Path:
     """Write ``model`` (via ``model.save``; with ``state_dict``, those weights, e.g. gathered from a sharded model),
-    ``cfg`` and ``info`` (JSON) to ``path``, atomically: the folder replaces the previous one only once complete.
-    ``keep_tmp_contents``: files already written into :func:`temporary_dir` (e.g. ``accelerate/``) are kept."""
+    its ``generation_config.json`` (``cfg.decode``, :func:`write_generation_config`), ``cfg`` and ``info`` (JSON) to
+    ``path``, atomically: the folder replaces the previous one only once complete. ``keep_tmp_contents``: files
+    already written into :func:`temporary_dir` (e.g. ``accelerate/``) are kept. ``fingerprints`` (default: the run's
+    ``fingerprints.json``, when ``path`` is ``<run_dir>/checkpoints/<name>`` and the run recorded them) are written
+    as the checkpoint's ``fingerprints.json``."""
     path = Path(path)
+    if fingerprints is None:
+        run_dir = run_dir_of(path)
+        if run_dir is not None and (run_dir / FINGERPRINTS_FILE).is_file():
+            fingerprints = read_json(run_dir / FINGERPRINTS_FILE)
     tmp = temporary_dir(path)
     if tmp.exists() and not keep_tmp_contents:
         shutil.rmtree(tmp)
@@ -91,7 +184,10 @@ def save_checkpoint(
     try:
         with _quiet_transformers():
             model.save(tmp / MODEL_SUBDIR, state_dict=state_dict)
-        cfg.save(tmp / "config.yaml")
+            write_generation_config(tmp / MODEL_SUBDIR, cfg.decode, getattr(model, "tokenizer", None))
+        cfg.save(tmp / CONFIG_FILE)
+        if fingerprints is not None:
+            write_json(tmp / FINGERPRINTS_FILE, fingerprints)
         write_json(tmp / INFO_FILE, info)
         atomic_replace_dir(tmp, path)
     except BaseException:

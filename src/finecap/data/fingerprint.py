@@ -1,0 +1,451 @@
+"""Fingerprints of a run's inputs, its data and its encoders, so that nothing reads a run against other inputs.
+
+A training run records them in ``<run_dir>/fingerprints.json`` (:func:`write_fingerprints`; its checkpoints carry
+a copy, :func:`finecap.train.checkpoint.save_checkpoint`), a bags file records the fingerprint of the data it was
+built on, and every command that reads a run or a bags file recomputes them from the configuration it reads with
+and stops (:class:`FingerprintMismatch`, a ``ValueError``: ``finecap`` exits 2) when they differ, naming both and
+what differs (:func:`check_fingerprints`).
+
+**Data** (:func:`data_fingerprint`), with the format (``data.format``), the caption field (``data.captions``) and,
+for a bags file, the split:
+
+- the world: its content key (``world.json``'s ``key``, :func:`finecap.world.make.world_key`), which fixes every
+  image, caption and scene graph;
+- a data-set file (Karpathy, COCO, JSONL): the SHA-256 of the file's bytes; image files are not hashed (a COCO
+  copy holds 120k of them), so replacing an image under the same name goes unnoticed;
+- ``data.format=hf``: the ``datasets`` fingerprint of every split of a ``save_to_disk`` folder (``state.json``'s
+  ``_fingerprint``), the SHA-256 of parquet / arrow files, or for a Hub name the name and the revision in the local
+  Hugging Face cache; with the column options (``data.*_column``).
+
+**Encoders** (:func:`encoder_fingerprints`): the captioner's vision encoder (``model.encoder``, or ``model.blip``
+for a pretrained BLIP; with ``train.init_from``, the starting checkpoint) and the retriever (``retriever.checkpoint``,
+or the world encoder of a world run). A local checkpoint is the SHA-256 of its weight files (``*.safetensors``,
+``*.bin``, ``*.pt``, ``*.pth``) and ``config.json`` files, the trained world encoder also by its key; a Hub name is
+the name and the revision in the local Hugging Face cache (``None`` when not cached: then only the name is compared).
+
+Each fingerprint is a JSON object; its ``id`` is a short hash of its content (everything but ``path``, which says
+where the input was and is not compared: a data set moved elsewhere with the same content is the same data). A value
+recorded as ``None`` (unknown when the run started, e.g. a world encoder not trained yet) is not compared. Files are
+hashed once per process and version (path, size, modification time).
+
+Example::
+
+    >>> a = {"kind": "file", "format": "jsonl", "captions": "original", "sha256": "ab", "path": "/a/data.jsonl"}
+    >>> differences(a, {**a, "sha256": "cd", "path": "/b/data.jsonl"})
+    ["sha256: 'ab' -> 'cd'", "path: '/a/data.jsonl' -> '/b/data.jsonl'"]
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from finecap.train.checkpoint import FINGERPRINTS_FILE, model_dir, run_dir_of
+from finecap.utils import read_json, write_json
+
+if TYPE_CHECKING:
+    from finecap.config import Config
+
+__all__ = ["FINGERPRINTS_FILE", "FingerprintMismatch", "bags_data_fingerprint", "bags_file_data",
+           "check_bags_data", "check_fingerprints", "check_run", "check_run_dir", "data_fingerprint",
+           "dataset_fingerprint", "encoder_fingerprints", "run_fingerprints", "stored_path",
+           "write_fingerprints"]  # fmt: skip
+
+VERSION = 1
+WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth")
+SKIPPED_DIRS = ("accelerate", "state")
+"""Sub-folders of a checkpoint that hold optimizer and loop state, not the model."""
+INFO_KEYS = ("id", "path")
+"""Fields of a fingerprint that are not compared."""
+PARTS = ("data", "captioner", "retriever")
+"""What :func:`check_fingerprints` can compare: the data and the two encoders."""
+
+
+class FingerprintMismatch(ValueError):
+    """A run (or bags file) was made from other inputs than the ones a command is about to read."""
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# Hashing
+# --------------------------------------------------------------------------------------------------------------------
+
+_FILE_HASHES: dict[tuple[str, int, int], str] = {}
+
+
+def sha256_file(path: str | Path) -> str:
+    """SHA-256 (hex) of a file's bytes, computed once per (path, size, modification time) in this process."""
+    path = Path(path)
+    st = path.stat()
+    key = (str(path.resolve()), st.st_size, st.st_mtime_ns)
+    if key not in _FILE_HASHES:
+        h = hashlib.sha256()
+        with path.open("rb") as f:
+            for block in iter(lambda: f.read(1 << 20), b""):
+                h.update(block)
+        _FILE_HASHES[key] = h.hexdigest()
+    return _FILE_HASHES[key]
+
+
+def sha256_files(root: Path, files: Iterable[Path]) -> str:
+    """SHA-256 over ``(path relative to root, file hash)`` of ``files`` in sorted order."""
+    h = hashlib.sha256()
+    for path in sorted(files, key=lambda p: p.relative_to(root).as_posix()):
+        h.update(f"{path.relative_to(root).as_posix()}\0{sha256_file(path)}\n".encode())
+    return h.hexdigest()
+
+
+def checkpoint_files(folder: Path) -> list[Path]:
+    """The files that make a model checkpoint folder what it is: weights and ``config.json`` files, anywhere below
+    ``folder`` except in optimizer / loop state folders (:data:`SKIPPED_DIRS`)."""
+    out = []
+    for dirpath, dirs, files in os.walk(folder):
+        dirs[:] = sorted(d for d in dirs if d not in SKIPPED_DIRS and not d.startswith("."))
+        for name in files:
+            if name.endswith(WEIGHT_SUFFIXES) or name == "config.json":
+                out.append(Path(dirpath) / name)
+    return out
+
+
+def content_id(fingerprint: dict[str, Any]) -> str:
+    """Short hash of a fingerprint's compared fields (everything but :data:`INFO_KEYS`)."""
+    content = {k: v for k, v in fingerprint.items() if k not in INFO_KEYS}
+    return hashlib.sha256(json.dumps(content, sort_keys=True, default=str).encode()).hexdigest()[:12]
+
+
+def _with_id(fingerprint: dict[str, Any]) -> dict[str, Any]:
+    return {"id": content_id(fingerprint), **fingerprint}
+
+
+def hub_revision(repo_id: str, repo_type: str = "model") -> str | None:
+    """The commit of ``repo_id``'s ``main`` in the local Hugging Face cache (``refs/main``), or None when it is not
+    cached (nothing is downloaded)."""
+    from huggingface_hub import constants
+
+    folder = Path(constants.HF_HUB_CACHE) / f"{repo_type}s--{repo_id.replace('/', '--')}"
+    ref = folder / "refs" / "main"
+    return ref.read_text().strip() if ref.is_file() else None
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# Data
+# --------------------------------------------------------------------------------------------------------------------
+
+
+def _hf_fingerprint(path: Path, source: str) -> dict[str, Any]:
+    """What identifies a Hugging Face data set (module docstring)."""
+    if path.is_dir() and (path / "dataset_dict.json").exists():
+        splits = read_json(path / "dataset_dict.json").get("splits", [])
+        return {"datasets": {s: read_json(path / s / "state.json").get("_fingerprint") for s in splits}}
+    if path.is_dir() and (path / "state.json").exists():
+        return {"datasets": {"": read_json(path / "state.json").get("_fingerprint")}}
+    if path.is_dir():
+        from finecap.data.hf import HF_FILE_SUFFIXES
+
+        files = [p for p in path.rglob("*") if p.is_file() and p.suffix in HF_FILE_SUFFIXES]
+        return {"sha256": sha256_files(path, files)}
+    if path.is_file():
+        return {"sha256": sha256_file(path)}
+    return {"hub": source, "revision": hub_revision(source, "dataset")}
+
+
+def dataset_fingerprint(
+    fmt: str,
+    path: str | Path,
+    *,
+    captions: str = "original",
+    split: str | None = None,
+    options: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """Fingerprint of the data set file (or world folder, ``hf`` source) ``path`` of format ``fmt`` read with
+    caption field ``captions``; ``split`` when one split is meant (a bags file); ``options``: the ``hf`` columns."""
+    source = str(path)
+    path = Path(path)
+    if fmt == "world" and path.is_dir():
+        path = path / "dataset.json"
+    fp: dict[str, Any] = {"kind": "file", "format": fmt, "captions": captions}
+    if split is not None:
+        fp["split"] = split
+    if fmt == "hf":
+        fp.update(_hf_fingerprint(path, source), kind="hf", options=dict(sorted((options or {}).items())))
+    elif not path.exists():
+        raise FileNotFoundError(f"{path}: data set file not found (data.path / world.out)")
+    elif fmt == "world" and (path.parent / "world.json").exists():
+        fp.update(kind="world", world_key=read_json(path.parent / "world.json").get("key"))
+    else:
+        fp["sha256"] = sha256_file(path)
+    fp["path"] = os.path.abspath(path) if path.exists() else source
+    return _with_id(fp)
+
+
+def data_fingerprint(cfg: Config, *, split: str | None = None) -> dict[str, Any]:
+    """Fingerprint of the configured data set (``data.*``, default the world at ``world.out``)."""
+    from finecap.data.formats import hf_options
+    from finecap.data.references import data_file
+
+    options = hf_options(cfg) if cfg.data.format == "hf" else None
+    return dataset_fingerprint(cfg.data.format, data_file(cfg), captions=cfg.data.captions, split=split,
+                               options=options)  # fmt: skip
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# Encoders
+# --------------------------------------------------------------------------------------------------------------------
+
+
+def source_fingerprint(name_or_path: str | Path) -> dict[str, Any]:
+    """Fingerprint of a model given as a local folder / file (its weight and config files; a trained world encoder
+    also by its key) or a Hub name (name and cached revision)."""
+    path = Path(name_or_path)
+    if path.is_dir():
+        fp: dict[str, Any] = {"kind": "checkpoint", "sha256": sha256_files(path, checkpoint_files(path))}
+        if (path / "encoder.json").exists():  # a trained world encoder
+            fp.update(kind="world-encoder", world_encoder_key=read_json(path / "encoder.json").get("key"))
+        return _with_id({**fp, "path": os.path.abspath(path)})
+    if path.is_file():
+        return _with_id({"kind": "checkpoint", "sha256": sha256_file(path), "path": os.path.abspath(path)})
+    if path.is_absolute() or str(name_or_path).startswith("."):
+        raise FileNotFoundError(f"{path}: no such checkpoint (a local path, not a Hub name)")
+    return _with_id({"kind": "hub", "name": str(name_or_path), "revision": hub_revision(str(name_or_path))})
+
+
+def world_encoder_fingerprint(cfg: Config) -> dict[str, Any]:
+    """The world encoder of ``cfg``: its key and, once trained, its weights (``None`` before)."""
+    from finecap.models.world_encoder import encoder_dir, encoder_key
+
+    folder = encoder_dir(cfg)
+    if (folder / "encoder.json").exists():
+        return source_fingerprint(folder)
+    return _with_id({"kind": "world-encoder", "sha256": None, "world_encoder_key": encoder_key(cfg),
+                     "path": os.path.abspath(folder)})  # fmt: skip
+
+
+def external_encoder(meta: dict[str, Any]) -> str | None:
+    """The vision encoder a saved captioner loads from outside its folder, from its ``captioner.json``: ClipCap's
+    frozen ``encoder_source``, the world BLIP's ``world_source``; None when the checkpoint holds its encoder (a
+    trained encoder, a pretrained BLIP)."""
+    if meta.get("kind", "clipcap") == "blip":
+        return None if meta.get("world_saved") else (meta.get("world_source") or None)
+    return None if meta.get("encoder_saved") else (meta.get("encoder_source") or None)
+
+
+def captioner_fingerprint(cfg: Config, model_folder: str | Path | None = None) -> dict[str, Any]:
+    """The vision encoder the captioner's checkpoints load from outside (:func:`external_encoder`), or
+    ``{"kind": "in-checkpoint"}``. From the saved captioner in ``model_folder`` when given (what a reader of the
+    checkpoint loads), else from ``cfg`` as training builds it: ``model.encoder`` (``world`` = the world encoder),
+    or the ``train.init_from`` checkpoint's encoder; none when ``model.train_encoder`` saves it or a pretrained
+    BLIP (``model.blip``) brings its own."""
+    from finecap.models.clipcap import CONFIG_NAME
+
+    m = cfg.model
+    if model_folder is not None:
+        source = external_encoder(read_json(Path(model_folder) / CONFIG_NAME))
+    elif m.train_encoder or (m.kind == "blip" and m.blip != "world-tiny" and not cfg.train.init_from):
+        source = None
+    elif cfg.train.init_from:
+        source = external_encoder(read_json(model_dir(cfg.train.init_from) / CONFIG_NAME))
+    else:
+        source = "world" if m.encoder == "world" else m.encoder
+    if source is None:
+        return _with_id({"kind": "in-checkpoint"})
+    return world_encoder_fingerprint(cfg) if source == "world" else source_fingerprint(source)
+
+
+def retriever_fingerprint(cfg: Config) -> dict[str, Any] | None:
+    """The retriever of the run: ``retriever.checkpoint``, else on the world the world encoder, else none."""
+    if cfg.retriever.checkpoint:
+        return source_fingerprint(cfg.retriever.checkpoint)
+    return world_encoder_fingerprint(cfg) if cfg.data.format == "world" else None
+
+
+def encoder_fingerprints(cfg: Config) -> dict[str, Any]:
+    return {"captioner": captioner_fingerprint(cfg), "retriever": retriever_fingerprint(cfg)}
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# A run's record
+# --------------------------------------------------------------------------------------------------------------------
+
+
+def run_fingerprints(
+    cfg: Config, parts: Sequence[str] = PARTS, model_folder: str | Path | None = None
+) -> dict[str, Any]:
+    """``{"version", "data", "captioner", "retriever"}`` of ``cfg`` (only ``parts``; the captioner's from the saved
+    captioner in ``model_folder`` when given)."""
+    out: dict[str, Any] = {"version": VERSION}
+    if "data" in parts:
+        out["data"] = data_fingerprint(cfg)
+    if "captioner" in parts:
+        out["captioner"] = captioner_fingerprint(cfg, model_folder)
+    if "retriever" in parts:
+        out["retriever"] = retriever_fingerprint(cfg)
+    return out
+
+
+def write_fingerprints(run_dir: str | Path, cfg: Config) -> Path:
+    """Record the fingerprints of ``cfg``'s inputs in ``<run_dir>/fingerprints.json``; returns the file. Called by
+    training once the run's ``config.yaml`` is written (and the world encoder it uses is trained)."""
+    path = Path(run_dir) / FINGERPRINTS_FILE
+    write_json(path, run_fingerprints(cfg))
+    return path
+
+
+def find_fingerprints(folder: str | Path) -> Path | None:
+    """The ``fingerprints.json`` of a run directory or a checkpoint folder (its own, else its run's), or None."""
+    folder = Path(folder)
+    for candidate in (folder, run_dir_of(folder)):
+        if candidate is not None and (candidate / FINGERPRINTS_FILE).is_file():
+            return candidate / FINGERPRINTS_FILE
+    return None
+
+
+def differences(recorded: dict[str, Any] | None, current: dict[str, Any] | None) -> list[str]:
+    """``"field: recorded -> current"`` for every compared field that differs (a recorded ``None`` is unknown and not
+    compared); the path is listed too, after them, when something else differs."""
+    if recorded is None or current is None:
+        return [] if recorded is current else [f"{recorded!r} -> {current!r}"]
+    keys = [k for k in dict.fromkeys([*recorded, *current]) if k not in INFO_KEYS]
+    out = [f"{k}: {recorded.get(k)!r} -> {current.get(k)!r}" for k in keys
+           if recorded.get(k) is not None and recorded.get(k) != current.get(k)]  # fmt: skip
+    if out and recorded.get("path") != current.get("path"):
+        out.append(f"path: {recorded.get('path')!r} -> {current.get('path')!r}")
+    return out
+
+
+def _describe(fp: dict[str, Any] | None) -> str:
+    if fp is None:
+        return "none"
+    where = f" at {fp['path']}" if fp.get("path") else (f" {fp['name']}" if fp.get("name") else "")
+    return f"{fp.get('id', content_id(fp))}{where}"
+
+
+WHAT = {"data": "data", "captioner": "captioner's vision encoder", "retriever": "retriever"}
+HINTS = {
+    "data": "read the run with the data it was trained on (the run's data.path / world.out, or pass the data on "
+    "purpose: --data / data.path=...), or train again",
+    "captioner": "restore the vision encoder the checkpoint was trained with and loads (captioner.json), or train "
+    "again",
+    "retriever": "restore the retriever the run used (retriever.checkpoint / the world encoder), or train again",
+}
+
+
+def check_fingerprints(
+    recorded: dict[str, Any],
+    cfg: Config,
+    *,
+    source: str | Path,
+    parts: Sequence[str] = PARTS,
+    model_folder: str | Path | None = None,
+) -> None:
+    """Compare the fingerprints ``recorded`` (read from ``source``) with those of ``cfg`` now, for ``parts`` (the
+    captioner's from the saved captioner in ``model_folder`` when given); raise :class:`FingerprintMismatch` naming
+    both fingerprints and what differs. A part the record does not hold (a file of an older version) is not
+    checked."""
+    problems = []
+    for part in parts:
+        if part not in recorded:
+            continue
+        try:
+            now = run_fingerprints(cfg, [part], model_folder)[part]
+        except FileNotFoundError as e:
+            problems.append(f"{WHAT[part]}: the run's {_describe(recorded[part])} is gone ({e}); {HINTS[part]}")
+            continue
+        diff = differences(recorded[part], now)
+        if diff:
+            problems.append(f"{WHAT[part]} fingerprint {_describe(recorded[part])} (recorded) differs from "
+                            f"{_describe(now)} (now): {'; '.join(diff)}; {HINTS[part]}")  # fmt: skip
+    if problems:
+        raise FingerprintMismatch(f"{source}: the inputs differ from the run's. " + " | ".join(problems))
+
+
+def check_run(
+    folder: str | Path, cfg: Config, parts: Sequence[str] = PARTS, model_folder: str | Path | None = None
+) -> Path | None:
+    """Check the recorded fingerprints of a run directory or checkpoint folder (:func:`find_fingerprints`) against
+    ``cfg`` (:func:`check_fingerprints`); returns the file checked, or None when the run recorded none (made before
+    finecap recorded them)."""
+    path = find_fingerprints(folder)
+    if path is not None:
+        check_fingerprints(read_json(path), cfg, source=path, parts=parts, model_folder=model_folder)
+    return path
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# Bags files
+# --------------------------------------------------------------------------------------------------------------------
+
+
+def stored_path(value: str, stored_in: str | Path) -> str:
+    """A path read from the file ``stored_in``: an absolute path as it is, a relative one relative to the file's
+    folder (finecap writes absolute paths; a relative one was written by hand). A relative value that names nothing
+    there is returned unchanged (a Hub name)."""
+    if not value or Path(value).is_absolute():
+        return value
+    joined = os.path.normpath(os.path.join(os.path.abspath(Path(stored_in).parent), value))
+    return joined if os.path.exists(joined) else value
+
+
+def bags_data_fingerprint(
+    fmt: str, path: str | Path, *, captions: str, split: str, options: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    """What a bags file records about the data set it was built on (``finecap bags build``): the data fingerprint
+    with the caption field whose embeddings made the bags (``bags.text_from``) and the split."""
+    return dataset_fingerprint(fmt, path, captions=captions, split=split, options=options)
+
+
+def check_bags_data(bags_path: str | Path, raw: dict[str, Any], fmt: str, data: str | Path) -> None:
+    """Check that ``data`` (of format ``fmt``) is the data set the bags file ``bags_path`` (content ``raw``) was built
+    on, when the file recorded it (``"fingerprint"``); :class:`FingerprintMismatch` naming both otherwise."""
+    recorded = raw.get("fingerprint")
+    if not isinstance(recorded, dict):
+        return
+    now = dataset_fingerprint(fmt, data, captions=recorded.get("captions", "original"), split=recorded.get("split"),
+                              options=recorded.get("options"))  # fmt: skip
+    diff = differences(recorded, now)
+    if diff:
+        raise FingerprintMismatch(
+            f"{bags_path}: the bags were built on data {_describe(recorded)}, but the data read now is "
+            f"{_describe(now)}: {'; '.join(diff)}; read the bags with the data set they were built on, or build them "
+            "again (`finecap bags build`)"
+        )
+
+
+def bags_file_data(bags_path: str | Path, raw: dict[str, Any] | None = None) -> str | None:
+    """The data set a bags file was built on (its ``"data"``, read with :func:`stored_path`), checked against the
+    file's recorded fingerprint (:func:`check_bags_data`); None when the file names none. For readers of bags files
+    (``finecap bags review``) that take the data from the file rather than from the user."""
+    raw = read_json(bags_path) if raw is None else raw
+    value = raw.get("data") if isinstance(raw, dict) else None
+    if not value:
+        return None
+    source = stored_path(str(value), bags_path)
+    recorded = raw.get("fingerprint")
+    if isinstance(recorded, dict):
+        check_bags_data(bags_path, raw, recorded.get("format", "world"), source)
+    return source
+
+
+def check_run_dir(run_dir: str | Path, cfg: Config, parts: Sequence[str] = ("data", "retriever")) -> list[Path]:
+    """Check what ``finecap report`` reads of a run directory against ``cfg`` (the run's configuration): the run's
+    own fingerprints (``parts``: the data set whose images and references it shows, the retriever of the bag
+    outcomes) and the data of its bags files (``bags*.json``). The training runs of a demo's stages
+    (``<run_dir>/<stage>/``) are not compared: a stage may train on other data (a boosted caption field) than the
+    test split the report shows. Returns the files checked."""
+    from finecap.data.references import data_file
+
+    run_dir = Path(run_dir)
+    files = []
+    if (run_dir / FINGERPRINTS_FILE).is_file():
+        check_fingerprints(read_json(run_dir / FINGERPRINTS_FILE), cfg, source=run_dir / FINGERPRINTS_FILE,
+                           parts=parts)  # fmt: skip
+        files.append(run_dir / FINGERPRINTS_FILE)
+    if "data" in parts:
+        for path in sorted(run_dir.glob("bags*.json")):
+            raw = read_json(path)
+            if isinstance(raw, dict) and isinstance(raw.get("fingerprint"), dict):
+                check_bags_data(path, raw, cfg.data.format, data_file(cfg))
+                files.append(path)
+    return files
