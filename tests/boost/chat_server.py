@@ -1,8 +1,9 @@
 """A small OpenAI-compatible chat-completions server on 127.0.0.1 for the backend tests (standard library only).
 
-``ChatServer(answer)`` serves ``POST /v1/chat/completions``; ``answer(payload, n) -> (status, body)`` decides each
-response (``n`` = how many requests with the same payload came before) and may sleep. The server records every
-request (headers and JSON payload) and the largest number of requests it handled at once.
+``ChatServer(answer)`` serves ``POST /v1/chat/completions``; ``answer(payload, n) -> (status, body)`` or
+``(status, body, headers)`` decides each response (``n`` = how many requests with the same payload came before) and
+may sleep. The server records every request (headers and JSON payload) and the largest number of requests it handled
+at once.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-Answer = Callable[[dict[str, Any], int], tuple[int, Any]]
+Answer = Callable[[dict[str, Any], int], tuple[Any, ...]]
 
 
 def completion(content: Any) -> dict[str, Any]:
@@ -61,7 +62,7 @@ class ChatServer:
                     server.max_in_flight = max(server.max_in_flight, server.in_flight)
                 try:
                     time.sleep(server.delay)
-                    status, out = server.answer(payload, n)
+                    status, out, *extra = server.answer(payload, n)
                 finally:
                     with server.lock:
                         server.in_flight -= 1
@@ -70,6 +71,8 @@ class ChatServer:
                     self.send_response(status)
                     self.send_header("Content-Type", "application/json")
                     self.send_header("Content-Length", str(len(data)))
+                    for name, value in (extra[0] if extra else {}).items():
+                        self.send_header(name, value)
                     self.end_headers()
                     self.wfile.write(data)
                 except (BrokenPipeError, ConnectionResetError):

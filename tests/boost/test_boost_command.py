@@ -58,7 +58,7 @@ def test_world_blend_through_the_world_backend(world, tmp_path):
     assert dense[0].captions == [json.loads((world / "dense.json").read_text())[str(source[0].image_id)]]
 
 
-def test_killed_run_resumes_without_loss_or_duplicates(world, tmp_path):
+def test_killed_run_resumes_without_loss_or_duplicates(world, tmp_path, capsys):
     out = tmp_path / "out"
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[2] / "src")}
     with ChatServer(delay=0.1) as server:
@@ -74,9 +74,11 @@ def test_killed_run_resumes_without_loss_or_duplicates(world, tmp_path):
         cached = [json.loads(line) for line in (out / "cache.jsonl").read_text().splitlines() if line.strip()]
         assert 0 < len(cached) <= first
         assert not (out / "dataset.json").exists()
+        assert json.loads((out / ".boost.lock").read_text())["pid"] == proc.pid  # the killed run's lock record
         # Resume in-process with the same --out: only the missing answers are requested.
         cfg = load(None, [f"world.out={world}", *_openai(server.url)])
         summary = boost(cfg, out, progress=False)
+    assert f"taking over the lock of pid {proc.pid}" in capsys.readouterr().out  # the kill left it: taken over
     assert summary["requested"] == {"blend": 32 - len(cached)}
     # Lost at most the requests in flight at the kill (concurrency 2), never an answer that was cached.
     assert len(server.requests) - first == 32 - len(cached) and first - len(cached) <= 2

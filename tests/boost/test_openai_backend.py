@@ -135,3 +135,68 @@ def test_malformed_answers_retried_then_logged_with_human_captions_kept(tmp_path
         step = run_step("blend", _tasks(records), OpenAIBackend("m", server.url), cache, 0, progress=False)
         cache.close()
     assert step.sent == 1 and step.cached == 2 and not step.failures and step.answers[2] == "boosted caption 2 a"
+
+
+def test_retry_after_seconds_is_honoured_with_jitter(tmp_path):
+    waits: list[float] = []
+
+    def busy_once(payload, n):
+        return (429, {"error": "rate limited"}, {"Retry-After": "7"}) if n == 0 else echo_first_caption(payload, n)
+
+    with ChatServer(busy_once) as server:
+        backend = OpenAIBackend("m", server.url, backoff=0.5, sleep=waits.append)  # injected: no real sleep
+        answers = dict(backend.run(_tasks(_records(tmp_path, 1))))
+    assert answers == {0: "boosted caption 0 a"} and len(server.requests) == 2
+    (wait,) = waits
+    assert 7.0 <= wait <= 7.5  # the server's 7 s plus a jitter of at most backoff
+
+
+def test_retry_after_http_date_uses_the_clock(tmp_path):
+    from email.utils import formatdate
+
+    waits: list[float] = []
+    now = 1_800_000_000.0
+    header = {"Retry-After": formatdate(now + 12, usegmt=True)}  # an HTTP date 12 s after "now"
+
+    def busy_once(payload, n):
+        return (503, {"error": "overloaded"}, header) if n == 0 else echo_first_caption(payload, n)
+
+    with ChatServer(busy_once) as server:
+        backend = OpenAIBackend("m", server.url, backoff=0.0, sleep=waits.append, clock=lambda: now)
+        list(backend.run(_tasks(_records(tmp_path, 1))))
+    assert waits == [12.0]
+
+
+def test_exponential_backoff_with_jitter_without_retry_after(tmp_path):
+    waits: list[float] = []
+    with ChatServer(lambda p, n: (500, {"error": "x"}) if n < 3 else echo_first_caption(p, n)) as server:
+        backend = OpenAIBackend("m", server.url, retries=3, backoff=1.0, max_wait=60, sleep=waits.append)
+        answers = dict(backend.run(_tasks(_records(tmp_path, 1))))
+    assert answers == {0: "boosted caption 0 a"} and len(waits) == 3
+    # Attempt n waits backoff * 2**(n-1) plus a jitter in [0, backoff]: [1, 2], [2, 3], [4, 5].
+    for wait, low in zip(waits, (1.0, 2.0, 4.0)):
+        assert low <= wait <= low + 1.0
+
+
+def test_retry_after_longer_than_max_wait_fails_without_retrying(tmp_path):
+    waits: list[float] = []
+    with ChatServer(lambda p, n: (429, {"error": "quota"}, {"Retry-After": "3600"})) as server:
+        backend = OpenAIBackend("m", server.url, max_wait=60, sleep=waits.append)
+        ((_, error),) = list(backend.run(_tasks(_records(tmp_path, 1))))
+    assert isinstance(error, RuntimeError) and "retry after 3600 s, more than boost.retry_max_wait=60" in str(error)
+    assert waits == [] and len(server.requests) == 1
+
+
+def test_connection_refused_is_server_unavailable(tmp_path):
+    import socket
+
+    from finecap.boost.engine import ServerUnavailable
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    waits: list[float] = []
+    backend = OpenAIBackend("m", f"http://127.0.0.1:{port}/v1", retries=2, backoff=0.1, sleep=waits.append)
+    ((_, error),) = list(backend.run(_tasks(_records(tmp_path, 1))))
+    assert isinstance(error, ServerUnavailable) and "gave up after 3 attempt(s)" in str(error)
+    assert "ConnectError" in str(error) and len(waits) == 2 and backend.requests_sent == 3

@@ -2,7 +2,8 @@
 
 import pytest
 
-from finecap.boost.prompts import DEFAULT_PROMPTS, Prompts
+from finecap.boost.prompts import DEFAULT_PROMPTS, PACKAGED, Prompts
+from finecap.config import load
 
 
 def test_default_messages_with_few_shot_turns():
@@ -47,3 +48,52 @@ def test_bad_prompt_files_name_the_file(tmp_path, text, error):
     with pytest.raises(ValueError, match=error) as info:
         Prompts.load(path)
     assert str(path) in str(info.value)
+
+
+@pytest.mark.parametrize(
+    ("text", "error"),
+    [
+        ("blend:\n  system: ok\n  user: 'Captions: {captions'\n", r"blend.user \(line 3\): expected '}' before end"),
+        ("holistic:\n  user: 'a } b {blend}'\n", r"holistic.user \(line 2\): Single '}' encountered"),
+    ],
+)
+def test_unbalanced_brace_names_file_key_and_line(tmp_path, text, error):
+    path = tmp_path / "braces.yaml"
+    path.write_text(text)
+    with pytest.raises(ValueError, match=error) as info:
+        Prompts.load(path)
+    assert str(info.value).startswith(f"{path}: ") and "{{ and }} for a literal brace" in str(info.value)
+
+
+def test_non_utf8_prompt_file_names_file_and_line(tmp_path):
+    path = tmp_path / "latin1.yaml"
+    path.write_bytes("blend:\n  user: 'L\u00e9gende: {captions}'\n".encode("latin-1"))  # é as the single byte 0xe9
+    with pytest.raises(ValueError, match=r"not UTF-8 text: byte 0xe9 at line 2") as info:
+        Prompts.load(path)
+    assert str(info.value).startswith(f"{path}: ")
+
+
+def test_packaged_paper_prompts():
+    prompts = Prompts.load("ndlb")
+    t = prompts.templates
+    assert prompts.source == str(PACKAGED["ndlb"]) and PACKAGED["ndlb"].is_file()
+    assert len(t["blend"]["examples"]) == 3 and len(t["holistic"]["examples"]) == 3  # the paper's 3 + 3
+    assert all(len(ex["captions"]) == 5 for ex in t["blend"]["examples"])
+    assert t["blend"]["system"].startswith("You are given a reference set of 5 image captions. Create a holistic")
+    assert t["holistic"]["system"].endswith("simply generate the caption. Three examples are shown below :")
+    # VisualCap: the paper's one instruction, beside the image, with no system message.
+    assert prompts.messages("visual") == [{"role": "user", "content": "Briefly describe the content of the image."}]
+    m = prompts.messages("blend", captions=["A dog.", "A brown dog runs."])
+    assert [x["role"] for x in m] == ["system"] + ["user", "assistant"] * 3 + ["user"]
+    first_example = "Reference caption 1: A plate full of food with an assortment of food on it."
+    assert m[1]["content"].splitlines()[0] == first_example
+    assert m[-1]["content"] == "Reference caption 1: A dog.\nReference caption 2: A brown dog runs."
+    m = prompts.messages("holistic", captions=["A dog."], blend="A dog.", visual="A brown dog on grass.")
+    assert m[-1]["content"] == "Correct caption: A dog.\nNew noisy caption: A brown dog on grass."
+    assert m[6]["content"] == t["holistic"]["examples"][2]["answer"]
+
+
+@pytest.mark.parametrize("recipe", ["coco/boost_blend", "coco/boost_visual", "coco/boost_holistic"])
+def test_coco_recipes_use_the_paper_prompts(recipe):
+    assert load(recipe).boost.prompts == "ndlb"
+    assert Prompts.load(load(recipe).boost.prompts).source == str(PACKAGED["ndlb"])

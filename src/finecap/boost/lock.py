@@ -27,11 +27,18 @@ from typing import Any
 
 from filelock import FileLock, Timeout
 
+from finecap.config import SECRET_KEYS
+
 LOCK_NAME = ".boost.lock"
 
 
 class OutputLocked(ValueError):
     """Another run holds the output folder's lock (a ``ValueError``: the command line prints it, exit code 2)."""
+
+
+def _command() -> str:
+    """This process's command line with secret overrides (:data:`~finecap.config.SECRET_KEYS`) masked."""
+    return " ".join(f"{a.split('=', 1)[0]}=***" if a.split("=", 1)[0] in SECRET_KEYS else a for a in sys.argv)
 
 
 def _describe(record: dict[str, Any]) -> str:
@@ -64,7 +71,7 @@ def output_lock(out: str | Path, log: Callable[[str], Any] = print) -> Iterator[
     :class:`OutputLocked` naming the holder when another process holds it."""
     path = Path(out) / LOCK_NAME
     record = {"pid": os.getpid(), "host": socket.gethostname(), "started": round(time.time(), 3),
-              "command": " ".join(sys.argv)}  # fmt: skip
+              "command": _command()}  # fmt: skip
     previous: dict[str, Any] = {}
 
     def on_acquired(fd: int) -> None:  # runs with the lock held

@@ -1,0 +1,274 @@
+"""Failures fail (issue 21 item 6) and one writer per output (issue 22 item 6): a dead server, the failure budget,
+consecutive connection failures, 401, malformed URLs, unsafe output folders, the output lock (two concurrent runs, a
+stale lock)."""
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from chat_server import ChatServer, completion, echo_first_caption
+
+from finecap.app.boost import main as boost
+from finecap.boost.engine import BackendError, BoostFailed, FailureBudget, ServerUnavailable
+from finecap.boost.lock import LOCK_NAME, OutputLocked, output_lock
+from finecap.config import ConfigError, load
+from finecap.world.make import make_world
+
+SRC = str(Path(__file__).parents[2] / "src")
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("world")
+    cfg = load(None, [f"world.out={out}", "world.n_train=24", "world.n_val=4", "world.n_test=4"])
+    make_world(cfg.world, progress=False)
+    return out
+
+
+def _openai(url: str, *extra: str) -> list[str]:
+    return ["boost.mode=blend", "boost.llm_backend=openai", "boost.llm_model=m", f"boost.llm_base_url={url}", *extra]
+
+
+def _closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]  # closed when the block ends: connections are refused
+
+
+def _cli(*args: str) -> subprocess.Popen:
+    env = {**os.environ, "PYTHONPATH": SRC}
+    return subprocess.Popen([sys.executable, "-m", "finecap.app.cli", "boost", *args], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
+
+
+def _captions(payload: dict) -> tuple[str, ...]:
+    """The human captions in a blend request (its ``- `` lines)."""
+    return tuple(ln[2:] for ln in payload["messages"][-1]["content"].splitlines() if ln.startswith("- "))
+
+
+def _image_order(world: Path) -> dict[tuple[str, ...], int]:
+    """Position of each world image in the data set, by its human captions (which tell the 32 images apart)."""
+    images = json.loads((world / "dataset.json").read_text())["images"]
+    order = {tuple(s["raw"] for s in img["sentences"]): i for i, img in enumerate(images)}
+    assert len(order) == len(images)
+    return order
+
+
+def _cache_lines(path: Path) -> list[str]:
+    return [line for line in path.read_text().splitlines() if line.strip()]
+
+
+def test_dead_server_exits_nonzero_writes_no_success_and_keeps_the_cache(world, tmp_path):
+    # An earlier run cached the answers of 10 images (the first 10 of the world).
+    with ChatServer() as server:
+        cfg = load(None, [f"world.out={world}", *_openai(server.url, "boost.limit=10")])
+        boost(cfg, tmp_path / "a", progress=False)
+    out = tmp_path / "b"
+    out.mkdir()
+    cached = (tmp_path / "a" / "cache.jsonl").read_bytes()
+    (out / "cache.jsonl").write_bytes(cached)
+    url = f"http://127.0.0.1:{_closed_port()}/v1"
+    # A budget of 100 % leaves the stop to the consecutive connection failures.
+    settings = ["boost.retries=1", "boost.concurrency=2", "boost.max_consecutive_failures=3"]
+    settings.append("boost.max_failure_rate=1")
+    proc = _cli("--out", str(out), f"world.out={world}", *_openai(url, *settings))
+    stdout, stderr = proc.communicate(timeout=120)
+    assert proc.returncode == 2, stderr
+    assert "finecap: error: boost stopped:" in stderr and "could not reach the server" in stderr
+    assert url in stderr and "Traceback" not in stderr
+    assert not (out / "dataset.json").exists()  # nothing that claims success
+    summary = json.loads((out / "boost.json").read_text())
+    assert summary["status"] == "failed" and summary["output"] is None
+    assert summary["boosted"] == 10 and summary["failed"] >= 3 and summary["cached"] == {"blend": 10}
+    assert summary["boosted"] + summary["failed"] + summary["not_done"] == summary["to_boost"] == 32
+    assert (out / "cache.jsonl").read_bytes() == cached  # every cached answer kept, nothing added
+    failures = [json.loads(line) for line in (out / "failures.jsonl").read_text().splitlines()]
+    assert len(failures) == summary["failed"] and all("ServerUnavailable" in f["error"] for f in failures)
+    assert not (out / LOCK_NAME).exists()
+
+
+def test_failure_budget_stops_the_run_as_it_goes(world, tmp_path):
+    # Concurrency 1: requests go one at a time. The first 8 images fail (HTTP 400, not retried); 10 % of 32 images
+    # allows 3 failures: the 4th failed image stops the run. The worker may have started the 5th request meanwhile.
+    order = _image_order(world)
+
+    def by_image(payload, n):
+        return (400, {"error": "prompt rejected"}) if order[_captions(payload)] < 8 else echo_first_caption(payload, n)
+
+    with ChatServer(by_image) as server:
+        cfg = load(None, [f"world.out={world}", *_openai(server.url, "boost.concurrency=1", "boost.few_shot=false",
+                                                         "boost.max_failure_rate=0.1")])  # fmt: skip
+        with pytest.raises(BoostFailed, match=r"4 of 32 images failed, more than boost.max_failure_rate=0.1 allows"):
+            boost(cfg, tmp_path / "out", progress=False)
+    assert 4 <= len(server.requests) <= 5
+    summary = json.loads((tmp_path / "out" / "boost.json").read_text())
+    assert (summary["status"], summary["boosted"], summary["failed"], summary["not_done"]) == ("failed", 0, 4, 28)
+    assert not (tmp_path / "out" / "dataset.json").exists()
+
+
+def test_failures_within_budget_are_counted_apart_and_exit_zero(world, tmp_path):
+    order = _image_order(world)
+
+    def two_bad(payload, n):
+        return (400, {"error": "rejected"}) if order[_captions(payload)] in (3, 7) else echo_first_caption(payload, n)
+
+    with ChatServer(two_bad) as server:
+        settings = ["boost.few_shot=false", "boost.max_failure_rate=0.1"]
+        cfg = load(None, [f"world.out={world}", *_openai(server.url, *settings)])
+        summary = boost(cfg, tmp_path / "out", progress=False)
+    assert (summary["status"], summary["boosted"], summary["failed"], summary["not_done"]) == ("ok", 30, 2, 0)
+    assert summary["failed_steps"] == {"blend": 2}
+    raw = json.loads((tmp_path / "out" / "dataset.json").read_text())["images"]
+    assert raw[3]["boost"]["blend"] == raw[3]["boost"]["original"]  # a failed image keeps its human captions
+    assert raw[4]["boost"]["blend"] == [f"boosted {raw[4]['boost']['original'][0]}"]
+
+
+def test_budget_counts_consecutive_connection_failures_only():
+    budget = FailureBudget(100, max_rate=1.0, max_consecutive=3)
+    down, http = ServerUnavailable("refused"), BackendError("HTTP 400")
+    assert budget.failed(0, down) is None and budget.failed(1, down) is None
+    budget.succeeded()  # an answer in between resets the count
+    assert budget.failed(2, down) is None and budget.failed(3, down) is None
+    assert budget.failed(4, http) is None  # the server answered: not a connection failure, resets too
+    assert budget.failed(5, down) is None and budget.failed(6, down) is None
+    reason = budget.failed(7, down)
+    assert reason.startswith("3 requests in a row could not reach the server (boost.max_consecutive_failures=3)")
+
+
+def test_401_stops_at_once(world, tmp_path):
+    with ChatServer(lambda p, n: (401, {"error": {"message": "Incorrect API key provided"}}), delay=0.05) as server:
+        cfg = load(None, [f"world.out={world}", *_openai(server.url, "boost.concurrency=2")])
+        with pytest.raises(BoostFailed, match="HTTP 401: the server refused the API key"):
+            boost(cfg, tmp_path / "out", progress=False)
+    assert 1 <= len(server.requests) <= 2  # at most the requests already in flight; 30 images never sent
+    summary = json.loads((tmp_path / "out" / "boost.json").read_text())
+    assert summary["status"] == "failed" and summary["boosted"] == 0 and summary["not_done"] >= 30
+
+
+@pytest.mark.parametrize(
+    ("url", "error"),
+    [("ftp://127.0.0.1/v1", "scheme 'ftp'"), ("localhost:8000/v1", "not an http"), ("http:///v1", "names no host"),
+     ("http://127.0.0.1:99999999/v1", "malformed URL")],
+)  # fmt: skip
+def test_malformed_base_url_refused_before_anything(world, tmp_path, url, error):
+    with pytest.raises(ConfigError, match=f"boost.llm_base_url: .*{error}"):
+        load(None, [f"world.out={world}", *_openai(url)])
+
+
+def test_malformed_url_from_environment_refused_before_any_request(world, tmp_path, monkeypatch):
+    monkeypatch.setenv("OPENAI_BASE_URL", "localhost:8000")
+    cfg = load(None, [f"world.out={world}", *_openai("")])
+    with pytest.raises(ValueError, match="OPENAI_BASE_URL.*'localhost:8000': not an http"):
+        boost(cfg, tmp_path / "out", progress=False)
+    assert not (tmp_path / "out" / "cache.jsonl").exists() and not (tmp_path / "out" / "boost.json").exists()
+
+
+def _snapshot(folder: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+@pytest.mark.parametrize("where", ["world", "world/boosted", "world/images/x"])
+def test_out_in_the_source_folder_refused_before_any_request_or_file(world, tmp_path, where):
+    before = _snapshot(world)
+    out = world.parent / where.replace("world", world.name, 1)
+    with ChatServer() as server:
+        cfg = load(None, [f"world.out={world}", *_openai(server.url)])
+        with pytest.raises(ValueError, match=f"--out {out}: inside the source data set's folder {world.resolve()}"):
+            boost(cfg, out, progress=False)
+    assert server.requests == []
+    assert _snapshot(world) == before and not (world / "boosted").exists() and not (world / "images" / "x").exists()
+
+
+def test_out_inside_the_image_root_and_user_folders_refused(world, tmp_path):
+    images = tmp_path / "images"
+    images.mkdir()
+    src = tmp_path / "src" / "data.jsonl"
+    src.parent.mkdir()
+    src.write_text(json.dumps({"image": "a.png", "captions": ["a dog"]}) + "\n")
+    cfg = load(None, ["data.format=jsonl", f"data.path={src}", f"data.images={images}", "boost.mode=blend"])
+    with pytest.raises(ValueError, match="inside the image folder"):
+        boost(cfg, images / "boosted", progress=False)
+    user = tmp_path / "mine"
+    user.mkdir()
+    (user / "notes.txt").write_text("mine")
+    with pytest.raises(ValueError, match="holds files but no finecap boost output"):
+        boost(cfg, user, progress=False)
+    (tmp_path / "out").mkdir()
+    (tmp_path / "out" / "boost.json").mkdir()
+    with pytest.raises(ValueError, match="boost.json is a folder"):
+        boost(cfg, tmp_path / "out", progress=False)
+    assert _snapshot(user) == {"notes.txt": b"mine"} and os.listdir(images) == []
+
+
+def test_two_concurrent_boosts_on_one_folder(world, tmp_path):
+    out = tmp_path / "out"
+    with ChatServer(delay=0.05) as server:
+        first = _cli("--out", str(out), f"world.out={world}", *_openai(server.url, "boost.concurrency=1"))
+        deadline = time.time() + 120
+        while len(server.requests) < 3 and time.time() < deadline and first.poll() is None:
+            time.sleep(0.02)
+        assert first.poll() is None, "the first run must still be running"
+        holder = json.loads((out / LOCK_NAME).read_text())
+        assert holder["pid"] == first.pid and holder["host"] == socket.gethostname()
+        cfg = load(None, [f"world.out={world}", *_openai(server.url)])
+        busy = rf"another finecap boost is writing to this folder \(pid {first.pid} on host {socket.gethostname()}"
+        with pytest.raises(OutputLocked, match=busy):
+            boost(cfg, out, progress=False)
+        stdout, stderr = first.communicate(timeout=120)
+    assert first.returncode == 0, stderr
+    assert len(server.requests) == 32  # the second run sent nothing: no double cost
+    lines = [json.loads(line) for line in _cache_lines(out / "cache.jsonl")]
+    assert len(lines) == len({row["key"] for row in lines}) == 32
+    raw = json.loads((out / "dataset.json").read_text())["images"]
+    assert sorted(img["boost"]["blend"][0] for img in raw) == sorted(row["answer"] for row in lines)
+    assert not (out / LOCK_NAME).exists()
+
+
+def test_stale_lock_of_a_dead_process_is_taken_over(world, tmp_path, capsys):
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / LOCK_NAME).write_text(json.dumps({"pid": dead.pid, "host": socket.gethostname(), "started": 1.7e9}))
+    boost(load(None, [f"world.out={world}", "boost.mode=blend"]), out, progress=False)
+    said = capsys.readouterr().out
+    assert f"taking over the lock of pid {dead.pid} on host {socket.gethostname()}" in said
+    assert "which ended without releasing it" in said
+    assert json.loads((out / "boost.json").read_text())["status"] == "ok" and not (out / LOCK_NAME).exists()
+
+
+def test_lock_in_process(tmp_path, monkeypatch):
+    monkeypatch.setattr(sys, "argv", ["finecap", "boost", "--out", str(tmp_path), "boost.llm_api_key=sk-5ecret"])
+    with output_lock(tmp_path, log=print) as me:
+        assert json.loads((tmp_path / LOCK_NAME).read_text()) == me
+        assert me["command"].endswith("boost.llm_api_key=***")  # a key on the command line is not recorded
+        assert "sk-5ecret" not in (tmp_path / LOCK_NAME).read_text()
+        with pytest.raises(OutputLocked, match=f"pid {os.getpid()}"), output_lock(tmp_path):
+            pass
+        assert json.loads((tmp_path / LOCK_NAME).read_text()) == me  # the loser did not touch the holder's record
+    assert not (tmp_path / LOCK_NAME).exists()
+
+
+def test_non_json_reply_is_reported_as_such(world, tmp_path):
+    with ChatServer(lambda p, n: (200, "<html>proxy error</html>")) as server:
+        cfg = load(None, [f"world.out={world}", *_openai(server.url, "boost.retries=1", "boost.max_failure_rate=1")])
+        summary = boost(cfg, tmp_path / "out", progress=False)
+    assert summary["failed"] == 32 and summary["status"] == "ok"  # a budget of 100 % accepts it
+    errors = {json.loads(line)["error"] for line in (tmp_path / "out" / "failures.jsonl").read_text().splitlines()}
+    assert errors == {"malformed reply: HTTP 200 but the reply is not JSON: '<html>proxy error</html>'"}
+    assert summary["requested"] == {"blend": 64}  # asked again once (boost.retries=1), as an empty answer is
+
+
+def test_whole_multi_paragraph_answer_is_kept(world, tmp_path):
+    text = "Caption: A red circle in the middle.\n\nA blue square sits above it.\n  Both shapes are small.\n"
+    with ChatServer(lambda p, n: (200, completion(text))) as server:
+        cfg = load(None, [f"world.out={world}", *_openai(server.url, "boost.limit=1")])
+        boost(cfg, tmp_path / "out", progress=False)
+    raw = json.loads((tmp_path / "out" / "dataset.json").read_text())["images"]
+    expected = "A red circle in the middle. A blue square sits above it. Both shapes are small."
+    assert raw[0]["boost"]["blend"] == [expected] and raw[0]["sentences"][0]["raw"] == expected
