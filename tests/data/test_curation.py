@@ -1,11 +1,16 @@
-"""Bag curation: decisions saved on every call, resumed on reopening, curated file readable as bags."""
+"""Bag curation: decisions saved on every call and resumed, keyed by bag content, never lost to a concurrent writer or
+a kill -9, and refused when the bags file changed under them."""
 
 import json
+import signal
+import subprocess
+import sys
+import threading
 
 import pytest
 
-from finecap.data.curation import BagCuration, decisions_path
-from finecap.data.formats import read_bags
+from finecap.data.curation import BagCuration, content_key, decisions_path
+from finecap.data.formats import DataError, read_bags
 
 
 @pytest.fixture
@@ -31,7 +36,8 @@ def test_decisions_are_saved_at_once_and_resumed(bags_file, tmp_path):
     assert curated["split"] == "test" and "family_purity" not in curated  # purity described the candidates
     assert read_bags(out) == {3: [[4, 5, 6]], 2: []}
     saved = json.loads(decisions_path(out).read_text())
-    assert saved["decisions"] == {"3/1": "accept", "2/0": "reject"}
+    assert saved == {"version": 2, "source": str(bags_file), "decisions": [
+        {"images": [7, 8], "decision": "reject"}, {"images": [4, 5, 6], "decision": "accept"}]}  # fmt: skip
     # Reopening resumes: decisions loaded, next undecided bag is 3/0.
     again = BagCuration(bags_file, out)
     assert again.decisions == {"3/1": "accept", "2/0": "reject"}
@@ -53,3 +59,131 @@ def test_bad_keys_decisions_and_output(bags_file, tmp_path):
         review.decide("3/0", "maybe")
     with pytest.raises(ValueError, match="must differ"):
         BagCuration(bags_file, bags_file)
+
+
+def test_decisions_follow_bag_content_not_position(bags_file, tmp_path):
+    out = tmp_path / "curated.json"
+    BagCuration(bags_file, out).decide("3/0", "accept")  # images [1, 2, 3]
+    # The bags file rebuilt with the bags of size 3 in the other order (and one image order changed): the decision
+    # stays with images {1, 2, 3}, now at position 3/1, and is not inherited by the bag now at 3/0.
+    data = json.loads(bags_file.read_text())
+    data["bags"]["3"] = [{"images": [4, 5, 6]}, {"images": [3, 1, 2]}]
+    bags_file.write_text(json.dumps(data))
+    again = BagCuration(bags_file, out)
+    assert again.decisions == {"3/1": "accept"} and read_bags(out)[3] == [[3, 1, 2]]
+    assert content_key([3, 1, 2]) == content_key([1, 2, 3]) != content_key([1, 2, "3"])
+
+
+def test_a_decisions_file_for_a_changed_bags_file_is_refused(bags_file, tmp_path):
+    out = tmp_path / "curated.json"
+    BagCuration(bags_file, out).decide("3/0", "reject")
+    before = decisions_path(out).read_text()
+    data = json.loads(bags_file.read_text())
+    data["bags"]["3"][0]["images"] = [1, 2, 9]  # the decided bag is no longer in the file
+    bags_file.write_text(json.dumps(data))
+    with pytest.raises(DataError, match=r"curated.decisions.json: made for a different version of .*bags.json: 1 "
+                                        r"decided bag\(s\) are not in it \(e.g. images \[1, 2, 3\]\)"):  # fmt: skip
+        BagCuration(bags_file, out)
+    assert decisions_path(out).read_text() == before  # nothing dropped or rewritten
+    # The older, position-keyed layout cannot be checked against the bags: refused too.
+    decisions_path(out).write_text(json.dumps({"source": str(bags_file), "decisions": {"3/0": "accept"}}))
+    with pytest.raises(DataError, match="keyed by bag position"):
+        BagCuration(bags_file, out)
+    decisions_path(out).write_text('{"version": 2, "decisions": [{"images": [1, 2, 3], "decision": "maybe"}]}')
+    with pytest.raises(DataError, match=r"decisions\[0\] must be"):
+        BagCuration(bags_file, out)
+
+
+def test_an_output_that_is_not_a_curation_is_never_replaced(bags_file, tmp_path):
+    mine = tmp_path / "notes.json"
+    mine.write_text('{"my": "data"}')
+    with pytest.raises(DataError, match="notes.json: exists and is not a curated bags file"):
+        BagCuration(bags_file, mine)
+    assert mine.read_text() == '{"my": "data"}' and not decisions_path(mine).exists()
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ('{"bags": {"3": [{"images": [[1], [2]]}]}}', r"bags\['3'\]\[0\]: image ids must be numbers or strings"),
+        ('{"bags": {"2": [[true, 1]]}}', "image ids must be numbers or strings, got True"),
+        ("[" * 100_000 + "]" * 100_000, "invalid JSON|nested too deeply"),
+        ('{"bags": {"x": []}}', "'x' is not a bag size"),
+    ],
+)
+def test_malformed_bags_files_are_named_errors(tmp_path, text, message):
+    path = tmp_path / "bags.json"
+    path.write_text(text)
+    with pytest.raises(DataError, match=message):
+        BagCuration(path, tmp_path / "out.json")
+
+
+def test_a_folder_for_the_bags_file_is_a_named_error(tmp_path):
+    with pytest.raises(DataError, match="a folder, not a bags file"):
+        BagCuration(tmp_path, tmp_path / "out.json")
+
+
+def _many_bags(path, n: int) -> list[str]:
+    path.write_text(json.dumps({"bags": {"2": [{"images": [2 * i, 2 * i + 1]} for i in range(n)]}}))
+    return [f"2/{i}" for i in range(n)]
+
+
+def test_two_writers_of_one_output_read_after_the_lock(tmp_path):
+    """Two curations of the same output (two servers, or a server and a script): each decision is applied to what is
+    on disk when the lock is taken, so neither overwrites the other's."""
+    bags = tmp_path / "bags.json"
+    keys = _many_bags(bags, 200)
+    out = tmp_path / "curated.json"
+    first, second = BagCuration(bags, out), BagCuration(bags, out)
+    first.decide(keys[0], "accept")
+    second.decide(keys[1], "reject")  # second never saw first's decision in memory
+    assert BagCuration(bags, out).decisions == {keys[0]: "accept", keys[1]: "reject"}
+    # 100 pairs of simultaneous decisions, one of each pair through each object, from threads started together.
+    for k in range(1, 100):
+        barrier = threading.Barrier(2)
+
+        def decide(curation, key, value, barrier=barrier):
+            barrier.wait()
+            curation.decide(key, value)
+
+        pair = [threading.Thread(target=decide, args=(first, keys[2 * k], "accept")),
+                threading.Thread(target=decide, args=(second, keys[2 * k + 1], "reject"))]  # fmt: skip
+        for t in pair:
+            t.start()
+        for t in pair:
+            t.join()
+    final = BagCuration(bags, out).decisions
+    assert final == {key: ("accept" if i % 2 == 0 else "reject") for i, key in enumerate(keys)}
+    assert len(read_bags(out)[2]) == 100
+
+
+CHILD = """
+import sys
+from finecap.data.curation import BagCuration
+review = BagCuration(sys.argv[1], sys.argv[2])
+for key in review.keys():
+    review.decide(key, "accept")
+    print(key, flush=True)  # acknowledged: decide() returned
+"""
+
+
+def test_a_kill_9_loses_no_acknowledged_decision(tmp_path):
+    bags = tmp_path / "bags.json"
+    keys = _many_bags(bags, 2000)
+    out = tmp_path / "curated.json"
+    BagCuration(bags, out)  # the files exist before the child starts
+    child = subprocess.Popen([sys.executable, "-c", CHILD, str(bags), str(out)], stdout=subprocess.PIPE, text=True)
+    acknowledged = []
+    for line in child.stdout:
+        acknowledged.append(line.strip())
+        if len(acknowledged) == 150:
+            child.send_signal(signal.SIGKILL)  # in the middle of later decisions
+            break
+    child.wait()
+    acknowledged += [line.strip() for line in child.stdout]  # printed before the kill landed
+    assert child.returncode == -signal.SIGKILL and len(acknowledged) < len(keys)
+    after = BagCuration(bags, out)  # both files parse (atomic writes) and the curated file is rebuilt
+    assert set(acknowledged) <= set(after.decisions)
+    assert set(after.decisions) == set(keys[: len(after.decisions)])
+    assert len(after.decisions) - len(acknowledged) <= 1  # at most the one written but not yet acknowledged
+    assert read_bags(out)[2] == [[2 * i, 2 * i + 1] for i in range(len(after.decisions))]

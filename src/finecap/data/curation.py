@@ -2,17 +2,28 @@
 254): accept / reject decisions, saved as they are made, and the curated bag file they produce.
 
 :class:`BagCuration` reads a bags file of ``finecap bags build`` (:func:`finecap.data.formats.read_bags` checks it)
-and keeps two files next to each other, both rewritten atomically after every decision, so a crash or a closed
-browser tab loses nothing and reopening the same output resumes where the review stopped:
+and keeps two files next to each other, both rewritten atomically after every decision, so a crash, a ``kill -9``
+or a closed browser tab loses nothing and reopening the same output resumes where the review stopped:
 
 - ``<out>``: the curated bags, in the layout of the input (``{"bags": {size: [{"images", "similarity"}, ...]}}`` plus
   the input's other keys), holding only the accepted bags, in their original order; ``finecap eval --bags <out>``
   reads it. A ``"curation"`` entry records the source file and the counts of accepted, rejected and pending bags.
-- ``<out stem>.decisions.json``: ``{"source": BAGS.json, "decisions": {"<size>/<index>": "accept" | "reject"}}``,
-  ``index`` being the bag's position in the input's list of that size.
+  It is derived from the decisions file and rebuilt from it on opening.
+- ``<out stem>.decisions.json``: ``{"version": 2, "source": BAGS.json, "decisions": [{"images": [...], "decision":
+  "accept" | "reject"}, ...]}``. Decisions are keyed by the bag's **content** (its set of image ids), never by its
+  position, so a rebuilt or reordered bags file cannot hand a decision to another bag. A decisions file holding a
+  decision for a bag that is no longer in the bags file (the bags file changed) is refused with an error naming
+  both files; so is a decisions file of the older, position-keyed layout (no ``"version"``), which cannot be checked.
+
+Concurrency: :meth:`BagCuration.decide` takes a lock (a thread lock, then an operating-system file lock on
+``.<out name>.lock`` through ``filelock``, so two review servers on the same output also take turns), **reads the
+decisions file after taking it**, applies the one decision, and writes both files atomically
+(:func:`finecap.utils.write_json`) before releasing it. A decision that :meth:`~BagCuration.decide` returned from is
+therefore on disk, whatever other writers did at the same time.
 
 Choices left open by the paper: a bag not yet decided is left out of the curated file (only reviewed, accepted bags
-count), and a decision can be changed or withdrawn (``decide(key, None)``) at any time.
+count), a decision can be changed or withdrawn (``decide(key, None)``) at any time, and two bags of a bags file with
+the same images share one decision (they are the same bag).
 
 Example::
 
@@ -27,14 +38,28 @@ Example::
 
 from __future__ import annotations
 
+import json
+import threading
+from collections.abc import Hashable, Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Literal, get_args
+
+from filelock import FileLock, Timeout
 
 from finecap.data.formats import DataError, read_bags
 from finecap.utils import read_json, write_json
 
 Decision = Literal["accept", "reject"]
 DECISIONS: tuple[str, ...] = get_args(Decision)
+VERSION = 2
+"""Layout version of the decisions file (1, position-keyed, had no ``"version"`` entry)."""
+LOCK_TIMEOUT = 30.0
+"""Seconds :meth:`BagCuration.decide` waits for another writer of the same output before giving up."""
+
+
+class CurationBusy(RuntimeError):
+    """Another process held the output's lock for longer than :data:`LOCK_TIMEOUT`."""
 
 
 def decisions_path(out: str | Path) -> Path:
@@ -43,32 +68,72 @@ def decisions_path(out: str | Path) -> Path:
     return out.with_name(f"{out.stem}.decisions.json")
 
 
+def lock_path(out: str | Path) -> Path:
+    """The lock file of the curated bags file ``out`` (``.<name>.lock`` next to it)."""
+    out = Path(out)
+    return out.with_name(f".{out.name}.lock")
+
+
+def content_key(images: Sequence[Hashable]) -> str:
+    """A bag's identity: its image ids as a set, in a canonical text form (order and repeats do not matter).
+
+    Example::
+
+        >>> content_key([3, 1, 2]) == content_key([1, 2, 3]), content_key([1, "1"])
+        (True, '["1", 1]')
+    """
+    texts = sorted({json.dumps(i) for i in images})
+    return "[" + ", ".join(texts) + "]"
+
+
+def _read_source(path: Path) -> dict[str, Any]:
+    """The bags file, checked (:func:`read_bags`) and with hashable image ids; every error names the file."""
+    try:
+        read_bags(path)
+        source = read_json(path)
+    except RecursionError:
+        raise DataError(f"{path}: JSON nested too deeply to be a bags file") from None
+    except IsADirectoryError:
+        raise DataError(f"{path}: a folder, not a bags file") from None
+    for size, items in source["bags"].items():
+        for j, entry in enumerate(items):
+            images = entry["images"] if isinstance(entry, dict) else entry
+            bad = [i for i in images if isinstance(i, bool) or not isinstance(i, int | str)]
+            if bad:
+                raise DataError(f"{path}: bags[{size!r}][{j}]: image ids must be numbers or strings, got {bad[0]!r}")
+    return source
+
+
 class BagCuration:
     """Accept/reject decisions on the bags of ``bags_path``, saved to ``out`` (and its decisions file) on every call
-    of :meth:`decide`; existing decisions for the same source are loaded (resume)."""
+    of :meth:`decide`; existing decisions for the same bags are loaded (resume)."""
 
     def __init__(self, bags_path: str | Path, out: str | Path) -> None:
         self.bags_path = Path(bags_path)
         self.out = Path(out)
         if self.out.resolve() == self.bags_path.resolve():
             raise ValueError(f"{self.out}: the curated file must differ from the candidate bags file it filters")
-        read_bags(self.bags_path)  # validates the layout, errors name the file and the bag
-        self.source: dict[str, Any] = read_json(self.bags_path)
+        self.source: dict[str, Any] = _read_source(self.bags_path)
         self.bags: dict[str, list[Any]] = self.source["bags"]
         self.decisions_file = decisions_path(self.out)
+        if self.decisions_file.resolve() == self.bags_path.resolve():
+            raise ValueError(f"{self.out}: its decisions file would be the candidate bags file {self.bags_path}")
+        self._keys = [f"{size}/{i}" for size in sorted(self.bags, key=int) for i in range(len(self.bags[size]))]
+        self._content = {key: content_key(self.bag(key)) for key in self._keys}
+        self._thread_lock = threading.Lock()
+        self._file_lock = FileLock(str(lock_path(self.out)), timeout=LOCK_TIMEOUT, poll_interval=0.005)
+        self._check_out_is_ours()
         self.decisions: dict[str, str] = {}
-        if self.decisions_file.exists():
-            saved = read_json(self.decisions_file)
-            if not isinstance(saved, dict) or not isinstance(saved.get("decisions"), dict):
-                raise DataError(f"{self.decisions_file}: expected {{'source': ..., 'decisions': {{key: decision}}}}")
-            for key, value in saved["decisions"].items():
-                self._check(key, value)
-            self.decisions = dict(saved["decisions"])
-        self._save()
+        """``{"<size>/<index>": decision}`` of the bags file as last read or written (replaced, never mutated)."""
+        with self._locked():
+            by_content = self._read_decisions()
+            self._save(by_content)  # rebuilds the curated file (e.g. after a kill between the two writes)
+
+    # --- reading the bags -------------------------------------------------------------------------------------------
 
     def keys(self) -> list[str]:
         """Every bag's key ``"<size>/<index>"``, sizes in increasing order."""
-        return [f"{size}/{i}" for size in sorted(self.bags, key=int) for i in range(len(self.bags[size]))]
+        return list(self._keys)
 
     def bag(self, key: str) -> list[Any]:
         """The image ids of bag ``key``."""
@@ -89,32 +154,39 @@ class BagCuration:
             raise ValueError(f"bag {key!r}: decision must be one of {', '.join(DECISIONS)}, got {decision!r}")
         return size, int(index)
 
+    # --- deciding ---------------------------------------------------------------------------------------------------
+
     def decide(self, key: str, decision: str | None) -> None:
-        """Record ``decision`` (``"accept"``, ``"reject"``, or None to withdraw it) for bag ``key`` and save."""
+        """Record ``decision`` (``"accept"``, ``"reject"``, or None to withdraw it) for bag ``key``; both files are on
+        disk when this returns (module docstring: lock, read, write)."""
         self._check(key, decision)
-        if decision is None:
-            self.decisions.pop(key, None)
-        else:
-            self.decisions[key] = decision
-        self._save()
+        content = self._content[key]
+        with self._locked():
+            by_content = self._read_decisions()
+            if decision is None:
+                by_content.pop(content, None)
+            else:
+                by_content[content] = decision
+            self._save(by_content)
 
     def counts(self) -> dict[str, int]:
         values = list(self.decisions.values())
-        n = len(self.keys())
-        return {"accepted": values.count("accept"), "rejected": values.count("reject"), "pending": n - len(values)}
+        return {"accepted": values.count("accept"), "rejected": values.count("reject"),
+                "pending": len(self._keys) - len(values)}  # fmt: skip
 
     def next_pending(self, after: str | None = None) -> str | None:
         """The first undecided bag after ``after`` (wrapping around), or None when all are decided."""
-        keys = self.keys()
+        keys, decisions = self._keys, self.decisions
         start = keys.index(after) + 1 if after in keys else 0
         for key in keys[start:] + keys[:start]:
-            if key not in self.decisions:
+            if key not in decisions:
                 return key
         return None
 
     def curated(self) -> dict[str, Any]:
         """The curated bags file: the input with only the accepted bags, and a ``curation`` summary."""
-        bags = {size: [b for i, b in enumerate(items) if self.decisions.get(f"{size}/{i}") == "accept"]
+        decisions = self.decisions
+        bags = {size: [b for i, b in enumerate(items) if decisions.get(f"{size}/{i}") == "accept"]
                 for size, items in self.bags.items()}  # fmt: skip
         # Family purity describes the candidate bags, not the curated subset: left out rather than stale.
         out = {k: v for k, v in self.source.items() if k not in ("bags", "curation") and not k.startswith("family_")}
@@ -122,6 +194,79 @@ class BagCuration:
         out["curation"] = {"source": str(self.bags_path), **self.counts()}
         return out
 
-    def _save(self) -> None:
-        write_json(self.decisions_file, {"source": str(self.bags_path), "decisions": self.decisions})
+    # --- files ------------------------------------------------------------------------------------------------------
+
+    @contextmanager
+    def _locked(self) -> Iterator[None]:
+        """Hold the thread lock, then the file lock (:data:`LOCK_TIMEOUT`)."""
+        with self._thread_lock:
+            try:
+                self._file_lock.acquire()
+            except Timeout:
+                raise CurationBusy(
+                    f"{self.out}: another process has held {lock_path(self.out)} for {LOCK_TIMEOUT:.0f} s "
+                    "(a second review of the same output?)"
+                ) from None
+            try:
+                yield
+            finally:
+                self._file_lock.release()
+
+    def _check_out_is_ours(self) -> None:
+        """Refuse to replace an ``out`` that is not a curated bags file (users' data is never overwritten)."""
+        if not self.out.exists():
+            return
+        try:
+            existing = read_json(self.out)
+        except (ValueError, OSError, RecursionError):
+            existing = None
+        if not isinstance(existing, dict) or not isinstance(existing.get("curation"), dict):
+            raise DataError(f"{self.out}: exists and is not a curated bags file of `finecap bags review`; "
+                            "choose another --out")  # fmt: skip
+
+    def _read_decisions(self) -> dict[str, str]:
+        """``{content key: decision}`` from the decisions file (empty when there is none), checked against the bags
+        file: refused when it is not ours, position-keyed, or decides a bag the bags file no longer holds."""
+        path = self.decisions_file
+        if not path.exists():
+            return {}
+        try:
+            saved = read_json(path)
+        except RecursionError:
+            raise DataError(f"{path}: JSON nested too deeply to be a decisions file") from None
+        start_over = f"keep the bags file it was made for, or choose another --out to review {self.bags_path} afresh"
+        if isinstance(saved, dict) and isinstance(saved.get("decisions"), dict) and "version" not in saved:
+            raise DataError(f"{path}: decisions keyed by bag position (made by an older finecap), which cannot be "
+                            f"matched to the bags safely; {start_over}")  # fmt: skip
+        entries = saved.get("decisions") if isinstance(saved, dict) else None
+        if not isinstance(saved, dict) or saved.get("version") != VERSION or not isinstance(entries, list):
+            raise DataError(f"{path}: expected {{'version': {VERSION}, 'source': ..., 'decisions': [{{'images': "
+                            "[...], 'decision': 'accept' | 'reject'}, ...]}")  # fmt: skip
+        known = set(self._content.values())
+        out: dict[str, str] = {}
+        missing: list[list[Any]] = []
+        for j, entry in enumerate(entries):
+            images = entry.get("images") if isinstance(entry, dict) else None
+            value = entry.get("decision") if isinstance(entry, dict) else None
+            if not isinstance(images, list) or value not in DECISIONS:
+                raise DataError(f"{path}: decisions[{j}] must be {{'images': [...], 'decision': 'accept' | 'reject'}}")
+            key = content_key(images)
+            if key not in known:
+                missing.append(images)
+            out[key] = value
+        if missing:
+            raise DataError(f"{path}: made for a different version of {self.bags_path}: {len(missing)} decided "
+                            f"bag(s) are not in it (e.g. images {missing[0]}); {start_over}")  # fmt: skip
+        return out
+
+    def _save(self, by_content: dict[str, str]) -> None:
+        """Write the decisions file, then the curated file (derived from it); caller holds the lock."""
+        decisions = {key: by_content[c] for key, c in self._content.items() if c in by_content}
+        entries, seen = [], set()
+        for key, c in self._content.items():  # in bag order, each content once
+            if c in by_content and c not in seen:
+                seen.add(c)
+                entries.append({"images": self.bag(key), "decision": by_content[c]})
+        write_json(self.decisions_file, {"version": VERSION, "source": str(self.bags_path), "decisions": entries})
+        self.decisions = decisions
         write_json(self.out, self.curated())
