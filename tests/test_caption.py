@@ -1,0 +1,255 @@
+"""``finecap caption`` reads its checkpoint (issue 21, item 7), runs are read from any directory (item 3) and refused
+against changed inputs (the fingerprint-mismatch test): tiny ClipCaps trained for 2 steps on a tiny world."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from finecap.app.caption import main, resolve
+from finecap.app.cli import main as cli
+from finecap.app.train import train
+from finecap.caption import generate_captions
+from finecap.config import DecodeConfig, load, load_stored
+from finecap.data.datasets import CaptionDataset, model_collator
+from finecap.data.fingerprint import FINGERPRINTS_FILE, bags_file_data, data_fingerprint, write_fingerprints
+from finecap.data.formats import read_results
+from finecap.data.references import load_references
+from finecap.models.backbones import load_captioner
+from finecap.report.html import image_uri
+from finecap.train.checkpoint import checkpoint_dir, model_dir
+
+WORLD = ["world.n_train=40", "world.n_val=8", "world.n_test=8", "world.image_size=32", "world.seed=0"]
+TINY = [*WORLD, "model.tiny_layers=1", "model.tiny_hidden=32", "model.tiny_heads=2", "model.prefix_length=2",
+        "train.batch_size=16", "train.lr=3e-3", "train.warmup_steps=2", "train.log_every=1", "train.max_steps=2",
+        "decode.max_length=10", "decode.batch_size=4"]  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory) -> Path:
+    from finecap.world.make import make_world
+
+    cfg = load(None, WORLD).world
+    return make_world(cfg, out=tmp_path_factory.mktemp("caption") / "world", progress=False)
+
+
+@pytest.fixture(scope="module")
+def clip(tmp_path_factory) -> Path:
+    from finecap.models.presets import save_tiny_clip
+
+    return save_tiny_clip(tmp_path_factory.mktemp("clip"), image_size=32, patch_size=16)
+
+
+def train_run(overrides: list[str]) -> Path:
+    """Train a tiny run; its fingerprints are recorded (by training itself once the recipe calls
+    write_fingerprints after saving config.yaml, here otherwise)."""
+    cfg = load(None, [*TINY, *overrides])
+    run_dir = train(cfg)
+    if not (run_dir / FINGERPRINTS_FILE).exists():
+        write_fingerprints(run_dir, cfg)
+    return run_dir
+
+
+def captions(path: Path) -> dict:
+    return {i: c[0] for i, c in read_results(path).items()}
+
+
+@pytest.fixture(scope="module")
+def beam_run(world, clip, tmp_path_factory) -> Path:
+    """A run whose configuration decodes with beam search of width 3, trained for 80 steps (about a second): after 2
+    steps every caption is "a a a ...", whatever the decoding; after 80 beam search and greedy decoding differ."""
+    tmp = tmp_path_factory.mktemp("beam")
+    return train_run([f"world.out={world}", f"model.encoder={clip}", f"run.dir={tmp / 'run'}",
+                      f"run.cache_dir={tmp / 'cache'}", "decode.strategy=beam", "decode.beam_size=3",
+                      "train.max_steps=80"])  # fmt: skip
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# The checkpoint's decoding settings and data
+# --------------------------------------------------------------------------------------------------------------------
+
+
+def test_caption_uses_the_checkpoints_saved_beam(beam_run, tmp_path, capsys):
+    # A run directory means its best checkpoint; its config.yaml gives decoding and data.
+    setup = resolve(beam_run)
+    assert setup.checkpoint == checkpoint_dir(beam_run, "best")
+    d = setup.cfg.decode
+    assert (d.strategy, d.beam_size, d.max_length) == ("beam", 3, 10)
+    assert not setup.data_from_command_line
+
+    default = captions(main(checkpoint=beam_run, out=tmp_path / "default.json"))
+    assert "decoding beam (beam_size=3, length_penalty=1.0, max_length=10)" in capsys.readouterr().out
+    explicit = captions(main(checkpoint=beam_run, out=tmp_path / "explicit.json",
+                             overrides=["decode.strategy=beam", "decode.beam_size=3"]))  # fmt: skip
+    assert default == explicit and len(default) == 8  # the tiny world's test split
+    # An independent decode of the same model with the settings spelled out gives the same captions.
+    cfg = load_stored(beam_run / "config.yaml")
+    model = load_captioner(model_dir(checkpoint_dir(beam_run, "best")))
+    reference = generate_captions(model, cfg, "test", decode=DecodeConfig(strategy="beam", beam_size=3, max_length=10),
+                                  progress=False)  # fmt: skip
+    assert default == {i: c[0] for i, c in reference.items()}
+    # Greedy decoding of the same checkpoint is another result: the default really is the beam.
+    greedy = captions(main(checkpoint=beam_run, out=tmp_path / "greedy.json", overrides=["decode.strategy=greedy"]))
+    assert greedy != default
+
+
+def test_only_the_keys_given_override_the_checkpoint(beam_run, tmp_path):
+    setup = resolve(beam_run, overrides=["decode.strategy=greedy"])
+    # strategy replaced; the checkpoint's max_length (10, not the default 24) and beam_size (3) kept
+    assert (setup.cfg.decode.strategy, setup.cfg.decode.max_length, setup.cfg.decode.beam_size) == ("greedy", 10, 3)
+    wide = resolve(checkpoint_dir(beam_run, "last"), overrides=["decode.beam_size=5"])
+    assert (wide.checkpoint, wide.cfg.decode.strategy, wide.cfg.decode.beam_size) == (
+        checkpoint_dir(beam_run, "last"), "beam", 5)  # fmt: skip
+    # The command line: an override changes the captions, nothing else given keeps the checkpoint's beam 3.
+    out = tmp_path / "cli.json"
+    assert cli(["caption", "--checkpoint", str(beam_run), "--out", str(out)]) == 0
+    assert cli(["caption", "--checkpoint", str(beam_run), "--out", str(tmp_path / "b3.json"),
+                "decode.strategy=beam", "decode.beam_size=3"]) == 0  # fmt: skip
+    assert captions(out) == captions(tmp_path / "b3.json")
+    assert cli(["caption", "--checkpoint", str(beam_run), "--out", str(tmp_path / "g.json"),
+                "decode.strategy=greedy"]) == 0  # fmt: skip
+    assert captions(tmp_path / "g.json") != captions(out)
+
+
+def test_generation_config_json_carries_the_decoding_settings(beam_run):
+    from transformers import GenerationConfig
+
+    for which in ("best", "last"):
+        folder = model_dir(checkpoint_dir(beam_run, which))
+        model = load_captioner(folder)
+        for place in (folder, folder / "lm"):  # the checkpoint's model folder and ClipCap's transformers LM
+            raw = json.loads((place / "generation_config.json").read_text())
+            assert {k: raw[k] for k in ("num_beams", "max_new_tokens", "length_penalty", "do_sample",
+                                        "num_return_sequences", "eos_token_id", "pad_token_id")} == {
+                "num_beams": 3, "max_new_tokens": 10, "length_penalty": 1.0, "do_sample": False,
+                "num_return_sequences": 1, "eos_token_id": model.tokenizer.eos_token_id,
+                "pad_token_id": model.tokenizer.pad_token_id}  # fmt: skip
+            assert not {"temperature", "top_k", "top_p"} & set(raw)  # sampling settings unset for beam search
+            assert GenerationConfig.from_pretrained(place).num_beams == 3
+
+
+def test_generation_config_of_each_strategy():
+    from finecap.train.checkpoint import generation_config
+
+    sample = generation_config(DecodeConfig(strategy="sample", temperature=0.7, top_k=5, top_p=0.9,
+                                            num_return_sequences=4, max_length=12))  # fmt: skip
+    assert (sample.do_sample, sample.num_beams, sample.temperature, sample.top_k, sample.top_p) == (
+        True,
+        1,
+        0.7,
+        5,
+        0.9,
+    )
+    assert (sample.num_return_sequences, sample.max_new_tokens, sample.length_penalty) == (4, 12, None)
+    greedy = generation_config(DecodeConfig(strategy="greedy", temperature=0.5))
+    assert (greedy.do_sample, greedy.num_beams, greedy.temperature, greedy.num_return_sequences) == (False, 1, None, 1)
+    greedy.validate(strict=True)  # what transformers checks before save_pretrained
+
+
+def test_transformers_greedy_generate_reproduces_finecap_captions(world, clip, tmp_path):
+    # What generation_config.json is for: transformers' own generate, given the prefix ClipCap computes and the
+    # saved settings, writes the captions finecap's decoder writes.
+    import torch
+    from transformers import GenerationConfig
+
+    run = train_run([f"world.out={world}", f"model.encoder={clip}", f"run.dir={tmp_path / 'run'}",
+                     f"run.cache_dir={tmp_path / 'cache'}", "train.max_steps=80"])  # fmt: skip
+    folder = model_dir(checkpoint_dir(run, "best"))
+    model = load_captioner(folder).eval()
+    finecap_caps = captions(main(checkpoint=run, out=tmp_path / "greedy.json"))
+    cfg = load_stored(run / "config.yaml")
+    records = load_references(cfg, split="test").records
+    batch = model_collator(model, cfg.data.max_tokens)(list(CaptionDataset(records, per_caption=False)))
+    gen = GenerationConfig.from_pretrained(folder / "lm")
+    assert (gen.num_beams, gen.do_sample, gen.max_new_tokens) == (1, False, 10)
+    with torch.no_grad():
+        prefix = model._prefix(model.image_features(batch))  # (B, k, H): what finecap's decoder starts from
+        out = model.lm.generate(inputs_embeds=prefix, attention_mask=torch.ones(prefix.shape[:2], dtype=torch.long),
+                                generation_config=gen)  # fmt: skip
+    hf_caps = {
+        r.image_id: model.tokenizer.decode(seq, skip_special_tokens=True).strip() for r, seq in zip(records, out)
+    }
+    assert hf_caps == finecap_caps
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# From another directory
+# --------------------------------------------------------------------------------------------------------------------
+
+
+def test_run_read_from_another_directory(world, clip, tmp_path, monkeypatch):
+    # Trained with paths relative to the working directory, as a user types them ...
+    work = tmp_path / "work"
+    work.mkdir()
+    shutil.copytree(world, work / "data" / "world")
+    shutil.copytree(clip, work / "clip")
+    monkeypatch.chdir(work)
+    run_dir = train_run(["world.out=data/world", "model.encoder=clip", "run.dir=runs/r", "run.cache_dir=cache",
+                         "retriever.checkpoint=clip"])  # fmt: skip
+    from finecap.app.bags import main as build_bags
+
+    build_bags(load(None, [*TINY, "world.out=data/world", "retriever.checkpoint=clip", "run.cache_dir=cache"]),
+               split="test", sizes="2", out="runs/r/bags_test.json")  # fmt: skip
+    stored = load_stored(work / "runs" / "r" / "config.yaml")
+    assert stored.world.out == str(work / "data" / "world") and stored.model.encoder == str(work / "clip")
+    assert stored.run.dir == str(work / "runs" / "r") and stored.retriever.checkpoint == str(work / "clip")
+    assert json.loads((work / "runs/r/bags_test.json").read_text())["data"] == str(work / "data/world/dataset.json")
+
+    # ... then read from another directory, where none of these relative paths exist.
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    run_dir = work / "runs" / "r"
+    out = main(checkpoint=run_dir, out=elsewhere / "captions.json")
+    assert len(captions(out)) == 8
+    data = bags_file_data(run_dir / "bags_test.json")  # the bags review's loader
+    assert data == str(work / "data" / "world" / "dataset.json")
+    refs = load_references(load(None), data, split="test", check_images=True)
+    assert len(refs.records) == 8 and all(r.path.is_file() for r in refs.records)
+    # The report: a run directory holding this run's captions, drawn with the images of its data.
+    (run_dir / "captions").mkdir()
+    shutil.copy(out, run_dir / "captions" / "mle.json")
+    assert cli(["report", str(run_dir), "--no-bag-outcomes", "--out", str(elsewhere / "report.html")]) == 0
+    html = (elsewhere / "report.html").read_text()
+    assert all(image_uri(r.path) in html for r in refs.records)  # the gallery found every test image
+    assert sorted(p.name for p in elsewhere.iterdir()) == ["captions.json", "report.html"]  # nothing else written
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# Changed inputs
+# --------------------------------------------------------------------------------------------------------------------
+
+
+def test_changed_data_is_refused_by_caption_and_report(world, clip, tmp_path, capsys):
+    data = tmp_path / "data" / "captions.json"
+    data.parent.mkdir()
+    shutil.copy(world / "dataset.json", data)  # a Karpathy file (no scene graphs next to it)
+    run_dir = train_run(["data.format=karpathy", f"data.path={data}", f"data.images={world / 'images'}",
+                         f"model.encoder={clip}", f"run.dir={tmp_path / 'run'}",
+                         f"run.cache_dir={tmp_path / 'cache'}"])  # fmt: skip
+    (run_dir / "captions").mkdir()
+    assert cli(["caption", "--checkpoint", str(run_dir), "--out", str(run_dir / "captions" / "mle.json")]) == 0
+    assert cli(["report", str(run_dir), "--no-bag-outcomes"]) == 0
+    recorded = json.loads((run_dir / FINGERPRINTS_FILE).read_text())["data"]
+    capsys.readouterr()
+
+    # The data changes after training: one reference caption edited.
+    content = json.loads(data.read_text())
+    content["images"][-1]["sentences"][0]["raw"] = "a caption written after training"
+    data.write_text(json.dumps(content))
+    out = tmp_path / "after.json"
+    assert cli(["caption", "--checkpoint", str(run_dir), "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    now = data_fingerprint(load_stored(run_dir / "config.yaml"))
+    assert "data fingerprint" in err and recorded["id"] in err and now["id"] in err and recorded["id"] != now["id"]
+    assert f"sha256: '{recorded['sha256']}' -> '{now['sha256']}'" in err
+    assert not out.exists()  # refused before decoding
+    assert cli(["report", str(run_dir), "--no-bag-outcomes", "--out", str(tmp_path / "r.html")]) == 2
+    assert recorded["id"] in capsys.readouterr().err and not (tmp_path / "r.html").exists()
+    # Captioning other data on purpose is the user's call: --data is not checked against the run's.
+    assert cli(["caption", "--checkpoint", str(run_dir), "--out", str(out), "--data", str(data),
+                f"data.images={world / 'images'}"]) == 0  # fmt: skip
+    assert len(captions(out)) == 8
