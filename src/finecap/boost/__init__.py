@@ -1,12 +1,17 @@
 """Visual Caption Boosting (NDLB Sec. 2): BlendCap, VisualCap and HolisticCap through LLM/VLM backends.
 
-- :mod:`~finecap.boost.prompts`: the three steps' chat prompts, few-shot examples, prompt files;
-- :mod:`~finecap.boost.engine`: the resumable answer cache, retries, failure log, the steps over a data set;
+- :mod:`~finecap.boost.prompts`: the three steps' chat prompts, few-shot examples, prompt files (``ndlb``: the
+  paper's own, ``ndlb_prompts.yaml``);
+- :mod:`~finecap.boost.engine`: the resumable answer cache, retries of malformed answers, the failure budget and
+  failure log, the steps over a data set;
 - backends: :mod:`~finecap.boost.openai_backend` (OpenAI-compatible HTTP servers),
   :mod:`~finecap.boost.hf_backend` (in-process ``transformers`` chat models), :mod:`~finecap.boost.world_backend`
   (the embedded world's exact analogue, with :mod:`~finecap.boost.world_facts`); :mod:`~finecap.boost.backends`
   picks one by name;
-- :mod:`~finecap.boost.output`: the boosted data set in the source's format.
+- :mod:`~finecap.boost.output`: the boosted data set in the source's format, and the checks of every output path;
+- :mod:`~finecap.boost.lock`: one writer per output folder.
+
+Failure handling, exit codes, the lock, keys and prompts: ``docs/boost.md``.
 
 The ``finecap boost`` command is :mod:`finecap.app.boost`.
 """

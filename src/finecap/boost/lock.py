@@ -87,6 +87,8 @@ def output_lock(out: str | Path, log: Callable[[str], Any] = print) -> Iterator[
             f"{out}: another finecap boost is writing to this folder ({_describe(read_holder(path))}); wait for it "
             f"to finish or choose another --out (lock file {path})"
         ) from None
+    except OSError as e:  # a file system without flock (filelock does not fall back when on_acquired is set)
+        raise OutputLocked(f"{path}: cannot take the output folder's lock ({e}); choose another --out") from None
     try:
         if previous:
             log(f"boost: taking over the lock of {_describe(previous)}, which ended without releasing it ({path})")

@@ -6,6 +6,22 @@
 - :class:`WorldVLM` is a real, noisy visual expert: a ClipCap captioner trained on the world's dense captions
   (``finecap train demo/visual_expert``; every fact of a scene in one caption), decoding greedily. Its mistakes are
   that model's own errors, measured by faithfulness against the scene graphs, never injected.
+
+**Where these differ from the paper's prompts** (NDLB appendix A.1, shipped as ``boost.prompts=ndlb``), and why:
+
+- *No prompt, no few-shot examples.* Neither backend reads ``boost.prompts``: the world has no instruction-tuned
+  model, so each step does exactly what its paper prompt asks instead of asking a model to do it. The world is
+  where the method can be measured without a language model's own errors; the COCO recipes run the paper's prompts.
+- *BlendCap* is every fact the human captions state, rendered once ("incorporating relevant information from all the
+  reference captions", "minimizes redundancy", "do not include additional information"). The paper's "Stop after the
+  first period" is not imitated: the rendering is one caption of whatever length the facts need.
+- *VisualCap*: the paper asks InstructBLIP to "Briefly describe the content of the image."; the world's expert was
+  trained on dense captions, so it describes every fact it sees. In the paper that "brief" description still
+  averages 51.1 words, longer than HolisticCap's 41.5 (Table 9): its role is to bring the fine details the humans
+  left out, which a brief caption of a world scene would not.
+- *HolisticCap* adds the visual facts that conflict with no human fact and keeps the human version where they do
+  ("strictly use information from Correct caption"); the paper leaves "conflict" to the LLM, the world states it
+  as rules (:mod:`finecap.boost.world_facts`).
 """
 
 from __future__ import annotations
