@@ -929,11 +929,13 @@ def absolute_paths(cfg: Config, base: str | Path | None = None) -> Config:
                                        for name, values in data.items()})  # fmt: skip
 
 
-def load_stored(path: str | Path, overrides: list[str] | None = None) -> Config:
-    """A configuration finecap stored (a run's or checkpoint's ``config.yaml``) with dotlist ``overrides`` on top.
+def load_stored(path: str | Path, overrides: list[str] | None = None, recipe: str | Path | None = None) -> Config:
+    """A configuration finecap stored (a run's or checkpoint's ``config.yaml``) with a ``recipe``'s keys and the
+    dotlist ``overrides`` on top (only the keys they set replace the stored ones).
 
     finecap writes absolute paths (:meth:`Config.save`); a relative path found in the file (edited by hand) is read
-    relative to the file's folder. Paths in ``overrides`` are the user's, relative to the working directory.
+    relative to the file's folder. Paths in the recipe and the overrides are the user's, relative to the working
+    directory.
     """
     from finecap.utils import read_yaml_mapping
 
@@ -943,4 +945,5 @@ def load_stored(path: str | Path, overrides: list[str] | None = None) -> Config:
     except ValueError as e:
         raise ConfigError(str(e)) from None
     data = absolute_path_values(data, path.parent)
-    return from_dict(merge_overrides(data, overrides or []), f"{path}: ")
+    from_dict(data, f"{path}: ")  # the stored file alone is valid; errors name it
+    return load(recipe, overrides, base=data)
