@@ -245,3 +245,32 @@ def test_bags_file_data_is_read_relative_to_the_file_and_checked(world, tmp_path
         check_run_dir(tmp_path / "run", cfg)
     with pytest.raises(FingerprintMismatch, match="format: 'karpathy' -> 'jsonl'"):
         check_bags_data(bags, raw, "jsonl", data)
+
+
+def test_captioner_encoder_seen_from_the_config_and_from_the_checkpoint_agree(world, tmp_path):
+    # Training records the encoder from the configuration (model.encoder=world: the world encoder of its key); a
+    # reader of a checkpoint sees the encoder its captioner.json refers to. Same encoder, same fingerprint.
+    from finecap.models.world_encoder import encoder_dir, encoder_key
+
+    cfg = load(None, [f"world.out={world}", "model.encoder=world", f"run.cache_dir={tmp_path / 'cache'}"])
+    before = fpm.captioner_fingerprint(cfg)  # not trained yet: key only
+    assert (before["kind"], before["sha256"], before["world_encoder_key"]) == ("world-encoder", None, encoder_key(cfg))
+    folder = encoder_dir(cfg)
+    folder.mkdir(parents=True)
+    (folder / "model.safetensors").write_bytes(b"trained")
+    (folder / "encoder.json").write_text(json.dumps({"key": encoder_key(cfg)}))
+    recorded = fpm.captioner_fingerprint(cfg)
+    model = tmp_path / "ckpt" / "model"
+    model.mkdir(parents=True)
+    (model / "captioner.json").write_text(json.dumps({"encoder_source": str(folder), "encoder_saved": False}))
+    assert differences(before, recorded) == [] and differences(recorded, fpm.captioner_fingerprint(cfg, model)) == []
+    # A captioner that saved its trained encoder depends on nothing outside: recorded as such from both sides.
+    (model / "captioner.json").write_text(json.dumps({"encoder_source": str(folder), "encoder_saved": True}))
+    trained = load(None, [f"world.out={world}", "model.encoder=world", "model.train_encoder=true"])
+    assert (
+        fpm.captioner_fingerprint(trained)["kind"] == fpm.captioner_fingerprint(cfg, model)["kind"] == "in-checkpoint"
+    )
+    # The world encoder retrained in place: the checkpoint no longer reads what it was trained with.
+    (folder / "model.safetensors").write_bytes(b"retrained")
+    (model / "captioner.json").write_text(json.dumps({"encoder_source": str(folder), "encoder_saved": False}))
+    assert differences(recorded, fpm.captioner_fingerprint(cfg, model))[0].startswith("sha256: ")
