@@ -1,12 +1,21 @@
-"""`finecap bags review` app through Flask's test client: pages, decisions saved as made, resume, path safety."""
+"""`finecap bags review` app through Flask's test client and a real server on 127.0.0.1: pages, decisions saved as
+made (and none lost to simultaneous clicks), checks at start, and a server that serves no one else (Host, Origin,
+CSRF token, access token beyond loopback, images only)."""
 
+import itertools
 import json
 import os
+import re
+import threading
+import urllib.error
+import urllib.parse
+import urllib.request
 
 import pytest
 
 from finecap.app.review import create_app, default_out, resolve_under
-from finecap.data.formats import read_bags
+from finecap.data.curation import decisions_path
+from finecap.data.formats import DataError, read_bags
 
 
 @pytest.fixture
@@ -15,6 +24,15 @@ def app_and_paths(fabricated_run, tiny_world, tmp_path):
     bags.write_text((fabricated_run / "bags_test.json").read_text())
     app = create_app(bags, tiny_world / "images")
     return app, bags, tiny_world
+
+
+def form_token(client, url: str) -> str:
+    page = client.get(url).get_data(as_text=True)
+    return re.search(r'name="csrf_token" value="([^"]+)"', page).group(1)
+
+
+def post(client, url: str, decision: str, **headers):
+    return client.post(url, data={"decision": decision, "csrf_token": form_token(client, url)}, headers=headers)
 
 
 def test_pages_show_images_and_captions_and_save_decisions(app_and_paths):
@@ -30,11 +48,11 @@ def test_pages_show_images_and_captions_and_save_decisions(app_and_paths):
     urls = [f"/image/{im['filepath']}/{im['filename']}" for im in dataset["images"] if im["imgid"] in ids]
     assert all(u in page for u in urls)
     image = client.get(urls[0])
-    assert image.status_code == 200 and image.data[:8] == b"\x89PNG\r\n\x1a\n"
+    assert image.status_code == 200 and image.data[:8] == b"\x89PNG\r\n\x1a\n" and image.mimetype == "image/png"
 
-    after = client.post("/bag/3/0", data={"decision": "accept"})
-    assert after.status_code == 302 and after.headers["Location"].endswith("/bag/3/1")  # next undecided bag
-    client.post("/bag/3/1", data={"decision": "reject"})
+    after = post(client, "/bag/3/0", "accept")
+    assert after.status_code == 303 and after.headers["Location"].endswith("/bag/3/1")  # next undecided bag
+    post(client, "/bag/3/1", "reject")
     out = default_out(bags)
     assert out.name == "bags.curated.json" and read_bags(out)[3] == [ids]  # saved on the click, no shutdown needed
     assert 'class="status accept"' in client.get("/bag/3/0").get_data(as_text=True)
@@ -43,8 +61,14 @@ def test_pages_show_images_and_captions_and_save_decisions(app_and_paths):
     again = create_app(bags, world / "images").test_client()
     assert again.get("/").headers["Location"].endswith("/bag/5/0")
     assert 'class="status reject"' in again.get("/bag/3/1").get_data(as_text=True)
-    assert again.post("/bag/3/1", data={"decision": "maybe"}).status_code == 400
-    assert again.get("/bag/7/0").status_code == 404
+    bad = post(again, "/bag/3/1", "maybe")
+    assert bad.status_code == 400 and "decision must be one of accept, reject" in bad.get_data(as_text=True)
+    missing = again.get("/bag/7/0")
+    assert missing.status_code == 404 and "no bag '7/0'" in missing.get_data(as_text=True)
+    # A form from before the restart carries the old server's token: refused with a message, nothing saved.
+    stale = again.post("/bag/5/0", data={"decision": "accept", "csrf_token": form_token(client, "/bag/5/0")})
+    assert stale.status_code == 400 and "reload the page" in stale.get_data(as_text=True)
+    assert "5/0" not in again.application.config["curation"].decisions
 
 
 def test_an_empty_bags_file_says_so(tiny_world, tmp_path):
@@ -54,20 +78,33 @@ def test_an_empty_bags_file_says_so(tiny_world, tmp_path):
     assert response.status_code == 404 and "holds no bags" in response.get_data(as_text=True)
 
 
-def test_only_files_under_the_image_root_are_served(app_and_paths, tmp_path):
-    app, _, world = app_and_paths
+def test_only_image_files_of_the_bags_are_served(app_and_paths, tmp_path):
+    app, bags, world = app_and_paths
     secret = world / "dataset.json"  # exists, one level above the image root
-    client = app.test_client()
-    for url in ["/image/../dataset.json", "/image/..%2Fdataset.json", "/image/%2E%2E/dataset.json",
-                f"/image/{secret}", f"/image/%2F{str(secret).lstrip('/')}", "/image//etc/passwd",
-                "/image/%2Fetc%2Fpasswd", "/image/..\\dataset.json", "/image/x/../../dataset.json"]:  # fmt: skip
-        response = client.get(url, follow_redirects=True)  # werkzeug merges slashes by redirecting
-        assert response.status_code == 404, url
-        assert b'"images"' not in response.data, url
     root = world / "images"
+    client = app.test_client()
+    bag_ids = {i for b in json.loads(bags.read_text())["bags"].values() for e in b for i in e["images"]}
+    dataset = json.loads(secret.read_text())
+    other = next(im for im in dataset["images"] if im["imgid"] not in bag_ids)  # an image, but of no bag
+    (root / "test" / "notes.txt").write_text("not an image")
+    (root / "test" / "fake.png").write_text("not a png either")
+    try:
+        for url in ["/image/../dataset.json", "/image/..%2Fdataset.json", "/image/%2E%2E/dataset.json",
+                    f"/image/{secret}", f"/image/%2F{str(secret).lstrip('/')}", "/image//etc/passwd",
+                    "/image/%2Fetc%2Fpasswd", "/image/..\\dataset.json", "/image/x/../../dataset.json",
+                    "/image/%00", "/image/test/%00.png", "/image/" + "a" * 5000 + ".png", "/image/test/notes.txt",
+                    "/image/test/fake.png", f"/image/{other['filepath']}/{other['filename']}"]:  # fmt: skip
+            response = client.get(url, follow_redirects=True)  # werkzeug merges slashes by redirecting
+            assert response.status_code == 404, url
+            assert response.get_data(as_text=True).startswith("404 Not Found: not an image of the bags"), url
+            assert b'"images"' not in response.data, url
+    finally:
+        (root / "test" / "notes.txt").unlink()
+        (root / "test" / "fake.png").unlink()
     assert resolve_under(root, "../dataset.json") is None
     assert resolve_under(root, str(secret)) is None
     assert resolve_under(root, "C:/x.png") is None
+    assert resolve_under(root, "test/\x00.png") is None
     link = root / "escape.json"
     os.symlink(secret, link)  # a symlink inside the root that leads outside it
     try:
@@ -78,3 +115,218 @@ def test_only_files_under_the_image_root_are_served(app_and_paths, tmp_path):
     name = sorted(p.name for p in (root / "test").iterdir())[0]
     assert resolve_under(root, f"test/{name}") == (root / "test" / name).resolve()
     assert resolve_under(root, "test") is None  # a folder, not a file
+    page = client.get("/bag/3/0")
+    assert page.headers["X-Content-Type-Options"] == "nosniff" and page.headers["X-Frame-Options"] == "DENY"
+    assert "frame-ancestors 'none'" in page.headers["Content-Security-Policy"]
+
+
+def test_cross_site_requests_and_foreign_hosts_are_refused(app_and_paths):
+    app, bags, _ = app_and_paths
+    client = app.test_client()
+    token = form_token(client, "/bag/3/0")
+    form = {"decision": "accept", "csrf_token": token}
+    refused = {
+        "Origin": {"Origin": "http://evil.example"},
+        "Origin null": {"Origin": "null"},
+        "Origin other port": {"Origin": "http://localhost:9999"},
+        "Referer": {"Referer": "http://evil.example/page"},
+        "Sec-Fetch-Site": {"Sec-Fetch-Site": "cross-site", "Sec-Fetch-Mode": "navigate"},
+        "same-site": {"Sec-Fetch-Site": "same-site"},
+    }
+    for what, headers in refused.items():
+        response = client.post("/bag/3/0", data=form, headers=headers)
+        assert response.status_code == 403, what
+        assert "refused" in response.get_data(as_text=True), what
+    for what, data in {
+        "no form token": {"decision": "accept"},
+        "wrong form token": {**form, "csrf_token": "x"},
+    }.items():
+        response = client.post("/bag/3/0", data=data, headers={"Origin": "http://localhost"})
+        assert response.status_code == 400 and "form token" in response.get_data(as_text=True), what
+    assert app.config["curation"].decisions == {}  # nothing above was saved
+    # DNS rebinding: a page of evil.example whose name now resolves to 127.0.0.1 sends Host: evil.example.
+    for method in (client.get, client.post):
+        response = method("/bag/3/0", headers={"Host": "evil.example:8765"}, data=form)
+        assert response.status_code == 400 and "DNS-rebinding" in response.get_data(as_text=True)
+    # A cross-site subresource (an <img> on another site) is refused; a link followed from elsewhere is not.
+    assert client.get("/", headers={"Sec-Fetch-Site": "cross-site", "Sec-Fetch-Mode": "no-cors"}).status_code == 403
+    assert client.get("/", headers={"Sec-Fetch-Site": "cross-site", "Sec-Fetch-Mode": "navigate"}).status_code == 302
+    # The page's own requests pass: same origin, the loopback names with a port.
+    for host in ("localhost:8765", "127.0.0.1:8765", "[::1]:8765"):
+        ok = client.post("/bag/3/0", data=form, headers={"Host": host, "Origin": f"http://{host}",
+                                                         "Sec-Fetch-Site": "same-origin"})  # fmt: skip
+        assert ok.status_code == 303, host
+    assert app.config["curation"].decisions == {"3/0": "accept"}
+
+
+def test_beyond_loopback_a_token_is_required(fabricated_run, tiny_world, tmp_path):
+    bags = tmp_path / "bags.json"
+    bags.write_text((fabricated_run / "bags_test.json").read_text())
+    with pytest.raises(ValueError, match="--host 0.0.0.0: serving beyond this machine needs an access token"):
+        create_app(bags, tiny_world / "images", host="0.0.0.0")
+    app = create_app(bags, tiny_world / "images", host="0.0.0.0", token="s3cret-token")
+    client = app.test_client()
+    lan = {"Host": "192.168.1.7:8765"}  # bound to every address: the machine's IP literals are fine
+    for url in ("/", "/bag/3/0", "/?token=wrong"):
+        response = client.get(url, headers=lan)
+        assert response.status_code == 401 and "access token" in response.get_data(as_text=True), url
+    assert client.get("/", headers={"Host": "evil.example:8765"}).status_code == 400  # still no rebinding
+    entry = client.get("/bag/3/0?token=s3cret-token", headers=lan)
+    assert entry.status_code == 302 and entry.headers["Location"] == "/bag/3/0"  # token out of the address bar
+    cookie = entry.headers["Set-Cookie"]
+    assert "finecap_review_8765=s3cret-token" in cookie and "HttpOnly" in cookie and "SameSite=Strict" in cookie
+    assert client.get("/bag/3/0", headers=lan).status_code == 200  # the cookie from now on
+    page = client.get("/bag/3/0", headers=lan).get_data(as_text=True)
+    token = re.search(r'name="csrf_token" value="([^"]+)"', page).group(1)
+    saved = client.post("/bag/3/0", data={"decision": "reject", "csrf_token": token}, headers=lan)
+    assert saved.status_code == 303 and app.config["curation"].decisions == {"3/0": "reject"}
+    assert "s3cret-token" not in default_out(bags).read_text() + decisions_path(default_out(bags)).read_text()
+
+
+def test_main_warns_beyond_loopback_and_prints_a_generated_token(fabricated_run, tiny_world, tmp_path, monkeypatch,
+                                                                 capsys):  # fmt: skip
+    import werkzeug.serving
+
+    from finecap.app import review
+
+    class Server:
+        server_port = 8765
+
+        def serve_forever(self):
+            raise KeyboardInterrupt
+
+        def server_close(self):
+            pass
+
+    bound = []
+    monkeypatch.setattr(
+        werkzeug.serving, "make_server", lambda host, port, app, threaded: bound.append(app) or Server()
+    )
+    monkeypatch.delenv(review.TOKEN_ENV, raising=False)
+    bags = tmp_path / "bags.json"
+    bags.write_text((fabricated_run / "bags_test.json").read_text())
+    review.main(bags, tiny_world / "images", host="0.0.0.0", port=0)
+    captured = capsys.readouterr()
+    assert "warning: --host 0.0.0.0 serves the review page beyond this machine" in captured.err
+    token = re.search(r"\?token=(\S+)", captured.out).group(1)
+    assert len(token) >= 24
+    client = bound[0].test_client()
+    assert client.get("/", headers={"Host": "127.0.0.1"}).status_code == 401
+    assert client.get(f"/?token={token}", headers={"Host": "127.0.0.1"}).status_code == 302
+    for path in tmp_path.rglob("*"):
+        assert not path.is_file() or token not in path.read_text(errors="replace"), path
+    review.main(bags, tiny_world / "images", port=0)  # loopback: no warning, no token
+    captured = capsys.readouterr()
+    assert captured.err == "" and "token" not in captured.out and "open http://127.0.0.1:8765/" in captured.out
+
+
+def test_simultaneous_clicks_lose_no_acknowledged_decision(tiny_world, tmp_path):
+    """100 pairs of POSTs sent at the same moment to a real threaded server: every decision that got its redirect is
+    on disk (issue 22: 9 of 100 pairs lost one before)."""
+    from werkzeug.serving import make_server
+
+    ids = json.loads((tiny_world / "dataset.json").read_text())["images"]
+    test_ids = [im["imgid"] for im in ids if im["split"] == "test"]
+    combos = [list(c) for c in itertools.combinations(test_ids, 3)][:200]
+    bags = tmp_path / "bags.json"
+    bags.write_text(
+        json.dumps({"data": str(tiny_world / "dataset.json"), "bags": {"3": [{"images": c} for c in combos]}})
+    )
+    app = create_app(bags, tiny_world / "images")
+    server = make_server("127.0.0.1", 0, app, threaded=True)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    url = f"http://127.0.0.1:{server.server_port}"
+    token = app.config["csrf_token"]
+
+    class NoRedirect(urllib.request.HTTPRedirectHandler):
+        def redirect_request(self, *args, **kwargs):
+            return None
+
+    opener = urllib.request.build_opener(NoRedirect)
+    acknowledged: dict[str, str] = {}
+
+    def click(key: str, decision: str, barrier: threading.Barrier) -> None:
+        body = urllib.parse.urlencode({"decision": decision, "csrf_token": token}).encode()
+        req = urllib.request.Request(f"{url}/bag/{key}", data=body, headers={"Origin": url})
+        barrier.wait()
+        try:
+            opener.open(req, timeout=30)
+        except urllib.error.HTTPError as e:
+            if e.code == 303:
+                acknowledged[key] = decision
+
+    try:
+        for k in range(100):
+            barrier = threading.Barrier(2)
+            pair = [threading.Thread(target=click, args=(f"3/{2 * k}", "accept", barrier)),
+                    threading.Thread(target=click, args=(f"3/{2 * k + 1}", "reject", barrier))]  # fmt: skip
+            for t in pair:
+                t.start()
+            for t in pair:
+                t.join()
+    finally:
+        server.shutdown()
+        thread.join()
+    assert len(acknowledged) == 200
+    saved = json.loads(decisions_path(default_out(bags)).read_text())["decisions"]
+    on_disk = {json.dumps(sorted(e["images"])): e["decision"] for e in saved}
+    assert on_disk == {json.dumps(sorted(combos[int(k.split("/")[1])])): v for k, v in acknowledged.items()}
+    assert read_bags(default_out(bags))[3] == [combos[i] for i in range(0, 200, 2)]
+
+
+def test_start_checks_the_image_folder_and_the_data(fabricated_run, tiny_world, tmp_path, capsys):
+    bags = tmp_path / "bags.json"
+    bags.write_text((fabricated_run / "bags_test.json").read_text())
+    wrong = tmp_path / "photos"
+    wrong.mkdir()
+    with pytest.raises(FileNotFoundError, match=rf"--images {wrong}: none of the 11 bag images is there as an image "
+                                                rf"file \(expected e.g. {wrong}/test/"):  # fmt: skip
+        create_app(bags, wrong)
+    from finecap.app.cli import main
+
+    assert main(["bags", "review", str(bags), "--images", str(wrong), "--port", "0"]) == 2
+    assert f"--images {wrong}: none of the 11 bag images" in capsys.readouterr().err
+    # Bags built on another data set, and bags that do not say which data set they come from.
+    other = tmp_path / "other.json"
+    other.write_text(json.dumps({"data": str(tiny_world / "dataset.json"), "bags": {"2": [["x1", "x2"]]}}))
+    with pytest.raises(DataError, match="none of the 2 images of the bags in .*other.json is in this data set"):
+        create_app(other, tiny_world / "images")
+    other.write_text(json.dumps({"bags": {"2": [[1, 2]]}}))
+    with pytest.raises(DataError, match="no 'data' entry naming the data set the bags were built on; pass --data"):
+        create_app(other, tiny_world / "images")
+    # A "data" path relative to the bags file (as a moved folder of bags and data set has it).
+    other.write_text(json.dumps({"data": os.path.relpath(tiny_world / "dataset.json", tmp_path),
+                                 "bags": json.loads(bags.read_text())["bags"]}))  # fmt: skip
+    assert create_app(other, tiny_world / "images").test_client().get("/bag/3/0").status_code == 200
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("{not json", "invalid JSON"),
+        ('{"bags": {"3": [{"images": [[1], [2]]}]}}', "image ids must be numbers or strings"),
+        ('{"bags": [1, 2]}', "expected an object with 'bags'"),
+        ("[" * 100_000, "invalid JSON|nested too deeply"),
+    ],
+)
+def test_a_malformed_bags_file_is_a_named_error_at_start(tiny_world, tmp_path, capsys, text, message):
+    from finecap.app.cli import main
+
+    bags = tmp_path / "bags.json"
+    bags.write_text(text)
+    assert main(["bags", "review", str(bags), "--images", str(tiny_world / "images"), "--port", "0"]) == 2
+    err = capsys.readouterr().err
+    assert re.search(message, err) and str(bags) in err and "Traceback" not in err
+
+
+def test_a_decisions_file_for_other_bags_is_refused_at_start(app_and_paths, capsys):
+    app, bags, world = app_and_paths
+    post(app.test_client(), "/bag/3/0", "accept")
+    data = json.loads(bags.read_text())
+    data["bags"]["3"][0], data["bags"]["3"][1] = data["bags"]["3"][1], {"images": data["bags"]["3"][1]["images"][::-1]}
+    bags.write_text(json.dumps(data))  # bag 3/0 replaced: a decision by position would now go to the wrong bag
+    from finecap.app.cli import main
+
+    assert main(["bags", "review", str(bags), "--images", str(world / "images"), "--port", "0"]) == 2
+    assert "made for a different version of" in capsys.readouterr().err

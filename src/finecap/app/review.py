@@ -2,34 +2,74 @@
 
 NDLB (Sec. 3) curated its TrueMatch bags by hand. This command serves one page per bag (its images side by side with
 their reference captions, accept / reject buttons, the status of every bag in a side list) with Flask on
-``127.0.0.1`` (``--host``/``--port``) and prints the URL. Each click is saved at once by
-:class:`finecap.data.curation.BagCuration`: the curated bag file (``--out``, default ``<BAGS stem>.curated.json``,
-the layout ``finecap eval --bags`` reads) and its decisions file, so closing the tab or killing the server loses
-nothing and running the command again resumes at the first undecided bag.
+``127.0.0.1`` (``--host``/``--port``) and prints the URL. Each click is saved before the page answers, by
+:class:`finecap.data.curation.BagCuration` (under a lock, read after taking it, written atomically): the curated bag
+file (``--out``, default ``<BAGS stem>.curated.json``, the layout ``finecap eval --bags`` reads) and its decisions
+file, keyed by each bag's images. Closing the tab or killing the server loses nothing acknowledged, and running the
+command again resumes at the first undecided bag.
 
-Captions and image paths come from the data set the bags were built on (the bags file's ``"data"``, or ``--data``);
-image paths are taken relative to ``--images``. Only files under that root are served: ``/image/<path>`` refuses
-absolute paths, ``..`` components and symlinks that lead outside it (:func:`resolve_under`).
+Captions and image paths come from the data set the bags were built on (the bags file's ``"data"``, relative to the
+bags file when not absolute, or ``--data``); image paths are taken relative to ``--images``. Everything is checked
+at start, before anything is served: a malformed bags or decisions file, a data set that holds none of the bags'
+images, and an ``--images`` folder under which none of them is found are errors naming the file or folder (and one
+expected image path).
 
-Flask's development server (werkzeug) serves the page: this is a single-user tool on the local machine, which is
-what that server is for; do not expose it on a public interface.
+Security model (docs/report-and-review.md). The server answers this machine only unless told otherwise, and serves
+nothing but the review:
+
+- **Binding.** ``127.0.0.1`` by default. A ``--host`` beyond loopback (``0.0.0.0``, a LAN address) prints a warning
+  and requires an access token (``--token``, ``FINECAP_REVIEW_TOKEN``, or one generated and printed): the printed
+  URL carries it as ``?token=``; the page exchanges it for an ``HttpOnly``, ``SameSite=Strict`` cookie. A token given
+  on loopback is required there too. The token is never written to a file.
+- **Host check (DNS rebinding).** A request whose ``Host`` is not the bound address or a loopback name
+  (``localhost``, ``127.0.0.1``, ``::1``) is refused with 400; bound to a wildcard address, the machine's own names
+  and IP literals are accepted too.
+- **Origin check and CSRF token (cross-site requests).** A request with an ``Origin`` (or, on a POST without one, a
+  ``Referer``) other than the page's own is refused with 403, as is any POST or non-navigation request that the
+  browser marks ``Sec-Fetch-Site: cross-site`` or ``same-site``. Every POST must also carry the form's token (random
+  per server process, compared in constant time), so a client that sends no Origin at all still cannot forge one.
+  This is a small check of our own rather than Flask-WTF: one form with one hidden field needs no form library,
+  session or secret key, and the whole policy reads in :func:`create_app`.
+- **What is served.** Only the image files of the bags under review: the set of their paths (under ``--images``
+  after resolving symlinks, with an image extension and matching leading bytes, :func:`image_type`) is fixed at
+  start and looked up by exact relative path; nothing else under ``--images`` is reachable. Bad paths (``..``,
+  absolute, NUL bytes, anything not in the set) are a named 404, never a 500.
+- Every response carries ``X-Content-Type-Options: nosniff``, a Content-Security-Policy (scripts and styles only by
+  per-response nonce, no framing: ``frame-ancestors 'none'``) and ``Cache-Control: no-store``.
+
+Flask's development server (werkzeug) serves the page: this is a single-user tool, which is what that server is for;
+beyond loopback it is plain HTTP (the token and images cross the network unencrypted).
 """
 
 from __future__ import annotations
 
+import ipaddress
+import os
+import secrets
+import socket
+import sys
 from collections.abc import Hashable
 from pathlib import Path, PurePosixPath
 from typing import Any
+from urllib.parse import urlencode, urlsplit
 
-from flask import Flask, abort, redirect, render_template, request, send_file, url_for
+from flask import Flask, Response, abort, g, redirect, render_template, request, send_file, url_for
+from werkzeug.exceptions import HTTPException
 
 from finecap.config import Config, load
-from finecap.data.curation import BagCuration
-from finecap.data.formats import Record
+from finecap.data.curation import BagCuration, CurationBusy
+from finecap.data.formats import DataError, Record
 from finecap.data.references import load_references
 from finecap.report.html import TEMPLATES
 
 DEFAULT_HOST = "127.0.0.1"
+TOKEN_ENV = "FINECAP_REVIEW_TOKEN"
+"""Environment variable read for the access token when ``--token`` is not given."""
+LOOPBACK_NAMES = frozenset({"localhost", "127.0.0.1", "::1"})
+WILDCARD_HOSTS = frozenset({"0.0.0.0", "::", ""})
+IMAGE_TYPES: dict[str, str] = {".png": "image/png", ".jpg": "image/jpeg", ".jpeg": "image/jpeg", ".gif": "image/gif",
+                               ".webp": "image/webp", ".bmp": "image/bmp"}  # fmt: skip
+"""Image file extensions served, with their MIME types."""
 
 
 def default_out(bags: str | Path) -> Path:
@@ -38,63 +78,242 @@ def default_out(bags: str | Path) -> Path:
     return bags.with_name(f"{bags.stem}.curated.json")
 
 
+def is_loopback(host: str) -> bool:
+    """Whether binding ``host`` serves this machine only (every address it resolves to is a loopback address)."""
+    if host.lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        pass
+    try:
+        infos = socket.getaddrinfo(host, None)
+    except OSError:
+        return False
+    return bool(infos) and all(ipaddress.ip_address(str(info[4][0]).split("%")[0]).is_loopback for info in infos)
+
+
 def resolve_under(root: Path, rel: str) -> Path | None:
     """The file ``root/rel`` when it lies under ``root`` (after resolving symlinks), else None.
 
-    Refused: empty, absolute (``/etc/passwd``, ``C:\\x``) and backslash paths, any ``..`` component, and paths that
-    resolve outside ``root`` or to something other than a file.
+    Refused: empty, absolute (``/etc/passwd``, ``C:\\x``) and backslash paths, control characters (NUL), any ``..``
+    component, and paths that resolve outside ``root`` or to something other than a file.
     """
-    if not rel or rel.startswith("/") or "\\" in rel or ":" in PurePosixPath(rel).parts[0]:
+    if not rel or rel.startswith("/") or "\\" in rel or any(ord(c) < 32 for c in rel):
         return None
-    if any(part in ("..", "") for part in rel.split("/")):
+    if ":" in PurePosixPath(rel).parts[0] or any(part in ("..", "") for part in rel.split("/")):
         return None
-    base = root.resolve()
-    path = (base / rel).resolve()
-    if not path.is_relative_to(base) or not path.is_file():
+    try:
+        base = root.resolve()
+        path = (base / rel).resolve()
+        if not path.is_relative_to(base) or not path.is_file():
+            return None
+    except (OSError, ValueError):  # a name too long, a loop of symlinks, ...
         return None
     return path
 
 
-def _records(bags: dict[str, Any], bags_path: Path, images: Path, data: str | Path | None, cfg: Config) -> dict:
-    """Records by image id of the data set the bags come from (empty when it cannot be found)."""
-    source = data if data is not None else bags.get("data")
-    if not source:
-        print(f"{bags_path}: no 'data' entry naming the data set; pass --data to show captions")
+def image_type(path: Path) -> str | None:
+    """The MIME type of an image file by its extension (:data:`IMAGE_TYPES`) when its first bytes agree, else None."""
+    mime = IMAGE_TYPES.get(path.suffix.lower())
+    if mime is None:
+        return None
+    try:
+        with path.open("rb") as f:
+            head = f.read(12)
+    except OSError:
+        return None
+    ok = {
+        "image/png": head.startswith(b"\x89PNG\r\n\x1a\n"),
+        "image/jpeg": head.startswith(b"\xff\xd8\xff"),
+        "image/gif": head[:6] in (b"GIF87a", b"GIF89a"),
+        "image/webp": head[:4] == b"RIFF" and head[8:12] == b"WEBP",
+        "image/bmp": head[:2] == b"BM",
+    }[mime]
+    return mime if ok else None
+
+
+def _data_source(bags: dict[str, Any], bags_path: Path, data: str | Path | None) -> str | Path:
+    """``--data``, else the bags file's ``"data"`` (a relative path is taken relative to the bags file)."""
+    if data is not None:
+        return data
+    source = bags.get("data")
+    if not source or not isinstance(source, str):
+        raise DataError(f"{bags_path}: no 'data' entry naming the data set the bags were built on; pass --data")
+    path = Path(source)
+    if not path.is_absolute() and (bags_path.parent / path).exists():
+        return bags_path.parent / path
+    return source
+
+
+def _served_images(
+    curation: BagCuration, records: dict[Hashable, Record], root: Path, source: str | Path
+) -> dict[Hashable, str]:
+    """``{image id: path relative to root}`` of the bag images that can be served; errors when none can."""
+    ids = list(dict.fromkeys(i for key in curation.keys() for i in curation.bag(key)))  # noqa: SIM118
+    if not ids:
         return {}
-    refs = load_references(cfg, source, images=images)
-    return {r.image_id: r for r in refs.records}
+    known = [i for i in ids if i in records]
+    if not known:
+        raise DataError(
+            f"{source}: none of the {len(ids)} images of the bags in {curation.bags_path} is in this data set "
+            f"(e.g. image id {ids[0]!r}); pass the data set they were built on with --data"
+        )
+    served: dict[Hashable, str] = {}
+    missing: list[Path] = []
+    top = Path(os.path.abspath(root))
+    for i in known:
+        path = Path(os.path.abspath(records[i].path))
+        try:
+            rel = path.relative_to(top).as_posix()
+        except ValueError:
+            missing.append(path)
+            continue
+        found = resolve_under(top, rel)
+        if found is None or image_type(found) is None:
+            missing.append(path)
+        else:
+            served[i] = rel
+    if not served:
+        raise FileNotFoundError(f"--images {root}: none of the {len(known)} bag images is there as an image file "
+                                f"(expected e.g. {missing[0]}); pass the folder the image paths of {source} are "
+                                "relative to")  # fmt: skip
+    if missing:
+        print(f"warning: {len(missing)} of {len(known)} bag images are not image files under --images {root} "
+              f"(e.g. {missing[0]}); their bags show without them", file=sys.stderr)  # fmt: skip
+    return served
+
+
+def _hostname(host: str) -> str:
+    """The name part of a ``Host`` header (``[::1]:8765`` -> ``::1``, ``localhost:8765`` -> ``localhost``)."""
+    host = host.strip().lower()
+    if host.startswith("["):
+        return host[1 : host.find("]")] if "]" in host else host
+    return host.rsplit(":", 1)[0] if host.count(":") == 1 else host
+
+
+def _is_ip(name: str) -> bool:
+    try:
+        ipaddress.ip_address(name)
+    except ValueError:
+        return False
+    return True
 
 
 def create_app(
     bags: str | Path, images: str | Path, *, data: str | Path | None = None, out: str | Path | None = None,
-    cfg: Config | None = None,
+    cfg: Config | None = None, host: str = DEFAULT_HOST, token: str | None = None,
 ) -> Flask:  # fmt: skip
-    """The review app for the bags file ``bags`` with images under ``images``; decisions go to ``out``."""
+    """The review app for the bags file ``bags`` with images under ``images``; decisions go to ``out``.
+
+    ``host`` is the address the server binds (it decides which ``Host`` headers are accepted); ``token``, required
+    when ``host`` is beyond loopback, is the access token every request must present (module docstring)."""
     cfg = cfg if cfg is not None else load()
     bags_path, root = Path(bags), Path(images)
     if not root.is_dir():
         raise FileNotFoundError(f"--images {root}: not a folder")
+    if token is None and not is_loopback(host):
+        raise ValueError(f"--host {host}: serving beyond this machine needs an access token (--token)")
     curation = BagCuration(bags_path, out if out is not None else default_out(bags_path))
-    records: dict[Hashable, Record] = _records(curation.source, bags_path, root, data, cfg)
+    records: dict[Hashable, Record] = {}
+    served: dict[Hashable, str] = {}
+    if curation.keys():
+        source = _data_source(curation.source, bags_path, data)
+        records = {r.image_id: r for r in load_references(cfg, source, images=root).records}
+        served = _served_images(curation, records, root, source)
+    servable = set(served.values())
     base = root.resolve()
+
+    bound = _hostname(host)
+    hosts = set(LOOPBACK_NAMES) | {bound}
+    wildcard = bound in WILDCARD_HOSTS
+    if wildcard:
+        hosts |= {socket.gethostname().lower(), socket.getfqdn().lower()}
+    csrf_token = secrets.token_urlsafe(32)
 
     app = Flask(__name__, template_folder=str(TEMPLATES))
     app.config["curation"] = curation
+    app.config["csrf_token"] = csrf_token
+
+    def refuse(code: int, why: str) -> None:
+        abort(code, why)
+
+    def same_origin(url: str) -> bool:
+        parts = urlsplit(url)
+        return parts.scheme == request.scheme and parts.netloc.lower() == request.host.lower()
+
+    def cookie_name() -> str:
+        port = request.host.rsplit(":", 1)[-1] if request.host.rsplit(":", 1)[-1].isdigit() else "80"
+        return f"finecap_review_{port}"
+
+    @app.before_request
+    def guard() -> Any:
+        g.nonce = secrets.token_urlsafe(16)
+        name = _hostname(request.host)
+        if name not in hosts and not (wildcard and _is_ip(name)):
+            refuse(400, f"Host {request.host!r} is not the address this review server is bound to (a DNS-rebinding "
+                        "request?); open the URL it printed")  # fmt: skip
+        origin = request.headers.get("Origin")
+        if origin is not None and not same_origin(origin):
+            refuse(403, f"cross-origin request from {origin} refused")
+        site = request.headers.get("Sec-Fetch-Site", "same-origin")
+        navigation = request.method in ("GET", "HEAD") and request.headers.get("Sec-Fetch-Mode") == "navigate"
+        if site in ("cross-site", "same-site") and not navigation:
+            refuse(403, f"{site} request refused")
+        if request.method == "POST" and origin is None:
+            referer = request.headers.get("Referer")
+            if referer is not None and not same_origin(referer):
+                refuse(403, f"cross-origin request (Referer {referer}) refused")
+        if token is not None:
+            given = request.args.get("token")
+            if given is not None and secrets.compare_digest(given.encode(), token.encode()):
+                query = urlencode([(k, v) for k, v in request.args.items(multi=True) if k != "token"])
+                response = redirect(request.path + (f"?{query}" if query else ""))
+                response.set_cookie(cookie_name(), token, httponly=True, samesite="Strict")
+                return response
+            cookie = request.cookies.get(cookie_name(), "")
+            if not secrets.compare_digest(cookie.encode(), token.encode()):
+                refuse(401, "this review server needs its access token: open the URL with ?token=... that it printed")
+        if request.method == "POST":
+            sent = request.form.get("csrf_token", "")
+            if not secrets.compare_digest(sent.encode(), csrf_token.encode()):
+                refuse(400, "missing or stale form token (was the server restarted?); reload the page and decide "
+                            "again")  # fmt: skip
+        return None
+
+    @app.after_request
+    def headers(response: Response) -> Response:
+        nonce = g.get("nonce", "")
+        response.headers["X-Content-Type-Options"] = "nosniff"
+        response.headers["X-Frame-Options"] = "DENY"
+        response.headers["Referrer-Policy"] = "same-origin"
+        response.headers["Cache-Control"] = "no-store"
+        response.headers["Content-Security-Policy"] = (
+            f"default-src 'none'; img-src 'self' data:; style-src 'nonce-{nonce}'; script-src 'nonce-{nonce}'; "
+            "form-action 'self'; frame-ancestors 'none'; base-uri 'none'"
+        )
+        return response
+
+    @app.errorhandler(HTTPException)
+    def named_error(e: HTTPException) -> Any:
+        return Response(f"{e.code} {e.name}: {e.description}\n", status=e.code, mimetype="text/plain")
+
+    @app.errorhandler(CurationBusy)
+    def busy(e: CurationBusy) -> Any:
+        return Response(f"503 Service Unavailable: {e}\n", status=503, mimetype="text/plain")
+
+    @app.errorhandler(DataError)
+    def changed(e: DataError) -> Any:  # the decisions file was changed under the server by something else
+        return Response(f"409 Conflict: {e}\n", status=409, mimetype="text/plain")
 
     def image_url(image_id: Hashable) -> str | None:
-        record = records.get(image_id)
-        if record is None:
-            return None
-        try:
-            rel = record.path.resolve().relative_to(base)
-        except ValueError:
-            return None  # outside the image root: never served
-        return url_for("image", rel=rel.as_posix())
+        rel = served.get(image_id)
+        return url_for("image", rel=rel) if rel is not None else None
 
     @app.get("/")
     def index() -> Any:
         if not curation.keys():
-            return f"{bags_path} holds no bags to review.", 404
+            refuse(404, f"{bags_path} holds no bags to review.")
         key = curation.next_pending() or curation.keys()[0]
         return redirect(url_for("bag", key=key))
 
@@ -102,50 +321,67 @@ def create_app(
     def bag(key: str) -> Any:
         try:
             ids = curation.bag(key)
-        except KeyError:
-            abort(404)
+        except KeyError as e:
+            refuse(404, str(e.args[0]))
+        decisions = curation.decisions
         items = [{"id": i, "url": image_url(i), "captions": records[i].captions if i in records else []}
                  for i in ids]  # fmt: skip
         return render_template("review.html", key=key, items=items, similarity=curation.similarity(key),
-                               decision=curation.decisions.get(key), keys=curation.keys(),
-                               decisions=curation.decisions, counts=curation.counts(), out=curation.out,
-                               source=bags_path)  # fmt: skip
+                               decision=decisions.get(key), keys=curation.keys(), decisions=decisions,
+                               counts=curation.counts(), out=curation.out, source=bags_path, csrf_token=csrf_token,
+                               nonce=g.nonce)  # fmt: skip
 
     @app.post("/bag/<path:key>")
     def decide(key: str) -> Any:
         value = request.form.get("decision", "")
         try:
             curation.decide(key, None if value == "undo" else value)
-        except KeyError:
-            abort(404)
+        except KeyError as e:
+            refuse(404, str(e.args[0]))
         except ValueError as e:
-            abort(400, str(e))
+            if isinstance(e, DataError):
+                raise
+            refuse(400, str(e))
         following = curation.next_pending(after=key) if value != "undo" else key
-        return redirect(url_for("bag", key=following or key))
+        return redirect(url_for("bag", key=following or key), code=303)
 
     @app.get("/image/<path:rel>")
     def image(rel: str) -> Any:
-        path = resolve_under(base, rel)
-        if path is None:
-            abort(404)
-        return send_file(path)
+        path = resolve_under(base, rel) if rel in servable else None
+        mime = image_type(path) if path is not None else None
+        if path is None or mime is None:
+            refuse(404, "not an image of the bags under review (only those are served)")
+        return send_file(path, mimetype=mime)
 
     return app
 
 
 def main(
     bags: str | Path, images: str | Path, *, data: str | Path | None = None, out: str | Path | None = None,
-    host: str = DEFAULT_HOST, port: int = 8765, cfg: Config | None = None,
+    host: str = DEFAULT_HOST, port: int = 8765, token: str | None = None, cfg: Config | None = None,
 ) -> None:  # fmt: skip
-    """Serve the review app until interrupted (port 0 picks a free port); prints the URL."""
+    """Serve the review app until interrupted (port 0 picks a free port); prints the URL.
+
+    ``token`` (default ``$FINECAP_REVIEW_TOKEN``): the access token; generated when ``host`` is beyond loopback and
+    none is given. It is printed in the URL, never written to a file."""
     from werkzeug.serving import make_server
 
-    app = create_app(bags, images, data=data, out=out, cfg=cfg)
+    token = token or os.environ.get(TOKEN_ENV) or None
+    local = is_loopback(host)
+    if not local:
+        token = token or secrets.token_urlsafe(24)
+        print(f"warning: --host {host} serves the review page beyond this machine, over plain HTTP: anyone who can "
+              f"reach it and has the token can see the bag images and change decisions; the default is "
+              f"{DEFAULT_HOST}", file=sys.stderr)  # fmt: skip
+    app = create_app(bags, images, data=data, out=out, cfg=cfg, host=host, token=token)
     curation: BagCuration = app.config["curation"]
     server = make_server(host, port, app, threaded=True)
     counts = curation.counts()
+    shown = socket.gethostname() if _hostname(host) in WILDCARD_HOSTS else host
+    shown = f"[{shown}]" if ":" in shown else shown
+    url = f"http://{shown}:{server.server_port}/" + (f"?token={token}" if token else "")
     print(f"Reviewing {len(curation.keys())} bags of {bags} ({counts['accepted']} accepted, {counts['rejected']} "
-          f"rejected so far): open http://{host}:{server.server_port}/")  # fmt: skip
+          f"rejected so far): open {url}")  # fmt: skip
     print(f"Curated bags are saved to {curation.out} after every click (Ctrl+C to stop).")
     try:
         server.serve_forever()
