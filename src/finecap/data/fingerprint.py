@@ -17,11 +17,19 @@ for a bags file, the split:
   ``_fingerprint``), the SHA-256 of parquet / arrow files, or for a Hub name the name and the revision in the local
   Hugging Face cache; with the column options (``data.*_column``).
 
-**Encoders** (:func:`encoder_fingerprints`): the captioner's vision encoder (``model.encoder``, or ``model.blip``
-for a pretrained BLIP; with ``train.init_from``, the starting checkpoint) and the retriever (``retriever.checkpoint``,
-or the world encoder of a world run). A local checkpoint is the SHA-256 of its weight files (``*.safetensors``,
-``*.bin``, ``*.pt``, ``*.pth``) and ``config.json`` files, the trained world encoder also by its key; a Hub name is
-the name and the revision in the local Hugging Face cache (``None`` when not cached: then only the name is compared).
+**Encoders**: ``captioner`` is the vision encoder the run's checkpoints load from outside their folder
+(:func:`captioner_fingerprint`: ``model.encoder``, ``world`` = the trained world encoder, or the encoder of the
+``train.init_from`` checkpoint; ``{"kind": "in-checkpoint"}`` when the checkpoint holds it: a trained encoder, a
+pretrained BLIP), seen from the configuration when the run starts and from the checkpoint's ``captioner.json`` when
+``finecap caption`` reads it; ``retriever`` is ``retriever.checkpoint``, or the world encoder of a world run
+(:func:`retriever_fingerprint`). A local checkpoint is the SHA-256 of its weight files (``*.safetensors``, ``*.bin``,
+``*.pt``, ``*.pth``) and ``config.json`` files (optimizer state folders skipped), a trained world encoder also by its
+key; a Hub name is the name and the revision in the local Hugging Face cache (``None`` when not cached: then only
+the name is compared).
+
+**Bags files** (``finecap bags build``) store the data set's absolute path and its fingerprint with the caption field
+of the bag embeddings and the split; :func:`bags_file_data` gives readers the data set (a relative path read from the
+bags file's folder) after checking it.
 
 Each fingerprint is a JSON object; its ``id`` is a short hash of its content (everything but ``path``, which says
 where the input was and is not compared: a data set moved elsewhere with the same content is the same data). A value
@@ -52,7 +60,7 @@ if TYPE_CHECKING:
 
 __all__ = ["FINGERPRINTS_FILE", "FingerprintMismatch", "bags_data_fingerprint", "bags_file_data",
            "check_bags_data", "check_fingerprints", "check_run", "check_run_dir", "data_fingerprint",
-           "dataset_fingerprint", "encoder_fingerprints", "run_fingerprints", "stored_path",
+           "dataset_fingerprint", "run_fingerprints", "stored_path",
            "write_fingerprints"]  # fmt: skip
 
 VERSION = 1
@@ -259,10 +267,6 @@ def retriever_fingerprint(cfg: Config) -> dict[str, Any] | None:
     if cfg.retriever.checkpoint:
         return source_fingerprint(cfg.retriever.checkpoint)
     return world_encoder_fingerprint(cfg) if cfg.data.format == "world" else None
-
-
-def encoder_fingerprints(cfg: Config) -> dict[str, Any]:
-    return {"captioner": captioner_fingerprint(cfg), "retriever": retriever_fingerprint(cfg)}
 
 
 # --------------------------------------------------------------------------------------------------------------------
