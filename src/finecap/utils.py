@@ -87,6 +87,8 @@ def read_json(path: str | Path) -> Any:
         return json.loads(path.read_text())
     except json.JSONDecodeError as e:
         raise ValueError(f"{path}: invalid JSON at line {e.lineno}, column {e.colno}: {e.msg}") from None
+    except RecursionError:
+        raise ValueError(f"{path}: JSON nested too deeply to read (thousands of levels)") from None
 
 
 def read_yaml_mapping(path: str | Path, expected: str) -> dict[str, Any]:

@@ -1,19 +1,26 @@
 """The ``finecap`` command: parse arguments, build the configuration, call one function per command.
 
 Every command that takes a recipe accepts dotlist overrides after it: ``finecap train RECIPE.yaml train.lr=1e-4``.
+Options may come before or after them. Every command takes ``-v`` / ``-q`` (more or less logging, finecap's and its
+libraries') and ``--debug`` (a traceback instead of the one-line error; ``FINECAP_DEBUG=1`` does the same). Errors on
+users' inputs and disks exit with code 2 and one message naming the file, key or override at fault
+(:mod:`finecap.app.errors`). See docs/cli.md.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import logging
 import os
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import yaml
 
-from finecap.config import SECTIONS, Config, ConfigError, describe, load
-from finecap.recipes import describe_recipe, list_recipes
+from finecap.app.errors import explain
+from finecap.config import SECTIONS, Config, ConfigError, describe, did_you_mean, load
+from finecap.recipes import copy_recipe, describe_recipe, list_recipes
 
 
 def _split_recipe(items: list[str]) -> tuple[str | None, list[str]]:
@@ -62,6 +69,7 @@ def cmd_world_make(args: argparse.Namespace) -> None:
         "seed": "world.seed",
         "image_size": "world.image_size",
         "families": "world.families",
+        "force": "world.overwrite",
     }
     main(_config(args, _flags(args, flags)))
 
@@ -81,7 +89,7 @@ def cmd_retriever_probe(args: argparse.Namespace) -> None:
 def cmd_train(args: argparse.Namespace) -> None:
     from finecap.app.train import train
 
-    train(_config(args), resume=args.resume)
+    train(_config(args, _flags(args, {"out": "run.dir"})), resume=args.resume)
 
 
 def cmd_caption(args: argparse.Namespace) -> None:
@@ -131,9 +139,7 @@ def cmd_demo(args: argparse.Namespace) -> None:
     from finecap.app.demo import load_demo_config, main
 
     recipe, items = _split_recipe(list(args.items))
-    flags = []
-    if args.run_dir:
-        flags.append(f"run.dir={args.run_dir}")
+    flags = _flags(args, {"out": "run.dir"})
     if args.force:
         flags.append("demo.force=true")
     if args.stages:
@@ -149,6 +155,10 @@ def cmd_boost(args: argparse.Namespace) -> None:
 
 
 def cmd_recipes(args: argparse.Namespace) -> None:
+    if getattr(args, "action", None) == "cp":
+        out = copy_recipe(args.name, args.file, force=args.force)
+        print(f"copied {args.name} to {out}; run it with: finecap train {out}")
+        return
     width = max(map(len, list_recipes()))
     for name in list_recipes():
         print(f"{name:<{width}}  {describe_recipe(name)}")
@@ -161,7 +171,7 @@ def cmd_config(args: argparse.Namespace) -> None:
             for key, tp, default, text in describe(cls):
                 print(f"  {name}.{key} ({tp}, default {default!r}): {text}")
         return
-    print(yaml.safe_dump(_config(args).to_dict(), sort_keys=False), end="")
+    print(yaml.safe_dump(_config(args).to_dict(redact=True), sort_keys=False), end="")  # secrets masked
 
 
 # --------------------------------------------------------------------------------------------------------------------
@@ -169,21 +179,64 @@ def cmd_config(args: argparse.Namespace) -> None:
 # --------------------------------------------------------------------------------------------------------------------
 
 OVERRIDES_HELP = "optional recipe YAML, then section.key=value overrides (e.g. train.lr=1e-4)"
+OUT_HELP = "run directory (run.dir; default <run.root>/<run.name>); --run-dir is the same option"
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse with a "did you mean" for mistyped commands and choices, and options allowed between positional
+    arguments (``finecap train RECIPE --resume train.lr=1e-4``: ``parse_intermixed_args`` for each command)."""
+
+    _intermixed = False
+
+    def _check_value(self, action: argparse.Action, value: object) -> None:
+        if action.choices is not None and value not in action.choices:
+            choices = ", ".join(map(str, action.choices))
+            raise argparse.ArgumentError(action, f"invalid choice: {value!r}{did_you_mean(value, action.choices)} "
+                                                 f"(choose from {choices})")  # fmt: skip
+
+    def parse_known_args(self, args=None, namespace=None):  # noqa: ANN001, ANN201 - argparse's signature
+        if self._subparsers is not None or self._intermixed:
+            return super().parse_known_args(args, namespace)
+        self._intermixed = True  # parse_known_intermixed_args calls parse_known_args itself
+        try:
+            return self.parse_known_intermixed_args(args, namespace)
+        finally:
+            self._intermixed = False
+
+
+def _common(defaults: bool) -> argparse.ArgumentParser:
+    """-v/-q/--debug, accepted before the command (``defaults``) and after it (no defaults: given values win)."""
+    p = argparse.ArgumentParser(add_help=False)
+    unset = argparse.SUPPRESS
+    p.add_argument("-v", "--verbose", action="count", default=0 if defaults else unset,
+                   help="more messages (-v: finecap's debug messages and the libraries' info)")  # fmt: skip
+    p.add_argument("-q", "--quiet", action="count", default=0 if defaults else unset,
+                   help="warnings and errors only, no progress bars")  # fmt: skip
+    p.add_argument("--debug", action="store_true", default=False if defaults else unset,
+                   help="show the traceback of an error (FINECAP_DEBUG=1 does the same)")  # fmt: skip
+    return p
+
+
+COMMON = _common(defaults=False)
+
+
+def _group(sub: argparse._SubParsersAction, name: str, help: str) -> argparse._SubParsersAction:
+    return sub.add_parser(name, help=help, parents=[COMMON]).add_subparsers(dest="action", required=True)
 
 
 def _add(sub: argparse._SubParsersAction, name: str, func: Callable, help: str) -> argparse.ArgumentParser:
-    p = sub.add_parser(name, help=help, description=help)
+    p = sub.add_parser(name, help=help, description=help, parents=[COMMON])
     p.add_argument("items", nargs="*", metavar="[RECIPE] [key=value ...]", help=OVERRIDES_HELP)
     p.set_defaults(func=func)
     return p
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="finecap", description=__doc__.splitlines()[0])
+    parser = Parser(prog="finecap", description=__doc__.splitlines()[0], parents=[_common(defaults=True)])
     parser.add_argument("--version", action="version", version=f"finecap {__import__('finecap').__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
 
-    world = sub.add_parser("world", help="the embedded synthetic world").add_subparsers(dest="action", required=True)
+    world = _group(sub, "world", "the embedded synthetic world")
     p = _add(world, "make", cmd_world_make, "Generate the synthetic world data set (images, captions, scene graphs).")
     p.add_argument("--out", help="output folder (world.out)")
     p.add_argument("--n-train", dest="n_train", type=int, help="training scenes (world.n_train)")
@@ -192,14 +245,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, help="world seed (world.seed)")
     p.add_argument("--image-size", dest="image_size", type=int, help="image side in pixels (world.image_size)")
     p.add_argument("--families", type=int, help="scene-family size, 0 = off (world.families)")
+    force_help = "replace another finecap world at --out: only the files finecap made (world.overwrite)"
+    p.add_argument("--force", action="store_const", const="true", help=force_help)
 
-    retr = sub.add_parser("retriever", help="the CLIP retriever").add_subparsers(dest="action", required=True)
+    retr = _group(sub, "retriever", "the CLIP retriever")
     _add(retr, "train", cmd_retriever_train, "Train (or reuse from cache) the world encoder / retriever.")
     p = _add(retr, "probe", cmd_retriever_probe, "Linear-probe and caption-retrieval checks of the world encoder.")
     p.add_argument("--out", default=None, help="JSON file for the probe results")
 
     p = _add(sub, "train", cmd_train, "Train a captioner with a recipe.")
     p.add_argument("--resume", action="store_true", help="continue the run from its last checkpoint")
+    p.add_argument("--out", "--run-dir", dest="out", default=None, help=OUT_HELP)
 
     p = _add(sub, "caption", cmd_caption, "Caption a data split with a trained checkpoint (COCO results JSON).")
     p.add_argument("--checkpoint", required=True, help="checkpoint folder, or a run directory (its best checkpoint)")
@@ -217,14 +273,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", default=None, help="also write {metric: value} to this JSON file")
     p.add_argument("--format", choices=("table", "json"), default="table", help="stdout: Markdown table or JSON")
 
-    bags = sub.add_parser("bags", help="TrueMatch-style bags").add_subparsers(dest="action", required=True)
+    bags = _group(sub, "bags", "TrueMatch-style bags")
     p = _add(bags, "build", cmd_bags_build, "Build bags of similar images (NDLB Algorithms 1-2).")
     p.add_argument("--data", default=None, help="data set file (default: the world)")
     p.add_argument("--split", default="test", help="split to build bags on")
     p.add_argument("--sizes", default="3,5,7", help="comma-separated bag sizes")
     p.add_argument("--out", required=True, help="output JSON")
 
-    p = bags.add_parser("review", help="Accept or reject candidate bags in a local web page (saved as you click).")
+    p = bags.add_parser(
+        "review", help="Accept or reject candidate bags in a local web page (saved as you click).", parents=[COMMON]
+    )
     p.add_argument("bags", metavar="BAGS.json", help="candidate bags from `finecap bags build`")
     p.add_argument("--images", required=True, help="image root; only files under it are served")
     p.add_argument("--data", default=None, help="data set file for captions (default: the bags file's 'data')")
@@ -235,7 +293,7 @@ def build_parser() -> argparse.ArgumentParser:
                    "$FINECAP_REVIEW_TOKEN; generated and printed when --host is beyond loopback)")  # fmt: skip
     p.set_defaults(func=cmd_bags_review)
 
-    p = sub.add_parser("report", help="Write a self-contained HTML report of a run directory.")
+    p = sub.add_parser("report", help="Write a self-contained HTML report of a run directory.", parents=[COMMON])
     p.add_argument("run_dir", metavar="RUN_DIR", help="run directory (e.g. runs/demo)")
     p.add_argument("items", nargs="*", metavar="key=value", help="overrides of the run's config.yaml")
     p.add_argument("--out", default=None, help="output HTML (default RUN_DIR/report.html)")
@@ -252,7 +310,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = _add(sub, "demo", cmd_demo, "Run the whole pipeline on the embedded world and print the results table.")
     p.add_argument("--quick", action="store_true", help="tiny settings (about two minutes)")
-    p.add_argument("--run-dir", dest="run_dir", default=None, help="run directory (default runs/demo)")
+    p.add_argument(
+        "--out", "--run-dir", dest="out", default=None, help=OUT_HELP.replace("<run.root>/<run.name>", "runs/demo")
+    )
     p.add_argument("--force", action="store_true", help="re-run stages whose outputs exist")
     p.add_argument("--stages", default=None, help="comma-separated stages to run (default demo.stages)")
 
@@ -264,24 +324,110 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--out", required=True, help="output folder (resumable: re-run with the same --out)")
 
-    p = sub.add_parser("recipes", help="List the packaged recipes (run one with `finecap train NAME`).")
+    p = sub.add_parser("recipes", help="List the packaged recipes (run one with `finecap train NAME`).",
+                       description="List the packaged recipes, or copy one to start a configuration of your own.",
+                       parents=[COMMON])  # fmt: skip
     p.set_defaults(func=cmd_recipes)
+    cp = p.add_subparsers(dest="action").add_parser(
+        "cp", help="Copy a packaged recipe to FILE to edit it (torchtune's `tune cp`).", parents=[COMMON]
+    )
+    cp.add_argument("name", metavar="NAME", help="packaged recipe (see `finecap recipes`), e.g. demo/smile")
+    cp.add_argument("file", metavar="FILE", help="where to write it (a folder: FOLDER/<name>.yaml)")
+    cp.add_argument("--force", action="store_true", help="overwrite FILE when it exists")
 
     p = _add(sub, "config", cmd_config, "Print the resolved configuration (or all keys with --describe).")
     p.add_argument("--describe", action="store_true", help="list every key with its type, default and doc")
     return parser
 
 
+# --------------------------------------------------------------------------------------------------------------------
+# Logging
+# --------------------------------------------------------------------------------------------------------------------
+
+LIBRARY_LOGGERS = ("transformers", "accelerate", "datasets", "huggingface_hub", "peft")
+"""Loggers of the libraries finecap drives; -q/-v set their level with finecap's."""
+SILENCED = ("requires torchvision (not installed); falling back to",)
+"""Library warnings that say nothing to a finecap user: transformers 5 warns once per process that
+``CLIPImageProcessor`` falls back to its PIL twin without torchvision (every model command imports it), which is
+the processor finecap uses either way."""
+
+
+class _Silence(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not any(text in record.getMessage() for text in SILENCED)
+
+
+def levels(verbose: int, quiet: int) -> tuple[int, int]:
+    """(finecap's, the libraries') logging levels: -q warnings (libraries: errors), default info (libraries:
+    warnings), -v debug (libraries: info), -vv debug for both."""
+    step = verbose - quiet
+    if step < 0:
+        return logging.WARNING, logging.ERROR
+    if step == 0:
+        return logging.INFO, logging.WARNING
+    return logging.DEBUG, logging.INFO if step == 1 else logging.DEBUG
+
+
+@contextlib.contextmanager
+def configured_logging(verbose: int = 0, quiet: int = 0) -> Iterator[None]:
+    """finecap's messages (the ``finecap`` logger) to stderr at the chosen level; the libraries' loggers with it
+    (transformers reads ``TRANSFORMERS_VERBOSITY`` when it is first imported, so that is set too); progress bars off
+    with -q (``TQDM_DISABLE``, ``HF_HUB_DISABLE_PROGRESS_BARS``). Everything is put back afterwards (tests call
+    :func:`main` many times in one process)."""
+    own, lib = levels(verbose, quiet)
+    env = {"TRANSFORMERS_VERBOSITY": logging.getLevelName(lib).lower(), "DATASETS_VERBOSITY":
+           logging.getLevelName(lib).lower()}  # fmt: skip
+    if own == logging.WARNING:
+        env |= {"TQDM_DISABLE": "1", "HF_HUB_DISABLE_PROGRESS_BARS": "1"}
+    env = {k: v for k, v in env.items() if k not in os.environ}  # the user's own settings win
+    saved_env = {k: os.environ.get(k) for k in env}
+    loggers = [logging.getLogger(name) for name in ("finecap", *LIBRARY_LOGGERS)]
+    saved_levels = [lg.level for lg in loggers]
+    root = logging.getLogger("finecap")
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("%(message)s"))
+    silence = _Silence()
+    noisy = logging.getLogger("transformers.utils.import_utils")
+    os.environ.update(env)
+    root.setLevel(own)
+    root.addHandler(handler)
+    for lg in loggers[1:]:
+        lg.setLevel(lib)
+    noisy.addFilter(silence)
+    try:
+        yield
+    finally:
+        noisy.removeFilter(silence)
+        root.removeHandler(handler)
+        for lg, level in zip(loggers, saved_levels, strict=True):
+            lg.setLevel(level)
+        for k, v in saved_env.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+def debug_requested(args: argparse.Namespace) -> bool:
+    """``--debug``, or ``FINECAP_DEBUG`` set to anything but empty or 0 (its older spelling)."""
+    return bool(getattr(args, "debug", False)) or os.environ.get("FINECAP_DEBUG", "") not in ("", "0")
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
-        args.func(args)
-    except (ValueError, FileNotFoundError) as e:
-        # Configuration and data errors carry a message naming the key, file or record at fault; print it
-        # without a traceback (set FINECAP_DEBUG=1 to see one).
-        if os.environ.get("FINECAP_DEBUG"):
+        with configured_logging(args.verbose, args.quiet):
+            args.func(args)
+    except KeyboardInterrupt:
+        if debug_requested(args):
             raise
-        print(f"finecap: error: {e}", file=sys.stderr)
+        print("finecap: interrupted", file=sys.stderr)
+        return 130
+    except Exception as e:
+        message = explain(e)
+        if message is None or debug_requested(args):
+            raise  # a bug, or --debug: the traceback
+        print(f"finecap: error: {message}", file=sys.stderr)
         return 2
     return 0
 

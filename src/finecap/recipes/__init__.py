@@ -2,7 +2,8 @@
 ``coco/*.yaml``: the papers' settings), found by name wherever finecap is installed.
 
 ``finecap train demo/smile`` (or just ``smile`` when the name is unambiguous) runs a packaged recipe; a path to a YAML
-file that exists always wins. ``finecap recipes`` lists them.
+file that exists always wins. ``finecap recipes`` lists them with their one-line descriptions (each recipe's first
+comment line); ``finecap recipes cp demo/smile my_smile.yaml`` copies one to start a configuration of your own.
 
 Example::
 
@@ -14,6 +15,7 @@ Example::
 
 from __future__ import annotations
 
+import difflib
 from importlib.resources import as_file, files
 from pathlib import Path
 
@@ -30,7 +32,7 @@ def list_recipes() -> list[str]:
 
 
 def describe_recipe(name: str) -> str:
-    """The first comment line of a recipe (what it trains), without the ``#``."""
+    """The first comment line of a recipe: one whole sentence saying what it runs, without the ``#``."""
     for line in resolve_recipe(name).read_text().splitlines():
         if line.startswith("#"):
             return line.lstrip("# ").strip()
@@ -43,6 +45,8 @@ def resolve_recipe(name_or_path: str | Path) -> Path:
     path = Path(name_or_path)
     if path.is_file():
         return path
+    if path.is_dir():
+        raise ValueError(f"{path}: is a directory, but a recipe (a YAML file, or a packaged recipe's name) is expected")
     name = str(name_or_path).removesuffix(".yaml").removesuffix(".yml")
     names = list_recipes()
     matches = [n for n in names if n == name] or [n for n in names if n.split("/", 1)[-1] == name]
@@ -50,5 +54,31 @@ def resolve_recipe(name_or_path: str | Path) -> Path:
         return _root() / f"{matches[0]}.yaml"
     if len(matches) > 1:
         raise ValueError(f"recipe {name_or_path!r} is ambiguous: {', '.join(matches)}")
-    raise ValueError(f"{name_or_path}: recipe file not found, and no packaged recipe of that name; "
+    candidates = names + [n.split("/", 1)[-1] for n in names]
+    close = difflib.get_close_matches(name, candidates, n=1, cutoff=0.6)
+    hint = f" (did you mean {close[0]!r}?)" if close else ""
+    raise ValueError(f"{name_or_path}: recipe file not found, and no packaged recipe of that name{hint}; "
                      f"packaged recipes: {', '.join(names)}")  # fmt: skip
+
+
+def copy_recipe(name: str, dest: str | Path, force: bool = False) -> Path:
+    """Copy the recipe ``name`` (packaged, or any YAML file) to ``dest`` (a folder: ``dest/<name>.yaml``) to start a
+    configuration; returns the file written. An existing file is never replaced unless ``force`` (``FileExistsError``).
+
+    Example::
+
+        >>> import tempfile
+        >>> out = copy_recipe("demo/mle", Path(tempfile.mkdtemp()) / "my_mle.yaml")
+        >>> out.read_text() == resolve_recipe("demo/mle").read_text()
+        True
+    """
+    from finecap.utils import atomic_write_bytes
+
+    source = resolve_recipe(name)
+    dest = Path(dest)
+    if dest.is_dir():
+        dest = dest / source.name
+    if dest.exists() and not force:
+        raise FileExistsError(f"{dest}: already exists; choose another file, or pass --force to overwrite it")
+    atomic_write_bytes(dest, source.read_bytes())
+    return dest

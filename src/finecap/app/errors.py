@@ -1,0 +1,136 @@
+"""One-line messages for the errors a command meets on users' inputs and disks: ``finecap.app.cli.main`` prints them
+and exits with code 2 (``--debug`` shows the traceback instead).
+
+A known error is one the user can act on: a bad configuration value or data record (``ValueError``: finecap's own
+errors name the key, file or record), a missing, unreadable, damaged or oddly typed file, a full or read-only disk.
+:func:`explain` gives its message, naming the file at fault and what to do about it; anything else is a bug and keeps
+its traceback.
+
+Libraries do not always say which file they were reading or writing: a write that fills the disk raises
+``OSError(ENOSPC)`` without a file name, safetensors ``SafetensorError("Error while deserializing header: ...")`` and
+``json.loads`` a bare ``RecursionError``. The file is then taken from the failing call's own arguments
+(:func:`culprit_path`): the innermost frame of the traceback holding a path in a variable named like one
+(``filename``, ``path``, ...), as a debugger would show it.
+
+Example::
+
+    >>> import errno
+    >>> explain(OSError(errno.ENOSPC, "No space left on device", "runs/x/config.yaml"))
+    'runs/x/config.yaml: no space left on device (the disk is full); free space or write elsewhere (--out)'
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import re
+from pathlib import Path
+from types import TracebackType
+
+PATH_NAMES = ("filename", "path", "file", "save_directory", "folder")
+"""Local variable names holding the file a failing call was reading or writing, most specific first."""
+
+RECOVER_CHECKPOINT = (
+    "the file is damaged (truncated, or not what its name says): copy it again from where it came from, or use "
+    "another checkpoint of the run (checkpoints/best, checkpoints/last, checkpoints/last.old)"
+)
+
+OS_REASONS = {
+    errno.ENOSPC: "no space left on device (the disk is full); free space or write elsewhere (--out)",
+    errno.EDQUOT: "disk quota exceeded; free space or write elsewhere (--out)",
+    errno.EROFS: "read-only file system; write elsewhere (--out)",
+    errno.EACCES: "permission denied (read-only file or folder); write elsewhere (--out) or change its permissions",
+    errno.EPERM: "operation not permitted (read-only file or folder); write elsewhere (--out)",
+    errno.EISDIR: "is a directory, but a file is expected here",
+    errno.ENOTDIR: "not a directory (a file is in the way), but a folder is expected here",
+    errno.ENOENT: "no such file or directory",
+    errno.ENAMETOOLONG: "file name too long",
+    errno.ELOOP: "too many levels of symbolic links",
+}
+"""What an errno means for the user (the others keep the system's wording)."""
+
+HUB_ID_ERRORS = ("Repo id must be", "is not a local folder and is not a valid model identifier",
+                 "Incorrect path_or_model_id", "not a valid model identifier")  # fmt: skip
+"""transformers / huggingface_hub messages for a name that is neither a local folder nor a Hub id."""
+
+
+def culprit_path(exc: BaseException) -> str | None:
+    """The path held by the innermost frame of ``exc``'s traceback that has one (see :data:`PATH_NAMES`)."""
+    frames = []
+    tb: TracebackType | None = exc.__traceback__
+    while tb is not None:
+        frames.append(tb.tb_frame)
+        tb = tb.tb_next
+    for frame in reversed(frames):
+        for name in PATH_NAMES:
+            value = frame.f_locals.get(name)
+            if isinstance(value, str | os.PathLike) and str(value):
+                return str(value)
+    return None
+
+
+def _prefix(path: str | None) -> str:
+    return f"{path}: " if path else ""
+
+
+def os_message(exc: OSError) -> str:
+    """``PATH: what it means``; the path of a failed rename is its target (``filename2``)."""
+    path = exc.filename2 or exc.filename
+    if path is None:
+        path = culprit_path(exc)
+    reason = OS_REASONS.get(exc.errno) if exc.errno is not None else None
+    return _prefix(None if path is None else str(path)) + (reason or (exc.strerror or str(exc)).rstrip("."))
+
+
+def _hub_id_message(exc: OSError) -> str | None:
+    """A local path that does not exist, which transformers took for a Hub model id."""
+    text = str(exc)
+    if not any(marker in text for marker in HUB_ID_ERRORS):
+        return None
+    for candidate in re.findall(r"'([^']+)'", text):  # the quoted name that is a path into an existing folder
+        path = Path(candidate)
+        if os.sep in candidate and (path.is_absolute() or path.parent.is_dir()) and not path.exists():
+            return (
+                f"{candidate}: no such folder (a missing local model folder is read as a Hugging Face Hub model id, "
+                "which this is not); check the path, or copy the checkpoint again"
+            )
+    return None
+
+
+def _text_errno(text: str) -> int | None:
+    """The OS error number a library's message names (Rust's ``(os error 28)``, C's ``[Errno 28]``)."""
+    if "No space left on device" in text:
+        return errno.ENOSPC
+    found = re.search(r"os error (\d+)|\[Errno (\d+)\]", text)
+    return int(found.group(1) or found.group(2)) if found else None
+
+
+def _is_weights_error(exc: BaseException) -> bool:
+    """safetensors' errors, and torch's on damaged or unwritable weight files."""
+    if type(exc).__name__ == "SafetensorError" or type(exc).__module__.startswith("safetensors"):
+        return True
+    markers = ("unexpected pos", "PytorchStreamReader", "PytorchStreamWriter", "invalid load key",
+               "Weights only load failed")  # fmt: skip
+    return isinstance(exc, RuntimeError) and any(m in str(exc) for m in markers)
+
+
+def explain(exc: BaseException) -> str | None:
+    """The one-line message of a known error, or ``None`` for a bug (to be shown with its traceback)."""
+    if isinstance(exc, RecursionError):
+        return _prefix(culprit_path(exc)) + "nested too deeply to read (a file thousands of levels deep?)"
+    if isinstance(exc, OSError):
+        if exc.errno is not None:
+            return os_message(exc)
+        return _hub_id_message(exc) or " ".join(str(exc).split()) or type(exc).__name__
+    if _is_weights_error(exc):
+        text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        path = culprit_path(exc)
+        code = _text_errno(str(exc))
+        if code is not None:
+            return os_message(OSError(code, os.strerror(code), path))
+        return f"{_prefix(path)}cannot read the weights ({text}); {RECOVER_CHECKPOINT}"
+    if isinstance(exc, UnicodeError):
+        return f"{_prefix(culprit_path(exc))}not UTF-8 text ({exc})"
+    if isinstance(exc, ValueError):  # finecap's ConfigError, DataError, CheckpointError, ... name what is at fault
+        return str(exc)
+    return None
