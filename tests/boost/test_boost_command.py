@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 from chat_server import ChatServer
+from tiny_world import make_tiny_world, world_items
 
 from finecap.app.boost import main as boost
 from finecap.config import load
@@ -17,15 +18,12 @@ from finecap.data.caption_fields import select_captions
 from finecap.data.datasets import load_records
 from finecap.data.formats import read_dataset
 from finecap.world.facts import facts
-from finecap.world.make import make_world
 
 
 @pytest.fixture(scope="module")
 def world(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("world")
-    cfg = load(None, [f"world.out={out}", "world.n_train=24", "world.n_val=4", "world.n_test=4"])
-    make_world(cfg.world, progress=False)
-    return out
+    return make_tiny_world(out)
 
 
 def _openai(url: str, mode: str = "blend") -> list[str]:
@@ -34,7 +32,7 @@ def _openai(url: str, mode: str = "blend") -> list[str]:
 
 
 def test_world_blend_through_the_world_backend(world, tmp_path):
-    cfg = load(None, [f"world.out={world}", "boost.mode=blend"])
+    cfg = load(None, [*world_items(world), "boost.mode=blend"])
     summary = boost(cfg, tmp_path / "out", progress=False)
     assert summary["requested"] == {"blend": 32} and summary["status"] == "ok"
     assert (summary["to_boost"], summary["boosted"], summary["failed"], summary["not_done"]) == (32, 32, 0, 0)
@@ -46,11 +44,11 @@ def test_world_blend_through_the_world_backend(world, tmp_path):
         union = set().union(*(facts(c) for c in s.captions))
         assert len(r.captions) == 1 and facts(r.captions[0]) == union  # BlendCap = the union of the human facts
     # data.captions reads either field back; the train split of the boosted world trains on BlendCap.
-    boosted_cfg = load(None, [f"world.out={tmp_path / 'out'}", "data.captions=blend"])
+    boosted_cfg = load(None, [*world_items(tmp_path / "out"), "data.captions=blend"])
     assert [r.captions for r in load_records(boosted_cfg, "train")] == [
         r.captions for r in records if r.split == "train"
     ]
-    original_cfg = load(None, [f"world.out={tmp_path / 'out'}", "data.captions=original"])
+    original_cfg = load(None, [*world_items(tmp_path / "out"), "data.captions=original"])
     assert load_records(original_cfg, "test")[0].captions == [s for s in source if s.split == "test"][0].captions
     with pytest.raises(ValueError, match="data.captions=holistic: 32 of 32 images"):
         select_captions(records, "holistic", tmp_path / "out" / "dataset.json")
@@ -62,7 +60,7 @@ def test_killed_run_resumes_without_loss_or_duplicates(world, tmp_path, capsys):
     out = tmp_path / "out"
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[2] / "src")}
     with ChatServer(delay=0.1) as server:
-        args = [sys.executable, "-m", "finecap.app.cli", "boost", "--out", str(out), f"world.out={world}"]
+        args = [sys.executable, "-m", "finecap.app.cli", "boost", "--out", str(out), *world_items(world)]
         proc = subprocess.Popen([*args, *_openai(server.url)], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
         deadline = time.time() + 120
         while len(server.requests) < 10 and time.time() < deadline and proc.poll() is None:
@@ -76,7 +74,7 @@ def test_killed_run_resumes_without_loss_or_duplicates(world, tmp_path, capsys):
         assert not (out / "dataset.json").exists()
         assert json.loads((out / ".boost.lock").read_text())["pid"] == proc.pid  # the killed run's lock record
         # Resume in-process with the same --out: only the missing answers are requested.
-        cfg = load(None, [f"world.out={world}", *_openai(server.url)])
+        cfg = load(None, [*world_items(world), *_openai(server.url)])
         summary = boost(cfg, out, progress=False)
     assert f"taking over the lock of pid {proc.pid}" in capsys.readouterr().out  # the kill left it: taken over
     assert summary["requested"] == {"blend": 32 - len(cached)}
@@ -96,7 +94,7 @@ def test_bags_take_text_embeddings_from_the_chosen_field(world, tmp_path, monkey
 
     import finecap.app.bags as bags_app
 
-    boost(load(None, [f"world.out={world}", "boost.mode=blend"]), tmp_path / "out", progress=False)
+    boost(load(None, [*world_items(world), "boost.mode=blend"]), tmp_path / "out", progress=False)
     seen = {}
 
     class FakeRetriever:
@@ -110,7 +108,7 @@ def test_bags_take_text_embeddings_from_the_chosen_field(world, tmp_path, monkey
     monkeypatch.setattr(bags_app, "record_embeddings", embeddings)
     boosted = read_dataset("world", tmp_path / "out")
     for field in ("blend", "original"):
-        cfg = load(None, [f"world.out={tmp_path / 'out'}", f"bags.text_from={field}"])
+        cfg = load(None, [*world_items(tmp_path / "out"), f"bags.text_from={field}"])
         bags_app.main(cfg, split="train", sizes="2", out=tmp_path / f"bags_{field}.json")
         assert seen["captions"] == [r.boosted[field] for r in boosted if r.split == "train"]
 

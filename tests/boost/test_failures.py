@@ -12,12 +12,12 @@ from pathlib import Path
 
 import pytest
 from chat_server import ChatServer, completion, echo_first_caption
+from tiny_world import make_tiny_world, world_items
 
 from finecap.app.boost import main as boost
 from finecap.boost.engine import BackendError, BoostFailed, FailureBudget, ServerUnavailable
 from finecap.boost.lock import LOCK_NAME, OutputLocked, output_lock
 from finecap.config import ConfigError, load
-from finecap.world.make import make_world
 
 SRC = str(Path(__file__).parents[2] / "src")
 
@@ -25,9 +25,7 @@ SRC = str(Path(__file__).parents[2] / "src")
 @pytest.fixture(scope="module")
 def world(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("world")
-    cfg = load(None, [f"world.out={out}", "world.n_train=24", "world.n_val=4", "world.n_test=4"])
-    make_world(cfg.world, progress=False)
-    return out
+    return make_tiny_world(out)
 
 
 def _openai(url: str, *extra: str) -> list[str]:
@@ -66,7 +64,7 @@ def _cache_lines(path: Path) -> list[str]:
 def test_dead_server_exits_nonzero_writes_no_success_and_keeps_the_cache(world, tmp_path):
     # An earlier run cached the answers of 10 images (the first 10 of the world).
     with ChatServer() as server:
-        cfg = load(None, [f"world.out={world}", *_openai(server.url, "boost.limit=10")])
+        cfg = load(None, [*world_items(world), *_openai(server.url, "boost.limit=10")])
         boost(cfg, tmp_path / "a", progress=False)
     out = tmp_path / "b"
     out.mkdir()
@@ -76,7 +74,7 @@ def test_dead_server_exits_nonzero_writes_no_success_and_keeps_the_cache(world, 
     # A budget of 100 % leaves the stop to the consecutive connection failures.
     settings = ["boost.retries=1", "boost.concurrency=2", "boost.max_consecutive_failures=3"]
     settings.append("boost.max_failure_rate=1")
-    proc = _cli("--out", str(out), f"world.out={world}", *_openai(url, *settings))
+    proc = _cli("--out", str(out), *world_items(world), *_openai(url, *settings))
     stdout, stderr = proc.communicate(timeout=120)
     assert proc.returncode == 2, stderr
     assert "finecap: error: boost stopped:" in stderr and "could not reach the server" in stderr
@@ -101,7 +99,7 @@ def test_failure_budget_stops_the_run_as_it_goes(world, tmp_path):
         return (400, {"error": "prompt rejected"}) if order[_captions(payload)] < 8 else echo_first_caption(payload, n)
 
     with ChatServer(by_image) as server:
-        cfg = load(None, [f"world.out={world}", *_openai(server.url, "boost.concurrency=1", "boost.few_shot=false",
+        cfg = load(None, [*world_items(world), *_openai(server.url, "boost.concurrency=1", "boost.few_shot=false",
                                                          "boost.max_failure_rate=0.1")])  # fmt: skip
         with pytest.raises(BoostFailed, match=r"4 of 32 images failed, more than boost.max_failure_rate=0.1 allows"):
             boost(cfg, tmp_path / "out", progress=False)
@@ -119,7 +117,7 @@ def test_failures_within_budget_are_counted_apart_and_exit_zero(world, tmp_path)
 
     with ChatServer(two_bad) as server:
         settings = ["boost.few_shot=false", "boost.max_failure_rate=0.1"]
-        cfg = load(None, [f"world.out={world}", *_openai(server.url, *settings)])
+        cfg = load(None, [*world_items(world), *_openai(server.url, *settings)])
         summary = boost(cfg, tmp_path / "out", progress=False)
     assert (summary["status"], summary["boosted"], summary["failed"], summary["not_done"]) == ("ok", 30, 2, 0)
     assert summary["failed_steps"] == {"blend": 2}
@@ -142,7 +140,7 @@ def test_budget_counts_consecutive_connection_failures_only():
 
 def test_401_stops_at_once(world, tmp_path):
     with ChatServer(lambda p, n: (401, {"error": {"message": "Incorrect API key provided"}}), delay=0.05) as server:
-        cfg = load(None, [f"world.out={world}", *_openai(server.url, "boost.concurrency=2")])
+        cfg = load(None, [*world_items(world), *_openai(server.url, "boost.concurrency=2")])
         with pytest.raises(BoostFailed, match="HTTP 401: the server refused the API key"):
             boost(cfg, tmp_path / "out", progress=False)
     assert 1 <= len(server.requests) <= 2  # at most the requests already in flight; 30 images never sent
@@ -157,12 +155,12 @@ def test_401_stops_at_once(world, tmp_path):
 )  # fmt: skip
 def test_malformed_base_url_refused_before_anything(world, tmp_path, url, error):
     with pytest.raises(ConfigError, match=f"boost.llm_base_url: .*{error}"):
-        load(None, [f"world.out={world}", *_openai(url)])
+        load(None, [*world_items(world), *_openai(url)])
 
 
 def test_malformed_url_from_environment_refused_before_any_request(world, tmp_path, monkeypatch):
     monkeypatch.setenv("OPENAI_BASE_URL", "localhost:8000")
-    cfg = load(None, [f"world.out={world}", *_openai("")])
+    cfg = load(None, [*world_items(world), *_openai("")])
     with pytest.raises(ValueError, match="OPENAI_BASE_URL.*'localhost:8000': not an http"):
         boost(cfg, tmp_path / "out", progress=False)
     assert not (tmp_path / "out" / "cache.jsonl").exists() and not (tmp_path / "out" / "boost.json").exists()
@@ -177,7 +175,7 @@ def test_out_in_the_source_folder_refused_before_any_request_or_file(world, tmp_
     before = _snapshot(world)
     out = world.parent / where.replace("world", world.name, 1)
     with ChatServer() as server:
-        cfg = load(None, [f"world.out={world}", *_openai(server.url)])
+        cfg = load(None, [*world_items(world), *_openai(server.url)])
         with pytest.raises(ValueError, match=f"--out {out}: inside the source data set's folder {world.resolve()}"):
             boost(cfg, out, progress=False)
     assert server.requests == []
@@ -208,14 +206,14 @@ def test_out_inside_the_image_root_and_user_folders_refused(world, tmp_path):
 def test_two_concurrent_boosts_on_one_folder(world, tmp_path):
     out = tmp_path / "out"
     with ChatServer(delay=0.05) as server:
-        first = _cli("--out", str(out), f"world.out={world}", *_openai(server.url, "boost.concurrency=1"))
+        first = _cli("--out", str(out), *world_items(world), *_openai(server.url, "boost.concurrency=1"))
         deadline = time.time() + 120
         while len(server.requests) < 3 and time.time() < deadline and first.poll() is None:
             time.sleep(0.02)
         assert first.poll() is None, "the first run must still be running"
         holder = json.loads((out / LOCK_NAME).read_text())
         assert holder["pid"] == first.pid and holder["host"] == socket.gethostname()
-        cfg = load(None, [f"world.out={world}", *_openai(server.url)])
+        cfg = load(None, [*world_items(world), *_openai(server.url)])
         busy = rf"another finecap boost is writing to this folder \(pid {first.pid} on host {socket.gethostname()}"
         with pytest.raises(OutputLocked, match=busy):
             boost(cfg, out, progress=False)
@@ -235,7 +233,7 @@ def test_stale_lock_of_a_dead_process_is_taken_over(world, tmp_path, capsys):
     out = tmp_path / "out"
     out.mkdir()
     (out / LOCK_NAME).write_text(json.dumps({"pid": dead.pid, "host": socket.gethostname(), "started": 1.7e9}))
-    boost(load(None, [f"world.out={world}", "boost.mode=blend"]), out, progress=False)
+    boost(load(None, [*world_items(world), "boost.mode=blend"]), out, progress=False)
     said = capsys.readouterr().out
     assert f"taking over the lock of pid {dead.pid} on host {socket.gethostname()}" in said
     assert "which ended without releasing it" in said
@@ -256,7 +254,7 @@ def test_lock_in_process(tmp_path, monkeypatch):
 
 def test_non_json_reply_is_reported_as_such(world, tmp_path):
     with ChatServer(lambda p, n: (200, "<html>proxy error</html>")) as server:
-        cfg = load(None, [f"world.out={world}", *_openai(server.url, "boost.retries=1", "boost.max_failure_rate=1")])
+        cfg = load(None, [*world_items(world), *_openai(server.url, "boost.retries=1", "boost.max_failure_rate=1")])
         summary = boost(cfg, tmp_path / "out", progress=False)
     assert summary["failed"] == 32 and summary["status"] == "ok"  # a budget of 100 % accepts it
     errors = {json.loads(line)["error"] for line in (tmp_path / "out" / "failures.jsonl").read_text().splitlines()}
@@ -267,7 +265,7 @@ def test_non_json_reply_is_reported_as_such(world, tmp_path):
 def test_whole_multi_paragraph_answer_is_kept(world, tmp_path):
     text = "Caption: A red circle in the middle.\n\nA blue square sits above it.\n  Both shapes are small.\n"
     with ChatServer(lambda p, n: (200, completion(text))) as server:
-        cfg = load(None, [f"world.out={world}", *_openai(server.url, "boost.limit=1")])
+        cfg = load(None, [*world_items(world), *_openai(server.url, "boost.limit=1")])
         boost(cfg, tmp_path / "out", progress=False)
     raw = json.loads((tmp_path / "out" / "dataset.json").read_text())["images"]
     expected = "A red circle in the middle. A blue square sits above it. Both shapes are small."

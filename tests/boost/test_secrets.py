@@ -6,20 +6,19 @@ from pathlib import Path
 
 import pytest
 from chat_server import ChatServer, echo_first_caption
+from tiny_world import make_tiny_world, world_items
 
 from finecap.app.boost import main as boost
 from finecap.config import SECRET_KEYS, load
-from finecap.world.make import make_world
 
+SMALL = ("world.n_train=6", "world.n_val=1", "world.n_test=1")
 ENV_KEY, CONFIG_KEY = "sk-env-5ecret-0123456789", "sk-config-5ecret-9876543210"
 
 
 @pytest.fixture(scope="module")
 def world(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("world")
-    make_world(load(None, [f"world.out={out}", "world.n_train=6", "world.n_val=1", "world.n_test=1"]).world,
-               progress=False)  # fmt: skip
-    return out
+    return make_tiny_world(out, SMALL)
 
 
 def _written(folder: Path) -> dict[str, bytes]:
@@ -28,7 +27,7 @@ def _written(folder: Path) -> dict[str, bytes]:
 
 @pytest.mark.parametrize("how", ["env_default", "env_named", "config"])
 def test_key_reaches_the_server_and_no_file(world, tmp_path, monkeypatch, capsys, how):
-    items = [f"world.out={world}", "boost.mode=blend", "boost.llm_backend=openai", "boost.llm_model=m",
+    items = [*world_items(world, SMALL), "boost.mode=blend", "boost.llm_backend=openai", "boost.llm_model=m",
              "boost.max_failure_rate=0.5", "boost.few_shot=false"]  # fmt: skip
     key = ENV_KEY
     if how == "env_default":
@@ -76,7 +75,7 @@ def test_secret_keys_name_the_key_fields():
 
 def test_named_variable_that_is_unset_is_an_error(world, tmp_path, monkeypatch):
     monkeypatch.delenv("MY_MISSING_KEY", raising=False)
-    cfg = load(None, [f"world.out={world}", "boost.mode=blend", "boost.llm_backend=openai", "boost.llm_model=m",
+    cfg = load(None, [*world_items(world, SMALL), "boost.mode=blend", "boost.llm_backend=openai", "boost.llm_model=m",
                       "boost.llm_base_url=http://127.0.0.1:9/v1", "boost.llm_api_key_env=MY_MISSING_KEY"])  # fmt: skip
     with pytest.raises(ValueError, match="boost.llm_api_key_env=MY_MISSING_KEY: the environment variable"):
         boost(cfg, tmp_path / "out", progress=False)
