@@ -22,10 +22,11 @@ from pathlib import Path
 
 import torch
 
-from finecap.app.train import build_model, build_optimizer
+from finecap.app.train import build_model
 from finecap.config import load
 from finecap.objectives import get_objective
 from finecap.objectives.mle import IGNORE_INDEX
+from finecap.train.engine import build_optimizer
 
 
 def batch_for(model, n: int, generator: torch.Generator) -> dict:
@@ -57,7 +58,7 @@ def main(argv: list[str]) -> dict:
         for kind in ("clipcap", "blip"):
             cfg = load("demo/mle", [*args.overrides, f"model.kind={kind}", f"train.objective={objective}"])
             model = build_model(cfg).train()
-            setups[kind] = (model, get_objective(objective, cfg), build_optimizer(model, cfg),
+            setups[kind] = (model, get_objective(objective, cfg), build_optimizer(model, cfg.train),
                             batch_for(model, args.batch, torch.Generator().manual_seed(0)))  # fmt: skip
         times: dict[str, list[float]] = {k: [] for k in setups}
         for _ in range(args.steps):

@@ -355,7 +355,11 @@ class Engine:
         """One optimizer step over this process's micro-batches of a global batch; returns the values to log (total
         and per-part losses, objective metrics, lr, grad norm), averaged over the micro-batches."""
         acc, model, optimizer = self.accelerator, self.model, self.optimizer
-        model.train()
+        if not model.training:  # a recursive walk over every module: only after an evaluation
+            model.train()
+        # One process, no accumulation: the micro-batch is the global batch, its loss is already the mean over the
+        # step's items, and the gradient needs no rescaling (saves a pass over every gradient per step).
+        single = acc.num_processes * acc.gradient_accumulation_steps == 1
         optimizer.zero_grad(set_to_none=True)  # at the start, so the step's gradients stay inspectable after it
         sums: dict[str, float] = {}
         local_items, local_bad = 0.0, 0.0
@@ -370,16 +374,17 @@ class Engine:
                 local_items += items
                 loss_value = loss.item()
                 local_bad += 0.0 if math.isfinite(loss_value) else 1.0
-                acc.backward(loss * items)  # an item-weighted sum; normalised at the sync below
+                if single and local_bad:
+                    raise self._diverged("the loss is not finite")
+                acc.backward(loss if single else loss * items)  # an item-weighted sum; normalised at the sync below
                 if acc.sync_gradients:
-                    counts = torch.tensor([local_items, local_bad], device=acc.device)
-                    if acc.num_processes > 1:
-                        counts = acc.reduce(counts, "sum")
-                    if counts[1] > 0:
-                        raise self._diverged("the loss is not finite")
-                    factor = acc.num_processes * acc.gradient_accumulation_steps / float(counts[0])
                     params = [p for g in optimizer.param_groups for p in g["params"] if p.grad is not None]
-                    torch._foreach_mul_([p.grad for p in params], factor)  # undo DDP mean x 1/steps; / global items
+                    if not single:  # every process learns the global item count and whether any loss diverged
+                        counts = acc.reduce(torch.tensor([local_items, local_bad], device=acc.device), "sum")
+                        if counts[1] > 0:
+                            raise self._diverged("the loss is not finite")
+                        factor = acc.num_processes * acc.gradient_accumulation_steps / float(counts[0])
+                        torch._foreach_mul_([p.grad for p in params], factor)  # undo DDP mean x 1/steps; / items
                     max_norm = self.settings.grad_clip if self.settings.grad_clip > 0 else float("inf")
                     grad_norm = float(acc.clip_grad_norm_(params, max_norm))
                     if not math.isfinite(grad_norm):
