@@ -8,8 +8,9 @@ import sys
 from pathlib import Path
 
 import pytest
+import yaml
 
-from finecap.app.cli import main
+from finecap.app.cli import build_parser, main
 
 
 def test_config_prints_resolved(capsys):
@@ -36,7 +37,9 @@ def test_missing_recipe_is_a_clean_error(tmp_path, capsys):
 
 EVAL_SCRIPT = """
 import json, sys
-from finecap.app.cli import main
+import yaml
+
+from finecap.app.cli import build_parser, main
 code = main(sys.argv[1:])
 heavy = {m: m in sys.modules for m in ("torch", "transformers", "datasets", "pyarrow")}
 print(json.dumps({"code": code, **heavy}))
@@ -99,3 +102,120 @@ def test_eval_prints_json_to_stdout_without_out_on_id_only_coco_references(tmp_p
     assert "2 images of" in out.err
     assert main(argv[:-2]) == 0  # default: the table, still without --out
     assert "| BLEU-1 " in capsys.readouterr().out and not list(tmp_path.glob("*eval*"))
+
+
+# --- conventions (issue 23) ----------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("argv", "expected"),
+    [
+        (["trian"], "invalid choice: 'trian' (did you mean 'train'?)"),
+        (["bags", "buidl"], "invalid choice: 'buidl' (did you mean 'build'?)"),
+        (["recipes", "cpy", "demo/mle", "x.yaml"], "invalid choice: 'cpy' (did you mean 'cp'?)"),
+        (["eval", "--predictions", "p", "--references", "r", "--format", "jsn"], "(did you mean 'json'?)"),
+    ],
+)
+def test_mistyped_commands_and_choices_get_a_suggestion(argv, expected, capsys):
+    with pytest.raises(SystemExit) as e:
+        main(argv)
+    assert e.value.code == 2 and expected in capsys.readouterr().err
+
+
+def test_mistyped_recipe_key_and_override_get_a_suggestion(tmp_path, capsys):
+    assert main(["config", "demo/smiel"]) == 2
+    assert "(did you mean 'demo/smile'?)" in capsys.readouterr().err
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text("train:\n  lr: 0.5\n")
+    assert main(["config", str(recipe), "train.eopchs=3"]) == 2
+    err = capsys.readouterr().err
+    # the override is at fault, not the recipe file
+    assert err.startswith("finecap: error: override 'train.eopchs=3': unknown key 'train.eopchs' (did you mean "
+                          "'train.epochs'?)")  # fmt: skip
+    assert str(recipe) not in err
+
+
+def test_a_single_value_or_commas_where_a_list_is_expected(capsys):
+    assert main(["config", "train.log_with=tensorboard", "eval.metrics=bleu,cider"]) == 0
+    data = yaml.safe_load(capsys.readouterr().out)
+    assert data["train"]["log_with"] == ["tensorboard"] and data["eval"]["metrics"] == ["bleu", "cider"]
+
+
+def test_config_masks_secrets(capsys):
+    assert main(["config", "boost.llm_api_key=sk-shown-nowhere", "boost.vlm_api_key=sk-nor-this"]) == 0
+    out = capsys.readouterr().out
+    assert "sk-" not in out and yaml.safe_load(out)["boost"]["llm_api_key"] == "***"
+
+
+def test_one_option_names_the_output_location():
+    # --out is the run directory of train and demo (as it is the output of every other command); --run-dir, the
+    # demo's older spelling, is the same option
+    parser = build_parser()
+    for command in ("train", "demo"):
+        assert parser.parse_args([command, "--out", "runs/x"]).out == "runs/x"
+        assert parser.parse_args([command, "--run-dir", "runs/x"]).out == "runs/x"
+
+
+def test_options_may_come_between_and_after_overrides():
+    args = build_parser().parse_args(["train", "demo/mle", "--resume", "train.lr=1e-4", "--out", "runs/x", "-q"])
+    assert (args.items, args.resume, args.out, args.quiet) == (["demo/mle", "train.lr=1e-4"], True, "runs/x", 1)
+    args = build_parser().parse_args(["-v", "--debug", "config", "world.seed=1"])
+    assert (args.verbose, args.debug, args.items) == (1, True, ["world.seed=1"])
+
+
+def test_debug_shows_the_traceback(tmp_path, capsys, monkeypatch):
+    folder = tmp_path / "a_folder"
+    folder.mkdir()
+    argv = ["eval", "--predictions", str(folder), "--references", str(folder), "--metrics", "bleu"]
+    assert main(argv) == 2
+    assert capsys.readouterr().err == f"finecap: error: {folder}: is a directory, but a file is expected here\n"
+    with pytest.raises(IsADirectoryError):
+        main([*argv, "--debug"])
+    with pytest.raises(IsADirectoryError):
+        main(["--debug", *argv])
+    monkeypatch.setenv("FINECAP_DEBUG", "1")  # the older spelling
+    with pytest.raises(IsADirectoryError):
+        main(argv)
+    monkeypatch.setenv("FINECAP_DEBUG", "0")
+    assert main(argv) == 2
+
+
+def test_verbosity_flags_set_finecap_and_library_loggers(capsys):
+    import logging
+
+    from finecap.app.cli import configured_logging
+
+    names = ("finecap", "transformers", "accelerate")
+    before = [logging.getLogger(n).level for n in names]
+    expected = {(0, 1): (logging.WARNING, logging.ERROR), (0, 0): (logging.INFO, logging.WARNING),
+                (1, 0): (logging.DEBUG, logging.INFO)}  # fmt: skip
+    for (verbose, quiet), (own, lib) in expected.items():
+        with configured_logging(verbose, quiet):
+            levels = [logging.getLogger(n).getEffectiveLevel() for n in names]
+            assert levels == [own, lib, lib]
+            logging.getLogger("finecap.some.module").info("an info message")
+            logging.getLogger("finecap.some.module").debug("a debug message")
+        err = capsys.readouterr().err
+        assert ("an info message" in err) == (own <= logging.INFO)
+        assert ("a debug message" in err) == (own <= logging.DEBUG)
+    assert [logging.getLogger(n).level for n in names] == before  # put back
+
+
+def test_recipes_cp_starts_a_config(tmp_path, capsys):
+    from finecap.recipes import resolve_recipe
+
+    out = tmp_path / "my_smile.yaml"
+    assert main(["recipes", "cp", "demo/smile", str(out)]) == 0
+    assert out.read_text() == resolve_recipe("demo/smile").read_text()
+    assert f"finecap train {out}" in capsys.readouterr().out
+    out.write_text("train:\n  lr: 0.5\n")  # the user's edits are never overwritten...
+    assert main(["recipes", "cp", "demo/mle", str(out)]) == 2
+    assert capsys.readouterr().err == f"finecap: error: {out}: already exists; choose another file, or pass --force " \
+                                      "to overwrite it\n"  # fmt: skip
+    assert out.read_text() == "train:\n  lr: 0.5\n"
+    assert main(["recipes", "cp", "demo/mle", str(out), "--force"]) == 0  # ...unless asked
+    assert out.read_text() == resolve_recipe("demo/mle").read_text()
+    assert main(["recipes", "cp", "smile", str(tmp_path)]) == 0  # into a folder, under the recipe's name
+    assert (tmp_path / "smile.yaml").read_text() == resolve_recipe("demo/smile").read_text()
+    assert main(["recipes", "cp", "demo/smiel", str(tmp_path / "x.yaml")]) == 2
+    assert "(did you mean 'demo/smile'?)" in capsys.readouterr().err and not (tmp_path / "x.yaml").exists()

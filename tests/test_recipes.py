@@ -5,7 +5,7 @@ import pytest
 from finecap.app.cli import main
 from finecap.config import ConfigError, load
 from finecap.objectives import OBJECTIVES
-from finecap.recipes import list_recipes, resolve_recipe
+from finecap.recipes import describe_recipe, list_recipes, resolve_recipe
 
 RECIPES = list_recipes()
 
@@ -39,3 +39,19 @@ def test_recipe_loads_and_documents_its_command(name):
     comments = "\n".join(line for line in head if line.startswith("#"))
     assert "finecap " in comments, "the opening comment gives the command that runs the recipe"
     assert "verride" in comments, "the opening comment gives an override example"
+
+
+@pytest.mark.parametrize("name", RECIPES)
+def test_recipe_description_is_one_whole_line(name):
+    # `finecap recipes` prints each recipe's first comment line: one sentence, whole, within the line length
+    first = resolve_recipe(name).read_text().splitlines()[0]
+    description = describe_recipe(name)
+    assert first == f"# {description}" and len(first) <= 119
+    assert description.endswith(".") and description[0].isupper(), description
+
+
+def test_recipes_lists_whole_descriptions(capsys):
+    assert main(["recipes"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    for name, line in zip(RECIPES, lines, strict=True):
+        assert line.split()[0] == name and line.endswith(describe_recipe(name))
