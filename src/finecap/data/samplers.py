@@ -56,8 +56,8 @@ class GlobalBatchSampler(abc.ABC):
 class RandomBatches(GlobalBatchSampler):
     """A fresh permutation each epoch (seeded by ``seed`` and ``epoch``), cut into batches of ``batch_size``.
 
-    The last batch of an epoch may be smaller (no example is dropped). With ``shuffle=False`` the order is
-    ``0..n-1`` (evaluation).
+    The last batch of an epoch may be smaller (no example is dropped), unless ``drop_last`` (contrastive batches
+    need their negatives). With ``shuffle=False`` the order is ``0..n-1`` (evaluation).
 
     Example::
 
@@ -65,12 +65,14 @@ class RandomBatches(GlobalBatchSampler):
         [[0, 1], [2, 3], [4]]
     """
 
-    def __init__(self, n: int, batch_size: int, *, seed: int = 0, shuffle: bool = True):
+    def __init__(self, n: int, batch_size: int, *, seed: int = 0, shuffle: bool = True, drop_last: bool = False):
         if n <= 0:
             raise ValueError("RandomBatches: the data set is empty")
         if batch_size < 1:
             raise ValueError(f"RandomBatches: batch_size must be >= 1, got {batch_size}")
-        self.n, self.batch_size, self.seed, self.shuffle = n, batch_size, seed, shuffle
+        if drop_last and n < batch_size:
+            raise ValueError(f"RandomBatches: drop_last with {n} examples leaves no batch of {batch_size}")
+        self.n, self.batch_size, self.seed, self.shuffle, self.drop_last = n, batch_size, seed, shuffle, drop_last
 
     def batches(self, epoch: int) -> list[list[int]]:
         if self.shuffle:
@@ -78,10 +80,11 @@ class RandomBatches(GlobalBatchSampler):
             order = torch.randperm(self.n, generator=generator).tolist()
         else:
             order = list(range(self.n))
-        return [order[i : i + self.batch_size] for i in range(0, self.n, self.batch_size)]
+        return [order[i : i + self.batch_size] for i in range(0, self.num_batches(epoch) * self.batch_size,
+                                                                 self.batch_size)]  # fmt: skip
 
     def num_batches(self, epoch: int) -> int:
-        return math.ceil(self.n / self.batch_size)
+        return self.n // self.batch_size if self.drop_last else math.ceil(self.n / self.batch_size)
 
 
 def shard(batch: list[int], rank: int, world: int) -> list[int]:

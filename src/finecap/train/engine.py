@@ -251,6 +251,7 @@ class Engine:
         self.state = TrainState()
         self.logger = Logger(accelerator)
         self.last_saved: tuple[Path, int] | None = None
+        self.last_values: dict[str, float] = {}  # the last step's logged values
         self.mode = best_mode(settings)
         seed_everything(seed + accelerator.process_index)  # different dropout on each process; restore() overrides
 
@@ -457,7 +458,7 @@ class Engine:
                 info = self.step_info(batches[state.position], fields)
                 micro_batches = [to_device({**mb, "step_info": info}, acc.device) for mb in pending]
                 pending = []
-                values = self.train_step(micro_batches)
+                values = self.last_values = self.train_step(micro_batches)
                 self.logger.add(values)
                 end_of_epoch = state.advance(len(batches))
                 epoch = state.epoch + state.position / len(batches)
