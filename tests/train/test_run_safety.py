@@ -192,3 +192,17 @@ def test_init_from_non_finite_weights_is_refused(make_cfg):
     model.save(model_dir(best))
     with pytest.raises(CheckpointError, match="non-finite values"):
         train(make_cfg(f"train.init_from={best}", "train.max_steps=1", run="second"))
+
+
+def test_fsdp_and_deepspeed_are_refused(make_cfg, monkeypatch):
+    """Decoding inside training needs full parameters on every process: finecap claims DDP only."""
+    from types import SimpleNamespace
+
+    from accelerate.utils import DistributedType
+
+    from finecap.train import engine
+
+    for kind in (DistributedType.FSDP, DistributedType.DEEPSPEED):
+        monkeypatch.setattr(engine, "Accelerator", lambda **kw: SimpleNamespace(distributed_type=kind, num_processes=1))
+        with pytest.raises(ValueError, match="not supported by finecap"):
+            engine.make_accelerator(make_cfg().train)

@@ -129,7 +129,7 @@ class TrainContext:
 
 
 def unwrap(model: torch.nn.Module) -> torch.nn.Module:
-    """The bare captioner inside a DDP / FSDP / compiled wrapper (``accelerate``'s ``extract_model_from_parallel``):
+    """The bare captioner inside a DDP or compiled wrapper (``accelerate``'s ``extract_model_from_parallel``):
     what decoding (``generate``) and attribute access (``tokenizer``) use. Gradients flow only through the wrapped
     model's ``forward``; decode on the bare model under ``no_grad`` (TRL's pattern for generation)."""
     return extract_model_from_parallel(model)
