@@ -5,6 +5,7 @@ import json
 import pytest
 
 from finecap.app.cli import main
+from finecap.report.table import QUICK_TITLE
 
 pytestmark = pytest.mark.slow
 
@@ -37,7 +38,7 @@ def test_quick_demo_writes_table_captions_and_checkpoints(quick_demo):
     human = results["human"]
     assert human["listener/RD19/R@1_expected"] >= 1.0 - human["listener/RD19/tie_rate"] - 1e-12
     table = (run_dir / "results.md").read_text()
-    assert table.startswith("| stage |") and "| smile |" in table
+    assert table.startswith(QUICK_TITLE + "\n\n| stage |") and "| smile |" in table  # quick is labelled quick
     assert (run_dir / "report.html").stat().st_size > 0  # the HTML report (tests/report/test_browser.py opens it)
 
 

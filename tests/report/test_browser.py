@@ -1,5 +1,6 @@
 """The HTML report and the bag-review app in a real headless Chromium: they render, images load, nothing logs a
-console error, table sorting works, and review decisions survive a reload.
+console error, table sorting works, the report fits a 1,400 px window, colours follow each metric's direction,
+counts print as integers, a quick run is labelled quick, and review decisions survive a reload.
 
 Screenshots: set ``FINECAP_SCREENSHOTS=docs`` to write ``docs/report.png``, ``docs/report_gallery.png`` and
 ``docs/review.png`` (the README shows them); otherwise they go to the test's temporary folder.
@@ -7,6 +8,7 @@ Screenshots: set ``FINECAP_SCREENSHOTS=docs`` to write ``docs/report.png``, ``do
 
 import json
 import os
+import shutil
 import threading
 from pathlib import Path
 
@@ -102,6 +104,81 @@ def test_report_of_a_fabricated_run(browser, fabricated_run, tmp_path):
     assert console_errors(browser) == []
 
 
+WINDOW = (1400, 900)
+"""The window the report must fit (issue 23: it was 3,292 px wide in this window)."""
+GREEN, RED = "rgba(26, 127, 26, 1)", "rgba(187, 34, 34, 1)"  # .better / .best, .worse / .worst
+
+
+def fits_the_window(driver) -> tuple[int, int]:
+    """(page width, window width) after the page has laid out at :data:`WINDOW`."""
+    return driver.execute_script(
+        "return [Math.max(document.documentElement.scrollWidth, document.body.scrollWidth), window.innerWidth]"
+    )
+
+
+def scrolled_inside(driver) -> int:
+    """How many tables and cards are wider than their box (they scroll inside it instead of widening the page)."""
+    return driver.execute_script(
+        "return [...document.querySelectorAll('.scroll, .card')].filter((e) => e.scrollWidth > e.clientWidth).length"
+    )
+
+
+@pytest.fixture
+def wide_run(fabricated_run, tmp_path):
+    """The fabricated run with 40 more columns in its tables, long stage names and counts (as a full demo has)."""
+    run = tmp_path / "wide"
+    shutil.copytree(fabricated_run, run)
+    results = json.loads((run / "results.json").read_text())
+    halluc = {"human": 0.0, "mle": 0.7, "smile": 0.2, "blip_x": 0.4}  # lower is better: smile best, mle worst
+    for k, (stage, row) in enumerate(results.items()):
+        row.update({f"listener/RD{n}/R@1_expected_with_a_long_name": 0.1 * k + n / 100 for n in range(40)})
+        row.update({"Vocab usage": 54.0 + k, "faith/halluc_rate": halluc[stage], "bag3/n": 99.0})
+    results["a_stage_with_a_very_long_name_" * 3] = dict(results["mle"], Length=5.0, **{"faith/halluc_rate": 0.5})
+    (run / "results.json").write_text(json.dumps(results))
+    return run
+
+
+def test_report_fits_the_window_colours_by_direction_and_prints_counts(browser, wide_run, tmp_path):
+    out = write_report(wide_run, tmp_path / "wide.html", items=["demo.quick=true"], retrieval=False)
+    browser.set_window_size(*WINDOW)
+    try:
+        browser.get(out.resolve().as_uri())
+        width, window = fits_the_window(browser)
+        assert width <= window, f"the page is {width} px wide in a {window} px window"
+        assert scrolled_inside(browser) >= 1  # the wide table is there, scrolling in its own box
+        # Counts print as integers, fractions with 3 decimals.
+        table = browser.find_elements(By.CSS_SELECTOR, "table.sortable")[0]
+        headers = [th.text for th in table.find_elements(By.TAG_NAME, "th")]
+        column = [r.find_elements(By.TAG_NAME, "td")[headers.index("Vocab usage ↑")].text
+                  for r in table.find_elements(By.CSS_SELECTOR, "tbody tr")]  # fmt: skip
+        assert column[:3] == ["54", "55", "56"]
+        bag3 = next(t for t in browser.find_elements(By.CSS_SELECTOR, "table.sortable") if "bag3/n" in t.text)
+        assert "99" in bag3.text.split() and "99.000" not in bag3.text
+        # Lower hallucination is better: the stage with the lowest rate is green, the highest red (human unranked).
+        faith = next(t for t in browser.find_elements(By.CSS_SELECTOR, "table.sortable") if "halluc_rate" in t.text)
+        headers = [th.text for th in faith.find_elements(By.TAG_NAME, "th")]
+        assert "faith/halluc_rate ↓" in headers and "faith/precision ↑" in headers
+        cells = {r.find_elements(By.TAG_NAME, "td")[0].text: r.find_elements(By.TAG_NAME, "td")[headers.index(
+            "faith/halluc_rate ↓")] for r in faith.find_elements(By.CSS_SELECTOR, "tbody tr")}  # fmt: skip
+        assert cells["smile"].text == "0.200" and cells["smile"].value_of_css_property("color") == GREEN
+        assert cells["mle"].text == "0.700" and cells["mle"].value_of_css_property("color") == RED
+        assert cells["human"].value_of_css_property("color") not in (GREEN, RED)  # a reference: not ranked
+        # The SMILE headline: more recall is green, less precision red, length (no direction) neither.
+        rows = browser.find_element(By.ID, "headlines").find_elements(By.CSS_SELECTOR, "tr")[1:]
+        diffs = {r.find_elements(By.TAG_NAME, "td")[0].text: r.find_elements(By.TAG_NAME, "td")[3] for r in rows}
+        assert diffs["faith/recall ↑"].value_of_css_property("color") == GREEN  # 0.5 vs 0.2
+        assert diffs["faith/precision ↑"].value_of_css_property("color") == RED  # 0.8 vs 0.9
+        assert diffs["Length"].value_of_css_property("color") not in (GREEN, RED)
+        # Quick: a banner above every number, and in the title.
+        banner = browser.find_element(By.ID, "quick")
+        assert banner.is_displayed() and "these are not results" in banner.text
+        assert banner.location["y"] < browser.find_element(By.ID, "results").location["y"]
+        assert browser.title.endswith("(quick run)")
+        assert console_errors(browser) == []
+    finally:
+        browser.set_window_size(1200, 900)
+
+
 @pytest.mark.slow
 def test_report_of_a_quick_demo_run(browser, quick_demo_run, tmp_path):
     run_dir, _ = quick_demo_run
@@ -119,6 +196,16 @@ def test_report_of_a_quick_demo_run(browser, quick_demo_run, tmp_path):
         for outcomes in per_stage.values():
             # rank 1 (no bag image scores as high as the caption's own) means the top-scoring image is its own
             assert all(o["rank"] >= 1 and (o["rank"] > 1 or o["retrieved"] == o["image"]) for o in outcomes)
+    assert browser.find_element(By.ID, "quick").is_displayed()  # the quick run says so above its numbers
+    assert all("." not in cell.text for cell in browser.find_elements(By.XPATH, "//table[contains(@class, 'sortable')]"
+               "//td[count(preceding-sibling::td) + 1 = count(//th[starts-with(., 'Vocab usage')]"
+               "/preceding-sibling::th) + 1]"))  # fmt: skip
+    browser.set_window_size(*WINDOW)
+    try:
+        width, window = fits_the_window(browser)
+        assert width <= window, f"the quick demo's report is {width} px wide in a {window} px window"
+    finally:
+        browser.set_window_size(1200, 900)
     screenshot(browser, "report.png", tmp_path)
     gallery = browser.find_elements(By.CSS_SELECTOR, "#gallery ~ .card")[0]
     browser.execute_script("arguments[0].scrollIntoView()", gallery)

@@ -5,10 +5,12 @@ import json
 import pytest
 
 from finecap.app.report import main as write_report
+from finecap.report.columns import better, column_info, direction, format_difference, format_value
 from finecap.report.gallery import select_images
-from finecap.report.html import headline_comparisons, results_tables
+from finecap.report.html import HEADLINES, headline_comparisons, results_tables
 from finecap.report.plots import bag_recall_curves, curve_panels, length_histograms, precision_recall
 from finecap.report.run import read_run
+from finecap.report.table import markdown_table
 
 ROWS = {
     "human": {"Length": 9.0, "bag3/R@1": 0.7},
@@ -29,6 +31,7 @@ def test_tables_group_columns_by_prefix_and_keep_every_stage():
     assert [s for s, _ in tables["transfer"].rows] == ["new_thing"]  # a column group no code names
     cells = dict(tables["caption"].rows)
     assert [c.text for c in cells["smile"]] == ["12.000", "-"] and cells["smile"][0].value == 12.0
+    assert [c.text for c in dict(tables["bag3"].rows)["mle"]] == ["0.777", "99"]  # a count: no decimals
     # SMILE vs MLE highlighted on Length; human has no role.
     assert cells["smile"][0].role == "headline" and cells["mle"][0].role == "baseline" and cells["human"][0].role == ""
 
@@ -38,7 +41,7 @@ def test_headlines_compute_differences_and_skip_absent_stages():
     # DiscriTune and NDLB name stages that are absent: skipped without error.
     assert set(heads) == {"SMILE", "Sequence-level exploration"}
     smile = {i["column"]: i for i in heads["SMILE"]["items"]}
-    assert smile["Length"]["diff"] == "+4.500" and smile["Length"]["better"]  # 12.0 - 7.5
+    assert smile["Length"]["diff"] == "+4.500" and smile["Length"]["better"] is None  # 12.0 - 7.5; no direction
     assert smile["faith/precision"]["diff"] == "-0.158" and not smile["faith/precision"]["better"]  # 0.827 - 0.985
     assert smile["RD99/R@1"]["diff"] == "+0.120"  # 0.95 - 0.83
     sle = {i["column"]: i for i in heads["Sequence-level exploration"]["items"]}
@@ -111,3 +114,70 @@ def test_cli_report_and_review_errors(fabricated_run, tmp_path, capsys):
     bags = fabricated_run / "bags_test.json"
     assert main(["bags", "review", str(bags), "--images", str(tmp_path / "nowhere")]) == 2
     assert "--images" in capsys.readouterr().err
+
+
+def test_every_column_the_toolkit_writes_has_a_declared_meaning():
+    """The one table of directions covers the demo's columns and the suite's metric names (a new metric must be
+    added there, with its direction, before the report can colour it)."""
+    from finecap.app import demo
+
+    columns = [c.replace("RD/", "RD19/") for c in [*demo.COLUMNS, *demo.LISTENER_COLUMNS, *demo.DIVERSITY_COLUMNS]]
+    columns += ["BLEU-1", "ROUGE-L", "METEOR", "SPICE", "RefCLIPScore", "ClipSc", "Div-1", "faith/precision_micro",
+                "faith/hallucinated", "faith/halluc/color", "faith/facts", "RD19/mean_rank", "pool/median_rank",
+                "bag5/n", "listener/RD19/R@1_expected", "perplexity", "perplexity/nll", "perplexity/tokens",
+                "Bleu_4", "CIDEr", "ROUGE_L", "true facts", "false facts", "transfer/acc"]  # fmt: skip
+    assert [c for c in columns if column_info(c) is None] == []
+    lower = ["faith/halluc_rate", "faith/hallucinated", "faith/halluc/color", "false facts", "sample/mBLEU-4",
+             "beam/mBLEU-4", "RD19/mean_rank", "pool/median_rank", "listener/RD19/tie_rate", "listener/RD19/exploit",
+             "listener/bag3/tie_rate", "listener/bag3/exploit", "perplexity", "perplexity/nll"]  # fmt: skip
+    assert [c for c in lower if direction(c) != "lower"] == []
+    neutral = ["Length", "faith/facts", "bag5/n", "perplexity/tokens"]
+    assert [c for c in neutral if direction(c) is not None] == []
+    higher = [c for c in columns if c not in lower and c not in neutral]
+    assert [c for c in higher if direction(c) != "higher"] == []
+    for h in HEADLINES:  # every headline metric pattern names columns with a declared meaning
+        assert all(column_info(p.replace("*", "3")) is not None for p in h.metrics), h.paper
+
+
+def test_numbers_print_as_integers_where_they_count():
+    assert format_value(54.0, "Vocab usage") == "54" and format_value(54, "Length") == "54"
+    assert format_value(54.5, "Vocab usage") == "54.500"  # not a whole number: shown as it is
+    assert format_value(13.0, "Length") == "13.000"  # a mean that happens to be whole keeps its decimals
+    assert format_value(True, "x") == "True" and format_value(None, "x") == "-"
+    assert format_difference(60.0, 54.0, "Vocab usage") == "+6" and format_difference(5.0, 5.0, "bag3/n") == "±0"
+    assert format_difference(0.2999, 0.3, "CIDEr-D") == "±0.000" and format_difference(0.2, 0.5, "CIDEr-D") == "-0.300"
+    rows = {"mle": {"Vocab usage": 54.0, "faith/hallucinated": 12.0, "bag3/n": 99.0, "CIDEr-D": 1.0}}
+    assert markdown_table(rows).splitlines()[-1] == "| mle | 54 | 12 | 99 | 1.000 |"
+    # Rows that are metrics (finecap eval's table): each row formatted as its metric.
+    table = markdown_table({"Vocab usage": {"value": 54.0}, "CIDEr-D": {"value": 1.0}}, row_header="metric")
+    assert table.splitlines()[2:] == ["| Vocab usage | 54 |", "| CIDEr-D | 1.000 |"]
+
+
+def test_colours_follow_each_metrics_direction():
+    # Lower hallucination is better: a fall is green, a rise red; a higher recall is better.
+    assert better(0.2, 0.5, "faith/halluc_rate") is True and better(0.5, 0.2, "faith/halluc_rate") is False
+    assert better(0.6, 0.4, "faith/recall") is True and better(30.0, 20.0, "perplexity") is False
+    assert better(9.0, 3.0, "Length") is None and better(0.5, 0.5, "CIDEr-D") is None
+    rows = {"human": {"faith/halluc_rate": 0.0, "faith/recall": 0.9, "Length": 9.0},
+            "mle": {"faith/halluc_rate": 0.5, "faith/recall": 0.2, "Length": 3.0},
+            "smile": {"faith/halluc_rate": 0.2, "faith/recall": 0.6, "Length": 12.0},
+            "sle": {"faith/halluc_rate": 0.3, "faith/recall": 0.6, "Length": 7.0}}  # fmt: skip
+    tables = {t.name: t for t in results_tables(rows)}
+    assert tables["faith"].directions == ["lower", "higher"] and tables["caption"].directions == [None]
+    marks = {stage: [c.rank for c in cells] for stage, cells in tables["faith"].rows}
+    # halluc_rate: smile (0.2) best, mle (0.5) worst; recall: smile and sle tie for best; human is not ranked
+    assert marks == {"human": ["", ""], "mle": ["worst", "worst"], "smile": ["best", "best"], "sle": ["", "best"]}
+    assert all(c.rank == "" for _, cells in tables["caption"].rows for c in cells)  # Length: no direction
+    heads = {h["paper"]: h for h in headline_comparisons(ROWS)}
+    sle = {i["column"]: i for i in heads["Sequence-level exploration"]["items"]}
+    assert sle["sample/mBLEU-4"]["direction"] == "lower" and sle["sample/mBLEU-4"]["better"]
+
+
+def test_a_quick_run_is_labelled_in_the_report(fabricated_run, tmp_path):
+    plain = write_report(fabricated_run, tmp_path / "plain.html", retrieval=False).read_text()
+    assert 'id="quick"' not in plain and "(quick run)" not in plain
+    quick = write_report(fabricated_run, tmp_path / "quick.html", items=["demo.quick=true"], retrieval=False)
+    html = quick.read_text()
+    assert "<title>finecap report: run0 (quick run)</title>".replace("run0", fabricated_run.name) in html
+    assert 'id="quick"' in html and "these are not results" in html
+    assert html.index('id="quick"') < html.index('id="results"')  # above every number

@@ -43,7 +43,7 @@ from finecap.models.backbones import load_captioner
 from finecap.models.retriever import load_retriever
 from finecap.recipes import resolve_recipe
 from finecap.report.plots import length_curves
-from finecap.report.table import markdown_table
+from finecap.report.table import QUICK_TITLE, markdown_table
 from finecap.train.checkpoint import model_dir
 from finecap.utils import atomic_write_text, read_json, write_json
 from finecap.world.make import load_scenes, make_world
@@ -282,6 +282,8 @@ def stage_report(demo: Demo) -> dict[str, dict[str, float]]:
     if plot is not None:
         print(f"wrote {plot}")
     write_json(demo.run_dir / "results.json", rows)
+    if demo.quick:  # labelled wherever its numbers appear: here, results.md and the report's banner
+        table = f"{QUICK_TITLE}\n\n{table}"
     atomic_write_text(demo.run_dir / "results.md", table + "\n")
     print(table)
     write_report(demo.run_dir)
@@ -305,6 +307,7 @@ def main(cfg: Config, items: list[str] | None = None, quick: bool | None = None)
         raise ValueError(f"demo.stages: unknown stage(s) {unknown}; valid stages: {', '.join(STAGES)}")
     quick = cfg.demo.quick if quick is None else quick
     run_dir = Path(cfg.run.dir) if cfg.run.dir else Path(cfg.run.root) / "demo"
+    cfg = dataclasses.replace(cfg, demo=dataclasses.replace(cfg.demo, quick=quick))  # config.yaml says quick
     demo = Demo(cfg=cfg, items=list(items or []), quick=quick, run_dir=run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     cfg.save(run_dir / "config.yaml")

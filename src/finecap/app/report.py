@@ -17,6 +17,10 @@ files, also inlined in the page), and renders (:mod:`finecap.report.html`):
   also saved as ``<run_dir>/bag_outcomes.json`` (``{"outcomes": {"<size>/<index>": {stage: [{"image", "caption",
   "retrieved", "rank"}, ...]}}}``).
 
+Numbers and colours follow :mod:`finecap.report.columns` (counts as integers; green / red = better / worse by each
+metric's direction). A run of ``finecap demo --quick`` (``demo.quick: true`` in its ``config.yaml``) is labelled a
+quick run in the title and a banner above every number.
+
 The data set, scene graphs and retriever come from the run's ``config.yaml`` (overrides as ``key=value`` after the
 run directory, e.g. ``world.out=data/world``); a part whose inputs are missing is left out with a message.
 """
@@ -36,7 +40,14 @@ from finecap.data.fingerprint import check_run_dir
 from finecap.data.formats import Record
 from finecap.data.references import load_references
 from finecap.report.gallery import bag_outcomes, check_facts, select_images
-from finecap.report.html import headline_comparisons, image_uri, png_uri, render_report, results_tables
+from finecap.report.html import (
+    REFERENCE_ROWS,
+    headline_comparisons,
+    image_uri,
+    png_uri,
+    render_report,
+    results_tables,
+)
 from finecap.report.plots import bag_recall_curves, length_curves, length_histograms, precision_recall, training_curves
 from finecap.report.run import RunData, read_run
 from finecap.utils import read_json, write_json
@@ -170,6 +181,8 @@ def main(
         "run_dir": str(run.run_dir),
         "generated": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"),
         "stages": run.stages,
+        "quick": cfg.demo.quick,
+        "reference_rows": [r for r in REFERENCE_ROWS if r in run.results],
         "headlines": headline_comparisons(run.results),
         "tables": results_tables(run.results),
         "plots": plots,

@@ -8,6 +8,12 @@ Tables (:func:`results_tables`) are generic: a results column ``prefix/name`` go
 (``faith``, ``RD99``, ``bag3``, ``sample``, ...), other columns to the first table, and each table lists the stages
 that have at least one of its columns. Headline comparisons (:data:`HEADLINES`) name stages and metric patterns;
 those absent from the results are skipped silently.
+
+Colours follow each column's direction (:mod:`finecap.report.columns`, the one place that defines it): a headline
+difference is green when the method is better than its baseline and red when worse (so a fall in hallucination rate
+is green); in the results tables the best stage of a column is green and the worst red, reference rows (the human
+captions) left out of that ranking; a column without a direction (caption length) is not coloured. Numbers print
+with :func:`~finecap.report.columns.format_value` (counts as integers).
 """
 
 from __future__ import annotations
@@ -22,6 +28,7 @@ from typing import Any
 
 import jinja2
 
+from finecap.report.columns import better, direction, format_difference, format_value
 from finecap.utils import atomic_write_text
 
 TEMPLATES = Path(__file__).parent / "templates"
@@ -30,25 +37,27 @@ MAIN_TABLE = "caption"
 """Table of the results columns without a ``prefix/``."""
 
 
+REFERENCE_ROWS = ("human",)
+"""Rows that are references, not methods: shown, but not ranked best / worst."""
+
+
 @dataclass(frozen=True)
 class Headline:
     """A paper's headline comparison: ``stage`` against ``baseline`` on the columns matching ``metrics``
-    (``fnmatch`` patterns such as ``RD*/R@1``); more is better except on ``lower_is_better`` patterns."""
+    (``fnmatch`` patterns such as ``RD*/R@1``); which is better follows each column's direction."""
 
     paper: str
     claim: str
     baseline: str
     stage: str
     metrics: tuple[str, ...]
-    lower_is_better: tuple[str, ...] = ()
 
 
 HEADLINES: tuple[Headline, ...] = (
     Headline("SMILE", "SMILE makes captions longer and more descriptive than MLE (Table 1)", "mle", "smile",
              ("Length", "Lexical diversity", "RD*/R@1", "faith/recall", "faith/precision", "CIDEr-D")),
     Headline("Sequence-level exploration", "exploration keeps sampled captions diverse at similar CIDEr-D (Table 4)",
-             "scst", "sle", ("sample/Div-1", "sample/Div-2", "sample/mBLEU-4", "sample/CIDEr-D", "CIDEr-D"),
-             lower_is_better=("*mBLEU-4",)),
+             "scst", "sle", ("sample/Div-1", "sample/Div-2", "sample/mBLEU-4", "sample/CIDEr-D", "CIDEr-D")),
     Headline("DiscriTune", "discriminative fine-tuning raises self-retrieval over MLE", "mle", "discritune",
              ("RD*/R@1", "bag*/R@1", "CIDEr-D")),
     Headline("No Detail Left Behind", "SR fine-tuning with BagCurri raises TrueMatch retrieval over MLE",
@@ -61,6 +70,7 @@ class Cell:
     text: str
     value: float | None = None
     role: str = ""  # "headline" (compared stage), "baseline", or ""
+    rank: str = ""  # "best" or "worst" of its column by the column's direction, or ""
 
 
 @dataclass
@@ -69,14 +79,10 @@ class Table:
     columns: list[str]
     rows: list[tuple[str, list[Cell]]] = field(default_factory=list)
 
-
-def fmt(value: Any) -> str:
-    """Numbers as the Markdown table prints them (3 decimals for floats); None as ``-``."""
-    if value is None:
-        return "-"
-    if isinstance(value, float):
-        return f"{value:.3f}"
-    return str(value)
+    @property
+    def directions(self) -> list[str | None]:
+        """Each column's better direction (``"higher"``, ``"lower"``, None)."""
+        return [direction(c) for c in self.columns]
 
 
 def _matches(column: str, patterns: Sequence[str]) -> bool:
@@ -111,21 +117,36 @@ def headline_comparisons(rows: Mapping[str, Mapping[str, Any]]) -> list[dict[str
                 or not isinstance(base, int | float)
             ):
                 continue
-            diff = float(value) - float(base)
-            if abs(diff) < 5e-4:  # equal at the 3 decimals shown: neither better nor worse
-                items.append({"column": column, "baseline": fmt(base), "value": fmt(value), "diff": "±0.000",
-                              "better": None})  # fmt: skip
-                continue
-            better = diff < 0 if _matches(column, h.lower_is_better) else diff > 0
-            items.append({"column": column, "baseline": fmt(base), "value": fmt(value), "diff": f"{diff:+.3f}",
-                          "better": better})  # fmt: skip
+            items.append({"column": column, "baseline": format_value(base, column),
+                          "value": format_value(value, column), "diff": format_difference(value, base, column),
+                          "better": better(value, base, column), "direction": direction(column)})  # fmt: skip
         if items:
             out.append({"paper": h.paper, "claim": h.claim, "stage": h.stage, "baseline": h.baseline, "items": items})
     return out
 
 
-def results_tables(rows: Mapping[str, Mapping[str, Any]]) -> list[Table]:
-    """One table per column prefix (module docstring), columns in first-seen order, headline cells marked."""
+def _rank(table: Table, reference_rows: Sequence[str]) -> None:
+    """Mark the best and worst cell of each column with a direction, among the rows that are not references (ties at
+    the precision shown share the mark; nothing is marked when all are equal)."""
+    for j, column in enumerate(table.columns):
+        side = direction(column)
+        cells = [cells[j] for stage, cells in table.rows if stage not in reference_rows and cells[j].value is not None]
+        if side is None or len({c.text for c in cells}) < 2:
+            continue
+        values = [c.value for c in cells]
+        best, worst = (max(values), min(values)) if side == "higher" else (min(values), max(values))
+        for cell in cells:
+            if cell.text == format_value(best, column):
+                cell.rank = "best"
+            elif cell.text == format_value(worst, column):
+                cell.rank = "worst"
+
+
+def results_tables(
+    rows: Mapping[str, Mapping[str, Any]], reference_rows: Sequence[str] = REFERENCE_ROWS
+) -> list[Table]:
+    """One table per column prefix (module docstring), columns in first-seen order, headline cells marked, the best
+    and worst cell of each column with a direction marked (``reference_rows`` are not ranked)."""
     groups: dict[str, list[str]] = {MAIN_TABLE: []}
     for values in rows.values():
         for column in values:
@@ -145,8 +166,9 @@ def results_tables(rows: Mapping[str, Mapping[str, Any]]) -> list[Table]:
             for c in columns:
                 v = values.get(c)
                 number = float(v) if isinstance(v, int | float) and not isinstance(v, bool) else None
-                cells.append(Cell(fmt(v), number, roles.get((stage, c), "")))
+                cells.append(Cell(format_value(v, c), number, roles.get((stage, c), "")))
             table.rows.append((stage, cells))
+        _rank(table, reference_rows)
         tables.append(table)
     return tables
 
@@ -177,7 +199,7 @@ def environment() -> jinja2.Environment:
     env = jinja2.Environment(
         loader=jinja2.FileSystemLoader(TEMPLATES), autoescape=True, undefined=jinja2.StrictUndefined
     )
-    env.filters["fmt"] = fmt
+    env.filters["fmt"] = format_value
     return env
 
 

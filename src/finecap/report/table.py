@@ -1,26 +1,32 @@
 """Results tables: ``{row: {metric: value}}`` mappings rendered as Markdown and saved as JSON.
 
+Numbers print with :func:`finecap.report.columns.format_value`: 3 decimals, counts (``bag3/n``, ``Vocab usage``) as
+integers.
+
 Example::
 
     >>> print(markdown_table({"mle": {"length": 7.25, "R@1": 0.5}}, columns=["length", "R@1"]))
     | stage | length | R@1 |
     | --- | --- | --- |
     | mle | 7.250 | 0.500 |
+    >>> print(markdown_table({"Vocab usage": {"value": 54.0}, "CIDEr-D": {"value": 1.0}}, row_header="metric"))
+    | metric | value |
+    | --- | --- |
+    | Vocab usage | 54 |
+    | CIDEr-D | 1.000 |
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
+from finecap.report.columns import column_info, format_value
 
-def _fmt(value: object) -> str:
-    if isinstance(value, bool) or value is None:
-        return "-" if value is None else str(value)
-    if isinstance(value, int):
-        return str(value)
-    if isinstance(value, float):
-        return f"{value:.3f}"
-    return str(value)
+QUICK_TITLE = (
+    "QUICK RUN (finecap demo --quick): a tiny world and a few training steps per stage, to check that the pipeline "
+    "runs. These numbers are not results."
+)
+"""The title above every table of a quick run's numbers (stdout, ``results.md``; the report shows a banner)."""
 
 
 def markdown_table(
@@ -33,5 +39,7 @@ def markdown_table(
             columns += [c for c in values if c not in columns]
     lines = ["| " + " | ".join([row_header, *columns]) + " |", "| " + " | ".join(["---"] * (len(columns) + 1)) + " |"]
     for name, values in rows.items():
-        lines.append("| " + " | ".join([name, *(_fmt(values.get(c)) for c in columns)]) + " |")
+        # A cell is formatted as its column's metric, or as its row's when the rows are the metrics (finecap eval).
+        cells = [format_value(values.get(c), c if column_info(c) is not None else name) for c in columns]
+        lines.append("| " + " | ".join([name, *cells]) + " |")
     return "\n".join(lines)
