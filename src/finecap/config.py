@@ -104,7 +104,9 @@ class RunConfig:
     root: str = doc("runs", "Folder holding run directories.")
     dir: str = doc("", "Explicit run directory (overrides root/name when non-empty).")
     seed: int = doc(0, "Global random seed (torch, numpy, python).")
-    cache_dir: str = doc("runs/cache", "Where trained world encoders and frozen-feature caches are kept.")
+    cache_dir: str = doc(
+        "", "Folder of the reusable caches (world encoders, frozen features); empty = <finecap home>/cache."
+    )
 
     @property
     def path(self) -> Path:
@@ -123,7 +125,8 @@ class WorldConfig:
     pattern_prob: float = doc(0.3, "Probability that an object carries a pattern (stripes, dots, ...).")
     families: int = doc(0, "Scene-family size: 0 = off; k >= 2 = groups of k scenes differing in one detail.")
     shift: WorldShift = doc("none", "Domain of the world: none = training domain; domain = the shifted test domain.")
-    out: str = doc("data/world", "Folder the world data set is written to (and read from by later stages).")
+    out: str = doc("", "Folder of the world data set; empty = <finecap home>/worlds/<world key> (FINECAP_HOME).")
+    overwrite: bool = doc(False, "Replace another finecap world at world.out (only files finecap made); never others.")
 
     def __post_init__(self) -> None:
         for key in ("n_train", "n_val", "n_test"):

@@ -10,9 +10,20 @@ from PIL import Image
 from finecap.app.world import main
 from finecap.config import WorldConfig, load
 from finecap.data.formats import read_dataset
+from finecap.home import world_path
 from finecap.world.captions import vocabulary
 from finecap.world.facts import faithfulness, scene_facts
-from finecap.world.make import load_scene_records, load_scenes, make_world, world_key
+from finecap.world.make import (
+    MARKER,
+    WorldFolderError,
+    check_world_folder,
+    is_complete,
+    load_scene_records,
+    load_scenes,
+    make_world,
+    world_key,
+    world_record,
+)
 from finecap.world.render import render
 from finecap.world.scene import VARIANTS, sample_family, scene_diff
 
@@ -117,20 +128,168 @@ def _assert_one_fact_level_detail(a, b, variant: str) -> None:
         assert kinds == {variant} and len(shapes) == 1 and len(changed) == 2  # old value out, new value in
 
 
-def test_reuse_and_rebuild(tmp_path):
+def _snapshot(folder: Path) -> dict[str, bytes]:
+    """Every file under ``folder`` (relative path -> bytes)."""
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def test_same_world_is_reused(tmp_path):
     cfg = _cfg(n_train=4, n_val=2, n_test=2)
     out = make_world(cfg, tmp_path / "w", progress=False)
+    assert json.loads((out / MARKER).read_text())["key"] == world_key(cfg)  # the folder is marked finecap's
     stamp = (out / "images" / "train" / "000000.png").stat().st_mtime_ns
+    assert check_world_folder(cfg, out) is True
     assert make_world(cfg, out, progress=False) == out
     assert (out / "images" / "train" / "000000.png").stat().st_mtime_ns == stamp  # skipped
-    first = (out / "dataset.json").read_text()
-    cfg2 = _cfg(n_train=4, n_val=2, n_test=2, seed=4)
-    assert world_key(cfg2) != world_key(cfg)
-    make_world(cfg2, out, progress=False)
-    assert (out / "dataset.json").read_text() != first
-    assert sorted(p.name for p in (out / "images" / "train").iterdir()) == [f"{i:06d}.png" for i in range(4)]
-    # the key ignores the output folder only
-    assert world_key(_cfg(n_train=4, n_val=2, n_test=2, out="elsewhere")) == world_key(cfg)
+    # the key ignores the output folder and the overwrite switch only
+    assert world_key(_cfg(n_train=4, n_val=2, n_test=2, out="elsewhere", overwrite=True)) == world_key(cfg)
+
+
+def test_other_world_is_refused_with_the_settings_that_differ(tmp_path):
+    out = make_world(_cfg(n_train=4, n_val=2, n_test=2), tmp_path / "w", progress=False)
+    before = _snapshot(out)
+    other = _cfg(n_train=6, n_val=2, n_test=2, seed=4)
+    with pytest.raises(WorldFolderError) as e:
+        make_world(other, out, progress=False)
+    message = str(e.value)
+    assert f"world.out={out} holds another finecap world" in message
+    assert "world.n_train: 4 -> 6" in message and "world.seed: 3 -> 4" in message
+    assert "world.image_size" not in message  # only what differs
+    assert "world.out=DIR" in message and "--force" in message and "world.overwrite=true" in message
+    assert _snapshot(out) == before  # nothing touched
+
+
+def test_overwrite_removes_only_the_files_finecap_made(tmp_path):
+    out = make_world(_cfg(n_train=4, n_val=2, n_test=2), tmp_path / "w", progress=False)  # imgids 0-7
+    user = {"notes.txt": b"my notes\n", "images/train/mine.jpg": b"\xff\xd8 jpeg", "images/extra/x.png": b"png",
+            "images/val/cat.png": b"not finecap's"}  # fmt: skip
+    for name, data in user.items():
+        (out / name).parent.mkdir(parents=True, exist_ok=True)
+        (out / name).write_bytes(data)
+    new = _cfg(n_train=2, n_val=1, n_test=1, seed=4)  # imgids 0-3
+    assert make_world(new, out, progress=False, overwrite=True) == out
+    for name, data in user.items():
+        assert (out / name).read_bytes() == data, name
+    assert sorted(p.name for p in (out / "images" / "train").iterdir()) == ["000000.png", "000001.png", "mine.jpg"]
+    assert sorted(p.name for p in (out / "images" / "val").iterdir()) == ["000002.png", "cat.png"]
+    assert sorted(p.name for p in (out / "images" / "test").iterdir()) == ["000003.png"]
+    assert json.loads((out / "world.json").read_text())["key"] == world_key(new)
+    assert json.loads((out / MARKER).read_text())["key"] == world_key(new)
+    assert len(read_dataset("world", out)) == 4
+    assert check_world_folder(new, out) is True
+    # world.overwrite in the configuration does the same as the argument
+    back = _cfg(n_train=4, n_val=2, n_test=2, overwrite=True)
+    make_world(back, out, progress=False)
+    assert len(read_dataset("world", out)) == 8 and (out / "notes.txt").read_bytes() == user["notes.txt"]
+
+
+def test_folder_finecap_did_not_make_is_refused_even_with_overwrite(tmp_path):
+    folder = tmp_path / "mine"
+    (folder / "images" / "train2014").mkdir(parents=True)
+    (folder / "images" / "train2014" / "COCO_1.jpg").write_bytes(b"\xff\xd8 a photo")
+    (folder / "dataset.json").write_text('{"images": []}')
+    before = _snapshot(folder)
+    for overwrite in (False, True):
+        with pytest.raises(WorldFolderError, match="not empty and is not a finecap world"):
+            make_world(_cfg(n_train=2, n_val=1, n_test=1), folder, progress=False, overwrite=overwrite)
+    assert _snapshot(folder) == before and sorted(p.name for p in folder.iterdir()) == ["dataset.json", "images"]
+    (tmp_path / "a-file").write_text("x")
+    with pytest.raises(WorldFolderError, match="a file, not a folder"):
+        make_world(_cfg(n_train=2, n_val=1, n_test=1), tmp_path / "a-file", progress=False)
+    assert (tmp_path / "a-file").read_text() == "x"
+
+
+def test_world_whose_images_link_elsewhere_is_never_written(tmp_path):
+    """A `finecap boost` copy of a world links its images to the source world: replacing or completing it would write
+    (and remove) the source's images through the link."""
+    source = make_world(_cfg(n_train=2, n_val=1, n_test=1), tmp_path / "source", progress=False)
+    copy = tmp_path / "copy"
+    copy.mkdir()
+    for name in ("dataset.json", "scenes.jsonl", "dense.json", "world.json"):
+        (copy / name).write_bytes((source / name).read_bytes())
+    (copy / "images").symlink_to(source / "images", target_is_directory=True)
+    before = _snapshot(source)
+    assert check_world_folder(_cfg(n_train=2, n_val=1, n_test=1), copy) is True  # reading it is fine
+    with pytest.raises(WorldFolderError, match="images folder is a link"):
+        make_world(_cfg(n_train=3, n_val=1, n_test=1), copy, progress=False, overwrite=True)
+    (copy / "dataset.json").unlink()  # incomplete: completing it would write through the link too
+    with pytest.raises(WorldFolderError, match="images folder is a link"):
+        make_world(_cfg(n_train=2, n_val=1, n_test=1), copy, progress=False)
+    assert _snapshot(source) == before
+
+
+def test_empty_folder_is_made(tmp_path):
+    (tmp_path / "empty").mkdir()
+    cfg = _cfg(n_train=2, n_val=1, n_test=1)
+    assert check_world_folder(cfg, tmp_path / "empty") is False
+    assert check_world_folder(cfg, tmp_path / "missing") is False
+    assert is_complete(make_world(cfg, tmp_path / "empty", progress=False), world_key(cfg))
+
+
+def test_interrupted_world_is_finecap_s_and_completed(tmp_path, monkeypatch):
+    import finecap.world.make as wm
+
+    cfg = _cfg(n_train=3, n_val=1, n_test=1)
+    calls = []
+
+    def render_then_fail(scene, size):
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        calls.append(scene.id)
+        return render(scene, size)
+
+    monkeypatch.setattr(wm, "render", render_then_fail)
+    with pytest.raises(KeyboardInterrupt):
+        make_world(cfg, tmp_path / "w", progress=False)
+    monkeypatch.undo()
+    out = tmp_path / "w"
+    assert (out / MARKER).exists() and not (out / "world.json").exists()  # marker first, world.json last
+    assert check_world_folder(cfg, out) is False  # the same world, unfinished: make_world completes it
+    other = _cfg(n_train=2, n_val=1, n_test=1)
+    with pytest.raises(WorldFolderError, match="world.n_train: 3 -> 2"):  # still a finecap world, another one
+        make_world(other, out, progress=False)
+    make_world(cfg, out, progress=False)
+    assert is_complete(out, world_key(cfg)) and len(read_dataset("world", out)) == 5
+
+
+def test_world_made_before_markers_is_recognised(tmp_path):
+    cfg = _cfg(n_train=2, n_val=1, n_test=1)
+    out = make_world(cfg, tmp_path / "w", progress=False)
+    (out / MARKER).unlink()  # as written by finecap before the marker existed: world.json names the world
+    assert world_record(out)["key"] == world_key(cfg)
+    assert make_world(cfg, out, progress=False) == out and not (out / MARKER).exists()  # reused as it is
+    with pytest.raises(WorldFolderError, match="world.seed: 3 -> 5"):
+        make_world(_cfg(n_train=2, n_val=1, n_test=1, seed=5), out, progress=False)
+    (out / "notes.txt").write_text("keep")
+    make_world(_cfg(n_train=2, n_val=1, n_test=1, seed=5), out, progress=False, overwrite=True)
+    assert (out / "notes.txt").read_text() == "keep" and world_record(out)["config"]["seed"] == 5
+
+
+def test_default_folder_is_in_the_finecap_home(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("FINECAP_HOME", str(tmp_path / "home"))
+    monkeypatch.chdir(tmp_path)
+    cfg = load(None, ["world.n_train=2", "world.n_val=1", "world.n_test=1"])
+    assert cfg.world.out == ""
+    out = main(cfg)
+    assert out == tmp_path / "home" / "worlds" / world_key(cfg.world) == world_path(cfg.world)
+    assert is_complete(out, world_key(cfg.world))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["home"]  # nothing in the working directory
+    assert str(out) in capsys.readouterr().out
+
+
+def test_cli_force_replaces_a_finecap_world(tmp_path, capsys):
+    from finecap.app.cli import main as cli
+
+    out = tmp_path / "w"
+    args = ["world", "make", "--out", str(out), "--n-train", "2", "--n-val", "1", "--n-test", "1"]
+    assert cli(args) == 0
+    (out / "notes.txt").write_text("keep")
+    assert cli([*args, "--seed", "9"]) == 2
+    err = capsys.readouterr().err
+    assert "world.seed: 0 -> 9" in err and "--force" in err
+    assert world_record(out)["config"]["seed"] == 0
+    assert cli([*args, "--seed", "9", "--force"]) == 0
+    assert world_record(out)["config"]["seed"] == 9 and (out / "notes.txt").read_text() == "keep"
 
 
 def test_same_config_gives_identical_files(tmp_path):

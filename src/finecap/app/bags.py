@@ -16,12 +16,14 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from finecap.app.prepare import prepare
 from finecap.config import Config
 from finecap.data.caption_fields import select_captions
 from finecap.data.fingerprint import bags_data_fingerprint
 from finecap.data.formats import hf_options
 from finecap.data.references import load_references
 from finecap.data.truematch import build_bags, family_purity, random_bag_purity, record_embeddings
+from finecap.home import cache_dir
 from finecap.models.retriever import load_retriever
 from finecap.utils import write_json
 
@@ -53,10 +55,12 @@ def main(
     """Bags of ``split`` of ``data`` (default: the configured data set / world), written to ``out``; returns the
     JSON written and prints one line per size (with family purity on a world with families)."""
     size_list = parse_sizes(sizes)
+    if data is None:
+        prepare(cfg, {"data"}, make=False)  # the world checked (never made here) when it is the data
     refs = load_references(cfg, data, split=split, check_images=True)
     records = select_captions(refs.records, cfg.bags.text_from, refs.path, key="bags.text_from")
     retriever = load_retriever(cfg)
-    emb = record_embeddings(retriever, records, cfg.run.cache_dir or None)
+    emb = record_embeddings(retriever, records, cache_dir(cfg.run))
     ids = [r.image_id for r in records]
     bags = build_bags(emb, size_list, ids, similarity=cfg.eval.bag_similarity, device=retriever.device)
     options = hf_options(cfg) if refs.format == "hf" else None

@@ -26,6 +26,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from finecap.app.prepare import prepare
 from finecap.boost.backends import make_backend
 from finecap.boost.engine import MODE_STEPS, AnswerCache, BoostFailed, boost_records
 from finecap.boost.lock import output_lock
@@ -53,6 +54,7 @@ def main(cfg: Config, out: str | Path, progress: bool = True) -> dict[str, Any]:
     out = Path(out)
     source = data_file(cfg)
     check_outputs(cfg.data.format, source, out, cfg.data.images or None)  # before any request or file
+    prepare(cfg, {"data"}, make=False)  # the world checked (never made here) when it is the data
     if not source.exists():
         raise FileNotFoundError(
             f"{source}: data set not found (data.path / world.out; `finecap world make` for the world)"

@@ -2,8 +2,10 @@
 
 Stages (``demo.stages``, run in order; each skips work whose outputs exist unless ``demo.force``):
 
-- ``world``: generate the synthetic world (``world.*``) into ``world.out``.
-- ``retriever``: train the world encoder / CLIP retriever, or reuse it from ``run.cache_dir``.
+- ``world``: generate the synthetic world (``world.*``), or reuse it: in ``world.out``, by default in the finecap home
+  (``<home>/worlds/<world key>``, :mod:`finecap.home`), so every demo run on the same settings shares it.
+- ``retriever``: train the world encoder / CLIP retriever, or reuse it from the cache (``run.cache_dir``, by default
+  ``<home>/cache``). Both go through :func:`finecap.app.prepare.prepare`, which says what it makes and where.
 - training stages (:data:`TRAIN_STAGES`): train a captioner with the packaged recipe ``demo/<stage>`` into
   ``<run_dir>/<stage>/`` (starting from the MLE checkpoint where the stage says so), then caption the test split.
   A killed stage resumes from its last checkpoint when re-run.
@@ -31,13 +33,14 @@ from typing import Any
 from finecap.app import demo_vcb
 from finecap.app.bags import main as build_bags
 from finecap.app.demo_transfer import stage_transfer
+from finecap.app.prepare import prepare
 from finecap.app.report import main as write_report
-from finecap.app.retriever import ensure_world_encoder
 from finecap.app.train import train
 from finecap.caption import generate_captions
 from finecap.config import Config, load
 from finecap.data.datasets import load_records
 from finecap.data.formats import read_bags, read_results, write_results
+from finecap.home import world_path
 from finecap.metrics.suite import evaluate
 from finecap.models.backbones import load_captioner
 from finecap.models.retriever import load_retriever
@@ -46,17 +49,17 @@ from finecap.report.plots import length_curves
 from finecap.report.table import QUICK_TITLE, markdown_table
 from finecap.train.checkpoint import model_dir
 from finecap.utils import atomic_write_text, read_json, write_json
-from finecap.world.make import load_scenes, make_world
+from finecap.world.make import load_scenes
 
 # Settings of the default demo that differ from the library defaults (beneath recipes and user overrides).
-# Test captions use beam search (beam 5), as ClipCap, DiscriTune and NDLB evaluate.
+# Test captions use beam search (beam 5), as ClipCap, DiscriTune and NDLB evaluate. The world and the world encoder
+# live in the finecap home, keyed by their settings (world.out and run.cache_dir empty), as every run's do.
 DEFAULT: dict[str, dict[str, Any]] = {
-    "world": {"out": "data/world"},
     "decode": {"strategy": "beam", "beam_size": 5},
 }
 # --quick: a tiny world and a few steps per stage (tests use it); not meant to meet the quality bars.
 QUICK: dict[str, dict[str, Any]] = {
-    "world": {"out": "data/world-quick", "n_train": 300, "n_val": 40, "n_test": 100},
+    "world": {"n_train": 300, "n_val": 40, "n_test": 100},
     "retriever": {"epochs": 2, "batch_size": 64},
     "train": {
         "max_steps": 12,
@@ -145,12 +148,11 @@ def load_demo_config(recipe: str | None, items: list[str], quick: bool) -> Confi
 
 
 def stage_world(demo: Demo) -> None:
-    make_world(demo.cfg.world)
+    print(f"world: {prepare(demo.cfg, {'world'}, make=True).world}")
 
 
 def stage_retriever(demo: Demo) -> None:
-    path = ensure_world_encoder(demo.cfg)
-    print(f"retriever: {path}")
+    print(f"retriever: {prepare(demo.cfg, {'world', 'world_encoder'}, make=True).world_encoder}")
 
 
 def train_stage(stage: str) -> Callable[[Demo], None]:
@@ -241,7 +243,7 @@ def smile_length_plot(demo: Demo) -> Path | None:
 def stage_report(demo: Demo) -> dict[str, dict[str, float]]:
     cfg = demo.cfg
     records = load_records(cfg, "test")
-    scenes_by_imgid = load_scenes(cfg.world.out)
+    scenes_by_imgid = load_scenes(world_path(cfg.world))
     scenes = {r.image_id: scenes_by_imgid[int(r.image_id)] for r in records}
     retriever = load_retriever(cfg)
     bags = test_bags(demo)

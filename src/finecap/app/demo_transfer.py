@@ -2,7 +2,8 @@
 transfer, DiscriTune Sec. 4, Tables 1 and 3-5).
 
 ``finecap demo --stages transfer`` (after the training stages; not in the default list) makes the shifted test world
-(:mod:`finecap.world.shift`, ``world.shift=domain``, written to ``<world.out>-shifted``), captions its test images
+(:mod:`finecap.world.shift`, ``world.shift=domain``: ``<world.out>-shifted``, or its own folder in the finecap home
+when ``world.out`` is empty), captions its test images
 with each trained stage's best checkpoint (beam search as in the report, ``<stage>/captions_shifted_test.json``),
 builds TrueMatch bags on it with the training world's retriever, and scores every stage and the shifted domain's
 own first reference ("human") against the shifted references: BLEU-4, CIDEr-D, faithfulness, the retriever's RD-N
@@ -20,6 +21,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from finecap.app.bags import main as build_bags
+from finecap.app.prepare import prepare
 from finecap.caption import generate_captions
 from finecap.data.formats import read_bags, read_results, write_results
 from finecap.data.references import load_references
@@ -27,7 +29,6 @@ from finecap.metrics.suite import evaluate
 from finecap.models.retriever import load_retriever
 from finecap.report.table import markdown_table
 from finecap.utils import atomic_write_text, write_json
-from finecap.world.make import make_world
 from finecap.world.shift import shifted_world
 
 METRICS = ["length", "bleu", "cider", "faithfulness", "retrieval", "bags", "listener"]
@@ -40,17 +41,17 @@ def stage_transfer(demo: Any, stages: Sequence[str], load_model: Callable[[Any, 
     is a :class:`finecap.app.demo.Demo`, not imported here so that the two modules form no import cycle."""
     cfg = demo.cfg
     world = shifted_world(cfg.world)
-    make_world(world)
+    world_dir = prepare(dataclasses.replace(cfg, world=world), {"world"}, make=True).world
     out_dir = demo.run_dir / "transfer"
     out_dir.mkdir(parents=True, exist_ok=True)
-    refs = load_references(cfg, world.out, split="test", check_images=True)
+    refs = load_references(cfg, world_dir, split="test", check_images=True)
     records = refs.records
     captions = refs.captions()
     human = {r.image_id: captions[r.image_id][0] for r in records}
     references = {r.image_id: captions[r.image_id][1:] for r in records}  # as the report: the other four
     bags_path = out_dir / "bags_test.json"
     if not bags_path.exists() or cfg.demo.force:
-        build_bags(cfg, data=world.out, split="test", sizes=cfg.eval.bag_sizes, out=bags_path)
+        build_bags(cfg, data=world_dir, split="test", sizes=cfg.eval.bag_sizes, out=bags_path)
     bags = read_bags(bags_path)
     retriever = load_retriever(cfg)  # the training world's retriever: the shifted world is only a test domain
 
@@ -80,6 +81,6 @@ def stage_transfer(demo: Any, stages: Sequence[str], load_model: Callable[[Any, 
     table = markdown_table({k: {c: v.get(c) for c in columns} for k, v in rows.items()}, columns)
     write_json(out_dir / "results.json", rows)
     atomic_write_text(out_dir / "results.md", table + "\n")
-    print(f"Shifted domain ({world.out}, test split of {len(records)} images):\n")
+    print(f"Shifted domain ({world_dir}, test split of {len(records)} images):\n")
     print(table)
     return rows

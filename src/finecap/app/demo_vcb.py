@@ -33,6 +33,7 @@ from finecap.app.boost import main as boost
 from finecap.config import load
 from finecap.data.datasets import load_records
 from finecap.data.formats import read_bags, read_dataset, read_results
+from finecap.home import world_path
 from finecap.metrics.suite import evaluate
 from finecap.models.retriever import load_retriever
 from finecap.report.table import markdown_table
@@ -127,7 +128,7 @@ def _base(demo: Any) -> dict[str, dict[str, Any]]:
 def _context(demo: Any) -> tuple[list, dict, Any, dict]:
     cfg = demo.cfg
     records = load_records(cfg, "test")
-    scenes_by_imgid = load_scenes(cfg.world.out)
+    scenes_by_imgid = load_scenes(world_path(cfg.world))
     scenes = {r.image_id: scenes_by_imgid[int(r.image_id)] for r in records}
     path = demo.run_dir / "bags_test.json"
     if not path.exists() or cfg.demo.force:

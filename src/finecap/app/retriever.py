@@ -1,9 +1,11 @@
 """``finecap retriever train`` and ``finecap retriever probe``: train the world encoder once and check its quality.
 
 :func:`ensure_world_encoder` returns the cached world encoder of a configuration
-(:func:`finecap.models.world_encoder.world_encoder_path`), training it first when it is missing; it makes the world
-first if needed. Commands that need the world encoder (``retriever train``, the demo, the training loop on its main
-process) call it before anything loads the encoder; library code only loads
+(:func:`finecap.models.world_encoder.world_encoder_path`), training it first when it is missing
+(:func:`train_world_encoder`); it makes the world first if needed (:func:`finecap.app.world.ensure_world`), and
+says what it makes or trains, and where, in one printed line each. Commands that need them (``retriever train``,
+the demo, ``train`` on its main process, ``boost``, ``bags build``) get them through
+:func:`finecap.app.prepare.prepare` before anything loads the encoder; library code only loads
 (:func:`finecap.models.retriever.load_retriever`). :func:`probe` measures the quality bar: linear probes of scene
 attributes on frozen image features and caption retrieval against 99 distractors.
 
@@ -46,8 +48,10 @@ import torch.nn.functional as F
 from torch import nn
 from tqdm.auto import tqdm
 
+from finecap.app.world import ensure_world
 from finecap.config import Config
 from finecap.data.formats import read_world
+from finecap.home import cache_dir as resolve_cache_dir
 from finecap.metrics.retrieval import random_distractors, rd_retrieval
 from finecap.models.retriever import Retriever
 from finecap.models.tokenizer import world_tokenizer
@@ -66,7 +70,7 @@ from finecap.models.world_encoder import (
 )
 from finecap.utils import atomic_replace_dir, read_json, write_json
 from finecap.world.facts import facts, is_true
-from finecap.world.make import load_scenes, make_world
+from finecap.world.make import load_scenes
 from finecap.world.scene import LABEL_SIZES
 
 PROBED = ("shape", "color", "size", "position")
@@ -81,16 +85,32 @@ REF_BAR, DENSE_BAR = 0.6, 0.95
 # --------------------------------------------------------------------------------------------------------------------
 
 
-def ensure_world_encoder(cfg: Config, progress: bool = True) -> Path:
-    """The world encoder folder of ``cfg`` (``<run.cache_dir>/world_encoder/<key>``), trained first if missing.
-
-    Makes the world first if it is missing (:func:`finecap.world.make.make_world` skips existing worlds). Call it on
-    one process (the main one) before the others load the encoder.
+def ensure_world_encoder(cfg: Config, progress: bool = True, *, make: bool = True) -> Path:
+    """The world encoder folder of ``cfg`` (``<cache>/world_encoder/<key>``, :func:`encoder_dir`), trained first when
+    it is missing and ``make`` (the world made first when missing, :func:`finecap.app.world.ensure_world`), each
+    with one printed line saying so and where; without ``make`` a missing encoder raises ``FileNotFoundError``
+    naming ``finecap retriever train``. Commands reach it through :func:`finecap.app.prepare.prepare`. Call it on one
+    process (the main one) before the others load the encoder.
     """
     out = encoder_dir(cfg)
     if (out / "encoder.json").exists():
         return out
-    world = make_world(cfg.world, progress=progress)
+    if not make:
+        raise FileNotFoundError(
+            f"{out}: the world encoder of this configuration (world.*, retriever.*, run.seed) is not trained "
+            "(finecap trains it only for a command that trains on the world); train it with `finecap retriever "
+            "train` and the same world.* / retriever.* / run.seed settings, or set retriever.checkpoint (and "
+            "model.encoder) to a CLIP checkpoint"
+        )
+    world = ensure_world(cfg, make=True, progress=progress)
+    print(f"retriever: training the world encoder {out.name} on the world at {world} into {out}")
+    return train_world_encoder(cfg, world, progress=progress)
+
+
+def train_world_encoder(cfg: Config, world: Path, progress: bool = True) -> Path:
+    """Train the world encoder of ``cfg`` on the complete world at ``world`` into :func:`encoder_dir` (module
+    docstring); returns the folder."""
+    out = encoder_dir(cfg)
     rc = cfg.retriever
     t0 = time.perf_counter()
     train = load_split(world, "train", progress=progress)
@@ -241,6 +261,7 @@ def main(cfg: Config) -> Path:
     if cfg.retriever.checkpoint:
         print(f"retriever.checkpoint={cfg.retriever.checkpoint}: nothing to train")
         return Path(cfg.retriever.checkpoint)
+    ensure_world(cfg, make=True)  # its data is the world: checked (and made) even when the encoder exists
     path = ensure_world_encoder(cfg)
     info = read_json(path / "encoder.json")
     print(json.dumps({"encoder": str(path), "train_seconds": info["train_seconds"],
@@ -307,7 +328,7 @@ def probe(cfg_or_paths: Config | tuple[str | Path, str | Path], out: str | Path 
 
     Args:
         cfg_or_paths: a :class:`~finecap.config.Config` (probes ``retriever.checkpoint`` or the world encoder of the
-            config, on the world at ``world.out``) or ``(encoder_dir, world_dir)``.
+            config, on the world of ``world.*``, made or trained first when missing) or ``(encoder_dir, world_dir)``.
         out: JSON file for the results (default ``<encoder_dir>/probe.json``; for a Hub checkpoint, ``probe.json``
             in the working directory).
         ceiling: also compute the oracle R@1 ceiling of reference captions (:func:`retrieval_ceiling`).
@@ -317,10 +338,10 @@ def probe(cfg_or_paths: Config | tuple[str | Path, str | Path], out: str | Path 
     reference caption (5 per test image) and every dense caption against 99 random test distractors, 3 seeded draws
     (bar: R@1 >= 0.6 and >= 0.95).
     """
-    cache_dir: str | None = None
+    cache_dir: Path | None = None
     if isinstance(cfg_or_paths, Config):
         cfg = cfg_or_paths
-        world, cache_dir = make_world(cfg.world, progress=progress), cfg.run.cache_dir
+        world, cache_dir = ensure_world(cfg, make=True, progress=progress), resolve_cache_dir(cfg.run)
         enc = cfg.retriever.checkpoint or str(ensure_world_encoder(cfg, progress=progress))
     else:
         enc, world = str(cfg_or_paths[0]), Path(cfg_or_paths[1])

@@ -133,16 +133,14 @@ def run_needs(cfg: Config, objective: ObjectiveBase, factories: Sequence[Any], *
 
 
 def prepare_needs(cfg: Config, needs: frozenset[str], accelerator: Accelerator) -> None:
-    """Prepare what ``needs`` names, once, on the main process, before any process builds a component on it: the
-    retriever (``retriever.checkpoint``, or the world encoder when it is empty) and the world encoder."""
-    wants_encoder = "world_encoder" in needs or ("retriever" in needs and not cfg.retriever.checkpoint)
-    if not wants_encoder:
-        return
-    from finecap.app.retriever import ensure_world_encoder
+    """Prepare the run's data and what ``needs`` names, once, on the main process, before any process builds a
+    component on it (:func:`finecap.app.prepare.prepare`: the world and the world encoder are made or trained, with a
+    printed line, only when the run's data is the world; otherwise what is missing stops the run)."""
+    from finecap.app.prepare import prepare
 
     with accelerator.main_process_first():
         if accelerator.is_main_process:
-            ensure_world_encoder(cfg, progress=True)
+            prepare(cfg, {"data", *needs}, progress=True)
 
 
 def make_evaluate(cfg: Config, data: CaptionData, validators: list[Validator], accelerator: Accelerator):

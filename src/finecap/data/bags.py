@@ -49,7 +49,6 @@ from __future__ import annotations
 import io
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -58,6 +57,7 @@ import torch
 from finecap.data.features import fingerprint_data
 from finecap.data.samplers import GlobalBatchSampler, RandomBatches, shard
 from finecap.data.truematch import nearest_neighbours, record_embeddings
+from finecap.home import cache_dir
 from finecap.models.retriever import load_retriever
 from finecap.registry import requires
 from finecap.utils import atomic_write_bytes
@@ -279,26 +279,24 @@ class BagCurriSampler(GlobalBatchSampler):
 
 def neighbour_table(cfg: Config, records: Sequence[Any], k: int = TOP_K) -> torch.Tensor:
     """``(N, min(k, N-1))`` exact neighbour indices of ``records`` under the configured retriever's multimodal
-    embeddings (TrueMatch's Algorithm 1), cached in ``<run.cache_dir>/train_bags/`` by model and data set identity."""
+    embeddings (TrueMatch's Algorithm 1), cached in ``<cache>/train_bags/`` (:func:`finecap.home.cache_dir`) by model
+    and data set identity."""
     retriever = load_retriever(cfg)
     k = min(k, len(records) - 1)
-    path = None
-    if cfg.run.cache_dir:
-        key = f"{retriever.identity()}-{fingerprint_data(records)}-k{k}"
-        path = Path(cfg.run.cache_dir) / "train_bags" / f"{key}.pt"
-        if path.exists():
-            try:
-                table = torch.load(path, weights_only=True)
-                if tuple(table.shape) == (len(records), k):
-                    return table
-            except Exception:  # a truncated or foreign file is recomputed, never trusted
-                pass
-    emb = record_embeddings(retriever, records, cfg.run.cache_dir or None)
+    key = f"{retriever.identity()}-{fingerprint_data(records)}-k{k}"
+    path = cache_dir(cfg.run) / "train_bags" / f"{key}.pt"
+    if path.exists():
+        try:
+            table = torch.load(path, weights_only=True)
+            if tuple(table.shape) == (len(records), k):
+                return table
+        except Exception:  # a truncated or foreign file is recomputed, never trusted
+            pass
+    emb = record_embeddings(retriever, records, cache_dir(cfg.run))
     _, table = nearest_neighbours(emb, k, device=retriever.device)
-    if path is not None:
-        buffer = io.BytesIO()
-        torch.save(table, buffer)
-        atomic_write_bytes(path, buffer.getvalue())
+    buffer = io.BytesIO()
+    torch.save(table, buffer)
+    atomic_write_bytes(path, buffer.getvalue())
     return table
 
 

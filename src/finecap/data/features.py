@@ -47,6 +47,7 @@ from safetensors.torch import save as save_safetensors
 from tqdm.auto import tqdm
 
 from finecap.data.formats import load_record_image
+from finecap.home import cache_dir as resolve_cache_dir
 from finecap.utils import atomic_write_bytes
 
 CACHE_SUBDIR = "features"
@@ -186,7 +187,7 @@ def model_features(
         return cached_features(
             records,
             encode,
-            cache_dir=cfg.run.cache_dir,
+            cache_dir=resolve_cache_dir(cfg.run),
             encoder_key=fingerprint_module(encoder, extra),
             split=split,
             batch_size=cfg.retriever.batch_size_eval,

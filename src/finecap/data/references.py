@@ -32,12 +32,15 @@ TRAIN_SPLITS = ("train", "restval")
 
 
 def data_file(cfg: Config) -> Path:
-    """The data set file read for ``cfg``: ``data.path``, or the world's ``dataset.json`` under ``world.out``."""
+    """The data set file read for ``cfg``: ``data.path``, or the world's ``dataset.json``
+    (:func:`finecap.home.world_path`: under ``world.out``, or the world's folder in the finecap home)."""
     if cfg.data.path:
         return Path(cfg.data.path)
     if cfg.data.format != "world":
         raise ValueError(f"data.path: required for data.format={cfg.data.format!r} (only the world has a default)")
-    return Path(cfg.world.out) / "dataset.json"
+    from finecap.home import world_path
+
+    return world_path(cfg.world) / "dataset.json"
 
 
 def read_records(

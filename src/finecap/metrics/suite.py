@@ -65,6 +65,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from finecap.config import load
+from finecap.home import cache_dir
 from finecap.metrics.clipscore import CLIPScore
 from finecap.metrics.diversity import mean_length, set_diversity, vocabulary_metrics
 from finecap.metrics.faithfulness import faithfulness
@@ -141,7 +142,7 @@ class _Context:
         if "retrieval" not in self.cache:
             images = self.need("images", group, "pass the image records (the retrieval pool)")
             e = self.cfg.eval
-            sr = SelfRetrieval(self.get_retriever(), images, cache_dir=self.cfg.run.cache_dir or None,
+            sr = SelfRetrieval(self.get_retriever(), images, cache_dir=cache_dir(self.cfg.run),
                                n_distractors=e.n_distractors, draws=e.draws, seed=e.seed)  # fmt: skip
             ids, scores = sr.scores(self.predictions)
             self.cache["retrieval"] = (sr, ids, scores)
@@ -238,7 +239,7 @@ def _bags(ctx: _Context) -> dict[str, float]:
 
 def _clipscore(ctx: _Context) -> dict[str, float]:
     images = ctx.need("images", "clipscore", "pass the image records")
-    scorer = CLIPScore(ctx.get_retriever(), images, cache_dir=ctx.cfg.run.cache_dir or None)
+    scorer = CLIPScore(ctx.get_retriever(), images, cache_dir=cache_dir(ctx.cfg.run))
     refs = None
     if ctx.references is not None and all(ctx.references.get(i) for i in ctx.predictions):
         refs = {i: list(ctx.references[i]) for i in ctx.predictions}

@@ -55,6 +55,7 @@ from transformers import (
 )
 
 from finecap.data.formats import read_world
+from finecap.home import cache_dir
 from finecap.utils import read_json
 from finecap.world.make import load_scenes, world_key
 from finecap.world.scene import COLORS, PATTERNS, SHAPES, SIZES, scene_labels
@@ -239,12 +240,13 @@ def encoder_key(cfg: Config) -> str:
 
 
 def encoder_dir(cfg: Config) -> Path:
-    """Where the world encoder of ``cfg`` is (or will be) cached: ``<run.cache_dir>/world_encoder/<key>``."""
-    return Path(cfg.run.cache_dir) / CACHE_SUBDIR / encoder_key(cfg)
+    """Where the world encoder of ``cfg`` is (or will be) cached: ``<cache>/world_encoder/<key>``, the cache being
+    ``run.cache_dir`` or ``<finecap home>/cache`` (:func:`finecap.home.cache_dir`)."""
+    return cache_dir(cfg.run) / CACHE_SUBDIR / encoder_key(cfg)
 
 
 def world_encoder_path(cfg: Config) -> Path:
-    """The folder of the trained world encoder of ``cfg`` (``<run.cache_dir>/world_encoder/<key>``).
+    """The folder of the trained world encoder of ``cfg`` (:func:`encoder_dir`).
 
     Only looks it up: a missing encoder raises ``FileNotFoundError`` naming the command that trains it (the
     application layer trains, :func:`finecap.app.retriever.ensure_world_encoder`; model builders only load).

@@ -57,6 +57,7 @@ from typing import TYPE_CHECKING, Any, get_args
 import torch
 
 from finecap.config import Distractors, SRReward
+from finecap.home import cache_dir
 from finecap.models.retriever import load_retriever
 from finecap.rewards.base import RewardOutput, caption_rows
 
@@ -273,7 +274,7 @@ class RetrievalReward:
             records = list(ctx.train_records)
             if not records:
                 raise ValueError("rl.rewards.retrieval: the training split has no images")
-            cache = ctx.cfg.run.cache_dir or None
+            cache = cache_dir(ctx.cfg.run)
             with ctx.accelerator.main_process_first():  # the main process fills the cache, the others read it
                 emb = self.retriever.image_embeddings(records, cache_dir=cache)
             self.set_embeddings([r.image_id for r in records], emb)

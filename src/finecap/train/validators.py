@@ -25,6 +25,7 @@ from finecap.caption import caption_stats, generate_captions
 from finecap.config import DecodeConfig
 from finecap.data.datasets import CaptionDataset, load_records, to_device
 from finecap.data.samplers import process_slice
+from finecap.home import cache_dir
 from finecap.metrics.retrieval import SelfRetrieval
 from finecap.models.retriever import load_retriever
 from finecap.objectives.mle import IGNORE_INDEX, mle_loss
@@ -72,7 +73,7 @@ def retrieval_validator(cfg: Config) -> Validator:
     scorer = SelfRetrieval(
         retriever,
         records,
-        cache_dir=cfg.run.cache_dir,
+        cache_dir=cache_dir(cfg.run),
         n_distractors=min(cfg.eval.n_distractors, len(records) - 1),
         draws=cfg.eval.draws,
         seed=cfg.eval.seed,

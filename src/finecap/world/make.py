@@ -9,6 +9,12 @@ Layout of ``out``::
     scenes.jsonl    {"imgid", "split", "family", "variant", "scene": Scene.to_dict()} per line
     world.json      {"key", "version", "config", "counts", "vocabulary"}; written last, marks a complete world
     images/<split>/<imgid:06d>.png
+    .finecap-world  {"key", "version", "config"}; written first, marks the folder as finecap's (MARKER)
+
+``out`` defaults to :func:`finecap.home.world_path`: ``world.out``, or ``<finecap home>/worlds/<world key>``.
+:func:`make_world` writes only into a missing or empty folder or a finecap world (the marker), replaces another
+finecap world only when asked (``world.overwrite``; then it removes only the files that world's record lists) and
+refuses every other folder (:class:`WorldFolderError`).
 
 ``imgid`` runs over train, then val, then test. Everything is a function of the world config: scene ``imgid`` of a
 split is drawn from ``random.Random(f"{seed}-{split}-{index}")`` (families: one generator per family), captions
@@ -18,38 +24,31 @@ one family share the id and lie in one split (the last family of a split may be 
 
 from __future__ import annotations
 
-import hashlib
+import dataclasses
 import json
 import random
-import shutil
 from pathlib import Path
 from typing import Any
 
 from tqdm import tqdm
 
 from finecap.config import WorldConfig
+from finecap.home import world_path
 from finecap.utils import atomic_write_text, read_json, write_json
 from finecap.world.captions import dense_caption, reference_captions, vocabulary
+from finecap.world.key import WORLD_VERSION, world_key
+from finecap.world.key import content_config as _content_config
 from finecap.world.render import render
 from finecap.world.scene import Scene, sample_family, sample_scene
 from finecap.world.shift import scene_settings
 
-WORLD_VERSION = 2
-"""Bump when scenes, rendering or captions change, so cached worlds (and everything keyed on them) are rebuilt."""
 SPLITS = ("train", "val", "test")
-
-
-def world_key(cfg: WorldConfig) -> str:
-    """Content hash of everything that determines the world's files (all config fields except ``out``)."""
-    content = {"version": WORLD_VERSION, **_content_config(cfg)}
-    return hashlib.sha256(json.dumps(content, sort_keys=True).encode()).hexdigest()[:16]
-
-
-def _content_config(cfg: WorldConfig) -> dict[str, Any]:
-    d = {k: v for k, v in vars(cfg).items() if k != "out"}
-    if d.get("shift") == "none":  # the training domain keeps the key it had before world.shift existed
-        d.pop("shift")
-    return d
+MARKER = ".finecap-world"
+"""Written first when finecap starts a world in a folder (``{"key", "version", "config"}``): a folder holding it (or
+the ``world.json`` of a world made before markers existed) is a finecap world. Any other non-empty folder is the
+user's, and finecap never writes into it."""
+FILES = ("dataset.json", "dense.json", "scenes.jsonl", "world.json")
+"""The files of a world besides its images and the marker."""
 
 
 def generate_scenes(cfg: WorldConfig) -> list[dict[str, Any]]:
@@ -89,15 +88,128 @@ def is_complete(out: Path, key: str) -> bool:
         return False
 
 
-def make_world(cfg: WorldConfig, out: Path | str | None = None, progress: bool = True) -> Path:
-    """Write the world of ``cfg`` to ``out`` (default ``cfg.out``); skip when it is already there. Returns ``out``."""
-    out = Path(out if out is not None else cfg.out)
+class WorldFolderError(ValueError):
+    """``world.out`` names a folder finecap may not write the world into: a folder finecap did not make, or another
+    finecap world (other settings) without ``world.overwrite``."""
+
+
+def world_record(out: Path) -> dict[str, Any] | None:
+    """What finecap recorded about the world in ``out`` (``{"key", "version", "config", ...}``: the marker
+    :data:`MARKER`, or ``world.json`` of a world made before markers existed), or ``None`` when ``out`` is not a
+    finecap world."""
+    for name in (MARKER, "world.json"):
+        path = out / name
+        if not path.is_file():
+            continue
+        try:
+            record = read_json(path)
+        except ValueError:
+            continue
+        if isinstance(record, dict) and isinstance(record.get("key"), str) and isinstance(record.get("config"), dict):
+            return record
+    return None
+
+
+def setting_changes(record: dict[str, Any], cfg: WorldConfig) -> list[str]:
+    """``"key: old -> new"`` for every world setting (and the world code version) that differs between the world
+    ``record`` (:func:`world_record`) and ``cfg``; settings the record lacks count as their defaults."""
+    defaults = {f.name: f.default for f in dataclasses.fields(WorldConfig)}
+    old = {"version": record.get("version"), **record["config"]}
+    new = {"version": WORLD_VERSION, **_content_config(cfg)}
+    changes = []
+    for key in sorted(set(old) | set(new), key=lambda k: (k != "version", k)):
+        a, b = old.get(key, defaults.get(key)), new.get(key, defaults.get(key))
+        if a != b:
+            changes.append(f"{'world.' if key != 'version' else 'world code '}{key}: {a!r} -> {b!r}")
+    return changes
+
+
+def check_world_folder(cfg: WorldConfig, out: Path | str, overwrite: bool | None = None) -> bool:
+    """Whether ``out`` already holds the complete world of ``cfg`` (reuse it); ``False`` when :func:`make_world` may
+    write it there: a missing or empty folder, the unfinished world of ``cfg``, or (``overwrite``, default
+    ``cfg.overwrite``) another finecap world. Raises :class:`WorldFolderError` for every other folder: one that
+    finecap did not make (never written), or another finecap world without ``overwrite`` (the message lists the
+    settings that differ and the two ways out)."""
+    out = Path(out)
+    overwrite = cfg.overwrite if overwrite is None else overwrite
     key = world_key(cfg)
-    if is_complete(out, key):
+    if not out.exists():
+        return False
+    if not out.is_dir():
+        raise WorldFolderError(f"world.out={out}: a file, not a folder; give a folder for the world")
+    record = world_record(out)
+    if record is None:
+        if not any(out.iterdir()):
+            return False
+        raise WorldFolderError(
+            f"world.out={out}: this folder is not empty and is not a finecap world (no {MARKER} marker); finecap "
+            "never writes into a folder it did not make. Give a new or empty folder (world.out=DIR), or leave "
+            "world.out empty to keep the world in the finecap home"
+        )
+    if record["key"] == key and is_complete(out, key):
+        return True
+    if record["key"] == key or overwrite:  # to be written: never through a link into another folder
+        if (out / "images").is_symlink():
+            raise WorldFolderError(
+                f"world.out={out}: its images folder is a link to {(out / 'images').resolve()} (a `finecap boost` "
+                "copy of a world?); finecap writes a world only into a folder of its own. Give another folder "
+                "(world.out=DIR), or leave world.out empty to keep the world in the finecap home"
+            )
+        return False
+    changes = setting_changes(record, cfg) or [f"world key: {record['key']} -> {key}"]
+    raise WorldFolderError(
+        f"world.out={out} holds another finecap world (key {record['key']}) than the one asked for (key {key}); "
+        f"settings that differ (there -> asked): {'; '.join(changes)}. Either give another folder (world.out=DIR, "
+        "or leave world.out empty to keep each world in the finecap home), or replace that world: "
+        "`finecap world make --force` / world.overwrite=true (removes only the files finecap made there)"
+    )
+
+
+def remove_world_files(out: Path, record: dict[str, Any]) -> None:
+    """Remove the files finecap wrote for the world ``record`` in ``out`` (:func:`world_record`): its listed files and
+    the ``images/<split>/<imgid>.png`` of its counts; folders only when that leaves them empty; the marker last, so
+    an interrupted removal can be repeated. Every other file stays."""
+    imgid = 0
+    for split in SPLITS:
+        n = int(record["config"].get(f"n_{split}", 0))
+        folder = out / "images" / split
+        for i in range(imgid, imgid + n):
+            (folder / f"{i:06d}.png").unlink(missing_ok=True)
+        imgid += n
+        _remove_if_empty(folder)
+    _remove_if_empty(out / "images")
+    for name in FILES:
+        (out / name).unlink(missing_ok=True)
+    (out / MARKER).unlink(missing_ok=True)
+
+
+def _remove_if_empty(folder: Path) -> None:
+    if folder.is_dir() and not any(folder.iterdir()):
+        folder.rmdir()
+
+
+def make_world(
+    cfg: WorldConfig, out: Path | str | None = None, progress: bool = True, overwrite: bool | None = None
+) -> Path:
+    """Write the world of ``cfg`` to ``out`` (default :func:`finecap.home.world_path`: ``world.out``, or the world's
+    folder in the finecap home); returns ``out``.
+
+    A complete world with the same key is reused as it is. A missing or empty folder, or the unfinished world of
+    ``cfg``, is written. Another finecap world is replaced only with ``overwrite`` (default ``cfg.overwrite``), and
+    then only the files finecap made there are removed (:func:`remove_world_files`). Any other folder is refused
+    (:func:`check_world_folder` raises :class:`WorldFolderError`): finecap never deletes or overwrites a file it did
+    not make.
+    """
+    out = Path(out) if out is not None else world_path(cfg)
+    if check_world_folder(cfg, out, overwrite):
         return out
-    (out / "world.json").unlink(missing_ok=True)
-    if (out / "images").exists():
-        shutil.rmtree(out / "images")
+    key = world_key(cfg)
+    record = world_record(out) if out.exists() else None
+    if record is not None and record["key"] != key:
+        remove_world_files(out, record)
+    out.mkdir(parents=True, exist_ok=True)
+    write_json(out / MARKER, {"key": key, "version": WORLD_VERSION, "config": _content_config(cfg)})  # first
+    (out / "world.json").unlink(missing_ok=True)  # an unfinished world of this key: complete again only at the end
     for split in SPLITS:
         (out / "images" / split).mkdir(parents=True, exist_ok=True)
 

@@ -42,5 +42,7 @@ def scene_settings(cfg: WorldConfig) -> tuple[int, int, float, str]:
 
 def shifted_world(cfg: WorldConfig, out: str | None = None) -> WorldConfig:
     """The shifted domain's test world of the training world ``cfg``: same seed and size of test split, no train or
-    val images, written to ``out`` (default ``<world.out>-shifted``)."""
-    return dataclasses.replace(cfg, shift="domain", n_train=0, n_val=0, out=out or f"{cfg.out}-shifted")
+    val images, written to ``out`` (default ``<world.out>-shifted``; with ``world.out`` empty, empty too: the shifted
+    world's own folder in the finecap home)."""
+    out = out or (f"{cfg.out}-shifted" if cfg.out else "")
+    return dataclasses.replace(cfg, shift="domain", n_train=0, n_val=0, out=out)

@@ -1,0 +1,69 @@
+"""The finecap home: one folder for the reusable, content-keyed artefacts every run shares.
+
+``$FINECAP_HOME``, else the platform's user cache directory (``platformdirs.user_cache_dir("finecap")``:
+``$XDG_CACHE_HOME/finecap`` or ``~/.cache/finecap`` on Linux, ``~/Library/Caches/finecap`` on macOS,
+``%LOCALAPPDATA%\\finecap\\Cache`` on Windows), as ``HF_HOME`` is for Hugging Face. It holds:
+
+- ``worlds/<world key>/``: the world data sets (``world.out`` empty, the default; the key is
+  :func:`finecap.world.key.world_key`, so a world is made once per setting and found again by any run);
+- ``cache/``: world encoders (``cache/world_encoder/<key>``), frozen-feature and bag-neighbour caches
+  (``run.cache_dir`` empty, the default).
+
+Everything a run makes besides these lives in its run directory. Commands read the two configuration fields only
+through :func:`world_path` and :func:`cache_dir`, so an explicit folder given by the user and the home resolve alike.
+Nothing here creates a folder: the code that writes one does (never as a side effect of resolving a path).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import platformdirs
+
+if TYPE_CHECKING:
+    from finecap.config import RunConfig, WorldConfig
+
+ENV = "FINECAP_HOME"
+"""Environment variable naming the finecap home (empty or unset: the user cache directory)."""
+WORLDS = "worlds"
+CACHE = "cache"
+
+
+def home() -> Path:
+    """The finecap home: ``$FINECAP_HOME`` (``~`` expanded, made absolute) or the user cache directory.
+
+    Example::
+
+        >>> home()  # doctest: +SKIP
+        PosixPath('/home/me/.cache/finecap')
+    """
+    value = os.environ.get(ENV, "")
+    if value:
+        return Path(os.path.abspath(os.path.expanduser(value)))
+    return Path(platformdirs.user_cache_dir("finecap", appauthor=False))
+
+
+def world_path(world: WorldConfig) -> Path:
+    """The folder of the world of ``world``: ``world.out`` when set, else ``<home>/worlds/<world key>``.
+
+    Example::
+
+        >>> from finecap.config import WorldConfig
+        >>> world_path(WorldConfig(out="data/my-world"))
+        PosixPath('data/my-world')
+        >>> world_path(WorldConfig(n_train=20)).relative_to(home()).parts[0]
+        'worlds'
+    """
+    if world.out:
+        return Path(world.out)
+    from finecap.world.key import world_key
+
+    return home() / WORLDS / world_key(world)
+
+
+def cache_dir(run: RunConfig) -> Path:
+    """The folder of the reusable caches (world encoders, features, bag tables): ``run.cache_dir`` when set, else
+    ``<home>/cache``."""
+    return Path(run.cache_dir) if run.cache_dir else home() / CACHE
