@@ -8,6 +8,7 @@ import shutil
 from pathlib import Path
 
 import pytest
+from PIL import Image
 
 from finecap.app.caption import main, resolve
 from finecap.app.cli import main as cli
@@ -253,3 +254,29 @@ def test_changed_data_is_refused_by_caption_and_report(world, clip, tmp_path, ca
     assert cli(["caption", "--checkpoint", str(run_dir), "--out", str(out), "--data", str(data),
                 f"data.images={world / 'images'}"]) == 0  # fmt: skip
     assert len(captions(out)) == 8
+
+
+def test_transformers_blip_generate_reads_the_saved_settings(world, tmp_path):
+    # A BLIP checkpoint's model/ is a BlipForConditionalGeneration folder: transformers' generate, given the saved
+    # generation config, writes finecap's captions. (BLIP's generate hands over to its text decoder, which has its own
+    # defaults: pass generation_config=model.generation_config.)
+    import torch
+    from transformers import AutoImageProcessor, BlipForConditionalGeneration
+
+    from finecap.models.blip import Blip
+    from finecap.models.presets import save_tiny_blip
+    from finecap.train.checkpoint import save_checkpoint
+
+    model = Blip.from_pretrained(save_tiny_blip(tmp_path / "blip")).eval()
+    images = [r.path for r in load_references(load(None, [f"world.out={world}", *WORLD]), split="test").records]
+    for strategy in ("greedy", "beam"):
+        cfg = load(None, [f"decode.strategy={strategy}", "decode.beam_size=3", "decode.max_length=7"])
+        folder = save_checkpoint(tmp_path / strategy, model=model, cfg=cfg, info={}) / "model"
+        hf = BlipForConditionalGeneration.from_pretrained(folder).eval()
+        pixels = AutoImageProcessor.from_pretrained(folder)([Image.open(p) for p in images], return_tensors="pt")
+        with torch.no_grad():
+            out = hf.generate(pixel_values=pixels["pixel_values"], generation_config=hf.generation_config)
+            ours = model.generate({"pixel_values": pixels["pixel_values"]}, cfg.decode).texts
+        assert (hf.generation_config.num_beams, hf.generation_config.max_new_tokens) == (
+            3 if strategy == "beam" else 1, 7)  # fmt: skip
+        assert [model.tokenizer.decode(s, skip_special_tokens=True).strip() for s in out] == ours
