@@ -219,3 +219,14 @@ def test_recipes_cp_starts_a_config(tmp_path, capsys):
     assert (tmp_path / "smile.yaml").read_text() == resolve_recipe("demo/smile").read_text()
     assert main(["recipes", "cp", "demo/smiel", str(tmp_path / "x.yaml")]) == 2
     assert "(did you mean 'demo/smile'?)" in capsys.readouterr().err and not (tmp_path / "x.yaml").exists()
+
+
+def test_mistyped_metric_and_stage_get_a_suggestion(tmp_path, capsys):
+    (tmp_path / "res.json").write_text(json.dumps([{"image_id": 1, "caption": "a red circle"}]))
+    (tmp_path / "refs.jsonl").write_text(json.dumps({"id": 1, "image": "1.png", "captions": ["a red circle"]}) + "\n")
+    argv = ["eval", "--predictions", str(tmp_path / "res.json"), "--references", str(tmp_path / "refs.jsonl")]
+    assert main([*argv, "--metrics", "blue,rouge"]) == 2
+    assert "unknown metric(s) 'blue' (did you mean 'bleu'?)" in capsys.readouterr().err
+    assert main(["demo", "--stages", "world,smiel", "--out", str(tmp_path / "demo")]) == 2
+    assert "unknown stage(s) ['smiel'] (did you mean 'smile'?)" in capsys.readouterr().err
+    assert not (tmp_path / "demo").exists()

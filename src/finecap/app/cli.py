@@ -413,6 +413,13 @@ def debug_requested(args: argparse.Namespace) -> bool:
     return bool(getattr(args, "debug", False)) or os.environ.get("FINECAP_DEBUG", "") not in ("", "0")
 
 
+def _close_progress_bars() -> None:
+    """End the progress bars an error interrupted, so that the error starts a line of its own."""
+    tqdm = sys.modules.get("tqdm")
+    for bar in list(getattr(getattr(tqdm, "tqdm", None), "_instances", None) or []):
+        bar.close()
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
@@ -421,12 +428,14 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         if debug_requested(args):
             raise
+        _close_progress_bars()
         print("finecap: interrupted", file=sys.stderr)
         return 130
     except Exception as e:
         message = explain(e)
         if message is None or debug_requested(args):
             raise  # a bug, or --debug: the traceback
+        _close_progress_bars()
         print(f"finecap: error: {message}", file=sys.stderr)
         return 2
     return 0

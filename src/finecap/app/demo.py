@@ -37,7 +37,7 @@ from finecap.app.prepare import prepare
 from finecap.app.report import main as write_report
 from finecap.app.train import train
 from finecap.caption import generate_captions
-from finecap.config import Config, load
+from finecap.config import Config, did_you_mean, load
 from finecap.data.datasets import load_records
 from finecap.data.formats import read_bags, read_results, write_results
 from finecap.home import world_path
@@ -306,7 +306,8 @@ def main(cfg: Config, items: list[str] | None = None, quick: bool | None = None)
     """Run ``cfg.demo.stages``; returns the results table (also written to ``<run_dir>/results.json``)."""
     unknown = [s for s in cfg.demo.stages if s not in STAGES]
     if unknown:
-        raise ValueError(f"demo.stages: unknown stage(s) {unknown}; valid stages: {', '.join(STAGES)}")
+        raise ValueError(f"demo.stages: unknown stage(s) {unknown}{did_you_mean(unknown[0], STAGES)}; valid stages: "
+                         f"{', '.join(STAGES)}")  # fmt: skip
     quick = cfg.demo.quick if quick is None else quick
     run_dir = Path(cfg.run.dir) if cfg.run.dir else Path(cfg.run.root) / "demo"
     cfg = dataclasses.replace(cfg, demo=dataclasses.replace(cfg.demo, quick=quick))  # config.yaml says quick

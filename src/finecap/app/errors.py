@@ -69,8 +69,26 @@ def culprit_path(exc: BaseException) -> str | None:
     return None
 
 
+TEMPORARY = re.compile(r"^\.(?P<name>.+?)(?:\.[A-Za-z0-9_]{8})?\.tmp$")
+"""The temporary names finecap writes under before renaming into place (``.NAME.tmp``, ``.NAME.<8 random>.tmp``:
+:func:`finecap.utils.atomic_write_bytes`, :func:`finecap.utils.make_temporary_dir`)."""
+
+
+def shown_path(path: str) -> str:
+    """``path`` with each temporary name replaced by the name it was being written as: the user knows
+    ``checkpoints/last/state/main.safetensors``, not ``checkpoints/.last.tmp/state/.main.safetensors.tmp``.
+
+    Example::
+
+        >>> shown_path("runs/x/checkpoints/.last.tmp/state/.main.safetensors.k3j_9qz1.tmp")
+        'runs/x/checkpoints/last/state/main.safetensors'
+    """
+    parts = Path(path).parts
+    return str(Path(*[m.group("name") if (m := TEMPORARY.match(part)) else part for part in parts])) if parts else path
+
+
 def _prefix(path: str | None) -> str:
-    return f"{path}: " if path else ""
+    return f"{shown_path(path)}: " if path else ""
 
 
 def os_message(exc: OSError) -> str:

@@ -64,7 +64,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from finecap.config import load
+from finecap.config import did_you_mean, load
 from finecap.home import cache_dir
 from finecap.metrics.clipscore import CLIPScore
 from finecap.metrics.diversity import mean_length, set_diversity, vocabulary_metrics
@@ -304,7 +304,9 @@ def parse_metrics(metrics: str | Sequence[str] | None, default: Sequence[str] = 
         names = [str(m).strip() for m in metrics]
     unknown = [m for m in names if m not in METRICS]
     if unknown:
-        raise ValueError(f"unknown metric(s) {', '.join(map(repr, unknown))}; valid metrics: {', '.join(METRICS)}")
+        hint = did_you_mean(unknown[0], METRICS)
+        valid = ", ".join(METRICS)
+        raise ValueError(f"unknown metric(s) {', '.join(map(repr, unknown))}{hint}; valid metrics: {valid}")
     if not names:
         raise ValueError(f"no metrics to compute; valid metrics: {', '.join(METRICS)}")
     return list(dict.fromkeys(names))

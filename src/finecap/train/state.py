@@ -56,6 +56,11 @@ class CheckpointError(ValueError):
     """A resumable checkpoint is missing, incomplete or corrupt; the message names the file and how to recover."""
 
 
+RECOVER = ("copy the checkpoint again if it came from elsewhere; or move this checkpoint folder aside and resume from "
+           "the previous one (checkpoints/last.old), or start a new run (--out) with train.init_from=<its "
+           "checkpoints/best>")  # fmt: skip
+
+
 @dataclass
 class TrainState:
     """Counters saved in every checkpoint. ``position``: global batches of ``epoch`` already trained on."""
@@ -150,11 +155,11 @@ def load_tree(folder: Path, name: str) -> Any:
     try:
         tensors = load_file(str(blob))
     except (SafetensorError, OSError, ValueError) as e:
-        raise CheckpointError(f"{blob}: corrupt or truncated state file ({e})") from None
+        raise CheckpointError(f"{blob}: corrupt or truncated state file ({e}); {RECOVER}") from None
     try:
         encoded = json.loads(meta.read_text())
     except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as e:
-        raise CheckpointError(f"{meta}: corrupt state file ({e})") from None
+        raise CheckpointError(f"{meta}: corrupt state file ({e}); {RECOVER}") from None
     return _decode(encoded, tensors, meta)
 
 
