@@ -16,7 +16,7 @@ from finecap.app.train import train
 from finecap.caption import generate_captions
 from finecap.config import DecodeConfig, load, load_stored
 from finecap.data.datasets import CaptionDataset, model_collator
-from finecap.data.fingerprint import FINGERPRINTS_FILE, bags_file_data, data_fingerprint, write_fingerprints
+from finecap.data.fingerprint import FINGERPRINTS_FILE, bags_file_data, data_fingerprint
 from finecap.data.formats import read_results
 from finecap.data.references import load_references
 from finecap.models.backbones import load_captioner
@@ -45,12 +45,13 @@ def clip(tmp_path_factory) -> Path:
 
 
 def train_run(overrides: list[str]) -> Path:
-    """Train a tiny run; its fingerprints are recorded (by training itself once the recipe calls
-    write_fingerprints after saving config.yaml, here otherwise)."""
+    """Train a tiny run; it records its fingerprints, and its checkpoints carry a copy."""
     cfg = load(None, [*TINY, *overrides])
     run_dir = train(cfg)
-    if not (run_dir / FINGERPRINTS_FILE).exists():
-        write_fingerprints(run_dir, cfg)
+    recorded = json.loads((run_dir / FINGERPRINTS_FILE).read_text())
+    assert set(recorded) == {"version", "data", "captioner", "retriever"}
+    for which in ("best", "last"):
+        assert json.loads((checkpoint_dir(run_dir, which) / FINGERPRINTS_FILE).read_text()) == recorded
     return run_dir
 
 
