@@ -124,8 +124,8 @@ def test_registry_names_are_checked_at_load():
 
 def test_validator_keys_are_what_the_validators_return():
     # the torch-free table the configuration checks train.best_metric against, vs the app's validator factories
-    from finecap.train.validators import VALIDATORS
     from finecap.registry import VALIDATOR_KEYS
+    from finecap.train.validators import VALIDATORS
 
     assert set(VALIDATORS) == set(VALIDATOR_KEYS)
 
@@ -226,3 +226,21 @@ def test_secrets_are_masked_when_saved_printed_or_logged(tmp_path):
     # read back, the mask means "not set" (the environment variable is used), never the key "***"
     again = load_stored(tmp_path / "config.yaml")
     assert (again.boost.llm_api_key, again.boost.vlm_api_key) == ("", "")
+
+
+def test_errors_never_repeat_a_secret(tmp_path):
+    cases = {
+        "boost.llm_apikey=sk-typo-1": "override 'boost.llm_apikey=***': unknown key 'boost.llm_apikey' (did you mean "
+        "'boost.llm_api_key'?)",
+        "boost.llm_api_key=[sk-list-2]": "override 'boost.llm_api_key=***': boost.llm_api_key: expected str (the "
+        "value is not shown)",
+    }
+    for override, message in cases.items():
+        with pytest.raises(ConfigError) as e:
+            load(None, [override])
+        assert str(e.value).startswith(message) and "sk-" not in str(e.value), str(e.value)
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text("boost:\n  vlm_api_key: {a: sk-map-3}\n")
+    with pytest.raises(ConfigError) as e:
+        load(recipe)
+    assert str(e.value) == f"{recipe}: boost.vlm_api_key: expected str (the value is not shown)"

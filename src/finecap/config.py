@@ -719,7 +719,8 @@ def _build_section(name: str, cls: type, values: dict[str, Any], source: str, or
         try:
             kwargs[k] = _coerce(v, hints[k], key)
         except ConfigError as e:
-            raise ConfigError(f"{where}{e}", key=key) from None
+            message = f"{key}: expected {_type_name(hints[k])} (the value is not shown)" if _looks_secret(key) else e
+            raise ConfigError(f"{where}{message}", key=key) from None
     try:
         return cls(**kwargs)
     except ConfigError as e:
@@ -808,6 +809,13 @@ def parse_override(item: str) -> tuple[list[str], Any]:
     return parts, value
 
 
+def _looks_secret(key: str) -> bool:
+    """A key of :data:`SECRET_KEYS`, or one named like a secret (a mistyped ``boost.llm_apikey``): its value is never
+    repeated in an error message."""
+    name = key.rsplit(".", 1)[-1].lower()
+    return key in SECRET_KEYS or any(word in name for word in ("key", "token", "secret", "password"))
+
+
 def merge_overrides(data: dict[str, Any], overrides: list[str], origins: Origins | None = None) -> dict[str, Any]:
     """``data`` with the dotlist ``overrides`` set; ``origins`` (when given) records which override set each key."""
     data = {k: dict(v or {}) for k, v in (data or {}).items()}
@@ -815,7 +823,8 @@ def merge_overrides(data: dict[str, Any], overrides: list[str], origins: Origins
         (section, key), value = parse_override(item)
         data.setdefault(section, {})[key] = value
         if origins is not None:
-            origins[f"{section}.{key}"] = f"override {item!r}: "
+            shown = f"{section}.{key}={MASK}" if _looks_secret(f"{section}.{key}") else item.strip()
+            origins[f"{section}.{key}"] = f"override {shown!r}: "
     return data
 
 
