@@ -211,7 +211,7 @@ def _common(defaults: bool) -> argparse.ArgumentParser:
     p.add_argument("-v", "--verbose", action="count", default=0 if defaults else unset,
                    help="more messages (-v: finecap's debug messages and the libraries' info)")  # fmt: skip
     p.add_argument("-q", "--quiet", action="count", default=0 if defaults else unset,
-                   help="warnings and errors only, no progress bars")  # fmt: skip
+                   help="warnings and errors only (the libraries' progress bars off too)")  # fmt: skip
     p.add_argument("--debug", action="store_true", default=False if defaults else unset,
                    help="show the traceback of an error (FINECAP_DEBUG=1 does the same)")  # fmt: skip
     return p
