@@ -75,7 +75,7 @@ def _check(cond: bool, key: str, message: str) -> None:
 # derive their runtime tuples with typing.get_args (e.g. finecap.objectives.smile.SUBSETS).
 DataFormat = Literal["world", "karpathy", "coco", "jsonl", "hf"]
 Mapper = Literal["mlp", "transformer"]
-Backbone = Literal["clipcap", "blip"]
+Backbone = Literal["clipcap", "blip", "vlm"]
 Schedule = Literal["linear", "cosine", "constant"]
 DecodeStrategy = Literal["greedy", "beam", "sample"]
 Subset = Literal["sequence", "reverse", "random", "full"]
@@ -192,7 +192,9 @@ class RetrieverConfig:
 @dataclass
 class ModelConfig:
     kind: Backbone = doc(
-        "clipcap", "Captioner: clipcap (prefix + causal LM) or blip (vision tokens + cross-attending decoder)."
+        "clipcap",
+        "Captioner: clipcap (prefix + causal LM), blip (vision tokens + cross-attending decoder) or vlm (decoder-only "
+        "vision-language model).",
     )
     encoder: str = doc("world", "'world' (the cached world encoder) or a CLIP checkpoint name/path (vision tower).")
     lm: str = doc("world-tiny", "'world-tiny' (preset GPT-2 + world tokenizer) or any AutoModelForCausalLM name/path.")
@@ -207,6 +209,14 @@ class ModelConfig:
     tiny_heads: int = doc(4, "world-tiny LM: attention heads (must divide model.tiny_hidden).")
     tiny_dropout: float = doc(0.1, "world-tiny LM: dropout of embeddings, residuals and attention (GPT-2's 0.1).")
     blip: str = doc("world-tiny", "kind=blip: a BlipForConditionalGeneration name/path, or 'world-tiny' (world BLIP).")
+    vlm: str = doc(
+        "HuggingFaceTB/SmolVLM-256M-Instruct",
+        "kind=vlm: an AutoModelForImageTextToText name/path with its processor (LLaVA, Idefics3/SmolVLM, Qwen2-VL).",
+    )
+    vlm_prompt: str = doc("Describe the image.", "kind=vlm: the user's text after the image in the chat prompt.")
+    vlm_train_projector: bool = doc(
+        True, "kind=vlm: train the projector from vision tower to LM (as ClipCap's mapper, whatever else trains)."
+    )
 
     def __post_init__(self) -> None:
         _check(self.prefix_length >= 1, "model.prefix_length", "must be >= 1")

@@ -3,7 +3,8 @@
 The decoders drive a :class:`Stepper`, a small protocol that any autoregressive model with a cache can implement
 (:class:`finecap.models.clipcap.ClipCap` implements it with the language model's ``past_key_values``):
 
-- ``start(features) -> (logits (B, V), state)``: logits of the first token given the conditioning,
+- ``start(features) -> (logits (B, V), state)``: logits of the first token given the conditioning of B images
+  (a tensor ``(B, ...)``, or any object with ``len()`` = B, e.g. a decoder-only VLM's prompt),
 - ``step(tokens (N,), state) -> (logits (N, V), state)``: feed one token per row, get the next logits,
 - ``select(state, index (M,)) -> state``: keep/repeat/reorder rows of the state (beam reordering, repeats).
 
@@ -49,9 +50,13 @@ if TYPE_CHECKING:
 
 STRATEGIES = get_args(DecodeStrategy)
 
+Conditioning = Any
+"""What a :class:`Stepper` starts from: the conditioning of B images, a tensor ``(B, ...)`` (ClipCap's features, BLIP's
+image tokens) or any object with ``len()`` = B whose rows ``x[index]`` select images (a VLM's prompt)."""
+
 
 class Stepper(Protocol):
-    def start(self, features: torch.Tensor) -> tuple[torch.Tensor, Any]: ...
+    def start(self, features: Conditioning) -> tuple[torch.Tensor, Any]: ...
 
     def step(self, tokens: torch.Tensor, state: Any) -> tuple[torch.Tensor, Any]: ...
 
@@ -174,7 +179,7 @@ def seeded_gumbel(keys: torch.Tensor, t: int, vocab: int) -> torch.Tensor:
 
 def _token_loop(
     stepper: Stepper,
-    features: torch.Tensor,
+    features: Conditioning,
     max_length: int,
     stop_ids: Sequence[int],
     pad_id: int,
@@ -219,7 +224,7 @@ def _token_loop(
 
 
 def greedy(
-    stepper: Stepper, features: torch.Tensor, max_length: int, stop_ids: Sequence[int], pad_id: int
+    stepper: Stepper, features: Conditioning, max_length: int, stop_ids: Sequence[int], pad_id: int
 ) -> Generation:
     """Arg-max decoding, one caption per image."""
     return _token_loop(stepper, features, max_length, stop_ids, pad_id, lambda logits, t: logits.argmax(dim=-1), 1)
@@ -227,7 +232,7 @@ def greedy(
 
 def sample(
     stepper: Stepper,
-    features: torch.Tensor,
+    features: Conditioning,
     max_length: int,
     stop_ids: Sequence[int],
     pad_id: int,
@@ -248,14 +253,15 @@ def sample(
         raise ValueError(f"decode.temperature must be > 0, got {temperature}")
     keys = None
     if seeds is not None:
-        if seeds.shape != (features.shape[0],):
-            raise ValueError(f"sampling seeds must be one per image, (B,) = ({features.shape[0]},)")
-        keys = sample_keys(seeds.to(features.device), num_return_sequences)  # (B*n,)
+        if seeds.shape != (len(features),):
+            raise ValueError(f"sampling seeds must be one per image, (B,) = ({len(features)},)")
+        keys = sample_keys(seeds, num_return_sequences)  # (B*n,)
 
     def choose(logits: torch.Tensor, t: int) -> torch.Tensor:
         scaled = filter_logits(logits.float() / temperature, top_k, top_p)  # (N, V)
         if keys is not None:  # Gumbel-max: argmax(log p + G) is a draw from p
-            return (scaled.double() + seeded_gumbel(keys, t, scaled.shape[1])).argmax(dim=-1)  # (N,)
+            noise = seeded_gumbel(keys.to(scaled.device), t, scaled.shape[1])  # (N, V)
+            return (scaled.double() + noise).argmax(dim=-1)  # (N,)
         return torch.multinomial(scaled.softmax(dim=-1), 1, generator=generator).squeeze(1)  # (N,)
 
     return _token_loop(stepper, features, max_length, stop_ids, pad_id, choose, num_return_sequences)
@@ -268,7 +274,7 @@ def sample(
 
 def beam_search(
     stepper: Stepper,
-    features: torch.Tensor,
+    features: Conditioning,
     max_length: int,
     stop_ids: Sequence[int],
     pad_id: int,
@@ -346,13 +352,14 @@ def texts_of(tokenizer: Any, generation: Generation) -> list[str]:
 
 def decode(
     stepper: Stepper,
-    features: torch.Tensor,
+    features: Conditioning,
     cfg: DecodeConfig,
     tokenizer: Any,
     generator: torch.Generator | None = None,
     seeds: torch.Tensor | None = None,
 ) -> Generation:
-    """Decode ``features (B, D)`` with the strategy of ``cfg``; fills ``texts`` with ``tokenizer``. ``seeds (B,)``:
+    """Decode ``features`` (the conditioning of B images) with the strategy of ``cfg``; fills ``texts`` with
+    ``tokenizer``. ``seeds (B,)``:
     per-image sampling seeds (see :func:`sample`; ignored by greedy and beam search)."""
     if cfg.strategy not in STRATEGIES:
         raise ValueError(f"decode.strategy={cfg.strategy!r}; valid: {', '.join(STRATEGIES)}")

@@ -15,7 +15,8 @@ collator turns into ``pixel_values`` with the model's preprocessing.
 
 Batch dict (see ``INTERFACES.md``)::
 
-    features      (B, D) float          or  pixel_values (B, 3, H, W)
+    features      (B, D) float          or  pixel_values (B, 3, H, W)  or the entries of the encoder's preprocess
+                  dict (a VLM's prompt_ids, prompt_mask, pixel_values, ...)
     input_ids     (B, T) caption tokens + EOS, right-padded with the pad id, T <= data.max_tokens
     attention_mask(B, T) 1 on tokens (EOS included), 0 on padding
     labels        (B, T) input_ids with -100 at padding
@@ -137,7 +138,8 @@ class CaptionCollator:
         else:
             if self.preprocess is None:
                 raise ValueError("CaptionCollator: examples carry images but no preprocess function was given")
-            batch["pixel_values"] = self.preprocess([it["image"] for it in items])  # (B, 3, H, W)
+            pixels = self.preprocess([it["image"] for it in items])  # (B, 3, H, W), or a dict of image inputs
+            batch.update(pixels if isinstance(pixels, dict) else {"pixel_values": pixels})
         return batch
 
 

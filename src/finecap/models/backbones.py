@@ -1,9 +1,11 @@
 """The captioner backbones (``model.kind``) and loading any captioner checkpoint.
 
-A backbone is one module implementing the captioner protocol (:mod:`finecap.models.captioner`: ``forward``, the
-Stepper methods, ``generate``, ``save``/``from_checkpoint``, and the hooks :mod:`finecap.models.lora` uses) plus
-one entry in :data:`BACKBONES`: its builder from the configuration and its class (whose ``from_checkpoint`` reads
-the folders its ``save`` writes; ``captioner.json`` records the kind, ``clipcap`` when absent).
+A backbone is one module implementing the captioner contract (:class:`finecap.models.captioner.Captioner`:
+``forward``, the Stepper methods, ``generate``, ``save``/``from_checkpoint``, and the hooks :mod:`finecap.models.lora`
+uses) plus one entry in :data:`BACKBONES`: its builder from the configuration and its class (whose
+``from_checkpoint`` reads the folders its ``save`` writes; ``captioner.json`` records the kind, ``clipcap`` when
+absent). Adding a backbone: its module, its entry here, its name in ``config.Backbone``, its case in
+``tests/models/test_contract.py``.
 """
 
 from __future__ import annotations
@@ -15,19 +17,22 @@ from typing import TYPE_CHECKING, Any, get_args
 from finecap.config import Backbone
 from finecap.models.blip import Blip, build_blip
 from finecap.models.clipcap import CONFIG_NAME, ClipCap, build_captioner
+from finecap.models.vlm import Vlm, build_vlm
 from finecap.utils import read_json
 
 if TYPE_CHECKING:
     from finecap.config import Config
+    from finecap.models.captioner import Captioner
 
-BACKBONES: dict[str, tuple[Callable[[Config], Any], type]] = {
+BACKBONES: dict[str, tuple[Callable[[Config], Captioner], type]] = {
     "clipcap": (build_captioner, ClipCap),
     "blip": (build_blip, Blip),
+    "vlm": (build_vlm, Vlm),
 }
 assert set(BACKBONES) == set(get_args(Backbone)), "config.Backbone and BACKBONES must list the same kinds"
 
 
-def build_model(cfg: Config) -> Any:
+def build_model(cfg: Config) -> Captioner:
     """A fresh captioner of kind ``model.kind``."""
     kind = cfg.model.kind
     if kind not in BACKBONES:
@@ -46,6 +51,6 @@ def checkpoint_kind(path: str | Path) -> str:
     return kind
 
 
-def load_captioner(path: str | Path, **kwargs: Any) -> Any:
+def load_captioner(path: str | Path, **kwargs: Any) -> Captioner:
     """Load any captioner checkpoint folder written by a backbone's ``save``."""
     return BACKBONES[checkpoint_kind(path)][1].from_checkpoint(path, **kwargs)

@@ -246,6 +246,11 @@ class Blip(nn.Module):
         return int(self.model.config.text_config.max_position_embeddings)
 
     @property
+    def max_caption_tokens(self) -> int:
+        """Decoding reads ``[bos]`` and then up to ``max_length`` tokens within the decoder's positions."""
+        return self.max_positions - 1
+
+    @property
     def pad_token_id(self) -> int:
         return int(self.tokenizer.pad_token_id)
 
@@ -267,14 +272,19 @@ class Blip(nn.Module):
         else:
             self.model.vision_model = module
 
+    def lora_default_targets(self, part: str) -> tuple[str, ...]:
+        """Every linear layer of the part (``()``; module docstring)."""
+        return ()
+
     def apply_trainable(self) -> None:
-        """``requires_grad`` from ``train_lm`` / ``train_encoder`` (nothing else in BLIP learns)."""
-        self.model.text_decoder.requires_grad_(self.train_lm)
+        """``requires_grad`` from ``train_lm`` / ``train_encoder``, through adapters when a part has some (nothing
+        else in BLIP learns)."""
+        lora.train_part(self.model.text_decoder, self.train_lm)
         if self.world is not None:
             self.model.vision_model.requires_grad_(False)  # the unused placeholder
-            self.world.set_trainable(self.train_encoder)  # the text side always stays frozen
+            self.world.set_trainable(self.train_encoder)  # its adapters only, if any; the text side stays frozen
         else:
-            self.model.vision_model.requires_grad_(self.train_encoder)
+            lora.train_part(self.model.vision_model, self.train_encoder)
 
     def train(self, mode: bool = True) -> Blip:
         super().train(mode)
@@ -403,17 +413,8 @@ class Blip(nn.Module):
         out = Path(out)
         out.mkdir(parents=True, exist_ok=True)
         state = self.state_dict() if state_dict is None else state_dict
-        base = {k.replace("base_model.model.", "").replace(".base_layer.", "."): v
-                for k, v in strip_prefix(state, "model.").items() if "lora_" not in k}  # fmt: skip
-        wrapped = {part: self.lora_module(part) for part in lora.PARTS}
-        try:  # save_pretrained of the plain model: adapters' wrappers swapped out while it writes
-            for part, module in wrapped.items():
-                if lora.is_peft(module):
-                    self.set_lora_module(part, module.get_base_model())
-            self.model.save_pretrained(out, state_dict=base)
-        finally:
-            for part, module in wrapped.items():
-                self.set_lora_module(part, module)
+        with lora.plain_parts(self):  # save_pretrained of the plain model: adapters' wrappers swapped out
+            self.model.save_pretrained(out, state_dict=lora.plain_state(strip_prefix(state, "model.")))
         self.tokenizer.save_pretrained(out)
         if self.image_processor is not None:
             self.image_processor.save_pretrained(out)

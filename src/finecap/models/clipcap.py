@@ -202,6 +202,12 @@ class ClipCap(nn.Module):
         return True
 
     @property
+    def max_caption_tokens(self) -> int | None:
+        """The LM's positions after the prefix: a caption of T tokens reads ``k + T - 1`` of them."""
+        limit = self.max_positions
+        return None if limit is None else limit - self.prefix_length + 1
+
+    @property
     def pad_token_id(self) -> int:
         return int(self.tokenizer.pad_token_id)
 
@@ -235,12 +241,18 @@ class ClipCap(nn.Module):
         else:
             self.encoder.model = module
 
+    def lora_default_targets(self, part: str) -> tuple[str, ...]:
+        """Every linear layer of the part (``()``): GPT-2's ``c_attn``/``c_proj``/``c_fc``, the dual encoder's image
+        side (:mod:`finecap.models.lora`)."""
+        return ()
+
     def apply_trainable(self) -> None:
-        """``requires_grad`` from ``train_lm`` / ``train_encoder``; the mapper always learns."""
+        """``requires_grad`` from ``train_lm`` / ``train_encoder`` (through adapters when a part has some); the
+        mapper always learns."""
         self.mapper.requires_grad_(True)
-        self.lm.requires_grad_(self.train_lm)
+        lora.train_part(self.lm, self.train_lm)
         if self.encoder is not None:
-            self.encoder.set_trainable(self.train_encoder)  # the text side always stays frozen
+            self.encoder.set_trainable(self.train_encoder)  # its adapters only, if any; the text side stays frozen
 
     def config_dict(self) -> dict[str, Any]:
         """What :meth:`save` records in ``captioner.json``."""

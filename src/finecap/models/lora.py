@@ -7,8 +7,10 @@ applies this to a captioner, also one loaded from a checkpoint (``train.init_fro
 configuration, not the checkpoint's, decides what is trained.
 
 Each adapted part is wrapped in a ``peft.PeftModel`` (the backbone's ``lora_module(part)``: ClipCap's ``model.lm`` and
-``model.encoder.model``, BLIP's text decoder and vision model, see :mod:`finecap.models.blip` for its targets); module
-names stay the checkpoint's own, so targets are plain module names:
+``model.encoder.model``, BLIP's text decoder and vision model, a VLM's language model and vision tower; see
+:mod:`finecap.models.blip` and :mod:`finecap.models.vlm` for their targets); module names stay the checkpoint's own,
+so targets are plain module names. Empty targets mean the backbone's ``lora_default_targets(part)`` (a VLM family's
+documented list), and when that is empty too:
 
 - ``lora.lm_targets`` (empty = every ``nn.Linear`` / GPT-2 ``Conv1D`` of the LM except the output head, i.e. for
   GPT-2 ``c_attn``, ``c_proj``, ``c_fc`` of every block);
@@ -34,7 +36,8 @@ REINFORCE scores is the one it sampled from; targets as above (NDLB only says "r
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import contextlib
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -44,17 +47,13 @@ from peft import LoraConfig, PeftModel, get_peft_model
 from torch import nn
 from transformers.pytorch_utils import Conv1D
 
+from finecap.models.captioner import PARTS
 from finecap.models.vision import TEXT_SIDE
 
 if TYPE_CHECKING:
     from finecap.config import Config
+    from finecap.models.captioner import Captioner
 
-ClipCap = nn.Module
-"""What the functions below take: a :class:`finecap.models.clipcap.ClipCap` (``lm``, ``encoder``, ``mapper``,
-``train_lm``, ``train_encoder``). Named here, not imported, so that ``clipcap`` (which calls these functions to save
-and load) and this module do not import each other, even for type checking."""
-
-PARTS = ("lm", "encoder")
 ADAPTER_DIRS = {"lm": "lm_lora", "encoder": "encoder_lora"}
 
 
@@ -101,7 +100,7 @@ def _base(module: nn.Module) -> nn.Module:
     return module.get_base_model() if is_peft(module) else module
 
 
-def _part_module(model: ClipCap, part: str) -> nn.Module:
+def _part_module(model: Captioner, part: str) -> nn.Module:
     """The module of ``part`` (the captioner's ``lora_module``: ClipCap's LM / dual encoder, BLIP's text decoder /
     vision tower)."""
     if part not in PARTS:
@@ -112,7 +111,7 @@ def _part_module(model: ClipCap, part: str) -> nn.Module:
     return module
 
 
-def _set_part_module(model: ClipCap, part: str, module: nn.Module) -> None:
+def _set_part_module(model: Captioner, part: str, module: nn.Module) -> None:
     model.set_lora_module(part, module)  # keeps the part's place, so parameter order is stable
 
 
@@ -161,8 +160,13 @@ def resolve_targets(part: str, module: nn.Module, targets: Sequence[str]) -> lis
 # --------------------------------------------------------------------------------------------------------------------
 
 
-def _lora_config(part: str, module: nn.Module, spec: LoraSpec):
-    names = resolve_targets(part, module, spec.targets)
+def _targets(model: Captioner, part: str, spec: LoraSpec) -> tuple[str, ...]:
+    """The spec's targets, or the backbone's default targets of ``part`` when the spec has none."""
+    return tuple(spec.targets) or tuple(model.lora_default_targets(part))
+
+
+def _lora_config(part: str, module: nn.Module, targets: Sequence[str], spec: LoraSpec):
+    names = resolve_targets(part, module, targets)
     base = _base(module)
     modules = dict(base.named_modules())
     conv1d = any(isinstance(modules[n], Conv1D) for n in names)  # GPT-2 stores weights as (in, out)
@@ -170,14 +174,14 @@ def _lora_config(part: str, module: nn.Module, spec: LoraSpec):
                       fan_in_fan_out=conv1d, bias="none")  # fmt: skip
 
 
-def apply_lora(model: ClipCap, part: str, spec: LoraSpec) -> None:
+def apply_lora(model: Captioner, part: str, spec: LoraSpec) -> None:
     """Wrap ``part`` (``"lm"`` or ``"encoder"``) of ``model`` in fresh LoRA adapters (in place); only the adapters of
     that part are then trainable. The adapter initialisation draws from torch's global RNG (LoRA's B = 0, so the
     model's outputs are unchanged until the first update)."""
     module = _part_module(model, part)
     if is_peft(module):
         raise ValueError(f"the {part} already has LoRA adapters; merge them first (merge_lora)")
-    wrapped = get_peft_model(module, _lora_config(part, module, spec))
+    wrapped = get_peft_model(module, _lora_config(part, module, _targets(model, part, spec), spec))
     _set_part_module(model, part, wrapped)
     freeze_to_adapters(wrapped)
 
@@ -188,7 +192,16 @@ def freeze_to_adapters(module: nn.Module) -> None:
         p.requires_grad_("lora_" in name)
 
 
-def adapter_spec(model: ClipCap, part: str) -> LoraSpec | None:
+def train_part(module: nn.Module, trainable: bool) -> None:
+    """``requires_grad`` of one part of a captioner: through its adapters when it has some (base weights frozen),
+    else every parameter; nothing when ``trainable`` is false. What each backbone's ``apply_trainable`` uses."""
+    if trainable and is_peft(module):
+        freeze_to_adapters(module)
+    else:
+        module.requires_grad_(trainable)
+
+
+def adapter_spec(model: Captioner, part: str) -> LoraSpec | None:
     """The settings of ``part``'s adapters (targets as full module names), or None without adapters."""
     module = model.lora_module(part)
     if module is None or not is_peft(module):
@@ -199,22 +212,22 @@ def adapter_spec(model: ClipCap, part: str) -> LoraSpec | None:
     return LoraSpec(rank=int(c.r), alpha=float(c.lora_alpha), dropout=float(c.lora_dropout), targets=tuple(names))
 
 
-def _same(model: ClipCap, part: str, have: LoraSpec, want: LoraSpec) -> bool:
+def _same(model: Captioner, part: str, have: LoraSpec, want: LoraSpec) -> bool:
     module = _part_module(model, part)
-    resolved = tuple(sorted(resolve_targets(part, module, want.targets)))
+    resolved = tuple(sorted(resolve_targets(part, module, _targets(model, part, want))))
     return (have.rank, have.alpha, have.dropout, tuple(sorted(have.targets))) == (
         want.rank, want.alpha, want.dropout, resolved,
     )  # fmt: skip
 
 
-def merge_part(model: ClipCap, part: str) -> None:
+def merge_part(model: Captioner, part: str) -> None:
     """Fold ``part``'s adapters into its base weights (``merge_and_unload``), in place."""
     module = _part_module(model, part)
     if is_peft(module):
         _set_part_module(model, part, module.merge_and_unload())
 
 
-def merge_lora(model: ClipCap) -> ClipCap:
+def merge_lora(model: Captioner) -> Captioner:
     """Fold every adapter into the base weights (in place; returns ``model``): a plain captioner with the same
     outputs, for inference or :meth:`ClipCap.save` as a plain checkpoint. Trainability follows
     ``model.train_lm`` / ``model.train_encoder`` again (full fine-tuning)."""
@@ -225,26 +238,22 @@ def merge_lora(model: ClipCap) -> ClipCap:
     return model
 
 
-def has_adapters(model: ClipCap) -> bool:
+def has_adapters(model: Captioner) -> bool:
     return any(adapter_spec(model, p) is not None for p in PARTS)
 
 
-def set_trainable(model: ClipCap, *, lm: bool, encoder: bool) -> None:
-    """Set what learns: the backbone's always-trained parts (ClipCap's mapper); the LM and encoder when asked,
-    through their adapters when they have some, else fully. Updates ``model.train_lm`` / ``model.train_encoder``
-    (batches then carry ``pixel_values``)."""
+def set_trainable(model: Captioner, *, lm: bool, encoder: bool) -> None:
+    """Set what learns: the backbone's always-trained parts (ClipCap's mapper, a VLM's projector); the LM and
+    encoder when asked, through their adapters when they have some, else fully (the backbone's ``apply_trainable``).
+    Updates ``model.train_lm`` / ``model.train_encoder`` (batches then carry pixel inputs)."""
     if encoder and model.lora_module("encoder") is None:
         raise ValueError("model.train_encoder=true needs a captioner with a vision encoder")
     model.train_lm, model.train_encoder = bool(lm), bool(encoder)
     model.apply_trainable()  # requires_grad from the flags (the text side of a dual encoder always stays frozen)
-    for part, flag in (("lm", model.train_lm), ("encoder", model.train_encoder)):
-        module = model.lora_module(part)
-        if flag and module is not None and is_peft(module):
-            freeze_to_adapters(module)
     model.train(model.training)  # frozen parts back to eval mode
 
 
-def configure_training(model: ClipCap, cfg: Config) -> ClipCap:
+def configure_training(model: Captioner, cfg: Config) -> Captioner:
     """Make ``model`` train what ``cfg`` says (``model.train_lm``, ``model.train_encoder``, ``lora.*``), in place.
 
     Adapters the model already has with the same settings are kept (``--resume``, or continuing a LoRA run);
@@ -275,6 +284,29 @@ def configure_training(model: ClipCap, cfg: Config) -> ClipCap:
 # --------------------------------------------------------------------------------------------------------------------
 
 
+def plain_state(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """A state dict of a model whose parts may be wrapped in adapters (``...text_decoder.base_model.model.x.
+    base_layer.weight``), without the adapters and under the plain model's names (``...text_decoder.x.weight``)."""
+    return {k.replace("base_model.model.", "").replace(".base_layer.", "."): v for k, v in state.items()
+            if "lora_" not in k}  # fmt: skip
+
+
+@contextlib.contextmanager
+def plain_parts(model: Captioner) -> Iterator[Captioner]:
+    """Within the block, every adapted part of ``model`` is its base model (adapters' wrappers swapped out, LoRA
+    layers still injected), so that a backbone's ``save_pretrained`` writes the model under its own names."""
+    wrapped = {part: model.lora_module(part) for part in PARTS}
+    try:
+        for part, module in wrapped.items():
+            if module is not None and is_peft(module):
+                model.set_lora_module(part, module.get_base_model())
+        yield model
+    finally:
+        for part, module in wrapped.items():
+            if module is not None:
+                model.set_lora_module(part, module)
+
+
 def base_state_dict(module: nn.Module, state: dict[str, torch.Tensor] | None = None) -> dict[str, torch.Tensor]:
     """The state dict of ``module`` without adapters, under the base model's own names (``state``: the module's
     state dict to use, e.g. gathered from a sharded model; default ``module.state_dict()``)."""
@@ -299,7 +331,7 @@ def save_encoder(encoder: Any, out: str | Path, state: dict[str, torch.Tensor] |
 
 
 def save_adapters(
-    model: ClipCap, out: str | Path, states: dict[str, dict[str, torch.Tensor]] | None = None
+    model: Captioner, out: str | Path, states: dict[str, dict[str, torch.Tensor]] | None = None
 ) -> dict[str, dict[str, Any]]:
     """Write each part's adapters in peft's format (``<out>/lm_lora``, ``<out>/encoder_lora``); returns what
     ``captioner.json`` records under ``"lora"`` (empty without adapters). ``states``: per part, the part's state dict
@@ -315,7 +347,7 @@ def save_adapters(
     return meta
 
 
-def load_adapters(model: ClipCap, path: str | Path, meta: dict[str, dict[str, Any]] | None) -> ClipCap:
+def load_adapters(model: Captioner, path: str | Path, meta: dict[str, dict[str, Any]] | None) -> Captioner:
     """Attach the adapters recorded in ``meta`` (``captioner.json``'s ``"lora"``) from checkpoint ``path``,
     unmerged; they are trainable when their part is (``model.train_lm`` / ``model.train_encoder``)."""
     for part, info in (meta or {}).items():

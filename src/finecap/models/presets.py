@@ -1,7 +1,8 @@
-"""Tiny model presets for the embedded world: a small GPT-2 over the world tokenizer (random initialisation).
+"""Tiny model presets for the embedded world: a small GPT-2 over the world tokenizer (random initialisation), and
+tiny CLIP, BLIP and decoder-only VLMs (LLaVA, Idefics3, Qwen2-VL) saved like Hub checkpoints for tests and benchmarks.
 
-These are real ``transformers`` architectures (``GPT2LMHeadModel``) at toy sizes, trained from scratch here. Nothing
-else in finecap assumes them: a captioner built on ``gpt2`` takes every shape from the loaded checkpoint.
+These are real ``transformers`` architectures at toy sizes, trained from scratch here. Nothing else in finecap
+assumes them: a captioner built on ``gpt2`` takes every shape from the loaded checkpoint.
 
 Example::
 
@@ -34,6 +35,7 @@ except ImportError:  # pragma: no cover - older transformers
 
 from finecap.models.retriever import Retriever
 from finecap.models.tokenizer import world_tokenizer
+from finecap.world.captions import vocabulary
 
 WORLD_LM_POSITIONS = 64
 """Default position limit of the tiny LM; enough for a prefix of 10 plus 32 caption tokens."""
@@ -197,4 +199,154 @@ def save_tiny_blip(out: str | Path, *, image_size: int = 32, seed: int = 0, **si
     model.save_pretrained(out)
     tok.save_pretrained(out)
     BlipImageProcessor(size={"height": image_size, "width": image_size}).save_pretrained(out)
+    return out
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# Tiny decoder-only VLMs (tests, benchmarks)
+# --------------------------------------------------------------------------------------------------------------------
+
+VLM_FAMILIES = ("llava", "idefics3", "qwen2_vl")
+"""The families :func:`save_tiny_vlm` builds (``config.model_type``)."""
+
+PROMPT_WORDS = ("user", "assistant", "describe", "image", ":")
+"""Words of the chat prompts added to the world vocabulary of tiny VLMs, so prompts are not all ``<unk>``."""
+
+CHAT_TEMPLATES = {
+    "llava": (
+        "{% for m in messages %}{{ m['role'].upper() + ': ' }}{% for c in m['content'] %}{% if c['type'] == 'image' %}"
+        "{{ '<image>\n' }}{% else %}{{ c['text'] + ' ' }}{% endif %}{% endfor %}{% endfor %}"
+        "{% if add_generation_prompt %}{{ 'ASSISTANT:' }}{% endif %}"
+    ),
+    "idefics3": (
+        "<|im_start|>{% for m in messages %}{{ m['role'] | capitalize }}{% if m['content'][0]['type'] == 'image' %}"
+        "{{ ':' }}{% else %}{{ ': ' }}{% endif %}{% for c in m['content'] %}"
+        "{% if c['type'] == 'text' %}{{ c['text'] }}{% elif c['type'] == 'image' %}{{ '<image>' }}{% endif %}"
+        "{% endfor %}<end_of_utterance>\n{% endfor %}"
+        "{% if add_generation_prompt %}{{ 'Assistant:' }}{% endif %}"
+    ),
+    "qwen2_vl": (
+        "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{% for c in m['content'] %}{% if c['type'] == 'image' %}"
+        "<|vision_start|><|image_pad|><|vision_end|>{% else %}{{ c['text'] }}{% endif %}{% endfor %}<|im_end|>\n"
+        "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+    ),
+}
+"""Chat templates of the tiny VLMs, shaped like their families' own (LLaVA-1.5, SmolVLM, Qwen2-VL-Instruct)."""
+
+VLM_SPECIAL_TOKENS = {
+    "llava": (["<image>"], None),
+    "idefics3": (["<fake_token_around_image>", "<image>", "<end_of_utterance>", "<global-img>", "<|im_start|>"],
+                 "<end_of_utterance>"),
+    "qwen2_vl": (["<|im_start|>", "<|im_end|>", "<|vision_start|>", "<|vision_end|>", "<|image_pad|>",
+                  "<|video_pad|>"], "<|im_end|>"),
+}  # fmt: skip
+"""Per family: the special tokens its processor and config use, and the token ending an assistant turn (the EOS of
+captions; ``None``: the world tokenizer's ``<eos>``, as LLaVA-1.5's ``</s>``)."""
+
+
+def vlm_tokenizer(family: str) -> Any:
+    """The world tokenizer with the prompt words and the family's special tokens; EOS = the end of an assistant
+    turn."""
+    specials, eos = VLM_SPECIAL_TOKENS[family]
+    tok = world_tokenizer([*vocabulary(), *PROMPT_WORDS])
+    tok.add_special_tokens({"additional_special_tokens": specials})
+    if eos is not None:
+        tok.eos_token = eos
+    return tok
+
+
+def tiny_vlm(family: str, *, image_size: int = 16, hidden: int = 32, layers: int = 1, heads: int = 2,
+             positions: int = 128) -> tuple[Any, Any]:  # fmt: skip
+    """A random tiny ``...ForConditionalGeneration`` of ``family`` (:data:`VLM_FAMILIES`, current torch RNG) and its
+    processor (tokenizer: :func:`vlm_tokenizer`; chat template: :data:`CHAT_TEMPLATES`). Images of ``image_size`` px
+    give 4 image tokens in every family."""
+    import transformers as tf
+
+    if family not in VLM_FAMILIES:
+        raise ValueError(f"tiny VLM family {family!r}; valid: {', '.join(VLM_FAMILIES)}")
+    tok = vlm_tokenizer(family)
+    ids = {"pad_token_id": tok.pad_token_id, "eos_token_id": tok.eos_token_id, "bos_token_id": tok.bos_token_id}
+    text = dict(vocab_size=len(tok), hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers,
+                num_attention_heads=heads, num_key_value_heads=1, max_position_embeddings=positions,
+                **ids)  # fmt: skip
+    vision = dict(hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2)
+    template = CHAT_TEMPLATES[family]
+    if family == "llava":
+        patch = image_size // 2  # 2 x 2 patches + CLS; the default strategy drops CLS: 4 image tokens
+        config = tf.LlavaConfig(
+            vision_config=dict(model_type="clip_vision_model", image_size=image_size, patch_size=patch,
+                               projection_dim=16, **vision),
+            text_config=dict(model_type="llama", **text), image_token_id=tok.convert_tokens_to_ids("<image>"),
+            vision_feature_layer=-1, vision_feature_select_strategy="default", **ids,
+        )  # fmt: skip
+        model = tf.LlavaForConditionalGeneration(config)
+        size = {"height": image_size, "width": image_size}
+        image_processor = tf.CLIPImageProcessor(size={"shortest_edge": image_size}, crop_size=size)
+        processor = tf.LlavaProcessor(image_processor=image_processor, tokenizer=tok, patch_size=patch,
+                                      vision_feature_select_strategy="default", num_additional_image_tokens=1,
+                                      chat_template=template)  # fmt: skip
+    elif family == "idefics3":
+        patch = image_size // 4  # 4 x 4 patches, pixel-shuffled by 2: 4 image tokens
+        config = tf.Idefics3Config(
+            vision_config=dict(image_size=image_size, patch_size=patch, **vision),
+            text_config=dict(model_type="llama", **text), image_token_id=tok.convert_tokens_to_ids("<image>"),
+            scale_factor=2, **ids,
+        )  # fmt: skip
+        model = tf.Idefics3ForConditionalGeneration(config)
+        edge = {"longest_edge": image_size}
+        image_processor = tf.Idefics3ImageProcessor(do_image_splitting=False, size=edge, max_image_size=edge)
+        processor = tf.Idefics3Processor(image_processor=image_processor, tokenizer=tok, image_seq_len=4,
+                                         chat_template=template)  # fmt: skip
+    else:
+        from finecap.models.vlm import image_only_processor
+
+        head_dim = hidden // heads
+        section = [head_dim // 2 - 2 * (head_dim // 6), head_dim // 6, head_dim // 6]  # t, h, w halves of rope
+        config = tf.Qwen2VLConfig(
+            vision_config=dict(depth=1, embed_dim=16, hidden_size=hidden, num_heads=2, mlp_ratio=2,
+                               patch_size=image_size // 4, spatial_merge_size=2, temporal_patch_size=2, in_chans=3),
+            text_config=dict(**text, rope_parameters={"rope_type": "default", "mrope_section": section,
+                                                      "rope_theta": 10000.0}),
+            image_token_id=tok.convert_tokens_to_ids("<|image_pad|>"),
+            video_token_id=tok.convert_tokens_to_ids("<|video_pad|>"),
+            vision_start_token_id=tok.convert_tokens_to_ids("<|vision_start|>"),
+            vision_end_token_id=tok.convert_tokens_to_ids("<|vision_end|>"), **ids,
+        )  # fmt: skip
+        model = tf.Qwen2VLForConditionalGeneration(config)
+        pixels = image_size * image_size
+        image_processor = tf.Qwen2VLImageProcessor(min_pixels=pixels, max_pixels=pixels, patch_size=image_size // 4,
+                                                   merge_size=2, temporal_patch_size=2)  # fmt: skip
+        cls = tf.Qwen2VLProcessor
+        try:
+            from transformers.utils import is_torchvision_available
+
+            video = tf.Qwen2VLVideoProcessor() if is_torchvision_available() else None
+        except ImportError:  # pragma: no cover
+            video = None
+        if video is None:
+            processor = image_only_processor(cls)(image_processor=image_processor, tokenizer=tok,
+                                                  chat_template=template)  # fmt: skip
+        else:  # pragma: no cover - torchvision installed
+            processor = cls(image_processor=image_processor, tokenizer=tok, video_processor=video,
+                            chat_template=template)  # fmt: skip
+    model.generation_config.eos_token_id = tok.eos_token_id
+    model.generation_config.pad_token_id = tok.pad_token_id
+    return model, processor
+
+
+def save_tiny_vlm(out: str | Path, family: str, *, seed: int = 0, std: float = 0.0, **sizes: Any) -> Path:
+    """Save a random tiny VLM of ``family`` with its processor into ``out``, laid out like a Hub checkpoint
+    (``model.vlm=<out>``, ``AutoModelForImageTextToText.from_pretrained(out)`` and ``AutoProcessor`` load it).
+    ``std > 0`` redraws every weight matrix from ``N(0, std)`` (at the default 0.02 a random tiny model's next-token
+    distribution barely depends on the image)."""
+    torch.manual_seed(seed)
+    model, processor = tiny_vlm(family, **sizes)
+    if std > 0:
+        with torch.no_grad():
+            for p in model.parameters():
+                if p.ndim == 2:
+                    p.normal_(0.0, std)
+    out = Path(out)
+    model.save_pretrained(out)
+    processor.save_pretrained(out)
     return out

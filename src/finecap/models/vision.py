@@ -107,10 +107,12 @@ class VisionEncoder(nn.Module):
         return [p for p in self.model.parameters() if id(p) not in skip]
 
     def set_trainable(self, trainable: bool) -> None:
-        """Freeze everything, then unfreeze the image path when ``trainable``."""
+        """Freeze everything, then unfreeze the image path when ``trainable``: its LoRA adapters when the model is
+        wrapped in some (:mod:`finecap.models.lora`; they sit on the image side only), else every image-side weight."""
         self.model.requires_grad_(False)
         if trainable:
-            for p in self.image_parameters():
+            adapters = [p for name, p in self.model.named_parameters() if "lora_" in name]
+            for p in adapters or self.image_parameters():
                 p.requires_grad_(True)
 
     def save(self, out: str | Path) -> None:

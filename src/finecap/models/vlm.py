@@ -1,0 +1,628 @@
+"""Decoder-only vision-language models (``model.kind=vlm``): LLaVA, Idefics3 (SmolVLM) and Qwen2-VL behind the
+captioner contract (:class:`finecap.models.captioner.Captioner`).
+
+:class:`Vlm` wraps an ``AutoModelForImageTextToText`` and its ``AutoProcessor``, loaded by Hub name or local path
+(``HuggingFaceTB/SmolVLM-256M-Instruct``, ``llava-hf/llava-1.5-7b-hf``, ``Qwen/Qwen2-VL-2B-Instruct``) or built from
+small configs (:func:`finecap.models.presets.save_tiny_vlm`, for tests). Shapes, vocabulary, tokenizer, chat template
+and image processing all come from the checkpoint.
+
+**Prompt and caption.** Every image is captioned after the same chat prompt: a user turn holding the image and
+``model.vlm_prompt`` (default ``Describe the image.``), rendered with the processor's chat template and its
+generation prompt (``... Assistant:``), the image placeholder expanded by the processor to the model's image tokens.
+The caption is the assistant's answer: the caption tokens followed by the tokenizer's EOS, which must be the token
+that ends an assistant turn (``<end_of_utterance>`` for SmolVLM, ``<|im_end|>`` for Qwen2-VL, ``</s>`` for LLaVA-1.5),
+so decoding stops where ``generate`` stops. The collator pre-processes images into ``prompt_ids`` / ``prompt_mask``
+(left-padded, as ``generate`` pads a batch of prompts) plus the family's image inputs (``pixel_values`` and
+``pixel_attention_mask`` / ``image_grid_thw`` / ``image_sizes``); the captions are the batch's ``input_ids`` as for
+every backbone.
+
+**Masking.** ``forward`` runs the model on ``[prompt, caption[:-1]]`` and returns the logits of the caption positions
+only (``logits_to_keep``), aligned with ``input_ids`` as for ClipCap and BLIP; prompt, image and padding tokens
+therefore never enter a loss, a log-prob, an entropy or SMILE's vocabulary subset (which is drawn from the labels,
+i.e. caption tokens). Padding: prompts are left-padded (masked), captions right-padded (labels -100).
+
+**Positions.** Every call passes explicit ``position_ids``, computed as ``generate`` computes them: ``cumsum(mask) -
+1`` over the prompt (text rope), or for Qwen2-VL's multimodal rope the model's own ``get_rope_index`` on the prompt
+(temporal / height / width rows, plus the text row that ``generate`` prepends), caption token ``j`` then sitting at
+``start + j`` (``+ rope delta`` on the rope rows). So teacher forcing, scoring and finecap's batched decoder see the
+same positions as ``generate``, whatever the padding, and Qwen2-VL's cached ``rope_deltas`` are never relied on.
+
+**Decoding** runs the :class:`finecap.decode.Stepper` protocol: ``start`` embeds the prompt once (image features
+scattered into the image-token slots, as the model's own forward does) and pre-fills the language model's
+``DynamicCache``; ``step`` feeds one token per row with its position; ``select`` reorders cache rows for beams and
+samples. Greedy, beam search and sampling equal ``generate`` on the same model and settings (tests).
+
+**What trains** (``apply_trainable``): ``"lm"`` = the language model and its output head (``model.train_lm``),
+``"encoder"`` = the vision tower (``model.train_encoder``), and the projector between them
+(``model.vlm_train_projector``, default on: like ClipCap's mapper it learns whatever else does). LoRA adapters
+(:mod:`finecap.models.lora`) wrap the language model and / or the vision tower; default targets per family
+(:data:`FAMILIES`) are the attention and MLP projections of the language model (``q_proj``, ``k_proj``, ``v_proj``,
+``o_proj``, ``gate_proj``, ``up_proj``, ``down_proj``: Llama, SmolLM2 and Qwen2 share these names) and of the vision
+tower (CLIP / SigLIP: ``q_proj``, ``k_proj``, ``v_proj``, ``out_proj``, ``fc1``, ``fc2``; Qwen2-VL's ViT: ``qkv``,
+``attn.proj``, ``fc1``, ``fc2``), never the projector (Qwen2-VL's ``visual.merger`` sits inside its vision tower
+and is excluded by these names) nor the output head.
+
+**Checkpoints** (:meth:`Vlm.save`): the model with ``save_pretrained`` (base weights, adapters' wrappers removed)
+and the processor in the folder itself, so ``AutoModelForImageTextToText.from_pretrained(folder)`` and
+``AutoProcessor.from_pretrained(folder)`` load a fine-tuned VLM outside finecap; LoRA adapters in peft's format
+beside it (``lm_lora/`` on the language model, ``encoder_lora/`` on the vision tower:
+``PeftModel.from_pretrained(model.model.language_model, folder / "lm_lora")``); ``captioner.json`` (``"kind":
+"vlm"``, the family, the prompt, what trains).
+
+Without ``torchvision``, ``transformers`` cannot build the video processor that Qwen2-VL's processor class requires
+(its class check and ``AutoVideoProcessor`` both need it), although captioning never touches videos:
+:func:`load_processor` then builds the family's processor class without its video processor
+(:func:`image_only_processor`), and says so in a docstring rather than in silence.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+import transformers
+from PIL import Image
+from torch import nn
+from transformers import AutoConfig, AutoModelForImageTextToText, AutoProcessor
+from transformers.cache_utils import Cache
+from transformers.utils import is_torchvision_available
+
+from finecap.config import DecodeConfig
+from finecap.decode import Generation
+from finecap.models import lora
+from finecap.models.captioner import TokenScores, generate_in_chunks, logits_or_scores, strip_prefix
+from finecap.models.tokenizer import ensure_pad_token
+from finecap.utils import read_json, write_json
+
+if TYPE_CHECKING:
+    from finecap.config import Config
+
+CONFIG_NAME = "captioner.json"
+KIND = "vlm"
+DEFAULT_PROMPT = "Describe the image."
+
+LM_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+"""LoRA's default targets in the language model of every family (Llama / SmolLM2 / Qwen2 projection names)."""
+VIT_TARGETS = ("q_proj", "k_proj", "v_proj", "out_proj", "fc1", "fc2")
+"""LoRA's default targets in a CLIP or SigLIP vision tower (LLaVA, Idefics3)."""
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# Families
+# --------------------------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Family:
+    """Where a VLM family keeps its parts (attribute paths from the ``...ForConditionalGeneration``) and how it reads
+    images and positions.
+
+    Attributes:
+        language_model: the decoder without its head (LoRA's ``"lm"`` part).
+        vision: the vision tower (LoRA's ``"encoder"`` part).
+        projector: the module from vision features to the language model's embeddings.
+        image_inputs: the processor outputs that ``get_image_features`` reads.
+        mrope: multimodal rope positions (``get_rope_index``: temporal / height / width rows), else 1-D positions.
+        lm_targets, vision_targets: LoRA's default targets (names or dot-suffixes) in the two parts.
+    """
+
+    language_model: str
+    vision: str
+    projector: str
+    image_inputs: tuple[str, ...]
+    mrope: bool = False
+    lm_targets: tuple[str, ...] = LM_TARGETS
+    vision_targets: tuple[str, ...] = VIT_TARGETS
+
+
+FAMILIES: dict[str, Family] = {
+    "llava": Family(
+        "model.language_model", "model.vision_tower", "model.multi_modal_projector", ("pixel_values", "image_sizes")
+    ),
+    "idefics3": Family(
+        "model.text_model", "model.vision_model", "model.connector", ("pixel_values", "pixel_attention_mask")
+    ),
+    "qwen2_vl": Family(
+        "model.language_model",
+        "model.visual",
+        "model.visual.merger",
+        ("pixel_values", "image_grid_thw"),
+        mrope=True,
+        vision_targets=("qkv", "attn.proj", "fc1", "fc2"),
+    ),
+}
+"""The supported families by ``config.model_type`` (SmolVLM-256M/500M/2B-Instruct are ``idefics3``)."""
+
+
+def family_of(config: Any, source: str = "") -> Family:
+    """The :class:`Family` of a model config (its ``model_type``); an unsupported type is an error naming
+    ``model.vlm`` and the supported ones."""
+    model_type = getattr(config, "model_type", None)
+    if model_type not in FAMILIES:
+        raise ValueError(
+            f"model.vlm={source or model_type}: model_type {model_type!r} is not a supported VLM family; "
+            f"supported: {', '.join(sorted(FAMILIES))}"
+        )
+    return FAMILIES[model_type]
+
+
+def _path(root: Any, path: str) -> Any:
+    """``root.a.b.c`` for ``path = "a.b.c"`` (through peft wrappers, which forward attribute access)."""
+    return functools.reduce(getattr, path.split("."), root)
+
+
+def _set_path(root: Any, path: str, value: Any) -> None:
+    parent, _, name = path.rpartition(".")
+    setattr(_path(root, parent) if parent else root, name, value)
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# Processors
+# --------------------------------------------------------------------------------------------------------------------
+
+
+@functools.cache
+def image_only_processor(cls: type) -> type:
+    """``cls`` (a processor class such as ``Qwen2VLProcessor``) without its ``video_processor``: what
+    :func:`load_processor` builds when ``transformers`` cannot make the video processor (no ``torchvision``).
+
+    Not a re-implementation: the subclass only drops ``video_processor`` from the attributes that
+    ``ProcessorMixin`` checks, saves and loads; the family's own ``__call__`` (chat template, image-token expansion,
+    image processor) runs unchanged, and its folders keep the class name, so ``AutoProcessor`` reads them where
+    ``torchvision`` is installed."""
+
+    @classmethod
+    def get_attributes(sub: type) -> list[str]:
+        return [a for a in cls.get_attributes() if a != "video_processor"]
+
+    return type(cls.__name__, (cls,), {"get_attributes": get_attributes, "video_processor": None,
+                                       "__module__": cls.__module__, "__doc__": cls.__doc__})  # fmt: skip
+
+
+def load_processor(name_or_path: str | Path) -> Any:
+    """``AutoProcessor.from_pretrained``; without ``torchvision``, a processor whose class needs a video processor is
+    built without one (:func:`image_only_processor`)."""
+    name = str(name_or_path)
+    try:
+        return AutoProcessor.from_pretrained(name)
+    except (ImportError, OSError, ValueError):
+        if is_torchvision_available():
+            raise
+        model_type = AutoConfig.from_pretrained(name).model_type
+        class_name = transformers.models.auto.processing_auto.PROCESSOR_MAPPING_NAMES.get(model_type)
+        cls = getattr(transformers, class_name, None) if class_name else None
+        if cls is None or "video_processor" not in cls.get_attributes():
+            raise
+        return image_only_processor(cls).from_pretrained(name)
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# The prompt and the decoding state
+# --------------------------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Prompt:
+    """The conditioning of B images: the embedded chat prompt with image features in place, and its positions.
+
+    Attributes:
+        embeds: ``(B, P, H)`` prompt embeddings (left-padded).
+        mask: ``(B, P)`` attention mask (0 on the left padding).
+        positions: ``(B, P)`` 1-D positions, or ``(4, B, P)`` for multimodal rope (text row, then t / h / w).
+        start: ``(B,)`` text position of the first caption token (the number of real prompt tokens).
+        delta: ``(B,)`` multimodal-rope offset of caption tokens (0 for 1-D positions).
+    """
+
+    embeds: torch.Tensor
+    mask: torch.Tensor
+    positions: torch.Tensor
+    start: torch.Tensor
+    delta: torch.Tensor
+
+    def __len__(self) -> int:
+        return self.embeds.shape[0]
+
+    def __getitem__(self, index: torch.Tensor | slice) -> Prompt:
+        """Rows of images (``index``: a slice or a ``(N,)`` index tensor, e.g. ``Generation.image_index``)."""
+        positions = self.positions[:, index] if self.mrope else self.positions[index]
+        return Prompt(self.embeds[index], self.mask[index], positions, self.start[index], self.delta[index])
+
+    @property
+    def mrope(self) -> bool:
+        return self.positions.ndim == 3
+
+    def caption_positions(self, first: int, n: int) -> torch.Tensor:
+        """Positions of caption tokens ``first .. first + n - 1``: ``(B, n)`` or ``(4, B, n)``."""
+        return caption_positions(self.start, self.delta, self.mrope, first, n)
+
+
+def caption_positions(start: torch.Tensor, delta: torch.Tensor, mrope: bool, first: int, n: int) -> torch.Tensor:
+    """Positions of caption tokens ``first .. first + n - 1`` of rows whose first caption token sits at text position
+    ``start (B,)`` (and rope offset ``delta (B,)``): ``(B, n)``, or ``(4, B, n)`` for multimodal rope."""
+    text = start[:, None] + torch.arange(first, first + n, device=start.device)  # (B, n)
+    if not mrope:
+        return text
+    rope = (text + delta[:, None])[None].expand(3, -1, -1)  # (3, B, n)
+    return torch.cat([text[None], rope], dim=0)  # (4, B, n)
+
+
+@dataclass
+class DecodeState:
+    """The Stepper state: the language model's KV cache, the attention mask so far ``(N, P + t)``, each row's
+    ``start`` / ``delta`` (:class:`Prompt`) and the number ``t`` of caption tokens fed so far."""
+
+    cache: Cache
+    mask: torch.Tensor
+    start: torch.Tensor
+    delta: torch.Tensor
+    mrope: bool
+    t: int = 0
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# The vision side
+# --------------------------------------------------------------------------------------------------------------------
+
+
+class VlmImages:
+    """A VLM's ``encoder`` (:class:`finecap.models.captioner.ImageSide`): pre-processing through the processor (prompt
+    ids and image inputs) and the vision tower's trainability. A view on the :class:`Vlm`, not a submodule."""
+
+    def __init__(self, vlm: Vlm) -> None:
+        self.vlm = vlm
+
+    @property
+    def model(self) -> nn.Module:
+        return self.vlm.lora_module("encoder")
+
+    def preprocess(self, images: Sequence[Image.Image]) -> dict[str, torch.Tensor]:
+        """PIL images -> ``prompt_ids`` / ``prompt_mask`` ``(B, P)`` (the chat prompt with the image tokens expanded,
+        left-padded) and the family's image inputs (``pixel_values``, ...), with the checkpoint's processor."""
+        images = [im.convert("RGB") for im in images]
+        vlm = self.vlm
+        enc = vlm.processor(text=[vlm.prompt_text] * len(images), images=[[im] for im in images], padding=True,
+                            return_tensors="pt")  # fmt: skip
+        out = {"prompt_ids": enc["input_ids"], "prompt_mask": enc["attention_mask"]}
+        out.update({k: enc[k] for k in vlm.family.image_inputs if k in enc})
+        return out
+
+    def set_trainable(self, trainable: bool) -> None:
+        lora.train_part(self.model, trainable)
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# The captioner
+# --------------------------------------------------------------------------------------------------------------------
+
+
+class Vlm(nn.Module):
+    """A decoder-only VLM captioner. See the module docstring; build it with :func:`build_vlm`,
+    :meth:`from_pretrained` or :meth:`from_checkpoint`.
+
+    Args:
+        model: an ``AutoModelForImageTextToText`` of a supported family (:data:`FAMILIES`).
+        processor: its processor (chat template, image processor, tokenizer).
+        prompt: the user's text after the image (``model.vlm_prompt``).
+        train_encoder: train the vision tower.
+        train_lm: train the language model and its head.
+        train_projector: train the projector (``model.vlm_train_projector``).
+        source: where the model came from (recorded in checkpoints).
+    """
+
+    def __init__(
+        self,
+        model: nn.Module,
+        processor: Any,
+        *,
+        prompt: str = DEFAULT_PROMPT,
+        train_encoder: bool = False,
+        train_lm: bool = True,
+        train_projector: bool = True,
+        source: str = "",
+    ) -> None:
+        super().__init__()
+        self.family = family_of(model.config, source)
+        self.model = model
+        self.processor = processor
+        self.tokenizer = ensure_pad_token(processor.tokenizer)
+        self.tokenizer.padding_side = "left"  # prompts are left-padded, as generate pads them
+        self.prompt = prompt
+        messages = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": prompt}]}]
+        if getattr(processor, "chat_template", None) is None:
+            raise ValueError(f"model.vlm={source}: the processor has no chat template to build the prompt with")
+        self.prompt_text = processor.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+        self.image_token_id = int(model.config.image_token_id)
+        self.train_encoder = bool(train_encoder)
+        self.train_lm = bool(train_lm)
+        self.train_projector = bool(train_projector)
+        self.source = source
+        self._images = VlmImages(self)
+        self.apply_trainable()
+        self.train(self.training)
+
+    # ------------------------------------------------------------------------------------------------------------
+    # What it is
+    # ------------------------------------------------------------------------------------------------------------
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.model.parameters()).device
+
+    @property
+    def encoder(self) -> VlmImages:
+        return self._images
+
+    @property
+    def cache_features(self) -> bool:
+        """Never: the frozen vision tower's outputs are many tokens per image (and the prompt is built with them), so
+        they are recomputed from ``pixel_values``."""
+        return False
+
+    @property
+    def max_positions(self) -> int | None:
+        value = getattr(self.model.config.get_text_config(), "max_position_embeddings", None)
+        return int(value) if value else None
+
+    @property
+    def max_caption_tokens(self) -> None:
+        """``None``: the prompt's length depends on the image (Qwen2-VL, Idefics3 with image splitting), so
+        ``forward`` and ``generate`` check prompt + caption against the language model's positions per batch."""
+        return None
+
+    @property
+    def pad_token_id(self) -> int:
+        return int(self.tokenizer.pad_token_id)
+
+    @property
+    def eos_token_id(self) -> int:
+        return int(self.tokenizer.eos_token_id)
+
+    # ------------------------------------------------------------------------------------------------------------
+    # What trains
+    # ------------------------------------------------------------------------------------------------------------
+
+    def lora_module(self, part: str) -> nn.Module:
+        """``"lm"``: the language model (without its head); ``"encoder"``: the vision tower."""
+        return _path(self.model, self.family.language_model if part == "lm" else self.family.vision)
+
+    def set_lora_module(self, part: str, module: nn.Module) -> None:
+        _set_path(self.model, self.family.language_model if part == "lm" else self.family.vision, module)
+
+    def lora_default_targets(self, part: str) -> tuple[str, ...]:
+        """The family's attention and MLP projections of the part (module docstring)."""
+        return self.family.lm_targets if part == "lm" else self.family.vision_targets
+
+    def apply_trainable(self) -> None:
+        """``requires_grad``: the language model and head from ``train_lm``, the vision tower from ``train_encoder``
+        (through their adapters when they have some), then the projector from ``train_projector``."""
+        self.model.requires_grad_(False)
+        lm = self.lora_module("lm")
+        lora.train_part(lm, self.train_lm)
+        if not lora.is_peft(lm):  # the head trains with a fully trained LM, never beside its adapters
+            self.model.get_output_embeddings().requires_grad_(self.train_lm)
+        lora.train_part(self.lora_module("encoder"), self.train_encoder)
+        _path(self.model, self.family.projector).requires_grad_(self.train_projector)
+
+    def train(self, mode: bool = True) -> Vlm:
+        super().train(mode)
+        if not self.train_encoder:
+            self.lora_module("encoder").eval()
+        if not self.train_lm:
+            self.lora_module("lm").eval()
+        if not self.train_projector:
+            _path(self.model, self.family.projector).eval()
+        return self
+
+    def config_dict(self) -> dict[str, Any]:
+        return {
+            "kind": KIND,
+            "family": self.model.config.model_type,
+            "prompt": self.prompt,
+            "train_encoder": self.train_encoder,
+            "train_lm": self.train_lm,
+            "train_projector": self.train_projector,
+            "source": self.source,
+        }
+
+    # ------------------------------------------------------------------------------------------------------------
+    # The prompt
+    # ------------------------------------------------------------------------------------------------------------
+
+    def embed_tokens(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.model.get_input_embeddings()(ids.to(self.device))  # (B, T, H)
+
+    def image_features(self, batch: dict[str, Any]) -> torch.Tensor:
+        """Projected image features ``(n, H)``, one row per image token of the batch's prompts, from the family's
+        image inputs; with gradient only when the vision tower or the projector trains."""
+        inputs = {k: batch[k].to(self.device) for k in self.family.image_inputs if batch.get(k) is not None}
+        if "pixel_values" not in inputs:
+            raise ValueError(
+                f"model.kind=vlm: batches carry the processor's pixel inputs (keys: {sorted(batch)}); the collator "
+                "builds them with model.encoder.preprocess"
+            )
+        trains = self.train_encoder or self.train_projector
+        with torch.set_grad_enabled(torch.is_grad_enabled() and trains):
+            out = self.model.get_image_features(**inputs)
+        feats = out.pooler_output if hasattr(out, "pooler_output") else out
+        if isinstance(feats, list | tuple):
+            feats = torch.cat([f.reshape(-1, f.shape[-1]) for f in feats])
+        return feats.reshape(-1, feats.shape[-1])  # (n, H)
+
+    def prompt_of(self, batch: dict[str, Any]) -> Prompt:
+        """The batch's :class:`Prompt`: prompt embeddings with the image features scattered into the image-token
+        slots (as the model's own forward merges them) and ``generate``'s positions (module docstring)."""
+        if "prompt_ids" not in batch:
+            raise ValueError(f"model.kind=vlm: the batch has no prompt_ids (keys: {sorted(batch)})")
+        ids = batch["prompt_ids"].to(self.device)  # (B, P)
+        mask = batch["prompt_mask"].to(self.device)  # (B, P)
+        embeds = self.embed_tokens(ids)  # (B, P, H)
+        slots = ids == self.image_token_id  # (B, P)
+        feats = self.image_features(batch)  # (n, H)
+        if int(slots.sum()) != feats.shape[0]:
+            raise ValueError(f"VLM prompt: {int(slots.sum())} image tokens but {feats.shape[0]} image features")
+        embeds = embeds.masked_scatter(slots[..., None], feats.to(embeds.dtype))  # (B, P, H)
+        text = (mask.long().cumsum(-1) - 1).masked_fill(mask == 0, 0)  # (B, P), generate's positions
+        start = mask.long().sum(-1)  # (B,)
+        delta = torch.zeros_like(start)
+        positions = text
+        if self.family.mrope:
+            rope_index = self.model.model.get_rope_index
+            rope, deltas = rope_index(ids, mm_token_type_ids=slots.int(), image_grid_thw=batch["image_grid_thw"].to(
+                self.device), attention_mask=mask)  # fmt: skip  # (3, B, P), (B, 1)
+            positions = torch.cat([text[None], rope.to(text.dtype)], dim=0)  # (4, B, P): text row first, as generate
+            delta = deltas.view(-1).to(start)
+        return Prompt(embeds, mask, positions, start, delta)
+
+    def _check_positions(self, prompt: Prompt, n_tokens: int, what: str) -> None:
+        limit = self.max_positions
+        need = prompt.embeds.shape[1] + n_tokens - 1
+        if limit is not None and need > limit:
+            raise ValueError(
+                f"a prompt of {prompt.embeds.shape[1]} tokens + {what}={n_tokens} needs {need} positions but the "
+                f"language model has {limit}"
+            )
+
+    # ------------------------------------------------------------------------------------------------------------
+    # Forward
+    # ------------------------------------------------------------------------------------------------------------
+
+    def _caption_logits(self, prompt: Prompt, input_ids: torch.Tensor,
+                        attention_mask: torch.Tensor | None = None) -> torch.Tensor:  # fmt: skip
+        """Teacher-forced logits ``(B, T, V)`` of the caption ``input_ids (B, T)`` after the prompt: the model reads
+        ``[prompt, caption[:-1]]`` and only the last T positions are kept (``logits[:, t]`` predicts ``input_ids[:,
+        t]``; the prompt's last position predicts the first caption token)."""
+        B, T = input_ids.shape
+        if T < 1:
+            raise ValueError("input_ids must hold at least one token (the EOS)")
+        self._check_positions(prompt, T, "caption length (data.max_tokens)")
+        tokens = self.embed_tokens(input_ids[:, :-1])  # (B, T-1, H)
+        x = torch.cat([prompt.embeds.to(tokens.dtype), tokens], dim=1)  # (B, P+T-1, H)
+        caption_mask = torch.ones_like(input_ids) if attention_mask is None else attention_mask
+        mask = torch.cat([prompt.mask, caption_mask[:, :-1].to(prompt.mask)], dim=1)  # (B, P+T-1)
+        positions = torch.cat([prompt.positions, prompt.caption_positions(0, T - 1)], dim=-1)
+        out = self.model(inputs_embeds=x, attention_mask=mask, position_ids=positions, use_cache=False,
+                         logits_to_keep=T)  # fmt: skip
+        return out.logits  # (B, T, V)
+
+    def forward(
+        self,
+        batch: dict[str, Any],
+        sequences: torch.Tensor | None = None,
+        mask: torch.Tensor | None = None,
+        image_index: torch.Tensor | None = None,
+        temperature: float = 1.0,
+        with_entropy: bool = False,
+    ) -> torch.Tensor | TokenScores:
+        """The one differentiable entry point (the captioner contract): teacher-forced logits ``(B, T, V)`` of the
+        caption tokens ``batch['input_ids']``, or :class:`TokenScores` of ``sequences (N, L)`` (rows mapped to images
+        by ``image_index``; the vision tower runs once per image)."""
+        prompt = self.prompt_of(batch)
+        return logits_or_scores(prompt, self._caption_logits, batch, sequences, mask, image_index, temperature,
+                                with_entropy, self.device)  # fmt: skip
+
+    # ------------------------------------------------------------------------------------------------------------
+    # Decoding (Stepper protocol)
+    # ------------------------------------------------------------------------------------------------------------
+
+    def start(self, prompt: Prompt) -> tuple[torch.Tensor, DecodeState]:
+        """Pre-fill the language model's cache with the prompt; first-token logits ``(B, V)``."""
+        out = self.model(inputs_embeds=prompt.embeds, attention_mask=prompt.mask, position_ids=prompt.positions,
+                         use_cache=True, logits_to_keep=1)  # fmt: skip
+        state = DecodeState(out.past_key_values, prompt.mask, prompt.start, prompt.delta, prompt.mrope)
+        return out.logits[:, -1], state  # (B, V)
+
+    def step(self, tokens: torch.Tensor, state: DecodeState) -> tuple[torch.Tensor, DecodeState]:
+        """Feed one token per row ``(N,)`` at its position; next logits ``(N, V)``."""
+        mask = torch.cat([state.mask, state.mask.new_ones(state.mask.shape[0], 1)], dim=1)  # (N, P+t+1)
+        positions = caption_positions(state.start, state.delta, state.mrope, state.t, 1)  # (N, 1) or (4, N, 1)
+        out = self.model(inputs_embeds=self.embed_tokens(tokens[:, None]), attention_mask=mask, position_ids=positions,
+                         past_key_values=state.cache, use_cache=True)  # fmt: skip
+        return out.logits[:, -1], replace(state, cache=out.past_key_values, mask=mask, t=state.t + 1)  # (N, V)
+
+    @staticmethod
+    def select(state: DecodeState, index: torch.Tensor) -> DecodeState:
+        """Keep / repeat / reorder rows of the cache, the mask and the prompt's positions."""
+        index = index.to(state.mask.device)
+        state.cache.reorder_cache(index)
+        return replace(state, mask=state.mask[index], start=state.start[index], delta=state.delta[index])
+
+    @torch.no_grad()
+    def generate(
+        self,
+        batch_or_prompt: dict[str, Any] | Prompt,
+        decode_cfg: DecodeConfig | None = None,
+        generator: torch.Generator | None = None,
+        seeds: torch.Tensor | None = None,
+    ) -> Generation:
+        """Decode captions for a batch (``prompt_ids`` and pixel inputs) or a :class:`Prompt`, as
+        :meth:`finecap.models.clipcap.ClipCap.generate`."""
+        cfg = decode_cfg or DecodeConfig()
+        prompt = batch_or_prompt if isinstance(batch_or_prompt, Prompt) else self.prompt_of(batch_or_prompt)
+        self._check_positions(prompt, cfg.max_length, "decode.max_length")
+        return generate_in_chunks(self, prompt, cfg, self.tokenizer, self.pad_token_id, generator, seeds)
+
+    # ------------------------------------------------------------------------------------------------------------
+    # Saving and loading
+    # ------------------------------------------------------------------------------------------------------------
+
+    def save(self, out: str | Path, state_dict: dict[str, torch.Tensor] | None = None) -> Path:
+        """Write the model (``save_pretrained``, base weights without adapters) and its processor into ``out``,
+        adapters in peft's format beside them, ``captioner.json``. ``state_dict``: the weights to write (default:
+        this module's own). Reload with :meth:`from_checkpoint`, or ``AutoModelForImageTextToText.from_pretrained``
+        and ``AutoProcessor.from_pretrained``."""
+        out = Path(out)
+        out.mkdir(parents=True, exist_ok=True)
+        state = self.state_dict() if state_dict is None else state_dict
+        with lora.plain_parts(self):
+            self.model.save_pretrained(out, state_dict=lora.plain_state(strip_prefix(state, "model.")))
+        self.processor.save_pretrained(out)
+        parts = {"lm": strip_prefix(state, f"model.{self.family.language_model}."),
+                 "encoder": strip_prefix(state, f"model.{self.family.vision}.")}  # fmt: skip
+        meta = self.config_dict()
+        meta["lora"] = lora.save_adapters(self, out, parts)
+        write_json(out / CONFIG_NAME, meta)
+        return out
+
+    @classmethod
+    def from_pretrained(cls, name_or_path: str | Path, **kwargs: Any) -> Vlm:
+        """An ``AutoModelForImageTextToText`` checkpoint (Hub name or folder, loaded in float32) with its processor."""
+        name = str(name_or_path)
+        try:
+            model = AutoModelForImageTextToText.from_pretrained(name, dtype=torch.float32)
+            processor = load_processor(name)
+        except OSError as e:
+            raise OSError(f"model.vlm={name}: cannot load the VLM or its processor: {e}") from None
+        return cls(model, processor, source=name, **kwargs)
+
+    @classmethod
+    def from_checkpoint(cls, path: str | Path, load_encoder: bool = True) -> Vlm:
+        """Load a captioner written by :meth:`save` (the vision tower is always part of the folder, so
+        ``load_encoder`` changes nothing)."""
+        path = Path(path)
+        if not (path / CONFIG_NAME).exists():
+            raise FileNotFoundError(f"{path}: not a captioner checkpoint (no {CONFIG_NAME})")
+        meta = read_json(path / CONFIG_NAME)
+        model = AutoModelForImageTextToText.from_pretrained(path, dtype=torch.float32)
+        vlm = cls(model, load_processor(path), prompt=meta.get("prompt", DEFAULT_PROMPT),
+                  train_encoder=meta["train_encoder"], train_lm=meta["train_lm"],
+                  train_projector=meta.get("train_projector", True), source=meta.get("source", ""))  # fmt: skip
+        if meta.get("lora"):
+            lora.load_adapters(vlm, path, meta["lora"])
+        return vlm
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# Construction from the configuration
+# --------------------------------------------------------------------------------------------------------------------
+
+
+def build_vlm(cfg: Config) -> Vlm:
+    """A VLM captioner from ``cfg.model`` (``model.kind=vlm``): ``model.vlm`` loaded by Hub name or path with its
+    processor, prompted with ``model.vlm_prompt``."""
+    m = cfg.model
+    return Vlm.from_pretrained(m.vlm, prompt=m.vlm_prompt, train_encoder=m.train_encoder, train_lm=m.train_lm,
+                               train_projector=m.vlm_train_projector)  # fmt: skip

@@ -1,0 +1,369 @@
+"""The captioner contract (:class:`finecap.models.captioner.Captioner`), run on every backbone: ClipCap, BLIP (its own
+ViT and the world BLIP reading a dual encoder's tokens) and each decoder-only VLM family (LLaVA, Idefics3, Qwen2-VL).
+
+Every backbone is a tiny random model built from configs (saved like Hub checkpoints in a session folder). A new
+backbone adds one :class:`Case` here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+from PIL import Image
+
+from finecap.config import DecodeConfig, load
+from finecap.data.datasets import model_collator
+from finecap.models import lora
+from finecap.models.backbones import BACKBONES, checkpoint_kind, load_captioner
+from finecap.models.blip import Blip, FeatureMapTokens
+from finecap.models.captioner import PARTS, Captioner, ImageSide, token_scores
+from finecap.models.clipcap import ClipCap
+from finecap.models.presets import (
+    VLM_FAMILIES,
+    build_world_lm,
+    save_tiny_blip,
+    save_tiny_clip,
+    save_tiny_vlm,
+    world_blip,
+)
+from finecap.models.vision import VisionEncoder
+from finecap.models.vlm import Vlm
+from finecap.objectives.mle import IGNORE_INDEX, mle_loss
+
+CAPTIONS = ["a red circle", "two blue squares on the left", "a small green triangle"]
+
+
+@dataclass(frozen=True)
+class Case:
+    """A backbone under test: how to build it from the session's saved tiny models, the module it always trains
+    (whatever ``train_lm`` / ``train_encoder`` say: ClipCap's mapper, a VLM's projector), and its images' size."""
+
+    build: Callable[[dict[str, Path]], Captioner]
+    always: Callable[[Captioner], torch.nn.Module | None]
+    image_size: int
+
+
+def sharpen(model: torch.nn.Module, std: float = 0.2, seed: int = 0) -> None:
+    """Redraw every weight matrix from N(0, std): at a random tiny model's init (std 0.02) the captions barely depend
+    on the image, and decoding tests need them to."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.ndim == 2:
+                p.copy_(torch.randn(p.shape, generator=g) * std)
+
+
+def build_clipcap(dirs: dict[str, Path]) -> ClipCap:
+    torch.manual_seed(0)
+    lm, tok = build_world_lm(layers=1, hidden=32, heads=2, dropout=0.0)
+    encoder = VisionEncoder.from_pretrained(dirs["clip"])
+    model = ClipCap(lm, tok, encoder.feature_dim, encoder=encoder, prefix_length=2)
+    sharpen(model)
+    return model
+
+
+def build_blip(dirs: dict[str, Path]) -> Blip:
+    model = Blip.from_pretrained(dirs["blip"])
+    sharpen(model)
+    return model
+
+
+def build_world_blip(dirs: dict[str, Path]) -> Blip:
+    torch.manual_seed(0)
+    world = FeatureMapTokens.from_pretrained(dirs["clip"])
+    _, width = world.token_shape(16)
+    blip, tok = world_blip(width, layers=1, hidden=32, heads=2, dropout=0.0, positions=40)
+    model = Blip(blip, tok, world=world, source="world-tiny")
+    sharpen(model)
+    return model
+
+
+def build_vlm(family: str) -> Callable[[dict[str, Path]], Vlm]:
+    def build(dirs: dict[str, Path]) -> Vlm:
+        return Vlm.from_pretrained(dirs[family])  # saved with std 0.2
+
+    return build
+
+
+def projector(model: Vlm) -> torch.nn.Module:
+    projectors = {"llava": "multi_modal_projector", "idefics3": "connector", "qwen2_vl": "merger"}
+    name = projectors[model.model.config.model_type]
+    return next(m for n, m in model.model.named_modules() if n.rsplit(".", 1)[-1] == name)
+
+
+CASES: dict[str, Case] = {
+    "clipcap": Case(build_clipcap, lambda m: m.mapper, 16),
+    "blip": Case(build_blip, lambda m: None, 32),
+    "blip_world": Case(build_world_blip, lambda m: None, 16),
+    **{f"vlm_{f}": Case(build_vlm(f), projector, 16) for f in VLM_FAMILIES},
+}
+
+
+@pytest.fixture(scope="session")
+def dirs(tmp_path_factory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("backbones")
+    out = {"clip": save_tiny_clip(root / "clip", image_size=16, patch_size=8),
+           "blip": save_tiny_blip(root / "blip", image_size=32, layers=1, vision_layers=1)}  # fmt: skip
+    for family in VLM_FAMILIES:
+        out[family] = save_tiny_vlm(root / family, family, std=0.2)
+    return out
+
+
+@pytest.fixture(params=list(CASES))
+def case(request, dirs) -> tuple[str, Captioner]:
+    """``(name, a fresh captioner in eval mode)``."""
+    torch.manual_seed(0)
+    return request.param, CASES[request.param].build(dirs).eval()
+
+
+def images(n: int, size: int, seed: int = 0) -> list[Image.Image]:
+    """Random RGB images; every second one is wider (VLM prompts of different lengths, where the family allows)."""
+    g = torch.Generator().manual_seed(seed)
+    shapes = [(size, size + (size // 4) * (i % 2)) for i in range(n)]
+    return [Image.fromarray((torch.rand(h, w, 3, generator=g) * 255).byte().numpy()) for h, w in shapes]
+
+
+def batch_of(model: Captioner, size: int, captions=CAPTIONS, seed: int = 0) -> dict:
+    items = [{"caption": c, "image": im, "image_id": i, "references": [c], "index": i}
+             for i, (c, im) in enumerate(zip(captions, images(len(captions), size, seed), strict=True))]  # fmt: skip
+    return model_collator(model, 12)(items)
+
+
+def _alone(model: Captioner, size: int, i: int) -> dict:
+    """Example ``i`` of :func:`batch_of` alone (no padding at all)."""
+    ims = images(len(CAPTIONS), size)
+    items = [{"caption": CAPTIONS[i], "image": ims[i], "image_id": i, "references": [], "index": i}]
+    return model_collator(model, 12)(items)
+
+
+def trainable(model: torch.nn.Module) -> set[str]:
+    return {n for n, p in model.named_parameters() if p.requires_grad}
+
+
+def names_of(model: Captioner, module: torch.nn.Module | None) -> set[str]:
+    """Names (in the captioner) of ``module``'s parameters."""
+    ids = {id(p) for p in module.parameters()} if module is not None else set()
+    return {n for n, p in model.named_parameters() if id(p) in ids}
+
+
+def part_names(model: Captioner, part: str) -> set[str]:
+    """Parameter names (in the captioner) of ``lora_module(part)``."""
+    return names_of(model, model.lora_module(part))
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# What a captioner is
+# --------------------------------------------------------------------------------------------------------------------
+
+
+def test_every_backbone_kind_has_a_case():
+    kinds = {"clipcap": ClipCap, "blip": Blip, "vlm": Vlm}
+    assert set(BACKBONES) == set(kinds) and all(BACKBONES[k][1] is c for k, c in kinds.items())
+
+
+def test_members_and_their_types(case):
+    name, model = case
+    assert isinstance(model, Captioner) and isinstance(model.encoder, ImageSide)
+    vocab = model(batch_of(model, CASES[name].image_size)).shape[-1]
+    assert 0 <= model.pad_token_id < vocab and 0 <= model.eos_token_id < vocab
+    assert model.tokenizer.eos_token_id == model.eos_token_id
+    assert isinstance(model.cache_features, bool) and isinstance(model.train_lm, bool)
+    assert model.max_caption_tokens is None or model.max_caption_tokens >= 8
+    assert model.device == next(model.parameters()).device
+    assert {p: model.lora_module(p) is not None for p in PARTS} == {"lm": True, "encoder": True}
+    assert all(isinstance(t, str) for p in PARTS for t in model.lora_default_targets(p))
+    assert model.config_dict()["kind" if name != "clipcap" else "mapper"] is not None
+
+
+def test_teacher_forced_logits_are_the_caption_tokens_and_score_them(case):
+    """``forward(batch)`` gives ``(B, T, V)`` for the caption tokens only, ``logits[:, t]`` predicting ``labels[:,
+    t]``; given the same tokens as ``sequences`` it returns their log-probs (and entropies) under those logits."""
+    name, model = case
+    batch = batch_of(model, CASES[name].image_size)
+    logits = model(batch)
+    B, T = batch["input_ids"].shape
+    assert logits.shape[:2] == (B, T)
+    mask = batch["attention_mask"].bool()
+    scores = model(batch, sequences=batch["input_ids"], mask=mask, temperature=2.0, with_entropy=True)
+    expected = token_scores(logits, batch["input_ids"], mask, temperature=2.0, with_entropy=True)
+    assert torch.allclose(scores.logprobs, expected.logprobs, atol=1e-5)
+    assert torch.allclose(scores.entropy, expected.entropy, atol=1e-5)
+    assert bool((scores.logprobs[~mask] == 0).all()) and bool((scores.entropy[~mask] == 0).all())
+    # the MLE loss is the mean -log p of the caption tokens (EOS included), padding ignored
+    nll = -F.log_softmax(logits.float(), -1).gather(-1, batch["input_ids"][..., None]).squeeze(-1)  # (B, T)
+    assert torch.allclose(mle_loss(logits, batch["labels"]), nll[mask].mean(), atol=1e-5)
+    assert bool((batch["labels"][~mask] == IGNORE_INDEX).all())
+
+
+def test_padding_never_changes_a_caption(case):
+    """Each example's logits in a padded batch equal the example's alone (caption padding, a VLM's prompt padding and
+    image tokens of other sizes all masked)."""
+    name, model = case
+    size = CASES[name].image_size
+    batch = batch_of(model, size)
+    logits = model(batch)
+    for i in range(len(CAPTIONS)):
+        alone = _alone(model, size, i)
+        n = int(alone["attention_mask"].sum())
+        assert torch.allclose(model(alone)[0, :n], logits[i, :n], atol=1e-4), i
+
+
+def test_scores_map_rows_to_images(case):
+    """``image_index`` maps sequence rows to batch images: scoring two captions per image equals scoring them on a
+    batch holding each image once per caption."""
+    name, model = case
+    batch = batch_of(model, CASES[name].image_size)
+    seqs = torch.cat([batch["input_ids"], batch["input_ids"].flip(0)])  # (2B, T)
+    mask = torch.cat([batch["attention_mask"], batch["attention_mask"].flip(0)]).bool()
+    index = torch.arange(3).repeat(2)
+    got = model(batch, sequences=seqs, mask=mask, image_index=index)
+    for r in range(6):
+        alone = _alone(model, CASES[name].image_size, int(index[r]))
+        want = model(alone, sequences=seqs[r : r + 1], mask=mask[r : r + 1])
+        assert torch.allclose(got.logprobs[r], want.logprobs[0], atol=1e-4), r
+    with pytest.raises(ValueError, match="images for 6 sequences"):
+        model(batch, sequences=seqs, mask=mask)
+
+
+def test_cached_features_equal_pixels(case):
+    """A backbone that caches frozen vision outputs reads ``encoder(pixel_values)`` as ``features`` with the same
+    result as from pixels; one that does not reads its pre-processed inputs."""
+    name, model = case
+    batch = batch_of(model, CASES[name].image_size)
+    if not model.cache_features:
+        inputs = model.encoder.preprocess(images(1, CASES[name].image_size))
+        keys = set(inputs) if isinstance(inputs, dict) else {"pixel_values"}
+        assert "features" not in batch and keys <= set(batch)
+        return
+    with torch.no_grad():
+        features = model.encoder(batch["pixel_values"])
+    cached = {k: v for k, v in batch.items() if k != "pixel_values"} | {"features": features}
+    assert torch.allclose(model(cached), model(batch), atol=1e-5)
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# Decoding (Stepper)
+# --------------------------------------------------------------------------------------------------------------------
+
+
+def test_greedy_decoding_follows_the_teacher_forced_argmax(case):
+    """The Stepper (start/step with the KV cache) and ``forward`` are one model: each greedy token is the argmax of
+    the teacher-forced logits of the decoded caption, and its log-prob is ``forward``'s."""
+    name, model = case
+    batch = batch_of(model, CASES[name].image_size)
+    gen = model.generate(batch, DecodeConfig(strategy="greedy", max_length=8))
+    assert len(gen) == 3 and gen.image_index.tolist() == [0, 1, 2] and len(gen.texts) == 3
+    scores = model(batch, sequences=gen.sequences, mask=gen.mask)
+    assert torch.allclose(scores.logprobs, gen.token_logprobs, atol=1e-4)
+    tf = model({**batch, "input_ids": gen.sequences, "attention_mask": gen.mask.long()})
+    assert bool((tf.argmax(-1)[gen.mask] == gen.sequences[gen.mask]).all())
+    stops = gen.sequences[torch.arange(3), gen.lengths - 1]
+    assert all(s == model.eos_token_id or n == 8 for s, n in zip(stops.tolist(), gen.lengths.tolist(), strict=True))
+
+
+@pytest.mark.parametrize("strategy", ["beam", "sample"])
+def test_batched_decoding_equals_one_image_at_a_time(case, strategy):
+    """``select`` keeps / repeats / reorders the state's rows correctly: beams and seeded samples of an image do not
+    depend on the other images of the batch."""
+    name, model = case
+    size = CASES[name].image_size
+    cfg = DecodeConfig(strategy=strategy, beam_size=3, max_length=8, num_return_sequences=2)
+    seeds = torch.tensor([5, 6, 7])
+    together = model.generate(batch_of(model, size), cfg, seeds=seeds)
+    alone = [model.generate(_alone(model, size, i), cfg, seeds=seeds[i : i + 1]) for i in range(3)]
+    assert together.texts == [t for g in alone for t in g.texts]
+    assert torch.allclose(together.scores, torch.cat([g.scores for g in alone]), atol=1e-4)
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# What trains
+# --------------------------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("lm", "encoder"), [(True, False), (False, True), (False, False), (True, True)])
+def test_flags_decide_what_trains_and_gradients_reach_it(case, lm, encoder):
+    name, model = case
+    lora.set_trainable(model, lm=lm, encoder=encoder)
+    names = trainable(model)
+    always = names_of(model, CASES[name].always(model))
+    lm_part, enc_part = part_names(model, "lm"), part_names(model, "encoder")
+    assert always <= names
+    assert (lm_part - always <= names) == lm and bool((lm_part - always) & names) == lm
+    assert bool((enc_part - always) & names) == encoder
+    assert names <= always | (lm_part if lm else set()) | (enc_part if encoder else set()) | _head(model, lm)
+    model.train()
+    frozen = [model.lora_module(part) for part, flag in (("lm", lm), ("encoder", encoder)) if not flag]
+    assert all(not m.training for m in frozen)  # frozen parts stay in eval mode (no dropout)
+    batch = batch_of(model, CASES[name].image_size)
+    loss = mle_loss(model(batch), batch["labels"])
+    assert loss.requires_grad == bool(names)
+    if not names:  # BLIP with nothing to train
+        return
+    loss.backward()
+    grads = {n for n, p in model.named_parameters() if p.grad is not None and p.grad.abs().sum() > 0}
+    assert grads <= names
+    assert (grads & lm_part) if lm else not (grads & (lm_part - always))
+    assert (grads & (enc_part - always)) if encoder else not (grads & (enc_part - always))
+
+
+def _head(model: Captioner, lm: bool) -> set[str]:
+    """The output head, which trains with the text side where it is not part of ``lora_module("lm")`` (a VLM)."""
+    if not lm or not isinstance(model, Vlm):
+        return set()
+    head = model.model.get_output_embeddings().weight
+    return {n for n, p in model.named_parameters() if p is head}
+
+
+def test_lora_on_both_parts_trains_adapters_only_and_round_trips(case, tmp_path):
+    name, model = case
+    cfg = load(None, ["lora.lm=true", "lora.encoder=true", "model.train_encoder=true", "lora.rank=2", "lora.alpha=2"])
+    candidates = {p: lora.candidate_modules(p, model.lora_module(p)) for p in PARTS}
+    lora.configure_training(model, cfg)
+    names = trainable(model)
+    always = names_of(model, CASES[name].always(model))
+    assert always <= names and names - always and all("lora_" in n for n in names - always)
+    for part in PARTS:
+        assert any(n in part_names(model, part) for n in names - always), part
+        targets, default = set(lora.adapter_spec(model, part).targets), model.lora_default_targets(part)
+        if not default:  # every linear layer of the part but the head
+            assert targets == set(candidates[part]), part
+        else:  # exactly the candidates named by the defaults, each default naming some
+            named = {c for c in candidates[part] if any(c == d or c.endswith("." + d) for d in default)}
+            assert targets == named and all(any(t.endswith(d) for t in targets) for d in default), part
+    with torch.no_grad():
+        for n, p in model.named_parameters():
+            if "lora_B" in n:
+                p.normal_(0, 0.2)
+    model.eval()
+    batch = batch_of(model, CASES[name].image_size)
+    expected = model(batch)
+    out = model.save(tmp_path / "ckpt")
+    again = load_captioner(out).eval()
+    assert type(again) is type(model) and lora.has_adapters(again)
+    assert torch.allclose(again(batch), expected, atol=1e-5)
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# Saving
+# --------------------------------------------------------------------------------------------------------------------
+
+
+def test_checkpoint_round_trip(case, tmp_path):
+    name, model = case
+    lora.set_trainable(model, lm=True, encoder=True)
+    model.eval()
+    batch = batch_of(model, CASES[name].image_size)
+    expected = model(batch)
+    gen = model.generate(batch, DecodeConfig(strategy="greedy", max_length=8))
+    out = model.save(tmp_path / "ckpt")
+    kind = model.config_dict().get("kind", "clipcap")
+    assert checkpoint_kind(out) == kind
+    again = load_captioner(out).eval()
+    assert type(again) is type(model) and again.train_encoder and again.train_lm
+    assert torch.allclose(again(batch), expected, atol=1e-5)
+    assert again.generate(batch, DecodeConfig(strategy="greedy", max_length=8)).texts == gen.texts
