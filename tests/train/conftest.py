@@ -26,6 +26,14 @@ def tiny_world(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="session")
+def world_args(tiny_world) -> list[str]:
+    """The tiny world as command-line overrides: its folder and its own settings (a world folder answers only to
+    the settings it was made with)."""
+    return [f"world.out={tiny_world}", f"world.n_train={N_TRAIN}", f"world.n_val={N_VAL}", f"world.n_test={N_TEST}",
+            "world.image_size=32"]  # fmt: skip
+
+
+@pytest.fixture(scope="session")
 def tiny_encoder(tmp_path_factory) -> Path:
     """A random tiny ``CLIPModel`` + image processor saved with ``save_pretrained`` (what a Hub checkpoint holds)."""
     from transformers import CLIPImageProcessor, CLIPModel
@@ -42,12 +50,12 @@ def tiny_encoder(tmp_path_factory) -> Path:
 
 
 @pytest.fixture
-def make_cfg(tiny_world, tiny_encoder, tmp_path):
+def make_cfg(world_args, tiny_encoder, tmp_path):
     """``make_cfg(*overrides, run="run")``: a tiny-ClipCap configuration writing under ``tmp_path``."""
 
     def make(*overrides: str, run: str = "run") -> Config:
         base = [
-            f"world.out={tiny_world}",
+            *world_args,
             f"model.encoder={tiny_encoder}",
             "model.tiny_layers=1",
             "model.tiny_hidden=32",

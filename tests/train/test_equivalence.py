@@ -40,9 +40,11 @@ OBJECTIVES = {
 }  # fmt: skip
 
 
-def overrides(name: str, run_dir: Path, world: Path, clip: Path, cache: Path, batch: int, accum: int) -> list[str]:
+def overrides(
+    name: str, run_dir: Path, world: list[str], clip: Path, cache: Path, batch: int, accum: int
+) -> list[str]:
     return [
-        f"world.out={world}", f"model.encoder={clip}", f"retriever.checkpoint={clip}", f"run.cache_dir={cache}",
+        *world, f"model.encoder={clip}", f"retriever.checkpoint={clip}", f"run.cache_dir={cache}",
         "model.tiny_layers=1", "model.tiny_hidden=32", "model.tiny_heads=2", "model.prefix_length=2",
         "model.tiny_dropout=0", "decode.max_length=8", "train.max_steps=1", "train.warmup_steps=0",
         "train.schedule=constant", f"train.lr={LR}", "train.eval_every=1", "train.eval_samples=4",
@@ -67,9 +69,9 @@ def compare(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor], what: str) -
 
 @pytest.mark.slow
 @pytest.mark.skipif(torch.accelerator.is_available(), reason="the test launches CPU processes on a CPU-only machine")
-def test_two_processes_and_accumulation_equal_one_big_batch(tiny_world, clip_dir, tmp_path, launch_two):
+def test_two_processes_and_accumulation_equal_one_big_batch(world_args, clip_dir, tmp_path, launch_two):
     cache = tmp_path / "cache"
-    args = dict(world=tiny_world, clip=clip_dir, cache=cache)
+    args = dict(world=world_args, clip=clip_dir, cache=cache)
     two = [overrides(name, tmp_path / f"{name}-2proc", batch=8, accum=1, **args) for name in OBJECTIVES]
     cmd = [*launch_two, str(Path(__file__).with_name("equivalence_worker.py")),
            json.dumps(two)]  # fmt: skip

@@ -18,10 +18,10 @@ from finecap.train.state import load_tree
 
 @pytest.mark.slow
 @pytest.mark.skipif(torch.accelerator.is_available(), reason="the test launches CPU processes on a CPU-only machine")
-def test_two_cpu_processes(make_cfg, tiny_world, tiny_encoder, tmp_path, launch_two):
+def test_two_cpu_processes(make_cfg, world_args, tiny_encoder, tmp_path, launch_two):
     run_dir = tmp_path / "mp"
     overrides = [
-        f"world.out={tiny_world}",
+        *world_args,
         f"model.encoder={tiny_encoder}",
         "model.tiny_layers=1",
         "model.tiny_hidden=32",

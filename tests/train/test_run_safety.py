@@ -84,7 +84,16 @@ def test_resume_never_unpickles_a_planted_file(make_cfg, tmp_path):
 def _overrides(make_cfg, *extra):
     """The command-line form of ``make_cfg(*extra)``'s overrides (world, encoder, run folder, ...)."""
     cfg = make_cfg(*COMMON, *extra)
-    keys = ("world.out", "model.encoder", "run.dir", "run.cache_dir")
+    keys = (
+        "world.out",
+        "world.n_train",
+        "world.n_val",
+        "world.n_test",
+        "world.image_size",
+        "model.encoder",
+        "run.dir",
+        "run.cache_dir",
+    )
     flat = [f"{k}={getattr(getattr(cfg, k.split('.')[0]), k.split('.')[1])}" for k in keys]
     return [*flat, "model.tiny_layers=1", "model.tiny_hidden=32", "model.tiny_heads=2", "model.prefix_length=2",
             "train.batch_size=16", *COMMON, *extra]  # fmt: skip
@@ -203,6 +212,20 @@ def test_fsdp_and_deepspeed_are_refused(make_cfg, monkeypatch):
     from finecap.train import engine
 
     for kind in (DistributedType.FSDP, DistributedType.DEEPSPEED):
-        monkeypatch.setattr(engine, "Accelerator", lambda **kw: SimpleNamespace(distributed_type=kind, num_processes=1))
+        fake = SimpleNamespace(distributed_type=kind, num_processes=1)
+        monkeypatch.setattr(engine, "Accelerator", lambda fake=fake, **kw: fake)
         with pytest.raises(ValueError, match="not supported by finecap"):
             engine.make_accelerator(make_cfg().train)
+
+
+def test_caption_refuses_non_finite_weights(make_cfg, tmp_path, capsys):
+    cfg = make_cfg("train.max_steps=1")
+    train(cfg)
+    best = checkpoint_dir(cfg.run.path, "best")
+    model = ClipCap.from_checkpoint(model_dir(best))
+    with torch.no_grad():
+        next(p for p in model.parameters() if p.is_floating_point()).fill_(float("inf"))
+    model.save(model_dir(best))
+    out = tmp_path / "captions.json"
+    assert cli(["caption", "--checkpoint", str(best), "--out", str(out)]) == 2
+    assert "non-finite values" in capsys.readouterr().err and not out.exists()

@@ -23,7 +23,20 @@ def test_tensorboard_and_jsonl_with_accumulation(make_cfg, tmp_path):
         "tensorboard.backend.event_processing.event_accumulator", reason="tensorboard is a test dependency"
     )
     cfg = make_cfg()  # the tiny-world overrides, as a command line
-    keys = ("out", "encoder", "tiny_layers", "tiny_hidden", "tiny_heads", "prefix_length", "dir", "cache_dir")
+    keys = (
+        "out",
+        "n_train",
+        "n_val",
+        "n_test",
+        "image_size",
+        "encoder",
+        "tiny_layers",
+        "tiny_hidden",
+        "tiny_heads",
+        "prefix_length",
+        "dir",
+        "cache_dir",
+    )
     items = [f"{section}.{key}={value}" for section, values in cfg.to_dict().items() for key, value in values.items()
              if section in ("world", "model", "run") and key in keys]  # fmt: skip
     code = main(["train", *items, "train.max_steps=4", "train.batch_size=8", "train.grad_accum_steps=2",

@@ -36,6 +36,7 @@ from finecap.data.references import detect_format
 from finecap.models.backbones import load_captioner
 from finecap.train.checkpoint import CONFIG_FILE, find_checkpoint, model_dir, run_dir_of
 from finecap.train.engine import make_accelerator
+from finecap.train.state import check_finite_weights
 
 
 @dataclass
@@ -118,6 +119,7 @@ def main(
     accelerator.print(f"caption: {setup.checkpoint}, decoding {describe_decoding(cfg)} from {source}"
                       + ("" if checked else "; no fingerprints recorded, inputs not checked"))  # fmt: skip
     model = load_captioner(model_dir(setup.checkpoint)).to(accelerator.device)
+    check_finite_weights(model, model_dir(setup.checkpoint))  # a diverged run's weights caption nothing, silently
     captions = generate_captions(model, cfg, split, accelerator=accelerator)
     out = Path(out)
     if accelerator.is_main_process:

@@ -34,9 +34,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import math
 import os
-import random
 import shutil
 import time
 from pathlib import Path
@@ -46,7 +44,6 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
-from tqdm.auto import tqdm
 
 from finecap.app.world import ensure_world
 from finecap.config import Config
@@ -62,12 +59,12 @@ from finecap.models.world_encoder import (
     AuxHeads,
     WorldData,
     build_world_model,
-    contrastive_loss,
     encoder_dir,
     encoder_key,
     load_split,
     world_image_processor,
 )
+from finecap.train.world_encoder import fit_world_encoder
 from finecap.utils import atomic_replace_dir, read_json, write_json
 from finecap.world.facts import facts, is_true
 from finecap.world.make import load_scenes
@@ -180,60 +177,11 @@ def train_dual_encoder(
     model: Any, tokenizer: Any, data: WorldData, mean: torch.Tensor, std: torch.Tensor, cfg: Config,
     progress: bool = True,
 ) -> dict[str, float]:  # fmt: skip
-    """Contrastive (reference + dense captions) + auxiliary scene-graph training (module docstring)."""
-
-    rc = cfg.retriever
-    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    model.to(device).train()
-    rng = random.Random(cfg.run.seed)
-    n = len(data.ids)
-    bs = min(rc.batch_size, n)
-    steps_per_epoch = max(1, n // bs)
-    total = rc.epochs * steps_per_epoch
-    warmup = max(1, total // 20)
+    """Contrastive (reference + dense captions) + auxiliary scene-graph training through the library's engine
+    (:func:`finecap.train.world_encoder.fit_world_encoder`; the heads are discarded afterwards)."""
     cell_sizes = [7, 9, 3, 3]  # empty + 6 shapes, empty + 8 colours, empty + 2 sizes, none + 2 patterns
-    aux = AuxHeads(model.config.projection_dim, [LABEL_SIZES[k] for k in MAIN_LABELS], cell_sizes, 9).to(device)
-    decay = [p for name, p in model.named_parameters() if name != "logit_scale"] + list(aux.parameters())
-    opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.05},
-                             {"params": [model.logit_scale], "weight_decay": 0.0}], lr=rc.lr)  # fmt: skip
-    sched = torch.optim.lr_scheduler.LambdaLR(
-        opt, lambda s: min(1.0, (s + 1) / warmup) * 0.5 * (1 + math.cos(math.pi * min(s, total) / max(1, total)))
-    )
-    gen = torch.Generator().manual_seed(cfg.run.seed)
-    n_dense = max(1, round(bs * rc.dense_fraction)) if rc.dense_fraction > 0 else 0
-    loss_value, first_loss, step = float("nan"), float("nan"), 0
-    bar = tqdm(total=total, desc="world encoder", disable=not progress, leave=False, mininterval=1.0)
-    for _epoch in range(rc.epochs):
-        perm = torch.randperm(n, generator=gen)
-        for b in range(steps_per_epoch):
-            idx = perm[b * bs : (b + 1) * bs]  # (B,)
-            pixels = _normalise(data.images[idx], mean, std).to(device)
-            img = model.get_image_features(pixel_values=pixels).pooler_output  # (B, D)
-            img_unit = F.normalize(img, dim=-1)
-            scale = model.logit_scale.exp().clamp(max=100.0)
-            targets = torch.arange(len(idx), device=device)
-            refs = [rng.choice(data.refs[i]) for i in idx.tolist()]
-            loss_ref = contrastive_loss(_text_emb(model, tokenizer, refs, device), img_unit, targets, scale)
-            loss = loss_ref
-            if n_dense:
-                sub = torch.randperm(len(idx), generator=gen)[:n_dense].to(device)  # (Bd,)
-                dense = [data.dense[idx[j]] for j in sub.tolist()]
-                loss = loss + contrastive_loss(_text_emb(model, tokenizer, dense, device), img_unit, sub, scale)
-            if rc.aux_weight > 0:
-                loss = loss + rc.aux_weight * aux(img, data.main[idx].to(device), data.cell[idx].to(device))
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(decay + [model.logit_scale], 1.0)
-            opt.step()
-            sched.step()
-            step += 1
-            loss_value = float(loss.detach())
-            if step == 1:
-                first_loss = loss_value
-            bar.update(1)
-            bar.set_postfix(loss=f"{loss_value:.3f}", ref=f"{float(loss_ref.detach()):.3f}", refresh=False)
-    bar.close()
-    return {"steps": step, "first_loss": first_loss, "loss": loss_value}
+    aux = AuxHeads(model.config.projection_dim, [LABEL_SIZES[k] for k in MAIN_LABELS], cell_sizes, 9)
+    return fit_world_encoder(model, aux, tokenizer, data, mean, std, cfg.retriever, cfg.run.seed, progress=progress)
 
 
 @torch.no_grad()

@@ -33,6 +33,8 @@ from accelerate.utils import broadcast_object_list
 from finecap.config import Config
 from finecap.data.datasets import CaptionCollator, CaptionDataset, load_records, model_collator
 from finecap.data.features import model_features
+from finecap.data.fingerprint import check_run_dir as check_fingerprints_of_run
+from finecap.data.fingerprint import write_fingerprints
 from finecap.data.samplers import get_sampler
 from finecap.models.backbones import build_model as build_captioner
 from finecap.models.backbones import load_captioner
@@ -183,6 +185,8 @@ def train(
     if accelerator.num_processes > 1:
         found = broadcast_object_list(found)
     resume_from = Path(found[0]) if found[0] else None
+    if resume_from is not None:  # a resumed run reads the data and retriever it started with
+        check_fingerprints_of_run(run_dir, cfg, parts=("data", "retriever"))
 
     objective = get_objective(cfg.train.objective, cfg)
     factories = validator_factories(cfg)
@@ -223,6 +227,7 @@ def train(
     if accelerator.is_main_process:
         run_dir.mkdir(parents=True, exist_ok=True)
         cfg.save(run_dir / "config.yaml")
+        write_fingerprints(run_dir, cfg)  # the data, captioner start and retriever this run reads
         if resume_from is not None:
             truncate_metrics(run_dir / METRICS_FILE, engine.state.step)
     accelerator.init_trackers("finecap", config=tracker_config(saved))
