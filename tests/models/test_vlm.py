@@ -1,0 +1,317 @@
+"""Decoder-only VLMs (``model.kind=vlm``) per family: loading by path, the prompt, caption-only losses against the
+model's own loss, decoding against ``generate``, LoRA targets, and the ``save_pretrained`` / peft round trips.
+
+Every model is a tiny random LLaVA, Idefics3 or Qwen2-VL built from configs and saved to a temporary folder
+(:func:`finecap.models.presets.save_tiny_vlm`), then loaded by path as a user's checkpoint would be.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from peft import PeftModel
+from PIL import Image
+from transformers import AutoModelForImageTextToText, AutoProcessor
+from transformers.utils import is_torchvision_available
+
+from finecap.config import DecodeConfig, load
+from finecap.data.datasets import model_collator
+from finecap.models import lora
+from finecap.models.backbones import build_model, load_captioner
+from finecap.models.presets import VLM_FAMILIES, save_tiny_vlm
+from finecap.models.vlm import FAMILIES, Vlm, load_processor
+from finecap.objectives.mle import IGNORE_INDEX, mle_loss
+from finecap.objectives.smile import SmileObjective, smile_loss
+
+CAPTIONS = ["a red circle", "two blue squares on the left", "a small green triangle", "one big yellow star"]
+
+
+@pytest.fixture(scope="module")
+def vlm_dirs(tmp_path_factory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("vlm")
+    return {f: save_tiny_vlm(root / f, f, std=0.2) for f in VLM_FAMILIES}
+
+
+@pytest.fixture(params=VLM_FAMILIES)
+def family(request) -> str:
+    return request.param
+
+
+def images(n: int, seed: int = 0) -> list[Image.Image]:
+    """Random images, every second one wider (Qwen2-VL: fewer image tokens, so the prompts differ in length)."""
+    g = torch.Generator().manual_seed(seed)
+    return [Image.fromarray((torch.rand(16, 16 + 8 * (i % 2), 3, generator=g) * 255).byte().numpy()) for i in range(n)]
+
+
+def batch_of(model: Vlm, captions=CAPTIONS, seed: int = 0) -> dict:
+    items = [{"caption": c, "image": im, "image_id": i, "references": [c], "index": i}
+             for i, (c, im) in enumerate(zip(captions, images(len(captions), seed), strict=True))]  # fmt: skip
+    return model_collator(model, 12)(items)
+
+
+def processor_inputs(model: Vlm, n: int, seed: int = 0) -> dict:
+    """What a user passes to ``generate``: the processor's own output for the chat prompt and the images (including
+    Qwen2-VL's ``mm_token_type_ids``), independent of finecap's collator."""
+    ims = [[im.convert("RGB")] for im in images(n, seed)]
+    enc = model.processor(text=[model.prompt_text] * n, images=ims, padding=True, return_tensors="pt")
+    return dict(enc)
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# Loading and the prompt
+# --------------------------------------------------------------------------------------------------------------------
+
+
+def test_built_from_the_config_by_path(vlm_dirs, family):
+    cfg = load(None, ["model.kind=vlm", f"model.vlm={vlm_dirs[family]}", "model.vlm_prompt=Describe the image.",
+                      "model.train_lm=false", "model.vlm_train_projector=false"])  # fmt: skip
+    model = build_model(cfg)
+    assert isinstance(model, Vlm) and model.family is FAMILIES[family] and model.source == str(vlm_dirs[family])
+    assert not model.train_lm and not model.train_projector and not any(p.requires_grad for p in model.parameters())
+    assert model.prompt_text.count("Describe the image.") == 1
+    eot = {"llava": "<eos>", "idefics3": "<end_of_utterance>", "qwen2_vl": "<|im_end|>"}[family]
+    assert model.tokenizer.eos_token == eot  # captions end where an assistant turn ends
+    batch = batch_of(model)
+    prompt = batch["prompt_ids"]
+    assert model.tokenizer.padding_side == "left" and bool((batch["prompt_mask"][:, -1] == 1).all())
+    assert bool(((prompt == model.image_token_id).sum(1) > 0).all())
+    generation_prompt = {"llava": "ASSISTANT:", "idefics3": "Assistant:", "qwen2_vl": "<|im_start|>assistant\n"}
+    assert model.prompt_text.endswith(generation_prompt[family])  # the chat template's generation prompt
+
+
+def test_unknown_family_and_missing_parts_are_named(vlm_dirs, tmp_path):
+    from transformers import PaliGemmaConfig
+
+    with pytest.raises(ValueError, match="model_type 'paligemma' is not a supported VLM family; supported: idefics3"):
+        from finecap.models.vlm import family_of
+
+        family_of(PaliGemmaConfig(), "google/paligemma-3b")
+    with pytest.raises(OSError, match="model.vlm=.*nowhere: cannot load the VLM or its processor"):
+        Vlm.from_pretrained(tmp_path / "nowhere")
+
+
+@pytest.mark.skipif(is_torchvision_available(), reason="without torchvision only")
+def test_qwen2_vl_processor_without_torchvision(vlm_dirs):
+    """transformers cannot build Qwen2-VL's video processor without torchvision; finecap loads the processor class
+    without it, and images are processed exactly as the processor does."""
+    with pytest.raises((ImportError, OSError, ValueError)):
+        AutoProcessor.from_pretrained(vlm_dirs["qwen2_vl"])
+    processor = load_processor(vlm_dirs["qwen2_vl"])
+    assert type(processor).__name__ == "Qwen2VLProcessor" and processor.video_processor is None
+    out = processor(text=["<|vision_start|><|image_pad|><|vision_end|>"], images=images(1), return_tensors="pt")
+    assert out["image_grid_thw"].tolist() == [[1, 4, 4]]  # 16 patches of 4 px, merged 2 x 2: 4 image tokens
+    assert int((out["input_ids"] == processor.image_token_id).sum()) == 4
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# Caption tokens only
+# --------------------------------------------------------------------------------------------------------------------
+
+
+def test_mle_is_the_models_own_loss_with_prompt_and_padding_masked(vlm_dirs, family):
+    """finecap's MLE loss equals the transformers model's own loss on ``[prompt, caption]`` with the labels of prompt,
+    image and padding tokens at -100 (the model shifts them itself and computes its own positions)."""
+    model = Vlm.from_pretrained(vlm_dirs[family]).eval()
+    batch = batch_of(model)
+    ours = mle_loss(model(batch), batch["labels"])
+    ids = torch.cat([batch["prompt_ids"], batch["input_ids"]], 1)
+    mask = torch.cat([batch["prompt_mask"], batch["attention_mask"]], 1)
+    labels = torch.cat([torch.full_like(batch["prompt_ids"], IGNORE_INDEX), batch["labels"]], 1)
+    extra = {k: batch[k] for k in model.family.image_inputs if k in batch}
+    if family == "qwen2_vl":
+        extra["mm_token_type_ids"] = (ids == model.image_token_id).int()
+        model.model.model.rope_deltas = None
+    theirs = model.model(input_ids=ids, attention_mask=mask, labels=labels, **extra).loss
+    assert torch.allclose(ours, theirs, atol=1e-5)
+    # the prompt is part of the conditioning, not of the loss: labels over the prompt would change it
+    prompt_labels = torch.cat([batch["prompt_ids"].masked_fill(batch["prompt_mask"] == 0, IGNORE_INDEX),
+                               batch["labels"]], 1)  # fmt: skip
+    with_prompt = model.model(input_ids=ids, attention_mask=mask, labels=prompt_labels, **extra).loss
+    assert not torch.allclose(ours, with_prompt, atol=1e-3)
+
+
+def test_smile_draws_its_vocabulary_from_caption_tokens_only(vlm_dirs, family):
+    """SMILE's subset is the caption's own tokens: the prompt's words and image tokens never enter it."""
+    model = Vlm.from_pretrained(vlm_dirs[family]).eval()
+    batch = batch_of(model)
+    logits = model(batch)
+    out = SmileObjective()(model, batch)
+    caption_ids = set(batch["input_ids"][batch["attention_mask"].bool()].tolist())
+    prompt_ids = set(batch["prompt_ids"][batch["prompt_mask"].bool()].tolist())
+    assert model.image_token_id in prompt_ids - caption_ids
+    assert torch.allclose(out.losses["smile"], smile_loss(logits, batch["labels"]), atol=1e-6)
+    # by hand: first token over the full vocabulary, then a softmax over the row's caption tokens only
+    V = logits.shape[-1]
+    total, n = 0.0, 0
+    for b in range(logits.shape[0]):
+        valid = batch["labels"][b] != IGNORE_INDEX
+        allowed = torch.zeros(V, dtype=torch.bool)
+        allowed[batch["labels"][b][valid]] = True
+        for t in torch.nonzero(valid).flatten().tolist():
+            row = logits[b, t] if t == 0 else logits[b, t].masked_fill(~allowed, float("-inf"))
+            total += -torch.log_softmax(row, -1)[batch["labels"][b, t]].item()
+            n += 1
+    assert abs(out.losses["smile"].item() - total / n) < 1e-4
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# Decoding against generate
+# --------------------------------------------------------------------------------------------------------------------
+
+
+class Recorder:
+    """A Stepper around the model that records the tokens fed at each step (a finished beam feeds its stop token)."""
+
+    def __init__(self, model: Vlm) -> None:
+        self.model, self.fed = model, []
+
+    def start(self, prompt):
+        return self.model.start(prompt)
+
+    def step(self, tokens, state):
+        self.fed.append(tokens.clone())
+        return self.model.step(tokens, state)
+
+    def select(self, state, index):
+        return self.model.select(state, index)
+
+
+def new_tokens(out: torch.Tensor, prompt_len: int) -> list[list[int]]:
+    return [row.tolist() for row in out[:, prompt_len:]]
+
+
+def test_greedy_equals_generate(vlm_dirs, family):
+    model = Vlm.from_pretrained(vlm_dirs[family]).eval()
+    inputs = processor_inputs(model, 4)
+    ours = model.generate(inputs | {"prompt_ids": inputs["input_ids"], "prompt_mask": inputs["attention_mask"]},
+                          DecodeConfig(strategy="greedy", max_length=10))  # fmt: skip
+    theirs = model.model.generate(**inputs, max_new_tokens=10, do_sample=False)
+    assert len(set(ours.texts)) > 1  # the images get different captions
+    for row, seq in enumerate(new_tokens(theirs, inputs["input_ids"].shape[1])):
+        n = int(ours.lengths[row])
+        assert ours.sequences[row, :n].tolist() == seq[:n]
+        assert all(t == model.pad_token_id for t in seq[n:])
+
+
+def test_sampling_equals_generate_with_the_same_random_state(vlm_dirs, family):
+    model = Vlm.from_pretrained(vlm_dirs[family]).eval()
+    inputs = processor_inputs(model, 3)
+    batch = inputs | {"prompt_ids": inputs["input_ids"], "prompt_mask": inputs["attention_mask"]}
+    cfg = DecodeConfig(strategy="sample", temperature=0.7, max_length=8, num_return_sequences=2)
+    torch.manual_seed(123)
+    ours = model.generate(batch, cfg)
+    torch.manual_seed(123)
+    theirs = model.model.generate(**inputs, max_new_tokens=8, do_sample=True, temperature=0.7, top_k=0, top_p=1.0,
+                                  num_return_sequences=2)  # fmt: skip
+    assert len(set(ours.texts)) > 2
+    for row, seq in enumerate(new_tokens(theirs, inputs["input_ids"].shape[1])):
+        n = int(ours.lengths[row])
+        assert ours.sequences[row, :n].tolist() == seq[:n], row
+
+
+def test_beam_search_equals_generate_while_no_beam_ends_early(vlm_dirs, family):
+    """Beam search equals ``generate``'s (tokens and length-normalised scores) when no hypothesis ends before the
+    last step; finecap then keeps finished hypotheses in the beam (ClipCap's reference, finecap.decode) where
+    ``generate`` sets them aside, so the test first checks that no stop token was fed before the last step."""
+    model = Vlm.from_pretrained(vlm_dirs[family]).eval()
+    inputs = processor_inputs(model, 3, seed=4)  # images for which no family's beam ends before 5 tokens
+    batch = inputs | {"prompt_ids": inputs["input_ids"], "prompt_mask": inputs["attention_mask"]}
+    cfg = DecodeConfig(strategy="beam", beam_size=3, max_length=5, num_return_sequences=2)
+    recorder = Recorder(model)
+    from finecap.decode import decode
+
+    prompt = model.prompt_of(batch)
+    ours = decode(recorder, prompt, cfg, model.tokenizer)
+    assert not any(bool((fed == model.eos_token_id).any()) for fed in recorder.fed)  # the regime tested
+    theirs = model.model.generate(**inputs, max_new_tokens=5, num_beams=3, num_return_sequences=2, do_sample=False,
+                                  length_penalty=1.0, return_dict_in_generate=True, output_scores=True)  # fmt: skip
+    assert new_tokens(theirs.sequences, inputs["input_ids"].shape[1]) == ours.sequences.tolist()
+    assert torch.allclose(ours.scores, theirs.sequences_scores, atol=1e-4)
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# LoRA targets, saving in the model's own format
+# --------------------------------------------------------------------------------------------------------------------
+
+TARGETS = {
+    "llava": (["layers.0.self_attn.q_proj", "layers.0.self_attn.k_proj", "layers.0.self_attn.v_proj",
+               "layers.0.self_attn.o_proj", "layers.0.mlp.gate_proj", "layers.0.mlp.up_proj",
+               "layers.0.mlp.down_proj"],
+              ["encoder.layers.0.self_attn.k_proj", "encoder.layers.0.self_attn.v_proj",
+               "encoder.layers.0.self_attn.q_proj", "encoder.layers.0.self_attn.out_proj",
+               "encoder.layers.0.mlp.fc1", "encoder.layers.0.mlp.fc2"]),
+    "idefics3": (None, None),  # Llama language model, SigLIP vision tower: LLaVA's names
+    "qwen2_vl": (None, ["blocks.0.attn.qkv", "blocks.0.attn.proj", "blocks.0.mlp.fc1", "blocks.0.mlp.fc2"]),
+}  # fmt: skip
+
+
+def test_lora_targets_per_family(vlm_dirs, family):
+    """The documented defaults: every attention / MLP projection of the language model and of the vision tower;
+    never the projector (Qwen2-VL's merger lives inside its vision tower) nor the output head."""
+    model = Vlm.from_pretrained(vlm_dirs[family])
+    lm, vision = TARGETS[family]
+    lm, vision = lm or TARGETS["llava"][0], vision or TARGETS["llava"][1]
+    for part, want in (("lm", lm), ("encoder", vision)):
+        got = lora.resolve_targets(part, model.lora_module(part), model.lora_default_targets(part))
+        assert sorted(got) == sorted(want), part
+    every = lora.resolve_targets("encoder", model.lora_module("encoder"), [])
+    assert (family == "qwen2_vl") == any("merger" in n for n in every)  # what the defaults leave out
+
+
+def test_save_pretrained_folder_and_adapters_load_outside_finecap(vlm_dirs, family, tmp_path):
+    """A fine-tuned VLM's folder loads with ``AutoModelForImageTextToText`` and the processor; its adapters with
+    ``PeftModel.from_pretrained`` on the language model and vision tower; both give finecap's logits."""
+    model = Vlm.from_pretrained(vlm_dirs[family])
+    lora.configure_training(model, load(None, ["lora.lm=true", "lora.encoder=true", "model.train_encoder=true",
+                                               "lora.rank=2", "lora.alpha=4"]))  # fmt: skip
+    model.train()
+    batch = batch_of(model)
+    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=5e-2)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    for _ in range(3):
+        opt.zero_grad()
+        mle_loss(model(batch), batch["labels"]).backward()
+        opt.step()
+    moved = {k for k, v in model.state_dict().items() if not torch.equal(v, before[k])}
+    projector = {"llava": "multi_modal_projector", "idefics3": "connector", "qwen2_vl": "merger"}[family]
+    assert moved and all("lora_" in k or f".{projector}." in k for k in moved)
+    assert any("lora_" in k and ("language_model" in k or "text_model" in k) for k in moved)
+    model.eval()
+    expected = model(batch)
+    out = model.save(tmp_path / "ckpt")
+    meta = json.loads((out / "captioner.json").read_text())
+    assert meta["kind"] == "vlm" and meta["family"] == family and set(meta["lora"]) == {"lm", "encoder"}
+
+    plain = AutoModelForImageTextToText.from_pretrained(out).eval()  # transformers alone
+    assert type(plain) is type(model.model)
+    lm_path, vision_path = model.family.language_model, model.family.vision
+    parent = plain.model
+    setattr(parent, lm_path.rsplit(".", 1)[-1], PeftModel.from_pretrained(model_part(plain, lm_path), out / "lm_lora"))
+    setattr(parent, vision_path.rsplit(".", 1)[-1],
+            PeftModel.from_pretrained(model_part(plain, vision_path), out / "encoder_lora"))  # fmt: skip
+    processor = load_processor(out)  # AutoProcessor, or Qwen2-VL's class without a video processor (no torchvision)
+    if family != "qwen2_vl" or is_torchvision_available():
+        assert type(AutoProcessor.from_pretrained(out)) is type(processor)
+    enc = processor(text=[model.prompt_text] * 4, images=[[im] for im in images(4)], padding=True, return_tensors="pt")
+    assert torch.equal(enc["input_ids"], batch["prompt_ids"])
+    ids = torch.cat([enc["input_ids"], batch["input_ids"]], 1)
+    mask = torch.cat([enc["attention_mask"], batch["attention_mask"]], 1)
+    extra = {k: enc[k] for k in model.family.image_inputs if k in enc}
+    if family == "qwen2_vl":
+        extra["mm_token_type_ids"] = (ids == model.image_token_id).int()
+    logits = plain(input_ids=ids, attention_mask=mask, **extra).logits[:, enc["input_ids"].shape[1] - 1 : -1]
+    valid = batch["attention_mask"].bool()
+    assert torch.allclose(logits[valid], expected[valid], atol=1e-4)
+    again = load_captioner(out).eval()
+    assert isinstance(again, Vlm) and lora.has_adapters(again) and again.prompt == model.prompt
+    assert torch.allclose(again(batch), expected, atol=1e-5)
+
+
+def model_part(model, path: str):
+    """``model.<path>`` (a family's attribute path, e.g. ``model.language_model``)."""
+    for name in path.split("."):
+        model = getattr(model, name)
+    return model
