@@ -9,7 +9,19 @@ from pathlib import Path
 
 import pytest
 
-from finecap.metrics.ptb_tokenize import _FAST, PUNCTUATIONS, ptb_tokenize, tokenize, tokenize_all, tokens
+from finecap.metrics.ptb_tokenize import (
+    _ABBREV,
+    _FAST,
+    PUNCTUATIONS,
+    _batch_lines,
+    _expand,
+    _keeps_period,
+    _Text,
+    ptb_tokenize,
+    tokenize,
+    tokenize_all,
+    tokens,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -55,6 +67,8 @@ EXPECTED = [
     ("a sign that says no. 5", "a sign that says no. 5"),
     ("the sign says no.", "the sign says no"),
     ("plan b.", "plan b."),
+    ("plan b .", "plan b"),  # a period apart from the letter: its own token (checked with the jar)
+    ("on St .", "on st"),
     ("wait!!! what?! --dash-- a --- b", "wait !!! what ?! dash a b"),
     ("don\u2019t \u201cquote\u201d \u2018single\u2019 it\u2014is a\u2026", "do n't quote single it is a"),
     ("IT'S A DOG'S LIFE", "it 's a dog 's life"),
@@ -242,4 +256,105 @@ def test_batch_equals_java_ptb_tokenizer_with_line_context():
     java = PTBTokenizer().tokenize(captions)
     ours = ptb_tokenize(captions)
     diffs = [(c["caption"], j, o) for i in captions for c, j, o in zip(captions[i], java[i], ours[i]) if j != o]
+    assert diffs == []
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# tokenize_all's batch grammar (most captions tokenised at once, the others one by one)
+# --------------------------------------------------------------------------------------------------------------------
+
+
+def batch_like(n: int, seed: int, near: bool = False) -> list[str]:
+    """Seeded lines at the edges of tokenize_all's batch grammar: contractions in every case, double quotes, tabs,
+    commas and periods with any spacing, hyphenated words with contractions, digits next to letters, final
+    abbreviations and single letters in every case, cannot / gonna inside words, non-ASCII text, blank lines.
+    ``near``: only the separators, contractions and endings of the grammar (most lines then are in it)."""
+    rng = random.Random(seed)
+    words = ["a", "dog", "The", "cat", "red", "black-and-white", "x-ray", "t-shirt", "man", "St", "b", "I", "no",
+             "Mr", "etc", "Ark", "ark", "co", "mass", "Mass", "u", "wash", "NYC", "it", "is", "DOG", "Dog",
+             "pro-choice", "cannot", "Gonna", "scannot", "tinned", "gotta", "5", "12", "2nd", "3-year", "o", "nos",
+             "prop", "don", "can", "won", "Cmdr", "mfg", "vs", "Bancorp"]  # fmt: skip
+    suffixes = ["'s", "'S", "'d", "'D", "'m", "'M", "'re", "'RE", "'Re", "'ve", "'VE", "'ll", "'LL", "n't", "N'T",
+                "n'T", "'", "s'", "'t", "'em", "'all", "'n", "'90s"]  # fmt: skip
+    seps = [" "] * 10 + ["  ", "\t", ", ", " , ", ",", " ,", ",  ", ' "', '" ', ' " ', "-", " - ", "--", ". ",
+                         "; ", "\u00a0", " \u2019", "'", " '"]  # fmt: skip
+    ends = ["", ".", " .", ". ", "  ", ".  ", "..", "!", "?", '."', '".', "\t", " ", ",", "-", "'", '"']
+    if near:
+        suffixes, seps, ends = suffixes[:16], seps[:18], ends[:6] + ['".', "\t", " "]
+    out = []
+    for _ in range(n):
+        toks = []
+        for _ in range(rng.randint(1, 9)):
+            w = rng.choice(words)
+            if rng.random() < 0.25:
+                w += rng.choice(suffixes)
+            if rng.random() < 0.08:
+                w = '"' + w + '"'
+            if rng.random() < 0.02 and not near:
+                w = rng.choice(["caf\u00e9", "na\u00efve", "\u201cquote\u201d", "don\u2019t"])
+            toks.append(w)
+        s = toks[0] + "".join(rng.choice(seps) + t for t in toks[1:])
+        s = rng.choice(["", "", "", " ", "  ", '"', "\t"]) + s + rng.choice(ends)
+        if rng.random() < 0.02:
+            s = rng.choice(["", " ", ".", ",", '""', "  .  "])
+        out.append(s)
+    return out
+
+
+def lexed(text: str) -> str:
+    """The full lexer's answer for one line (no shortcut): lower-cased tokens without punctuation."""
+    return " ".join(t for t in (w.lower() for w in tokens(text)) if t not in PUNCTUATIONS)
+
+
+def test_batch_equals_the_lexer_line_by_line():
+    # every line followed by "x", which starts no sentence: no line's end depends on the next one here
+    lines = (
+        batch_like(3000, seed=4)
+        + batch_like(2000, seed=8, near=True)
+        + caption_like(500, seed=9)
+        + coco_like_captions(200, seed=5)
+        + REALISTIC
+    )
+    lines += [t for t, _ in EXPECTED] + ["a, b", "cat's", "isn't", "I'M", "YOU'LL", "a-b's c", "a-b c's", "b'll"]
+    batch = tokenize_all([y for line in lines for y in (line, "x")])[::2]
+    diffs = [(line, lexed(line), got) for line, got in zip(lines, batch) if got != lexed(line)]
+    assert diffs == []
+    assert batch == [tokenize(line) for line in lines]  # the one-caption function agrees
+
+
+def test_batch_keeps_next_line_effects_and_line_breaks():
+    for lines, first in NEXT_LINE:  # in the middle of a batch, after a line of the batch grammar
+        assert tokenize_all(["A dog.", *lines])[1] == first
+    # a caption holding a line break: whitespace (pycocoevalcap would split it into two lines)
+    assert tokenize_all(["A dog\non a mat.", "The cat."]) == ["a dog on a mat", "the cat"]
+    assert tokenize_all([]) == []
+
+
+def test_final_abbreviations_are_those_of_keeps_period():
+    # the batch grammar tests a final word against the expanded abbreviation list; it must be _keeps_period's
+    words = _expand(_ABBREV)
+    assert {"jan", "sept", "kan", "kans", "cmdr", "comdr", "mfg", "mtg", "st", "ste", "etc", "bancorp"} <= set(words)
+    variants = {v for w in words for v in (w, w.upper(), w.capitalize())}
+    variants |= {"Ark", "ark", "ARK", "Ill", "ill", "Mass", "mass", "Pa", "pa", "La", "Tex", "Del", "Wash", "b", "B",
+                 "table", "stop", "co", "cos", "corp", "no", "nos", "prop", "abcdefg"}  # fmt: skip
+    lines = [f"a {w}." for w in sorted(variants)]
+    batch = tokenize_all([y for line in lines for y in (line, "x")])[::2]
+    for w, got in zip(sorted(variants), batch):
+        assert got.endswith(".") == _keeps_period(w + "."), w
+
+
+@pytest.mark.java
+@pytest.mark.skipif(shutil.which("java") is None, reason="java not on PATH: pycocoevalcap's PTBTokenizer needs Java")
+def test_batch_grammar_edges_equal_java_ptb_tokenizer():
+    # One batch of edge lines, as pycocoevalcap tokenises a reference set; compared on the lines the batch grammar
+    # takes (the others go to the lexer, compared with Java above and equal to the batch on every line below).
+    from pycocoevalcap.tokenizer.ptbtokenizer import PTBTokenizer
+
+    lines = batch_like(1500, seed=3, near=True) + coco_like_captions(60, seed=11)
+    random.Random(0).shuffle(lines)
+    _, outside = _batch_lines(_Text(lines, "\n".join(lines)))
+    assert 0.4 < 1 - outside.mean() < 0.95  # many lines in the grammar, many not
+    java = PTBTokenizer().tokenize({0: [{"caption": s} for s in lines]})[0]
+    ours = tokenize_all(lines)
+    diffs = [(s, java[k], ours[k]) for k, s in enumerate(lines) if not outside[k] and java[k] != ours[k]]
     assert diffs == []
