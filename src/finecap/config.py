@@ -101,7 +101,7 @@ WorldShift = Literal["none", "domain"]
 @dataclass
 class RunConfig:
     name: str = doc("run", "Run name; the run directory is <run.root>/<run.name> unless run.dir is set.")
-    root: str = doc("runs", "Folder holding run directories.")
+    root: str = doc("", "Folder holding run directories; empty = <finecap home>/runs (never the working directory).")
     dir: str = doc("", "Explicit run directory (overrides root/name when non-empty).")
     seed: int = doc(0, "Global random seed (torch, numpy, python).")
     cache_dir: str = doc(
@@ -110,7 +110,14 @@ class RunConfig:
 
     @property
     def path(self) -> Path:
-        return Path(self.dir) if self.dir else Path(self.root) / self.name
+        return Path(self.dir) if self.dir else self.root_path / self.name
+
+    @property
+    def root_path(self) -> Path:
+        """``run.root``, or ``<finecap home>/runs`` when empty (:func:`finecap.home.home`)."""
+        from finecap.home import home  # deferred: finecap.home reads this module's types
+
+        return Path(self.root) if self.root else home() / "runs"
 
 
 @dataclass

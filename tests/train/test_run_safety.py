@@ -229,3 +229,16 @@ def test_caption_refuses_non_finite_weights(make_cfg, tmp_path, capsys):
     out = tmp_path / "captions.json"
     assert cli(["caption", "--checkpoint", str(best), "--out", str(out)]) == 2
     assert "non-finite values" in capsys.readouterr().err and not out.exists()
+
+
+def test_default_run_directory_is_in_the_home_not_the_working_directory(make_cfg, tmp_path, monkeypatch, capsys):
+    work = tmp_path / "work"
+    work.mkdir()
+    monkeypatch.chdir(work)
+    argv = [a for a in _overrides(make_cfg, "train.max_steps=2") if not a.startswith("run.dir=")]
+    assert cli(["train", *argv]) == 0
+    assert list(work.iterdir()) == []  # nothing written into the working directory
+    from finecap.home import home
+
+    run = home() / "runs" / "run"
+    assert (run / "checkpoints" / "best").is_dir() and str(run) in capsys.readouterr().out

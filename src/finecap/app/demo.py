@@ -309,7 +309,8 @@ def main(cfg: Config, items: list[str] | None = None, quick: bool | None = None)
         raise ValueError(f"demo.stages: unknown stage(s) {unknown}{did_you_mean(unknown[0], STAGES)}; valid stages: "
                          f"{', '.join(STAGES)}")  # fmt: skip
     quick = cfg.demo.quick if quick is None else quick
-    run_dir = Path(cfg.run.dir) if cfg.run.dir else Path(cfg.run.root) / "demo"
+    run_dir = Path(cfg.run.dir) if cfg.run.dir else cfg.run.root_path / "demo"
+    print(f"demo: run directory {run_dir}")
     cfg = dataclasses.replace(cfg, demo=dataclasses.replace(cfg.demo, quick=quick))  # config.yaml says quick
     demo = Demo(cfg=cfg, items=list(items or []), quick=quick, run_dir=run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
