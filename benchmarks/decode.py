@@ -10,13 +10,18 @@ Models (random initialisation, the world sizes; random models never stop early, 
 - ``blip``: a ``BlipForConditionalGeneration`` with a 2-layer ViT (width 256, 32 px images, 17 image tokens) and the
   world BLIP's text decoder (3 layers x 128 with cross-attention) on random pixels; reference:
   ``BlipForConditionalGeneration.generate(pixel_values, ...)``. Both run the ViT once per image.
+- ``vlm_llava``, ``vlm_idefics3``, ``vlm_qwen2_vl``: a decoder-only VLM of each family (``model.kind=vlm``,
+  :func:`finecap.models.presets.tiny_vlm` with a 3-layer x 128 language model, 4 image tokens per 16 px image) on
+  random images after the chat prompt; reference: ``generate(**processor outputs, ...)`` on the same model. Both
+  run the vision tower once per image and read the prompt's image tokens from the same pre-processed inputs.
 
-Both sides do the same work inside the timing: from the features (ClipCap) or pixels (BLIP) to the caption texts
-(finecap's ``generate`` returns texts, so the reference timing includes ``tokenizer.batch_decode``).
+Both sides do the same work inside the timing: from the features (ClipCap), pixels (BLIP) or pre-processed prompt
+and pixels (VLM) to the caption texts (finecap's ``generate`` returns texts, so the reference timing includes
+``tokenizer.batch_decode``).
 
 Settings matched: ``max_new_tokens = --max-length``, ``length_penalty=1``, no sampling, the same EOS/pad ids. Each
 timing is the best of ``--repeat`` wall-clock runs (``torch.no_grad``, eval mode). Greedy outputs are checked to be
-identical. Target: ratio (generate time / finecap time) >= 1 for all four.
+identical. Target: ratio (generate time / finecap time) >= 1 for every row.
 """
 
 from __future__ import annotations
@@ -30,11 +35,13 @@ from collections.abc import Callable
 from pathlib import Path
 
 import torch
+from PIL import Image
 
 from finecap.config import DecodeConfig
 from finecap.models.blip import Blip
 from finecap.models.clipcap import ClipCap
-from finecap.models.presets import build_world_lm, save_tiny_blip
+from finecap.models.presets import VLM_FAMILIES, build_world_lm, save_tiny_blip, tiny_vlm
+from finecap.models.vlm import Vlm
 
 
 def best_time(fn: Callable[[], object], repeat: int) -> float:
@@ -94,6 +101,35 @@ def blip_case(n: int, length: int, folder: Path) -> tuple[dict[str, Callable], C
     return {"finecap": ours, "generate": theirs}, same
 
 
+def vlm_case(family: str, n: int, length: int) -> tuple[dict[str, Callable], Callable[[], bool]]:
+    torch.manual_seed(0)
+    hf, processor = tiny_vlm(family, hidden=128, layers=3, heads=4, positions=64 + length)
+    model = Vlm(hf, processor).eval()
+    g = torch.Generator().manual_seed(0)
+    images = [Image.fromarray((torch.rand(16, 16, 3, generator=g) * 255).byte().numpy()) for _ in range(n)]
+    inputs = dict(processor(text=[model.prompt_text] * n, images=[[im] for im in images], padding=True,
+                            return_tensors="pt"))  # fmt: skip
+    batch = inputs | {"prompt_ids": inputs["input_ids"], "prompt_mask": inputs["attention_mask"]}
+    prompt_len = inputs["input_ids"].shape[1]
+
+    def ours(k: int):
+        cfg = DecodeConfig(strategy="greedy" if k == 1 else "beam", beam_size=k, max_length=length, batch_size=n)
+        return model.generate(batch, cfg)
+
+    def reference(k: int) -> torch.Tensor:
+        return hf.generate(**inputs, max_new_tokens=length, num_beams=k, length_penalty=1.0, do_sample=False,
+                           min_new_tokens=0)[:, prompt_len:]  # fmt: skip
+
+    def theirs(k: int):
+        return model.tokenizer.batch_decode(reference(k), skip_special_tokens=True)
+
+    def same() -> bool:
+        mine = ours(1).sequences
+        return mine.tolist() == reference(1)[:, : mine.shape[1]].tolist()
+
+    return {"finecap": ours, "generate": theirs}, same
+
+
 def main(argv: list[str] | None = None) -> dict:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--images", type=int, default=64)
@@ -107,7 +143,8 @@ def main(argv: list[str] | None = None) -> dict:
     results: dict[str, dict[str, float]] = {}
     with tempfile.TemporaryDirectory() as tmp, torch.no_grad():
         cases = {"clipcap": clipcap_case(args.images, args.max_length),
-                 "blip": blip_case(args.images, args.max_length, Path(tmp) / "blip")}  # fmt: skip
+                 "blip": blip_case(args.images, args.max_length, Path(tmp) / "blip"),
+                 **{f"vlm_{f}": vlm_case(f, args.images, args.max_length) for f in VLM_FAMILIES}}  # fmt: skip
         for name, (fns, same) in cases.items():
             print(f"{name}: greedy outputs identical to generate: {same()}")
             for k, label in ((1, "greedy"), (5, "beam5")):
@@ -115,9 +152,9 @@ def main(argv: list[str] | None = None) -> dict:
                 t_ref = best_time(lambda fns=fns, k=k: fns["generate"](k), args.repeat)
                 results[f"{name}/{label}"] = {"finecap_s": t_ours, "generate_s": t_ref, "ratio": t_ref / t_ours}
     print(f"\n{args.images} images, {args.max_length} tokens, torch threads {torch.get_num_threads()}")
-    print(f"{'case':<16}{'finecap s':>11}{'generate s':>12}{'ratio':>8}")
+    print(f"{'case':<22}{'finecap s':>11}{'generate s':>12}{'ratio':>8}")
     for key, r in results.items():
-        print(f"{key:<16}{r['finecap_s']:>11.3f}{r['generate_s']:>12.3f}{r['ratio']:>8.2f}")
+        print(f"{key:<22}{r['finecap_s']:>11.3f}{r['generate_s']:>12.3f}{r['ratio']:>8.2f}")
     if args.json:
         args.json.write_text(json.dumps(results, indent=2))
     return results
