@@ -301,6 +301,38 @@ def test_start_checks_the_image_folder_and_the_data(fabricated_run, tiny_world, 
     assert create_app(other, tiny_world / "images").test_client().get("/bag/3/0").status_code == 200
 
 
+def test_a_bags_file_whose_data_changed_is_refused_at_start(tiny_world, tmp_path, capsys):
+    """Without --data the data set named by the bags file is read, checked against the fingerprint the file recorded
+    (as `finecap bags build` writes it): data edited since the bags were built stops the review at start."""
+    from finecap.app.cli import main
+    from finecap.data.fingerprint import bags_data_fingerprint
+
+    data = tmp_path / "data" / "captions.json"
+    data.parent.mkdir()
+    data.write_text((tiny_world / "dataset.json").read_text())  # a Karpathy file of the world's captions
+    built = bags_data_fingerprint("karpathy", data, captions="original", split="test")
+    ids = [im["imgid"] for im in json.loads(data.read_text())["images"] if im["split"] == "test"]
+    bags = tmp_path / "bags.json"
+    bags.write_text(json.dumps({"split": "test", "data": built["path"], "fingerprint": built,
+                                "bags": {"3": [{"images": ids[0:3], "similarity": 0.9}]}}))  # fmt: skip
+    images = str(tiny_world / "images")
+    assert create_app(bags, images).test_client().get("/bag/3/0").status_code == 200  # unchanged data: served
+
+    content = json.loads(data.read_text())
+    content["images"][0]["sentences"][0]["raw"] = "a caption edited after the bags were built"
+    data.write_text(json.dumps(content))
+    now = bags_data_fingerprint("karpathy", data, captions="original", split="test")
+    assert now["id"] != built["id"]
+    before = {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()}
+    assert main(["bags", "review", str(bags), "--images", images, "--port", "0"]) == 2
+    err = capsys.readouterr().err
+    assert f"{bags}: the bags were built on data {built['id']}" in err and f"data read now is {now['id']}" in err
+    assert f"sha256: '{built['sha256']}' -> '{now['sha256']}'" in err and "Traceback" not in err
+    assert {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()} == before  # nothing written
+    # --data names the data set on purpose: read as given.
+    assert create_app(bags, images, data=data).test_client().get("/bag/3/0").status_code == 200
+
+
 @pytest.mark.parametrize(
     ("text", "message"),
     [

@@ -8,11 +8,12 @@ file (``--out``, default ``<BAGS stem>.curated.json``, the layout ``finecap eval
 file, keyed by each bag's images. Closing the tab or killing the server loses nothing acknowledged, and running the
 command again resumes at the first undecided bag.
 
-Captions and image paths come from the data set the bags were built on (the bags file's ``"data"``, relative to the
-bags file when not absolute, or ``--data``); image paths are taken relative to ``--images``. Everything is checked
-at start, before anything is served: a malformed bags or decisions file, a data set that holds none of the bags'
-images, and an ``--images`` folder under which none of them is found are errors naming the file or folder (and one
-expected image path).
+Captions and image paths come from the data set the bags were built on: the bags file's ``"data"`` (relative to the
+bags file when not absolute), checked against the data fingerprint the file recorded (a data set changed since the
+bags were built is refused), or ``--data``; image paths are taken relative to ``--images``. Everything is checked at
+start, before anything is served: a malformed bags or decisions file, changed data, a data set that holds none of
+the bags' images, and an ``--images`` folder under which none of them is found are errors naming the file or folder
+(and one expected image path).
 
 Security model (docs/report-and-review.md). The server answers this machine only unless told otherwise, and serves
 nothing but the review:
@@ -58,6 +59,7 @@ from werkzeug.exceptions import HTTPException
 
 from finecap.config import Config, load
 from finecap.data.curation import BagCuration, CurationBusy
+from finecap.data.fingerprint import bags_file_data
 from finecap.data.formats import DataError, Record
 from finecap.data.references import load_references
 from finecap.report.html import TEMPLATES
@@ -134,16 +136,15 @@ def image_type(path: Path) -> str | None:
 
 
 def _data_source(bags: dict[str, Any], bags_path: Path, data: str | Path | None) -> str | Path:
-    """``--data``, else the bags file's ``"data"`` (a relative path is taken relative to the bags file)."""
+    """``--data`` (the user's choice, not checked), else the bags file's ``"data"`` (a relative path is taken
+    relative to the bags file) checked against the fingerprint the file recorded
+    (:func:`finecap.data.fingerprint.bags_file_data`: a data set changed since the bags were built is refused)."""
     if data is not None:
         return data
     source = bags.get("data")
     if not source or not isinstance(source, str):
         raise DataError(f"{bags_path}: no 'data' entry naming the data set the bags were built on; pass --data")
-    path = Path(source)
-    if not path.is_absolute() and (bags_path.parent / path).exists():
-        return bags_path.parent / path
-    return source
+    return bags_file_data(bags_path, bags)
 
 
 def _served_images(
