@@ -91,6 +91,10 @@ def test_unknown_family_and_missing_parts_are_named(vlm_dirs, tmp_path):
         family_of(PaliGemmaConfig(), "google/paligemma-3b")
     with pytest.raises(OSError, match="model.vlm=.*nowhere: cannot load the VLM or its processor"):
         Vlm.from_pretrained(tmp_path / "nowhere")
+    model = AutoModelForImageTextToText.from_pretrained(vlm_dirs["qwen2_vl"])
+    model.generation_config.eos_token_id = [0]
+    with pytest.raises(ValueError, match=r"tokenizer's EOS '<\|im_end\|>' .* not among the model's stop tokens"):
+        Vlm(model, load_processor(vlm_dirs["qwen2_vl"]), source="tiny")
 
 
 @pytest.mark.skipif(is_torchvision_available(), reason="without torchvision only")

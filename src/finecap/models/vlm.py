@@ -10,11 +10,11 @@ and image processing all come from the checkpoint.
 ``model.vlm_prompt`` (default ``Describe the image.``), rendered with the processor's chat template and its
 generation prompt (``... Assistant:``), the image placeholder expanded by the processor to the model's image tokens.
 The caption is the assistant's answer: the caption tokens followed by the tokenizer's EOS, which must be the token
-that ends an assistant turn (``<end_of_utterance>`` for SmolVLM, ``<|im_end|>`` for Qwen2-VL, ``</s>`` for LLaVA-1.5),
-so decoding stops where ``generate`` stops. The collator pre-processes images into ``prompt_ids`` / ``prompt_mask``
-(left-padded, as ``generate`` pads a batch of prompts) plus the family's image inputs (``pixel_values`` and
-``pixel_attention_mask`` / ``image_grid_thw`` / ``image_sizes``); the captions are the batch's ``input_ids`` as for
-every backbone.
+that ends an assistant turn (``<end_of_utterance>`` for SmolVLM, ``<|im_end|>`` for Qwen2-VL, ``</s>`` for LLaVA-1.5)
+and one of ``generation_config.eos_token_id`` (checked), so decoding stops where ``generate`` stops. The collator
+pre-processes images into ``prompt_ids`` / ``prompt_mask`` (left-padded, as ``generate`` pads a batch of prompts) plus
+the family's image inputs (``pixel_values`` and ``pixel_attention_mask`` / ``image_grid_thw`` / ``image_sizes``); the
+captions are the batch's ``input_ids`` as for every backbone.
 
 **Masking.** ``forward`` runs the model on ``[prompt, caption[:-1]]`` and returns the logits of the caption positions
 only (``logits_to_keep``), aligned with ``input_ids`` as for ClipCap and BLIP; prompt, image and padding tokens
@@ -336,6 +336,15 @@ class Vlm(nn.Module):
             raise ValueError(f"model.vlm={source}: the processor has no chat template to build the prompt with")
         self.prompt_text = processor.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
         self.image_token_id = int(model.config.image_token_id)
+        stops = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+        stops = [stops] if isinstance(stops, int) else list(stops or [])
+        if stops and self.tokenizer.eos_token_id not in stops:
+            raise ValueError(
+                f"model.vlm={source}: the tokenizer's EOS {self.tokenizer.eos_token!r} (id "
+                f"{self.tokenizer.eos_token_id}) is not among the model's stop tokens "
+                f"(generation_config.eos_token_id={stops}); captions end with "
+                "the token that ends an assistant turn, so the tokenizer's EOS must be one of them"
+            )
         self.train_encoder = bool(train_encoder)
         self.train_lm = bool(train_lm)
         self.train_projector = bool(train_projector)
