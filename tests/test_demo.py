@@ -46,7 +46,7 @@ def test_rerun_skips_finished_stages(quick_demo, capsys):
     run_dir, argv = quick_demo
     before = (run_dir / "mle" / "checkpoints" / "best" / "trainer_state.json").stat().st_mtime_ns
     assert main([*argv, "--stages", "world,mle"]) == 0
-    assert "mle: already trained" in capsys.readouterr().out
+    assert "mle: already trained" in capsys.readouterr().err  # a status line: the `finecap` logger, to stderr
     assert (run_dir / "mle" / "checkpoints" / "best" / "trainer_state.json").stat().st_mtime_ns == before
 
 

@@ -8,7 +8,10 @@ Stages (``demo.stages``, run in order; each skips work whose outputs exist unles
   ``<home>/cache``). Both go through :func:`finecap.app.prepare.prepare`, which says what it makes and where.
 - training stages (:data:`TRAIN_STAGES`): train a captioner with the packaged recipe ``demo/<stage>`` into
   ``<run_dir>/<stage>/`` (starting from the MLE checkpoint where the stage says so), then caption the test split.
-  A killed stage resumes from its last checkpoint when re-run.
+  A killed stage resumes from its last checkpoint when re-run. A finished stage is reused only when the inputs its
+  run recorded (``<stage>/fingerprints.json``: the data, the captioner's encoder, the retriever) are those of its
+  configuration now; after a change of ``world.*`` or of the world encoder it is refused with an error naming both
+  fingerprints (:func:`check_stage_inputs`), and ``--force`` (``demo.force``) trains it again.
 - ``report``: evaluate every trained stage and the human reference captions on the test split and write
   ``results.json`` (stage -> metric -> number), ``results.md`` and the captions (COCO results format), then the
   HTML report ``report.html`` (:mod:`finecap.app.report`: tables, plots, caption and bag galleries). Next to the
@@ -24,6 +27,7 @@ override still applies on top (``finecap demo world.seed=7 world.n_train=5000``)
 from __future__ import annotations
 
 import dataclasses
+import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -39,6 +43,7 @@ from finecap.app.train import train
 from finecap.caption import generate_captions
 from finecap.config import Config, did_you_mean, load
 from finecap.data.datasets import load_records
+from finecap.data.fingerprint import FingerprintMismatch, check_run
 from finecap.data.formats import read_bags, read_results, write_results
 from finecap.home import world_path
 from finecap.metrics.suite import evaluate
@@ -46,10 +51,12 @@ from finecap.models.backbones import load_captioner
 from finecap.models.retriever import load_retriever
 from finecap.recipes import resolve_recipe
 from finecap.report.plots import length_curves
-from finecap.report.table import QUICK_TITLE, markdown_table
+from finecap.report.table import markdown_table, quick_labelled
 from finecap.train.checkpoint import model_dir
 from finecap.utils import atomic_write_text, read_json, write_json
 from finecap.world.make import load_scenes
+
+log = logging.getLogger(__name__)
 
 # Settings of the default demo that differ from the library defaults (beneath recipes and user overrides).
 # Test captions use beam search (beam 5), as ClipCap, DiscriTune and NDLB evaluate. The world and the world encoder
@@ -148,21 +155,22 @@ def load_demo_config(recipe: str | None, items: list[str], quick: bool) -> Confi
 
 
 def stage_world(demo: Demo) -> None:
-    print(f"world: {prepare(demo.cfg, {'world'}, make=True).world}")
+    log.info("world: %s", prepare(demo.cfg, {"world"}, make=True).world)
 
 
 def stage_retriever(demo: Demo) -> None:
-    print(f"retriever: {prepare(demo.cfg, {'world', 'world_encoder'}, make=True).world_encoder}")
+    log.info("retriever: %s", prepare(demo.cfg, {"world", "world_encoder"}, make=True).world_encoder)
 
 
 def train_stage(stage: str) -> Callable[[Demo], None]:
     def run(demo: Demo) -> None:
         out = demo.stage_dir(stage)
         done = out / "DONE"
+        cfg = demo.stage_config(stage)
         if done.exists() and not demo.cfg.demo.force:
-            print(f"{stage}: already trained ({out}); skipping")
+            check_stage_inputs(stage, out, cfg)
+            log.info("%s: already trained (%s); skipping", stage, out)
         else:
-            cfg = demo.stage_config(stage)
             init = TRAIN_STAGES[stage]
             if init is not None and not (demo.stage_dir(init) / "DONE").exists():
                 raise FileNotFoundError(f"demo stage {stage!r} starts from stage {init!r}, which has not run yet")
@@ -172,6 +180,20 @@ def train_stage(stage: str) -> Callable[[Demo], None]:
         caption_stage(demo, stage)
 
     return run
+
+
+def check_stage_inputs(stage: str, out: Path, cfg: Config) -> None:
+    """Refuse to reuse the finished stage run ``out`` when the inputs it recorded (``fingerprints.json``: data,
+    captioner's encoder, retriever) differ from those of its configuration ``cfg`` now, e.g. after a change of
+    ``world.*`` or of the world encoder (:func:`finecap.data.fingerprint.check_run`); the error names both
+    fingerprints and the ways out."""
+    try:
+        check_run(out, cfg)
+    except FingerprintMismatch as e:
+        raise FingerprintMismatch(
+            f"demo stage {stage!r} was trained on other inputs than this demo's, so it is not reused: {e} | re-run "
+            "the stage with --force (demo.force=true), or give the demo another run directory (--out)"
+        ) from e
 
 
 def best_model(demo: Demo, stage: str) -> Any:
@@ -282,10 +304,9 @@ def stage_report(demo: Demo) -> dict[str, dict[str, float]]:
         table += markdown_table(diversity_rows, DIVERSITY_COLUMNS)
     plot = smile_length_plot(demo)
     if plot is not None:
-        print(f"wrote {plot}")
+        log.info("wrote %s", plot)
     write_json(demo.run_dir / "results.json", rows)
-    if demo.quick:  # labelled wherever its numbers appear: here, results.md and the report's banner
-        table = f"{QUICK_TITLE}\n\n{table}"
+    table = quick_labelled(table, demo.quick)  # wherever its numbers appear: here, results.md, the report's banner
     atomic_write_text(demo.run_dir / "results.md", table + "\n")
     print(table)
     write_report(demo.run_dir)
@@ -310,7 +331,7 @@ def main(cfg: Config, items: list[str] | None = None, quick: bool | None = None)
                          f"{', '.join(STAGES)}")  # fmt: skip
     quick = cfg.demo.quick if quick is None else quick
     run_dir = Path(cfg.run.dir) if cfg.run.dir else cfg.run.root_path / "demo"
-    print(f"demo: run directory {run_dir}")
+    log.info("demo: run directory %s", run_dir)
     cfg = dataclasses.replace(cfg, demo=dataclasses.replace(cfg.demo, quick=quick))  # config.yaml says quick
     demo = Demo(cfg=cfg, items=list(items or []), quick=quick, run_dir=run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -319,12 +340,12 @@ def main(cfg: Config, items: list[str] | None = None, quick: bool | None = None)
     timings = read_json(timings_file) if timings_file.exists() else {}
     rows: dict[str, dict[str, float]] = {}
     for stage in cfg.demo.stages:
-        print(f"== demo stage: {stage}")
+        log.info("== demo stage: %s", stage)
         start = time.perf_counter()
         result = STAGES[stage](demo)
         timings[stage] = round(time.perf_counter() - start, 1)
         write_json(timings_file, timings)
         if stage == "report":
             rows = result
-    print("stage wall times (s): " + ", ".join(f"{k} {v}" for k, v in timings.items()))
+    log.info("stage wall times (s): %s", ", ".join(f"{k} {v}" for k, v in timings.items()))
     return rows

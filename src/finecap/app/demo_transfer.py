@@ -10,8 +10,9 @@ own first reference ("human") against the shifted references: BLEU-4, CIDEr-D, f
 and bag R@1, and the listener's (:mod:`finecap.metrics.listener`). Nothing is retrained: the captioners and the
 retriever are the training world's, as DiscriTune evaluates its COCO-trained models on other data sets.
 
-Writes ``<run_dir>/transfer/results.json`` (stage -> metric -> number) and ``results.md``; the DiscriTune effect is
-read from the ``discritune`` and ``mle`` rows (their CIDEr-D / BLEU-4 against the shifted references).
+Writes ``<run_dir>/transfer/results.json`` (stage -> metric -> number) and ``results.md`` (a quick demo's titled as
+such, :data:`finecap.report.table.QUICK_TITLE`); the DiscriTune effect is read from the ``discritune`` and ``mle``
+rows (their CIDEr-D / BLEU-4 against the shifted references).
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from finecap.data.formats import read_bags, read_results, write_results
 from finecap.data.references import load_references
 from finecap.metrics.suite import evaluate
 from finecap.models.retriever import load_retriever
-from finecap.report.table import markdown_table
+from finecap.report.table import markdown_table, quick_labelled
 from finecap.utils import atomic_write_text, write_json
 from finecap.world.shift import shifted_world
 
@@ -79,6 +80,7 @@ def stage_transfer(demo: Any, stages: Sequence[str], load_model: Callable[[Any, 
     columns = [c.replace("RD/", rd) for c in COLUMNS]
     columns = [c for c in columns if any(c in r for r in rows.values())]
     table = markdown_table({k: {c: v.get(c) for c in columns} for k, v in rows.items()}, columns)
+    table = quick_labelled(table, demo.quick)
     write_json(out_dir / "results.json", rows)
     atomic_write_text(out_dir / "results.md", table + "\n")
     print(f"Shifted domain ({world_dir}, test split of {len(records)} images):\n")

@@ -15,13 +15,15 @@ default ``demo.stages``: ``finecap demo --stages vcb`` runs them all (after ``wo
 - ``discritune_blend`` / ``discritune_holistic``: ``demo/discritune`` (SR-L) from each of them;
 - ``report_vcb``: NDLB Table 3: the test-split metrics of ``mle``, ``mle_blend``, ``mle_holistic``, ``discritune``,
   ``discritune_blend`` and ``discritune_holistic``; writes ``vcb_results.json`` / ``vcb_results.md`` with the
-  caption-field table and the group's stage times (``vcb_timings.json``, written by the ``vcb`` stage).
+  caption-field table and the group's stage times (``vcb_timings.json``, written by the ``vcb`` stage); a quick
+  demo's tables are titled as such (:data:`finecap.report.table.QUICK_TITLE`).
 
 :mod:`finecap.app.demo` registers these stages (this module must not import it: the import graph stays acyclic).
 """
 
 from __future__ import annotations
 
+import logging
 import math
 import time
 from collections.abc import Callable
@@ -36,10 +38,12 @@ from finecap.data.formats import read_bags, read_dataset, read_results
 from finecap.home import world_path
 from finecap.metrics.suite import evaluate
 from finecap.models.retriever import load_retriever
-from finecap.report.table import markdown_table
+from finecap.report.table import markdown_table, quick_labelled
 from finecap.utils import atomic_write_text, read_json, write_json
 from finecap.world.facts import faithfulness
 from finecap.world.make import load_scenes
+
+log = logging.getLogger(__name__)
 
 FIELD_OF: dict[str, str] = {
     "mle_blend": "blend",
@@ -112,7 +116,7 @@ def overrides(demo: Any, stage: str) -> list[str]:
 def stage_boost(demo: Any) -> None:
     out = boosted_dir(demo)
     if (out / "dataset.json").exists() and not demo.cfg.demo.force:
-        print(f"boost_holistic: {out} exists; skipping")
+        log.info("boost_holistic: %s exists; skipping", out)
         return
     expert = demo.stage_dir("visual_expert") / "checkpoints" / "best"
     cfg = load(None, [*demo.items, "boost.mode=holistic", "boost.llm_backend=world", "boost.vlm_backend=world",
@@ -166,7 +170,7 @@ def stage_report(demo: Any) -> dict[str, Any]:
     for stage in TABLE3_STAGES:
         path = demo.stage_dir(stage) / "captions_test.json"
         if not path.exists():
-            print(f"report_vcb: no test captions of stage {stage!r} ({path}); row left out")
+            log.warning("report_vcb: no test captions of stage %r (%s); row left out", stage, path)
             continue
         predictions = {i: caps[0] for i, caps in read_results(path).items()}
         rows[stage] = evaluate(predictions, references, metrics=REPORT_METRICS, retriever=retriever, images=records,
@@ -183,6 +187,7 @@ def stage_report(demo: Any) -> dict[str, Any]:
     group_times = {k: v for k, v in timings.items() if k in GROUP}
     table += "\n\nStage wall times (s): " + ", ".join(f"{k} {v}" for k, v in group_times.items())
     write_json(demo.run_dir / "vcb_results.json", {"captions": fields, "models": rows, "timings": group_times})
+    table = quick_labelled(table, demo.quick)
     atomic_write_text(demo.run_dir / "vcb_results.md", table + "\n")
     print(table)
     return rows
@@ -196,7 +201,7 @@ def group(stages: dict[str, Callable[[Any], Any]], train_done: Callable[[Any, st
         for stage in (*BASELINES, *GROUP):
             if stage in BASELINES and stage not in ("world", "retriever") and train_done(demo, stage):
                 continue
-            print(f"== demo stage: {stage} (vcb)")
+            log.info("== demo stage: %s (vcb)", stage)
             start = time.perf_counter()
             stages[stage](demo)
             timings = read_json(timings_file) if timings_file.exists() else {}

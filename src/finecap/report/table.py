@@ -29,6 +29,11 @@ QUICK_TITLE = (
 """The title above every table of a quick run's numbers (stdout, ``results.md``; the report shows a banner)."""
 
 
+def quick_labelled(table: str, quick: bool) -> str:
+    """``table`` under :data:`QUICK_TITLE` when its numbers come from a quick run (``quick``), else as it is."""
+    return f"{QUICK_TITLE}\n\n{table}" if quick else table
+
+
 def markdown_table(
     rows: Mapping[str, Mapping[str, object]], columns: Sequence[str] | None = None, row_header: str = "stage"
 ) -> str:
