@@ -256,19 +256,20 @@ def vlm_tokenizer(family: str) -> Any:
 
 
 def tiny_vlm(family: str, *, image_size: int = 16, hidden: int = 32, layers: int = 1, heads: int = 2,
-             positions: int = 128) -> tuple[Any, Any]:  # fmt: skip
+             kv_heads: int = 1, intermediate: int = 0, positions: int = 128) -> tuple[Any, Any]:  # fmt: skip
     """A random tiny ``...ForConditionalGeneration`` of ``family`` (:data:`VLM_FAMILIES`, current torch RNG) and its
     processor (tokenizer: :func:`vlm_tokenizer`; chat template: :data:`CHAT_TEMPLATES`). Images of ``image_size`` px
-    give 4 image tokens in every family."""
+    give 4 image tokens in every family. The language model has ``layers`` x ``hidden``, ``heads`` query and
+    ``kv_heads`` key/value heads and a feed-forward width ``intermediate`` (0: ``2 * hidden``)."""
     import transformers as tf
 
     if family not in VLM_FAMILIES:
         raise ValueError(f"tiny VLM family {family!r}; valid: {', '.join(VLM_FAMILIES)}")
     tok = vlm_tokenizer(family)
     ids = {"pad_token_id": tok.pad_token_id, "eos_token_id": tok.eos_token_id, "bos_token_id": tok.bos_token_id}
-    text = dict(vocab_size=len(tok), hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers,
-                num_attention_heads=heads, num_key_value_heads=1, max_position_embeddings=positions,
-                **ids)  # fmt: skip
+    text = dict(vocab_size=len(tok), hidden_size=hidden, intermediate_size=intermediate or 2 * hidden,
+                num_hidden_layers=layers, num_attention_heads=heads, num_key_value_heads=kv_heads,
+                max_position_embeddings=positions, **ids)  # fmt: skip
     vision = dict(hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2)
     template = CHAT_TEMPLATES[family]
     if family == "llava":

@@ -1,0 +1,121 @@
+"""Per-step time of the three backbone families (ClipCap, BLIP, decoder-only VLMs) under the same objective,
+interleaved in one process.
+
+    .venv/bin/python benchmarks/vlm_step.py [--batch 64] [--steps 12] [--threads 1] [--json OUT]
+
+Every captioner has a text side of the same size, 3 layers x 128 with 4 heads and a feed-forward width of 512
+(random initialisation; the world sizes), over the world vocabulary:
+
+- ``clipcap``: GPT-2 after a prefix of 10 from a 256-d feature (MLP mapper) - the world ClipCap; frozen features are
+  cached, so the vision side costs nothing per step;
+- ``blip``: the world BLIP's text decoder cross-attending to 5 image tokens of width 256 (cached as well);
+- ``vlm_llava``, ``vlm_idefics3``, ``vlm_qwen2_vl``: a tiny VLM of each family
+  (:func:`finecap.models.presets.tiny_vlm`: Llama / Qwen2 language model of the same size, a 1-layer vision tower of
+  width 16, 4 image tokens per 16 px image) reading the chat prompt (13-18 tokens with the image tokens) before the
+  caption; a VLM's vision tower runs at every step (``cache_features`` is false), frozen
+  (``model.train_encoder=false``), while the language model and the projector learn.
+
+The batch is ``--batch`` random captions of 12 words + EOS (and random features / images); one optimizer step
+(objective forward, backward, AdamW) of each backbone alternates with the others', so all see the same machine load.
+Printed: the median seconds per step of each backbone and its ratio to ClipCap's, for MLE and SMILE.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+from PIL import Image
+
+from finecap.data.datasets import model_collator
+from finecap.models.blip import Blip
+from finecap.models.clipcap import ClipCap
+from finecap.models.presets import VLM_FAMILIES, build_world_lm, tiny_vlm, world_blip
+from finecap.models.vlm import Vlm
+from finecap.objectives.mle import MLE
+from finecap.objectives.smile import SmileObjective
+
+SIZES = dict(layers=3, hidden=128, heads=4)
+
+
+def captions(tokenizer, n: int, g: torch.Generator) -> list[str]:
+    words = [w for w in tokenizer.get_vocab() if w.isalpha()]
+    picks = torch.randint(len(words), (n, 12), generator=g).tolist()
+    return [" ".join(words[i] for i in row) for row in picks]
+
+
+def build(kind: str, n: int) -> tuple[torch.nn.Module, dict]:
+    """A captioner of ``kind`` and one training batch of ``n`` examples for it."""
+    torch.manual_seed(0)
+    g = torch.Generator().manual_seed(0)
+    if kind == "clipcap":
+        lm, tok = build_world_lm(**SIZES, n_positions=64, dropout=0.1)
+        model = ClipCap(lm, tok, feature_dim=256, prefix_length=10)
+        features = torch.randn(n, 256, generator=g)  # (B, D)
+    elif kind == "blip":
+        blip, tok = world_blip(256, **SIZES, positions=40)
+        model = Blip(blip, tok)
+        features = torch.randn(n, 5, 256, generator=g)  # (B, P, H) image tokens, as the world BLIP caches them
+    else:
+        hf, processor = tiny_vlm(kind.removeprefix("vlm_"), **SIZES, kv_heads=4, intermediate=512, positions=64)
+        model, features = Vlm(hf, processor), None
+    images = [Image.fromarray((torch.rand(16, 16, 3, generator=g) * 255).byte().numpy()) for _ in range(n)]
+    texts = captions(model.tokenizer, n, g)
+    items = [
+        {
+            "caption": c,
+            "image_id": i,
+            "references": [c],
+            "index": i,
+            **({"features": features[i]} if features is not None else {"image": images[i]}),
+        }
+        for i, c in enumerate(texts)
+    ]
+    return model.train(), model_collator(model, 13)(items)
+
+
+def main(argv: list[str]) -> dict:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--batch", type=int, default=64)
+    p.add_argument("--steps", type=int, default=12)
+    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--json", type=Path, default=None)
+    args = p.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    kinds = ["clipcap", "blip", *(f"vlm_{f}" for f in VLM_FAMILIES)]
+    results: dict[str, float] = {}
+    for name, objective in (("mle", MLE()), ("smile", SmileObjective())):
+        setups = {}
+        for kind in kinds:
+            model, batch = build(kind, args.batch)
+            optimizer = torch.optim.AdamW([q for q in model.parameters() if q.requires_grad], lr=1e-4)
+            setups[kind] = (model, optimizer, batch)
+        times: dict[str, list[float]] = {k: [] for k in setups}
+        for _ in range(args.steps):
+            for kind, (model, optimizer, batch) in setups.items():
+                start = time.perf_counter()
+                optimizer.zero_grad()
+                out = objective(model, batch)
+                sum(out.losses.values()).backward()
+                optimizer.step()
+                times[kind].append(time.perf_counter() - start)
+        for kind, ts in times.items():
+            results[f"{kind}/{name}"] = statistics.median(ts[2:])
+    print(f"batch {args.batch}, 12 words + EOS, torch threads {torch.get_num_threads()}")
+    print(f"{'backbone':<16}{'mle s/step':>12}{'x clipcap':>11}{'smile s/step':>14}{'x clipcap':>11}")
+    for kind in kinds:
+        row = [results[f"{kind}/{o}"] for o in ("mle", "smile")]
+        ratios = [r / results[f"clipcap/{o}"] for r, o in zip(row, ("mle", "smile"), strict=True)]
+        print(f"{kind:<16}{row[0]:>12.3f}{ratios[0]:>11.2f}{row[1]:>14.3f}{ratios[1]:>11.2f}")
+    if args.json:
+        args.json.write_text(json.dumps(results, indent=2) + "\n")
+    return results
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
