@@ -8,9 +8,10 @@ from __future__ import annotations
 
 import hashlib
 import json
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from finecap.config import WorldConfig
+if TYPE_CHECKING:  # the key reads a WorldConfig's fields; finecap.config resolves run folders through finecap.home
+    from finecap.config import WorldConfig
 
 WORLD_VERSION = 2
 """Bump when scenes, rendering or captions change, so cached worlds (and everything keyed on them) are rebuilt."""
@@ -23,6 +24,7 @@ def world_key(cfg: WorldConfig) -> str:
 
     Example::
 
+        >>> from finecap.config import WorldConfig
         >>> world_key(WorldConfig(out="a")) == world_key(WorldConfig(out="b", overwrite=True))
         True
     """
