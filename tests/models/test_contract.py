@@ -7,6 +7,7 @@ backbone adds one :class:`Case` here.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,7 +20,7 @@ from PIL import Image
 from finecap.config import DecodeConfig, load
 from finecap.data.datasets import model_collator
 from finecap.models import lora
-from finecap.models.backbones import BACKBONES, checkpoint_kind, load_captioner
+from finecap.models.backbones import BACKBONES, checkpoint_kind, external_encoder, load_captioner, reads_world_encoder
 from finecap.models.blip import Blip, FeatureMapTokens
 from finecap.models.captioner import PARTS, Captioner, ImageSide, token_scores
 from finecap.models.clipcap import ClipCap
@@ -367,3 +368,24 @@ def test_checkpoint_round_trip(case, tmp_path):
     assert type(again) is type(model) and again.train_encoder and again.train_lm
     assert torch.allclose(again(batch), expected, atol=1e-5)
     assert again.generate(batch, DecodeConfig(strategy="greedy", max_length=8)).texts == gen.texts
+
+
+def test_what_a_run_prepares_and_fingerprints(case, tmp_path):
+    """``external_encoder``: a saved captioner names the frozen encoder it loads from outside its folder (ClipCap's,
+    the world BLIP's dual encoder) and nothing when the folder holds it; ``reads_world_encoder`` from the config."""
+    name, model = case
+    meta = json.loads((model.save(tmp_path / "ckpt") / "captioner.json").read_text())
+    external = external_encoder(meta)
+    if name in ("clipcap", "blip_world"):
+        assert external is not None and Path(external).samefile(model.encoder.source)
+    else:
+        assert external is None
+    assert load_captioner(tmp_path / "ckpt", load_encoder=external is not None) is not None
+
+
+@pytest.mark.parametrize(("overrides", "reads"), [
+    ([], True), (["model.encoder=openai/clip-vit-base-patch32"], False), (["model.kind=blip"], True),
+    (["model.kind=blip", "model.blip=Salesforce/blip-image-captioning-base"], False), (["model.kind=vlm"], False),
+])  # fmt: skip
+def test_which_fresh_captioners_read_the_world_encoder(overrides, reads):
+    assert reads_world_encoder(load(None, overrides)) is reads

@@ -54,3 +54,22 @@ def checkpoint_kind(path: str | Path) -> str:
 def load_captioner(path: str | Path, **kwargs: Any) -> Captioner:
     """Load any captioner checkpoint folder written by a backbone's ``save``."""
     return BACKBONES[checkpoint_kind(path)][1].from_checkpoint(path, **kwargs)
+
+
+def backbone(kind: str) -> type:
+    """The captioner class of ``model.kind``."""
+    if kind not in BACKBONES:
+        raise ValueError(f"model.kind={kind!r}; valid: {', '.join(sorted(BACKBONES))}")
+    return BACKBONES[kind][1]
+
+
+def reads_world_encoder(cfg: Config) -> bool:
+    """Whether a fresh captioner of ``cfg`` reads the world encoder, which a run must then prepare first (ClipCap or
+    the world BLIP with ``model.encoder=world``; never a VLM)."""
+    return backbone(cfg.model.kind).reads_world_encoder(cfg.model)
+
+
+def external_encoder(meta: dict[str, Any]) -> str | None:
+    """The vision encoder a saved captioner loads from outside its folder, from its ``captioner.json``, or ``None``
+    when the folder holds everything (what a checkpoint's fingerprint must cover besides the folder)."""
+    return backbone(meta.get("kind", "clipcap")).external_encoder(meta)

@@ -443,6 +443,16 @@ class Blip(nn.Module):
             ) from None
         return cls(model, tokenizer, processor, source=name, **kwargs)
 
+    @staticmethod
+    def reads_world_encoder(model_cfg: Any) -> bool:
+        """The world BLIP (``model.blip=world-tiny``) reads the world encoder's tokens when ``model.encoder=world``."""
+        return model_cfg.blip == "world-tiny" and model_cfg.encoder == "world"
+
+    @staticmethod
+    def external_encoder(meta: dict[str, Any]) -> str | None:
+        """The world BLIP's frozen dual encoder (``world_source``); ``None`` for a pretrained BLIP or a trained one."""
+        return None if meta.get("world_saved") else (meta.get("world_source") or None)
+
     @classmethod
     def from_checkpoint(cls, path: str | Path, load_encoder: bool = True) -> Blip:
         """Load a captioner written by :meth:`save` (``load_encoder=False``: a world BLIP without its world encoder,

@@ -203,6 +203,20 @@ class Captioner(Protocol):
         """Load a folder written by :meth:`save` (``load_encoder=False``: skip a frozen encoder it refers to)."""
         ...
 
+    # ---- what a run must prepare and fingerprint (static: asked before any model exists) ------------------------
+
+    @staticmethod
+    def reads_world_encoder(model_cfg: Any) -> bool:
+        """Whether a fresh captioner built from the ``model`` section reads the world encoder (a run then prepares
+        it first)."""
+        ...
+
+    @staticmethod
+    def external_encoder(meta: dict[str, Any]) -> str | None:
+        """The vision encoder a saved captioner loads from outside its folder, from its ``captioner.json`` (``meta``):
+        a Hub name or path, or ``None`` when the folder holds everything."""
+        ...
+
 
 def entropy_of(logp: torch.Tensor) -> torch.Tensor:
     """``-sum p log p`` over the last axis of log-probs ``(..., V)`` -> ``(...)``, with ``0 * log 0 = 0``."""

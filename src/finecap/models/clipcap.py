@@ -407,6 +407,16 @@ class ClipCap(nn.Module):
         write_json(out / CONFIG_NAME, meta)
         return out
 
+    @staticmethod
+    def reads_world_encoder(model_cfg: Any) -> bool:
+        """A fresh ClipCap reads the world encoder when ``model.encoder=world``."""
+        return model_cfg.encoder == "world"
+
+    @staticmethod
+    def external_encoder(meta: dict[str, Any]) -> str | None:
+        """The frozen encoder a checkpoint refers to (``encoder_source``); ``None`` when it saved a trained one."""
+        return None if meta.get("encoder_saved") else (meta.get("encoder_source") or None)
+
     @classmethod
     def from_checkpoint(cls, path: str | Path, load_encoder: bool = True) -> ClipCap:
         """Load a captioner written by :meth:`save`. ``load_encoder=False`` skips the vision encoder (batches must

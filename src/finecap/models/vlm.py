@@ -607,6 +607,16 @@ class Vlm(nn.Module):
             raise OSError(f"model.vlm={name}: cannot load the VLM or its processor: {e}") from None
         return cls(model, processor, source=name, **kwargs)
 
+    @staticmethod
+    def reads_world_encoder(model_cfg: Any) -> bool:
+        """Never: a VLM brings its own vision tower (``model.encoder`` is not read)."""
+        return False
+
+    @staticmethod
+    def external_encoder(meta: dict[str, Any]) -> None:
+        """Never: the vision tower is part of the saved model."""
+        return None
+
     @classmethod
     def from_checkpoint(cls, path: str | Path, load_encoder: bool = True) -> Vlm:
         """Load a captioner written by :meth:`save` (the vision tower is always part of the folder, so
