@@ -63,8 +63,9 @@ from finecap.world.scene import COLORS, PATTERNS, SHAPES, SIZES, scene_labels
 if TYPE_CHECKING:
     from finecap.config import Config
 
-ENCODER_VERSION = 1
-"""Bump when the architecture or training changes, so cached encoders are retrained."""
+ENCODER_VERSION = 2
+"""Bump when the architecture or training changes, so cached encoders are retrained (2: trained through the library
+engine, :mod:`finecap.train.world_encoder`)."""
 CACHE_SUBDIR = "world_encoder"
 MAIN_LABELS = ("shape", "color", "size", "position", "background", "count")
 """Main-object and scene labels of :func:`finecap.world.scene.scene_labels` used by the auxiliary loss."""
