@@ -4,6 +4,7 @@ against changed inputs (the fingerprint-mismatch test): tiny ClipCaps trained fo
 from __future__ import annotations
 
 import json
+import logging
 import shutil
 from pathlib import Path
 
@@ -74,7 +75,8 @@ def beam_run(world, clip, tmp_path_factory) -> Path:
 # --------------------------------------------------------------------------------------------------------------------
 
 
-def test_caption_uses_the_checkpoints_saved_beam(beam_run, tmp_path, capsys):
+def test_caption_uses_the_checkpoints_saved_beam(beam_run, tmp_path, caplog):
+    caplog.set_level(logging.INFO, logger="finecap")
     # A run directory means its best checkpoint; its config.yaml gives decoding and data.
     setup = resolve(beam_run)
     assert setup.checkpoint == checkpoint_dir(beam_run, "best")
@@ -83,7 +85,7 @@ def test_caption_uses_the_checkpoints_saved_beam(beam_run, tmp_path, capsys):
     assert not setup.data_from_command_line
 
     default = captions(main(checkpoint=beam_run, out=tmp_path / "default.json"))
-    assert "decoding beam (beam_size=3, length_penalty=1.0, max_length=10)" in capsys.readouterr().out
+    assert "decoding beam (beam_size=3, length_penalty=1.0, max_length=10)" in caplog.text
     explicit = captions(main(checkpoint=beam_run, out=tmp_path / "explicit.json",
                              overrides=["decode.strategy=beam", "decode.beam_size=3"]))  # fmt: skip
     assert default == explicit and len(default) == 8  # the tiny world's test split

@@ -130,7 +130,7 @@ def test_training_on_the_world_prepares_it_once_with_one_line_each(tmp_path, hom
 
     monkeypatch.chdir(tmp_path / "a")
     assert main(["retriever", "train", *WORLD, *ENCODER]) == 0
-    out = capsys.readouterr().out
+    out = capsys.readouterr().err  # status lines: the finecap logger, to stderr
     made = [line for line in out.splitlines() if line.startswith("world: making")]
     trained = [line for line in out.splitlines() if line.startswith("retriever: training")]
     assert made == [f"world: making the world {world_key(cfg.world)} (20 train / 4 val / 4 test images, 32 px) in "
@@ -144,7 +144,7 @@ def test_training_on_the_world_prepares_it_once_with_one_line_each(tmp_path, hom
     assert main(["train", *WORLD, *ENCODER, *CAPTIONER, f"run.dir={tmp_path / 'c' / 'run'}"]) == 0
     assert main(["demo", "--stages", "world,retriever", "--run-dir", str(tmp_path / "c" / "demo"), *WORLD,
                  *ENCODER]) == 0  # fmt: skip
-    out = capsys.readouterr().out
+    out = capsys.readouterr().err
     assert "world: making" not in out and "retriever: training" not in out
     assert f"retriever: {encoder}" in out and f"world: {world_dir}" in out
     assert {p: p.stat().st_mtime_ns for p in stamps} == stamps

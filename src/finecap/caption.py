@@ -20,6 +20,7 @@ from finecap.data.datasets import CaptionDataset, load_records, model_collator, 
 from finecap.data.features import model_features
 from finecap.data.samplers import process_slice
 from finecap.metrics.diversity import lexical_diversity, mean_length
+from finecap.utils import progress_enabled
 
 if TYPE_CHECKING:
     from accelerate import Accelerator
@@ -66,7 +67,9 @@ def generate_captions(
     model.eval()
     out: dict[Any, list[str]] = {}
     starts = range(0, len(mine), decode.batch_size)
-    for start in tqdm(starts, desc=f"caption [{split}]", disable=not (progress and main), unit="batch"):
+    for start in tqdm(
+        starts, desc=f"caption [{split}]", disable=not progress_enabled(progress and main), unit="batch"
+    ):
         batch = collator([dataset[i] for i in mine[start : start + decode.batch_size]])
         generation = model.generate(to_device(batch, device), decode)
         for b, image_id in enumerate(batch["image_ids"]):

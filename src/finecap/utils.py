@@ -1,4 +1,4 @@
-"""Small shared helpers: atomic writes (with the user's umask), JSON I/O, seeding."""
+"""Small shared helpers: atomic writes (with the user's umask), JSON I/O, seeding, whether to show progress bars."""
 
 from __future__ import annotations
 
@@ -163,3 +163,16 @@ def seed_everything(seed: int) -> None:
     random.seed(seed)
     np.random.seed(seed % (2**32))
     torch.manual_seed(seed)
+
+
+PROGRESS_ENV = "TQDM_DISABLE"
+"""The environment variable that turns progress bars off: ``finecap -q`` sets it (unless the user did)."""
+NOT_SET = ("", "0", "false", "no", "off")
+
+
+def progress_enabled(wanted: bool = True) -> bool:
+    """Whether to show a progress bar the caller wants (``wanted``): not when :data:`PROGRESS_ENV` is set to
+    anything but :data:`NOT_SET` (``finecap -q`` sets it, a user may too). Read at each call: tqdm reads its
+    ``TQDM_*`` variables only once, when it is imported, and lets an explicit ``disable=`` win over them, so every
+    finecap bar is made with ``disable=not progress_enabled(...)``."""
+    return wanted and os.environ.get(PROGRESS_ENV, "").strip().lower() in NOT_SET

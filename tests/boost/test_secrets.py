@@ -2,6 +2,7 @@
 for the key, including a failure whose server reply echoes it."""
 
 import json
+import logging
 from pathlib import Path
 
 import pytest
@@ -26,7 +27,8 @@ def _written(folder: Path) -> dict[str, bytes]:
 
 
 @pytest.mark.parametrize("how", ["env_default", "env_named", "config"])
-def test_key_reaches_the_server_and_no_file(world, tmp_path, monkeypatch, capsys, how):
+def test_key_reaches_the_server_and_no_file(world, tmp_path, monkeypatch, capsys, caplog, how):
+    caplog.set_level(logging.DEBUG, logger="finecap")  # every message finecap logs is searched too
     items = [*world_items(world, SMALL), "boost.mode=blend", "boost.llm_backend=openai", "boost.llm_model=m",
              "boost.max_failure_rate=0.5", "boost.few_shot=false"]  # fmt: skip
     key = ENV_KEY
@@ -58,7 +60,7 @@ def test_key_reaches_the_server_and_no_file(world, tmp_path, monkeypatch, capsys
                                              "scenes.jsonl", "dense.json", "world.json"}  # fmt: skip
     for path, data in files.items():
         assert key.encode() not in data and ENV_KEY.encode() not in data, path
-    assert key not in printed.out + printed.err
+    assert caplog.messages and key not in printed.out + printed.err + caplog.text
     failure = json.loads((tmp_path / "out" / "failures.jsonl").read_text())
     assert "invalid request from Bearer ***" in failure["error"]  # the echoed key is masked
     config = json.loads((tmp_path / "out" / "boost.json").read_text())["config"]

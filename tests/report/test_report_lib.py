@@ -108,7 +108,7 @@ def test_cli_report_and_review_errors(fabricated_run, tmp_path, capsys):
 
     out = tmp_path / "cli.html"
     assert main(["report", str(fabricated_run), "--out", str(out), "--no-bag-outcomes", "--sample", "2"]) == 0
-    assert out.exists() and f"wrote {out}" in capsys.readouterr().out
+    assert out.exists() and f"wrote {out}" in capsys.readouterr().err  # a status line: the finecap logger
     assert main(["report", str(tmp_path / "missing")]) == 2
     assert "run directory not found" in capsys.readouterr().err
     bags = fabricated_run / "bags_test.json"

@@ -4,6 +4,7 @@ CSRF token, access token beyond loopback, images only)."""
 
 import itertools
 import json
+import logging
 import os
 import re
 import threading
@@ -184,7 +185,7 @@ def test_beyond_loopback_a_token_is_required(fabricated_run, tiny_world, tmp_pat
 
 
 def test_main_warns_beyond_loopback_and_prints_a_generated_token(fabricated_run, tiny_world, tmp_path, monkeypatch,
-                                                                 capsys):  # fmt: skip
+                                                                 capsys, caplog):  # fmt: skip
     import werkzeug.serving
 
     from finecap.app import review
@@ -207,7 +208,8 @@ def test_main_warns_beyond_loopback_and_prints_a_generated_token(fabricated_run,
     bags.write_text((fabricated_run / "bags_test.json").read_text())
     review.main(bags, tiny_world / "images", host="0.0.0.0", port=0)
     captured = capsys.readouterr()
-    assert "warning: --host 0.0.0.0 serves the review page beyond this machine" in captured.err
+    warned = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert any(m.startswith("--host 0.0.0.0 serves the review page beyond this machine") for m in warned)
     token = re.search(r"\?token=(\S+)", captured.out).group(1)
     assert len(token) >= 24
     client = bound[0].test_client()
@@ -215,8 +217,10 @@ def test_main_warns_beyond_loopback_and_prints_a_generated_token(fabricated_run,
     assert client.get(f"/?token={token}", headers={"Host": "127.0.0.1"}).status_code == 302
     for path in tmp_path.rglob("*"):
         assert not path.is_file() or token not in path.read_text(errors="replace"), path
+    caplog.clear()
     review.main(bags, tiny_world / "images", port=0)  # loopback: no warning, no token
     captured = capsys.readouterr()
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
     assert captured.err == "" and "token" not in captured.out and "open http://127.0.0.1:8765/" in captured.out
 
 

@@ -7,6 +7,7 @@ without an accelerator device the loop then sets accelerate up for multi-CPU (gl
 
 import json
 import os
+import re
 import subprocess
 
 import pytest
@@ -42,6 +43,7 @@ def test_two_cpu_processes(make_cfg, world_args, tiny_encoder, tmp_path, launch_
     env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=180, env=env)
     assert proc.returncode == 0, proc.stderr[-3000:]
+    assert len(re.findall(r"^train: 12 steps; best ", proc.stderr, re.M)) == 1  # logged by the main process only
 
     events = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     keys = [(e["step"], e["split"]) for e in events]

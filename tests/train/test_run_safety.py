@@ -241,4 +241,4 @@ def test_default_run_directory_is_in_the_home_not_the_working_directory(make_cfg
     from finecap.home import home
 
     run = home() / "runs" / "run"
-    assert (run / "checkpoints" / "best").is_dir() and str(run) in capsys.readouterr().out
+    assert (run / "checkpoints" / "best").is_dir() and str(run) in capsys.readouterr().err  # the summary line

@@ -1,4 +1,5 @@
 import json
+import logging
 import random
 from collections import defaultdict
 from pathlib import Path
@@ -265,7 +266,8 @@ def test_world_made_before_markers_is_recognised(tmp_path):
     assert (out / "notes.txt").read_text() == "keep" and world_record(out)["config"]["seed"] == 5
 
 
-def test_default_folder_is_in_the_finecap_home(tmp_path, monkeypatch, capsys):
+def test_default_folder_is_in_the_finecap_home(tmp_path, monkeypatch, caplog):
+    caplog.set_level(logging.INFO, logger="finecap")
     monkeypatch.setenv("FINECAP_HOME", str(tmp_path / "home"))
     monkeypatch.chdir(tmp_path)
     cfg = load(None, ["world.n_train=2", "world.n_val=1", "world.n_test=1"])
@@ -274,7 +276,7 @@ def test_default_folder_is_in_the_finecap_home(tmp_path, monkeypatch, capsys):
     assert out == tmp_path / "home" / "worlds" / world_key(cfg.world) == world_path(cfg.world)
     assert is_complete(out, world_key(cfg.world))
     assert sorted(p.name for p in tmp_path.iterdir()) == ["home"]  # nothing in the working directory
-    assert str(out) in capsys.readouterr().out
+    assert any(str(out) in m for m in caplog.messages)
 
 
 def test_cli_force_replaces_a_finecap_world(tmp_path, capsys):
@@ -301,13 +303,15 @@ def test_same_config_gives_identical_files(tmp_path):
     assert (a / "images/train/000003.png").read_bytes() == (b / "images/train/000003.png").read_bytes()
 
 
-def test_main_uses_the_world_section(tmp_path, capsys):
+def test_main_uses_the_world_section(tmp_path, caplog):
+    caplog.set_level(logging.INFO, logger="finecap")
     cfg = load(None, [f"world.out={tmp_path / 'cli'}", "world.n_train=3", "world.n_val=1", "world.n_test=1"])
     out = main(cfg)
     assert out == tmp_path / "cli" and len(load_scenes(out)) == 5
-    assert "5 scenes (3 train / 1 val / 1 test)" in capsys.readouterr().out
+    assert "5 scenes (3 train / 1 val / 1 test)" in caplog.text
+    caplog.clear()
     main(cfg)
-    assert "up to date" in capsys.readouterr().out
+    assert "up to date" in caplog.text
 
 
 def test_load_scene_records_errors(tmp_path):

@@ -11,6 +11,7 @@ with scene families it also reports how often a bag lies within one family, next
 
 from __future__ import annotations
 
+import logging
 from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
@@ -26,6 +27,8 @@ from finecap.data.truematch import build_bags, family_purity, random_bag_purity,
 from finecap.home import cache_dir
 from finecap.models.retriever import load_retriever
 from finecap.utils import write_json
+
+log = logging.getLogger(__name__)
 
 
 def parse_sizes(sizes: str | Sequence[int]) -> list[int]:
@@ -53,7 +56,7 @@ def main(
     out: str | Path,
 ) -> dict[str, Any]:  # fmt: skip
     """Bags of ``split`` of ``data`` (default: the configured data set / world), written to ``out``; returns the
-    JSON written and prints one line per size (with family purity on a world with families)."""
+    JSON written and logs one line per size (with family purity on a world with families)."""
     size_list = parse_sizes(sizes)
     if data is None:
         prepare(cfg, {"data"}, make=False)  # the world checked (never made here) when it is the data
@@ -96,6 +99,6 @@ def main(
                      f"(random bags {result['family_purity_random'][str(s)]:.1%})")  # fmt: skip
             if s > largest_family:
                 line += f" [bags larger than the largest family ({largest_family}) cannot be pure]"
-        print(line)
-    print(f"wrote {out}")
+        log.info(line)
+    log.info("wrote %s", out)
     return result

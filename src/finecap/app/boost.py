@@ -22,6 +22,7 @@ with ``status: failed`` but no data set, keeps every cached answer, and raises
 from __future__ import annotations
 
 import json
+import logging
 import time
 from pathlib import Path
 from typing import Any
@@ -36,6 +37,8 @@ from finecap.config import SECRET_KEYS, Config
 from finecap.data.formats import read_dataset
 from finecap.data.references import data_file
 from finecap.utils import atomic_write_text, write_json
+
+log = logging.getLogger(__name__)
 
 
 def masked_config(cfg: Config) -> dict[str, Any]:
@@ -67,7 +70,7 @@ def main(cfg: Config, out: str | Path, progress: bool = True) -> dict[str, Any]:
     steps = MODE_STEPS[cfg.boost.mode]
     prompts = Prompts.load(cfg.boost.prompts or None)
     out.mkdir(parents=True, exist_ok=True)
-    with output_lock(out):
+    with output_lock(out, log=log.warning):
         llm = make_backend(cfg, "llm") if set(steps) & {"blend", "holistic"} else None
         vlm = make_backend(cfg, "vlm") if "visual" in steps else None
         cache = AnswerCache(out / "cache.jsonl")
@@ -116,8 +119,8 @@ def main(cfg: Config, out: str | Path, progress: bool = True) -> dict[str, Any]:
             f"{len(cache.answers)} answers are kept in {out / 'cache.jsonl'}: re-run with the same --out to continue "
             f"(details: {out / 'boost.json'}, {out / 'failures.jsonl'})"
         )
-    print(f"boost: {counts}; requests {result.requested}; wrote {path}")
+    log.info("boost: %s; requests %s; wrote %s", counts, result.requested, path)
     if result.failures:
-        print(f"boost: {len(result.failures)} failures logged in {out / 'failures.jsonl'} (human captions kept; "
-              f"within boost.max_failure_rate={b.max_failure_rate:g})")  # fmt: skip
+        log.warning("boost: %d failures logged in %s (human captions kept; within boost.max_failure_rate=%g)",
+                    len(result.failures), out / "failures.jsonl", b.max_failure_rate)  # fmt: skip
     return summary

@@ -24,6 +24,7 @@ it stops with an error naming both fingerprints (exit 2). Decoding is :func:`fin
 from __future__ import annotations
 
 import dataclasses
+import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,6 +38,8 @@ from finecap.models.backbones import load_captioner
 from finecap.train.checkpoint import CONFIG_FILE, find_checkpoint, model_dir, run_dir_of
 from finecap.train.engine import make_accelerator
 from finecap.train.state import check_finite_weights
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -116,14 +119,15 @@ def main(
     checked = check_run(setup.checkpoint, cfg, parts=parts, model_folder=model_dir(setup.checkpoint))
     accelerator = make_accelerator(cfg.train)
     source = f"the checkpoint's {setup.config_file}" if setup.config_file else "the command line (no stored config)"
-    accelerator.print(f"caption: {setup.checkpoint}, decoding {describe_decoding(cfg)} from {source}"
-                      + ("" if checked else "; no fingerprints recorded, inputs not checked"))  # fmt: skip
+    if accelerator.is_main_process:
+        log.info("caption: %s, decoding %s from %s%s", setup.checkpoint, describe_decoding(cfg), source,
+                 "" if checked else "; no fingerprints recorded, inputs not checked")  # fmt: skip
     model = load_captioner(model_dir(setup.checkpoint)).to(accelerator.device)
     check_finite_weights(model, model_dir(setup.checkpoint))  # a diverged run's weights caption nothing, silently
     captions = generate_captions(model, cfg, split, accelerator=accelerator)
     out = Path(out)
     if accelerator.is_main_process:
         write_results(out, {image_id: caps[0] for image_id, caps in captions.items()})
-        accelerator.print(f"wrote {len(captions)} captions of split {split!r} to {out}")
+        log.info("wrote %d captions of split %r to %s", len(captions), split, out)
     accelerator.wait_for_everyone()
     return out

@@ -211,7 +211,7 @@ def _common(defaults: bool) -> argparse.ArgumentParser:
     p.add_argument("-v", "--verbose", action="count", default=0 if defaults else unset,
                    help="more messages (-v: finecap's debug messages and the libraries' info)")  # fmt: skip
     p.add_argument("-q", "--quiet", action="count", default=0 if defaults else unset,
-                   help="warnings and errors only (the libraries' progress bars off too)")  # fmt: skip
+                   help="warnings and errors only, no progress bars")  # fmt: skip
     p.add_argument("--debug", action="store_true", default=False if defaults else unset,
                    help="show the traceback of an error (FINECAP_DEBUG=1 does the same)")  # fmt: skip
     return p
@@ -350,6 +350,14 @@ SILENCED = ("requires torchvision (not installed); falling back to",)
 the processor finecap uses either way."""
 
 
+class _Plain(logging.Formatter):
+    """finecap's messages as they are; warnings and errors led by ``warning:`` / ``error:``."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        text = super().format(record)
+        return f"{record.levelname.lower()}: {text}" if record.levelno >= logging.WARNING else text
+
+
 class _Silence(logging.Filter):
     def filter(self, record: logging.LogRecord) -> bool:
         return not any(text in record.getMessage() for text in SILENCED)
@@ -370,20 +378,23 @@ def levels(verbose: int, quiet: int) -> tuple[int, int]:
 def configured_logging(verbose: int = 0, quiet: int = 0) -> Iterator[None]:
     """finecap's messages (the ``finecap`` logger) to stderr at the chosen level; the libraries' loggers with it
     (transformers reads ``TRANSFORMERS_VERBOSITY`` when it is first imported, so that is set too); progress bars off
-    with -q (``TQDM_DISABLE``, ``HF_HUB_DISABLE_PROGRESS_BARS``). Everything is put back afterwards (tests call
-    :func:`main` many times in one process)."""
+    with -q (``TQDM_DISABLE``, read by finecap's bars at each bar, :func:`finecap.utils.progress_enabled`;
+    ``HF_HUB_DISABLE_PROGRESS_BARS``, and transformers' switch when it is already imported, as it reads the variable
+    once). Everything is put back afterwards (tests call :func:`main` many times in one process)."""
     own, lib = levels(verbose, quiet)
     env = {"TRANSFORMERS_VERBOSITY": logging.getLevelName(lib).lower(), "DATASETS_VERBOSITY":
            logging.getLevelName(lib).lower()}  # fmt: skip
     if own == logging.WARNING:
         env |= {"TQDM_DISABLE": "1", "HF_HUB_DISABLE_PROGRESS_BARS": "1"}
     env = {k: v for k, v in env.items() if k not in os.environ}  # the user's own settings win
+    hf_logging = sys.modules.get("transformers.utils.logging")
+    hf_bars_off = "TQDM_DISABLE" in env and hf_logging is not None and hf_logging.is_progress_bar_enabled()
     saved_env = {k: os.environ.get(k) for k in env}
     loggers = [logging.getLogger(name) for name in ("finecap", *LIBRARY_LOGGERS)]
     saved_levels = [lg.level for lg in loggers]
     root = logging.getLogger("finecap")
     handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(logging.Formatter("%(message)s"))
+    handler.setFormatter(_Plain("%(message)s"))
     silence = _Silence()
     noisy = logging.getLogger("transformers.utils.import_utils")
     os.environ.update(env)
@@ -392,9 +403,13 @@ def configured_logging(verbose: int = 0, quiet: int = 0) -> Iterator[None]:
     for lg in loggers[1:]:
         lg.setLevel(lib)
     noisy.addFilter(silence)
+    if hf_bars_off:
+        hf_logging.disable_progress_bar()
     try:
         yield
     finally:
+        if hf_bars_off:
+            hf_logging.enable_progress_bar()
         noisy.removeFilter(silence)
         root.removeHandler(handler)
         for lg, level in zip(loggers, saved_levels, strict=True):

@@ -8,7 +8,7 @@ the same world, and used silently. What is missing:
 - is made (the world, :func:`finecap.app.world.ensure_world`) or trained (the world encoder,
   :func:`finecap.app.retriever.ensure_world_encoder`) only by a command that trains on the world: ``train`` when its
   data is the world (:func:`world_is_data`: ``data.format=world`` with no ``data.path``), the demo and the
-  ``retriever`` commands (whose data always is the world); one printed line says what and where;
+  ``retriever`` commands (whose data always is the world); one logged line (INFO) says what and where;
 - stops every other command (a user's data set; ``boost`` and ``bags build``, which only read), with an error naming
   the command or setting that provides it: finecap never prepares anything behind a user's data set.
 
@@ -55,7 +55,7 @@ def prepare(cfg: Config, needs: Iterable[str], *, make: bool | None = None, prog
         cfg: the command's configuration.
         needs: names from :data:`NEEDS`.
         make: whether missing things are made (the world) or trained (the world encoder), each announced with one
-            printed line; default :func:`world_is_data`, the rule of a command that trains on its data. Commands
+            logged line; default :func:`world_is_data`, the rule of a command that trains on its data. Commands
             that train on the world whatever ``data.*`` says pass ``True``, commands that only read pass ``False``.
         progress: progress bars while making or training.
 

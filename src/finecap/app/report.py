@@ -28,7 +28,7 @@ run directory, e.g. ``world.out=data/world``); a part whose inputs are missing i
 from __future__ import annotations
 
 import datetime
-import warnings
+import logging
 from collections.abc import Hashable, Sequence
 from pathlib import Path
 from typing import Any
@@ -50,7 +50,9 @@ from finecap.report.html import (
 )
 from finecap.report.plots import bag_recall_curves, length_curves, length_histograms, precision_recall, training_curves
 from finecap.report.run import RunData, read_run
-from finecap.utils import read_json, write_json
+from finecap.utils import progress_enabled, read_json, write_json
+
+log = logging.getLogger(__name__)
 
 SMILE_RUNS = (("sequence (SMILE)", "smile"), ("random", "smile_random"), ("reverse", "smile_reverse"))
 
@@ -62,7 +64,9 @@ def _plots(run: RunData, folder: Path) -> list[dict[str, str]]:
         if path is not None:
             plots.append({"title": title, "note": note, "uri": png_uri(path)})
 
-    for stage, events in tqdm(run.events.items(), desc="report: training curves", unit="stage"):
+    for stage, events in tqdm(
+        run.events.items(), desc="report: training curves", unit="stage", disable=not progress_enabled()
+    ):
         add(training_curves(events, folder / f"curves_{stage}.png", title=stage), f"training curves: {stage}")
     add(length_histograms(run.captions, folder / "length_hist.png"), "caption length per stage")
     smile = {label: run.run_dir / s for label, s in SMILE_RUNS if s in run.events}
@@ -126,7 +130,7 @@ def _bag_gallery(run: RunData, cfg: Config, records: dict[Hashable, Record], n_b
     columns = {i: c for c, i in enumerate(ids)}
     raw = read_json(run.bags_path)["bags"]
     out = []
-    for size, index, bag in tqdm(chosen, desc="report: bag outcomes", unit="bag"):
+    for size, index, bag in tqdm(chosen, desc="report: bag outcomes", unit="bag", disable=not progress_enabled()):
         rows = []
         for stage in stages:
             caps = run.captions[stage]
@@ -158,7 +162,7 @@ def _records(cfg: Config) -> tuple[dict[Hashable, Record], dict | None]:
     try:
         refs = load_references(cfg)
     except (FileNotFoundError, ValueError) as e:
-        warnings.warn(f"report: no images or human captions in the gallery ({e})", stacklevel=2)
+        log.warning("report: no images or human captions in the gallery (%s)", e)
         return {}, None
     return {r.image_id: r for r in refs.records}, refs.scenes
 
@@ -192,5 +196,5 @@ def main(
         "bag_note": bag_note,
     }
     render_report(context, out)
-    print(f"wrote {out}")
+    log.info("wrote %s", out)
     return out

@@ -3,7 +3,7 @@
 :func:`ensure_world_encoder` returns the cached world encoder of a configuration
 (:func:`finecap.models.world_encoder.world_encoder_path`), training it first when it is missing
 (:func:`train_world_encoder`); it makes the world first if needed (:func:`finecap.app.world.ensure_world`), and
-says what it makes or trains, and where, in one printed line each. Commands that need them (``retriever train``,
+says what it makes or trains, and where, in one logged line (INFO) each. Commands that need them (``retriever train``,
 the demo, ``train`` on its main process, ``boost``, ``bags build``) get them through
 :func:`finecap.app.prepare.prepare` before anything loads the encoder; library code only loads
 (:func:`finecap.models.retriever.load_retriever`). :func:`probe` measures the quality bar: linear probes of scene
@@ -23,7 +23,7 @@ gradient clipping at 1. Each step takes a batch of training images and
   0.633); 5 is the default.
 
 After training, in-batch retrieval accuracy (image -> caption and caption -> image, top-1 in batches of
-``retriever.batch_size`` validation images) is printed and stored in ``encoder.json``.
+``retriever.batch_size`` validation images) is logged and stored in ``encoder.json``.
 
 
 Concurrent trainers of the same encoder (several processes started at once) each build their folder in a temporary
@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import os
 import shutil
 import time
@@ -70,6 +71,8 @@ from finecap.world.facts import facts, is_true
 from finecap.world.make import load_scenes
 from finecap.world.scene import LABEL_SIZES
 
+log = logging.getLogger(__name__)
+
 PROBED = ("shape", "color", "size", "position")
 """Main-object labels the quality bar requires a linear probe to decode at >= :data:`PROBE_BAR`."""
 PROBE_BAR = 0.9
@@ -85,12 +88,13 @@ REF_BAR, DENSE_BAR = 0.6, 0.95
 def ensure_world_encoder(cfg: Config, progress: bool = True, *, make: bool = True) -> Path:
     """The world encoder folder of ``cfg`` (``<cache>/world_encoder/<key>``, :func:`encoder_dir`), trained first when
     it is missing and ``make`` (the world made first when missing, :func:`finecap.app.world.ensure_world`), each
-    with one printed line saying so and where; without ``make`` a missing encoder raises ``FileNotFoundError``
+    with one logged line saying so and where; without ``make`` a missing encoder raises ``FileNotFoundError``
     naming ``finecap retriever train``. Commands reach it through :func:`finecap.app.prepare.prepare`. Call it on one
     process (the main one) before the others load the encoder.
     """
     out = encoder_dir(cfg)
     if (out / "encoder.json").exists():
+        log.debug("retriever: the world encoder %s is trained: %s", out.name, out)
         return out
     if not make:
         raise FileNotFoundError(
@@ -100,7 +104,7 @@ def ensure_world_encoder(cfg: Config, progress: bool = True, *, make: bool = Tru
             "model.encoder) to a CLIP checkpoint"
         )
     world = ensure_world(cfg, make=True, progress=progress)
-    print(f"retriever: training the world encoder {out.name} on the world at {world} into {out}")
+    log.info("retriever: training the world encoder %s on the world at %s into %s", out.name, world, out)
     return train_world_encoder(cfg, world, progress=progress)
 
 
@@ -158,7 +162,7 @@ def train_world_encoder(cfg: Config, world: Path, progress: bool = True) -> Path
     else:
         atomic_replace_dir(tmp, out)
     acc = ", ".join(f"{k} {v:.3f}" for k, v in accuracy.items())
-    print(f"world encoder: {stats['steps']} steps in {train_s:.0f}s; val in-batch top-1: {acc}; saved {out}")
+    log.info("world encoder: %d steps in %.0fs; val in-batch top-1: %s; saved %s", stats["steps"], train_s, acc, out)
     return out
 
 
@@ -207,7 +211,7 @@ def in_batch_accuracy(
 def main(cfg: Config) -> Path:
     """``finecap retriever train``: the world encoder (trained or from the cache), or ``retriever.checkpoint``."""
     if cfg.retriever.checkpoint:
-        print(f"retriever.checkpoint={cfg.retriever.checkpoint}: nothing to train")
+        log.info("retriever.checkpoint=%s: nothing to train", cfg.retriever.checkpoint)
         return Path(cfg.retriever.checkpoint)
     ensure_world(cfg, make=True)  # its data is the world: checked (and made) even when the encoder exists
     path = ensure_world_encoder(cfg)

@@ -45,10 +45,10 @@ beyond loopback it is plain HTTP (the token and images cross the network unencry
 from __future__ import annotations
 
 import ipaddress
+import logging
 import os
 import secrets
 import socket
-import sys
 from collections.abc import Hashable
 from pathlib import Path, PurePosixPath
 from typing import Any
@@ -63,6 +63,8 @@ from finecap.data.fingerprint import bags_file_data
 from finecap.data.formats import DataError, Record
 from finecap.data.references import load_references
 from finecap.report.html import TEMPLATES
+
+log = logging.getLogger(__name__)
 
 DEFAULT_HOST = "127.0.0.1"
 TOKEN_ENV = "FINECAP_REVIEW_TOKEN"
@@ -180,8 +182,8 @@ def _served_images(
                                 f"(expected e.g. {missing[0]}); pass the folder the image paths of {source} are "
                                 "relative to")  # fmt: skip
     if missing:
-        print(f"warning: {len(missing)} of {len(known)} bag images are not image files under --images {root} "
-              f"(e.g. {missing[0]}); their bags show without them", file=sys.stderr)  # fmt: skip
+        log.warning("%d of %d bag images are not image files under --images %s (e.g. %s); their bags show without "
+                    "them", len(missing), len(known), root, missing[0])  # fmt: skip
     return served
 
 
@@ -371,9 +373,9 @@ def main(
     local = is_loopback(host)
     if not local:
         token = token or secrets.token_urlsafe(24)
-        print(f"warning: --host {host} serves the review page beyond this machine, over plain HTTP: anyone who can "
-              f"reach it and has the token can see the bag images and change decisions; the default is "
-              f"{DEFAULT_HOST}", file=sys.stderr)  # fmt: skip
+        log.warning("--host %s serves the review page beyond this machine, over plain HTTP: anyone who can reach it "
+                    "and has the token can see the bag images and change decisions; the default is %s", host,
+                    DEFAULT_HOST)  # fmt: skip
     app = create_app(bags, images, data=data, out=out, cfg=cfg, host=host, token=token)
     curation: BagCuration = app.config["curation"]
     server = make_server(host, port, app, threaded=True)
@@ -383,7 +385,7 @@ def main(
     url = f"http://{shown}:{server.server_port}/" + (f"?token={token}" if token else "")
     print(f"Reviewing {len(curation.keys())} bags of {bags} ({counts['accepted']} accepted, {counts['rejected']} "
           f"rejected so far): open {url}")  # fmt: skip
-    print(f"Curated bags are saved to {curation.out} after every click (Ctrl+C to stop).")
+    log.info("Curated bags are saved to %s after every click (Ctrl+C to stop).", curation.out)
     try:
         server.serve_forever()
     except KeyboardInterrupt:

@@ -20,6 +20,7 @@ building them (:func:`prepare_needs`), on the main process first.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import partial
@@ -56,6 +57,8 @@ from finecap.train.state import (
 )
 from finecap.train.validators import VALIDATORS, caption_samples, validation_loss
 from finecap.utils import seed_everything
+
+log = logging.getLogger(__name__)
 
 Validator = Callable[[torch.nn.Module, Config, Accelerator], dict[str, float]]
 
@@ -171,7 +174,7 @@ def train(
     overwrite: bool = False,
     callbacks: Sequence[Callable[[TrainState], None]] = (),
 ) -> Path:
-    """Train a captioner as configured; returns the run directory (``cfg.run.path``) and prints :func:`summary`.
+    """Train a captioner as configured; returns the run directory (``cfg.run.path``) and logs :func:`summary`.
 
     ``resume=True`` continues from the newest complete checkpoint (or starts fresh in an empty run directory);
     without it an existing run directory is an error unless ``overwrite=True``. ``callbacks(state)`` run after every
@@ -221,9 +224,10 @@ def train(
     saved = cfg.saved_dict()  # absolute paths, secrets masked: what config.yaml holds and trackers receive
     if resume_from is not None:
         engine.restore(resume_from)
-        accelerator.print(f"resume: continuing {run_dir} from {resume_from} (step {engine.state.step} of {total})")
-        for change in config_changes(run_dir / "config.yaml", saved):
-            accelerator.print(f"resume: configuration changed: {change}")
+        if accelerator.is_main_process:
+            log.info("resume: continuing %s from %s (step %d of %d)", run_dir, resume_from, engine.state.step, total)
+            for change in config_changes(run_dir / "config.yaml", saved):
+                log.info("resume: configuration changed: %s", change)
     if accelerator.is_main_process:
         run_dir.mkdir(parents=True, exist_ok=True)
         cfg.save(run_dir / "config.yaml")
@@ -235,5 +239,6 @@ def train(
     state = engine.fit()
     for tracker in accelerator.trackers:  # not end_training(): it would destroy the process group, and a caller (the
         tracker.finish()  # demo, a sweep) may train again in the same processes
-    accelerator.print(summary(run_dir, state, cfg.train.best_metric))
+    if accelerator.is_main_process:
+        log.info(summary(run_dir, state, cfg.train.best_metric))
     return run_dir

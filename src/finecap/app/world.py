@@ -4,17 +4,20 @@
 :func:`main` builds the world of ``world.*`` into :func:`finecap.home.world_path` (``world.out``, or
 ``<finecap home>/worlds/<world key>`` when it is empty) with :func:`finecap.world.make.make_world`, which reuses a
 complete world with the same content key, refuses a folder finecap did not make, and replaces another finecap world
-only with ``--force`` / ``world.overwrite=true`` (removing only the files finecap made there); then prints a summary.
+only with ``--force`` / ``world.overwrite=true`` (removing only the files finecap made there); then logs a summary.
 """
 
 from __future__ import annotations
 
+import logging
 import time
 from pathlib import Path
 
 from finecap.config import Config, WorldConfig
 from finecap.home import world_path
 from finecap.world.make import check_world_folder, make_world, world_key, world_record
+
+log = logging.getLogger(__name__)
 
 
 def main(cfg: Config | WorldConfig) -> Path:
@@ -26,19 +29,20 @@ def main(cfg: Config | WorldConfig) -> Path:
     make_world(wcfg, out)
     total = wcfg.n_train + wcfg.n_val + wcfg.n_test
     what = "up to date" if reused else f"written in {time.perf_counter() - t0:.1f}s"
-    print(f"world: {total} scenes ({wcfg.n_train} train / {wcfg.n_val} val / {wcfg.n_test} test), "
-          f"{wcfg.image_size}px, key {world_key(wcfg)}, {what}: {out}")  # fmt: skip
+    log.info("world: %d scenes (%d train / %d val / %d test), %dpx, key %s, %s: %s", total, wcfg.n_train,
+             wcfg.n_val, wcfg.n_test, wcfg.image_size, world_key(wcfg), what, out)  # fmt: skip
     return out
 
 
 def ensure_world(cfg: Config, make: bool, progress: bool = True) -> Path:
     """The folder of the complete world of ``cfg.world`` (:func:`finecap.home.world_path`), made first when it is
-    missing and ``make``, with one printed line saying so and where; otherwise a missing world raises
+    missing and ``make``, with one logged line saying so and where; otherwise a missing world raises
     ``FileNotFoundError`` naming ``finecap world make``. A folder finecap may not write raises
     :class:`~finecap.world.make.WorldFolderError` (before anything is written)."""
     w = cfg.world
     path = world_path(w)
     if check_world_folder(w, path):
+        log.debug("world: the world %s is complete: %s", world_key(w), path)
         return path
     if not make:
         raise FileNotFoundError(
@@ -49,6 +53,6 @@ def ensure_world(cfg: Config, make: bool, progress: bool = True) -> Path:
     replacing = ""
     if record is not None and record["key"] != world_key(w):
         replacing = f", replacing the finecap world {record['key']} there (world.overwrite)"
-    print(f"world: making the world {world_key(w)} ({w.n_train} train / {w.n_val} val / {w.n_test} test images, "
-          f"{w.image_size} px) in {path}{replacing}")  # fmt: skip
+    log.info("world: making the world %s (%d train / %d val / %d test images, %d px) in %s%s", world_key(w),
+             w.n_train, w.n_val, w.n_test, w.image_size, path, replacing)  # fmt: skip
     return make_world(w, path, progress=progress)

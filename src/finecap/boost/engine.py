@@ -40,6 +40,7 @@ from tqdm.auto import tqdm
 
 from finecap.boost.prompts import Prompts
 from finecap.data.formats import Record
+from finecap.utils import progress_enabled
 
 MODE_STEPS: dict[str, tuple[str, ...]] = {
     "blend": ("blend",),
@@ -288,7 +289,8 @@ def run_step(
     answers = {t.index: cache.get(keys[t.index]) for t in tasks if keys[t.index] in cache}
     out = StepResult(answers, [], 0, len(answers))
     pending = [t for t in tasks if t.index not in answers]
-    bar = tqdm(total=len(tasks), initial=len(answers), desc=f"boost [{step}]", unit="image", disable=not progress)
+    bar = tqdm(total=len(tasks), initial=len(answers), desc=f"boost [{step}]", unit="image",
+               disable=not progress_enabled(progress))  # fmt: skip
 
     def fail(task: Task, error: BaseException | str, attempt: int) -> None:
         message = f"{type(error).__name__}: {error}" if isinstance(error, BaseException) else error

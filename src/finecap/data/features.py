@@ -48,7 +48,7 @@ from tqdm.auto import tqdm
 
 from finecap.data.formats import load_record_image
 from finecap.home import cache_dir as resolve_cache_dir
-from finecap.utils import atomic_write_bytes
+from finecap.utils import atomic_write_bytes, progress_enabled
 
 CACHE_SUBDIR = "features"
 """Folder under the cache directory (``run.cache_dir``) holding the feature files."""
@@ -101,7 +101,9 @@ def compute_features(
     float32 on the CPU (``(0, 0)`` for no records)."""
     out = []
     with torch.no_grad():
-        for start in tqdm(range(0, len(records), batch_size), desc=desc, disable=not progress, unit="batch"):
+        for start in tqdm(
+            range(0, len(records), batch_size), desc=desc, disable=not progress_enabled(progress), unit="batch"
+        ):
             images = [load_record_image(r) for r in records[start : start + batch_size]]
             out.append(encode(images).detach().float().cpu())  # (b, D)
     return torch.cat(out) if out else torch.zeros(0, 0)  # (N, D)

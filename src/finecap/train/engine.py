@@ -65,7 +65,7 @@ from finecap.train.state import (
     save_tree,
     set_rng_state,
 )
-from finecap.utils import seed_everything
+from finecap.utils import progress_enabled, seed_everything
 
 
 class TrainingDiverged(ValueError):
@@ -443,7 +443,7 @@ class Engine:
         """Train to ``total`` steps (from the restored state, if any); returns the final state."""
         acc, settings, state = self.accelerator, self.settings, self.state
         progress = tqdm(total=self.total, initial=state.step, desc=self.desc,
-                        disable=not (self.progress and acc.is_main_process))  # fmt: skip
+                        disable=not progress_enabled(self.progress and acc.is_main_process))  # fmt: skip
         accum = settings.grad_accum_steps
         while state.step < self.total:
             batches = self.data.sampler.batches(state.epoch)

@@ -34,7 +34,7 @@ from tqdm import tqdm
 
 from finecap.config import WorldConfig
 from finecap.home import world_path
-from finecap.utils import atomic_write_text, read_json, write_json
+from finecap.utils import atomic_write_text, progress_enabled, read_json, write_json
 from finecap.world.captions import dense_caption, reference_captions, vocabulary
 from finecap.world.key import WORLD_VERSION, world_key
 from finecap.world.key import content_config as _content_config
@@ -216,7 +216,9 @@ def make_world(
     records = generate_scenes(cfg)
     images, dense, lines = [], {}, []
     sentid = 0
-    for r in tqdm(records, desc=f"world -> {out}", unit="img", disable=not progress, mininterval=0.5):
+    for r in tqdm(
+        records, desc=f"world -> {out}", unit="img", disable=not progress_enabled(progress), mininterval=0.5
+    ):
         scene: Scene = r["scene"]
         imgid, split = r["imgid"], r["split"]
         filename = f"{imgid:06d}.png"

@@ -1,0 +1,100 @@
+"""finecap's own messages go through `logging` and its progress bars follow one switch: `finecap train` on a tiny
+world says what it did by default, says nothing with -q (no status line, no progress bar), and more with -v."""
+
+import logging
+import os
+import re
+
+import pytest
+
+from finecap.app.cli import configured_logging, main
+from finecap.config import WorldConfig
+from finecap.models.presets import save_tiny_clip
+from finecap.utils import PROGRESS_ENV, progress_enabled
+from finecap.world.make import make_world, world_key
+
+SIZES = {"n_train": 24, "n_val": 4, "n_test": 4, "image_size": 32}
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory) -> dict:
+    """A tiny world, a tiny random CLIP as the captioner's encoder and the overrides of a 2-step tiny ClipCap."""
+    root = tmp_path_factory.mktemp("logging")
+    world = make_world(WorldConfig(**SIZES, seed=0), root / "world", progress=False)
+    clip = save_tiny_clip(root / "clip", image_size=32, patch_size=16)
+    base = [f"world.out={world}", *(f"world.{k}={v}" for k, v in SIZES.items()), f"model.encoder={clip}",
+            "model.tiny_layers=1", "model.tiny_hidden=32", "model.tiny_heads=2", "model.prefix_length=2",
+            "train.batch_size=8", "train.max_steps=2", "train.eval_every=2", "train.eval_samples=4",
+            "train.warmup_steps=1", "decode.max_length=8"]  # fmt: skip
+    return {"root": root, "world": world, "key": world_key(WorldConfig(**SIZES, seed=0)), "base": base}
+
+
+def train(capsys, tiny: dict, name: str, *flags: str) -> tuple[str, str, str]:
+    """``finecap FLAGS train`` into its own run directory and feature cache (so that every run computes features
+    and shows their bar unless told not to): (run directory, stdout, stderr)."""
+    run = tiny["root"] / name
+    argv = [*flags, "train", *tiny["base"], f"run.cache_dir={tiny['root'] / f'cache-{name}'}", "--out", str(run)]
+    code = main(argv)
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    assert (run / "checkpoints" / "best").is_dir()  # the run did its work whatever it said
+    return str(run), out, err
+
+
+def summary_line(run: str) -> re.Pattern:
+    return re.compile(rf"^train: 2 steps; best loss [0-9.e+-]+ at step 2: {re.escape(run)}/checkpoints/best$", re.M)
+
+
+def bars(err: str) -> set[str]:
+    """The labels of the tqdm progress bars drawn in ``err`` (``label:  50%|...``)."""
+    return set(re.findall(r"(?:^|\r)([^\r\n]+?): +\d+%\|", err, re.M))
+
+
+def test_default_shows_status_lines_and_progress_bars_on_stderr(tiny, capsys):
+    run, out, err = train(capsys, tiny, "default")
+    assert out == ""  # status is not output: nothing on stdout
+    assert summary_line(run).search(err)  # the one summary line, plain (no level name, no logger name)
+    assert {"train", "features [train]", "features [val]"} <= bars(err)  # the engine's and the feature cache's
+    assert "2/2 [" in err  # the training bar reached its end
+    assert "world: the world" not in err  # debug details only with -v
+
+
+def test_quiet_prints_no_status_line_and_no_progress_bar(tiny, capsys, monkeypatch):
+    monkeypatch.delenv(PROGRESS_ENV, raising=False)
+    run, out, err = train(capsys, tiny, "quiet", "-q")
+    assert out == "" and err == ""
+    assert PROGRESS_ENV not in os.environ  # -q's switch is put back after the command
+    # The same switch set by the user (the documented way for library callers) turns finecap's bars off too.
+    monkeypatch.setenv(PROGRESS_ENV, "1")
+    run, out, err = train(capsys, tiny, "user-env")
+    # (transformers' own "Loading weights" bar read the variable when transformers was imported, before it was set)
+    assert summary_line(run).search(err) and bars(err) <= {"Loading weights"}
+
+
+def test_verbose_adds_debug_details(tiny, capsys):
+    run, out, err = train(capsys, tiny, "verbose", "-v")
+    assert f"world: the world {tiny['key']} is complete: {tiny['world']}" in err.splitlines()  # a DEBUG line
+    assert summary_line(run).search(err) and "train" in bars(err)
+
+
+def test_warnings_are_labelled_and_kept_with_quiet(capsys):
+    log = logging.getLogger("finecap.app.example")
+    for verbose, quiet in ((0, 0), (0, 1)):
+        with configured_logging(verbose, quiet):
+            log.info("an info line")
+            log.warning("%d bag images are missing", 3)
+        err = capsys.readouterr().err
+        assert "warning: 3 bag images are missing\n" in err
+        assert ("an info line\n" in err) == (quiet == 0)
+
+
+@pytest.mark.parametrize(
+    ("value", "shown"), [(None, True), ("", True), ("0", True), ("false", True), ("1", False), ("True", False)]
+)
+def test_progress_enabled_follows_the_switch(monkeypatch, value, shown):
+    if value is None:
+        monkeypatch.delenv(PROGRESS_ENV, raising=False)
+    else:
+        monkeypatch.setenv(PROGRESS_ENV, value)
+    assert progress_enabled() is shown and progress_enabled(True) is shown
+    assert progress_enabled(False) is False  # a bar the caller does not want is never shown
