@@ -31,6 +31,7 @@ from finecap.models.presets import (
     save_tiny_clip,
     save_tiny_vlm,
     world_blip,
+    world_vlm,
 )
 from finecap.models.vision import VisionEncoder
 from finecap.models.vlm import Vlm
@@ -84,6 +85,16 @@ def build_world_blip(dirs: dict[str, Path]) -> Blip:
     return model
 
 
+def build_world_vlm(dirs: dict[str, Path]) -> Vlm:
+    torch.manual_seed(0)
+    world = FeatureMapTokens.from_pretrained(dirs["clip"])
+    n_tokens, width = world.token_shape(16)
+    model, processor = world_vlm(width, n_tokens, world.image_processor, layers=1, hidden=32, heads=2)
+    vlm = Vlm(model, processor, source="world-tiny", world=world)
+    sharpen(vlm)
+    return vlm
+
+
 def build_vlm(family: str) -> Callable[[dict[str, Path]], Vlm]:
     def build(dirs: dict[str, Path]) -> Vlm:
         return Vlm.from_pretrained(dirs[family])  # saved with std 0.2
@@ -102,6 +113,7 @@ CASES: dict[str, Case] = {
     "blip": Case(build_blip, lambda m: None, 32),
     "blip_world": Case(build_world_blip, lambda m: None, 16),
     **{f"vlm_{f}": Case(build_vlm(f), projector, 16) for f in VLM_FAMILIES},
+    "vlm_world": Case(build_world_vlm, projector, 16),
 }
 
 
@@ -376,7 +388,7 @@ def test_what_a_run_prepares_and_fingerprints(case, tmp_path):
     name, model = case
     meta = json.loads((model.save(tmp_path / "ckpt") / "captioner.json").read_text())
     external = external_encoder(meta)
-    if name in ("clipcap", "blip_world"):
+    if name in ("clipcap", "blip_world", "vlm_world"):
         assert external is not None and Path(external).samefile(model.encoder.source)
     else:
         assert external is None

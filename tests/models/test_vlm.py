@@ -22,7 +22,8 @@ from finecap.data.datasets import model_collator
 from finecap.models import lora
 from finecap.models.backbones import build_model, load_captioner
 from finecap.models.presets import VLM_FAMILIES, save_tiny_vlm
-from finecap.models.vlm import FAMILIES, Vlm, load_processor
+from finecap.models.processors import load_processor
+from finecap.models.vlm import FAMILIES, Vlm
 from finecap.objectives.mle import IGNORE_INDEX, mle_loss
 from finecap.objectives.smile import SmileObjective, smile_loss
 

@@ -16,6 +16,7 @@ import torch
 
 from finecap.config import WorldConfig, load
 from finecap.data.datasets import CaptionDataset, load_records, model_collator, to_device
+from finecap.data.features import model_features
 from finecap.data.samplers import get_sampler
 from finecap.models import lora
 from finecap.models.backbones import build_model
@@ -74,7 +75,7 @@ def parts(model: Vlm) -> dict[str, str]:
 
     projector = names(_projector(model))
     lm = names(model.lora_module("lm")) | {id(model.model.get_output_embeddings().weight)}
-    vision = names(model.lora_module("encoder"))
+    vision = names(model.lora_module("encoder"))  # the world VLM: its dual encoder (image side and text tower)
     out = {}
     for n, p in model.named_parameters():
         out[n] = "projector" if id(p) in projector else "lm" if id(p) in lm else "vision" if id(p) in vision else "?"
@@ -88,10 +89,18 @@ def _projector(model: Vlm) -> torch.nn.Module:
     return module
 
 
+def vlm_overrides(saved: dict[str, Path], family: str) -> list[str]:
+    """``model.vlm`` of a saved tiny family, or the world VLM over the tiny CLIP's image tokens (``world``)."""
+    if family == "world":
+        return ["model.vlm=world-tiny", f"model.encoder={saved['clip']}", "model.tiny_layers=1",
+                "model.tiny_hidden=32", "model.tiny_heads=2"]  # fmt: skip
+    return [f"model.vlm={saved[family]}"]
+
+
 @pytest.mark.parametrize("objective", list(OBJECTIVES))
-@pytest.mark.parametrize("family", VLM_FAMILIES)
+@pytest.mark.parametrize("family", [*VLM_FAMILIES, "world"])
 def test_objective_lowers_its_loss_and_moves_only_what_trains(saved, tmp_path, family, objective):
-    cfg = load(None, [f"world.out={saved['world']}", "model.kind=vlm", f"model.vlm={saved[family]}",
+    cfg = load(None, [f"world.out={saved['world']}", "model.kind=vlm", *vlm_overrides(saved, family),
                       f"retriever.checkpoint={saved['clip']}", f"run.dir={tmp_path / 'run'}",
                       f"run.cache_dir={tmp_path / 'cache'}", "train.lr=1e-2", "train.warmup_steps=0",
                       "train.schedule=constant", "train.batch_size=8", "data.max_tokens=12",
@@ -99,11 +108,14 @@ def test_objective_lowers_its_loss_and_moves_only_what_trains(saved, tmp_path, f
     accelerator = make_accelerator(cfg.train)
     seed_everything(cfg.run.seed)
     model = lora.configure_training(build_model(cfg), cfg)
-    assert isinstance(model, Vlm) and not model.cache_features
+    assert isinstance(model, Vlm) and model.cache_features == (family == "world")
     obj = get_objective(cfg.train.objective, cfg)
     records = load_records(cfg, "train")
     per_caption = obj.example_unit == "caption"
-    train = CaptionDataset(records, per_caption=per_caption)
+    features = None  # frozen world tokens through the feature cache, as training reads them
+    if model.cache_features and not model.train_encoder:
+        features = model_features(model, records, cfg, "train", progress=False)
+    train = CaptionDataset(records, per_caption=per_caption, features=features)
     collator = model_collator(model, cfg.data.max_tokens)
     optimizer = build_optimizer(model, cfg.train)
     scheduler = build_scheduler(optimizer, warmup=0, total=100, kind="constant")

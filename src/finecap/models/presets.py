@@ -13,6 +13,7 @@ Example::
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -33,6 +34,7 @@ try:  # BLIP's PIL backend (no torchvision here); ``BlipImageProcessor`` would f
 except ImportError:  # pragma: no cover - older transformers
     from transformers import BlipImageProcessor
 
+from finecap.models.processors import image_only_processor
 from finecap.models.retriever import Retriever
 from finecap.models.tokenizer import world_tokenizer
 from finecap.world.captions import vocabulary
@@ -299,8 +301,6 @@ def tiny_vlm(family: str, *, image_size: int = 16, hidden: int = 32, layers: int
         processor = tf.Idefics3Processor(image_processor=image_processor, tokenizer=tok, image_seq_len=4,
                                          chat_template=template)  # fmt: skip
     else:
-        from finecap.models.vlm import image_only_processor
-
         head_dim = hidden // heads
         section = [head_dim // 2 - 2 * (head_dim // 6), head_dim // 6, head_dim // 6]  # t, h, w halves of rope
         config = tf.Qwen2VLConfig(
@@ -351,3 +351,69 @@ def save_tiny_vlm(out: str | Path, family: str, *, seed: int = 0, std: float = 0
     model.save_pretrained(out)
     processor.save_pretrained(out)
     return out
+
+
+def world_vlm(token_width: int, n_tokens: int, image_processor: Any, *, layers: int = 3, hidden: int = 128,
+              heads: int = 4, positions: int = 128) -> tuple[Any, Any]:  # fmt: skip
+    """The world VLM (random init, current torch RNG): a tiny LLaVA-architecture model whose Llama-style language
+    model (``layers`` x ``hidden``, ``heads`` heads, feed-forward ``4 * hidden``, over :func:`vlm_tokenizer`) reads
+    ``n_tokens`` image tokens of width ``token_width`` through LLaVA's projector (Linear-GELU-Linear), with
+    LLaVA-1.5's chat template; and its ``LlavaProcessor`` over ``image_processor`` (the world encoder's).
+
+    The image tokens are the frozen world encoder's (:class:`finecap.models.blip.FeatureMapTokens`: its projected
+    feature and the cells of its 2x2 map, ``(5, 256)`` at the default world), which finecap's
+    :class:`finecap.models.vlm.Vlm` feeds to the projector; the ``vision_tower`` slot holds a placeholder CLIP tower
+    without layers whose patch grid makes the processor expand ``<image>`` into ``n_tokens`` tokens (``n_tokens - 1``
+    patches + the class slot, ``vision_feature_select_strategy="full"``), as the world BLIP keeps BLIP's structure."""
+    import transformers as tf
+
+    side = math.isqrt(n_tokens - 1)
+    if side * side != n_tokens - 1:
+        raise ValueError(f"world VLM: {n_tokens} image tokens are not a square grid of cells plus one global token")
+    if hidden % heads:
+        raise ValueError(f"world VLM hidden size {hidden} is not divisible by its {heads} heads (model.tiny_heads)")
+    crop = getattr(image_processor, "crop_size", None) or {}
+    image_size = int(crop.get("height") or image_processor.size.get("height") or image_processor.size["shortest_edge"])
+    tok = vlm_tokenizer("llava")
+    ids = {"pad_token_id": tok.pad_token_id, "eos_token_id": tok.eos_token_id, "bos_token_id": tok.bos_token_id}
+    vision = dict(
+        model_type="clip_vision_model",
+        hidden_size=token_width,
+        intermediate_size=token_width,
+        num_hidden_layers=0,
+        num_attention_heads=1,
+        image_size=image_size,
+        patch_size=image_size // side,
+    )
+    text = dict(
+        model_type="llama",
+        vocab_size=len(tok),
+        hidden_size=hidden,
+        intermediate_size=4 * hidden,
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
+        num_key_value_heads=heads,
+        max_position_embeddings=positions,
+        **ids,
+    )
+    image_token = tok.convert_tokens_to_ids("<image>")
+    config = tf.LlavaConfig(
+        vision_config=vision,
+        text_config=text,
+        image_token_id=image_token,
+        vision_feature_layer=-1,
+        vision_feature_select_strategy="full",
+        **ids,
+    )
+    model = tf.LlavaForConditionalGeneration(config)
+    model.generation_config.eos_token_id = tok.eos_token_id
+    model.generation_config.pad_token_id = tok.pad_token_id
+    processor = tf.LlavaProcessor(
+        image_processor=image_processor,
+        tokenizer=tok,
+        patch_size=image_size // side,
+        vision_feature_select_strategy="full",
+        num_additional_image_tokens=1,
+        chat_template=CHAT_TEMPLATES["llava"],
+    )
+    return model, processor

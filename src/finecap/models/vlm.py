@@ -49,10 +49,16 @@ beside it (``lm_lora/`` on the language model, ``encoder_lora/`` on the vision t
 ``PeftModel.from_pretrained(model.model.language_model, folder / "lm_lora")``); ``captioner.json`` (``"kind":
 "vlm"``, the family, the prompt, what trains).
 
-Without ``torchvision``, ``transformers`` cannot build the video processor that Qwen2-VL's processor class requires
-(its class check and ``AutoVideoProcessor`` both need it), although captioning never touches videos:
-:func:`load_processor` then builds the family's processor class without its video processor
-(:func:`image_only_processor`), and says so in a docstring rather than in silence.
+Processors load with :func:`finecap.models.processors.load_processor` (``AutoProcessor``, or Qwen2-VL's processor
+class without its video processor where ``transformers`` cannot build one without ``torchvision``).
+
+**World VLM** (``model.vlm=world-tiny``): pretrained VLM weights cannot be downloaded here, so the world VLM is a tiny
+LLaVA-architecture model (:func:`finecap.models.presets.world_vlm`: a Llama-style language model with LLaVA-1.5's chat
+template, random init) whose projector reads the *frozen world encoder's* image tokens
+(:class:`finecap.models.blip.FeatureMapTokens`, 5 tokens of width 256 at the default world), as the world BLIP does;
+LLaVA's ``vision_tower`` slot holds a placeholder without layers (never run). These tokens are few and frozen, so they
+go through the feature cache (``cache_features``), and the prompt, whose number of image tokens is then fixed, is
+built once. The checkpoint records the world encoder it reads, as ClipCap's and the world BLIP's do.
 """
 
 from __future__ import annotations
@@ -64,18 +70,20 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
-import transformers
 from PIL import Image
 from torch import nn
-from transformers import AutoConfig, AutoModelForImageTextToText, AutoProcessor
+from transformers import AutoModelForImageTextToText
 from transformers.cache_utils import Cache
-from transformers.utils import is_torchvision_available
 
 from finecap.config import DecodeConfig
 from finecap.decode import Generation
 from finecap.models import lora
-from finecap.models.captioner import TokenScores, generate_in_chunks, logits_or_scores, strip_prefix
+from finecap.models.blip import FeatureMapTokens
+from finecap.models.captioner import TokenScores, encode_images, generate_in_chunks, logits_or_scores, strip_prefix
+from finecap.models.presets import world_vlm
+from finecap.models.processors import load_processor
 from finecap.models.tokenizer import ensure_pad_token
+from finecap.models.world_encoder import world_encoder_path
 from finecap.utils import read_json, write_json
 
 if TYPE_CHECKING:
@@ -84,6 +92,8 @@ if TYPE_CHECKING:
 CONFIG_NAME = "captioner.json"
 KIND = "vlm"
 DEFAULT_PROMPT = "Describe the image."
+WORLD_VLM = "world-tiny"
+WORLD_DIR = "world_encoder"
 
 LM_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 """LoRA's default targets in the language model of every family (Llama / SmolLM2 / Qwen2 projection names)."""
@@ -158,46 +168,6 @@ def _path(root: Any, path: str) -> Any:
 def _set_path(root: Any, path: str, value: Any) -> None:
     parent, _, name = path.rpartition(".")
     setattr(_path(root, parent) if parent else root, name, value)
-
-
-# --------------------------------------------------------------------------------------------------------------------
-# Processors
-# --------------------------------------------------------------------------------------------------------------------
-
-
-@functools.cache
-def image_only_processor(cls: type) -> type:
-    """``cls`` (a processor class such as ``Qwen2VLProcessor``) without its ``video_processor``: what
-    :func:`load_processor` builds when ``transformers`` cannot make the video processor (no ``torchvision``).
-
-    Not a re-implementation: the subclass only drops ``video_processor`` from the attributes that
-    ``ProcessorMixin`` checks, saves and loads; the family's own ``__call__`` (chat template, image-token expansion,
-    image processor) runs unchanged, and its folders keep the class name, so ``AutoProcessor`` reads them where
-    ``torchvision`` is installed."""
-
-    @classmethod
-    def get_attributes(sub: type) -> list[str]:
-        return [a for a in cls.get_attributes() if a != "video_processor"]
-
-    return type(cls.__name__, (cls,), {"get_attributes": get_attributes, "video_processor": None,
-                                       "__module__": cls.__module__, "__doc__": cls.__doc__})  # fmt: skip
-
-
-def load_processor(name_or_path: str | Path) -> Any:
-    """``AutoProcessor.from_pretrained``; without ``torchvision``, a processor whose class needs a video processor is
-    built without one (:func:`image_only_processor`)."""
-    name = str(name_or_path)
-    try:
-        return AutoProcessor.from_pretrained(name)
-    except (ImportError, OSError, ValueError):
-        if is_torchvision_available():
-            raise
-        model_type = AutoConfig.from_pretrained(name).model_type
-        class_name = transformers.models.auto.processing_auto.PROCESSOR_MAPPING_NAMES.get(model_type)
-        cls = getattr(transformers, class_name, None) if class_name else None
-        if cls is None or "video_processor" not in cls.get_attributes():
-            raise
-        return image_only_processor(cls).from_pretrained(name)
 
 
 # --------------------------------------------------------------------------------------------------------------------
@@ -311,6 +281,8 @@ class Vlm(nn.Module):
         train_lm: train the language model and its head.
         train_projector: train the projector (``model.vlm_train_projector``).
         source: where the model came from (recorded in checkpoints).
+        world: the world VLM's image tokens (a frozen dual encoder's), read by the projector in place of the
+            model's own vision tower (module docstring).
     """
 
     def __init__(
@@ -323,9 +295,13 @@ class Vlm(nn.Module):
         train_lm: bool = True,
         train_projector: bool = True,
         source: str = "",
+        world: FeatureMapTokens | None = None,
     ) -> None:
         super().__init__()
         self.family = family_of(model.config, source)
+        if world is not None and self.family is not FAMILIES["llava"]:
+            raise ValueError(f"model.vlm={source}: world image tokens need a LLaVA-architecture model")
+        self.world = world
         self.model = model
         self.processor = processor
         self.tokenizer = ensure_pad_token(processor.tokenizer)
@@ -350,6 +326,7 @@ class Vlm(nn.Module):
         self.train_projector = bool(train_projector)
         self.source = source
         self._images = VlmImages(self)
+        self._fixed_prompt: dict[str, torch.Tensor] | None = None
         self.apply_trainable()
         self.train(self.training)
 
@@ -362,14 +339,15 @@ class Vlm(nn.Module):
         return next(self.model.parameters()).device
 
     @property
-    def encoder(self) -> VlmImages:
-        return self._images
+    def encoder(self) -> VlmImages | FeatureMapTokens:
+        """The processor's pre-processing (prompt ids and image inputs), or the world VLM's image tokens."""
+        return self.world if self.world is not None else self._images
 
     @property
     def cache_features(self) -> bool:
-        """Never: the frozen vision tower's outputs are many tokens per image (and the prompt is built with them), so
-        they are recomputed from ``pixel_values``."""
-        return False
+        """Only for the world VLM (5 frozen tokens per image); a VLM's own vision tower gives many tokens per image
+        (and the prompt is built with them), so they are recomputed from the pixel inputs."""
+        return self.world is not None
 
     @property
     def max_positions(self) -> int | None:
@@ -395,14 +373,23 @@ class Vlm(nn.Module):
     # ------------------------------------------------------------------------------------------------------------
 
     def lora_module(self, part: str) -> nn.Module:
-        """``"lm"``: the language model (without its head); ``"encoder"``: the vision tower."""
+        """``"lm"``: the language model (without its head); ``"encoder"``: the vision tower (the world VLM: its dual
+        encoder)."""
+        if part == "encoder" and self.world is not None:
+            return self.world.model
         return _path(self.model, self.family.language_model if part == "lm" else self.family.vision)
 
     def set_lora_module(self, part: str, module: nn.Module) -> None:
-        _set_path(self.model, self.family.language_model if part == "lm" else self.family.vision, module)
+        if part == "encoder" and self.world is not None:
+            self.world.model = module
+        else:
+            _set_path(self.model, self.family.language_model if part == "lm" else self.family.vision, module)
 
     def lora_default_targets(self, part: str) -> tuple[str, ...]:
-        """The family's attention and MLP projections of the part (module docstring)."""
+        """The family's attention and MLP projections of the part (module docstring); for the world VLM's dual
+        encoder every linear layer of its image side, as for ClipCap's."""
+        if part == "encoder" and self.world is not None:
+            return ()
         return self.family.lm_targets if part == "lm" else self.family.vision_targets
 
     def apply_trainable(self) -> None:
@@ -413,7 +400,10 @@ class Vlm(nn.Module):
         lora.train_part(lm, self.train_lm)
         if not lora.is_peft(lm):  # the head trains with a fully trained LM, never beside its adapters
             self.model.get_output_embeddings().requires_grad_(self.train_lm)
-        lora.train_part(self.lora_module("encoder"), self.train_encoder)
+        if self.world is not None:  # the placeholder vision tower stays frozen; the text side of the world's too
+            self.world.set_trainable(self.train_encoder)
+        else:
+            lora.train_part(self.lora_module("encoder"), self.train_encoder)
         _path(self.model, self.family.projector).requires_grad_(self.train_projector)
 
     def train(self, mode: bool = True) -> Vlm:
@@ -435,6 +425,7 @@ class Vlm(nn.Module):
             "train_lm": self.train_lm,
             "train_projector": self.train_projector,
             "source": self.source,
+            "world_source": self.world.source if self.world is not None else "",
         }
 
     # ------------------------------------------------------------------------------------------------------------
@@ -446,7 +437,13 @@ class Vlm(nn.Module):
 
     def image_features(self, batch: dict[str, Any]) -> torch.Tensor:
         """Projected image features ``(n, H)``, one row per image token of the batch's prompts, from the family's
-        image inputs; with gradient only when the vision tower or the projector trains."""
+        image inputs (the world VLM: from its image tokens, cached ``features`` or computed from ``pixel_values``);
+        with gradient only when the vision side or the projector trains."""
+        if self.world is not None:
+            tokens = encode_images(batch, self.world, self.train_encoder, self.device)  # (B, P, D)
+            projector = _path(self.model, self.family.projector)
+            feats = projector(tokens.to(next(projector.parameters()).dtype))  # (B, P, H)
+            return feats.reshape(-1, feats.shape[-1])  # (B*P, H)
         inputs = {k: batch[k].to(self.device) for k in self.family.image_inputs if batch.get(k) is not None}
         if "pixel_values" not in inputs:
             raise ValueError(
@@ -464,10 +461,15 @@ class Vlm(nn.Module):
     def prompt_of(self, batch: dict[str, Any]) -> Prompt:
         """The batch's :class:`Prompt`: prompt embeddings with the image features scattered into the image-token
         slots (as the model's own forward merges them) and ``generate``'s positions (module docstring)."""
-        if "prompt_ids" not in batch:
+        if "prompt_ids" in batch:
+            ids = batch["prompt_ids"].to(self.device)  # (B, P)
+            mask = batch["prompt_mask"].to(self.device)  # (B, P)
+        elif self.world is not None:  # a fixed number of image tokens: the same prompt for every image
+            n = len(batch["features"] if "features" in batch else batch["pixel_values"])
+            fixed = self.fixed_prompt()
+            ids, mask = (fixed[k].to(self.device).expand(n, -1) for k in ("prompt_ids", "prompt_mask"))
+        else:
             raise ValueError(f"model.kind=vlm: the batch has no prompt_ids (keys: {sorted(batch)})")
-        ids = batch["prompt_ids"].to(self.device)  # (B, P)
-        mask = batch["prompt_mask"].to(self.device)  # (B, P)
         embeds = self.embed_tokens(ids)  # (B, P, H)
         slots = ids == self.image_token_id  # (B, P)
         feats = self.image_features(batch)  # (n, H)
@@ -485,6 +487,16 @@ class Vlm(nn.Module):
             positions = torch.cat([text[None], rope.to(text.dtype)], dim=0)  # (4, B, P): text row first, as generate
             delta = deltas.view(-1).to(start)
         return Prompt(embeds, mask, positions, start, delta)
+
+    def fixed_prompt(self) -> dict[str, torch.Tensor]:
+        """The world VLM's prompt ``(1, P)`` (ids and mask), the same for every image: built once with the processor
+        on a blank image of the world's size."""
+        if self._fixed_prompt is None:
+            crop = self.world.image_processor.crop_size
+            blank = Image.new("RGB", (int(crop["width"]), int(crop["height"])))
+            self._fixed_prompt = {k: v[:1] for k, v in self._images.preprocess([blank]).items()
+                                  if k in ("prompt_ids", "prompt_mask")}  # fmt: skip
+        return self._fixed_prompt
 
     def _check_positions(self, prompt: Prompt, n_tokens: int, what: str) -> None:
         limit = self.max_positions
@@ -589,9 +601,13 @@ class Vlm(nn.Module):
         with lora.plain_parts(self):
             self.model.save_pretrained(out, state_dict=lora.plain_state(strip_prefix(state, "model.")))
         self.processor.save_pretrained(out)
+        vision = "world.model." if self.world is not None else f"model.{self.family.vision}."
         parts = {"lm": strip_prefix(state, f"model.{self.family.language_model}."),
-                 "encoder": strip_prefix(state, f"model.{self.family.vision}.")}  # fmt: skip
+                 "encoder": strip_prefix(state, vision)}  # fmt: skip
         meta = self.config_dict()
+        meta["world_saved"] = bool(self.world is not None and self.train_encoder)
+        if meta["world_saved"]:
+            lora.save_encoder(self.world, out / WORLD_DIR, parts["encoder"])
         meta["lora"] = lora.save_adapters(self, out, parts)
         write_json(out / CONFIG_NAME, meta)
         return out
@@ -609,26 +625,38 @@ class Vlm(nn.Module):
 
     @staticmethod
     def reads_world_encoder(model_cfg: Any) -> bool:
-        """Never: a VLM brings its own vision tower (``model.encoder`` is not read)."""
-        return False
+        """The world VLM (``model.vlm=world-tiny``) reads the world encoder when ``model.encoder=world``; a VLM
+        otherwise brings its own vision tower (``model.encoder`` is not read)."""
+        return model_cfg.vlm == WORLD_VLM and model_cfg.encoder == "world"
 
     @staticmethod
-    def external_encoder(meta: dict[str, Any]) -> None:
-        """Never: the vision tower is part of the saved model."""
-        return None
+    def external_encoder(meta: dict[str, Any]) -> str | None:
+        """The world VLM's frozen dual encoder (``world_source``); ``None`` when the folder holds the vision side."""
+        return None if meta.get("world_saved") else (meta.get("world_source") or None)
 
     @classmethod
     def from_checkpoint(cls, path: str | Path, load_encoder: bool = True) -> Vlm:
-        """Load a captioner written by :meth:`save` (the vision tower is always part of the folder, so
-        ``load_encoder`` changes nothing)."""
+        """Load a captioner written by :meth:`save` (``load_encoder=False``: a world VLM without the world encoder it
+        refers to, for cached image tokens; a VLM's own vision tower is always part of the folder)."""
         path = Path(path)
         if not (path / CONFIG_NAME).exists():
             raise FileNotFoundError(f"{path}: not a captioner checkpoint (no {CONFIG_NAME})")
         meta = read_json(path / CONFIG_NAME)
         model = AutoModelForImageTextToText.from_pretrained(path, dtype=torch.float32)
+        world = None
+        if meta.get("world_saved"):
+            world = FeatureMapTokens.from_pretrained(path / WORLD_DIR)
+        elif meta.get("world_source") and load_encoder:
+            try:
+                world = FeatureMapTokens.from_pretrained(meta["world_source"])
+            except OSError as e:
+                raise OSError(
+                    f"{path / CONFIG_NAME}: cannot load the world encoder {meta['world_source']!r} it refers to ({e})"
+                ) from None
         vlm = cls(model, load_processor(path), prompt=meta.get("prompt", DEFAULT_PROMPT),
                   train_encoder=meta["train_encoder"], train_lm=meta["train_lm"],
-                  train_projector=meta.get("train_projector", True), source=meta.get("source", ""))  # fmt: skip
+                  train_projector=meta.get("train_projector", True), source=meta.get("source", ""),
+                  world=world)  # fmt: skip
         if meta.get("lora"):
             lora.load_adapters(vlm, path, meta["lora"])
         return vlm
@@ -641,7 +669,22 @@ class Vlm(nn.Module):
 
 def build_vlm(cfg: Config) -> Vlm:
     """A VLM captioner from ``cfg.model`` (``model.kind=vlm``): ``model.vlm`` loaded by Hub name or path with its
-    processor, prompted with ``model.vlm_prompt``."""
+    processor, prompted with ``model.vlm_prompt``; ``model.vlm=world-tiny`` builds the world VLM (a LLaVA of
+    ``model.tiny_*`` sizes, random init, over the image tokens of ``model.encoder``: ``world`` = the trained world
+    encoder, or a dual-encoder path)."""
     m = cfg.model
-    return Vlm.from_pretrained(m.vlm, prompt=m.vlm_prompt, train_encoder=m.train_encoder, train_lm=m.train_lm,
-                               train_projector=m.vlm_train_projector)  # fmt: skip
+    kwargs = dict(prompt=m.vlm_prompt, train_encoder=m.train_encoder, train_lm=m.train_lm,
+                  train_projector=m.vlm_train_projector)  # fmt: skip
+    if m.vlm != WORLD_VLM:
+        return Vlm.from_pretrained(m.vlm, **kwargs)
+    source = world_encoder_path(cfg) if m.encoder == "world" else m.encoder
+    try:
+        world = FeatureMapTokens.from_pretrained(source)
+    except OSError as e:
+        raise OSError(f"model.encoder={m.encoder}: cannot load the vision encoder: {e}") from None
+    image_size = int(world.image_processor.crop_size["height"])
+    n_tokens, width = world.token_shape(image_size)
+    positions = 64 + max(cfg.data.max_tokens, cfg.decode.max_length)  # the prompt (~25 tokens) and the caption
+    model, processor = world_vlm(width, n_tokens, world.image_processor, layers=m.tiny_layers, hidden=m.tiny_hidden,
+                                 heads=m.tiny_heads, positions=positions)  # fmt: skip
+    return Vlm(model, processor, source=WORLD_VLM, world=world, **kwargs)

@@ -1,0 +1,52 @@
+"""Loading a VLM's processor (``AutoProcessor``), also where ``transformers`` cannot build its video processor.
+
+Without ``torchvision``, ``transformers`` cannot build the video processor that Qwen2-VL's processor class requires
+(its class check and ``AutoVideoProcessor`` both need it), although captioning never touches videos:
+:func:`load_processor` then builds the family's processor class without its video processor
+(:func:`image_only_processor`).
+"""
+
+from __future__ import annotations
+
+import functools
+from pathlib import Path
+from typing import Any
+
+import transformers
+from transformers import AutoConfig, AutoProcessor
+from transformers.utils import is_torchvision_available
+
+
+@functools.cache
+def image_only_processor(cls: type) -> type:
+    """``cls`` (a processor class such as ``Qwen2VLProcessor``) without its ``video_processor``: what
+    :func:`load_processor` builds when ``transformers`` cannot make the video processor (no ``torchvision``).
+
+    Not a re-implementation: the subclass only drops ``video_processor`` from the attributes that
+    ``ProcessorMixin`` checks, saves and loads; the family's own ``__call__`` (chat template, image-token expansion,
+    image processor) runs unchanged, and its folders keep the class name, so ``AutoProcessor`` reads them where
+    ``torchvision`` is installed."""
+
+    @classmethod
+    def get_attributes(sub: type) -> list[str]:
+        return [a for a in cls.get_attributes() if a != "video_processor"]
+
+    return type(cls.__name__, (cls,), {"get_attributes": get_attributes, "video_processor": None,
+                                       "__module__": cls.__module__, "__doc__": cls.__doc__})  # fmt: skip
+
+
+def load_processor(name_or_path: str | Path) -> Any:
+    """``AutoProcessor.from_pretrained``; without ``torchvision``, a processor whose class needs a video processor is
+    built without one (:func:`image_only_processor`)."""
+    name = str(name_or_path)
+    try:
+        return AutoProcessor.from_pretrained(name)
+    except (ImportError, OSError, ValueError):
+        if is_torchvision_available():
+            raise
+        model_type = AutoConfig.from_pretrained(name).model_type
+        class_name = transformers.models.auto.processing_auto.PROCESSOR_MAPPING_NAMES.get(model_type)
+        cls = getattr(transformers, class_name, None) if class_name else None
+        if cls is None or "video_processor" not in cls.get_attributes():
+            raise
+        return image_only_processor(cls).from_pretrained(name)
