@@ -3,8 +3,13 @@
 
 from __future__ import annotations
 
+import contextlib
+import importlib.util
+import io
 import json
 import math
+import random
+import shutil
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,8 +23,9 @@ from finecap import registry
 from finecap.app.cli import main as cli
 from finecap.app.eval import main as eval_main
 from finecap.config import WorldConfig, load
-from finecap.data.formats import write_results
+from finecap.data.formats import DataError, Record, write_results
 from finecap.data.references import detect_format, load_references
+from finecap.metrics.cocoeval import COCO_NAMES, COCOEvalCap
 from finecap.metrics.diversity import set_diversity
 from finecap.metrics.suite import METRICS, evaluate, parse_metrics
 from finecap.models.presets import tiny_clip_config
@@ -27,6 +33,17 @@ from finecap.models.retriever import Retriever
 from finecap.models.tokenizer import world_tokenizer
 from finecap.world.make import make_world
 from finecap.world.scene import Obj, Scene
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _coco_like():
+    """benchmarks/coco_like.py: seeded COCO-like raw captions written as COCO files."""
+    spec = importlib.util.spec_from_file_location("coco_like", ROOT / "benchmarks" / "coco_like.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
 
 # --------------------------------------------------------------------------------------------------------------------
 # Registry and text metrics
@@ -275,14 +292,213 @@ def test_eval_command_unknown_metric_and_missing_ids(world, tmp_path, capsys):
     assert "not in the references" in capsys.readouterr().err
 
 
-def test_default_metrics_skip_what_cannot_run(world, tmp_path, capsys):
+def test_default_metrics_follow_what_a_world_holds(world, tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("FINECAP_METEOR_JAR", str(tmp_path / "missing.jar"))  # no METEOR here: said, not an error
     refs = load_references(load(), world, split="val")
     write_results(tmp_path / "r.json", {r.image_id: "a red circle" for r in refs.records})
-    # eval.metrics = length, faithfulness, perplexity: perplexity has no eval.lm -> skipped with a note
+    out = eval_main(load(), predictions=tmp_path / "r.json", references=world)
+    notes = capsys.readouterr().out
+    # caption metrics, text statistics and the world's faithfulness; image metrics need a retriever: none trained
+    assert list(out)[:6] == ["BLEU-1", "BLEU-2", "BLEU-3", "BLEU-4", "ROUGE-L", "CIDEr-D"]
+    assert {"Length", "Vocab usage", "faith/precision"} <= set(out) and "CLIPScore" not in out
+    assert "skipping meteor: meteor-1.5.jar not found" in notes
+    assert "skipping clipscore, retrieval: the world encoder is not trained" in notes
+
+
+def test_metrics_asked_for_that_cannot_run_name_the_option(world, tmp_path):
+    refs = load_references(load(), world, split="val")
+    write_results(tmp_path / "r.json", {r.image_id: "a red circle" for r in refs.records})
     cfg = load(None, ["eval.metrics=[length,faithfulness,perplexity]"])
-    out = eval_main(cfg, predictions=tmp_path / "r.json", references=world, out=tmp_path / "e.json")
-    assert "skipping perplexity: eval.lm is not set" in capsys.readouterr().out
-    assert set(out) >= {"Length", "faith/precision"} and "perplexity" not in out
+    with pytest.raises(ValueError, match=r"^eval\.metrics: metric 'perplexity' cannot run here: .*set eval\.lm="):
+        eval_main(cfg, predictions=tmp_path / "r.json", references=world)
+    with pytest.raises(ValueError, match=r"^--metrics: metric 'diversity' cannot run here: .*several captions"):
+        eval_main(cfg, predictions=tmp_path / "r.json", references=world, metrics="bleu,diversity")
+
+
+def _id_only_coco(tmp_path: Path, n: int = 40, seed: int = 3) -> tuple[Path, Path]:
+    """COCO files whose images carry only an id (no file_name, no image files), COCO-like raw captions."""
+    refs, res = _coco_like().write_coco(tmp_path / "coco", n, seed)
+    data = json.loads(refs.read_text())
+    data["images"] = [{"id": img["id"]} for img in data["images"]]
+    refs = refs.with_name("captions_val2014.json")
+    refs.write_text(json.dumps(data))
+    return refs, res
+
+
+def test_id_only_coco_references_give_the_caption_metrics_first_time(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("FINECAP_METEOR_JAR", str(tmp_path / "missing.jar"))
+    refs, res = _id_only_coco(tmp_path)
+    assert cli(["eval", "--predictions", str(res), "--references", str(refs), "--out", str(tmp_path / "e.json")]) == 0
+    out = json.loads((tmp_path / "e.json").read_text())
+    assert [k for k in out if k in COCO_NAMES] == ["BLEU-1", "BLEU-2", "BLEU-3", "BLEU-4", "ROUGE-L", "CIDEr-D"]
+    assert "CLIPScore" not in out and "faith/precision" not in out
+    printed = capsys.readouterr().out
+    assert "skipping clipscore, retrieval: it needs the image files" in printed
+    assert "names its images by id only, without 'file_name'" in printed and "data.images" not in printed
+    # an image metric asked for by name: an error naming --metrics (exit 2), not data.images
+    assert cli(["eval", "--predictions", str(res), "--references", str(refs), "--metrics", "bleu,clipscore"]) == 2
+    err = capsys.readouterr().err
+    assert "--metrics: metric 'clipscore' cannot run here: it needs the image files, but 40 of 40 image" in err
+    assert "--images DIR" in err and "data.images" not in err
+    assert cli(["eval", "--predictions", str(res), "--references", str(refs), "eval.metrics=[clipscore]"]) == 2
+    assert "eval.metrics: metric 'clipscore' cannot run here" in capsys.readouterr().err
+
+
+def test_format_coco_and_per_image_equal_the_drop_in_cocoevalcap(tmp_path, capsys):
+    # Without Java: the three n-gram metrics against finecap.metrics.COCOEvalCap (itself compared with pycocoevalcap
+    # in tests/metrics/test_cocoeval.py); with Java, the whole default set against pycocoevalcap below.
+    refs, res = _id_only_coco(tmp_path)
+    argv = ["eval", "--predictions", str(res), "--references", str(refs), "--metrics", "bleu,rouge,cider", "--format",
+            "coco", "--out", str(tmp_path / "e.json"), "--per-image", str(tmp_path / "items.json")]  # fmt: skip
+    assert cli(argv) == 0
+    printed = json.loads(capsys.readouterr().out)
+    ref = COCOEvalCap(str(refs), str(res), metrics=("bleu", "rouge", "cider"))
+    ref.evaluate()
+    assert printed == json.loads((tmp_path / "e.json").read_text())
+    assert list(printed) == list(ref.eval) == ["Bleu_1", "Bleu_2", "Bleu_3", "Bleu_4", "ROUGE_L", "CIDEr"]
+    assert printed == pytest.approx(ref.eval, rel=1e-12)
+    items = json.loads((tmp_path / "items.json").read_text())
+    assert [x["image_id"] for x in items] == list(ref.imgToEval)
+    for x in items:
+        assert x == pytest.approx(ref.imgToEval[x["image_id"]], rel=1e-9, abs=1e-12)
+    # finecap's own names with the other formats, in the per-image file too
+    assert cli([*argv[:-6], "--format", "json", "--per-image", str(tmp_path / "items2.json")]) == 0
+    assert list(json.loads(capsys.readouterr().out)) == ["BLEU-1", "BLEU-2", "BLEU-3", "BLEU-4", "ROUGE-L", "CIDEr-D"]
+    assert set(json.loads((tmp_path / "items2.json").read_text())[0]) == {"image_id", "BLEU-1", "BLEU-2", "BLEU-3",
+                                                                           "BLEU-4", "ROUGE-L", "CIDEr-D"}  # fmt: skip
+
+
+class _NoSpice:
+    """Stands in for pycocoevalcap's Spice when its Stanford CoreNLP jars are missing (pycocoevalcap would download
+    them; no network here): finecap then leaves SPICE out, and so does the comparison."""
+
+    def compute_score(self, gts, res):
+        return 0.0, [0.0] * len(res)
+
+    def method(self):
+        return "SPICE"
+
+
+@pytest.mark.java
+@pytest.mark.skipif(shutil.which("java") is None, reason="pycocoevalcap's tokenizer and METEOR need Java")
+def test_format_coco_keys_and_values_equal_pycocoevalcap(tmp_path, capsys, monkeypatch):
+    import pycocoevalcap.eval as reference
+    from pycocotools.coco import COCO
+
+    from finecap.metrics.spice import spice_unavailable_reason
+
+    refs, res = _id_only_coco(tmp_path, n=30, seed=5)
+    spice_missing = spice_unavailable_reason() is not None
+    if spice_missing:
+        monkeypatch.setattr(reference, "Spice", _NoSpice)
+    with contextlib.redirect_stdout(io.StringIO()):  # pycocoevalcap's example flow (it prints as it goes)
+        coco = COCO(str(refs))
+        coco_result = coco.loadRes(str(res))
+        ref = reference.COCOEvalCap(coco, coco_result)
+        ref.params["image_id"] = coco_result.getImgIds()
+        ref.evaluate()
+    expected = {k: v for k, v in ref.eval.items() if not (spice_missing and k == "SPICE")}
+    argv = ["eval", "--predictions", str(res), "--references", str(refs), "--format", "coco", "--per-image",
+            str(tmp_path / "items.json")]  # fmt: skip
+    assert cli(argv) == 0
+    out = capsys.readouterr()
+    printed = json.loads(out.out)
+    assert list(printed) == list(expected)  # Bleu_1 .. Bleu_4, METEOR, ROUGE_L, CIDEr (and SPICE with its jars)
+    assert printed == pytest.approx(expected, rel=1e-9, abs=1e-12)
+    assert ("skipping spice" in out.err) == spice_missing
+    items = json.loads((tmp_path / "items.json").read_text())
+    assert [x["image_id"] for x in items] == list(ref.imgToEval)
+    for x in items:
+        want = {k: v for k, v in ref.imgToEval[x["image_id"]].items() if k in expected or k == "image_id"}
+        assert x == pytest.approx(want, rel=1e-9, abs=1e-12)
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# Duplicate image ids: an error naming them, or merged where the format means it (COCO annotations)
+# --------------------------------------------------------------------------------------------------------------------
+
+
+def test_duplicate_reference_ids_are_named(tmp_path):
+    karpathy = {"images": [{"filename": f"{i}.jpg", "split": "test", "cocoid": i, "sentences": [{"raw": f"a {i}"}]}
+                           for i in (7, 8, 7, 9, 8)]}  # fmt: skip
+    (tmp_path / "dataset_coco.json").write_text(json.dumps(karpathy))
+    with pytest.raises(DataError, match=r"2 image id\(s\) appear in several images: id 7 in images\[0, 2\]; "
+                                        r"id 8 in images\[1, 4\]"):  # fmt: skip
+        load_references(load(), tmp_path / "dataset_coco.json")
+    coco = {"images": [{"id": 1}, {"id": 1}], "annotations": [{"image_id": 1, "caption": "a"}]}
+    (tmp_path / "captions_val.json").write_text(json.dumps(coco))
+    with pytest.raises(DataError, match=r"images\[1\]: duplicate image id 1"):
+        load_references(load(), tmp_path / "captions_val.json")
+    (tmp_path / "refs.jsonl").write_text("".join(json.dumps({"id": 3, "image": f"{k}.png", "captions": ["a"]}) + "\n"
+                                                 for k in range(2)))  # fmt: skip
+    with pytest.raises(DataError, match=r"line 2: duplicate image id 3"):
+        load_references(load(), tmp_path / "refs.jsonl")
+
+
+def test_duplicate_ids_from_any_reader_are_named(tmp_path, monkeypatch):
+    # a reader that does not check (a Hugging Face data set, say): load_references checks every format
+    from finecap.data import references
+
+    records = [Record(5, tmp_path / "a.png", "test", ["a cat"]), Record(5, tmp_path / "b.png", "test", ["a dog"])]
+    monkeypatch.setattr(references, "read_records", lambda *a, **k: records)
+    (tmp_path / "x.jsonl").write_text("")
+    with pytest.raises(
+        DataError, match=r"x\.jsonl: 1 image id\(s\) appear in several records: id 5 in records\[0, 1\]"
+    ):
+        load_references(load(), tmp_path / "x.jsonl")
+
+
+def test_coco_annotations_of_one_image_are_its_references_as_pycocotools_groups_them(tmp_path, capsys):
+    from pycocotools.coco import COCO
+
+    refs, res = _id_only_coco(tmp_path, n=12, seed=2)
+    data = json.loads(refs.read_text())
+    rng = random.Random(0)
+    rng.shuffle(data["annotations"])  # one image's annotations anywhere in the file, as COCO has them
+    refs.write_text(json.dumps(data))
+    with contextlib.redirect_stdout(io.StringIO()):
+        grouped = COCO(str(refs)).imgToAnns
+    loaded = load_references(load(), refs).captions()
+    assert loaded == {i: [a["caption"].strip() for a in grouped[i]] for i in loaded}
+    assert all(len(c) == 5 for c in loaded.values())
+    argv = [
+        "eval",
+        "--predictions",
+        str(res),
+        "--references",
+        str(refs),
+        "--metrics",
+        "bleu,cider",
+        "--format",
+        "coco",
+    ]
+    assert cli(argv) == 0
+    ref = COCOEvalCap(str(refs), str(res), metrics=("bleu", "cider"))
+    ref.evaluate()
+    assert json.loads(capsys.readouterr().out) == pytest.approx(ref.eval, rel=1e-12)
+
+
+def test_duplicate_prediction_ids_are_refused_as_pycocoevalcap_does_unless_they_are_samples(tmp_path, capsys):
+    from pycocoevalcap.bleu.bleu import Bleu
+
+    # pycocoevalcap: loadRes keeps both captions, then every scorer asserts one caption per image
+    with pytest.raises(AssertionError):
+        Bleu(4).compute_score({1: ["a red circle"]}, {1: ["a red circle", "a blue circle"]})
+    refs, res = _id_only_coco(tmp_path, n=6, seed=1)
+    rows = json.loads(res.read_text())
+    res.write_text(json.dumps([*rows, rows[2], {"image_id": rows[4]["image_id"], "caption": "another one"}]))
+    assert cli(["eval", "--predictions", str(res), "--references", str(refs), "--metrics", "bleu"]) == 2
+    err = capsys.readouterr().err
+    assert f"2 image id(s) have several captions, e.g. [{rows[2]['image_id']}, {rows[4]['image_id']}]" in err
+    assert "--metrics diversity" in err
+    # asked for diversity (every image sampled twice): an image's captions are its samples, the first is scored
+    res.write_text(json.dumps([*rows, *({**r, "caption": r["caption"].upper() + " again"} for r in rows)]))
+    assert cli(["eval", "--predictions", str(res), "--references", str(refs), "--metrics", "bleu,diversity",
+                "--format", "json"]) == 0  # fmt: skip
+    out = json.loads(capsys.readouterr().out)
+    first = evaluate({r["image_id"]: r["caption"] for r in rows}, load_references(load(), refs).captions(),
+                     metrics="bleu")  # fmt: skip
+    assert out["BLEU-4"] == pytest.approx(first["BLEU-4"]) and 0 < out["Div-1"] <= 1
 
 
 def test_bags_build_and_clip_metrics_end_to_end(world, clip_dir, tmp_path, capsys):

@@ -218,7 +218,7 @@ class ModelConfig:
     blip: str = doc("world-tiny", "kind=blip: a BlipForConditionalGeneration name/path, or 'world-tiny' (world BLIP).")
     vlm: str = doc(
         "HuggingFaceTB/SmolVLM-256M-Instruct",
-        "kind=vlm: an AutoModelForImageTextToText name/path with its processor (LLaVA, Idefics3/SmolVLM, Qwen2-VL).",
+        "kind=vlm: an AutoModelForImageTextToText name/path (LLaVA, Idefics3/SmolVLM, Qwen2-VL), or 'world-tiny'.",
     )
     vlm_prompt: str = doc("Describe the image.", "kind=vlm: the user's text after the image in the chat prompt.")
     vlm_train_projector: bool = doc(
@@ -316,7 +316,9 @@ class DecodeConfig:
 
 @dataclass
 class EvalConfig:
-    metrics: list[str] = doc(["length", "vocab", "faithfulness", "retrieval"], "Metric groups to compute.")
+    metrics: list[str] = doc(
+        [], "Metric groups of finecap eval; empty = what the references allow (caption metrics; image, world metrics)."
+    )
     n_distractors: int = doc(99, "Random distractors per image for RD-N self-retrieval.")
     draws: int = doc(3, "Random-distractor draws averaged.")
     bag_sizes: list[int] = doc([3, 5, 7], "Bag sizes for TrueMatch-style bag retrieval.")

@@ -113,6 +113,7 @@ def cmd_eval(args: argparse.Namespace) -> None:
         out=args.out,
         split=args.split,
         fmt=args.format,
+        per_image=args.per_image,
     )
 
 
@@ -268,10 +269,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--references", required=True, help="references (Karpathy/COCO/JSONL/world/Hugging Face data set)")
     p.add_argument("--images", default=None, help="image root for relative paths")
     p.add_argument("--bags", default=None, help="bags JSON from `finecap bags build`")
-    p.add_argument("--metrics", default=None, help="comma-separated metric names (default: eval.metrics)")
+    p.add_argument("--metrics", default=None, help="comma-separated metric names (default: eval.metrics, or what the "
+                   "references allow: caption metrics always, image metrics when the images resolve, see "
+                   "docs/evaluation.md)")  # fmt: skip
     p.add_argument("--split", default=None, help="restrict references to this split")
     p.add_argument("--out", default=None, help="also write {metric: value} to this JSON file")
-    p.add_argument("--format", choices=("table", "json"), default="table", help="stdout: Markdown table or JSON")
+    p.add_argument("--format", choices=("table", "json", "coco"), default="table", help="stdout: Markdown table, "
+                   "JSON, or JSON with pycocoevalcap's names (Bleu_4, CIDEr, ...)")  # fmt: skip
+    p.add_argument("--per-image", default=None, metavar="FILE", help="also write per-image scores (like "
+                   "COCOEvalCap.imgToEval) to this JSON file")  # fmt: skip
 
     bags = _group(sub, "bags", "TrueMatch-style bags")
     p = _add(bags, "build", cmd_bags_build, "Build bags of similar images (NDLB Algorithms 1-2).")

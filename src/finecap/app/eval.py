@@ -1,36 +1,55 @@
-"""``finecap eval``: score a COCO results file against a reference data set, print a table, write JSON.
+"""``finecap eval``: score a COCO results file against a reference data set, print the scores, write JSON.
 
-``finecap eval --predictions results.json --references DATA [--images DIR] [--bags bags.json] [--metrics ...]
-[--out eval.json] [--format table|json]`` calls :func:`main`, which reads the files and calls
-:func:`finecap.metrics.suite.evaluate` (the metric groups and their keys are listed there).
+``finecap eval --predictions results.json --references DATA [--metrics ...] [--images DIR] [--bags bags.json]
+[--split S] [--format table|json|coco] [--out scores.json] [--per-image items.json]`` calls :func:`main`, which reads
+the files and calls :func:`finecap.metrics.suite.evaluate_items` (the metric groups and their keys are listed there).
 
-- Output: a Markdown table on stdout (``--format table``, default), or only the JSON ``{metric: value}`` on stdout
-  (``--format json``, for scripts: notes then go to stderr); ``--out`` also writes that JSON to a file.
-
+- Metrics (:func:`default_metrics`): ``--metrics a,b`` or ``eval.metrics`` when given, else the groups the
+  references and this machine allow: the caption metrics always (``bleu``, ``meteor`` when Java and its jar are
+  present, ``rouge``, ``cider``, ``spice`` when its jars are: pycocoevalcap's five), ``length`` and ``vocab``,
+  image metrics (``clipscore``, ``retrieval``; ``bags`` with ``--bags``) when every image file of the references
+  exists and a retriever is known (``retriever.checkpoint``, or the world's trained encoder), the world's
+  ``faithfulness`` on a world, ``perplexity`` when ``eval.lm`` is set. What is left out is said in one note each. A
+  group asked for by name that cannot run here is an error naming ``--metrics`` (or ``eval.metrics``) and why.
+- Output: a Markdown table on stdout (``--format table``, default), or only the JSON ``{metric: value}``
+  (``--format json``, for scripts; notes go to stderr), or that JSON with pycocoevalcap's names (``--format coco``:
+  ``Bleu_1`` .. ``Bleu_4``, ``METEOR``, ``ROUGE_L``, ``CIDEr``, ``SPICE``, the keys of ``COCOEvalCap.eval``; by
+  default only those five groups). ``--out`` also writes that JSON to a file. ``--per-image FILE`` writes the
+  per-image scores of the caption metrics as a JSON list of ``{"image_id": id, metric: score, ...}``, one per image
+  in the references' order: ``COCOEvalCap.evalImgs`` (the values of ``imgToEval``), with the names of ``--format``.
 - References: the format is detected from the file (:func:`finecap.data.references.detect_format`; a world also
-  brings its scene graphs for ``faithfulness``).
-- Predictions (:func:`finecap.data.formats.read_results`): an image listed several times has several samples; its
-  first caption is its prediction for every metric, and all of them form its ``samples`` for the ``diversity``
-  group. pycocoevalcap would reject such a file (its scorers assert one caption per image); the command says how
-  many images it found with several captions, so an accidental duplicate does not go unnoticed.
-- Start-up: with text-only metrics (n-gram, length, vocabulary, diversity, faithfulness) nothing imports torch or
-  transformers; image metrics load the retriever when they run.
+  brings its scene graphs). An image id in several records of the references is an error naming the ids; COCO
+  annotations of one ``image_id`` are that image's references (as pycocotools groups them).
+- Predictions (:func:`finecap.data.formats.read_results`): an image listed several times is an error naming the ids
+  (pycocoevalcap's scorers assert one caption per image), unless the ``diversity`` group is asked for by name: an
+  image's captions are then its samples, and its first caption is what the other groups score.
+- Start-up: with text-only metrics nothing imports torch or transformers; image metrics load the retriever when
+  they run.
 """
 
 from __future__ import annotations
 
 import json
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Literal
 
 from finecap.config import Config
-from finecap.data.formats import DataError, read_bags, read_results
-from finecap.data.references import load_references
-from finecap.metrics.suite import IMAGE_METRICS, evaluate, parse_metrics
+from finecap.data.formats import MAX_LISTED, DataError, read_bags, read_results
+from finecap.data.references import LoadedReferences, load_references, missing_images
+from finecap.metrics.cocoeval import COCO_NAMES
+from finecap.metrics.suite import IMAGE_METRICS, evaluate_items, parse_metrics
 from finecap.report.table import markdown_table
 from finecap.utils import write_json
+
+Format = Literal["table", "json", "coco"]
+FORMATS = ("table", "json", "coco")
+
+CAPTION_METRICS = ("bleu", "meteor", "rouge", "cider", "spice")
+"""pycocoevalcap's scorers, in its order: the default of every evaluation (METEOR and SPICE when they can run)."""
+TEXT_METRICS = ("length", "vocab")
+"""Descriptive statistics of the captions, in the default set of the table and JSON formats."""
 
 
 def main(
@@ -43,77 +62,148 @@ def main(
     metrics: str | Sequence[str] | None = None,
     out: str | Path | None = None,
     split: str | None = None,
-    fmt: Literal["table", "json"] = "table",
+    fmt: Format = "table",
+    per_image: str | Path | None = None,
 ) -> dict[str, float]:
-    """Score ``predictions`` (COCO results) against ``references``; print a table (``fmt="table"``) or the JSON
-    ``{metric: value}`` (``fmt="json"``, notes to stderr) and write that JSON to ``out`` when given.
+    """Score ``predictions`` (COCO results) against ``references``; print the scores in ``fmt``, write them to
+    ``out`` and the per-image scores to ``per_image`` when given (module docstring). Returns the printed
+    ``{metric: value}`` (pycocoevalcap's names with ``fmt="coco"``).
 
-    ``metrics`` default to ``eval.metrics``; then groups whose inputs are absent (faithfulness without scene graphs,
-    bags without ``--bags``, diversity without several captions per image, perplexity without ``eval.lm``) are
-    skipped with a note, whereas explicitly asked-for groups raise an error naming what is missing. Without
-    ``split``, the retrieval pool is the split of the predicted images (or every referenced image when they span
-    several splits).
+    Without ``split`` the retrieval pool is the split of the predicted images (or every referenced image when they
+    span several splits).
     """
-    if fmt not in ("table", "json"):
-        raise ValueError(f"--format: expected 'table' or 'json', got {fmt!r}")
+    if fmt not in FORMATS:
+        raise ValueError(f"--format: expected one of {', '.join(FORMATS)}, got {fmt!r}")
     note = print if fmt == "table" else lambda *a: print(*a, file=sys.stderr)
-    explicit = metrics is not None
-    names = parse_metrics(metrics, cfg.eval.metrics)
+    source = "--metrics" if metrics is not None else "eval.metrics" if cfg.eval.metrics else None
+    asked = parse_metrics(metrics, cfg.eval.metrics) if source else None
     results = read_results(predictions)
-    preds = {i: caps[0] for i, caps in results.items()}
-    repeated = sum(len(caps) > 1 for caps in results.values())
+    repeated = [i for i, caps in results.items() if len(caps) > 1]
+    if repeated and "diversity" not in (asked or ()):
+        raise DataError(
+            f"{predictions}: {len(repeated)} image id(s) have several captions, e.g. {repeated[:MAX_LISTED]}; "
+            "pycocoevalcap's scorers take one caption per image. Keep one per image, or ask for the diversity group "
+            "(--metrics diversity,...) to use them as samples (the first caption of each image is then scored)"
+        )
     samples = results if repeated else None
     if repeated:
-        note(f"{repeated} image(s) have several captions: the first is scored, all of them are diversity samples")
+        note(f"{len(repeated)} image(s) have several captions: the first is scored, all of them are diversity samples")
     bag_data = read_bags(bags) if bags is not None else None
-    needs_images = any(n in IMAGE_METRICS for n in names)
-    refs = load_references(cfg, references, split=split, images=images, check_images=needs_images)
+    refs = load_references(cfg, references, split=split, images=images)
     by_id = {r.image_id: r for r in refs.records}
-    missing = [i for i in preds if i not in by_id]
+    missing = [i for i in results if i not in by_id]
     if missing:
         where = f" (split {split!r})" if split else ""
         raise DataError(
             f"{predictions}: {len(missing)} predicted image id(s) are not in the references {refs.path}{where}, "
-            f"e.g. {missing[:5]}"
+            f"e.g. {missing[:MAX_LISTED]}"
         )
     # pycocoevalcap's order (loadRes keeps the reference file's image order): its tokenizer reads captions as
     # consecutive lines, and a caption's last token can depend on the next line (finecap.metrics.ptb_tokenize)
-    preds = {r.image_id: preds[r.image_id] for r in refs.records if r.image_id in preds}
+    preds = {r.image_id: results[r.image_id][0] for r in refs.records if r.image_id in results}
     pool = refs.records
     if split is None:
         splits = {by_id[i].split for i in preds}
         if len(splits) == 1:
             pool = [r for r in refs.records if r.split in splits]
-    if not explicit:
-        reasons = {
-            "faithfulness": None if refs.scenes else "no scene graphs (not a world data set)",
-            "listener": None if refs.scenes else "no scene graphs (not a world data set)",
-            "bags": None if bag_data else "no --bags file",
-            "diversity": None if samples else "one caption per image (diversity needs several)",
-            "perplexity": None if cfg.eval.lm else "eval.lm is not set",
-        }
-        for name in [n for n in names if reasons.get(n)]:
-            note(f"skipping {name}: {reasons[name]}")
-            names.remove(name)
-        if not names:
-            raise ValueError("none of the metrics of eval.metrics can be computed here; pass --metrics")
-    result = evaluate(
+    why_not = _reasons(cfg, refs, pool, samples=samples, bags=bag_data)
+    if asked is not None:
+        names = asked
+        for name in names:
+            reason = why_not(name, True)
+            if reason:
+                raise ValueError(f"{source}: metric {name!r} cannot run here: {reason}")
+    else:
+        names, skipped = [], {}
+        for name in default_metrics(coco=fmt == "coco", world=refs.scenes is not None, bags=bag_data is not None,
+                                    lm=bool(cfg.eval.lm)):  # fmt: skip
+            reason = why_not(name, False)
+            if reason:
+                skipped.setdefault(reason, []).append(name)
+            else:
+                names.append(name)
+        for reason, left_out in skipped.items():
+            note(f"skipping {', '.join(left_out)}: {reason}")
+    result, items = evaluate_items(
         preds,
         refs.captions(),
         metrics=names,
-        images=pool if needs_images or "listener" in names else None,  # the listener's pool: the retriever's
+        images=pool if any(n in IMAGE_METRICS or n == "listener" for n in names) else None,  # the listener's pool
         scenes=refs.scenes,
         bags=bag_data,
         samples=samples,
         cfg=cfg,
+        per_image=per_image is not None,
     )
-    title = Path(predictions).name
+    rename = (lambda k: COCO_NAMES.get(k, k)) if fmt == "coco" else (lambda k: k)
+    result = {rename(k): v for k, v in result.items()}
     note(f"{len(preds)} images of {refs.path}" + (f" (split {split})" if split else ""))
-    if fmt == "json":
-        print(json.dumps(result, indent=1))
-    else:
+    if fmt == "table":
+        title = Path(predictions).name
         print(markdown_table({k: {title: v} for k, v in result.items()}, columns=[title], row_header="metric"))
+    else:
+        print(json.dumps(result, indent=1))
     if out is not None:
         write_json(out, result)
         note(f"wrote {out}")
+    if per_image is not None:
+        write_json(per_image, [{"image_id": i, **{rename(k): v for k, v in s.items()}} for i, s in items.items()])
+        note(f"wrote {per_image} (per-image scores of {len(items)} images)")
     return result
+
+
+def default_metrics(*, coco: bool, world: bool, bags: bool, lm: bool) -> list[str]:
+    """The metric groups ``finecap eval`` runs without ``--metrics`` / ``eval.metrics``, those that cannot run here
+    left out (module docstring): pycocoevalcap's five with ``coco``; else also the text statistics, the world's
+    faithfulness on a world, the image metrics (bags with a bags file) and perplexity when ``eval.lm`` is set."""
+    if coco:
+        return list(CAPTION_METRICS)
+    names = [*CAPTION_METRICS, *TEXT_METRICS]
+    names += ["faithfulness"] if world else []
+    names += ["clipscore", "retrieval"] + (["bags"] if bags else [])
+    return names + (["perplexity"] if lm else [])
+
+
+def _reasons(
+    cfg: Config, refs: LoadedReferences, pool: list, *, samples: dict | None, bags: dict | None
+) -> Callable[[str, bool], str | None]:
+    """``why_not(group, asked)``: why a metric group cannot run on these inputs here, or ``None``. ``asked``: the
+    group was asked for by name (its error then says all that is missing; the default set only needs a yes/no, and
+    does not load a model to find out)."""
+
+    def images(asked: bool) -> str | None:
+        reason = missing_images(pool, refs.path, first=not asked)
+        if reason:
+            return f"it needs the image files, but {reason}; pass the image folder with --images DIR"
+        if asked or cfg.retriever.checkpoint:
+            return None  # the retriever is loaded when the group runs (its errors name what is missing)
+        if refs.format != "world":
+            return "no retriever: set retriever.checkpoint (a CLIP model, e.g. openai/clip-vit-base-patch32)"
+        from finecap.models.world_encoder import encoder_dir  # torch: only for a world whose images resolve
+
+        if not (encoder_dir(cfg) / "encoder.json").exists():
+            return "the world encoder is not trained (finecap retriever train), and retriever.checkpoint is not set"
+        return None
+
+    def why_not(name: str, asked: bool) -> str | None:
+        if name == "meteor":
+            from finecap.metrics.meteor import meteor_unavailable_reason
+
+            return meteor_unavailable_reason()
+        if name == "spice":
+            from finecap.metrics.spice import spice_unavailable_reason
+
+            return spice_unavailable_reason()
+        if name in ("faithfulness", "listener") and refs.scenes is None:
+            return f"it needs scene graphs, which only a world has ({refs.path} is {refs.format})"
+        if name == "diversity" and samples is None:
+            return "it needs several captions per image in the predictions (samples)"
+        if name == "perplexity" and not cfg.eval.lm:
+            return "it needs a language model: set eval.lm=<causal LM name or path>"
+        if name == "bags" and bags is None:
+            return "it needs a bags file: pass --bags (from `finecap bags build`)"
+        if name in IMAGE_METRICS:
+            return images(asked)
+        return None
+
+    return why_not

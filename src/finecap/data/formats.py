@@ -211,9 +211,27 @@ def read_karpathy(path: str | Path, images: str | Path | None = None, check_imag
         records.append(
             Record(image_id, root / filepath / filename, split, _captions(texts, where), _boosted(img, where))
         )
+    check_unique_ids(records, path, "images")
     if check_images:
         _check_images(records, path, root)
     return records
+
+
+def check_unique_ids(records: list[Record], path: Path, what: str = "records") -> None:
+    """Raise :class:`DataError` naming the image ids that several ``records`` share: each image has one record
+    holding all its references, and which of two would be meant cannot be guessed."""
+    if len({r.image_id for r in records}) == len(records):
+        return
+    where: dict[int | str, list[int]] = {}
+    for k, r in enumerate(records):
+        where.setdefault(r.image_id, []).append(k)
+    dups = {i: ks for i, ks in where.items() if len(ks) > 1}
+    shown = "; ".join(f"id {i!r} in {what}[{', '.join(map(str, ks[:3]))}{', ...' if len(ks) > 3 else ''}]"
+                      for i, ks in list(dups.items())[:MAX_LISTED])  # fmt: skip
+    raise DataError(
+        f"{path}: {len(dups)} image id(s) appear in several {what}: {shown}"
+        f"{' ...' if len(dups) > MAX_LISTED else ''}; give each image one entry (with all its captions)"
+    )
 
 
 def read_world(path: str | Path, images: str | Path | None = None, check_images: bool = True) -> list[Record]:
@@ -374,8 +392,9 @@ def read_results(path: str | Path) -> dict[int | str, list[str]]:
     An image listed several times keeps every caption, in the order of the file: this is what pycocotools'
     ``COCO.loadRes`` does (it numbers every entry and ``imgToAnns[image_id]`` lists them all). Its caption scorers
     (pycocoevalcap's BLEU, ROUGE-L, CIDEr) then assert exactly one caption per image, so they reject such a file;
-    finecap's callers decide instead: ``finecap eval`` scores the first caption of each image and hands all of them
-    to the ``diversity`` group as samples (:mod:`finecap.app.eval`). An empty list gives ``{}``.
+    ``finecap eval`` refuses it too, naming the ids, unless the ``diversity`` group is asked for: an image's captions
+    are then its samples, and its first caption is scored by the other groups (:mod:`finecap.app.eval`). An empty
+    list gives ``{}``.
     """
     path = Path(path)
     data = _load_json(path)

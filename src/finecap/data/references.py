@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from finecap.data.formats import Record, hand_over_json, hf_options, read_dataset
+from finecap.data.formats import MAX_LISTED, Record, check_unique_ids, hand_over_json, hf_options, read_dataset
 from finecap.data.hf import is_hf_path, read_hf
 
 if TYPE_CHECKING:
@@ -75,7 +75,26 @@ class LoadedReferences:
     families: dict[Hashable, Any] | None = None
 
     def captions(self) -> dict[Hashable, list[str]]:
-        return {r.image_id: list(r.captions) for r in self.records}
+        return {r.image_id: r.captions for r in self.records}
+
+
+def missing_images(records: Sequence[Record], path: str | Path, first: bool = False) -> str | None:
+    """Why the images of ``records`` (read from ``path``) cannot be read, or ``None`` when every record has its
+    image (a file, or embedded bytes). ``first``: stop at the first missing image (a quick yes/no)."""
+    missing = []
+    for r in records:
+        if r.image_bytes is None and not r.path.is_file():
+            missing.append(r)
+            if first:
+                break
+    if not missing:
+        return None
+    how_many = f"{len(missing)} of {len(records)}" if not first else "some"
+    shown = ", ".join(str(r.path) for r in missing[:MAX_LISTED])
+    reason = f"{how_many} image files do not exist, e.g. {shown}"
+    if all(r.path.name == str(r.image_id) for r in missing[:MAX_LISTED]):  # COCO images listed by id only
+        reason += f" ({Path(path).name} names its images by id only, without 'file_name')"
+    return reason
 
 
 def detect_format(path: str | Path) -> tuple[str, Path]:
@@ -131,6 +150,7 @@ def load_references(
     root = images if images is not None else (cfg.data.images or None)
     options = hf_options(cfg) if fmt == "hf" else {}
     records = read_records(fmt, path, images=root, check_images=check_images, **options)
+    check_unique_ids(records, Path(path))  # every format: one record per image, never a silent replacement
     if split is not None:
         records = select_split(records, split, path)
     scenes = families = None

@@ -47,13 +47,14 @@ from finecap.metrics.meteor import MetricUnavailable
 from finecap.metrics.ngram import ngram_metrics
 from finecap.metrics.ptb_tokenize import tokenize_all
 
-__all__ = ["COCOEvalCap", "CaptionFile", "COCO_METRICS"]
+__all__ = ["COCOEvalCap", "CaptionFile", "COCO_METRICS", "COCO_NAMES"]
 
 COCO_METRICS = ("bleu", "meteor", "rouge", "cider", "spice")
 """Scorer names accepted by ``COCOEvalCap(metrics=...)``, in pycocoevalcap's order."""
 
-_NAMES = {"BLEU-1": "Bleu_1", "BLEU-2": "Bleu_2", "BLEU-3": "Bleu_3", "BLEU-4": "Bleu_4", "ROUGE-L": "ROUGE_L"}
-_NAMES["CIDEr-D"] = "CIDEr"
+COCO_NAMES = {"BLEU-1": "Bleu_1", "BLEU-2": "Bleu_2", "BLEU-3": "Bleu_3", "BLEU-4": "Bleu_4", "METEOR": "METEOR",
+              "ROUGE-L": "ROUGE_L", "CIDEr-D": "CIDEr", "SPICE": "SPICE"}  # fmt: skip
+"""finecap's metric keys -> pycocoevalcap's (``COCOEvalCap.eval``; ``finecap eval --format coco``)."""
 
 
 class CaptionFile:
@@ -153,8 +154,8 @@ class COCOEvalCap:
         if ngram:
             wanted = {"bleu": "bleu", "rouge": "rouge_l", "cider": "cider_d"}
             c, p = ngram_metrics(res, gts, [wanted[m] for m in ngram])
-            corpus.update({_NAMES[k]: v for k, v in c.items()})
-            per = {i: {_NAMES[k]: v for k, v in p[i].items()} for i in img_ids}
+            corpus.update({COCO_NAMES[k]: v for k, v in c.items()})
+            per = {i: {COCO_NAMES[k]: v for k, v in p[i].items()} for i in img_ids}
         for name in ("meteor", "spice"):
             if name in self.metrics:
                 c, p = _java_metric(name, res, gts)

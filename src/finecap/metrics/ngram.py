@@ -161,8 +161,10 @@ def _encode(
         words, vocab_words = coded
         vocab = dict(zip(vocab_words, range(len(vocab_words))))
         vocab.setdefault(_SENTINEL, len(vocab))
-        if flags is not None and sep is None:
-            flags["space_split"] = _single_spaced(joined)
+        if flags is not None and sep is None:  # T tokens, T - 1 gaps: single spaces iff T - 1 spaces, no other
+            flags["space_split"] = (joined != "" and joined[0] != " " and joined[-1] != " "
+                                    and joined.count(" ") == len(words) - 1
+                                    and not any(c in joined for c in _OTHER_ASCII_WS))  # fmt: skip
     elif fast:
         tokens = joined.split(sep) if S else []
         if flags is not None and sep is None:
@@ -468,6 +470,7 @@ class _RefIndex:
         self.tf = np.concatenate(tfs) if cider else None  # (rows, R)
         self.idf = np.concatenate(idfs) if cider else None  # (n-grams of all orders,)
         self._extra = extra
+        self._extra_match: tuple[np.ndarray, tuple[np.ndarray, np.ndarray]] | None = None  # (img, _match of extra)
         self._extra_counts = self._merge(extra_counts) if extra is not None else None
         self._extra_lengths = self.grams.lengths[n_sent:]
         self.grams.own, self.grams.sent = [], np.zeros(0, dtype=np.int64)  # per-token arrays: no longer needed
@@ -510,6 +513,15 @@ class _RefIndex:
         order = np.searchsorted(off, g, side="right") - 1
         return (cand, order, g - off[order], tf), lengths
 
+    def _matched(self, captions: Sequence[str], img: np.ndarray, c: np.ndarray, o: np.ndarray, ids: np.ndarray):
+        """:meth:`_match` of the n-grams of ``captions`` (candidates ``c`` of images ``img``), kept for the captions
+        given at construction (``extra``), which BLEU and CIDEr-D both score against the same images."""
+        if captions is not self._extra:
+            return self._match(img[c], o, ids)
+        if self._extra_match is None or not np.array_equal(self._extra_match[0], img):
+            self._extra_match = (img.copy(), self._match(img[c], o, ids))
+        return self._extra_match[1]
+
     def _match(self, cand_img: np.ndarray, order: np.ndarray, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Rows matching (image, order, id) queries: (positions of the queries with a row, their rows)."""
         size = self.sizes[order]
@@ -539,7 +551,7 @@ class _RefIndex:
         """pycocoevalcap BLEU statistics: (corpus BLEU-1..n (n,), per-candidate BLEU-1..n (C, n))."""
         (c, o, ids, tf), testlen = self.candidates(captions)
         C, n = len(captions), self.n  # noqa: N806
-        q, row = self._match(img[c], o, ids)
+        q, row = self._matched(captions, img, c, o, ids)
         clipped = np.minimum(tf[q], self.maxref[row])  # clipped counts of the n-grams found in a reference
         correct = np.bincount(c[q] * n + o[q], clipped, minlength=C * n).reshape(C, n)
         guess = np.maximum(0, testlen[:, None] - np.arange(n)[None, :])  # (C, n): max(0, len - k + 1)
@@ -564,7 +576,7 @@ class _RefIndex:
         # unseen n-grams have df = 0: weight tf * (ref_len - log(max(1, 0))) = tf * ref_len
         vc = tf * np.where(known, self.idf[np.minimum(gid, len(self.idf) - 1)], self.ref_len)  # (E,)
         cand_norm = np.sqrt(np.bincount(c * n + o, vc * vc, minlength=C * n)).reshape(C, n)
-        q, row = self._match(img[c], o, ids)
+        q, row = self._matched(captions, img, c, o, ids)
         vr = self.tf[row] * self.idf[gid[q]][:, None]  # (H, R) reference weights per slot
         contrib = np.minimum(vc[q][:, None], vr) * vr  # (H, R): vrama91's clipping
         flat = (c[q][:, None] * R + np.arange(R)[None, :]) * n + o[q][:, None]  # (H, R) -> (C, R, n) cell

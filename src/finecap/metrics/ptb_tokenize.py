@@ -89,10 +89,10 @@ _SPACE = re.compile(r"[ \t\n\r\f\v\xa0\u2000-\u200a\u202f\u3000\u0085\u2028\u202
 
 # (name, pattern); the token is group "t" when the pattern has one (the rest is trailing context that counts for the
 # longest match, as in JFlex), else the whole match. On equal lengths the earlier rule wins.
-_RULES: list[tuple[str, re.Pattern[str]]] = [
+_RULES: list[tuple[str, str]] = [
     (
         "assim",
-        re.compile(
+        (
             r"(?P<t>(?i:can))(?=(?i:not)(?!" + _AN + "))(?i:not)|"
             r"(?P<t2>(?i:gon|wan))(?=(?i:na)(?!" + _AN + "))(?i:na)|"
             r"(?P<t3>(?i:got))(?=(?i:ta)(?!" + _AN + "))(?i:ta)|"
@@ -100,75 +100,75 @@ _RULES: list[tuple[str, re.Pattern[str]]] = [
             r"(?P<t5>'(?i:t))(?=(?i:is|was)(?!" + _AN + "))(?i:is|was)"
         ),
     ),
-    ("sgml", re.compile(r"</?[A-Za-z!][^>\n]*>")),
-    ("dash", re.compile(r"[\u2013\u2014\u2015]")),
-    ("word_redaux", re.compile(rf"(?P<t>{_L}+(?:[.!?]{_L}+)*)(?={_REDAUX})" + _REDAUX)),
-    ("sword_nt", re.compile(rf"(?P<t>{_L}*[A-MO-Za-mo-z])(?=[nN]'[tT])[nN]'[tT]")),
-    ("word", re.compile(rf"{_L}+(?:[.!?]{_L}+)*")),
+    ("sgml", (r"</?[A-Za-z!][^>\n]*>")),
+    ("dash", (r"[\u2013\u2014\u2015]")),
+    ("word_redaux", (rf"(?P<t>{_L}+(?:[.!?]{_L}+)*)(?={_REDAUX})" + _REDAUX)),
+    ("sword_nt", (rf"(?P<t>{_L}*[A-MO-Za-mo-z])(?=[nN]'[tT])[nN]'[tT]")),
+    ("word", (rf"{_L}+(?:[.!?]{_L}+)*")),
     (
         "apoword",
-        re.compile(
+        (
             rf"'n'?|[lLdDjJ]'|(?i:dunkin|somethin|ol)'|'(?i:em)|[A-HJ-XZn]'{_L}{{2,}}|'[2-9]0(?i:s)|'(?i:till?)|"
             rf"{_L}+[aeiouyAEIOUY]'[aeiouA-Z]{_L}*|'(?i:cause)|(?i:nor'easter|c'mon|e'er|s'mores|ev'ry|li'l|nat'l)"
         ),
     ),
-    ("apoword2", re.compile(rf"(?P<t>[yY]')(?={_L}){_L}")),
+    ("apoword2", (rf"(?P<t>[yY]')(?={_L}){_L}")),
     (
         "url",
-        re.compile(r"(?:https?|ftp)://[^ \t\n\"<>|()]*[^ \t\n\"<>|().!?,;:'\-]|www\.[A-Za-z0-9.-]+\.[A-Za-z]{2,4}"),
+        (r"(?:https?|ftp)://[^ \t\n\"<>|()]*[^ \t\n\"<>|().!?,;:'\-]|www\.[A-Za-z0-9.-]+\.[A-Za-z]{2,4}"),
     ),
     (
         "email",
-        re.compile(r'[A-Za-z0-9][^ \t\n\f\r"<>|()\xa0]*@(?:[^ \t\n\f\r"<>|().\xa0]+\.)*[^ \t\n\f\r"<>|().\xa0]+'),
+        (r'[A-Za-z0-9][^ \t\n\f\r"<>|()\xa0]*@(?:[^ \t\n\f\r"<>|().\xa0]+\.)*[^ \t\n\f\r"<>|().\xa0]+'),
     ),
-    ("twitter", re.compile(rf"@[A-Za-z_][A-Za-z0-9_]*|#{_L}(?:{_AN}|_)*")),
-    ("redaux", re.compile(rf"(?P<t>{_REDAUX})(?:[^A-Za-z]|$)")),
-    ("nt", re.compile(r"[nN]'[tT]")),
-    ("date", re.compile(r"\d{1,2}[-/]\d{1,2}[-/]\d{2,4}")),
-    ("number", re.compile(rf"[-+]?{_NUM}")),
-    ("frac", re.compile(r"(?:\d{1,4}[- \xa0])?\d{1,4}\\?/\d{1,4}")),
-    ("frac2", re.compile(r"[\u00bc\u00bd\u00be\u2153\u2154]")),
-    ("tbspec", re.compile(r"(?i:-(?:rrb|lrb|rcb|lcb|rsb|lsb)-|c\.d\.s|pro-|anti-|s&p-500|s&ls|cap'n|c'est)")),
-    ("thing3", re.compile(rf"{_AN}+(?:-{_L}+){{0,2}}(?:\\?/{_AN}+(?:-{_L}+){{0,2}}){{1,2}}")),
-    ("dolsign", re.compile(r"[A-Za-z]*\$|#")),
-    ("currency", re.compile(r"[\u00a2\u00a3\u00a4\u00a5\u20a0\u20ac]")),
+    ("twitter", (rf"@[A-Za-z_][A-Za-z0-9_]*|#{_L}(?:{_AN}|_)*")),
+    ("redaux", (rf"(?P<t>{_REDAUX})(?:[^A-Za-z]|$)")),
+    ("nt", (r"[nN]'[tT]")),
+    ("date", (r"\d{1,2}[-/]\d{1,2}[-/]\d{2,4}")),
+    ("number", (rf"[-+]?{_NUM}")),
+    ("frac", (r"(?:\d{1,4}[- \xa0])?\d{1,4}\\?/\d{1,4}")),
+    ("frac2", (r"[\u00bc\u00bd\u00be\u2153\u2154]")),
+    ("tbspec", (r"(?i:-(?:rrb|lrb|rcb|lcb|rsb|lsb)-|c\.d\.s|pro-|anti-|s&p-500|s&ls|cap'n|c'est)")),
+    ("thing3", (rf"{_AN}+(?:-{_L}+){{0,2}}(?:\\?/{_AN}+(?:-{_L}+){{0,2}}){{1,2}}")),
+    ("dolsign", (r"[A-Za-z]*\$|#")),
+    ("currency", (r"[\u00a2\u00a3\u00a4\u00a5\u20a0\u20ac]")),
     # ACRONYM (multi-letter) before a sentence-start word: token keeps the period, a period is re-emitted
-    ("acronym_end", re.compile(rf"(?P<t>{_ACRO}\.)(?=[ \t\xa0]+(?:{_SENT_START})[ \t\xa0])")),
+    ("acronym_end", (rf"(?P<t>{_ACRO}\.)(?=[ \t\xa0]+(?:{_SENT_START})[ \t\xa0])")),
     # single letter + period before a sentence-start word: letter, then period
-    ("letter_end", re.compile(rf"(?P<t>[A-Za-z])(?=\.[ \t\xa0]+(?:{_SENT_START})[ \t\xa0])\.")),
-    ("abbrev", re.compile(rf"(?i:{_ABBREV})\.|(?:{_ABBREV_CAP})\.")),
-    ("abbrev_num", re.compile(rf"(?i:{_ABBREV_NUM})\.(?=[ \t\xa0]+\d)")),
-    ("abbrev2", re.compile(rf"{_ACRO}\.|[A-Za-z]\.")),
-    ("acro", re.compile(_ACRO)),
-    ("tbspec2", re.compile(r"'\d\d(?=[\s\xa0]|$)")),
-    ("word_dot_insentp", re.compile(rf"(?P<t>{_L}+(?:[.!?]{_L}+)*\.)(?=[,;:])")),
-    ("smiley", re.compile(r"[<>]?[:;=][\-o*']?[()DPdpO\\{@|\[\]](?![A-Za-z0-9])")),
+    ("letter_end", (rf"(?P<t>[A-Za-z])(?=\.[ \t\xa0]+(?:{_SENT_START})[ \t\xa0])\.")),
+    ("abbrev", (rf"(?i:{_ABBREV})\.|(?:{_ABBREV_CAP})\.")),
+    ("abbrev_num", (rf"(?i:{_ABBREV_NUM})\.(?=[ \t\xa0]+\d)")),
+    ("abbrev2", (rf"{_ACRO}\.|[A-Za-z]\.")),
+    ("acro", (_ACRO)),
+    ("tbspec2", (r"'\d\d(?=[\s\xa0]|$)")),
+    ("word_dot_insentp", (rf"(?P<t>{_L}+(?:[.!?]{_L}+)*\.)(?=[,;:])")),
+    ("smiley", (r"[<>]?[:;=][\-o*']?[()DPdpO\\{@|\[\]](?![A-Za-z0-9])")),
     (
         "asiansmiley",
-        re.compile(
+        (
             r"[\^x=~<>]\.[\^x=~<>]|[\-\^x=~<>']_[\-\^x=~<>']|\([\-\^x=~<>'][_.]?[\-\^x=~<>']\)|"
             r"\([\^x=~<>']-[\^x=~<>'`]\)"
         ),
     ),
-    ("dblquote", re.compile(r'"')),
-    ("symbol", re.compile(r"[+%&~^|\\=/<>\u2030\u2031]")),
-    ("bracket", re.compile(r"[()\[\]{}]")),
-    ("hyphens", re.compile(r"-+")),
-    ("ldots", re.compile(r"\.{3,5}|(?:\.[ \xa0]){2,4}\.|\u2026")),
-    ("fnmarks", re.compile(r"@+|#+|_+")),
-    ("asts", re.compile(r"\*+")),
-    ("insentp", re.compile(r"[,;:]")),
-    ("qmark", re.compile(r"[?!]+")),
-    ("dot", re.compile(r"[.\u00a1\u00bf]")),
-    ("hthing", re.compile(rf"{_AN}(?:{_AN}|[.,])*(?:-(?:{_AN}+|{_ACRO}\.))+(?:\.(?=[,;:]))?")),
-    ("thing", re.compile(rf"(?:[dDoOlL]'{_AN})?{_AN}+(?:[-_](?:[dDoOlL]'{_AN})?{_AN}+)*")),
-    ("thinga", re.compile(r"[A-Z]+(?:[+&][A-Z]+)+")),
-    ("lquote", re.compile(r"(?P<t>')[A-Za-z][^ \t\n\r\xa0]")),
+    ("dblquote", (r'"')),
+    ("symbol", (r"[+%&~^|\\=/<>\u2030\u2031]")),
+    ("bracket", (r"[()\[\]{}]")),
+    ("hyphens", (r"-+")),
+    ("ldots", (r"\.{3,5}|(?:\.[ \xa0]){2,4}\.|\u2026")),
+    ("fnmarks", (r"@+|#+|_+")),
+    ("asts", (r"\*+")),
+    ("insentp", (r"[,;:]")),
+    ("qmark", (r"[?!]+")),
+    ("dot", (r"[.\u00a1\u00bf]")),
+    ("hthing", (rf"{_AN}(?:{_AN}|[.,])*(?:-(?:{_AN}+|{_ACRO}\.))+(?:\.(?=[,;:]))?")),
+    ("thing", (rf"(?:[dDoOlL]'{_AN})?{_AN}+(?:[-_](?:[dDoOlL]'{_AN})?{_AN}+)*")),
+    ("thinga", (r"[A-Z]+(?:[+&][A-Z]+)+")),
+    ("lquote", (r"(?P<t>')[A-Za-z][^ \t\n\r\xa0]")),
     (
         "quotes",
-        re.compile(r"''|'|`{1,2}|[\u2018\u2019\u201a\u201b\u201c\u201d\u201e\u201f\u2039\u203a\u00ab\u00bb]{1,2}"),
+        (r"''|'|`{1,2}|[\u2018\u2019\u201a\u201b\u201c\u201d\u201e\u201f\u2039\u203a\u00ab\u00bb]{1,2}"),
     ),
-    ("misc", re.compile(r"[\u00a6\u00a7\u00a8\u00a9\u00ac\u00ae\u00af\u00b0-\u00b3\u00b4-\u00ba\u00d7\u00f7]")),
+    ("misc", (r"[\u00a6\u00a7\u00a8\u00a9\u00ac\u00ae\u00af\u00b0-\u00b3\u00b4-\u00ba\u00d7\u00f7]")),
 ]
 
 # the characters each rule can start with: only those rules are tried at a position
@@ -227,7 +227,8 @@ _CANDIDATES: dict[str, list[tuple[str, re.Pattern[str]]]] = {}
 def _candidates(ch: str) -> list[tuple[str, re.Pattern[str]]]:
     rules = _CANDIDATES.get(ch)
     if rules is None:
-        rules = _CANDIDATES[ch] = [(n, rx) for n, rx in _RULES if re.fullmatch(_FIRST[n], ch)]
+        # compiled here, on first use (most captions never reach the lexer: tokenize_all, _FAST)
+        rules = _CANDIDATES[ch] = [(n, re.compile(rx)) for n, rx in _RULES if re.fullmatch(_FIRST[n], ch)]
     return rules
 
 

@@ -42,9 +42,13 @@ ignored, but the retrieval pool is every image given in ``images``.
 The ``length`` and ``vocab`` groups count words with :func:`finecap.metrics.diversity.caption_words`, the one
 definition of a caption's words (the ``captions`` training validator uses it too).
 
+Per-image scores: :func:`evaluate_items` also returns ``{image_id: {metric key: score}}`` for the groups that have
+them, the caption metrics (``bleu``, ``meteor``, ``rouge``, ``cider``, ``spice``), as pycocoevalcap's
+``COCOEvalCap.imgToEval`` holds them (SPICE's entry is its F-score).
+
 Imports: importing this module imports no torch, so text-only evaluation starts fast. The groups that need torch or
 transformers (``retrieval``, ``bags`` and ``clipscore`` load the CLIP retriever, ``perplexity`` a causal LM) import
-them when they run.
+them when they run, as do the world's groups and the Java metrics.
 
 Example::
 
@@ -66,15 +70,13 @@ import numpy as np
 
 from finecap.config import did_you_mean, load
 from finecap.home import cache_dir
-from finecap.metrics.clipscore import CLIPScore
 from finecap.metrics.diversity import mean_length, set_diversity, vocabulary_metrics
-from finecap.metrics.faithfulness import faithfulness
-from finecap.metrics.listener import listener_retrieval
-from finecap.metrics.meteor import MetricUnavailable, meteor
+from finecap.metrics.meteor import MetricUnavailable
 from finecap.metrics.ngram import ngram_metrics
 from finecap.metrics.ptb_tokenize import ptb_tokenize, tokenize, tokenize_all
-from finecap.metrics.retrieval import SelfRetrieval, bag_retrieval, pool_retrieval, rd_retrieval
-from finecap.metrics.spice import spice
+
+# The groups of the world (faithfulness, listener), of images (retrieval, bags, clipscore) and of Java (meteor,
+# spice) import their modules when they run: `finecap eval` on caption metrics starts without them.
 
 if TYPE_CHECKING:
     from finecap.config import Config
@@ -101,7 +103,15 @@ class _Context:
     bags: dict[int, list[list[Hashable]]] | None = None
     samples: dict[Hashable, list[str]] | None = None
     requested: tuple[str, ...] = ()
+    items: dict[Hashable, dict[str, float]] | None = None  # per-image scores, when asked for (evaluate_items)
     cache: dict[str, Any] = field(default_factory=dict)
+
+    def add_items(self, per_item: Mapping[Hashable, Mapping[str, float]], keys: Sequence[str]) -> None:
+        """Record the per-image scores ``keys`` of ``per_item`` (when per-image scores are asked for)."""
+        if self.items is not None:
+            for i, scores in per_item.items():
+                row = self.items.setdefault(i, {})
+                row.update({k: float(scores[k]) for k in keys if k in scores})
 
     def need(self, what: str, group: str, hint: str) -> Any:
         value = getattr(self, what)
@@ -140,6 +150,8 @@ class _Context:
     def retrieval_scores(self, group: str) -> tuple[Any, list[Hashable], Any]:
         """(SelfRetrieval, query image ids, cosine scores (Q, N)), computed once for 'retrieval' and 'bags'."""
         if "retrieval" not in self.cache:
+            from finecap.metrics.retrieval import SelfRetrieval
+
             images = self.need("images", group, "pass the image records (the retrieval pool)")
             e = self.cfg.eval
             sr = SelfRetrieval(self.get_retriever(), images, cache_dir=cache_dir(self.cfg.run),
@@ -159,10 +171,13 @@ def _ngram(ctx: _Context, group: str) -> dict[str, float]:
     if "ngram" not in ctx.cache:
         names = {"bleu": "bleu", "rouge": "rouge_l", "cider": "cider_d"}
         wanted = [names[g] for g in ctx.requested if g in names] or [names[group]]
-        ctx.cache["ngram"] = ngram_metrics(ctx.tok_predictions(), ctx.tok_references(group), wanted, per_item=False)[0]
-    corpus = ctx.cache["ngram"]
+        ctx.cache["ngram"] = ngram_metrics(ctx.tok_predictions(), ctx.tok_references(group), wanted,
+                                           per_item=ctx.items is not None)  # fmt: skip
+    corpus, per_item = ctx.cache["ngram"]
     prefix = {"bleu": "BLEU-", "rouge": "ROUGE-L", "cider": "CIDEr-D"}[group]
-    return {k: v for k, v in corpus.items() if k.startswith(prefix)}
+    out = {k: v for k, v in corpus.items() if k.startswith(prefix)}
+    ctx.add_items(per_item, list(out))
+    return out
 
 
 def _bleu(ctx: _Context) -> dict[str, float]:
@@ -178,13 +193,18 @@ def _cider(ctx: _Context) -> dict[str, float]:
 
 
 def _java_metric(ctx: _Context, group: str) -> dict[str, float]:
-    fn = meteor if group == "meteor" else spice
+    if group == "meteor":
+        from finecap.metrics.meteor import meteor_per_item as fn
+    else:
+        from finecap.metrics.spice import spice_per_item as fn
     refs = ctx.tok_references(group)
     try:
-        return fn(ctx.tok_predictions(), refs)
+        corpus, per_item = fn(ctx.tok_predictions(), refs)
     except MetricUnavailable as e:
         warnings.warn(f"skipping {group.upper()}: {e}", stacklevel=2)
         return {}
+    ctx.add_items(per_item, list(corpus))
+    return corpus
 
 
 def _meteor(ctx: _Context) -> dict[str, float]:
@@ -210,11 +230,15 @@ def _diversity(ctx: _Context) -> dict[str, float]:
 
 
 def _faithfulness(ctx: _Context) -> dict[str, float]:
+    from finecap.metrics.faithfulness import faithfulness
+
     scenes = ctx.need("scenes", "faithfulness", "scene graphs exist only for the world (scenes.jsonl)")
     return faithfulness(ctx.predictions, scenes)
 
 
 def _retrieval(ctx: _Context) -> dict[str, float]:
+    from finecap.metrics.retrieval import pool_retrieval, rd_retrieval
+
     sr, ids, scores = ctx.retrieval_scores("retrieval")
     targets = np.array([sr.column[i] for i in ids], dtype=np.int64)
     e = ctx.cfg.eval
@@ -225,6 +249,8 @@ def _retrieval(ctx: _Context) -> dict[str, float]:
 
 
 def _bags(ctx: _Context) -> dict[str, float]:
+    from finecap.metrics.retrieval import bag_retrieval
+
     bags = ctx.need("bags", "bags", "pass TrueMatch bags ({size: [[image_id, ...], ...]}, `finecap bags build`)")
     sr, ids, scores = ctx.retrieval_scores("bags")
     targets = np.array([sr.column[i] for i in ids], dtype=np.int64)
@@ -238,6 +264,8 @@ def _bags(ctx: _Context) -> dict[str, float]:
 
 
 def _clipscore(ctx: _Context) -> dict[str, float]:
+    from finecap.metrics.clipscore import CLIPScore
+
     images = ctx.need("images", "clipscore", "pass the image records")
     scorer = CLIPScore(ctx.get_retriever(), images, cache_dir=cache_dir(ctx.cfg.run))
     refs = None
@@ -248,6 +276,8 @@ def _clipscore(ctx: _Context) -> dict[str, float]:
 
 def _listener(ctx: _Context) -> dict[str, float]:
     """The fact-based listener on the retriever's candidates; ``exploit`` when retrieval is evaluated too."""
+    from finecap.metrics.listener import listener_retrieval
+
     scenes = ctx.need("scenes", "listener", "scene graphs exist only for the world (scenes.jsonl)")
     e = ctx.cfg.eval
     pool = [r.image_id for r in ctx.images] if ctx.images is not None else list(ctx.predictions)
@@ -342,7 +372,33 @@ def evaluate(
         ``{metric key: value}`` in the order of the groups asked for (module docstring). A group whose input is
         missing raises ``ValueError`` naming it; METEOR / SPICE without Java are skipped with a warning.
     """
+    return evaluate_items(predictions, references, metrics=metrics, retriever=retriever, images=images,
+                          scenes=scenes, bags=bags, samples=samples, cfg=cfg, per_image=False)[0]  # fmt: skip
 
+
+def evaluate_items(
+    predictions: Predictions,
+    references: References | None,
+    *,
+    metrics: str | Sequence[str],
+    retriever: Any = None,
+    images: Sequence[Record] | None = None,
+    scenes: Mapping[Hashable, Scene] | None = None,
+    bags: Mapping[int, Sequence[Sequence[Hashable]]] | Sequence[Sequence[Hashable]] | None = None,
+    samples: Mapping[Hashable, Sequence[str]] | None = None,
+    cfg: Config | None = None,
+    per_image: bool = True,
+) -> tuple[dict[str, float], dict[Hashable, dict[str, float]]]:
+    """:func:`evaluate`, and the per-image scores ``{image_id: {metric key: score}}`` of the groups that have them
+    (the caption metrics; module docstring), in the order of ``predictions`` (``{}`` with ``per_image=False``).
+
+    Example::
+
+        >>> corpus, items = evaluate_items({1: "a red circle", 2: "two dogs"}, {1: ["a red circle"], 2: ["a cat"]},
+        ...                                metrics="rouge")
+        >>> corpus, items  # image 1: its reference; image 2: no word in common
+        ({'ROUGE-L': 0.5}, {1: {'ROUGE-L': 1.0}, 2: {'ROUGE-L': 0.0}})
+    """
     cfg = cfg if cfg is not None else load()
     names = parse_metrics(metrics)
     if not predictions:
@@ -354,7 +410,9 @@ def evaluate(
         bags = grouped
     ctx = _Context(
         predictions=dict(predictions),
-        references={i: list(r) for i, r in references.items()} if references is not None else None,
+        references={i: r if type(r) is list else list(r) for i, r in references.items()}
+        if references is not None
+        else None,
         cfg=cfg,
         retriever=retriever,
         images=list(images) if images is not None else None,
@@ -362,8 +420,9 @@ def evaluate(
         bags={int(s): [list(b) for b in v] for s, v in bags.items()} if bags is not None else None,
         samples={i: list(s) for i, s in samples.items()} if samples is not None else None,
         requested=tuple(names),
+        items={i: {} for i in predictions} if per_image else None,
     )
     out: dict[str, float] = {}
     for name in names:
         out.update({k: float(v) for k, v in METRICS[name](ctx).items()})
-    return out
+    return out, ctx.items if ctx.items is not None else {}
