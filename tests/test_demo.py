@@ -70,12 +70,14 @@ def test_vcb_group_after_the_quick_demo(quick_demo):
     assert set(out["timings"]) >= {"visual_expert", "boost_holistic", "captions_holistic", "mle_holistic"}
     boosted = json.loads((run_dir / "world_holistic" / "boost.json").read_text())
     assert boosted["status"] == "ok" and boosted["failed"] == 0 and boosted["boosted"] == boosted["images"] == 440
+    assert (run_dir / "vcb_results.md").read_text().startswith(QUICK_TITLE + "\n\nCaption fields")  # quick: labelled
 
 
 def test_transfer_stage_scores_every_trained_stage_on_the_shifted_domain(quick_demo):
     run_dir, argv = quick_demo
     assert main([*argv, "--stages", "transfer"]) == 0
     results = json.loads((run_dir / "transfer" / "results.json").read_text())
+    assert (run_dir / "transfer" / "results.md").read_text().startswith(QUICK_TITLE + "\n\n| stage |")
     assert {"human", "mle", "smile", "discritune"} <= set(results)
     for row in results.values():
         for key in ("BLEU-4", "CIDEr-D", "faith/precision", "RD19/R@1", "listener/RD19/R@1", "bag3/R@1"):
