@@ -1,0 +1,1139 @@
+"""The four papers' tables on the embedded world: one command per paper runs its ablation grid and writes
+``docs/reproductions/<paper>.md``, the paper's numbers beside finecap's world analogue with a verdict per row.
+
+    nice -n 10 python benchmarks/paper_tables.py --paper sle                  # every runnable table, seeds 0,1
+    python benchmarks/paper_tables.py --paper smile --tables 1,5 --seeds 0,1,2
+    python benchmarks/paper_tables.py --paper smile --quick                   # tiny world, a few steps per run
+    python benchmarks/paper_tables.py --paper ndlb --page-only                # rewrite the page from the results
+    python benchmarks/paper_tables.py --paper smile --list                    # the tables, rows and runs
+
+Tables are data (:data:`PAPERS`): each :class:`Table` lists its :class:`Row` s with the paper's numbers (one per
+:class:`Column`, ``None`` where the paper reports none), the world run that stands in for the row (a key of
+:data:`RUNS`: a demo recipe, the overrides that make the row, and the run whose best checkpoint it starts from), and
+the rows it is judged against (``vs``). Tables the issue lists but whose world rows are not defined yet have
+``runnable=False``; their rows print as "not run yet".
+
+Runs, checkpoints and resume: every seed has its own world (``world.seed=N``) and run seed (``run.seed=N``) and one
+folder ``<runs>/seed<N>/`` holding one run directory per trained run, shared by every table and paper that uses it: one
+MLE start (``mle``) per seed, from which the other rows start. A run is trained once (its ``DONE`` marker); a killed
+training resumes from its last checkpoint. After training, the run is evaluated for the paper (the paper's metric
+groups, :attr:`Paper.metrics`) and the numbers are written to ``<data>/<paper>/seed<N>/<run>.json``: a run whose
+result file exists is skipped, so the runner can be killed and started again, a row at a time, for hours. The page is
+rewritten from all result files after every run (seeds present in the folder, not only those asked for now).
+
+Verdicts (:func:`row_verdict`): for a row judged against row ``b`` on a column whose paper numbers differ, the paper's
+effect is ``sign(paper[row] - paper[b])`` and the world's, per seed, ``sign(world[row] - world[b])``. The row
+"holds" when every judged column has the paper's sign on every seed, "does not hold" when none does on any seed, and
+"partly holds" otherwise; the cell lists each column as ``label ↑ k/n`` (``k`` of ``n`` seeds with the paper's sign).
+Rows the world cannot make say why ("not comparable: ..."). A table may also name the row the paper chose among a
+grid (:class:`Best`, e.g. the exploration paper's α = 0.75): the verdict says whether it is the world's best.
+
+This is a benchmark, not a test: it trains up to 15 runs per paper and seed (SMILE's grid), an estimated 20 to 40
+minutes per paper and seed on the 2-core development machine (from the demo's stage times; not measured). ``--quick``
+(the demo's quick settings: a world of 300 training scenes, 12 steps per run) checks that the runner works; its pages
+go under ``runs/paper_tables-quick`` and say that they are not results.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import math
+import re
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+MASK_ID = 2
+"""``<mask>`` of the world tokenizer (``finecap.models.tokenizer.MASK_ID``): a token no caption contains, the world's
+stand-in for BERT's ``##a`` in SMILE's first-token shifting (the world tokenizer has no sub-word forms)."""
+
+
+# ====================================================================================================================
+# What a table is
+# ====================================================================================================================
+
+
+@dataclass(frozen=True)
+class Run:
+    """One trained captioner of the grid (or a caption source that needs no training)."""
+
+    recipe: str | None  # packaged recipe ``demo/<recipe>``; None: the human references (first caption of each image)
+    overrides: tuple[str, ...] = ()  # ``section.key=value`` overrides that make this run from the recipe
+    init: str | None = "mle"  # the run whose best checkpoint it starts from (None: a fresh model)
+
+
+@dataclass(frozen=True)
+class Column:
+    """A column of a paper's table and the finecap metric key that stands in for it."""
+
+    label: str  # the paper's column label
+    key: str  # finecap's metric key (``RD/`` = RD-N with the run's ``eval.n_distractors``); rows may add a prefix
+    scale: float = 1.0  # finecap value x scale = the paper's unit (fractions -> %, CIDEr x 100)
+    arrow: str = ""  # the paper's direction mark, when it has one (↑ / ↓)
+
+
+@dataclass(frozen=True)
+class Row:
+    """A row of a paper's table: its numbers, the world run standing in for it, the rows it is judged against."""
+
+    id: str  # unique in its table
+    label: str  # the paper's row label
+    run: str | None  # key of RUNS; None: not made on the world (``why`` says why)
+    paper: tuple[float | None, ...] = ()  # one number per column (None: not reported); () = no numbers
+    vs: tuple[str, ...] = ()  # ids of the rows whose difference to this one is judged
+    prefix: str = ""  # prefix of the metric keys (the exploration paper's Table 4: ``sample/`` or ``beam/``)
+    expect: tuple[int | None, ...] = ()  # signs the paper states without numbers (a figure): +1, -1, 0 (no change)
+    why: str = ""  # why the row is not made on the world
+
+
+@dataclass(frozen=True)
+class Best:
+    """The row a paper chose in a grid by one column; the world's verdict is whether it is the best there too."""
+
+    column: str  # column label
+    chosen: str  # row id the paper chose
+    higher: bool = True
+    basis: str = ""  # what the paper chose it on
+
+
+@dataclass(frozen=True)
+class Table:
+    id: str  # as the paper numbers it ("2", "4", "fig4a"); --tables takes these
+    title: str
+    columns: tuple[Column, ...]
+    rows: tuple[Row, ...]
+    runnable: bool = True  # False: rows listed with the paper's numbers, world runs not defined yet
+    best: Best | None = None
+    notes: str = ""
+
+    @property
+    def heading(self) -> str:
+        """``Table 2: ...``; figures, sections and finecap's own checks by their names."""
+        return f"{HEADINGS.get(self.id, 'Table ' + self.id)}: {self.title}"
+
+
+HEADINGS = {"fig3": "Figure 3", "fig4a": "Figure 4a", "fig4b": "Figure 4b", "alpha": "Section 5.1",
+            "me_coef": "Section 5.2", "check_logprob": "finecap check", "check_scale": "finecap check"}  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Paper:
+    key: str
+    title: str
+    source: str  # the paper text (shared/papers/README.md)
+    metrics: tuple[str, ...]  # finecap.metrics.suite groups evaluated for every run of this paper
+    tables: tuple[Table, ...]
+    diversity: bool = False  # 5 sampled and 5 beam captions per image (the exploration paper's set-level metrics)
+    fluency_lm: bool = False  # train the world's fluency LM and report perplexity under it (SMILE's PPL column)
+    notes: str = ""
+
+    def table(self, table_id: str) -> Table:
+        for t in self.tables:
+            if t.id == table_id:
+                return t
+        valid = ", ".join(t.id for t in self.tables)
+        raise SystemExit(f"--tables: {self.key} has no table {table_id!r}; tables: {valid}")
+
+
+# ====================================================================================================================
+# The runs (shared by every paper) and the papers' tables
+# ====================================================================================================================
+
+RUNS: dict[str, Run] = {
+    # starts
+    "mle": Run("mle", init=None),
+    "mle_short": Run("mle", ("train.epochs=0.3",), init=None),  # a tenth of the MLE steps: a weak captioner
+    "blip_mle": Run("blip_mle", init=None),
+    "human": Run(None, init=None),
+    # SMILE
+    "mle_continued": Run("mle_continued"),
+    "smile": Run("smile"),
+    "smile_from_short": Run("smile", init="mle_short"),
+    "smile_nofirst": Run("smile", ("smile.first_token=none",)),
+    "smile_shift": Run("smile", ("smile.first_token=shift", f"smile.shift_token_id={MASK_ID}")),
+    "smile_l050": Run("smile", ("smile.mle_weight=0.5",)),
+    "smile_l010": Run("smile", ("smile.mle_weight=0.1",)),
+    "smile_l005": Run("smile", ("smile.mle_weight=0.05",)),
+    "smile_l001": Run("smile", ("smile.mle_weight=0.01",)),
+    "smile_random": Run("smile", ("smile.subset=random",)),
+    "smile_reverse": Run("smile", ("smile.subset=reverse",)),
+    "blip_smile": Run("blip_smile", init="blip_mle"),
+    # sequence-level exploration
+    "scst": Run("scst"),
+    "scst_me": Run("scst_me"),  # entropy coefficient 1e-2, the paper's choice
+    "scst_me_1e1": Run("scst_me", ("rl.entropy_coef=0.1",)),
+    "scst_me_1e3": Run("scst_me", ("rl.entropy_coef=0.001",)),
+    "sle": Run("sle"),  # alpha 0.75, the paper's choice
+    "sle_a025": Run("sle", ("rl.alpha=0.25",)),
+    "sle_a050": Run("sle", ("rl.alpha=0.5",)),
+    # finecap's checks of settings the released code fixes (DiscriTune, NDLB)
+    "discritune": Run("discritune"),
+    "discritune_sum": Run("discritune", ("rl.logprob=sum",)),
+    "sr_bagcurri": Run("sr_bagcurri"),
+    "sr_bagcurri_sum": Run("sr_bagcurri", ("rl.logprob=sum",)),
+    "sr_bagcurri_cos": Run("sr_bagcurri", ("sr.logit_scale=1.0",)),
+}
+
+# -- SMILE (shared/papers/000_dcae05e406cdc764.txt) ------------------------------------------------------------------
+
+SMILE_COLUMNS = (
+    Column("Length", "Length"),
+    Column("Lexical diversity", "Lexical diversity"),
+    Column("R@1", "pool/R@1", 100.0),
+    Column("R@5", "pool/R@5", 100.0),
+    Column("CLIPScore", "CLIPScore", 100.0),
+    Column("PPL", "perplexity"),
+)
+BLIP_MSCOCO = (10.0, 1.4, 6.7, 16.6, 77.2, 95.8)  # Table 1 (MSCOCO) = Table 3 row 5 = Table 5 λ = 1
+BLIP_SMILE_MSCOCO = (22.3, 4.5, 10.0, 24.5, 75.0, 95.6)  # Table 1 = Table 3 row 7 = Table 4 default = Table 5 λ = 0
+SMILE_NOTES = (
+    "World columns: Length = mean words per caption; Lexical diversity = distinct words over all test captions "
+    "(the paper's unit is not stated; its values, 1.4 to 4.5 on 5,000 images, are presumably thousands of words); "
+    "R@1 / R@5 = self-retrieval by the world retriever against the whole test split (the paper uses CapEnrich's "
+    "hard retrieval pool); CLIPScore = 2.5·max(cos, 0) × 100 with the world retriever; PPL = perplexity under a "
+    "fluency language model trained on the world's human training captions (the paper uses GPT-2, trained on web "
+    "text, so its human captions get the highest PPL and the world's the lowest)."
+)
+
+SMILE = Paper(
+    key="smile",
+    title="SMILE: Semipermeable Maximum Likelihood Estimation (Yue et al., NeurIPS 2023)",
+    source="000_dcae05e406cdc764.txt",
+    metrics=("length", "vocab", "retrieval", "clipscore", "faithfulness", "perplexity"),
+    fluency_lm=True,
+    notes=SMILE_NOTES,
+    tables=(
+        Table(
+            "1",
+            "Image captioning performance (MSCOCO block)",
+            SMILE_COLUMNS,
+            (
+                Row("blip", "BLIP", "blip_mle", BLIP_MSCOCO),
+                Row("blip_smile", "BLIP-LSMILE", "blip_smile", BLIP_SMILE_MSCOCO, vs=("blip",)),
+                Row("clipcap", "BLIP (world ClipCap)", "mle", BLIP_MSCOCO),
+                Row("clipcap_smile", "BLIP-LSMILE (world ClipCap)", "smile", BLIP_SMILE_MSCOCO, vs=("clipcap",)),
+                Row("human", "Human", "human", (10.4, 4.1, 7.6, 20.0, 77.6, 129.1)),
+            ),
+            notes="The paper's backbone is BLIP: the first two rows are the world BLIP (a BLIP text decoder over "
+            "the world encoder, demo recipes blip_mle / blip_smile), the next two the demo's ClipCap, with the "
+            "paper's BLIP numbers beside them. Human = the first reference caption of each test image, scored "
+            "against the other four (as the paper: one annotation against the others).",
+        ),
+        Table(
+            "3",
+            "Basic model × further training",
+            SMILE_COLUMNS,
+            (
+                Row("fs", "F.S. (from scratch), -", "mle_short", (9.6, 0.6, 1.9, 6.3, 73.9, 56.2)),
+                Row("fs_smile", "F.S., + LSMILE", "smile_from_short", (15.4, 0.7, 0.7, 2.5, 63.7, 86.7), vs=("fs",)),
+                Row(
+                    "pt",
+                    "PT, -",
+                    None,
+                    (5.8, 1.0, 2.7, 8.6, 74.6, 573.4),
+                    why="the world has no pre-trained captioner: every world model starts from random weights",
+                ),
+                Row("pt_smile", "PT, + LSMILE", None, (22.5, 4.9, 8.5, 20.1, 73.5, 113.7), vs=("pt",), why="as PT, -"),
+                Row("ptft", "PT+FT, -", "mle", BLIP_MSCOCO),
+                Row("ptft_mle", "PT+FT, + LMLE", "mle_continued", (10.0, 1.4, 6.5, 16.6, 77.2, 67.6), vs=("ptft",)),
+                Row("ptft_smile", "PT+FT, + LSMILE", "smile", BLIP_SMILE_MSCOCO, vs=("ptft", "ptft_mle")),
+            ),
+            notes="World analogue of the basic models: F.S. (the paper's BLIP with a randomly initialised text "
+            "decoder trained on MSCOCO: a weak captioner) = the world ClipCap after a tenth of the MLE steps "
+            "(train.epochs=0.3); PT+FT (a good captioner) = the full MLE start. + LMLE = the demo's mle_continued "
+            "(as many MLE steps as SMILE gets).",
+        ),
+        Table(
+            "4",
+            "Initial context restriction",
+            SMILE_COLUMNS,
+            (
+                Row("none", "- (no restriction)", "smile_nofirst", (17.0, 3.0, 6.8, 16.2, 71.9, 82.0)),
+                Row("shift", "shifting", "smile_shift", (21.3, 4.0, 9.6, 22.4, 75.0, 85.2), vs=("none",)),
+                Row("default", "default (first-token MLE)", "smile", BLIP_SMILE_MSCOCO, vs=("none", "shift")),
+            ),
+            notes="First-token shifting on the world replaces the first label by <mask> (id 2), a token no world "
+            "caption contains, where BERT's vocabulary offers '##a' (the world tokenizer has no sub-word forms).",
+        ),
+        Table(
+            "5",
+            "Mixing MLE and SMILE, L = λ·MLE + (1 - λ)·SMILE",
+            SMILE_COLUMNS,
+            (
+                Row("l1", "λ = 1", "mle", BLIP_MSCOCO),
+                Row("l050", "λ = 0.5", "smile_l050", (10.8, 1.4, 6.7, 17.9, 77.0, 67.0), vs=("l1",)),
+                Row("l010", "λ = 0.1", "smile_l010", (12.6, 1.9, 7.6, 18.2, 76.1, 69.3), vs=("l1",)),
+                Row("l005", "λ = 0.05", "smile_l005", (14.7, 2.3, 8.7, 20.9, 76.4, 74.1), vs=("l1",)),
+                Row("l001", "λ = 0.01", "smile_l001", (19.8, 3.6, 10.9, 25.1, 76.2, 79.4), vs=("l1",)),
+                Row("l0", "λ = 0", "smile", BLIP_SMILE_MSCOCO, vs=("l1", "l001")),
+            ),
+            best=Best(
+                "R@1",
+                "l001",
+                basis="Sec. 3.3: with λ = 0.01 'the generated captions achieve the best "
+                "performance in self-retrieval'",
+            ),
+            notes="The paper's λ = 1 row repeats the basic model's numbers (Table 1 BLIP), so it is the MLE start "
+            "here too, not a run trained further with λ = 1.",
+        ),
+        Table(
+            "fig4a",
+            "caption length under subsetting strategies",
+            (Column("Length", "Length"),),
+            (
+                Row("start", "MLE start", "mle"),
+                Row("sequence", "SMILE subset (sequence words)", "smile", vs=("start",), expect=(+1,)),
+                Row("random", "Random subsetting (10 random words)", "smile_random", vs=("start",), expect=(0,)),
+                Row("reverse", "Reverse subsetting", "smile_reverse", vs=("start",), expect=(-1,)),
+            ),
+            notes="The paper plots length over training (no numbers): SMILE lengthens, random subsetting 'neither "
+            "lengthening nor shortening', reverse subsetting shortens. Judged on the final length against the MLE "
+            "start; 'no change' is reported, not judged.",
+        ),
+        Table(
+            "10",
+            "Training with and without paraphrases",
+            SMILE_COLUMNS,
+            (
+                Row("blip", "BLIP (paraphrases, 567K)", None, BLIP_MSCOCO),
+                Row("smile", "BLIP-LSMILE (paraphrases, 567K)", None, BLIP_SMILE_MSCOCO, vs=("blip",)),
+                Row(
+                    "smile_one",
+                    "BLIP-LSMILE (one caption per image, 113K)",
+                    None,
+                    (17.9, 3.3, 8.9, 21.3, 75.2, 90.3),
+                    vs=("blip", "smile"),
+                ),
+            ),
+            runnable=False,
+        ),
+        Table(
+            "fig4b",
+            "caption length on simpler corpora (Simplest-COCO, Simpler-COCO)",
+            (Column("Length", "Length"),),
+            (
+                Row("simplest_mle", "Simplest-COCO, MLE", None),
+                Row("simplest_smile", "Simplest-COCO, SMILE", None, vs=("simplest_mle",), expect=(0,)),
+                Row("simpler_mle", "Simpler-COCO, MLE", None),
+                Row("simpler_smile", "Simpler-COCO, SMILE", None, vs=("simpler_mle",), expect=(+1,)),
+            ),
+            runnable=False,
+            notes="Needs simplified world corpora (subject only; subject-verb-object).",
+        ),
+    ),
+)
+
+# -- Sequence-level exploration (shared/papers/003_c4a4bb2d7c995365.txt) ---------------------------------------------
+
+SLE_PRECISION = (Column("Meteor", "METEOR", 100.0), Column("CIDEr", "CIDEr-D", 100.0), Column("Spice", "SPICE", 100.0))
+SLE_DIVERSITY = (
+    Column("CIDEr", "CIDEr-D", 100.0),
+    Column("Div1", "Div-1", arrow="↑"),
+    Column("Div2", "Div-2", arrow="↑"),
+    Column("mBleu4", "mBLEU-4", arrow="↓"),
+)
+SLE_GRID = (Column("CIDEr", "CIDEr-D", 100.0), Column("Div2 (rs)", "sample/Div-2"))
+
+
+def sle_table4_rows() -> tuple[Row, ...]:
+    numbers = {  # Table 4: (rs) then (bs)
+        "xe": ((74.2, 0.57, 0.78, 0.06), (102.5, 0.27, 0.35, 0.80)),
+        "sll": ((114.6, 0.25, 0.32, 0.81), (115.0, 0.26, 0.35, 0.78)),
+        "me": ((115.1, 0.25, 0.33, 0.80), (115.6, 0.26, 0.34, 0.79)),
+        "sle": ((115.9, 0.29, 0.40, 0.68), (117.2, 0.27, 0.36, 0.76)),
+    }
+    names = {"xe": ("XE", "mle"), "sll": ("SLL", "scst"), "me": ("SLL-ME", "scst_me"), "sle": ("SLL-SLE", "sle")}
+    vs = {"xe": (), "sll": ("xe",), "me": ("sll",), "sle": ("sll", "me")}
+    rows = []
+    for mode, index, prefix in (("rs", 0, "sample/"), ("bs", 1, "beam/")):
+        for key, (label, run) in names.items():
+            rows.append(Row(f"{key}_{mode}", f"{label} ({mode})", run, numbers[key][index],
+                            vs=tuple(f"{v}_{mode}" for v in vs[key]), prefix=prefix))  # fmt: skip
+    return tuple(rows)
+
+
+SLE = Paper(
+    key="sle",
+    title="Better Captioning with Sequence-Level Exploration (Chen & Jin, CVPR 2020)",
+    source="003_c4a4bb2d7c995365.txt",
+    metrics=("bleu", "cider", "meteor", "length", "vocab", "faithfulness"),
+    diversity=True,
+    notes="World runs: XE = the MLE start; SLL = SCST (demo/scst: CIDEr-D reward, greedy baseline, 5 samples); "
+    "SLL-ME = demo/scst_me (max-entropy coefficient 1e-2); SLL-SLE = demo/sle (α = 0.75, BLEU-3/4 distance). Test "
+    "captions by beam search (beam 5), as the paper. SPICE is not computed (its Stanford CoreNLP jars are not "
+    "shipped); METEOR where Java and pycocoevalcap's jar are present (otherwise the result file says why not).",
+    tables=(
+        Table(
+            "2",
+            "Image captioning (the middle block: the paper's own model, no attention)",
+            SLE_PRECISION,
+            (
+                Row("sll", "SLL", "scst", (26.8, 115.0, 20.0)),
+                Row("me", "SLL-ME", "scst_me", (26.8, 115.6, 20.1), vs=("sll",)),
+                Row("sle", "SLL-SLE (ours)", "sle", (27.0, 117.2, 20.3), vs=("sll", "me")),
+            ),
+        ),
+        Table(
+            "4",
+            "Precision and diversity (5 captions per image: random sampling (rs) or the top 5 of beam search (bs))",
+            SLE_DIVERSITY,
+            sle_table4_rows(),
+            notes="(rs): 5 captions sampled at T = 1, CIDEr-D averaged over them (as the paper); (bs): the top 5 "
+            "beams, CIDEr-D of the top beam (the paper's (bs) CIDEr equals its Table 2 beam-search CIDEr).",
+        ),
+        Table(
+            "alpha",
+            "the exploration weight α, tuned among 0.25, 0.5, 0.75",
+            SLE_GRID,
+            (
+                Row("a025", "α = 0.25", "sle_a025"),
+                Row("a050", "α = 0.5", "sle_a050"),
+                Row("a075", "α = 0.75 (chosen)", "sle"),
+            ),
+            best=Best(
+                "CIDEr",
+                "a075",
+                basis="tuned on the validation set; 'a quite stable value to reach the best "
+                "performance across different datasets'",
+            ),  # fmt: skip
+            notes="The paper reports only its choice. World: test CIDEr-D of the beam-search captions.",
+        ),
+        Table(
+            "me_coef",
+            "the max-entropy weight of SLL-ME, tuned among 1e-1, 1e-2, 1e-3",
+            SLE_GRID,
+            (
+                Row("e1", "coefficient 1e-1", "scst_me_1e1"),
+                Row("e2", "coefficient 1e-2 (chosen)", "scst_me"),
+                Row("e3", "coefficient 1e-3", "scst_me_1e3"),
+            ),
+            best=Best("CIDEr", "e2", basis="'tuned among 1e-1, 1e-2, 1e-3 and set to 1e-2 for the best performance'"),
+            notes="The paper reports only its choice.",
+        ),
+    ),
+)
+
+# -- No Detail Left Behind (shared/papers/001_a7069adbd94b2d1a.txt) --------------------------------------------------
+
+NDLB_COLUMNS = (
+    Column("CIDEr", "CIDEr-D", 100.0),
+    Column("RD100 R@1", "RD/R@1", 100.0),
+    Column("#3", "bag3/R@1", 100.0),
+    Column("#5", "bag5/R@1", 100.0),
+    Column("#7", "bag7/R@1", 100.0),
+)
+CHECK_COLUMNS = (
+    *NDLB_COLUMNS,
+    Column("Length", "Length"),
+    Column("faith. precision", "faith/precision"),
+    Column("faith. recall", "faith/recall"),
+)
+
+
+def listed(table_id: str, title: str, columns: tuple[Column, ...], rows: Sequence[tuple[str, tuple]], **kw) -> Table:
+    """A table whose rows are listed with the paper's numbers and no world run yet."""
+    return Table(table_id, title, columns, tuple(Row(f"r{i}", label, None, numbers) for i, (label, numbers) in
+                                                 enumerate(rows, 1)), runnable=False, **kw)  # fmt: skip
+
+
+NDLB = Paper(
+    key="ndlb",
+    title="No Detail Left Behind: Revisiting Self-Retrieval for Fine-Grained Image Captioning (Gaur et al., 2024)",
+    source="001_a7069adbd94b2d1a.txt",
+    metrics=("length", "vocab", "faithfulness", "retrieval", "bags", "clipscore", "bleu", "cider"),
+    notes="World columns: CIDEr = CIDEr-D × 100 against the human references; RD100 R@1 = self-retrieval against "
+    "eval.n_distractors random test images (99 in the full run); #3/#5/#7 = R@1 in TrueMatch-style bags of the "
+    "test split built with Algorithms 1-2 (no manual filtering).",
+    tables=(
+        Table(
+            "check_logprob",
+            "log p(caption) summed or divided by its length (NDLB's code divides)",
+            CHECK_COLUMNS,
+            (
+                Row("mean", "mean (released code, clipcap.py:358)", "sr_bagcurri"),
+                Row("sum", "sum", "sr_bagcurri_sum"),
+            ),
+            notes="Not a paper table: one controlled comparison of the setting the released code fixes, on the "
+            "demo's sr_bagcurri (SR-LV, SR + 0.5·CIDEr-D, BagCurri).",
+        ),
+        Table(
+            "check_scale",
+            "the similarity scale s of log_softmax(s·cos) (NDLB's code: CLIP's exp(logit_scale))",
+            CHECK_COLUMNS,
+            (
+                Row("own", "s = the retriever's exp(logit_scale) (released code, receiver.py:26)", "sr_bagcurri"),
+                Row("cos", "s = 1 (Eq. 1 as written: the cosine itself)", "sr_bagcurri_cos"),
+            ),
+            notes="Not a paper table. The λ trade-off with CIDEr depends on s (the SR reward's range scales with "
+            "it).",
+        ),
+        listed("4", "Fine-tuning different modules with SR (SR-L / SR-V / SR-LV × caption field)", NDLB_COLUMNS, [
+            ("COCO, SR-L", (108.2, 83.7, 53.3, 42.3, 38.4)),
+            ("COCO, SR-V", (97.2, 86.1, 59.3, 49.2, 45.0)),
+            ("COCO, SR-LV", (96.6, 87.4, 59.6, 51.2, 47.2)),
+            ("BlendCap, SR-L", (80.1, 87.5, 54.7, 47.5, 44.2)),
+            ("BlendCap, SR-V", (72.4, 90.1, 61.3, 52.9, 51.0)),
+            ("BlendCap, SR-LV", (72.7, 90.7, 61.3, 52.3, 50.1)),
+            ("HolisticCap, SR-L", (27.8, 87.6, 59.1, 47.7, 46.5)),
+            ("HolisticCap, SR-V", (25.6, 90.2, 61.9, 52.5, 51.5)),
+            ("HolisticCap, SR-LV", (26.5, 90.7, 62.6, 52.7, 51.2)),
+        ]),
+        listed("5", "SR with the bag curriculum (BagCurri) against vanilla SR-L", NDLB_COLUMNS, [
+            ("COCO, SR-L, no BagCurri", (108.2, 83.7, 53.3, 42.3, 38.4)),
+            ("COCO, SR-L + BagCurri", (103.4, 84.5, 53.7, 46.2, 41.5)),
+            ("COCO, SR-V + BagCurri", (85.8, 87.4, 63.1, 51.9, 49.3)),
+            ("COCO, SR-LV + BagCurri", (84.2, 85.8, 67.2, 56.3, 53.6)),
+            ("HolisticCap, SR-L, no BagCurri", (27.8, 87.6, 59.1, 47.7, 46.5)),
+            ("HolisticCap, SR-L + BagCurri", (31.3, 88.5, 58.4, 50.0, 49.5)),
+            ("HolisticCap, SR-V + BagCurri", (25.8, 90.6, 64.0, 54.6, 54.1)),
+            ("HolisticCap, SR-LV + BagCurri", (29.7, 91.3, 65.2, 57.1, 57.1)),
+        ]),
+        listed("7", "Combining SR with CIDEr optimisation (C: CIDEr, SR, BC: BagCurri)", NDLB_COLUMNS, [
+            ("COCO, MLE", (107.8, 76.5, 50.8, 36.5, 33.8)),
+            ("COCO, SR-L", (108.2, 83.7, 53.3, 42.3, 38.4)),
+            ("COCO, C", (118.5, 79.1, 50.7, 37.3, 36.3)),
+            ("COCO, SR-LV + BC", (84.2, 85.8, 67.2, 56.3, 53.6)),
+            ("COCO, C + SR-LV + BC", (92.8, 89.0, 59.6, 51.2, 47.2)),
+            ("HolisticCap, MLE", (26.6, 84.7, 55.9, 43.7, 42.2)),
+            ("HolisticCap, SR-L", (27.8, 87.6, 59.1, 47.7, 46.5)),
+            ("HolisticCap, C", (55.7, 86.9, 57.6, 47.1, 47.0)),
+            ("HolisticCap, SR-LV + BC", (29.7, 91.3, 65.2, 57.1, 57.1)),
+            ("HolisticCap, C + SR-LV + BC", (38.0, 92.6, 67.7, 58.7, 57.9)),
+        ]),
+        listed("10", "Fixed bag sizes against BagCurri (SR-LV, HolisticCap)", NDLB_COLUMNS, [
+            ("Rand", (26.5, 90.2, 62.6, 52.7, 51.2)),
+            ("Bag2", (26.0, 90.5, 64.8, 54.0, 55.1)),
+            ("Bag3", (26.0, 90.7, 64.8, 55.4, 55.3)),
+            ("Bag5", (25.2, 90.9, 65.0, 55.8, 52.8)),
+            ("Bag7", (25.7, 90.8, 65.1, 56.7, 55.3)),
+            ("Bag10", (25.3, 90.9, 65.1, 55.8, 54.1)),
+            ("Bag15", (24.9, 91.0, 66.5, 59.2, 56.5)),
+            ("Bag20", (24.8, 91.1, 66.5, 58.8, 57.3)),
+            ("BagCurri", (29.7, 91.3, 65.2, 57.1, 57.1)),
+        ]),
+        listed("13", "λ of R = SR + λ·CIDEr (HolisticCap, SR-LV + BagCurri)", NDLB_COLUMNS, [
+            ("λ = 0", (29.7, 91.3, 65.2, 57.1, 57.1)),
+            ("λ = 0.1", (29.8, 92.4, 64.8, 54.0, 55.1)),
+            ("λ = 0.3", (33.3, 92.0, 68.2, 61.2, 57.1)),
+            ("λ = 0.5 (chosen)", (38.0, 92.6, 67.7, 58.7, 57.9)),
+            ("λ = 0.7", (41.4, 92.7, 68.1, 58.3, 56.8)),
+            ("λ = 1", (45.4, 92.5, 66.5, 56.2, 56.2)),
+        ]),
+        listed("14", "CIDEr of SR-L trained until its RD100 R@1 equals SR-V's", (
+            Column("SR-L (extended) CIDEr", "CIDEr-D", 100.0), Column("SR-V CIDEr", "CIDEr-D", 100.0)), [
+            ("COCO", (107.8, 104.0)),
+            ("BlendCap", (80.2, 77.3)),
+            ("HolisticCap", (26.6, 26.4)),
+        ], notes="The text's header reads 'MLE SR-L | SR-V'; the numbers are as printed."),
+        listed("fig3", "SR-L on COCO for 100 epochs, changes over training (Sec. 4.4)", (
+            Column("Δ RD100 R@1", "RD/R@1", 100.0), Column("Δ CIDEr", "CIDEr-D", 100.0)), [
+            ("SR-L, 100 epochs", (7.9, -15.4)),
+        ]),
+        listed("8", "ImageCoDe analogue (zero-shot R@1); world: scene families (world.families)", (
+            Column("R@1", "bag/R@1", 100.0),), [
+            ("COCO, MLE", (28.8,)),
+            ("COCO, SR-L", (30.3,)),
+            ("ConCap, SR-L", (36.2,)),
+            ("HolisticCap, MLE", (31.9,)),
+            ("HolisticCap, SR-L", (33.0,)),
+            ("HolisticCap, SR-LV BagCurri", (37.9,)),
+        ]),
+    ),
+)  # fmt: skip
+
+# -- DiscriTune (shared/papers/002_c0fa3c976453cc8e.txt) -------------------------------------------------------------
+
+NLG = (Column("B@4", "BLEU-4", 100.0), Column("M", "METEOR", 100.0), Column("C", "CIDEr-D", 100.0),
+       Column("S", "SPICE", 100.0))  # fmt: skip
+P_AT_1 = (Column("P@1", "RD/R@1", 100.0),)
+
+DISCRITUNE = Paper(
+    key="discritune",
+    title="Cross-Domain Image Captioning with Discriminative Finetuning, DiscriTune (Dessì et al., CVPR 2023)",
+    source="002_c0fa3c976453cc8e.txt",
+    metrics=("length", "vocab", "faithfulness", "retrieval", "bags", "clipscore", "bleu", "cider"),
+    notes="World columns: P@1 = self-retrieval R@1 against eval.n_distractors random test images (99 in the full "
+    "run, as the paper's 100 candidates).",
+    tables=(
+        Table(
+            "check_logprob",
+            "log p(caption) summed or divided by its length (DiscriTune's code divides)",
+            CHECK_COLUMNS,
+            (
+                Row("mean", "mean (released code, clipcap.py:300-308)", "discritune"),
+                Row("sum", "sum", "discritune_sum"),
+            ),
+            notes="Not a paper table: one controlled comparison of the setting the released code fixes, on the "
+            "demo's discritune stage (SR-L, 99 in-batch distractors, greedy decoding, running-mean baseline).",
+        ),
+        listed("1", "Retrieval P@1 among 100 candidates (COCO column)", P_AT_1, [
+            ("ClipCap-COCO", (74.2,)),
+            ("DiscriTune-COCO", (84.8,)),
+            ("Human captions", (76.3,)),
+        ]),
+        listed("2", "NLG metrics in-domain (COCO block)", NLG, [
+            ("ClipCap-COCO", (32.60, 27.50, 108.55, 20.33)),
+            ("DiscriTune-COCO", (32.31, 26.05, 105.40, 20.03)),
+        ]),
+        listed("8", "REINFORCE baselines (P@1, Flickr validation, 100 candidates)", P_AT_1, [
+            ("no baseline (greedy decoding)", (34.3,)),
+            ("greedy-decoding baseline (beam-5 captions)", (97.4,)),
+            ("running mean (greedy decoding)", (97.8,)),
+        ], notes="Row labels from the text of Appendix B.1 (the table's own labels are missing from the paper text)."),
+        listed("9", "Reward functions (P@1, Flickr validation, 100 candidates)", P_AT_1, [
+            ("cosine similarity", (85.2,)),
+            ("accuracy", (85.3,)),
+            ("log probability", (86.2,)),
+        ]),
+        listed("12", "Hard distractors in training: NLG metrics (COCO block)", NLG, [
+            ("ClipCap-COCO", (32.60, 27.50, 108.55, 20.33)),
+            ("DiscriTune-COCO", (32.31, 26.05, 105.40, 20.03)),
+            ("w/ 5 hard distractors", (29.85, 25.53, 100.25, 19.50)),
+            ("w/ 10 hard distractors", (29.20, 25.25, 98.69, 19.30)),
+        ]),
+        listed("13", "Hard distractors in training: P@1 (COCO block)", P_AT_1, [
+            ("ClipCap-COCO", (74.2,)),
+            ("DiscriTune-COCO", (84.8,)),
+            ("w/ 5 hard distractors", (84.9,)),
+            ("w/ 10 hard distractors", (85.2,)),
+        ]),
+        listed("4", "DiscriTune on BLIP: cross-domain retrieval P@1 (Flickr, nocaps near, nocaps out, Concadia)", (
+            Column("Flickr", "RD/R@1", 100.0), Column("nocaps near", "RD/R@1", 100.0),
+            Column("nocaps out", "RD/R@1", 100.0), Column("Concadia", "RD/R@1", 100.0)), [
+            ("BLIP", (75.1, 87.0, 90.6, 71.0)),
+            ("DiscriTune-BLIP", (80.8, 90.2, 92.6, 74.9)),
+        ], notes="World analogue: the shifted domain (world.shift=domain, the demo's transfer stage)."),
+        listed("5", "DiscriTune on BLIP: NLG metrics (Flickr block)", NLG, [
+            ("BLIP", (27.18, 22.74, 70.63, 16.03)),
+            ("DiscriTune-BLIP", (28.19, 23.61, 74.77, 16.9)),
+        ]),
+        listed("11", "ImageCoDe analogue (P@1 among 10 frames); world: scene families", (
+            Column("P@1", "bag/R@1", 100.0),), [],
+            notes="The paper text lists the values 28.7, 34.0, 26.8, 36.2, 24.0, 24.7, 22.3 without their row "
+            "labels, so no row is transcribed here."),
+    ),
+)  # fmt: skip
+
+PAPERS: dict[str, Paper] = {p.key: p for p in (SMILE, SLE, NDLB, DISCRITUNE)}
+
+
+# ====================================================================================================================
+# Verdicts (pure functions over the result files' numbers)
+# ====================================================================================================================
+
+Results = dict[int, dict[str, dict[str, float]]]  # seed -> run -> metric key -> value
+
+
+def metric_value(metrics: dict[str, float], key: str) -> float | None:
+    """``metrics[key]``, with ``RD/`` standing for the RD-N key the run has (``RD99/`` in a full run)."""
+    if key.startswith("RD/") or "/RD/" in key:
+        head, _, tail = key.partition("RD/")
+        found = [k for k in metrics if re.fullmatch(rf"{re.escape(head)}RD\d+/{re.escape(tail)}", k)]
+        key = found[0] if found else key
+    value = metrics.get(key)
+    return None if value is None or (isinstance(value, float) and math.isnan(value)) else float(value)
+
+
+def world_values(results: Results, row: Row, column: Column) -> dict[int, float]:
+    """``{seed: value}`` of a row's column (in the paper's unit) for the seeds whose run has it."""
+    out = {}
+    for seed, runs in results.items():
+        if row.run is not None and row.run in runs:
+            value = metric_value(runs[row.run], row.prefix + column.key)
+            if value is not None:
+                out[seed] = value * column.scale
+    return out
+
+
+def sign(x: float) -> int:
+    return (x > 0) - (x < 0)
+
+
+@dataclass
+class Check:
+    """One judged column of one row against one other row."""
+
+    column: str
+    against: str
+    paper_sign: int  # the paper's effect (+1 / -1; 0 = the paper shows no change)
+    agree: int  # seeds whose world effect has the paper's sign
+    seeds: int  # seeds with both rows run
+    ties: int = 0  # seeds whose world values are equal (no world effect either way)
+
+    def text(self) -> str:
+        if self.paper_sign == 0:
+            return f"{self.column} = (paper: no change; not judged)"
+        arrow = "↑" if self.paper_sign > 0 else "↓"
+        return f"{self.column} {arrow} {self.agree}/{self.seeds}" + (f" ({self.ties} tied)" if self.ties else "")
+
+
+def row_checks(table: Table, row: Row, results: Results) -> list[Check]:
+    """The judged columns of ``row`` against each row of ``row.vs``, over the seeds where both rows were run."""
+    by_id = {r.id: r for r in table.rows}
+    checks = []
+    for other_id in row.vs:
+        other = by_id[other_id]
+        for i, column in enumerate(table.columns):
+            if row.paper and other.paper and row.paper[i] is not None and other.paper[i] is not None:
+                paper_sign = sign(row.paper[i] - other.paper[i])
+            elif row.expect and i < len(row.expect) and row.expect[i] is not None:
+                paper_sign = row.expect[i]
+            else:
+                continue
+            mine, theirs = world_values(results, row, column), world_values(results, other, column)
+            seeds = sorted(set(mine) & set(theirs))
+            if not seeds:
+                continue
+            world = [sign(mine[s] - theirs[s]) for s in seeds]
+            agree = sum(w == paper_sign for w in world) if paper_sign else 0
+            label = column.label + (f" vs {other.label}" if len(row.vs) > 1 else "")
+            checks.append(Check(label, other_id, paper_sign, agree, len(seeds), ties=world.count(0)))
+    return checks
+
+
+def row_verdict(table: Table, row: Row, results: Results) -> str:
+    """The verdict cell of a row (module docstring)."""
+    if not table.runnable:
+        return "not run yet"
+    if row.run is None:
+        return f"not comparable: {row.why}"
+    if not any(row.run in runs for runs in results.values()):
+        return "not run yet"
+    if not row.vs:
+        return "reference" if any(r.vs and row.id in r.vs for r in table.rows) else "—"
+    by_id = {r.id: r for r in table.rows}
+    missing = [v for v in row.vs if by_id[v].run is None or not any(by_id[v].run in rs for rs in results.values())]
+    checks = row_checks(table, row, results)
+    judged = [c for c in checks if c.paper_sign != 0]
+    if not judged:
+        if missing:
+            return "not judged: " + ", ".join(by_id[v].label for v in missing) + " not run"
+        return "no paper effect to judge" + ("" if not checks else ": " + "; ".join(c.text() for c in checks))
+    if all(c.agree == c.seeds for c in judged):
+        word = "holds"
+    elif all(c.ties == c.seeds for c in judged):
+        word = "no world difference"
+    elif all(c.agree == 0 for c in judged):
+        word = "does not hold"
+    else:
+        word = "partly holds"
+    return f"{word}: " + ", ".join(c.text() for c in checks)
+
+
+def mean_std(values: Sequence[float]) -> tuple[float, float]:
+    m = sum(values) / len(values)
+    s = math.sqrt(sum((v - m) ** 2 for v in values) / (len(values) - 1)) if len(values) > 1 else 0.0
+    return m, s
+
+
+def best_verdict(table: Table, results: Results) -> str | None:
+    """Whether the paper's chosen row of a grid is the world's best on the chosen column (mean over seeds)."""
+    best = table.best
+    if best is None:
+        return None
+    index = [c.label for c in table.columns].index(best.column)
+    column = table.columns[index]
+    means = {r.id: mean_std(list(v.values()))[0] for r in table.rows if (v := world_values(results, r, column))}
+    chosen = next(r for r in table.rows if r.id == best.chosen)
+    head = f"The paper's choice: {chosen.label.removesuffix(' (chosen)')}" + (f" ({best.basis})" if best.basis else "")
+    head += ". "
+    if len(means) < len([r for r in table.rows if r.run]):
+        return head + "World: not every row has run yet."
+    pick = (max if best.higher else min)(means, key=means.get)
+    winner = next(r for r in table.rows if r.id == pick)
+    seeds = len({s for s, runs in results.items() if any(r.run in runs for r in table.rows)})
+    word = "holds" if pick == best.chosen else "does not hold"
+    return (f"{head}World: the best {best.column} (mean over {seeds} seed(s)) is {winner.label} "
+            f"({means[pick]:.2f}): {word}.")  # fmt: skip
+
+
+# ====================================================================================================================
+# The page
+# ====================================================================================================================
+
+
+def fmt(value: float | None) -> str:
+    if value is None:
+        return "—"
+    if abs(value) >= 10:
+        return f"{value:.1f}"
+    if abs(value) >= 1:
+        return f"{value:.2f}"
+    return f"{value:.3f}"
+
+
+def world_cell(results: Results, row: Row, column: Column) -> str:
+    values = list(world_values(results, row, column).values())
+    if not values:
+        return "—"
+    m, s = mean_std(values)
+    return fmt(m) + (f" ± {fmt(s)}" if len(values) > 1 else "")
+
+
+def render_table(table: Table, results: Results) -> str:
+    labels = [f"{c.label} {c.arrow}".strip() for c in table.columns]
+    header = ["row", *labels, "world run", "verdict"]
+    lines = ["| " + " | ".join(header) + " |", "|" + " --- |" * len(header)]
+    for row in table.rows:
+        cells = [row.label]
+        for i, column in enumerate(table.columns):
+            paper = fmt(row.paper[i]) if row.paper and row.paper[i] is not None else "—"
+            world = world_cell(results, row, column) if table.runnable and row.run else "—"
+            cells.append(f"{paper} / {world}")
+        cells.append(f"`{row.run}`" if row.run and table.runnable else "—")
+        cells.append(row_verdict(table, row, results))
+        lines.append("| " + " | ".join(cells) + " |")
+    out = "\n".join(lines)
+    verdict = best_verdict(table, results)
+    return out + (f"\n\n{verdict}" if verdict else "")
+
+
+def run_description(key: str) -> str:
+    run = RUNS[key]
+    if run.recipe is None:
+        return "the human references: the first caption of each test image, scored against the other four"
+    parts = [f"recipe `demo/{run.recipe}`"]
+    if run.overrides:
+        parts.append("overrides " + ", ".join(f"`{o}`" for o in run.overrides))
+    parts.append(f"from `{run.init}`" if run.init else "from random weights")
+    return "; ".join(parts)
+
+
+def render_page(paper: Paper, results: Results, meta: dict[str, Any]) -> str:
+    seeds = sorted(results)
+    quick = meta.get("quick", False)
+    lines = []
+    if quick:
+        lines += [f"> {QUICK_NOTE}", ""]
+    lines += [
+        f"# {paper.title}: the paper's tables on the world",
+        "",
+        "Generated by [`benchmarks/paper_tables.py`](../../benchmarks/paper_tables.py) "
+        f"(`python benchmarks/paper_tables.py --paper {paper.key}`) from the result files under "
+        f"`{meta.get('data', 'docs/reproductions/data')}/{paper.key}/`; do not edit by hand. The paper's text: "
+        f"`shared/papers/{paper.source}`.",
+        "",
+        "Each cell is **paper / world**: the paper's number, then finecap's analogue on the embedded world (mean ± "
+        "standard deviation over the world seeds run; a seed is a different world, `world.seed`, and a different "
+        "initialisation, `run.seed`). The world is a stand-in for COCO: its captioners are tiny models trained from "
+        "scratch, so the numbers are not comparable in size, only the direction of each effect is. **Verdict**: for a "
+        "row judged against another row, each column whose paper numbers differ gives the paper's direction (↑ / ↓); "
+        "`k/n` counts the seeds whose world difference has that direction. *holds* = every judged column on every "
+        "seed, *does not hold* = none, *partly holds* = in between (`tied`: seeds where both world rows are equal); "
+        "*reference* = a row others are judged against.",
+        "",
+        f"World seeds with results: {', '.join(map(str, seeds)) if seeds else 'none yet'}. Budget: "
+        + ("the demo's quick settings (a world of 300 training scenes, 12 training steps per run)." if quick else
+           "the default demo world (10,000 training scenes, 64×64 images) and the demo recipes' budgets "
+           "(docs/demo.md); every run starts from the seed's MLE start unless its row says otherwise."),
+        "",
+    ]  # fmt: skip
+    if paper.notes:
+        lines += [paper.notes, ""]
+    for table in paper.tables:
+        lines += [f"## {table.heading}", ""]
+        if not table.runnable:
+            lines += ["Not run yet: the rows are listed with the paper's numbers; their world runs are not defined "
+                      "in `benchmarks/paper_tables.py` yet.", ""]  # fmt: skip
+        if table.notes:
+            lines += [table.notes, ""]
+        if table.rows:
+            lines += [render_table(table, results), ""]
+    used = sorted({r.run for t in paper.tables if t.runnable for r in t.rows if r.run})
+    if used:
+        lines += ["## The world runs", "", "| run | how it is made |", "| --- | --- |"]
+        lines += [f"| `{key}` | {run_description(key)} |" for key in used]
+        lines.append("")
+    if meta.get("unavailable"):
+        lines += ["Metrics not computed: " + "; ".join(f"{k}: {v}" for k, v in sorted(meta["unavailable"].items())),
+                  ""]  # fmt: skip
+    return "\n".join(lines)
+
+
+QUICK_NOTE = (
+    "QUICK RUN (paper_tables.py --quick): a tiny world and a few training steps per run, to check that the runner "
+    "works. These numbers are not results."
+)
+
+
+def load_results(data_dir: Path, paper: Paper) -> tuple[Results, dict[str, Any]]:
+    """Every result file of ``paper`` under ``data_dir``: ``{seed: {run: metrics}}`` and what the page says about
+    them (quick runs present, metrics not computed)."""
+    from finecap.utils import read_json
+
+    results: Results = {}
+    meta: dict[str, Any] = {"quick": False, "unavailable": {}}
+    for path in sorted((data_dir / paper.key).glob("seed*/*.json")):
+        match = re.fullmatch(r"seed(\d+)", path.parent.name)
+        if match is None:
+            continue
+        record = read_json(path)
+        results.setdefault(int(match.group(1)), {})[path.stem] = record["metrics"]
+        meta["quick"] = meta["quick"] or bool(record.get("quick"))
+        meta["unavailable"].update(record.get("unavailable", {}))
+    return results, meta
+
+
+def write_page(paper: Paper, data_dir: Path, page_dir: Path) -> Path:
+    from finecap.utils import atomic_write_text
+
+    results, meta = load_results(data_dir, paper)
+    data = data_dir.resolve()
+    meta["data"] = str(data.relative_to(ROOT)) if data.is_relative_to(ROOT) else str(data)
+    path = page_dir / f"{paper.key}.md"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(path, render_page(paper, results, meta))
+    return path
+
+
+# ====================================================================================================================
+# Running the grid
+# ====================================================================================================================
+
+
+def grid_class():
+    """:class:`Grid`, built on first use: importing finecap (torch) is deferred so ``--list`` and the page are fast."""
+    from finecap.app.demo import DEFAULT, QUICK, Demo
+    from finecap.config import Config, load
+    from finecap.recipes import resolve_recipe
+
+    @dataclass
+    class Grid(Demo):
+        """One seed's grid: a run directory per run under ``run_dir`` (``<runs>/seed<N>``), configured from
+        :data:`RUNS` on top of the demo's settings (the demo's ``caption_stage``, ``stage_samples``,
+        ``diversity_metrics`` and ``test_bags`` then work on it unchanged)."""
+
+        def stage_config(self, stage: str) -> Config:
+            run = RUNS[stage]
+            recipe = resolve_recipe(f"demo/{run.recipe}")
+            cfg = load(recipe, [*run.overrides, *self.items], base=DEFAULT, over=QUICK if self.quick else None)
+            train = cfg.train
+            if run.init is not None:
+                train = dataclasses.replace(train, init_from=str(self.stage_dir(run.init) / "checkpoints" / "best"))
+            return dataclasses.replace(cfg, run=dataclasses.replace(cfg.run, dir=str(self.stage_dir(stage))),
+                                       train=train)  # fmt: skip
+
+    def make(seed: int, runs_dir: Path, items: Sequence[str], quick: bool) -> Grid:
+        seed_items = [f"world.seed={seed}", f"run.seed={seed}", *items]
+        cfg = load(None, seed_items, base=DEFAULT, over=QUICK if quick else None)
+        return Grid(cfg=cfg, items=seed_items, quick=quick, run_dir=runs_dir / f"seed{seed}")
+
+    return make
+
+
+def ensure_trained(grid: Any, key: str) -> None:
+    """Train run ``key`` (and the run it starts from) unless its ``DONE`` marker exists; resume a killed one."""
+    from finecap.app.train import train
+    from finecap.train.state import find_resumable
+
+    run = RUNS[key]
+    if run.recipe is None:
+        return
+    if run.init is not None:
+        ensure_trained(grid, run.init)
+    out = grid.stage_dir(key)
+    if (out / "DONE").exists():
+        return
+    print(f"== train {key}: {run_description(key)}", flush=True)
+    # a killed run continues from its newest complete checkpoint; one killed before any starts again (its folder is
+    # the runner's own: overwrite removes only finecap's run files)
+    resumable = out.exists() and find_resumable(out) is not None
+    train(grid.stage_config(key), resume=resumable, overwrite=not resumable)
+    (out / "DONE").write_text("ok\n")
+
+
+def train_fluency_lm(grid: Any) -> Path:
+    """The world's fluency language model (SMILE's PPL column): the world-tiny GPT-2 trained on the human training
+    captions, saved with ``save_pretrained`` for :class:`finecap.metrics.perplexity.Perplexity`.
+
+    A short plain loop rather than finecap's engine, which trains image-conditioned captioners, not text-only LMs.
+    """
+    import torch
+
+    from finecap.data.datasets import load_records
+    from finecap.models.presets import build_world_lm
+    from finecap.utils import seed_everything
+
+    out = grid.run_dir / "fluency_lm"
+    if (out / "DONE").exists():
+        return out
+    cfg = grid.cfg
+    seed_everything(cfg.run.seed)
+    model, tokenizer = build_world_lm(layers=cfg.model.tiny_layers, hidden=cfg.model.tiny_hidden,
+                                      heads=cfg.model.tiny_heads)  # fmt: skip
+    captions = [c for r in load_records(cfg, "train") for c in r.captions]
+    steps = cfg.train.max_steps if grid.quick or cfg.train.max_steps else FLUENCY_STEPS
+    batch = min(64, len(captions))
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    generator = torch.Generator().manual_seed(cfg.run.seed)
+    model.train()
+    print(f"== train fluency_lm: world-tiny GPT-2 on {len(captions)} human captions, {steps} steps", flush=True)
+    for _ in range(steps):
+        picks = torch.randint(len(captions), (batch,), generator=generator).tolist()
+        rows = [[tokenizer.bos_token_id, *tokenizer(captions[i], add_special_tokens=False)["input_ids"],
+                 tokenizer.eos_token_id] for i in picks]  # fmt: skip
+        width = max(len(r) for r in rows)
+        ids = torch.full((batch, width), tokenizer.pad_token_id)  # (B, T)
+        labels = torch.full((batch, width), -100)  # (B, T): padding not predicted
+        for i, r in enumerate(rows):
+            ids[i, : len(r)] = torch.tensor(r)
+            labels[i, 1 : len(r)] = torch.tensor(r[1:])  # the start token is context, not predicted
+        loss = model(input_ids=ids, attention_mask=(ids != tokenizer.pad_token_id).long(), labels=labels).loss
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    model.eval()
+    model.save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    (out / "DONE").write_text("ok\n")
+    return out
+
+
+FLUENCY_STEPS = 1500
+"""Steps of 64 captions for the fluency LM in a full run (about two epochs of the default world's 50,000)."""
+
+
+def unavailable_metrics(paper: Paper) -> dict[str, str]:
+    from finecap.metrics.meteor import meteor_unavailable_reason
+
+    out = {}
+    if "meteor" in paper.metrics and (reason := meteor_unavailable_reason()) is not None:
+        out["METEOR"] = reason
+    return out
+
+
+def evaluate_run(grid: Any, paper: Paper, key: str) -> dict[str, float]:
+    """The paper's metrics of run ``key`` on the test split (beam-5 captions of its best checkpoint)."""
+    from finecap.app.demo import caption_stage, diversity_metrics, test_bags
+    from finecap.data.datasets import load_records
+    from finecap.data.formats import read_results
+    from finecap.home import world_path
+    from finecap.metrics.suite import evaluate
+    from finecap.models.retriever import load_retriever
+    from finecap.world.make import load_scenes
+
+    cfg = grid.cfg
+    if paper.fluency_lm:
+        cfg = dataclasses.replace(cfg, eval=dataclasses.replace(cfg.eval, lm=str(train_fluency_lm(grid))))
+    metrics = [m for m in paper.metrics if not (m == "meteor" and unavailable_metrics(paper))]
+    records = load_records(cfg, "test")
+    scenes_by_id = load_scenes(world_path(cfg.world))
+    references = {r.image_id: r.captions[1:] for r in records}  # the first caption is the human row's
+    if RUNS[key].recipe is None:
+        predictions = {r.image_id: r.captions[0] for r in records}
+    else:
+        predictions = {i: c[0] for i, c in read_results(caption_stage(grid, key)).items()}
+    scores = evaluate(predictions, references, metrics=metrics, retriever=load_retriever(cfg), images=records,
+                      scenes={r.image_id: scenes_by_id[int(r.image_id)] for r in records},
+                      bags=test_bags(grid) if "bags" in metrics else None, cfg=cfg)  # fmt: skip
+    if paper.diversity and RUNS[key].recipe is not None:
+        scores.update(diversity_metrics(grid, key, references))
+    return scores
+
+
+def result_path(data_dir: Path, paper: Paper, seed: int, key: str) -> Path:
+    return data_dir / paper.key / f"seed{seed}" / f"{key}.json"
+
+
+def runs_of(paper: Paper, tables: Sequence[Table]) -> list[str]:
+    """The runs the tables need, in order of first use (each run's start is trained first by ensure_trained)."""
+    keys: list[str] = []
+    for table in tables:
+        for row in table.rows:
+            if table.runnable and row.run and row.run not in keys:
+                keys.append(row.run)
+    return keys
+
+
+def run_grid(paper: Paper, tables: Sequence[Table], seeds: Sequence[int], *, quick: bool, runs_dir: Path,
+             data_dir: Path, page_dir: Path, items: Sequence[str]) -> Path:  # fmt: skip
+    """Run (or resume) every run the tables need on every seed, writing one result file per run and the page."""
+    from finecap.app.prepare import prepare
+    from finecap.utils import write_json
+
+    make_grid = grid_class()
+    keys = runs_of(paper, tables)
+    for seed in seeds:
+        grid = make_grid(seed, runs_dir, items, quick)
+        todo = [k for k in keys if not result_path(data_dir, paper, seed, k).exists()]
+        print(f"== {paper.key}, seed {seed}: {len(keys) - len(todo)} of {len(keys)} runs have results; "
+              f"to do: {', '.join(todo) or 'nothing'}", flush=True)  # fmt: skip
+        if not todo:
+            continue
+        grid.run_dir.mkdir(parents=True, exist_ok=True)
+        prepare(grid.cfg, {"world", "retriever"}, make=True)
+        for key in todo:
+            start = time.perf_counter()
+            ensure_trained(grid, key)
+            scores = evaluate_run(grid, paper, key)
+            run = RUNS[key]
+            write_json(result_path(data_dir, paper, seed, key), {
+                "paper": paper.key, "run": key, "seed": seed, "quick": quick, "recipe": run.recipe,
+                "overrides": list(run.overrides), "init": run.init, "items": list(items),
+                "unavailable": unavailable_metrics(paper),
+                "finished": datetime.now(UTC).isoformat(timespec="seconds"),
+                "seconds": round(time.perf_counter() - start, 1), "metrics": scores,
+            })  # fmt: skip
+            page = write_page(paper, data_dir, page_dir)
+            print(f"== {key}: done in {time.perf_counter() - start:.0f} s; page {page}", flush=True)
+    return write_page(paper, data_dir, page_dir)
+
+
+def list_tables(paper: Paper) -> str:
+    lines = [f"{paper.key}: {paper.title}"]
+    for t in paper.tables:
+        lines.append(f"  table {t.id}: {t.title}{'' if t.runnable else ' (not run yet)'}")
+        for r in t.rows:
+            if r.run:
+                what = f"run {r.run} ({run_description(r.run)})"
+            else:
+                what = f"not comparable: {r.why}" if t.runnable else "not run yet"
+            lines.append(f"    {r.label}: {what}")
+    return "\n".join(lines)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--paper", required=True, choices=sorted(PAPERS))
+    p.add_argument("--tables", default="", help="comma-separated table ids (default: every runnable table)")
+    p.add_argument("--seeds", default="0,1", help="comma-separated world seeds, run in this order")
+    p.add_argument("--quick", action="store_true", help="the demo's quick settings: checks the runner, no results")
+    p.add_argument("--runs-dir", default="", help="run directories (default runs/paper_tables[-quick])")
+    p.add_argument("--data-dir", default="", help="result files (default docs/reproductions/data; quick: in runs)")
+    p.add_argument("--page-dir", default="", help="the Markdown page (default docs/reproductions; quick: in runs)")
+    p.add_argument("--page-only", action="store_true", help="only rewrite the page from the result files")
+    p.add_argument("--list", action="store_true", help="print the tables, their rows and runs, and exit")
+    p.add_argument("overrides", nargs="*", help="section.key=value overrides for every run")
+    args = p.parse_args(argv)
+    paper = PAPERS[args.paper]
+    if args.list:
+        print(list_tables(paper))
+        return 0
+    runs_dir = Path(args.runs_dir) if args.runs_dir else ROOT / "runs" / ("paper_tables-quick" if args.quick else
+                                                                          "paper_tables")  # fmt: skip
+    data_dir = Path(args.data_dir) if args.data_dir else (runs_dir / "data" if args.quick else
+                                                          ROOT / "docs" / "reproductions" / "data")  # fmt: skip
+    page_dir = Path(args.page_dir) if args.page_dir else (runs_dir if args.quick else ROOT / "docs" / "reproductions")
+    if args.page_only:
+        print(f"wrote {write_page(paper, data_dir, page_dir)}")
+        return 0
+    ids = [t for t in args.tables.split(",") if t.strip()]
+    tables = [paper.table(t) for t in ids] if ids else [t for t in paper.tables if t.runnable]
+    idle = [t.id for t in tables if not t.runnable]
+    if idle:
+        raise SystemExit(f"--tables: {', '.join(idle)} of {paper.key} are listed only (not run yet): no world runs")
+    seeds = [int(s) for s in args.seeds.split(",") if s.strip()]
+    page = run_grid(paper, tables, seeds, quick=args.quick, runs_dir=runs_dir, data_dir=data_dir,
+                    page_dir=page_dir, items=args.overrides)  # fmt: skip
+    print(f"wrote {page}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
