@@ -209,6 +209,8 @@ def test_check_refuses_other_data_naming_both_fingerprints(world, tmp_path):
 
 def test_checkpoints_carry_the_runs_fingerprints(world, tmp_path):
     class Model:
+        tokenizer = None  # the captioner contract's member save_checkpoint reads (no tokenizer: no special ids)
+
         def save(self, out, state_dict=None):
             out.mkdir(parents=True)
             (out / "weights.txt").write_text("1")

@@ -48,7 +48,7 @@ def generate_captions(
     """
     decode = decode or cfg.decode
     if use_features is None:  # frozen encoders through the cache, when the backbone caches its vision outputs
-        use_features = not model.train_encoder and getattr(model, "cache_features", True)
+        use_features = not model.train_encoder and model.cache_features
     rank, world = (accelerator.process_index, accelerator.num_processes) if accelerator else (0, 1)
     main = rank == 0
     records = load_records(cfg, split)

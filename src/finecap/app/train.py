@@ -38,7 +38,7 @@ from finecap.data.fingerprint import check_run_dir as check_fingerprints_of_run
 from finecap.data.fingerprint import write_fingerprints
 from finecap.data.samplers import get_sampler
 from finecap.models.backbones import build_model as build_captioner
-from finecap.models.backbones import load_captioner
+from finecap.models.backbones import load_captioner, reads_world_encoder
 from finecap.models.lora import configure_training
 from finecap.objectives import TrainContext, get_objective
 from finecap.objectives.base import ObjectiveBase
@@ -127,12 +127,12 @@ def validator_factories(cfg: Config) -> list[Callable[[Config], Validator]]:
 
 def run_needs(cfg: Config, objective: ObjectiveBase, factories: Sequence[Any], *, fresh: bool) -> frozenset[str]:
     """What the run's components declare they need, plus ``"world_encoder"`` when a fresh captioner reads images
-    through the world encoder (``model.encoder=world``)."""
+    through the world encoder (:func:`finecap.models.backbones.reads_world_encoder`)."""
     sampler_factory = lookup(cfg.data.sampler, SAMPLERS, "data.sampler", "sampler")
     needs = set(declared_needs(objective)) | set(declared_needs(sampler_factory))
     for factory in factories:
         needs |= declared_needs(factory)
-    if fresh and cfg.model.encoder == "world":
+    if fresh and reads_world_encoder(cfg):
         needs.add("world_encoder")
     return frozenset(needs)
 

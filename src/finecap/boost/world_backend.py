@@ -60,11 +60,11 @@ class WorldLLM:
 
 
 class WorldVLM:
-    """The visual expert: a ClipCap checkpoint (``boost.vlm_model``) decoding greedily, up to ``data.max_tokens``
-    tokens (dense captions reach 41), on the frozen-feature cache of ``cfg``."""
+    """The visual expert: a captioner checkpoint (``boost.vlm_model``; the demo's is a ClipCap) decoding greedily,
+    up to ``data.max_tokens`` tokens (dense captions reach 41), on the frozen-feature cache of ``cfg``."""
 
     def __init__(self, checkpoint: str | Path, cfg: Config, batch_size: int = 256) -> None:
-        from finecap.models.clipcap import ClipCap
+        from finecap.models.backbones import load_captioner
         from finecap.train.checkpoint import model_dir
 
         path = Path(checkpoint)
@@ -74,9 +74,9 @@ class WorldVLM:
                 "`finecap train demo/visual_expert` (or set boost.vlm_backend)"
             )
         self.path = model_dir(path)
-        self.model = ClipCap.from_checkpoint(self.path).eval()
+        self.model = load_captioner(self.path).eval()  # any backbone's checkpoint (the demo trains a ClipCap)
         self.cfg = cfg
-        limit = (self.model.max_positions or 10**6) - self.model.prefix_length
+        limit = self.model.max_caption_tokens or 10**6
         self.decode = dataclasses.replace(
             cfg.decode, strategy="greedy", max_length=min(cfg.data.max_tokens, limit), num_return_sequences=1,
             batch_size=batch_size,

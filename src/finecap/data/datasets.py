@@ -145,7 +145,7 @@ class CaptionCollator:
 
 def model_collator(model: Any, max_tokens: int) -> CaptionCollator:
     """The collator for a captioner: its tokenizer, and its encoder's image preprocessing (if it has an encoder)."""
-    encoder = getattr(model, "encoder", None)
+    encoder = model.encoder
     return CaptionCollator(model.tokenizer, max_tokens, preprocess=encoder.preprocess if encoder is not None else None)
 
 

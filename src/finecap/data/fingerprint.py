@@ -232,12 +232,11 @@ def world_encoder_fingerprint(cfg: Config) -> dict[str, Any]:
 
 
 def external_encoder(meta: dict[str, Any]) -> str | None:
-    """The vision encoder a saved captioner loads from outside its folder, from its ``captioner.json``: ClipCap's
-    frozen ``encoder_source``, the world BLIP's ``world_source``; None when the checkpoint holds its encoder (a
-    trained encoder, a pretrained BLIP)."""
-    if meta.get("kind", "clipcap") == "blip":
-        return None if meta.get("world_saved") else (meta.get("world_source") or None)
-    return None if meta.get("encoder_saved") else (meta.get("encoder_source") or None)
+    """The vision encoder a saved captioner loads from outside its folder, from its ``captioner.json`` (each backbone
+    says: :func:`finecap.models.backbones.external_encoder`); None when the checkpoint holds its encoder."""
+    from finecap.models.backbones import external_encoder as from_backbone  # deferred: torch, only when reading one
+
+    return from_backbone(meta)
 
 
 def captioner_fingerprint(cfg: Config, model_folder: str | Path | None = None) -> dict[str, Any]:
@@ -246,17 +245,17 @@ def captioner_fingerprint(cfg: Config, model_folder: str | Path | None = None) -
     checkpoint loads), else from ``cfg`` as training builds it: ``model.encoder`` (``world`` = the world encoder),
     or the ``train.init_from`` checkpoint's encoder; none when ``model.train_encoder`` saves it or a pretrained
     BLIP (``model.blip``) brings its own."""
+    from finecap.models.backbones import encoder_source
     from finecap.models.clipcap import CONFIG_NAME
 
-    m = cfg.model
     if model_folder is not None:
         source = external_encoder(read_json(Path(model_folder) / CONFIG_NAME))
-    elif m.train_encoder or (m.kind == "blip" and m.blip != "world-tiny" and not cfg.train.init_from):
+    elif cfg.model.train_encoder:
         source = None
     elif cfg.train.init_from:
         source = external_encoder(read_json(model_dir(cfg.train.init_from) / CONFIG_NAME))
     else:
-        source = "world" if m.encoder == "world" else m.encoder
+        source = encoder_source(cfg)  # "world", a CLIP path or name, or None (the model brings its own)
     if source is None:
         return _with_id({"kind": "in-checkpoint"})
     return world_encoder_fingerprint(cfg) if source == "world" else source_fingerprint(source)

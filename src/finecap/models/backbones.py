@@ -69,6 +69,12 @@ def reads_world_encoder(cfg: Config) -> bool:
     return backbone(cfg.model.kind).reads_world_encoder(cfg.model)
 
 
+def encoder_source(cfg: Config) -> str | None:
+    """The vision encoder a fresh captioner of ``cfg`` loads from outside its checkpoint (``"world"``: the world
+    encoder), or ``None`` when the model brings its own (a pretrained BLIP, a VLM)."""
+    return backbone(cfg.model.kind).encoder_source(cfg.model)
+
+
 def external_encoder(meta: dict[str, Any]) -> str | None:
     """The vision encoder a saved captioner loads from outside its folder, from its ``captioner.json``, or ``None``
     when the folder holds everything (what a checkpoint's fingerprint must cover besides the folder)."""

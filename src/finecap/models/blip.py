@@ -449,6 +449,11 @@ class Blip(nn.Module):
         return model_cfg.blip == "world-tiny" and model_cfg.encoder == "world"
 
     @staticmethod
+    def encoder_source(model_cfg: Any) -> str | None:
+        """The world BLIP reads ``model.encoder`` from outside its checkpoint; a pretrained BLIP brings its own."""
+        return model_cfg.encoder if model_cfg.blip == "world-tiny" else None
+
+    @staticmethod
     def external_encoder(meta: dict[str, Any]) -> str | None:
         """The world BLIP's frozen dual encoder (``world_source``); ``None`` for a pretrained BLIP or a trained one."""
         return None if meta.get("world_saved") else (meta.get("world_source") or None)

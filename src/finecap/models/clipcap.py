@@ -413,6 +413,11 @@ class ClipCap(nn.Module):
         return model_cfg.encoder == "world"
 
     @staticmethod
+    def encoder_source(model_cfg: Any) -> str | None:
+        """The vision encoder a fresh ClipCap loads from outside its checkpoint: ``model.encoder``."""
+        return model_cfg.encoder
+
+    @staticmethod
     def external_encoder(meta: dict[str, Any]) -> str | None:
         """The frozen encoder a checkpoint refers to (``encoder_source``); ``None`` when it saved a trained one."""
         return None if meta.get("encoder_saved") else (meta.get("encoder_source") or None)

@@ -630,6 +630,11 @@ class Vlm(nn.Module):
         return model_cfg.vlm == WORLD_VLM and model_cfg.encoder == "world"
 
     @staticmethod
+    def encoder_source(model_cfg: Any) -> str | None:
+        """The world VLM reads ``model.encoder`` from outside its checkpoint; a VLM brings its own vision tower."""
+        return model_cfg.encoder if model_cfg.vlm == WORLD_VLM else None
+
+    @staticmethod
     def external_encoder(meta: dict[str, Any]) -> str | None:
         """The world VLM's frozen dual encoder (``world_source``); ``None`` when the folder holds the vision side."""
         return None if meta.get("world_saved") else (meta.get("world_source") or None)

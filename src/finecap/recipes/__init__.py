@@ -46,7 +46,7 @@ def resolve_recipe(name_or_path: str | Path) -> Path:
     if path.is_file():
         return path
     if path.is_dir():
-        raise ValueError(f"{path}: is a directory, but a recipe (a YAML file, or a packaged recipe's name) is expected")
+        raise ValueError(f"{path}: is a directory, but a recipe (a YAML file or a packaged recipe's name) is expected")
     name = str(name_or_path).removesuffix(".yaml").removesuffix(".yml")
     names = list_recipes()
     matches = [n for n in names if n == name] or [n for n in names if n.split("/", 1)[-1] == name]

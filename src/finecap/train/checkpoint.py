@@ -184,7 +184,7 @@ def save_checkpoint(
     try:
         with _quiet_transformers():
             model.save(tmp / MODEL_SUBDIR, state_dict=state_dict)
-            write_generation_config(tmp / MODEL_SUBDIR, cfg.decode, getattr(model, "tokenizer", None))
+            write_generation_config(tmp / MODEL_SUBDIR, cfg.decode, model.tokenizer)
         cfg.save(tmp / CONFIG_FILE)
         if fingerprints is not None:
             write_json(tmp / FINGERPRINTS_FILE, fingerprints)

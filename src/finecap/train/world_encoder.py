@@ -128,7 +128,8 @@ def fit_world_encoder(
     model: nn.Module, aux: AuxHeads, tokenizer: Any, data: WorldData, mean: torch.Tensor, std: torch.Tensor,
     rc: RetrieverConfig, seed: int, progress: bool = True,
 ) -> dict[str, float]:  # fmt: skip
-    """Train the dual encoder ``model`` (and ``aux``) in place on ``data``; returns ``{"steps", "first_loss", "loss"}``.
+    """Train the dual encoder ``model`` (and ``aux``) in place on ``data``; returns ``{"steps", "first_loss",
+    "loss"}``.
 
     Runs on one process (a multi-process launch needs the encoder prepared first: ``finecap retriever train``).
     """
