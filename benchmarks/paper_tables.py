@@ -783,7 +783,7 @@ def render_table(table: Table, results: Results) -> str:
     for row in table.rows:
         cells = [row.label]
         for i, column in enumerate(table.columns):
-            paper = fmt(row.paper[i]) if row.paper and row.paper[i] is not None else "—"
+            paper = str(row.paper[i]) if row.paper and row.paper[i] is not None else "—"  # as the paper prints it
             world = world_cell(results, row, column) if table.runnable and row.run else "—"
             cells.append(f"{paper} / {world}")
         cells.append(f"`{row.run}`" if row.run and table.runnable else "—")
@@ -1029,7 +1029,8 @@ def evaluate_run(grid: Any, paper: Paper, key: str) -> dict[str, float]:
         predictions = {r.image_id: r.captions[0] for r in records}
     else:
         predictions = {i: c[0] for i, c in read_results(caption_stage(grid, key)).items()}
-    scores = evaluate(predictions, references, metrics=metrics, retriever=load_retriever(cfg), images=records,
+    retriever = load_retriever(cfg) if set(metrics) & {"retrieval", "bags", "clipscore"} else None
+    scores = evaluate(predictions, references, metrics=metrics, retriever=retriever, images=records,
                       scenes={r.image_id: scenes_by_id[int(r.image_id)] for r in records},
                       bags=test_bags(grid) if "bags" in metrics else None, cfg=cfg)  # fmt: skip
     if paper.diversity and RUNS[key].recipe is not None:
