@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import datetime
 import logging
+import os
 from collections.abc import Hashable, Sequence
 from pathlib import Path
 from typing import Any
@@ -149,7 +150,7 @@ def _bag_gallery(run: RunData, cfg: Config, records: dict[Hashable, Record], n_b
     saved = {bag["key"]: {row["stage"]: [{k: o[k] for k in ("caption", "retrieved", "rank")} | {"image": im["id"]}
                                          for o, im in zip(row["outcomes"], bag["images"])] for row in bag["rows"]}
              for bag in out}  # fmt: skip
-    write_json(run.run_dir / "bag_outcomes.json", {"bags": str(run.bags_path), "retriever": retriever.name,
+    write_json(run.run_dir / "bag_outcomes.json", {"bags": os.path.abspath(run.bags_path), "retriever": retriever.name,
                                                    "outcomes": saved})  # fmt: skip
     note = (
         f"The {n_bags} most similar bags of each size from {run.bags_path.name}; green: the retriever "

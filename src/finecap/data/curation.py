@@ -39,6 +39,7 @@ Example::
 from __future__ import annotations
 
 import json
+import os
 import threading
 from collections.abc import Hashable, Iterator, Sequence
 from contextlib import contextmanager
@@ -191,7 +192,7 @@ class BagCuration:
         # Family purity describes the candidate bags, not the curated subset: left out rather than stale.
         out = {k: v for k, v in self.source.items() if k not in ("bags", "curation") and not k.startswith("family_")}
         out["bags"] = bags
-        out["curation"] = {"source": str(self.bags_path), **self.counts()}
+        out["curation"] = {"source": os.path.abspath(self.bags_path), **self.counts()}
         return out
 
     # --- files ------------------------------------------------------------------------------------------------------
@@ -267,6 +268,8 @@ class BagCuration:
             if c in by_content and c not in seen:
                 seen.add(c)
                 entries.append({"images": self.bag(key), "decision": by_content[c]})
-        write_json(self.decisions_file, {"version": VERSION, "source": str(self.bags_path), "decisions": entries})
+        write_json(
+            self.decisions_file, {"version": VERSION, "source": os.path.abspath(self.bags_path), "decisions": entries}
+        )
         self.decisions = decisions
         write_json(self.out, self.curated())
