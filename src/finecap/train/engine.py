@@ -34,6 +34,7 @@ uninterrupted one: the batches of an epoch are a function of ``(seed, epoch)``.
 
 from __future__ import annotations
 
+import logging
 import math
 import os
 import shutil
@@ -66,6 +67,8 @@ from finecap.train.state import (
     set_rng_state,
 )
 from finecap.utils import progress_enabled, seed_everything
+
+log = logging.getLogger(__name__)
 
 
 class TrainingDiverged(ValueError):
@@ -288,10 +291,13 @@ class Engine:
         else:
             mine = load_tree(folder / STATE_DIR, f"process_{min(index, processes - 1)}")
             self.objective.load_state_dict(mine["objective"])
-            self.accelerator.print(
-                f"resume: the checkpoint was written by {processes} processes, now {self.accelerator.num_processes}; "
-                "random states are re-seeded, so the continuation is not bit-identical"
-            )
+            if self.accelerator.is_main_process:
+                log.warning(
+                    "resume: the checkpoint was written by %d processes, now %d; random states are re-seeded, "
+                    "so the continuation is not bit-identical",
+                    processes,
+                    self.accelerator.num_processes,
+                )
             seed_everything(self.state.step * 1000 + index)
         self.last_saved = (folder, self.state.step)
 
