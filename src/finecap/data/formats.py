@@ -270,14 +270,30 @@ def read_coco_captions(
     imgs = _require(data, "images", list, f"{path}") if "images" in data else None
     by_id: dict[int | str, tuple[str | None, list[str]]] = {}
     boosts: dict[int | str, dict[str, list[str]]] = {}
-    for i, img in enumerate(imgs or ()):
-        where = f"{path}: images[{i}]"
-        image_id = _require(img, "id", (int, str), where)
-        file_name = _require(img, "file_name", str, f"{where} (id {image_id})") if "file_name" in img else None
-        if image_id in by_id:
-            raise DataError(f"{where}: duplicate image id {image_id!r}")
-        by_id[image_id] = (file_name, [])
-        boosts[image_id] = _boosted(img, where)
+    checked = True
+    try:  # well-formed images in one tight loop (no boosted captions); the checking loop below names the first bad one
+        for img in imgs or ():
+            image_id, file_name = img["id"], img.get("file_name")
+            if (
+                type(image_id) not in (int, str)
+                or image_id in by_id
+                or "boost" in img
+                or (type(file_name) is not str and (file_name is not None or "file_name" in img))
+            ):
+                raise TypeError
+            by_id[image_id] = (file_name, [])
+    except (KeyError, TypeError, AttributeError):
+        checked = False
+    if not checked:
+        by_id.clear()
+        for i, img in enumerate(imgs):
+            where = f"{path}: images[{i}]"
+            image_id = _require(img, "id", (int, str), where)
+            file_name = _require(img, "file_name", str, f"{where} (id {image_id})") if "file_name" in img else None
+            if image_id in by_id:
+                raise DataError(f"{where}: duplicate image id {image_id!r}")
+            by_id[image_id] = (file_name, [])
+            boosts[image_id] = _boosted(img, where)
     bad = False
     try:  # well-formed annotations in one tight loop; the checking loop below names the first bad one
         if imgs is None:
@@ -307,13 +323,13 @@ def read_coco_captions(
     for image_id, (file_name, caps) in by_id.items():
         if not caps:
             continue
-        where = f"{path}: image id {image_id}" + (f" ({file_name})" if file_name else "")
+        stripped = [c.strip() for c in caps]
+        if not all(stripped):  # an empty caption: the error names the image
+            _captions(caps, f"{path}: image id {image_id}" + (f" ({file_name})" if file_name else ""))
         if file_name is None:
             no_file.append(image_id)
         records.append(
-            Record(
-                image_id, root / (file_name or str(image_id)), split, _captions(caps, where), boosts.get(image_id, {})
-            )
+            Record(image_id, root / (file_name or str(image_id)), split, stripped, boosts.get(image_id) or {})
         )
     if not records:
         raise DataError(f"{path}: no image has a caption annotation")

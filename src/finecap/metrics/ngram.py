@@ -359,10 +359,16 @@ class _Grams:
         return out, lengths
 
 
+def _bits(n: int) -> int:
+    """Bits that hold the values ``0 .. n - 1`` (at least 1)."""
+    return max(int(n - 1).bit_length(), 1)
+
+
 def _count(sent: np.ndarray, ids: np.ndarray, bound: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(sentence, id, term frequency) of every distinct n-gram of every sentence, sorted by (sentence, id)."""
-    key, tf = np.unique(sent * bound + ids, return_counts=True)
-    return key // bound, key % bound, tf
+    b = _bits(bound)  # keys packed with shifts: no integer division (not vectorised) to unpack them
+    key, tf = np.unique((sent << b) | ids, return_counts=True)
+    return key >> b, key & ((1 << b) - 1), tf
 
 
 # --------------------------------------------------------------------------------------------------------------------
@@ -436,30 +442,34 @@ class _RefIndex:
             if extra is not None:
                 extra_counts.append(_count(s[cut:] - n_sent, ids[cut:], size))
             s, ids = s[:cut], ids[:cut]
-            base = img_of_sent * (size * R) + slot_of_sent  # (S,) key part of the sentence
-            key, tf = np.unique(base[s] + ids * R, return_counts=True)  # sorted by (image, n-gram, slot)
-            rowkey, slot = key // R, key % R
+            # keys (image, n-gram, slot) packed in bits: unpacked with shifts and masks (no integer division)
+            gb, sb = _bits(size), _bits(R)
+            if _bits(len(all_refs)) + gb + sb > 62:
+                raise ValueError(f"reference corpus too large for the n-gram index ({len(all_refs)} images)")
+            base = (img_of_sent << (gb + sb)) | slot_of_sent  # (S,) key part of the sentence
+            key, tf = np.unique(base[s] | (ids << sb), return_counts=True)  # sorted by (image, n-gram, slot)
+            rowkey, slot = key >> sb, key & ((1 << sb) - 1)  # rowkey: image << gb | n-gram
             new_row = np.empty(len(rowkey), dtype=bool)
             new_row[:1] = True
             np.not_equal(rowkey[1:], rowkey[:-1], out=new_row[1:])
             row_start = np.flatnonzero(new_row)
             order_rows = rowkey[row_start]
-            n_keep = int(np.searchsorted(order_rows, I * size))  # df-only images are a suffix of the sorted rows
+            n_keep = int(np.searchsorted(order_rows, I << gb))  # df-only images are a suffix of the sorted rows
             e_keep = int(row_start[n_keep]) if n_keep < len(order_rows) else len(key)
-            rows.append(self.key_off[o] + order_rows[:n_keep])
-            row_ptr.append(n_rows + np.searchsorted(order_rows[:n_keep], np.arange(I + 1) * size))
+            gram = order_rows & ((1 << gb) - 1)  # (rows,) n-gram id of each row
+            rows.append(self.key_off[o] + (order_rows[:n_keep] >> gb) * size + gram[:n_keep])
+            row_ptr.append(n_rows + np.searchsorted(order_rows[:n_keep], np.arange(I + 1) << gb))
             n_rows += n_keep
             small = np.uint8 if tf.max(initial=0) < 256 else np.int64
             maxrefs.append((np.maximum.reduceat(tf[:e_keep], row_start[:n_keep]) if n_keep else tf[:0]).astype(small))
             if not cider:
                 continue
             row_of_entry = np.cumsum(new_row) - 1
-            gram = order_rows % size
             df = np.bincount(gram[n_keep:] if df_refs is not None else gram, minlength=size).astype(np.float64)
             idf = self.ref_len - np.log(np.maximum(1.0, df))  # pycocoevalcap: ref_len - log(max(1.0, df))
             idfs.append(idf)
-            v = tf[:e_keep] * idf[gram[row_of_entry[:e_keep]]]  # (E,) reference tf-idf weights
-            flat_slot = (key[:e_keep] // (size * R)) * R + slot[:e_keep]  # image * R + slot
+            v = tf[:e_keep] * idf[gram[:n_keep]][row_of_entry[:e_keep]]  # (E,) reference tf-idf weights
+            flat_slot = (key[:e_keep] >> (gb + sb)) * R + slot[:e_keep]  # image * R + slot
             self.ref_norm[..., o] = np.sqrt(np.bincount(flat_slot, v * v, minlength=I * R)).reshape(I, R)
             tf_mat = np.zeros((n_keep, R), dtype=small)
             tf_mat[row_of_entry[:e_keep], slot[:e_keep]] = tf[:e_keep]

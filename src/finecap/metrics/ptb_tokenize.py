@@ -50,6 +50,7 @@ from __future__ import annotations
 import functools
 import re
 from collections.abc import Hashable, Iterable, Mapping, Sequence
+from itertools import chain
 
 import numpy as np
 
@@ -441,7 +442,7 @@ class _Text:
 def _batch_lines(text: _Text) -> tuple[list[str], np.ndarray]:
     """Tokens of every line of the batch grammar, and which lines are not of it (their entries are wrong)."""
     b, cls = text.b, text.cls
-    pos = np.flatnonzero(np.frombuffer(text.raw.translate(_SPECIAL_TABLE), dtype=np.uint8))  # digits, punctuation
+    pos = np.flatnonzero(np.frombuffer(text.raw.translate(_SPECIAL_TABLE), dtype=bool))  # digits, punctuation, ...
     c, prev, nxt = cls[pos], cls[pos - 1], cls[pos + 1]
     bad = c == 0
     bad |= (c == _DIG) & (((prev | nxt) & (_LET | _APO | _HYP)) != 0)  # integers only (no 2nd, 3-year, '90s)
@@ -536,6 +537,8 @@ def _assim(text: _Text) -> np.ndarray:
     start = np.flatnonzero(low[1:] == low[:-1])  # doubled letters (and other bytes)
     start = start[(low[start] == ord("n")) | (low[start] == ord("t")) | (low[start] == ord("m"))] - 2
     start = start[(start >= 0) & (start + 6 <= len(low))]
+    first = low[start]
+    start = start[(first == ord("c")) | (first == ord("g")) | (first == ord("w")) | (first == ord("l"))]
     window = low[start[:, None] + np.arange(6)]  # (M, 6)
     hit = np.zeros(len(start), dtype=bool)
     for w in _ASSIM_BYTES:
@@ -585,17 +588,18 @@ def tokenize_all(texts: Iterable[str]) -> list[str]:
 def ptb_tokenize(captions: Mapping[Hashable, Sequence[str] | Sequence[dict]]) -> dict[Hashable, list[str]]:
     """Tokenise ``{id: [caption, ...]}`` (strings, or COCO dicts with a ``"caption"`` key, as pycocoevalcap takes),
     all captions as one batch in this order (:func:`tokenize_all`), as pycocoevalcap's ``PTBTokenizer`` does."""
-    flat: list[str] = []
-    sizes: list[int] = []
     for key, caps in captions.items():
         if isinstance(caps, str):
             raise TypeError(f"captions[{key!r}]: expected a list of captions, got a string")
-        flat.extend(c["caption"] if isinstance(c, dict) else c for c in caps)
-        sizes.append(len(caps))
+    flat = list(chain.from_iterable(captions.values()))
+    try:
+        "\n".join(flat)  # all strings (the common case: no per-caption test)
+    except TypeError:
+        flat = [c["caption"] if isinstance(c, dict) else c for c in flat]
     done = tokenize_all(flat)
     out: dict[Hashable, list[str]] = {}
     k = 0
-    for key, n in zip(captions, sizes):
-        out[key] = done[k : k + n]
-        k += n
+    for key, caps in captions.items():
+        out[key] = done[k : k + len(caps)]
+        k += len(caps)
     return out
