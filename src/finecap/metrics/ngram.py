@@ -434,46 +434,22 @@ class _RefIndex:
 
         rows, row_ptr, tfs, maxrefs, idfs, extra_counts = [], [], [], [], [], []
         n_rows = 0
-        for o in range(n):
+        n_images = len(all_refs)
+        for o in range(n):  # one order at a time, in a method: its temporaries are freed before the next (memory)
             p, ids = self.grams.own[o]
-            size = int(sizes[o])
+            self.grams.own[o] = (p[:0], ids[:0])  # per-token arrays are freed as soon as they are read
             s = self.grams.sent if o == 0 else self.grams.sent[p]
-            cut = int(np.searchsorted(s, n_sent))  # occurrences are in sentence order: references first
+            del p
             if extra is not None:
-                extra_counts.append(_count(s[cut:] - n_sent, ids[cut:], size))
-            s, ids = s[:cut], ids[:cut]
-            # keys (image, n-gram, slot) packed in bits: unpacked with shifts and masks (no integer division)
-            gb, sb = _bits(size), _bits(R)
-            if _bits(len(all_refs)) + gb + sb > 62:
-                raise ValueError(f"reference corpus too large for the n-gram index ({len(all_refs)} images)")
-            base = (img_of_sent << (gb + sb)) | slot_of_sent  # (S,) key part of the sentence
-            key, tf = np.unique(base[s] | (ids << sb), return_counts=True)  # sorted by (image, n-gram, slot)
-            rowkey, slot = key >> sb, key & ((1 << sb) - 1)  # rowkey: image << gb | n-gram
-            new_row = np.empty(len(rowkey), dtype=bool)
-            new_row[:1] = True
-            np.not_equal(rowkey[1:], rowkey[:-1], out=new_row[1:])
-            row_start = np.flatnonzero(new_row)
-            order_rows = rowkey[row_start]
-            n_keep = int(np.searchsorted(order_rows, I << gb))  # df-only images are a suffix of the sorted rows
-            e_keep = int(row_start[n_keep]) if n_keep < len(order_rows) else len(key)
-            gram = order_rows & ((1 << gb) - 1)  # (rows,) n-gram id of each row
-            rows.append(self.key_off[o] + (order_rows[:n_keep] >> gb) * size + gram[:n_keep])
-            row_ptr.append(n_rows + np.searchsorted(order_rows[:n_keep], np.arange(I + 1) << gb))
-            n_rows += n_keep
-            small = np.uint8 if tf.max(initial=0) < 256 else np.int64
-            maxrefs.append((np.maximum.reduceat(tf[:e_keep], row_start[:n_keep]) if n_keep else tf[:0]).astype(small))
-            if not cider:
-                continue
-            row_of_entry = np.cumsum(new_row) - 1
-            df = np.bincount(gram[n_keep:] if df_refs is not None else gram, minlength=size).astype(np.float64)
-            idf = self.ref_len - np.log(np.maximum(1.0, df))  # pycocoevalcap: ref_len - log(max(1.0, df))
-            idfs.append(idf)
-            v = tf[:e_keep] * idf[gram[:n_keep]][row_of_entry[:e_keep]]  # (E,) reference tf-idf weights
-            flat_slot = (key[:e_keep] >> (gb + sb)) * R + slot[:e_keep]  # image * R + slot
-            self.ref_norm[..., o] = np.sqrt(np.bincount(flat_slot, v * v, minlength=I * R)).reshape(I, R)
-            tf_mat = np.zeros((n_keep, R), dtype=small)
-            tf_mat[row_of_entry[:e_keep], slot[:e_keep]] = tf[:e_keep]
-            tfs.append(tf_mat)
+                cut = int(np.searchsorted(s, n_sent))  # occurrences are in sentence order: references first
+                extra_counts.append(_count(s[cut:] - n_sent, ids[cut:], int(sizes[o])))
+            out = self._order(o, s, ids, img_of_sent, slot_of_sent, n_images, n_sent, df_refs is not None, cider)
+            del s, ids
+            row_ptr.append(n_rows + out[1])
+            n_rows += len(out[0])
+            for acc, x in zip((rows, maxrefs, idfs, tfs), (out[0], out[2], out[3], out[4])):
+                if x is not None:
+                    acc.append(x)
         self.rows = np.concatenate(rows)  # (rows,) sorted keys
         self.row_ptr = np.stack(row_ptr)  # (n, I + 1): rows of image i, order o: row_ptr[o, i] .. row_ptr[o, i + 1]
         self.maxref = np.concatenate(maxrefs)  # (rows,)
@@ -494,6 +470,56 @@ class _RefIndex:
             self.rouge_words = (words[starts[n_sent] :] if n_sent < len(lengths) else words[:0], lengths[n_sent:],
                                 wr, lengths[:n_own])  # fmt: skip
         self.grams.space_words = None
+
+    def _order(
+        self,
+        o: int,
+        s: np.ndarray,
+        ids: np.ndarray,
+        img_of_sent: np.ndarray,
+        slot_of_sent: np.ndarray,
+        n_images: int,
+        n_sent: int,
+        df_only: bool,
+        cider: bool,
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray | None, np.ndarray | None]:
+        """Rows of order ``o`` from its occurrences (sentence ``s``, n-gram ``ids``; references first):
+        ``(row keys, row_ptr, maxref, idf, tf)`` (the last two with ``cider``), and its slice of ``ref_norm``."""
+        I, R, size = self.n_images, self.R, int(self.sizes[o])  # noqa: N806
+        cut = int(np.searchsorted(s, n_sent))
+        # keys (image, n-gram, slot) packed in bits: unpacked with shifts and masks (no integer division)
+        gb, sb = _bits(size), _bits(R)
+        if _bits(n_images) + gb + sb > 62:
+            raise ValueError(f"reference corpus too large for the n-gram index ({n_images} images)")
+        key = ((img_of_sent << (gb + sb)) | slot_of_sent)[s[:cut]]  # (E,) image and slot of each occurrence
+        key |= ids[:cut] << sb
+        key, tf = np.unique(key, return_counts=True)  # sorted by (image, n-gram, slot)
+        rowkey = key >> sb  # image << gb | n-gram
+        new_row = np.empty(len(rowkey), dtype=bool)
+        new_row[:1] = True
+        np.not_equal(rowkey[1:], rowkey[:-1], out=new_row[1:])
+        row_start = np.flatnonzero(new_row)
+        order_rows = rowkey[row_start]
+        del rowkey
+        n_keep = int(np.searchsorted(order_rows, I << gb))  # df-only images are a suffix of the sorted rows
+        e_keep = int(row_start[n_keep]) if n_keep < len(order_rows) else len(key)
+        gram = order_rows & ((1 << gb) - 1)  # (rows,) n-gram id of each row
+        rows = self.key_off[o] + (order_rows[:n_keep] >> gb) * size + gram[:n_keep]
+        row_ptr = np.searchsorted(order_rows[:n_keep], np.arange(I + 1) << gb)
+        small = np.uint8 if tf.max(initial=0) < 256 else np.int64
+        maxref = (np.maximum.reduceat(tf[:e_keep], row_start[:n_keep]) if n_keep else tf[:0]).astype(small)
+        if not cider:
+            return rows, row_ptr, maxref, None, None
+        row_of_entry = np.cumsum(new_row[:e_keep]) - 1
+        df = np.bincount(gram[n_keep:] if df_only else gram, minlength=size).astype(np.float64)
+        idf = self.ref_len - np.log(np.maximum(1.0, df))  # pycocoevalcap: ref_len - log(max(1.0, df))
+        slot = key[:e_keep] & ((1 << sb) - 1)
+        v = tf[:e_keep] * idf[gram[:n_keep]][row_of_entry]  # (E,) reference tf-idf weights
+        flat_slot = (key[:e_keep] >> (gb + sb)) * R + slot  # image * R + slot
+        self.ref_norm[..., o] = np.sqrt(np.bincount(flat_slot, v * v, minlength=I * R)).reshape(I, R)
+        tf_mat = np.zeros((n_keep, R), dtype=small)
+        tf_mat[row_of_entry, slot] = tf[:e_keep]
+        return rows, row_ptr, maxref, idf, tf_mat
 
     @staticmethod
     def _merge(counts: list[tuple[np.ndarray, np.ndarray, np.ndarray]]) -> tuple[np.ndarray, ...]:

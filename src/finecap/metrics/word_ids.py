@@ -48,14 +48,17 @@ def split_ids(text: str) -> tuple[np.ndarray, list[str]] | None:
     data = text.encode("utf-8")
     word = np.frombuffer(b"\x00" + data.translate(_IN_WORD) + b"\x00", dtype=np.int8)  # (N + 2,) 1 inside a token
     edges = np.flatnonzero(word[1:] != word[:-1])  # token starts and ends (one past the last byte), alternating
-    starts = edges[0::2]
+    del word
+    starts = edges[0::2].copy()  # (in-place operations and early deletes below keep the peak memory down)
     lengths = edges[1::2] - starts  # (T,) bytes per token
+    del edges
     if len(starts) == 0:
         return np.zeros(0, dtype=np.int64), []
     padded = data + bytes(8)
     windows = np.ndarray(shape=(len(data) + 1,), dtype="<u8", buffer=padded, strides=(1,))  # 8 bytes at each offset
     n_tok = len(starts)
-    keys = windows[starts] & _LOW_MASK[np.minimum(lengths, 8)]  # (T,) the token itself if it has <= 8 bytes
+    keys = windows[starts]
+    keys &= _LOW_MASK[np.minimum(lengths, 8)]  # (T,) the token itself if it has <= 8 bytes
     long = np.flatnonzero(lengths > 8)
     groups = []  # (tokens, word offsets, bytes per word, (L, m) 8-byte words) per number m of words of the long tokens
     if len(long):
@@ -73,16 +76,22 @@ def split_ids(text: str) -> tuple[np.ndarray, list[str]] | None:
     # dense ids from one plain sort: a short hash of the key with the token position packed into the low bits
     pos_bits = max(int(n_tok).bit_length(), 1)
     low = np.uint64((1 << pos_bits) - 1)
-    packed = ((keys * _MUL) & ~low) | np.arange(n_tok, dtype=np.uint64)  # (T,) hash in the high bits
+    packed = keys * _MUL
+    packed &= ~low
+    packed |= np.arange(n_tok, dtype=np.uint64)  # (T,) hash in the high bits, position in the low bits
     packed.sort()
-    order = (packed & low).astype(np.int64)  # (T,) token positions, grouped by hash
+    order = (packed & low).view(np.int64)  # (T,) token positions, grouped by hash
     new = np.empty(n_tok, dtype=bool)
     new[0] = True
-    hashes = packed & ~low
-    np.not_equal(hashes[1:], hashes[:-1], out=new[1:])
+    packed &= ~low  # the hashes
+    np.not_equal(packed[1:], packed[:-1], out=new[1:])
+    del packed
     first = order[new]  # (V,) first token of each id
     ids = np.empty(n_tok, dtype=np.int64)
-    ids[order] = np.cumsum(new) - 1
+    counts = np.cumsum(new)
+    counts -= 1
+    ids[order] = counts
+    del order, counts, new
     # exactness: every token must spell its id's first token (a hash collision sends the caller to str.split)
     rep = first[ids]
     if not (np.array_equal(keys, keys[rep]) and np.array_equal(lengths, lengths[rep])):
