@@ -112,3 +112,32 @@ def test_transfer_results_md_is_titled_quick_for_a_quick_demo(tmp_path, monkeypa
     assert table.startswith(QUICK_TITLE + "\n\n| stage | Length | CIDEr-D |") == quick
     assert table.startswith("| stage | Length | CIDEr-D |") != quick
     assert (QUICK_TITLE in capsys.readouterr().out) == quick
+
+
+@pytest.mark.slow
+def test_side_stages_give_the_same_results_whatever_the_job_count(tmp_path):
+    """Stages that start from MLE run side by side (demo.jobs) with demo.stage_threads threads each; the captions and
+    the results table do not depend on how many run at once."""
+    from finecap.app.cli import main
+
+    stages = "world,retriever,mle,smile,mle_continued,report"  # report: sampled diversity of mle, mle_continued
+    results = {}
+    for jobs in (1, 2):
+        out = tmp_path / f"jobs{jobs}"
+        assert main(["demo", "--quick", "--out", str(out), "--stages", stages, f"demo.jobs={jobs}"]) == 0
+        results[jobs] = out
+    for stage in ("mle", "smile", "mle_continued"):
+        a, b = (json.loads((results[j] / stage / "captions_test.json").read_text()) for j in (1, 2))
+        assert a == b, stage
+    a, b = (json.loads((results[j] / "results.json").read_text()) for j in (1, 2))
+    assert a == b
+    timings = json.loads((results[2] / "timings.json").read_text())
+    assert set(timings) == set(stages.split(","))
+
+
+def test_side_stages_are_those_nothing_starts_from():
+    from finecap.app.demo import side_stages
+
+    assert side_stages(["world", "retriever", "mle", "smile", "scst", "blip_mle", "blip_smile", "report"]) == {
+        "smile", "scst", "blip_smile"}  # fmt: skip
+    assert side_stages(["mle", "report"]) == {"mle"}  # nothing starts from it: it may run beside others

@@ -528,12 +528,22 @@ class BoostConfig:
 @dataclass
 class DemoConfig:
     stages: list[str] = doc(
-        ["world", "retriever", "mle", "mle_continued", "smile", "scst", "sle", "discritune", "sr_bagcurri", "blip_mle",
+        ["world", "retriever", "mle", "blip_mle", "sr_bagcurri", "sle", "scst", "smile", "mle_continued", "discritune",
          "blip_smile", "report"],
-        "Demo stages to run, in order (scst_me and blip_discritune are available too).",
+        "Demo stages to run, in order (optional: scst_me, blip_discritune, vlm_mle, vlm_smile, vlm_discritune, ...).",
     )  # fmt: skip
     quick: bool = doc(False, "Tiny settings that finish in about two minutes (used by tests).")
     force: bool = doc(False, "Re-run stages even when their outputs exist.")
+    jobs: int = doc(
+        0, "Training stages no other stage starts from, run side by side (0 = cores // demo.stage_threads)."
+    )
+    stage_threads: int = doc(
+        1, "Torch threads of each such stage, whatever demo.jobs (so results do not depend on the job count)."
+    )
+
+    def __post_init__(self) -> None:
+        _check(self.jobs >= 0, "demo.jobs", "must be >= 0 (0 = from the core count)")
+        _check(self.stage_threads >= 1, "demo.stage_threads", "must be >= 1")
 
 
 SECTIONS: dict[str, type] = {

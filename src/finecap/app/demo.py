@@ -1,6 +1,11 @@
 """``finecap demo``: the whole pipeline on the embedded world, ending in one results table.
 
-Stages (``demo.stages``, run in order; each skips work whose outputs exist unless ``demo.force``):
+Stages (``demo.stages``, run in order; each skips work whose outputs exist unless ``demo.force``). Training stages
+that no other listed stage starts from (every objective after ``mle`` / ``blip_mle``) run side by side, ``demo.jobs``
+at a time (default: the cores divided by ``demo.stage_threads``), each in its own process with
+``demo.stage_threads`` torch threads (default 1) whatever the job count, so their results do not depend on it
+(``tests/test_demo_stages.py``); every other stage waits for them and runs alone with all threads. The default list
+starts the longest side stages first.
 
 - ``world``: generate the synthetic world (``world.*``), or reuse it: in ``world.out``, by default in the finecap home
   (``<home>/worlds/<world key>``, :mod:`finecap.home`), so every demo run on the same settings shares it.
@@ -33,8 +38,11 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import multiprocessing
+import os
 import time
 from collections.abc import Callable
+from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -58,7 +66,7 @@ from finecap.recipes import resolve_recipe
 from finecap.report.plots import length_curves
 from finecap.report.table import markdown_table, quick_labelled
 from finecap.train.checkpoint import model_dir
-from finecap.utils import atomic_write_text, read_json, write_json
+from finecap.utils import atomic_write_text, read_json, seed_everything, write_json
 from finecap.world.make import load_scenes
 
 log = logging.getLogger(__name__)
@@ -238,6 +246,7 @@ def stage_samples(demo: Demo, stage: str, mode: str) -> dict[Any, list[str]]:
     settings = {"sample": {"strategy": "sample", "temperature": 1.0}, "beam": {"strategy": "beam"}}[mode]
     decode = dataclasses.replace(cfg.decode, beam_size=SAMPLES, num_return_sequences=SAMPLES, **settings)
     model = best_model(demo, stage)
+    seed_everything(cfg.run.seed)  # sampled captions depend on the seed only, not on what this process ran before
     samples = generate_captions(model, cfg, "test", decode=decode)
     write_json(path, {str(k): v for k, v in samples.items()})
     return samples
@@ -331,6 +340,45 @@ STAGES: dict[str, Callable[[Demo], Any]] = {
 demo_vcb.register(STAGES, train_stage)
 
 
+def side_stages(stages: list[str]) -> set[str]:
+    """The training stages of ``stages`` that no other listed stage starts from: they can run side by side."""
+    starts = {TRAIN_STAGES[s] for s in stages if s in TRAIN_STAGES}
+    return {s for s in stages if s in TRAIN_STAGES and s not in starts}
+
+
+def job_count(cfg: Config) -> int:
+    """``demo.jobs``, or with 0 the machine's cores divided by ``demo.stage_threads`` (at least 1)."""
+    return cfg.demo.jobs or max(1, (os.cpu_count() or 1) // cfg.demo.stage_threads)
+
+
+def run_side_stage(demo: Demo, stage: str) -> float:
+    """Run one side stage with ``demo.stage_threads`` torch threads (in a worker process, or in this one with
+    ``demo.jobs=1``); returns its wall seconds. The thread count is the stage's whatever the job count, so its
+    results are too (CPU kernels sum in a thread-count-dependent order)."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(demo.cfg.demo.stage_threads)
+    start = time.perf_counter()
+    try:
+        STAGES[stage](demo)
+    finally:
+        torch.set_num_threads(before)
+    return round(time.perf_counter() - start, 1)
+
+
+def _worker_setup(level: int) -> None:
+    """A worker process logs finecap's lines like the parent (spawned processes start with no handlers) and shows
+    no progress bars (several stages share the terminal)."""
+    os.environ.setdefault("TQDM_DISABLE", "1")
+    logger = logging.getLogger("finecap")
+    if not logger.handlers:
+        handler = logging.StreamHandler()
+        handler.setFormatter(logging.Formatter("%(message)s"))
+        logger.addHandler(handler)
+    logger.setLevel(level)
+
+
 def main(cfg: Config, items: list[str] | None = None, quick: bool | None = None) -> dict[str, dict[str, float]]:
     """Run ``cfg.demo.stages``; returns the results table (also written to ``<run_dir>/results.json``)."""
     unknown = [s for s in cfg.demo.stages if s not in STAGES]
@@ -347,13 +395,47 @@ def main(cfg: Config, items: list[str] | None = None, quick: bool | None = None)
     timings_file = run_dir / "timings.json"
     timings = read_json(timings_file) if timings_file.exists() else {}
     rows: dict[str, dict[str, float]] = {}
-    for stage in cfg.demo.stages:
-        log.info("== demo stage: %s", stage)
-        start = time.perf_counter()
-        result = STAGES[stage](demo)
-        timings[stage] = round(time.perf_counter() - start, 1)
-        write_json(timings_file, timings)
-        if stage == "report":
-            rows = result
-    log.info("stage wall times (s): %s", ", ".join(f"{k} {v}" for k, v in timings.items()))
+    side, jobs = side_stages(cfg.demo.stages), job_count(cfg)
+    pool = None
+    if jobs > 1 and side:
+        pool = ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("spawn"), initializer=_worker_setup,
+                                   initargs=(logging.getLogger("finecap").getEffectiveLevel(),))  # fmt: skip
+    running: dict[Future, str] = {}
+
+    def finish(futures: set[Future]) -> None:
+        for future in futures:
+            stage = running.pop(future)
+            timings[stage] = future.result()  # a failed stage raises here, naming itself in its error
+            write_json(timings_file, timings)
+            log.info("== demo stage %s done (%.0f s, %d still running)", stage, timings[stage], len(running))
+
+    started = time.perf_counter()
+    try:
+        for stage in cfg.demo.stages:
+            if stage in side:
+                if pool is None:
+                    log.info("== demo stage: %s (%d threads)", stage, cfg.demo.stage_threads)
+                    timings[stage] = run_side_stage(demo, stage)
+                    write_json(timings_file, timings)
+                    continue
+                if len(running) >= jobs:
+                    finish(wait(running, return_when=FIRST_COMPLETED).done)
+                log.info("== demo stage: %s (beside %d others, %d threads each)", stage, len(running),
+                         cfg.demo.stage_threads)  # fmt: skip
+                running[pool.submit(run_side_stage, demo, stage)] = stage
+                continue
+            finish(wait(running).done if running else set())  # the next stage may read theirs (report) or need cores
+            log.info("== demo stage: %s", stage)
+            start = time.perf_counter()
+            result = STAGES[stage](demo)
+            timings[stage] = round(time.perf_counter() - start, 1)
+            write_json(timings_file, timings)
+            if stage == "report":
+                rows = result
+        finish(wait(running).done if running else set())
+    finally:
+        if pool is not None:
+            pool.shutdown(wait=True, cancel_futures=True)
+    log.info("stage wall times (s): %s; all stages: %.0f s", ", ".join(f"{k} {v}" for k, v in timings.items()),
+             time.perf_counter() - started)  # fmt: skip
     return rows
