@@ -1,0 +1,103 @@
+"""How much compute the world encoder needs to clear its quality bar: train settings, CPU seconds, probe and R@1.
+
+    .venv/bin/python benchmarks/world_encoder_budget.py [--trials NAME,...] [--seed 0] [--out FILE] [--list]
+
+Each trial is a set of ``retriever.*`` overrides (:data:`TRIALS`); for each it trains the world encoder of the
+default world (``world.seed=--seed``) through the library engine (:func:`finecap.app.retriever.train_world_encoder`),
+timing the training, then runs the quality-bar probe (every attribute probe >= 0.9, reference-caption R@1 against 99
+distractors >= 0.6; :func:`finecap.app.retriever.probe`). One JSON line per trial and seed is appended to ``--out``
+(default ``benchmarks/results/world_encoder_budget.jsonl``, in the repository) as soon as it is done, so a killed
+run resumes where it stopped: a trial already in the file is skipped. The machine's load changes the seconds, not
+the probe; run it alone (the line records the torch thread count and the load average at the start).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import tempfile
+import time
+from datetime import date
+from pathlib import Path
+
+import torch
+
+from finecap.app.retriever import probe, train_world_encoder
+from finecap.config import load
+from finecap.world.make import make_world
+
+OUT = Path(__file__).resolve().parent / "results" / "world_encoder_budget.jsonl"
+
+TRIALS: dict[str, list[str]] = {
+    "default": [],  # 12 epochs of 128, lr 2e-3, dense 0.5, aux 5
+    "e6": ["retriever.epochs=6"],
+    "e6_lr4e-3": ["retriever.epochs=6", "retriever.lr=4e-3"],
+    "e6_b64": ["retriever.epochs=6", "retriever.batch_size=64"],
+    "e6_dense.25_lr3e-3": ["retriever.epochs=6", "retriever.dense_fraction=0.25", "retriever.lr=3e-3"],
+    "e8_dense.25": ["retriever.epochs=8", "retriever.dense_fraction=0.25"],
+    "e4_b64_lr3e-3_aux10": [
+        "retriever.epochs=4",
+        "retriever.batch_size=64",
+        "retriever.lr=3e-3",
+        "retriever.aux_weight=10",
+    ],  # fmt: skip
+}
+
+
+def done(out: Path) -> set[tuple[str, int]]:
+    if not out.exists():
+        return set()
+    return {(r["trial"], r["seed"]) for r in map(json.loads, out.read_text().splitlines()) if r.strip()}
+
+
+def run_trial(name: str, overrides: list[str], seed: int, world_root: Path, cache: Path) -> dict:
+    cfg = load(None, [f"world.seed={seed}", f"world.out={world_root / f'world-{seed}'}",
+                      f"run.cache_dir={cache}", f"run.seed={seed}", *overrides])  # fmt: skip
+    world = make_world(cfg.world, progress=False)
+    load_avg = os.getloadavg()[0]
+    start = time.perf_counter()
+    cpu = time.process_time()
+    encoder = train_world_encoder(cfg, world, progress=False)
+    seconds, cpu_seconds = time.perf_counter() - start, time.process_time() - cpu
+    result = probe((encoder, world), out=encoder / "probe.json", ceiling=False, progress=False)
+    steps = json.loads((encoder / "encoder.json").read_text())["steps"]
+    return {
+        "trial": name, "seed": seed, "overrides": overrides, "date": date.today().isoformat(),
+        "threads": torch.get_num_threads(), "load_average_at_start": round(load_avg, 2), "steps": steps,
+        "train_seconds": round(seconds, 1), "train_cpu_seconds": round(cpu_seconds, 1),
+        "probe": {k: round(v["test"], 4) for k, v in result["probe"].items()},
+        "reference_R@1": round(result["retrieval"]["reference"]["R@1"], 4),
+        "dense_R@1": round(result["retrieval"]["dense"]["R@1"], 4), "bar_passed": result["bar"]["all_passed"],
+    }  # fmt: skip
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--trials", default=",".join(TRIALS), help="comma-separated trial names")
+    parser.add_argument("--seed", type=int, default=0, help="world and run seed")
+    parser.add_argument("--out", type=Path, default=OUT)
+    parser.add_argument("--work", type=Path, default=None, help="folder for worlds and encoders (default: a tmp dir)")
+    parser.add_argument("--list", action="store_true", help="print the trials and exit")
+    args = parser.parse_args()
+    if args.list:
+        for name, overrides in TRIALS.items():
+            print(f"{name}: {' '.join(overrides) or '(defaults)'}")
+        return
+    work = args.work or Path(tempfile.mkdtemp(prefix="finecap-we-budget-"))
+    finished = done(args.out)
+    for name in args.trials.split(","):
+        if name not in TRIALS:
+            raise SystemExit(f"--trials: unknown trial {name!r}; known: {', '.join(TRIALS)}")
+        if (name, args.seed) in finished:
+            print(f"{name} (seed {args.seed}): already in {args.out}; skipped")
+            continue
+        row = run_trial(name, TRIALS[name], args.seed, work, work / "cache")
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        with args.out.open("a") as f:
+            f.write(json.dumps(row) + "\n")
+        print(json.dumps(row), flush=True)
+
+
+if __name__ == "__main__":
+    main()
