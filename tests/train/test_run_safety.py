@@ -242,3 +242,12 @@ def test_default_run_directory_is_in_the_home_not_the_working_directory(make_cfg
 
     run = home() / "runs" / "run"
     assert (run / "checkpoints" / "best").is_dir() and str(run) in capsys.readouterr().err  # the summary line
+
+
+def test_accumulation_survives_training_the_world_encoder_first(make_cfg):
+    """Preparing the world encoder trains it with an Accelerator of its own; accelerate keeps one accumulation state
+    per process, so the run's accelerator must be made after it (else the run would accumulate 1 micro-batch)."""
+    cfg = make_cfg("model.encoder=world", "retriever.epochs=1", "retriever.batch_size=8", "train.grad_accum_steps=2",
+                   "train.batch_size=8", "train.max_steps=2")  # fmt: skip
+    run_dir = train(cfg)
+    assert step_of(checkpoint_dir(run_dir, "last")) == 2

@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from accelerate import Accelerator
+from accelerate import Accelerator, PartialState
 from accelerate.utils import broadcast_object_list
 
 from finecap.config import Config
@@ -44,7 +44,15 @@ from finecap.objectives import TrainContext, get_objective
 from finecap.objectives.base import ObjectiveBase
 from finecap.registry import SAMPLERS, declared_needs, lookup
 from finecap.train.checkpoint import BEST, checkpoint_dir, model_dir, save_checkpoint
-from finecap.train.engine import Checkpoints, Engine, TrainingData, build_optimizer, make_accelerator, total_steps
+from finecap.train.engine import (
+    Checkpoints,
+    Engine,
+    TrainingData,
+    build_optimizer,
+    make_accelerator,
+    process_state,
+    total_steps,
+)
 from finecap.train.logging import tracker_config
 from finecap.train.schedule import build_scheduler
 from finecap.train.state import (
@@ -137,7 +145,7 @@ def run_needs(cfg: Config, objective: ObjectiveBase, factories: Sequence[Any], *
     return frozenset(needs)
 
 
-def prepare_needs(cfg: Config, needs: frozenset[str], accelerator: Accelerator) -> None:
+def prepare_needs(cfg: Config, needs: frozenset[str], accelerator: PartialState) -> None:
     """Prepare the run's data and what ``needs`` names, once, on the main process, before any process builds a
     component on it (:func:`finecap.app.prepare.prepare`: the world and the world encoder are made or trained, with a
     printed line, only when the run's data is the world; otherwise what is missing stops the run)."""
@@ -181,11 +189,11 @@ def train(
     step (tests use one to simulate a kill).
     """
     run_dir = cfg.run.path
-    accelerator = make_accelerator(cfg.train, run_dir)
+    processes = process_state(cfg.train)  # the processes, before any Accelerator: preparing may train with its own
     found = [""]
-    if accelerator.is_main_process:
+    if processes.is_main_process:
         found = [str(prepare_run_dir(run_dir, resume=resume, overwrite=overwrite) or "")]
-    if accelerator.num_processes > 1:
+    if processes.num_processes > 1:
         found = broadcast_object_list(found)
     resume_from = Path(found[0]) if found[0] else None
     if resume_from is not None:  # a resumed run reads the data and retriever it started with
@@ -194,7 +202,10 @@ def train(
     objective = get_objective(cfg.train.objective, cfg)
     factories = validator_factories(cfg)
     fresh = resume_from is None and not cfg.train.init_from
-    prepare_needs(cfg, run_needs(cfg, objective, factories, fresh=fresh), accelerator)
+    prepare_needs(cfg, run_needs(cfg, objective, factories, fresh=fresh), processes)
+    # After preparing: accelerate keeps one gradient-accumulation state per process, which an Accelerator made
+    # while preparing (the world encoder's engine) would have set for itself.
+    accelerator = make_accelerator(cfg.train, run_dir)
 
     seed_everything(cfg.run.seed)  # the same initial model on every process (DDP also broadcasts rank 0's)
     model = build_model(cfg, resume_from).to(accelerator.device)

@@ -44,7 +44,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 import torch
-from accelerate import Accelerator
+from accelerate import Accelerator, PartialState
 from accelerate.utils import DistributedDataParallelKwargs, DistributedType, broadcast_object_list
 from torch.utils.data import DataLoader
 from tqdm.auto import tqdm
@@ -99,6 +99,17 @@ EvaluateFn = Callable[[torch.nn.Module], dict[str, Any]]
 # ------------------------------------------------------------------------------------------------------------------
 
 
+def _use_cpu(settings: TrainConfig) -> bool:
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    return settings.cpu or (world > 1 and not torch.accelerator.is_available())
+
+
+def process_state(settings: TrainConfig) -> PartialState:
+    """The launch's processes (accelerate's ``PartialState``, set up as :func:`make_accelerator` would), for work
+    that must be coordinated before an ``Accelerator`` exists (preparing data and encoders on the main process)."""
+    return PartialState(cpu=_use_cpu(settings))
+
+
 def make_accelerator(settings: TrainConfig, run_dir: Path | None = None) -> Accelerator:
     """``Accelerator`` on the CPU when ``train.cpu`` is set, or when launched as several processes (``WORLD_SIZE``)
     on a machine without an accelerator device: accelerate only sets up multi-CPU (gloo) when asked for the CPU, and
@@ -107,7 +118,7 @@ def make_accelerator(settings: TrainConfig, run_dir: Path | None = None) -> Acce
     Note: accelerate 1.15's ``accelerate launch --cpu --num_processes N`` starts a *single* process (its CPU launcher
     needs an MPI hostfile for more), so use ``--multi_gpu`` (torchrun) for several CPU processes."""
     world = int(os.environ.get("WORLD_SIZE", "1"))
-    cpu = settings.cpu or (world > 1 and not torch.accelerator.is_available())
+    cpu = _use_cpu(settings)
     trackers: list[Any] = []
     if run_dir is not None:
         trackers = [JsonlTracker(run_dir / METRICS_FILE) if t == "jsonl" else t for t in settings.log_with]
@@ -250,6 +261,12 @@ class Engine:
         self.settings, self.accelerator, self.objective, self.data = settings, accelerator, objective, data
         self.seed, self.total, self.evaluate_fn, self.checkpoints = seed, total, evaluate, checkpoints
         self.callbacks, self.progress, self.desc = list(callbacks), progress, desc
+        if accelerator.gradient_accumulation_steps != settings.grad_accum_steps:
+            raise RuntimeError(
+                f"train.grad_accum_steps={settings.grad_accum_steps} but the accelerator accumulates "
+                f"{accelerator.gradient_accumulation_steps} (another Accelerator was made after this one: make the "
+                "engine's accelerator last)"
+            )
         self.model, self.optimizer, self.scheduler = accelerator.prepare(model, optimizer, scheduler)
         self.state = TrainState()
         self.logger = Logger(accelerator)
