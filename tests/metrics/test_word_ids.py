@@ -71,12 +71,23 @@ def test_split_ids_on_realistic_text():
     assert _spelled(text) == text.split()
 
 
+@pytest.mark.parametrize("text", [*TRICKY, "a b", "a  b", " a b", "a b ", "a\tb", "ab", "a b c d", "é b", "a\x01b c"])
+def test_single_spaced_stat_is_split_on_a_space(text):
+    # the n-gram metrics reuse the word ids for ROUGE-L (split(" ")) only when they are also its words
+    stats: dict = {}
+    if split_ids(text, stats) is not None:
+        assert stats["single_spaced"] == (text != "" and text.split(" ") == text.split()), repr(text)
+
+
 def test_split_ids_random_bytes_level_text():
     rng = random.Random(0)
     alphabet = "ab \t\n\x1c\x1fé日🙂.,'" + "c" * 5
     for _ in range(300):
         text = "".join(rng.choice(alphabet) for _ in range(rng.randrange(0, 60)))
         assert _spelled(text) == text.split(), repr(text)
+        stats: dict = {}
+        if split_ids(text, stats) is not None:
+            assert stats["single_spaced"] == (text != "" and text.split(" ") == text.split()), repr(text)
 
 
 def test_split_ids_declines_non_ascii_whitespace_and_nul():

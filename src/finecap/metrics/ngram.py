@@ -156,15 +156,14 @@ def _encode(
     fast = joined.count(_SENTINEL) == max(S - 1, 0)
     # split(" ") gives split()'s words when the only whitespace is single spaces between words
     by_bytes = fast and vocab is None and (sep is None or (sep == " " and _single_spaced(joined)))
-    coded = split_ids(joined) if by_bytes else None
+    stats: dict = {}
+    coded = split_ids(joined, stats) if by_bytes else None
     if coded is not None:  # word ids straight from the bytes, no Python string per token
         words, vocab_words = coded
         vocab = dict(zip(vocab_words, range(len(vocab_words))))
         vocab.setdefault(_SENTINEL, len(vocab))
-        if flags is not None and sep is None:  # T tokens, T - 1 gaps: single spaces iff T - 1 spaces, no other
-            flags["space_split"] = (joined != "" and joined[0] != " " and joined[-1] != " "
-                                    and joined.count(" ") == len(words) - 1
-                                    and not any(c in joined for c in _OTHER_ASCII_WS))  # fmt: skip
+        if flags is not None and sep is None:
+            flags["space_split"] = stats["single_spaced"]
     elif fast:
         tokens = joined.split(sep) if S else []
         if flags is not None and sep is None:
@@ -493,7 +492,12 @@ class _RefIndex:
             raise ValueError(f"reference corpus too large for the n-gram index ({n_images} images)")
         key = ((img_of_sent << (gb + sb)) | slot_of_sent)[s[:cut]]  # (E,) image and slot of each occurrence
         key |= ids[:cut] << sb
-        key, tf = np.unique(key, return_counts=True)  # sorted by (image, n-gram, slot)
+        key.sort()  # by (image, n-gram, slot); the runs of equal keys are the counts
+        first = np.empty(len(key) + 1, dtype=bool)
+        first[0] = first[-1] = True
+        np.not_equal(key[1:], key[:-1], out=first[1:-1])
+        starts = np.flatnonzero(first)
+        key, tf = key[starts[:-1]], np.diff(starts)
         rowkey = key >> sb  # image << gb | n-gram
         new_row = np.empty(len(rowkey), dtype=bool)
         new_row[:1] = True

@@ -36,12 +36,13 @@ _MUL = np.uint64(0x9E3779B97F4A7C15)  # Fibonacci hashing
 _LOW_MASK = np.array([(1 << (8 * k)) - 1 for k in range(8)] + [(1 << 64) - 1], dtype=np.uint64)  # (9,)
 
 
-def split_ids(text: str) -> tuple[np.ndarray, list[str]] | None:
+def split_ids(text: str, stats: dict | None = None) -> tuple[np.ndarray, list[str]] | None:
     """Tokens of ``text.split()`` as ids: ``(ids (T,) int64, words)``, or ``None``.
 
     ``words[v]`` is the word of id ``v`` (ids are dense: ``0 .. len(words) - 1``). ``None`` when the text
     contains a non-ASCII whitespace character or a NUL character, or after a hash collision (then use
-    ``str.split``).
+    ``str.split``). ``stats`` (a dict) receives ``single_spaced``: whether ``text.split(" ") == text.split()``
+    (tokens separated by single spaces, none at either end, a non-empty text).
     """
     if "\x00" in text or (not text.isascii() and any(c in text for c in _NON_ASCII_WS)):
         return None
@@ -52,6 +53,13 @@ def split_ids(text: str) -> tuple[np.ndarray, list[str]] | None:
     starts = edges[0::2].copy()  # (in-place operations and early deletes below keep the peak memory down)
     lengths = edges[1::2] - starts  # (T,) bytes per token
     del edges
+    if stats is not None:  # T tokens from the first byte: T - 1 bytes between them, all spaces
+        n_tok = len(starts)
+        stats["single_spaced"] = (
+            bool(n_tok)
+            and int(starts[0]) == 0
+            and (int(lengths.sum()) + n_tok - 1 == len(data) and data.count(b" ") == n_tok - 1)
+        )
     if len(starts) == 0:
         return np.zeros(0, dtype=np.int64), []
     padded = data + bytes(8)
