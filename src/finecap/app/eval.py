@@ -29,9 +29,11 @@ the files and calls :func:`finecap.metrics.suite.evaluate_items` (the metric gro
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import json
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Literal
 
@@ -74,6 +76,38 @@ def main(
     """
     if fmt not in FORMATS:
         raise ValueError(f"--format: expected one of {', '.join(FORMATS)}, got {fmt!r}")
+    with _cyclic_gc_paused():
+        return _main(cfg, predictions=predictions, references=references, images=images, bags=bags,
+                     metrics=metrics, out=out, split=split, fmt=fmt, per_image=per_image)  # fmt: skip
+
+
+@contextlib.contextmanager
+def _cyclic_gc_paused() -> Iterator[None]:
+    """Pause Python's cyclic garbage collector while the files are read and scored, and restore it after: reading
+    a large reference file creates hundreds of thousands of objects (none in reference cycles), and the collector's
+    repeated passes over them took 5-7 % of `finecap eval`'s time (245 collections on 8k COCO-like images)."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
+
+
+def _main(
+    cfg: Config,
+    *,
+    predictions: str | Path,
+    references: str | Path | None,
+    images: str | Path | None,
+    bags: str | Path | None,
+    metrics: str | Sequence[str] | None,
+    out: str | Path | None,
+    split: str | None,
+    fmt: Format,
+    per_image: str | Path | None,
+) -> dict[str, float]:
     note = print if fmt == "table" else lambda *a: print(*a, file=sys.stderr)
     source = "--metrics" if metrics is not None else "eval.metrics" if cfg.eval.metrics else None
     asked = parse_metrics(metrics, cfg.eval.metrics) if source else None
