@@ -42,7 +42,6 @@ from finecap.data.formats import MAX_LISTED, DataError, read_bags, read_results
 from finecap.data.references import LoadedReferences, load_references, missing_images
 from finecap.metrics.cocoeval import COCO_NAMES
 from finecap.metrics.suite import IMAGE_METRICS, evaluate_items, parse_metrics
-from finecap.report.table import markdown_table
 from finecap.utils import write_json
 
 Format = Literal["table", "json", "coco"]
@@ -173,6 +172,8 @@ def _main(
     result = {rename(k): v for k, v in result.items()}
     note(f"{len(preds)} images of {refs.path}" + (f" (split {split})" if split else ""))
     if fmt == "table":
+        from finecap.report.table import markdown_table  # only for the table
+
         title = Path(predictions).name
         print(markdown_table({k: {title: v} for k, v in result.items()}, columns=[title], row_header="metric"))
     else:

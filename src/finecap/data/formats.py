@@ -417,6 +417,15 @@ def read_results(path: str | Path) -> dict[int | str, list[str]]:
     if not isinstance(data, list):
         raise DataError(f"{path}: COCO results must be a list of {{'image_id', 'caption'}} objects, got {_type(data)}")
     out: dict[int | str, list[str]] = {}
+    try:  # well-formed entries in one tight loop; the checking loop below names the first bad one
+        for rec in data:
+            image_id, caption = rec["image_id"], rec["caption"]
+            if type(image_id) not in (int, str) or type(caption) is not str:
+                raise TypeError
+            out.setdefault(image_id, []).append(caption)
+        return out
+    except (KeyError, TypeError):
+        out.clear()
     for i, rec in enumerate(data):
         where = f"{path}: [{i}]"
         image_id = _require(rec, "image_id", (int, str), where)

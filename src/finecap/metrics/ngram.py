@@ -456,6 +456,16 @@ class _RefIndex:
         self.idf = np.concatenate(idfs) if cider else None  # (n-grams of all orders,)
         self._extra = extra
         self._extra_match: tuple[np.ndarray, tuple[np.ndarray, np.ndarray]] | None = None  # (img, _match of extra)
+        if extra is not None and len(extra) <= I:
+            # extra[i] is scored against image i (ngram_metrics, cider_d_per_item): its matches, order by order, with
+            # queries (candidate, id) and rows (image, id) both sorted already (no sort, a table per order)
+            found, q_off, r_off = [], 0, 0
+            for o, ((cand, ids, _), rows_o) in enumerate(zip(extra_counts, rows)):
+                f, pos = _find(rows_o, self.key_off[o] + cand * int(sizes[o]) + ids)
+                found.append((q_off + f, r_off + pos))
+                q_off, r_off = q_off + len(cand), r_off + len(rows_o)
+            q, row = (np.concatenate(x) for x in zip(*found))
+            self._extra_match = (np.arange(len(extra)), (q, row))
         self._extra_counts = self._merge(extra_counts) if extra is not None else None
         self._extra_lengths = self.grams.lengths[n_sent:]
         self.grams.own, self.grams.sent = [], np.zeros(0, dtype=np.int64)  # per-token arrays: no longer needed

@@ -58,7 +58,8 @@ def split_ids(text: str, stats: dict | None = None) -> tuple[np.ndarray, list[st
         stats["single_spaced"] = (
             bool(n_tok)
             and int(starts[0]) == 0
-            and (int(lengths.sum()) + n_tok - 1 == len(data) and data.count(b" ") == n_tok - 1)
+            and int(lengths.sum()) + n_tok - 1 == len(data)
+            and int(np.count_nonzero(np.frombuffer(data, dtype=np.uint8) == 32)) == n_tok - 1
         )
     if len(starts) == 0:
         return np.zeros(0, dtype=np.int64), []
