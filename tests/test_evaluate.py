@@ -302,7 +302,11 @@ def test_default_metrics_follow_what_a_world_holds(world, tmp_path, capsys, monk
     assert list(out)[:6] == ["BLEU-1", "BLEU-2", "BLEU-3", "BLEU-4", "ROUGE-L", "CIDEr-D"]
     assert {"Length", "Vocab usage", "faith/precision"} <= set(out) and "CLIPScore" not in out
     assert "skipping meteor: meteor-1.5.jar not found" in notes
-    assert "skipping clipscore, retrieval: the world encoder is not trained" in notes
+    assert "skipping clipscore, retrieval: no retriever: retriever.checkpoint is not set" in notes
+    assert "the world encoder of this configuration is not trained" in notes
+    # asked for by name, the same reason is an error naming the option
+    with pytest.raises(ValueError, match=r"^--metrics: metric 'retrieval' cannot run here: no retriever: "):
+        eval_main(load(), predictions=tmp_path / "r.json", references=world, metrics="bleu,retrieval")
 
 
 def test_metrics_asked_for_that_cannot_run_name_the_option(world, tmp_path):

@@ -210,14 +210,17 @@ def _reasons(
         reason = missing_images(pool, refs.path, first=not asked)
         if reason:
             return f"it needs the image files, but {reason}; pass the image folder with --images DIR"
-        if asked or cfg.retriever.checkpoint:
-            return None  # the retriever is loaded when the group runs (its errors name what is missing)
-        if refs.format != "world":
+        if cfg.retriever.checkpoint:
+            return None  # loaded when the group runs (its errors name what is missing)
+        if refs.format != "world" and not asked:  # the world's encoder on other images: only when asked for
             return "no retriever: set retriever.checkpoint (a CLIP model, e.g. openai/clip-vit-base-patch32)"
-        from finecap.models.world_encoder import encoder_dir  # torch: only for a world whose images resolve
+        from finecap.models.world_encoder import encoder_dir  # torch: only when images resolve and no checkpoint
 
         if not (encoder_dir(cfg) / "encoder.json").exists():
-            return "the world encoder is not trained (finecap retriever train), and retriever.checkpoint is not set"
+            return (
+                "no retriever: retriever.checkpoint is not set (a CLIP model, e.g. openai/clip-vit-base-patch32) and "
+                "the world encoder of this configuration is not trained (finecap retriever train)"
+            )
         return None
 
     def why_not(name: str, asked: bool) -> str | None:
