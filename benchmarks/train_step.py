@@ -92,7 +92,8 @@ def main() -> None:
     tmp = Path(tempfile.mkdtemp(prefix="finecap-step-"))
     make_world(WorldConfig(n_train=args.n_train, n_val=64, n_test=8, seed=0), out=tmp / "world", progress=False)
     encoder = save_tiny_clip(tmp / "encoder", image_size=64, patch_size=16, hidden=64, layers=2, projection_dim=64)
-    common = [f"world.out={tmp / 'world'}", f"model.encoder={encoder}", f"run.cache_dir={tmp / 'cache'}",
+    common = [f"world.out={tmp / 'world'}", f"world.n_train={args.n_train}", "world.n_val=64", "world.n_test=8",
+              f"model.encoder={encoder}", f"run.cache_dir={tmp / 'cache'}",
               "train.eval_samples=16", "train.log_every=10", "train.validators=[]", "train.best_metric=loss",
               "train.log_captions=0"]  # fmt: skip
     results: dict[str, float] = {}
