@@ -965,8 +965,8 @@ def train_fluency_lm(grid: Any) -> Path:
         return out
     cfg = grid.cfg
     seed_everything(cfg.run.seed)
-    model, tokenizer = build_world_lm(layers=cfg.model.tiny_layers, hidden=cfg.model.tiny_hidden,
-                                      heads=cfg.model.tiny_heads)  # fmt: skip
+    model, tokenizer = build_world_lm(layers=cfg.clipcap.tiny_layers, hidden=cfg.clipcap.tiny_hidden,
+                                      heads=cfg.clipcap.tiny_heads)  # fmt: skip
     captions = [c for r in load_records(cfg, "train") for c in r.captions]
     steps = cfg.train.max_steps if grid.quick or cfg.train.max_steps else FLUENCY_STEPS
     batch = min(64, len(captions))

@@ -98,7 +98,7 @@ def main() -> None:
               "train.log_captions=0"]  # fmt: skip
     results: dict[str, float] = {}
     for kind in args.backbones.split(","):
-        extra = [] if kind == "clipcap" else [f"model.kind={kind}", "model.blip=world-tiny"]
+        extra = [] if kind == "clipcap" else [f"model.kind={kind}", "blip.name=world-tiny"]
         tag = "" if kind == "clipcap" else f"{kind}/"
         start = tmp / kind / "start"
         # the MLE checkpoint SCST starts from

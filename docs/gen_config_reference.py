@@ -17,7 +17,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from finecap.config import SECTIONS, describe
+from finecap.config import MOVED_KEYS, SECTIONS, describe
 
 OUT = Path(__file__).resolve().parent / "config-reference.md"
 COMMAND = ".venv/bin/python docs/gen_config_reference.py"
@@ -80,6 +80,17 @@ def render() -> str:
                 f"| `{name}.{key}` | {_cell(type_name)} | {_cell(_code(format_value(default)))} | {_cell(text)} |"
             )
         lines.append("")
+    lines += [
+        "## Moved keys",
+        "",
+        "Keys of the former flat `model` section and where they are now (`<kind>`: the section of `model.kind`). A "
+        "recipe or override setting one is an error naming the new key; a run's stored `config.yaml` is migrated.",
+        "",
+        "| former key | now |",
+        "| --- | --- |",
+        *(f"| `{old}` | `{new.replace('{kind}', '<kind>')}` |" for old, new in MOVED_KEYS.items()),
+        "",
+    ]
     return "\n".join(lines)
 
 

@@ -43,10 +43,10 @@ def tiny(tmp_path_factory) -> dict:
     make_world(world, out=root / "world", progress=False)
     clip = save_tiny_clip(root / "clip", image_size=32, patch_size=16)
     base = [f"world.out={root / 'world'}", "world.n_train=40", "world.n_val=8", "world.n_test=8",
-            "world.image_size=32", f"model.encoder={clip}", "model.tiny_layers=1", "model.tiny_hidden=32",
-            "model.tiny_heads=2", "model.prefix_length=2", f"run.cache_dir={root / 'cache'}", "train.batch_size=16",
-            "train.warmup_steps=2", "train.log_every=1", "train.eval_samples=8", "decode.max_length=10",
-            "train.max_steps=2"]  # fmt: skip
+            "world.image_size=32", f"model.encoder={clip}", "clipcap.tiny_layers=1", "clipcap.tiny_hidden=32",
+            "clipcap.tiny_heads=2", "clipcap.prefix_length=2", f"run.cache_dir={root / 'cache'}",
+            "train.batch_size=16", "train.warmup_steps=2", "train.log_every=1", "train.eval_samples=8",
+            "decode.max_length=10", "train.max_steps=2"]  # fmt: skip
     return {"root": root, "base": base, "clip": clip}
 
 

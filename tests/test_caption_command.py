@@ -9,6 +9,7 @@ import shutil
 from pathlib import Path
 
 import pytest
+import yaml
 from PIL import Image
 
 from finecap.app.caption import main, resolve
@@ -25,7 +26,7 @@ from finecap.report.html import image_uri
 from finecap.train.checkpoint import checkpoint_dir, model_dir
 
 WORLD = ["world.n_train=40", "world.n_val=8", "world.n_test=8", "world.image_size=32", "world.seed=0"]
-TINY = [*WORLD, "model.tiny_layers=1", "model.tiny_hidden=32", "model.tiny_heads=2", "model.prefix_length=2",
+TINY = [*WORLD, "clipcap.tiny_layers=1", "clipcap.tiny_hidden=32", "clipcap.tiny_heads=2", "clipcap.prefix_length=2",
         "train.batch_size=16", "train.lr=3e-3", "train.warmup_steps=2", "train.log_every=1", "train.max_steps=2",
         "decode.max_length=10", "decode.batch_size=4"]  # fmt: skip
 
@@ -98,6 +99,35 @@ def test_caption_uses_the_checkpoints_saved_beam(beam_run, tmp_path, caplog):
     # Greedy decoding of the same checkpoint is another result: the default really is the beam.
     greedy = captions(main(checkpoint=beam_run, out=tmp_path / "greedy.json", overrides=["decode.strategy=greedy"]))
     assert greedy != default
+
+
+# Where each key of a flat model section (finecap before the backbone sections) is now: {section: {new: old}}.
+FLAT_MODEL = {
+    "clipcap": {k: k for k in ("lm", "mapper", "prefix_length", "mapper_layers", "mapper_heads", "tiny_layers",
+                               "tiny_hidden", "tiny_heads", "tiny_dropout")},
+    "blip": {"name": "blip"},
+    "vlm": {"name": "vlm", "prompt": "vlm_prompt", "train_projector": "vlm_train_projector"},
+}  # fmt: skip
+
+
+def test_a_run_stored_before_the_backbone_sections_still_captions(beam_run, tmp_path):
+    # The run's and its checkpoints' config.yaml rewritten as finecap wrote them before: one flat model section.
+    old = tmp_path / "old"
+    shutil.copytree(beam_run, old)
+    stored = list(old.rglob("config.yaml"))
+    assert len(stored) >= 3  # the run's, best's and last's
+    for path in stored:
+        data = yaml.safe_load(path.read_text())
+        for section, keys in FLAT_MODEL.items():
+            values = data.pop(section)
+            data["model"].update({old_key: values[new_key] for new_key, old_key in keys.items()})
+        path.write_text(yaml.safe_dump(data, sort_keys=False))
+    assert "prefix_length" in yaml.safe_load((old / "config.yaml").read_text())["model"]
+    setup = resolve(old)
+    assert (setup.cfg.decode.strategy, setup.cfg.decode.beam_size, setup.cfg.clipcap.prefix_length) == ("beam", 3, 2)
+    assert setup.cfg.clipcap.tiny_hidden == 32  # the run's world-tiny size, moved to the section of model.kind
+    before = captions(main(checkpoint=old, out=tmp_path / "old.json"))
+    assert before == captions(main(checkpoint=beam_run, out=tmp_path / "new.json")) and len(before) == 8
 
 
 def test_only_the_keys_given_override_the_checkpoint(beam_run, tmp_path):

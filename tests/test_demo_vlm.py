@@ -29,7 +29,8 @@ def test_vlm_stage_configs_train_the_world_vlm(tmp_path, quick):
     for stage, objective in OBJECTIVES.items():
         cfg = demo.stage_config(stage)
         m = cfg.model
-        assert (m.kind, m.vlm, m.encoder, cfg.train.objective) == ("vlm", "world-tiny", "world", objective), stage
+        got = (m.kind, cfg.vlm.name, m.encoder, cfg.train.objective)
+        assert got == ("vlm", "world-tiny", "world", objective), stage
         assert cfg.run.dir == str(demo.stage_dir(stage))
         init = VLM_STAGES[stage]
         expected = "" if init is None else str(demo.stage_dir(init) / "checkpoints" / "best")
@@ -41,7 +42,7 @@ def test_vlm_stage_configs_train_the_world_vlm(tmp_path, quick):
         if quick:
             assert (cfg.train.max_steps, cfg.train.batch_size) == (QUICK["train"]["max_steps"], 32)
     discritune = demo.stage_config("vlm_discritune")
-    assert discritune.model.train_lm and not discritune.model.train_encoder and discritune.model.vlm_train_projector
+    assert discritune.model.train_lm and not discritune.model.train_encoder and discritune.vlm.train_projector
     assert (discritune.rl.rewards, discritune.sr.distractors, discritune.rl.logprob) == ({"retrieval": 1.0}, "batch",
                                                                                           "mean")  # fmt: skip
 

@@ -172,7 +172,7 @@ def test_run_fingerprints_of_a_world_run(world, tmp_path):
     assert differences(fps["retriever"], trained) == []
     assert differences(trained, fps["retriever"]) == ["sha256: 'abc' -> None"]
     # A pretrained BLIP and a trained encoder are held by the checkpoint itself.
-    blip = load(None, [f"world.out={world}", "model.kind=blip", f"model.blip={enc}"])
+    blip = load(None, [f"world.out={world}", "model.kind=blip", f"blip.name={enc}"])
     assert run_fingerprints(blip)["captioner"]["kind"] == "in-checkpoint"
 
 

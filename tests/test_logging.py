@@ -23,7 +23,7 @@ def tiny(tmp_path_factory) -> dict:
     world = make_world(WorldConfig(**SIZES, seed=0), root / "world", progress=False)
     clip = save_tiny_clip(root / "clip", image_size=32, patch_size=16)
     base = [f"world.out={world}", *(f"world.{k}={v}" for k, v in SIZES.items()), f"model.encoder={clip}",
-            "model.tiny_layers=1", "model.tiny_hidden=32", "model.tiny_heads=2", "model.prefix_length=2",
+            "clipcap.tiny_layers=1", "clipcap.tiny_hidden=32", "clipcap.tiny_heads=2", "clipcap.prefix_length=2",
             "train.batch_size=8", "train.max_steps=2", "train.eval_every=2", "train.eval_samples=4",
             "train.warmup_steps=1", "decode.max_length=8"]  # fmt: skip
     return {"root": root, "world": world, "key": world_key(WorldConfig(**SIZES, seed=0)), "base": base}

@@ -137,7 +137,7 @@ def tiny(tmp_path_factory):
     overrides = [
         f"world.out={world}", f"world.n_train={N_TRAIN}", f"world.n_val={N_VAL}", f"world.n_test={N_TEST}",
         "world.image_size=32", f"model.encoder={clip}", f"retriever.checkpoint={clip}", f"run.cache_dir={root / 'c'}",
-        "model.tiny_layers=1", "model.tiny_hidden=32", "model.tiny_heads=2", "model.prefix_length=2",
+        "clipcap.tiny_layers=1", "clipcap.tiny_hidden=32", "clipcap.tiny_heads=2", "clipcap.prefix_length=2",
         "train.max_steps=2", "train.batch_size=8", "train.eval_every=2", "train.eval_samples=4",
         "train.warmup_steps=0", "decode.max_length=6", "eval.n_distractors=3", "eval.draws=1",
     ]  # fmt: skip

@@ -59,7 +59,7 @@ def test_recipes_lists_whole_descriptions(capsys):
 
 @pytest.mark.parametrize("name", ["coco/mle_vlm", "coco/smile_vlm", "coco/discritune_vlm"])
 def test_vlm_recipes_build_a_vlm_captioner(name, tmp_path):
-    """The decoder-only VLM recipes name SmolVLM-256M-Instruct (model.kind=vlm); with model.vlm pointing at a tiny
+    """The decoder-only VLM recipes name SmolVLM-256M-Instruct (model.kind=vlm); with vlm.name pointing at a tiny
     saved Idefics3 (SmolVLM's family) instead of the Hub, the recipe builds and configures a VLM captioner."""
     from finecap.models.backbones import build_model
     from finecap.models.lora import configure_training
@@ -67,9 +67,9 @@ def test_vlm_recipes_build_a_vlm_captioner(name, tmp_path):
     from finecap.models.vlm import Vlm
 
     cfg = load(name)
-    assert cfg.model.kind == "vlm" and cfg.model.vlm == "HuggingFaceTB/SmolVLM-256M-Instruct"
+    assert cfg.model.kind == "vlm" and cfg.vlm.name == "HuggingFaceTB/SmolVLM-256M-Instruct"
     tiny = save_tiny_vlm(tmp_path / "vlm", "idefics3")
-    cfg = load(name, [f"model.vlm={tiny}"])
+    cfg = load(name, [f"vlm.name={tiny}"])
     model = configure_training(build_model(cfg), cfg)
-    assert isinstance(model, Vlm) and model.prompt == cfg.model.vlm_prompt
+    assert isinstance(model, Vlm) and model.prompt == cfg.vlm.prompt
     assert model.train_lm and not model.train_encoder and model.train_projector

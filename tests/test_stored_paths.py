@@ -15,7 +15,7 @@ def test_path_keys_are_made_absolute_names_are_not(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     (tmp_path / "clip").mkdir()  # a local checkpoint: model.encoder=clip means this folder
     cfg = load(None, ["world.out=data/w", "data.images=imgs", "run.dir=runs/x", "train.init_from=runs/y/best",
-                      "model.encoder=clip", "model.lm=gpt2", "retriever.checkpoint=openai/clip-vit-base-patch32",
+                      "model.encoder=clip", "clipcap.lm=gpt2", "retriever.checkpoint=openai/clip-vit-base-patch32",
                       "boost.prompts=prompts.yaml", "run.cache_dir=cache"])  # fmt: skip
     out = absolute_paths(cfg)
     assert out.world.out == str(tmp_path / "data" / "w")  # path keys: always (the world may not exist yet)
@@ -23,7 +23,7 @@ def test_path_keys_are_made_absolute_names_are_not(tmp_path, monkeypatch):
     assert (out.train.init_from, out.boost.prompts) == (str(tmp_path / "runs/y/best"), str(tmp_path / "prompts.yaml"))
     assert out.run.cache_dir == str(tmp_path / "cache")
     assert out.model.encoder == str(tmp_path / "clip")  # name-or-path that exists here: a path
-    assert (out.model.lm, out.retriever.checkpoint) == ("gpt2", "openai/clip-vit-base-patch32")  # Hub names
+    assert (out.clipcap.lm, out.retriever.checkpoint) == ("gpt2", "openai/clip-vit-base-patch32")  # Hub names
     assert absolute_paths(load(None, ["model.encoder=world"])).model.encoder == "world"  # finecap's keyword
     (tmp_path / "world").mkdir()  # ... even when a folder of that name exists
     assert absolute_paths(load(None, ["model.encoder=world"])).model.encoder == "world"

@@ -45,7 +45,7 @@ WORLD = ("world.n_train=20", "world.n_val=4", "world.n_test=4", "world.image_siz
 """A tiny world (28 images)."""
 ENCODER = ("retriever.epochs=1", "retriever.batch_size=8", "retriever.batch_size_eval=16")
 """A world encoder trained in two steps."""
-CAPTIONER = ("model.tiny_layers=1", "model.tiny_hidden=32", "model.tiny_heads=2", "model.prefix_length=2",
+CAPTIONER = ("clipcap.tiny_layers=1", "clipcap.tiny_hidden=32", "clipcap.tiny_heads=2", "clipcap.prefix_length=2",
              "train.max_steps=1", "train.batch_size=8", "train.eval_samples=4", "train.log_every=1",
              "decode.max_length=6")  # fmt: skip
 """A tiny ClipCap trained for one step."""

@@ -39,8 +39,8 @@ SCRIPT = textwrap.dedent(
 
     from finecap.models.backbones import build_model
     from finecap.train.checkpoint import checkpoint_dir, save_checkpoint
-    cfg = load(None, [f"model.encoder={clip}", "model.tiny_layers=1", "model.tiny_hidden=32", "model.tiny_heads=2",
-                      "model.prefix_length=2"])
+    cfg = load(None, [f"model.encoder={clip}", "clipcap.tiny_layers=1", "clipcap.tiny_hidden=32",
+                      "clipcap.tiny_heads=2", "clipcap.prefix_length=2"])
     save_checkpoint(checkpoint_dir(out / "run", "best"), model=build_model(cfg), cfg=cfg, info={"step": 1})
 
     tmp = make_temporary_dir(out / "encoder")

@@ -201,38 +201,136 @@ class ModelConfig:
     kind: Backbone = doc(
         "clipcap",
         "Captioner: clipcap (prefix + causal LM), blip (vision tokens + cross-attending decoder) or vlm (decoder-only "
-        "vision-language model).",
+        "vision-language model); its options are in the section of the same name.",
     )
-    encoder: str = doc("world", "'world' (the cached world encoder) or a CLIP checkpoint name/path (vision tower).")
+    encoder: str = doc(
+        "world",
+        "'world' (the cached world encoder) or a CLIP checkpoint name/path: ClipCap's vision tower, the image tokens "
+        "of the world-tiny BLIP and VLM (a pretrained BLIP or VLM brings its own).",
+    )
+    train_encoder: bool = doc(False, "Train the vision encoder too (SR-V); otherwise features are frozen and cached.")
+    train_lm: bool = doc(True, "Train the language model (otherwise only the mapper / projector).")
+
+
+def _check_tiny(section: str, layers: int, hidden: int, heads: int, dropout: float = 0.0) -> None:
+    """The checks of a backbone section's world-tiny sizes (``<section>.tiny_*``)."""
+    _check(layers >= 1, f"{section}.tiny_layers", "must be >= 1")
+    _check(0.0 <= dropout < 1.0, f"{section}.tiny_dropout", "must be in [0, 1)")
+    heads_ok = heads >= 1 and hidden % heads == 0
+    _check(heads_ok, f"{section}.tiny_heads", f"must be >= 1 and divide {section}.tiny_hidden={hidden}")
+
+
+@dataclass
+class ClipCapBackboneConfig:
     lm: str = doc("world-tiny", "'world-tiny' (preset GPT-2 + world tokenizer) or any AutoModelForCausalLM name/path.")
     mapper: Mapper = doc("mlp", "Mapper from image features to the LM prefix.")
     prefix_length: int = doc(10, "Number of prefix embeddings k fed to the language model.")
     mapper_layers: int = doc(2, "Transformer mapper: number of layers.")
-    train_encoder: bool = doc(False, "Train the vision encoder too (SR-V); otherwise features are frozen and cached.")
-    train_lm: bool = doc(True, "Train the language model (otherwise only the mapper).")
     mapper_heads: int = doc(8, "Transformer mapper: attention heads (must divide the LM hidden size).")
-    tiny_layers: int = doc(3, "world-tiny LM: GPT-2 layers.")
-    tiny_hidden: int = doc(128, "world-tiny LM: hidden size (n_embd).")
-    tiny_heads: int = doc(4, "world-tiny LM: attention heads (must divide model.tiny_hidden).")
-    tiny_dropout: float = doc(0.1, "world-tiny LM: dropout of embeddings, residuals and attention (GPT-2's 0.1).")
-    blip: str = doc("world-tiny", "kind=blip: a BlipForConditionalGeneration name/path, or 'world-tiny' (world BLIP).")
-    vlm: str = doc(
-        "HuggingFaceTB/SmolVLM-256M-Instruct",
-        "kind=vlm: an AutoModelForImageTextToText name/path (LLaVA, Idefics3/SmolVLM, Qwen2-VL), or 'world-tiny'.",
-    )
-    vlm_prompt: str = doc("Describe the image.", "kind=vlm: the user's text after the image in the chat prompt.")
-    vlm_train_projector: bool = doc(
-        True, "kind=vlm: train the projector from vision tower to LM (as ClipCap's mapper, whatever else trains)."
-    )
+    tiny_layers: int = doc(3, "lm=world-tiny: GPT-2 layers.")
+    tiny_hidden: int = doc(128, "lm=world-tiny: hidden size (n_embd).")
+    tiny_heads: int = doc(4, "lm=world-tiny: attention heads (must divide clipcap.tiny_hidden).")
+    tiny_dropout: float = doc(0.1, "lm=world-tiny: dropout of embeddings, residuals and attention (GPT-2's 0.1).")
 
     def __post_init__(self) -> None:
-        _check(self.prefix_length >= 1, "model.prefix_length", "must be >= 1")
-        _check(self.mapper_layers >= 1, "model.mapper_layers", "must be >= 1")
-        _check(self.mapper_heads >= 1, "model.mapper_heads", "must be >= 1")
-        _check(self.tiny_layers >= 1, "model.tiny_layers", "must be >= 1")
-        _check(0.0 <= self.tiny_dropout < 1.0, "model.tiny_dropout", "must be in [0, 1)")
-        heads_ok = self.tiny_heads >= 1 and self.tiny_hidden % self.tiny_heads == 0
-        _check(heads_ok, "model.tiny_heads", f"must be >= 1 and divide model.tiny_hidden={self.tiny_hidden}")
+        _check(self.prefix_length >= 1, "clipcap.prefix_length", "must be >= 1")
+        _check(self.mapper_layers >= 1, "clipcap.mapper_layers", "must be >= 1")
+        _check(self.mapper_heads >= 1, "clipcap.mapper_heads", "must be >= 1")
+        _check_tiny("clipcap", self.tiny_layers, self.tiny_hidden, self.tiny_heads, self.tiny_dropout)
+
+
+@dataclass
+class BlipBackboneConfig:
+    name: str = doc("world-tiny", "A BlipForConditionalGeneration name/path, or 'world-tiny' (the world BLIP).")
+    tiny_layers: int = doc(3, "name=world-tiny: text decoder layers.")
+    tiny_hidden: int = doc(128, "name=world-tiny: text decoder hidden size.")
+    tiny_heads: int = doc(4, "name=world-tiny: attention heads (must divide blip.tiny_hidden).")
+    tiny_dropout: float = doc(0.1, "name=world-tiny: dropout of the text decoder's hidden states and attention.")
+
+    def __post_init__(self) -> None:
+        _check_tiny("blip", self.tiny_layers, self.tiny_hidden, self.tiny_heads, self.tiny_dropout)
+
+
+@dataclass
+class VlmBackboneConfig:
+    name: str = doc(
+        "HuggingFaceTB/SmolVLM-256M-Instruct",
+        "An AutoModelForImageTextToText name/path (LLaVA, Idefics3/SmolVLM, Qwen2-VL), or 'world-tiny' (world VLM).",
+    )
+    prompt: str = doc("Describe the image.", "The user's text after the image in the chat prompt.")
+    train_projector: bool = doc(
+        True, "Train the projector from vision tower to LM (as ClipCap's mapper, whatever else trains)."
+    )
+    tiny_layers: int = doc(3, "name=world-tiny: Llama-style LM layers.")
+    tiny_hidden: int = doc(128, "name=world-tiny: LM hidden size.")
+    tiny_heads: int = doc(4, "name=world-tiny: attention heads (must divide vlm.tiny_hidden).")
+
+    def __post_init__(self) -> None:
+        _check_tiny("vlm", self.tiny_layers, self.tiny_hidden, self.tiny_heads)
+
+
+MOVED_KEYS: dict[str, str] = {
+    "model.lm": "clipcap.lm",
+    "model.mapper": "clipcap.mapper",
+    "model.prefix_length": "clipcap.prefix_length",
+    "model.mapper_layers": "clipcap.mapper_layers",
+    "model.mapper_heads": "clipcap.mapper_heads",
+    "model.blip": "blip.name",
+    "model.vlm": "vlm.name",
+    "model.vlm_prompt": "vlm.prompt",
+    "model.vlm_train_projector": "vlm.train_projector",
+    **{f"model.tiny_{k}": f"{{kind}}.tiny_{k}" for k in ("layers", "hidden", "heads", "dropout")},
+}
+"""Keys of the former flat ``model`` section and where they live now (``{kind}``: the section of ``model.kind``, as
+each backbone has its own world-tiny sizes). A recipe or override setting one is an error naming the new key;
+a stored configuration written before the move is migrated (:func:`migrate_moved_keys`)."""
+
+
+def moved_key(key: str, kind: str) -> str | None:
+    """The key ``key`` of the former flat ``model`` section moved to for a captioner of ``model.kind=kind``, or
+    ``None`` when ``key`` did not move or that backbone has no such option (the world VLM has no dropout).
+
+    Example::
+
+        >>> moved_key("model.prefix_length", "clipcap"), moved_key("model.tiny_hidden", "blip")
+        ('clipcap.prefix_length', 'blip.tiny_hidden')
+    """
+    target = MOVED_KEYS.get(key, "").replace("{kind}", kind)
+    if not target:
+        return None
+    section, name = target.split(".")
+    cls = SECTIONS.get(section)
+    return target if cls is not None and name in {f.name for f in dataclasses.fields(cls)} else None
+
+
+def _moved_message(key: str, kind: str) -> str:
+    target = moved_key(key, kind)
+    if target is not None:
+        return f"{key!r} moved to {target!r} (each backbone's options have their own section); set {target} instead"
+    where = [t for k in ("clipcap", "blip", "vlm") if (t := moved_key(key, k))]
+    return f"{key!r} moved to the backbone sections ({', '.join(where)}); model.kind={kind} has no such option"
+
+
+def migrate_moved_keys(data: dict[str, Any]) -> dict[str, Any]:
+    """Sections ``{section: {key: value}}`` of a configuration stored before the backbone sections
+    (:data:`MOVED_KEYS`) with the former ``model`` keys moved to their sections (a value already set there wins;
+    an option the backbone no longer has is dropped). Configurations without such keys come back unchanged."""
+    model = data.get("model")
+    if not isinstance(model, dict) or not any(f"model.{k}" in MOVED_KEYS for k in model):
+        return data
+    out = {name: dict(values) if isinstance(values, dict) else values for name, values in data.items()}
+    kind = str(model.get("kind", ModelConfig.kind))
+    for key in list(out["model"]):
+        if f"model.{key}" not in MOVED_KEYS:
+            continue
+        value = out["model"].pop(key)
+        target = moved_key(f"model.{key}", kind)
+        if target is not None:
+            section, name = target.split(".")
+            if not isinstance(out.get(section), dict):
+                out[section] = {}
+            out[section].setdefault(name, value)
+    return out
 
 
 TRACKERS = ("jsonl", "tensorboard", "wandb", "mlflow", "comet_ml", "aim", "clearml", "dvclive", "swanlab", "trackio")
@@ -552,6 +650,9 @@ SECTIONS: dict[str, type] = {
     "data": DataConfig,
     "retriever": RetrieverConfig,
     "model": ModelConfig,
+    "clipcap": ClipCapBackboneConfig,
+    "blip": BlipBackboneConfig,
+    "vlm": VlmBackboneConfig,
     "train": TrainConfig,
     "decode": DecodeConfig,
     "eval": EvalConfig,
@@ -572,6 +673,9 @@ class Config:
     data: DataConfig = field(default_factory=DataConfig)
     retriever: RetrieverConfig = field(default_factory=RetrieverConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
+    clipcap: ClipCapBackboneConfig = field(default_factory=ClipCapBackboneConfig)
+    blip: BlipBackboneConfig = field(default_factory=BlipBackboneConfig)
+    vlm: VlmBackboneConfig = field(default_factory=VlmBackboneConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     decode: DecodeConfig = field(default_factory=DecodeConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
@@ -739,6 +843,8 @@ def _build_section(name: str, cls: type, values: dict[str, Any], source: str, or
     for k, v in values.items():
         key = f"{name}.{k}"
         where = _where(key, origins, source)
+        if k not in known and key in MOVED_KEYS:
+            raise ConfigError(f"{where}{_moved_message(key, str(values.get('kind', ModelConfig.kind)))}", key=key)
         if k not in known:
             raise ConfigError(
                 f"{where}unknown key {key!r}{did_you_mean(k, known, f'{name}.')}; "
@@ -918,8 +1024,9 @@ PATH_KEYS: dict[str, Literal["path", "name_or_path"]] = {
     "data.images": "path",
     "retriever.checkpoint": "name_or_path",
     "model.encoder": "name_or_path",
-    "model.lm": "name_or_path",
-    "model.blip": "name_or_path",
+    "clipcap.lm": "name_or_path",
+    "blip.name": "name_or_path",
+    "vlm.name": "name_or_path",
     "train.init_from": "path",
     "eval.lm": "name_or_path",
     "boost.prompts": "path",
@@ -976,7 +1083,8 @@ def load_stored(path: str | Path, overrides: list[str] | None = None, recipe: st
 
     finecap writes absolute paths (:meth:`Config.save`); a relative path found in the file (edited by hand) is read
     relative to the file's folder. Paths in the recipe and the overrides are the user's, relative to the working
-    directory.
+    directory. A file stored before the backbone sections (``model.prefix_length``, ...) is migrated
+    (:func:`migrate_moved_keys`).
     """
     from finecap.utils import read_yaml_mapping
 
@@ -985,6 +1093,6 @@ def load_stored(path: str | Path, overrides: list[str] | None = None, recipe: st
         data = read_yaml_mapping(path, "a stored configuration must be a mapping of sections")
     except ValueError as e:
         raise ConfigError(str(e)) from None
-    data = absolute_path_values(data, path.parent)
+    data = absolute_path_values(migrate_moved_keys(data), path.parent)
     from_dict(data, f"{path}: ")  # the stored file alone is valid; errors name it
     return load(recipe, overrides, base=data)

@@ -44,7 +44,7 @@ def make_cfg(world, clip_dir, tmp_path):
         base = [
             f"world.out={world}", f"world.n_train={N_TRAIN}", "world.n_val=6", "world.n_test=4", "world.image_size=32",
             f"model.encoder={clip_dir}", f"retriever.checkpoint={clip_dir}",
-            "model.tiny_layers=1", "model.tiny_hidden=32", "model.tiny_heads=2", "model.prefix_length=2",
+            "clipcap.tiny_layers=1", "clipcap.tiny_hidden=32", "clipcap.tiny_heads=2", "clipcap.prefix_length=2",
             f"run.dir={tmp_path / run}", f"run.cache_dir={tmp_path / 'cache'}", "train.init_from=",
             "train.batch_size=12", "train.log_every=1", "decode.max_length=8", "eval.n_distractors=3", "eval.draws=1",
         ]  # fmt: skip

@@ -196,7 +196,7 @@ def test_mappers_shapes_and_module_names():
     tm = TransformerMapper(D, 32, K, layers=2, heads=4)
     assert tm(feats).shape == (3, K, 32)
     assert tm.prefix_const.shape == (K, 32)
-    with pytest.raises(ValueError, match="model.mapper_heads"):
+    with pytest.raises(ValueError, match="clipcap.mapper_heads"):
         TransformerMapper(D, 32, K, layers=1, heads=5)
     model = tiny_captioner(mapper="transformer", mapper_layers=1, mapper_heads=4)
     assert model._prefix(feats).shape == (3, K, 32)

@@ -397,7 +397,7 @@ def test_what_a_run_prepares_and_fingerprints(case, tmp_path):
 
 @pytest.mark.parametrize(("overrides", "reads"), [
     ([], True), (["model.encoder=openai/clip-vit-base-patch32"], False), (["model.kind=blip"], True),
-    (["model.kind=blip", "model.blip=Salesforce/blip-image-captioning-base"], False), (["model.kind=vlm"], False),
+    (["model.kind=blip", "blip.name=Salesforce/blip-image-captioning-base"], False), (["model.kind=vlm"], False),
 ])  # fmt: skip
 def test_which_fresh_captioners_read_the_world_encoder(overrides, reads):
     assert reads_world_encoder(load(None, overrides)) is reads

@@ -1,5 +1,5 @@
 """The real-checkpoint path: a tiny CLIPModel and GPT-2 saved with ``save_pretrained`` into a folder and loaded by
-path through exactly the code a user runs with ``model.encoder=openai/clip-vit-base-patch32 model.lm=gpt2``."""
+path through exactly the code a user runs with ``model.encoder=openai/clip-vit-base-patch32 clipcap.lm=gpt2``."""
 
 import json
 
@@ -47,8 +47,8 @@ def images(n: int) -> list[Image.Image]:
 
 
 def test_build_from_paths_forward_generate_save_reload(checkpoints, tmp_path):
-    cfg = load(None, [f"model.encoder={checkpoints / 'clip'}", f"model.lm={checkpoints / 'gpt2'}",
-                      "model.prefix_length=5", "model.mapper=transformer", "model.mapper_heads=4"])  # fmt: skip
+    cfg = load(None, [f"model.encoder={checkpoints / 'clip'}", f"clipcap.lm={checkpoints / 'gpt2'}",
+                      "clipcap.prefix_length=5", "clipcap.mapper=transformer", "clipcap.mapper_heads=4"])  # fmt: skip
     torch.manual_seed(0)
     model = build_captioner(cfg).eval()
     assert model.feature_dim == 24 and model.hidden_size == 32  # from the checkpoints, not the config
@@ -93,8 +93,8 @@ def test_build_from_paths_forward_generate_save_reload(checkpoints, tmp_path):
 
 
 def test_trainable_encoder_trains_only_the_image_path_and_is_saved(checkpoints, tmp_path):
-    cfg = load(None, [f"model.encoder={checkpoints / 'clip'}", f"model.lm={checkpoints / 'gpt2'}",
-                      "model.prefix_length=3", "model.train_encoder=true"])  # fmt: skip
+    cfg = load(None, [f"model.encoder={checkpoints / 'clip'}", f"clipcap.lm={checkpoints / 'gpt2'}",
+                      "clipcap.prefix_length=3", "model.train_encoder=true"])  # fmt: skip
     model = build_captioner(cfg).train()
     assert model.encoder.training
     pixels = model.encoder.preprocess(images(2))
@@ -119,8 +119,8 @@ def test_trainable_encoder_trains_only_the_image_path_and_is_saved(checkpoints, 
 def test_world_encoder_and_world_tiny_lm_from_config(checkpoints, monkeypatch):
     # model.encoder=world asks the retriever module for the (cached) world encoder folder; a tiny CLIP stands in
     monkeypatch.setattr(finecap.models.clipcap, "world_encoder_path", lambda cfg: checkpoints / "clip")
-    cfg = load(None, ["model.encoder=world", "model.lm=world-tiny", "model.tiny_layers=1", "model.tiny_hidden=32",
-                      "model.tiny_heads=2", "model.prefix_length=4"])  # fmt: skip
+    cfg = load(None, ["model.encoder=world", "clipcap.lm=world-tiny", "clipcap.tiny_layers=1",
+                      "clipcap.tiny_hidden=32", "clipcap.tiny_heads=2", "clipcap.prefix_length=4"])  # fmt: skip
     model = build_captioner(cfg)
     assert model.lm.config.n_layer == 1 and model.hidden_size == 32
     assert model.tokenizer.eos_token_id == 4 and model.lm.config.eos_token_id == 4

@@ -67,8 +67,8 @@ def processor_inputs(model: Vlm, n: int, seed: int = 0) -> dict:
 
 
 def test_built_from_the_config_by_path(vlm_dirs, family):
-    cfg = load(None, ["model.kind=vlm", f"model.vlm={vlm_dirs[family]}", "model.vlm_prompt=Describe the image.",
-                      "model.train_lm=false", "model.vlm_train_projector=false"])  # fmt: skip
+    cfg = load(None, ["model.kind=vlm", f"vlm.name={vlm_dirs[family]}", "vlm.prompt=Describe the image.",
+                      "model.train_lm=false", "vlm.train_projector=false"])  # fmt: skip
     model = build_model(cfg)
     assert isinstance(model, Vlm) and model.family is FAMILIES[family] and model.source == str(vlm_dirs[family])
     assert not model.train_lm and not model.train_projector and not any(p.requires_grad for p in model.parameters())
@@ -90,7 +90,7 @@ def test_unknown_family_and_missing_parts_are_named(vlm_dirs, tmp_path):
         from finecap.models.vlm import family_of
 
         family_of(PaliGemmaConfig(), "google/paligemma-3b")
-    with pytest.raises(OSError, match="model.vlm=.*nowhere: cannot load the VLM or its processor"):
+    with pytest.raises(OSError, match="vlm.name=.*nowhere: cannot load the VLM or its processor"):
         Vlm.from_pretrained(tmp_path / "nowhere")
     model = AutoModelForImageTextToText.from_pretrained(vlm_dirs["qwen2_vl"])
     model.generation_config.eos_token_id = [0]

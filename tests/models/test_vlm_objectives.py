@@ -90,11 +90,11 @@ def _projector(model: Vlm) -> torch.nn.Module:
 
 
 def vlm_overrides(saved: dict[str, Path], family: str) -> list[str]:
-    """``model.vlm`` of a saved tiny family, or the world VLM over the tiny CLIP's image tokens (``world``)."""
+    """``vlm.name`` of a saved tiny family, or the world VLM over the tiny CLIP's image tokens (``world``)."""
     if family == "world":
-        return ["model.vlm=world-tiny", f"model.encoder={saved['clip']}", "model.tiny_layers=1",
-                "model.tiny_hidden=32", "model.tiny_heads=2"]  # fmt: skip
-    return [f"model.vlm={saved[family]}"]
+        return ["vlm.name=world-tiny", f"model.encoder={saved['clip']}", "vlm.tiny_layers=1",
+                "vlm.tiny_hidden=32", "vlm.tiny_heads=2"]  # fmt: skip
+    return [f"vlm.name={saved[family]}"]
 
 
 @pytest.mark.parametrize("objective", list(OBJECTIVES))

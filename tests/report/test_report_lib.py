@@ -1,8 +1,10 @@
 """Report library: generic tables, headline comparisons, plot data, gallery choices, reading a run directory."""
 
 import json
+import shutil
 
 import pytest
+import yaml
 
 from finecap.app.report import main as write_report
 from finecap.report.columns import better, column_info, direction, format_difference, format_value
@@ -181,3 +183,16 @@ def test_a_quick_run_is_labelled_in_the_report(fabricated_run, tmp_path):
     assert "<title>finecap report: run0 (quick run)</title>".replace("run0", fabricated_run.name) in html
     assert 'id="quick"' in html and "these are not results" in html
     assert html.index('id="quick"') < html.index('id="results"')  # above every number
+
+
+def test_a_run_stored_before_the_backbone_sections_is_reported(fabricated_run, tmp_path):
+    # config.yaml as finecap wrote it before the per-backbone sections: ClipCap's options in a flat model section
+    old = tmp_path / fabricated_run.name
+    shutil.copytree(fabricated_run, old)
+    data = yaml.safe_load((old / "config.yaml").read_text())
+    clipcap = data.pop("clipcap")
+    data["model"].update(lm=clipcap["lm"], prefix_length=7, tiny_hidden=64, blip=data.pop("blip")["name"])
+    del data["vlm"]
+    (old / "config.yaml").write_text(yaml.safe_dump(data, sort_keys=False))
+    html = write_report(old, tmp_path / "old.html", retrieval=False).read_text()
+    assert f"<title>finecap report: {old.name}</title>" in html and 'id="results"' in html

@@ -22,7 +22,13 @@ from finecap.utils import seed_everything
 
 BACKBONES = {
     "clipcap": [],
-    "blip": ["model.kind=blip", "model.blip=world-tiny"],
+    "blip": [
+        "model.kind=blip",
+        "blip.name=world-tiny",
+        "blip.tiny_layers=1",
+        "blip.tiny_hidden=32",
+        "blip.tiny_heads=2",
+    ],
 }
 RL = ["rl.samples=2", "rl.baseline=leave_one_out", "rl.strategy=sample", "train.batch_size=8", "decode.max_length=8"]
 SR = [*RL, "train.objective=reinforce", "rl.rewards={retrieval: 1.0}", "train.lr=1e-3"]

@@ -3,7 +3,7 @@ batch b x 2 accumulation steps, gives the parameters of 1 process x batch 2b, fo
 captions, CIDEr-D, greedy baseline) and self-retrieval (DiscriTune-style: retrieval reward against the global batch,
 running-mean baseline).
 
-Dropout is off (``model.tiny_dropout=0``) and RL sampling is seeded per image (``finecap.decode.sample``), so the
+Dropout is off (``clipcap.tiny_dropout=0``) and RL sampling is seeded per image (``finecap.decode.sample``), so the
 three runs compute the same function of the same data; what differs is only how the global batch is split, which
 the loop's item-weighted normalisation must undo. Tolerances: the runs sum the same numbers in different orders
 (float32), and AdamW's first step is ``lr * g / (|g| + eps)``, whose slope at g = 0 is ``lr / eps``: an element
@@ -45,8 +45,8 @@ def overrides(
 ) -> list[str]:
     return [
         *world, f"model.encoder={clip}", f"retriever.checkpoint={clip}", f"run.cache_dir={cache}",
-        "model.tiny_layers=1", "model.tiny_hidden=32", "model.tiny_heads=2", "model.prefix_length=2",
-        "model.tiny_dropout=0", "decode.max_length=8", "train.max_steps=1", "train.warmup_steps=0",
+        "clipcap.tiny_layers=1", "clipcap.tiny_hidden=32", "clipcap.tiny_heads=2", "clipcap.prefix_length=2",
+        "clipcap.tiny_dropout=0", "decode.max_length=8", "train.max_steps=1", "train.warmup_steps=0",
         "train.schedule=constant", f"train.lr={LR}", "train.eval_every=1", "train.eval_samples=4",
         "train.log_captions=0", f"train.batch_size={batch}", f"train.grad_accum_steps={accum}",
         f"run.dir={run_dir}", *OBJECTIVES[name],

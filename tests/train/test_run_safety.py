@@ -95,8 +95,8 @@ def _overrides(make_cfg, *extra):
         "run.cache_dir",
     )
     flat = [f"{k}={getattr(getattr(cfg, k.split('.')[0]), k.split('.')[1])}" for k in keys]
-    return [*flat, "model.tiny_layers=1", "model.tiny_hidden=32", "model.tiny_heads=2", "model.prefix_length=2",
-            "train.batch_size=16", *COMMON, *extra]  # fmt: skip
+    return [*flat, "clipcap.tiny_layers=1", "clipcap.tiny_hidden=32", "clipcap.tiny_heads=2",
+            "clipcap.prefix_length=2", "train.batch_size=16", *COMMON, *extra]  # fmt: skip
 
 
 # ------------------------------------------------------------------------------------------------------------------

@@ -32,7 +32,7 @@ def train_values(run_dir: Path) -> list[dict]:
 def test_in_batch_distractors_are_the_global_batch(world_args, clip_dir, tmp_path, launch_two):
     common = [
         *world_args, f"model.encoder={clip_dir}", f"retriever.checkpoint={clip_dir}",
-        "model.tiny_layers=1", "model.tiny_hidden=32", "model.tiny_heads=2", "model.prefix_length=2",
+        "clipcap.tiny_layers=1", "clipcap.tiny_hidden=32", "clipcap.tiny_heads=2", "clipcap.prefix_length=2",
         f"run.cache_dir={tmp_path / 'cache'}", "train.init_from=", "train.max_steps=3", "train.log_every=1",
         "train.eval_every=3", "train.lr=1e-3", "decode.max_length=8", "eval.n_distractors=3", "eval.draws=1",
     ]  # fmt: skip

@@ -38,7 +38,7 @@ def test_tensorboard_and_jsonl_with_accumulation(make_cfg, tmp_path):
         "cache_dir",
     )
     items = [f"{section}.{key}={value}" for section, values in cfg.to_dict().items() for key, value in values.items()
-             if section in ("world", "model", "run") and key in keys]  # fmt: skip
+             if section in ("world", "model", "clipcap", "run") and key in keys]  # fmt: skip
     code = main(["train", *items, "train.max_steps=4", "train.batch_size=8", "train.grad_accum_steps=2",
                  "train.log_every=2", "train.eval_every=4", "train.log_captions=2", "decode.max_length=8",
                  "train.log_with=[jsonl,tensorboard]"])  # fmt: skip

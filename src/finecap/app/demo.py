@@ -19,7 +19,7 @@ starts the longest side stages first.
   fingerprints (:func:`check_stage_inputs`), and ``--force`` (``demo.force``) trains it again.
 - optional world-VLM stages (:data:`VLM_STAGES`, not in the default ``demo.stages``): ``vlm_mle``,
   ``vlm_smile``, ``vlm_discritune`` train the world VLM (a tiny LLaVA-architecture model reading the frozen world
-  encoder's image tokens, ``model.vlm=world-tiny``) with the recipes ``demo/vlm_*``, as the world BLIP's ``blip_*``
+  encoder's image tokens, ``vlm.name=world-tiny``) with the recipes ``demo/vlm_*``, as the world BLIP's ``blip_*``
   stages; e.g. ``finecap demo --stages world,retriever,vlm_mle,vlm_smile,vlm_discritune,report``. Their rows join
   the tables of the report stage when they have run (docs/vlm.md).
 - ``report``: evaluate every trained stage and the human reference captions on the test split and write
@@ -91,7 +91,7 @@ QUICK: dict[str, dict[str, Any]] = {
     },
     "eval": {"n_distractors": 19, "draws": 2},
 }
-# Optional stages of the world VLM (model.vlm=world-tiny, recipes demo/vlm_*), as TRAIN_STAGES below.
+# Optional stages of the world VLM (vlm.name=world-tiny, recipes demo/vlm_*), as TRAIN_STAGES below.
 VLM_STAGES: dict[str, str | None] = {"vlm_mle": None, "vlm_smile": "vlm_mle", "vlm_discritune": "vlm_mle"}
 # Training stages: recipe name and the stage whose best checkpoint it starts from (None = fresh model).
 TRAIN_STAGES: dict[str, str | None] = {

@@ -36,7 +36,7 @@ from typing import Any
 
 from tqdm import tqdm
 
-from finecap.config import Config, load
+from finecap.config import Config, load, load_stored
 from finecap.data.fingerprint import check_run_dir
 from finecap.data.formats import Record
 from finecap.data.references import load_references
@@ -174,7 +174,7 @@ def main(
 ) -> Path:  # fmt: skip
     """Write the report of ``run_dir`` to ``out`` (default ``<run_dir>/report.html``) and return its path."""
     run = read_run(run_dir)
-    cfg = load(run.config_path, list(items))
+    cfg = load_stored(run.config_path, list(items)) if run.config_path else load(None, list(items))
     check_run_dir(run.run_dir, cfg)  # the data and retriever read now must be the run's (exit 2 naming both)
     out = Path(out) if out is not None else run.run_dir / "report.html"
     records, scenes = _records(cfg)

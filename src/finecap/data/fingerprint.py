@@ -244,7 +244,7 @@ def captioner_fingerprint(cfg: Config, model_folder: str | Path | None = None) -
     ``{"kind": "in-checkpoint"}``. From the saved captioner in ``model_folder`` when given (what a reader of the
     checkpoint loads), else from ``cfg`` as training builds it: ``model.encoder`` (``world`` = the world encoder),
     or the ``train.init_from`` checkpoint's encoder; none when ``model.train_encoder`` saves it or a pretrained
-    BLIP (``model.blip``) brings its own."""
+    BLIP (``blip.name``) brings its own."""
     from finecap.models.backbones import encoder_source
     from finecap.models.clipcap import CONFIG_NAME
 

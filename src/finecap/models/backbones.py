@@ -4,8 +4,9 @@ A backbone is one module implementing the captioner contract (:class:`finecap.mo
 ``forward``, the Stepper methods, ``generate``, ``save``/``from_checkpoint``, and the hooks :mod:`finecap.models.lora`
 uses) plus one entry in :data:`BACKBONES`: its builder from the configuration and its class (whose
 ``from_checkpoint`` reads the folders its ``save`` writes; ``captioner.json`` records the kind, ``clipcap`` when
-absent). Adding a backbone: its module, its entry here, its name in ``config.Backbone``, its case in
-``tests/models/test_contract.py``.
+absent). Each backbone reads ``model`` (what every captioner has) and the section named like its kind
+(``clipcap``, ``blip``, ``vlm``: its own options). Adding a backbone: its module, its entry here, its name in
+``config.Backbone``, its section in ``config.SECTIONS``, its case in ``tests/models/test_contract.py``.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, get_args
 
-from finecap.config import Backbone
+from finecap.config import SECTIONS, Backbone
 from finecap.models.blip import Blip, build_blip
 from finecap.models.clipcap import CONFIG_NAME, ClipCap, build_captioner
 from finecap.models.vlm import Vlm, build_vlm
@@ -30,6 +31,7 @@ BACKBONES: dict[str, tuple[Callable[[Config], Captioner], type]] = {
     "vlm": (build_vlm, Vlm),
 }
 assert set(BACKBONES) == set(get_args(Backbone)), "config.Backbone and BACKBONES must list the same kinds"
+assert set(BACKBONES) <= set(SECTIONS), "every backbone has a configuration section named like its kind"
 
 
 def build_model(cfg: Config) -> Captioner:
@@ -65,14 +67,14 @@ def backbone(kind: str) -> type:
 
 def reads_world_encoder(cfg: Config) -> bool:
     """Whether a fresh captioner of ``cfg`` reads the world encoder, which a run must then prepare first (ClipCap or
-    the world BLIP with ``model.encoder=world``; never a VLM)."""
-    return backbone(cfg.model.kind).reads_world_encoder(cfg.model)
+    the world BLIP or VLM with ``model.encoder=world``)."""
+    return backbone(cfg.model.kind).reads_world_encoder(cfg)
 
 
 def encoder_source(cfg: Config) -> str | None:
     """The vision encoder a fresh captioner of ``cfg`` loads from outside its checkpoint (``"world"``: the world
     encoder), or ``None`` when the model brings its own (a pretrained BLIP, a VLM)."""
-    return backbone(cfg.model.kind).encoder_source(cfg.model)
+    return backbone(cfg.model.kind).encoder_source(cfg)
 
 
 def external_encoder(meta: dict[str, Any]) -> str | None:

@@ -26,7 +26,7 @@ and runs ``[bos]``; the text decoder's ``EncoderDecoderCache`` keeps the self-at
 K/V of the image tokens, computed at the first step only; ``select`` repeats / reorders cache rows for beams and
 samples. Greedy decoding equals ``BlipForConditionalGeneration.generate``'s (tested).
 
-**World BLIP** (``model.blip=world-tiny``): pretrained BLIP weights cannot be downloaded here, and a ViT trained from
+**World BLIP** (``blip.name=world-tiny``): pretrained BLIP weights cannot be downloaded here, and a ViT trained from
 scratch on the world learns shapes badly (a tiny ViT probed at 0.33 on shape), so the world BLIP's text decoder (a
 real ``BlipTextLMHeadModel`` inside a ``BlipForConditionalGeneration``) cross-attends to the *frozen world encoder's*
 image tokens (:class:`FeatureMapTokens`): its projected image feature as a global token (BLIP's ``[CLS]`` slot)
@@ -438,20 +438,18 @@ class Blip(nn.Module):
             tokenizer = AutoTokenizer.from_pretrained(name)
             processor = BlipImageProcessor.from_pretrained(name)
         except OSError as e:
-            raise OSError(
-                f"model.blip={name}: cannot load the BLIP model, tokenizer or image processor: {e}"
-            ) from None
+            raise OSError(f"blip.name={name}: cannot load the BLIP model, tokenizer or image processor: {e}") from None
         return cls(model, tokenizer, processor, source=name, **kwargs)
 
     @staticmethod
-    def reads_world_encoder(model_cfg: Any) -> bool:
-        """The world BLIP (``model.blip=world-tiny``) reads the world encoder's tokens when ``model.encoder=world``."""
-        return model_cfg.blip == "world-tiny" and model_cfg.encoder == "world"
+    def reads_world_encoder(cfg: Config) -> bool:
+        """The world BLIP (``blip.name=world-tiny``) reads the world encoder's tokens when ``model.encoder=world``."""
+        return cfg.blip.name == "world-tiny" and cfg.model.encoder == "world"
 
     @staticmethod
-    def encoder_source(model_cfg: Any) -> str | None:
+    def encoder_source(cfg: Config) -> str | None:
         """The world BLIP reads ``model.encoder`` from outside its checkpoint; a pretrained BLIP brings its own."""
-        return model_cfg.encoder if model_cfg.blip == "world-tiny" else None
+        return cfg.model.encoder if cfg.blip.name == "world-tiny" else None
 
     @staticmethod
     def external_encoder(meta: dict[str, Any]) -> str | None:
@@ -492,14 +490,14 @@ class Blip(nn.Module):
 
 
 def build_blip(cfg: Config) -> Blip:
-    """A BLIP captioner from ``cfg.model`` (``model.kind=blip``): ``model.blip=world-tiny`` builds the world BLIP (a
-    tiny ``BlipTextLMHeadModel`` of ``model.tiny_*`` sizes over the world tokenizer, random init, cross-attending
-    to the image tokens of ``model.encoder``: ``world`` = the trained world encoder, or a dual-encoder path);
-    anything else is loaded as a ``BlipForConditionalGeneration`` checkpoint."""
-    m = cfg.model
+    """A BLIP captioner from ``cfg.model`` and ``cfg.blip`` (``model.kind=blip``): ``blip.name=world-tiny`` builds the
+    world BLIP (a tiny ``BlipTextLMHeadModel`` of ``blip.tiny_*`` sizes over the world tokenizer, random init,
+    cross-attending to the image tokens of ``model.encoder``: ``world`` = the trained world encoder, or a dual-encoder
+    path); anything else is loaded as a ``BlipForConditionalGeneration`` checkpoint."""
+    m, b = cfg.model, cfg.blip
     kwargs = {"train_encoder": m.train_encoder, "train_lm": m.train_lm}
-    if m.blip != "world-tiny":
-        return Blip.from_pretrained(m.blip, **kwargs)
+    if b.name != "world-tiny":
+        return Blip.from_pretrained(b.name, **kwargs)
     source = world_encoder_path(cfg) if m.encoder == "world" else m.encoder
     try:
         world = FeatureMapTokens.from_pretrained(source)
@@ -508,6 +506,6 @@ def build_blip(cfg: Config) -> Blip:
     image_size = int(world.image_processor.crop_size["height"]) if world.image_processor is not None else 64
     _, width = world.token_shape(image_size)
     positions = max(cfg.data.max_tokens, cfg.decode.max_length) + 1  # + [bos]
-    model, tokenizer = world_blip(width, layers=m.tiny_layers, hidden=m.tiny_hidden, heads=m.tiny_heads,
-                                  dropout=m.tiny_dropout, positions=positions)  # fmt: skip
+    model, tokenizer = world_blip(width, layers=b.tiny_layers, hidden=b.tiny_hidden, heads=b.tiny_heads,
+                                  dropout=b.tiny_dropout, positions=positions)  # fmt: skip
     return Blip(model, tokenizer, world=world, source="world-tiny", **kwargs)

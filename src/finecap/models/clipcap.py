@@ -5,13 +5,13 @@ encoder: the world encoder or any ``CLIPModel`` checkpoint) -> a mapper turning 
 prefix embeddings ``(k, H)`` -> any ``AutoModelForCausalLM`` fed through ``inputs_embeds`` with the prefix followed
 by the caption's token embeddings. Shapes, vocabulary and tokenizer always come from the loaded models.
 
-Mappers (``model.mapper``), as in ClipCap's reference code:
+Mappers (``clipcap.mapper``), as in ClipCap's reference code:
 
 - ``mlp``: ``Linear(D, k*H/2) -> Tanh -> Linear(k*H/2, k*H)``, reshaped to ``(k, H)``.
 - ``transformer``: ``Linear(D, k*H)`` reshaped to ``k`` tokens, concatenated with ``k`` learned prefix constants,
-  a pre-norm transformer encoder (``model.mapper_layers`` layers, ``model.mapper_heads`` heads, feed-forward width
+  a pre-norm transformer encoder (``clipcap.mapper_layers`` layers, ``clipcap.mapper_heads`` heads, feed-forward width
   2H, ReLU, no dropout), and the outputs at the constants' positions are the prefix. ClipCap lets the number of
-  projected tokens differ from the prefix length; here both are ``model.prefix_length``.
+  projected tokens differ from the prefix length; here both are ``clipcap.prefix_length``.
 
 Choices the paper leaves open:
 
@@ -95,7 +95,7 @@ class TransformerMapper(nn.Module):
     def __init__(self, feature_dim: int, hidden: int, prefix_length: int, layers: int, heads: int) -> None:
         super().__init__()
         if hidden % heads:
-            raise ValueError(f"model.mapper_heads={heads} must divide the language model's hidden size {hidden}")
+            raise ValueError(f"clipcap.mapper_heads={heads} must divide the language model's hidden size {hidden}")
         self.prefix_length, self.hidden = prefix_length, hidden
         self.linear = nn.Linear(feature_dim, prefix_length * hidden)
         self.prefix_const = nn.Parameter(torch.randn(prefix_length, hidden))
@@ -116,7 +116,7 @@ def build_mapper(kind: str, feature_dim: int, hidden: int, prefix_length: int, l
         return MLPMapper(feature_dim, hidden, prefix_length)
     if kind == "transformer":
         return TransformerMapper(feature_dim, hidden, prefix_length, layers, heads)
-    raise ValueError(f"model.mapper={kind!r}; valid: {', '.join(MAPPERS)}")
+    raise ValueError(f"clipcap.mapper={kind!r}; valid: {', '.join(MAPPERS)}")
 
 
 # --------------------------------------------------------------------------------------------------------------------
@@ -132,7 +132,7 @@ class ClipCap(nn.Module):
         tokenizer: the LM's tokenizer (needs an EOS token; pad = EOS when it has no pad token).
         feature_dim: dimension D of the image features (the encoder's projection dim).
         encoder: the vision encoder; ``None`` makes a features-only captioner (batches must carry ``features``).
-        mapper, prefix_length, mapper_layers, mapper_heads: the mapper (``model.*`` options of the same names).
+        mapper, prefix_length, mapper_layers, mapper_heads: the mapper (``clipcap.*`` options of the same names).
         train_encoder: train the encoder (batches carry ``pixel_values``); otherwise it is frozen.
         train_lm: train the LM; otherwise it is frozen and only the mapper (and encoder) learn.
         lm_source, encoder_source: where the LM / encoder came from (recorded in checkpoints).
@@ -292,7 +292,7 @@ class ClipCap(nn.Module):
         limit = self.max_positions
         if limit is not None and self.prefix_length + n_tokens - 1 > limit:
             raise ValueError(
-                f"model.prefix_length={self.prefix_length} + {what}={n_tokens} needs "
+                f"clipcap.prefix_length={self.prefix_length} + {what}={n_tokens} needs "
                 f"{self.prefix_length + n_tokens - 1} positions but the language model has {limit}"
             )
 
@@ -408,14 +408,14 @@ class ClipCap(nn.Module):
         return out
 
     @staticmethod
-    def reads_world_encoder(model_cfg: Any) -> bool:
+    def reads_world_encoder(cfg: Config) -> bool:
         """A fresh ClipCap reads the world encoder when ``model.encoder=world``."""
-        return model_cfg.encoder == "world"
+        return cfg.model.encoder == "world"
 
     @staticmethod
-    def encoder_source(model_cfg: Any) -> str | None:
+    def encoder_source(cfg: Config) -> str | None:
         """The vision encoder a fresh ClipCap loads from outside its checkpoint: ``model.encoder``."""
-        return model_cfg.encoder
+        return cfg.model.encoder
 
     @staticmethod
     def external_encoder(meta: dict[str, Any]) -> str | None:
@@ -480,15 +480,16 @@ def load_lm(name_or_path: str) -> tuple[nn.Module, Any]:
         lm = AutoModelForCausalLM.from_pretrained(name_or_path)
         tokenizer = AutoTokenizer.from_pretrained(name_or_path)
     except OSError as e:
-        raise OSError(f"model.lm={name_or_path}: cannot load the language model or its tokenizer: {e}") from None
+        raise OSError(f"clipcap.lm={name_or_path}: cannot load the language model or its tokenizer: {e}") from None
     return lm, ensure_pad_token(tokenizer)
 
 
 def build_captioner(cfg: Config) -> ClipCap:
-    """A fresh captioner from ``cfg.model``: encoder (``model.encoder``: ``world`` = the trained/cached world encoder,
-    else a CLIP checkpoint name/path), mapper (random init) and LM (``world-tiny`` = the preset GPT-2 with random
-    init, else a pretrained ``AutoModelForCausalLM``)."""
-    m = cfg.model
+    """A fresh captioner from ``cfg.model`` and ``cfg.clipcap``: encoder (``model.encoder``: ``world`` = the
+    trained/cached world encoder, else a CLIP checkpoint name/path), mapper (``clipcap.mapper``, random init) and LM
+    (``clipcap.lm``: ``world-tiny`` = the preset GPT-2 of ``clipcap.tiny_*`` sizes with random init, else a pretrained
+    ``AutoModelForCausalLM``)."""
+    m, c = cfg.model, cfg.clipcap
     if m.encoder == "world":
         encoder = VisionEncoder.from_pretrained(world_encoder_path(cfg))
     else:
@@ -496,23 +497,23 @@ def build_captioner(cfg: Config) -> ClipCap:
             encoder = VisionEncoder.from_pretrained(m.encoder)
         except OSError as e:
             raise OSError(f"model.encoder={m.encoder}: cannot load the vision encoder: {e}") from None
-    if m.lm == WORLD_LM:
-        positions = max(WORLD_LM_POSITIONS, m.prefix_length + max(cfg.data.max_tokens, cfg.decode.max_length))
-        lm, tokenizer = build_world_lm(m.tiny_layers, m.tiny_hidden, m.tiny_heads, n_positions=positions,
-                                       dropout=m.tiny_dropout)  # fmt: skip
+    if c.lm == WORLD_LM:
+        positions = max(WORLD_LM_POSITIONS, c.prefix_length + max(cfg.data.max_tokens, cfg.decode.max_length))
+        lm, tokenizer = build_world_lm(c.tiny_layers, c.tiny_hidden, c.tiny_heads, n_positions=positions,
+                                       dropout=c.tiny_dropout)  # fmt: skip
     else:
-        lm, tokenizer = load_lm(m.lm)
+        lm, tokenizer = load_lm(c.lm)
     return ClipCap(
         lm,
         tokenizer,
         encoder.feature_dim,
         encoder=encoder,
-        mapper=m.mapper,
-        prefix_length=m.prefix_length,
-        mapper_layers=m.mapper_layers,
-        mapper_heads=m.mapper_heads,
+        mapper=c.mapper,
+        prefix_length=c.prefix_length,
+        mapper_layers=c.mapper_layers,
+        mapper_heads=c.mapper_heads,
         train_encoder=m.train_encoder,
         train_lm=m.train_lm,
-        lm_source=m.lm,
+        lm_source=c.lm,
         encoder_source=encoder.source,
     )

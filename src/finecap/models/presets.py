@@ -57,7 +57,7 @@ def world_gpt2_config(
     default 0.1.
     """
     if hidden % heads:
-        raise ValueError(f"tiny LM hidden size {hidden} is not divisible by its {heads} heads (model.tiny_heads)")
+        raise ValueError(f"tiny LM hidden size {hidden} is not divisible by its {heads} heads (clipcap.tiny_heads)")
     return GPT2Config(
         vocab_size=len(tokenizer),
         n_positions=n_positions,
@@ -180,7 +180,7 @@ def world_blip(
     sizes whose cross-attention reads image tokens of width ``token_width`` (the world encoder's), inside a
     ``BlipForConditionalGeneration`` whose vision tower is a placeholder without layers (never run)."""
     if hidden % heads:
-        raise ValueError(f"world BLIP hidden size {hidden} is not divisible by its {heads} heads (model.tiny_heads)")
+        raise ValueError(f"world BLIP hidden size {hidden} is not divisible by its {heads} heads (blip.tiny_heads)")
     tokenizer = world_tokenizer()
     sizes = dict(hidden=hidden, layers=layers, heads=heads, positions=positions, dropout=dropout)
     config = tiny_blip_config(
@@ -192,7 +192,7 @@ def world_blip(
 def save_tiny_blip(out: str | Path, *, image_size: int = 32, seed: int = 0, **sizes: Any) -> Path:
     """Save a random tiny ``BlipForConditionalGeneration`` over the world tokenizer, with a ``BlipImageProcessor``
     sized for ``image_size`` px (its default is 384) and the tokenizer, laid out like a Hub checkpoint
-    (``model.blip=<out>`` and ``BlipForConditionalGeneration.from_pretrained(out)`` load it). For tests and
+    (``blip.name=<out>`` and ``BlipForConditionalGeneration.from_pretrained(out)`` load it). For tests and
     benchmarks."""
     torch.manual_seed(seed)
     tok = world_tokenizer()
@@ -337,7 +337,7 @@ def tiny_vlm(family: str, *, image_size: int = 16, hidden: int = 32, layers: int
 
 def save_tiny_vlm(out: str | Path, family: str, *, seed: int = 0, std: float = 0.0, **sizes: Any) -> Path:
     """Save a random tiny VLM of ``family`` with its processor into ``out``, laid out like a Hub checkpoint
-    (``model.vlm=<out>``, ``AutoModelForImageTextToText.from_pretrained(out)`` and ``AutoProcessor`` load it).
+    (``vlm.name=<out>``, ``AutoModelForImageTextToText.from_pretrained(out)`` and ``AutoProcessor`` load it).
     ``std > 0`` redraws every weight matrix from ``N(0, std)`` (at the default 0.02 a random tiny model's next-token
     distribution barely depends on the image)."""
     torch.manual_seed(seed)
@@ -371,7 +371,7 @@ def world_vlm(token_width: int, n_tokens: int, image_processor: Any, *, layers: 
     if side * side != n_tokens - 1:
         raise ValueError(f"world VLM: {n_tokens} image tokens are not a square grid of cells plus one global token")
     if hidden % heads:
-        raise ValueError(f"world VLM hidden size {hidden} is not divisible by its {heads} heads (model.tiny_heads)")
+        raise ValueError(f"world VLM hidden size {hidden} is not divisible by its {heads} heads (vlm.tiny_heads)")
     crop = getattr(image_processor, "crop_size", None) or {}
     image_size = int(crop.get("height") or image_processor.size.get("height") or image_processor.size["shortest_edge"])
     tok = vlm_tokenizer("llava")

@@ -7,7 +7,7 @@ small configs (:func:`finecap.models.presets.save_tiny_vlm`, for tests). Shapes,
 and image processing all come from the checkpoint.
 
 **Prompt and caption.** Every image is captioned after the same chat prompt: a user turn holding the image and
-``model.vlm_prompt`` (default ``Describe the image.``), rendered with the processor's chat template and its
+``vlm.prompt`` (default ``Describe the image.``), rendered with the processor's chat template and its
 generation prompt (``... Assistant:``), the image placeholder expanded by the processor to the model's image tokens.
 The caption is the assistant's answer: the caption tokens followed by the tokenizer's EOS, which must be the token
 that ends an assistant turn (``<end_of_utterance>`` for SmolVLM, ``<|im_end|>`` for Qwen2-VL, ``</s>`` for LLaVA-1.5)
@@ -34,7 +34,7 @@ samples. Greedy, beam search and sampling equal ``generate`` on the same model a
 
 **What trains** (``apply_trainable``): ``"lm"`` = the language model and its output head (``model.train_lm``),
 ``"encoder"`` = the vision tower (``model.train_encoder``), and the projector between them
-(``model.vlm_train_projector``, default on: like ClipCap's mapper it learns whatever else does). LoRA adapters
+(``vlm.train_projector``, default on: like ClipCap's mapper it learns whatever else does). LoRA adapters
 (:mod:`finecap.models.lora`) wrap the language model and / or the vision tower; default targets per family
 (:data:`FAMILIES`) are the attention and MLP projections of the language model (``q_proj``, ``k_proj``, ``v_proj``,
 ``o_proj``, ``gate_proj``, ``up_proj``, ``down_proj``: Llama, SmolLM2 and Qwen2 share these names) and of the vision
@@ -52,7 +52,7 @@ beside it (``lm_lora/`` on the language model, ``encoder_lora/`` on the vision t
 Processors load with :func:`finecap.models.processors.load_processor` (``AutoProcessor``, or Qwen2-VL's processor
 class without its video processor where ``transformers`` cannot build one without ``torchvision``).
 
-**World VLM** (``model.vlm=world-tiny``): pretrained VLM weights cannot be downloaded here, so the world VLM is a tiny
+**World VLM** (``vlm.name=world-tiny``): pretrained VLM weights cannot be downloaded here, so the world VLM is a tiny
 LLaVA-architecture model (:func:`finecap.models.presets.world_vlm`: a Llama-style language model with LLaVA-1.5's chat
 template, random init) whose projector reads the *frozen world encoder's* image tokens
 (:class:`finecap.models.blip.FeatureMapTokens`, 5 tokens of width 256 at the default world), as the world BLIP does;
@@ -150,11 +150,11 @@ FAMILIES: dict[str, Family] = {
 
 def family_of(config: Any, source: str = "") -> Family:
     """The :class:`Family` of a model config (its ``model_type``); an unsupported type is an error naming
-    ``model.vlm`` and the supported ones."""
+    ``vlm.name`` and the supported ones."""
     model_type = getattr(config, "model_type", None)
     if model_type not in FAMILIES:
         raise ValueError(
-            f"model.vlm={source or model_type}: model_type {model_type!r} is not a supported VLM family; "
+            f"vlm.name={source or model_type}: model_type {model_type!r} is not a supported VLM family; "
             f"supported: {', '.join(sorted(FAMILIES))}"
         )
     return FAMILIES[model_type]
@@ -276,10 +276,10 @@ class Vlm(nn.Module):
     Args:
         model: an ``AutoModelForImageTextToText`` of a supported family (:data:`FAMILIES`).
         processor: its processor (chat template, image processor, tokenizer).
-        prompt: the user's text after the image (``model.vlm_prompt``).
+        prompt: the user's text after the image (``vlm.prompt``).
         train_encoder: train the vision tower.
         train_lm: train the language model and its head.
-        train_projector: train the projector (``model.vlm_train_projector``).
+        train_projector: train the projector (``vlm.train_projector``).
         source: where the model came from (recorded in checkpoints).
         world: the world VLM's image tokens (a frozen dual encoder's), read by the projector in place of the
             model's own vision tower (module docstring).
@@ -300,7 +300,7 @@ class Vlm(nn.Module):
         super().__init__()
         self.family = family_of(model.config, source)
         if world is not None and self.family is not FAMILIES["llava"]:
-            raise ValueError(f"model.vlm={source}: world image tokens need a LLaVA-architecture model")
+            raise ValueError(f"vlm.name={source}: world image tokens need a LLaVA-architecture model")
         self.world = world
         self.model = model
         self.processor = processor
@@ -309,14 +309,14 @@ class Vlm(nn.Module):
         self.prompt = prompt
         messages = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": prompt}]}]
         if getattr(processor, "chat_template", None) is None:
-            raise ValueError(f"model.vlm={source}: the processor has no chat template to build the prompt with")
+            raise ValueError(f"vlm.name={source}: the processor has no chat template to build the prompt with")
         self.prompt_text = processor.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
         self.image_token_id = int(model.config.image_token_id)
         stops = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
         stops = [stops] if isinstance(stops, int) else list(stops or [])
         if stops and self.tokenizer.eos_token_id not in stops:
             raise ValueError(
-                f"model.vlm={source}: the tokenizer's EOS {self.tokenizer.eos_token!r} (id "
+                f"vlm.name={source}: the tokenizer's EOS {self.tokenizer.eos_token!r} (id "
                 f"{self.tokenizer.eos_token_id}) is not among the model's stop tokens "
                 f"(generation_config.eos_token_id={stops}); captions end with "
                 "the token that ends an assistant turn, so the tokenizer's EOS must be one of them"
@@ -620,19 +620,19 @@ class Vlm(nn.Module):
             model = AutoModelForImageTextToText.from_pretrained(name, dtype=torch.float32)
             processor = load_processor(name)
         except OSError as e:
-            raise OSError(f"model.vlm={name}: cannot load the VLM or its processor: {e}") from None
+            raise OSError(f"vlm.name={name}: cannot load the VLM or its processor: {e}") from None
         return cls(model, processor, source=name, **kwargs)
 
     @staticmethod
-    def reads_world_encoder(model_cfg: Any) -> bool:
-        """The world VLM (``model.vlm=world-tiny``) reads the world encoder when ``model.encoder=world``; a VLM
+    def reads_world_encoder(cfg: Config) -> bool:
+        """The world VLM (``vlm.name=world-tiny``) reads the world encoder when ``model.encoder=world``; a VLM
         otherwise brings its own vision tower (``model.encoder`` is not read)."""
-        return model_cfg.vlm == WORLD_VLM and model_cfg.encoder == "world"
+        return cfg.vlm.name == WORLD_VLM and cfg.model.encoder == "world"
 
     @staticmethod
-    def encoder_source(model_cfg: Any) -> str | None:
+    def encoder_source(cfg: Config) -> str | None:
         """The world VLM reads ``model.encoder`` from outside its checkpoint; a VLM brings its own vision tower."""
-        return model_cfg.encoder if model_cfg.vlm == WORLD_VLM else None
+        return cfg.model.encoder if cfg.vlm.name == WORLD_VLM else None
 
     @staticmethod
     def external_encoder(meta: dict[str, Any]) -> str | None:
@@ -673,15 +673,15 @@ class Vlm(nn.Module):
 
 
 def build_vlm(cfg: Config) -> Vlm:
-    """A VLM captioner from ``cfg.model`` (``model.kind=vlm``): ``model.vlm`` loaded by Hub name or path with its
-    processor, prompted with ``model.vlm_prompt``; ``model.vlm=world-tiny`` builds the world VLM (a LLaVA of
-    ``model.tiny_*`` sizes, random init, over the image tokens of ``model.encoder``: ``world`` = the trained world
+    """A VLM captioner from ``cfg.model`` and ``cfg.vlm`` (``model.kind=vlm``): ``vlm.name`` loaded by Hub name or path
+    with its processor, prompted with ``vlm.prompt``; ``vlm.name=world-tiny`` builds the world VLM (a LLaVA of
+    ``vlm.tiny_*`` sizes, random init, over the image tokens of ``model.encoder``: ``world`` = the trained world
     encoder, or a dual-encoder path)."""
-    m = cfg.model
-    kwargs = dict(prompt=m.vlm_prompt, train_encoder=m.train_encoder, train_lm=m.train_lm,
-                  train_projector=m.vlm_train_projector)  # fmt: skip
-    if m.vlm != WORLD_VLM:
-        return Vlm.from_pretrained(m.vlm, **kwargs)
+    m, v = cfg.model, cfg.vlm
+    kwargs = dict(prompt=v.prompt, train_encoder=m.train_encoder, train_lm=m.train_lm,
+                  train_projector=v.train_projector)  # fmt: skip
+    if v.name != WORLD_VLM:
+        return Vlm.from_pretrained(v.name, **kwargs)
     source = world_encoder_path(cfg) if m.encoder == "world" else m.encoder
     try:
         world = FeatureMapTokens.from_pretrained(source)
@@ -690,6 +690,6 @@ def build_vlm(cfg: Config) -> Vlm:
     image_size = int(world.image_processor.crop_size["height"])
     n_tokens, width = world.token_shape(image_size)
     positions = 64 + max(cfg.data.max_tokens, cfg.decode.max_length)  # the prompt (~25 tokens) and the caption
-    model, processor = world_vlm(width, n_tokens, world.image_processor, layers=m.tiny_layers, hidden=m.tiny_hidden,
-                                 heads=m.tiny_heads, positions=positions)  # fmt: skip
+    model, processor = world_vlm(width, n_tokens, world.image_processor, layers=v.tiny_layers, hidden=v.tiny_hidden,
+                                 heads=v.tiny_heads, positions=positions)  # fmt: skip
     return Vlm(model, processor, source=WORLD_VLM, world=world, **kwargs)

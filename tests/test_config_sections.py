@@ -1,0 +1,155 @@
+"""Per-backbone configuration sections (issue 24): ``model`` holds what every captioner reads, ``clipcap`` / ``blip`` /
+``vlm`` each backbone's own options. A key of the former flat ``model`` section is an error naming its new key; a run's
+``config.yaml`` stored before the move is migrated when read back."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from finecap.config import MOVED_KEYS, SECTIONS, ConfigError, load, load_stored, migrate_moved_keys
+from finecap.models.backbones import BACKBONES
+
+# A run's config.yaml as finecap wrote it before the backbone sections (every field of the flat model section, in its
+# order), with a relative local LM folder as a hand-edited file may hold.
+OLD_MODEL = """model:
+  kind: {kind}
+  encoder: world
+  lm: my_gpt2
+  mapper: transformer
+  prefix_length: 7
+  mapper_layers: 3
+  train_encoder: false
+  train_lm: true
+  mapper_heads: 4
+  tiny_layers: 2
+  tiny_hidden: 64
+  tiny_heads: 8
+  tiny_dropout: 0.25
+  blip: Salesforce/blip-image-captioning-base
+  vlm: HuggingFaceTB/SmolVLM-256M-Instruct
+  vlm_prompt: Say what you see.
+  vlm_train_projector: false
+decode:
+  strategy: beam
+  beam_size: 3
+"""
+
+
+def test_every_backbone_has_its_own_section_and_model_only_shared_keys():
+    assert set(BACKBONES) <= set(SECTIONS)
+    shared = {f.name for f in dataclasses.fields(SECTIONS["model"])}
+    assert shared == {"kind", "encoder", "train_encoder", "train_lm"}
+    for kind in BACKBONES:
+        own = {f.name for f in dataclasses.fields(SECTIONS[kind])}
+        assert not own & shared, kind
+    # every former model key has exactly one place for some backbone, and none is left in model
+    for old in MOVED_KEYS:
+        assert old.split(".")[1] not in shared
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (["model.prefix_length=5"], "'model.prefix_length' moved to 'clipcap.prefix_length'"),
+        (["model.lm=gpt2"], "'model.lm' moved to 'clipcap.lm'"),
+        (["model.kind=blip", "model.blip=x"], "'model.blip' moved to 'blip.name'"),
+        (["model.vlm_prompt=Hi."], "'model.vlm_prompt' moved to 'vlm.prompt'"),
+        (["model.vlm_train_projector=false"], "'model.vlm_train_projector' moved to 'vlm.train_projector'"),
+        # world-tiny sizes move to the section of model.kind
+        (["model.tiny_hidden=64"], "'model.tiny_hidden' moved to 'clipcap.tiny_hidden'"),
+        (["model.kind=blip", "model.tiny_layers=1"], "'model.tiny_layers' moved to 'blip.tiny_layers'"),
+        (["model.kind=vlm", "model.tiny_heads=2"], "'model.tiny_heads' moved to 'vlm.tiny_heads'"),
+        # the world VLM has no dropout: the message says where the key lives and that this backbone has none
+        (["model.kind=vlm", "model.tiny_dropout=0"],
+         "'model.tiny_dropout' moved to the backbone sections (clipcap.tiny_dropout, blip.tiny_dropout); "
+         "model.kind=vlm has no such option"),
+    ],
+)  # fmt: skip
+def test_an_old_key_in_an_override_names_its_new_key(overrides, message):
+    with pytest.raises(ConfigError) as e:
+        load(None, overrides)
+    assert str(e.value).startswith(f"override {overrides[-1]!r}: {message}"), str(e.value)
+    assert e.value.key == overrides[-1].split("=")[0]
+
+
+def test_an_old_recipe_fails_naming_the_file_and_the_new_key(tmp_path):
+    recipe = tmp_path / "old.yaml"
+    recipe.write_text("model:\n  kind: blip\n  blip: world-tiny\n  tiny_hidden: 64\n")
+    with pytest.raises(ConfigError) as e:
+        load(recipe)
+    assert str(e.value).startswith(f"{recipe}: 'model.blip' moved to 'blip.name'"), str(e.value)
+    recipe.write_text("model:\n  kind: blip\nblip:\n  name: world-tiny\n  tiny_hidden: 64\n")
+    assert load(recipe).blip.tiny_hidden == 64
+
+
+def test_backbone_sections_check_their_own_keys():
+    cases = {
+        "clipcap.tiny_heads=3": "clipcap.tiny_heads: must be >= 1 and divide clipcap.tiny_hidden=128",
+        "blip.tiny_dropout=1": "blip.tiny_dropout: must be in [0, 1)",
+        "vlm.tiny_layers=0": "vlm.tiny_layers: must be >= 1",
+        "clipcap.prefix_length=0": "clipcap.prefix_length: must be >= 1",
+        "vlm.tiny_dropout=0.1": "unknown key 'vlm.tiny_dropout'",
+    }
+    for override, message in cases.items():
+        with pytest.raises(ConfigError) as e:
+            load(None, [override])
+        assert str(e.value).startswith(f"override {override!r}: {message}"), str(e.value)
+
+
+@pytest.mark.parametrize("kind", ["clipcap", "blip", "vlm"])
+def test_a_stored_config_from_before_the_sections_is_migrated(tmp_path, kind):
+    (tmp_path / "my_gpt2").mkdir()  # a local LM folder next to the file: the relative path is read from there
+    stored = tmp_path / "config.yaml"
+    stored.write_text(OLD_MODEL.format(kind=kind))
+    cfg = load_stored(stored)
+    assert (cfg.model.kind, cfg.model.encoder, cfg.model.train_lm, cfg.model.train_encoder) == (
+        kind, "world", True, False)  # fmt: skip
+    c, b, v = cfg.clipcap, cfg.blip, cfg.vlm
+    assert (c.lm, c.mapper, c.prefix_length, c.mapper_layers, c.mapper_heads) == (
+        str(tmp_path / "my_gpt2"), "transformer", 7, 3, 4)  # fmt: skip
+    assert (b.name, v.name, v.prompt, v.train_projector) == (
+        "Salesforce/blip-image-captioning-base",
+        "HuggingFaceTB/SmolVLM-256M-Instruct",
+        "Say what you see.",
+        False,
+    )
+    assert (cfg.decode.strategy, cfg.decode.beam_size) == ("beam", 3)
+    # the world-tiny sizes were model.kind's; the other backbones keep their defaults (dropout: not the VLM's)
+    sizes = {name: (s.tiny_layers, s.tiny_hidden, s.tiny_heads) for name, s in (("clipcap", c), ("blip", b),
+                                                                                  ("vlm", v))}  # fmt: skip
+    assert sizes == {name: (2, 64, 8) if name == kind else (3, 128, 4) for name in sizes}
+    assert (c.tiny_dropout, b.tiny_dropout) == ((0.25, 0.1) if kind == "clipcap" else (0.1, 0.25) if kind == "blip"
+                                                else (0.1, 0.1))  # fmt: skip
+    # new-style overrides go on top; an old-style one is the user's mistake and named as such
+    assert load_stored(stored, [f"{kind}.tiny_layers=1"]).__getattribute__(kind).tiny_layers == 1
+    with pytest.raises(ConfigError, match="^override 'model.prefix_length=3': 'model.prefix_length' moved to"):
+        load_stored(stored, ["model.prefix_length=3"])
+
+
+def test_migration_keeps_new_style_configurations_and_new_keys():
+    new = load(None, ["model.kind=blip", "blip.tiny_hidden=32"]).to_dict()
+    assert migrate_moved_keys(new) is new  # nothing to move: unchanged
+    mixed = {"model": {"kind": "blip", "blip": "a"}, "blip": {"name": "b"}}
+    assert migrate_moved_keys(mixed) == {"model": {"kind": "blip"}, "blip": {"name": "b"}}  # a set new key wins
+    assert mixed == {"model": {"kind": "blip", "blip": "a"}, "blip": {"name": "b"}}  # the input is not changed
+
+
+def test_each_builder_reads_its_own_section(tmp_path):
+    from finecap.models.backbones import build_model
+    from finecap.models.presets import save_tiny_clip
+
+    clip = save_tiny_clip(tmp_path / "clip", image_size=16, patch_size=8)
+    sizes = ["clipcap.tiny_layers=1", "clipcap.tiny_hidden=32", "clipcap.tiny_heads=2", "clipcap.prefix_length=2",
+             "blip.tiny_layers=2", "blip.tiny_hidden=16", "blip.tiny_heads=2", "vlm.tiny_layers=1",
+             "vlm.tiny_hidden=24", "vlm.tiny_heads=2", "vlm.name=world-tiny", "vlm.prompt=Say it."]  # fmt: skip
+    base = [f"model.encoder={clip}", *sizes]
+    clipcap = build_model(load(None, base))
+    assert (clipcap.lm.config.n_layer, clipcap.lm.config.n_embd, clipcap.prefix_length) == (1, 32, 2)
+    blip = build_model(load(None, [*base, "model.kind=blip"]))
+    text = blip.model.config.text_config
+    assert (text.num_hidden_layers, text.hidden_size) == (2, 16)
+    vlm = build_model(load(None, [*base, "model.kind=vlm"]))
+    text = vlm.model.config.get_text_config()
+    assert (text.num_hidden_layers, text.hidden_size, vlm.prompt) == (1, 24, "Say it.")
