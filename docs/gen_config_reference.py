@@ -83,8 +83,9 @@ def render() -> str:
     lines += [
         "## Moved keys",
         "",
-        "Keys of the former flat `model` section and where they are now (`<kind>`: the section of `model.kind`). A "
-        "recipe or override setting one is an error naming the new key; a run's stored `config.yaml` is migrated.",
+        "Keys of the former flat `model` section and where they are now (`<kind>`: the section of `model.kind`; the "
+        "world VLM has no `tiny_dropout`). A recipe or override setting one is an error naming the new key; a run's "
+        "`config.yaml` stored before the move is migrated when read (`finecap caption`, `finecap report`).",
         "",
         "| former key | now |",
         "| --- | --- |",
