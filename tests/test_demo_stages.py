@@ -115,7 +115,7 @@ def test_transfer_results_md_is_titled_quick_for_a_quick_demo(tmp_path, monkeypa
 
 
 @pytest.mark.slow
-def test_side_stages_give_the_same_results_whatever_the_job_count(tmp_path):
+def test_side_stages_give_the_same_results_whatever_the_job_count(tmp_path, capsys):
     """Stages that start from MLE run side by side (demo.jobs) with demo.stage_threads threads each; the captions and
     the results table do not depend on how many run at once."""
     from finecap.app.cli import main
@@ -126,6 +126,8 @@ def test_side_stages_give_the_same_results_whatever_the_job_count(tmp_path):
         out = tmp_path / f"jobs{jobs}"
         assert main(["demo", "--quick", "--out", str(out), "--stages", stages, f"demo.jobs={jobs}"]) == 0
         results[jobs] = out
+        err = capsys.readouterr().err  # the side stages' own lines, from worker processes with demo.jobs=2
+        assert err.count("train: 12 steps") == 3 and "beside 1 others" in err or jobs == 1
     for stage in ("mle", "smile", "mle_continued"):
         a, b = (json.loads((results[j] / stage / "captions_test.json").read_text()) for j in (1, 2))
         assert a == b, stage

@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import logging.handlers
 import multiprocessing
 import os
 import time
@@ -367,16 +368,22 @@ def run_side_stage(demo: Demo, stage: str) -> float:
     return round(time.perf_counter() - start, 1)
 
 
-def _worker_setup(level: int) -> None:
-    """A worker process logs finecap's lines like the parent (spawned processes start with no handlers) and shows
-    no progress bars (several stages share the terminal)."""
+def _worker_setup(queue: Any, level: int) -> None:
+    """A worker process sends finecap's log records to the parent (``queue``), which hands them to its own loggers
+    (:class:`_Redispatch`), and shows no progress bars (several stages share the terminal)."""
     os.environ.setdefault("TQDM_DISABLE", "1")
     logger = logging.getLogger("finecap")
-    if not logger.handlers:
-        handler = logging.StreamHandler()
-        handler.setFormatter(logging.Formatter("%(message)s"))
-        logger.addHandler(handler)
+    logger.handlers[:] = [logging.handlers.QueueHandler(queue)]
     logger.setLevel(level)
+    logger.propagate = False
+
+
+class _Redispatch(logging.Handler):
+    """In the parent: a worker's log record goes through the parent's logger of the same name (its handlers, its
+    level), as if the parent had logged it."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        logging.getLogger(record.name).handle(record)
 
 
 def main(cfg: Config, items: list[str] | None = None, quick: bool | None = None) -> dict[str, dict[str, float]]:
@@ -396,10 +403,14 @@ def main(cfg: Config, items: list[str] | None = None, quick: bool | None = None)
     timings = read_json(timings_file) if timings_file.exists() else {}
     rows: dict[str, dict[str, float]] = {}
     side, jobs = side_stages(cfg.demo.stages), job_count(cfg)
-    pool = None
-    if jobs > 1 and side:
-        pool = ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("spawn"), initializer=_worker_setup,
-                                   initargs=(logging.getLogger("finecap").getEffectiveLevel(),))  # fmt: skip
+    pool, listener = None, None
+    if jobs > 1 and len(side) > 1:  # one side stage alone runs here, with the same threads: the same results
+        context = multiprocessing.get_context("spawn")
+        queue = context.Queue()
+        listener = logging.handlers.QueueListener(queue, _Redispatch())
+        listener.start()
+        pool = ProcessPoolExecutor(jobs, mp_context=context, initializer=_worker_setup,
+                                   initargs=(queue, logging.getLogger("finecap").getEffectiveLevel()))  # fmt: skip
     running: dict[Future, str] = {}
 
     def finish(futures: set[Future]) -> None:
@@ -436,6 +447,8 @@ def main(cfg: Config, items: list[str] | None = None, quick: bool | None = None)
     finally:
         if pool is not None:
             pool.shutdown(wait=True, cancel_futures=True)
+        if listener is not None:
+            listener.stop()
     log.info("stage wall times (s): %s; all stages: %.0f s", ", ".join(f"{k} {v}" for k, v in timings.items()),
              time.perf_counter() - started)  # fmt: skip
     return rows
