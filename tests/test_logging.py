@@ -42,7 +42,8 @@ def train(capsys, tiny: dict, name: str, *flags: str) -> tuple[str, str, str]:
 
 
 def summary_line(run: str) -> re.Pattern:
-    return re.compile(rf"^train: 2 steps; best loss [0-9.e+-]+ at step 2: {re.escape(run)}/checkpoints/best$", re.M)
+    return re.compile(rf"^train: 2 steps; best loss [0-9.e+-]+ at step 2: {re.escape(run)}/checkpoints/best "
+                      rf"\(run directory {re.escape(run)}\)$", re.M)  # fmt: skip
 
 
 def bars(err: str) -> set[str]:

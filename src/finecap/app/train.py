@@ -84,7 +84,10 @@ def summary(run_dir: Path, state: TrainState, metric: str) -> str:
     best = checkpoint_dir(run_dir, BEST)
     if state.best_value is None or not best.exists():
         return f"train: {state.step} steps; run directory {run_dir} (no evaluation picked a best checkpoint)"
-    return f"train: {state.step} steps; best {metric} {state.best_value:.4g} at step {state.best_step}: {best}"
+    return (
+        f"train: {state.step} steps; best {metric} {state.best_value:.4g} at step {state.best_step}: {best} "
+        f"(run directory {run_dir})"
+    )
 
 
 def build_model(cfg: Config, resume_from: Path | None = None) -> torch.nn.Module:
