@@ -53,7 +53,8 @@ TRIALS: dict[str, list[str]] = {
 def done(out: Path) -> set[tuple[str, int]]:
     if not out.exists():
         return set()
-    return {(r["trial"], r["seed"]) for r in map(json.loads, out.read_text().splitlines()) if r.strip()}
+    rows = [json.loads(line) for line in out.read_text().splitlines() if line.strip()]
+    return {(r["trial"], r["seed"]) for r in rows}
 
 
 def run_trial(name: str, overrides: list[str], seed: int, world_root: Path, cache: Path) -> dict:
