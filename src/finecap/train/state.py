@@ -316,12 +316,3 @@ def check_finite_weights(model: torch.nn.Module, where: str | Path) -> None:
             f"{where}: the weights hold non-finite values ({', '.join(bad[:3])}{', ...' if len(bad) > 3 else ''}); "
             "the run diverged: use an earlier checkpoint"
         )
-
-
-def write_state_files(folder: Path, *, main: dict[str, Any] | None, process: dict[str, Any], index: int) -> None:
-    """This process's part of a resumable checkpoint's ``state/``: ``process_<i>`` (RNG, objective and logger
-    state) and, on the main process, ``main`` (optimizer, scheduler, scaler, loop counters)."""
-    folder.mkdir(parents=True, exist_ok=True)
-    save_tree(folder, f"process_{index}", process)
-    if main is not None:
-        save_tree(folder, "main", main)
