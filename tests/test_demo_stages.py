@@ -1,5 +1,6 @@
-"""Demo stages at unit level (no training): a finished stage is reused only on the inputs it recorded, and the VCB
-and transfer tables of a quick demo are titled as quick."""
+"""Demo stages at unit level (no training): a finished stage is reused only on the inputs it recorded, the VCB
+and transfer tables of a quick demo are titled as quick, and the VCB tables measure what NDLB's Tables 2-3 do
+(ClipSc, references of the trained caption field, HolisticCap bags, SR-L with LoRA)."""
 
 import json
 import logging
@@ -71,6 +72,16 @@ def test_a_finished_stage_on_other_inputs_is_refused_not_reused(tmp_path, monkey
 # --------------------------------------------------------------------------------------------------------------------
 
 ROW = {"Length": 3.0, "CIDEr-D": 0.5}
+FIELDS = {"original": ["h1", "h2", "h3"], "blend": ["blend"], "visual": ["visual"], "holistic": ["holistic"]}
+HOLISTIC_BAGS = {3: [[1, 2, 3]]}
+HUMAN_BAGS = {3: [[1, 3, 2]]}
+
+
+def _fake_context() -> demo_vcb.Context:
+    """Two test images whose every caption field names the field and the image (``blend 2``)."""
+    records = [SimpleNamespace(image_id=i, captions=[f"h{k} {i}" for k in (1, 2, 3)]) for i in (1, 2)]
+    fields = {i: {f: [f"{c} {i}" for c in caps] for f, caps in FIELDS.items()} for i in (1, 2)}
+    return demo_vcb.Context(records, {1: None, 2: None}, "retriever", HOLISTIC_BAGS, HUMAN_BAGS, fields)
 
 
 def _fake_demo(tmp_path: Path, quick: bool) -> SimpleNamespace:
@@ -82,12 +93,11 @@ def _fake_demo(tmp_path: Path, quick: bool) -> SimpleNamespace:
 @pytest.mark.parametrize("quick", [True, False])
 def test_vcb_results_md_is_titled_quick_for_a_quick_demo(tmp_path, monkeypatch, quick, capsys):
     demo = _fake_demo(tmp_path, quick)
-    records = [SimpleNamespace(image_id=1, captions=["a", "b"])]
-    monkeypatch.setattr(demo_vcb, "_context", lambda demo: (records, {}, None, {}))
+    monkeypatch.setattr(demo_vcb, "_context", lambda demo: _fake_context())
     monkeypatch.setattr(demo_vcb, "evaluate", lambda *a, **k: dict(ROW))
+    monkeypatch.setattr(demo_vcb, "faithfulness", lambda caption, scene: SimpleNamespace(n_correct=1, n_stated=1))
     (demo.run_dir / "mle").mkdir(parents=True)
     (demo.run_dir / "mle" / "captions_test.json").write_text(json.dumps([{"image_id": 1, "caption": "a b"}]))
-    (demo.run_dir / "vcb_captions.json").write_text(json.dumps({"BlendCap": ROW}))
     rows = demo_vcb.stage_report(demo)
     assert set(rows) == {"mle"}
     table = (demo.run_dir / "vcb_results.md").read_text()
@@ -112,6 +122,127 @@ def test_transfer_results_md_is_titled_quick_for_a_quick_demo(tmp_path, monkeypa
     assert table.startswith(QUICK_TITLE + "\n\n| stage | Length | CIDEr-D |") == quick
     assert table.startswith("| stage | Length | CIDEr-D |") != quick
     assert (QUICK_TITLE in capsys.readouterr().out) == quick
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# The VCB tables measure what NDLB's Tables 2-3 do
+# --------------------------------------------------------------------------------------------------------------------
+
+
+class Recorder:
+    """Stands in for ``evaluate``: records each call and returns one value per metric key the tables read."""
+
+    def __init__(self) -> None:
+        self.calls: list[dict] = []
+
+    def __call__(self, predictions, references, *, metrics, bags=None, **kwargs) -> dict[str, float]:
+        self.calls.append({"references": references, "metrics": list(metrics), "bags": bags, **kwargs})
+        n = len(self.calls)
+        return {"CIDEr-D": float(n), "BLEU-4": n / 10, "ClipSc": 30.0 + n, "bag3/R@1": n / 100,
+                "listener/bag3/R@1": n / 1000, "listener/RD19/R@1": 0.5}  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "stage, field",
+    [("mle", "original"), ("sr_l", "original"), ("discritune", "original"), ("mle_blend", "blend"),
+     ("sr_l_blend", "blend"), ("mle_holistic", "holistic"), ("sr_l_holistic", "holistic"),
+     ("discritune_holistic", "holistic")],
+)  # fmt: skip
+def test_captioners_are_scored_against_their_own_caption_field_and_the_human_captions(monkeypatch, stage, field):
+    """NDLB Table 3: n-gram metrics against the references of the caption field the captioner was trained on (all
+    human captions for the human-caption stages), ClipSc, bags built from HolisticCap; beside them, labelled, BLEU-4 /
+    CIDEr-D against human captions 2-5 and bag R@1 on the human-caption bags."""
+    ctx = _fake_context()
+    record = Recorder()
+    monkeypatch.setattr(demo_vcb, "evaluate", record)
+    row = demo_vcb.score_stage(ctx, None, stage, {1: "a caption", 2: "another"})
+    main, human_bags, human_refs = record.calls
+    expected = {i: [f"{c} {i}" for c in FIELDS[field]] for i in (1, 2)}
+    assert main["references"] == expected and main["bags"] is HOLISTIC_BAGS
+    assert {"clipscore", "bags", "bleu", "cider", "retrieval", "listener"} <= set(main["metrics"])
+    assert human_bags["bags"] is HUMAN_BAGS and human_bags["references"] is None
+    assert human_refs["references"] == {i: [f"h{k} {i}" for k in (2, 3)] for i in (1, 2)}  # captions 2-5
+    assert (row["CIDEr-D"], row["BLEU-4"], row["ClipSc"], row["bag3/R@1"]) == (1.0, 0.1, 31.0, 0.01)
+    assert row["human bags/bag3/R@1"] == 0.02 and row["human bags/listener/bag3/R@1"] == 0.002
+    assert "human bags/listener/RD19/R@1" not in row  # only the bag columns of the second set of bags
+    assert (row["human refs/CIDEr-D"], row["human refs/BLEU-4"]) == (3.0, 0.3)
+
+
+def test_vcb_tables_show_clipsc_both_references_and_both_bags(tmp_path, monkeypatch):
+    demo = _fake_demo(tmp_path, quick=False)
+    monkeypatch.setattr(demo_vcb, "_context", lambda demo: _fake_context())
+    monkeypatch.setattr(demo_vcb, "evaluate", Recorder())
+    monkeypatch.setattr(demo_vcb, "faithfulness", lambda caption, scene: SimpleNamespace(n_correct=2, n_stated=3))
+    for stage in ("mle", "sr_l_holistic"):
+        (demo.run_dir / stage).mkdir(parents=True)
+        (demo.run_dir / stage / "captions_test.json").write_text(json.dumps([{"image_id": 1, "caption": "a b"}]))
+    demo_vcb.stage_report(demo)
+    out = json.loads((demo.run_dir / "vcb_results.json").read_text())
+    assert set(out["models"]) == {"mle", "sr_l_holistic"}
+    assert set(out["captions"]) == set(demo_vcb.FIELD_ROWS)
+    assert out["captions"]["HolisticCap"]["false facts"] == 1.0  # 3 stated, 2 true
+    table = (demo.run_dir / "vcb_results.md").read_text()
+    lines = table.splitlines()
+    fields_header, models_header, human_bags_header = (a for a, b in zip(lines, lines[1:]) if b.startswith("| --- "))
+    assert fields_header.startswith("| caption |") and "| ClipSc |" in fields_header
+    assert "| BLEU-4 | CIDEr-D | human refs/BLEU-4 | human refs/CIDEr-D |" in models_header
+    assert "| ClipSc | bag3/R@1 |" in models_header
+    assert human_bags_header.startswith("| row | human bags/bag3/R@1 |")
+    assert "| sr_l_holistic | SR-L (NDLB, LoRA) from mle_holistic |" in table
+    assert "bags built from the HolisticCap captions" in table
+
+
+def test_holistic_bags_are_built_from_the_holisticcap_captions_of_the_boosted_data(tmp_path, monkeypatch):
+    demo = _fake_demo(tmp_path, quick=True)
+    built = []
+    monkeypatch.setattr(demo_vcb, "build_bags", lambda cfg, **kw: built.append((cfg.bags.text_from, kw)))
+    path = demo_vcb.holistic_bags(demo)
+    assert path == demo.run_dir / "bags_test_holistic.json"
+    ((text_from, kw),) = built
+    assert text_from == "holistic" and kw["data"] == demo.run_dir / "world_holistic" / "dataset.json"
+    assert kw["split"] == "test" and kw["out"] == path
+    assert demo.cfg.bags.text_from == "original"  # the demo's own (human-caption) bags are left alone
+
+
+def test_sr_l_stages_are_ndlb_sr_l_and_differ_from_discritune_only_where_ndlb_does(tmp_path):
+    """NDLB Table 3 rows 4-6: LoRA of rank 32 on GPT-2's attention (alpha 16, the released code's), sampling at
+    T = 0.3; everything else as the demo's DiscriTune rows (same start, lr, steps, reward)."""
+    demo = _demo(tmp_path, [], quick=False)
+    for stage, start, field in (("sr_l", "mle", "original"), ("sr_l_blend", "mle_blend", "blend"),
+                                ("sr_l_holistic", "mle_holistic", "holistic")):  # fmt: skip
+        cfg = demo.stage_config(stage)
+        assert cfg.train.init_from == str(demo.stage_dir(start) / "checkpoints" / "best")
+        assert cfg.data.captions == field
+        assert (cfg.lora.lm, cfg.lora.encoder, cfg.lora.rank, cfg.lora.alpha) == (True, False, 32, 16.0)
+        assert (cfg.model.train_lm, cfg.model.train_encoder) == (True, False)
+        ours = cfg.to_dict()
+        theirs = demo.stage_config(stage.replace("sr_l", "discritune") if stage != "sr_l" else "discritune").to_dict()
+        differ = {f"{s}.{k}" for s in ours for k in ours[s] if ours[s][k] != theirs[s].get(k)}
+        assert differ == {"run.name", "run.dir", "train.weight_decay", "rl.strategy", "rl.temperature",
+                          "rl.scaled_logprob", "lora.lm", "lora.alpha", "lora.lm_targets"}, stage  # fmt: skip
+
+
+def test_sr_l_recipe_adapts_only_the_attention_of_the_world_lm(tmp_path):
+    """What demo/sr_l trains on the world's GPT-2: the mapper fully, LoRA on attn.c_attn and attn.c_proj of every
+    block (not the MLP, whose projection is also named c_proj), nothing of the base LM (embeddings included)."""
+    import torch
+
+    from finecap.config import load
+    from finecap.models import lora
+    from finecap.models.clipcap import ClipCap
+    from finecap.models.presets import build_world_lm
+    from finecap.recipes import resolve_recipe
+
+    torch.manual_seed(0)
+    lm, tok = build_world_lm(layers=2, hidden=32, heads=2)
+    model = lora.configure_training(ClipCap(lm, tok, 16, prefix_length=2), load(resolve_recipe("demo/sr_l")))
+    names = [n for n, p in model.named_parameters() if p.requires_grad]
+    adapted = {n.split(".lora_")[0].removeprefix("lm.base_model.model.").removesuffix(".base_layer")
+               for n in names if "lora_" in n}  # fmt: skip
+    assert adapted == {f"transformer.h.{i}.attn.{m}" for i in (0, 1) for m in ("c_attn", "c_proj")}
+    assert all(n.startswith("mapper.") or "lora_" in n for n in names) and any(n.startswith("mapper.") for n in names)
+    lora_a = next(m for n, m in model.named_modules() if n.endswith("h.0.attn.c_attn"))
+    assert lora_a.r["default"] == 32 and lora_a.scaling["default"] == 0.5  # alpha / rank = 16 / 32
 
 
 @pytest.mark.slow

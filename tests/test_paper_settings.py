@@ -29,6 +29,7 @@ SELF_RETRIEVAL_RECIPES = {
     "coco/discritune_clipcap": DISCRITUNE_COMMIT,
     "coco/discritune_blip": DISCRITUNE_COMMIT,
     "demo/sr_bagcurri": NDLB_COMMIT,
+    "demo/sr_l": NDLB_COMMIT,
     "coco/sr_l_clipcap": NDLB_COMMIT,
     "coco/sr_v_clipcap": NDLB_COMMIT,
     "coco/sr_lv_bagcurri_clipcap": NDLB_COMMIT,

@@ -7,26 +7,35 @@ default ``demo.stages``: ``finecap demo --stages vcb`` runs them all (after ``wo
   ``<run_dir>/world_holistic`` (a world folder whose records carry every caption field);
 - ``captions_holistic``: the caption fields themselves on the test split (NDLB Table 2): for the first human
   caption, BlendCap, VisualCap and HolisticCap, words, faithfulness precision / recall, true and false facts per
-  caption, RD99 R@1 and bag R@1 with the world CLIP and with the fact-based listener (which, unlike the CLIP, never
-  saw the visual expert's style of caption);
+  caption, RD99 R@1, NDLB's ClipSc and bag R@1 with the world CLIP and with the fact-based listener (which, unlike
+  the CLIP, never saw the visual expert's style of caption);
 - ``mle_blend`` / ``mle_holistic``: the ``demo/mle`` recipe on BlendCap / HolisticCap (``data.captions``), for as
   many optimizer steps as ``mle`` takes on the five human captions (one boosted caption per image would otherwise
   get a fifth of the steps), with captions of up to :data:`MAX_TOKENS` tokens (boosted captions are long);
-- ``discritune_blend`` / ``discritune_holistic``: ``demo/discritune`` (SR-L) from each of them;
-- ``report_vcb``: NDLB Table 3: the test-split metrics of ``mle``, ``mle_blend``, ``mle_holistic``, ``discritune``,
-  ``discritune_blend`` and ``discritune_holistic``; writes ``vcb_results.json`` / ``vcb_results.md`` with the
-  caption-field table and the group's stage times (``vcb_timings.json``, written by the ``vcb`` stage); a quick
-  demo's tables are titled as such (:data:`finecap.report.table.QUICK_TITLE`).
+- ``sr_l`` / ``sr_l_blend`` / ``sr_l_holistic``: NDLB's SR-L (recipe ``demo/sr_l``: LoRA of rank 32 on the LM's
+  attention as NDLB's released code, mapper trained fully, sampling at T = 0.3) from ``mle`` and from each of them
+  (NDLB Table 3 rows 4-6);
+- ``discritune_blend`` / ``discritune_holistic``: the demo's ``demo/discritune`` (DiscriTune's full fine-tuning,
+  greedy decoding) from each of them, beside the SR-L rows;
+- ``report_vcb``: NDLB Table 3: the test-split metrics of the stages of :data:`TABLE3_STAGES`, measured as NDLB
+  measures them: BLEU-4 / CIDEr-D against the references of the caption field each captioner was trained on (and
+  against human captions 2-5, the main table's, under :data:`HUMAN_REFS`), ClipSc, and bags built from the
+  HolisticCap captions (and the main table's human-caption bags under :data:`HUMAN_BAGS`); writes
+  ``vcb_results.json`` / ``vcb_results.md`` with the caption-field table and the group's stage times
+  (``vcb_timings.json``, written by the ``vcb`` stage); a quick demo's tables are titled as such
+  (:data:`finecap.report.table.QUICK_TITLE`).
 
 :mod:`finecap.app.demo` registers these stages (this module must not import it: the import graph stays acyclic).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -48,14 +57,19 @@ log = logging.getLogger(__name__)
 FIELD_OF: dict[str, str] = {
     "mle_blend": "blend",
     "mle_holistic": "holistic",
+    "sr_l_blend": "blend",
+    "sr_l_holistic": "holistic",
     "discritune_blend": "blend",
     "discritune_holistic": "holistic",
 }
-"""Training stages of the group and the caption field they train on."""
+"""Training stages of the group and the boosted caption field they train on (the others: the human captions)."""
 VCB_TRAIN_STAGES: dict[str, str | None] = {
     "visual_expert": None,
     "mle_blend": None,
     "mle_holistic": None,
+    "sr_l": "mle",
+    "sr_l_blend": "mle_blend",
+    "sr_l_holistic": "mle_holistic",
     "discritune_blend": "mle_blend",
     "discritune_holistic": "mle_holistic",
 }
@@ -63,26 +77,60 @@ VCB_TRAIN_STAGES: dict[str, str | None] = {
 VCB_RECIPES: dict[str, tuple[str, list[str]]] = {
     "mle_blend": ("mle", []),
     "mle_holistic": ("mle", []),
+    "sr_l_blend": ("sr_l", []),
+    "sr_l_holistic": ("sr_l", []),
     "discritune_blend": ("discritune", []),
     "discritune_holistic": ("discritune", []),
 }
-"""Recipes the training stages run (``finecap.app.demo.ABLATIONS`` entries); their overrides: :func:`overrides`."""
+"""Recipes the training stages run (``finecap.app.demo.ABLATIONS`` entries); their overrides: :func:`overrides`.
+``sr_l`` runs its own recipe ``demo/sr_l``."""
 MAX_TOKENS = 55
 """Caption tokens (EOS included) of the boosted stages, in training and decoding: the most the world-tiny LM's 64
 positions allow after a 10-token prefix (boosted captions are long; the longest are still cut)."""
 BASELINES = ("world", "retriever", "mle", "discritune")
-GROUP = ("visual_expert", "boost_holistic", "captions_holistic", "mle_holistic", "discritune_holistic", "mle_blend",
-         "discritune_blend", "report_vcb")  # fmt: skip
-TABLE3_STAGES = ("mle", "mle_blend", "mle_holistic", "discritune", "discritune_blend", "discritune_holistic")
+GROUP = ("visual_expert", "boost_holistic", "captions_holistic", "mle_holistic", "sr_l_holistic",
+         "discritune_holistic", "mle_blend", "sr_l_blend", "discritune_blend", "sr_l", "report_vcb")  # fmt: skip
+TABLE3_STAGES: dict[str, str] = {
+    "mle": "MLE on the human captions",
+    "mle_blend": "MLE on BlendCap",
+    "mle_holistic": "MLE on HolisticCap",
+    "sr_l": "SR-L (NDLB, LoRA) from mle",
+    "sr_l_blend": "SR-L (NDLB, LoRA) from mle_blend",
+    "sr_l_holistic": "SR-L (NDLB, LoRA) from mle_holistic",
+    "discritune": "DiscriTune (full fine-tuning) from mle",
+    "discritune_blend": "DiscriTune (full fine-tuning) from mle_blend",
+    "discritune_holistic": "DiscriTune (full fine-tuning) from mle_holistic",
+}
+"""Rows of the captioner table (NDLB Table 3 rows 1-6, then DiscriTune's own setting) and what each was trained on."""
 FIELD_ROWS = {"human (1st caption)": "original", "BlendCap": "blend", "VisualCap": "visual", "HolisticCap": "holistic"}
-METRICS = ["length", "faithfulness", "retrieval", "bags", "listener"]
-REPORT_METRICS = ["length", "vocab", "faithfulness", "retrieval", "bags", "listener", "bleu", "cider"]
+METRICS = ["length", "faithfulness", "retrieval", "clipscore", "bags", "listener"]
+REPORT_METRICS = ["length", "vocab", "faithfulness", "retrieval", "clipscore", "bags", "listener", "bleu", "cider"]
+HUMAN_REFS = "human refs/"
+"""Key prefix of BLEU-4 / CIDEr-D against human captions 2-5 (the main results table's references)."""
+HUMAN_BAGS = "human bags/"
+"""Key prefix of bag R@1 (world CLIP and listener) on the bags built from the human captions (the main table's)."""
+BAG_COLUMNS = ["bag3/R@1", "bag5/R@1", "bag7/R@1", "listener/bag3/R@1", "listener/bag5/R@1", "listener/bag7/R@1"]
 FIELD_COLUMNS = ["Length", "true facts", "false facts", "faith/precision", "faith/recall", "faith/halluc_rate",
-                 "RD/R@1", "bag3/R@1", "bag5/R@1", "bag7/R@1", "listener/RD/R@1", "listener/bag3/R@1",
+                 "RD/R@1", "ClipSc", "bag3/R@1", "bag5/R@1", "bag7/R@1", "listener/RD/R@1", "listener/bag3/R@1",
                  "listener/bag5/R@1", "listener/bag7/R@1"]  # fmt: skip
-TABLE3_COLUMNS = ["Length", "Lexical diversity", "faith/precision", "faith/recall", "faith/halluc_rate", "RD/R@1",
-                  "bag3/R@1", "bag5/R@1", "bag7/R@1", "listener/RD/R@1", "listener/bag3/R@1", "listener/bag5/R@1",
-                  "listener/bag7/R@1", "BLEU-4", "CIDEr-D"]  # fmt: skip
+TABLE3_COLUMNS = ["trained on", "Length", "Lexical diversity", "faith/precision", "faith/recall", "faith/halluc_rate",
+                  "BLEU-4", "CIDEr-D", f"{HUMAN_REFS}BLEU-4", f"{HUMAN_REFS}CIDEr-D", "RD/R@1", "ClipSc", "bag3/R@1",
+                  "bag5/R@1", "bag7/R@1", "listener/RD/R@1", "listener/bag3/R@1", "listener/bag5/R@1",
+                  "listener/bag7/R@1"]  # fmt: skip
+HUMAN_BAG_COLUMNS = [HUMAN_BAGS + c for c in BAG_COLUMNS]
+TABLE2_TITLE = (
+    "Caption fields of the test split (NDLB Table 2). ClipSc = 100 x cos(caption, image) with the world CLIP "
+    "(NDLB's ClipSc); bag R@1 on TrueMatch bags built from the HolisticCap captions, as NDLB builds them; "
+    "listener = the fact-based listener on the same candidates:"
+)
+TABLE3_TITLE = (
+    "Captioners trained on them (NDLB Table 3). BLEU-4 and CIDEr-D against the references of the caption field each "
+    "captioner was trained on (the human captions, BlendCap or HolisticCap), as NDLB scores them; human refs/ = "
+    "against human captions 2-5, as the main results table. SR-L = NDLB's setting (recipe demo/sr_l: LoRA of rank 32 "
+    "on the LM's attention, sampling at T = 0.3); DiscriTune = the demo's discritune recipe (full fine-tuning, greedy "
+    "decoding). Bags built from the HolisticCap captions:"
+)
+HUMAN_BAGS_TITLE = "Both tables' rows on the bags built from the human captions (the main results table's bags):"
 
 
 def boosted_dir(demo: Any) -> Path:
@@ -129,27 +177,65 @@ def _base(demo: Any) -> dict[str, dict[str, Any]]:
     return {k: v for k, v in demo.cfg.to_dict().items() if k in ("run", "world", "retriever", "eval", "decode")}
 
 
-def _context(demo: Any) -> tuple[list, dict, Any, dict]:
+@dataclass
+class Context:
+    """What both VCB tables are scored with: the test split, its scene graphs, the world CLIP, two sets of bags and
+    every caption field of each test image."""
+
+    records: list[Any]
+    scenes: dict[Any, Any]
+    retriever: Any
+    bags: dict[int, list[list[Any]]]
+    """TrueMatch bags built from the HolisticCap captions (NDLB Sec. 3.1): the tables' ``bag*`` columns."""
+    human_bags: dict[int, list[list[Any]]]
+    """Bags built from the human captions (the main results table's ``bags_test.json``): :data:`HUMAN_BAGS`."""
+    fields: dict[Any, dict[str, list[str]]]
+    """``{image_id: {caption field: captions}}`` of the boosted data set (``original`` = the human captions)."""
+
+
+def holistic_bags(demo: Any) -> Path:
+    """TrueMatch bags of the test split built from the HolisticCap captions of the boosted data set
+    (``bags.text_from=holistic``, as NDLB builds TrueMatch), once: ``<run_dir>/bags_test_holistic.json``."""
+    path = demo.run_dir / "bags_test_holistic.json"
+    if not path.exists() or demo.cfg.demo.force:
+        cfg = dataclasses.replace(demo.cfg, bags=dataclasses.replace(demo.cfg.bags, text_from="holistic"))
+        build_bags(cfg, data=boosted_dir(demo) / "dataset.json", split="test", sizes=cfg.eval.bag_sizes, out=path)
+    return path
+
+
+def _context(demo: Any) -> Context:
     cfg = demo.cfg
     records = load_records(cfg, "test")
     scenes_by_imgid = load_scenes(world_path(cfg.world))
     scenes = {r.image_id: scenes_by_imgid[int(r.image_id)] for r in records}
-    path = demo.run_dir / "bags_test.json"
-    if not path.exists() or cfg.demo.force:
-        build_bags(cfg, split="test", sizes=cfg.eval.bag_sizes, out=path)
-    return records, scenes, load_retriever(cfg), read_bags(path)
+    human_path = demo.run_dir / "bags_test.json"
+    if not human_path.exists() or cfg.demo.force:
+        build_bags(cfg, split="test", sizes=cfg.eval.bag_sizes, out=human_path)
+    boosted = {r.image_id: r.boosted for r in read_dataset("world", boosted_dir(demo), check_images=False)}
+    fields = {r.image_id: boosted[r.image_id] for r in records}
+    return Context(records, scenes, load_retriever(cfg), read_bags(holistic_bags(demo)), read_bags(human_path), fields)
 
 
-def stage_captions(demo: Any) -> dict[str, dict[str, float]]:
+def _score(ctx: Context, cfg: Any, predictions: dict[Any, str], metrics: list[str],
+           references: dict[Any, list[str]] | None) -> dict[str, float]:  # fmt: skip
+    """``metrics`` on the HolisticCap bags, and bag R@1 (world CLIP and listener) on the human-caption bags under
+    :data:`HUMAN_BAGS`."""
+    row = evaluate(predictions, references, metrics=metrics, retriever=ctx.retriever, images=ctx.records,
+                   scenes=ctx.scenes, bags=ctx.bags, cfg=cfg)  # fmt: skip
+    human = evaluate(predictions, None, metrics=["bags", "listener"], retriever=ctx.retriever, images=ctx.records,
+                     scenes=ctx.scenes, bags=ctx.human_bags, cfg=cfg)  # fmt: skip
+    row.update({HUMAN_BAGS + k: v for k, v in human.items() if k in BAG_COLUMNS})
+    return row
+
+
+def stage_captions(demo: Any, ctx: Context | None = None) -> dict[str, dict[str, float]]:
     """NDLB Table 2 in the world: the caption fields of the test split scored like model captions."""
-    records, scenes, retriever, bags = _context(demo)
-    boosted = {r.image_id: r for r in read_dataset("world", boosted_dir(demo), check_images=False)}
+    ctx = ctx if ctx is not None else _context(demo)
     rows: dict[str, dict[str, float]] = {}
     for label, name in FIELD_ROWS.items():
-        captions = {r.image_id: boosted[r.image_id].boosted[name][0] for r in records}
-        row = evaluate(captions, None, metrics=METRICS, retriever=retriever, images=records, scenes=scenes,
-                       bags=bags, cfg=demo.cfg)  # fmt: skip
-        faith = [faithfulness(c, scenes[i]) for i, c in captions.items()]
+        captions = {r.image_id: ctx.fields[r.image_id][name][0] for r in ctx.records}
+        row = _score(ctx, demo.cfg, captions, METRICS, None)
+        faith = [faithfulness(c, ctx.scenes[i]) for i, c in captions.items()]
         row["true facts"] = sum(f.n_correct for f in faith) / len(faith)
         row["false facts"] = sum(f.n_stated - f.n_correct for f in faith) / len(faith)
         rows[label] = row
@@ -157,15 +243,28 @@ def stage_captions(demo: Any) -> dict[str, dict[str, float]]:
     return rows
 
 
+def score_stage(ctx: Context, cfg: Any, stage: str, predictions: dict[Any, str]) -> dict[str, float]:
+    """One captioner row: n-gram metrics against the references of the caption field ``stage`` was trained on (all
+    human captions for the stages trained on them), as NDLB Table 3, and against human captions 2-5 under
+    :data:`HUMAN_REFS`; the rest as :func:`_score`."""
+    field = FIELD_OF.get(stage, "original")
+    own = {r.image_id: list(ctx.fields[r.image_id][field]) for r in ctx.records if r.image_id in predictions}
+    row = _score(ctx, cfg, predictions, REPORT_METRICS, own)
+    human = {r.image_id: r.captions[1:] for r in ctx.records if r.image_id in predictions}
+    ngrams = evaluate(predictions, human, metrics=["bleu", "cider"], cfg=cfg)
+    row.update({HUMAN_REFS + k: v for k, v in ngrams.items()})
+    return row
+
+
 def _columns(columns: list[str], cfg: Any) -> list[str]:
     return [c.replace("RD/", f"RD{cfg.eval.n_distractors}/") for c in columns]
 
 
 def stage_report(demo: Any) -> dict[str, Any]:
-    """NDLB Table 3 in the world, with the caption-field table (Table 2) and the group's stage times."""
+    """NDLB Tables 3 and 2 in the world (the caption fields scored again, as the bags and columns may be newer than
+    ``vcb_captions.json``), both on the human-caption bags too, and the group's stage times."""
     cfg = demo.cfg
-    records, scenes, retriever, bags = _context(demo)
-    references = {r.image_id: r.captions[1:] for r in records}
+    ctx = _context(demo)
     rows: dict[str, dict[str, float]] = {}
     for stage in TABLE3_STAGES:
         path = demo.stage_dir(stage) / "captions_test.json"
@@ -173,20 +272,25 @@ def stage_report(demo: Any) -> dict[str, Any]:
             log.warning("report_vcb: no test captions of stage %r (%s); row left out", stage, path)
             continue
         predictions = {i: caps[0] for i, caps in read_results(path).items()}
-        rows[stage] = evaluate(predictions, references, metrics=REPORT_METRICS, retriever=retriever, images=records,
-                               scenes=scenes, bags=bags, cfg=cfg)  # fmt: skip
-    fields_file = demo.run_dir / "vcb_captions.json"
-    fields = read_json(fields_file) if fields_file.exists() else stage_captions(demo)
+        rows[stage] = score_stage(ctx, cfg, stage, predictions)
+    fields = stage_captions(demo, ctx)
     timings = {}  # stages run one by one (`--stages mle_holistic`) are timed by the demo, the group by `vcb`
     for name in ("timings.json", "vcb_timings.json"):
         if (demo.run_dir / name).exists():
             timings.update(read_json(demo.run_dir / name))
-    table = "Caption fields of the test split (NDLB Table 2):\n\n"
-    table += markdown_table(fields, _columns(FIELD_COLUMNS, cfg))
-    table += "\n\nCaptioners trained on them (NDLB Table 3):\n\n" + markdown_table(rows, _columns(TABLE3_COLUMNS, cfg))
+    shown = {k: {"trained on": TABLE3_STAGES[k], **v} for k, v in rows.items()}
+    table = TABLE2_TITLE + "\n\n" + markdown_table(fields, _columns(FIELD_COLUMNS, cfg), row_header="caption")
+    table += "\n\n" + TABLE3_TITLE + "\n\n" + markdown_table(shown, _columns(TABLE3_COLUMNS, cfg))
+    table += "\n\n" + HUMAN_BAGS_TITLE + "\n\n" + markdown_table({**fields, **rows}, HUMAN_BAG_COLUMNS, "row")
     group_times = {k: v for k, v in timings.items() if k in GROUP}
     table += "\n\nStage wall times (s): " + ", ".join(f"{k} {v}" for k, v in group_times.items())
-    write_json(demo.run_dir / "vcb_results.json", {"captions": fields, "models": rows, "timings": group_times})
+    settings = {
+        "bags": "built from the HolisticCap captions (bags_test_holistic.json); human bags/: bags_test.json",
+        "references": "BLEU-4 / CIDEr-D: the trained caption field's; human refs/: human captions 2-5",
+        "trained on": TABLE3_STAGES,
+    }
+    write_json(demo.run_dir / "vcb_results.json",
+               {"captions": fields, "models": rows, "timings": group_times, "settings": settings})  # fmt: skip
     table = quick_labelled(table, demo.quick)
     atomic_write_text(demo.run_dir / "vcb_results.md", table + "\n")
     print(table)
