@@ -3,6 +3,7 @@ against changed inputs (the fingerprint-mismatch test): tiny ClipCaps trained fo
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import shutil
@@ -86,7 +87,7 @@ def test_caption_uses_the_checkpoints_saved_beam(beam_run, tmp_path, caplog):
     assert not setup.data_from_command_line
 
     default = captions(main(checkpoint=beam_run, out=tmp_path / "default.json"))
-    assert "decoding beam (beam_size=3, length_penalty=1.0, max_length=10)" in caplog.text
+    assert "decoding beam (beam_size=3, length_penalty=1.0, finished_beams=keep, max_length=10)" in caplog.text
     explicit = captions(main(checkpoint=beam_run, out=tmp_path / "explicit.json",
                              overrides=["decode.strategy=beam", "decode.beam_size=3"]))  # fmt: skip
     assert default == explicit and len(default) == 8  # the tiny world's test split
@@ -181,6 +182,11 @@ def test_generation_config_of_each_strategy():
     greedy = generation_config(DecodeConfig(strategy="greedy", temperature=0.5))
     assert (greedy.do_sample, greedy.num_beams, greedy.temperature, greedy.num_return_sequences) == (False, 1, None, 1)
     greedy.validate(strict=True)  # what transformers checks before save_pretrained
+    assert greedy.early_stopping is None
+    beam = generation_config(DecodeConfig(strategy="beam", beam_size=4, length_penalty=2.0,
+                                          finished_beams="set_aside", early_stopping="never"))  # fmt: skip
+    assert (beam.num_beams, beam.length_penalty, beam.early_stopping, beam.do_sample) == (4, 2.0, "never", False)
+    beam.validate(strict=True)
 
 
 def test_transformers_greedy_generate_reproduces_finecap_captions(world, clip, tmp_path):
@@ -207,6 +213,55 @@ def test_transformers_greedy_generate_reproduces_finecap_captions(world, clip, t
         r.image_id: model.tokenizer.decode(seq, skip_special_tokens=True).strip() for r, seq in zip(records, out)
     }
     assert hf_caps == finecap_caps
+
+
+@pytest.fixture(scope="module")
+def set_aside_run(world, clip, tmp_path_factory) -> Path:
+    """``beam_run`` with generate's finishing rule (decode.finished_beams=set_aside) and early_stopping=never."""
+    tmp = tmp_path_factory.mktemp("set_aside")
+    return train_run([f"world.out={world}", f"model.encoder={clip}", f"run.dir={tmp / 'run'}",
+                      f"run.cache_dir={tmp / 'cache'}", "decode.strategy=beam", "decode.beam_size=3",
+                      "decode.finished_beams=set_aside", "decode.early_stopping=never",
+                      "train.max_steps=80"])  # fmt: skip
+
+
+def test_transformers_beam_generate_reproduces_set_aside_captions(set_aside_run, tmp_path):
+    # With decode.finished_beams=set_aside, transformers' generate on ClipCap's saved LM, given the prefix and the
+    # saved generation_config.json, writes finecap caption's beam captions, and its three hypotheses per image are
+    # finecap's (tokens, scores, order) although hypotheses end before the last step (checked).
+    import torch
+    from transformers import GenerationConfig
+
+    folder = model_dir(checkpoint_dir(set_aside_run, "best"))
+    model = load_captioner(folder).eval()
+    finecap_caps = captions(main(checkpoint=set_aside_run, out=tmp_path / "beam.json"))
+    cfg = load_stored(set_aside_run / "config.yaml")
+    records = load_references(cfg, split="test").records
+    batch = model_collator(model, cfg.data.max_tokens)(list(CaptionDataset(records, per_caption=False)))
+    gen = GenerationConfig.from_pretrained(folder / "lm")
+    assert (gen.num_beams, gen.do_sample, gen.max_new_tokens, gen.early_stopping) == (3, False, 10, "never")
+    with torch.no_grad():
+        prefix = model._prefix(model.image_features(batch))  # (B, k, H): what finecap's decoder starts from
+        mask = torch.ones(prefix.shape[:2], dtype=torch.long)
+        out = model.lm.generate(inputs_embeds=prefix, attention_mask=mask, generation_config=gen)
+        all_k = model.lm.generate(inputs_embeds=prefix, attention_mask=mask, generation_config=gen,
+                                  num_return_sequences=3, return_dict_in_generate=True,
+                                  output_scores=True)  # fmt: skip
+    hf_caps = {
+        r.image_id: model.tokenizer.decode(seq, skip_special_tokens=True).strip() for r, seq in zip(records, out)
+    }
+    assert hf_caps == finecap_caps and len(hf_caps) == 8
+    three = dataclasses.replace(cfg.decode, num_return_sequences=3)
+    ours = model.generate(batch, three)
+    for row, seq in enumerate(all_k.sequences.tolist()):
+        n = int(ours.lengths[row])
+        assert ours.sequences[row, :n].tolist() == seq[:n]
+        assert all(t in (model.tokenizer.pad_token_id, model.tokenizer.eos_token_id) for t in seq[n:])
+    assert torch.allclose(ours.scores, all_k.sequences_scores, atol=1e-5)
+    assert int(ours.lengths.min()) < cfg.decode.max_length  # hypotheses ended before the last step
+    # finecap's default rule (keep) answers otherwise on this model: the gap the option closes.
+    keep = model.generate(batch, dataclasses.replace(cfg.decode, finished_beams="keep", early_stopping=False)).texts
+    assert keep != [hf_caps[r.image_id] for r in records]
 
 
 # --------------------------------------------------------------------------------------------------------------------
@@ -302,9 +357,10 @@ def test_transformers_blip_generate_reads_the_saved_settings(world, tmp_path):
 
     model = Blip.from_pretrained(save_tiny_blip(tmp_path / "blip")).eval()
     images = [r.path for r in load_references(load(None, [f"world.out={world}", *WORLD]), split="test").records]
-    for strategy in ("greedy", "beam"):
-        cfg = load(None, [f"decode.strategy={strategy}", "decode.beam_size=3", "decode.max_length=7"])
-        folder = save_checkpoint(tmp_path / strategy, model=model, cfg=cfg, info={}) / "model"
+    for strategy, rule in (("greedy", "keep"), ("beam", "keep"), ("beam", "set_aside")):
+        cfg = load(None, [f"decode.strategy={strategy}", "decode.beam_size=3", "decode.max_length=7",
+                          f"decode.finished_beams={rule}"])  # fmt: skip
+        folder = save_checkpoint(tmp_path / f"{strategy}_{rule}", model=model, cfg=cfg, info={}) / "model"
         hf = BlipForConditionalGeneration.from_pretrained(folder).eval()
         pixels = AutoImageProcessor.from_pretrained(folder)([Image.open(p) for p in images], return_tensors="pt")
         with torch.no_grad():

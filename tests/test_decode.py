@@ -146,7 +146,11 @@ def test_batch_equals_single_image_for_every_strategy():
     for decoder in (
         lambda f: greedy(s, f, 6, [EOS], PAD),
         lambda f: beam_search(s, f, 6, [EOS], PAD, beam_size=3, length_penalty=1.0, num_return_sequences=2),
-    ):
+        lambda f: beam_search(s, f, 6, [EOS], PAD, beam_size=3, length_penalty=1.0, num_return_sequences=2,
+                              finished_beams="set_aside"),
+        lambda f: beam_search(s, f, 6, [EOS, DOT], PAD, beam_size=2, length_penalty=2.0, num_return_sequences=2,
+                              finished_beams="set_aside", early_stopping="never"),
+    ):  # fmt: skip
         batch = rows(decoder(feats))
         single = [r for i in range(4) for r in rows(decoder(feats[i : i + 1]))]
         assert batch == single
@@ -216,6 +220,87 @@ def test_beam_logprobs_and_padding():
     # best first within each image
     sc = gen.scores.view(3, 3)
     assert (sc[:, :-1] >= sc[:, 1:]).all()
+
+
+@pytest.mark.parametrize("length_penalty", [0.0, 1.0, 2.0])
+def test_wide_set_aside_beam_never_stopping_early_equals_exhaustive_search(length_penalty):
+    # With early_stopping="never" an image's search ends only when no live beam can beat its worst finished
+    # hypothesis even at max_length (a sum of log-probs only falls, and with length_penalty > 0 dividing it by the
+    # longest length is the best it can do), so a beam that never prunes (16 > 15 hypotheses) finds them all.
+    s = TableStepper(4)
+    gen = beam_search(s, images(0, 1), max_length=3, stop_ids=[EOS], pad_id=PAD, beam_size=16,
+                      length_penalty=length_penalty, num_return_sequences=15, finished_beams="set_aside",
+                      early_stopping="never")  # fmt: skip
+    got = rows(gen)
+    for image in (0, 1):
+        best = _exhaustive(s, image, 3, length_penalty)
+        assert got[image * 15 : image * 15 + 15] == [h for _, h in best]
+        assert gen.scores[image * 15 : image * 15 + 15].tolist() == pytest.approx([sc for sc, _ in best], abs=1e-5)
+
+
+def test_finished_beams_keep_and_set_aside_hand_computed():
+    # Root: EOS .4, A .35, B .25; after A everything is poor, after B EOS is almost certain. Beam 2, max length 2,
+    # length_penalty 1 (score = mean log-prob; log .4 = -0.916, log .35 = -1.050, log .25 = -1.386, log .95 = -0.051).
+    table = {(): [0, 0.4, 0.35, 0.25, 0], (A,): [0, 0.3, 0.4, 0.3, 0], (B,): [0, 0.95, 0.025, 0.025, 0]}
+    lp = {tok: math.log(p) for tok, p in ((EOS, 0.4), (A, 0.35), (B, 0.25))}
+    # keep (ClipCap): step 1 keeps [EOS] (-0.916) and [A] (-1.050) in the two slots, so [B] is pruned; step 2 keeps
+    # [EOS] and extends [A] to [A A] ((-1.050 - 0.916) / 2 = -0.983, ahead of [A EOS] -1.127).
+    s = TableStepper(5, table)
+    keep = beam_search(s, images(0), 2, [EOS], PAD, beam_size=2, length_penalty=1.0, num_return_sequences=2)
+    assert rows(keep) == [[EOS], [A, A]]
+    assert keep.scores.tolist() == pytest.approx([lp[EOS], (lp[A] + math.log(0.4)) / 2], abs=1e-6)
+    # set_aside (generate): [EOS] is set aside and two beams stay live, [A] and [B]; at step 2 [B EOS] scores
+    # (-1.386 - 0.051) / 2 = -0.719 and becomes the best caption, ahead of [EOS].
+    s = TableStepper(5, table)
+    aside = beam_search(s, images(0), 2, [EOS], PAD, beam_size=2, length_penalty=1.0, num_return_sequences=2,
+                        finished_beams="set_aside")  # fmt: skip
+    assert rows(aside) == [[B, EOS], [EOS]]
+    assert aside.scores.tolist() == pytest.approx([(lp[B] + math.log(0.95)) / 2, lp[EOS]], abs=1e-6)
+    assert aside.sequences.tolist() == [[B, EOS], [EOS, PAD]] and aside.lengths.tolist() == [2, 1]
+    assert torch.allclose(aside.token_logprobs, torch.tensor([[lp[B], math.log(0.95)], [lp[EOS], 0.0]]), atol=1e-6)
+
+
+def test_set_aside_early_stopping_hand_computed():
+    # Beam 1, length_penalty 1, max length 3. Root: EOS .5, A .45, B .05; after A, EOS .9. Step 1 sets [EOS] aside
+    # (-0.693) and keeps [A] (-0.799) live.
+    # - early_stopping=False: [A] could at best score -0.799 / 1 (its current length) < -0.693: stop, [EOS].
+    # - early_stopping=True: one finished hypothesis fills the beam of 1: stop, [EOS].
+    # - early_stopping="never": the bound is -0.799 / 3 (max length) > -0.693: go on; [A EOS] scores
+    #   (-0.799 - 0.105) / 2 = -0.452 and wins.
+    table = {(): [0, 0.5, 0.45, 0.05, 0], (A,): [0, 0.9, 0.05, 0.05, 0]}
+    expected = {False: ([EOS], math.log(0.5), 0), True: ([EOS], math.log(0.5), 0),
+                "never": ([A, EOS], (math.log(0.45) + math.log(0.9)) / 2, 1)}  # fmt: skip
+    for early_stopping, (caption, score, steps) in expected.items():
+        s = TableStepper(5, table)
+        gen = beam_search(s, images(0), 3, [EOS], PAD, beam_size=1, length_penalty=1.0, finished_beams="set_aside",
+                          early_stopping=early_stopping)  # fmt: skip
+        assert rows(gen) == [caption], early_stopping
+        assert gen.scores.item() == pytest.approx(score, abs=1e-6)
+        assert s.calls == steps  # LM steps after the first token's
+
+
+def test_finished_beams_options_are_checked():
+    s = TableStepper(4)
+    with pytest.raises(ValueError, match="decode.finished_beams='drop'; valid: keep, set_aside"):
+        beam_search(s, images(0), 3, [EOS], PAD, beam_size=2, finished_beams="drop")
+    with pytest.raises(ValueError, match="decode.early_stopping='soon'"):
+        beam_search(s, images(0), 3, [EOS], PAD, beam_size=2, finished_beams="set_aside", early_stopping="soon")
+    with pytest.raises(ValueError, match="decode.early_stopping is a setting of decode.finished_beams=set_aside"):
+        beam_search(s, images(0), 3, [EOS], PAD, beam_size=2, early_stopping=True)
+    from finecap.config import ConfigError, load
+
+    with pytest.raises(ConfigError, match="decode.early_stopping: is a setting of decode.finished_beams=set_aside"):
+        load(None, ["decode.early_stopping=never"])
+    cfg = load(None, ["decode.finished_beams=set_aside", "decode.early_stopping=never"]).decode
+    assert (cfg.finished_beams, cfg.early_stopping) == ("set_aside", "never")
+    assert load(None, ["decode.finished_beams=set_aside", "decode.early_stopping=true"]).decode.early_stopping is True
+    assert DecodeConfig().finished_beams == "keep"  # existing recipes keep ClipCap's rule
+    from finecap.objectives import get_objective
+
+    rl = get_objective("reinforce", load(None, ["rl.strategy=beam", "rl.samples=1", "rl.baseline=mean",
+                                                "decode.finished_beams=set_aside",
+                                                "decode.early_stopping=never"]))  # fmt: skip
+    assert (rl.sample_cfg.finished_beams, rl.sample_cfg.early_stopping) == ("set_aside", "never")  # RL's beam too
 
 
 def test_beam_size_one_equals_greedy():

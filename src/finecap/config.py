@@ -78,6 +78,8 @@ Mapper = Literal["mlp", "transformer"]
 Backbone = Literal["clipcap", "blip", "vlm"]
 Schedule = Literal["linear", "cosine", "constant"]
 DecodeStrategy = Literal["greedy", "beam", "sample"]
+FinishedBeams = Literal["keep", "set_aside"]
+EarlyStopping = Literal[False, True, "never"]
 Subset = Literal["sequence", "reverse", "random", "full"]
 FirstToken = Literal["mle", "shift", "none"]
 Baseline = Literal["greedy", "mean", "leave_one_out", "none"]
@@ -391,6 +393,12 @@ class DecodeConfig:
     max_length: int = doc(24, "Maximum generated tokens (EOS included).")
     beam_size: int = doc(5, "Beam width for strategy=beam.")
     length_penalty: float = doc(1.0, "Beam score = logprob / length**length_penalty.")
+    finished_beams: FinishedBeams = doc(
+        "keep", "Beam search: keep a finished caption in its beam (ClipCap) or set it aside as transformers' generate."
+    )
+    early_stopping: EarlyStopping = doc(
+        False, "generate's early_stopping (false, true or never) for decode.finished_beams=set_aside."
+    )
     temperature: float = doc(1.0, "Sampling temperature.")
     top_k: int = doc(0, "Sample from the k most likely tokens (0 = off).")
     top_p: float = doc(1.0, "Nucleus sampling mass (1.0 = off).")
@@ -409,6 +417,16 @@ class DecodeConfig:
             self.strategy != "beam" or self.num_return_sequences <= self.beam_size,
             "decode.num_return_sequences",
             "must be <= decode.beam_size for beam search",
+        )
+        _check(
+            isinstance(self.early_stopping, bool) or self.early_stopping == "never",
+            "decode.early_stopping",
+            f"invalid value {self.early_stopping!r}; valid choices: false, true, never",
+        )
+        _check(
+            self.early_stopping is False or self.finished_beams == "set_aside",
+            "decode.early_stopping",
+            "is a setting of decode.finished_beams=set_aside (the keep rule ends when every beam has finished)",
         )
 
 

@@ -23,12 +23,26 @@ Conventions chosen here (the papers leave them open):
   i.e. a draw from the same distribution that does not depend on which other images share the batch.
 - **Greedy ignores temperature/top-k/top-p** (argmax is invariant to temperature); beam search uses the model's
   log-probs at temperature 1.
-- **Beam search** keeps finished hypotheses in the beam (as ClipCap's reference ``generate_beam`` does): a finished
-  beam has exactly one continuation, itself (pad token, log-prob 0, length and score unchanged), and competes for
-  the ``beam_size`` slots with the extensions of live beams. Hypotheses are ranked by
-  ``sum(logprob) / length ** length_penalty`` (length counts the stop token); live beams all have the same length
-  at a step, so the penalty only matters when a finished beam competes with live ones. Hypotheses still alive at
-  ``max_length`` end there without a stop token. Returned ``scores`` are these ranking scores, best first per image.
+- **Beam search** ranks hypotheses by ``sum(logprob) / length ** length_penalty`` (length counts the stop token;
+  hypotheses still alive at ``max_length`` end there without one) and returns the best ones with these scores, best
+  first per image. What happens to a hypothesis that ends is ``decode.finished_beams``:
+
+  - ``keep`` (default; ClipCap's reference ``generate_beam``, which the papers' ClipCap numbers come from): a
+    finished beam stays in its slot with exactly one continuation, itself (pad token, log-prob 0, length and score
+    unchanged), and competes for the ``beam_size`` slots with the extensions of live beams; live beams all have the
+    same length at a step, so the penalty only matters when a finished beam competes with live ones. Decoding ends
+    when every beam has finished or at ``max_length``. It stays the default so that existing recipes, the demo's
+    numbers and the reproductions do not change.
+  - ``set_aside`` (transformers' ``generate(num_beams=K)``, :func:`_beam_set_aside`, tested token for token against
+    it on ClipCap, BLIP and the VLM families): a hypothesis that ends among the step's K best candidates moves to a
+    set of K finished ones and K live beams go on; ``decode.early_stopping`` is ``generate``'s (``false``: stop an
+    image when its best live beam, scored at its current length, cannot beat its worst finished one; ``true``: as
+    soon as K hypotheses finished; ``never``: when it cannot even at ``max_length``). Choose it to get what
+    ``generate`` (and the ``generation_config.json`` finecap saves) gives, e.g. for a Hub VLM.
+
+  The two agree while no hypothesis ends before the last step; once one does they can choose different captions
+  (on the tiny ClipCap of ``tests/test_caption_command.py``, 0 of 8 beam-3 captions under ``keep`` equal
+  ``generate``'s, 8 of 8 under ``set_aside``).
 - **Stopping**: a row stops at EOS, and with ``stop_at_period`` also at a period token (kept in the caption, no EOS
   added after it).
 """
@@ -43,12 +57,13 @@ from typing import TYPE_CHECKING, Any, Protocol, get_args
 import torch
 import torch.nn.functional as F
 
-from finecap.config import DecodeStrategy
+from finecap.config import DecodeStrategy, EarlyStopping, FinishedBeams
 
 if TYPE_CHECKING:
     from finecap.config import DecodeConfig
 
 STRATEGIES = get_args(DecodeStrategy)
+FINISHED_BEAMS = get_args(FinishedBeams)
 
 Conditioning = Any
 """What a :class:`Stepper` starts from: the conditioning of B images, a tensor ``(B, ...)`` (ClipCap's features, BLIP's
@@ -281,14 +296,40 @@ def beam_search(
     beam_size: int = 5,
     length_penalty: float = 1.0,
     num_return_sequences: int = 1,
+    finished_beams: FinishedBeams = "keep",
+    early_stopping: EarlyStopping = False,
 ) -> Generation:
     """Batched beam search; returns the ``num_return_sequences`` best hypotheses per image, best first.
 
-    Score of a hypothesis: ``sum(logprob) / length ** length_penalty`` (see the module docstring for finished beams).
+    Score of a hypothesis: ``sum(logprob) / length ** length_penalty``. ``finished_beams`` picks what happens to a
+    hypothesis that ends: ``"keep"`` (ClipCap's reference) or ``"set_aside"`` (transformers' ``generate``, with its
+    ``early_stopping``); see the module docstring.
     """
     K, n = beam_size, num_return_sequences
     if not 1 <= n <= K:
         raise ValueError(f"decode.num_return_sequences={n} must be in [1, decode.beam_size={K}]")
+    if finished_beams not in FINISHED_BEAMS:
+        raise ValueError(f"decode.finished_beams={finished_beams!r}; valid: {', '.join(FINISHED_BEAMS)}")
+    if not (isinstance(early_stopping, bool) or early_stopping == "never"):
+        raise ValueError(f"decode.early_stopping={early_stopping!r}; valid: false, true, never")
+    if finished_beams == "set_aside":
+        return _beam_set_aside(stepper, features, max_length, stop_ids, pad_id, K, length_penalty, n, early_stopping)
+    if early_stopping is not False:
+        raise ValueError("decode.early_stopping is a setting of decode.finished_beams=set_aside")
+    return _beam_keep(stepper, features, max_length, stop_ids, pad_id, K, length_penalty, n)
+
+
+def _beam_keep(
+    stepper: Stepper,
+    features: Conditioning,
+    max_length: int,
+    stop_ids: Sequence[int],
+    pad_id: int,
+    K: int,
+    length_penalty: float,
+    n: int,
+) -> Generation:
+    """``finished_beams="keep"``: a finished beam competes for its slot with its final score (module docstring)."""
     logits, state = stepper.start(features)  # (B, V)
     B, V = logits.shape
     _check_ids(pad_id, stop_ids, V)
@@ -338,6 +379,114 @@ def beam_search(
     )
 
 
+_HUGE = 1.0e9
+"""What transformers adds to a score to rule a candidate out (``-1e9``, not ``-inf``: the same float32 values)."""
+
+
+def _beam_set_aside(
+    stepper: Stepper,
+    features: Conditioning,
+    max_length: int,
+    stop_ids: Sequence[int],
+    pad_id: int,
+    K: int,
+    length_penalty: float,
+    n: int,
+    early_stopping: EarlyStopping,
+) -> Generation:
+    """``finished_beams="set_aside"``: transformers' ``GenerationMixin._beam_search`` (5.x), step for step.
+
+    Hand-rolled rather than calling ``generate``: finecap's decoders drive any :class:`Stepper` (ClipCap's prefix,
+    BLIP, a VLM's prompt, toy tables) through its own cache contract and also return per-token log-probs. The tensor
+    operations are transformers' own, in the same order (float32 sums, ``topk`` over the same shapes, ``-1e9``
+    penalties), so ties break alike:
+
+    1. every step takes the ``max(2, 1 + len(stop_ids)) * K`` best extensions of the K live beams (summed log-probs);
+    2. the next live beams are the K best of those that did not stop (stopped ones get -1e9 and can only fill up);
+    3. a candidate that stopped (stop token, or ``max_length`` reached) among the first K of step 1 joins the
+       finished set, scored ``sum / length ** length_penalty``; the finished set keeps the K best;
+    4. an image is done when its K finished hypotheses cannot be beaten: ``early_stopping=False`` compares the best
+       live sum divided by the current length ** length_penalty with the worst finished score, ``"never"`` (with
+       ``length_penalty > 0``) divides by ``max_length ** length_penalty`` instead, ``True`` stops as soon as K
+       hypotheses finished. Decoding ends when every image is done, every candidate stopped, or at ``max_length``;
+    5. the returned captions are the ``n`` best finished hypotheses, best first, with their scores.
+    """
+    logits, state = stepper.start(features)  # (B, V)
+    B, V = logits.shape
+    _check_ids(pad_id, stop_ids, V)
+    device = logits.device
+    stop = torch.tensor(list(stop_ids), device=device)
+    wide = max(2, 1 + len(stop_ids)) * K  # candidates kept per step, so that K of them can stay live
+    in_top_k = torch.arange(wide, device=device) < K  # (wide,)
+    state = stepper.select(state, torch.arange(B, device=device).repeat_interleave(K))  # B*K rows
+    logp = F.log_softmax(logits.float(), dim=-1).repeat_interleave(K, dim=0)  # (B*K, V)
+    live = torch.zeros((B, K), dtype=torch.float32, device=device)  # summed log-probs of the live beams
+    live[:, 1:] = -_HUGE  # one real beam at the start; the others only fill up
+    live_tok = torch.zeros((B, K, 0), dtype=torch.long, device=device)
+    live_lp = torch.zeros((B, K, 0), dtype=torch.float32, device=device)
+    done_tok = torch.full((B, K, max_length), pad_id, dtype=torch.long, device=device)  # the finished set
+    done_lp = torch.zeros((B, K, max_length), dtype=torch.float32, device=device)
+    done_len = torch.zeros((B, K), dtype=torch.long, device=device)
+    done_score = torch.full((B, K), -_HUGE, dtype=torch.float32, device=device)
+    done = torch.zeros((B, K), dtype=torch.bool, device=device)  # slot holds a finished hypothesis
+    improvable = torch.ones((B, 1), dtype=torch.bool, device=device)  # transformers' early-stop heuristic
+    offsets = (torch.arange(B, device=device) * K)[:, None]  # (B, 1)
+    for t in range(max_length):
+        if t > 0:
+            logits, state = stepper.step(live_tok[:, :, -1].reshape(-1), state)  # (B*K, V)
+            logp = F.log_softmax(logits.float(), dim=-1)
+        # 1. the `wide` best extensions
+        summed = (logp.view(B, K, V) + live[:, :, None]).view(B, K * V)
+        cand_sum, flat_idx = torch.topk(summed, k=wide)  # (B, wide), sorted best first
+        parent, token = flat_idx // V, flat_idx % V
+        cand_tok = torch.cat([live_tok.gather(1, parent[..., None].expand(-1, -1, t)), token[..., None]], dim=2)
+        tok_lp = logp.view(B, K * V).gather(1, flat_idx)  # (B, wide) log-prob of the new token
+        cand_lp = torch.cat([live_lp.gather(1, parent[..., None].expand(-1, -1, t)), tok_lp[..., None]], dim=2)
+        stopped = torch.isin(token, stop) | (t == max_length - 1)  # (B, wide)
+        # 2. the next live beams
+        live_sum = cand_sum + stopped.to(torch.float32) * -_HUGE
+        pick = torch.topk(live_sum, k=K)[1]  # (B, K)
+        live = live_sum.gather(1, pick)
+        live_tok = cand_tok.gather(1, pick[..., None].expand(-1, -1, t + 1))
+        live_lp = cand_lp.gather(1, pick[..., None].expand(-1, -1, t + 1))
+        rows = (parent.gather(1, pick) + offsets).view(-1)  # (B*K,) flat parent rows
+        # 3. the finished set
+        just_done = stopped & in_top_k[None, :]
+        score = cand_sum / ((t + 1) ** length_penalty)
+        if early_stopping is True:
+            score += done.all(dim=1, keepdim=True).to(torch.float32) * -_HUGE
+        score += (~improvable).to(torch.float32) * -_HUGE
+        score += (~just_done) * -_HUGE
+        merged = torch.cat([done_score, score], dim=1)  # (B, K + wide)
+        keep = torch.topk(merged, k=K)[1]  # (B, K)
+        done_score = merged.gather(1, keep)
+        done = torch.cat([done, just_done], dim=1).gather(1, keep)
+        new_tok = F.pad(cand_tok, (0, max_length - t - 1), value=pad_id)
+        new_lp = F.pad(cand_lp, (0, max_length - t - 1), value=0.0)
+        done_tok = torch.cat([done_tok, new_tok], dim=1).gather(1, keep[..., None].expand(-1, -1, max_length))
+        done_lp = torch.cat([done_lp, new_lp], dim=1).gather(1, keep[..., None].expand(-1, -1, max_length))
+        done_len = torch.cat([done_len, torch.full_like(token, t + 1)], dim=1).gather(1, keep)
+        # 4. can an image's finished set still improve?
+        length = max_length if (early_stopping == "never" and length_penalty > 0.0) else t + 1
+        best_live = live[:, :1] / (length**length_penalty)  # (B, 1)
+        worst_done = torch.where(done, done_score.min(dim=1, keepdim=True)[0], -_HUGE)  # (B, K)
+        improvable = improvable & (best_live > worst_done).any(dim=-1, keepdim=True)
+        all_full = bool(done.all()) and early_stopping is True
+        if not bool(improvable.any()) or all_full or bool(stopped.all()):
+            break
+        state = stepper.select(state, rows)
+    # 5. the n best finished hypotheses (at max_length every candidate stops, so K of them exist)
+    lengths = done_len[:, :n].reshape(-1)
+    L = int(lengths.max())
+    return Generation(
+        sequences=done_tok[:, :n, :L].reshape(B * n, L),
+        token_logprobs=done_lp[:, :n, :L].reshape(B * n, L),
+        lengths=lengths,
+        image_index=torch.arange(B, device=device).repeat_interleave(n),
+        scores=done_score[:, :n].reshape(-1),
+    )
+
+
 # --------------------------------------------------------------------------------------------------------------------
 # Entry point
 # --------------------------------------------------------------------------------------------------------------------
@@ -374,7 +523,7 @@ def decode(
         gen = greedy(stepper, features, cfg.max_length, stop_ids, pad_id)
     elif cfg.strategy == "beam":
         gen = beam_search(stepper, features, cfg.max_length, stop_ids, pad_id, cfg.beam_size, cfg.length_penalty,
-                          cfg.num_return_sequences)  # fmt: skip
+                          cfg.num_return_sequences, cfg.finished_beams, cfg.early_stopping)  # fmt: skip
     else:
         gen = sample(stepper, features, cfg.max_length, stop_ids, pad_id, cfg.temperature, cfg.top_k, cfg.top_p,
                      cfg.num_return_sequences, generator, seeds)  # fmt: skip

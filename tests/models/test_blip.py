@@ -112,6 +112,42 @@ def test_decoding_equals_blip_generate(blip_dir, beams):
         assert torch.allclose(ours.scores, out.sequences_scores, atol=1e-4)
 
 
+def trimmed(gen) -> list[list[int]]:
+    """Each decoded row up to its length (stop token included)."""
+    return [s[:n] for s, n in zip(gen.sequences.tolist(), gen.lengths.tolist())]
+
+
+def test_set_aside_beam_search_equals_blip_generate_when_beams_end_early(blip_dir):
+    """``decode.finished_beams=set_aside`` is ``generate``'s beam search: the same K hypotheses per image (tokens,
+    scores, order) for every ``early_stopping`` and several length penalties. The EOS logit's bias is raised so that
+    hypotheses end early (checked); finecap's default rule (keep) then answers otherwise."""
+    model = load(blip_dir)
+    with torch.no_grad():
+        model.model.text_decoder.cls.predictions.bias[model.eos_token_id] += 2.0
+    pv, K, L = pixels(4), 3, 12
+    found = {}
+    for early_stopping in (False, True, "never"):
+        for lp in (0.0, 1.0, 2.0):
+            cfg = DecodeConfig(strategy="beam", beam_size=K, num_return_sequences=K, max_length=L, length_penalty=lp,
+                               finished_beams="set_aside", early_stopping=early_stopping)  # fmt: skip
+            ours = model.generate({"pixel_values": pv}, cfg)
+            theirs = model.model.generate(pixel_values=pv, max_new_tokens=L, num_beams=K, num_return_sequences=K,
+                                          do_sample=False, length_penalty=lp, early_stopping=early_stopping,
+                                          return_dict_in_generate=True, output_scores=True)  # fmt: skip
+            setting = (early_stopping, lp)
+            for row, seq in enumerate(theirs.sequences.tolist()):
+                seq, n = seq[1:], int(ours.lengths[row])  # generate returns the [bos] it starts from
+                assert ours.sequences[row, :n].tolist() == seq[:n], setting
+                assert all(t in (model.pad_token_id, model.eos_token_id) for t in seq[n:]), setting
+            assert torch.allclose(ours.scores, theirs.sequences_scores, atol=1e-5), setting
+            found[setting] = (trimmed(ours), int(ours.lengths.min()))
+    assert all(found[(es, lp)][1] < L for es in (False, True, "never") for lp in (0.0, 1.0))  # ended early
+    assert len({str(captions) for captions, _ in found.values()}) > 2  # the settings matter here
+    keep = model.generate({"pixel_values": pv}, DecodeConfig(strategy="beam", beam_size=K, num_return_sequences=K,
+                                                             max_length=L))  # fmt: skip
+    assert trimmed(keep) != found[(False, 1.0)][0]
+
+
 def test_batched_decoding_equals_one_image_at_a_time(blip_dir):
     model = load(blip_dir)
     pv = pixels(5, seed=3)

@@ -237,6 +237,59 @@ def test_beam_search_equals_generate_while_no_beam_ends_early(vlm_dirs, family):
     assert torch.allclose(ours.scores, theirs.sequences_scores, atol=1e-4)
 
 
+def trimmed(gen) -> list[list[int]]:
+    """Each decoded row up to its length (stop token included)."""
+    return [s[:n] for s, n in zip(gen.sequences.tolist(), gen.lengths.tolist())]
+
+
+def test_set_aside_beam_search_equals_generate_when_beams_end_early(vlm_dirs, family):
+    """``decode.finished_beams=set_aside`` is ``generate``'s beam search: the same K hypotheses per image (tokens,
+    scores, order) for every ``early_stopping`` and several length penalties. A second stop token (the one greedy
+    decoding writes most often) makes hypotheses end early, which the test checks, and two stop ids exercise
+    ``generate``'s ``(1 + #stop ids) * K`` candidates per step."""
+    from finecap.decode import beam_search
+
+    model = Vlm.from_pretrained(vlm_dirs[family]).eval()
+    inputs = processor_inputs(model, 3, seed=4)
+    batch = inputs | {"prompt_ids": inputs["input_ids"], "prompt_mask": inputs["attention_mask"]}
+    P, K, L = inputs["input_ids"].shape[1], 3, 8
+    greedy = model.generate(batch, DecodeConfig(strategy="greedy", max_length=L)).sequences
+    frequent = torch.bincount(greedy.flatten()).argmax().item()
+    stops = [model.eos_token_id, frequent]
+    assert frequent != model.eos_token_id
+    prompt = model.prompt_of(batch)
+    found = {}
+    for early_stopping in (False, True, "never"):
+        for lp in (0.0, 1.0, 2.0):
+            with torch.no_grad():
+                ours = beam_search(model, prompt, L, stops, model.pad_token_id, K, lp, K, "set_aside", early_stopping)
+                theirs = model.model.generate(**inputs, max_new_tokens=L, num_beams=K, num_return_sequences=K,
+                                              do_sample=False, length_penalty=lp, early_stopping=early_stopping,
+                                              eos_token_id=stops, return_dict_in_generate=True,
+                                              output_scores=True)  # fmt: skip
+            setting = (early_stopping, lp)
+            for row, seq in enumerate(new_tokens(theirs.sequences, P)):
+                n = int(ours.lengths[row])
+                assert ours.sequences[row, :n].tolist() == seq[:n], setting
+                # generate fills with the pad id, or the first stop id when the pad id is 0
+                assert all(t in (model.pad_token_id, model.eos_token_id) for t in seq[n:]), setting
+            assert torch.allclose(ours.scores, theirs.sequences_scores, atol=1e-5), setting
+            found[setting] = (trimmed(ours), int(ours.lengths.min()))
+    assert all(found[(es, lp)][1] < L for es in (False, True, "never") for lp in (0.0, 1.0))  # ended early
+    assert len({str(captions) for captions, _ in found.values()}) > 2  # the settings matter here
+    keep = beam_search(model, prompt, L, stops, model.pad_token_id, K, 1.0, K, "keep")
+    assert trimmed(keep) != found[(False, 1.0)][0]  # finecap's default rule answers otherwise here
+
+    # Through the captioner's own decoding (its EOS only), as finecap caption runs it.
+    cfg = DecodeConfig(strategy="beam", beam_size=K, num_return_sequences=2, max_length=L, finished_beams="set_aside")
+    ours = model.generate(batch, cfg)
+    theirs = model.model.generate(**inputs, max_new_tokens=L, num_beams=K, num_return_sequences=2, do_sample=False,
+                                  length_penalty=1.0)  # fmt: skip
+    for row, seq in enumerate(new_tokens(theirs, P)):
+        n = int(ours.lengths[row])
+        assert ours.sequences[row, :n].tolist() == seq[:n]
+
+
 # --------------------------------------------------------------------------------------------------------------------
 # LoRA targets, saving in the model's own format
 # --------------------------------------------------------------------------------------------------------------------

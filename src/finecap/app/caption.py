@@ -85,9 +85,11 @@ def resolve(
 
 def describe_decoding(cfg: Config) -> str:
     """The decoding settings that matter for ``decode.strategy``, e.g. ``beam (beam_size=3, length_penalty=1.0,
-    max_length=24)``."""
+    finished_beams=keep, max_length=24)``."""
     d = cfg.decode
-    keys = {"greedy": [], "beam": ["beam_size", "length_penalty"], "sample": ["temperature", "top_k", "top_p"]}
+    aside = ["early_stopping"] if d.finished_beams == "set_aside" else []
+    keys = {"greedy": [], "beam": ["beam_size", "length_penalty", "finished_beams", *aside],
+            "sample": ["temperature", "top_k", "top_p"]}  # fmt: skip
     shown = [*keys[d.strategy], "max_length"] + (["num_return_sequences"] if d.num_return_sequences != 1 else [])
     return f"{d.strategy} ({', '.join(f'{k}={getattr(d, k)}' for k in shown)})"
 

@@ -157,6 +157,7 @@ class Reinforce(ObjectiveBase):
         common = dict(max_length=base.max_length, stop_at_period=base.stop_at_period, batch_size=base.batch_size)
         self.sample_cfg = DecodeConfig(strategy=strategy, temperature=temperature, num_return_sequences=samples,
                                        beam_size=max(base.beam_size, samples), length_penalty=base.length_penalty,
+                                       finished_beams=base.finished_beams, early_stopping=base.early_stopping,
                                        **common)  # fmt: skip
         self.greedy_cfg = DecodeConfig(strategy="greedy", **common)
 

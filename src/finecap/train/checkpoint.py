@@ -27,7 +27,9 @@ also takes a run directory (its best checkpoint, else its last).
 ``generation_config.json`` (:func:`generation_config`) holds the decoding settings the run evaluates with, so that
 ``transformers``' ``generate`` on the saved model (a BLIP folder, or ClipCap's ``lm/`` given the prefix) decodes as
 ``finecap caption`` does: ``num_beams``, ``max_new_tokens`` (``decode.max_length``, EOS included), ``length_penalty``,
-``do_sample``, ``temperature``, ``top_k``, ``top_p``, ``num_return_sequences`` and the stop / pad ids. It is
+``early_stopping``, ``do_sample``, ``temperature``, ``top_k``, ``top_p``, ``num_return_sequences`` and the stop / pad
+ids. Beam search is ``generate``'s only with ``decode.finished_beams=set_aside``: under the default ``keep`` (ClipCap's
+rule, :mod:`finecap.decode`) ``generate`` can choose other captions once a hypothesis ends early. It is
 written into the model folder and into every sub-folder holding a transformers model's ``generation_config.json``
 (ClipCap's ``lm/``), keeping that file's other settings (BLIP's start token).
 """
@@ -111,10 +113,11 @@ def generation_config(
     decode: DecodeConfig, tokenizer: Any = None, base: GenerationConfig | None = None
 ) -> GenerationConfig:
     """``decode`` as a ``transformers.GenerationConfig`` (``base``'s other settings kept): the strategy's own
-    settings only (``length_penalty`` for beam search, ``temperature`` / ``top_k`` / ``top_p`` for sampling, the others
-    unset, as transformers requires; greedy decoding returns one caption, finecap refuses more), and with
-    ``tokenizer`` the stop ids (EOS, and with ``decode.stop_at_period`` the period tokens) and the pad id finecap's
-    decoder uses."""
+    settings only (``length_penalty`` and ``early_stopping`` for beam search, ``temperature`` / ``top_k`` / ``top_p``
+    for sampling, the others unset, as transformers requires; greedy decoding returns one caption, finecap refuses
+    more), and with ``tokenizer`` the stop ids (EOS, and with ``decode.stop_at_period`` the period tokens) and the
+    pad id finecap's decoder uses. ``generate`` reproduces finecap's beam search only under
+    ``decode.finished_beams=set_aside`` (:mod:`finecap.decode`)."""
     from transformers import GenerationConfig
 
     from finecap.decode import stop_token_ids
@@ -128,6 +131,7 @@ def generation_config(
         num_return_sequences=decode.num_return_sequences if beam or sample else 1,
         do_sample=sample,
         length_penalty=decode.length_penalty if beam else None,
+        early_stopping=decode.early_stopping if beam else None,
         temperature=decode.temperature if sample else None,
         top_k=decode.top_k if sample else None,
         top_p=decode.top_p if sample else None,
