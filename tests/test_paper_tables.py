@@ -74,7 +74,8 @@ def test_cells_best_choice_and_rows_the_world_cannot_make():
     smile3 = pt.SMILE.table("3")
     pt_row = next(r for r in smile3.rows if r.id == "pt")
     assert pt.row_verdict(smile3, pt_row, results).startswith("not comparable: the world has no pre-trained")
-    assert all(pt.row_verdict(t, r, {}) == "not run yet" for t in pt.NDLB.tables if not t.runnable for r in t.rows)
+    listed = [(t, r) for p in pt.PAPERS.values() for t in p.tables if not t.runnable for r in t.rows]
+    assert all(pt.row_verdict(t, r, {}) == "not run yet" for t, r in listed)
 
 
 def test_metric_keys_prefixes_and_expected_signs():
@@ -109,9 +110,81 @@ def test_every_table_is_well_formed():
     # each run once, in order of first use (the MLE start appears in two SLE tables)
     sle_runs = pt.runs_of(pt.SLE, [t for t in pt.SLE.tables if t.runnable])
     assert sle_runs == ["scst", "scst_me", "sle", "mle", "sle_a025", "sle_a050", "scst_me_1e1", "scst_me_1e3"]
-    # the tables the issue names for SLE and SMILE are defined with world runs
+    # the tables the issue names are defined with world runs
     assert {"2", "4", "alpha", "me_coef"} <= {t.id for t in pt.SLE.tables if t.runnable}
-    assert {"1", "3", "4", "5"} <= {t.id for t in pt.SMILE.tables if t.runnable}
+    assert {"1", "3", "4", "5", "10"} <= {t.id for t in pt.SMILE.tables if t.runnable}
+    assert {"4", "5", "7", "8", "10", "13", "14", "fig3"} <= {t.id for t in pt.NDLB.tables if t.runnable}
+    assert {"1", "2", "4", "5", "8", "9", "11", "12", "13"} <= {t.id for t in pt.DISCRITUNE.tables if t.runnable}
+    for key, run in pt.RUNS.items():  # boosted fields: the demo's VCB data set, through a demo stage training on it
+        assert run.captions in ("original", "blend", "holistic"), key
+        assert run.captions == "original" or run.recipe is not None, key
+
+
+def test_each_row_runs_what_its_label_says():
+    """The NDLB and DiscriTune rows: the caption field, the start and the settings that make each variant."""
+    ndlb = {t.id: {r.id: r for r in t.rows} for t in pt.NDLB.tables}
+    for table in ("4", "5", "7"):
+        for row in ndlb[table].values():
+            run = pt.RUNS[row.run]
+            field = row.id.split("_")[0]
+            assert run.captions == field, (table, row.id)
+            assert run.init in (None, pt.FIELDS[field][1]), (table, row.id)
+            sr_alone = "rl.rewards={retrieval: 1.0}" in run.overrides
+            assert sr_alone == (row.label.endswith(("SR-L", "SR-V", "SR-LV", "BagCurri")) and "C +" not in row.label)
+            assert ("data.sampler=random" in run.overrides) == row.label.endswith(("SR-L", "SR-V", "SR-LV"))
+    assert pt.RUNS["sr_l"].overrides[:2] == ("model.train_encoder=false", "lora.encoder=false")  # LoRA on the LM
+    assert pt.RUNS["sr_v_blend"].overrides[:2] == ("model.train_lm=false", "lora.lm=false")
+    assert "rl.rewards={retrieval: 1.0, cider: 0.7}" in pt.RUNS[ndlb["13"]["l07"].run].overrides
+    assert "data.bag_schedule={1: 7}" in pt.RUNS[ndlb["10"]["bag7"].run].overrides
+    assert {"train.epochs=6", "train.eval_every=100000"} <= set(pt.RUNS[ndlb["14"]["holistic_l"].run].overrides)
+    disc = {t.id: {r.id: r for r in t.rows} for t in pt.DISCRITUNE.tables}
+    assert pt.RUNS[disc["8"]["none"].run].overrides == ("rl.baseline=none",)
+    assert pt.RUNS[disc["9"]["accuracy"].run].overrides == ("sr.reward=accuracy",)
+    assert pt.RUNS[disc["12"]["hard10"].run].overrides == ("sr.distractors=hard", "sr.hard_k=10")
+    assert pt.RUNS[pt.SMILE.table("10").rows[2].run].overrides == ("data.train_unit=image",)
+    # the other test worlds a run is evaluated on: those its paper's columns read
+    assert pt.extra_evaluations(pt.DISCRITUNE, "mle") == {"shifted/", "family/"}
+    assert pt.extra_evaluations(pt.DISCRITUNE, "discritune_cosine") == set()
+    assert pt.extra_evaluations(pt.DISCRITUNE, "blip_mle") == {"shifted/"}
+    assert pt.extra_evaluations(pt.NDLB, "sr_lv_bc_holistic") == {"family/"}
+    assert pt.extra_evaluations(pt.NDLB, "sr_v") == set()
+
+
+def test_caption_field_overrides_come_from_the_demo_vcb_stages(tmp_path):
+    from types import SimpleNamespace
+
+    grid = SimpleNamespace(run_dir=tmp_path, quick=True)
+    assert pt.caption_field_overrides(grid, pt.RUNS["sr_l"]) == []
+    data = tmp_path / "world_holistic" / "dataset.json"
+    expected = [f"data.path={data}", "data.captions=holistic", "data.max_tokens=55", "decode.max_length=55"]
+    assert pt.caption_field_overrides(grid, pt.RUNS["sr_l_holistic"]) == expected
+    assert pt.caption_field_overrides(grid, pt.RUNS["mle_holistic"]) == expected  # quick: no step override
+    assert pt.caption_field_overrides(grid, pt.RUNS["sr_v_blend"])[1] == "data.captions=blend"
+
+
+def test_verdicts_of_columns_without_a_world_analogue_and_of_stated_signs():
+    table = pt.DISCRITUNE.table("4")  # Flickr = the shifted domain; nocaps and Concadia: no world key
+    rows = {r.id: r for r in table.rows}
+    results = {0: {"blip_mle": {"shifted/RD99/R@1": 0.5}, "blip_discritune": {"shifted/RD99/R@1": 0.6}},
+               1: {"blip_mle": {"shifted/RD99/R@1": 0.5}, "blip_discritune": {"shifted/RD99/R@1": 0.4}}}  # fmt: skip
+    assert pt.row_verdict(table, rows["discritune"], results) == "partly holds: Flickr P@1 ↑ 1/2"
+    assert "| nocaps near P@1 |" in pt.render_table(table, results)
+    assert "| 87.0 / — |" in pt.render_table(table, results)  # the paper's number, no world value
+    table = pt.DISCRITUNE.table("11")  # no numbers: the text's sign (DiscriTune above ClipCap)
+    rows = {r.id: r for r in table.rows}
+    results = {0: {"mle": {"family/R@1": 0.3}, "discritune": {"family/R@1": 0.2}, "human": {"family/R@1": 0.5}}}
+    assert pt.row_verdict(table, rows["discritune"], results) == "does not hold: P@1 ↑ 0/1"
+    assert pt.row_verdict(table, rows["human"], results) == "—"
+    table = pt.NDLB.table("14")  # RD equal in the paper by construction: reported, not judged; CIDEr falls
+    rows = {r.id: r for r in table.rows}
+    results = {0: {"sr_l_long": {"CIDEr-D": 1.2, "RD99/R@1": 0.8}, "sr_v": {"CIDEr-D": 1.0, "RD99/R@1": 0.9}}}
+    assert pt.row_verdict(table, rows["coco_v"], results) == (
+        "holds: CIDEr ↓ 1/1, RD100 R@1 = (paper: no change; not judged)"
+    )
+    fig = pt.NDLB.table("fig3")  # longer SR-L: R@1 up, CIDEr down
+    rows = {r.id: r for r in fig.rows}
+    results = {0: {"sr_l": {"CIDEr-D": 1.2, "RD99/R@1": 0.8}, "sr_l_long": {"CIDEr-D": 1.3, "RD99/R@1": 0.9}}}
+    assert pt.row_verdict(fig, rows["long"], results) == "partly holds: RD100 R@1 ↑ 1/1, CIDEr ↓ 0/1"
 
 
 # --------------------------------------------------------------------------------------------------------------------
@@ -239,3 +312,70 @@ def test_another_paper_reuses_the_mle_start(sle_run, monkeypatch):
     assert (root / "runs" / "seed0" / "fluency_lm" / "DONE").exists()
     page = (root / "pages" / "smile.md").read_text()
     assert "| default (first-token MLE) | 22.3 / " in page and "## Table 3" in page
+
+
+def test_discritune_tables_read_the_shifted_domain_and_the_scene_families(sle_run, monkeypatch):
+    root, overrides = sle_run
+    monkeypatch.setattr("finecap.metrics.families.FAMILY_SIZE", 4)  # the tiny world's 8 test images: 2 families
+    monkeypatch.setenv("FINECAP_METEOR_JAR", str(root / "no-meteor.jar"))
+    assert run_main(root, overrides, "--paper", "discritune", "--tables", "1,11") == 0
+    results = root / "data" / "discritune" / "seed0"
+    assert sorted(p.stem for p in results.glob("*.json")) == ["discritune", "human", "mle"]
+    for key in ("discritune", "human", "mle"):
+        metrics = json.loads((results / f"{key}.json").read_text())["metrics"]
+        assert {"RD3/R@1", "shifted/RD3/R@1", "shifted/CIDEr-D", "family/R@1"} <= set(metrics), key
+        assert metrics["family/n"] == 8 and metrics["family/size"] == 4, key  # every member ranked in its family
+    world = Path(overrides[0].removeprefix("world.out="))
+    assert (Path(f"{world}-shifted") / "world.json").exists() and (Path(f"{world}-families4") / "world.json").exists()
+    runs = root / "runs" / "seed0" / "discritune"
+    assert (runs / "captions_shifted_test.json").exists() and (runs / "captions_families4_test.json").exists()
+    page = (root / "pages" / "discritune.md").read_text()
+    for table in ("## Table 1:", "## Table 11:"):
+        assert "not run yet" not in page.split(table)[1].split("## ")[0], table
+
+
+class FixedChoice:
+    """A random generator whose ``randrange`` returns a fixed index."""
+
+    def __init__(self, index):
+        self.index = index
+
+    def randrange(self, n):
+        assert self.index < n
+        return self.index
+
+
+def test_simple_captions_name_the_main_object_with_no_or_one_detail():
+    from finecap.world.scene import Obj, Scene
+
+    scene = Scene(0, "grass", [Obj("circle", "orange", "large", 0, 0), Obj("star", "blue", "small", 2, 2)])
+    assert pt.simple_caption(scene, "simplest", FixedChoice(0)) == "a circle"
+    # simpler: the colour, the size or the background (no pattern on this object): index 0, 1, 2
+    assert [pt.simple_caption(scene, "simpler", FixedChoice(i)) for i in range(3)] == [
+        "an orange circle", "a large circle", "a circle on grass"
+    ]  # fmt: skip
+    striped = Scene(1, "sand", [Obj("diamond", "red", "small", 1, 1, "striped")])
+    assert [pt.simple_caption(striped, "simpler", FixedChoice(i)) for i in range(4)] == [
+        "a red diamond", "a small diamond", "a striped diamond", "a diamond on sand"
+    ]  # fmt: skip
+    with pytest.raises(ValueError, match="unknown corpus"):
+        pt.simple_caption(scene, "simple", FixedChoice(0))
+
+
+def test_smile_fig4b_trains_on_the_simplified_corpora(sle_run):
+    root, overrides = sle_run
+    assert run_main(root, overrides, "--paper", "smile", "--tables", "fig4b") == 0
+    corpus = json.loads((root / "runs" / "seed0" / "corpus_simplest" / "dataset.json").read_text())
+    world = json.loads((Path(overrides[0].removeprefix("world.out=")) / "dataset.json").read_text())
+    assert len(corpus["images"]) == len(world["images"]) == N_TRAIN + N_VAL + N_TEST
+    for image, original in zip(corpus["images"], world["images"]):  # the same images, five captions of 2 words
+        assert image["filename"] == original["filename"] and len(image["sentences"]) == len(original["sentences"])
+        assert all(len(s["raw"].split()) == 2 and s["raw"].startswith("a") for s in image["sentences"])
+    cfg = yaml.safe_load((root / "runs" / "seed0" / "simpler_smile" / "config.yaml").read_text())
+    assert cfg["data"]["format"] == "karpathy" and cfg["data"]["path"].endswith("corpus_simpler/dataset.json")
+    assert Path(cfg["train"]["init_from"]) == root / "runs" / "seed0" / "simpler_mle" / "checkpoints" / "best"
+    results = root / "data" / "smile" / "seed0"
+    assert {p.stem for p in results.glob("simpl*.json")} == {"simplest_mle", "simplest_smile", "simpler_mle",
+                                                              "simpler_smile"}  # fmt: skip
+    page = (root / "pages" / "smile.md").read_text()
+    assert "not run yet" not in page.split("## Figure 4b")[1].split("## ")[0]
