@@ -1121,7 +1121,9 @@ def run_description(key: str) -> str:
         parts.append("overrides " + ", ".join(f"`{o}`" for o in run.overrides))
     parts.append(f"from `{run.init}`" if run.init else "from random weights")
     if run.captions != "original":
-        parts.append(f"trained on and scored against the {FIELD_NAMES[run.captions]} captions")
+        steps = ", as many steps as `mle`" if run.recipe == "mle" else ""
+        parts.append(f"trained on and scored against the {FIELD_NAMES[run.captions]} captions (the demo's VCB "
+                     f"settings: longer captions{steps})")  # fmt: skip
     if run.corpus:
         parts.append(f"trained on the {run.corpus} corpus (SMILE Fig. 4b)")
     return "; ".join(parts)
@@ -1170,7 +1172,14 @@ def render_page(paper: Paper, results: Results, meta: dict[str, Any]) -> str:
             lines += [table.notes, ""]
         if table.rows:
             lines += [render_table(table, results), ""]
-    used = sorted({r.run for t in paper.tables if t.runnable for r in t.rows if r.run})
+    used = set()
+    for key in {r.run for t in paper.tables if t.runnable for r in t.rows if r.run}:  # the rows' runs and starts
+        while key is not None and key not in used:
+            used.add(key)
+            key = RUNS[key].init
+    if any(RUNS[k].captions != "original" for k in used):
+        used.add("visual_expert")  # makes the boosted data set
+    used = sorted(used)
     if used:
         lines += ["## The world runs", "", "| run | how it is made |", "| --- | --- |"]
         lines += [f"| `{key}` | {run_description(key)} |" for key in used]
