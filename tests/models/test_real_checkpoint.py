@@ -126,3 +126,31 @@ def test_world_encoder_and_world_tiny_lm_from_config(checkpoints, monkeypatch):
     assert model.tokenizer.eos_token_id == 4 and model.lm.config.eos_token_id == 4
     assert model.encoder_source == str((checkpoints / "clip").resolve())
     assert model.generate(torch.randn(2, 24), DecodeConfig(max_length=4)).sequences.shape[0] == 2
+
+
+@pytest.mark.parametrize("recipe", ["coco/sr_l_clipcap", "coco/sr_v_clipcap", "coco/sr_lv_bagcurri_clipcap"])
+def test_coco_sr_recipes_adapt_the_modules_ndlbs_code_adapts(checkpoints, recipe):
+    """NDLB's released code (lora.py, configs/sr_final.yml at 77b3e7e) puts LoRA (rank 32, alpha 16) on each GPT-2
+    block's attn.c_attn / attn.c_proj and, for the image side, on CLIP's q/k/v projections and MLP: with the recipes'
+    targets, peft adapts exactly those modules of a GPT-2 and a CLIP ViT loaded by path."""
+    from finecap.models.lora import configure_training
+
+    cfg = load(recipe, [f"model.encoder={checkpoints / 'clip'}", f"clipcap.lm={checkpoints / 'gpt2'}",
+                        f"retriever.checkpoint={checkpoints / 'clip'}"])  # fmt: skip
+    assert (cfg.lora.rank, cfg.lora.alpha) == (32, 16.0)
+    model = configure_training(build_captioner(cfg), cfg)
+    adapted = {name.rsplit(".lora_A", 1)[0] for name, _ in model.named_parameters() if ".lora_A" in name}
+    lm = {n for n in adapted if ".h." in n}
+    encoder = adapted - lm
+    if cfg.lora.lm:
+        assert {n.split(".h.", 1)[1].split(".", 1)[1] for n in lm} == {"attn.c_attn", "attn.c_proj"}
+        assert len(lm) == 2 * 2  # both blocks of the tiny GPT-2
+    else:
+        assert not lm
+    if cfg.lora.encoder:
+        kinds = {n.rsplit(".", 2)[-2] + "." + n.rsplit(".", 1)[-1] for n in encoder}
+        assert kinds == {"self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "mlp.fc1", "mlp.fc2"}
+        assert all("vision_model" in n for n in encoder)  # the image side only
+    else:
+        assert not encoder
+    assert all(not p.requires_grad for n, p in model.named_parameters() if ".wte." in n)  # embeddings frozen
