@@ -582,7 +582,8 @@ NDLB_LABELS = {"mle": "MLE", "l": "SR-L", "v": "SR-V", "lv": "SR-LV", "l_bc": "S
 NDLB_SEE_ABOVE = "Common settings: the introduction above."
 NDLB_SETTINGS = (
     "Settings of the SR runs, from the paper or the released code: SR-L / SR-V / SR-LV = LoRA of rank 32 (alpha "
-    "32) on the LM, on the encoder, or on both, the mapper trained fully (Sec. 4.5, App. C.3); batches of 100 (99 "
+    "16; the LM's attention c_attn/c_proj, every linear layer of the world encoder: released code, lora.py) on the "
+    "LM, on the encoder, or on both, the mapper trained fully (Sec. 4.5, App. C.3); batches of 100 (99 "
     "in-batch distractors); sampling at T = 0.3 scored under the tempered distribution; log p divided by the "
     "caption length (released code); the running-mean baseline for SR alone and the greedy baseline when CIDEr-D "
     "is in the reward (App. C.2); a constant learning rate without warm-up; BagCurri = training bags of nearest "
