@@ -25,29 +25,78 @@ import torch
 
 from finecap.app.retriever import probe, train_world_encoder
 from finecap.config import load
+from finecap.models.world_encoder import PRESETS, Preset
 from finecap.world.make import make_world
 
 OUT = Path(__file__).resolve().parent / "results" / "world_encoder_budget.jsonl"
 
+ARCHITECTURES: dict[str, Preset] = {
+    "v1": Preset(vision_widths=(128, 192, 256, 256), text_layers=3),  # ENCODER_VERSION 2's world-tiny
+    # the trial architectures (``retriever.preset=<name>``), registered in finecap's PRESETS by this script only.
+    # A step's time is mostly matrix products (65% in torch.profiler at batch 128): the ConvNeXt stages' pointwise
+    # MLPs and the text tower's layers (the dense captions, 40 tokens, cost more than the image tower's forward).
+    "t2": Preset(text_layers=2),
+    "t2_v64": Preset(vision_widths=(64, 128, 192, 256), text_layers=2),  # 192-wide 2x2 map: see t2_w64
+    # the 2x2 map must stay as wide as the projection (256): the world BLIP and VLM read its cells as image tokens
+    "t2_w64": Preset(vision_widths=(64, 128, 256, 256), text_layers=2),
+}
+
 TRIALS: dict[str, list[str]] = {
-    "default": [],  # 12 epochs of 128, lr 2e-3, dense 0.5, aux 5
-    "e6": ["retriever.epochs=6"],
-    "e6_lr4e-3": ["retriever.epochs=6", "retriever.lr=4e-3"],
-    "e6_b64": ["retriever.epochs=6", "retriever.batch_size=64"],
-    "e6_dense.25_lr3e-3": ["retriever.epochs=6", "retriever.dense_fraction=0.25", "retriever.lr=3e-3"],
-    "e8_dense.25": ["retriever.epochs=8", "retriever.dense_fraction=0.25"],
-    "e4_b64_lr3e-3_aux10": [
+    # the defaults of retriever.* (version 3: preset world-tiny = t2_w64, 10 epochs of 64, lr 2e-3, dense 0.5, aux 5)
+    "default": [],
+    # measured with ENCODER_VERSION 2, whose architecture is v1 and whose defaults were 12 epochs of 128
+    "v1_e12_b128": ["retriever.preset=v1", "retriever.epochs=12", "retriever.batch_size=128"],
+    "v1_e6": ["retriever.preset=v1", "retriever.batch_size=128", "retriever.epochs=6"],
+    "v1_e6_lr4e-3": ["retriever.preset=v1", "retriever.batch_size=128", "retriever.epochs=6", "retriever.lr=4e-3"],
+    "v1_e6_b64": ["retriever.preset=v1", "retriever.epochs=6", "retriever.batch_size=64"],
+    "v1_e6_dense.25_lr3e-3": [
+        "retriever.preset=v1",
+        "retriever.batch_size=128",
+        "retriever.epochs=6",
+        "retriever.dense_fraction=0.25",
+        "retriever.lr=3e-3",
+    ],
+    "v1_e8_dense.25": [
+        "retriever.preset=v1",
+        "retriever.batch_size=128",
+        "retriever.epochs=8",
+        "retriever.dense_fraction=0.25",
+    ],
+    "v1_e4_b64_lr3e-3_aux10": [
+        "retriever.preset=v1",
         "retriever.epochs=4",
         "retriever.batch_size=64",
         "retriever.lr=3e-3",
         "retriever.aux_weight=10",
     ],
-    # after the first six: a smaller batch at the same compute helped most (e6_b64: colour .925, R@1 .593)
-    "e6_b32": ["retriever.epochs=6", "retriever.batch_size=32"],
-    "e7_b64": ["retriever.epochs=7", "retriever.batch_size=64"],
-    "e6_b64_lr3e-3": ["retriever.epochs=6", "retriever.batch_size=64", "retriever.lr=3e-3"],
-    "e5_b32_dense.25": ["retriever.epochs=5", "retriever.batch_size=32", "retriever.dense_fraction=0.25"],
+    "v1_e6_b32": ["retriever.preset=v1", "retriever.epochs=6", "retriever.batch_size=32"],
+    "v1_e7_b64": ["retriever.preset=v1", "retriever.epochs=7", "retriever.batch_size=64"],
+    "v1_e6_b64_lr3e-3": ["retriever.preset=v1", "retriever.epochs=6", "retriever.batch_size=64", "retriever.lr=3e-3"],
+    "v1_e5_b32_dense.25": [
+        "retriever.preset=v1",
+        "retriever.epochs=5",
+        "retriever.batch_size=32",
+        "retriever.dense_fraction=0.25",
+    ],
+    # smaller architectures (ARCHITECTURES), then fewer steps
+    "t2_v64": ["retriever.preset=t2_v64", "retriever.epochs=12", "retriever.batch_size=128"],
+    "t2": ["retriever.preset=t2", "retriever.epochs=12", "retriever.batch_size=128"],
+    "t2_w64_e8_b64": ["retriever.preset=t2_w64", "retriever.epochs=8", "retriever.batch_size=64"],
+    "t2_w64_e6_b64": ["retriever.preset=t2_w64", "retriever.epochs=6", "retriever.batch_size=64"],
+    "t2_w64_e10_b64": ["retriever.preset=t2_w64", "retriever.epochs=10", "retriever.batch_size=64"],
+    "t2_w64_e8_b64_dense.25": [
+        "retriever.preset=t2_w64",
+        "retriever.epochs=8",
+        "retriever.batch_size=64",
+        "retriever.dense_fraction=0.25",
+    ],
 }
+
+
+def register_architectures() -> None:
+    """Make the trial architectures known to ``retriever.preset`` (in this process)."""
+    for name, preset in ARCHITECTURES.items():
+        PRESETS.setdefault(name, preset)
 
 
 def done(out: Path) -> set[tuple[str, int]]:
@@ -90,6 +139,7 @@ def main() -> None:
         for name, overrides in TRIALS.items():
             print(f"{name}: {' '.join(overrides) or '(defaults)'}")
         return
+    register_architectures()
     work = args.work or Path(tempfile.mkdtemp(prefix="finecap-we-budget-"))
     finished = done(args.out)
     for name in args.trials.split(","):

@@ -1,5 +1,5 @@
-"""The world VLM's optional demo stages (``vlm_mle``, ``vlm_smile``, ``vlm_discritune``): how they are configured, and
-a quick demo run of two of them whose rows land in the demo table (results.json / results.md)."""
+"""The world VLM's demo stages (``vlm_mle`` and ``vlm_smile`` in the default list, ``vlm_discritune`` optional): how
+they are configured, and the quick demo's rows of the two default ones in the demo table (results.json / results.md)."""
 
 import json
 
@@ -17,10 +17,12 @@ def _demo(tmp_path, quick: bool) -> Demo:
     return Demo(cfg=load_demo_config(None, [], quick), items=[], quick=quick, run_dir=tmp_path / "run")
 
 
-def test_vlm_stages_are_optional_training_stages_starting_from_vlm_mle():
+def test_vlm_stages_are_training_stages_starting_from_vlm_mle():
     assert VLM_STAGES == {"vlm_mle": None, "vlm_smile": "vlm_mle", "vlm_discritune": "vlm_mle"}
     assert all(TRAIN_STAGES[stage] == init for stage, init in VLM_STAGES.items())
-    assert not set(VLM_STAGES) & set(DemoConfig().stages)  # optional: not in the default demo
+    default = DemoConfig().stages  # the VLM row of the default demo (issue 26); vlm_discritune is optional
+    assert {"vlm_mle", "vlm_smile"} <= set(default) and "vlm_discritune" not in default
+    assert default.index("vlm_mle") < default.index("vlm_smile")
 
 
 @pytest.mark.parametrize("quick", [False, True])
@@ -54,20 +56,12 @@ def test_vlm_smile_before_vlm_mle_is_an_error_naming_it(tmp_path, capsys):
     assert not (run_dir / "vlm_smile").exists()
 
 
-def test_quick_demo_adds_world_vlm_rows_to_the_table(tmp_path, monkeypatch):
-    """`finecap demo --quick --stages world,retriever,vlm_mle,vlm_smile,report` in its own run directory (not the
-    session's quick demo, whose results.json other tests read): the world and world encoder come from the finecap
-    home, the two VLM stages train, and the report scores them like every stage."""
-    cwd = tmp_path / "cwd"
-    cwd.mkdir()
-    monkeypatch.chdir(cwd)
-    run_dir = cwd / "run"
-    stages = "world,retriever,vlm_mle,vlm_smile,report"
-    assert main(["demo", "--quick", "--run-dir", str(run_dir), "--stages", stages]) == 0
-    assert [p.name for p in cwd.iterdir()] == ["run"]
-
+def test_quick_demo_adds_world_vlm_rows_to_the_table(quick_demo_run):
+    """The session's `finecap demo --quick` (default stages, tests/conftest.py) trains the two VLM stages of the
+    default list, and the report scores them like every stage."""
+    run_dir, _ = quick_demo_run
     results = json.loads((run_dir / "results.json").read_text())
-    assert set(results) == {"human", "vlm_mle", "vlm_smile"}  # only stages that ran have rows
+    assert {"human", "vlm_mle", "vlm_smile"} <= set(results) and "vlm_discritune" not in results  # stages that ran
     for stage in ("vlm_mle", "vlm_smile"):
         row = results[stage]
         for key in ("Length", "RD19/R@1", "faith/precision", "faith/recall", "faith/halluc_rate", "CIDEr-D",
@@ -91,4 +85,4 @@ def test_quick_demo_adds_world_vlm_rows_to_the_table(tmp_path, monkeypatch):
     train_steps = [e["step"] for e in events if e["split"] == "train" and "loss/smile" in e["values"]]
     assert train_steps and max(train_steps) == QUICK["train"]["max_steps"]
     timings = json.loads((run_dir / "timings.json").read_text())
-    assert set(timings) == set(stages.split(","))
+    assert set(timings) == set(DemoConfig().stages)

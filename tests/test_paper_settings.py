@@ -94,7 +94,7 @@ def test_effect_signs_are_the_papers():
             change = float(after) - float(before)
             assert change != 0 and (change > 0) == (e.sign > 0), f"{e.name}: sign {e.sign} vs {e.source!r}"
             checked += 1
-    assert checked == 16  # every effect that has a paper source with numbers
+    assert checked == 18  # every effect that has a paper source with numbers
 
 
 def test_effect_sources_name_tables_that_exist():

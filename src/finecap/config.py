@@ -183,9 +183,11 @@ class DataConfig:
 @dataclass
 class RetrieverConfig:
     checkpoint: str = doc("", "CLIP checkpoint (HF name or local path); empty = train/reuse the world encoder preset.")
-    preset: Literal["world-tiny"] = doc("world-tiny", "Tiny CLIP preset used when training the world encoder.")
-    epochs: int = doc(12, "Contrastive training epochs of the world encoder.")
-    batch_size: int = doc(128, "Batch size of world-encoder training.")
+    preset: str = doc(
+        "world-tiny", "Architecture of the world encoder: a name in finecap.models.world_encoder.PRESETS."
+    )
+    epochs: int = doc(10, "Contrastive training epochs of the world encoder.")
+    batch_size: int = doc(64, "Batch size of world-encoder training.")
     lr: float = doc(2e-3, "Peak learning rate of world-encoder training.")
     aux_weight: float = doc(5.0, "Weight of the auxiliary scene-graph attribute loss (stands in for pretraining).")
     dense_fraction: float = doc(0.5, "Share of each world-encoder batch also trained against its dense captions.")
@@ -644,9 +646,9 @@ class BoostConfig:
 @dataclass
 class DemoConfig:
     stages: list[str] = doc(
-        ["world", "retriever", "mle", "blip_mle", "sr_bagcurri", "sle", "scst", "smile", "mle_continued", "discritune",
-         "blip_smile", "report"],
-        "Demo stages to run, in order (optional: scst_me, blip_discritune, vlm_mle, vlm_smile, vlm_discritune, ...).",
+        ["world", "retriever", "mle", "blip_mle", "vlm_mle", "sr_bagcurri", "scst", "smile", "sle", "discritune",
+         "blip_smile", "vlm_smile", "report"],
+        "Demo stages to run, in order (optional: mle_continued, scst_me, blip_discritune, vlm_discritune, vcb, ...).",
     )  # fmt: skip
     quick: bool = doc(False, "Tiny settings that finish in about two minutes (used by tests).")
     force: bool = doc(False, "Re-run stages even when their outputs exist.")

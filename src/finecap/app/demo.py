@@ -17,11 +17,14 @@ starts the longest side stages first.
   run recorded (``<stage>/fingerprints.json``: the data, the captioner's encoder, the retriever) are those of its
   configuration now; after a change of ``world.*`` or of the world encoder it is refused with an error naming both
   fingerprints (:func:`check_stage_inputs`), and ``--force`` (``demo.force``) trains it again.
-- optional world-VLM stages (:data:`VLM_STAGES`, not in the default ``demo.stages``): ``vlm_mle``,
-  ``vlm_smile``, ``vlm_discritune`` train the world VLM (a tiny LLaVA-architecture model reading the frozen world
+- world-VLM stages (:data:`VLM_STAGES`): ``vlm_mle`` and ``vlm_smile`` (in the default ``demo.stages``) and
+  ``vlm_discritune`` (optional) train the world VLM (a tiny LLaVA-architecture model reading the frozen world
   encoder's image tokens, ``vlm.name=world-tiny``) with the recipes ``demo/vlm_*``, as the world BLIP's ``blip_*``
-  stages; e.g. ``finecap demo --stages world,retriever,vlm_mle,vlm_smile,vlm_discritune,report``. Their rows join
-  the tables of the report stage when they have run (docs/vlm.md).
+  stages; e.g. ``finecap demo --stages world,retriever,vlm_mle,vlm_discritune,report``. Their rows join the tables
+  of the report stage when they have run (docs/vlm.md).
+- optional controls and extras (not in the default list): ``mle_continued`` (MLE trained for as many more steps as
+  SMILE: is a gain over ``mle`` only more training?), ``scst_me``, ``blip_discritune``, ``smile_random`` /
+  ``smile_reverse``, the ``vcb`` group and ``transfer``; ``benchmarks/effects.py`` runs ``mle_continued`` too.
 - ``report``: evaluate every trained stage and the human reference captions on the test split and write
   ``results.json`` (stage -> metric -> number), ``results.md`` and the captions (COCO results format), then the
   HTML report ``report.html`` (:mod:`finecap.app.report`: tables, plots, caption and bag galleries). Next to the
@@ -92,7 +95,7 @@ QUICK: dict[str, dict[str, Any]] = {
     },
     "eval": {"n_distractors": 19, "draws": 2},
 }
-# Optional stages of the world VLM (vlm.name=world-tiny, recipes demo/vlm_*), as TRAIN_STAGES below.
+# Stages of the world VLM (vlm.name=world-tiny, recipes demo/vlm_*), as TRAIN_STAGES below.
 VLM_STAGES: dict[str, str | None] = {"vlm_mle": None, "vlm_smile": "vlm_mle", "vlm_discritune": "vlm_mle"}
 # Training stages: recipe name and the stage whose best checkpoint it starts from (None = fresh model).
 TRAIN_STAGES: dict[str, str | None] = {
@@ -109,7 +112,7 @@ TRAIN_STAGES: dict[str, str | None] = {
     "blip_mle": None,
     "blip_smile": "blip_mle",
     "blip_discritune": "blip_mle",
-    **VLM_STAGES,  # the world VLM (optional: not in the default demo.stages)
+    **VLM_STAGES,  # the world VLM (vlm_mle, vlm_smile in the default demo.stages)
     **demo_vcb.VCB_TRAIN_STAGES,  # Visual Caption Boosting (optional group `vcb`, finecap.app.demo_vcb)
 }
 # Ablation stages: the recipe they run and the overrides that make them (SMILE Sec. 3.4 subsetting ablations).

@@ -56,13 +56,13 @@ from finecap.models.tokenizer import world_tokenizer
 from finecap.models.world_encoder import (
     ENCODER_VERSION,
     MAIN_LABELS,
-    PRESETS,
     AuxHeads,
     WorldData,
     build_world_model,
     encoder_dir,
     encoder_key,
     load_split,
+    preset_of,
     world_image_processor,
 )
 from finecap.train.world_encoder import fit_world_encoder
@@ -145,7 +145,7 @@ def train_world_encoder(cfg: Config, world: Path, progress: bool = True) -> Path
     info = {
         "key": encoder_key(cfg),
         "version": ENCODER_VERSION,
-        "preset": dataclasses.asdict(PRESETS[rc.preset]),
+        "preset": dataclasses.asdict(preset_of(rc.preset)),
         "world": str(world),
         "config": {"retriever": dataclasses.asdict(rc), "seed": cfg.run.seed},
         "n_train": len(train.ids),

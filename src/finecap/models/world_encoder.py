@@ -7,15 +7,23 @@ probe that checks its quality bar, are the ``finecap retriever train`` / ``probe
 
 Architecture (preset ``world-tiny``), a stock ``transformers.VisionTextDualEncoderModel``:
 
-- vision tower: ``ConvNextModel`` with four stages (widths 128-192-256-256, one block each except none in the last)
+- vision tower: ``ConvNextModel`` with four stages (widths 64-128-256-256, one block each except none in the last)
   and a stem patch of ``image_size / 8`` px, so the stage maps are 8x8, 4x4, 2x2 and 1x1 (at 64 px: 8 px patches).
+  The 2x2 map is as wide as the projection (256): the world BLIP and VLM read its cells as image tokens.
   The last stage is only ConvNeXt's 2x2-stride-2 downsampling conv, so the pooled output is a *learned* readout of the
   2x2 map rather than a global average over a larger map, which discards where things are. In 200-step trials
   (auxiliary loss only) towers ending in a global average pool (ConvNeXt, ResNet, MobileNet, a plain CNN) decoded the
   main object's shape at 21-52%, the same ConvNeXt with a 1x1 last map at 76-82%. A CLIP ViT (patch = grid cell)
   learned shapes but not positions in that budget (its position embeddings start 100x smaller than the patches).
-- text tower: ``CLIPTextModel`` (width 128, 3 layers, 4 heads) over the world's word-level tokenizer; EOS id 4, so
+- text tower: ``CLIPTextModel`` (width 128, 2 layers, 4 heads) over the world's word-level tokenizer; EOS id 4, so
   it pools at the first EOS.
+
+A training step's time is mostly matrix products (65% of it in ``torch.profiler`` at batch 128): the ConvNeXt stages'
+pointwise MLPs and the text tower's layers, the 40-token dense captions costing more than the image tower's forward.
+Version 3 halved the first two stage widths (128-192 -> 64-128) and dropped one of three text layers, and trains 10
+epochs of 64 instead of 12 of 128: on world seed 0 of an idle 2-core machine the training takes about 0.6 of the
+version-2 time (``benchmarks/world_encoder_budget.py``, its results in ``benchmarks/results/``; docs/demo.md) for the
+same quality bar.
 - projections to 256 dimensions and a learned logit scale (initialised at 1/0.07, clamped at 100 as in CLIP).
 
 The weights are initialised with ``initializer_range=0.1`` and ConvNeXt's layer scale at 1.0 (instead of 0.02 and
@@ -63,9 +71,9 @@ from finecap.world.scene import COLORS, PATTERNS, SHAPES, SIZES, scene_labels
 if TYPE_CHECKING:
     from finecap.config import Config
 
-ENCODER_VERSION = 2
+ENCODER_VERSION = 3
 """Bump when the architecture or training changes, so cached encoders are retrained (2: trained through the library
-engine, :mod:`finecap.train.world_encoder`)."""
+engine, :mod:`finecap.train.world_encoder`; 3: the smaller preset and 10 epochs of 64, module docstring)."""
 CACHE_SUBDIR = "world_encoder"
 MAIN_LABELS = ("shape", "color", "size", "position", "background", "count")
 """Main-object and scene labels of :func:`finecap.world.scene.scene_labels` used by the auxiliary loss."""
@@ -77,10 +85,10 @@ CELL_ATTRS = ("shape", "color", "size", "pattern")
 class Preset:
     """Sizes of the world dual encoder (see the module docstring)."""
 
-    vision_widths: tuple[int, ...] = (128, 192, 256, 256)
+    vision_widths: tuple[int, ...] = (64, 128, 256, 256)
     vision_depths: tuple[int, ...] = (1, 1, 1, 0)
     text_width: int = 128
-    text_layers: int = 3
+    text_layers: int = 2
     text_heads: int = 4
     projection_dim: int = 256
     initializer_range: float = 0.1
@@ -88,6 +96,13 @@ class Preset:
 
 
 PRESETS: dict[str, Preset] = {"world-tiny": Preset()}
+
+
+def preset_of(name: str) -> Preset:
+    """The preset called ``name`` (``retriever.preset``); an unknown name is an error listing the known ones."""
+    if name not in PRESETS:
+        raise ValueError(f"retriever.preset={name!r}: unknown world encoder preset; known: {', '.join(PRESETS)}")
+    return PRESETS[name]
 
 
 # --------------------------------------------------------------------------------------------------------------------
@@ -99,7 +114,7 @@ def build_world_model(
     tokenizer: Any, image_size: int, preset: str | Preset = "world-tiny"
 ) -> VisionTextDualEncoderModel:
     """A randomly initialised world dual encoder for ``image_size`` px images and ``tokenizer``'s vocabulary."""
-    p = PRESETS[preset] if isinstance(preset, str) else preset
+    p = preset_of(preset) if isinstance(preset, str) else preset
     down = 2 ** (len(p.vision_widths) - 1)  # the stages after the stem halve the map each
     if image_size % down:
         raise ValueError(
@@ -236,7 +251,8 @@ def encoder_key(cfg: Config) -> str:
     r = dataclasses.asdict(cfg.retriever)
     for k in ("checkpoint", "batch_size_eval"):  # do not change the trained weights
         r.pop(k, None)
-    content = {"version": ENCODER_VERSION, "world": world_key(cfg.world), "retriever": r, "seed": cfg.run.seed}
+    content = {"version": ENCODER_VERSION, "world": world_key(cfg.world), "retriever": r, "seed": cfg.run.seed,
+               "architecture": dataclasses.asdict(preset_of(cfg.retriever.preset))}  # fmt: skip
     return hashlib.sha256(json.dumps(content, sort_keys=True).encode()).hexdigest()[:16]
 
 
