@@ -30,6 +30,9 @@ BUYS: dict[str, str] = {
     "blip_mle": "the BLIP-MLE row and the start of BLIP objectives",
     "blip_smile": "SMILE on BLIP: longer than BLIP-MLE",
     "blip_discritune": "DiscriTune on BLIP",
+    "vlm_mle": "the world VLM's MLE row and the start of its objectives",
+    "vlm_smile": "SMILE on the world VLM: longer and more retrievable than VLM-MLE?",
+    "vlm_discritune": "DiscriTune on the world VLM",
     "report": "the tables, listener, diversity, plots and report.html",
 }
 

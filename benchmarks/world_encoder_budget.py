@@ -1,6 +1,7 @@
 """How much compute the world encoder needs to clear its quality bar: train settings, CPU seconds, probe and R@1.
 
     .venv/bin/python benchmarks/world_encoder_budget.py [--trials NAME,...] [--seed 0] [--out FILE] [--list]
+    .venv/bin/python benchmarks/world_encoder_budget.py --table     # the results so far, as docs/demo.md shows them
 
 Each trial is a set of ``retriever.*`` overrides (:data:`TRIALS`); for each it trains the world encoder of the
 default world (``world.seed=--seed``) through the library engine (:func:`finecap.app.retriever.train_world_encoder`),
@@ -93,6 +94,20 @@ TRIALS: dict[str, list[str]] = {
 }
 
 
+def markdown_table(out: Path) -> str:
+    """The results file as the Markdown table of docs/demo.md (one row per trial and seed, in the file's order)."""
+    rows = [json.loads(line) for line in out.read_text().splitlines() if line.strip()]
+    lines = ["| trial | seed | steps | train s (CPU s) | load at start | lowest probe | reference R@1 | bar |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- |"]  # fmt: skip
+    for r in rows:
+        name, value = min(r["probe"].items(), key=lambda kv: kv[1])
+        lines.append(f"| {r['trial']} | {r['seed']} | {r['steps']} | {r['train_seconds']} "
+                     f"({r['train_cpu_seconds']:.0f}) | {r['load_average_at_start']} | {value:.3f} {name} "
+                     f"| {r['reference_R@1']:.3f} "
+                     f"| {'passed' if r['bar_passed'] else 'not met'} |")  # fmt: skip
+    return "\n".join(lines)
+
+
 def register_architectures() -> None:
     """Make the trial architectures known to ``retriever.preset`` (in this process)."""
     for name, preset in ARCHITECTURES.items():
@@ -134,7 +149,11 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=OUT)
     parser.add_argument("--work", type=Path, default=None, help="folder for worlds and encoders (default: a tmp dir)")
     parser.add_argument("--list", action="store_true", help="print the trials and exit")
+    parser.add_argument("--table", action="store_true", help="print the results file as a Markdown table and exit")
     args = parser.parse_args()
+    if args.table:
+        print(markdown_table(args.out))
+        return
     if args.list:
         for name, overrides in TRIALS.items():
             print(f"{name}: {' '.join(overrides) or '(defaults)'}")
