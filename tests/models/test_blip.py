@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from beam_match import assert_same_hypotheses, trimmed
 from peft import PeftModel
 from transformers import BlipConfig, BlipForConditionalGeneration
 
@@ -112,11 +113,6 @@ def test_decoding_equals_blip_generate(blip_dir, beams):
         assert torch.allclose(ours.scores, out.sequences_scores, atol=1e-4)
 
 
-def trimmed(gen) -> list[list[int]]:
-    """Each decoded row up to its length (stop token included)."""
-    return [s[:n] for s, n in zip(gen.sequences.tolist(), gen.lengths.tolist())]
-
-
 def test_set_aside_beam_search_equals_blip_generate_when_beams_end_early(blip_dir):
     """``decode.finished_beams=set_aside`` is ``generate``'s beam search: the same K hypotheses per image (tokens,
     scores, order) for every ``early_stopping`` and several length penalties. The EOS logit's bias is raised so that
@@ -135,11 +131,9 @@ def test_set_aside_beam_search_equals_blip_generate_when_beams_end_early(blip_di
                                           do_sample=False, length_penalty=lp, early_stopping=early_stopping,
                                           return_dict_in_generate=True, output_scores=True)  # fmt: skip
             setting = (early_stopping, lp)
-            for row, seq in enumerate(theirs.sequences.tolist()):
-                seq, n = seq[1:], int(ours.lengths[row])  # generate returns the [bos] it starts from
-                assert ours.sequences[row, :n].tolist() == seq[:n], setting
-                assert all(t in (model.pad_token_id, model.eos_token_id) for t in seq[n:]), setting
-            assert torch.allclose(ours.scores, theirs.sequences_scores, atol=1e-5), setting
+            new = [seq[1:] for seq in theirs.sequences.tolist()]  # generate returns the [bos] it starts from
+            fill = (model.pad_token_id, model.eos_token_id)
+            assert_same_hypotheses(ours, new, theirs.sequences_scores, fill, setting)
             found[setting] = (trimmed(ours), int(ours.lengths.min()))
     assert all(found[(es, lp)][1] < L for es in (False, True, "never") for lp in (0.0, 1.0))  # ended early
     assert len({str(captions) for captions, _ in found.values()}) > 2  # the settings matter here

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from beam_match import assert_same_hypotheses, trimmed
 from peft import PeftModel
 from PIL import Image
 from transformers import AutoModelForImageTextToText, AutoProcessor
@@ -237,11 +238,6 @@ def test_beam_search_equals_generate_while_no_beam_ends_early(vlm_dirs, family):
     assert torch.allclose(ours.scores, theirs.sequences_scores, atol=1e-4)
 
 
-def trimmed(gen) -> list[list[int]]:
-    """Each decoded row up to its length (stop token included)."""
-    return [s[:n] for s, n in zip(gen.sequences.tolist(), gen.lengths.tolist())]
-
-
 def test_set_aside_beam_search_equals_generate_when_beams_end_early(vlm_dirs, family):
     """``decode.finished_beams=set_aside`` is ``generate``'s beam search: the same K hypotheses per image (tokens,
     scores, order) for every ``early_stopping`` and several length penalties. A second stop token (the one greedy
@@ -268,12 +264,8 @@ def test_set_aside_beam_search_equals_generate_when_beams_end_early(vlm_dirs, fa
                                               eos_token_id=stops, return_dict_in_generate=True,
                                               output_scores=True)  # fmt: skip
             setting = (early_stopping, lp)
-            for row, seq in enumerate(new_tokens(theirs.sequences, P)):
-                n = int(ours.lengths[row])
-                assert ours.sequences[row, :n].tolist() == seq[:n], setting
-                # generate fills with the pad id, or the first stop id when the pad id is 0
-                assert all(t in (model.pad_token_id, model.eos_token_id) for t in seq[n:]), setting
-            assert torch.allclose(ours.scores, theirs.sequences_scores, atol=1e-5), setting
+            new, fill = new_tokens(theirs.sequences, P), (model.pad_token_id, model.eos_token_id)
+            assert_same_hypotheses(ours, new, theirs.sequences_scores, fill, setting)
             found[setting] = (trimmed(ours), int(ours.lengths.min()))
     assert all(found[(es, lp)][1] < L for es in (False, True, "never") for lp in (0.0, 1.0))  # ended early
     assert len({str(captions) for captions, _ in found.values()}) > 2  # the settings matter here
