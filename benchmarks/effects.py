@@ -5,6 +5,7 @@ fact-based listener's) says ``finecap (no paper)``. A world faithfulness column 
 measure (SMILE's human accuracy rating, NDLB's hallucination examples), as its source says.
 
     nice -n 10 python benchmarks/effects.py                       # seeds 0,1,2 under runs/effects/seed<N>
+    python benchmarks/effects.py --summarise-only --check         # exit 1 unless every HEADLINE effect holds
     python benchmarks/effects.py --seeds 1,0,2 --cache-dir runs/cache --json effects.json
     python benchmarks/effects.py --summarise-only                 # only read the finished seeds' results.json
 
@@ -124,6 +125,29 @@ def headline_effects(n: int) -> list[Effect]:
     ]  # fmt: skip
 
 
+HEADLINE = (
+    "SMILE length ratio (smile / mle)",
+    "SMILE RD{n} R@1 gain (smile - mle)",
+    "SCST sample Div-2 change (collapse)",
+    "SLE sample Div-2 recovery (sle - scst)",
+    "SLE CIDEr-D change (sle - scst)",
+    "DiscriTune RD{n} R@1 gain (discritune - mle)",
+    "SR-LV+BagCurri bag R@1 gain (mean of 3/5/7)",
+    "BLIP SMILE length ratio (blip_smile / blip_mle)",
+)
+"""The effects the default demo must keep on every seed (issue 26): ``--check`` exits 1 when one fails on a seed."""
+
+
+def headline_failures(numbers: dict[str, dict[str, object]], n: int) -> list[str]:
+    """The :data:`HEADLINE` effects (RD-``n``) whose sign is not the paper's on every seed, or that are missing."""
+    failed = []
+    for name in (h.format(n=n) for h in HEADLINE):
+        e = numbers.get(name)
+        if e is None or e["holds"] != e["n"]:
+            failed.append(name if e is None else f"{name} ({e['holds']}/{e['n']})")
+    return failed
+
+
 def listener_effects(rows: Rows, n: int) -> list[Effect]:
     """Listener-based effects, when the report has the ``listener`` group."""
     if f"listener/RD{n}/R@1" not in rows.get("mle", {}):
@@ -202,6 +226,7 @@ def main() -> None:
     p.add_argument("--stages", default=",".join(STAGES), help="demo stages per seed")
     p.add_argument("--summarise-only", action="store_true", help="do not run the demo; read finished results")
     p.add_argument("--json", default=None, help="also write the effects as JSON here")
+    p.add_argument("--check", action="store_true", help="exit 1 unless every HEADLINE effect holds on every seed")
     p.add_argument("overrides", nargs="*", help="extra section.key=value overrides for every seed's demo")
     args = p.parse_args()
     seeds = [int(s) for s in args.seeds.split(",") if s.strip()]
@@ -223,6 +248,16 @@ def main() -> None:
     print(table)
     if args.json:
         Path(args.json).write_text(json.dumps(numbers, indent=2) + "\n")
+    first = next(iter(results.values()))
+    n = next(int(k[2:].split("/")[0]) for k in first.get("mle", {}) if re.fullmatch(r"RD\d+/R@1", k))
+    failed = headline_failures(numbers, n)
+    seeds_done = ", ".join(map(str, sorted(results)))
+    if failed:
+        print(f"\nheadline effects failing on world seed(s) {seeds_done}: {'; '.join(failed)}")
+    else:
+        print(f"\nall {len(HEADLINE)} headline effects hold on every world seed ({seeds_done})")
+    if args.check and failed:
+        raise SystemExit(1)
 
 
 if __name__ == "__main__":

@@ -119,3 +119,16 @@ def test_recipe_yaml_has_no_duplicate_keys():
     Strict.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, no_duplicates)
     for name in SELF_RETRIEVAL_RECIPES:
         yaml.load(resolve_recipe(name).read_text(), Loader=Strict)
+
+
+def test_effects_check_names_each_headline_effect_that_fails_on_a_seed():
+    effects = load_effects()
+    names = {e.name for e in effects.headline_effects(99)}
+    headline = [h.format(n=99) for h in effects.HEADLINE]
+    assert set(headline) <= names  # every effect issue 26 lists is computed
+    numbers = {name: {"holds": 3, "n": 3} for name in names}
+    assert effects.headline_failures(numbers, 99) == []
+    numbers["SLE CIDEr-D change (sle - scst)"] = {"holds": 2, "n": 3}
+    del numbers["BLIP SMILE length ratio (blip_smile / blip_mle)"]
+    assert effects.headline_failures(numbers, 99) == ["SLE CIDEr-D change (sle - scst) (2/3)",
+                                                      "BLIP SMILE length ratio (blip_smile / blip_mle)"]  # fmt: skip
