@@ -1266,6 +1266,7 @@ def grid_class():
 
 def ensure_trained(grid: Any, key: str) -> None:
     """Train run ``key`` (and the run it starts from) unless its ``DONE`` marker exists; resume a killed one."""
+    from finecap.app.demo import check_stage_inputs
     from finecap.app.train import train
     from finecap.train.state import find_resumable
 
@@ -1278,6 +1279,8 @@ def ensure_trained(grid: Any, key: str) -> None:
         ensure_trained(grid, run.init)
     out = grid.stage_dir(key)
     if (out / "DONE").exists():
+        # a run trained on other inputs (another world encoder, world or data) is refused, naming both fingerprints
+        check_stage_inputs(key, out, grid.stage_config(key))
         return
     print(f"== train {key}: {run_description(key)}", flush=True)
     # a killed run continues from its newest complete checkpoint; one killed before any starts again (its folder is
