@@ -15,8 +15,8 @@ benchmark resumes where it stopped; re-running it after a change to the report o
 (and the other evaluation stages). The world encoder is cached per world under ``--cache-dir``
 (``run.cache_dir``), so a seed's encoder is trained once.
 
-This is a benchmark, not a test: a seed took 624-626 s on an idle 2-core machine (2026-11-23, world encoder v3). The table it prints
-(Markdown; ``--json`` also writes the numbers) is the README's "Effects across world seeds".
+This is a benchmark, not a test: a seed took 624-626 s on an idle 2-core machine (2026-11-23, world encoder v3).
+The table it prints (Markdown; ``--json`` also writes the numbers) is docs/results.md's "Effects across world seeds".
 """
 
 from __future__ import annotations
