@@ -1,5 +1,5 @@
 """The world VLM's demo stages (``vlm_mle`` and ``vlm_smile`` in the default list, ``vlm_discritune`` optional): how
-they are configured, and the quick demo's rows of the two default ones in the demo table (results.json / results.md)."""
+they are configured, and the quick demo's rows of the two default ones in its table (results.json / results.md)."""
 
 import json
 
