@@ -70,7 +70,10 @@ def test_vcb_group_after_the_quick_demo(quick_demo):
     for row in (*fields.values(), *out["models"].values()):  # the fact-based listener beside the CLIP retriever
         assert 0.0 <= row["listener/RD19/R@1"] <= 1.0 and 0.0 <= row["listener/bag3/R@1"] <= 1.0
     for row in (*fields.values(), *out["models"].values()):  # NDLB's ClipSc; the human-caption bags beside
-        assert row["ClipSc"] > 0.0 and 0.0 <= row["human bags/bag3/R@1"] <= 1.0
+        # ClipSc = 100 * max(mean cos, 0) and CLIPScore = 2.5 * mean(max(cos, 0)), so 0 <= ClipSc <= 40 * CLIPScore
+        # (the quick world encoder is barely trained: its mean cosine may be negative, making ClipSc 0)
+        assert 0.0 <= row["ClipSc"] <= 40 * row["CLIPScore"] + 1e-9 and row["CLIPScore"] > 0.0
+        assert 0.0 <= row["human bags/bag3/R@1"] <= 1.0
     # NDLB Table 3 scores a captioner against the references of the caption field it was trained on: recomputed
     # here from the boosted data set and the stage's captions; human captions 2-5 beside them, labelled.
     boosted = {r.image_id: r.boosted for r in read_dataset("world", run_dir / "world_holistic", check_images=False)}

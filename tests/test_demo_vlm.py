@@ -85,4 +85,4 @@ def test_quick_demo_adds_world_vlm_rows_to_the_table(quick_demo_run):
     train_steps = [e["step"] for e in events if e["split"] == "train" and "loss/smile" in e["values"]]
     assert train_steps and max(train_steps) == QUICK["train"]["max_steps"]
     timings = json.loads((run_dir / "timings.json").read_text())
-    assert set(timings) == set(DemoConfig().stages)
+    assert set(DemoConfig().stages) <= set(timings)  # other tests add stages (vcb, transfer) to the shared run
