@@ -190,10 +190,16 @@ def mean_std(values: list[float]) -> tuple[float, float]:
     return m, s
 
 
+def distractor_count(results: dict[int, Rows]) -> int:
+    """N of the RD-N retrieval keys (``eval.n_distractors``) in the first seed's MLE row."""
+    first = next(iter(results.values()))
+    return next(int(k[2:].split("/")[0]) for k in first.get("mle", {}) if re.fullmatch(r"RD\d+/R@1", k))
+
+
 def summarise(results: dict[int, Rows]) -> tuple[str, dict[str, dict[str, object]]]:
     """Markdown table of every effect over the seeds' results, and the numbers as a dict."""
     first = next(iter(results.values()))
-    n = next(int(k[2:].split("/")[0]) for k in first.get("mle", {}) if re.fullmatch(r"RD\d+/R@1", k))
+    n = distractor_count(results)
     effects = headline_effects(n) + listener_effects(first, n)
     seeds = sorted(results)
     head = " | ".join(f"seed {s}" for s in seeds)
@@ -248,9 +254,7 @@ def main() -> None:
     print(table)
     if args.json:
         Path(args.json).write_text(json.dumps(numbers, indent=2) + "\n")
-    first = next(iter(results.values()))
-    n = next(int(k[2:].split("/")[0]) for k in first.get("mle", {}) if re.fullmatch(r"RD\d+/R@1", k))
-    failed = headline_failures(numbers, n)
+    failed = headline_failures(numbers, distractor_count(results))
     seeds_done = ", ".join(map(str, sorted(results)))
     if failed:
         print(f"\nheadline effects failing on world seed(s) {seeds_done}: {'; '.join(failed)}")

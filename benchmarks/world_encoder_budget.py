@@ -94,9 +94,14 @@ TRIALS: dict[str, list[str]] = {
 }
 
 
+def read_rows(out: Path) -> list[dict]:
+    """The trials of the results file ``out``, one dict per line."""
+    return [json.loads(line) for line in out.read_text().splitlines() if line.strip()]
+
+
 def markdown_table(out: Path) -> str:
     """The results file as the Markdown table of docs/demo.md (one row per trial and seed, in the file's order)."""
-    rows = [json.loads(line) for line in out.read_text().splitlines() if line.strip()]
+    rows = read_rows(out)
     lines = ["| trial | seed | steps | train s (CPU s) | load at start | lowest probe | reference R@1 | bar |",
              "| --- | --- | --- | --- | --- | --- | --- | --- |"]  # fmt: skip
     for r in rows:
@@ -117,8 +122,7 @@ def register_architectures() -> None:
 def done(out: Path) -> set[tuple[str, int]]:
     if not out.exists():
         return set()
-    rows = [json.loads(line) for line in out.read_text().splitlines() if line.strip()]
-    return {(r["trial"], r["seed"]) for r in rows}
+    return {(r["trial"], r["seed"]) for r in read_rows(out)}
 
 
 def run_trial(name: str, overrides: list[str], seed: int, world_root: Path, cache: Path) -> dict:
