@@ -160,6 +160,43 @@ def test_resume_in_an_empty_folder_starts_fresh(make_cfg):
     assert step_of(checkpoint_dir(run_dir, "last")) == 2
 
 
+USER_FILES = {  # a file of the user's where finecap's run files go -> what the error names
+    "checkpoints/my-model.safetensors": "checkpoints/my-model.safetensors",
+    "checkpoints/epoch3/weights.bin": "checkpoints/epoch3",
+    "metrics.jsonl": "metrics.jsonl",  # the user's CSV by that name in place of the event log
+    "trackers/notes.txt": "trackers",  # in a run folder whose config.yaml is not finecap's
+}
+
+
+@pytest.mark.parametrize("name", list(USER_FILES))
+def test_overwrite_refuses_a_file_finecap_did_not_make_and_deletes_nothing(make_cfg, name):
+    """Overwriting a run removes finecap's run files only; one of the user's where they go stops it, untouched."""
+    cfg = make_cfg("train.max_steps=1")
+    run = train(cfg)
+    path = run / name
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(b"accuracy,0.93\n")
+    if name.startswith("trackers"):
+        (run / "config.yaml").write_text("my: settings\n")
+    before = snapshot(run)
+    with pytest.raises(ValueError, match=rf"holds files finecap did not make .*\({run / USER_FILES[name]}\).*nothing"):
+        train(cfg, overwrite=True)
+    assert snapshot(run) == before
+
+
+def test_overwrite_replaces_finecaps_own_run_files(make_cfg):
+    """The same folder with only what a killed run leaves (checkpoints, temporary folders, log, trackers) is
+    replaced, and files of the user's beside them are kept."""
+    cfg = make_cfg("train.max_steps=2", "train.save_every=1", "train.eval_every=1")
+    run = train(cfg)
+    (run / "checkpoints" / ".last.tmp").mkdir()  # what a kill while saving leaves
+    (run / "trackers").mkdir()
+    (run / "notes.txt").write_text("kept\n")
+    train(make_cfg("train.max_steps=1"), overwrite=True)
+    assert step_of(checkpoint_dir(run, "last")) == 1 and not (run / "checkpoints" / ".last.tmp").exists()
+    assert (run / "notes.txt").read_text() == "kept\n"
+
+
 # ------------------------------------------------------------------------------------------------------------------
 # Divergence stops the run
 # ------------------------------------------------------------------------------------------------------------------

@@ -12,9 +12,9 @@ Layout of a run directory::
                                   generation_config.json: the run's decode.* as transformers' GenerationConfig
           config.yaml             the resolved configuration
           fingerprints.json       a copy of the run's
-          accelerate/             accelerator.save_state: optimizer, scheduler, per-process RNG states, and the loop's
-                                  counters with every process's objective and logger state (custom_checkpoint_0.pkl)
-          trainer_state.json      step/epoch/position/best, human-readable
+          state/                  optimizer, scheduler, the loop's counters, every process's RNG, objective and
+                                  pending-log state: JSON + safetensors, never pickle (finecap.train.state)
+          trainer_state.json      step/epoch/position/best, human-readable; written last (marks it complete)
         best/                     the best evaluation so far on train.best_metric (no optimizer state)
           model/  config.yaml  fingerprints.json  trainer_state.json
 

@@ -33,6 +33,7 @@ import json
 import math
 import os
 import random
+import re
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
@@ -44,7 +45,7 @@ import yaml
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
-from finecap.train.checkpoint import BEST, INFO_FILE, LAST, checkpoint_dir, temporary_dir
+from finecap.train.checkpoint import BEST, CONFIG_FILE, INFO_FILE, LAST, checkpoint_dir, temporary_dir
 from finecap.utils import atomic_replace_dir, atomic_write_text, read_json
 
 METRICS_FILE = "metrics.jsonl"
@@ -253,11 +254,54 @@ def holds_run(run_dir: Path) -> bool:
     return (run_dir / "checkpoints").exists() or (run_dir / METRICS_FILE).exists()
 
 
+CHECKPOINT_NAME = re.compile(r"\.?(last|best)(\.tmp|\.old|\.incomplete)?")
+"""The folders finecap writes under ``checkpoints/``: ``last``, ``best``, the temporary ``.last.tmp`` /
+``.best.tmp``, the swapped-out ``last.old`` and the set-aside ``.last.incomplete`` (:func:`promote`)."""
+
+
+def is_metrics_log(path: Path) -> bool:
+    """Whether ``path`` reads as finecap's ``metrics.jsonl``: every line a JSON object with an integer ``step``."""
+    try:
+        events = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    except (ValueError, OSError):
+        return False
+    return all(isinstance(e, dict) and isinstance(e.get("step"), int) for e in events)
+
+
+def is_run_config(path: Path) -> bool:
+    """Whether ``path`` reads as the ``config.yaml`` finecap writes into a run directory (``run`` and ``train``)."""
+    try:
+        values = yaml.safe_load(path.read_text())
+    except (yaml.YAMLError, OSError, ValueError):
+        return False
+    return isinstance(values, dict) and isinstance(values.get("run"), dict) and isinstance(values.get("train"), dict)
+
+
+def foreign_run_files(run_dir: Path) -> list[Path]:
+    """What an overwrite would remove but finecap cannot tell for its own: an entry of ``checkpoints/`` that is not
+    a checkpoint folder of :data:`CHECKPOINT_NAME`, a ``metrics.jsonl`` that is not an event log, a ``trackers/``
+    folder in a run directory without finecap's ``config.yaml`` (the trackers' files are the trackers' own format)."""
+    foreign = []
+    checkpoints = run_dir / "checkpoints"
+    if checkpoints.is_dir():
+        foreign += [p for p in sorted(checkpoints.iterdir()) if not (p.is_dir() and CHECKPOINT_NAME.fullmatch(p.name))]
+    elif checkpoints.exists():
+        foreign.append(checkpoints)
+    metrics = run_dir / METRICS_FILE
+    if metrics.exists() and not (metrics.is_file() and is_metrics_log(metrics)):
+        foreign.append(metrics)
+    trackers = run_dir / TRACKERS_DIR
+    if trackers.exists() and not is_run_config(run_dir / CONFIG_FILE):
+        foreign.append(trackers)
+    return foreign
+
+
 def prepare_run_dir(run_dir: Path, *, resume: bool, overwrite: bool) -> Path | None:
     """Check the run directory (main process); returns the checkpoint to resume from, or ``None`` for a fresh start.
 
     - fresh start in a folder holding a run: an error, unless ``overwrite`` (then finecap's own run files
-      ``checkpoints/``, ``metrics.jsonl`` and ``trackers/`` are removed; nothing else);
+      ``checkpoints/``, ``metrics.jsonl`` and ``trackers/`` are removed, nothing else; when any of them is not
+      recognisably finecap's, :func:`foreign_run_files`, an error naming it, and nothing is deleted);
     - ``resume``: the newest complete checkpoint (:func:`find_resumable`, promoted to ``last``); a folder with a run
       but nothing resumable is an error listing what was found, and nothing is deleted; an empty folder starts fresh.
     """
@@ -277,6 +321,13 @@ def prepare_run_dir(run_dir: Path, *, resume: bool, overwrite: bool) -> Path | N
             raise ValueError(
                 f"run.dir: {run_dir} already holds a run; pass --resume to continue it, or choose another run.name / "
                 "run.dir"
+            )
+        foreign = foreign_run_files(run_dir)
+        if foreign:
+            raise ValueError(
+                f"run.dir: {run_dir} holds files finecap did not make where its run files go "
+                f"({', '.join(str(p) for p in foreign)}); overwriting removes only finecap's own run files, so "
+                "nothing was deleted: move them, or choose another run.name / run.dir"
             )
         for old in (run_dir / "checkpoints", run_dir / METRICS_FILE, run_dir / TRACKERS_DIR):
             if old.is_dir():
