@@ -379,3 +379,32 @@ def test_smile_fig4b_trains_on_the_simplified_corpora(sle_run):
                                                               "simpler_smile"}  # fmt: skip
     page = (root / "pages" / "smile.md").read_text()
     assert "not run yet" not in page.split("## Figure 4b")[1].split("## ")[0]
+
+
+def test_a_finished_run_on_other_inputs_is_refused_with_the_runners_ways_out(sle_run, monkeypatch):
+    """A DONE run whose recorded data fingerprint is not this seed's (another world, or a world encoder retrained)
+    is not evaluated as if it were: the runner stops, naming the run and how to train it again."""
+    from finecap.data.fingerprint import FingerprintMismatch
+
+    root, overrides = sle_run
+    run = root / "runs" / "seed0" / "scst"
+    prints = run / "fingerprints.json"
+    original = prints.read_text()
+    recorded = json.loads(original)
+    assert recorded["data"]["kind"] == "world"
+    recorded["data"]["world_key"] = "0" * 16  # trained on another world
+    result = root / "data" / "sle" / "seed0" / "scst.json"
+    kept = result.read_text()
+    result.unlink()  # its result is to be made again, from the run
+    monkeypatch.setenv("FINECAP_METEOR_JAR", str(root / "no-meteor.jar"))
+    try:
+        prints.write_text(json.dumps(recorded))
+        with pytest.raises(FingerprintMismatch) as e:
+            run_main(root, overrides, "--paper", "sle", "--tables", "2")
+    finally:  # the module's runs are shared by the tests after this one
+        prints.write_text(original)
+        result.write_text(kept)
+    message = str(e.value)
+    assert message.startswith("paper-tables run 'scst' was trained on other inputs than this run's")
+    assert f"remove {run} to train it again, or give the runner another --runs-dir" in message
+    assert "world_key: '0000000000000000' -> " in message and "--force" not in message and "demo" not in message

@@ -202,17 +202,20 @@ def train_stage(stage: str) -> Callable[[Demo], None]:
     return run
 
 
-def check_stage_inputs(stage: str, out: Path, cfg: Config) -> None:
-    """Refuse to reuse the finished stage run ``out`` when the inputs it recorded (``fingerprints.json``: data,
-    captioner's encoder, retriever) differ from those of its configuration ``cfg`` now, e.g. after a change of
-    ``world.*`` or of the world encoder (:func:`finecap.data.fingerprint.check_run`); the error names both
-    fingerprints and the ways out."""
+DEMO_WAYS_OUT = "re-run the stage with --force (demo.force=true), or give the demo another run directory (--out)"
+
+
+def check_stage_inputs(stage: str, out: Path, cfg: Config, *, kind: str = "demo stage",
+                       ways_out: str = DEMO_WAYS_OUT) -> None:  # fmt: skip
+    """Refuse to reuse the finished ``kind`` run ``out`` (named ``stage``) when the inputs it recorded
+    (``fingerprints.json``: data, captioner's encoder, retriever) differ from those of its configuration ``cfg`` now,
+    e.g. after a change of ``world.*`` or of the world encoder (:func:`finecap.data.fingerprint.check_run`); the error
+    names both fingerprints and the ``ways_out`` of the command that reuses it."""
     try:
         check_run(out, cfg)
     except FingerprintMismatch as e:
         raise FingerprintMismatch(
-            f"demo stage {stage!r} was trained on other inputs than this demo's, so it is not reused: {e} | re-run "
-            "the stage with --force (demo.force=true), or give the demo another run directory (--out)"
+            f"{kind} {stage!r} was trained on other inputs than this run's, so it is not reused: {e} | {ways_out}"
         ) from e
 
 
