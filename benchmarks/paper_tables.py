@@ -1280,8 +1280,13 @@ def ensure_trained(grid: Any, key: str) -> None:
     out = grid.stage_dir(key)
     if (out / "DONE").exists():
         # a run trained on other inputs (another world encoder, world or data) is refused, naming both fingerprints
-        check_stage_inputs(key, out, grid.stage_config(key), kind="paper-tables run",
-                           ways_out=f"remove {out} to train it again, or give the runner another --runs-dir")
+        check_stage_inputs(
+            key,
+            out,
+            grid.stage_config(key),
+            kind="paper-tables run",
+            ways_out=f"remove {out} to train it again, or give the runner another --runs-dir",
+        )
         return
     print(f"== train {key}: {run_description(key)}", flush=True)
     # a killed run continues from its newest complete checkpoint; one killed before any starts again (its folder is
