@@ -93,6 +93,7 @@ CaptionField = Literal["original", "blend", "visual", "holistic", "dense"]
 BoostMode = Literal["blend", "visual", "holistic"]
 BoostBackend = Literal["openai", "transformers", "world"]
 WorldShift = Literal["none", "domain"]
+LoraInit = Literal["kaiming", "gaussian", "normal"]
 
 
 # --------------------------------------------------------------------------------------------------------------------
@@ -547,6 +548,11 @@ class LoraConfig:
     rank: int = doc(32, "LoRA rank r (NDLB: 32 on GPT-2 and CLIP).")
     alpha: float = doc(32.0, "LoRA alpha; the update is scaled by alpha / rank.")
     dropout: float = doc(0.0, "Dropout on the LoRA input.")
+    init: LoraInit = doc(
+        "kaiming",
+        "Initial A matrices (B = 0): kaiming (peft's default), gaussian (peft: N(0, 1/r)), normal (N(0, 1): NDLB's "
+        "released code).",
+    )
     lm_targets: list[str] = doc([], "LM module names (suffixes) to adapt; empty = every linear layer but the head.")
     encoder_targets: list[str] = doc([], "Encoder module names (suffixes); empty = every image-side linear layer.")
 

@@ -110,6 +110,36 @@ def test_sr_lv_with_lora_trains_mapper_and_adapters_only(clip_dir):
     assert grads == {"lm", "encoder"}  # B (= 0 at the start) gets a gradient in both parts; A waits for B
 
 
+def lora_weights(model, which: str) -> list[torch.Tensor]:
+    return [p.detach() for n, p in model.named_parameters() if f".lora_{which}." in n]
+
+
+@pytest.mark.parametrize("init", ["kaiming", "gaussian", "normal"])
+def test_adapter_initialisation_follows_lora_init(clip_dir, init):
+    """B = 0 whatever the choice (outputs unchanged); A: peft's Kaiming-uniform (|a| <= 1/sqrt(fan_in) = 1/sqrt(32)
+    on the 32-wide LM, a bound peft's kaiming_uniform_(a=sqrt(5)) keeps), peft's N(0, 1/r) (std 1/4 at r = 4), or
+    NDLB's N(0, 1)."""
+    model = captioner(clip_dir)
+    batch = batch_of(model)
+    with torch.no_grad():
+        before = model.eval()(batch)
+    lora.configure_training(model, cfg("model.train_encoder=true", "lora.lm=true", "lora.encoder=true",
+                                       f"lora.init={init}"))  # fmt: skip
+    assert all(torch.count_nonzero(b) == 0 for b in lora_weights(model, "B"))
+    with torch.no_grad():
+        assert torch.allclose(before, model.eval()(batch), atol=1e-6)
+    lm_a = torch.cat([a.flatten() for n, a in model.named_parameters() if n.startswith("lm.") and ".lora_A." in n])
+    every_a = torch.cat([a.flatten() for a in lora_weights(model, "A")])  # LM and encoder: thousands of draws
+    if init == "kaiming":
+        assert lm_a.abs().max() <= 1 / 32**0.5 and every_a.std() < 0.2
+    elif init == "gaussian":
+        assert 0.2 < every_a.std() < 0.3 and every_a.abs().max() > 1 / 32**0.5
+    else:
+        assert 0.9 < every_a.std() < 1.1 and abs(float(every_a.mean())) < 0.1
+    with pytest.raises(ValueError, match="lora.init: invalid value 'xavier'; valid choices: kaiming, gaussian, norm"):
+        cfg("lora.init=xavier")
+
+
 @pytest.mark.parametrize(
     "overrides, trains",
     [

@@ -32,6 +32,14 @@ them); :func:`merge_lora` folds them into the base weights (``merge_and_unload``
 
 Choices the paper leaves open: ``alpha = rank`` (scale 1) and no LoRA dropout by default, so the policy that
 REINFORCE scores is the one it sampled from; targets as above (NDLB only says "rank 32 on GPT-2 and CLIP").
+
+**Initialisation** (``lora.init``): B = 0 always (the model is unchanged until the first update); A is peft's
+Kaiming-uniform (``kaiming``, the default; entries up to ``1/sqrt(fan_in)``), peft's ``gaussian`` (N(0, 1/r)), or
+N(0, 1) (``normal``): NDLB's released code (manugaurdl/no-detail-left-behind at 77b3e7e,
+``finetuning/lora.py:12-14``, its own parametrisation ``W + B A alpha/r`` with ``nn.init.normal_(A, 0, 1)``). peft
+offers no N(0, 1), so ``normal`` re-draws peft's fresh A matrices (:func:`init_adapters`), from torch's global RNG as
+peft's own initialisation does; with Adam the larger A makes the adapters' updates larger in proportion at the same
+learning rate.
 """
 
 from __future__ import annotations
@@ -40,13 +48,14 @@ import contextlib
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, get_args
 
 import torch
 from peft import LoraConfig, PeftModel, get_peft_model
 from torch import nn
 from transformers.pytorch_utils import Conv1D
 
+from finecap.config import LoraInit
 from finecap.models.captioner import PARTS
 from finecap.models.vision import TEXT_SIDE
 
@@ -55,6 +64,9 @@ if TYPE_CHECKING:
     from finecap.models.captioner import Captioner
 
 ADAPTER_DIRS = {"lm": "lm_lora", "encoder": "encoder_lora"}
+INITS = get_args(LoraInit)
+PEFT_INIT: dict[str, bool | str] = {"kaiming": True, "gaussian": "gaussian", "normal": True}
+"""peft's ``init_lora_weights`` for each ``lora.init`` (``normal`` then re-draws A: :func:`init_adapters`)."""
 
 
 @dataclass(frozen=True)
@@ -65,8 +77,11 @@ class LoraSpec:
     alpha: float = 32.0
     dropout: float = 0.0
     targets: tuple[str, ...] = ()
+    init: str = "kaiming"
 
     def __post_init__(self) -> None:
+        if self.init not in INITS:
+            raise ValueError(f"lora.init: invalid value {self.init!r}; valid choices: {', '.join(INITS)}")
         if self.rank < 1:
             raise ValueError(f"lora.rank must be >= 1, got {self.rank}")
         if self.alpha <= 0:
@@ -78,7 +93,7 @@ class LoraSpec:
 def specs_from_config(cfg: Config) -> dict[str, LoraSpec | None]:
     """``{"lm": spec or None, "encoder": spec or None}`` from ``cfg.lora``."""
     c = cfg.lora
-    common = dict(rank=c.rank, alpha=float(c.alpha), dropout=c.dropout)
+    common = dict(rank=c.rank, alpha=float(c.alpha), dropout=c.dropout, init=c.init)
     return {
         "lm": LoraSpec(**common, targets=tuple(c.lm_targets)) if c.lm else None,
         "encoder": LoraSpec(**common, targets=tuple(c.encoder_targets)) if c.encoder else None,
@@ -171,7 +186,18 @@ def _lora_config(part: str, module: nn.Module, targets: Sequence[str], spec: Lor
     modules = dict(base.named_modules())
     conv1d = any(isinstance(modules[n], Conv1D) for n in names)  # GPT-2 stores weights as (in, out)
     return LoraConfig(r=spec.rank, lora_alpha=spec.alpha, lora_dropout=spec.dropout, target_modules=names,
-                      fan_in_fan_out=conv1d, bias="none")  # fmt: skip
+                      fan_in_fan_out=conv1d, bias="none", init_lora_weights=PEFT_INIT[spec.init])  # fmt: skip
+
+
+def init_adapters(module: nn.Module, init: str) -> None:
+    """Re-draw the fresh adapters' A matrices of a ``PeftModel`` for ``init="normal"`` (N(0, 1), NDLB's released
+    code; see the module docstring); peft's own initialisation stands for the other choices."""
+    if init != "normal":
+        return
+    with torch.no_grad():
+        for name, p in module.named_parameters():
+            if ".lora_A." in name:
+                p.normal_(0.0, 1.0)
 
 
 def apply_lora(model: Captioner, part: str, spec: LoraSpec) -> None:
@@ -182,6 +208,7 @@ def apply_lora(model: Captioner, part: str, spec: LoraSpec) -> None:
     if is_peft(module):
         raise ValueError(f"the {part} already has LoRA adapters; merge them first (merge_lora)")
     wrapped = get_peft_model(module, _lora_config(part, module, _targets(model, part, spec), spec))
+    init_adapters(wrapped, spec.init)
     _set_part_module(model, part, wrapped)
     freeze_to_adapters(wrapped)
 
