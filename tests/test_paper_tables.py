@@ -408,3 +408,35 @@ def test_a_finished_run_on_other_inputs_is_refused_with_the_runners_ways_out(sle
     assert message.startswith("paper-tables run 'scst' was trained on other inputs than this run's")
     assert f"remove {run} to train it again, or give the runner another --runs-dir" in message
     assert "world_key: '0000000000000000' -> " in message and "--force" not in message and "demo" not in message
+
+
+def load_paired_difference():
+    spec = importlib.util.spec_from_file_location("paired_difference_under_test",
+                                                  ROOT / "benchmarks" / "paired_difference.py")  # fmt: skip
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_paired_bootstrap_of_hand_computed_differences():
+    pd = load_paired_difference()
+    assert pd.paired_bootstrap([0.25, 0.25, 0.25]) == (0.25, 0.25, 0.25)  # no spread: a zero-width interval
+    # two items, +1 and -1: a resample's mean is -1, 0 or +1 with probabilities 1/4, 1/2, 1/4, so the 2.5% and 97.5%
+    # quantiles of 10,000 resampled means are the extremes
+    assert pd.paired_bootstrap([1.0, -1.0]) == (0.0, -1.0, 1.0)
+    mean, low, high = pd.paired_bootstrap([0.1 * i for i in range(100)], seed=3)
+    assert mean == pytest.approx(4.95) and low < mean < high and high - low < 2.0
+
+
+def test_paired_difference_is_the_corpus_difference_of_the_runners_results(sle_run, capsys):
+    """The mean per-image CIDEr-D difference of two runs equals the difference of their corpus CIDEr-D as the
+    paper-tables runner computed it (CIDEr-D's corpus score is the mean of its per-image scores)."""
+    root, _ = sle_run
+    pd = load_paired_difference()
+    assert pd.main([str(root / "runs" / "seed0"), "--a", "sle", "--b", "scst", "--draws", "200"]) == 0
+    row = capsys.readouterr().out.strip().splitlines()[-1].split(" | ")
+    corpus = {k: json.loads((root / "data" / "sle" / "seed0" / f"{k}.json").read_text())["metrics"]["CIDEr-D"]
+              for k in ("sle", "scst")}  # fmt: skip
+    assert float(row[1]) == pytest.approx(corpus["sle"], abs=5e-4)
+    assert float(row[2]) == pytest.approx(corpus["scst"], abs=5e-4)
+    assert float(row[3]) == pytest.approx(corpus["sle"] - corpus["scst"], abs=5e-4)

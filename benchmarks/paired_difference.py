@@ -1,0 +1,79 @@
+"""How much of a difference between two stages the test split alone can make: the per-image difference of a caption
+metric between stage A and stage B of the same run (a demo run directory, or a seed folder of the paper-tables
+runner), its mean (= the corpus difference for metrics that average per image, CIDEr-D among them), and a 95%
+paired-bootstrap interval over the test images, references and CIDEr-D's document frequencies held fixed.
+
+    python benchmarks/paired_difference.py runs/effects/seed0 runs/effects/seed1 --a sle --b scst
+    python benchmarks/paired_difference.py runs/paper_tables/seed0 --a sle --b scst --metric bleu --key BLEU-4
+
+An interval that covers 0 says the test split cannot tell the two stages' captions apart on that metric; it says
+nothing of training noise (another seed retrains both stages), which the seeds of ``benchmarks/effects.py`` measure.
+Captions: ``<run>/<stage>/captions_test.json`` (the top beam of each test image, as the results tables); references:
+the other four captions of each test image, as the demo's rows (``finecap.app.demo.stage_report``), read with stage
+A's configuration.
+
+The bootstrap is the percentile bootstrap of a mean, a few lines of numpy (scipy, whose ``stats.bootstrap`` does it,
+is not a dependency of finecap).
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+
+
+def paired_bootstrap(differences: Sequence[float], draws: int = 10_000, seed: int = 0) -> tuple[float, float, float]:
+    """Mean of the per-item ``differences`` and its 95% percentile-bootstrap interval (items resampled with
+    replacement ``draws`` times, numpy generator seeded with ``seed``).
+
+    >>> paired_bootstrap([0.25, 0.25, 0.25])
+    (0.25, 0.25, 0.25)
+    """
+    d = np.asarray(differences, dtype=float)  # (N,)
+    means = d[np.random.default_rng(seed).integers(0, len(d), size=(draws, len(d)))].mean(axis=1)  # (draws,)
+    low, high = np.quantile(means, [0.025, 0.975])
+    return float(d.mean()), float(low), float(high)
+
+
+def stage_items(run: Path, stages: Sequence[str], metric: str, key: str) -> list[dict[object, float]]:
+    """Per-image ``key`` scores of each stage's test captions against the other four references of each image."""
+    from finecap.config import load
+    from finecap.data.datasets import load_records
+    from finecap.data.formats import read_results
+    from finecap.metrics.suite import evaluate_items
+
+    cfg = load(str(run / stages[0] / "config.yaml"), [])
+    references = {r.image_id: r.captions[1:] for r in load_records(cfg, "test")}
+    out = []
+    for stage in stages:
+        predictions = {i: c[0] for i, c in read_results(run / stage / "captions_test.json").items()}
+        _, items = evaluate_items(predictions, references, metrics=metric)
+        out.append({i: scores[key] for i, scores in items.items()})
+    return out
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("runs", nargs="+", help="run directories holding <stage>/captions_test.json")
+    p.add_argument("--a", required=True, help="stage A")
+    p.add_argument("--b", required=True, help="stage B")
+    p.add_argument("--metric", default="cider", help="finecap eval metric group (default cider)")
+    p.add_argument("--key", default="CIDEr-D", help="the score of the group to compare (default CIDEr-D)")
+    p.add_argument("--draws", type=int, default=10_000)
+    args = p.parse_args(argv)
+    print(f"| run | {args.key} {args.a} | {args.key} {args.b} | {args.a} − {args.b} | 95% interval over test images |")
+    print("| --- | --- | --- | --- | --- |")
+    for run in map(Path, args.runs):
+        a, b = stage_items(run, [args.a, args.b], args.metric, args.key)
+        ids = list(a)
+        mean, low, high = paired_bootstrap([a[i] - b[i] for i in ids], draws=args.draws)
+        print(f"| {run} | {np.mean([a[i] for i in ids]):.3f} | {np.mean([b[i] for i in ids]):.3f} | {mean:+.3f} | "
+              f"[{low:+.3f}, {high:+.3f}] |")  # fmt: skip
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
