@@ -9,8 +9,9 @@ paired-bootstrap interval over the test images, references and CIDEr-D's documen
 An interval that covers 0 says the test split cannot tell the two stages' captions apart on that metric; it says
 nothing of training noise (another seed retrains both stages), which the seeds of ``benchmarks/effects.py`` measure.
 Captions: ``<run>/<stage>/captions_test.json`` (the top beam of each test image, as the results tables); references:
-the other four captions of each test image, as the demo's rows (``finecap.app.demo.stage_report``), read with stage
-A's configuration.
+the other four human captions of each test image, as the demo's rows (``finecap.app.demo.stage_report``), read with
+stage A's configuration; a stage trained on a boosted caption field (NDLB's BlendCap / HolisticCap rows, scored
+against their own field by the paper-tables runner) is refused.
 
 The bootstrap is the percentile bootstrap of a mean, a few lines of numpy (scipy, whose ``stats.bootstrap`` does it,
 is not a dependency of finecap).
@@ -33,7 +34,10 @@ def paired_bootstrap(differences: Sequence[float], draws: int = 10_000, seed: in
     (0.25, 0.25, 0.25)
     """
     d = np.asarray(differences, dtype=float)  # (N,)
-    means = d[np.random.default_rng(seed).integers(0, len(d), size=(draws, len(d)))].mean(axis=1)  # (draws,)
+    rng = np.random.default_rng(seed)
+    chunk = max(1, 2_000_000 // len(d))  # resamples per chunk: a few MB of indices at a time, whatever N
+    means = np.concatenate([d[rng.integers(0, len(d), size=(min(chunk, draws - start), len(d)))].mean(axis=1)
+                            for start in range(0, draws, chunk)])  # fmt: skip  # (draws,)
     low, high = np.quantile(means, [0.025, 0.975])
     return float(d.mean()), float(low), float(high)
 
@@ -49,6 +53,11 @@ def stage_items(run: Path, stages: Sequence[str], metric: str, key: str) -> list
     references = {r.image_id: r.captions[1:] for r in load_records(cfg, "test")}
     out = []
     for stage in stages:
+        field = load(str(run / stage / "config.yaml"), []).data.captions
+        if field != "original":
+            raise SystemExit(f"{run / stage}: trained on the {field!r} caption field; this script scores against "
+                             "the human references, as the demo's rows: compare stages trained on the human "
+                             "captions")  # fmt: skip
         predictions = {i: c[0] for i, c in read_results(run / stage / "captions_test.json").items()}
         _, items = evaluate_items(predictions, references, metrics=metric)
         out.append({i: scores[key] for i, scores in items.items()})

@@ -585,8 +585,8 @@ NDLB_SEE_ABOVE = "Common settings: the introduction above."
 NDLB_SETTINGS = (
     "Settings of the SR runs, from the paper or the released code: SR-L / SR-V / SR-LV = LoRA of rank 32 (alpha "
     "16; the LM's attention c_attn/c_proj, every linear layer of the world encoder: released code, lora.py; A "
-    "initialised by peft, where the code draws N(0, 1): see the check table) on the LM, on the encoder, or on "
-    "both, the mapper trained fully (Sec. 4.5, App. C.3); batches of 100 (99 "
+    "initialised by peft, where the code draws one factor from N(0, 1): see the check table) on the LM, on the "
+    "encoder, or on both, the mapper trained fully (Sec. 4.5, App. C.3); batches of 100 (99 "
     "in-batch distractors); sampling at T = 0.3 scored under the tempered distribution; log p divided by the "
     "caption length (released code); the running-mean baseline for SR alone and the greedy baseline when CIDEr-D "
     "is in the reward (App. C.2); a constant learning rate without warm-up; BagCurri = training bags of nearest "
@@ -643,17 +643,18 @@ NDLB = Paper(
         ),
         Table(
             "check_lora_init",
-            "the LoRA adapters' initial A matrices (NDLB's code: N(0, 1); peft: Kaiming-uniform)",
+            "the LoRA adapters' initialisation (NDLB's code: one factor N(0, 1); peft: A Kaiming-uniform)",
             CHECK_COLUMNS,
             (
                 Row("kaiming", "A Kaiming-uniform (peft's default, lora.init=kaiming; the demo's)", "sr_bagcurri"),
-                Row("normal", "A ~ N(0, 1) (released code, lora.py:12-14; lora.init=normal)", "sr_bagcurri_normal"),
+                Row("normal", "N(0, 1) (released code, lora.py:9-14; lora.init=normal)", "sr_bagcurri_normal"),
             ),
-            notes="Not a paper table. B = 0 in both, so both start from the MLE captioner; N(0, 1) entries are "
-            "about 20 times larger than peft's on the world LM (fan-in 128), so at the same learning rate the "
-            "adapters' updates are larger in proportion. The coco SR recipes use the released code's N(0, 1); the "
-            "demo's stages were measured with peft's default.",
-        ),
+            notes="Not a paper table. One factor of each adapter starts at 0 in both, so both start from the MLE "
+            "captioner. The released code draws the other from N(0, 1): on the LM's GPT-2 Conv1D layers the output "
+            "side (peft's B), on the world encoder's linear layers the input side (peft's A); its entries are about "
+            "20 times larger than peft's Kaiming-uniform A on the world LM (fan-in 128), so at the same learning rate "
+            "the adapters' first updates are larger. The coco SR recipes use the released code's initialisation; the "
+            "demo's stages were measured with peft's default."),
         Table(
             "4",
             "Fine-tuning different modules with SR (SR-L / SR-V / SR-LV × caption field)",

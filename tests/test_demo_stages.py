@@ -57,7 +57,7 @@ def test_a_finished_stage_on_other_inputs_is_refused_not_reused(tmp_path, monkey
     with pytest.raises(FingerprintMismatch) as e:
         demo_mod.STAGES["mle"](other)
     message = str(e.value)
-    assert message.startswith("demo stage 'mle' was trained on other inputs than this run's")
+    assert message.startswith("demo stage 'mle' was trained on other inputs than its configuration names now")
     assert f"data fingerprint {recorded['id']} at {recorded['path']} (recorded) differs from {now['id']}" in message
     assert f"world_key: '{recorded['world_key']}' -> '{now['world_key']}'" in message and "--force" in message
     assert trained == []

@@ -550,8 +550,8 @@ class LoraConfig:
     dropout: float = doc(0.0, "Dropout on the LoRA input.")
     init: LoraInit = doc(
         "kaiming",
-        "Initial A matrices (B = 0): kaiming (peft's default), gaussian (peft: N(0, 1/r)), normal (N(0, 1): NDLB's "
-        "released code).",
+        "Adapter initialisation: kaiming (peft's default: B = 0, A Kaiming-uniform), gaussian (peft: A with std 1/r), "
+        "normal (NDLB's released code: the weight's column-side factor N(0, 1), the other 0).",
     )
     lm_targets: list[str] = doc([], "LM module names (suffixes) to adapt; empty = every linear layer but the head.")
     encoder_targets: list[str] = doc([], "Encoder module names (suffixes); empty = every image-side linear layer.")

@@ -110,34 +110,52 @@ def test_sr_lv_with_lora_trains_mapper_and_adapters_only(clip_dir):
     assert grads == {"lm", "encoder"}  # B (= 0 at the start) gets a gradient in both parts; A waits for B
 
 
-def lora_weights(model, which: str) -> list[torch.Tensor]:
-    return [p.detach() for n, p in model.named_parameters() if f".lora_{which}." in n]
+def factors(model, part: str, which: str) -> torch.Tensor:
+    """Every entry of the ``which`` (A or B) factors of the adapters of ``part`` (lm / encoder), flattened."""
+    return torch.cat([p.detach().flatten() for n, p in model.named_parameters()
+                      if n.startswith(f"{part}.") and f".lora_{which}." in n])  # fmt: skip
 
 
 @pytest.mark.parametrize("init", ["kaiming", "gaussian", "normal"])
 def test_adapter_initialisation_follows_lora_init(clip_dir, init):
-    """B = 0 whatever the choice (outputs unchanged); A: peft's Kaiming-uniform (|a| <= 1/sqrt(fan_in) = 1/sqrt(32)
-    on the 32-wide LM, a bound peft's kaiming_uniform_(a=sqrt(5)) keeps), peft's N(0, 1/r) (std 1/4 at r = 4), or
-    NDLB's N(0, 1)."""
+    """One factor of every adapter is zero whatever the choice (outputs unchanged). kaiming: B = 0, A within peft's
+    Kaiming-uniform bound 1/sqrt(fan_in) (1/sqrt(32) on the 32-wide LM); gaussian: B = 0, A with std 1/r = 1/4;
+    normal (NDLB's code, which draws the factor on the stored weight's column side): on the encoder's nn.Linear
+    layers (stored out x in) A ~ N(0, 1) and B = 0, on the LM's GPT-2 Conv1D layers (stored in x out) B ~ N(0, 1) and
+    A = 0."""
     model = captioner(clip_dir)
     batch = batch_of(model)
     with torch.no_grad():
         before = model.eval()(batch)
     lora.configure_training(model, cfg("model.train_encoder=true", "lora.lm=true", "lora.encoder=true",
                                        f"lora.init={init}"))  # fmt: skip
-    assert all(torch.count_nonzero(b) == 0 for b in lora_weights(model, "B"))
     with torch.no_grad():
         assert torch.allclose(before, model.eval()(batch), atol=1e-6)
-    lm_a = torch.cat([a.flatten() for n, a in model.named_parameters() if n.startswith("lm.") and ".lora_A." in n])
-    every_a = torch.cat([a.flatten() for a in lora_weights(model, "A")])  # LM and encoder: thousands of draws
+    lm_a, lm_b = factors(model, "lm", "A"), factors(model, "lm", "B")
+    enc_a, enc_b = factors(model, "encoder", "A"), factors(model, "encoder", "B")
+    if init == "normal":
+        assert torch.count_nonzero(lm_a) == 0 and torch.count_nonzero(enc_b) == 0
+        for drawn in (lm_b, enc_a):  # thousands of draws each
+            assert 0.9 < drawn.std() < 1.1 and abs(float(drawn.mean())) < 0.1
+        return
+    assert torch.count_nonzero(lm_b) == 0 and torch.count_nonzero(enc_b) == 0
+    every_a = torch.cat([lm_a, enc_a])
     if init == "kaiming":
         assert lm_a.abs().max() <= 1 / 32**0.5 and every_a.std() < 0.2
-    elif init == "gaussian":
-        assert 0.2 < every_a.std() < 0.3 and every_a.abs().max() > 1 / 32**0.5
     else:
-        assert 0.9 < every_a.std() < 1.1 and abs(float(every_a.mean())) < 0.1
+        assert 0.2 < every_a.std() < 0.3 and every_a.abs().max() > 1 / 32**0.5
+
+
+def test_lora_init_is_checked_and_not_applied_to_reloaded_adapters(clip_dir, tmp_path):
     with pytest.raises(ValueError, match="lora.init: invalid value 'xavier'; valid choices: kaiming, gaussian, norm"):
         cfg("lora.init=xavier")
+    settings = cfg("lora.lm=true", "lora.init=normal")
+    model = lora.configure_training(captioner(clip_dir), settings)
+    randomise_adapters(model)  # trained adapters
+    model.save(tmp_path / "ckpt")
+    again = lora.configure_training(ClipCap.from_checkpoint(tmp_path / "ckpt"), settings)
+    saved = {n: p for n, p in model.named_parameters() if "lora_" in n}
+    assert saved and all(torch.equal(p, saved[n]) for n, p in again.named_parameters() if "lora_" in n)
 
 
 @pytest.mark.parametrize(

@@ -4,6 +4,7 @@ diverging run stops with a non-zero exit instead of saving NaN weights as 'best'
 import json
 import os
 import pickle
+import re
 import shutil
 
 import numpy as np
@@ -163,6 +164,8 @@ def test_resume_in_an_empty_folder_starts_fresh(make_cfg):
 USER_FILES = {  # a file of the user's where finecap's run files go -> what the error names
     "checkpoints/my-model.safetensors": "checkpoints/my-model.safetensors",
     "checkpoints/epoch3/weights.bin": "checkpoints/epoch3",
+    "checkpoints/.last/weights.bin": "checkpoints/.last",  # close to finecap's names, but none of them
+    "checkpoints/best/my-notes.txt": "checkpoints/best/my-notes.txt",  # inside finecap's own checkpoint
     "metrics.jsonl": "metrics.jsonl",  # the user's CSV by that name in place of the event log
     "trackers/notes.txt": "trackers",  # in a run folder whose config.yaml is not finecap's
 }
@@ -179,21 +182,27 @@ def test_overwrite_refuses_a_file_finecap_did_not_make_and_deletes_nothing(make_
     if name.startswith("trackers"):
         (run / "config.yaml").write_text("my: settings\n")
     before = snapshot(run)
-    with pytest.raises(ValueError, match=rf"holds files finecap did not make .*\({run / USER_FILES[name]}\).*nothing"):
+    named = re.escape(str(run / USER_FILES[name]))
+    with pytest.raises(ValueError, match=rf"holds files finecap did not make .*\({named}\).*nothing was deleted"):
         train(cfg, overwrite=True)
     assert snapshot(run) == before
 
 
-def test_overwrite_replaces_finecaps_own_run_files(make_cfg):
-    """The same folder with only what a killed run leaves (checkpoints, temporary folders, log, trackers) is
-    replaced, and files of the user's beside them are kept."""
+@pytest.mark.parametrize("left", [".last.tmp", ".best.tmp", "last.old", "best.old", ".last.incomplete"])
+def test_overwrite_replaces_finecaps_own_run_files(make_cfg, left):
+    """The same folder with only what finecap leaves (checkpoints, what a kill while saving leaves, an event log whose
+    last line a kill cut short, trackers) is replaced, and files of the user's beside them are kept."""
     cfg = make_cfg("train.max_steps=2", "train.save_every=1", "train.eval_every=1")
     run = train(cfg)
-    (run / "checkpoints" / ".last.tmp").mkdir()  # what a kill while saving leaves
+    shutil.copytree(checkpoint_dir(run, "last"), run / "checkpoints" / left)
     (run / "trackers").mkdir()
+    with (run / "metrics.jsonl").open("a") as f:
+        f.write('{"step": 3, "epoch": 0.2, "spl')  # a kill while appending an event
     (run / "notes.txt").write_text("kept\n")
     train(make_cfg("train.max_steps=1"), overwrite=True)
-    assert step_of(checkpoint_dir(run, "last")) == 1 and not (run / "checkpoints" / ".last.tmp").exists()
+    assert step_of(checkpoint_dir(run, "last")) == 1 and not (run / "checkpoints" / left).exists()
+    assert not (run / "trackers").exists()
+    assert {json.loads(line)["step"] for line in (run / "metrics.jsonl").read_text().splitlines()} == {1}
     assert (run / "notes.txt").read_text() == "kept\n"
 
 

@@ -215,7 +215,8 @@ def check_stage_inputs(stage: str, out: Path, cfg: Config, *, kind: str = "demo 
         check_run(out, cfg)
     except FingerprintMismatch as e:
         raise FingerprintMismatch(
-            f"{kind} {stage!r} was trained on other inputs than this run's, so it is not reused: {e} | {ways_out}"
+            f"{kind} {stage!r} was trained on other inputs than its configuration names now, so it is not reused: "
+            f"{e} | {ways_out}"
         ) from e
 
 

@@ -33,13 +33,16 @@ them); :func:`merge_lora` folds them into the base weights (``merge_and_unload``
 Choices the paper leaves open: ``alpha = rank`` (scale 1) and no LoRA dropout by default, so the policy that
 REINFORCE scores is the one it sampled from; targets as above (NDLB only says "rank 32 on GPT-2 and CLIP").
 
-**Initialisation** (``lora.init``): B = 0 always (the model is unchanged until the first update); A is peft's
-Kaiming-uniform (``kaiming``, the default; entries up to ``1/sqrt(fan_in)``), peft's ``gaussian`` (N(0, 1/r)), or
-N(0, 1) (``normal``): NDLB's released code (manugaurdl/no-detail-left-behind at 77b3e7e,
-``finetuning/lora.py:12-14``, its own parametrisation ``W + B A alpha/r`` with ``nn.init.normal_(A, 0, 1)``). peft
-offers no N(0, 1), so ``normal`` re-draws peft's fresh A matrices (:func:`init_adapters`), from torch's global RNG as
-peft's own initialisation does; with Adam the larger A makes the adapters' updates larger in proportion at the same
-learning rate.
+**Initialisation** (``lora.init``): one factor of each adapter starts at zero (the model is unchanged until the
+first update). ``kaiming`` (the default) and ``gaussian`` are peft's: B = 0 and A Kaiming-uniform (entries up to
+``1/sqrt(fan_in)``) or normal with standard deviation 1/r. ``normal`` is NDLB's released code
+(manugaurdl/no-detail-left-behind at 77b3e7e, ``finetuning/lora.py:9-14``): its own parametrisation adds
+``B @ A * alpha / r`` to ``layer.weight`` with ``B = 0`` of shape (rows, r) and ``A ~ N(0, 1)`` of shape (r, columns)
+*of the stored weight*. For ``nn.Linear`` and CLIP's attention (weights stored out x in) the random factor is the
+input side, peft's A; for GPT-2's ``Conv1D`` (stored in x out) it is the output side, so on those layers ``normal``
+draws peft's B from N(0, 1) and sets A = 0. peft offers neither, so :func:`init_adapters` re-draws a fresh adapter
+after peft made it, from torch's global RNG as peft's own initialisation does; adapters loaded from a checkpoint are
+never re-drawn. With Adam a unit-variance factor makes the adapters' first updates larger at the same learning rate.
 """
 
 from __future__ import annotations
@@ -52,6 +55,7 @@ from typing import TYPE_CHECKING, Any, get_args
 
 import torch
 from peft import LoraConfig, PeftModel, get_peft_model
+from peft.tuners.lora import LoraLayer
 from torch import nn
 from transformers.pytorch_utils import Conv1D
 
@@ -77,7 +81,7 @@ class LoraSpec:
     alpha: float = 32.0
     dropout: float = 0.0
     targets: tuple[str, ...] = ()
-    init: str = "kaiming"
+    init: LoraInit = "kaiming"
 
     def __post_init__(self) -> None:
         if self.init not in INITS:
@@ -189,15 +193,26 @@ def _lora_config(part: str, module: nn.Module, targets: Sequence[str], spec: Lor
                       fan_in_fan_out=conv1d, bias="none", init_lora_weights=PEFT_INIT[spec.init])  # fmt: skip
 
 
-def init_adapters(module: nn.Module, init: str) -> None:
-    """Re-draw the fresh adapters' A matrices of a ``PeftModel`` for ``init="normal"`` (N(0, 1), NDLB's released
-    code; see the module docstring); peft's own initialisation stands for the other choices."""
+def init_adapters(module: nn.Module, init: LoraInit) -> None:
+    """Re-draw the fresh adapters of a ``PeftModel`` for ``init="normal"``, NDLB's released code (module docstring):
+    the factor on the side of the stored weight's columns ~ N(0, 1), the other 0; peft's own initialisation stands
+    for the other choices."""
     if init != "normal":
         return
     with torch.no_grad():
-        for name, p in module.named_parameters():
-            if ".lora_A." in name:
-                p.normal_(0.0, 1.0)
+        for layer in module.modules():
+            if not isinstance(layer, LoraLayer):
+                continue
+            for adapter in layer.lora_A:
+                a, b = layer.lora_A[adapter].weight, layer.lora_B[adapter].weight  # (r, in), (out, r)
+                if isinstance(
+                    layer.get_base_layer(), Conv1D
+                ):  # stored (in, out): the code's N(0, 1) is the output side
+                    a.zero_()
+                    b.normal_(0.0, 1.0)
+                else:  # stored (out, in): the input side
+                    a.normal_(0.0, 1.0)
+                    b.zero_()
 
 
 def apply_lora(model: Captioner, part: str, spec: LoraSpec) -> None:

@@ -33,7 +33,6 @@ import json
 import math
 import os
 import random
-import re
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
@@ -45,7 +44,16 @@ import yaml
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
-from finecap.train.checkpoint import BEST, CONFIG_FILE, INFO_FILE, LAST, checkpoint_dir, temporary_dir
+from finecap.train.checkpoint import (
+    BEST,
+    CONFIG_FILE,
+    FINGERPRINTS_FILE,
+    INFO_FILE,
+    LAST,
+    MODEL_SUBDIR,
+    checkpoint_dir,
+    temporary_dir,
+)
 from finecap.utils import atomic_replace_dir, atomic_write_text, read_json
 
 METRICS_FILE = "metrics.jsonl"
@@ -254,18 +262,33 @@ def holds_run(run_dir: Path) -> bool:
     return (run_dir / "checkpoints").exists() or (run_dir / METRICS_FILE).exists()
 
 
-CHECKPOINT_NAME = re.compile(r"\.?(last|best)(\.tmp|\.old|\.incomplete)?")
-"""The folders finecap writes under ``checkpoints/``: ``last``, ``best``, the temporary ``.last.tmp`` /
-``.best.tmp``, the swapped-out ``last.old`` and the set-aside ``.last.incomplete`` (:func:`promote`)."""
+CHECKPOINT_FOLDERS = frozenset({LAST, BEST, ".last.tmp", ".best.tmp", "last.old", "best.old", ".last.incomplete"})
+"""The folders finecap writes under ``checkpoints/``: ``last`` and ``best``, their temporary ``.<name>.tmp``
+(:func:`finecap.train.checkpoint.temporary_dir`), the swapped-out ``<name>.old``
+(:func:`finecap.utils.atomic_replace_dir`) and the set-aside ``.last.incomplete`` (:func:`promote`)."""
+CHECKPOINT_ENTRIES = frozenset({MODEL_SUBDIR, CONFIG_FILE, FINGERPRINTS_FILE, INFO_FILE, STATE_DIR})
+"""What a checkpoint folder holds (a partial one: some of it)."""
 
 
 def is_metrics_log(path: Path) -> bool:
-    """Whether ``path`` reads as finecap's ``metrics.jsonl``: every line a JSON object with an integer ``step``."""
+    """Whether ``path`` reads as finecap's ``metrics.jsonl``: every line an event of its JSONL tracker (an integer
+    ``step``, a string ``split``, a ``values`` mapping); a last line cut short by a kill (no newline) is allowed."""
     try:
-        events = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-    except (ValueError, OSError):
+        text = path.read_text()
+    except (OSError, ValueError):
         return False
-    return all(isinstance(e, dict) and isinstance(e.get("step"), int) for e in events)
+    lines = text.splitlines()
+    if lines and not text.endswith("\n"):
+        lines = lines[:-1]  # written when the run was killed
+    for line in filter(str.strip, lines):
+        try:
+            event = json.loads(line)
+        except ValueError:
+            return False
+        if not (isinstance(event, dict) and isinstance(event.get("step"), int) and isinstance(event.get("split"), str)
+                and isinstance(event.get("values"), dict)):  # fmt: skip
+            return False
+    return True
 
 
 def is_run_config(path: Path) -> bool:
@@ -278,13 +301,18 @@ def is_run_config(path: Path) -> bool:
 
 
 def foreign_run_files(run_dir: Path) -> list[Path]:
-    """What an overwrite would remove but finecap cannot tell for its own: an entry of ``checkpoints/`` that is not
-    a checkpoint folder of :data:`CHECKPOINT_NAME`, a ``metrics.jsonl`` that is not an event log, a ``trackers/``
-    folder in a run directory without finecap's ``config.yaml`` (the trackers' files are the trackers' own format)."""
+    """What an overwrite would remove but finecap cannot tell for its own: in ``checkpoints/``, an entry that is not
+    one of :data:`CHECKPOINT_FOLDERS` or, inside one, not one of :data:`CHECKPOINT_ENTRIES`; a ``metrics.jsonl`` that
+    is not an event log; a ``trackers/`` folder in a run directory without finecap's ``config.yaml`` (the trackers'
+    files are the trackers' own format)."""
     foreign = []
     checkpoints = run_dir / "checkpoints"
     if checkpoints.is_dir():
-        foreign += [p for p in sorted(checkpoints.iterdir()) if not (p.is_dir() and CHECKPOINT_NAME.fullmatch(p.name))]
+        for folder in sorted(checkpoints.iterdir()):
+            if not (folder.is_dir() and not folder.is_symlink() and folder.name in CHECKPOINT_FOLDERS):
+                foreign.append(folder)
+            else:
+                foreign += [p for p in sorted(folder.iterdir()) if p.name not in CHECKPOINT_ENTRIES]
     elif checkpoints.exists():
         foreign.append(checkpoints)
     metrics = run_dir / METRICS_FILE
