@@ -49,15 +49,15 @@ def stage_items(run: Path, stages: Sequence[str], metric: str, key: str) -> list
     from finecap.data.formats import read_results
     from finecap.metrics.suite import evaluate_items
 
-    cfg = load(str(run / stages[0] / "config.yaml"), [])
-    references = {r.image_id: r.captions[1:] for r in load_records(cfg, "test")}
+    configs = [load(str(run / stage / "config.yaml"), []) for stage in stages]
+    for stage, cfg in zip(stages, configs, strict=True):
+        if cfg.data.captions != "original":
+            raise SystemExit(f"{run / stage}: trained on the {cfg.data.captions!r} caption field; this script scores "
+                             "against the human references, as the demo's rows: compare stages trained on the "
+                             "human captions")  # fmt: skip
+    references = {r.image_id: r.captions[1:] for r in load_records(configs[0], "test")}
     out = []
     for stage in stages:
-        field = load(str(run / stage / "config.yaml"), []).data.captions
-        if field != "original":
-            raise SystemExit(f"{run / stage}: trained on the {field!r} caption field; this script scores against "
-                             "the human references, as the demo's rows: compare stages trained on the human "
-                             "captions")  # fmt: skip
         predictions = {i: c[0] for i, c in read_results(run / stage / "captions_test.json").items()}
         _, items = evaluate_items(predictions, references, metrics=metric)
         out.append({i: scores[key] for i, scores in items.items()})

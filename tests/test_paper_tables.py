@@ -15,15 +15,16 @@ import yaml
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def load_module():
-    spec = importlib.util.spec_from_file_location("paper_tables_under_test", ROOT / "benchmarks" / "paper_tables.py")
+def load_benchmark(name: str):
+    """The script ``benchmarks/<name>.py`` as a module."""
+    spec = importlib.util.spec_from_file_location(f"{name}_under_test", ROOT / "benchmarks" / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module  # dataclasses resolve their annotations through sys.modules
     spec.loader.exec_module(module)
     return module
 
 
-pt = load_module()
+pt = load_benchmark("paper_tables")
 
 
 # --------------------------------------------------------------------------------------------------------------------
@@ -410,16 +411,8 @@ def test_a_finished_run_on_other_inputs_is_refused_with_the_runners_ways_out(sle
     assert "world_key: '0000000000000000' -> " in message and "--force" not in message and "demo" not in message
 
 
-def load_paired_difference():
-    spec = importlib.util.spec_from_file_location("paired_difference_under_test",
-                                                  ROOT / "benchmarks" / "paired_difference.py")  # fmt: skip
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def test_paired_bootstrap_of_hand_computed_differences():
-    pd = load_paired_difference()
+    pd = load_benchmark("paired_difference")
     assert pd.paired_bootstrap([0.25, 0.25, 0.25]) == (0.25, 0.25, 0.25)  # no spread: a zero-width interval
     # two items, +1 and -1: a resample's mean is -1, 0 or +1 with probabilities 1/4, 1/2, 1/4, so the 2.5% and 97.5%
     # quantiles of 10,000 resampled means are the extremes
@@ -440,7 +433,7 @@ def test_paired_difference_is_the_corpus_difference_of_the_runners_results(sle_r
     """The mean per-image CIDEr-D difference of two runs equals the difference of their corpus CIDEr-D as the
     paper-tables runner computed it (CIDEr-D's corpus score is the mean of its per-image scores)."""
     root, _ = sle_run
-    pd = load_paired_difference()
+    pd = load_benchmark("paired_difference")
     assert pd.main([str(root / "runs" / "seed0"), "--a", "sle", "--b", "scst", "--draws", "200"]) == 0
     row = capsys.readouterr().out.strip().splitlines()[-1].split(" | ")
     # the runner's own corpus CIDEr-D of sle (its result file; scst's is hand-edited by the test above), and scst's

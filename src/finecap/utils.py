@@ -139,13 +139,19 @@ def apply_umask(root: str | Path) -> None:
                 os.chmod(os.path.join(folder, name), file_mode())
 
 
+def previous_dir(final_dir: Path) -> Path:
+    """Where :func:`atomic_replace_dir` keeps the replaced version of ``final_dir`` during the swap
+    (``<name>.old``)."""
+    return final_dir.with_name(final_dir.name + ".old")
+
+
 def atomic_replace_dir(tmp_dir: str | Path, final_dir: str | Path) -> None:
     """Move a fully written ``tmp_dir`` to ``final_dir``, replacing any previous version. The folder's modes follow
     the user's umask first (:func:`apply_umask`): what ``mkdtemp`` or safetensors created 0700 / 0600 ends up as
     readable as ``mkdir`` and ``open`` make it."""
     tmp_dir, final_dir = Path(tmp_dir), Path(final_dir)
     apply_umask(tmp_dir)
-    old = final_dir.with_name(final_dir.name + ".old")
+    old = previous_dir(final_dir)
     if old.exists():
         shutil.rmtree(old)
     if final_dir.exists():

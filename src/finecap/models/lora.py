@@ -205,14 +205,10 @@ def init_adapters(module: nn.Module, init: LoraInit) -> None:
                 continue
             for adapter in layer.lora_A:
                 a, b = layer.lora_A[adapter].weight, layer.lora_B[adapter].weight  # (r, in), (out, r)
-                if isinstance(
-                    layer.get_base_layer(), Conv1D
-                ):  # stored (in, out): the code's N(0, 1) is the output side
-                    a.zero_()
-                    b.normal_(0.0, 1.0)
-                else:  # stored (out, in): the input side
-                    a.normal_(0.0, 1.0)
-                    b.zero_()
+                # the code's N(0, 1) factor: the output side of a Conv1D (stored in x out), else the input side
+                drawn, zero = (b, a) if isinstance(layer.get_base_layer(), Conv1D) else (a, b)
+                drawn.normal_(0.0, 1.0)
+                zero.zero_()
 
 
 def apply_lora(model: Captioner, part: str, spec: LoraSpec) -> None:

@@ -54,11 +54,12 @@ from finecap.train.checkpoint import (
     checkpoint_dir,
     temporary_dir,
 )
-from finecap.utils import atomic_replace_dir, atomic_write_text, read_json
+from finecap.utils import atomic_replace_dir, atomic_write_text, previous_dir, read_json
 
 METRICS_FILE = "metrics.jsonl"
 TRACKERS_DIR = "trackers"
 STATE_DIR = "state"  # inside checkpoints/last
+INCOMPLETE = ".last.incomplete"  # an incomplete last, set aside when resuming from last.old (promote)
 
 
 class CheckpointError(ValueError):
@@ -218,7 +219,7 @@ def checkpoint_step(folder: Path) -> int:
 def resumable_candidates(run_dir: Path) -> list[Path]:
     """Where a kill can leave a resumable checkpoint: ``last``, a finished ``.last.tmp``, ``last.old``."""
     last = checkpoint_dir(run_dir, LAST)
-    return [last, temporary_dir(last), last.with_name(last.name + ".old")]
+    return [last, temporary_dir(last), previous_dir(last)]
 
 
 def find_resumable(run_dir: Path) -> Path | None:
@@ -239,7 +240,7 @@ def promote(found: Path, run_dir: Path) -> Path:
         atomic_replace_dir(found, last)  # the interrupted save's own completion
     else:  # last.old, with no newer complete checkpoint: last is missing or incomplete
         if last.exists():
-            os.replace(last, last.with_name(".last.incomplete"))
+            os.replace(last, last.with_name(INCOMPLETE))
         os.replace(found, last)
     return last
 
@@ -262,10 +263,13 @@ def holds_run(run_dir: Path) -> bool:
     return (run_dir / "checkpoints").exists() or (run_dir / METRICS_FILE).exists()
 
 
-CHECKPOINT_FOLDERS = frozenset({LAST, BEST, ".last.tmp", ".best.tmp", "last.old", "best.old", ".last.incomplete"})
+CHECKPOINT_FOLDERS = frozenset(
+    {INCOMPLETE}
+    | {p.name for name in (LAST, BEST) for p in (Path(name), temporary_dir(name), previous_dir(Path(name)))}
+)
 """The folders finecap writes under ``checkpoints/``: ``last`` and ``best``, their temporary ``.<name>.tmp``
 (:func:`finecap.train.checkpoint.temporary_dir`), the swapped-out ``<name>.old``
-(:func:`finecap.utils.atomic_replace_dir`) and the set-aside ``.last.incomplete`` (:func:`promote`)."""
+(:func:`finecap.utils.previous_dir`) and the set-aside ``.last.incomplete`` (:func:`promote`)."""
 CHECKPOINT_ENTRIES = frozenset({MODEL_SUBDIR, CONFIG_FILE, FINGERPRINTS_FILE, INFO_FILE, STATE_DIR})
 """What a checkpoint folder holds (a partial one: some of it)."""
 
