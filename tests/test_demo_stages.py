@@ -274,3 +274,139 @@ def test_side_stages_are_those_nothing_starts_from():
     assert side_stages(["world", "retriever", "mle", "smile", "scst", "blip_mle", "blip_smile", "report"]) == {
         "smile", "scst", "blip_smile"}  # fmt: skip
     assert side_stages(["mle", "report"]) == {"mle"}  # nothing starts from it: it may run beside others
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# Faults: a stage killed before its first checkpoint, a killed demo's workers, two demos on one run directory
+# --------------------------------------------------------------------------------------------------------------------
+
+EVENT = json.dumps({"step": 10, "epoch": 0.1, "split": "train", "values": {"loss": 1.0}}) + "\n"
+
+
+def _killed_stage(tmp_path: Path, monkeypatch, checkpoints: list[str]) -> tuple[Demo, Path, list[tuple[bool, bool]]]:
+    """The ``mle`` stage's folder as a kill left it: a partial event log and the given checkpoint folders; the
+    engine's ``train`` replaced by its run-directory check (``prepare_run_dir``), which is what decides here."""
+    from finecap.train.state import MODEL_SUBDIR, prepare_run_dir
+
+    demo = _demo(tmp_path, _world(tmp_path / "world", seed=0))
+    out = demo.stage_dir("mle")
+    out.mkdir(parents=True)
+    (out / "metrics.jsonl").write_text(EVENT)
+    for name in checkpoints:  # a checkpoint's model folder (weights not needed: nothing loads them here)
+        (out / "checkpoints" / name / MODEL_SUBDIR).mkdir(parents=True)
+        (out / "checkpoints" / name / MODEL_SUBDIR / "config.json").write_text("{}")
+    calls: list[tuple[bool, bool]] = []
+
+    def fake_train(cfg, resume, overwrite):
+        calls.append((resume, overwrite))
+        prepare_run_dir(Path(cfg.run.dir), resume=resume, overwrite=overwrite)
+
+    monkeypatch.setattr(demo_mod, "train", fake_train)
+    monkeypatch.setattr(demo_mod, "caption_stage", lambda demo, stage: None)
+    return demo, out, calls
+
+
+@pytest.mark.parametrize("left", [[], [".last.tmp"]])  # killed in its first steps, or saving its first checkpoint
+def test_a_stage_killed_before_its_first_checkpoint_trains_again_from_the_start(tmp_path, monkeypatch, caplog, left):
+    demo, out, calls = _killed_stage(tmp_path, monkeypatch, left)
+    (out / "notes.txt").write_text("mine")  # a user's file beside the run files: kept
+    caplog.set_level(logging.WARNING, logger="finecap")
+    demo_mod.STAGES["mle"](demo)
+    assert calls == [(False, True)]
+    assert "mle: its earlier run in" in caplog.text and "stopped before saving a checkpoint" in caplog.text
+    assert not (out / "metrics.jsonl").exists() and not (out / "checkpoints").exists()  # the engine starts afresh
+    assert (out / "notes.txt").read_text() == "mine" and (out / "DONE").exists()
+
+
+def test_a_killed_stage_with_a_saved_but_not_resumable_checkpoint_is_refused_and_kept(tmp_path, monkeypatch):
+    from finecap.train.state import MODEL_SUBDIR
+
+    demo, out, calls = _killed_stage(tmp_path, monkeypatch, ["best"])  # best saved, killed before last
+    with pytest.raises(ValueError) as e:
+        demo_mod.STAGES["mle"](demo)
+    message = str(e.value)
+    assert message.startswith(f"demo stage 'mle': {out} holds an unfinished run with no checkpoint to resume from")
+    assert "best (the best model, without optimizer state: not resumable)" in message and "--force" in message
+    assert calls == [] and (out / "checkpoints" / "best" / MODEL_SUBDIR / "config.json").exists()
+    assert not (out / "DONE").exists()
+
+
+def test_a_stage_killed_before_its_first_checkpoint_keeps_a_foreign_file_where_run_files_go(tmp_path, monkeypatch):
+    demo, out, calls = _killed_stage(tmp_path, monkeypatch, [])
+    (out / "metrics.jsonl").write_text("a,b\n1,2\n")  # not finecap's event log: the overwrite refuses it
+    with pytest.raises(ValueError, match="holds files finecap did not make"):
+        demo_mod.STAGES["mle"](demo)
+    assert (out / "metrics.jsonl").read_text() == "a,b\n1,2\n" and calls == [(False, True)]
+
+
+def test_a_second_demo_on_the_same_run_directory_is_refused(tmp_path):
+    from finecap.locks import OutputLocked, output_lock
+
+    demo = _demo(tmp_path, [f"run.dir={tmp_path / 'run'}", "demo.stages=[world]"])
+    demo.run_dir.mkdir()
+    with output_lock(demo.run_dir, name=demo_mod.DEMO_LOCK, holder="finecap demo") as first:
+        with pytest.raises(OutputLocked) as e:
+            demo_mod.main(demo.cfg)
+        assert f"another finecap demo is writing to this folder (pid {first['pid']}" in str(e.value)
+        assert "--out" in str(e.value)
+    assert sorted(p.name for p in demo.run_dir.iterdir()) == []  # the refused demo wrote nothing (no config.yaml)
+
+
+WORKER_SCRIPT = """
+import logging, multiprocessing, os, sys, time
+from concurrent.futures import ProcessPoolExecutor
+from finecap.app.demo import _worker_setup
+if __name__ == "__main__":
+    context = multiprocessing.get_context("spawn")
+    pool = ProcessPoolExecutor(1, mp_context=context, initializer=_worker_setup,
+                               initargs=(context.Queue(), logging.INFO))
+    print(pool.submit(os.getpid).result(), flush=True)
+    pool.submit(time.sleep, 600)  # a stage still training
+    time.sleep(600)
+"""
+
+
+def test_a_killed_demos_stage_workers_end_with_it(tmp_path):
+    """A demo killed from outside (SIGKILL here: no cleanup runs) leaves no worker training on as an orphan."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    psutil = pytest.importorskip("psutil")
+    script = tmp_path / "parent.py"
+    script.write_text(WORKER_SCRIPT)
+    parent = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True)
+    worker = None
+    try:
+        worker = psutil.Process(int(parent.stdout.readline()))
+        assert worker.ppid() == parent.pid and worker.is_running()
+        parent.send_signal(signal.SIGKILL)
+        parent.wait()
+        deadline = time.monotonic() + 60  # liveness bound for a loaded machine, not a speed claim (it polls each 1 s)
+        while time.monotonic() < deadline and worker.is_running() and worker.status() != psutil.STATUS_ZOMBIE:
+            time.sleep(0.2)
+        assert not worker.is_running() or worker.status() == psutil.STATUS_ZOMBIE
+    finally:
+        parent.kill()
+        if worker is not None and worker.is_running():  # the orphan this test looks for, when the check failed
+            worker.kill()
+
+
+def test_the_users_recipe_applies_to_every_stage_beneath_quick_and_the_overrides(tmp_path):
+    """``finecap demo RECIPE``: the recipe's settings reach every training stage (not only the demo's own
+    configuration), above the stage's recipe and beneath --quick and the key=value overrides."""
+    recipe = tmp_path / "mine.yaml"
+    recipe.write_text("world:\n  seed: 7\n  n_train: 5000\ntrain:\n  lr: 0.003\n  max_steps: 999\n")
+    items = ["train.lr=0.004"]
+    for quick in (False, True):
+        demo = Demo(cfg=load_demo_config(str(recipe), items, quick), items=items, quick=quick,
+                    run_dir=tmp_path / "run", recipe=str(recipe))  # fmt: skip
+        for stage in ("mle", "scst", "smile_random"):
+            cfg = demo.stage_config(stage)
+            assert cfg.world.seed == 7 and cfg.world == demo.cfg.world, stage  # the demo's world, every stage
+            assert cfg.train.lr == 0.004, stage  # the override beats the recipe
+            assert cfg.train.max_steps == (12 if quick else 999), stage  # --quick beats the recipe
+            assert cfg.world.n_train == (300 if quick else 5000), stage
+        assert demo.stage_config("scst").train.objective == "reinforce"  # the stage's own recipe is still beneath
+        assert demo.stage_config("smile_random").smile.subset == "random"  # and so is the stage's variant above

@@ -450,3 +450,38 @@ def test_paired_difference_is_the_corpus_difference_of_the_runners_results(sle_r
     scst = evaluate(predictions, {r.image_id: r.captions[1:] for r in records}, metrics="cider")["CIDEr-D"]
     assert float(row[1]) == pytest.approx(sle, abs=5e-4) and float(row[2]) == pytest.approx(scst, abs=5e-4)
     assert float(row[3]) == pytest.approx(sle - scst, abs=1e-3)
+
+
+def test_training_noise_summary_of_hand_computed_runs():
+    tn = load_benchmark("training_noise")
+
+    def scores(a_cider, b_cider, a_div, b_div):
+        return {"sle": {"CIDEr-D": a_cider, "sample/Div-2": a_div},
+                "scst": {"CIDEr-D": b_cider, "sample/Div-2": b_div}}  # fmt: skip
+
+    rows = [("seed0", "0", scores(1.75, 1.70, 0.40, 0.35)),  # A - B: CIDEr-D +0.05, Div-2 +0.05
+            ("seed0", "1", scores(1.70, 1.75, 0.40, 0.30)),  # -0.05, +0.10
+            ("seed1", "0", scores(1.80, 1.80, 0.30, 0.40))]  # 0.00 (counts as >= 0), -0.10  # fmt: skip
+    text = tn.summarise(rows, "sle", "scst")
+    lines = text.splitlines()
+    assert lines[2] == "| seed0 | 0 | 1.750 | 1.700 | +0.050 | 0.400 | 0.350 | +0.050 |"
+    assert lines[4] == "| seed1 | 0 | 1.800 | 1.800 | +0.000 | 0.300 | 0.400 | -0.100 |"
+    summary = {line.split(" | ")[0].strip("| "): line for line in lines[7:]}
+    # seed0: CIDEr-D differences +0.05, -0.05: mean 0, sd sqrt(2 * 0.05^2 / 1) = 0.0707; Div-2 +0.05, +0.10: mean
+    # 0.075, sd 0.0354
+    assert summary["seed0"] == "| seed0 | 2 | +0.000 ± 0.071, 1/2 | +0.075 ± 0.035, 2/2 |"
+    assert summary["seed1"] == "| seed1 | 1 | +0.000 ± nan, 1/1 | -0.100 ± nan, 0/1 |"
+    # all: CIDEr-D (+0.05, -0.05, 0): mean 0, sd 0.05; Div-2 (+0.05, +0.10, -0.10): mean 0.0167, sd 0.1041
+    assert summary["all"] == "| all | 3 | +0.000 ± 0.050, 2/3 | +0.017 ± 0.104, 2/3 |"
+
+
+def test_training_noise_repeats_carry_the_sources_own_settings(tmp_path):
+    from finecap.app.demo import load_demo_config
+
+    tn = load_benchmark("training_noise")
+    items = ["world.seed=1", "world.out=/data/w1", "rl.rewards={cider: 0.5}", "run.dir=/runs/x", "run.seed=4",
+             "demo.stages=[mle,sle]", "demo.quick=true"]  # fmt: skip  # the demo saves demo.quick as it ran
+    load_demo_config(None, items, quick=True).save(tmp_path / "config.yaml")
+    carried = tn.source_overrides(tmp_path)
+    assert sorted(carried) == ["rl.rewards={cider: 0.5}", "world.out=/data/w1", "world.seed=1"]
+    assert load_demo_config(None, carried, quick=True).world == load_demo_config(None, items, quick=True).world

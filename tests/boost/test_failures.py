@@ -17,8 +17,8 @@ from tiny_world import make_tiny_world, world_items
 
 from finecap.app.boost import main as boost
 from finecap.boost.engine import BackendError, BoostFailed, FailureBudget, ServerUnavailable
-from finecap.boost.lock import LOCK_NAME, OutputLocked, output_lock
 from finecap.config import ConfigError, load
+from finecap.locks import LOCK_NAME, OutputLocked, output_lock
 
 SRC = str(Path(__file__).parents[2] / "src")
 

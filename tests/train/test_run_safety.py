@@ -17,7 +17,7 @@ from finecap.config import ConfigError
 from finecap.models.clipcap import ClipCap
 from finecap.train.checkpoint import checkpoint_dir, model_dir, temporary_dir
 from finecap.train.engine import TrainingDiverged
-from finecap.train.state import CheckpointError, find_resumable, load_tree, save_tree
+from finecap.train.state import CheckpointError, find_resumable, load_tree, prepare_run_dir, save_tree
 
 COMMON = ("train.max_steps=4", "train.save_every=2", "train.eval_every=2")
 
@@ -150,9 +150,18 @@ def test_resume_with_nothing_resumable_refuses_and_deletes_nothing(make_cfg):
     with pytest.raises(
         CheckpointError,
         match=r"no complete resumable checkpoint \(found: best \(the best model, without optimizer state",
-    ):
+    ) as e:
         train(make_cfg(*COMMON), resume=True)
+    assert f"Start again from its best checkpoint with train.init_from={checkpoint_dir(run, 'best')}" in str(e.value)
     assert snapshot(run) == before  # best, metrics.jsonl and config.yaml survive byte for byte
+
+
+def test_resume_of_a_run_killed_before_any_checkpoint_refuses_without_pointing_at_a_best_it_lacks(tmp_path):
+    (tmp_path / "metrics.jsonl").write_text('{"step": 10, "split": "train", "values": {"loss": 1.0}}\n')
+    with pytest.raises(CheckpointError) as e:
+        prepare_run_dir(tmp_path, resume=True, overwrite=False)
+    assert "(found: no checkpoints/ folder); nothing was deleted. Start again in another run.dir" in str(e.value)
+    assert "init_from" not in str(e.value) and (tmp_path / "metrics.jsonl").exists()
 
 
 def test_resume_in_an_empty_folder_starts_fresh(make_cfg):

@@ -10,7 +10,7 @@ the configured backends (:mod:`finecap.boost`) and writes the same format into `
 - ``DIR/boost.json``: ``status`` (``ok`` or ``failed`` with the ``error``), the counts of images ``boosted``,
   ``failed`` and ``not_done``, the requests and cached answers per step, the wall time and the configuration
   (secrets masked: :data:`finecap.config.SECRET_KEYS`);
-- ``DIR/.boost.lock`` while it runs (:mod:`finecap.boost.lock`): one writer per folder.
+- ``DIR/.boost.lock`` while it runs (:mod:`finecap.locks`): one writer per folder.
 
 Before the first request: the output paths are checked (:func:`~finecap.boost.output.check_outputs`; never inside
 the source data), the prompts and backends are built (URLs and API-key variables checked), the lock is taken. A run
@@ -30,12 +30,12 @@ from typing import Any
 from finecap.app.prepare import prepare
 from finecap.boost.backends import make_backend
 from finecap.boost.engine import MODE_STEPS, AnswerCache, BoostFailed, boost_records
-from finecap.boost.lock import output_lock
 from finecap.boost.output import check_outputs, write_boosted
 from finecap.boost.prompts import Prompts
 from finecap.config import SECRET_KEYS, Config
 from finecap.data.formats import read_dataset
 from finecap.data.references import data_file
+from finecap.locks import output_lock
 from finecap.utils import atomic_write_text, write_json
 
 log = logging.getLogger(__name__)

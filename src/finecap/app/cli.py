@@ -146,7 +146,7 @@ def cmd_demo(args: argparse.Namespace) -> None:
     if args.stages:
         flags.append(f"demo.stages=[{args.stages}]")
     items = [*flags, *items]
-    main(load_demo_config(recipe, items, args.quick), items=items, quick=args.quick)
+    main(load_demo_config(recipe, items, args.quick), items=items, quick=args.quick, recipe=recipe)
 
 
 def cmd_boost(args: argparse.Namespace) -> None:

@@ -13,7 +13,8 @@ starts the longest side stages first.
   ``<home>/cache``). Both go through :func:`finecap.app.prepare.prepare`, which says what it makes and where.
 - training stages (:data:`TRAIN_STAGES`): train a captioner with the packaged recipe ``demo/<stage>`` into
   ``<run_dir>/<stage>/`` (starting from the MLE checkpoint where the stage says so), then caption the test split.
-  A killed stage resumes from its last checkpoint when re-run. A finished stage is reused only when the inputs its
+  A killed stage resumes from its last checkpoint when re-run, or, killed before it saved one, trains again from the
+  start (:func:`stopped_before_checkpoint`). A finished stage is reused only when the inputs its
   run recorded (``<stage>/fingerprints.json``: the data, the captioner's encoder, the retriever) are those of its
   configuration now; after a change of ``world.*`` or of the world encoder it is refused with an error naming both
   fingerprints (:func:`check_stage_inputs`), and ``--force`` (``demo.force``) trains it again.
@@ -33,6 +34,10 @@ starts the longest side stages first.
 - ``transfer`` (not in the default list): every trained stage captions the shifted domain's test split
   (``world.shift=domain``), scored against its references (:mod:`finecap.app.demo_transfer`).
 
+One demo at a time works in a run directory: it holds ``<run_dir>/.demo.lock`` (:data:`DEMO_LOCK`), and a second
+stops with an error naming the first. Side stages' worker processes end with the demo process, however it ends
+(:func:`exit_with_parent`).
+
 ``--quick`` swaps in tiny settings (:data:`QUICK`) that finish in about two minutes; any ``section.key=value``
 override still applies on top (``finecap demo world.seed=7 world.n_train=5000``).
 """
@@ -44,6 +49,8 @@ import logging
 import logging.handlers
 import multiprocessing
 import os
+import sys
+import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
@@ -63,6 +70,7 @@ from finecap.data.datasets import load_records
 from finecap.data.fingerprint import FingerprintMismatch, check_run
 from finecap.data.formats import read_bags, read_results, write_results
 from finecap.home import world_path
+from finecap.locks import output_lock
 from finecap.metrics.suite import evaluate
 from finecap.models.backbones import load_captioner
 from finecap.models.retriever import load_retriever
@@ -70,6 +78,7 @@ from finecap.recipes import resolve_recipe
 from finecap.report.plots import length_curves
 from finecap.report.table import markdown_table, quick_labelled
 from finecap.train.checkpoint import model_dir
+from finecap.train.state import METRICS_FILE, describe_checkpoints, find_resumable, holds_run
 from finecap.utils import atomic_write_text, read_json, seed_everything, write_json
 from finecap.world.make import load_scenes
 
@@ -146,16 +155,18 @@ class Demo:
     quick: bool
     run_dir: Path
     timings: dict[str, float] = field(default_factory=dict)
+    recipe: str | None = None  # the user's recipe (``finecap demo RECIPE``): its settings apply to every stage
 
     def stage_dir(self, stage: str) -> Path:
         return self.run_dir / stage
 
     def stage_config(self, stage: str) -> Config:
-        """The stage's recipe over the demo base settings, the user's overrides on top, its own run directory."""
+        """The stage's recipe over the demo base settings; above it the user's recipe, the quick settings, the
+        stage's variant and the user's overrides, in that order (:func:`stage_layers`); its own run directory."""
         name, variant = ABLATIONS.get(stage, (stage, []))
         recipe = resolve_recipe(f"demo/{name}")  # packaged with finecap (finecap.recipes)
         variant = [*variant, *demo_vcb.overrides(self, stage)]
-        cfg = load(recipe, [*variant, *self.items], base=DEFAULT, over=QUICK if self.quick else None)
+        cfg = load(recipe, [*variant, *self.items], base=DEFAULT, over=stage_layers(self.recipe, self.quick))
         init = TRAIN_STAGES[stage]
         run = dataclasses.replace(cfg.run, dir=str(self.stage_dir(stage)))
         train = cfg.train
@@ -167,6 +178,24 @@ class Demo:
 def load_demo_config(recipe: str | None, items: list[str], quick: bool) -> Config:
     """The demo's configuration: demo defaults, an optional recipe, the quick settings, then the overrides."""
     return load(recipe, items, base=DEFAULT, over=QUICK if quick else None)
+
+
+def stage_layers(recipe: str | None, quick: bool) -> dict[str, dict[str, Any]]:
+    """The settings above a stage's own recipe: the user's recipe (``finecap demo RECIPE``), then the quick settings,
+    section by section, in the order the demo's own configuration layers them (:func:`load_demo_config`). So a
+    recipe setting ``world.seed: 1`` trains every stage on that world, like the override ``world.seed=1`` does. The
+    user's recipe was validated, with errors naming it, when the demo's configuration was loaded."""
+    from finecap.utils import read_yaml_mapping
+
+    layers: dict[str, dict[str, Any]] = {}
+    if recipe is not None:
+        for section, values in read_yaml_mapping(
+            resolve_recipe(recipe), "a recipe must be a mapping of sections"
+        ).items():
+            layers[section] = dict(values or {})
+    for section, values in (QUICK if quick else {}).items():
+        layers[section] = {**layers.get(section, {}), **values}
+    return layers
 
 
 # --------------------------------------------------------------------------------------------------------------------
@@ -182,6 +211,17 @@ def stage_retriever(demo: Demo) -> None:
     log.info("retriever: %s", prepare(demo.cfg, {"world", "world_encoder"}, make=True).world_encoder)
 
 
+def stopped_before_checkpoint(out: Path) -> bool:
+    """Whether a training stage's folder holds a run stopped before it saved any checkpoint: a partial event log and
+    at most unfinished temporary checkpoint folders (``checkpoints/.<name>...``). Such a stage has nothing to resume
+    and nothing to keep, so the demo trains it again from the start, through ``overwrite``, which still refuses files
+    finecap did not make (:func:`finecap.train.state.foreign_run_files`). A stage with a saved but not resumable
+    checkpoint (``best`` without ``last``) stops with an error saying what it found."""
+    checkpoints = out / "checkpoints"
+    saved = checkpoints.is_dir() and any(not p.name.startswith(".") for p in checkpoints.iterdir())
+    return holds_run(out) and not saved and find_resumable(out) is None  # a finished .last.tmp is resumable
+
+
 def train_stage(stage: str) -> Callable[[Demo], None]:
     def run(demo: Demo) -> None:
         out = demo.stage_dir(stage)
@@ -194,13 +234,27 @@ def train_stage(stage: str) -> Callable[[Demo], None]:
             init = TRAIN_STAGES[stage]
             if init is not None and not (demo.stage_dir(init) / "DONE").exists():
                 raise FileNotFoundError(f"demo stage {stage!r} starts from stage {init!r}, which has not run yet")
-            resume = (out / "checkpoints" / "last").exists() and not demo.cfg.demo.force
-            train(cfg, resume=resume, overwrite=demo.cfg.demo.force)
+            resume = not demo.cfg.demo.force and find_resumable(out) is not None
+            restart = not resume and not demo.cfg.demo.force and stopped_before_checkpoint(out)
+            if holds_run(out) and not (resume or restart or demo.cfg.demo.force):
+                raise ValueError(
+                    f"demo stage {stage!r}: {out} holds an unfinished run with no checkpoint to resume from (found: "
+                    f"{describe_checkpoints(out)}); nothing was deleted. To train it again from the start, "
+                    f"{DEMO_WAYS_OUT}"
+                )
+            if restart:
+                log.warning("%s: its earlier run in %s stopped before saving a checkpoint; training it from the start "
+                            "(its partial %s is replaced)", stage, out, METRICS_FILE)  # fmt: skip
+            train(cfg, resume=resume, overwrite=demo.cfg.demo.force or restart)
             done.write_text("ok\n")
         caption_stage(demo, stage)
 
     return run
 
+
+DEMO_LOCK = ".demo.lock"
+"""Held in the run directory while a demo runs there (:func:`finecap.locks.output_lock`): a second demo on the same
+directory stops with an error naming the first."""
 
 DEMO_WAYS_OUT = "re-run the stage with --force (demo.force=true), or give the demo another run directory (--out)"
 
@@ -375,9 +429,24 @@ def run_side_stage(demo: Demo, stage: str) -> float:
     return round(time.perf_counter() - start, 1)
 
 
+def exit_with_parent(parent: int, interval: float = 1.0) -> None:
+    """Poll every ``interval`` seconds whether this process's parent is still ``parent``; once it is not (the demo
+    process died: a ``kill``, a scheduler's time limit, a crash), end this process at once, so that no orphaned
+    stage goes on training into the run directory, competing for the cores and colliding with the next run. A
+    stage stopped this way resumes from its last checkpoint on the next run, like any killed stage. Polling, not
+    Linux's ``PR_SET_PDEATHSIG``: it works on every platform, and a second's delay costs nothing here."""
+    while True:
+        time.sleep(interval)
+        if os.getppid() != parent:
+            sys.stderr.write(f"finecap demo: stage worker {os.getpid()} stops: the demo process {parent} ended\n")
+            os._exit(1)
+
+
 def _worker_setup(queue: Any, level: int) -> None:
     """A worker process sends finecap's log records to the parent (``queue``), which hands them to its own loggers
-    (:class:`_Redispatch`), and shows no progress bars (several stages share the terminal)."""
+    (:class:`_Redispatch`), shows no progress bars (several stages share the terminal), and ends when the parent
+    does (:func:`exit_with_parent`)."""
+    threading.Thread(target=exit_with_parent, args=(os.getppid(),), name="finecap-parent-watch", daemon=True).start()
     os.environ.setdefault("TQDM_DISABLE", "1")
     logger = logging.getLogger("finecap")
     logger.handlers[:] = [logging.handlers.QueueHandler(queue)]
@@ -393,8 +462,11 @@ class _Redispatch(logging.Handler):
         logging.getLogger(record.name).handle(record)
 
 
-def main(cfg: Config, items: list[str] | None = None, quick: bool | None = None) -> dict[str, dict[str, float]]:
-    """Run ``cfg.demo.stages``; returns the results table (also written to ``<run_dir>/results.json``)."""
+def main(
+    cfg: Config, items: list[str] | None = None, quick: bool | None = None, recipe: str | None = None
+) -> dict[str, dict[str, float]]:
+    """Run ``cfg.demo.stages``; returns the results table (also written to ``<run_dir>/results.json``). ``cfg`` is
+    :func:`load_demo_config` of the user's ``recipe`` and override ``items``, which every stage applies too."""
     unknown = [s for s in cfg.demo.stages if s not in STAGES]
     if unknown:
         raise ValueError(f"demo.stages: unknown stage(s) {unknown}{did_you_mean(unknown[0], STAGES)}; valid stages: "
@@ -403,8 +475,15 @@ def main(cfg: Config, items: list[str] | None = None, quick: bool | None = None)
     run_dir = Path(cfg.run.dir) if cfg.run.dir else cfg.run.root_path / "demo"
     log.info("demo: run directory %s", run_dir)
     cfg = dataclasses.replace(cfg, demo=dataclasses.replace(cfg.demo, quick=quick))  # config.yaml says quick
-    demo = Demo(cfg=cfg, items=list(items or []), quick=quick, run_dir=run_dir)
+    demo = Demo(cfg=cfg, items=list(items or []), quick=quick, run_dir=run_dir, recipe=recipe)
     run_dir.mkdir(parents=True, exist_ok=True)
+    with output_lock(run_dir, log=log.warning, name=DEMO_LOCK, holder="finecap demo"):
+        return run_stages(demo)
+
+
+def run_stages(demo: Demo) -> dict[str, dict[str, float]]:
+    """The stages of :func:`main`, with the run directory's lock held."""
+    cfg, run_dir = demo.cfg, demo.run_dir
     cfg.save(run_dir / "config.yaml")
     timings_file = run_dir / "timings.json"
     timings = read_json(timings_file) if timings_file.exists() else {}

@@ -8,8 +8,8 @@
   :mod:`~finecap.boost.hf_backend` (in-process ``transformers`` chat models), :mod:`~finecap.boost.world_backend`
   (the embedded world's exact analogue, with :mod:`~finecap.boost.world_facts`); :mod:`~finecap.boost.backends`
   picks one by name;
-- :mod:`~finecap.boost.output`: the boosted data set in the source's format, and the checks of every output path;
-- :mod:`~finecap.boost.lock`: one writer per output folder.
+- :mod:`~finecap.boost.output`: the boosted data set in the source's format, and the checks of every output path
+  (one writer per output folder: :mod:`finecap.locks`).
 
 Failure handling, exit codes, the lock, keys and prompts: ``docs/boost.md``.
 

@@ -62,7 +62,7 @@ def check_outputs(fmt: str, source: str | Path, out_dir: str | Path, images: str
     """Check, writing nothing, that boosting ``source`` into ``out_dir`` is safe; ``ValueError`` naming the path
     otherwise. Refused: an output folder equal to or inside the source's folder (or the image root ``images``), a
     folder holding files but none of a boost run, an output path that is a folder, an unwritable folder."""
-    from finecap.boost.lock import LOCK_NAME
+    from finecap.locks import LOCK_NAME
 
     check_writable(fmt)
     source, out_dir = dataset_file(fmt, source), Path(out_dir)

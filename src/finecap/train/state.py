@@ -342,10 +342,12 @@ def prepare_run_dir(run_dir: Path, *, resume: bool, overwrite: bool) -> Path | N
         if found is not None:
             return promote(found, run_dir)
         if holds_run(run_dir):
+            best = checkpoint_dir(run_dir, BEST)
+            again = (f"Start again from its best checkpoint with train.init_from={best} and another run.dir"
+                     if best.is_dir() else "Start again in another run.dir")  # fmt: skip
             raise CheckpointError(
                 f"--resume: {run_dir} holds a run but no complete resumable checkpoint (found: "
-                f"{describe_checkpoints(run_dir)}); nothing was deleted. Start again from its best checkpoint with "
-                f"train.init_from={checkpoint_dir(run_dir, BEST)} and another run.dir, or remove the folder yourself"
+                f"{describe_checkpoints(run_dir)}); nothing was deleted. {again}, or remove the folder yourself"
             )
         return None
     if holds_run(run_dir):

@@ -1,4 +1,5 @@
-"""One writer per output folder: ``finecap boost`` holds ``DIR/.boost.lock`` while it works.
+"""One writer per output folder: ``finecap boost`` holds ``DIR/.boost.lock`` while it works, ``finecap demo`` its run
+directory's ``.demo.lock``.
 
 The lock is an operating-system lock (``flock``) taken with ``filelock``, so the kernel releases it when its holder
 dies, however it dies. While held, the file records the holder as JSON (``pid``, ``host``, ``started``, ``command``)
@@ -30,6 +31,7 @@ from filelock import FileLock, Timeout
 from finecap.config import SECRET_KEYS
 
 LOCK_NAME = ".boost.lock"
+"""``finecap boost``'s lock file in its output folder."""
 
 
 class OutputLocked(ValueError):
@@ -66,10 +68,12 @@ def read_holder(path: str | Path) -> dict[str, Any]:
 
 
 @contextmanager
-def output_lock(out: str | Path, log: Callable[[str], Any] = print) -> Iterator[dict[str, Any]]:
-    """Hold ``out/.boost.lock`` for the ``with`` block (``out`` must exist); yields this run's record.
-    :class:`OutputLocked` naming the holder when another process holds it."""
-    path = Path(out) / LOCK_NAME
+def output_lock(
+    out: str | Path, log: Callable[[str], Any] = print, *, name: str = LOCK_NAME, holder: str = "finecap boost"
+) -> Iterator[dict[str, Any]]:
+    """Hold ``out/<name>`` for the ``with`` block (``out`` must exist); yields this run's record.
+    :class:`OutputLocked` naming the holder when another process holds it. ``holder`` names the command in messages."""
+    path = Path(out) / name
     record = {"pid": os.getpid(), "host": socket.gethostname(), "started": round(time.time(), 3),
               "command": _command()}  # fmt: skip
     previous: dict[str, Any] = {}
@@ -84,14 +88,17 @@ def output_lock(out: str | Path, log: Callable[[str], Any] = print) -> Iterator[
         lock.acquire(blocking=False)
     except Timeout:
         raise OutputLocked(
-            f"{out}: another finecap boost is writing to this folder ({_describe(read_holder(path))}); wait for it "
+            f"{out}: another {holder} is writing to this folder ({_describe(read_holder(path))}); wait for it "
             f"to finish or choose another --out (lock file {path})"
         ) from None
     except OSError as e:  # a file system without flock (filelock does not fall back when on_acquired is set)
         raise OutputLocked(f"{path}: cannot take the output folder's lock ({e}); choose another --out") from None
     try:
         if previous:
-            log(f"boost: taking over the lock of {_describe(previous)}, which ended without releasing it ({path})")
+            log(
+                f"{holder.removeprefix('finecap ')}: taking over the lock of {_describe(previous)}, which ended "
+                f"without releasing it ({path})"
+            )
         yield record
     finally:
         path.unlink(missing_ok=True)  # while still held: a waiting run then creates a fresh file
