@@ -86,7 +86,12 @@ def repeat_scores(folder: Path, stages: Sequence[str]) -> dict[str, dict[str, fl
     from paired_difference import stage_items
 
     cfg = load(str(folder / "config.yaml"), [])
-    demo = Demo(cfg=cfg, items=[], quick=cfg.demo.quick, run_dir=folder)
+    items = source_overrides(folder)  # the repeat's own settings (its world): its stages' configurations need them
+    demo = Demo(cfg=cfg, items=items, quick=cfg.demo.quick, run_dir=folder)
+    for stage in stages:  # the samples are decoded on the stage configuration's test split: the repeat's world
+        stored = load(str(folder / stage / "config.yaml"), [])
+        if demo.stage_config(stage).world != stored.world:
+            raise SystemExit(f"{folder / stage}: its configuration's world differs from the one rebuilt here")
     references = {r.image_id: r.captions[1:] for r in load_records(cfg, "test")}
     ciders = stage_items(folder, stages, "cider", "CIDEr-D")
     return {stage: {"CIDEr-D": statistics.fmean(items.values()),
