@@ -196,3 +196,36 @@ def test_a_run_stored_before_the_backbone_sections_is_reported(fabricated_run, t
     (old / "config.yaml").write_text(yaml.safe_dump(data, sort_keys=False))
     html = write_report(old, tmp_path / "old.html", retrieval=False).read_text()
     assert f"<title>finecap report: {old.name}</title>" in html and 'id="results"' in html
+
+
+def test_the_vcb_and_transfer_tables_are_in_the_report_when_the_run_has_them(fabricated_run, tmp_path):
+    run = tmp_path / fabricated_run.name
+    shutil.copytree(fabricated_run, run)
+    without = write_report(run, tmp_path / "without.html", retrieval=False).read_text()
+    assert 'id="vcb"' not in without and 'id="transfer"' not in without
+    vcb = {
+        "captions": {"human (1st caption)": {"Length": 8.8, "ClipSc": 6.81},
+                     "HolisticCap": {"Length": 37.5, "ClipSc": 6.65}},
+        "models": {"mle_holistic": {"Length": 30.25, "CIDEr-D": 0.5},
+                   "sr_l_holistic": {"Length": 29.0, "CIDEr-D": 0.75}},
+        "timings": {"mle_holistic": 1.0},
+        "settings": {"bags": "built from HolisticCap", "references": "the trained field's",
+                     "trained on": {"mle_holistic": "MLE on HolisticCap", "sr_l_holistic": "SR-L from mle_holistic"}},
+    }  # fmt: skip
+    (run / "vcb_results.json").write_text(json.dumps(vcb))
+    (run / "transfer").mkdir()
+    (run / "transfer" / "results.json").write_text(json.dumps({"human": {"CIDEr-D": 2.0}, "mle": {"CIDEr-D": 0.25},
+                                                               "smile": {"CIDEr-D": 0.125}}))  # fmt: skip
+    html = write_report(run, tmp_path / "with.html", retrieval=False).read_text()
+    vcb_part = html[html.index('<h2 id="vcb">') : html.index('<h2 id="transfer">')]
+    assert "Visual Caption Boosting (NDLB Tables 2-3)" in vcb_part and "bags: built from HolisticCap" in vcb_part
+    assert '<tr><td>HolisticCap</td><td class="" data-value="37.5">37.500</td>' in vcb_part
+    assert '<tr><td>sr_l_holistic</td><td class="">SR-L from mle_holistic</td>' in vcb_part  # its "trained on"
+    assert '<td class="best" data-value="0.75">0.750</td>' in vcb_part  # CIDEr-D ranked: sr_l_holistic best
+    transfer_part = html[html.index('<h2 id="transfer">') : html.index('<h2 id="plots">')]
+    assert '<td class="best" data-value="0.25">0.250</td>' in transfer_part  # mle beats smile; human not ranked
+    assert (
+        '<td class="worst" data-value="0.125">0.125</td>' in transfer_part
+        and '<td class="" data-value="2.0">2.000</td>' in transfer_part  # the human row: not ranked
+    )
+    assert '<a href="#vcb">Visual Caption Boosting</a>' in html and '<a href="#transfer">Shifted domain</a>' in html

@@ -4,7 +4,9 @@ writes ``runs/demo/report.html`` with it).
 It reads whatever the run holds (:mod:`finecap.report.run`), draws the plots into ``<run_dir>/plots/`` (reusable PNG
 files, also inlined in the page), and renders (:mod:`finecap.report.html`):
 
-- the results tables, sortable, with each paper's headline comparison highlighted;
+- the results tables, sortable, with each paper's headline comparison highlighted; then, when the run holds them,
+  the ``vcb`` group's tables (``vcb_results.json``, NDLB Tables 2-3) and the ``transfer`` stage's
+  (``transfer/results.json``, the shifted domain);
 - training curves per stage (loss, reward, validation metrics of ``<stage>/metrics.jsonl``), caption-length
   histograms per stage, mean validation length over SMILE training (SMILE Fig. 4a; when ``smile`` and at least one
   of its subsetting ablations ran), TrueMatch R@1 against bag size, faithfulness precision against recall;
@@ -48,6 +50,7 @@ from finecap.report.html import (
     png_uri,
     render_report,
     results_tables,
+    single_table,
 )
 from finecap.report.plots import bag_recall_curves, length_curves, length_histograms, precision_recall, training_curves
 from finecap.report.run import RunData, read_run
@@ -159,6 +162,36 @@ def _bag_gallery(run: RunData, cfg: Config, records: dict[Hashable, Record], n_b
     return out, note
 
 
+def _extra_sections(run_dir: Path) -> list[dict[str, Any]]:
+    """Sections for the demo's other result files, when present: the ``vcb`` group's ``vcb_results.json`` (NDLB
+    Tables 2-3) and the ``transfer`` stage's ``transfer/results.json`` (the shifted domain)."""
+    sections = []
+    vcb = run_dir / "vcb_results.json"
+    if vcb.is_file():
+        data = read_json(vcb)
+        settings = data.get("settings", {})
+        trained_on = settings.get("trained on", {})
+        models = {stage: {"trained on": trained_on.get(stage, "?"), **values}
+                  for stage, values in data.get("models", {}).items()}  # fmt: skip
+        note = "; ".join(f"{k}: {v}" for k, v in settings.items() if isinstance(v, str))
+        sections.append({
+            "id": "vcb", "short": "Visual Caption Boosting", "title": "Visual Caption Boosting (NDLB Tables 2-3)",
+            "note": f"From {vcb.name}. {note}.",
+            "tables": [single_table("caption fields of the test split (Table 2)", data.get("captions", {}),
+                                    reference_rows=("human (1st caption)",)),
+                       single_table("captioners trained on them (Table 3)", models)],
+        })  # fmt: skip
+    transfer = run_dir / "transfer" / "results.json"
+    if transfer.is_file():
+        sections.append({
+            "id": "transfer", "short": "Shifted domain", "title": "Shifted domain (the transfer stage)",
+            "note": "From transfer/results.json: every trained stage captions the shifted domain's test split "
+                    "(world.shift=domain), scored against its references.",
+            "tables": [single_table("shifted domain", read_json(transfer), reference_rows=REFERENCE_ROWS)],
+        })  # fmt: skip
+    return sections
+
+
 def _records(cfg: Config) -> tuple[dict[Hashable, Record], dict | None]:
     try:
         refs = load_references(cfg)
@@ -190,6 +223,7 @@ def main(
         "reference_rows": [r for r in REFERENCE_ROWS if r in run.results],
         "headlines": headline_comparisons(run.results),
         "tables": results_tables(run.results),
+        "extra": _extra_sections(run.run_dir),
         "plots": plots,
         "gallery": gallery,
         "facts_checked": bool(scenes),

@@ -154,23 +154,35 @@ def results_tables(
             if column not in groups.setdefault(name, []):
                 groups[name].append(column)
     roles = headline_cells(rows)
-    tables = []
-    for name, columns in groups.items():
-        if not columns:
+    return [_table(name, columns, rows, roles, reference_rows) for name, columns in groups.items() if columns]
+
+
+def single_table(name: str, rows: Mapping[str, Mapping[str, Any]], reference_rows: Sequence[str] = ()) -> Table:
+    """All of ``rows``' columns in one table (first-seen order), ranked like :func:`results_tables`' (no headline
+    cells): for result files whose columns belong together, such as the VCB tables."""
+    columns: list[str] = []
+    for values in rows.values():
+        columns += [c for c in values if c not in columns]
+    return _table(name, columns, rows, {}, reference_rows)
+
+
+def _table(
+    name: str, columns: list[str], rows: Mapping[str, Mapping[str, Any]], roles: Mapping[tuple[str, str], str],
+    reference_rows: Sequence[str],
+) -> Table:  # fmt: skip
+    """The rows that have at least one of ``columns``, formatted and ranked."""
+    table = Table(name, columns)
+    for stage, values in rows.items():
+        if not any(c in values for c in columns):
             continue
-        table = Table(name, columns)
-        for stage, values in rows.items():
-            if not any(c in values for c in columns):
-                continue
-            cells = []
-            for c in columns:
-                v = values.get(c)
-                number = float(v) if isinstance(v, int | float) and not isinstance(v, bool) else None
-                cells.append(Cell(format_value(v, c), number, roles.get((stage, c), "")))
-            table.rows.append((stage, cells))
-        _rank(table, reference_rows)
-        tables.append(table)
-    return tables
+        cells = []
+        for c in columns:
+            v = values.get(c)
+            number = float(v) if isinstance(v, int | float) and not isinstance(v, bool) else None
+            cells.append(Cell(format_value(v, c), number, roles.get((stage, c), "")))
+        table.rows.append((stage, cells))
+    _rank(table, reference_rows)
+    return table
 
 
 def data_uri(data: bytes, mime: str) -> str:
