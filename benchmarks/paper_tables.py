@@ -1286,7 +1286,7 @@ def ensure_trained(grid: Any, key: str) -> None:
     """Train run ``key`` (and the run it starts from) unless its ``DONE`` marker exists; resume a killed one."""
     from finecap.app.demo import check_stage_inputs
     from finecap.app.train import train
-    from finecap.train.state import find_resumable
+    from finecap.train.state import continue_unfinished
 
     run = RUNS[key]
     if run.recipe is None:
@@ -1307,10 +1307,11 @@ def ensure_trained(grid: Any, key: str) -> None:
         )
         return
     print(f"== train {key}: {run_description(key)}", flush=True)
-    # a killed run continues from its newest complete checkpoint; one killed before any starts again (its folder is
-    # the runner's own: overwrite removes only finecap's run files)
-    resumable = out.exists() and find_resumable(out) is not None
-    train(grid.stage_config(key), resume=resumable, overwrite=not resumable)
+    # a killed run continues from its newest complete checkpoint; one killed before any starts again; one with a
+    # saved but not resumable checkpoint is refused (continue_unfinished)
+    ways_out = f"remove {out}, or give the runner another --runs-dir"
+    resume, overwrite = continue_unfinished(out, what=f"paper-tables run {key!r}", ways_out=ways_out)
+    train(grid.stage_config(key), resume=resume, overwrite=overwrite)
     (out / "DONE").write_text("ok\n")
 
 

@@ -43,6 +43,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = p.parse_args(argv)
     from finecap.app.demo import Demo, best_model, load_demo_config
     from finecap.caption import generate_captions
+    from finecap.config import load
     from finecap.data.datasets import load_records
     from finecap.metrics.diversity import caption_length
     from finecap.metrics.suite import evaluate_items
@@ -51,9 +52,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     from training_noise import source_overrides
 
     run = Path(args.run)
+    quick = load(str(run / "config.yaml"), []).demo.quick
     items = source_overrides(run)
-    cfg = load_demo_config(None, items, quick=False)
-    demo = Demo(cfg=cfg, items=items, quick=False, run_dir=run)
+    cfg = load_demo_config(None, items, quick=quick)
+    demo = Demo(cfg=cfg, items=items, quick=quick, run_dir=run)
     stage_cfg = demo.stage_config(args.stage)
     decode = dataclasses.replace(stage_cfg.decode, strategy="sample", temperature=1.0, beam_size=SAMPLES,
                                  num_return_sequences=SAMPLES)  # fmt: skip

@@ -27,6 +27,7 @@ import subprocess
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 METRICS = ("CIDEr-D", "sample/Div-2")
 
@@ -63,8 +64,11 @@ def train_repeat(source: Path, folder: Path, stages: Sequence[str], seed: int) -
     if not (source / "mle" / "DONE").exists():
         raise SystemExit(f"{source}: its mle stage has not finished (no {source / 'mle' / 'DONE'})")
     folder.mkdir(parents=True, exist_ok=True)
-    if not (folder / "mle" / "DONE").exists():
-        shutil.copytree(source / "mle", folder / "mle", dirs_exist_ok=True)
+    if not (folder / "mle").exists():  # copied under a temporary name and renamed: a kill leaves no partial copy
+        partial = folder / ".mle.copying"
+        shutil.rmtree(partial, ignore_errors=True)  # this script's own leftover from a killed copy
+        shutil.copytree(source / "mle", partial)
+        partial.rename(folder / "mle")
     from finecap.config import load
 
     quick = ["--quick"] if load(str(source / "config.yaml"), []).demo.quick else []
@@ -86,17 +90,30 @@ def repeat_scores(folder: Path, stages: Sequence[str]) -> dict[str, dict[str, fl
     from paired_difference import stage_items
 
     cfg = load(str(folder / "config.yaml"), [])
-    items = source_overrides(folder)  # the repeat's own settings (its world): its stages' configurations need them
+    # the repeat's own settings (its world) and run seed (which seeds the sampled captions): its stages need them
+    items = [*source_overrides(folder), f"run.seed={cfg.run.seed}"]
     demo = Demo(cfg=cfg, items=items, quick=cfg.demo.quick, run_dir=folder)
-    for stage in stages:  # the samples are decoded on the stage configuration's test split: the repeat's world
-        stored = load(str(folder / stage / "config.yaml"), [])
-        if demo.stage_config(stage).world != stored.world:
-            raise SystemExit(f"{folder / stage}: its configuration's world differs from the one rebuilt here")
+    for stage in stages:  # the samples are decoded with the stage's configuration: it must be the one that trained
+        differ = config_differences(demo.stage_config(stage), load(str(folder / stage / "config.yaml"), []))
+        if differ:
+            raise SystemExit(f"{folder / stage}: the configuration rebuilt here differs from the stage's own in "
+                             f"{', '.join(differ)}")  # fmt: skip
     references = {r.image_id: r.captions[1:] for r in load_records(cfg, "test")}
     ciders = stage_items(folder, stages, "cider", "CIDEr-D")
     return {stage: {"CIDEr-D": statistics.fmean(items.values()),
                     "sample/Div-2": diversity_metrics(demo, stage, references)["sample/Div-2"]}
             for stage, items in zip(stages, ciders, strict=True)}  # fmt: skip
+
+
+IGNORED = {("run", "dir"), ("train", "init_from")}
+"""Where a stage's configuration may differ from the one rebuilt for it: the paths of the folder it was trained in."""
+
+
+def config_differences(rebuilt: Any, stored: Any) -> list[str]:
+    """The ``section.key`` names where two stage configurations differ, but for :data:`IGNORED` and ``demo.*``."""
+    a, b = rebuilt.to_dict(), stored.to_dict()
+    return [f"{section}.{key}" for section in a if section != "demo" for key in a[section]
+            if (section, key) not in IGNORED and a[section][key] != b.get(section, {}).get(key)]  # fmt: skip
 
 
 def source_scores(source: Path, stages: Sequence[str]) -> dict[str, dict[str, float]]:

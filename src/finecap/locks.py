@@ -9,7 +9,7 @@ behind by a run that died (a kill, a power cut) holds a record but no lock: the 
 Example::
 
     >>> import tempfile
-    >>> with tempfile.TemporaryDirectory() as d, output_lock(d, log=lambda m: None) as holder:
+    >>> with tempfile.TemporaryDirectory() as d, output_lock(d, name=LOCK_NAME, holder="finecap boost") as holder:
     ...     sorted(holder)
     ['command', 'host', 'pid', 'started']
 """
@@ -69,10 +69,11 @@ def read_holder(path: str | Path) -> dict[str, Any]:
 
 @contextmanager
 def output_lock(
-    out: str | Path, log: Callable[[str], Any] = print, *, name: str = LOCK_NAME, holder: str = "finecap boost"
+    out: str | Path, *, name: str, holder: str, log: Callable[[str], Any] = print
 ) -> Iterator[dict[str, Any]]:
     """Hold ``out/<name>`` for the ``with`` block (``out`` must exist); yields this run's record.
-    :class:`OutputLocked` naming the holder when another process holds it. ``holder`` names the command in messages."""
+    :class:`OutputLocked` naming the holder when another process holds it. ``holder`` names the command (``finecap
+    boost``, ``finecap demo``) in messages."""
     path = Path(out) / name
     record = {"pid": os.getpid(), "host": socket.gethostname(), "started": round(time.time(), 3),
               "command": _command()}  # fmt: skip
@@ -95,10 +96,7 @@ def output_lock(
         raise OutputLocked(f"{path}: cannot take the output folder's lock ({e}); choose another --out") from None
     try:
         if previous:
-            log(
-                f"{holder.removeprefix('finecap ')}: taking over the lock of {_describe(previous)}, which ended "
-                f"without releasing it ({path})"
-            )
+            log(f"{holder}: taking over the lock of {_describe(previous)}, which ended without releasing it ({path})")
         yield record
     finally:
         path.unlink(missing_ok=True)  # while still held: a waiting run then creates a fresh file

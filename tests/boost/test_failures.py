@@ -243,11 +243,14 @@ def test_stale_lock_of_a_dead_process_is_taken_over(world, tmp_path, caplog):
 
 def test_lock_in_process(tmp_path, monkeypatch):
     monkeypatch.setattr(sys, "argv", ["finecap", "boost", "--out", str(tmp_path), "boost.llm_api_key=sk-5ecret"])
-    with output_lock(tmp_path, log=print) as me:
+    with output_lock(tmp_path, name=LOCK_NAME, holder="finecap boost", log=print) as me:
         assert json.loads((tmp_path / LOCK_NAME).read_text()) == me
         assert me["command"].endswith("boost.llm_api_key=***")  # a key on the command line is not recorded
         assert "sk-5ecret" not in (tmp_path / LOCK_NAME).read_text()
-        with pytest.raises(OutputLocked, match=f"pid {os.getpid()}"), output_lock(tmp_path):
+        with (
+            pytest.raises(OutputLocked, match=f"pid {os.getpid()}"),
+            output_lock(tmp_path, name=LOCK_NAME, holder="x"),
+        ):
             pass
         assert json.loads((tmp_path / LOCK_NAME).read_text()) == me  # the loser did not touch the holder's record
     assert not (tmp_path / LOCK_NAME).exists()

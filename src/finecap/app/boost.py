@@ -35,7 +35,7 @@ from finecap.boost.prompts import Prompts
 from finecap.config import SECRET_KEYS, Config
 from finecap.data.formats import read_dataset
 from finecap.data.references import data_file
-from finecap.locks import output_lock
+from finecap.locks import LOCK_NAME, output_lock
 from finecap.utils import atomic_write_text, write_json
 
 log = logging.getLogger(__name__)
@@ -70,7 +70,7 @@ def main(cfg: Config, out: str | Path, progress: bool = True) -> dict[str, Any]:
     steps = MODE_STEPS[cfg.boost.mode]
     prompts = Prompts.load(cfg.boost.prompts or None)
     out.mkdir(parents=True, exist_ok=True)
-    with output_lock(out, log=log.warning):
+    with output_lock(out, name=LOCK_NAME, holder="finecap boost", log=log.warning):
         llm = make_backend(cfg, "llm") if set(steps) & {"blend", "holistic"} else None
         vlm = make_backend(cfg, "vlm") if "visual" in steps else None
         cache = AnswerCache(out / "cache.jsonl")

@@ -14,7 +14,7 @@ starts the longest side stages first.
 - training stages (:data:`TRAIN_STAGES`): train a captioner with the packaged recipe ``demo/<stage>`` into
   ``<run_dir>/<stage>/`` (starting from the MLE checkpoint where the stage says so), then caption the test split.
   A killed stage resumes from its last checkpoint when re-run, or, killed before it saved one, trains again from the
-  start (:func:`stopped_before_checkpoint`). A finished stage is reused only when the inputs its
+  start (:func:`finecap.train.state.continue_unfinished`). A finished stage is reused only when the inputs its
   run recorded (``<stage>/fingerprints.json``: the data, the captioner's encoder, the retriever) are those of its
   configuration now; after a change of ``world.*`` or of the world encoder it is refused with an error naming both
   fingerprints (:func:`check_stage_inputs`), and ``--force`` (``demo.force``) trains it again.
@@ -48,6 +48,7 @@ import dataclasses
 import logging
 import logging.handlers
 import multiprocessing
+import multiprocessing.connection
 import os
 import sys
 import threading
@@ -78,7 +79,7 @@ from finecap.recipes import resolve_recipe
 from finecap.report.plots import length_curves
 from finecap.report.table import markdown_table, quick_labelled
 from finecap.train.checkpoint import model_dir
-from finecap.train.state import METRICS_FILE, describe_checkpoints, find_resumable, holds_run
+from finecap.train.state import continue_unfinished
 from finecap.utils import atomic_write_text, read_json, seed_everything, write_json
 from finecap.world.make import load_scenes
 
@@ -155,18 +156,19 @@ class Demo:
     quick: bool
     run_dir: Path
     timings: dict[str, float] = field(default_factory=dict)
-    recipe: str | None = None  # the user's recipe (``finecap demo RECIPE``): its settings apply to every stage
+    recipe: dict[str, dict[str, Any]] = field(default_factory=dict)  # the user's recipe's sections (stage_base)
 
     def stage_dir(self, stage: str) -> Path:
         return self.run_dir / stage
 
     def stage_config(self, stage: str) -> Config:
-        """The stage's recipe over the demo base settings; above it the user's recipe, the quick settings, the
-        stage's variant and the user's overrides, in that order (:func:`stage_layers`); its own run directory."""
+        """The stage's recipe over the demo base settings and the user's recipe (:func:`stage_base`); above it the
+        quick settings, the stage's variant and the user's overrides; its own run directory."""
         name, variant = ABLATIONS.get(stage, (stage, []))
         recipe = resolve_recipe(f"demo/{name}")  # packaged with finecap (finecap.recipes)
         variant = [*variant, *demo_vcb.overrides(self, stage)]
-        cfg = load(recipe, [*variant, *self.items], base=DEFAULT, over=stage_layers(self.recipe, self.quick))
+        base = stage_base(self.recipe)
+        cfg = load(recipe, [*variant, *self.items], base=base, over=QUICK if self.quick else None)
         init = TRAIN_STAGES[stage]
         run = dataclasses.replace(cfg.run, dir=str(self.stage_dir(stage)))
         train = cfg.train
@@ -180,22 +182,24 @@ def load_demo_config(recipe: str | None, items: list[str], quick: bool) -> Confi
     return load(recipe, items, base=DEFAULT, over=QUICK if quick else None)
 
 
-def stage_layers(recipe: str | None, quick: bool) -> dict[str, dict[str, Any]]:
-    """The settings above a stage's own recipe: the user's recipe (``finecap demo RECIPE``), then the quick settings,
-    section by section, in the order the demo's own configuration layers them (:func:`load_demo_config`). So a
-    recipe setting ``world.seed: 1`` trains every stage on that world, like the override ``world.seed=1`` does. The
-    user's recipe was validated, with errors naming it, when the demo's configuration was loaded."""
+def read_recipe(recipe: str | None) -> dict[str, dict[str, Any]]:
+    """The sections of the user's recipe (``finecap demo RECIPE``), read once (:func:`main`); ``{}`` without one.
+    :func:`load_demo_config` has validated it, with errors naming it."""
+    if recipe is None:
+        return {}
     from finecap.utils import read_yaml_mapping
 
-    layers: dict[str, dict[str, Any]] = {}
-    if recipe is not None:
-        for section, values in read_yaml_mapping(
-            resolve_recipe(recipe), "a recipe must be a mapping of sections"
-        ).items():
-            layers[section] = dict(values or {})
-    for section, values in (QUICK if quick else {}).items():
-        layers[section] = {**layers.get(section, {}), **values}
-    return layers
+    loaded = read_yaml_mapping(resolve_recipe(recipe), "a recipe must be a mapping of sections")
+    return {section: dict(values or {}) for section, values in loaded.items()}
+
+
+def stage_base(recipe: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """The settings beneath a stage's own recipe: the demo's defaults (:data:`DEFAULT`), the user's recipe on top,
+    section by section. So a recipe setting ``world.seed: 1`` trains every stage on that world (as it makes the
+    demo's world), while what a stage's recipe sets (its objective, its starting checkpoint, its learning rate)
+    stays the stage's: the user's recipe fills in what the stage leaves open. ``key=value`` overrides apply above
+    every stage's recipe."""
+    return {section: {**DEFAULT.get(section, {}), **recipe.get(section, {})} for section in {*DEFAULT, *recipe}}
 
 
 # --------------------------------------------------------------------------------------------------------------------
@@ -211,17 +215,6 @@ def stage_retriever(demo: Demo) -> None:
     log.info("retriever: %s", prepare(demo.cfg, {"world", "world_encoder"}, make=True).world_encoder)
 
 
-def stopped_before_checkpoint(out: Path) -> bool:
-    """Whether a training stage's folder holds a run stopped before it saved any checkpoint: a partial event log and
-    at most unfinished temporary checkpoint folders (``checkpoints/.<name>...``). Such a stage has nothing to resume
-    and nothing to keep, so the demo trains it again from the start, through ``overwrite``, which still refuses files
-    finecap did not make (:func:`finecap.train.state.foreign_run_files`). A stage with a saved but not resumable
-    checkpoint (``best`` without ``last``) stops with an error saying what it found."""
-    checkpoints = out / "checkpoints"
-    saved = checkpoints.is_dir() and any(not p.name.startswith(".") for p in checkpoints.iterdir())
-    return holds_run(out) and not saved and find_resumable(out) is None  # a finished .last.tmp is resumable
-
-
 def train_stage(stage: str) -> Callable[[Demo], None]:
     def run(demo: Demo) -> None:
         out = demo.stage_dir(stage)
@@ -234,18 +227,12 @@ def train_stage(stage: str) -> Callable[[Demo], None]:
             init = TRAIN_STAGES[stage]
             if init is not None and not (demo.stage_dir(init) / "DONE").exists():
                 raise FileNotFoundError(f"demo stage {stage!r} starts from stage {init!r}, which has not run yet")
-            resume = not demo.cfg.demo.force and find_resumable(out) is not None
-            restart = not resume and not demo.cfg.demo.force and stopped_before_checkpoint(out)
-            if holds_run(out) and not (resume or restart or demo.cfg.demo.force):
-                raise ValueError(
-                    f"demo stage {stage!r}: {out} holds an unfinished run with no checkpoint to resume from (found: "
-                    f"{describe_checkpoints(out)}); nothing was deleted. To train it again from the start, "
-                    f"{DEMO_WAYS_OUT}"
-                )
-            if restart:
-                log.warning("%s: its earlier run in %s stopped before saving a checkpoint; training it from the start "
-                            "(its partial %s is replaced)", stage, out, METRICS_FILE)  # fmt: skip
-            train(cfg, resume=resume, overwrite=demo.cfg.demo.force or restart)
+            if demo.cfg.demo.force:
+                resume, overwrite = False, True
+            else:  # a killed stage resumes, or starts again when it saved no checkpoint
+                resume, overwrite = continue_unfinished(out, what=f"demo stage {stage!r}",
+                                                        ways_out=demo_ways_out(stage))  # fmt: skip
+            train(cfg, resume=resume, overwrite=overwrite)
             done.write_text("ok\n")
         caption_stage(demo, stage)
 
@@ -256,11 +243,16 @@ DEMO_LOCK = ".demo.lock"
 """Held in the run directory while a demo runs there (:func:`finecap.locks.output_lock`): a second demo on the same
 directory stops with an error naming the first."""
 
-DEMO_WAYS_OUT = "re-run the stage with --force (demo.force=true), or give the demo another run directory (--out)"
+
+def demo_ways_out(stage: str) -> str:
+    """What a demo user can do about a stage it will not reuse or continue (``--force`` retrains every listed
+    stage, hence ``--stages``)."""
+    return (f"re-run it alone with --stages {stage} --force (demo.force=true), or give the demo another run "
+            "directory (--out)")  # fmt: skip
 
 
 def check_stage_inputs(stage: str, out: Path, cfg: Config, *, kind: str = "demo stage",
-                       ways_out: str = DEMO_WAYS_OUT) -> None:  # fmt: skip
+                       ways_out: str | None = None) -> None:  # fmt: skip
     """Refuse to reuse the finished ``kind`` run ``out`` (named ``stage``) when the inputs it recorded
     (``fingerprints.json``: data, captioner's encoder, retriever) differ from those of its configuration ``cfg`` now,
     e.g. after a change of ``world.*`` or of the world encoder (:func:`finecap.data.fingerprint.check_run`); the error
@@ -270,7 +262,7 @@ def check_stage_inputs(stage: str, out: Path, cfg: Config, *, kind: str = "demo 
     except FingerprintMismatch as e:
         raise FingerprintMismatch(
             f"{kind} {stage!r} was trained on other inputs than its configuration names now, so it is not reused: "
-            f"{e} | {ways_out}"
+            f"{e} | {ways_out or demo_ways_out(stage)}"
         ) from e
 
 
@@ -429,24 +421,26 @@ def run_side_stage(demo: Demo, stage: str) -> float:
     return round(time.perf_counter() - start, 1)
 
 
-def exit_with_parent(parent: int, interval: float = 1.0) -> None:
-    """Poll every ``interval`` seconds whether this process's parent is still ``parent``; once it is not (the demo
-    process died: a ``kill``, a scheduler's time limit, a crash), end this process at once, so that no orphaned
-    stage goes on training into the run directory, competing for the cores and colliding with the next run. A
-    stage stopped this way resumes from its last checkpoint on the next run, like any killed stage. Polling, not
-    Linux's ``PR_SET_PDEATHSIG``: it works on every platform, and a second's delay costs nothing here."""
-    while True:
-        time.sleep(interval)
-        if os.getppid() != parent:
-            sys.stderr.write(f"finecap demo: stage worker {os.getpid()} stops: the demo process {parent} ended\n")
-            os._exit(1)
+def exit_with_parent() -> None:
+    """Block until this worker's parent process (the demo) ends, then end this process at once, so that no orphaned
+    stage goes on training into the run directory, competing for the cores and colliding with the next run. It
+    waits on the parent's sentinel (:func:`multiprocessing.parent_process`), which the operating system signals
+    however the parent ends (a ``kill``, a scheduler's time limit, a crash), on every platform and also when the
+    parent ended before this thread started. A stage stopped this way resumes on the next run, like any killed
+    stage."""
+    parent = multiprocessing.parent_process()
+    if parent is None:  # not a multiprocessing child: nothing to watch
+        return
+    multiprocessing.connection.wait([parent.sentinel])
+    sys.stderr.write(f"finecap demo: stage worker {os.getpid()} stops: the demo process {parent.pid} ended\n")
+    os._exit(1)
 
 
 def _worker_setup(queue: Any, level: int) -> None:
     """A worker process sends finecap's log records to the parent (``queue``), which hands them to its own loggers
     (:class:`_Redispatch`), shows no progress bars (several stages share the terminal), and ends when the parent
     does (:func:`exit_with_parent`)."""
-    threading.Thread(target=exit_with_parent, args=(os.getppid(),), name="finecap-parent-watch", daemon=True).start()
+    threading.Thread(target=exit_with_parent, name="finecap-parent-watch", daemon=True).start()
     os.environ.setdefault("TQDM_DISABLE", "1")
     logger = logging.getLogger("finecap")
     logger.handlers[:] = [logging.handlers.QueueHandler(queue)]
@@ -475,7 +469,7 @@ def main(
     run_dir = Path(cfg.run.dir) if cfg.run.dir else cfg.run.root_path / "demo"
     log.info("demo: run directory %s", run_dir)
     cfg = dataclasses.replace(cfg, demo=dataclasses.replace(cfg.demo, quick=quick))  # config.yaml says quick
-    demo = Demo(cfg=cfg, items=list(items or []), quick=quick, run_dir=run_dir, recipe=recipe)
+    demo = Demo(cfg=cfg, items=list(items or []), quick=quick, run_dir=run_dir, recipe=read_recipe(recipe))
     run_dir.mkdir(parents=True, exist_ok=True)
     with output_lock(run_dir, log=log.warning, name=DEMO_LOCK, holder="finecap demo"):
         return run_stages(demo)

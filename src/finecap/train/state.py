@@ -30,6 +30,7 @@ it stops with an error listing what it found. ``best`` is never touched by resum
 from __future__ import annotations
 
 import json
+import logging
 import math
 import os
 import random
@@ -55,6 +56,8 @@ from finecap.train.checkpoint import (
     temporary_dir,
 )
 from finecap.utils import atomic_replace_dir, atomic_write_text, previous_dir, read_json
+
+log = logging.getLogger(__name__)
 
 METRICS_FILE = "metrics.jsonl"
 TRACKERS_DIR = "trackers"
@@ -369,6 +372,35 @@ def prepare_run_dir(run_dir: Path, *, resume: bool, overwrite: bool) -> Path | N
             elif old.exists():
                 old.unlink()
     return None
+
+
+def stopped_before_checkpoint(run_dir: Path) -> bool:
+    """Whether ``run_dir`` holds a run stopped before it saved any checkpoint: a partial event log and at most
+    unfinished temporary checkpoint folders (``checkpoints/.<name>...``; a finished ``.last.tmp`` is resumable)."""
+    checkpoints = run_dir / "checkpoints"
+    saved = checkpoints.is_dir() and any(not p.name.startswith(".") for p in checkpoints.iterdir())
+    return holds_run(run_dir) and not saved and find_resumable(run_dir) is None
+
+
+def continue_unfinished(run_dir: Path, *, what: str, ways_out: str) -> tuple[bool, bool]:
+    """``(resume, overwrite)`` for :func:`prepare_run_dir` when a runner (the demo's stages, the paper-tables runner)
+    trains ``what`` in ``run_dir`` again because it did not finish: resume from the newest complete checkpoint; a
+    run stopped before it saved any checkpoint has nothing to resume and nothing to keep, so it starts again
+    (``overwrite``, which still refuses files finecap did not make, :func:`foreign_run_files`); an empty or missing
+    folder starts fresh. A saved but not resumable checkpoint (``best`` without ``last``) is kept: a
+    :class:`CheckpointError` listing what was found, and the caller's ``ways_out``."""
+    if find_resumable(run_dir) is not None:
+        return True, False
+    if stopped_before_checkpoint(run_dir):
+        log.warning("%s: its earlier run in %s stopped before saving a checkpoint; training it from the start (its "
+                    "partial %s is replaced)", what, run_dir, METRICS_FILE)  # fmt: skip
+        return False, True
+    if holds_run(run_dir):
+        raise CheckpointError(
+            f"{what}: {run_dir} holds an unfinished run with no checkpoint to resume from (found: "
+            f"{describe_checkpoints(run_dir)}); nothing was deleted. To train it again from the start, {ways_out}"
+        )
+    return False, False
 
 
 def truncate_metrics(path: Path, step: int) -> None:
