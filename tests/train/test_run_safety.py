@@ -306,3 +306,33 @@ def test_accumulation_survives_training_the_world_encoder_first(make_cfg):
                    "train.batch_size=8", "train.max_steps=2")  # fmt: skip
     run_dir = train(cfg)
     assert step_of(checkpoint_dir(run_dir, "last")) == 2
+
+
+def test_continue_unfinished_resumes_restarts_or_refuses(tmp_path, caplog):
+    """The one policy of the runners that re-run unfinished runs (the demo's stages, the paper-tables runner)."""
+    from finecap.train.state import continue_unfinished
+
+    def case(name: str, files: dict[str, str]):
+        run = tmp_path / name
+        run.mkdir()
+        for rel, text in files.items():
+            (run / rel).parent.mkdir(parents=True, exist_ok=True)
+            (run / rel).write_text(text)
+        return run
+
+    event = '{"step": 10, "split": "train", "values": {"loss": 1.0}}\n'
+    go = {"what": "stage x", "ways_out": "do this"}
+    assert continue_unfinished(tmp_path / "missing", **go) == (False, False)  # nothing there: a fresh start
+    assert continue_unfinished(case("empty", {}), **go) == (False, False)
+    resumable = {"metrics.jsonl": event, "checkpoints/last/trainer_state.json": '{"step": 3}',
+                 "checkpoints/last/state/loop.json": "{}"}  # fmt: skip
+    assert continue_unfinished(case("resumable", resumable), **go) == (True, False)
+    assert continue_unfinished(case("early", {"metrics.jsonl": event}), **go) == (False, True)
+    torn = {"metrics.jsonl": event, "checkpoints/.last.tmp/model/config.json": "{}"}  # killed saving the first one
+    assert continue_unfinished(case("torn", torn), **go) == (False, True)
+    assert caplog.text.count("stage x: its earlier run in") == 2
+    best_only = case("best", {"metrics.jsonl": event, "checkpoints/best/model/config.json": "{}"})
+    with pytest.raises(CheckpointError) as e:
+        continue_unfinished(best_only, **go)
+    assert str(e.value).startswith(f"stage x: {best_only} holds an unfinished run with no checkpoint to resume from")
+    assert str(e.value).endswith("nothing was deleted. To train it again from the start, do this")
