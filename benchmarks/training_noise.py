@@ -27,7 +27,6 @@ import subprocess
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
 METRICS = ("CIDEr-D", "sample/Div-2")
 
@@ -87,6 +86,7 @@ def repeat_scores(folder: Path, stages: Sequence[str]) -> dict[str, dict[str, fl
     from finecap.app.demo import Demo, diversity_metrics
     from finecap.config import load
     from finecap.data.datasets import load_records
+    from finecap.train.state import config_changes
     from paired_difference import stage_items
 
     cfg = load(str(folder / "config.yaml"), [])
@@ -94,10 +94,13 @@ def repeat_scores(folder: Path, stages: Sequence[str]) -> dict[str, dict[str, fl
     items = [*source_overrides(folder), f"run.seed={cfg.run.seed}"]
     demo = Demo(cfg=cfg, items=items, quick=cfg.demo.quick, run_dir=folder)
     for stage in stages:  # the samples are decoded with the stage's configuration: it must be the one that trained
-        differ = config_differences(demo.stage_config(stage), load(str(folder / stage / "config.yaml"), []))
+        rebuilt = demo.stage_config(stage).to_dict(redact=True)  # as the stage saved its config.yaml
+        compared = {section: {k: v for k, v in values.items() if (section, k) not in IGNORED}
+                    for section, values in rebuilt.items() if section != "demo"}  # fmt: skip
+        differ = config_changes(folder / stage / "config.yaml", compared)
         if differ:
-            raise SystemExit(f"{folder / stage}: the configuration rebuilt here differs from the stage's own in "
-                             f"{', '.join(differ)}")  # fmt: skip
+            raise SystemExit(f"{folder / stage}: the configuration rebuilt here differs from the stage's own: "
+                             f"{'; '.join(differ)}")  # fmt: skip
     references = {r.image_id: r.captions[1:] for r in load_records(cfg, "test")}
     ciders = stage_items(folder, stages, "cider", "CIDEr-D")
     return {stage: {"CIDEr-D": statistics.fmean(items.values()),
@@ -106,14 +109,8 @@ def repeat_scores(folder: Path, stages: Sequence[str]) -> dict[str, dict[str, fl
 
 
 IGNORED = {("run", "dir"), ("train", "init_from")}
-"""Where a stage's configuration may differ from the one rebuilt for it: the paths of the folder it was trained in."""
-
-
-def config_differences(rebuilt: Any, stored: Any) -> list[str]:
-    """The ``section.key`` names where two stage configurations differ, but for :data:`IGNORED` and ``demo.*``."""
-    a, b = rebuilt.to_dict(), stored.to_dict()
-    return [f"{section}.{key}" for section in a if section != "demo" for key in a[section]
-            if (section, key) not in IGNORED and a[section][key] != b.get(section, {}).get(key)]  # fmt: skip
+"""Where a stage's configuration may differ from the one rebuilt for it (besides ``demo.*``): the paths of the
+folder it was trained in."""
 
 
 def source_scores(source: Path, stages: Sequence[str]) -> dict[str, dict[str, float]]:

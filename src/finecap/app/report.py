@@ -38,6 +38,7 @@ from typing import Any
 
 from tqdm import tqdm
 
+from finecap.app.demo_vcb import FIELD_ROWS
 from finecap.config import Config, load, load_stored
 from finecap.data.fingerprint import check_run_dir
 from finecap.data.formats import Record
@@ -178,7 +179,7 @@ def _extra_sections(run_dir: Path) -> list[dict[str, Any]]:
             "id": "vcb", "short": "Visual Caption Boosting", "title": "Visual Caption Boosting (NDLB Tables 2-3)",
             "note": f"From {vcb.name}. {note}.",
             "tables": [single_table("caption fields of the test split (Table 2)", data.get("captions", {}),
-                                    reference_rows=("human (1st caption)",)),
+                                    reference_rows=[row for row, field in FIELD_ROWS.items() if field == "original"]),
                        single_table("captioners trained on them (Table 3)", models)],
         })  # fmt: skip
     transfer = run_dir / "transfer" / "results.json"

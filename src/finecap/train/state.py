@@ -374,14 +374,6 @@ def prepare_run_dir(run_dir: Path, *, resume: bool, overwrite: bool) -> Path | N
     return None
 
 
-def stopped_before_checkpoint(run_dir: Path) -> bool:
-    """Whether ``run_dir`` holds a run stopped before it saved any checkpoint: a partial event log and at most
-    unfinished temporary checkpoint folders (``checkpoints/.<name>...``; a finished ``.last.tmp`` is resumable)."""
-    checkpoints = run_dir / "checkpoints"
-    saved = checkpoints.is_dir() and any(not p.name.startswith(".") for p in checkpoints.iterdir())
-    return holds_run(run_dir) and not saved and find_resumable(run_dir) is None
-
-
 def continue_unfinished(run_dir: Path, *, what: str, ways_out: str) -> tuple[bool, bool]:
     """``(resume, overwrite)`` for :func:`prepare_run_dir` when a runner (the demo's stages, the paper-tables runner)
     trains ``what`` in ``run_dir`` again because it did not finish: resume from the newest complete checkpoint; a
@@ -391,16 +383,17 @@ def continue_unfinished(run_dir: Path, *, what: str, ways_out: str) -> tuple[boo
     :class:`CheckpointError` listing what was found, and the caller's ``ways_out``."""
     if find_resumable(run_dir) is not None:
         return True, False
-    if stopped_before_checkpoint(run_dir):
-        log.warning("%s: its earlier run in %s stopped before saving a checkpoint; training it from the start (its "
-                    "partial %s is replaced)", what, run_dir, METRICS_FILE)  # fmt: skip
-        return False, True
-    if holds_run(run_dir):
+    if not holds_run(run_dir):
+        return False, False
+    checkpoints = run_dir / "checkpoints"  # nothing resumable: are there saved (not temporary) checkpoints at all?
+    if checkpoints.is_dir() and any(not p.name.startswith(".") for p in checkpoints.iterdir()):
         raise CheckpointError(
             f"{what}: {run_dir} holds an unfinished run with no checkpoint to resume from (found: "
             f"{describe_checkpoints(run_dir)}); nothing was deleted. To train it again from the start, {ways_out}"
         )
-    return False, False
+    log.warning("%s: its earlier run in %s stopped before saving a checkpoint; training it from the start (its "
+                "partial %s is replaced)", what, run_dir, METRICS_FILE)  # fmt: skip
+    return False, True
 
 
 def truncate_metrics(path: Path, step: int) -> None:
