@@ -255,6 +255,24 @@ def case_binary_predictions(ctx):
     return argv, [str(results), "UTF-8"]
 
 
+def case_decompression_bomb_image(ctx):
+    # a PNG header declaring 30000 x 30000 pixels, read for CLIPScore (tests/test_hostile_images.py has the rest)
+    from test_hostile_images import png_header
+
+    results, refs = _eval_inputs(ctx.tmp)
+    png_header(ctx.tmp / "1.png", 30000, 30000)
+    argv = ["eval", "--predictions", str(results), "--references", str(refs), "--metrics", "clipscore",
+            f"retriever.checkpoint={ctx.clip}", f"run.cache_dir={ctx.tmp / 'cache'}"]  # fmt: skip
+    return argv, [f"{ctx.tmp / '1.png'}: image too large", "MAX_IMAGE_PIXELS"]
+
+
+def case_reference_image_outside_its_folder(ctx):
+    results, refs = _eval_inputs(ctx.tmp)
+    refs.write_text(refs.read_text().replace('"1.png"', '"../1.png"'))
+    argv = ["eval", "--predictions", str(results), "--references", str(refs), "--metrics", "bleu"]
+    return argv, [f"{refs}, line 1: image path '../1.png'", "data.allow_outside_paths=true"]
+
+
 def _bags_case(ctx, text: str, expected: str):
     results, refs = _eval_inputs(ctx.tmp)
     bags = ctx.tmp / "bags.json"

@@ -75,11 +75,12 @@ def test_data_file_fingerprint_is_the_sha256_of_its_bytes(world, tmp_path):
     assert dataset_fingerprint("karpathy", path, split="test")["split"] == "test"
 
 
-def test_world_fingerprint_is_its_content_key(world, tmp_path):
+def test_world_fingerprint_is_its_content_key_and_dataset_hash(world, tmp_path):
     cfg = load(None, [f"world.out={world}"])
     fp = data_fingerprint(cfg)
     assert fp["world_key"] == world_key(WorldConfig(n_train=6, n_val=2, n_test=3, image_size=16, seed=0))
-    assert (fp["kind"], fp["format"]) == ("world", "world") and "sha256" not in fp
+    assert (fp["kind"], fp["format"]) == ("world", "world")
+    assert fp["sha256"] == hashlib.sha256((world / "dataset.json").read_bytes()).hexdigest()  # its content too
     # Another world copied over the same folder: the fingerprint follows the files, not the configuration.
     other = tiny_world(tmp_path / "other", seed=1)
     replaced = tmp_path / "replaced"

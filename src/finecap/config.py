@@ -35,6 +35,7 @@ from finecap.registry import (
     VALIDATOR_KEYS,
     is_dotted_path,
 )
+from finecap.utils import SHORT_REPR_LIMIT, YAMLRefused, load_yaml, short_repr
 
 
 class ConfigError(ValueError):
@@ -54,7 +55,12 @@ def did_you_mean(name: object, valid: typing.Iterable[object], prefix: str = "")
 
         >>> did_you_mean("n_trian", ["n_train", "n_val"])
         " (did you mean 'n_train'?)"
+
+    Only a name of at most :data:`~finecap.utils.SHORT_REPR_LIMIT` characters is compared (a number or a long text is
+    no typo of a name, and ``str()`` of a nested value read from a file can be enormous).
     """
+    if not isinstance(name, str | int | float) or len(str(name)) > SHORT_REPR_LIMIT:
+        return ""
     match = difflib.get_close_matches(str(name), [str(v) for v in valid], n=1, cutoff=0.6)
     return f" (did you mean {prefix + match[0]!r}?)" if match else ""
 
@@ -69,6 +75,24 @@ def doc(default: Any, text: str) -> Any:
 def _check(cond: bool, key: str, message: str) -> None:
     if not cond:
         raise ConfigError(f"{key}: {message}", key=key)
+
+
+def _check_at_most(value: float, key: str, limit: float, why: str) -> None:
+    """The upper bound of an option that sizes memory or work (see the bounds below): ``value <= limit``, else a
+    :class:`ConfigError` naming ``key`` and saying ``why`` the bound is where it is."""
+    _check(value <= limit, key, f"must be <= {limit}, got {short_repr(value, 30)} ({why})")
+
+
+# Upper bounds of the options that size memory or work. Generous (no real run comes near them) but finite, so that a
+# typo (data.max_tokens=1e9 would allocate 512 GB) or a tampered stored config.yaml (decode.beam_size: 100000) is
+# refused when the configuration is read, naming the key, instead of exhausting memory or running for ever.
+MAX_TOKENS = 4096  # tokens of a caption: the longest dense VLM captions (DCI, DOCCI) are ~1,000; GPT-2 reads 1,024
+MAX_BATCH = 65_536  # examples of one batch: twice the largest contrastive batch in use (CLIP's 32,768)
+MAX_SPLIT = 1_000_000  # scenes of a world split: COCO has 123k images
+MAX_PROCESSES = 256  # worker processes or threads started at once: the cores of a large two-socket machine
+MAX_BAG = 1024  # images in a bag: TrueMatch and BagCurri use 3 to 7
+MAX_TINY_LAYERS, MAX_TINY_HIDDEN = 48, 2048  # world-tiny models: GPT-2 XL (48 layers, 1,600 wide) is not tiny
+MAX_DECODE_POSITIONS = 2**26  # token positions of one decoding batch (rows x length): 67M, ~TBs of KV cache
 
 
 # Allowed values of string options, defined once: the fields below use them and the modules that dispatch on them
@@ -149,6 +173,8 @@ class WorldConfig:
         )
         _check(0.0 <= self.pattern_prob <= 1.0, "world.pattern_prob", "must be in [0, 1]")
         _check(self.families == 0 or self.families >= 2, "world.families", "must be 0 (off) or >= 2")
+        for key in ("n_train", "n_val", "n_test"):
+            _check_at_most(getattr(self, key), f"world.{key}", MAX_SPLIT, "scenes rendered per split")
 
 
 @dataclass
@@ -156,6 +182,7 @@ class DataConfig:
     format: DataFormat = doc("world", "Data set format of data.path.")
     path: str = doc("", "Data set file (Karpathy JSON, COCO annotations, JSONL); empty = the world at world.out.")
     images: str = doc("", "Image root for relative image paths; empty = next to data.path.")
+    allow_outside_paths: bool = doc(False, "Let records name image files outside the image root (real paths).")
     image_column: str = doc("image", "data.format=hf: column of the image (Image feature or path string).")
     caption_column: str = doc("captions", "data.format=hf: column of the reference caption(s) (string or list).")
     split_column: str = doc("", "data.format=hf: column naming each row's split; empty = the named splits.")
@@ -175,10 +202,16 @@ class DataConfig:
     )
 
     def __post_init__(self) -> None:
+        _check(self.max_tokens >= 1, "data.max_tokens", "must be >= 1")
+        _check_at_most(self.max_tokens, "data.max_tokens", MAX_TOKENS, "tokens per caption; batches are this long")
+        _check(self.num_workers >= 0, "data.num_workers", "must be >= 0 (0 = load in the main process)")
+        _check_at_most(self.num_workers, "data.num_workers", MAX_PROCESSES, "each worker is a process")
         _check(self.bag_neighbours >= 1, "data.bag_neighbours", "must be >= 1")
+        _check_at_most(self.bag_neighbours, "data.bag_neighbours", 10_000, "an images x neighbours table; NDLB: 200")
         for end, size in self.bag_schedule.items():
             _check(end >= 1, "data.bag_schedule", f"end epochs must be >= 1, got {end}")
             _check(size == 0 or size >= 2, "data.bag_schedule", f"bag sizes must be 0 (random) or >= 2, got {size}")
+            _check_at_most(size, "data.bag_schedule", MAX_BAG, "images per bag; BagCurri grows bags from 3 to 7")
 
 
 @dataclass
@@ -196,7 +229,11 @@ class RetrieverConfig:
 
     def __post_init__(self) -> None:
         _check(self.epochs >= 0, "retriever.epochs", "must be >= 0")
+        _check_at_most(self.epochs, "retriever.epochs", 10_000, "the world encoder trains 10 epochs by default")
         _check(self.batch_size >= 2, "retriever.batch_size", "must be >= 2 (contrastive needs negatives)")
+        _check_at_most(self.batch_size, "retriever.batch_size", MAX_BATCH, "a batch x batch similarity matrix")
+        _check(self.batch_size_eval >= 1, "retriever.batch_size_eval", "must be >= 1")
+        _check_at_most(self.batch_size_eval, "retriever.batch_size_eval", MAX_BATCH, "images or texts per pass")
         _check(self.aux_weight >= 0, "retriever.aux_weight", "must be >= 0")
         _check(0.0 <= self.dense_fraction <= 1.0, "retriever.dense_fraction", "must be in [0, 1]")
 
@@ -220,6 +257,8 @@ class ModelConfig:
 def _check_tiny(section: str, layers: int, hidden: int, heads: int, dropout: float = 0.0) -> None:
     """The checks of a backbone section's world-tiny sizes (``<section>.tiny_*``)."""
     _check(layers >= 1, f"{section}.tiny_layers", "must be >= 1")
+    _check_at_most(layers, f"{section}.tiny_layers", MAX_TINY_LAYERS, "a world-tiny model trained from scratch")
+    _check_at_most(hidden, f"{section}.tiny_hidden", MAX_TINY_HIDDEN, "a world-tiny model trained from scratch")
     _check(0.0 <= dropout < 1.0, f"{section}.tiny_dropout", "must be in [0, 1)")
     heads_ok = heads >= 1 and hidden % heads == 0
     _check(heads_ok, f"{section}.tiny_heads", f"must be >= 1 and divide {section}.tiny_hidden={hidden}")
@@ -239,8 +278,11 @@ class ClipCapBackboneConfig:
 
     def __post_init__(self) -> None:
         _check(self.prefix_length >= 1, "clipcap.prefix_length", "must be >= 1")
+        _check_at_most(self.prefix_length, "clipcap.prefix_length", 1024, "GPT-2's whole context; ClipCap: 10 or 40")
         _check(self.mapper_layers >= 1, "clipcap.mapper_layers", "must be >= 1")
+        _check_at_most(self.mapper_layers, "clipcap.mapper_layers", 64, "ClipCap's transformer mapper has 8")
         _check(self.mapper_heads >= 1, "clipcap.mapper_heads", "must be >= 1")
+        _check_at_most(self.mapper_heads, "clipcap.mapper_heads", 256, "it must divide the LM's hidden size")
         _check_tiny("clipcap", self.tiny_layers, self.tiny_hidden, self.tiny_heads, self.tiny_dropout)
 
 
@@ -378,9 +420,18 @@ class TrainConfig:
     def __post_init__(self) -> None:
         _check(self.epochs > 0 or self.max_steps > 0, "train.epochs/train.max_steps", "one of them must be > 0")
         _check(self.batch_size >= 1, "train.batch_size", "must be >= 1")
+        _check_at_most(self.batch_size, "train.batch_size", MAX_BATCH, "examples per micro-batch per process")
         _check(self.grad_accum_steps >= 1, "train.grad_accum_steps", "must be >= 1")
+        _check_at_most(self.grad_accum_steps, "train.grad_accum_steps", 4096, "micro-batches per optimizer step")
+        _check_at_most(self.epochs, "train.epochs", 100_000, "the papers train 1 to 20 epochs")
+        _check_at_most(self.max_steps, "train.max_steps", 100_000_000, "LLM pre-training takes ~1,000,000 steps")
+        _check_at_most(self.log_captions, "train.log_captions", 1024, "decoded in one batch at each evaluation")
         for tracker in self.log_with:
-            _check(tracker in TRACKERS, "train.log_with", f"unknown tracker {tracker!r}; valid: {', '.join(TRACKERS)}")
+            _check(
+                tracker in TRACKERS,
+                "train.log_with",
+                f"unknown tracker {short_repr(tracker)}; valid: {', '.join(TRACKERS)}",
+            )
         _check(self.log_captions >= 0, "train.log_captions", "must be >= 0")
         _check(self.lr > 0, "train.lr", "must be > 0")
         _check(self.warmup_steps >= 0, "train.warmup_steps", "must be >= 0")
@@ -411,7 +462,21 @@ class DecodeConfig:
 
     def __post_init__(self) -> None:
         _check(self.max_length >= 1, "decode.max_length", "must be >= 1")
+        _check_at_most(self.max_length, "decode.max_length", MAX_TOKENS, "tokens per caption")
         _check(self.beam_size >= 1, "decode.beam_size", "must be >= 1")
+        _check_at_most(self.beam_size, "decode.beam_size", 100, "captioning papers search 3 to 10 beams")
+        _check(self.batch_size >= 1, "decode.batch_size", "must be >= 1")
+        _check_at_most(self.batch_size, "decode.batch_size", MAX_BATCH, "images decoded at once")
+        _check_at_most(self.num_return_sequences, "decode.num_return_sequences", 4096, "captions kept per image")
+        rows = self.beam_size if self.strategy == "beam" else self.num_return_sequences
+        positions = self.batch_size * rows * self.max_length
+        _check(
+            positions <= MAX_DECODE_POSITIONS,
+            "decode.batch_size",
+            f"decode.batch_size x {'decode.beam_size' if self.strategy == 'beam' else 'decode.num_return_sequences'} "
+            f"x decode.max_length = {positions:,} token positions in one decoding batch, more than "
+            f"{MAX_DECODE_POSITIONS:,} (the decoder caches every position of every layer); lower decode.batch_size",
+        )
         _check(self.temperature > 0, "decode.temperature", "must be > 0")
         _check(0 < self.top_p <= 1, "decode.top_p", "must be in (0, 1]")
         _check(self.top_k >= 0, "decode.top_k", "must be >= 0")
@@ -450,10 +515,13 @@ class EvalConfig:
     vocab_min_count: int = doc(5, "A word counts towards vocabulary usage when used at least this often (NDLB).")
 
     def __post_init__(self) -> None:
-        _check(self.n_distractors >= 1, "eval.n_distractors", "must be >= 1")
+        _check(self.n_distractors >= 1, "eval.n_distractors", "must be >= 1")  # at most the images: checked on use
         _check(self.draws >= 1, "eval.draws", "must be >= 1")
+        _check_at_most(self.draws, "eval.draws", 1000, "each draw ranks every caption again; the papers average 3")
         _check(all(s >= 2 for s in self.bag_sizes), "eval.bag_sizes", "bag sizes must be >= 2")
+        _check_at_most(max(self.bag_sizes, default=2), "eval.bag_sizes", MAX_BAG, "images per bag; TrueMatch: 3-7")
         _check(self.batch_size >= 1, "eval.batch_size", "must be >= 1")
+        _check_at_most(self.batch_size, "eval.batch_size", MAX_BATCH, "captions per forward pass")
         _check(self.vocab_min_count >= 1, "eval.vocab_min_count", "must be >= 1")
 
 
@@ -469,6 +537,7 @@ class SmileConfig:
     def __post_init__(self) -> None:
         _check(0.0 <= self.mle_weight <= 1.0, "smile.mle_weight", f"must be in [0, 1], got {self.mle_weight}")
         _check(self.random_k >= 1, "smile.random_k", "must be >= 1")
+        _check_at_most(self.random_k, "smile.random_k", 262_144, "more ids than the largest vocabularies (256k)")
         _check(
             self.first_token != "shift" or self.shift_token_id is not None,
             "smile.shift_token_id",
@@ -496,6 +565,7 @@ class RLConfig:
     def __post_init__(self) -> None:
         _check(bool(self.rewards), "rl.rewards", "needs at least one reward, e.g. {cider: 1.0}")
         _check(self.samples >= 1, "rl.samples", "must be >= 1")
+        _check_at_most(self.samples, "rl.samples", 256, "captions decoded per image; SCST: 5, GRPO-style: 8 to 64")
         _check(self.temperature > 0, "rl.temperature", "must be > 0")
         _check(
             self.strategy == "sample" or self.samples == 1,
@@ -533,6 +603,7 @@ class SRConfig:
 
     def __post_init__(self) -> None:
         _check(self.hard_k >= 1, "sr.hard_k", "must be >= 1")
+        _check_at_most(self.hard_k, "sr.hard_k", MAX_BAG, "mined distractors per target; DiscriTune D.2: 5 or 10")
         _check(self.logit_scale >= 0, "sr.logit_scale", "must be >= 0 (0 = the retriever's own)")
         _check(
             self.duplicate_threshold is None or -1.0 <= self.duplicate_threshold <= 1.0,
@@ -558,6 +629,7 @@ class LoraConfig:
 
     def __post_init__(self) -> None:
         _check(self.rank >= 1, "lora.rank", "must be >= 1")
+        _check_at_most(self.rank, "lora.rank", 4096, "a rank beyond the layer's width adapts nothing more")
         _check(self.alpha > 0, "lora.alpha", "must be > 0")
         _check(0.0 <= self.dropout < 1.0, "lora.dropout", "must be in [0, 1)")
 
@@ -586,7 +658,7 @@ def _http_url_problem(url: str) -> str | None:
     except ValueError as e:
         return f"malformed URL ({e})"
     if parts.scheme not in ("http", "https"):
-        return f"not an http(s) URL (scheme {parts.scheme or 'missing'!r}); e.g. http://localhost:8000/v1"
+        return f"not an http(s) URL (scheme {short_repr(parts.scheme or 'missing')}); e.g. http://localhost:8000/v1"
     if not parts.hostname:
         return "the URL names no host; e.g. http://localhost:8000/v1"
     return None
@@ -634,13 +706,17 @@ class BoostConfig:
 
     def __post_init__(self) -> None:
         _check(self.concurrency >= 1, "boost.concurrency", "must be >= 1")
+        _check_at_most(self.concurrency, "boost.concurrency", 1024, "requests in flight, one thread each")
         _check(self.timeout > 0, "boost.timeout", "must be > 0")
         _check(self.retries >= 0, "boost.retries", "must be >= 0")
+        _check_at_most(self.retries, "boost.retries", 100, "each retry waits; a failing server would hold the run")
         _check(self.retry_max_wait >= 0, "boost.retry_max_wait", "must be >= 0")
         _check(0 <= self.max_failure_rate <= 1, "boost.max_failure_rate", "must be a fraction in [0, 1]")
         _check(self.max_consecutive_failures >= 1, "boost.max_consecutive_failures", "must be >= 1")
         _check(self.batch_size >= 1, "boost.batch_size", "must be >= 1")
+        _check_at_most(self.batch_size, "boost.batch_size", 4096, "prompts generated at once by transformers")
         _check(self.max_new_tokens >= 1, "boost.max_new_tokens", "must be >= 1")
+        _check_at_most(self.max_new_tokens, "boost.max_new_tokens", 32_768, "a caption rewrite takes ~200 tokens")
         _check(self.temperature >= 0, "boost.temperature", "must be >= 0")
         _check(self.limit >= 0, "boost.limit", "must be >= 0")
         for role in ("llm", "vlm"):
@@ -667,7 +743,9 @@ class DemoConfig:
 
     def __post_init__(self) -> None:
         _check(self.jobs >= 0, "demo.jobs", "must be >= 0 (0 = from the core count)")
+        _check_at_most(self.jobs, "demo.jobs", MAX_PROCESSES, "each job is a process")
         _check(self.stage_threads >= 1, "demo.stage_threads", "must be >= 1")
+        _check_at_most(self.stage_threads, "demo.stage_threads", MAX_PROCESSES, "torch threads of each stage")
 
 
 SECTIONS: dict[str, type] = {
@@ -724,7 +802,11 @@ class Config:
         (:func:`absolute_paths`), so the stored file means the same from any working directory."""
         from finecap.utils import atomic_write_text
 
-        atomic_write_text(path, yaml.safe_dump(self.saved_dict(), sort_keys=False))
+        atomic_write_text(path, self.to_yaml())
+
+    def to_yaml(self) -> str:
+        """What :meth:`save` writes: :meth:`saved_dict` as YAML."""
+        return yaml.safe_dump(self.saved_dict(), sort_keys=False)
 
     def saved_dict(self) -> dict[str, dict[str, Any]]:
         """What :meth:`save` writes (and trackers receive): relative paths made absolute, secrets masked."""
@@ -772,7 +854,9 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
     if origin is Literal:
         if value not in args:
             choices = ", ".join(map(str, args))
-            raise ConfigError(f"{key}: invalid value {value!r}{did_you_mean(value, args)}; valid choices: {choices}")
+            raise ConfigError(
+                f"{key}: invalid value {short_repr(value)}{did_you_mean(value, args)}; valid choices: {choices}"
+            )
         return value
     if origin in (types.UnionType, typing.Union):
         if value is None and type(None) in args:
@@ -785,29 +869,29 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
                 return _coerce(value, a, key)
             except ConfigError as e:
                 errors.append(str(e))
-        raise ConfigError(f"{key}: expected {' | '.join(_type_name(a) for a in args)}, got {value!r}")
+        raise ConfigError(f"{key}: expected {' | '.join(_type_name(a) for a in args)}, got {short_repr(value)}")
     if origin is list:
         if isinstance(value, str):  # "a,b" reads like [a, b], "a" like [a], "" like []
             value = [_list_item(part.strip(), args[0]) for part in value.split(",")] if value.strip() else []
         elif not isinstance(value, list | tuple | dict):  # a single number or boolean
             value = [value]
         if not isinstance(value, list | tuple):
-            raise ConfigError(f"{key}: expected a list, got {value!r}")
+            raise ConfigError(f"{key}: expected a list, got {short_repr(value)}")
         return [_coerce(v, args[0], f"{key}[{i}]") for i, v in enumerate(value)]
     if origin is dict:
         if not isinstance(value, dict):
-            raise ConfigError(f"{key}: expected a mapping, got {value!r}")
+            raise ConfigError(f"{key}: expected a mapping, got {short_repr(value)}")
         return {_coerce(k, args[0], f"{key} key"): _coerce(v, args[1], f"{key}.{k}") for k, v in value.items()}
     if tp is bool:
         if isinstance(value, bool):
             return value
-        raise ConfigError(f"{key}: expected true/false, got {value!r}")
+        raise ConfigError(f"{key}: expected true/false, got {short_repr(value)}")
     if tp is int:
         if isinstance(value, int) and not isinstance(value, bool):
             return value
         if isinstance(value, float) and value.is_integer():
             return int(value)
-        raise ConfigError(f"{key}: expected an integer, got {value!r}")
+        raise ConfigError(f"{key}: expected an integer, got {short_repr(value)}")
     if tp is float:
         number = None
         if isinstance(value, int | float) and not isinstance(value, bool):
@@ -818,16 +902,16 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
             except ValueError:
                 number = None
         if number is None:
-            raise ConfigError(f"{key}: expected a number, got {value!r}")
+            raise ConfigError(f"{key}: expected a number, got {short_repr(value)}")
         if not math.isfinite(number):  # inf/nan in a learning rate or weight silently wrecks a run
-            raise ConfigError(f"{key}: must be a finite number, got {value!r}")
+            raise ConfigError(f"{key}: must be a finite number, got {short_repr(value)}")
         return number
     if tp is str:
         if isinstance(value, str):
             return value
         if isinstance(value, int | float) and not isinstance(value, bool):
             return str(value)
-        raise ConfigError(f"{key}: expected a string, got {value!r}")
+        raise ConfigError(f"{key}: expected a string, got {short_repr(value)}")
     raise ConfigError(f"{key}: unsupported field type {tp!r}")
 
 
@@ -836,8 +920,8 @@ def _list_item(text: str, tp: Any) -> Any:
     if tp is str or typing.get_origin(tp) is Literal:
         return text
     try:
-        return yaml.safe_load(text)
-    except yaml.YAMLError:
+        return load_yaml(text)
+    except (yaml.YAMLError, ValueError):  # the text itself, for the field to judge
         return text
 
 
@@ -873,7 +957,7 @@ def _build_section(name: str, cls: type, values: dict[str, Any], source: str, or
             raise ConfigError(f"{where}{_moved_message(key, str(values.get('kind', ModelConfig.kind)))}", key=key)
         if k not in known:
             raise ConfigError(
-                f"{where}unknown key {key!r}{did_you_mean(k, known, f'{name}.')}; "
+                f"{where}unknown key {short_repr(key)}{did_you_mean(k, known, f'{name}.')}; "
                 f"valid keys of [{name}]: {', '.join(sorted(known))}",
                 key=key,
             )
@@ -893,7 +977,8 @@ def _check_name(name: str, valid: Any, key: str, kind: str, dotted: bool = True)
         return
     hint = " (or a dotted path 'pkg.module:factory')" if dotted else ""
     raise ConfigError(
-        f"{key}: unknown {kind} {name!r}{did_you_mean(name, valid)}; valid names: {', '.join(sorted(valid))}{hint}",
+        f"{key}: unknown {kind} {short_repr(name)}{did_you_mean(name, valid)}; valid names: "
+        f"{', '.join(sorted(valid))}{hint}",
         key=key,
     )
 
@@ -915,7 +1000,8 @@ def check_names(cfg: Config) -> None:
     values = ["loss", "perplexity", *dict.fromkeys(k for v in cfg.train.validators for k in VALIDATOR_KEYS[v])]
     if cfg.train.best_metric not in values:
         raise ConfigError(
-            f"train.best_metric: {cfg.train.best_metric!r}{did_you_mean(cfg.train.best_metric, values)} is not a "
+            f"train.best_metric: {short_repr(cfg.train.best_metric)}{did_you_mean(cfg.train.best_metric, values)} is "
+            "not a "
             f"validation value of this run; available: {', '.join(values)} (train.validators adds values: "
             + ", ".join(f"{name} -> {', '.join(keys)}" for name, keys in VALIDATOR_KEYS.items())
             + ")",
@@ -936,12 +1022,13 @@ def from_dict(data: dict[str, Any] | None, source: str = "", origins: Origins | 
         where = _where("/".join(k for k in origins if k.split(".")[0] == name), origins, source)
         if name not in SECTIONS:
             raise ConfigError(
-                f"{where}unknown section {name!r}{did_you_mean(name, SECTIONS)}; valid sections: {', '.join(SECTIONS)}"
+                f"{where}unknown section {short_repr(name)}{did_you_mean(name, SECTIONS)}; valid sections: "
+                f"{', '.join(SECTIONS)}"
             )
         if values is None:
             values = {}
         if not isinstance(values, dict):
-            raise ConfigError(f"{where}section {name!r} must be a mapping, got {values!r}")
+            raise ConfigError(f"{where}section {short_repr(name)} must be a mapping, got {short_repr(values)}")
         values = {k: "" if f"{name}.{k}" in SECRET_KEYS and v == MASK else v for k, v in values.items()}
         sections[name] = _build_section(name, SECTIONS[name], values, source, origins)
     cfg = Config(**sections)
@@ -953,21 +1040,38 @@ def from_dict(data: dict[str, Any] | None, source: str = "", origins: Origins | 
 
 
 def parse_override(item: str) -> tuple[list[str], Any]:
-    """Parse ``section.key=value`` (value read as YAML: numbers, booleans, lists, mappings)."""
+    """Parse ``section.key=value`` (value read as YAML: numbers, booleans, lists, mappings; anchors, aliases and
+    duplicate keys refused, :func:`finecap.utils.load_yaml`)."""
     if "=" not in item:
-        raise ConfigError(f"override {item!r}: expected section.key=value")
+        raise ConfigError(f"override {_shown_override(item)}: expected section.key=value")
     key, raw = item.split("=", 1)
     parts = key.strip().split(".")
     if len(parts) != 2 or not all(parts):
-        raise ConfigError(f"override {item!r}: the key must look like section.key (e.g. train.lr=1e-4)")
+        raise ConfigError(f"override {_shown_override(item)}: the key must look like section.key (e.g. train.lr=1e-4)")
     try:
-        value = yaml.safe_load(raw) if raw.strip() else ""
-    except yaml.YAMLError:
+        value = load_yaml(raw) if raw.strip() else ""
+    except YAMLRefused as e:
+        if e.kind != "alias":  # an anchor (a value to repeat: a bomb's start) or a duplicate key
+            raise ConfigError(f"override {_shown_override(item)}: {e.reason}", key=key.strip()) from None
+        value = raw  # an alias before any anchor never was YAML (`*best`): the text itself, as before
+    except (yaml.YAMLError, ValueError):  # not YAML (or an integer of thousands of digits): the text itself
         value = raw
     if isinstance(value, str):
         # YAML reads "1e-4" as a string; let the field type decide.
         value = raw.strip()
     return parts, value
+
+
+OVERRIDE_SHOWN = 200
+"""Characters of a command-line override an error message repeats at most (a path fits, a pasted file does not)."""
+
+
+def _shown_override(item: str) -> str:
+    """An override ``section.key=value`` as error messages quote it: shortened (:func:`finecap.utils.short_repr`),
+    the value of a secret key masked."""
+    key = item.split("=", 1)[0].strip()
+    shown = f"{key}={MASK}" if "=" in item and _looks_secret(key) else item.strip()
+    return short_repr(shown, OVERRIDE_SHOWN)
 
 
 def _looks_secret(key: str) -> bool:
@@ -984,8 +1088,7 @@ def merge_overrides(data: dict[str, Any], overrides: list[str], origins: Origins
         (section, key), value = parse_override(item)
         data.setdefault(section, {})[key] = value
         if origins is not None:
-            shown = f"{section}.{key}={MASK}" if _looks_secret(f"{section}.{key}") else item.strip()
-            origins[f"{section}.{key}"] = f"override {shown!r}: "
+            origins[f"{section}.{key}"] = f"override {_shown_override(item)}: "
     return data
 
 

@@ -1,5 +1,5 @@
 """One writer per output folder: ``finecap boost`` holds ``DIR/.boost.lock`` while it works, ``finecap demo`` its run
-directory's ``.demo.lock``.
+directory's ``.demo.lock``, ``finecap train`` its run directory's ``.train.lock``.
 
 The lock is an operating-system lock (``flock``) taken with ``filelock``, so the kernel releases it when its holder
 dies, however it dies. While held, the file records the holder as JSON (``pid``, ``host``, ``started``, ``command``)
@@ -29,9 +29,12 @@ from typing import Any
 from filelock import FileLock, Timeout
 
 from finecap.config import SECRET_KEYS
+from finecap.utils import refuse_link
 
 LOCK_NAME = ".boost.lock"
 """``finecap boost``'s lock file in its output folder."""
+TRAIN_LOCK = ".train.lock"
+"""``finecap train``'s lock file in its run directory (held by the main process while it trains)."""
 
 
 class OutputLocked(ValueError):
@@ -75,6 +78,7 @@ def output_lock(
     :class:`OutputLocked` naming the holder when another process holds it. ``holder`` names the command (``finecap
     boost``, ``finecap demo``) in messages."""
     path = Path(out) / name
+    refuse_link(path)  # the lock file is written: never through a planted link
     record = {"pid": os.getpid(), "host": socket.gethostname(), "started": round(time.time(), 3),
               "command": _command()}  # fmt: skip
     previous: dict[str, Any] = {}

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import errno
 import functools
+import io
 import json
 import os
 import random
+import reprlib
 import shutil
 import tempfile
 import threading
@@ -13,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import yaml
 
 _UMASK_LOCK = threading.Lock()
 PROC_STATUS = "/proc/self/status"
@@ -49,6 +53,21 @@ def dir_mode() -> int:
     return 0o777 & ~current_umask()
 
 
+class OutputRefused(ValueError):
+    """An output path finecap will not write (a symbolic link, one of the command's inputs, a file it did not make;
+    :mod:`finecap.outputs`); a ``ValueError``: the command line prints the message and exits with code 2."""
+
+
+def refuse_link(path: str | Path) -> None:
+    """:class:`OutputRefused` when ``path`` is a symbolic link (dangling or not): finecap never writes through one,
+    and never replaces one (a link planted in a run folder someone shared, which survives ``tar xf``, is named)."""
+    if os.path.islink(path):
+        raise OutputRefused(
+            f"{path}: is a symbolic link (to {os.readlink(path)}); finecap never writes through a link: remove the "
+            "link, or choose another output"
+        )
+
+
 def atomic_write_bytes(path: str | Path, data: bytes) -> None:
     """Write ``data`` to ``path`` through a uniquely named temporary file in the same folder, then rename.
 
@@ -56,9 +75,12 @@ def atomic_write_bytes(path: str | Path, data: bytes) -> None:
     the complete new one, never a half-written file, and an interrupted write leaves no temporary file behind. The
     temporary name is unique per call (``mkstemp``), so concurrent writers of the same file never share one; the last
     rename wins. ``mkstemp`` creates its file with mode 0600; it is given :func:`file_mode` before the rename, so the
-    file ends up with the mode a plain ``open(path, "w")`` would give (0644 under umask 022, 0600 under 077).
+    file ends up with the mode a plain ``open(path, "w")`` would give (0644 under umask 022, 0600 under 077). A
+    symbolic link at ``path`` is refused (:func:`refuse_link`): ``rename`` would not write through it, but a link
+    where finecap writes was planted by someone else and is named, never silently replaced.
     """
     path = Path(path)
+    refuse_link(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
@@ -91,25 +113,159 @@ def read_json(path: str | Path) -> Any:
         raise ValueError(f"{path}: JSON nested too deeply to read (thousands of levels)") from None
 
 
+SHORT_REPR_LIMIT = 60
+"""Characters of a user's value an error message shows at most (:func:`short_repr`)."""
+
+
+def short_repr(value: Any, limit: int = SHORT_REPR_LIMIT) -> str:
+    """``repr(value)`` in at most ``limit`` characters, for error messages: the one way finecap shows a user's value,
+    so that no message can be megabytes long (a value read from a file, or a YAML alias bomb, can be). Built on
+    :mod:`reprlib`, which never renders what it leaves out: a long string keeps its two ends, a container its first
+    items and the first levels of its nesting.
+
+    Example::
+
+        >>> short_repr("ten"), short_repr("x" * 1000, limit=20), short_repr([[[[1]]]] * 100, limit=30)
+        ("'ten'", "'xxxxxxx...xxxxxxxx'", '[[[[...]]], [[[...]]], [[[....')
+    """
+    shortener = reprlib.Repr()
+    shortener.maxlevel = 3
+    for name in ("maxlist", "maxtuple", "maxset", "maxfrozenset", "maxdeque", "maxarray", "maxdict"):
+        setattr(shortener, name, 6)
+    shortener.maxstring = shortener.maxlong = shortener.maxother = max(limit, 5)
+    try:
+        text = shortener.repr(value)
+    except (ValueError, RecursionError):  # an int past Python's digit limit; a self-referencing structure
+        text = f"<{type(value).__name__} too long to show>"
+    return text if len(text) <= limit else text[: max(limit - 3, 0)] + "..."
+
+
+class YAMLRefused(yaml.YAMLError):
+    """Something finecap refuses in a YAML file it reads (:class:`StrictYAMLLoader`): ``reason`` says what, ``line``
+    (1-based) where, ``kind`` which refusal (``"anchor"``, ``"alias"`` or ``"duplicate"``); ``str()`` is
+    ``"line N: reason"``."""
+
+    def __init__(self, reason: str, line: int, kind: str):
+        super().__init__(f"line {line}: {reason}")
+        self.reason, self.line, self.kind = reason, line, kind
+
+
+class StrictYAMLLoader(yaml.SafeLoader):
+    """The one YAML loader of finecap's readers of user files (recipes, stored ``config.yaml``, command-line override
+    values, prompt files): ``yaml.SafeLoader`` that also refuses
+
+    - **anchors and aliases** (``&a`` / ``*a``): an alias repeats a value without copying it, so a few hundred bytes
+      of nested aliases ("billion laughs") stand for billions of values, which any code printing or walking the
+      value (an error message) expands; a recipe has no need for them;
+    - **duplicate keys** at any depth: YAML keeps the last of two equal keys silently, so a recipe holding a
+      section twice would lose the first; the error names the key and both lines.
+
+    Both raise :class:`YAMLRefused` (a ``yaml.YAMLError``) before any value is built. Read with :func:`load_yaml`.
+    """
+
+    def compose_node(self, parent: Any, index: Any) -> Any:
+        event = self.peek_event()
+        alias = isinstance(event, yaml.AliasEvent)
+        if alias or getattr(event, "anchor", None) is not None:
+            mark = f"{'*' if alias else '&'}{event.anchor}"
+            raise YAMLRefused(
+                f"YAML anchors and aliases are not allowed (found {short_repr(mark, 30)}): write the value out in "
+                "full",
+                event.start_mark.line + 1,
+                "alias" if alias else "anchor",
+            )
+        return super().compose_node(parent, index)
+
+    def compose_document(self) -> Any:
+        node = super().compose_document()
+        self._refuse_duplicate_keys(node)
+        return node
+
+    def _refuse_duplicate_keys(self, root: Any) -> None:
+        stack = [(root, "")]
+        while stack:  # a loop, not recursion: nesting as deep as the composer allows
+            node, where = stack.pop()
+            if isinstance(node, yaml.SequenceNode):
+                stack += [(item, f"{where}[{i}]") for i, item in enumerate(node.value)]
+            if not isinstance(node, yaml.MappingNode):
+                continue
+            seen: dict[Any, int] = {}
+            for key_node, value_node in node.value:
+                name = key_node.value if isinstance(key_node, yaml.ScalarNode) else "?"
+                dotted = f"{where}.{name}" if where else str(name)
+                stack.append((value_node, dotted))
+                if not isinstance(key_node, yaml.ScalarNode) or key_node.tag == "tag:yaml.org,2002:merge":
+                    continue
+                key = self.construct_object(key_node)  # as YAML compares keys: `1` and `0x1`, `yes` and `true`
+                line = key_node.start_mark.line + 1
+                try:
+                    first = seen.get(key)
+                except TypeError:  # unhashable: the constructor names it
+                    continue
+                if first is not None:
+                    lines = f"twice on line {line}" if first == line else f"at lines {first} and {line}"
+                    raise YAMLRefused(
+                        f"duplicate key {short_repr(dotted)} {lines} (YAML would keep only the last silently): "
+                        "merge them into one",
+                        line,
+                        "duplicate",
+                    )
+                seen[key] = line
+
+
+def load_yaml(text: str) -> Any:
+    """``text`` read as YAML with :class:`StrictYAMLLoader` (``yaml.safe_load`` without anchors, aliases or
+    duplicate keys): :class:`YAMLRefused` or another ``yaml.YAMLError`` when it cannot be."""
+    loader = StrictYAMLLoader(text)
+    try:
+        return loader.get_single_data()
+    finally:
+        loader.dispose()
+
+
 def read_yaml_mapping(path: str | Path, expected: str) -> dict[str, Any]:
     """A YAML file holding a mapping (an empty file is ``{}``); ``ValueError`` naming the file otherwise, with
-    ``expected`` saying what the mapping should hold."""
-    import yaml
-
+    ``expected`` saying what the mapping should hold. Read with :func:`load_yaml`: anchors, aliases and duplicate
+    keys are refused, naming the file and the line."""
     path = Path(path)
     try:
-        data = yaml.safe_load(path.read_text()) or {}
+        data = load_yaml(path.read_text()) or {}
+    except YAMLRefused as e:
+        raise ValueError(f"{path}: {e}") from None
     except yaml.YAMLError as e:
         raise ValueError(f"{path}: invalid YAML: {e}") from None
+    except ValueError as e:  # a value Python cannot build, e.g. an integer of more than 4300 digits
+        raise ValueError(f"{path}: invalid YAML value: {e}") from None
     if not isinstance(data, dict):
         raise ValueError(f"{path}: {expected}")
     return data
 
 
-def append_jsonl(path: str | Path, record: dict[str, Any]) -> None:
+def open_append(path: str | Path) -> io.TextIOWrapper:
+    """``path`` opened for appending text (created with the umask's mode when missing), never through a symbolic
+    link: ``O_NOFOLLOW`` makes the kernel refuse a link at ``path`` even if one is planted after the check."""
     path = Path(path)
+    refuse_link(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    with path.open("a") as f:
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0), 0o666)
+    except OSError as e:
+        if e.errno == errno.ELOOP:
+            refuse_link(path)  # the link appeared after the check: name it
+        raise
+    return open(fd, "a", encoding="utf-8")  # noqa: SIM115 (the caller closes it)
+
+
+def png_bytes(image: Any, **options: Any) -> bytes:
+    """A PIL image encoded as PNG (``options``: PIL's, e.g. ``compress_level``), to write with
+    :func:`atomic_write_bytes` or send."""
+    buffer = io.BytesIO()
+    image.save(buffer, format="PNG", **options)
+    return buffer.getvalue()
+
+
+def append_jsonl(path: str | Path, record: dict[str, Any]) -> None:
+    with open_append(path) as f:
         f.write(json.dumps(record) + "\n")
 
 
@@ -148,10 +304,13 @@ def previous_dir(final_dir: Path) -> Path:
 def atomic_replace_dir(tmp_dir: str | Path, final_dir: str | Path) -> None:
     """Move a fully written ``tmp_dir`` to ``final_dir``, replacing any previous version. The folder's modes follow
     the user's umask first (:func:`apply_umask`): what ``mkdtemp`` or safetensors created 0700 / 0600 ends up as
-    readable as ``mkdir`` and ``open`` make it."""
+    readable as ``mkdir`` and ``open`` make it. A symbolic link at ``final_dir`` or its ``.old`` is refused
+    (:func:`refuse_link`)."""
     tmp_dir, final_dir = Path(tmp_dir), Path(final_dir)
-    apply_umask(tmp_dir)
     old = previous_dir(final_dir)
+    for path in (final_dir, old):
+        refuse_link(path)
+    apply_umask(tmp_dir)
     if old.exists():
         shutil.rmtree(old)
     if final_dir.exists():

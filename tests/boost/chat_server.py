@@ -2,8 +2,8 @@
 
 ``ChatServer(answer)`` serves ``POST /v1/chat/completions``; ``answer(payload, n) -> (status, body)`` or
 ``(status, body, headers)`` decides each response (``n`` = how many requests with the same payload came before) and
-may sleep. The server records every request (headers and JSON payload) and the largest number of requests it handled
-at once.
+may sleep. The server records every request (headers, JSON payload and the raw body bytes) and the largest number of
+requests it handled at once.
 """
 
 from __future__ import annotations
@@ -55,7 +55,8 @@ class ChatServer:
                 payload = json.loads(body)
                 key = json.dumps(payload, sort_keys=True)
                 with server.lock:
-                    server.requests.append({"path": self.path, "headers": dict(self.headers), "payload": payload})
+                    server.requests.append({"path": self.path, "headers": dict(self.headers), "payload": payload,
+                                            "body": body})  # fmt: skip
                     n = server.seen[key]
                     server.seen[key] += 1
                     server.in_flight += 1

@@ -119,8 +119,10 @@ def test_world_llm_through_the_engine_with_a_given_visual_expert(tmp_path):
             for i, t in enumerate(tasks):
                 yield i, self.answers[t.record.image_id]
 
-    for i in range(2):  # the cache key hashes the image bytes of the visual step
-        (tmp_path / f"{i}.png").write_bytes(bytes([i]))
+    from PIL import Image
+
+    for i in range(2):  # real images (only those are sent), told apart by the cache key's hash of their bytes
+        Image.new("RGB", (2, 2), (i, 0, 0)).save(tmp_path / f"{i}.png")
     records = [Record(0, tmp_path / "0.png", "test", ["a red circle on grass", "a circle at the top left"]),
                Record(1, tmp_path / "1.png", "test", ["a blue square"])]  # fmt: skip
     cache = AnswerCache(tmp_path / "cache.jsonl")

@@ -24,9 +24,9 @@ from finecap.data.fingerprint import bags_data_fingerprint
 from finecap.data.formats import hf_options
 from finecap.data.references import load_references
 from finecap.data.truematch import build_bags, family_purity, random_bag_purity, record_embeddings
-from finecap.home import cache_dir
+from finecap.home import cache_dir, world_path
 from finecap.models.retriever import load_retriever
-from finecap.utils import write_json
+from finecap.outputs import check_output_file, write_output_json
 
 log = logging.getLogger(__name__)
 
@@ -53,11 +53,16 @@ def parse_sizes(sizes: str | Sequence[int]) -> list[int]:
 
 def main(
     cfg: Config, *, data: str | Path | None = None, split: str = "test", sizes: str | Sequence[int] = "3,5,7",
-    out: str | Path,
+    out: str | Path, force: bool = False, recipe: str | Path | None = None,
 ) -> dict[str, Any]:  # fmt: skip
     """Bags of ``split`` of ``data`` (default: the configured data set / world), written to ``out``; returns the
-    JSON written and logs one line per size (with family purity on a world with families)."""
+    JSON written and logs one line per size (with family purity on a world with families). ``out`` may not be the
+    data set (nor ``recipe``, the file the configuration came from), nor an existing file finecap did not make unless
+    ``force``."""
     size_list = parse_sizes(sizes)
+    data_set = data or cfg.data.path or world_path(cfg.world)
+    inputs = {"--data": data_set, "image folder (data.images)": cfg.data.images or None, "recipe": recipe}
+    check_output_file(out, inputs, force=force, kind="bags")
     if data is None:
         prepare(cfg, {"data"}, make=False)  # the world checked (never made here) when it is the data
     refs = load_references(cfg, data, split=split, check_images=True)
@@ -88,7 +93,7 @@ def main(
         result["family_purity_random"] = {
             str(s): random_bag_purity(ids, families, s, cfg.eval.seed) for s in size_list
         }
-    write_json(out, result)
+    write_output_json(out, result, "bags")
     for s in size_list:
         sims = [b.similarity for b in bags[s]]
         line = f"bags of {s}: {len(bags[s])} (covering {len(bags[s]) * s} of {len(records)} images)"

@@ -62,7 +62,8 @@ def main(cfg: Config, out: str | Path, progress: bool = True) -> dict[str, Any]:
         raise FileNotFoundError(
             f"{source}: data set not found (data.path / world.out; `finecap world make` for the world)"
         )
-    records = read_dataset(cfg.data.format, source, images=cfg.data.images or None, check_images=False)
+    records = read_dataset(cfg.data.format, source, images=cfg.data.images or None, check_images=False,
+                           allow_outside=cfg.data.allow_outside_paths)  # fmt: skip
     # Boosting a boosted data set starts again from its human captions.
     for r in records:
         if "original" in r.boosted:

@@ -34,7 +34,10 @@ from finecap.config import Config, load, load_stored, parse_override
 from finecap.data.fingerprint import check_run
 from finecap.data.formats import write_results
 from finecap.data.references import detect_format
+from finecap.home import world_path
 from finecap.models.backbones import load_captioner
+from finecap.outputs import check_output_file
+from finecap.recipes import resolve_recipe
 from finecap.train.checkpoint import CONFIG_FILE, find_checkpoint, model_dir, run_dir_of
 from finecap.train.engine import make_accelerator
 from finecap.train.state import check_finite_weights
@@ -103,12 +106,14 @@ def main(
     data: str | Path | None = None,
     recipe: str | None = None,
     overrides: Sequence[str] = (),
+    force: bool = False,
 ) -> Path:
     """Caption ``split`` with the captioner of ``checkpoint``; write COCO results JSON to ``out``; return ``out``.
 
     Without ``cfg``, the configuration is the checkpoint's with ``recipe``, ``overrides`` and ``data`` on top (module
     docstring). A ``cfg`` given by a caller is used as it is (its ``data.path`` replaced by ``data`` when given).
-    Runs on every process of an ``accelerate launch``; only the main process writes.
+    Runs on every process of an ``accelerate launch``; only the main process writes. ``out`` may not be one of the
+    inputs (the checkpoint's folder, the data set), nor an existing file finecap did not make unless ``force``.
     """
     if cfg is None:
         setup = resolve(checkpoint, data=data, recipe=recipe, overrides=overrides)
@@ -117,6 +122,10 @@ def main(
             cfg = dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, path=str(data)))
         setup = CaptionSetup(find_checkpoint(checkpoint), cfg, None, True)
     cfg = setup.cfg
+    inputs = {"--checkpoint": setup.checkpoint, "data set": cfg.data.path or world_path(cfg.world),
+              "image folder (data.images)": cfg.data.images or None,
+              "recipe": resolve_recipe(recipe) if recipe else None}  # fmt: skip
+    check_output_file(out, inputs, force=force, kind="results")
     parts = ["captioner"] if setup.data_from_command_line else ["captioner", "data"]
     checked = check_run(setup.checkpoint, cfg, parts=parts, model_folder=model_dir(setup.checkpoint))
     accelerator = make_accelerator(cfg.train)

@@ -15,12 +15,13 @@ import logging
 import os
 import sys
 from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import yaml
 
 from finecap.app.errors import explain
 from finecap.config import SECTIONS, Config, ConfigError, describe, did_you_mean, load
-from finecap.recipes import copy_recipe, describe_recipe, list_recipes
+from finecap.recipes import copy_recipe, describe_recipe, list_recipes, resolve_recipe
 
 
 def _split_recipe(items: list[str]) -> tuple[str | None, list[str]]:
@@ -38,6 +39,12 @@ def _config(args: argparse.Namespace, flag_overrides: list[str] | None = None) -
                 f"argument {item!r}: expected section.key=value (only the first argument may be a recipe)"
             )
     return load(recipe, [*(flag_overrides or []), *overrides])
+
+
+def _recipe_file(args: argparse.Namespace) -> Path | None:
+    """The recipe file the command's configuration is read from (an input no output may replace), or ``None``."""
+    recipe, _ = _split_recipe(list(args.items))
+    return resolve_recipe(recipe) if recipe else None
 
 
 def _flags(args: argparse.Namespace, mapping: dict[str, str]) -> list[str]:
@@ -89,7 +96,8 @@ def cmd_retriever_probe(args: argparse.Namespace) -> None:
 def cmd_train(args: argparse.Namespace) -> None:
     from finecap.app.train import train
 
-    train(_config(args, _flags(args, {"out": "run.dir"})), resume=args.resume)
+    cfg = _config(args, _flags(args, {"out": "run.dir"}))
+    train(cfg, resume=args.resume, recipe=_recipe_file(args))
 
 
 def cmd_caption(args: argparse.Namespace) -> None:
@@ -97,7 +105,7 @@ def cmd_caption(args: argparse.Namespace) -> None:
 
     recipe, overrides = _split_recipe(list(args.items))  # on top of the checkpoint's own config: only keys given
     main(checkpoint=args.checkpoint, split=args.split, out=args.out, data=args.data, recipe=recipe,
-         overrides=overrides)  # fmt: skip
+         overrides=overrides, force=args.force)  # fmt: skip
 
 
 def cmd_eval(args: argparse.Namespace) -> None:
@@ -114,13 +122,16 @@ def cmd_eval(args: argparse.Namespace) -> None:
         split=args.split,
         fmt=args.format,
         per_image=args.per_image,
+        force=args.force,
+        recipe=_recipe_file(args),
     )
 
 
 def cmd_bags_build(args: argparse.Namespace) -> None:
     from finecap.app.bags import main
 
-    main(_config(args), data=args.data, split=args.split, sizes=args.sizes, out=args.out)
+    main(_config(args), data=args.data, split=args.split, sizes=args.sizes, out=args.out, force=args.force,
+         recipe=_recipe_file(args))  # fmt: skip
 
 
 def cmd_bags_review(args: argparse.Namespace) -> None:
@@ -133,7 +144,7 @@ def cmd_report(args: argparse.Namespace) -> None:
     from finecap.app.report import main
 
     main(args.run_dir, args.out, items=args.items, n_sample=args.sample, n_disagree=args.disagree, n_bags=args.bags,
-         retrieval=not args.no_bag_outcomes)  # fmt: skip
+         retrieval=not args.no_bag_outcomes, force=args.force)  # fmt: skip
 
 
 def cmd_demo(args: argparse.Namespace) -> None:
@@ -180,6 +191,7 @@ def cmd_config(args: argparse.Namespace) -> None:
 # --------------------------------------------------------------------------------------------------------------------
 
 OVERRIDES_HELP = "optional recipe YAML, then section.key=value overrides (e.g. train.lr=1e-4)"
+FORCE_FILE_HELP = "replace an existing output file that finecap did not make (never one of the command's inputs)"
 OUT_HELP = "run directory (run.dir; default <run.root>/<run.name>); --run-dir is the same option"
 
 
@@ -263,6 +275,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--data", default=None, help="data set file (default: the checkpoint's data)")
     p.add_argument("--split", default="test", help="split to caption")
     p.add_argument("--out", required=True, help="output COCO results JSON")
+    p.add_argument("--force", action="store_true", help=FORCE_FILE_HELP)
 
     p = _add(sub, "eval", cmd_eval, "Evaluate captions (n-gram, CLIP, retrieval, diversity, faithfulness).")
     p.add_argument("--predictions", required=True, help="COCO results JSON")
@@ -278,6 +291,7 @@ def build_parser() -> argparse.ArgumentParser:
                    "JSON, or JSON with pycocoevalcap's names (Bleu_4, CIDEr, ...)")  # fmt: skip
     p.add_argument("--per-image", default=None, metavar="FILE", help="also write per-image scores (like "
                    "COCOEvalCap.imgToEval) to this JSON file")  # fmt: skip
+    p.add_argument("--force", action="store_true", help=FORCE_FILE_HELP)
 
     bags = _group(sub, "bags", "TrueMatch-style bags")
     p = _add(bags, "build", cmd_bags_build, "Build bags of similar images (NDLB Algorithms 1-2).")
@@ -285,6 +299,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--split", default="test", help="split to build bags on")
     p.add_argument("--sizes", default="3,5,7", help="comma-separated bag sizes")
     p.add_argument("--out", required=True, help="output JSON")
+    p.add_argument("--force", action="store_true", help=FORCE_FILE_HELP)
 
     p = bags.add_parser(
         "review", help="Accept or reject candidate bags in a local web page (saved as you click).", parents=[COMMON]
@@ -303,6 +318,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("run_dir", metavar="RUN_DIR", help="run directory (e.g. runs/demo)")
     p.add_argument("items", nargs="*", metavar="key=value", help="overrides of the run's config.yaml")
     p.add_argument("--out", default=None, help="output HTML (default RUN_DIR/report.html)")
+    p.add_argument("--force", action="store_true", help=FORCE_FILE_HELP)
     p.add_argument("--sample", type=int, default=8, help="random images in the caption gallery")
     p.add_argument("--disagree", type=int, default=8, help="images where stages disagree most in the gallery")
     p.add_argument("--bags", type=int, default=3, help="bags of each size in the bag gallery")

@@ -75,12 +75,13 @@ from finecap.locks import output_lock
 from finecap.metrics.suite import evaluate
 from finecap.models.backbones import load_captioner
 from finecap.models.retriever import load_retriever
+from finecap.outputs import OutputRefused, write_output
 from finecap.recipes import resolve_recipe
 from finecap.report.plots import length_curves
 from finecap.report.table import markdown_table, quick_labelled
-from finecap.train.checkpoint import model_dir
-from finecap.train.state import continue_unfinished
-from finecap.utils import atomic_write_text, read_json, seed_everything, write_json
+from finecap.train.checkpoint import CONFIG_FILE, model_dir
+from finecap.train.state import check_config_target, continue_unfinished
+from finecap.utils import atomic_write_text, read_json, refuse_link, seed_everything, write_json
 from finecap.world.make import load_scenes
 
 log = logging.getLogger(__name__)
@@ -219,6 +220,7 @@ def train_stage(stage: str) -> Callable[[Demo], None]:
     def run(demo: Demo) -> None:
         out = demo.stage_dir(stage)
         done = out / "DONE"
+        refuse_link(done)  # a planted link: never taken for a finished stage, never written through
         cfg = demo.stage_config(stage)
         if done.exists() and not demo.cfg.demo.force:
             check_stage_inputs(stage, out, cfg)
@@ -233,7 +235,7 @@ def train_stage(stage: str) -> Callable[[Demo], None]:
                 resume, overwrite = continue_unfinished(out, what=f"demo stage {stage!r}",
                                                         ways_out=demo_ways_out(stage))  # fmt: skip
             train(cfg, resume=resume, overwrite=overwrite)
-            done.write_text("ok\n")
+            atomic_write_text(done, "ok\n")
         caption_stage(demo, stage)
 
     return run
@@ -287,7 +289,7 @@ def test_bags(demo: Demo) -> dict[int, list[list[Any]]]:
     """TrueMatch-style bags (NDLB Algorithms 1-2) of sizes ``eval.bag_sizes`` on the test split, built once."""
     path = demo.run_dir / "bags_test.json"
     if not path.exists() or demo.cfg.demo.force:
-        build_bags(demo.cfg, split="test", sizes=demo.cfg.eval.bag_sizes, out=path)
+        build_bags(demo.cfg, split="test", sizes=demo.cfg.eval.bag_sizes, out=path, force=demo.cfg.demo.force)
     return read_bags(path)
 
 
@@ -471,15 +473,42 @@ def main(
     log.info("demo: run directory %s", run_dir)
     cfg = dataclasses.replace(cfg, demo=dataclasses.replace(cfg.demo, quick=quick))  # config.yaml says quick
     demo = Demo(cfg=cfg, items=list(items or []), quick=quick, run_dir=run_dir, recipe=read_recipe(recipe))
+    check_demo_dir(run_dir, recipe=resolve_recipe(recipe) if recipe else None, force=cfg.demo.force)
     run_dir.mkdir(parents=True, exist_ok=True)
     with output_lock(run_dir, log=log.warning, name=DEMO_LOCK, holder="finecap demo"):
         return run_stages(demo)
 
 
+def check_demo_dir(run_dir: Path, *, recipe: Path | None, force: bool) -> None:
+    """Refuse a run directory that is not the demo's: its ``config.yaml`` (the demo's first file) may not be the
+    user's ``recipe``, and when it exists must be one a demo wrote (beside its ``timings.json``); a folder holding
+    other files but no demo ``config.yaml`` is a folder of the user's files. Both are allowed with ``--force``
+    (``demo.force``), except writing over the recipe. A symbolic link among the demo's files and folders (its stage
+    folders, ``captions/``, ``plots/``) is refused, with or without ``--force``: the run directory itself may be a
+    link the user made, nothing inside it."""
+    config = run_dir / CONFIG_FILE
+    if run_dir.is_dir():  # everything the demo writes sits in folders of its own: a link among them was planted
+        for folder in (run_dir, run_dir / "captions", run_dir / "plots"):
+            for entry in sorted(folder.iterdir()) if folder.is_dir() and not folder.is_symlink() else []:
+                refuse_link(entry)
+        refuse_link(run_dir / "captions")
+        refuse_link(run_dir / "plots")
+    check_config_target(config, inputs={"recipe": recipe}, force=force, option="--out",
+                        ours=lambda p: (p.parent / "timings.json").is_file())  # fmt: skip
+    if force or config.exists() or not run_dir.is_dir():
+        return
+    found = sorted(p.name for p in run_dir.iterdir() if p.name != DEMO_LOCK)
+    if found:
+        raise OutputRefused(
+            f"--out: {run_dir} holds files that are not a finecap demo's ({', '.join(found[:5])}"
+            f"{', ...' if len(found) > 5 else ''}); choose a new or empty folder, or pass --force to write beside them"
+        )
+
+
 def run_stages(demo: Demo) -> dict[str, dict[str, float]]:
     """The stages of :func:`main`, with the run directory's lock held."""
     cfg, run_dir = demo.cfg, demo.run_dir
-    cfg.save(run_dir / "config.yaml")
+    write_output(run_dir / CONFIG_FILE, cfg.to_yaml(), "config")  # remembered as finecap's (finecap.outputs)
     timings_file = run_dir / "timings.json"
     timings = read_json(timings_file) if timings_file.exists() else {}
     rows: dict[str, dict[str, float]] = {}

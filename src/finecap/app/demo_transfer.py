@@ -52,7 +52,8 @@ def stage_transfer(demo: Any, stages: Sequence[str], load_model: Callable[[Any, 
     references = {r.image_id: captions[r.image_id][1:] for r in records}  # as the report: the other four
     bags_path = out_dir / "bags_test.json"
     if not bags_path.exists() or cfg.demo.force:
-        build_bags(cfg, data=world_dir, split="test", sizes=cfg.eval.bag_sizes, out=bags_path)
+        build_bags(cfg, data=world_dir, split="test", sizes=cfg.eval.bag_sizes, out=bags_path,
+                   force=demo.cfg.demo.force)  # fmt: skip
     bags = read_bags(bags_path)
     retriever = load_retriever(cfg)  # the training world's retriever: the shifted world is only a test domain
 

@@ -199,7 +199,8 @@ def holistic_bags(demo: Any) -> Path:
     path = demo.run_dir / "bags_test_holistic.json"
     if not path.exists() or demo.cfg.demo.force:
         cfg = dataclasses.replace(demo.cfg, bags=dataclasses.replace(demo.cfg.bags, text_from="holistic"))
-        build_bags(cfg, data=boosted_dir(demo) / "dataset.json", split="test", sizes=cfg.eval.bag_sizes, out=path)
+        build_bags(cfg, data=boosted_dir(demo) / "dataset.json", split="test", sizes=cfg.eval.bag_sizes, out=path,
+                   force=demo.cfg.demo.force)  # fmt: skip
     return path
 
 
@@ -210,7 +211,7 @@ def _context(demo: Any) -> Context:
     scenes = {r.image_id: scenes_by_imgid[int(r.image_id)] for r in records}
     human_path = demo.run_dir / "bags_test.json"
     if not human_path.exists() or cfg.demo.force:
-        build_bags(cfg, split="test", sizes=cfg.eval.bag_sizes, out=human_path)
+        build_bags(cfg, split="test", sizes=cfg.eval.bag_sizes, out=human_path, force=demo.cfg.demo.force)
     boosted = {r.image_id: r.boosted for r in read_dataset("world", boosted_dir(demo), check_images=False)}
     fields = {r.image_id: boosted[r.image_id] for r in records}
     return Context(records, scenes, load_retriever(cfg), read_bags(holistic_bags(demo)), read_bags(human_path), fields)

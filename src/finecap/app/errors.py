@@ -132,6 +132,21 @@ def _is_weights_error(exc: BaseException) -> bool:
     return isinstance(exc, RuntimeError) and any(m in str(exc) for m in markers)
 
 
+PICKLED = "the weights are a pickle (e.g. pytorch_model.bin), which can run code when loaded"
+REMOTE_CODE = "the checkpoint asks to run its own Python code (an auto_map in its config.json)"
+
+
+def _is_pickle_error(exc: BaseException) -> bool:
+    """torch's refusal to unpickle more than tensors (``weights_only=True``), whose message advises
+    ``weights_only=False``: finecap names the file and never repeats that advice."""
+    return type(exc).__name__ == "UnpicklingError" or "Weights only load failed" in str(exc)
+
+
+def _is_remote_code_error(exc: BaseException) -> bool:
+    """transformers' refusal to import a checkpoint's own code (finecap passes ``trust_remote_code=False``)."""
+    return isinstance(exc, ValueError) and "trust_remote_code" in str(exc)
+
+
 def explain(exc: BaseException) -> str | None:
     """The one-line message of a known error, or ``None`` for a bug (to be shown with its traceback)."""
     if isinstance(exc, RecursionError):
@@ -140,6 +155,16 @@ def explain(exc: BaseException) -> str | None:
         if exc.errno is not None:
             return os_message(exc)
         return _hub_id_message(exc) or " ".join(str(exc).split()) or type(exc).__name__
+    if _is_pickle_error(exc):
+        return (
+            f"{_prefix(culprit_path(exc))}{PICKLED}: finecap never unpickles a file of a checkpoint or run "
+            "folder, so it is not loaded; use the checkpoint's safetensors weights (model.safetensors)"
+        )
+    if _is_remote_code_error(exc):
+        return (
+            f"{_prefix(culprit_path(exc))}{REMOTE_CODE}; finecap never runs code from a checkpoint "
+            "(trust_remote_code=False): use a checkpoint of an architecture transformers ships"
+        )
     if _is_weights_error(exc):
         text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         path = culprit_path(exc)
@@ -150,5 +175,21 @@ def explain(exc: BaseException) -> str | None:
     if isinstance(exc, UnicodeError):
         return f"{_prefix(culprit_path(exc))}not UTF-8 text ({exc})"
     if isinstance(exc, ValueError):  # finecap's ConfigError, DataError, CheckpointError, ... name what is at fault
-        return str(exc)
+        return capped(str(exc))
     return None
+
+
+MAX_MESSAGE = 2000
+"""Characters of an error message printed at most: finecap shortens the values it quotes
+(:func:`finecap.utils.short_repr`), but a library's message may repeat a whole input."""
+
+
+def capped(message: str, limit: int = MAX_MESSAGE) -> str:
+    """``message`` cut to ``limit`` characters, saying how many were left out.
+
+    Example::
+
+        >>> capped("x" * 30, limit=10)
+        'xxxxxxxxxx... (20 more characters)'
+    """
+    return message if len(message) <= limit else f"{message[:limit]}... ({len(message) - limit} more characters)"

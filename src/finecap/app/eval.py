@@ -42,7 +42,7 @@ from finecap.data.formats import MAX_LISTED, DataError, read_bags, read_results
 from finecap.data.references import LoadedReferences, load_references, missing_images
 from finecap.metrics.cocoeval import COCO_NAMES
 from finecap.metrics.suite import IMAGE_METRICS, evaluate_items, parse_metrics
-from finecap.utils import write_json
+from finecap.outputs import check_outputs, write_output_json
 
 Format = Literal["table", "json", "coco"]
 FORMATS = ("table", "json", "coco")
@@ -65,6 +65,8 @@ def main(
     split: str | None = None,
     fmt: Format = "table",
     per_image: str | Path | None = None,
+    force: bool = False,
+    recipe: str | Path | None = None,
 ) -> dict[str, float]:
     """Score ``predictions`` (COCO results) against ``references``; print the scores in ``fmt``, write them to
     ``out`` and the per-image scores to ``per_image`` when given (module docstring). Returns the printed
@@ -72,9 +74,18 @@ def main(
 
     Without ``split`` the retrieval pool is the split of the predicted images (or every referenced image when they
     span several splits).
+
+    ``out`` and ``per_image`` may not name an input (the predictions, the references, the bags, the ``recipe`` the
+    configuration was read from: refused even with
+    ``force``), nor replace an existing file finecap did not make unless ``force`` (:mod:`finecap.outputs`).
     """
     if fmt not in FORMATS:
         raise ValueError(f"--format: expected one of {', '.join(FORMATS)}, got {fmt!r}")
+    check_outputs(
+        [("--out", out, "scores"), ("--per-image", per_image, "per-image")],
+        {"--predictions": predictions, "--references": references, "--bags": bags, "recipe": recipe},
+        force=force,
+    )
     with _cyclic_gc_paused():
         return _main(cfg, predictions=predictions, references=references, images=images, bags=bags,
                      metrics=metrics, out=out, split=split, fmt=fmt, per_image=per_image)  # fmt: skip
@@ -179,10 +190,11 @@ def _main(
     else:
         print(json.dumps(result, indent=1))
     if out is not None:
-        write_json(out, result)
+        write_output_json(out, result, "scores")
         note(f"wrote {out}")
     if per_image is not None:
-        write_json(per_image, [{"image_id": i, **{rename(k): v for k, v in s.items()}} for i, s in items.items()])
+        rows = [{"image_id": i, **{rename(k): v for k, v in s.items()}} for i, s in items.items()]
+        write_output_json(per_image, rows, "per-image")
         note(f"wrote {per_image} (per-image scores of {len(items)} images)")
     return result
 

@@ -42,12 +42,14 @@ from finecap.app.demo_vcb import FIELD_ROWS
 from finecap.config import Config, load, load_stored
 from finecap.data.fingerprint import check_run_dir
 from finecap.data.formats import Record
-from finecap.data.references import load_references
+from finecap.data.references import data_file, load_references
+from finecap.outputs import check_output_file
 from finecap.report.gallery import bag_outcomes, check_facts, select_images
 from finecap.report.html import (
     REFERENCE_ROWS,
     headline_comparisons,
     image_uri,
+    is_report,
     png_uri,
     render_report,
     results_tables,
@@ -55,7 +57,7 @@ from finecap.report.html import (
 )
 from finecap.report.plots import bag_recall_curves, length_curves, length_histograms, precision_recall, training_curves
 from finecap.report.run import RunData, read_run
-from finecap.utils import progress_enabled, read_json, write_json
+from finecap.utils import progress_enabled, read_json, refuse_link, write_json
 
 log = logging.getLogger(__name__)
 
@@ -63,6 +65,7 @@ SMILE_RUNS = (("sequence (SMILE)", "smile"), ("random", "smile_random"), ("rever
 
 
 def _plots(run: RunData, folder: Path) -> list[dict[str, str]]:
+    refuse_link(folder)  # a planted plots/ link: never drawn into (each file is checked again as it is written)
     plots: list[dict[str, str]] = []
 
     def add(path: Path | None, title: str, note: str = "") -> None:
@@ -204,13 +207,17 @@ def _records(cfg: Config) -> tuple[dict[Hashable, Record], dict | None]:
 
 def main(
     run_dir: str | Path, out: str | Path | None = None, *, items: Sequence[str] = (), n_sample: int = 8,
-    n_disagree: int = 8, n_bags: int = 3, retrieval: bool = True, seed: int = 0,
+    n_disagree: int = 8, n_bags: int = 3, retrieval: bool = True, seed: int = 0, force: bool = False,
 ) -> Path:  # fmt: skip
-    """Write the report of ``run_dir`` to ``out`` (default ``<run_dir>/report.html``) and return its path."""
+    """Write the report of ``run_dir`` to ``out`` (default ``<run_dir>/report.html``) and return its path. ``out`` may
+    not be a file the report reads (refused even with ``force``), nor an existing file that is not a finecap report
+    unless ``force``."""
     run = read_run(run_dir)
-    cfg = load_stored(run.config_path, list(items)) if run.config_path else load(None, list(items))
-    check_run_dir(run.run_dir, cfg)  # the data and retriever read now must be the run's (exit 2 naming both)
     out = Path(out) if out is not None else run.run_dir / "report.html"
+    cfg = load_stored(run.config_path, list(items)) if run.config_path else load(None, list(items))
+    inputs = {**{str(p): p for p in run.inputs()}, "data set": data_file(cfg), "images": cfg.data.images or None}
+    check_output_file(out, inputs, force=force, kind="report", ours=is_report)
+    check_run_dir(run.run_dir, cfg)  # the data and retriever read now must be the run's (exit 2 naming both)
     records, scenes = _records(cfg)
     plots = _plots(run, run.run_dir / "plots")
     gallery = _gallery(run, records, scenes, n_sample, n_disagree, seed)

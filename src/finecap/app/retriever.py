@@ -35,7 +35,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
-import os
 import shutil
 import time
 from pathlib import Path
@@ -65,8 +64,9 @@ from finecap.models.world_encoder import (
     preset_of,
     world_image_processor,
 )
+from finecap.outputs import check_output_file, write_output_json
 from finecap.train.world_encoder import fit_world_encoder
-from finecap.utils import atomic_replace_dir, read_json, write_json
+from finecap.utils import atomic_replace_dir, make_temporary_dir, read_json, write_json
 from finecap.world.facts import facts, is_true
 from finecap.world.make import load_scenes
 from finecap.world.scene import LABEL_SIZES
@@ -138,9 +138,7 @@ def train_world_encoder(cfg: Config, world: Path, progress: bool = True) -> Path
     finally:
         torch.set_num_threads(threads)
 
-    tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")  # per process: concurrent trainers never share it
-    if tmp.exists():
-        shutil.rmtree(tmp)
+    tmp = make_temporary_dir(out)  # unique: concurrent trainers never share it, and no planted link is followed
     Retriever(model, tokenizer, processor, name="world-encoder").save(tmp)
     info = {
         "key": encoder_key(cfg),
@@ -346,8 +344,10 @@ def probe(cfg_or_paths: Config | tuple[str | Path, str | Path], out: str | Path 
         result["train_seconds"] = meta.get("train_seconds")
         result["in_batch_accuracy"] = meta.get("in_batch_accuracy")
     result["probe_seconds"] = round(time.perf_counter() - t0, 1)
+    if out is not None:  # the user's path: not an input, not a file of theirs (the default is the encoder's own)
+        check_output_file(out, {"the retriever": enc}, force=False, kind="probe", force_flag=None)
     out = Path(out) if out is not None else (Path(enc) / "probe.json" if Path(enc).is_dir() else Path("probe.json"))
-    write_json(out, result)
+    write_output_json(out, result, "probe")
     result["out"] = str(out)
     return result
 

@@ -32,9 +32,11 @@ nothing but the review:
   This is a small check of our own rather than Flask-WTF: one form with one hidden field needs no form library,
   session or secret key, and the whole policy reads in :func:`create_app`.
 - **What is served.** Only the image files of the bags under review: the set of their paths (under ``--images``
-  after resolving symlinks, with an image extension and matching leading bytes, :func:`image_type`) is fixed at
-  start and looked up by exact relative path; nothing else under ``--images`` is reachable. Bad paths (``..``,
-  absolute, NUL bytes, anything not in the set) are a named 404, never a 500.
+  after resolving symlinks, with an image extension and matching leading bytes, :func:`image_type`, and verified as
+  an image, :func:`finecap.data.formats.check_image_file`) is fixed at start and looked up by exact relative path;
+  nothing else under ``--images`` is reachable. What is sent is the decoded image re-encoded
+  (:func:`finecap.data.formats.decode_image`, :func:`~finecap.data.formats.encode_image`), never the file's bytes.
+  Bad paths (``..``, absolute, NUL bytes, anything not in the set) are a named 404, never a 500.
 - Every response carries ``X-Content-Type-Options: nosniff``, a Content-Security-Policy (scripts and styles only by
   per-response nonce, no framing: ``frame-ancestors 'none'``) and ``Cache-Control: no-store``.
 
@@ -54,13 +56,13 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 from urllib.parse import urlencode, urlsplit
 
-from flask import Flask, Response, abort, g, redirect, render_template, request, send_file, url_for
+from flask import Flask, Response, abort, g, redirect, render_template, request, url_for
 from werkzeug.exceptions import HTTPException
 
 from finecap.config import Config, load
 from finecap.data.curation import BagCuration, CurationBusy
 from finecap.data.fingerprint import bags_file_data
-from finecap.data.formats import DataError, Record
+from finecap.data.formats import DataError, Record, check_image_file, decode_image, encode_image
 from finecap.data.references import load_references
 from finecap.report.html import TEMPLATES
 
@@ -137,6 +139,15 @@ def image_type(path: Path) -> str | None:
     return mime if ok else None
 
 
+def _is_image(path: Path) -> bool:
+    try:
+        check_image_file(path)
+    except DataError as e:
+        log.warning("%s", e)
+        return False
+    return True
+
+
 def _data_source(bags: dict[str, Any], bags_path: Path, data: str | Path | None) -> str | Path:
     """``--data`` (the user's choice, not checked), else the bags file's ``"data"`` (a relative path is taken
     relative to the bags file) checked against the fingerprint the file recorded
@@ -173,7 +184,7 @@ def _served_images(
             missing.append(path)
             continue
         found = resolve_under(top, rel)
-        if found is None or image_type(found) is None:
+        if found is None or image_type(found) is None or not _is_image(found):
             missing.append(path)
         else:
             served[i] = rel
@@ -354,7 +365,12 @@ def create_app(
         mime = image_type(path) if path is not None else None
         if path is None or mime is None:
             refuse(404, "not an image of the bags under review (only those are served)")
-        return send_file(path, mimetype=mime)
+        try:
+            decoded, fmt = decode_image(path)  # what is sent: the decoded pixels re-encoded, never the file's bytes
+        except DataError:
+            refuse(404, "not an image of the bags under review that decodes (damaged, or too large)")
+        data, mime = encode_image(decoded, fmt)
+        return Response(data, mimetype=mime)
 
     return app
 

@@ -20,6 +20,7 @@ building them (:func:`prepare_needs`), on the main process first.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -37,13 +38,15 @@ from finecap.data.features import model_features
 from finecap.data.fingerprint import check_run_dir as check_fingerprints_of_run
 from finecap.data.fingerprint import write_fingerprints
 from finecap.data.samplers import get_sampler
+from finecap.locks import TRAIN_LOCK, output_lock
 from finecap.models.backbones import build_model as build_captioner
 from finecap.models.backbones import load_captioner, reads_world_encoder
 from finecap.models.lora import configure_training
 from finecap.objectives import TrainContext, get_objective
 from finecap.objectives.base import ObjectiveBase
+from finecap.outputs import write_output
 from finecap.registry import SAMPLERS, declared_needs, lookup
-from finecap.train.checkpoint import BEST, checkpoint_dir, model_dir, save_checkpoint
+from finecap.train.checkpoint import BEST, CONFIG_FILE, checkpoint_dir, model_dir, save_checkpoint
 from finecap.train.engine import (
     Checkpoints,
     Engine,
@@ -58,8 +61,10 @@ from finecap.train.schedule import build_scheduler
 from finecap.train.state import (
     METRICS_FILE,
     TrainState,
+    check_config_target,
     check_finite_weights,
     config_changes,
+    holds_run,
     prepare_run_dir,
     truncate_metrics,
 )
@@ -184,15 +189,39 @@ def train(
     resume: bool = False,
     overwrite: bool = False,
     callbacks: Sequence[Callable[[TrainState], None]] = (),
+    recipe: str | Path | None = None,
 ) -> Path:
     """Train a captioner as configured; returns the run directory (``cfg.run.path``) and logs :func:`summary`.
 
     ``resume=True`` continues from the newest complete checkpoint (or starts fresh in an empty run directory);
     without it an existing run directory is an error unless ``overwrite=True``. ``callbacks(state)`` run after every
-    step (tests use one to simulate a kill).
+    step (tests use one to simulate a kill). ``recipe``: the file the configuration was read from, which the run's
+    ``config.yaml`` may never replace. One training at a time holds the run directory (``.train.lock``, main
+    process): a second stops with an error naming the first.
     """
     run_dir = cfg.run.path
     processes = process_state(cfg.train)  # the processes, before any Accelerator: preparing may train with its own
+    with contextlib.ExitStack() as held:
+        if processes.is_main_process:
+            run_dir.mkdir(parents=True, exist_ok=True)
+            held.enter_context(output_lock(run_dir, name=TRAIN_LOCK, holder="finecap train", log=log.warning))
+            check_config_target(run_dir / CONFIG_FILE, inputs={"recipe": Path(recipe) if recipe else None},
+                                force=overwrite, option="run.dir", force_flag=None,
+                                ours=lambda p: resume or holds_run(p.parent))  # fmt: skip
+        return _train(cfg, processes, validators=validators, resume=resume, overwrite=overwrite, callbacks=callbacks)
+
+
+def _train(
+    cfg: Config,
+    processes: PartialState,
+    *,
+    validators: Sequence[Validator] | None,
+    resume: bool,
+    overwrite: bool,
+    callbacks: Sequence[Callable[[TrainState], None]],
+) -> Path:
+    """:func:`train` with the run directory's lock held (main process)."""
+    run_dir = cfg.run.path
     found = [""]
     if processes.is_main_process:
         found = [str(prepare_run_dir(run_dir, resume=resume, overwrite=overwrite) or "")]
@@ -243,8 +272,7 @@ def train(
             for change in config_changes(run_dir / "config.yaml", saved):
                 log.info("resume: configuration changed: %s", change)
     if accelerator.is_main_process:
-        run_dir.mkdir(parents=True, exist_ok=True)
-        cfg.save(run_dir / "config.yaml")
+        write_output(run_dir / CONFIG_FILE, cfg.to_yaml(), "config")  # remembered as finecap's (finecap.outputs)
         write_fingerprints(run_dir, cfg)  # the data, captioner start and retriever this run reads
         if resume_from is not None:
             truncate_metrics(run_dir / METRICS_FILE, engine.state.step)

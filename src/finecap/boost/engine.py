@@ -15,6 +15,12 @@ resumable cache, retries of malformed answers, a failure budget and a per-image 
 - **Failures** (:class:`Failure`): every image whose step failed, with the step, the reason and the attempts; the
   caller writes them to ``failures.jsonl`` and keeps the image's human captions for that field. A failed ``blend`` or
   ``visual`` step also fails the image's ``holistic`` step (its inputs are missing).
+- **Images** (modes with the ``visual`` step): before any request of any step, every image to boost is checked as an
+  image file (:func:`finecap.data.formats.check_image_file`: a regular file PIL identifies and verifies, within the
+  decompression-bomb limit). One that is not (a text file, a key, a damaged or oversized image) fails its ``visual``
+  step at once as a :class:`BadImage` (``attempts`` 0), counted in the failure budget like any failed image: nothing
+  of it is hashed or sent. Backends send only a re-encoding of the decoded pixels (the ``openai`` backend decodes
+  again when sending; a file that fails then is a :class:`BadImage` too).
 - **Stopping** (:class:`FailureBudget`): the run stops as soon as more than ``boost.max_failure_rate`` of the images
   to boost failed (the fraction can then only be exceeded at the end too), after ``boost.max_consecutive_failures``
   requests in a row could not reach the server (:class:`ServerUnavailable`), and at once on a
@@ -39,8 +45,8 @@ from typing import Any, Protocol
 from tqdm.auto import tqdm
 
 from finecap.boost.prompts import Prompts
-from finecap.data.formats import Record
-from finecap.utils import progress_enabled
+from finecap.data.formats import DataError, Record, check_image_file, load_record_image
+from finecap.utils import open_append, progress_enabled
 
 MODE_STEPS: dict[str, tuple[str, ...]] = {
     "blend": ("blend",),
@@ -67,6 +73,23 @@ class MalformedReply(BackendError):
 class FatalBackendError(BackendError):
     """Every further request would fail the same way (HTTP 401/403: the key is refused; 404: wrong URL or model):
     the run stops at once."""
+
+
+class BadImage(ValueError):
+    """A record's image is not an image finecap may use (:func:`finecap.data.formats.load_image`'s rule): its
+    ``visual`` step fails and nothing of the file is sent."""
+
+
+def image_problem(record: Record) -> str | None:
+    """Why the image of ``record`` may not be sent (a one-line reason naming the file), or ``None``."""
+    try:
+        if record.image_bytes is None:
+            check_image_file(record.path)
+        else:
+            load_record_image(record)
+    except DataError as e:
+        return str(e)
+    return None
 
 
 class BoostFailed(ValueError):
@@ -232,10 +255,9 @@ class AnswerCache:
                         continue  # a line cut by a kill
                     self.answers.setdefault(key, answer)
                     self.n_lines += 1
-            if self.path.stat().st_size and not self.path.read_bytes().endswith(b"\n"):
-                with self.path.open("a") as f:
-                    f.write("\n")  # the next answer starts on its own line
-        self._file = self.path.open("a")
+        self._file = open_append(self.path)  # never through a link planted at cache.jsonl
+        if self.path.stat().st_size and not self.path.read_bytes().endswith(b"\n"):
+            self._file.write("\n")  # the next answer starts on its own line
 
     def __contains__(self, key: str) -> bool:
         return key in self.answers
@@ -358,6 +380,14 @@ def boost_records(
     result = BoostResult(fields=[{"original": list(r.captions)} for r in records], chosen=chosen)
     budget = FailureBudget(len(chosen), max_rate=max_failure_rate, max_consecutive=max_consecutive_failures)
     answers: dict[str, dict[int, str]] = {step: {} for step in MODE_STEPS[mode]}
+    bad_images: set[int] = set()
+    if "visual" in MODE_STEPS[mode]:  # before any request: a file that is not an image is never sent
+        for i in chosen:
+            problem = image_problem(records[i])
+            if problem is not None:
+                bad_images.add(i)
+                result.failures.append(Failure(records[i].image_id, "visual", f"BadImage: {problem}", 0))
+                result.stopped = result.stopped or budget.failed(i, BadImage(problem))
     for step in MODE_STEPS[mode]:
         if result.stopped:
             break
@@ -367,6 +397,8 @@ def boost_records(
         tasks = []
         for i in chosen:
             r = records[i]
+            if step == "visual" and i in bad_images:
+                continue
             inputs: dict[str, Any] = {"captions": list(r.captions)}
             if step == "holistic":
                 if i not in answers["blend"] or i not in answers["visual"]:

@@ -18,8 +18,8 @@ from typing import Any
 
 import torch
 
-from finecap.boost.engine import Task
-from finecap.data.formats import load_image
+from finecap.boost.engine import BadImage, Task
+from finecap.data.formats import DataError, load_record_image
 
 
 class TransformersBackend:
@@ -47,13 +47,13 @@ class TransformersBackend:
         self.name, self.vision = model, vision
         self.batch_size, self.max_new_tokens, self.temperature = batch_size, max_new_tokens, temperature
         if vision:
-            self.processor = AutoProcessor.from_pretrained(model)
+            self.processor = AutoProcessor.from_pretrained(model, trust_remote_code=False)
             self.tokenizer = self.processor.tokenizer
-            self.model = AutoModelForImageTextToText.from_pretrained(model)
+            self.model = AutoModelForImageTextToText.from_pretrained(model, trust_remote_code=False)
         else:
             self.processor = None
-            self.tokenizer = AutoTokenizer.from_pretrained(model)
-            self.model = AutoModelForCausalLM.from_pretrained(model)
+            self.tokenizer = AutoTokenizer.from_pretrained(model, trust_remote_code=False)
+            self.model = AutoModelForCausalLM.from_pretrained(model, trust_remote_code=False)
         template = getattr(self.processor or self.tokenizer, "chat_template", None)
         if not template:
             raise ValueError(f"{key}_model: {model} has no chat template (boosting needs an instruction-tuned model)")
@@ -66,15 +66,15 @@ class TransformersBackend:
         return {"backend": "transformers", "model": self.name, "vision": self.vision,
                 "max_new_tokens": self.max_new_tokens, "temperature": self.temperature}  # fmt: skip
 
-    def _inputs(self, tasks: Sequence[Task]) -> dict[str, torch.Tensor]:
+    def _inputs(self, tasks: Sequence[Task], images: Sequence[Any] = ()) -> dict[str, torch.Tensor]:
         if not self.vision:
             texts = [self.tokenizer.apply_chat_template(t.messages, tokenize=False, add_generation_prompt=True)
                      for t in tasks]  # fmt: skip
             return self.tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=False)
         conversations = []
-        for t in tasks:
+        for t, image in zip(tasks, images, strict=True):
             messages = [dict(m) for m in t.messages]
-            messages[-1]["content"] = [{"type": "image", "image": load_image(t.record.path)},
+            messages[-1]["content"] = [{"type": "image", "image": image},
                                        {"type": "text", "text": messages[-1]["content"]}]  # fmt: skip
             conversations.append(messages)
         assert self.processor is not None
@@ -83,8 +83,9 @@ class TransformersBackend:
                                                   processor_kwargs={"padding": True})  # fmt: skip
 
     @torch.no_grad()
-    def generate(self, tasks: Sequence[Task]) -> list[str]:
-        inputs = self._inputs(tasks)
+    def generate(self, tasks: Sequence[Task], images: Sequence[Any] = ()) -> list[str]:
+        """Answers of ``tasks``; ``images``: their decoded images (the VLM)."""
+        inputs = self._inputs(tasks, images)
         sampling = (
             {"do_sample": True, "temperature": self.temperature} if self.temperature > 0 else {"do_sample": False}
         )
@@ -96,5 +97,15 @@ class TransformersBackend:
 
     def run(self, tasks: Sequence[Task]) -> Iterator[tuple[int, str | BaseException]]:
         for start in range(0, len(tasks), self.batch_size):
-            for i, text in enumerate(self.generate(tasks[start : start + self.batch_size])):
-                yield start + i, text
+            batch = list(range(start, min(start + self.batch_size, len(tasks))))
+            images: dict[int, Any] = {}
+            if self.vision:  # decoded by finecap's one rule: an image that fails it fails alone, unseen by the model
+                for i in list(batch):
+                    try:
+                        images[i] = load_record_image(tasks[i].record)
+                    except DataError as e:
+                        batch.remove(i)
+                        yield i, BadImage(str(e))
+            if batch:
+                answers = self.generate([tasks[i] for i in batch], [images[i] for i in batch] if self.vision else ())
+                yield from zip(batch, answers)

@@ -4,8 +4,12 @@
 ``POST {base_url}/chat/completions`` with ``{"model", "messages", "max_tokens", "temperature"}``; the answer is
 ``choices[0].message.content``. For the ``visual`` step the image is sent inline as a base64 data URL in the last
 user message (``{"type": "image_url", "image_url": {"url": "data:image/png;base64,..."}}``), which every server
-above accepts for vision models. At most ``boost.concurrency`` requests are in flight (a thread pool of that size
-sharing one connection pool).
+above accepts for vision models. What is sent is never the file's bytes: the image is decoded
+(:func:`finecap.data.formats.decode_image`: a real image within the decompression-bomb limit, EXIF orientation
+applied) and its RGB pixels re-encoded, as JPEG (quality 95) when the file was a JPEG and PNG otherwise, with the
+matching MIME type (:func:`finecap.data.formats.encode_image`). A file that does not decode is a
+:class:`~finecap.boost.engine.BadImage`: that image fails, nothing is sent. At most ``boost.concurrency``
+requests are in flight (a thread pool of that size sharing one connection pool).
 
 What happens to each request:
 
@@ -38,7 +42,6 @@ from __future__ import annotations
 
 import base64
 import email.utils
-import mimetypes
 import os
 import random
 import threading
@@ -58,7 +61,8 @@ from tenacity import (
     wait_exponential_jitter,
 )
 
-from finecap.boost.engine import BackendError, FatalBackendError, MalformedReply, ServerUnavailable, Task
+from finecap.boost.engine import BackendError, BadImage, FatalBackendError, MalformedReply, ServerUnavailable, Task
+from finecap.data.formats import DataError, decode_image, encode_image
 
 DEFAULT_BASE_URL = "https://api.openai.com/v1"
 RETRY_STATUS = {408, 409, 429, 500, 502, 503, 504}
@@ -72,9 +76,14 @@ FATAL_STATUS = {
 
 
 def image_data_url(path: str | Path) -> str:
-    """``data:<mime>;base64,<bytes>`` of an image file."""
-    mime = mimetypes.guess_type(str(path))[0] or "image/png"
-    return f"data:{mime};base64,{base64.b64encode(Path(path).read_bytes()).decode()}"
+    """``data:<mime>;base64,<bytes>`` of the image file at ``path`` decoded and re-encoded (module docstring), never
+    of its bytes; :class:`~finecap.boost.engine.BadImage` naming the file when it is not an image finecap reads."""
+    try:
+        image, fmt = decode_image(path)
+    except DataError as e:
+        raise BadImage(str(e)) from None
+    data, mime = encode_image(image, fmt)
+    return f"data:{mime};base64,{base64.b64encode(data).decode()}"
 
 
 def with_image(messages: list[dict[str, Any]], image: str | Path) -> list[dict[str, Any]]:

@@ -14,20 +14,21 @@ fields back.
 - ``jsonl``: ``DIR/<file name>`` with ``captions`` replaced and image paths made absolute.
 
 Karpathy and COCO files name images relative to an image root: read them with ``data.images`` set to the source
-root (the default, the file's folder, is now ``DIR``).
+root (the default, the file's folder, is now ``DIR``). Read a boosted JSONL the same way: its image paths are
+absolute, outside ``DIR``, and a data set names only files inside its image folder (``data.allow_outside_paths``).
 """
 
 from __future__ import annotations
 
 import json
 import os
-import shutil
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from finecap.data.formats import Record
-from finecap.utils import atomic_write_text, read_json, write_json
+from finecap.utils import atomic_write_bytes, atomic_write_text, read_json, refuse_link, write_json
+from finecap.world.make import content_hashes
 
 WRITABLE = ("world", "karpathy", "coco", "jsonl")
 """Formats :func:`write_boosted` writes (``data.format``); a Hugging Face data set is boosted after exporting it."""
@@ -58,6 +59,38 @@ def output_paths(fmt: str, source: str | Path, out_dir: str | Path) -> list[Path
     return paths
 
 
+JSONL_KEYS = {"cache.jsonl": {"key", "step", "image_id", "answer"}, "failures.jsonl": {"image_id", "step", "error"}}
+"""The keys of every line of the two JSONL files a boost run writes (:class:`finecap.boost.engine.AnswerCache`, the
+failures list)."""
+
+
+def is_boost_file(path: Path) -> bool:
+    """Whether ``path`` (one of :data:`BOOST_FILES`) reads as what finecap boost writes there, by content: a
+    ``boost.json`` summary (``status``, ``mode``, ``source``), or JSONL lines with :data:`JSONL_KEYS` (a last line
+    cut by a kill allowed). A file of that name with other content is the user's."""
+    try:
+        text = path.read_text()
+    except (OSError, ValueError):
+        return False
+    if path.name == "boost.json":
+        try:
+            summary = json.loads(text)
+        except ValueError:
+            return False
+        return isinstance(summary, dict) and {"status", "mode", "source"} <= set(summary)
+    lines = text.splitlines()
+    if lines and not text.endswith("\n"):
+        lines = lines[:-1]  # written when the run was killed
+    for line in filter(str.strip, lines):
+        try:
+            row = json.loads(line)
+        except ValueError:
+            return False
+        if not (isinstance(row, dict) and JSONL_KEYS[path.name] <= set(row)):
+            return False
+    return True
+
+
 def check_outputs(fmt: str, source: str | Path, out_dir: str | Path, images: str | Path | None = None) -> None:
     """Check, writing nothing, that boosting ``source`` into ``out_dir`` is safe; ``ValueError`` naming the path
     otherwise. Refused: an output folder equal to or inside the source's folder (or the image root ``images``), a
@@ -79,8 +112,18 @@ def check_outputs(fmt: str, source: str | Path, out_dir: str | Path, images: str
     if out_dir.exists():
         if not out_dir.is_dir():
             raise ValueError(f"--out {out_dir}: exists and is not a folder")
-        names = {p.name for p in out_dir.iterdir()}
-        if names and not names & {*BOOST_FILES, LOCK_NAME}:
+        for path in output_paths(fmt, source, out_dir):
+            if not (path.name == "images" and fmt == "world"):  # the one link boost makes itself (to the images)
+                refuse_link(path)  # before the first request, not after every answer was paid for
+        names = {p.name for p in out_dir.iterdir()} - {LOCK_NAME}
+        foreign = [out_dir / n for n in sorted(names & set(BOOST_FILES))
+                   if (out_dir / n).is_file() and not is_boost_file(out_dir / n)]  # fmt: skip
+        if foreign:
+            raise ValueError(
+                f"--out {out_dir}: {', '.join(map(str, foreign))} is not finecap boost's (recognised by content, not "
+                "by name); finecap boost writes into an empty or new folder, or one it wrote before"
+            )
+        if names and not names & set(BOOST_FILES):
             raise ValueError(
                 f"--out {out_dir}: the folder holds files but no finecap boost output ({', '.join(BOOST_FILES)}); "
                 "finecap boost writes into an empty or new folder, or one it wrote before"
@@ -119,9 +162,12 @@ def write_boosted(
             img["boost"] = f
         write_json(out, raw, indent=None)
         if fmt == "world":
-            for name in ("scenes.jsonl", "dense.json", "world.json"):
+            for name in ("scenes.jsonl", "dense.json"):
                 if (source.parent / name).exists():
-                    shutil.copyfile(source.parent / name, out_dir / name)
+                    atomic_write_bytes(out_dir / name, (source.parent / name).read_bytes())
+            if (source.parent / "world.json").exists():  # the copy's own content hashes: its captions are boosted
+                meta = read_json(source.parent / "world.json")
+                write_json(out_dir / "world.json", {**meta, "sha256": content_hashes(out_dir)})
             link = out_dir / "images"
             if not link.exists():
                 os.symlink((source.parent / "images").resolve(), link, target_is_directory=True)

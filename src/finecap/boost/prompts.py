@@ -49,7 +49,7 @@ from typing import Any
 
 import yaml
 
-from finecap.utils import read_yaml_mapping
+from finecap.utils import StrictYAMLLoader, read_yaml_mapping
 
 STEPS = ("blend", "visual", "holistic")
 VARIABLES: dict[str, tuple[str, ...]] = {
@@ -149,7 +149,7 @@ def _fields(template: str, where: str) -> set[str]:
 def _key_lines(text: str) -> dict[str, int]:
     """``{"step.key": line}`` (1-based) of a prompt file's two top levels, for error messages."""
     try:
-        root = yaml.compose(text)
+        root = yaml.compose(text, Loader=StrictYAMLLoader)  # read_yaml_mapping names what it refuses
     except yaml.YAMLError:
         return {}
     lines: dict[str, int] = {}

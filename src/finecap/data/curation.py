@@ -49,7 +49,7 @@ from typing import Any, Literal, get_args
 from filelock import FileLock, Timeout
 
 from finecap.data.formats import DataError, read_bags
-from finecap.utils import read_json, write_json
+from finecap.utils import read_json, short_repr, write_json
 
 Decision = Literal["accept", "reject"]
 DECISIONS: tuple[str, ...] = get_args(Decision)
@@ -101,7 +101,9 @@ def _read_source(path: Path) -> dict[str, Any]:
             images = entry["images"] if isinstance(entry, dict) else entry
             bad = [i for i in images if isinstance(i, bool) or not isinstance(i, int | str)]
             if bad:
-                raise DataError(f"{path}: bags[{size!r}][{j}]: image ids must be numbers or strings, got {bad[0]!r}")
+                raise DataError(
+                    f"{path}: bags[{size!r}][{j}]: image ids must be numbers or strings, got {short_repr(bad[0])}"
+                )
     return source
 
 
@@ -152,7 +154,9 @@ class BagCuration:
         if size not in self.bags or not index.isdigit() or int(index) >= len(self.bags[size]):
             raise KeyError(f"no bag {key!r} in {self.bags_path} (keys look like '3/0')")
         if decision is not None and decision not in DECISIONS:
-            raise ValueError(f"bag {key!r}: decision must be one of {', '.join(DECISIONS)}, got {decision!r}")
+            raise ValueError(
+                f"bag {short_repr(key)}: decision must be one of {', '.join(DECISIONS)}, got {short_repr(decision)}"
+            )
         return size, int(index)
 
     # --- deciding ---------------------------------------------------------------------------------------------------

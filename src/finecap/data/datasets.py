@@ -45,8 +45,10 @@ if TYPE_CHECKING:
 
 
 @functools.lru_cache(maxsize=4)
-def _read(fmt: str, path: Path, images: str, mtime_ns: int, options: tuple = ()) -> tuple[Record, ...]:
-    return tuple(read_records(fmt, path, images=images or None, **dict(options)))
+def _read(
+    fmt: str, path: Path, images: str, mtime_ns: int, options: tuple = (), allow_outside: bool = False
+) -> tuple[Record, ...]:
+    return tuple(read_records(fmt, path, images=images or None, allow_outside=allow_outside, **dict(options)))
 
 
 def load_records(cfg: Config, split: str) -> list[Record]:
@@ -63,7 +65,7 @@ def load_records(cfg: Config, split: str) -> list[Record]:
         raise FileNotFoundError(f"{path}: data set file not found (data.path / world.out)")
     options = tuple(sorted(hf_options(cfg).items())) if hf else ()
     mtime = path.stat().st_mtime_ns if path.exists() else 0
-    records = _read(cfg.data.format, path, cfg.data.images, mtime, options)
+    records = _read(cfg.data.format, path, cfg.data.images, mtime, options, cfg.data.allow_outside_paths)
     return select_captions(select_split(records, split, path), cfg.data.captions, path)
 
 

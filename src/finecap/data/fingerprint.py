@@ -10,7 +10,8 @@ what differs (:func:`check_fingerprints`).
 for a bags file, the split:
 
 - the world: its content key (``world.json``'s ``key``, :func:`finecap.world.make.world_key`), which fixes every
-  image, caption and scene graph;
+  image, caption and scene graph, and the SHA-256 of its ``dataset.json``, so a world copy whose captions were
+  edited is another data set (fingerprints recorded before the hash was added compare the key alone);
 - a data-set file (Karpathy, COCO, JSONL): the SHA-256 of the file's bytes; image files are not hashed (a COCO
   copy holds 120k of them), so replacing an image under the same name goes unnoticed;
 - ``data.format=hf``: the ``datasets`` fingerprint of every split of a ``save_to_disk`` folder (``state.json``'s
@@ -182,7 +183,7 @@ def dataset_fingerprint(
     elif not path.exists():
         raise FileNotFoundError(f"{path}: data set file not found (data.path / world.out)")
     elif fmt == "world" and (path.parent / "world.json").exists():
-        fp.update(kind="world", world_key=read_json(path.parent / "world.json").get("key"))
+        fp.update(kind="world", world_key=read_json(path.parent / "world.json").get("key"), sha256=sha256_file(path))
     else:
         fp["sha256"] = sha256_file(path)
     fp["path"] = os.path.abspath(path) if path.exists() else source

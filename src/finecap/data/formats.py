@@ -26,27 +26,54 @@ Formats:
   (:mod:`finecap.data.hf`; ``datasets`` is imported only for it).
 - results: ``[{"image_id", "caption"}]``, extra fields (``score``, ``id``) ignored (:func:`read_results`: an image
   listed several times keeps all its captions, as pycocotools' ``loadRes`` does).
-- bags: ``{"bags": {size: [{"images": [id, ...], "similarity"}, ...]}}`` (:func:`read_bags`).
+- bags: ``{"bags": {size: [{"images": [id, ...], "similarity"?}, ...]}}`` (:func:`read_bags`; ``similarity`` a
+  number when present).
+
+Two rules hold for every format (docs/reliability.md, "Reading only what you named"):
+
+- **Image paths stay inside the data set's image folder** (the image root above, ``data.images`` when given):
+  every record naming a file is checked when the data set is read, on real paths (``..`` and symbolic links
+  resolved), and one naming a file outside is refused, naming the data file, the record, the path and
+  ``data.allow_outside_paths``, the option that allows it (:class:`ImageFolder`).
+- **An image file is used only as decoded pixels**: :func:`load_image` (and :func:`load_record_image`) is the one
+  reader of image files; it refuses anything PIL does not decode whole as one of :data:`IMAGE_FORMATS`, images over
+  PIL's decompression-bomb limit, and applies the EXIF orientation. What finecap sends or embeds is a re-encoding of
+  the decoded pixels (:func:`encode_image`), never a file's bytes.
 
 Nothing here imports torch (nor PIL, until an image is loaded): ``finecap eval`` reads its inputs through this module.
 """
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import io
 import json
+import math
+import os
+import re
+import stat
+import warnings
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, get_args
 
 from finecap.config import DataFormat
-from finecap.utils import atomic_write_text
+from finecap.outputs import write_output
+from finecap.utils import short_repr
 
 if TYPE_CHECKING:
     from PIL import Image
 
 FORMATS = get_args(DataFormat)
 MAX_LISTED = 5
+ALLOW_OUTSIDE = "data.allow_outside_paths"
+"""The option that lets a data set name image files outside its image folder (:class:`ImageFolder`)."""
+IMAGE_FORMATS = ("PNG", "JPEG", "GIF", "BMP", "TIFF", "WEBP", "PPM", "TGA", "JPEG2000", "AVIF")
+"""The image formats finecap decodes (PIL format names, those the installed PIL has; JPEG includes its MPO
+variant; :func:`load_image`). Others PIL knows are refused: some run external programs (EPS runs Ghostscript) or
+are not photographs (icons, fonts, scientific formats)."""
 
 
 class DataError(ValueError):
@@ -110,7 +137,7 @@ def _require(rec: Any, key: str, types: type | tuple[type, ...], where: str) -> 
     value = rec[key]
     if not isinstance(value, types) or isinstance(value, bool):
         names = " or ".join(t.__name__ for t in (types if isinstance(types, tuple) else (types,)))
-        raise DataError(f"{where}: {key!r} must be {names}, got {_type(value)} {value!r:.60}")
+        raise DataError(f"{where}: {key!r} must be {names}, got {_type(value)} {short_repr(value)}")
     return value
 
 
@@ -125,29 +152,214 @@ def _check_images(records: list[Record], path: Path, root: Path) -> None:
         )
 
 
-def load_image(path: str | Path) -> Image.Image:
-    """The image at ``path`` as RGB (errors name the file)."""
+# ---------------------------------------------------------------------------------------------------------------------
+# Images: one rule for every file read as an image
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+def _one_line(error: BaseException) -> str:
+    return " ".join(str(error).split()) or type(error).__name__
+
+
+def _bomb(name: str, detail: str) -> DataError:
+    from PIL import Image
+
+    found = re.search(r"\((\d+) pixels\)", detail)
+    size = f"{int(found.group(1)):,} pixels" if found else detail
+    return DataError(
+        f"{name}: image too large ({size}): more than the decompression-bomb limit PIL.Image.MAX_IMAGE_PIXELS="
+        f"{Image.MAX_IMAGE_PIXELS:,} pixels; refused (a damaged or hostile file, or a photograph to scale down first)"
+    )
+
+
+@functools.cache
+def _formats() -> tuple[str, ...]:
+    """:data:`IMAGE_FORMATS` that the installed PIL opens (AVIF is recent)."""
+    from PIL import Image
+
+    Image.init()
+    return tuple(f for f in IMAGE_FORMATS if f in Image.OPEN)
+
+
+def _to_rgb(image: Image.Image) -> Image.Image:
+    """``image`` as 8-bit RGB: 16-bit grey scaled to 8 bits (not clipped), palette and alpha images through RGBA
+    (the colours under the alpha channel are kept, as every captioning preprocessor does), the rest converted."""
+    if image.mode == "RGB":
+        return image
+    if image.mode.startswith("I;16") or (image.mode == "I" and image.getextrema()[1] > 255):
+        image = image.convert("I").point(lambda v: v * (1 / 257)).convert("L")  # 0..65535 -> 0..255
+    elif image.mode in ("P", "PA", "LA", "La", "RGBa") or "transparency" in image.info:
+        image = image.convert("RGBA")
+    return image.convert("RGB")
+
+
+def _file_size(path: str | Path, name: str) -> int:
+    """The size of the regular file ``path`` (followed through links: what would be read); a one-line
+    :class:`DataError` beginning with ``name`` when it is missing, unreadable, not a regular file or empty."""
+    try:
+        st = os.stat(path)
+    except OSError as e:
+        reason = "no such file" if isinstance(e, FileNotFoundError) else (e.strerror or _one_line(e)).lower()
+        raise DataError(f"{name}: cannot read image: {reason}") from None
+    if not stat.S_ISREG(st.st_mode):
+        kind = "a folder" if stat.S_ISDIR(st.st_mode) else "not a regular file (a device, pipe or socket)"
+        raise DataError(f"{name}: cannot read image: {kind}")
+    if st.st_size == 0:
+        raise DataError(f"{name}: not an image: the file is empty (0 bytes)")
+    return st.st_size
+
+
+@contextlib.contextmanager
+def _opened(source: Any, name: str, size: int) -> Iterator[Image.Image]:
+    """``PIL.Image.open(source)`` restricted to :data:`IMAGE_FORMATS`, its size checked against the decompression-bomb
+    limit from the header; what goes wrong there or in the ``with`` body is a one-line :class:`DataError` beginning
+    with ``name``."""
     from PIL import Image  # here, not at the top: text-only evaluation reads its files through this module
 
+    limit = Image.MAX_IMAGE_PIXELS
     try:
-        with Image.open(path) as image:
-            return image.convert("RGB")
-    except (OSError, ValueError) as e:
-        raise ValueError(f"{path}: cannot read image: {e}") from None
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", Image.DecompressionBombWarning)  # the warning level is refused too
+            with Image.open(source, formats=_formats()) as image:
+                width, height = image.size
+                if limit is not None and width * height > limit:  # again: warning filters are not per thread
+                    raise _bomb(name, f"({width * height} pixels)")
+                yield image
+    except DataError:
+        raise
+    except (Image.DecompressionBombError, Image.DecompressionBombWarning) as e:
+        raise _bomb(name, str(e)) from None
+    except Image.UnidentifiedImageError:
+        raise DataError(
+            f"{name}: not an image: PIL reads no {', '.join(_formats())} image in it ({size:,} bytes)"
+        ) from None
+    except Exception as e:  # noqa: BLE001 - PIL's decoders raise many kinds on damaged files
+        raise DataError(f"{name}: damaged image ({type(e).__name__}: {_one_line(e)})") from None
+
+
+def _decode(source: Path | bytes, name: str) -> tuple[Image.Image, str]:
+    """The image in ``source`` (a file, or encoded bytes) decoded to RGB, upright, and its PIL format; every error is
+    a one-line :class:`DataError` beginning with ``name``."""
+    from PIL import ImageOps
+
+    if isinstance(source, bytes):
+        if not source:
+            raise DataError(f"{name}: not an image: the file is empty (0 bytes)")
+        fp: Any = io.BytesIO(source)
+        size = len(source)
+    else:
+        fp, size = source, _file_size(source, name)
+    with _opened(fp, name, size) as image:
+        image.load()  # decodes every pixel: a truncated or damaged file fails here, not later
+        fmt = image.format or ""
+        try:
+            upright = ImageOps.exif_transpose(image)  # EXIF orientation honoured
+        except Exception:  # noqa: BLE001 - unreadable EXIF: the pixels as stored (they decoded)
+            upright = image
+        return _to_rgb(upright), fmt
+
+
+def load_image(path: str | Path) -> Image.Image:
+    """The image file at ``path`` decoded to RGB: the one way finecap reads an image file.
+
+    A file is used only when PIL decodes it whole as one of :data:`IMAGE_FORMATS`; it is refused (a one-line
+    :class:`DataError` naming the file) when it is missing, not a regular file, empty, not an image, damaged or
+    truncated, or larger than ``PIL.Image.MAX_IMAGE_PIXELS`` (PIL's decompression-bomb limit; PIL only warns between
+    one and two times the limit, finecap refuses there too). The EXIF orientation is applied; 16-bit, palette,
+    alpha, CMYK and grey images come out as 8-bit RGB."""
+    return _decode(Path(path), str(path))[0]
+
+
+def decode_image(path: str | Path) -> tuple[Image.Image, str]:
+    """:func:`load_image` and the PIL format of the file (``"JPEG"``, ``"PNG"``, ...)."""
+    return _decode(Path(path), str(path))
 
 
 def load_record_image(record: Any) -> Image.Image:
-    """The image of ``record`` (a :class:`Record`, or anything with ``path``) as RGB: its embedded bytes when it has
-    them, else its file."""
+    """The image of ``record`` (a :class:`Record`, or anything with ``path``) as RGB, by :func:`load_image`'s rule:
+    its embedded bytes when it has them, else its file."""
     if getattr(record, "image_bytes", None) is None:
         return load_image(record.path)
-    from PIL import Image
+    return _decode(record.image_bytes, f"image of record {record.image_id!r} ({record.path})")[0]
 
-    try:
-        with Image.open(io.BytesIO(record.image_bytes)) as image:
-            return image.convert("RGB")
-    except (OSError, ValueError) as e:
-        raise ValueError(f"image of record {record.image_id!r} ({record.path}): cannot decode it: {e}") from None
+
+def check_image_file(path: str | Path) -> None:
+    """Check, without decoding the pixels, that ``path`` is an image file :func:`load_image` may read: a regular
+    file that PIL identifies as one of :data:`IMAGE_FORMATS`, within the decompression-bomb limit, whose structure
+    PIL verifies (chunk checksums for PNG). A one-line :class:`DataError` naming the file otherwise. Cheaper than a
+    decode (a header and a scan): for checking many files before any is used (``finecap boost``)."""
+    name = str(path)
+    with _opened(path, name, _file_size(path, name)) as image:
+        image.verify()
+
+
+def encode_image(image: Image.Image, source_format: str = "") -> tuple[bytes, str]:
+    """``(bytes, MIME type)`` of a decoded image re-encoded to be sent or embedded: JPEG when it was read from a JPEG
+    (quality 95: near the original size), PNG otherwise (lossless). What finecap sends is always such a re-encoding
+    of decoded pixels, never the bytes of a file."""
+    buf = io.BytesIO()
+    if source_format in ("JPEG", "MPO"):
+        image.save(buf, format="JPEG", quality=95)
+        return buf.getvalue(), "image/jpeg"
+    image.save(buf, format="PNG")
+    return buf.getvalue(), "image/png"
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Image paths: only inside the data set's image folder
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+class ImageFolder:
+    """Where a data set's records may name image files: inside its image folder(s) ``roots`` (the ``images`` root
+    the reader resolves relative paths against), after resolving ``..`` and symbolic links (real paths). A record
+    naming a file elsewhere (``../secret.png``, ``/home/me/.ssh/id_rsa``, a link leading out) is refused with a
+    :class:`DataError` naming the record (``where``: the data file and the entry), the path and
+    ``data.allow_outside_paths``, which (``allow``) turns the check off. Records with embedded images (no file) are
+    not checked.
+
+    Example::
+
+        >>> folder = ImageFolder("/data/coco")
+        >>> folder.check("/data/coco/val/1.jpg", "/data/coco/captions.jsonl, line 1", "val/1.jpg")
+        >>> folder.check("/data/coco/../secret.png", "/data/coco/captions.jsonl, line 2", "../secret.png")
+        Traceback (most recent call last):
+        ...
+        finecap.data.formats.DataError: /data/coco/captions.jsonl, line 2: image path '../secret.png' resolves to /data/secret.png, outside the data set's image folder /data/coco; refused (a data set names only files inside its folder): set data.images to the folder holding the images, or data.allow_outside_paths=true to allow it
+    """  # noqa: E501
+
+    def __init__(self, roots: str | Path | tuple[str | Path, ...], allow: bool = False) -> None:
+        roots = roots if isinstance(roots, tuple) else (roots,)
+        self.allow = allow
+        self.reals = [os.path.realpath(r) for r in roots]
+        self.prefixes = tuple(r.rstrip(os.sep) + os.sep for r in self.reals)
+        self._dirs: dict[str, str] = {}
+
+    def real_path(self, path: str | Path) -> str:
+        """``os.path.realpath(path)``, resolving each folder once (a data set holds many files per folder)."""
+        text = os.fspath(path)
+        head, tail = os.path.split(text)
+        if tail in ("", os.curdir, os.pardir):
+            return os.path.realpath(text)
+        folder = self._dirs.get(head)
+        if folder is None:
+            folder = self._dirs[head] = os.path.realpath(head or os.curdir)
+        real = os.path.join(folder, tail)
+        return os.path.realpath(real) if os.path.islink(real) else real
+
+    def inside(self, path: str | Path) -> bool:
+        real = self.real_path(path)
+        return real in self.reals or real.startswith(self.prefixes)
+
+    def check(self, path: str | Path, where: str, written: Any) -> None:
+        """Refuse ``path`` (of record ``where``, written ``written`` in the data file) unless it lies inside."""
+        if self.allow or self.inside(path):
+            return
+        raise DataError(
+            f"{where}: image path {str(written)!r:.300} resolves to {self.real_path(path)}, outside the data set's "
+            f"image folder {' or '.join(self.reals)}; refused (a data set names only files inside its folder): set "
+            f"data.images to the folder holding the images, or {ALLOW_OUTSIDE}=true to allow it"
+        )
 
 
 def _captions(items: list[Any], where: str) -> list[str]:
@@ -156,7 +368,7 @@ def _captions(items: list[Any], where: str) -> list[str]:
     out = []
     for j, c in enumerate(items):
         if not isinstance(c, str):
-            raise DataError(f"{where}: caption {j} must be a string, got {_type(c)} {c!r:.60}")
+            raise DataError(f"{where}: caption {j} must be a string, got {_type(c)} {short_repr(c)}")
         if not c.strip():
             raise DataError(f"{where}: caption {j} is empty")
         out.append(c.strip())
@@ -178,10 +390,14 @@ def _boosted(rec: dict[str, Any], where: str) -> dict[str, list[str]]:
 # ---------------------------------------------------------------------------------------------------------------------
 
 
-def read_karpathy(path: str | Path, images: str | Path | None = None, check_images: bool = True) -> list[Record]:
-    """Read a Karpathy split JSON (``dataset_coco.json`` / ``dataset_flickr30k.json`` layout)."""
+def read_karpathy(
+    path: str | Path, images: str | Path | None = None, check_images: bool = True, allow_outside: bool = False
+) -> list[Record]:
+    """Read a Karpathy split JSON (``dataset_coco.json`` / ``dataset_flickr30k.json`` layout). Image paths must lie
+    inside ``images`` (:class:`ImageFolder`) unless ``allow_outside`` (``data.allow_outside_paths``)."""
     path = Path(path)
     root = Path(images) if images is not None else path.parent
+    folder = ImageFolder(root, allow_outside)
     data = _load_json(path)
     entries = _require(data, "images", list, f"{path}")
     records = []
@@ -208,9 +424,9 @@ def read_karpathy(path: str | Path, images: str | Path | None = None, check_imag
                 texts.append(" ".join(tokens))
             else:
                 texts.append(_require(s, "raw", str, swhere))
-        records.append(
-            Record(image_id, root / filepath / filename, split, _captions(texts, where), _boosted(img, where))
-        )
+        image_path = root / filepath / filename
+        folder.check(image_path, where, os.path.join(filepath, filename))
+        records.append(Record(image_id, image_path, split, _captions(texts, where), _boosted(img, where)))
     check_unique_ids(records, path, "images")
     if check_images:
         _check_images(records, path, root)
@@ -234,14 +450,17 @@ def check_unique_ids(records: list[Record], path: Path, what: str = "records") -
     )
 
 
-def read_world(path: str | Path, images: str | Path | None = None, check_images: bool = True) -> list[Record]:
-    """Read a world data set (``path`` = the world folder or its ``dataset.json``)."""
+def read_world(
+    path: str | Path, images: str | Path | None = None, check_images: bool = True, allow_outside: bool = False
+) -> list[Record]:
+    """Read a world data set (``path`` = the world folder or its ``dataset.json``); its image folder is
+    ``<world>/images`` (or ``images``)."""
     path = Path(path)
     if path.is_dir():
         path = path / "dataset.json"
     if not path.exists():
         raise DataError(f"{path}: file not found; create the world with `finecap world make --out {path.parent}`")
-    return read_karpathy(path, images if images is not None else path.parent / "images", check_images)
+    return read_karpathy(path, images if images is not None else path.parent / "images", check_images, allow_outside)
 
 
 def _infer_split(path: Path) -> str:
@@ -253,7 +472,11 @@ def _infer_split(path: Path) -> str:
 
 
 def read_coco_captions(
-    path: str | Path, images: str | Path | None = None, check_images: bool = True, split: str | None = None
+    path: str | Path,
+    images: str | Path | None = None,
+    check_images: bool = True,
+    split: str | None = None,
+    allow_outside: bool = False,
 ) -> list[Record]:
     """Read COCO caption annotations (``captions_val2014.json`` layout); one record per image, in file order.
 
@@ -261,9 +484,11 @@ def read_coco_captions(
     ``id`` (text metrics need no image file; such a record's path is ``<images>/<id>`` and ``check_images`` names
     the missing ``file_name``), extra fields anywhere (ignored), images without annotations (dropped: nothing to
     evaluate or train on), and no ``images`` list at all (images are then those of the annotations, in order).
+    Image paths must lie inside ``images`` (:class:`ImageFolder`) unless ``allow_outside``.
     """
     path = Path(path)
     root = Path(images) if images is not None else path.parent
+    folder = ImageFolder(root, allow_outside)
     split = split or _infer_split(path)
     data = _load_json(path)
     anns = _require(data, "annotations", list, f"{path}")
@@ -291,7 +516,7 @@ def read_coco_captions(
             image_id = _require(img, "id", (int, str), where)
             file_name = _require(img, "file_name", str, f"{where} (id {image_id})") if "file_name" in img else None
             if image_id in by_id:
-                raise DataError(f"{where}: duplicate image id {image_id!r}")
+                raise DataError(f"{where}: duplicate image id {short_repr(image_id)}")
             by_id[image_id] = (file_name, [])
             boosts[image_id] = _boosted(img, where)
     bad = False
@@ -315,7 +540,7 @@ def read_coco_captions(
             caption = _require(ann, "caption", str, where)
             if image_id not in by_id:
                 if imgs is not None:
-                    raise DataError(f"{where}: image_id {image_id!r} is not in 'images'")
+                    raise DataError(f"{where}: image_id {short_repr(image_id)} is not in 'images'")
                 by_id[image_id] = (None, [])
             by_id[image_id][1].append(caption)
     records = []
@@ -328,9 +553,9 @@ def read_coco_captions(
             _captions(caps, f"{path}: image id {image_id}" + (f" ({file_name})" if file_name else ""))
         if file_name is None:
             no_file.append(image_id)
-        records.append(
-            Record(image_id, root / (file_name or str(image_id)), split, stripped, boosts.get(image_id) or {})
-        )
+        image_path = root / (file_name or str(image_id))
+        folder.check(image_path, f"{path}: image id {image_id!r}", file_name or image_id)
+        records.append(Record(image_id, image_path, split, stripped, boosts.get(image_id) or {}))
     if not records:
         raise DataError(f"{path}: no image has a caption annotation")
     if check_images:
@@ -344,11 +569,17 @@ def read_coco_captions(
 
 
 def read_jsonl(
-    path: str | Path, images: str | Path | None = None, check_images: bool = True, split: str = "test"
+    path: str | Path,
+    images: str | Path | None = None,
+    check_images: bool = True,
+    split: str = "test",
+    allow_outside: bool = False,
 ) -> list[Record]:
-    """Read ``{"image": path, "captions": [...], "id"?, "split"?}`` per line (blank lines are skipped)."""
+    """Read ``{"image": path, "captions": [...], "id"?, "split"?}`` per line (blank lines are skipped). Image paths,
+    absolute ones too, must lie inside ``images`` (:class:`ImageFolder`) unless ``allow_outside``."""
     path = Path(path)
     root = Path(images) if images is not None else path.parent
+    folder = ImageFolder(root, allow_outside)
     if not path.exists():
         raise DataError(f"{path}: file not found")
     records = []
@@ -367,10 +598,11 @@ def read_jsonl(
             image_id = _require(rec, "id", (int, str), where) if "id" in rec else image
             rec_split = _require(rec, "split", str, where) if "split" in rec else split
             if image_id in seen:
-                raise DataError(f"{where}: duplicate image id {image_id!r}")
+                raise DataError(f"{where}: duplicate image id {short_repr(image_id)}")
             seen.add(image_id)
             p = Path(image)
             path_ = p if p.is_absolute() else root / p
+            folder.check(path_, where, image)
             records.append(Record(image_id, path_, rec_split, _captions(caps, where), _boosted(rec, where)))
     if check_images:
         _check_images(records, path, root)
@@ -378,16 +610,21 @@ def read_jsonl(
 
 
 def read_dataset(
-    fmt: str, path: str | Path, images: str | Path | None = None, check_images: bool = True
+    fmt: str,
+    path: str | Path,
+    images: str | Path | None = None,
+    check_images: bool = True,
+    allow_outside: bool = False,
 ) -> list[Record]:
     """Read a data set of format ``fmt`` (one of :data:`FORMATS` but ``hf``, which needs its column options: see
-    :func:`finecap.data.references.read_records`, the reader for every format)."""
+    :func:`finecap.data.references.read_records`, the reader for every format). ``allow_outside``
+    (``data.allow_outside_paths``) lets records name image files outside the image folder (:class:`ImageFolder`)."""
     readers = {"world": read_world, "karpathy": read_karpathy, "coco": read_coco_captions, "jsonl": read_jsonl}
     if fmt == "hf":
         raise DataError("data.format=hf: read it with finecap.data.references.read_records (it needs data.* columns)")
     if fmt not in readers:
         raise DataError(f"unknown data set format {fmt!r}; valid formats: {', '.join(FORMATS)}")
-    return readers[fmt](path, images, check_images)
+    return readers[fmt](path, images, check_images, allow_outside=allow_outside)
 
 
 def hf_options(cfg: Any) -> dict[str, str]:
@@ -434,15 +671,16 @@ def read_results(path: str | Path) -> dict[int | str, list[str]]:
 
 
 def write_results(path: str | Path, captions: dict[int | str, str]) -> None:
-    """Write ``{image_id: caption}`` as COCO results ``[{"image_id", "caption"}]`` (atomically, in dict order)."""
+    """Write ``{image_id: caption}`` as COCO results ``[{"image_id", "caption"}]`` (atomically, in dict order; never
+    through a link; remembered as finecap's, :func:`finecap.outputs.write_output`)."""
     rows = []
     for image_id, caption in captions.items():
         if not isinstance(caption, str):
-            raise DataError(f"{path}: caption of image {image_id!r} must be a string, got {_type(caption)}")
+            raise DataError(f"{path}: caption of image {short_repr(image_id)} must be a string, got {_type(caption)}")
         if isinstance(image_id, bool) or not isinstance(image_id, int | str):
-            raise DataError(f"{path}: image id {image_id!r} must be an int or a string")
+            raise DataError(f"{path}: image id {short_repr(image_id)} must be an int or a string")
         rows.append({"image_id": image_id, "caption": caption})
-    atomic_write_text(path, json.dumps(rows, indent=None) + "\n")
+    write_output(path, json.dumps(rows, indent=None) + "\n", "results")
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -450,11 +688,20 @@ def write_results(path: str | Path, captions: dict[int | str, str]) -> None:
 # ---------------------------------------------------------------------------------------------------------------------
 
 
+def _finite(value: float) -> bool:
+    """Whether ``value`` is a finite float (a 400-digit integer is not: formatting it overflows)."""
+    try:
+        return math.isfinite(float(value))
+    except OverflowError:
+        return False
+
+
 def read_bags(path: str | Path) -> dict[int, list[list[int | str]]]:
     """Read a bags file of ``finecap bags build`` into ``{size: [[image_id, ...], ...]}``.
 
     Accepts ``{"bags": {size: [bag, ...]}}`` where a bag is ``{"images": [...], ...}`` (what the command writes,
-    :mod:`finecap.data.truematch`) or a plain list of image ids; every bag holds at least two images.
+    :mod:`finecap.data.truematch`) or a plain list of image ids; every bag holds at least two images, and a bag's
+    ``similarity``, when present, is a number (the review page and the report print it as one).
     """
     path = Path(path)
     if not path.exists():
@@ -468,7 +715,7 @@ def read_bags(path: str | Path) -> dict[int, list[list[int | str]]]:
         try:
             size = int(key)
         except ValueError:
-            raise DataError(f"{path}: bags key {key!r} is not a bag size") from None
+            raise DataError(f"{path}: bags key {short_repr(key)} is not a bag size") from None
         if not isinstance(items, list):
             raise DataError(f"{path}: bags[{key!r}] must be a list")
         bags = []
@@ -476,6 +723,14 @@ def read_bags(path: str | Path) -> dict[int, list[list[int | str]]]:
             images = b.get("images") if isinstance(b, dict) else b
             if not isinstance(images, list) or len(images) < 2:
                 raise DataError(f"{path}: bags[{key!r}][{j}] must hold a list of at least two image ids")
+            similarity = b.get("similarity") if isinstance(b, dict) else None
+            if similarity is not None and (isinstance(similarity, bool) or not isinstance(similarity, int | float)
+                                           or not _finite(similarity)):  # fmt: skip
+                raise DataError(
+                    f"{path}: bags[{key!r}][{j}]: 'similarity' must be a number (finite: the bag's mean cosine "
+                    "similarity), "
+                    f"got {_type(similarity)} {short_repr(similarity)}"
+                )
             bags.append(images)
         out[size] = bags
     return out

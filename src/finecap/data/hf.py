@@ -9,11 +9,16 @@
   Hugging Face cache; nothing else in finecap downloads).
 
 Columns (``data.*``, see :func:`read_hf`): ``image_column`` holds the image (an ``Image`` feature, embedded bytes or
-a path, or a path string; relative paths are resolved against ``data.images``), ``caption_column`` the reference
-captions (a string, or a list of strings per row), ``split_column`` (optional) each row's split, else the splits are
-the data set's named splits (a lone unnamed split, as a file gives, takes its split from the file name like COCO
-files do: ``train``/``val``/``test``, default ``test``); ``id_column`` (optional) the image id, else the image path,
-else ``<split>/<row>``.
+a path, or a path string; relative paths are resolved against ``data.images``, by default the folder of the file or
+the saved data set folder), ``caption_column`` the reference captions (a string, or a list of strings per row),
+``split_column`` (optional) each row's split, else the splits are the data set's named splits (a lone unnamed split,
+as a file gives, takes its split from the file name like COCO files do: ``train``/``val``/``test``, default
+``test``); ``id_column`` (optional) the image id, else the image path, else ``<split>/<row>``.
+
+Image files must lie inside the data set's image folder (:class:`finecap.data.formats.ImageFolder`, refused
+otherwise unless ``data.allow_outside_paths=true``): ``data.images`` when given, else the folder of a parquet/arrow
+file or the saved data set folder, else, for a Hub name, the Hugging Face caches its files were downloaded to
+(``datasets``' and ``huggingface_hub``'s). Embedded images (bytes) are not files and are not checked.
 
 ``datasets`` is an optional dependency (``pip install 'finecap[hf]'``), imported only when such a data set is read:
 text-only ``finecap eval`` never imports it.
@@ -25,7 +30,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from finecap.data.formats import MAX_LISTED, DataError, Record, _captions, _infer_split
+from finecap.data.formats import MAX_LISTED, DataError, ImageFolder, Record, _captions, _infer_split
 
 __all__ = ["HF_FILE_SUFFIXES", "is_hf_path", "read_hf"]
 
@@ -96,6 +101,20 @@ def _image_path(value: Any, root: Path | None, where: str) -> tuple[Path, bytes 
     return p, data
 
 
+def _hub_caches() -> tuple[str, ...]:
+    """The folders a data set loaded by Hub name keeps its files in: ``datasets``' cache and the Hub's."""
+    import datasets
+
+    folders = [str(datasets.config.HF_DATASETS_CACHE)]
+    try:
+        from huggingface_hub import constants
+
+        folders.append(str(constants.HF_HUB_CACHE))
+    except ImportError:
+        pass
+    return tuple(folders)
+
+
 def read_hf(
     source: str | Path,
     images: str | Path | None = None,
@@ -106,12 +125,19 @@ def read_hf(
     split_column: str = "",
     id_column: str = "",
     splits: Sequence[str] | None = None,
+    allow_outside: bool = False,
 ) -> list[Record]:
     """Records of a Hugging Face data set (module docstring); ``splits`` keeps only those named splits (read
-    faster). A row whose image is embedded (bytes, no file) carries them in :attr:`Record.image_bytes`."""
+    faster). A row whose image is embedded (bytes, no file) carries them in :attr:`Record.image_bytes`. Image files
+    outside the data set's folder are refused unless ``allow_outside`` (``data.allow_outside_paths``)."""
     datasets = _import_datasets()
     parts = _load(source)
-    root = Path(images) if images is not None else (Path(source).parent if Path(source).is_file() else None)
+    local = Path(source)
+    if images is not None:
+        root: Path | None = Path(images)
+    else:
+        root = local.parent if local.is_file() else local if local.is_dir() else None
+    folder = ImageFolder(root if root is not None else _hub_caches(), allow_outside)
     records: list[Record] = []
     seen: dict[Any, str] = {}
     for split_name, ds in parts.items():
@@ -129,7 +155,10 @@ def read_hf(
         table = ds.select_columns(list(dict.fromkeys(cols))).to_dict()
         for i in range(len(ds)):
             where = f"{source}: split {split_name!r}, row {i}"
-            path, data = _image_path(table[image_column][i], root, where)
+            cell = table[image_column][i]
+            path, data = _image_path(cell, root, where)
+            if data is None:  # a file, not embedded bytes
+                folder.check(path, where, cell.get("path") if isinstance(cell, dict) else cell)
             caps = table[caption_column][i]
             if isinstance(caps, str):
                 caps = [caps]

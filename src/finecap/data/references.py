@@ -44,13 +44,19 @@ def data_file(cfg: Config) -> Path:
 
 
 def read_records(
-    fmt: str, path: str | Path, images: str | Path | None = None, check_images: bool = True, **options: Any
+    fmt: str,
+    path: str | Path,
+    images: str | Path | None = None,
+    check_images: bool = True,
+    allow_outside: bool = False,
+    **options: Any,
 ) -> list[Record]:
     """Records of a data set in any format: :func:`finecap.data.formats.read_dataset`, or for ``hf``
-    :func:`finecap.data.hf.read_hf` with ``options`` (:func:`finecap.data.formats.hf_options`)."""
+    :func:`finecap.data.hf.read_hf` with ``options`` (:func:`finecap.data.formats.hf_options`). Image paths outside
+    the data set's image folder are refused unless ``allow_outside`` (``data.allow_outside_paths``)."""
     if fmt == "hf":
-        return read_hf(path, images, check_images, **options)
-    return read_dataset(fmt, path, images, check_images)
+        return read_hf(path, images, check_images, allow_outside=allow_outside, **options)
+    return read_dataset(fmt, path, images, check_images, allow_outside=allow_outside)
 
 
 def select_split(records: Sequence[Record], split: str, path: str | Path) -> list[Record]:
@@ -140,7 +146,8 @@ def load_references(
 ) -> LoadedReferences:
     """Read a reference data set: ``data`` (format detected), or the configured one (``data.format``/``data.path``,
     default the world at ``world.out``). ``split`` keeps one split (:func:`select_split`). ``images`` (default
-    ``data.images``) is the image root; ``check_images`` verifies that the image files exist."""
+    ``data.images``) is the image root; ``check_images`` verifies that the image files exist. Records naming files
+    outside the image root are refused unless ``data.allow_outside_paths``."""
     if data is None:
         fmt, path = cfg.data.format, data_file(cfg)
         if fmt == "world" and not path.exists():
@@ -149,7 +156,8 @@ def load_references(
         fmt, path = detect_format(data)
     root = images if images is not None else (cfg.data.images or None)
     options = hf_options(cfg) if fmt == "hf" else {}
-    records = read_records(fmt, path, images=root, check_images=check_images, **options)
+    records = read_records(fmt, path, images=root, check_images=check_images,
+                           allow_outside=cfg.data.allow_outside_paths, **options)  # fmt: skip
     check_unique_ids(records, Path(path))  # every format: one record per image, never a silent replacement
     if split is not None:
         records = select_split(records, split, path)

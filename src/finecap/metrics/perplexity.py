@@ -66,10 +66,11 @@ class Perplexity:
         if isinstance(model, str | Path):
             name = str(model)
             try:
-                loaded = AutoModelForCausalLM.from_pretrained(name)
+                loaded = AutoModelForCausalLM.from_pretrained(name, trust_remote_code=False)
             except (OSError, ValueError) as e:
                 raise ValueError(f"perplexity language model {name!r} (eval.lm) cannot be loaded: {e}") from None
-            tokenizer = tokenizer if tokenizer is not None else AutoTokenizer.from_pretrained(name)
+            if tokenizer is None:
+                tokenizer = AutoTokenizer.from_pretrained(name, trust_remote_code=False)
             model = loaded
         elif tokenizer is None:
             raise ValueError("Perplexity: a tokenizer is needed when the model is passed as an object")

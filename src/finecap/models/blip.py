@@ -434,9 +434,9 @@ class Blip(nn.Module):
         processor."""
         name = str(name_or_path)
         try:
-            model = BlipForConditionalGeneration.from_pretrained(name)
-            tokenizer = AutoTokenizer.from_pretrained(name)
-            processor = BlipImageProcessor.from_pretrained(name)
+            model = BlipForConditionalGeneration.from_pretrained(name, trust_remote_code=False)
+            tokenizer = AutoTokenizer.from_pretrained(name, trust_remote_code=False)
+            processor = BlipImageProcessor.from_pretrained(name, trust_remote_code=False)
         except OSError as e:
             raise OSError(f"blip.name={name}: cannot load the BLIP model, tokenizer or image processor: {e}") from None
         return cls(model, tokenizer, processor, source=name, **kwargs)
@@ -464,8 +464,8 @@ class Blip(nn.Module):
         if not (path / CONFIG_NAME).exists():
             raise FileNotFoundError(f"{path}: not a captioner checkpoint (no {CONFIG_NAME})")
         meta = read_json(path / CONFIG_NAME)
-        model = BlipForConditionalGeneration.from_pretrained(path)
-        tokenizer = AutoTokenizer.from_pretrained(path)
+        model = BlipForConditionalGeneration.from_pretrained(path, trust_remote_code=False)
+        tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=False)
         world = None
         if meta.get("world_saved"):
             world = FeatureMapTokens.from_pretrained(path / WORLD_DIR)
@@ -476,7 +476,9 @@ class Blip(nn.Module):
                 raise OSError(
                     f"{path / CONFIG_NAME}: cannot load the world encoder {meta['world_source']!r} it refers to ({e})"
                 ) from None
-        processor = BlipImageProcessor.from_pretrained(path) if not meta.get("world_source") else None
+        processor = None
+        if not meta.get("world_source"):
+            processor = BlipImageProcessor.from_pretrained(path, trust_remote_code=False)
         blip = cls(model, tokenizer, processor, world=world, train_encoder=meta["train_encoder"],
                    train_lm=meta["train_lm"], source=meta.get("source", ""))  # fmt: skip
         if meta.get("lora"):

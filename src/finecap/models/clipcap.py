@@ -430,8 +430,8 @@ class ClipCap(nn.Module):
         if not (path / CONFIG_NAME).exists():
             raise FileNotFoundError(f"{path}: not a captioner checkpoint (no {CONFIG_NAME})")
         meta = read_json(path / CONFIG_NAME)
-        lm = AutoModelForCausalLM.from_pretrained(path / "lm")
-        tokenizer = AutoTokenizer.from_pretrained(path / "lm")
+        lm = AutoModelForCausalLM.from_pretrained(path / "lm", trust_remote_code=False)
+        tokenizer = AutoTokenizer.from_pretrained(path / "lm", trust_remote_code=False)
         encoder = None
         if meta.get("encoder_saved"):
             encoder = VisionEncoder.from_pretrained(path / "encoder")
@@ -477,8 +477,8 @@ def export_merged(checkpoint: str | Path, out: str | Path) -> Path:
 def load_lm(name_or_path: str) -> tuple[nn.Module, Any]:
     """Any ``AutoModelForCausalLM`` checkpoint and its own tokenizer (pad token = EOS when missing, as for GPT-2)."""
     try:
-        lm = AutoModelForCausalLM.from_pretrained(name_or_path)
-        tokenizer = AutoTokenizer.from_pretrained(name_or_path)
+        lm = AutoModelForCausalLM.from_pretrained(name_or_path, trust_remote_code=False)
+        tokenizer = AutoTokenizer.from_pretrained(name_or_path, trust_remote_code=False)
     except OSError as e:
         raise OSError(f"clipcap.lm={name_or_path}: cannot load the language model or its tokenizer: {e}") from None
     return lm, ensure_pad_token(tokenizer)

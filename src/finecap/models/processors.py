@@ -40,13 +40,13 @@ def load_processor(name_or_path: str | Path) -> Any:
     built without one (:func:`image_only_processor`)."""
     name = str(name_or_path)
     try:
-        return AutoProcessor.from_pretrained(name)
+        return AutoProcessor.from_pretrained(name, trust_remote_code=False)
     except (ImportError, OSError, ValueError):
         if is_torchvision_available():
             raise
-        model_type = AutoConfig.from_pretrained(name).model_type
+        model_type = AutoConfig.from_pretrained(name, trust_remote_code=False).model_type
         class_name = transformers.models.auto.processing_auto.PROCESSOR_MAPPING_NAMES.get(model_type)
         cls = getattr(transformers, class_name, None) if class_name else None
         if cls is None or "video_processor" not in cls.get_attributes():
             raise
-        return image_only_processor(cls).from_pretrained(name)
+        return image_only_processor(cls).from_pretrained(name, trust_remote_code=False)

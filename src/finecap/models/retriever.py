@@ -110,7 +110,7 @@ class Retriever:
         ``CLIPModel`` or ``VisionTextDualEncoderModel``.
         """
         name = str(name_or_path)
-        config = transformers.AutoConfig.from_pretrained(name)
+        config = transformers.AutoConfig.from_pretrained(name, trust_remote_code=False)
         archs = list(getattr(config, "architectures", None) or [])
         model_cls = None
         for arch in archs:
@@ -120,14 +120,14 @@ class Retriever:
                 break
         if model_cls is None:
             model_cls = transformers.AutoModel
-        model = model_cls.from_pretrained(name)
+        model = model_cls.from_pretrained(name, trust_remote_code=False)
         if not (hasattr(model, "get_image_features") and hasattr(model, "get_text_features")):
             raise TypeError(
                 f"{name}: {type(model).__name__} (architectures={archs}) is not a dual encoder with "
                 "get_image_features/get_text_features; use a CLIP-style checkpoint"
             )
-        tokenizer = transformers.AutoTokenizer.from_pretrained(name)
-        image_processor = transformers.AutoImageProcessor.from_pretrained(name)
+        tokenizer = transformers.AutoTokenizer.from_pretrained(name, trust_remote_code=False)
+        image_processor = transformers.AutoImageProcessor.from_pretrained(name, trust_remote_code=False)
         return cls(model, tokenizer, image_processor, name=name, batch_size=batch_size, device=device)
 
     def save(self, out: str | Path) -> Path:

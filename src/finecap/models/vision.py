@@ -35,13 +35,13 @@ def load_dual_encoder(name_or_path: str | Path) -> Any:
     ``get_image_features`` (e.g. a bare ``CLIPVisionModel``).
     """
     name = str(name_or_path)
-    config = transformers.AutoConfig.from_pretrained(name)
+    config = transformers.AutoConfig.from_pretrained(name, trust_remote_code=False)
     archs = list(getattr(config, "architectures", None) or [])
     model_cls = next(
         (getattr(transformers, a) for a in archs if hasattr(getattr(transformers, a, None), "get_image_features")),
         transformers.AutoModel,
     )
-    model = model_cls.from_pretrained(name)
+    model = model_cls.from_pretrained(name, trust_remote_code=False)
     if not hasattr(model, "get_image_features"):
         raise TypeError(
             f"model.encoder={name}: {type(model).__name__} (architectures={archs}) has no get_image_features; "
@@ -73,7 +73,7 @@ class VisionEncoder(nn.Module):
         name = str(name_or_path)
         model = load_dual_encoder(name)
         try:
-            processor = transformers.AutoImageProcessor.from_pretrained(name)
+            processor = transformers.AutoImageProcessor.from_pretrained(name, trust_remote_code=False)
         except (OSError, ValueError):
             processor = None
         source = str(Path(name).resolve()) if Path(name).exists() else name

@@ -617,7 +617,7 @@ class Vlm(nn.Module):
         """An ``AutoModelForImageTextToText`` checkpoint (Hub name or folder, loaded in float32) with its processor."""
         name = str(name_or_path)
         try:
-            model = AutoModelForImageTextToText.from_pretrained(name, dtype=torch.float32)
+            model = AutoModelForImageTextToText.from_pretrained(name, dtype=torch.float32, trust_remote_code=False)
             processor = load_processor(name)
         except OSError as e:
             raise OSError(f"vlm.name={name}: cannot load the VLM or its processor: {e}") from None
@@ -647,7 +647,7 @@ class Vlm(nn.Module):
         if not (path / CONFIG_NAME).exists():
             raise FileNotFoundError(f"{path}: not a captioner checkpoint (no {CONFIG_NAME})")
         meta = read_json(path / CONFIG_NAME)
-        model = AutoModelForImageTextToText.from_pretrained(path, dtype=torch.float32)
+        model = AutoModelForImageTextToText.from_pretrained(path, dtype=torch.float32, trust_remote_code=False)
         world = None
         if meta.get("world_saved"):
             world = FeatureMapTokens.from_pretrained(path / WORLD_DIR)

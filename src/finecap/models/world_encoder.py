@@ -51,7 +51,6 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 import torch.nn.functional as F
-from PIL import Image
 from torch import nn
 from tqdm.auto import tqdm
 from transformers import (
@@ -62,7 +61,7 @@ from transformers import (
     VisionTextDualEncoderModel,
 )
 
-from finecap.data.formats import read_world
+from finecap.data.formats import load_image, read_world
 from finecap.home import cache_dir
 from finecap.utils import read_json
 from finecap.world.make import load_scenes, world_key
@@ -219,8 +218,7 @@ def load_split(world: Path, split: str, records: list[Any] | None = None, progre
     dense = read_json(Path(world) / "dense.json")
     images, main, cell = [], [], torch.zeros(len(records), 9, len(CELL_ATTRS), dtype=torch.long)
     for i, r in enumerate(tqdm(records, desc=f"load {split}", disable=not progress, leave=False)):
-        with Image.open(r.path) as im:
-            images.append(torch.from_numpy(np.array(im.convert("RGB"))).permute(2, 0, 1))  # (3, H, W)
+        images.append(torch.from_numpy(np.array(load_image(r.path))).permute(2, 0, 1))  # (3, H, W)
         scene = scenes[int(r.image_id)]
         labels = scene_labels(scene)
         main.append([labels[k] for k in MAIN_LABELS])

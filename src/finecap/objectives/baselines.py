@@ -31,11 +31,13 @@ Example::
 
 from __future__ import annotations
 
+import math
 from typing import TYPE_CHECKING, Any, get_args
 
 import torch
 
 from finecap.config import Baseline
+from finecap.utils import short_repr
 
 if TYPE_CHECKING:
     from finecap.objectives.base import TrainContext
@@ -123,7 +125,14 @@ class MeanBaseline:
         return {"mean": self.mean, "count": self.count}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.mean, self.count = float(state["mean"]), int(state["count"])
+        """Restore :meth:`state_dict`; ``ValueError`` for anything but a finite mean and a count >= 0 (a tampered or
+        damaged state would silently shift every advantage)."""
+        mean, count = state["mean"], state["count"]
+        if isinstance(mean, bool) or not isinstance(mean, int | float) or not math.isfinite(mean):
+            raise ValueError(f"baseline 'mean' must be a finite number, got {short_repr(mean)}")
+        if type(count) is not int or count < 0:
+            raise ValueError(f"baseline 'count' must be an integer >= 0, got {short_repr(count)}")
+        self.mean, self.count = float(mean), count
 
 
 def build_baseline(name: str, momentum: float = 0.0):

@@ -28,8 +28,8 @@ from typing import Any
 
 import jinja2
 
+from finecap.outputs import write_output
 from finecap.report.columns import better, direction, format_difference, format_value
-from finecap.utils import atomic_write_text
 
 TEMPLATES = Path(__file__).parent / "templates"
 """Jinja2 templates of the report and of the bag-review page (:mod:`finecap.app.review`)."""
@@ -190,20 +190,24 @@ def data_uri(data: bytes, mime: str) -> str:
 
 
 def png_uri(path: str | Path) -> str:
-    """A PNG file as a ``data:`` URI."""
-    return data_uri(Path(path).read_bytes(), "image/png")
+    """An image file (a plot) as a PNG ``data:`` URI: decoded and re-encoded
+    (:func:`finecap.data.formats.load_image`), never the file's bytes, as every image the report embeds."""
+    from finecap.data.formats import encode_image, load_image
+
+    return data_uri(*encode_image(load_image(path)))
 
 
 def image_uri(path: str | Path, max_side: int = 224) -> str:
-    """An image file as a ``data:`` URI: PNG, scaled down to at most ``max_side`` pixels (never up), so a report
-    over large photographs stays small."""
-    from PIL import Image
+    """An image file as a ``data:`` URI: decoded by finecap's one rule (:func:`finecap.data.formats.load_image`:
+    a real image within the decompression-bomb limit, EXIF orientation applied; a one-line error naming the file
+    otherwise), scaled down to at most ``max_side`` pixels (never up), so a report over large photographs stays
+    small, and re-encoded as PNG."""
+    from finecap.data.formats import load_image
 
-    with Image.open(path) as image:
-        image = image.convert("RGB")
-        image.thumbnail((max_side, max_side))
-        buf = io.BytesIO()
-        image.save(buf, format="PNG", optimize=True)
+    image = load_image(path)
+    image.thumbnail((max_side, max_side))
+    buf = io.BytesIO()
+    image.save(buf, format="PNG", optimize=True)
     return data_uri(buf.getvalue(), "image/png")
 
 
@@ -215,8 +219,23 @@ def environment() -> jinja2.Environment:
     return env
 
 
+REPORT_TITLE = "<title>finecap report:"
+"""How a report page opens its title (``templates/report.html``): what :func:`is_report` recognises."""
+
+
+def is_report(path: str | Path) -> bool:
+    """Whether ``path`` is a report finecap wrote (recognised by content: its title within the first 2 KB), which
+    ``finecap report --out`` may replace without ``--force``."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(2048).decode("utf-8", "replace")
+    except OSError:
+        return False
+    return head.lower().startswith("<!doctype html>") and REPORT_TITLE in head
+
+
 def render_report(context: Mapping[str, Any], out: str | Path) -> Path:
-    """Render ``templates/report.html`` with ``context`` to ``out`` (atomically)."""
+    """Render ``templates/report.html`` with ``context`` to ``out`` (atomically, never through a link)."""
     html = environment().get_template("report.html").render(**context)
-    atomic_write_text(out, html)
+    write_output(out, html, "report")
     return Path(out)

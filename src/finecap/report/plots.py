@@ -6,6 +6,7 @@ Every function draws from plain data (``metrics.jsonl`` events, ``{stage: {metri
 
 from __future__ import annotations
 
+import io
 import json
 import math
 import re
@@ -14,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from finecap.metrics.diversity import caption_length
+from finecap.utils import atomic_write_bytes
 
 BAG_RECALL = re.compile(r"^bag(\d+)/R@1$")
 """Result keys of TrueMatch R@1 per bag size (``bag3/R@1``), as :func:`finecap.metrics.retrieval.bag_retrieval`
@@ -66,9 +68,10 @@ def _save(fig: Any, out: str | Path) -> Path:
 
     fig.tight_layout()
     out = Path(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, dpi=100)
+    buffer = io.BytesIO()
+    fig.savefig(buffer, dpi=100, format=out.suffix.lstrip(".") or "png")
     plt.close(fig)
+    atomic_write_bytes(out, buffer.getvalue())  # never through a link planted at plots/*.png
     return out
 
 

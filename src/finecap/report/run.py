@@ -44,6 +44,13 @@ class RunData:
             names.append(extra)
         return names
 
+    def inputs(self) -> list[Path]:
+        """The files of the run that a report reads (which its output may not replace)."""
+        run_dir = self.run_dir
+        found = [run_dir / "results.json", *sorted((run_dir / "captions").glob("*.json")),
+                 *sorted(run_dir.glob("*/metrics.jsonl")), self.bags_path, self.config_path]  # fmt: skip
+        return [p for p in found if p is not None and p.exists()]
+
 
 def _ordered(found: dict[str, Any], order: list[str]) -> dict[str, Any]:
     return {k: found[k] for k in [*(o for o in order if o in found), *sorted(set(found) - set(order))]}

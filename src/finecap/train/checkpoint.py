@@ -43,7 +43,7 @@ from typing import TYPE_CHECKING, Any
 
 from transformers.utils import logging as hf_logging
 
-from finecap.utils import atomic_replace_dir, read_json, write_json
+from finecap.utils import atomic_replace_dir, read_json, refuse_link, write_json
 
 if TYPE_CHECKING:
     from transformers import GenerationConfig
@@ -182,6 +182,8 @@ def save_checkpoint(
         if run_dir is not None and (run_dir / FINGERPRINTS_FILE).is_file():
             fingerprints = read_json(run_dir / FINGERPRINTS_FILE)
     tmp = temporary_dir(path)
+    for folder in (tmp, path):
+        refuse_link(folder)  # a link planted at .<name>.tmp or <name> is named, never deleted or written through
     if tmp.exists() and not keep_tmp_contents:
         shutil.rmtree(tmp)
     tmp.mkdir(parents=True, exist_ok=True)

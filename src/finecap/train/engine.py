@@ -53,20 +53,23 @@ from finecap.config import TrainConfig
 from finecap.data.datasets import to_device
 from finecap.data.samplers import GlobalBatchSampler, StepBatches
 from finecap.objectives.base import ObjectiveBase, StepInfo, unwrap
-from finecap.train.checkpoint import BEST, LAST, checkpoint_dir, temporary_dir
+from finecap.train.checkpoint import BEST, INFO_FILE, LAST, checkpoint_dir, temporary_dir
 from finecap.train.logging import JsonlTracker, Logger
 from finecap.train.state import (
     METRICS_FILE,
     STATE_DIR,
     TRACKERS_DIR,
+    CheckpointError,
     TrainState,
+    check_resume,
     load_tree,
     read_info,
     rng_state,
     save_tree,
     set_rng_state,
+    state_errors,
 )
-from finecap.utils import progress_enabled, seed_everything
+from finecap.utils import progress_enabled, refuse_link, seed_everything, short_repr
 
 log = logging.getLogger(__name__)
 
@@ -289,25 +292,41 @@ class Engine:
         return {"rng": rng_state(), "objective": self.objective.state_dict(), "logger": self.logger.state_dict()}
 
     def restore(self, folder: Path) -> None:
-        """Continue from the resumable checkpoint ``folder`` (the model itself was built from ``folder/model``)."""
+        """Continue from the resumable checkpoint ``folder`` (the model itself was built from ``folder/model``).
+
+        Nothing read is trusted: the counters are checked (types, ranges, against this run's steps and its epoch's
+        batches: :func:`~finecap.train.state.read_info`, :func:`~finecap.train.state.check_resume`), the scheduler's
+        step must be the counters' step, and a state the optimizer, scheduler, RNG, logger or objective refuses is a
+        :class:`~finecap.train.state.CheckpointError` naming its file (:func:`~finecap.train.state.state_errors`)."""
         info = read_info(folder)
+        check_resume(info, folder, self.total, self.data.sampler.num_batches)
         for key, value in asdict(TrainState()).items():
             setattr(self.state, key, info.get(key, value))
         main = load_tree(folder / STATE_DIR, "main")
-        self.optimizer.load_state_dict(main["optimizer"])
-        self.scheduler.load_state_dict(main["scheduler"])
-        if main["scaler"] is not None and self.accelerator.scaler is not None:
-            self.accelerator.scaler.load_state_dict(main["scaler"])
+        main_file = folder / STATE_DIR / "main.json"
+        with state_errors(main_file, "the optimizer and scheduler state"):
+            scheduled = main["scheduler"].get("last_epoch", self.state.step)
+            if scheduled != self.state.step:  # the scheduler steps once per optimizer step
+                raise CheckpointError(
+                    f"{main_file}: the learning-rate scheduler is at step {short_repr(scheduled)}, but "
+                    f"{folder / INFO_FILE} says step {self.state.step}: one of them was changed"
+                )
+            self.optimizer.load_state_dict(main["optimizer"])
+            self.scheduler.load_state_dict(main["scheduler"])
+            if main["scaler"] is not None and self.accelerator.scaler is not None:
+                self.accelerator.scaler.load_state_dict(main["scaler"])
         processes = int(info.get("num_processes", 1))
         index = self.accelerator.process_index
         if processes == self.accelerator.num_processes:
             mine = load_tree(folder / STATE_DIR, f"process_{index}")
-            set_rng_state(mine["rng"])
-            self.logger.load_state_dict(mine["logger"])
-            self.objective.load_state_dict(mine["objective"])
+            with state_errors(folder / STATE_DIR / f"process_{index}.json", "the random, logger and objective state"):
+                set_rng_state(mine["rng"])
+                self.logger.load_state_dict(mine["logger"])
+                self.objective.load_state_dict(mine["objective"])
         else:
             mine = load_tree(folder / STATE_DIR, f"process_{min(index, processes - 1)}")
-            self.objective.load_state_dict(mine["objective"])
+            with state_errors(folder / STATE_DIR / f"process_{min(index, processes - 1)}.json", "the objective state"):
+                self.objective.load_state_dict(mine["objective"])
             if self.accelerator.is_main_process:
                 log.warning(
                     "resume: the checkpoint was written by %d processes, now %d; random states are re-seeded, "
@@ -325,6 +344,7 @@ class Engine:
         tmp = temporary_dir(path)
         if resumable:
             if acc.is_main_process:
+                refuse_link(tmp)  # a link planted at .last.tmp is named, never deleted or written through
                 if tmp.exists():
                     shutil.rmtree(tmp)  # an unfinished save of this run (a finished one was promoted on resume)
                 tmp.mkdir(parents=True)

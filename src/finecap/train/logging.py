@@ -91,7 +91,13 @@ class Logger:
         return {"sums": dict(self.sums), "counts": dict(self.counts)}
 
     def load_state_dict(self, state: dict[str, dict]) -> None:
-        self.sums, self.counts = dict(state["sums"]), dict(state["counts"])
+        """Restore :meth:`state_dict`; ``ValueError`` unless every pending value has a number and a count >= 1 (the
+        next log line divides one by the other)."""
+        sums, counts = dict(state["sums"]), dict(state["counts"])
+        numbers = all(isinstance(v, int | float) and not isinstance(v, bool) for v in sums.values())
+        if set(sums) != set(counts) or not numbers or not all(type(c) is int and c >= 1 for c in counts.values()):
+            raise ValueError("the pending log values must be numbers, each with a count >= 1")
+        self.sums, self.counts = sums, counts
 
     def add(self, values: dict[str, float]) -> None:
         for k, v in values.items():

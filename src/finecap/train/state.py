@@ -29,12 +29,15 @@ it stops with an error listing what it found. ``best`` is never touched by resum
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import math
 import os
 import random
 import shutil
+import tempfile
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -45,6 +48,7 @@ import yaml
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
+from finecap.outputs import check_output_file
 from finecap.train.checkpoint import (
     BEST,
     CONFIG_FILE,
@@ -55,7 +59,16 @@ from finecap.train.checkpoint import (
     checkpoint_dir,
     temporary_dir,
 )
-from finecap.utils import atomic_replace_dir, atomic_write_text, previous_dir, read_json
+from finecap.utils import (
+    atomic_replace_dir,
+    atomic_write_text,
+    load_yaml,
+    previous_dir,
+    read_json,
+    read_yaml_mapping,
+    refuse_link,
+    short_repr,
+)
 
 log = logging.getLogger(__name__)
 
@@ -153,9 +166,16 @@ def save_tree(folder: Path, name: str, tree: Any) -> None:
     tensors: dict[str, torch.Tensor] = {}
     encoded = _encode(tree, tensors, "")
     folder.mkdir(parents=True, exist_ok=True)
-    tmp = folder / f".{name}.safetensors.tmp"
-    save_file(tensors, str(tmp))
-    os.replace(tmp, folder / f"{name}.safetensors")
+    final = folder / f"{name}.safetensors"
+    refuse_link(final)
+    fd, tmp = tempfile.mkstemp(dir=folder, prefix=f".{name}.safetensors.", suffix=".tmp")  # ours: no planted link
+    os.close(fd)
+    try:
+        save_file(tensors, tmp)
+        os.replace(tmp, final)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
     atomic_write_text(folder / f"{name}.json", json.dumps(encoded) + "\n")
 
 
@@ -205,14 +225,106 @@ def is_complete(folder: Path) -> bool:
     return (folder / INFO_FILE).is_file() and (folder / STATE_DIR).is_dir()
 
 
-def read_info(folder: Path) -> dict[str, Any]:
-    """A checkpoint's ``trainer_state.json``; unreadable: a :class:`CheckpointError` naming it."""
-    try:
-        info = read_json(folder / INFO_FILE)
-        int(info["step"])
-    except (ValueError, KeyError, TypeError, OSError, RecursionError) as e:
-        raise CheckpointError(f"{folder / INFO_FILE}: unreadable trainer state ({e})") from None
+INFO_KEYS = frozenset({"step", "epoch", "position", "best_value", "best_step", "total_steps", "num_processes",
+                       "metric", "values"})  # fmt: skip
+"""The fields of ``trainer_state.json``: the :class:`TrainState` counters, the run's ``total_steps`` and
+``num_processes`` when it was saved, and (``best`` only) the ``metric`` and the validation ``values``."""
+MAX_STATE_PROCESSES = 65_536
+"""The most processes a checkpoint may say wrote it (its ``state/process_<i>`` files)."""
+
+
+def _state_int(info: dict[str, Any], path: Path, key: str, low: int, high: int, default: int | None) -> int | None:
+    """Field ``key`` of a trainer state: an integer (never a bool, float or string) in ``[low, high]``; when absent,
+    ``default`` (an older file), or an error when ``default`` is ``None`` (a required field)."""
+    if key not in info:
+        if default is None:
+            raise CheckpointError(f"{path}: field {key!r} is missing; {RECOVER}")
+        return default
+    value = info[key]
+    if type(value) is not int:  # bool is an int to Python; 1e18 is a float to JSON
+        raise CheckpointError(f"{path}: field {key!r} must be an integer, got {short_repr(value)}; {RECOVER}")
+    if not low <= value <= high:
+        raise CheckpointError(f"{path}: field {key!r} must be in [{low}, {high}], got {value}; {RECOVER}")
+    return value
+
+
+def check_info(info: Any, path: Path) -> dict[str, Any]:
+    """``info`` (read from ``trainer_state.json`` at ``path``) if every field has its type and range, else a
+    :class:`CheckpointError` naming the file and the field. A resumed run trusts these counters: a tampered ``step``
+    would end the run at once (``1e18``) or train and count wrongly (``-3``). Checked here: only known fields
+    (:data:`INFO_KEYS`); ``0 <= step <= total_steps``; ``0 <= epoch <= step`` and ``0 <= position <= step`` (every
+    epoch and every batch of one takes a step); ``best_value`` a finite number and ``best_step`` in ``[0, step]``,
+    both or neither; ``1 <= num_processes``. Against the resuming run (its steps, its epoch's batches):
+    :func:`check_resume`."""
+    if not isinstance(info, dict):
+        raise CheckpointError(f"{path}: expected a JSON object (the trainer state), got {type(info).__name__}")
+    unknown = sorted(str(k) for k in info if k not in INFO_KEYS)
+    if unknown:
+        raise CheckpointError(
+            f"{path}: unknown field {short_repr(unknown[0])} (fields: {', '.join(sorted(INFO_KEYS))}); {RECOVER}"
+        )
+    total = _state_int(info, path, "total_steps", 0, 2**62, default=2**62)
+    step = _state_int(info, path, "step", 0, total, default=None)
+    _state_int(info, path, "epoch", 0, step, default=0)
+    _state_int(info, path, "position", 0, step, default=0)
+    _state_int(info, path, "num_processes", 1, MAX_STATE_PROCESSES, default=1)
+    best_value, best_step = info.get("best_value"), info.get("best_step")
+    if best_value is not None and not (
+        isinstance(best_value, int | float) and not isinstance(best_value, bool) and math.isfinite(best_value)
+    ):
+        raise CheckpointError(f"{path}: field 'best_value' must be a finite number or null, got "
+                              f"{short_repr(best_value)}; {RECOVER}")  # fmt: skip
+    if best_step is not None:
+        _state_int(info, path, "best_step", 0, step, default=None)
+    if (best_value is None) != (best_step is None):
+        raise CheckpointError(f"{path}: fields 'best_value' and 'best_step' must be set together; {RECOVER}")
     return info
+
+
+def read_info(folder: Path) -> dict[str, Any]:
+    """A checkpoint's ``trainer_state.json``, checked (:func:`check_info`); unreadable or out of range: a
+    :class:`CheckpointError` naming it (and the field)."""
+    path = folder / INFO_FILE
+    try:
+        info = read_json(path)
+    except (ValueError, OSError, RecursionError) as e:
+        raise CheckpointError(f"{path}: unreadable trainer state ({e})") from None
+    return check_info(info, path)
+
+
+@contextlib.contextmanager
+def state_errors(path: Path, what: str) -> Iterator[None]:
+    """Turn the errors of loading ``what`` (a state read from ``path``: the optimizer's, the RNG's, an objective's)
+    into a :class:`CheckpointError` naming the file: a tampered or mismatched state is refused, never half-used."""
+    try:
+        yield
+    except CheckpointError:
+        raise
+    except (KeyError, TypeError, ValueError, RuntimeError, IndexError, AttributeError) as e:
+        reason = short_repr(str(e) or type(e).__name__, 200)
+        raise CheckpointError(f"{path}: {what} cannot be restored ({reason}); {RECOVER}") from None
+
+
+def check_resume(info: dict[str, Any], folder: Path, total: int, num_batches: Callable[[int], int]) -> None:
+    """The checked trainer state ``info`` of checkpoint ``folder`` (:func:`read_info`) against the run resuming
+    from it: its ``step`` within the run's ``total`` steps, its ``position`` within its epoch's global batches
+    (``num_batches(epoch)``). A :class:`CheckpointError` naming the file and the field otherwise (a position past
+    the end of its epoch would make the loop spin without training)."""
+    path = folder / INFO_FILE
+    step, epoch, position = info["step"], info.get("epoch", 0), info.get("position", 0)
+    if step > total:
+        raise CheckpointError(
+            f"{path}: field 'step' is {step}, past the {total} steps of this run: resume with train.max_steps >= "
+            f"{step} (or as many train.epochs), or, if the run never took that many steps, the file is damaged: "
+            f"{RECOVER}"
+        )
+    batches = num_batches(epoch)
+    if position >= batches:
+        raise CheckpointError(
+            f"{path}: field 'position' is {position}, but epoch {epoch} of this run has {batches} global batches "
+            "(did train.batch_size, the process count or the data change since the checkpoint?); resume with the "
+            f"checkpoint's settings, or {RECOVER}"
+        )
 
 
 def checkpoint_step(folder: Path) -> int:
@@ -301,10 +413,20 @@ def is_metrics_log(path: Path) -> bool:
 def is_run_config(path: Path) -> bool:
     """Whether ``path`` reads as the ``config.yaml`` finecap writes into a run directory (``run`` and ``train``)."""
     try:
-        values = yaml.safe_load(path.read_text())
+        values = load_yaml(path.read_text())
     except (yaml.YAMLError, OSError, ValueError):
         return False
     return isinstance(values, dict) and isinstance(values.get("run"), dict) and isinstance(values.get("train"), dict)
+
+
+def check_config_target(path: Path, *, inputs: dict[str, Path | None], force: bool, option: str,
+                        ours: Callable[[Path], bool], force_flag: str | None = "--force") -> None:  # fmt: skip
+    """The ``config.yaml`` a run (or the demo) is about to write at ``path``: never one of ``inputs`` (the recipe it
+    reads); when it exists, finecap's (written through :func:`finecap.outputs.write_output`, or ``ours``: a stored
+    configuration beside the run's own files), else refused unless ``force``
+    (:func:`finecap.outputs.check_output_file`)."""
+    check_output_file(path, inputs, force=force, option=option, kind="config", force_flag=force_flag,
+                      ours=lambda p: is_run_config(p) and ours(p))  # fmt: skip
 
 
 def foreign_run_files(run_dir: Path) -> list[Path]:
@@ -312,7 +434,9 @@ def foreign_run_files(run_dir: Path) -> list[Path]:
     one of :data:`CHECKPOINT_FOLDERS` or, inside one, not one of :data:`CHECKPOINT_ENTRIES`; a ``metrics.jsonl`` that
     is not an event log; a ``trackers/`` folder in a run directory without finecap's ``config.yaml`` (the trackers'
     files are the trackers' own format)."""
-    foreign = []
+    foreign = [p for p in (run_dir / "checkpoints", run_dir / METRICS_FILE, run_dir / TRACKERS_DIR) if p.is_symlink()]
+    if foreign:  # a link is never followed, deleted through, or taken for finecap's
+        return foreign
     checkpoints = run_dir / "checkpoints"
     if checkpoints.is_dir():
         for folder in sorted(checkpoints.iterdir()):
@@ -331,6 +455,14 @@ def foreign_run_files(run_dir: Path) -> list[Path]:
     return foreign
 
 
+def run_paths(run_dir: Path) -> list[Path]:
+    """Every path a training run writes at the top of ``run_dir`` and of ``checkpoints/`` (checked for planted
+    links before it starts; each writer checks its own path again when it writes)."""
+    checkpoints = [run_dir / "checkpoints" / name for name in sorted(CHECKPOINT_FOLDERS)]
+    return [run_dir / "checkpoints", *checkpoints, run_dir / CONFIG_FILE, run_dir / FINGERPRINTS_FILE,
+            run_dir / METRICS_FILE, run_dir / TRACKERS_DIR]  # fmt: skip
+
+
 def prepare_run_dir(run_dir: Path, *, resume: bool, overwrite: bool) -> Path | None:
     """Check the run directory (main process); returns the checkpoint to resume from, or ``None`` for a fresh start.
 
@@ -339,7 +471,12 @@ def prepare_run_dir(run_dir: Path, *, resume: bool, overwrite: bool) -> Path | N
       recognisably finecap's, :func:`foreign_run_files`, an error naming it, and nothing is deleted);
     - ``resume``: the newest complete checkpoint (:func:`find_resumable`, promoted to ``last``); a folder with a run
       but nothing resumable is an error listing what was found, and nothing is deleted; an empty folder starts fresh.
+
+    Before either, a symbolic link where the run writes (:func:`run_paths`) is refused, naming it
+    (:func:`finecap.utils.refuse_link`): a shared run folder keeps the links someone planted in it.
     """
+    for path in run_paths(run_dir):
+        refuse_link(path)
     if resume:
         found = find_resumable(run_dir)
         if found is not None:
@@ -397,9 +534,17 @@ def continue_unfinished(run_dir: Path, *, what: str, ways_out: str) -> tuple[boo
 
 
 def truncate_metrics(path: Path, step: int) -> None:
-    """Drop the events after ``step`` (written by a killed run after its last checkpoint)."""
+    """Drop the events after ``step`` (written by a killed run after its last checkpoint). A log that is not finecap's
+    (:func:`is_metrics_log`: a line that is not one of its events) is a :class:`CheckpointError` naming it."""
     if path.exists():
-        lines = [ln for ln in path.read_text().splitlines() if ln.strip() and json.loads(ln)["step"] <= step]
+        if not is_metrics_log(path):
+            raise CheckpointError(
+                f"{path}: not finecap's event log (a line is not an event with an integer step, a split and values); "
+                "nothing was changed: restore the run's own metrics.jsonl, or move it aside to resume without it"
+            )
+        text = path.read_text()
+        kept = text.splitlines() if text.endswith("\n") else text.splitlines()[:-1]  # a line cut by a kill: dropped
+        lines = [ln for ln in kept if ln.strip() and json.loads(ln)["step"] <= step]
         atomic_write_text(path, "".join(ln + "\n" for ln in lines))
 
 
@@ -407,13 +552,12 @@ def config_changes(saved: Path, current: dict[str, dict[str, Any]]) -> list[str]
     """``section.key: old -> new`` for every value the saved run configuration has and ``current`` changes."""
     if not saved.exists():
         return []
-    old = yaml.safe_load(saved.read_text()) or {}
+    old = read_yaml_mapping(saved, "a stored configuration must be a mapping of sections")
     changes = []
     for section, values in current.items():
-        before = old.get(section) or {}
-        changes += [
-            f"{section}.{k}: {before[k]!r} -> {v!r}" for k, v in values.items() if k in before and before[k] != v
-        ]
+        before = old.get(section) if isinstance(old.get(section), dict) else {}
+        changes += [f"{section}.{k}: {short_repr(before[k], 200)} -> {short_repr(v, 200)}"
+                    for k, v in values.items() if k in before and before[k] != v]  # fmt: skip
     return changes
 
 

@@ -25,6 +25,7 @@ one family share the id and lie in one split (the last family of a split may be 
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import random
 from pathlib import Path
@@ -34,7 +35,7 @@ from tqdm import tqdm
 
 from finecap.config import WorldConfig
 from finecap.home import world_path
-from finecap.utils import atomic_write_text, progress_enabled, read_json, write_json
+from finecap.utils import atomic_write_bytes, atomic_write_text, png_bytes, progress_enabled, read_json, write_json
 from finecap.world.captions import dense_caption, reference_captions, vocabulary
 from finecap.world.key import WORLD_VERSION, world_key
 from finecap.world.key import content_config as _content_config
@@ -147,14 +148,24 @@ def check_world_folder(cfg: WorldConfig, out: Path | str, overwrite: bool | None
             "world.out empty to keep the world in the finecap home"
         )
     if record["key"] == key and is_complete(out, key):
+        edited = edited_files(out)
+        if edited:
+            raise WorldFolderError(
+                f"world.out={out}: {', '.join(edited)} changed since finecap made this world (its content no longer "
+                "matches the SHA-256 in world.json), so it is not the world of its key; make it again in another "
+                "folder (world.out=DIR, or leave world.out empty for the finecap home), or replace it with "
+                "`finecap world make --force` (world.overwrite=true)"
+            )
         return True
     if record["key"] == key or overwrite:  # to be written: never through a link into another folder
-        if (out / "images").is_symlink():
-            raise WorldFolderError(
-                f"world.out={out}: its images folder is a link to {(out / 'images').resolve()} (a `finecap boost` "
-                "copy of a world?); finecap writes a world only into a folder of its own. Give another folder "
-                "(world.out=DIR), or leave world.out empty to keep the world in the finecap home"
-            )
+        for folder in image_folders(out):
+            if folder.is_symlink():
+                raise WorldFolderError(
+                    f"world.out={out}: an images folder is a link ({folder} -> {folder.resolve()}: a `finecap boost` "
+                    "copy of a world, or a planted link?); finecap writes and removes a world's files only in a "
+                    "folder of its own. Give another folder (world.out=DIR), or leave world.out empty to keep the "
+                    "world in the finecap home"
+                )
         return False
     changes = setting_changes(record, cfg) or [f"world key: {record['key']} -> {key}"]
     raise WorldFolderError(
@@ -163,6 +174,11 @@ def check_world_folder(cfg: WorldConfig, out: Path | str, overwrite: bool | None
         "or leave world.out empty to keep each world in the finecap home), or replace that world: "
         "`finecap world make --force` / world.overwrite=true (removes only the files finecap made there)"
     )
+
+
+def image_folders(out: Path) -> list[Path]:
+    """The folders a world's images are written to (and removed from): ``images`` and ``images/<split>``."""
+    return [out / "images", *(out / "images" / split for split in SPLITS)]
 
 
 def remove_world_files(out: Path, record: dict[str, Any]) -> None:
@@ -222,7 +238,8 @@ def make_world(
         scene: Scene = r["scene"]
         imgid, split = r["imgid"], r["split"]
         filename = f"{imgid:06d}.png"
-        render(scene, cfg.image_size).save(out / "images" / split / filename, compress_level=1)
+        image = png_bytes(render(scene, cfg.image_size), compress_level=1)
+        atomic_write_bytes(out / "images" / split / filename, image)  # never through a link planted there
         tag = scene_settings(cfg)[3]
         caps = reference_captions(scene, random.Random(f"{cfg.seed}-{tag}captions-{imgid}"), style=cfg.shift)
         sentences = []
@@ -240,8 +257,28 @@ def make_world(
     atomic_write_text(out / "scenes.jsonl", "\n".join(lines) + ("\n" if lines else ""))
     counts = {s: getattr(cfg, f"n_{s}") for s in SPLITS}
     write_json(out / "world.json", {"key": key, "version": WORLD_VERSION, "config": _content_config(cfg),
-                                    "counts": counts, "vocabulary": vocabulary()})  # fmt: skip
+                                    "counts": counts, "vocabulary": vocabulary(),
+                                    "sha256": content_hashes(out)})  # fmt: skip
     return out
+
+
+HASHED = ("dataset.json", "dense.json", "scenes.jsonl")
+"""The files whose SHA-256 ``world.json`` records (``"sha256"``): the captions, dense captions and scene graphs."""
+
+
+def content_hashes(out: Path) -> dict[str, str]:
+    """``{file: sha256}`` of the world's :data:`HASHED` files in ``out``."""
+    return {name: hashlib.sha256((out / name).read_bytes()).hexdigest() for name in HASHED if (out / name).is_file()}
+
+
+def edited_files(out: Path) -> list[str]:
+    """The :data:`HASHED` files of the complete world in ``out`` whose content is no longer what ``world.json``
+    recorded when finecap made it (a world made before hashes were recorded: none)."""
+    recorded = read_json(out / "world.json").get("sha256")
+    if not isinstance(recorded, dict):
+        return []
+    now = content_hashes(out)
+    return [name for name in HASHED if name in recorded and recorded[name] != now.get(name)]
 
 
 def load_scene_records(out: Path | str) -> list[dict[str, Any]]:

@@ -1,0 +1,211 @@
+"""Where a command may write: never through a symbolic link, never over one of its own inputs, never over a file
+finecap did not make (unless the user passes ``--force``).
+
+Three checks, used by every writer and every command that takes an output path:
+
+- :func:`refuse_link`: a symbolic link where finecap is about to write (planted in a run folder someone shared:
+  links survive ``tar xf``) is refused with an error naming the link and its target; it is never written through.
+  The atomic writers (:func:`finecap.utils.atomic_write_bytes`, :func:`finecap.utils.atomic_replace_dir`,
+  :func:`finecap.utils.open_append`) call it.
+- :func:`check_not_input`: a command resolves its outputs and its inputs to real paths (links and ``..`` followed,
+  hard links compared by inode) and refuses an output that is one of its inputs, with or without ``--force``.
+- :func:`check_replaceable`: an output file that already exists is replaced only when finecap made it: its content
+  was recorded by :func:`remember` when finecap wrote it as an output of the same kind (:data:`KINDS`; a SHA-256 of
+  the bytes, kept in ``<finecap home>/made/``: recognised by content, never by name), or the command's own test of
+  the content says so (a report page; a run's
+  ``config.yaml``). Any other file needs ``--force``.
+
+Example::
+
+    >>> import tempfile
+    >>> from pathlib import Path
+    >>> d = Path(tempfile.mkdtemp())
+    >>> _ = (d / "preds.json").write_text("[]")
+    >>> check_not_input(d / "preds.json", {"--predictions": d / "preds.json"}, option="--out")  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    finecap.utils.OutputRefused: --out: .../preds.json is also the command's --predictions; ...
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+from collections.abc import Callable, Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+from finecap.utils import OutputRefused, atomic_write_bytes, refuse_link
+
+__all__ = [
+    "OutputRefused",
+    "check_not_input",
+    "check_output_file",
+    "check_replaceable",
+    "made_by_finecap",
+    "refuse_link",
+    "remember",
+    "write_output",
+    "write_output_json",
+]
+
+log = logging.getLogger(__name__)
+
+MADE_DIR = "made"
+"""Folder of the finecap home holding one file per SHA-256 of an output finecap wrote, holding its kind."""
+
+
+def _same(a: Path, b: Path) -> bool:
+    """Whether ``a`` and ``b`` name one file: the same real path, or (both existing) the same inode."""
+    if os.path.realpath(a) == os.path.realpath(b):
+        return True
+    try:
+        return os.path.samefile(a, b)
+    except OSError:
+        return False
+
+
+def check_not_input(out: str | Path, inputs: Mapping[str, str | Path | None], *, option: str) -> None:
+    """:class:`OutputRefused` when ``out`` is one of ``inputs`` (``{what: path}``, e.g. ``{"--predictions": p}``;
+    ``None`` entries skipped) or lies inside an input that is a folder (a world, a data set folder)."""
+    out = Path(out)
+    for what, path in inputs.items():
+        if path is None or str(path) == "":
+            continue
+        path = Path(path)
+        if _same(out, path):
+            raise OutputRefused(
+                f"{option}: {out} is also the command's {what}; writing it would destroy the input: choose another "
+                f"{option}"
+            )
+        if path.is_dir() and Path(os.path.realpath(out)).is_relative_to(os.path.realpath(path)):
+            raise OutputRefused(
+                f"{option}: {out} lies inside the command's {what} ({path}), which it reads: choose another {option}"
+            )
+
+
+KINDS = ("results", "scores", "per-image", "bags", "report", "config", "probe")
+"""What an output file is, as :func:`remember` records it: COCO results (``caption``, the demo's captions), scores
+and per-image scores (``eval``), a bags file, a report page, a run's stored configuration, a retriever probe. A
+command replaces without ``--force`` only a file of its own kind: ``caption --out RUN/config.yaml`` is refused."""
+
+
+def digest(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def _file_digest(path: Path) -> str | None:
+    """The SHA-256 of a regular file, read in chunks (``None`` for anything else: a FIFO or a device is never read)."""
+    try:
+        if not path.is_file():
+            return None
+        with path.open("rb") as f:
+            return hashlib.file_digest(f, "sha256").hexdigest()
+    except OSError:
+        return None
+
+
+def _made_dir() -> Path:
+    from finecap.home import home
+
+    return home() / MADE_DIR
+
+
+def remember(data: bytes, kind: str) -> None:
+    """Record that finecap wrote a file of ``kind`` (:data:`KINDS`) holding ``data``, so that an ``--out`` of that
+    kind naming it later may replace it. Best effort: an unwritable finecap home costs only that (a warning), as
+    the output itself is already written."""
+    try:
+        folder = _made_dir()
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / digest(data)).write_text(kind)
+    except OSError as e:
+        log.warning("finecap could not record that it wrote this output (%s); naming it as --out again will need "
+                    "--force", e)  # fmt: skip
+
+
+def made_by_finecap(path: str | Path, kinds: Iterable[str] = KINDS) -> bool:
+    """Whether ``path`` is a regular file holding exactly what finecap once wrote as one of ``kinds``
+    (:func:`remember`)."""
+    found = _file_digest(Path(path))
+    if found is None:
+        return False
+    try:
+        return (_made_dir() / found).read_text().strip() in set(kinds)
+    except OSError:
+        return False
+
+
+def write_output(path: str | Path, data: bytes | str, kind: str) -> None:
+    """Write a command's output file of ``kind`` (``str``: UTF-8) atomically, never through a link, and
+    :func:`remember` it as finecap's."""
+    data = data.encode("utf-8") if isinstance(data, str) else data
+    atomic_write_bytes(path, data)
+    remember(data, kind)
+
+
+def write_output_json(path: str | Path, obj: Any, kind: str, indent: int | None = 2) -> None:
+    """:func:`write_output` of ``obj`` as JSON (plus a final newline), as :func:`finecap.utils.write_json` writes."""
+    write_output(path, json.dumps(obj, indent=indent) + "\n", kind)
+
+
+def check_replaceable(
+    out: str | Path,
+    *,
+    force: bool,
+    option: str,
+    kind: str,
+    ours: Callable[[Path], bool] | None = None,
+    force_flag: str | None = "--force",
+) -> None:
+    """:class:`OutputRefused` when ``out`` exists and may not be replaced: a link (always); anything but a regular
+    file; a file that is not finecap's output of ``kind`` (:func:`made_by_finecap`, or ``ours(out)``), unless
+    ``force``. ``force_flag``: how the user asks for it (``None``: the command has no such option)."""
+    out = Path(out)
+    refuse_link(out)
+    if not out.exists():
+        return
+    if out.is_dir():
+        raise OutputRefused(f"{option}: {out}: is a directory, but a file is expected here (name a file)")
+    if not out.is_file():
+        raise OutputRefused(f"{option}: {out}: is not a regular file (a pipe or a device?); name a file")
+    if force or made_by_finecap(out, (kind,)) or (ours is not None and ours(out)):
+        return
+    how = (
+        f"pass {force_flag} to replace it, or choose another {option}"
+        if force_flag
+        else (f"move it away, or choose another {option}")
+    )
+    raise OutputRefused(
+        f"{option}: {out} exists and finecap did not make it as a {kind} file (or it was changed since); {how}"
+    )
+
+
+def check_output_file(
+    out: str | Path,
+    inputs: Mapping[str, str | Path | None],
+    *,
+    force: bool,
+    kind: str,
+    option: str = "--out",
+    ours: Callable[[Path], bool] | None = None,
+    force_flag: str | None = "--force",
+) -> Path:
+    """Both checks for one output file of a command (:func:`check_not_input`, then :func:`check_replaceable`);
+    returns ``out`` as a path."""
+    check_not_input(out, inputs, option=option)
+    check_replaceable(out, force=force, option=option, kind=kind, ours=ours, force_flag=force_flag)
+    return Path(out)
+
+
+def check_outputs(
+    outs: Iterable[tuple[str, str | Path | None, str]], inputs: Mapping[str, str | Path | None], *, force: bool
+) -> None:
+    """:func:`check_output_file` for each ``(option, path, kind)`` of ``outs`` (no path: skipped), and two outputs
+    that name one file refused."""
+    named = [(option, Path(path), kind) for option, path, kind in outs if path]
+    for i, (option, path, kind) in enumerate(named):
+        earlier = {o: p for o, p, _ in named[:i]}
+        check_output_file(path, {**inputs, **earlier}, force=force, option=option, kind=kind)

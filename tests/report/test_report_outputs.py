@@ -1,0 +1,60 @@
+"""`finecap report` writes only its page and plots (issue 32): never through a link planted at `plots/*.png` or at
+`--out`, never over a file of the run it reads, never over a file of the user's without `--force`."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+
+from finecap.app.report import main as write_report
+from finecap.outputs import OutputRefused
+
+PRECIOUS = b"the user's own file\n"
+
+
+@pytest.fixture()
+def run(fabricated_run, tmp_path) -> Path:
+    return shutil.copytree(fabricated_run, tmp_path / "run")
+
+
+def test_report_never_draws_a_plot_through_a_link(run, tmp_path):
+    first = write_report(shutil.copytree(run, tmp_path / "first"), retrieval=False)
+    plots = sorted(p.name for p in (first.parent / "plots").glob("*.png"))
+    assert plots  # the fabricated run has training curves and lengths to draw
+    target = tmp_path / "precious.png"
+    target.write_bytes(PRECIOUS)
+    for name in plots:
+        (run / "plots").mkdir(exist_ok=True)
+        link = run / "plots" / name
+        link.unlink(missing_ok=True)  # drawn by the previous round, before it met its link
+        os.symlink(target, link)
+        with pytest.raises(OutputRefused, match=f"{link}: is a symbolic link"):
+            write_report(run, retrieval=False)
+        assert target.read_bytes() == PRECIOUS
+        link.unlink()
+
+
+def test_report_out_never_over_what_it_reads_nor_a_users_file(run, tmp_path):
+    captions = run / "captions" / "mle.json"
+    before = captions.read_bytes()
+    with pytest.raises(OutputRefused, match="is also the command's"):
+        write_report(run, captions, retrieval=False, force=True)
+    assert captions.read_bytes() == before
+    mine = tmp_path / "page.html"
+    mine.write_bytes(PRECIOUS)
+    with pytest.raises(OutputRefused, match="finecap did not make it"):
+        write_report(run, mine, retrieval=False)
+    assert mine.read_bytes() == PRECIOUS
+    link = tmp_path / "link.html"
+    os.symlink(mine, link)
+    with pytest.raises(OutputRefused, match="symbolic link"):
+        write_report(run, link, retrieval=False, force=True)
+    assert mine.read_bytes() == PRECIOUS
+    # its own page is replaced when the report is drawn again; a user's file only when asked
+    out = write_report(run, retrieval=False)
+    out.write_text(out.read_text() + "<!-- edited -->")  # still a finecap report page by its content
+    assert write_report(run, retrieval=False) == out
+    assert write_report(run, mine, retrieval=False, force=True) == mine and b"finecap report" in mine.read_bytes()
