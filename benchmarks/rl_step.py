@@ -15,6 +15,12 @@ timed end to end (objective call, backward, optimizer step), with the objective'
 tokenisation included) and, for sle, the BLEU-3/4 distances (``time/diversity``). Printed: mean seconds per step,
 per part, and the reward share = (reward + diversity) / step. Wall-clock times on a shared machine vary; the share
 is the robust number. ``--threads`` sets torch's intra-op threads (default 1).
+
+``--vlm-image-tokens N`` (e.g. 256) times instead the SCST step of a tiny LLaVA (Llama 3 x 128 over a vision tower
+giving N image tokens per 64 px image, random weights) with the S samples of an image scored after one
+language-model pass over its prompt (:meth:`finecap.models.vlm.Vlm._shared_prompt_logits`, "after") and with the
+prompt repeated for every sample ("before"), interleaved; printed: the scoring forward + backward (the step minus
+decoding and reward) and the whole step, before / after.
 """
 
 from __future__ import annotations
@@ -93,6 +99,63 @@ def time_objective(name: str, overrides: list[str], model: ClipCap, records, bat
     return mean
 
 
+def vlm_shared_prompt(args: argparse.Namespace) -> dict[str, dict[str, float]]:
+    """SCST steps of a tiny LLaVA whose prompt holds ``--vlm-image-tokens`` image tokens (64 px images, patch
+    64 / sqrt(tokens)), with the samples scored after one prompt pass per image (``share_prompt``, the default) and
+    with the prompt repeated for every sample (before), interleaved step by step so both see the same load."""
+    from PIL import Image
+
+    from finecap.data.datasets import model_collator
+    from finecap.models.presets import tiny_vlm
+    from finecap.models.vlm import Vlm
+
+    side = int(round(args.vlm_image_tokens**0.5))
+    if side * side != args.vlm_image_tokens or 64 % side:
+        raise SystemExit(f"--vlm-image-tokens must be a square whose side divides 64 (16, 64, 256, 1024), got "
+                         f"{args.vlm_image_tokens}")  # fmt: skip
+    model_hf, processor = tiny_vlm(
+        "llava",
+        image_size=64,
+        hidden=128,
+        layers=3,
+        heads=4,
+        kv_heads=4,
+        intermediate=512,
+        positions=args.vlm_image_tokens + 128,
+        patch=64 // side,
+    )
+    model = Vlm(model_hf, processor, source="tiny-llava").train()
+    refs = world_references(2000)
+    records = [SimpleNamespace(image_id=i, captions=c) for i, c in refs.items()]
+    rng = random.Random(3)
+    collate = model_collator(model, 24)
+    batches = []
+    for _ in range(args.steps + 1):
+        pick = rng.sample(list(refs), args.images)
+        items = [{"caption": refs[i][0], "references": refs[i], "image_id": i, "index": i,
+                  "image": Image.effect_noise((64, 64), 40 + i % 50).convert("RGB")} for i in pick]  # fmt: skip
+        batches.append(collate(items))
+    print(f"VLM prompt: {batches[0]['prompt_ids'].shape[1]} tokens, {args.vlm_image_tokens} of them image tokens")
+    cfg = load(None, ["train.objective=reinforce", f"rl.samples={args.samples}", "decode.max_length=16"])
+    objective = get_objective("reinforce", cfg)
+    objective.setup(SimpleNamespace(cfg=cfg, accelerator=None, train_records=records, tokenizer=model.tokenizer))
+    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-5)
+    times: dict[str, list[float]] = {"shared prompt (after)": [], "prompt per sample (before)": []}
+    for i in range(args.steps + 1):
+        for name, share in (("shared prompt (after)", True), ("prompt per sample (before)", False)):
+            model.share_prompt = share
+            torch.manual_seed(i)  # the same samples in both
+            t0 = time.perf_counter()
+            out = objective(model, batches[i])
+            opt.zero_grad(set_to_none=True)
+            sum(out.losses.values()).backward()
+            step = time.perf_counter() - t0
+            if i > 0:  # the first step warms up
+                times[name].append(step - out.metrics["time/generate"] - out.metrics["time/reward"])
+                times[name + " step"] = [*times.get(name + " step", []), step]
+    return {k: {"median_s": statistics.median(v)} for k, v in times.items()}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--images", type=int, default=64, help="images per batch")
@@ -104,9 +167,28 @@ def main() -> None:
     parser.add_argument("--mle-steps", type=int, default=150, help="MLE steps fitting a fresh captioner")
     parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
     parser.add_argument("--json", default=None, help="write the results as JSON")
+    parser.add_argument(
+        "--vlm-image-tokens",
+        type=int,
+        default=0,
+        help="instead: time a tiny LLaVA's SCST step "
+        "with this many image tokens per prompt, scoring after one prompt pass per image vs per sample",
+    )
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
+    if args.vlm_image_tokens:
+        results = vlm_shared_prompt(args)
+        after, before = (results[k]["median_s"] for k in ("shared prompt (after)", "prompt per sample (before)"))
+        steps = (results[k + " step"]["median_s"] for k in ("shared prompt (after)", "prompt per sample (before)"))
+        step_after, step_before = steps
+        print(f"\n{args.images} images x {args.samples} samples, {args.steps} timed steps, {args.threads} thread(s)")
+        print(f"scoring forward + backward: before {before:.3f} s, after {after:.3f} s ({before / after:.2f}x)")
+        print(f"whole SCST step (decoding and CIDEr-D included): before {step_before:.3f} s, after {step_after:.3f} s "
+              f"({step_before / step_after:.2f}x)")  # fmt: skip
+        if args.json:
+            Path(args.json).write_text(json.dumps(results, indent=2))
+        return
 
     refs = world_references(args.train_scenes)
     records = [SimpleNamespace(image_id=i, captions=c) for i, c in refs.items()]

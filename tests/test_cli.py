@@ -230,3 +230,17 @@ def test_mistyped_metric_and_stage_get_a_suggestion(tmp_path, capsys):
     assert main(["demo", "--stages", "world,smiel", "--out", str(tmp_path / "demo")]) == 2
     assert "unknown stage(s) ['smiel'] (did you mean 'smile'?)" in capsys.readouterr().err
     assert not (tmp_path / "demo").exists()
+
+
+def test_a_packaged_recipe_name_is_never_shadowed_by_a_folder(tmp_path, monkeypatch):
+    """`finecap demo --out demo` makes `demo/mle/` in the working directory; `demo/mle` still names the packaged
+    recipe there (issue 34), while a YAML file of the user's keeps its precedence."""
+    from finecap.recipes import _root, resolve_recipe
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "demo" / "mle").mkdir(parents=True)
+    assert resolve_recipe("demo/mle") == _root() / "demo" / "mle.yaml"
+    (tmp_path / "demo" / "smile.yaml").write_text("train:\n  lr: 0.001\n")
+    assert resolve_recipe("demo/smile.yaml") == Path("demo/smile.yaml")  # the user's YAML file
+    with pytest.raises(ValueError, match="is a directory"):
+        resolve_recipe("demo")  # a folder that names no packaged recipe

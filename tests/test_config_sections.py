@@ -40,7 +40,9 @@ decode:
 def test_every_backbone_has_its_own_section_and_model_only_shared_keys():
     assert set(BACKBONES) <= set(SECTIONS)
     shared = {f.name for f in dataclasses.fields(SECTIONS["model"])}
-    assert shared == {"kind", "encoder", "train_encoder", "train_lm"}
+    # the memory levers (models.memory) are every backbone's too
+    memory = {"dtype", "trainable_dtype", "attn_implementation", "quantization"}
+    assert shared == {"kind", "encoder", "train_encoder", "train_lm", *memory}
     for kind in BACKBONES:
         own = {f.name for f in dataclasses.fields(SECTIONS[kind])}
         assert not own & shared, kind

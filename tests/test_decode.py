@@ -4,6 +4,7 @@ The toy model's next-token distribution depends on the image (a row's feature va
 beam search, sampling and stopping can be checked against hand-computed values and exhaustive search.
 """
 
+import dataclasses
 import itertools
 import math
 import zlib
@@ -402,3 +403,56 @@ def test_concat_shifts_images_and_pads():
     assert g.image_index.tolist() == [0, 1, 2]
     assert g.texts == ["a", "a b", ""]
     assert texts_of(_Tok(), g) == ["a", "a b", ""]
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# decode.batch_size counts sequences
+# --------------------------------------------------------------------------------------------------------------------
+
+
+class CountingStepper(TableStepper):
+    """A TableStepper that records the images of each decoding batch and the most rows it ever held."""
+
+    def __init__(self, vocab: int) -> None:
+        super().__init__(vocab)
+        self.images, self.max_rows = [], 0
+
+    def start(self, features):
+        self.images.append(len(features))
+        return super().start(features)
+
+    def select(self, state, index):
+        self.max_rows = max(self.max_rows, len(index))
+        return super().select(state, index)
+
+
+@pytest.mark.parametrize(
+    ("cfg", "chunks", "most_rows"),
+    [
+        # beam 5 with decode.batch_size=10 sequences: 2 images (10 beams) per decoding batch, never 10 images (50)
+        (dict(strategy="beam", beam_size=5, batch_size=10), [2, 2, 1], 10),
+        # beam 5 returning 2 captions still holds 5 beams per image: 11 sequences -> 2 images
+        (dict(strategy="beam", beam_size=5, num_return_sequences=2, batch_size=11), [2, 2, 1], 10),
+        # 3 samples per image, 7 sequences: 2 images (6 rows)
+        (dict(strategy="sample", num_return_sequences=3, batch_size=7), [2, 2, 1], 6),
+        # fewer sequences than one image's beams: one image per batch, at least
+        (dict(strategy="beam", beam_size=5, batch_size=3), [1, 1, 1, 1, 1], 5),
+        (dict(strategy="greedy", batch_size=2), [2, 2, 1], 0),  # greedy never repeats rows (0: no select call)
+    ],
+)
+def test_decode_batch_size_counts_sequences_not_images(cfg, chunks, most_rows):
+    from finecap.decode import chunk_images
+    from finecap.models.captioner import generate_in_chunks
+
+    cfg = DecodeConfig(max_length=4, **cfg)
+    assert chunk_images(cfg) == chunks[0]
+    seeds = torch.arange(5) * 7919  # per-image seeds: samples do not depend on the chunk an image is decoded in
+    chunked = CountingStepper(5)
+    gen = generate_in_chunks(chunked, images(0, 1, 2, 3, 4), cfg, _Tok(), PAD, seeds=seeds)
+    assert chunked.images == chunks and chunked.max_rows == most_rows
+    whole = CountingStepper(5)
+    one = generate_in_chunks(whole, images(0, 1, 2, 3, 4), dataclasses.replace(cfg, batch_size=1000), _Tok(), PAD,
+                             seeds=seeds)  # fmt: skip
+    assert whole.images == [5]  # unchunked: every image at once
+    assert gen.texts == one.texts and rows(gen) == rows(one) and torch.equal(gen.image_index, one.image_index)
+    assert torch.allclose(gen.scores, one.scores)

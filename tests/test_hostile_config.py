@@ -332,12 +332,16 @@ def test_a_stored_config_with_a_huge_beam_is_refused_naming_the_file(tmp_path):
 
 
 def test_the_decoding_batch_as_a_whole_is_bounded():
-    too_many = ["decode.strategy=beam", "decode.beam_size=100", "decode.max_length=4096", "decode.batch_size=1000"]
+    # decode.batch_size counts sequences (images x beams), so the batch is decode.batch_size x decode.max_length
+    # token positions: 20,000 x 4,096 = 81,920,000 > 2**26 = 67,108,864; 16,384 x 4,096 = 2**26 exactly is allowed.
+    too_many = ["decode.strategy=beam", "decode.beam_size=100", "decode.max_length=4096", "decode.batch_size=20000"]
     with pytest.raises(ConfigError) as e:
         load(None, too_many)
     assert e.value.key == "decode.batch_size"
-    assert "decode.batch_size x decode.beam_size x decode.max_length = 409,600,000 token positions" in str(e.value)
-    assert load(None, [*too_many[:3], "decode.batch_size=128"]).decode.batch_size == 128  # 52M positions: allowed
+    assert "decode.batch_size x decode.max_length = 81,920,000 token positions" in str(e.value)
+    assert load(None, [*too_many[:3], "decode.batch_size=16384"]).decode.batch_size == 16384
+    # beams no longer multiply it: 1,000 sequences (10 images of 100 beams) x 4,096 = 4M positions
+    assert load(None, [*too_many[:3], "decode.batch_size=1000"]).decode.batch_size == 1000
 
 
 def test_lower_bounds_that_were_missing():

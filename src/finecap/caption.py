@@ -19,7 +19,9 @@ from tqdm.auto import tqdm
 from finecap.data.datasets import CaptionDataset, load_records, model_collator, to_device
 from finecap.data.features import model_features
 from finecap.data.samplers import process_slice
+from finecap.decode import chunk_images
 from finecap.metrics.diversity import lexical_diversity, mean_length
+from finecap.train.engine import mixed_precision_autocast
 from finecap.utils import progress_enabled
 
 if TYPE_CHECKING:
@@ -45,13 +47,16 @@ def generate_captions(
 
     ``use_features`` (default: unless the model trains its encoder) encodes images through the frozen-feature cache.
     With an ``accelerator`` of several processes the images are split between them and the result gathered.
+    Decoding runs under the run's autocast (``accelerator.autocast()``, else ``cfg.train.mixed_precision`` on the
+    model's device: :func:`~finecap.train.engine.mixed_precision_autocast`), in batches of at most
+    ``decode.batch_size`` sequences (:func:`finecap.decode.chunk_images` images).
     """
     decode = decode or cfg.decode
     if use_features is None:  # frozen encoders through the cache, when the backbone caches its vision outputs
         use_features = not model.train_encoder and model.cache_features
     rank, world = (accelerator.process_index, accelerator.num_processes) if accelerator else (0, 1)
     main = rank == 0
-    records = load_records(cfg, split)
+    records = load_records(cfg, split, captioned=False)  # captioning needs no references
     if limit:
         records = records[:limit]
     features = None
@@ -66,14 +71,21 @@ def generate_captions(
     was_training = model.training
     model.eval()
     out: dict[Any, list[str]] = {}
-    starts = range(0, len(mine), decode.batch_size)
-    for start in tqdm(
-        starts, desc=f"caption [{split}]", disable=not progress_enabled(progress and main), unit="batch"
-    ):
-        batch = collator([dataset[i] for i in mine[start : start + decode.batch_size]])
-        generation = model.generate(to_device(batch, device), decode)
-        for b, image_id in enumerate(batch["image_ids"]):
-            out[image_id] = list(generation.texts[b * n : (b + 1) * n])
+    size = chunk_images(decode)  # images per batch: decode.batch_size counts sequences (images x beams or samples)
+    starts = range(0, len(mine), size)
+    autocast = (
+        accelerator.autocast()
+        if accelerator is not None
+        else mixed_precision_autocast(cfg.train.mixed_precision, device)
+    )
+    with autocast:
+        for start in tqdm(
+            starts, desc=f"caption [{split}]", disable=not progress_enabled(progress and main), unit="batch"
+        ):
+            batch = collator([dataset[i] for i in mine[start : start + size]])
+            generation = model.generate(to_device(batch, device), decode)
+            for b, image_id in enumerate(batch["image_ids"]):
+                out[image_id] = list(generation.texts[b * n : (b + 1) * n])
     model.train(was_training)
     if world > 1:
         merged: dict[Any, list[str]] = {}

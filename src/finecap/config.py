@@ -97,7 +97,7 @@ MAX_DECODE_POSITIONS = 2**26  # token positions of one decoding batch (rows x le
 
 # Allowed values of string options, defined once: the fields below use them and the modules that dispatch on them
 # derive their runtime tuples with typing.get_args (e.g. finecap.objectives.smile.SUBSETS).
-DataFormat = Literal["world", "karpathy", "coco", "jsonl", "hf"]
+DataFormat = Literal["world", "karpathy", "coco", "jsonl", "hf", "folder"]
 Mapper = Literal["mlp", "transformer"]
 Backbone = Literal["clipcap", "blip", "vlm"]
 Schedule = Literal["linear", "cosine", "constant"]
@@ -118,6 +118,10 @@ BoostMode = Literal["blend", "visual", "holistic"]
 BoostBackend = Literal["openai", "transformers", "world"]
 WorldShift = Literal["none", "domain"]
 LoraInit = Literal["kaiming", "gaussian", "normal"]
+WeightsDtype = Literal["auto", "float32", "bfloat16", "float16"]
+TrainableDtype = Literal["float32", "bfloat16", "float16", "same"]
+AttnImplementation = Literal["auto", "sdpa", "eager", "flash_attention_2"]
+Quantization = Literal["none", "4bit", "8bit"]
 
 
 # --------------------------------------------------------------------------------------------------------------------
@@ -179,10 +183,22 @@ class WorldConfig:
 
 @dataclass
 class DataConfig:
-    format: DataFormat = doc("world", "Data set format of data.path.")
-    path: str = doc("", "Data set file (Karpathy JSON, COCO annotations, JSONL); empty = the world at world.out.")
-    images: str = doc("", "Image root for relative image paths; empty = next to data.path.")
+    format: DataFormat = doc("world", "Data set format of data.path (docs/data.md: one table of every format).")
+    path: str = doc(
+        "", "Data set file (Karpathy JSON, COCO annotations, JSONL) or image folder; empty = the world at world.out."
+    )
+    images: str = doc("", "Image root for relative image paths; empty = next to data.path (folder: the folder).")
     allow_outside_paths: bool = doc(False, "Let records name image files outside the image root (real paths).")
+    val_fraction: float = doc(
+        0.0, "Share of the images that name no split (folder, JSONL lines without 'split') put in val, by id hash."
+    )
+    test_fraction: float = doc(
+        0.0, "Share of the images that name no split put in test, by id hash; the rest (all by default) is train."
+    )
+    split_seed: int = doc(0, "Seed of the id hash of data.val_fraction / data.test_fraction (not run.seed).")
+    skip_bad_images: bool = doc(
+        False, "Decode every image once when read; skip and count those that fail (false: the first stops the run)."
+    )
     image_column: str = doc("image", "data.format=hf: column of the image (Image feature or path string).")
     caption_column: str = doc("captions", "data.format=hf: column of the reference caption(s) (string or list).")
     split_column: str = doc("", "data.format=hf: column naming each row's split; empty = the named splits.")
@@ -205,6 +221,11 @@ class DataConfig:
         _check(self.max_tokens >= 1, "data.max_tokens", "must be >= 1")
         _check_at_most(self.max_tokens, "data.max_tokens", MAX_TOKENS, "tokens per caption; batches are this long")
         _check(self.num_workers >= 0, "data.num_workers", "must be >= 0 (0 = load in the main process)")
+        for key in ("val_fraction", "test_fraction"):
+            _check(0.0 <= getattr(self, key) < 1.0, f"data.{key}", f"must be in [0, 1), got {getattr(self, key)}")
+        held_out = self.val_fraction + self.test_fraction
+        _check(held_out < 1.0, "data.val_fraction/data.test_fraction",
+               f"their sum must be < 1 (train keeps the rest), got {held_out:g}")  # fmt: skip
         _check_at_most(self.num_workers, "data.num_workers", MAX_PROCESSES, "each worker is a process")
         _check(self.bag_neighbours >= 1, "data.bag_neighbours", "must be >= 1")
         _check_at_most(self.bag_neighbours, "data.bag_neighbours", 10_000, "an images x neighbours table; NDLB: 200")
@@ -252,6 +273,21 @@ class ModelConfig:
     )
     train_encoder: bool = doc(False, "Train the vision encoder too (SR-V); otherwise features are frozen and cached.")
     train_lm: bool = doc(True, "Train the language model (otherwise only the mapper / projector).")
+    dtype: WeightsDtype = doc(
+        "float32",
+        "Weights' dtype of every loaded or built model (auto: the checkpoint's own); frozen parts stay in it "
+        "(docs/memory.md).",
+    )
+    trainable_dtype: TrainableDtype = doc(
+        "float32", "Dtype of the parameters that learn (float32: master weights); same: model.dtype's, no upcast."
+    )
+    attn_implementation: AttnImplementation = doc(
+        "auto", "Attention kernel passed to transformers (auto: its default; flash_attention_2 needs flash-attn)."
+    )
+    quantization: Quantization = doc(
+        "none",
+        "Load the language model's base weights in 4 or 8 bits (bitsandbytes, the quant extra): QLoRA with lora.lm.",
+    )
 
 
 def _check_tiny(section: str, layers: int, hidden: int, heads: int, dropout: float = 0.0) -> None:
@@ -400,6 +436,9 @@ class TrainConfig:
     warmup_steps: int = doc(100, "Linear warmup steps.")
     schedule: Schedule = doc("linear", "Learning-rate schedule after warmup.")
     grad_clip: float = doc(1.0, "Max gradient norm (0 = no clipping).")
+    gradient_checkpointing: bool = doc(
+        False, "Recompute the activations of the trained parts' layers in backward (non-reentrant; off in decoding)."
+    )
     eval_every: int = doc(0, "Evaluate on the validation split every N steps (0 = once per epoch).")
     eval_samples: int = doc(500, "Validation images used per evaluation (0 = all).")
     best_metric: str = doc(
@@ -411,7 +450,16 @@ class TrainConfig:
     loss_weights: dict[str, float] = doc({}, "Weight of each named loss of the objective (absent = 1.0).")
     validators: list[str] = doc([], "Validators run at each evaluation (loop.VALIDATORS names or 'pkg.mod:factory').")
     cpu: bool = doc(False, "Train on the CPU even when an accelerator (GPU) is available.")
-    mixed_precision: Literal["no", "fp16", "bf16"] = doc("no", "Mixed precision of accelerate.")
+    mixed_precision: Literal["no", "fp16", "bf16"] = doc(
+        "no",
+        "Autocast of training, evaluation and finecap caption (accelerate's): bf16, or fp16 with a gradient scaler "
+        "(GPU only; on the CPU fp16 runs in float32).",
+    )
+    max_skipped_steps: int = doc(
+        25,
+        "fp16: consecutive optimizer steps the gradient scaler may skip (overflow) before the run counts as diverged.",
+    )
+    tf32: bool = doc(False, "Allow TF32 in float32 matmuls and cuDNN convolutions on CUDA (no-op on the CPU).")
     log_with: list[str] = doc(
         ["jsonl"], "Experiment trackers (accelerate log_with): jsonl (metrics.jsonl), tensorboard, wandb, mlflow, ..."
     )
@@ -437,7 +485,7 @@ class TrainConfig:
         _check(self.warmup_steps >= 0, "train.warmup_steps", "must be >= 0")
         _check(self.grad_clip >= 0, "train.grad_clip", "must be >= 0")
         _check(self.log_every >= 1, "train.log_every", "must be >= 1")
-        for key in ("eval_every", "eval_samples", "save_every", "max_steps"):
+        for key in ("eval_every", "eval_samples", "save_every", "max_steps", "max_skipped_steps"):
             _check(getattr(self, key) >= 0, f"train.{key}", "must be >= 0")
 
 
@@ -458,7 +506,9 @@ class DecodeConfig:
     top_p: float = doc(1.0, "Nucleus sampling mass (1.0 = off).")
     num_return_sequences: int = doc(1, "Captions returned per image.")
     stop_at_period: bool = doc(False, "Also stop a caption at a period token.")
-    batch_size: int = doc(128, "Images decoded per batch.")
+    batch_size: int = doc(
+        128, "Sequences decoded at once: images x beams (beam) or x num_return_sequences (sample), at least one image."
+    )
 
     def __post_init__(self) -> None:
         _check(self.max_length >= 1, "decode.max_length", "must be >= 1")
@@ -466,15 +516,15 @@ class DecodeConfig:
         _check(self.beam_size >= 1, "decode.beam_size", "must be >= 1")
         _check_at_most(self.beam_size, "decode.beam_size", 100, "captioning papers search 3 to 10 beams")
         _check(self.batch_size >= 1, "decode.batch_size", "must be >= 1")
-        _check_at_most(self.batch_size, "decode.batch_size", MAX_BATCH, "images decoded at once")
+        _check_at_most(self.batch_size, "decode.batch_size", MAX_BATCH, "sequences decoded at once")
         _check_at_most(self.num_return_sequences, "decode.num_return_sequences", 4096, "captions kept per image")
-        rows = self.beam_size if self.strategy == "beam" else self.num_return_sequences
-        positions = self.batch_size * rows * self.max_length
+        # decode.batch_size counts the sequences of a decoding batch (finecap.decode.chunk_images); beams and samples
+        # never multiply it. (One image's rows, at most 100 beams or 4,096 samples x 4,096 tokens, stay far below.)
+        positions = self.batch_size * self.max_length
         _check(
             positions <= MAX_DECODE_POSITIONS,
             "decode.batch_size",
-            f"decode.batch_size x {'decode.beam_size' if self.strategy == 'beam' else 'decode.num_return_sequences'} "
-            f"x decode.max_length = {positions:,} token positions in one decoding batch, more than "
+            f"decode.batch_size x decode.max_length = {positions:,} token positions in one decoding batch, more than "
             f"{MAX_DECODE_POSITIONS:,} (the decoder caches every position of every layer); lower decode.batch_size",
         )
         _check(self.temperature > 0, "decode.temperature", "must be > 0")

@@ -492,6 +492,32 @@ def _beam_set_aside(
 # --------------------------------------------------------------------------------------------------------------------
 
 
+def rows_per_image(cfg: DecodeConfig) -> int:
+    """Sequences decoded side by side for each image: ``decode.beam_size`` beams for beam search (all of them live,
+    whatever ``num_return_sequences`` returns), ``decode.num_return_sequences`` samples for sampling, 1 for greedy.
+
+    >>> from finecap.config import DecodeConfig
+    >>> rows_per_image(DecodeConfig(strategy="beam", beam_size=5, num_return_sequences=2))
+    5
+    """
+    if cfg.strategy == "beam":
+        return cfg.beam_size
+    return cfg.num_return_sequences if cfg.strategy == "sample" else 1
+
+
+def chunk_images(cfg: DecodeConfig) -> int:
+    """Images decoded at once: as many as fit in ``decode.batch_size`` *sequences* (:func:`rows_per_image` each),
+    at least one, so that beams and samples never multiply the memory of a decoding batch behind the user's back.
+
+    >>> from finecap.config import DecodeConfig
+    >>> chunk_images(DecodeConfig(strategy="beam", beam_size=5, batch_size=10))  # 2 images x 5 beams = 10 rows
+    2
+    >>> chunk_images(DecodeConfig(strategy="beam", beam_size=5, batch_size=3))  # one image's 5 beams, never fewer
+    1
+    """
+    return max(1, cfg.batch_size // rows_per_image(cfg))
+
+
 def texts_of(tokenizer: Any, generation: Generation) -> list[str]:
     """Decode each row up to its length, dropping special tokens (EOS, pad)."""
     seqs = generation.sequences.tolist()

@@ -7,6 +7,7 @@ import pytest
 from pycocotools import coco as pycocotools_coco
 
 from finecap.data.formats import (
+    NO_SPLIT,
     DataError,
     Record,
     read_bags,
@@ -209,10 +210,11 @@ def test_read_jsonl(tmp_path):
     path.write_text(json.dumps(lines[0]) + "\n\n" + json.dumps(lines[1]) + "\n")
     records = read_jsonl(path)
     assert records == [
-        Record("imgs/a.png", tmp_path / "imgs/a.png", "test", ["a red circle", "a circle"]),
+        Record("imgs/a.png", tmp_path / "imgs/a.png", NO_SPLIT, ["a red circle", "a circle"]),  # split later
         Record(9, tmp_path / "abs/b.png", "train", ["x"]),
     ]
     assert read_dataset("jsonl", path) == records
+    assert [r.split for r in read_jsonl(path, split="test")] == ["test", "train"]  # the reader's default split
 
 
 @pytest.mark.parametrize(

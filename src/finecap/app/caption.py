@@ -36,6 +36,7 @@ from finecap.data.formats import write_results
 from finecap.data.references import detect_format
 from finecap.home import world_path
 from finecap.models.backbones import load_captioner
+from finecap.models.memory import LoadOptions
 from finecap.outputs import check_output_file
 from finecap.recipes import resolve_recipe
 from finecap.train.checkpoint import CONFIG_FILE, find_checkpoint, model_dir, run_dir_of
@@ -81,7 +82,8 @@ def resolve(
     if data is not None:
         fmt, path = detect_format(data)
         fmt = cfg.data.format if any(parse_override(o)[0] == ["data", "format"] for o in overrides) else fmt
-        cfg = dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, format=fmt, path=str(path)))
+        folder = {"images": ""} if fmt == "folder" else {}  # an image folder is its own image root
+        cfg = dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, format=fmt, path=str(path), **folder))
     from_command_line = data is not None or recipe is not None or bool(given & {"data", "world"})
     return CaptionSetup(ckpt, cfg, stored, from_command_line)
 
@@ -133,7 +135,7 @@ def main(
     if accelerator.is_main_process:
         log.info("caption: %s, decoding %s from %s%s", setup.checkpoint, describe_decoding(cfg), source,
                  "" if checked else "; no fingerprints recorded, inputs not checked")  # fmt: skip
-    model = load_captioner(model_dir(setup.checkpoint)).to(accelerator.device)
+    model = load_captioner(model_dir(setup.checkpoint), options=LoadOptions.of(cfg.model)).to(accelerator.device)
     check_finite_weights(model, model_dir(setup.checkpoint))  # a diverged run's weights caption nothing, silently
     captions = generate_captions(model, cfg, split, accelerator=accelerator)
     out = Path(out)

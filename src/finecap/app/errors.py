@@ -147,8 +147,30 @@ def _is_remote_code_error(exc: BaseException) -> bool:
     return isinstance(exc, ValueError) and "trust_remote_code" in str(exc)
 
 
+WORKER = re.compile(r"^Caught \w+ in DataLoader worker process \d+\.\nOriginal Traceback")
+"""How torch re-raises an error of a DataLoader worker: the same class, its message the worker's whole traceback."""
+
+
+def worker_message(exc: BaseException) -> str | None:
+    """The original message of an error a DataLoader worker raised (torch re-raises it with the worker's traceback
+    as its message), or ``None`` for any other error. Decoding a bad image in a worker then reads as in the main
+    process: ``PATH: damaged image (...)``."""
+    text = str(exc)
+    if not WORKER.match(text):
+        return None
+    kind = type(exc)
+    for prefix in (f"\n{kind.__module__}.{kind.__qualname__}: ", f"\n{kind.__qualname__}: "):
+        at = text.rfind(prefix)
+        if at >= 0:
+            return text[at + len(prefix) :].strip()
+    return None
+
+
 def explain(exc: BaseException) -> str | None:
     """The one-line message of a known error, or ``None`` for a bug (to be shown with its traceback)."""
+    original = worker_message(exc)
+    if original is not None and isinstance(exc, ValueError | OSError):  # others stay bugs, with their traceback
+        return explain(ValueError(original) if isinstance(exc, ValueError) else OSError(original))
     if isinstance(exc, RecursionError):
         return _prefix(culprit_path(exc)) + "nested too deeply to read (a file thousands of levels deep?)"
     if isinstance(exc, OSError):

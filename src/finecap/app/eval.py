@@ -39,7 +39,7 @@ from typing import Literal
 
 from finecap.config import Config
 from finecap.data.formats import MAX_LISTED, DataError, read_bags, read_results
-from finecap.data.references import LoadedReferences, load_references, missing_images
+from finecap.data.references import LoadedReferences, load_references, missing_images, require_captions
 from finecap.metrics.cocoeval import COCO_NAMES
 from finecap.metrics.suite import IMAGE_METRICS, evaluate_items, parse_metrics
 from finecap.outputs import check_outputs, write_output_json
@@ -145,6 +145,7 @@ def _main(
     # pycocoevalcap's order (loadRes keeps the reference file's image order): its tokenizer reads captions as
     # consecutive lines, and a caption's last token can depend on the next line (finecap.metrics.ptb_tokenize)
     preds = {r.image_id: results[r.image_id][0] for r in refs.records if r.image_id in results}
+    require_captions([by_id[i] for i in preds], refs.path, refs.format, "the predictions")  # a folder's may have none
     pool = refs.records
     if split is None:
         splits = {by_id[i].split for i in preds}
@@ -219,7 +220,7 @@ def _reasons(
     does not load a model to find out)."""
 
     def images(asked: bool) -> str | None:
-        reason = missing_images(pool, refs.path, first=not asked)
+        reason = missing_images(pool, refs.path, first=not asked, fmt=refs.format)
         if reason:
             return f"it needs the image files, but {reason}; pass the image folder with --images DIR"
         if cfg.retriever.checkpoint:

@@ -33,12 +33,13 @@ from accelerate import Accelerator, PartialState
 from accelerate.utils import broadcast_object_list
 
 from finecap.config import Config
-from finecap.data.datasets import CaptionCollator, CaptionDataset, load_records, model_collator
+from finecap.data.datasets import CaptionCollator, CaptionDataset, load_records, model_collator, skipped_images
 from finecap.data.features import model_features
 from finecap.data.fingerprint import check_run_dir as check_fingerprints_of_run
 from finecap.data.fingerprint import write_fingerprints
 from finecap.data.samplers import get_sampler
 from finecap.locks import TRAIN_LOCK, output_lock
+from finecap.models import memory
 from finecap.models.backbones import build_model as build_captioner
 from finecap.models.backbones import load_captioner, reads_world_encoder
 from finecap.models.lora import configure_training
@@ -82,29 +83,37 @@ class CaptionData:
     val: CaptionDataset
     collator: CaptionCollator
     train_records: list
+    skipped: int = 0
+    """Images ``data.skip_bad_images`` left out of train and val (they do not decode)."""
 
 
-def summary(run_dir: Path, state: TrainState, metric: str) -> str:
-    """The one line ``finecap train`` ends with: steps, the best checkpoint and its value, the run directory."""
+def summary(run_dir: Path, state: TrainState, metric: str, skipped: int = 0) -> str:
+    """The one line ``finecap train`` ends with: steps, the best checkpoint and its value, the run directory, and the
+    bad images ``data.skip_bad_images`` left out (when any)."""
     best = checkpoint_dir(run_dir, BEST)
+    bad = f"; skipped {skipped} bad image(s) (data.skip_bad_images)" if skipped else ""
     if state.best_value is None or not best.exists():
-        return f"train: {state.step} steps; run directory {run_dir} (no evaluation picked a best checkpoint)"
+        return f"train: {state.step} steps; run directory {run_dir} (no evaluation picked a best checkpoint){bad}"
     return (
         f"train: {state.step} steps; best {metric} {state.best_value:.4g} at step {state.best_step}: {best} "
-        f"(run directory {run_dir})"
+        f"(run directory {run_dir}){bad}"
     )
 
 
 def build_model(cfg: Config, resume_from: Path | None = None) -> torch.nn.Module:
     """The captioner to train: ``resume_from`` (a checkpoint), else ``train.init_from``, else a fresh one; what it
     trains (``model.train_lm``, ``model.train_encoder``, LoRA adapters ``lora.*``) follows ``cfg``, also for a
-    checkpoint (:func:`finecap.models.lora.configure_training`)."""
+    checkpoint (:func:`finecap.models.lora.configure_training`), and so do the memory levers: weights loaded in
+    ``model.dtype`` (a checkpoint's float32 trained weights put back), what learns in ``model.trainable_dtype``,
+    ``train.gradient_checkpointing`` (:func:`finecap.models.memory.prepare_training`)."""
     start = resume_from or cfg.train.init_from
     if not start:
-        return configure_training(build_captioner(cfg), cfg)
-    model = load_captioner(model_dir(start))
-    check_finite_weights(model, model_dir(start))
-    return configure_training(model, cfg)
+        return memory.prepare_training(configure_training(build_captioner(cfg), cfg), cfg)
+    folder = model_dir(start)
+    model = load_captioner(folder, options=memory.LoadOptions.of(cfg.model))
+    memory.load_float32_masters(model, folder)
+    check_finite_weights(model, folder)
+    return memory.prepare_training(configure_training(model, cfg), cfg)
 
 
 def train_unit(cfg: Config, objective: ObjectiveBase) -> str:
@@ -134,6 +143,7 @@ def build_data(cfg: Config, model: Any, accelerator: Accelerator, *, per_caption
         val=CaptionDataset(val_records, per_caption=False, features=feats["val"]),
         collator=model_collator(model, cfg.data.max_tokens),
         train_records=train_records,
+        skipped=sum(len(skipped_images(cfg, split)) for split in ("train", "val")),
     )
 
 
@@ -282,5 +292,5 @@ def _train(
     for tracker in accelerator.trackers:  # not end_training(): it would destroy the process group, and a caller (the
         tracker.finish()  # demo, a sweep) may train again in the same processes
     if accelerator.is_main_process:
-        log.info(summary(run_dir, state, cfg.train.best_metric))
+        log.info(summary(run_dir, state, cfg.train.best_metric, data.skipped))
     return run_dir

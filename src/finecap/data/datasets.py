@@ -26,6 +26,7 @@ Batch dict (see ``INTERFACES.md``)::
 from __future__ import annotations
 
 import functools
+import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,13 +36,16 @@ import torch
 from torch.utils.data import Dataset
 
 from finecap.data.caption_fields import select_captions
-from finecap.data.formats import Record, hf_options, load_record_image
-from finecap.data.references import data_file, read_records, select_split
+from finecap.data.formats import MAX_LISTED, DataError, Record, find_bad_images, hf_options, load_record_image
+from finecap.data.references import data_file, read_records, require_captions, select_split
+from finecap.data.splits import split_unsplit
 from finecap.models.tokenizer import encode_captions
 from finecap.objectives.mle import IGNORE_INDEX
 
 if TYPE_CHECKING:
     from finecap.config import Config
+
+log = logging.getLogger(__name__)
 
 
 @functools.lru_cache(maxsize=4)
@@ -51,22 +55,64 @@ def _read(
     return tuple(read_records(fmt, path, images=images or None, allow_outside=allow_outside, **dict(options)))
 
 
-def load_records(cfg: Config, split: str) -> list[Record]:
-    """Records of ``split`` of the configured data set (:func:`finecap.data.references.data_file`), read once per
-    file version; ``"train"`` also takes Karpathy's ``restval`` images, as most captioning code does. Captions are
-    those of ``data.captions`` (:func:`finecap.data.caption_fields.select_captions`).
-
-    Every command reading a data set (training, captioning, evaluation, boosting) comes here or to
-    :func:`finecap.data.references.load_references`, so every format works everywhere, ``data.format=hf``
-    (:mod:`finecap.data.hf`, where ``data.path`` may also be a Hub name) included."""
+def _split_records(cfg: Config, split: str, captioned: bool) -> list[Record]:
+    """:func:`load_records` before ``data.skip_bad_images``."""
     path = data_file(cfg)
     hf = cfg.data.format == "hf"
     if not path.exists() and not hf:
         raise FileNotFoundError(f"{path}: data set file not found (data.path / world.out)")
     options = tuple(sorted(hf_options(cfg).items())) if hf else ()
     mtime = path.stat().st_mtime_ns if path.exists() else 0
-    records = _read(cfg.data.format, path, cfg.data.images, mtime, options, cfg.data.allow_outside_paths)
-    return select_captions(select_split(records, split, path), cfg.data.captions, path)
+    read = _read.__wrapped__ if cfg.data.format == "folder" else _read  # a folder changes below its own mtime
+    records, unsplit = split_unsplit(cfg, read(cfg.data.format, path, cfg.data.images, mtime, options,
+                                               cfg.data.allow_outside_paths), path)  # fmt: skip
+    records = select_captions(select_split(records, split, path, cfg.data.format, unsplit), cfg.data.captions, path)
+    if captioned:
+        require_captions(records, path, cfg.data.format, f"split {split!r}")
+    return records
+
+
+_SKIP_LOGGED: set[tuple] = set()
+
+
+def skipped_images(cfg: Config, split: str, *, captioned: bool = True) -> list[tuple[Record, str]]:
+    """``(record, reason)`` of the images of ``split`` that ``data.skip_bad_images`` leaves out: those that do not
+    decode (:func:`finecap.data.formats.find_bad_images`, each file once per process); empty when the option is off."""
+    if not cfg.data.skip_bad_images:
+        return []
+    return find_bad_images(_split_records(cfg, split, captioned))
+
+
+def load_records(cfg: Config, split: str, *, captioned: bool = True) -> list[Record]:
+    """Records of ``split`` of the configured data set (:func:`finecap.data.references.data_file`), read once per
+    file version; ``"train"`` also takes Karpathy's ``restval`` images, as most captioning code does. Captions are
+    those of ``data.captions`` (:func:`finecap.data.caption_fields.select_captions`). Records whose data set names
+    no split are split by ``data.val_fraction`` / ``data.test_fraction`` (:mod:`finecap.data.splits`, logged).
+    ``captioned`` (training, validation, evaluation): images without a reference caption (an image folder's may
+    have none) are an error naming them; captioning passes ``False``. With ``data.skip_bad_images`` every image is
+    decoded once here and those that fail are left out, counted in a warning (:func:`skipped_images`); without it
+    the first bad image stops the command when it is read, named.
+
+    Every command reading a data set (training, captioning, evaluation, boosting) comes here or to
+    :func:`finecap.data.references.load_references`, so every format works everywhere, ``data.format=hf``
+    (:mod:`finecap.data.hf`, where ``data.path`` may also be a Hub name) included."""
+    records = _split_records(cfg, split, captioned)
+    if not cfg.data.skip_bad_images:
+        return records
+    bad = find_bad_images(records)
+    if not bad:
+        return records
+    key = (str(data_file(cfg)), split, tuple(str(r.image_id) for r, _ in bad))
+    if key not in _SKIP_LOGGED:
+        _SKIP_LOGGED.add(key)
+        shown = "; ".join(reason for _, reason in bad[:MAX_LISTED]) + ("; ..." if len(bad) > MAX_LISTED else "")
+        log.warning("data: skipped %d of %d images of split %r (data.skip_bad_images=true): %s", len(bad),
+                    len(records), split, shown)  # fmt: skip
+    if len(bad) == len(records):
+        raise DataError(f"{data_file(cfg)}: none of the {len(records)} images of split {split!r} decodes "
+                        f"(data.skip_bad_images=true left out every one): {bad[0][1]}")  # fmt: skip
+    left_out = {id(r) for r, _ in bad}
+    return [r for r in records if id(r) not in left_out]
 
 
 class CaptionDataset(Dataset):

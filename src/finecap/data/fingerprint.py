@@ -14,6 +14,10 @@ for a bags file, the split:
   edited is another data set (fingerprints recorded before the hash was added compare the key alone);
 - a data-set file (Karpathy, COCO, JSONL): the SHA-256 of the file's bytes; image files are not hashed (a COCO
   copy holds 120k of them), so replacing an image under the same name goes unnoticed;
+- an image folder (``data.format=folder``): its images' relative paths and sizes, and the SHA-256 of its caption
+  files (``captions.jsonl`` / ``captions.csv``, the ``.txt`` next to each image);
+- with ``data.val_fraction`` / ``data.test_fraction`` set, the fractions and ``data.split_seed`` (``split_fractions``):
+  they place the images that name no split (:mod:`finecap.data.splits`);
 - ``data.format=hf``: the ``datasets`` fingerprint of every split of a ``save_to_disk`` folder (``state.json``'s
   ``_fingerprint``), the SHA-256 of parquet / arrow files, or for a Hub name the name and the revision in the local
   Hugging Face cache; with the column options (``data.*_column``).
@@ -161,6 +165,24 @@ def _hf_fingerprint(path: Path, source: str) -> dict[str, Any]:
     return {"hub": source, "revision": hub_revision(source, "dataset")}
 
 
+def _folder_fingerprint(folder: Path) -> dict[str, Any]:
+    """What identifies an image folder (module docstring): its images (relative path, size) and caption files."""
+    from finecap.data.formats import CAPTION_FILES, folder_images
+
+    h = hashlib.sha256()
+    captions = [folder / name for name in CAPTION_FILES if (folder / name).is_file()]
+    for rel in folder_images(folder):
+        try:
+            size = os.stat(folder / rel).st_size
+        except OSError:  # a broken link: reading the data set names it
+            size = -1
+        h.update(f"{rel}\0{size}\n".encode())
+        txt = folder / (rel.rsplit(".", 1)[0] + ".txt")
+        if txt.is_file():
+            captions.append(txt)
+    return {"images": h.hexdigest(), "sha256": sha256_files(folder, sorted(set(captions)))}
+
+
 def dataset_fingerprint(
     fmt: str,
     path: str | Path,
@@ -168,9 +190,11 @@ def dataset_fingerprint(
     captions: str = "original",
     split: str | None = None,
     options: dict[str, Any] | None = None,
+    split_fractions: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """Fingerprint of the data set file (or world folder, ``hf`` source) ``path`` of format ``fmt`` read with
-    caption field ``captions``; ``split`` when one split is meant (a bags file); ``options``: the ``hf`` columns."""
+    """Fingerprint of the data set file (or world folder, ``hf`` source, image folder) ``path`` of format ``fmt`` read
+    with caption field ``captions``; ``split`` when one split is meant (a bags file); ``options``: the ``hf`` columns;
+    ``split_fractions``: how images naming no split are split (when they are held out)."""
     source = str(path)
     path = Path(path)
     if fmt == "world" and path.is_dir():
@@ -178,12 +202,16 @@ def dataset_fingerprint(
     fp: dict[str, Any] = {"kind": "file", "format": fmt, "captions": captions}
     if split is not None:
         fp["split"] = split
+    if split_fractions:
+        fp["split_fractions"] = split_fractions
     if fmt == "hf":
         fp.update(_hf_fingerprint(path, source), kind="hf", options=dict(sorted((options or {}).items())))
     elif not path.exists():
         raise FileNotFoundError(f"{path}: data set file not found (data.path / world.out)")
     elif fmt == "world" and (path.parent / "world.json").exists():
         fp.update(kind="world", world_key=read_json(path.parent / "world.json").get("key"), sha256=sha256_file(path))
+    elif fmt == "folder":
+        fp.update(_folder_fingerprint(path), kind="folder")
     else:
         fp["sha256"] = sha256_file(path)
     fp["path"] = os.path.abspath(path) if path.exists() else source
@@ -195,9 +223,11 @@ def data_fingerprint(cfg: Config, *, split: str | None = None) -> dict[str, Any]
     from finecap.data.formats import hf_options
     from finecap.data.references import data_file
 
-    options = hf_options(cfg) if cfg.data.format == "hf" else None
-    return dataset_fingerprint(cfg.data.format, data_file(cfg), captions=cfg.data.captions, split=split,
-                               options=options)  # fmt: skip
+    d = cfg.data
+    options = hf_options(cfg) if d.format == "hf" else None
+    held_out = {"val": d.val_fraction, "test": d.test_fraction, "seed": d.split_seed}
+    return dataset_fingerprint(d.format, data_file(cfg), captions=d.captions, split=split, options=options,
+                               split_fractions=held_out if d.val_fraction or d.test_fraction else None)  # fmt: skip
 
 
 # --------------------------------------------------------------------------------------------------------------------

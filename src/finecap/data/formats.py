@@ -1,5 +1,6 @@
-"""Caption data set files: readers for Karpathy split JSON, COCO caption annotations, JSONL and the world, the COCO
-results format (the one reader and the writer), the bags file of ``finecap bags build``, and image files.
+"""Caption data set files: readers for Karpathy split JSON, COCO caption annotations, JSONL, image folders and the
+world, the COCO results format (the one reader and the writer), the bags file of ``finecap bags build``, and image
+files.
 
 Every reader returns :class:`Record` s (one per image). Bad input raises :class:`DataError` naming the file and
 the record at fault (missing keys, wrong types, empty caption lists, image files that do not exist — reported with
@@ -20,8 +21,19 @@ Formats:
   for text metrics, extra fields ignored, images without captions dropped). The split is inferred from the file name
   (``train``/``val``/``test``) unless given. Default image root: the JSON file's folder.
 - ``jsonl``: one ``{"image": path, "captions": [str, ...], "id"?, "split"?}`` per line; ``id`` defaults to the image
-  path as written, ``split`` to the reader's ``split`` argument (``"test"``). Relative image paths are resolved
+  path as written; a line without ``split`` names none (:data:`NO_SPLIT`, below). Relative image paths are resolved
   against ``images`` (default: the JSONL file's folder).
+- ``folder``: a folder of images (:func:`read_folder`; recursive, :data:`IMAGE_SUFFIXES` in any case, hidden files
+  and folders skipped), with captions from one of: a sidecar ``captions.jsonl`` (``{"image": relative path,
+  "captions": [...], "split"?}`` per line), a sidecar ``captions.csv`` (``image,caption[,split]`` header, one row per
+  caption, several rows per image), or a ``.txt`` file next to each image (``cat.jpg`` + ``cat.txt``, one caption per
+  line); or none. The image id is the image's path relative to the folder, with ``/`` (``"cats/001.jpg"``). Images
+  without captions are records with an empty caption list (captioning reads them; training and evaluation refuse
+  them, :func:`finecap.data.references.require_captions`).
+
+Records whose data set names no split (a JSONL line without ``split``, a folder's images unless its sidecar names
+one) carry :data:`NO_SPLIT`; the commands give them one when they read the data set
+(:func:`finecap.data.splits.assign_splits`: ``data.val_fraction``, ``data.test_fraction``; all ``train`` by default).
 - ``hf``: a Hugging Face data set (saved folder, parquet/arrow files, Hub name) with configurable columns
   (:mod:`finecap.data.hf`; ``datasets`` is imported only for it).
 - results: ``[{"image_id", "caption"}]``, extra fields (``score``, ``id``) ignored (:func:`read_results`: an image
@@ -38,7 +50,8 @@ Two rules hold for every format (docs/reliability.md, "Reading only what you nam
 - **An image file is used only as decoded pixels**: :func:`load_image` (and :func:`load_record_image`) is the one
   reader of image files; it refuses anything PIL does not decode whole as one of :data:`IMAGE_FORMATS`, images over
   PIL's decompression-bomb limit, and applies the EXIF orientation. What finecap sends or embeds is a re-encoding of
-  the decoded pixels (:func:`encode_image`), never a file's bytes.
+  the decoded pixels (:func:`encode_image`), never a file's bytes. :func:`find_bad_images` decodes every image of a
+  data set up front (``data.skip_bad_images``), once per file version.
 
 Nothing here imports torch (nor PIL, until an image is loaded): ``finecap eval`` reads its inputs through this module.
 """
@@ -46,7 +59,9 @@ Nothing here imports torch (nor PIL, until an image is loaded): ``finecap eval``
 from __future__ import annotations
 
 import contextlib
+import csv
 import functools
+import hashlib
 import io
 import json
 import math
@@ -54,7 +69,8 @@ import os
 import re
 import stat
 import warnings
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, get_args
@@ -74,6 +90,15 @@ IMAGE_FORMATS = ("PNG", "JPEG", "GIF", "BMP", "TIFF", "WEBP", "PPM", "TGA", "JPE
 """The image formats finecap decodes (PIL format names, those the installed PIL has; JPEG includes its MPO
 variant; :func:`load_image`). Others PIL knows are refused: some run external programs (EPS runs Ghostscript) or
 are not photographs (icons, fonts, scientific formats)."""
+
+
+NO_SPLIT = ""
+"""The split of a record whose data set names none (a JSONL line without ``"split"``, an image of a ``folder``):
+given one when a command reads the data set (:func:`finecap.data.splits.assign_splits`)."""
+IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".webp", ".bmp", ".gif", ".tif", ".tiff")
+"""File name endings (any case) of the images of a ``folder`` data set (:func:`read_folder`)."""
+CAPTION_FILES = ("captions.jsonl", "captions.csv")
+"""The sidecar caption files a ``folder`` data set may hold at its top (:func:`read_folder`; at most one)."""
 
 
 class DataError(ValueError):
@@ -148,7 +173,7 @@ def _check_images(records: list[Record], path: Path, root: Path) -> None:
         more = f"\n  ... and {len(missing) - MAX_LISTED} more" if len(missing) > MAX_LISTED else ""
         raise DataError(
             f"{path}: {len(missing)} of {len(records)} image files do not exist (image root {root}; set the image "
-            f"folder with data.images):\n  {shown}{more}"
+            f"folder with data.images=DIR, or --images DIR for finecap eval):\n  {shown}{more}"
         )
 
 
@@ -291,6 +316,47 @@ def check_image_file(path: str | Path) -> None:
     name = str(path)
     with _opened(path, name, _file_size(path, name)) as image:
         image.verify()
+
+
+_IMAGE_CHECKS: dict[tuple[Any, ...], str | None] = {}
+"""Outcome of :func:`image_problem` per image version (real path, size, modification time; or embedded bytes)."""
+
+
+def image_problem(record: Any) -> str | None:
+    """Why :func:`load_record_image` refuses the image of ``record`` (its one-line message, naming the file), or
+    ``None`` when it decodes. The image is decoded whole (a truncated or damaged file fails; a header check would
+    pass some), once per file version and process."""
+    if getattr(record, "image_bytes", None) is not None:
+        key: tuple[Any, ...] | None = ("bytes", hashlib.blake2b(record.image_bytes, digest_size=16).digest())
+    else:
+        try:
+            st = os.stat(record.path)
+            key = (os.path.realpath(record.path), st.st_size, st.st_mtime_ns)
+        except OSError:
+            key = None  # missing: load_record_image names it
+    if key is not None and key in _IMAGE_CHECKS:
+        return _IMAGE_CHECKS[key]
+    try:
+        load_record_image(record)
+        problem = None
+    except DataError as e:
+        problem = str(e)
+    if key is not None:
+        _IMAGE_CHECKS[key] = problem
+    return problem
+
+
+def find_bad_images(records: Sequence[Any], workers: int | None = None) -> list[tuple[Any, str]]:
+    """``(record, reason)`` of each of ``records`` whose image does not decode (:func:`image_problem`: corrupt,
+    truncated, empty, missing, not an image, over the decompression-bomb limit), in order. Images are decoded in
+    ``workers`` threads (default: up to 8, one per core; PIL decodes outside the GIL)."""
+    workers = workers or max(1, min(8, os.cpu_count() or 1))
+    if workers == 1 or len(records) < 2:
+        problems = [image_problem(r) for r in records]
+    else:
+        with ThreadPoolExecutor(workers) as pool:
+            problems = list(pool.map(image_problem, records, chunksize=16))
+    return [(r, p) for r, p in zip(records, problems, strict=True) if p is not None]
 
 
 def encode_image(image: Image.Image, source_format: str = "") -> tuple[bytes, str]:
@@ -572,11 +638,13 @@ def read_jsonl(
     path: str | Path,
     images: str | Path | None = None,
     check_images: bool = True,
-    split: str = "test",
+    split: str = NO_SPLIT,
     allow_outside: bool = False,
 ) -> list[Record]:
-    """Read ``{"image": path, "captions": [...], "id"?, "split"?}`` per line (blank lines are skipped). Image paths,
-    absolute ones too, must lie inside ``images`` (:class:`ImageFolder`) unless ``allow_outside``."""
+    """Read ``{"image": path, "captions": [...], "id"?, "split"?}`` per line (blank lines are skipped); a line without
+    ``split`` gets ``split`` (default :data:`NO_SPLIT`: the commands split such records by
+    :func:`finecap.data.splits.assign_splits`). Image paths, absolute ones too, must lie inside ``images``
+    (:class:`ImageFolder`) unless ``allow_outside``."""
     path = Path(path)
     root = Path(images) if images is not None else path.parent
     folder = ImageFolder(root, allow_outside)
@@ -609,6 +677,176 @@ def read_jsonl(
     return records
 
 
+def _walk_error(error: OSError) -> None:
+    raise DataError(f"{error.filename}: cannot list the folder ({(error.strerror or _one_line(error)).lower()})")
+
+
+def folder_images(root: str | Path) -> list[str]:
+    """The image files under ``root`` (:data:`IMAGE_SUFFIXES`, any case), as sorted paths relative to ``root`` with
+    ``/``: every subfolder, linked ones too (each real folder once), but hidden files and folders (``.name``:
+    ``.git``, macOS ``._photo.jpg`` files) skipped. A folder that cannot be listed is a :class:`DataError`."""
+    found = []
+    seen: set[str] = set()
+    for dirpath, dirs, files in os.walk(root, onerror=_walk_error, followlinks=True):
+        real = os.path.realpath(dirpath)
+        if real in seen:  # a link back up, or a second link to one folder
+            dirs[:] = []
+            continue
+        seen.add(real)
+        dirs[:] = sorted(d for d in dirs if not d.startswith("."))
+        rel = Path(os.path.relpath(dirpath, root)).as_posix()
+        for name in files:
+            if not name.startswith(".") and name.lower().endswith(IMAGE_SUFFIXES):
+                found.append(name if rel == "." else f"{rel}/{name}")
+    return sorted(found)
+
+
+@dataclass
+class _Entry:
+    """What a folder's caption file says about one image."""
+
+    captions: list[str]
+    split: str
+    where: str
+
+
+def _relative_image(image: str, where: str) -> str:
+    if os.path.isabs(image):
+        raise DataError(f"{where}: image {short_repr(image)} must be a path relative to the folder")
+    return Path(os.path.normpath(image)).as_posix()
+
+
+def _sidecar_jsonl(path: Path) -> dict[str, _Entry]:
+    entries: dict[str, _Entry] = {}
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except UnicodeDecodeError as e:
+        raise DataError(f"{path}: not a UTF-8 text file ({e.reason})") from None
+    for lineno, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        where = f"{path}, line {lineno}"
+        try:
+            rec = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise DataError(f"{where}: invalid JSON at column {e.colno}: {e.msg}") from None
+        image = _relative_image(_require(rec, "image", str, where), where)
+        caps = _require(rec, "captions", list, where)
+        split = _require(rec, "split", str, where) if "split" in rec else NO_SPLIT
+        if "id" in rec:
+            raise DataError(
+                f"{where}: 'id' is not read here: a folder's image ids are the images' relative paths (to keep your "
+                f"ids, read the file as JSONL: data.format=jsonl data.path={path})"
+            )
+        if image in entries:
+            raise DataError(f"{where}: image {image!r} is listed again (first at {entries[image].where}); give each "
+                            "image one line with all its captions")  # fmt: skip
+        entries[image] = _Entry(_captions(caps, where) if caps else [], split, where)
+    return entries
+
+
+def _sidecar_csv(path: Path) -> dict[str, _Entry]:
+    entries: dict[str, _Entry] = {}
+    try:
+        with path.open(newline="", encoding="utf-8-sig") as f:  # -sig: the byte-order mark spreadsheets write
+            reader = csv.DictReader(f)
+            columns = reader.fieldnames or []
+            missing = [c for c in ("image", "caption") if c not in columns]
+            if missing:
+                raise DataError(
+                    f"{path}: no column {' or '.join(map(repr, missing))} in the header (columns: "
+                    f"{', '.join(map(repr, columns)) or 'none'}); expected image,caption[,split]: one row per caption"
+                )
+            for row in reader:
+                where = f"{path}, line {reader.line_num}"
+                written = (row.get("image") or "").strip()
+                if not written:
+                    raise DataError(f"{where}: empty 'image' cell")
+                image = _relative_image(written, where)
+                caption = (row.get("caption") or "").strip()
+                split = (row.get("split") or "").strip() if "split" in columns else NO_SPLIT
+                entry = entries.setdefault(image, _Entry([], split, where))
+                if split != entry.split:
+                    raise DataError(f"{where}: image {image!r} has split {split!r} here but {entry.split!r} at "
+                                    f"{entry.where}; give each image one split")  # fmt: skip
+                if caption:  # an empty cell lists the image (and its split) without a caption
+                    entry.captions.append(caption)
+    except UnicodeDecodeError as e:
+        raise DataError(f"{path}: not a UTF-8 text file ({e.reason})") from None
+    except csv.Error as e:
+        raise DataError(f"{path}: not a CSV file ({e})") from None
+    return entries
+
+
+def _caption_txt(path: Path) -> list[str]:
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as e:
+        raise DataError(f"{path}: not a UTF-8 text file ({e.reason})") from None
+    return [line.strip() for line in text.splitlines() if line.strip()]
+
+
+def read_folder(
+    path: str | Path, images: str | Path | None = None, check_images: bool = True, allow_outside: bool = False
+) -> list[Record]:
+    """Read a folder of images (module docstring, ``folder``): one record per image file under ``path``
+    (:func:`folder_images`) and per image a caption file names, sorted by image id, the path relative to the folder
+    (``"cats/001.jpg"``). Captions come from ``captions.jsonl`` or ``captions.csv`` at the top of the folder, else
+    from a ``.txt`` file next to each image; an image without any has none. Splits are those the sidecar names, else
+    :data:`NO_SPLIT`. Every image, linked ones too, must lie inside the folder (:class:`ImageFolder`) unless
+    ``allow_outside``; ``images`` (``data.images``), when given, must be the folder itself."""
+    path = Path(path)
+    if not path.is_dir():
+        what = "no such folder" if not path.exists() else "a file, not a folder"
+        raise DataError(f"{path}: {what} (data.format=folder reads a folder of images)")
+    if images is not None and os.path.realpath(images) != os.path.realpath(path):
+        raise DataError(f"{path}: data.format=folder: the folder is the image root; data.images (or --images) must be "
+                        f"empty or the folder itself, got {images}")  # fmt: skip
+    folder = ImageFolder(path, allow_outside)
+    scanned = folder_images(path)
+    sidecars = [path / name for name in CAPTION_FILES if (path / name).is_file()]
+    if len(sidecars) > 1:
+        raise DataError(f"{path}: holds both {' and '.join(p.name for p in sidecars)}; keep one (an image's captions "
+                        "come from one place)")  # fmt: skip
+    entries: dict[str, _Entry] = {}
+    if sidecars:
+        sidecar = sidecars[0]
+        entries = _sidecar_jsonl(sidecar) if sidecar.suffix == ".jsonl" else _sidecar_csv(sidecar)
+    by_txt: dict[str, list[str]] = {}
+    for image in scanned:
+        by_txt.setdefault(image.rsplit(".", 1)[0] + ".txt", []).append(image)
+    txts = {t: imgs for t, imgs in by_txt.items() if (path / t).is_file()}
+    if txts and sidecars:
+        raise DataError(
+            f"{path}: captions in both {sidecars[0].name} and per-image .txt files (e.g. {next(iter(txts))}); keep "
+            "one (an image's captions come from one place)"
+        )
+    for txt, imgs in txts.items():
+        if len(imgs) > 1:
+            raise DataError(f"{path / txt}: the captions of several images ({', '.join(imgs)}); rename the images so "
+                            "that each has its own .txt")  # fmt: skip
+        entries[imgs[0]] = _Entry(_caption_txt(path / txt), NO_SPLIT, str(path / txt))
+    known = set(scanned)
+    extra = [image for image in entries if image not in known]  # named by the sidecar, not found by the scan
+    if not scanned and not extra:
+        raise DataError(f"{path}: no image files in this folder or below it (file names ending in "
+                        f"{', '.join(IMAGE_SUFFIXES)}, any case; hidden files and folders are skipped)")  # fmt: skip
+    records = []
+    for image in sorted([*scanned, *extra]):
+        entry = entries.get(image)
+        image_path = path / image
+        folder.check(image_path, entry.where if entry else f"{path}: {image}", image)
+        records.append(Record(image, image_path, entry.split if entry else NO_SPLIT, entry.captions if entry else []))
+    missing = [r.image_id for r in records if not r.path.is_file()] if check_images else []
+    if missing:  # named by the caption file but not there, or a broken link
+        shown = ", ".join(map(str, missing[:MAX_LISTED])) + (", ..." if len(missing) > MAX_LISTED else "")
+        raise DataError(
+            f"{sidecars[0] if sidecars else path}: {len(missing)} of {len(records)} images are not image files in "
+            f"the folder {path} ({shown}); image paths are relative to the folder"
+        )
+    return records
+
+
 def read_dataset(
     fmt: str,
     path: str | Path,
@@ -619,7 +857,8 @@ def read_dataset(
     """Read a data set of format ``fmt`` (one of :data:`FORMATS` but ``hf``, which needs its column options: see
     :func:`finecap.data.references.read_records`, the reader for every format). ``allow_outside``
     (``data.allow_outside_paths``) lets records name image files outside the image folder (:class:`ImageFolder`)."""
-    readers = {"world": read_world, "karpathy": read_karpathy, "coco": read_coco_captions, "jsonl": read_jsonl}
+    readers = {"world": read_world, "karpathy": read_karpathy, "coco": read_coco_captions, "jsonl": read_jsonl,
+               "folder": read_folder}  # fmt: skip
     if fmt == "hf":
         raise DataError("data.format=hf: read it with finecap.data.references.read_records (it needs data.* columns)")
     if fmt not in readers:

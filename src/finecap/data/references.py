@@ -5,9 +5,13 @@ Format detection (:func:`detect_format`) looks at the file itself:
 - a folder holding ``dataset.json``, or a ``dataset.json`` with ``scenes.jsonl`` next to it, is the world (its scene
   graphs are then loaded for faithfulness, and its scene families for ``finecap bags build``);
 - ``*.jsonl`` is JSONL; a ``save_to_disk`` folder or ``*.parquet`` / ``*.arrow`` is a Hugging Face data set (``hf``);
+- any other folder holding image files (:data:`~finecap.data.formats.IMAGE_SUFFIXES`) is an image ``folder``;
 - a JSON object with ``annotations`` is COCO caption annotations; one whose ``images`` is a list is Karpathy.
 
 Splits: ``"train"`` also takes Karpathy's ``restval`` images (:data:`TRAIN_SPLITS`), as most captioning code does.
+Records whose data set names no split (a JSONL line without ``"split"``, a folder's images) are split by
+``data.val_fraction`` / ``data.test_fraction`` (:mod:`finecap.data.splits`; all train by default), and an empty
+split's error says what to add.
 
 Nothing here imports torch (``finecap eval`` on text metrics reads its references through this module).
 """
@@ -15,13 +19,24 @@ Nothing here imports torch (``finecap eval`` on text metrics reads its reference
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from finecap.data.formats import MAX_LISTED, Record, check_unique_ids, hand_over_json, hf_options, read_dataset
+from finecap.data.formats import (
+    IMAGE_SUFFIXES,
+    MAX_LISTED,
+    DataError,
+    Record,
+    check_unique_ids,
+    hand_over_json,
+    hf_options,
+    read_dataset,
+)
 from finecap.data.hf import is_hf_path, read_hf
+from finecap.data.splits import missing_split_advice, split_unsplit
 
 if TYPE_CHECKING:
     from finecap.config import Config
@@ -59,15 +74,41 @@ def read_records(
     return read_dataset(fmt, path, images, check_images, allow_outside=allow_outside)
 
 
-def select_split(records: Sequence[Record], split: str, path: str | Path) -> list[Record]:
+def select_split(
+    records: Sequence[Record], split: str, path: str | Path, fmt: str | None = None, unsplit: int = 0
+) -> list[Record]:
     """The records of ``split`` (``"train"`` = :data:`TRAIN_SPLITS`); none raises ``ValueError`` listing the splits
-    present in ``path``."""
+    present in ``path`` and saying what to add (format ``fmt``'s split key; ``data.val_fraction`` /
+    ``data.test_fraction`` when ``unsplit`` records named no split: :func:`finecap.data.splits.split_unsplit`)."""
     wanted = TRAIN_SPLITS if split == "train" else (split,)
     kept = [r for r in records if r.split in wanted]
     if not kept:
         present = sorted({r.split for r in records})
-        raise ValueError(f"{path}: no records in split {split!r}; splits present: {', '.join(present)}")
+        advice = missing_split_advice(split, fmt, records, unsplit)
+        raise ValueError(f"{path}: no records in split {split!r}; splits present: {', '.join(present)}; {advice}")
     return kept
+
+
+CAPTION_HINTS = {
+    "folder": "a captions.jsonl or captions.csv row, or a .txt file next to each image (one caption per line)",
+}
+"""Where a format's records get captions, for formats whose records may have none."""
+
+
+def require_captions(records: Sequence[Record], path: str | Path, fmt: str | None, what: str) -> None:
+    """Refuse ``records`` (``what``: which, e.g. ``"split 'train'"``) with no reference caption, as training and
+    evaluation must (a ``folder`` data set's images may have none): a :class:`~finecap.data.formats.DataError` naming
+    the count, the first images and what to add."""
+    bare = [r for r in records if not r.captions]
+    if not bare:
+        return
+    shown = ", ".join(str(r.image_id) for r in bare[:MAX_LISTED]) + (", ..." if len(bare) > MAX_LISTED else "")
+    how = CAPTION_HINTS.get(fmt or "", "their captions")
+    raise DataError(
+        f"{path}: {len(bare)} of {len(records)} images of {what} have no caption ({shown}); training and evaluation "
+        f"need reference captions for every image: add {how}, or leave the images out (`finecap caption` captions "
+        "images without references)"
+    )
 
 
 @dataclass
@@ -84,9 +125,13 @@ class LoadedReferences:
         return {r.image_id: r.captions for r in self.records}
 
 
-def missing_images(records: Sequence[Record], path: str | Path, first: bool = False) -> str | None:
-    """Why the images of ``records`` (read from ``path``) cannot be read, or ``None`` when every record has its
-    image (a file, or embedded bytes). ``first``: stop at the first missing image (a quick yes/no)."""
+def missing_images(
+    records: Sequence[Record], path: str | Path, first: bool = False, fmt: str | None = None
+) -> str | None:
+    """Why the images of ``records`` (read from ``path``, format ``fmt``) cannot be read, or ``None`` when every
+    record has its image (a file, or embedded bytes). ``first``: stop at the first missing image (a quick yes/no).
+    COCO annotations naming images by id only (no ``file_name``) are said so; for the other formats the image root
+    is what to set (``--images`` / ``data.images``, said by the caller)."""
     missing = []
     for r in records:
         if r.image_bytes is None and not r.path.is_file():
@@ -98,9 +143,18 @@ def missing_images(records: Sequence[Record], path: str | Path, first: bool = Fa
     how_many = f"{len(missing)} of {len(records)}" if not first else "some"
     shown = ", ".join(str(r.path) for r in missing[:MAX_LISTED])
     reason = f"{how_many} image files do not exist, e.g. {shown}"
-    if all(r.path.name == str(r.image_id) for r in missing[:MAX_LISTED]):  # COCO images listed by id only
+    if fmt in ("coco", None) and all(r.path.name == str(r.image_id) for r in missing[:MAX_LISTED]):  # by id only
         reason += f" ({Path(path).name} names its images by id only, without 'file_name')"
     return reason
+
+
+def holds_images(folder: Path) -> bool:
+    """Whether ``folder`` or a folder below it (not hidden) holds an image file (stops at the first)."""
+    for _dirpath, dirs, files in os.walk(folder):
+        dirs[:] = [d for d in dirs if not d.startswith(".")]
+        if any(not f.startswith(".") and f.lower().endswith(IMAGE_SUFFIXES) for f in files):
+            return True
+    return False
 
 
 def detect_format(path: str | Path) -> tuple[str, Path]:
@@ -111,7 +165,12 @@ def detect_format(path: str | Path) -> tuple[str, Path]:
             return "world", path / "dataset.json"
         if is_hf_path(path):
             return "hf", path
-        raise FileNotFoundError(f"{path}: a folder, but no dataset.json in it (expected a world folder)")
+        if holds_images(path):
+            return "folder", path
+        raise FileNotFoundError(
+            f"{path}: a folder, but neither a world (dataset.json), a Hugging Face data set, nor image files "
+            f"({', '.join(IMAGE_SUFFIXES)}) in it"
+        )
     if not path.exists():
         raise FileNotFoundError(f"{path}: reference file not found")
     if path.suffix == ".jsonl":
@@ -147,7 +206,8 @@ def load_references(
     """Read a reference data set: ``data`` (format detected), or the configured one (``data.format``/``data.path``,
     default the world at ``world.out``). ``split`` keeps one split (:func:`select_split`). ``images`` (default
     ``data.images``) is the image root; ``check_images`` verifies that the image files exist. Records naming files
-    outside the image root are refused unless ``data.allow_outside_paths``."""
+    outside the image root are refused unless ``data.allow_outside_paths``. Records naming no split are split by
+    ``data.val_fraction`` / ``data.test_fraction`` (:func:`finecap.data.splits.split_unsplit`)."""
     if data is None:
         fmt, path = cfg.data.format, data_file(cfg)
         if fmt == "world" and not path.exists():
@@ -159,8 +219,9 @@ def load_references(
     records = read_records(fmt, path, images=root, check_images=check_images,
                            allow_outside=cfg.data.allow_outside_paths, **options)  # fmt: skip
     check_unique_ids(records, Path(path))  # every format: one record per image, never a silent replacement
+    records, unsplit = split_unsplit(cfg, records, path)
     if split is not None:
-        records = select_split(records, split, path)
+        records = select_split(records, split, path, fmt, unsplit)
     scenes = families = None
     if fmt == "world" and (Path(path).parent / "scenes.jsonl").exists():
         from finecap.world.make import load_scene_records  # the world's modules load only for a world

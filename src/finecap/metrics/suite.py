@@ -144,7 +144,7 @@ class _Context:
             # (`finecap eval --metrics bleu,...` must not import them; tests/test_cli.py checks).
             from finecap.models.retriever import load_retriever
 
-            self.retriever = load_retriever(self.cfg)
+            self.retriever = load_retriever(self.cfg, device=eval_device(self.cfg))
         return self.retriever
 
     def retrieval_scores(self, group: str) -> tuple[Any, list[Hashable], Any]:
@@ -292,12 +292,22 @@ def _perplexity(ctx: _Context) -> dict[str, float]:
     if not ctx.cfg.eval.lm:
         raise ValueError("metric 'perplexity' needs a language model: set eval.lm=<causal LM name or path>")
     # Deferred: perplexity runs a causal LM (torch + transformers); text-only evaluation must not import them.
-    import torch
-
     from finecap.metrics.perplexity import Perplexity
 
-    device = "cuda" if torch.cuda.is_available() and not ctx.cfg.train.cpu else None
-    return Perplexity(ctx.cfg.eval.lm, batch_size=ctx.cfg.eval.batch_size, device=device)(ctx.predictions)
+    return Perplexity(ctx.cfg.eval.lm, batch_size=ctx.cfg.eval.batch_size, device=eval_device(ctx.cfg))(
+        ctx.predictions
+    )
+
+
+def eval_device(cfg: Config) -> Any:
+    """Where ``finecap eval`` runs its models (the CLIP retriever, the perplexity LM): the machine's accelerator
+    (``torch.accelerator``: a GPU), as accelerate would choose it for training, unless ``train.cpu`` is set; else
+    the CPU. Imports torch: call it only for groups that run a model."""
+    import torch
+
+    if cfg.train.cpu or not torch.accelerator.is_available():
+        return torch.device("cpu")
+    return torch.accelerator.current_accelerator()
 
 
 MetricGroup = Callable[[_Context], dict[str, float]]

@@ -61,7 +61,7 @@ from transformers.cache_utils import DynamicCache, EncoderDecoderCache
 
 from finecap.config import DecodeConfig
 from finecap.decode import Generation
-from finecap.models import lora
+from finecap.models import lora, memory
 from finecap.models.captioner import (
     TokenScores,
     encode_images,
@@ -81,6 +81,9 @@ if TYPE_CHECKING:
 CONFIG_NAME = "captioner.json"
 WORLD_DIR = "world_encoder"
 KIND = "blip"
+UNQUANTIZED = ("vision_model", "text_decoder.cls.predictions.decoder")
+"""What ``model.quantization`` leaves unquantised in a BLIP: the vision tower and the output head (the quantized
+part is the text decoder)."""
 
 
 # --------------------------------------------------------------------------------------------------------------------
@@ -98,7 +101,7 @@ class FeatureMapTokens(VisionEncoder):
         vision = getattr(self.model, "vision_model", None)
         if vision is None:
             raise TypeError(f"vision encoder {self.source}: no vision_model to take image tokens from")
-        out = vision(pixel_values=pixel_values, output_hidden_states=True)
+        out = vision(pixel_values=pixel_values.to(self.dtype), output_hidden_states=True)
         states = out.hidden_states
         if states[-1].ndim == 3:  # ViT: (B, 1+P, H)
             return out.last_hidden_state
@@ -425,16 +428,23 @@ class Blip(nn.Module):
         vision_prefix = "world.model." if self.world is not None else "model.vision_model."
         parts = {"lm": strip_prefix(state, "model.text_decoder."), "encoder": strip_prefix(state, vision_prefix)}
         meta["lora"] = lora.save_adapters(self, out, parts)
+        meta["dtypes"] = memory.part_dtypes(self)
+        memory.save_float32_masters(self, out, state)
         write_json(out / CONFIG_NAME, meta)
         return out
 
     @classmethod
-    def from_pretrained(cls, name_or_path: str | Path, **kwargs: Any) -> Blip:
+    def from_pretrained(cls, name_or_path: str | Path, options: memory.LoadOptions | None = None,
+                        **kwargs: Any) -> Blip:  # fmt: skip
         """A ``BlipForConditionalGeneration`` checkpoint (Hub name or folder) with its own tokenizer and image
-        processor."""
+        processor; ``options``: the weights' dtype, attention and quantization (``model.*``; default float32)."""
         name = str(name_or_path)
+        options = options or memory.LoadOptions()
         try:
-            model = BlipForConditionalGeneration.from_pretrained(name, trust_remote_code=False)
+            model = BlipForConditionalGeneration.from_pretrained(
+                name, trust_remote_code=False, **options.pretrained(quantize=True, skip=UNQUANTIZED)
+            )
+            model = options.loaded(model, f"blip.name={name}")
             tokenizer = AutoTokenizer.from_pretrained(name, trust_remote_code=False)
             processor = BlipImageProcessor.from_pretrained(name, trust_remote_code=False)
         except OSError as e:
@@ -457,21 +467,27 @@ class Blip(nn.Module):
         return None if meta.get("world_saved") else (meta.get("world_source") or None)
 
     @classmethod
-    def from_checkpoint(cls, path: str | Path, load_encoder: bool = True) -> Blip:
+    def from_checkpoint(cls, path: str | Path, load_encoder: bool = True,
+                        options: memory.LoadOptions | None = None) -> Blip:  # fmt: skip
         """Load a captioner written by :meth:`save` (``load_encoder=False``: a world BLIP without its world encoder,
-        for cached image tokens)."""
+        for cached image tokens; ``options``: dtype, attention and quantization, ``model.*``, default float32)."""
         path = Path(path)
         if not (path / CONFIG_NAME).exists():
             raise FileNotFoundError(f"{path}: not a captioner checkpoint (no {CONFIG_NAME})")
         meta = read_json(path / CONFIG_NAME)
-        model = BlipForConditionalGeneration.from_pretrained(path, trust_remote_code=False)
+        options = options or memory.LoadOptions()
+        model = BlipForConditionalGeneration.from_pretrained(
+            path, trust_remote_code=False, **options.pretrained(quantize=True, skip=UNQUANTIZED)
+        )
+        model = options.loaded(model, str(path))
         tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=False)
         world = None
+        dtype = options.torch_dtype or "auto"
         if meta.get("world_saved"):
-            world = FeatureMapTokens.from_pretrained(path / WORLD_DIR)
+            world = FeatureMapTokens.from_pretrained(path / WORLD_DIR, dtype)
         elif meta.get("world_source") and load_encoder:
             try:
-                world = FeatureMapTokens.from_pretrained(meta["world_source"])
+                world = FeatureMapTokens.from_pretrained(meta["world_source"], dtype)
             except OSError as e:
                 raise OSError(
                     f"{path / CONFIG_NAME}: cannot load the world encoder {meta['world_source']!r} it refers to ({e})"
@@ -498,11 +514,13 @@ def build_blip(cfg: Config) -> Blip:
     path); anything else is loaded as a ``BlipForConditionalGeneration`` checkpoint."""
     m, b = cfg.model, cfg.blip
     kwargs = {"train_encoder": m.train_encoder, "train_lm": m.train_lm}
+    options = memory.LoadOptions.of(m)
     if b.name != "world-tiny":
-        return Blip.from_pretrained(b.name, **kwargs)
+        return Blip.from_pretrained(b.name, options, **kwargs)
     source = world_encoder_path(cfg) if m.encoder == "world" else m.encoder
+    options.check_fresh("blip.name=world-tiny")  # refuses quantization before any work
     try:
-        world = FeatureMapTokens.from_pretrained(source)
+        world = FeatureMapTokens.from_pretrained(source, options.torch_dtype or "auto")
     except OSError as e:
         raise OSError(f"model.encoder={m.encoder}: cannot load the vision encoder: {e}") from None
     image_size = int(world.image_processor.crop_size["height"]) if world.image_processor is not None else 64
@@ -510,4 +528,5 @@ def build_blip(cfg: Config) -> Blip:
     positions = max(cfg.data.max_tokens, cfg.decode.max_length) + 1  # + [bos]
     model, tokenizer = world_blip(width, layers=b.tiny_layers, hidden=b.tiny_hidden, heads=b.tiny_heads,
                                   dropout=b.tiny_dropout, positions=positions)  # fmt: skip
+    model = options.fresh(model, "blip.name=world-tiny")
     return Blip(model, tokenizer, world=world, source="world-tiny", **kwargs)

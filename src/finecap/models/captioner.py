@@ -43,7 +43,7 @@ import torch.nn.functional as F
 from PIL import Image
 from torch import nn
 
-from finecap.decode import Conditioning, Generation, concat, decode
+from finecap.decode import Conditioning, Generation, chunk_images, concat, decode
 
 PARTS = ("lm", "encoder")
 """The two parts of every captioner that LoRA can adapt and ``train_lm`` / ``train_encoder`` switch: the text side
@@ -314,9 +314,10 @@ def generate_in_chunks(
     generator: torch.Generator | None = None,
     seeds: torch.Tensor | None = None,
 ) -> Any:
-    """:func:`finecap.decode.decode` over ``decode.batch_size`` images at a time (rows of ``conditioning``: ClipCap
-    features ``(B, D)``, BLIP image tokens ``(B, P, H)``), concatenated."""
-    size = decode_cfg.batch_size
+    """:func:`finecap.decode.decode` over chunks of images (rows of ``conditioning``: ClipCap features ``(B, D)``,
+    BLIP image tokens ``(B, P, H)``, a VLM's prompt), concatenated. A chunk holds at most ``decode.batch_size``
+    *sequences* (images x beams or samples, :func:`finecap.decode.chunk_images`), and at least one image."""
+    size = chunk_images(decode_cfg)
     chunks = [
         decode(stepper, conditioning[i : i + size], decode_cfg, tokenizer, generator,
                None if seeds is None else seeds[i : i + size])

@@ -46,7 +46,7 @@ from transformers.cache_utils import Cache
 
 from finecap.config import DecodeConfig, Mapper
 from finecap.decode import Generation
-from finecap.models import lora
+from finecap.models import lora, memory
 from finecap.models.captioner import (
     TokenScores,
     encode_images,
@@ -177,7 +177,7 @@ class ClipCap(nn.Module):
         self.mapper_layers, self.mapper_heads = int(mapper_layers), int(mapper_heads)
         if encoder is not None:
             encoder.set_trainable(self.train_encoder)
-        self.lm.requires_grad_(self.train_lm)
+        lora.train_part(self.lm, self.train_lm)
         self._keep_kw = "logits_to_keep" in inspect.signature(type(lm).forward).parameters
         self.train(self.training)
 
@@ -369,9 +369,9 @@ class ClipCap(nn.Module):
     ) -> Generation:
         """Decode captions for a batch (dict with ``features`` or ``pixel_values``) or a features tensor ``(B, D)``.
 
-        Runs in the module's current mode (call ``.eval()`` for deterministic decoding) in chunks of
-        ``decode.batch_size`` images. ``seeds (B,)``: per-image sampling seeds (:func:`finecap.decode.sample`). See
-        :mod:`finecap.decode` for strategies and the log-prob convention.
+        Runs in the module's current mode (call ``.eval()`` for deterministic decoding) in chunks of at most
+        ``decode.batch_size`` sequences (images x beams or samples). ``seeds (B,)``: per-image sampling seeds
+        (:func:`finecap.decode.sample`). See :mod:`finecap.decode` for strategies and the log-prob convention.
         """
         cfg = decode_cfg or DecodeConfig()
         if isinstance(batch_or_features, torch.Tensor):
@@ -404,6 +404,8 @@ class ClipCap(nn.Module):
         if meta["encoder_saved"]:
             lora.save_encoder(self.encoder, out / "encoder", parts["encoder"])
         meta["lora"] = lora.save_adapters(self, out, parts)
+        meta["dtypes"] = memory.part_dtypes(self)
+        memory.save_float32_masters(self, out, state)
         write_json(out / CONFIG_NAME, meta)
         return out
 
@@ -423,21 +425,27 @@ class ClipCap(nn.Module):
         return None if meta.get("encoder_saved") else (meta.get("encoder_source") or None)
 
     @classmethod
-    def from_checkpoint(cls, path: str | Path, load_encoder: bool = True) -> ClipCap:
+    def from_checkpoint(cls, path: str | Path, load_encoder: bool = True,
+                        options: memory.LoadOptions | None = None) -> ClipCap:  # fmt: skip
         """Load a captioner written by :meth:`save`. ``load_encoder=False`` skips the vision encoder (batches must
-        then carry cached ``features``; not allowed for a checkpoint with a trained encoder)."""
+        then carry cached ``features``; not allowed for a checkpoint with a trained encoder). ``options``: dtype,
+        attention and quantization of the loaded models (``model.*``; default float32)."""
         path = Path(path)
         if not (path / CONFIG_NAME).exists():
             raise FileNotFoundError(f"{path}: not a captioner checkpoint (no {CONFIG_NAME})")
         meta = read_json(path / CONFIG_NAME)
-        lm = AutoModelForCausalLM.from_pretrained(path / "lm", trust_remote_code=False)
+        options = options or memory.LoadOptions()
+        lm = AutoModelForCausalLM.from_pretrained(path / "lm", trust_remote_code=False,
+                                                  **options.pretrained(quantize=True))  # fmt: skip
+        lm = options.loaded(lm, f"{path / 'lm'}")
         tokenizer = AutoTokenizer.from_pretrained(path / "lm", trust_remote_code=False)
         encoder = None
+        dtype = options.torch_dtype or "auto"
         if meta.get("encoder_saved"):
-            encoder = VisionEncoder.from_pretrained(path / "encoder")
+            encoder = VisionEncoder.from_pretrained(path / "encoder", dtype)
         elif load_encoder and meta.get("encoder_source"):
             try:
-                encoder = VisionEncoder.from_pretrained(meta["encoder_source"])
+                encoder = VisionEncoder.from_pretrained(meta["encoder_source"], dtype)
             except OSError as e:
                 raise OSError(
                     f"{path / CONFIG_NAME}: cannot load the frozen encoder {meta['encoder_source']!r} it refers to "
@@ -474,14 +482,17 @@ def export_merged(checkpoint: str | Path, out: str | Path) -> Path:
 # --------------------------------------------------------------------------------------------------------------------
 
 
-def load_lm(name_or_path: str) -> tuple[nn.Module, Any]:
-    """Any ``AutoModelForCausalLM`` checkpoint and its own tokenizer (pad token = EOS when missing, as for GPT-2)."""
+def load_lm(name_or_path: str, options: memory.LoadOptions | None = None) -> tuple[nn.Module, Any]:
+    """Any ``AutoModelForCausalLM`` checkpoint and its own tokenizer (pad token = EOS when missing, as for GPT-2);
+    ``options``: the weights' dtype, attention and quantization (``model.*``; default float32)."""
+    options = options or memory.LoadOptions()
     try:
-        lm = AutoModelForCausalLM.from_pretrained(name_or_path, trust_remote_code=False)
+        lm = AutoModelForCausalLM.from_pretrained(name_or_path, trust_remote_code=False,
+                                                  **options.pretrained(quantize=True))  # fmt: skip
         tokenizer = AutoTokenizer.from_pretrained(name_or_path, trust_remote_code=False)
     except OSError as e:
         raise OSError(f"clipcap.lm={name_or_path}: cannot load the language model or its tokenizer: {e}") from None
-    return lm, ensure_pad_token(tokenizer)
+    return options.loaded(lm, f"clipcap.lm={name_or_path}"), ensure_pad_token(tokenizer)
 
 
 def build_captioner(cfg: Config) -> ClipCap:
@@ -490,19 +501,22 @@ def build_captioner(cfg: Config) -> ClipCap:
     (``clipcap.lm``: ``world-tiny`` = the preset GPT-2 of ``clipcap.tiny_*`` sizes with random init, else a pretrained
     ``AutoModelForCausalLM``)."""
     m, c = cfg.model, cfg.clipcap
+    options = memory.LoadOptions.of(m)
+    dtype = options.torch_dtype or "auto"
     if m.encoder == "world":
-        encoder = VisionEncoder.from_pretrained(world_encoder_path(cfg))
+        encoder = VisionEncoder.from_pretrained(world_encoder_path(cfg), dtype)
     else:
         try:
-            encoder = VisionEncoder.from_pretrained(m.encoder)
+            encoder = VisionEncoder.from_pretrained(m.encoder, dtype)
         except OSError as e:
             raise OSError(f"model.encoder={m.encoder}: cannot load the vision encoder: {e}") from None
     if c.lm == WORLD_LM:
         positions = max(WORLD_LM_POSITIONS, c.prefix_length + max(cfg.data.max_tokens, cfg.decode.max_length))
         lm, tokenizer = build_world_lm(c.tiny_layers, c.tiny_hidden, c.tiny_heads, n_positions=positions,
                                        dropout=c.tiny_dropout)  # fmt: skip
+        lm = options.fresh(lm, f"clipcap.lm={WORLD_LM}")
     else:
-        lm, tokenizer = load_lm(c.lm)
+        lm, tokenizer = load_lm(c.lm, options)
     return ClipCap(
         lm,
         tokenizer,

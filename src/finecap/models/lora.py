@@ -236,7 +236,9 @@ def train_part(module: nn.Module, trainable: bool) -> None:
     if trainable and is_peft(module):
         freeze_to_adapters(module)
     else:
-        module.requires_grad_(trainable)
+        for p in module.parameters():
+            if p.is_floating_point() or not trainable:  # quantized weights cannot learn (models.memory checks)
+                p.requires_grad_(trainable)
 
 
 def adapter_spec(model: Captioner, part: str) -> LoraSpec | None:
@@ -259,8 +261,16 @@ def _same(model: Captioner, part: str, have: LoraSpec, want: LoraSpec) -> bool:
 
 
 def merge_part(model: Captioner, part: str) -> None:
-    """Fold ``part``'s adapters into its base weights (``merge_and_unload``), in place."""
+    """Fold ``part``'s adapters into its base weights (``merge_and_unload``), in place; refused on a quantized base
+    (its weights are not float)."""
+    from finecap.models.memory import quantization_of
+
     module = _part_module(model, part)
+    if is_peft(module) and (kind := quantization_of(module)) is not None:
+        raise ValueError(
+            f"the {part}'s base weights are quantized ({kind}): its LoRA adapters cannot be merged into them; load "
+            "the checkpoint with model.quantization=none (dequantized) to merge, or keep the adapters' settings"
+        )
     if is_peft(module):
         _set_part_module(model, part, module.merge_and_unload())
 
@@ -338,7 +348,8 @@ def plain_parts(model: Captioner) -> Iterator[Captioner]:
         for part, module in wrapped.items():
             if module is not None and is_peft(module):
                 model.set_lora_module(part, module.get_base_model())
-        yield model
+        with state_dict_as_given(model):
+            yield model
     finally:
         for part, module in wrapped.items():
             if module is not None:
@@ -357,7 +368,23 @@ def base_state_dict(module: nn.Module, state: dict[str, torch.Tensor] | None = N
 
 def save_base(module: nn.Module, out: str | Path, state: dict[str, torch.Tensor] | None = None) -> None:
     """``save_pretrained`` of a plain model, or of the base weights of a ``PeftModel`` (loadable without peft)."""
-    _base(module).save_pretrained(out, state_dict=base_state_dict(module, state))
+    with state_dict_as_given(module):
+        _base(module).save_pretrained(out, state_dict=base_state_dict(module, state))
+
+
+@contextlib.contextmanager
+def state_dict_as_given(module: nn.Module) -> Iterator[None]:
+    """Within the block, ``save_pretrained`` of a quantized model inside ``module`` writes the state dict it is given:
+    transformers (5.x) replaces it by the model's own when the model has a quantizer, which would write the LoRA
+    layers under their peft names. The quantization config is still saved, so the folder loads quantized."""
+    held = [(m, m.hf_quantizer) for m in module.modules() if getattr(m, "hf_quantizer", None) is not None]
+    try:
+        for m, _ in held:
+            m.hf_quantizer = None
+        yield
+    finally:
+        for m, quantizer in held:
+            m.hf_quantizer = quantizer
 
 
 def save_encoder(encoder: Any, out: str | Path, state: dict[str, torch.Tensor] | None = None) -> None:

@@ -246,11 +246,11 @@ VLM_SPECIAL_TOKENS = {
 captions; ``None``: the world tokenizer's ``<eos>``, as LLaVA-1.5's ``</s>``)."""
 
 
-def vlm_tokenizer(family: str) -> Any:
+def vlm_tokenizer(family: str, extra_words: int = 0) -> Any:
     """The world tokenizer with the prompt words and the family's special tokens; EOS = the end of an assistant
-    turn."""
+    turn. ``extra_words`` made-up words enlarge the vocabulary to a real model's size (benchmarks)."""
     specials, eos = VLM_SPECIAL_TOKENS[family]
-    tok = world_tokenizer([*vocabulary(), *PROMPT_WORDS])
+    tok = world_tokenizer([*vocabulary(), *PROMPT_WORDS, *(f"w{i}" for i in range(extra_words))])
     tok.add_special_tokens({"additional_special_tokens": specials})
     if eos is not None:
         tok.eos_token = eos
@@ -258,24 +258,31 @@ def vlm_tokenizer(family: str) -> Any:
 
 
 def tiny_vlm(family: str, *, image_size: int = 16, hidden: int = 32, layers: int = 1, heads: int = 2,
-             kv_heads: int = 1, intermediate: int = 0, positions: int = 128) -> tuple[Any, Any]:  # fmt: skip
+             kv_heads: int = 1, intermediate: int = 0, positions: int = 128, patch: int = 0, scale: int = 2,
+             vision: dict[str, int] | None = None, extra_words: int = 0) -> tuple[Any, Any]:  # fmt: skip
     """A random tiny ``...ForConditionalGeneration`` of ``family`` (:data:`VLM_FAMILIES`, current torch RNG) and its
     processor (tokenizer: :func:`vlm_tokenizer`; chat template: :data:`CHAT_TEMPLATES`). Images of ``image_size`` px
     give 4 image tokens in every family. The language model has ``layers`` x ``hidden``, ``heads`` query and
-    ``kv_heads`` key/value heads and a feed-forward width ``intermediate`` (0: ``2 * hidden``)."""
+    ``kv_heads`` key/value heads and a feed-forward width ``intermediate`` (0: ``2 * hidden``). For real-size shapes
+    (benchmarks): ``patch``, the LLaVA / Idefics3 vision tower's patch size (0: 4 image tokens), giving ``(image_size
+    / patch) ** 2`` LLaVA image tokens (64 px, patch 4: 256) or that over ``scale ** 2`` for Idefics3 (its pixel
+    shuffle: SmolVLM's 512 px, patch 16, scale 4: 64); ``vision``: the vision tower's ``hidden_size``,
+    ``intermediate_size``, ``num_hidden_layers``, ``num_attention_heads`` (default a 1-layer tower of width 16);
+    ``extra_words``: :func:`vlm_tokenizer`'s."""
     import transformers as tf
 
     if family not in VLM_FAMILIES:
         raise ValueError(f"tiny VLM family {family!r}; valid: {', '.join(VLM_FAMILIES)}")
-    tok = vlm_tokenizer(family)
+    tok = vlm_tokenizer(family, extra_words)
     ids = {"pad_token_id": tok.pad_token_id, "eos_token_id": tok.eos_token_id, "bos_token_id": tok.bos_token_id}
     text = dict(vocab_size=len(tok), hidden_size=hidden, intermediate_size=intermediate or 2 * hidden,
                 num_hidden_layers=layers, num_attention_heads=heads, num_key_value_heads=kv_heads,
                 max_position_embeddings=positions, **ids)  # fmt: skip
-    vision = dict(hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2)
+    vision = {"hidden_size": 16, "intermediate_size": 32, "num_hidden_layers": 1, "num_attention_heads": 2,
+              **(vision or {})}  # fmt: skip
     template = CHAT_TEMPLATES[family]
     if family == "llava":
-        patch = image_size // 2  # 2 x 2 patches + CLS; the default strategy drops CLS: 4 image tokens
+        patch = patch or image_size // 2  # 2 x 2 patches + CLS; the default strategy drops CLS: 4 image tokens
         config = tf.LlavaConfig(
             vision_config=dict(model_type="clip_vision_model", image_size=image_size, patch_size=patch,
                                projection_dim=16, **vision),
@@ -289,16 +296,17 @@ def tiny_vlm(family: str, *, image_size: int = 16, hidden: int = 32, layers: int
                                       vision_feature_select_strategy="default", num_additional_image_tokens=1,
                                       chat_template=template)  # fmt: skip
     elif family == "idefics3":
-        patch = image_size // 4  # 4 x 4 patches, pixel-shuffled by 2: 4 image tokens
+        patch = patch or image_size // 4  # 4 x 4 patches, pixel-shuffled by 2: 4 image tokens
         config = tf.Idefics3Config(
             vision_config=dict(image_size=image_size, patch_size=patch, **vision),
             text_config=dict(model_type="llama", **text), image_token_id=tok.convert_tokens_to_ids("<image>"),
-            scale_factor=2, **ids,
+            scale_factor=scale, **ids,
         )  # fmt: skip
         model = tf.Idefics3ForConditionalGeneration(config)
         edge = {"longest_edge": image_size}
         image_processor = tf.Idefics3ImageProcessor(do_image_splitting=False, size=edge, max_image_size=edge)
-        processor = tf.Idefics3Processor(image_processor=image_processor, tokenizer=tok, image_seq_len=4,
+        tokens = (image_size // patch // scale) ** 2
+        processor = tf.Idefics3Processor(image_processor=image_processor, tokenizer=tok, image_seq_len=tokens,
                                          chat_template=template)  # fmt: skip
     else:
         head_dim = hidden // heads

@@ -303,8 +303,9 @@ class Retriever:
         return self.logit_scale * text_emb @ image_emb.T  # (T, I)
 
 
-def load_retriever(cfg: Config, batch_size: int | None = None) -> Retriever:
+def load_retriever(cfg: Config, batch_size: int | None = None, device: str | torch.device | None = None) -> Retriever:
     """The retriever a run uses: ``retriever.checkpoint`` if set, else the world encoder of ``cfg``, which must have
-    been trained already (:func:`finecap.models.world_encoder.world_encoder_path` names the command otherwise)."""
+    been trained already (:func:`finecap.models.world_encoder.world_encoder_path` names the command otherwise);
+    on ``device`` (default: where ``from_pretrained`` puts it, the CPU)."""
     path = cfg.retriever.checkpoint or world_encoder_path(cfg)
-    return Retriever.from_pretrained(path, batch_size=batch_size or cfg.retriever.batch_size_eval)
+    return Retriever.from_pretrained(path, batch_size=batch_size or cfg.retriever.batch_size_eval, device=device)

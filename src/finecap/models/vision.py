@@ -28,8 +28,9 @@ TEXT_SIDE = ("text_model", "text_projection", "logit_scale")
 """Attributes of a dual encoder that belong to the text side (never trained through the captioner)."""
 
 
-def load_dual_encoder(name_or_path: str | Path) -> Any:
-    """Load a dual encoder with ``get_image_features``; the class is the checkpoint's recorded architecture.
+def load_dual_encoder(name_or_path: str | Path, dtype: torch.dtype | str = "auto") -> Any:
+    """Load a dual encoder with ``get_image_features``; the class is the checkpoint's recorded architecture, the
+    weights in ``dtype`` (``"auto"``: the checkpoint's own; a captioner passes ``model.dtype``).
 
     Falls back to ``AutoModel``; raises ``TypeError`` naming the checkpoint if the loaded model has no
     ``get_image_features`` (e.g. a bare ``CLIPVisionModel``).
@@ -41,7 +42,7 @@ def load_dual_encoder(name_or_path: str | Path) -> Any:
         (getattr(transformers, a) for a in archs if hasattr(getattr(transformers, a, None), "get_image_features")),
         transformers.AutoModel,
     )
-    model = model_cls.from_pretrained(name, trust_remote_code=False)
+    model = model_cls.from_pretrained(name, trust_remote_code=False, dtype=dtype)
     if not hasattr(model, "get_image_features"):
         raise TypeError(
             f"model.encoder={name}: {type(model).__name__} (architectures={archs}) has no get_image_features; "
@@ -68,10 +69,11 @@ class VisionEncoder(nn.Module):
         self.source = source
 
     @classmethod
-    def from_pretrained(cls, name_or_path: str | Path) -> VisionEncoder:
-        """Load model and image processor (if the checkpoint has one) from a Hub name or local folder."""
+    def from_pretrained(cls, name_or_path: str | Path, dtype: torch.dtype | str = "auto") -> VisionEncoder:
+        """Load model (weights in ``dtype``, ``"auto"``: the checkpoint's) and image processor (if the checkpoint has
+        one) from a Hub name or local folder."""
         name = str(name_or_path)
-        model = load_dual_encoder(name)
+        model = load_dual_encoder(name, dtype)
         try:
             processor = transformers.AutoImageProcessor.from_pretrained(name, trust_remote_code=False)
         except (OSError, ValueError):
@@ -87,9 +89,16 @@ class VisionEncoder(nn.Module):
             dim = self.model.visual_projection.out_features
         return int(dim)
 
+    @property
+    def dtype(self) -> torch.dtype:
+        """The dtype of the vision tower's weights (pixel values are cast to it)."""
+        tower = getattr(self.model, "vision_model", None)
+        tower = self.model if tower is None else tower
+        return next((p.dtype for p in tower.parameters() if p.is_floating_point()), torch.float32)
+
     def forward(self, pixel_values: torch.Tensor) -> torch.Tensor:
         """Pixel values ``(B, 3, H, W)`` -> projected image features ``(B, D)`` (respects the grad mode)."""
-        out = self.model.get_image_features(pixel_values=pixel_values)
+        out = self.model.get_image_features(pixel_values=pixel_values.to(self.dtype))
         feats = out.pooler_output if hasattr(out, "pooler_output") else out
         return feats.flatten(1)  # (B, D)
 

@@ -77,9 +77,16 @@ from transformers.cache_utils import Cache
 
 from finecap.config import DecodeConfig
 from finecap.decode import Generation
-from finecap.models import lora
+from finecap.models import lora, memory
 from finecap.models.blip import FeatureMapTokens
-from finecap.models.captioner import TokenScores, encode_images, generate_in_chunks, logits_or_scores, strip_prefix
+from finecap.models.captioner import (
+    TokenScores,
+    encode_images,
+    generate_in_chunks,
+    logits_or_scores,
+    strip_prefix,
+    token_scores,
+)
 from finecap.models.presets import world_vlm
 from finecap.models.processors import load_processor
 from finecap.models.tokenizer import ensure_pad_token
@@ -146,6 +153,10 @@ FAMILIES: dict[str, Family] = {
     ),
 }
 """The supported families by ``config.model_type`` (SmolVLM-256M/500M/2B-Instruct are ``idefics3``)."""
+
+UNQUANTIZED = tuple(sorted({p for f in FAMILIES.values() for p in (f.vision, f.projector)} | {"lm_head"}))
+"""What ``model.quantization`` leaves unquantised in every family: the vision tower, the projector and the output
+head (module prefixes; the quantized part is the language model, as in LLaVA's QLoRA)."""
 
 
 def family_of(config: Any, source: str = "") -> Family:
@@ -540,10 +551,52 @@ class Vlm(nn.Module):
     ) -> torch.Tensor | TokenScores:
         """The one differentiable entry point (the captioner contract): teacher-forced logits ``(B, T, V)`` of the
         caption tokens ``batch['input_ids']``, or :class:`TokenScores` of ``sequences (N, L)`` (rows mapped to images
-        by ``image_index``; the vision tower runs once per image)."""
+        by ``image_index``; the vision tower runs once per image, and so does the language model over each image's
+        prompt: :meth:`_shared_prompt_logits`)."""
         prompt = self.prompt_of(batch)
+        if sequences is not None and image_index is not None and self.shares_prompt():
+            sequences = sequences.to(self.device)
+            mask = torch.ones_like(sequences, dtype=torch.bool) if mask is None else mask.to(self.device)
+            logits = self._shared_prompt_logits(prompt, image_index.to(self.device), sequences, mask)  # (N, L, V)
+            return token_scores(logits, sequences, mask, temperature, with_entropy)
         return logits_or_scores(prompt, self._caption_logits, batch, sequences, mask, image_index, temperature,
                                 with_entropy, self.device)  # fmt: skip
+
+    share_prompt: bool = True
+    """Score the S sequences of an image after one pass over its prompt (:meth:`_shared_prompt_logits`); ``False``
+    repeats the prompt for every sequence, as teacher forcing does (kept for tests and benchmarks to compare)."""
+
+    def shares_prompt(self) -> bool:
+        """Whether :meth:`forward` scores sequences after one prompt pass per image: :attr:`share_prompt`, unless
+        the language model checkpoints its activations while training (transformers then drops the KV cache the
+        shared pass hands over, so the prompt is repeated per sequence instead)."""
+        return self.share_prompt and not (self.training and memory.gradient_checkpointing(self))
+
+    def _shared_prompt_logits(self, prompt: Prompt, image_index: torch.Tensor, sequences: torch.Tensor,
+                              mask: torch.Tensor) -> torch.Tensor:  # fmt: skip
+        """Logits ``(N, L, V)`` of ``sequences (N, L)`` (row ``n`` after the prompt of image ``image_index[n]``),
+        aligned as :meth:`_caption_logits` gives them, with one language-model pass over each image's prompt: its
+        KV cache (with gradient wherever the prompt has one: the projector's image features, LoRA on the language
+        model) is repeated to the image's rows and only the caption tokens are run after it. The prompt's hundreds
+        of image tokens are computed once per image instead of once per sample (SCST's S = 5: ~5x less prompt work);
+        the result equals the per-sequence computation up to floating-point rounding
+        (``tests/models/test_vlm_shared_prompt.py``)."""
+        N, L = sequences.shape
+        self._check_positions(prompt, L, "sampled caption length")
+        out = self.model(inputs_embeds=prompt.embeds, attention_mask=prompt.mask, position_ids=prompt.positions,
+                         use_cache=True, logits_to_keep=1)  # fmt: skip  # one pass per image: (B, 1, V)
+        first = out.logits[:, -1][image_index]  # (N, V): the prompt's last position predicts the first token
+        if L == 1:
+            return first[:, None]  # (N, 1, V)
+        cache = out.past_key_values
+        cache.reorder_cache(image_index)  # (B, ...) -> (N, ...) rows, differentiable (index_select)
+        rows = prompt[image_index]
+        tokens = self.embed_tokens(sequences[:, :-1])  # (N, L-1, H)
+        attention = torch.cat([rows.mask, mask[:, :-1].to(rows.mask)], dim=1)  # (N, P+L-1)
+        positions = rows.caption_positions(0, L - 1)  # (N, L-1) or (4, N, L-1)
+        rest = self.model(inputs_embeds=tokens, attention_mask=attention, position_ids=positions,
+                          past_key_values=cache, use_cache=True)  # fmt: skip
+        return torch.cat([first[:, None], rest.logits], dim=1)  # (N, L, V)
 
     # ------------------------------------------------------------------------------------------------------------
     # Decoding (Stepper protocol)
@@ -609,15 +662,23 @@ class Vlm(nn.Module):
         if meta["world_saved"]:
             lora.save_encoder(self.world, out / WORLD_DIR, parts["encoder"])
         meta["lora"] = lora.save_adapters(self, out, parts)
+        meta["dtypes"] = memory.part_dtypes(self)
+        memory.save_float32_masters(self, out, state)
         write_json(out / CONFIG_NAME, meta)
         return out
 
     @classmethod
-    def from_pretrained(cls, name_or_path: str | Path, **kwargs: Any) -> Vlm:
-        """An ``AutoModelForImageTextToText`` checkpoint (Hub name or folder, loaded in float32) with its processor."""
+    def from_pretrained(cls, name_or_path: str | Path, options: memory.LoadOptions | None = None,
+                        **kwargs: Any) -> Vlm:  # fmt: skip
+        """An ``AutoModelForImageTextToText`` checkpoint (Hub name or folder) with its processor; ``options``: the
+        weights' dtype (default float32), attention and quantization (``model.*``)."""
         name = str(name_or_path)
+        options = options or memory.LoadOptions()
         try:
-            model = AutoModelForImageTextToText.from_pretrained(name, dtype=torch.float32, trust_remote_code=False)
+            model = AutoModelForImageTextToText.from_pretrained(
+                name, trust_remote_code=False, **options.pretrained(quantize=True, skip=UNQUANTIZED)
+            )
+            model = options.loaded(model, f"vlm.name={name}")
             processor = load_processor(name)
         except OSError as e:
             raise OSError(f"vlm.name={name}: cannot load the VLM or its processor: {e}") from None
@@ -640,20 +701,27 @@ class Vlm(nn.Module):
         return None if meta.get("world_saved") else (meta.get("world_source") or None)
 
     @classmethod
-    def from_checkpoint(cls, path: str | Path, load_encoder: bool = True) -> Vlm:
+    def from_checkpoint(cls, path: str | Path, load_encoder: bool = True,
+                        options: memory.LoadOptions | None = None) -> Vlm:  # fmt: skip
         """Load a captioner written by :meth:`save` (``load_encoder=False``: a world VLM without the world encoder it
-        refers to, for cached image tokens; a VLM's own vision tower is always part of the folder)."""
+        refers to, for cached image tokens; a VLM's own vision tower is always part of the folder). ``options``:
+        dtype (default float32), attention and quantization of the loaded models (``model.*``)."""
         path = Path(path)
         if not (path / CONFIG_NAME).exists():
             raise FileNotFoundError(f"{path}: not a captioner checkpoint (no {CONFIG_NAME})")
         meta = read_json(path / CONFIG_NAME)
-        model = AutoModelForImageTextToText.from_pretrained(path, dtype=torch.float32, trust_remote_code=False)
+        options = options or memory.LoadOptions()
+        model = AutoModelForImageTextToText.from_pretrained(
+            path, trust_remote_code=False, **options.pretrained(quantize=True, skip=UNQUANTIZED)
+        )
+        model = options.loaded(model, str(path))
         world = None
+        dtype = options.torch_dtype or "auto"
         if meta.get("world_saved"):
-            world = FeatureMapTokens.from_pretrained(path / WORLD_DIR)
+            world = FeatureMapTokens.from_pretrained(path / WORLD_DIR, dtype)
         elif meta.get("world_source") and load_encoder:
             try:
-                world = FeatureMapTokens.from_pretrained(meta["world_source"])
+                world = FeatureMapTokens.from_pretrained(meta["world_source"], dtype)
             except OSError as e:
                 raise OSError(
                     f"{path / CONFIG_NAME}: cannot load the world encoder {meta['world_source']!r} it refers to ({e})"
@@ -680,11 +748,13 @@ def build_vlm(cfg: Config) -> Vlm:
     m, v = cfg.model, cfg.vlm
     kwargs = dict(prompt=v.prompt, train_encoder=m.train_encoder, train_lm=m.train_lm,
                   train_projector=v.train_projector)  # fmt: skip
+    options = memory.LoadOptions.of(m)
     if v.name != WORLD_VLM:
-        return Vlm.from_pretrained(v.name, **kwargs)
+        return Vlm.from_pretrained(v.name, options, **kwargs)
+    options.check_fresh(f"vlm.name={WORLD_VLM}")
     source = world_encoder_path(cfg) if m.encoder == "world" else m.encoder
     try:
-        world = FeatureMapTokens.from_pretrained(source)
+        world = FeatureMapTokens.from_pretrained(source, options.torch_dtype or "auto")
     except OSError as e:
         raise OSError(f"model.encoder={m.encoder}: cannot load the vision encoder: {e}") from None
     image_size = int(world.image_processor.crop_size["height"])
@@ -692,4 +762,5 @@ def build_vlm(cfg: Config) -> Vlm:
     positions = 64 + max(cfg.data.max_tokens, cfg.decode.max_length)  # the prompt (~25 tokens) and the caption
     model, processor = world_vlm(width, n_tokens, world.image_processor, layers=v.tiny_layers, hidden=v.tiny_hidden,
                                  heads=v.tiny_heads, positions=positions)  # fmt: skip
+    model = options.fresh(model, f"vlm.name={WORLD_VLM}")
     return Vlm(model, processor, source=WORLD_VLM, world=world, **kwargs)

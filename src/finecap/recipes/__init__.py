@@ -40,16 +40,20 @@ def describe_recipe(name: str) -> str:
 
 
 def resolve_recipe(name_or_path: str | Path) -> Path:
-    """A YAML path that exists, else a packaged recipe by name (``demo/smile``, ``demo/smile.yaml``, or ``smile``
-    when only one group has it); an unknown name raises ``ValueError`` listing the recipes."""
+    """A YAML file that exists, else a packaged recipe by name (``demo/smile``, ``demo/smile.yaml``, or ``smile``
+    when only one group has it); an unknown name raises ``ValueError`` listing the recipes.
+
+    A packaged recipe's name cannot be shadowed by a folder of the same name in the working directory (the run
+    folder of ``finecap demo --out demo`` holds ``demo/mle/``): a folder is never a recipe, and an existing file
+    without a ``.yaml`` / ``.yml`` suffix is taken only when no packaged recipe has that name."""
     path = Path(name_or_path)
-    if path.is_file():
-        return path
-    if path.is_dir():
-        raise ValueError(f"{path}: is a directory, but a recipe (a YAML file or a packaged recipe's name) is expected")
     name = str(name_or_path).removesuffix(".yaml").removesuffix(".yml")
     names = list_recipes()
     matches = [n for n in names if n == name] or [n for n in names if n.split("/", 1)[-1] == name]
+    if path.is_file() and (path.suffix in (".yaml", ".yml") or not matches):
+        return path
+    if path.is_dir() and not matches:
+        raise ValueError(f"{path}: is a directory, but a recipe (a YAML file or a packaged recipe's name) is expected")
     if len(matches) == 1:
         return _root() / f"{matches[0]}.yaml"
     if len(matches) > 1:

@@ -16,9 +16,20 @@ normalisation torchtune and transformers' Trainer use). Objectives with per-step
 step (``end_step``). ``tests/train/test_equivalence.py`` checks that 2 processes x batch b, and 1 process x batch b x
 2 accumulation steps, give the parameters of 1 process x batch 2b.
 
-**Divergence stops the run.** A non-finite loss (on any process) or gradient norm raises :class:`TrainingDiverged`
-before the optimizer step, naming the step and the last good checkpoint; a non-finite evaluation value never becomes
-``best``.
+**Divergence stops the run.** A non-finite loss (on any process) raises :class:`TrainingDiverged` before the
+optimizer step, naming the step and the last good checkpoint; so does a non-finite gradient norm, unless a gradient
+scaler is at work; a non-finite evaluation value never becomes ``best``.
+
+**Mixed precision** is accelerate's (``train.mixed_precision``): the objective runs under ``accelerator.autocast()``
+and so does evaluation (:meth:`Engine.evaluate`: the validation loss, validation decoding, sample captions), with
+float32 master weights. Under ``fp16`` accelerate adds a gradient scaler, which *skips* an optimizer step whose
+gradients overflowed (inf/NaN) and halves its scale: such a step is not divergence. The engine logs it (``skipped``,
+``loss_scale``), counts consecutive skips (:class:`SkippedSteps`, reset by a step that is taken) and stops with
+:class:`TrainingDiverged` only after more than ``train.max_skipped_steps`` in a row; a non-finite *loss* stops it at
+once. A skipped step still counts as a step: it consumed its global batch, and the learning-rate scheduler advances
+with it, so the schedule stays a function of ``TrainState.step`` and a resumed run (scaler scale, growth tracker and
+the skip count are in the checkpoint) takes exactly the steps of an uninterrupted one. ``train.tf32`` sets TF32 on
+CUDA (:func:`apply_tf32`).
 
 **Distribution** is accelerate's own: model, optimizer and scheduler go through ``accelerator.prepare`` (DDP under
 ``accelerate launch``/``torchrun``; gloo on a CPU-only machine). Decoding runs on the unwrapped model under
@@ -34,10 +45,12 @@ uninterrupted one: the batches of an epoch are a function of ``(seed, epoch)``.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import os
 import shutil
+import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -75,7 +88,52 @@ log = logging.getLogger(__name__)
 
 
 class TrainingDiverged(ValueError):
-    """The loss or gradient norm became non-finite; the message names the step and the last good checkpoint."""
+    """The loss or gradient norm became non-finite, or the fp16 gradient scaler skipped more than
+    ``train.max_skipped_steps`` steps in a row; the message names the step and the last good checkpoint."""
+
+
+@dataclass
+class SkippedSteps:
+    """The optimizer steps an fp16 gradient scaler skipped, and when that becomes divergence.
+
+    A scaler multiplies the loss by its scale before the backward pass so that small float16 gradients do not
+    flush to zero; when the scaled gradients overflow (inf/NaN) it skips ``optimizer.step`` and halves the scale
+    (``torch.amp.GradScaler``). A few skips are routine (at the start, while the scale falls from 2**16 to what the
+    gradients allow, and about once per ``growth_interval`` = 2,000 steps after the scale doubled); a run whose
+    steps keep being skipped learns nothing while looking alive. :meth:`record` counts each optimizer step and says
+    when more than ``limit`` (``train.max_skipped_steps``) consecutive steps were skipped.
+
+    Example::
+
+        >>> skips = SkippedSteps(limit=2)
+        >>> [skips.record(s) for s in (True, True, False, True, True, True)]  # a taken step resets the count
+        [False, False, False, False, False, True]
+        >>> skips.consecutive, skips.total
+        (3, 5)
+    """
+
+    limit: int
+    consecutive: int = 0
+    total: int = 0
+
+    def record(self, skipped: bool) -> bool:
+        """Count one optimizer step (``skipped`` by the scaler or taken); returns whether the run diverged: more
+        than ``limit`` consecutive skipped steps."""
+        if not skipped:
+            self.consecutive = 0
+            return False
+        self.consecutive += 1
+        self.total += 1
+        return self.consecutive > self.limit
+
+    def state_dict(self) -> dict[str, int]:
+        return {"consecutive": self.consecutive, "total": self.total}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        values = [state["consecutive"], state["total"]]
+        if not all(type(v) is int and v >= 0 for v in values) or values[0] > values[1]:
+            raise ValueError(f"skipped-step counts must be integers, 0 <= consecutive <= total: {short_repr(state)}")
+        self.consecutive, self.total = values
 
 
 class IndexedDataset(Protocol):
@@ -105,6 +163,31 @@ EvaluateFn = Callable[[torch.nn.Module], dict[str, Any]]
 def _use_cpu(settings: TrainConfig) -> bool:
     world = int(os.environ.get("WORLD_SIZE", "1"))
     return settings.cpu or (world > 1 and not torch.accelerator.is_available())
+
+
+def apply_tf32(enabled: bool, device: torch.device) -> bool:
+    """``train.tf32`` on a CUDA ``device``: whether float32 matmuls and cuDNN convolutions may use TF32 tensor cores
+    (10-bit mantissa inputs, float32 accumulation; ~2-8x faster matmuls on Ampere and later). ``False`` also turns
+    it off for cuDNN convolutions (torch's own default allows it there), so that float32 means float32. Returns
+    whether anything was set: nothing on other devices (the CPU has no TF32)."""
+    if torch.device(device).type != "cuda":
+        return False
+    torch.backends.cuda.matmul.allow_tf32 = enabled
+    torch.backends.cudnn.allow_tf32 = enabled
+    return True
+
+
+def mixed_precision_autocast(mixed_precision: str, device: torch.device | str) -> contextlib.AbstractContextManager:
+    """The autocast that ``train.mixed_precision`` gives on ``device`` as accelerate sets it up, for code that runs
+    without the run's ``Accelerator`` (``accelerator.autocast()`` otherwise): ``bf16``: ``torch.autocast`` to
+    bfloat16; ``fp16``: to float16 on a GPU, nothing on the CPU (accelerate has no CPU float16 autocast and trains
+    there in float32); ``no``: nothing."""
+    device_type = torch.device(device).type
+    if mixed_precision == "bf16":
+        return torch.autocast(device_type, dtype=torch.bfloat16)
+    if mixed_precision == "fp16" and device_type != "cpu":
+        return torch.autocast(device_type, dtype=torch.float16)
+    return contextlib.nullcontext()
 
 
 def process_state(settings: TrainConfig) -> PartialState:
@@ -141,6 +224,13 @@ def make_accelerator(settings: TrainConfig, run_dir: Path | None = None) -> Acce
         )
     if accelerator.num_processes != world:
         raise RuntimeError(f"launched as {world} processes but accelerate set up {accelerator.num_processes}")
+    if settings.mixed_precision == "fp16" and accelerator.scaler is None and accelerator.is_main_process:
+        log.warning(
+            "train.mixed_precision=fp16 on %s: accelerate has no float16 autocast or gradient scaler there, so this "
+            "runs in float32; use bf16 for mixed precision on the CPU",
+            accelerator.device,
+        )
+    apply_tf32(settings.tf32, accelerator.device)
     return accelerator
 
 
@@ -276,6 +366,7 @@ class Engine:
         self.last_saved: tuple[Path, int] | None = None
         self.last_values: dict[str, float] = {}  # the last step's logged values
         self.mode = best_mode(settings)
+        self.skipped = SkippedSteps(settings.max_skipped_steps)  # fp16: steps the gradient scaler skipped
         seed_everything(seed + accelerator.process_index)  # different dropout on each process; restore() overrides
 
     # -- state ---------------------------------------------------------------------------------------------------
@@ -286,6 +377,7 @@ class Engine:
             "optimizer": self.optimizer.state_dict(),
             "scheduler": self.scheduler.state_dict(),
             "scaler": scaler.state_dict() if scaler is not None else None,
+            "skipped_steps": self.skipped.state_dict(),
         }
 
     def _process_state(self) -> dict[str, Any]:
@@ -315,6 +407,8 @@ class Engine:
             self.scheduler.load_state_dict(main["scheduler"])
             if main["scaler"] is not None and self.accelerator.scaler is not None:
                 self.accelerator.scaler.load_state_dict(main["scaler"])
+            if "skipped_steps" in main:  # absent in checkpoints of finecap before train.max_skipped_steps
+                self.skipped.load_state_dict(main["skipped_steps"])
         processes = int(info.get("num_processes", 1))
         index = self.accelerator.process_index
         if processes == self.accelerator.num_processes:
@@ -430,19 +524,47 @@ class Engine:
                         factor = acc.num_processes * acc.gradient_accumulation_steps / float(counts[0])
                         torch._foreach_mul_([p.grad for p in params], factor)  # undo DDP mean x 1/steps; / items
                     max_norm = self.settings.grad_clip if self.settings.grad_clip > 0 else float("inf")
-                    grad_norm = float(acc.clip_grad_norm_(params, max_norm))
-                    if not math.isfinite(grad_norm):
+                    grad_norm = float(acc.clip_grad_norm_(params, max_norm))  # of the unscaled gradients
+                    if not math.isfinite(grad_norm) and acc.scaler is None:  # nothing would skip the update
                         raise self._diverged(f"the gradient norm is {grad_norm}")
-                optimizer.step()  # accelerate skips it until the synchronising micro-batch
+                # accelerate skips it until the synchronising micro-batch; an fp16 gradient scaler skips a step whose
+                # gradients overflowed (and lowers its scale)
+                optimizer.step()
             values = {"loss": loss_value, **{f"loss/{k}": v.item() for k, v in out.losses.items()}, **out.metrics}
             for k, v in values.items():
                 sums[k] = sums.get(k, 0.0) + float(v)
         if not acc.sync_gradients:
             raise RuntimeError("train.grad_accum_steps: the step ended without a synchronising micro-batch")
-        self.scheduler.step()
+        scaler_values = self._scaler_step(grad_norm) if acc.scaler is not None else {}
+        # Also after a skipped step: the schedule is a function of the step (module docstring). torch warns when the
+        # first optimizer.step did not run, which is what the scaler's skip means.
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message=r"Detected call of `lr_scheduler.step\(\)` before")
+            self.scheduler.step()
         self.objective.end_step()
         values = {k: v / len(micro_batches) for k, v in sums.items()}
-        return {**values, "lr": lr, "grad_norm": grad_norm if grad_norm is not None else float("nan")}
+        grad = {} if scaler_values.get("skipped") else {"grad_norm": grad_norm if grad_norm is not None else math.nan}
+        return {**values, "lr": lr, **grad, **scaler_values}
+
+    def _scaler_step(self, grad_norm: float | None) -> dict[str, float]:
+        """After an optimizer step with an fp16 gradient scaler: count it as skipped or taken (:class:`SkippedSteps`),
+        log a skip, stop after more than ``train.max_skipped_steps`` in a row; the values to log (``skipped``: 1 or
+        0, whose mean over a logging window is the fraction of skipped steps; ``loss_scale``: the scale after it)."""
+        skipped = bool(self.optimizer.step_was_skipped)
+        scale = float(self.accelerator.scaler.get_scale())
+        limit = self.settings.max_skipped_steps
+        if self.skipped.record(skipped):
+            raise self._diverged(
+                f"the fp16 gradient scaler skipped {self.skipped.consecutive} consecutive steps (gradients not "
+                f"finite; loss scale now {scale:g}), more than train.max_skipped_steps={limit}"
+            )
+        if skipped and self.accelerator.is_main_process:
+            log.warning(
+                "train: step %d: the gradients overflowed (norm %s); the fp16 gradient scaler skipped the update and "
+                "lowered its scale to %g (%d consecutive skipped steps, train.max_skipped_steps=%d)",
+                self.state.step + 1, grad_norm, scale, self.skipped.consecutive, limit,
+            )  # fmt: skip
+        return {"skipped": float(skipped), "loss_scale": scale}
 
     def epoch_loader(self, batches: list[list[int]]) -> DataLoader:
         """This process's micro-batches of the epoch's global batches from ``state.position`` on
@@ -473,7 +595,7 @@ class Engine:
         assert self.evaluate_fn is not None
         bare = unwrap(self.model)
         bare.eval()
-        with torch.no_grad():
+        with torch.no_grad(), self.accelerator.autocast():  # the run's mixed precision, as in training
             values = self.evaluate_fn(bare)
         bare.train()
         if self.accelerator.num_processes > 1:  # every process selects checkpoints on the main process's values

@@ -4,8 +4,9 @@
 
 A validator factory ``factory(cfg) -> validator`` is called once before training; ``validator(model, cfg,
 accelerator) -> {name: value}`` then runs at every evaluation on every process (they share the work through
-:func:`finecap.caption.generate_captions`). :data:`VALIDATORS` maps the built-in names to their import paths (looked up
-with :func:`finecap.registry.lookup`, so ``"pkg.module:factory"`` plugs in user code).
+:func:`finecap.caption.generate_captions`), under the run's autocast (:meth:`finecap.train.engine.Engine.evaluate`).
+:data:`VALIDATORS` maps the built-in names to their import paths (looked up with :func:`finecap.registry.lookup`, so
+``"pkg.module:factory"`` plugs in user code).
 
 - ``captions``: mean length and distinct words of the captions (:func:`finecap.caption.caption_stats`, the same word
   count as ``finecap eval``'s ``Length`` and ``Lexical diversity``);
@@ -63,27 +64,32 @@ def retrieval_validator(cfg: Config) -> Validator:
     returns their self-retrieval ``r@1`` (and ``length``, ``vocab``) against ``min(eval.n_distractors, n - 1)``
     random distractor validation images, scored by the frozen retriever (``retriever.*``; the world encoder must have
     been prepared: the factory declares ``needs = {"retriever"}``). With ``train.best_metric=r@1`` the loop keeps
-    the checkpoint that retrieves best, as the SMILE paper selects checkpoints."""
+    the checkpoint that retrieves best, as the SMILE paper selects checkpoints. The retriever is loaded here (a
+    missing one stops the run before training) and runs on the accelerator's device, in float32, from the first
+    evaluation on, where the validation images are embedded once (cached on disk)."""
     retriever = load_retriever(cfg)
     records = load_records(cfg, "val")
     if cfg.train.eval_samples:
         records = records[: cfg.train.eval_samples]
     if len(records) < 2:
         raise ValueError("train.validators=[retrieval] needs at least 2 validation images (world.n_val)")
-    scorer = SelfRetrieval(
-        retriever,
-        records,
-        cache_dir=cache_dir(cfg.run),
-        n_distractors=min(cfg.eval.n_distractors, len(records) - 1),
-        draws=cfg.eval.draws,
-        seed=cfg.eval.seed,
-        protocols=("rd",),
-    )
+    scorers: list[SelfRetrieval] = []
+
+    def scorer_on(device: torch.device) -> SelfRetrieval:
+        if not scorers:
+            retriever.model.to(device)
+            scorers.append(SelfRetrieval(retriever, records, cache_dir=cache_dir(cfg.run),
+                                         n_distractors=min(cfg.eval.n_distractors, len(records) - 1),
+                                         draws=cfg.eval.draws, seed=cfg.eval.seed, protocols=("rd",)))  # fmt: skip
+        return scorers[0]
 
     def validator(model: Any, cfg: Config, accelerator: Accelerator) -> dict[str, float]:
         captions = generate_captions(model, cfg, "val", accelerator=accelerator, limit=cfg.train.eval_samples,
                                      progress=False)  # fmt: skip
-        scores = scorer({i: c[0] for i, c in captions.items()})
+        # The metric in float32 whatever the run's mixed precision (the evaluation's autocast is off here): r@1 stays
+        # comparable between runs, and the image embeddings it caches on disk are float32 ones.
+        with torch.autocast(accelerator.device.type, enabled=False):
+            scores = scorer_on(accelerator.device)({i: c[0] for i, c in captions.items()})
         r1 = next(v for k, v in scores.items() if k.endswith("/R@1"))
         return {"r@1": r1, **caption_stats(captions)}
 

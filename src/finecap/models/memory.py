@@ -1,0 +1,516 @@
+"""The memory and precision levers of every captioner, written once over the captioner contract
+(:class:`finecap.models.captioner.Captioner`): a captioner's *parts* are ``model.lora_module(part)`` for ``part`` in
+:data:`~finecap.models.captioner.PARTS` (the language model and the vision side); everything else (ClipCap's mapper,
+a VLM's projector and output head) is its *rest*. No function here knows a backbone; the backbones call
+:class:`LoadOptions` where they load or build their models, and :func:`prepare_training` finishes a captioner for
+training. What each lever saves, and how to set it: ``docs/memory.md``.
+
+- **Weights' dtype** (``model.dtype``: ``auto`` = the checkpoint's own, ``float32`` = the default, ``bfloat16``,
+  ``float16``): passed to every ``from_pretrained`` of a captioner (:meth:`LoadOptions.pretrained`) and applied to
+  the models built here with random weights (:meth:`LoadOptions.fresh`).
+- **Trainable dtype** (``model.trainable_dtype``, default ``float32``): the parameters that learn are cast to it by
+  :func:`apply_dtypes`, so AdamW updates float32 master weights while frozen parts stay in ``model.dtype`` (``same``
+  leaves them in ``model.dtype``). Where parts of different dtypes meet, the first module of each part casts its
+  floating-point inputs to its own dtype (:func:`install_bridges`), as the part would see them in a model of one
+  dtype. A checkpoint keeps the trained weights' float32 values in ``float32_weights.safetensors``
+  (:func:`save_float32_masters`), which a run resuming in a 16-bit ``model.dtype`` reads back
+  (:func:`load_float32_masters`), so resuming never rounds master weights.
+- **Gradient checkpointing** (``train.gradient_checkpointing``): the layers of every part are recomputed in the
+  backward pass with ``torch.utils.checkpoint``'s *non-reentrant* variant, which gives adapters behind a frozen
+  embedding their gradient (the reentrant variant does not when no input of a checkpoint requires grad: the
+  VLM-R1 / open-r1-multimodal report). It is switched on only for the duration of the captioner's ``forward`` (the
+  one differentiable entry point), so decoding (``start`` / ``step`` with the KV cache, which ``transformers`` drops
+  in a checkpointed layer in training mode) never runs checkpointed (:func:`enable_gradient_checkpointing`).
+- **Attention implementation** (``model.attn_implementation``): passed through to ``from_pretrained`` (``sdpa``,
+  ``eager``, ``flash_attention_2``), or set on the config of a model built here.
+- **Quantization** (``model.quantization``: ``4bit`` NF4 with double quantization, or ``8bit``, through
+  ``bitsandbytes``, the ``quant`` extra): the language model's base weights are loaded quantized; the vision side,
+  the projector and the output head are not. A quantized part trains only through LoRA adapters (float32): QLoRA
+  (:func:`check_quantized_training`). A checkpoint stores the quantized base as ``transformers`` does; loading it
+  with ``model.quantization=none`` dequantizes it (an unquantised base with the trained adapters).
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, get_args
+
+import torch
+from peft import PeftModel
+from safetensors.torch import load_file, save_file
+from torch import nn
+from torch.utils.checkpoint import checkpoint
+
+from finecap.config import AttnImplementation, Quantization, TrainableDtype, WeightsDtype
+from finecap.models.captioner import PARTS
+
+if TYPE_CHECKING:
+    from finecap.config import Config
+    from finecap.models.captioner import Captioner
+
+log = logging.getLogger(__name__)
+
+DTYPES: dict[str, torch.dtype] = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+"""``model.dtype`` / ``model.trainable_dtype`` names and their torch dtypes (``auto`` and ``same`` are not dtypes)."""
+HALF = (torch.bfloat16, torch.float16)
+MASTERS = "float32_weights.safetensors"
+"""Where a captioner checkpoint keeps the float32 values of its trained weights when its weights are 16-bit."""
+QUANT_EXTRA = "pip install 'finecap[quant]'"
+_BRIDGES = "_finecap_dtype_bridges"
+_CHECKPOINTING = "_finecap_checkpointing"
+
+
+def _check(value: str, allowed: Any, key: str) -> None:
+    if value not in get_args(allowed):
+        raise ValueError(f"{key}={value!r}; valid: {', '.join(get_args(allowed))}")
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# Loading and building: dtype, attention, quantization
+# --------------------------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class LoadOptions:
+    """How a backbone loads its pretrained models and builds fresh ones: the ``model`` keys ``dtype``,
+    ``attn_implementation`` and ``quantization`` (:meth:`of`). The defaults load as finecap always did for VLMs:
+    float32, transformers' attention, no quantization."""
+
+    dtype: WeightsDtype = "float32"
+    attn_implementation: AttnImplementation = "auto"
+    quantization: Quantization = "none"
+
+    def __post_init__(self) -> None:
+        _check(self.dtype, WeightsDtype, "model.dtype")
+        _check(self.attn_implementation, AttnImplementation, "model.attn_implementation")
+        _check(self.quantization, Quantization, "model.quantization")
+
+    @classmethod
+    def of(cls, model_cfg: Any) -> LoadOptions:
+        """The options of a ``model`` section (:class:`finecap.config.ModelConfig`)."""
+        return cls(model_cfg.dtype, model_cfg.attn_implementation, model_cfg.quantization)
+
+    @property
+    def torch_dtype(self) -> torch.dtype | None:
+        """The weights' torch dtype (``None`` for ``auto``)."""
+        return DTYPES.get(self.dtype)
+
+    def pretrained(self, *, quantize: bool = False, skip: Sequence[str] | None = None) -> dict[str, Any]:
+        """Keyword arguments of a ``from_pretrained`` call: ``dtype`` (``"auto"``: the checkpoint's), the attention
+        implementation unless ``auto``, and with ``quantize`` (the language model's load) and ``model.quantization``
+        set, a ``BitsAndBytesConfig`` keeping ``skip`` (module names or prefixes; ``None``: transformers' default,
+        the output head) unquantised, with the model placed on the current CUDA device (bitsandbytes quantizes there)
+        or the CPU."""
+        kwargs: dict[str, Any] = {"dtype": self.torch_dtype or "auto"}
+        if self.attn_implementation != "auto":
+            kwargs["attn_implementation"] = self.attn_implementation
+        if quantize and self.quantization != "none":
+            kwargs["quantization_config"] = bnb_config(self.quantization, self.torch_dtype, skip)
+            kwargs["device_map"] = {"": torch.cuda.current_device() if torch.cuda.is_available() else "cpu"}
+        return kwargs
+
+    def loaded(self, model: nn.Module, what: str) -> nn.Module:
+        """A model just loaded with :meth:`pretrained` (``what``: its option and value, for errors): a checkpoint
+        stored quantized is dequantized when ``model.quantization=none`` (into ``model.dtype``, GPT-2's ``Conv1D``
+        layers restored), and refused when it was quantized otherwise; 4-bit layers keep their training layout on the
+        CPU (:func:`keep_cpu_layout`); the model saves again (:func:`_reversible_conversions`)."""
+        stored = quantization_of(model)
+        if stored is not None and self.quantization == "none":
+            dequantize = model.dequantize
+            dtype = self.torch_dtype
+            model = dequantize(dtype=dtype) if "dtype" in inspect.signature(dequantize).parameters else dequantize()
+            _restore_conv1d(model)
+            if dtype is not None:
+                model.to(dtype)
+        elif stored is not None and stored != self.quantization:
+            raise ValueError(
+                f"{what}: the checkpoint is stored quantized in {stored}, not model.quantization={self.quantization}; "
+                f"set model.quantization={stored} (or none, to dequantize it)"
+            )
+        keep_cpu_layout(model)
+        _reversible_conversions(model)
+        return model
+
+    def check_fresh(self, what: str) -> None:
+        """Refuse ``model.quantization`` for a model built here with random weights (``what``: the option)."""
+        if self.quantization != "none":
+            raise ValueError(
+                f"model.quantization={self.quantization} quantizes a pretrained checkpoint as it loads, but {what} is "
+                "built here with random weights: name a checkpoint, or set model.quantization=none"
+            )
+
+    def fresh(self, model: nn.Module, what: str) -> nn.Module:
+        """A model built here with random weights (``what``: the option that asked for it): cast to ``model.dtype``
+        (``auto``: left in float32) and given the attention implementation; quantization is refused (it quantizes a
+        checkpoint as it loads: :meth:`check_fresh`)."""
+        self.check_fresh(what)
+        if self.torch_dtype is not None:
+            model.to(self.torch_dtype)
+        if self.attn_implementation != "auto":
+            set_attn_implementation(model, self.attn_implementation)
+        return model
+
+
+def _restore_conv1d(model: nn.Module) -> None:
+    """transformers dequantizes every 4/8-bit layer into an ``nn.Linear``, also those that were GPT-2's ``Conv1D``
+    (weights stored in x out): put those back as ``Conv1D`` (the architecture's own, found on an empty copy of the
+    model on the meta device), so that the model saves as its architecture loads."""
+    from transformers.pytorch_utils import Conv1D
+
+    linear = {n for n, m in model.named_modules() if type(m) is nn.Linear}
+    if not linear:
+        return
+    with torch.device("meta"):
+        reference = type(model)(model.config)
+    for name, module in reference.named_modules():
+        if not (isinstance(module, Conv1D) and name in linear):
+            continue
+        old = model.get_submodule(name)
+        conv = Conv1D(old.out_features, old.in_features)  # Conv1D(nf, nx): weight (nx, nf)
+        conv.weight = nn.Parameter(old.weight.detach().t().contiguous(), requires_grad=old.weight.requires_grad)
+        if old.bias is not None:
+            conv.bias = old.bias
+        parent, _, attr = name.rpartition(".")
+        setattr(model.get_submodule(parent), attr, conv)
+
+
+def _reversible_conversions(model: nn.Module) -> None:
+    """Drop the weight conversions transformers recorded at load that it cannot undo when saving: loading a checkpoint
+    stored quantized records bitsandbytes' deserialization, and ``save_pretrained`` of that model (still quantized,
+    or dequantized) then fails (transformers 5.x). The state dict a backbone saves is already in the stored form
+    (quantization constants included), so only the renamings need undoing."""
+    conversions = getattr(model, "_weight_conversions", None)
+    if not conversions:
+        return
+    keep = []
+    for conversion in conversions:
+        try:
+            conversion.reverse_transform()
+        except NotImplementedError:
+            continue
+        keep.append(conversion)
+    model._weight_conversions = keep
+
+
+def set_attn_implementation(model: nn.Module, implementation: str) -> None:
+    """Set the attention implementation of a ``transformers`` model built from a config (``set_attn_implementation``
+    where transformers has it, else the config's attribute)."""
+    setter = getattr(model, "set_attn_implementation", None)
+    if setter is not None:
+        setter(implementation)
+    else:  # pragma: no cover - older transformers
+        model.config._attn_implementation = implementation
+
+
+def require_bitsandbytes(kind: str) -> None:
+    """A clear one-line error when ``model.quantization`` is set without bitsandbytes installed."""
+    try:
+        import bitsandbytes  # noqa: F401
+    except ImportError:
+        raise ImportError(f"model.quantization={kind} needs bitsandbytes: {QUANT_EXTRA}") from None
+
+
+def bnb_config(kind: str, compute_dtype: torch.dtype | None, skip: Sequence[str] | None = None) -> Any:
+    """``transformers.BitsAndBytesConfig`` of ``model.quantization``: ``4bit`` = QLoRA's NF4 with double quantization,
+    computing in ``compute_dtype`` (float32 when ``None``); ``8bit`` = LLM.int8(). ``skip``: modules kept
+    unquantised."""
+    require_bitsandbytes(kind)
+    from transformers import BitsAndBytesConfig
+
+    keep = list(skip) if skip is not None else None
+    if kind == "4bit":
+        return BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_use_double_quant=True,
+                                  bnb_4bit_compute_dtype=compute_dtype or torch.float32,
+                                  llm_int8_skip_modules=keep)  # fmt: skip
+    if kind == "8bit":
+        return BitsAndBytesConfig(load_in_8bit=True, llm_int8_skip_modules=keep)
+    raise ValueError(f"model.quantization={kind!r}; valid: {', '.join(get_args(Quantization))}")
+
+
+def quantization_of(module: nn.Module) -> str | None:
+    """``"4bit"`` / ``"8bit"`` when ``module`` holds bitsandbytes-quantized weights, else ``None``."""
+    for p in module.parameters():
+        kind = _quantized(p)
+        if kind is not None:
+            return kind
+    return None
+
+
+def _quantized(p: torch.Tensor) -> str | None:
+    name = type(p).__name__
+    return "4bit" if name == "Params4bit" else "8bit" if name == "Int8Params" else None
+
+
+def keep_cpu_layout(model: nn.Module) -> None:
+    """Keep bitsandbytes' 4-bit layers in their training layout on the CPU. bitsandbytes 0.50 repacks a 4-bit weight
+    in place for its CPU inference kernel at the first forward in eval mode without grad (with avx512-bf16), after
+    which forwards in training mode give the LoRA adapters over that layer no gradient (and layers narrower than its
+    block of 64 fail); tested in tests/models/test_memory.py. No effect on CUDA."""
+    for m in model.modules():
+        if hasattr(m, "support_avx512bf16_for_cpu"):
+            m.support_avx512bf16_for_cpu = False
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# Dtypes of the parts
+# --------------------------------------------------------------------------------------------------------------------
+
+
+def apply_dtypes(model: nn.Module, weights: str, trainable: str) -> None:
+    """Cast ``model``'s floating-point parameters in place: those that learn (``requires_grad``) to ``trainable``
+    (``same``: ``weights``), the frozen ones to ``weights`` (``auto``: left as loaded); quantized weights are never
+    touched. Parameters keep their identity (ties and an optimizer built afterwards see the same tensors). Then the
+    dtype bridges are (re)installed (:func:`install_bridges`)."""
+    _check(weights, WeightsDtype, "model.dtype")
+    _check(trainable, TrainableDtype, "model.trainable_dtype")
+    low = DTYPES.get(weights)
+    learn = low if trainable == "same" else DTYPES[trainable]
+    for p in model.parameters():
+        if not p.is_floating_point():
+            continue
+        target = learn if p.requires_grad else low
+        if target is not None and p.dtype != target:
+            p.data = p.data.to(target)
+    install_bridges(model)
+
+
+def _float_dtypes(module: nn.Module) -> set[torch.dtype]:
+    """Dtypes of a module's floating-point parameters, LoRA adapters left out (peft casts a layer's input to its
+    adapters' dtype and the result back itself)."""
+    return {p.dtype for n, p in module.named_parameters() if p.is_floating_point() and "lora_" not in n}
+
+
+def _islands(module: nn.Module, out: list[tuple[nn.Module, torch.dtype]]) -> None:
+    """The largest submodules of one dtype below ``module`` (which mixes dtypes), in call order of discovery."""
+    for child in module.children():
+        dtypes = _float_dtypes(child)
+        if len(dtypes) > 1:
+            _islands(child, out)
+        elif dtypes:
+            _called(child, next(iter(dtypes)), out)
+
+
+def _called(module: nn.Module, dtype: torch.dtype, out: list[tuple[nn.Module, torch.dtype]]) -> None:
+    """``module``, or the members of a container that is never called itself (``ModuleList``, ``ModuleDict``)."""
+    if isinstance(module, nn.ModuleList | nn.ModuleDict):
+        for child in module.children():
+            if _float_dtypes(child):
+                _called(child, dtype, out)
+    else:
+        out.append((module, dtype))
+
+
+def _cast_to(dtype: torch.dtype):
+    def cast(value: Any) -> Any:
+        if isinstance(value, torch.Tensor) and value.is_floating_point() and value.dtype != dtype:
+            return value.to(dtype)
+        return value
+
+    def hook(module: nn.Module, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+        return tuple(cast(a) for a in args), {k: cast(v) for k, v in kwargs.items()}
+
+    return hook
+
+
+def install_bridges(model: nn.Module) -> int:
+    """Where parts of different dtypes meet (a float32 projector between a bfloat16 vision tower and language model,
+    a trained float32 tower before a frozen bfloat16 projector), the first module of each one-dtype part casts the
+    floating-point tensors it is called with to its own dtype: what that part reads in a model of one dtype. Nothing
+    is installed in a model of one dtype. Replaces the bridges of an earlier call; returns how many there are."""
+    for handle in getattr(model, _BRIDGES, ()):
+        handle.remove()
+    islands: list[tuple[nn.Module, torch.dtype]] = []
+    if len(_float_dtypes(model)) > 1:
+        _islands(model, islands)
+    handles = [m.register_forward_pre_hook(_cast_to(dtype), with_kwargs=True) for m, dtype in islands]
+    setattr(model, _BRIDGES, handles)
+    return len(handles)
+
+
+def part_dtypes(model: Captioner) -> dict[str, dict[str, str]]:
+    """The resolved dtypes of each part and of the rest (what ``captioner.json`` records under ``"dtypes"`` and a run
+    logs at its start): ``{"lm": {"trainable": "float32", "frozen": "bfloat16", "quantized": "4bit"}, ...}``, each
+    key only where the part has such parameters (several dtypes joined by ``+``)."""
+    seen: set[int] = set()
+    groups = [(part, model.lora_module(part)) for part in PARTS] + [("rest", model)]
+    out: dict[str, dict[str, str]] = {}
+    for name, module in groups:
+        if module is None:
+            continue
+        kinds: dict[str, set[str]] = {"trainable": set(), "frozen": set(), "quantized": set()}
+        for p in module.parameters():
+            if id(p) in seen:
+                continue
+            seen.add(id(p))
+            quantized = _quantized(p)
+            if quantized is not None:
+                kinds["quantized"].add(quantized)
+            elif p.is_floating_point():
+                kinds["trainable" if p.requires_grad else "frozen"].add(str(p.dtype).removeprefix("torch."))
+        entry = {k: "+".join(sorted(v)) for k, v in kinds.items() if v}
+        if entry:
+            out[name] = entry
+    return out
+
+
+def describe(dtypes: dict[str, dict[str, str]]) -> str:
+    """One line of :func:`part_dtypes`: ``lm: trainable float32, frozen bfloat16, quantized 4bit; rest: ...``."""
+    return "; ".join(f"{part}: " + ", ".join(f"{k} {v}" for k, v in entry.items()) for part, entry in dtypes.items())
+
+
+def save_float32_masters(model: nn.Module, out: str | Path, state: dict[str, torch.Tensor] | None = None) -> int:
+    """When ``model`` holds 16-bit weights, write the float32 values of its trained weights (LoRA adapters aside:
+    peft saves those in their own dtype) to ``<out>/float32_weights.safetensors`` under the captioner's parameter
+    names, from ``state`` (default: the model's own). A backbone's ``save`` calls it; returns how many it wrote."""
+    params = dict(model.named_parameters())
+    if not any(p.is_floating_point() and p.dtype in HALF for p in params.values()):
+        return 0
+    names = [n for n, p in params.items() if p.requires_grad and p.dtype == torch.float32 and "lora_" not in n]
+    if not names:
+        return 0
+    state = model.state_dict() if state is None else state
+    save_file({n: state[n].detach().float().contiguous().cpu() for n in names}, str(Path(out) / MASTERS))
+    return len(names)
+
+
+def load_float32_masters(model: nn.Module, path: str | Path) -> int:
+    """Put back the float32 trained weights a checkpoint folder ``path`` saved (:func:`save_float32_masters`) into
+    ``model`` (just loaded from it, perhaps in a 16-bit ``model.dtype``); returns how many (0 without the file)."""
+    file = Path(path) / MASTERS
+    if not file.exists():
+        return 0
+    params = dict(model.named_parameters())
+    tensors = load_file(str(file))
+    for name, tensor in tensors.items():
+        if name not in params:
+            raise ValueError(f"{file}: the captioner has no parameter {name!r} (a file of another checkpoint?)")
+        p = params[name]
+        if tuple(p.shape) != tuple(tensor.shape):
+            raise ValueError(f"{file}: {name} has shape {tuple(tensor.shape)}, the captioner's {tuple(p.shape)}")
+        p.data = tensor.to(p.device)
+    return len(tensors)
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# Gradient checkpointing
+# --------------------------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class _Checkpointing:
+    layers: list[nn.Module]
+    handles: list[Any]
+
+
+def _enable_layers(module: nn.Module) -> list[nn.Module]:
+    """Give the ``transformers`` layers of ``module`` (a part, unwrapped from peft) a non-reentrant checkpoint
+    function and return the modules whose ``gradient_checkpointing`` flag that switched on (left off here)."""
+    from transformers import PreTrainedModel
+
+    if not isinstance(module, PreTrainedModel):
+        return []
+    kwargs = {"use_reentrant": False}
+    if getattr(module, "supports_gradient_checkpointing", False):
+        if hasattr(module, "activation_checkpointing_enable"):  # transformers >= 5
+            module.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
+        else:  # pragma: no cover - older transformers
+            module.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
+        module.disable_input_require_grads()  # not needed without reentrant checkpoints
+    elif any(hasattr(m, "gradient_checkpointing") for m in module.modules()):
+        # e.g. BLIP's text decoder: checkpointing layers, a class that does not declare them
+        module._set_gradient_checkpointing(
+            enable=True, gradient_checkpointing_func=functools.partial(checkpoint, **kwargs)
+        )
+    layers = [m for m in module.modules() if getattr(m, "gradient_checkpointing", None) is True]
+    for m in layers:
+        m.gradient_checkpointing = False
+    return layers
+
+
+def enable_gradient_checkpointing(model: Captioner) -> dict[str, int]:
+    """Non-reentrant gradient checkpointing of every part's layers, on only while ``model``'s ``forward`` runs with
+    gradients enabled (a forward pre-hook switches it on, a forward hook that runs even on an exception off), so
+    decoding with the KV cache never runs checkpointed. Layers of frozen parts are in eval mode and
+    ``transformers`` checkpoints only layers in training mode. Returns the number of checkpointed modules per part
+    (0: a part without checkpointing layers, e.g. a ConvNeXt tower)."""
+    disable_gradient_checkpointing(model)
+    counts: dict[str, int] = {}
+    layers: list[nn.Module] = []
+    for part in PARTS:
+        module = model.lora_module(part)
+        if module is None:
+            continue
+        found = _enable_layers(module.get_base_model() if isinstance(module, PeftModel) else module)
+        counts[part] = len(found)
+        layers += found
+
+    def switch_on(_module: nn.Module, _args: Any) -> None:
+        if torch.is_grad_enabled():
+            for m in layers:
+                m.gradient_checkpointing = True
+
+    def switch_off(_module: nn.Module, _args: Any, _out: Any) -> None:
+        for m in layers:
+            m.gradient_checkpointing = False
+
+    handles = [model.register_forward_pre_hook(switch_on), model.register_forward_hook(switch_off, always_call=True)]
+    setattr(model, _CHECKPOINTING, _Checkpointing(layers, handles))
+    return counts
+
+
+def disable_gradient_checkpointing(model: nn.Module) -> None:
+    """Undo :func:`enable_gradient_checkpointing` (nothing when it is off)."""
+    state = getattr(model, _CHECKPOINTING, None)
+    if state is None:
+        return
+    for handle in state.handles:
+        handle.remove()
+    for m in state.layers:
+        m.gradient_checkpointing = False
+    setattr(model, _CHECKPOINTING, None)
+
+
+def gradient_checkpointing(model: nn.Module) -> bool:
+    """Whether :func:`enable_gradient_checkpointing` is in effect on ``model``."""
+    return getattr(model, _CHECKPOINTING, None) is not None
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# The training model
+# --------------------------------------------------------------------------------------------------------------------
+
+
+def check_quantized_training(model: Captioner) -> None:
+    """A quantized part cannot learn its base weights: it trains through LoRA adapters or stays frozen."""
+    for part in PARTS:
+        module = model.lora_module(part)
+        kind = quantization_of(module) if module is not None else None
+        trains = model.train_lm if part == "lm" else model.train_encoder
+        if kind is not None and trains and not isinstance(module, PeftModel):
+            key = "model.train_lm" if part == "lm" else "model.train_encoder"
+            raise ValueError(
+                f"model.quantization={kind}: the {part}'s base weights are quantized and cannot be trained fully; "
+                f"train it through adapters (lora.{part}=true: QLoRA) or freeze it ({key}=false)"
+            )
+
+
+def prepare_training(model: Captioner, cfg: Config) -> Captioner:
+    """The last step of building the training model, after :func:`finecap.models.lora.configure_training`: check
+    that quantized parts train through adapters, cast what learns to ``model.trainable_dtype`` and what is frozen to
+    ``model.dtype`` (with the dtype bridges), switch ``train.gradient_checkpointing``, and log the resolved dtype of
+    each part. Returns ``model``."""
+    check_quantized_training(model)
+    apply_dtypes(model, cfg.model.dtype, cfg.model.trainable_dtype)
+    if cfg.train.gradient_checkpointing:
+        counts = enable_gradient_checkpointing(model)
+        log.info("gradient checkpointing (non-reentrant): %s",
+                 ", ".join(f"{part} {n} modules" for part, n in counts.items()))  # fmt: skip
+    else:
+        disable_gradient_checkpointing(model)
+    log.info("model dtypes: %s", describe(part_dtypes(model)))
+    return model

@@ -1,0 +1,426 @@
+"""The memory and precision levers (:mod:`finecap.models.memory`) on every backbone, built through the training path
+(:func:`finecap.app.train.build_model`) from tiny random checkpoints saved like Hub ones: the weights' dtype with
+float32 master weights, gradient checkpointing (equal gradients, equal captions), the attention implementation, and
+4/8-bit QLoRA through bitsandbytes on the CPU."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from PIL import Image
+from transformers.pytorch_utils import Conv1D
+
+from finecap.app.train import build_model
+from finecap.config import DecodeConfig, load
+from finecap.data.datasets import model_collator
+from finecap.models import lora, memory
+from finecap.models.backbones import load_captioner
+from finecap.models.captioner import PARTS
+from finecap.models.presets import build_world_lm, save_tiny_blip, save_tiny_clip, save_tiny_vlm
+from finecap.models.vlm import Vlm, _path
+from finecap.objectives.mle import mle_loss
+
+CAPTIONS = ["a red circle", "two blue squares on the left", "a small green triangle"]
+BACKBONES = {
+    "clipcap": (["clipcap.lm={gpt2}", "model.encoder={clip}", "clipcap.prefix_length=2"], 16),
+    "blip": (["model.kind=blip", "blip.name={blip}"], 32),
+    "vlm": (["model.kind=vlm", "vlm.name={vlm}"], 16),
+}
+"""Per backbone: the overrides that build it from the tiny checkpoints, and its images' size."""
+FAMILIES = {"llava": "vlm", "idefics3": "vlm", "qwen2_vl": "vlm"}
+
+
+@pytest.fixture(scope="module")
+def dirs(tmp_path_factory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("memory")
+    torch.manual_seed(0)
+    lm, tok = build_world_lm(layers=1, hidden=32, heads=2, dropout=0.0)
+    lm.save_pretrained(root / "gpt2")
+    tok.save_pretrained(root / "gpt2")
+    out = {"gpt2": root / "gpt2", "clip": save_tiny_clip(root / "clip", image_size=16, patch_size=8),
+           "blip": save_tiny_blip(root / "blip", image_size=32, layers=1, vision_layers=1)}  # fmt: skip
+    for family in FAMILIES:
+        out[family] = save_tiny_vlm(root / family, family, std=0.2)
+    return out
+
+
+def config(dirs: dict[str, Path], backbone: str, *overrides: str, family: str = "llava"):
+    base = [o.format(**dirs, vlm=dirs[family]) for o in BACKBONES[backbone][0]]
+    return load(None, [*base, "lora.rank=4", "lora.alpha=8", *overrides])
+
+
+def build(dirs: dict[str, Path], backbone: str, *overrides: str, family: str = "llava", seed: int = 0):
+    """The training model of a configuration (``build_model``: loaders, ``configure_training``, the levers)."""
+    torch.manual_seed(seed)
+    return build_model(config(dirs, backbone, *overrides, family=family))
+
+
+def batch_of(model, backbone: str, seed: int = 0) -> dict:
+    size = BACKBONES[backbone][1]
+    g = torch.Generator().manual_seed(seed)
+    images = [Image.fromarray((torch.rand(size, size, 3, generator=g) * 255).byte().numpy()) for _ in CAPTIONS]
+    items = [{"caption": c, "image": im, "image_id": i, "references": [c], "index": i}
+             for i, (c, im) in enumerate(zip(CAPTIONS, images, strict=True))]  # fmt: skip
+    return model_collator(model, 12)(items)
+
+
+def randomise_adapters(model, seed: int = 3) -> None:
+    """LoRA's B starts at 0; give the adapters values so that they change the outputs and receive every gradient."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "lora_" in name:
+                p.copy_(0.3 * torch.randn(p.shape, generator=g))
+
+
+def loss_of(model, batch: dict) -> torch.Tensor:
+    """MLE of the captions plus the summed log-probs of the same captions as sampled sequences (the scoring forward
+    of REINFORCE-style objectives), both through ``forward``."""
+    logits = model(batch)
+    seqs = batch["input_ids"]
+    scores = model(batch, sequences=seqs, mask=batch["attention_mask"].bool(), image_index=torch.arange(len(seqs)))
+    return mle_loss(logits, batch["labels"]) - 0.1 * scores.logprobs.sum()
+
+
+def sgd_steps(model, batch: dict, steps: int, lr: float = 1e-2) -> list[float]:
+    """``steps`` AdamW steps of MLE on ``batch``; the losses."""
+    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=lr, weight_decay=0.0)
+    losses = []
+    model.train()
+    for _ in range(steps):
+        loss = mle_loss(model(batch), batch["labels"])
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    return losses
+
+
+def snapshot(model) -> dict[str, torch.Tensor]:
+    return {n: t.detach().clone() for n, t in model.state_dict().items()}
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# Weights' dtype and float32 master weights
+# --------------------------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("adapters", [True, False], ids=["lora", "full"])
+@pytest.mark.parametrize("backbone", list(BACKBONES))
+def test_bfloat16_weights_float32_master_weights_step_save_reload(dirs, backbone, adapters, tmp_path):
+    """``model.dtype=bfloat16``: every frozen weight is bfloat16, every trained one (adapters, a fully trained LM,
+    ClipCap's mapper, a VLM's projector) float32; a training step moves them and keeps them float32; the checkpoint
+    records the dtypes and a run resuming from it (the same training path) gets every weight back bit for bit."""
+    extra = ["lora.lm=true"] if adapters else []
+    model = build(dirs, backbone, "model.dtype=bfloat16", *extra)
+    params = dict(model.named_parameters())
+    frozen = {n: p for n, p in params.items() if not p.requires_grad}
+    learning = {n: p for n, p in params.items() if p.requires_grad}
+    assert frozen and learning
+    assert {p.dtype for p in frozen.values()} == {torch.bfloat16}
+    assert {p.dtype for p in learning.values()} == {torch.float32}
+    lm_part = {id(p) for p in model.lora_module("lm").parameters()}
+    assert all("lora_" in n for n, p in learning.items() if id(p) in lm_part) == adapters
+    dtypes = memory.part_dtypes(model)
+    assert dtypes["lm"]["trainable"] == "float32" and dtypes["encoder"] == {"frozen": "bfloat16"}
+    assert dtypes["lm"].get("frozen") == ("bfloat16" if adapters else None)
+
+    randomise_adapters(model)
+    batch = batch_of(model, backbone)
+    before = snapshot(model)
+    losses = sgd_steps(model, batch, 3)
+    assert all(torch.isfinite(torch.tensor(losses))) and losses[-1] < losses[0]
+    after = model.state_dict()
+    moved = {n for n in learning if not torch.equal(before[n], after[n])}
+    # (a BLIP cross-attention key over near-identical image tokens gets a gradient of ~1e-20 and may not move)
+    assert len(moved) > 0.9 * len(learning)
+    if backbone != "blip":  # the mapper / projector learn beside the LM
+        assert moved - {n for n in moved if n.startswith(PARTS_PREFIXES[backbone])}
+    assert all(torch.equal(before[n], after[n]) for n in frozen)
+    assert {p.dtype for p in model.parameters() if p.requires_grad} == {torch.float32}
+    model.eval()
+    assert model.generate(batch, DecodeConfig(max_length=6)).sequences.shape[0] == len(CAPTIONS)
+
+    out = model.save(tmp_path / "ckpt")
+    assert json.loads((out / "captioner.json").read_text())["dtypes"] == memory.part_dtypes(model)
+    assert (out / memory.MASTERS).exists() == (backbone != "blip" or not adapters)  # BLIP + LoRA: adapters only
+    again = build(dirs, backbone, "model.dtype=bfloat16", *extra, f"train.init_from={out}")
+    mine, theirs = model.state_dict(), again.state_dict()
+    assert set(theirs) == set(mine)
+    for name, tensor in mine.items():
+        assert theirs[name].dtype == tensor.dtype and torch.equal(theirs[name], tensor), name
+
+
+def test_inference_load_takes_the_asked_dtype(dirs, tmp_path):
+    """A checkpoint of a bfloat16 run with float32 master weights loads for captioning in the dtype asked: float32
+    (exact: the master values), or bfloat16 everywhere."""
+    model = build(dirs, "vlm", "model.dtype=bfloat16")
+    sgd_steps(model, batch_of(model, "vlm"), 1)
+    out = model.save(tmp_path / "ckpt")
+    wide = load_captioner(out, options=memory.LoadOptions(dtype="float32"))
+    assert {p.dtype for p in wide.parameters()} == {torch.float32}
+    head = model.model.get_output_embeddings().weight
+    assert torch.equal(wide.model.get_output_embeddings().weight, head)  # trained in float32, stored in float32
+    narrow = load_captioner(out, options=memory.LoadOptions(dtype="bfloat16"))
+    assert {p.dtype for p in narrow.parameters()} == {torch.bfloat16}
+
+
+@pytest.mark.parametrize(("flags", "trained"), [
+    (["lora.lm=true"], "projector"),  # float32 projector between a bfloat16 vision tower and language model
+    (["model.train_encoder=true", "model.train_lm=false", "vlm.train_projector=false"], "vision"),  # float32 tower
+])  # fmt: skip
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_every_vlm_family_runs_with_parts_of_two_dtypes(dirs, family, flags, trained):
+    """Where a float32 part meets a bfloat16 one inside ``transformers``' own forward (the projector inside
+    ``get_image_features``, Qwen2-VL's merger inside its vision tower), the bridges cast what crosses: training and
+    decoding run, and the gradient reaches the same weights as in a float32 model."""
+    reached = {}
+    for dtype in ("float32", "bfloat16"):
+        model = build(dirs, "vlm", f"model.dtype={dtype}", *flags, family=family)
+        randomise_adapters(model)
+        batch = batch_of(model, "vlm")
+        model.train()
+        loss_of(model, batch).backward()
+        reached[dtype] = {n for n, p in model.named_parameters() if p.grad is not None and p.grad.abs().sum() > 0}
+    assert reached["bfloat16"] == reached["float32"] and reached["float32"]
+    if trained == "projector":  # Qwen2-VL's merger sits inside its vision tower
+        assert {p.dtype for p in _path(model.model, model.family.projector).parameters()} == {torch.float32}
+    else:
+        assert memory.part_dtypes(model)["encoder"]["trainable"] == "float32"
+    assert memory.install_bridges(model) > 0  # the model mixes dtypes (re-installing is idempotent)
+    model.eval()
+    assert model.generate(batch, DecodeConfig(strategy="beam", beam_size=2, max_length=5)).sequences.shape[0] == 3
+
+
+def test_trainable_dtype_same_and_auto_weights(dirs, tmp_path):
+    """``model.trainable_dtype=same`` keeps what learns in ``model.dtype`` (no master copy); ``model.dtype=auto``
+    loads a checkpoint in its own dtype (a GPT-2 stored in bfloat16 stays bfloat16, float32 converts it)."""
+    model = build(dirs, "clipcap", "model.dtype=bfloat16", "model.trainable_dtype=same")
+    assert {p.dtype for p in model.parameters()} == {torch.bfloat16}
+    stored = tmp_path / "gpt2-bf16"
+    lm, tok = build_world_lm(layers=1, hidden=32, heads=2, dropout=0.0)
+    lm.to(torch.bfloat16).save_pretrained(stored)
+    tok.save_pretrained(stored)
+    frozen = ["model.train_lm=false", f"clipcap.lm={stored}"]
+    assert {p.dtype for p in build(dirs, "clipcap", "model.dtype=auto", *frozen).lm.parameters()} == {torch.bfloat16}
+    assert {p.dtype for p in build(dirs, "clipcap", *frozen).lm.parameters()} == {torch.float32}  # the default
+
+
+def test_models_built_here_take_dtype_and_attention():
+    """Random-init models (the world-tiny presets) are cast to ``model.dtype`` and given the attention
+    implementation; quantizing one is refused (it quantizes a checkpoint as it loads)."""
+    lm, _ = build_world_lm(layers=1, hidden=32, heads=2)
+    lm = memory.LoadOptions(dtype="bfloat16", attn_implementation="eager").fresh(lm, "clipcap.lm=world-tiny")
+    assert {p.dtype for p in lm.parameters()} == {torch.bfloat16} and lm.config._attn_implementation == "eager"
+    with pytest.raises(ValueError, match=r"model.quantization=4bit .* clipcap.lm=world-tiny is built here"):
+        memory.LoadOptions(quantization="4bit").fresh(lm, "clipcap.lm=world-tiny")
+    with pytest.raises(ValueError, match="model.dtype='half'; valid: auto, float32, bfloat16, float16"):
+        memory.LoadOptions(dtype="half")
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# Gradient checkpointing
+# --------------------------------------------------------------------------------------------------------------------
+
+
+def linear_calls(module: torch.nn.Module) -> tuple[list[int], list]:
+    """A counter of the calls of every linear layer (GPT-2's ``Conv1D`` too) inside ``module`` (and the hooks, to
+    remove afterwards)."""
+    count = [0]
+    hooks = [m.register_forward_hook(lambda *_: count.__setitem__(0, count[0] + 1))
+             for m in module.modules() if isinstance(m, torch.nn.Linear | Conv1D)]  # fmt: skip
+    return count, hooks
+
+
+@pytest.mark.parametrize("adapters", [True, False], ids=["lora", "full"])
+@pytest.mark.parametrize("backbone", list(BACKBONES))
+def test_checkpointing_gives_the_same_gradients(dirs, backbone, adapters):
+    """With ``train.gradient_checkpointing`` the layers are recomputed in backward (the language model's linear
+    layers run more often) and every gradient equals the one without. With LoRA the VLM's projector is frozen
+    too, so nothing before the adapters needs a gradient: the case where a reentrant checkpoint gives none."""
+    extra = ["lora.lm=true", "vlm.train_projector=false"] if adapters else []
+    grads, calls = {}, {}
+    for on in (False, True):
+        model = build(dirs, backbone, *extra, f"train.gradient_checkpointing={str(on).lower()}")
+        assert memory.gradient_checkpointing(model) == on
+        randomise_adapters(model)
+        if isinstance(model, Vlm):  # under checkpointing a VLM scores each sequence after its own prompt pass:
+            model.share_prompt = False  # compare like with like (the shared pass agrees up to rounding only)
+        model.train()
+        count, hooks = linear_calls(model.lora_module("lm"))
+        loss_of(model, batch_of(model, backbone)).backward()
+        for h in hooks:
+            h.remove()
+        calls[on] = count[0]
+        grads[on] = {n: p.grad for n, p in model.named_parameters() if p.requires_grad}
+        assert all(g is not None and g.abs().sum() > 0 for g in grads[on].values())
+        flags = [m for m in model.modules() if getattr(m, "gradient_checkpointing", False) is True]
+        assert not flags  # switched on only while forward runs
+    assert calls[True] > calls[False]  # the checkpointed layers ran again in backward
+    assert grads[True].keys() == grads[False].keys()
+    if adapters:
+        assert all("lora_" in n for n in grads[True] if not n.startswith("mapper."))  # (ClipCap's mapper learns)
+    for name, grad in grads[False].items():
+        torch.testing.assert_close(grads[True][name], grad, rtol=1e-5, atol=1e-7, msg=name)
+
+
+@pytest.mark.parametrize("backbone", list(BACKBONES))
+def test_decoding_with_checkpointing_gives_the_same_captions(dirs, backbone):
+    """Decoding runs on the KV cache, which ``transformers`` drops in a checkpointed layer in training mode: with
+    checkpointing enabled and the model in training mode (as SCST samples), greedy and beam captions are those of
+    the same model without checkpointing."""
+    model = build(dirs, backbone, "lora.lm=true", "train.gradient_checkpointing=true")
+    randomise_adapters(model)
+    model.train()
+    batch = batch_of(model, backbone)
+    model(batch)  # a training forward first: checkpointing switched on, then off again
+    decoded = {}
+    for on in (True, False):
+        if not on:
+            memory.disable_gradient_checkpointing(model)
+        decoded[on] = [model.generate(batch, DecodeConfig(strategy=s, beam_size=3, max_length=8)).sequences
+                       for s in ("greedy", "beam")]  # fmt: skip
+    for with_ckpt, without in zip(decoded[True], decoded[False], strict=True):
+        assert torch.equal(with_ckpt, without)
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# Attention implementation
+# --------------------------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("implementation", ["eager", "sdpa"])
+@pytest.mark.parametrize("backbone", list(BACKBONES))
+def test_attention_implementation_reaches_the_loaded_model(dirs, backbone, implementation, tmp_path):
+    if backbone == "blip" and implementation == "sdpa":  # transformers' BLIP has no SDPA path, and says so
+        with pytest.raises(ValueError, match="BlipForConditionalGeneration does not support .*scaled_dot_product"):
+            build(dirs, backbone, f"model.attn_implementation={implementation}")
+        return
+    model = build(dirs, backbone, f"model.attn_implementation={implementation}")
+    lm = model.lora_module("lm")
+    assert lm.config._attn_implementation == implementation
+    out = model.save(tmp_path / "ckpt")
+    again = load_captioner(out, options=memory.LoadOptions(attn_implementation=implementation))
+    assert again.lora_module("lm").config._attn_implementation == implementation
+
+
+def test_flash_attention_is_passed_through(dirs):
+    """``flash_attention_2`` goes to transformers, which refuses it here (no flash-attn, no CUDA) and says why."""
+    with pytest.raises((ImportError, ValueError), match="(?i)flash"):
+        build(dirs, "vlm", "model.attn_implementation=flash_attention_2")
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# Quantization (bitsandbytes on the CPU)
+# --------------------------------------------------------------------------------------------------------------------
+
+
+def quantized_kinds(module: torch.nn.Module) -> set[str]:
+    return {type(m).__name__ for m in module.modules() if type(m).__name__ in ("Linear4bit", "Linear8bitLt")}
+
+
+def test_quantization_without_bitsandbytes_is_one_clear_line(dirs, monkeypatch):
+    monkeypatch.setitem(sys.modules, "bitsandbytes", None)  # import bitsandbytes -> ImportError
+    with pytest.raises(ImportError) as err:
+        build(dirs, "vlm", "model.quantization=4bit", "lora.lm=true")
+    assert str(err.value) == "model.quantization=4bit needs bitsandbytes: pip install 'finecap[quant]'"
+
+
+@pytest.mark.parametrize("backbone", list(BACKBONES))
+def test_qlora_trains_adapters_only_and_reloads_onto_an_unquantised_base(dirs, backbone, tmp_path):
+    """4-bit QLoRA for real: the language model's linear layers are bitsandbytes NF4 layers, the vision side, the
+    output head, ClipCap's mapper and a VLM's projector are not; the loss falls over a few steps (with an evaluation
+    forward in between, as validation does) and only the adapters (and the mapper / projector) move. The
+    checkpoint reloads (a) quantized for a resumed run, giving the same outputs, (b) dequantized with
+    ``model.quantization=none``: an unquantised base with the trained adapters, giving the same outputs up to
+    float rounding, and (c) its adapters on the original unquantised checkpoint lower the loss there too."""
+    pytest.importorskip("bitsandbytes")
+    model = build(dirs, backbone, "model.quantization=4bit", "lora.lm=true")
+    assert quantized_kinds(model.lora_module("lm")) == {"Linear4bit"}
+    assert not quantized_kinds(model.lora_module("encoder"))
+    assert memory.part_dtypes(model)["lm"] == {"trainable": "float32", "frozen": "float32", "quantized": "4bit"}
+    learning = {n for n, p in model.named_parameters() if p.requires_grad}
+    assert learning and all("lora_" in n or n.startswith(("mapper.", "model.model.multi_modal_projector"))
+                            for n in learning)  # fmt: skip
+    batch = batch_of(model, backbone)
+    before = snapshot(model)
+    losses = sgd_steps(model, batch, 2)
+    model.eval()
+    with torch.no_grad():
+        model(batch)  # bitsandbytes' CPU inference path would repack the 4-bit weights here (memory.keep_cpu_layout)
+    losses += sgd_steps(model, batch, 4)
+    assert losses[-1] < losses[0] - 0.1 and losses[-1] < losses[2]  # falls, also after the evaluation forward
+    after = model.state_dict()
+    moved = {n for n in after if not torch.equal(before[n], after[n])}
+    assert moved <= learning and len(moved) > 0.9 * len(learning)  # (BLIP's cross-attention keys: ~0 gradient)
+
+    model.eval()
+    with torch.no_grad():
+        expected = model(batch)
+    out = model.save(tmp_path / "ckpt")
+    assert json.loads((out / "captioner.json").read_text())["dtypes"]["lm"]["quantized"] == "4bit"
+    resumed = build(dirs, backbone, "model.quantization=4bit", "lora.lm=true", f"train.init_from={out}").eval()
+    assert quantized_kinds(resumed.lora_module("lm")) == {"Linear4bit"}
+    dequantized = load_captioner(out).eval()  # model.quantization=none (default): dequantized on load
+    assert not quantized_kinds(dequantized) and lora.has_adapters(dequantized)
+    with torch.no_grad():
+        torch.testing.assert_close(resumed(batch), expected, rtol=0, atol=1e-5)
+        torch.testing.assert_close(dequantized(batch), expected, rtol=1e-4, atol=1e-4)
+    for loaded, folder in ((resumed, "resumed"), (dequantized, "dequantized")):  # what was loaded saves again
+        again = load_captioner(loaded.save(tmp_path / folder)).eval()
+        with torch.no_grad():
+            torch.testing.assert_close(again(batch), expected, rtol=1e-4, atol=1e-4, msg=folder)
+
+    original = build(dirs, backbone, "lora.lm=true").eval()  # the unquantised checkpoint, fresh adapters (B = 0)
+    with torch.no_grad():
+        base_loss = float(mle_loss(original(batch), batch["labels"]))
+        lora.merge_lora(original)
+        lora.load_adapters(original, out, json.loads((out / "captioner.json").read_text())["lora"])
+        rest = {n: p for n, p in dequantized.named_parameters() if not n.startswith(PARTS_PREFIXES[backbone])}
+        own = dict(original.named_parameters())
+        for name, p in rest.items():  # the mapper / projector trained beside the adapters
+            own[name].copy_(p)
+        adapted_loss = float(mle_loss(original.eval()(batch), batch["labels"]))
+    assert adapted_loss < base_loss
+
+
+PARTS_PREFIXES = {
+    "clipcap": ("lm.", "encoder."),
+    "blip": ("model.",),
+    "vlm": ("model.model.language_model.", "model.model.vision_tower.", "model.lm_head."),
+}
+"""Parameter names of the parts (and head) of each backbone: what the unquantised original brings itself."""
+
+
+def test_eight_bit_lora_step(dirs):
+    """``model.quantization=8bit`` (LLM.int8()): int8 linear layers in the language model, a LoRA step moves the
+    adapters."""
+    pytest.importorskip("bitsandbytes")
+    model = build(dirs, "vlm", "model.quantization=8bit", "lora.lm=true")
+    assert quantized_kinds(model.lora_module("lm")) == {"Linear8bitLt"}
+    assert memory.part_dtypes(model)["lm"]["quantized"] == "8bit"
+    batch = batch_of(model, "vlm")
+    before = snapshot(model)
+    losses = sgd_steps(model, batch, 3)
+    assert all(torch.isfinite(torch.tensor(losses)))
+    after = model.state_dict()
+    assert any("lora_" in n for n in after if not torch.equal(before[n], after[n]))
+
+
+def test_a_quantized_language_model_trains_through_adapters_only(dirs):
+    pytest.importorskip("bitsandbytes")
+    with pytest.raises(ValueError, match=r"quantized and cannot be trained fully; .*lora.lm=true.*model.train_lm="):
+        build(dirs, "clipcap", "model.quantization=4bit")
+    model = build(dirs, "clipcap", "model.quantization=4bit", "lora.lm=true")
+    with pytest.raises(ValueError, match="cannot be merged"):
+        lora.merge_lora(model)
+
+
+def test_part_dtypes_cover_every_part(dirs):
+    model = build(dirs, "vlm", "model.dtype=bfloat16", "lora.lm=true")
+    assert isinstance(model, Vlm) and set(memory.part_dtypes(model)) == {*PARTS, "rest"}
+    assert memory.describe(memory.part_dtypes(model)).startswith("lm: trainable float32, frozen bfloat16; encoder:")
