@@ -241,6 +241,23 @@ def read_yaml_mapping(path: str | Path, expected: str) -> dict[str, Any]:
     return data
 
 
+def jsonl_rows_are(text: str, accept: Any) -> bool:
+    """Whether every line of the JSONL ``text`` is a JSON value ``accept(row)`` is true of (blank lines skipped; a
+    last line without its newline, written when a run was killed, is not read): how finecap recognises its own
+    logs by content (``metrics.jsonl``, boost's ``cache.jsonl`` / ``failures.jsonl``)."""
+    lines = text.splitlines()
+    if lines and not text.endswith("\n"):
+        lines = lines[:-1]
+    for line in filter(str.strip, lines):
+        try:
+            row = json.loads(line)
+        except ValueError:
+            return False
+        if not accept(row):
+            return False
+    return True
+
+
 def open_append(path: str | Path) -> io.TextIOWrapper:
     """``path`` opened for appending text (created with the umask's mode when missing), never through a symbolic
     link: ``O_NOFOLLOW`` makes the kernel refuse a link at ``path`` even if one is planted after the check."""

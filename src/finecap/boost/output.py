@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from finecap.data.formats import Record
-from finecap.utils import atomic_write_bytes, atomic_write_text, read_json, refuse_link, write_json
+from finecap.utils import atomic_write_bytes, atomic_write_text, jsonl_rows_are, read_json, refuse_link, write_json
 from finecap.world.make import content_hashes
 
 WRITABLE = ("world", "karpathy", "coco", "jsonl")
@@ -78,17 +78,7 @@ def is_boost_file(path: Path) -> bool:
         except ValueError:
             return False
         return isinstance(summary, dict) and {"status", "mode", "source"} <= set(summary)
-    lines = text.splitlines()
-    if lines and not text.endswith("\n"):
-        lines = lines[:-1]  # written when the run was killed
-    for line in filter(str.strip, lines):
-        try:
-            row = json.loads(line)
-        except ValueError:
-            return False
-        if not (isinstance(row, dict) and JSONL_KEYS[path.name] <= set(row)):
-            return False
-    return True
+    return jsonl_rows_are(text, lambda row: isinstance(row, dict) and JSONL_KEYS[path.name] <= set(row))
 
 
 def check_outputs(fmt: str, source: str | Path, out_dir: str | Path, images: str | Path | None = None) -> None:

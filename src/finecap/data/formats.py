@@ -69,7 +69,7 @@ import os
 import re
 import stat
 import warnings
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -634,6 +634,20 @@ def read_coco_captions(
     return records
 
 
+def _json_lines(lines: Iterable[str], path: Path) -> Iterator[tuple[str, Any]]:
+    """``(where, record)`` of every non-blank line of a JSONL file (``where``: ``"<path>, line <n>"``); a line that
+    is not JSON is a :class:`DataError` naming it."""
+    for lineno, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        where = f"{path}, line {lineno}"
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise DataError(f"{where}: invalid JSON at column {e.colno}: {e.msg}") from None
+        yield where, record
+
+
 def read_jsonl(
     path: str | Path,
     images: str | Path | None = None,
@@ -653,14 +667,7 @@ def read_jsonl(
     records = []
     seen: set[int | str] = set()
     with path.open() as f:
-        for lineno, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            where = f"{path}, line {lineno}"
-            try:
-                rec = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise DataError(f"{where}: invalid JSON at column {e.colno}: {e.msg}") from None
+        for where, rec in _json_lines(f, path):
             image = _require(rec, "image", str, where)
             caps = _require(rec, "captions", list, where)
             image_id = _require(rec, "id", (int, str), where) if "id" in rec else image
@@ -722,14 +729,7 @@ def _sidecar_jsonl(path: Path) -> dict[str, _Entry]:
         lines = path.read_text(encoding="utf-8").splitlines()
     except UnicodeDecodeError as e:
         raise DataError(f"{path}: not a UTF-8 text file ({e.reason})") from None
-    for lineno, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
-        where = f"{path}, line {lineno}"
-        try:
-            rec = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise DataError(f"{where}: invalid JSON at column {e.colno}: {e.msg}") from None
+    for where, rec in _json_lines(lines, path):
         image = _relative_image(_require(rec, "image", str, where), where)
         caps = _require(rec, "captions", list, where)
         split = _require(rec, "split", str, where) if "split" in rec else NO_SPLIT

@@ -62,6 +62,7 @@ from finecap.train.checkpoint import (
 from finecap.utils import (
     atomic_replace_dir,
     atomic_write_text,
+    jsonl_rows_are,
     load_yaml,
     previous_dir,
     read_json,
@@ -396,18 +397,12 @@ def is_metrics_log(path: Path) -> bool:
         text = path.read_text()
     except (OSError, ValueError):
         return False
-    lines = text.splitlines()
-    if lines and not text.endswith("\n"):
-        lines = lines[:-1]  # written when the run was killed
-    for line in filter(str.strip, lines):
-        try:
-            event = json.loads(line)
-        except ValueError:
-            return False
-        if not (isinstance(event, dict) and isinstance(event.get("step"), int) and isinstance(event.get("split"), str)
-                and isinstance(event.get("values"), dict)):  # fmt: skip
-            return False
-    return True
+
+    def is_event(row: Any) -> bool:
+        return (isinstance(row, dict) and isinstance(row.get("step"), int) and isinstance(row.get("split"), str)
+                and isinstance(row.get("values"), dict))  # fmt: skip
+
+    return jsonl_rows_are(text, is_event)
 
 
 def is_run_config(path: Path) -> bool:
