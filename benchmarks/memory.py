@@ -20,8 +20,8 @@ Steps: ``mle`` = teacher-forced loss of ``--images`` captions of ``--tokens`` to
 of ``--samples`` sampled captions per image (``forward(batch, sequences=..., image_index=...)``; the samples are
 random token ids: decoding runs without gradient and is not what the levers change). Variants: float32 weights;
 with ``train.gradient_checkpointing``; bfloat16 weights (``model.dtype=bfloat16``, what trains kept float32 by
-``model.trainable_dtype``); both; and, where bitsandbytes is installed, ``model.quantization=4bit`` with LoRA on the
-language model (QLoRA).
+``model.trainable_dtype``); both; LoRA r16 on the language model over a float32 and a bfloat16 base; and, where
+bitsandbytes is installed, ``model.quantization=4bit`` with the same LoRA (QLoRA). ``--variants`` picks some.
 
 How memory is measured on the CPU (the method is the point: there is no ``max_memory_allocated`` here). Each
 variant runs in its own process. *Weights*: the bytes of every parameter and buffer as loaded (exact). *Training
