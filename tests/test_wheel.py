@@ -10,6 +10,7 @@ checks that ``finecap`` is imported from the new virtualenv.
 from __future__ import annotations
 
 import os
+import shutil
 import site
 import subprocess
 import sys
@@ -32,7 +33,14 @@ def run(cmd: list, cwd: Path, timeout: int = 600) -> str:
 @pytest.mark.slow
 def test_wheel_installs_and_runs_the_quick_demo(tmp_path):
     wheels = tmp_path / "wheels"
-    run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", wheels, ROOT],
+    # built from a copy of what a clone holds: an in-tree build/ left by an earlier build would ship modules since
+    # deleted from src/ (setuptools reuses build/lib without cleaning it)
+    tree = tmp_path / "tree"
+    for name in ("pyproject.toml", "README.md", "LICENSE"):
+        tree.mkdir(exist_ok=True)
+        shutil.copy2(ROOT / name, tree / name)
+    shutil.copytree(ROOT / "src", tree / "src", ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
+    run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", wheels, tree],
         cwd=tmp_path)  # fmt: skip
     (wheel,) = wheels.glob("finecap-*.whl")
     env_dir = tmp_path / "venv"

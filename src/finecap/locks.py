@@ -41,7 +41,7 @@ class OutputLocked(ValueError):
     """Another run holds the output folder's lock (a ``ValueError``: the command line prints it, exit code 2)."""
 
 
-def _command() -> str:
+def command_line() -> str:
     """This process's command line with secret overrides (:data:`~finecap.config.SECRET_KEYS`) masked."""
     return " ".join(f"{a.split('=', 1)[0]}=***" if a.split("=", 1)[0] in SECRET_KEYS else a for a in sys.argv)
 
@@ -80,7 +80,7 @@ def output_lock(
     path = Path(out) / name
     refuse_link(path)  # the lock file is written: never through a planted link
     record = {"pid": os.getpid(), "host": socket.gethostname(), "started": round(time.time(), 3),
-              "command": _command()}  # fmt: skip
+              "command": command_line()}  # fmt: skip
     previous: dict[str, Any] = {}
 
     def on_acquired(fd: int) -> None:  # runs with the lock held

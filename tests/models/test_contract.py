@@ -1,5 +1,7 @@
 """The captioner contract (:class:`finecap.models.captioner.Captioner`), run on every backbone: ClipCap, BLIP (its own
-ViT and the world BLIP reading a dual encoder's tokens) and each decoder-only VLM family (LLaVA, Idefics3, Qwen2-VL).
+ViT and the world BLIP reading a dual encoder's tokens), each decoder-only VLM family (LLaVA, Idefics3, Qwen2-VL), and
+a toy fourth backbone written in one file of hooks on :class:`finecap.models.base.CaptionerBase`
+(``tests/models/toy_backbone.py``), which checks that the base carries everything else.
 
 Every backbone is a tiny random model built from configs (saved like Hub checkpoints in a session folder). A new
 backbone adds one :class:`Case` here.
@@ -16,6 +18,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from PIL import Image
+from toy_backbone import ShowTell
 
 from finecap.config import DecodeConfig, load
 from finecap.data.datasets import model_collator
@@ -75,6 +78,14 @@ def build_blip(dirs: dict[str, Path]) -> Blip:
     return model
 
 
+def build_toy(dirs: dict[str, Path]) -> ShowTell:
+    torch.manual_seed(0)
+    lm, tok = build_world_lm(layers=1, hidden=32, heads=2, dropout=0.0)
+    model = ShowTell(lm, tok, VisionEncoder.from_pretrained(dirs["clip"]))
+    sharpen(model)
+    return model
+
+
 def build_world_blip(dirs: dict[str, Path]) -> Blip:
     torch.manual_seed(0)
     world = FeatureMapTokens.from_pretrained(dirs["clip"])
@@ -114,7 +125,10 @@ CASES: dict[str, Case] = {
     "blip_world": Case(build_world_blip, lambda m: None, 16),
     **{f"vlm_{f}": Case(build_vlm(f), projector, 16) for f in VLM_FAMILIES},
     "vlm_world": Case(build_world_vlm, projector, 16),
+    "toy": Case(build_toy, lambda m: m.projection, 16),
 }
+TOY_KIND = "toy"
+"""The toy backbone's kind, registered in :data:`BACKBONES` only while its case runs."""
 
 
 @pytest.fixture(scope="session")
@@ -128,8 +142,10 @@ def dirs(tmp_path_factory) -> dict[str, Path]:
 
 
 @pytest.fixture(params=list(CASES))
-def case(request, dirs) -> tuple[str, Captioner]:
+def case(request, dirs, monkeypatch) -> tuple[str, Captioner]:
     """``(name, a fresh captioner in eval mode)``."""
+    if request.param == TOY_KIND:
+        monkeypatch.setitem(BACKBONES, TOY_KIND, (None, ShowTell))
     torch.manual_seed(0)
     return request.param, CASES[request.param].build(dirs).eval()
 
@@ -179,7 +195,7 @@ def test_every_backbone_kind_has_a_case():
     assert set(BACKBONES) == set(kinds) and all(BACKBONES[k][1] is c for k, c in kinds.items())
 
 
-def test_members_and_their_types(case):
+def test_members_and_their_types(case, tmp_path):
     name, model = case
     assert isinstance(model, Captioner) and isinstance(model.encoder, ImageSide)
     vocab = model(batch_of(model, CASES[name].image_size)).shape[-1]
@@ -190,7 +206,7 @@ def test_members_and_their_types(case):
     assert model.device == next(model.parameters()).device
     assert {p: model.lora_module(p) is not None for p in PARTS} == {"lm": True, "encoder": True}
     assert all(isinstance(t, str) for p in PARTS for t in model.lora_default_targets(p))
-    assert model.config_dict()["kind" if name != "clipcap" else "mapper"] is not None
+    assert model.config_dict()["kind"] == checkpoint_kind(model.save(tmp_path / "ckpt"))
 
 
 def test_teacher_forced_logits_are_the_caption_tokens_and_score_them(case):
@@ -388,7 +404,7 @@ def test_what_a_run_prepares_and_fingerprints(case, tmp_path):
     name, model = case
     meta = json.loads((model.save(tmp_path / "ckpt") / "captioner.json").read_text())
     external = external_encoder(meta)
-    if name in ("clipcap", "blip_world", "vlm_world"):
+    if name in ("clipcap", "blip_world", "vlm_world", TOY_KIND):
         assert external is not None and Path(external).samefile(model.encoder.source)
     else:
         assert external is None

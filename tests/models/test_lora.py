@@ -12,7 +12,8 @@ from transformers import AutoModelForCausalLM, CLIPModel
 
 from finecap.config import DecodeConfig, load
 from finecap.models import lora
-from finecap.models.clipcap import ClipCap, export_merged
+from finecap.models.clipcap import ClipCap
+from finecap.models.export import export_merged
 from finecap.models.presets import build_world_lm, save_tiny_clip
 from finecap.models.retriever import Retriever
 from finecap.models.vision import VisionEncoder

@@ -19,9 +19,10 @@ from finecap.config import DecodeConfig, load
 from finecap.data.datasets import model_collator
 from finecap.models import lora, memory
 from finecap.models.backbones import load_captioner
+from finecap.models.base import module_path
 from finecap.models.captioner import PARTS
 from finecap.models.presets import build_world_lm, save_tiny_blip, save_tiny_clip, save_tiny_vlm
-from finecap.models.vlm import Vlm, _path
+from finecap.models.vlm import Vlm
 from finecap.objectives.mle import mle_loss
 
 CAPTIONS = ["a red circle", "two blue squares on the left", "a small green triangle"]
@@ -188,7 +189,7 @@ def test_every_vlm_family_runs_with_parts_of_two_dtypes(dirs, family, flags, tra
         reached[dtype] = {n for n, p in model.named_parameters() if p.grad is not None and p.grad.abs().sum() > 0}
     assert reached["bfloat16"] == reached["float32"] and reached["float32"]
     if trained == "projector":  # Qwen2-VL's merger sits inside its vision tower
-        assert {p.dtype for p in _path(model.model, model.family.projector).parameters()} == {torch.float32}
+        assert {p.dtype for p in module_path(model.model, model.family.projector).parameters()} == {torch.float32}
     else:
         assert memory.part_dtypes(model)["encoder"]["trainable"] == "float32"
     assert memory.install_bridges(model) > 0  # the model mixes dtypes (re-installing is idempotent)

@@ -108,6 +108,12 @@ def cmd_caption(args: argparse.Namespace) -> None:
          overrides=overrides, force=args.force)  # fmt: skip
 
 
+def cmd_export(args: argparse.Namespace) -> None:
+    from finecap.app.export import main
+
+    main(args.checkpoint, args.merged, merged=args.merged is not None, force=args.force)
+
+
 def cmd_eval(args: argparse.Namespace) -> None:
     from finecap.app.eval import main
 
@@ -276,6 +282,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--split", default="test", help="split to caption")
     p.add_argument("--out", required=True, help="output COCO results JSON")
     p.add_argument("--force", action="store_true", help=FORCE_FILE_HELP)
+
+    p = sub.add_parser("export", help="Write a trained captioner as a plain checkpoint other tools load.",
+                       description="Write a trained captioner as a plain checkpoint other tools load.",
+                       parents=[COMMON])  # fmt: skip
+    p.add_argument("checkpoint", metavar="RUN", help="run directory (its best checkpoint), checkpoint or model folder")
+    p.add_argument("--merged", metavar="OUT", default=None, help="write the captioner with its LoRA adapters merged "
+                   "into the base weights to this new folder")  # fmt: skip
+    p.add_argument("--force", action="store_true", help="replace a captioner folder finecap exported to OUT before")
+    p.set_defaults(func=cmd_export)
 
     p = _add(sub, "eval", cmd_eval, "Evaluate captions (n-gram, CLIP, retrieval, diversity, faithfulness).")
     p.add_argument("--predictions", required=True, help="COCO results JSON")

@@ -277,7 +277,7 @@ def captioner_fingerprint(cfg: Config, model_folder: str | Path | None = None) -
     or the ``train.init_from`` checkpoint's encoder; none when ``model.train_encoder`` saves it or a pretrained
     BLIP (``blip.name``) brings its own."""
     from finecap.models.backbones import encoder_source
-    from finecap.models.clipcap import CONFIG_NAME
+    from finecap.models.base import CONFIG_NAME
 
     if model_folder is not None:
         source = external_encoder(read_json(Path(model_folder) / CONFIG_NAME))

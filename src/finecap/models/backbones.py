@@ -16,10 +16,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, get_args
 
 from finecap.config import SECTIONS, Backbone
+from finecap.models.base import CONFIG_NAME, read_meta
 from finecap.models.blip import Blip, build_blip
-from finecap.models.clipcap import CONFIG_NAME, ClipCap, build_captioner
+from finecap.models.clipcap import ClipCap, build_captioner
 from finecap.models.vlm import Vlm, build_vlm
-from finecap.utils import read_json
 
 if TYPE_CHECKING:
     from finecap.config import Config
@@ -44,12 +44,11 @@ def build_model(cfg: Config) -> Captioner:
 
 def checkpoint_kind(path: str | Path) -> str:
     """The backbone of a captioner checkpoint folder (``captioner.json``'s ``kind``; ``clipcap`` when absent)."""
-    meta_file = Path(path) / CONFIG_NAME
-    if not meta_file.exists():
-        raise FileNotFoundError(f"{path}: not a captioner checkpoint (no {CONFIG_NAME})")
-    kind = read_json(meta_file).get("kind", "clipcap")
+    kind = read_meta(path).get("kind", "clipcap")
     if kind not in BACKBONES:
-        raise ValueError(f"{meta_file}: unknown captioner kind {kind!r}; valid: {', '.join(sorted(BACKBONES))}")
+        raise ValueError(
+            f"{Path(path) / CONFIG_NAME}: unknown captioner kind {kind!r}; valid: {', '.join(sorted(BACKBONES))}"
+        )
     return kind
 
 

@@ -59,27 +59,15 @@ from torch import nn
 from transformers import AutoTokenizer, BlipConfig, BlipForConditionalGeneration
 from transformers.cache_utils import DynamicCache, EncoderDecoderCache
 
-from finecap.config import DecodeConfig
-from finecap.decode import Generation
 from finecap.models import lora, memory
-from finecap.models.captioner import (
-    TokenScores,
-    encode_images,
-    generate_in_chunks,
-    logits_or_scores,
-    shifted_mask,
-    strip_prefix,
-)
+from finecap.models.base import CaptionerBase
+from finecap.models.captioner import encode_images, shifted_mask
 from finecap.models.presets import BlipImageProcessor, world_blip
-from finecap.models.vision import VisionEncoder
-from finecap.models.world_encoder import world_encoder_path
-from finecap.utils import read_json, write_json
+from finecap.models.vision import FeatureMapTokens, load_frozen_tokens
 
 if TYPE_CHECKING:
     from finecap.config import Config
 
-CONFIG_NAME = "captioner.json"
-WORLD_DIR = "world_encoder"
 KIND = "blip"
 UNQUANTIZED = ("vision_model", "text_decoder.cls.predictions.decoder")
 """What ``model.quantization`` leaves unquantised in a BLIP: the vision tower and the output head (the quantized
@@ -89,44 +77,6 @@ part is the text decoder)."""
 # --------------------------------------------------------------------------------------------------------------------
 # Vision sides: BLIP's own ViT, or the world encoder's feature map
 # --------------------------------------------------------------------------------------------------------------------
-
-
-class FeatureMapTokens(VisionEncoder):
-    """Image tokens ``(B, 1 + h*w, D)`` of a dual encoder: its projected image feature (a global token) followed by
-    the cells of the last spatial feature map with more than one cell (a ConvNet's stage map, ``(B, D, h, w)``); for
-    a ViT tower (``(B, P, H)`` hidden states) its last hidden state. The global token and the map cells must have
-    the same width."""
-
-    def forward(self, pixel_values: torch.Tensor) -> torch.Tensor:
-        vision = getattr(self.model, "vision_model", None)
-        if vision is None:
-            raise TypeError(f"vision encoder {self.source}: no vision_model to take image tokens from")
-        out = vision(pixel_values=pixel_values.to(self.dtype), output_hidden_states=True)
-        states = out.hidden_states
-        if states[-1].ndim == 3:  # ViT: (B, 1+P, H)
-            return out.last_hidden_state
-        maps = [s for s in states if s.ndim == 4 and s.shape[-1] * s.shape[-2] > 1]
-        if not maps:
-            raise ValueError(f"vision encoder {self.source}: no spatial feature map with more than one cell")
-        fmap = maps[-1]  # (B, C, h, w)
-        projection = getattr(self.model, "visual_projection", None)
-        if projection is not None and out.pooler_output is not None:  # get_image_features, without a second pass
-            pooled = projection(out.pooler_output)  # (B, D)
-        else:
-            pooled = super().forward(pixel_values)  # (B, D)
-        if fmap.shape[1] != pooled.shape[1]:
-            raise ValueError(
-                f"vision encoder {self.source}: feature map width {fmap.shape[1]} != projection dim {pooled.shape[1]}"
-            )
-        cells = fmap.flatten(2).transpose(1, 2)  # (B, h*w, D)
-        return torch.cat([pooled[:, None, :], cells], dim=1)  # (B, 1+h*w, D)
-
-    def token_shape(self, image_size: int) -> tuple[int, int]:
-        """``(P, D)`` of the tokens of an ``image_size`` px image."""
-        param = next(self.model.parameters())
-        with torch.no_grad():
-            out = self(torch.zeros(1, 3, image_size, image_size, device=param.device, dtype=param.dtype))
-        return int(out.shape[1]), int(out.shape[2])
 
 
 class BlipVision:
@@ -184,7 +134,7 @@ def _prepare_tokenizer(tokenizer: Any, config: BlipConfig) -> Any:
     return tokenizer
 
 
-class Blip(nn.Module):
+class Blip(CaptionerBase):
     """BLIP captioner. See the module docstring; build it with :func:`build_blip` or :meth:`from_checkpoint`.
 
     Args:
@@ -196,6 +146,8 @@ class Blip(nn.Module):
         train_lm: train the text decoder.
         source: where the BLIP came from (recorded in checkpoints).
     """
+
+    kind = KIND
 
     def __init__(
         self,
@@ -222,7 +174,7 @@ class Blip(nn.Module):
         self.train(self.training)
 
     # ------------------------------------------------------------------------------------------------------------
-    # Properties, modes, what trains
+    # What it is, what trains
     # ------------------------------------------------------------------------------------------------------------
 
     @property
@@ -253,31 +205,12 @@ class Blip(nn.Module):
         """Decoding reads ``[bos]`` and then up to ``max_length`` tokens within the decoder's positions."""
         return self.max_positions - 1
 
-    @property
-    def pad_token_id(self) -> int:
-        return int(self.tokenizer.pad_token_id)
-
-    @property
-    def eos_token_id(self) -> int:
-        return int(self.tokenizer.eos_token_id)
-
-    def lora_module(self, part: str) -> nn.Module | None:
-        """``"lm"``: the text decoder; ``"encoder"``: BLIP's vision model, or the world dual encoder."""
+    def part_path(self, part: str) -> str:
+        """``"lm"``: the text decoder; ``"encoder"``: BLIP's vision model, or the world dual encoder. LoRA's default
+        targets are every linear layer of the part (module docstring)."""
         if part == "lm":
-            return self.model.text_decoder
-        return self.world.model if self.world is not None else self.model.vision_model
-
-    def set_lora_module(self, part: str, module: nn.Module) -> None:
-        if part == "lm":
-            self.model.text_decoder = module
-        elif self.world is not None:
-            self.world.model = module
-        else:
-            self.model.vision_model = module
-
-    def lora_default_targets(self, part: str) -> tuple[str, ...]:
-        """Every linear layer of the part (``()``; module docstring)."""
-        return ()
+            return "model.text_decoder"
+        return "world.model" if self.world is not None else "model.vision_model"
 
     def apply_trainable(self) -> None:
         """``requires_grad`` from ``train_lm`` / ``train_encoder``, through adapters when a part has some (nothing
@@ -289,25 +222,19 @@ class Blip(nn.Module):
         else:
             lora.train_part(self.model.vision_model, self.train_encoder)
 
-    def train(self, mode: bool = True) -> Blip:
-        super().train(mode)
-        if not self.train_encoder:
-            self.lora_module("encoder").eval()
-        if not self.train_lm:
-            self.model.text_decoder.eval()
-        return self
+    def dual_encoder(self) -> FeatureMapTokens | None:
+        return self.world
 
-    def config_dict(self) -> dict[str, Any]:
-        return {
-            "kind": KIND,
-            "train_encoder": self.train_encoder,
-            "train_lm": self.train_lm,
-            "source": self.source,
-            "world_source": self.world.source if self.world is not None else "",
-        }
+    def adapter_root(self) -> str | None:
+        """A BLIP with its own ViT is one ``BlipForConditionalGeneration``: a LoRA run also saves one adapter for it
+        (the world BLIP reads tokens from outside it, so it has none)."""
+        return "model" if self.world is None else None
+
+    def own_config(self) -> dict[str, Any]:
+        return {"source": self.source, "world_source": self.world.source if self.world is not None else ""}
 
     # ------------------------------------------------------------------------------------------------------------
-    # Forward
+    # Conditioning and teacher forcing
     # ------------------------------------------------------------------------------------------------------------
 
     def image_tokens(self, batch: dict[str, Any]) -> torch.Tensor:
@@ -317,15 +244,18 @@ class Blip(nn.Module):
             raise ValueError(f"BLIP image tokens must be (B, P, H), got {tuple(tokens.shape)}")
         return tokens
 
-    def _decoder_logits(self, tokens: torch.Tensor, input_ids: torch.Tensor,
-                        attention_mask: torch.Tensor | None = None) -> torch.Tensor:  # fmt: skip
+    def image_conditioning(self, batch: dict[str, Any]) -> torch.Tensor:
+        """The image tokens ``(B, P, H)`` the decoder cross-attends to (the vision side runs once per image)."""
+        return self.image_tokens(batch)
+
+    def caption_logits(self, tokens: torch.Tensor, input_ids: torch.Tensor,
+                       attention_mask: torch.Tensor | None = None) -> torch.Tensor:  # fmt: skip
         """Teacher-forced logits ``(B, T, V)`` of ``input_ids (B, T)`` given image tokens ``(B, P, H)``: the decoder
         reads ``[bos] + input_ids[:, :-1]``, so ``logits[:, t]`` predicts ``input_ids[:, t]``."""
         B, T = input_ids.shape
         if T < 1:
             raise ValueError("input_ids must hold at least one token (the [SEP])")
-        if self.max_positions < T:
-            raise ValueError(f"caption length {T} (data.max_tokens) exceeds BLIP's {self.max_positions} positions")
+        self.check_length(tokens, T, "caption length (data.max_tokens)")
         input_ids = input_ids.to(self.device)
         bos = torch.full((B, 1), self.bos_token_id, dtype=input_ids.dtype, device=self.device)
         dec_in = torch.cat([bos, input_ids[:, :-1]], dim=1)  # (B, T)
@@ -334,22 +264,6 @@ class Blip(nn.Module):
         out = self.model.text_decoder(input_ids=dec_in, attention_mask=mask, encoder_hidden_states=tokens.to(dtype),
                                       use_cache=False)  # fmt: skip
         return out.logits  # (B, T, V)
-
-    def forward(
-        self,
-        batch: dict[str, Any],
-        sequences: torch.Tensor | None = None,
-        mask: torch.Tensor | None = None,
-        image_index: torch.Tensor | None = None,
-        temperature: float = 1.0,
-        with_entropy: bool = False,
-    ) -> torch.Tensor | TokenScores:
-        """The one differentiable entry point, as :meth:`finecap.models.clipcap.ClipCap.forward`: teacher-forced
-        logits ``(B, T, V)`` of ``batch['input_ids']``, or :class:`TokenScores` of ``sequences (N, L)`` (rows mapped
-        to images by ``image_index``; the vision side runs once per image)."""
-        tokens = self.image_tokens(batch)  # (B, P, H)
-        return logits_or_scores(tokens, self._decoder_logits, batch, sequences, mask, image_index, temperature,
-                                with_entropy, self.device)  # fmt: skip
 
     # ------------------------------------------------------------------------------------------------------------
     # Decoding (Stepper protocol)
@@ -385,53 +299,18 @@ class Blip(nn.Module):
         cache.reorder_cache(index.to(tokens.device))
         return cache, tokens[:1].expand(index.shape[0], -1, -1)  # (M, P, H) view
 
-    @torch.no_grad()
-    def generate(
-        self,
-        batch_or_tokens: dict[str, Any] | torch.Tensor,
-        decode_cfg: DecodeConfig | None = None,
-        generator: torch.Generator | None = None,
-        seeds: torch.Tensor | None = None,
-    ) -> Generation:
-        """Decode captions for a batch (``features`` = image tokens, or ``pixel_values``) or image tokens
-        ``(B, P, H)``; as :meth:`finecap.models.clipcap.ClipCap.generate`."""
-        cfg = decode_cfg or DecodeConfig()
-        if cfg.max_length + 1 > self.max_positions:
-            raise ValueError(
-                f"decode.max_length={cfg.max_length} + [bos] exceeds BLIP's {self.max_positions} text positions"
-            )
-        tokens = batch_or_tokens if isinstance(batch_or_tokens, torch.Tensor) else self.image_tokens(batch_or_tokens)
-        tokens = tokens.to(self.device)
-        return generate_in_chunks(self, tokens, cfg, self.tokenizer, self.pad_token_id, generator, seeds)
-
     # ------------------------------------------------------------------------------------------------------------
     # Saving and loading
     # ------------------------------------------------------------------------------------------------------------
 
-    def save(self, out: str | Path, state_dict: dict[str, torch.Tensor] | None = None) -> Path:
-        """Write the ``BlipForConditionalGeneration`` (``save_pretrained``, base weights without adapters), its
-        tokenizer and image processor into ``out``; the world encoder into ``out/world_encoder`` when it was trained;
-        adapters in peft's format; ``captioner.json``. ``state_dict``: the weights to write (default: this
-        module's own). Reload with :meth:`from_checkpoint`, or ``BlipForConditionalGeneration.from_pretrained``."""
-        out = Path(out)
-        out.mkdir(parents=True, exist_ok=True)
-        state = self.state_dict() if state_dict is None else state_dict
-        with lora.plain_parts(self):  # save_pretrained of the plain model: adapters' wrappers swapped out
-            self.model.save_pretrained(out, state_dict=lora.plain_state(strip_prefix(state, "model.")))
+    def save_weights(self, out: Path, state: dict[str, torch.Tensor]) -> dict[str, Any]:
+        """The ``BlipForConditionalGeneration`` (``save_pretrained``, base weights without adapters), its tokenizer
+        and image processor, in ``out`` itself: ``BlipForConditionalGeneration.from_pretrained(out)`` loads it."""
+        self.save_plain_model(out, state)
         self.tokenizer.save_pretrained(out)
         if self.image_processor is not None:
             self.image_processor.save_pretrained(out)
-        meta = self.config_dict()
-        meta["world_saved"] = bool(self.world is not None and self.train_encoder)
-        if meta["world_saved"]:
-            lora.save_encoder(self.world, out / WORLD_DIR, strip_prefix(state, "world.model."))
-        vision_prefix = "world.model." if self.world is not None else "model.vision_model."
-        parts = {"lm": strip_prefix(state, "model.text_decoder."), "encoder": strip_prefix(state, vision_prefix)}
-        meta["lora"] = lora.save_adapters(self, out, parts)
-        meta["dtypes"] = memory.part_dtypes(self)
-        memory.save_float32_masters(self, out, state)
-        write_json(out / CONFIG_NAME, meta)
-        return out
+        return {}
 
     @classmethod
     def from_pretrained(cls, name_or_path: str | Path, options: memory.LoadOptions | None = None,
@@ -441,15 +320,26 @@ class Blip(nn.Module):
         name = str(name_or_path)
         options = options or memory.LoadOptions()
         try:
-            model = BlipForConditionalGeneration.from_pretrained(
-                name, trust_remote_code=False, **options.pretrained(quantize=True, skip=UNQUANTIZED)
-            )
-            model = options.loaded(model, f"blip.name={name}")
+            model = options.load(BlipForConditionalGeneration, name, f"blip.name={name}", skip=UNQUANTIZED)
             tokenizer = AutoTokenizer.from_pretrained(name, trust_remote_code=False)
             processor = BlipImageProcessor.from_pretrained(name, trust_remote_code=False)
         except OSError as e:
             raise OSError(f"blip.name={name}: cannot load the BLIP model, tokenizer or image processor: {e}") from None
         return cls(model, tokenizer, processor, source=name, **kwargs)
+
+    @classmethod
+    def load_weights(cls, path: Path, meta: dict[str, Any], load_encoder: bool,
+                     options: memory.LoadOptions) -> Blip:  # fmt: skip
+        """The BLIP, tokenizer and image processor of the folder, and the world BLIP's dual encoder (``load_encoder``
+        false: without it, for cached image tokens)."""
+        model = options.load(BlipForConditionalGeneration, path, str(path), skip=UNQUANTIZED)
+        tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=False)
+        world = cls.load_dual_encoder(path, meta, load_encoder, options.torch_dtype or "auto", FeatureMapTokens)
+        processor = None
+        if not meta.get("world_source"):
+            processor = BlipImageProcessor.from_pretrained(path, trust_remote_code=False)
+        return cls(model, tokenizer, processor, world=world, train_encoder=meta["train_encoder"],
+                   train_lm=meta["train_lm"], source=meta.get("source", ""))  # fmt: skip
 
     @staticmethod
     def reads_world_encoder(cfg: Config) -> bool:
@@ -460,46 +350,6 @@ class Blip(nn.Module):
     def encoder_source(cfg: Config) -> str | None:
         """The world BLIP reads ``model.encoder`` from outside its checkpoint; a pretrained BLIP brings its own."""
         return cfg.model.encoder if cfg.blip.name == "world-tiny" else None
-
-    @staticmethod
-    def external_encoder(meta: dict[str, Any]) -> str | None:
-        """The world BLIP's frozen dual encoder (``world_source``); ``None`` for a pretrained BLIP or a trained one."""
-        return None if meta.get("world_saved") else (meta.get("world_source") or None)
-
-    @classmethod
-    def from_checkpoint(cls, path: str | Path, load_encoder: bool = True,
-                        options: memory.LoadOptions | None = None) -> Blip:  # fmt: skip
-        """Load a captioner written by :meth:`save` (``load_encoder=False``: a world BLIP without its world encoder,
-        for cached image tokens; ``options``: dtype, attention and quantization, ``model.*``, default float32)."""
-        path = Path(path)
-        if not (path / CONFIG_NAME).exists():
-            raise FileNotFoundError(f"{path}: not a captioner checkpoint (no {CONFIG_NAME})")
-        meta = read_json(path / CONFIG_NAME)
-        options = options or memory.LoadOptions()
-        model = BlipForConditionalGeneration.from_pretrained(
-            path, trust_remote_code=False, **options.pretrained(quantize=True, skip=UNQUANTIZED)
-        )
-        model = options.loaded(model, str(path))
-        tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=False)
-        world = None
-        dtype = options.torch_dtype or "auto"
-        if meta.get("world_saved"):
-            world = FeatureMapTokens.from_pretrained(path / WORLD_DIR, dtype)
-        elif meta.get("world_source") and load_encoder:
-            try:
-                world = FeatureMapTokens.from_pretrained(meta["world_source"], dtype)
-            except OSError as e:
-                raise OSError(
-                    f"{path / CONFIG_NAME}: cannot load the world encoder {meta['world_source']!r} it refers to ({e})"
-                ) from None
-        processor = None
-        if not meta.get("world_source"):
-            processor = BlipImageProcessor.from_pretrained(path, trust_remote_code=False)
-        blip = cls(model, tokenizer, processor, world=world, train_encoder=meta["train_encoder"],
-                   train_lm=meta["train_lm"], source=meta.get("source", ""))  # fmt: skip
-        if meta.get("lora"):
-            lora.load_adapters(blip, path, meta["lora"])
-        return blip
 
 
 # --------------------------------------------------------------------------------------------------------------------
@@ -517,12 +367,7 @@ def build_blip(cfg: Config) -> Blip:
     options = memory.LoadOptions.of(m)
     if b.name != "world-tiny":
         return Blip.from_pretrained(b.name, options, **kwargs)
-    source = world_encoder_path(cfg) if m.encoder == "world" else m.encoder
-    options.check_fresh("blip.name=world-tiny")  # refuses quantization before any work
-    try:
-        world = FeatureMapTokens.from_pretrained(source, options.torch_dtype or "auto")
-    except OSError as e:
-        raise OSError(f"model.encoder={m.encoder}: cannot load the vision encoder: {e}") from None
+    world = load_frozen_tokens(cfg, options, "blip.name=world-tiny")
     image_size = int(world.image_processor.crop_size["height"]) if world.image_processor is not None else 64
     _, width = world.token_shape(image_size)
     positions = max(cfg.data.max_tokens, cfg.decode.max_length) + 1  # + [bos]

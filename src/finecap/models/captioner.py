@@ -2,10 +2,12 @@
 shares: scoring given captions, the teacher-forced attention mask, decoding in chunks.
 
 A captioner (:class:`finecap.models.clipcap.ClipCap`, :class:`finecap.models.blip.Blip`,
-:class:`finecap.models.vlm.Vlm`; a new backbone implements the same and is listed in :mod:`finecap.models.backbones`)
-is an ``nn.Module`` with every member of :class:`Captioner`. Objectives, rewards, decoding, the feature cache, LoRA,
-checkpoints and the training engine use these members and nothing else, without ``getattr`` fallbacks;
-``tests/models/test_contract.py`` runs one contract test module on every backbone. In short:
+:class:`finecap.models.vlm.Vlm`) is an ``nn.Module`` with every member of :class:`Captioner`. Every backbone
+subclasses :class:`finecap.models.base.CaptionerBase`, which implements the members that do not depend on the
+backbone once; a new backbone writes the base's hooks and is listed in :mod:`finecap.models.backbones`.
+Objectives, rewards, decoding, the feature cache, LoRA, checkpoints and the training engine use these members and
+nothing else, without ``getattr`` fallbacks; ``tests/models/test_contract.py`` runs one contract test module on every
+backbone. In short:
 
 - ``forward(batch)`` -> teacher-forced logits ``(B, T, V)`` of ``batch["input_ids"]`` (the caption tokens only: a
   prefix, a start token, a chat prompt or image tokens are never among them), aligned so that ``logits[:, t]``
@@ -240,36 +242,6 @@ def token_scores(
     token = logp.gather(-1, sequences.to(logp.device).unsqueeze(-1)).squeeze(-1) * keep  # (N, L)
     entropy = entropy_of(logp) * keep if with_entropy else None  # (N, L)
     return TokenScores(token, entropy)
-
-
-def logits_or_scores(
-    conditioning: Conditioning,
-    logits_fn: Any,
-    batch: dict[str, Any],
-    sequences: torch.Tensor | None,
-    mask: torch.Tensor | None,
-    image_index: torch.Tensor | None,
-    temperature: float,
-    with_entropy: bool,
-    device: torch.device,
-) -> torch.Tensor | TokenScores:
-    """The body of every backbone's ``forward``: ``logits_fn(conditioning, input_ids, attention_mask) -> (B, T, V)``
-    gives the teacher-forced logits of ``batch['input_ids']``; given ``sequences (N, L)``, the per-image
-    ``conditioning (B, ...)`` (ClipCap's prefix, BLIP's image tokens) is mapped to rows by ``image_index (N,)`` (or
-    row ``n`` is image ``n``) and the sequences' :func:`token_scores` are returned. ``conditioning`` is a tensor or
-    any row-indexable object with ``len()`` (:data:`finecap.decode.Conditioning`)."""
-    if sequences is None:
-        return logits_fn(conditioning, batch["input_ids"], batch.get("attention_mask"))
-    if image_index is not None:
-        conditioning = conditioning[image_index.to(device)]  # (N, ...)
-    elif len(conditioning) != sequences.shape[0]:
-        raise ValueError(
-            f"{len(conditioning)} images for {sequences.shape[0]} sequences; pass image_index to map them"
-        )
-    sequences = sequences.to(device)
-    mask = torch.ones_like(sequences, dtype=torch.bool) if mask is None else mask.to(device)
-    logits = logits_fn(conditioning, sequences, mask.long())  # (N, L, V)
-    return token_scores(logits, sequences, mask, temperature, with_entropy)
 
 
 def shifted_mask(attention_mask: torch.Tensor | None, k: int, device: torch.device) -> torch.Tensor | None:

@@ -44,29 +44,19 @@ from torch import nn
 from transformers import AutoModelForCausalLM, AutoTokenizer
 from transformers.cache_utils import Cache
 
-from finecap.config import DecodeConfig, Mapper
-from finecap.decode import Generation
+from finecap.config import Mapper
 from finecap.models import lora, memory
-from finecap.models.captioner import (
-    TokenScores,
-    encode_images,
-    generate_in_chunks,
-    logits_or_scores,
-    shifted_mask,
-    strip_prefix,
-)
+from finecap.models.base import CaptionerBase
+from finecap.models.captioner import encode_images, shifted_mask, strip_prefix
 from finecap.models.presets import WORLD_LM_POSITIONS, build_world_lm
 from finecap.models.tokenizer import ensure_pad_token
 from finecap.models.vision import VisionEncoder
 from finecap.models.world_encoder import world_encoder_path
-from finecap.train.checkpoint import model_dir
-from finecap.utils import read_json, write_json
 
 if TYPE_CHECKING:
     from finecap.config import Config
 
 MAPPERS = get_args(Mapper)
-CONFIG_NAME = "captioner.json"
 MAPPER_WEIGHTS = "mapper.safetensors"
 WORLD_LM = "world-tiny"
 
@@ -124,7 +114,7 @@ def build_mapper(kind: str, feature_dim: int, hidden: int, prefix_length: int, l
 # --------------------------------------------------------------------------------------------------------------------
 
 
-class ClipCap(nn.Module):
+class ClipCap(CaptionerBase):
     """Prefix captioner. See the module docstring; build it with :func:`build_captioner` or :meth:`from_checkpoint`.
 
     Args:
@@ -137,6 +127,11 @@ class ClipCap(nn.Module):
         train_lm: train the LM; otherwise it is frozen and only the mapper (and encoder) learn.
         lm_source, encoder_source: where the LM / encoder came from (recorded in checkpoints).
     """
+
+    kind = "clipcap"
+    DUAL_ENCODER_DIR = "encoder"
+    DUAL_SAVED_KEY = "encoder_saved"
+    DUAL_SOURCE_KEY = "encoder_source"
 
     def __init__(
         self,
@@ -175,14 +170,12 @@ class ClipCap(nn.Module):
         self.lm_source = lm_source
         self.encoder_source = encoder_source or (encoder.source if encoder is not None else "")
         self.mapper_layers, self.mapper_heads = int(mapper_layers), int(mapper_heads)
-        if encoder is not None:
-            encoder.set_trainable(self.train_encoder)
-        lora.train_part(self.lm, self.train_lm)
         self._keep_kw = "logits_to_keep" in inspect.signature(type(lm).forward).parameters
+        self.apply_trainable()
         self.train(self.training)
 
     # ------------------------------------------------------------------------------------------------------------
-    # Properties and modes
+    # What it is, what trains
     # ------------------------------------------------------------------------------------------------------------
 
     @property
@@ -207,55 +200,25 @@ class ClipCap(nn.Module):
         limit = self.max_positions
         return None if limit is None else limit - self.prefix_length + 1
 
-    @property
-    def pad_token_id(self) -> int:
-        return int(self.tokenizer.pad_token_id)
-
-    @property
-    def eos_token_id(self) -> int:
-        return int(self.tokenizer.eos_token_id)
-
-    def train(self, mode: bool = True) -> ClipCap:
-        super().train(mode)
-        if self.encoder is not None and not self.train_encoder:
-            self.encoder.eval()
-        if not self.train_lm:
-            self.lm.eval()
-        return self
-
-    # ------------------------------------------------------------------------------------------------------------
-    # What trains (hooks of finecap.models.lora)
-    # ------------------------------------------------------------------------------------------------------------
-
-    def lora_module(self, part: str) -> nn.Module | None:
-        """The module LoRA adapts for ``part``: the LM (``"lm"``) or the dual encoder (``"encoder"``; its text side
-        is never a target)."""
+    def part_path(self, part: str) -> str | None:
+        """The LM (``"lm"``) or the dual encoder (``"encoder"``; its text side is never a target)."""
         if part == "lm":
-            return self.lm
-        return self.encoder.model if self.encoder is not None else None
-
-    def set_lora_module(self, part: str, module: nn.Module) -> None:
-        """Put ``module`` (e.g. the part wrapped in a ``PeftModel``) in ``part``'s place."""
-        if part == "lm":
-            self.lm = module
-        else:
-            self.encoder.model = module
-
-    def lora_default_targets(self, part: str) -> tuple[str, ...]:
-        """Every linear layer of the part (``()``): GPT-2's ``c_attn``/``c_proj``/``c_fc``, the dual encoder's image
-        side (:mod:`finecap.models.lora`)."""
-        return ()
+            return "lm"
+        return "encoder.model" if self.encoder is not None else None
 
     def apply_trainable(self) -> None:
         """``requires_grad`` from ``train_lm`` / ``train_encoder`` (through adapters when a part has some); the
-        mapper always learns."""
+        mapper always learns. Every linear layer of a part is LoRA's default target (GPT-2's ``c_attn`` /
+        ``c_proj`` / ``c_fc``, the dual encoder's image side)."""
         self.mapper.requires_grad_(True)
         lora.train_part(self.lm, self.train_lm)
         if self.encoder is not None:
             self.encoder.set_trainable(self.train_encoder)  # its adapters only, if any; the text side stays frozen
 
-    def config_dict(self) -> dict[str, Any]:
-        """What :meth:`save` records in ``captioner.json``."""
+    def dual_encoder(self) -> VisionEncoder | None:
+        return self.encoder
+
+    def own_config(self) -> dict[str, Any]:
         return {
             "mapper": self.mapper_kind,
             "prefix_length": self.prefix_length,
@@ -263,20 +226,26 @@ class ClipCap(nn.Module):
             "mapper_heads": self.mapper_heads,
             "feature_dim": self.feature_dim,
             "hidden_size": self.hidden_size,
-            "train_encoder": self.train_encoder,
-            "train_lm": self.train_lm,
             "lm_source": self.lm_source,
             "encoder_source": self.encoder_source,
         }
 
     # ------------------------------------------------------------------------------------------------------------
-    # Forward pieces
+    # Conditioning and teacher forcing
     # ------------------------------------------------------------------------------------------------------------
 
     def image_features(self, batch: dict[str, Any]) -> torch.Tensor:
         """Image features ``(B, D)``: the batch's cached ``features`` (frozen encoder) or the encoder applied to
         ``pixel_values`` (with gradient only when the encoder is trained)."""
         return encode_images(batch, self.encoder, self.train_encoder, self.device)  # (B, D)
+
+    def image_conditioning(self, batch: dict[str, Any]) -> torch.Tensor:
+        """Image features ``(B, D)``: decoding starts from them (:meth:`start` runs the mapper)."""
+        return self.image_features(batch)
+
+    def scoring_conditioning(self, features: torch.Tensor) -> torch.Tensor:
+        """The prefix embeddings ``(B, k, H)`` teacher forcing reads: the mapper runs once per image."""
+        return self._prefix(features)
 
     def _prefix(self, features: torch.Tensor) -> torch.Tensor:
         """Features ``(B, D)`` -> prefix embeddings ``(B, k, H)``."""
@@ -288,7 +257,7 @@ class ClipCap(nn.Module):
     def embed_tokens(self, input_ids: torch.Tensor) -> torch.Tensor:
         return self.lm.get_input_embeddings()(input_ids)  # (B, T, H)
 
-    def _check_positions(self, n_tokens: int, what: str) -> None:
+    def check_length(self, conditioning: Any, n_tokens: int, what: str) -> None:
         limit = self.max_positions
         if limit is not None and self.prefix_length + n_tokens - 1 > limit:
             raise ValueError(
@@ -296,15 +265,15 @@ class ClipCap(nn.Module):
                 f"{self.prefix_length + n_tokens - 1} positions but the language model has {limit}"
             )
 
-    def _lm_logits(self, prefix: torch.Tensor, input_ids: torch.Tensor,
-                  attention_mask: torch.Tensor | None = None) -> torch.Tensor:  # fmt: skip
+    def caption_logits(self, prefix: torch.Tensor, input_ids: torch.Tensor,
+                       attention_mask: torch.Tensor | None = None) -> torch.Tensor:  # fmt: skip
         """Teacher-forced logits ``(B, T, V)`` of ``input_ids (B, T)`` after ``prefix (B, k, H)``, aligned so that
         ``logits[:, t]`` predicts ``input_ids[:, t]`` (the last prefix position predicts the first token)."""
         B, T = input_ids.shape
         if T < 1:
             raise ValueError("input_ids must hold at least one token (the EOS)")
         k = prefix.shape[1]
-        self._check_positions(T, "caption length (data.max_tokens)")
+        self.check_length(prefix, T, "caption length (data.max_tokens)")
         tokens = self.embed_tokens(input_ids[:, :-1].to(self.device))  # (B, T-1, H)
         x = torch.cat([prefix.to(tokens.dtype), tokens], dim=1)  # (B, k+T-1, H)
         mask = shifted_mask(attention_mask, k, self.device)  # (B, k+T-1)
@@ -312,34 +281,12 @@ class ClipCap(nn.Module):
         out = self.lm(inputs_embeds=x, attention_mask=mask, use_cache=False, **kwargs)
         return out.logits[:, -T:]  # (B, T, V)
 
-    def forward(
-        self,
-        batch: dict[str, Any],
-        sequences: torch.Tensor | None = None,
-        mask: torch.Tensor | None = None,
-        image_index: torch.Tensor | None = None,
-        temperature: float = 1.0,
-        with_entropy: bool = False,
-    ) -> torch.Tensor | TokenScores:
-        """The one differentiable entry point (see :mod:`finecap.models.captioner`).
-
-        Without ``sequences``: teacher-forced logits ``(B, T, V)`` of ``batch['input_ids']``, ``logits[:, t]``
-        predicting ``labels[:, t]``. With ``sequences (N, L)`` (e.g. sampled captions, stop token included, padded
-        after it) and ``mask (N, L)`` (true up to and including the stop token; default all true): their per-token
-        log-probs under ``softmax(logits / temperature)`` with gradient, 0 where ``mask`` is false, and the
-        next-token entropies when ``with_entropy``. ``image_index (N,)`` maps rows to batch images (e.g.
-        ``Generation.image_index``), so the mapper runs once per image; without it row ``n`` is image ``n``.
-        """
-        prefix = self._prefix(self.image_features(batch))  # (B, k, H)
-        return logits_or_scores(prefix, self._lm_logits, batch, sequences, mask, image_index, temperature,
-                                with_entropy, self.device)  # fmt: skip
-
     # ------------------------------------------------------------------------------------------------------------
-    # Decoding
+    # Decoding (Stepper protocol)
     # ------------------------------------------------------------------------------------------------------------
 
     def start(self, features: torch.Tensor) -> tuple[torch.Tensor, Any]:
-        """Stepper protocol: run the prefix, return the first token's logits ``(B, V)`` and the KV cache."""
+        """Run the prefix, return the first token's logits ``(B, V)`` and the KV cache."""
         prefix = self._prefix(features)  # (B, k, H)
         kwargs = {"logits_to_keep": 1} if self._keep_kw else {}
         dtype = self.lm.get_input_embeddings().weight.dtype
@@ -347,110 +294,39 @@ class ClipCap(nn.Module):
         return out.logits[:, -1], out.past_key_values  # (B, V)
 
     def step(self, tokens: torch.Tensor, cache: Any) -> tuple[torch.Tensor, Any]:
-        """Stepper protocol: feed one token per row ``(N,)``, return the next logits ``(N, V)`` and the cache."""
+        """Feed one token per row ``(N,)``, return the next logits ``(N, V)`` and the cache."""
         out = self.lm(inputs_embeds=self.embed_tokens(tokens[:, None]), past_key_values=cache, use_cache=True)
         return out.logits[:, -1], out.past_key_values  # (N, V)
 
     @staticmethod
     def select(cache: Any, index: torch.Tensor) -> Any:
-        """Stepper protocol: keep/repeat/reorder cache rows (``DynamicCache`` and legacy tuples)."""
+        """Keep/repeat/reorder cache rows (``DynamicCache`` and legacy tuples)."""
         if isinstance(cache, Cache):
             cache.reorder_cache(index)
             return cache
         return tuple(tuple(t.index_select(0, index.to(t.device)) for t in layer) for layer in cache)
 
-    @torch.no_grad()
-    def generate(
-        self,
-        batch_or_features: dict[str, Any] | torch.Tensor,
-        decode_cfg: DecodeConfig | None = None,
-        generator: torch.Generator | None = None,
-        seeds: torch.Tensor | None = None,
-    ) -> Generation:
-        """Decode captions for a batch (dict with ``features`` or ``pixel_values``) or a features tensor ``(B, D)``.
-
-        Runs in the module's current mode (call ``.eval()`` for deterministic decoding) in chunks of at most
-        ``decode.batch_size`` sequences (images x beams or samples). ``seeds (B,)``: per-image sampling seeds
-        (:func:`finecap.decode.sample`). See :mod:`finecap.decode` for strategies and the log-prob convention.
-        """
-        cfg = decode_cfg or DecodeConfig()
-        if isinstance(batch_or_features, torch.Tensor):
-            features = batch_or_features
-        else:
-            features = self.image_features(batch_or_features)
-        self._check_positions(cfg.max_length, "decode.max_length")
-        features = features.to(self.device)
-        return generate_in_chunks(self, features, cfg, self.tokenizer, self.pad_token_id, generator, seeds)
-
     # ------------------------------------------------------------------------------------------------------------
     # Saving and loading
     # ------------------------------------------------------------------------------------------------------------
 
-    def save(self, out: str | Path, state_dict: dict[str, torch.Tensor] | None = None) -> Path:
-        """Write ``lm/`` (weights + tokenizer), ``mapper.safetensors``, ``captioner.json`` and, when the encoder is
-        trained, ``encoder/`` into ``out``; LoRA adapters in peft's format beside them. ``state_dict``: the weights
-        to write (``accelerator.get_state_dict`` of a wrapped or sharded model; default: this module's own).
-        Reload with :meth:`from_checkpoint`."""
-        out = Path(out)
-        out.mkdir(parents=True, exist_ok=True)
-        state = self.state_dict() if state_dict is None else state_dict
-        parts = {"lm": strip_prefix(state, "lm."), "encoder": strip_prefix(state, "encoder.model.")}
-        lora.save_base(self.lm, out / "lm", parts["lm"])
+    def save_weights(self, out: Path, state: dict[str, torch.Tensor]) -> dict[str, Any]:
+        """``lm/`` (base weights + tokenizer) and ``mapper.safetensors``; the base class adds a trained encoder
+        (``encoder/``), the adapters and ``captioner.json``."""
+        lora.save_base(self.lm, out / "lm", self.part_state(state, "lm"))
         self.tokenizer.save_pretrained(out / "lm")
         mapper = {k: v.detach().contiguous().cpu() for k, v in strip_prefix(state, "mapper.").items()}
         save_file(mapper, str(out / MAPPER_WEIGHTS))
-        meta = self.config_dict()
-        meta["encoder_saved"] = bool(self.train_encoder and self.encoder is not None)
-        if meta["encoder_saved"]:
-            lora.save_encoder(self.encoder, out / "encoder", parts["encoder"])
-        meta["lora"] = lora.save_adapters(self, out, parts)
-        meta["dtypes"] = memory.part_dtypes(self)
-        memory.save_float32_masters(self, out, state)
-        write_json(out / CONFIG_NAME, meta)
-        return out
-
-    @staticmethod
-    def reads_world_encoder(cfg: Config) -> bool:
-        """A fresh ClipCap reads the world encoder when ``model.encoder=world``."""
-        return cfg.model.encoder == "world"
-
-    @staticmethod
-    def encoder_source(cfg: Config) -> str | None:
-        """The vision encoder a fresh ClipCap loads from outside its checkpoint: ``model.encoder``."""
-        return cfg.model.encoder
-
-    @staticmethod
-    def external_encoder(meta: dict[str, Any]) -> str | None:
-        """The frozen encoder a checkpoint refers to (``encoder_source``); ``None`` when it saved a trained one."""
-        return None if meta.get("encoder_saved") else (meta.get("encoder_source") or None)
+        return {}
 
     @classmethod
-    def from_checkpoint(cls, path: str | Path, load_encoder: bool = True,
-                        options: memory.LoadOptions | None = None) -> ClipCap:  # fmt: skip
-        """Load a captioner written by :meth:`save`. ``load_encoder=False`` skips the vision encoder (batches must
-        then carry cached ``features``; not allowed for a checkpoint with a trained encoder). ``options``: dtype,
-        attention and quantization of the loaded models (``model.*``; default float32)."""
-        path = Path(path)
-        if not (path / CONFIG_NAME).exists():
-            raise FileNotFoundError(f"{path}: not a captioner checkpoint (no {CONFIG_NAME})")
-        meta = read_json(path / CONFIG_NAME)
-        options = options or memory.LoadOptions()
-        lm = AutoModelForCausalLM.from_pretrained(path / "lm", trust_remote_code=False,
-                                                  **options.pretrained(quantize=True))  # fmt: skip
-        lm = options.loaded(lm, f"{path / 'lm'}")
+    def load_weights(cls, path: Path, meta: dict[str, Any], load_encoder: bool,
+                     options: memory.LoadOptions) -> ClipCap:  # fmt: skip
+        """The LM and tokenizer of ``lm/``, the mapper, and the encoder (trained and saved, or the frozen one it
+        refers to unless ``load_encoder`` is false: batches must then carry cached ``features``)."""
+        lm = options.load(AutoModelForCausalLM, path / "lm", f"{path / 'lm'}")
         tokenizer = AutoTokenizer.from_pretrained(path / "lm", trust_remote_code=False)
-        encoder = None
-        dtype = options.torch_dtype or "auto"
-        if meta.get("encoder_saved"):
-            encoder = VisionEncoder.from_pretrained(path / "encoder", dtype)
-        elif load_encoder and meta.get("encoder_source"):
-            try:
-                encoder = VisionEncoder.from_pretrained(meta["encoder_source"], dtype)
-            except OSError as e:
-                raise OSError(
-                    f"{path / CONFIG_NAME}: cannot load the frozen encoder {meta['encoder_source']!r} it refers to "
-                    f"({e}); pass load_encoder=False to use cached features"
-                ) from None
+        encoder = cls.load_dual_encoder(path, meta, load_encoder, options.torch_dtype or "auto", VisionEncoder)
         model = cls(
             lm,
             tokenizer,
@@ -466,15 +342,17 @@ class ClipCap(nn.Module):
             encoder_source=meta.get("encoder_source", ""),
         )
         model.mapper.load_state_dict(load_file(str(path / MAPPER_WEIGHTS)))
-        if meta.get("lora"):
-            lora.load_adapters(model, path, meta["lora"])  # unmerged, trainable; lora.merge_lora merges them
         return model
 
+    @staticmethod
+    def reads_world_encoder(cfg: Config) -> bool:
+        """A fresh ClipCap reads the world encoder when ``model.encoder=world``."""
+        return cfg.model.encoder == "world"
 
-def export_merged(checkpoint: str | Path, out: str | Path) -> Path:
-    """Load a captioner checkpoint, merge its LoRA adapters and save it as a plain checkpoint in ``out``."""
-    model = ClipCap.from_checkpoint(model_dir(checkpoint))
-    return lora.merge_lora(model).save(out)
+    @staticmethod
+    def encoder_source(cfg: Config) -> str | None:
+        """The vision encoder a fresh ClipCap loads from outside its checkpoint: ``model.encoder``."""
+        return cfg.model.encoder
 
 
 # --------------------------------------------------------------------------------------------------------------------
@@ -487,12 +365,11 @@ def load_lm(name_or_path: str, options: memory.LoadOptions | None = None) -> tup
     ``options``: the weights' dtype, attention and quantization (``model.*``; default float32)."""
     options = options or memory.LoadOptions()
     try:
-        lm = AutoModelForCausalLM.from_pretrained(name_or_path, trust_remote_code=False,
-                                                  **options.pretrained(quantize=True))  # fmt: skip
+        lm = options.load(AutoModelForCausalLM, name_or_path, f"clipcap.lm={name_or_path}")
         tokenizer = AutoTokenizer.from_pretrained(name_or_path, trust_remote_code=False)
     except OSError as e:
         raise OSError(f"clipcap.lm={name_or_path}: cannot load the language model or its tokenizer: {e}") from None
-    return options.loaded(lm, f"clipcap.lm={name_or_path}"), ensure_pad_token(tokenizer)
+    return lm, ensure_pad_token(tokenizer)
 
 
 def build_captioner(cfg: Config) -> ClipCap:

@@ -27,8 +27,8 @@ LoRA's ``base_layer`` names are undone, so these folders load with plain ``from_
 peft's own format next to them (``lm_lora/``, ``encoder_lora/``: ``adapter_config.json`` +
 ``adapter_model.safetensors``, loadable with ``PeftModel.from_pretrained(base, dir)``), and ``captioner.json``
 records them under ``"lora"``. Reloading gives the same unmerged, trainable adapters (so ``--resume`` continues
-them); :func:`merge_lora` folds them into the base weights (``merge_and_unload``) for inference or export, and
-:func:`finecap.models.clipcap.export_merged` writes a plain checkpoint.
+them); :func:`merge_lora` folds them into the base weights (``merge_and_unload``) for inference or export
+(``finecap export RUN --merged OUT`` writes a plain checkpoint).
 
 Choices the paper leaves open: ``alpha = rank`` (scale 1) and no LoRA dropout by default, so the policy that
 REINFORCE scores is the one it sampled from; targets as above (NDLB only says "rank 32 on GPT-2 and CLIP").
@@ -54,8 +54,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, get_args
 
 import torch
-from peft import LoraConfig, PeftModel, get_peft_model
+from peft import LoraConfig, PeftModel, get_peft_model, get_peft_model_state_dict
 from peft.tuners.lora import LoraLayer
+from safetensors.torch import save_file
 from torch import nn
 from transformers.pytorch_utils import Conv1D
 
@@ -425,3 +426,83 @@ def load_adapters(model: Captioner, path: str | Path, meta: dict[str, dict[str, 
         _set_part_module(model, part, PeftModel.from_pretrained(module, str(folder), is_trainable=True))
     set_trainable(model, lm=model.train_lm, encoder=model.train_encoder)
     return model
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# One adapter for the whole model, for other tools
+# --------------------------------------------------------------------------------------------------------------------
+
+WHOLE_ADAPTER_DIR = "adapter"
+"""Where a checkpoint keeps the adapters of all its parts as one peft adapter of the whole transformers model."""
+
+
+def _adapted_modules(part: PeftModel) -> list[str]:
+    """Names (in the part's base model) of the modules carrying LoRA layers."""
+    return [name for name, m in part.get_base_model().named_modules() if isinstance(m, LoraLayer)]
+
+
+def save_whole_adapter(
+    model: Captioner,
+    root: str,
+    out: str | Path,
+    states: dict[str, dict[str, torch.Tensor]],
+    modules_to_save: Sequence[str] = (),
+    saved_modules: dict[str, torch.Tensor] | None = None,
+    base_name: str = "",
+) -> str | None:
+    """Write the adapters of every part as *one* standard peft LoRA adapter of the transformers model at attribute path
+    ``root`` of the captioner (``model``: a BLIP's ``BlipForConditionalGeneration``, a VLM's
+    ``...ForConditionalGeneration``) into ``<out>/adapter``, so that other tools load it on the base model:
+    ``PeftModel.from_pretrained(AutoModelForImageTextToText.from_pretrained(base), "<out>/adapter")``,
+    ``model.load_adapter(...)``, vLLM's LoRA loading. Returns the folder's name, or ``None`` when there is nothing to
+    write (no adapters) or a part with adapters lies outside ``root`` (the world models' dual encoder).
+
+    ``states``: per part, its state dict (adapter weights are taken from it, e.g. gathered from a sharded model).
+    ``modules_to_save``: modules (paths under ``root``) trained fully beside the adapters (a VLM's projector), saved
+    whole in the adapter as peft's ``modules_to_save``, from ``saved_modules`` (their state under ``root``'s names).
+    ``base_name``: the base model's name or path, recorded as ``base_model_name_or_path``.
+
+    Written with peft's own ``get_peft_model_state_dict`` per part (keys re-rooted at ``root``) and a ``LoraConfig``
+    naming every adapted module by its full path, so the adapter wraps exactly the modules finecap adapted; parts
+    with different ranks or alphas get peft's ``rank_pattern`` / ``alpha_pattern``."""
+    parts = {p: model.lora_module(p) for p in PARTS if is_peft(model.lora_module(p))}
+    if not parts:
+        return None
+    paths = {p: model.part_path(p) for p in parts}
+    if any(not path.startswith(root + ".") for path in paths.values()):
+        return None
+    weights: dict[str, torch.Tensor] = {}
+    targets: list[str] = []
+    configs = {}
+    for p, module in parts.items():
+        inner = paths[p][len(root) + 1 :]  # e.g. "model.language_model"
+        part_weights = get_peft_model_state_dict(module, state_dict=states.get(p) or None)
+        for key, value in part_weights.items():
+            weights[f"base_model.model.{inner}.{key.removeprefix('base_model.model.')}"] = value.detach().cpu()
+        names = [f"{inner}.{name}" for name in _adapted_modules(module)]
+        targets += names
+        configs[p] = (module.peft_config["default"], names)
+    first = next(iter(configs.values()))[0]
+    rank_pattern = {n: c.r for c, names in configs.values() if c.r != first.r for n in names}
+    alpha_pattern = {n: c.lora_alpha for c, names in configs.values() if c.lora_alpha != first.lora_alpha
+                     for n in names}  # fmt: skip
+    for name in modules_to_save:
+        prefix = name + "."
+        for key, value in (saved_modules or {}).items():
+            if key.startswith(prefix):
+                weights[f"base_model.model.{key}"] = value.detach().cpu()
+    config = LoraConfig(
+        r=first.r,
+        lora_alpha=first.lora_alpha,
+        lora_dropout=first.lora_dropout,
+        target_modules=targets,
+        rank_pattern=rank_pattern,
+        alpha_pattern=alpha_pattern,
+        modules_to_save=list(modules_to_save) or None,
+        base_model_name_or_path=base_name or None,
+    )
+    folder = Path(out) / WHOLE_ADAPTER_DIR
+    folder.mkdir(parents=True, exist_ok=True)
+    config.save_pretrained(folder)
+    save_file({k: v.contiguous() for k, v in weights.items()}, str(folder / "adapter_model.safetensors"))
+    return WHOLE_ADAPTER_DIR

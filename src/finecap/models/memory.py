@@ -114,6 +114,13 @@ class LoadOptions:
             kwargs["device_map"] = {"": torch.cuda.current_device() if torch.cuda.is_available() else "cpu"}
         return kwargs
 
+    def load(self, auto_cls: Any, name: str | Path, what: str, skip: Sequence[str] | None = None) -> nn.Module:
+        """``auto_cls.from_pretrained(name)`` with these options (:meth:`pretrained`, quantizing all but ``skip``),
+        never running code from the checkpoint (``trust_remote_code=False``), then :meth:`loaded` (``what``: the
+        option and value that named it, for errors)."""
+        model = auto_cls.from_pretrained(name, trust_remote_code=False, **self.pretrained(quantize=True, skip=skip))
+        return self.loaded(model, what)
+
     def loaded(self, model: nn.Module, what: str) -> nn.Module:
         """A model just loaded with :meth:`pretrained` (``what``: its option and value, for errors): a checkpoint
         stored quantized is dequantized when ``model.quantization=none`` (into ``model.dtype``, GPT-2's ``Conv1D``

@@ -130,3 +130,55 @@ class VisionEncoder(nn.Module):
         self.model.save_pretrained(out)
         if self.image_processor is not None:
             self.image_processor.save_pretrained(out)
+
+
+class FeatureMapTokens(VisionEncoder):
+    """Image tokens ``(B, 1 + h*w, D)`` of a dual encoder: its projected image feature (a global token) followed by
+    the cells of the last spatial feature map with more than one cell (a ConvNet's stage map, ``(B, D, h, w)``); for
+    a ViT tower (``(B, P, H)`` hidden states) its last hidden state. The global token and the map cells must have
+    the same width."""
+
+    def forward(self, pixel_values: torch.Tensor) -> torch.Tensor:
+        vision = getattr(self.model, "vision_model", None)
+        if vision is None:
+            raise TypeError(f"vision encoder {self.source}: no vision_model to take image tokens from")
+        out = vision(pixel_values=pixel_values.to(self.dtype), output_hidden_states=True)
+        states = out.hidden_states
+        if states[-1].ndim == 3:  # ViT: (B, 1+P, H)
+            return out.last_hidden_state
+        maps = [s for s in states if s.ndim == 4 and s.shape[-1] * s.shape[-2] > 1]
+        if not maps:
+            raise ValueError(f"vision encoder {self.source}: no spatial feature map with more than one cell")
+        fmap = maps[-1]  # (B, C, h, w)
+        projection = getattr(self.model, "visual_projection", None)
+        if projection is not None and out.pooler_output is not None:  # get_image_features, without a second pass
+            pooled = projection(out.pooler_output)  # (B, D)
+        else:
+            pooled = super().forward(pixel_values)  # (B, D)
+        if fmap.shape[1] != pooled.shape[1]:
+            raise ValueError(
+                f"vision encoder {self.source}: feature map width {fmap.shape[1]} != projection dim {pooled.shape[1]}"
+            )
+        cells = fmap.flatten(2).transpose(1, 2)  # (B, h*w, D)
+        return torch.cat([pooled[:, None, :], cells], dim=1)  # (B, 1+h*w, D)
+
+    def token_shape(self, image_size: int) -> tuple[int, int]:
+        """``(P, D)`` of the tokens of an ``image_size`` px image."""
+        param = next(self.model.parameters())
+        with torch.no_grad():
+            out = self(torch.zeros(1, 3, image_size, image_size, device=param.device, dtype=param.dtype))
+        return int(out.shape[1]), int(out.shape[2])
+
+
+def load_frozen_tokens(cfg: Any, options: Any, what: str) -> FeatureMapTokens:
+    """The image tokens a world BLIP or world VLM (``what``: its option) reads: ``model.encoder`` (``world`` = the
+    trained world encoder of ``cfg``, else a dual-encoder name or path), weights in ``model.dtype``; quantization
+    (which only a pretrained checkpoint can have) is refused first."""
+    from finecap.models.world_encoder import world_encoder_path  # the world's training code, only when asked
+
+    options.check_fresh(what)
+    source = world_encoder_path(cfg) if cfg.model.encoder == "world" else cfg.model.encoder
+    try:
+        return FeatureMapTokens.from_pretrained(source, options.torch_dtype or "auto")
+    except OSError as e:
+        raise OSError(f"model.encoder={cfg.model.encoder}: cannot load the vision encoder: {e}") from None

@@ -63,7 +63,6 @@ built once. The checkpoint records the world encoder it reads, as ClipCap's and 
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -75,32 +74,20 @@ from torch import nn
 from transformers import AutoModelForImageTextToText
 from transformers.cache_utils import Cache
 
-from finecap.config import DecodeConfig
-from finecap.decode import Generation
 from finecap.models import lora, memory
-from finecap.models.blip import FeatureMapTokens
-from finecap.models.captioner import (
-    TokenScores,
-    encode_images,
-    generate_in_chunks,
-    logits_or_scores,
-    strip_prefix,
-    token_scores,
-)
+from finecap.models.base import CaptionerBase, module_path
+from finecap.models.captioner import encode_images
 from finecap.models.presets import world_vlm
 from finecap.models.processors import load_processor
 from finecap.models.tokenizer import ensure_pad_token
-from finecap.models.world_encoder import world_encoder_path
-from finecap.utils import read_json, write_json
+from finecap.models.vision import FeatureMapTokens, load_frozen_tokens
 
 if TYPE_CHECKING:
     from finecap.config import Config
 
-CONFIG_NAME = "captioner.json"
 KIND = "vlm"
 DEFAULT_PROMPT = "Describe the image."
 WORLD_VLM = "world-tiny"
-WORLD_DIR = "world_encoder"
 
 LM_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 """LoRA's default targets in the language model of every family (Llama / SmolLM2 / Qwen2 projection names)."""
@@ -169,16 +156,6 @@ def family_of(config: Any, source: str = "") -> Family:
             f"supported: {', '.join(sorted(FAMILIES))}"
         )
     return FAMILIES[model_type]
-
-
-def _path(root: Any, path: str) -> Any:
-    """``root.a.b.c`` for ``path = "a.b.c"`` (through peft wrappers, which forward attribute access)."""
-    return functools.reduce(getattr, path.split("."), root)
-
-
-def _set_path(root: Any, path: str, value: Any) -> None:
-    parent, _, name = path.rpartition(".")
-    setattr(_path(root, parent) if parent else root, name, value)
 
 
 # --------------------------------------------------------------------------------------------------------------------
@@ -280,7 +257,7 @@ class VlmImages:
 # --------------------------------------------------------------------------------------------------------------------
 
 
-class Vlm(nn.Module):
+class Vlm(CaptionerBase):
     """A decoder-only VLM captioner. See the module docstring; build it with :func:`build_vlm`,
     :meth:`from_pretrained` or :meth:`from_checkpoint`.
 
@@ -345,6 +322,8 @@ class Vlm(nn.Module):
     # What it is
     # ------------------------------------------------------------------------------------------------------------
 
+    kind = KIND
+
     @property
     def device(self) -> torch.device:
         return next(self.model.parameters()).device
@@ -371,30 +350,16 @@ class Vlm(nn.Module):
         ``forward`` and ``generate`` check prompt + caption against the language model's positions per batch."""
         return None
 
-    @property
-    def pad_token_id(self) -> int:
-        return int(self.tokenizer.pad_token_id)
-
-    @property
-    def eos_token_id(self) -> int:
-        return int(self.tokenizer.eos_token_id)
-
     # ------------------------------------------------------------------------------------------------------------
     # What trains
     # ------------------------------------------------------------------------------------------------------------
 
-    def lora_module(self, part: str) -> nn.Module:
+    def part_path(self, part: str) -> str:
         """``"lm"``: the language model (without its head); ``"encoder"``: the vision tower (the world VLM: its dual
         encoder)."""
         if part == "encoder" and self.world is not None:
-            return self.world.model
-        return _path(self.model, self.family.language_model if part == "lm" else self.family.vision)
-
-    def set_lora_module(self, part: str, module: nn.Module) -> None:
-        if part == "encoder" and self.world is not None:
-            self.world.model = module
-        else:
-            _set_path(self.model, self.family.language_model if part == "lm" else self.family.vision, module)
+            return "world.model"
+        return "model." + (self.family.language_model if part == "lm" else self.family.vision)
 
     def lora_default_targets(self, part: str) -> tuple[str, ...]:
         """The family's attention and MLP projections of the part (module docstring); for the world VLM's dual
@@ -415,25 +380,29 @@ class Vlm(nn.Module):
             self.world.set_trainable(self.train_encoder)
         else:
             lora.train_part(self.lora_module("encoder"), self.train_encoder)
-        _path(self.model, self.family.projector).requires_grad_(self.train_projector)
+        module_path(self.model, self.family.projector).requires_grad_(self.train_projector)
 
-    def train(self, mode: bool = True) -> Vlm:
-        super().train(mode)
-        if not self.train_encoder:
-            self.lora_module("encoder").eval()
-        if not self.train_lm:
-            self.lora_module("lm").eval()
-        if not self.train_projector:
-            _path(self.model, self.family.projector).eval()
-        return self
+    def frozen_modules(self) -> list[nn.Module]:
+        """The parts whose flag is off, and the projector unless ``vlm.train_projector``."""
+        frozen = super().frozen_modules()
+        return frozen if self.train_projector else [*frozen, module_path(self.model, self.family.projector)]
 
-    def config_dict(self) -> dict[str, Any]:
+    def dual_encoder(self) -> FeatureMapTokens | None:
+        return self.world
+
+    def adapter_root(self) -> str | None:
+        """A VLM with its own vision tower is one transformers model: a LoRA run also saves one adapter for it (the
+        world VLM reads tokens from outside it, so it has none)."""
+        return "model" if self.world is None else None
+
+    def adapter_modules_to_save(self) -> tuple[str, ...]:
+        """The projector when it trains (``vlm.train_projector``)."""
+        return (self.family.projector,) if self.train_projector else ()
+
+    def own_config(self) -> dict[str, Any]:
         return {
-            "kind": KIND,
             "family": self.model.config.model_type,
             "prompt": self.prompt,
-            "train_encoder": self.train_encoder,
-            "train_lm": self.train_lm,
             "train_projector": self.train_projector,
             "source": self.source,
             "world_source": self.world.source if self.world is not None else "",
@@ -452,7 +421,7 @@ class Vlm(nn.Module):
         with gradient only when the vision side or the projector trains."""
         if self.world is not None:
             tokens = encode_images(batch, self.world, self.train_encoder, self.device)  # (B, P, D)
-            projector = _path(self.model, self.family.projector)
+            projector = module_path(self.model, self.family.projector)
             feats = projector(tokens.to(next(projector.parameters()).dtype))  # (B, P, H)
             return feats.reshape(-1, feats.shape[-1])  # (B*P, H)
         inputs = {k: batch[k].to(self.device) for k in self.family.image_inputs if batch.get(k) is not None}
@@ -509,7 +478,7 @@ class Vlm(nn.Module):
                                   if k in ("prompt_ids", "prompt_mask")}  # fmt: skip
         return self._fixed_prompt
 
-    def _check_positions(self, prompt: Prompt, n_tokens: int, what: str) -> None:
+    def check_length(self, prompt: Prompt, n_tokens: int, what: str) -> None:
         limit = self.max_positions
         need = prompt.embeds.shape[1] + n_tokens - 1
         if limit is not None and need > limit:
@@ -522,15 +491,19 @@ class Vlm(nn.Module):
     # Forward
     # ------------------------------------------------------------------------------------------------------------
 
-    def _caption_logits(self, prompt: Prompt, input_ids: torch.Tensor,
-                        attention_mask: torch.Tensor | None = None) -> torch.Tensor:  # fmt: skip
+    def image_conditioning(self, batch: dict[str, Any]) -> Prompt:
+        """The batch's :class:`Prompt` (:meth:`prompt_of`): what decoding starts from and teacher forcing reads."""
+        return self.prompt_of(batch)
+
+    def caption_logits(self, prompt: Prompt, input_ids: torch.Tensor,
+                       attention_mask: torch.Tensor | None = None) -> torch.Tensor:  # fmt: skip
         """Teacher-forced logits ``(B, T, V)`` of the caption ``input_ids (B, T)`` after the prompt: the model reads
         ``[prompt, caption[:-1]]`` and only the last T positions are kept (``logits[:, t]`` predicts ``input_ids[:,
         t]``; the prompt's last position predicts the first caption token)."""
         B, T = input_ids.shape
         if T < 1:
             raise ValueError("input_ids must hold at least one token (the EOS)")
-        self._check_positions(prompt, T, "caption length (data.max_tokens)")
+        self.check_length(prompt, T, "caption length (data.max_tokens)")
         tokens = self.embed_tokens(input_ids[:, :-1])  # (B, T-1, H)
         x = torch.cat([prompt.embeds.to(tokens.dtype), tokens], dim=1)  # (B, P+T-1, H)
         caption_mask = torch.ones_like(input_ids) if attention_mask is None else attention_mask
@@ -540,27 +513,14 @@ class Vlm(nn.Module):
                          logits_to_keep=T)  # fmt: skip
         return out.logits  # (B, T, V)
 
-    def forward(
-        self,
-        batch: dict[str, Any],
-        sequences: torch.Tensor | None = None,
-        mask: torch.Tensor | None = None,
-        image_index: torch.Tensor | None = None,
-        temperature: float = 1.0,
-        with_entropy: bool = False,
-    ) -> torch.Tensor | TokenScores:
-        """The one differentiable entry point (the captioner contract): teacher-forced logits ``(B, T, V)`` of the
-        caption tokens ``batch['input_ids']``, or :class:`TokenScores` of ``sequences (N, L)`` (rows mapped to images
-        by ``image_index``; the vision tower runs once per image, and so does the language model over each image's
-        prompt: :meth:`_shared_prompt_logits`)."""
-        prompt = self.prompt_of(batch)
-        if sequences is not None and image_index is not None and self.shares_prompt():
-            sequences = sequences.to(self.device)
-            mask = torch.ones_like(sequences, dtype=torch.bool) if mask is None else mask.to(self.device)
-            logits = self._shared_prompt_logits(prompt, image_index.to(self.device), sequences, mask)  # (N, L, V)
-            return token_scores(logits, sequences, mask, temperature, with_entropy)
-        return logits_or_scores(prompt, self._caption_logits, batch, sequences, mask, image_index, temperature,
-                                with_entropy, self.device)  # fmt: skip
+    def sequence_logits(self, prompt: Prompt, sequences: torch.Tensor, mask: torch.Tensor,
+                        image_index: torch.Tensor | None) -> torch.Tensor:  # fmt: skip
+        """Logits ``(N, L, V)`` of given sequences, rows mapped to images by ``image_index``: the vision tower runs
+        once per image (:meth:`image_conditioning`), and so does the language model over each image's prompt
+        (:meth:`_shared_prompt_logits`) when :meth:`shares_prompt`."""
+        if image_index is not None and self.shares_prompt():
+            return self._shared_prompt_logits(prompt, image_index.to(self.device), sequences, mask)
+        return super().sequence_logits(prompt, sequences, mask, image_index)
 
     share_prompt: bool = True
     """Score the S sequences of an image after one pass over its prompt (:meth:`_shared_prompt_logits`); ``False``
@@ -575,14 +535,14 @@ class Vlm(nn.Module):
     def _shared_prompt_logits(self, prompt: Prompt, image_index: torch.Tensor, sequences: torch.Tensor,
                               mask: torch.Tensor) -> torch.Tensor:  # fmt: skip
         """Logits ``(N, L, V)`` of ``sequences (N, L)`` (row ``n`` after the prompt of image ``image_index[n]``),
-        aligned as :meth:`_caption_logits` gives them, with one language-model pass over each image's prompt: its
+        aligned as :meth:`caption_logits` gives them, with one language-model pass over each image's prompt: its
         KV cache (with gradient wherever the prompt has one: the projector's image features, LoRA on the language
         model) is repeated to the image's rows and only the caption tokens are run after it. The prompt's hundreds
         of image tokens are computed once per image instead of once per sample (SCST's S = 5: ~5x less prompt work);
         the result equals the per-sequence computation up to floating-point rounding
         (``tests/models/test_vlm_shared_prompt.py``)."""
         N, L = sequences.shape
-        self._check_positions(prompt, L, "sampled caption length")
+        self.check_length(prompt, L, "sampled caption length")
         out = self.model(inputs_embeds=prompt.embeds, attention_mask=prompt.mask, position_ids=prompt.positions,
                          use_cache=True, logits_to_keep=1)  # fmt: skip  # one pass per image: (B, 1, V)
         first = out.logits[:, -1][image_index]  # (N, V): the prompt's last position predicts the first token
@@ -624,48 +584,16 @@ class Vlm(nn.Module):
         state.cache.reorder_cache(index)
         return replace(state, mask=state.mask[index], start=state.start[index], delta=state.delta[index])
 
-    @torch.no_grad()
-    def generate(
-        self,
-        batch_or_prompt: dict[str, Any] | Prompt,
-        decode_cfg: DecodeConfig | None = None,
-        generator: torch.Generator | None = None,
-        seeds: torch.Tensor | None = None,
-    ) -> Generation:
-        """Decode captions for a batch (``prompt_ids`` and pixel inputs) or a :class:`Prompt`, as
-        :meth:`finecap.models.clipcap.ClipCap.generate`."""
-        cfg = decode_cfg or DecodeConfig()
-        prompt = batch_or_prompt if isinstance(batch_or_prompt, Prompt) else self.prompt_of(batch_or_prompt)
-        self._check_positions(prompt, cfg.max_length, "decode.max_length")
-        return generate_in_chunks(self, prompt, cfg, self.tokenizer, self.pad_token_id, generator, seeds)
-
     # ------------------------------------------------------------------------------------------------------------
     # Saving and loading
     # ------------------------------------------------------------------------------------------------------------
 
-    def save(self, out: str | Path, state_dict: dict[str, torch.Tensor] | None = None) -> Path:
-        """Write the model (``save_pretrained``, base weights without adapters) and its processor into ``out``,
-        adapters in peft's format beside them, ``captioner.json``. ``state_dict``: the weights to write (default:
-        this module's own). Reload with :meth:`from_checkpoint`, or ``AutoModelForImageTextToText.from_pretrained``
-        and ``AutoProcessor.from_pretrained``."""
-        out = Path(out)
-        out.mkdir(parents=True, exist_ok=True)
-        state = self.state_dict() if state_dict is None else state_dict
-        with lora.plain_parts(self):
-            self.model.save_pretrained(out, state_dict=lora.plain_state(strip_prefix(state, "model.")))
+    def save_weights(self, out: Path, state: dict[str, torch.Tensor]) -> dict[str, Any]:
+        """The model (``save_pretrained``, base weights without adapters) and its processor in ``out`` itself:
+        ``AutoModelForImageTextToText.from_pretrained(out)`` and ``AutoProcessor.from_pretrained(out)`` load it."""
+        self.save_plain_model(out, state)
         self.processor.save_pretrained(out)
-        vision = "world.model." if self.world is not None else f"model.{self.family.vision}."
-        parts = {"lm": strip_prefix(state, f"model.{self.family.language_model}."),
-                 "encoder": strip_prefix(state, vision)}  # fmt: skip
-        meta = self.config_dict()
-        meta["world_saved"] = bool(self.world is not None and self.train_encoder)
-        if meta["world_saved"]:
-            lora.save_encoder(self.world, out / WORLD_DIR, parts["encoder"])
-        meta["lora"] = lora.save_adapters(self, out, parts)
-        meta["dtypes"] = memory.part_dtypes(self)
-        memory.save_float32_masters(self, out, state)
-        write_json(out / CONFIG_NAME, meta)
-        return out
+        return {}
 
     @classmethod
     def from_pretrained(cls, name_or_path: str | Path, options: memory.LoadOptions | None = None,
@@ -675,10 +603,7 @@ class Vlm(nn.Module):
         name = str(name_or_path)
         options = options or memory.LoadOptions()
         try:
-            model = AutoModelForImageTextToText.from_pretrained(
-                name, trust_remote_code=False, **options.pretrained(quantize=True, skip=UNQUANTIZED)
-            )
-            model = options.loaded(model, f"vlm.name={name}")
+            model = options.load(AutoModelForImageTextToText, name, f"vlm.name={name}", skip=UNQUANTIZED)
             processor = load_processor(name)
         except OSError as e:
             raise OSError(f"vlm.name={name}: cannot load the VLM or its processor: {e}") from None
@@ -695,44 +620,17 @@ class Vlm(nn.Module):
         """The world VLM reads ``model.encoder`` from outside its checkpoint; a VLM brings its own vision tower."""
         return cfg.model.encoder if cfg.vlm.name == WORLD_VLM else None
 
-    @staticmethod
-    def external_encoder(meta: dict[str, Any]) -> str | None:
-        """The world VLM's frozen dual encoder (``world_source``); ``None`` when the folder holds the vision side."""
-        return None if meta.get("world_saved") else (meta.get("world_source") or None)
-
     @classmethod
-    def from_checkpoint(cls, path: str | Path, load_encoder: bool = True,
-                        options: memory.LoadOptions | None = None) -> Vlm:  # fmt: skip
-        """Load a captioner written by :meth:`save` (``load_encoder=False``: a world VLM without the world encoder it
-        refers to, for cached image tokens; a VLM's own vision tower is always part of the folder). ``options``:
-        dtype (default float32), attention and quantization of the loaded models (``model.*``)."""
-        path = Path(path)
-        if not (path / CONFIG_NAME).exists():
-            raise FileNotFoundError(f"{path}: not a captioner checkpoint (no {CONFIG_NAME})")
-        meta = read_json(path / CONFIG_NAME)
-        options = options or memory.LoadOptions()
-        model = AutoModelForImageTextToText.from_pretrained(
-            path, trust_remote_code=False, **options.pretrained(quantize=True, skip=UNQUANTIZED)
-        )
-        model = options.loaded(model, str(path))
-        world = None
-        dtype = options.torch_dtype or "auto"
-        if meta.get("world_saved"):
-            world = FeatureMapTokens.from_pretrained(path / WORLD_DIR, dtype)
-        elif meta.get("world_source") and load_encoder:
-            try:
-                world = FeatureMapTokens.from_pretrained(meta["world_source"], dtype)
-            except OSError as e:
-                raise OSError(
-                    f"{path / CONFIG_NAME}: cannot load the world encoder {meta['world_source']!r} it refers to ({e})"
-                ) from None
-        vlm = cls(model, load_processor(path), prompt=meta.get("prompt", DEFAULT_PROMPT),
-                  train_encoder=meta["train_encoder"], train_lm=meta["train_lm"],
-                  train_projector=meta.get("train_projector", True), source=meta.get("source", ""),
-                  world=world)  # fmt: skip
-        if meta.get("lora"):
-            lora.load_adapters(vlm, path, meta["lora"])
-        return vlm
+    def load_weights(cls, path: Path, meta: dict[str, Any], load_encoder: bool,
+                     options: memory.LoadOptions) -> Vlm:  # fmt: skip
+        """The model and processor of the folder, and the world VLM's dual encoder (``load_encoder`` false: without
+        it, for cached image tokens; a VLM's own vision tower is always part of the folder)."""
+        model = options.load(AutoModelForImageTextToText, path, str(path), skip=UNQUANTIZED)
+        world = cls.load_dual_encoder(path, meta, load_encoder, options.torch_dtype or "auto", FeatureMapTokens)
+        return cls(model, load_processor(path), prompt=meta.get("prompt", DEFAULT_PROMPT),
+                   train_encoder=meta["train_encoder"], train_lm=meta["train_lm"],
+                   train_projector=meta.get("train_projector", True), source=meta.get("source", ""),
+                   world=world)  # fmt: skip
 
 
 # --------------------------------------------------------------------------------------------------------------------
@@ -751,12 +649,7 @@ def build_vlm(cfg: Config) -> Vlm:
     options = memory.LoadOptions.of(m)
     if v.name != WORLD_VLM:
         return Vlm.from_pretrained(v.name, options, **kwargs)
-    options.check_fresh(f"vlm.name={WORLD_VLM}")
-    source = world_encoder_path(cfg) if m.encoder == "world" else m.encoder
-    try:
-        world = FeatureMapTokens.from_pretrained(source, options.torch_dtype or "auto")
-    except OSError as e:
-        raise OSError(f"model.encoder={m.encoder}: cannot load the vision encoder: {e}") from None
+    world = load_frozen_tokens(cfg, options, f"vlm.name={WORLD_VLM}")
     image_size = int(world.image_processor.crop_size["height"])
     n_tokens, width = world.token_shape(image_size)
     positions = 64 + max(cfg.data.max_tokens, cfg.decode.max_length)  # the prompt (~25 tokens) and the caption

@@ -43,6 +43,9 @@ from typing import TYPE_CHECKING, Any
 
 from transformers.utils import logging as hf_logging
 
+from finecap.locks import command_line
+from finecap.models.base import CONFIG_NAME
+from finecap.train.model_card import CARD_NAME, model_card
 from finecap.utils import atomic_replace_dir, read_json, refuse_link, write_json
 
 if TYPE_CHECKING:
@@ -171,7 +174,8 @@ def save_checkpoint(
     fingerprints: dict[str, Any] | None = None,
 ) -> Path:
     """Write ``model`` (via ``model.save``; with ``state_dict``, those weights, e.g. gathered from a sharded model),
-    its ``generation_config.json`` (``cfg.decode``, :func:`write_generation_config`), ``cfg`` and ``info`` (JSON) to
+    its ``generation_config.json`` (``cfg.decode``, :func:`write_generation_config`), its model card (``README.md``,
+    :mod:`finecap.train.model_card`), ``cfg`` and ``info`` (JSON) to
     ``path``, atomically: the folder replaces the previous one only once complete. ``keep_tmp_contents``: files
     already written into :func:`temporary_dir` (e.g. ``accelerate/``) are kept. ``fingerprints`` (default: the run's
     ``fingerprints.json``, when ``path`` is ``<run_dir>/checkpoints/<name>`` and the run recorded them) are written
@@ -191,6 +195,10 @@ def save_checkpoint(
         with _quiet_transformers():
             model.save(tmp / MODEL_SUBDIR, state_dict=state_dict)
             write_generation_config(tmp / MODEL_SUBDIR, cfg.decode, model.tokenizer)
+        meta_file = tmp / MODEL_SUBDIR / CONFIG_NAME
+        meta = read_json(meta_file) if meta_file.is_file() else {}  # a captioner's save writes it
+        card = model_card(cfg, info, meta, fingerprints, command_line())
+        (tmp / MODEL_SUBDIR / CARD_NAME).write_text(card, encoding="utf-8")
         cfg.save(tmp / CONFIG_FILE)
         if fingerprints is not None:
             write_json(tmp / FINGERPRINTS_FILE, fingerprints)

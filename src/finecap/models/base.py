@@ -1,0 +1,397 @@
+"""The one captioner base: every member of the captioner contract that does not depend on the backbone, written once.
+
+:class:`CaptionerBase` is to finecap's backbones what ``PreTrainedModel`` + ``GenerationMixin`` are to transformers'
+models: it owns ``forward`` (teacher-forced logits and the scoring of given sequences), ``generate`` (chunked
+decoding through :mod:`finecap.decode`), the shared properties, ``train()`` (frozen parts stay in eval mode), LoRA
+part handling through module paths, and ``save`` / ``from_checkpoint`` of a checkpoint folder with its
+``captioner.json``, adapters, dtypes and float32 master weights. The memory and precision levers
+(:mod:`finecap.models.memory`: dtype, gradient checkpointing, quantization) act on what these members expose, so they
+are written once for every backbone.
+
+A backbone (:mod:`finecap.models.clipcap`, :mod:`finecap.models.blip`, :mod:`finecap.models.vlm`) writes only its
+hooks:
+
+- how images condition it: :meth:`CaptionerBase.image_conditioning` (the per-image conditioning decoding starts
+  from: ClipCap's feature vectors, BLIP's image tokens, a VLM's embedded prompt) and, when teacher forcing reads
+  something derived from it, :meth:`CaptionerBase.scoring_conditioning` (ClipCap's mapper turns features into the
+  prefix);
+- how captions are read after it: :meth:`CaptionerBase.caption_logits` (teacher forcing) and the Stepper methods
+  ``start`` / ``step`` / ``select`` (decoding); optionally :meth:`CaptionerBase.sequence_logits` (a VLM scores the S
+  samples of an image after one pass over its prompt);
+- where its parts are: :attr:`CaptionerBase.PART_PATHS` or :meth:`CaptionerBase.part_path` (the module LoRA wraps
+  for ``"lm"`` and ``"encoder"``), :meth:`CaptionerBase.lora_default_targets`, :meth:`CaptionerBase.apply_trainable`;
+- what it saves besides what the base saves: :meth:`CaptionerBase.own_config`, :meth:`CaptionerBase.save_weights`
+  and the classmethod :meth:`CaptionerBase.load_weights`; and the static questions a run asks before any model exists
+  (``reads_world_encoder``, ``encoder_source``).
+
+A fourth backbone is one file of hooks plus its entry in :data:`finecap.models.backbones.BACKBONES`
+(``tests/models/test_contract.py`` runs the contract on every backbone and on a toy one built in the test).
+"""
+
+from __future__ import annotations
+
+import functools
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, ClassVar
+
+import torch
+from torch import nn
+
+from finecap.config import DecodeConfig
+from finecap.decode import Conditioning, Generation
+from finecap.models import lora, memory
+from finecap.models.captioner import PARTS, TokenScores, generate_in_chunks, strip_prefix, token_scores
+from finecap.utils import read_json, write_json
+
+if TYPE_CHECKING:
+    from finecap.models.vision import VisionEncoder
+
+CONFIG_NAME = "captioner.json"
+"""The file naming a captioner checkpoint folder: its backbone (``"kind"``) and what the backbone records."""
+
+
+def module_path(root: Any, path: str) -> Any:
+    """``root.a.b.c`` for ``path = "a.b.c"`` (through peft wrappers, which forward attribute access)."""
+    return functools.reduce(getattr, path.split("."), root)
+
+
+def set_module_path(root: Any, path: str, value: Any) -> None:
+    """Put ``value`` at ``root.a.b.c`` for ``path = "a.b.c"``."""
+    parent, _, name = path.rpartition(".")
+    setattr(module_path(root, parent) if parent else root, name, value)
+
+
+def read_meta(path: str | Path) -> dict[str, Any]:
+    """The ``captioner.json`` of a checkpoint folder; a folder without one is named."""
+    meta_file = Path(path) / CONFIG_NAME
+    if not meta_file.exists():
+        raise FileNotFoundError(f"{path}: not a captioner checkpoint (no {CONFIG_NAME})")
+    return read_json(meta_file)
+
+
+class CaptionerBase(nn.Module):
+    """The captioner contract (:class:`finecap.models.captioner.Captioner`) up to the backbone's hooks (module
+    docstring). Subclasses set ``tokenizer``, ``train_lm`` and ``train_encoder`` in ``__init__`` and call
+    :meth:`apply_trainable` and ``self.train(self.training)`` at its end.
+
+    Class attributes:
+        kind: the backbone's name (``model.kind``; ``captioner.json``'s ``"kind"``).
+        PART_PATHS: the attribute path of each LoRA part (:data:`finecap.models.captioner.PARTS`) from the captioner;
+            a backbone whose parts move (a VLM family, an optional encoder) overrides :meth:`part_path` instead.
+        DUAL_ENCODER_DIR, DUAL_SAVED_KEY, DUAL_SOURCE_KEY: where a trained dual encoder read from outside the folder
+            is saved, and the ``captioner.json`` keys saying whether it was and where the frozen one comes from.
+    """
+
+    kind: ClassVar[str] = ""
+    PART_PATHS: ClassVar[dict[str, str]] = {}
+    DUAL_ENCODER_DIR: ClassVar[str] = "world_encoder"
+    DUAL_SAVED_KEY: ClassVar[str] = "world_saved"
+    DUAL_SOURCE_KEY: ClassVar[str] = "world_source"
+
+    tokenizer: Any
+    train_lm: bool
+    train_encoder: bool
+
+    # ================================================================================================================
+    # Hooks every backbone writes
+    # ================================================================================================================
+
+    def image_conditioning(self, batch: dict[str, Any]) -> Conditioning:
+        """The per-image conditioning of a batch (cached ``features`` or pixel inputs): what :meth:`generate` decodes
+        from and ``start`` receives, row ``b`` for image ``b`` (a tensor, or a row-indexable object with ``len()``)."""
+        raise NotImplementedError
+
+    def scoring_conditioning(self, conditioning: Conditioning) -> Conditioning:
+        """What teacher forcing reads, from :meth:`image_conditioning`'s output (default: the same; ClipCap: the
+        mapper's prefix). Runs once per image, with gradient where it trains."""
+        return conditioning
+
+    def caption_logits(self, conditioning: Conditioning, input_ids: torch.Tensor,
+                       attention_mask: torch.Tensor | None = None) -> torch.Tensor:  # fmt: skip
+        """Teacher-forced logits ``(B, T, V)`` of ``input_ids (B, T)`` after ``conditioning`` (row for row), aligned
+        so that ``logits[:, t]`` predicts ``input_ids[:, t]``."""
+        raise NotImplementedError
+
+    def start(self, conditioning: Conditioning) -> tuple[torch.Tensor, Any]:
+        """Stepper: first-token logits ``(B, V)`` and the decoding state of B images' conditioning."""
+        raise NotImplementedError
+
+    def step(self, tokens: torch.Tensor, state: Any) -> tuple[torch.Tensor, Any]:
+        """Stepper: feed one token per row ``(N,)``; next logits ``(N, V)`` and the state."""
+        raise NotImplementedError
+
+    def select(self, state: Any, index: torch.Tensor) -> Any:
+        """Stepper: keep / repeat / reorder the state's rows."""
+        raise NotImplementedError
+
+    def apply_trainable(self) -> None:
+        """``requires_grad`` of every parameter from ``train_lm`` / ``train_encoder`` (through a part's adapters when
+        it has some, :func:`finecap.models.lora.train_part`) and the backbone's always-trained parts."""
+        raise NotImplementedError
+
+    def own_config(self) -> dict[str, Any]:
+        """What the backbone records in ``captioner.json`` besides ``kind`` and the two training flags."""
+        return {}
+
+    def save_weights(self, out: Path, state: dict[str, torch.Tensor]) -> dict[str, Any]:
+        """Write the backbone's own files into ``out`` (base weights without adapters, tokenizer, processor) from
+        ``state`` (the captioner's state dict); return what ``captioner.json`` records about them."""
+        raise NotImplementedError
+
+    @classmethod
+    def load_weights(cls, path: Path, meta: dict[str, Any], load_encoder: bool,
+                     options: memory.LoadOptions) -> CaptionerBase:  # fmt: skip
+        """A captioner from the files :meth:`save_weights` wrote and ``captioner.json`` (``meta``), without its
+        adapters (the base loads those)."""
+        raise NotImplementedError
+
+    @staticmethod
+    def reads_world_encoder(model_cfg: Any) -> bool:
+        """Whether a fresh captioner built from the configuration reads the world encoder."""
+        raise NotImplementedError
+
+    @staticmethod
+    def encoder_source(cfg: Any) -> str | None:
+        """The vision encoder a fresh captioner loads from outside its checkpoint, or ``None``."""
+        raise NotImplementedError
+
+    # ---- optional hooks ------------------------------------------------------------------------------------------
+
+    def sequence_logits(self, conditioning: Conditioning, sequences: torch.Tensor, mask: torch.Tensor,
+                        image_index: torch.Tensor | None) -> torch.Tensor:  # fmt: skip
+        """Logits ``(N, L, V)`` of given ``sequences (N, L)``, row ``n`` after image ``image_index[n]``'s
+        conditioning (or image ``n``): by default :meth:`caption_logits` on the rows of the conditioning."""
+        if image_index is not None:
+            conditioning = conditioning[image_index.to(self.device)]  # (N, ...)
+        elif len(conditioning) != sequences.shape[0]:
+            raise ValueError(
+                f"{len(conditioning)} images for {sequences.shape[0]} sequences; pass image_index to map them"
+            )
+        return self.caption_logits(conditioning, sequences, mask.long())  # (N, L, V)
+
+    def check_length(self, conditioning: Conditioning, n_tokens: int, what: str) -> None:
+        """Refuse a caption of ``n_tokens`` (``what``: the option or quantity it comes from) that cannot fit after
+        the conditioning; by default against :attr:`max_caption_tokens`."""
+        limit = self.max_caption_tokens
+        if limit is not None and n_tokens > limit:
+            raise ValueError(f"{what}={n_tokens} exceeds the {limit} caption tokens this {self.kind} can read")
+
+    def part_path(self, part: str) -> str | None:
+        """The attribute path of the module LoRA wraps for ``part`` (``None``: no such part)."""
+        return self.PART_PATHS.get(part)
+
+    def lora_default_targets(self, part: str) -> tuple[str, ...]:
+        """Module names (or dot-suffixes) LoRA adapts in ``part`` when ``lora.<part>_targets`` is empty; ``()`` (the
+        default) = every linear layer of the part except the output head."""
+        return ()
+
+    def frozen_modules(self) -> list[nn.Module]:
+        """Modules kept in eval mode when the captioner trains: the parts whose flag is off (for the vision side, the
+        whole :meth:`dual_encoder` when there is one)."""
+        frozen = [] if self.train_lm else [self.lora_module("lm")]
+        if not self.train_encoder:
+            dual = self.dual_encoder()
+            frozen.append(self.lora_module("encoder") if dual is None else dual)
+        return [m for m in frozen if m is not None]
+
+    def adapter_root(self) -> str | None:
+        """The attribute path of the one transformers model other tools load for this captioner (BLIP's, a VLM's),
+        under which a LoRA run also saves one peft adapter for the whole model (``adapter/``); ``None`` (the
+        default): there is none (ClipCap's language model alone has its standard adapter, ``lm_lora/``)."""
+        return None
+
+    def adapter_modules_to_save(self) -> tuple[str, ...]:
+        """Modules (paths under :meth:`adapter_root`) trained fully beside the adapters, which the whole-model adapter
+        carries as peft's ``modules_to_save`` (a VLM's projector)."""
+        return ()
+
+    def dual_encoder(self) -> VisionEncoder | None:
+        """The dual encoder read from outside the folder (ClipCap's encoder, the world BLIP's / VLM's image tokens),
+        saved into the folder only when it trains; ``None`` when the backbone brings its own vision side."""
+        return None
+
+    # ================================================================================================================
+    # What the base owns
+    # ================================================================================================================
+
+    @property
+    def device(self) -> torch.device:
+        """Where the weights are (batches are moved there)."""
+        return next(self.parameters()).device
+
+    @property
+    def pad_token_id(self) -> int:
+        return int(self.tokenizer.pad_token_id)
+
+    @property
+    def eos_token_id(self) -> int:
+        return int(self.tokenizer.eos_token_id)
+
+    @property
+    def max_caption_tokens(self) -> int | None:
+        """The longest caption (tokens, stop token included) after the conditioning; ``None``: per batch."""
+        return None
+
+    def lora_module(self, part: str) -> nn.Module | None:
+        """The module LoRA wraps for ``part`` (:data:`PARTS`), ``None`` when the captioner has no such part."""
+        if part not in PARTS:
+            raise ValueError(f"unknown captioner part {part!r}; valid: {', '.join(PARTS)}")
+        path = self.part_path(part)
+        return None if path is None else module_path(self, path)
+
+    def set_lora_module(self, part: str, module: nn.Module) -> None:
+        """Put ``module`` (the part wrapped in a ``PeftModel``, or unwrapped again) in ``part``'s place."""
+        path = self.part_path(part)
+        if path is None:
+            raise ValueError(f"this {self.kind} has no {part!r} part")
+        set_module_path(self, path, module)
+
+    def part_state(self, state: dict[str, torch.Tensor], part: str) -> dict[str, torch.Tensor]:
+        """The entries of ``state`` (the captioner's state dict) belonging to ``part``, relative to its module."""
+        path = self.part_path(part)
+        return {} if path is None else strip_prefix(state, path + ".")
+
+    def train(self, mode: bool = True) -> CaptionerBase:
+        """nn.Module's ``train``, keeping :meth:`frozen_modules` in eval mode (no dropout in what does not learn)."""
+        super().train(mode)
+        for module in self.frozen_modules():
+            module.eval()
+        return self
+
+    def forward(
+        self,
+        batch: dict[str, Any],
+        sequences: torch.Tensor | None = None,
+        mask: torch.Tensor | None = None,
+        image_index: torch.Tensor | None = None,
+        temperature: float = 1.0,
+        with_entropy: bool = False,
+    ) -> torch.Tensor | TokenScores:
+        """The one differentiable entry point (:mod:`finecap.models.captioner`).
+
+        Without ``sequences``: teacher-forced logits ``(B, T, V)`` of ``batch['input_ids']``, ``logits[:, t]``
+        predicting ``labels[:, t]``. With ``sequences (N, L)`` (e.g. sampled captions, stop token included, padded
+        after it) and ``mask (N, L)`` (true up to and including the stop token; default all true): their per-token
+        log-probs under ``softmax(logits / temperature)`` with gradient, 0 where ``mask`` is false, and the
+        next-token entropies when ``with_entropy``. ``image_index (N,)`` maps rows to batch images (e.g.
+        ``Generation.image_index``), so the image side runs once per image; without it row ``n`` is image ``n``.
+        """
+        conditioning = self.scoring_conditioning(self.image_conditioning(batch))
+        if sequences is None:
+            return self.caption_logits(conditioning, batch["input_ids"], batch.get("attention_mask"))
+        sequences = sequences.to(self.device)
+        mask = torch.ones_like(sequences, dtype=torch.bool) if mask is None else mask.to(self.device)
+        logits = self.sequence_logits(conditioning, sequences, mask, image_index)  # (N, L, V)
+        return token_scores(logits, sequences, mask, temperature, with_entropy)
+
+    @torch.no_grad()
+    def generate(
+        self,
+        batch_or_conditioning: dict[str, Any] | Conditioning,
+        decode_cfg: DecodeConfig | None = None,
+        generator: torch.Generator | None = None,
+        seeds: torch.Tensor | None = None,
+    ) -> Generation:
+        """Decode captions for a batch (cached ``features`` or pixel inputs) or for an :meth:`image_conditioning`.
+
+        Runs in the module's current mode (call ``.eval()`` for deterministic decoding) in chunks of at most
+        ``decode.batch_size`` sequences (images x beams or samples). ``seeds (B,)``: per-image sampling seeds
+        (:func:`finecap.decode.sample`). See :mod:`finecap.decode` for strategies and the log-prob convention.
+        """
+        cfg = decode_cfg or DecodeConfig()
+        x = batch_or_conditioning
+        conditioning = self.image_conditioning(x) if isinstance(x, dict) else x
+        if isinstance(conditioning, torch.Tensor):
+            conditioning = conditioning.to(self.device)
+        self.check_length(conditioning, cfg.max_length, "decode.max_length")
+        return generate_in_chunks(self, conditioning, cfg, self.tokenizer, self.pad_token_id, generator, seeds)
+
+    # ---- saving and loading -------------------------------------------------------------------------------------
+
+    def config_dict(self) -> dict[str, Any]:
+        """What :meth:`save` records in ``captioner.json``: the kind, the training flags and :meth:`own_config`."""
+        return {"kind": self.kind, "train_encoder": self.train_encoder, "train_lm": self.train_lm,
+                **self.own_config()}  # fmt: skip
+
+    def save(self, out: str | Path, state_dict: dict[str, torch.Tensor] | None = None) -> Path:
+        """Write a checkpoint folder: the backbone's own files (:meth:`save_weights`), a trained dual encoder
+        (:meth:`dual_encoder`), LoRA adapters in peft's format (``lm_lora/``, ``encoder_lora/``), the float32 master
+        weights of 16-bit trained weights, and ``captioner.json`` (what :meth:`config_dict` says, the adapters and the
+        parts' dtypes). ``state_dict``: the weights to write (``accelerator.get_state_dict`` of a wrapped or sharded
+        model; default: this module's own). Reload with :meth:`from_checkpoint`."""
+        out = Path(out)
+        out.mkdir(parents=True, exist_ok=True)
+        state = self.state_dict() if state_dict is None else state_dict
+        meta = self.config_dict()
+        meta.update(self.save_weights(out, state))
+        dual = self.dual_encoder()
+        if dual is not None:
+            meta[self.DUAL_SAVED_KEY] = bool(self.train_encoder)
+            if self.train_encoder:
+                lora.save_encoder(dual, out / self.DUAL_ENCODER_DIR, self.part_state(state, "encoder"))
+        part_states = {p: self.part_state(state, p) for p in PARTS}
+        meta["lora"] = lora.save_adapters(self, out, part_states)
+        if meta["lora"] and self._adapter_reproduces():
+            root = self.adapter_root()
+            adapter = lora.save_whole_adapter(self, root, out, part_states, self.adapter_modules_to_save(),
+                                              lora.plain_state(strip_prefix(state, root + ".")),
+                                              getattr(self, "source", ""))  # fmt: skip
+            if adapter is not None:
+                meta["adapter"] = adapter
+        meta["dtypes"] = memory.part_dtypes(self)
+        memory.save_float32_masters(self, out, state)
+        write_json(out / CONFIG_NAME, meta)
+        return out
+
+    def _adapter_reproduces(self) -> bool:
+        """Whether one peft adapter on the base model reproduces this captioner: it has an :meth:`adapter_root` and
+        no part learns without adapters (fully trained weights would be missing from an adapter)."""
+        if self.adapter_root() is None:
+            return False
+        flags = {"lm": self.train_lm, "encoder": self.train_encoder}
+        return not any(on and not lora.is_peft(self.lora_module(p)) for p, on in flags.items())
+
+    def save_plain_model(self, out: Path, state: dict[str, torch.Tensor]) -> None:
+        """``save_pretrained`` of ``self.model`` (a backbone that wraps one transformers model: BLIP, a VLM) from the
+        ``model.`` entries of ``state``, adapters' wrappers swapped out: the base weights, which transformers alone
+        loads from ``out``."""
+        with lora.plain_parts(self):
+            self.model.save_pretrained(out, state_dict=lora.plain_state(strip_prefix(state, "model.")))
+
+    @classmethod
+    def from_checkpoint(cls, path: str | Path, load_encoder: bool = True,
+                        options: memory.LoadOptions | None = None) -> CaptionerBase:  # fmt: skip
+        """Load a folder written by :meth:`save`. ``load_encoder=False`` skips a frozen dual encoder the folder
+        refers to (batches must then carry cached ``features``); ``options``: dtype, attention and quantization of the
+        loaded models (``model.*``; default float32). Adapters are loaded unmerged and trainable
+        (:func:`finecap.models.lora.merge_lora` merges them)."""
+        path = Path(path)
+        meta = read_meta(path)
+        model = cls.load_weights(path, meta, load_encoder, options or memory.LoadOptions())
+        if meta.get("lora"):
+            lora.load_adapters(model, path, meta["lora"])
+        return model
+
+    @classmethod
+    def external_encoder(cls, meta: dict[str, Any]) -> str | None:
+        """The vision encoder a saved captioner loads from outside its folder, from its ``captioner.json``: the frozen
+        dual encoder's source, ``None`` when the folder holds everything."""
+        return None if meta.get(cls.DUAL_SAVED_KEY) else (meta.get(cls.DUAL_SOURCE_KEY) or None)
+
+    @classmethod
+    def load_dual_encoder(cls, path: Path, meta: dict[str, Any], load_encoder: bool, dtype: Any,
+                          encoder_cls: type[VisionEncoder]) -> VisionEncoder | None:  # fmt: skip
+        """The dual encoder of a checkpoint (``encoder_cls`` from the folder when it was trained and saved, else from
+        the source it refers to unless ``load_encoder`` is false); ``None`` when there is none to load."""
+        if meta.get(cls.DUAL_SAVED_KEY):
+            return encoder_cls.from_pretrained(path / cls.DUAL_ENCODER_DIR, dtype)
+        source = meta.get(cls.DUAL_SOURCE_KEY)
+        if not (source and load_encoder):
+            return None
+        try:
+            return encoder_cls.from_pretrained(source, dtype)
+        except OSError as e:
+            raise OSError(
+                f"{path / CONFIG_NAME}: cannot load the frozen encoder {source!r} it refers to ({e}); pass "
+                "load_encoder=False to use cached features"
+            ) from None

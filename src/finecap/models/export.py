@@ -1,0 +1,23 @@
+"""Checkpoints for other tools: a captioner with its LoRA adapters merged into plain weights.
+
+:func:`export_merged` loads any captioner checkpoint folder, folds its adapters into the base weights
+(:func:`finecap.models.lora.merge_lora`, peft's ``merge_and_unload``) and writes it again in the backbone's own format
+without adapters: for BLIP and VLMs a plain ``save_pretrained`` folder that transformers loads alone
+(``BlipForConditionalGeneration`` / ``AutoModelForImageTextToText.from_pretrained(out)``); for ClipCap the language
+model as a plain ``AutoModelForCausalLM`` folder (``out/lm``) beside the mapper (``out/mapper.safetensors``), which
+:meth:`finecap.models.clipcap.ClipCap.from_checkpoint` reads.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from finecap.models import lora
+from finecap.models.backbones import load_captioner
+
+
+def export_merged(model_folder: str | Path, out: str | Path) -> Path:
+    """Load the captioner of ``model_folder`` (a folder holding ``captioner.json``), merge its LoRA adapters and save
+    it as a plain checkpoint in ``out`` (which the caller has checked may be written)."""
+    model = load_captioner(model_folder)
+    return lora.merge_lora(model).save(out)

@@ -1,0 +1,119 @@
+"""Adapters other tools load: a LoRA run on BLIP or a VLM also saves one standard peft adapter for the whole
+transformers model (``adapter/``), which ``PeftModel.from_pretrained`` puts on the *original* base model to give
+finecap's captions, and ``finecap.models.export.export_merged`` writes a plain merged folder that transformers loads
+alone."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from peft import PeftModel
+from PIL import Image
+from transformers import AutoModelForImageTextToText, BlipForConditionalGeneration
+
+from finecap.config import DecodeConfig
+from finecap.models import lora
+from finecap.models.base import module_path
+from finecap.models.blip import Blip
+from finecap.models.captioner import PARTS
+from finecap.models.export import export_merged
+from finecap.models.presets import VLM_FAMILIES, save_tiny_blip, save_tiny_vlm
+from finecap.models.vlm import Vlm
+
+GREEDY = DecodeConfig(strategy="greedy", max_length=8)
+
+
+@pytest.fixture(scope="module")
+def dirs(tmp_path_factory):
+    root = tmp_path_factory.mktemp("bases")
+    out = {"blip": save_tiny_blip(root / "blip", image_size=32, layers=1, vision_layers=1)}
+    for family in VLM_FAMILIES:
+        out[family] = save_tiny_vlm(root / family, family, std=0.2)
+    return out
+
+
+def images(n: int, size: int = 16) -> list[Image.Image]:
+    g = torch.Generator().manual_seed(0)
+    return [Image.fromarray((torch.rand(size, size, 3, generator=g) * 255).byte().numpy()) for _ in range(n)]
+
+
+def adapted(model, projector: torch.nn.Module | None = None):
+    """LoRA on both parts with B drawn at random (so the adapters change the captions), and the fully trained
+    projector (peft's ``modules_to_save``) moved too."""
+    torch.manual_seed(0)
+    for part in PARTS:
+        lora.apply_lora(model, part, lora.LoraSpec(rank=4, alpha=8.0))
+    g = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "lora_B" in name:
+                p.copy_(torch.randn(p.shape, generator=g) * 0.5)
+        for p in projector.parameters() if projector is not None else []:
+            p.add_(torch.randn(p.shape, generator=g) * 0.5)
+    return model.eval()
+
+
+def vlm_inputs(model: Vlm, n: int) -> dict:
+    ims = [[im] for im in images(n)]
+    return dict(model.processor(text=[model.prompt_text] * n, images=ims, padding=True, return_tensors="pt"))
+
+
+def new_tokens(out: torch.Tensor, start: int) -> list[list[int]]:
+    return [row.tolist() for row in out[:, start:]]
+
+
+def assert_same_greedy(ours, theirs: list[list[int]], pad: int, eos: int) -> None:
+    for row, seq in enumerate(theirs):
+        n = int(ours.lengths[row])
+        assert ours.sequences[row, :n].tolist() == seq[:n]
+        assert all(t in (pad, eos) for t in seq[n:])
+
+
+@pytest.mark.parametrize("family", VLM_FAMILIES)
+def test_vlm_whole_model_adapter_on_the_original_base_gives_finecaps_captions(dirs, family, tmp_path):
+    model = Vlm.from_pretrained(dirs[family])
+    model = adapted(model, module_path(model.model, model.family.projector))
+    inputs = vlm_inputs(model, 4)
+    ours = model.generate(
+        inputs | {"prompt_ids": inputs["input_ids"], "prompt_mask": inputs["attention_mask"]}, GREEDY
+    )
+    out = model.save(tmp_path / "ckpt")
+    meta = json.loads((out / "captioner.json").read_text())
+    assert meta["adapter"] == "adapter"
+    config = json.loads((out / "adapter" / "adapter_config.json").read_text())
+    assert config["modules_to_save"] == [model.family.projector]
+    base = AutoModelForImageTextToText.from_pretrained(dirs[family])
+    start = inputs["input_ids"].shape[1]
+    plain = new_tokens(base.generate(**inputs, max_new_tokens=8, do_sample=False), start)
+    theirs_model = PeftModel.from_pretrained(base, str(out / "adapter")).eval()
+    theirs = new_tokens(theirs_model.generate(**inputs, max_new_tokens=8, do_sample=False), start)
+    assert theirs != plain  # the adapter changes the captions: it was applied
+    assert_same_greedy(ours, theirs, model.pad_token_id, model.eos_token_id)
+    # the merged export is a plain transformers folder giving the same captions without peft
+    merged = AutoModelForImageTextToText.from_pretrained(export_merged(out, tmp_path / "merged")).eval()
+    assert_same_greedy(ours, new_tokens(merged.generate(**inputs, max_new_tokens=8, do_sample=False), start),
+                       model.pad_token_id, model.eos_token_id)  # fmt: skip
+
+
+def test_blip_whole_model_adapter_on_the_original_base_gives_finecaps_captions(dirs, tmp_path):
+    model = adapted(Blip.from_pretrained(dirs["blip"]))
+    pv = model.encoder.preprocess(images(4, 32))
+    ours = model.generate({"pixel_values": pv}, GREEDY)
+    out = model.save(tmp_path / "ckpt")
+    base = BlipForConditionalGeneration.from_pretrained(dirs["blip"])
+    plain = [s[1:] for s in base.generate(pixel_values=pv, max_new_tokens=8, do_sample=False).tolist()]
+    theirs_model = PeftModel.from_pretrained(base, str(out / "adapter")).eval()
+    theirs = [s[1:] for s in theirs_model.generate(pixel_values=pv, max_new_tokens=8, do_sample=False).tolist()]
+    assert theirs != plain
+    assert_same_greedy(ours, theirs, model.pad_token_id, model.eos_token_id)  # generate's first token is [bos]
+
+
+def test_no_whole_model_adapter_when_one_would_not_reproduce_the_captioner(dirs, tmp_path):
+    """A part trained fully (no adapters) changes base weights an adapter does not carry: no ``adapter/`` then."""
+    model = Vlm.from_pretrained(dirs["llava"], train_encoder=True)
+    lora.apply_lora(model, "lm", lora.LoraSpec(rank=4, alpha=8.0))
+    out = model.save(tmp_path / "ckpt")
+    assert "adapter" not in json.loads((out / "captioner.json").read_text())
+    assert not (out / "adapter").exists() and (out / "lm_lora").is_dir()

@@ -1,0 +1,100 @@
+"""``finecap export RUN --merged OUT`` and the model card every checkpoint carries (``model/README.md``)."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import pytest
+import torch
+
+from finecap.app.cli import main
+from finecap.config import load
+from finecap.models import lora
+from finecap.models.clipcap import ClipCap
+from finecap.models.presets import build_world_lm, save_tiny_clip
+from finecap.models.vision import VisionEncoder
+from finecap.train.checkpoint import save_checkpoint
+
+INFO = {"step": 7, "epoch": 1, "total_steps": 10, "metric": "cider", "values": {"cider": 0.5, "bleu4": 0.25}}
+FINGERPRINTS = {"data": {"id": "abc123def456", "sha256": "f" * 64}}
+
+
+@pytest.fixture
+def run(tmp_path, monkeypatch):
+    """A run directory whose best checkpoint is a ClipCap with random (non-zero) LoRA adapters on its LM, saved by
+    the checkpoint writer from a command line holding a secret override."""
+    monkeypatch.setattr(sys, "argv", ["finecap", "train", "coco/x.yaml", "boost.llm_api_key=sk-very-secret"])
+    clip = save_tiny_clip(tmp_path / "clip", image_size=16, patch_size=8)
+    torch.manual_seed(0)
+    lm, tok = build_world_lm(layers=1, hidden=32, heads=2)
+    encoder = VisionEncoder.from_pretrained(clip)
+    model = ClipCap(lm, tok, encoder.feature_dim, encoder=encoder, prefix_length=2)
+    cfg = load(None, ["lora.rank=4", "lora.alpha=8", "lora.lm=true", "run.name=card-test", "train.objective=sle"])
+    lora.configure_training(model, cfg)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "lora_B" in name:
+                p.normal_(0, 0.5)
+    run_dir = tmp_path / "run"
+    save_checkpoint(run_dir / "checkpoints" / "best", model=model, cfg=cfg, info=INFO, fingerprints=FINGERPRINTS)
+    return run_dir, model.eval()
+
+
+def features(model: ClipCap) -> dict:
+    g = torch.Generator().manual_seed(3)
+    return {"features": torch.randn(2, model.feature_dim, generator=g),
+            "input_ids": torch.tensor([[5, 6, 2], [7, 2, 0]]),
+            "attention_mask": torch.tensor([[1, 1, 1], [1, 1, 0]])}  # fmt: skip
+
+
+def test_every_checkpoint_has_a_model_card_from_what_the_run_recorded(run):
+    run_dir, _ = run
+    card = (run_dir / "checkpoints" / "best" / "model" / "README.md").read_text()
+    assert card.startswith("---\nlibrary_name: transformers\n") and "pipeline_tag: image-to-text" in card
+    for expected in ("# card-test: a finecap captioner", "**Objective**: `sle`", "`abc123def456`", "step 7 of 10",
+                     "| cider | 0.5000 |", "| bleu4 | 0.2500 |", "LoRA adapters on lm", "coco/x.yaml"):  # fmt: skip
+        assert expected in card, expected
+    assert "sk-very-secret" not in card and "boost.llm_api_key=***" in card  # no secret ever reaches a file
+
+
+def test_export_merged_writes_a_plain_checkpoint_with_the_same_outputs(run, tmp_path, capsys):
+    run_dir, model = run
+    out = tmp_path / "exported"
+    assert main(["export", str(run_dir), "--merged", str(out)]) == 0
+    meta = json.loads((out / "captioner.json").read_text())
+    assert meta["lora"] == {} and not (out / "lm_lora").exists()
+    again = ClipCap.from_checkpoint(out).eval()
+    assert not lora.has_adapters(again)
+    with torch.no_grad():
+        assert torch.allclose(again(features(again)), model(features(model)), atol=1e-5)
+    card = (out / "README.md").read_text()
+    assert "## Export" in card and "folded into the base weights: lm" in card
+    assert "merged adapters: lm" in capsys.readouterr().out
+
+
+def test_export_never_writes_over_what_it_did_not_make(run, tmp_path, capsys):
+    run_dir, _ = run
+    foreign = tmp_path / "mine"
+    foreign.mkdir()
+    (foreign / "notes.txt").write_text("keep")
+    assert main(["export", str(run_dir), "--merged", str(foreign)]) == 2
+    assert "finecap did not write" in capsys.readouterr().err and (foreign / "notes.txt").read_text() == "keep"
+    inside = run_dir / "checkpoints" / "best" / "model" / "merged"
+    assert main(["export", str(run_dir), "--merged", str(inside)]) == 2
+    assert "new folder" in capsys.readouterr().err and not inside.exists()
+    a_file = tmp_path / "file"
+    a_file.write_text("x")
+    assert main(["export", str(run_dir), "--merged", str(a_file)]) == 2 and a_file.read_text() == "x"
+    assert main(["export", str(run_dir)]) == 2
+    assert "--merged" in capsys.readouterr().err
+
+
+def test_an_earlier_export_is_replaced_only_with_force(run, tmp_path, capsys):
+    run_dir, _ = run
+    out = tmp_path / "exported"
+    assert main(["export", str(run_dir), "--merged", str(out)]) == 0
+    assert main(["export", str(run_dir), "--merged", str(out)]) == 2
+    assert "--force" in capsys.readouterr().err
+    assert main(["export", str(run_dir), "--merged", str(out), "--force"]) == 0
+    assert (out / "captioner.json").is_file() and not (tmp_path / ".exported.tmp").exists()
