@@ -450,6 +450,11 @@ class TrainConfig:
     loss_weights: dict[str, float] = doc({}, "Weight of each named loss of the objective (absent = 1.0).")
     validators: list[str] = doc([], "Validators run at each evaluation (loop.VALIDATORS names or 'pkg.mod:factory').")
     cpu: bool = doc(False, "Train on the CPU even when an accelerator (GPU) is available.")
+    strategy: Literal["ddp", "fsdp"] = doc(
+        "ddp",
+        "How several processes share a run: ddp (every process holds the whole model) or fsdp (torch FSDP2: "
+        "parameters, gradients and optimizer state sharded; docs/training.md).",
+    )
     mixed_precision: Literal["no", "fp16", "bf16"] = doc(
         "no",
         "Autocast of training, evaluation and finecap caption (accelerate's): bf16, or fp16 with a gradient scaler "

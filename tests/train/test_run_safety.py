@@ -259,7 +259,8 @@ def test_init_from_non_finite_weights_is_refused(make_cfg):
 
 
 def test_fsdp_and_deepspeed_are_refused(make_cfg, monkeypatch):
-    """Decoding inside training needs full parameters on every process: finecap claims DDP only."""
+    """accelerate's FSDP and DeepSpeed plugins are refused, naming the supported routes (DDP, or finecap's own FSDP2
+    through train.strategy=fsdp)."""
     from types import SimpleNamespace
 
     from accelerate.utils import DistributedType
@@ -269,7 +270,7 @@ def test_fsdp_and_deepspeed_are_refused(make_cfg, monkeypatch):
     for kind in (DistributedType.FSDP, DistributedType.DEEPSPEED):
         fake = SimpleNamespace(distributed_type=kind, num_processes=1)
         monkeypatch.setattr(engine, "Accelerator", lambda fake=fake, **kw: fake)
-        with pytest.raises(ValueError, match="not supported by finecap"):
+        with pytest.raises(ValueError, match="not supported by finecap.*train.strategy=fsdp"):
             engine.make_accelerator(make_cfg().train)
 
 

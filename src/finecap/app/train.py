@@ -39,7 +39,7 @@ from finecap.data.fingerprint import check_run_dir as check_fingerprints_of_run
 from finecap.data.fingerprint import write_fingerprints
 from finecap.data.samplers import get_sampler
 from finecap.locks import TRAIN_LOCK, output_lock
-from finecap.models import memory
+from finecap.models import memory, sharding
 from finecap.models.backbones import build_model as build_captioner
 from finecap.models.backbones import load_captioner, reads_world_encoder
 from finecap.models.lora import configure_training
@@ -253,6 +253,13 @@ def _train(
     model = build_model(cfg, resume_from).to(accelerator.device)
     data = build_data(cfg, model, accelerator, per_caption=train_unit(cfg, objective) == "caption")
     all_validators = [factory(cfg) for factory in factories] + list(validators or [])
+    if cfg.train.strategy == "fsdp" and accelerator.num_processes > 1:  # before the optimizer: it shards parameters
+        layers = sharding.shard_captioner(model, cfg.train.mixed_precision)
+        if accelerator.is_main_process:
+            log.info("train.strategy=fsdp: %d transformer layers and the captioner sharded over %d processes (FSDP2)",
+                     len(layers), accelerator.num_processes)  # fmt: skip
+    elif cfg.train.strategy == "fsdp" and accelerator.is_main_process:
+        log.info("train.strategy=fsdp with one process: nothing to shard, training as usual")
     optimizer = build_optimizer(model, cfg.train)
     global_batch = cfg.train.batch_size * accelerator.num_processes * cfg.train.grad_accum_steps
     sampler = get_sampler(cfg, data.train, global_batch)

@@ -46,6 +46,7 @@ import torch
 
 from finecap.config import DecodeConfig, LogProb, RLStrategy
 from finecap.decode import Generation, hash32
+from finecap.models import sharding
 from finecap.objectives.base import ObjectiveBase, ObjectiveOutput, unwrap
 from finecap.objectives.baselines import build_baseline
 from finecap.objectives.entropy import mean_entropy
@@ -199,8 +200,8 @@ class Reinforce(ObjectiveBase):
         was_training = bare.training
         t0 = time.perf_counter()
         bare.eval()
-        try:
-            with torch.no_grad():
+        try:  # sharded (FSDP2): full parameters while decoding, every process at once (finecap.models.sharding)
+            with sharding.decoding(bare), torch.no_grad():
                 samples = bare.generate(batch, self.sample_cfg, seeds=self.sampling_seeds(batch))
                 greedy = bare.generate(batch, self.greedy_cfg) if self.baseline.needs_greedy else None
         finally:

@@ -65,6 +65,7 @@ from tqdm.auto import tqdm
 from finecap.config import TrainConfig
 from finecap.data.datasets import to_device
 from finecap.data.samplers import GlobalBatchSampler, StepBatches
+from finecap.models import sharding
 from finecap.objectives.base import ObjectiveBase, StepInfo, unwrap
 from finecap.train.checkpoint import BEST, INFO_FILE, LAST, checkpoint_dir, temporary_dir
 from finecap.train.logging import JsonlTracker, Logger
@@ -219,8 +220,9 @@ def make_accelerator(settings: TrainConfig, run_dir: Path | None = None) -> Acce
     )
     if accelerator.distributed_type in (DistributedType.FSDP, DistributedType.DEEPSPEED):
         raise ValueError(
-            f"accelerate: {accelerator.distributed_type.value} is not supported by finecap (decoding during training "
-            "needs full parameters on every process); launch with DDP (accelerate launch --multi_gpu)"
+            f"accelerate: its {accelerator.distributed_type.value} plugin is not supported by finecap; launch with "
+            "accelerate launch --multi_gpu (or torchrun) and set train.strategy=fsdp for torch's FSDP2 sharding, "
+            "which finecap applies itself (docs/training.md), or train.strategy=ddp"
         )
     if accelerator.num_processes != world:
         raise RuntimeError(f"launched as {world} processes but accelerate set up {accelerator.num_processes}")
@@ -360,7 +362,12 @@ class Engine:
                 f"{accelerator.gradient_accumulation_steps} (another Accelerator was made after this one: make the "
                 "engine's accelerator last)"
             )
-        self.model, self.optimizer, self.scheduler = accelerator.prepare(model, optimizer, scheduler)
+        if sharding.is_sharded(model):  # FSDP2, applied by the recipe before the optimizer was built: no DDP wrapper
+            self.model = model
+            self.optimizer, self.scheduler = accelerator.prepare(optimizer, scheduler)
+        else:
+            self.model, self.optimizer, self.scheduler = accelerator.prepare(model, optimizer, scheduler)
+        self.sharded = sharding.is_sharded(self.model)
         self.state = TrainState()
         self.logger = Logger(accelerator)
         self.last_saved: tuple[Path, int] | None = None
@@ -371,10 +378,18 @@ class Engine:
 
     # -- state ---------------------------------------------------------------------------------------------------
 
-    def _main_state(self) -> dict[str, Any]:
+    def _optimizer_state(self) -> dict[str, Any]:
+        """The optimizer's state: torch's own (indexed by parameter) or, sharded, the full state keyed by parameter
+        names (:func:`finecap.models.sharding.optimizer_state`; every process must call it then)."""
+        if self.sharded:
+            return sharding.optimizer_state(self.model, self.optimizer.optimizer)
+        return self.optimizer.state_dict()
+
+    def _main_state(self, optimizer: dict[str, Any] | None = None) -> dict[str, Any]:
+        """What the main process saves (``optimizer``: :meth:`_optimizer_state`, gathered beforehand when sharded)."""
         scaler = self.accelerator.scaler
         return {
-            "optimizer": self.optimizer.state_dict(),
+            "optimizer": self._optimizer_state() if optimizer is None else optimizer,
             "scheduler": self.scheduler.state_dict(),
             "scaler": scaler.state_dict() if scaler is not None else None,
             "skipped_steps": self.skipped.state_dict(),
@@ -403,7 +418,15 @@ class Engine:
                     f"{main_file}: the learning-rate scheduler is at step {short_repr(scheduled)}, but "
                     f"{folder / INFO_FILE} says step {self.state.step}: one of them was changed"
                 )
-            self.optimizer.load_state_dict(main["optimizer"])
+            if sharding.is_named_optimizer_state(main["optimizer"]):  # written by a sharded run
+                sharding.load_optimizer_state(unwrap(self.model), self.optimizer.optimizer, main["optimizer"])
+            elif self.sharded:
+                raise CheckpointError(
+                    f"{main_file}: the optimizer state of a run trained with train.strategy=ddp; resume it with "
+                    "train.strategy=ddp (a sharded run resumes under either strategy)"
+                )
+            else:
+                self.optimizer.load_state_dict(main["optimizer"])
             self.scheduler.load_state_dict(main["scheduler"])
             if main["scaler"] is not None and self.accelerator.scaler is not None:
                 self.accelerator.scaler.load_state_dict(main["scaler"])
@@ -444,16 +467,18 @@ class Engine:
                 tmp.mkdir(parents=True)
             acc.wait_for_everyone()
             save_tree(tmp / STATE_DIR, f"process_{acc.process_index}", self._process_state())
+            optimizer = self._optimizer_state()  # sharded: gathered by every process
             if acc.is_main_process:
-                save_tree(tmp / STATE_DIR, "main", self._main_state())
+                save_tree(tmp / STATE_DIR, "main", self._main_state(optimizer))
             acc.wait_for_everyone()
-        state_dict = acc.get_state_dict(self.model)
+        state_dict = sharding.model_state(self.model) if self.sharded else acc.get_state_dict(self.model)
         if acc.is_main_process:
             ckpt.save(path, state_dict=state_dict, info=info, keep_tmp_contents=resumable)
         acc.wait_for_everyone()
 
     def _info(self) -> dict[str, Any]:
-        return {**asdict(self.state), "total_steps": self.total, "num_processes": self.accelerator.num_processes}
+        return {**asdict(self.state), "total_steps": self.total, "num_processes": self.accelerator.num_processes,
+                "sharded": self.sharded}  # fmt: skip
 
     def save_last(self) -> None:
         assert self.checkpoints is not None
@@ -524,7 +549,8 @@ class Engine:
                         factor = acc.num_processes * acc.gradient_accumulation_steps / float(counts[0])
                         torch._foreach_mul_([p.grad for p in params], factor)  # undo DDP mean x 1/steps; / items
                     max_norm = self.settings.grad_clip if self.settings.grad_clip > 0 else float("inf")
-                    grad_norm = float(acc.clip_grad_norm_(params, max_norm))  # of the unscaled gradients
+                    norm = acc.clip_grad_norm_(params, max_norm)  # of the unscaled gradients
+                    grad_norm = float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)  # sharded: DTensor
                     if not math.isfinite(grad_norm) and acc.scaler is None:  # nothing would skip the update
                         raise self._diverged(f"the gradient norm is {grad_norm}")
                 # accelerate skips it until the synchronising micro-batch; an fp16 gradient scaler skips a step whose
@@ -595,7 +621,8 @@ class Engine:
         assert self.evaluate_fn is not None
         bare = unwrap(self.model)
         bare.eval()
-        with torch.no_grad(), self.accelerator.autocast():  # the run's mixed precision, as in training
+        # sharded: full parameters on every process for the whole evaluation (finecap.models.sharding.decoding)
+        with sharding.decoding(bare), torch.no_grad(), self.accelerator.autocast():  # the run's mixed precision
             values = self.evaluate_fn(bare)
         bare.train()
         if self.accelerator.num_processes > 1:  # every process selects checkpoints on the main process's values

@@ -227,9 +227,10 @@ def is_complete(folder: Path) -> bool:
 
 
 INFO_KEYS = frozenset({"step", "epoch", "position", "best_value", "best_step", "total_steps", "num_processes",
-                       "metric", "values"})  # fmt: skip
-"""The fields of ``trainer_state.json``: the :class:`TrainState` counters, the run's ``total_steps`` and
-``num_processes`` when it was saved, and (``best`` only) the ``metric`` and the validation ``values``."""
+                       "sharded", "metric", "values"})  # fmt: skip
+"""The fields of ``trainer_state.json``: the :class:`TrainState` counters, the run's ``total_steps``,
+``num_processes`` and whether it was ``sharded`` (FSDP2) when it was saved, and (``best`` only) the ``metric`` and
+the validation ``values``."""
 MAX_STATE_PROCESSES = 65_536
 """The most processes a checkpoint may say wrote it (its ``state/process_<i>`` files)."""
 
@@ -269,6 +270,9 @@ def check_info(info: Any, path: Path) -> dict[str, Any]:
     _state_int(info, path, "epoch", 0, step, default=0)
     _state_int(info, path, "position", 0, step, default=0)
     _state_int(info, path, "num_processes", 1, MAX_STATE_PROCESSES, default=1)
+    if type(info.get("sharded", False)) is not bool:
+        raise CheckpointError(f"{path}: field 'sharded' must be true or false, got {short_repr(info['sharded'])}; "
+                              f"{RECOVER}")  # fmt: skip
     best_value, best_step = info.get("best_value"), info.get("best_step")
     if best_value is not None and not (
         isinstance(best_value, int | float) and not isinstance(best_value, bool) and math.isfinite(best_value)

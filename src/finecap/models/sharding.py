@@ -1,0 +1,146 @@
+"""Sharded training with torch's FSDP2 (``torch.distributed.fsdp.fully_shard``): sharding a captioner, full parameters
+for decoding, and full state dicts for checkpoints.
+
+finecap applies ``fully_shard`` itself (:func:`shard_captioner`), as torchtune does: to each transformer layer of every
+transformers model inside the captioner (the classes listed in that model's ``_no_split_modules``: GPT-2's
+``GPT2Block``, BLIP's and CLIP's encoder layers, a VLM's decoder and vision layers; an outermost match only, never one
+inside another) and then to the captioner itself, the root, which holds what remains (embeddings, heads, norms,
+ClipCap's mapper, a VLM's projector). The same code runs on CPU (gloo, tested here with 2 processes) and GPU (NCCL):
+the process group is accelerate's. Mixed precision goes through FSDP2's ``MixedPrecisionPolicy`` (``bf16``: parameters
+gathered in bfloat16 for the forward and backward, gradients reduced in float32).
+
+**Decoding needs full parameters.** Outside the root's ``forward``, a sharded parameter is a ``DTensor`` (decoding's
+``start`` / ``step`` call the language model directly: "mixed torch.Tensor and DTensor"), and each layer's forward
+hook would all-gather its shard at every decoding step, a collective that deadlocks as soon as two processes decode
+captions of different lengths. :func:`decoding` (used by every caller that decodes: REINFORCE rollouts, validation,
+``finecap caption``) therefore gathers every sharded module once, keeps it gathered while the block runs (no
+collective inside it, so each process may decode its own batch for as long as it needs) and reshards afterwards,
+as TRL's ``unwrap_model_for_generation`` gathers ZeRO-3 parameters. Without sharding it does nothing.
+
+**Checkpoints without pickle.** :func:`model_state` gathers the full weights (plain CPU tensors on the main process)
+that the backbone's ``save`` writes in its own format; :func:`optimizer_state` / :func:`load_optimizer_state` use
+torch's ``torch.distributed.checkpoint.state_dict`` APIs to turn the sharded AdamW state into a full one keyed by
+parameter names, which finecap's JSON + safetensors state writer stores (DCP's own sharded format pickles its
+metadata). The same name-keyed state loads under sharding and in one process.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+from torch import nn
+
+STRATEGIES = ("ddp", "fsdp")
+"""``train.strategy``: how several processes share a run (one process: no difference)."""
+
+
+def fsdp_modules(model: nn.Module) -> list[nn.Module]:
+    """The modules of ``model`` that ``fully_shard`` was applied to, in a fixed order (the same on every process)."""
+    from torch.distributed.fsdp import FSDPModule
+
+    return [m for m in model.modules() if isinstance(m, FSDPModule)]
+
+
+def is_sharded(model: nn.Module) -> bool:
+    """Whether ``model`` (or a module inside it) is sharded with FSDP2."""
+    return bool(fsdp_modules(model))
+
+
+def layer_classes(model: nn.Module) -> set[str]:
+    """Class names of the transformer layers of every transformers model inside ``model`` (their
+    ``_no_split_modules``)."""
+    names: set[str] = set()
+    for m in model.modules():
+        names.update(getattr(m, "_no_split_modules", None) or [])
+    return names
+
+
+def shard_layers(model: nn.Module) -> list[str]:
+    """Names of the modules :func:`shard_captioner` shards besides the root: the outermost modules of ``model``
+    whose class is a transformer layer (:func:`layer_classes`)."""
+    classes = layer_classes(model)
+    chosen: list[str] = []
+    for name, module in model.named_modules():
+        if type(module).__name__ in classes and not any(name.startswith(c + ".") for c in chosen):
+            chosen.append(name)
+    return chosen
+
+
+def shard_captioner(model: nn.Module, mixed_precision: str = "no") -> list[str]:
+    """Apply ``fully_shard`` to each transformer layer of ``model`` (:func:`shard_layers`), then to ``model`` itself,
+    over the default process group (all processes); ``mixed_precision`` (``train.mixed_precision``): ``bf16``
+    gathers parameters in bfloat16 and reduces gradients in float32 (``fp16`` likewise in float16). Returns the names
+    of the sharded layers. Parameters must be on the process's device already."""
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    dtypes = {"bf16": torch.bfloat16, "fp16": torch.float16}
+    policy = MixedPrecisionPolicy(param_dtype=dtypes.get(mixed_precision), reduce_dtype=torch.float32)
+    scalars = {n: p for n, p in model.named_parameters() if p.ndim == 0}  # fully_shard cannot shard a 0-d tensor
+    trained = sorted(n for n, p in scalars.items() if p.requires_grad)
+    if trained:
+        raise ValueError(f"train.strategy=fsdp: cannot shard the trained scalar parameters {trained}")
+    ignored = set(scalars.values())  # frozen (a dual encoder's logit_scale): kept whole on every process, never synced
+    layers = shard_layers(model)
+    modules = dict(model.named_modules())
+    for name in layers:
+        fully_shard(modules[name], mp_policy=policy, ignored_params=ignored or None)
+    fully_shard(model, mp_policy=policy, ignored_params=ignored or None)
+    return layers
+
+
+@contextlib.contextmanager
+def decoding(model: nn.Module) -> Iterator[nn.Module]:
+    """Within the block, ``model`` holds full parameters on every process and runs no collective (module docstring);
+    yields the model to decode with. Every process of a sharded run must enter it together (it gathers on entry).
+    Without sharding: the model itself, nothing done."""
+    modules = fsdp_modules(model)
+    if not modules:
+        yield model
+        return
+    # FSDP2 takes the first module whose forward runs as its root; decoding calls the layers directly, so the root
+    # (the captioner) is initialised as such first (torch's private _lazy_init: fully_shard has no public call for it)
+    modules[0]._get_fsdp_state()._lazy_init()
+    for m in modules:
+        m.set_reshard_after_forward(False)  # a forward inside the block must not reshard (and regather: a collective)
+    for m in modules:
+        m.unshard()
+    try:
+        yield model
+    finally:
+        for m in modules:
+            m.reshard()
+            m.set_reshard_after_forward(True)  # what shard_captioner set
+
+
+def model_state(model: nn.Module) -> dict[str, torch.Tensor]:
+    """The full state dict of a sharded ``model`` as plain CPU tensors on the main process (an empty dict on the
+    others; every process must call it)."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+    return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+
+
+def optimizer_state(model: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
+    """The full optimizer state of a sharded ``model`` keyed by parameter names, plain CPU tensors on the main process
+    (every process must call it)."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
+
+    options = StateDictOptions(full_state_dict=True, cpu_offload=True)
+    return get_optimizer_state_dict(model, optimizer, options=options)
+
+
+def is_named_optimizer_state(state: dict[str, Any]) -> bool:
+    """Whether an optimizer state dict is keyed by parameter names (:func:`optimizer_state`) rather than by
+    torch's parameter indices."""
+    return any(isinstance(k, str) for k in state.get("state", {}))
+
+
+def load_optimizer_state(model: nn.Module, optimizer: torch.optim.Optimizer, state: dict[str, Any]) -> None:
+    """Load a full, name-keyed optimizer state (:func:`optimizer_state`) into ``optimizer`` of ``model``, sharded or
+    not; every process passes the whole state and keeps its shard."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
+
+    set_optimizer_state_dict(model, optimizer, state, options=StateDictOptions(full_state_dict=True))

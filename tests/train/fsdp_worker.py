@@ -1,0 +1,12 @@
+"""Worker of tests/train/test_fsdp.py: trains each ``[overrides, resume]`` given as JSON, one after the other, in this
+``accelerate launch``-ed process group (``train.strategy=fsdp`` among the overrides)."""
+
+import json
+import sys
+
+from finecap.app.train import train
+from finecap.config import load
+
+if __name__ == "__main__":
+    for overrides, resume in json.loads(sys.argv[1]):
+        train(load(None, overrides), resume=resume)
