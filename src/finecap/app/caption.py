@@ -1,8 +1,16 @@
-"""``finecap caption``: caption a data split with a trained checkpoint and write COCO results.
+"""``finecap caption``: caption a data split, or image files, with a trained checkpoint and write COCO results.
 
 ``finecap caption --checkpoint CKPT --split test --out results.json [RECIPE] [decode.beam_size=3 ...]`` calls
 :func:`main`. ``CKPT`` is a checkpoint folder (``runs/x/checkpoints/best``), a run directory (its best checkpoint,
-else its last) or a bare model folder.
+else its last), a checkpoint's ``model/`` folder (its checkpoint: the configuration stored beside it is used) or a
+bare model folder; any other folder is an error naming the folder to pass
+(:func:`finecap.train.checkpoint.find_checkpoint`).
+
+``finecap caption --checkpoint CKPT --images DIR_OR_FILE ... --out results.json`` captions images that belong to no
+data set (no references needed): every image file under the folders (recursive) and the files named, with the ids of
+:mod:`finecap.inference` (integers when every file name is a number, as COCO's, else relative paths), through
+:func:`finecap.inference.caption_images`, the function the Python API (:class:`finecap.api.Captioner`) uses too.
+``--skip-bad-images`` (``data.skip_bad_images=true``) leaves out the images that do not decode and counts them.
 
 What it decodes with, lowest layer first:
 
@@ -12,7 +20,8 @@ What it decodes with, lowest layer first:
    replace the checkpoint's (``decode.strategy=greedy`` alone keeps the checkpoint's ``decode.max_length``);
 3. ``--data FILE`` replaces the data set (its format detected, :func:`finecap.data.references.detect_format`).
 
-A bare model folder has no configuration: the library defaults, the recipe and the overrides apply, as for training.
+A bare model folder has no configuration: the library defaults, the recipe and the overrides apply, as for training;
+captioning a split then needs the data named (``--data``, a recipe, ``data.*`` or ``world.*``), or ``--images``.
 
 Before decoding, the checkpoint's recorded fingerprints (:mod:`finecap.data.fingerprint`) are checked: the
 captioner's vision encoder it refers to must be the one it was trained with, and, unless the data was chosen on the
@@ -35,13 +44,11 @@ from finecap.data.fingerprint import check_run
 from finecap.data.formats import write_results
 from finecap.data.references import detect_format
 from finecap.home import world_path
-from finecap.models.backbones import load_captioner
-from finecap.models.memory import LoadOptions
-from finecap.outputs import check_output_file
+from finecap.inference import caption_images, describe_skipped, image_files, load_for_captioning
+from finecap.outputs import check_not_input, check_output_file
 from finecap.recipes import resolve_recipe
-from finecap.train.checkpoint import CONFIG_FILE, find_checkpoint, model_dir, run_dir_of
+from finecap.train.checkpoint import find_checkpoint, model_dir, stored_config
 from finecap.train.engine import make_accelerator
-from finecap.train.state import check_finite_weights
 
 log = logging.getLogger(__name__)
 
@@ -57,23 +64,16 @@ class CaptionSetup:
     data_from_command_line: bool
 
 
-def stored_config(checkpoint: Path) -> Path | None:
-    """The checkpoint's ``config.yaml``, else its run directory's, else None (a bare model folder)."""
-    run_dir = run_dir_of(checkpoint)
-    for folder in (checkpoint, run_dir):
-        if folder is not None and (folder / CONFIG_FILE).is_file():
-            return folder / CONFIG_FILE
-    return None
-
-
 def resolve(
     checkpoint: str | Path,
     *,
     data: str | Path | None = None,
     recipe: str | None = None,
     overrides: Sequence[str] = (),
+    skip_bad_images: bool = False,
 ) -> CaptionSetup:
-    """The checkpoint meant by ``checkpoint`` and the configuration to caption with (module docstring)."""
+    """The checkpoint meant by ``checkpoint`` and the configuration to caption with (module docstring);
+    ``skip_bad_images`` (``--skip-bad-images``) sets ``data.skip_bad_images`` without counting as choosing the data."""
     ckpt = find_checkpoint(checkpoint)
     overrides = list(overrides)
     stored = stored_config(ckpt)
@@ -84,6 +84,8 @@ def resolve(
         fmt = cfg.data.format if any(parse_override(o)[0] == ["data", "format"] for o in overrides) else fmt
         folder = {"images": ""} if fmt == "folder" else {}  # an image folder is its own image root
         cfg = dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, format=fmt, path=str(path), **folder))
+    if skip_bad_images:
+        cfg = dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, skip_bad_images=True))
     from_command_line = data is not None or recipe is not None or bool(given & {"data", "world"})
     return CaptionSetup(ckpt, cfg, stored, from_command_line)
 
@@ -103,44 +105,74 @@ def main(
     cfg: Config | None = None,
     *,
     checkpoint: str | Path,
-    split: str = "test",
+    split: str | None = None,
     out: str | Path,
     data: str | Path | None = None,
+    images: Sequence[str | Path] | None = None,
     recipe: str | None = None,
     overrides: Sequence[str] = (),
     force: bool = False,
+    skip_bad_images: bool = False,
 ) -> Path:
-    """Caption ``split`` with the captioner of ``checkpoint``; write COCO results JSON to ``out``; return ``out``.
+    """Caption ``split`` (default ``test``), or the image files and folders ``images``, with the captioner of
+    ``checkpoint``; write COCO results JSON to ``out`` (the first caption of each image); return ``out``.
 
     Without ``cfg``, the configuration is the checkpoint's with ``recipe``, ``overrides`` and ``data`` on top (module
     docstring). A ``cfg`` given by a caller is used as it is (its ``data.path`` replaced by ``data`` when given).
-    Runs on every process of an ``accelerate launch``; only the main process writes. ``out`` may not be one of the
-    inputs (the checkpoint's folder, the data set), nor an existing file finecap did not make unless ``force``.
+    ``skip_bad_images``: ``data.skip_bad_images=true`` (images that do not decode left out and counted). Runs on every
+    process of an ``accelerate launch``; only the main process writes. ``out`` may not be one of the inputs (the
+    checkpoint's folder, the data set, the images), nor an existing file finecap did not make unless ``force``.
     """
+    if images is not None and (data is not None or split is not None):
+        raise ValueError("--images captions image files, --data and --split a data set's split: give one or the other")
+    split = split or "test"
     if cfg is None:
-        setup = resolve(checkpoint, data=data, recipe=recipe, overrides=overrides)
+        setup = resolve(checkpoint, data=data, recipe=recipe, overrides=overrides, skip_bad_images=skip_bad_images)
     else:
         if data:
             cfg = dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, path=str(data)))
+        if skip_bad_images:
+            cfg = dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, skip_bad_images=True))
         setup = CaptionSetup(find_checkpoint(checkpoint), cfg, None, True)
     cfg = setup.cfg
-    inputs = {"--checkpoint": setup.checkpoint, "data set": cfg.data.path or world_path(cfg.world),
-              "image folder (data.images)": cfg.data.images or None,
-              "recipe": resolve_recipe(recipe) if recipe else None}  # fmt: skip
+    recipe_file = resolve_recipe(recipe) if recipe else None
+    if images is not None:
+        files = image_files(images, allow_outside=cfg.data.allow_outside_paths)
+        for source in images:  # one by one: each is the command's --images
+            check_not_input(out, {"--images": source}, option="--out")
+        inputs = {"--checkpoint": setup.checkpoint, "recipe": recipe_file}
+    else:
+        files = None
+        if setup.config_file is None and not setup.data_from_command_line:
+            raise ValueError(
+                f"{setup.checkpoint}: a model folder with no stored configuration (no config.yaml beside it or in a "
+                "run directory holding it), so nothing says which data to caption: pass --images DIR_OR_FILE ..., or "
+                "--data FILE (or pass the run directory or checkpoint folder the model was saved in)"
+            )
+        inputs = {"--checkpoint": setup.checkpoint, "data set": cfg.data.path or world_path(cfg.world),
+                  "image folder (data.images)": cfg.data.images or None, "recipe": recipe_file}  # fmt: skip
     check_output_file(out, inputs, force=force, kind="results")
-    parts = ["captioner"] if setup.data_from_command_line else ["captioner", "data"]
+    parts = ["captioner"] if setup.data_from_command_line or files is not None else ["captioner", "data"]
     checked = check_run(setup.checkpoint, cfg, parts=parts, model_folder=model_dir(setup.checkpoint))
     accelerator = make_accelerator(cfg.train)
     source = f"the checkpoint's {setup.config_file}" if setup.config_file else "the command line (no stored config)"
     if accelerator.is_main_process:
         log.info("caption: %s, decoding %s from %s%s", setup.checkpoint, describe_decoding(cfg), source,
                  "" if checked else "; no fingerprints recorded, inputs not checked")  # fmt: skip
-    model = load_captioner(model_dir(setup.checkpoint), options=LoadOptions.of(cfg.model)).to(accelerator.device)
-    check_finite_weights(model, model_dir(setup.checkpoint))  # a diverged run's weights caption nothing, silently
-    captions = generate_captions(model, cfg, split, accelerator=accelerator)
+    model = load_for_captioning(setup.checkpoint, cfg, accelerator.device)
+    if files is not None:
+        result = caption_images(model, [f.path for f in files], cfg.decode, skip_bad_images=cfg.data.skip_bad_images,
+                                num_workers=cfg.data.num_workers, accelerator=accelerator)  # fmt: skip
+        captions = {f.image_id: caps for f, caps in zip(files, result.captions, strict=True) if caps is not None}
+        what = f"{len(files)} image(s)"
+        if result.skipped and accelerator.is_main_process:
+            log.warning("caption: %s (data.skip_bad_images=true)", describe_skipped(result, len(files)))
+    else:
+        captions = generate_captions(model, cfg, split, accelerator=accelerator)
+        what = f"split {split!r}"
     out = Path(out)
     if accelerator.is_main_process:
         write_results(out, {image_id: caps[0] for image_id, caps in captions.items()})
-        log.info("wrote %d captions of split %r to %s", len(captions), split, out)
+        log.info("wrote %d captions of %s to %s", len(captions), what, out)
     accelerator.wait_for_everyone()
     return out

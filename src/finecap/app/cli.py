@@ -100,12 +100,22 @@ def cmd_train(args: argparse.Namespace) -> None:
     train(cfg, resume=args.resume, recipe=_recipe_file(args))
 
 
+def _images_and_overrides(images: list[str] | None) -> tuple[list[str] | None, list[str]]:
+    """``--images`` takes every argument after it, so ``--images a.jpg b/ decode.beam_size=3`` reads the override as an
+    image too: an item that names no existing file or folder and reads as ``section.key=value`` is an override."""
+    if images is None:
+        return None, []
+    override = [i for i in images if "=" in i and "." in i.split("=", 1)[0] and not Path(i).exists()]
+    return [i for i in images if i not in override], override
+
+
 def cmd_caption(args: argparse.Namespace) -> None:
     from finecap.app.caption import main
 
+    images, trailing = _images_and_overrides(args.images)
     recipe, overrides = _split_recipe(list(args.items))  # on top of the checkpoint's own config: only keys given
-    main(checkpoint=args.checkpoint, split=args.split, out=args.out, data=args.data, recipe=recipe,
-         overrides=overrides, force=args.force)  # fmt: skip
+    main(checkpoint=args.checkpoint, split=args.split, out=args.out, data=args.data, images=images, recipe=recipe,
+         overrides=[*overrides, *trailing], force=args.force, skip_bad_images=args.skip_bad_images)  # fmt: skip
 
 
 def cmd_export(args: argparse.Namespace) -> None:
@@ -276,10 +286,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--resume", action="store_true", help="continue the run from its last checkpoint")
     p.add_argument("--out", "--run-dir", dest="out", default=None, help=OUT_HELP)
 
-    p = _add(sub, "caption", cmd_caption, "Caption a data split with a trained checkpoint (COCO results JSON).")
-    p.add_argument("--checkpoint", required=True, help="checkpoint folder, or a run directory (its best checkpoint)")
+    p = _add(sub, "caption", cmd_caption, "Caption a data split, or image files, with a trained checkpoint (COCO "
+             "results JSON).")  # fmt: skip
+    p.add_argument("--checkpoint", required=True, help="run directory (its best checkpoint), checkpoint folder, or "
+                   "its model/ folder")  # fmt: skip
     p.add_argument("--data", default=None, help="data set file (default: the checkpoint's data)")
-    p.add_argument("--split", default="test", help="split to caption")
+    p.add_argument("--split", default=None, help="split to caption (default test)")
+    p.add_argument("--images", nargs="+", default=None, metavar="DIR_OR_FILE", help="caption these image files and "
+                   "folders of images (recursive) instead of a data set: no references needed; ids from file names "
+                   "(docs/caption.md)")  # fmt: skip
+    p.add_argument("--skip-bad-images", dest="skip_bad_images", action="store_true", help="leave out and count "
+                   "images that do not decode (data.skip_bad_images=true); else the first is an error")  # fmt: skip
     p.add_argument("--out", required=True, help="output COCO results JSON")
     p.add_argument("--force", action="store_true", help=FORCE_FILE_HELP)
 

@@ -41,14 +41,12 @@ from finecap.config import Config
 from finecap.data.formats import MAX_LISTED, DataError, read_bags, read_results
 from finecap.data.references import LoadedReferences, load_references, missing_images, require_captions
 from finecap.metrics.cocoeval import COCO_NAMES
-from finecap.metrics.suite import IMAGE_METRICS, evaluate_items, parse_metrics
+from finecap.metrics.suite import CAPTION_METRICS, IMAGE_METRICS, evaluate_items, parse_metrics
 from finecap.outputs import check_outputs, write_output_json
 
 Format = Literal["table", "json", "coco"]
 FORMATS = ("table", "json", "coco")
 
-CAPTION_METRICS = ("bleu", "meteor", "rouge", "cider", "spice")
-"""pycocoevalcap's scorers, in its order: the default of every evaluation (METEOR and SPICE when they can run)."""
 TEXT_METRICS = ("length", "vocab")
 """Descriptive statistics of the captions, in the default set of the table and JSON formats."""
 

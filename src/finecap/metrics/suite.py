@@ -333,6 +333,10 @@ METRICS: dict[str, MetricGroup] = {
 IMAGE_METRICS = ("retrieval", "bags", "clipscore")
 """Groups that read image files (through the retriever)."""
 
+CAPTION_METRICS = ("bleu", "meteor", "rouge", "cider", "spice")
+"""pycocoevalcap's scorers, in its order: the default of every evaluation (``finecap eval``, :func:`finecap.evaluate`;
+METEOR and SPICE when they can run)."""
+
 
 def parse_metrics(metrics: str | Sequence[str] | None, default: Sequence[str] = ()) -> list[str]:
     """Metric group names from ``"a,b"`` or a list (default ``default``); unknown names list the valid ones."""

@@ -1,0 +1,224 @@
+"""The Python API for notebooks and scripts: :class:`Captioner` captions images with a trained checkpoint,
+:func:`evaluate` scores captions against references. Both are exported by the package (``from finecap import
+Captioner, evaluate``), imported on first use, so ``import finecap`` stays cheap (no torch).
+
+They are thin: captioning is :func:`finecap.inference.caption_images` (what ``finecap caption --images`` runs), scoring
+is :func:`finecap.metrics.suite.evaluate` (what ``finecap eval`` runs).
+
+Example (a tiny random BLIP saved as a captioner; a trained run directory is loaded the same way)::
+
+    >>> import tempfile
+    >>> from pathlib import Path
+    >>> from PIL import Image
+    >>> from finecap.models.blip import Blip
+    >>> from finecap.models.presets import save_tiny_blip
+    >>> tmp = Path(tempfile.mkdtemp())
+    >>> _ = Blip.from_pretrained(save_tiny_blip(tmp / "blip")).save(tmp / "model")
+    >>> cap = Captioner.from_pretrained(tmp / "model", device="cpu")
+    >>> Image.new("RGB", (40, 30), "red").save(tmp / "red.png")
+    >>> captions = cap.caption([tmp / "red.png", Image.new("RGB", (40, 30), "blue")], max_length=5)
+    >>> len(captions), all(isinstance(c, str) for c in captions)
+    (2, True)
+    >>> captions[0] == cap.caption(Image.open(tmp / "red.png"), max_length=5)[0]  # a file or its PIL image: alike
+    True
+    >>> round(evaluate(["a red circle"], [["a red circle", "a big red circle"]], metrics="bleu")["BLEU-1"], 6)
+    1.0
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Hashable, Mapping, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import torch
+    from PIL import Image
+
+    from finecap.config import Config
+
+__all__ = ["Captioner", "evaluate"]
+
+
+class Captioner:
+    """A trained captioner for notebooks: :meth:`from_pretrained` loads a checkpoint, :meth:`caption` captions images.
+
+    Attributes: ``model`` (the finecap captioner, a ``torch.nn.Module`` in evaluation mode), ``cfg`` (the
+    configuration stored with the checkpoint, or the defaults for a bare model folder: its ``decode`` section gives the
+    default decoding settings, its ``train.mixed_precision`` the autocast), ``checkpoint`` (the folder loaded)."""
+
+    def __init__(self, model: Any, cfg: Config, checkpoint: Path | None = None) -> None:
+        self.model, self.cfg, self.checkpoint = model, cfg, checkpoint
+
+    @classmethod
+    def from_pretrained(cls, path: str | os.PathLike[str], *, device: str | torch.device | None = None) -> Captioner:
+        """Load the captioner of ``path``: a run directory (its best checkpoint, else its last), a checkpoint folder
+        (``RUN/checkpoints/best``), its ``model/`` folder, or a bare model folder (a captioner's ``save``); any other
+        folder is a ``FileNotFoundError`` naming the folder to pass (:func:`finecap.train.checkpoint.find_checkpoint`).
+
+        The checkpoint's own configuration (``config.yaml``) gives the model's load options (dtype, quantization),
+        the decoding settings and the autocast, as ``finecap caption`` uses them. Its recorded fingerprint of the
+        vision encoder is checked (:func:`finecap.data.fingerprint.check_run`), and weights holding NaN are refused.
+        ``device``: default the machine's accelerator (a GPU) unless the run set ``train.cpu``, else the CPU
+        (:func:`finecap.metrics.suite.eval_device`)."""
+        from finecap.config import load, load_stored
+        from finecap.data.fingerprint import check_run
+        from finecap.inference import load_for_captioning
+        from finecap.metrics.suite import eval_device
+        from finecap.train.checkpoint import find_checkpoint, model_dir, stored_config
+
+        checkpoint = find_checkpoint(path)
+        stored = stored_config(checkpoint)
+        cfg = load_stored(stored) if stored is not None else load(None)
+        check_run(checkpoint, cfg, parts=["captioner"], model_folder=model_dir(checkpoint))
+        model = load_for_captioning(checkpoint, cfg, device if device is not None else eval_device(cfg))
+        return cls(model, cfg, checkpoint)
+
+    @property
+    def device(self) -> torch.device:
+        """Where the model is (and where images are decoded)."""
+        return self.model.device
+
+    def caption(
+        self,
+        images: Image.Image | str | os.PathLike[str] | Sequence[Image.Image | str | os.PathLike[str]],
+        *,
+        progress: bool = False,
+        **decode: Any,
+    ) -> list[str]:
+        """One caption per image of ``images`` (a PIL image or an image file's path, or a list of them), in order.
+
+        ``decode``: keys of the ``decode`` section replacing the checkpoint's (``strategy="beam"``, ``beam_size=3``,
+        ``max_length=20``, ``batch_size=64``, ...; :class:`finecap.config.DecodeConfig`). Images go in batches of
+        ``decode.batch_size`` sequences on :attr:`device`, under the run's autocast
+        (:func:`finecap.inference.caption_images`). A file that does not decode as an image is a
+        :class:`finecap.data.formats.DataError` naming it. ``progress``: show a progress bar. For several captions
+        per image (``num_return_sequences``), use :meth:`caption_all`."""
+        settings = self.decode_settings(**decode)
+        if settings.num_return_sequences != 1:
+            raise ValueError("caption() returns one caption per image; for num_return_sequences="
+                             f"{settings.num_return_sequences} use caption_all()")  # fmt: skip
+        return [caps[0] for caps in self.caption_all(images, progress=progress, **decode)]
+
+    def caption_all(
+        self,
+        images: Image.Image | str | os.PathLike[str] | Sequence[Image.Image | str | os.PathLike[str]],
+        *,
+        progress: bool = False,
+        **decode: Any,
+    ) -> list[list[str]]:
+        """:meth:`caption`, with every caption decoded per image (``num_return_sequences`` of them: the beams or
+        samples), best first for beam search."""
+        from finecap.inference import caption_images
+
+        images = _as_list(images)
+        if not images:
+            return []
+        result = caption_images(self.model, images, self.decode_settings(**decode),
+                                mixed_precision=self.cfg.train.mixed_precision, progress=progress)  # fmt: skip
+        return [caps for caps in result.captions if caps is not None]  # none skipped: bad images raise
+
+    def decode_settings(self, **decode: Any) -> Any:
+        """The checkpoint's decoding settings (``cfg.decode``) with ``decode`` replacing some; an unknown key is a
+        ``ValueError`` listing the valid ones."""
+        from finecap.config import did_you_mean
+
+        fields = [f.name for f in dataclasses.fields(self.cfg.decode)]
+        for key in decode:
+            if key not in fields:
+                raise ValueError(f"unknown decoding option {key!r}{did_you_mean(key, fields)}; valid: "
+                                 f"{', '.join(fields)}")  # fmt: skip
+        return dataclasses.replace(self.cfg.decode, **decode)
+
+
+def _as_list(images: Any) -> list[Any]:
+    """One image (a PIL image, a path) as a list of one; a list or tuple of them as a list."""
+    if isinstance(images, str | os.PathLike) or hasattr(images, "getpixel"):  # a path, or a PIL image
+        return [images]
+    if isinstance(images, Sequence):
+        return list(images)
+    raise TypeError(f"images: expected a PIL image, a path, or a list of them, got {type(images).__name__}")
+
+
+def evaluate(
+    predictions: Sequence[str] | Mapping[Hashable, str],
+    references: Sequence[Sequence[str] | str] | Mapping[Hashable, Sequence[str] | str] | None = None,
+    *,
+    metrics: str | Sequence[str] | None = None,
+    cfg: Config | None = None,
+) -> dict[str, float]:
+    """Corpus scores of ``predictions`` against ``references``: ``{metric: value}``, e.g. ``{"BLEU-4": ...,
+    "CIDEr-D": ...}``, computed by finecap's metric suite (:func:`finecap.metrics.suite.evaluate`; equal to
+    pycocoevalcap's: PTB-tokenised, lower-cased).
+
+    Accepted forms:
+
+    - ``predictions``: a list of captions (one per image, ``str``), or a mapping ``{image_id: caption}``;
+    - ``references``: with a list of predictions, a list of the same length whose items are each image's reference
+      captions (a list of ``str``, or one ``str``); with a mapping, a mapping ``{image_id: [reference, ...]}`` holding
+      every predicted id (extra ids are ignored). ``None`` for the metrics that need none (``length``, ``vocab``).
+    - ``metrics``: metric group names (``"bleu,cider"`` or a list; :data:`finecap.metrics.suite.METRICS`). Default,
+      with references: pycocoevalcap's five, ``bleu``, ``meteor``, ``rouge``, ``cider``, ``spice``, leaving out
+      METEOR and SPICE where they cannot run here (they need Java and their jars); without: ``length`` and ``vocab``.
+      Image metrics (CLIPScore, self-retrieval) need images: use ``finecap eval`` or the suite.
+    - ``cfg``: the configuration of ``eval.*`` (default: the library defaults).
+
+    Example::
+
+        >>> evaluate({1: "a red circle", 2: "a blue square"}, {1: ["a red circle"], 2: "a blue square"},
+        ...          metrics=["bleu", "length"])["Length"]
+        3.0
+    """
+    from finecap.metrics import suite
+
+    preds, refs = _aligned(predictions, references)
+    metrics = default_metrics(refs is not None) if metrics is None else metrics
+    return suite.evaluate(preds, refs, metrics=metrics, cfg=cfg)
+
+
+def default_metrics(references: bool) -> list[str]:
+    """The metric groups :func:`evaluate` computes when none are named: with ``references`` pycocoevalcap's five
+    (:data:`finecap.metrics.suite.CAPTION_METRICS`) less METEOR and SPICE where they cannot run here, else the text
+    statistics ``length`` and ``vocab``."""
+    from finecap.metrics import suite
+
+    return [m for m in suite.CAPTION_METRICS if _runs_here(m)] if references else ["length", "vocab"]
+
+
+def _aligned(predictions: Any, references: Any) -> tuple[dict[Hashable, str], dict[Hashable, list[str]] | None]:
+    """``predictions`` and ``references`` (the forms :func:`evaluate` accepts) as ``{id: caption}`` and
+    ``{id: [references]}``; a list is numbered from 0."""
+    if isinstance(predictions, str) or not isinstance(predictions, Sequence | Mapping):
+        raise TypeError(f"predictions: expected a list of captions or a dict {{image_id: caption}}, got "
+                        f"{type(predictions).__name__}")  # fmt: skip
+    preds = dict(predictions) if isinstance(predictions, Mapping) else dict(enumerate(predictions))
+    bad = [i for i, c in preds.items() if not isinstance(c, str)]
+    if bad:
+        raise TypeError(f"predictions: one caption (str) per image; image {bad[0]!r} has a "
+                        f"{type(preds[bad[0]]).__name__}")  # fmt: skip
+    if references is None:
+        return preds, None
+    if isinstance(references, Mapping) != isinstance(predictions, Mapping) or isinstance(references, str):
+        raise TypeError("references: give a list (aligned with a list of predictions) or a dict {image_id: "
+                        "[references]} (with a dict of predictions)")  # fmt: skip
+    if not isinstance(references, Mapping):
+        if len(references) != len(preds):
+            raise ValueError(f"references: {len(references)} items for {len(preds)} predictions (one list of "
+                             "references per prediction, in the same order)")  # fmt: skip
+        references = dict(enumerate(references))
+    return preds, {i: [r] if isinstance(r, str) else list(r) for i, r in references.items()}
+
+
+def _runs_here(metric: str) -> bool:
+    """Whether the Java metrics (METEOR, SPICE) have what they need on this machine; the others always run."""
+    if metric == "meteor":
+        from finecap.metrics.meteor import meteor_unavailable_reason
+
+        return meteor_unavailable_reason() is None
+    if metric == "spice":
+        from finecap.metrics.spice import spice_unavailable_reason
+
+        return spice_unavailable_reason() is None
+    return True

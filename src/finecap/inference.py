@@ -1,0 +1,290 @@
+"""Caption images that belong to no data set: files named on a command line, folders of them, PIL images in a notebook.
+
+One path, shared by ``finecap caption --images`` (:mod:`finecap.app.caption`) and the Python API
+(:class:`finecap.api.Captioner`):
+
+- :func:`load_for_captioning`: a checkpoint's captioner on a device, its weights checked;
+- :func:`image_files`: the image files under the folders and files named, each with its image id (:func:`image_ids`);
+- :func:`caption_images`: image files or PIL images captioned in batches, on the model's device, under the run's
+  autocast, with a progress bar, bad images named (or skipped and counted).
+
+**Image ids** (:func:`image_ids`; a choice, made for COCO results): when the file name of *every* image, without its
+extension, is a number (COCO 2017's ``000000391895.jpg``, Flickr30k's ``1000092795.jpg``) or COCO 2014's
+``COCO_<set>_<number>`` (``COCO_val2014_000000391895.jpg``), and no two images share a number, the ids are those
+numbers as integers (``391895``): the ids COCO's annotations and its evaluation server use. Otherwise (``cat.jpg``
+among them; ``red/0.png`` beside ``blue/0.png``) every id is the image's path relative to the folder it was found in,
+with ``/`` (``"cats/001.jpg"``: the id the ``folder`` data format gives, :func:`finecap.data.formats.read_folder`), or
+its file name when it was named as a file. Two images with one such id are an error naming both files (``a/x.jpg``
+and ``b/x.jpg`` given as the folders ``a`` and ``b``: pass their common folder instead).
+
+Images are read by :func:`finecap.data.formats.load_image` (the one reader of image files: EXIF orientation honoured,
+16-bit, palette, alpha and CMYK images converted, decompression bombs refused); a PIL image is used as given, turned
+upright by its EXIF orientation and converted to 8-bit RGB the same way.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from finecap.data.formats import IMAGE_SUFFIXES, MAX_LISTED, DataError, ImageFolder, folder_images, load_image
+
+if TYPE_CHECKING:
+    import torch
+    from accelerate import Accelerator
+    from PIL import Image
+
+    from finecap.config import Config, DecodeConfig
+
+NUMBERED = re.compile(r"^(?:COCO_[A-Za-z]+\d*_)?(\d+)$")
+"""A file stem that gives an integer image id: digits, or COCO 2014's ``COCO_<set>_<digits>``."""
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# The checkpoint's captioner
+# --------------------------------------------------------------------------------------------------------------------
+
+
+def load_for_captioning(checkpoint: str | Path, cfg: Config, device: torch.device | str) -> Any:
+    """The captioner of ``checkpoint`` (a folder :func:`finecap.train.checkpoint.find_checkpoint` gave) loaded with
+    ``cfg.model``'s options (dtype, attention, quantization), on ``device``, in evaluation mode; a
+    :class:`~finecap.train.state.CheckpointError` when its weights hold NaN or infinity (a diverged run's weights
+    caption nothing, silently)."""
+    from finecap.models.backbones import load_captioner
+    from finecap.models.memory import LoadOptions
+    from finecap.train.checkpoint import model_dir
+    from finecap.train.state import check_finite_weights
+
+    folder = model_dir(checkpoint)
+    model = load_captioner(folder, options=LoadOptions.of(cfg.model)).to(device)
+    check_finite_weights(model, folder)
+    return model.eval()
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# Image files and their ids
+# --------------------------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ImageFile:
+    """One image to caption: its id (module docstring) and its file."""
+
+    image_id: int | str
+    path: Path
+
+
+def image_files(sources: Sequence[str | os.PathLike[str]], *, allow_outside: bool = False) -> list[ImageFile]:
+    """The images of ``sources``, in order: each folder's image files (recursive, :data:`IMAGE_SUFFIXES` in any case,
+    hidden files and folders skipped: :func:`~finecap.data.formats.folder_images`), sorted, and each file as named
+    (whatever its name ends in: it must decode as an image when read). Their ids follow :func:`image_ids`.
+
+    A folder's images must lie inside it once links are followed (:class:`~finecap.data.formats.ImageFolder`, as for
+    a ``folder`` data set) unless ``allow_outside`` (``data.allow_outside_paths``). A source that does not exist, a
+    folder without images and no source at all are a :class:`~finecap.data.formats.DataError` naming it."""
+    if not sources:
+        raise DataError("no images to caption: name image files or folders of images")
+    found: list[tuple[str, Path]] = []  # (path relative to the folder named, or the file's name; the file)
+    for source in sources:
+        path = Path(source)
+        if path.is_dir():
+            folder = ImageFolder(path, allow_outside)
+            names = folder_images(path)
+            if not names:
+                suffixes = ", ".join(IMAGE_SUFFIXES)
+                raise DataError(f"{path}: no image files in this folder or below it (names ending in {suffixes}, any "
+                                "case; hidden files and folders skipped)")  # fmt: skip
+            for name in names:
+                folder.check(path / name, f"{path}: {name}", name)
+                found.append((name, path / name))
+        elif path.exists():
+            found.append((path.name, path))
+        else:
+            raise DataError(f"{path}: no such image file or folder")
+    return [ImageFile(i, p) for i, (_, p) in zip(image_ids(found), found, strict=True)]
+
+
+def image_ids(images: Sequence[tuple[str, Path]]) -> list[int | str]:
+    """The ids of ``images`` (``(relative name, file)`` pairs; the rule of the module docstring): integers when every
+    file stem is a number or ``COCO_<set>_<number>`` and no two are equal, else the relative names. Two images with
+    one relative name are a :class:`~finecap.data.formats.DataError` naming both files.
+
+    Example::
+
+        >>> from pathlib import Path
+        >>> image_ids([("000000391895.jpg", Path("coco/000000391895.jpg")),
+        ...            ("COCO_val2014_000000000042.jpg", Path("old/COCO_val2014_000000000042.jpg"))])
+        [391895, 42]
+        >>> image_ids([("cats/001.jpg", Path("photos/cats/001.jpg")), ("dog.png", Path("photos/dog.png"))])
+        ['cats/001.jpg', 'dog.png']
+        >>> image_ids([("red/0.png", Path("shapes/red/0.png")), ("blue/0.png", Path("shapes/blue/0.png"))])
+        ['red/0.png', 'blue/0.png']
+        >>> image_ids([("x.png", Path("a/x.png")), ("x.png", Path("b/x.png"))])
+        Traceback (most recent call last):
+        ...
+        finecap.data.formats.DataError: a/x.png and b/x.png both have the image id 'x.png' (the same name relative to the folders named); pass the folder holding both instead
+    """  # noqa: E501
+    numbers = [NUMBERED.match(Path(name).stem) for name, _ in images]
+    if images and all(m is not None for m in numbers):
+        numbered: list[int | str] = [int(m.group(1)) for m in numbers if m is not None]
+        if len(set(numbered)) == len(numbered):
+            return numbered
+    first: dict[str, Path] = {}
+    for name, path in images:
+        if name in first:
+            raise DataError(f"{first[name]} and {path} both have the image id {name!r} (the same name relative to "
+                            "the folders named); pass the folder holding both instead")  # fmt: skip
+        first[name] = path
+    return [name for name, _ in images]
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# Captioning
+# --------------------------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class ImageCaptions:
+    """What :func:`caption_images` returns: per image, in the order given, its captions
+    (``decode.num_return_sequences`` of them) or ``None`` when it was skipped; and ``(index, reason)`` of each
+    skipped image (the reason names its file)."""
+
+    captions: list[list[str] | None]
+    skipped: list[tuple[int, str]] = field(default_factory=list)
+
+
+def upright_rgb(image: Image.Image) -> Image.Image:
+    """A PIL image as :func:`~finecap.data.formats.load_image` would give its file: turned upright by its EXIF
+    orientation (none: as it is; an image already turned has none left), as 8-bit RGB."""
+    from PIL import ImageOps
+
+    from finecap.data.formats import _to_rgb  # the one conversion of 16-bit, palette, alpha and CMYK images
+
+    return _to_rgb(ImageOps.exif_transpose(image))
+
+
+class _Images:
+    """Items of the collator (:func:`finecap.data.datasets.model_collator`) for images or their files, decoded when
+    read (in a DataLoader worker with ``num_workers``); a bad image raises its :class:`DataError`, or with ``skip``
+    becomes ``{"index", "problem"}``."""
+
+    def __init__(self, images: Sequence[Any], indices: Sequence[int], skip: bool) -> None:
+        self.images, self.indices, self.skip = images, list(indices), skip
+
+    def __len__(self) -> int:
+        return len(self.indices)
+
+    def __getitem__(self, k: int) -> dict[str, Any]:
+        from PIL import Image
+
+        index = self.indices[k]
+        source = self.images[index]
+        try:
+            image = upright_rgb(source) if isinstance(source, Image.Image) else load_image(source)
+        except DataError as e:
+            if not self.skip:
+                raise
+            return {"index": index, "problem": str(e)}
+        return {"index": index, "image_id": index, "caption": "", "references": [], "image": image}
+
+
+class _Collate:
+    """A batch of the good items (``None`` when none is) and ``(index, reason)`` of the bad ones."""
+
+    def __init__(self, collator: Any) -> None:
+        self.collator = collator
+
+    def __call__(self, items: list[dict[str, Any]]) -> tuple[dict[str, Any] | None, list[tuple[int, str]]]:
+        good = [it for it in items if "problem" not in it]
+        bad = [(it["index"], it["problem"]) for it in items if "problem" in it]
+        return (self.collator(good) if good else None), bad
+
+
+def caption_images(
+    model: Any,
+    images: Sequence[Any],
+    decode: DecodeConfig,
+    *,
+    mixed_precision: str = "no",
+    skip_bad_images: bool = False,
+    num_workers: int = 0,
+    accelerator: Accelerator | None = None,
+    progress: bool = True,
+) -> ImageCaptions:
+    """Caption ``images`` (PIL images or image file paths, mixed freely) with ``model``, decoded with ``decode``.
+
+    Images are read and preprocessed by the model's own preprocessing in batches of
+    :func:`~finecap.decode.chunk_images` images (``decode.batch_size`` counts sequences: images x beams or samples),
+    in ``num_workers`` DataLoader worker processes (0: in this process), then decoded on the model's device under
+    the run's autocast (``accelerator.autocast()``, else ``mixed_precision``:
+    :func:`~finecap.train.engine.mixed_precision_autocast`) with the encoder run on pixels (a data set's frozen-feature
+    cache is not used: these images belong to none). With an ``accelerator`` of several processes each captions a
+    contiguous part and every process gets all captions.
+
+    A file that does not decode as an image (:func:`~finecap.data.formats.load_image`: missing, empty, damaged,
+    truncated, over the decompression-bomb limit) is a :class:`~finecap.data.formats.DataError` naming it; with
+    ``skip_bad_images`` it is left out (``None``) and counted in ``skipped``, and it is an error only when no image
+    decodes."""
+    import torch
+    from accelerate.utils import gather_object
+    from torch.utils.data import DataLoader
+    from tqdm.auto import tqdm
+
+    from finecap.data.datasets import model_collator, to_device
+    from finecap.data.samplers import process_slice
+    from finecap.decode import chunk_images
+    from finecap.train.engine import mixed_precision_autocast
+    from finecap.utils import progress_enabled
+
+    if not images:
+        raise DataError("no images to caption")
+    rank, world = (accelerator.process_index, accelerator.num_processes) if accelerator is not None else (0, 1)
+    mine = process_slice(len(images), rank, world)
+    loader = DataLoader(
+        _Images(images, mine, skip_bad_images),
+        batch_size=chunk_images(decode),
+        num_workers=num_workers,
+        collate_fn=_Collate(model_collator(model, 1)),  # one token: the empty caption's EOS (decoding reads none)
+    )
+    device = model.device
+    autocast = accelerator.autocast() if accelerator is not None else mixed_precision_autocast(mixed_precision, device)
+    n = decode.num_return_sequences
+    out: dict[int, list[str] | None] = {}
+    skipped: list[tuple[int, str]] = []
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.no_grad(), autocast:
+            shown = progress_enabled(progress and rank == 0)
+            for batch, bad in tqdm(loader, desc="caption [images]", unit="batch", disable=not shown):
+                skipped += bad
+                out.update((i, None) for i, _ in bad)
+                if batch is None:
+                    continue
+                texts = model.generate(to_device(batch, device), decode).texts
+                for b, index in enumerate(batch["image_ids"]):
+                    out[index] = list(texts[b * n : (b + 1) * n])
+    finally:
+        model.train(was_training)
+    if world > 1:
+        merged: dict[int, list[str] | None] = {}
+        gathered_skips: list[tuple[int, str]] = []
+        for part, part_skipped in gather_object([(out, skipped)]):
+            merged.update(part)
+            gathered_skips += part_skipped
+        out, skipped = merged, sorted(gathered_skips)
+    if skipped and len(skipped) == len(images):
+        shown = "; ".join(reason for _, reason in skipped[:MAX_LISTED])
+        raise DataError(f"none of the {len(images)} images decodes (every one skipped as bad): {shown}")
+    return ImageCaptions([out[i] for i in range(len(images))], skipped)
+
+
+def describe_skipped(result: ImageCaptions, total: int) -> str:
+    """``skipped 2 of 12 images that do not decode: REASON; REASON`` (at most :data:`MAX_LISTED` reasons)."""
+    shown = "; ".join(reason for _, reason in result.skipped[:MAX_LISTED])
+    more = "; ..." if len(result.skipped) > MAX_LISTED else ""
+    return f"skipped {len(result.skipped)} of {total} images that do not decode: {shown}{more}"

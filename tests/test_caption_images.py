@@ -1,0 +1,381 @@
+"""``finecap caption --images`` (issue 34): images without references captioned from any folder a checkpoint loads
+from, ids from file names, bad images named or skipped and counted, outputs refused where they would replace what
+finecap did not make; and the folder errors of :func:`finecap.train.checkpoint.find_checkpoint`.
+
+The captioner: a tiny ClipCap (random frozen CLIP) trained for 120 steps on an image folder with one ``.txt`` caption
+per image and no split (``data.val_fraction`` holds a quarter out): noisy solid colours, ``a red circle`` for red, ``a
+blue square`` for blue, and so on, which it learns; so new images of those colours must get their colour's caption,
+and a caption given to the wrong id shows."""
+
+from __future__ import annotations
+
+import json
+import logging
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from finecap.app.caption import main, resolve
+from finecap.data.formats import DataError, read_results
+from finecap.inference import image_files
+from finecap.train.checkpoint import checkpoint_dir, find_checkpoint, model_dir
+from test_bad_inputs import run_cli
+from test_hostile_images import BROKEN
+
+COLORS = {"red": (220, 30, 30), "blue": (30, 30, 220), "green": (30, 200, 30), "yellow": (230, 220, 40)}
+CAPTION = {"red": "a red circle", "blue": "a blue square", "green": "a green triangle", "yellow": "a yellow star"}
+
+
+def shape_image(color: str, rng: np.random.Generator) -> Image.Image:
+    """A 32 x 32 image of ``color`` with pixel noise (std 20)."""
+    pixels = np.array(COLORS[color])[None, None] + rng.normal(0, 20, (32, 32, 3))
+    return Image.fromarray(np.clip(pixels, 0, 255).astype(np.uint8))
+
+
+@pytest.fixture(scope="module")
+def shapes(tmp_path_factory) -> dict:
+    """``data``: the training folder (``<color>/<i>.png`` + ``.txt``, 6 per colour); ``new``: one unseen image per
+    colour (``<color>.png``); ``clip``: the tiny random CLIP."""
+    from finecap.models.presets import save_tiny_clip
+
+    root = tmp_path_factory.mktemp("shapes")
+    rng = np.random.default_rng(0)
+    for color in COLORS:
+        (root / "data" / color).mkdir(parents=True)
+        for i in range(6):
+            shape_image(color, rng).save(root / "data" / color / f"{i}.png")
+            (root / "data" / color / f"{i}.txt").write_text(CAPTION[color] + "\n")
+    (root / "new").mkdir()
+    for color in COLORS:
+        shape_image(color, rng).save(root / "new" / f"{color}.png")
+    return {"root": root, "data": root / "data", "new": root / "new",
+            "clip": save_tiny_clip(root / "clip", image_size=32, patch_size=16)}  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def run(shapes) -> Path:
+    """The run trained on the folder; decode.max_length=6 in its stored configuration (the default is 24)."""
+    out = shapes["root"] / "run"
+    cache = shapes["root"] / "cache"
+    code, _, err = run_cli(["train", "data.format=folder", f"data.path={shapes['data']}", "data.val_fraction=0.25",
+                            f"model.encoder={shapes['clip']}", "clipcap.tiny_layers=1", "clipcap.tiny_hidden=32",
+                            "clipcap.tiny_heads=2", "clipcap.prefix_length=2", f"run.cache_dir={cache}",
+                            "train.batch_size=16", "train.warmup_steps=2", "train.lr=3e-3", "train.max_steps=120",
+                            "train.eval_samples=8", "decode.max_length=6", "--out", str(out)])  # fmt: skip
+    assert code == 0, err
+    return out
+
+
+def results(path: Path) -> dict:
+    return {i: caps[0] for i, caps in read_results(path).items()}
+
+
+def one_line_error(code: int, err: str) -> str:
+    """The command's one error line (exit code 2, no traceback)."""
+    lines = [line for line in err.splitlines() if line.startswith("finecap: error: ")]
+    assert code == 2 and len(lines) == 1 and "Traceback" not in err, err
+    return lines[0]
+
+
+def error_of(argv: list[str]) -> str:
+    """The one error line of ``finecap ARGV``, which must fail."""
+    code, _, err = run_cli(argv)
+    return one_line_error(code, err)
+
+
+def caption(run: Path, *images: Path | str, out: Path, more: tuple[str, ...] = ()) -> dict:
+    """``finecap caption --checkpoint RUN --images IMAGES --out OUT MORE``, which must succeed; the results."""
+    code, _, err = run_cli(["caption", "--checkpoint", str(run), "--out", str(out), *more, "--images",
+                            *map(str, images)])  # fmt: skip
+    assert code == 0, err
+    return results(out)
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# Folders without references, end to end
+# --------------------------------------------------------------------------------------------------------------------
+
+
+def test_new_images_get_the_caption_of_what_they_show(run, shapes, tmp_path):
+    got = caption(run, shapes["new"], out=tmp_path / "new.json")
+    assert got == {f"{color}.png": CAPTION[color] for color in COLORS}
+    assert [row["image_id"] for row in json.loads((tmp_path / "new.json").read_text())] == sorted(got)  # file order
+
+
+def test_a_nested_folder_gets_relative_path_ids(run, shapes, tmp_path):
+    photos = tmp_path / "photos"
+    expected = {}
+    for i, color in enumerate(COLORS):
+        rel = f"{'a' if i % 2 else 'b/c'}/photo {i}.PNG"  # nested, a space, an upper-case suffix
+        (photos / rel).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(shapes["new"] / f"{color}.png", photos / rel)
+        expected[rel] = CAPTION[color]
+    (photos / "notes.txt").write_text("not an image")  # not an image name: not read
+    (photos / ".hidden.png").write_bytes(b"")  # hidden: not read
+    assert caption(run, photos, out=tmp_path / "photos.json") == expected
+
+
+def test_numbered_file_names_give_integer_ids(run, shapes, tmp_path):
+    coco = tmp_path / "coco"
+    names = {"000000391895.jpg": "red", "COCO_val2014_000000000042.png": "blue", "sub/7.png": "green"}
+    for name, color in names.items():
+        (coco / name).parent.mkdir(parents=True, exist_ok=True)
+        Image.open(shapes["new"] / f"{color}.png").save(coco / name, quality=100)
+    assert caption(run, coco, out=tmp_path / "coco.json") == {391895: CAPTION["red"], 42: CAPTION["blue"],
+                                                              7: CAPTION["green"]}  # fmt: skip
+
+
+def test_the_split_and_the_folder_caption_alike(run, shapes, tmp_path):
+    # The run's val split (records of the folder data set, captioned through the frozen-feature cache) and the same
+    # folder given to --images (its ids are the data set's: relative paths; decoded from pixels) agree.
+    out = tmp_path / "val.json"
+    assert run_cli(["caption", "--checkpoint", str(run), "--split", "val", "--out", str(out)])[0] == 0
+    val = results(out)
+    assert 0 < len(val) < 24 and all(c == CAPTION[i.split("/")[0]] for i, c in val.items())
+    everything = caption(run, shapes["data"], out=tmp_path / "all.json")
+    assert len(everything) == 24 and {i: everything[i] for i in val} == val
+
+
+def test_files_named_one_by_one_and_overrides_after_them(run, shapes, tmp_path):
+    files = [shapes["new"] / "red.png", shapes["new"] / "blue.png"]
+    assert caption(run, *files, out=tmp_path / "files.json") == {
+        "red.png": CAPTION["red"],
+        "blue.png": CAPTION["blue"],
+    }
+    # --images takes every argument after it: a key=value among them is an override, not an image
+    after = caption(run, *files, "decode.max_length=2", out=tmp_path / "after.json")
+    before = caption(run, *files, out=tmp_path / "before.json", more=("decode.max_length=2",))
+    assert after == before == {"red.png": "a red", "blue.png": "a blue"}
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# The folders a checkpoint loads from
+# --------------------------------------------------------------------------------------------------------------------
+
+
+def test_run_checkpoint_and_model_folders_caption_alike(run, shapes, tmp_path):
+    best = checkpoint_dir(run, "best")
+    got = []
+    for i, folder in enumerate((run, best, model_dir(best))):
+        assert find_checkpoint(folder) == best
+        setup = resolve(folder)
+        assert setup.config_file == best / "config.yaml" and setup.cfg.decode.max_length == 6  # the run's, not 24
+        got.append(caption(folder, shapes["new"], out=tmp_path / f"{i}.json"))
+    assert got[0] == got[1] == got[2] == {f"{color}.png": CAPTION[color] for color in COLORS}
+
+
+def test_the_model_folder_captions_the_runs_split(run, tmp_path):
+    # The issue: `--checkpoint RUN/checkpoints/best/model` fell back to the default world, naming a world file that
+    # does not exist. It is the checkpoint's model folder: its configuration and data are the run's.
+    outs = [tmp_path / "run.json", tmp_path / "model.json"]
+    for folder, out in zip((run, model_dir(checkpoint_dir(run, "best"))), outs):
+        code, _, err = run_cli(["caption", "--checkpoint", str(folder), "--split", "val", "--out", str(out)])
+        assert code == 0, err
+    assert results(outs[0]) == results(outs[1]) and len(results(outs[0])) > 0
+
+
+def test_a_bare_model_folder_needs_the_data_named(run, shapes, tmp_path):
+    bare = tmp_path / "exported"
+    shutil.copytree(model_dir(checkpoint_dir(run, "best")), bare)  # no config.yaml anywhere near it
+    out = tmp_path / "bare.json"
+    line = error_of(["caption", "--checkpoint", str(bare), "--out", str(out)])
+    assert f"{bare}: a model folder with no stored configuration" in line and "--images" in line and "--data" in line
+    assert not out.exists()
+    # --images needs no data set; decoding follows the library defaults (max_length 24, not the run's 6)
+    assert resolve(bare).cfg.decode.max_length == 24
+    assert caption(bare, shapes["new"], out=out) == {f"{color}.png": CAPTION[color] for color in COLORS}
+
+
+def test_other_folders_are_errors_naming_the_folder_to_pass(run, tmp_path):
+    best = checkpoint_dir(run, "best")
+    runs = tmp_path / "runs"
+    (runs / "old").mkdir(parents=True)
+    (runs / "mine").symlink_to(run)
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    cases = {
+        run / "checkpoints": f"a run's checkpoints folder; pass the run directory {run} or one checkpoint, {best}",
+        model_dir(best) / "lm": f"not a checkpoint folder; pass the model folder {model_dir(best)}, which holds it",
+        model_dir(best) / "captioner.json": f"not a checkpoint folder; pass the model folder {model_dir(best)}, which "
+        "holds it",
+        best / "config.yaml": f"not a checkpoint folder; pass the checkpoint folder {best}, which holds it",
+        runs: f"not a checkpoint folder, but it holds 1: pass one of {runs / 'mine'}",
+        empty: "not a checkpoint folder; pass a run directory (holding checkpoints/best), a checkpoint folder "
+        "(holding model/ and config.yaml) or a model folder (holding captioner.json)",
+    }
+    for given, expected in cases.items():
+        with pytest.raises(FileNotFoundError) as e:
+            find_checkpoint(given)
+        assert str(e.value) == f"{given}: {expected}"
+        out = tmp_path / "never.json"
+        code, _, err = run_cli(["caption", "--checkpoint", str(given), "--images", str(empty), "--out", str(out)])
+        assert one_line_error(code, err) == f"finecap: error: {given}: {expected}" and not out.exists()
+
+
+def test_the_model_folder_marker_is_every_backbones_file():
+    # find_checkpoint recognises a model folder by the file each backbone's save writes (it cannot import them)
+    from finecap.models import blip, clipcap, vlm
+    from finecap.train.checkpoint import CAPTIONER_FILE
+
+    assert CAPTIONER_FILE == clipcap.CONFIG_NAME == blip.CONFIG_NAME == vlm.CONFIG_NAME
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# Image ids
+# --------------------------------------------------------------------------------------------------------------------
+
+
+def _png(path: Path, color: str = "red") -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    Image.new("RGB", (32, 32), COLORS[color]).save(path)
+    return path
+
+
+def test_the_id_rule(tmp_path):
+    coco = tmp_path / "coco"
+    for name in ("000000391895.jpg", "COCO_val2014_000000000042.jpg", "sub/7.png"):
+        _png(coco / name)
+    found = [(f.image_id, f.path.relative_to(coco).as_posix()) for f in image_files([coco])]
+    assert found == [(391895, "000000391895.jpg"), (42, "COCO_val2014_000000000042.jpg"), (7, "sub/7.png")]
+    mixed = tmp_path / "mixed"
+    for name in ("1.png", "cat.png", "b/2.PNG"):
+        _png(mixed / name)
+    # one name that is no number: every id is the relative path (never a mix of types)
+    assert [f.image_id for f in image_files([mixed])] == ["1.png", "b/2.PNG", "cat.png"]
+    # a file named on its own: its file name
+    assert [f.image_id for f in image_files([mixed / "cat.png", mixed / "b" / "2.PNG"])] == ["cat.png", "2.PNG"]
+
+
+def test_numbers_shared_by_two_images_give_path_ids(tmp_path):
+    classes = tmp_path / "classes"  # a common layout: <class>/<n>.png
+    for name in ("red/0.png", "red/1.png", "blue/0.png"):
+        _png(classes / name)
+    assert [f.image_id for f in image_files([classes])] == ["blue/0.png", "red/0.png", "red/1.png"]
+    flat = tmp_path / "flat"
+    _png(flat / "1.png")
+    _png(flat / "001.jpg")  # one number twice
+    assert [f.image_id for f in image_files([flat])] == ["001.jpg", "1.png"]
+
+
+def test_two_images_with_one_id_are_an_error_naming_both(run, tmp_path):
+    a, b = _png(tmp_path / "a" / "x.png"), _png(tmp_path / "b" / "x.png")
+    expected = (f"{a} and {b} both have the image id 'x.png' (the same name relative to the folders named); pass the "
+                "folder holding both instead")  # fmt: skip
+    out = tmp_path / "out.json"
+    for sources in ([tmp_path / "a", tmp_path / "b"], [a, b]):  # two folders, two files
+        with pytest.raises(DataError) as e:
+            image_files(sources)
+        assert str(e.value) == expected
+        line = error_of(["caption", "--checkpoint", str(run), "--images", *map(str, sources), "--out", str(out)])
+        assert line == f"finecap: error: {expected}" and not out.exists()
+
+
+def test_missing_and_empty_sources_are_named(run, tmp_path):
+    empty = tmp_path / "empty"
+    (empty / "sub").mkdir(parents=True)
+    (empty / "notes.txt").write_text("x")
+    out = tmp_path / "out.json"
+    for source, expected in ((tmp_path / "nowhere", "no such image file or folder"),
+                             (empty, "no image files in this folder or below it")):  # fmt: skip
+        code, _, err = run_cli(["caption", "--checkpoint", str(run), "--images", str(source), "--out", str(out)])
+        assert one_line_error(code, err).startswith(f"finecap: error: {source}: {expected}") and not out.exists()
+
+
+def test_a_link_out_of_the_folder_is_refused_unless_allowed(run, tmp_path):
+    photos = tmp_path / "photos"
+    _png(photos / "a.png")
+    outside = _png(tmp_path / "private" / "b.png", "blue")
+    (photos / "b.png").symlink_to(outside)
+    out = tmp_path / "out.json"
+    code, _, err = run_cli(["caption", "--checkpoint", str(run), "--images", str(photos), "--out", str(out)])
+    line = one_line_error(code, err)
+    assert "outside the data set's image folder" in line and "data.allow_outside_paths" in line and not out.exists()
+    assert run_cli(["caption", "--checkpoint", str(run), "--images", str(photos), "--out", str(out),
+                    "data.allow_outside_paths=true"])[0] == 0  # fmt: skip
+    assert sorted(results(out)) == ["a.png", "b.png"]
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# Bad images
+# --------------------------------------------------------------------------------------------------------------------
+
+
+def test_bad_images_are_named_or_skipped_and_counted(run, shapes, tmp_path, caplog):
+    photos = tmp_path / "photos"
+    photos.mkdir()
+    good = {"red.png": CAPTION["red"], "blue.png": CAPTION["blue"]}
+    for name in good:
+        shutil.copy(shapes["new"] / name, photos / name)
+    bad = [BROKEN[kind][0](photos / f"{kind}.png") for kind in ("empty", "truncated", "text")]
+    out = tmp_path / "out.json"
+    line = error_of(["caption", "--checkpoint", str(run), "--images", str(photos), "--out", str(out)])
+    assert line.startswith(f"finecap: error: {bad[0]}: not an image: the file is empty") and not out.exists()
+    caplog.set_level(logging.WARNING, logger="finecap")
+    assert caption(run, photos, out=out, more=("--skip-bad-images",)) == good
+    warning = next(r.getMessage() for r in caplog.records if "skipped" in r.getMessage())
+    assert "skipped 3 of 5 images that do not decode" in warning and all(str(b) in warning for b in bad)
+    # every image bad: an error, not an empty results file
+    only_bad = tmp_path / "only_bad"
+    only_bad.mkdir()
+    BROKEN["truncated"][0](only_bad / "1.png")
+    line = error_of(["caption", "--checkpoint", str(run), "--images", str(only_bad), "--out",
+                     str(tmp_path / "none.json"), "--skip-bad-images"])  # fmt: skip
+    assert "none of the 1 images decodes" in line and not (tmp_path / "none.json").exists()
+
+
+def test_worker_processes_read_the_images_alike(run, shapes, tmp_path):
+    # data.num_workers=2: images decoded and preprocessed in DataLoader workers; a bad image there is the same error
+    expected = {f"{color}.png": CAPTION[color] for color in COLORS}
+    assert caption(run, shapes["new"], out=tmp_path / "w.json", more=("data.num_workers=2",)) == expected
+    photos = tmp_path / "photos"
+    shutil.copytree(shapes["new"], photos)
+    BROKEN["truncated"][0](photos / "truncated.png")
+    line = error_of(["caption", "--checkpoint", str(run), "--images", str(photos), "--out", str(tmp_path / "x.json"),
+                     "data.num_workers=2"])  # fmt: skip
+    assert line.startswith(f"finecap: error: {photos / 'truncated.png'}: damaged image")
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# Outputs
+# --------------------------------------------------------------------------------------------------------------------
+
+
+def test_outputs_never_replace_what_finecap_did_not_make(run, shapes, tmp_path):
+    photos = tmp_path / "photos"
+    shutil.copytree(shapes["new"], photos)
+    argv = ["caption", "--checkpoint", str(run), "--images", str(photos)]
+    mine = tmp_path / "mine.json"
+    mine.write_text("my notes\n")
+    line = error_of([*argv, "--out", str(mine)])
+    assert f"--out: {mine} exists and finecap did not make it" in line and "--force" in line
+    assert mine.read_text() == "my notes\n"
+    assert run_cli([*argv, "--out", str(mine), "--force"])[0] == 0 and len(results(mine)) == 4
+    assert run_cli([*argv, "--out", str(mine)])[0] == 0  # finecap's own results now: replaced without --force
+    # never an input, with or without --force: an image, a file inside the images folder, the checkpoint
+    image = photos / "red.png"
+    before = image.read_bytes()
+    for out, what in ((image, "is also the command's --images; writing it would destroy the input"),
+                      (photos / "captions.json", f"lies inside the command's --images ({photos}), which it reads"),
+                      (checkpoint_dir(run, "best") / "c.json", "lies inside the command's --checkpoint")):  # fmt: skip
+        for force in ([], ["--force"]):
+            images = [str(photos / "blue.png"), str(image)] if out == image else [str(photos)]
+            line = error_of(["caption", "--checkpoint", str(run), "--images", *images, "--out", str(out), *force])
+            assert what in line
+    assert image.read_bytes() == before and not (photos / "captions.json").exists()
+    assert not (checkpoint_dir(run, "best") / "c.json").exists()
+
+
+def test_images_exclude_data_and_split(run, shapes, tmp_path):
+    for extra in (["--split", "val"], ["--data", str(shapes["data"])]):
+        line = error_of(["caption", "--checkpoint", str(run), "--images", str(shapes["new"]), *extra, "--out",
+                         str(tmp_path / "x.json")])  # fmt: skip
+        assert "--images captions image files, --data and --split a data set's split" in line
+
+
+def test_main_returns_and_writes_for_library_callers(run, shapes, tmp_path):
+    out = main(checkpoint=run, images=[shapes["new"] / "green.png", shapes["new"] / "yellow.png"],
+               out=tmp_path / "lib.json")  # fmt: skip
+    assert results(out) == {"green.png": CAPTION["green"], "yellow.png": CAPTION["yellow"]}
