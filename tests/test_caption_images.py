@@ -215,14 +215,6 @@ def test_other_folders_are_errors_naming_the_folder_to_pass(run, tmp_path):
         assert one_line_error(code, err) == f"finecap: error: {given}: {expected}" and not out.exists()
 
 
-def test_the_model_folder_marker_is_every_backbones_file():
-    # find_checkpoint recognises a model folder by the file each backbone's save writes (it cannot import them)
-    from finecap.models import blip, clipcap, vlm
-    from finecap.train.checkpoint import CAPTIONER_FILE
-
-    assert CAPTIONER_FILE == clipcap.CONFIG_NAME == blip.CONFIG_NAME == vlm.CONFIG_NAME
-
-
 # --------------------------------------------------------------------------------------------------------------------
 # Image ids
 # --------------------------------------------------------------------------------------------------------------------

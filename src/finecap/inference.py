@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from finecap.data.formats import IMAGE_SUFFIXES, MAX_LISTED, DataError, ImageFolder, folder_images, load_image
+from finecap.models import sharding
 
 if TYPE_CHECKING:
     import torch
@@ -258,7 +259,7 @@ def caption_images(
     was_training = model.training
     model.eval()
     try:
-        with torch.no_grad(), autocast:
+        with sharding.decoding(model), torch.no_grad(), autocast:  # full parameters if sharded (FSDP2)
             shown = progress_enabled(progress and rank == 0)
             for batch, bad in tqdm(loader, desc="caption [images]", unit="batch", disable=not shown):
                 skipped += bad

@@ -79,7 +79,7 @@ def model_dir(path: str | Path) -> Path:
 def find_checkpoint(path: str | Path) -> Path:
     """The checkpoint meant by ``path``: a run directory gives its best checkpoint, else its last; a checkpoint's
     ``model/`` folder gives that checkpoint (``RUN/checkpoints/best/model`` -> ``RUN/checkpoints/best``); a checkpoint
-    folder (holding ``model/``, or ``config.yaml``) or a bare model folder (holding :data:`CAPTIONER_FILE`) is
+    folder (holding ``model/``, or ``config.yaml``) or a bare model folder (holding ``captioner.json``) is
     returned as it is. Any other folder is a ``FileNotFoundError`` naming the folder to pass
     (:func:`not_a_checkpoint`)."""
     path = Path(path)
@@ -97,13 +97,8 @@ def find_checkpoint(path: str | Path) -> Path:
     raise FileNotFoundError(not_a_checkpoint(path))
 
 
-CAPTIONER_FILE = "captioner.json"
-"""The file every captioner's ``save`` writes into its model folder (the backbones' ``CONFIG_NAME``): what makes a
-folder a model folder here (this module cannot import the backbones, which import it)."""
-
-
 def _is_model(path: Path) -> bool:
-    return (path / CAPTIONER_FILE).is_file()
+    return (path / CONFIG_NAME).is_file()
 
 
 def _is_checkpoint(path: Path) -> bool:
