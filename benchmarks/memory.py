@@ -29,8 +29,9 @@ state*: gradients of the trainable parameters plus AdamW's two float32 moments (
 count). *Step peak*: the peak resident memory of the step's forward and backward above the memory before them: one
 warm-up step first (AdamW's state allocated, gradients freed), then the kernel's peak counter is reset
 (``/proc/self/clear_refs``, ``5``), the measured forward and backward run, and ``VmHWM - VmRSS before`` is read from
-``/proc/self/status``. This counts every byte they really allocated at the peak (the activations kept for backward,
-the logits, the gradients being formed, temporaries), as ``torch.cuda.max_memory_allocated`` would on a GPU; the
+``/proc/self/status`` (``peak_rss.py``, shared with ``data_memory.py``). This counts every byte they really
+allocated at the peak (the activations kept for backward, the logits, the gradients being formed, temporaries), as
+``torch.cuda.max_memory_allocated`` would on a GPU; the
 optimizer step is left out (its temporaries are the same in every variant: training state). glibc returns large
 freed blocks to the system, so repeated measurements agree to a few MB. On CUDA the same script reports
 ``torch.cuda.max_memory_allocated`` instead. Ratios are printed in one run: checkpointed / plain step peak, and
@@ -46,6 +47,8 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
+
+from peak_rss import peak_bytes, reset_peak
 
 VARIANTS = {
     "fp32": [],
@@ -122,13 +125,6 @@ def save_checkpoints(root: Path, backbones: list[str]) -> dict[str, list[str]]:
 # --------------------------------------------------------------------------------------------------------------------
 
 
-def status_kb(field: str) -> int:
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith(field + ":"):
-            return int(line.split()[1])
-    raise RuntimeError(f"/proc/self/status has no {field}")
-
-
 def measure(overrides: list[str], step: str, images: int, samples: int, tokens: int) -> dict[str, float]:
     """Build the training model of ``overrides`` as ``finecap train`` does, run one warm-up and one measured step."""
     import gc
@@ -182,10 +178,9 @@ def measure(overrides: list[str], step: str, images: int, samples: int, tokens: 
         torch.cuda.reset_peak_memory_stats()
         before = torch.cuda.memory_allocated()
     else:
-        Path("/proc/self/clear_refs").write_text("5")  # reset the peak resident set (VmHWM)
-        before = status_kb("VmRSS") * 1024
+        before = reset_peak()  # the peak resident set (VmHWM) starts from here (peak_rss.py)
     forward_backward()
-    peak = torch.cuda.max_memory_allocated() if cuda else status_kb("VmHWM") * 1024
+    peak = torch.cuda.max_memory_allocated() if cuda else peak_bytes()
     weights = sum(t.numel() * t.element_size() for t in [*model.parameters(), *model.buffers()])
     n_trainable = sum(p.numel() for p in trainable)
     state = sum(p.numel() * p.element_size() for p in trainable) + 8 * n_trainable  # grads + AdamW's 2 fp32 moments

@@ -3,13 +3,14 @@
 :func:`generate_captions` decodes the images of a split (the training validators, the demo and the ``finecap
 caption`` command, :mod:`finecap.app.caption`, call it): each process decodes a contiguous part of the images and
 the results are gathered on every process. A captioner with a frozen encoder reads images through the image-feature
-cache (:mod:`finecap.data.features`); one whose encoder is trained encodes pixels. :func:`caption_stats` summarises
-captions with the package's one definition of a caption's words (:func:`finecap.metrics.diversity.caption_words`).
+cache (:mod:`finecap.data.features`, built by every process on its part); one whose encoder is trained encodes
+pixels, its images decoded and preprocessed in ``data.num_workers`` DataLoader workers (:mod:`finecap.data.loading`).
+:func:`caption_stats` summarises captions with the package's one definition of a caption's words
+(:func:`finecap.metrics.diversity.caption_words`).
 """
 
 from __future__ import annotations
 
-import contextlib
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -18,6 +19,7 @@ from tqdm.auto import tqdm
 
 from finecap.data.datasets import CaptionDataset, load_records, model_collator, to_device
 from finecap.data.features import model_features
+from finecap.data.loading import LoaderSettings, chunks, encoder_draft
 from finecap.data.samplers import process_slice
 from finecap.decode import chunk_images
 from finecap.metrics.diversity import lexical_diversity, mean_length
@@ -60,29 +62,27 @@ def generate_captions(
     if limit:
         records = records[:limit]
     features = None
-    if use_features:  # the main process fills the cache first, the others then read it
-        with accelerator.main_process_first() if accelerator is not None else contextlib.nullcontext():
-            features = model_features(model, records, cfg, split, progress=progress and main)
-    dataset = CaptionDataset(records, per_caption=False, features=features)
+    if use_features:  # every process computes its part of a missing cache file (model_features)
+        features = model_features(model, records, cfg, split, progress=progress and main, processes=accelerator)
+    draft = encoder_draft(model.encoder, cfg.data) if features is None else None
+    dataset = CaptionDataset(records, per_caption=False, features=features, draft=draft)
     collator = model_collator(model, cfg.data.max_tokens)
     device = model.device
-    mine = list(process_slice(len(dataset), rank, world))
+    mine = process_slice(len(dataset), rank, world)
     n = decode.num_return_sequences
     was_training = model.training
     model.eval()
     out: dict[Any, list[str]] = {}
-    size = chunk_images(decode)  # images per batch: decode.batch_size counts sequences (images x beams or samples)
-    starts = range(0, len(mine), size)
+    batches = chunks(mine, chunk_images(decode))  # decode.batch_size counts sequences (images x beams or samples)
+    loader = LoaderSettings.of(cfg.data, device, workers=features is None).loader(dataset, batches, collator)
     autocast = (
         accelerator.autocast()
         if accelerator is not None
         else mixed_precision_autocast(cfg.train.mixed_precision, device)
     )
     with autocast:
-        for start in tqdm(
-            starts, desc=f"caption [{split}]", disable=not progress_enabled(progress and main), unit="batch"
-        ):
-            batch = collator([dataset[i] for i in mine[start : start + size]])
+        for batch in tqdm(loader, total=len(batches), desc=f"caption [{split}]",
+                          disable=not progress_enabled(progress and main), unit="batch"):  # fmt: skip
             generation = model.generate(to_device(batch, device), decode)
             for b, image_id in enumerate(batch["image_ids"]):
                 out[image_id] = list(generation.texts[b * n : (b + 1) * n])

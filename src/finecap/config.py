@@ -204,7 +204,12 @@ class DataConfig:
     split_column: str = doc("", "data.format=hf: column naming each row's split; empty = the named splits.")
     id_column: str = doc("", "data.format=hf: column of the image id; empty = the image path (or split/row).")
     max_tokens: int = doc(48, "Captions are cut to this many tokens (EOS included); dense world captions reach 41.")
-    num_workers: int = doc(0, "DataLoader worker processes.")
+    num_workers: int = doc(0, "DataLoader worker processes decoding and preprocessing images (docs/data.md).")
+    persistent_workers: bool = doc(True, "Keep the training DataLoader's workers between epochs (num_workers > 0).")
+    pin_memory: bool = doc(True, "Page-locked batches for faster copies to a CUDA device (ignored without one).")
+    jpeg_draft: bool = doc(
+        True, "Decode JPEGs at 1/2-1/8 scale when still >= the image processor's size (docs/data.md: what changes)."
+    )
     sampler: str = doc("random", "Training batch sampler (finecap.data.samplers.SAMPLERS) or 'pkg.module:factory'.")
     train_unit: Literal["auto", "caption", "image"] = doc(
         "auto", "Training examples: one per reference caption or per image (auto: the objective's; MLE: caption)."

@@ -1,21 +1,28 @@
+import functools
 import os
+import threading
 from pathlib import Path
 
 import pytest
 import torch
 from PIL import Image
 from safetensors import safe_open
+from safetensors.torch import load_file
 
 from finecap.config import load
 from finecap.data.features import (
     CACHE_SUBDIR,
+    Ranks,
     cache_file,
     cached_features,
+    compute_features,
     fingerprint_data,
     fingerprint_module,
     model_features,
 )
 from finecap.data.formats import Record
+from finecap.data.loading import LoaderSettings
+from finecap.data.samplers import process_slice
 
 
 @pytest.fixture
@@ -139,3 +146,117 @@ def test_model_features_never_reuses_a_stale_cache(tmp_path, records):
     changed = model_features(model, records, cfg, "train", progress=False)
     assert model.encoder.calls > calls and torch.allclose(changed[:, 1], expected[:, 0] * 3)
     assert not any(Path(p).name.endswith(".tmp") for p in os.listdir(tmp_path / "cache" / "features"))
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Several processes build one file, each its part (simulated with threads and a real all-gather between them)
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+class Collective:
+    """``all_gather`` among ``world`` threads: each puts its object in its slot, waits for the others, reads all (in
+    rank order), and waits again so that no slot is overwritten before everyone has read it."""
+
+    def __init__(self, world: int) -> None:
+        self.barrier = threading.Barrier(world, timeout=30)
+        self.slots: list = [None] * world
+        self.rounds = [0] * world
+
+    def gather(self, rank: int, obj):
+        self.slots[rank] = obj
+        self.barrier.wait()
+        out = list(self.slots)
+        self.barrier.wait()
+        self.rounds[rank] += 1
+        return out
+
+
+def run_ranks(world: int, work) -> list:
+    """``work(rank, ranks)`` in ``world`` threads that share one :class:`Collective`; their results, by rank."""
+    collective = Collective(world)
+    results, errors = [None] * world, []
+
+    def target(rank: int) -> None:
+        try:
+            results[rank] = work(rank, Ranks(rank, world, functools.partial(collective.gather, rank), rank == 0))
+        except BaseException as e:  # noqa: BLE001 - re-raised below, in the test's thread
+            errors.append(e)
+            collective.barrier.abort()
+
+    threads = [threading.Thread(target=target, args=(r,)) for r in range(world)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    if errors:
+        raise errors[0]
+    return results
+
+
+def red_encoder(seen: list):
+    """encode(pixels) -> (b, 2) features (mean red, 2 x mean red) of RedEncoder's preprocess; appends the red means
+    of the images it encoded to ``seen``."""
+
+    def encode(pixels):
+        red = pixels[:, 0].mean(dim=(1, 2))  # (b,)
+        seen.extend(red.tolist())
+        return torch.stack([red, 2 * red], dim=1)  # (b, 2)
+
+    return encode
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_sharded_build_equals_the_single_build(tmp_path, records, world):
+    records = records + [Record(10 + r.image_id, r.path, "train") for r in records[:2]]  # 7 images
+    preprocess = RedEncoder().preprocess
+    single_seen: list = []
+    kwargs = {"encoder_key": "enc", "split": "train", "batch_size": 2, "progress": False, "preprocess": preprocess}
+    single = cached_features(records, red_encoder(single_seen), cache_dir=tmp_path / "single", **kwargs)
+    assert len(single_seen) == 7
+
+    seen: list[list] = [[] for _ in range(world)]
+    out = run_ranks(world, lambda rank, ranks: cached_features(
+        records, red_encoder(seen[rank]), cache_dir=tmp_path / "sharded", ranks=ranks, **kwargs))  # fmt: skip
+    for tensor in out:
+        assert torch.equal(tensor, single)  # every process holds the whole tensor
+    # each process encoded only its contiguous part: 7 images over 2 -> 4 + 3, over 3 -> 3 + 2 + 2
+    assert [len(s) for s in seen] == [len(process_slice(7, r, world)) for r in range(world)]
+    assert sum(seen, []) == single_seen  # the parts, in rank order, are the records in order
+    (written,) = (tmp_path / "sharded" / CACHE_SUBDIR).glob("*.safetensors")  # one file, by the writer
+    assert written.name == cache_file(tmp_path / "single", "enc", fingerprint_data(records), "train").name
+    assert torch.equal(load_file(str(written))["features"], single)
+
+    # Read again: every process has the file, nobody encodes.
+    again: list[list] = [[] for _ in range(world)]
+    out = run_ranks(world, lambda rank, ranks: cached_features(
+        records, red_encoder(again[rank]), cache_dir=tmp_path / "sharded", ranks=ranks, **kwargs))  # fmt: skip
+    assert all(torch.equal(t, single) for t in out) and again == [[] for _ in range(world)]
+
+
+def test_a_process_lacking_the_file_gets_it_from_the_others(tmp_path, records):
+    # Two machines with their own cache folders: the first holds the file, the second does not. The second
+    # computes its part only, the first sends its part from the file; both end with the whole tensor, the second
+    # with the file too (each machine's main process writes).
+    kwargs = {"encoder_key": "enc", "split": "train", "batch_size": 2, "progress": False,
+              "preprocess": RedEncoder().preprocess}  # fmt: skip
+    single = cached_features(records, red_encoder([]), cache_dir=tmp_path / "m0", **kwargs)
+    seen: list[list] = [[], []]
+
+    def work(rank, ranks):
+        ranks = Ranks(rank, 2, ranks.all_gather, writes=True)  # both are the main process of their machine
+        return cached_features(records, red_encoder(seen[rank]), cache_dir=tmp_path / f"m{rank}", ranks=ranks,
+                               **kwargs)  # fmt: skip
+
+    out = run_ranks(2, work)
+    assert all(torch.equal(t, single) for t in out)
+    assert seen[0] == [] and len(seen[1]) == len(process_slice(5, 1, 2)) == 2
+    assert len(list((tmp_path / "m1" / CACHE_SUBDIR).glob("*.safetensors"))) == 1
+
+
+def test_compute_features_in_workers_equals_main_process(records):
+    preprocess = RedEncoder().preprocess
+    main = compute_features(records, red_encoder([]), batch_size=2, progress=False, preprocess=preprocess)
+    workers = compute_features(records, red_encoder([]), batch_size=2, progress=False, preprocess=preprocess,
+                               loader=LoaderSettings(num_workers=2))  # fmt: skip
+    assert torch.equal(main, workers) and main.shape == (5, 2)
+    assert compute_features([], red_encoder([]), progress=False).shape == (0, 0)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import json
+import pickle
 
 import pytest
 
@@ -12,7 +13,7 @@ from PIL import Image  # noqa: E402
 
 from finecap.config import load  # noqa: E402
 from finecap.data.datasets import CaptionDataset, load_records  # noqa: E402
-from finecap.data.formats import DataError, load_record_image  # noqa: E402
+from finecap.data.formats import DataError, Record, load_record_image  # noqa: E402
 from finecap.data.hf import read_hf  # noqa: E402
 from finecap.data.references import detect_format, load_references  # noqa: E402
 
@@ -90,3 +91,82 @@ def test_bad_rows_are_named(tmp_path):
     ds.save_to_disk(str(tmp_path / "d"))
     with pytest.raises(DataError, match=r"split 'test', row 1: empty caption list"):
         read_hf(tmp_path / "d", check_images=False)
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Lazy: the data set stays memory-mapped, images are read per item
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+def _noise_png(seed: int, side: int = 48) -> bytes:
+    import numpy as np
+
+    pixels = np.random.default_rng(seed).integers(0, 256, (side, side, 3), dtype=np.uint8)  # incompressible
+    buf = io.BytesIO()
+    Image.fromarray(pixels).save(buf, format="PNG")
+    return buf.getvalue()
+
+
+@pytest.fixture
+def embedded(tmp_path):
+    """A saved Dataset of 12 rows with embedded noise PNGs (about 7 kB each) and a caption column."""
+    features = datasets.Features({"image": datasets.Image(), "captions": datasets.Sequence(datasets.Value("string"))})
+    rows = {"image": [{"bytes": _noise_png(i), "path": None} for i in range(12)],
+            "captions": [[f"noise {i}"] for i in range(12)]}  # fmt: skip
+    datasets.Dataset.from_dict(rows, features=features).save_to_disk(str(tmp_path / "train"))
+    return tmp_path / "train", rows
+
+
+def test_records_hold_no_image_bytes_and_read_each_on_demand(embedded):
+    from finecap.data.hf import ArrowImage
+
+    path, rows = embedded
+    records = read_hf(path)
+    assert [r.image_id for r in records] == [f"train/{i}" for i in range(12)]
+    assert all(r.image_bytes is None and isinstance(r.image_ref, ArrowImage) and r.embedded for r in records)
+    images = records[0].image_ref.images
+    assert all(r.image_ref.images is images for r in records)  # one memory-mapped column shared by every record
+    assert isinstance(images.dataset.data, datasets.table.MemoryMappedTable)
+    # what the records weigh: pickled (as DataLoader workers under spawn receive them), far below the images
+    size = sum(len(cell["bytes"]) for cell in rows["image"])
+    assert len(pickle.dumps(records)) < size / 10
+    # items equal the eager reading of the same rows: the bytes, and the decoded pixels
+    for record, cell in zip(records, rows["image"], strict=True):
+        assert record.encoded_image() == cell["bytes"]
+        eager = Image.open(io.BytesIO(cell["bytes"])).convert("RGB")
+        assert load_record_image(record).tobytes() == eager.tobytes()
+    copies = pickle.loads(pickle.dumps(records))  # what a spawned worker reads: the same images, from the file
+    assert [c.encoded_image() for c in copies] == [cell["bytes"] for cell in rows["image"]]
+
+
+def test_caption_dataset_items_from_workers_equal_the_eager_reading(embedded):
+    from finecap.data.loading import LoaderSettings, chunks
+
+    path, rows = embedded
+    cfg = load(overrides=["data.format=hf", f"data.path={path}"])
+    dataset = CaptionDataset(load_records(cfg, "train"), per_caption=True)
+    loader = LoaderSettings(num_workers=2).loader(dataset, chunks(range(12), 5), lambda items: items)
+    items = [item for batch in loader for item in batch]
+    assert [it["caption"] for it in items] == [f"noise {i}" for i in range(12)]
+    for item, cell in zip(items, rows["image"], strict=True):
+        assert item["image"].tobytes() == Image.open(io.BytesIO(cell["bytes"])).convert("RGB").tobytes()
+
+
+def test_feature_cache_key_of_embedded_images_reads_no_bytes(embedded, tmp_path, monkeypatch):
+    from finecap.data.features import fingerprint_data
+    from finecap.data.hf import ArrowImages
+
+    path, rows = embedded
+    records = read_hf(path)
+    monkeypatch.setattr(ArrowImages, "read", lambda self, row: pytest.fail("the key read an image"))
+    key = fingerprint_data(records)
+    assert key == fingerprint_data(read_hf(path)) and key != fingerprint_data(records[::-1])
+    monkeypatch.undo()
+    # the data set saved again (other images, same rows): its files change, so does the key
+    rows["image"][3] = {"bytes": _noise_png(99), "path": None}
+    features = datasets.Features({"image": datasets.Image(), "captions": datasets.Sequence(datasets.Value("string"))})
+    datasets.Dataset.from_dict(rows, features=features).save_to_disk(str(tmp_path / "again"))
+    assert fingerprint_data(read_hf(tmp_path / "again")) != key
+    # embedded bytes given in memory (no file) are hashed, as before
+    eager = [Record(r.image_id, r.path, r.split, r.captions, image_bytes=r.encoded_image()) for r in records]
+    assert fingerprint_data(eager) == fingerprint_data(eager) != key

@@ -63,3 +63,6 @@ def test_two_cpu_processes(make_cfg, world_args, tiny_encoder, tmp_path, launch_
     assert load_tree(state, "main")["optimizer"]["state"]  # AdamW moments of every trained parameter
     assert not list(checkpoint_dir(run_dir, "last").rglob("*.pkl")) and not list(run_dir.rglob("*.bin"))
     assert (checkpoint_dir(run_dir, "best") / "model").is_dir()
+    # the frozen-feature cache, built by both processes (each its half, gathered: data.features.cached_features)
+    for split in ("train", "val"):
+        assert len(list((tmp_path / "cache" / "features").glob(f"{split}-*.safetensors"))) == 1

@@ -37,6 +37,7 @@ from finecap.data.datasets import CaptionCollator, CaptionDataset, load_records,
 from finecap.data.features import model_features
 from finecap.data.fingerprint import check_run_dir as check_fingerprints_of_run
 from finecap.data.fingerprint import write_fingerprints
+from finecap.data.loading import LoaderSettings, encoder_draft
 from finecap.data.samplers import get_sampler
 from finecap.locks import TRAIN_LOCK, output_lock
 from finecap.models import memory, sharding
@@ -128,19 +129,24 @@ def train_unit(cfg: Config, objective: ObjectiveBase) -> str:
 
 def build_data(cfg: Config, model: Any, accelerator: Accelerator, *, per_caption: bool) -> CaptionData:
     """Training examples (one per reference caption, or per image) and the first ``train.eval_samples`` validation
-    images; frozen encoders read images through the feature cache."""
+    images; frozen encoders read images through the feature cache, which every process builds its part of
+    (:func:`finecap.data.features.model_features`); otherwise images are decoded in the DataLoader workers (JPEGs
+    draft-decoded: :func:`finecap.data.loading.encoder_draft`)."""
     train_records = load_records(cfg, "train")
     val_records = load_records(cfg, "val")
     if cfg.train.eval_samples:
         val_records = val_records[: cfg.train.eval_samples]
     feats: dict[str, torch.Tensor | None] = {"train": None, "val": None}
+    draft = None
     if not model.train_encoder and model.cache_features:
-        with accelerator.main_process_first():  # the main process computes the cache, the others then read it
-            for split, records in (("train", train_records), ("val", val_records)):
-                feats[split] = model_features(model, records, cfg, split, progress=accelerator.is_main_process)
+        for split, records in (("train", train_records), ("val", val_records)):
+            feats[split] = model_features(model, records, cfg, split, progress=accelerator.is_main_process,
+                                          processes=accelerator)  # fmt: skip
+    else:
+        draft = encoder_draft(model.encoder, cfg.data)
     return CaptionData(
-        train=CaptionDataset(train_records, per_caption=per_caption, features=feats["train"]),
-        val=CaptionDataset(val_records, per_caption=False, features=feats["val"]),
+        train=CaptionDataset(train_records, per_caption=per_caption, features=feats["train"], draft=draft),
+        val=CaptionDataset(val_records, per_caption=False, features=feats["val"], draft=draft),
         collator=model_collator(model, cfg.data.max_tokens),
         train_records=train_records,
         skipped=sum(len(skipped_images(cfg, split)) for split in ("train", "val")),
@@ -178,7 +184,9 @@ def make_evaluate(cfg: Config, data: CaptionData, validators: list[Validator], a
     """The engine's evaluation: validation loss, every validator's values, and sample captions as text."""
 
     def evaluate(model: torch.nn.Module) -> dict[str, Any]:
-        values: dict[str, Any] = validation_loss(model, data.val, data.collator, cfg.train.batch_size, accelerator)
+        loader = LoaderSettings.of(cfg.data, accelerator.device, workers=data.val.features is None)
+        values: dict[str, Any] = validation_loss(model, data.val, data.collator, cfg.train.batch_size, accelerator,
+                                                 loader=loader)  # fmt: skip
         for validator in validators:
             extra = validator(model, cfg, accelerator)
             clash = set(extra) & set(values)
@@ -267,12 +275,13 @@ def _train(
     scheduler = build_scheduler(optimizer, warmup=cfg.train.warmup_steps, total=total, kind=cfg.train.schedule)
     objective.setup(TrainContext(cfg, accelerator, data.train_records, model.tokenizer, run_dir))
 
+    acc_device = accelerator.device
     engine = Engine(
         cfg.train,
         accelerator,
         model,
         objective,
-        TrainingData(data.train, data.collator, sampler, num_workers=cfg.data.num_workers),
+        TrainingData(data.train, data.collator, sampler, LoaderSettings.of(cfg.data, acc_device, per_run=True)),
         optimizer,
         scheduler,
         seed=cfg.run.seed,

@@ -83,7 +83,7 @@ class BadImage(ValueError):
 def image_problem(record: Record) -> str | None:
     """Why the image of ``record`` may not be sent (a one-line reason naming the file), or ``None``."""
     try:
-        if record.image_bytes is None:
+        if not record.embedded:
             check_image_file(record.path)
         else:
             load_record_image(record)

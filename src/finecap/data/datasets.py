@@ -116,13 +116,24 @@ def load_records(cfg: Config, split: str, *, captioned: bool = True) -> list[Rec
 
 
 class CaptionDataset(Dataset):
-    """Examples ``(record, caption)`` of a list of records; ``features[i]`` belongs to ``records[i]``."""
+    """Examples ``(record, caption)`` of a list of records; ``features[i]`` belongs to ``records[i]``. Without
+    features an item carries its decoded image (read when the item is, in a DataLoader worker: an embedded image of
+    a Hugging Face data set too), JPEGs draft-decoded down to ``draft`` pixels
+    (:func:`finecap.data.loading.encoder_draft`)."""
 
-    def __init__(self, records: Sequence[Record], *, per_caption: bool, features: torch.Tensor | None = None) -> None:
+    def __init__(
+        self,
+        records: Sequence[Record],
+        *,
+        per_caption: bool,
+        features: torch.Tensor | None = None,
+        draft: int | None = None,
+    ) -> None:
         if features is not None and len(features) != len(records):
             raise ValueError(f"CaptionDataset: {len(features)} feature rows for {len(records)} records")
         self.records = list(records)
         self.features = features
+        self.draft = draft
         if per_caption:
             self.examples = [(i, j) for i, r in enumerate(self.records) for j in range(len(r.captions))]
             if not self.examples:
@@ -149,7 +160,7 @@ class CaptionDataset(Dataset):
         if self.features is not None:
             item["features"] = self.features[i]  # (D,)
         else:
-            item["image"] = load_record_image(record)
+            item["image"] = load_record_image(record, self.draft)
         return item
 
 
@@ -198,5 +209,7 @@ def model_collator(model: Any, max_tokens: int) -> CaptionCollator:
 
 
 def to_device(batch: dict[str, Any], device: torch.device | str) -> dict[str, Any]:
-    """The batch with every tensor moved to ``device`` (lists stay as they are)."""
-    return {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in batch.items()}
+    """The batch with every tensor moved to ``device`` (lists stay as they are); pinned tensors
+    (``data.pin_memory``) without blocking."""
+    return {k: v.to(device, non_blocking=v.is_pinned()) if isinstance(v, torch.Tensor) else v
+            for k, v in batch.items()}  # fmt: skip

@@ -10,8 +10,10 @@ retrieval reward). A file is keyed by three things, so a different encoder or a 
   covers every way an encoder can be obtained (a Hub name, a local folder, the cached world encoder, a captioner
   checkpoint) and an encoder fine-tuned in place. It costs about a second per 500 MB of weights per call;
 - the **data fingerprint** (:func:`fingerprint_data`): the ordered images (image id, resolved path, file size and
-  modification time). The data set file itself is not hashed: captions do not change image features, and any change
-  of which images there are, their order or their files changes the fingerprint;
+  modification time; an image embedded in a memory-mapped Hugging Face data set: the Arrow files' paths, sizes and
+  modification times and its row, so that its bytes are not read for the key; other embedded bytes: their SHA-256).
+  The data set file itself is not hashed: captions do not change image features, and any change of which images
+  there are, their order or their files changes the fingerprint;
 - the **split**: a readable label (``train``, ``test``, ...; the retriever uses the records' common split, or
   ``mixed``) that starts the file name.
 
@@ -23,6 +25,11 @@ File: ``<cache_dir>/features/<split>-<hash16>.safetensors`` with one tensor ``fe
 belongs to record ``i``) and the metadata ``encoder``, ``data``, ``split``, ``n``, checked on load: a file whose
 metadata disagree, or that cannot be read (truncated, foreign), is recomputed, never trusted. Files are written
 atomically (:func:`finecap.utils.atomic_write_bytes`).
+
+Building a file: images are decoded and preprocessed in DataLoader workers (``data.num_workers``,
+:mod:`finecap.data.loading`), the encoder runs in the calling process. Under several processes (``accelerate
+launch``) every process builds its contiguous part and the parts are gathered (:func:`cached_features`,
+:class:`Ranks`): N processes build a file about N times faster than one, and no file is half-written by anyone.
 
 Example::
 
@@ -37,6 +44,7 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -46,7 +54,8 @@ from safetensors.torch import load_file, safe_open
 from safetensors.torch import save as save_safetensors
 from tqdm.auto import tqdm
 
-from finecap.data.formats import load_record_image
+from finecap.data.loading import LoaderSettings, Preprocess, RecordImages, chunks, encoder_draft
+from finecap.data.samplers import process_slice
 from finecap.home import cache_dir as resolve_cache_dir
 from finecap.utils import atomic_write_bytes, progress_enabled
 
@@ -71,8 +80,14 @@ def fingerprint_data(records: Sequence[Any]) -> str:
     h = hashlib.sha256()
     for r in records:
         path = Path(r.path)
-        if getattr(r, "image_bytes", None) is not None:  # embedded image (Hugging Face data set): hash its bytes
-            digest = hashlib.sha256(r.image_bytes).hexdigest()
+        ref = getattr(r, "image_ref", None)
+        stored = ref.key() if ref is not None else None
+        if stored is not None:  # embedded in a memory-mapped data set: its files and row, as a file's stat
+            h.update(json.dumps([str(r.image_id), str(path), stored]).encode() + b"\n")
+            continue
+        data = r.encoded_image() if hasattr(r, "encoded_image") else getattr(r, "image_bytes", None)
+        if data is not None:  # embedded bytes with nothing else identifying them: hash them
+            digest = hashlib.sha256(data).hexdigest()
             h.update(json.dumps([str(r.image_id), str(path), digest]).encode() + b"\n")
             continue
         try:
@@ -91,22 +106,52 @@ def cache_file(cache_dir: str | Path, encoder_key: str, data_key: str, split: st
 
 def compute_features(
     records: Sequence[Any],
-    encode: Callable[[list], torch.Tensor],
+    encode: Callable[[Any], torch.Tensor],
     *,
     batch_size: int = 64,
     desc: str = "features",
     progress: bool = True,
+    preprocess: Callable[[list], Any] | None = None,
+    loader: LoaderSettings | None = None,
+    draft: int | None = None,
 ) -> torch.Tensor:
-    """``encode(list of PIL images) -> (b, D)`` over all records in batches, without gradient; returns ``(N, D)``
-    float32 on the CPU (``(0, 0)`` for no records)."""
+    """``encode(batch) -> (b, D)`` over all records in batches, without gradient; returns ``(N, D)`` float32 on the
+    CPU (``(0, 0)`` for no records). A batch is ``preprocess(images)`` (e.g. pixel values), or the list of PIL
+    images without ``preprocess``; images are decoded (``draft``: :func:`finecap.data.formats.load_image`) and
+    preprocessed in the DataLoader workers of ``loader`` (:mod:`finecap.data.loading`; default: in this process)."""
+    if not records:
+        return torch.zeros(0, 0)
+    settings = loader or LoaderSettings()
+    batches = chunks(range(len(records)), batch_size)
     out = []
     with torch.no_grad():
-        for start in tqdm(
-            range(0, len(records), batch_size), desc=desc, disable=not progress_enabled(progress), unit="batch"
-        ):
-            images = [load_record_image(r) for r in records[start : start + batch_size]]
-            out.append(encode(images).detach().float().cpu())  # (b, D)
-    return torch.cat(out) if out else torch.zeros(0, 0)  # (N, D)
+        data = settings.loader(RecordImages(records, draft), batches, Preprocess(preprocess))
+        for batch in tqdm(data, total=len(batches), desc=desc, disable=not progress_enabled(progress), unit="batch"):
+            out.append(encode(batch).detach().float().cpu())  # (b, D)
+    return torch.cat(out)  # (N, D)
+
+
+@dataclass(frozen=True)
+class Ranks:
+    """The processes that build a cache file together (:func:`cached_features`): this one is ``rank`` of ``world``;
+    ``all_gather(obj)`` is a collective returning every process's ``obj`` in rank order; ``writes``: this process
+    writes the file when it lacks it (the main process of each machine: a cache folder may be local to a machine).
+    The default is a single process. :meth:`of` takes them from accelerate."""
+
+    rank: int = 0
+    world: int = 1
+    all_gather: Callable[[Any], list[Any]] | None = None
+    writes: bool = True
+
+    @classmethod
+    def of(cls, state: Any) -> Ranks:
+        """The processes of an ``accelerate`` ``Accelerator`` or ``PartialState`` (``None``: this one alone)."""
+        if state is None or state.num_processes == 1:
+            return cls()
+        from accelerate.utils import gather_object
+
+        return cls(state.process_index, state.num_processes, lambda obj: gather_object([obj]),
+                   writes=state.is_local_main_process)  # fmt: skip
 
 
 def _load(path: Path, wanted: dict[str, str]) -> torch.Tensor | None:
@@ -135,7 +180,7 @@ def cached_tensor(path: Path, meta: dict[str, str], compute: Callable[[], torch.
 
 def cached_features(
     records: Sequence[Any],
-    encode: Callable[[list], torch.Tensor],
+    encode: Callable[[Any], torch.Tensor],
     *,
     cache_dir: str | Path,
     encoder_key: str,
@@ -143,17 +188,43 @@ def cached_features(
     data_key: str | None = None,
     batch_size: int = 64,
     progress: bool = True,
+    preprocess: Callable[[list], Any] | None = None,
+    loader: LoaderSettings | None = None,
+    draft: int | None = None,
+    ranks: Ranks | None = None,
 ) -> torch.Tensor:
     """Features ``(N, D)`` of ``records``: loaded from the cache when its key matches, else computed with ``encode``
-    (:func:`compute_features`) and stored. ``data_key`` defaults to :func:`fingerprint_data` of ``records``."""
+    (:func:`compute_features`, with ``preprocess``, ``loader`` and ``draft``) and stored. ``data_key`` defaults to
+    :func:`fingerprint_data` of ``records``; ``draft`` must be part of ``encoder_key`` (it changes the pixels).
+
+    With several ``ranks`` every process calls this with the same arguments (a collective): they agree whether every
+    one of them can read the file; if any cannot, each computes its contiguous part of the records
+    (:func:`finecap.data.samplers.process_slice`), the parts are gathered on every process in rank order, the
+    processes that lack the file and ``writes`` write it (atomically: a process killed meanwhile leaves no file, and
+    the next run computes it again), and all return the whole tensor. Batches are those of one process over each
+    part, so a value may differ from a one-process build in the last bits of float32 (batched matrix products);
+    ``tests/data/test_features.py`` checks the sharded build against the single one."""
+    ranks = ranks or Ranks()
     data_key = fingerprint_data(records) if data_key is None else data_key
     path = cache_file(cache_dir, encoder_key, data_key, split)
     meta = {"encoder": encoder_key, "data": data_key, "split": split, "n": str(len(records))}
-
-    def compute() -> torch.Tensor:
-        return compute_features(records, encode, batch_size=batch_size, desc=f"features [{split}]", progress=progress)
-
-    return cached_tensor(path, meta, compute)
+    stored = _load(path, meta)
+    several = ranks.world > 1 and ranks.all_gather is not None
+    if all(ranks.all_gather(stored is not None)) if several else stored is not None:
+        return stored
+    mine = process_slice(len(records), ranks.rank, ranks.world) if several else range(len(records))
+    if stored is not None:  # another process lacks the file: this one's part is in it
+        part = stored[mine.start : mine.stop]
+    else:
+        part = compute_features([records[i] for i in mine], encode, batch_size=batch_size, desc=f"features [{split}]",
+                                progress=progress, preprocess=preprocess, loader=loader, draft=draft)  # fmt: skip
+    parts = [p for p in ranks.all_gather(part) if len(p)] if several else [part]
+    tensor = torch.cat(parts) if parts else torch.zeros(0, 0)  # (N, D)
+    if stored is None and ranks.writes:
+        atomic_write_bytes(path, save_safetensors({"features": tensor.contiguous()}, metadata=meta))
+    if several:
+        ranks.all_gather(None)  # a barrier: the file is in place before any process goes on
+    return tensor
 
 
 def text_cache_file(cache_dir: str | Path, encoder_key: str, texts: Sequence[str]) -> tuple[Path, dict[str, str]]:
@@ -168,20 +239,32 @@ def text_cache_file(cache_dir: str | Path, encoder_key: str, texts: Sequence[str
 
 
 def model_features(
-    model: torch.nn.Module, records: Sequence[Any], cfg: Any, split: str, *, progress: bool = True
+    model: torch.nn.Module,
+    records: Sequence[Any],
+    cfg: Any,
+    split: str,
+    *,
+    progress: bool = True,
+    processes: Any = None,
 ) -> torch.Tensor:
     """Cached frozen features ``(N, D)`` of ``records`` from the captioner's vision encoder (``model.encoder``).
 
-    The model fingerprint hashes the encoder's weights, class and image-processor settings. Stored under
-    ``run.cache_dir``; computed with ``retriever.batch_size_eval`` images per forward pass.
+    The model fingerprint hashes the encoder's weights, class and image-processor settings, and the JPEG draft size
+    (``data.jpeg_draft``, :func:`finecap.data.loading.encoder_draft`) when there is one. Stored under
+    ``run.cache_dir``; computed with ``retriever.batch_size_eval`` images per forward pass, the images decoded and
+    preprocessed in ``data.num_workers`` DataLoader workers. ``processes`` (an ``Accelerator`` or ``PartialState``):
+    every one of them builds its part of a missing file (:func:`cached_features`, :class:`Ranks`); each must call.
     """
     encoder = model.encoder
     processor = getattr(encoder, "image_processor", None)
+    draft = encoder_draft(encoder, cfg.data)
     extra = {"class": type(encoder).__name__, "processor": processor.to_dict() if processor is not None else None}
+    if draft is not None:
+        extra["jpeg_draft"] = draft
     device = next(encoder.parameters()).device
 
-    def encode(images: list) -> torch.Tensor:
-        return encoder(encoder.preprocess(images).to(device))  # (b, D)
+    def encode(pixel_values: torch.Tensor) -> torch.Tensor:
+        return encoder(pixel_values.to(device, non_blocking=pixel_values.is_pinned()))  # (b, D)
 
     was_training = encoder.training
     encoder.eval()
@@ -194,6 +277,10 @@ def model_features(
             split=split,
             batch_size=cfg.retriever.batch_size_eval,
             progress=progress,
+            preprocess=encoder.preprocess,
+            loader=LoaderSettings.of(cfg.data, device),
+            draft=draft,
+            ranks=Ranks.of(processes),
         )
     finally:
         encoder.train(was_training)

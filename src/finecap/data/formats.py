@@ -73,7 +73,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, get_args
+from typing import TYPE_CHECKING, Any, Protocol, get_args
 
 from finecap.config import DataFormat
 from finecap.outputs import write_output
@@ -114,7 +114,34 @@ class Record:
     boosted: dict[str, list[str]] = field(default_factory=dict)
     """Caption fields written by ``finecap boost`` (``original``, ``blend``, ...; :mod:`finecap.boost.output`)."""
     image_bytes: bytes | None = field(default=None, repr=False)
-    """The encoded image when the data set embeds it (Hugging Face ``Image`` feature) instead of a file."""
+    """The encoded image when the data set embeds it and it was given in memory."""
+    image_ref: EmbeddedImage | None = field(default=None, repr=False)
+    """The embedded image read on demand (a memory-mapped Hugging Face data set, :mod:`finecap.data.hf`): records
+    hold no image bytes, so a data set of any size costs the memory of its captions."""
+
+    @property
+    def embedded(self) -> bool:
+        """Whether the image is embedded in the data set (bytes, or a reference to them) rather than a file."""
+        return self.image_bytes is not None or self.image_ref is not None
+
+    def encoded_image(self) -> bytes | None:
+        """The embedded image's encoded bytes (read now, for a reference), or ``None`` for an image file."""
+        if self.image_bytes is not None:
+            return self.image_bytes
+        return self.image_ref.read() if self.image_ref is not None else None
+
+
+class EmbeddedImage(Protocol):
+    """An image stored inside a data set file, read when asked (:class:`finecap.data.hf.ArrowImage`)."""
+
+    def read(self) -> bytes:
+        """The encoded image (PNG, JPEG, ...)."""
+        ...
+
+    def key(self) -> str | None:
+        """What identifies this image's stored version without reading it (the data set files' paths, sizes and
+        modification times, and the row), or ``None`` when nothing does (then its bytes are hashed)."""
+        ...
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -262,9 +289,9 @@ def _opened(source: Any, name: str, size: int) -> Iterator[Image.Image]:
         raise DataError(f"{name}: damaged image ({type(e).__name__}: {_one_line(e)})") from None
 
 
-def _decode(source: Path | bytes, name: str) -> tuple[Image.Image, str]:
+def _decode(source: Path | bytes, name: str, draft: int | None = None) -> tuple[Image.Image, str]:
     """The image in ``source`` (a file, or encoded bytes) decoded to RGB, upright, and its PIL format; every error is
-    a one-line :class:`DataError` beginning with ``name``."""
+    a one-line :class:`DataError` beginning with ``name``. ``draft``: see :func:`load_image`."""
     from PIL import ImageOps
 
     if isinstance(source, bytes):
@@ -275,6 +302,8 @@ def _decode(source: Path | bytes, name: str) -> tuple[Image.Image, str]:
     else:
         fp, size = source, _file_size(source, name)
     with _opened(fp, name, size) as image:
+        if draft and image.format == "JPEG":  # DCT scaling by 1/2, 1/4 or 1/8 while both sides stay >= draft
+            image.draft(None, (draft, draft))  # a square box: the same scale whatever the EXIF orientation
         image.load()  # decodes every pixel: a truncated or damaged file fails here, not later
         fmt = image.format or ""
         try:
@@ -284,15 +313,20 @@ def _decode(source: Path | bytes, name: str) -> tuple[Image.Image, str]:
         return _to_rgb(upright), fmt
 
 
-def load_image(path: str | Path) -> Image.Image:
+def load_image(path: str | Path, draft: int | None = None) -> Image.Image:
     """The image file at ``path`` decoded to RGB: the one way finecap reads an image file.
 
     A file is used only when PIL decodes it whole as one of :data:`IMAGE_FORMATS`; it is refused (a one-line
     :class:`DataError` naming the file) when it is missing, not a regular file, empty, not an image, damaged or
     truncated, or larger than ``PIL.Image.MAX_IMAGE_PIXELS`` (PIL's decompression-bomb limit; PIL only warns between
     one and two times the limit, finecap refuses there too). The EXIF orientation is applied; 16-bit, palette,
-    alpha, CMYK and grey images come out as 8-bit RGB."""
-    return _decode(Path(path), str(path))[0]
+    alpha, CMYK and grey images come out as 8-bit RGB.
+
+    ``draft`` (pixels; ``data.jpeg_draft``, :func:`finecap.data.loading.draft_size`): a JPEG is decoded at the
+    smallest of 1/1, 1/2, 1/4, 1/8 of its size (libjpeg's DCT scaling, ``PIL.Image.draft``) whose both sides are
+    still at least ``draft``: the size an image processor resizes to, which then still downsizes. Other formats
+    ignore it."""
+    return _decode(Path(path), str(path), draft)[0]
 
 
 def decode_image(path: str | Path) -> tuple[Image.Image, str]:
@@ -300,12 +334,19 @@ def decode_image(path: str | Path) -> tuple[Image.Image, str]:
     return _decode(Path(path), str(path))
 
 
-def load_record_image(record: Any) -> Image.Image:
-    """The image of ``record`` (a :class:`Record`, or anything with ``path``) as RGB, by :func:`load_image`'s rule:
-    its embedded bytes when it has them, else its file."""
-    if getattr(record, "image_bytes", None) is None:
-        return load_image(record.path)
-    return _decode(record.image_bytes, f"image of record {record.image_id!r} ({record.path})")[0]
+def _encoded(record: Any) -> bytes | None:
+    """The embedded image bytes of ``record`` (a :class:`Record`, or anything with ``path``), ``None`` for a file."""
+    encoded = getattr(record, "encoded_image", None)
+    return encoded() if encoded is not None else getattr(record, "image_bytes", None)
+
+
+def load_record_image(record: Any, draft: int | None = None) -> Image.Image:
+    """The image of ``record`` (a :class:`Record`, or anything with ``path``) as RGB, by :func:`load_image`'s rule
+    (``draft`` too): its embedded bytes when it has them (read now from a memory-mapped data set), else its file."""
+    data = _encoded(record)
+    if data is None:
+        return load_image(record.path, draft)
+    return _decode(data, f"image of record {record.image_id!r} ({record.path})", draft)[0]
 
 
 def check_image_file(path: str | Path) -> None:
@@ -326,8 +367,9 @@ def image_problem(record: Any) -> str | None:
     """Why :func:`load_record_image` refuses the image of ``record`` (its one-line message, naming the file), or
     ``None`` when it decodes. The image is decoded whole (a truncated or damaged file fails; a header check would
     pass some), once per file version and process."""
-    if getattr(record, "image_bytes", None) is not None:
-        key: tuple[Any, ...] | None = ("bytes", hashlib.blake2b(record.image_bytes, digest_size=16).digest())
+    data = _encoded(record)
+    if data is not None:
+        key: tuple[Any, ...] | None = ("bytes", hashlib.blake2b(data, digest_size=16).digest())
     else:
         try:
             st = os.stat(record.path)

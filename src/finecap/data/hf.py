@@ -20,19 +20,30 @@ otherwise unless ``data.allow_outside_paths=true``): ``data.images`` when given,
 file or the saved data set folder, else, for a Hub name, the Hugging Face caches its files were downloaded to
 (``datasets``' and ``huggingface_hub``'s). Embedded images (bytes) are not files and are not checked.
 
+**Lazy.** A data set stays memory-mapped Arrow, as ``datasets`` keeps it: :func:`read_hf` reads the caption, split and
+id columns, and of the image column only each row's path and whether it holds bytes (the column's validity bitmap
+and offsets, never its image bytes). A record with an embedded image carries an :class:`ArrowImage`, a reference
+(the split's image column and the row) that reads the encoded image when it is decoded: in a DataLoader worker, one
+item at a time. So reading COCO (about 19 GB of JPEGs) costs the memory of its captions; the pages of the Arrow file
+an epoch reads are the operating system's file cache, which the kernel reclaims. ``benchmarks/data_memory.py``
+measures it (docs/data.md, "Lazy Hugging Face data sets").
+
 ``datasets`` is an optional dependency (``pip install 'finecap[hf]'``), imported only when such a data set is read:
 text-only ``finecap eval`` never imports it.
 """
 
 from __future__ import annotations
 
+import json
+import os
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from finecap.data.formats import MAX_LISTED, DataError, ImageFolder, Record, _captions, _infer_split
 
-__all__ = ["HF_FILE_SUFFIXES", "is_hf_path", "read_hf"]
+__all__ = ["HF_FILE_SUFFIXES", "ArrowImage", "ArrowImages", "is_hf_path", "read_hf"]
 
 HF_FILE_SUFFIXES = (".parquet", ".arrow")
 
@@ -85,20 +96,84 @@ def _column(ds: Any, name: str, option: str, source: Any, split: str) -> None:
         )
 
 
-def _image_path(value: Any, root: Path | None, where: str) -> tuple[Path, bytes | None]:
-    """(path, embedded bytes or None) of an image cell: ``{"path", "bytes"}`` (undecoded Image feature) or a string."""
-    if isinstance(value, dict):
-        data, name = value.get("bytes"), value.get("path")
-        if data is None and not name:
-            raise DataError(f"{where}: image has neither bytes nor a path")
-        p = Path(name) if name else Path(where.replace(" ", "_"))
-    elif isinstance(value, str):
-        data, p = None, Path(value)
-    else:
-        raise DataError(f"{where}: image must be an Image feature or a path string, got {type(value).__name__}")
-    if not p.is_absolute() and root is not None and data is None:
+def _image_cells(ds: Any, column: str, where: Any) -> tuple[list[str | None], list[bool]]:
+    """Per row of the image column of ``ds`` (a memory-mapped ``datasets.Dataset``): the path written in it (``None``
+    when none) and whether it embeds bytes, read without touching the image bytes (the column's validity bitmap and
+    its ``path`` strings). ``where(i)`` names row ``i`` in errors."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    array = ds.data.column(column)  # a ChunkedArray backed by the memory-mapped file
+    kind = array.type
+    if pa.types.is_struct(kind):  # an Image feature, or a {"bytes", "path"} struct
+        names = [kind.field(k).name for k in range(kind.num_fields)]
+        missing = pc.is_null(array).to_pylist()
+        paths = pc.struct_field(array, "path").to_pylist() if "path" in names else [None] * len(array)
+        has_bytes = (pc.invert(pc.is_null(pc.struct_field(array, "bytes"))).to_pylist() if "bytes" in names
+                     else [False] * len(array))  # fmt: skip
+        for i, (gone, path, data) in enumerate(zip(missing, paths, has_bytes, strict=True)):
+            if gone:
+                raise DataError(f"{where(i)}: image must be an Image feature or a path string, got NoneType")
+            if not data and not path:
+                raise DataError(f"{where(i)}: image has neither bytes nor a path")
+        return paths, has_bytes
+    if pa.types.is_string(kind) or pa.types.is_large_string(kind):
+        paths = array.to_pylist()
+        for i, path in enumerate(paths):
+            if path is None:
+                raise DataError(f"{where(i)}: image must be an Image feature or a path string, got NoneType")
+        return paths, [False] * len(paths)
+    value = array[0].as_py() if len(array) else None
+    raise DataError(f"{where(0)}: image must be an Image feature or a path string, got {type(value).__name__}")
+
+
+def _image_path(written: str | None, embedded: bool, root: Path | None, where: str) -> Path:
+    """The path of an image cell (``written`` in the data set; for embedded bytes only a name, kept as written)."""
+    p = Path(written) if written else Path(where.replace(" ", "_"))
+    if not p.is_absolute() and root is not None and not embedded:
         p = root / p
-    return p, data
+    return p
+
+
+class ArrowImages:
+    """The image column of one split, memory-mapped: :meth:`read` returns one row's encoded image.
+
+    Holds a ``datasets.Dataset`` of that column alone (the image feature not decoded); pickling it (DataLoader
+    workers started by ``spawn``) sends its file paths, not its contents, as ``datasets`` pickles memory-mapped
+    tables. :meth:`key` identifies its stored version by its Arrow files (path, size, modification time), as
+    :func:`finecap.data.features.fingerprint_data` identifies image files: the image-feature cache is keyed without
+    reading every image."""
+
+    def __init__(self, ds: Any, column: str) -> None:
+        self.dataset = ds.select_columns([column])
+        self.column = column
+        files = [c["filename"] for c in ds.cache_files]
+        identity = None
+        # Rows are numbered as the files store them only without an indices mapping (load_from_disk and
+        # load_dataset give none); otherwise, and for a data set held in memory, images are hashed by content.
+        if files and getattr(ds, "_indices", None) is None:
+            identity = json.dumps([[f, os.stat(f).st_size, os.stat(f).st_mtime_ns] for f in files])
+        self.identity = identity
+
+    def read(self, row: int) -> bytes:
+        data = self.dataset[row][self.column]["bytes"]
+        if data is None:  # only rows with bytes get an ArrowImage
+            raise DataError(f"row {row} of the image column {self.column!r} holds no bytes")
+        return data
+
+
+@dataclass(frozen=True)
+class ArrowImage:
+    """An embedded image: row ``row`` of ``images`` (:class:`finecap.data.formats.EmbeddedImage`)."""
+
+    images: ArrowImages
+    row: int
+
+    def read(self) -> bytes:
+        return self.images.read(self.row)
+
+    def key(self) -> str | None:
+        return None if self.images.identity is None else f"arrow:{self.images.identity}:{self.row}"
 
 
 def _hub_caches() -> tuple[str, ...]:
@@ -128,7 +203,8 @@ def read_hf(
     allow_outside: bool = False,
 ) -> list[Record]:
     """Records of a Hugging Face data set (module docstring); ``splits`` keeps only those named splits (read
-    faster). A row whose image is embedded (bytes, no file) carries them in :attr:`Record.image_bytes`. Image files
+    faster). A row whose image is embedded (bytes, no file) carries a reference to them (:class:`ArrowImage`, read
+    when the image is decoded: module docstring) in :attr:`Record.image_ref`. Image files
     outside the data set's folder are refused unless ``allow_outside`` (``data.allow_outside_paths``)."""
     datasets = _import_datasets()
     parts = _load(source)
@@ -148,36 +224,43 @@ def read_hf(
         for col, option in [(split_column, "data.split_column"), (id_column, "data.id_column")]:
             if col:
                 _column(ds, col, option, source, split_name)
+        if getattr(ds, "_indices", None) is not None:  # not from load_from_disk / load_dataset; rows as stored
+            ds = ds.flatten_indices()
         feature = ds.features[image_column]
         if isinstance(feature, datasets.Image) and feature.decode:
             ds = ds.cast_column(image_column, datasets.Image(decode=False))  # bytes/path, not decoded PIL images
-        cols = [c for c in (image_column, caption_column, split_column, id_column) if c]
-        table = ds.select_columns(list(dict.fromkeys(cols))).to_dict()
+        text = [c for c in (caption_column, split_column, id_column) if c]
+        table = ds.select_columns(list(dict.fromkeys(text))).to_dict()  # no image column: its bytes stay on disk
+
+        def where(i: int, split_name: str = split_name) -> str:
+            return f"{source}: split {split_name!r}, row {i}"
+
+        written, embedded = _image_cells(ds, image_column, where)
+        arrow = ArrowImages(ds, image_column) if any(embedded) else None
         for i in range(len(ds)):
-            where = f"{source}: split {split_name!r}, row {i}"
-            cell = table[image_column][i]
-            path, data = _image_path(cell, root, where)
-            if data is None:  # a file, not embedded bytes
-                folder.check(path, where, cell.get("path") if isinstance(cell, dict) else cell)
+            path = _image_path(written[i], embedded[i], root, where(i))
+            if not embedded[i]:  # a file, not embedded bytes
+                folder.check(path, where(i), written[i])
             caps = table[caption_column][i]
             if isinstance(caps, str):
                 caps = [caps]
             elif not isinstance(caps, list):
-                raise DataError(f"{where}: {caption_column!r} must be a string or a list of strings")
+                raise DataError(f"{where(i)}: {caption_column!r} must be a string or a list of strings")
             split = table[split_column][i] if split_column else split_name
             if not isinstance(split, str):
-                raise DataError(f"{where}: {split_column!r} must be a string, got {type(split).__name__}")
-            image_id = table[id_column][i] if id_column else (str(path) if data is None else f"{split_name}/{i}")
+                raise DataError(f"{where(i)}: {split_column!r} must be a string, got {type(split).__name__}")
+            image_id = table[id_column][i] if id_column else (str(path) if not embedded[i] else f"{split_name}/{i}")
             if isinstance(image_id, bool) or not isinstance(image_id, int | str):
-                raise DataError(f"{where}: {id_column!r} must be an int or a string, got {type(image_id).__name__}")
+                raise DataError(f"{where(i)}: {id_column!r} must be an int or a string, got {type(image_id).__name__}")
             if image_id in seen:
-                raise DataError(f"{where}: duplicate image id {image_id!r} (first in {seen[image_id]})")
-            seen[image_id] = where
-            records.append(Record(image_id, path, split, _captions(caps, where), image_bytes=data))
+                raise DataError(f"{where(i)}: duplicate image id {image_id!r} (first in {seen[image_id]})")
+            seen[image_id] = where(i)
+            ref = ArrowImage(arrow, i) if embedded[i] and arrow is not None else None
+            records.append(Record(image_id, path, split, _captions(caps, where(i)), image_ref=ref))
     if not records:
         raise DataError(f"{source}: no rows (splits present: {', '.join(parts) or 'none'})")
     if check_images:
-        missing = [r.path for r in records if r.image_bytes is None and not r.path.is_file()]
+        missing = [r.path for r in records if not r.embedded and not r.path.is_file()]
         if missing:
             shown = "\n  ".join(map(str, missing[:MAX_LISTED]))
             raise DataError(f"{source}: {len(missing)} of {len(records)} image files do not exist:\n  {shown}")

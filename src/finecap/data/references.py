@@ -134,7 +134,7 @@ def missing_images(
     is what to set (``--images`` / ``data.images``, said by the caller)."""
     missing = []
     for r in records:
-        if r.image_bytes is None and not r.path.is_file():
+        if not r.embedded and not r.path.is_file():
             missing.append(r)
             if first:
                 break

@@ -64,6 +64,7 @@ from tqdm.auto import tqdm
 
 from finecap.config import TrainConfig
 from finecap.data.datasets import to_device
+from finecap.data.loading import LoaderSettings
 from finecap.data.samplers import GlobalBatchSampler, StepBatches
 from finecap.models import sharding
 from finecap.objectives.base import ObjectiveBase, StepInfo, unwrap
@@ -301,12 +302,14 @@ def best_mode(settings: TrainConfig) -> str:
 
 @dataclass
 class TrainingData:
-    """The training examples, how to batch them, and which examples form each global batch."""
+    """The training examples, how to batch them, which examples form each global batch, and the DataLoader's
+    workers and pinning (:class:`finecap.data.loading.LoaderSettings`; default: batches made in the main
+    process)."""
 
     dataset: IndexedDataset
     collator: Callable[[list[dict[str, Any]]], dict[str, Any]]
     sampler: GlobalBatchSampler
-    num_workers: int = 0
+    loader: LoaderSettings = field(default_factory=LoaderSettings)
 
 
 @dataclass
@@ -374,6 +377,9 @@ class Engine:
         self.last_values: dict[str, float] = {}  # the last step's logged values
         self.mode = best_mode(settings)
         self.skipped = SkippedSteps(settings.max_skipped_steps)  # fp16: steps the gradient scaler skipped
+        self._loader: DataLoader | None = None  # the run's one training DataLoader (epoch_loader)
+        self._plan: StepBatches | None = None  # its batch sampler, pointed at each epoch's batches
+        self._worker_seeds = torch.Generator()
         seed_everything(seed + accelerator.process_index)  # different dropout on each process; restore() overrides
 
     # -- state ---------------------------------------------------------------------------------------------------
@@ -594,21 +600,31 @@ class Engine:
 
     def epoch_loader(self, batches: list[list[int]]) -> DataLoader:
         """This process's micro-batches of the epoch's global batches from ``state.position`` on
-        (``grad_accum_steps`` consecutive ones per optimizer step)."""
+        (``grad_accum_steps`` consecutive ones per optimizer step), from the run's one DataLoader.
+
+        The DataLoader is built at the first epoch and kept (so are its workers with ``data.persistent_workers``);
+        its batch sampler (:class:`~finecap.data.samplers.StepBatches`) is pointed at each epoch's batches before the
+        epoch is iterated, so the batches are those of a new loader per epoch. The private generator drawing the
+        workers' seeds is re-seeded with ``(seed, epoch)`` each epoch, as a per-epoch loader's was: creating an
+        iterator must not consume the global RNG (a resumed run creates its iterator mid-epoch, the uninterrupted
+        one at the epoch start). Persistent workers draw their seeds once, at the first epoch this process runs;
+        finecap's examples use no randomness in the workers, so the batches do not depend on it."""
         if not batches:
             raise ValueError(f"data.sampler: no batches in epoch {self.state.epoch}")
-        acc = self.accelerator
-        sampler = StepBatches(batches, rank=acc.process_index, world=acc.num_processes,
-                              accum=self.settings.grad_accum_steps, start=self.state.position)  # fmt: skip
-        return DataLoader(
-            self.data.dataset,
-            batch_sampler=sampler,
-            collate_fn=self.data.collator,
-            num_workers=self.data.num_workers,
-            # A private generator: creating the iterator draws a worker seed, which must not consume the global RNG
-            # (a resumed run creates its iterator mid-epoch, the uninterrupted one at the epoch start).
-            generator=torch.Generator().manual_seed(self.seed * 1_000_003 + self.state.epoch),
-        )
+        if self._loader is None:
+            acc = self.accelerator
+            self._plan = StepBatches([], rank=acc.process_index, world=acc.num_processes,
+                                     accum=self.settings.grad_accum_steps)  # fmt: skip
+            self._loader = self.data.loader.loader(self.data.dataset, self._plan, self.data.collator,
+                                                   generator=self._worker_seeds)  # fmt: skip
+        assert self._plan is not None
+        self._plan.batches, self._plan.start = batches, self.state.position
+        self._worker_seeds.manual_seed(self.seed * 1_000_003 + self.state.epoch)
+        return self._loader
+
+    def close_loader(self) -> None:
+        """Drop the run's DataLoader (its workers stop); the next epoch would build a new one."""
+        self._loader, self._plan = None, None
 
     def step_info(self, global_batch: list[int], fields: dict[str, dict[int, int]]) -> StepInfo:
         ids = [self.data.dataset.image_id(i) for i in global_batch]
@@ -637,6 +653,17 @@ class Engine:
         progress = tqdm(total=self.total, initial=state.step, desc=self.desc,
                         disable=not progress_enabled(self.progress and acc.is_main_process))  # fmt: skip
         accum = settings.grad_accum_steps
+        try:
+            self._fit(progress, accum)
+        finally:
+            self.close_loader()
+        progress.close()
+        acc.wait_for_everyone()
+        return state
+
+    def _fit(self, progress: tqdm, accum: int) -> None:
+        """:meth:`fit`'s loop over epochs and steps."""
+        acc, settings, state = self.accelerator, self.settings, self.state
         while state.step < self.total:
             batches = self.data.sampler.batches(state.epoch)
             fields = self.data.sampler.example_fields(state.epoch)
@@ -675,6 +702,3 @@ class Engine:
                     callback(state)
                 if done or end_of_epoch:
                     break
-        progress.close()
-        acc.wait_for_everyone()
-        return state

@@ -25,6 +25,7 @@ import torch
 from finecap.caption import caption_stats, generate_captions
 from finecap.config import DecodeConfig
 from finecap.data.datasets import CaptionDataset, load_records, to_device
+from finecap.data.loading import LoaderSettings, chunks
 from finecap.data.samplers import process_slice
 from finecap.home import cache_dir
 from finecap.metrics.retrieval import SelfRetrieval
@@ -97,13 +98,14 @@ def retrieval_validator(cfg: Config) -> Validator:
 
 
 @torch.no_grad()
-def validation_loss(model: Any, data: CaptionDataset, collator: Any, batch_size: int,
-                    accelerator: Accelerator) -> dict[str, float]:  # fmt: skip
-    """Teacher-forced MLE token loss on the validation images (first reference each), summed over processes."""
+def validation_loss(model: Any, data: CaptionDataset, collator: Any, batch_size: int, accelerator: Accelerator, *,
+                    loader: LoaderSettings | None = None) -> dict[str, float]:  # fmt: skip
+    """Teacher-forced MLE token loss on the validation images (first reference each), summed over processes;
+    batches made by ``loader`` (:class:`~finecap.data.loading.LoaderSettings`; default: in this process)."""
     mine = process_slice(len(data), accelerator.process_index, accelerator.num_processes)
     totals = torch.zeros(2, dtype=torch.float64, device=accelerator.device)  # (nll sum, tokens)
-    for start in range(0, len(mine), batch_size):
-        batch = to_device(collator([data[i] for i in mine[start : start + batch_size]]), accelerator.device)
+    for batch in (loader or LoaderSettings()).loader(data, chunks(mine, batch_size), collator):
+        batch = to_device(batch, accelerator.device)
         with accelerator.autocast():
             logits = model(batch)  # (B, T, V)
         labels = batch["labels"]  # (B, T)
