@@ -23,6 +23,7 @@ from finecap.data.loading import LoaderSettings, chunks, encoder_draft
 from finecap.data.samplers import process_slice
 from finecap.decode import chunk_images
 from finecap.metrics.diversity import lexical_diversity, mean_length
+from finecap.models import sharding
 from finecap.train.engine import mixed_precision_autocast
 from finecap.utils import progress_enabled
 
@@ -80,7 +81,7 @@ def generate_captions(
         if accelerator is not None
         else mixed_precision_autocast(cfg.train.mixed_precision, device)
     )
-    with autocast:
+    with sharding.decoding(model), autocast:  # full parameters if sharded (FSDP2)
         for batch in tqdm(loader, total=len(batches), desc=f"caption [{split}]",
                           disable=not progress_enabled(progress and main), unit="batch"):  # fmt: skip
             generation = model.generate(to_device(batch, device), decode)
