@@ -349,6 +349,11 @@ class VlmBackboneConfig:
     train_projector: bool = doc(
         True, "Train the projector from vision tower to LM (as ClipCap's mapper, whatever else trains)."
     )
+    processor_kwargs: dict[str, bool | int | float | str] = doc(
+        {},
+        "Keyword arguments of every processor call, the image-token budget: Qwen2-VL max_pixels / min_pixels, "
+        "Idefics3 (SmolVLM) do_image_splitting (docs/vlm.md); recorded in the checkpoint.",
+    )
     tiny_layers: int = doc(3, "name=world-tiny: Llama-style LM layers.")
     tiny_hidden: int = doc(128, "name=world-tiny: LM hidden size.")
     tiny_heads: int = doc(4, "name=world-tiny: attention heads (must divide vlm.tiny_hidden).")

@@ -163,6 +163,25 @@ def test_smile_draws_its_vocabulary_from_caption_tokens_only(vlm_dirs, family):
     assert abs(out.losses["smile"].item() - total / n) < 1e-4
 
 
+def test_processor_kwargs_set_the_image_token_budget_and_are_checked(vlm_dirs, tmp_path):
+    """``vlm.processor_kwargs`` reach every processor call (Qwen2-VL's pixel budget changes the number of image
+    tokens in the prompt), are recorded in the checkpoint, and a key the image processor does not take is named."""
+    image = [Image.new("RGB", (64, 48), (200, 30, 30))]
+    cfg = ["model.kind=vlm", f"vlm.name={vlm_dirs['qwen2_vl']}"]
+    plain = build_model(load(None, cfg))
+    budget = build_model(load(None, [*cfg, "vlm.processor_kwargs={max_pixels: 1568}"]))
+    tokens = {m: int((m.encoder.preprocess(image)["prompt_ids"] == m.image_token_id).sum()) for m in (plain, budget)}
+    assert tokens[budget] > tokens[plain] > 0  # the tiny processor's own budget is 256 pixels
+    again = load_captioner(budget.save(tmp_path / "ckpt"))
+    assert again.processor_kwargs == {"max_pixels": 1568}
+    assert torch.equal(again.encoder.preprocess(image)["prompt_ids"], budget.encoder.preprocess(image)["prompt_ids"])
+    idefics = build_model(load(None, ["model.kind=vlm", f"vlm.name={vlm_dirs['idefics3']}",
+                                      "vlm.processor_kwargs={do_image_splitting: true}"]))  # fmt: skip
+    assert idefics.processor_kwargs == {"do_image_splitting": True}  # (the tiny processor's 16 px make one crop)
+    with pytest.raises(ValueError, match="vlm.processor_kwargs: 'max_pixel' is not an argument of Qwen2VL"):
+        build_model(load(None, [*cfg, "vlm.processor_kwargs={max_pixel: 1568}"]))
+
+
 # --------------------------------------------------------------------------------------------------------------------
 # Decoding against generate
 # --------------------------------------------------------------------------------------------------------------------

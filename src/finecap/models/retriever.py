@@ -50,6 +50,7 @@ from finecap.data.features import (
     fingerprint_module,
     text_cache_file,
 )
+from finecap.data.loading import draft_size
 from finecap.models.world_encoder import world_encoder_path
 
 if TYPE_CHECKING:
@@ -164,11 +165,25 @@ class Retriever:
     def dim(self) -> int:
         return int(getattr(self.model.config, "projection_dim", 0) or self.model.visual_projection.out_features)
 
+    jpeg_draft: bool = True
+    """Decode JPEGs in draft mode down to the processor's size (``data.jpeg_draft``, :func:`load_retriever` sets it),
+    the rule the captioner's frozen features follow (:func:`finecap.data.features.model_features`), so that both
+    compute, and share, the same cached features."""
+
+    @property
+    def draft(self) -> int | None:
+        """The JPEG draft size images are decoded at (:func:`finecap.data.loading.draft_size`), ``None``: full."""
+        return draft_size(self.image_processor) if self.jpeg_draft else None
+
     def identity(self) -> str:
-        """The model fingerprint (:func:`finecap.data.features.fingerprint_module`): class, weights and
-        image-processor settings. Keys the image-feature cache."""
+        """The model fingerprint (:func:`finecap.data.features.fingerprint_module`): class, weights,
+        image-processor settings and the JPEG draft size, as the captioner's frozen features key them. Keys the
+        image-feature cache."""
         processor = self.image_processor.to_dict() if self.image_processor is not None else None
-        return fingerprint_module(self.model, {"class": type(self.model).__name__, "processor": processor})
+        extra = {"class": type(self.model).__name__, "processor": processor}
+        if self.draft is not None:
+            extra["jpeg_draft"] = self.draft
+        return fingerprint_module(self.model, extra)
 
     # ----------------------------------------------------------------------------------------------------------------
     # Images
@@ -219,12 +234,13 @@ class Retriever:
         progress = len(records) > 4 * self.batch_size
         if cache_dir is None:
             feats = compute_features(records, self._encode_images, batch_size=self.batch_size,
-                                     desc="image features", progress=progress)  # fmt: skip
+                                     desc="image features", progress=progress, draft=self.draft)  # fmt: skip
         else:
             splits = {getattr(r, "split", None) for r in records}
             split = splits.pop() if len(splits) == 1 and None not in splits else "mixed"
             feats = cached_features(records, self._encode_images, cache_dir=cache_dir, encoder_key=self.identity(),
-                                    split=split, batch_size=self.batch_size, progress=progress)  # fmt: skip
+                                    split=split, batch_size=self.batch_size, progress=progress,
+                                    draft=self.draft)  # fmt: skip
         if not len(feats):
             feats = torch.zeros(0, self.dim)
         return F.normalize(feats, dim=-1) if normalize else feats
@@ -308,4 +324,6 @@ def load_retriever(cfg: Config, batch_size: int | None = None, device: str | tor
     been trained already (:func:`finecap.models.world_encoder.world_encoder_path` names the command otherwise);
     on ``device`` (default: where ``from_pretrained`` puts it, the CPU)."""
     path = cfg.retriever.checkpoint or world_encoder_path(cfg)
-    return Retriever.from_pretrained(path, batch_size=batch_size or cfg.retriever.batch_size_eval, device=device)
+    retriever = Retriever.from_pretrained(path, batch_size=batch_size or cfg.retriever.batch_size_eval, device=device)
+    retriever.jpeg_draft = cfg.data.jpeg_draft
+    return retriever

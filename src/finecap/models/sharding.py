@@ -85,9 +85,10 @@ def shard_captioner(model: nn.Module, mixed_precision: str = "no") -> list[str]:
     ignored = set(scalars.values())  # frozen (a dual encoder's logit_scale): kept whole on every process, never synced
     layers = shard_layers(model)
     modules = dict(model.named_modules())
-    for name in layers:
-        fully_shard(modules[name], mp_policy=policy, ignored_params=ignored or None)
-    fully_shard(model, mp_policy=policy, ignored_params=ignored or None)
+    for name in layers:  # a layer reshards after its forward (gathered again for its backward)
+        fully_shard(modules[name], mp_policy=policy, ignored_params=ignored or None, reshard_after_forward=True)
+    # the root keeps its parameters gathered from its forward to its backward (FSDP2's default for a root)
+    fully_shard(model, mp_policy=policy, ignored_params=ignored or None, reshard_after_forward=False)
     return layers
 
 
@@ -112,7 +113,7 @@ def decoding(model: nn.Module) -> Iterator[nn.Module]:
     finally:
         for m in modules:
             m.reshard()
-            m.set_reshard_after_forward(True)  # what shard_captioner set
+            m.set_reshard_after_forward(m is not model)  # what shard_captioner set: layers true, the root false
 
 
 def model_state(model: nn.Module) -> dict[str, torch.Tensor]:

@@ -158,6 +158,20 @@ def family_of(config: Any, source: str = "") -> Family:
     return FAMILIES[model_type]
 
 
+def check_processor_kwargs(processor: Any, kwargs: dict[str, Any]) -> dict[str, Any]:
+    """``kwargs`` (``vlm.processor_kwargs``) when its image processor takes each of them (its ``valid_kwargs``), else
+    an error naming the key and the valid ones: transformers would ignore a misspelt ``max_pixel`` silently."""
+    image_processor = getattr(processor, "image_processor", None)
+    valid = sorted(getattr(getattr(image_processor, "valid_kwargs", None), "__annotations__", {}))
+    unknown = [k for k in kwargs if valid and k not in valid]
+    if unknown:
+        raise ValueError(
+            f"vlm.processor_kwargs: {unknown[0]!r} is not an argument of {type(image_processor).__name__}; "
+            f"valid: {', '.join(valid)}"
+        )
+    return kwargs
+
+
 # --------------------------------------------------------------------------------------------------------------------
 # The prompt and the decoding state
 # --------------------------------------------------------------------------------------------------------------------
@@ -243,7 +257,7 @@ class VlmImages:
         images = [im.convert("RGB") for im in images]
         vlm = self.vlm
         enc = vlm.processor(text=[vlm.prompt_text] * len(images), images=[[im] for im in images], padding=True,
-                            return_tensors="pt")  # fmt: skip
+                            return_tensors="pt", **vlm.processor_kwargs)  # fmt: skip
         out = {"prompt_ids": enc["input_ids"], "prompt_mask": enc["attention_mask"]}
         out.update({k: enc[k] for k in vlm.family.image_inputs if k in enc})
         return out
@@ -271,6 +285,8 @@ class Vlm(CaptionerBase):
         source: where the model came from (recorded in checkpoints).
         world: the world VLM's image tokens (a frozen dual encoder's), read by the projector in place of the
             model's own vision tower (module docstring).
+        processor_kwargs: keyword arguments of every processor call (``vlm.processor_kwargs``: the image-token
+            budget, e.g. Qwen2-VL's ``max_pixels``, Idefics3's ``do_image_splitting``).
     """
 
     def __init__(
@@ -284,9 +300,11 @@ class Vlm(CaptionerBase):
         train_projector: bool = True,
         source: str = "",
         world: FeatureMapTokens | None = None,
+        processor_kwargs: dict[str, Any] | None = None,
     ) -> None:
         super().__init__()
         self.family = family_of(model.config, source)
+        self.processor_kwargs = check_processor_kwargs(processor, dict(processor_kwargs or {}))
         if world is not None and self.family is not FAMILIES["llava"]:
             raise ValueError(f"vlm.name={source}: world image tokens need a LLaVA-architecture model")
         self.world = world
@@ -404,6 +422,7 @@ class Vlm(CaptionerBase):
             "family": self.model.config.model_type,
             "prompt": self.prompt,
             "train_projector": self.train_projector,
+            "processor_kwargs": self.processor_kwargs,
             "source": self.source,
             "world_source": self.world.source if self.world is not None else "",
         }
@@ -630,7 +649,7 @@ class Vlm(CaptionerBase):
         return cls(model, load_processor(path), prompt=meta.get("prompt", DEFAULT_PROMPT),
                    train_encoder=meta["train_encoder"], train_lm=meta["train_lm"],
                    train_projector=meta.get("train_projector", True), source=meta.get("source", ""),
-                   world=world)  # fmt: skip
+                   world=world, processor_kwargs=meta.get("processor_kwargs"))  # fmt: skip
 
 
 # --------------------------------------------------------------------------------------------------------------------
@@ -645,7 +664,7 @@ def build_vlm(cfg: Config) -> Vlm:
     encoder, or a dual-encoder path)."""
     m, v = cfg.model, cfg.vlm
     kwargs = dict(prompt=v.prompt, train_encoder=m.train_encoder, train_lm=m.train_lm,
-                  train_projector=v.train_projector)  # fmt: skip
+                  train_projector=v.train_projector, processor_kwargs=v.processor_kwargs)  # fmt: skip
     options = memory.LoadOptions.of(m)
     if v.name != WORLD_VLM:
         return Vlm.from_pretrained(v.name, options, **kwargs)

@@ -1,0 +1,82 @@
+"""``finecap.models.sharding`` in one process: a 1-process gloo group is enough for FSDP2's mechanics (what is
+sharded, the mixed-precision policy, full parameters for decoding); tests/train/test_fsdp.py runs 2 processes."""
+
+from __future__ import annotations
+
+import socket
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from finecap.config import DecodeConfig
+from finecap.models import sharding
+from finecap.models.clipcap import ClipCap
+from finecap.models.presets import build_world_lm
+
+
+@pytest.fixture
+def group():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
+    yield
+    dist.destroy_process_group()
+
+
+def captioner(seed: int = 0) -> ClipCap:
+    torch.manual_seed(seed)
+    lm, tok = build_world_lm(layers=2, hidden=32, heads=2, dropout=0.0)
+    return ClipCap(lm, tok, 24, prefix_length=2)
+
+
+def batch() -> dict:
+    g = torch.Generator().manual_seed(1)
+    return {"features": torch.randn(3, 24, generator=g), "input_ids": torch.tensor([[5, 6, 2], [7, 2, 0], [9, 9, 2]]),
+            "attention_mask": torch.tensor([[1, 1, 1], [1, 1, 0], [1, 1, 1]])}  # fmt: skip
+
+
+def test_the_transformer_layers_and_the_root_are_sharded(group):
+    model = captioner()
+    assert sharding.shard_layers(model) == ["lm.transformer.h.0", "lm.transformer.h.1"]  # GPT2Block, outermost only
+    assert sharding.shard_captioner(model) == ["lm.transformer.h.0", "lm.transformer.h.1"]
+    assert sharding.is_sharded(model) and len(sharding.fsdp_modules(model)) == 3
+    assert all(type(p).__name__ == "DTensor" for p in model.parameters())
+
+
+def test_sharded_logits_and_decoding_equal_the_plain_model(group):
+    plain, model = captioner().eval(), captioner().eval()
+    sharding.shard_captioner(model)
+    with torch.no_grad():
+        assert torch.allclose(model(batch()), plain(batch()), atol=1e-6)
+    cfg = DecodeConfig(strategy="greedy", max_length=6)
+    with sharding.decoding(model) as full:
+        assert not any(type(p).__name__ == "DTensor" for p in full.parameters())
+        ours = full.generate(batch()["features"], cfg)
+    assert torch.equal(ours.sequences, plain.generate(batch()["features"], cfg).sequences)
+    assert all(type(p).__name__ == "DTensor" for p in model.parameters())  # resharded on exit
+
+
+def test_bf16_policy_computes_in_bf16_and_keeps_float32_gradients(group):
+    model = captioner()
+    sharding.shard_captioner(model, "bf16")
+    seen = []
+    model.lm.transformer.h[0].attn.c_attn.register_forward_hook(lambda m, i, o: seen.append((m.weight.dtype, o.dtype)))
+    logits = model(batch())
+    logits.float().sum().backward()
+    assert seen == [(torch.bfloat16, torch.bfloat16)]  # gathered in bfloat16 for the forward
+    grads = [p.grad for p in model.parameters() if p.grad is not None]
+    assert grads and all(g.dtype == torch.float32 for g in grads)  # reduced into the float32 sharded parameters
+    assert all(p.dtype == torch.float32 for p in model.parameters())
+
+
+def test_scalar_parameters_stay_whole_when_frozen_and_are_refused_when_trained(group):
+    model = captioner()
+    model.scale = torch.nn.Parameter(torch.tensor(2.0), requires_grad=False)
+    sharding.shard_captioner(model)
+    assert type(model.scale).__name__ == "Parameter"
+    trained = captioner()
+    trained.scale = torch.nn.Parameter(torch.tensor(2.0))
+    with pytest.raises(ValueError, match="trained scalar parameters \\['scale'\\]"):
+        sharding.shard_captioner(trained)
