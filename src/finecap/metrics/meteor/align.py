@@ -96,20 +96,22 @@ def align(cands: list[list[Match]], n_hyp: int, beam: int = BEAM) -> list[Match]
     if all(j in fixed for j, ms in enumerate(cands) if ms):
         return [ms[0] for ms in cands if ms]
     paths = [_ROOT]
+    ends = {-1}  # where the paths' last matches end in the reference
     for j, ms in enumerate(cands):
         # Only a chunk that ends at j (its path's last match ends at j and is not extended here) changes the ranking
         # of a path that was already in the list; a new chunk started at j counts only once it ends.
         if not ms:
-            if len(paths) > 1 and any(p[5] == j for p in paths):
+            if j in ends and len(paths) > 1:
                 paths.sort(key=_ranking(j))
             continue
         if j in fixed:
             m = ms[0]
             i = m[2]
-            resort = len(paths) > 1 and any(p[5] == j and p[6] != i for p in paths)
+            resort = j in ends and len(paths) > 1 and any(p[5] == j and p[6] != i for p in paths)
             paths = [_take(p, m) for p in paths]
             if resort:
                 paths.sort(key=_ranking(j))
+            ends = {m[0] + m[1]}
             continue
         nxt = []
         for p in paths:
@@ -126,6 +128,7 @@ def align(cands: list[list[Match]], n_hyp: int, beam: int = BEAM) -> list[Match]
             nxt.sort(key=_ranking(j))
             del nxt[beam:]
         paths = nxt
+        ends = {p[5] for p in paths}
     best = min(paths, key=_ranking(len(cands)))
     out = []
     while best[7] is not None:
