@@ -20,7 +20,6 @@ BLEU and ROUGE-L >= 5x, SCST batch >= 40x. ``--json OUT`` writes ``{metric: {"fi
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import io
 import json
@@ -38,6 +37,10 @@ from pycocoevalcap.cider.cider_scorer import CiderScorer
 from pycocoevalcap.rouge.rouge import Rouge
 
 from finecap.metrics.ngram import CiderD, bleu_per_item, cider_d_per_item, rouge_l_per_item
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from metric_args import corpus_parser  # noqa: E402
 
 TARGETS = {"bleu": 5.0, "rouge_l": 5.0, "cider_d": 20.0, "scst_batch": 40.0}
 
@@ -110,11 +113,7 @@ def quiet(fn: Callable[[], object]) -> Callable[[], object]:
 
 
 def main(argv: list[str] | None = None) -> dict[str, dict[str, float]]:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--images", type=int, default=5000)
-    ap.add_argument("--refs", type=int, default=5)
-    ap.add_argument("--repeat", type=int, default=3)
-    ap.add_argument("--seed", type=int, default=0)
+    ap = corpus_parser(__doc__.split("\n\n")[0])
     ap.add_argument(
         "--clock", choices=sorted(CLOCKS), default="process", help="CPU time of this process (default) or wall time"
     )

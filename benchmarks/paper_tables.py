@@ -469,7 +469,8 @@ SLE = Paper(
     notes="World runs: XE = the MLE start; SLL = SCST (demo/scst: CIDEr-D reward, greedy baseline, 5 samples); "
     "SLL-ME = demo/scst_me (max-entropy coefficient 1e-2); SLL-SLE = demo/sle (α = 0.75, BLEU-3/4 distance). Test "
     "captions by beam search (beam 5), as the paper. SPICE is not computed (its Stanford CoreNLP jars are not "
-    "shipped); METEOR where Java and pycocoevalcap's jar are present (otherwise the result file says why not).",
+    "shipped); METEOR where pycocoevalcap is installed (otherwise the result file says why not): in Python since "
+    "2026-11-24, equal to pycocoevalcap's jar, which computed the stored results.",
     tables=(
         Table(
             "2",
@@ -815,8 +816,9 @@ DISCRITUNE = Paper(
     source="002_c0fa3c976453cc8e.txt",
     metrics=("length", "vocab", "faithfulness", "retrieval", "bags", "clipscore", "bleu", "cider", "meteor"),
     notes="World columns: P@1 = self-retrieval R@1 against eval.n_distractors random test images (99 in the full "
-    "run, as the paper's 100 candidates; ties count as misses); B@4, M, C = BLEU-4, METEOR (where Java and "
-    "pycocoevalcap's jar are present) and CIDEr-D against references 2-5 of each test image; SPICE is not "
+    "run, as the paper's 100 candidates; ties count as misses); B@4, M, C = BLEU-4, METEOR (where pycocoevalcap "
+    "is installed: in Python since 2026-11-24, equal to its jar, which computed the stored results) and CIDEr-D "
+    "against references 2-5 of each test image; SPICE is not "
     "computed. Budget: about 30 minutes per world seed (estimated from the demo's stage times, not measured): the "
     "MLE start (6 min), eight DiscriTune runs of 150 steps (about 1 min each; the beam-decoding one about 3), the "
     "world BLIP and its DiscriTune (2 min), and for each run the captions of the shifted domain's and the scene "

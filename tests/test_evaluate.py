@@ -417,6 +417,51 @@ def test_format_coco_keys_and_values_equal_pycocoevalcap(tmp_path, capsys, monke
         assert x == pytest.approx(want, rel=1e-9, abs=1e-12)
 
 
+@pytest.mark.skipif(
+    importlib.util.find_spec("pycocoevalcap") is None, reason="METEOR reads its data from pycocoevalcap"
+)
+def test_eval_meteor_runs_without_java(tmp_path, capsys, monkeypatch):
+    refs, res = _id_only_coco(tmp_path, n=30, seed=7)
+    argv = ["eval", "--predictions", str(res), "--references", str(refs), "--metrics", "meteor", "--format", "coco",
+            "--per-image", str(tmp_path / "items.json")]  # fmt: skip
+    jar = None
+    if shutil.which("java") is not None:  # the jar itself on the same (PTB-tokenised) captions, while Java is there
+        jar = COCOEvalCap(str(refs), str(res), metrics=("meteor",), meteor_backend="java")
+        jar.evaluate()
+    monkeypatch.setenv("PATH", str(tmp_path / "no-bin"))
+    assert shutil.which("java") is None
+    assert cli(argv) == 0
+    printed = json.loads(capsys.readouterr().out)
+    items = json.loads((tmp_path / "items.json").read_text())
+    assert list(printed) == ["METEOR"] and 0 < printed["METEOR"] < 1 and len(items) == 30
+    if jar is not None:  # equal, not close
+        assert printed == jar.eval
+        assert {x["image_id"]: x for x in items} == jar.imgToEval
+    # the java backend, asked for without Java: an error naming the option and what to install
+    assert cli([*argv, "eval.meteor_backend=java"]) == 2
+    err = capsys.readouterr().err
+    assert "--metrics: metric 'meteor' cannot run here: the java METEOR backend needs a Java runtime" in err
+    assert "eval.meteor_backend=python" in err
+
+
+def test_eval_meteor_without_pycocoevalcap_says_what_to_install(tmp_path, capsys, monkeypatch):
+    import finecap.metrics.meteor.resources as meteor_resources
+
+    monkeypatch.setattr(meteor_resources, "pycocoevalcap_dir", lambda: None)  # as if not installed
+    monkeypatch.delenv("FINECAP_METEOR_JAR", raising=False)
+    refs, res = _id_only_coco(tmp_path, n=5)
+    argv = ["eval", "--predictions", str(res), "--references", str(refs), "--out", str(tmp_path / "e.json")]
+    assert cli([*argv, "--metrics", "bleu,meteor"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("finecap: error: --metrics: metric 'meteor' cannot run here: meteor-1.5.jar not found")
+    assert "pip install pycocoevalcap" in err and len(err.strip().splitlines()) == 1
+    assert not (tmp_path / "e.json").exists()
+    # not asked for by name: left out with a note saying the same, the other metrics computed
+    assert cli(argv) == 0
+    assert "skipping meteor: meteor-1.5.jar not found" in capsys.readouterr().out
+    assert "METEOR" not in json.loads((tmp_path / "e.json").read_text())
+
+
 # --------------------------------------------------------------------------------------------------------------------
 # Duplicate image ids: an error naming them, or merged where the format means it (COCO annotations)
 # --------------------------------------------------------------------------------------------------------------------

@@ -102,6 +102,7 @@ Mapper = Literal["mlp", "transformer"]
 Backbone = Literal["clipcap", "blip", "vlm"]
 Schedule = Literal["linear", "cosine", "constant"]
 DecodeStrategy = Literal["greedy", "beam", "sample"]
+MeteorBackend = Literal["python", "java"]
 FinishedBeams = Literal["keep", "set_aside"]
 EarlyStopping = Literal[False, True, "never"]
 Subset = Literal["sequence", "reverse", "random", "full"]
@@ -578,6 +579,9 @@ class EvalConfig:
     lm: str = doc("", "Causal LM (HF name or path) scoring caption perplexity; needed by the 'perplexity' metric.")
     batch_size: int = doc(64, "Captions per forward pass of the perplexity language model.")
     vocab_min_count: int = doc(5, "A word counts towards vocabulary usage when used at least this often (NDLB).")
+    meteor_backend: MeteorBackend = doc(
+        "python", "METEOR: pure Python (no Java; reproduces the jar) or pycocoevalcap's jar itself (needs Java)."
+    )
 
     def __post_init__(self) -> None:
         _check(self.n_distractors >= 1, "eval.n_distractors", "must be >= 1")  # at most the images: checked on use

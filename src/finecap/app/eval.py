@@ -5,12 +5,13 @@
 the files and calls :func:`finecap.metrics.suite.evaluate_items` (the metric groups and their keys are listed there).
 
 - Metrics (:func:`default_metrics`): ``--metrics a,b`` or ``eval.metrics`` when given, else the groups the
-  references and this machine allow: the caption metrics always (``bleu``, ``meteor`` when Java and its jar are
-  present, ``rouge``, ``cider``, ``spice`` when its jars are: pycocoevalcap's five), ``length`` and ``vocab``,
-  image metrics (``clipscore``, ``retrieval``; ``bags`` with ``--bags``) when every image file of the references
-  exists and a retriever is known (``retriever.checkpoint``, or the world's trained encoder), the world's
-  ``faithfulness`` on a world, ``perplexity`` when ``eval.lm`` is set. What is left out is said in one note each. A
-  group asked for by name that cannot run here is an error naming ``--metrics`` (or ``eval.metrics``) and why.
+  references and this machine allow: the caption metrics always (``bleu``, ``meteor`` when pycocoevalcap's data is
+  installed (no Java needed), ``rouge``, ``cider``, ``spice`` when Java and its jars are: pycocoevalcap's five),
+  ``length`` and ``vocab``, image metrics (``clipscore``, ``retrieval``; ``bags`` with ``--bags``) when every
+  image file of the references exists and a retriever is known (``retriever.checkpoint``, or the world's trained
+  encoder), the world's ``faithfulness`` on a world, ``perplexity`` when ``eval.lm`` is set. What is left out is
+  said in one note each. A group asked for by name that cannot run here is an error naming ``--metrics`` (or
+  ``eval.metrics``) and why.
 - Output: a Markdown table on stdout (``--format table``, default), or only the JSON ``{metric: value}``
   (``--format json``, for scripts; notes go to stderr), or that JSON with pycocoevalcap's names (``--format coco``:
   ``Bleu_1`` .. ``Bleu_4``, ``METEOR``, ``ROUGE_L``, ``CIDEr``, ``SPICE``, the keys of ``COCOEvalCap.eval``; by
@@ -238,7 +239,7 @@ def _reasons(
         if name == "meteor":
             from finecap.metrics.meteor import meteor_unavailable_reason
 
-            return meteor_unavailable_reason()
+            return meteor_unavailable_reason(backend=cfg.eval.meteor_backend)
         if name == "spice":
             from finecap.metrics.spice import spice_unavailable_reason
 

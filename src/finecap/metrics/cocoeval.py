@@ -1,4 +1,4 @@
-"""A drop-in for pycocoevalcap's ``COCOEvalCap``: same inputs, same attributes, same numbers, no Java for n-grams.
+"""A drop-in for pycocoevalcap's ``COCOEvalCap``: same inputs, same attributes, same numbers, no Java but for SPICE.
 
 Switching is a one-line import change::
 
@@ -21,12 +21,14 @@ reads them). After :meth:`COCOEvalCap.evaluate`, ``eval`` maps pycocoevalcap's m
 
 How it computes them: captions go through :func:`finecap.metrics.ptb_tokenize.tokenize_all` (the Python equivalent
 of pycocoevalcap's Java PTB tokenizer), BLEU / ROUGE-L / CIDEr-D through :func:`finecap.metrics.ngram.ngram_metrics`
-(pycocoevalcap-identical, tested), METEOR and SPICE through the same jars as pycocoevalcap
-(:mod:`finecap.metrics.meteor`, :mod:`finecap.metrics.spice`). Differences, chosen on purpose:
+(pycocoevalcap-identical, tested), METEOR in Python from pycocoevalcap's own data (:mod:`finecap.metrics.meteor`,
+reproducing its jar; ``meteor_backend="java"`` runs the jar) and SPICE through the same jars as pycocoevalcap
+(:mod:`finecap.metrics.spice`). Differences, chosen on purpose:
 
-- ``metrics`` (constructor) selects the scorers; by default all five, as pycocoevalcap runs. A Java metric that
-  cannot run here (no Java, or SPICE's Stanford CoreNLP jars missing: pycocoevalcap would try to download them) is
-  skipped with a warning saying why, instead of failing after the other metrics; its key is then absent.
+- ``metrics`` (constructor) selects the scorers; by default all five, as pycocoevalcap runs. A metric that cannot
+  run here (METEOR without pycocoevalcap's data; SPICE without Java or with its Stanford CoreNLP jars missing:
+  pycocoevalcap would try to download them) is skipped with a warning saying why, instead of failing after the
+  other metrics; its key is then absent.
 - SPICE's per-image entry is its F-score (``imgToEval[i]["SPICE"]``), not pycocoevalcap's dict of per-category
   precision/recall; the corpus ``eval["SPICE"]`` is the same mean F-score.
 - Nothing is printed (pycocoevalcap prints progress and each score); ``verbose=True`` prints the scores.
@@ -43,7 +45,7 @@ from collections.abc import Hashable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-from finecap.metrics.meteor import MetricUnavailable
+from finecap.metrics.meteor import BACKENDS, MetricUnavailable
 from finecap.metrics.ngram import ngram_metrics
 from finecap.metrics.ptb_tokenize import tokenize_all
 
@@ -117,6 +119,7 @@ class COCOEvalCap:
         *,
         metrics: Iterable[str] = COCO_METRICS,
         verbose: bool = False,  # noqa: N803
+        meteor_backend: str = "python",
     ):
         self.coco = _as_coco(coco, "coco")
         self.cocoRes = (  # noqa: N815 (pycocoevalcap name)
@@ -127,6 +130,11 @@ class COCOEvalCap:
         if unknown:
             raise ValueError(f"COCOEvalCap(metrics=...): unknown {unknown}; valid: {', '.join(COCO_METRICS)}")
         self.verbose = verbose
+        if meteor_backend not in BACKENDS:
+            raise ValueError(
+                f"COCOEvalCap(meteor_backend=...): expected one of {', '.join(BACKENDS)}, got {meteor_backend!r}"
+            )
+        self.meteor_backend = meteor_backend
         self.evalImgs: list[dict] = []  # noqa: N815
         self.eval: dict[str, float] = {}
         self.imgToEval: dict[Hashable, dict] = {}  # noqa: N815
@@ -158,7 +166,7 @@ class COCOEvalCap:
             per = {i: {COCO_NAMES[k]: v for k, v in p[i].items()} for i in img_ids}
         for name in ("meteor", "spice"):
             if name in self.metrics:
-                c, p = _java_metric(name, res, gts)
+                c, p = _java_metric(name, res, gts, self.meteor_backend)
                 corpus.update(c)
                 for i in p:
                     per.setdefault(i, {}).update(p[i])
@@ -192,14 +200,16 @@ def _tokenize(captions: dict[Hashable, Sequence[str]]) -> dict[Hashable, list[st
 
 
 def _java_metric(
-    name: str, res: dict[Hashable, str], gts: dict[Hashable, list[str]]
+    name: str, res: dict[Hashable, str], gts: dict[Hashable, list[str]], meteor_backend: str
 ) -> tuple[dict[str, float], dict[Hashable, dict]]:
-    if name == "meteor":
-        from finecap.metrics.meteor import meteor_per_item as fn
-    else:
-        from finecap.metrics.spice import spice_per_item as fn
     try:
-        return fn(res, gts)
+        if name == "meteor":
+            from finecap.metrics.meteor import meteor_per_item
+
+            return meteor_per_item(res, gts, backend=meteor_backend)
+        from finecap.metrics.spice import spice_per_item
+
+        return spice_per_item(res, gts)
     except MetricUnavailable as e:
         warnings.warn(f"COCOEvalCap: skipping {name.upper()}: {e}", stacklevel=3)
         return {}, {}

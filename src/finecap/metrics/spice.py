@@ -15,14 +15,14 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import shutil
 import subprocess
 import tempfile
 from collections.abc import Hashable, Mapping, Sequence
 from pathlib import Path
 
-from finecap.metrics.meteor import MetricUnavailable, _check_inputs, _pycocoevalcap_dir
+from finecap.metrics.meteor.inputs import check_inputs
+from finecap.metrics.meteor.resources import MetricUnavailable, pycocoevalcap_file
 
 __all__ = ["SPICE_ENV", "find_spice_dir", "spice", "spice_per_item", "spice_unavailable_reason"]
 
@@ -33,12 +33,7 @@ CORENLP_JARS = ("lib/stanford-corenlp-3.6.0.jar", "lib/stanford-corenlp-3.6.0-mo
 
 def find_spice_dir(spice_dir: str | Path | None = None) -> Path | None:
     """Folder holding ``spice-1.0.jar`` and ``lib/``: ``spice_dir``, ``$FINECAP_SPICE_DIR`` or pycocoevalcap's."""
-    if spice_dir is not None:
-        return Path(spice_dir)
-    if os.environ.get(SPICE_ENV):
-        return Path(os.environ[SPICE_ENV])
-    root = _pycocoevalcap_dir()
-    return root / "spice" if root is not None else None
+    return pycocoevalcap_file(spice_dir, SPICE_ENV, "spice")
 
 
 def spice_unavailable_reason(spice_dir: str | Path | None = None, java: str = "java") -> str | None:
@@ -85,7 +80,7 @@ def spice_per_item(
         raise MetricUnavailable(reason)
     root = find_spice_dir(spice_dir)
     assert root is not None
-    ids, preds, refs = _check_inputs(predictions, references)
+    ids, preds, refs = check_inputs(predictions, references)
     order = sorted(range(len(ids)), key=lambda j: ids[j])  # pycocoevalcap sorts the image ids
     with tempfile.TemporaryDirectory(prefix="finecap-spice-") as tmp:
         in_file, out_file = Path(tmp) / "input.json", Path(tmp) / "output.json"

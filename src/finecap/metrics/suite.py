@@ -11,8 +11,9 @@ group         keys                                                   needs
 bleu          ``BLEU-1`` .. ``BLEU-4``                               references
 rouge         ``ROUGE-L``                                            references
 cider         ``CIDEr-D``                                            references
-meteor        ``METEOR`` (optional: skipped with a warning without   references, Java + pycocoevalcap jar
-              Java or the jar)
+meteor        ``METEOR`` (optional: skipped with a warning without   references, pycocoevalcap's data (no
+              pycocoevalcap's data; no Java with the default         Java; ``eval.meteor_backend=java``: Java)
+              ``eval.meteor_backend=python``)
 spice         ``SPICE`` (optional, likewise)                         references, Java + SPICE jars
 length        ``Length`` (mean words per caption)                    --
 vocab         ``Lexical diversity`` (distinct words), ``Vocab        --
@@ -75,8 +76,8 @@ from finecap.metrics.meteor import MetricUnavailable
 from finecap.metrics.ngram import ngram_metrics
 from finecap.metrics.ptb_tokenize import ptb_tokenize, tokenize, tokenize_all
 
-# The groups of the world (faithfulness, listener), of images (retrieval, bags, clipscore) and of Java (meteor,
-# spice) import their modules when they run: `finecap eval` on caption metrics starts without them.
+# The groups of the world (faithfulness, listener), of images (retrieval, bags, clipscore) and SPICE (Java) import
+# their modules when they run: `finecap eval` on caption metrics starts without them.
 
 if TYPE_CHECKING:
     from finecap.config import Config
@@ -193,8 +194,14 @@ def _cider(ctx: _Context) -> dict[str, float]:
 
 
 def _java_metric(ctx: _Context, group: str) -> dict[str, float]:
+    """METEOR (Python, or the jar with ``eval.meteor_backend=java``) or SPICE (jars); skipped with a warning saying
+    what to install when it cannot run here."""
     if group == "meteor":
-        from finecap.metrics.meteor import meteor_per_item as fn
+        from functools import partial
+
+        from finecap.metrics.meteor import meteor_per_item
+
+        fn = partial(meteor_per_item, backend=ctx.cfg.eval.meteor_backend)
     else:
         from finecap.metrics.spice import spice_per_item as fn
     refs = ctx.tok_references(group)
@@ -384,7 +391,8 @@ def evaluate(
 
     Returns:
         ``{metric key: value}`` in the order of the groups asked for (module docstring). A group whose input is
-        missing raises ``ValueError`` naming it; METEOR / SPICE without Java are skipped with a warning.
+        missing raises ``ValueError`` naming it; METEOR without pycocoevalcap's data and SPICE without Java or its jars
+        are skipped with a warning.
     """
     return evaluate_items(predictions, references, metrics=metrics, retriever=retriever, images=images,
                           scenes=scenes, bags=bags, samples=samples, cfg=cfg, per_image=False)[0]  # fmt: skip

@@ -1,0 +1,201 @@
+"""Time finecap's Python METEOR against pycocoevalcap's ``Meteor`` (the jar) in the same run; check the scores agree.
+
+    .venv/bin/python benchmarks/meteor.py [--images 5000] [--refs 5] [--repeat 3] [--processes N] [--json OUT]
+
+Data: seeded COCO-like tokenised captions of real English words (:func:`coco_like_real`: a 420-word caption
+vocabulary with Zipfian frequencies and frequent multi-word phrases, 8-20 words per reference, 8-14 per prediction,
+8 topic words shared within an image, each named at most once per caption), so that METEOR's stem, synonym and
+paraphrase stages work as on COCO. Two timings, each the best of ``--repeat`` wall-clock runs, the two sides
+interleaved:
+
+- **end to end**: a fresh Python process reads the captions from a JSON file and prints the corpus and per-image
+  scores: ``meteor_per_item`` (imports, the jar's data and the cached paraphrase index, worker processes, scoring)
+  against ``Meteor()`` + ``compute_score`` (imports, the JVM's start and its loading of the paraphrase table, the
+  SCORE and EVAL lines). The paraphrase index is built once before the runs if the finecap home does not hold it
+  yet (that one-time cost is printed separately);
+- **warm**: a second evaluation in the same process: ``meteor_per_item`` again (data loaded) against
+  ``compute_score`` on the same ``Meteor`` (JVM running).
+
+Every run's scores are compared with ``==`` (per image and corpus) and the differing images are counted (none are
+expected: docs/metrics.md, "How exact"). Target: finecap >= 3x end to end.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from metric_args import corpus_parser  # noqa: E402
+
+TARGET = 3.0
+
+_WORDS = """man woman person people men women boy girl child kid player skier surfer dog cat horse cow sheep bird
+elephant giraffe zebra bear teddy train bus car truck motorcycle bike bicycle boat plane airplane street road sidewalk
+city building house tower clock sign light traffic table plate food pizza sandwich cake donut banana apple orange
+broccoli carrot hot bowl cup glass bottle wine kitchen room bathroom toilet sink bed couch chair tv laptop computer
+phone keyboard desk window door wall field grass snow beach ocean water wave surfboard skateboard skis snowboard kite
+frisbee ball tennis racket baseball bat glove umbrella bench park tree sky hill mountain river lake fence shirt hat
+jacket dress suit tie bag luggage suitcase vase flowers refrigerator oven stove microwave counter shelf book remote
+mirror picture lamp pillow blanket animal animals group couple pair herd flock bunch lot lots piece slice top front
+side middle back area corner edge line row view close day night air game match court track station stop parking lot
+sitting standing walking riding holding eating playing looking lying laying flying parked hanging waiting running
+jumping carrying talking watching using wearing covered filled topped made sits stands walks rides holds eats plays
+looks flies runs jumps is are was be being has have there it its his her their this that these those small large big
+little tall long short old young new white black red blue green yellow brown gray grey orange pink purple wooden
+metal open empty full several two three four many some other each few different various very together near next by
+with on in of at to under over behind inside outside down up through while and or from for into around across along
+a an the""".split()  # noqa: SIM905 (a word list reads better as text)
+_PHRASES = [
+    "in front of", "next to", "on top of", "a group of", "a couple of", "a pair of", "a lot of", "lots of", "close up",
+    "a bunch of", "side by side", "in the middle of", "on the side of", "each other", "a herd of", "a flock of",
+    "a plate of", "a slice of", "is sitting", "are standing", "is holding", "is riding",
+]  # fmt: skip
+
+
+def coco_like_real(n_images: int, n_refs: int, seed: int = 0) -> tuple[dict[int, str], dict[int, list[str]]]:
+    """Seeded tokenised captions of real words: ``(predictions {id: caption}, references {id: [captions]})``."""
+    rng = np.random.default_rng(seed)
+    vocab = np.array(_WORDS)
+    p = 1.0 / (np.arange(len(vocab)) + 2.7)  # Zipf-Mandelbrot over a shuffled vocabulary
+    p = p[rng.permutation(len(vocab))]
+    p /= p.sum()
+
+    def caption(topic: list[str], lo: int, hi: int) -> str:
+        words: list[str] = []
+        unused = list(topic)  # a caption names each topic word once, as captions rarely repeat a content word
+        n = int(rng.integers(lo, hi + 1))
+        while len(words) < n:
+            r = rng.random()
+            if r < 0.12:
+                words.extend(_PHRASES[int(rng.integers(len(_PHRASES)))].split())
+            elif r < 0.45 and unused:
+                words.append(unused.pop(int(rng.integers(len(unused)))))
+            else:
+                words.append(str(vocab[rng.choice(len(vocab), p=p)]))
+        return " ".join(words[:n])
+
+    preds, refs = {}, {}
+    for i in range(n_images):
+        topic = [str(w) for w in vocab[rng.choice(len(vocab), size=8, replace=False, p=p)]]
+        refs[i] = [caption(topic, 8, 20) for _ in range(n_refs)]
+        preds[i] = caption(topic, 8, 14)
+    return preds, refs
+
+
+_FINECAP = """
+import json, sys
+from finecap.metrics.meteor import meteor_per_item
+d = json.load(open(sys.argv[1]))
+preds = {int(k): v for k, v in d["preds"].items()}
+refs = {int(k): v for k, v in d["refs"].items()}
+processes = int(sys.argv[2]) if len(sys.argv) > 2 and sys.argv[2] else None
+corpus, per = meteor_per_item(preds, refs, processes=processes)
+print(json.dumps([corpus["METEOR"], [per[i]["METEOR"] for i in preds]]))
+"""
+
+_PYCOCOEVALCAP = """
+import json, sys
+from pycocoevalcap.meteor.meteor import Meteor
+d = json.load(open(sys.argv[1]))
+preds = {int(k): v for k, v in d["preds"].items()}
+refs = {int(k): v for k, v in d["refs"].items()}
+score, scores = Meteor().compute_score(refs, {i: [c] for i, c in preds.items()})
+print(json.dumps([score, list(scores)]))
+"""
+
+
+def _run(code: str, *args: str) -> tuple[float, tuple[float, list[float]]]:
+    t = time.perf_counter()
+    out = subprocess.run([sys.executable, "-c", code, *args], check=True, capture_output=True, text=True).stdout
+    elapsed = time.perf_counter() - t
+    corpus, per = json.loads(out.strip().splitlines()[-1])
+    return elapsed, (corpus, per)
+
+
+def _compare(a: tuple[float, list[float]], b: tuple[float, list[float]]) -> dict[str, float]:
+    """How two ``(corpus, per-image)`` results differ: images with another score, the largest differences."""
+    return {
+        "images_differing": sum(x != y for x, y in zip(a[1], b[1])),
+        "max_image_diff": max(abs(x - y) for x, y in zip(a[1], b[1])),
+        "corpus_diff": abs(a[0] - b[0]),
+    }
+
+
+def main(argv: list[str] | None = None) -> dict[str, dict[str, float]]:
+    ap = corpus_parser(__doc__.split("\n\n")[0])
+    ap.add_argument("--processes", type=int, default=None, help="finecap's worker processes (default: the CPUs)")
+    ap.add_argument("--json", type=Path, default=None, help="write {timing: {finecap_s, reference_s, ratio}}")
+    args = ap.parse_args(argv)
+
+    from pycocoevalcap.meteor.meteor import Meteor
+
+    from finecap.metrics.meteor import meteor_per_item, meteor_scorer
+    from finecap.metrics.meteor.resources import find_meteor_jar, index_path
+
+    preds, refs = coco_like_real(args.images, args.refs, args.seed)
+    jar = find_meteor_jar()
+    if not index_path(jar).is_file():
+        t = time.perf_counter()
+        meteor_scorer()
+        print(f"built the paraphrase index once (finecap home): {time.perf_counter() - t:.1f} s")
+    procs = "" if args.processes is None else str(args.processes)
+    results: dict[str, dict[str, float]] = {}
+    comparisons: list[dict[str, float]] = []
+    with tempfile.TemporaryDirectory() as tmp:
+        data = Path(tmp) / "captions.json"
+        data.write_text(json.dumps({"preds": preds, "refs": refs}))
+        best_ours = best_ref = float("inf")
+        for _ in range(args.repeat):  # interleaved, so that both see the same load on the machine
+            t_ref, ref_scores = _run(_PYCOCOEVALCAP, str(data))
+            t_our, our_scores = _run(_FINECAP, str(data), procs)
+            comparisons.append(_compare(our_scores, ref_scores))
+            best_ours, best_ref = min(best_ours, t_our), min(best_ref, t_ref)
+        results["end_to_end"] = {"finecap_s": best_ours, "reference_s": best_ref, "ratio": best_ref / best_ours}
+
+        gts = {i: r for i, r in refs.items()}
+        res = {i: [c] for i, c in preds.items()}
+        reference = Meteor()
+        reference.compute_score(gts, res)  # warm-up: the JVM is running, the paraphrase table loaded
+        meteor_per_item(preds, refs, processes=args.processes)  # warm-up: data loaded
+        best_ours = best_ref = float("inf")
+        for _ in range(args.repeat):
+            t = time.perf_counter()
+            score, scores = reference.compute_score(gts, res)
+            best_ref = min(best_ref, time.perf_counter() - t)
+            t = time.perf_counter()
+            corpus, per = meteor_per_item(preds, refs, processes=args.processes)
+            best_ours = min(best_ours, time.perf_counter() - t)
+            comparisons.append(_compare((corpus["METEOR"], [per[i]["METEOR"] for i in preds]), (score, list(scores))))
+        del reference
+        results["warm"] = {"finecap_s": best_ours, "reference_s": best_ref, "ratio": best_ref / best_ours}
+
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    print(f"{args.images} images x {args.refs} references, best of {args.repeat}, wall time, {cpus} CPUs")
+    print(f"{'timing':<11} {'finecap_s':>10} {'pycocoevalcap_s':>16} {'ratio':>8}")
+    for name, r in results.items():
+        ok = "" if name != "end_to_end" else ("  ok" if r["ratio"] >= TARGET else "  MISS") + f" (target {TARGET:g}x)"
+        print(f"{name:<11} {r['finecap_s']:>10.2f} {r['reference_s']:>16.2f} {r['ratio']:>7.1f}x{ok}")
+    worst = max(comparisons, key=lambda c: (c["images_differing"], c["corpus_diff"]))
+    identical = worst["images_differing"] == 0 and worst["corpus_diff"] == 0
+    print(
+        f"scores compared with ==, every run: {'identical' if identical else 'NOT identical'}: "
+        f"{worst['images_differing']} of {args.images} images differ (max |diff| {worst['max_image_diff']:.1e}), "
+        f"corpus |diff| {worst['corpus_diff']:.1e}"
+    )
+    if args.json is not None:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps({**results, "comparison": worst}, indent=2) + "\n")
+    return results
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -1,0 +1,299 @@
+"""METEOR's English data, read at run time from the user's pycocoevalcap: never copied into finecap.
+
+- Inside ``meteor-1.5.jar`` (a zip file, read with :mod:`zipfile`): the function words
+  (``function/english.words``), the Moses non-breaking prefixes (``nonbreaking/english.prefixes``), the WordNet 3.0
+  synonym sets (``synonym/english.synsets``: word, then its synset ids) and irregular forms
+  (``synonym/english.exceptions``: base word, then its forms). ``synonym/english.relations`` is never used.
+- Beside the jar, ``data/paraphrase-en.gz``: 5.27 M paraphrase pairs as three lines each (probability, phrase,
+  paraphrase). Parsing it takes seconds, so the first use builds an index of it (word ids in numpy arrays, about
+  110 MB, :func:`build_paraphrase_index`, 9-11 s on a 2-core machine) in the finecap home,
+  ``<home>/cache/meteor/<key>/paraphrase-v1.npz``, keyed by the SHA-256 of the jar and of the table; later runs
+  load it (a fraction of a second) and keep only the pairs whose words all occur in the captions being scored
+  (:meth:`ParaphraseIndex.restrict`). The index is an ``.npz`` written atomically and read with
+  ``allow_pickle=False``.
+
+Nothing is read at import time.
+"""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import importlib.util
+import io
+import os
+import zipfile
+from array import array
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from finecap.home import CACHE, home
+from finecap.metrics.meteor.normalize import parse_prefixes
+from finecap.utils import atomic_write_bytes
+
+__all__ = [
+    "JAR_NAME",
+    "MetricUnavailable",
+    "METEOR_ENV",
+    "INDEX_VERSION",
+    "JarData",
+    "ParaphraseIndex",
+    "ParaphraseTable",
+    "build_paraphrase_index",
+    "data_unavailable_reason",
+    "find_meteor_jar",
+    "index_path",
+    "load_paraphrase_index",
+    "paraphrase_path",
+    "pycocoevalcap_dir",
+    "pycocoevalcap_file",
+    "read_jar_data",
+]
+
+METEOR_ENV = "FINECAP_METEOR_JAR"
+"""Environment variable naming the METEOR jar (its ``data/paraphrase-en.gz`` beside it)."""
+JAR_NAME = "meteor-1.5.jar"
+PARAPHRASE = Path("data") / "paraphrase-en.gz"
+INDEX_VERSION = 1
+"""Version of the cached paraphrase index's layout (part of its file name)."""
+
+_JAR_FILES = {
+    "function_words": "function/english.words",
+    "prefixes": "nonbreaking/english.prefixes",
+    "synsets": "synonym/english.synsets",
+    "exceptions": "synonym/english.exceptions",
+}
+
+
+class MetricUnavailable(RuntimeError):
+    """An optional metric cannot run here (missing data, Java runtime or jar); the message says what is missing and
+    what to install."""
+
+
+def pycocoevalcap_dir() -> Path | None:
+    """The installed ``pycocoevalcap`` package folder, found without importing it (``None`` if not installed)."""
+    try:
+        spec = importlib.util.find_spec("pycocoevalcap")
+    except (ImportError, ValueError):
+        return None
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    return Path(next(iter(spec.submodule_search_locations)))
+
+
+def pycocoevalcap_file(given: str | Path | None, env: str, *parts: str) -> Path | None:
+    """Where a file of pycocoevalcap's is: ``given`` if not ``None``, else ``$env`` if set, else ``parts`` inside the
+    installed pycocoevalcap package (``None`` when it is not installed)."""
+    if given is not None:
+        return Path(given)
+    if os.environ.get(env):
+        return Path(os.environ[env])
+    root = pycocoevalcap_dir()
+    return root.joinpath(*parts) if root is not None else None
+
+
+def find_meteor_jar(jar: str | Path | None = None) -> Path | None:
+    """The METEOR jar to use: ``jar`` if given, else ``$FINECAP_METEOR_JAR``, else pycocoevalcap's copy."""
+    return pycocoevalcap_file(jar, METEOR_ENV, "meteor", JAR_NAME)
+
+
+def paraphrase_path(jar: Path) -> Path:
+    """The paraphrase table the jar uses: ``data/paraphrase-en.gz`` beside it."""
+    return jar.parent / PARAPHRASE
+
+
+def data_unavailable_reason(jar: str | Path | None = None) -> str | None:
+    """Why METEOR's data cannot be read (``None`` when the jar and the paraphrase table are there)."""
+    path = find_meteor_jar(jar)
+    if path is None:
+        return (
+            f"{JAR_NAME} not found: METEOR reads its data (WordNet synonyms, paraphrase table) from pycocoevalcap; "
+            f"install it (pip install pycocoevalcap) or set ${METEOR_ENV} to a {JAR_NAME}"
+        )
+    if not path.is_file():
+        given = " (jar=...)" if jar is not None else f" (${METEOR_ENV})" if os.environ.get(METEOR_ENV) else ""
+        return (
+            f"{JAR_NAME} not found at {path}{given}: METEOR reads its data from pycocoevalcap "
+            f"(pip install pycocoevalcap), or from the {JAR_NAME} that ${METEOR_ENV} names"
+        )
+    if not paraphrase_path(path).is_file():
+        return f"METEOR paraphrase table missing: expected {paraphrase_path(path)} (reinstall pycocoevalcap)"
+    return None
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# Data inside the jar
+# --------------------------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class JarData:
+    """The English resources inside the jar.
+
+    ``synsets`` maps a word to its synset ids as one space-separated string (split on demand: most of the 147k words
+    never occur in a caption); ``exceptions`` maps an irregular form to the base words listing it.
+    """
+
+    function_words: frozenset[str]
+    prefixes: dict[str, int]
+    synsets: dict[str, str]
+    exceptions: dict[str, tuple[str, ...]]
+    _synset_cache: dict[str, frozenset[str]] = field(default_factory=dict, repr=False)
+
+    def synsets_of(self, word: str) -> frozenset[str]:
+        """The synset ids listed for ``word`` itself (empty when WordNet does not list it)."""
+        out = self._synset_cache.get(word)
+        if out is None:
+            ids = self.synsets.get(word)
+            out = self._synset_cache[word] = frozenset(ids.split()) if ids else frozenset()
+        return out
+
+
+def _lines(text: str) -> list[str]:
+    lines = text.split("\n")
+    if lines and lines[-1] == "":
+        lines.pop()
+    return lines
+
+
+def read_jar_data(jar: str | Path) -> JarData:
+    """Read the function words, non-breaking prefixes, synonym sets and irregular forms from ``jar``."""
+    with zipfile.ZipFile(jar) as z:
+        text = {k: z.read(name).decode("utf-8") for k, name in _JAR_FILES.items()}
+    syn = _lines(text["synsets"])
+    exc = _lines(text["exceptions"])
+    exceptions: dict[str, list[str]] = {}
+    for base, forms in zip(exc[0::2], exc[1::2]):
+        for form in forms.split():
+            exceptions.setdefault(form, []).append(base)
+    return JarData(
+        function_words=frozenset(_lines(text["function_words"])),
+        prefixes=parse_prefixes(text["prefixes"]),
+        synsets=dict(zip(syn[0::2], syn[1::2])),
+        exceptions={k: tuple(v) for k, v in exceptions.items()},
+    )
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# The paraphrase table
+# --------------------------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class ParaphraseTable:
+    """The paraphrase pairs that can match in one evaluation: ``pairs[phrase] = [paraphrase, ...]`` (word tuples, in
+    the table's order), ``prefixes``: the proper prefixes of the phrases (where a walk along a caption goes on), and
+    the longest phrase's length."""
+
+    pairs: dict[tuple[str, ...], list[tuple[str, ...]]]
+    prefixes: frozenset[tuple[str, ...]]
+    max_len: int
+
+    @classmethod
+    def from_pairs(cls, pairs: Iterable[tuple[tuple[str, ...], tuple[str, ...]]]) -> ParaphraseTable:
+        """The table of ``(phrase, paraphrase)`` pairs, in order."""
+        table: dict[tuple[str, ...], list[tuple[str, ...]]] = {}
+        for a, b in pairs:
+            table.setdefault(a, []).append(b)
+        prefixes = frozenset(k[:n] for k in table for n in range(1, len(k)))
+        return cls(table, prefixes, max(map(len, table), default=0))
+
+
+@dataclass
+class ParaphraseIndex:
+    """The whole paraphrase table as word ids: ``vocab`` (the table's words), ``tokens`` (each pair's phrase words,
+    then its paraphrase words), ``starts`` (pair k's words are ``tokens[starts[k]:starts[k + 1]]``) and
+    ``phrase_len`` (how many of them are the phrase's)."""
+
+    vocab: list[str]
+    tokens: np.ndarray
+    starts: np.ndarray
+    phrase_len: np.ndarray
+
+    def restrict(self, words: Iterable[str]) -> ParaphraseTable:
+        """The pairs whose words all occur in ``words`` (only they can match captions made of those words)."""
+        ids = {w: k for k, w in enumerate(self.vocab)}
+        known = np.zeros(len(self.vocab), dtype=bool)
+        known[[ids[w] for w in set(words) if w in ids]] = True
+        keep = np.flatnonzero(np.logical_and.reduceat(known[self.tokens], self.starts[:-1]))
+        vocab = self.vocab
+        pairs = []
+        for k in keep.tolist():
+            s, e = int(self.starts[k]), int(self.starts[k + 1])
+            ws = [vocab[t] for t in self.tokens[s:e].tolist()]
+            n = int(self.phrase_len[k])
+            pairs.append((tuple(ws[:n]), tuple(ws[n:])))
+        return ParaphraseTable.from_pairs(pairs)
+
+
+def build_paraphrase_index(gz: str | Path) -> ParaphraseIndex:
+    """Parse ``paraphrase-en.gz`` (probability, phrase, paraphrase lines) into a :class:`ParaphraseIndex`."""
+    vocab: dict[str, int] = {}
+    tokens = array("i")
+    starts = array("q", [0])
+    phrase_len = array("B")
+    with gzip.open(gz, "rt", encoding="utf-8", newline="\n") as f:
+        lines = iter(f)
+        for _prob, phrase, para in zip(lines, lines, lines):
+            a = phrase.rstrip("\n").split(" ")
+            b = para.rstrip("\n").split(" ")
+            for w in a:
+                tokens.append(vocab.setdefault(w, len(vocab)))
+            for w in b:
+                tokens.append(vocab.setdefault(w, len(vocab)))
+            phrase_len.append(len(a))
+            starts.append(len(tokens))
+    dtype = np.uint16 if len(vocab) <= 1 << 16 else np.uint32
+    return ParaphraseIndex(
+        vocab=list(vocab),
+        tokens=np.frombuffer(tokens, dtype=np.int32).astype(dtype),
+        starts=np.frombuffer(starts, dtype=np.int64).copy(),
+        phrase_len=np.frombuffer(phrase_len, dtype=np.uint8).copy(),
+    )
+
+
+def _sha256(path: Path) -> str:
+    with open(path, "rb") as f:
+        return hashlib.file_digest(f, "sha256").hexdigest()
+
+
+def index_path(jar: Path, cache_root: Path | None = None) -> Path:
+    """Where the paraphrase index of ``jar`` (and the table beside it) is cached."""
+    root = cache_root if cache_root is not None else home() / CACHE / "meteor"
+    key = f"{_sha256(jar)[:16]}-{_sha256(paraphrase_path(jar))[:16]}"
+    return root / key / f"paraphrase-v{INDEX_VERSION}.npz"
+
+
+def _save(index: ParaphraseIndex, path: Path) -> None:
+    vocab = "\n".join(index.vocab).encode("utf-8")
+    buf = io.BytesIO()
+    np.savez(buf, vocab=np.frombuffer(vocab, dtype=np.uint8), tokens=index.tokens, starts=index.starts,
+             phrase_len=index.phrase_len)  # fmt: skip
+    atomic_write_bytes(path, buf.getvalue())
+
+
+def _load(path: Path) -> ParaphraseIndex:
+    with np.load(path, allow_pickle=False) as z:
+        vocab = z["vocab"].tobytes().decode("utf-8").split("\n")
+        return ParaphraseIndex(vocab, z["tokens"], z["starts"], z["phrase_len"])
+
+
+def load_paraphrase_index(jar: str | Path, cache_root: str | Path | None = None) -> ParaphraseIndex:
+    """The paraphrase index of the table beside ``jar``: from the cache when there, else built and cached.
+
+    ``cache_root``: the folder of the cache (default ``<finecap home>/cache/meteor``). A damaged cache file is
+    rebuilt.
+    """
+    jar = Path(jar)
+    path = index_path(jar, Path(cache_root) if cache_root is not None else None)
+    if path.is_file():
+        try:
+            return _load(path)
+        except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile):
+            pass  # damaged or half-written by an older version: rebuilt below
+    index = build_paraphrase_index(paraphrase_path(jar))
+    _save(index, path)
+    return index

@@ -1,0 +1,177 @@
+"""METEOR 1.5 in Python: each hypothesis against its references, as the jar's ``SCORE`` line computes it.
+
+:class:`MeteorScorer` holds the jar's data (:mod:`finecap.metrics.meteor.resources`) and per-word caches;
+:meth:`MeteorScorer.statistics` returns the 23 statistics of the best reference (the first with the highest
+score), which :func:`~finecap.metrics.meteor.score.segment_score` and
+:func:`~finecap.metrics.meteor.score.corpus_score` turn into scores. :meth:`MeteorScorer.score_all` scores many
+captions, in worker processes when there are enough of them (captions are independent; the workers are forked
+after the data is loaded, so they share it instead of loading it again).
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+from collections.abc import Iterable, Sequence
+
+from finecap.metrics.meteor.align import align, count_chunks
+from finecap.metrics.meteor.inputs import segment_fields
+from finecap.metrics.meteor.match import Segment, Word, candidates, java_hash, synonym_sets
+from finecap.metrics.meteor.normalize import Normalizer
+from finecap.metrics.meteor.resources import JarData, ParaphraseIndex, ParaphraseTable
+from finecap.metrics.meteor.score import N_STATS, segment_score
+from finecap.metrics.meteor.stemmer import Stemmer
+
+__all__ = ["MAX_CACHED", "MIN_PARALLEL", "MeteorScorer", "default_processes"]
+
+MAX_CACHED = 500_000
+"""Normalised captions kept between evaluations (beyond this the cache starts again)."""
+MIN_PARALLEL = 1000
+"""Fewer captions than this are scored in this process (starting workers would cost more than it saves)."""
+
+
+def default_processes() -> int:
+    """Worker processes for :meth:`MeteorScorer.score_all`: the CPUs this process may use (at most 8), or 1 where
+    processes cannot be forked (forking is what lets the workers share the loaded data)."""
+    if "fork" not in multiprocessing.get_all_start_methods():
+        return 1
+    try:
+        n = len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        n = os.cpu_count() or 1
+    return max(1, min(n, 8))
+
+
+class MeteorScorer:
+    """Scores hypotheses against references with the jar's data.
+
+    Args:
+        data: the jar's resources (:func:`~finecap.metrics.meteor.resources.read_jar_data`).
+        paraphrases: the paraphrase index (:func:`~finecap.metrics.meteor.resources.load_paraphrase_index`), or
+            ``None`` to match without paraphrases. :meth:`prepare` keeps the pairs the captions can use.
+    """
+
+    def __init__(self, data: JarData, paraphrases: ParaphraseIndex | None):
+        self.data = data
+        self.index = paraphrases
+        self.table: ParaphraseTable | None = None
+        self.normalizer = Normalizer(data.prefixes)
+        self.stem = Stemmer()
+        self._words: dict[str, Word] = {}
+        self._norm: dict[str, tuple[str, ...]] = {}
+        self._vocab: set[str] = set()
+
+    def words(self, text: str) -> tuple[str, ...]:
+        """The normalised words of one (trimmed) segment, memoised."""
+        out = self._norm.get(text)
+        if out is None:
+            out = self._norm[text] = tuple(self.normalizer.words(text))
+        return out
+
+    def prepare(self, texts: Iterable[str]) -> None:
+        """Normalise ``texts``, keep the paraphrase pairs whose words all occur in them and find which of their words
+        are synonyms (needed before scoring texts with words not seen by an earlier call)."""
+        vocab: set[str] = set()
+        for t in texts:
+            vocab.update(self.words(t))
+        if vocab <= self._vocab and (self.table is not None or self.index is None):
+            return
+        self._vocab |= vocab
+        if self.index is not None:
+            self.table = self.index.restrict(self._vocab)
+        synsets = {w: synonym_sets(w, self.data) for w in self._vocab}
+        holders: dict[str, set[str]] = {}
+        for w, ids in synsets.items():
+            for s in ids:
+                holders.setdefault(s, set()).add(w)
+        fw = self.data.function_words
+        for w, ids in synsets.items():
+            syn: set[str] = set()
+            for s in ids:
+                syn |= holders[s]
+            syn.discard(w)
+            self._words[w] = Word(java_hash(w), java_hash(self.stem(w)), w in fw, frozenset(syn))
+
+    def word(self, w: str) -> Word:
+        """What the matching stages compare of word ``w`` (:meth:`prepare` gives it its synonyms)."""
+        out = self._words.get(w)
+        if out is None:
+            out = self._words[w] = Word(java_hash(w), java_hash(self.stem(w)), w in self.data.function_words)
+        return out
+
+    def segment(self, text: str) -> Segment:
+        """The normalised segment of ``text`` as the matching stages look it up."""
+        words = self.words(text)
+        return Segment(words, [self.word(w) for w in words], self.table)
+
+    def pair_statistics(self, hyp: Segment, ref: Segment) -> list[float]:
+        """The 23 statistics of hypothesis ``hyp`` against reference ``ref``."""
+        hw, rw = hyp.info, ref.info
+        matches = align(candidates(hyp, ref), len(hw))
+        st = [0.0] * N_STATS
+        st[0], st[1] = len(hw), len(rw)
+        st[2] = sum(w.function for w in hw)
+        st[3] = sum(w.function for w in rw)
+        for j, rl, i, hl, stage in matches:
+            base = 4 + 4 * stage
+            for w in hw[i : i + hl]:
+                st[base + (2 if w.function else 0)] += 1
+            for w in rw[j : j + rl]:
+                st[base + (3 if w.function else 1)] += 1
+            st[21] += hl
+            st[22] += rl
+        st[20] = count_chunks(matches)
+        return st
+
+    def statistics(self, hypothesis: str, references: Sequence[str]) -> list[float]:
+        """The statistics of the best reference (the first with the highest score) for pycocoevalcap's input: the
+        statistics its ``SCORE`` line returns."""
+        hyp, refs = segment_fields(hypothesis, references)
+        self.prepare([hyp, *refs])
+        return self._best(hyp, refs)
+
+    def score_all(
+        self, hypotheses: Sequence[str], references: Sequence[Sequence[str]], processes: int | None = None
+    ) -> list[list[float]]:
+        """:meth:`statistics` of every hypothesis against its references, in order (prepared here).
+
+        ``processes``: worker processes (default :func:`default_processes`; fewer than :data:`MIN_PARALLEL`
+        captions are scored here).
+        """
+        fields = [segment_fields(h, rs) for h, rs in zip(hypotheses, references)]
+        if len(self._norm) > MAX_CACHED:  # a long-lived scorer (evaluations during training) forgets old captions
+            self._norm.clear()
+        self.prepare(t for h, rs in fields for t in (h, *rs))
+        n = default_processes() if processes is None else max(1, processes)
+        if n == 1 or len(fields) < MIN_PARALLEL or "fork" not in multiprocessing.get_all_start_methods():
+            return [self._best(h, rs) for h, rs in fields]
+        size = -(-len(fields) // (4 * n))  # a few chunks per worker: even load, little overhead
+        chunks = [fields[k : k + size] for k in range(0, len(fields), size)]
+        global _WORKER
+        _WORKER = self
+        try:
+            with multiprocessing.get_context("fork").Pool(n) as pool:
+                parts = pool.map(_score_chunk, chunks)
+        finally:
+            _WORKER = None
+        return [st for part in parts for st in part]
+
+    def _best(self, hyp: str, refs: list[str]) -> list[float]:
+        h = self.segment(hyp)
+        best: list[float] = []
+        best_score = 0.0
+        for r in refs:
+            st = self.pair_statistics(h, self.segment(r))
+            s = segment_score(st)
+            if not best or s > best_score:
+                best, best_score = st, s
+        return best
+
+
+_WORKER: MeteorScorer | None = None  # the scorer forked workers inherit (set only while a pool runs)
+
+
+def _score_chunk(fields: list[tuple[str, list[str]]]) -> list[list[float]]:
+    scorer = _WORKER
+    assert scorer is not None, "worker started without a scorer"
+    return [scorer._best(h, rs) for h, rs in fields]
