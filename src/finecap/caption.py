@@ -11,6 +11,8 @@ pixels, its images decoded and preprocessed in ``data.num_workers`` DataLoader w
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -33,7 +35,28 @@ if TYPE_CHECKING:
     from finecap.config import Config, DecodeConfig
 
 
-@torch.no_grad()
+@contextlib.contextmanager
+def decoding_mode(model: Any, autocast: Any) -> Iterator[None]:
+    """Within the block, ``model`` decodes as every captioning loop needs: in eval mode, with full parameters when it
+    is sharded (:func:`finecap.models.sharding.decoding`), without gradient, under ``autocast`` (the run's); its mode
+    is restored after, also after an error."""
+    was_training = model.training
+    model.eval()
+    try:
+        with sharding.decoding(model), torch.no_grad(), autocast:
+            yield
+    finally:
+        model.train(was_training)
+
+
+def batch_captions(model: Any, batch: dict[str, Any], decode: DecodeConfig) -> dict[Any, list[str]]:
+    """``{image_id: [caption, ...]}`` of one collated batch (its ``image_ids``), ``decode.num_return_sequences`` per
+    image, decoded on the model's device."""
+    texts = model.generate(to_device(batch, model.device), decode).texts
+    n = decode.num_return_sequences
+    return {image_id: list(texts[b * n : (b + 1) * n]) for b, image_id in enumerate(batch["image_ids"])}
+
+
 def generate_captions(
     model: Any,
     cfg: Config,
@@ -70,9 +93,6 @@ def generate_captions(
     collator = model_collator(model, cfg.data.max_tokens)
     device = model.device
     mine = process_slice(len(dataset), rank, world)
-    n = decode.num_return_sequences
-    was_training = model.training
-    model.eval()
     out: dict[Any, list[str]] = {}
     batches = chunks(mine, chunk_images(decode))  # decode.batch_size counts sequences (images x beams or samples)
     loader = LoaderSettings.of(cfg.data, device, workers=features is None).loader(dataset, batches, collator)
@@ -81,13 +101,10 @@ def generate_captions(
         if accelerator is not None
         else mixed_precision_autocast(cfg.train.mixed_precision, device)
     )
-    with sharding.decoding(model), autocast:  # full parameters if sharded (FSDP2)
+    with decoding_mode(model, autocast):
         for batch in tqdm(loader, total=len(batches), desc=f"caption [{split}]",
                           disable=not progress_enabled(progress and main), unit="batch"):  # fmt: skip
-            generation = model.generate(to_device(batch, device), decode)
-            for b, image_id in enumerate(batch["image_ids"]):
-                out[image_id] = list(generation.texts[b * n : (b + 1) * n])
-    model.train(was_training)
+            out.update(batch_captions(model, batch, decode))
     if world > 1:
         merged: dict[Any, list[str]] = {}
         for part in gather_object([out]):

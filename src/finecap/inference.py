@@ -32,7 +32,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from finecap.data.formats import IMAGE_SUFFIXES, MAX_LISTED, DataError, ImageFolder, folder_images, load_image
-from finecap.models import sharding
 
 if TYPE_CHECKING:
     import torch
@@ -230,12 +229,12 @@ def caption_images(
     truncated, over the decompression-bomb limit) is a :class:`~finecap.data.formats.DataError` naming it; with
     ``skip_bad_images`` it is left out (``None``) and counted in ``skipped``, and it is an error only when no image
     decodes."""
-    import torch
     from accelerate.utils import gather_object
     from torch.utils.data import DataLoader
     from tqdm.auto import tqdm
 
-    from finecap.data.datasets import model_collator, to_device
+    from finecap.caption import batch_captions, decoding_mode
+    from finecap.data.datasets import model_collator
     from finecap.data.samplers import process_slice
     from finecap.decode import chunk_images
     from finecap.train.engine import mixed_precision_autocast
@@ -253,24 +252,15 @@ def caption_images(
     )
     device = model.device
     autocast = accelerator.autocast() if accelerator is not None else mixed_precision_autocast(mixed_precision, device)
-    n = decode.num_return_sequences
     out: dict[int, list[str] | None] = {}
     skipped: list[tuple[int, str]] = []
-    was_training = model.training
-    model.eval()
-    try:
-        with sharding.decoding(model), torch.no_grad(), autocast:  # full parameters if sharded (FSDP2)
-            shown = progress_enabled(progress and rank == 0)
-            for batch, bad in tqdm(loader, desc="caption [images]", unit="batch", disable=not shown):
-                skipped += bad
-                out.update((i, None) for i, _ in bad)
-                if batch is None:
-                    continue
-                texts = model.generate(to_device(batch, device), decode).texts
-                for b, index in enumerate(batch["image_ids"]):
-                    out[index] = list(texts[b * n : (b + 1) * n])
-    finally:
-        model.train(was_training)
+    with decoding_mode(model, autocast):  # eval, full parameters if sharded (FSDP2), no gradient, the run's autocast
+        shown = progress_enabled(progress and rank == 0)
+        for batch, bad in tqdm(loader, desc="caption [images]", unit="batch", disable=not shown):
+            skipped += bad
+            out.update((i, None) for i, _ in bad)
+            if batch is not None:
+                out.update(batch_captions(model, batch, decode))
     if world > 1:
         merged: dict[int, list[str] | None] = {}
         gathered_skips: list[tuple[int, str]] = []
