@@ -192,6 +192,19 @@ def test_evaluate_defaults(monkeypatch):
     assert evaluate(PREDS) == suite.evaluate(dict(enumerate(PREDS)), None, metrics="length,vocab")
 
 
+def test_evaluate_defaults_follow_the_configured_meteor_backend(monkeypatch):
+    """The default set asks the same question as ``finecap eval`` (:func:`finecap.metrics.suite.unavailable_reason`):
+    with ``eval.meteor_backend=java`` and no Java, METEOR is left out; the Python backend needs no Java."""
+    from finecap.api import default_metrics
+    from finecap.config import load
+    from finecap.metrics import meteor
+
+    monkeypatch.setattr(meteor, "java_unavailable_reason", lambda *a, **k: "no Java")
+    assert "meteor" not in default_metrics(True, load(None, ["eval.meteor_backend=java"]))
+    python = meteor.meteor_unavailable_reason() is None  # pycocoevalcap's data installed
+    assert ("meteor" in default_metrics(True, load(None, ["eval.meteor_backend=python"]))) is python
+
+
 def test_evaluate_refuses_what_it_does_not_accept():
     with pytest.raises(ValueError, match="references: 2 items for 3 predictions"):
         evaluate(PREDS, REFS[:2], metrics="bleu")

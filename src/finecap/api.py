@@ -161,7 +161,8 @@ def evaluate(
       every predicted id (extra ids are ignored). ``None`` for the metrics that need none (``length``, ``vocab``).
     - ``metrics``: metric group names (``"bleu,cider"`` or a list; :data:`finecap.metrics.suite.METRICS`). Default,
       with references: pycocoevalcap's five, ``bleu``, ``meteor``, ``rouge``, ``cider``, ``spice``, leaving out
-      METEOR and SPICE where they cannot run here (they need Java and their jars); without: ``length`` and ``vocab``.
+      METEOR and SPICE where they cannot run here (METEOR: pycocoevalcap's data; SPICE: Java and its jars); without:
+      ``length`` and ``vocab``.
       Image metrics (CLIPScore, self-retrieval) need images: use ``finecap eval`` or the suite.
     - ``cfg``: the configuration of ``eval.*`` (default: the library defaults).
 
@@ -174,17 +175,20 @@ def evaluate(
     from finecap.metrics import suite
 
     preds, refs = _aligned(predictions, references)
-    metrics = default_metrics(refs is not None) if metrics is None else metrics
+    metrics = default_metrics(refs is not None, cfg) if metrics is None else metrics
     return suite.evaluate(preds, refs, metrics=metrics, cfg=cfg)
 
 
-def default_metrics(references: bool) -> list[str]:
+def default_metrics(references: bool, cfg: Config | None = None) -> list[str]:
     """The metric groups :func:`evaluate` computes when none are named: with ``references`` pycocoevalcap's five
-    (:data:`finecap.metrics.suite.CAPTION_METRICS`) less METEOR and SPICE where they cannot run here, else the text
+    (:data:`finecap.metrics.suite.CAPTION_METRICS`) less METEOR and SPICE where they cannot run here
+    (:func:`finecap.metrics.suite.unavailable_reason`, with ``cfg``'s ``eval.meteor_backend``), else the text
     statistics ``length`` and ``vocab``."""
     from finecap.metrics import suite
 
-    return [m for m in suite.CAPTION_METRICS if _runs_here(m)] if references else ["length", "vocab"]
+    if not references:
+        return ["length", "vocab"]
+    return [m for m in suite.CAPTION_METRICS if suite.unavailable_reason(m, cfg) is None]
 
 
 def _aligned(predictions: Any, references: Any) -> tuple[dict[Hashable, str], dict[Hashable, list[str]] | None]:
@@ -209,16 +213,3 @@ def _aligned(predictions: Any, references: Any) -> tuple[dict[Hashable, str], di
                              "references per prediction, in the same order)")  # fmt: skip
         references = dict(enumerate(references))
     return preds, {i: [r] if isinstance(r, str) else list(r) for i, r in references.items()}
-
-
-def _runs_here(metric: str) -> bool:
-    """Whether the Java metrics (METEOR, SPICE) have what they need on this machine; the others always run."""
-    if metric == "meteor":
-        from finecap.metrics.meteor import meteor_unavailable_reason
-
-        return meteor_unavailable_reason() is None
-    if metric == "spice":
-        from finecap.metrics.spice import spice_unavailable_reason
-
-        return spice_unavailable_reason() is None
-    return True

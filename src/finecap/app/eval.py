@@ -42,7 +42,7 @@ from finecap.config import Config
 from finecap.data.formats import MAX_LISTED, DataError, read_bags, read_results
 from finecap.data.references import LoadedReferences, load_references, missing_images, require_captions
 from finecap.metrics.cocoeval import COCO_NAMES
-from finecap.metrics.suite import CAPTION_METRICS, IMAGE_METRICS, evaluate_items, parse_metrics
+from finecap.metrics.suite import CAPTION_METRICS, IMAGE_METRICS, evaluate_items, parse_metrics, unavailable_reason
 from finecap.outputs import check_outputs, write_output_json
 
 Format = Literal["table", "json", "coco"]
@@ -236,14 +236,8 @@ def _reasons(
         return None
 
     def why_not(name: str, asked: bool) -> str | None:
-        if name == "meteor":
-            from finecap.metrics.meteor import meteor_unavailable_reason
-
-            return meteor_unavailable_reason(backend=cfg.eval.meteor_backend)
-        if name == "spice":
-            from finecap.metrics.spice import spice_unavailable_reason
-
-            return spice_unavailable_reason()
+        if name in ("meteor", "spice"):
+            return unavailable_reason(name, cfg)
         if name in ("faithfulness", "listener") and refs.scenes is None:
             return f"it needs scene graphs, which only a world has ({refs.path} is {refs.format})"
         if name == "diversity" and samples is None:

@@ -193,6 +193,20 @@ def _cider(ctx: _Context) -> dict[str, float]:
     return _ngram(ctx, "cider")
 
 
+def unavailable_reason(group: str, cfg: Config | None = None) -> str | None:
+    """Why the metric ``group`` cannot run on this machine (METEOR with ``eval.meteor_backend``: pycocoevalcap's data,
+    or Java and the jar; SPICE: Java and its jars), or ``None``; the other groups need nothing installed."""
+    if group == "meteor":
+        from finecap.metrics.meteor import meteor_unavailable_reason
+
+        return meteor_unavailable_reason(backend=(cfg or load(None)).eval.meteor_backend)
+    if group == "spice":
+        from finecap.metrics.spice import spice_unavailable_reason
+
+        return spice_unavailable_reason()
+    return None
+
+
 def _java_metric(ctx: _Context, group: str) -> dict[str, float]:
     """METEOR (Python, or the jar with ``eval.meteor_backend=java``) or SPICE (jars); skipped with a warning saying
     what to install when it cannot run here."""
