@@ -88,6 +88,13 @@ def test_export_never_writes_over_what_it_did_not_make(run, tmp_path, capsys):
     assert main(["export", str(run_dir), "--merged", str(a_file)]) == 2 and a_file.read_text() == "x"
     assert main(["export", str(run_dir)]) == 2
     assert "--merged" in capsys.readouterr().err
+    # the folder OUT is first written to is never deleted when it is already there (it may be the user's)
+    staging = tmp_path / ".new.tmp"
+    staging.mkdir()
+    (staging / "notes.txt").write_text("keep")
+    assert main(["export", str(run_dir), "--merged", str(tmp_path / "new")]) == 2
+    assert "unfinished export" in capsys.readouterr().err and (staging / "notes.txt").read_text() == "keep"
+    assert not (tmp_path / "new").exists()
 
 
 def test_an_earlier_export_is_replaced_only_with_force(run, tmp_path, capsys):

@@ -195,6 +195,16 @@ def test_every_backbone_kind_has_a_case():
     assert set(BACKBONES) == set(kinds) and all(BACKBONES[k][1] is c for k, c in kinds.items())
 
 
+def test_a_backbone_missing_a_hook_is_named_when_built():
+    from finecap.models.base import CaptionerBase
+
+    class Partial(ShowTell):
+        caption_logits = CaptionerBase.caption_logits  # the abstract hook again
+
+    with pytest.raises(TypeError, match="abstract.*caption_logits"):  # the wording differs across Pythons
+        Partial(None, None, None)
+
+
 def test_members_and_their_types(case, tmp_path):
     name, model = case
     assert isinstance(model, Captioner) and isinstance(model.encoder, ImageSide)

@@ -30,6 +30,7 @@ A fourth backbone is one file of hooks plus its entry in :data:`finecap.models.b
 
 from __future__ import annotations
 
+import abc
 import functools
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
@@ -69,10 +70,11 @@ def read_meta(path: str | Path) -> dict[str, Any]:
     return read_json(meta_file)
 
 
-class CaptionerBase(nn.Module):
+class CaptionerBase(nn.Module, abc.ABC):
     """The captioner contract (:class:`finecap.models.captioner.Captioner`) up to the backbone's hooks (module
     docstring). Subclasses set ``tokenizer``, ``train_lm`` and ``train_encoder`` in ``__init__`` and call
-    :meth:`apply_trainable` and ``self.train(self.training)`` at its end.
+    :meth:`apply_trainable` and ``self.train(self.training)`` at its end; a class missing one of the abstract hooks
+    cannot be instantiated (the error names the hook).
 
     Class attributes:
         kind: the backbone's name (``model.kind``; ``captioner.json``'s ``"kind"``).
@@ -96,64 +98,74 @@ class CaptionerBase(nn.Module):
     # Hooks every backbone writes
     # ================================================================================================================
 
+    @abc.abstractmethod
     def image_conditioning(self, batch: dict[str, Any]) -> Conditioning:
         """The per-image conditioning of a batch (cached ``features`` or pixel inputs): what :meth:`generate` decodes
         from and ``start`` receives, row ``b`` for image ``b`` (a tensor, or a row-indexable object with ``len()``)."""
-        raise NotImplementedError
+        ...
 
     def scoring_conditioning(self, conditioning: Conditioning) -> Conditioning:
         """What teacher forcing reads, from :meth:`image_conditioning`'s output (default: the same; ClipCap: the
         mapper's prefix). Runs once per image, with gradient where it trains."""
         return conditioning
 
+    @abc.abstractmethod
     def caption_logits(self, conditioning: Conditioning, input_ids: torch.Tensor,
                        attention_mask: torch.Tensor | None = None) -> torch.Tensor:  # fmt: skip
         """Teacher-forced logits ``(B, T, V)`` of ``input_ids (B, T)`` after ``conditioning`` (row for row), aligned
         so that ``logits[:, t]`` predicts ``input_ids[:, t]``."""
-        raise NotImplementedError
+        ...
 
+    @abc.abstractmethod
     def start(self, conditioning: Conditioning) -> tuple[torch.Tensor, Any]:
         """Stepper: first-token logits ``(B, V)`` and the decoding state of B images' conditioning."""
-        raise NotImplementedError
+        ...
 
+    @abc.abstractmethod
     def step(self, tokens: torch.Tensor, state: Any) -> tuple[torch.Tensor, Any]:
         """Stepper: feed one token per row ``(N,)``; next logits ``(N, V)`` and the state."""
-        raise NotImplementedError
+        ...
 
+    @abc.abstractmethod
     def select(self, state: Any, index: torch.Tensor) -> Any:
         """Stepper: keep / repeat / reorder the state's rows."""
-        raise NotImplementedError
+        ...
 
+    @abc.abstractmethod
     def apply_trainable(self) -> None:
         """``requires_grad`` of every parameter from ``train_lm`` / ``train_encoder`` (through a part's adapters when
         it has some, :func:`finecap.models.lora.train_part`) and the backbone's always-trained parts."""
-        raise NotImplementedError
+        ...
 
     def own_config(self) -> dict[str, Any]:
         """What the backbone records in ``captioner.json`` besides ``kind`` and the two training flags."""
         return {}
 
+    @abc.abstractmethod
     def save_weights(self, out: Path, state: dict[str, torch.Tensor]) -> dict[str, Any]:
         """Write the backbone's own files into ``out`` (base weights without adapters, tokenizer, processor) from
         ``state`` (the captioner's state dict); return what ``captioner.json`` records about them."""
-        raise NotImplementedError
+        ...
 
     @classmethod
+    @abc.abstractmethod
     def load_weights(cls, path: Path, meta: dict[str, Any], load_encoder: bool,
                      options: memory.LoadOptions) -> CaptionerBase:  # fmt: skip
         """A captioner from the files :meth:`save_weights` wrote and ``captioner.json`` (``meta``), without its
         adapters (the base loads those)."""
-        raise NotImplementedError
+        ...
 
     @staticmethod
+    @abc.abstractmethod
     def reads_world_encoder(model_cfg: Any) -> bool:
         """Whether a fresh captioner built from the configuration reads the world encoder."""
-        raise NotImplementedError
+        ...
 
     @staticmethod
+    @abc.abstractmethod
     def encoder_source(cfg: Any) -> str | None:
         """The vision encoder a fresh captioner loads from outside its checkpoint, or ``None``."""
-        raise NotImplementedError
+        ...
 
     # ---- optional hooks ------------------------------------------------------------------------------------------
 
@@ -335,7 +347,7 @@ class CaptionerBase(nn.Module):
             root = self.adapter_root()
             adapter = lora.save_whole_adapter(self, root, out, part_states, self.adapter_modules_to_save(),
                                               lora.plain_state(strip_prefix(state, root + ".")),
-                                              getattr(self, "source", ""))  # fmt: skip
+                                              meta.get("source", ""))  # fmt: skip
             if adapter is not None:
                 meta["adapter"] = adapter
         meta["dtypes"] = memory.part_dtypes(self)

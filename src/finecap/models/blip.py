@@ -187,10 +187,6 @@ class Blip(CaptionerBase):
         return self.model.text_decoder
 
     @property
-    def device(self) -> torch.device:
-        return next(self.model.parameters()).device
-
-    @property
     def cache_features(self) -> bool:
         """Frozen image tokens go through the feature cache for the world BLIP (5 tokens per image); BLIP's own
         ViT tokens (577 x 768 per image for the base model) are recomputed instead."""

@@ -179,10 +179,6 @@ class ClipCap(CaptionerBase):
     # ------------------------------------------------------------------------------------------------------------
 
     @property
-    def device(self) -> torch.device:
-        return next(self.mapper.parameters()).device
-
-    @property
     def max_positions(self) -> int | None:
         """The LM's position limit (``n_positions`` / ``max_position_embeddings``), if it has one."""
         cfg = self.lm.config

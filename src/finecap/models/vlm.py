@@ -343,10 +343,6 @@ class Vlm(CaptionerBase):
     kind = KIND
 
     @property
-    def device(self) -> torch.device:
-        return next(self.model.parameters()).device
-
-    @property
     def encoder(self) -> VlmImages | FeatureMapTokens:
         """The processor's pre-processing (prompt ids and image inputs), or the world VLM's image tokens."""
         return self.world if self.world is not None else self._images

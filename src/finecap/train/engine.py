@@ -365,12 +365,12 @@ class Engine:
                 f"{accelerator.gradient_accumulation_steps} (another Accelerator was made after this one: make the "
                 "engine's accelerator last)"
             )
-        if sharding.is_sharded(model):  # FSDP2, applied by the recipe before the optimizer was built: no DDP wrapper
+        self.sharded = sharding.is_sharded(model)
+        if self.sharded:  # FSDP2, applied by the recipe before the optimizer was built: no DDP wrapper
             self.model = model
             self.optimizer, self.scheduler = accelerator.prepare(optimizer, scheduler)
         else:
             self.model, self.optimizer, self.scheduler = accelerator.prepare(model, optimizer, scheduler)
-        self.sharded = sharding.is_sharded(self.model)
         self.state = TrainState()
         self.logger = Logger(accelerator)
         self.last_saved: tuple[Path, int] | None = None
