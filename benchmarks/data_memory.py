@@ -9,7 +9,7 @@ folder: the layout of a COCO copy made with ``datasets``, at 1/40 of its 123k im
 process after its imports, the training data set is built as ``finecap train`` builds it for a trained encoder (no
 feature cache): the ``train`` records (``finecap.data.datasets.load_records``) and the per-caption examples
 (``CaptionDataset``). Measured: the peak resident memory the build added (``VmHWM`` after, minus ``VmRSS`` before,
-the kernel's peak reset at the start: ``peak_rss.py``, the method of ``memory.py``) and, after it, the allocated part
+the kernel's peak reset at the start: ``peak_rss.py``) and, after it, the allocated part
 (``RssAnon``) and the mapped file pages (``RssFile``: the page cache, which the kernel may drop).
 
 - ``eager``: the reader before the lazy one, reproduced here step for step (``datasets.load_from_disk``, the image

@@ -16,39 +16,43 @@ user's checkpoint would be):
   image tokens; a 30-layer 576-wide Llama with 9 / 3 heads, 49,152 words); the vision tower runs frozen, the
   language model and the projector train.
 
-Steps: ``mle`` = teacher-forced loss of ``--images`` captions of ``--tokens`` tokens; ``scst`` = the REINFORCE loss
-of ``--samples`` sampled captions per image (``forward(batch, sequences=..., image_index=...)``; the samples are
+Steps: ``mle`` = the MLE objective (``finecap.objectives.mle.MLE``, as training runs it: under checkpointing it
+scores the captions in vocabulary chunks) on ``--images`` captions of ``--tokens`` tokens; ``scst`` = the REINFORCE
+loss of ``--samples`` sampled captions per image (``forward(batch, sequences=..., image_index=...)``; the samples are
 random token ids: decoding runs without gradient and is not what the levers change). Variants: float32 weights;
 with ``train.gradient_checkpointing``; bfloat16 weights (``model.dtype=bfloat16``, what trains kept float32 by
 ``model.trainable_dtype``); both; LoRA r16 on the language model over a float32 and a bfloat16 base; and, where
 bitsandbytes is installed, ``model.quantization=4bit`` with the same LoRA (QLoRA). ``--variants`` picks some.
 
-How memory is measured on the CPU (the method is the point: there is no ``max_memory_allocated`` here). Each
-variant runs in its own process. *Weights*: the bytes of every parameter and buffer as loaded (exact). *Training
-state*: gradients of the trainable parameters plus AdamW's two float32 moments (exact, from the trainable parameter
-count). *Step peak*: the peak resident memory of the step's forward and backward above the memory before them: one
-warm-up step first (AdamW's state allocated, gradients freed), then the kernel's peak counter is reset
-(``/proc/self/clear_refs``, ``5``), the measured forward and backward run, and ``VmHWM - VmRSS before`` is read from
-``/proc/self/status`` (``peak_rss.py``, shared with ``data_memory.py``). This counts every byte they really
-allocated at the peak (the activations kept for backward, the logits, the gradients being formed, temporaries), as
-``torch.cuda.max_memory_allocated`` would on a GPU; the
-optimizer step is left out (its temporaries are the same in every variant: training state). glibc returns large
-freed blocks to the system, so repeated measurements agree to a few MB. On CUDA the same script reports
-``torch.cuda.max_memory_allocated`` instead. Ratios are printed in one run: checkpointed / plain step peak, and
-bf16 / fp32 weight memory.
+How memory is measured (the method is the point). Each variant runs in its own process. *Weights*: the bytes of
+every parameter and buffer as loaded (exact). *Training state*: gradients of the trainable parameters plus AdamW's
+two float32 moments (exact, from the trainable parameter count). *Step peak*: the largest amount of tensor memory
+allocated at once during the step's forward and backward, above what was allocated before them, after one warm-up
+step (AdamW's state allocated, gradients freed). On CUDA that is ``torch.cuda.max_memory_allocated`` after
+``reset_peak_memory_stats``, minus ``memory_allocated`` before. On the CPU, which has no such counter, torch's
+profiler records every allocation and free of the step (``profile_memory=True``: the ``[memory]`` events with their
+sizes and times), and the peak of their running sum is taken (:func:`allocation_peak`): the same quantity, counted
+from the allocator's own events rather than from the process's resident memory (which reuses freed pages and missed
+allocations, the method of this script before 2026-11-24). It counts the activations kept for backward, the logits,
+the gradients being formed and every temporary; the optimizer step is left out (its temporaries are the same in
+every variant: training state). *Activations*: the same peak in a second forward and backward whose gradient buffers
+already exist (zeroed in place, ``zero_grad(set_to_none=False)``), so the trainable parameters' gradients (training
+state, which no lever but LoRA changes) are not in it, except one parameter's incoming gradient at a time while it
+is added in place. Ratios are printed in one run: checkpointed / plain step peak and activations, and bf16 / fp32
+weight memory.
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import subprocess
 import sys
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
-
-from peak_rss import peak_bytes, reset_peak
 
 VARIANTS = {
     "fp32": [],
@@ -125,6 +129,27 @@ def save_checkpoints(root: Path, backbones: list[str]) -> dict[str, list[str]]:
 # --------------------------------------------------------------------------------------------------------------------
 
 
+def allocation_peak(fn: Callable[[], None], cuda: bool) -> int:
+    """The largest number of tensor bytes allocated at once while ``fn()`` runs, above those allocated before it: on
+    CUDA from the caching allocator's counters, on the CPU from the allocation and free events torch's profiler
+    records (``profile_memory=True``), in time order."""
+    import torch
+
+    if cuda:  # pragma: no cover - a GPU
+        torch.cuda.reset_peak_memory_stats()
+        before = torch.cuda.memory_allocated()
+        fn()
+        return torch.cuda.max_memory_allocated() - before
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        fn()
+    events = sorted(
+        (e.start_ns(), e.nbytes()) for e in prof.profiler.kineto_results.events() if e.name() == "[memory]"
+    )
+    return max(itertools.accumulate((n for _, n in events), initial=0))
+
+
 def measure(overrides: list[str], step: str, images: int, samples: int, tokens: int) -> dict[str, float]:
     """Build the training model of ``overrides`` as ``finecap train`` does, run one warm-up and one measured step."""
     import gc
@@ -137,7 +162,7 @@ def measure(overrides: list[str], step: str, images: int, samples: int, tokens: 
     from finecap.models.backbones import build_model
     from finecap.models.lora import configure_training
     from finecap.models.memory import prepare_training
-    from finecap.objectives.mle import mle_loss
+    from finecap.objectives.mle import MLE
 
     torch.manual_seed(0)
     cfg = load(None, overrides)
@@ -160,10 +185,10 @@ def measure(overrides: list[str], step: str, images: int, samples: int, tokens: 
     image_index = torch.arange(images).repeat_interleave(samples)
     advantage = torch.randn(images * samples, 1, generator=g)
 
-    def forward_backward() -> None:
-        optimizer.zero_grad(set_to_none=True)
+    def forward_backward(set_to_none: bool = True) -> None:
+        optimizer.zero_grad(set_to_none=set_to_none)
         if step == "mle":
-            loss = mle_loss(model(batch), batch["labels"])
+            loss = MLE()(model, batch).losses["mle"]
         else:
             scores = model(batch, sequences=sequences, image_index=image_index)
             loss = -(advantage * scores.logprobs).sum() / len(sequences)
@@ -174,18 +199,15 @@ def measure(overrides: list[str], step: str, images: int, samples: int, tokens: 
     optimizer.zero_grad(set_to_none=True)
     gc.collect()
     cuda = torch.cuda.is_available() and next(model.parameters()).is_cuda
-    if cuda:  # pragma: no cover - a GPU
-        torch.cuda.reset_peak_memory_stats()
-        before = torch.cuda.memory_allocated()
-    else:
-        before = reset_peak()  # the peak resident set (VmHWM) starts from here (peak_rss.py)
-    forward_backward()
-    peak = torch.cuda.max_memory_allocated() if cuda else peak_bytes()
+    peak = allocation_peak(forward_backward, cuda)
+    gc.collect()
+    activations = allocation_peak(lambda: forward_backward(set_to_none=False), cuda)  # the gradient buffers kept
     weights = sum(t.numel() * t.element_size() for t in [*model.parameters(), *model.buffers()])
     n_trainable = sum(p.numel() for p in trainable)
     state = sum(p.numel() * p.element_size() for p in trainable) + 8 * n_trainable  # grads + AdamW's 2 fp32 moments
-    return {"weights_mb": weights / 2**20, "train_state_mb": state / 2**20, "step_peak_mb": (peak - before) / 2**20,
-            "trainable_m": n_trainable / 1e6, "device": "cuda" if cuda else "cpu"}  # fmt: skip
+    return {"weights_mb": weights / 2**20, "train_state_mb": state / 2**20, "step_peak_mb": peak / 2**20,
+            "activations_mb": activations / 2**20, "trainable_m": n_trainable / 1e6,
+            "device": "cuda" if cuda else "cpu"}  # fmt: skip
 
 
 # --------------------------------------------------------------------------------------------------------------------
@@ -233,15 +255,16 @@ def main() -> None:
                     results.setdefault(key, {})[variant] = row
                     print(f"{key:<14}{variant:<11} weights {row['weights_mb']:8.0f} MB  train state "
                           f"{row['train_state_mb']:7.0f} MB  step peak {row['step_peak_mb']:7.0f} MB  "
+                          f"activations {row['activations_mb']:7.0f} MB  "
                           f"({row['trainable_m']:.1f} M trainable, {row['device']})", flush=True)  # fmt: skip
     print(f"\n{args.images} images x {args.tokens} tokens (scst: x {args.samples} samples); ratios in this run:")
     for key, rows in results.items():
         parts = []
         for plain, ckpt in (("fp32", "fp32+ckpt"), ("bf16", "bf16+ckpt")):
             if plain in rows and ckpt in rows:
-                parts.append(
-                    f"{ckpt} / {plain} step peak {rows[ckpt]['step_peak_mb'] / rows[plain]['step_peak_mb']:.2f}"
-                )
+                a, b = rows[ckpt], rows[plain]
+                parts.append(f"{ckpt} / {plain} step peak {a['step_peak_mb'] / b['step_peak_mb']:.2f}, "
+                             f"activations {a['activations_mb'] / b['activations_mb']:.2f}")  # fmt: skip
         for low, high in (("bf16", "fp32"), ("bf16+lora", "lora")):
             if low in rows and high in rows:
                 parts.append(f"{low} / {high} weights {rows[low]['weights_mb'] / rows[high]['weights_mb']:.2f}")

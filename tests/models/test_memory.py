@@ -23,7 +23,7 @@ from finecap.models.base import module_path
 from finecap.models.captioner import PARTS
 from finecap.models.presets import build_world_lm, save_tiny_blip, save_tiny_clip, save_tiny_vlm
 from finecap.models.vlm import Vlm
-from finecap.objectives.mle import mle_loss
+from finecap.objectives.mle import MLE, mle_loss
 
 CAPTIONS = ["a red circle", "two blue squares on the left", "a small green triangle"]
 BACKBONES = {
@@ -252,6 +252,8 @@ def test_checkpointing_gives_the_same_gradients(dirs, backbone, adapters):
         if isinstance(model, Vlm):  # under checkpointing a VLM scores each sequence after its own prompt pass:
             model.share_prompt = False  # compare like with like (the shared pass agrees up to rounding only)
         model.train()
+        assert model.scores_in_chunks == on  # the scoring forward runs the vocabulary head in chunks ...
+        model.vocab_chunk_elements = 7 * model.output_head().weight.shape[0]  # ... of 7 positions here
         count, hooks = linear_calls(model.lora_module("lm"))
         loss_of(model, batch_of(model, backbone)).backward()
         for h in hooks:
@@ -265,6 +267,36 @@ def test_checkpointing_gives_the_same_gradients(dirs, backbone, adapters):
     assert grads[True].keys() == grads[False].keys()
     if adapters:
         assert all("lora_" in n for n in grads[True] if not n.startswith("mapper."))  # (ClipCap's mapper learns)
+    for name, grad in grads[False].items():
+        torch.testing.assert_close(grads[True][name], grad, rtol=1e-5, atol=1e-7, msg=name)
+
+
+@pytest.mark.parametrize("backbone", list(BACKBONES))
+def test_mle_in_vocabulary_chunks_equals_mle(dirs, backbone):
+    """Under checkpointing MLE scores the captions as given sequences in vocabulary chunks (never the batch's whole
+    logits): its loss, token accuracy and every gradient equal those of the teacher-forced logits' cross-entropy,
+    and the head runs once per chunk (the captions' positions in chunks of 5) and again per chunk in backward."""
+    out, grads = {}, {}
+    for on in (False, True):
+        model = build(dirs, backbone, f"train.gradient_checkpointing={str(on).lower()}")
+        if isinstance(model, Vlm):
+            model.share_prompt = False
+        model.train()
+        model.vocab_chunk_elements = 5 * model.output_head().weight.shape[0]
+        calls = []
+        hook = model.output_head().register_forward_hook(lambda m, i, o, calls=calls: calls.append(i[0].shape[0]))
+        batch = batch_of(model, backbone)
+        out[on] = MLE()(model, batch)
+        out[on].losses["mle"].backward()
+        hook.remove()
+        grads[on] = {n: p.grad for n, p in model.named_parameters() if p.requires_grad}
+        positions = batch["input_ids"].numel()
+        if on:  # forward and the backward's recomputation, 5 positions at a time
+            assert sum(calls) == 2 * positions and max(calls) == 5
+        else:
+            assert calls == [batch["input_ids"].shape[0]]  # one call on the whole (B, T, H)
+    torch.testing.assert_close(out[True].losses["mle"], out[False].losses["mle"])
+    assert out[True].metrics == out[False].metrics
     for name, grad in grads[False].items():
         torch.testing.assert_close(grads[True][name], grad, rtol=1e-5, atol=1e-7, msg=name)
 

@@ -31,7 +31,9 @@ A fourth backbone is one file of hooks plus its entry in :data:`finecap.models.b
 from __future__ import annotations
 
 import abc
+import contextlib
 import functools
+from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -41,7 +43,15 @@ from torch import nn
 from finecap.config import DecodeConfig
 from finecap.decode import Conditioning, Generation
 from finecap.models import lora, memory
-from finecap.models.captioner import PARTS, TokenScores, generate_in_chunks, strip_prefix, token_scores
+from finecap.models.captioner import (
+    PARTS,
+    VOCAB_CHUNK_ELEMENTS,
+    TokenScores,
+    chunked_token_scores,
+    generate_in_chunks,
+    strip_prefix,
+    token_scores,
+)
 from finecap.utils import read_json, write_json
 
 if TYPE_CHECKING:
@@ -181,6 +191,13 @@ class CaptionerBase(nn.Module, abc.ABC):
             )
         return self.caption_logits(conditioning, sequences, mask.long())  # (N, L, V)
 
+    def output_head(self) -> nn.Module | None:
+        """The module mapping the language model's last hidden states to the vocabulary's logits (the transformers
+        model's ``get_output_embeddings()``), which :meth:`forward` defers and runs in chunks while training with
+        gradient checkpointing (:attr:`scores_in_chunks`); ``None`` (the default): the backbone exposes none and its
+        scoring always holds the whole logits."""
+        return None
+
     def check_length(self, conditioning: Conditioning, n_tokens: int, what: str) -> None:
         """Refuse a caption of ``n_tokens`` (``what``: the option or quantity it comes from) that cannot fit after
         the conditioning; by default against :attr:`max_caption_tokens`."""
@@ -270,6 +287,33 @@ class CaptionerBase(nn.Module, abc.ABC):
             module.eval()
         return self
 
+    vocab_chunk_elements: int = VOCAB_CHUNK_ELEMENTS
+    """Logits per chunk when :attr:`scores_in_chunks` (:func:`finecap.models.captioner.chunked_token_scores`)."""
+
+    @property
+    def scores_in_chunks(self) -> bool:
+        """Whether :meth:`forward` scores given sequences through the vocabulary head in chunks of positions,
+        recomputed one at a time in the backward pass, instead of holding their whole logits: while training with
+        gradient checkpointing (``train.gradient_checkpointing``: the memory lever that trades compute for
+        activations covers the head too) with gradient enabled, when the backbone has an :meth:`output_head`.
+        Objectives ask it through :func:`finecap.objectives.base.unwrap` (MLE then scores its captions as given
+        sequences)."""
+        return (self.training and torch.is_grad_enabled() and memory.gradient_checkpointing(self)
+                and self.output_head() is not None)  # fmt: skip
+
+    @contextlib.contextmanager
+    def _head_deferred(self, head: nn.Module) -> Iterator[None]:
+        """Within: ``head`` is replaced by the identity in its parent module, so the backbone's forward returns the
+        last hidden states ``(..., H)`` where it returned logits ``(..., V)``; restored on exit, errors too. The
+        module's true path is found by identity (through peft wrappers, which forward attribute access but not
+        assignment)."""
+        path = next(name for name, module in self.named_modules() if module is head)
+        set_module_path(self, path, nn.Identity())
+        try:
+            yield
+        finally:
+            set_module_path(self, path, head)
+
     def forward(
         self,
         batch: dict[str, Any],
@@ -278,23 +322,32 @@ class CaptionerBase(nn.Module, abc.ABC):
         image_index: torch.Tensor | None = None,
         temperature: float = 1.0,
         with_entropy: bool = False,
+        with_top: bool = False,
     ) -> torch.Tensor | TokenScores:
         """The one differentiable entry point (:mod:`finecap.models.captioner`).
 
         Without ``sequences``: teacher-forced logits ``(B, T, V)`` of ``batch['input_ids']``, ``logits[:, t]``
         predicting ``labels[:, t]``. With ``sequences (N, L)`` (e.g. sampled captions, stop token included, padded
         after it) and ``mask (N, L)`` (true up to and including the stop token; default all true): their per-token
-        log-probs under ``softmax(logits / temperature)`` with gradient, 0 where ``mask`` is false, and the
-        next-token entropies when ``with_entropy``. ``image_index (N,)`` maps rows to batch images (e.g.
-        ``Generation.image_index``), so the image side runs once per image; without it row ``n`` is image ``n``.
+        log-probs under ``softmax(logits / temperature)`` with gradient, 0 where ``mask`` is false, the
+        next-token entropies when ``with_entropy`` and whether each token is the most likely one when ``with_top``.
+        ``image_index (N,)`` maps rows to batch images (e.g. ``Generation.image_index``), so the image side runs
+        once per image; without it row ``n`` is image ``n``. When :attr:`scores_in_chunks`, the sequences' logits
+        are never held whole (:func:`~finecap.models.captioner.chunked_token_scores`).
         """
         conditioning = self.scoring_conditioning(self.image_conditioning(batch))
         if sequences is None:
             return self.caption_logits(conditioning, batch["input_ids"], batch.get("attention_mask"))
         sequences = sequences.to(self.device)
         mask = torch.ones_like(sequences, dtype=torch.bool) if mask is None else mask.to(self.device)
-        logits = self.sequence_logits(conditioning, sequences, mask, image_index)  # (N, L, V)
-        return token_scores(logits, sequences, mask, temperature, with_entropy)
+        if not self.scores_in_chunks:
+            logits = self.sequence_logits(conditioning, sequences, mask, image_index)  # (N, L, V)
+            return token_scores(logits, sequences, mask, temperature, with_entropy, with_top)
+        head = self.output_head()
+        with self._head_deferred(head):
+            hidden = self.sequence_logits(conditioning, sequences, mask, image_index)  # (N, L, H): the head deferred
+        return chunked_token_scores(head, hidden, sequences, mask, temperature, with_entropy, with_top,
+                                    self.vocab_chunk_elements)  # fmt: skip
 
     @torch.no_grad()
     def generate(

@@ -244,6 +244,10 @@ class Blip(CaptionerBase):
         """The image tokens ``(B, P, H)`` the decoder cross-attends to (the vision side runs once per image)."""
         return self.image_tokens(batch)
 
+    def output_head(self) -> nn.Module:
+        """The text decoder's ``cls.predictions.decoder`` (after its transform): :meth:`CaptionerBase.output_head`."""
+        return self.model.text_decoder.get_output_embeddings()
+
     def caption_logits(self, tokens: torch.Tensor, input_ids: torch.Tensor,
                        attention_mask: torch.Tensor | None = None) -> torch.Tensor:  # fmt: skip
         """Teacher-forced logits ``(B, T, V)`` of ``input_ids (B, T)`` given image tokens ``(B, P, H)``: the decoder

@@ -42,6 +42,7 @@ from typing import Any, Protocol, Self, runtime_checkable
 
 import torch
 import torch.nn.functional as F
+import torch.utils.checkpoint
 from PIL import Image
 from torch import nn
 
@@ -59,6 +60,9 @@ class TokenScores:
 
     logprobs: torch.Tensor
     entropy: torch.Tensor | None = None
+    top: torch.Tensor | None = None
+    """When asked: whether each given token is the most likely one at its position ``(N, L)``, bool (MLE's token
+    accuracy when the teacher-forced loss is scored in vocabulary chunks)."""
 
 
 @runtime_checkable
@@ -232,16 +236,66 @@ def token_scores(
     mask: torch.Tensor,
     temperature: float = 1.0,
     with_entropy: bool = False,
+    with_top: bool = False,
 ) -> TokenScores:
     """Log-probs of ``sequences (N, L)`` under ``softmax(logits / temperature)`` (logits ``(N, L, V)`` aligned with
-    the tokens), zeroed where ``mask (N, L)`` is false, and optionally the entropies of the same distributions."""
+    the tokens), zeroed where ``mask (N, L)`` is false, and optionally the entropies of the same distributions and
+    whether each token is the distribution's most likely one (:attr:`TokenScores.top`)."""
     if temperature <= 0:
         raise ValueError(f"temperature must be > 0, got {temperature}")
     logp = F.log_softmax(logits.float() / temperature, dim=-1)  # (N, L, V)
     keep = mask.to(logp.device, logp.dtype)  # (N, L)
-    token = logp.gather(-1, sequences.to(logp.device).unsqueeze(-1)).squeeze(-1) * keep  # (N, L)
+    sequences = sequences.to(logp.device)
+    token = logp.gather(-1, sequences.unsqueeze(-1)).squeeze(-1) * keep  # (N, L)
     entropy = entropy_of(logp) * keep if with_entropy else None  # (N, L)
-    return TokenScores(token, entropy)
+    top = (logp.detach().argmax(-1) == sequences) & mask.to(logp.device).bool() if with_top else None  # (N, L)
+    return TokenScores(token, entropy, top)
+
+
+VOCAB_CHUNK_ELEMENTS = 2**22
+"""Logits per chunk of :func:`chunked_token_scores` (positions x vocabulary): 16 MiB in float32, e.g. 83 positions
+of GPT-2's 50,257 words. The head's matrix product stays large enough to run at full speed, and the chunk's logits,
+log-softmax and their gradients (about four copies) stay far below what the checkpointed layers keep."""
+
+
+def chunked_token_scores(
+    head: nn.Module,
+    hidden: torch.Tensor,
+    sequences: torch.Tensor,
+    mask: torch.Tensor,
+    temperature: float = 1.0,
+    with_entropy: bool = False,
+    with_top: bool = False,
+    chunk_elements: int = VOCAB_CHUNK_ELEMENTS,
+) -> TokenScores:
+    """:func:`token_scores` of ``head(hidden)`` without holding the logits: the positions of ``hidden (N, L, H)`` are
+    scored in chunks of about ``chunk_elements`` logits, each through a non-reentrant
+    ``torch.utils.checkpoint``, so that a chunk's logits and log-softmax are freed as soon as its scores exist and
+    recomputed, one chunk at a time, in the backward pass (Liger-Kernel's fused linear cross-entropy and
+    torchtune's chunked loss make the same trade: one more pass of the head's matrix product for not keeping
+    ``(N, L, V)`` floats). The result equals :func:`token_scores` of the whole logits up to the summation order of
+    the head's weight gradient (``tests/models/test_vocab_chunks.py``).
+
+    ``head``: the module mapping hidden states to the vocabulary (a backbone's
+    :meth:`~finecap.models.base.CaptionerBase.output_head`, a ``Linear`` of ``V`` outputs)."""
+    N, L, H = hidden.shape
+    vocabulary = int(head.weight.shape[0])
+    rows = max(1, chunk_elements // vocabulary)  # positions per chunk
+    flat = hidden.reshape(N * L, H)  # (N*L, H)
+    tokens, keep = sequences.to(hidden.device).reshape(N * L), mask.to(hidden.device).reshape(N * L)  # (N*L,)
+
+    def score(h: torch.Tensor, s: torch.Tensor, m: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        out = token_scores(head(h)[None], s[None], m[None], temperature, with_entropy, with_top)  # (1, n) each
+        return tuple(t[0] for t in (out.logprobs, out.entropy, out.top) if t is not None)
+
+    parts = [torch.utils.checkpoint.checkpoint(score, flat[i : i + rows], tokens[i : i + rows], keep[i : i + rows],
+                                               use_reentrant=False)
+             for i in range(0, N * L, rows)]  # fmt: skip
+    columns = iter(torch.cat(column).reshape(N, L) for column in zip(*parts, strict=True))
+    token = next(columns)
+    entropy = next(columns) if with_entropy else None
+    top = next(columns) if with_top else None
+    return TokenScores(token, entropy, top)
 
 
 def shifted_mask(attention_mask: torch.Tensor | None, k: int, device: torch.device) -> torch.Tensor | None:

@@ -261,6 +261,10 @@ class ClipCap(CaptionerBase):
                 f"{self.prefix_length + n_tokens - 1} positions but the language model has {limit}"
             )
 
+    def output_head(self) -> nn.Module:
+        """GPT-2's ``lm_head`` (tied to its token embeddings): :meth:`CaptionerBase.output_head`."""
+        return self.lm.get_output_embeddings()
+
     def caption_logits(self, prefix: torch.Tensor, input_ids: torch.Tensor,
                        attention_mask: torch.Tensor | None = None) -> torch.Tensor:  # fmt: skip
         """Teacher-forced logits ``(B, T, V)`` of ``input_ids (B, T)`` after ``prefix (B, k, H)``, aligned so that

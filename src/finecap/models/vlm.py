@@ -510,6 +510,10 @@ class Vlm(CaptionerBase):
         """The batch's :class:`Prompt` (:meth:`prompt_of`): what decoding starts from and teacher forcing reads."""
         return self.prompt_of(batch)
 
+    def output_head(self) -> nn.Module:
+        """The model's ``lm_head``: the module :meth:`CaptionerBase.output_head` asks for."""
+        return self.model.get_output_embeddings()
+
     def caption_logits(self, prompt: Prompt, input_ids: torch.Tensor,
                        attention_mask: torch.Tensor | None = None) -> torch.Tensor:  # fmt: skip
         """Teacher-forced logits ``(B, T, V)`` of the caption ``input_ids (B, T)`` after the prompt: the model reads

@@ -2,7 +2,9 @@
 
 ``logits[:, t]`` predicts ``labels[:, t]`` (the captioner aligns them, no shift here); padding positions carry the
 label -100 and are ignored. The loss is the mean over all non-ignored tokens of the batch (token-level average, as
-``torch.nn.CrossEntropyLoss``), so long captions weigh more than short ones, as in ClipCap.
+``torch.nn.CrossEntropyLoss``), so long captions weigh more than short ones, as in ClipCap. While a captioner
+trains with gradient checkpointing (its ``scores_in_chunks``), the same mean is taken over the captions' per-token
+log-probs scored in vocabulary chunks, so that the batch's ``(B, T, V)`` logits are never held.
 
 Example::
 
@@ -19,7 +21,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from finecap.objectives.base import ObjectiveBase, ObjectiveOutput
+from finecap.objectives.base import ObjectiveBase, ObjectiveOutput, unwrap
 
 IGNORE_INDEX = -100
 
@@ -41,13 +43,22 @@ class MLE(ObjectiveBase):
     """``objective(model, batch)``: the MLE loss ``losses["mle"]``, plus token accuracy and token count as metrics."""
 
     def __call__(self, model: torch.nn.Module, batch: dict[str, Any]) -> ObjectiveOutput:
-        logits = model(batch)  # (B, T, V)
         labels = batch["labels"]  # (B, T)
-        loss = mle_loss(logits, labels)
-        with torch.no_grad():
-            valid = labels != IGNORE_INDEX  # (B, T)
-            correct = (logits.argmax(-1) == labels) & valid
-            n = int(valid.sum())
+        valid = labels != IGNORE_INDEX  # (B, T)
+        n = int(valid.sum())
+        # A CaptionerBase training under checkpointing scores the captions as given sequences in vocabulary chunks,
+        # never holding (B, T, V) logits; stand-in models without the property give logits.
+        if getattr(unwrap(model), "scores_in_chunks", False):
+            if n == 0:
+                raise ValueError("mle_loss: every label is ignored (empty captions?)")
+            scores = model(batch, sequences=batch["input_ids"], mask=valid, with_top=True)
+            loss = -scores.logprobs.sum() / n  # the token mean of mle_loss: log-probs are 0 where labels are ignored
+            correct = scores.top  # (B, T), false where ignored
+        else:
+            logits = model(batch)  # (B, T, V)
+            loss = mle_loss(logits, labels)
+            with torch.no_grad():
+                correct = (logits.argmax(-1) == labels) & valid
         metrics = {"accuracy": float(correct.sum()) / n, "tokens": n}
         return ObjectiveOutput(losses={"mle": loss}, metrics=metrics, num_items=n)  # a mean over n tokens
 
