@@ -19,9 +19,8 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from finecap.data.targets import IGNORE_INDEX
 from finecap.objectives.base import ObjectiveBase, ObjectiveOutput
-
-IGNORE_INDEX = -100
 
 
 def mle_loss(
