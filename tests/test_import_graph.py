@@ -184,11 +184,13 @@ def _cycle_in(component: list[str], graph: dict[str, set[str]]) -> list[str]:
 
 
 def layer_of(module: str) -> int | None:
-    """The index in :data:`LAYERS` of the floor ``module`` is on (its longest listed prefix), or None."""
+    """The index in :data:`LAYERS` of the floor ``module`` is on (its longest listed prefix), or None. The entry
+    ``finecap`` is the package's own ``__init__`` only, not a prefix of every module."""
     best: tuple[int, int] | None = None  # (length of the matching entry, floor)
     for floor, (_, members) in enumerate(LAYERS):
         for member in members:
-            if (module == member or module.startswith(member + ".")) and (best is None or len(member) > best[0]):
+            covers = module == member or (member != "finecap" and module.startswith(member + "."))
+            if covers and (best is None or len(member) > best[0]):
                 best = (len(member), floor)
     return None if best is None else best[1]
 
@@ -236,7 +238,7 @@ def test_layer_of_takes_the_longest_listed_prefix():
     assert LAYERS[layer_of("finecap.app.cli")][0] == "application"
     assert LAYERS[layer_of("finecap")][0] == "api"  # the package's own __init__, not everything under it
     assert layer_of("finecap.runs") < layer_of("finecap.world.key") < layer_of("finecap.data.bags")
-    assert layer_of("numpy") is None
+    assert layer_of("numpy") is None and layer_of("finecap.unplaced") is None
     graph = {"finecap.home": {"finecap.world.key", "finecap.utils"}, "finecap.world.key": {"finecap.config"}}
     assert upward_imports(graph) == {("finecap.home", "finecap.world.key")}
 
