@@ -24,8 +24,8 @@ import torch
 
 from finecap.app.train import build_model
 from finecap.config import load
+from finecap.data.targets import IGNORE_INDEX
 from finecap.objectives import get_objective
-from finecap.objectives.mle import IGNORE_INDEX
 from finecap.train.engine import build_optimizer
 
 

@@ -36,9 +36,9 @@ from types import SimpleNamespace
 import torch
 
 from finecap.config import load
+from finecap.data.targets import encode_captions
 from finecap.models.clipcap import ClipCap
 from finecap.models.presets import build_world_lm
-from finecap.models.tokenizer import encode_captions
 from finecap.objectives import get_objective
 from finecap.world.captions import reference_captions
 from finecap.world.scene import sample_scene

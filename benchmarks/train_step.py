@@ -32,10 +32,11 @@ import torch
 
 from finecap.app.train import build_data, build_model, train, train_unit
 from finecap.config import WorldConfig, load
+from finecap.contract import TrainContext
 from finecap.data.datasets import to_device
 from finecap.data.samplers import get_sampler
 from finecap.models.presets import save_tiny_clip
-from finecap.objectives import TrainContext, get_objective
+from finecap.objectives import get_objective
 from finecap.train.engine import build_optimizer, make_accelerator, weighted_loss
 from finecap.train.schedule import build_scheduler
 from finecap.utils import seed_everything

@@ -23,7 +23,7 @@ from finecap.config import ConfigError
 from finecap.data.formats import DataError, load_image
 from finecap.inference import upright_rgb
 from finecap.metrics import suite
-from finecap.train.checkpoint import checkpoint_dir, model_dir
+from finecap.runs import checkpoint_dir, model_dir
 from test_caption_images import CAPTION, COLORS, caption, run, shapes  # noqa: F401 (fixtures used by name)
 
 

@@ -1,6 +1,6 @@
 """``finecap caption --images`` (issue 34): images without references captioned from any folder a checkpoint loads
 from, ids from file names, bad images named or skipped and counted, outputs refused where they would replace what
-finecap did not make; and the folder errors of :func:`finecap.train.checkpoint.find_checkpoint`.
+finecap did not make; and the folder errors of :func:`finecap.runs.find_checkpoint`.
 
 The captioner: a tiny ClipCap (random frozen CLIP) trained for 120 steps on an image folder with one ``.txt`` caption
 per image and no split (``data.val_fraction`` holds a quarter out): noisy solid colours, ``a red circle`` for red, ``a
@@ -21,7 +21,7 @@ from PIL import Image
 from finecap.app.caption import main, resolve
 from finecap.data.formats import DataError, read_results
 from finecap.inference import image_files
-from finecap.train.checkpoint import checkpoint_dir, find_checkpoint, model_dir
+from finecap.runs import checkpoint_dir, find_checkpoint, model_dir
 from test_bad_inputs import run_cli
 from test_hostile_images import BROKEN
 

@@ -13,8 +13,9 @@ from finecap.app import demo as demo_mod
 from finecap.app import demo_transfer, demo_vcb
 from finecap.app.demo import Demo, load_demo_config
 from finecap.config import WorldConfig
-from finecap.data.fingerprint import FINGERPRINTS_FILE, FingerprintMismatch, data_fingerprint, write_fingerprints
 from finecap.report.table import QUICK_TITLE
+from finecap.runs import FINGERPRINTS_FILE
+from finecap.train.fingerprint import FingerprintMismatch, data_fingerprint, write_fingerprints
 from finecap.world.make import make_world
 
 SIZES = {"n_train": 4, "n_val": 2, "n_test": 3, "image_size": 32}
@@ -286,7 +287,8 @@ EVENT = json.dumps({"step": 10, "epoch": 0.1, "split": "train", "values": {"loss
 def _killed_stage(tmp_path: Path, monkeypatch, checkpoints: list[str]) -> tuple[Demo, Path, list[tuple[bool, bool]]]:
     """The ``mle`` stage's folder as a kill left it: a partial event log and the given checkpoint folders; the
     engine's ``train`` replaced by its run-directory check (``prepare_run_dir``), which is what decides here."""
-    from finecap.train.state import MODEL_SUBDIR, prepare_run_dir
+    from finecap.runs import MODEL_SUBDIR
+    from finecap.train.state import prepare_run_dir
 
     demo = _demo(tmp_path, _world(tmp_path / "world", seed=0))
     out = demo.stage_dir("mle")
@@ -321,7 +323,7 @@ def test_a_stage_killed_before_its_first_checkpoint_trains_again_from_the_start(
 
 
 def test_a_killed_stage_with_a_saved_but_not_resumable_checkpoint_is_refused_and_kept(tmp_path, monkeypatch):
-    from finecap.train.state import MODEL_SUBDIR
+    from finecap.runs import MODEL_SUBDIR
 
     demo, out, calls = _killed_stage(tmp_path, monkeypatch, ["best"])  # best saved, killed before last
     with pytest.raises(ValueError) as e:

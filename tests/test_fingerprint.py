@@ -1,4 +1,4 @@
-"""Fingerprints of a run's inputs (finecap.data.fingerprint): what identifies the data and the encoders, what a change
+"""Fingerprints of a run's inputs (finecap.train.fingerprint): what identifies the data and the encoders, what a change
 does to them, and the checks that refuse a run or a bags file read against other inputs."""
 
 from __future__ import annotations
@@ -11,8 +11,10 @@ from pathlib import Path
 import pytest
 
 from finecap.config import WorldConfig, load
-from finecap.data import fingerprint as fpm
-from finecap.data.fingerprint import (
+from finecap.runs import FINGERPRINTS_FILE, checkpoint_dir
+from finecap.train import fingerprint as fpm
+from finecap.train.checkpoint import save_checkpoint
+from finecap.train.fingerprint import (
     FingerprintMismatch,
     bags_file_data,
     check_bags_data,
@@ -26,7 +28,6 @@ from finecap.data.fingerprint import (
     stored_path,
     write_fingerprints,
 )
-from finecap.train.checkpoint import FINGERPRINTS_FILE, checkpoint_dir, save_checkpoint
 from finecap.world.make import make_world, world_key
 
 

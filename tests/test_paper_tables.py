@@ -385,7 +385,7 @@ def test_smile_fig4b_trains_on_the_simplified_corpora(sle_run):
 def test_a_finished_run_on_other_inputs_is_refused_with_the_runners_ways_out(sle_run, monkeypatch):
     """A DONE run whose recorded data fingerprint is not this seed's (another world, or a world encoder retrained)
     is not evaluated as if it were: the runner stops, naming the run and how to train it again."""
-    from finecap.data.fingerprint import FingerprintMismatch
+    from finecap.train.fingerprint import FingerprintMismatch
 
     root, overrides = sle_run
     run = root / "runs" / "seed0" / "scst"

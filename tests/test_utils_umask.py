@@ -38,7 +38,8 @@ SCRIPT = textwrap.dedent(
     cached_tensor(out / "cache" / "features.safetensors", {"n": "2"}, lambda: torch.ones(2, 3))
 
     from finecap.models.backbones import build_model
-    from finecap.train.checkpoint import checkpoint_dir, save_checkpoint
+    from finecap.runs import checkpoint_dir
+    from finecap.train.checkpoint import save_checkpoint
     cfg = load(None, [f"model.encoder={clip}", "clipcap.tiny_layers=1", "clipcap.tiny_hidden=32",
                       "clipcap.tiny_heads=2", "clipcap.prefix_length=2"])
     save_checkpoint(checkpoint_dir(out / "run", "best"), model=build_model(cfg), cfg=cfg, info={"step": 1})

@@ -56,18 +56,18 @@ class Captioner:
     def from_pretrained(cls, path: str | os.PathLike[str], *, device: str | torch.device | None = None) -> Captioner:
         """Load the captioner of ``path``: a run directory (its best checkpoint, else its last), a checkpoint folder
         (``RUN/checkpoints/best``), its ``model/`` folder, or a bare model folder (a captioner's ``save``); any other
-        folder is a ``FileNotFoundError`` naming the folder to pass (:func:`finecap.train.checkpoint.find_checkpoint`).
+        folder is a ``FileNotFoundError`` naming the folder to pass (:func:`finecap.runs.find_checkpoint`).
 
         The checkpoint's own configuration (``config.yaml``) gives the model's load options (dtype, quantization),
         the decoding settings and the autocast, as ``finecap caption`` uses them. Its recorded fingerprint of the
-        vision encoder is checked (:func:`finecap.data.fingerprint.check_run`), and weights holding NaN are refused.
+        vision encoder is checked (:func:`finecap.train.fingerprint.check_run`), and weights holding NaN are refused.
         ``device``: default the machine's accelerator (a GPU) unless the run set ``train.cpu``, else the CPU
         (:func:`finecap.metrics.suite.eval_device`)."""
         from finecap.config import load, load_stored
-        from finecap.data.fingerprint import check_run
         from finecap.inference import load_for_captioning
         from finecap.metrics.suite import eval_device
-        from finecap.train.checkpoint import find_checkpoint, model_dir, stored_config
+        from finecap.runs import find_checkpoint, model_dir, stored_config
+        from finecap.train.fingerprint import check_run
 
         checkpoint = find_checkpoint(path)
         stored = stored_config(checkpoint)

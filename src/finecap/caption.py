@@ -26,13 +26,25 @@ from finecap.data.samplers import process_slice
 from finecap.decode import chunk_images
 from finecap.metrics.diversity import lexical_diversity, mean_length
 from finecap.models import sharding
-from finecap.train.engine import mixed_precision_autocast
 from finecap.utils import progress_enabled
 
 if TYPE_CHECKING:
     from accelerate import Accelerator
 
     from finecap.config import Config, DecodeConfig
+
+
+def mixed_precision_autocast(mixed_precision: str, device: torch.device | str) -> contextlib.AbstractContextManager:
+    """The autocast that ``train.mixed_precision`` gives on ``device`` as accelerate sets it up, for captioning
+    without the run's ``Accelerator`` (``accelerator.autocast()`` otherwise): ``bf16``: ``torch.autocast`` to
+    bfloat16; ``fp16``: to float16 on a GPU, nothing on the CPU (accelerate has no CPU float16 autocast and trains
+    there in float32); ``no``: nothing."""
+    device_type = torch.device(device).type
+    if mixed_precision == "bf16":
+        return torch.autocast(device_type, dtype=torch.bfloat16)
+    if mixed_precision == "fp16" and device_type != "cpu":
+        return torch.autocast(device_type, dtype=torch.float16)
+    return contextlib.nullcontext()
 
 
 @contextlib.contextmanager
@@ -74,7 +86,7 @@ def generate_captions(
     ``use_features`` (default: unless the model trains its encoder) encodes images through the frozen-feature cache.
     With an ``accelerator`` of several processes the images are split between them and the result gathered.
     Decoding runs under the run's autocast (``accelerator.autocast()``, else ``cfg.train.mixed_precision`` on the
-    model's device: :func:`~finecap.train.engine.mixed_precision_autocast`), in batches of at most
+    model's device: :func:`mixed_precision_autocast`), in batches of at most
     ``decode.batch_size`` sequences (:func:`finecap.decode.chunk_images` images).
     """
     decode = decode or cfg.decode

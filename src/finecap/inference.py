@@ -50,13 +50,13 @@ NUMBERED = re.compile(r"^(?:COCO_[A-Za-z]+\d*_)?(\d+)$")
 
 
 def load_for_captioning(checkpoint: str | Path, cfg: Config, device: torch.device | str) -> Any:
-    """The captioner of ``checkpoint`` (a folder :func:`finecap.train.checkpoint.find_checkpoint` gave) loaded with
+    """The captioner of ``checkpoint`` (a folder :func:`finecap.runs.find_checkpoint` gave) loaded with
     ``cfg.model``'s options (dtype, attention, quantization), on ``device``, in evaluation mode; a
     :class:`~finecap.train.state.CheckpointError` when its weights hold NaN or infinity (a diverged run's weights
     caption nothing, silently)."""
     from finecap.models.backbones import load_captioner
     from finecap.models.memory import LoadOptions
-    from finecap.train.checkpoint import model_dir
+    from finecap.runs import model_dir
     from finecap.train.state import check_finite_weights
 
     folder = model_dir(checkpoint)
@@ -221,7 +221,7 @@ def caption_images(
     :func:`~finecap.decode.chunk_images` images (``decode.batch_size`` counts sequences: images x beams or samples),
     in ``num_workers`` DataLoader worker processes (0: in this process), then decoded on the model's device under
     the run's autocast (``accelerator.autocast()``, else ``mixed_precision``:
-    :func:`~finecap.train.engine.mixed_precision_autocast`) with the encoder run on pixels (a data set's frozen-feature
+    :func:`~finecap.caption.mixed_precision_autocast`) with the encoder run on pixels (a data set's frozen-feature
     cache is not used: these images belong to none). With an ``accelerator`` of several processes each captions a
     contiguous part and every process gets all captions.
 
@@ -233,11 +233,10 @@ def caption_images(
     from torch.utils.data import DataLoader
     from tqdm.auto import tqdm
 
-    from finecap.caption import batch_captions, decoding_mode
+    from finecap.caption import batch_captions, decoding_mode, mixed_precision_autocast
     from finecap.data.datasets import model_collator
     from finecap.data.samplers import process_slice
     from finecap.decode import chunk_images
-    from finecap.train.engine import mixed_precision_autocast
     from finecap.utils import progress_enabled
 
     if not images:

@@ -17,7 +17,7 @@ from finecap.models.clipcap import ClipCap
 from finecap.models.presets import save_tiny_clip
 from finecap.recipes import resolve_recipe
 from finecap.rewards.retrieval import RetrievalReward
-from finecap.train.checkpoint import checkpoint_dir, model_dir
+from finecap.runs import checkpoint_dir, model_dir
 
 RECIPES = resolve_recipe("demo/mle").parent
 N_TRAIN = 40

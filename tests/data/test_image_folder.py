@@ -28,10 +28,10 @@ from finecap.app.cli import main
 from finecap.app.errors import explain
 from finecap.config import ConfigError, load
 from finecap.data.datasets import CaptionDataset, load_records, skipped_images
-from finecap.data.fingerprint import data_fingerprint
 from finecap.data.formats import NO_SPLIT, DataError, find_bad_images, load_record_image, read_folder, read_jsonl
 from finecap.data.references import detect_format, load_references, missing_images
 from finecap.data.splits import assign_splits, split_value
+from finecap.train.fingerprint import data_fingerprint
 
 COLOURS = [(200, 30, 30), (30, 200, 30), (30, 30, 200), (200, 200, 30), (30, 200, 200), (200, 30, 200)]
 

@@ -9,13 +9,14 @@ from peft import PeftModel
 from transformers import BlipConfig, BlipForConditionalGeneration
 
 from finecap.config import DecodeConfig
+from finecap.data.targets import IGNORE_INDEX
 from finecap.models import lora
 from finecap.models.backbones import checkpoint_kind, load_captioner
 from finecap.models.blip import Blip, BlipImageProcessor, FeatureMapTokens
 from finecap.models.presets import save_tiny_blip, tiny_blip_config
 from finecap.models.tokenizer import world_tokenizer
 from finecap.models.world_encoder import build_world_model
-from finecap.objectives.mle import IGNORE_INDEX, mle_loss
+from finecap.objectives.mle import mle_loss
 
 
 @pytest.fixture(scope="module")

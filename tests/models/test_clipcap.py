@@ -5,9 +5,9 @@ import torch
 import torch.nn.functional as F
 
 from finecap.config import DecodeConfig
+from finecap.data.targets import encode_captions
 from finecap.models.clipcap import ClipCap, MLPMapper, TransformerMapper
 from finecap.models.presets import build_world_lm
-from finecap.models.tokenizer import encode_captions
 
 D = 16  # feature dim
 K = 4  # prefix length

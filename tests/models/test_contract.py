@@ -22,6 +22,7 @@ from toy_backbone import ShowTell
 
 from finecap.config import DecodeConfig, load
 from finecap.data.datasets import model_collator
+from finecap.data.targets import IGNORE_INDEX
 from finecap.models import lora
 from finecap.models.backbones import BACKBONES, checkpoint_kind, external_encoder, load_captioner, reads_world_encoder
 from finecap.models.blip import Blip, FeatureMapTokens
@@ -38,7 +39,7 @@ from finecap.models.presets import (
 )
 from finecap.models.vision import VisionEncoder
 from finecap.models.vlm import Vlm
-from finecap.objectives.mle import IGNORE_INDEX, mle_loss
+from finecap.objectives.mle import mle_loss
 
 CAPTIONS = ["a red circle", "two blue squares on the left", "a small green triangle"]
 

@@ -64,7 +64,7 @@ def test_build_from_paths_forward_generate_save_reload(checkpoints, tmp_path):
     expected = CLIPModel.from_pretrained(checkpoints / "clip").get_image_features(pixel_values=pixels).pooler_output
     assert torch.allclose(feats, expected, atol=1e-5)
 
-    from finecap.models.tokenizer import encode_captions
+    from finecap.data.targets import encode_captions
 
     enc = encode_captions(model.tokenizer, ["A red circle.", "A dog on the beach."], max_tokens=12)
     batch = {"features": feats[:2], **enc}

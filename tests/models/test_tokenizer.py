@@ -4,13 +4,13 @@ import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 from transformers import AutoTokenizer, CLIPTextConfig, CLIPTextModel, PreTrainedTokenizerFast
 
+from finecap.data.targets import encode_captions
 from finecap.models.tokenizer import (
     BOS_ID,
     EOS_ID,
     MASK_ID,
     PAD_ID,
     UNK_ID,
-    encode_captions,
     encode_for_clip,
     ensure_pad_token,
     world_tokenizer,

@@ -20,12 +20,13 @@ from transformers.utils import is_torchvision_available
 
 from finecap.config import DecodeConfig, load
 from finecap.data.datasets import model_collator
+from finecap.data.targets import IGNORE_INDEX
 from finecap.models import lora
 from finecap.models.backbones import build_model, load_captioner
 from finecap.models.presets import VLM_FAMILIES, save_tiny_vlm
 from finecap.models.processors import load_processor
 from finecap.models.vlm import FAMILIES, Vlm
-from finecap.objectives.mle import IGNORE_INDEX, mle_loss
+from finecap.objectives.mle import mle_loss
 from finecap.objectives.smile import SmileObjective, smile_loss
 
 CAPTIONS = ["a red circle", "two blue squares on the left", "a small green triangle", "one big yellow star"]

@@ -15,6 +15,7 @@ import pytest
 import torch
 
 from finecap.config import WorldConfig, load
+from finecap.contract import TrainContext
 from finecap.data.datasets import CaptionDataset, load_records, model_collator, to_device
 from finecap.data.features import model_features
 from finecap.data.samplers import get_sampler
@@ -22,7 +23,7 @@ from finecap.models import lora
 from finecap.models.backbones import build_model
 from finecap.models.presets import VLM_FAMILIES, save_tiny_clip, save_tiny_vlm
 from finecap.models.vlm import Vlm
-from finecap.objectives import TrainContext, get_objective
+from finecap.objectives import get_objective
 from finecap.objectives.entropy import mean_entropy
 from finecap.objectives.reinforce import policy_gradient_loss, sequence_logprob
 from finecap.train.engine import Engine, TrainingData, build_optimizer, make_accelerator

@@ -309,7 +309,7 @@ def test_a_bags_file_whose_data_changed_is_refused_at_start(tiny_world, tmp_path
     """Without --data the data set named by the bags file is read, checked against the fingerprint the file recorded
     (as `finecap bags build` writes it): data edited since the bags were built stops the review at start."""
     from finecap.app.cli import main
-    from finecap.data.fingerprint import bags_data_fingerprint
+    from finecap.train.fingerprint import bags_data_fingerprint
 
     data = tmp_path / "data" / "captions.json"
     data.parent.mkdir()

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from finecap.config import ConfigError, load
-from finecap.objectives.base import StepInfo
+from finecap.contract import StepInfo
 from finecap.rewards import WeightedSum, get_reward
 from finecap.rewards.cider import CiderReward
 from finecap.rewards.retrieval import RetrievalReward, candidate_mask, mine_hard, self_retrieval_scores

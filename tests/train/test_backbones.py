@@ -12,10 +12,11 @@ import pytest
 import torch
 
 from finecap.app.train import build_data, build_model, train_unit
+from finecap.contract import TrainContext
 from finecap.data.datasets import to_device
 from finecap.data.samplers import get_sampler
 from finecap.models import lora
-from finecap.objectives import TrainContext, get_objective
+from finecap.objectives import get_objective
 from finecap.train.engine import Engine, TrainingData, build_optimizer, make_accelerator
 from finecap.train.schedule import build_scheduler
 from finecap.utils import seed_everything
@@ -158,7 +159,7 @@ def test_blip_run_checkpoint_loads_back_and_resumes(make_cfg, clip_dir):
     from finecap.app.train import train
     from finecap.models.backbones import load_captioner
     from finecap.models.blip import Blip
-    from finecap.train.checkpoint import checkpoint_dir, model_dir
+    from finecap.runs import checkpoint_dir, model_dir
 
     cfg = make_cfg(f"model.encoder={clip_dir}", *BACKBONES["blip"], "train.max_steps=2", "train.eval_every=2")
     run_dir = train(cfg)

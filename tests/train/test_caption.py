@@ -10,7 +10,7 @@ from finecap.data.datasets import load_records
 from finecap.metrics.suite import evaluate
 from finecap.models.clipcap import ClipCap
 from finecap.registry import lookup
-from finecap.train.checkpoint import checkpoint_dir, model_dir
+from finecap.runs import checkpoint_dir, model_dir
 from finecap.train.validators import VALIDATORS, caption_stats_validator, retrieval_validator
 
 

@@ -1,7 +1,8 @@
 import pytest
 
 from finecap.config import load
-from finecap.train.checkpoint import checkpoint_dir, load_info, model_dir, save_checkpoint, temporary_dir
+from finecap.runs import checkpoint_dir, model_dir, temporary_dir
+from finecap.train.checkpoint import load_info, save_checkpoint
 
 
 class TinyModel:

@@ -28,7 +28,7 @@ import torch
 from finecap.app.train import train
 from finecap.config import load
 from finecap.models.clipcap import ClipCap
-from finecap.train.checkpoint import checkpoint_dir, model_dir
+from finecap.runs import checkpoint_dir, model_dir
 
 LR = 1e-3
 OBJECTIVES = {

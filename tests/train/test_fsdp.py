@@ -24,7 +24,7 @@ from transformers import AutoModelForCausalLM
 from finecap.app.cli import main
 from finecap.app.train import train
 from finecap.config import load
-from finecap.train.checkpoint import INFO_FILE, checkpoint_dir, model_dir
+from finecap.runs import INFO_FILE, checkpoint_dir, model_dir
 
 pytestmark = [
     pytest.mark.slow,

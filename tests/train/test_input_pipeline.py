@@ -14,7 +14,7 @@ from finecap.config import DecodeConfig
 from finecap.data import loading
 from finecap.data.samplers import StepBatches
 from finecap.models.clipcap import ClipCap
-from finecap.train.checkpoint import checkpoint_dir, model_dir
+from finecap.runs import checkpoint_dir, model_dir
 
 # 200 examples / 32 per step = 7 steps per epoch: 16 steps run 3 epochs (the third one partly)
 STEPS = ["train.max_steps=16", "train.batch_size=32", "train.eval_every=7", "train.log_every=4"]

@@ -13,7 +13,7 @@ from finecap.models.clipcap import ClipCap, build_captioner
 from finecap.objectives import ObjectiveOutput
 from finecap.objectives.base import as_objective
 from finecap.objectives.mle import MLE
-from finecap.train.checkpoint import checkpoint_dir, model_dir
+from finecap.runs import checkpoint_dir, model_dir
 from finecap.train.engine import (
     Engine,
     TrainingData,

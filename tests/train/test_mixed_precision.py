@@ -22,16 +22,16 @@ from accelerate.state import AcceleratorState, GradientState
 import finecap.app.train as app_train
 from finecap.app.caption import main as caption_main
 from finecap.app.train import train
-from finecap.caption import generate_captions
+from finecap.caption import generate_captions, mixed_precision_autocast
 from finecap.config import DecodeConfig, TrainConfig
 from finecap.data.samplers import RandomBatches
+from finecap.data.targets import encode_captions
 from finecap.models.clipcap import ClipCap
 from finecap.models.presets import build_world_lm
-from finecap.models.tokenizer import encode_captions
 from finecap.objectives import ObjectiveOutput
 from finecap.objectives.base import as_objective
 from finecap.objectives.mle import MLE, mle_loss
-from finecap.train.checkpoint import checkpoint_dir, model_dir
+from finecap.runs import checkpoint_dir, model_dir
 from finecap.train.engine import (
     Engine,
     SkippedSteps,
@@ -39,7 +39,6 @@ from finecap.train.engine import (
     TrainingDiverged,
     apply_tf32,
     make_accelerator,
-    mixed_precision_autocast,
 )
 from finecap.train.schedule import build_scheduler
 

@@ -13,7 +13,7 @@ import subprocess
 import pytest
 import torch
 
-from finecap.train.checkpoint import checkpoint_dir
+from finecap.runs import checkpoint_dir
 from finecap.train.state import load_tree
 
 

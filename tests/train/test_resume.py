@@ -7,7 +7,7 @@ import torch
 
 from finecap.app.train import train
 from finecap.models.clipcap import ClipCap
-from finecap.train.checkpoint import checkpoint_dir, model_dir
+from finecap.runs import checkpoint_dir, model_dir
 
 
 class Killed(Exception):

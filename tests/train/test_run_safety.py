@@ -15,7 +15,7 @@ from finecap.app.cli import main as cli
 from finecap.app.train import train
 from finecap.config import ConfigError
 from finecap.models.clipcap import ClipCap
-from finecap.train.checkpoint import checkpoint_dir, model_dir, temporary_dir
+from finecap.runs import checkpoint_dir, model_dir, temporary_dir
 from finecap.train.engine import TrainingDiverged
 from finecap.train.state import CheckpointError, find_resumable, load_tree, prepare_run_dir, save_tree
 

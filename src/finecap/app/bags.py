@@ -5,7 +5,7 @@ with the configured retriever (``retriever.checkpoint``, or the trained world en
 (:mod:`finecap.data.truematch`, where the JSON layout is described) and writes them; ``finecap eval --bags`` reads
 them back (:func:`finecap.data.formats.read_bags`). The file names the data set by its absolute path (``"data"``)
 and records its fingerprint (``"fingerprint"``: content, caption field ``bags.text_from``, split), so readers find
-the data from any directory and refuse other data (:func:`finecap.data.fingerprint.bags_file_data`). On a world
+the data from any directory and refuse other data (:func:`finecap.train.fingerprint.bags_file_data`). On a world
 with scene families it also reports how often a bag lies within one family, next to random bags of the same size.
 """
 
@@ -20,13 +20,13 @@ from typing import Any
 from finecap.app.prepare import prepare
 from finecap.config import Config
 from finecap.data.caption_fields import select_captions
-from finecap.data.fingerprint import bags_data_fingerprint
 from finecap.data.formats import hf_options
 from finecap.data.references import load_references
 from finecap.data.truematch import build_bags, family_purity, random_bag_purity, record_embeddings
 from finecap.home import cache_dir, world_path
 from finecap.models.retriever import load_retriever
 from finecap.outputs import check_output_file, write_output_json
+from finecap.train.fingerprint import bags_data_fingerprint
 
 log = logging.getLogger(__name__)
 

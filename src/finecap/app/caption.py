@@ -4,7 +4,7 @@
 :func:`main`. ``CKPT`` is a checkpoint folder (``runs/x/checkpoints/best``), a run directory (its best checkpoint,
 else its last), a checkpoint's ``model/`` folder (its checkpoint: the configuration stored beside it is used) or a
 bare model folder; any other folder is an error naming the folder to pass
-(:func:`finecap.train.checkpoint.find_checkpoint`).
+(:func:`finecap.runs.find_checkpoint`).
 
 ``finecap caption --checkpoint CKPT --images DIR_OR_FILE ... --out results.json`` captions images that belong to no
 data set (no references needed): every image file under the folders (recursive) and the files named, with the ids of
@@ -23,7 +23,7 @@ What it decodes with, lowest layer first:
 A bare model folder has no configuration: the library defaults, the recipe and the overrides apply, as for training;
 captioning a split then needs the data named (``--data``, a recipe, ``data.*`` or ``world.*``), or ``--images``.
 
-Before decoding, the checkpoint's recorded fingerprints (:mod:`finecap.data.fingerprint`) are checked: the
+Before decoding, the checkpoint's recorded fingerprints (:mod:`finecap.train.fingerprint`) are checked: the
 captioner's vision encoder it refers to must be the one it was trained with, and, unless the data was chosen on the
 command line (``--data``, a recipe, ``data.*`` or ``world.*`` overrides), the data must be the run's; otherwise
 it stops with an error naming both fingerprints (exit 2). Decoding is :func:`finecap.caption.generate_captions`
@@ -40,15 +40,15 @@ from pathlib import Path
 
 from finecap.caption import generate_captions
 from finecap.config import Config, load, load_stored, parse_override
-from finecap.data.fingerprint import check_run
 from finecap.data.formats import write_results
 from finecap.data.references import detect_format
 from finecap.home import world_path
 from finecap.inference import caption_images, describe_skipped, image_files, load_for_captioning
 from finecap.outputs import check_not_input, check_output_file
 from finecap.recipes import resolve_recipe
-from finecap.train.checkpoint import find_checkpoint, model_dir, stored_config
+from finecap.runs import find_checkpoint, model_dir, stored_config
 from finecap.train.engine import make_accelerator
+from finecap.train.fingerprint import check_run
 
 log = logging.getLogger(__name__)
 

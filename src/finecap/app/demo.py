@@ -68,7 +68,6 @@ from finecap.app.train import train
 from finecap.caption import generate_captions
 from finecap.config import Config, did_you_mean, load
 from finecap.data.datasets import load_records
-from finecap.data.fingerprint import FingerprintMismatch, check_run
 from finecap.data.formats import read_bags, read_results, write_results
 from finecap.home import world_path
 from finecap.locks import output_lock
@@ -79,7 +78,8 @@ from finecap.outputs import OutputRefused, write_output
 from finecap.recipes import resolve_recipe
 from finecap.report.plots import length_curves
 from finecap.report.table import markdown_table, quick_labelled
-from finecap.train.checkpoint import CONFIG_FILE, model_dir
+from finecap.runs import CONFIG_FILE, model_dir
+from finecap.train.fingerprint import FingerprintMismatch, check_run
 from finecap.train.state import check_config_target, continue_unfinished
 from finecap.utils import atomic_write_text, read_json, refuse_link, seed_everything, write_json
 from finecap.world.make import load_scenes
@@ -257,7 +257,7 @@ def check_stage_inputs(stage: str, out: Path, cfg: Config, *, kind: str = "demo 
                        ways_out: str | None = None) -> None:  # fmt: skip
     """Refuse to reuse the finished ``kind`` run ``out`` (named ``stage``) when the inputs it recorded
     (``fingerprints.json``: data, captioner's encoder, retriever) differ from those of its configuration ``cfg`` now,
-    e.g. after a change of ``world.*`` or of the world encoder (:func:`finecap.data.fingerprint.check_run`); the error
+    e.g. after a change of ``world.*`` or of the world encoder (:func:`finecap.train.fingerprint.check_run`); the error
     names both fingerprints and the ``ways_out`` of the command that reuses it."""
     try:
         check_run(out, cfg)

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from finecap.models.base import CONFIG_NAME, read_meta
 from finecap.models.export import export_merged
-from finecap.train.checkpoint import find_checkpoint, model_dir, temporary_dir
+from finecap.runs import find_checkpoint, model_dir, temporary_dir
 from finecap.train.model_card import CARD_NAME
 from finecap.utils import OutputRefused, atomic_replace_dir, refuse_link
 

@@ -40,7 +40,6 @@ from tqdm import tqdm
 
 from finecap.app.demo_vcb import FIELD_ROWS
 from finecap.config import Config, load, load_stored
-from finecap.data.fingerprint import check_run_dir
 from finecap.data.formats import Record
 from finecap.data.references import data_file, load_references
 from finecap.outputs import check_output_file
@@ -57,6 +56,7 @@ from finecap.report.html import (
 )
 from finecap.report.plots import bag_recall_curves, length_curves, length_histograms, precision_recall, training_curves
 from finecap.report.run import RunData, read_run
+from finecap.train.fingerprint import check_run_dir
 from finecap.utils import progress_enabled, read_json, refuse_link, write_json
 
 log = logging.getLogger(__name__)

@@ -61,10 +61,10 @@ from werkzeug.exceptions import HTTPException
 
 from finecap.config import Config, load
 from finecap.data.curation import BagCuration, CurationBusy
-from finecap.data.fingerprint import bags_file_data
 from finecap.data.formats import DataError, Record, check_image_file, decode_image, encode_image
 from finecap.data.references import load_references
 from finecap.report.html import TEMPLATES
+from finecap.train.fingerprint import bags_file_data
 
 log = logging.getLogger(__name__)
 
@@ -151,7 +151,7 @@ def _is_image(path: Path) -> bool:
 def _data_source(bags: dict[str, Any], bags_path: Path, data: str | Path | None) -> str | Path:
     """``--data`` (the user's choice, not checked), else the bags file's ``"data"`` (a relative path is taken
     relative to the bags file) checked against the fingerprint the file recorded
-    (:func:`finecap.data.fingerprint.bags_file_data`: a data set changed since the bags were built is refused)."""
+    (:func:`finecap.train.fingerprint.bags_file_data`: a data set changed since the bags were built is refused)."""
     if data is not None:
         return data
     source = bags.get("data")

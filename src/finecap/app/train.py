@@ -33,10 +33,9 @@ from accelerate import Accelerator, PartialState
 from accelerate.utils import broadcast_object_list
 
 from finecap.config import Config
+from finecap.contract import TrainContext
 from finecap.data.datasets import CaptionCollator, CaptionDataset, load_records, model_collator, skipped_images
 from finecap.data.features import model_features
-from finecap.data.fingerprint import check_run_dir as check_fingerprints_of_run
-from finecap.data.fingerprint import write_fingerprints
 from finecap.data.loading import LoaderSettings, encoder_draft
 from finecap.data.samplers import get_sampler
 from finecap.locks import TRAIN_LOCK, output_lock
@@ -44,11 +43,12 @@ from finecap.models import memory, sharding
 from finecap.models.backbones import build_model as build_captioner
 from finecap.models.backbones import load_captioner, reads_world_encoder
 from finecap.models.lora import configure_training
-from finecap.objectives import TrainContext, get_objective
+from finecap.objectives import get_objective
 from finecap.objectives.base import ObjectiveBase
 from finecap.outputs import write_output
 from finecap.registry import SAMPLERS, declared_needs, lookup
-from finecap.train.checkpoint import BEST, CONFIG_FILE, checkpoint_dir, model_dir, save_checkpoint
+from finecap.runs import BEST, CONFIG_FILE, METRICS_FILE, checkpoint_dir, model_dir
+from finecap.train.checkpoint import save_checkpoint
 from finecap.train.engine import (
     Checkpoints,
     Engine,
@@ -58,10 +58,11 @@ from finecap.train.engine import (
     process_state,
     total_steps,
 )
+from finecap.train.fingerprint import check_run_dir as check_fingerprints_of_run
+from finecap.train.fingerprint import write_fingerprints
 from finecap.train.logging import tracker_config
 from finecap.train.schedule import build_scheduler
 from finecap.train.state import (
-    METRICS_FILE,
     TrainState,
     check_config_target,
     check_finite_weights,
@@ -295,7 +296,7 @@ def _train(
         engine.restore(resume_from)
         if accelerator.is_main_process:
             log.info("resume: continuing %s from %s (step %d of %d)", run_dir, resume_from, engine.state.step, total)
-            for change in config_changes(run_dir / "config.yaml", saved):
+            for change in config_changes(run_dir / CONFIG_FILE, saved):
                 log.info("resume: configuration changed: %s", change)
     if accelerator.is_main_process:
         write_output(run_dir / CONFIG_FILE, cfg.to_yaml(), "config")  # remembered as finecap's (finecap.outputs)

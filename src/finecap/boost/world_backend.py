@@ -65,7 +65,7 @@ class WorldVLM:
 
     def __init__(self, checkpoint: str | Path, cfg: Config, batch_size: int = 256) -> None:
         from finecap.models.backbones import load_captioner
-        from finecap.train.checkpoint import model_dir
+        from finecap.runs import model_dir
 
         path = Path(checkpoint)
         if not path.exists():

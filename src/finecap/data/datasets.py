@@ -39,8 +39,7 @@ from finecap.data.caption_fields import select_captions
 from finecap.data.formats import MAX_LISTED, DataError, Record, find_bad_images, hf_options, load_record_image
 from finecap.data.references import data_file, read_records, require_captions, select_split
 from finecap.data.splits import split_unsplit
-from finecap.models.tokenizer import encode_captions
-from finecap.objectives.mle import IGNORE_INDEX
+from finecap.data.targets import IGNORE_INDEX, encode_captions
 
 if TYPE_CHECKING:
     from finecap.config import Config

@@ -52,13 +52,15 @@ from finecap.models.captioner import (
     strip_prefix,
     token_scores,
 )
+from finecap.runs import CAPTIONER_FILE
 from finecap.utils import read_json, write_json
 
 if TYPE_CHECKING:
     from finecap.models.vision import VisionEncoder
 
-CONFIG_NAME = "captioner.json"
-"""The file naming a captioner checkpoint folder: its backbone (``"kind"``) and what the backbone records."""
+CONFIG_NAME = CAPTIONER_FILE
+"""The file naming a captioner checkpoint folder: its backbone (``"kind"``) and what the backbone records
+(:data:`finecap.runs.CAPTIONER_FILE`, which readers of a run find model folders by)."""
 
 
 def module_path(root: Any, path: str) -> Any:

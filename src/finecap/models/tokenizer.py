@@ -1,4 +1,4 @@
-"""The world's word-level tokenizer and caption encoding helpers shared by the captioner and the CLIP text tower.
+"""The world's word-level tokenizer and the CLIP text tower's encoding helper.
 
 :func:`world_tokenizer` builds a ``PreTrainedTokenizerFast`` (``tokenizers`` ``WordLevel`` model, lower-casing,
 whitespace/punctuation pre-tokenizer) over :func:`finecap.world.captions.vocabulary`. It saves with
@@ -11,15 +11,14 @@ Special tokens and ids (fixed, so checkpoints and configs can rely on them)::
 EOS is deliberately not id 2: ``transformers``' CLIP text tower falls back to a legacy argmax pooling when
 ``eos_token_id == 2``. Calling the tokenizer with ``add_special_tokens=True`` (the default) appends ``<eos>``, as a
 CLIP tokenizer does, so the world's tiny CLIP text tower pools at the right position; the captioner encodes with
-:func:`encode_captions`, which works for any tokenizer (GPT-2's does not append EOS by itself).
+:func:`finecap.data.targets.encode_captions`, which works for any tokenizer (GPT-2's does not append EOS by
+itself).
 
 Example::
 
     >>> tok = world_tokenizer(["a", "red", "circle"])
     >>> tok("a red circle")["input_ids"]
     [5, 6, 7, 4]
-    >>> encode_captions(tok, ["a red circle", "a circle"], max_tokens=8)["input_ids"].tolist()
-    [[5, 6, 7, 4], [5, 7, 4, 0]]
 """
 
 from __future__ import annotations
@@ -31,6 +30,7 @@ import torch
 from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors
 from transformers import PreTrainedTokenizerFast
 
+from finecap.data.targets import pad_rows
 from finecap.world.captions import vocabulary
 
 PAD, UNK, MASK, BOS, EOS = "<pad>", "<unk>", "<mask>", "<bos>", "<eos>"
@@ -91,34 +91,6 @@ def ensure_pad_token(tokenizer: Any) -> Any:
     return tokenizer
 
 
-def _pad(rows: list[list[int]], pad_id: int) -> dict[str, torch.Tensor]:
-    width = max((len(r) for r in rows), default=0)
-    ids = torch.full((len(rows), width), pad_id, dtype=torch.long)  # (B, T)
-    mask = torch.zeros((len(rows), width), dtype=torch.long)  # (B, T)
-    for i, r in enumerate(rows):
-        ids[i, : len(r)] = torch.tensor(r, dtype=torch.long)
-        mask[i, : len(r)] = 1
-    return {"input_ids": ids, "attention_mask": mask}
-
-
-def encode_captions(tokenizer: Any, texts: Sequence[str], max_tokens: int) -> dict[str, torch.Tensor]:
-    """Captioner targets: tokens of each text (no BOS: the image prefix starts the sequence) followed by EOS.
-
-    Works for any tokenizer with an EOS token: texts are tokenised without special tokens, cut to
-    ``max_tokens - 1`` tokens, EOS is appended, rows are right-padded with the pad id (EOS when the tokenizer has no
-    pad token, as for GPT-2). Returns ``input_ids`` and ``attention_mask`` ``(B, T)`` with ``T <= max_tokens``.
-    """
-    if max_tokens < 1:
-        raise ValueError(f"max_tokens must be >= 1 (EOS needs a place), got {max_tokens}")
-    eos = tokenizer.eos_token_id
-    if eos is None:
-        raise ValueError(f"tokenizer {type(tokenizer).__name__} has no EOS token; captions need one")
-    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos
-    enc = tokenizer(list(texts), add_special_tokens=False)["input_ids"]
-    rows = [list(r[: max_tokens - 1]) + [eos] for r in enc]
-    return _pad(rows, pad)
-
-
 def encode_for_clip(tokenizer: Any, texts: Sequence[str], max_length: int) -> dict[str, torch.Tensor]:
     """CLIP text-tower inputs: the tokenizer's own special tokens, with EOS guaranteed as the last real token.
 
@@ -140,4 +112,4 @@ def encode_for_clip(tokenizer: Any, texts: Sequence[str], max_length: int) -> di
         if len(r) > max_length:
             r = r[: max_length - 1] + [eos]
         rows.append(r)
-    return _pad(rows, pad)
+    return pad_rows(rows, pad)

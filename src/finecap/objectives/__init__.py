@@ -18,13 +18,13 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from finecap.objectives.base import Objective, ObjectiveBase, ObjectiveOutput, StepInfo, TrainContext, as_objective
+from finecap.objectives.base import Objective, ObjectiveBase, ObjectiveOutput, as_objective
 from finecap.registry import OBJECTIVES, import_object, lookup
 
 if TYPE_CHECKING:
     from finecap.config import Config
 
-__all__ = ["OBJECTIVES", "Objective", "ObjectiveBase", "ObjectiveOutput", "StepInfo", "TrainContext", "get_objective",
+__all__ = ["OBJECTIVES", "Objective", "ObjectiveBase", "ObjectiveOutput", "get_objective",
            "import_object"]  # fmt: skip
 
 

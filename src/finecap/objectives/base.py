@@ -12,35 +12,33 @@ defaults (a plain callable is wrapped by :func:`as_objective`), so the engine ne
 - ``example_unit = "image"``: train on one example per image instead of one per reference caption (objectives that
   sample captions of each image: REINFORCE, self-retrieval); ``data.train_unit`` overrides it.
 
-- ``setup(ctx: TrainContext)`` once before training: the accelerator (device, ``gather`` for global-batch rewards),
-  the training records (e.g. CIDEr-D document frequencies), the tokenizer and the run directory.
+- ``setup(ctx: TrainContext)`` once before training (:class:`finecap.contract.TrainContext`): the accelerator
+  (device, ``gather`` for global-batch rewards), the training records (e.g. CIDEr-D document frequencies), the
+  tokenizer and the run directory.
 - ``end_step()`` after every optimizer step (state updated once per step, whatever the micro-batches: a running-mean
   baseline).
 - ``state_dict() -> dict`` / ``load_state_dict(state)``: state that must survive ``--resume`` (a running-mean
   baseline, a private random generator); it is stored in every resumable checkpoint as JSON plus safetensors
   (:mod:`finecap.train.state`: nested dicts, lists, numbers, strings and tensors; never pickle).
 
-Every micro-batch carries ``batch["step_info"]``, one :class:`StepInfo` per optimizer step: the step number, the
-image ids of the whole global batch and the sampler's per-example fields of the global batch (BagCurri's bag
-numbers), so that rewards scoring against the global batch (self-retrieval distractors) and seeded sampling do not
-depend on the number of processes or accumulation steps. The micro-batch's own rows of those fields are in the batch
-under the same names (``batch["bag"]``).
+Every micro-batch carries ``batch["step_info"]``, one :class:`~finecap.contract.StepInfo` per optimizer step: the
+step number, the image ids of the whole global batch and the sampler's per-example fields of the global batch
+(BagCurri's bag numbers), so that rewards scoring against the global batch (self-retrieval distractors) and seeded
+sampling do not depend on the number of processes or accumulation steps. The micro-batch's own rows of those fields
+are in the batch under the same names (``batch["bag"]``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Hashable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 import torch
 from accelerate.utils import extract_model_from_parallel
 
 if TYPE_CHECKING:
-    from accelerate import Accelerator
-
-    from finecap.config import Config
+    from finecap.contract import TrainContext
 
 
 @dataclass
@@ -56,22 +54,6 @@ class ObjectiveOutput:
 
 class Objective(Protocol):
     def __call__(self, model: torch.nn.Module, batch: dict[str, Any]) -> ObjectiveOutput: ...
-
-
-@dataclass(frozen=True)
-class StepInfo:
-    """What every micro-batch of one optimizer step knows about the whole step (``batch["step_info"]``).
-
-    Attributes:
-        step: optimizer steps completed before this one (0 for the first).
-        image_ids: image ids of the step's global batch (every process, every micro-batch), in order.
-        fields: the sampler's per-example fields of the global batch, each ``(G,)`` in the order of ``image_ids``
-            (:meth:`finecap.data.samplers.GlobalBatchSampler.example_fields`, e.g. ``"bag"``).
-    """
-
-    step: int
-    image_ids: Sequence[Hashable]
-    fields: dict[str, torch.Tensor] = field(default_factory=dict)
 
 
 class ObjectiveBase:
@@ -115,17 +97,6 @@ def as_objective(obj: Any) -> ObjectiveBase:
     if callable(obj):
         return FunctionObjective(obj)
     raise ValueError(f"train.objective: the factory returned {type(obj).__name__}, not a callable objective")
-
-
-@dataclass
-class TrainContext:
-    """What :meth:`setup` of an objective receives from the loop."""
-
-    cfg: Config
-    accelerator: Accelerator
-    train_records: list
-    tokenizer: Any
-    run_dir: Path
 
 
 def unwrap(model: torch.nn.Module) -> torch.nn.Module:

@@ -40,7 +40,7 @@ from finecap.config import Baseline
 from finecap.utils import short_repr
 
 if TYPE_CHECKING:
-    from finecap.objectives.base import TrainContext
+    from finecap.contract import TrainContext
 
 BASELINES = get_args(Baseline)
 

@@ -21,9 +21,8 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from finecap.data.targets import IGNORE_INDEX
 from finecap.objectives.base import ObjectiveBase, ObjectiveOutput, unwrap
-
-IGNORE_INDEX = -100
 
 
 def mle_loss(

@@ -56,7 +56,7 @@ from finecap.rewards.base import RewardOutput, call_hook
 
 if TYPE_CHECKING:
     from finecap.config import Config
-    from finecap.objectives.base import TrainContext
+    from finecap.contract import TrainContext
     from finecap.rewards.base import Reward
 
 STRATEGIES = get_args(RLStrategy)
@@ -184,7 +184,7 @@ class Reinforce(ObjectiveBase):
 
     def sampling_seeds(self, batch: dict[str, Any]) -> torch.Tensor | None:
         """Per-image sampling seeds ``(B,)`` from ``(rl seed, step, batch['index'])`` when the training engine
-        provides the step (``batch["step_info"]``, :class:`~finecap.objectives.base.StepInfo`), so that an image's
+        provides the step (``batch["step_info"]``, :class:`~finecap.contract.StepInfo`), so that an image's
         samples do not depend on how the global batch is split over processes and accumulation steps; ``None``
         (torch's global RNG) otherwise."""
         info = batch.get("step_info")

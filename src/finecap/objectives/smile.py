@@ -33,8 +33,9 @@ import torch
 import torch.nn.functional as F
 
 from finecap.config import FirstToken, Subset
+from finecap.data.targets import IGNORE_INDEX
 from finecap.objectives.base import ObjectiveBase, ObjectiveOutput, unwrap
-from finecap.objectives.mle import IGNORE_INDEX, mle_loss
+from finecap.objectives.mle import mle_loss
 
 SUBSETS = get_args(Subset)
 FIRST_TOKEN_MODES = get_args(FirstToken)

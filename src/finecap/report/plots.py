@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from finecap.metrics.diversity import caption_length
+from finecap.runs import METRICS_FILE
 from finecap.utils import atomic_write_bytes
 
 BAG_RECALL = re.compile(r"^bag(\d+)/R@1$")
@@ -25,7 +26,7 @@ names them."""
 def validation_series(run_dir: str | Path, key: str) -> list[tuple[int, float]]:
     """``(step, value)`` of ``key`` at every validation event of ``<run_dir>/metrics.jsonl``."""
     points = []
-    for line in (Path(run_dir) / "metrics.jsonl").read_text().splitlines():
+    for line in (Path(run_dir) / METRICS_FILE).read_text().splitlines():
         event = json.loads(line)
         if event.get("split") == "val" and key in event.get("values", {}):
             points.append((int(event["step"]), float(event["values"][key])))

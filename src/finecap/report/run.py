@@ -21,6 +21,7 @@ from typing import Any
 
 from finecap.data.formats import read_bags, read_results
 from finecap.report.plots import read_events
+from finecap.runs import CONFIG_FILE
 from finecap.utils import read_json
 
 
@@ -91,6 +92,6 @@ def read_run(run_dir: str | Path) -> RunData:
     run.bags_path = find_bags(run_dir)
     if run.bags_path is not None:
         run.bags = read_bags(run.bags_path)
-    if (run_dir / "config.yaml").exists():
-        run.config_path = run_dir / "config.yaml"
+    if (run_dir / CONFIG_FILE).exists():
+        run.config_path = run_dir / CONFIG_FILE
     return run

@@ -45,7 +45,7 @@ import torch
 from finecap.registry import declared_needs
 
 if TYPE_CHECKING:
-    from finecap.objectives.base import TrainContext
+    from finecap.contract import TrainContext
 
 
 @dataclass

@@ -27,7 +27,7 @@ from finecap.metrics.ptb_tokenize import tokenize
 from finecap.rewards.base import RewardOutput, caption_rows
 
 if TYPE_CHECKING:
-    from finecap.objectives.base import TrainContext
+    from finecap.contract import TrainContext
 
 
 class CiderReward:

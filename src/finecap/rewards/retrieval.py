@@ -63,7 +63,7 @@ from finecap.rewards.base import RewardOutput, caption_rows
 
 if TYPE_CHECKING:
     from finecap.config import Config
-    from finecap.objectives.base import TrainContext
+    from finecap.contract import TrainContext
 
 VARIANTS = get_args(SRReward)
 DISTRACTORS = get_args(Distractors)
@@ -296,7 +296,7 @@ class RetrievalReward:
 
     def _global_batch(self, batch: Mapping[str, Any], rows: torch.Tensor, bags: torch.Tensor | None):
         """Table rows (and bag numbers) of the images of the optimizer step's global batch, in global order: from
-        ``batch['step_info']`` (:class:`~finecap.objectives.base.StepInfo`), which the training engine attaches to
+        ``batch['step_info']`` (:class:`~finecap.contract.StepInfo`), which the training engine attaches to
         every micro-batch (so the distractors are the same whatever the number of processes and accumulation steps);
         without it, the batch itself."""
         info = batch.get("step_info")

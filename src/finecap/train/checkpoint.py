@@ -1,30 +1,10 @@
 """Checkpoints of a training run, written atomically (temporary folder, then rename).
 
-Layout of a run directory::
-
-    <run_dir>/
-      config.yaml                 the resolved configuration of the run (paths absolute: Config.save)
-      fingerprints.json           the fingerprints of its data and encoders (finecap.data.fingerprint)
-      metrics.jsonl               one JSON per log / evaluation event
-      checkpoints/
-        last/                     resumable: every train.save_every steps (or at each evaluation) and at the end
-          model/                  the captioner (ClipCap.save: safetensors weights, tokenizer, model config) and
-                                  generation_config.json: the run's decode.* as transformers' GenerationConfig
-          config.yaml             the resolved configuration
-          fingerprints.json       a copy of the run's
-          state/                  optimizer, scheduler, the loop's counters, every process's RNG, objective and
-                                  pending-log state: JSON + safetensors, never pickle (finecap.train.state)
-          trainer_state.json      step/epoch/position/best, human-readable; written last (marks it complete)
-        best/                     the best evaluation so far on train.best_metric (no optimizer state)
-          model/  config.yaml  fingerprints.json  trainer_state.json
-
-A folder is first written as ``checkpoints/.<name>.tmp`` and then swapped in by
-:func:`finecap.utils.atomic_replace_dir` (which gives its files the user's umask), so a run killed while saving keeps
-its previous checkpoint. :func:`model_dir` accepts either a checkpoint folder or a bare model folder, so both
-``--checkpoint runs/x/checkpoints/best`` and ``train.init_from=runs/x/checkpoints/best`` work; :func:`find_checkpoint`
-also takes a run directory (its best checkpoint, else its last) and a checkpoint's ``model/`` folder (its checkpoint,
-so that the configuration stored beside it is found: :func:`stored_config`), and names the folder to pass when given
-another one (:func:`not_a_checkpoint`).
+The run-directory layout (checkpoint folder names, :func:`~finecap.runs.model_dir`,
+:func:`~finecap.runs.find_checkpoint`) is :mod:`finecap.runs`, which every reader of a run imports; this module writes
+checkpoints. A folder is first written as ``checkpoints/.<name>.tmp`` (:func:`~finecap.runs.temporary_dir`) and then
+swapped in by :func:`finecap.utils.atomic_replace_dir` (which gives its files the user's umask), so a run killed while
+saving keeps its previous checkpoint.
 
 ``generation_config.json`` (:func:`generation_config`) holds the decoding settings the run evaluates with, so that
 ``transformers``' ``generate`` on the saved model (a BLIP folder, or ClipCap's ``lm/`` given the prefix) decodes as
@@ -46,7 +26,15 @@ from typing import TYPE_CHECKING, Any
 from transformers.utils import logging as hf_logging
 
 from finecap.locks import command_line
-from finecap.models.base import CONFIG_NAME
+from finecap.runs import (
+    CAPTIONER_FILE,
+    CONFIG_FILE,
+    FINGERPRINTS_FILE,
+    INFO_FILE,
+    MODEL_SUBDIR,
+    run_dir_of,
+    temporary_dir,
+)
 from finecap.train.model_card import CARD_NAME, model_card
 from finecap.utils import atomic_replace_dir, read_json, refuse_link, write_json
 
@@ -55,127 +43,7 @@ if TYPE_CHECKING:
 
     from finecap.config import Config, DecodeConfig
 
-LAST, BEST = "last", "best"
-MODEL_SUBDIR = "model"
-INFO_FILE = "trainer_state.json"
-CONFIG_FILE = "config.yaml"
-FINGERPRINTS_FILE = "fingerprints.json"
 GENERATION_CONFIG = "generation_config.json"
-
-
-def checkpoint_dir(run_dir: str | Path, which: str) -> Path:
-    """``<run_dir>/checkpoints/<which>`` (``which`` is ``"last"`` or ``"best"``)."""
-    return Path(run_dir) / "checkpoints" / which
-
-
-def model_dir(path: str | Path) -> Path:
-    """The model folder of a checkpoint (``<path>/model``), or ``path`` itself when it is a bare model folder."""
-    path = Path(path)
-    if not path.exists():
-        raise FileNotFoundError(f"{path}: checkpoint not found")
-    return path / MODEL_SUBDIR if (path / MODEL_SUBDIR).is_dir() else path
-
-
-def find_checkpoint(path: str | Path) -> Path:
-    """The checkpoint meant by ``path``: a run directory gives its best checkpoint, else its last; a checkpoint's
-    ``model/`` folder gives that checkpoint (``RUN/checkpoints/best/model`` -> ``RUN/checkpoints/best``); a checkpoint
-    folder (holding ``model/``, or ``config.yaml``) or a bare model folder (holding ``captioner.json``) is
-    returned as it is. Any other folder is a ``FileNotFoundError`` naming the folder to pass
-    (:func:`not_a_checkpoint`)."""
-    path = Path(path)
-    if not path.exists():
-        raise FileNotFoundError(f"{path}: checkpoint or run directory not found")
-    if (path / "checkpoints").is_dir():
-        for which in (BEST, LAST):
-            if (checkpoint_dir(path, which) / MODEL_SUBDIR).is_dir():
-                return checkpoint_dir(path, which)
-        raise FileNotFoundError(f"{path}: a run directory without a saved checkpoint (no checkpoints/best or /last)")
-    if _is_checkpoint(path) or (path / CONFIG_FILE).is_file():  # a damaged one too: its config.yaml is read first
-        return path
-    if _is_model(path):
-        return path.parent if path.name == MODEL_SUBDIR and _is_checkpoint(path.parent) else path
-    raise FileNotFoundError(not_a_checkpoint(path))
-
-
-def _is_model(path: Path) -> bool:
-    return (path / CONFIG_NAME).is_file()
-
-
-def _is_checkpoint(path: Path) -> bool:
-    return _is_model(path / MODEL_SUBDIR)
-
-
-def _is_run(path: Path) -> bool:
-    return any(_is_checkpoint(checkpoint_dir(path, which)) for which in (BEST, LAST))
-
-
-def not_a_checkpoint(path: str | Path) -> str:
-    """Why ``path`` (an existing file or folder) is none of the folders a checkpoint is loaded from, and which folder
-    to pass instead: the run, checkpoint or model folder that holds it (a file of a model folder, ClipCap's ``lm/``, a
-    run's ``checkpoints/``), else those below it (a folder of runs), else what each kind of folder holds."""
-    path = Path(path)
-    kinds = ("a run directory (holding checkpoints/best), a checkpoint folder (holding model/ and config.yaml) or "
-             "a model folder (holding captioner.json)")  # fmt: skip
-    held = [c for c in (BEST, LAST) if _is_checkpoint(path / c)]
-    if held:  # a run's checkpoints/ folder
-        return (f"{path}: a run's checkpoints folder; pass the run directory {path.parent} or one checkpoint, "
-                f"{path / held[0]}")  # fmt: skip
-    for up in list(path.parents)[:3]:  # the run, checkpoint or model folder holding it
-        if _is_run(up) or _is_checkpoint(up) or _is_model(up):
-            return f"{path}: not a checkpoint folder; pass {_loadable_name(up)}, which holds it"
-    below = _loadable_below(path) if path.is_dir() else []
-    if below:
-        shown = ", ".join(map(str, below[:5])) + (", ..." if len(below) > 5 else "")
-        return f"{path}: not a checkpoint folder, but it holds {len(below)}: pass one of {shown}"
-    return f"{path}: not a checkpoint folder; pass {kinds}"
-
-
-def _loadable_name(path: Path) -> str:
-    """``path`` described as what it is (a run directory, a checkpoint folder, a model folder)."""
-    if _is_run(path):
-        return f"the run directory {path}"
-    if _is_checkpoint(path):
-        return f"the checkpoint folder {path}"
-    return f"the model folder {path}"
-
-
-def _loadable_below(path: Path, depth: int = 3, visits: int = 1000) -> list[Path]:
-    """Run, checkpoint and model folders under ``path`` (the outermost of each), at most ``depth`` levels down and
-    ``visits`` folders listed per level (a home folder named by mistake is not walked whole), sorted; hidden folders
-    (``.last.tmp``) skipped."""
-    found: list[Path] = []
-    level = [path]
-    for _ in range(depth):
-        below = []
-        for folder in level[:visits]:
-            try:
-                children = sorted(c for c in folder.iterdir() if c.is_dir() and not c.name.startswith("."))
-            except OSError:
-                continue
-            for child in children:
-                if _is_run(child) or _is_checkpoint(child) or _is_model(child):
-                    found.append(child)
-                else:
-                    below.append(child)
-        level = below
-    return sorted(found)
-
-
-def stored_config(checkpoint: str | Path) -> Path | None:
-    """The ``config.yaml`` stored with the checkpoint :func:`find_checkpoint` gives (its own, else its run's), or
-    ``None`` (a bare model folder: no configuration)."""
-    checkpoint = Path(checkpoint)
-    run_dir = run_dir_of(checkpoint)
-    for folder in (checkpoint, run_dir):
-        if folder is not None and (folder / CONFIG_FILE).is_file():
-            return folder / CONFIG_FILE
-    return None
-
-
-def run_dir_of(checkpoint: str | Path) -> Path | None:
-    """The run directory of a checkpoint folder ``<run_dir>/checkpoints/<name>``, else None."""
-    checkpoint = Path(checkpoint)
-    return checkpoint.parent.parent if checkpoint.parent.name == "checkpoints" else None
 
 
 @contextlib.contextmanager
@@ -188,12 +56,6 @@ def _quiet_transformers():
     finally:
         if enabled:
             hf_logging.enable_progress_bar()
-
-
-def temporary_dir(path: str | Path) -> Path:
-    """Where the checkpoint ``path`` is written before it is swapped in (``<parent>/.<name>.tmp``)."""
-    path = Path(path)
-    return path.with_name(f".{path.name}.tmp")
 
 
 def generation_config(
@@ -279,7 +141,7 @@ def save_checkpoint(
         with _quiet_transformers():
             model.save(tmp / MODEL_SUBDIR, state_dict=state_dict)
             write_generation_config(tmp / MODEL_SUBDIR, cfg.decode, model.tokenizer)
-        meta_file = tmp / MODEL_SUBDIR / CONFIG_NAME
+        meta_file = tmp / MODEL_SUBDIR / CAPTIONER_FILE
         meta = read_json(meta_file) if meta_file.is_file() else {}  # a captioner's save writes it
         card = model_card(cfg, info, meta, fingerprints, command_line())
         (tmp / MODEL_SUBDIR / CARD_NAME).write_text(card, encoding="utf-8")

@@ -4,7 +4,7 @@ An :class:`Engine` takes what a recipe built (model, objective, data with its sa
 optionally an evaluation function and a way to save the model) and runs AdamW-style optimizer steps on
 ``accelerate`` with gradient accumulation, logging, evaluation, checkpoints and resume. It knows nothing about
 captioners, rewards or the world: components declare what they need (``needs``), samplers give per-example fields,
-and every micro-batch carries one typed :class:`~finecap.objectives.base.StepInfo`.
+and every micro-batch carries one typed :class:`~finecap.contract.StepInfo`.
 
 **Steps.** Each optimizer step takes one *global batch* from the sampler (:mod:`finecap.data.samplers`) and cuts it
 into ``processes x grad_accum_steps`` micro-batches. So that a step's gradient is that of the objective over the whole
@@ -45,7 +45,6 @@ uninterrupted one: the batches of an epoch are a function of ``(seed, epoch)``.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import math
 import os
@@ -63,17 +62,15 @@ from torch.utils.data import DataLoader
 from tqdm.auto import tqdm
 
 from finecap.config import TrainConfig
+from finecap.contract import StepInfo
 from finecap.data.datasets import to_device
 from finecap.data.loading import LoaderSettings
 from finecap.data.samplers import GlobalBatchSampler, StepBatches
 from finecap.models import sharding
-from finecap.objectives.base import ObjectiveBase, StepInfo, unwrap
-from finecap.train.checkpoint import BEST, INFO_FILE, LAST, checkpoint_dir, temporary_dir
+from finecap.objectives.base import ObjectiveBase, unwrap
+from finecap.runs import BEST, INFO_FILE, LAST, METRICS_FILE, STATE_DIR, TRACKERS_DIR, checkpoint_dir, temporary_dir
 from finecap.train.logging import JsonlTracker, Logger
 from finecap.train.state import (
-    METRICS_FILE,
-    STATE_DIR,
-    TRACKERS_DIR,
     CheckpointError,
     TrainState,
     check_resume,
@@ -177,19 +174,6 @@ def apply_tf32(enabled: bool, device: torch.device) -> bool:
     torch.backends.cuda.matmul.allow_tf32 = enabled
     torch.backends.cudnn.allow_tf32 = enabled
     return True
-
-
-def mixed_precision_autocast(mixed_precision: str, device: torch.device | str) -> contextlib.AbstractContextManager:
-    """The autocast that ``train.mixed_precision`` gives on ``device`` as accelerate sets it up, for code that runs
-    without the run's ``Accelerator`` (``accelerator.autocast()`` otherwise): ``bf16``: ``torch.autocast`` to
-    bfloat16; ``fp16``: to float16 on a GPU, nothing on the CPU (accelerate has no CPU float16 autocast and trains
-    there in float32); ``no``: nothing."""
-    device_type = torch.device(device).type
-    if mixed_precision == "bf16":
-        return torch.autocast(device_type, dtype=torch.bfloat16)
-    if mixed_precision == "fp16" and device_type != "cpu":
-        return torch.autocast(device_type, dtype=torch.float16)
-    return contextlib.nullcontext()
 
 
 def process_state(settings: TrainConfig) -> PartialState:

@@ -1,6 +1,6 @@
 """Run state: the loop's counters, resumable checkpoints without pickle, and recovery after a kill.
 
-Layout of a run directory (the model folders themselves: :mod:`finecap.train.checkpoint`)::
+Layout of a run directory (its names, and the model folders: :mod:`finecap.runs`)::
 
     <run_dir>/
       config.yaml                the resolved configuration (secrets masked)
@@ -49,13 +49,17 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
 from finecap.outputs import check_output_file
-from finecap.train.checkpoint import (
+from finecap.runs import (
     BEST,
+    CHECKPOINTS_DIR,
     CONFIG_FILE,
     FINGERPRINTS_FILE,
     INFO_FILE,
     LAST,
+    METRICS_FILE,
     MODEL_SUBDIR,
+    STATE_DIR,
+    TRACKERS_DIR,
     checkpoint_dir,
     temporary_dir,
 )
@@ -73,9 +77,6 @@ from finecap.utils import (
 
 log = logging.getLogger(__name__)
 
-METRICS_FILE = "metrics.jsonl"
-TRACKERS_DIR = "trackers"
-STATE_DIR = "state"  # inside checkpoints/last
 INCOMPLETE = ".last.incomplete"  # an incomplete last, set aside when resuming from last.old (promote)
 
 
@@ -366,7 +367,7 @@ def promote(found: Path, run_dir: Path) -> Path:
 
 
 def describe_checkpoints(run_dir: Path) -> str:
-    folder = run_dir / "checkpoints"
+    folder = run_dir / CHECKPOINTS_DIR
     if not folder.is_dir():
         return "no checkpoints/ folder"
     found = []
@@ -380,7 +381,7 @@ def describe_checkpoints(run_dir: Path) -> str:
 
 
 def holds_run(run_dir: Path) -> bool:
-    return (run_dir / "checkpoints").exists() or (run_dir / METRICS_FILE).exists()
+    return (run_dir / CHECKPOINTS_DIR).exists() or (run_dir / METRICS_FILE).exists()
 
 
 CHECKPOINT_FOLDERS = frozenset(
@@ -388,7 +389,7 @@ CHECKPOINT_FOLDERS = frozenset(
     | {p.name for name in (LAST, BEST) for p in (Path(name), temporary_dir(name), previous_dir(Path(name)))}
 )
 """The folders finecap writes under ``checkpoints/``: ``last`` and ``best``, their temporary ``.<name>.tmp``
-(:func:`finecap.train.checkpoint.temporary_dir`), the swapped-out ``<name>.old``
+(:func:`finecap.runs.temporary_dir`), the swapped-out ``<name>.old``
 (:func:`finecap.utils.previous_dir`) and the set-aside ``.last.incomplete`` (:func:`promote`)."""
 CHECKPOINT_ENTRIES = frozenset({MODEL_SUBDIR, CONFIG_FILE, FINGERPRINTS_FILE, INFO_FILE, STATE_DIR})
 """What a checkpoint folder holds (a partial one: some of it)."""
@@ -433,10 +434,12 @@ def foreign_run_files(run_dir: Path) -> list[Path]:
     one of :data:`CHECKPOINT_FOLDERS` or, inside one, not one of :data:`CHECKPOINT_ENTRIES`; a ``metrics.jsonl`` that
     is not an event log; a ``trackers/`` folder in a run directory without finecap's ``config.yaml`` (the trackers'
     files are the trackers' own format)."""
-    foreign = [p for p in (run_dir / "checkpoints", run_dir / METRICS_FILE, run_dir / TRACKERS_DIR) if p.is_symlink()]
+    foreign = [
+        p for p in (run_dir / CHECKPOINTS_DIR, run_dir / METRICS_FILE, run_dir / TRACKERS_DIR) if p.is_symlink()
+    ]
     if foreign:  # a link is never followed, deleted through, or taken for finecap's
         return foreign
-    checkpoints = run_dir / "checkpoints"
+    checkpoints = run_dir / CHECKPOINTS_DIR
     if checkpoints.is_dir():
         for folder in sorted(checkpoints.iterdir()):
             if not (folder.is_dir() and not folder.is_symlink() and folder.name in CHECKPOINT_FOLDERS):
@@ -457,8 +460,8 @@ def foreign_run_files(run_dir: Path) -> list[Path]:
 def run_paths(run_dir: Path) -> list[Path]:
     """Every path a training run writes at the top of ``run_dir`` and of ``checkpoints/`` (checked for planted
     links before it starts; each writer checks its own path again when it writes)."""
-    checkpoints = [run_dir / "checkpoints" / name for name in sorted(CHECKPOINT_FOLDERS)]
-    return [run_dir / "checkpoints", *checkpoints, run_dir / CONFIG_FILE, run_dir / FINGERPRINTS_FILE,
+    checkpoints = [run_dir / CHECKPOINTS_DIR / name for name in sorted(CHECKPOINT_FOLDERS)]
+    return [run_dir / CHECKPOINTS_DIR, *checkpoints, run_dir / CONFIG_FILE, run_dir / FINGERPRINTS_FILE,
             run_dir / METRICS_FILE, run_dir / TRACKERS_DIR]  # fmt: skip
 
 
@@ -502,7 +505,7 @@ def prepare_run_dir(run_dir: Path, *, resume: bool, overwrite: bool) -> Path | N
                 f"({', '.join(str(p) for p in foreign)}); overwriting removes only finecap's own run files, so "
                 "nothing was deleted: move them, or choose another run.name / run.dir"
             )
-        for old in (run_dir / "checkpoints", run_dir / METRICS_FILE, run_dir / TRACKERS_DIR):
+        for old in (run_dir / CHECKPOINTS_DIR, run_dir / METRICS_FILE, run_dir / TRACKERS_DIR):
             if old.is_dir():
                 shutil.rmtree(old)
             elif old.exists():
@@ -521,7 +524,7 @@ def continue_unfinished(run_dir: Path, *, what: str, ways_out: str) -> tuple[boo
         return True, False
     if not holds_run(run_dir):
         return False, False
-    checkpoints = run_dir / "checkpoints"  # nothing resumable: are there saved (not temporary) checkpoints at all?
+    checkpoints = run_dir / CHECKPOINTS_DIR  # nothing resumable: are there saved (not temporary) checkpoints at all?
     if checkpoints.is_dir() and any(not p.name.startswith(".") for p in checkpoints.iterdir()):
         raise CheckpointError(
             f"{what}: {run_dir} holds an unfinished run with no checkpoint to resume from (found: "

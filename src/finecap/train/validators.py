@@ -27,10 +27,11 @@ from finecap.config import DecodeConfig
 from finecap.data.datasets import CaptionDataset, load_records, to_device
 from finecap.data.loading import LoaderSettings, chunks
 from finecap.data.samplers import process_slice
+from finecap.data.targets import IGNORE_INDEX
 from finecap.home import cache_dir
 from finecap.metrics.retrieval import SelfRetrieval
 from finecap.models.retriever import load_retriever
-from finecap.objectives.mle import IGNORE_INDEX, mle_loss
+from finecap.objectives.mle import mle_loss
 from finecap.registry import requires
 
 if TYPE_CHECKING:

@@ -36,6 +36,13 @@ the name is compared).
 of the bag embeddings and the split; :func:`bags_file_data` gives readers the data set (a relative path read from the
 bags file's folder) after checking it.
 
+**Why in** :mod:`finecap.train`: a fingerprint pins a run to its inputs, and computing one reads every layer below
+training: the data (:mod:`finecap.data.references`, :mod:`finecap.data.formats`), the captioner's encoder as its
+backbone records it (:mod:`finecap.models.backbones`) and the world encoder (:mod:`finecap.models.world_encoder`).
+Placed in ``data/`` it reached up into ``models/`` and, for the run layout, into ``train/``; here every import points
+down, and the run-directory names it reads come from :mod:`finecap.runs`. Its readers (``finecap caption``,
+``report``, ``bags``, the demo, :meth:`finecap.api.Captioner.from_pretrained`) are all above training.
+
 Each fingerprint is a JSON object; its ``id`` is a short hash of its content (everything but ``path``, which says
 where the input was and is not compared: a data set moved elsewhere with the same content is the same data). A value
 recorded as ``None`` (unknown when the run started, e.g. a world encoder not trained yet) is not compared. Files are
@@ -57,13 +64,13 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from finecap.train.checkpoint import FINGERPRINTS_FILE, model_dir, run_dir_of
+from finecap.runs import CAPTIONER_FILE, FINGERPRINTS_FILE, model_dir, run_dir_of
 from finecap.utils import read_json, write_json
 
 if TYPE_CHECKING:
     from finecap.config import Config
 
-__all__ = ["FINGERPRINTS_FILE", "FingerprintMismatch", "bags_data_fingerprint", "bags_file_data",
+__all__ = ["FingerprintMismatch", "bags_data_fingerprint", "bags_file_data",
            "check_bags_data", "check_fingerprints", "check_run", "check_run_dir", "data_fingerprint",
            "dataset_fingerprint", "run_fingerprints", "stored_path",
            "write_fingerprints"]  # fmt: skip
@@ -277,14 +284,13 @@ def captioner_fingerprint(cfg: Config, model_folder: str | Path | None = None) -
     or the ``train.init_from`` checkpoint's encoder; none when ``model.train_encoder`` saves it or a pretrained
     BLIP (``blip.name``) brings its own."""
     from finecap.models.backbones import encoder_source
-    from finecap.models.base import CONFIG_NAME
 
     if model_folder is not None:
-        source = external_encoder(read_json(Path(model_folder) / CONFIG_NAME))
+        source = external_encoder(read_json(Path(model_folder) / CAPTIONER_FILE))
     elif cfg.model.train_encoder:
         source = None
     elif cfg.train.init_from:
-        source = external_encoder(read_json(model_dir(cfg.train.init_from) / CONFIG_NAME))
+        source = external_encoder(read_json(model_dir(cfg.train.init_from) / CAPTIONER_FILE))
     else:
         source = encoder_source(cfg)  # "world", a CLIP path or name, or None (the model brings its own)
     if source is None:

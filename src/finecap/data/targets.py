@@ -1,0 +1,54 @@
+"""Captions as the captioner's training targets: token ids ending in EOS (:func:`encode_captions`), right-padded
+(:func:`pad_rows`), and :data:`IGNORE_INDEX`, the label of the positions a loss skips.
+
+Why here, in ``data/``: the collator (:func:`finecap.data.datasets.model_collator`) writes these targets and the
+objectives (:mod:`finecap.objectives.mle`, :mod:`finecap.objectives.smile`) and the validation loss read them, so the
+one module both sides import sits below both. It knows no tokenizer class: any tokenizer with an EOS token works.
+
+Example::
+
+    >>> from finecap.models.tokenizer import world_tokenizer
+    >>> tok = world_tokenizer(["a", "red", "circle"])
+    >>> encode_captions(tok, ["a red circle", "a circle"], max_tokens=8)["input_ids"].tolist()
+    [[5, 6, 7, 4], [5, 7, 4, 0]]
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+IGNORE_INDEX = -100
+"""The label of padding positions, which losses skip (``torch.nn.CrossEntropyLoss``'s default ``ignore_index``)."""
+
+
+def pad_rows(rows: list[list[int]], pad_id: int) -> dict[str, torch.Tensor]:
+    """``input_ids`` (right-padded with ``pad_id``) and ``attention_mask`` of token-id rows, each ``(B, T)`` with
+    ``T`` the longest row."""
+    width = max((len(r) for r in rows), default=0)
+    ids = torch.full((len(rows), width), pad_id, dtype=torch.long)  # (B, T)
+    mask = torch.zeros((len(rows), width), dtype=torch.long)  # (B, T)
+    for i, r in enumerate(rows):
+        ids[i, : len(r)] = torch.tensor(r, dtype=torch.long)
+        mask[i, : len(r)] = 1
+    return {"input_ids": ids, "attention_mask": mask}
+
+
+def encode_captions(tokenizer: Any, texts: Sequence[str], max_tokens: int) -> dict[str, torch.Tensor]:
+    """Captioner targets: tokens of each text (no BOS: the image prefix starts the sequence) followed by EOS.
+
+    Works for any tokenizer with an EOS token: texts are tokenised without special tokens, cut to
+    ``max_tokens - 1`` tokens, EOS is appended, rows are right-padded with the pad id (EOS when the tokenizer has no
+    pad token, as for GPT-2). Returns ``input_ids`` and ``attention_mask`` ``(B, T)`` with ``T <= max_tokens``.
+    """
+    if max_tokens < 1:
+        raise ValueError(f"max_tokens must be >= 1 (EOS needs a place), got {max_tokens}")
+    eos = tokenizer.eos_token_id
+    if eos is None:
+        raise ValueError(f"tokenizer {type(tokenizer).__name__} has no EOS token; captions need one")
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos
+    enc = tokenizer(list(texts), add_special_tokens=False)["input_ids"]
+    rows = [list(r[: max_tokens - 1]) + [eos] for r in enc]
+    return pad_rows(rows, pad)
