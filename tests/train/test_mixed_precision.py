@@ -25,6 +25,7 @@ from finecap.app.train import train
 from finecap.caption import generate_captions
 from finecap.config import DecodeConfig, TrainConfig
 from finecap.data.samplers import RandomBatches
+from finecap.home import run_path
 from finecap.models.clipcap import ClipCap
 from finecap.models.presets import build_world_lm
 from finecap.models.tokenizer import encode_captions
@@ -349,7 +350,7 @@ def test_evaluation_runs_under_the_runs_autocast():
 def _trained_checkpoint(make_cfg):
     cfg = make_cfg("train.max_steps=12", run="fp32")
     train(cfg)
-    return cfg, checkpoint_dir(cfg.run.path, "last")
+    return cfg, checkpoint_dir(run_path(cfg.run), "last")
 
 
 def _record_generate(monkeypatch):
