@@ -210,7 +210,7 @@ def train(
     callbacks: Sequence[Callable[[TrainState], None]] = (),
     recipe: str | Path | None = None,
 ) -> Path:
-    """Train a captioner as configured; returns the run directory (:func:`~finecap.home.run_path`), logs :func:`summary`.
+    """Train a captioner as configured (logs :func:`summary`); returns the run directory (``home.run_path(cfg.run)``).
 
     ``resume=True`` continues from the newest complete checkpoint (or starts fresh in an empty run directory);
     without it an existing run directory is an error unless ``overwrite=True``. ``callbacks(state)`` run after every
