@@ -7,7 +7,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from finecap.config import RLConfig, load
+from finecap.config import ClipCapBackboneConfig, RLConfig, load
 from finecap.decode import Generation
 from finecap.models.captioner import TokenScores
 from finecap.models.clipcap import ClipCap
@@ -180,7 +180,7 @@ def test_sle_from_config_and_checks():
 def test_smoke_sle_on_tiny_clipcap():
     torch.manual_seed(0)
     lm, tok = build_world_lm(layers=2, hidden=32, heads=2)
-    model = ClipCap(lm, tok, 16, prefix_length=4).train()
+    model = ClipCap(lm, tok, 16, ClipCapBackboneConfig(prefix_length=4)).train()
     refs = {0: ["a red circle on grass", "a small red circle"], 1: ["a blue square", "a big blue square on sand"]}
     batch = {"features": torch.randn(2, 16), "image_ids": [0, 1]}
     objective = get_objective("sle", load(None, ["rl.samples=3", "decode.max_length=8"]))

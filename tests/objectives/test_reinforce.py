@@ -7,7 +7,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from finecap.config import ConfigError, DecodeConfig, RLConfig, load
+from finecap.config import ClipCapBackboneConfig, ConfigError, DecodeConfig, RLConfig, load
 from finecap.decode import Generation
 from finecap.models.captioner import TokenScores, token_scores
 from finecap.models.clipcap import ClipCap
@@ -312,7 +312,7 @@ CAPTIONS = {
 def tiny_captioner(seed=0):
     torch.manual_seed(seed)
     lm, tok = build_world_lm(layers=2, hidden=32, heads=2)
-    return ClipCap(lm, tok, D, prefix_length=4)
+    return ClipCap(lm, tok, D, ClipCapBackboneConfig(prefix_length=4))
 
 
 def test_entropy_comes_from_the_same_forward_as_the_logprobs():

@@ -23,7 +23,7 @@ import finecap.app.train as app_train
 from finecap.app.caption import main as caption_main
 from finecap.app.train import train
 from finecap.caption import generate_captions
-from finecap.config import DecodeConfig, TrainConfig
+from finecap.config import ClipCapBackboneConfig, DecodeConfig, TrainConfig
 from finecap.data.samplers import RandomBatches
 from finecap.home import run_path
 from finecap.models.clipcap import ClipCap
@@ -78,7 +78,7 @@ CAPTIONS = ["a red circle", "a big blue square on grass", "two things", "a small
 
 def _tiny_clipcap() -> ClipCap:
     lm, tok = build_world_lm(layers=2, hidden=32, heads=2, dropout=0.0)  # no dropout: both runs see the same net
-    return ClipCap(lm, tok, 16, prefix_length=4)  # MLP mapper
+    return ClipCap(lm, tok, 16, ClipCapBackboneConfig(prefix_length=4))  # MLP mapper
 
 
 @pytest.fixture(scope="module")
