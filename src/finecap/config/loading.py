@@ -342,13 +342,13 @@ def load(
 
 
 def describe(cls: type) -> list[tuple[str, str, Any, str]]:
-    """(key, type, default, doc) rows of a section, for help output and documentation; the type carries the field's
-    bounds (``int (>= 1, <= 1024)``, :func:`finecap.config.fields.constraint_text`)."""
+    """(key, type, default, doc) rows of a section, for help output and documentation; the doc ends with the field's
+    bounds (``Must be >= 1, <= 1024.``, :func:`finecap.config.fields.constraint_text`)."""
     rows = []
     hints = typing.get_type_hints(cls)
     for f in dataclasses.fields(cls):
         default = f.default if f.default is not dataclasses.MISSING else f.default_factory()  # type: ignore[misc]
         bounds = constraint_text(f)
-        type_name = f"{_type_name(hints[f.name])} ({bounds})" if bounds else _type_name(hints[f.name])
-        rows.append((f.name, type_name, default, f.metadata.get("doc", "")))
+        text = f.metadata.get("doc", "") + (f" Must be {bounds}." if bounds else "")
+        rows.append((f.name, _type_name(hints[f.name]), default, text))
     return rows
