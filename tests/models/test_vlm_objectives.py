@@ -152,12 +152,12 @@ def test_objective_lowers_its_loss_and_moves_only_what_trains(saved, tmp_path, f
                     mask=gen.mask,
                     image_index=gen.image_index,
                     temperature=obj.logprob_temperature,
-                    with_entropy=obj.entropy_coef > 0,
+                    with_entropy=obj.rl.entropy_coef > 0,
                 )
-            logp = sequence_logprob(scores.logprobs, gen.lengths, obj.logprob)  # (N,)
+            logp = sequence_logprob(scores.logprobs, gen.lengths, obj.rl.logprob)  # (N,)
             loss = sum(policy_gradient_loss(a, logp) for a in advantages.values())
             if scores.entropy is not None:
-                loss = loss - obj.entropy_coef * mean_entropy(scores.entropy, gen.mask)
+                loss = loss - obj.rl.entropy_coef * mean_entropy(scores.entropy, gen.mask)
             return float(loss)
 
         before = surrogate()
