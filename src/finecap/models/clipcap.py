@@ -101,12 +101,12 @@ class TransformerMapper(nn.Module):
         return self.transformer(torch.cat([x, const], dim=1))[:, k:]  # (B, k, H)
 
 
-def build_mapper(options: ClipCapBackboneConfig, feature_dim: int, hidden: int) -> nn.Module:
+def build_mapper(section: ClipCapBackboneConfig, feature_dim: int, hidden: int) -> nn.Module:
     """The mapper ``clipcap.mapper`` names, of ``clipcap.prefix_length`` tokens (``clipcap.mapper_layers`` /
     ``clipcap.mapper_heads`` for the transformer)."""
-    if options.mapper == "mlp":
-        return MLPMapper(feature_dim, hidden, options.prefix_length)
-    return TransformerMapper(feature_dim, hidden, options.prefix_length, options.mapper_layers, options.mapper_heads)
+    if section.mapper == "mlp":
+        return MLPMapper(feature_dim, hidden, section.prefix_length)
+    return TransformerMapper(feature_dim, hidden, section.prefix_length, section.mapper_layers, section.mapper_heads)
 
 
 # --------------------------------------------------------------------------------------------------------------------
@@ -121,7 +121,7 @@ class ClipCap(CaptionerBase):
         lm: any causal LM accepting ``inputs_embeds`` and ``past_key_values``.
         tokenizer: the LM's tokenizer (needs an EOS token; pad = EOS when it has no pad token).
         feature_dim: dimension D of the image features (the encoder's projection dim).
-        options: the ``clipcap`` section: the mapper (``mapper``, ``prefix_length``, ``mapper_layers``,
+        section: the ``clipcap`` section: the mapper (``mapper``, ``prefix_length``, ``mapper_layers``,
             ``mapper_heads``; checked when the section is built; default: its defaults). Its ``lm`` and ``tiny_*``
             options built ``lm`` (:func:`build_captioner`) and are not read here.
         encoder: the vision encoder; ``None`` makes a features-only captioner (batches must carry ``features``).
@@ -140,7 +140,7 @@ class ClipCap(CaptionerBase):
         lm: nn.Module,
         tokenizer: Any,
         feature_dim: int,
-        options: ClipCapBackboneConfig | None = None,
+        section: ClipCapBackboneConfig | None = None,
         *,
         encoder: VisionEncoder | None = None,
         train_encoder: bool = False,
@@ -153,14 +153,14 @@ class ClipCap(CaptionerBase):
             raise ValueError("model.train_encoder=true needs a vision encoder (got none)")
         if encoder is not None and encoder.feature_dim != feature_dim:
             raise ValueError(f"feature_dim={feature_dim} but the encoder {encoder.source} gives {encoder.feature_dim}")
-        self.options = options or ClipCapBackboneConfig()
+        self.section = section or ClipCapBackboneConfig()
         self.tokenizer = ensure_pad_token(tokenizer)
         self.lm = lm
         if getattr(lm.config, "pad_token_id", None) is None:
             lm.config.pad_token_id = self.tokenizer.pad_token_id
         self.hidden_size = int(lm.get_input_embeddings().embedding_dim)
         self.feature_dim = int(feature_dim)
-        self.mapper = build_mapper(self.options, self.feature_dim, self.hidden_size)
+        self.mapper = build_mapper(self.section, self.feature_dim, self.hidden_size)
         self.encoder = encoder
         self.train_encoder = bool(train_encoder)
         self.train_lm = bool(train_lm)
@@ -190,7 +190,7 @@ class ClipCap(CaptionerBase):
     def max_caption_tokens(self) -> int | None:
         """The LM's positions after the prefix: a caption of T tokens reads ``k + T - 1`` of them."""
         limit = self.max_positions
-        return None if limit is None else limit - self.options.prefix_length + 1
+        return None if limit is None else limit - self.section.prefix_length + 1
 
     def part_path(self, part: str) -> str | None:
         """The LM (``"lm"``) or the dual encoder (``"encoder"``; its text side is never a target)."""
@@ -212,7 +212,7 @@ class ClipCap(CaptionerBase):
 
     def own_config(self) -> dict[str, Any]:
         return {
-            **{key: getattr(self.options, key) for key in MAPPER_KEYS},
+            **{key: getattr(self.section, key) for key in MAPPER_KEYS},
             "feature_dim": self.feature_dim,
             "hidden_size": self.hidden_size,
             "lm_source": self.lm_source,
@@ -248,7 +248,7 @@ class ClipCap(CaptionerBase):
 
     def check_length(self, conditioning: Any, n_tokens: int, what: str) -> None:
         limit = self.max_positions
-        k = self.options.prefix_length
+        k = self.section.prefix_length
         if limit is not None and k + n_tokens - 1 > limit:
             raise ValueError(
                 f"clipcap.prefix_length={k} + {what}={n_tokens} needs {k + n_tokens - 1} positions but the language "
