@@ -256,7 +256,11 @@ class RetrieverConfig(Section, name="retriever"):
         why="the world encoder trains 10 epochs by default",
     )
     batch_size: int = doc(
-        64, "Batch size of world-encoder training.", ge=2, le=MAX_BATCH, why="a batch x batch similarity matrix"
+        64,
+        "Batch size of world-encoder training (at least 2: the batch's other images are the negatives).",
+        ge=2,
+        le=MAX_BATCH,
+        why="a batch x batch similarity matrix",
     )
     lr: float = doc(2e-3, "Peak learning rate of world-encoder training.")
     aux_weight: float = doc(
