@@ -69,7 +69,7 @@ def agrees(gen: Generation, reference: torch.Tensor) -> tuple[bool, int]:
 def clipcap_case(n: int, length: int) -> tuple[dict[str, Callable], Callable[[], bool]]:
     torch.manual_seed(0)
     lm, tok = build_world_lm(layers=3, hidden=128, heads=4, n_positions=64, dropout=0.0)
-    model = ClipCap(lm, tok, feature_dim=256, prefix_length=10).eval()
+    model = ClipCap(lm, tok, feature_dim=256).eval()
     features = torch.randn(n, 256)
     common = dict(max_new_tokens=length, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id, do_sample=False,
                   min_new_tokens=0)  # fmt: skip

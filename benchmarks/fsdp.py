@@ -63,7 +63,7 @@ def worker(args: argparse.Namespace) -> None:
     config = GPT2Config(n_layer=args.layers, n_embd=args.hidden, n_head=args.heads, vocab_size=args.vocab,
                         n_positions=64, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)  # fmt: skip
     _, tokenizer = build_world_lm(layers=1, hidden=32, heads=2)  # pad / EOS ids only (inside any vocabulary)
-    model = ClipCap(GPT2LMHeadModel(config), tokenizer, 512, prefix_length=10)
+    model = ClipCap(GPT2LMHeadModel(config), tokenizer, 512)
     model.train()
     if args.strategy == "fsdp":
         sharding.shard_captioner(model)

@@ -196,7 +196,7 @@ def main() -> None:
         model = ClipCap.from_checkpoint(args.init, load_encoder=False)
     else:
         lm, tok = build_world_lm(3, 128, 4, n_positions=64)
-        model = ClipCap(lm, tok, args.feature_dim, prefix_length=10)
+        model = ClipCap(lm, tok, args.feature_dim)
     feats = torch.randn(len(refs), model.feature_dim)
     if not args.init:
         t = time.perf_counter()

@@ -35,6 +35,7 @@ from finecap.config import WorldConfig, load
 from finecap.contract import TrainContext
 from finecap.data.datasets import to_device
 from finecap.data.samplers import get_sampler
+from finecap.home import run_path
 from finecap.models.presets import save_tiny_clip
 from finecap.objectives import get_objective
 from finecap.train.engine import build_optimizer, make_accelerator, weighted_loss
@@ -59,7 +60,7 @@ def bare_step(cfg, steps: int, skip: int) -> float:
     data = build_data(cfg, model, accelerator, per_caption=train_unit(cfg, objective) == "caption")
     optimizer = build_optimizer(model, cfg.train)
     scheduler = build_scheduler(optimizer, warmup=cfg.train.warmup_steps, total=steps, kind=cfg.train.schedule)
-    objective.setup(TrainContext(cfg, accelerator, data.train_records, model.tokenizer, cfg.run.path))
+    objective.setup(TrainContext(cfg, accelerator, data.train_records, model.tokenizer, run_path(cfg.run)))
     sampler = get_sampler(cfg, data.train, cfg.train.batch_size)
     batches = sampler.batches(0)
     params = [p for p in model.parameters() if p.requires_grad]

@@ -55,7 +55,7 @@ def build(kind: str, n: int) -> tuple[torch.nn.Module, dict]:
     g = torch.Generator().manual_seed(0)
     if kind == "clipcap":
         lm, tok = build_world_lm(**SIZES, n_positions=64, dropout=0.1)
-        model = ClipCap(lm, tok, feature_dim=256, prefix_length=10)
+        model = ClipCap(lm, tok, feature_dim=256)
         features = torch.randn(n, 256, generator=g)  # (B, D)
     elif kind == "blip":
         blip, tok = world_blip(256, **SIZES, positions=40)

@@ -148,10 +148,10 @@ def test_each_builder_reads_its_own_section(tmp_path):
              "vlm.tiny_hidden=24", "vlm.tiny_heads=2", "vlm.name=world-tiny", "vlm.prompt=Say it."]  # fmt: skip
     base = [f"model.encoder={clip}", *sizes]
     clipcap = build_model(load(None, base))
-    assert (clipcap.lm.config.n_layer, clipcap.lm.config.n_embd, clipcap.prefix_length) == (1, 32, 2)
+    assert (clipcap.lm.config.n_layer, clipcap.lm.config.n_embd, clipcap.section.prefix_length) == (1, 32, 2)
     blip = build_model(load(None, [*base, "model.kind=blip"]))
     text = blip.model.config.text_config
     assert (text.num_hidden_layers, text.hidden_size) == (2, 16)
     vlm = build_model(load(None, [*base, "model.kind=vlm"]))
     text = vlm.model.config.get_text_config()
-    assert (text.num_hidden_layers, text.hidden_size, vlm.prompt) == (1, 24, "Say it.")
+    assert (text.num_hidden_layers, text.hidden_size, vlm.section.prompt) == (1, 24, "Say it.")

@@ -12,7 +12,7 @@ import pytest
 from finecap.app import demo as demo_mod
 from finecap.app import demo_transfer, demo_vcb
 from finecap.app.demo import Demo, load_demo_config
-from finecap.config import WorldConfig
+from finecap.config import ClipCapBackboneConfig, WorldConfig
 from finecap.report.table import QUICK_TITLE
 from finecap.runs import FINGERPRINTS_FILE
 from finecap.train.fingerprint import FingerprintMismatch, data_fingerprint, write_fingerprints
@@ -236,7 +236,9 @@ def test_sr_l_recipe_adapts_only_the_attention_of_the_world_lm(tmp_path):
 
     torch.manual_seed(0)
     lm, tok = build_world_lm(layers=2, hidden=32, heads=2)
-    model = lora.configure_training(ClipCap(lm, tok, 16, prefix_length=2), load(resolve_recipe("demo/sr_l")))
+    model = lora.configure_training(
+        ClipCap(lm, tok, 16, ClipCapBackboneConfig(prefix_length=2)), load(resolve_recipe("demo/sr_l"))
+    )
     names = [n for n, p in model.named_parameters() if p.requires_grad]
     adapted = {n.split(".lora_")[0].removeprefix("lm.base_model.model.").removesuffix(".base_layer")
                for n in names if "lora_" in n}  # fmt: skip

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from finecap.app.cli import main
-from finecap.config import load
+from finecap.config import ClipCapBackboneConfig, load
 from finecap.models import lora
 from finecap.models.clipcap import ClipCap
 from finecap.models.presets import build_world_lm, save_tiny_clip
@@ -29,7 +29,7 @@ def run(tmp_path, monkeypatch):
     torch.manual_seed(0)
     lm, tok = build_world_lm(layers=1, hidden=32, heads=2)
     encoder = VisionEncoder.from_pretrained(clip)
-    model = ClipCap(lm, tok, encoder.feature_dim, encoder=encoder, prefix_length=2)
+    model = ClipCap(lm, tok, encoder.feature_dim, ClipCapBackboneConfig(prefix_length=2), encoder=encoder)
     cfg = load(None, ["lora.rank=4", "lora.alpha=8", "lora.lm=true", "run.name=card-test", "train.objective=sle"])
     lora.configure_training(model, cfg)
     with torch.no_grad():

@@ -71,8 +71,8 @@ def test_vlm_recipes_build_a_vlm_captioner(name, tmp_path):
     tiny = save_tiny_vlm(tmp_path / "vlm", "idefics3")
     cfg = load(name, [f"vlm.name={tiny}"])
     model = configure_training(build_model(cfg), cfg)
-    assert isinstance(model, Vlm) and model.prompt == cfg.vlm.prompt
-    assert model.train_lm and not model.train_encoder and model.train_projector
+    assert isinstance(model, Vlm) and model.section.prompt == cfg.vlm.prompt
+    assert model.train_lm and not model.train_encoder and model.section.train_projector
 
 
 @pytest.mark.parametrize("name", [n for n in RECIPES if n.startswith("coco/") and "boost" not in n])

@@ -6,11 +6,13 @@
 
 - ``worlds/<world key>/``: the world data sets (``world.out`` empty, the default; the key is
   :func:`finecap.world.key.world_key`, so a world is made once per setting and found again by any run);
+- ``runs/``: run directories when ``run.root`` is empty (:func:`run_path`);
 - ``cache/``: world encoders (``cache/world_encoder/<key>``), frozen-feature and bag-neighbour caches
   (``run.cache_dir`` empty, the default).
 
-Everything a run makes besides these lives in its run directory. Commands read the two configuration fields only
-through :func:`world_path` and :func:`cache_dir`, so an explicit folder given by the user and the home resolve alike.
+Everything a run makes besides these lives in its run directory. Commands read the configuration's folders only
+through :func:`world_path`, :func:`cache_dir` and :func:`run_path`, so an explicit folder given by the user and the
+home resolve alike.
 Nothing here creates a folder: the code that writes one does (never as a side effect of resolving a path).
 """
 
@@ -29,6 +31,7 @@ ENV = "FINECAP_HOME"
 """Environment variable naming the finecap home (empty or unset: the user cache directory)."""
 WORLDS = "worlds"
 CACHE = "cache"
+RUNS = "runs"
 
 
 def home() -> Path:
@@ -61,6 +64,24 @@ def world_path(world: WorldConfig) -> Path:
     from finecap.world.key import world_key
 
     return home() / WORLDS / world_key(world)
+
+
+def runs_root(run: RunConfig) -> Path:
+    """The folder holding run directories: ``run.root`` when set, else ``<home>/runs`` (never the working
+    directory)."""
+    return Path(run.root) if run.root else home() / RUNS
+
+
+def run_path(run: RunConfig) -> Path:
+    """The run directory of ``run``: ``run.dir`` when set, else ``<run root>/<run.name>`` (:func:`runs_root`).
+
+    Example::
+
+        >>> from finecap.config import RunConfig
+        >>> run_path(RunConfig(dir="out/x")), run_path(RunConfig(root="runs", name="mle"))
+        (PosixPath('out/x'), PosixPath('runs/mle'))
+    """
+    return Path(run.dir) if run.dir else runs_root(run) / run.name
 
 
 def cache_dir(run: RunConfig) -> Path:

@@ -13,6 +13,7 @@ import pytest
 import torch
 from PIL import Image
 
+from finecap.config import SRConfig
 from finecap.integrations.trl import REWARDS, completion_text, reward_function
 from finecap.metrics.ptb_tokenize import tokenize
 from finecap.models.presets import save_tiny_clip
@@ -90,6 +91,15 @@ def test_retrieval_scores_against_the_calls_other_images(tmp_path):
     embeddings = {i: image_emb[j] for j, i in enumerate((7, 9))}
     same = reward_function("retrieval", retriever=retriever, embeddings=embeddings)
     assert same(prompts=[""] * 4, completions=texts, image_id=ids) == pytest.approx(got, abs=1e-5)
+    # the options are the sr section's: top-1 hits with sr.reward=accuracy; a scale of 1 instead of the retriever's
+    hits = reward_function("retrieval", retriever=retriever, embeddings=embeddings, sr=SRConfig(reward="accuracy"))
+    right = (logits.argmax(dim=1) == torch.tensor([0, 0, 1, 1])).float()
+    assert hits(prompts=[""] * 4, completions=texts, image_id=ids) == right.tolist()
+    unit = reward_function("retrieval", retriever=retriever, embeddings=embeddings, sr=SRConfig(logit_scale=1.0))
+    want = torch.log_softmax(text_emb @ image_emb.T, dim=1)[torch.arange(4), torch.tensor([0, 0, 1, 1])]
+    assert unit(prompts=[""] * 4, completions=texts, image_id=ids) == pytest.approx(want.tolist(), abs=1e-5)
+    with pytest.raises(ValueError, match="sr.distractors=hard; TRL gives batch only"):
+        reward_function("retrieval", retriever=retriever, embeddings=embeddings, sr=SRConfig(distractors="hard"))
 
 
 def test_listener_expected_r1_among_the_calls_images():

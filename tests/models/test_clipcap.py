@@ -4,7 +4,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from finecap.config import DecodeConfig
+from finecap.config import ClipCapBackboneConfig, DecodeConfig
 from finecap.data.targets import encode_captions
 from finecap.models.clipcap import ClipCap, MLPMapper, TransformerMapper
 from finecap.models.presets import build_world_lm
@@ -14,10 +14,10 @@ K = 4  # prefix length
 CAPTIONS = ["a red circle", "a big blue square on grass", "two things", "a small green star at the top left"]
 
 
-def tiny_captioner(seed: int = 0, **kw) -> ClipCap:
+def tiny_captioner(seed: int = 0, section: ClipCapBackboneConfig | None = None, **kw) -> ClipCap:
     torch.manual_seed(seed)
     lm, tok = build_world_lm(layers=2, hidden=32, heads=2)
-    return ClipCap(lm, tok, D, prefix_length=K, **kw)
+    return ClipCap(lm, tok, D, section or ClipCapBackboneConfig(prefix_length=K), **kw)
 
 
 def make_batch(model: ClipCap, features: torch.Tensor, captions: list[str]) -> dict:
@@ -198,7 +198,9 @@ def test_mappers_shapes_and_module_names():
     assert tm.prefix_const.shape == (K, 32)
     with pytest.raises(ValueError, match="clipcap.mapper_heads"):
         TransformerMapper(D, 32, K, layers=1, heads=5)
-    model = tiny_captioner(mapper="transformer", mapper_layers=1, mapper_heads=4)
+    model = tiny_captioner(
+        section=ClipCapBackboneConfig(mapper="transformer", prefix_length=K, mapper_layers=1, mapper_heads=4)
+    )
     assert model._prefix(feats).shape == (3, K, 32)
     # LoRA targets (c_attn/c_proj/q_proj/v_proj) appear only inside the LM, never in the mapper
     names = [n for n, _ in model.named_modules()]

@@ -20,7 +20,7 @@ import torch.nn.functional as F
 from PIL import Image
 from toy_backbone import ShowTell
 
-from finecap.config import DecodeConfig, load
+from finecap.config import ClipCapBackboneConfig, DecodeConfig, load
 from finecap.data.datasets import model_collator
 from finecap.data.targets import IGNORE_INDEX
 from finecap.models import lora
@@ -68,7 +68,7 @@ def build_clipcap(dirs: dict[str, Path]) -> ClipCap:
     torch.manual_seed(0)
     lm, tok = build_world_lm(layers=1, hidden=32, heads=2, dropout=0.0)
     encoder = VisionEncoder.from_pretrained(dirs["clip"])
-    model = ClipCap(lm, tok, encoder.feature_dim, encoder=encoder, prefix_length=2)
+    model = ClipCap(lm, tok, encoder.feature_dim, ClipCapBackboneConfig(prefix_length=2), encoder=encoder)
     sharpen(model)
     return model
 

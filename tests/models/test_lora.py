@@ -10,7 +10,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, CLIPModel
 
-from finecap.config import DecodeConfig, load
+from finecap.config import ClipCapBackboneConfig, DecodeConfig, RLConfig, load
 from finecap.models import lora
 from finecap.models.clipcap import ClipCap
 from finecap.models.export import export_merged
@@ -40,8 +40,8 @@ def captioner(clip_dir: Path, *, train_encoder: bool = False, train_lm: bool = T
     torch.manual_seed(seed)
     lm, tok = build_world_lm(layers=1, hidden=32, heads=2)
     encoder = VisionEncoder.from_pretrained(clip_dir)
-    return ClipCap(lm, tok, encoder.feature_dim, encoder=encoder, prefix_length=2, train_encoder=train_encoder,
-                   train_lm=train_lm)  # fmt: skip
+    return ClipCap(lm, tok, encoder.feature_dim, ClipCapBackboneConfig(prefix_length=2), encoder=encoder,
+                   train_encoder=train_encoder, train_lm=train_lm)  # fmt: skip
 
 
 def cfg(*overrides: str):
@@ -257,7 +257,8 @@ def sr_steps(model: ClipCap, retriever: Retriever, steps: int = 3) -> list[float
     batch = batch_of(model)
     embeddings = retriever.embed_images(batch["pixel_values"])  # the reward's table (cached in training)
     reward = RetrievalReward(retriever, image_ids=batch["image_ids"], embeddings=embeddings)
-    objective = Reinforce(reward, MeanBaseline(), strategy="greedy", samples=1, decode=DecodeConfig(max_length=6))
+    rl = RLConfig(strategy="greedy", samples=1, baseline="mean")
+    objective = Reinforce(reward, MeanBaseline(), rl=rl, decode=DecodeConfig(max_length=6))
     params = [p for p in model.parameters() if p.requires_grad]
     opt = torch.optim.Adam(params, lr=1e-2)
     losses = []

@@ -9,7 +9,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from finecap.config import DecodeConfig
+from finecap.config import ClipCapBackboneConfig, DecodeConfig
 from finecap.models import sharding
 from finecap.models.clipcap import ClipCap
 from finecap.models.presets import build_world_lm
@@ -28,7 +28,7 @@ def group():
 def captioner(seed: int = 0) -> ClipCap:
     torch.manual_seed(seed)
     lm, tok = build_world_lm(layers=2, hidden=32, heads=2, dropout=0.0)
-    return ClipCap(lm, tok, 24, prefix_length=2)
+    return ClipCap(lm, tok, 24, ClipCapBackboneConfig(prefix_length=2))
 
 
 def batch() -> dict:

@@ -73,7 +73,11 @@ def test_built_from_the_config_by_path(vlm_dirs, family):
                       "model.train_lm=false", "vlm.train_projector=false"])  # fmt: skip
     model = build_model(cfg)
     assert isinstance(model, Vlm) and model.family is FAMILIES[family] and model.source == str(vlm_dirs[family])
-    assert not model.train_lm and not model.train_projector and not any(p.requires_grad for p in model.parameters())
+    assert (
+        not model.train_lm
+        and not model.section.train_projector
+        and not any(p.requires_grad for p in model.parameters())
+    )
     assert model.prompt_text.count("Describe the image.") == 1
     eot = {"llava": "<eos>", "idefics3": "<end_of_utterance>", "qwen2_vl": "<|im_end|>"}[family]
     assert model.tokenizer.eos_token == eot  # captions end where an assistant turn ends
@@ -174,11 +178,13 @@ def test_processor_kwargs_set_the_image_token_budget_and_are_checked(vlm_dirs, t
     tokens = {m: int((m.encoder.preprocess(image)["prompt_ids"] == m.image_token_id).sum()) for m in (plain, budget)}
     assert tokens[budget] > tokens[plain] > 0  # the tiny processor's own budget is 256 pixels
     again = load_captioner(budget.save(tmp_path / "ckpt"))
-    assert again.processor_kwargs == {"max_pixels": 1568}
+    assert again.section.processor_kwargs == {"max_pixels": 1568}
     assert torch.equal(again.encoder.preprocess(image)["prompt_ids"], budget.encoder.preprocess(image)["prompt_ids"])
     idefics = build_model(load(None, ["model.kind=vlm", f"vlm.name={vlm_dirs['idefics3']}",
                                       "vlm.processor_kwargs={do_image_splitting: true}"]))  # fmt: skip
-    assert idefics.processor_kwargs == {"do_image_splitting": True}  # (the tiny processor's 16 px make one crop)
+    assert idefics.section.processor_kwargs == {
+        "do_image_splitting": True
+    }  # (the tiny processor's 16 px make one crop)
     with pytest.raises(ValueError, match="vlm.processor_kwargs: 'max_pixel' is not an argument of Qwen2VL"):
         build_model(load(None, [*cfg, "vlm.processor_kwargs={max_pixel: 1568}"]))
 
@@ -376,7 +382,7 @@ def test_save_pretrained_folder_and_adapters_load_outside_finecap(vlm_dirs, fami
     valid = batch["attention_mask"].bool()
     assert torch.allclose(logits[valid], expected[valid], atol=1e-4)
     again = load_captioner(out).eval()
-    assert isinstance(again, Vlm) and lora.has_adapters(again) and again.prompt == model.prompt
+    assert isinstance(again, Vlm) and lora.has_adapters(again) and again.section.prompt == model.section.prompt
     assert torch.allclose(again(batch), expected, atol=1e-5)
 
 

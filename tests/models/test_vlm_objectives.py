@@ -19,6 +19,7 @@ from finecap.contract import TrainContext
 from finecap.data.datasets import CaptionDataset, load_records, model_collator, to_device
 from finecap.data.features import model_features
 from finecap.data.samplers import get_sampler
+from finecap.home import run_path
 from finecap.models import lora
 from finecap.models.backbones import build_model
 from finecap.models.presets import VLM_FAMILIES, save_tiny_clip, save_tiny_vlm
@@ -120,7 +121,7 @@ def test_objective_lowers_its_loss_and_moves_only_what_trains(saved, tmp_path, f
     collator = model_collator(model, cfg.data.max_tokens)
     optimizer = build_optimizer(model, cfg.train)
     scheduler = build_scheduler(optimizer, warmup=0, total=100, kind="constant")
-    obj.setup(TrainContext(cfg, accelerator, records, model.tokenizer, cfg.run.path))
+    obj.setup(TrainContext(cfg, accelerator, records, model.tokenizer, run_path(cfg.run)))
     rewards = obj.reward.rewards if hasattr(obj, "reward") else {}  # WeightedSum: name -> (weight, reward)
     retriever = rewards["retrieval"][1].retriever if "retrieval" in rewards else None
     retriever_before = {k: v.clone() for k, v in retriever.model.state_dict().items()} if retriever else None
@@ -152,12 +153,12 @@ def test_objective_lowers_its_loss_and_moves_only_what_trains(saved, tmp_path, f
                     mask=gen.mask,
                     image_index=gen.image_index,
                     temperature=obj.logprob_temperature,
-                    with_entropy=obj.entropy_coef > 0,
+                    with_entropy=obj.rl.entropy_coef > 0,
                 )
-            logp = sequence_logprob(scores.logprobs, gen.lengths, obj.logprob)  # (N,)
+            logp = sequence_logprob(scores.logprobs, gen.lengths, obj.rl.logprob)  # (N,)
             loss = sum(policy_gradient_loss(a, logp) for a in advantages.values())
             if scores.entropy is not None:
-                loss = loss - obj.entropy_coef * mean_entropy(scores.entropy, gen.mask)
+                loss = loss - obj.rl.entropy_coef * mean_entropy(scores.entropy, gen.mask)
             return float(loss)
 
         before = surrogate()

@@ -7,7 +7,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from finecap.config import load
+from finecap.config import ClipCapBackboneConfig, RLConfig, load
 from finecap.decode import Generation
 from finecap.models.captioner import TokenScores
 from finecap.models.clipcap import ClipCap
@@ -136,7 +136,7 @@ def test_surrogate_loss_eq_15_16_with_baselines():
     texts = ["a b c d", "a b c d", "e f g h"]
     model = StandIn(texts, [[-1.0, 0.0], [-1.0, -1.0], [-2.0, -2.0]], [1, 2, 2])  # log p = (-1, -2, -4)
     objective = SequenceLevelExploration(
-        TableReward({"a b c d": 1.0, "e f g h": 0.4}), GreedyBaseline(), samples=3, alpha=0.75
+        TableReward({"a b c d": 1.0, "e f g h": 0.4}), GreedyBaseline(), rl=RLConfig(samples=3, alpha=0.75)
     )
     out = objective(model, {"features": torch.zeros(1, 2), "image_ids": [7]})
     # precision: R = (1, 1, 0.4), greedy baseline R("a b c d") = 1 -> A = (0, 0, -0.6); times alpha: (0, 0, -0.45)
@@ -155,8 +155,9 @@ def test_surrogate_loss_eq_15_16_with_baselines():
 def test_alpha_one_is_plain_reinforce():
     texts = ["a b c d", "a b c d", "e f g h"]
     model = StandIn(texts, [[-1.0, 0.0], [-1.0, -1.0], [-2.0, -2.0]], [1, 2, 2])
-    objective = SequenceLevelExploration(TableReward({"a b c d": 1.0, "e f g h": 0.4}), NoBaseline(), samples=3,
-                                         alpha=1.0)  # fmt: skip
+    objective = SequenceLevelExploration(
+        TableReward({"a b c d": 1.0, "e f g h": 0.4}), NoBaseline(), rl=RLConfig(samples=3, alpha=1.0)
+    )
     out = objective(model, {"features": torch.zeros(1, 2), "image_ids": [7]})
     # -(1*-1 + 1*-2 + 0.4*-4) / 3 = 4.6/3; the diversity term has weight 0
     assert out.losses["precision"].item() == pytest.approx(4.6 / 3)
@@ -166,7 +167,7 @@ def test_alpha_one_is_plain_reinforce():
 def test_sle_from_config_and_checks():
     objective = get_objective("sle", load())
     assert isinstance(objective, SequenceLevelExploration)
-    assert objective.alpha == 0.75 and objective.samples == 5 and isinstance(objective.baseline, GreedyBaseline)
+    assert objective.rl.alpha == 0.75 and objective.rl.samples == 5 and isinstance(objective.baseline, GreedyBaseline)
     with pytest.raises(ValueError, match="rl.samples >= 2"):
         get_objective("sle", load(None, ["rl.samples=1"]))
 
@@ -179,7 +180,7 @@ def test_sle_from_config_and_checks():
 def test_smoke_sle_on_tiny_clipcap():
     torch.manual_seed(0)
     lm, tok = build_world_lm(layers=2, hidden=32, heads=2)
-    model = ClipCap(lm, tok, 16, prefix_length=4).train()
+    model = ClipCap(lm, tok, 16, ClipCapBackboneConfig(prefix_length=4)).train()
     refs = {0: ["a red circle on grass", "a small red circle"], 1: ["a blue square", "a big blue square on sand"]}
     batch = {"features": torch.randn(2, 16), "image_ids": [0, 1]}
     objective = get_objective("sle", load(None, ["rl.samples=3", "decode.max_length=8"]))

@@ -7,7 +7,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from finecap.config import ConfigError, DecodeConfig, load
+from finecap.config import ClipCapBackboneConfig, ConfigError, DecodeConfig, RLConfig, load
 from finecap.decode import Generation
 from finecap.models.captioner import TokenScores, token_scores
 from finecap.models.clipcap import ClipCap
@@ -85,7 +85,7 @@ BATCH = {"features": torch.zeros(2, 3), "image_ids": [10, 11]}
 def run(baseline, *, logprob="sum", **kw):
     model = StandIn(TEXTS, LOGPROBS, LENGTHS, 2, greedy_texts=["g0", "g1"]).train()
     reward = WeightedSum({"table": (1.0, TableReward(REWARDS))})
-    objective = Reinforce(reward, baseline, samples=2, logprob=logprob, **kw)
+    objective = Reinforce(reward, baseline, rl=RLConfig(samples=2, logprob=logprob, **kw))
     out = objective(model, BATCH)
     return model, out
 
@@ -193,7 +193,7 @@ def test_running_mean_baseline_counts_a_step_once_whatever_its_micro_batches():
 
 def test_running_mean_baseline_exponential():
     idx = torch.tensor([0, 1])
-    base = MeanBaseline(momentum=0.9)
+    base = MeanBaseline(RLConfig(baseline="mean", mean_momentum=0.9))
     base(torch.tensor([1.0, 3.0]), idx, None)  # b = 0, mean = 2 after the step
     base.end_step()
     assert base(torch.tensor([4.0, 6.0]), idx, None).tolist() == [2.0, 2.0]  # mean = 0.9*2 + 0.1*5 = 2.3
@@ -203,23 +203,25 @@ def test_running_mean_baseline_exponential():
 
 def test_objective_state_holds_the_baseline():
     model = StandIn(TEXTS, LOGPROBS, LENGTHS, 2)
-    objective = Reinforce(TableReward(REWARDS), MeanBaseline(), samples=2)
+    objective = Reinforce(TableReward(REWARDS), MeanBaseline(), rl=RLConfig(samples=2))
     objective(model, BATCH)  # rewards (1, 3, 2, 2): mean 2
     objective.end_step()
     state = objective.state_dict()
     assert state["baseline"] == {"mean": 2.0, "count": 1}
-    other = Reinforce(TableReward(REWARDS), MeanBaseline(), samples=2)
+    other = Reinforce(TableReward(REWARDS), MeanBaseline(), rl=RLConfig(samples=2))
     other.load_state_dict(state)
     assert other.baseline.mean == 2.0 and other.baseline.count == 1
 
 
 def test_build_baseline_names():
-    assert isinstance(build_baseline("greedy"), GreedyBaseline)
-    assert build_baseline("mean", 0.5).momentum == 0.5
-    assert isinstance(build_baseline("leave_one_out"), LeaveOneOut)
-    assert isinstance(build_baseline("none"), NoBaseline)
-    with pytest.raises(ValueError, match="valid choices: greedy, mean, leave_one_out, none"):
-        build_baseline("median")
+    assert isinstance(build_baseline(RLConfig(baseline="greedy")), GreedyBaseline)
+    assert build_baseline(RLConfig(baseline="mean", mean_momentum=0.5)).momentum == 0.5
+    assert isinstance(build_baseline(RLConfig(baseline="leave_one_out")), LeaveOneOut)
+    assert isinstance(build_baseline(RLConfig(baseline="none")), NoBaseline)
+    with pytest.raises(ConfigError, match="valid choices: greedy, mean, leave_one_out, none"):
+        RLConfig(baseline="median")
+    with pytest.raises(ConfigError, match=r"rl.mean_momentum: must be in \[0, 1\), got 1.0"):
+        RLConfig(mean_momentum=1.0)
 
 
 # --------------------------------------------------------------------------------------------------------------------
@@ -248,7 +250,7 @@ class Uniform(StandIn):
 
 def test_max_entropy_loss():
     model = Uniform(TEXTS, LOGPROBS, LENGTHS, 2).train()
-    objective = Reinforce(TableReward(REWARDS), NoBaseline(), samples=2, entropy_coef=0.1)
+    objective = Reinforce(TableReward(REWARDS), NoBaseline(), rl=RLConfig(samples=2, entropy_coef=0.1))
     out = objective(model, BATCH)
     ln2 = math.log(2)
     # log p = -ln2 * lengths (2, 1, 3, 1); loss = ln2 * (1*2 + 3*1 + 2*3 + 2*1) / 4 = ln2 * 13/4
@@ -267,13 +269,13 @@ def test_objectives_from_config():
     objective = get_objective("reinforce", load())
     assert isinstance(objective, Reinforce)
     assert isinstance(objective.baseline, GreedyBaseline)
-    assert objective.samples == 5 and objective.sample_cfg.strategy == "sample"
+    assert objective.rl.samples == 5 and objective.sample_cfg.strategy == "sample"
     assert objective.greedy_cfg.strategy == "greedy"
     assert sorted(objective.reward.rewards) == ["cider"]
     with pytest.raises(ValueError, match="rl.entropy_coef > 0"):
         get_objective("scst_me", load())
     me = get_objective("scst_me", load(None, ["rl.entropy_coef=0.01"]))
-    assert me.entropy_coef == 0.01
+    assert me.rl.entropy_coef == 0.01
     dt = get_objective("reinforce", load(None, ["rl.strategy=greedy", "rl.samples=1", "rl.baseline=mean"]))
     assert dt.sample_cfg.strategy == "greedy" and isinstance(dt.baseline, MeanBaseline)
 
@@ -310,7 +312,7 @@ CAPTIONS = {
 def tiny_captioner(seed=0):
     torch.manual_seed(seed)
     lm, tok = build_world_lm(layers=2, hidden=32, heads=2)
-    return ClipCap(lm, tok, D, prefix_length=4)
+    return ClipCap(lm, tok, D, ClipCapBackboneConfig(prefix_length=4))
 
 
 def test_entropy_comes_from_the_same_forward_as_the_logprobs():

@@ -10,6 +10,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from finecap.config import ConfigError, SmileConfig
 from finecap.objectives.smile import smile_loss, subset_mask
 
 Z = torch.log(torch.tensor([1.0, 2.0, 3.0, 4.0, 5.0]))
@@ -25,7 +26,7 @@ def test_full_equals_cross_entropy():
     logits = torch.randn(3, 4, 7)
     labels = torch.tensor([[1, 2, 3, -100], [0, 0, -100, -100], [6, 5, 4, 3]])
     expected = F.cross_entropy(logits.reshape(-1, 7), labels.reshape(-1), ignore_index=-100)
-    got = smile_loss(logits, labels, subset="full")
+    got = smile_loss(logits, labels, SmileConfig(subset="full"))
     assert got.item() == pytest.approx(expected.item(), abs=1e-6)
 
 
@@ -33,11 +34,11 @@ def test_sequence_subset_hand_computed():
     labels = torch.tensor([[2, 0, 2, -100]])  # V_D = {0, 2}: exps 1 and 3
     # first_token=none: p(2) = 3/4, p(0) = 1/4, p(2) = 3/4 -> mean(log 4/3, log 4, log 4/3)
     expected_none = (2 * math.log(4 / 3) + math.log(4)) / 3
-    got = smile_loss(logits_for(labels), labels, subset="sequence", first_token="none")
+    got = smile_loss(logits_for(labels), labels, SmileConfig(subset="sequence", first_token="none"))
     assert got.item() == pytest.approx(expected_none, abs=1e-6)
     # first_token=mle: the first position uses the full vocabulary, p(2) = 3/15 -> log 5
     expected_mle = (math.log(5) + math.log(4) + math.log(4 / 3)) / 3
-    got = smile_loss(logits_for(labels), labels, subset="sequence", first_token="mle")
+    got = smile_loss(logits_for(labels), labels, SmileConfig(subset="sequence", first_token="mle"))
     assert got.item() == pytest.approx(expected_mle, abs=1e-6)
 
 
@@ -45,14 +46,14 @@ def test_reverse_subset_hand_computed():
     labels = torch.tensor([[2, 0]])  # V_D = {0, 2}; complement {1, 3, 4} (exps 2, 4, 5)
     # t0: {1,3,4} + label 2 -> 3 / (2+4+5+3) = 3/14 ; t1: {1,3,4} + label 0 -> 1 / (2+4+5+1) = 1/12
     expected = (math.log(14 / 3) + math.log(12)) / 2
-    got = smile_loss(logits_for(labels), labels, subset="reverse", first_token="none")
+    got = smile_loss(logits_for(labels), labels, SmileConfig(subset="reverse", first_token="none"))
     assert got.item() == pytest.approx(expected, abs=1e-6)
 
 
 def test_gradients_outside_subset_are_exactly_zero():
     labels = torch.tensor([[2, 0, 2, -100], [4, 4, 1, 3]])
     logits = torch.randn(2, 4, 5, requires_grad=True)
-    smile_loss(logits, labels, subset="sequence", first_token="none").backward()
+    smile_loss(logits, labels, SmileConfig(subset="sequence", first_token="none")).backward()
     g = logits.grad
     # row 0: V_D = {0, 2}; ids 1, 3, 4 get no gradient at any position
     assert torch.equal(g[0, :, [1, 3, 4]], torch.zeros(4, 3))
@@ -65,7 +66,7 @@ def test_gradients_outside_subset_are_exactly_zero():
 def test_first_token_mle_gives_full_gradient_at_first_position_only():
     labels = torch.tensor([[2, 0, 2]])
     logits = torch.randn(1, 3, 5, requires_grad=True)
-    smile_loss(logits, labels, subset="sequence", first_token="mle").backward()
+    smile_loss(logits, labels, SmileConfig(subset="sequence", first_token="mle")).backward()
     assert logits.grad[0, 0].abs().min() > 0  # every id takes part at t=0
     assert torch.equal(logits.grad[0, 1:, [1, 3, 4]], torch.zeros(2, 3))
 
@@ -75,17 +76,17 @@ def test_first_token_shift_hand_computed():
     # the first label becomes 4; subset from the shifted labels = {4, 0} (exps 5, 1)
     # t0: p(4) = 5/6 -> log 6/5 ; t1: p(0) = 1/6 -> log 6
     expected = (math.log(6 / 5) + math.log(6)) / 2
-    got = smile_loss(logits_for(labels), labels, subset="sequence", first_token="shift", shift_token_id=4)
+    got = smile_loss(logits_for(labels), labels, SmileConfig(subset="sequence", first_token="shift", shift_token_id=4))
     assert got.item() == pytest.approx(expected, abs=1e-6)
-    with pytest.raises(ValueError, match="shift_token_id"):
-        smile_loss(logits_for(labels), labels, first_token="shift")
+    with pytest.raises(ConfigError, match="smile.shift_token_id: must be set when smile.first_token=shift"):
+        SmileConfig(first_token="shift")
 
 
 def test_first_token_is_first_non_ignored_label():
     left_padded = torch.tensor([[-100, 2, 0, 2]])
     right_padded = torch.tensor([[2, 0, 2, -100]])
-    a = smile_loss(logits_for(left_padded), left_padded, first_token="mle")
-    b = smile_loss(logits_for(right_padded), right_padded, first_token="mle")
+    a = smile_loss(logits_for(left_padded), left_padded, SmileConfig(first_token="mle"))
+    b = smile_loss(logits_for(right_padded), right_padded, SmileConfig(first_token="mle"))
     assert a.item() == pytest.approx(b.item(), abs=1e-6)
 
 
@@ -94,7 +95,7 @@ def test_mle_weight_mixes_linearly():
     full = (math.log(15 / 3) + math.log(15) + math.log(15 / 3)) / 3  # MLE over all five ids
     smile = (2 * math.log(4 / 3) + math.log(4)) / 3  # as in the sequence test, first_token=none
     for lam in (0.0, 0.25, 1.0):
-        got = smile_loss(logits_for(labels), labels, first_token="none", mle_weight=lam)
+        got = smile_loss(logits_for(labels), labels, SmileConfig(first_token="none", mle_weight=lam))
         assert got.item() == pytest.approx(lam * full + (1 - lam) * smile, abs=1e-6)
 
 
@@ -102,9 +103,10 @@ def test_include_eos_option():
     labels = torch.tensor([[2, 4]])  # 4 is EOS; V_D = {2, 4} (exps 3, 5)
     with_eos = (math.log(8 / 3) + math.log(8 / 5)) / 2
     without_eos = (0.0 + math.log(8 / 5)) / 2  # t0: subset {2} -> p = 1; t1: {2} + label 4 -> 5/8
-    kw = {"subset": "sequence", "first_token": "none", "eos_token_id": 4}
-    assert smile_loss(logits_for(labels), labels, include_eos=True, **kw).item() == pytest.approx(with_eos, abs=1e-6)
-    got = smile_loss(logits_for(labels), labels, include_eos=False, **kw).item()
+    kw = {"subset": "sequence", "first_token": "none"}
+    got = smile_loss(logits_for(labels), labels, SmileConfig(include_eos=True, **kw), eos_token_id=4).item()
+    assert got == pytest.approx(with_eos, abs=1e-6)
+    got = smile_loss(logits_for(labels), labels, SmileConfig(include_eos=False, **kw), eos_token_id=4).item()
     assert got == pytest.approx(without_eos, abs=1e-6)
 
 
@@ -112,15 +114,15 @@ def test_random_mode_uses_its_random_subset_not_the_sequence_mask():
     # With k = V the random subset is the whole vocabulary, so the loss must equal full cross-entropy; the bug in
     # the released code (sequence mask applied in random mode) would give 0 here, since V_D = {0}.
     labels = torch.tensor([[0, 0]])
-    got = smile_loss(logits_for(labels), labels, subset="random", random_k=5, first_token="none")
+    got = smile_loss(logits_for(labels), labels, SmileConfig(subset="random", random_k=5, first_token="none"))
     assert got.item() == pytest.approx(math.log(15), abs=1e-6)
-    assert smile_loss(logits_for(labels), labels, subset="sequence", first_token="none").item() == 0.0
+    assert smile_loss(logits_for(labels), labels, SmileConfig(subset="sequence", first_token="none")).item() == 0.0
 
 
 def test_random_mask_is_k_ids_plus_label_redrawn_per_sequence():
     V, k = 1000, 10
     labels = torch.tensor([[5, 6, 7], [5, 6, 7]])
-    mask = subset_mask(labels, V, subset="random", random_k=k, generator=torch.Generator().manual_seed(0))
+    mask = subset_mask(labels, V, SmileConfig(subset="random", random_k=k), generator=torch.Generator().manual_seed(0))
     for b in range(2):
         random_ids = mask[b, 0] & mask[b, 1] & mask[b, 2]  # shared by every position of the sequence
         assert int(random_ids.sum()) == k  # exactly the k random ids (a label is only in its own position)
@@ -131,19 +133,23 @@ def test_random_mask_is_k_ids_plus_label_redrawn_per_sequence():
 
 
 def test_invalid_options_name_the_option():
-    labels = torch.tensor([[1]])
-    with pytest.raises(ValueError, match="smile.subset.*sequence, reverse, random, full"):
-        smile_loss(logits_for(labels), labels, subset="complement")
-    with pytest.raises(ValueError, match="smile.first_token"):
-        smile_loss(logits_for(labels), labels, first_token="first")
+    # the options are the smile section's: refused when it is built, as when read from a recipe
+    with pytest.raises(
+        ConfigError, match="smile.subset: invalid value 'complement'; valid choices: sequence, reverse"
+    ):
+        SmileConfig(subset="complement")
+    with pytest.raises(ConfigError, match="smile.first_token"):
+        SmileConfig(first_token="first")
+    with pytest.raises(ConfigError, match=r"smile.mle_weight: must be in \[0, 1\], got 1.5"):
+        SmileConfig(mle_weight=1.5)
 
 
 def test_objective_state_roundtrip_continues_random_draws():
     from finecap.objectives.smile import SmileObjective
 
-    a = SmileObjective(subset="random", seed=3)
+    a = SmileObjective(SmileConfig(subset="random"), seed=3)
     torch.rand(5, generator=a._generator)  # advance
     state = a.state_dict()
-    b = SmileObjective(subset="random", seed=99)
+    b = SmileObjective(SmileConfig(subset="random"), seed=99)
     b.load_state_dict(state)
     assert torch.equal(torch.rand(4, generator=a._generator), torch.rand(4, generator=b._generator))

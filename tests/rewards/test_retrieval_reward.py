@@ -6,7 +6,7 @@ import math
 import pytest
 import torch
 
-from finecap.config import ConfigError, load
+from finecap.config import ConfigError, SRConfig, load
 from finecap.contract import StepInfo
 from finecap.rewards import WeightedSum, get_reward
 from finecap.rewards.cider import CiderReward
@@ -33,8 +33,8 @@ class VectorRetriever:
         return torch.nn.functional.normalize(vectors, dim=-1)
 
 
-def reward(**kwargs) -> RetrievalReward:
-    return RetrievalReward(VectorRetriever(), image_ids=IDS, embeddings=TABLE, **kwargs)
+def reward(**sr) -> RetrievalReward:
+    return RetrievalReward(VectorRetriever(), SRConfig(**sr), image_ids=IDS, embeddings=TABLE)
 
 
 def close(values, expected):
@@ -140,8 +140,8 @@ def test_in_batch_distractors():
 def test_variants_choose_the_total():
     batch = {"image_ids": ["a", "b", "c"]}
     captions = ["1 0", "0.6 0.8", "0 1"]
-    assert reward(variant="accuracy")(captions, batch).total.tolist() == [1.0, 0.0, 0.0]
-    assert close(reward(variant="cosine")(captions, batch).total, [1.0, 0.8, 0.8])
+    assert reward(reward="accuracy")(captions, batch).total.tolist() == [1.0, 0.0, 0.0]
+    assert close(reward(reward="cosine")(captions, batch).total, [1.0, 0.8, 0.8])
 
 
 def test_several_samples_per_image_and_duplicate_images_in_the_batch():
@@ -214,10 +214,10 @@ def test_bag_mates_come_from_the_steps_global_batch_too():
 def test_errors_name_the_option():
     with pytest.raises(KeyError, match="image id 'z'"):
         reward()(["1 0"], {"image_ids": ["z"]})
-    with pytest.raises(ValueError, match="sr.reward"):
-        RetrievalReward(variant="clipscore")
-    with pytest.raises(ValueError, match="sr.distractors"):
-        RetrievalReward(distractors="random")
+    with pytest.raises(ConfigError, match="sr.reward: invalid value 'clipscore'"):
+        RetrievalReward(sr=SRConfig(reward="clipscore"))
+    with pytest.raises(ConfigError, match="sr.distractors: invalid value 'random'"):
+        RetrievalReward(sr=SRConfig(distractors="random"))
     with pytest.raises(RuntimeError, match="setup"):
         RetrievalReward()(["1 0"], {"image_ids": ["a"]})
 
@@ -231,7 +231,7 @@ def test_registry_builds_from_the_sr_section():
     cfg = load(None, ["sr.reward=accuracy", "sr.distractors=hard", "sr.hard_k=3", "sr.duplicate_threshold=0.9"])
     r = get_reward("retrieval", cfg)
     assert isinstance(r, RetrievalReward)
-    assert (r.variant, r.distractors, r.hard_k, r.duplicate_threshold) == ("accuracy", "hard", 3, 0.9)
+    assert r.sr is cfg.sr and (r.sr.reward, r.sr.hard_k) == ("accuracy", 3)
 
 
 @pytest.mark.parametrize(

@@ -15,6 +15,7 @@ from finecap.app.train import build_data, build_model, train_unit
 from finecap.contract import TrainContext
 from finecap.data.datasets import to_device
 from finecap.data.samplers import get_sampler
+from finecap.home import run_path
 from finecap.models import lora
 from finecap.objectives import get_objective
 from finecap.train.engine import Engine, TrainingData, build_optimizer, make_accelerator
@@ -118,7 +119,7 @@ def test_objective_lowers_its_loss_and_moves_only_what_trains(make_cfg, clip_dir
     retriever_before = None
     optimizer = build_optimizer(model, cfg.train)
     scheduler = build_scheduler(optimizer, warmup=0, total=100, kind="constant")
-    obj.setup(TrainContext(cfg, accelerator, data.train_records, model.tokenizer, cfg.run.path))
+    obj.setup(TrainContext(cfg, accelerator, data.train_records, model.tokenizer, run_path(cfg.run)))
     rewards = getattr(getattr(obj, "reward", None), "rewards", {})  # WeightedSum: name -> (weight, reward)
     retriever = next((r.retriever for _, r in rewards.values() if getattr(r, "retriever", None) is not None), None)
     if retriever is not None:

@@ -7,6 +7,7 @@ from finecap.app.train import train
 from finecap.caption import caption_stats, generate_captions
 from finecap.config import DecodeConfig
 from finecap.data.datasets import load_records
+from finecap.home import run_path
 from finecap.metrics.suite import evaluate
 from finecap.models.clipcap import ClipCap
 from finecap.registry import lookup
@@ -52,7 +53,7 @@ def test_caption_main_writes_coco_results(make_cfg, tmp_path):
 def test_generate_captions_several_per_image(make_cfg):
     cfg = make_cfg("train.max_steps=1")
     train(cfg)
-    model = ClipCap.from_checkpoint(model_dir(checkpoint_dir(cfg.run.path, "last")))
+    model = ClipCap.from_checkpoint(model_dir(checkpoint_dir(run_path(cfg.run), "last")))
     decode = DecodeConfig(strategy="sample", num_return_sequences=3, max_length=6, batch_size=2)
     captions = generate_captions(model, cfg, "val", limit=5, decode=decode, progress=False)
     assert len(captions) == 5 and all(len(c) == 3 for c in captions.values())

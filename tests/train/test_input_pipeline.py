@@ -13,6 +13,7 @@ from finecap.caption import generate_captions
 from finecap.config import DecodeConfig
 from finecap.data import loading
 from finecap.data.samplers import StepBatches
+from finecap.home import run_path
 from finecap.models.clipcap import ClipCap
 from finecap.runs import checkpoint_dir, model_dir
 
@@ -63,7 +64,7 @@ def test_captions_decoded_in_workers_equal_the_main_process(make_cfg, loaders):
     # A trained encoder reads pixels: images are decoded and preprocessed in the workers.
     cfg = make_cfg("train.max_steps=2", "model.train_encoder=true")
     train(cfg)
-    model = ClipCap.from_checkpoint(model_dir(checkpoint_dir(cfg.run.path, "last")))
+    model = ClipCap.from_checkpoint(model_dir(checkpoint_dir(run_path(cfg.run), "last")))
     decode = DecodeConfig(strategy="greedy", max_length=8, batch_size=3)
     main = generate_captions(model, cfg, "val", decode=decode, progress=False)
     loaders.clear()

@@ -9,6 +9,7 @@ from accelerate import Accelerator
 from finecap.app.train import build_model, train, train_unit
 from finecap.config import ConfigError
 from finecap.data.samplers import RandomBatches
+from finecap.home import run_path
 from finecap.models.clipcap import ClipCap, build_captioner
 from finecap.objectives import ObjectiveOutput
 from finecap.objectives.base import as_objective
@@ -72,7 +73,7 @@ def test_existing_run_needs_resume_or_overwrite(make_cfg):
     with pytest.raises(ValueError, match="run.dir: .* already holds a run; pass --resume"):
         train(cfg)
     train(cfg, overwrite=True)
-    assert [e["step"] for e in read_metrics(cfg.run.path)] == [1, 1]  # one train + one val event, old ones gone
+    assert [e["step"] for e in read_metrics(run_path(cfg.run))] == [1, 1]  # one train + one val event, old ones gone
 
 
 def test_best_metric_must_be_a_validation_value(make_cfg):

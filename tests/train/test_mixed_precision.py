@@ -23,9 +23,10 @@ import finecap.app.train as app_train
 from finecap.app.caption import main as caption_main
 from finecap.app.train import train
 from finecap.caption import generate_captions, mixed_precision_autocast
-from finecap.config import DecodeConfig, TrainConfig
+from finecap.config import ClipCapBackboneConfig, DecodeConfig, TrainConfig
 from finecap.data.samplers import RandomBatches
 from finecap.data.targets import encode_captions
+from finecap.home import run_path
 from finecap.models.clipcap import ClipCap
 from finecap.models.presets import build_world_lm
 from finecap.objectives import ObjectiveOutput
@@ -76,7 +77,7 @@ CAPTIONS = ["a red circle", "a big blue square on grass", "two things", "a small
 
 def _tiny_clipcap() -> ClipCap:
     lm, tok = build_world_lm(layers=2, hidden=32, heads=2, dropout=0.0)  # no dropout: both runs see the same net
-    return ClipCap(lm, tok, 16, prefix_length=4)  # MLP mapper
+    return ClipCap(lm, tok, 16, ClipCapBackboneConfig(prefix_length=4))  # MLP mapper
 
 
 @pytest.fixture(scope="module")
@@ -348,7 +349,7 @@ def test_evaluation_runs_under_the_runs_autocast():
 def _trained_checkpoint(make_cfg):
     cfg = make_cfg("train.max_steps=12", run="fp32")
     train(cfg)
-    return cfg, checkpoint_dir(cfg.run.path, "last")
+    return cfg, checkpoint_dir(run_path(cfg.run), "last")
 
 
 def _record_generate(monkeypatch):

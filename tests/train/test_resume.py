@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from finecap.app.train import train
+from finecap.home import run_path
 from finecap.models.clipcap import ClipCap
 from finecap.runs import checkpoint_dir, model_dir
 
@@ -42,7 +43,7 @@ def test_killed_and_resumed_run_matches_uninterrupted(make_cfg):
     cfg = make_cfg(*common, run="killed")
     with pytest.raises(Killed):
         train(cfg, callbacks=[kill_at(5)])
-    saved = json.loads((checkpoint_dir(cfg.run.path, "last") / "trainer_state.json").read_text())
+    saved = json.loads((checkpoint_dir(run_path(cfg.run), "last") / "trainer_state.json").read_text())
     assert (saved["step"], saved["epoch"], saved["position"]) == (3, 0, 3)
     resumed = train(cfg, resume=True)
 

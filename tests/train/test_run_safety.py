@@ -14,6 +14,7 @@ import torch
 from finecap.app.cli import main as cli
 from finecap.app.train import train
 from finecap.config import ConfigError
+from finecap.home import run_path
 from finecap.models.clipcap import ClipCap
 from finecap.runs import checkpoint_dir, model_dir, temporary_dir
 from finecap.train.engine import TrainingDiverged
@@ -63,8 +64,8 @@ def test_state_trees_round_trip_without_pickle(tmp_path):
 def test_resume_never_unpickles_a_planted_file(make_cfg, tmp_path):
     cfg = make_cfg(*COMMON)
     train(cfg)
-    last = checkpoint_dir(cfg.run.path, "last")
-    assert not list(cfg.run.path.rglob("*.pkl")) and not list(cfg.run.path.rglob("*.bin"))
+    last = checkpoint_dir(run_path(cfg.run), "last")
+    assert not list(run_path(cfg.run).rglob("*.pkl")) and not list(run_path(cfg.run).rglob("*.bin"))
     marker = tmp_path / "pwned"
     payload = pickle.dumps(Exploit(marker))
     # an attacker plants pickles where accelerate used to look, and in place of a state file
@@ -72,7 +73,7 @@ def test_resume_never_unpickles_a_planted_file(make_cfg, tmp_path):
     (last / "accelerate" / "custom_checkpoint_0.pkl").write_bytes(payload)
     resumed = make_cfg("train.max_steps=6", "train.save_every=2", "train.eval_every=2")
     train(resumed, resume=True)  # the planted pickle is never opened
-    assert not marker.exists() and step_of(checkpoint_dir(cfg.run.path, "last")) == 6
+    assert not marker.exists() and step_of(checkpoint_dir(run_path(cfg.run), "last")) == 6
 
     (last / "state" / "main.safetensors").write_bytes(payload)
     with pytest.raises(CheckpointError, match=r"state/main\.safetensors: corrupt or truncated"):
@@ -109,11 +110,11 @@ def _run_with_checkpoints(make_cfg):
     """A finished 4-step run whose last checkpoint is at step 4 and a copy of its step-2 checkpoint."""
     cfg = make_cfg("train.max_steps=2", "train.save_every=2", "train.eval_every=2")
     train(cfg)
-    old = checkpoint_dir(cfg.run.path, "last")
-    step2 = cfg.run.path.parent / "step2"
+    old = checkpoint_dir(run_path(cfg.run), "last")
+    step2 = run_path(cfg.run).parent / "step2"
     shutil.copytree(old, step2)
     train(make_cfg(*COMMON), resume=True)
-    return cfg.run.path, step2
+    return run_path(cfg.run), step2
 
 
 @pytest.mark.parametrize("kill_state", ["between_renames", "tmp_finished", "tmp_unfinished", "old_only"])
@@ -225,7 +226,7 @@ def test_divergence_stops_with_the_step_and_the_last_good_checkpoint(make_cfg):
                    "train.eval_every=1", "train.grad_clip=0")  # fmt: skip
     with pytest.raises(TrainingDiverged, match=r"at step \d+; training stopped \(last good checkpoint: .*last"):
         train(cfg)
-    run = cfg.run.path
+    run = run_path(cfg.run)
     best = checkpoint_dir(run, "best")
     if best.exists():  # a best checkpoint was only ever saved with a finite value
         info = json.loads((best / "trainer_state.json").read_text())
@@ -249,7 +250,7 @@ def test_non_finite_numbers_are_refused(make_cfg, value):
 def test_init_from_non_finite_weights_is_refused(make_cfg):
     cfg = make_cfg("train.max_steps=1")
     train(cfg)
-    best = checkpoint_dir(cfg.run.path, "best")
+    best = checkpoint_dir(run_path(cfg.run), "best")
     model = ClipCap.from_checkpoint(model_dir(best))
     with torch.no_grad():
         next(p for p in model.parameters() if p.is_floating_point()).fill_(float("nan"))
@@ -277,7 +278,7 @@ def test_fsdp_and_deepspeed_are_refused(make_cfg, monkeypatch):
 def test_caption_refuses_non_finite_weights(make_cfg, tmp_path, capsys):
     cfg = make_cfg("train.max_steps=1")
     train(cfg)
-    best = checkpoint_dir(cfg.run.path, "best")
+    best = checkpoint_dir(run_path(cfg.run), "best")
     model = ClipCap.from_checkpoint(model_dir(best))
     with torch.no_grad():
         next(p for p in model.parameters() if p.is_floating_point()).fill_(float("inf"))

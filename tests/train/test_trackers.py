@@ -10,6 +10,7 @@ from accelerate.utils import LoggerType
 
 from finecap.app.cli import main
 from finecap.config import TRACKERS, ConfigError, load
+from finecap.home import run_path
 
 
 def test_tracker_names_are_accelerates():
@@ -43,7 +44,7 @@ def test_tensorboard_and_jsonl_with_accumulation(make_cfg, tmp_path):
                  "train.log_every=2", "train.eval_every=4", "train.log_captions=2", "decode.max_length=8",
                  "train.log_with=[jsonl,tensorboard]"])  # fmt: skip
     assert code == 0
-    run_dir = cfg.run.path
+    run_dir = run_path(cfg.run)
     events = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     train_events = [e for e in events if e["split"] == "train"]
     assert [e["step"] for e in train_events] == [2, 4]

@@ -69,7 +69,7 @@ from finecap.caption import generate_captions
 from finecap.config import Config, did_you_mean, load
 from finecap.data.datasets import load_records
 from finecap.data.formats import read_bags, read_results, write_results
-from finecap.home import world_path
+from finecap.home import runs_root, world_path
 from finecap.locks import output_lock
 from finecap.metrics.suite import evaluate
 from finecap.models.backbones import load_captioner
@@ -469,7 +469,7 @@ def main(
         raise ValueError(f"demo.stages: unknown stage(s) {unknown}{did_you_mean(unknown[0], STAGES)}; valid stages: "
                          f"{', '.join(STAGES)}")  # fmt: skip
     quick = cfg.demo.quick if quick is None else quick
-    run_dir = Path(cfg.run.dir) if cfg.run.dir else cfg.run.root_path / "demo"
+    run_dir = Path(cfg.run.dir) if cfg.run.dir else runs_root(cfg.run) / "demo"
     log.info("demo: run directory %s", run_dir)
     cfg = dataclasses.replace(cfg, demo=dataclasses.replace(cfg.demo, quick=quick))  # config.yaml says quick
     demo = Demo(cfg=cfg, items=list(items or []), quick=quick, run_dir=run_dir, recipe=read_recipe(recipe))

@@ -38,6 +38,7 @@ from finecap.data.datasets import CaptionCollator, CaptionDataset, load_records,
 from finecap.data.features import model_features
 from finecap.data.loading import LoaderSettings, encoder_draft
 from finecap.data.samplers import get_sampler
+from finecap.home import run_path
 from finecap.locks import TRAIN_LOCK, output_lock
 from finecap.models import memory, sharding
 from finecap.models.backbones import build_model as build_captioner
@@ -210,7 +211,7 @@ def train(
     callbacks: Sequence[Callable[[TrainState], None]] = (),
     recipe: str | Path | None = None,
 ) -> Path:
-    """Train a captioner as configured; returns the run directory (``cfg.run.path``) and logs :func:`summary`.
+    """Train a captioner as configured (logs :func:`summary`); returns the run directory (``home.run_path(cfg.run)``).
 
     ``resume=True`` continues from the newest complete checkpoint (or starts fresh in an empty run directory);
     without it an existing run directory is an error unless ``overwrite=True``. ``callbacks(state)`` run after every
@@ -218,7 +219,7 @@ def train(
     ``config.yaml`` may never replace. One training at a time holds the run directory (``.train.lock``, main
     process): a second stops with an error naming the first.
     """
-    run_dir = cfg.run.path
+    run_dir = run_path(cfg.run)
     processes = process_state(cfg.train)  # the processes, before any Accelerator: preparing may train with its own
     with contextlib.ExitStack() as held:
         if processes.is_main_process:
@@ -240,7 +241,7 @@ def _train(
     callbacks: Sequence[Callable[[TrainState], None]],
 ) -> Path:
     """:func:`train` with the run directory's lock held (main process)."""
-    run_dir = cfg.run.path
+    run_dir = run_path(cfg.run)
     found = [""]
     if processes.is_main_process:
         found = [str(prepare_run_dir(run_dir, resume=resume, overwrite=overwrite) or "")]

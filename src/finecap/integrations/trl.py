@@ -17,8 +17,9 @@ Rewards (``name``):
   each completion against its own image and the other images of the call (TRL calls the function once per
   generation batch, so the distractors are the batch's other prompts' images). Options: ``retriever`` (a
   :class:`finecap.models.retriever.Retriever`, required), ``images={image_id: PIL image}`` or
-  ``embeddings={image_id: tensor (D,)}`` (one of them, required), ``variant="log_prob"`` (or ``"accuracy"``,
-  ``"cosine"``), ``logit_scale=0.0`` (the retriever's own), ``duplicate_threshold=None``.
+  ``embeddings={image_id: tensor (D,)}`` (one of them, required), ``sr=SRConfig(reward="accuracy", ...)`` (the
+  ``sr`` section's ``reward``, ``logit_scale``, ``duplicate_threshold``; default: its defaults; the distractors are
+  always the call's other images).
 - ``"listener"``: the world's fact-based listener (:mod:`finecap.world.listener`) reads the completion's stated facts
   and ranks the call's distinct images by support (true facts - false facts); the reward is its expected R@1 of the
   completion's own image, ties broken uniformly: ``1 / (1 + tied)`` when no image has more support, else 0. Options:
@@ -49,6 +50,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from finecap.config import SRConfig
 from finecap.metrics.faithfulness import _scene_of
 from finecap.rewards.cider import CiderReward
 from finecap.rewards.retrieval import RetrievalReward
@@ -126,8 +128,7 @@ class RetrievalFunction(TrlReward):
 
     def __init__(self, retriever: Any, *, images: Mapping[Hashable, Any] | None = None,
                  embeddings: Mapping[Hashable, torch.Tensor] | None = None, image_id_column: str = "image_id",
-                 variant: str = "log_prob", logit_scale: float = 0.0,
-                 duplicate_threshold: float | None = None) -> None:  # fmt: skip
+                 sr: SRConfig | None = None) -> None:  # fmt: skip
         super().__init__("retrieval", image_id_column)
         if (images is None) == (embeddings is None):
             raise ValueError("reward_function('retrieval'): give images={id: PIL image} or embeddings={id: tensor}")
@@ -137,9 +138,9 @@ class RetrievalFunction(TrlReward):
         else:
             ids = list(embeddings)
             table = torch.stack([torch.as_tensor(embeddings[i]).float() for i in ids])  # (P, D)
-        self.reward = RetrievalReward(retriever, variant=variant, distractors="batch", logit_scale=logit_scale,
-                                      duplicate_threshold=duplicate_threshold, image_ids=ids,
-                                      embeddings=table)  # fmt: skip
+        if sr is not None and sr.distractors != "batch":
+            raise ValueError(f"reward_function('retrieval'): sr.distractors={sr.distractors}; TRL gives batch only")
+        self.reward = RetrievalReward(retriever, sr, image_ids=ids, embeddings=table)
 
     def score(self, texts: list[str], image_ids: list[Hashable]) -> torch.Tensor:
         distinct, rows = _rows(image_ids)

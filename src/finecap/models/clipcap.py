@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import inspect
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, get_args
+from typing import TYPE_CHECKING, Any
 
 import torch
 from safetensors.torch import load_file, save_file
@@ -44,7 +44,7 @@ from torch import nn
 from transformers import AutoModelForCausalLM, AutoTokenizer
 from transformers.cache_utils import Cache
 
-from finecap.config import Mapper
+from finecap.config import ClipCapBackboneConfig
 from finecap.models import lora, memory
 from finecap.models.base import CaptionerBase
 from finecap.models.captioner import encode_images, shifted_mask, strip_prefix
@@ -56,7 +56,8 @@ from finecap.models.world_encoder import world_encoder_path
 if TYPE_CHECKING:
     from finecap.config import Config
 
-MAPPERS = get_args(Mapper)
+MAPPER_KEYS = ("mapper", "prefix_length", "mapper_layers", "mapper_heads")
+"""The ``clipcap`` options a checkpoint records (``captioner.json``) and its mapper is rebuilt from."""
 MAPPER_WEIGHTS = "mapper.safetensors"
 WORLD_LM = "world-tiny"
 
@@ -69,44 +70,43 @@ WORLD_LM = "world-tiny"
 class MLPMapper(nn.Module):
     """ClipCap's MLP mapper: ``(B, D) -> (B, k, H)`` through a Tanh hidden layer of width ``k*H/2``."""
 
-    def __init__(self, feature_dim: int, hidden: int, prefix_length: int) -> None:
+    def __init__(self, feature_dim: int, hidden: int, k: int) -> None:
         super().__init__()
-        self.prefix_length, self.hidden = prefix_length, hidden
-        mid = max(1, prefix_length * hidden // 2)
-        self.net = nn.Sequential(nn.Linear(feature_dim, mid), nn.Tanh(), nn.Linear(mid, prefix_length * hidden))
+        self.k, self.hidden = k, hidden
+        mid = max(1, k * hidden // 2)
+        self.net = nn.Sequential(nn.Linear(feature_dim, mid), nn.Tanh(), nn.Linear(mid, k * hidden))
 
     def forward(self, features: torch.Tensor) -> torch.Tensor:
-        return self.net(features).view(-1, self.prefix_length, self.hidden)  # (B, k, H)
+        return self.net(features).view(-1, self.k, self.hidden)  # (B, k, H)
 
 
 class TransformerMapper(nn.Module):
     """ClipCap's transformer mapper: projected feature tokens + learned prefix constants through a transformer."""
 
-    def __init__(self, feature_dim: int, hidden: int, prefix_length: int, layers: int, heads: int) -> None:
+    def __init__(self, feature_dim: int, hidden: int, k: int, layers: int, heads: int) -> None:
         super().__init__()
         if hidden % heads:
             raise ValueError(f"clipcap.mapper_heads={heads} must divide the language model's hidden size {hidden}")
-        self.prefix_length, self.hidden = prefix_length, hidden
-        self.linear = nn.Linear(feature_dim, prefix_length * hidden)
-        self.prefix_const = nn.Parameter(torch.randn(prefix_length, hidden))
+        self.k, self.hidden = k, hidden
+        self.linear = nn.Linear(feature_dim, k * hidden)
+        self.prefix_const = nn.Parameter(torch.randn(k, hidden))
         layer = nn.TransformerEncoderLayer(hidden, heads, dim_feedforward=2 * hidden, dropout=0.0, activation="relu",
                                            batch_first=True, norm_first=True)  # fmt: skip
         self.transformer = nn.TransformerEncoder(layer, layers, enable_nested_tensor=False)
 
     def forward(self, features: torch.Tensor) -> torch.Tensor:
-        B, k = features.shape[0], self.prefix_length
+        B, k = features.shape[0], self.k
         x = self.linear(features).view(B, k, self.hidden)  # (B, k, H)
         const = self.prefix_const.unsqueeze(0).expand(B, k, self.hidden)  # (B, k, H)
         return self.transformer(torch.cat([x, const], dim=1))[:, k:]  # (B, k, H)
 
 
-def build_mapper(kind: str, feature_dim: int, hidden: int, prefix_length: int, layers: int = 2,
-                 heads: int = 8) -> nn.Module:  # fmt: skip
-    if kind == "mlp":
-        return MLPMapper(feature_dim, hidden, prefix_length)
-    if kind == "transformer":
-        return TransformerMapper(feature_dim, hidden, prefix_length, layers, heads)
-    raise ValueError(f"clipcap.mapper={kind!r}; valid: {', '.join(MAPPERS)}")
+def build_mapper(section: ClipCapBackboneConfig, feature_dim: int, hidden: int) -> nn.Module:
+    """The mapper ``clipcap.mapper`` names, of ``clipcap.prefix_length`` tokens (``clipcap.mapper_layers`` /
+    ``clipcap.mapper_heads`` for the transformer)."""
+    if section.mapper == "mlp":
+        return MLPMapper(feature_dim, hidden, section.prefix_length)
+    return TransformerMapper(feature_dim, hidden, section.prefix_length, section.mapper_layers, section.mapper_heads)
 
 
 # --------------------------------------------------------------------------------------------------------------------
@@ -121,8 +121,10 @@ class ClipCap(CaptionerBase):
         lm: any causal LM accepting ``inputs_embeds`` and ``past_key_values``.
         tokenizer: the LM's tokenizer (needs an EOS token; pad = EOS when it has no pad token).
         feature_dim: dimension D of the image features (the encoder's projection dim).
+        section: the ``clipcap`` section: the mapper (``mapper``, ``prefix_length``, ``mapper_layers``,
+            ``mapper_heads``; checked when the section is built; default: its defaults). Its ``lm`` and ``tiny_*``
+            options built ``lm`` (:func:`build_captioner`) and are not read here.
         encoder: the vision encoder; ``None`` makes a features-only captioner (batches must carry ``features``).
-        mapper, prefix_length, mapper_layers, mapper_heads: the mapper (``clipcap.*`` options of the same names).
         train_encoder: train the encoder (batches carry ``pixel_values``); otherwise it is frozen.
         train_lm: train the LM; otherwise it is frozen and only the mapper (and encoder) learn.
         lm_source, encoder_source: where the LM / encoder came from (recorded in checkpoints).
@@ -138,12 +140,9 @@ class ClipCap(CaptionerBase):
         lm: nn.Module,
         tokenizer: Any,
         feature_dim: int,
+        section: ClipCapBackboneConfig | None = None,
         *,
         encoder: VisionEncoder | None = None,
-        mapper: str = "mlp",
-        prefix_length: int = 10,
-        mapper_layers: int = 2,
-        mapper_heads: int = 8,
         train_encoder: bool = False,
         train_lm: bool = True,
         lm_source: str = "",
@@ -154,22 +153,19 @@ class ClipCap(CaptionerBase):
             raise ValueError("model.train_encoder=true needs a vision encoder (got none)")
         if encoder is not None and encoder.feature_dim != feature_dim:
             raise ValueError(f"feature_dim={feature_dim} but the encoder {encoder.source} gives {encoder.feature_dim}")
+        self.section = section or ClipCapBackboneConfig()
         self.tokenizer = ensure_pad_token(tokenizer)
         self.lm = lm
         if getattr(lm.config, "pad_token_id", None) is None:
             lm.config.pad_token_id = self.tokenizer.pad_token_id
         self.hidden_size = int(lm.get_input_embeddings().embedding_dim)
         self.feature_dim = int(feature_dim)
-        self.prefix_length = int(prefix_length)
-        self.mapper_kind = mapper
-        self.mapper = build_mapper(mapper, self.feature_dim, self.hidden_size, self.prefix_length, mapper_layers,
-                                   mapper_heads)  # fmt: skip
+        self.mapper = build_mapper(self.section, self.feature_dim, self.hidden_size)
         self.encoder = encoder
         self.train_encoder = bool(train_encoder)
         self.train_lm = bool(train_lm)
         self.lm_source = lm_source
         self.encoder_source = encoder_source or (encoder.source if encoder is not None else "")
-        self.mapper_layers, self.mapper_heads = int(mapper_layers), int(mapper_heads)
         self._keep_kw = "logits_to_keep" in inspect.signature(type(lm).forward).parameters
         self.apply_trainable()
         self.train(self.training)
@@ -194,7 +190,7 @@ class ClipCap(CaptionerBase):
     def max_caption_tokens(self) -> int | None:
         """The LM's positions after the prefix: a caption of T tokens reads ``k + T - 1`` of them."""
         limit = self.max_positions
-        return None if limit is None else limit - self.prefix_length + 1
+        return None if limit is None else limit - self.section.prefix_length + 1
 
     def part_path(self, part: str) -> str | None:
         """The LM (``"lm"``) or the dual encoder (``"encoder"``; its text side is never a target)."""
@@ -216,10 +212,7 @@ class ClipCap(CaptionerBase):
 
     def own_config(self) -> dict[str, Any]:
         return {
-            "mapper": self.mapper_kind,
-            "prefix_length": self.prefix_length,
-            "mapper_layers": self.mapper_layers,
-            "mapper_heads": self.mapper_heads,
+            **{key: getattr(self.section, key) for key in MAPPER_KEYS},
             "feature_dim": self.feature_dim,
             "hidden_size": self.hidden_size,
             "lm_source": self.lm_source,
@@ -255,10 +248,11 @@ class ClipCap(CaptionerBase):
 
     def check_length(self, conditioning: Any, n_tokens: int, what: str) -> None:
         limit = self.max_positions
-        if limit is not None and self.prefix_length + n_tokens - 1 > limit:
+        k = self.section.prefix_length
+        if limit is not None and k + n_tokens - 1 > limit:
             raise ValueError(
-                f"clipcap.prefix_length={self.prefix_length} + {what}={n_tokens} needs "
-                f"{self.prefix_length + n_tokens - 1} positions but the language model has {limit}"
+                f"clipcap.prefix_length={k} + {what}={n_tokens} needs {k + n_tokens - 1} positions but the language "
+                f"model has {limit}"
             )
 
     def output_head(self) -> nn.Module:
@@ -331,11 +325,8 @@ class ClipCap(CaptionerBase):
             lm,
             tokenizer,
             meta["feature_dim"],
+            ClipCapBackboneConfig(**{key: meta[key] for key in MAPPER_KEYS}),
             encoder=encoder,
-            mapper=meta["mapper"],
-            prefix_length=meta["prefix_length"],
-            mapper_layers=meta["mapper_layers"],
-            mapper_heads=meta["mapper_heads"],
             train_encoder=meta["train_encoder"],
             train_lm=meta["train_lm"],
             lm_source=meta.get("lm_source", ""),
@@ -398,11 +389,8 @@ def build_captioner(cfg: Config) -> ClipCap:
         lm,
         tokenizer,
         encoder.feature_dim,
+        c,
         encoder=encoder,
-        mapper=c.mapper,
-        prefix_length=c.prefix_length,
-        mapper_layers=c.mapper_layers,
-        mapper_heads=c.mapper_heads,
         train_encoder=m.train_encoder,
         train_lm=m.train_lm,
         lm_source=c.lm,

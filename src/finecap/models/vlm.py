@@ -74,6 +74,7 @@ from torch import nn
 from transformers import AutoModelForImageTextToText
 from transformers.cache_utils import Cache
 
+from finecap.config import VlmBackboneConfig
 from finecap.models import lora, memory
 from finecap.models.base import CaptionerBase, module_path
 from finecap.models.captioner import encode_images
@@ -86,7 +87,9 @@ if TYPE_CHECKING:
     from finecap.config import Config
 
 KIND = "vlm"
-DEFAULT_PROMPT = "Describe the image."
+SECTION_KEYS = ("prompt", "train_projector", "processor_kwargs")
+"""The ``vlm`` options a checkpoint records (``captioner.json``) and is rebuilt with (absent in an old one: the
+section's defaults)."""
 WORLD_VLM = "world-tiny"
 
 LM_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
@@ -158,9 +161,9 @@ def family_of(config: Any, source: str = "") -> Family:
     return FAMILIES[model_type]
 
 
-def check_processor_kwargs(processor: Any, kwargs: dict[str, Any]) -> dict[str, Any]:
-    """``kwargs`` (``vlm.processor_kwargs``) when its image processor takes each of them (its ``valid_kwargs``), else
-    an error naming the key and the valid ones: transformers would ignore a misspelt ``max_pixel`` silently."""
+def check_processor_kwargs(processor: Any, kwargs: dict[str, Any]) -> None:
+    """An error naming the key and the valid ones unless the image processor takes each of ``kwargs``
+    (``vlm.processor_kwargs``; its ``valid_kwargs``): transformers would ignore a misspelt ``max_pixel`` silently."""
     image_processor = getattr(processor, "image_processor", None)
     valid = sorted(getattr(getattr(image_processor, "valid_kwargs", None), "__annotations__", {}))
     unknown = [k for k in kwargs if valid and k not in valid]
@@ -169,7 +172,6 @@ def check_processor_kwargs(processor: Any, kwargs: dict[str, Any]) -> dict[str, 
             f"vlm.processor_kwargs: {unknown[0]!r} is not an argument of {type(image_processor).__name__}; "
             f"valid: {', '.join(valid)}"
         )
-    return kwargs
 
 
 # --------------------------------------------------------------------------------------------------------------------
@@ -257,7 +259,7 @@ class VlmImages:
         images = [im.convert("RGB") for im in images]
         vlm = self.vlm
         enc = vlm.processor(text=[vlm.prompt_text] * len(images), images=[[im] for im in images], padding=True,
-                            return_tensors="pt", **vlm.processor_kwargs)  # fmt: skip
+                            return_tensors="pt", **vlm.section.processor_kwargs)  # fmt: skip
         out = {"prompt_ids": enc["input_ids"], "prompt_mask": enc["attention_mask"]}
         out.update({k: enc[k] for k in vlm.family.image_inputs if k in enc})
         return out
@@ -278,33 +280,32 @@ class Vlm(CaptionerBase):
     Args:
         model: an ``AutoModelForImageTextToText`` of a supported family (:data:`FAMILIES`).
         processor: its processor (chat template, image processor, tokenizer).
-        prompt: the user's text after the image (``vlm.prompt``).
+        section: the ``vlm`` section (default: its defaults): ``prompt``, the user's text after the image;
+            ``train_projector``; ``processor_kwargs``, keyword arguments of every processor call (the image-token
+            budget, e.g. Qwen2-VL's ``max_pixels``, Idefics3's ``do_image_splitting``; checked against the
+            processor here). Its ``name`` and ``tiny_*`` options built ``model`` (:func:`build_vlm`), not read here.
         train_encoder: train the vision tower.
         train_lm: train the language model and its head.
-        train_projector: train the projector (``vlm.train_projector``).
         source: where the model came from (recorded in checkpoints).
         world: the world VLM's image tokens (a frozen dual encoder's), read by the projector in place of the
             model's own vision tower (module docstring).
-        processor_kwargs: keyword arguments of every processor call (``vlm.processor_kwargs``: the image-token
-            budget, e.g. Qwen2-VL's ``max_pixels``, Idefics3's ``do_image_splitting``).
     """
 
     def __init__(
         self,
         model: nn.Module,
         processor: Any,
+        section: VlmBackboneConfig | None = None,
         *,
-        prompt: str = DEFAULT_PROMPT,
         train_encoder: bool = False,
         train_lm: bool = True,
-        train_projector: bool = True,
         source: str = "",
         world: FeatureMapTokens | None = None,
-        processor_kwargs: dict[str, Any] | None = None,
     ) -> None:
         super().__init__()
+        self.section = section or VlmBackboneConfig()
         self.family = family_of(model.config, source)
-        self.processor_kwargs = check_processor_kwargs(processor, dict(processor_kwargs or {}))
+        check_processor_kwargs(processor, self.section.processor_kwargs)
         if world is not None and self.family is not FAMILIES["llava"]:
             raise ValueError(f"vlm.name={source}: world image tokens need a LLaVA-architecture model")
         self.world = world
@@ -312,8 +313,7 @@ class Vlm(CaptionerBase):
         self.processor = processor
         self.tokenizer = ensure_pad_token(processor.tokenizer)
         self.tokenizer.padding_side = "left"  # prompts are left-padded, as generate pads them
-        self.prompt = prompt
-        messages = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": prompt}]}]
+        messages = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": self.section.prompt}]}]
         if getattr(processor, "chat_template", None) is None:
             raise ValueError(f"vlm.name={source}: the processor has no chat template to build the prompt with")
         self.prompt_text = processor.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
@@ -329,7 +329,6 @@ class Vlm(CaptionerBase):
             )
         self.train_encoder = bool(train_encoder)
         self.train_lm = bool(train_lm)
-        self.train_projector = bool(train_projector)
         self.source = source
         self._images = VlmImages(self)
         self._fixed_prompt: dict[str, torch.Tensor] | None = None
@@ -394,12 +393,12 @@ class Vlm(CaptionerBase):
             self.world.set_trainable(self.train_encoder)
         else:
             lora.train_part(self.lora_module("encoder"), self.train_encoder)
-        module_path(self.model, self.family.projector).requires_grad_(self.train_projector)
+        module_path(self.model, self.family.projector).requires_grad_(self.section.train_projector)
 
     def frozen_modules(self) -> list[nn.Module]:
         """The parts whose flag is off, and the projector unless ``vlm.train_projector``."""
         frozen = super().frozen_modules()
-        return frozen if self.train_projector else [*frozen, module_path(self.model, self.family.projector)]
+        return frozen if self.section.train_projector else [*frozen, module_path(self.model, self.family.projector)]
 
     def dual_encoder(self) -> FeatureMapTokens | None:
         return self.world
@@ -411,14 +410,12 @@ class Vlm(CaptionerBase):
 
     def adapter_modules_to_save(self) -> tuple[str, ...]:
         """The projector when it trains (``vlm.train_projector``)."""
-        return (self.family.projector,) if self.train_projector else ()
+        return (self.family.projector,) if self.section.train_projector else ()
 
     def own_config(self) -> dict[str, Any]:
         return {
             "family": self.model.config.model_type,
-            "prompt": self.prompt,
-            "train_projector": self.train_projector,
-            "processor_kwargs": self.processor_kwargs,
+            **{key: getattr(self.section, key) for key in SECTION_KEYS},
             "source": self.source,
             "world_source": self.world.source if self.world is not None else "",
         }
@@ -445,7 +442,7 @@ class Vlm(CaptionerBase):
                 f"model.kind=vlm: batches carry the processor's pixel inputs (keys: {sorted(batch)}); the collator "
                 "builds them with model.encoder.preprocess"
             )
-        trains = self.train_encoder or self.train_projector
+        trains = self.train_encoder or self.section.train_projector
         with torch.set_grad_enabled(torch.is_grad_enabled() and trains):
             out = self.model.get_image_features(**inputs)
         feats = out.pooler_output if hasattr(out, "pooler_output") else out
@@ -646,10 +643,9 @@ class Vlm(CaptionerBase):
         it, for cached image tokens; a VLM's own vision tower is always part of the folder)."""
         model = options.load(AutoModelForImageTextToText, path, str(path), skip=UNQUANTIZED)
         world = cls.load_dual_encoder(path, meta, load_encoder, options.torch_dtype or "auto", FeatureMapTokens)
-        return cls(model, load_processor(path), prompt=meta.get("prompt", DEFAULT_PROMPT),
-                   train_encoder=meta["train_encoder"], train_lm=meta["train_lm"],
-                   train_projector=meta.get("train_projector", True), source=meta.get("source", ""),
-                   world=world, processor_kwargs=meta.get("processor_kwargs"))  # fmt: skip
+        section = VlmBackboneConfig(**{key: meta[key] for key in SECTION_KEYS if meta.get(key) is not None})
+        return cls(model, load_processor(path), section, train_encoder=meta["train_encoder"],
+                   train_lm=meta["train_lm"], source=meta.get("source", ""), world=world)  # fmt: skip
 
 
 # --------------------------------------------------------------------------------------------------------------------
@@ -663,11 +659,10 @@ def build_vlm(cfg: Config) -> Vlm:
     ``vlm.tiny_*`` sizes, random init, over the image tokens of ``model.encoder``: ``world`` = the trained world
     encoder, or a dual-encoder path)."""
     m, v = cfg.model, cfg.vlm
-    kwargs = dict(prompt=v.prompt, train_encoder=m.train_encoder, train_lm=m.train_lm,
-                  train_projector=v.train_projector, processor_kwargs=v.processor_kwargs)  # fmt: skip
+    kwargs = dict(train_encoder=m.train_encoder, train_lm=m.train_lm)
     options = memory.LoadOptions.of(m)
     if v.name != WORLD_VLM:
-        return Vlm.from_pretrained(v.name, options, **kwargs)
+        return Vlm.from_pretrained(v.name, options, section=v, **kwargs)
     world = load_frozen_tokens(cfg, options, f"vlm.name={WORLD_VLM}")
     image_size = int(world.image_processor.crop_size["height"])
     n_tokens, width = world.token_shape(image_size)
@@ -675,4 +670,4 @@ def build_vlm(cfg: Config) -> Vlm:
     model, processor = world_vlm(width, n_tokens, world.image_processor, layers=v.tiny_layers, hidden=v.tiny_hidden,
                                  heads=v.tiny_heads, positions=positions)  # fmt: skip
     model = options.fresh(model, f"vlm.name={WORLD_VLM}")
-    return Vlm(model, processor, source=WORLD_VLM, world=world, **kwargs)
+    return Vlm(model, processor, v, source=WORLD_VLM, world=world, **kwargs)

@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING, Any, get_args
 
 import torch
 
-from finecap.config import Baseline
+from finecap.config import Baseline, RLConfig
 from finecap.utils import short_repr
 
 if TYPE_CHECKING:
@@ -86,10 +86,8 @@ class MeanBaseline:
 
     needs_greedy = False
 
-    def __init__(self, momentum: float = 0.0):
-        if not 0.0 <= momentum < 1.0:
-            raise ValueError(f"rl.mean_momentum must be in [0, 1), got {momentum}")
-        self.momentum = momentum
+    def __init__(self, rl: RLConfig | None = None):
+        self.momentum = (rl or RLConfig()).mean_momentum  # rl.mean_momentum, in [0, 1) (the section checks it)
         self.mean = 0.0
         self.count = 0
         self._sum, self._n = 0.0, 0  # rewards of the current optimizer step so far (this process)
@@ -135,14 +133,8 @@ class MeanBaseline:
         self.mean, self.count = float(mean), count
 
 
-def build_baseline(name: str, momentum: float = 0.0):
-    """The baseline named ``name`` (``rl.baseline``), one of :data:`BASELINES`."""
-    if name == "greedy":
-        return GreedyBaseline()
-    if name == "mean":
-        return MeanBaseline(momentum)
-    if name == "leave_one_out":
-        return LeaveOneOut()
-    if name == "none":
-        return NoBaseline()
-    raise ValueError(f"rl.baseline: invalid value {name!r}; valid choices: {', '.join(BASELINES)}")
+def build_baseline(rl: RLConfig):
+    """The baseline ``rl.baseline`` names (one of :data:`BASELINES`; the section checked the name)."""
+    if rl.baseline == "mean":
+        return MeanBaseline(rl)
+    return {"greedy": GreedyBaseline, "leave_one_out": LeaveOneOut, "none": NoBaseline}[rl.baseline]()

@@ -104,46 +104,32 @@ def diversity_advantages(d: torch.Tensor, baseline: str = "pairwise_mean") -> to
 
 
 class SequenceLevelExploration(Reinforce):
-    """``objective(model, batch)``: losses ``precision`` (alpha-weighted REINFORCE of the reward with its baseline)
-    and ``diversity`` ((1 - alpha)-weighted diversity REINFORCE term); see the module docstring."""
+    """``objective(model, batch)``: losses ``precision`` (``rl.alpha``-weighted REINFORCE of the reward with its
+    baseline) and ``diversity`` ((1 - ``rl.alpha``)-weighted diversity REINFORCE term, ``rl.distance``,
+    ``rl.diversity_baseline``); see the module docstring. Arguments as :class:`Reinforce`."""
 
-    def __init__(
-        self, *args: Any, alpha: float = 0.75, distance: str = "bleu34", diversity_baseline: str = "pairwise_mean",
-        **kwargs: Any,
-    ):  # fmt: skip
+    def __init__(self, *args: Any, **kwargs: Any):
         super().__init__(*args, **kwargs)
-        if not 0.0 <= alpha <= 1.0:
-            raise ValueError(f"rl.alpha must be in [0, 1], got {alpha}")
-        if self.strategy != "sample" or self.samples < 2:
+        if self.rl.strategy != "sample" or self.rl.samples < 2:  # what this objective needs of the rl section
             raise ValueError(
                 "train.objective=sle needs rl.strategy=sample and rl.samples >= 2 (paper: 5), got "
-                f"rl.strategy={self.strategy}, rl.samples={self.samples}"
+                f"rl.strategy={self.rl.strategy}, rl.samples={self.rl.samples}"
             )
-        if distance not in DISTANCES:
-            raise ValueError(f"rl.distance: invalid value {distance!r}; valid choices: {', '.join(DISTANCES)}")
-        if diversity_baseline not in DIVERSITY_BASELINES:
-            raise ValueError(
-                f"rl.diversity_baseline: invalid value {diversity_baseline!r}; "
-                f"valid choices: {', '.join(DIVERSITY_BASELINES)}"
-            )
-        self.alpha = alpha
-        self.distance = distance
-        self.diversity_baseline = diversity_baseline
 
     def advantages(self, rollout: Rollout, batch: dict[str, Any]) -> tuple[dict[str, torch.Tensor], dict[str, float]]:
         gen = rollout.samples
-        s = self.samples
+        s = self.rl.samples
         expected = torch.arange(len(gen) // s, device=gen.image_index.device).repeat_interleave(s)
         if len(gen) % s or not torch.equal(gen.image_index, expected):
             raise ValueError(f"sle: expected {s} contiguous samples per image from the decoder")
         t0 = time.perf_counter()
-        d = caption_distances(gen.texts, s, self.distance)  # (B, s, s)
+        d = caption_distances(gen.texts, s, self.rl.distance)  # (B, s, s)
         seconds = time.perf_counter() - t0
-        div = diversity_advantages(d, self.diversity_baseline).reshape(-1)  # (N,)
+        div = diversity_advantages(d, self.rl.diversity_baseline).reshape(-1)  # (N,)
         device = rollout.advantage.device
         advantages = {
-            "precision": self.alpha * rollout.advantage,
-            "diversity": (1.0 - self.alpha) * div.to(device),
+            "precision": self.rl.alpha * rollout.advantage,
+            "diversity": (1.0 - self.rl.alpha) * div.to(device),
         }
         metrics = {
             "diversity_reward": float(diversity_rewards(d).mean()),
@@ -155,7 +141,4 @@ class SequenceLevelExploration(Reinforce):
 
 def build(cfg: Config) -> SequenceLevelExploration:
     """Factory of ``train.objective=sle`` (options ``rl.*``; paper: alpha 0.75, s 5, CIDEr-D, greedy baseline)."""
-    rl = cfg.rl
-    return SequenceLevelExploration(
-        **reinforce_kwargs(cfg), alpha=rl.alpha, distance=rl.distance, diversity_baseline=rl.diversity_baseline
-    )
+    return SequenceLevelExploration(**reinforce_kwargs(cfg))

@@ -44,7 +44,7 @@ from typing import TYPE_CHECKING, Any, get_args
 
 import torch
 
-from finecap.config import DecodeConfig, LogProb, RLStrategy
+from finecap.config import DecodeConfig, LogProb, RLConfig
 from finecap.decode import Generation, hash32
 from finecap.models import sharding
 from finecap.objectives.base import ObjectiveBase, ObjectiveOutput, unwrap
@@ -59,7 +59,6 @@ if TYPE_CHECKING:
     from finecap.contract import TrainContext
     from finecap.rewards.base import Reward
 
-STRATEGIES = get_args(RLStrategy)
 LOGPROBS = get_args(LogProb)
 
 
@@ -114,10 +113,10 @@ class Reinforce(ObjectiveBase):
 
     Args:
         reward: ``reward(captions, batch) -> RewardOutput`` (e.g. :func:`finecap.rewards.build_reward`).
-        baseline: a baseline of :mod:`finecap.objectives.baselines`.
+        baseline: a baseline of :mod:`finecap.objectives.baselines` (the factories build ``rl.baseline``'s).
+        rl: the ``rl`` section (samples, strategy, temperature, logprob, scaled_logprob, entropy_coef; checked when
+            it is built, :class:`finecap.config.RLConfig`; default: its defaults).
         decode: base decoding settings (max length, beam size, length penalty, stop at period, chunk size).
-        samples, strategy, temperature, logprob, scaled_logprob, entropy_coef: the ``rl.*`` options of the same
-            names (see :class:`finecap.config.RLConfig`).
         seed: ``run.seed``, the base of the per-image sampling seeds (:meth:`sampling_seeds`).
     """
 
@@ -128,38 +127,23 @@ class Reinforce(ObjectiveBase):
         reward: Reward,
         baseline: Any,
         *,
+        rl: RLConfig | None = None,
         decode: DecodeConfig | None = None,
-        samples: int = 5,
-        strategy: str = "sample",
-        temperature: float = 1.0,
-        logprob: str = "sum",
-        scaled_logprob: bool = False,
-        entropy_coef: float = 0.0,
         seed: int = 0,
     ):
-        if strategy not in STRATEGIES:
-            raise ValueError(f"rl.strategy: invalid value {strategy!r}; valid choices: {', '.join(STRATEGIES)}")
-        if logprob not in LOGPROBS:
-            raise ValueError(f"rl.logprob: invalid value {logprob!r}; valid choices: {', '.join(LOGPROBS)}")
-        if strategy != "sample" and samples != 1:
-            raise ValueError(f"rl.samples={samples}: rl.strategy={strategy} decodes one caption per image")
-        if entropy_coef < 0:
-            raise ValueError(f"rl.entropy_coef must be >= 0, got {entropy_coef}")
+        rl = rl or RLConfig()
         base = decode or DecodeConfig()
         self.reward = reward
         self.baseline = baseline
         self.needs = declared_needs(reward)  # e.g. {"retriever"} for self-retrieval
-        self.samples = samples
-        self.strategy = strategy
-        self.logprob = logprob
-        self.entropy_coef = entropy_coef
+        self.rl = rl
         self.seed = seed
-        self.logprob_temperature = temperature if (scaled_logprob and strategy == "sample") else 1.0
+        self.logprob_temperature = rl.temperature if (rl.scaled_logprob and rl.strategy == "sample") else 1.0
         common = dict(max_length=base.max_length, stop_at_period=base.stop_at_period, batch_size=base.batch_size)
-        self.sample_cfg = DecodeConfig(strategy=strategy, temperature=temperature, num_return_sequences=samples,
-                                       beam_size=max(base.beam_size, samples), length_penalty=base.length_penalty,
-                                       finished_beams=base.finished_beams, early_stopping=base.early_stopping,
-                                       **common)  # fmt: skip
+        self.sample_cfg = DecodeConfig(strategy=rl.strategy, temperature=rl.temperature,
+                                       num_return_sequences=rl.samples, beam_size=max(base.beam_size, rl.samples),
+                                       length_penalty=base.length_penalty, finished_beams=base.finished_beams,
+                                       early_stopping=base.early_stopping, **common)  # fmt: skip
         self.greedy_cfg = DecodeConfig(strategy="greedy", **common)
 
     # ----------------------------------------------------------------------------------------------------------------
@@ -188,7 +172,7 @@ class Reinforce(ObjectiveBase):
         samples do not depend on how the global batch is split over processes and accumulation steps; ``None``
         (torch's global RNG) otherwise."""
         info = batch.get("step_info")
-        if info is None or "index" not in batch or self.strategy != "sample":
+        if info is None or "index" not in batch or self.rl.strategy != "sample":
             return None
         step = hash32(torch.tensor([self.seed * 1_000_003 + int(info.step)]))  # (1,)
         return hash32(step ^ hash32(torch.as_tensor(batch["index"]).long().cpu()))  # (B,)
@@ -235,14 +219,14 @@ class Reinforce(ObjectiveBase):
             mask=gen.mask,
             image_index=gen.image_index,
             temperature=self.logprob_temperature,
-            with_entropy=self.entropy_coef > 0,
+            with_entropy=self.rl.entropy_coef > 0,
         )  # TokenScores: (N, L) log-probs (and entropies), with gradient through the captioner's forward
-        logp = sequence_logprob(scores.logprobs, gen.lengths, self.logprob)  # (N,)
+        logp = sequence_logprob(scores.logprobs, gen.lengths, self.rl.logprob)  # (N,)
         losses = {name: policy_gradient_loss(adv.to(logp.device), logp) for name, adv in advantages.items()}
         entropy = None
         if scores.entropy is not None:
             entropy = mean_entropy(scores.entropy, gen.mask.to(scores.entropy.device))
-            losses["entropy"] = -self.entropy_coef * entropy
+            losses["entropy"] = -self.rl.entropy_coef * entropy
         metrics.update(self.metrics(rollout, logp))
         metrics.update(extra)
         if entropy is not None:
@@ -265,24 +249,18 @@ class Reinforce(ObjectiveBase):
         out["logprob"] = float(logp.detach().mean())
         texts = rollout.samples.texts
         out["sample_words"] = sum(len(t.split()) for t in texts) / max(1, len(texts))
-        if self.samples > 1:
-            out["distinct_samples"] = distinct_share(texts, self.samples)
+        if self.rl.samples > 1:
+            out["distinct_samples"] = distinct_share(texts, self.rl.samples)
         return out
 
 
 def reinforce_kwargs(cfg: Config) -> dict[str, Any]:
-    """Constructor arguments of :class:`Reinforce` from ``cfg.rl`` and ``cfg.decode``."""
-    rl = cfg.rl
+    """Constructor arguments of :class:`Reinforce`: the reward and baseline of ``cfg.rl``, the sections themselves."""
     return dict(
         reward=build_reward(cfg),
-        baseline=build_baseline(rl.baseline, rl.mean_momentum),
+        baseline=build_baseline(cfg.rl),
+        rl=cfg.rl,
         decode=cfg.decode,
-        samples=rl.samples,
-        strategy=rl.strategy,
-        temperature=rl.temperature,
-        logprob=rl.logprob,
-        scaled_logprob=rl.scaled_logprob,
-        entropy_coef=rl.entropy_coef,
         seed=cfg.run.seed,
     )
 

@@ -26,19 +26,15 @@ Choices the paper leaves open, made here:
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Literal, get_args
+from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
 
-from finecap.config import FirstToken, Subset
+from finecap.config import SmileConfig
 from finecap.data.targets import IGNORE_INDEX
 from finecap.objectives.base import ObjectiveBase, ObjectiveOutput, unwrap
 from finecap.objectives.mle import mle_loss
-
-SUBSETS = get_args(Subset)
-FIRST_TOKEN_MODES = get_args(FirstToken)
 
 
 def _first_positions(valid: torch.Tensor) -> torch.Tensor:
@@ -51,15 +47,14 @@ def _first_positions(valid: torch.Tensor) -> torch.Tensor:
 def subset_mask(
     labels: torch.Tensor,
     vocab_size: int,
+    smile: SmileConfig | None = None,
     *,
-    subset: str = "sequence",
-    ignore_index: int = -100,
-    include_eos: bool = True,
+    ignore_index: int = IGNORE_INDEX,
     eos_token_id: int | None = None,
-    random_k: int = 10,
     generator: torch.Generator | None = None,
 ) -> torch.Tensor:
-    """Boolean mask (B, T, V): True where a vocabulary id takes part in the softmax at that position.
+    """Boolean mask (B, T, V): True where a vocabulary id takes part in the softmax at that position, for the
+    options ``smile.subset``, ``smile.include_eos`` and ``smile.random_k`` (default: the section's defaults).
 
     Every valid position's own label is always inside its subset. Ignored positions get a full row (their loss is
     dropped anyway).
@@ -68,25 +63,24 @@ def subset_mask(
     >>> subset_mask(labels, 4)[0, 0].tolist()
     [True, False, True, False]
     """
-    if subset not in SUBSETS:
-        raise ValueError(f"smile.subset: invalid value {subset!r}; valid choices: {', '.join(SUBSETS)}")
+    smile = smile or SmileConfig()
     B, T = labels.shape
     valid = labels != ignore_index  # (B, T)
     safe = torch.where(valid, labels, torch.zeros_like(labels))  # (B, T)
     label_onehot = F.one_hot(safe, vocab_size).bool() & valid.unsqueeze(-1)  # (B, T, V)
-    if subset == "full":
+    if smile.subset == "full":
         return torch.ones(B, T, vocab_size, dtype=torch.bool, device=labels.device)
-    if subset == "random":
+    if smile.subset == "random":
         scores = torch.rand(B, vocab_size, generator=generator, device="cpu").to(labels.device)  # (B, V)
-        k = min(random_k, vocab_size)
+        k = min(smile.random_k, vocab_size)
         chosen = torch.zeros(B, vocab_size, dtype=torch.bool, device=labels.device)
         chosen.scatter_(1, scores.topk(k, dim=1).indices, True)  # k distinct random ids per sequence
         mask = chosen.unsqueeze(1) | label_onehot  # (B, T, V)
     else:
         in_seq = label_onehot.any(dim=1)  # (B, V): V_D of each sequence
-        if not include_eos and eos_token_id is not None:
+        if not smile.include_eos and eos_token_id is not None:
             in_seq[:, eos_token_id] = False
-        allowed = in_seq if subset == "sequence" else ~in_seq  # reverse: the complement of V_D
+        allowed = in_seq if smile.subset == "sequence" else ~in_seq  # reverse: the complement of V_D
         mask = allowed.unsqueeze(1) | label_onehot  # (B, T, V): plus the current label
     return mask | ~valid.unsqueeze(-1)
 
@@ -94,31 +88,22 @@ def subset_mask(
 def smile_loss(
     logits: torch.Tensor,
     labels: torch.Tensor,
+    smile: SmileConfig | None = None,
     *,
-    ignore_index: int = -100,
-    subset: str = "sequence",
-    first_token: str = "mle",
-    mle_weight: float = 0.0,
-    include_eos: bool = True,
+    ignore_index: int = IGNORE_INDEX,
     eos_token_id: int | None = None,
-    shift_token_id: int | None = None,
-    random_k: int = 10,
     generator: torch.Generator | None = None,
 ) -> torch.Tensor:
-    """Mean SMILE loss over non-ignored positions; ``logits[:, t]`` predicts ``labels[:, t]``.
+    """Mean SMILE loss over non-ignored positions; ``logits[:, t]`` predicts ``labels[:, t]``; the options are the
+    ``smile`` section's (:class:`~finecap.config.SmileConfig`, checked when it is built; default: its defaults).
 
     ``loss = mle_weight · CE(full vocabulary) + (1 - mle_weight) · CE(restricted softmax)`` (Eq. 4).
 
     >>> logits = torch.log(torch.tensor([[[0.5, 0.25, 0.25]]]))
-    >>> round(smile_loss(logits, torch.tensor([[0]]), first_token="none").item(), 6)  # subset {0}: -log 1
+    >>> round(smile_loss(logits, torch.tensor([[0]]), SmileConfig(first_token="none")).item(), 6)  # {0}: -log 1
     0.0
     """
-    if first_token not in FIRST_TOKEN_MODES:
-        raise ValueError(
-            f"smile.first_token: invalid value {first_token!r}; valid choices: {', '.join(FIRST_TOKEN_MODES)}"
-        )
-    if not 0.0 <= mle_weight <= 1.0:
-        raise ValueError(f"smile.mle_weight must be in [0, 1], got {mle_weight}")
+    smile = smile or SmileConfig()
     B, T, V = logits.shape
     valid = labels != ignore_index  # (B, T)
     n = valid.sum().clamp(min=1)
@@ -127,42 +112,29 @@ def smile_loss(
     has_first = first < T
 
     smile_labels = labels
-    if first_token == "shift":
-        if shift_token_id is None:
-            raise ValueError("smile.first_token=shift needs smile.shift_token_id (the alternative first-token id)")
+    if smile.first_token == "shift":  # SmileConfig requires smile.shift_token_id then
         smile_labels = labels.clone()
-        smile_labels[rows[has_first], first[has_first]] = shift_token_id
+        smile_labels[rows[has_first], first[has_first]] = smile.shift_token_id
 
     mask = subset_mask(
-        smile_labels,
-        V,
-        subset=subset,
-        ignore_index=ignore_index,
-        include_eos=include_eos,
-        eos_token_id=eos_token_id,
-        random_k=random_k,
-        generator=generator,
+        smile_labels, V, smile, ignore_index=ignore_index, eos_token_id=eos_token_id, generator=generator
     )  # (B, T, V)
-    if first_token == "mle":
+    if smile.first_token == "mle":
         mask[rows[has_first], first[has_first]] = True  # first-token MLE: full vocabulary at the first position
     restricted = logits.masked_fill(~mask, float("-inf"))  # (B, T, V)
-    smile = mle_loss(restricted, smile_labels, ignore_index, reduction="sum") / n
-    if mle_weight == 0.0:
-        return smile
+    loss = mle_loss(restricted, smile_labels, ignore_index, reduction="sum") / n
+    if smile.mle_weight == 0.0:
+        return loss
     mle = mle_loss(logits, labels, ignore_index, reduction="sum") / n
-    return mle_weight * mle + (1.0 - mle_weight) * smile
+    return smile.mle_weight * mle + (1.0 - smile.mle_weight) * loss
 
 
 @dataclass
 class SmileObjective(ObjectiveBase):
-    """``objective(model, batch)``: SMILE on teacher-forced logits; logs the MLE loss of the same batch too."""
+    """``objective(model, batch)``: SMILE on teacher-forced logits with the options of ``smile`` (the section);
+    logs the MLE loss of the same batch too. ``seed`` (``run.seed``) seeds the random subsets."""
 
-    subset: Literal["sequence", "reverse", "random", "full"] = "sequence"
-    first_token: Literal["mle", "shift", "none"] = "mle"
-    mle_weight: float = 0.0
-    include_eos: bool = True
-    shift_token_id: int | None = None
-    random_k: int = 10
+    smile: SmileConfig = field(default_factory=SmileConfig)
     seed: int = 0
 
     def __post_init__(self) -> None:
@@ -178,18 +150,8 @@ class SmileObjective(ObjectiveBase):
     def __call__(self, model, batch):
         logits = model(batch)  # (B, T, V)
         labels = batch["labels"]  # (B, T)
-        loss = smile_loss(
-            logits,
-            labels,
-            subset=self.subset,
-            first_token=self.first_token,
-            mle_weight=self.mle_weight,
-            include_eos=self.include_eos,
-            eos_token_id=unwrap(model).tokenizer.eos_token_id,
-            shift_token_id=self.shift_token_id,
-            random_k=self.random_k,
-            generator=self._generator,
-        )
+        eos = unwrap(model).tokenizer.eos_token_id
+        loss = smile_loss(logits, labels, self.smile, eos_token_id=eos, generator=self._generator)
         with torch.no_grad():
             mle = mle_loss(logits, labels)
         n = int((labels != IGNORE_INDEX).sum())
@@ -197,14 +159,5 @@ class SmileObjective(ObjectiveBase):
 
 
 def build(cfg) -> SmileObjective:
-    """Factory used by the objective registry (``train.objective=smile``), configured by the ``smile`` section."""
-    s = cfg.smile
-    return SmileObjective(
-        subset=s.subset,
-        first_token=s.first_token,
-        mle_weight=s.mle_weight,
-        include_eos=s.include_eos,
-        shift_token_id=s.shift_token_id,
-        random_k=s.random_k,
-        seed=cfg.run.seed,
-    )
+    """Factory used by the objective registry (``train.objective=smile``): the ``smile`` section itself."""
+    return SmileObjective(cfg.smile, seed=cfg.run.seed)

@@ -56,7 +56,7 @@ from typing import TYPE_CHECKING, Any, get_args
 
 import torch
 
-from finecap.config import Distractors, SRReward
+from finecap.config import Distractors, SRConfig, SRReward
 from finecap.home import cache_dir
 from finecap.models.retriever import load_retriever
 from finecap.rewards.base import RewardOutput, caption_rows
@@ -196,11 +196,8 @@ class RetrievalReward:
     Args:
         retriever: a :class:`finecap.models.retriever.Retriever` (``embed_texts``, ``logit_scale``,
             ``image_embeddings``); ``None``: ``load_retriever(cfg)`` in :meth:`setup`.
-        variant: ``sr.reward`` (``log_prob``, ``accuracy`` or ``cosine``).
-        distractors: ``sr.distractors`` (``batch``, ``bag`` or ``hard``).
-        hard_k: ``sr.hard_k``, mined distractors per image (``hard``).
-        duplicate_threshold: ``sr.duplicate_threshold``, image cosine above which a distractor is dropped.
-        logit_scale: similarity scale; 0 = the retriever's own.
+        sr: the ``sr`` section (:class:`finecap.config.SRConfig`: ``reward``, ``distractors``, ``hard_k``,
+            ``duplicate_threshold``, ``logit_scale``; checked when it is built; default: its defaults).
         image_ids, embeddings: the embedding table (``(P, D)`` unit-norm rows of the listed image ids); default: the
             training records' embeddings, computed (or read from the cache) in :meth:`setup`.
         accelerator: where hard-negative mining runs (default: the training loop's, from :meth:`setup`).
@@ -211,26 +208,13 @@ class RetrievalReward:
     def __init__(
         self,
         retriever: Any = None,
+        sr: SRConfig | None = None,
         *,
-        variant: str = "log_prob",
-        distractors: str = "batch",
-        hard_k: int = 5,
-        duplicate_threshold: float | None = None,
-        logit_scale: float = 0.0,
         image_ids: Sequence[Hashable] | None = None,
         embeddings: torch.Tensor | None = None,
         accelerator: Any = None,
     ) -> None:
-        if variant not in VARIANTS:
-            raise ValueError(f"sr.reward: invalid value {variant!r}; valid choices: {', '.join(VARIANTS)}")
-        if distractors not in DISTRACTORS:
-            raise ValueError(f"sr.distractors: invalid value {distractors!r}; valid choices: {', '.join(DISTRACTORS)}")
-        if hard_k < 1:
-            raise ValueError(f"sr.hard_k must be >= 1, got {hard_k}")
-        if logit_scale < 0:
-            raise ValueError(f"sr.logit_scale must be >= 0, got {logit_scale}")
-        self.variant, self.distractors, self.hard_k = variant, distractors, hard_k
-        self.duplicate_threshold, self.logit_scale = duplicate_threshold, logit_scale
+        self.sr = sr or SRConfig()
         self.accelerator = accelerator
         self.retriever = None
         if retriever is not None:
@@ -281,7 +265,7 @@ class RetrievalReward:
 
     @property
     def scale(self) -> float:
-        return float(self.logit_scale) if self.logit_scale > 0 else float(self.retriever.logit_scale)
+        return float(self.sr.logit_scale) if self.sr.logit_scale > 0 else float(self.retriever.logit_scale)
 
     # ----------------------------------------------------------------------------------------------------------------
 
@@ -313,9 +297,9 @@ class RetrievalReward:
         caption_row = caption_rows(captions, batch)  # (N,) batch row of each caption
         rows = self._rows(batch["image_ids"])  # (B,) table row of each batch image
         bags = batch.get("bag")
-        if self.distractors == "bag" and bags is None:
+        if self.sr.distractors == "bag" and bags is None:
             raise ValueError("sr.distractors=bag needs the batch's bag numbers: train with data.sampler=bagcurri")
-        global_rows, global_bags = self._global_batch(batch, rows, bags if self.distractors == "bag" else None)
+        global_rows, global_bags = self._global_batch(batch, rows, bags if self.sr.distractors == "bag" else None)
         column_of: dict[int, int] = {}
         column_bags = []
         for j, r in enumerate(global_rows.tolist()):  # one column per image of the global batch
@@ -326,12 +310,14 @@ class RetrievalReward:
         batch_columns = len(column_of)
         target_rows = rows[caption_row]  # (N,)
         hard = None
-        if self.distractors == "hard":
+        if self.sr.distractors == "hard":
             unique_rows = torch.unique(target_rows)  # (U,)
             if self.mining_table is None:
                 device = getattr(self.accelerator, "device", None) or torch.device("cpu")
                 self.mining_table = self.table.to(device)
-            mined = mine_hard(self.mining_table, unique_rows, self.hard_k, self.duplicate_threshold)  # (U, k) rows
+            mined = mine_hard(
+                self.mining_table, unique_rows, self.sr.hard_k, self.sr.duplicate_threshold
+            )  # (U, k) rows
             for r in mined[mined >= 0].tolist():
                 column_of.setdefault(r, len(column_of))
             mined_columns = mined.apply_(lambda r: column_of[r] if r >= 0 else -1)  # (U, k) columns
@@ -341,21 +327,19 @@ class RetrievalReward:
         image_emb = self.table[columns]  # (M, D)
         target = torch.tensor([column_of[r] for r in target_rows.tolist()], dtype=torch.long)  # (N,)
         duplicates = None
-        if self.duplicate_threshold is not None:
-            duplicates = (image_emb[target] @ image_emb.T) > self.duplicate_threshold  # (N, M)
+        if self.sr.duplicate_threshold is not None:
+            duplicates = (image_emb[target] @ image_emb.T) > self.sr.duplicate_threshold  # (N, M)
         mask = candidate_mask(
-            self.distractors, target, batch_columns, len(columns),
+            self.sr.distractors, target, batch_columns, len(columns),
             bags=torch.tensor(column_bags) if column_bags else None, hard=hard, duplicates=duplicates,
         )  # fmt: skip
         text_emb = self.retriever.embed_texts(list(captions)).float().cpu()  # (N, D)
         scores = self_retrieval_scores(text_emb, image_emb, target, mask, self.scale)
-        total = scores[self.variant]
+        total = scores[self.sr.reward]
         return RewardOutput(total, {self.name: total, **scores})
 
 
 def build(cfg: Config) -> RetrievalReward:
     """Factory of the reward registry (``rl.rewards: {retrieval: w}``) from the ``sr`` section; the retriever
     (``retriever.*``) and the image embeddings are loaded in ``setup(ctx)``."""
-    s = cfg.sr
-    return RetrievalReward(variant=s.reward, distractors=s.distractors, hard_k=s.hard_k,
-                           duplicate_threshold=s.duplicate_threshold, logit_scale=s.logit_scale)  # fmt: skip
+    return RetrievalReward(sr=cfg.sr)

@@ -1,0 +1,154 @@
+"""What a configuration field is: a default, a one-line doc and its own constraints, checked by one loop.
+
+A section is a dataclass deriving from :class:`Section` whose fields are declared with :func:`doc`::
+
+    prefix_length: int = doc(10, "Number of prefix embeddings.", ge=1, le=1024, why="GPT-2's whole context")
+
+The bounds (``ge``, ``gt``, ``le``, ``lt``) and the allowed values of a ``Literal`` type are the field's own rules:
+:func:`check_fields` reads them for every field when the section is constructed (:meth:`Section.__post_init__`),
+so a section built by hand (``SmileConfig(first_token="x")``, as tests and the TRL adapter do) is refused like one
+read from a recipe, with the same message. Rules that relate two fields stay in the section's ``__post_init__``
+(after ``super().__post_init__()``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import typing
+from dataclasses import field
+from typing import Any, ClassVar, Literal
+
+from finecap.utils import short_repr
+
+BOUNDS = ("ge", "gt", "le", "lt")
+SYMBOLS = {"ge": ">=", "gt": ">", "le": "<=", "lt": "<"}
+
+
+class ConfigError(ValueError):
+    """A configuration value is unknown, of the wrong type or invalid; the message names the key (``key``, when one
+    is at fault: ``"train.lr"``, or ``"a/b"`` for a check across two keys)."""
+
+    def __init__(self, message: str, key: str | None = None):
+        super().__init__(message)
+        self.key = key
+
+
+def doc(
+    default: Any,
+    text: str,
+    *,
+    ge: float | None = None,
+    gt: float | None = None,
+    le: float | None = None,
+    lt: float | None = None,
+    why: str = "",
+) -> Any:
+    """A dataclass field with a default (copied for mutable values), a one-line documentation string and optional
+    bounds: ``ge`` (>=), ``gt`` (>), ``le`` (<=), ``lt`` (<); ``why`` says why an upper bound is where it is (the
+    bounds of options that size memory or work), shown when it is crossed. ``None`` (an optional field unset) is
+    never out of bounds."""
+    bounds = {name: value for name, value in zip(BOUNDS, (ge, gt, le, lt), strict=True) if value is not None}
+    metadata = {"doc": text, "bounds": bounds, "why": why}
+    if isinstance(default, list | dict):
+        return field(default_factory=lambda d=default: type(d)(d), metadata=metadata)
+    return field(default=default, metadata=metadata)
+
+
+def check(cond: bool, key: str, message: str) -> None:
+    """A :class:`ConfigError` ``"<key>: <message>"`` unless ``cond`` (the cross-field checks of ``__post_init__``)."""
+    if not cond:
+        raise ConfigError(f"{key}: {message}", key=key)
+
+
+def check_at_most(value: float, key: str, limit: float, why: str) -> None:
+    """``value <= limit``, else a :class:`ConfigError` naming ``key`` and saying ``why`` (the message of an upper
+    bound, for the values a field's metadata cannot reach: the items of a list or mapping)."""
+    check(value <= limit, key, f"must be <= {limit}, got {short_repr(value, 30)} ({why})")
+
+
+def constraint_text(f: dataclasses.Field) -> str:
+    """A field's bounds as the reference documentation shows them: ``">= 1, <= 1024"``, ``"in [0, 1)"``, or ``""``."""
+    bounds = f.metadata.get("bounds") or {}
+    low = next(((name, bounds[name]) for name in ("ge", "gt") if name in bounds), None)
+    high = next(((name, bounds[name]) for name in ("le", "lt") if name in bounds), None)
+    if low and high and not f.metadata.get("why"):
+        return f"in {'[' if low[0] == 'ge' else '('}{low[1]}, {high[1]}{']' if high[0] == 'le' else ')'}"
+    return ", ".join(f"{SYMBOLS[bound[0]]} {bound[1]}" for bound in (low, high) if bound)
+
+
+def _violated(value: Any, name: str, bound: float) -> bool:
+    return not {"ge": value >= bound, "gt": value > bound, "le": value <= bound, "lt": value < bound}[name]
+
+
+def field_problem(f: dataclasses.Field, value: Any) -> str | None:
+    """Why ``value`` breaks the bounds of field ``f`` (``"must be >= 1, got 0"``), or ``None`` when it does not.
+
+    Example::
+
+        >>> import dataclasses
+        >>> @dataclasses.dataclass
+        ... class S:
+        ...     k: int = doc(10, "Prefix length.", ge=1, le=1024, why="GPT-2's context")
+        ...     p: float = doc(0.5, "A share.", ge=0, le=1)
+        >>> k, p = dataclasses.fields(S)
+        >>> field_problem(k, 0), field_problem(k, 2000), field_problem(p, 1.5), field_problem(k, 7)
+        ('must be >= 1, got 0', "must be <= 1024, got 2000 (GPT-2's context)", 'must be in [0, 1], got 1.5', None)
+
+    A bound with a reason (``why``) is reported alone with it; two bounds without one as the interval they make.
+    """
+    bounds = f.metadata.get("bounds") or {}
+    if value is None or not bounds:
+        return None
+    broken = [name for name, bound in bounds.items() if _violated(value, name, bound)]
+    if not broken:
+        return None
+    got = f", got {short_repr(value, 30)}"
+    why = f.metadata.get("why", "")
+    if len(bounds) == 2 and not why:
+        return f"must be {constraint_text(f)}{got}"
+    name = broken[0]
+    reason = f" ({why})" if why and name in ("le", "lt") else ""
+    return f"must be {SYMBOLS[name]} {bounds[name]}{got}{reason}"
+
+
+@functools.cache
+def _field_types(cls: type) -> dict[str, Any]:
+    return typing.get_type_hints(cls)
+
+
+def choices_of(tp: Any) -> tuple[Any, ...] | None:
+    """The allowed values of a ``Literal`` type (``None`` for any other type)."""
+    return typing.get_args(tp) if typing.get_origin(tp) is Literal else None
+
+
+def check_fields(section: Any) -> None:
+    """The one loop over a section's fields: each value within its bounds (:func:`doc`) and, for a ``Literal`` type,
+    one of its values; a :class:`ConfigError` naming ``<section>.<field>`` otherwise."""
+    types = _field_types(type(section))
+    for f in dataclasses.fields(section):
+        value = getattr(section, f.name)
+        key = f"{section.section_name}.{f.name}"
+        choices = choices_of(types[f.name])
+        if choices is not None and value not in choices:
+            raise ConfigError(
+                f"{key}: invalid value {short_repr(value)}; valid choices: {', '.join(map(str, choices))}", key=key
+            )
+        problem = field_problem(f, value)
+        if problem:
+            raise ConfigError(f"{key}: {problem}", key=key)
+
+
+class Section:
+    """Base of the configuration sections: ``class SmileConfig(Section, name="smile")`` names the section its
+    errors name (``smile.first_token``); constructing one checks every field (:func:`check_fields`). A section with
+    cross-field rules checks them in its own ``__post_init__`` after calling this one."""
+
+    section_name: ClassVar[str] = ""
+
+    def __init_subclass__(cls, name: str = "", **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        cls.section_name = name or cls.section_name
+
+    def __post_init__(self) -> None:
+        check_fields(self)

@@ -1,0 +1,354 @@
+"""Reading a configuration: YAML recipes and dotlist overrides, values coerced to the fields' types, errors that
+name where the value at fault was set (the override, else the file) and suggest the closest valid name.
+
+``load("recipe.yaml", ["train.lr=1e-4"])`` returns a :class:`~finecap.config.Config`; unknown sections or keys,
+values of the wrong type and values outside a ``Literal`` raise :class:`~finecap.config.ConfigError` naming the key
+(and the file) and listing the valid choices; the fields' own bounds and the sections' cross-field checks run when
+each section is built (:mod:`finecap.config.fields`).
+
+Example::
+
+    >>> cfg = load(None, ["world.n_train=200", "train.objective=mle"])
+    >>> cfg.world.n_train
+    200
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import math
+import types
+import typing
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+
+from finecap.config.fields import ConfigError, constraint_text
+from finecap.config.secrets import MASK, SECRET_KEYS, looks_secret
+from finecap.config.sections import MOVED_KEYS, SECTIONS, Config, ModelConfig, moved_key
+from finecap.recipes import resolve_recipe
+from finecap.registry import METRIC_GROUPS, OBJECTIVES, REWARDS, SAMPLERS, VALIDATOR_KEYS, is_dotted_path
+from finecap.utils import SHORT_REPR_LIMIT, YAMLRefused, load_yaml, short_repr
+
+
+def did_you_mean(name: object, valid: typing.Iterable[object], prefix: str = "") -> str:
+    """`` (did you mean 'x'?)`` for the closest of ``valid`` to a mistyped ``name`` (:func:`difflib.get_close_matches`,
+    as argparse and git suggest), or ``""`` when nothing is close; ``prefix`` is prepended to the suggestion.
+
+    Example::
+
+        >>> did_you_mean("n_trian", ["n_train", "n_val"])
+        " (did you mean 'n_train'?)"
+
+    Only a name of at most :data:`~finecap.utils.SHORT_REPR_LIMIT` characters is compared (a number or a long text is
+    no typo of a name, and ``str()`` of a nested value read from a file can be enormous).
+    """
+    if not isinstance(name, str | int | float) or len(str(name)) > SHORT_REPR_LIMIT:
+        return ""
+    match = difflib.get_close_matches(str(name), [str(v) for v in valid], n=1, cutoff=0.6)
+    return f" (did you mean {prefix + match[0]!r}?)" if match else ""
+
+
+def _moved_message(key: str, kind: str) -> str:
+    target = moved_key(key, kind)
+    if target is not None:
+        return f"{key!r} moved to {target!r} (each backbone's options have their own section); set {target} instead"
+    where = [t for k in ("clipcap", "blip", "vlm") if (t := moved_key(key, k))]
+    return f"{key!r} moved to the backbone sections ({', '.join(where)}); model.kind={kind} has no such option"
+
+
+def _type_name(tp: Any) -> str:
+    if typing.get_origin(tp) is Literal:
+        return "one of " + ", ".join(repr(a) for a in typing.get_args(tp))
+    return getattr(tp, "__name__", None) or str(tp).replace("typing.", "")
+
+
+def _coerce(value: Any, tp: Any, key: str) -> Any:
+    """Return ``value`` converted to ``tp`` or raise a ConfigError naming ``key``."""
+    origin = typing.get_origin(tp)
+    args = typing.get_args(tp)
+    if origin is Literal:
+        if value not in args:
+            choices = ", ".join(map(str, args))
+            raise ConfigError(
+                f"{key}: invalid value {short_repr(value)}{did_you_mean(value, args)}; valid choices: {choices}"
+            )
+        return value
+    if origin in (types.UnionType, typing.Union):
+        if value is None and type(None) in args:
+            return None
+        errors = []
+        for a in args:
+            if a is type(None):
+                continue
+            try:
+                return _coerce(value, a, key)
+            except ConfigError as e:
+                errors.append(str(e))
+        raise ConfigError(f"{key}: expected {' | '.join(_type_name(a) for a in args)}, got {short_repr(value)}")
+    if origin is list:
+        if isinstance(value, str):  # "a,b" reads like [a, b], "a" like [a], "" like []
+            value = [_list_item(part.strip(), args[0]) for part in value.split(",")] if value.strip() else []
+        elif not isinstance(value, list | tuple | dict):  # a single number or boolean
+            value = [value]
+        if not isinstance(value, list | tuple):
+            raise ConfigError(f"{key}: expected a list, got {short_repr(value)}")
+        return [_coerce(v, args[0], f"{key}[{i}]") for i, v in enumerate(value)]
+    if origin is dict:
+        if not isinstance(value, dict):
+            raise ConfigError(f"{key}: expected a mapping, got {short_repr(value)}")
+        return {_coerce(k, args[0], f"{key} key"): _coerce(v, args[1], f"{key}.{k}") for k, v in value.items()}
+    if tp is bool:
+        if isinstance(value, bool):
+            return value
+        raise ConfigError(f"{key}: expected true/false, got {short_repr(value)}")
+    if tp is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+        if isinstance(value, float) and value.is_integer():
+            return int(value)
+        raise ConfigError(f"{key}: expected an integer, got {short_repr(value)}")
+    if tp is float:
+        number = None
+        if isinstance(value, int | float) and not isinstance(value, bool):
+            number = float(value)
+        elif isinstance(value, str):
+            try:
+                number = float(value)
+            except ValueError:
+                number = None
+        if number is None:
+            raise ConfigError(f"{key}: expected a number, got {short_repr(value)}")
+        if not math.isfinite(number):  # inf/nan in a learning rate or weight silently wrecks a run
+            raise ConfigError(f"{key}: must be a finite number, got {short_repr(value)}")
+        return number
+    if tp is str:
+        if isinstance(value, str):
+            return value
+        if isinstance(value, int | float) and not isinstance(value, bool):
+            return str(value)
+        raise ConfigError(f"{key}: expected a string, got {short_repr(value)}")
+    raise ConfigError(f"{key}: unsupported field type {tp!r}")
+
+
+def _list_item(text: str, tp: Any) -> Any:
+    """One item of a comma-separated list value: a string for string lists, else read as YAML (``3`` -> 3)."""
+    if tp is str or typing.get_origin(tp) is Literal:
+        return text
+    try:
+        return load_yaml(text)
+    except (yaml.YAMLError, ValueError):  # the text itself, for the field to judge
+        return text
+
+
+Origins = dict[str, str]
+"""Where each set key's value came from, as the prefix of its errors: ``{"train.lr": "override 'train.lr=x': "}``,
+``{"world.n_train": "recipe.yaml: "}``. Keys set by no file or override (defaults, built-in layers) are absent."""
+
+
+def _where(key: str | None, origins: Origins, source: str) -> str:
+    """The prefix of an error about ``key`` (``"a/b"`` for a check across keys): the command-line override that set
+    it, else the file, else an override of the same section (a cross-field check may name a key left at its
+    default), else ``source``."""
+    if not key:
+        return source
+    keys = [k.split("[")[0] for k in key.split("/")]
+    found = [origins[k] for k in keys if k in origins]
+    overrides = [o for o in found if o.startswith("override ")]
+    if overrides or found:
+        return (overrides or found)[0]
+    sections = {k.split(".")[0] for k in keys}
+    near = [o for k, o in origins.items() if k.split(".")[0] in sections and o.startswith("override ")]
+    return near[0] if near else source
+
+
+def _build_section(name: str, cls: type, values: dict[str, Any], source: str, origins: Origins) -> Any:
+    hints = typing.get_type_hints(cls)
+    known = [f.name for f in dataclasses.fields(cls)]
+    kwargs = {}
+    for k, v in values.items():
+        key = f"{name}.{k}"
+        where = _where(key, origins, source)
+        if k not in known and key in MOVED_KEYS:
+            raise ConfigError(f"{where}{_moved_message(key, str(values.get('kind', ModelConfig.kind)))}", key=key)
+        if k not in known:
+            raise ConfigError(
+                f"{where}unknown key {short_repr(key)}{did_you_mean(k, known, f'{name}.')}; "
+                f"valid keys of [{name}]: {', '.join(sorted(known))}",
+                key=key,
+            )
+        try:
+            kwargs[k] = _coerce(v, hints[k], key)
+        except ConfigError as e:
+            message = f"{key}: expected {_type_name(hints[k])} (the value is not shown)" if looks_secret(key) else e
+            raise ConfigError(f"{where}{message}", key=key) from None
+    try:
+        return cls(**kwargs)
+    except ConfigError as e:
+        raise ConfigError(f"{_where(e.key or name, origins, source)}{e}", key=e.key) from None
+
+
+def _check_name(name: str, valid: Any, key: str, kind: str, dotted: bool = True) -> None:
+    if (dotted and is_dotted_path(name)) or name in valid:
+        return
+    hint = " (or a dotted path 'pkg.module:factory')" if dotted else ""
+    raise ConfigError(
+        f"{key}: unknown {kind} {short_repr(name)}{did_you_mean(name, valid)}; valid names: "
+        f"{', '.join(sorted(valid))}{hint}",
+        key=key,
+    )
+
+
+def check_names(cfg: Config) -> None:
+    """Registry names are checked when the configuration is loaded, not at first use (tables in the torch-free
+    :mod:`finecap.registry`); ``train.best_metric`` must be ``loss``, ``perplexity`` or a value the chosen
+    built-in validators return (any name when a validator is user code)."""
+    _check_name(cfg.train.objective, OBJECTIVES, "train.objective", "objective")
+    _check_name(cfg.data.sampler, SAMPLERS, "data.sampler", "sampler")
+    for name in cfg.rl.rewards:
+        _check_name(name, REWARDS, "rl.rewards", "reward")
+    for name in cfg.train.validators:
+        _check_name(name, VALIDATOR_KEYS, "train.validators", "validator")
+    for name in cfg.eval.metrics:
+        _check_name(name, METRIC_GROUPS, "eval.metrics", "metric group", dotted=False)
+    if any(is_dotted_path(v) for v in cfg.train.validators):
+        return
+    values = ["loss", "perplexity", *dict.fromkeys(k for v in cfg.train.validators for k in VALIDATOR_KEYS[v])]
+    if cfg.train.best_metric not in values:
+        raise ConfigError(
+            f"train.best_metric: {short_repr(cfg.train.best_metric)}{did_you_mean(cfg.train.best_metric, values)} is "
+            "not a "
+            f"validation value of this run; available: {', '.join(values)} (train.validators adds values: "
+            + ", ".join(f"{name} -> {', '.join(keys)}" for name, keys in VALIDATOR_KEYS.items())
+            + ")",
+            key="train.best_metric",
+        )
+
+
+def from_dict(data: dict[str, Any] | None, source: str = "", origins: Origins | None = None) -> Config:
+    """Build a :class:`Config` from nested mappings ``{section: {key: value}}``. Errors start with where the value at
+    fault was set (``origins``, see :func:`load`), else with ``source`` (e.g. ``"recipe.yaml: "``). A secret read
+    back as :data:`MASK` (a stored configuration) is unset."""
+    data = data or {}
+    origins = origins or {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"{source}the configuration must be a mapping of sections, got {type(data).__name__}")
+    sections = {}
+    for name, values in data.items():
+        where = _where("/".join(k for k in origins if k.split(".")[0] == name), origins, source)
+        if name not in SECTIONS:
+            raise ConfigError(
+                f"{where}unknown section {short_repr(name)}{did_you_mean(name, SECTIONS)}; valid sections: "
+                f"{', '.join(SECTIONS)}"
+            )
+        if values is None:
+            values = {}
+        if not isinstance(values, dict):
+            raise ConfigError(f"{where}section {short_repr(name)} must be a mapping, got {short_repr(values)}")
+        values = {k: "" if f"{name}.{k}" in SECRET_KEYS and v == MASK else v for k, v in values.items()}
+        sections[name] = _build_section(name, SECTIONS[name], values, source, origins)
+    cfg = Config(**sections)
+    try:
+        check_names(cfg)
+    except ConfigError as e:
+        raise ConfigError(f"{_where(e.key, origins, source)}{e}", key=e.key) from None
+    return cfg
+
+
+def parse_override(item: str) -> tuple[list[str], Any]:
+    """Parse ``section.key=value`` (value read as YAML: numbers, booleans, lists, mappings; anchors, aliases and
+    duplicate keys refused, :func:`finecap.utils.load_yaml`)."""
+    if "=" not in item:
+        raise ConfigError(f"override {_shown_override(item)}: expected section.key=value")
+    key, raw = item.split("=", 1)
+    parts = key.strip().split(".")
+    if len(parts) != 2 or not all(parts):
+        raise ConfigError(f"override {_shown_override(item)}: the key must look like section.key (e.g. train.lr=1e-4)")
+    try:
+        value = load_yaml(raw) if raw.strip() else ""
+    except YAMLRefused as e:
+        if e.kind != "alias":  # an anchor (a value to repeat: a bomb's start) or a duplicate key
+            raise ConfigError(f"override {_shown_override(item)}: {e.reason}", key=key.strip()) from None
+        value = raw  # an alias before any anchor never was YAML (`*best`): the text itself, as before
+    except (yaml.YAMLError, ValueError):  # not YAML (or an integer of thousands of digits): the text itself
+        value = raw
+    if isinstance(value, str):
+        # YAML reads "1e-4" as a string; let the field type decide.
+        value = raw.strip()
+    return parts, value
+
+
+OVERRIDE_SHOWN = 200
+"""Characters of a command-line override an error message repeats at most (a path fits, a pasted file does not)."""
+
+
+def _shown_override(item: str) -> str:
+    """An override ``section.key=value`` as error messages quote it: shortened (:func:`finecap.utils.short_repr`),
+    the value of a secret key masked."""
+    key = item.split("=", 1)[0].strip()
+    shown = f"{key}={MASK}" if "=" in item and looks_secret(key) else item.strip()
+    return short_repr(shown, OVERRIDE_SHOWN)
+
+
+def merge_overrides(data: dict[str, Any], overrides: list[str], origins: Origins | None = None) -> dict[str, Any]:
+    """``data`` with the dotlist ``overrides`` set; ``origins`` (when given) records which override set each key."""
+    data = {k: dict(v or {}) for k, v in (data or {}).items()}
+    for item in overrides:
+        (section, key), value = parse_override(item)
+        data.setdefault(section, {})[key] = value
+        if origins is not None:
+            origins[f"{section}.{key}"] = f"override {_shown_override(item)}: "
+    return data
+
+
+def load(
+    path: str | Path | None = None,
+    overrides: list[str] | None = None,
+    base: dict[str, Any] | None = None,
+    over: dict[str, Any] | None = None,
+) -> Config:
+    """Load ``path`` (YAML) and validate. Layers, lowest first: the dataclass defaults, ``base`` (settings beneath
+    the recipe), the recipe, ``over`` (settings above the recipe, e.g. the demo's ``--quick``), then the dotlist
+    ``overrides``. An error names where the value at fault was set: the override (``override 'train.lr=x': ...``)
+    or the recipe file."""
+    data: dict[str, Any] = {k: dict(v) for k, v in (base or {}).items()}
+    origins: Origins = {}
+    source = ""
+    if path is not None:
+        try:
+            path = resolve_recipe(path)  # a YAML path, or a packaged recipe by name (finecap.recipes)
+        except ValueError as e:
+            raise ConfigError(str(e)) from None
+        from finecap.utils import read_yaml_mapping
+
+        try:
+            loaded = read_yaml_mapping(path, "a recipe must be a mapping of sections")
+        except ValueError as e:
+            raise ConfigError(str(e)) from None
+        source = f"{path}: "
+        for name, values in loaded.items():
+            if isinstance(values, dict) and isinstance(data.get(name), dict):
+                data[name] = {**data[name], **values}
+            else:
+                data[name] = values
+            keys = values if isinstance(values, dict) and values else [""]
+            origins.update({f"{name}.{k}" if k else name: source for k in keys})
+    for name, values in (over or {}).items():
+        data[name] = {**(data.get(name) or {}), **values}
+    data = merge_overrides(data, overrides or [], origins)
+    return from_dict(data, source, origins)
+
+
+def describe(cls: type) -> list[tuple[str, str, Any, str]]:
+    """(key, type, default, doc) rows of a section, for help output and documentation; the doc ends with the field's
+    bounds (``Must be >= 1, <= 1024.``, :func:`finecap.config.fields.constraint_text`)."""
+    rows = []
+    hints = typing.get_type_hints(cls)
+    for f in dataclasses.fields(cls):
+        default = f.default if f.default is not dataclasses.MISSING else f.default_factory()  # type: ignore[misc]
+        bounds = constraint_text(f)
+        text = f.metadata.get("doc", "") + (f" Must be {bounds}." if bounds else "")
+        rows.append((f.name, _type_name(hints[f.name]), default, text))
+    return rows

@@ -1,0 +1,78 @@
+"""Paths in stored configurations: which keys hold file-system paths, and those paths made absolute.
+
+A configuration finecap stores (a run's ``config.yaml``, :meth:`finecap.config.Config.save`) holds absolute paths, so
+it means the same from any working directory; :func:`finecap.config.load_stored` reads a relative path found in one
+(edited by hand) relative to the file's folder. This module works on any section dataclasses and plain mappings and
+imports none of them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from pathlib import Path
+from typing import Any, Literal
+
+PATH_KEYS: dict[str, Literal["path", "name_or_path"]] = {
+    "run.root": "path",
+    "run.dir": "path",
+    "run.cache_dir": "path",
+    "world.out": "path",
+    "data.path": "path",  # name_or_path with data.format=hf (a Hub data set name)
+    "data.images": "path",
+    "retriever.checkpoint": "name_or_path",
+    "model.encoder": "name_or_path",
+    "clipcap.lm": "name_or_path",
+    "blip.name": "name_or_path",
+    "vlm.name": "name_or_path",
+    "train.init_from": "path",
+    "eval.lm": "name_or_path",
+    "boost.prompts": "path",
+    "boost.llm_model": "name_or_path",
+    "boost.vlm_model": "name_or_path",
+}
+"""Keys holding file-system paths: ``path`` keys always are one; ``name_or_path`` keys are a Hub name unless a
+local file or folder exists there (as ``from_pretrained`` decides)."""
+KEYWORDS = ("world", "world-tiny")
+"""Values of ``name_or_path`` keys that name finecap's embedded models, never a folder."""
+
+
+def _absolute(key: str, value: Any, base: Path, data_format: Any) -> Any:
+    if not isinstance(value, str) or not value or value in KEYWORDS or Path(value).is_absolute():
+        return value
+    joined = os.path.normpath(os.path.join(base, value))
+    kind = "name_or_path" if key == "data.path" and data_format == "hf" else PATH_KEYS[key]
+    if kind == "name_or_path" and not os.path.exists(joined):
+        return value
+    return joined
+
+
+def absolute_path_values(data: dict[str, Any], base: str | Path) -> dict[str, Any]:
+    """Sections ``{section: {key: value}}`` with every relative path of :data:`PATH_KEYS` joined to ``base`` (a
+    ``data.path`` is a Hub name only with ``data.format: hf``; absent, the format is the default, a file format)."""
+    base = Path(os.path.abspath(base))
+    out = {name: dict(values) if isinstance(values, dict) else values for name, values in data.items()}
+    data_section = out.get("data") if isinstance(out.get("data"), dict) else {}
+    data_format = data_section.get("format")
+    for dotted in PATH_KEYS:
+        section, key = dotted.split(".")
+        values = out.get(section)
+        if isinstance(values, dict) and key in values:
+            values[key] = _absolute(dotted, values[key], base, data_format)
+    return out
+
+
+def absolute_paths(cfg: Any, base: str | Path | None = None) -> Any:
+    """The configuration ``cfg`` (a :class:`finecap.config.Config`) with every relative path of :data:`PATH_KEYS`
+    made absolute against ``base`` (default: the working directory, against which a running command reads them).
+    :meth:`finecap.config.Config.save` stores this form.
+
+    Example::
+
+        >>> from finecap.config import load
+        >>> absolute_paths(load(None, ["world.out=data/w"]), "/home/me").world.out
+        '/home/me/data/w'
+    """
+    data = absolute_path_values(dataclasses.asdict(cfg), base if base is not None else os.getcwd())
+    return dataclasses.replace(cfg, **{name: dataclasses.replace(getattr(cfg, name), **values)
+                                       for name, values in data.items()})  # fmt: skip

@@ -1,0 +1,78 @@
+"""The fields' own rules (bounds and allowed values, :mod:`finecap.config.fields`) are checked by one loop whenever a
+section is built: read from a recipe or built by hand (``SmileConfig(first_token=...)``, as components' direct users
+do), with the same message naming the key."""
+
+from __future__ import annotations
+
+import dataclasses
+import typing
+
+import pytest
+
+from finecap.config import SECTIONS, ConfigError, RLConfig, SmileConfig, describe, load
+from finecap.config.fields import choices_of, field_problem
+
+
+def _outside(kind: str, bound: float, integer: bool) -> float:
+    """A value just outside one bound (``gt``/``lt`` exclude the bound itself)."""
+    step = 1 if integer else 0.5
+    return {"ge": bound - step, "gt": bound, "le": bound + step, "lt": bound}[kind]
+
+
+@pytest.mark.parametrize("name", sorted(SECTIONS))
+def test_every_bound_and_choice_is_checked_when_a_section_is_built_by_hand(name):
+    cls = SECTIONS[name]
+    hints = typing.get_type_hints(cls)
+    checked = 0
+    for f in dataclasses.fields(cls):
+        key = f"{name}.{f.name}"
+        bad_values = [_outside(kind, bound, hints[f.name] is int) for kind, bound in f.metadata["bounds"].items()]
+        if choices_of(hints[f.name]) is not None:
+            bad_values.append("no-such-choice")
+        for bad in bad_values:
+            with pytest.raises(ConfigError) as e:
+                cls(**{f.name: bad})
+            assert e.value.key == key, (key, bad, str(e.value))
+            assert str(e.value).startswith(f"{key}: "), str(e.value)
+            checked += 1
+    assert checked or name in ("run", "bags"), f"[{name}] has no field rules: is the section's loop reached?"
+
+
+def test_a_bound_is_the_same_rule_by_hand_and_from_a_recipe(tmp_path):
+    with pytest.raises(ConfigError) as by_hand:
+        RLConfig(samples=300)
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text("rl:\n  samples: 300\n")
+    with pytest.raises(ConfigError) as loaded:
+        load(recipe)
+    assert str(loaded.value) == f"{recipe}: {by_hand.value}"
+    assert (
+        str(by_hand.value)
+        == "rl.samples: must be <= 256, got 300 (captions decoded per image; SCST: 5, GRPO-style: 8 to 64)"
+    )
+
+
+def test_choices_are_checked_by_hand_and_cross_field_rules_follow():
+    with pytest.raises(
+        ConfigError, match=r"^smile.first_token: invalid value 'first'; valid choices: mle, shift, none"
+    ):
+        SmileConfig(first_token="first")
+    with pytest.raises(ConfigError, match=r"^smile.shift_token_id: must be set when smile.first_token=shift"):
+        SmileConfig(first_token="shift")
+    assert SmileConfig(first_token="shift", shift_token_id=2).shift_token_id == 2
+
+
+def test_messages_of_one_sided_two_sided_and_reasoned_bounds():
+    fields = {f.name: f for f in dataclasses.fields(SECTIONS["decode"])}
+    assert field_problem(fields["top_p"], 0.0) == "must be in (0, 1], got 0.0"
+    assert field_problem(fields["temperature"], 0.0) == "must be > 0, got 0.0"
+    assert field_problem(fields["beam_size"], 0) == "must be >= 1, got 0"  # the reason belongs to the upper bound
+    assert field_problem(fields["beam_size"], 101).endswith("(captioning papers search 3 to 10 beams)")
+    assert field_problem(fields["beam_size"], 5) is None
+
+
+def test_the_reference_rows_show_the_bounds():
+    rows = {key: text for key, _, _, text in describe(SECTIONS["clipcap"])}
+    assert rows["prefix_length"].endswith("fed to the language model. Must be >= 1, <= 1024.")
+    assert rows["tiny_dropout"].endswith(" Must be in [0, 1).")
+    assert "Must be" not in rows["lm"]
