@@ -39,7 +39,8 @@ COLUMNS = ["Length", "BLEU-4", "CIDEr-D", "faith/precision", "faith/recall", "RD
 
 def stage_transfer(demo: Any, stages: Sequence[str], load_model: Callable[[Any, str], Any]) -> dict[str, Any]:
     """Caption and score the shifted test split for every trained stage of ``stages`` (module docstring). ``demo``
-    is a :class:`finecap.app.demo.Demo`, not imported here so that the two modules form no import cycle."""
+    is the demo's :class:`finecap.stages.StageRunner` (:mod:`finecap.app.demo` is not imported here: the two
+    modules form no import cycle)."""
     cfg = demo.cfg
     world = shifted_world(cfg.world)
     world_dir = prepare(dataclasses.replace(cfg, world=world), {"world"}, make=True).world

@@ -25,7 +25,8 @@ default ``demo.stages``: ``finecap demo --stages vcb`` runs them all (after ``wo
   (``vcb_timings.json``, written by the ``vcb`` stage); a quick demo's tables are titled as such
   (:data:`finecap.report.table.QUICK_TITLE`).
 
-:mod:`finecap.app.demo` registers these stages (this module must not import it: the import graph stays acyclic).
+:mod:`finecap.app.demo` puts these stages in its table (this module must not import it: the import graph stays
+acyclic).
 """
 
 from __future__ import annotations
@@ -34,7 +35,6 @@ import dataclasses
 import logging
 import math
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -48,6 +48,7 @@ from finecap.home import world_path
 from finecap.metrics.suite import evaluate
 from finecap.models.retriever import load_retriever
 from finecap.report.table import markdown_table, quick_labelled
+from finecap.stages import Stage, StageRunner
 from finecap.utils import atomic_write_text, read_json, write_json
 from finecap.world.facts import faithfulness
 from finecap.world.make import load_scenes
@@ -298,26 +299,25 @@ def stage_report(demo: Any) -> dict[str, Any]:
     return rows
 
 
-def group(stages: dict[str, Callable[[Any], Any]], train_done: Callable[[Any, str], bool]) -> Callable[[Any], None]:
+def run_group(demo: StageRunner) -> None:
     """The ``vcb`` stage: the baselines when missing, then every stage of :data:`GROUP`, each timed."""
-
-    def run(demo: Any) -> None:
-        timings_file = demo.run_dir / "vcb_timings.json"
-        for stage in (*BASELINES, *GROUP):
-            if stage in BASELINES and stage not in ("world", "retriever") and train_done(demo, stage):
-                continue
-            log.info("== demo stage: %s (vcb)", stage)
-            start = time.perf_counter()
-            stages[stage](demo)
-            timings = read_json(timings_file) if timings_file.exists() else {}
-            timings[stage] = round(time.perf_counter() - start, 1)
-            write_json(timings_file, timings)
-
-    return run
+    timings_file = demo.run_dir / "vcb_timings.json"
+    for stage in (*BASELINES, *GROUP):
+        if stage in BASELINES and stage not in ("world", "retriever") and demo.is_done(stage) and not demo.force:
+            continue
+        log.info("== demo stage: %s (vcb)", stage)
+        start = time.perf_counter()
+        demo.run_stage(stage)
+        timings = read_json(timings_file) if timings_file.exists() else {}
+        timings[stage] = round(time.perf_counter() - start, 1)
+        write_json(timings_file, timings)
 
 
-def register(stages: dict[str, Callable[[Any], Any]], train_stage: Callable[[str], Callable[[Any], None]]) -> None:
-    """Add the group's stages (training stages through the demo's ``train_stage``) and ``vcb`` to ``stages``."""
-    stages.update({name: train_stage(name) for name in VCB_TRAIN_STAGES})
-    stages.update({"boost_holistic": stage_boost, "captions_holistic": stage_captions, "report_vcb": stage_report})
-    stages["vcb"] = group(stages, lambda demo, s: (demo.stage_dir(s) / "DONE").exists() and not demo.cfg.demo.force)
+STAGES = (
+    Stage("boost_holistic", run=stage_boost),
+    Stage("captions_holistic", run=stage_captions),
+    Stage("report_vcb", run=stage_report),
+    Stage("vcb", run=run_group),
+)
+"""The group's tasks; its training stages (:data:`VCB_TRAIN_STAGES`) are the demo's, built as the others
+(:func:`finecap.app.demo.training_stage`)."""
