@@ -180,6 +180,9 @@ def test_caption_field_overrides_come_from_the_demo_vcb_stages(tmp_path):
     assert pt.caption_field_overrides(grid, pt.RUNS["sr_l_holistic"]) == expected
     assert pt.caption_field_overrides(grid, pt.RUNS["mle_holistic"]) == expected  # quick: no step override
     assert pt.caption_field_overrides(grid, pt.RUNS["sr_v_blend"])[1] == "data.captions=blend"
+    from finecap.app import demo_vcb  # the demo's VCB stages train on the same settings
+
+    assert demo_vcb.overrides(grid, "mle_holistic") == demo_vcb.overrides(grid, "sr_l_holistic") == expected
 
 
 def test_verdicts_of_columns_without_a_world_analogue_and_of_stated_signs():

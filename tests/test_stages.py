@@ -145,3 +145,25 @@ def test_side_stages_run_in_worker_processes_with_their_thread_count(tmp_path):
     assert all(_trained(runner, s)["threads"] == 1 for s in ("a", "b"))
     assert all((runner.stage_dir(s) / DONE).exists() and (runner.stage_dir(s) / "then.txt").exists() for s in "ab")
     assert set(json.loads(timings.read_text())) == set(stages)
+
+
+def test_finished_stages_are_read_with_the_configuration_they_saved(tmp_path):
+    """A runner over finished stages configures each from its own config.yaml (what it trained with) and trains
+    nothing; a stage without its DONE marker is named."""
+    from finecap.stages import finished_stages
+
+    run_dir = tmp_path / "run"
+    (run_dir / "mle").mkdir(parents=True)
+    load(None, ["train.lr=0.07"]).save(run_dir / "config.yaml")
+    load(None, ["train.lr=0.003", "decode.beam_size=4", f"run.dir={run_dir / 'mle'}"]).save(
+        run_dir / "mle" / "config.yaml"
+    )
+    with pytest.raises(MissingInput, match="stage\\(s\\) mle have not finished"):
+        finished_stages(run_dir, ["mle"])
+    (run_dir / "mle" / DONE).write_text("ok\n")
+    runner = finished_stages(run_dir, ["mle"])
+    cfg = runner.stage_config("mle")
+    assert (cfg.train.lr, cfg.decode.beam_size, cfg.run.dir) == (0.003, 4, str(run_dir / "mle"))
+    assert runner.cfg.train.lr == 0.07  # the run directory's own configuration
+    with pytest.raises(RuntimeError, match="trains nothing"):
+        runner.train(cfg, resume=False, overwrite=True)

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 
 from .corpora import simple_corpus
 from .page import run_description
-from .runs import RUNS
+from .runs import FIELDS, RUNS
 from .schema import Run
 
 if TYPE_CHECKING:
@@ -72,17 +72,17 @@ def ensure_trained(grid: StageRunner, key: str) -> None:
 
 def caption_field_overrides(grid: StageRunner, run: Run) -> list[str]:
     """The settings that train ``run`` on its caption field: none for the human captions; for a boosted field, the
-    demo's (:func:`finecap.app.demo_vcb.overrides`: the VCB data set, its field, captions of up to 55 tokens, and for
-    an MLE start as many steps as the MLE start on the human captions), taken from the demo stage that trains the
-    same kind of run on that field (``mle_<field>`` for MLE, ``discritune_<field>`` for every fine-tuning run)."""
-    from finecap.app import demo_vcb
+    demo's VCB stages' (:func:`finecap.boost.training.field_overrides`: the boosted data set, its field, captions of
+    up to 55 tokens, and for an MLE start, but in a quick grid, as many steps as the MLE start on the human
+    captions)."""
+    from finecap.boost import training
 
     if run.captions == "original":
         return []
-    stage = f"{'mle' if run.recipe == 'mle' else 'discritune'}_{run.captions}"
-    if demo_vcb.FIELD_OF.get(stage) != run.captions:
-        raise ValueError(f"no demo stage trains on caption field {run.captions!r} (finecap.app.demo_vcb.FIELD_OF)")
-    return demo_vcb.overrides(grid, stage)
+    if run.captions not in FIELDS:
+        raise ValueError(f"unknown caption field {run.captions!r}; valid: {', '.join(FIELDS)}")
+    steps = training.epoch_steps(grid.stage_config("mle")) if run.recipe == "mle" and not grid.quick else None
+    return training.field_overrides(grid.run_dir / training.BOOSTED_DIR, run.captions, steps)
 
 
 def corpus_overrides(grid: StageRunner, run: Run) -> list[str]:
@@ -97,13 +97,16 @@ def corpus_overrides(grid: StageRunner, run: Run) -> list[str]:
 
 def ensure_boosted(grid: StageRunner) -> Path:
     """The world's Visual Caption Boosting data set of this seed (every caption field), made as the demo's ``vcb``
-    stages make it: the visual expert trained (a run of the grid), then :func:`finecap.app.demo_vcb.stage_boost`
-    (``finecap boost`` with the world backends) into ``<seed folder>/world_holistic``; returns its ``dataset.json``."""
-    from finecap.app import demo_vcb
+    stages make it: the visual expert trained (a run of the grid), then ``finecap boost`` with the world backends
+    (:func:`finecap.boost.training.world_boost_config`) into ``<seed folder>/world_holistic``; returns its
+    ``dataset.json``."""
+    from finecap.app.boost import main as boost  # the `finecap boost` command
+    from finecap.boost import training
 
-    path = demo_vcb.boosted_dir(grid) / "dataset.json"
+    path = grid.run_dir / training.BOOSTED_DIR / "dataset.json"
     if not path.exists():
         ensure_trained(grid, "visual_expert")
         print(f"== boost: BlendCap, VisualCap and HolisticCap of every image into {path.parent}", flush=True)
-        demo_vcb.stage_boost(grid)
+        expert = grid.stage_dir("visual_expert") / "checkpoints" / "best"
+        boost(training.world_boost_config(grid.cfg, grid.items, expert), path.parent)
     return path

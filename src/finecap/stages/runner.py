@@ -35,6 +35,7 @@ from typing import Any, Protocol
 from finecap.config import Config, load
 from finecap.data.fingerprint import FingerprintMismatch, check_run
 from finecap.recipes import resolve_recipe
+from finecap.train.checkpoint import CONFIG_FILE
 from finecap.train.state import continue_unfinished
 from finecap.utils import atomic_write_text, read_json, refuse_link, write_json
 
@@ -297,3 +298,22 @@ def run_side_stage(runner: StageRunner, stage: str, threads: int) -> float:
     finally:
         torch.set_num_threads(before)
     return round(time.perf_counter() - start, 1)
+
+
+def never_train(cfg: Config, *, resume: bool, overwrite: bool) -> None:
+    """The training function of :func:`finished_stages`: it has none to give."""
+    raise RuntimeError(f"{cfg.run.dir}: a runner over finished stages trains nothing")
+
+
+def finished_stages(run_dir: Path, stages: Iterable[str]) -> StageRunner:
+    """A runner over training stages that have run in ``run_dir`` (a demo's run directory, or a grid's seed folder),
+    each configured by the ``config.yaml`` it saved, so what reads them (:mod:`finecap.stages.outputs`: captions,
+    samples, diversity) decodes with the settings they trained with; its ``cfg`` is ``run_dir``'s own
+    ``config.yaml``. It trains nothing (:func:`never_train`): a stage that has not finished is a
+    :class:`MissingInput` when read."""
+    stages = list(stages)
+    missing = [s for s in stages if not (run_dir / s / DONE).is_file()]
+    if missing:
+        raise MissingInput(f"{run_dir}: stage(s) {', '.join(missing)} have not finished (no {DONE} marker)")
+    table = stage_table(Stage(s, TRAIN, recipe=str(run_dir / s / CONFIG_FILE)) for s in stages)
+    return StageRunner(table, load(str(run_dir / CONFIG_FILE), []), run_dir, train=never_train)
