@@ -113,21 +113,13 @@ def test_vcb_results_md_is_titled_quick_for_a_quick_demo(tmp_path, monkeypatch, 
 
 
 @pytest.mark.parametrize("quick", [True, False])
-def test_transfer_results_md_is_titled_quick_for_a_quick_demo(tmp_path, monkeypatch, quick, capsys):
-    demo = _fake_demo(tmp_path, quick)
-    records = [SimpleNamespace(image_id=1)]
-    refs = SimpleNamespace(records=records, captions=lambda: {1: ["a", "b"]}, scenes={})
-    monkeypatch.setattr(demo_transfer, "prepare", lambda cfg, needs, make: SimpleNamespace(world=tmp_path / "w"))
-    monkeypatch.setattr(demo_transfer, "load_references", lambda *a, **k: refs)
-    monkeypatch.setattr(demo_transfer, "build_bags", lambda *a, **k: None)
-    monkeypatch.setattr(demo_transfer, "read_bags", lambda path: {})
-    monkeypatch.setattr(demo_transfer, "load_retriever", lambda cfg: None)
-    monkeypatch.setattr(demo_transfer, "evaluate", lambda *a, **k: dict(ROW))
-    rows = demo_transfer.stage_transfer(demo, [], lambda demo, stage: None)
-    assert set(rows) == {"human"}
-    table = (demo.run_dir / "transfer" / "results.md").read_text()
+def test_transfer_results_md_is_titled_quick_for_a_quick_demo(tmp_path, quick, capsys):
+    demo = _demo(tmp_path, [], quick=quick)
+    table = demo_transfer.write_tables(demo, {"human": dict(ROW)}, "Shifted domain:")
+    assert (demo.run_dir / "transfer" / "results.md").read_text() == table + "\n"
     assert table.startswith(QUICK_TITLE + "\n\n| stage | Length | CIDEr-D |") == quick
     assert table.startswith("| stage | Length | CIDEr-D |") != quick
+    assert json.loads((demo.run_dir / "transfer" / "results.json").read_text()) == {"human": ROW}
     assert (QUICK_TITLE in capsys.readouterr().out) == quick
 
 
