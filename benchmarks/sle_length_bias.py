@@ -41,21 +41,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--stage", default="mle", help="the stage whose best checkpoint samples (default mle)")
     p.add_argument("--seed", type=int, default=0)
     args = p.parse_args(argv)
-    from finecap.app.demo import Demo, best_model, load_demo_config
     from finecap.caption import generate_captions
-    from finecap.config import load
     from finecap.data.datasets import load_records
     from finecap.metrics.diversity import caption_length
     from finecap.metrics.suite import evaluate_items
     from finecap.objectives.exploration import caption_distances, diversity_advantages
+    from finecap.stages import finished_stages
+    from finecap.stages.outputs import best_model
     from finecap.utils import seed_everything
-    from training_noise import source_overrides
 
     run = Path(args.run)
-    quick = load(str(run / "config.yaml"), []).demo.quick
-    items = source_overrides(run)
-    cfg = load_demo_config(None, items, quick=quick)
-    demo = Demo(cfg=cfg, items=items, quick=quick, run_dir=run)
+    demo = finished_stages(run, [args.stage])  # the stage as it trained: its own config.yaml
     stage_cfg = demo.stage_config(args.stage)
     decode = dataclasses.replace(stage_cfg.decode, strategy="sample", temperature=1.0, beam_size=SAMPLES,
                                  num_return_sequences=SAMPLES)  # fmt: skip

@@ -45,11 +45,11 @@ def source_overrides(source: Path) -> list[str]:
     ``section.key=value`` overrides (values as YAML), but for :data:`NOT_CARRIED`."""
     import yaml
 
-    from finecap.app.demo import load_demo_config
     from finecap.config import load
+    from finecap.recipes.settings import DEMO_BASE, DEMO_QUICK
 
     saved = load(str(source / "config.yaml"), []).to_dict()
-    default = load_demo_config(None, [], bool(saved["demo"]["quick"])).to_dict()
+    default = load(None, [], base=DEMO_BASE, over=DEMO_QUICK if saved["demo"]["quick"] else None).to_dict()
 
     def text(value: object) -> str:  # one line of YAML (a document end marker "..." after a scalar dropped)
         return yaml.safe_dump(value, default_flow_style=True, width=1 << 16).removesuffix("...\n").strip()
@@ -83,34 +83,20 @@ def train_repeat(source: Path, folder: Path, stages: Sequence[str], seed: int) -
 
 def repeat_scores(folder: Path, stages: Sequence[str]) -> dict[str, dict[str, float]]:
     """The demo table's ``CIDEr-D`` and ``sample/Div-2`` of each of ``stages`` in a repeat folder."""
-    from finecap.app.demo import Demo, diversity_metrics
-    from finecap.config import load
     from finecap.data.datasets import load_records
-    from finecap.train.state import config_changes
+    from finecap.stages import finished_stages
+    from finecap.stages.outputs import diversity_metrics
     from paired_difference import stage_items
 
-    cfg = load(str(folder / "config.yaml"), [])
-    # the repeat's own settings (its world) and run seed (which seeds the sampled captions): its stages need them
-    items = [*source_overrides(folder), f"run.seed={cfg.run.seed}"]
-    demo = Demo(cfg=cfg, items=items, quick=cfg.demo.quick, run_dir=folder)
-    for stage in stages:  # the samples are decoded with the stage's configuration: it must be the one that trained
-        rebuilt = demo.stage_config(stage).to_dict(redact=True)  # as the stage saved its config.yaml
-        compared = {section: {k: v for k, v in values.items() if (section, k) not in IGNORED}
-                    for section, values in rebuilt.items() if section != "demo"}  # fmt: skip
-        differ = config_changes(folder / stage / "config.yaml", compared)
-        if differ:
-            raise SystemExit(f"{folder / stage}: the configuration rebuilt here differs from the stage's own: "
-                             f"{'; '.join(differ)}")  # fmt: skip
+    # the samples are decoded with each stage's own configuration (its config.yaml: its world, its run seed, which
+    # seeds the sampled captions), the one it trained with
+    demo = finished_stages(folder, stages)
+    cfg = demo.cfg
     references = {r.image_id: r.captions[1:] for r in load_records(cfg, "test")}
     ciders = stage_items(folder, stages, "cider", "CIDEr-D")
     return {stage: {"CIDEr-D": statistics.fmean(items.values()),
                     "sample/Div-2": diversity_metrics(demo, stage, references)["sample/Div-2"]}
             for stage, items in zip(stages, ciders, strict=True)}  # fmt: skip
-
-
-IGNORED = {("run", "dir"), ("train", "init_from")}
-"""Where a stage's configuration may differ from the one rebuilt for it (besides ``demo.*``): the paths of the
-folder it was trained in."""
 
 
 def source_scores(source: Path, stages: Sequence[str]) -> dict[str, dict[str, float]]:

@@ -11,10 +11,11 @@ import pytest
 
 from finecap.app import demo as demo_mod
 from finecap.app import demo_transfer, demo_vcb
-from finecap.app.demo import Demo, load_demo_config
+from finecap.app.demo import demo_runner, load_demo_config
 from finecap.config import ClipCapBackboneConfig, WorldConfig
 from finecap.report.table import QUICK_TITLE
 from finecap.runs import FINGERPRINTS_FILE
+from finecap.stages import StageRunner
 from finecap.train.fingerprint import FingerprintMismatch, data_fingerprint, write_fingerprints
 from finecap.world.make import make_world
 
@@ -26,9 +27,13 @@ def _world(folder: Path, seed: int) -> list[str]:
     return [f"world.out={folder}", f"world.seed={seed}", *(f"world.{k}={v}" for k, v in SIZES.items())]
 
 
-def _demo(tmp_path: Path, items: list[str], quick: bool = True) -> Demo:
+def _demo(tmp_path: Path, items: list[str], quick: bool = True, train=None) -> StageRunner:
+    """The demo's stage runner on ``items``; ``train`` stands in for the training recipe (none: the real one)."""
     items = [*items, f"run.cache_dir={tmp_path / 'cache'}"]
-    return Demo(cfg=load_demo_config(None, items, quick), items=items, quick=quick, run_dir=tmp_path / "run")
+    demo = demo_runner(load_demo_config(None, items, quick), items, quick, tmp_path / "run")
+    if train is not None:
+        demo.train = train
+    return demo
 
 
 # --------------------------------------------------------------------------------------------------------------------
@@ -36,11 +41,13 @@ def _demo(tmp_path: Path, items: list[str], quick: bool = True) -> Demo:
 # --------------------------------------------------------------------------------------------------------------------
 
 
-def test_a_finished_stage_on_other_inputs_is_refused_not_reused(tmp_path, monkeypatch, caplog):
+def test_a_finished_stage_on_other_inputs_is_refused_not_reused(tmp_path, caplog):
     trained: list[tuple[str, bool]] = []
-    monkeypatch.setattr(demo_mod, "train", lambda cfg, resume, overwrite: trained.append((cfg.run.dir, overwrite)))
-    monkeypatch.setattr(demo_mod, "caption_stage", lambda demo, stage: None)  # decoding needs a checkpoint
-    first = _demo(tmp_path, _world(tmp_path / "world_a", seed=0))
+
+    def fake_train(cfg, *, resume, overwrite):
+        trained.append((cfg.run.dir, overwrite))
+
+    first = _demo(tmp_path, _world(tmp_path / "world_a", seed=0), train=fake_train)
     out = first.stage_dir("mle")
     out.mkdir(parents=True)
     write_fingerprints(out, first.stage_config("mle"))  # what training records
@@ -48,23 +55,23 @@ def test_a_finished_stage_on_other_inputs_is_refused_not_reused(tmp_path, monkey
     recorded = json.loads((out / FINGERPRINTS_FILE).read_text())["data"]
 
     caplog.set_level(logging.INFO, logger="finecap")
-    demo_mod.STAGES["mle"](first)  # the same inputs: reused
+    assert first.train_stage("mle") is False  # the same inputs: reused
     assert trained == [] and f"mle: already trained ({out}); skipping" in caplog.messages
 
     # The demo re-run on another world (world.seed changed): the stage's run is not silently reused.
-    other = _demo(tmp_path, _world(tmp_path / "world_b", seed=1))
+    other = _demo(tmp_path, _world(tmp_path / "world_b", seed=1), train=fake_train)
     now = data_fingerprint(other.stage_config("mle"))
     assert now["id"] != recorded["id"]
     with pytest.raises(FingerprintMismatch) as e:
-        demo_mod.STAGES["mle"](other)
+        other.train_stage("mle")
     message = str(e.value)
     assert message.startswith("demo stage 'mle' was trained on other inputs than its configuration names now")
     assert f"data fingerprint {recorded['id']} at {recorded['path']} (recorded) differs from {now['id']}" in message
     assert f"world_key: '{recorded['world_key']}' -> '{now['world_key']}'" in message and "--force" in message
     assert trained == []
     # --force (demo.force): the stage trains again, over its old run.
-    forced = _demo(tmp_path, [*other.items, "demo.force=true"])
-    demo_mod.STAGES["mle"](forced)
+    forced = _demo(tmp_path, [*other.items, "demo.force=true"], train=fake_train)
+    assert forced.train_stage("mle") is True
     assert trained == [(str(out), True)]
 
 
@@ -107,21 +114,13 @@ def test_vcb_results_md_is_titled_quick_for_a_quick_demo(tmp_path, monkeypatch, 
 
 
 @pytest.mark.parametrize("quick", [True, False])
-def test_transfer_results_md_is_titled_quick_for_a_quick_demo(tmp_path, monkeypatch, quick, capsys):
-    demo = _fake_demo(tmp_path, quick)
-    records = [SimpleNamespace(image_id=1)]
-    refs = SimpleNamespace(records=records, captions=lambda: {1: ["a", "b"]}, scenes={})
-    monkeypatch.setattr(demo_transfer, "prepare", lambda cfg, needs, make: SimpleNamespace(world=tmp_path / "w"))
-    monkeypatch.setattr(demo_transfer, "load_references", lambda *a, **k: refs)
-    monkeypatch.setattr(demo_transfer, "build_bags", lambda *a, **k: None)
-    monkeypatch.setattr(demo_transfer, "read_bags", lambda path: {})
-    monkeypatch.setattr(demo_transfer, "load_retriever", lambda cfg: None)
-    monkeypatch.setattr(demo_transfer, "evaluate", lambda *a, **k: dict(ROW))
-    rows = demo_transfer.stage_transfer(demo, [], lambda demo, stage: None)
-    assert set(rows) == {"human"}
-    table = (demo.run_dir / "transfer" / "results.md").read_text()
+def test_transfer_results_md_is_titled_quick_for_a_quick_demo(tmp_path, quick, capsys):
+    demo = _demo(tmp_path, [], quick=quick)
+    table = demo_transfer.write_tables(demo, {"human": dict(ROW)}, "Shifted domain:")
+    assert (demo.run_dir / "transfer" / "results.md").read_text() == table + "\n"
     assert table.startswith(QUICK_TITLE + "\n\n| stage | Length | CIDEr-D |") == quick
     assert table.startswith("| stage | Length | CIDEr-D |") != quick
+    assert json.loads((demo.run_dir / "transfer" / "results.json").read_text()) == {"human": ROW}
     assert (QUICK_TITLE in capsys.readouterr().out) == quick
 
 
@@ -271,9 +270,8 @@ def test_side_stages_give_the_same_results_whatever_the_job_count(tmp_path, caps
     assert set(timings) == set(stages.split(","))
 
 
-def test_side_stages_are_those_nothing_starts_from():
-    from finecap.app.demo import side_stages
-
+def test_side_stages_are_those_nothing_starts_from(tmp_path):
+    side_stages = _demo(tmp_path, []).side_stages
     assert side_stages(["world", "retriever", "mle", "smile", "scst", "blip_mle", "blip_smile", "report"]) == {
         "smile", "scst", "blip_smile"}  # fmt: skip
     assert side_stages(["mle", "report"]) == {"mle"}  # nothing starts from it: it may run beside others
@@ -286,36 +284,34 @@ def test_side_stages_are_those_nothing_starts_from():
 EVENT = json.dumps({"step": 10, "epoch": 0.1, "split": "train", "values": {"loss": 1.0}}) + "\n"
 
 
-def _killed_stage(tmp_path: Path, monkeypatch, checkpoints: list[str]) -> tuple[Demo, Path, list[tuple[bool, bool]]]:
+def _killed_stage(tmp_path: Path, checkpoints: list[str]) -> tuple[StageRunner, Path, list[tuple[bool, bool]]]:
     """The ``mle`` stage's folder as a kill left it: a partial event log and the given checkpoint folders; the
     engine's ``train`` replaced by its run-directory check (``prepare_run_dir``), which is what decides here."""
     from finecap.runs import MODEL_SUBDIR
     from finecap.train.state import prepare_run_dir
 
-    demo = _demo(tmp_path, _world(tmp_path / "world", seed=0))
+    calls: list[tuple[bool, bool]] = []
+
+    def fake_train(cfg, *, resume, overwrite):
+        calls.append((resume, overwrite))
+        prepare_run_dir(Path(cfg.run.dir), resume=resume, overwrite=overwrite)
+
+    demo = _demo(tmp_path, _world(tmp_path / "world", seed=0), train=fake_train)
     out = demo.stage_dir("mle")
     out.mkdir(parents=True)
     (out / "metrics.jsonl").write_text(EVENT)
     for name in checkpoints:  # a checkpoint's model folder (weights not needed: nothing loads them here)
         (out / "checkpoints" / name / MODEL_SUBDIR).mkdir(parents=True)
         (out / "checkpoints" / name / MODEL_SUBDIR / "config.json").write_text("{}")
-    calls: list[tuple[bool, bool]] = []
-
-    def fake_train(cfg, resume, overwrite):
-        calls.append((resume, overwrite))
-        prepare_run_dir(Path(cfg.run.dir), resume=resume, overwrite=overwrite)
-
-    monkeypatch.setattr(demo_mod, "train", fake_train)
-    monkeypatch.setattr(demo_mod, "caption_stage", lambda demo, stage: None)
     return demo, out, calls
 
 
 @pytest.mark.parametrize("left", [[], [".last.tmp"]])  # killed in its first steps, or saving its first checkpoint
-def test_a_stage_killed_before_its_first_checkpoint_trains_again_from_the_start(tmp_path, monkeypatch, caplog, left):
-    demo, out, calls = _killed_stage(tmp_path, monkeypatch, left)
+def test_a_stage_killed_before_its_first_checkpoint_trains_again_from_the_start(tmp_path, caplog, left):
+    demo, out, calls = _killed_stage(tmp_path, left)
     (out / "notes.txt").write_text("mine")  # a user's file beside the run files: kept
     caplog.set_level(logging.WARNING, logger="finecap")
-    demo_mod.STAGES["mle"](demo)
+    assert demo.train_stage("mle") is True
     assert calls == [(False, True)]
     assert (
         "demo stage 'mle': its earlier run in" in caplog.text and "stopped before saving a checkpoint" in caplog.text
@@ -324,12 +320,12 @@ def test_a_stage_killed_before_its_first_checkpoint_trains_again_from_the_start(
     assert (out / "notes.txt").read_text() == "mine" and (out / "DONE").exists()
 
 
-def test_a_killed_stage_with_a_saved_but_not_resumable_checkpoint_is_refused_and_kept(tmp_path, monkeypatch):
+def test_a_killed_stage_with_a_saved_but_not_resumable_checkpoint_is_refused_and_kept(tmp_path):
     from finecap.runs import MODEL_SUBDIR
 
-    demo, out, calls = _killed_stage(tmp_path, monkeypatch, ["best"])  # best saved, killed before last
+    demo, out, calls = _killed_stage(tmp_path, ["best"])  # best saved, killed before last
     with pytest.raises(ValueError) as e:
-        demo_mod.STAGES["mle"](demo)
+        demo.train_stage("mle")
     message = str(e.value)
     assert message.startswith(f"demo stage 'mle': {out} holds an unfinished run with no checkpoint to resume from")
     assert "best (the best model, without optimizer state: not resumable)" in message
@@ -339,11 +335,11 @@ def test_a_killed_stage_with_a_saved_but_not_resumable_checkpoint_is_refused_and
     assert not (out / "DONE").exists()
 
 
-def test_a_stage_killed_before_its_first_checkpoint_keeps_a_foreign_file_where_run_files_go(tmp_path, monkeypatch):
-    demo, out, calls = _killed_stage(tmp_path, monkeypatch, [])
+def test_a_stage_killed_before_its_first_checkpoint_keeps_a_foreign_file_where_run_files_go(tmp_path):
+    demo, out, calls = _killed_stage(tmp_path, [])
     (out / "metrics.jsonl").write_text("a,b\n1,2\n")  # not finecap's event log: the overwrite refuses it
     with pytest.raises(ValueError, match="holds files finecap did not make"):
-        demo_mod.STAGES["mle"](demo)
+        demo.train_stage("mle")
     assert (out / "metrics.jsonl").read_text() == "a,b\n1,2\n" and calls == [(False, True)]
 
 
@@ -363,10 +359,10 @@ def test_a_second_demo_on_the_same_run_directory_is_refused(tmp_path):
 WORKER_SCRIPT = """
 import logging, multiprocessing, os, sys, time
 from concurrent.futures import ProcessPoolExecutor
-from finecap.app.demo import _worker_setup
+from finecap.stages.pool import worker_setup
 if __name__ == "__main__":
     context = multiprocessing.get_context("spawn")
-    pool = ProcessPoolExecutor(1, mp_context=context, initializer=_worker_setup,
+    pool = ProcessPoolExecutor(1, mp_context=context, initializer=worker_setup,
                                initargs=(context.Queue(), logging.INFO))
     print(pool.submit(os.getpid).result(), flush=True)
     pool.submit(time.sleep, 600)  # a stage still training
@@ -422,8 +418,8 @@ def test_the_users_recipe_fills_in_every_stage_beneath_its_own_recipe(tmp_path):
                       "train:\n  objective: sle\n  max_steps: 999\n")  # fmt: skip
     items = ["train.lr=0.004"]
     for quick in (False, True):
-        demo = Demo(cfg=load_demo_config(str(recipe), items, quick), items=items, quick=quick,
-                    run_dir=tmp_path / "run", recipe=read_recipe(str(recipe)))  # fmt: skip
+        demo = demo_runner(load_demo_config(str(recipe), items, quick), items, quick, tmp_path / "run",
+                           read_recipe(str(recipe)))  # fmt: skip
         assert demo.cfg.world.seed == 7 and demo.cfg.world.n_train == (300 if quick else 5000)
         for stage in ("mle", "scst", "smile_random", "blip_mle"):
             cfg = demo.stage_config(stage)

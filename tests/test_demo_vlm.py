@@ -6,15 +6,16 @@ import json
 import pytest
 
 from finecap.app.cli import main
-from finecap.app.demo import QUICK, TRAIN_STAGES, VLM_STAGES, Demo, load_demo_config
+from finecap.app.demo import QUICK, TRAIN_STAGES, VLM_STAGES, demo_runner, load_demo_config
 from finecap.config import DemoConfig
 from finecap.report.table import QUICK_TITLE
+from finecap.stages import StageRunner
 
 OBJECTIVES = {"vlm_mle": "mle", "vlm_smile": "smile", "vlm_discritune": "reinforce"}
 
 
-def _demo(tmp_path, quick: bool) -> Demo:
-    return Demo(cfg=load_demo_config(None, [], quick), items=[], quick=quick, run_dir=tmp_path / "run")
+def _demo(tmp_path, quick: bool) -> StageRunner:
+    return demo_runner(load_demo_config(None, [], quick), [], quick, tmp_path / "run")
 
 
 def test_vlm_stages_are_training_stages_starting_from_vlm_mle():

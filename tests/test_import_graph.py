@@ -45,7 +45,8 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("objectives", ("finecap.objectives",)),  # REINFORCE scores samples with the rewards
     ("caption", ("finecap.caption",)),  # the captioning loop, which training's validators run
     ("train", ("finecap.train",)),
-    ("uses of trained models", ("finecap.inference", "finecap.boost", "finecap.integrations", "finecap.report")),
+    ("uses of trained models", ("finecap.inference", "finecap.boost", "finecap.integrations", "finecap.report",
+                                "finecap.stages")),  # the stage runner: training runs and what is made of them
     ("api", ("finecap.api", "finecap")),
     ("application", (APP, "finecap.__main__")),
 ]  # fmt: skip

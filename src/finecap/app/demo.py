@@ -17,7 +17,7 @@ starts the longest side stages first.
   start (:func:`finecap.train.state.continue_unfinished`). A finished stage is reused only when the inputs its
   run recorded (``<stage>/fingerprints.json``: the data, the captioner's encoder, the retriever) are those of its
   configuration now; after a change of ``world.*`` or of the world encoder it is refused with an error naming both
-  fingerprints (:func:`check_stage_inputs`), and ``--force`` (``demo.force``) trains it again.
+  fingerprints (:meth:`finecap.stages.StageRunner.check_reuse`), and ``--force`` (``demo.force``) trains it again.
 - world-VLM stages (:data:`VLM_STAGES`): ``vlm_mle`` and ``vlm_smile`` (in the default ``demo.stages``) and
   ``vlm_discritune`` (optional) train the world VLM (a tiny LLaVA-architecture model reading the frozen world
   encoder's image tokens, ``vlm.name=world-tiny``) with the recipes ``demo/vlm_*``, as the world BLIP's ``blip_*``
@@ -36,7 +36,11 @@ starts the longest side stages first.
 
 One demo at a time works in a run directory: it holds ``<run_dir>/.demo.lock`` (:data:`DEMO_LOCK`), and a second
 stops with an error naming the first. Side stages' worker processes end with the demo process, however it ends
-(:func:`exit_with_parent`).
+(:func:`finecap.stages.pool.exit_with_parent`).
+
+The stages are data (:data:`STAGES`, :class:`finecap.stages.Stage` rows) run by the library's stage runner
+(:class:`finecap.stages.StageRunner`: configuration layers, ``DONE`` markers, input checks, resume, the side-stage
+pool); this module holds what the demo runs: its table, its settings and its report.
 
 ``--quick`` swaps in tiny settings (:data:`QUICK`) that finish in about two minutes; any ``section.key=value``
 override still applies on top (``finecap demo world.seed=7 world.n_train=5000``).
@@ -46,16 +50,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import logging.handlers
-import multiprocessing
-import multiprocessing.connection
 import os
-import sys
-import threading
-import time
-from collections.abc import Callable
-from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -65,47 +60,31 @@ from finecap.app.demo_transfer import stage_transfer
 from finecap.app.prepare import prepare
 from finecap.app.report import main as write_report
 from finecap.app.train import train
-from finecap.caption import generate_captions
 from finecap.config import Config, did_you_mean, load
 from finecap.data.datasets import load_records
 from finecap.data.formats import read_bags, read_results, write_results
 from finecap.home import runs_root, world_path
 from finecap.locks import output_lock
 from finecap.metrics.suite import evaluate
-from finecap.models.backbones import load_captioner
 from finecap.models.retriever import load_retriever
 from finecap.outputs import OutputRefused, write_output
 from finecap.recipes import resolve_recipe
+from finecap.recipes.settings import DEMO_BASE, DEMO_QUICK
 from finecap.report.plots import length_curves
 from finecap.report.table import markdown_table, quick_labelled
-from finecap.runs import CONFIG_FILE, model_dir
-from finecap.train.fingerprint import FingerprintMismatch, check_run
-from finecap.train.state import check_config_target, continue_unfinished
-from finecap.utils import atomic_write_text, read_json, refuse_link, seed_everything, write_json
+from finecap.runs import CONFIG_FILE
+from finecap.stages import TRAIN, Stage, StageRunner, stage_table
+from finecap.stages.outputs import best_model, caption_stage, diversity_metrics
+from finecap.train.state import check_config_target
+from finecap.utils import atomic_write_text, refuse_link, write_json
 from finecap.world.make import load_scenes
 
 log = logging.getLogger(__name__)
 
-# Settings of the default demo that differ from the library defaults (beneath recipes and user overrides).
-# Test captions use beam search (beam 5), as ClipCap, DiscriTune and NDLB evaluate. The world and the world encoder
-# live in the finecap home, keyed by their settings (world.out and run.cache_dir empty), as every run's do.
-DEFAULT: dict[str, dict[str, Any]] = {
-    "decode": {"strategy": "beam", "beam_size": 5},
-}
-# --quick: a tiny world and a few steps per stage (tests use it); not meant to meet the quality bars.
-QUICK: dict[str, dict[str, Any]] = {
-    "world": {"n_train": 300, "n_val": 40, "n_test": 100},
-    "retriever": {"epochs": 2, "batch_size": 64},
-    "train": {
-        "max_steps": 12,
-        "eval_every": 12,
-        "eval_samples": 40,
-        "warmup_steps": 2,
-        "log_every": 4,
-        "batch_size": 32,
-    },
-    "eval": {"n_distractors": 19, "draws": 2},
-}
+DEFAULT = DEMO_BASE
+"""Settings of the default demo beneath every recipe (:data:`finecap.recipes.settings.DEMO_BASE`)."""
+QUICK = DEMO_QUICK
+"""``--quick``: a tiny world and a few steps per stage (:data:`finecap.recipes.settings.DEMO_QUICK`)."""
 # Stages of the world VLM (vlm.name=world-tiny, recipes demo/vlm_*), as TRAIN_STAGES below.
 VLM_STAGES: dict[str, str | None] = {"vlm_mle": None, "vlm_smile": "vlm_mle", "vlm_discritune": "vlm_mle"}
 # Training stages: recipe name and the stage whose best checkpoint it starts from (None = fresh model).
@@ -134,7 +113,6 @@ ABLATIONS: dict[str, tuple[str, list[str]]] = {
 }
 # Stages whose set-level diversity (5 captions per image, sampled and beam) is reported (exploration paper Table 4).
 DIVERSITY_STAGES = ("mle", "mle_continued", "scst", "sle", "scst_me")
-SAMPLES = 5
 # Metric groups of the demo table (finecap.metrics.suite names).
 REPORT_METRICS = ["length", "vocab", "faithfulness", "retrieval", "bags", "bleu", "cider", "clipscore", "listener"]
 # Columns of the printed table, in order (keys of evaluate's output; "RD" becomes RD{eval.n_distractors}).
@@ -148,39 +126,30 @@ LISTENER_COLUMNS = ["RD/R@1", "listener/RD/R@1", "listener/RD/tie_rate", "listen
 DIVERSITY_COLUMNS = [f"{mode}/{m}" for mode in ("sample", "beam") for m in ("CIDEr-D", "Div-1", "Div-2", "mBLEU-4")]
 
 
-@dataclass
-class Demo:
-    """Resolved demo configuration and paths shared by the stages."""
-
-    cfg: Config
-    items: list[str]
-    quick: bool
-    run_dir: Path
-    timings: dict[str, float] = field(default_factory=dict)
-    recipe: dict[str, dict[str, Any]] = field(default_factory=dict)  # the user's recipe's sections (stage_base)
-
-    def stage_dir(self, stage: str) -> Path:
-        return self.run_dir / stage
-
-    def stage_config(self, stage: str) -> Config:
-        """The stage's recipe over the demo base settings and the user's recipe (:func:`stage_base`); above it the
-        quick settings, the stage's variant and the user's overrides; its own run directory."""
-        name, variant = ABLATIONS.get(stage, (stage, []))
-        recipe = resolve_recipe(f"demo/{name}")  # packaged with finecap (finecap.recipes)
-        variant = [*variant, *demo_vcb.overrides(self, stage)]
-        base = stage_base(self.recipe)
-        cfg = load(recipe, [*variant, *self.items], base=base, over=QUICK if self.quick else None)
-        init = TRAIN_STAGES[stage]
-        run = dataclasses.replace(cfg.run, dir=str(self.stage_dir(stage)))
-        train = cfg.train
-        if init is not None:
-            train = dataclasses.replace(train, init_from=str(self.stage_dir(init) / "checkpoints" / "best"))
-        return dataclasses.replace(cfg, run=run, train=train)
+DEMO_LOCK = ".demo.lock"
+"""Held in the run directory while a demo runs there (:func:`finecap.locks.output_lock`): a second demo on the same
+directory stops with an error naming the first."""
+WAYS_OUT = ("re-run it alone with --stages {stage} --force (demo.force=true), or give the demo another run directory "
+            "(--out)")  # fmt: skip
+"""What a demo user can do about a stage it will not reuse or continue (``--force`` retrains every listed stage,
+hence ``--stages``)."""
 
 
 def load_demo_config(recipe: str | None, items: list[str], quick: bool) -> Config:
     """The demo's configuration: demo defaults, an optional recipe, the quick settings, then the overrides."""
     return load(recipe, items, base=DEFAULT, over=QUICK if quick else None)
+
+
+def demo_runner(cfg: Config, items: list[str], quick: bool, run_dir: Path,
+                recipe: dict[str, dict[str, Any]] | None = None) -> StageRunner:  # fmt: skip
+    """The stage runner of a demo on :data:`STAGES`: each training stage's recipe over :func:`stage_base` of the
+    user's ``recipe`` (its sections, :func:`read_recipe`), the quick settings above it when ``quick``, then the
+    user's ``items``; VCB stages add the boosted data set's settings (:func:`finecap.app.demo_vcb.overrides`)."""
+    return StageRunner(
+        STAGES, cfg, run_dir, train=train, items=list(items), quick=quick, base=stage_base(recipe or {}),
+        over=QUICK if quick else None, force=cfg.demo.force, computed=demo_vcb.overrides, what="demo stage",
+        ways_out=WAYS_OUT,
+    )  # fmt: skip
 
 
 def read_recipe(recipe: str | None) -> dict[str, dict[str, Any]]:
@@ -208,84 +177,23 @@ def stage_base(recipe: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
 # --------------------------------------------------------------------------------------------------------------------
 
 
-def stage_world(demo: Demo) -> None:
+def stage_world(demo: StageRunner) -> None:
     log.info("world: %s", prepare(demo.cfg, {"world"}, make=True).world)
 
 
-def stage_retriever(demo: Demo) -> None:
+def stage_retriever(demo: StageRunner) -> None:
     log.info("retriever: %s", prepare(demo.cfg, {"world", "world_encoder"}, make=True).world_encoder)
 
 
-def train_stage(stage: str) -> Callable[[Demo], None]:
-    def run(demo: Demo) -> None:
-        out = demo.stage_dir(stage)
-        done = out / "DONE"
-        refuse_link(done)  # a planted link: never taken for a finished stage, never written through
-        cfg = demo.stage_config(stage)
-        if done.exists() and not demo.cfg.demo.force:
-            check_stage_inputs(stage, out, cfg)
-            log.info("%s: already trained (%s); skipping", stage, out)
-        else:
-            init = TRAIN_STAGES[stage]
-            if init is not None and not (demo.stage_dir(init) / "DONE").exists():
-                raise FileNotFoundError(f"demo stage {stage!r} starts from stage {init!r}, which has not run yet")
-            if demo.cfg.demo.force:
-                resume, overwrite = False, True
-            else:  # a killed stage resumes, or starts again when it saved no checkpoint
-                resume, overwrite = continue_unfinished(out, what=f"demo stage {stage!r}",
-                                                        ways_out=demo_ways_out(stage))  # fmt: skip
-            train(cfg, resume=resume, overwrite=overwrite)
-            atomic_write_text(done, "ok\n")
-        caption_stage(demo, stage)
-
-    return run
+def training_stage(name: str) -> Stage:
+    """Training stage ``name`` (:data:`TRAIN_STAGES`): its recipe ``demo/<recipe>`` and variant (:data:`ABLATIONS`),
+    the stage it starts from; then its test-split captions."""
+    recipe, variant = ABLATIONS.get(name, (name, []))
+    return Stage(name, TRAIN, recipe=f"demo/{recipe}", overrides=tuple(variant), init=TRAIN_STAGES[name],
+                 then=caption_stage)  # fmt: skip
 
 
-DEMO_LOCK = ".demo.lock"
-"""Held in the run directory while a demo runs there (:func:`finecap.locks.output_lock`): a second demo on the same
-directory stops with an error naming the first."""
-
-
-def demo_ways_out(stage: str) -> str:
-    """What a demo user can do about a stage it will not reuse or continue (``--force`` retrains every listed
-    stage, hence ``--stages``)."""
-    return (f"re-run it alone with --stages {stage} --force (demo.force=true), or give the demo another run "
-            "directory (--out)")  # fmt: skip
-
-
-def check_stage_inputs(stage: str, out: Path, cfg: Config, *, kind: str = "demo stage",
-                       ways_out: str | None = None) -> None:  # fmt: skip
-    """Refuse to reuse the finished ``kind`` run ``out`` (named ``stage``) when the inputs it recorded
-    (``fingerprints.json``: data, captioner's encoder, retriever) differ from those of its configuration ``cfg`` now,
-    e.g. after a change of ``world.*`` or of the world encoder (:func:`finecap.train.fingerprint.check_run`); the error
-    names both fingerprints and the ``ways_out`` of the command that reuses it."""
-    try:
-        check_run(out, cfg)
-    except FingerprintMismatch as e:
-        raise FingerprintMismatch(
-            f"{kind} {stage!r} was trained on other inputs than its configuration names now, so it is not reused: "
-            f"{e} | {ways_out or demo_ways_out(stage)}"
-        ) from e
-
-
-def best_model(demo: Demo, stage: str) -> Any:
-    """The stage's best checkpoint as a captioner in eval mode."""
-    return load_captioner(model_dir(demo.stage_dir(stage) / "checkpoints" / "best")).eval()
-
-
-def caption_stage(demo: Demo, stage: str) -> Path:
-    """Test-split captions of the stage's best checkpoint, decoded with its ``decode.*`` (beam 5 in the demo)."""
-    out = demo.stage_dir(stage) / "captions_test.json"
-    if out.exists() and not demo.cfg.demo.force:
-        return out
-    cfg = demo.stage_config(stage)
-    model = best_model(demo, stage)
-    captions = generate_captions(model, cfg, "test")
-    write_results(out, {i: c[0] for i, c in captions.items()})
-    return out
-
-
-def test_bags(demo: Demo) -> dict[int, list[list[Any]]]:
+def test_bags(demo: StageRunner) -> dict[int, list[list[Any]]]:
     """TrueMatch-style bags (NDLB Algorithms 1-2) of sizes ``eval.bag_sizes`` on the test split, built once."""
     path = demo.run_dir / "bags_test.json"
     if not path.exists() or demo.cfg.demo.force:
@@ -293,38 +201,7 @@ def test_bags(demo: Demo) -> dict[int, list[list[Any]]]:
     return read_bags(path)
 
 
-def stage_samples(demo: Demo, stage: str, mode: str) -> dict[Any, list[str]]:
-    """``SAMPLES`` captions per test image of the stage's best checkpoint: ``sample`` (T = 1) or ``beam`` (top 5)."""
-    path = demo.stage_dir(stage) / f"samples_test_{mode}.json"
-    if path.exists() and not demo.cfg.demo.force:
-        return {int(k) if k.isdigit() else k: v for k, v in read_json(path).items()}
-    cfg = demo.stage_config(stage)
-    settings = {"sample": {"strategy": "sample", "temperature": 1.0}, "beam": {"strategy": "beam"}}[mode]
-    decode = dataclasses.replace(cfg.decode, beam_size=SAMPLES, num_return_sequences=SAMPLES, **settings)
-    model = best_model(demo, stage)
-    seed_everything(cfg.run.seed)  # sampled captions depend on the seed only, not on what this process ran before
-    samples = generate_captions(model, cfg, "test", decode=decode)
-    write_json(path, {str(k): v for k, v in samples.items()})
-    return samples
-
-
-def diversity_metrics(demo: Demo, stage: str, references: dict[Any, list[str]]) -> dict[str, float]:
-    """Div-1, Div-2, mBLEU-4 over 5 captions per image (exploration paper Sec. 3.2) and CIDEr-D: the mean over the 5
-    samples for ``sample``, the top beam's for ``beam`` (the paper's beam-search numbers are top-beam scores)."""
-    out: dict[str, float] = {}
-    for mode in ("sample", "beam"):
-        samples = stage_samples(demo, stage, mode)
-        first = {i: c[0] for i, c in samples.items()}
-        out.update({f"{mode}/{k}": v for k, v in evaluate(first, references, metrics=["diversity"], samples=samples,
-                                                           cfg=demo.cfg).items()})  # fmt: skip
-        ranks = range(1 if mode == "beam" else SAMPLES)  # beam: captions come best first, c[0] is the top beam
-        ciders = [evaluate({i: c[j] for i, c in samples.items()}, references, metrics=["cider"])["CIDEr-D"]
-                  for j in ranks]  # fmt: skip
-        out[f"{mode}/CIDEr-D"] = sum(ciders) / len(ciders)
-    return out
-
-
-def smile_length_plot(demo: Demo) -> Path | None:
+def smile_length_plot(demo: StageRunner) -> Path | None:
     """Mean validation caption length over training steps for each SMILE subset mode (SMILE Fig. 4a), when at least
     one ablation run is present next to ``smile``."""
     runs = {label: demo.stage_dir(stage) for label, stage in
@@ -335,7 +212,7 @@ def smile_length_plot(demo: Demo) -> Path | None:
     return length_curves(runs, demo.run_dir / "smile_length.png", start=demo.stage_dir("mle"))
 
 
-def stage_report(demo: Demo) -> dict[str, dict[str, float]]:
+def stage_report(demo: StageRunner) -> dict[str, dict[str, float]]:
     cfg = demo.cfg
     records = load_records(cfg, "test")
     scenes_by_imgid = load_scenes(world_path(cfg.world))
@@ -386,76 +263,25 @@ def stage_report(demo: Demo) -> dict[str, dict[str, float]]:
     return rows
 
 
-STAGES: dict[str, Callable[[Demo], Any]] = {
-    "world": stage_world,
-    "retriever": stage_retriever,
-    **{name: train_stage(name) for name in TRAIN_STAGES},
-    "report": stage_report,
-    "transfer": lambda demo: stage_transfer(demo, list(TRAIN_STAGES), best_model),
-}
-demo_vcb.register(STAGES, train_stage)
+def stage_transfer_all(demo: StageRunner) -> dict[str, Any]:
+    """The ``transfer`` stage: every trained stage on the shifted domain (:mod:`finecap.app.demo_transfer`)."""
+    return stage_transfer(demo, list(TRAIN_STAGES), best_model)
 
 
-def side_stages(stages: list[str]) -> set[str]:
-    """The training stages of ``stages`` that no other listed stage starts from: they can run side by side."""
-    starts = {TRAIN_STAGES[s] for s in stages if s in TRAIN_STAGES}
-    return {s for s in stages if s in TRAIN_STAGES and s not in starts}
+STAGES: dict[str, Stage] = stage_table([
+    Stage("world", run=stage_world),
+    Stage("retriever", run=stage_retriever),
+    *(training_stage(name) for name in TRAIN_STAGES),
+    Stage("report", run=stage_report),
+    Stage("transfer", run=stage_transfer_all),
+    *demo_vcb.STAGES,
+])  # fmt: skip
+"""What the demo runs, in the order ``demo.stages`` may name them."""
 
 
 def job_count(cfg: Config) -> int:
     """``demo.jobs``, or with 0 the machine's cores divided by ``demo.stage_threads`` (at least 1)."""
     return cfg.demo.jobs or max(1, (os.cpu_count() or 1) // cfg.demo.stage_threads)
-
-
-def run_side_stage(demo: Demo, stage: str) -> float:
-    """Run one side stage with ``demo.stage_threads`` torch threads (in a worker process, or in this one with
-    ``demo.jobs=1``); returns its wall seconds. The thread count is the stage's whatever the job count, so its
-    results are too (CPU kernels sum in a thread-count-dependent order)."""
-    import torch
-
-    before = torch.get_num_threads()
-    torch.set_num_threads(demo.cfg.demo.stage_threads)
-    start = time.perf_counter()
-    try:
-        STAGES[stage](demo)
-    finally:
-        torch.set_num_threads(before)
-    return round(time.perf_counter() - start, 1)
-
-
-def exit_with_parent() -> None:
-    """Block until this worker's parent process (the demo) ends, then end this process at once, so that no orphaned
-    stage goes on training into the run directory, competing for the cores and colliding with the next run. It
-    waits on the parent's sentinel (:func:`multiprocessing.parent_process`), which the operating system signals
-    however the parent ends (a ``kill``, a scheduler's time limit, a crash), on every platform and also when the
-    parent ended before this thread started. A stage stopped this way resumes on the next run, like any killed
-    stage."""
-    parent = multiprocessing.parent_process()
-    if parent is None:  # not a multiprocessing child: nothing to watch
-        return
-    multiprocessing.connection.wait([parent.sentinel])
-    sys.stderr.write(f"finecap demo: stage worker {os.getpid()} stops: the demo process {parent.pid} ended\n")
-    os._exit(1)
-
-
-def _worker_setup(queue: Any, level: int) -> None:
-    """A worker process sends finecap's log records to the parent (``queue``), which hands them to its own loggers
-    (:class:`_Redispatch`), shows no progress bars (several stages share the terminal), and ends when the parent
-    does (:func:`exit_with_parent`)."""
-    threading.Thread(target=exit_with_parent, name="finecap-parent-watch", daemon=True).start()
-    os.environ.setdefault("TQDM_DISABLE", "1")
-    logger = logging.getLogger("finecap")
-    logger.handlers[:] = [logging.handlers.QueueHandler(queue)]
-    logger.setLevel(level)
-    logger.propagate = False
-
-
-class _Redispatch(logging.Handler):
-    """In the parent: a worker's log record goes through the parent's logger of the same name (its handlers, its
-    level), as if the parent had logged it."""
-
-    def emit(self, record: logging.LogRecord) -> None:
-        logging.getLogger(record.name).handle(record)
 
 
 def main(
@@ -472,7 +298,7 @@ def main(
     run_dir = Path(cfg.run.dir) if cfg.run.dir else runs_root(cfg.run) / "demo"
     log.info("demo: run directory %s", run_dir)
     cfg = dataclasses.replace(cfg, demo=dataclasses.replace(cfg.demo, quick=quick))  # config.yaml says quick
-    demo = Demo(cfg=cfg, items=list(items or []), quick=quick, run_dir=run_dir, recipe=read_recipe(recipe))
+    demo = demo_runner(cfg, list(items or []), quick, run_dir, read_recipe(recipe))
     check_demo_dir(run_dir, recipe=resolve_recipe(recipe) if recipe else None, force=cfg.demo.force)
     run_dir.mkdir(parents=True, exist_ok=True)
     with output_lock(run_dir, log=log.warning, name=DEMO_LOCK, holder="finecap demo"):
@@ -505,60 +331,10 @@ def check_demo_dir(run_dir: Path, *, recipe: Path | None, force: bool) -> None:
         )
 
 
-def run_stages(demo: Demo) -> dict[str, dict[str, float]]:
-    """The stages of :func:`main`, with the run directory's lock held."""
+def run_stages(demo: StageRunner) -> dict[str, dict[str, float]]:
+    """The stages of :func:`main`, with the run directory's lock held; returns the report stage's rows."""
     cfg, run_dir = demo.cfg, demo.run_dir
     write_output(run_dir / CONFIG_FILE, cfg.to_yaml(), "config")  # remembered as finecap's (finecap.outputs)
-    timings_file = run_dir / "timings.json"
-    timings = read_json(timings_file) if timings_file.exists() else {}
-    rows: dict[str, dict[str, float]] = {}
-    side, jobs = side_stages(cfg.demo.stages), job_count(cfg)
-    pool, listener = None, None
-    if jobs > 1 and len(side) > 1:  # one side stage alone runs here, with the same threads: the same results
-        context = multiprocessing.get_context("spawn")
-        queue = context.Queue()
-        listener = logging.handlers.QueueListener(queue, _Redispatch())
-        listener.start()
-        pool = ProcessPoolExecutor(jobs, mp_context=context, initializer=_worker_setup,
-                                   initargs=(queue, logging.getLogger("finecap").getEffectiveLevel()))  # fmt: skip
-    running: dict[Future, str] = {}
-
-    def finish(futures: set[Future]) -> None:
-        for future in futures:
-            stage = running.pop(future)
-            timings[stage] = future.result()  # a failed stage raises here, naming itself in its error
-            write_json(timings_file, timings)
-            log.info("== demo stage %s done (%.0f s, %d still running)", stage, timings[stage], len(running))
-
-    started = time.perf_counter()
-    try:
-        for stage in cfg.demo.stages:
-            if stage in side:
-                if pool is None:
-                    log.info("== demo stage: %s (%d threads)", stage, cfg.demo.stage_threads)
-                    timings[stage] = run_side_stage(demo, stage)
-                    write_json(timings_file, timings)
-                    continue
-                if len(running) >= jobs:
-                    finish(wait(running, return_when=FIRST_COMPLETED).done)
-                log.info("== demo stage: %s (beside %d others, %d threads each)", stage, len(running),
-                         cfg.demo.stage_threads)  # fmt: skip
-                running[pool.submit(run_side_stage, demo, stage)] = stage
-                continue
-            finish(wait(running).done if running else set())  # the next stage may read theirs (report) or need cores
-            log.info("== demo stage: %s", stage)
-            start = time.perf_counter()
-            result = STAGES[stage](demo)
-            timings[stage] = round(time.perf_counter() - start, 1)
-            write_json(timings_file, timings)
-            if stage == "report":
-                rows = result
-        finish(wait(running).done if running else set())
-    finally:
-        if pool is not None:
-            pool.shutdown(wait=True, cancel_futures=True)
-        if listener is not None:
-            listener.stop()
-    log.info("stage wall times (s): %s; all stages: %.0f s", ", ".join(f"{k} {v}" for k, v in timings.items()),
-             time.perf_counter() - started)  # fmt: skip
-    return rows
+    results = demo.run(cfg.demo.stages, jobs=job_count(cfg), threads=cfg.demo.stage_threads,
+                       timings_file=run_dir / "timings.json")  # fmt: skip
+    return results.get("report") or {}

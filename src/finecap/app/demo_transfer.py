@@ -39,7 +39,8 @@ COLUMNS = ["Length", "BLEU-4", "CIDEr-D", "faith/precision", "faith/recall", "RD
 
 def stage_transfer(demo: Any, stages: Sequence[str], load_model: Callable[[Any, str], Any]) -> dict[str, Any]:
     """Caption and score the shifted test split for every trained stage of ``stages`` (module docstring). ``demo``
-    is a :class:`finecap.app.demo.Demo`, not imported here so that the two modules form no import cycle."""
+    is the demo's :class:`finecap.stages.StageRunner` (:mod:`finecap.app.demo` is not imported here: the two
+    modules form no import cycle)."""
     cfg = demo.cfg
     world = shifted_world(cfg.world)
     world_dir = prepare(dataclasses.replace(cfg, world=world), {"world"}, make=True).world
@@ -77,13 +78,22 @@ def stage_transfer(demo: Any, stages: Sequence[str], load_model: Callable[[Any, 
         predictions = {i: caps[0] for i, caps in read_results(path).items()}
         write_results(out_dir / "captions" / f"{stage}.json", predictions)
         rows[stage] = score(predictions)
-    rd = f"RD{cfg.eval.n_distractors}/"
+    write_tables(demo, rows, f"Shifted domain ({world_dir}, test split of {len(records)} images):")
+    return rows
+
+
+def write_tables(demo: Any, rows: dict[str, dict[str, float]], heading: str) -> str:
+    """``transfer/results.json`` and ``transfer/results.md`` (the columns of :data:`COLUMNS` that some row has,
+    titled as quick in a quick demo), printed under ``heading``; returns the table."""
+    rd = f"RD{demo.cfg.eval.n_distractors}/"
     columns = [c.replace("RD/", rd) for c in COLUMNS]
     columns = [c for c in columns if any(c in r for r in rows.values())]
     table = markdown_table({k: {c: v.get(c) for c in columns} for k, v in rows.items()}, columns)
     table = quick_labelled(table, demo.quick)
+    out_dir = demo.run_dir / "transfer"
+    out_dir.mkdir(parents=True, exist_ok=True)
     write_json(out_dir / "results.json", rows)
     atomic_write_text(out_dir / "results.md", table + "\n")
-    print(f"Shifted domain ({world_dir}, test split of {len(records)} images):\n")
+    print(f"{heading}\n")
     print(table)
-    return rows
+    return table

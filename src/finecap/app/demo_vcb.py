@@ -25,29 +25,29 @@ default ``demo.stages``: ``finecap demo --stages vcb`` runs them all (after ``wo
   (``vcb_timings.json``, written by the ``vcb`` stage); a quick demo's tables are titled as such
   (:data:`finecap.report.table.QUICK_TITLE`).
 
-:mod:`finecap.app.demo` registers these stages (this module must not import it: the import graph stays acyclic).
+:mod:`finecap.app.demo` puts these stages in its table (this module must not import it: the import graph stays
+acyclic).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import logging
-import math
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from finecap.app.bags import main as build_bags
 from finecap.app.boost import main as boost
-from finecap.config import load
+from finecap.boost import training
 from finecap.data.datasets import load_records
 from finecap.data.formats import read_bags, read_dataset, read_results
 from finecap.home import world_path
 from finecap.metrics.suite import evaluate
 from finecap.models.retriever import load_retriever
 from finecap.report.table import markdown_table, quick_labelled
+from finecap.stages import Stage, StageRunner
 from finecap.utils import atomic_write_text, read_json, write_json
 from finecap.world.facts import faithfulness
 from finecap.world.make import load_scenes
@@ -84,9 +84,8 @@ VCB_RECIPES: dict[str, tuple[str, list[str]]] = {
 }
 """Recipes the training stages run (``finecap.app.demo.ABLATIONS`` entries); their overrides: :func:`overrides`.
 ``sr_l`` runs its own recipe ``demo/sr_l``."""
-MAX_TOKENS = 55
-"""Caption tokens (EOS included) of the boosted stages, in training and decoding: the most the world-tiny LM's 64
-positions allow after a 10-token prefix (boosted captions are long; the longest are still cut)."""
+MAX_TOKENS = training.MAX_TOKENS
+"""Caption tokens of the boosted stages, in training and decoding (:data:`finecap.boost.training.MAX_TOKENS`)."""
 BASELINES = ("world", "retriever", "mle", "discritune")
 GROUP = ("visual_expert", "boost_holistic", "captions_holistic", "mle_holistic", "sr_l_holistic",
          "discritune_holistic", "mle_blend", "sr_l_blend", "discritune_blend", "sr_l", "report_vcb")  # fmt: skip
@@ -134,31 +133,20 @@ HUMAN_BAGS_TITLE = "Both tables' rows on the bags built from the human captions 
 
 
 def boosted_dir(demo: Any) -> Path:
-    return demo.run_dir / "world_holistic"
+    return demo.run_dir / training.BOOSTED_DIR
 
 
 def mle_steps(demo: Any) -> int:
     """Optimizer steps of the ``mle`` stage: epochs x ceil(training captions / batch size)."""
-    cfg = demo.stage_config("mle")
-    if cfg.train.max_steps > 0:
-        return cfg.train.max_steps
-    n = sum(len(r.captions) for r in load_records(cfg, "train"))
-    return math.ceil(cfg.train.epochs * math.ceil(n / cfg.train.batch_size))
+    return training.epoch_steps(demo.stage_config("mle"))
 
 
 def overrides(demo: Any, stage: str) -> list[str]:
     """Settings of a group stage beneath the user's overrides (the boosted data set, its caption field)."""
     if stage == "visual_expert" or stage not in FIELD_OF:
         return []
-    out = [
-        f"data.path={boosted_dir(demo) / 'dataset.json'}",
-        f"data.captions={FIELD_OF[stage]}",
-        f"data.max_tokens={MAX_TOKENS}",
-        f"decode.max_length={MAX_TOKENS}",
-    ]
-    if stage.startswith("mle_") and not demo.quick:
-        out.append(f"train.max_steps={mle_steps(demo)}")
-    return out
+    steps = mle_steps(demo) if stage.startswith("mle_") and not demo.quick else None
+    return training.field_overrides(boosted_dir(demo), FIELD_OF[stage], steps)
 
 
 def stage_boost(demo: Any) -> None:
@@ -167,14 +155,7 @@ def stage_boost(demo: Any) -> None:
         log.info("boost_holistic: %s exists; skipping", out)
         return
     expert = demo.stage_dir("visual_expert") / "checkpoints" / "best"
-    cfg = load(None, [*demo.items, "boost.mode=holistic", "boost.llm_backend=world", "boost.vlm_backend=world",
-                      f"boost.vlm_model={expert}"], base=_base(demo))  # fmt: skip
-    boost(cfg, out)
-
-
-def _base(demo: Any) -> dict[str, dict[str, Any]]:
-    """The demo's resolved sections as a base layer (world, retriever and cache settings of this demo run)."""
-    return {k: v for k, v in demo.cfg.to_dict().items() if k in ("run", "world", "retriever", "eval", "decode")}
+    boost(training.world_boost_config(demo.cfg, demo.items, expert), out)
 
 
 @dataclass
@@ -298,26 +279,25 @@ def stage_report(demo: Any) -> dict[str, Any]:
     return rows
 
 
-def group(stages: dict[str, Callable[[Any], Any]], train_done: Callable[[Any, str], bool]) -> Callable[[Any], None]:
+def run_group(demo: StageRunner) -> None:
     """The ``vcb`` stage: the baselines when missing, then every stage of :data:`GROUP`, each timed."""
-
-    def run(demo: Any) -> None:
-        timings_file = demo.run_dir / "vcb_timings.json"
-        for stage in (*BASELINES, *GROUP):
-            if stage in BASELINES and stage not in ("world", "retriever") and train_done(demo, stage):
-                continue
-            log.info("== demo stage: %s (vcb)", stage)
-            start = time.perf_counter()
-            stages[stage](demo)
-            timings = read_json(timings_file) if timings_file.exists() else {}
-            timings[stage] = round(time.perf_counter() - start, 1)
-            write_json(timings_file, timings)
-
-    return run
+    timings_file = demo.run_dir / "vcb_timings.json"
+    for stage in (*BASELINES, *GROUP):
+        if stage in BASELINES and stage not in ("world", "retriever") and demo.is_done(stage) and not demo.force:
+            continue
+        log.info("== demo stage: %s (vcb)", stage)
+        start = time.perf_counter()
+        demo.run_stage(stage)
+        timings = read_json(timings_file) if timings_file.exists() else {}
+        timings[stage] = round(time.perf_counter() - start, 1)
+        write_json(timings_file, timings)
 
 
-def register(stages: dict[str, Callable[[Any], Any]], train_stage: Callable[[str], Callable[[Any], None]]) -> None:
-    """Add the group's stages (training stages through the demo's ``train_stage``) and ``vcb`` to ``stages``."""
-    stages.update({name: train_stage(name) for name in VCB_TRAIN_STAGES})
-    stages.update({"boost_holistic": stage_boost, "captions_holistic": stage_captions, "report_vcb": stage_report})
-    stages["vcb"] = group(stages, lambda demo, s: (demo.stage_dir(s) / "DONE").exists() and not demo.cfg.demo.force)
+STAGES = (
+    Stage("boost_holistic", run=stage_boost),
+    Stage("captions_holistic", run=stage_captions),
+    Stage("report_vcb", run=stage_report),
+    Stage("vcb", run=run_group),
+)
+"""The group's tasks; its training stages (:data:`VCB_TRAIN_STAGES`) are the demo's, built as the others
+(:func:`finecap.app.demo.training_stage`)."""

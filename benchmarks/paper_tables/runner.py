@@ -1,0 +1,112 @@
+"""One seed's grid on the library's stage runner (:class:`finecap.stages.StageRunner`): a training stage per run of
+:data:`~paper_tables.runs.RUNS` (its demo recipe, its overrides, its start), configured over the demo's settings
+(:mod:`finecap.recipes.settings`), in ``<runs>/seed<N>/<run>/``; and what some runs train on first (the boosted data
+set, the simplified corpora).
+
+finecap is imported inside the functions, so ``--list`` and ``--page-only`` stay fast (no torch)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from .corpora import simple_corpus
+from .page import run_description
+from .runs import FIELDS, RUNS
+from .schema import Run
+
+if TYPE_CHECKING:
+    from finecap.stages import Stage, StageRunner
+
+WHAT = "paper-tables run"
+WAYS_OUT = "remove {out} to train it again, or give the runner another --runs-dir"
+"""What a user can do about a run the grid will not reuse or continue."""
+
+
+def grid_stages() -> dict[str, Stage]:
+    """The stage table of the grid: every run of :data:`RUNS` that trains (the human references do not)."""
+    from finecap.stages import TRAIN, Stage, stage_table
+
+    return stage_table(Stage(key, TRAIN, recipe=f"demo/{run.recipe}", overrides=run.overrides, init=run.init)
+                       for key, run in RUNS.items() if run.recipe is not None)  # fmt: skip
+
+
+def make_grid(seed: int, runs_dir: Path, items: Sequence[str], quick: bool) -> StageRunner:
+    """Seed ``seed``'s grid: its own world and run seed (``world.seed=N``, ``run.seed=N``) under the user's
+    ``items``, the demo's settings beneath every run's recipe and its quick settings above them with ``quick``."""
+    import finecap.app.train  # the train command's recipe; looked up now, so a test may stand in for it
+    from finecap.config import load
+    from finecap.recipes.settings import DEMO_BASE, DEMO_QUICK
+    from finecap.stages import StageRunner
+
+    seed_items = [f"world.seed={seed}", f"run.seed={seed}", *items]
+    over = DEMO_QUICK if quick else None
+    cfg = load(None, seed_items, base=DEMO_BASE, over=over)
+    return StageRunner(grid_stages(), cfg, runs_dir / f"seed{seed}", train=finecap.app.train.train,
+                       items=seed_items, quick=quick, base=DEMO_BASE, over=over, computed=run_overrides, what=WHAT,
+                       ways_out=WAYS_OUT)  # fmt: skip
+
+
+def run_overrides(grid: StageRunner, key: str) -> list[str]:
+    """The settings computed for run ``key`` when it is configured: its caption field's and its corpus's."""
+    run = RUNS[key]
+    return [*caption_field_overrides(grid, run), *corpus_overrides(grid, run)]
+
+
+def ensure_trained(grid: StageRunner, key: str) -> None:
+    """Train run ``key`` (and the run it starts from, and the boosted data set it trains on) unless its ``DONE``
+    marker exists; resume a killed one (:meth:`finecap.stages.StageRunner.train_stage`). A finished run trained on
+    other inputs (another world encoder, world or data) is refused, naming both fingerprints."""
+    run = RUNS[key]
+    if run.recipe is None:
+        return
+    if run.captions != "original":
+        ensure_boosted(grid)
+    if run.init is not None:
+        ensure_trained(grid, run.init)
+    if not grid.is_done(key):
+        print(f"== train {key}: {run_description(key)}", flush=True)
+    grid.train_stage(key)
+
+
+def caption_field_overrides(grid: StageRunner, run: Run) -> list[str]:
+    """The settings that train ``run`` on its caption field: none for the human captions; for a boosted field, the
+    demo's VCB stages' (:func:`finecap.boost.training.field_overrides`: the boosted data set, its field, captions of
+    up to 55 tokens, and for an MLE start, but in a quick grid, as many steps as the MLE start on the human
+    captions)."""
+    from finecap.boost import training
+
+    if run.captions == "original":
+        return []
+    if run.captions not in FIELDS:
+        raise ValueError(f"unknown caption field {run.captions!r}; valid: {', '.join(FIELDS)}")
+    steps = training.epoch_steps(grid.stage_config("mle")) if run.recipe == "mle" and not grid.quick else None
+    return training.field_overrides(grid.run_dir / training.BOOSTED_DIR, run.captions, steps)
+
+
+def corpus_overrides(grid: StageRunner, run: Run) -> list[str]:
+    """The settings that train ``run`` on its simplified corpus (:func:`simple_corpus`), none without one."""
+    from finecap.home import world_path
+
+    if not run.corpus:
+        return []
+    path = simple_corpus(grid, run.corpus)
+    return ["data.format=karpathy", f"data.path={path}", f"data.images={world_path(grid.cfg.world) / 'images'}"]
+
+
+def ensure_boosted(grid: StageRunner) -> Path:
+    """The world's Visual Caption Boosting data set of this seed (every caption field), made as the demo's ``vcb``
+    stages make it: the visual expert trained (a run of the grid), then ``finecap boost`` with the world backends
+    (:func:`finecap.boost.training.world_boost_config`) into ``<seed folder>/world_holistic``; returns its
+    ``dataset.json``."""
+    from finecap.app.boost import main as boost  # the `finecap boost` command
+    from finecap.boost import training
+
+    path = grid.run_dir / training.BOOSTED_DIR / "dataset.json"
+    if not path.exists():
+        ensure_trained(grid, "visual_expert")
+        print(f"== boost: BlendCap, VisualCap and HolisticCap of every image into {path.parent}", flush=True)
+        expert = grid.stage_dir("visual_expert") / "checkpoints" / "best"
+        boost(training.world_boost_config(grid.cfg, grid.items, expert), path.parent)
+    return path

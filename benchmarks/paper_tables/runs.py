@@ -1,0 +1,110 @@
+"""The world runs, shared by every paper's tables (:data:`RUNS`): a demo recipe, the overrides that make the row,
+the run whose best checkpoint it starts from, and what it trains on."""
+
+from __future__ import annotations
+
+from .schema import Run
+
+MASK_ID = 2
+"""``<mask>`` of the world tokenizer (``finecap.models.tokenizer.MASK_ID``): a token no caption contains, the world's
+stand-in for BERT's ``##a`` in SMILE's first-token shifting (the world tokenizer has no sub-word forms)."""
+
+# NDLB's runs are the demo's sr_bagcurri recipe (SR-LV: LoRA of rank 32 on the LM and on the encoder's image side,
+# mapper trained fully; sampling at T = 0.3, length-normalised log p; two epochs; SR + 0.5·CIDEr-D with the greedy
+# baseline; BagCurri bags of 3 then 7) with the overrides below. SR-L / SR-V / SR-LV as NDLB Sec. 4.5 and the coco/sr_*
+# recipes: LoRA on the LM only (SR-L, the captioner's encoder frozen: cached features) or on the encoder only (SR-V,
+# the LM frozen); the mapper always trains.
+NDLB_RECIPE = "sr_bagcurri"
+SR_L = ("model.train_encoder=false", "lora.encoder=false")
+SR_V = ("model.train_lm=false", "lora.lm=false")
+SR_LV: tuple[str, ...] = ()
+RANDOM_BATCHES = ("data.sampler=random",)  # vanilla SR: random batches of 100, 99 random distractors (no BagCurri)
+SR_ONLY = ("rl.rewards={retrieval: 1.0}", "rl.baseline=mean")  # SR alone: running-mean baseline (NDLB App. C.2)
+LONG = ("train.epochs=6", "train.eval_every=100000", "train.save_every=100")  # 3x the epochs; the final model
+"""Extended SR-L training (NDLB Fig. 3, Table 14): three times the epochs, validated only at the end so that the
+model captioned is the final one (not the best validation R@1 on the way), with a resumable checkpoint every 100
+steps."""
+FIELDS = {"original": ("", "mle"), "blend": ("_blend", "mle_blend"), "holistic": ("_holistic", "mle_holistic")}
+"""Caption fields: run-key suffix and the MLE start trained on the field."""
+
+
+def ndlb_runs() -> dict[str, Run]:
+    """NDLB's grid: the MLE starts on the boosted fields, SR-L/V/LV with and without BagCurri on each field, the
+    extended SR-L runs, CIDEr optimisation and SR + λ·CIDEr-D on HolisticCap, fixed bag sizes."""
+    runs = {
+        "visual_expert": Run("visual_expert", init=None),  # VCB's VLM stand-in (demo stage visual_expert)
+        "mle_blend": Run("mle", init=None, captions="blend"),
+        "mle_holistic": Run("mle", init=None, captions="holistic"),
+        "scst_holistic": Run("scst", ("train.lr=1e-5",), init="mle_holistic", captions="holistic"),
+        "sr_bagcurri_holistic": Run(NDLB_RECIPE, init="mle_holistic", captions="holistic"),
+        "sr_lv_bag3_holistic": Run(
+            NDLB_RECIPE, (*SR_ONLY, "data.bag_schedule={1: 3}"), init="mle_holistic", captions="holistic"
+        ),  # fmt: skip
+        "sr_lv_bag7_holistic": Run(
+            NDLB_RECIPE, (*SR_ONLY, "data.bag_schedule={1: 7}"), init="mle_holistic", captions="holistic"
+        ),  # fmt: skip
+    }
+    for field, (suffix, start) in FIELDS.items():
+        for name, modules in (("sr_l", SR_L), ("sr_v", SR_V), ("sr_lv", SR_LV)):
+            runs[name + suffix] = Run(NDLB_RECIPE, (*modules, *RANDOM_BATCHES, *SR_ONLY), init=start, captions=field)
+            if field != "blend":  # NDLB Table 5: BagCurri on COCO and HolisticCap
+                runs[f"{name}_bc{suffix}"] = Run(NDLB_RECIPE, (*modules, *SR_ONLY), init=start, captions=field)
+        runs["sr_l_long" + suffix] = Run(NDLB_RECIPE, (*SR_L, *RANDOM_BATCHES, *SR_ONLY, *LONG), init=start,
+                                         captions=field)  # fmt: skip
+    for weight in ("0.1", "0.3", "0.7", "1.0"):  # NDLB Table 13 (0.5 is sr_bagcurri_holistic, 0 sr_lv_bc_holistic)
+        runs[f"sr_bagcurri_holistic_l{weight.replace('.', '')}"] = Run(
+            NDLB_RECIPE, (f"rl.rewards={{retrieval: 1.0, cider: {weight}}}",), init="mle_holistic", captions="holistic"
+        )
+    return runs
+
+
+RUNS: dict[str, Run] = {
+    # starts
+    "mle": Run("mle", init=None),
+    "mle_short": Run("mle", ("train.epochs=0.3",), init=None),  # a tenth of the MLE steps: a weak captioner
+    "blip_mle": Run("blip_mle", init=None),
+    "human": Run(None, init=None),
+    # SMILE
+    "mle_continued": Run("mle_continued"),
+    "smile": Run("smile"),
+    "smile_from_short": Run("smile", init="mle_short"),
+    "smile_nofirst": Run("smile", ("smile.first_token=none",)),
+    "smile_shift": Run("smile", ("smile.first_token=shift", f"smile.shift_token_id={MASK_ID}")),
+    "smile_l050": Run("smile", ("smile.mle_weight=0.5",)),
+    "smile_l010": Run("smile", ("smile.mle_weight=0.1",)),
+    "smile_l005": Run("smile", ("smile.mle_weight=0.05",)),
+    "smile_l001": Run("smile", ("smile.mle_weight=0.01",)),
+    "smile_random": Run("smile", ("smile.subset=random",)),
+    "smile_reverse": Run("smile", ("smile.subset=reverse",)),
+    "smile_one": Run("smile", ("data.train_unit=image",)),  # one example per image: its first caption only
+    "simplest_mle": Run("mle", init=None, corpus="simplest"),
+    "simplest_smile": Run("smile", init="simplest_mle", corpus="simplest"),
+    "simpler_mle": Run("mle", init=None, corpus="simpler"),
+    "simpler_smile": Run("smile", init="simpler_mle", corpus="simpler"),
+    "blip_smile": Run("blip_smile", init="blip_mle"),
+    # sequence-level exploration
+    "scst": Run("scst"),
+    "scst_me": Run("scst_me"),  # entropy coefficient 1e-2, the paper's choice
+    "scst_me_1e1": Run("scst_me", ("rl.entropy_coef=0.1",)),
+    "scst_me_1e3": Run("scst_me", ("rl.entropy_coef=0.001",)),
+    "sle": Run("sle"),  # alpha 0.75, the paper's choice
+    "sle_a025": Run("sle", ("rl.alpha=0.25",)),
+    "sle_a050": Run("sle", ("rl.alpha=0.5",)),
+    # DiscriTune: the demo's discritune stage (SR-L fully fine-tuned, greedy decoding, running-mean baseline, reward
+    # log p of the target among the 99 other images of the batch) and its ablations (appendices B.1, B.2, D.2)
+    "discritune": Run("discritune"),
+    "discritune_sum": Run("discritune", ("rl.logprob=sum",)),
+    "discritune_nobase": Run("discritune", ("rl.baseline=none",)),
+    "discritune_greedybase": Run("discritune", ("rl.strategy=beam", "rl.baseline=greedy")),  # beam 5 (decode.*)
+    "discritune_cosine": Run("discritune", ("sr.reward=cosine",)),
+    "discritune_accuracy": Run("discritune", ("sr.reward=accuracy",)),
+    "discritune_hard5": Run("discritune", ("sr.distractors=hard", "sr.hard_k=5")),
+    "discritune_hard10": Run("discritune", ("sr.distractors=hard", "sr.hard_k=10")),
+    "blip_discritune": Run("blip_discritune", init="blip_mle"),
+    # NDLB (C + SR-LV + BagCurri on the human captions is the demo's sr_bagcurri itself)
+    "sr_bagcurri": Run(NDLB_RECIPE),
+    "sr_bagcurri_sum": Run(NDLB_RECIPE, ("rl.logprob=sum",)),
+    "sr_bagcurri_cos": Run(NDLB_RECIPE, ("sr.logit_scale=1.0",)),
+    "sr_bagcurri_normal": Run(NDLB_RECIPE, ("lora.init=normal",)),
+    **ndlb_runs(),
+}

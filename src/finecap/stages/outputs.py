@@ -1,0 +1,70 @@
+"""What a finished training stage of a :class:`~finecap.stages.StageRunner` makes on the test split: its best
+captioner, its captions, several captions per image and their set-level diversity. Each is written once into the
+stage's folder and read back on the next run (made again with the runner's ``force``); the demo's report and the
+papers' grids read them alike."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Any
+
+from finecap.caption import generate_captions
+from finecap.data.formats import write_results
+from finecap.metrics.suite import evaluate
+from finecap.models.backbones import load_captioner
+from finecap.runs import model_dir
+from finecap.stages.runner import StageRunner
+from finecap.utils import read_json, seed_everything, write_json
+
+SAMPLES = 5
+"""Captions per test image of :func:`stage_samples` (the exploration paper's set-level diversity)."""
+
+
+def best_model(runner: StageRunner, stage: str) -> Any:
+    """The stage's best checkpoint as a captioner in eval mode."""
+    return load_captioner(model_dir(runner.stage_dir(stage) / "checkpoints" / "best")).eval()
+
+
+def caption_stage(runner: StageRunner, stage: str) -> Path:
+    """Test-split captions of the stage's best checkpoint, decoded with its ``decode.*`` (beam 5 in the demo):
+    ``<stage>/captions_test.json``."""
+    out = runner.stage_dir(stage) / "captions_test.json"
+    if out.exists() and not runner.force:
+        return out
+    cfg = runner.stage_config(stage)
+    captions = generate_captions(best_model(runner, stage), cfg, "test")
+    write_results(out, {i: c[0] for i, c in captions.items()})
+    return out
+
+
+def stage_samples(runner: StageRunner, stage: str, mode: str) -> dict[Any, list[str]]:
+    """:data:`SAMPLES` captions per test image of the stage's best checkpoint: ``sample`` (T = 1) or ``beam`` (the
+    top 5), kept in ``<stage>/samples_test_<mode>.json``."""
+    path = runner.stage_dir(stage) / f"samples_test_{mode}.json"
+    if path.exists() and not runner.force:
+        return {int(k) if k.isdigit() else k: v for k, v in read_json(path).items()}
+    cfg = runner.stage_config(stage)
+    settings = {"sample": {"strategy": "sample", "temperature": 1.0}, "beam": {"strategy": "beam"}}[mode]
+    decode = dataclasses.replace(cfg.decode, beam_size=SAMPLES, num_return_sequences=SAMPLES, **settings)
+    model = best_model(runner, stage)
+    seed_everything(cfg.run.seed)  # sampled captions depend on the seed only, not on what this process ran before
+    samples = generate_captions(model, cfg, "test", decode=decode)
+    write_json(path, {str(k): v for k, v in samples.items()})
+    return samples
+
+
+def diversity_metrics(runner: StageRunner, stage: str, references: dict[Any, list[str]]) -> dict[str, float]:
+    """Div-1, Div-2, mBLEU-4 over 5 captions per image (exploration paper Sec. 3.2) and CIDEr-D: the mean over the 5
+    samples for ``sample``, the top beam's for ``beam`` (the paper's beam-search numbers are top-beam scores)."""
+    out: dict[str, float] = {}
+    for mode in ("sample", "beam"):
+        samples = stage_samples(runner, stage, mode)
+        first = {i: c[0] for i, c in samples.items()}
+        out.update({f"{mode}/{k}": v for k, v in evaluate(first, references, metrics=["diversity"], samples=samples,
+                                                           cfg=runner.cfg).items()})  # fmt: skip
+        ranks = range(1 if mode == "beam" else SAMPLES)  # beam: captions come best first, c[0] is the top beam
+        ciders = [evaluate({i: c[j] for i, c in samples.items()}, references, metrics=["cider"])["CIDEr-D"]
+                  for j in ranks]  # fmt: skip
+        out[f"{mode}/CIDEr-D"] = sum(ciders) / len(ciders)
+    return out

@@ -1,0 +1,319 @@
+"""The one stage runner: a table of stages (data, :class:`Stage`) run in order in one run directory, shared by
+``finecap demo`` (:mod:`finecap.app.demo`) and the papers' grids (``benchmarks/paper_tables/``).
+
+A stage is a training run or a task. A **training stage** trains a captioner with a recipe into
+``<run_dir>/<stage>/``; its configuration is layered (:meth:`StageRunner.stage_config`): the runner's ``base``
+settings, the stage's recipe, the runner's ``over`` settings (the demo's ``--quick``), the stage's own overrides and
+those computed for it when configured (``computed``: e.g. the path of a data set made by an earlier stage), then the
+user's overrides (``items``), above all; its run directory, and its starting checkpoint (the best of stage
+``init``). It is trained once: its ``DONE`` marker says it finished. A finished stage is reused only when the inputs
+its run recorded (``fingerprints.json``) are those of its configuration now (:meth:`StageRunner.check_reuse`); an
+unfinished one resumes from its last checkpoint, or starts again when it saved none
+(:func:`finecap.train.state.continue_unfinished`); ``force`` trains it again. A stage whose inputs (``init`` and
+``inputs``) have not finished is refused, naming them (:class:`MissingInput`). A **task** is a function of the runner.
+
+The stage table is passed in, never read from module globals, and so is the training function (the application's
+recipe, ``finecap.app.train.train``): this library module imports nothing of the application layer.
+
+:meth:`StageRunner.run` runs a list of stages. Training stages that no other listed stage starts from (side stages,
+:meth:`StageRunner.side_stages`) run side by side in worker processes (:mod:`finecap.stages.pool`), ``jobs`` at a
+time, each with ``threads`` torch threads whatever the job count, so their results do not depend on it; every other
+stage waits for them and runs alone with all threads.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+from collections.abc import Callable, Iterable, Mapping
+from concurrent.futures import FIRST_COMPLETED, Future, wait
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+from finecap.config import Config, load
+from finecap.recipes import resolve_recipe
+from finecap.runs import CONFIG_FILE
+from finecap.train.fingerprint import FingerprintMismatch, check_run
+from finecap.train.state import continue_unfinished
+from finecap.utils import atomic_write_text, read_json, refuse_link, write_json
+
+log = logging.getLogger(__name__)
+
+TRAIN = "train"
+TASK = "task"
+KINDS = (TRAIN, TASK)
+DONE = "DONE"
+"""The marker a training stage writes into its folder when it has finished training."""
+
+
+class TrainFn(Protocol):
+    """The training function a runner is given: trains ``cfg`` into ``cfg.run.dir`` (``finecap.app.train.train``)."""
+
+    def __call__(self, cfg: Config, *, resume: bool, overwrite: bool) -> Any: ...
+
+
+class MissingInput(FileNotFoundError):
+    """A stage's input (the stage it starts from, or another it reads) has not finished."""
+
+
+@dataclass(frozen=True)
+class Stage:
+    """One row of a stage table.
+
+    A training stage (``kind="train"``) names its ``recipe`` (a packaged recipe such as ``demo/mle``, or a YAML
+    path), the ``overrides`` that make it from the recipe, and ``init``, the stage whose best checkpoint it starts
+    from (None: a fresh model); ``then`` runs after training, or after a finished stage is reused (the demo captions
+    the test split there). A task (``kind="task"``) is ``run(runner)``; its result is returned by
+    :meth:`StageRunner.run`. ``inputs``: further stages whose ``DONE`` marker it needs before it runs.
+
+    Functions in a table are module-level ones (no lambdas, no closures): a side stage's runner is pickled into its
+    worker process."""
+
+    name: str
+    kind: str = TASK
+    recipe: str = ""
+    overrides: tuple[str, ...] = ()
+    init: str | None = None
+    inputs: tuple[str, ...] = ()
+    run: Callable[[StageRunner], Any] | None = None
+    then: Callable[[StageRunner, str], Any] | None = None
+
+    def __post_init__(self) -> None:
+        if self.kind not in KINDS:
+            raise ValueError(f"stage {self.name!r}: kind {self.kind!r} is not one of {', '.join(KINDS)}")
+        if self.kind == TRAIN and not self.recipe:
+            raise ValueError(f"stage {self.name!r}: a training stage names its recipe")
+        if self.kind == TASK and (self.run is None or self.recipe or self.init or self.overrides or self.then):
+            raise ValueError(f"stage {self.name!r}: a task is its run function alone (recipe, init, overrides and "
+                             "then belong to training stages)")  # fmt: skip
+
+    @property
+    def needs(self) -> tuple[str, ...]:
+        """The stages that must have finished before this one runs: ``init``, then ``inputs``."""
+        return (self.init, *self.inputs) if self.init is not None else self.inputs
+
+
+def stage_table(stages: Iterable[Stage]) -> dict[str, Stage]:
+    """``{name: stage}``, refusing a name given twice and an ``init`` / ``inputs`` that names no stage of the table
+    or a task as a starting checkpoint."""
+    table: dict[str, Stage] = {}
+    for stage in stages:
+        if stage.name in table:
+            raise ValueError(f"stage table: {stage.name!r} is given twice")
+        table[stage.name] = stage
+    for stage in table.values():
+        unknown = [n for n in stage.needs if n not in table]
+        if unknown:
+            raise ValueError(f"stage {stage.name!r} needs {', '.join(map(repr, unknown))}, not in the stage table")
+        if stage.init is not None and table[stage.init].kind != TRAIN:
+            raise ValueError(f"stage {stage.name!r} starts from {stage.init!r}, which trains no captioner")
+    return table
+
+
+@dataclass
+class StageRunner:
+    """A stage table at work in one run directory (module docstring)."""
+
+    stages: Mapping[str, Stage]
+    cfg: Config
+    run_dir: Path
+    train: TrainFn
+    items: list[str] = field(default_factory=list)
+    """``section.key=value`` overrides above every stage's recipe."""
+    quick: bool = False
+    base: dict[str, dict[str, Any]] = field(default_factory=dict)
+    """Settings beneath every stage's recipe."""
+    over: dict[str, dict[str, Any]] | None = None
+    """Settings above every stage's recipe, beneath the overrides (the demo's quick settings)."""
+    force: bool = False
+    """Train finished stages again (and let tasks make their outputs again, which read it through the runner)."""
+    computed: Callable[[StageRunner, str], list[str]] | None = None
+    """Overrides of a stage computed when it is configured (between its own overrides and ``items``)."""
+    what: str = "stage"
+    """What a stage is called in messages (``demo stage``, ``paper-tables run``)."""
+    ways_out: str = "re-run it with force, or use another run directory"
+    """What a user can do about a stage that is not reused or continued; ``{stage}`` and ``{out}`` are filled in."""
+
+    def stage_dir(self, stage: str) -> Path:
+        return self.run_dir / stage
+
+    def is_done(self, stage: str) -> bool:
+        """Whether training stage ``stage`` finished (its ``DONE`` marker; a link planted there is refused)."""
+        marker = self.stage_dir(stage) / DONE
+        refuse_link(marker)  # never taken for a finished stage, never written through
+        return marker.exists()
+
+    def training_stages(self) -> list[str]:
+        return [name for name, stage in self.stages.items() if stage.kind == TRAIN]
+
+    def stage_config(self, stage: str) -> Config:
+        """The configuration of training stage ``stage`` (module docstring: the layers), with its run directory and
+        its starting checkpoint."""
+        row = self.stages[stage]
+        computed = self.computed(self, stage) if self.computed is not None else []
+        cfg = load(resolve_recipe(row.recipe), [*row.overrides, *computed, *self.items], base=self.base,
+                   over=self.over)  # fmt: skip
+        run = dataclasses.replace(cfg.run, dir=str(self.stage_dir(stage)))
+        train = cfg.train
+        if row.init is not None:
+            train = dataclasses.replace(train, init_from=str(self.stage_dir(row.init) / "checkpoints" / "best"))
+        return dataclasses.replace(cfg, run=run, train=train)
+
+    def ways_out_of(self, stage: str) -> str:
+        return self.ways_out.format(stage=stage, out=self.stage_dir(stage))
+
+    def check_inputs(self, stage: str) -> None:
+        """:class:`MissingInput` naming the first input of ``stage`` that has not finished."""
+        row = self.stages[stage]
+        for need in row.needs:
+            if not self.is_done(need):
+                how = "starts from" if need == row.init else "needs"
+                raise MissingInput(f"{self.what} {stage!r} {how} stage {need!r}, which has not run yet")
+
+    def check_reuse(self, stage: str, cfg: Config) -> None:
+        """Refuse to reuse finished stage ``stage`` when the inputs its run recorded (``fingerprints.json``: data,
+        captioner's encoder, retriever) differ from those of its configuration ``cfg`` now, e.g. after a change of
+        ``world.*`` or of the world encoder (:func:`finecap.train.fingerprint.check_run`); the error names both
+        fingerprints and :attr:`ways_out`."""
+        try:
+            check_run(self.stage_dir(stage), cfg)
+        except FingerprintMismatch as e:
+            raise FingerprintMismatch(
+                f"{self.what} {stage!r} was trained on other inputs than its configuration names now, so it is not "
+                f"reused: {e} | {self.ways_out_of(stage)}"
+            ) from e
+
+    def train_stage(self, stage: str) -> bool:
+        """Train ``stage`` unless it finished (then check that it may be reused); returns whether it trained now."""
+        out = self.stage_dir(stage)
+        cfg = self.stage_config(stage)
+        if self.is_done(stage) and not self.force:
+            self.check_reuse(stage, cfg)
+            log.info("%s: already trained (%s); skipping", stage, out)
+            return False
+        self.check_inputs(stage)
+        if self.force:
+            resume, overwrite = False, True
+        else:  # a killed stage resumes, or starts again when it saved no checkpoint
+            resume, overwrite = continue_unfinished(
+                out, what=f"{self.what} {stage!r}", ways_out=self.ways_out_of(stage)
+            )
+        self.train(cfg, resume=resume, overwrite=overwrite)
+        atomic_write_text(out / DONE, "ok\n")
+        return True
+
+    def run_stage(self, stage: str) -> Any:
+        """Run one stage in this process: a task's result, or a training stage's ``then`` (None without one)."""
+        row = self.stages[stage]
+        if row.kind == TASK:
+            self.check_inputs(stage)
+            assert row.run is not None  # Stage.__post_init__
+            return row.run(self)
+        self.train_stage(stage)
+        return row.then(self, stage) if row.then is not None else None
+
+    def side_stages(self, stages: Iterable[str]) -> set[str]:
+        """The training stages of ``stages`` that no other listed stage starts from or needs: they can run side by
+        side."""
+        stages = list(stages)
+        needed = {n for s in stages for n in self.stages[s].needs}
+        return {s for s in stages if self.stages[s].kind == TRAIN and s not in needed}
+
+    def run(self, stages: Iterable[str], *, jobs: int = 1, threads: int = 1,
+            timings_file: Path | None = None) -> dict[str, Any]:  # fmt: skip
+        """Run ``stages`` in order (module docstring); returns the results of the stages run in this process. Each
+        stage's wall seconds go to ``timings_file`` (JSON, kept across runs) as it finishes."""
+        stages = list(stages)
+        unknown = [s for s in stages if s not in self.stages]
+        if unknown:
+            raise ValueError(f"unknown stage(s) {unknown}; valid stages: {', '.join(self.stages)}")
+        timings = read_json(timings_file) if timings_file is not None and timings_file.exists() else {}
+
+        def timed(stage: str, seconds: float) -> None:
+            timings[stage] = seconds
+            if timings_file is not None:
+                write_json(timings_file, timings)
+
+        side = self.side_stages(stages)
+        results: dict[str, Any] = {}
+        started = time.perf_counter()
+        if jobs > 1 and len(side) > 1:  # one side stage alone runs here, with the same threads: the same results
+            from finecap.stages.pool import SidePool
+
+            with SidePool(jobs) as pool:
+                self._run_with_pool(stages, side, pool, jobs, threads, timed, results)
+        else:
+            for stage in stages:
+                if stage in side:
+                    log.info("== %s: %s (%d threads)", self.what, stage, threads)
+                    timed(stage, run_side_stage(self, stage, threads))
+                else:
+                    timed(stage, self._run_here(stage, results))
+        log.info("stage wall times (s): %s; all stages: %.0f s", ", ".join(f"{k} {v}" for k, v in timings.items()),
+                 time.perf_counter() - started)  # fmt: skip
+        return results
+
+    def _run_here(self, stage: str, results: dict[str, Any]) -> float:
+        """Run a stage alone in this process with all threads; returns its wall seconds."""
+        log.info("== %s: %s", self.what, stage)
+        start = time.perf_counter()
+        results[stage] = self.run_stage(stage)
+        return round(time.perf_counter() - start, 1)
+
+    def _run_with_pool(self, stages: list[str], side: set[str], pool: Any, jobs: int, threads: int,
+                       timed: Callable[[str, float], None], results: dict[str, Any]) -> None:  # fmt: skip
+        running: dict[Future, str] = {}
+
+        def finish(futures: set[Future]) -> None:
+            for future in futures:
+                stage = running.pop(future)
+                timed(stage, future.result())  # a failed stage raises here, naming itself in its error
+                log.info("== %s %s done (%.0f s, %d still running)", self.what, stage, future.result(), len(running))
+
+        for stage in stages:
+            if stage in side:
+                if len(running) >= jobs:
+                    finish(wait(running, return_when=FIRST_COMPLETED).done)
+                log.info("== %s: %s (beside %d others, %d threads each)", self.what, stage, len(running), threads)
+                running[pool.submit(run_side_stage, self, stage, threads)] = stage
+                continue
+            finish(wait(running).done if running else set())  # the next stage may read theirs (report) or need cores
+            timed(stage, self._run_here(stage, results))
+        finish(wait(running).done if running else set())
+
+
+def run_side_stage(runner: StageRunner, stage: str, threads: int) -> float:
+    """Run one side stage with ``threads`` torch threads (in a worker process, or in this one); returns its wall
+    seconds. The thread count is the stage's whatever the job count, so its results are too (CPU kernels sum in a
+    thread-count-dependent order)."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    start = time.perf_counter()
+    try:
+        runner.run_stage(stage)
+    finally:
+        torch.set_num_threads(before)
+    return round(time.perf_counter() - start, 1)
+
+
+def never_train(cfg: Config, *, resume: bool, overwrite: bool) -> None:
+    """The training function of :func:`finished_stages`: it has none to give."""
+    raise RuntimeError(f"{cfg.run.dir}: a runner over finished stages trains nothing")
+
+
+def finished_stages(run_dir: Path, stages: Iterable[str]) -> StageRunner:
+    """A runner over training stages that have run in ``run_dir`` (a demo's run directory, or a grid's seed folder),
+    each configured by the ``config.yaml`` it saved, so what reads them (:mod:`finecap.stages.outputs`: captions,
+    samples, diversity) decodes with the settings they trained with; its ``cfg`` is ``run_dir``'s own
+    ``config.yaml``. It trains nothing (:func:`never_train`): a stage that has not finished is a
+    :class:`MissingInput` when read."""
+    stages = list(stages)
+    missing = [s for s in stages if not (run_dir / s / DONE).is_file()]
+    if missing:
+        raise MissingInput(f"{run_dir}: stage(s) {', '.join(missing)} have not finished (no {DONE} marker)")
+    table = stage_table(Stage(s, TRAIN, recipe=str(run_dir / s / CONFIG_FILE)) for s in stages)
+    return StageRunner(table, load(str(run_dir / CONFIG_FILE), []), run_dir, train=never_train)

@@ -1,0 +1,169 @@
+"""The stage runner (finecap.stages) on tiny fake stages that do not train: the stage table is passed in, the
+configuration layers, DONE markers and resume, the input check naming what is missing, and side stages run in
+worker processes with their own thread count."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+import yaml
+
+from finecap.config import Config, load
+from finecap.stages import DONE, TASK, TRAIN, MissingInput, Stage, StageRunner, stage_table
+
+
+def fake_train(cfg: Config, *, resume: bool, overwrite: bool) -> None:
+    """Stands in for the training recipe: records how it was called, in which process, with how many threads."""
+    import torch
+
+    out = Path(cfg.run.dir)
+    out.mkdir(parents=True, exist_ok=True)
+    record = {"resume": resume, "overwrite": overwrite, "pid": os.getpid(), "threads": torch.get_num_threads(),
+              "lr": cfg.train.lr, "init_from": cfg.train.init_from, "max_steps": cfg.train.max_steps}  # fmt: skip
+    (out / "trained.json").write_text(json.dumps(record))
+
+
+def note_then(runner: StageRunner, stage: str) -> str:
+    """A training stage's ``then``: what the demo's test-split captions stand for."""
+    (runner.stage_dir(stage) / "then.txt").write_text("after\n")
+    return stage
+
+
+def make_world(runner: StageRunner) -> str:
+    runner.run_dir.mkdir(parents=True, exist_ok=True)
+    (runner.run_dir / "world.txt").write_text("made\n")
+    return "world made"
+
+
+def _recipe(tmp_path: Path) -> str:
+    path = tmp_path / "recipe.yaml"
+    path.write_text(yaml.safe_dump({"train": {"lr": 0.01, "max_steps": 7}}))
+    return str(path)
+
+
+def _runner(tmp_path: Path, **kwargs) -> StageRunner:
+    recipe = _recipe(tmp_path)
+    table = stage_table([
+        Stage("world", run=make_world),
+        Stage("start", TRAIN, recipe=recipe, then=note_then),
+        Stage("a", TRAIN, recipe=recipe, overrides=("train.lr=0.02",), init="start", then=note_then),
+        Stage("b", TRAIN, recipe=recipe, init="start", then=note_then),
+    ])  # fmt: skip
+    return StageRunner(table, load(None, []), tmp_path / "run", train=fake_train, **kwargs)
+
+
+def _trained(runner: StageRunner, stage: str) -> dict:
+    return json.loads((runner.stage_dir(stage) / "trained.json").read_text())
+
+
+def test_a_finished_stage_is_not_trained_again_and_its_then_still_runs(tmp_path):
+    runner = _runner(tmp_path)
+    assert runner.run(["world", "start"]) == {"world": "world made"}  # a side stage's result is not returned
+    first = _trained(runner, "start")
+    assert (first["resume"], first["overwrite"]) == (False, False)  # a fresh folder: trained from the start
+    assert (runner.stage_dir("start") / DONE).read_text() == "ok\n"
+    (runner.stage_dir("start") / "trained.json").unlink()
+    (runner.stage_dir("start") / "then.txt").unlink()
+    assert runner.train_stage("start") is False  # DONE: reused
+    assert not (runner.stage_dir("start") / "trained.json").exists()
+    assert runner.run_stage("start") == "start" and (runner.stage_dir("start") / "then.txt").exists()
+    forced = _runner(tmp_path, force=True)
+    assert forced.train_stage("start") is True
+    assert (_trained(forced, "start")["resume"], _trained(forced, "start")["overwrite"]) == (False, True)
+
+
+def test_an_unfinished_stage_resumes_from_its_last_checkpoint(tmp_path):
+    """A killed stage (no DONE, a complete ``last`` checkpoint: its trainer state and state folder) resumes."""
+    from finecap.train.state import STATE_DIR
+
+    runner = _runner(tmp_path)
+    last = runner.stage_dir("start") / "checkpoints" / "last"
+    (last / STATE_DIR).mkdir(parents=True)
+    (last / "trainer_state.json").write_text(json.dumps({"step": 3}))
+    assert runner.train_stage("start") is True
+    assert (_trained(runner, "start")["resume"], _trained(runner, "start")["overwrite"]) == (True, False)
+
+
+def test_a_stage_whose_input_has_not_run_is_refused_naming_it(tmp_path):
+    runner = _runner(tmp_path, what="grid run")
+    with pytest.raises(MissingInput, match="grid run 'a' starts from stage 'start', which has not run yet"):
+        runner.run_stage("a")
+    assert not runner.stage_dir("a").exists()  # nothing trained, nothing written
+    table = stage_table([Stage("t", TRAIN, recipe=_recipe(tmp_path)), Stage("report", run=make_world, inputs=("t",))])
+    needs = StageRunner(table, load(None, []), tmp_path / "run2", train=fake_train)
+    with pytest.raises(MissingInput, match="'report' needs stage 't', which has not run yet"):
+        needs.run(["report"])
+
+
+def test_the_stage_table_is_the_runners_own(tmp_path):
+    """Two runners, two tables: a stage one of them lacks is unknown to it, whatever the other holds."""
+    mine = _runner(tmp_path)
+    other = StageRunner(stage_table([Stage("only", run=make_world)]), load(None, []), tmp_path / "o", fake_train)
+    assert other.run(["only"]) == {"only": "world made"}
+    with pytest.raises(ValueError, match=r"unknown stage\(s\) \['only'\]; valid stages: world, start, a, b"):
+        mine.run(["only"])
+    with pytest.raises(ValueError, match="'a' needs 'missing', not in the stage table"):
+        stage_table([Stage("a", TRAIN, recipe="demo/mle", init="missing")])
+    with pytest.raises(ValueError, match="given twice"):
+        stage_table([Stage("a", run=make_world), Stage("a", run=make_world)])
+    with pytest.raises(ValueError, match="a task is its run function alone"):
+        Stage("t", TASK, run=make_world, recipe="demo/mle")
+
+
+def test_a_stages_configuration_layers_base_recipe_over_overrides_computed_items(tmp_path):
+    def computed(runner: StageRunner, stage: str) -> list[str]:
+        return ["train.max_steps=9"] if stage == "a" else []
+
+    runner = _runner(tmp_path, base={"train": {"lr": 0.5, "warmup_steps": 3}}, over={"train": {"lr": 0.03}},
+                     computed=computed, items=["train.max_steps=11"])  # fmt: skip
+    start, a = runner.stage_config("start"), runner.stage_config("a")
+    assert start.train.warmup_steps == 3  # base: beneath the recipe, fills in what it leaves open
+    assert start.train.lr == 0.03  # over: above the recipe's 0.01
+    assert a.train.lr == 0.02  # the stage's own override: above over
+    assert a.train.max_steps == 11 and start.train.max_steps == 11  # items above computed and the recipe
+    assert _runner(tmp_path, computed=computed).stage_config("a").train.max_steps == 9  # computed above the recipe
+    assert a.run.dir == str(runner.stage_dir("a"))
+    assert a.train.init_from == str(runner.stage_dir("start") / "checkpoints" / "best") and not start.train.init_from
+
+
+@pytest.mark.slow  # spawned workers import torch: about 20 s on the 2-core machine
+def test_side_stages_run_in_worker_processes_with_their_thread_count(tmp_path):
+    """``a`` and ``b`` start from ``start`` and nothing starts from them: they run side by side, each in a worker
+    process with one torch thread; ``start`` (an input of both) and the task run here."""
+    runner = _runner(tmp_path)
+    stages = ["world", "start", "a", "b"]
+    assert runner.side_stages(stages) == {"a", "b"}
+    timings = tmp_path / "timings.json"
+    results = runner.run(stages, jobs=2, threads=1, timings_file=timings)
+    assert results == {"world": "world made", "start": "start"}
+    assert _trained(runner, "start")["pid"] == os.getpid()
+    workers = {_trained(runner, s)["pid"] for s in ("a", "b")}
+    assert os.getpid() not in workers
+    assert all(_trained(runner, s)["threads"] == 1 for s in ("a", "b"))
+    assert all((runner.stage_dir(s) / DONE).exists() and (runner.stage_dir(s) / "then.txt").exists() for s in "ab")
+    assert set(json.loads(timings.read_text())) == set(stages)
+
+
+def test_finished_stages_are_read_with_the_configuration_they_saved(tmp_path):
+    """A runner over finished stages configures each from its own config.yaml (what it trained with) and trains
+    nothing; a stage without its DONE marker is named."""
+    from finecap.stages import finished_stages
+
+    run_dir = tmp_path / "run"
+    (run_dir / "mle").mkdir(parents=True)
+    load(None, ["train.lr=0.07"]).save(run_dir / "config.yaml")
+    load(None, ["train.lr=0.003", "decode.beam_size=4", f"run.dir={run_dir / 'mle'}"]).save(
+        run_dir / "mle" / "config.yaml"
+    )
+    with pytest.raises(MissingInput, match="stage\\(s\\) mle have not finished"):
+        finished_stages(run_dir, ["mle"])
+    (run_dir / "mle" / DONE).write_text("ok\n")
+    runner = finished_stages(run_dir, ["mle"])
+    cfg = runner.stage_config("mle")
+    assert (cfg.train.lr, cfg.decode.beam_size, cfg.run.dir) == (0.003, 4, str(run_dir / "mle"))
+    assert runner.cfg.train.lr == 0.07  # the run directory's own configuration
+    with pytest.raises(RuntimeError, match="trains nothing"):
+        runner.train(cfg, resume=False, overwrite=True)
