@@ -22,11 +22,11 @@ from pathlib import Path
 
 import torch
 
-from finecap.app.train import build_model
 from finecap.config import load
 from finecap.data.targets import IGNORE_INDEX
 from finecap.objectives import get_objective
 from finecap.train.engine import build_optimizer
+from finecap.train.setup import build_model
 
 
 def batch_for(model, n: int, generator: torch.Generator) -> dict:

@@ -18,8 +18,8 @@ APP = re.compile(r"^finecap\.app(\.\w+)*$")
 
 ALLOWED = {
     "finecap.app.cli": "the command line, run as a user runs it (`python -m finecap.app.cli demo ...`)",
-    "finecap.app.train": "the `finecap train` recipe: `train`, the training every benchmark that trains runs, and the "
-    "pieces of it the step benchmarks time (`build_model`, `build_data`, `train_unit`)",
+    "finecap.app.train": "the `finecap train` command's `train(cfg)`: the training every benchmark that trains runs "
+    "(what a run is built from is the library's finecap.train.setup)",
     "finecap.app.prepare": "`prepare`: the world and the world encoder, found or made as every command finds them",
     "finecap.app.bags": "the `finecap bags build` command's `main`: TrueMatch bags as the command writes them",
     "finecap.app.boost": "the `finecap boost` command's `main`: the boosted data set of the world",

@@ -1,5 +1,5 @@
 """The memory and precision levers (:mod:`finecap.models.memory`) on every backbone, built through the training path
-(:func:`finecap.app.train.build_model`) from tiny random checkpoints saved like Hub ones: the weights' dtype with
+(:func:`finecap.train.setup.build_model`) from tiny random checkpoints saved like Hub ones: the weights' dtype with
 float32 master weights, gradient checkpointing (equal gradients, equal captions), the attention implementation, and
 4/8-bit QLoRA through bitsandbytes on the CPU."""
 
@@ -14,7 +14,6 @@ import torch
 from PIL import Image
 from transformers.pytorch_utils import Conv1D
 
-from finecap.app.train import build_model
 from finecap.config import DecodeConfig, load
 from finecap.data.datasets import model_collator
 from finecap.models import lora, memory
@@ -24,6 +23,7 @@ from finecap.models.captioner import PARTS
 from finecap.models.presets import build_world_lm, save_tiny_blip, save_tiny_clip, save_tiny_vlm
 from finecap.models.vlm import Vlm
 from finecap.objectives.mle import MLE, mle_loss
+from finecap.train.setup import build_model
 
 CAPTIONS = ["a red circle", "two blue squares on the left", "a small green triangle"]
 BACKBONES = {

@@ -11,7 +11,6 @@ from __future__ import annotations
 import pytest
 import torch
 
-from finecap.app.train import build_data, build_model, train_unit
 from finecap.contract import TrainContext
 from finecap.data.datasets import to_device
 from finecap.data.samplers import get_sampler
@@ -20,6 +19,7 @@ from finecap.models import lora
 from finecap.objectives import get_objective
 from finecap.train.engine import Engine, TrainingData, build_optimizer, make_accelerator
 from finecap.train.schedule import build_scheduler
+from finecap.train.setup import build_data, build_model, train_unit
 from finecap.utils import seed_everything
 
 BACKBONES = {

@@ -6,7 +6,7 @@ import pytest
 import torch
 from accelerate import Accelerator
 
-from finecap.app.train import build_model, train, train_unit
+from finecap.app.train import train
 from finecap.config import ConfigError
 from finecap.data.samplers import RandomBatches
 from finecap.home import run_path
@@ -25,6 +25,7 @@ from finecap.train.engine import (
     weighted_loss,
 )
 from finecap.train.schedule import build_scheduler
+from finecap.train.setup import build_model, train_unit
 from finecap.train.state import config_changes
 from finecap.utils import seed_everything
 

@@ -23,7 +23,6 @@ from __future__ import annotations
 import contextlib
 import logging
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -34,21 +33,17 @@ from accelerate.utils import broadcast_object_list
 
 from finecap.config import Config
 from finecap.contract import TrainContext
-from finecap.data.datasets import CaptionCollator, CaptionDataset, load_records, model_collator, skipped_images
-from finecap.data.features import model_features
-from finecap.data.loading import LoaderSettings, encoder_draft
+from finecap.data.loading import LoaderSettings
 from finecap.data.samplers import get_sampler
 from finecap.home import run_path
 from finecap.locks import TRAIN_LOCK, output_lock
-from finecap.models import memory, sharding
-from finecap.models.backbones import build_model as build_captioner
-from finecap.models.backbones import load_captioner, reads_world_encoder
-from finecap.models.lora import configure_training
+from finecap.models import sharding
+from finecap.models.backbones import reads_world_encoder
 from finecap.objectives import get_objective
 from finecap.objectives.base import ObjectiveBase
 from finecap.outputs import write_output
 from finecap.registry import SAMPLERS, declared_needs, lookup
-from finecap.runs import BEST, CONFIG_FILE, METRICS_FILE, checkpoint_dir, model_dir
+from finecap.runs import BEST, CONFIG_FILE, METRICS_FILE, checkpoint_dir
 from finecap.train.checkpoint import save_checkpoint
 from finecap.train.engine import (
     Checkpoints,
@@ -63,10 +58,10 @@ from finecap.train.fingerprint import check_run_dir as check_fingerprints_of_run
 from finecap.train.fingerprint import write_fingerprints
 from finecap.train.logging import tracker_config
 from finecap.train.schedule import build_scheduler
+from finecap.train.setup import CaptionData, build_data, build_model, train_unit
 from finecap.train.state import (
     TrainState,
     check_config_target,
-    check_finite_weights,
     config_changes,
     holds_run,
     prepare_run_dir,
@@ -80,16 +75,6 @@ log = logging.getLogger(__name__)
 Validator = Callable[[torch.nn.Module, Config, Accelerator], dict[str, float]]
 
 
-@dataclass
-class CaptionData:
-    train: CaptionDataset
-    val: CaptionDataset
-    collator: CaptionCollator
-    train_records: list
-    skipped: int = 0
-    """Images ``data.skip_bad_images`` left out of train and val (they do not decode)."""
-
-
 def summary(run_dir: Path, state: TrainState, metric: str, skipped: int = 0) -> str:
     """The one line ``finecap train`` ends with: steps, the best checkpoint and its value, the run directory, and the
     bad images ``data.skip_bad_images`` left out (when any)."""
@@ -100,58 +85,6 @@ def summary(run_dir: Path, state: TrainState, metric: str, skipped: int = 0) -> 
     return (
         f"train: {state.step} steps; best {metric} {state.best_value:.4g} at step {state.best_step}: {best} "
         f"(run directory {run_dir}){bad}"
-    )
-
-
-def build_model(cfg: Config, resume_from: Path | None = None) -> torch.nn.Module:
-    """The captioner to train: ``resume_from`` (a checkpoint), else ``train.init_from``, else a fresh one; what it
-    trains (``model.train_lm``, ``model.train_encoder``, LoRA adapters ``lora.*``) follows ``cfg``, also for a
-    checkpoint (:func:`finecap.models.lora.configure_training`), and so do the memory levers: weights loaded in
-    ``model.dtype`` (a checkpoint's float32 trained weights put back), what learns in ``model.trainable_dtype``,
-    ``train.gradient_checkpointing`` (:func:`finecap.models.memory.prepare_training`)."""
-    start = resume_from or cfg.train.init_from
-    if not start:
-        return memory.prepare_training(configure_training(build_captioner(cfg), cfg), cfg)
-    folder = model_dir(start)
-    model = load_captioner(folder, options=memory.LoadOptions.of(cfg.model))
-    memory.load_float32_masters(model, folder)
-    check_finite_weights(model, folder)
-    return memory.prepare_training(configure_training(model, cfg), cfg)
-
-
-def train_unit(cfg: Config, objective: ObjectiveBase) -> str:
-    """``data.train_unit``, or with ``auto`` the objective's ``example_unit``: per-caption for likelihood objectives
-    (as ClipCap), per-image for objectives that sample captions of an image (REINFORCE, self-retrieval), so that no
-    image appears twice in a batch or several times per epoch."""
-    unit = cfg.data.train_unit if cfg.data.train_unit != "auto" else objective.example_unit
-    if unit not in ("caption", "image"):
-        raise ValueError(f"train.objective: example_unit must be 'caption' or 'image', got {unit!r}")
-    return unit
-
-
-def build_data(cfg: Config, model: Any, accelerator: Accelerator, *, per_caption: bool) -> CaptionData:
-    """Training examples (one per reference caption, or per image) and the first ``train.eval_samples`` validation
-    images; frozen encoders read images through the feature cache, which every process builds its part of
-    (:func:`finecap.data.features.model_features`); otherwise images are decoded in the DataLoader workers (JPEGs
-    draft-decoded: :func:`finecap.data.loading.encoder_draft`)."""
-    train_records = load_records(cfg, "train")
-    val_records = load_records(cfg, "val")
-    if cfg.train.eval_samples:
-        val_records = val_records[: cfg.train.eval_samples]
-    feats: dict[str, torch.Tensor | None] = {"train": None, "val": None}
-    draft = None
-    if not model.train_encoder and model.cache_features:
-        for split, records in (("train", train_records), ("val", val_records)):
-            feats[split] = model_features(model, records, cfg, split, progress=accelerator.is_main_process,
-                                          processes=accelerator)  # fmt: skip
-    else:
-        draft = encoder_draft(model.encoder, cfg.data)
-    return CaptionData(
-        train=CaptionDataset(train_records, per_caption=per_caption, features=feats["train"], draft=draft),
-        val=CaptionDataset(val_records, per_caption=False, features=feats["val"], draft=draft),
-        collator=model_collator(model, cfg.data.max_tokens),
-        train_records=train_records,
-        skipped=sum(len(skipped_images(cfg, split)) for split in ("train", "val")),
     )
 
 

@@ -1,0 +1,88 @@
+"""What a training run is built from, as ``finecap train`` builds it: the captioner to train (fresh, from
+``train.init_from`` or from the checkpoint it resumes, with its training configuration and memory levers), the unit
+of a training example, and the training and validation data. The recipe (:mod:`finecap.app.train`) and the training
+benchmarks (``benchmarks/train_step.py``, ``backbone_step.py``) build runs from these, so that what they time is what
+training runs."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from accelerate import Accelerator
+
+from finecap.config import Config
+from finecap.data.datasets import CaptionCollator, CaptionDataset, load_records, model_collator, skipped_images
+from finecap.data.features import model_features
+from finecap.data.loading import encoder_draft
+from finecap.models import memory
+from finecap.models.backbones import build_model as build_captioner
+from finecap.models.backbones import load_captioner
+from finecap.models.lora import configure_training
+from finecap.objectives.base import ObjectiveBase
+from finecap.runs import model_dir
+from finecap.train.state import check_finite_weights
+
+
+@dataclass
+class CaptionData:
+    train: CaptionDataset
+    val: CaptionDataset
+    collator: CaptionCollator
+    train_records: list
+    skipped: int = 0
+    """Images ``data.skip_bad_images`` left out of train and val (they do not decode)."""
+
+
+def build_model(cfg: Config, resume_from: Path | None = None) -> torch.nn.Module:
+    """The captioner to train: ``resume_from`` (a checkpoint), else ``train.init_from``, else a fresh one; what it
+    trains (``model.train_lm``, ``model.train_encoder``, LoRA adapters ``lora.*``) follows ``cfg``, also for a
+    checkpoint (:func:`finecap.models.lora.configure_training`), and so do the memory levers: weights loaded in
+    ``model.dtype`` (a checkpoint's float32 trained weights put back), what learns in ``model.trainable_dtype``,
+    ``train.gradient_checkpointing`` (:func:`finecap.models.memory.prepare_training`)."""
+    start = resume_from or cfg.train.init_from
+    if not start:
+        return memory.prepare_training(configure_training(build_captioner(cfg), cfg), cfg)
+    folder = model_dir(start)
+    model = load_captioner(folder, options=memory.LoadOptions.of(cfg.model))
+    memory.load_float32_masters(model, folder)
+    check_finite_weights(model, folder)
+    return memory.prepare_training(configure_training(model, cfg), cfg)
+
+
+def train_unit(cfg: Config, objective: ObjectiveBase) -> str:
+    """``data.train_unit``, or with ``auto`` the objective's ``example_unit``: per-caption for likelihood objectives
+    (as ClipCap), per-image for objectives that sample captions of an image (REINFORCE, self-retrieval), so that no
+    image appears twice in a batch or several times per epoch."""
+    unit = cfg.data.train_unit if cfg.data.train_unit != "auto" else objective.example_unit
+    if unit not in ("caption", "image"):
+        raise ValueError(f"train.objective: example_unit must be 'caption' or 'image', got {unit!r}")
+    return unit
+
+
+def build_data(cfg: Config, model: Any, accelerator: Accelerator, *, per_caption: bool) -> CaptionData:
+    """Training examples (one per reference caption, or per image) and the first ``train.eval_samples`` validation
+    images; frozen encoders read images through the feature cache, which every process builds its part of
+    (:func:`finecap.data.features.model_features`); otherwise images are decoded in the DataLoader workers (JPEGs
+    draft-decoded: :func:`finecap.data.loading.encoder_draft`)."""
+    train_records = load_records(cfg, "train")
+    val_records = load_records(cfg, "val")
+    if cfg.train.eval_samples:
+        val_records = val_records[: cfg.train.eval_samples]
+    feats: dict[str, torch.Tensor | None] = {"train": None, "val": None}
+    draft = None
+    if not model.train_encoder and model.cache_features:
+        for split, records in (("train", train_records), ("val", val_records)):
+            feats[split] = model_features(model, records, cfg, split, progress=accelerator.is_main_process,
+                                          processes=accelerator)  # fmt: skip
+    else:
+        draft = encoder_draft(model.encoder, cfg.data)
+    return CaptionData(
+        train=CaptionDataset(train_records, per_caption=per_caption, features=feats["train"], draft=draft),
+        val=CaptionDataset(val_records, per_caption=False, features=feats["val"], draft=draft),
+        collator=model_collator(model, cfg.data.max_tokens),
+        train_records=train_records,
+        skipped=sum(len(skipped_images(cfg, split)) for split in ("train", "val")),
+    )
