@@ -1,21 +1,7 @@
-"""Shared test settings: one torch thread per test process (the machine has 2 cores and tests are tiny), and one
-temporary finecap home for the whole session, so the suite never writes to ``~/.cache``."""
+"""Fixtures of the tests under ``tests/``; the session-wide settings (one torch thread, the temporary finecap home
+``finecap_home``) and the docstring examples' names are in the repository root's ``conftest.py``."""
 
 import pytest
-import torch
-
-torch.set_num_threads(1)
-
-
-@pytest.fixture(scope="session", autouse=True)
-def finecap_home(tmp_path_factory):
-    """``FINECAP_HOME`` for every test of the session (and the processes they start): a temporary folder holding
-    the worlds, world encoders and caches of commands run with the defaults (``world.out``, ``run.cache_dir``
-    empty)."""
-    home = tmp_path_factory.mktemp("finecap-home")
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("FINECAP_HOME", str(home))
-        yield home
 
 
 @pytest.fixture(scope="session")
