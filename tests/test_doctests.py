@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import ast
 import doctest
+import shlex
 import tomllib
 from pathlib import Path
 
@@ -52,5 +53,5 @@ def test_no_docstring_has_only_skipped_examples():
 
 def test_docstring_examples_are_collected():
     options = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["pytest"]["ini_options"]
-    assert "--doctest-modules" in options["addopts"].split()
+    assert "--doctest-modules" in shlex.split(options["addopts"])
     assert "src/finecap" in options["testpaths"]

@@ -421,6 +421,7 @@ def tiny_overrides(clip: Path, cache: Path) -> list[str]:
             "train.log_every=1", "train.eval_samples=4", "decode.max_length=6", "train.max_steps=2"]  # fmt: skip
 
 
+@pytest.mark.slow
 def test_train_and_caption_from_an_image_folder_without_split_keys(tmp_path, tiny_clip):
     folder = tmp_path / "photos"
     words = ["red", "green", "blue", "yellow", "cyan", "pink"]
