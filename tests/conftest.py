@@ -19,3 +19,21 @@ def quick_demo_run(tmp_path_factory, finecap_home):
         mp.chdir(cwd)
         assert main(argv) == 0
     return run_dir, argv
+
+
+@pytest.fixture(scope="session")
+def shapes(tmp_path_factory) -> dict:
+    """Coloured-shape images and a tiny random CLIP (:func:`test_caption_images.make_shapes`), for the captioner
+    that tests/test_caption_images.py and tests/test_api.py share."""
+    from test_caption_images import make_shapes
+
+    return make_shapes(tmp_path_factory.mktemp("shapes"))
+
+
+@pytest.fixture(scope="session")
+def run(shapes):
+    """A tiny ClipCap trained once per session on ``shapes`` (:func:`test_caption_images.train_shapes_run`): its
+    training takes seconds, so the modules using it share one."""
+    from test_caption_images import train_shapes_run
+
+    return train_shapes_run(shapes)
