@@ -389,6 +389,7 @@ def test_skip_bad_images_leaves_out_and_counts_a_corrupt_and_an_empty_image(tmp_
     assert [r.image_id for r, _ in find_bad_images(kept, workers=1)] == ["corrupt.png", "empty.jpg"]
 
 
+@pytest.mark.slow
 def test_a_bad_image_in_a_dataloader_worker_is_one_line(tmp_path):
     from torch.utils.data import DataLoader
 
