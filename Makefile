@@ -29,14 +29,15 @@ browser:
 	    $$SUDO apt-get update -qq && $$SUDO apt-get install -y -qq chromium chromium-driver; } || \
 	  echo "make browser: could not install chromium + chromium-driver; the browser tests will skip"
 
+# The whole suite: the slow tests too (plain `pytest` leaves them out, pyproject.toml's addopts).
 test: $(STAMP) browser
-	$(BIN)/ruff check src tests benchmarks
-	$(BIN)/ruff format --check src tests benchmarks
-	$(BIN)/python -m pytest -q
+	$(BIN)/ruff check src tests benchmarks conftest.py
+	$(BIN)/ruff format --check src tests benchmarks conftest.py
+	$(BIN)/python -m pytest -q -m "slow or not slow"
 
 format: $(STAMP)
-	$(BIN)/ruff check --fix src tests benchmarks
-	$(BIN)/ruff format src tests benchmarks
+	$(BIN)/ruff check --fix src tests benchmarks conftest.py
+	$(BIN)/ruff format src tests benchmarks conftest.py
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/ngram_metrics.py

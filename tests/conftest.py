@@ -1,21 +1,7 @@
-"""Shared test settings: one torch thread per test process (the machine has 2 cores and tests are tiny), and one
-temporary finecap home for the whole session, so the suite never writes to ``~/.cache``."""
+"""Fixtures of the tests under ``tests/``; the session-wide settings (one torch thread, the temporary finecap home
+``finecap_home``) and the docstring examples' names are in the repository root's ``conftest.py``."""
 
 import pytest
-import torch
-
-torch.set_num_threads(1)
-
-
-@pytest.fixture(scope="session", autouse=True)
-def finecap_home(tmp_path_factory):
-    """``FINECAP_HOME`` for every test of the session (and the processes they start): a temporary folder holding
-    the worlds, world encoders and caches of commands run with the defaults (``world.out``, ``run.cache_dir``
-    empty)."""
-    home = tmp_path_factory.mktemp("finecap-home")
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("FINECAP_HOME", str(home))
-        yield home
 
 
 @pytest.fixture(scope="session")
@@ -33,3 +19,21 @@ def quick_demo_run(tmp_path_factory, finecap_home):
         mp.chdir(cwd)
         assert main(argv) == 0
     return run_dir, argv
+
+
+@pytest.fixture(scope="session")
+def shapes(tmp_path_factory) -> dict:
+    """Coloured-shape images and a tiny random CLIP (:func:`test_caption_images.make_shapes`), for the captioner
+    that tests/test_caption_images.py and tests/test_api.py share."""
+    from test_caption_images import make_shapes
+
+    return make_shapes(tmp_path_factory.mktemp("shapes"))
+
+
+@pytest.fixture(scope="session")
+def run(shapes):
+    """A tiny ClipCap trained once per session on ``shapes`` (:func:`test_caption_images.train_shapes_run`): its
+    training takes seconds, so the modules using it share one."""
+    from test_caption_images import train_shapes_run
+
+    return train_shapes_run(shapes)

@@ -24,16 +24,16 @@ from finecap.data.formats import DataError, load_image
 from finecap.inference import upright_rgb
 from finecap.metrics import suite
 from finecap.runs import checkpoint_dir, model_dir
-from test_caption_images import CAPTION, COLORS, caption, run, shapes  # noqa: F401 (fixtures used by name)
+from test_caption_images import CAPTION, COLORS, caption
 
 
 @pytest.fixture(scope="module")
-def cap(run) -> Captioner:  # noqa: F811
+def cap(run) -> Captioner:
     return Captioner.from_pretrained(run, device="cpu")
 
 
 @pytest.fixture(scope="module")
-def files(shapes) -> list[Path]:  # noqa: F811
+def files(shapes) -> list[Path]:
     return [shapes["new"] / f"{color}.png" for color in COLORS]
 
 
@@ -55,7 +55,7 @@ def test_paths_and_pil_images_get_their_captions(cap, files):
     assert cap.device == torch.device("cpu") and {p.device.type for p in cap.model.parameters()} == {"cpu"}
 
 
-def test_the_api_and_the_command_share_their_captions(cap, run, files, tmp_path):  # noqa: F811
+def test_the_api_and_the_command_share_their_captions(cap, run, files, tmp_path):
     beam = {"strategy": "beam", "beam_size": 3, "max_length": 3}
     for options, overrides in (({}, ()), (beam, tuple(f"decode.{k}={v}" for k, v in beam.items()))):
         cli = caption(run, *files, out=tmp_path / "cli.json", more=overrides)
@@ -99,7 +99,7 @@ def test_the_runs_autocast_is_used(cap, files):
     assert set(dtypes[len(dtypes) // 2 :]) == {torch.bfloat16}
 
 
-def test_every_checkpoint_folder_loads(run, files, tmp_path):  # noqa: F811
+def test_every_checkpoint_folder_loads(run, files, tmp_path):
     best = checkpoint_dir(run, "best")
     for folder in (run, best, model_dir(best)):
         loaded = Captioner.from_pretrained(folder)

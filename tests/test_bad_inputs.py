@@ -451,6 +451,7 @@ def test_real_full_and_read_only_disks(tiny, small_mounts):
 TORCHVISION_WARNING = "requires torchvision (not installed)"
 
 
+@pytest.mark.slow
 def test_model_command_prints_no_torchvision_warning_and_q_silences_libraries(secret_run, tmp_path):
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1] / "src"), "OMP_NUM_THREADS": "1"}
     control = subprocess.run([sys.executable, "-c", "from transformers import CLIPImageProcessor"], env=env,

@@ -225,6 +225,7 @@ def set_aside_run(world, clip, tmp_path_factory) -> Path:
                       "train.max_steps=80"])  # fmt: skip
 
 
+@pytest.mark.slow
 def test_transformers_beam_generate_reproduces_set_aside_captions(set_aside_run, tmp_path):
     # With decode.finished_beams=set_aside, transformers' generate on ClipCap's saved LM, given the prefix and the
     # saved generation_config.json, writes finecap caption's beam captions, and its three hypotheses per image are

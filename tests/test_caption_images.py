@@ -35,13 +35,12 @@ def shape_image(color: str, rng: np.random.Generator) -> Image.Image:
     return Image.fromarray(np.clip(pixels, 0, 255).astype(np.uint8))
 
 
-@pytest.fixture(scope="module")
-def shapes(tmp_path_factory) -> dict:
-    """``data``: the training folder (``<color>/<i>.png`` + ``.txt``, 6 per colour); ``new``: one unseen image per
-    colour (``<color>.png``); ``clip``: the tiny random CLIP."""
+def make_shapes(root: Path) -> dict:
+    """The ``shapes`` fixture (tests/conftest.py, shared with tests/test_api.py) in ``root``: ``data``, the training
+    folder (``<color>/<i>.png`` + ``.txt``, 6 per colour); ``new``, one unseen image per colour (``<color>.png``);
+    ``clip``, the tiny random CLIP."""
     from finecap.models.presets import save_tiny_clip
 
-    root = tmp_path_factory.mktemp("shapes")
     rng = np.random.default_rng(0)
     for color in COLORS:
         (root / "data" / color).mkdir(parents=True)
@@ -55,9 +54,9 @@ def shapes(tmp_path_factory) -> dict:
             "clip": save_tiny_clip(root / "clip", image_size=32, patch_size=16)}  # fmt: skip
 
 
-@pytest.fixture(scope="module")
-def run(shapes) -> Path:
-    """The run trained on the folder; decode.max_length=6 in its stored configuration (the default is 24)."""
+def train_shapes_run(shapes: dict) -> Path:
+    """The ``run`` fixture (tests/conftest.py): trained once per session on the folder; decode.max_length=6 in its
+    stored configuration (the default is 24)."""
     out = shapes["root"] / "run"
     cache = shapes["root"] / "cache"
     code, _, err = run_cli(["train", "data.format=folder", f"data.path={shapes['data']}", "data.val_fraction=0.25",
@@ -318,6 +317,7 @@ def test_bad_images_are_named_or_skipped_and_counted(run, shapes, tmp_path, capl
     assert "none of the 1 images decodes" in line and not (tmp_path / "none.json").exists()
 
 
+@pytest.mark.slow
 def test_worker_processes_read_the_images_alike(run, shapes, tmp_path):
     # data.num_workers=2: images decoded and preprocessed in DataLoader workers; a bad image there is the same error
     expected = {f"{color}.png": CAPTION[color] for color in COLORS}
@@ -335,6 +335,7 @@ def test_worker_processes_read_the_images_alike(run, shapes, tmp_path):
 # --------------------------------------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_outputs_never_replace_what_finecap_did_not_make(run, shapes, tmp_path):
     photos = tmp_path / "photos"
     shutil.copytree(shapes["new"], photos)

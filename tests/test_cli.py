@@ -75,6 +75,7 @@ def test_text_only_eval_imports_no_torch(tmp_path):
     assert scores["BLEU-1"] == pytest.approx(1.0) and scores["Length"] == 3.0
 
 
+@pytest.mark.slow
 def test_image_metric_eval_does_import_torch(tmp_path):
     # The same harness sees torch when a group needs it: CLIPScore loads the retriever (torch, transformers), which
     # then stops the command (exit 2) because no world encoder has been trained for this configuration.

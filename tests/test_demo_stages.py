@@ -370,6 +370,7 @@ if __name__ == "__main__":
 """
 
 
+@pytest.mark.slow
 def test_a_killed_demos_stage_workers_end_with_it(tmp_path):
     """A demo killed from outside (SIGKILL here: no cleanup runs) leaves no worker training on as an orphan."""
     import contextlib

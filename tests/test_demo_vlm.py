@@ -57,6 +57,7 @@ def test_vlm_smile_before_vlm_mle_is_an_error_naming_it(tmp_path, capsys):
     assert not (run_dir / "vlm_smile").exists()
 
 
+@pytest.mark.slow
 def test_quick_demo_adds_world_vlm_rows_to_the_table(quick_demo_run):
     """The session's `finecap demo --quick` (default stages, tests/conftest.py) trains the two VLM stages of the
     default list, and the report scores them like every stage."""

@@ -383,6 +383,7 @@ class _NoSpice:
         return "SPICE"
 
 
+@pytest.mark.slow
 @pytest.mark.java
 @pytest.mark.skipif(shutil.which("java") is None, reason="pycocoevalcap's tokenizer and METEOR need Java")
 def test_format_coco_keys_and_values_equal_pycocoevalcap(tmp_path, capsys, monkeypatch):
@@ -420,6 +421,7 @@ def test_format_coco_keys_and_values_equal_pycocoevalcap(tmp_path, capsys, monke
 @pytest.mark.skipif(
     importlib.util.find_spec("pycocoevalcap") is None, reason="METEOR reads its data from pycocoevalcap"
 )
+@pytest.mark.slow
 def test_eval_meteor_runs_without_java(tmp_path, capsys, monkeypatch):
     refs, res = _id_only_coco(tmp_path, n=30, seed=7)
     argv = ["eval", "--predictions", str(res), "--references", str(refs), "--metrics", "meteor", "--format", "coco",

@@ -417,6 +417,7 @@ def _cli_subprocess(argv: list[str], stdin: str = "") -> subprocess.CompletedPro
                           timeout=300, env={**os.environ, "TRANSFORMERS_VERBOSITY": "error"})  # fmt: skip
 
 
+@pytest.mark.slow
 def test_a_tampered_checkpoint_runs_no_code_even_with_yes_on_stdin(trained, tmp_path):
     run = shutil.copytree(trained, tmp_path / "tampered")
     lm = run / "checkpoints" / "best" / "model" / "lm"
@@ -442,6 +443,7 @@ class _Payload:
         return (Path.write_text, (Path(self.marker), "ran"))
 
 
+@pytest.mark.slow
 def test_a_pickled_weights_file_is_never_unpickled_and_the_advice_is_not_repeated(trained, tmp_path):
     run = shutil.copytree(trained, tmp_path / "pickled")
     lm = run / "checkpoints" / "best" / "model" / "lm"

@@ -4,7 +4,11 @@ import pytest
 
 from finecap.app.cli import main
 from finecap.config import ConfigError, load
-from finecap.objectives import OBJECTIVES
+from finecap.objectives import get_objective
+from finecap.objectives.exploration import SequenceLevelExploration
+from finecap.objectives.mle import MLE
+from finecap.objectives.reinforce import Reinforce
+from finecap.objectives.smile import SmileObjective
 from finecap.recipes import describe_recipe, list_recipes, resolve_recipe
 
 RECIPES = list_recipes()
@@ -32,13 +36,60 @@ def test_recipes_resolve_by_name_or_path(tmp_path, capsys):
 @pytest.mark.parametrize("name", RECIPES)
 def test_recipe_loads_and_documents_its_command(name):
     recipe = resolve_recipe(name)
-    cfg = load(recipe)
-    assert cfg.train.objective in OBJECTIVES, cfg.train.objective
+    load(recipe)
     head = recipe.read_text().splitlines()
     assert head[0].startswith("#"), "a recipe opens with a comment"
     comments = "\n".join(line for line in head if line.startswith("#"))
     assert "finecap " in comments, "the opening comment gives the command that runs the recipe"
     assert "verride" in comments, "the opening comment gives an override example"
+
+
+def promised(name: str) -> dict:
+    """What a recipe's name promises (its file name's words): the objective's class, the reward's parts with their
+    weights, and the captioner kind. SR + lambda CIDEr (NDLB Sec. 4.6) adds CIDEr to a self-retrieval reward at a
+    weight below the retrieval's 1."""
+    words = set(name.rsplit("/", 1)[-1].split("_"))
+    kind = "blip" if "blip" in words else "vlm" if "vlm" in words else "clipcap"
+    if "smile" in words:
+        return {"objective": SmileObjective, "kind": kind}
+    if "sle" in words:
+        return {"objective": SequenceLevelExploration, "reward": {"cider": 1.0}, "kind": kind}
+    if "scst" in words:
+        return {"objective": Reinforce, "reward": {"cider": 1.0}, "kind": kind}
+    if "discritune" in words or "sr" in words:
+        return {"objective": Reinforce, "reward": {"retrieval": 1.0}, "kind": kind}
+    if words & {"mle", "boost", "expert"}:
+        return {"objective": MLE, "kind": kind}
+    raise AssertionError(f"{name}: its name promises no objective this test knows; add it to promised()")
+
+
+@pytest.mark.parametrize("name", RECIPES)
+def test_recipe_builds_the_objective_its_name_promises(name):
+    """Built as training builds it (``get_objective``), not read back from the field the loader just checked."""
+    cfg = load(name)
+    promise = promised(name)
+    objective = get_objective(cfg.train.objective, cfg)
+    assert type(objective) is promise["objective"], (name, type(objective).__name__)
+    assert cfg.model.kind == promise["kind"]
+    if "reward" not in promise:
+        assert not hasattr(objective, "reward"), f"{name}: a likelihood objective has no reward"
+        return
+    weights = {part: weight for part, (weight, _) in objective.reward.rewards.items()}
+    main, weight = next(iter(promise["reward"].items()))
+    assert weights[main] == weight, (name, weights)
+    assert all(w < weight for part, w in weights.items() if part != main), f"{name}: {weights}"
+    words = set(name.rsplit("/", 1)[-1].split("_"))
+    assert (objective.entropy_coef > 0) == ("me" in words), f"{name}: max-entropy term iff the name says ME"
+    assert bool(cfg.data.bag_schedule) == ("bagcurri" in words), f"{name}: a bag curriculum iff the name says so"
+    if words & {"l", "v", "lv"}:  # NDLB's SR-L / SR-V / SR-LV: which of the captioner's parts self-retrieval trains
+        lm, encoder = bool(words & {"l", "lv"}), bool(words & {"v", "lv"})
+        assert (cfg.model.train_lm, cfg.model.train_encoder) == (lm, encoder), name
+
+
+def test_promised_refuses_a_name_it_does_not_know():
+    with pytest.raises(AssertionError, match="promises no objective"):
+        promised("demo/mystery")
+    assert promised("coco/sr_lv_bagcurri_clipcap")["reward"] == {"retrieval": 1.0}
 
 
 @pytest.mark.parametrize("name", RECIPES)

@@ -70,6 +70,7 @@ def modes(root: Path) -> dict[str, int]:
     return out
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mask", [0o022, 0o077])
 def test_written_files_follow_the_umask(tmp_path, clip, mask):
     out = tmp_path / "out"

@@ -39,8 +39,13 @@ def home() -> Path:
 
     Example::
 
-        >>> home()  # doctest: +SKIP
-        PosixPath('/home/me/.cache/finecap')
+        >>> from unittest import mock
+        >>> with mock.patch.dict(os.environ, {ENV: "~/finecap-home"}):
+        ...     home() == Path.home() / "finecap-home"
+        True
+        >>> with mock.patch.dict(os.environ, {ENV: "relative/home"}):
+        ...     home() == Path.cwd() / "relative" / "home"
+        True
     """
     value = os.environ.get(ENV, "")
     if value:

@@ -57,6 +57,7 @@ def test_world_blend_through_the_world_backend(world, tmp_path):
     assert dense[0].captions == [json.loads((world / "dense.json").read_text())[str(source[0].image_id)]]
 
 
+@pytest.mark.slow
 def test_killed_run_resumes_without_loss_or_duplicates(world, tmp_path, caplog):
     out = tmp_path / "out"
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[2] / "src")}
@@ -91,6 +92,7 @@ def test_killed_run_resumes_without_loss_or_duplicates(world, tmp_path, caplog):
     assert (out / "failures.jsonl").read_text() == ""
 
 
+@pytest.mark.slow
 def test_bags_take_text_embeddings_from_the_chosen_field(world, tmp_path, monkeypatch):
     import torch
 

@@ -62,6 +62,7 @@ def _cache_lines(path: Path) -> list[str]:
     return [line for line in path.read_text().splitlines() if line.strip()]
 
 
+@pytest.mark.slow
 def test_dead_server_exits_nonzero_writes_no_success_and_keeps_the_cache(world, tmp_path):
     # An earlier run cached the answers of 10 images (the first 10 of the world).
     with ChatServer() as server:
@@ -110,6 +111,7 @@ def test_failure_budget_stops_the_run_as_it_goes(world, tmp_path):
     assert not (tmp_path / "out" / "dataset.json").exists()
 
 
+@pytest.mark.slow
 def test_failures_within_budget_are_counted_apart_and_exit_zero(world, tmp_path):
     order = _image_order(world)
 
@@ -204,6 +206,7 @@ def test_out_inside_the_image_root_and_user_folders_refused(world, tmp_path):
     assert _snapshot(user) == {"notes.txt": b"mine"} and os.listdir(images) == []
 
 
+@pytest.mark.slow
 def test_two_concurrent_boosts_on_one_folder(world, tmp_path):
     out = tmp_path / "out"
     with ChatServer(delay=0.05) as server:
@@ -256,6 +259,7 @@ def test_lock_in_process(tmp_path, monkeypatch):
     assert not (tmp_path / LOCK_NAME).exists()
 
 
+@pytest.mark.slow
 def test_non_json_reply_is_reported_as_such(world, tmp_path):
     with ChatServer(lambda p, n: (200, "<html>proxy error</html>")) as server:
         cfg = load(None, [*world_items(world), *_openai(server.url, "boost.retries=1", "boost.max_failure_rate=1")])

@@ -3,13 +3,17 @@ data URLs, the concurrency limit, retries on HTTP 500 and time-outs, malformed a
 failure log with the human captions kept)."""
 
 import base64
+import json
+import threading
 import time
+from collections import Counter
 from pathlib import Path
 
+import httpx
 from chat_server import ChatServer, completion, echo_first_caption
 from PIL import Image
 
-from finecap.boost.engine import AnswerCache, Task, boost_records, run_step
+from finecap.boost.engine import AnswerCache, ServerUnavailable, Task, boost_records, run_step
 from finecap.boost.openai_backend import OpenAIBackend
 from finecap.boost.prompts import Prompts
 from finecap.data.formats import Record
@@ -63,7 +67,20 @@ def test_api_key_from_environment(tmp_path, monkeypatch):
 
 def test_concurrency_is_bounded(tmp_path):
     records = _records(tmp_path, 12)
-    with ChatServer(delay=0.15) as server:
+    # The first three requests wait for each other (a barrier, not a race against the clock): the limit is used
+    # however slowly the threads start. The 0.15 s each request then takes gives a fourth concurrent one, were the
+    # client to send it, time to show in max_in_flight.
+    first_three, arrived, lock = threading.Barrier(3, timeout=60), [], threading.Lock()
+
+    def answer(payload, n):
+        with lock:
+            arrived.append(1)
+            held = len(arrived) <= 3
+        if held:
+            first_three.wait()
+        return echo_first_caption(payload, n)
+
+    with ChatServer(answer, delay=0.15) as server:
         backend = OpenAIBackend("m", server.url, concurrency=3)
         start = time.perf_counter()
         answers = dict(backend.run(_tasks(records)))
@@ -73,22 +90,76 @@ def test_concurrency_is_bounded(tmp_path):
     assert elapsed >= 4 * 0.15  # 12 requests, 3 at a time, 0.15 s each: at least 4 rounds
 
 
-def test_retries_on_500_and_timeout(tmp_path):
+def test_retries_on_500(tmp_path):
     records = _records(tmp_path, 4)
 
     def flaky(payload, n):
-        text = payload["messages"][-1]["content"]
-        if "caption 0 a" in text and n < 2:
+        if "caption 0 a" in payload["messages"][-1]["content"] and n < 2:
             return 500, {"error": "overloaded"}  # two 500s, then success
-        if "caption 1 a" in text and n < 1:
-            time.sleep(1.0)  # longer than the client's time-out, once
         return echo_first_caption(payload, n)
 
+    waits = []
     with ChatServer(flaky) as server:
-        backend = OpenAIBackend("m", server.url, timeout=0.4, retries=3, backoff=0.01, concurrency=4)
+        backend = OpenAIBackend("m", server.url, retries=3, backoff=0.01, concurrency=4, sleep=waits.append)
         answers = dict(backend.run(_tasks(records)))
     assert answers == {i: f"boosted caption {i} a" for i in range(4)}
-    assert backend.requests_sent == 4 + 2 + 1  # one per task, two retries after 500, one after the time-out
+    assert backend.requests_sent == len(server.requests) == 4 + 2  # one per task, two retries after the 500s
+    assert len(waits) == 2
+
+
+class SlowServer:
+    """A chat server played by an ``httpx.MockTransport`` on a fake clock: ``delay(payload, n)`` is how many (fake)
+    seconds the ``n``-th request with that payload takes. When that is longer than the request's read time-out (the
+    ``timeout`` extension httpx gives every request from the client's ``timeout``), the clock advances by the
+    time-out and ``httpx.ReadTimeout`` is raised, as the network transport would; otherwise it advances by the delay
+    and the server answers. ``sleep`` advances the clock too, so nothing here waits in real time."""
+
+    def __init__(self, delay):
+        self.delay, self.now, self.seen, self.timeouts = delay, 0.0, Counter(), 0
+        self.transport = httpx.MockTransport(self.handle)
+
+    def sleep(self, seconds: float) -> None:
+        self.now += seconds
+
+    def handle(self, request: httpx.Request) -> httpx.Response:
+        payload = json.loads(request.content)
+        key = json.dumps(payload, sort_keys=True)
+        n, self.seen[key] = self.seen[key], self.seen[key] + 1
+        delay, limit = self.delay(payload, n), request.extensions["timeout"]["read"]
+        if delay > limit:
+            self.now += limit
+            self.timeouts += 1
+            raise httpx.ReadTimeout("timed out", request=request)
+        self.now += delay
+        status, body = echo_first_caption(payload, n)
+        return httpx.Response(status, json=body)
+
+
+def test_retries_after_a_time_out_on_a_fake_clock(tmp_path):
+    records = _records(tmp_path, 4)
+
+    def delay(payload, n):
+        if "caption 1 a" in payload["messages"][-1]["content"] and n == 0:
+            return 1.0  # longer than the client's time-out, once
+        return 0.3  # slow, but within it: not retried
+
+    server = SlowServer(delay)
+    backend = OpenAIBackend("m", "http://llm.test/v1", timeout=0.4, retries=3, backoff=0.01, concurrency=1,
+                            sleep=server.sleep, transport=server.transport)  # fmt: skip
+    answers = dict(backend.run(_tasks(records)))
+    assert answers == {i: f"boosted caption {i} a" for i in range(4)}
+    assert backend.requests_sent == 4 + 1 and server.timeouts == 1  # one per task, one retry after the time-out
+    # four answers of 0.3 s, one time-out of 0.4 s, one jittered wait of at most backoff * 2 before the retry
+    assert 4 * 0.3 + 0.4 + 0.01 <= server.now <= 4 * 0.3 + 0.4 + 0.02 + 1e-9
+
+
+def test_a_time_out_on_every_attempt_gives_up_as_server_unavailable(tmp_path):
+    server = SlowServer(lambda payload, n: 5.0)
+    backend = OpenAIBackend("m", "http://llm.test/v1", timeout=0.4, retries=2, backoff=0.0, sleep=server.sleep,
+                            transport=server.transport)  # fmt: skip
+    ((_, answer),) = list(backend.run(_tasks(_records(tmp_path, 1))))
+    assert isinstance(answer, ServerUnavailable) and "gave up after 3 attempt(s)" in str(answer), answer
+    assert "ReadTimeout" in str(answer) and server.timeouts == 3 and server.now == 3 * 0.4
 
 
 def test_gives_up_after_retries(tmp_path):

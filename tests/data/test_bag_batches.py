@@ -88,6 +88,7 @@ def test_bag_numbers_reach_the_reward_and_bag_mates_are_the_sampler_bags(make_cf
     assert sum(len(ids) for ids, _, _ in seen[:4]) == N_TRAIN  # every image once in the epoch
 
 
+@pytest.mark.slow
 def test_sr_bagcurri_recipe_trains_lora_adapters_and_resumes_exactly(make_cfg):
     # epoch 0: random batches (4 steps); epoch 1: bags of 2. Killed after step 4, resumed to step 6.
     common = ["train.max_steps=6", "train.save_every=2", "train.eval_every=3", "data.bag_schedule={1: 0, 2: 2}",

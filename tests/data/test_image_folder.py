@@ -389,6 +389,7 @@ def test_skip_bad_images_leaves_out_and_counts_a_corrupt_and_an_empty_image(tmp_
     assert [r.image_id for r, _ in find_bad_images(kept, workers=1)] == ["corrupt.png", "empty.jpg"]
 
 
+@pytest.mark.slow
 def test_a_bad_image_in_a_dataloader_worker_is_one_line(tmp_path):
     from torch.utils.data import DataLoader
 
@@ -421,6 +422,7 @@ def tiny_overrides(clip: Path, cache: Path) -> list[str]:
             "train.log_every=1", "train.eval_samples=4", "decode.max_length=6", "train.max_steps=2"]  # fmt: skip
 
 
+@pytest.mark.slow
 def test_train_and_caption_from_an_image_folder_without_split_keys(tmp_path, tiny_clip):
     folder = tmp_path / "photos"
     words = ["red", "green", "blue", "yellow", "cyan", "pink"]

@@ -135,6 +135,7 @@ class Recorder:
         return out
 
 
+@pytest.mark.slow
 def test_grpo_trainer_two_steps_logs_finecaps_cider(tmp_path):
     pytest.importorskip("trl")
     from datasets import Dataset

@@ -52,6 +52,7 @@ class _NoSpice:
         return "SPICE"
 
 
+@pytest.mark.slow
 @pytest.mark.java
 @pytest.mark.skipif(shutil.which("java") is None, reason="pycocoevalcap's tokenizer and METEOR need Java")
 def test_example_flow_gives_pycocoevalcap_numbers(files, monkeypatch):

@@ -324,6 +324,7 @@ def test_backends_are_checked_and_java_is_only_needed_by_the_java_backend():
         meteor(PREDS, REFS, backend="jvm")
 
 
+@pytest.mark.slow
 @needs_data
 def test_meteor_without_java_on_path(tmp_path, monkeypatch):
     monkeypatch.setenv("PATH", str(tmp_path))  # nothing to run: no java
@@ -335,6 +336,7 @@ def test_meteor_without_java_on_path(tmp_path, monkeypatch):
     assert round(corpus["METEOR"], 4) == round(per[1]["METEOR"], 4) == 0.4139
 
 
+@pytest.mark.slow
 @needs_data
 def test_meteor_input_errors_name_the_record():
     with pytest.raises(ValueError, match="no entry for prediction id 3"):
@@ -345,6 +347,7 @@ def test_meteor_input_errors_name_the_record():
         meteor({}, REFS)
 
 
+@pytest.mark.slow
 @needs_data
 def test_worker_processes_give_the_same_statistics(monkeypatch):
     import finecap.metrics.meteor.scorer as scorer_module
@@ -359,6 +362,7 @@ def test_worker_processes_give_the_same_statistics(monkeypatch):
     assert scorer.score_all(hyps, refs, processes=2) == one
 
 
+@pytest.mark.slow
 @needs_data
 def test_evaluate_and_cocoevalcap_report_meteor_without_java(tmp_path, monkeypatch):
     from finecap.metrics.cocoeval import CaptionFile, COCOEvalCap

@@ -9,12 +9,12 @@ Sets: COCO-like captions of real English words (5 references each, half the hypo
 the specification's stress cases (empty captions, Unicode, Unicode spaces, tabs, contractions, abbreviations,
 Java hash collisions, punctuation, the protocol's ``|||`` and double spaces), repetitive and long captions (a phrase
 repeated up to 8 times, 40-100 words: where the alignment search has the most equal paths), hand-picked cases, and
-human-style raw captions through the PTB tokenizer. The default tests take about 25 s with the JVM's start.
+human-style raw captions through the PTB tokenizer: about 25 s with the JVM's start, so the whole module is marked
+slow (``make test`` runs it, plain ``pytest`` leaves it out).
 
-The ``slow`` tests (run by ``make test`` like the project's other slow tests; ``-m "not slow"`` leaves them out) add
-larger sets (55,000 caption sets, about a minute) and compare the alignment search itself with the jar's: the
-matches it keeps (``-writeAlignments``) on thousands of caption pairs at beam sizes 1 to 40 (``-x``), where small
-beams show the order in which the search ranks its paths.
+Its larger tests add bigger sets (55,000 caption sets, about a minute) and compare the alignment search with the
+jar's: the matches it keeps (``-writeAlignments``) on thousands of caption pairs at beam sizes 1 to 40 (``-x``),
+where small beams show the order in which the search ranks its paths.
 """
 
 from __future__ import annotations
@@ -33,6 +33,7 @@ from finecap.metrics.meteor.resources import find_meteor_jar
 from finecap.metrics.meteor.score import corpus_score, segment_score
 
 pytestmark = [
+    pytest.mark.slow,  # the reference jar runs in a Java process: seconds per comparison
     pytest.mark.java,
     pytest.mark.skipif(shutil.which("java") is None, reason="java not on PATH: the jar is the reference here"),
     pytest.mark.skipif(
@@ -113,18 +114,15 @@ def test_human_style_captions_through_the_ptb_tokenizer(jar):
     _assert_equal(jar, items)  # raw, as typed
 
 
-@pytest.mark.slow
 def test_coco_like_captions_large(jar):
     _assert_equal(jar, coco_like(20000, seed=10))
     _assert_equal(jar, coco_like(5000, seed=11, refs=1))
 
 
-@pytest.mark.slow
 def test_stress_cases_large(jar):
     _assert_equal(jar, stress(20000, seed=12))
 
 
-@pytest.mark.slow
 def test_repetitive_captions_large(jar):
     _assert_equal(jar, stress(10000, seed=13, repetitive=True))
 
@@ -151,7 +149,6 @@ def _jar_alignments(pairs: list[tuple[str, str]], beam: int, folder) -> list[lis
     return out
 
 
-@pytest.mark.slow
 def test_alignment_search_equals_the_jars_at_every_beam_size(tmp_path):
     """The matches kept, not only the statistics: at beam 1 and 2 nearly every caption pair needs many choices
     between equal paths, each decided by the ranking's order (chunks counted once they have ended, children before

@@ -363,6 +363,7 @@ def test_quantization_without_bitsandbytes_is_one_clear_line(dirs, monkeypatch):
     assert str(err.value) == "model.quantization=4bit needs bitsandbytes: pip install 'finecap[quant]'"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("backbone", list(BACKBONES))
 def test_qlora_trains_adapters_only_and_reloads_onto_an_unquantised_base(dirs, backbone, tmp_path):
     """4-bit QLoRA for real: the language model's linear layers are bitsandbytes NF4 layers, the vision side, the

@@ -99,6 +99,7 @@ def vlm_overrides(saved: dict[str, Path], family: str) -> list[str]:
     return [f"vlm.name={saved[family]}"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("objective", list(OBJECTIVES))
 @pytest.mark.parametrize("family", [*VLM_FAMILIES, "world"])
 def test_objective_lowers_its_loss_and_moves_only_what_trains(saved, tmp_path, family, objective):

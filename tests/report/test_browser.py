@@ -20,6 +20,7 @@ from finecap.app.review import create_app, default_out
 from finecap.data.formats import read_bags
 
 By = pytest.importorskip("selenium.webdriver.common.by", reason="selenium is not installed").By
+pytestmark = pytest.mark.slow  # a headless Chromium per test
 
 
 def decide(driver, button: str, then: str) -> None:
@@ -189,7 +190,6 @@ def test_report_fits_the_window_colours_by_direction_and_prints_counts(browser, 
         browser.set_window_size(1200, 900)
 
 
-@pytest.mark.slow
 def test_report_of_a_quick_demo_run(browser, quick_demo_run, tmp_path):
     run_dir, _ = quick_demo_run
     report = run_dir / "report.html"

@@ -92,6 +92,7 @@ def test_read_run_errors_name_the_folder(tmp_path):
         read_run(tmp_path)
 
 
+@pytest.mark.slow
 def test_report_of_fabricated_run_is_self_contained(fabricated_run, tmp_path):
     run = read_run(fabricated_run)
     assert run.stages == ["human", "mle", "smile", "blip_x", "smile_random"]
@@ -105,6 +106,7 @@ def test_report_of_fabricated_run_is_self_contained(fabricated_run, tmp_path):
         "length_hist.png", "smile_length.png"]  # fmt: skip
 
 
+@pytest.mark.slow
 def test_cli_report_and_review_errors(fabricated_run, tmp_path, capsys):
     from finecap.app.cli import main
 
@@ -175,6 +177,7 @@ def test_colours_follow_each_metrics_direction():
     assert sle["sample/mBLEU-4"]["direction"] == "lower" and sle["sample/mBLEU-4"]["better"]
 
 
+@pytest.mark.slow
 def test_a_quick_run_is_labelled_in_the_report(fabricated_run, tmp_path):
     plain = write_report(fabricated_run, tmp_path / "plain.html", retrieval=False).read_text()
     assert 'id="quick"' not in plain and "(quick run)" not in plain
@@ -198,6 +201,7 @@ def test_a_run_stored_before_the_backbone_sections_is_reported(fabricated_run, t
     assert f"<title>finecap report: {old.name}</title>" in html and 'id="results"' in html
 
 
+@pytest.mark.slow
 def test_the_vcb_and_transfer_tables_are_in_the_report_when_the_run_has_them(fabricated_run, tmp_path):
     run = tmp_path / fabricated_run.name
     shutil.copytree(fabricated_run, run)

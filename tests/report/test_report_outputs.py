@@ -20,6 +20,7 @@ def run(fabricated_run, tmp_path) -> Path:
     return shutil.copytree(fabricated_run, tmp_path / "run")
 
 
+@pytest.mark.slow
 def test_report_never_draws_a_plot_through_a_link(run, tmp_path):
     first = write_report(shutil.copytree(run, tmp_path / "first"), retrieval=False)
     plots = sorted(p.name for p in (first.parent / "plots").glob("*.png"))
@@ -37,6 +38,7 @@ def test_report_never_draws_a_plot_through_a_link(run, tmp_path):
         link.unlink()
 
 
+@pytest.mark.slow
 def test_report_out_never_over_what_it_reads_nor_a_users_file(run, tmp_path):
     captions = run / "captions" / "mle.json"
     before = captions.read_bytes()

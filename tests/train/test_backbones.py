@@ -105,6 +105,7 @@ def expected_parts(cfg) -> set[str]:
     return parts
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("objective", list(OBJECTIVES))
 @pytest.mark.parametrize("kind", list(BACKBONES))
 def test_objective_lowers_its_loss_and_moves_only_what_trains(make_cfg, clip_dir, kind, objective):
@@ -152,6 +153,7 @@ def test_objective_lowers_its_loss_and_moves_only_what_trains(make_cfg, clip_dir
             assert torch.equal(retriever_before[k], v.to(retriever_before[k].device)), k
 
 
+@pytest.mark.slow
 def test_blip_run_checkpoint_loads_back_and_resumes(make_cfg, clip_dir):
     """The training loop writes a world BLIP in BLIP's own format (BlipForConditionalGeneration.from_pretrained
     loads its folder), ``load_captioner`` restores it, and ``--resume`` continues the run from it."""

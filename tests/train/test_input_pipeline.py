@@ -35,6 +35,7 @@ def loaders(monkeypatch):
     return built
 
 
+@pytest.mark.slow
 def test_one_training_dataloader_per_run_and_workers_change_nothing(make_cfg, loaders):
     main = train(make_cfg(*STEPS, run="main"))
     in_workers = train(make_cfg(*STEPS, "data.num_workers=2", run="workers"))
@@ -46,6 +47,7 @@ def test_one_training_dataloader_per_run_and_workers_change_nothing(make_cfg, lo
     assert train_events(main) == train_events(in_workers)
 
 
+@pytest.mark.slow
 def test_killed_and_resumed_run_with_persistent_workers_matches_uninterrupted(make_cfg):
     # As tests/train/test_resume.py, with 2 persistent workers: the resumed run's one DataLoader starts mid-epoch.
     common = ["train.max_steps=10", "train.batch_size=32", "train.save_every=3", "train.eval_every=4",

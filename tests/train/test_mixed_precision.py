@@ -261,6 +261,7 @@ def test_a_non_finite_loss_under_fp16_is_divergence_at_once():
         engine.train_step([{"g": float("inf"), "index": [0]}])
 
 
+@pytest.mark.slow
 def test_resume_after_skipped_steps_is_bit_identical(make_cfg, monkeypatch):
     """A run whose scaler skips its first steps (initial scale 2**22: the tiny ClipCap's gradients overflow float16
     until the scale has come down to 2**17), killed and resumed across those skips, ends with the weights of an

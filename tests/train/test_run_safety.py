@@ -117,6 +117,7 @@ def _run_with_checkpoints(make_cfg):
     return run_path(cfg.run), step2
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kill_state", ["between_renames", "tmp_finished", "tmp_unfinished", "old_only"])
 def test_resume_picks_the_newest_complete_checkpoint(make_cfg, kill_state):
     run, step2 = _run_with_checkpoints(make_cfg)
@@ -181,6 +182,7 @@ USER_FILES = {  # a file of the user's where finecap's run files go -> what the 
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", list(USER_FILES))
 def test_overwrite_refuses_a_file_finecap_did_not_make_and_deletes_nothing(make_cfg, name):
     """Overwriting a run removes finecap's run files only; one of the user's where they go stops it, untouched."""
@@ -198,6 +200,7 @@ def test_overwrite_refuses_a_file_finecap_did_not_make_and_deletes_nothing(make_
     assert snapshot(run) == before
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("left", [".last.tmp", ".best.tmp", "last.old", "best.old", ".last.incomplete"])
 def test_overwrite_replaces_finecaps_own_run_files(make_cfg, left):
     """The same folder with only what finecap leaves (checkpoints, what a kill while saving leaves, an event log whose

@@ -152,8 +152,14 @@ def api_key_from_env(variable: str, key: str, explicit: bool) -> str:
 
 
 class OpenAIBackend:
-    """Chat completions on an OpenAI-compatible server (module docstring). ``sleep`` and ``clock`` are injectable
-    for tests (default: an interruptible wait and ``time.time``)."""
+    """Chat completions on an OpenAI-compatible server (module docstring).
+
+    ``sleep``, ``clock`` and ``transport`` are injectable so that tests of waits and time-outs need no real time:
+    ``sleep`` waits between attempts (default: a wait the run's stop interrupts), ``clock`` gives the time
+    ``Retry-After`` dates are read against (default ``time.time``), ``transport`` answers the HTTP requests (default:
+    httpx's network transport; an ``httpx.MockTransport`` can play a slow server on a fake clock, raising
+    ``httpx.ReadTimeout`` when the request's ``timeout`` extension is shorter than the server's delay).
+    """
 
     def __init__(
         self,
@@ -171,6 +177,7 @@ class OpenAIBackend:
         key: str = "boost.llm",
         sleep: Callable[[float], Any] | None = None,
         clock: Callable[[], float] = time.time,
+        transport: httpx.BaseTransport | None = None,
     ) -> None:
         if not model:
             raise ValueError(f"{key}_model: the openai backend needs the served model name")
@@ -186,7 +193,7 @@ class OpenAIBackend:
         self.max_tokens, self.temperature = max_tokens, temperature
         self.key = key
         limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
-        self.client = httpx.Client(headers=headers, timeout=timeout, limits=limits)
+        self.client = httpx.Client(headers=headers, timeout=timeout, limits=limits, transport=transport)
         self._stop = threading.Event()
         self._sleep = sleep or (lambda seconds: self._stop.wait(seconds))
         self._clock = clock

@@ -21,10 +21,16 @@ per-caption perplexities). Each caption is scored as one sequence, GPT-2 style:
 - Text is scored as given (no lower-casing or stripping of punctuation): perplexity depends on the tokenizer, so
   compare captioners under the same language model only.
 
-Example::
+Example (``lm_dir``: a folder saved like a Hub checkpoint, where a user would name ``"gpt2"``; here a tiny GPT-2
+whose weights are all zero, so it gives each of the V tokens of its vocabulary the same probability and its
+perplexity is V)::
 
-    >>> ppl = Perplexity("gpt2")                                        # doctest: +SKIP
-    >>> ppl({1: "a dog runs on the beach", 2: "a cat"})["perplexity"]   # doctest: +SKIP
+    >>> ppl = Perplexity(lm_dir)
+    >>> scores = ppl({1: "a red circle", 2: "a blue star"})
+    >>> scores["perplexity/tokens"]  # 3 words + EOS per caption
+    8.0
+    >>> round(scores["perplexity"], 3), len(ppl.tokenizer)
+    (74.0, 74)
 """
 
 from __future__ import annotations

@@ -206,10 +206,12 @@ class SelfRetrieval:
     Calling it with ``{image_id: caption or [captions]}`` returns ``RD{N}/R@1``, ..., ``pool/R@1``, ...,
     ``bag{s}/R@1``, ... (several captions per image are each one query).
 
-    Example::
+    Example (``retriever``: a tiny random CLIP, so retrieval is at chance; ``records``: three images, so RD-2)::
 
-        >>> sr = SelfRetrieval(retriever, records, cache_dir="runs/cache")  # doctest: +SKIP
-        >>> sr({0: "a red circle on grass", 1: "a blue star"})["RD99/R@1"]  # doctest: +SKIP
+        >>> sr = SelfRetrieval(retriever, records, cache_dir=cache_dir, n_distractors=2, draws=1)
+        >>> scores = sr({0: "a red square", 1: "a blue square", 2: "a green square"})
+        >>> round(scores["RD2/R@1"], 3), scores["RD2/mean_rank"], scores["pool/R@1"] == scores["RD2/R@1"]
+        (0.333, 2.0, True)
     """
 
     PROTOCOLS = ("rd", "pool", "bags")

@@ -6,12 +6,18 @@ world encoder, a ``VisionTextDualEncoderModel`` with a ConvNeXt vision tower, se
 :mod:`finecap.models.world_encoder`). Every checkpoint brings its own tokenizer and image processor; nothing here
 assumes the tiny world models.
 
-Example::
+Example (``clip_dir``: a folder saved like a Hub checkpoint, here a tiny random CLIP, where a user would name
+``"openai/clip-vit-base-patch32"``; ``image``: a red square)::
 
-    >>> r = Retriever.from_pretrained("openai/clip-vit-base-patch32")  # doctest: +SKIP
-    >>> img = r.embed_images(r.preprocess([image]))  # (1, D), unit norm  # doctest: +SKIP
-    >>> txt = r.embed_texts(["a red circle on grass"])  # (1, D), unit norm  # doctest: +SKIP
-    >>> r.similarity(txt, img)  # (1, 1) = logit_scale * cosine  # doctest: +SKIP
+    >>> r = Retriever.from_pretrained(clip_dir)
+    >>> img = r.embed_images(r.preprocess([image]))  # (1, D), unit norm
+    >>> txt = r.embed_texts(["a red circle on grass"])  # (1, D), unit norm
+    >>> img.shape, round(float(img.norm()), 4)
+    (torch.Size([1, 8]), 1.0)
+    >>> r.similarity(txt, img)  # (1, 1) = logit_scale * cosine
+    tensor([[5.32...]])
+    >>> round(r.logit_scale * float(txt @ img.T), 2)
+    5.32
 
 Choices left open by the papers:
 

@@ -1,0 +1,97 @@
+"""Settings shared by the tests (``tests/``) and the docstring examples of ``src/finecap`` (``--doctest-modules``).
+
+It sits at the repository root because it is the one conftest both trees see; it is not part of the package.
+
+- One torch thread per test process (the machine has 2 cores and the models are tiny).
+- One temporary finecap home for the whole session (:func:`finecap_home`), so nothing is written to ``~/.cache``.
+- The names the docstring examples use (:func:`doctest_namespace`): tiny models built here from configs with random
+  or fixed weights, saved into temporary folders as a Hub checkpoint would be, never downloaded. An example reads as
+  a user would write it (``Retriever.from_pretrained(clip_dir)`` where a user writes a Hub name) and shows what these
+  models really compute.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+torch.set_num_threads(1)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def finecap_home(tmp_path_factory):
+    """``FINECAP_HOME`` for every test of the session (and the processes they start): a temporary folder holding
+    the worlds, world encoders and caches of commands run with the defaults (``world.out``, ``run.cache_dir``
+    empty)."""
+    home = tmp_path_factory.mktemp("finecap-home")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("FINECAP_HOME", str(home))
+        yield home
+
+
+def _uniform_lm(out: Path) -> Path:
+    """A tiny GPT-2 over the world tokenizer whose every weight is zero, saved with its tokenizer into ``out``: its
+    logits are all zero, so it gives each of the V tokens of its vocabulary probability 1/V (perplexity V)."""
+    from transformers import GPT2LMHeadModel
+
+    from finecap.models.presets import world_gpt2_config
+    from finecap.models.tokenizer import world_tokenizer
+
+    tokenizer = world_tokenizer()
+    lm = GPT2LMHeadModel(world_gpt2_config(tokenizer, layers=1, hidden=8, heads=2, n_positions=16))
+    with torch.no_grad():
+        for p in lm.parameters():
+            p.zero_()
+    lm.save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    return out
+
+
+def _records(out: Path) -> list[Any]:
+    """Three one-colour 32x32 images (red, blue, green) as records with ids 0, 1, 2 and one caption each."""
+    from PIL import Image
+
+    from finecap.data.formats import Record
+
+    records = []
+    for i, (colour, rgb) in enumerate([("red", (220, 30, 30)), ("blue", (30, 30, 220)), ("green", (30, 200, 30))]):
+        path = out / f"{i}.png"
+        Image.new("RGB", (32, 32), rgb).save(path)
+        records.append(Record(i, path, "test", [f"a {colour} square"]))
+    return records
+
+
+@pytest.fixture(scope="session")
+def doctest_namespace(tmp_path_factory) -> dict[str, Any]:
+    """The names the docstring examples of ``src/finecap`` use besides their module's own:
+
+    - ``clip_dir``: a folder holding a tiny random ``CLIPModel`` (seed 0) with the world tokenizer and a
+      ``CLIPImageProcessor`` (:func:`finecap.models.presets.save_tiny_clip`), where a user names a Hub checkpoint;
+    - ``retriever``: that checkpoint loaded (:class:`finecap.models.retriever.Retriever`);
+    - ``records``: three one-colour images (ids 0 red, 1 blue, 2 green) and ``image``, the red one opened;
+    - ``cache_dir``: an empty temporary folder for feature caches;
+    - ``lm_dir``: a tiny GPT-2 whose weights are all zero, with the world tokenizer (:func:`_uniform_lm`).
+
+    Built once per session, only when a doctest runs (only doctests request this fixture).
+    """
+    from PIL import Image
+
+    from finecap.models.presets import save_tiny_clip
+    from finecap.models.retriever import Retriever
+
+    root = tmp_path_factory.mktemp("doctest")
+    clip_dir = save_tiny_clip(root / "tiny-clip", seed=0)
+    (root / "images").mkdir()
+    records = _records(root / "images")
+    (root / "cache").mkdir()
+    return {
+        "clip_dir": clip_dir,
+        "retriever": Retriever.from_pretrained(clip_dir),
+        "records": records,
+        "image": Image.open(records[0].path),
+        "cache_dir": root / "cache",
+        "lm_dir": _uniform_lm(root / "uniform-lm"),
+    }
