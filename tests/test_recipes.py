@@ -79,7 +79,7 @@ def test_recipe_builds_the_objective_its_name_promises(name):
     assert weights[main] == weight, (name, weights)
     assert all(w < weight for part, w in weights.items() if part != main), f"{name}: {weights}"
     words = set(name.rsplit("/", 1)[-1].split("_"))
-    assert (objective.entropy_coef > 0) == ("me" in words), f"{name}: max-entropy term iff the name says ME"
+    assert (objective.rl.entropy_coef > 0) == ("me" in words), f"{name}: max-entropy term iff the name says ME"
     assert bool(cfg.data.bag_schedule) == ("bagcurri" in words), f"{name}: a bag curriculum iff the name says so"
     if words & {"l", "v", "lv"}:  # NDLB's SR-L / SR-V / SR-LV: which of the captioner's parts self-retrieval trains
         lm, encoder = bool(words & {"l", "lv"}), bool(words & {"v", "lv"})
