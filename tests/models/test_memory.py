@@ -19,7 +19,7 @@ from finecap.data.datasets import model_collator
 from finecap.models import lora, memory
 from finecap.models.backbones import load_captioner
 from finecap.models.base import module_path
-from finecap.models.captioner import PARTS
+from finecap.models.captioner import PARTS, last_positions
 from finecap.models.presets import build_world_lm, save_tiny_blip, save_tiny_clip, save_tiny_vlm
 from finecap.models.vlm import Vlm
 from finecap.objectives.mle import MLE, mle_loss
@@ -269,6 +269,27 @@ def test_checkpointing_gives_the_same_gradients(dirs, backbone, adapters):
         assert all("lora_" in n for n in grads[True] if not n.startswith("mapper."))  # (ClipCap's mapper learns)
     for name, grad in grads[False].items():
         torch.testing.assert_close(grads[True][name], grad, rtol=1e-5, atol=1e-7, msg=name)
+
+
+@pytest.mark.parametrize("backbone", ["clipcap", "vlm"])
+def test_the_head_reads_contiguous_hidden_states(dirs, backbone):
+    """Teacher forcing and the first decoding step ask transformers for the logits of the last positions only; the
+    head must then read a contiguous tensor: on a strided one (an int ``logits_to_keep``'s slice) PyTorch's CPU
+    ``linear`` in bfloat16 copies the vocabulary matrix once per row (``captioner.last_positions``)."""
+    model = build(dirs, backbone, "model.dtype=bfloat16").eval()
+    seen = []
+    hook = model.output_head().register_forward_pre_hook(lambda m, args: seen.append(args[0].is_contiguous()))
+    batch = batch_of(model, backbone)
+    with torch.no_grad():
+        model(batch)
+        model.generate(batch, DecodeConfig(strategy="greedy", max_length=3))
+    hook.remove()
+    assert len(seen) >= 3 and all(seen), seen  # teacher forcing, the first step and the next ones
+
+
+def test_last_positions():
+    assert last_positions(2, 5, torch.device("cpu")).tolist() == [3, 4]
+    assert last_positions(1, 1, torch.device("cpu")).tolist() == [0]
 
 
 @pytest.mark.parametrize("backbone", list(BACKBONES))

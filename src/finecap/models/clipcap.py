@@ -47,7 +47,7 @@ from transformers.cache_utils import Cache
 from finecap.config import ClipCapBackboneConfig
 from finecap.models import lora, memory
 from finecap.models.base import CaptionerBase
-from finecap.models.captioner import encode_images, shifted_mask, strip_prefix
+from finecap.models.captioner import encode_images, last_positions, shifted_mask, strip_prefix
 from finecap.models.presets import WORLD_LM_POSITIONS, build_world_lm
 from finecap.models.tokenizer import ensure_pad_token
 from finecap.models.vision import VisionEncoder
@@ -271,7 +271,7 @@ class ClipCap(CaptionerBase):
         tokens = self.embed_tokens(input_ids[:, :-1].to(self.device))  # (B, T-1, H)
         x = torch.cat([prefix.to(tokens.dtype), tokens], dim=1)  # (B, k+T-1, H)
         mask = shifted_mask(attention_mask, k, self.device)  # (B, k+T-1)
-        kwargs = {"logits_to_keep": T} if self._keep_kw else {}
+        kwargs = {"logits_to_keep": last_positions(T, x.shape[1], x.device)} if self._keep_kw else {}
         out = self.lm(inputs_embeds=x, attention_mask=mask, use_cache=False, **kwargs)
         return out.logits[:, -T:]  # (B, T, V)
 
@@ -282,7 +282,7 @@ class ClipCap(CaptionerBase):
     def start(self, features: torch.Tensor) -> tuple[torch.Tensor, Any]:
         """Run the prefix, return the first token's logits ``(B, V)`` and the KV cache."""
         prefix = self._prefix(features)  # (B, k, H)
-        kwargs = {"logits_to_keep": 1} if self._keep_kw else {}
+        kwargs = {"logits_to_keep": last_positions(1, prefix.shape[1], prefix.device)} if self._keep_kw else {}
         dtype = self.lm.get_input_embeddings().weight.dtype
         out = self.lm(inputs_embeds=prefix.to(dtype), use_cache=True, **kwargs)
         return out.logits[:, -1], out.past_key_values  # (B, V)

@@ -77,7 +77,7 @@ from transformers.cache_utils import Cache
 from finecap.config import VlmBackboneConfig
 from finecap.models import lora, memory
 from finecap.models.base import CaptionerBase, module_path
-from finecap.models.captioner import encode_images
+from finecap.models.captioner import encode_images, last_positions
 from finecap.models.presets import world_vlm
 from finecap.models.processors import load_processor
 from finecap.models.tokenizer import ensure_pad_token
@@ -526,7 +526,7 @@ class Vlm(CaptionerBase):
         mask = torch.cat([prompt.mask, caption_mask[:, :-1].to(prompt.mask)], dim=1)  # (B, P+T-1)
         positions = torch.cat([prompt.positions, prompt.caption_positions(0, T - 1)], dim=-1)
         out = self.model(inputs_embeds=x, attention_mask=mask, position_ids=positions, use_cache=False,
-                         logits_to_keep=T)  # fmt: skip
+                         logits_to_keep=last_positions(T, x.shape[1], x.device))  # fmt: skip
         return out.logits  # (B, T, V)
 
     def sequence_logits(self, prompt: Prompt, sequences: torch.Tensor, mask: torch.Tensor,
@@ -559,8 +559,9 @@ class Vlm(CaptionerBase):
         (``tests/models/test_vlm_shared_prompt.py``)."""
         N, L = sequences.shape
         self.check_length(prompt, L, "sampled caption length")
+        last = last_positions(1, prompt.embeds.shape[1], self.device)
         out = self.model(inputs_embeds=prompt.embeds, attention_mask=prompt.mask, position_ids=prompt.positions,
-                         use_cache=True, logits_to_keep=1)  # fmt: skip  # one pass per image: (B, 1, V)
+                         use_cache=True, logits_to_keep=last)  # fmt: skip  # one pass per image: (B, 1, V)
         first = out.logits[:, -1][image_index]  # (N, V): the prompt's last position predicts the first token
         if L == 1:
             return first[:, None]  # (N, 1, V)
@@ -580,8 +581,9 @@ class Vlm(CaptionerBase):
 
     def start(self, prompt: Prompt) -> tuple[torch.Tensor, DecodeState]:
         """Pre-fill the language model's cache with the prompt; first-token logits ``(B, V)``."""
+        last = last_positions(1, prompt.embeds.shape[1], self.device)
         out = self.model(inputs_embeds=prompt.embeds, attention_mask=prompt.mask, position_ids=prompt.positions,
-                         use_cache=True, logits_to_keep=1)  # fmt: skip
+                         use_cache=True, logits_to_keep=last)  # fmt: skip
         state = DecodeState(out.past_key_values, prompt.mask, prompt.start, prompt.delta, prompt.mrope)
         return out.logits[:, -1], state  # (B, V)
 
