@@ -21,7 +21,8 @@ scores the captions in vocabulary chunks) on ``--images`` captions of ``--tokens
 loss of ``--samples`` sampled captions per image (``forward(batch, sequences=..., image_index=...)``; the samples are
 random token ids: decoding runs without gradient and is not what the levers change). Variants: float32 weights;
 with ``train.gradient_checkpointing``; bfloat16 weights (``model.dtype=bfloat16``, what trains kept float32 by
-``model.trainable_dtype``); both; LoRA r16 on the language model over a float32 and a bfloat16 base; and, where
+``model.trainable_dtype``); both; LoRA r16 on the language model over a float32 base (also with checkpointing)
+and a bfloat16 base; and, where
 bitsandbytes is installed, ``model.quantization=4bit`` with the same LoRA (QLoRA). ``--variants`` picks some.
 
 How memory is measured (the method is the point). Each variant runs in its own process. *Weights*: the bytes of
@@ -38,8 +39,10 @@ the gradients being formed and every temporary; the optimizer step is left out (
 every variant: training state). *Activations*: the same peak in a second forward and backward whose gradient buffers
 already exist (zeroed in place, ``zero_grad(set_to_none=False)``), so the trainable parameters' gradients (training
 state, which no lever but LoRA changes) are not in it, except one parameter's incoming gradient at a time while it
-is added in place. Ratios are printed in one run: checkpointed / plain step peak and activations, and bf16 / fp32
-weight memory.
+is added in place (and, for a parameter used several times in the graph, the sum of its incoming gradients, e.g.
+GPT-2's tied embedding and head). *Saved*: the bytes of the distinct tensors the forward pass saves for the backward
+pass (:func:`saved_bytes`): activations in the textbook sense, what checkpointing recomputes instead of keeping.
+Ratios are printed in one run: checkpointed / plain step peak, activations and saved, and bf16 / fp32 weight memory.
 """
 
 from __future__ import annotations
@@ -53,6 +56,7 @@ import sys
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 VARIANTS = {
     "fp32": [],
@@ -60,6 +64,7 @@ VARIANTS = {
     "bf16": ["model.dtype=bfloat16"],
     "bf16+ckpt": ["model.dtype=bfloat16", "train.gradient_checkpointing=true"],
     "lora": ["lora.lm=true", "lora.rank=16", "lora.alpha=32"],
+    "lora+ckpt": ["lora.lm=true", "lora.rank=16", "lora.alpha=32", "train.gradient_checkpointing=true"],
     "bf16+lora": ["model.dtype=bfloat16", "lora.lm=true", "lora.rank=16", "lora.alpha=32"],
     "4bit+lora": ["model.quantization=4bit", "lora.lm=true", "lora.rank=16", "lora.alpha=32"],
 }
@@ -150,6 +155,28 @@ def allocation_peak(fn: Callable[[], None], cuda: bool) -> int:
     return max(itertools.accumulate((n for _, n in events), initial=0))
 
 
+def saved_bytes(forward: Callable[[], Any], model: Any) -> int:
+    """Bytes of the distinct tensor storages the forward pass saves for the backward pass (``saved_tensors_hooks``
+    around ``forward()``, whose loss is then backpropagated to free them; parameters and buffers left out): the
+    activations in the textbook sense, what gradient checkpointing replaces by recomputation (under checkpointing:
+    the checkpointed layers' and vocabulary chunks' inputs)."""
+    import torch
+
+    weights = {t.untyped_storage().data_ptr() for t in [*model.parameters(), *model.buffers()]}
+    storages: dict[int, int] = {}
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        storage = t.untyped_storage()
+        if storage.data_ptr() not in weights:
+            storages[storage.data_ptr()] = storage.nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        loss = forward()
+    loss.backward()
+    return sum(storages.values())
+
+
 def measure(overrides: list[str], step: str, images: int, samples: int, tokens: int) -> dict[str, float]:
     """Build the training model of ``overrides`` as ``finecap train`` does, run one warm-up and one measured step."""
     import gc
@@ -185,14 +212,15 @@ def measure(overrides: list[str], step: str, images: int, samples: int, tokens: 
     image_index = torch.arange(images).repeat_interleave(samples)
     advantage = torch.randn(images * samples, 1, generator=g)
 
+    def forward() -> torch.Tensor:
+        if step == "mle":
+            return MLE()(model, batch).losses["mle"]
+        scores = model(batch, sequences=sequences, image_index=image_index)
+        return -(advantage * scores.logprobs).sum() / len(sequences)
+
     def forward_backward(set_to_none: bool = True) -> None:
         optimizer.zero_grad(set_to_none=set_to_none)
-        if step == "mle":
-            loss = MLE()(model, batch).losses["mle"]
-        else:
-            scores = model(batch, sequences=sequences, image_index=image_index)
-            loss = -(advantage * scores.logprobs).sum() / len(sequences)
-        loss.backward()
+        forward().backward()
 
     forward_backward()  # warm-up: AdamW's state, allocator pools
     optimizer.step()
@@ -202,12 +230,13 @@ def measure(overrides: list[str], step: str, images: int, samples: int, tokens: 
     peak = allocation_peak(forward_backward, cuda)
     gc.collect()
     activations = allocation_peak(lambda: forward_backward(set_to_none=False), cuda)  # the gradient buffers kept
+    kept_for_backward = saved_bytes(forward, model)
     weights = sum(t.numel() * t.element_size() for t in [*model.parameters(), *model.buffers()])
     n_trainable = sum(p.numel() for p in trainable)
     state = sum(p.numel() * p.element_size() for p in trainable) + 8 * n_trainable  # grads + AdamW's 2 fp32 moments
     return {"weights_mb": weights / 2**20, "train_state_mb": state / 2**20, "step_peak_mb": peak / 2**20,
-            "activations_mb": activations / 2**20, "trainable_m": n_trainable / 1e6,
-            "device": "cuda" if cuda else "cpu"}  # fmt: skip
+            "activations_mb": activations / 2**20, "saved_mb": kept_for_backward / 2**20,
+            "trainable_m": n_trainable / 1e6, "device": "cuda" if cuda else "cpu"}  # fmt: skip
 
 
 # --------------------------------------------------------------------------------------------------------------------
@@ -255,16 +284,17 @@ def main() -> None:
                     results.setdefault(key, {})[variant] = row
                     print(f"{key:<14}{variant:<11} weights {row['weights_mb']:8.0f} MB  train state "
                           f"{row['train_state_mb']:7.0f} MB  step peak {row['step_peak_mb']:7.0f} MB  "
-                          f"activations {row['activations_mb']:7.0f} MB  "
+                          f"activations {row['activations_mb']:7.0f} MB  saved {row['saved_mb']:6.0f} MB  "
                           f"({row['trainable_m']:.1f} M trainable, {row['device']})", flush=True)  # fmt: skip
     print(f"\n{args.images} images x {args.tokens} tokens (scst: x {args.samples} samples); ratios in this run:")
     for key, rows in results.items():
         parts = []
-        for plain, ckpt in (("fp32", "fp32+ckpt"), ("bf16", "bf16+ckpt")):
+        for plain, ckpt in (("fp32", "fp32+ckpt"), ("bf16", "bf16+ckpt"), ("lora", "lora+ckpt")):
             if plain in rows and ckpt in rows:
                 a, b = rows[ckpt], rows[plain]
                 parts.append(f"{ckpt} / {plain} step peak {a['step_peak_mb'] / b['step_peak_mb']:.2f}, "
-                             f"activations {a['activations_mb'] / b['activations_mb']:.2f}")  # fmt: skip
+                             f"activations {a['activations_mb'] / b['activations_mb']:.2f}, "
+                             f"saved {a['saved_mb'] / b['saved_mb']:.2f}")  # fmt: skip
         for low, high in (("bf16", "fp32"), ("bf16+lora", "lora")):
             if low in rows and high in rows:
                 parts.append(f"{low} / {high} weights {rows[low]['weights_mb'] / rows[high]['weights_mb']:.2f}")
