@@ -11,7 +11,9 @@ user's checkpoint would be):
   features; the ViT-B/32-shaped CLIP (``CLIPConfig()``) is loaded too, but frozen features are cached, so it does not
   run in the step;
 - ``blip``: BLIP-base shapes (ViT-B/16 at 384 px: 577 image tokens of width 768, a 12-layer 768-wide text decoder,
-  a 30,524-word vocabulary); frozen image tokens are cached, the text decoder trains;
+  a 30,524-word vocabulary); the text decoder trains, the frozen vision tower runs in the step (BLIP's own ViT
+  tokens are recomputed, not cached: ``Blip.cache_features``), so its attention over 577 tokens (16 x 12 heads x
+  577 x 577 floats, 244 MB per tensor in float32) is part of every BLIP step peak;
 - ``vlm``: SmolVLM-256M shapes (Idefics3: a 12-layer 768-wide SigLIP tower at 512 px, patch 16, pixel shuffle 4: 64
   image tokens; a 30-layer 576-wide Llama with 9 / 3 heads, 49,152 words); the vision tower runs frozen, the
   language model and the projector train.
