@@ -45,11 +45,11 @@ class MLE(ObjectiveBase):
         labels = batch["labels"]  # (B, T)
         valid = labels != IGNORE_INDEX  # (B, T)
         n = int(valid.sum())
+        if n == 0:
+            raise ValueError("mle_loss: every label is ignored (empty captions?)")
         # A CaptionerBase training under checkpointing scores the captions as given sequences in vocabulary chunks,
         # never holding (B, T, V) logits; stand-in models without the property give logits.
         if getattr(unwrap(model), "scores_in_chunks", False):
-            if n == 0:
-                raise ValueError("mle_loss: every label is ignored (empty captions?)")
             scores = model(batch, sequences=batch["input_ids"], mask=valid, with_top=True)
             loss = -scores.logprobs.sum() / n  # the token mean of mle_loss: log-probs are 0 where labels are ignored
             correct = scores.top  # (B, T), false where ignored
