@@ -36,6 +36,15 @@ def pad_rows(rows: list[list[int]], pad_id: int) -> dict[str, torch.Tensor]:
     return {"input_ids": ids, "attention_mask": mask}
 
 
+def eos_and_pad(tokenizer: Any, needed_by: str) -> tuple[int, int]:
+    """The tokenizer's EOS id, refused when it has none (``needed_by`` ends the message: what needs one), and its pad
+    id (EOS when the tokenizer has no pad token, as GPT-2's)."""
+    eos = tokenizer.eos_token_id
+    if eos is None:
+        raise ValueError(f"tokenizer {type(tokenizer).__name__} has no EOS token; {needed_by}")
+    return eos, tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos
+
+
 def encode_captions(tokenizer: Any, texts: Sequence[str], max_tokens: int) -> dict[str, torch.Tensor]:
     """Captioner targets: tokens of each text (no BOS: the image prefix starts the sequence) followed by EOS.
 
@@ -45,10 +54,7 @@ def encode_captions(tokenizer: Any, texts: Sequence[str], max_tokens: int) -> di
     """
     if max_tokens < 1:
         raise ValueError(f"max_tokens must be >= 1 (EOS needs a place), got {max_tokens}")
-    eos = tokenizer.eos_token_id
-    if eos is None:
-        raise ValueError(f"tokenizer {type(tokenizer).__name__} has no EOS token; captions need one")
-    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos
+    eos, pad = eos_and_pad(tokenizer, "captions need one")
     enc = tokenizer(list(texts), add_special_tokens=False)["input_ids"]
     rows = [list(r[: max_tokens - 1]) + [eos] for r in enc]
     return pad_rows(rows, pad)

@@ -30,7 +30,7 @@ import torch
 from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors
 from transformers import PreTrainedTokenizerFast
 
-from finecap.data.targets import pad_rows
+from finecap.data.targets import eos_and_pad, pad_rows
 from finecap.world.captions import vocabulary
 
 PAD, UNK, MASK, BOS, EOS = "<pad>", "<unk>", "<mask>", "<bos>", "<eos>"
@@ -100,10 +100,7 @@ def encode_for_clip(tokenizer: Any, texts: Sequence[str], max_length: int) -> di
     """
     if max_length < 1:
         raise ValueError(f"max_length must be >= 1, got {max_length}")
-    eos = tokenizer.eos_token_id
-    if eos is None:
-        raise ValueError(f"tokenizer {type(tokenizer).__name__} has no EOS token; CLIP pooling needs one")
-    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos
+    eos, pad = eos_and_pad(tokenizer, "CLIP pooling needs one")
     rows = []
     for r in tokenizer(list(texts), add_special_tokens=True)["input_ids"]:
         r = list(r)
