@@ -15,6 +15,8 @@ import argparse
 import json
 from pathlib import Path
 
+from finecap.runs import INFO_FILE, LAST, checkpoint_dir
+
 # What each stage's work buys in the results table (the effect it carries, or what depends on it).
 BUYS: dict[str, str] = {
     "world": "the data set every stage trains and is scored on",
@@ -38,7 +40,7 @@ BUYS: dict[str, str] = {
 
 
 def stage_steps(run_dir: Path, stage: str) -> int | None:
-    info = run_dir / stage / "checkpoints" / "last" / "trainer_state.json"
+    info = checkpoint_dir(run_dir / stage, LAST) / INFO_FILE
     if info.is_file():
         return int(json.loads(info.read_text())["step"])
     return None

@@ -107,6 +107,6 @@ def ensure_boosted(grid: StageRunner) -> Path:
     if not path.exists():
         ensure_trained(grid, "visual_expert")
         print(f"== boost: BlendCap, VisualCap and HolisticCap of every image into {path.parent}", flush=True)
-        expert = grid.stage_dir("visual_expert") / "checkpoints" / "best"
+        expert = grid.best_checkpoint("visual_expert")
         boost(training.world_boost_config(grid.cfg, grid.items, expert), path.parent)
     return path

@@ -72,7 +72,7 @@ from finecap.recipes import resolve_recipe
 from finecap.recipes.settings import DEMO_BASE, DEMO_QUICK
 from finecap.report.plots import length_curves
 from finecap.report.table import markdown_table, quick_labelled
-from finecap.runs import CONFIG_FILE
+from finecap.runs import CONFIG_FILE, METRICS_FILE
 from finecap.stages import TRAIN, Stage, StageRunner, stage_table
 from finecap.stages.outputs import best_model, caption_stage, diversity_metrics
 from finecap.train.state import check_config_target
@@ -206,7 +206,7 @@ def smile_length_plot(demo: StageRunner) -> Path | None:
     one ablation run is present next to ``smile``."""
     runs = {label: demo.stage_dir(stage) for label, stage in
             (("sequence (SMILE)", "smile"), ("random", "smile_random"), ("reverse", "smile_reverse"))}  # fmt: skip
-    runs = {label: path for label, path in runs.items() if (path / "metrics.jsonl").exists()}
+    runs = {label: path for label, path in runs.items() if (path / METRICS_FILE).exists()}
     if len(runs) < 2:
         return None
     return length_curves(runs, demo.run_dir / "smile_length.png", start=demo.stage_dir("mle"))

@@ -154,7 +154,7 @@ def stage_boost(demo: Any) -> None:
     if (out / "dataset.json").exists() and not demo.cfg.demo.force:
         log.info("boost_holistic: %s exists; skipping", out)
         return
-    expert = demo.stage_dir("visual_expert") / "checkpoints" / "best"
+    expert = demo.best_checkpoint("visual_expert")
     boost(training.world_boost_config(demo.cfg, demo.items, expert), out)
 
 

@@ -23,7 +23,7 @@ SAMPLES = 5
 
 def best_model(runner: StageRunner, stage: str) -> Any:
     """The stage's best checkpoint as a captioner in eval mode."""
-    return load_captioner(model_dir(runner.stage_dir(stage) / "checkpoints" / "best")).eval()
+    return load_captioner(model_dir(runner.best_checkpoint(stage))).eval()
 
 
 def caption_stage(runner: StageRunner, stage: str) -> Path:

@@ -34,7 +34,7 @@ from typing import Any, Protocol
 
 from finecap.config import Config, load
 from finecap.recipes import resolve_recipe
-from finecap.runs import CONFIG_FILE
+from finecap.runs import BEST, CONFIG_FILE, checkpoint_dir
 from finecap.train.fingerprint import FingerprintMismatch, check_run
 from finecap.train.state import continue_unfinished
 from finecap.utils import atomic_write_text, read_json, refuse_link, write_json
@@ -139,6 +139,10 @@ class StageRunner:
     def stage_dir(self, stage: str) -> Path:
         return self.run_dir / stage
 
+    def best_checkpoint(self, stage: str) -> Path:
+        """The best checkpoint of training stage ``stage`` (where later stages start from)."""
+        return checkpoint_dir(self.stage_dir(stage), BEST)
+
     def is_done(self, stage: str) -> bool:
         """Whether training stage ``stage`` finished (its ``DONE`` marker; a link planted there is refused)."""
         marker = self.stage_dir(stage) / DONE
@@ -158,7 +162,7 @@ class StageRunner:
         run = dataclasses.replace(cfg.run, dir=str(self.stage_dir(stage)))
         train = cfg.train
         if row.init is not None:
-            train = dataclasses.replace(train, init_from=str(self.stage_dir(row.init) / "checkpoints" / "best"))
+            train = dataclasses.replace(train, init_from=str(self.best_checkpoint(row.init)))
         return dataclasses.replace(cfg, run=run, train=train)
 
     def ways_out_of(self, stage: str) -> str:
