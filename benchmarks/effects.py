@@ -5,15 +5,20 @@ fact-based listener's) says ``finecap (no paper)``. A world faithfulness column 
 measure (SMILE's human accuracy rating, NDLB's hallucination examples), as its source says.
 
     nice -n 10 python benchmarks/effects.py                       # seeds 0,1,2 under runs/effects/seed<N>
-    python benchmarks/effects.py --summarise-only --check         # exit 1 unless every HEADLINE effect holds
+    python benchmarks/effects.py --summarise-only --check         # the committed results: exit 0 or 1, see below
     python benchmarks/effects.py --seeds 1,0,2 --cache-dir runs/cache --json effects.json
-    python benchmarks/effects.py --summarise-only                 # only read the finished seeds' results.json
 
 Each seed runs in its own run directory (``<root>/seed<N>``) on its own world (``data/world-seed<N>``; world
 ``world.seed=N``), with only the stages the effects need (:data:`STAGES`). The demo skips finished stages, so a killed
 benchmark resumes where it stopped; re-running it after a change to the report only re-runs the ``report`` stage
 (and the other evaluation stages). The world encoder is cached per world under ``--cache-dir``
-(``run.cache_dir``), so a seed's encoder is trained once.
+(``run.cache_dir``), so a seed's encoder is trained once. As each seed finishes, its ``results.json`` is copied into
+the repository (``--store``, default ``benchmarks/results/effects/seed<N>.json``); ``--summarise-only`` reads a
+seed's run directory when it is there and the stored copy otherwise, so a fresh clone checks the committed results.
+
+``--check`` exits 1 unless every :data:`HEADLINE` effect holds (the paper's sign) on every seed, leaving out the
+documented :data:`NON_REPRODUCTIONS`, which it lists with their 95% interval over the seeds and where they are
+written up.
 
 This is a benchmark, not a test: a seed took 624-626 s on an idle 2-core machine (2026-11-23, world encoder v3).
 The table it prints (Markdown; ``--json`` also writes the numbers) is docs/results.md's "Effects across world seeds".
@@ -29,7 +34,7 @@ import re
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -39,6 +44,10 @@ STAGES = ["world", "retriever", "mle", "blip_mle", "vlm_mle", "sr_bagcurri", "sl
 SMILE, in the optional list of the demo), which the effects "over mle_continued" compare against."""
 
 Rows = dict[str, dict[str, float]]
+
+STORE = Path(__file__).parent / "results" / "effects"
+"""Where each finished seed's demo ``results.json`` is kept (``seed<N>.json``): the committed demo results that
+``--summarise-only --check`` reads on a fresh clone."""
 
 
 @dataclass(frozen=True)
@@ -135,17 +144,65 @@ HEADLINE = (
     "SR-LV+BagCurri bag R@1 gain (mean of 3/5/7)",
     "BLIP SMILE length ratio (blip_smile / blip_mle)",
 )
-"""The effects the default demo must keep on every seed (issue 26): ``--check`` exits 1 when one fails on a seed."""
+"""The effects the default demo must keep on every seed (issue 26), less the documented non-reproductions
+(:data:`NON_REPRODUCTIONS`): ``--check`` exits 1 when one fails on a seed."""
+
+NON_REPRODUCTIONS = {
+    "SLE CIDEr-D change (sle - scst)": (
+        "the exploration paper's CIDEr gain of SLE over SCST (Table 2: +2.2 points) does not reproduce on the world: "
+        "12 retrained SLE/SCST pairs (four run seeds on each of three worlds) gave a mean difference of "
+        "-0.048 ± 0.091 CIDEr-D (docs/results.md#training-noise-sle-against-scst-in-12-runs)"
+    ),
+}
+"""Headline effects the world does not reproduce, each with where it is measured and written up: ``--check`` lists
+them with their interval over the seeds instead of failing on them, and says so when one of them holds after all."""
+
+T95 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262, 10: 2.228}
+"""Two-sided 95% quantiles of Student's t by degrees of freedom (printed tables; scipy is not a dependency)."""
+
+
+def seed_interval(values: Sequence[float]) -> tuple[float, float, float]:
+    """Mean of an effect over seeds and its 95% t interval (``mean ± t·sd/√n``; ``t`` for ``n - 1`` degrees of
+    freedom, 1.96 beyond 10); one seed gives no interval (``nan`` bounds).
+
+    >>> seed_interval([1.0, 2.0, 3.0])  # sd 1, t(2) = 4.303
+    (2.0, -0.48433..., 4.48433...)
+    """
+    m, s = mean_std(list(values))
+    if len(values) < 2:
+        return m, math.nan, math.nan
+    half = T95.get(len(values) - 1, 1.96) * s / math.sqrt(len(values))
+    return m, m - half, m + half
 
 
 def headline_failures(numbers: dict[str, dict[str, object]], n: int) -> list[str]:
-    """The :data:`HEADLINE` effects (RD-``n``) whose sign is not the paper's on every seed, or that are missing."""
+    """The :data:`HEADLINE` effects (RD-``n``) whose sign is not the paper's on every seed, or that are missing,
+    leaving out the documented :data:`NON_REPRODUCTIONS`."""
     failed = []
     for name in (h.format(n=n) for h in HEADLINE):
         e = numbers.get(name)
+        if name in NON_REPRODUCTIONS:
+            continue
         if e is None or e["holds"] != e["n"]:
             failed.append(name if e is None else f"{name} ({e['holds']}/{e['n']})")
     return failed
+
+
+def non_reproduction_lines(numbers: dict[str, dict[str, object]]) -> list[str]:
+    """One line per documented non-reproduction: its seeds' mean, 95% interval and signs, and where it is written up
+    (or that it is missing from these results, or now holds on every seed)."""
+    lines = []
+    for name, why in NON_REPRODUCTIONS.items():
+        e = numbers.get(name)
+        if e is None:
+            lines.append(f"- {name}: not in these results; {why}")
+            continue
+        values = list(e["values"].values())  # type: ignore[union-attr]
+        m, low, high = seed_interval(values)
+        state = "holds on every seed here" if e["holds"] == e["n"] else f"sign holds on {e['holds']}/{e['n']} seeds"
+        lines.append(f"- {name}: {m:+.3f}, 95% interval over {len(values)} seed(s) [{low:+.3f}, {high:+.3f}], "
+                     f"{state}; documented non-reproduction: {why}")  # fmt: skip
+    return lines
 
 
 def listener_effects(rows: Rows, n: int) -> list[Effect]:
@@ -224,29 +281,42 @@ def summarise(results: dict[int, Rows]) -> tuple[str, dict[str, dict[str, object
     return "\n".join(lines), out
 
 
-def main() -> None:
+def load_results(seeds: Sequence[int], root: Path, store: Path) -> dict[int, Rows]:
+    """Each seed's demo results: the run directory's ``results.json`` when the seed has run here (copied into
+    ``store`` as ``seed<N>.json``, so the numbers stay in the repository), else the copy already in ``store``."""
+    results: dict[int, Rows] = {}
+    for seed in seeds:
+        path, kept = root / f"seed{seed}" / "results.json", store / f"seed{seed}.json"
+        if path.exists():
+            store.mkdir(parents=True, exist_ok=True)
+            kept.write_text(path.read_text())
+        if kept.exists():
+            results[seed] = json.loads(kept.read_text())
+        else:
+            print(f"   seed {seed}: no {path} and no {kept} yet")
+    return results
+
+
+def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--seeds", default="0,1,2", help="comma-separated world seeds, run in this order")
     p.add_argument("--root", default="runs/effects", help="parent of the per-seed run directories")
+    p.add_argument("--store", default=str(STORE), help="where each finished seed's results.json is kept")
     p.add_argument("--cache-dir", default="runs/cache", help="run.cache_dir (world encoders, one per world)")
     p.add_argument("--stages", default=",".join(STAGES), help="demo stages per seed")
     p.add_argument("--summarise-only", action="store_true", help="do not run the demo; read finished results")
     p.add_argument("--json", default=None, help="also write the effects as JSON here")
-    p.add_argument("--check", action="store_true", help="exit 1 unless every HEADLINE effect holds on every seed")
+    p.add_argument("--check", action="store_true", help="exit 1 unless every headline effect the world reproduces "
+                   "holds on every seed")  # fmt: skip
     p.add_argument("overrides", nargs="*", help="extra section.key=value overrides for every seed's demo")
-    args = p.parse_args()
+    args = p.parse_args(argv)
     seeds = [int(s) for s in args.seeds.split(",") if s.strip()]
-    root = Path(args.root)
-    results: dict[int, Rows] = {}
+    root, store = Path(args.root), Path(args.store)
     for seed in seeds:
-        run_dir = root / f"seed{seed}"
         if not args.summarise_only:
             run_seed(seed, root, args.cache_dir, args.overrides, args.stages.split(","))
-        path = run_dir / "results.json"
-        if path.exists():
-            results[seed] = json.loads(path.read_text())
-        else:
-            print(f"   seed {seed}: no {path} yet")
+            load_results([seed], root, store)  # into the store as soon as the seed is done
+    results = load_results(seeds, root, store)
     if not results:
         raise SystemExit("no finished seed")
     table, numbers = summarise(results)
@@ -256,13 +326,15 @@ def main() -> None:
         Path(args.json).write_text(json.dumps(numbers, indent=2) + "\n")
     failed = headline_failures(numbers, distractor_count(results))
     seeds_done = ", ".join(map(str, sorted(results)))
+    checked = len(HEADLINE) - len(NON_REPRODUCTIONS)
     if failed:
         print(f"\nheadline effects failing on world seed(s) {seeds_done}: {'; '.join(failed)}")
     else:
-        print(f"\nall {len(HEADLINE)} headline effects hold on every world seed ({seeds_done})")
-    if args.check and failed:
-        raise SystemExit(1)
+        print(f"\nall {checked} headline effects the world reproduces hold on every world seed ({seeds_done})")
+    print("\nDocumented non-reproductions (not checked):")
+    print("\n".join(non_reproduction_lines(numbers)))
+    return 1 if args.check and failed else 0
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())

@@ -9,6 +9,7 @@
 from __future__ import annotations
 
 import importlib.util
+import json
 import re
 import sys
 from pathlib import Path
@@ -128,7 +129,44 @@ def test_effects_check_names_each_headline_effect_that_fails_on_a_seed():
     assert set(headline) <= names  # every effect issue 26 lists is computed
     numbers = {name: {"holds": 3, "n": 3} for name in names}
     assert effects.headline_failures(numbers, 99) == []
-    numbers["SLE CIDEr-D change (sle - scst)"] = {"holds": 2, "n": 3}
+    numbers["SLE sample Div-2 recovery (sle - scst)"] = {"holds": 2, "n": 3}
     del numbers["BLIP SMILE length ratio (blip_smile / blip_mle)"]
-    assert effects.headline_failures(numbers, 99) == ["SLE CIDEr-D change (sle - scst) (2/3)",
+    assert effects.headline_failures(numbers, 99) == ["SLE sample Div-2 recovery (sle - scst) (2/3)",
                                                       "BLIP SMILE length ratio (blip_smile / blip_mle)"]  # fmt: skip
+
+
+def test_effects_check_leaves_out_documented_non_reproductions_and_lists_their_interval():
+    effects = load_effects()
+    names = {e.name for e in effects.headline_effects(99)}
+    assert set(effects.NON_REPRODUCTIONS) <= names  # each names an effect that is computed
+    numbers = {name: {"holds": 3, "n": 3, "values": {0: 0.1, 1: 0.2, 2: 0.3}} for name in names}
+    sle = "SLE CIDEr-D change (sle - scst)"
+    numbers[sle] = {"holds": 1, "n": 3, "values": {0: 1.0, 1: -1.0, 2: -3.0}}
+    assert effects.headline_failures(numbers, 99) == []  # documented: not a failure
+    lines = effects.non_reproduction_lines(numbers)
+    # mean -1, sd 2, t(2) = 4.303: half width 4.303 * 2 / sqrt(3) = 4.969
+    assert f"- {sle}: -1.000, 95% interval over 3 seed(s) [-5.969, +3.969], sign holds on 1/3 seeds" in lines[0]
+    assert "docs/results.md#training-noise" in lines[0]
+    numbers[sle]["holds"] = 3
+    assert "holds on every seed here" in effects.non_reproduction_lines(numbers)[0]
+
+
+def test_effects_check_reads_the_stored_results_of_a_fresh_clone(tmp_path, capsys):
+    effects = load_effects()
+    rows = {stage: {"RD99/R@1": 0.5, "Length": 8.0} for stage in ("mle", "smile")}
+    rows["smile"]["Length"] = 12.0
+    store = tmp_path / "store"
+    store.mkdir()
+    (store / "seed0.json").write_text(json.dumps(rows))
+    code = effects.main(["--seeds", "0", "--root", str(tmp_path / "none"), "--store", str(store),
+                         "--summarise-only", "--check"])  # fmt: skip
+    out = capsys.readouterr().out
+    assert code == 1  # most headline effects are missing from these rows: named, and the check fails
+    assert "| SMILE length ratio (smile / mle) | 1.50" in out
+    assert "SCST sample Div-2 change (collapse)" in out.split("failing")[1]
+    run = tmp_path / "runs" / "seed0"
+    run.mkdir(parents=True)
+    rows["smile"]["Length"] = 6.0
+    (run / "results.json").write_text(json.dumps(rows))
+    effects.main(["--seeds", "0", "--root", str(tmp_path / "runs"), "--store", str(store), "--summarise-only"])
+    assert json.loads((store / "seed0.json").read_text())["smile"]["Length"] == 6.0  # a run seed's copy is kept
