@@ -27,7 +27,7 @@ from finecap.data.formats import DataError, Record, write_results
 from finecap.data.references import detect_format, load_references
 from finecap.metrics.cocoeval import COCO_NAMES, COCOEvalCap
 from finecap.metrics.diversity import set_diversity
-from finecap.metrics.suite import METRICS, evaluate, parse_metrics
+from finecap.metrics.suite import METRICS, NOT_IMAGE_MEANS, evaluate, evaluate_items, parse_metrics
 from finecap.models.presets import tiny_clip_config
 from finecap.models.retriever import Retriever
 from finecap.models.tokenizer import world_tokenizer
@@ -196,6 +196,49 @@ def test_clipscore_by_hand():
     # RefCLIP-S = harmonic mean(CLIP-S, 1) = 2 * c / (c + 1): 5/3.5, 3/2.5, 5/3.5, 4/3
     expected = (2 * 5 / 3.5 + 3 / 2.5 + 4 / 3) / 4
     assert out["RefCLIPScore"] == pytest.approx(expected, rel=1e-6)
+
+
+def assert_image_means_are_corpus_values(corpus, items, keys):
+    """Every per-image key but :data:`NOT_IMAGE_MEANS` averages (over the images that have it) to its corpus value;
+    ``keys``: the keys that must have per-image values."""
+    per_key: dict[str, list[float]] = {}
+    for scores in items.values():
+        for key, value in scores.items():
+            per_key.setdefault(key, []).append(value)
+    assert set(keys) <= set(per_key), sorted(set(keys) - set(per_key))
+    for key, values in per_key.items():
+        if key not in NOT_IMAGE_MEANS:
+            assert sum(values) / len(values) == pytest.approx(corpus[key], rel=1e-9, abs=1e-12), key
+
+
+def test_per_image_values_of_the_image_groups_average_to_the_corpus_values():
+    cfg = load(None, ["eval.n_distractors=2", "eval.draws=3"])  # 3 random draws of 2 distractors: R@1 varies by draw
+    bags = {2: [[0, 1], [2, 3]], 3: [[1, 2, 3]]}
+    refs = {i: [c] for i, c in PREDS.items()}
+    corpus, items = evaluate_items(PREDS, refs, metrics="retrieval,bags,clipscore", retriever=FakeRetriever(),
+                                   images=[Rec(i) for i in range(4)], bags=bags, cfg=cfg)  # fmt: skip
+    keys = ["RD2/R@1", "RD2/mean_rank", "pool/R@1", "pool/R@5", "pool/mean_rank", "bag2/R@1", "bag2/mean_rank",
+            "bag3/R@1", "CLIPScore", "RefCLIPScore"]  # fmt: skip
+    assert_image_means_are_corpus_values(corpus, items, keys)
+    # "one" ranks 2nd in the pool and in its bag of 2, 1st in the bag of 3; image 0 is in no bag of 3
+    assert items[1]["pool/R@1"] == 0.0 and items[1]["bag2/R@1"] == 0.0 and items[1]["bag3/R@1"] == 1.0
+    assert "bag3/R@1" not in items[0] and "ClipSc" not in items[0]
+    assert 0 < corpus["RD2/R@1"] < 1 and items[3]["CLIPScore"] == pytest.approx(2.0)
+
+
+def test_per_image_values_of_the_text_groups_average_to_the_corpus_values():
+    scenes = {
+        0: Scene(0, "grass", [Obj("circle", "red", "large", 1, 1)]),
+        1: Scene(1, "sand", [Obj("square", "blue", "small", 0, 2), Obj("star", "green", "large", 2, 0)]),
+    }
+    predictions = {0: "a blue circle on grass", 1: "a small blue square and a green star on sand"}
+    references = {0: ["a red circle on grass", "a large red circle"], 1: ["a blue square and a green star"]}
+    corpus, items = evaluate_items(predictions, references, metrics="bleu,rouge,cider,length,faithfulness",
+                                   scenes=scenes)  # fmt: skip
+    keys = ["CIDEr-D", "ROUGE-L", "Length", "faith/precision", "faith/recall", "faith/facts", "faith/halluc_rate"]
+    assert_image_means_are_corpus_values(corpus, items, keys)
+    assert items[0]["Length"] == 5 and items[0]["faith/halluc_rate"] == 1.0  # "blue" is false of the red circle
+    assert corpus["faith/precision"] < 1 and corpus["CIDEr-D"] > 0
 
 
 def test_retrieval_needs_images():

@@ -62,22 +62,32 @@ def test_row_verdicts_follow_the_papers_signs():
     }  # fmt: skip
     rows = {r.id: r for r in table.rows}
     assert pt.row_verdict(table, rows["sll"], results) == "reference"
-    # SLL-ME vs SLL: the paper's Meteor is unchanged (26.8 = 26.8): reported, not judged; CIDEr rises (115.0 ->
-    # 115.6): the world's rises on seed 0 (1.10 > 1.00), falls on seed 1 (0.90); no world SPICE: not judged
+    # No per-image values (as the result files before 2026-12): the seeds' spread is the only noise estimate.
+    # SLL-ME vs SLL: the paper's Meteor is unchanged (26.8 = 26.8): judged as no change; the world's differences
+    # (x 100) +1 and -1: mean 0, covered by its t-interval: no change holds. CIDEr rises (115.0 -> 115.6): the
+    # world's +10, -10: mean 0 +/- 12.706 * 14.14 / sqrt(2) = 127.1; no world SPICE: not judged
     assert pt.row_verdict(table, rows["me"], results) == (
-        "partly holds: Meteor = (paper: no change; not judged), CIDEr ↑ 1/2"
+        "partly holds: Meteor = holds (Δ 0.000 ± 12.7, 2 seeds), CIDEr ↑ within the seeds' spread (Δ 0.000 ± 127.1, "
+        "2 seeds)"
     )
-    # SLL-SLE vs SLL and vs SLL-ME: every paper difference is a rise; the world's Meteor vs SLL-ME rises on both
-    # seeds (0.22 > 0.21, 0.22 > 0.19), and so does everything else
-    assert pt.row_verdict(table, rows["sle"], results) == (
-        "holds: Meteor vs SLL ↑ 2/2, CIDEr vs SLL ↑ 2/2, Meteor vs SLL-ME ↑ 2/2, CIDEr vs SLL-ME ↑ 2/2"
-    )
+    # SLL-SLE vs SLL: Meteor +0.2 in the paper: comparable, no change (the world's +2, +2: sd 0, an interval of
+    # zero width that excludes 0: changed); CIDEr +20, +20 against a rise: holds (zero spread)
+    verdict = pt.row_verdict(table, rows["sle"], results)
+    assert verdict.startswith("partly holds: Meteor vs SLL = changed (Δ +2.00 ± 0.000, 2 seeds), CIDEr vs SLL ↑ "
+                              "holds (Δ +20.0 ± 0.000, 2 seeds), ")  # fmt: skip
     flipped = {s: {**runs, "sle": {"METEOR": 0.1, "CIDEr-D": 0.5}} for s, runs in results.items()}
-    assert pt.row_verdict(table, rows["sle"], flipped).startswith("does not hold: Meteor vs SLL ↑ 0/2")
+    # against SLL: Meteor -10, -10 changed, CIDEr -50, -50 reversed; against SLL-ME: Meteor (27.0 vs 26.8: no change)
+    # -11, -9, covered by its t-interval: holds, so the row partly holds
+    assert pt.row_verdict(table, rows["sle"], flipped).startswith(
+        "partly holds: Meteor vs SLL = changed (Δ -10.0 ± 0.000, 2 seeds), CIDEr vs SLL ↑ reversed (Δ -50.0 ± 0.000, "
+        "2 seeds), Meteor vs SLL-ME = holds (Δ -10.0 ± 12.7, 2 seeds)"
+    )
+    only_sll = {s: {k: v for k, v in runs.items() if k != "scst_me"} for s, runs in flipped.items()}
+    assert pt.row_verdict(table, rows["sle"], only_sll).startswith("does not hold: Meteor vs SLL = changed")
     assert pt.row_verdict(table, rows["sle"], {0: {"scst": {"CIDEr-D": 1.0}}}) == "not run yet"
-    same = {0: {key: {"METEOR": 0.2, "CIDEr-D": 1.0} for key in ("scst", "scst_me", "sle")}}  # equal world rows
-    assert pt.row_verdict(table, rows["me"], same) == (
-        "no world difference: Meteor = (paper: no change; not judged), CIDEr ↑ 0/1 (1 tied)"
+    one_seed = {0: results[0]}  # one seed and no per-image values: no noise estimate, whatever the difference
+    assert pt.row_verdict(table, rows["me"], one_seed) == (
+        "no noise estimate: Meteor = no noise estimate (Δ +1.00), CIDEr ↑ no noise estimate (Δ +10.0)"
     )
 
 
@@ -108,10 +118,13 @@ def test_metric_keys_prefixes_and_expected_signs():
     fig = pt.SMILE.table("fig4a")  # no numbers in a figure: the signs the text states (reverse subsetting shortens)
     results = {0: {"mle": {"Length": 8.0}, "smile_reverse": {"Length": 6.0}, "smile_random": {"Length": 8.5}}}
     rows = {r.id: r for r in fig.rows}
-    assert pt.row_verdict(fig, rows["reverse"], results) == "holds: Length ↓ 1/1"
-    assert pt.row_verdict(fig, rows["random"], results) == (
-        "no paper effect to judge: Length = (paper: no change; not judged)"
-    )
+    assert pt.row_verdict(fig, rows["reverse"], results) == "no noise estimate: Length ↓ no noise estimate (Δ -2.00)"
+    # the row the text shows unchanged is judged as no change
+    assert pt.row_verdict(fig, rows["random"], results) == "no noise estimate: Length = no noise estimate (Δ +0.500)"
+    two = {**results, 1: {"mle": {"Length": 8.0}, "smile_reverse": {"Length": 5.9}, "smile_random": {"Length": 9.5}}}
+    # reverse: -2.0, -2.1: mean -2.05 +/- 12.706 * 0.0707 / sqrt(2) = 0.635: holds; random: +0.5, +1.5: covered
+    assert pt.row_verdict(fig, rows["reverse"], two) == "holds: Length ↓ holds (Δ -2.05 ± 0.635, 2 seeds)"
+    assert pt.row_verdict(fig, rows["random"], two) == "holds: Length = holds (Δ +1.00 ± 6.35, 2 seeds)"
 
 
 def test_every_table_is_well_formed():
@@ -190,24 +203,35 @@ def test_verdicts_of_columns_without_a_world_analogue_and_of_stated_signs():
     rows = {r.id: r for r in table.rows}
     results = {0: {"blip_mle": {"shifted/RD99/R@1": 0.5}, "blip_discritune": {"shifted/RD99/R@1": 0.6}},
                1: {"blip_mle": {"shifted/RD99/R@1": 0.5}, "blip_discritune": {"shifted/RD99/R@1": 0.4}}}  # fmt: skip
-    assert pt.row_verdict(table, rows["discritune"], results) == "partly holds: Flickr P@1 ↑ 1/2"
+    # +10, -10 (x 100): mean 0, within the seeds' spread
+    assert pt.row_verdict(table, rows["discritune"], results) == (
+        "within noise: Flickr P@1 ↑ within the seeds' spread (Δ 0.000 ± 127.1, 2 seeds)"
+    )
     assert "| nocaps near P@1 |" in pt.render_table(table, results)
     assert "| 87.0 / — |" in pt.render_table(table, results)  # the paper's number, no world value
     table = pt.DISCRITUNE.table("11")  # no numbers: the text's sign (DiscriTune above ClipCap)
     rows = {r.id: r for r in table.rows}
     results = {0: {"mle": {"family/R@1": 0.3}, "discritune": {"family/R@1": 0.2}, "human": {"family/R@1": 0.5}}}
-    assert pt.row_verdict(table, rows["discritune"], results) == "does not hold: P@1 ↑ 0/1"
+    assert pt.row_verdict(table, rows["discritune"], results) == "no noise estimate: P@1 ↑ no noise estimate (Δ -10.0)"
     assert pt.row_verdict(table, rows["human"], results) == "—"
-    table = pt.NDLB.table("14")  # RD equal in the paper by construction: reported, not judged; CIDEr falls
+    table = pt.NDLB.table("14")  # RD equal in the paper by construction: judged as no change; CIDEr falls
     rows = {r.id: r for r in table.rows}
-    results = {0: {"sr_l_long": {"CIDEr-D": 1.2, "RD99/R@1": 0.8}, "sr_v": {"CIDEr-D": 1.0, "RD99/R@1": 0.9}}}
+    results = {
+        0: {"sr_l_long": {"CIDEr-D": 1.2, "RD99/R@1": 0.8}, "sr_v": {"CIDEr-D": 1.0, "RD99/R@1": 0.9}},
+        1: {"sr_l_long": {"CIDEr-D": 1.2, "RD99/R@1": 0.8}, "sr_v": {"CIDEr-D": 1.1, "RD99/R@1": 0.8}},
+    }
+    # CIDEr (V - L, x 100) -20, -10: mean -15 +/- 12.706 * 7.07 / sqrt(2) = 63.5: within the seeds' spread; RD100
+    # +10, 0: mean +5 +/- 63.5: no change holds
     assert pt.row_verdict(table, rows["coco_v"], results) == (
-        "holds: CIDEr ↓ 1/1, RD100 R@1 = (paper: no change; not judged)"
+        "partly holds: CIDEr ↓ within the seeds' spread (Δ -15.0 ± 63.5, 2 seeds), RD100 R@1 = holds "
+        "(Δ +5.00 ± 63.5, 2 seeds)"
     )
     fig = pt.NDLB.table("fig3")  # longer SR-L: R@1 up, CIDEr down
     rows = {r.id: r for r in fig.rows}
     results = {0: {"sr_l": {"CIDEr-D": 1.2, "RD99/R@1": 0.8}, "sr_l_long": {"CIDEr-D": 1.3, "RD99/R@1": 0.9}}}
-    assert pt.row_verdict(fig, rows["long"], results) == "partly holds: RD100 R@1 ↑ 1/1, CIDEr ↓ 0/1"
+    assert pt.row_verdict(fig, rows["long"], results) == (
+        "no noise estimate: RD100 R@1 ↑ no noise estimate (Δ +10.0), CIDEr ↓ no noise estimate (Δ +10.0)"
+    )
 
 
 # --------------------------------------------------------------------------------------------------------------------
@@ -257,8 +281,17 @@ def sle_run(tiny):
 def test_the_runner_writes_one_result_per_run_and_the_page(sle_run):
     root, _ = sle_run
     results = root / "data" / "sle" / "seed0"
-    assert sorted(p.stem for p in results.glob("*.json")) == ["scst", "scst_me", "sle"]
+    assert sorted(p.name for p in results.glob("*.json")) == [
+        "scst.items.json", "scst.json", "scst_me.items.json", "scst_me.json", "sle.items.json", "sle.json"
+    ]  # fmt: skip
     record = json.loads((results / "sle.json").read_text())
+    # beside it, the per-image values of the means over the test images, averaging to the corpus values
+    (group,) = json.loads((results / "sle.items.json").read_text())["groups"]
+    assert len(group["ids"]) == N_TEST and {"CIDEr-D", "Length", "faith/precision"} <= set(group["values"])
+    assert "BLEU-4" not in group["values"]  # a corpus-level score: no per-image values
+    for key in ("CIDEr-D", "Length", "faith/precision"):
+        values = group["values"][key]
+        assert sum(values) / len(values) == pytest.approx(record["metrics"][key], rel=1e-3, abs=1e-4), key
     assert record["quick"] and record["recipe"] == "sle" and record["init"] == "mle"
     assert {"CIDEr-D", "BLEU-4", "sample/Div-2", "beam/mBLEU-4"} <= set(record["metrics"])
     assert "METEOR" in record["unavailable"] and "METEOR" not in record["metrics"]
@@ -272,7 +305,8 @@ def test_the_runner_writes_one_result_per_run_and_the_page(sle_run):
     assert page.startswith("> QUICK RUN") and "World seeds with results: 0." in page
     table2 = page.split("## Table 2")[1].split("## ")[0]
     assert "not run yet" not in table2
-    assert any(word in table2 for word in ("holds:", "does not hold:", "partly holds:", "no world difference:"))
+    # one seed with per-image values: each column's test-image interval judges it
+    assert "no noise estimate" not in table2 and "per seed: " in table2
     assert "not run yet" in page.split("## Table 4")[1]  # rows of runs not asked for (XE) wait for their run
     assert "Metrics not computed: METEOR" in page
 
@@ -343,11 +377,17 @@ def test_discritune_tables_read_the_shifted_domain_and_the_scene_families(sle_ru
     monkeypatch.setenv("FINECAP_METEOR_JAR", str(root / "no-meteor.jar"))
     assert run_main(root, overrides, "--paper", "discritune", "--tables", "1,11") == 0
     results = root / "data" / "discritune" / "seed0"
-    assert sorted(p.stem for p in results.glob("*.json")) == ["discritune", "human", "mle"]
+    assert sorted(p.name for p in results.glob("*.json") if not p.name.endswith(".items.json")) == [
+        "discritune.json", "human.json", "mle.json"
+    ]  # fmt: skip
     for key in ("discritune", "human", "mle"):
         metrics = json.loads((results / f"{key}.json").read_text())["metrics"]
         assert {"RD3/R@1", "shifted/RD3/R@1", "shifted/CIDEr-D", "family/R@1"} <= set(metrics), key
         assert metrics["family/n"] == 8 and metrics["family/size"] == 4, key  # every member ranked in its family
+        groups = json.loads((results / f"{key}.items.json").read_text())["groups"]  # test split, shifted, families
+        assert len(groups) == 3 and [len(g["ids"]) for g in groups] == [N_TEST, N_TEST, 8], key
+        keys = {k for g in groups for k in g["values"]}
+        assert {"RD3/R@1", "shifted/RD3/R@1", "shifted/CIDEr-D", "family/R@1"} <= keys, key
     world = Path(overrides[0].removeprefix("world.out="))
     assert (Path(f"{world}-shifted") / "world.json").exists() and (Path(f"{world}-families4") / "world.json").exists()
     runs = root / "runs" / "seed0" / "discritune"
@@ -424,7 +464,7 @@ def test_smile_fig4b_trains_on_the_simplified_corpora(sle_run):
     assert cfg["data"]["format"] == "karpathy" and cfg["data"]["path"].endswith("corpus_simpler/dataset.json")
     assert Path(cfg["train"]["init_from"]) == root / "runs" / "seed0" / "simpler_mle" / "checkpoints" / "best"
     results = root / "data" / "smile" / "seed0"
-    assert {p.stem for p in results.glob("simpl*.json")} == {"simplest_mle", "simplest_smile", "simpler_mle",
+    assert {p.stem for p in results.glob("simpl*[!s].json")} == {"simplest_mle", "simplest_smile", "simpler_mle",
                                                               "simpler_smile"}  # fmt: skip
     page = (root / "pages" / "smile.md").read_text()
     assert "not run yet" not in page.split("## Figure 4b")[1].split("## ")[0]

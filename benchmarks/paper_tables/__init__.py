@@ -31,12 +31,45 @@ groups, :attr:`Paper.metrics`) and the numbers are written to ``<data>/<paper>/s
 result file exists is skipped, so the runner can be killed and started again, a row at a time, for hours. The page is
 rewritten from all result files after every run (seeds present in the folder, not only those asked for now).
 
-Verdicts (:func:`row_verdict`): for a row judged against row ``b`` on a column whose paper numbers differ, the paper's
-effect is ``sign(paper[row] - paper[b])`` and the world's, per seed, ``sign(world[row] - world[b])``. The row
-"holds" when every judged column has the paper's sign on every seed, "does not hold" when none does on any seed, and
-"partly holds" otherwise; the cell lists each column as ``label ↑ k/n`` (``k`` of ``n`` seeds with the paper's sign).
-Rows the world cannot make say why ("not comparable: ..."). A table may also name the row the paper chose among a
-grid (:class:`Best`, e.g. the exploration paper's α = 0.75): the verdict says whether it is the world's best.
+Verdicts (:func:`row_verdict`, :mod:`.verdicts`): a row judged against row ``b`` is judged column by column. The
+paper's effect is ``sign(paper[row] - paper[b])``, or 0 ("no change", shown ``=``) when the two numbers differ by less
+than :attr:`Column.same` (0.5 in the paper's unit by default: the paper's "comparable"; 0.005 for fractions such as
+Div-n) or the row states 0 (``Row.expect``). The world's difference ``d_s = world[row] - world[b]`` (the paper's unit)
+is compared with its noise, two estimates:
+
+- per seed, when both runs' items files (``<run>.items.json``) hold per-image values of the column's key for the same
+  test images: the 95% percentile interval of the mean per-image difference, ``paired_difference.paired_bootstrap``
+  with 2,000 resamples and seed 0 (a page is the same every time it is made; 2,000 rather than 10,000 because a page
+  judges hundreds of cells). Its outcome: *holds* (excludes 0 with the paper's sign), *reversed* (the opposite sign),
+  *within noise* (covers 0); for a no-change column, covering 0 *holds* and excluding it is *changed*.
+- over ``n >= 2`` seeds: the 95% Student-t interval of the mean difference, ``mean(d) ± t(0.975, n-1) sd(d)/√n``,
+  judged the same way. Seeds are different worlds and initialisations, so this is the training-and-world noise that
+  the test split's bootstrap cannot see; with two seeds its t quantile is 12.7, so it clears only differences that
+  barely vary between worlds: claims need seeds.
+
+The cell's verdict: *holds* / *reversed* / *within noise* / *changed* when every estimate (each seed's interval and
+the seeds' interval) says so; *within the seeds' spread* when every seed's interval holds (or every one reverses) but
+the seeds' interval covers 0, or when the seeds' interval is the only estimate (some seed lacks per-image values) and
+covers 0; *mixed* otherwise (say, a seed that holds beside one within noise, or two seeds significant in opposite
+directions); *no noise estimate* with one seed and no per-image values (result files older than the items files, or a
+key with no per-image values: BLEU-4, METEOR, distinct words, Div-n, mBLEU-4, perplexity, and the ``sample/`` and
+``beam/`` keys of the exploration paper's Table 4) -- never a verdict by sign alone. A no-change cell that holds says
+the world shows no difference its noise can tell, which a wide interval always allows: the cell prints Δ and the
+interval's half-width so a reader sees how wide. The row: *holds* when every judged column holds, *partly holds* when
+some do, *reversed* when every one reverses, *does not hold* when none holds and one is reversed or changed, *within
+noise* when every one is within noise or the seeds' spread, *no noise estimate* when none has one, *undecided*
+otherwise; the cell lists each column as ``label arrow verdict (per seed: counts; Δ ...)``. Rows the world cannot make
+say why ("not comparable: ..."). A table may also name the row the paper chose among a grid (:class:`Best`, e.g. the
+exploration paper's α = 0.75): the verdict says whether it is the world's best on the mean over seeds (by sign; no
+noise floor there yet).
+
+Per-image values (:func:`.evaluation.item_group`): beside each result file, ``<run>.items.json`` holds
+``{"groups": [{"ids": [...], "values": {key: [...]}}, ...]}``, one group per test world (the test split, then the
+shifted domain and the scene families when evaluated), ids sorted as text, values to 4 significant digits (``null``
+where an image has none, e.g. an image in no bag), for every key whose corpus value is the mean over the test images
+(:func:`finecap.metrics.suite.evaluate_items`: CIDEr-D, ROUGE-L, Length, faithfulness, RD-N / pool / bag R@k and mean
+rank, CLIPScore, RefCLIPScore, ``family/`` and ``shifted/`` ones). The result file itself is unchanged, so result
+files without items files still load.
 
 This is a benchmark, not a test. Budget per world seed on the 2-core development machine, estimated from the demo's
 stage times (docs/demo.md: MLE start about 340 s, SMILE about 100 s, SCST/SLE about 130 s, SR stages about 1 s per

@@ -4,6 +4,7 @@ the tables (the package docstring shows the commands)."""
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import time
 from collections.abc import Sequence
@@ -11,7 +12,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from .evaluation import evaluate_run, unavailable_metrics
-from .page import ROOT, run_description, write_page
+from .page import ITEMS_SUFFIX, ROOT, run_description, write_page
 from .papers import PAPERS
 from .runner import ensure_trained, make_grid
 from .runs import RUNS
@@ -20,6 +21,11 @@ from .schema import Paper, Table
 
 def result_path(data_dir: Path, paper: Paper, seed: int, key: str) -> Path:
     return data_dir / paper.key / f"seed{seed}" / f"{key}.json"
+
+
+def items_path(result: Path) -> Path:
+    """The per-image values beside a result file: ``<run>.items.json`` (:func:`.evaluation.item_group`)."""
+    return result.with_name(result.stem + ITEMS_SUFFIX)
 
 
 def runs_of(paper: Paper, tables: Sequence[Table]) -> list[str]:
@@ -36,7 +42,7 @@ def run_grid(paper: Paper, tables: Sequence[Table], seeds: Sequence[int], *, qui
              data_dir: Path, page_dir: Path, items: Sequence[str]) -> Path:  # fmt: skip
     """Run (or resume) every run the tables need on every seed, writing one result file per run and the page."""
     from finecap.app.prepare import prepare  # the world and the retriever, as every finecap command finds them
-    from finecap.utils import write_json
+    from finecap.utils import atomic_write_text, write_json
 
     keys = runs_of(paper, tables)
     for seed in seeds:
@@ -51,9 +57,12 @@ def run_grid(paper: Paper, tables: Sequence[Table], seeds: Sequence[int], *, qui
         for key in todo:
             start = time.perf_counter()
             ensure_trained(grid, key)
-            scores = evaluate_run(grid, paper, key)
+            scores, groups = evaluate_run(grid, paper, key)
             run = RUNS[key]
-            write_json(result_path(data_dir, paper, seed, key), {
+            result = result_path(data_dir, paper, seed, key)
+            # the items first: the result file marks the run done (write_json writes through a temporary file)
+            atomic_write_text(items_path(result), json.dumps({"groups": groups}, separators=(",", ":")) + "\n")
+            write_json(result, {
                 "paper": paper.key, "run": key, "seed": seed, "quick": quick, "recipe": run.recipe,
                 "overrides": list(run.overrides), "init": run.init, "captions": run.captions, "items": list(items),
                 "unavailable": unavailable_metrics(paper),

@@ -4,7 +4,7 @@ the other test worlds its tables read (the shifted domain, the scene families)."
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Hashable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -86,11 +86,11 @@ def other_world_dir(grid: StageRunner, world: Any) -> Path:
     return prepare(dataclasses.replace(grid.cfg, world=world), {"world"}, make=True).world
 
 
-def shifted_metrics(grid: StageRunner, paper: Paper, key: str, retriever: Any) -> dict[str, float]:
+def shifted_metrics(grid: StageRunner, paper: Paper, key: str, retriever: Any) -> tuple[dict[str, float], ItemGroup]:
     """Run ``key`` on the shifted domain's test split (as the demo's transfer stage: captioned zero-shot, scored
     against references 2-5 with the training world's retriever), keys prefixed ``shifted/``."""
     from finecap.data.references import load_references
-    from finecap.metrics.suite import evaluate
+    from finecap.metrics.suite import evaluate_items
     from finecap.world.shift import shifted_world
 
     world = shifted_world(grid.cfg.world)
@@ -98,32 +98,34 @@ def shifted_metrics(grid: StageRunner, paper: Paper, key: str, retriever: Any) -
     predictions = other_world_captions(grid, key, world, "shifted")
     references = {r.image_id: r.captions[1:] for r in refs.records}
     groups = [g for g in SHIFTED_METRICS if not (g == "meteor" and unavailable_metrics(paper))]
-    scores = evaluate(predictions, references, metrics=groups, retriever=retriever, images=refs.records,
-                      cfg=grid.cfg)  # fmt: skip
-    return {f"shifted/{k}": v for k, v in scores.items()}
+    scores, per_image = evaluate_items(predictions, references, metrics=groups, retriever=retriever,
+                                       images=refs.records, cfg=grid.cfg)  # fmt: skip
+    return {f"shifted/{k}": v for k, v in scores.items()}, item_group(per_image, "shifted/")
 
 
-def family_metrics(grid: StageRunner, key: str, retriever: Any) -> dict[str, float]:
+def family_metrics(grid: StageRunner, key: str, retriever: Any) -> tuple[dict[str, float], ItemGroup]:
     """Run ``key`` on the ImageCoDe analogue: the captions of the scene-family test world, each image ranked among the
     members of its family (:mod:`finecap.metrics.families`)."""
     from finecap.data.references import load_references
     from finecap.home import cache_dir
-    from finecap.metrics.families import FAMILY_SIZE, family_self_retrieval, family_test_world
+    from finecap.metrics.families import FAMILY_SIZE, family_self_retrieval_items, family_test_world
 
     world = family_test_world(grid.cfg.world, FAMILY_SIZE)
     refs = load_references(grid.cfg, other_world_dir(grid, world), split="test", check_images=True)
     predictions = other_world_captions(grid, key, world, f"families{FAMILY_SIZE}")
-    return family_self_retrieval(predictions, retriever, refs.records, refs.families, FAMILY_SIZE,
-                                 cache_dir(grid.cfg.run))  # fmt: skip
+    scores, per_image = family_self_retrieval_items(predictions, retriever, refs.records, refs.families, FAMILY_SIZE,
+                                                    cache_dir(grid.cfg.run))  # fmt: skip
+    return scores, item_group(per_image)
 
 
-def evaluate_run(grid: StageRunner, paper: Paper, key: str) -> dict[str, float]:
+def evaluate_run(grid: StageRunner, paper: Paper, key: str) -> tuple[dict[str, float], list[ItemGroup]]:
     """The paper's metrics of run ``key`` on the test split (beam-5 captions of its best checkpoint), and on the other
-    test worlds its tables read (:func:`extra_evaluations`)."""
+    test worlds its tables read (:func:`extra_evaluations`); and the per-image values of those that are means over
+    the test images, one :func:`item_group` per test world."""
     from finecap.data.datasets import load_records
     from finecap.data.formats import read_results
     from finecap.home import world_path
-    from finecap.metrics.suite import evaluate
+    from finecap.metrics.suite import evaluate_items
     from finecap.models.retriever import load_retriever
     from finecap.stages.outputs import caption_stage, diversity_metrics
     from finecap.world.make import load_scenes
@@ -141,16 +143,48 @@ def evaluate_run(grid: StageRunner, paper: Paper, key: str) -> dict[str, float]:
     else:
         predictions = {i: c[0] for i, c in read_results(caption_stage(grid, key)).items()}
     retriever = load_retriever(cfg) if set(metrics) & {"retrieval", "bags", "clipscore"} or extras else None
-    scores = evaluate(predictions, references, metrics=metrics, retriever=retriever, images=records,
-                      scenes={r.image_id: scenes_by_id[int(r.image_id)] for r in records},
-                      bags=paper_bags(grid, paper) if "bags" in metrics else None, cfg=cfg)  # fmt: skip
+    scores, per_image = evaluate_items(predictions, references, metrics=metrics, retriever=retriever, images=records,
+                                       scenes={r.image_id: scenes_by_id[int(r.image_id)] for r in records},
+                                       bags=paper_bags(grid, paper) if "bags" in metrics else None,
+                                       cfg=cfg)  # fmt: skip
+    groups = [item_group(per_image)]
     if paper.diversity and RUNS[key].recipe is not None:
         scores.update(diversity_metrics(grid, key, references))
+    others = []  # (scores, items) of the other test worlds
     if "shifted/" in extras:
-        scores.update(shifted_metrics(grid, paper, key, retriever))
+        others.append(shifted_metrics(grid, paper, key, retriever))
     if "family/" in extras:
-        scores.update(family_metrics(grid, key, retriever))
-    return scores
+        others.append(family_metrics(grid, key, retriever))
+    for extra, group in others:
+        scores.update(extra)
+        groups.append(group)
+    return scores, groups
+
+
+ItemGroup = dict[str, Any]
+"""The per-image values of one test world in a run's items file: ``{"ids": [image ids], "values": {metric key:
+[value per id, None where the image has none]}}``."""
+
+
+def item_group(per_image: Mapping[Hashable, Mapping[str, float]], prefix: str = "") -> ItemGroup:
+    """The :data:`ItemGroup` of ``{image_id: {metric key: value}}`` (:func:`finecap.metrics.suite.evaluate_items`):
+    the keys whose corpus value is the mean of these values (not :data:`~finecap.metrics.suite.NOT_IMAGE_MEANS`),
+    prefixed with ``prefix``; ids sorted (as text), keys sorted, values to 4 significant digits, so that the file is
+    the same whenever the run's captions are."""
+    from finecap.metrics.suite import NOT_IMAGE_MEANS
+
+    ids = sorted(per_image, key=str)
+    keys = sorted({k for scores in per_image.values() for k in scores} - set(NOT_IMAGE_MEANS))
+    values = {prefix + k: [compact(per_image[i].get(k)) for i in ids] for k in keys}
+    return {"ids": ids, "values": values}
+
+
+def compact(value: float | None) -> float | int | None:
+    """``value`` to 4 significant digits, a whole number as an int (R@k hits are 0 or 1: the file stays small)."""
+    if value is None:
+        return None
+    rounded = float(f"{value:.4g}")
+    return int(rounded) if rounded.is_integer() else rounded
 
 
 def paper_bags(grid: StageRunner, paper: Paper) -> dict[int, list[list[Any]]]:

@@ -8,21 +8,11 @@ from pathlib import Path
 from typing import Any
 
 from .runs import RUNS
-from .schema import Column, Paper, Results, Row, Table
-from .verdicts import best_verdict, mean_std, row_verdict, world_values
+from .schema import Column, Items, Paper, Results, Row, Table
+from .verdicts import best_verdict, fmt, mean_std, row_verdict, world_values
 
 ROOT = Path(__file__).resolve().parents[2]
 """The repository: pages name their data folder relative to it."""
-
-
-def fmt(value: float | None) -> str:
-    if value is None:
-        return "—"
-    if abs(value) >= 10:
-        return f"{value:.1f}"
-    if abs(value) >= 1:
-        return f"{value:.2f}"
-    return f"{value:.3f}"
 
 
 def world_cell(results: Results, row: Row, column: Column) -> str:
@@ -33,7 +23,7 @@ def world_cell(results: Results, row: Row, column: Column) -> str:
     return fmt(m) + (f" ± {fmt(s)}" if len(values) > 1 else "")
 
 
-def render_table(table: Table, results: Results) -> str:
+def render_table(table: Table, results: Results, items: Items | None = None) -> str:
     labels = [f"{c.label} {c.arrow}".strip() for c in table.columns]
     header = ["row", *labels, "world run", "verdict"]
     lines = ["| " + " | ".join(header) + " |", "|" + " --- |" * len(header)]
@@ -44,7 +34,7 @@ def render_table(table: Table, results: Results) -> str:
             world = world_cell(results, row, column) if table.runnable and row.run else "—"
             cells.append(f"{paper} / {world}")
         cells.append(f"`{row.run}`" if row.run and table.runnable else "—")
-        cells.append(row_verdict(table, row, results))
+        cells.append(row_verdict(table, row, results, items))
         lines.append("| " + " | ".join(cells) + " |")
     out = "\n".join(lines)
     verdict = best_verdict(table, results)
@@ -89,10 +79,17 @@ def render_page(paper: Paper, results: Results, meta: dict[str, Any]) -> str:
         "standard deviation over the world seeds run; a seed is a different world, `world.seed`, and a different "
         "initialisation, `run.seed`). The world is a stand-in for COCO: its captioners are tiny models trained from "
         "scratch, so the numbers are not comparable in size, only the direction of each effect is. **Verdict**: for a "
-        "row judged against another row, each column whose paper numbers differ gives the paper's direction (↑ / ↓); "
-        "`k/n` counts the seeds whose world difference has that direction. *holds* = every judged column on every "
-        "seed, *does not hold* = none, *partly holds* = in between (`tied`: seeds where both world rows are equal); "
-        "*reference* = a row others are judged against.",
+        "row judged against another row, each column gives the paper's effect: ↑ / ↓, or = where the paper shows no "
+        "change (numbers closer than half a point, or a row the text calls unchanged). The world's difference Δ is "
+        "compared with its noise: on each seed, the 95% paired-bootstrap interval over the test images (when the "
+        "result files hold per-image values) and, over two seeds or more, the 95% t-interval of the mean difference "
+        "(`Δ mean ± half-width, n seeds`). A column *holds* when every one of these intervals excludes 0 in the "
+        "paper's direction (for =: covers 0), is *reversed* (for =: *changed*) when every one excludes 0 the other "
+        "way, *within noise* when every one covers 0, *within the seeds' spread* when only the seeds' interval covers "
+        "0 (or is the only estimate), *mixed* otherwise, and has *no noise estimate* on one seed without per-image "
+        "values; `per seed` counts the seeds' outcomes. The row *holds* when every column holds, *partly holds* when "
+        "some do, *does not hold* when none does and one is reversed or changed; *reference* = a row others are "
+        "judged against.",
         "",
         f"World seeds with results: {', '.join(map(str, seeds)) if seeds else 'none yet'}. Budget: "
         + ("the demo's quick settings (a world of 300 training scenes, 12 training steps per run)." if quick else
@@ -110,7 +107,7 @@ def render_page(paper: Paper, results: Results, meta: dict[str, Any]) -> str:
         if table.notes:
             lines += [table.notes, ""]
         if table.rows:
-            lines += [render_table(table, results), ""]
+            lines += [render_table(table, results, meta.get("items")), ""]
     used = set()
     for key in {r.run for t in paper.tables if t.runnable for r in t.rows if r.run}:  # the rows' runs and starts
         while key is not None and key not in used:
@@ -135,22 +132,41 @@ QUICK_NOTE = (
 )
 
 
+ITEMS_SUFFIX = ".items.json"
+"""A run's per-image values, beside its result file ``<run>.json``: ``<run>.items.json``."""
+
+
 def load_results(data_dir: Path, paper: Paper) -> tuple[Results, dict[str, Any]]:
     """Every result file of ``paper`` under ``data_dir``: ``{seed: {run: metrics}}`` and what the page says about
-    them (quick runs present, metrics not computed)."""
+    them (quick runs present, metrics not computed, and ``meta["items"]``: the per-image values, :data:`Items`, of
+    the runs that have an items file)."""
     from finecap.utils import read_json
 
     results: Results = {}
-    meta: dict[str, Any] = {"quick": False, "unavailable": {}}
+    items: Items = {}
+    meta: dict[str, Any] = {"quick": False, "unavailable": {}, "items": items}
     for path in sorted((data_dir / paper.key).glob("seed*/*.json")):
         match = re.fullmatch(r"seed(\d+)", path.parent.name)
-        if match is None:
+        if match is None or path.name.endswith(ITEMS_SUFFIX):
             continue
+        seed = int(match.group(1))
         record = read_json(path)
-        results.setdefault(int(match.group(1)), {})[path.stem] = record["metrics"]
+        results.setdefault(seed, {})[path.stem] = record["metrics"]
         meta["quick"] = meta["quick"] or bool(record.get("quick"))
         meta["unavailable"].update(record.get("unavailable", {}))
+        if (per_image := path.with_name(path.stem + ITEMS_SUFFIX)).exists():
+            items.setdefault(seed, {})[path.stem] = read_items(read_json(per_image))
     return results, meta
+
+
+def read_items(record: dict[str, Any]) -> dict[str, dict[str, float]]:
+    """``{metric key: {image id (as text): value}}`` of an items file (images without a value left out)."""
+    out: dict[str, dict[str, float]] = {}
+    for group in record["groups"]:
+        ids = [str(i) for i in group["ids"]]
+        for key, values in group["values"].items():
+            out[key] = {i: float(v) for i, v in zip(ids, values, strict=True) if v is not None}
+    return out
 
 
 def write_page(paper: Paper, data_dir: Path, page_dir: Path) -> Path:

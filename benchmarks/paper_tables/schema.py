@@ -1,12 +1,13 @@
 """What a paper's table is, as data: the :class:`Run` standing in for a row, the paper's :class:`Column` s and
 :class:`Row` s, the row it chose in a grid (:class:`Best`), a :class:`Table` and a :class:`Paper`; and
-:data:`Results`, the numbers the result files hold."""
+:data:`Results`, the numbers the result files hold, and :data:`Items`, the per-image values beside them."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 Results = dict[int, dict[str, dict[str, float]]]  # seed -> run -> metric key -> value
+Items = dict[int, dict[str, dict[str, dict[str, float]]]]  # seed -> run -> metric key -> image id (text) -> value
 
 
 @dataclass(frozen=True)
@@ -32,6 +33,8 @@ class Column:
     key: str  # finecap's metric key (``RD/`` = RD-N with the run's ``eval.n_distractors``); rows may add a prefix
     scale: float = 1.0  # finecap value x scale = the paper's unit (fractions -> %, CIDEr x 100)
     arrow: str = ""  # the paper's direction mark, when it has one (↑ / ↓)
+    # paper differences smaller than this (in the paper's unit) are the paper's "comparable": judged as no change
+    same: float = 0.5
 
 
 @dataclass(frozen=True)

@@ -8,11 +8,11 @@ from .schema import Best, Column, Paper, Row, Table
 SLE_PRECISION = (Column("Meteor", "METEOR", 100.0), Column("CIDEr", "CIDEr-D", 100.0), Column("Spice", "SPICE", 100.0))
 SLE_DIVERSITY = (
     Column("CIDEr", "CIDEr-D", 100.0),
-    Column("Div1", "Div-1", arrow="↑"),
-    Column("Div2", "Div-2", arrow="↑"),
-    Column("mBleu4", "mBLEU-4", arrow="↓"),
+    Column("Div1", "Div-1", arrow="↑", same=0.005),  # fractions: half a point in percent
+    Column("Div2", "Div-2", arrow="↑", same=0.005),
+    Column("mBleu4", "mBLEU-4", arrow="↓", same=0.005),
 )
-SLE_GRID = (Column("CIDEr", "CIDEr-D", 100.0), Column("Div2 (rs)", "sample/Div-2"))
+SLE_GRID = (Column("CIDEr", "CIDEr-D", 100.0), Column("Div2 (rs)", "sample/Div-2", same=0.005))
 
 
 def sle_table4_rows() -> tuple[Row, ...]:

@@ -2,20 +2,29 @@
 
 from __future__ import annotations
 
+import functools
 import math
 import re
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from .schema import Column, Results, Row, Table
+from paired_difference import paired_bootstrap  # benchmarks/ is on sys.path, as for every benchmark script
+
+from .schema import Column, Items, Results, Row, Table
+
+
+def resolve_key(keys: Iterable[str], key: str) -> str:
+    """``key``, with ``RD/`` standing for the RD-N key among ``keys`` (``RD99/`` in a full run)."""
+    if key.startswith("RD/") or "/RD/" in key:
+        head, _, tail = key.partition("RD/")
+        found = [k for k in keys if re.fullmatch(rf"{re.escape(head)}RD\d+/{re.escape(tail)}", k)]
+        key = found[0] if found else key
+    return key
 
 
 def metric_value(metrics: dict[str, float], key: str) -> float | None:
     """``metrics[key]``, with ``RD/`` standing for the RD-N key the run has (``RD99/`` in a full run)."""
-    if key.startswith("RD/") or "/RD/" in key:
-        head, _, tail = key.partition("RD/")
-        found = [k for k in metrics if re.fullmatch(rf"{re.escape(head)}RD\d+/{re.escape(tail)}", k)]
-        key = found[0] if found else key
+    key = resolve_key(metrics, key)
     value = metrics.get(key) if key else None  # an empty key: the column has no world analogue
     return None if value is None or (isinstance(value, float) and math.isnan(value)) else float(value)
 
@@ -31,53 +40,175 @@ def world_values(results: Results, row: Row, column: Column) -> dict[int, float]
     return out
 
 
+def image_values(items: Items, seed: int, row: Row, column: Column) -> dict[str, float] | None:
+    """``{image id: value}`` of a row's column on one seed (in the paper's unit), or None without per-image values."""
+    per_key = items.get(seed, {}).get(row.run or "")
+    if not per_key or not column.key:
+        return None
+    values = per_key.get(resolve_key(per_key, row.prefix + column.key))
+    return None if values is None else {i: v * column.scale for i, v in values.items()}
+
+
 def sign(x: float) -> int:
     return (x > 0) - (x < 0)
 
 
+HOLDS, REVERSED, WITHIN, CHANGED = "holds", "reversed", "within noise", "changed"
+SPREAD, MIXED, NO_ESTIMATE = "within the seeds' spread", "mixed", "no noise estimate"
+
+DRAWS = 2_000
+"""Bootstrap resamples per interval (seed 0: a page is the same every time it is made). 2,000 rather than
+paired_difference's 10,000: a page judges hundreds of cells, each in about 0.03 s on 1,000 test images."""
+
+T_975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160, 2.145,
+         2.131, 2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048, 2.045,
+         2.042)  # fmt: skip
+"""Student's t 97.5% quantile for 1..30 degrees of freedom (the last one for more: slightly wide)."""
+
+
+@functools.lru_cache(maxsize=4096)
+def bootstrap_interval(differences: tuple[float, ...]) -> tuple[float, float]:
+    """The 95% paired-bootstrap interval of the mean of per-image ``differences``
+    (:func:`paired_difference.paired_bootstrap`, :data:`DRAWS` resamples, seed 0)."""
+    _, low, high = paired_bootstrap(differences, draws=DRAWS, seed=0)
+    return low, high
+
+
+def seed_spread(differences: Sequence[float]) -> tuple[float, float]:
+    """The 95% Student-t interval of the mean of the seeds' differences (``n - 1`` degrees of freedom), n >= 2."""
+    n = len(differences)
+    mean, sd = mean_std(differences)
+    half = T_975[min(n - 1, len(T_975)) - 1] * sd / math.sqrt(n)
+    return mean - half, mean + half
+
+
+def judge(paper_sign: int, low: float, high: float) -> str:
+    """One noise estimate's outcome: an interval that excludes 0 with the paper's sign *holds*, with the opposite
+    sign is *reversed*, covering 0 is *within noise*; for the paper's "no change" (``paper_sign`` 0) covering 0
+    *holds* and excluding it is *changed*."""
+    covers = low <= 0 <= high
+    if paper_sign == 0:
+        return HOLDS if covers else CHANGED
+    if covers:
+        return WITHIN
+    return HOLDS if sign(low) == paper_sign else REVERSED
+
+
+def fmt(value: float | None) -> str:
+    if value is None:
+        return "—"
+    if abs(value) >= 10:
+        return f"{value:.1f}"
+    if abs(value) >= 1:
+        return f"{value:.2f}"
+    return f"{value:.3f}"
+
+
+def signed(value: float) -> str:
+    """``value`` as :func:`fmt` writes it, with its sign (none when it rounds to 0)."""
+    text = fmt(abs(value))
+    return text if float(text) == 0 else ("+" if value > 0 else "-") + text
+
+
 @dataclass
 class Check:
-    """One judged column of one row against one other row."""
+    """One judged column of one row against one other row: the world difference (row - other, the paper's unit) on
+    each seed both rows ran, and the 95% test-image interval of the seeds whose runs both have per-image values."""
 
     column: str
     against: str
     paper_sign: int  # the paper's effect (+1 / -1; 0 = the paper shows no change)
-    agree: int  # seeds whose world effect has the paper's sign
-    seeds: int  # seeds with both rows run
-    ties: int = 0  # seeds whose world values are equal (no world effect either way)
+    differences: dict[int, float]  # seed -> world difference
+    intervals: dict[int, tuple[float, float]]  # seed -> 95% paired-bootstrap interval over the test images
+
+    @property
+    def per_seed(self) -> list[str]:
+        """The outcome of each seed with a test-image interval."""
+        return [judge(self.paper_sign, *self.intervals[s]) for s in sorted(self.intervals)]
+
+    @property
+    def spread(self) -> tuple[float, float] | None:
+        """The seeds' t-interval of the mean difference (two seeds or more)."""
+        return seed_spread(list(self.differences.values())) if len(self.differences) >= 2 else None
+
+    @property
+    def verdict(self) -> str:
+        """The cell's word (the package docstring's rule)."""
+        spread = self.spread
+        everywhere = len(self.intervals) == len(self.differences)
+        if not everywhere and spread is None:
+            return NO_ESTIMATE
+        outcomes = self.per_seed if everywhere else []
+        if spread is not None:
+            outcomes.append(judge(self.paper_sign, *spread))
+        if len(set(outcomes)) == 1:
+            word = outcomes[0]
+            return SPREAD if word == WITHIN and not everywhere else word
+        if (
+            everywhere
+            and spread
+            and self.paper_sign
+            and set(outcomes[:-1]) in ({HOLDS}, {REVERSED})
+            and outcomes[-1] == WITHIN
+        ):
+            return SPREAD  # every seed's test split tells the runs apart, the seeds' spread does not
+        return MIXED
 
     def text(self) -> str:
-        if self.paper_sign == 0:
-            return f"{self.column} = (paper: no change; not judged)"
-        arrow = "↑" if self.paper_sign > 0 else "↓"
-        return f"{self.column} {arrow} {self.agree}/{self.seeds}" + (f" ({self.ties} tied)" if self.ties else "")
+        arrow = {1: "↑", -1: "↓", 0: "="}[self.paper_sign]
+        details = []
+        if self.intervals:
+            counts = {w: self.per_seed.count(w) for w in dict.fromkeys(self.per_seed)}
+            details.append("per seed: " + ", ".join(f"{w} {c}" for w, c in counts.items()))
+        diffs = [self.differences[s] for s in sorted(self.differences)]
+        if len(diffs) >= 2:
+            low, high = self.spread
+            details.append(f"Δ {signed(mean_std(diffs)[0])} ± {fmt((high - low) / 2)}, {len(diffs)} seeds")
+        elif self.intervals:
+            low, high = next(iter(self.intervals.values()))
+            details.append(f"Δ {signed(diffs[0])} [{signed(low)}, {signed(high)}]")
+        else:
+            details.append(f"Δ {signed(diffs[0])}")
+        return f"{self.column} {arrow} {self.verdict} ({'; '.join(details)})"
 
 
-def row_checks(table: Table, row: Row, results: Results) -> list[Check]:
+def paper_effect(row: Row, other: Row, i: int, column: Column) -> int | None:
+    """The paper's effect of ``row`` against ``other`` on column ``i``: +1 / -1, 0 for no change (a difference
+    smaller than ``column.same``, or a stated 0), None when the paper gives neither numbers nor a sign."""
+    if row.paper and other.paper and row.paper[i] is not None and other.paper[i] is not None:
+        difference = row.paper[i] - other.paper[i]
+        return 0 if abs(difference) < column.same else sign(difference)
+    if row.expect and i < len(row.expect) and row.expect[i] is not None:
+        return row.expect[i]
+    return None
+
+
+def row_checks(table: Table, row: Row, results: Results, items: Items | None = None) -> list[Check]:
     """The judged columns of ``row`` against each row of ``row.vs``, over the seeds where both rows were run."""
     by_id = {r.id: r for r in table.rows}
+    items = items or {}
     checks = []
     for other_id in row.vs:
         other = by_id[other_id]
         for i, column in enumerate(table.columns):
-            if row.paper and other.paper and row.paper[i] is not None and other.paper[i] is not None:
-                paper_sign = sign(row.paper[i] - other.paper[i])
-            elif row.expect and i < len(row.expect) and row.expect[i] is not None:
-                paper_sign = row.expect[i]
-            else:
+            paper_sign = paper_effect(row, other, i, column)
+            if paper_sign is None:
                 continue
             mine, theirs = world_values(results, row, column), world_values(results, other, column)
             seeds = sorted(set(mine) & set(theirs))
             if not seeds:
                 continue
-            world = [sign(mine[s] - theirs[s]) for s in seeds]
-            agree = sum(w == paper_sign for w in world) if paper_sign else 0
+            intervals = {}
+            for s in seeds:
+                a, b = image_values(items, s, row, column), image_values(items, s, other, column)
+                if a and b and a.keys() == b.keys():
+                    intervals[s] = bootstrap_interval(tuple(a[k] - b[k] for k in sorted(a)))
             label = column.label + (f" vs {other.label}" if len(row.vs) > 1 else "")
-            checks.append(Check(label, other_id, paper_sign, agree, len(seeds), ties=world.count(0)))
+            checks.append(Check(label, other_id, paper_sign, {s: mine[s] - theirs[s] for s in seeds}, intervals))
     return checks
 
 
-def row_verdict(table: Table, row: Row, results: Results) -> str:
+def row_verdict(table: Table, row: Row, results: Results, items: Items | None = None) -> str:
     """The verdict cell of a row (module docstring)."""
     if not table.runnable:
         return "not run yet"
@@ -89,20 +220,26 @@ def row_verdict(table: Table, row: Row, results: Results) -> str:
         return "reference" if any(r.vs and row.id in r.vs for r in table.rows) else "—"
     by_id = {r.id: r for r in table.rows}
     missing = [v for v in row.vs if by_id[v].run is None or not any(by_id[v].run in rs for rs in results.values())]
-    checks = row_checks(table, row, results)
-    judged = [c for c in checks if c.paper_sign != 0]
-    if not judged:
+    checks = row_checks(table, row, results, items)
+    if not checks:
         if missing:
             return "not judged: " + ", ".join(by_id[v].label for v in missing) + " not run"
-        return "no paper effect to judge" + ("" if not checks else ": " + "; ".join(c.text() for c in checks))
-    if all(c.agree == c.seeds for c in judged):
+        return "no paper effect to judge"
+    words = {c.verdict for c in checks}
+    if words == {HOLDS}:
         word = "holds"
-    elif all(c.ties == c.seeds for c in judged):
-        word = "no world difference"
-    elif all(c.agree == 0 for c in judged):
-        word = "does not hold"
-    else:
+    elif HOLDS in words:
         word = "partly holds"
+    elif words == {REVERSED}:
+        word = "reversed"
+    elif words & {REVERSED, CHANGED}:
+        word = "does not hold"
+    elif words <= {WITHIN, SPREAD}:
+        word = "within noise"
+    elif words == {NO_ESTIMATE}:
+        word = "no noise estimate"
+    else:
+        word = "undecided"  # within noise, mixed or without a noise estimate, column by column
     return f"{word}: " + ", ".join(c.text() for c in checks)
 
 

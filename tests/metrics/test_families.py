@@ -9,7 +9,14 @@ import pytest
 import torch
 
 from finecap.config import WorldConfig
-from finecap.metrics.families import family_retrieval, family_self_retrieval, family_sets, family_test_world
+from finecap.metrics.families import (
+    family_retrieval,
+    family_retrieval_items,
+    family_self_retrieval,
+    family_self_retrieval_items,
+    family_sets,
+    family_test_world,
+)
 from finecap.world.make import generate_scenes
 from finecap.world.scene import scene_diff
 
@@ -37,13 +44,20 @@ def test_family_sets_keeps_complete_families_in_order():
 
 
 def test_family_retrieval_ranks_within_the_family_only():
-    out = family_retrieval(SCORES, list(range(8)), FAMILIES, size=3)
+    out = out_all = family_retrieval(SCORES, list(range(8)), FAMILIES, size=3)
     # ranks 1, 2, 3, 1, 1, 2: R@1 = 3/6, mean rank 10/6, median 1.5; R@5 is not below the size 3: not reported
     assert out == pytest.approx({"family/R@1": 0.5, "family/mean_rank": 10 / 6, "family/median_rank": 1.5,
                                  "family/n": 6.0, "family/size": 3.0})  # fmt: skip
     # explicit targets: only the captions of images 1 and 5, in that order
     out = family_retrieval(SCORES[[1, 5]], list(range(8)), FAMILIES, size=3, targets=[1, 5])
     assert out["family/R@1"] == 0.0 and out["family/mean_rank"] == 2.0 and out["family/n"] == 2.0
+    # per caption row (captions 6 and 7 are in no complete family): ranks 1, 2, 3, 1, 1, 2; their means are the
+    # corpus values
+    corpus, items = family_retrieval_items(SCORES, list(range(8)), FAMILIES, size=3)
+    assert corpus == out_all
+    assert {q: v["family/mean_rank"] for q, v in items.items()} == {0: 1, 1: 2, 2: 3, 3: 1, 4: 1, 5: 2}
+    assert [v["family/R@1"] for v in items.values()] == [1, 0, 0, 1, 1, 0]
+    assert np.mean([v["family/R@1"] for v in items.values()]) == corpus["family/R@1"]
     with pytest.raises(ValueError, match="no family of 4 scored images"):
         family_retrieval(SCORES, list(range(8)), FAMILIES, size=4)
     with pytest.raises(ValueError, match="no caption belongs to a complete family"):  # captions of 6 and 7 only
@@ -76,6 +90,9 @@ def test_family_self_retrieval_embeds_captions_and_images():
     # 'a' for image 1: cosines (1, 0), its own 0 -> rank 2
     out = family_self_retrieval({0: "a", 1: "a"}, FakeRetriever(), records, families, size=2)
     assert out["family/R@1"] == 0.5 and out["family/mean_rank"] == 1.5
+    corpus, items = family_self_retrieval_items({0: "a", 1: "a"}, FakeRetriever(), records, families, size=2)
+    assert corpus == out and items == {0: {"family/R@1": 1.0, "family/mean_rank": 1.0},
+                                       1: {"family/R@1": 0.0, "family/mean_rank": 2.0}}  # fmt: skip
     with pytest.raises(KeyError, match="not among the records"):
         family_self_retrieval({2: "a"}, FakeRetriever(), records, families, size=2)
 

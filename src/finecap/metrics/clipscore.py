@@ -171,8 +171,14 @@ class CLIPScore:
     ) -> dict[str, float]:
         """Corpus means: ``CLIPScore``, ``ClipSc`` (mean clipped at 0, as torchmetrics) and, with references,
         ``RefCLIPScore``."""
+        return self.corpus_and_items(predictions, references)[0]
+
+    def corpus_and_items(
+        self, predictions: Mapping[Hashable, str], references: Mapping[Hashable, Sequence[str]] | None = None
+    ) -> tuple[dict[str, float], dict[Hashable, dict[str, float]]]:
+        """The corpus scores (:meth:`__call__`) and the per-image scores they average (:meth:`per_item`)."""
         items = self.per_item(predictions, references)
         keys = ["CLIPScore", "ClipSc"] + (["RefCLIPScore"] if references is not None else [])
         out = {k: float(np.mean([v[k] for v in items.values()])) for k in keys}
         out["ClipSc"] = max(out["ClipSc"], 0.0)
-        return out
+        return out, items

@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 
 from finecap.config import WorldConfig
-from finecap.metrics.retrieval import bag_retrieval
+from finecap.metrics.retrieval import bag_ranks, rank_items, summarize_ranks
 
 FAMILY_SIZE = 10
 """Images per set: ImageCoDe's 10 frames."""
@@ -90,17 +90,34 @@ def family_retrieval(
         ``family/R@k``, ``family/mean_rank``, ``family/median_rank``, ``family/n`` (captions ranked) and
         ``family/size``. Raises ``ValueError`` when no complete family is among the scored images.
     """
+    return family_retrieval_items(scores, image_ids, families, size, targets, ks)[0]
+
+
+def family_retrieval_items(
+    scores: Any,
+    image_ids: Sequence[Hashable],
+    families: Mapping[Hashable, Hashable | None],
+    size: int = FAMILY_SIZE,
+    targets: Any = None,
+    ks: Sequence[int] = (1, 5),
+) -> tuple[dict[str, float], dict[int, dict[str, float]]]:
+    """:func:`family_retrieval` and the per-caption values of its means (``family/R@k``, ``family/mean_rank``;
+    :func:`finecap.metrics.retrieval.rank_items`) by caption row, for the captions ranked in a family."""
     scored = set(image_ids)
     sets = family_sets({i: f for i, f in families.items() if i in scored}, size)
     if not sets:
         raise ValueError(f"no family of {size} scored images (check world.families and the images scored)")
-    out = bag_retrieval(scores, sets, image_ids, targets, ks)
-    prefix = f"bag{size}/"
-    if prefix + "n" not in out:
+    ranked = [(q, rank) for q, n, rank in bag_ranks(scores, sets, image_ids, targets) if n == size]
+    if not ranked:
         raise ValueError("no caption belongs to a complete family")
-    result = {"family/" + k.removeprefix(prefix): v for k, v in out.items() if k.startswith(prefix)}
+    rows, ranks = [q for q, _ in ranked], [r for _, r in ranked]
+    ks = [k for k in ks if k < size]
+    result = {f"family/{k}": v for k, v in summarize_ranks(ranks, ks).items()}
+    result["family/n"] = float(len(ranks))
     result["family/size"] = float(size)
-    return result
+    per_rank = rank_items(ranks, ks)
+    items = {q: {f"family/{k}": float(v[j]) for k, v in per_rank.items()} for j, q in enumerate(rows)}
+    return result, items
 
 
 def family_self_retrieval(
@@ -114,6 +131,19 @@ def family_self_retrieval(
     """:func:`family_retrieval` of the captions ``{image_id: caption}`` with a retriever (``embed_texts`` and
     ``image_embeddings``, :class:`finecap.models.retriever.Retriever`) over the images of ``records`` (objects with
     ``image_id``); scores are cosine similarities of the unit-norm embeddings."""
+    return family_self_retrieval_items(predictions, retriever, records, families, size, cache_dir)[0]
+
+
+def family_self_retrieval_items(
+    predictions: Mapping[Hashable, str],
+    retriever: Any,
+    records: Sequence[Any],
+    families: Mapping[Hashable, Hashable | None],
+    size: int = FAMILY_SIZE,
+    cache_dir: str | Path | None = None,
+) -> tuple[dict[str, float], dict[Hashable, dict[str, float]]]:
+    """:func:`family_self_retrieval` and the per-image values of its means (:func:`family_retrieval_items`) by
+    image id."""
     column = {r.image_id: c for c, r in enumerate(records)}
     missing = [i for i in predictions if i not in column]
     if missing:
@@ -123,4 +153,5 @@ def family_self_retrieval(
     text_emb = retriever.embed_texts([predictions[i] for i in ids])  # (Q, D)
     scores = np.asarray(text_emb @ image_emb.T, dtype=np.float64)  # (Q, N)
     targets = np.array([column[i] for i in ids], dtype=np.int64)
-    return family_retrieval(scores, [r.image_id for r in records], families, size, targets)
+    corpus, items = family_retrieval_items(scores, [r.image_id for r in records], families, size, targets)
+    return corpus, {ids[q]: values for q, values in items.items()}

@@ -90,6 +90,16 @@ def summarize_ranks(ranks: Any, ks: Sequence[int] = KS) -> dict[str, float]:
     return out
 
 
+def rank_items(ranks: Any, ks: Sequence[int] = KS) -> dict[str, np.ndarray]:
+    """Per-caption values ``(Q,)`` of ``R@k`` (1 or 0; with ``(draws, Q)`` ranks, the share of draws) and
+    ``mean_rank`` (mean over draws), whose means over the captions are :func:`summarize_ranks`' values (averaged over
+    draws, as :func:`rd_retrieval`). ``median_rank`` has none: a median is not a mean of per-caption values."""
+    ranks = np.asarray(ranks, dtype=np.float64).reshape(-1, np.shape(ranks)[-1])  # (draws, Q)
+    out = {f"R@{k}": (ranks <= k).mean(axis=0) for k in ks}
+    out["mean_rank"] = ranks.mean(axis=0)
+    return out
+
+
 def random_distractors(
     n_queries: int, n_images: int, targets: np.ndarray, n_distractors: int, rng: np.random.Generator
 ) -> np.ndarray:
@@ -142,6 +152,34 @@ def pool_retrieval(scores: Any, targets: Any = None, ks: Sequence[int] = KS) -> 
     return summarize_ranks(target_ranks(scores, targets), ks)
 
 
+def bag_ranks(
+    scores: Any, bags: Sequence[Sequence[Hashable]], image_ids: Sequence[Hashable], targets: Any = None
+) -> list[tuple[int, int, int]]:
+    """``(caption row, bag size, rank)`` of each caption whose image lies in a bag, ranked among the images of that
+    bag (arguments as :func:`bag_retrieval`, which summarises these ranks per bag size)."""
+    scores = _as_array(scores)
+    targets = _targets(scores, targets)
+    column = {i: c for c, i in enumerate(image_ids)}
+    if len(column) != len(image_ids):
+        raise ValueError("image_ids must be unique")
+    if len(image_ids) != scores.shape[1]:
+        raise ValueError(f"image_ids has {len(image_ids)} ids but scores have {scores.shape[1]} columns")
+    bag_of: dict[int, np.ndarray] = {}
+    for b, bag in enumerate(bags):
+        missing = [i for i in bag if i not in column]
+        if missing:
+            raise ValueError(f"bag {b} names images not among the scored images: {missing[:5]}")
+        cols = np.array([column[i] for i in bag], dtype=np.int64)
+        for c in cols:
+            bag_of.setdefault(int(c), cols)
+    out = []
+    for q, t in enumerate(targets):
+        cols = bag_of.get(int(t))
+        if cols is not None:
+            out.append((q, len(cols), int(target_ranks(scores[q : q + 1], [t], cols[None, :])[0])))
+    return out
+
+
 def bag_retrieval(
     scores: Any,
     bags: Sequence[Sequence[Hashable]],
@@ -161,28 +199,9 @@ def bag_retrieval(
     Returns:
         ``bag{s}/R@k``, ``bag{s}/mean_rank``, ``bag{s}/median_rank`` and ``bag{s}/n`` (captions) per bag size ``s``.
     """
-    scores = _as_array(scores)
-    targets = _targets(scores, targets)
-    column = {i: c for c, i in enumerate(image_ids)}
-    if len(column) != len(image_ids):
-        raise ValueError("image_ids must be unique")
-    if len(image_ids) != scores.shape[1]:
-        raise ValueError(f"image_ids has {len(image_ids)} ids but scores have {scores.shape[1]} columns")
-    bag_of: dict[int, np.ndarray] = {}
-    for b, bag in enumerate(bags):
-        missing = [i for i in bag if i not in column]
-        if missing:
-            raise ValueError(f"bag {b} names images not among the scored images: {missing[:5]}")
-        cols = np.array([column[i] for i in bag], dtype=np.int64)
-        for c in cols:
-            bag_of.setdefault(int(c), cols)
     by_size: dict[int, list[int]] = {}
-    for q, t in enumerate(targets):
-        cols = bag_of.get(int(t))
-        if cols is None:
-            continue
-        rank = int(target_ranks(scores[q : q + 1], [t], cols[None, :])[0])
-        by_size.setdefault(len(cols), []).append(rank)
+    for _, size, rank in bag_ranks(scores, bags, image_ids, targets):
+        by_size.setdefault(size, []).append(rank)
     out: dict[str, float] = {}
     for size in sorted(by_size):
         summary = summarize_ranks(by_size[size], [k for k in ks if k < size])

@@ -44,8 +44,16 @@ The ``length`` and ``vocab`` groups count words with :func:`finecap.metrics.dive
 definition of a caption's words (the ``captions`` training validator uses it too).
 
 Per-image scores: :func:`evaluate_items` also returns ``{image_id: {metric key: score}}`` for the groups that have
-them, the caption metrics (``bleu``, ``meteor``, ``rouge``, ``cider``, ``spice``), as pycocoevalcap's
-``COCOEvalCap.imgToEval`` holds them (SPICE's entry is its F-score).
+them: the caption metrics (``bleu``, ``meteor``, ``rouge``, ``cider``, ``spice``), as pycocoevalcap's
+``COCOEvalCap.imgToEval`` holds them (SPICE's entry is its F-score), and the per-image values whose mean is the
+corpus value: ``Length``; ``faith/precision``, ``faith/recall``, ``faith/facts``, ``faith/halluc_rate`` (1 when
+the caption states a false fact); ``RD{N}/R@k`` (the share of the ``eval.draws`` draws in which the image ranks in
+the top k), ``RD{N}/mean_rank``, ``pool/R@k`` (1 or 0), ``pool/mean_rank``; ``bag{s}/R@k`` and ``bag{s}/mean_rank``
+for the images in a bag of size s; ``CLIPScore`` and ``RefCLIPScore``. Of the per-image keys, only those of
+:data:`NOT_IMAGE_MEANS` do not average to their corpus value. Keys with no per-image value: the medians and counts
+(``median_rank``, ``bag{s}/n``, ``faith/hallucinated``, ``faith/halluc/<kind>``), the pooled or set-level scores
+(``faith/precision_micro``, ``ClipSc``, whose corpus mean is clipped at 0, ``Lexical diversity``, ``Vocab usage``,
+``Div-n``, ``mBLEU-4``, ``perplexity``: the exponential of the mean token loss) and the ``listener`` group.
 
 Imports: importing this module imports no torch, so text-only evaluation starts fast. The groups that need torch or
 transformers (``retrieval``, ``bags`` and ``clipscore`` load the CLIP retriever, ``perplexity`` a causal LM) import
@@ -71,7 +79,7 @@ import numpy as np
 
 from finecap.config import did_you_mean, load
 from finecap.home import cache_dir
-from finecap.metrics.diversity import mean_length, set_diversity, vocabulary_metrics
+from finecap.metrics.diversity import caption_length, mean_length, set_diversity, vocabulary_metrics
 from finecap.metrics.meteor import MetricUnavailable
 from finecap.metrics.ngram import ngram_metrics
 from finecap.metrics.ptb_tokenize import ptb_tokenize, tokenize, tokenize_all
@@ -237,6 +245,7 @@ def _spice(ctx: _Context) -> dict[str, float]:
 
 
 def _length(ctx: _Context) -> dict[str, float]:
+    ctx.add_items({i: {"Length": caption_length(c)} for i, c in ctx.predictions.items()}, ["Length"])
     return {"Length": mean_length(ctx.predictions.values())}
 
 
@@ -251,14 +260,18 @@ def _diversity(ctx: _Context) -> dict[str, float]:
 
 
 def _faithfulness(ctx: _Context) -> dict[str, float]:
-    from finecap.metrics.faithfulness import faithfulness
+    from finecap.metrics.faithfulness import faithfulness_per_item
 
     scenes = ctx.need("scenes", "faithfulness", "scene graphs exist only for the world (scenes.jsonl)")
-    return faithfulness(ctx.predictions, scenes)
+    corpus, items = faithfulness_per_item(ctx.predictions, scenes)
+    ctx.add_items({i: {"faith/precision": f.precision, "faith/recall": f.recall, "faith/facts": f.n_stated,
+                       "faith/halluc_rate": float(bool(f.hallucinated))} for i, f in items.items()},
+                  ["faith/precision", "faith/recall", "faith/facts", "faith/halluc_rate"])  # fmt: skip
+    return corpus
 
 
 def _retrieval(ctx: _Context) -> dict[str, float]:
-    from finecap.metrics.retrieval import pool_retrieval, rd_retrieval
+    from finecap.metrics.retrieval import pool_retrieval, rank_items, rd_ranks, rd_retrieval, target_ranks
 
     sr, ids, scores = ctx.retrieval_scores("retrieval")
     targets = np.array([sr.column[i] for i in ids], dtype=np.int64)
@@ -266,11 +279,17 @@ def _retrieval(ctx: _Context) -> dict[str, float]:
     out = {f"RD{e.n_distractors}/{k}": v for k, v in rd_retrieval(scores, targets, e.n_distractors, e.draws,
                                                                    e.seed).items()}  # fmt: skip
     out.update({f"pool/{k}": v for k, v in pool_retrieval(scores, targets).items()})
+    if ctx.items is not None:  # the per-image values of the means (R@k, mean rank; RD-N's averaged over draws)
+        for name, ranks in ((f"RD{e.n_distractors}", rd_ranks(scores, targets, e.n_distractors, e.draws, e.seed)),
+                            ("pool", target_ranks(scores, targets))):  # fmt: skip  # (draws, Q), (Q,)
+            per_image = rank_items(ranks)
+            ctx.add_items({i: {f"{name}/{k}": v[q] for k, v in per_image.items()} for q, i in enumerate(ids)},
+                          [f"{name}/{k}" for k in per_image])  # fmt: skip
     return out
 
 
 def _bags(ctx: _Context) -> dict[str, float]:
-    from finecap.metrics.retrieval import bag_retrieval
+    from finecap.metrics.retrieval import KS, bag_ranks, bag_retrieval, rank_items
 
     bags = ctx.need("bags", "bags", "pass TrueMatch bags ({size: [[image_id, ...], ...]}, `finecap bags build`)")
     sr, ids, scores = ctx.retrieval_scores("bags")
@@ -281,6 +300,11 @@ def _bags(ctx: _Context) -> dict[str, float]:
         if not result:
             warnings.warn(f"no predicted image lies in a bag of size {size}", stacklevel=2)
         out.update(result)
+        if ctx.items is not None:  # the per-image values of each bag size's means, for the images in its bags
+            for q, n, rank in bag_ranks(scores, bags[size], sr.image_ids, targets):
+                per_image = rank_items([rank], [k for k in KS if k < n])
+                ctx.add_items({ids[q]: {f"bag{n}/{k}": v[0] for k, v in per_image.items()}},
+                              [f"bag{n}/{k}" for k in per_image])  # fmt: skip
     return out
 
 
@@ -292,7 +316,9 @@ def _clipscore(ctx: _Context) -> dict[str, float]:
     refs = None
     if ctx.references is not None and all(ctx.references.get(i) for i in ctx.predictions):
         refs = {i: list(ctx.references[i]) for i in ctx.predictions}
-    return scorer(ctx.predictions, refs)
+    corpus, items = scorer.corpus_and_items(ctx.predictions, refs)
+    ctx.add_items(items, ["CLIPScore", "RefCLIPScore"])  # not ClipSc: its corpus value is the mean clipped at 0
+    return corpus
 
 
 def _listener(ctx: _Context) -> dict[str, float]:
@@ -350,6 +376,10 @@ METRICS: dict[str, MetricGroup] = {
     "listener": _listener,
 }
 """Metric groups by name (see the module docstring for their keys and inputs)."""
+
+NOT_IMAGE_MEANS = ("BLEU-1", "BLEU-2", "BLEU-3", "BLEU-4", "METEOR")
+"""Per-image keys of :func:`evaluate_items` whose mean is not the corpus value: BLEU pools n-gram counts over the
+corpus (its brevity penalty too) and METEOR scores the corpus at once; every other per-image key averages to it."""
 
 IMAGE_METRICS = ("retrieval", "bags", "clipscore")
 """Groups that read image files (through the retriever)."""
