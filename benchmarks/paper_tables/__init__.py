@@ -45,16 +45,17 @@ is compared with its noise, two estimates:
 - over ``n >= 2`` seeds: the 95% Student-t interval of the mean difference, ``mean(d) ± t(0.975, n-1) sd(d)/√n``,
   judged the same way. Seeds are different worlds and initialisations, so this is the training-and-world noise that
   the test split's bootstrap cannot see; with two seeds its t quantile is 12.7, so it clears only differences that
-  barely vary between worlds: claims need seeds.
+  barely vary between worlds.
 
-The cell's verdict: *holds* / *reversed* / *within noise* / *changed* when every estimate (each seed's interval and
-the seeds' interval) says so; *within the seeds' spread* when every seed's interval holds (or every one reverses) but
-the seeds' interval covers 0, or when the seeds' interval is the only estimate (some seed lacks per-image values) and
-covers 0; *mixed* otherwise (say, a seed that holds beside one within noise, or two seeds significant in opposite
-directions); *no noise estimate* with one seed and no per-image values (result files older than the items files, or a
-key with no per-image values: BLEU-4, METEOR, distinct words, Div-n, mBLEU-4, perplexity, and the ``sample/`` and
-``beam/`` keys of the exploration paper's Table 4) -- never a verdict by sign alone. A no-change cell that holds says
-the world shows no difference its noise can tell, which a wide interval always allows: the cell prints Δ and the
+The cell's verdict: when every seed has a test-image interval, the seeds' own outcomes decide: *holds* / *reversed* /
+*within noise* / *changed* when every seed says so (an effect significant on each independently trained world is a
+replicated effect, whatever a one-degree-of-freedom interval says of its size, which the cell prints), *mixed*
+otherwise (say, a seed that holds beside one within noise, or two seeds significant in opposite directions); when some
+seed lacks per-image values, the seeds' interval alone (*within the seeds' spread* when it covers 0); *no noise
+estimate* with one seed and no per-image values (result files older than the items files, or a key with no per-image
+values: BLEU-4, METEOR, distinct words, Div-n, mBLEU-4, perplexity, and the ``sample/`` and ``beam/`` keys of the
+exploration paper's Table 4) -- never a verdict by sign alone. A no-change cell that holds says the world shows no
+difference its noise can tell, which a wide interval always allows: the cell prints Δ and the
 interval's half-width so a reader sees how wide. The row: *holds* when every judged column holds, *partly holds* when
 some do, *reversed* when every one reverses, *does not hold* when none holds and one is reversed or changed, *within
 noise* when every one is within noise or the seeds' spread, *no noise estimate* when none has one, *undecided*

@@ -133,26 +133,17 @@ class Check:
 
     @property
     def verdict(self) -> str:
-        """The cell's word (the package docstring's rule)."""
+        """The cell's word (the package docstring's rule): every seed's test-image outcome when every seed has one
+        (one word when they agree, *mixed* otherwise); else the seeds' interval alone (*within the seeds' spread*
+        when it covers 0); else *no noise estimate*."""
+        if self.intervals and len(self.intervals) == len(self.differences):
+            outcomes = set(self.per_seed)
+            return outcomes.pop() if len(outcomes) == 1 else MIXED
         spread = self.spread
-        everywhere = len(self.intervals) == len(self.differences)
-        if not everywhere and spread is None:
+        if spread is None:
             return NO_ESTIMATE
-        outcomes = self.per_seed if everywhere else []
-        if spread is not None:
-            outcomes.append(judge(self.paper_sign, *spread))
-        if len(set(outcomes)) == 1:
-            word = outcomes[0]
-            return SPREAD if word == WITHIN and not everywhere else word
-        if (
-            everywhere
-            and spread
-            and self.paper_sign
-            and set(outcomes[:-1]) in ({HOLDS}, {REVERSED})
-            and outcomes[-1] == WITHIN
-        ):
-            return SPREAD  # every seed's test split tells the runs apart, the seeds' spread does not
-        return MIXED
+        word = judge(self.paper_sign, *spread)
+        return SPREAD if word == WITHIN else word
 
     def text(self) -> str:
         arrow = {1: "↑", -1: "↓", 0: "="}[self.paper_sign]
