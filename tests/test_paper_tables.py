@@ -129,7 +129,8 @@ def test_every_table_is_well_formed():
         assert run.init is None or (run.init in pt.RUNS and run.init != key), key
     # each run once, in order of first use (the MLE start appears in two SLE tables)
     sle_runs = pt.runs_of(pt.SLE, [t for t in pt.SLE.tables if t.runnable])
-    assert sle_runs == ["scst", "scst_me", "sle", "mle", "sle_a025", "sle_a050", "scst_me_1e1", "scst_me_1e3"]
+    assert sle_runs == ["scst", "scst_me", "sle", "mle", "sle_overlap", "sle_a025", "sle_a050", "scst_me_1e1",
+                        "scst_me_1e3"]  # fmt: skip
     # the tables the issue names are defined with world runs
     assert {"2", "4", "alpha", "me_coef"} <= {t.id for t in pt.SLE.tables if t.runnable}
     assert {"1", "3", "4", "5", "10"} <= {t.id for t in pt.SMILE.tables if t.runnable}

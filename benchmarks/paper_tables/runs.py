@@ -90,6 +90,7 @@ RUNS: dict[str, Run] = {
     "sle": Run("sle"),  # alpha 0.75, the paper's choice
     "sle_a025": Run("sle", ("rl.alpha=0.25",)),
     "sle_a050": Run("sle", ("rl.alpha=0.5",)),
+    "sle_overlap": Run("sle", ("rl.distance=overlap34",)),  # finecap's ablation: the length-neutral distance
     # DiscriTune: the demo's discritune stage (SR-L fully fine-tuned, greedy decoding, running-mean baseline, reward
     # log p of the target among the 99 other images of the batch) and its ablations (appendices B.1, B.2, D.2)
     "discritune": Run("discritune"),

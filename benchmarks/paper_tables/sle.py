@@ -29,6 +29,9 @@ def sle_table4_rows() -> tuple[Row, ...]:
         for key, (label, run) in names.items():
             rows.append(Row(f"{key}_{mode}", f"{label} ({mode})", run, numbers[key][index],
                             vs=tuple(f"{v}_{mode}" for v in vs[key]), prefix=prefix))  # fmt: skip
+    for mode, prefix in (("rs", "sample/"), ("bs", "beam/")):  # no paper numbers: nothing is judged
+        rows.append(Row(f"overlap_{mode}", f"SLL-SLE, length-neutral distance ({mode}; finecap's ablation, not the "
+                        "paper's)", "sle_overlap", prefix=prefix))  # fmt: skip
     return tuple(rows)
 
 
@@ -60,7 +63,10 @@ SLE = Paper(
             SLE_DIVERSITY,
             sle_table4_rows(),
             notes="(rs): 5 captions sampled at T = 1, CIDEr-D averaged over them (as the paper); (bs): the top 5 "
-            "beams, CIDEr-D of the top beam (the paper's (bs) CIDEr equals its Table 2 beam-search CIDEr).",
+            "beams, CIDEr-D of the top beam (the paper's (bs) CIDEr equals its Table 2 beam-search CIDEr). The last "
+            "two rows are finecap's ablation, not the paper's: SLL-SLE with rl.distance=overlap34 (1 - mean 3-/4-gram "
+            "overlap over the shorter caption's n-grams) instead of the BLEU-3/4 distance, which leans towards short "
+            "captions (docs/results.md, Training noise).",
         ),
         Table(
             "alpha",
