@@ -130,7 +130,7 @@ def test_every_table_is_well_formed():
     # each run once, in order of first use (the MLE start appears in two SLE tables)
     sle_runs = pt.runs_of(pt.SLE, [t for t in pt.SLE.tables if t.runnable])
     assert sle_runs == ["scst", "scst_me", "sle", "mle", "sle_overlap", "sle_a025", "sle_a050", "scst_me_1e1",
-                        "scst_me_1e3"]  # fmt: skip
+                        "scst_me_1e3", "scst_val", "sle_val"]  # fmt: skip
     # the tables the issue names are defined with world runs
     assert {"2", "4", "alpha", "me_coef"} <= {t.id for t in pt.SLE.tables if t.runnable}
     assert {"1", "3", "4", "5", "10"} <= {t.id for t in pt.SMILE.tables if t.runnable}
@@ -163,6 +163,13 @@ def test_each_row_runs_what_its_label_says():
     assert pt.RUNS[disc["9"]["accuracy"].run].overrides == ("sr.reward=accuracy",)
     assert pt.RUNS[disc["12"]["hard10"].run].overrides == ("sr.distractors=hard", "sr.hard_k=10")
     assert pt.RUNS[pt.SMILE.table("10").rows[2].run].overrides == ("data.train_unit=image",)
+    # the exploration paper's validation-selected runs: the CIDEr-D validator picks the checkpoint, on a valid config
+    from finecap.config import load
+
+    for key in ("scst_val", "sle_val"):
+        cfg = load(None, list(pt.RUNS[key].overrides))
+        assert cfg.train.validators == ["cider"] and cfg.train.best_metric == "cider_d", key
+    assert pt.RUNS["sle_overlap"].overrides == ("rl.distance=overlap34",)
     # the other test worlds a run is evaluated on: those its paper's columns read
     assert pt.extra_evaluations(pt.DISCRITUNE, "mle") == {"shifted/", "family/"}
     assert pt.extra_evaluations(pt.DISCRITUNE, "discritune_cosine") == set()

@@ -97,5 +97,19 @@ SLE = Paper(
             best=Best("CIDEr", "e2", basis="'tuned among 1e-1, 1e-2, 1e-3 and set to 1e-2 for the best performance'"),
             notes="The paper reports only its choice.",
         ),
+        Table(
+            "check_selection",
+            "the model captioned: the last checkpoint (the demo's) or the best validation CIDEr-D (the paper's)",
+            SLE_GRID,
+            (
+                Row("scst_last", "SLL, last checkpoint (step 100)", "scst"),
+                Row("scst_val", "SLL, best validation CIDEr-D", "scst_val"),
+                Row("sle_last", "SLL-SLE, last checkpoint (step 100)", "sle"),
+                Row("sle_val", "SLL-SLE, best validation CIDEr-D", "sle_val"),
+            ),
+            notes="Not a paper table: the paper reports validation-selected models, the demo's scst and sle recipes "
+            "caption with the final model. The _val runs validate every 20 steps with the CIDEr-D validator "
+            "(train.validators=[cider], train.best_metric=cider_d; 500 validation images, beam 5, all references).",
+        ),
     ),
 )
