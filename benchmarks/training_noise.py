@@ -58,8 +58,9 @@ def source_overrides(source: Path) -> list[str]:
             if value != default[section][key] and (section, key) not in NOT_CARRIED]  # fmt: skip
 
 
-def train_repeat(source: Path, folder: Path, stages: Sequence[str], seed: int) -> None:
-    """Train ``stages`` in ``folder`` from a copy of ``source``'s MLE stage with ``run.seed=seed`` (resumable)."""
+def train_repeat(source: Path, folder: Path, stages: Sequence[str], seed: int, extra: Sequence[str] = ()) -> None:
+    """Train ``stages`` in ``folder`` from a copy of ``source``'s MLE stage with ``run.seed=seed`` and the overrides
+    ``extra`` last (resumable)."""
     if not (source / "mle" / "DONE").exists():
         raise SystemExit(f"{source}: its mle stage has not finished (no {source / 'mle' / 'DONE'})")
     folder.mkdir(parents=True, exist_ok=True)
@@ -72,7 +73,7 @@ def train_repeat(source: Path, folder: Path, stages: Sequence[str], seed: int) -
 
     quick = ["--quick"] if load(str(source / "config.yaml"), []).demo.quick else []
     cmd = [sys.executable, "-m", "finecap.app.cli", "demo", "-q", *quick, "--out", str(folder), "--stages",
-           ",".join(stages), *source_overrides(source), f"run.seed={seed}"]  # fmt: skip
+           ",".join(stages), *source_overrides(source), f"run.seed={seed}", *extra]  # fmt: skip
     log = folder.with_suffix(".log")
     print(f"== {folder.name}: {' '.join(cmd[2:])} (log {log})", flush=True)
     with log.open("a") as f:

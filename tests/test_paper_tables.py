@@ -541,3 +541,26 @@ def test_training_noise_repeats_carry_the_sources_own_settings(tmp_path):
     carried = tn.source_overrides(tmp_path)
     assert sorted(carried) == ["rl.rewards={cider: 0.5}", "world.out=/data/w1", "world.seed=1"]
     assert load_demo_config(None, carried, quick=True).world == load_demo_config(None, items, quick=True).world
+
+
+def test_sle_vs_scst_plateau_and_summary_of_hand_computed_runs():
+    bench = load_benchmark("sle_vs_scst")
+    # best 1.50 at step 300 of 400, 1.505 at 400: within 0.01 of the best before the last 100 steps -> plateau
+    assert bench.plateau([(100, 1.2), (200, 1.4), (300, 1.50), (400, 1.505)]) == {
+        "best_step": 400, "best": 1.505, "final": 1.505, "plateau": True}  # fmt: skip
+    assert not bench.plateau([(100, 1.2), (200, 1.4), (300, 1.45), (400, 1.50)])["plateau"]  # +0.05 in the last 100
+
+    def run(sle, scst, low, high, div, steps=(300, 200), flags=(True, False)):
+        validation = {s: {"best_step": b, "plateau": f} for s, b, f in zip(("sle", "scst"), steps, flags)}
+        return {"stages": {"sle": {"CIDEr-D": sle}, "scst": {"CIDEr-D": scst}},
+                "cider_difference": {"mean": sle - scst, "low": low, "high": high}, "div2_difference": div,
+                "validation": validation}  # fmt: skip
+
+    results = {"seed2-r0": run(1.80, 1.70, 0.05, 0.15, 0.04), "seed2-r1": run(1.70, 1.80, -0.15, -0.05, 0.06)}
+    lines = bench.summarise(results).splitlines()
+    row = "| seed2-r0 | 1.800 | 1.700 | +0.100 [+0.050, +0.150] | +0.040 | 300 / 200 | yes / no (budget short) |"
+    assert lines[2] == row
+    # CIDEr-D differences +0.1, -0.1: mean 0, sd sqrt(0.02) = 0.1414, half-width 12.706 * 0.1414 / sqrt(2) = 1.2706
+    assert lines[7] == "| CIDEr-D SLE − SCST | 2 | +0.000 ± 0.141 | [-1.271, +1.271] | 1/2 |"
+    # Div-2: +0.04, +0.06: mean 0.05, sd 0.01414, half-width 12.706 * 0.01414 / sqrt(2) = 0.1271
+    assert lines[8] == "| Div-2 (rs) SLE − SCST | 2 | +0.050 ± 0.014 | [-0.077, +0.177] | 2/2 |"
