@@ -53,8 +53,7 @@ PLATEAU = (f"train.max_steps={MAX_STEPS}", f"train.eval_every={EVAL_EVERY}", "tr
 QUICK = ("train.max_steps=8", "train.eval_every=4", "train.validators=[cider]", "train.best_metric=cider_d")
 """``--quick``: the same selection on 8 steps (a check of the script, not a result)."""
 PLATEAU_TOLERANCE = 0.01
-PLATEAU_WINDOW = 100
-"""Steps at the end of the budget that may improve the best validation CIDEr-D by at most the tolerance."""
+"""How much the last quarter of the budget may improve the best validation CIDEr-D of a run at its plateau."""
 T_975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262, 10: 2.228}
 """Two-sided 95% quantiles of Student's t by degrees of freedom (scipy is not a dependency of finecap)."""
 RESULTS = Path(__file__).resolve().parent / "results" / "sle_vs_scst"
@@ -67,9 +66,10 @@ def validation_curve(stage_dir: Path) -> list[tuple[int, float]]:
             if e["split"] == "val" and "cider_d" in e["values"]]  # fmt: skip
 
 
-def plateau(curve: Sequence[tuple[int, float]], window: int = PLATEAU_WINDOW, tol: float = PLATEAU_TOLERANCE) -> dict:
-    """Best validation step and value, the final value, and whether the best was reached (within ``tol``) before
-    the last ``window`` steps.
+def plateau(curve: Sequence[tuple[int, float]], window: int = 0, tol: float = PLATEAU_TOLERANCE) -> dict:
+    """Best validation step and value (the earliest of equal ones, as the training loop keeps it), the final value,
+    and whether the best was reached (within ``tol``) before the last ``window`` steps (default: the last quarter of
+    the run's steps).
 
     >>> plateau([(25, 1.0), (50, 1.5), (75, 1.505), (100, 1.4)], window=50)
     {'best_step': 75, 'best': 1.505, 'final': 1.4, 'plateau': True}
@@ -79,6 +79,7 @@ def plateau(curve: Sequence[tuple[int, float]], window: int = PLATEAU_WINDOW, to
     if not curve:
         raise ValueError("no validation CIDEr-D in the run's metrics.jsonl (was train.validators=[cider] set?)")
     last = curve[-1][0]
+    window = window or last // 4
     best_step, best = max(curve, key=lambda sv: (sv[1], -sv[0]))
     early = [v for s, v in curve if s <= last - window]
     return {"best_step": best_step, "best": best, "final": curve[-1][1],
