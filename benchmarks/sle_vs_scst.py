@@ -28,11 +28,13 @@ run seed, then the mean SLE − SCST over the run seeds with a 95% t-interval (n
 standard deviation: the training noise the single pairs of docs/results.md could not separate from the effect.
 
 Time, estimated (not measured) on an otherwise idle 2-core CPU, from docs/results.md's stage times (100 steps of
-SLE and SCST side by side: about 85 s; the demo's scst stage spends about 1.5 % of its 2 minutes validating and 1 %
-captioning 1,000 test images with beam 5): about 6 minutes of training, 1-2 of the 2 x 16 validations and 1-2 of
-test captioning and sampling per run seed, so **about 10 minutes per run seed, 40 minutes for the four**; an hour
-leaves room for the error of that estimate. ``--quick`` (on a ``finecap demo --quick`` source) checks the script in
-a few minutes and writes under ``<out>`` instead of the repository; its numbers are not results.
+SLE and SCST side by side: about 85 s) and docs/demo.md's profile of the MLE stage (1.5 % of its time validating,
+0.9 % captioning 1,000 test images with beam 5): about 6 minutes of training, 1-2 of the 2 x 16 validations and 1-2 of
+test captioning and sampling per run seed, so **about 10 minutes per run seed, 40 minutes for the four**. The
+estimate is rough: the ``--quick`` check (2 run seeds of 8 steps on the quick world, 40 validation images) took 3 min
+40 s on the development machine shared with other work, most of it decoding; allow up to 2 hours.
+``--quick`` (on a ``finecap demo --quick`` source) checks the script in a few minutes and writes under ``<out>``
+instead of the repository; its numbers are not results (the quick MLE start gives every image the same caption).
 """
 
 from __future__ import annotations
