@@ -7,7 +7,8 @@ so that the spread of ``A - B`` within one world seed can be set beside its spre
         --out runs/training_noise --run-seeds 1,2,3
 
 Each source is a finished demo run directory (its ``results.json`` written by the report stage, its ``mle`` stage
-done). For each source and run seed, ``<out>/<source name>-r<seed>/`` gets a copy of the source's ``mle`` stage and
+done). For each source and run seed, ``<out>/<source name>-r<seed>/`` gets a copy of the source's ``mle`` stage (and
+of its ``config.yaml`` and ``timings.json``, which make the folder one the demo recognises as a demo's) and
 ``finecap demo --out <that folder> --stages A,B <the source's settings> run.seed=<seed>`` trains A and B side by
 side from it; the source's settings are those of its ``config.yaml`` that differ from the demo's defaults, as
 ``key=value`` overrides (:func:`source_overrides`), so its world, world encoder and cache must still be where its
@@ -58,11 +59,15 @@ def source_overrides(source: Path) -> list[str]:
             if value != default[section][key] and (section, key) not in NOT_CARRIED]  # fmt: skip
 
 
-def train_repeat(source: Path, folder: Path, stages: Sequence[str], seed: int) -> None:
-    """Train ``stages`` in ``folder`` from a copy of ``source``'s MLE stage with ``run.seed=seed`` (resumable)."""
+def train_repeat(source: Path, folder: Path, stages: Sequence[str], seed: int, extra: Sequence[str] = ()) -> None:
+    """Train ``stages`` in ``folder`` from a copy of ``source``'s MLE stage with ``run.seed=seed`` and the overrides
+    ``extra`` last (resumable)."""
     if not (source / "mle" / "DONE").exists():
         raise SystemExit(f"{source}: its mle stage has not finished (no {source / 'mle' / 'DONE'})")
     folder.mkdir(parents=True, exist_ok=True)
+    for name in ("config.yaml", "timings.json"):  # the demo's own files: the folder is then a demo's (check_demo_dir)
+        if not (folder / name).exists():
+            shutil.copy2(source / name, folder / name)
     if not (folder / "mle").exists():  # copied under a temporary name and renamed: a kill leaves no partial copy
         partial = folder / ".mle.copying"
         shutil.rmtree(partial, ignore_errors=True)  # this script's own leftover from a killed copy
@@ -72,7 +77,7 @@ def train_repeat(source: Path, folder: Path, stages: Sequence[str], seed: int) -
 
     quick = ["--quick"] if load(str(source / "config.yaml"), []).demo.quick else []
     cmd = [sys.executable, "-m", "finecap.app.cli", "demo", "-q", *quick, "--out", str(folder), "--stages",
-           ",".join(stages), *source_overrides(source), f"run.seed={seed}"]  # fmt: skip
+           ",".join(stages), *source_overrides(source), f"run.seed={seed}", *extra]  # fmt: skip
     log = folder.with_suffix(".log")
     print(f"== {folder.name}: {' '.join(cmd[2:])} (log {log})", flush=True)
     with log.open("a") as f:

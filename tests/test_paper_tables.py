@@ -142,7 +142,8 @@ def test_every_table_is_well_formed():
         assert run.init is None or (run.init in pt.RUNS and run.init != key), key
     # each run once, in order of first use (the MLE start appears in two SLE tables)
     sle_runs = pt.runs_of(pt.SLE, [t for t in pt.SLE.tables if t.runnable])
-    assert sle_runs == ["scst", "scst_me", "sle", "mle", "sle_a025", "sle_a050", "scst_me_1e1", "scst_me_1e3"]
+    assert sle_runs == ["scst", "scst_me", "sle", "mle", "sle_overlap", "sle_a025", "sle_a050", "scst_me_1e1",
+                        "scst_me_1e3", "scst_val", "sle_val"]  # fmt: skip
     # the tables the issue names are defined with world runs
     assert {"2", "4", "alpha", "me_coef"} <= {t.id for t in pt.SLE.tables if t.runnable}
     assert {"1", "3", "4", "5", "10"} <= {t.id for t in pt.SMILE.tables if t.runnable}
@@ -175,6 +176,13 @@ def test_each_row_runs_what_its_label_says():
     assert pt.RUNS[disc["9"]["accuracy"].run].overrides == ("sr.reward=accuracy",)
     assert pt.RUNS[disc["12"]["hard10"].run].overrides == ("sr.distractors=hard", "sr.hard_k=10")
     assert pt.RUNS[pt.SMILE.table("10").rows[2].run].overrides == ("data.train_unit=image",)
+    # the exploration paper's validation-selected runs: the CIDEr-D validator picks the checkpoint, on a valid config
+    from finecap.config import load
+
+    for key in ("scst_val", "sle_val"):
+        cfg = load(None, list(pt.RUNS[key].overrides))
+        assert cfg.train.validators == ["cider"] and cfg.train.best_metric == "cider_d", key
+    assert pt.RUNS["sle_overlap"].overrides == ("rl.distance=overlap34",)
     # the other test worlds a run is evaluated on: those its paper's columns read
     assert pt.extra_evaluations(pt.DISCRITUNE, "mle") == {"shifted/", "family/"}
     assert pt.extra_evaluations(pt.DISCRITUNE, "discritune_cosine") == set()
@@ -573,3 +581,26 @@ def test_training_noise_repeats_carry_the_sources_own_settings(tmp_path):
     carried = tn.source_overrides(tmp_path)
     assert sorted(carried) == ["rl.rewards={cider: 0.5}", "world.out=/data/w1", "world.seed=1"]
     assert load_demo_config(None, carried, quick=True).world == load_demo_config(None, items, quick=True).world
+
+
+def test_sle_vs_scst_plateau_and_summary_of_hand_computed_runs():
+    bench = load_benchmark("sle_vs_scst")
+    # best 1.50 at step 300 of 400, 1.505 at 400: within 0.01 of the best before the last 100 steps -> plateau
+    assert bench.plateau([(100, 1.2), (200, 1.4), (300, 1.50), (400, 1.505)]) == {
+        "best_step": 400, "best": 1.505, "final": 1.505, "plateau": True}  # fmt: skip
+    assert not bench.plateau([(100, 1.2), (200, 1.4), (300, 1.45), (400, 1.50)])["plateau"]  # +0.05 in the last 100
+
+    def run(sle, scst, low, high, div, steps=(300, 200), flags=(True, False)):
+        validation = {s: {"best_step": b, "plateau": f} for s, b, f in zip(("sle", "scst"), steps, flags)}
+        return {"stages": {"sle": {"CIDEr-D": sle}, "scst": {"CIDEr-D": scst}},
+                "cider_difference": {"mean": sle - scst, "low": low, "high": high}, "div2_difference": div,
+                "validation": validation}  # fmt: skip
+
+    results = {"seed2-r0": run(1.80, 1.70, 0.05, 0.15, 0.04), "seed2-r1": run(1.70, 1.80, -0.15, -0.05, 0.06)}
+    lines = bench.summarise(results).splitlines()
+    row = "| seed2-r0 | 1.800 | 1.700 | +0.100 [+0.050, +0.150] | +0.040 | 300 / 200 | yes / no (budget short) |"
+    assert lines[2] == row
+    # CIDEr-D differences +0.1, -0.1: mean 0, sd sqrt(0.02) = 0.1414, half-width 12.706 * 0.1414 / sqrt(2) = 1.2706
+    assert lines[7] == "| CIDEr-D SLE − SCST | 2 | +0.000 ± 0.141 | [-1.271, +1.271] | 1/2 |"
+    # Div-2: +0.04, +0.06: mean 0.05, sd 0.01414, half-width 12.706 * 0.01414 / sqrt(2) = 0.1271
+    assert lines[8] == "| Div-2 (rs) SLE − SCST | 2 | +0.050 ± 0.014 | [-0.077, +0.177] | 2/2 |"

@@ -74,7 +74,8 @@ files without items files still load.
 
 This is a benchmark, not a test. Budget per world seed on the 2-core development machine, estimated from the demo's
 stage times (docs/demo.md: MLE start about 340 s, SMILE about 100 s, SCST/SLE about 130 s, SR stages about 1 s per
-step), not measured: SLE about 25 minutes (8 runs after the shared MLE start); SMILE about 50 (21 runs, two of them
+step), not measured: SLE about 35 minutes (11 runs after the shared MLE start; the two validation-selected runs
+caption the 500 validation images with beam 5 at five evaluations each); SMILE about 50 (21 runs, two of them
 MLE from scratch on the simplified corpora); DiscriTune about 30 (12 runs, each also captioning the shifted domain
 and the scene families when its tables read them); NDLB about 3.5 hours (32 runs: an hour of starts, the visual
 expert and the boosting, then 25 SR runs of about 200 steps and three of 600). Runs and starts are shared between

@@ -79,7 +79,7 @@ class Table:
 
 HEADINGS = {"fig3": "Figure 3", "fig4a": "Figure 4a", "fig4b": "Figure 4b", "alpha": "Section 5.1",
             "me_coef": "Section 5.2", "check_logprob": "finecap check", "check_scale": "finecap check",
-            "check_lora_init": "finecap check"}  # fmt: skip
+            "check_lora_init": "finecap check", "check_selection": "finecap check"}  # fmt: skip
 
 
 @dataclass(frozen=True)

@@ -29,6 +29,9 @@ def sle_table4_rows() -> tuple[Row, ...]:
         for key, (label, run) in names.items():
             rows.append(Row(f"{key}_{mode}", f"{label} ({mode})", run, numbers[key][index],
                             vs=tuple(f"{v}_{mode}" for v in vs[key]), prefix=prefix))  # fmt: skip
+    for mode, prefix in (("rs", "sample/"), ("bs", "beam/")):  # no paper numbers: nothing is judged
+        rows.append(Row(f"overlap_{mode}", f"SLL-SLE, length-neutral distance ({mode}; finecap's ablation, not the "
+                        "paper's)", "sle_overlap", prefix=prefix))  # fmt: skip
     return tuple(rows)
 
 
@@ -60,7 +63,10 @@ SLE = Paper(
             SLE_DIVERSITY,
             sle_table4_rows(),
             notes="(rs): 5 captions sampled at T = 1, CIDEr-D averaged over them (as the paper); (bs): the top 5 "
-            "beams, CIDEr-D of the top beam (the paper's (bs) CIDEr equals its Table 2 beam-search CIDEr).",
+            "beams, CIDEr-D of the top beam (the paper's (bs) CIDEr equals its Table 2 beam-search CIDEr). The last "
+            "two rows are finecap's ablation, not the paper's: SLL-SLE with rl.distance=overlap34 (1 - mean 3-/4-gram "
+            "overlap over the shorter caption's n-grams) instead of the BLEU-3/4 distance, which leans towards short "
+            "captions (docs/results.md, Training noise).",
         ),
         Table(
             "alpha",
@@ -90,6 +96,20 @@ SLE = Paper(
             ),
             best=Best("CIDEr", "e2", basis="'tuned among 1e-1, 1e-2, 1e-3 and set to 1e-2 for the best performance'"),
             notes="The paper reports only its choice.",
+        ),
+        Table(
+            "check_selection",
+            "the model captioned: the last checkpoint (the demo's) or the best validation CIDEr-D (the paper's)",
+            SLE_GRID,
+            (
+                Row("scst_last", "SLL, last checkpoint (step 100)", "scst"),
+                Row("scst_val", "SLL, best validation CIDEr-D", "scst_val"),
+                Row("sle_last", "SLL-SLE, last checkpoint (step 100)", "sle"),
+                Row("sle_val", "SLL-SLE, best validation CIDEr-D", "sle_val"),
+            ),
+            notes="Not a paper table: the paper reports validation-selected models, the demo's scst and sle recipes "
+            "caption with the final model. The _val runs validate every 20 steps with the CIDEr-D validator "
+            "(train.validators=[cider], train.best_metric=cider_d; 500 validation images, beam 5, all references).",
         ),
     ),
 )

@@ -39,6 +39,7 @@ SAMPLERS: dict[str, str] = {
 VALIDATOR_KEYS: dict[str, tuple[str, ...]] = {
     "captions": ("length", "vocab"),
     "retrieval": ("r@1", "length", "vocab"),
+    "cider": ("cider_d", "length", "vocab"),
 }
 """``train.validators`` names (factories in :mod:`finecap.train.validators`) -> the values each returns; with the
 loop's own ``loss`` and ``perplexity`` they are what ``train.best_metric`` may name."""

@@ -15,6 +15,8 @@ from finecap.models.presets import build_world_lm
 from finecap.objectives import get_objective
 from finecap.objectives.baselines import GreedyBaseline, NoBaseline
 from finecap.objectives.exploration import (
+    DISTANCE_FUNCTIONS,
+    DISTANCES,
     SequenceLevelExploration,
     caption_distances,
     diversity_advantages,
@@ -68,6 +70,43 @@ def test_distances_are_per_image_group():
     assert d.abs().max().item() == 0.0  # each image's two captions are identical; across images is never compared
     with pytest.raises(ValueError, match="groups of 2"):
         caption_distances(["a", "b", "c"], 2)
+
+
+def test_overlap_distance_hand_computed():
+    captions = ["a b c d e", "a b c", "a b x d e", "A B c", ""]
+    d = caption_distances(captions, 5, "overlap34")[0]
+    # "a b c" inside "a b c d e": the shorter has 1 trigram (a b c), shared -> O3 = 1/1; order 4 on a 3-word caption
+    #   is its whole sequence, shared -> O4 = 1; d = 1 - (1 + 1) / 2 = 0 (bleu34: 0.75)
+    assert d[0, 1].item() == 0.0 and d[1, 0].item() == 0.0
+    # "a b c d e" vs "a b x d e": trigrams {abc, bcd, cde} vs {abx, bxd, xde}: none shared -> O3 = 0; O4 = 0 -> d = 1
+    assert d[0, 2].item() == 1.0
+    # "a b c" vs "a b x d e": shorter "a b c", its one trigram not in the other -> O3 = 0, O4 (order 3) = 0 -> 1
+    assert d[1, 2].item() == 1.0
+    # PTB tokenisation first (lower-cased): "A B c" is "a b c" -> identical to caption 1 (0) and inside caption 0 (0)
+    assert d[1, 3].item() == 0.0 and d[0, 3].item() == 0.0
+    # the empty caption is at distance 1 from every non-empty one
+    assert d[4, :4].tolist() == [1.0] * 4 and d[4, 4].item() == 0.0
+    assert torch.equal(d, d.T)
+
+
+def test_overlap_distance_counts_are_clipped_and_divided_by_the_shorter():
+    # "a b c a b c" (6 words; trigrams abc, bca, cab, abc: 4) vs "a b c d" (4 words; trigrams abc, bcd: 2)
+    #   shared trigrams: abc min(2, 1) = 1 -> O3 = 1 / 2 (the shorter's 2 trigrams)
+    #   4-grams: {abca, bcab, cabc} vs {abcd}: none shared -> O4 = 0 / 1
+    #   d = 1 - (1/2 + 0) / 2 = 0.75
+    d = caption_distances(["a b c a b c", "a b c d"], 2, "overlap34")[0]
+    assert d[0, 1].item() == pytest.approx(0.75)
+    # length neutrality against BLEU-3/4: a caption and its 3-word start are far under bleu34, at 0 under overlap34
+    pair = ["a red circle on the grass", "a red circle"]
+    assert caption_distances(pair, 2, "bleu34")[0, 0, 1].item() > 0.8  # 0.813
+    assert caption_distances(pair, 2, "overlap34")[0, 0, 1].item() == 0.0
+
+
+def test_distance_names_are_the_config_choices():
+    assert set(DISTANCE_FUNCTIONS) == set(DISTANCES) == {"bleu34", "overlap34"}
+    assert load(None, ["rl.distance=overlap34"]).rl.distance == "overlap34"
+    with pytest.raises(ValueError, match="rl.distance"):
+        caption_distances(["a", "b"], 2, "jaccard")
 
 
 # --------------------------------------------------------------------------------------------------------------------

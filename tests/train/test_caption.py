@@ -12,7 +12,7 @@ from finecap.metrics.suite import evaluate
 from finecap.models.clipcap import ClipCap
 from finecap.registry import lookup
 from finecap.runs import checkpoint_dir, model_dir
-from finecap.train.validators import VALIDATORS, caption_stats_validator, retrieval_validator
+from finecap.train.validators import VALIDATORS, caption_stats_validator, cider_validator, retrieval_validator
 
 
 def test_caption_stats_hand_computed():
@@ -29,6 +29,7 @@ def test_caption_stats_hand_computed():
 def test_validators_registry_resolves_to_the_factories():
     assert lookup("captions", VALIDATORS, "train.validators", "validator") is caption_stats_validator
     assert lookup("retrieval", VALIDATORS, "train.validators", "validator") is retrieval_validator
+    assert lookup("cider", VALIDATORS, "train.validators", "validator") is cider_validator
 
 
 def test_retrieval_validator_needs_a_trained_retriever(make_cfg):
@@ -36,6 +37,32 @@ def test_retrieval_validator_needs_a_trained_retriever(make_cfg):
     # command that trains it.
     with pytest.raises(FileNotFoundError, match="finecap retriever train"):
         retrieval_validator(make_cfg())
+
+
+def test_cider_validator_is_finecap_evals_cider_d_of_the_same_captions(make_cfg, tmp_path, capsys):
+    from accelerate import Accelerator
+
+    from finecap.app.eval import main as eval_main
+    from finecap.data.references import data_file
+
+    run_dir = train(make_cfg("train.max_steps=8"))
+    cfg = make_cfg("decode.strategy=beam", "decode.beam_size=2", "train.eval_samples=6")
+    checkpoint = checkpoint_dir(run_dir, "best")
+    model = ClipCap.from_checkpoint(model_dir(checkpoint))
+    values = cider_validator(cfg)(model, cfg, Accelerator(cpu=True))
+    assert set(values) == {"cider_d", "length", "vocab"}
+    # the same captions written by `finecap caption` and scored by `finecap eval` against the world's validation
+    # split: eval_samples=6 of its 8 images, each against all of its references, document frequencies from them
+    out = main(cfg, checkpoint=str(checkpoint), split="val", out=tmp_path / "val.json")
+    results = json.loads(out.read_text())
+    first_six = [r.image_id for r in load_records(cfg, "val")[:6]]
+    (tmp_path / "six.json").write_text(json.dumps([r for r in results if r["image_id"] in first_six]))
+    scored = eval_main(cfg, predictions=tmp_path / "six.json", references=data_file(cfg), split="val",
+                       metrics="cider")  # fmt: skip
+    assert values["cider_d"] == scored["CIDEr-D"]
+    assert values["cider_d"] > 0  # trained captions share n-grams with the references (not 0 == 0)
+    assert values["length"] == evaluate({r["image_id"]: r["caption"] for r in results if r["image_id"] in first_six},
+                                        None, metrics="length")["Length"]  # fmt: skip
 
 
 def test_caption_main_writes_coco_results(make_cfg, tmp_path):

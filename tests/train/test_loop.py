@@ -82,6 +82,11 @@ def test_best_metric_must_be_a_validation_value(make_cfg):
     with pytest.raises(ConfigError, match=r"train.best_metric: 'r@1' is not a validation value .*available: loss"):
         make_cfg("train.max_steps=1", "train.best_metric=r@1")
     assert make_cfg("train.best_metric=r@1", "train.validators=[retrieval]").train.best_metric == "r@1"
+    # cider_d: only with the CIDEr-D validator, and maximised
+    with pytest.raises(ConfigError, match=r"best_metric: .cider_d. is not a validation value .*cider -> cider_d"):
+        make_cfg("train.best_metric=cider_d", "train.validators=[captions]")
+    cfg = make_cfg("train.best_metric=cider_d", "train.validators=[cider]")
+    assert cfg.train.best_metric == "cider_d" and best_mode(cfg.train) == "max"
 
 
 def score_validator(cfg):
@@ -100,6 +105,24 @@ def test_custom_validator_selects_best_checkpoint(make_cfg):
     run_dir = train(cfg)
     best = json.loads((checkpoint_dir(run_dir, "best") / "trainer_state.json").read_text())
     assert best["best_step"] == 2 and best["best_value"] == 0.9  # maximised: 0.2, 0.9, 0.5
+
+
+def test_cider_validator_selects_the_best_validation_checkpoint(make_cfg, monkeypatch):
+    # The validator's CIDEr-D at the three evaluations is injected (1.2, 1.9, 1.5): the best checkpoint is step 2's,
+    # not the last model (whose weights, step 3's, differ)
+    import finecap.train.validators as validators
+
+    ciders = iter([1.2, 1.9, 1.5])
+    monkeypatch.setattr(validators, "evaluate", lambda *a, **k: {"CIDEr-D": next(ciders)})
+    cfg = make_cfg("train.max_steps=3", "train.eval_every=1", "train.validators=[cider]", "train.best_metric=cider_d")
+    run_dir = train(cfg)
+    best = json.loads((checkpoint_dir(run_dir, "best") / "trainer_state.json").read_text())
+    assert best["metric"] == "cider_d" and best["best_step"] == 2 and best["best_value"] == 1.9
+    val = [e["values"] for e in read_metrics(run_dir) if e["split"] == "val"]
+    assert [v["cider_d"] for v in val] == [1.2, 1.9, 1.5] and all("length" in v for v in val)
+    best_weights = ClipCap.from_checkpoint(model_dir(checkpoint_dir(run_dir, "best"))).state_dict()
+    last_weights = ClipCap.from_checkpoint(model_dir(checkpoint_dir(run_dir, "last"))).state_dict()
+    assert any(not torch.equal(best_weights[k], last_weights[k]) for k in best_weights)
 
 
 def test_weighted_loss():

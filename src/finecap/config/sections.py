@@ -107,7 +107,7 @@ FirstToken = Literal["mle", "shift", "none"]
 Baseline = Literal["greedy", "mean", "leave_one_out", "none"]
 RLStrategy = Literal["sample", "greedy", "beam"]
 LogProb = Literal["sum", "mean"]
-Distance = Literal["bleu34"]
+Distance = Literal["bleu34", "overlap34"]
 DiversityBaseline = Literal["pairwise_mean", "none"]
 SRReward = Literal["log_prob", "accuracy", "cosine"]
 Distractors = Literal["batch", "bag", "hard"]
@@ -683,7 +683,11 @@ class RLConfig(Section, name="rl"):
     alpha: float = doc(
         0.75, "sle: weight of the precision term; the diversity term gets 1 - alpha (Eq. 8).", ge=0, le=1
     )
-    distance: Distance = doc("bleu34", "sle: caption distance, bleu34 = 1 - (BLEU-3 + BLEU-4) / 2.")
+    distance: Distance = doc(
+        "bleu34",
+        "sle: caption distance: bleu34 = 1 - (BLEU-3 + BLEU-4) / 2 (the paper's); overlap34 = 1 - mean n-gram overlap "
+        "(n = 3, 4) over the shorter caption's n-grams, length-neutral (finecap's ablation).",
+    )
     diversity_baseline: DiversityBaseline = doc(
         "pairwise_mean", "sle: baseline of the diversity term (pairwise_mean: Sec. 4.3, zero-mean advantages)."
     )

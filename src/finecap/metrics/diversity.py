@@ -271,3 +271,51 @@ def bleu_distance(groups: Sequence[Sequence[str]], orders: Sequence[int] = (3, 4
     """
     b = pairwise_bleu_groups(groups, max(orders))  # (G, max_n, s, s)
     return 1.0 - b[:, [k - 1 for k in orders]].mean(axis=1)
+
+
+def _ngram_counts(words: Sequence[str], n: int) -> Counter[tuple[str, ...]]:
+    return Counter(zip(*(words[k:] for k in range(n))))
+
+
+def ngram_overlap(a: Sequence[str], b: Sequence[str], n: int) -> float:
+    """Overlap coefficient of the n-grams of two word lists: shared n-grams (counts clipped, as BLEU clips them)
+    over the n-grams of the *shorter* one; order ``min(n, shorter length)`` when the shorter has fewer than n words
+    (its whole word sequence is then its one n-gram). Two empty captions overlap fully (1), an empty and a non-empty
+    one not at all (0).
+
+    >>> ngram_overlap("a red circle".split(), "a red circle on the grass".split(), 3)  # contained: 1
+    1.0
+    >>> ngram_overlap("a red circle on grass".split(), "a blue circle on grass".split(), 3)  # 1 of 3 trigrams
+    0.3333333333333333
+    """
+    short = min(len(a), len(b))
+    if short == 0:
+        return float(len(a) == len(b))
+    k = min(n, short)
+    ca, cb = _ngram_counts(a, k), _ngram_counts(b, k)
+    return sum((ca & cb).values()) / (short - k + 1)
+
+
+def overlap_distance(groups: Sequence[Sequence[str]], orders: Sequence[int] = (3, 4)) -> np.ndarray:
+    """d(y_i, y_j) = 1 - mean over ``orders`` of :func:`ngram_overlap` (y_i, y_j), within each group: (G, s, s).
+
+    A length-neutral counterpart of :func:`bleu_distance` (``rl.distance=overlap34``): the shared n-grams are
+    divided by those of the shorter caption, so a caption whose n-grams all occur in another (one that stops sooner,
+    or the other one that goes on) is at distance 0 from it: saying less or more is not difference, saying it
+    otherwise is; it is symmetric by construction and needs no
+    smoothing. Captions are tokenised (words separated by spaces).
+
+    >>> overlap_distance([["a red circle", "a red circle on the grass", "two blue squares"]])[0].round(3).tolist()
+    [[0.0, 0.0, 1.0], [0.0, 0.0, 1.0], [1.0, 1.0, 0.0]]
+    """
+    words = [[c.split() for c in g] for g in groups]
+    s = len(words[0]) if words else 0
+    if any(len(g) != s for g in words):
+        raise ValueError(f"overlap_distance: all groups need the same number of captions (first has {s})")
+    out = np.zeros((len(words), s, s))
+    for g, captions in enumerate(words):
+        for i in range(s):
+            for j in range(i + 1, s):
+                overlap = sum(ngram_overlap(captions[i], captions[j], n) for n in orders) / len(orders)
+                out[g, i, j] = out[g, j, i] = 1.0 - overlap
+    return out

@@ -11,7 +11,10 @@ accelerator) -> {name: value}`` then runs at every evaluation on every process (
 - ``captions``: mean length and distinct words of the captions (:func:`finecap.caption.caption_stats`, the same word
   count as ``finecap eval``'s ``Length`` and ``Lexical diversity``);
 - ``retrieval``: self-retrieval R@1 against random distractors, scored by the frozen retriever (``retriever.*``),
-  plus the caption statistics.
+  plus the caption statistics;
+- ``cider``: CIDEr-D of the captions against the validation references (``cider_d``; :func:`cider_validator`), plus
+  the caption statistics: what RL runs select their checkpoint by (``train.best_metric=cider_d``), as the
+  sequence-level exploration paper reports validation-selected models.
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ from finecap.data.samplers import process_slice
 from finecap.data.targets import IGNORE_INDEX
 from finecap.home import cache_dir
 from finecap.metrics.retrieval import SelfRetrieval
+from finecap.metrics.suite import evaluate
 from finecap.models.retriever import load_retriever
 from finecap.objectives.mle import mle_loss
 from finecap.registry import requires
@@ -44,6 +48,7 @@ if TYPE_CHECKING:
 VALIDATORS: dict[str, str] = {
     "captions": "finecap.train.validators:caption_stats_validator",
     "retrieval": "finecap.train.validators:retrieval_validator",
+    "cider": "finecap.train.validators:cider_validator",
 }
 """Built-in validator factories by name (``train.validators``); each ``factory(cfg)`` returns a validator."""
 
@@ -94,6 +99,35 @@ def retrieval_validator(cfg: Config) -> Validator:
             scores = scorer_on(accelerator.device)({i: c[0] for i, c in captions.items()})
         r1 = next(v for k, v in scores.items() if k.endswith("/R@1"))
         return {"r@1": r1, **caption_stats(captions)}
+
+    return validator
+
+
+def cider_validator(cfg: Config) -> Validator:
+    """Validator factory (``train.validators=[cider]``): captions ``train.eval_samples`` validation images with
+    ``cfg.decode`` (the demo's test decoding: beam 5) and returns their CIDEr-D ``cider_d`` (and ``length``,
+    ``vocab``). With ``train.best_metric=cider_d`` the loop keeps the checkpoint of the best validation CIDEr-D.
+
+    The score is ``finecap eval``'s ``CIDEr-D`` of these captions against the validation split (the same function,
+    :func:`finecap.metrics.suite.evaluate`, captions in the data set's order): the first caption of each image
+    against **all** of the image's references (``data.captions``' field, the one the CIDEr-D reward reads from the
+    training images), PTB-tokenised, with document frequencies from those validation references (pycocoevalcap's
+    default, N = the images scored). All references rather than the demo's "other four" (the demo keeps the first
+    for its human row): a validator on COCO or any data set scores against everything the image has, and which
+    checkpoint is best does not hinge on that choice. Several processes share the captioning through
+    :func:`~finecap.caption.generate_captions` (each gets every caption back) and each scores them, a few
+    milliseconds of numpy, so every process holds the same value for the best-checkpoint choice."""
+    records = load_records(cfg, "val")
+    if cfg.train.eval_samples:
+        records = records[: cfg.train.eval_samples]
+    references = {r.image_id: list(r.captions) for r in records}
+
+    def validator(model: Any, cfg: Config, accelerator: Accelerator) -> dict[str, float]:
+        captions = generate_captions(model, cfg, "val", accelerator=accelerator, limit=cfg.train.eval_samples,
+                                     progress=False)  # fmt: skip
+        first = {i: captions[i][0] for i in references}  # the data set's order, as finecap eval scores them
+        score = evaluate(first, references, metrics=["cider"], cfg=cfg)["CIDEr-D"]
+        return {"cider_d": score, **caption_stats(captions)}
 
     return validator
 
