@@ -133,8 +133,8 @@ def test_every_table_is_well_formed():
     # the tables the issue names are defined with world runs
     assert {"2", "4", "alpha", "me_coef"} <= {t.id for t in pt.SLE.tables if t.runnable}
     assert {"1", "3", "4", "5", "10"} <= {t.id for t in pt.SMILE.tables if t.runnable}
-    assert {"4", "5", "7", "8", "10", "13", "14", "fig3"} <= {t.id for t in pt.NDLB.tables if t.runnable}
-    assert {"1", "2", "4", "5", "8", "9", "11", "12", "13"} <= {t.id for t in pt.DISCRITUNE.tables if t.runnable}
+    assert {"3", "4", "5", "6", "7", "8", "10", "13", "14", "fig3"} <= {t.id for t in pt.NDLB.tables if t.runnable}
+    assert {"1", "2", "3", "4", "5", "8", "9", "11", "12", "13"} <= {t.id for t in pt.DISCRITUNE.tables if t.runnable}
     for key, run in pt.RUNS.items():  # boosted fields: the demo's VCB data set, through a demo stage training on it
         assert run.captions in ("original", "blend", "holistic"), key
         assert run.captions == "original" or run.recipe is not None, key
@@ -143,8 +143,11 @@ def test_every_table_is_well_formed():
 def test_each_row_runs_what_its_label_says():
     """The NDLB and DiscriTune rows: the caption field, the start and the settings that make each variant."""
     ndlb = {t.id: {r.id: r for r in t.rows} for t in pt.NDLB.tables}
-    for table in ("4", "5", "7"):
+    for table in ("3", "4", "5", "6", "7"):
         for row in ndlb[table].values():
+            if row.run is None:  # BlendCap with BagCurri (Table 6): not in the world's grid, and says so
+                assert (table, row.id) == ("6", "blend_lv_bc") and "reduced grid" in row.why
+                continue
             run = pt.RUNS[row.run]
             field = row.id.split("_")[0]
             assert run.captions == field, (table, row.id)
@@ -155,12 +158,25 @@ def test_each_row_runs_what_its_label_says():
     assert pt.RUNS["sr_l"].overrides[:2] == ("model.train_encoder=false", "lora.encoder=false")  # LoRA on the LM
     assert pt.RUNS["sr_v_blend"].overrides[:2] == ("model.train_lm=false", "lora.lm=false")
     assert "rl.rewards={retrieval: 1.0, cider: 0.7}" in pt.RUNS[ndlb["13"]["l07"].run].overrides
+    # Tables 3 and 6 as the paper's text compares: SR against MLE of the same field, the boosted MLE starts against
+    # the MLE start on the human captions (Table 3)
+    assert ndlb["3"]["holistic_l"].vs == ("holistic_mle",) and ndlb["3"]["blend_mle"].vs == ("original_mle",)
+    assert ndlb["3"]["original_mle"].vs == () and ndlb["6"]["holistic_lv_bc"].vs == ("holistic_mle",)
+    assert ndlb["6"]["original_mle"].paper == (428,) and ndlb["3"]["holistic_l"].paper[:2] == (17.0, 27.8)
     assert "data.bag_schedule={1: 7}" in pt.RUNS[ndlb["10"]["bag7"].run].overrides
     assert {"train.epochs=6", "train.eval_every=100000"} <= set(pt.RUNS[ndlb["14"]["holistic_l"].run].overrides)
     disc = {t.id: {r.id: r for r in t.rows} for t in pt.DISCRITUNE.tables}
     assert pt.RUNS[disc["8"]["none"].run].overrides == ("rl.baseline=none",)
     assert pt.RUNS[disc["9"]["accuracy"].run].overrides == ("sr.reward=accuracy",)
     assert pt.RUNS[disc["12"]["hard10"].run].overrides == ("sr.distractors=hard", "sr.hard_k=10")
+    # DiscriTune Table 3: the Flickr block's COCO rows run on the shifted domain; the other 22 rows say why not
+    t3 = disc["3"]
+    assert t3["flickr_discritune-coco"].run == "discritune" and t3["flickr_discritune-coco"].vs == (
+        "flickr_clipcap-coco",
+    )
+    assert t3["nocaps-out_discritune-concap"].vs == ("nocaps-out_clipcap-concap",)
+    assert sum(r.run is not None for r in t3.values()) == 2 and all(r.why for r in t3.values() if r.run is None)
+    assert all(c.key.startswith("shifted/") for c in pt.DISCRITUNE.table("3").columns)
     assert pt.RUNS[pt.SMILE.table("10").rows[2].run].overrides == ("data.train_unit=image",)
     # the other test worlds a run is evaluated on: those its paper's columns read
     assert pt.extra_evaluations(pt.DISCRITUNE, "mle") == {"shifted/", "family/"}
