@@ -19,11 +19,11 @@ First-token shifting replaces the first token of the *caption*, teacher-forced i
 (:func:`shift_first_tokens`, applied by :class:`SmileObjective` before the forward): the released code shifts
 ``text.input_ids`` before the targets are made from them (``BLIP/models/model.py``, commented out there:
 ``input_ids[i, prompt_length] = '##' + token``). The shifted model therefore emits the shift token first at inference
-and reads it as the context of the second token, as it did in training; decoding strips it when it is a special
-token (the world's ``<mask>``), as BERT's decoding glues ``##a`` to the prompt that is then cut off. Until
-2026-11-24 finecap shifted the label only: the model learned to emit the shift token first but never saw it as an
-input, so at inference every caption went on from a context it had not been trained on (the world's shifted runs
-began 22 % of their captions with "on", the decoder having emitted ``<mask>`` and stripped it).
+and reads it as the context of the second token, as it did in training. Decoding strips it when it is a special
+token (the world's ``<mask>``), so the caption shown lacks its first word; so do the released code's (BERT decodes
+``##a`` glued to the prompt ``a picture of``, which is then cut off with it). Until 2026-11-24 finecap shifted the
+label only: the model learned to emit the shift token first (on a quick world, first in 100 % of the test captions)
+but never read it as an input, so every caption went on from a context it had not been trained on.
 :func:`smile_loss` on its own shifts the labels it is given (for a caller that scores unshifted labels); given labels
 already shifted, it changes nothing.
 
