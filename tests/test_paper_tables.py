@@ -147,8 +147,8 @@ def test_every_table_is_well_formed():
     # the tables the issue names are defined with world runs
     assert {"2", "4", "alpha", "me_coef"} <= {t.id for t in pt.SLE.tables if t.runnable}
     assert {"1", "3", "4", "5", "10"} <= {t.id for t in pt.SMILE.tables if t.runnable}
-    assert {"4", "5", "7", "8", "10", "13", "14", "fig3"} <= {t.id for t in pt.NDLB.tables if t.runnable}
-    assert {"1", "2", "4", "5", "8", "9", "11", "12", "13"} <= {t.id for t in pt.DISCRITUNE.tables if t.runnable}
+    assert {"3", "4", "5", "6", "7", "8", "10", "13", "14", "fig3"} <= {t.id for t in pt.NDLB.tables if t.runnable}
+    assert {"1", "2", "3", "4", "5", "8", "9", "11", "12", "13"} <= {t.id for t in pt.DISCRITUNE.tables if t.runnable}
     for key, run in pt.RUNS.items():  # boosted fields: the demo's VCB data set, through a demo stage training on it
         assert run.captions in ("original", "blend", "holistic"), key
         assert run.captions == "original" or run.recipe is not None, key
@@ -157,8 +157,11 @@ def test_every_table_is_well_formed():
 def test_each_row_runs_what_its_label_says():
     """The NDLB and DiscriTune rows: the caption field, the start and the settings that make each variant."""
     ndlb = {t.id: {r.id: r for r in t.rows} for t in pt.NDLB.tables}
-    for table in ("4", "5", "7"):
+    for table in ("3", "4", "5", "6", "7"):
         for row in ndlb[table].values():
+            if row.run is None:  # BlendCap with BagCurri (Table 6): not in the world's grid, and says so
+                assert (table, row.id) == ("6", "blend_lv_bc") and "reduced grid" in row.why
+                continue
             run = pt.RUNS[row.run]
             field = row.id.split("_")[0]
             assert run.captions == field, (table, row.id)
@@ -169,12 +172,25 @@ def test_each_row_runs_what_its_label_says():
     assert pt.RUNS["sr_l"].overrides[:2] == ("model.train_encoder=false", "lora.encoder=false")  # LoRA on the LM
     assert pt.RUNS["sr_v_blend"].overrides[:2] == ("model.train_lm=false", "lora.lm=false")
     assert "rl.rewards={retrieval: 1.0, cider: 0.7}" in pt.RUNS[ndlb["13"]["l07"].run].overrides
+    # Tables 3 and 6 as the paper's text compares: SR against MLE of the same field, the boosted MLE starts against
+    # the MLE start on the human captions (Table 3)
+    assert ndlb["3"]["holistic_l"].vs == ("holistic_mle",) and ndlb["3"]["blend_mle"].vs == ("original_mle",)
+    assert ndlb["3"]["original_mle"].vs == () and ndlb["6"]["holistic_lv_bc"].vs == ("holistic_mle",)
+    assert ndlb["6"]["original_mle"].paper == (428,) and ndlb["3"]["holistic_l"].paper[:2] == (17.0, 27.8)
     assert "data.bag_schedule={1: 7}" in pt.RUNS[ndlb["10"]["bag7"].run].overrides
     assert {"train.epochs=6", "train.eval_every=100000"} <= set(pt.RUNS[ndlb["14"]["holistic_l"].run].overrides)
     disc = {t.id: {r.id: r for r in t.rows} for t in pt.DISCRITUNE.tables}
     assert pt.RUNS[disc["8"]["none"].run].overrides == ("rl.baseline=none",)
     assert pt.RUNS[disc["9"]["accuracy"].run].overrides == ("sr.reward=accuracy",)
     assert pt.RUNS[disc["12"]["hard10"].run].overrides == ("sr.distractors=hard", "sr.hard_k=10")
+    # DiscriTune Table 3: the Flickr block's COCO rows run on the shifted domain; the other 22 rows say why not
+    t3 = disc["3"]
+    assert t3["flickr_discritune-coco"].run == "discritune" and t3["flickr_discritune-coco"].vs == (
+        "flickr_clipcap-coco",
+    )
+    assert t3["nocaps-out_discritune-concap"].vs == ("nocaps-out_clipcap-concap",)
+    assert sum(r.run is not None for r in t3.values()) == 2 and all(r.why for r in t3.values() if r.run is None)
+    assert all(c.key.startswith("shifted/") for c in pt.DISCRITUNE.table("3").columns)
     assert pt.RUNS[pt.SMILE.table("10").rows[2].run].overrides == ("data.train_unit=image",)
     # the exploration paper's validation-selected runs: the CIDEr-D validator picks the checkpoint, on a valid config
     from finecap.config import load
@@ -240,6 +256,90 @@ def test_verdicts_of_columns_without_a_world_analogue_and_of_stated_signs():
     assert pt.row_verdict(fig, rows["long"], results) == (
         "no noise estimate: RD100 R@1 ↑ no noise estimate (Δ +10.0), CIDEr ↓ no noise estimate (Δ +10.0)"
     )
+
+
+def test_shift_token_counted_in_token_ids_that_decoding_strips():
+    """A hand-built generation: <mask> (id 2) first in two of four rows, later in one; the texts (as the caption
+    files hold them) never show it, the recorded token ids do."""
+    import torch
+
+    from finecap.decode import Generation, texts_of
+    from finecap.models.tokenizer import MASK_ID, world_tokenizer
+    from paper_tables.shift_tokens import TokenRecorder, token_positions
+
+    tok = world_tokenizer(["a", "red", "circle", "on", "grass"])  # ids 5-9; <eos> = 4, <pad> = 0
+    sequences = torch.tensor([[2, 8, 9, 4, 0], [5, 6, 7, 4, 0], [2, 2, 7, 4, 0], [5, 7, 2, 8, 4]])  # (4, 5)
+    gen = Generation(sequences=sequences, token_logprobs=torch.zeros(4, 5), lengths=torch.tensor([4, 4, 4, 5]),
+                     image_index=torch.arange(4), scores=torch.zeros(4))  # fmt: skip
+    gen.texts = texts_of(tok, gen)
+    assert gen.texts == ["on grass", "a red circle", "circle", "a circle on"]  # <mask> stripped
+
+    class Fake:
+        device = "cpu"
+
+        def generate(self, batch, decode):
+            return gen
+
+    recorder = TokenRecorder(Fake())
+    assert recorder.generate({}, None).texts == gen.texts and recorder.device == "cpu"
+    assert recorder.rows == [[2, 8, 9, 4], [5, 6, 7, 4], [2, 2, 7, 4], [5, 7, 2, 8, 4]]
+    assert token_positions(recorder.rows, MASK_ID) == {
+        "shift_token/captions": 0.75, "shift_token/first": 0.5, "shift_token/later": 0.5,
+        "shift_token/per_caption": 1.0, "shift_token/rows": 4.0,
+    }  # fmt: skip
+    with pytest.raises(ValueError, match="at least one"):
+        token_positions([], MASK_ID)
+
+
+def test_lambda_runs_weigh_cider_on_the_worlds_scale():
+    """The scale is the committed data's: the world MLE start's HolisticCap test CIDEr-D (mean over the seeds) over
+    NDLB's MLE on HolisticCap (26.6, Table 7); the world-scale λ runs weigh CIDEr-D by λ over it."""
+    from paper_tables.runs import NDLB_LAMBDAS, WORLD_CIDER_SCALE
+
+    data = ROOT / "docs" / "reproductions" / "data" / "ndlb"
+    world = [json.loads(p.read_text())["metrics"]["CIDEr-D"] for p in sorted(data.glob("seed*/mle_holistic.json"))]
+    assert len(world) >= 2
+    paper = dict(zip([c.label for c in pt.NDLB.table("7").columns], pt.NDLB.table("7").rows[5].paper))["CIDEr"]
+    assert pt.NDLB.table("7").rows[5].label == "HolisticCap, MLE" and paper == 26.6
+    assert abs(WORLD_CIDER_SCALE - sum(world) / len(world) / (paper / 100)) < 0.05
+    table = pt.NDLB.table("13")
+    for lam in NDLB_LAMBDAS:
+        run = pt.RUNS[f"sr_bagcurri_holistic_ws{lam.replace('.', '')}"]
+        cider = float(run.overrides[0].split("cider: ")[1].rstrip("}"))
+        assert cider == pytest.approx(float(lam) / 19.0, rel=1e-3) and run.captions == "holistic"
+        rows = [r for r in table.rows if r.run == f"sr_bagcurri_holistic_ws{lam.replace('.', '')}"]
+        assert len(rows) == 1 and rows[0].vs == ("l0",) and f"λ = {lam}" in rows[0].label
+    assert "λ/19" in table.notes
+
+
+def test_boosted_field_scores_beside_the_human_references_and_a_length_matched_baseline():
+    from paper_tables.evaluation import boosted_field_metrics
+    from paper_tables.ndlb import length_correlation_note
+
+    own = {1: ["a big red circle on green grass near a small blue square"],
+           2: ["two objects a yellow cross and a striped star on sand"],
+           3: ["a small green triangle in the top left on bricks"]}  # fmt: skip
+    human = {1: ["a red circle on grass", "a circle"], 2: ["a yellow cross and a star", "two objects on sand"],
+             3: ["a green triangle on bricks", "a triangle"]}  # fmt: skip
+    # captions that are the openings of their own references: the length-matched ratio is 1 exactly
+    openings = {1: "a big red circle on", 2: "two objects a yellow", 3: "a small green triangle in the top"}
+    scores = boosted_field_metrics(openings, own, human)
+    assert set(scores) == {"human/BLEU-4", "human/CIDEr-D", "lenmatched/baseline CIDEr-D", "lenmatched/CIDEr-D ratio"}
+    assert scores["lenmatched/CIDEr-D ratio"] == pytest.approx(1.0)
+    # other words of the same lengths score below the openings; the human references see other captions
+    other = {1: "a circle on grass here", 2: "a cross and a", 3: "a triangle on bricks and grass now"}
+    worse = boosted_field_metrics(other, own, human)
+    assert worse["lenmatched/baseline CIDEr-D"] == pytest.approx(scores["lenmatched/baseline CIDEr-D"])
+    assert worse["lenmatched/CIDEr-D ratio"] < 1.0 and worse["human/CIDEr-D"] > scores["human/CIDEr-D"]
+    # the length correlation over the boosted runs' results, per field; runs on the human captions are left out
+    results = {0: {"sr_l_holistic": {"Length": 10.0, "CIDEr-D": 2.0},
+                   "sr_v_holistic": {"Length": 20.0, "CIDEr-D": 3.0},
+                   "sr_lv_holistic": {"Length": 30.0, "CIDEr-D": 4.0}, "sr_l": {"Length": 5.0, "CIDEr-D": 9.0}},
+               1: {"sr_l_holistic": {"Length": 15.0, "CIDEr-D": 2.5}}}  # fmt: skip
+    note = length_correlation_note(results)
+    assert "HolisticCap r = 1.00 over 4 results (caption length 10.0-30.0 words, own-field CIDEr-D 200-400)" in note
+    assert "BlendCap" not in note  # fewer than three results
+    assert length_correlation_note({0: {}}) == ""
 
 
 # --------------------------------------------------------------------------------------------------------------------
@@ -370,10 +470,21 @@ def test_another_paper_reuses_the_mle_start(sle_run, monkeypatch):
 
     monkeypatch.setattr("finecap.app.train.train", record)
     assert run_main(root, overrides, "--paper", "smile", "--tables", "4") == 0
-    assert sorted(trained) == ["smile", "smile_nofirst", "smile_shift"]  # the MLE start of the SLE run is reused
-    record_ = json.loads((root / "data" / "smile" / "seed0" / "smile_shift.json").read_text())
+    assert sorted(trained) == [
+        "smile",
+        "smile_nofirst",
+        "smile_shift_inputs",
+    ]  # the MLE start of the SLE run is reused
+    record_ = json.loads((root / "data" / "smile" / "seed0" / "smile_shift_inputs.json").read_text())
     assert record_["overrides"] == ["smile.first_token=shift", "smile.shift_token_id=2"]
     assert {"Length", "pool/R@1", "CLIPScore", "perplexity"} <= set(record_["metrics"])  # the fluency LM's PPL
+    # the shift token counted in the shifted run's generated token ids (before decoding strips <mask>), only there
+    shift = {k: v for k, v in record_["metrics"].items() if k.startswith("shift_token/")}
+    assert (
+        shift["shift_token/rows"] == N_TEST and 0 <= shift["shift_token/first"] <= shift["shift_token/captions"] <= 1
+    )
+    smile_record = json.loads((root / "data" / "smile" / "seed0" / "smile.json").read_text())
+    assert not any(k.startswith("shift_token/") for k in smile_record["metrics"])
     assert (root / "runs" / "seed0" / "fluency_lm" / "DONE").exists()
     page = (root / "pages" / "smile.md").read_text()
     assert "| default (first-token MLE) | 22.3 / " in page and "## Table 3" in page

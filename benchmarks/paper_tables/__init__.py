@@ -17,8 +17,9 @@ the rows it is judged against (``vs``). A row the world cannot make names no run
 What a run trains on (:class:`Run`): the world's human captions, a field of the world's Visual Caption Boosting data
 set (``captions="blend"`` / ``"holistic"``: made once per seed as the demo's ``vcb`` stages make it, the visual
 expert then ``finecap boost``; such a run is scored against the references of its own field, as NDLB scores models
-trained on boosted captions), or a simplified corpus of the world's images (``corpus=``, SMILE Fig. 4b). What a run
-is evaluated on: the test split, with the paper's metric groups and bags (NDLB's from HolisticCap,
+trained on boosted captions, and beside that against the human references and a length-matched baseline,
+:func:`.evaluation.boosted_field_metrics`), or a simplified corpus of the world's images (``corpus=``, SMILE
+Fig. 4b). What a run is evaluated on: the test split, with the paper's metric groups and bags (NDLB's from HolisticCap,
 :attr:`Paper.bags_from`); and, when a column of the paper reads it, the shifted domain's test split (``shifted/``
 keys: DiscriTune's cross-domain columns, as the demo's ``transfer`` stage) or the scene-family test world
 (``family/`` keys: the ImageCoDe analogue, :mod:`finecap.metrics.families`), both captioned zero-shot.
@@ -85,8 +86,9 @@ and say that they are not results.
 
 The package: :mod:`.schema` (what a table is), :mod:`.runs` (the world runs), one module of table data per paper
 (:mod:`.smile`, :mod:`.sle`, :mod:`.ndlb`, :mod:`.discritune`), :mod:`.verdicts`, :mod:`.page`, :mod:`.runner` (a
-seed's grid on :class:`finecap.stages.StageRunner`), :mod:`.evaluation`, :mod:`.fluency`, :mod:`.corpora` and
-:mod:`.cli`; ``benchmarks/paper_tables.py`` runs :func:`main`.
+seed's grid on :class:`finecap.stages.StageRunner`), :mod:`.evaluation`, :mod:`.shift_tokens` (SMILE's shift token
+in a shifted run's raw token ids), :mod:`.fluency`, :mod:`.corpora` and :mod:`.cli`; ``benchmarks/paper_tables.py``
+runs :func:`main`.
 """
 
 from .cli import main, run_grid, runs_of

@@ -12,6 +12,7 @@ from .fluency import train_fluency_lm
 from .runner import ensure_boosted
 from .runs import RUNS
 from .schema import Paper
+from .shift_tokens import shift_token_metrics
 
 if TYPE_CHECKING:
     from finecap.stages import StageRunner
@@ -118,6 +119,45 @@ def family_metrics(grid: StageRunner, key: str, retriever: Any) -> tuple[dict[st
     return scores, item_group(per_image)
 
 
+HUMAN_PREFIX = "human/"
+LENGTH_MATCHED = "lenmatched/"
+
+
+def reference_openings(predictions: dict[Any, str], references: dict[Any, list[str]]) -> dict[Any, str]:
+    """The length-matched baseline of :func:`boosted_field_metrics`: for each image, its first reference cut to as
+    many words as the prediction has (the whole reference when the prediction is longer).
+
+    >>> reference_openings({1: "a red circle", 2: "x"}, {1: ["a big red circle on grass"], 2: ["a cross"]})
+    {1: 'a big red', 2: 'a'}
+    """
+    return {i: " ".join(references[i][0].split()[: len(p.split())]) for i, p in predictions.items()}
+
+
+def boosted_field_metrics(predictions: dict[Any, str], own: dict[Any, list[str]], human: dict[Any, list[str]],
+                          cfg: Any = None) -> dict[str, float]:  # fmt: skip
+    """Scores of a run trained on a boosted caption field beside its own-field CIDEr-D (``CIDEr-D`` against the
+    field's one templated reference, which tracks caption length: the Gaussian length penalty of CIDEr-D and the
+    n-grams a longer caption can share with a long reference):
+
+    - ``human/BLEU-4``, ``human/CIDEr-D``: against the image's human references ``human`` (references 2-5, as the
+      runs on the human captions are scored);
+    - ``lenmatched/baseline CIDEr-D``: own-field CIDEr-D of the length-matched baseline (:func:`reference_openings`:
+      each image's own reference cut to the run caption's word count, the best a caption of that length can match
+      the reference by being its opening), and ``lenmatched/CIDEr-D ratio`` = the run's own-field CIDEr-D over it.
+      Both corpora have the same caption lengths, so length moves both; the ratio compares what the captions say.
+    """
+    from finecap.metrics.suite import evaluate
+
+    out = {f"{HUMAN_PREFIX}{k}": v for k, v in evaluate(predictions, human, metrics=["bleu", "cider"], cfg=cfg).items()
+           if k in ("BLEU-4", "CIDEr-D")}  # fmt: skip
+    run = evaluate(predictions, own, metrics=["cider"], cfg=cfg)["CIDEr-D"]
+    baseline = evaluate(reference_openings(predictions, own), own, metrics=["cider"], cfg=cfg)["CIDEr-D"]
+    out[f"{LENGTH_MATCHED}baseline CIDEr-D"] = baseline
+    if baseline > 0:  # (empty captions: no ratio)
+        out[f"{LENGTH_MATCHED}CIDEr-D ratio"] = run / baseline
+    return out
+
+
 def evaluate_run(grid: StageRunner, paper: Paper, key: str) -> tuple[dict[str, float], list[ItemGroup]]:
     """The paper's metrics of run ``key`` on the test split (beam-5 captions of its best checkpoint), and on the other
     test worlds its tables read (:func:`extra_evaluations`); and the per-image values of those that are means over
@@ -150,6 +190,11 @@ def evaluate_run(grid: StageRunner, paper: Paper, key: str) -> tuple[dict[str, f
     groups = [item_group(per_image)]
     if paper.diversity and RUNS[key].recipe is not None:
         scores.update(diversity_metrics(grid, key, references))
+    if RUNS[key].recipe is not None:  # a first-token-shifted SMILE run: where its shift token lands
+        scores.update(shift_token_metrics(grid, key))
+    if RUNS[key].captions != "original" and RUNS[key].recipe is not None and "cider" in metrics:
+        human = {r.image_id: r.captions[1:] for r in records}
+        scores.update(boosted_field_metrics(predictions, references, human, cfg))
     others = []  # (scores, items) of the other test worlds
     if "shifted/" in extras:
         others.append(shifted_metrics(grid, paper, key, retriever))

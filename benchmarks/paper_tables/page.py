@@ -108,6 +108,8 @@ def render_page(paper: Paper, results: Results, meta: dict[str, Any]) -> str:
             lines += [table.notes, ""]
         if table.rows:
             lines += [render_table(table, results, meta.get("items")), ""]
+        if table.computed_note is not None and (note := table.computed_note(results)):
+            lines += [note, ""]
     used = set()
     for key in {r.run for t in paper.tables if t.runnable for r in t.rows if r.run}:  # the rows' runs and starts
         while key is not None and key not in used:

@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 Results = dict[int, dict[str, dict[str, float]]]  # seed -> run -> metric key -> value
@@ -70,6 +71,8 @@ class Table:
     runnable: bool = True  # False: rows listed with the paper's numbers, world runs not defined yet
     best: Best | None = None
     notes: str = ""
+    # a note computed from the results, printed under the table (e.g. a correlation over the runs); "" = none
+    computed_note: Callable[[Results], str] | None = None
 
     @property
     def heading(self) -> str:
@@ -79,7 +82,8 @@ class Table:
 
 HEADINGS = {"fig3": "Figure 3", "fig4a": "Figure 4a", "fig4b": "Figure 4b", "alpha": "Section 5.1",
             "me_coef": "Section 5.2", "check_logprob": "finecap check", "check_scale": "finecap check",
-            "check_lora_init": "finecap check", "check_selection": "finecap check"}  # fmt: skip
+            "check_lora_init": "finecap check", "check_selection": "finecap check", "check_shift": "finecap check",
+            "check_boosted": "finecap check"}  # fmt: skip
 
 
 @dataclass(frozen=True)

@@ -153,3 +153,41 @@ def test_objective_state_roundtrip_continues_random_draws():
     b = SmileObjective(SmileConfig(subset="random"), seed=99)
     b.load_state_dict(state)
     assert torch.equal(torch.rand(4, generator=a._generator), torch.rand(4, generator=b._generator))
+
+
+class RecordingLM(torch.nn.Module):
+    """Returns the fixed logits of :data:`Z` for every position and keeps the batch it was given."""
+
+    def __init__(self):
+        super().__init__()
+        self.tokenizer = type("Tok", (), {"eos_token_id": 0})()
+        self.seen = []
+
+    def forward(self, batch):
+        self.seen.append({k: v.clone() for k, v in batch.items()})
+        return logits_for(batch["labels"])
+
+
+def test_objective_shifts_the_first_token_of_input_and_label():
+    """SMILE's first-token shifting as the released code makes it: the first caption token becomes the shift token
+    in the teacher-forced input too, so the model reads, after the shift token, what it will read at inference after
+    emitting it; the batch given is left as it was."""
+    from finecap.objectives.smile import SmileObjective
+
+    ids = torch.tensor([[3, 1, 0, 0], [1, 3, 1, 0]])
+    labels = torch.tensor([[3, 1, 0, -100], [1, 3, 1, 0]])
+    batch = {"input_ids": ids.clone(), "labels": labels.clone()}
+    model = RecordingLM()
+    out = SmileObjective(SmileConfig(subset="sequence", first_token="shift", shift_token_id=2))(model, batch)
+    assert model.seen[0]["input_ids"].tolist() == [[2, 1, 0, 0], [2, 3, 1, 0]]
+    assert model.seen[0]["labels"].tolist() == [[2, 1, 0, -100], [2, 3, 1, 0]]
+    assert torch.equal(batch["input_ids"], ids) and torch.equal(batch["labels"], labels)
+    # the loss is smile_loss of the shifted labels: row 0 subset {2, 1, 0} (exps 3, 2, 1), row 1 {2, 3, 1, 0}
+    # row 0: -log 3/6, -log 2/6, -log 1/6; row 1: -log 3/10, -log 4/10, -log 2/10, -log 1/10
+    expected = (math.log(2) + math.log(3) + math.log(6) + math.log(10 / 3) + math.log(10 / 4) + math.log(5)
+                + math.log(10)) / 7  # fmt: skip
+    assert out.losses["smile"].item() == pytest.approx(expected, abs=1e-6)
+    # first-token MLE and no restriction feed the caption as it is
+    model = RecordingLM()
+    SmileObjective(SmileConfig(first_token="mle"))(model, batch)
+    assert torch.equal(model.seen[0]["input_ids"], ids)

@@ -11,14 +11,27 @@ is the cross-entropy of the label under that restricted softmax (Eq. 2-3). Subse
 - ``full``: the whole vocabulary, i.e. plain MLE.
 
 Initial-context restriction (Sec. 3.3): ``first_token="mle"`` scores the first caption token over the full
-vocabulary (Algorithm 1's ``logits_mask[:, 0, :] = True``; the default), ``"shift"`` replaces the first label by
-``shift_token_id`` (e.g. BERT's ``##a``) in the SMILE term and keeps the subset restriction there, ``"none"`` applies
-the subset at the first position too. Mixing (Eq. 4): ``loss = λ·MLE + (1-λ)·SMILE`` with ``λ = mle_weight``.
+vocabulary (Algorithm 1's ``logits_mask[:, 0, :] = True``; the default), ``"shift"`` replaces the first token by
+``shift_token_id`` (e.g. BERT's ``##a``) and keeps the subset restriction there, ``"none"`` applies the subset at the
+first position too. Mixing (Eq. 4): ``loss = λ·MLE + (1-λ)·SMILE`` with ``λ = mle_weight``.
+
+First-token shifting replaces the first token of the *caption*, teacher-forced input and label alike
+(:func:`shift_first_tokens`, applied by :class:`SmileObjective` before the forward): the released code shifts
+``text.input_ids`` before the targets are made from them (``BLIP/models/model.py``, commented out there:
+``input_ids[i, prompt_length] = '##' + token``). The shifted model therefore emits the shift token first at inference
+and reads it as the context of the second token, as it did in training. Decoding strips it when it is a special
+token (the world's ``<mask>``), so the caption shown lacks its first word; so do the released code's (BERT decodes
+``##a`` glued to the prompt ``a picture of``, which is then cut off with it). Until 2026-11-24 finecap shifted the
+label only: the model learned to emit the shift token first (on a quick world, first in 100 % of the test captions)
+but never read it as an input, so every caption went on from a context it had not been trained on.
+:func:`smile_loss` on its own shifts the labels it is given (for a caller that scores unshifted labels); given labels
+already shifted, it changes nothing.
 
 Choices the paper leaves open, made here:
 - "First token" is the first non-ignored label of each row (position 0 for right-padded captions).
 - With ``first_token="shift"`` the subset of the SMILE term is built from the shifted labels (the released code shifts
-  the target before masking); the MLE term of Eq. 4 always uses the original labels.
+  the target before masking); in :class:`SmileObjective` the MLE term of Eq. 4 scores the shifted caption too (one
+  teacher-forced pass: the shifted caption is the target sequence), in :func:`smile_loss` alone the labels given.
 - ``include_eos=False`` removes the end-of-sequence id from V_D except at positions whose label it is (the label
   must always be in its own subset, or the loss would be infinite).
 - Losses are means over non-ignored positions of the whole batch (token-level average, as CrossEntropyLoss).
@@ -42,6 +55,28 @@ def _first_positions(valid: torch.Tensor) -> torch.Tensor:
     T = valid.shape[1]
     idx = torch.arange(T, device=valid.device).expand_as(valid)
     return torch.where(valid, idx, torch.full_like(idx, T)).min(dim=1).values  # (B,)
+
+
+def shift_first_tokens(batch: dict, shift_token_id: int, ignore_index: int = IGNORE_INDEX) -> dict:
+    """``batch`` with the first caption token of each row (its first non-ignored label) replaced by
+    ``shift_token_id`` in ``input_ids`` and in ``labels`` (SMILE's first-token shifting as the released code makes
+    it); new tensors, the batch given is unchanged. Every backbone aligns ``input_ids`` with ``labels``
+    (:mod:`finecap.models.captioner`), so the two change at the same position.
+
+    >>> out = shift_first_tokens({"input_ids": torch.tensor([[7, 8, 4]]), "labels": torch.tensor([[7, 8, 4]])}, 2)
+    >>> out["input_ids"].tolist(), out["labels"].tolist()
+    ([[2, 8, 4]], [[2, 8, 4]])
+    """
+    labels = batch["labels"]  # (B, T)
+    first = _first_positions(labels != ignore_index)  # (B,)
+    rows = torch.arange(labels.shape[0], device=labels.device)
+    has_first = first < labels.shape[1]
+    out = dict(batch)
+    for key in ("input_ids", "labels"):
+        shifted = batch[key].clone()  # (B, T)
+        shifted[rows[has_first], first[has_first]] = shift_token_id
+        out[key] = shifted
+    return out
 
 
 def subset_mask(
@@ -148,6 +183,8 @@ class SmileObjective(ObjectiveBase):
         self._generator.set_state(state["generator"])
 
     def __call__(self, model, batch):
+        if self.smile.first_token == "shift":  # the caption's first token, input and label (module docstring)
+            batch = shift_first_tokens(batch, self.smile.shift_token_id)
         logits = model(batch)  # (B, T, V)
         labels = batch["labels"]  # (B, T)
         eos = unwrap(model).tokenizer.eos_token_id
