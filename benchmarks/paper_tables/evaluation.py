@@ -28,7 +28,8 @@ def unavailable_metrics(paper: Paper) -> dict[str, str]:
 
 EXTRA_PREFIXES = ("shifted/", "family/")
 """Metric-key prefixes of the evaluations on other test worlds: ``shifted/`` the shifted domain (DiscriTune's
-cross-domain columns), ``family/`` the scene families (the ImageCoDe analogue)."""
+cross-domain columns), ``family/`` the scene families (the ImageCoDe analogue; every run is scored on them,
+:func:`family_metrics`)."""
 SHIFTED_METRICS = ("length", "bleu", "cider", "meteor", "retrieval")
 
 
@@ -62,22 +63,13 @@ def other_world_captions(grid: StageRunner, key: str, world: Any, tag: str) -> d
     """Test-split captions of another world (``world``: a :class:`finecap.config.WorldConfig`) by run ``key``'s best
     checkpoint, decoded with its ``decode.*`` and kept in ``<run>/captions_<tag>_test.json``; the human run's are the
     first reference of each image."""
-    from finecap.caption import generate_captions
-    from finecap.data.formats import read_results, write_results
     from finecap.data.references import load_references
-    from finecap.stages.outputs import best_model
+    from finecap.stages.outputs import caption_world
 
     if RUNS[key].recipe is None:
         refs = load_references(grid.cfg, other_world_dir(grid, world), split="test")
         return {r.image_id: r.captions[0] for r in refs.records}
-    path = grid.stage_dir(key) / f"captions_{tag}_test.json"
-    if not path.exists():
-        cfg = grid.stage_config(key)
-        # the other world's test split whatever data set the run trained on (a boosted copy of the world: data.*)
-        data = dataclasses.replace(cfg.data, path="", format="world", captions="original")
-        cfg = dataclasses.replace(cfg, world=world, data=data)
-        write_results(path, {i: c[0] for i, c in generate_captions(best_model(grid, key), cfg, "test").items()})
-    return {i: c[0] for i, c in read_results(path).items()}
+    return caption_world(grid, key, world, tag)
 
 
 def other_world_dir(grid: StageRunner, world: Any) -> Path:
@@ -104,22 +96,22 @@ def shifted_metrics(grid: StageRunner, paper: Paper, key: str, retriever: Any) -
 
 
 def family_metrics(grid: StageRunner, key: str, retriever: Any) -> dict[str, float]:
-    """Run ``key`` on the ImageCoDe analogue: the captions of the scene-family test world, each image ranked among the
-    members of its family (:mod:`finecap.metrics.families`)."""
-    from finecap.data.references import load_references
-    from finecap.home import cache_dir
-    from finecap.metrics.families import FAMILY_SIZE, family_self_retrieval, family_test_world
+    """Run ``key`` on the scene-family test world, as every row of the demo (:mod:`finecap.app.demo_families`):
+    ``family/R@k`` (the ImageCoDe analogue: each image ranked among the members of its family), the hard RD
+    ``hardRD{N}/*`` (its family members among the N distractors) and the family world's TrueMatch bags (the hardest
+    share ``bags.keep_hardest``) as ``family/bag{s}/*``, prefixed because a paper's ``bag{s}/`` columns are the test
+    split's bags (:func:`paper_bags`). Every run is scored so, whatever columns its paper reads."""
+    from finecap.app.demo_families import family_captions, family_scores, family_world
 
-    world = family_test_world(grid.cfg.world, FAMILY_SIZE)
-    refs = load_references(grid.cfg, other_world_dir(grid, world), split="test", check_images=True)
-    predictions = other_world_captions(grid, key, world, f"families{FAMILY_SIZE}")
-    return family_self_retrieval(predictions, retriever, refs.records, refs.families, FAMILY_SIZE,
-                                 cache_dir(grid.cfg.run))  # fmt: skip
+    family = family_world(grid)
+    predictions = family_captions(grid, key if RUNS[key].recipe is not None else None, family)
+    scores = family_scores(grid, family, predictions, retriever)
+    return {("family/" + k if k.startswith("bag") else k): v for k, v in scores.items()}
 
 
 def evaluate_run(grid: StageRunner, paper: Paper, key: str) -> dict[str, float]:
-    """The paper's metrics of run ``key`` on the test split (beam-5 captions of its best checkpoint), and on the other
-    test worlds its tables read (:func:`extra_evaluations`)."""
+    """The paper's metrics of run ``key`` on the test split (beam-5 captions of its best checkpoint), on the other
+    test worlds its tables read (:func:`extra_evaluations`), and on the scene families (:func:`family_metrics`)."""
     from finecap.data.datasets import load_records
     from finecap.data.formats import read_results
     from finecap.home import world_path
@@ -148,8 +140,7 @@ def evaluate_run(grid: StageRunner, paper: Paper, key: str) -> dict[str, float]:
         scores.update(diversity_metrics(grid, key, references))
     if "shifted/" in extras:
         scores.update(shifted_metrics(grid, paper, key, retriever))
-    if "family/" in extras:
-        scores.update(family_metrics(grid, key, retriever))
+    scores.update(family_metrics(grid, key, retriever or load_retriever(grid.cfg)))
     return scores
 
 

@@ -208,14 +208,11 @@ def family_self_retrieval(
     n_distractors: int | None = None,
     draws: int = 3,
     seed: int = 0,
-    bags: Mapping[int, Sequence[Sequence[Hashable]]] | None = None,
 ) -> dict[str, float]:
     """:func:`family_retrieval` of the captions ``{image_id: caption}`` with a retriever (``embed_texts`` and
     ``image_embeddings``, :class:`finecap.models.retriever.Retriever`) over the images of ``records`` (objects with
     ``image_id``); scores are cosine similarities of the unit-norm embeddings. On the same scores, with
-    ``n_distractors``: the hard RD (:func:`hard_rd_retrieval`, ``draws`` draws from ``seed``); with ``bags``
-    (``{size: [[image_id, ...], ...]}``, TrueMatch bags of these images): ``bag{s}/R@k``
-    (:func:`finecap.metrics.retrieval.bag_retrieval`)."""
+    ``n_distractors``: the hard RD (:func:`hard_rd_retrieval`, ``draws`` draws from ``seed``)."""
     column = {r.image_id: c for c, r in enumerate(records)}
     missing = [i for i in predictions if i not in column]
     if missing:
@@ -229,6 +226,4 @@ def family_self_retrieval(
     out = family_retrieval(scores, image_ids, families, size, targets)
     if n_distractors is not None:
         out.update(hard_rd_retrieval(scores, image_ids, families, size, targets, n_distractors, draws, seed))
-    for bag_size in sorted(bags or {}):
-        out.update(bag_retrieval(scores, bags[bag_size], image_ids, targets))
     return out

@@ -8,10 +8,13 @@ from typing import Any
 
 DEMO_BASE: dict[str, dict[str, Any]] = {
     "decode": {"strategy": "beam", "beam_size": 5},
+    "bags": {"keep_hardest": 1 / 3},
 }
 """Settings of the default demo that differ from the library defaults (beneath recipes and user overrides). Test
-captions use beam search (beam 5), as ClipCap, DiscriTune and NDLB evaluate. The world and the world encoder live in
-the finecap home, keyed by their settings (world.out and run.cache_dir empty), as every run's do."""
+captions use beam search (beam 5), as ClipCap, DiscriTune and NDLB evaluate. TrueMatch bags keep the hardest third
+of the curated bags (``bags.keep_hardest``), the automated stand-in for NDLB's manual filter (254 of 680 kept).
+The world and the world encoder live in the finecap home, keyed by their settings (world.out and run.cache_dir
+empty), as every run's do."""
 
 DEMO_QUICK: dict[str, dict[str, Any]] = {
     "world": {"n_train": 300, "n_val": 40, "n_test": 100},
