@@ -56,7 +56,7 @@ from typing import Any
 
 from finecap.app import demo_vcb
 from finecap.app.bags import main as build_bags
-from finecap.app.demo_families import family_captions, family_scores, family_world
+from finecap.app.demo_families import caption_families, family_captions, family_scores, family_world, make_family_world
 from finecap.app.demo_transfer import stage_transfer
 from finecap.app.prepare import prepare
 from finecap.app.report import main as write_report
@@ -182,6 +182,13 @@ def stage_base(recipe: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
 
 def stage_world(demo: StageRunner) -> None:
     log.info("world: %s", prepare(demo.cfg, {"world"}, make=True).world)
+    log.info("scene-family test world: %s", make_family_world(demo.cfg)[1])
+
+
+def caption_test_worlds(demo: StageRunner, stage: str) -> None:
+    """After training: the stage's captions of the test split and of the scene-family test world."""
+    caption_stage(demo, stage)
+    caption_families(demo, stage)
 
 
 def stage_retriever(demo: StageRunner) -> None:
@@ -190,10 +197,10 @@ def stage_retriever(demo: StageRunner) -> None:
 
 def training_stage(name: str) -> Stage:
     """Training stage ``name`` (:data:`TRAIN_STAGES`): its recipe ``demo/<recipe>`` and variant (:data:`ABLATIONS`),
-    the stage it starts from; then its test-split captions."""
+    the stage it starts from; then its captions of the test split and of the scene-family test world."""
     recipe, variant = ABLATIONS.get(name, (name, []))
     return Stage(name, TRAIN, recipe=f"demo/{recipe}", overrides=tuple(variant), init=TRAIN_STAGES[name],
-                 then=caption_stage)  # fmt: skip
+                 then=caption_test_worlds)  # fmt: skip
 
 
 def test_bags(demo: StageRunner) -> dict[int, list[list[Any]]]:

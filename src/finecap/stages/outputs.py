@@ -38,14 +38,14 @@ def caption_stage(runner: StageRunner, stage: str) -> Path:
     return out
 
 
-def caption_world(runner: StageRunner, stage: str, world: Any, tag: str) -> dict[Any, str]:
+def caption_world(runner: StageRunner, stage: str, world: Any, tag: str, force: bool | None = None) -> dict[Any, str]:
     """Test-split captions of another world (``world``: a :class:`finecap.config.WorldConfig`, made beforehand) by the
     stage's best checkpoint, decoded with its ``decode.*`` (beam 5 in the demo) and kept in
     ``<stage>/captions_<tag>_test.json``: the shifted domain's, the scene families'. The other world's test split
     is captioned whatever data set the stage trained on (the VCB stages train on a boosted copy of the world through
-    ``data.path`` / ``data.captions``)."""
+    ``data.path`` / ``data.captions``). Made again when ``force`` (default: the runner's ``force``)."""
     path = runner.stage_dir(stage) / f"captions_{tag}_test.json"
-    if not path.exists() or runner.force:
+    if not path.exists() or (runner.force if force is None else force):
         cfg = runner.stage_config(stage)
         data = dataclasses.replace(cfg.data, path="", format="world", captions="original")
         cfg = dataclasses.replace(cfg, world=world, data=data)
