@@ -4,6 +4,7 @@ the other test worlds its tables read (the shifted domain, the scene families)."
 from __future__ import annotations
 
 import dataclasses
+import logging
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -15,6 +16,8 @@ from .schema import Paper
 
 if TYPE_CHECKING:
     from finecap.stages import StageRunner
+
+log = logging.getLogger(__name__)
 
 
 def unavailable_metrics(paper: Paper) -> dict[str, str]:
@@ -95,14 +98,20 @@ def shifted_metrics(grid: StageRunner, paper: Paper, key: str, retriever: Any) -
     return {f"shifted/{k}": v for k, v in scores.items()}
 
 
-def family_metrics(grid: StageRunner, key: str, retriever: Any) -> dict[str, float]:
+def family_metrics(grid: StageRunner, key: str, retriever: Any, required: bool = True) -> dict[str, float]:
     """Run ``key`` on the scene-family test world, as every row of the demo (:mod:`finecap.app.demo_families`):
     ``family/R@k`` (the ImageCoDe analogue: each image ranked among the members of its family), the hard RD
     ``hardRD{N}/*`` (its family members among the N distractors) and the family world's TrueMatch bags (the hardest
     share ``bags.keep_hardest``) as ``family/bag{s}/*``, prefixed because a paper's ``bag{s}/`` columns are the test
-    split's bags (:func:`paper_bags`). Every run is scored so, whatever columns its paper reads."""
+    split's bags (:func:`paper_bags`). Every run is scored so, whatever columns its paper reads; a world whose test
+    split holds no whole family (a tiny test world) is said and skipped, unless ``required`` (a column reads it)."""
     from finecap.app.demo_families import family_captions, family_scores, family_world
+    from finecap.metrics import families
 
+    if not required and grid.cfg.world.n_test < families.FAMILY_SIZE:
+        log.warning("%s: no scene-family metrics: world.n_test=%d holds no family of %d", key, grid.cfg.world.n_test,
+                    families.FAMILY_SIZE)  # fmt: skip
+        return {}
     family = family_world(grid)
     predictions = family_captions(grid, key if RUNS[key].recipe is not None else None, family)
     scores = family_scores(grid, family, predictions, retriever)
@@ -140,7 +149,7 @@ def evaluate_run(grid: StageRunner, paper: Paper, key: str) -> dict[str, float]:
         scores.update(diversity_metrics(grid, key, references))
     if "shifted/" in extras:
         scores.update(shifted_metrics(grid, paper, key, retriever))
-    scores.update(family_metrics(grid, key, retriever or load_retriever(grid.cfg)))
+    scores.update(family_metrics(grid, key, retriever or load_retriever(grid.cfg), required="family/" in extras))
     return scores
 
 

@@ -29,6 +29,7 @@ family world takes 3-5 s.
 from __future__ import annotations
 
 import dataclasses
+import logging
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -40,14 +41,20 @@ from finecap.data.formats import read_bags
 from finecap.data.references import load_references
 from finecap.data.truematch import bag_statistics
 from finecap.home import cache_dir
-from finecap.metrics.families import FAMILY_SIZE, family_self_retrieval, family_test_world
+from finecap.metrics import families
+from finecap.metrics.families import family_self_retrieval, family_test_world
 from finecap.metrics.suite import evaluate
 from finecap.stages import StageRunner
 from finecap.stages.outputs import caption_world
 from finecap.utils import read_json
 
-TAG = f"families{FAMILY_SIZE}"
-"""Names the family world's files: ``captions_families10_test.json``, ``bags_families10_test.json``."""
+log = logging.getLogger(__name__)
+
+
+def tag() -> str:
+    """Names the family world's files: ``captions_families10_test.json``, ``bags_families10_test.json`` (read when
+    called: tests shrink :data:`finecap.metrics.families.FAMILY_SIZE` for tiny worlds)."""
+    return f"families{families.FAMILY_SIZE}"
 
 
 @dataclass
@@ -65,7 +72,7 @@ class FamilyWorld:
 def make_family_world(cfg: Config) -> tuple[WorldConfig, Path]:
     """The family test world of ``cfg.world`` (its settings and folder), made when missing (the demo's ``world``
     stage makes it, so the training stages, which caption it side by side, never race to)."""
-    world = family_test_world(cfg.world, FAMILY_SIZE)
+    world = family_test_world(cfg.world, families.FAMILY_SIZE)
     return world, prepare(dataclasses.replace(cfg, world=world), {"world"}, make=True).world
 
 
@@ -74,7 +81,7 @@ def caption_families(runner: StageRunner, stage: str) -> None:
     captions): they are made where the stage runs, side by side with the other stages, not in the report. The family
     world is made here when missing (the demo's ``world`` stage, or the first stage to finish, makes it before the
     side stages start)."""
-    caption_world(runner, stage, make_family_world(runner.cfg)[0], TAG)
+    caption_world(runner, stage, make_family_world(runner.cfg)[0], tag())
 
 
 def family_world(runner: StageRunner) -> FamilyWorld:
@@ -82,7 +89,7 @@ def family_world(runner: StageRunner) -> FamilyWorld:
     cfg = runner.cfg
     world, path = make_family_world(cfg)
     references = load_references(cfg, path, split="test", check_images=True)
-    bags_path = runner.run_dir / f"bags_{TAG}_test.json"
+    bags_path = runner.run_dir / f"bags_{tag()}_test.json"
     if not bags_path.exists() or runner.force:
         build_bags(cfg, data=path, split="test", sizes=cfg.eval.bag_sizes, out=bags_path, force=runner.force)
     return FamilyWorld(world, path, references, read_bags(bags_path), bag_statistics(read_json(bags_path)))
@@ -93,7 +100,7 @@ def family_captions(runner: StageRunner, stage: str | None, family: FamilyWorld)
     ``stage=None`` (the human row)."""
     if stage is None:
         return {r.image_id: r.captions[0] for r in family.references.records}
-    return caption_world(runner, stage, family.world, TAG, force=False)  # made again with the stage (force)
+    return caption_world(runner, stage, family.world, tag(), force=False)  # made again with the stage (force)
 
 
 def family_scores(
@@ -102,9 +109,13 @@ def family_scores(
     """``family/*``, ``hardRD{N}/*``, ``bag{s}/*`` (and ``listener/bag{s}/*`` with ``listener``) of family-world
     captions, scored by the training world's ``retriever`` (module docstring)."""
     cfg = runner.cfg
-    e, refs = cfg.eval, family.references
-    out = family_self_retrieval(predictions, retriever, refs.records, refs.families, FAMILY_SIZE, cache_dir(cfg.run),
-                                n_distractors=e.n_distractors, draws=e.draws, seed=e.seed)  # fmt: skip
+    e, refs, size = cfg.eval, family.references, families.FAMILY_SIZE
+    hard = e.n_distractors if size - 1 <= e.n_distractors <= len(refs.records) - 1 else None
+    if hard is None:
+        log.warning("no hard RD%d on the family world: it needs at least the %d family members and at most the %d "
+                    "other images as distractors", e.n_distractors, size - 1, len(refs.records) - 1)  # fmt: skip
+    out = family_self_retrieval(predictions, retriever, refs.records, refs.families, size, cache_dir(cfg.run),
+                                n_distractors=hard, draws=e.draws, seed=e.seed)  # fmt: skip
     groups = ["bags", "listener"] if listener else ["bags"]
     scores = evaluate(predictions, None, metrics=groups, retriever=retriever, images=refs.records, scenes=refs.scenes,
                       bags=family.bags, cfg=cfg)  # fmt: skip
