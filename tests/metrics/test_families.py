@@ -129,7 +129,10 @@ def test_family_self_retrieval_embeds_captions_and_images():
     assert out["family/R@1"] == 1.0 and out["family/n"] == 2.0
     # 'a' for image 1: cosines (1, 0), its own 0 -> rank 2
     out = family_self_retrieval({0: "a", 1: "a"}, FakeRetriever(), records, families, size=2)
-    assert out["family/R@1"] == 0.5 and out["family/mean_rank"] == 1.5
+    assert out["family/R@1"] == 0.5 and out["family/mean_rank"] == 1.5 and "hardRD1/R@1" not in out
+    # the hard RD on the same scores: with 1 distractor, the family mate, it is family retrieval again
+    out = family_self_retrieval({0: "a", 1: "a"}, FakeRetriever(), records, families, size=2, n_distractors=1)
+    assert out["hardRD1/R@1"] == 0.5 and out["hardRD1/mean_rank"] == 1.5 and out["hardRD1/n"] == 2.0
     with pytest.raises(KeyError, match="not among the records"):
         family_self_retrieval({2: "a"}, FakeRetriever(), records, families, size=2)
 
