@@ -18,8 +18,9 @@ its test captions (beam 5), and the training world's retriever scores them (:fun
 - with ``listener``: the fact-based listener in the same bags (``listener/bag{s}/R@1``,
   :mod:`finecap.metrics.listener`).
 
-The bags are built once per run directory (``<run_dir>/bags_families10_test.json``), the captions once per stage
-(``<stage>/captions_families10_test.json``, :func:`finecap.stages.outputs.caption_world`): in the demo by the
+The bags are built once per run directory (``<run_dir>/families10/bags_test.json``: a folder of its own, since
+``finecap report`` checks the run directory's own ``bags*.json`` against the training world), the captions once per
+stage (``<stage>/captions_families10_test.json``, :func:`finecap.stages.outputs.caption_world`): in the demo by the
 training stage itself after its test captions (:func:`caption_families`), so in parallel with the other side
 stages; the report captions what is missing (stages trained before this existed). Cost measured on the default demo
 (two shared cores): 51 s for the MLE ClipCap's beam-5 captions of the 1,000 family images; scoring a row on the
@@ -52,7 +53,7 @@ log = logging.getLogger(__name__)
 
 
 def tag() -> str:
-    """Names the family world's files: ``captions_families10_test.json``, ``bags_families10_test.json`` (read when
+    """Names the family world's files: ``captions_families10_test.json``, ``families10/bags_test.json`` (read when
     called: tests shrink :data:`finecap.metrics.families.FAMILY_SIZE` for tiny worlds)."""
     return f"families{families.FAMILY_SIZE}"
 
@@ -89,7 +90,7 @@ def family_world(runner: StageRunner) -> FamilyWorld:
     cfg = runner.cfg
     world, path = make_family_world(cfg)
     references = load_references(cfg, path, split="test", check_images=True)
-    bags_path = runner.run_dir / f"bags_{tag()}_test.json"
+    bags_path = runner.run_dir / tag() / "bags_test.json"
     if not bags_path.exists() or runner.force:
         build_bags(cfg, data=path, split="test", sizes=cfg.eval.bag_sizes, out=bags_path, force=runner.force)
     return FamilyWorld(world, path, references, read_bags(bags_path), bag_statistics(read_json(bags_path)))
