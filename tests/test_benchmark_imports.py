@@ -25,6 +25,10 @@ ALLOWED = {
     "finecap.app.boost": "the `finecap boost` command's `main`: the boosted data set of the world",
     "finecap.app.retriever": "the `finecap retriever` command's world-encoder training and probes, which "
     "world_encoder_budget.py measures",
+    "finecap.app.demo_families": "the scene-family test world as the demo's rows are scored on it (the family world "
+    "made by `prepare`, its bags by `finecap bags build`, family R@1, hard RD and bags): the paper tables and "
+    "bag_hardness.py score their runs the same way; it builds on the two commands above, so it cannot sit in the "
+    "library",
 }
 """Application modules the benchmarks may use: commands' entry points, each with why."""
 

@@ -35,12 +35,25 @@ def test_quick_demo_writes_table_captions_and_checkpoints(quick_demo):
     assert "sample/Div-2" in results["scst"] and "beam/mBLEU-4" in results["mle"]
     for key in ("RD19/R@5", "CLIPScore", "listener/RD19/R@1", "listener/RD19/exploit", "listener/bag3/R@1"):
         assert key in results["mle"], key
+    # every row on the scene-family test world (10 families of 10): family R@1, the hard RD, its bags
+    for stage, row in results.items():
+        assert row["family/n"] == 100 and row["hardRD19/n"] == 100 and row["family/size"] == 10, stage
+        for key in ("family/R@1", "hardRD19/R@1", "hardRD19/R@5", "bag3/R@1", "bag7/R@1"):
+            assert 0.0 <= row[key] <= 1.0, (stage, key)
+        assert row["hardRD19/R@1"] <= row["hardRD19/R@5"]
+    for s in (3, 5, 7):  # every curated bag kept (bags.keep_hardest 1): the kept bags are the curated ones
+        human = results["human"]
+        assert human[f"bag{s}/bags"] == human[f"bag{s}/curated"] > 0
+        assert human[f"bag{s}/alpha"] == pytest.approx(human[f"bag{s}/alpha_curated"])
+        assert human[f"bag{s}/n"] == s * human[f"bag{s}/bags"]  # every family image is captioned
+    assert (run_dir / "mle" / "captions_families10_test.json").exists()  # made by the stage, beside its test captions
     # Reference captions state only true facts, so no distractor has strictly more support than the target: every
     # caption whose target is not tied for first is placed first (expected R@1 >= 1 - tie rate).
     human = results["human"]
     assert human["listener/RD19/R@1_expected"] >= 1.0 - human["listener/RD19/tie_rate"] - 1e-12
     table = (run_dir / "results.md").read_text()
     assert table.startswith(QUICK_TITLE + "\n\n| stage |") and "| smile |" in table  # quick is labelled quick
+    assert "hardRD19/R@1" in table.splitlines()[2] and "bags of 3 (of" in table  # the headline column, the bags
     assert (run_dir / "report.html").stat().st_size > 0  # the HTML report (tests/report/test_browser.py opens it)
 
 

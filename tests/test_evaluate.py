@@ -609,6 +609,19 @@ def test_bags_build_and_clip_metrics_end_to_end(world, clip_dir, tmp_path, capsy
         assert sims == sorted(sims, reverse=True)
         assert 0.0 <= built["family_purity"][size] <= 1.0
     assert "within one family" in capsys.readouterr().err  # bags build's summary lines: the finecap logger
+    # bags.keep_hardest: the most similar share of the curated bags of each size (NDLB's filter, automated)
+    assert cli(["bags", "build", "--data", str(world), "--split", "test", "--sizes", "3,2",
+                "--out", str(tmp_path / "hard.json"), "bags.keep_hardest=0.5", *overrides]) == 0  # fmt: skip
+    hard = json.loads((tmp_path / "hard.json").read_text())
+    assert hard["keep_hardest"] == 0.5
+    for size in ("2", "3"):
+        curated = built["bags"][size]
+        assert hard["curated"][size] == len(curated) and hard["bags"][size] == curated[: -(-len(curated) // 2)]
+        alphas = [b["similarity"] for b in curated]
+        assert hard["alpha_curated"][size] == pytest.approx(sum(alphas) / len(alphas))
+        kept = [b["similarity"] for b in hard["bags"][size]]
+        assert len(kept) < len(alphas) and alphas[0] > alphas[-1]  # something filtered, and the bags differ in alpha
+        assert sum(kept) / len(kept) > hard["alpha_curated"][size]  # so the filtered bags are more similar
 
     refs = load_references(load(), world, split="test")
     write_results(tmp_path / "results.json", {r.image_id: r.captions[0] for r in refs.records})

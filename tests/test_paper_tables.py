@@ -402,6 +402,7 @@ def test_the_runner_writes_one_result_per_run_and_the_page(sle_run):
         assert sum(values) / len(values) == pytest.approx(record["metrics"][key], rel=1e-3, abs=1e-4), key
     assert record["quick"] and record["recipe"] == "sle" and record["init"] == "mle"
     assert {"CIDEr-D", "BLEU-4", "sample/Div-2", "beam/mBLEU-4"} <= set(record["metrics"])
+    assert not any(k.startswith(("family/", "hardRD")) for k in record["metrics"])  # 8 test images: no family of 10
     assert "METEOR" in record["unavailable"] and "METEOR" not in record["metrics"]
     # one MLE start, trained once, shared by the three runs (each starts from its best checkpoint)
     runs = root / "runs" / "seed0"
@@ -507,6 +508,10 @@ def test_discritune_tables_read_the_shifted_domain_and_the_scene_families(sle_ru
         assert len(groups) == 3 and [len(g["ids"]) for g in groups] == [N_TEST, N_TEST, 8], key
         keys = {k for g in groups for k in g["values"]}
         assert {"RD3/R@1", "shifted/RD3/R@1", "shifted/CIDEr-D", "family/R@1"} <= keys, key
+        # every run on the families: the hard RD (RD3 = the 3 family members) and the family world's bags
+        assert metrics["hardRD3/R@1"] == metrics["family/R@1"] and metrics["hardRD3/n"] == 8, key
+        assert {"family/bag3/R@1", "family/bag3/alpha", "family/bag3/bags"} <= set(metrics), key
+        assert {"hardRD3/R@1", "family/bag3/R@1"} <= keys, key  # per-image values too
     world = Path(overrides[0].removeprefix("world.out="))
     assert (Path(f"{world}-shifted") / "world.json").exists() and (Path(f"{world}-families4") / "world.json").exists()
     runs = root / "runs" / "seed0" / "discritune"

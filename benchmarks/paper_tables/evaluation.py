@@ -4,6 +4,7 @@ the other test worlds its tables read (the shifted domain, the scene families)."
 from __future__ import annotations
 
 import dataclasses
+import logging
 from collections.abc import Hashable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -17,6 +18,8 @@ from .shift_tokens import shift_token_metrics
 if TYPE_CHECKING:
     from finecap.stages import StageRunner
 
+log = logging.getLogger(__name__)
+
 
 def unavailable_metrics(paper: Paper) -> dict[str, str]:
     from finecap.metrics.meteor import meteor_unavailable_reason
@@ -29,7 +32,8 @@ def unavailable_metrics(paper: Paper) -> dict[str, str]:
 
 EXTRA_PREFIXES = ("shifted/", "family/")
 """Metric-key prefixes of the evaluations on other test worlds: ``shifted/`` the shifted domain (DiscriTune's
-cross-domain columns), ``family/`` the scene families (the ImageCoDe analogue)."""
+cross-domain columns), ``family/`` the scene families (the ImageCoDe analogue; every run is scored on them,
+:func:`family_metrics`)."""
 SHIFTED_METRICS = ("length", "bleu", "cider", "meteor", "retrieval")
 
 
@@ -63,22 +67,13 @@ def other_world_captions(grid: StageRunner, key: str, world: Any, tag: str) -> d
     """Test-split captions of another world (``world``: a :class:`finecap.config.WorldConfig`) by run ``key``'s best
     checkpoint, decoded with its ``decode.*`` and kept in ``<run>/captions_<tag>_test.json``; the human run's are the
     first reference of each image."""
-    from finecap.caption import generate_captions
-    from finecap.data.formats import read_results, write_results
     from finecap.data.references import load_references
-    from finecap.stages.outputs import best_model
+    from finecap.stages.outputs import caption_world
 
     if RUNS[key].recipe is None:
         refs = load_references(grid.cfg, other_world_dir(grid, world), split="test")
         return {r.image_id: r.captions[0] for r in refs.records}
-    path = grid.stage_dir(key) / f"captions_{tag}_test.json"
-    if not path.exists():
-        cfg = grid.stage_config(key)
-        # the other world's test split whatever data set the run trained on (a boosted copy of the world: data.*)
-        data = dataclasses.replace(cfg.data, path="", format="world", captions="original")
-        cfg = dataclasses.replace(cfg, world=world, data=data)
-        write_results(path, {i: c[0] for i, c in generate_captions(best_model(grid, key), cfg, "test").items()})
-    return {i: c[0] for i, c in read_results(path).items()}
+    return caption_world(grid, key, world, tag)
 
 
 def other_world_dir(grid: StageRunner, world: Any) -> Path:
@@ -104,19 +99,32 @@ def shifted_metrics(grid: StageRunner, paper: Paper, key: str, retriever: Any) -
     return {f"shifted/{k}": v for k, v in scores.items()}, item_group(per_image, "shifted/")
 
 
-def family_metrics(grid: StageRunner, key: str, retriever: Any) -> tuple[dict[str, float], ItemGroup]:
-    """Run ``key`` on the ImageCoDe analogue: the captions of the scene-family test world, each image ranked among the
-    members of its family (:mod:`finecap.metrics.families`)."""
-    from finecap.data.references import load_references
-    from finecap.home import cache_dir
-    from finecap.metrics.families import FAMILY_SIZE, family_self_retrieval_items, family_test_world
+def family_metrics(
+    grid: StageRunner, key: str, retriever: Any, required: bool = True
+) -> tuple[dict[str, float], ItemGroup | None]:
+    """Run ``key`` on the scene-family test world, as every row of the demo (:mod:`finecap.app.demo_families`):
+    ``family/R@k`` (the ImageCoDe analogue: each image ranked among the members of its family), the hard RD
+    ``hardRD{N}/*`` (its family members among the N distractors) and the family world's TrueMatch bags (the hardest
+    share ``bags.keep_hardest``) as ``family/bag{s}/*``, prefixed because a paper's ``bag{s}/`` columns are the test
+    split's bags (:func:`paper_bags`); and their per-image values (:func:`item_group`). Every run is scored so,
+    whatever columns its paper reads; a world whose test split holds no whole family (a tiny test world) is said and
+    skipped, unless ``required`` (a column reads it)."""
+    from finecap.app.demo_families import family_captions, family_scores_items, family_world
+    from finecap.metrics import families
 
-    world = family_test_world(grid.cfg.world, FAMILY_SIZE)
-    refs = load_references(grid.cfg, other_world_dir(grid, world), split="test", check_images=True)
-    predictions = other_world_captions(grid, key, world, f"families{FAMILY_SIZE}")
-    scores, per_image = family_self_retrieval_items(predictions, retriever, refs.records, refs.families, FAMILY_SIZE,
-                                                    cache_dir(grid.cfg.run))  # fmt: skip
-    return scores, item_group(per_image)
+    if not required and grid.cfg.world.n_test < families.FAMILY_SIZE:
+        log.warning("%s: no scene-family metrics: world.n_test=%d holds no family of %d", key, grid.cfg.world.n_test,
+                    families.FAMILY_SIZE)  # fmt: skip
+        return {}, None
+    family = family_world(grid)
+    predictions = family_captions(grid, key if RUNS[key].recipe is not None else None, family)
+    scores, per_image = family_scores_items(grid, family, predictions, retriever)
+
+    def name(k: str) -> str:
+        return "family/" + k if k.startswith("bag") else k
+
+    per_image = {i: {name(k): v for k, v in values.items()} for i, values in per_image.items()}
+    return {name(k): v for k, v in scores.items()}, item_group(per_image)
 
 
 HUMAN_PREFIX = "human/"
@@ -159,9 +167,9 @@ def boosted_field_metrics(predictions: dict[Any, str], own: dict[Any, list[str]]
 
 
 def evaluate_run(grid: StageRunner, paper: Paper, key: str) -> tuple[dict[str, float], list[ItemGroup]]:
-    """The paper's metrics of run ``key`` on the test split (beam-5 captions of its best checkpoint), and on the other
-    test worlds its tables read (:func:`extra_evaluations`); and the per-image values of those that are means over
-    the test images, one :func:`item_group` per test world."""
+    """The paper's metrics of run ``key`` on the test split (beam-5 captions of its best checkpoint), on the other test
+    worlds its tables read (:func:`extra_evaluations`) and on the scene families (:func:`family_metrics`); and the
+    per-image values of those that are means over the test images, one :func:`item_group` per test world."""
     from finecap.data.datasets import load_records
     from finecap.data.formats import read_results
     from finecap.home import world_path
@@ -198,11 +206,11 @@ def evaluate_run(grid: StageRunner, paper: Paper, key: str) -> tuple[dict[str, f
     others = []  # (scores, items) of the other test worlds
     if "shifted/" in extras:
         others.append(shifted_metrics(grid, paper, key, retriever))
-    if "family/" in extras:
-        others.append(family_metrics(grid, key, retriever))
+    others.append(family_metrics(grid, key, retriever or load_retriever(grid.cfg), required="family/" in extras))
     for extra, group in others:
         scores.update(extra)
-        groups.append(group)
+        if group is not None:
+            groups.append(group)
     return scores, groups
 
 

@@ -16,6 +16,9 @@ from finecap.metrics.families import (
     family_self_retrieval_items,
     family_sets,
     family_test_world,
+    hard_rd_items,
+    hard_rd_ranks,
+    hard_rd_retrieval,
 )
 from finecap.world.make import generate_scenes
 from finecap.world.scene import scene_diff
@@ -64,6 +67,53 @@ def test_family_retrieval_ranks_within_the_family_only():
         family_retrieval(SCORES[[6, 7]], list(range(8)), FAMILIES, size=3, targets=[6, 7])
 
 
+def test_hard_rd_without_random_distractors_is_family_retrieval():
+    # RD-2 with families of 3: the two family members are the only distractors -> the ranks above, 1 2 3 1 1 2
+    out = hard_rd_retrieval(SCORES, list(range(8)), FAMILIES, size=3, n_distractors=2, draws=2, ks=(1, 2))
+    assert out == pytest.approx({"hardRD2/R@1": 0.5, "hardRD2/R@2": 5 / 6, "hardRD2/mean_rank": 10 / 6,
+                                 "hardRD2/median_rank": 1.5, "hardRD2/n": 6.0})  # fmt: skip
+
+
+# Three families of 3 (images 0-2, 3-5, 6-8) and image 9 without one. Hard RD-4: 2 family members + 2 random images
+# of the 6 in other families (image 9 counts as outside every family: it may be drawn).
+HARD_FAMILIES = {0: "A", 1: "A", 2: "A", 3: "B", 4: "B", 5: "B", 6: "C", 7: "C", 8: "C", 9: None}
+HARD = np.full((5, 10), 0.1)
+HARD[0, [0, 1, 2]] = [0.5, 0.4, 0.6]  # caption of 0: mate 2 beats it, no outsider does -> rank 2 in every draw
+HARD[1, [3, 4, 5]] = [0.5, 0.1, 0.1]
+HARD[1, [0, 1, 2, 6, 7, 8, 9]] = 0.9  # caption of 3: every outsider beats it, mates do not -> rank 1 + 2 = 3
+HARD[2, 6] = 0.9  # caption of 6: beats everything -> rank 1
+HARD[3, [1, 9]] = [0.5, 0.9]  # caption of 1: only image 9 beats it -> rank 2 when 9 is drawn (2 of the 7), else 1
+HARD[4, 9] = 0.5  # caption of 9: no family -> not ranked
+HARD_TARGETS = [0, 3, 6, 1, 9]
+
+
+def test_hard_rd_ranks_family_members_and_random_outsiders():
+    ranks, keep = hard_rd_ranks(HARD, list(range(10)), HARD_FAMILIES, size=3, targets=HARD_TARGETS,
+                                n_distractors=4, draws=200, seed=1)  # fmt: skip
+    assert keep.tolist() == [0, 1, 2, 3] and ranks.shape == (200, 4)
+    # a family member is never drawn again as a random distractor (caption 0 would rank 3), nor the target
+    assert (ranks[:, 0] == 2).all() and (ranks[:, 1] == 3).all() and (ranks[:, 2] == 1).all()
+    # image 9 is one of the 7 outsiders of family A; P(drawn among 2) = 1 - (6/7)(5/6) = 2/7
+    drawn = (ranks[:, 3] == 2).mean()
+    assert set(ranks[:, 3].tolist()) == {1, 2} and abs(drawn - 2 / 7) < 0.1
+    again, _ = hard_rd_ranks(HARD * 0.5, list(range(10)), HARD_FAMILIES, size=3, targets=HARD_TARGETS,
+                             n_distractors=4, draws=200, seed=1)  # fmt: skip
+    assert (again == ranks).all()  # the distractors depend on the seed, never on the scores
+    out = hard_rd_retrieval(HARD, list(range(10)), HARD_FAMILIES, size=3, targets=HARD_TARGETS, n_distractors=4,
+                            draws=200, seed=1, ks=(1,))  # fmt: skip
+    # per draw R@1 = (caption 6, and caption 1 when 9 is not drawn) / 4
+    assert out["hardRD4/R@1"] == pytest.approx((1 + (1 - drawn)) / 4) and out["hardRD4/n"] == 4.0
+
+
+def test_hard_rd_refuses_what_it_cannot_draw():
+    with pytest.raises(ValueError, match="below the 2 family members"):
+        hard_rd_retrieval(HARD, list(range(10)), HARD_FAMILIES, size=3, targets=HARD_TARGETS, n_distractors=1)
+    with pytest.raises(ValueError, match="needs 8 images outside a family, the pool has 7"):
+        hard_rd_retrieval(HARD, list(range(10)), HARD_FAMILIES, size=3, targets=HARD_TARGETS, n_distractors=10)
+    with pytest.raises(ValueError, match="no caption belongs to a complete family"):
+        hard_rd_retrieval(HARD[[4]], list(range(10)), HARD_FAMILIES, size=3, targets=[9], n_distractors=4)
+
+
 @dataclass
 class Image:
     image_id: int
@@ -89,10 +139,28 @@ def test_family_self_retrieval_embeds_captions_and_images():
     assert out["family/R@1"] == 1.0 and out["family/n"] == 2.0
     # 'a' for image 1: cosines (1, 0), its own 0 -> rank 2
     out = family_self_retrieval({0: "a", 1: "a"}, FakeRetriever(), records, families, size=2)
-    assert out["family/R@1"] == 0.5 and out["family/mean_rank"] == 1.5
-    corpus, items = family_self_retrieval_items({0: "a", 1: "a"}, FakeRetriever(), records, families, size=2)
-    assert corpus == out and items == {0: {"family/R@1": 1.0, "family/mean_rank": 1.0},
-                                       1: {"family/R@1": 0.0, "family/mean_rank": 2.0}}  # fmt: skip
+    assert out["family/R@1"] == 0.5 and out["family/mean_rank"] == 1.5 and "hardRD1/R@1" not in out
+    # the hard RD on the same scores: with 1 distractor, the family mate, it is family retrieval again
+    out = family_self_retrieval({0: "a", 1: "a"}, FakeRetriever(), records, families, size=2, n_distractors=1)
+    assert out["hardRD1/R@1"] == 0.5 and out["hardRD1/mean_rank"] == 1.5 and out["hardRD1/n"] == 2.0
+    corpus, items = family_self_retrieval_items({0: "a", 1: "a"}, FakeRetriever(), records, families, size=2,
+                                                n_distractors=1)  # fmt: skip
+    assert corpus == out and items == {  # fmt: skip
+        0: {
+            "family/R@1": 1.0,
+            "family/mean_rank": 1.0,
+            "hardRD1/R@1": 1.0,
+            "hardRD1/R@5": 1.0,
+            "hardRD1/mean_rank": 1.0,
+        },
+        1: {
+            "family/R@1": 0.0,
+            "family/mean_rank": 2.0,
+            "hardRD1/R@1": 0.0,
+            "hardRD1/R@5": 1.0,
+            "hardRD1/mean_rank": 2.0,
+        },
+    }
     with pytest.raises(KeyError, match="not among the records"):
         family_self_retrieval({2: "a"}, FakeRetriever(), records, families, size=2)
 
@@ -113,3 +181,16 @@ def test_family_test_world_is_whole_families_of_one_detail_variants():
     for members in sets:  # every member is one detail away from its family's base scene
         base = scenes[members[0]]
         assert all(len(scene_diff(base, scenes[i])) == 1 for i in members[1:])
+
+
+def test_hard_rd_per_caption_values_average_to_the_corpus_values():
+    rng = np.random.default_rng(3)
+    scores = rng.random((12, 12))  # 12 captions, 12 images in 4 families of 3
+    families = {i: i // 3 for i in range(12)}
+    corpus, items = hard_rd_items(scores, list(range(12)), families, size=3, n_distractors=5, draws=3, ks=(1, 5))
+    assert corpus == hard_rd_retrieval(scores, list(range(12)), families, size=3, n_distractors=5, draws=3, ks=(1, 5))
+    for key in ("hardRD5/R@1", "hardRD5/R@5", "hardRD5/mean_rank"):
+        assert np.mean([items[q][key] for q in range(12)]) == pytest.approx(corpus[key]), key
+    # a caption's R@1 is its share of the three draws where it ranks first
+    ranks, keep = hard_rd_ranks(scores, list(range(12)), families, size=3, n_distractors=5, draws=3)
+    assert items[int(keep[0])]["hardRD5/R@1"] == pytest.approx((ranks[:, 0] == 1).mean())

@@ -5,7 +5,9 @@ with the configured retriever (``retriever.checkpoint``, or the trained world en
 (:mod:`finecap.data.truematch`, where the JSON layout is described) and writes them; ``finecap eval --bags`` reads
 them back (:func:`finecap.data.formats.read_bags`). The file names the data set by its absolute path (``"data"``)
 and records its fingerprint (``"fingerprint"``: content, caption field ``bags.text_from``, split), so readers find
-the data from any directory and refuse other data (:func:`finecap.train.fingerprint.bags_file_data`). On a world
+the data from any directory and refuse other data (:func:`finecap.train.fingerprint.bags_file_data`).
+With ``bags.keep_hardest`` below 1 it keeps only that share of each size's curated bags, the most similar first
+(NDLB's filter, automated: :func:`finecap.data.truematch.keep_hardest`). On a world
 with scene families it also reports how often a bag lies within one family, next to random bags of the same size.
 """
 
@@ -22,7 +24,7 @@ from finecap.config import Config
 from finecap.data.caption_fields import select_captions
 from finecap.data.formats import hf_options
 from finecap.data.references import load_references
-from finecap.data.truematch import build_bags, family_purity, random_bag_purity, record_embeddings
+from finecap.data.truematch import Bag, build_bags, family_purity, keep_hardest, random_bag_purity, record_embeddings
 from finecap.home import cache_dir, world_path
 from finecap.models.retriever import load_retriever
 from finecap.outputs import check_output_file, write_output_json
@@ -51,6 +53,11 @@ def parse_sizes(sizes: str | Sequence[int]) -> list[int]:
     return sorted(set(values))
 
 
+def mean_similarity(bags: Sequence[Bag]) -> float:
+    """Mean intra-bag similarity ``alpha`` of ``bags`` (at least one)."""
+    return sum(b.similarity for b in bags) / len(bags)
+
+
 def main(
     cfg: Config, *, data: str | Path | None = None, split: str = "test", sizes: str | Sequence[int] = "3,5,7",
     out: str | Path, force: bool = False, recipe: str | Path | None = None,
@@ -70,7 +77,8 @@ def main(
     retriever = load_retriever(cfg)
     emb = record_embeddings(retriever, records, cache_dir(cfg.run))
     ids = [r.image_id for r in records]
-    bags = build_bags(emb, size_list, ids, similarity=cfg.eval.bag_similarity, device=retriever.device)
+    curated = build_bags(emb, size_list, ids, similarity=cfg.eval.bag_similarity, device=retriever.device)
+    bags = {s: keep_hardest(curated[s], cfg.bags.keep_hardest) for s in size_list}
     options = hf_options(cfg) if refs.format == "hf" else None
     fingerprint = bags_data_fingerprint(refs.format, refs.path, captions=cfg.bags.text_from, split=split,
                                         options=options)  # fmt: skip
@@ -83,6 +91,9 @@ def main(
         "retriever": retriever.name,
         "sizes": size_list,
         "bags": {str(s): [b.to_dict() for b in bags[s]] for s in size_list},
+        "keep_hardest": cfg.bags.keep_hardest,
+        "curated": {str(s): len(curated[s]) for s in size_list},
+        "alpha_curated": {str(s): mean_similarity(curated[s]) for s in size_list if curated[s]},
     }
     families = refs.families
     largest_family = 0
@@ -97,8 +108,10 @@ def main(
     for s in size_list:
         sims = [b.similarity for b in bags[s]]
         line = f"bags of {s}: {len(bags[s])} (covering {len(bags[s]) * s} of {len(records)} images)"
+        if len(bags[s]) < len(curated[s]):
+            line += f", the hardest {cfg.bags.keep_hardest:.0%} of {len(curated[s])} curated (bags.keep_hardest)"
         if sims:
-            line += f", similarity {max(sims):.3f} .. {min(sims):.3f}"
+            line += f", similarity {max(sims):.3f} .. {min(sims):.3f} (mean {mean_similarity(bags[s]):.3f})"
         if "family_purity" in result:
             line += (f", within one family {result['family_purity'][str(s)]:.1%} "
                      f"(random bags {result['family_purity_random'][str(s)]:.1%})")  # fmt: skip

@@ -56,6 +56,7 @@ from typing import Any
 
 from finecap.app import demo_vcb
 from finecap.app.bags import main as build_bags
+from finecap.app.demo_families import caption_families, family_captions, family_scores, family_world, make_family_world
 from finecap.app.demo_transfer import stage_transfer
 from finecap.app.prepare import prepare
 from finecap.app.report import main as write_report
@@ -113,12 +114,14 @@ ABLATIONS: dict[str, tuple[str, list[str]]] = {
 }
 # Stages whose set-level diversity (5 captions per image, sampled and beam) is reported (exploration paper Table 4).
 DIVERSITY_STAGES = ("mle", "mle_continued", "scst", "sle", "scst_me")
-# Metric groups of the demo table (finecap.metrics.suite names).
-REPORT_METRICS = ["length", "vocab", "faithfulness", "retrieval", "bags", "bleu", "cider", "clipscore", "listener"]
-# Columns of the printed table, in order (keys of evaluate's output; "RD" becomes RD{eval.n_distractors}).
+# Metric groups of the demo table on the test split (finecap.metrics.suite names); the bags, family R@1 and the hard
+# RD come from the scene-family test world (finecap.app.demo_families).
+REPORT_METRICS = ["length", "vocab", "faithfulness", "retrieval", "bleu", "cider", "clipscore", "listener"]
+# Columns of the printed table, in order (keys of evaluate's output; "RD" becomes RD{eval.n_distractors}). The hard RD
+# (family members among the distractors) is the headline fine-grained measure: RD99 is at its ceiling.
 COLUMNS = ["Length", "Lexical diversity", "Vocab usage", "faith/precision", "faith/recall", "faith/halluc_rate",
-           "RD/R@1", "RD/R@5", "bag3/R@1", "bag5/R@1", "bag7/R@1", "CLIPScore", "BLEU-4", "CIDEr-D",
-           "listener/RD/exploit"]  # fmt: skip
+           "hardRD/R@1", "hardRD/R@5", "family/R@1", "RD/R@1", "RD/R@5", "bag3/R@1", "bag5/R@1", "bag7/R@1",
+           "CLIPScore", "BLEU-4", "CIDEr-D", "listener/RD/exploit"]  # fmt: skip
 # Retriever vs fact-based listener on the same candidates (listener R@1 with ties broken at random; tie rate).
 LISTENER_COLUMNS = ["RD/R@1", "listener/RD/R@1", "listener/RD/tie_rate", "listener/RD/exploit",
                     *[f"{who}bag{n}/R@1" for n in (3, 5, 7) for who in ("", "listener/")],
@@ -179,6 +182,13 @@ def stage_base(recipe: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
 
 def stage_world(demo: StageRunner) -> None:
     log.info("world: %s", prepare(demo.cfg, {"world"}, make=True).world)
+    log.info("scene-family test world: %s", make_family_world(demo.cfg)[1])
+
+
+def caption_test_worlds(demo: StageRunner, stage: str) -> None:
+    """After training: the stage's captions of the test split and of the scene-family test world."""
+    caption_stage(demo, stage)
+    caption_families(demo, stage)
 
 
 def stage_retriever(demo: StageRunner) -> None:
@@ -187,10 +197,10 @@ def stage_retriever(demo: StageRunner) -> None:
 
 def training_stage(name: str) -> Stage:
     """Training stage ``name`` (:data:`TRAIN_STAGES`): its recipe ``demo/<recipe>`` and variant (:data:`ABLATIONS`),
-    the stage it starts from; then its test-split captions."""
+    the stage it starts from; then its captions of the test split and of the scene-family test world."""
     recipe, variant = ABLATIONS.get(name, (name, []))
     return Stage(name, TRAIN, recipe=f"demo/{recipe}", overrides=tuple(variant), init=TRAIN_STAGES[name],
-                 then=caption_stage)  # fmt: skip
+                 then=caption_test_worlds)  # fmt: skip
 
 
 def test_bags(demo: StageRunner) -> dict[int, list[list[Any]]]:
@@ -218,7 +228,8 @@ def stage_report(demo: StageRunner) -> dict[str, dict[str, float]]:
     scenes_by_imgid = load_scenes(world_path(cfg.world))
     scenes = {r.image_id: scenes_by_imgid[int(r.image_id)] for r in records}
     retriever = load_retriever(cfg)
-    bags = test_bags(demo)
+    test_bags(demo)  # the test split's bags: the report's bag gallery and the VCB stages' human bags
+    family = family_world(demo)
     # The human row: the first reference caption of each image, scored against the other four (n-gram metrics)
     # and against the image (faithfulness, retrieval) exactly like a model's caption. Model rows are scored against
     # the same four references, so every row is comparable.
@@ -227,24 +238,27 @@ def stage_report(demo: StageRunner) -> dict[str, dict[str, float]]:
 
     def score(predictions: dict[Any, str]) -> dict[str, float]:
         return evaluate(predictions, references, metrics=REPORT_METRICS, retriever=retriever, images=records,
-                        scenes=scenes, bags=bags, cfg=cfg)  # fmt: skip
+                        scenes=scenes, cfg=cfg)  # fmt: skip
+
+    def score_families(stage: str | None) -> dict[str, float]:
+        return family_scores(demo, family, family_captions(demo, stage, family), retriever, listener=True)
 
     write_results(demo.run_dir / "captions" / "human.json", human)
-    rows: dict[str, dict[str, Any]] = {"human": score(human)}
+    rows: dict[str, dict[str, Any]] = {"human": {**score(human), **score_families(None)}}
     for stage in TRAIN_STAGES:
         path = demo.stage_dir(stage) / "captions_test.json"
         if not path.exists():
             continue
         predictions = {i: caps[0] for i, caps in read_results(path).items()}
         write_results(demo.run_dir / "captions" / f"{stage}.json", predictions)
-        rows[stage] = score(predictions)
+        rows[stage] = {**score(predictions), **score_families(stage)}
         if stage in DIVERSITY_STAGES:
             rows[stage].update(diversity_metrics(demo, stage, references))
-    rd = f"RD{cfg.eval.n_distractors}/"
-    columns = [c for c in (c.replace("RD/", rd) for c in COLUMNS) if any(c in r for r in rows.values())]
+    columns = [c for c in (numbered(c, cfg) for c in COLUMNS) if any(c in r for r in rows.values())]
     table = markdown_table({k: {c: v.get(c) for c in columns} for k, v in rows.items()}, columns)
+    table += "\n\n" + bags_note(rows["human"])
     diversity_rows = {k: v for k, v in rows.items() if any(c in v for c in DIVERSITY_COLUMNS)}
-    listener = [c for c in (c.replace("RD/", rd) for c in LISTENER_COLUMNS) if any(c in r for r in rows.values())]
+    listener = [c for c in (numbered(c, cfg) for c in LISTENER_COLUMNS) if any(c in r for r in rows.values())]
     if listener:
         table += "\n\nRetriever vs fact-based listener (same candidates; exploit = retriever first, listener not):\n\n"
         table += markdown_table({k: {c: v.get(c) for c in listener} for k, v in rows.items()}, listener)
@@ -261,6 +275,27 @@ def stage_report(demo: StageRunner) -> dict[str, dict[str, float]]:
     print(table)
     write_report(demo.run_dir)
     return rows
+
+
+def numbered(column: str, cfg: Config) -> str:
+    """A column of :data:`COLUMNS` with its distractor count: ``RD/R@1`` -> ``RD99/R@1``, ``hardRD/R@1`` ->
+    ``hardRD99/R@1`` (``eval.n_distractors``)."""
+    return column.replace("RD/", f"RD{cfg.eval.n_distractors}/")
+
+
+def bags_note(row: dict[str, float]) -> str:
+    """What the bag and family columns are scored on: the family world, with each size's bag count and mean
+    intra-bag similarity (``row``: any row, they share the bags)."""
+    sizes = sorted(int(k.split("/")[0][3:]) for k in row if k.startswith("bag") and k.endswith("/bags"))
+    counts = ", ".join(
+        f"{row[f'bag{s}/bags']:.0f} bags of {s} (of {row.get(f'bag{s}/curated', row[f'bag{s}/bags']):.0f} curated; "
+        f"mean alpha {row.get(f'bag{s}/alpha', float('nan')):.3f})"
+        for s in sizes
+    )
+    return (f"hardRD, family and bag columns: captions of the scene-family test world ({row['family/n']:.0f} images, "
+            f"families of {row['family/size']:.0f}); hardRD = the target's family members + random images of other "
+            f"families; bags: the most similar curated bags by intra-bag similarity alpha (bags.keep_hardest), "
+            f"{counts}.")  # fmt: skip
 
 
 def stage_transfer_all(demo: StageRunner) -> dict[str, Any]:

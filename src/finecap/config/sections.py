@@ -765,6 +765,12 @@ class BagsConfig(Section, name="bags"):
     text_from: CaptionField = doc(
         "original", "Captions whose mean text embedding builds TrueMatch bags (NDLB: holistic, from `finecap boost`)."
     )
+    keep_hardest: float = doc(
+        1.0,
+        "Share of the curated bags kept, highest intra-bag similarity first (NDLB kept 254 of 680; demo: 1/3).",
+        gt=0,
+        le=1,
+    )
 
 
 def _http_url_problem(url: str) -> str | None:

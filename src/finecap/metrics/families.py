@@ -10,6 +10,13 @@ settings, test split only); :func:`family_retrieval` ranks each caption's image 
 over a caption-image score matrix, and :func:`family_self_retrieval` embeds captions and images with a retriever
 first. With one target per caption, P@1 is the recall at 1 (``family/R@1``).
 
+:func:`hard_rd_retrieval` is the hard RD-N (``hardRD{N}/R@k``): RD-N (:func:`finecap.metrics.retrieval.rd_ranks`)
+with the target's ``size - 1`` family members among its ``N`` distractors and ``N - size + 1`` random images of other
+families. Random distractors alone rarely clash with a detailed caption (RD99 sits at its ceiling for
+self-retrieval-trained captioners), and family retrieval alone has only 10 candidates; the hard RD keeps RD-N's
+100 candidates, so it reads on the same scale as RD99, while every caption must tell its image from its 9
+one-detail variants.
+
 Example (caption 0's image is first in its family, caption 1's second)::
 
     >>> import numpy as np
@@ -28,10 +35,11 @@ from typing import Any
 import numpy as np
 
 from finecap.config import WorldConfig
-from finecap.metrics.retrieval import bag_ranks, rank_items, summarize_ranks
+from finecap.metrics.retrieval import _as_array, _targets, bag_ranks, rank_items, summarize_ranks, target_ranks
 
 FAMILY_SIZE = 10
 """Images per set: ImageCoDe's 10 frames."""
+_CHUNK = 1024  # captions per block when drawing distractors (bounds memory at CHUNK x N floats)
 
 
 def family_test_world(cfg: WorldConfig, size: int = FAMILY_SIZE, out: str | None = None) -> WorldConfig:
@@ -120,6 +128,111 @@ def family_retrieval_items(
     return result, items
 
 
+def hard_rd_ranks(
+    scores: Any,
+    image_ids: Sequence[Hashable],
+    families: Mapping[Hashable, Hashable | None],
+    size: int = FAMILY_SIZE,
+    targets: Any = None,
+    n_distractors: int = 99,
+    draws: int = 3,
+    seed: int = 0,
+) -> tuple[np.ndarray, np.ndarray]:
+    """Ranks ``(draws, Q')`` of the captions whose image is in a complete family of ``size`` among the scored images,
+    each against its ``size - 1`` family members and ``n_distractors - size + 1`` random images of other families,
+    and the indices ``(Q',)`` of those captions among the ``Q`` rows of ``scores``.
+
+    Draw ``d`` of the block of captions starting at row ``first`` (1,024 captions a block) uses
+    ``numpy.random.default_rng((seed, d, first))`` and depends only on (seed, d, Q, N, the families and
+    the targets), never on the scores, as :func:`finecap.metrics.retrieval.rd_ranks`: captioners evaluated with the
+    same seed face the same distractors. Ties count against the caption.
+    """
+    scores = _as_array(scores)
+    targets = _targets(scores, targets)
+    n = scores.shape[1]
+    n_random = n_distractors - (size - 1)
+    if n_random < 0:
+        raise ValueError(f"n_distractors={n_distractors} is below the {size - 1} family members of a target")
+    if n_random > n - size:
+        raise ValueError(f"hard RD{n_distractors} needs {n_random} images outside a family, the pool has {n - size}")
+    if draws < 1:
+        raise ValueError(f"draws must be >= 1, got {draws}")
+    scored = set(image_ids)
+    column = {i: c for c, i in enumerate(image_ids)}
+    family_of = np.full(n, -1, dtype=np.int64)  # (N,) family number of each column, -1 = none / incomplete
+    for f, members in enumerate(family_sets({i: fam for i, fam in families.items() if i in scored}, size)):
+        family_of[[column[i] for i in members]] = f
+    keep = np.flatnonzero(family_of[targets] >= 0)  # (Q',) captions of complete families
+    if not len(keep):
+        raise ValueError(f"no caption belongs to a complete family of {size} scored images")
+    out = np.empty((draws, len(keep)), dtype=np.int64)
+    for start in range(0, len(keep), _CHUNK):
+        rows = keep[start : start + _CHUNK]  # (C,) caption rows of this block
+        own = targets[rows]  # (C,)
+        same = family_of[None, :] == family_of[own][:, None]  # (C, N): the target and its family members
+        mates = same.copy()
+        mates[np.arange(len(rows)), own] = False
+        mates = np.nonzero(mates)[1].reshape(len(rows), size - 1)  # (C, size - 1) family members, ascending
+        for d in range(draws):
+            # one generator per (draw, block): the draws of a block never depend on the blocks before it
+            rng = np.random.default_rng((seed, d, start))
+            keys = rng.random(same.shape)  # (C, N) random order of the images
+            keys[same] = 2.0  # the target's family sorts last, never drawn
+            randoms = np.argpartition(keys, n_random - 1, axis=1)[:, :n_random] if n_random else keys[:, :0]
+            candidates = np.concatenate([mates, randoms.astype(np.int64)], axis=1)  # (C, n_distractors)
+            out[d, start : start + len(rows)] = target_ranks(scores[rows], own, candidates)
+    return out, keep
+
+
+def hard_rd_retrieval(
+    scores: Any,
+    image_ids: Sequence[Hashable],
+    families: Mapping[Hashable, Hashable | None],
+    size: int = FAMILY_SIZE,
+    targets: Any = None,
+    n_distractors: int = 99,
+    draws: int = 3,
+    seed: int = 0,
+    ks: Sequence[int] = (1, 5),
+) -> dict[str, float]:
+    """Hard RD-N (module docstring): ``hardRD{N}/R@k``, ``mean_rank``, ``median_rank`` averaged over ``draws``
+    draws (:func:`hard_rd_ranks`), and ``hardRD{N}/n`` (captions ranked).
+
+    Example (families of 2 and RD-3: a caption's family mate and both images of the other family; caption 0 beats
+    its mate 1 but not image 3, rank 2; caption 1 beats all three, rank 1)::
+
+        >>> scores = np.array([[0.5, 0.4, 0.1, 0.9], [0.2, 0.8, 0.1, 0.3]])
+        >>> out = hard_rd_retrieval(scores, [0, 1, 2, 3], {0: "a", 1: "a", 2: "b", 3: "b"}, size=2, targets=[0, 1],
+        ...                         n_distractors=3, draws=1, ks=(1,))
+        >>> out["hardRD3/R@1"], out["hardRD3/mean_rank"]
+        (0.5, 1.5)
+    """
+    return hard_rd_items(scores, image_ids, families, size, targets, n_distractors, draws, seed, ks)[0]
+
+
+def hard_rd_items(
+    scores: Any,
+    image_ids: Sequence[Hashable],
+    families: Mapping[Hashable, Hashable | None],
+    size: int = FAMILY_SIZE,
+    targets: Any = None,
+    n_distractors: int = 99,
+    draws: int = 3,
+    seed: int = 0,
+    ks: Sequence[int] = (1, 5),
+) -> tuple[dict[str, float], dict[int, dict[str, float]]]:
+    """:func:`hard_rd_retrieval` and the per-caption values of its means (``R@k`` as the share of draws,
+    ``mean_rank``; :func:`finecap.metrics.retrieval.rank_items`) by caption row."""
+    ranks, keep = hard_rd_ranks(scores, image_ids, families, size, targets, n_distractors, draws, seed)
+    per_draw = [summarize_ranks(r, ks) for r in ranks]
+    prefix = f"hardRD{n_distractors}/"
+    out = {prefix + k: float(np.mean([p[k] for p in per_draw])) for k in per_draw[0]}
+    out[prefix + "n"] = float(len(keep))
+    per_rank = rank_items(ranks, ks)  # (Q',) each
+    items = {int(q): {prefix + k: float(v[j]) for k, v in per_rank.items()} for j, q in enumerate(keep)}
+    return out, items
+
+
 def family_self_retrieval(
     predictions: Mapping[Hashable, str],
     retriever: Any,
@@ -127,11 +240,17 @@ def family_self_retrieval(
     families: Mapping[Hashable, Hashable | None],
     size: int = FAMILY_SIZE,
     cache_dir: str | Path | None = None,
+    *,
+    n_distractors: int | None = None,
+    draws: int = 3,
+    seed: int = 0,
 ) -> dict[str, float]:
     """:func:`family_retrieval` of the captions ``{image_id: caption}`` with a retriever (``embed_texts`` and
     ``image_embeddings``, :class:`finecap.models.retriever.Retriever`) over the images of ``records`` (objects with
-    ``image_id``); scores are cosine similarities of the unit-norm embeddings."""
-    return family_self_retrieval_items(predictions, retriever, records, families, size, cache_dir)[0]
+    ``image_id``); scores are cosine similarities of the unit-norm embeddings. On the same scores, with
+    ``n_distractors``: the hard RD (:func:`hard_rd_retrieval`, ``draws`` draws from ``seed``)."""
+    return family_self_retrieval_items(predictions, retriever, records, families, size, cache_dir,
+                                       n_distractors=n_distractors, draws=draws, seed=seed)[0]  # fmt: skip
 
 
 def family_self_retrieval_items(
@@ -141,17 +260,27 @@ def family_self_retrieval_items(
     families: Mapping[Hashable, Hashable | None],
     size: int = FAMILY_SIZE,
     cache_dir: str | Path | None = None,
+    *,
+    n_distractors: int | None = None,
+    draws: int = 3,
+    seed: int = 0,
 ) -> tuple[dict[str, float], dict[Hashable, dict[str, float]]]:
-    """:func:`family_self_retrieval` and the per-image values of its means (:func:`family_retrieval_items`) by
-    image id."""
+    """:func:`family_self_retrieval` and the per-image values of its means (:func:`family_retrieval_items`, and the
+    hard RD's :func:`hard_rd_items`) by image id."""
     column = {r.image_id: c for c, r in enumerate(records)}
     missing = [i for i in predictions if i not in column]
     if missing:
         raise KeyError(f"captions of images not among the records: {missing[:5]}")
     ids = list(predictions)
+    image_ids = [r.image_id for r in records]
     image_emb = retriever.image_embeddings(list(records), cache_dir)  # (N, D)
     text_emb = retriever.embed_texts([predictions[i] for i in ids])  # (Q, D)
     scores = np.asarray(text_emb @ image_emb.T, dtype=np.float64)  # (Q, N)
     targets = np.array([column[i] for i in ids], dtype=np.int64)
-    corpus, items = family_retrieval_items(scores, [r.image_id for r in records], families, size, targets)
+    corpus, items = family_retrieval_items(scores, image_ids, families, size, targets)
+    if n_distractors is not None:
+        hard, hard_items = hard_rd_items(scores, image_ids, families, size, targets, n_distractors, draws, seed)
+        corpus.update(hard)
+        for q, values in hard_items.items():
+            items.setdefault(q, {}).update(values)
     return corpus, {ids[q]: values for q, values in items.items()}

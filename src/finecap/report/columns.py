@@ -55,6 +55,10 @@ COLUMNS: tuple[Column, ...] = (
     Column("*loss*", "lower"),
     # no better direction
     Column("*/n", None, count=True),  # captions counted (bag3/n)
+    Column("*/bags", None, count=True),  # TrueMatch bags kept (bag3/bags)
+    Column("*/curated", None, count=True),  # ... and curated before the filter (bags.keep_hardest)
+    Column("*/alpha*", None),  # mean intra-bag similarity: how hard the bags are, not how good a captioner is
+    Column("family/size", None, count=True),
     Column("*Length", None),
     Column("faith/facts", None),
     # higher is better

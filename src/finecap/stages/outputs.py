@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from finecap.caption import generate_captions
-from finecap.data.formats import write_results
+from finecap.data.formats import read_results, write_results
 from finecap.metrics.suite import evaluate
 from finecap.models.backbones import load_captioner
 from finecap.runs import model_dir
@@ -36,6 +36,21 @@ def caption_stage(runner: StageRunner, stage: str) -> Path:
     captions = generate_captions(best_model(runner, stage), cfg, "test")
     write_results(out, {i: c[0] for i, c in captions.items()})
     return out
+
+
+def caption_world(runner: StageRunner, stage: str, world: Any, tag: str, force: bool | None = None) -> dict[Any, str]:
+    """Test-split captions of another world (``world``: a :class:`finecap.config.WorldConfig`, made beforehand) by the
+    stage's best checkpoint, decoded with its ``decode.*`` (beam 5 in the demo) and kept in
+    ``<stage>/captions_<tag>_test.json``: the shifted domain's, the scene families'. The other world's test split
+    is captioned whatever data set the stage trained on (the VCB stages train on a boosted copy of the world through
+    ``data.path`` / ``data.captions``). Made again when ``force`` (default: the runner's ``force``)."""
+    path = runner.stage_dir(stage) / f"captions_{tag}_test.json"
+    if not path.exists() or (runner.force if force is None else force):
+        cfg = runner.stage_config(stage)
+        data = dataclasses.replace(cfg.data, path="", format="world", captions="original")
+        cfg = dataclasses.replace(cfg, world=world, data=data)
+        write_results(path, {i: c[0] for i, c in generate_captions(best_model(runner, stage), cfg, "test").items()})
+    return {i: c[0] for i, c in read_results(path).items()}
 
 
 def stage_samples(runner: StageRunner, stage: str, mode: str) -> dict[Any, list[str]]:
