@@ -56,7 +56,14 @@ from typing import Any
 
 from finecap.app import demo_vcb
 from finecap.app.bags import main as build_bags
-from finecap.app.demo_families import caption_families, family_captions, family_scores, family_world, make_family_world
+from finecap.app.demo_families import (
+    caption_families,
+    family_captions,
+    family_scores,
+    family_world,
+    has_families,
+    make_family_world,
+)
 from finecap.app.demo_transfer import stage_transfer
 from finecap.app.prepare import prepare
 from finecap.app.report import main as write_report
@@ -66,6 +73,7 @@ from finecap.data.datasets import load_records
 from finecap.data.formats import read_bags, read_results, write_results
 from finecap.home import runs_root, world_path
 from finecap.locks import output_lock
+from finecap.metrics import families
 from finecap.metrics.suite import evaluate
 from finecap.models.retriever import load_retriever
 from finecap.outputs import OutputRefused, write_output
@@ -182,13 +190,18 @@ def stage_base(recipe: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
 
 def stage_world(demo: StageRunner) -> None:
     log.info("world: %s", prepare(demo.cfg, {"world"}, make=True).world)
-    log.info("scene-family test world: %s", make_family_world(demo.cfg)[1])
+    if has_families(demo.cfg):
+        log.info("scene-family test world: %s", make_family_world(demo.cfg)[1])
+    else:
+        log.warning("no scene-family test world: world.n_test=%d holds no family of %d (the hard RD, family and bag "
+                    "columns are left out)", demo.cfg.world.n_test, families.FAMILY_SIZE)  # fmt: skip
 
 
 def caption_test_worlds(demo: StageRunner, stage: str) -> None:
     """After training: the stage's captions of the test split and of the scene-family test world."""
     caption_stage(demo, stage)
-    caption_families(demo, stage)
+    if has_families(demo.cfg):
+        caption_families(demo, stage)
 
 
 def stage_retriever(demo: StageRunner) -> None:
@@ -229,7 +242,7 @@ def stage_report(demo: StageRunner) -> dict[str, dict[str, float]]:
     scenes = {r.image_id: scenes_by_imgid[int(r.image_id)] for r in records}
     retriever = load_retriever(cfg)
     test_bags(demo)  # the test split's bags: the report's bag gallery and the VCB stages' human bags
-    family = family_world(demo)
+    family = family_world(demo) if has_families(cfg) else None  # (a tiny test world holds no family)
     # The human row: the first reference caption of each image, scored against the other four (n-gram metrics)
     # and against the image (faithfulness, retrieval) exactly like a model's caption. Model rows are scored against
     # the same four references, so every row is comparable.
@@ -241,6 +254,8 @@ def stage_report(demo: StageRunner) -> dict[str, dict[str, float]]:
                         scenes=scenes, cfg=cfg)  # fmt: skip
 
     def score_families(stage: str | None) -> dict[str, float]:
+        if family is None:
+            return {}
         return family_scores(demo, family, family_captions(demo, stage, family), retriever, listener=True)
 
     write_results(demo.run_dir / "captions" / "human.json", human)
@@ -256,7 +271,8 @@ def stage_report(demo: StageRunner) -> dict[str, dict[str, float]]:
             rows[stage].update(diversity_metrics(demo, stage, references))
     columns = [c for c in (numbered(c, cfg) for c in COLUMNS) if any(c in r for r in rows.values())]
     table = markdown_table({k: {c: v.get(c) for c in columns} for k, v in rows.items()}, columns)
-    table += "\n\n" + bags_note(rows["human"])
+    if family is not None:
+        table += "\n\n" + bags_note(rows["human"], cfg.bags.keep_hardest)
     diversity_rows = {k: v for k, v in rows.items() if any(c in v for c in DIVERSITY_COLUMNS)}
     listener = [c for c in (numbered(c, cfg) for c in LISTENER_COLUMNS) if any(c in r for r in rows.values())]
     if listener:
@@ -283,9 +299,9 @@ def numbered(column: str, cfg: Config) -> str:
     return column.replace("RD/", f"RD{cfg.eval.n_distractors}/")
 
 
-def bags_note(row: dict[str, float]) -> str:
+def bags_note(row: dict[str, float], keep: float) -> str:
     """What the bag and family columns are scored on: the family world, with each size's bag count and mean
-    intra-bag similarity (``row``: any row, they share the bags)."""
+    intra-bag similarity (``row``: any row, they share the bags; ``keep``: ``bags.keep_hardest``)."""
     sizes = sorted(int(k.split("/")[0][3:]) for k in row if k.startswith("bag") and k.endswith("/bags"))
     counts = ", ".join(
         f"{row[f'bag{s}/bags']:.0f} bags of {s} (of {row.get(f'bag{s}/curated', row[f'bag{s}/bags']):.0f} curated; "
@@ -294,8 +310,8 @@ def bags_note(row: dict[str, float]) -> str:
     )
     return (f"hardRD, family and bag columns: captions of the scene-family test world ({row['family/n']:.0f} images, "
             f"families of {row['family/size']:.0f}); hardRD = the target's family members + random images of other "
-            f"families; bags: the most similar curated bags by intra-bag similarity alpha (bags.keep_hardest), "
-            f"{counts}.")  # fmt: skip
+            f"families; bags: NDLB's curated bags, the most similar share {keep:.3g} by intra-bag similarity alpha "
+            f"kept (bags.keep_hardest), {counts}.")  # fmt: skip
 
 
 def stage_transfer_all(demo: StageRunner) -> dict[str, Any]:

@@ -70,6 +70,12 @@ class FamilyWorld:
     bag_stats: dict[str, float]
 
 
+def has_families(cfg: Config) -> bool:
+    """Whether the test split of ``cfg.world`` is large enough for one family (``world.n_test`` >= the family size):
+    a tiny test world (the tests') has no family world, and the demo leaves its columns out."""
+    return cfg.world.n_test >= families.FAMILY_SIZE
+
+
 def make_family_world(cfg: Config) -> tuple[WorldConfig, Path]:
     """The family test world of ``cfg.world`` (its settings and folder), made when missing (the demo's ``world``
     stage makes it, so the training stages, which caption it side by side, never race to)."""
