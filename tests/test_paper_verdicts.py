@@ -146,3 +146,21 @@ def test_item_groups_are_compact_and_deterministic():
         "ids": [10, 2],  # sorted as text
         "values": {"shifted/CIDEr-D": [1.235, 0.1], "shifted/Length": [None, 9], "shifted/RD99/R@1": [1, None]},
     }  # BLEU-4 left out: its corpus value is not the mean of the per-image values
+
+
+def test_the_papers_choice_in_a_grid_is_judged_against_the_noise():
+    # "sle" is the paper's choice among two rows; it beats "scst" by 0.5 per image (far beyond the noise), or by
+    # nothing: best beyond noise, then within noise; "scst" chosen against a better "sle": another row is better
+    grid = pt.Table("g", "constructed", (CIDER,), (pt.Row("a", "A", "scst"), pt.Row("b", "B (chosen)", "sle")),
+                    best=pt.Best("CIDEr", "b"))  # fmt: skip
+    results, items = world({0: 0.5, 1: 0.5})
+    assert pt.page.best_verdict(grid, results, items).endswith(
+        "holds by the mean; against the noise: best beyond noise."
+    )
+    results, items = world({0: 0.0, 1: 0.0}, noise=0.5)
+    assert "against the noise: within noise of A (within noise)." in pt.page.best_verdict(grid, results, items)
+    flipped = pt.Table("g", "constructed", (CIDER,), (pt.Row("a", "A (chosen)", "scst"), pt.Row("b", "B", "sle")),
+                       best=pt.Best("CIDEr", "a"))  # fmt: skip
+    results, items = world({0: 0.5, 1: 0.5})
+    text = pt.page.best_verdict(flipped, results, items)
+    assert "does not hold by the mean" in text and text.endswith("another row is better beyond noise: B.")

@@ -37,7 +37,7 @@ def render_table(table: Table, results: Results, items: Items | None = None) -> 
         cells.append(row_verdict(table, row, results, items))
         lines.append("| " + " | ".join(cells) + " |")
     out = "\n".join(lines)
-    verdict = best_verdict(table, results)
+    verdict = best_verdict(table, results, items)
     return out + (f"\n\n{verdict}" if verdict else "")
 
 

@@ -185,18 +185,27 @@ def row_checks(table: Table, row: Row, results: Results, items: Items | None = N
             paper_sign = paper_effect(row, other, i, column)
             if paper_sign is None:
                 continue
-            mine, theirs = world_values(results, row, column), world_values(results, other, column)
-            seeds = sorted(set(mine) & set(theirs))
-            if not seeds:
-                continue
-            intervals = {}
-            for s in seeds:
-                a, b = image_values(items, s, row, column), image_values(items, s, other, column)
-                if a and b and a.keys() == b.keys():
-                    intervals[s] = bootstrap_interval(tuple(a[k] - b[k] for k in sorted(a)))
             label = column.label + (f" vs {other.label}" if len(row.vs) > 1 else "")
-            checks.append(Check(label, other_id, paper_sign, {s: mine[s] - theirs[s] for s in seeds}, intervals))
+            check = pair_check(label, row, other, column, paper_sign, results, items)
+            if check is not None:
+                checks.append(check)
     return checks
+
+
+def pair_check(label: str, row: Row, other: Row, column: Column, paper_sign: int, results: Results,
+               items: Items) -> Check | None:  # fmt: skip
+    """The :class:`Check` of ``row`` against ``other`` on ``column`` over the seeds where both ran (None: no such
+    seed), with each seed's test-image interval where both runs have per-image values for the same images."""
+    mine, theirs = world_values(results, row, column), world_values(results, other, column)
+    seeds = sorted(set(mine) & set(theirs))
+    if not seeds:
+        return None
+    intervals = {}
+    for s in seeds:
+        a, b = image_values(items, s, row, column), image_values(items, s, other, column)
+        if a and b and a.keys() == b.keys():
+            intervals[s] = bootstrap_interval(tuple(a[k] - b[k] for k in sorted(a)))
+    return Check(label, other.id, paper_sign, {s: mine[s] - theirs[s] for s in seeds}, intervals)
 
 
 def row_verdict(table: Table, row: Row, results: Results, items: Items | None = None) -> str:
@@ -240,8 +249,11 @@ def mean_std(values: Sequence[float]) -> tuple[float, float]:
     return m, s
 
 
-def best_verdict(table: Table, results: Results) -> str | None:
-    """Whether the paper's chosen row of a grid is the world's best on the chosen column (mean over seeds)."""
+def best_verdict(table: Table, results: Results, items: Items | None = None) -> str | None:
+    """Whether the paper's chosen row of a grid is the world's best on the chosen column: by the mean over seeds, and
+    against the noise (the chosen row judged against every other row with :class:`Check`'s rule, the paper's sign
+    being "better"): *best beyond noise* when it beats every row, *another row is better beyond noise* when one beats
+    it, *within noise* of the rows it neither beats nor loses to otherwise."""
     best = table.best
     if best is None:
         return None
@@ -257,5 +269,18 @@ def best_verdict(table: Table, results: Results) -> str | None:
     winner = next(r for r in table.rows if r.id == pick)
     seeds = len({s for s, runs in results.items() if any(r.run in runs for r in table.rows)})
     word = "holds" if pick == best.chosen else "does not hold"
+    checks = [
+        c
+        for r in table.rows
+        if r.run and r.id != chosen.id
+        if (c := pair_check(r.label, chosen, r, column, 1 if best.higher else -1, results, items or {}))
+    ]
+    words = [c.verdict for c in checks]
+    if words and all(w == HOLDS for w in words):
+        noise = "best beyond noise"
+    elif REVERSED in words:
+        noise = "another row is better beyond noise: " + ", ".join(c.column for c in checks if c.verdict == REVERSED)
+    else:
+        noise = "within noise of " + ", ".join(f"{c.column} ({c.verdict})" for c in checks if c.verdict != HOLDS)
     return (f"{head}World: the best {best.column} (mean over {seeds} seed(s)) is {winner.label} "
-            f"({means[pick]:.2f}): {word}.")  # fmt: skip
+            f"({means[pick]:.2f}): {word} by the mean; against the noise: {noise}.")  # fmt: skip
