@@ -62,8 +62,9 @@ some do, *reversed* when every one reverses, *does not hold* when none holds and
 noise* when every one is within noise or the seeds' spread, *no noise estimate* when none has one, *undecided*
 otherwise; the cell lists each column as ``label arrow verdict (per seed: counts; Δ ...)``. Rows the world cannot make
 say why ("not comparable: ..."). A table may also name the row the paper chose among a grid (:class:`Best`, e.g. the
-exploration paper's α = 0.75): the verdict says whether it is the world's best on the mean over seeds (by sign; no
-noise floor there yet).
+exploration paper's α = 0.75): the verdict says whether it is the world's best on the mean over seeds, and against
+the noise (the chosen row judged against each other row by the cell rule above: best beyond noise, another row better
+beyond noise, or within noise of the rows it cannot be told from).
 
 Per-image values (:func:`.evaluation.item_group`): beside each result file, ``<run>.items.json`` holds
 ``{"groups": [{"ids": [...], "values": {key: [...]}}, ...]}``, one group per test world (the test split, then the
