@@ -178,22 +178,17 @@ NON_REPRODUCTIONS = {
 """Headline effects the world does not reproduce, each with where it is measured and written up: ``--check`` lists
 them with their interval over the seeds instead of failing on them, and says so when one of them holds after all."""
 
-T95 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262, 10: 2.228}
-"""Two-sided 95% quantiles of Student's t by degrees of freedom (printed tables; scipy is not a dependency)."""
-
 
 def seed_interval(values: Sequence[float]) -> tuple[float, float, float]:
-    """Mean of an effect over seeds and its 95% t interval (``mean ± t·sd/√n``; ``t`` for ``n - 1`` degrees of
-    freedom, 1.96 beyond 10); one seed gives no interval (``nan`` bounds).
+    """Mean of an effect over seeds and its 95% t interval (:func:`paired_difference.t_interval`); one seed gives no
+    interval (``nan`` bounds).
 
     >>> seed_interval([1.0, 2.0, 3.0])  # sd 1, t(2) = 4.303
     (2.0, -0.48433..., 4.48433...)
     """
-    m, s = mean_std(list(values))
-    if len(values) < 2:
-        return m, math.nan, math.nan
-    half = T95.get(len(values) - 1, 1.96) * s / math.sqrt(len(values))
-    return m, m - half, m + half
+    from paired_difference import t_interval  # benchmarks/ is on sys.path when a benchmark runs
+
+    return t_interval(list(values))
 
 
 def headline_failures(numbers: dict[str, dict[str, object]], n: int) -> list[str]:

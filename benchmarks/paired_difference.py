@@ -42,6 +42,30 @@ def paired_bootstrap(differences: Sequence[float], draws: int = 10_000, seed: in
     return float(d.mean()), float(low), float(high)
 
 
+T_975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160, 2.145,
+         2.131, 2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048, 2.045,
+         2.042)  # fmt: skip
+"""Student's t 97.5% quantiles for 1..30 degrees of freedom (printed tables; scipy is not a dependency of finecap);
+the normal's 1.96 beyond."""
+
+
+def t_interval(values: Sequence[float]) -> tuple[float, float, float]:
+    """Mean of ``values`` and its 95% Student-t interval, ``mean ± t(0.975, n - 1)·sd/√n`` (sample sd); one value
+    gives no interval (``nan`` bounds). The seed-to-seed spread of an effect, whose draws (worlds, initialisations)
+    are too few for a bootstrap.
+
+    >>> [round(v, 4) for v in t_interval([0.1, -0.1, 0.2, 0.0])]  # sd 0.1291, 3.182 * 0.1291 / 2 = 0.2054
+    [0.05, -0.1554, 0.2554]
+    """
+    n = len(values)
+    mean = float(np.mean(values))
+    if n < 2:
+        return mean, float("nan"), float("nan")
+    sd = float(np.std(values, ddof=1))
+    half = (T_975[n - 2] if n - 1 <= len(T_975) else 1.96) * sd / float(np.sqrt(n))
+    return mean, mean - half, mean + half
+
+
 def stage_items(run: Path, stages: Sequence[str], metric: str, key: str) -> list[dict[object, float]]:
     """Per-image ``key`` scores of each stage's test captions against the other four references of each image."""
     from finecap.config import load

@@ -41,7 +41,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import statistics
 from collections.abc import Sequence
 from pathlib import Path
@@ -56,8 +55,6 @@ QUICK = ("train.max_steps=8", "train.eval_every=4", "train.validators=[cider]", 
 """``--quick``: the same selection on 8 steps (a check of the script, not a result)."""
 PLATEAU_TOLERANCE = 0.01
 """How much the last quarter of the budget may improve the best validation CIDEr-D of a run at its plateau."""
-T_975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262, 10: 2.228}
-"""Two-sided 95% quantiles of Student's t by degrees of freedom (scipy is not a dependency of finecap)."""
 RESULTS = Path(__file__).resolve().parent / "results" / "sle_vs_scst"
 
 
@@ -106,18 +103,16 @@ def pair_result(folder: Path) -> dict:
 
 
 def t_interval(values: Sequence[float]) -> tuple[float, float, float, float]:
-    """Mean, sample standard deviation and the 95% t-interval of the mean (nan bounds for fewer than 2 values).
+    """Mean, sample standard deviation and the 95% t-interval of the mean (nan bounds for fewer than 2 values;
+    :func:`paired_difference.t_interval`).
 
     >>> [round(v, 4) for v in t_interval([0.1, -0.1, 0.2, 0.0])]  # sd 0.1291, 3.182 * 0.1291 / 2 = 0.2054
     [0.05, 0.1291, -0.1554, 0.2554]
     """
-    n = len(values)
-    mean = statistics.fmean(values)
-    if n < 2:
-        return mean, float("nan"), float("nan"), float("nan")
-    sd = statistics.stdev(values)
-    half = T_975.get(n - 1, 1.96) * sd / math.sqrt(n)
-    return mean, sd, mean - half, mean + half
+    from paired_difference import t_interval as interval
+
+    mean, low, high = interval(values)
+    return mean, statistics.stdev(values) if len(values) > 1 else float("nan"), low, high
 
 
 def summarise(results: dict[str, dict]) -> str:

@@ -8,7 +8,7 @@ import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from paired_difference import paired_bootstrap  # benchmarks/ is on sys.path, as for every benchmark script
+from paired_difference import paired_bootstrap, t_interval  # benchmarks/ is on sys.path, as for every benchmark script
 
 from .schema import Column, Items, Results, Row, Table
 
@@ -60,11 +60,6 @@ DRAWS = 2_000
 """Bootstrap resamples per interval (seed 0: a page is the same every time it is made). 2,000 rather than
 paired_difference's 10,000: a page judges hundreds of cells, each in about 0.03 s on 1,000 test images."""
 
-T_975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160, 2.145,
-         2.131, 2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048, 2.045,
-         2.042)  # fmt: skip
-"""Student's t 97.5% quantile for 1..30 degrees of freedom (the last one for more: slightly wide)."""
-
 
 @functools.lru_cache(maxsize=4096)
 def bootstrap_interval(differences: tuple[float, ...]) -> tuple[float, float]:
@@ -75,11 +70,9 @@ def bootstrap_interval(differences: tuple[float, ...]) -> tuple[float, float]:
 
 
 def seed_spread(differences: Sequence[float]) -> tuple[float, float]:
-    """The 95% Student-t interval of the mean of the seeds' differences (``n - 1`` degrees of freedom), n >= 2."""
-    n = len(differences)
-    mean, sd = mean_std(differences)
-    half = T_975[min(n - 1, len(T_975)) - 1] * sd / math.sqrt(n)
-    return mean - half, mean + half
+    """The 95% Student-t interval of the mean of the seeds' differences (``n - 1`` degrees of freedom), n >= 2
+    (:func:`paired_difference.t_interval`)."""
+    return t_interval(differences)[1:]
 
 
 def judge(paper_sign: int, low: float, high: float) -> str:
