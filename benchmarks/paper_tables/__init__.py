@@ -54,25 +54,26 @@ replicated effect, whatever a one-degree-of-freedom interval says of its size, w
 otherwise (say, a seed that holds beside one within noise, or two seeds significant in opposite directions); when some
 seed lacks per-image values, the seeds' interval alone (*within the seeds' spread* when it covers 0); *no noise
 estimate* with one seed and no per-image values (result files older than the items files, or a key with no per-image
-values: BLEU-4, METEOR, distinct words, Div-n, mBLEU-4, perplexity, and the ``sample/`` and ``beam/`` keys of the
-exploration paper's Table 4) -- never a verdict by sign alone. A no-change cell that holds says the world shows no
-difference its noise can tell, which a wide interval always allows: the cell prints Δ and the
-interval's half-width so a reader sees how wide. The row: *holds* when every judged column holds, *partly holds* when
-some do, *reversed* when every one reverses, *does not hold* when none holds and one is reversed or changed, *within
-noise* when every one is within noise or the seeds' spread, *no noise estimate* when none has one, *undecided*
-otherwise; the cell lists each column as ``label arrow verdict (per seed: counts; Δ ...)``. Rows the world cannot make
-say why ("not comparable: ..."). A table may also name the row the paper chose among a grid (:class:`Best`, e.g. the
-exploration paper's α = 0.75): the verdict says whether it is the world's best on the mean over seeds, and against
-the noise (the chosen row judged against each other row by the cell rule above: best beyond noise, another row better
-beyond noise, or within noise of the rows it cannot be told from).
+values: BLEU-4, METEOR, distinct words, mBLEU-4, perplexity; the exploration paper's Table 4 has them for its Div-n and
+CIDEr-D columns, ``sample/`` and ``beam/``) -- never a verdict by sign alone. A no-change cell that holds says the
+world shows no difference its noise can tell, which a wide interval always allows: the cell prints Δ and the interval's
+half-width so a reader sees how wide. The row: *holds* when every judged column holds, *partly holds* when some do,
+*reversed* when every one reverses, *does not hold* when none holds and one is reversed or changed, *within noise* when
+every one is within noise or the seeds' spread, *no noise estimate* when none has one, *undecided* otherwise; the cell
+lists each column as ``label arrow verdict (per seed: counts; Δ ...)``. Rows the world cannot make say why ("not
+comparable: ..."). A table may also name the row the paper chose among a grid (:class:`Best`, e.g. the exploration
+paper's α = 0.75): the verdict says whether it is the world's best on the mean over seeds, and against the noise (the
+chosen row judged against each other row by the cell rule above: best beyond noise, another row better beyond noise, or
+within noise of the rows it cannot be told from).
 
-Per-image values (:func:`.evaluation.item_group`): beside each result file, ``<run>.items.json`` holds
-``{"groups": [{"ids": [...], "values": {key: [...]}}, ...]}``, one group per test world (the test split, then the
-shifted domain and the scene families when evaluated), ids sorted as text, values to 4 significant digits (``null``
-where an image has none, e.g. an image in no bag), for every key whose corpus value is the mean over the test images
+Per-image values (:func:`.evaluation.item_group`): beside each result file, ``<run>.items.json`` holds ``{"groups":
+[{"ids": [...], "values": {key: [...]}}, ...]}``, one group per test world (the test split, then the shifted domain and
+the scene families when evaluated), ids sorted as text, values to 4 significant digits (``null`` where an image has
+none, e.g. an image in no bag), for every key whose corpus value is the mean over the test images
 (:func:`finecap.metrics.suite.evaluate_items`: CIDEr-D, ROUGE-L, Length, faithfulness, RD-N / pool / bag R@k and mean
-rank, CLIPScore, RefCLIPScore, ``family/`` and ``shifted/`` ones). The result file itself is unchanged, so result
-files without items files still load.
+rank, CLIPScore, RefCLIPScore, ``family/`` and ``shifted/`` ones, and the exploration paper's ``sample/`` and ``beam/``
+Div-1, Div-2 and CIDEr-D, :func:`finecap.stages.outputs.diversity_metrics_items`). The result file itself is unchanged,
+so result files without items files still load.
 
 This is a benchmark, not a test. Budget per world seed on the 2-core development machine, estimated from the demo's
 stage times (docs/demo.md: MLE start about 340 s, SMILE about 100 s, SCST/SLE about 130 s, SR stages about 1 s per

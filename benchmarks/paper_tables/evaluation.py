@@ -175,7 +175,7 @@ def evaluate_run(grid: StageRunner, paper: Paper, key: str) -> tuple[dict[str, f
     from finecap.home import world_path
     from finecap.metrics.suite import evaluate_items
     from finecap.models.retriever import load_retriever
-    from finecap.stages.outputs import caption_stage, diversity_metrics
+    from finecap.stages.outputs import caption_stage, diversity_metrics_items
     from finecap.world.make import load_scenes
 
     cfg = grid.cfg
@@ -195,9 +195,12 @@ def evaluate_run(grid: StageRunner, paper: Paper, key: str) -> tuple[dict[str, f
                                        scenes={r.image_id: scenes_by_id[int(r.image_id)] for r in records},
                                        bags=paper_bags(grid, paper) if "bags" in metrics else None,
                                        cfg=cfg)  # fmt: skip
-    groups = [item_group(per_image)]
     if paper.diversity and RUNS[key].recipe is not None:
-        scores.update(diversity_metrics(grid, key, references))
+        diversity, diversity_items = diversity_metrics_items(grid, key, references)
+        scores.update(diversity)
+        for i, values in diversity_items.items():  # the same test images: one group
+            per_image.setdefault(i, {}).update(values)
+    groups = [item_group(per_image)]
     if RUNS[key].recipe is not None:  # a first-token-shifted SMILE run: where its shift token lands
         scores.update(shift_token_metrics(grid, key))
     if RUNS[key].captions != "original" and RUNS[key].recipe is not None and "cider" in metrics:

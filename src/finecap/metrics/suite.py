@@ -45,15 +45,16 @@ definition of a caption's words (the ``captions`` training validator uses it too
 
 Per-image scores: :func:`evaluate_items` also returns ``{image_id: {metric key: score}}`` for the groups that have
 them: the caption metrics (``bleu``, ``meteor``, ``rouge``, ``cider``, ``spice``), as pycocoevalcap's
-``COCOEvalCap.imgToEval`` holds them (SPICE's entry is its F-score), and the per-image values whose mean is the
-corpus value: ``Length``; ``faith/precision``, ``faith/recall``, ``faith/facts``, ``faith/halluc_rate`` (1 when
-the caption states a false fact); ``RD{N}/R@k`` (the share of the ``eval.draws`` draws in which the image ranks in
-the top k), ``RD{N}/mean_rank``, ``pool/R@k`` (1 or 0), ``pool/mean_rank``; ``bag{s}/R@k`` and ``bag{s}/mean_rank``
-for the images in a bag of size s; ``CLIPScore`` and ``RefCLIPScore``. Of the per-image keys, only those of
-:data:`NOT_IMAGE_MEANS` do not average to their corpus value. Keys with no per-image value: the medians and counts
-(``median_rank``, ``bag{s}/n``, ``faith/hallucinated``, ``faith/halluc/<kind>``), the pooled or set-level scores
-(``faith/precision_micro``, ``ClipSc``, whose corpus mean is clipped at 0, ``Lexical diversity``, ``Vocab usage``,
-``Div-n``, ``mBLEU-4``, ``perplexity``: the exponential of the mean token loss) and the ``listener`` group.
+``COCOEvalCap.imgToEval`` holds them (SPICE's entry is its F-score), and the per-image values whose mean is the corpus
+value: ``Length``; ``Div-1`` and ``Div-2`` (of the image's sampled captions); ``faith/precision``, ``faith/recall``,
+``faith/facts``, ``faith/halluc_rate`` (1 when the caption states a false fact); ``RD{N}/R@k`` (the share of the
+``eval.draws`` draws in which the image ranks in the top k), ``RD{N}/mean_rank``, ``pool/R@k`` (1 or 0),
+``pool/mean_rank``; ``bag{s}/R@k`` and ``bag{s}/mean_rank`` for the images in a bag of size s; ``CLIPScore`` and
+``RefCLIPScore``. Of the per-image keys, only those of :data:`NOT_IMAGE_MEANS` do not average to their corpus value.
+Keys with no per-image value: the medians and counts (``median_rank``, ``bag{s}/n``, ``faith/hallucinated``,
+``faith/halluc/<kind>``), the pooled or set-level scores (``faith/precision_micro``, ``ClipSc``, whose corpus mean is
+clipped at 0, ``Lexical diversity``, ``Vocab usage``, ``mBLEU-4``, ``perplexity``: the exponential of the mean token
+loss) and the ``listener`` group.
 
 Imports: importing this module imports no torch, so text-only evaluation starts fast. The groups that need torch or
 transformers (``retrieval``, ``bags`` and ``clipscore`` load the CLIP retriever, ``perplexity`` a causal LM) import
@@ -79,7 +80,7 @@ import numpy as np
 
 from finecap.config import did_you_mean, load
 from finecap.home import cache_dir
-from finecap.metrics.diversity import caption_length, mean_length, set_diversity, vocabulary_metrics
+from finecap.metrics.diversity import caption_length, mean_length, set_diversity_per_item, vocabulary_metrics
 from finecap.metrics.meteor import MetricUnavailable
 from finecap.metrics.ngram import ngram_metrics
 from finecap.metrics.ptb_tokenize import ptb_tokenize, tokenize, tokenize_all
@@ -256,7 +257,10 @@ def _vocab(ctx: _Context) -> dict[str, float]:
 
 def _diversity(ctx: _Context) -> dict[str, float]:
     samples = ctx.need("samples", "diversity", "pass several sampled captions per image ({id: [caption, ...]})")
-    return set_diversity({i: [tokenize(c) for c in caps] for i, caps in samples.items()})
+    corpus, per = set_diversity_per_item({i: [tokenize(c) for c in caps] for i, caps in samples.items()})
+    # Div-n is the mean of its per-image values; mBLEU-4 is not (corpus BLEU per sample round), so it has none
+    ctx.add_items({i: {"Div-1": v["Div-1"], "Div-2": v["Div-2"]} for i, v in per.items()}, ["Div-1", "Div-2"])
+    return corpus
 
 
 def _faithfulness(ctx: _Context) -> dict[str, float]:

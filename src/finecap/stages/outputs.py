@@ -11,7 +11,7 @@ from typing import Any
 
 from finecap.caption import generate_captions
 from finecap.data.formats import read_results, write_results
-from finecap.metrics.suite import evaluate
+from finecap.metrics.suite import evaluate_items
 from finecap.models.backbones import load_captioner
 from finecap.runs import model_dir
 from finecap.stages.runner import StageRunner
@@ -72,14 +72,27 @@ def stage_samples(runner: StageRunner, stage: str, mode: str) -> dict[Any, list[
 def diversity_metrics(runner: StageRunner, stage: str, references: dict[Any, list[str]]) -> dict[str, float]:
     """Div-1, Div-2, mBLEU-4 over 5 captions per image (exploration paper Sec. 3.2) and CIDEr-D: the mean over the 5
     samples for ``sample``, the top beam's for ``beam`` (the paper's beam-search numbers are top-beam scores)."""
+    return diversity_metrics_items(runner, stage, references)[0]
+
+
+def diversity_metrics_items(
+    runner: StageRunner, stage: str, references: dict[Any, list[str]]
+) -> tuple[dict[str, float], dict[Any, dict[str, float]]]:
+    """:func:`diversity_metrics` and the per-image values of its means by image id: ``<mode>/Div-1``,
+    ``<mode>/Div-2`` and ``<mode>/CIDEr-D`` (the image's CIDEr-D averaged over the samples it is scored on; mBLEU-4
+    has none, :func:`finecap.metrics.suite.evaluate_items`)."""
     out: dict[str, float] = {}
+    items: dict[Any, dict[str, float]] = {}
     for mode in ("sample", "beam"):
         samples = stage_samples(runner, stage, mode)
         first = {i: c[0] for i, c in samples.items()}
-        out.update({f"{mode}/{k}": v for k, v in evaluate(first, references, metrics=["diversity"], samples=samples,
-                                                           cfg=runner.cfg).items()})  # fmt: skip
+        corpus, per = evaluate_items(first, references, metrics=["diversity"], samples=samples, cfg=runner.cfg)
+        out.update({f"{mode}/{k}": v for k, v in corpus.items()})
         ranks = range(1 if mode == "beam" else SAMPLES)  # beam: captions come best first, c[0] is the top beam
-        ciders = [evaluate({i: c[j] for i, c in samples.items()}, references, metrics=["cider"])["CIDEr-D"]
-                  for j in ranks]  # fmt: skip
-        out[f"{mode}/CIDEr-D"] = sum(ciders) / len(ciders)
-    return out
+        scored = [evaluate_items({i: c[j] for i, c in samples.items()}, references, metrics=["cider"]) for j in ranks]
+        out[f"{mode}/CIDEr-D"] = sum(c["CIDEr-D"] for c, _ in scored) / len(scored)
+        for i in samples:
+            row = items.setdefault(i, {})
+            row.update({f"{mode}/{k}": v for k, v in per.get(i, {}).items() if k in ("Div-1", "Div-2")})
+            row[f"{mode}/CIDEr-D"] = sum(p[i]["CIDEr-D"] for _, p in scored) / len(scored)
+    return out, items
