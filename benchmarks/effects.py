@@ -20,7 +20,8 @@ seed's run directory when it is there and the stored copy otherwise, so a fresh 
 documented :data:`NON_REPRODUCTIONS`, which it lists with their 95% interval over the seeds and where they are
 written up.
 
-This is a benchmark, not a test: a seed took 624-626 s on an idle 2-core machine (2026-11-23, world encoder v3).
+This is a benchmark, not a test: a seed took 624-626 s on an idle 2-core machine (2026-11-23, world encoder v3),
+718-826 s with every row also captioning the scene-family world (2026-11-24, the machine shared with light jobs).
 The table it prints (Markdown; ``--json`` also writes the numbers) is docs/results.md's "Effects across world seeds".
 """
 
