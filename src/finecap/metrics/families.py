@@ -35,7 +35,14 @@ from typing import Any
 import numpy as np
 
 from finecap.config import WorldConfig
-from finecap.metrics.retrieval import _as_array, _targets, bag_ranks, rank_items, summarize_ranks, target_ranks
+from finecap.metrics.retrieval import (
+    _as_array,
+    _targets,
+    bag_retrieval_items,
+    rank_items,
+    summarize_ranks,
+    target_ranks,
+)
 
 FAMILY_SIZE = 10
 """Images per set: ImageCoDe's 10 frames."""
@@ -115,16 +122,13 @@ def family_retrieval_items(
     sets = family_sets({i: f for i, f in families.items() if i in scored}, size)
     if not sets:
         raise ValueError(f"no family of {size} scored images (check world.families and the images scored)")
-    ranked = [(q, rank) for q, n, rank in bag_ranks(scores, sets, image_ids, targets) if n == size]
-    if not ranked:
+    out, per_caption = bag_retrieval_items(scores, sets, image_ids, targets, ks)  # each family is a bag of `size`
+    prefix = f"bag{size}/"
+    if prefix + "n" not in out:
         raise ValueError("no caption belongs to a complete family")
-    rows, ranks = [q for q, _ in ranked], [r for _, r in ranked]
-    ks = [k for k in ks if k < size]
-    result = {f"family/{k}": v for k, v in summarize_ranks(ranks, ks).items()}
-    result["family/n"] = float(len(ranks))
+    result = {"family/" + k.removeprefix(prefix): v for k, v in out.items()}
     result["family/size"] = float(size)
-    per_rank = rank_items(ranks, ks)
-    items = {q: {f"family/{k}": float(v[j]) for k, v in per_rank.items()} for j, q in enumerate(rows)}
+    items = {q: {"family/" + k.removeprefix(prefix): v for k, v in row.items()} for q, row in per_caption.items()}
     return result, items
 
 

@@ -199,15 +199,32 @@ def bag_retrieval(
     Returns:
         ``bag{s}/R@k``, ``bag{s}/mean_rank``, ``bag{s}/median_rank`` and ``bag{s}/n`` (captions) per bag size ``s``.
     """
-    by_size: dict[int, list[int]] = {}
-    for _, size, rank in bag_ranks(scores, bags, image_ids, targets):
-        by_size.setdefault(size, []).append(rank)
+    return bag_retrieval_items(scores, bags, image_ids, targets, ks)[0]
+
+
+def bag_retrieval_items(
+    scores: Any,
+    bags: Sequence[Sequence[Hashable]],
+    image_ids: Sequence[Hashable],
+    targets: Any = None,
+    ks: Sequence[int] = KS,
+) -> tuple[dict[str, float], dict[int, dict[str, float]]]:
+    """:func:`bag_retrieval` and the per-caption values of its means (``bag{s}/R@k``, ``bag{s}/mean_rank``;
+    :func:`rank_items`) by caption row, for the captions whose image lies in a bag: one ranking serves both."""
+    by_size: dict[int, list[tuple[int, int]]] = {}
+    for q, size, rank in bag_ranks(scores, bags, image_ids, targets):
+        by_size.setdefault(size, []).append((q, rank))
     out: dict[str, float] = {}
+    items: dict[int, dict[str, float]] = {}
     for size in sorted(by_size):
-        summary = summarize_ranks(by_size[size], [k for k in ks if k < size])
-        out.update({f"bag{size}/{k}": v for k, v in summary.items()})
-        out[f"bag{size}/n"] = float(len(by_size[size]))
-    return out
+        rows, ranks = [q for q, _ in by_size[size]], [r for _, r in by_size[size]]
+        cut = [k for k in ks if k < size]
+        out.update({f"bag{size}/{k}": v for k, v in summarize_ranks(ranks, cut).items()})
+        out[f"bag{size}/n"] = float(len(ranks))
+        for k, values in rank_items(ranks, cut).items():  # (captions of this size,)
+            for j, q in enumerate(rows):
+                items.setdefault(q, {})[f"bag{size}/{k}"] = float(values[j])
+    return out, items
 
 
 class SelfRetrieval:

@@ -293,22 +293,20 @@ def _retrieval(ctx: _Context) -> dict[str, float]:
 
 
 def _bags(ctx: _Context) -> dict[str, float]:
-    from finecap.metrics.retrieval import KS, bag_ranks, bag_retrieval, rank_items
+    from finecap.metrics.retrieval import bag_retrieval_items
 
     bags = ctx.need("bags", "bags", "pass TrueMatch bags ({size: [[image_id, ...], ...]}, `finecap bags build`)")
     sr, ids, scores = ctx.retrieval_scores("bags")
     targets = np.array([sr.column[i] for i in ids], dtype=np.int64)
     out: dict[str, float] = {}
     for size in sorted(bags):
-        result = bag_retrieval(scores, bags[size], sr.image_ids, targets)
+        result, per_caption = bag_retrieval_items(scores, bags[size], sr.image_ids, targets)
         if not result:
             warnings.warn(f"no predicted image lies in a bag of size {size}", stacklevel=2)
         out.update(result)
-        if ctx.items is not None:  # the per-image values of each bag size's means, for the images in its bags
-            for q, n, rank in bag_ranks(scores, bags[size], sr.image_ids, targets):
-                per_image = rank_items([rank], [k for k in KS if k < n])
-                ctx.add_items({ids[q]: {f"bag{n}/{k}": v[0] for k, v in per_image.items()}},
-                              [f"bag{n}/{k}" for k in per_image])  # fmt: skip
+        # the per-image values of each bag size's means, for the images in its bags
+        keys = sorted({k for row in per_caption.values() for k in row})
+        ctx.add_items({ids[q]: row for q, row in per_caption.items()}, keys)
     return out
 
 
