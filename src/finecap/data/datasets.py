@@ -114,6 +114,13 @@ def load_records(cfg: Config, split: str, *, captioned: bool = True) -> list[Rec
     return [r for r in records if id(r) not in left_out]
 
 
+def validation_records(cfg: Config) -> list[Record]:
+    """The validation records a run evaluates on: the first ``train.eval_samples`` of the split (all of it with 0),
+    what the validation loss and every validator read."""
+    records = load_records(cfg, "val")
+    return records[: cfg.train.eval_samples] if cfg.train.eval_samples else records
+
+
 class CaptionDataset(Dataset):
     """Examples ``(record, caption)`` of a list of records; ``features[i]`` belongs to ``records[i]``. Without
     features an item carries its decoded image (read when the item is, in a DataLoader worker: an embedded image of

@@ -14,7 +14,14 @@ import torch
 from accelerate import Accelerator
 
 from finecap.config import Config
-from finecap.data.datasets import CaptionCollator, CaptionDataset, load_records, model_collator, skipped_images
+from finecap.data.datasets import (
+    CaptionCollator,
+    CaptionDataset,
+    load_records,
+    model_collator,
+    skipped_images,
+    validation_records,
+)
 from finecap.data.features import model_features
 from finecap.data.loading import encoder_draft
 from finecap.models import memory
@@ -68,9 +75,7 @@ def build_data(cfg: Config, model: Any, accelerator: Accelerator, *, per_caption
     (:func:`finecap.data.features.model_features`); otherwise images are decoded in the DataLoader workers (JPEGs
     draft-decoded: :func:`finecap.data.loading.encoder_draft`)."""
     train_records = load_records(cfg, "train")
-    val_records = load_records(cfg, "val")
-    if cfg.train.eval_samples:
-        val_records = val_records[: cfg.train.eval_samples]
+    val_records = validation_records(cfg)
     feats: dict[str, torch.Tensor | None] = {"train": None, "val": None}
     draft = None
     if not model.train_encoder and model.cache_features:

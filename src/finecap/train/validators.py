@@ -27,7 +27,7 @@ import torch
 
 from finecap.caption import caption_stats, generate_captions
 from finecap.config import DecodeConfig
-from finecap.data.datasets import CaptionDataset, load_records, to_device
+from finecap.data.datasets import CaptionDataset, to_device, validation_records
 from finecap.data.loading import LoaderSettings, chunks
 from finecap.data.samplers import process_slice
 from finecap.data.targets import IGNORE_INDEX
@@ -75,9 +75,7 @@ def retrieval_validator(cfg: Config) -> Validator:
     missing one stops the run before training) and runs on the accelerator's device, in float32, from the first
     evaluation on, where the validation images are embedded once (cached on disk)."""
     retriever = load_retriever(cfg)
-    records = load_records(cfg, "val")
-    if cfg.train.eval_samples:
-        records = records[: cfg.train.eval_samples]
+    records = validation_records(cfg)
     if len(records) < 2:
         raise ValueError("train.validators=[retrieval] needs at least 2 validation images (world.n_val)")
     scorers: list[SelfRetrieval] = []
@@ -117,9 +115,7 @@ def cider_validator(cfg: Config) -> Validator:
     checkpoint is best does not hinge on that choice. Several processes share the captioning through
     :func:`~finecap.caption.generate_captions` (each gets every caption back) and each scores them, a few
     milliseconds of numpy, so every process holds the same value for the best-checkpoint choice."""
-    records = load_records(cfg, "val")
-    if cfg.train.eval_samples:
-        records = records[: cfg.train.eval_samples]
+    records = validation_records(cfg)
     references = {r.image_id: list(r.captions) for r in records}
 
     def validator(model: Any, cfg: Config, accelerator: Accelerator) -> dict[str, float]:
