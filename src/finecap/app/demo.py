@@ -83,7 +83,7 @@ from finecap.report.plots import length_curves
 from finecap.report.table import markdown_table, quick_labelled
 from finecap.runs import CONFIG_FILE, METRICS_FILE
 from finecap.stages import TRAIN, Stage, StageRunner, stage_table
-from finecap.stages.outputs import best_model, caption_stage, diversity_metrics
+from finecap.stages.outputs import caption_stage, diversity_metrics
 from finecap.train.state import check_config_target
 from finecap.utils import atomic_write_text, refuse_link, write_json
 from finecap.world.make import load_scenes
@@ -316,7 +316,7 @@ def bags_note(row: dict[str, float], keep: float) -> str:
 
 def stage_transfer_all(demo: StageRunner) -> dict[str, Any]:
     """The ``transfer`` stage: every trained stage on the shifted domain (:mod:`finecap.app.demo_transfer`)."""
-    return stage_transfer(demo, list(TRAIN_STAGES), best_model)
+    return stage_transfer(demo, list(TRAIN_STAGES))
 
 
 STAGES: dict[str, Stage] = stage_table([

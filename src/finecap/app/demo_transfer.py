@@ -18,17 +18,17 @@ rows (their CIDEr-D / BLEU-4 against the shifted references).
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 from finecap.app.bags import main as build_bags
 from finecap.app.prepare import prepare
-from finecap.caption import generate_captions
-from finecap.data.formats import read_bags, read_results, write_results
+from finecap.data.formats import read_bags, write_results
 from finecap.data.references import load_references
 from finecap.metrics.suite import evaluate
 from finecap.models.retriever import load_retriever
 from finecap.report.table import markdown_table, quick_labelled
+from finecap.stages.outputs import caption_world
 from finecap.utils import atomic_write_text, write_json
 from finecap.world.shift import shifted_world
 
@@ -37,7 +37,7 @@ COLUMNS = ["Length", "BLEU-4", "CIDEr-D", "faith/precision", "faith/recall", "RD
            "listener/RD/exploit", "bag3/R@1", "listener/bag3/R@1", "bag5/R@1", "listener/bag5/R@1"]  # fmt: skip
 
 
-def stage_transfer(demo: Any, stages: Sequence[str], load_model: Callable[[Any, str], Any]) -> dict[str, Any]:
+def stage_transfer(demo: Any, stages: Sequence[str]) -> dict[str, Any]:
     """Caption and score the shifted test split for every trained stage of ``stages`` (module docstring). ``demo``
     is the demo's :class:`finecap.stages.StageRunner` (:mod:`finecap.app.demo` is not imported here: the two
     modules form no import cycle)."""
@@ -66,16 +66,7 @@ def stage_transfer(demo: Any, stages: Sequence[str], load_model: Callable[[Any, 
     for stage in stages:
         if not (demo.stage_dir(stage) / "DONE").exists():
             continue
-        path = demo.stage_dir(stage) / "captions_shifted_test.json"
-        if not path.exists() or cfg.demo.force:
-            # The shifted world's test split whatever data set the stage trained on (the VCB stages train on a
-            # boosted copy of the world through data.path / data.captions).
-            stage_cfg = demo.stage_config(stage)
-            data = dataclasses.replace(stage_cfg.data, path="", format="world", captions="original")
-            stage_cfg = dataclasses.replace(stage_cfg, world=world, data=data)
-            generated = generate_captions(load_model(demo, stage), stage_cfg, "test")
-            write_results(path, {i: c[0] for i, c in generated.items()})
-        predictions = {i: caps[0] for i, caps in read_results(path).items()}
+        predictions = caption_world(demo, stage, world, "shifted")  # <stage>/captions_shifted_test.json
         write_results(out_dir / "captions" / f"{stage}.json", predictions)
         rows[stage] = score(predictions)
     write_tables(demo, rows, f"Shifted domain ({world_dir}, test split of {len(records)} images):")
