@@ -10,8 +10,8 @@ its test captions (beam 5), and the training world's retriever scores them (:fun
 - ``hardRD{N}/R@1``, ``R@5``: the image among ``N`` = ``eval.n_distractors`` distractors, its 9 family members and
   ``N - 9`` random images of other families (``eval.draws`` draws; :func:`finecap.metrics.families.hard_rd_retrieval`);
 - ``bag{s}/R@1``: TrueMatch bags built on the family world as NDLB builds them (Algorithms 1-2 over the multimodal
-  embeddings of its images and references) with the hardest share ``bags.keep_hardest`` kept (the demo's: a third,
-  the automated stand-in for NDLB's manual filter, :func:`finecap.data.truematch.keep_hardest`), with their mean
+  embeddings of its images and references), the most similar share ``bags.keep_hardest`` of them kept (the demo's:
+  all; a third, as a stand-in for NDLB's manual filter, sat near chance for every row), with their mean
   intra-bag similarity ``bag{s}/alpha`` and count ``bag{s}/bags``; the bags of the training world's test split
   (1,000 images without near-duplicates) were easier than 99 random distractors. The family world holds the world's
   near-duplicates, so its bags are as hard as the world's scenes allow, and they are scored on the same captions.

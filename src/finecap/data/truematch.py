@@ -28,9 +28,11 @@ Choices the paper leaves open (or states two ways):
 - **The filter.** The paper's manual filtering step kept the bags "that would require captioning systems to capture
   some aspect of fine-grained visual discrimination" (680 -> 254 bags of size 3 on COCO, about 37 %). Its automated
   stand-in here is :func:`keep_hardest`: the highest-``alpha`` share ``bags.keep_hardest`` of the curated bags of
-  each size (1 = all, the default of ``finecap bags build``; the demo and the papers' grids keep the hardest third).
-  Without it the curated bags cover most of a small split and hold many dissimilar images: on the world's 1,000
-  test images they were easier than 99 random distractors. The JSON lists the kept bags with their similarity and,
+  each size (1 = all, the default, which the demo and the papers' grids keep: on their family world the hardest
+  third sat near chance for every captioner).
+  What makes bags hard is the pool: on the world's 1,000 test images, which hold no near-duplicates, the curated
+  bags covered most of the split and were easier than 99 random distractors; the demo builds them on the
+  scene-family test world instead. The JSON lists the kept bags with their similarity and,
   per size, how many were curated and their mean ``alpha`` before and after the filter (:func:`bag_statistics`), so
   a threshold or a manual pass (``finecap bags review``) can follow.
 
