@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import re
 import subprocess
@@ -38,6 +37,8 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+
+from paired_difference import mean_std, t_interval  # benchmarks/ is on sys.path, as for every benchmark script
 
 STAGES = ["world", "retriever", "mle", "blip_mle", "vlm_mle", "sr_bagcurri", "sle", "scst", "smile", "mle_continued",
           "discritune", "blip_smile", "vlm_smile", "report"]  # fmt: skip
@@ -187,8 +188,6 @@ def seed_interval(values: Sequence[float]) -> tuple[float, float, float]:
     >>> seed_interval([1.0, 2.0, 3.0])  # sd 1, t(2) = 4.303
     (2.0, -0.48433..., 4.48433...)
     """
-    from paired_difference import t_interval  # benchmarks/ is on sys.path when a benchmark runs
-
     return t_interval(list(values))
 
 
@@ -256,12 +255,6 @@ def run_seed(seed: int, root: Path, cache_dir: str, extra: list[str], stages: li
     if code != 0:
         raise SystemExit(f"seed {seed}: the demo failed (exit {code}); see {log}")
     return run_dir
-
-
-def mean_std(values: list[float]) -> tuple[float, float]:
-    m = sum(values) / len(values)
-    s = math.sqrt(sum((v - m) ** 2 for v in values) / (len(values) - 1)) if len(values) > 1 else 0.0
-    return m, s
 
 
 def distractor_count(results: dict[int, Rows]) -> int:

@@ -20,6 +20,7 @@ is not a dependency of finecap).
 from __future__ import annotations
 
 import argparse
+import math
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -47,6 +48,17 @@ T_975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 
          2.042)  # fmt: skip
 """Student's t 97.5% quantiles for 1..30 degrees of freedom (printed tables; scipy is not a dependency of finecap);
 the normal's 1.96 beyond."""
+
+
+def mean_std(values: Sequence[float]) -> tuple[float, float]:
+    """Mean and sample standard deviation of ``values`` (0 for one value).
+
+    >>> mean_std([1.0, 2.0, 3.0])
+    (2.0, 1.0)
+    """
+    m = sum(values) / len(values)
+    s = math.sqrt(sum((v - m) ** 2 for v in values) / (len(values) - 1)) if len(values) > 1 else 0.0
+    return m, s
 
 
 def t_interval(values: Sequence[float]) -> tuple[float, float, float]:

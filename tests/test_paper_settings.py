@@ -73,6 +73,9 @@ def test_sr_bagcurri_header_describes_its_schedule():
 
 
 def load_effects():
+    # as `python benchmarks/effects.py` runs it: benchmarks/ on sys.path (it imports paired_difference)
+    if str(ROOT / "benchmarks") not in sys.path:
+        sys.path.insert(0, str(ROOT / "benchmarks"))
     spec = importlib.util.spec_from_file_location("effects_under_test", ROOT / "benchmarks" / "effects.py")
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module

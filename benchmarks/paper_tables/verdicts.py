@@ -8,7 +8,11 @@ import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from paired_difference import paired_bootstrap, t_interval  # benchmarks/ is on sys.path, as for every benchmark script
+from paired_difference import (  # benchmarks/ is on sys.path, as for every benchmark script
+    mean_std,
+    paired_bootstrap,
+    t_interval,
+)
 
 from .schema import Column, Items, Results, Row, Table
 
@@ -234,12 +238,6 @@ def row_verdict(table: Table, row: Row, results: Results, items: Items | None = 
     else:
         word = "undecided"  # within noise, mixed or without a noise estimate, column by column
     return f"{word}: " + ", ".join(c.text() for c in checks)
-
-
-def mean_std(values: Sequence[float]) -> tuple[float, float]:
-    m = sum(values) / len(values)
-    s = math.sqrt(sum((v - m) ** 2 for v in values) / (len(values) - 1)) if len(values) > 1 else 0.0
-    return m, s
 
 
 def best_verdict(table: Table, results: Results, items: Items | None = None) -> str | None:
