@@ -109,10 +109,10 @@ def family_metrics(
     split's bags (:func:`paper_bags`); and their per-image values (:func:`item_group`). Every run is scored so,
     whatever columns its paper reads; a world whose test split holds no whole family (a tiny test world) is said and
     skipped, unless ``required`` (a column reads it)."""
-    from finecap.app.demo_families import family_captions, family_scores_items, family_world
+    from finecap.app.demo_families import family_captions, family_scores_items, family_world, has_families
     from finecap.metrics import families
 
-    if not required and grid.cfg.world.n_test < families.FAMILY_SIZE:
+    if not required and not has_families(grid.cfg):
         log.warning("%s: no scene-family metrics: world.n_test=%d holds no family of %d", key, grid.cfg.world.n_test,
                     families.FAMILY_SIZE)  # fmt: skip
         return {}, None
