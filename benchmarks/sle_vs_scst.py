@@ -19,13 +19,21 @@ source's MLE stage and ``finecap demo --stages sle,scst`` trains both from it wi
   of the budget added nothing. Runs that did not are flagged in the table (their budget was too short), not left out.
 
 Resumable: a killed run of this script continues where it stopped (the demo resumes its stages; a pair whose result
-file exists is not touched). Each finished pair writes ``<results>/<source name>-r<seed>.json`` at once (default
+file exists is not retrained). Each finished pair writes ``<results>/<source name>-r<seed>.json`` at once (default
 ``benchmarks/results/sle_vs_scst/``, in the repository): both stages' test CIDEr-D (top beam against the other four
 references, as the demo's rows) and sampled Div-2 (5 captions at T = 1), SLE − SCST with its 95% paired-bootstrap
-interval over the test images (``benchmarks/paired_difference.py``), and each stage's best validation step and value,
-final validation value and plateau flag. The printed table (also written to ``<results>/summary.md``) has a row per
-run seed, then the mean SLE − SCST over the run seeds with a 95% t-interval (n - 1 degrees of freedom) and its
-standard deviation: the training noise the single pairs of docs/results.md could not separate from the effect.
+interval over the test images (``benchmarks/paired_difference.py``), each stage's best validation step and value,
+final validation value and plateau flag, both validation curves, and the validation CIDEr-D of the MLE start they
+train from (:func:`start_value`), so that a run falling below its start shows when it did. The printed table (also
+written to ``<results>/summary.md``) has a row per run seed, then the mean SLE − SCST over the run seeds with a 95%
+t-interval (n - 1 degrees of freedom) and its standard deviation: the training noise the single pairs of
+docs/results.md could not separate from the effect; then a table of the validation curves (the start, each stage's
+best and last value, its evaluations below the start).
+
+The learning rate is constant (the demo's), so each run's first 100 steps are those of the 100-step run of the same
+world and run seed in docs/results.md's training-noise table (checked for run seed 0: its training rewards equal
+those of the demo's own ``sle`` stage of world 2 at every logged step of the first 100): the curves of run seeds 1
+and 2 on world 2 show what happened in the two runs that ended below their MLE start.
 
 Time, estimated (not measured) on an otherwise idle 2-core CPU, from docs/results.md's stage times (100 steps of
 SLE and SCST side by side: about 85 s) and docs/demo.md's profile of the MLE stage (1.5 % of its time validating,
@@ -85,6 +93,24 @@ def plateau(curve: Sequence[tuple[int, float]], window: int = 0, tol: float = PL
             "plateau": bool(early) and max(early) >= best - tol}  # fmt: skip
 
 
+def start_value(folder: Path) -> float:
+    """Validation CIDEr-D of the MLE checkpoint both stages start from (``train.init_from`` of the ``sle`` stage's
+    configuration), measured by the stages' own validator (:func:`finecap.train.validators.cider_validator`, the
+    same captions and references as every point of their curves): the level a run "below its MLE start" fell under.
+    Training does not evaluate at step 0, so it is measured here, once per pair (about half a minute)."""
+    import torch
+    from accelerate import Accelerator
+
+    from finecap.config import load
+    from finecap.train.setup import build_model
+    from finecap.train.validators import cider_validator
+
+    cfg = load(str(folder / "sle" / "config.yaml"), [])
+    model = build_model(cfg).eval()
+    with torch.no_grad():
+        return float(cider_validator(cfg)(model, cfg, Accelerator(cpu=True))["cider_d"])
+
+
 def pair_result(folder: Path) -> dict:
     """The result of one finished pair (module docstring): test metrics, the paired bootstrap, the validation curves'
     best and plateau."""
@@ -99,6 +125,8 @@ def pair_result(folder: Path) -> dict:
         "cider_difference": {"mean": mean, "low": low, "high": high},
         "div2_difference": scores["sle"]["sample/Div-2"] - scores["scst"]["sample/Div-2"],
         "validation": {stage: plateau(validation_curve(folder / stage)) for stage in STAGES},
+        "validation_start": start_value(folder),
+        "curves": {stage: validation_curve(folder / stage) for stage in STAGES},
     }
 
 
@@ -123,12 +151,30 @@ def summarise(results: dict[str, dict]) -> str:
         "best val step SLE / SCST | plateau SLE / SCST |",
         "| --- | --- | --- | --- | --- | --- | --- |",
     ]
+    curves = [
+        "",
+        "Validation CIDEr-D (the validator's: beam 5, all references): the MLE start both stages train from, each "
+        "stage's best (its step), its last, and how many of its evaluations fell below the start (the first such "
+        "step).",
+        "",
+        "| run | MLE start | SLE best (step) | SLE last | SLE below start | SCST best (step) | SCST last | "
+        "SCST below start |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
     for name, r in results.items():
         c, v = r["cider_difference"], r["validation"]
         flags = " / ".join("yes" if v[s]["plateau"] else "no (budget short)" for s in STAGES)
         lines.append(f"| {name} | {r['stages']['sle']['CIDEr-D']:.3f} | {r['stages']['scst']['CIDEr-D']:.3f} | "
                      f"{c['mean']:+.3f} [{c['low']:+.3f}, {c['high']:+.3f}] | {r['div2_difference']:+.3f} | "
                      f"{v['sle']['best_step']} / {v['scst']['best_step']} | {flags} |")  # fmt: skip
+        if "validation_start" in r:
+            start, row = r["validation_start"], [name, f"{r['validation_start']:.3f}"]
+            for stage in STAGES:
+                below = [step for step, value in r["curves"][stage] if value < start]
+                first = f" (from {below[0]})" if below else ""
+                row += [f"{v[stage]['best']:.3f} ({v[stage]['best_step']})", f"{v[stage]['final']:.3f}",
+                        f"{len(below)}/{len(r['curves'][stage])}{first}"]  # fmt: skip
+            curves.append("| " + " | ".join(row) + " |")
     lines += [
         "",
         "| over run seeds | n | mean ± sd | 95% t-interval of the mean | runs ≥ 0 |",
@@ -141,7 +187,7 @@ def summarise(results: dict[str, dict]) -> str:
         mean, sd, low, high = t_interval(values)
         lines.append(f"| {label} | {len(values)} | {mean:+.3f} ± {sd:.3f} | [{low:+.3f}, {high:+.3f}] | "
                      f"{sum(x >= 0 for x in values)}/{len(values)} |")  # fmt: skip
-    return "\n".join(lines)
+    return "\n".join(lines + (curves if len(curves) > 5 else []))
 
 
 def write_json(path: Path, data: dict) -> None:
@@ -176,7 +222,12 @@ def main(argv: Sequence[str] | None = None) -> int:
                               **pair_result(folder)})  # fmt: skip
             print(f"== wrote {path}", flush=True)
         if path.exists():
-            results[folder.name] = json.loads(path.read_text())
+            result = json.loads(path.read_text())
+            if "validation_start" not in result and not args.summarise_only:  # a result of the first version
+                result |= {"validation_start": start_value(folder),
+                           "curves": {stage: validation_curve(folder / stage) for stage in STAGES}}  # fmt: skip
+                write_json(path, result)
+            results[folder.name] = result
     text = summarise(results)
     print(text)
     if results:

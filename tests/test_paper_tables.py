@@ -723,3 +723,12 @@ def test_sle_vs_scst_plateau_and_summary_of_hand_computed_runs():
     assert lines[7] == "| CIDEr-D SLE − SCST | 2 | +0.000 ± 0.141 | [-1.271, +1.271] | 1/2 |"
     # Div-2: +0.04, +0.06: mean 0.05, sd 0.01414, half-width 12.706 * 0.01414 / sqrt(2) = 0.1271
     assert lines[8] == "| Div-2 (rs) SLE − SCST | 2 | +0.050 ± 0.014 | [-0.077, +0.177] | 2/2 |"
+    assert len(lines) == 9  # no validation curves in these results: no curves table
+
+    # with the MLE start and the curves: SLE falls below the start 1.60 at steps 300 and 400 (2 of 4 evaluations)
+    curves = {"sle": [(100, 1.7), (200, 1.8), (300, 1.55), (400, 1.5)], "scst": [(100, 1.65), (200, 1.7)]}
+    validation = {s: bench.plateau(c) for s, c in curves.items()}
+    results = {"seed2-r0": {**run(1.80, 1.70, 0.05, 0.15, 0.04), "validation": validation, "validation_start": 1.6,
+                            "curves": curves}}  # fmt: skip
+    lines = bench.summarise(results).splitlines()
+    assert lines[-1] == "| seed2-r0 | 1.600 | 1.800 (200) | 1.500 | 2/4 (from 300) | 1.700 (200) | 1.700 | 0/2 |"
