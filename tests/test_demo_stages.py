@@ -432,3 +432,23 @@ def test_the_users_recipe_fills_in_every_stage_beneath_its_own_recipe(tmp_path):
         assert demo.stage_config("smile_random").smile.subset == "random"  # the stage's variant still applies
         assert demo.stage_config("scst").train.max_steps == (12 if quick else 100)  # set by demo/scst itself
         assert demo.stage_config("mle").train.max_steps == (12 if quick else 999)  # demo/mle leaves it open
+
+
+def test_another_worlds_test_split_is_read_from_that_world_whatever_data_set_the_stage_trained_on(tmp_path):
+    """caption_world's configuration (stages.outputs.world_config): a stage trained on a corpus of its own
+    (data.path, with data.images naming that corpus's image folder, as the paper tables' one-detail corpora) captions
+    another world's test split from that world's own images; the corpus's image folder used to be kept, so every
+    image of the other world was looked up there and none existed."""
+    from finecap.data.datasets import load_records
+    from finecap.stages.outputs import world_config
+
+    _world(tmp_path / "other", seed=3)
+    (tmp_path / "corpus-images").mkdir()
+    corpus = [f"data.path={tmp_path / 'corpus.json'}", "data.format=karpathy",
+              f"data.images={tmp_path / 'corpus-images'}", "data.captions=holistic"]  # fmt: skip
+    cfg = load_demo_config(None, corpus, quick=True)
+    other = WorldConfig(**SIZES, seed=3, out=str(tmp_path / "other"))
+    records = load_records(world_config(cfg, other), "test")
+    assert len(records) == SIZES["n_test"]
+    assert all(r.path.is_file() and r.path.is_relative_to(tmp_path / "other") for r in records)
+    assert world_config(cfg, other).data.captions == "original"

@@ -46,11 +46,17 @@ def caption_world(runner: StageRunner, stage: str, world: Any, tag: str, force: 
     ``data.path`` / ``data.captions``). Made again when ``force`` (default: the runner's ``force``)."""
     path = runner.stage_dir(stage) / f"captions_{tag}_test.json"
     if not path.exists() or (runner.force if force is None else force):
-        cfg = runner.stage_config(stage)
-        data = dataclasses.replace(cfg.data, path="", format="world", captions="original")
-        cfg = dataclasses.replace(cfg, world=world, data=data)
+        cfg = world_config(runner.stage_config(stage), world)
         write_results(path, {i: c[0] for i, c in generate_captions(best_model(runner, stage), cfg, "test").items()})
     return {i: c[0] for i, c in read_results(path).items()}
+
+
+def world_config(cfg: Any, world: Any) -> Any:
+    """``cfg`` reading the world ``world`` (a :class:`finecap.config.WorldConfig`) with its original captions, in
+    place of whatever data set ``cfg`` names: no ``data.path`` (a boosted copy, another corpus) and no
+    ``data.images`` (a corpus's image folder, which would be looked up instead of the world's own images)."""
+    data = dataclasses.replace(cfg.data, path="", images="", format="world", captions="original")
+    return dataclasses.replace(cfg, world=world, data=data)
 
 
 def stage_samples(runner: StageRunner, stage: str, mode: str) -> dict[Any, list[str]]:
