@@ -148,7 +148,7 @@ def summarise(results: dict[str, dict]) -> str:
     difference, best validation steps, plateau flags), then the mean over the runs with its t-interval."""
     lines = [
         "| run | CIDEr-D SLE | CIDEr-D SCST | SLE − SCST [95% over test images] | Div-2 (rs) SLE − SCST | "
-        "best val step SLE / SCST | plateau SLE / SCST |",
+        "best val step SLE / SCST | best before the last quarter SLE / SCST |",
         "| --- | --- | --- | --- | --- | --- | --- |",
     ]
     curves = [
