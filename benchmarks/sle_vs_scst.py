@@ -35,12 +35,10 @@ world and run seed in docs/results.md's training-noise table (checked for run se
 those of the demo's own ``sle`` stage of world 2 at every logged step of the first 100): the curves of run seeds 1
 and 2 on world 2 show what happened in the two runs that ended below their MLE start.
 
-Time, estimated (not measured) on an otherwise idle 2-core CPU, from docs/results.md's stage times (100 steps of
-SLE and SCST side by side: about 85 s) and docs/demo.md's profile of the MLE stage (1.5 % of its time validating,
-0.9 % captioning 1,000 test images with beam 5): about 6 minutes of training, 1-2 of the 2 x 16 validations and 1-2 of
-test captioning and sampling per run seed, so **about 10 minutes per run seed, 40 minutes for the four**. The
-estimate is rough: the ``--quick`` check (2 run seeds of 8 steps on the quick world, 40 validation images) took 3 min
-40 s on the development machine shared with other work, most of it decoding; allow up to 2 hours.
+Time, measured on 2026-11-24 (the 2-core development machine, nothing else running): 27 minutes for the four run
+seeds of world 2, 6-7 minutes per pair (400 steps of SLE and SCST side by side, 2 x 16 validations, test captioning
+and sampling); the MLE starts' validation CIDEr-D added 10 s. Results and write-up: docs/results.md, "SLE against
+SCST to the validation peak".
 ``--quick`` (on a ``finecap demo --quick`` source) checks the script in a few minutes and writes under ``<out>``
 instead of the repository; its numbers are not results (the quick MLE start gives every image the same caption).
 """
