@@ -95,7 +95,7 @@ def start_value(folder: Path) -> float:
     """Validation CIDEr-D of the MLE checkpoint both stages start from (``train.init_from`` of the ``sle`` stage's
     configuration), measured by the stages' own validator (:func:`finecap.train.validators.cider_validator`, the
     same captions and references as every point of their curves): the level a run "below its MLE start" fell under.
-    Training does not evaluate at step 0, so it is measured here, once per pair (about half a minute)."""
+    Training does not evaluate at step 0, so it is measured here, once per pair (a few seconds)."""
     import torch
     from accelerate import Accelerator
 
@@ -118,13 +118,14 @@ def pair_result(folder: Path) -> dict:
     scores = repeat_scores(folder, STAGES)
     sle, scst = stage_items(folder, STAGES, "cider", "CIDEr-D")
     mean, low, high = paired_bootstrap([sle[i] - scst[i] for i in sle])
+    curves = {stage: validation_curve(folder / stage) for stage in STAGES}
     return {
         "stages": scores,
         "cider_difference": {"mean": mean, "low": low, "high": high},
         "div2_difference": scores["sle"]["sample/Div-2"] - scores["scst"]["sample/Div-2"],
-        "validation": {stage: plateau(validation_curve(folder / stage)) for stage in STAGES},
+        "validation": {stage: plateau(curve) for stage, curve in curves.items()},
         "validation_start": start_value(folder),
-        "curves": {stage: validation_curve(folder / stage) for stage in STAGES},
+        "curves": curves,
     }
 
 
@@ -159,6 +160,7 @@ def summarise(results: dict[str, dict]) -> str:
         "SCST below start |",
         "| --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
+    header = len(curves)
     for name, r in results.items():
         c, v = r["cider_difference"], r["validation"]
         flags = " / ".join("yes" if v[s]["plateau"] else "no (budget short)" for s in STAGES)
@@ -185,7 +187,7 @@ def summarise(results: dict[str, dict]) -> str:
         mean, sd, low, high = t_interval(values)
         lines.append(f"| {label} | {len(values)} | {mean:+.3f} ± {sd:.3f} | [{low:+.3f}, {high:+.3f}] | "
                      f"{sum(x >= 0 for x in values)}/{len(values)} |")  # fmt: skip
-    return "\n".join(lines + (curves if len(curves) > 5 else []))
+    return "\n".join(lines + (curves if len(curves) > header else []))
 
 
 def write_json(path: Path, data: dict) -> None:
