@@ -1,7 +1,7 @@
 """Batched decoding: greedy, beam search and sampling (temperature, top-k, top-p) over any incremental model.
 
 The decoders drive a :class:`Stepper`, a small protocol that any autoregressive model with a cache can implement
-(:class:`finecap.models.clipcap.ClipCap` implements it with the language model's ``past_key_values``):
+(:class:`finecap.models.clipcap.ClipCap` implements it with the language model's KV cache):
 
 - ``start(features) -> (logits (B, V), state)``: logits of the first token given the conditioning of B images
   (a tensor ``(B, ...)``, or any object with ``len()`` = B, e.g. a decoder-only VLM's prompt),

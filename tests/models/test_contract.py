@@ -10,6 +10,8 @@ backbone adds one :class:`Case` here.
 from __future__ import annotations
 
 import json
+import logging
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -304,6 +306,28 @@ def test_greedy_decoding_follows_the_teacher_forced_argmax(case):
     assert bool((tf.argmax(-1)[gen.mask] == gen.sequences[gen.mask]).all())
     stops = gen.sequences[torch.arange(3), gen.lengths - 1]
     assert all(s == model.eos_token_id or n == 8 for s, n in zip(stops.tolist(), gen.lengths.tolist(), strict=True))
+
+
+def test_decoding_hands_the_kv_cache_over_under_the_name_transformers_takes(case):
+    """transformers 5.24 renamed ``past_key_values`` to ``cache`` and warns on the old name: beam decoding and the
+    scoring of its beams hand the cache over under the name the installed version takes, so nothing warns."""
+    name, model = case
+    batch = batch_of(model, CASES[name].image_size)
+    said: list[str] = []
+    handler = logging.Handler()
+    handler.emit = lambda record: said.append(record.getMessage())
+    library = logging.getLogger("transformers")
+    logging.Logger.warning_once.cache_clear()  # transformers warns once per process: let this test's calls warn again
+    library.addHandler(handler)
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            gen = model.generate(batch, DecodeConfig(strategy="beam", beam_size=2, max_length=6))
+            model(batch, sequences=gen.sequences, mask=gen.mask)
+    finally:
+        library.removeHandler(handler)
+    said += [str(w.message) for w in caught]
+    assert len(gen) == 3 and not [s for s in said if "past_key_values" in s or "cache_params" in s], said
 
 
 @pytest.mark.parametrize("strategy", ["beam", "sample"])

@@ -21,6 +21,7 @@ from transformers.cache_utils import Cache
 from finecap.models import lora, memory
 from finecap.models.base import CaptionerBase
 from finecap.models.captioner import encode_images, shifted_mask, strip_prefix
+from finecap.models.kvcache import cache_kwargs, returned_cache
 from finecap.models.vision import VisionEncoder
 
 PROJECTION = "projection.safetensors"
@@ -65,12 +66,12 @@ class ShowTell(CaptionerBase):
 
     def start(self, features: torch.Tensor) -> tuple[torch.Tensor, Any]:
         out = self.lm(inputs_embeds=self._first(features), use_cache=True)
-        return out.logits[:, -1], out.past_key_values
+        return out.logits[:, -1], returned_cache(out)
 
     def step(self, tokens: torch.Tensor, cache: Cache) -> tuple[torch.Tensor, Any]:
         embeds = self.lm.get_input_embeddings()(tokens[:, None])
-        out = self.lm(inputs_embeds=embeds, past_key_values=cache, use_cache=True)
-        return out.logits[:, -1], out.past_key_values
+        out = self.lm(inputs_embeds=embeds, use_cache=True, **cache_kwargs(self.lm, cache))
+        return out.logits[:, -1], returned_cache(out)
 
     def select(self, cache: Cache, index: torch.Tensor) -> Cache:
         cache.reorder_cache(index)

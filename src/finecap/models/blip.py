@@ -62,6 +62,7 @@ from transformers.cache_utils import DynamicCache, EncoderDecoderCache
 from finecap.models import lora, memory
 from finecap.models.base import CaptionerBase
 from finecap.models.captioner import encode_images, shifted_mask
+from finecap.models.kvcache import cache_kwargs, returned_cache
 from finecap.models.presets import BlipImageProcessor, world_blip
 from finecap.models.vision import FeatureMapTokens, load_frozen_tokens
 
@@ -276,17 +277,18 @@ class Blip(CaptionerBase):
         tokens = tokens.to(self.device, dtype)
         bos = torch.full((B, 1), self.bos_token_id, dtype=torch.long, device=self.device)
         cache = EncoderDecoderCache(DynamicCache(), DynamicCache())
-        out = self.model.text_decoder(input_ids=bos, encoder_hidden_states=tokens, past_key_values=cache,
-                                      use_cache=True)  # fmt: skip
-        return out.logits[:, -1], (out.past_key_values, tokens)  # (B, V)
+        decoder = self.model.text_decoder
+        out = decoder(input_ids=bos, encoder_hidden_states=tokens, use_cache=True, **cache_kwargs(decoder, cache))
+        return out.logits[:, -1], (returned_cache(out), tokens)  # (B, V)
 
     def step(self, ids: torch.Tensor, state: Any) -> tuple[torch.Tensor, Any]:
         """Feed one token per row ``(N,)``; cross-attention reuses the cached K/V of the image tokens (which are
         passed only so that the decoder takes its cross-attention path)."""
         cache, tokens = state
-        out = self.model.text_decoder(input_ids=ids[:, None], encoder_hidden_states=tokens, past_key_values=cache,
-                                      use_cache=True)  # fmt: skip
-        return out.logits[:, -1], (out.past_key_values, tokens)  # (N, V)
+        decoder = self.model.text_decoder
+        kv = cache_kwargs(decoder, cache)
+        out = decoder(input_ids=ids[:, None], encoder_hidden_states=tokens, use_cache=True, **kv)
+        return out.logits[:, -1], (returned_cache(out), tokens)  # (N, V)
 
     @staticmethod
     def select(state: Any, index: torch.Tensor) -> Any:

@@ -48,6 +48,7 @@ from finecap.config import ClipCapBackboneConfig
 from finecap.models import lora, memory
 from finecap.models.base import CaptionerBase
 from finecap.models.captioner import encode_images, last_positions, shifted_mask, strip_prefix
+from finecap.models.kvcache import cache_kwargs, returned_cache
 from finecap.models.presets import WORLD_LM_POSITIONS, build_world_lm
 from finecap.models.tokenizer import ensure_pad_token
 from finecap.models.vision import VisionEncoder
@@ -118,7 +119,7 @@ class ClipCap(CaptionerBase):
     """Prefix captioner. See the module docstring; build it with :func:`build_captioner` or :meth:`from_checkpoint`.
 
     Args:
-        lm: any causal LM accepting ``inputs_embeds`` and ``past_key_values``.
+        lm: any causal LM accepting ``inputs_embeds`` and a KV cache (:mod:`finecap.models.kvcache`).
         tokenizer: the LM's tokenizer (needs an EOS token; pad = EOS when it has no pad token).
         feature_dim: dimension D of the image features (the encoder's projection dim).
         section: the ``clipcap`` section: the mapper (``mapper``, ``prefix_length``, ``mapper_layers``,
@@ -285,12 +286,12 @@ class ClipCap(CaptionerBase):
         kwargs = {"logits_to_keep": last_positions(1, prefix.shape[1], prefix.device)} if self._keep_kw else {}
         dtype = self.lm.get_input_embeddings().weight.dtype
         out = self.lm(inputs_embeds=prefix.to(dtype), use_cache=True, **kwargs)
-        return out.logits[:, -1], out.past_key_values  # (B, V)
+        return out.logits[:, -1], returned_cache(out)  # (B, V)
 
     def step(self, tokens: torch.Tensor, cache: Any) -> tuple[torch.Tensor, Any]:
         """Feed one token per row ``(N,)``, return the next logits ``(N, V)`` and the cache."""
-        out = self.lm(inputs_embeds=self.embed_tokens(tokens[:, None]), past_key_values=cache, use_cache=True)
-        return out.logits[:, -1], out.past_key_values  # (N, V)
+        out = self.lm(inputs_embeds=self.embed_tokens(tokens[:, None]), use_cache=True, **cache_kwargs(self.lm, cache))
+        return out.logits[:, -1], returned_cache(out)  # (N, V)
 
     @staticmethod
     def select(cache: Any, index: torch.Tensor) -> Any:

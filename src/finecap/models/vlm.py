@@ -78,6 +78,7 @@ from finecap.config import VlmBackboneConfig
 from finecap.models import lora, memory
 from finecap.models.base import CaptionerBase, module_path
 from finecap.models.captioner import encode_images, last_positions
+from finecap.models.kvcache import cache_kwargs, returned_cache
 from finecap.models.presets import world_vlm
 from finecap.models.processors import load_processor
 from finecap.models.tokenizer import ensure_pad_token
@@ -565,14 +566,14 @@ class Vlm(CaptionerBase):
         first = out.logits[:, -1][image_index]  # (N, V): the prompt's last position predicts the first token
         if L == 1:
             return first[:, None]  # (N, 1, V)
-        cache = out.past_key_values
+        cache = returned_cache(out)
         cache.reorder_cache(image_index)  # (B, ...) -> (N, ...) rows, differentiable (index_select)
         rows = prompt[image_index]
         tokens = self.embed_tokens(sequences[:, :-1])  # (N, L-1, H)
         attention = torch.cat([rows.mask, mask[:, :-1].to(rows.mask)], dim=1)  # (N, P+L-1)
         positions = rows.caption_positions(0, L - 1)  # (N, L-1) or (4, N, L-1)
         rest = self.model(inputs_embeds=tokens, attention_mask=attention, position_ids=positions,
-                          past_key_values=cache, use_cache=True)  # fmt: skip
+                          use_cache=True, **cache_kwargs(self.model, cache))  # fmt: skip
         return torch.cat([first[:, None], rest.logits], dim=1)  # (N, L, V)
 
     # ------------------------------------------------------------------------------------------------------------
@@ -584,7 +585,7 @@ class Vlm(CaptionerBase):
         last = last_positions(1, prompt.embeds.shape[1], self.device)
         out = self.model(inputs_embeds=prompt.embeds, attention_mask=prompt.mask, position_ids=prompt.positions,
                          use_cache=True, logits_to_keep=last)  # fmt: skip
-        state = DecodeState(out.past_key_values, prompt.mask, prompt.start, prompt.delta, prompt.mrope)
+        state = DecodeState(returned_cache(out), prompt.mask, prompt.start, prompt.delta, prompt.mrope)
         return out.logits[:, -1], state  # (B, V)
 
     def step(self, tokens: torch.Tensor, state: DecodeState) -> tuple[torch.Tensor, DecodeState]:
@@ -592,8 +593,8 @@ class Vlm(CaptionerBase):
         mask = torch.cat([state.mask, state.mask.new_ones(state.mask.shape[0], 1)], dim=1)  # (N, P+t+1)
         positions = caption_positions(state.start, state.delta, state.mrope, state.t, 1)  # (N, 1) or (4, N, 1)
         out = self.model(inputs_embeds=self.embed_tokens(tokens[:, None]), attention_mask=mask, position_ids=positions,
-                         past_key_values=state.cache, use_cache=True)  # fmt: skip
-        return out.logits[:, -1], replace(state, cache=out.past_key_values, mask=mask, t=state.t + 1)  # (N, V)
+                         use_cache=True, **cache_kwargs(self.model, state.cache))  # fmt: skip
+        return out.logits[:, -1], replace(state, cache=returned_cache(out), mask=mask, t=state.t + 1)  # (N, V)
 
     @staticmethod
     def select(state: DecodeState, index: torch.Tensor) -> DecodeState:

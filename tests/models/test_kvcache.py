@@ -1,0 +1,59 @@
+"""The KV cache under both of its names (:mod:`finecap.models.kvcache`): ``past_key_values`` before transformers 5.24,
+``cache`` from 5.24. Stand-in models and outputs declare one name each, so both sides of the rename are checked
+whichever version is installed (``test_contract.py`` checks every real backbone warns nothing on the installed one)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from peft import LoraConfig, get_peft_model
+from torch import nn
+
+from finecap.models.kvcache import cache_kwargs, returned_cache
+
+
+class OldNames(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.proj = nn.Linear(2, 2)
+
+    def forward(self, inputs_embeds=None, past_key_values=None, use_cache=None):
+        return inputs_embeds
+
+
+class NewNames(OldNames):
+    def forward(self, inputs_embeds=None, cache=None, use_cache=None):
+        return inputs_embeds
+
+
+@dataclass
+class OldOutput:
+    logits: torch.Tensor
+    past_key_values: object = None
+
+
+@dataclass
+class NewOutput:
+    logits: torch.Tensor
+    cache: object = None
+
+
+def test_the_cache_goes_in_under_the_name_forward_declares():
+    marker = object()
+    assert cache_kwargs(OldNames(), marker) == {"past_key_values": marker}
+    assert cache_kwargs(NewNames(), marker) == {"cache": marker}
+
+
+def test_a_peft_wrapped_model_is_asked_about_its_base():
+    """``PeftModel.forward`` takes ``**kwargs``: the name is the wrapped model's."""
+    config = LoraConfig(r=1, target_modules=["proj"])
+    marker = object()
+    assert cache_kwargs(get_peft_model(NewNames(), config), marker) == {"cache": marker}
+    assert cache_kwargs(get_peft_model(OldNames(), config), marker) == {"past_key_values": marker}
+
+
+def test_the_cache_comes_out_of_either_output_field():
+    marker, logits = object(), torch.zeros(1)
+    assert returned_cache(OldOutput(logits, past_key_values=marker)) is marker
+    assert returned_cache(NewOutput(logits, cache=marker)) is marker
