@@ -396,12 +396,18 @@ def build_parser() -> argparse.ArgumentParser:
 # Logging
 # --------------------------------------------------------------------------------------------------------------------
 
-LIBRARY_LOGGERS = ("transformers", "accelerate", "datasets", "huggingface_hub", "peft")
+LIBRARY_LOGGERS = ("transformers", "accelerate", "datasets", "huggingface_hub", "peft", "bitsandbytes")
 """Loggers of the libraries finecap drives; -q/-v set their level with finecap's."""
-SILENCED = ("requires torchvision (not installed); falling back to",)
-"""Library warnings that say nothing to a finecap user: transformers 5 warns once per process that
-``CLIPImageProcessor`` falls back to its PIL twin without torchvision (every model command imports it), which is
-the processor finecap uses either way."""
+SILENCED = {
+    "transformers.utils.import_utils": ("requires torchvision (not installed); falling back to",),
+    "bitsandbytes.backends.cpu.ops": ("Failed to load CPU gemm_4bit_forward from kernels-community",),
+}
+"""Library warnings that say nothing to a finecap user, by the logger that emits them (a logger's filter sees only
+its own records): transformers 5 warns once per process that ``CLIPImageProcessor`` falls back to its PIL twin
+without torchvision (every model command imports it), which is the processor finecap uses either way; bitsandbytes
+0.50, imported by peft whenever it is installed, warns on CPUs with AVX512-BF16 that the optional ``kernels``
+package for its 4-bit CPU matmul is missing, though no 4-bit layer is in use (with one, it runs its own fallback,
+which finecap's CPU tests train)."""
 
 
 class _Plain(logging.Formatter):
@@ -413,8 +419,12 @@ class _Plain(logging.Formatter):
 
 
 class _Silence(logging.Filter):
+    def __init__(self, texts: tuple[str, ...]) -> None:
+        super().__init__()
+        self.texts = texts
+
     def filter(self, record: logging.LogRecord) -> bool:
-        return not any(text in record.getMessage() for text in SILENCED)
+        return not any(text in record.getMessage() for text in self.texts)
 
 
 def levels(verbose: int, quiet: int) -> tuple[int, int]:
@@ -449,14 +459,14 @@ def configured_logging(verbose: int = 0, quiet: int = 0) -> Iterator[None]:
     root = logging.getLogger("finecap")
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(_Plain("%(message)s"))
-    silence = _Silence()
-    noisy = logging.getLogger("transformers.utils.import_utils")
+    silences = [(logging.getLogger(name), _Silence(texts)) for name, texts in SILENCED.items()]
     os.environ.update(env)
     root.setLevel(own)
     root.addHandler(handler)
     for lg in loggers[1:]:
         lg.setLevel(lib)
-    noisy.addFilter(silence)
+    for noisy, silence in silences:
+        noisy.addFilter(silence)
     if hf_bars_off:
         hf_logging.disable_progress_bar()
     try:
@@ -464,7 +474,8 @@ def configured_logging(verbose: int = 0, quiet: int = 0) -> Iterator[None]:
     finally:
         if hf_bars_off:
             hf_logging.enable_progress_bar()
-        noisy.removeFilter(silence)
+        for noisy, silence in silences:
+            noisy.removeFilter(silence)
         root.removeHandler(handler)
         for lg, level in zip(loggers, saved_levels, strict=True):
             lg.setLevel(level)
