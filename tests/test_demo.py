@@ -5,7 +5,7 @@ import json
 import pytest
 
 from finecap.app.cli import main
-from finecap.data.formats import read_dataset, read_results
+from finecap.data.formats import read_bags, read_dataset, read_results
 from finecap.metrics.suite import evaluate
 from finecap.report.table import QUICK_TITLE
 
@@ -55,6 +55,22 @@ def test_quick_demo_writes_table_captions_and_checkpoints(quick_demo):
     assert table.startswith(QUICK_TITLE + "\n\n| stage |") and "| smile |" in table  # quick is labelled quick
     assert "hardRD19/R@1" in table.splitlines()[2] and "bags of 3 (of" in table  # the headline column, the bags
     assert (run_dir / "report.html").stat().st_size > 0  # the HTML report (tests/report/test_browser.py opens it)
+
+
+def test_report_bag_gallery_shows_the_bags_the_table_scores(quick_demo):
+    """The bag columns score the scene-family world's bags, so the report's bag gallery shows those: the first bags
+    of each size of ``families10/bags_test.json``, read with each stage's captions of the family world (the human
+    row: each family image's first reference)."""
+    run_dir, _ = quick_demo
+    saved = json.loads((run_dir / "bag_outcomes.json").read_text())
+    family_bags = run_dir / "families10" / "bags_test.json"
+    assert saved["bags"] == str(family_bags.resolve())
+    bags = read_bags(family_bags)
+    shown = {key: next(iter(rows.values())) for key, rows in saved["outcomes"].items()}
+    assert shown and all([o["image"] for o in outcomes] == bags[int(key.split("/")[0])][int(key.split("/")[1])]
+                         for key, outcomes in shown.items())  # fmt: skip
+    family = {i: c[0] for i, c in read_results(run_dir / "mle" / "captions_families10_test.json").items()}
+    assert all(o["caption"] == family[o["image"]] for rows in saved["outcomes"].values() for o in rows["mle"])
 
 
 def test_rerun_skips_finished_stages(quick_demo, capsys):

@@ -14,10 +14,13 @@ files, also inlined in the page), and renders (:mod:`finecap.report.html`):
   (:mod:`finecap.report.gallery`), with the image, its human captions and every stage's caption, each stated fact
   coloured true / false on the world;
 - a bag gallery: the most similar TrueMatch bags of each size (the first of each curated list), with each stage's
-  captions and whether the retriever finds each caption's own image in the bag. The outcomes are computed here from
-  the saved captions with the run's retriever (``retriever.*`` of its ``config.yaml``), on the bag images only, and
-  also saved as ``<run_dir>/bag_outcomes.json`` (``{"outcomes": {"<size>/<index>": {stage: [{"image", "caption",
-  "retrieved", "rank"}, ...]}}}``).
+  captions and whether the retriever finds each caption's own image in the bag. The bags are the ones the results
+  table's ``bag{s}/R@1`` columns score: the scene-family test world's when the run holds them (the demo's
+  ``families10/bags_test.json``, with each stage's ``<stage>/captions_families10_test.json`` and the family world's
+  images; the human row is each image's first reference, as in the table), else the run's own ``bags_test.json`` on
+  its test split. The outcomes are computed here from the saved captions with the run's retriever (``retriever.*``
+  of its ``config.yaml``), on the bag images only, and also saved as ``<run_dir>/bag_outcomes.json`` (``{"bags":
+  <bags file>, "outcomes": {"<size>/<index>": {stage: [{"image", "caption", "retrieved", "rank"}, ...]}}}``).
 
 Numbers and colours follow :mod:`finecap.report.columns` (counts as integers; green / red = better / worse by each
 metric's direction). A run of ``finecap demo --quick`` (``demo.quick: true`` in its ``config.yaml``) is labelled a
@@ -33,6 +36,7 @@ import datetime
 import logging
 import os
 from collections.abc import Hashable, Sequence
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -40,7 +44,7 @@ from tqdm import tqdm
 
 from finecap.app.demo_vcb import FIELD_ROWS
 from finecap.config import Config, load, load_stored
-from finecap.data.formats import Record
+from finecap.data.formats import Record, read_bags, read_results
 from finecap.data.references import data_file, load_references
 from finecap.outputs import check_output_file
 from finecap.report.gallery import bag_outcomes, check_facts, select_images
@@ -118,11 +122,60 @@ def _gallery(run: RunData, records: dict[Hashable, Record], scenes: dict | None,
     return sections
 
 
+@dataclass
+class BagSource:
+    """The bags a bag gallery shows, with the captions and images they are read with, and where they come from."""
+
+    path: Path
+    bags: dict[int, list[list[Hashable]]]
+    captions: dict[str, dict[Hashable, str]]
+    records: dict[Hashable, Record]
+    where: str
+
+
+def family_bag_source(run: RunData, cfg: Config) -> BagSource | None:
+    """The scene-family test world's bags (the ones the demo's ``bag{s}/R@1`` columns score), its images and each
+    stage's captions of it, or None when the run holds no family bags or the family world is not found (it is never
+    made here)."""
+    from finecap.app.demo_families import tag  # deferred: the demo's stage module, read only for a family run
+    from finecap.app.prepare import prepare
+    from finecap.metrics.families import FAMILY_SIZE, family_test_world
+
+    path = run.run_dir / tag() / "bags_test.json"
+    if not path.is_file():
+        return None
+    try:
+        world = family_test_world(cfg.world, FAMILY_SIZE)
+        folder = prepare(replace(cfg, world=world), {"world"}, make=False, progress=False).world
+        refs = load_references(cfg, folder, split="test", check_images=True)
+    except (FileNotFoundError, ValueError) as e:
+        log.warning("report: the bag gallery shows the test split's bags, not the scene-family world's (%s)", e)
+        return None
+    captions = {stage: {i: caps[0] for i, caps in read_results(file).items()} for stage in run.captions
+                if (file := run.run_dir / stage / f"captions_{tag()}_test.json").is_file()}  # fmt: skip
+    if "human" in run.captions:
+        captions["human"] = {r.image_id: r.captions[0] for r in refs.records}
+    records = {r.image_id: r for r in refs.records}
+    return BagSource(path, read_bags(path), captions, records, "the scene-family test world")
+
+
+def _bag_source(run: RunData, cfg: Config, records: dict[Hashable, Record]) -> BagSource | None:
+    """The family world's bags when the run holds them, else the run's own bags file on its test split."""
+    family = family_bag_source(run, cfg)
+    if family is not None:
+        return family
+    if not run.bags or run.bags_path is None:
+        return None
+    return BagSource(run.bags_path, run.bags, run.captions, records, "the test split")
+
+
 def _bag_gallery(run: RunData, cfg: Config, records: dict[Hashable, Record], n_bags: int) -> tuple[list, str]:
-    if not run.bags:
+    source = _bag_source(run, cfg, records)
+    if source is None:
         return [], "No bags file in this run directory."
-    stages = [s for s in run.captions if s != "human"] + (["human"] if "human" in run.captions else [])
-    chosen = [(size, i, bag) for size in sorted(run.bags) for i, bag in enumerate(run.bags[size][:n_bags])]
+    captions, records = source.captions, source.records
+    stages = [s for s in captions if s != "human"] + (["human"] if "human" in captions else [])
+    chosen = [(size, i, bag) for size in sorted(source.bags) for i, bag in enumerate(source.bags[size][:n_bags])]
     chosen = [(size, i, bag) for size, i, bag in chosen if all(b in records for b in bag)]
     if not chosen or not stages:
         return [], "No bag whose images and captions are all available."
@@ -136,12 +189,12 @@ def _bag_gallery(run: RunData, cfg: Config, records: dict[Hashable, Record], n_b
     ids = list(dict.fromkeys(b for _, _, bag in chosen for b in bag))
     image_emb = retriever.image_embeddings([records[i] for i in ids])  # (N, D), bag images only: no cache entry
     columns = {i: c for c, i in enumerate(ids)}
-    raw = read_json(run.bags_path)["bags"]
+    raw = read_json(source.path)["bags"]
     out = []
     for size, index, bag in tqdm(chosen, desc="report: bag outcomes", unit="bag", disable=not progress_enabled()):
         rows = []
         for stage in stages:
-            caps = run.captions[stage]
+            caps = captions[stage]
             if not all(b in caps for b in bag):
                 continue
             texts = [caps[b] for b in bag]
@@ -157,11 +210,13 @@ def _bag_gallery(run: RunData, cfg: Config, records: dict[Hashable, Record], n_b
     saved = {bag["key"]: {row["stage"]: [{k: o[k] for k in ("caption", "retrieved", "rank")} | {"image": im["id"]}
                                          for o, im in zip(row["outcomes"], bag["images"])] for row in bag["rows"]}
              for bag in out}  # fmt: skip
-    write_json(run.run_dir / "bag_outcomes.json", {"bags": os.path.abspath(run.bags_path), "retriever": retriever.name,
+    write_json(run.run_dir / "bag_outcomes.json", {"bags": os.path.abspath(source.path), "retriever": retriever.name,
                                                    "outcomes": saved})  # fmt: skip
     note = (
-        f"The {n_bags} most similar bags of each size from {run.bags_path.name}; green: the retriever "
-        f"({retriever.name}) ranks the caption's own image first in the bag (as the bagN/R@1 metric counts)."
+        f"The {n_bags} most similar bags of each size on {source.where} "
+        f"({source.path.relative_to(run.run_dir) if source.path.is_relative_to(run.run_dir) else source.path}); "
+        f"green: the retriever ({retriever.name}) ranks the caption's own image first in the bag (as the bagN/R@1 "
+        "metric counts)."
     )
     return out, note
 
