@@ -15,7 +15,7 @@ from typing import Any
 
 from torch import nn
 
-from finecap.models.lora import is_peft
+from finecap.models.lora import unwrapped
 
 
 @functools.cache
@@ -26,8 +26,7 @@ def _argument_name(cls: type) -> str:
 
 def cache_kwargs(model: nn.Module, cache: Any) -> dict[str, Any]:
     """The keyword argument that hands ``cache`` to ``model``'s forward (a ``PeftModel`` passes it to its base)."""
-    base = model.get_base_model() if is_peft(model) else model
-    return {_argument_name(type(base)): cache}
+    return {_argument_name(type(unwrapped(model))): cache}
 
 
 def returned_cache(out: Any) -> Any:

@@ -115,7 +115,7 @@ def is_peft(module: Any) -> bool:
     return isinstance(module, PeftModel)
 
 
-def _base(module: nn.Module) -> nn.Module:
+def unwrapped(module: nn.Module) -> nn.Module:
     """The model inside a ``PeftModel`` (with LoRA layers injected), or ``module`` itself."""
     return module.get_base_model() if is_peft(module) else module
 
@@ -142,7 +142,7 @@ def _is_linear(module: nn.Module) -> bool:
 def candidate_modules(part: str, module: nn.Module) -> list[str]:
     """Names of the modules LoRA may adapt in ``part``: linear layers of the LM except its output head, or linear
     layers on the image side of a dual encoder (never the text tower or text projection)."""
-    base = _base(module)
+    base = unwrapped(module)
     head = base.get_output_embeddings() if part == "lm" and hasattr(base, "get_output_embeddings") else None
     names = []
     for name, m in base.named_modules():
@@ -160,7 +160,7 @@ def resolve_targets(part: str, module: nn.Module, targets: Sequence[str]) -> lis
     candidates = candidate_modules(part, module)
     option = f"lora.{part}_targets"
     if not candidates:
-        raise ValueError(f"{option}: the {part} ({type(_base(module)).__name__}) has no linear layers to adapt")
+        raise ValueError(f"{option}: the {part} ({type(unwrapped(module)).__name__}) has no linear layers to adapt")
     if not targets:
         return candidates
     out = []
@@ -187,7 +187,7 @@ def _targets(model: Captioner, part: str, spec: LoraSpec) -> tuple[str, ...]:
 
 def _lora_config(part: str, module: nn.Module, targets: Sequence[str], spec: LoraSpec):
     names = resolve_targets(part, module, targets)
-    base = _base(module)
+    base = unwrapped(module)
     modules = dict(base.named_modules())
     conv1d = any(isinstance(modules[n], Conv1D) for n in names)  # GPT-2 stores weights as (in, out)
     return LoraConfig(r=spec.rank, lora_alpha=spec.alpha, lora_dropout=spec.dropout, target_modules=names,
@@ -370,7 +370,7 @@ def base_state_dict(module: nn.Module, state: dict[str, torch.Tensor] | None = N
 def save_base(module: nn.Module, out: str | Path, state: dict[str, torch.Tensor] | None = None) -> None:
     """``save_pretrained`` of a plain model, or of the base weights of a ``PeftModel`` (loadable without peft)."""
     with state_dict_as_given(module):
-        _base(module).save_pretrained(out, state_dict=base_state_dict(module, state))
+        unwrapped(module).save_pretrained(out, state_dict=base_state_dict(module, state))
 
 
 @contextlib.contextmanager
