@@ -76,11 +76,12 @@ def has_families(cfg: Config) -> bool:
     return cfg.world.n_test >= families.FAMILY_SIZE
 
 
-def make_family_world(cfg: Config) -> tuple[WorldConfig, Path]:
+def make_family_world(cfg: Config, make: bool = True) -> tuple[WorldConfig, Path]:
     """The family test world of ``cfg.world`` (its settings and folder), made when missing (the demo's ``world``
-    stage makes it, so the training stages, which caption it side by side, never race to)."""
+    stage makes it, so the training stages, which caption it side by side, never race to); with ``make=False`` a
+    missing one raises ``FileNotFoundError`` (the report reads the world, never makes it)."""
     world = family_test_world(cfg.world, families.FAMILY_SIZE)
-    return world, prepare(dataclasses.replace(cfg, world=world), {"world"}, make=True).world
+    return world, prepare(dataclasses.replace(cfg, world=world), {"world"}, make=make).world
 
 
 def caption_families(runner: StageRunner, stage: str) -> None:

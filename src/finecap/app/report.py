@@ -36,7 +36,7 @@ import datetime
 import logging
 import os
 from collections.abc import Hashable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -137,22 +137,20 @@ def family_bag_source(run: RunData, cfg: Config) -> BagSource | None:
     """The scene-family test world's bags (the ones the demo's ``bag{s}/R@1`` columns score), its images and each
     stage's captions of it, or None when the run holds no family bags or the family world is not found (it is never
     made here)."""
-    from finecap.app.demo_families import tag  # deferred: the demo's stage module, read only for a family run
-    from finecap.app.prepare import prepare
-    from finecap.metrics.families import FAMILY_SIZE, family_test_world
+    # deferred: the demo's stage modules (torch), read only for a run that holds family bags
+    from finecap.app.demo_families import make_family_world, tag
+    from finecap.stages.outputs import world_captions_file
 
     path = run.run_dir / tag() / "bags_test.json"
     if not path.is_file():
         return None
     try:
-        world = family_test_world(cfg.world, FAMILY_SIZE)
-        folder = prepare(replace(cfg, world=world), {"world"}, make=False, progress=False).world
-        refs = load_references(cfg, folder, split="test", check_images=True)
+        refs = load_references(cfg, make_family_world(cfg, make=False)[1], split="test", check_images=True)
     except (FileNotFoundError, ValueError) as e:
         log.warning("report: the bag gallery shows the test split's bags, not the scene-family world's (%s)", e)
         return None
     captions = {stage: {i: caps[0] for i, caps in read_results(file).items()} for stage in run.captions
-                if (file := run.run_dir / stage / f"captions_{tag()}_test.json").is_file()}  # fmt: skip
+                if (file := world_captions_file(run.run_dir / stage, tag())).is_file()}  # fmt: skip
     if "human" in run.captions:
         captions["human"] = {r.image_id: r.captions[0] for r in refs.records}
     records = {r.image_id: r for r in refs.records}
@@ -214,7 +212,7 @@ def _bag_gallery(run: RunData, cfg: Config, records: dict[Hashable, Record], n_b
                                                    "outcomes": saved})  # fmt: skip
     note = (
         f"The {n_bags} most similar bags of each size on {source.where} "
-        f"({source.path.relative_to(run.run_dir) if source.path.is_relative_to(run.run_dir) else source.path}); "
+        f"({source.path.relative_to(run.run_dir)}); "
         f"green: the retriever ({retriever.name}) ranks the caption's own image first in the bag (as the bagN/R@1 "
         "metric counts)."
     )

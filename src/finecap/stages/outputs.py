@@ -44,11 +44,16 @@ def caption_world(runner: StageRunner, stage: str, world: Any, tag: str, force: 
     ``<stage>/captions_<tag>_test.json``: the shifted domain's, the scene families'. The other world's test split
     is captioned whatever data set the stage trained on (the VCB stages train on a boosted copy of the world through
     ``data.path`` / ``data.captions``). Made again when ``force`` (default: the runner's ``force``)."""
-    path = runner.stage_dir(stage) / f"captions_{tag}_test.json"
+    path = world_captions_file(runner.stage_dir(stage), tag)
     if not path.exists() or (runner.force if force is None else force):
         cfg = world_config(runner.stage_config(stage), world)
         write_results(path, {i: c[0] for i, c in generate_captions(best_model(runner, stage), cfg, "test").items()})
     return {i: c[0] for i, c in read_results(path).items()}
+
+
+def world_captions_file(stage_dir: Path, tag: str) -> Path:
+    """Where a stage keeps its test captions of another world: ``<stage>/captions_<tag>_test.json``."""
+    return stage_dir / f"captions_{tag}_test.json"
 
 
 def world_config(cfg: Any, world: Any) -> Any:
