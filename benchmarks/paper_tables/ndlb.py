@@ -422,9 +422,7 @@ NDLB = Paper(
             "many words as the run's caption (the best a caption of that length scores by being the reference's "
             "opening), and the run's own-field CIDEr-D over it (both corpora have the same lengths, so the ratio "
             "compares what the captions say, not how long they are). Computed when a run is evaluated "
-            "(paper_tables/evaluation.py, boosted_field_metrics): the result files of the grid run of 2026-11-23 "
-            "predate it, so these columns wait for the runs' evaluation again (their captions are kept in the run "
-            "directories: delete a run's result file and the runner evaluates it without training).",
+            "(paper_tables/evaluation.py, boosted_field_metrics).",
             computed_note=length_correlation_note,
         ),
     ),
