@@ -114,6 +114,9 @@ def test_cells_best_choice_and_rows_the_world_cannot_make():
 def test_metric_keys_prefixes_and_expected_signs():
     assert pt.metric_value({"RD19/R@1": 0.5, "pool/R@1": 0.2}, "RD/R@1") == 0.5  # RD-N of the run, any N
     assert pt.metric_value({"listener/RD99/R@1": 0.25}, "listener/RD/R@1") == 0.25
+    assert pt.metric_value({"RD19/R@1": 0.5, "hardRD19/R@1": 0.3}, "hardRD/R@1") == 0.3  # the hard RD-N
+    assert pt.metric_value({"RD19/R@1": 0.5}, "hardRD/R@1") is None  # never the plain RD-N
+    assert pt.metric_value({"shardRD19/R@1": 0.5}, "shardRD/R@1") is None  # only RD/, /RD/ and hardRD/ stand for N
     assert pt.metric_value({"CIDEr-D": float("nan")}, "CIDEr-D") is None
     table4 = pt.SLE.table("4")  # (rs) rows read sample/..., (bs) rows beam/...
     sle_rs = next(r for r in table4.rows if r.id == "sle_rs")
@@ -207,7 +210,8 @@ def test_each_row_runs_what_its_label_says():
     assert pt.extra_evaluations(pt.DISCRITUNE, "discritune_cosine") == set()
     assert pt.extra_evaluations(pt.DISCRITUNE, "blip_mle") == {"shifted/"}
     assert pt.extra_evaluations(pt.NDLB, "sr_lv_bc_holistic") == {"family/"}
-    assert pt.extra_evaluations(pt.NDLB, "sr_v") == set()
+    assert pt.extra_evaluations(pt.NDLB, "sr_v") == {"family/"}  # every NDLB table's #3/#5/#7: the family world's bags
+    assert pt.extra_evaluations(pt.SLE, "scst") == set()
 
 
 def test_caption_field_overrides_come_from_the_demo_vcb_stages(tmp_path):

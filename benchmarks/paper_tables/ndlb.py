@@ -383,7 +383,7 @@ NDLB = Paper(
             "TrueMatch bags on the scene-family test world against the test split's bags and random distractors",
             (
                 Column("RD100 R@1", "RD/R@1", 100.0),
-                Column("hard RD100 R@1", "hardRD99/R@1", 100.0),
+                Column("hard RD100 R@1", "hardRD/R@1", 100.0),
                 Column("test split #3", "bag3/R@1", 100.0),
                 Column("#3", "family/bag3/R@1", 100.0),
                 Column("#7", "family/bag7/R@1", 100.0),
