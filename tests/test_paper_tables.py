@@ -313,10 +313,10 @@ def test_lambda_runs_weigh_cider_on_the_worlds_scale():
     for lam in NDLB_LAMBDAS:
         run = pt.RUNS[f"sr_bagcurri_holistic_ws{lam.replace('.', '')}"]
         cider = float(run.overrides[0].split("cider: ")[1].rstrip("}"))
-        assert cider == pytest.approx(float(lam) / 19.0, rel=1e-3) and run.captions == "holistic"
+        assert cider == pytest.approx(float(lam) / WORLD_CIDER_SCALE, rel=1e-3) and run.captions == "holistic"
         rows = [r for r in table.rows if r.run == f"sr_bagcurri_holistic_ws{lam.replace('.', '')}"]
         assert len(rows) == 1 and rows[0].vs == ("l0",) and f"λ = {lam}" in rows[0].label
-    assert "λ/19" in table.notes
+    assert f"λ/{WORLD_CIDER_SCALE:g}" in table.notes
 
 
 def test_boosted_field_scores_beside_the_human_references_and_a_length_matched_baseline():
