@@ -171,11 +171,11 @@ NDLB = Paper(
     "captions; BlendCap and HolisticCap = the world's Visual Caption Boosting of them (the demo's vcb stages: "
     "`finecap boost` with the world backends and the demo's visual expert, a ClipCap trained on dense captions, "
     "standing in for InstructBLIP); an MLE start on a boosted field takes as many steps as the MLE start on the "
-    "human captions, with captions of up to 55 tokens. Budget, measured for world seed 0 on 2026-11-23 (the 2-core "
-    "machine, one thread, another grid on the other core): about 1 h 55 min for its 33 runs, the visual expert, the"
-    " boosting and the two MLE starts on boosted fields included (an SR run on the human captions 1-2 minutes, on "
-    "HolisticCap 4-5, an extended SR-L run 3-6; 25 SR runs of about 200 steps, three extended SR-L runs of 600, two"
-    " SCST runs of 100). " + NDLB_SETTINGS,
+    "human captions, with captions of up to 55 tokens. Budget, measured for world seed 0 on 2026-11-24 (the 2-core "
+    "machine, two threads, paused at times for other jobs): about 1 h 50 min for its 39 runs by the result files' "
+    "per-run times, the visual expert, the boosting and the two MLE starts on boosted fields included (an SR run on "
+    "the human captions about 1 minute, on HolisticCap 3-4, an extended SR-L run about 2; three extended SR-L runs of "
+    "600 steps, two SCST runs of 100, the other SR runs about 200). " + NDLB_SETTINGS,
     tables=(
         Table(
             "check_logprob",
