@@ -114,6 +114,9 @@ def test_cells_best_choice_and_rows_the_world_cannot_make():
 def test_metric_keys_prefixes_and_expected_signs():
     assert pt.metric_value({"RD19/R@1": 0.5, "pool/R@1": 0.2}, "RD/R@1") == 0.5  # RD-N of the run, any N
     assert pt.metric_value({"listener/RD99/R@1": 0.25}, "listener/RD/R@1") == 0.25
+    assert pt.metric_value({"RD19/R@1": 0.5, "hardRD19/R@1": 0.3}, "hardRD/R@1") == 0.3  # the hard RD-N
+    assert pt.metric_value({"RD19/R@1": 0.5}, "hardRD/R@1") is None  # never the plain RD-N
+    assert pt.metric_value({"shardRD19/R@1": 0.5}, "shardRD/R@1") is None  # only RD/, /RD/ and hardRD/ stand for N
     assert pt.metric_value({"CIDEr-D": float("nan")}, "CIDEr-D") is None
     table4 = pt.SLE.table("4")  # (rs) rows read sample/..., (bs) rows beam/...
     sle_rs = next(r for r in table4.rows if r.id == "sle_rs")
@@ -207,7 +210,8 @@ def test_each_row_runs_what_its_label_says():
     assert pt.extra_evaluations(pt.DISCRITUNE, "discritune_cosine") == set()
     assert pt.extra_evaluations(pt.DISCRITUNE, "blip_mle") == {"shifted/"}
     assert pt.extra_evaluations(pt.NDLB, "sr_lv_bc_holistic") == {"family/"}
-    assert pt.extra_evaluations(pt.NDLB, "sr_v") == set()
+    assert pt.extra_evaluations(pt.NDLB, "sr_v") == {"family/"}  # every NDLB table's #3/#5/#7: the family world's bags
+    assert pt.extra_evaluations(pt.SLE, "scst") == set()
 
 
 def test_caption_field_overrides_come_from_the_demo_vcb_stages(tmp_path):
@@ -309,10 +313,10 @@ def test_lambda_runs_weigh_cider_on_the_worlds_scale():
     for lam in NDLB_LAMBDAS:
         run = pt.RUNS[f"sr_bagcurri_holistic_ws{lam.replace('.', '')}"]
         cider = float(run.overrides[0].split("cider: ")[1].rstrip("}"))
-        assert cider == pytest.approx(float(lam) / 19.0, rel=1e-3) and run.captions == "holistic"
+        assert cider == pytest.approx(float(lam) / WORLD_CIDER_SCALE, rel=1e-3) and run.captions == "holistic"
         rows = [r for r in table.rows if r.run == f"sr_bagcurri_holistic_ws{lam.replace('.', '')}"]
         assert len(rows) == 1 and rows[0].vs == ("l0",) and f"λ = {lam}" in rows[0].label
-    assert "λ/19" in table.notes
+    assert f"λ/{WORLD_CIDER_SCALE:g}" in table.notes
 
 
 def test_boosted_field_scores_beside_the_human_references_and_a_length_matched_baseline():

@@ -83,11 +83,13 @@ def render_page(paper: Paper, results: Results, meta: dict[str, Any]) -> str:
         "change (numbers closer than half a point, or a row the text calls unchanged). The world's difference Δ is "
         "compared with its noise: on each seed, the 95% paired-bootstrap interval over the test images (when the "
         "result files hold per-image values) and, over two seeds or more, the 95% t-interval of the mean difference "
-        "(`Δ mean ± half-width, n seeds`). A column *holds* when every one of these intervals excludes 0 in the "
-        "paper's direction (for =: covers 0), is *reversed* (for =: *changed*) when every one excludes 0 the other "
-        "way, *within noise* when every one covers 0, *within the seeds' spread* when only the seeds' interval covers "
-        "0 (or is the only estimate), *mixed* otherwise, and has *no noise estimate* on one seed without per-image "
-        "values; `per seed` counts the seeds' outcomes. The row *holds* when every column holds, *partly holds* when "
+        "(`Δ mean ± half-width, n seeds`). When every seed has a test-image interval, they decide together: a column "
+        "*holds* when every seed's interval excludes 0 in the paper's direction (for =: covers 0), is *reversed* (for "
+        "=: *changed*) when every one excludes 0 the other way, *within noise* when every one covers 0, *mixed* "
+        "otherwise (`per seed` counts the seeds' outcomes; the seeds' t-interval beside it gives the effect's spread "
+        "in size and does not decide). Otherwise the seeds' t-interval alone decides, in the same words (*within the "
+        "seeds' spread* when it covers 0), and one seed without per-image values has *no noise estimate*. The row "
+        "*holds* when every column holds, *partly holds* when "
         "some do, *does not hold* when none does and one is reversed or changed; *reference* = a row others are "
         "judged against.",
         "",

@@ -76,14 +76,13 @@ class Table:
 
     @property
     def heading(self) -> str:
-        """``Table 2: ...``; figures, sections and finecap's own checks by their names."""
-        return f"{HEADINGS.get(self.id, 'Table ' + self.id)}: {self.title}"
+        """``Table 2: ...``; figures and sections by their names, finecap's own checks (ids ``check_*``) as such."""
+        name = "finecap check" if self.id.startswith("check_") else HEADINGS.get(self.id, "Table " + self.id)
+        return f"{name}: {self.title}"
 
 
 HEADINGS = {"fig3": "Figure 3", "fig4a": "Figure 4a", "fig4b": "Figure 4b", "alpha": "Section 5.1",
-            "me_coef": "Section 5.2", "check_logprob": "finecap check", "check_scale": "finecap check",
-            "check_lora_init": "finecap check", "check_selection": "finecap check", "check_shift": "finecap check",
-            "check_boosted": "finecap check"}  # fmt: skip
+            "me_coef": "Section 5.2"}  # fmt: skip
 
 
 @dataclass(frozen=True)

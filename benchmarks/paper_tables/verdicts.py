@@ -18,9 +18,10 @@ from .schema import Column, Items, Results, Row, Table
 
 
 def resolve_key(keys: Iterable[str], key: str) -> str:
-    """``key``, with ``RD/`` standing for the RD-N key among ``keys`` (``RD99/`` in a full run)."""
-    if key.startswith("RD/") or "/RD/" in key:
-        head, _, tail = key.partition("RD/")
+    """``key``, with ``RD/`` standing for the RD-N key among ``keys`` (``RD99/`` in a full run; ``hardRD/`` for the
+    hard RD-N, ``hardRD99/``)."""
+    head, sep, tail = key.partition("RD/")
+    if sep and (head in ("", "hard") or head.endswith(("/", "/hard"))):
         found = [k for k in keys if re.fullmatch(rf"{re.escape(head)}RD\d+/{re.escape(tail)}", k)]
         key = found[0] if found else key
     return key
