@@ -317,6 +317,11 @@ def test_lambda_runs_weigh_cider_on_the_worlds_scale():
         rows = [r for r in table.rows if r.run == f"sr_bagcurri_holistic_ws{lam.replace('.', '')}"]
         assert len(rows) == 1 and rows[0].vs == ("l0",) and f"λ = {lam}" in rows[0].label
     assert f"λ/{WORLD_CIDER_SCALE:g}" in table.notes
+    trained = sorted(data.glob("seed*/sr_bagcurri_holistic_ws*.json"))
+    trained = [p for p in trained if not p.name.endswith(".items.json")]
+    assert trained  # the committed λ runs were trained with this scale's weights (as their result files record)
+    for path in trained:
+        assert tuple(json.loads(path.read_text())["overrides"]) == pt.RUNS[path.stem].overrides, path
 
 
 def test_boosted_field_scores_beside_the_human_references_and_a_length_matched_baseline():
