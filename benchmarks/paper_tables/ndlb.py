@@ -6,7 +6,15 @@ from __future__ import annotations
 import statistics
 from collections.abc import Sequence
 
-from .runs import FIELDS, NDLB_LAMBDAS, RUNS, WORLD_CIDER_SCALE, world_lambda
+from .runs import (
+    FIELDS,
+    NDLB_LAMBDAS,
+    NDLB_MLE_HOLISTIC_CIDER,
+    RUNS,
+    WORLD_CIDER_SCALE,
+    WORLD_MLE_HOLISTIC_CIDER,
+    world_lambda,
+)
 from .schema import Column, Paper, Results, Row, Table
 
 NDLB_COLUMNS = (
@@ -171,11 +179,12 @@ NDLB = Paper(
     "captions; BlendCap and HolisticCap = the world's Visual Caption Boosting of them (the demo's vcb stages: "
     "`finecap boost` with the world backends and the demo's visual expert, a ClipCap trained on dense captions, "
     "standing in for InstructBLIP); an MLE start on a boosted field takes as many steps as the MLE start on the "
-    "human captions, with captions of up to 55 tokens. Budget, measured for world seed 0 on 2026-11-24 (the 2-core "
-    "machine, two threads, paused at times for other jobs): about 1 h 50 min for its 39 runs by the result files' "
-    "per-run times, the visual expert, the boosting and the two MLE starts on boosted fields included (an SR run on "
-    "the human captions about 1 minute, on HolisticCap 3-4, an extended SR-L run about 2; three extended SR-L runs of "
-    "600 steps, two SCST runs of 100, the other SR runs about 200). " + NDLB_SETTINGS,
+    "human captions, with captions of up to 55 tokens. Budget, measured on 2026-11-24 (the 2-core machine, two "
+    "threads): about 1.5 h a world seed for its 39 runs, the visual expert, the boosting and the two MLE starts on "
+    "boosted fields included (an SR run on the human captions about 1 minute, on HolisticCap 2-4, an extended SR-L "
+    "run 1.5-3.5; three extended SR-L runs of 600 steps, two SCST runs of 100, the other SR runs about 200); the "
+    "result files' per-run times sum to more (2 h 24 min and 2 h 17 min), as they count the stretches the grid was "
+    "stopped for other jobs. " + NDLB_SETTINGS,
     tables=(
         Table(
             "check_logprob",
@@ -316,8 +325,9 @@ NDLB = Paper(
             notes="Every λ judged against λ = 0 (SR alone, the running-mean baseline; λ > 0 uses the greedy "
             "baseline, App. C.2). The paper chose λ = 0.5 for 'an optimal balance between retrieval performance and "
             "caption faithfulness', not the best of one column, so no single-column choice is judged. The world's "
-            f"CIDEr-D is about {WORLD_CIDER_SCALE:g} times NDLB's on HolisticCap (the MLE starts: world 5.02, mean "
-            "of seeds 0 and 1, against the paper's 26.6 = 0.266), so a λ as written weighs the CIDEr-D term about "
+            f"CIDEr-D is about {WORLD_CIDER_SCALE:g} times NDLB's on HolisticCap (the MLE starts: world "
+            f"{WORLD_MLE_HOLISTIC_CIDER:.2f}, mean of seeds 0 and 1, against the paper's 26.6 = "
+            f"{NDLB_MLE_HOLISTIC_CIDER:g}), so a λ as written weighs the CIDEr-D term about "
             f"{WORLD_CIDER_SCALE:g} times more in the world's reward than in NDLB's. The rows 'on the world's scale' "
             f"weigh it by λ/{WORLD_CIDER_SCALE:g} (R = SR + λ·CIDEr-D/{WORLD_CIDER_SCALE:g}: the CIDEr-D term on "
             "NDLB's scale); the rows 'as written' are the grid's first runs, λ·CIDEr-D of the world as it is (their "

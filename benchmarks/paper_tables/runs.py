@@ -30,14 +30,17 @@ models: CIDEr-D of the beam-5 captions of ``train.eval_samples`` (500) validatio
 references (``finecap.train.validators.cider_validator``) at steps 20, 40, ..., 100 of the demo's 100. An opt-in
 (``--tables check_selection`` of the exploration paper): the demo's scst and sle recipes validate only at the end and
 caption with the final model, so the demo's numbers and the committed tables stand."""
-WORLD_CIDER_SCALE = 18.9
-"""World CIDEr-D over NDLB's on HolisticCap, the field of NDLB's λ table (Table 13): the world's MLE start on
-HolisticCap scores test CIDEr-D 4.849 (seed 0) and 5.195 (seed 1), mean 5.022 (``docs/reproductions/data/ndlb/seed*/
-mle_holistic.json``), NDLB's MLE on HolisticCap 26.6, i.e. 0.266 (its Table 7); 5.022 / 0.266 = 18.9
-(``tests/test_paper_tables.py`` checks it against the committed data). The world's λ runs weigh CIDEr-D by
-``λ / WORLD_CIDER_SCALE`` so that λ·CIDEr-D has the share of the reward it has in NDLB's runs: with the world's
-CIDEr-D as it is, λ = 0.1 weighs CIDEr-D about as NDLB's λ = 2 does. (The 2026-11-23 grid's starts gave 19.0; the
-re-run of 2026-11-24 re-made the boosted captions, and its λ runs were trained with 18.9.)"""
+WORLD_MLE_HOLISTIC_CIDER = 5.022
+"""The world's MLE start on HolisticCap, test CIDEr-D: 4.849 (seed 0) and 5.195 (seed 1), mean 5.022
+(``docs/reproductions/data/ndlb/seed*/mle_holistic.json``; ``tests/test_paper_tables.py`` checks it against them)."""
+NDLB_MLE_HOLISTIC_CIDER = 0.266
+"""NDLB's MLE on HolisticCap, CIDEr 26.6 (its Table 7), as a fraction like the world's CIDEr-D."""
+WORLD_CIDER_SCALE = round(WORLD_MLE_HOLISTIC_CIDER / NDLB_MLE_HOLISTIC_CIDER, 1)
+"""World CIDEr-D over NDLB's on HolisticCap, the field of NDLB's λ table (Table 13): 5.022 / 0.266 = 18.9. The
+world's λ runs weigh CIDEr-D by ``λ / WORLD_CIDER_SCALE`` so that λ·CIDEr-D has the share of the reward it has in
+NDLB's runs: with the world's CIDEr-D as it is, λ = 0.1 weighs CIDEr-D about as NDLB's λ = 2 does. (The 2026-11-23
+grid's starts gave 19.0; the re-run of 2026-11-24 re-made the boosted captions, and its λ runs were trained with
+18.9.)"""
 NDLB_LAMBDAS = ("0.1", "0.3", "0.5", "0.7", "1.0")
 """NDLB Table 13's λ > 0 (λ = 0 is SR alone, ``sr_lv_bc_holistic``)."""
 
