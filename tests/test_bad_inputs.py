@@ -473,6 +473,19 @@ def test_model_command_prints_no_import_warnings_and_q_silences_libraries(secret
     assert KERNELS_WARNING not in plain.stderr and KERNELS_WARNING not in verbose.stderr
     assert "[transformers]" not in plain.stderr  # the libraries at warning level: nothing to say
     assert "[transformers] loading configuration file" in verbose.stderr  # -v: transformers' info messages
+    # ... but a whole model config (dozens of lines each) only with -vv: -v keeps a message's first line
+    assert "more lines; -vv shows them" in verbose.stderr
+    assert '"vocab_size"' not in verbose.stderr, verbose.stderr  # no config body
+    very = caption("-vv")
+    assert very.returncode == 0 and "more lines; -vv shows them" not in very.stderr and '"vocab_size"' in very.stderr
+    assert len(very.stderr.splitlines()) > len(verbose.stderr.splitlines()) + 20
+    # the Python API leaves out the same library warnings as the command (finecap.library_warnings)
+    api = ("import finecap; c = finecap.Captioner.from_pretrained(__import__('sys').argv[1], device='cpu'); "
+           "print(len(c.caption([__import__('PIL.Image').Image.new('RGB', (32, 32))])))")  # fmt: skip
+    used = subprocess.run([sys.executable, "-c", api, str(ckpt)], env=env, capture_output=True, text=True,
+                          timeout=300, check=False)  # fmt: skip
+    assert used.returncode == 0 and used.stdout.strip() == "1", used.stderr
+    assert TORCHVISION_WARNING not in used.stderr and KERNELS_WARNING not in used.stderr, used.stderr
     quiet = caption("-q")
     assert quiet.returncode == 0 and "Loading weights" not in quiet.stderr and "[transformers]" not in quiet.stderr
     if not (torchvision_missing and kernels_missing):

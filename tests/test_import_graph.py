@@ -32,7 +32,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     # Nothing of the library's concepts: helpers, name tables, the configuration's types and loading, the finecap
     # home and the run-directory layout, locks and output files.
     ("bottom floor", ("finecap.utils", "finecap.registry", "finecap.recipes", "finecap.config", "finecap.home",
-                      "finecap.runs", "finecap.locks", "finecap.outputs")),
+                      "finecap.runs", "finecap.locks", "finecap.outputs", "finecap.library_warnings")),
     ("world", ("finecap.world",)),
     ("data", ("finecap.data",)),
     ("decode", ("finecap.decode",)),  # the captioners' Stepper contract and the decoding loops over it

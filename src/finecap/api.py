@@ -33,6 +33,8 @@ from collections.abc import Hashable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from finecap.library_warnings import silenced
+
 if TYPE_CHECKING:
     import torch
     from PIL import Image
@@ -73,7 +75,8 @@ class Captioner:
         stored = stored_config(checkpoint)
         cfg = load_stored(stored) if stored is not None else load(None)
         check_run(checkpoint, cfg, parts=["captioner"], model_folder=model_dir(checkpoint))
-        model = load_for_captioning(checkpoint, cfg, device if device is not None else eval_device(cfg))
+        with silenced():  # the libraries' warnings the CLI leaves out too (finecap.library_warnings)
+            model = load_for_captioning(checkpoint, cfg, device if device is not None else eval_device(cfg))
         return cls(model, cfg, checkpoint)
 
     @property
@@ -116,8 +119,9 @@ class Captioner:
         images = _as_list(images)
         if not images:
             return []
-        result = caption_images(self.model, images, self.decode_settings(**decode),
-                                mixed_precision=self.cfg.train.mixed_precision, progress=progress)  # fmt: skip
+        with silenced():
+            result = caption_images(self.model, images, self.decode_settings(**decode),
+                                    mixed_precision=self.cfg.train.mixed_precision, progress=progress)  # fmt: skip
         return [caps for caps in result.captions if caps is not None]  # none skipped: bad images raise
 
     def decode_settings(self, **decode: Any) -> Any:

@@ -99,7 +99,12 @@ def find_checkpoint(path: str | Path) -> Path:
             if (checkpoint_dir(path, which) / MODEL_SUBDIR).is_dir():
                 return checkpoint_dir(path, which)
         raise FileNotFoundError(f"{path}: a run directory without a saved checkpoint (no checkpoints/best or /last)")
-    if _is_checkpoint(path) or (path / CONFIG_FILE).is_file():  # a damaged one too: its config.yaml is read first
+    if _is_checkpoint(path):
+        return path
+    if (path / CONFIG_FILE).is_file():  # a damaged checkpoint (its config.yaml is read first), or a demo's folder
+        below = _loadable_below(path, depth=2)
+        if below:  # a demo's or a grid's folder holds a config.yaml beside its stage runs: name them
+            raise FileNotFoundError(not_a_checkpoint(path))
         return path
     if _is_model(path):
         return path.parent if path.name == MODEL_SUBDIR and _is_checkpoint(path.parent) else path

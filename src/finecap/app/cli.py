@@ -21,6 +21,7 @@ import yaml
 
 from finecap.app.errors import explain
 from finecap.config import SECTIONS, Config, ConfigError, describe, did_you_mean, load
+from finecap.library_warnings import silenced
 from finecap.recipes import copy_recipe, describe_recipe, list_recipes, resolve_recipe
 
 
@@ -94,10 +95,27 @@ def cmd_retriever_probe(args: argparse.Namespace) -> None:
 
 
 def cmd_train(args: argparse.Namespace) -> None:
+    if not args.items and not args.resume and args.out is None:
+        raise UsageError(train_usage())
     from finecap.app.train import train
 
     cfg = _config(args, _flags(args, {"out": "run.dir"}))
     train(cfg, resume=args.resume, recipe=_recipe_file(args))
+
+
+class UsageError(Exception):
+    """A command given too little to do anything: ``main`` prints the message (its usage) and exits 2."""
+
+
+def train_usage() -> str:
+    """What a bare ``finecap train`` prints: how to call it and the packaged recipes (it would otherwise start the
+    default pipeline: a 10,000-image world, its encoder and a ClipCap, which nobody asks for by typing no recipe)."""
+    width = max(map(len, list_recipes()))
+    rows = "\n".join(f"  {name:<{width}}  {describe_recipe(name)}" for name in list_recipes())
+    return ("usage: finecap train RECIPE [section.key=value ...] [--out DIR] [--resume]\n"
+            "  RECIPE is a packaged recipe below or a YAML file; `finecap train key=value ...` (overrides only) "
+            "trains the defaults.\n  Example: finecap train demo/mle train.max_steps=100 --out runs/mle\n"
+            f"packaged recipes:\n{rows}")  # fmt: skip
 
 
 def _images_and_overrides(images: list[str] | None) -> tuple[list[str] | None, list[str]]:
@@ -206,6 +224,12 @@ def cmd_config(args: argparse.Namespace) -> None:
 # Parser
 # --------------------------------------------------------------------------------------------------------------------
 
+DESCRIPTION = "finecap trains and evaluates image captioners that say more than maximum-likelihood captions do."
+EPILOG = """start here:
+  finecap demo --quick              the whole pipeline on the embedded world, offline (about two minutes)
+  finecap recipes                   the packaged recipes; run one with `finecap train NAME key=value ...`
+  finecap eval --predictions P.json --references REFS   score captions (pycocoevalcap's metrics and more)
+  finecap COMMAND --help            a command's options; docs/cli.md has them all"""
 OVERRIDES_HELP = "optional recipe YAML, then section.key=value overrides (e.g. train.lr=1e-4)"
 FORCE_FILE_HELP = "replace an existing output file that finecap did not make (never one of the command's inputs)"
 OUT_HELP = "run directory (run.dir; default <run.root>/<run.name>); --run-dir is the same option"
@@ -223,6 +247,17 @@ class Parser(argparse.ArgumentParser):
             raise argparse.ArgumentError(action, f"invalid choice: {value!r}{did_you_mean(value, action.choices)} "
                                                  f"(choose from {choices})")  # fmt: skip
 
+    def parse_args(self, args=None, namespace=None):  # noqa: ANN001, ANN201 - argparse's signature
+        """argparse's, with a did-you-mean for a mistyped option (``--reusme``), asked of the command's own parser
+        (``finecap train``'s options for ``finecap train --reusme``), as for commands, keys and values."""
+        parsed, extras = self.parse_known_args(args, namespace)
+        if extras:
+            owner = _command_parser(self, parsed)
+            first = next((e.split("=", 1)[0] for e in extras if e.startswith("-")), None)
+            hint = did_you_mean(first, owner._option_string_actions) if first else ""
+            owner.error(f"unrecognized arguments: {' '.join(extras)}{hint}")
+        return parsed
+
     def parse_known_args(self, args=None, namespace=None):  # noqa: ANN001, ANN201 - argparse's signature
         if self._subparsers is not None or self._intermixed:
             return super().parse_known_args(args, namespace)
@@ -231,6 +266,17 @@ class Parser(argparse.ArgumentParser):
             return self.parse_known_intermixed_args(args, namespace)
         finally:
             self._intermixed = False
+
+
+def _command_parser(parser: argparse.ArgumentParser, parsed: argparse.Namespace) -> argparse.ArgumentParser:
+    """The parser of the (sub)command ``parsed`` was read by (``finecap bags build`` -> that of ``build``)."""
+    for name in ("command", "action"):
+        sub = next((a for a in parser._actions if isinstance(a, argparse._SubParsersAction)), None)
+        chosen = getattr(parsed, name, None)
+        if sub is None or chosen not in sub.choices:
+            break
+        parser = sub.choices[chosen]
+    return parser
 
 
 def _common(defaults: bool) -> argparse.ArgumentParser:
@@ -261,7 +307,8 @@ def _add(sub: argparse._SubParsersAction, name: str, func: Callable, help: str) 
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = Parser(prog="finecap", description=__doc__.splitlines()[0], parents=[_common(defaults=True)])
+    parser = Parser(prog="finecap", description=DESCRIPTION, epilog=EPILOG, parents=[_common(defaults=True)],
+                    formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
     parser.add_argument("--version", action="version", version=f"finecap {__import__('finecap').__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
 
@@ -398,16 +445,6 @@ def build_parser() -> argparse.ArgumentParser:
 
 LIBRARY_LOGGERS = ("transformers", "accelerate", "datasets", "huggingface_hub", "peft", "bitsandbytes")
 """Loggers of the libraries finecap drives; -q/-v set their level with finecap's."""
-SILENCED = {
-    "transformers.utils.import_utils": ("requires torchvision (not installed); falling back to",),
-    "bitsandbytes.backends.cpu.ops": ("Failed to load CPU gemm_4bit_forward from kernels-community",),
-}
-"""Library warnings that say nothing to a finecap user, by the logger that emits them (a logger's filter sees only
-its own records): transformers 5 warns once per process that ``CLIPImageProcessor`` falls back to its PIL twin
-without torchvision (every model command imports it), which is the processor finecap uses either way; bitsandbytes
-0.50, imported by peft whenever it is installed, warns on CPUs with AVX512-BF16 that the optional ``kernels``
-package for its 4-bit CPU matmul is missing, though no 4-bit layer is in use (with one, it runs its own fallback,
-which finecap's CPU tests train)."""
 
 
 class _Plain(logging.Formatter):
@@ -418,13 +455,26 @@ class _Plain(logging.Formatter):
         return f"{record.levelname.lower()}: {text}" if record.levelno >= logging.WARNING else text
 
 
-class _Silence(logging.Filter):
-    def __init__(self, texts: tuple[str, ...]) -> None:
-        super().__init__()
-        self.texts = texts
+@contextlib.contextmanager
+def _shortened_records(max_lines: int = 3) -> Iterator[None]:
+    """At ``-v``, a message of more than ``max_lines`` lines keeps its first line and says how many it left out
+    (transformers logs whole model and generation configs at info level: most of ``-v``'s output was those); ``-vv``
+    shows them whole. Done where records are made (:func:`logging.setLogRecordFactory`), as transformers and datasets
+    print through handlers of their own, made when they are first imported, which may be after this starts."""
+    make = logging.getLogRecordFactory()
 
-    def filter(self, record: logging.LogRecord) -> bool:
-        return not any(text in record.getMessage() for text in self.texts)
+    def shortened(*args: object, **kwargs: object) -> logging.LogRecord:
+        record = make(*args, **kwargs)
+        lines = record.getMessage().splitlines() if record.levelno < logging.WARNING else []
+        if len(lines) > max_lines:
+            record.msg, record.args = f"{lines[0]} [... {len(lines) - 1} more lines; -vv shows them]", None
+        return record
+
+    logging.setLogRecordFactory(shortened)
+    try:
+        yield
+    finally:
+        logging.setLogRecordFactory(make)
 
 
 def levels(verbose: int, quiet: int) -> tuple[int, int]:
@@ -459,23 +509,20 @@ def configured_logging(verbose: int = 0, quiet: int = 0) -> Iterator[None]:
     root = logging.getLogger("finecap")
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(_Plain("%(message)s"))
-    silences = [(logging.getLogger(name), _Silence(texts)) for name, texts in SILENCED.items()]
     os.environ.update(env)
     root.setLevel(own)
     root.addHandler(handler)
     for lg in loggers[1:]:
         lg.setLevel(lib)
-    for noisy, silence in silences:
-        noisy.addFilter(silence)
     if hf_bars_off:
         hf_logging.disable_progress_bar()
+    short = _shortened_records() if verbose - quiet == 1 else contextlib.nullcontext()
     try:
-        yield
+        with silenced(), short:
+            yield
     finally:
         if hf_bars_off:
             hf_logging.enable_progress_bar()
-        for noisy, silence in silences:
-            noisy.removeFilter(silence)
         root.removeHandler(handler)
         for lg, level in zip(loggers, saved_levels, strict=True):
             lg.setLevel(level)
@@ -503,6 +550,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         with configured_logging(args.verbose, args.quiet):
             args.func(args)
+    except UsageError as e:
+        print(e, file=sys.stderr)
+        return 2
     except KeyboardInterrupt:
         if debug_requested(args):
             raise

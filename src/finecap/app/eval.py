@@ -150,6 +150,11 @@ def _main(
         splits = {by_id[i].split for i in preds}
         if len(splits) == 1:
             pool = [r for r in refs.records if r.split in splits]
+    unscored = [r.image_id for r in pool if r.image_id not in results]
+    if unscored:  # scores over a subset are not the data set's: say so, on stderr (JSON on stdout stays clean)
+        print(f"note: the predictions cover {len(preds)} of the {len(pool)} reference images"
+              f"{f' of split {split!r}' if split else ''}; {len(unscored)} are not scored, "
+              f"e.g. {unscored[:MAX_LISTED]}", file=sys.stderr)  # fmt: skip
     why_not = _reasons(cfg, refs, pool, samples=samples, bags=bag_data)
     if asked is not None:
         names = asked

@@ -1,0 +1,130 @@
+"""A new user's smaller stumbles on the command line (issue 49, item 7; item 5's bare ``finecap train``): a mistyped
+option gets a did-you-mean, ``finecap --help`` opens with what finecap is, a bare ``finecap train`` prints its usage
+and the recipes instead of starting the default pipeline, ``caption --checkpoint`` on a demo's folder names the runs
+inside, ``finecap eval`` says when the predictions cover only some reference images, and ``-v`` keeps a library's
+many-line message to its first line."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import logging
+
+import pytest
+
+from finecap.app.cli import _shortened_records, main
+from finecap.recipes import list_recipes
+
+
+def run_cli(argv: list[str]) -> tuple[int, str, str]:
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            code = main(argv)
+        except SystemExit as e:  # argparse's own errors
+            code = e.code
+    return code, out.getvalue(), err.getvalue()
+
+
+@pytest.mark.parametrize(
+    ("argv", "meant"),
+    [
+        (["train", "demo/mle", "--reusme"], "--resume"),
+        (["train", "--otu", "x"], "--out"),
+        (["caption", "--checkpoint", "x", "--out", "y.json", "--imagse", "a.png"], "--images"),
+        (["eval", "--predictions", "p.json", "--references", "r.json", "--per_image", "s.json"], "--per-image"),
+        (["bags", "build", "--out", "b.json", "--szes", "3"], "--sizes"),
+        (["demo", "--qiuck"], "--quick"),
+    ],
+)
+def test_a_mistyped_option_gets_a_did_you_mean_from_its_own_command(argv, meant):
+    code, _, err = run_cli(argv)
+    assert code == 2
+    assert f"(did you mean {meant!r}?)" in err, err
+    assert f"finecap {' '.join(argv[:2]) if argv[0] == 'bags' else argv[0]}: error: unrecognized arguments" in err
+
+
+def test_an_unrelated_option_gets_no_guess():
+    code, _, err = run_cli(["train", "demo/mle", "--zzzzzz"])
+    assert code == 2 and "unrecognized arguments: --zzzzzz" in err and "did you mean" not in err
+
+
+def test_help_opens_with_what_finecap_is():
+    code, out, _ = run_cli(["--help"])
+    assert code == 0
+    first = [line for line in out.splitlines() if line and not line.startswith((" ", "usage"))][0]
+    assert first.startswith("finecap trains and evaluates image captioners"), first
+    assert "parse arguments" not in out  # the module's developer docstring
+    assert "finecap demo --quick" in out and "finecap recipes" in out
+
+
+def test_bare_train_prints_usage_and_the_recipes_and_builds_nothing(tmp_path, monkeypatch):
+    monkeypatch.setenv("FINECAP_HOME", str(tmp_path / "home"))
+    monkeypatch.chdir(tmp_path)
+    code, out, err = run_cli(["train"])
+    assert code == 2 and out == ""
+    assert err.startswith("usage: finecap train RECIPE")
+    assert all(name in err for name in list_recipes())
+    assert sorted(p.name for p in tmp_path.iterdir()) == []  # no world, no encoder, no run folder, no home
+
+
+def _fake_run(folder):
+    """A run folder as find_checkpoint recognises one: checkpoints/best/model/captioner.json (contents unread)."""
+    model = folder / "checkpoints" / "best" / "model"
+    model.mkdir(parents=True)
+    (model / "captioner.json").write_text("{}")
+    (folder / "config.yaml").write_text("run: {}\n")
+
+
+def test_caption_on_a_demo_folder_names_the_stage_runs_inside(tmp_path):
+    demo = tmp_path / "demo"
+    demo.mkdir()
+    (demo / "config.yaml").write_text("demo: {}\n")  # a demo's own configuration beside its stages
+    for stage in ("mle", "smile", "scst"):
+        _fake_run(demo / stage)
+    code, _, err = run_cli(["caption", "--checkpoint", str(demo), "--out", str(tmp_path / "c.json")])
+    assert code == 2 and len(err.strip().splitlines()) == 1, err
+    assert "not a checkpoint folder, but it holds 3" in err
+    assert all(str(demo / stage) in err for stage in ("mle", "smile", "scst"))
+
+
+def test_a_damaged_checkpoint_with_nothing_below_is_still_read_as_a_checkpoint(tmp_path):
+    from finecap.runs import find_checkpoint
+
+    (tmp_path / "config.yaml").write_text("run: {}\n")  # its model/ lost: loading names what is missing
+    assert find_checkpoint(tmp_path) == tmp_path
+
+
+def test_eval_says_which_reference_images_the_predictions_leave_out(tmp_path):
+    refs = tmp_path / "refs.jsonl"
+    lines = [
+        {"image": f"{i}.jpg", "id": i, "captions": ["a red circle", "a red ring"], "split": "test"} for i in range(4)
+    ]
+    refs.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    preds = tmp_path / "p.json"
+    preds.write_text(json.dumps([{"image_id": i, "caption": "a red circle"} for i in range(3)]))
+    code, out, err = run_cli(["eval", "--predictions", str(preds), "--references", str(refs), "--metrics", "bleu",
+                              "--format", "json"])  # fmt: skip
+    assert code == 0, err
+    assert "BLEU-4" in json.loads(out) or json.loads(out)  # stdout stays JSON
+    assert "note: the predictions cover 3 of the 4 reference images; 1 are not scored, e.g. [3]" in err
+    preds.write_text(json.dumps([{"image_id": i, "caption": "a red circle"} for i in range(4)]))
+    code, _, err = run_cli(["eval", "--predictions", str(preds), "--references", str(refs), "--metrics", "bleu"])
+    assert code == 0 and "not scored" not in err
+
+
+def test_v_keeps_a_long_library_message_to_its_first_line(caplog):
+    logger = logging.getLogger("transformers.configuration_utils")
+    config = "Model config GPT2Config {\n" + "".join(f'  "key{i}": {i},\n' for i in range(30)) + "}"
+    with caplog.at_level(logging.INFO, logger="transformers"), _shortened_records():
+        logger.info("%s", config)
+        logger.info("one line\ntwo lines")  # short messages stay whole
+        logger.warning("%s", config)  # a warning is never cut
+    shown = [r.getMessage() for r in caplog.records]
+    assert shown[0] == "Model config GPT2Config { [... 31 more lines; -vv shows them]"
+    assert shown[1] == "one line\ntwo lines" and shown[2] == config
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="transformers"):
+        logger.info("%s", config)  # outside -v's context: whole
+    assert caplog.records[0].getMessage() == config
