@@ -33,7 +33,7 @@ PATH_KEYS: dict[str, Literal["path", "name_or_path"]] = {
 }
 """Keys holding file-system paths: ``path`` keys always are one; ``name_or_path`` keys are a Hub name unless a
 local file or folder exists there (as ``from_pretrained`` decides)."""
-KEYWORDS = ("world", "world-tiny")
+KEYWORDS = ("world", "world-tiny", "data-tiny")
 """Values of ``name_or_path`` keys that name finecap's embedded models, never a folder."""
 
 

@@ -201,6 +201,13 @@ class DataConfig(Section, name="data"):
         le=MAX_TOKENS,
         why="tokens per caption; batches are this long",
     )
+    max_unk_share: float = doc(
+        0.02,
+        "Training stops when more of the training captions' tokens than this are unknown to the captioner's "
+        "tokenizer (a word-level vocabulary not made for them: use clipcap.lm=data-tiny or a pretrained LM).",
+        ge=0,
+        le=1,
+    )
     num_workers: int = doc(
         0,
         "DataLoader worker processes decoding and preprocessing images (docs/data.md).",
@@ -314,7 +321,11 @@ def _check_tiny_heads(section: Section) -> None:
 
 @dataclass
 class ClipCapBackboneConfig(Section, name="clipcap"):
-    lm: str = doc("world-tiny", "'world-tiny' (preset GPT-2 + world tokenizer) or any AutoModelForCausalLM name/path.")
+    lm: str = doc(
+        "world-tiny",
+        "'world-tiny' (preset GPT-2 + world tokenizer), 'data-tiny' (the same over the training captions' words: "
+        "one's own captions offline) or any AutoModelForCausalLM name/path.",
+    )
     mapper: Mapper = doc("mlp", "Mapper from image features to the LM prefix.")
     prefix_length: int = doc(
         10,
@@ -334,7 +345,7 @@ class ClipCapBackboneConfig(Section, name="clipcap"):
         why="it must divide the LM's hidden size",
     )
     tiny_layers: int = doc(
-        3, "lm=world-tiny: GPT-2 layers.", ge=1, le=MAX_TINY_LAYERS, why="a world-tiny model trained from scratch"
+        3, "lm=world-tiny/data-tiny: GPT-2 layers.", ge=1, le=MAX_TINY_LAYERS, why="a world-tiny model trained from scratch"
     )
     tiny_hidden: int = doc(
         128,

@@ -16,6 +16,7 @@ Example::
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -58,3 +59,39 @@ def encode_captions(tokenizer: Any, texts: Sequence[str], max_tokens: int) -> di
     enc = tokenizer(list(texts), add_special_tokens=False)["input_ids"]
     rows = [list(r[: max_tokens - 1]) + [eos] for r in enc]
     return pad_rows(rows, pad)
+
+
+@dataclass(frozen=True)
+class UnknownTokens:
+    """How much of some captions a tokenizer cannot represent (:func:`unknown_tokens`)."""
+
+    share: float
+    """Unknown tokens over all tokens."""
+    example: str
+    """The caption with the most unknown tokens ("" when there are none)."""
+    tokenised: str
+    """That caption as the tokenizer reads it (``a <unk> <unk> in an orange <unk>``)."""
+
+
+def unknown_tokens(tokenizer: Any, texts: Sequence[str]) -> UnknownTokens:
+    """The share of ``texts``' tokens that ``tokenizer`` maps to its unknown token, and the worst caption. A
+    tokenizer with no unknown token (byte-level BPE: GPT-2, Llama 3) never has one: share 0.
+
+    Example::
+
+        >>> from finecap.models.tokenizer import world_tokenizer
+        >>> # 6 tokens, 2 of them unknown: 2 / 6
+        >>> unknown_tokens(world_tokenizer(["a", "red", "circle"]), ["a red circle", "a woman astronaut"])
+        UnknownTokens(share=0.3333333333333333, example='a woman astronaut', tokenised='a <unk> <unk>')
+    """
+    unk = getattr(tokenizer, "unk_token_id", None)
+    if unk is None or not texts:
+        return UnknownTokens(0.0, "", "")
+    rows = tokenizer(list(texts), add_special_tokens=False)["input_ids"]
+    counts = [sum(t == unk for t in row) for row in rows]
+    total = sum(map(len, rows))
+    worst = max(range(len(rows)), key=counts.__getitem__)
+    if not counts[worst]:
+        return UnknownTokens(0.0, "", "")
+    return UnknownTokens(sum(counts) / max(total, 1), texts[worst],
+                         " ".join(tokenizer.convert_ids_to_tokens(rows[worst])))  # fmt: skip

@@ -50,7 +50,7 @@ from finecap.models.base import CaptionerBase
 from finecap.models.captioner import encode_images, last_positions, shifted_mask, strip_prefix
 from finecap.models.kvcache import cache_kwargs, returned_cache
 from finecap.models.presets import WORLD_LM_POSITIONS, build_world_lm
-from finecap.models.tokenizer import ensure_pad_token
+from finecap.models.tokenizer import caption_vocabulary, ensure_pad_token
 from finecap.models.vision import VisionEncoder
 from finecap.models.world_encoder import world_encoder_path
 
@@ -61,6 +61,9 @@ MAPPER_KEYS = ("mapper", "prefix_length", "mapper_layers", "mapper_heads")
 """The ``clipcap`` options a checkpoint records (``captioner.json``) and its mapper is rebuilt from."""
 MAPPER_WEIGHTS = "mapper.safetensors"
 WORLD_LM = "world-tiny"
+DATA_LM = "data-tiny"
+"""``clipcap.lm=data-tiny``: the world LM's architecture over a word-level vocabulary of the training captions
+(:func:`data_vocabulary`), for one's own captions offline."""
 
 
 # --------------------------------------------------------------------------------------------------------------------
@@ -364,11 +367,21 @@ def load_lm(name_or_path: str, options: memory.LoadOptions | None = None) -> tup
     return lm, ensure_pad_token(tokenizer)
 
 
+def data_vocabulary(cfg: Config) -> list[str]:
+    """``clipcap.lm=data-tiny``'s vocabulary: the words of the configured data set's training captions
+    (:func:`finecap.models.tokenizer.caption_vocabulary`). Read from the data at each fresh start rather than cached
+    in the finecap home: it takes a fraction of a second beside reading the data set, and every checkpoint stores
+    the tokenizer it trained with (``lm/tokenizer.json``), which is what resuming, captioning and export load."""
+    from finecap.data.datasets import load_records
+
+    return caption_vocabulary(c for r in load_records(cfg, "train") for c in r.captions)
+
+
 def build_captioner(cfg: Config) -> ClipCap:
     """A fresh captioner from ``cfg.model`` and ``cfg.clipcap``: encoder (``model.encoder``: ``world`` = the
     trained/cached world encoder, else a CLIP checkpoint name/path), mapper (``clipcap.mapper``, random init) and LM
-    (``clipcap.lm``: ``world-tiny`` = the preset GPT-2 of ``clipcap.tiny_*`` sizes with random init, else a pretrained
-    ``AutoModelForCausalLM``)."""
+    (``clipcap.lm``: ``world-tiny`` = the preset GPT-2 of ``clipcap.tiny_*`` sizes with random init over the world's
+    words, ``data-tiny`` the same over the training captions' words, else a pretrained ``AutoModelForCausalLM``)."""
     m, c = cfg.model, cfg.clipcap
     options = memory.LoadOptions.of(m)
     dtype = options.torch_dtype or "auto"
@@ -379,11 +392,12 @@ def build_captioner(cfg: Config) -> ClipCap:
             encoder = VisionEncoder.from_pretrained(m.encoder, dtype)
         except OSError as e:
             raise OSError(f"model.encoder={m.encoder}: cannot load the vision encoder: {e}") from None
-    if c.lm == WORLD_LM:
+    if c.lm in (WORLD_LM, DATA_LM):
         positions = max(WORLD_LM_POSITIONS, c.prefix_length + max(cfg.data.max_tokens, cfg.decode.max_length))
+        vocab = data_vocabulary(cfg) if c.lm == DATA_LM else None
         lm, tokenizer = build_world_lm(c.tiny_layers, c.tiny_hidden, c.tiny_heads, n_positions=positions,
-                                       dropout=c.tiny_dropout)  # fmt: skip
-        lm = options.fresh(lm, f"clipcap.lm={WORLD_LM}")
+                                       vocab=vocab, dropout=c.tiny_dropout)  # fmt: skip
+        lm = options.fresh(lm, f"clipcap.lm={c.lm}")
     else:
         lm, tokenizer = load_lm(c.lm, options)
     return ClipCap(

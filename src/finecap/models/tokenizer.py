@@ -23,7 +23,8 @@ Example::
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections import Counter
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 import torch
@@ -77,6 +78,23 @@ def world_tokenizer(vocab: Sequence[str] | None = None) -> PreTrainedTokenizerFa
     ids = (tok.pad_token_id, tok.unk_token_id, tok.mask_token_id, tok.bos_token_id, tok.eos_token_id)
     assert ids == (PAD_ID, UNK_ID, MASK_ID, BOS_ID, EOS_ID), ids
     return tok
+
+
+def caption_vocabulary(texts: Iterable[str], max_words: int = 30_000) -> list[str]:
+    """The words of ``texts`` as :func:`world_tokenizer` splits them (lower-cased, punctuation apart), most frequent
+    first (ties in alphabetical order), at most ``max_words``: the vocabulary of a word-level LM made for one's own
+    captions (``clipcap.lm=data-tiny``). Deterministic, so every process of a run builds the same one.
+
+    Example::
+
+        >>> caption_vocabulary(["A dog.", "a red dog", "a cat"])
+        ['a', 'dog', '.', 'cat', 'red']
+    """
+    split = pre_tokenizers.Whitespace()
+    counts = Counter(w for t in texts for w, _ in split.pre_tokenize_str(t.lower()))
+    for special in SPECIAL_TOKENS:
+        counts.pop(special, None)
+    return [w for w, _ in sorted(counts.items(), key=lambda wc: (-wc[1], wc[0]))[:max_words]]
 
 
 def ensure_pad_token(tokenizer: Any) -> Any:

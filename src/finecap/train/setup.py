@@ -23,7 +23,9 @@ from finecap.data.datasets import (
     validation_records,
 )
 from finecap.data.features import model_features
+from finecap.data.formats import DataError
 from finecap.data.loading import encoder_draft
+from finecap.data.targets import unknown_tokens
 from finecap.models import memory
 from finecap.models.backbones import build_model as build_captioner
 from finecap.models.backbones import load_captioner
@@ -69,12 +71,36 @@ def train_unit(cfg: Config, objective: ObjectiveBase) -> str:
     return unit
 
 
+VOCABULARY_SAMPLE = 5000
+"""Training captions :func:`check_vocabulary` tokenises (evenly spaced over the split; a data set's share of unknown
+words is a property of its vocabulary, which a few thousand captions show)."""
+
+
+def check_vocabulary(tokenizer: Any, records: list, cfg: Config) -> None:
+    """Stop, with one line naming the share, the worst caption as tokenised and the fix, when more than
+    ``data.max_unk_share`` of the training captions' tokens are unknown to the captioner's tokenizer: a word-level
+    vocabulary made for other captions (``clipcap.lm=world-tiny`` on one's own photos) would otherwise train on
+    ``a <unk> <unk> in an orange <unk>`` without a word."""
+    captions = [c for r in records for c in r.captions]
+    step = max(1, len(captions) // VOCABULARY_SAMPLE)
+    found = unknown_tokens(tokenizer, captions[::step])
+    if found.share > cfg.data.max_unk_share:
+        raise DataError(
+            f"{cfg.data.path or 'the data set'}: {found.share:.0%} of the training captions' tokens are unknown to "
+            f"the captioner's tokenizer ({len(tokenizer)} tokens), e.g. {found.example!r} reads as "
+            f"{found.tokenised!r} (data.max_unk_share={cfg.data.max_unk_share}); train on a vocabulary made for these "
+            "captions: clipcap.lm=data-tiny (a word-level GPT-2 over the training captions' words, offline, "
+            "docs/data.md) or a pretrained LM or VLM (clipcap.lm=gpt2, vlm.name=...)"
+        )
+
+
 def build_data(cfg: Config, model: Any, accelerator: Accelerator, *, per_caption: bool) -> CaptionData:
     """Training examples (one per reference caption, or per image) and the first ``train.eval_samples`` validation
     images; frozen encoders read images through the feature cache, which every process builds its part of
     (:func:`finecap.data.features.model_features`); otherwise images are decoded in the DataLoader workers (JPEGs
     draft-decoded: :func:`finecap.data.loading.encoder_draft`)."""
     train_records = load_records(cfg, "train")
+    check_vocabulary(model.tokenizer, train_records, cfg)  # before the feature caches: seconds, not minutes
     val_records = validation_records(cfg)
     feats: dict[str, torch.Tensor | None] = {"train": None, "val": None}
     draft = None
