@@ -182,6 +182,20 @@ def process_state(settings: TrainConfig) -> PartialState:
     return PartialState(cpu=_use_cpu(settings))
 
 
+def _release_precision(mixed_precision: str) -> None:
+    """Let this process's next ``Accelerator`` take ``mixed_precision`` although an earlier one, now finished, took
+    another. accelerate keeps one ``AcceleratorState`` per process and refuses a second ``Accelerator`` with another
+    precision ("AcceleratorState has already been initialized and cannot be changed"), which is what a command that
+    trains the world encoder (float32) and then a captioner in bf16 does on an empty finecap home. Only the
+    accelerator state is reset (``AcceleratorState._reset_state``, accelerate's own way, used by its tests); the
+    process group (``PartialState``) stays. Nothing changes when the precision is the same, so runs that never
+    switch keep accelerate's state untouched."""
+    from accelerate.state import AcceleratorState
+
+    if AcceleratorState._shared_state and AcceleratorState().mixed_precision != mixed_precision:
+        AcceleratorState._reset_state(reset_partial_state=False)
+
+
 def make_accelerator(settings: TrainConfig, run_dir: Path | None = None) -> Accelerator:
     """``Accelerator`` on the CPU when ``train.cpu`` is set, or when launched as several processes (``WORLD_SIZE``)
     on a machine without an accelerator device: accelerate only sets up multi-CPU (gloo) when asked for the CPU, and
@@ -191,6 +205,7 @@ def make_accelerator(settings: TrainConfig, run_dir: Path | None = None) -> Acce
     needs an MPI hostfile for more), so use ``--multi_gpu`` (torchrun) for several CPU processes."""
     world = int(os.environ.get("WORLD_SIZE", "1"))
     cpu = _use_cpu(settings)
+    _release_precision(settings.mixed_precision)
     trackers: list[Any] = []
     if run_dir is not None:
         trackers = [JsonlTracker(run_dir / METRICS_FILE) if t == "jsonl" else t for t in settings.log_with]
