@@ -128,3 +128,21 @@ def test_v_keeps_a_long_library_message_to_its_first_line(caplog):
     with caplog.at_level(logging.INFO, logger="transformers"):
         logger.info("%s", config)  # outside -v's context: whole
     assert caplog.records[0].getMessage() == config
+
+
+@pytest.mark.parametrize(
+    ("recipe", "built"),
+    [
+        ("demo/vlm_mle", "vlm.name=world-tiny"),
+        ("demo/blip_mle", "blip.name=world-tiny"),
+        ("demo/mle", "clipcap.lm=world-tiny"),
+    ],
+)
+def test_a_config_that_can_never_run_is_refused_before_the_world_is_made(recipe, built, tmp_path, monkeypatch):
+    home = tmp_path / "home"
+    monkeypatch.setenv("FINECAP_HOME", str(home))
+    code, _, err = run_cli(["train", recipe, "model.quantization=4bit", "--out", str(tmp_path / "run")])
+    assert code == 2, err
+    assert f"model.quantization=4bit quantizes a pretrained checkpoint as it loads, but {built} is built here" in err
+    made = sorted(str(p.relative_to(home)) for p in home.rglob("*")) if home.exists() else []
+    assert not [p for p in made if "world" in p], made  # neither the world nor its encoder was made

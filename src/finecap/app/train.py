@@ -38,7 +38,7 @@ from finecap.data.samplers import get_sampler
 from finecap.home import run_path
 from finecap.locks import TRAIN_LOCK, output_lock
 from finecap.models import sharding
-from finecap.models.backbones import reads_world_encoder
+from finecap.models.backbones import check_before_building, reads_world_encoder
 from finecap.objectives import get_objective
 from finecap.objectives.base import ObjectiveBase
 from finecap.outputs import write_output
@@ -187,6 +187,8 @@ def _train(
     objective = get_objective(cfg.train.objective, cfg)
     factories = validator_factories(cfg)
     fresh = resume_from is None and not cfg.train.init_from
+    if fresh:
+        check_before_building(cfg)  # before the world and its encoder are made (seconds, not minutes)
     prepare_needs(cfg, run_needs(cfg, objective, factories, fresh=fresh), processes)
     # After preparing: accelerate keeps one gradient-accumulation state per process, which an Accelerator made
     # while preparing (the world encoder's engine) would have set for itself.

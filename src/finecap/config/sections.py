@@ -345,7 +345,11 @@ class ClipCapBackboneConfig(Section, name="clipcap"):
         why="it must divide the LM's hidden size",
     )
     tiny_layers: int = doc(
-        3, "lm=world-tiny/data-tiny: GPT-2 layers.", ge=1, le=MAX_TINY_LAYERS, why="a world-tiny model trained from scratch"
+        3,
+        "lm=world-tiny/data-tiny: GPT-2 layers.",
+        ge=1,
+        le=MAX_TINY_LAYERS,
+        why="a world-tiny model trained from scratch",
     )
     tiny_hidden: int = doc(
         128,

@@ -70,6 +70,17 @@ def reads_world_encoder(cfg: Config) -> bool:
     return backbone(cfg.model.kind).reads_world_encoder(cfg)
 
 
+def check_before_building(cfg: Config) -> None:
+    """The checks of a fresh captioner of ``cfg`` that need no model, no world and no encoder, run before a command
+    prepares any (a configuration that can never run is refused in a second, not after the world and its encoder
+    are made): ``model.quantization`` on a part built here with random weights (:meth:`built_here`)."""
+    from finecap.models.memory import LoadOptions
+
+    built = backbone(cfg.model.kind).built_here(cfg)
+    if built is not None:
+        LoadOptions.of(cfg.model).check_fresh(built)
+
+
 def encoder_source(cfg: Config) -> str | None:
     """The vision encoder a fresh captioner of ``cfg`` loads from outside its checkpoint (``"world"``: the world
     encoder), or ``None`` when the model brings its own (a pretrained BLIP, a VLM)."""

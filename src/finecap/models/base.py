@@ -181,6 +181,13 @@ class CaptionerBase(nn.Module, abc.ABC):
 
     # ---- optional hooks ------------------------------------------------------------------------------------------
 
+    @staticmethod
+    def built_here(cfg: Any) -> str | None:
+        """The option by which a fresh captioner of ``cfg`` builds a part with random weights here (``clipcap.lm=
+        world-tiny``), or ``None`` when every part loads a checkpoint: what runs can check before anything is
+        prepared (``model.quantization`` only quantizes checkpoints). Default ``None``."""
+        return None
+
     def sequence_logits(self, conditioning: Conditioning, sequences: torch.Tensor, mask: torch.Tensor,
                         image_index: torch.Tensor | None) -> torch.Tensor:  # fmt: skip
         """Logits ``(N, L, V)`` of given ``sequences (N, L)``, row ``n`` after image ``image_index[n]``'s

@@ -353,6 +353,11 @@ class Blip(CaptionerBase):
         """The world BLIP reads ``model.encoder`` from outside its checkpoint; a pretrained BLIP brings its own."""
         return cfg.model.encoder if cfg.blip.name == "world-tiny" else None
 
+    @staticmethod
+    def built_here(cfg: Config) -> str | None:
+        """``blip.name=world-tiny``: the world BLIP is built here with random weights."""
+        return "blip.name=world-tiny" if cfg.blip.name == "world-tiny" else None
+
 
 # --------------------------------------------------------------------------------------------------------------------
 # Construction from the configuration

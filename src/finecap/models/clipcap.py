@@ -349,6 +349,11 @@ class ClipCap(CaptionerBase):
         """The vision encoder a fresh ClipCap loads from outside its checkpoint: ``model.encoder``."""
         return cfg.model.encoder
 
+    @staticmethod
+    def built_here(cfg: Config) -> str | None:
+        """``clipcap.lm=world-tiny`` / ``data-tiny``: a GPT-2 built here with random weights."""
+        return f"clipcap.lm={cfg.clipcap.lm}" if cfg.clipcap.lm in (WORLD_LM, DATA_LM) else None
+
 
 # --------------------------------------------------------------------------------------------------------------------
 # Construction from the configuration

@@ -639,6 +639,11 @@ class Vlm(CaptionerBase):
         """The world VLM reads ``model.encoder`` from outside its checkpoint; a VLM brings its own vision tower."""
         return cfg.model.encoder if cfg.vlm.name == WORLD_VLM else None
 
+    @staticmethod
+    def built_here(cfg: Config) -> str | None:
+        """``vlm.name=world-tiny``: the world VLM is built here with random weights."""
+        return f"vlm.name={WORLD_VLM}" if cfg.vlm.name == WORLD_VLM else None
+
     @classmethod
     def load_weights(cls, path: Path, meta: dict[str, Any], load_encoder: bool,
                      options: memory.LoadOptions) -> Vlm:  # fmt: skip
