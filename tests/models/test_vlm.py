@@ -189,6 +189,25 @@ def test_processor_kwargs_set_the_image_token_budget_and_are_checked(vlm_dirs, t
         build_model(load(None, [*cfg, "vlm.processor_kwargs={max_pixel: 1568}"]))
 
 
+def test_pixel_bounds_reach_the_processor_as_transformers_5_wants_them(vlm_dirs):
+    """``max_pixels`` (older recipes and checkpoints) and ``size: {longest_edge: ...}`` (transformers 5's spelling)
+    give the same image tokens, and neither makes transformers warn that ``max_pixels`` in a call is deprecated."""
+    import warnings
+
+    image = [Image.new("RGB", (64, 48), (200, 30, 30))]
+    cfg = ["model.kind=vlm", f"vlm.name={vlm_dirs['qwen2_vl']}"]
+    old = build_model(load(None, [*cfg, "vlm.processor_kwargs={max_pixels: 1568}"]))
+    new = build_model(load(None, [*cfg, "vlm.processor_kwargs={size: {longest_edge: 1568}}"]))
+    assert old.processor_kwargs["size"]["longest_edge"] == 1568 and "max_pixels" not in old.processor_kwargs
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        ids = [m.encoder.preprocess(image)["prompt_ids"] for m in (old, new)]
+    assert torch.equal(ids[0], ids[1])
+    assert not [w for w in caught if "deprecated" in str(w.message)], [str(w.message) for w in caught]
+    with pytest.raises(ValueError, match="expected"):  # a size holds integers only
+        load(None, [*cfg, "vlm.processor_kwargs={size: {longest_edge: big}}"])
+
+
 # --------------------------------------------------------------------------------------------------------------------
 # Decoding against generate
 # --------------------------------------------------------------------------------------------------------------------

@@ -405,10 +405,10 @@ class VlmBackboneConfig(Section, name="vlm"):
     train_projector: bool = doc(
         True, "Train the projector from vision tower to LM (as ClipCap's mapper, whatever else trains)."
     )
-    processor_kwargs: dict[str, bool | int | float | str] = doc(
+    processor_kwargs: dict[str, bool | int | float | str | dict[str, int]] = doc(
         {},
-        "Keyword arguments of every processor call, the image-token budget: Qwen2-VL max_pixels / min_pixels, "
-        "Idefics3 (SmolVLM) do_image_splitting (docs/vlm.md); recorded in the checkpoint.",
+        "Keyword arguments of every processor call, the image-token budget: Qwen2-VL size: {longest_edge: pixels} "
+        "(or max_pixels), Idefics3 (SmolVLM) do_image_splitting (docs/vlm.md); recorded in the checkpoint.",
     )
     tiny_layers: int = doc(
         3,

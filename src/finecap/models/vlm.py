@@ -175,6 +175,30 @@ def check_processor_kwargs(processor: Any, kwargs: dict[str, Any]) -> None:
         )
 
 
+PIXEL_BOUNDS = {"max_pixels": "longest_edge", "min_pixels": "shortest_edge"}
+"""Qwen2-VL's pixel bounds and the keys of its ``size`` that transformers 5 reads them from: a processor call given
+``max_pixels`` warns that it is deprecated ("pass size={'longest_edge': ...}")."""
+
+
+def processor_call_kwargs(processor: Any, kwargs: dict[str, Any]) -> dict[str, Any]:
+    """``vlm.processor_kwargs`` as transformers 5 wants them in a processor call: ``max_pixels`` / ``min_pixels``
+    moved into ``size`` (``longest_edge`` / ``shortest_edge``) when the image processor's size has those keys, so the
+    budget is the same and no deprecation warning is printed at every batch; a ``size`` (given, or made so) completed
+    with the processor's own keys (Qwen2-VL refuses a size without both edges); anything else unchanged. Older
+    checkpoints recording ``max_pixels`` thus caption as before."""
+    size = getattr(getattr(processor, "image_processor", None), "size", None)
+    try:  # a dict, or transformers 5's SizeDict (its unset keys left out)
+        size = {k: v for k, v in dict(size).items() if v is not None}
+    except (TypeError, ValueError):
+        size = {}
+    given = kwargs.get("size") if isinstance(kwargs.get("size"), dict) else None
+    bounds = {k: v for k, v in kwargs.items() if k in PIXEL_BOUNDS and set(PIXEL_BOUNDS.values()) <= set(size)}
+    if not bounds and given is None:
+        return dict(kwargs)
+    merged = {**size, **(given or {}), **{PIXEL_BOUNDS[k]: v for k, v in bounds.items()}}  # a size is whole
+    return {**{k: v for k, v in kwargs.items() if k not in bounds}, "size": merged}
+
+
 # --------------------------------------------------------------------------------------------------------------------
 # The prompt and the decoding state
 # --------------------------------------------------------------------------------------------------------------------
@@ -260,7 +284,7 @@ class VlmImages:
         images = [im.convert("RGB") for im in images]
         vlm = self.vlm
         enc = vlm.processor(text=[vlm.prompt_text] * len(images), images=[[im] for im in images], padding=True,
-                            return_tensors="pt", **vlm.section.processor_kwargs)  # fmt: skip
+                            return_tensors="pt", **vlm.processor_kwargs)  # fmt: skip
         out = {"prompt_ids": enc["input_ids"], "prompt_mask": enc["attention_mask"]}
         out.update({k: enc[k] for k in vlm.family.image_inputs if k in enc})
         return out
@@ -307,6 +331,7 @@ class Vlm(CaptionerBase):
         self.section = section or VlmBackboneConfig()
         self.family = family_of(model.config, source)
         check_processor_kwargs(processor, self.section.processor_kwargs)
+        self.processor_kwargs = processor_call_kwargs(processor, self.section.processor_kwargs)
         if world is not None and self.family is not FAMILIES["llava"]:
             raise ValueError(f"vlm.name={source}: world image tokens need a LLaVA-architecture model")
         self.world = world
