@@ -108,7 +108,9 @@ def test_recipes_lists_whole_descriptions(capsys):
         assert line.split()[0] == name and line.endswith(describe_recipe(name))
 
 
-@pytest.mark.parametrize("name", ["coco/mle_vlm", "coco/smile_vlm", "coco/discritune_vlm"])
+@pytest.mark.parametrize(
+    "name", ["coco/mle_vlm", "coco/smile_vlm", "coco/discritune_vlm", "coco/sr_l_vlm", "coco/sr_lv_bagcurri_vlm"]
+)
 def test_vlm_recipes_build_a_vlm_captioner(name, tmp_path):
     """The decoder-only VLM recipes name SmolVLM-256M-Instruct (model.kind=vlm); with vlm.name pointing at a tiny
     saved Idefics3 (SmolVLM's family) instead of the Hub, the recipe builds and configures a VLM captioner."""
@@ -123,7 +125,14 @@ def test_vlm_recipes_build_a_vlm_captioner(name, tmp_path):
     cfg = load(name, [f"vlm.name={tiny}"])
     model = configure_training(build_model(cfg), cfg)
     assert isinstance(model, Vlm) and model.section.prompt == cfg.vlm.prompt
-    assert model.train_lm and not model.train_encoder and model.section.train_projector
+    assert model.train_lm and model.train_encoder == cfg.model.train_encoder and model.section.train_projector
+    adapted = {n.split(".lora_A")[0].rsplit(".", 1)[-1] for n, _ in model.named_parameters() if ".lora_A" in n}
+    if cfg.lora.lm:  # the SR recipes: LoRA on the language model's attention (NDLB's GPT-2 targets' Llama names)
+        assert {"q_proj", "k_proj", "v_proj", "o_proj"} <= adapted and not adapted & {"gate_proj", "down_proj"}
+    if cfg.lora.encoder:  # SR-LV: the vision tower's attention and MLP too
+        assert {"fc1", "fc2", "out_proj"} <= adapted
+    if not (cfg.lora.lm or cfg.lora.encoder):
+        assert not adapted
 
 
 @pytest.mark.parametrize("name", [n for n in RECIPES if n.startswith("coco/") and "boost" not in n])

@@ -97,9 +97,16 @@ def cmd_retriever_probe(args: argparse.Namespace) -> None:
 def cmd_train(args: argparse.Namespace) -> None:
     if not args.items and not args.resume and args.out is None:
         raise UsageError(train_usage())
+    cfg = _config(args, _flags(args, {"out": "run.dir"}))
+    if args.dry_run:
+        if args.resume:
+            raise ValueError("--dry-run builds a fresh run and trains nothing; it does not take --resume")
+        from finecap.app.train import dry_run
+
+        dry_run(cfg)
+        return
     from finecap.app.train import train
 
-    cfg = _config(args, _flags(args, {"out": "run.dir"}))
     train(cfg, resume=args.resume, recipe=_recipe_file(args))
 
 
@@ -331,6 +338,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = _add(sub, "train", cmd_train, "Train a captioner with a recipe.")
     p.add_argument("--resume", action="store_true", help="continue the run from its last checkpoint")
+    p.add_argument("--dry-run", dest="dry_run", action="store_true", help="build the run, print the resolved config, "
+                   "parameters by part and dtype, a memory estimate and one training step's loss, time and peak "
+                   "memory; train and write nothing")  # fmt: skip
     p.add_argument("--out", "--run-dir", dest="out", default=None, help=OUT_HELP)
 
     p = _add(sub, "caption", cmd_caption, "Caption a data split, or image files, with a trained checkpoint (COCO "

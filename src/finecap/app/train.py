@@ -23,6 +23,7 @@ from __future__ import annotations
 import contextlib
 import logging
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -33,6 +34,7 @@ from accelerate.utils import broadcast_object_list
 
 from finecap.config import Config
 from finecap.contract import TrainContext
+from finecap.data.datasets import to_device
 from finecap.data.loading import LoaderSettings
 from finecap.data.samplers import get_sampler
 from finecap.home import run_path
@@ -164,26 +166,29 @@ def train(
         return _train(cfg, processes, validators=validators, resume=resume, overwrite=overwrite, callbacks=callbacks)
 
 
-def _train(
+@dataclass
+class BuiltRun:
+    """What a run trains with, built as :func:`train` builds it (:func:`_build_run`)."""
+
+    accelerator: Accelerator
+    model: torch.nn.Module
+    data: CaptionData
+    engine: Engine
+
+
+def _build_run(
     cfg: Config,
-    processes: PartialState,
+    run_dir: Path,
+    resume_from: Path | None,
     *,
     validators: Sequence[Validator] | None,
-    resume: bool,
-    overwrite: bool,
     callbacks: Sequence[Callable[[TrainState], None]],
-) -> Path:
-    """:func:`train` with the run directory's lock held (main process)."""
-    run_dir = run_path(cfg.run)
-    found = [""]
-    if processes.is_main_process:
-        found = [str(prepare_run_dir(run_dir, resume=resume, overwrite=overwrite) or "")]
-    if processes.num_processes > 1:
-        found = broadcast_object_list(found)
-    resume_from = Path(found[0]) if found[0] else None
-    if resume_from is not None:  # a resumed run reads the data and retriever it started with
-        check_fingerprints_of_run(run_dir, cfg, parts=("data", "retriever"))
-
+    processes: PartialState,
+    writes: bool = True,
+) -> BuiltRun:
+    """The objective, the world and encoder it needs (prepared), the accelerator, model, data, optimizer, schedule
+    and engine of a run, as training and :func:`dry_run` use them; ``writes``: whether the engine saves checkpoints
+    and the trackers log into ``run_dir`` (a dry run writes nothing there)."""
     objective = get_objective(cfg.train.objective, cfg)
     factories = validator_factories(cfg)
     fresh = resume_from is None and not cfg.train.init_from
@@ -192,7 +197,7 @@ def _train(
     prepare_needs(cfg, run_needs(cfg, objective, factories, fresh=fresh), processes)
     # After preparing: accelerate keeps one gradient-accumulation state per process, which an Accelerator made
     # while preparing (the world encoder's engine) would have set for itself.
-    accelerator = make_accelerator(cfg.train, run_dir)
+    accelerator = make_accelerator(cfg.train, run_dir if writes else None)
 
     seed_everything(cfg.run.seed)  # the same initial model on every process (DDP also broadcasts rank 0's)
     model = build_model(cfg, resume_from).to(accelerator.device)
@@ -223,15 +228,112 @@ def _train(
         scheduler,
         seed=cfg.run.seed,
         total=total,
-        evaluate=make_evaluate(cfg, data, all_validators, accelerator),
-        checkpoints=Checkpoints(run_dir, partial(save_checkpoint, model=model, cfg=cfg)),
+        evaluate=make_evaluate(cfg, data, all_validators, accelerator) if writes else None,
+        checkpoints=Checkpoints(run_dir, partial(save_checkpoint, model=model, cfg=cfg)) if writes else None,
         callbacks=callbacks,
     )
+    return BuiltRun(accelerator, model, data, engine)
+
+
+def dry_run(cfg: Config) -> dict[str, Any]:
+    """``finecap train ... --dry-run``: build the run as :func:`train` would (preparing the world and encoder it
+    needs), print the resolved configuration, the parameters by part, role and dtype, an estimate of the memory of
+    weights and training state, and run one training step on the first global batch of a throwaway model, whose
+    loss, time and peak memory it prints; nothing is written to the run directory, no checkpoint is saved. Returns
+    the report (also what the tests read)."""
+    import time
+
+    import yaml
+
+    from finecap.models.memory import parameter_counts, training_memory
+
+    processes = process_state(cfg.train)
+    run = _build_run(cfg, run_path(cfg.run), None, validators=None, callbacks=(), processes=processes, writes=False)
+    acc, engine = run.accelerator, run.engine
+    counts = parameter_counts(run.model)
+    memory = training_memory(run.model)
+    batches = engine.data.sampler.batches(0)
+    fields = engine.data.sampler.example_fields(0)
+    micro: list[dict[str, Any]] = []
+    for batch in engine.epoch_loader(batches):
+        for name, table in fields.items():
+            batch[name] = torch.tensor([table[int(i)] for i in batch["index"]])
+        micro.append(batch)
+        if len(micro) == cfg.train.grad_accum_steps:
+            break
+    info = engine.step_info(batches[0], fields)
+    micro = [to_device({**mb, "step_info": info}, acc.device) for mb in micro]
+    if acc.device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(acc.device)
+    rss = peak_rss_bytes()
+    start = time.perf_counter()
+    values = engine.train_step(micro)
+    seconds = time.perf_counter() - start
+    engine.close_loader()
+    peak = torch.cuda.max_memory_allocated(acc.device) if acc.device.type == "cuda" else peak_rss_bytes() - rss
+    report = {"parameters": counts, "memory_bytes": memory, "step": {"loss": values["loss"], "seconds": seconds,
+              "batch": cfg.train.batch_size, "peak_bytes": peak, "device": str(acc.device)}}  # fmt: skip
+    if acc.is_main_process:
+        print(yaml.safe_dump(cfg.to_dict(redact=True), sort_keys=False), end="")
+        print(dry_run_text(report))
+    return report
+
+
+def peak_rss_bytes() -> int:
+    """This process's peak resident memory so far (``ru_maxrss``, kilobytes on Linux)."""
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+def dry_run_text(report: dict[str, Any]) -> str:
+    """The parameter table, the memory estimate and the step of :func:`dry_run`'s report, as printed."""
+    gib = 1024**3
+    rows = ["dry run: nothing trained or written", "parameters (part, role, dtype: count):"]
+    for part, roles in report["parameters"].items():
+        for role, dtypes in roles.items():
+            rows += [f"  {part:<8} {role:<9} {dtype:<9} {n:>14,}" for dtype, n in dtypes.items()]
+    mem = report["memory_bytes"]
+    rows.append("memory estimate per process (GiB): " + ", ".join(f"{k} {v / gib:.3f}" for k, v in mem.items())
+                + " (activations come on top: the step below measures them)")  # fmt: skip
+    step = report["step"]
+    where = "peak allocated" if step["device"].startswith("cuda") else "peak RSS growth"
+    rows.append(
+        f"one training step on the first batch ({step['batch']} per process, {step['device']}): loss "
+        f"{step['loss']:.4f}, {step['seconds']:.2f} s, {where} {step['peak_bytes'] / gib:.3f} GiB"
+    )
+    return "\n".join(rows)
+
+
+def _train(
+    cfg: Config,
+    processes: PartialState,
+    *,
+    validators: Sequence[Validator] | None,
+    resume: bool,
+    overwrite: bool,
+    callbacks: Sequence[Callable[[TrainState], None]],
+) -> Path:
+    """:func:`train` with the run directory's lock held (main process)."""
+    run_dir = run_path(cfg.run)
+    found = [""]
+    if processes.is_main_process:
+        found = [str(prepare_run_dir(run_dir, resume=resume, overwrite=overwrite) or "")]
+    if processes.num_processes > 1:
+        found = broadcast_object_list(found)
+    resume_from = Path(found[0]) if found[0] else None
+    if resume_from is not None:  # a resumed run reads the data and retriever it started with
+        check_fingerprints_of_run(run_dir, cfg, parts=("data", "retriever"))
+
+    run = _build_run(cfg, run_dir, resume_from, validators=validators, callbacks=callbacks, processes=processes)
+    accelerator, engine, data = run.accelerator, run.engine, run.data
     saved = cfg.saved_dict()  # absolute paths, secrets masked: what config.yaml holds and trackers receive
     if resume_from is not None:
         engine.restore(resume_from)
         if accelerator.is_main_process:
-            log.info("resume: continuing %s from %s (step %d of %d)", run_dir, resume_from, engine.state.step, total)
+            log.info(
+                "resume: continuing %s from %s (step %d of %d)", run_dir, resume_from, engine.state.step, engine.total
+            )
             for change in config_changes(run_dir / CONFIG_FILE, saved):
                 log.info("resume: configuration changed: %s", change)
     if accelerator.is_main_process:

@@ -35,7 +35,7 @@ from __future__ import annotations
 import functools
 import inspect
 import logging
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, get_args
@@ -343,26 +343,54 @@ def part_dtypes(model: Captioner) -> dict[str, dict[str, str]]:
     """The resolved dtypes of each part and of the rest (what ``captioner.json`` records under ``"dtypes"`` and a run
     logs at its start): ``{"lm": {"trainable": "float32", "frozen": "bfloat16", "quantized": "4bit"}, ...}``, each
     key only where the part has such parameters (several dtypes joined by ``+``)."""
+    return {part: {role: "+".join(sorted(dtypes)) for role, dtypes in roles.items()}
+            for part, roles in parameter_counts(model).items()}  # fmt: skip
+
+
+def _parts(model: Captioner) -> Iterator[tuple[str, nn.Parameter]]:
+    """Each parameter once, with the part holding it (``lm``, ``encoder``, ... or ``rest``), as :func:`part_dtypes`
+    groups them."""
     seen: set[int] = set()
-    groups = [(part, model.lora_module(part)) for part in PARTS] + [("rest", model)]
-    out: dict[str, dict[str, str]] = {}
-    for name, module in groups:
+    for name, module in [(part, model.lora_module(part)) for part in PARTS] + [("rest", model)]:
         if module is None:
             continue
-        kinds: dict[str, set[str]] = {"trainable": set(), "frozen": set(), "quantized": set()}
         for p in module.parameters():
-            if id(p) in seen:
-                continue
-            seen.add(id(p))
-            quantized = _quantized(p)
-            if quantized is not None:
-                kinds["quantized"].add(quantized)
-            elif p.is_floating_point():
-                kinds["trainable" if p.requires_grad else "frozen"].add(str(p.dtype).removeprefix("torch."))
-        entry = {k: "+".join(sorted(v)) for k, v in kinds.items() if v}
-        if entry:
-            out[name] = entry
+            if id(p) not in seen:
+                seen.add(id(p))
+                yield name, p
+
+
+def parameter_counts(model: Captioner) -> dict[str, dict[str, dict[str, int]]]:
+    """Parameters by part, role (``trainable``, ``frozen``, ``quantized``) and dtype (``4bit`` / ``8bit`` for
+    quantized ones): ``{"lm": {"trainable": {"float32": 124439808}}, ...}`` (``finecap train --dry-run``)."""
+    out: dict[str, dict[str, dict[str, int]]] = {}
+    for part, p in _parts(model):
+        quantized = _quantized(p)
+        if not quantized and not p.is_floating_point():
+            continue
+        role = "quantized" if quantized else "trainable" if p.requires_grad else "frozen"
+        dtype = quantized or str(p.dtype).removeprefix("torch.")
+        roles = out.setdefault(part, {}).setdefault(role, {})
+        roles[dtype] = roles.get(dtype, 0) + _numel(p)
     return out
+
+
+def _numel(p: torch.Tensor) -> int:
+    """The weights a parameter stands for (a bitsandbytes 4-bit parameter stores two per byte)."""
+    shape = getattr(getattr(p, "quant_state", None), "shape", None)
+    return int(torch.Size(shape).numel()) if shape is not None else p.numel()
+
+
+def training_memory(model: Captioner) -> dict[str, int]:
+    """Bytes of what training holds besides activations, per process: ``weights`` (every parameter as stored),
+    ``gradients`` (one per trainable parameter, in its dtype) and ``optimizer`` (AdamW's two moments per trainable
+    parameter, in its dtype, as ``torch.optim.AdamW`` keeps them), and their ``total``. Under FSDP2 each process holds
+    its shard of each (divide by the process count); activations depend on the batch and the sequence length, and
+    ``--dry-run`` measures them with one step."""
+    weights = sum(p.numel() * p.element_size() for _, p in _parts(model))
+    trainable = sum(p.numel() * p.element_size() for _, p in _parts(model) if p.requires_grad)
+    out = {"weights": weights, "gradients": trainable, "optimizer": 2 * trainable}
+    return {**out, "total": sum(out.values())}
 
 
 def describe(dtypes: dict[str, dict[str, str]]) -> str:

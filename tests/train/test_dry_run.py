@@ -1,0 +1,66 @@
+"""``finecap train ... --dry-run`` (issue 49, item 6): the resolved configuration, the parameters by part, role and
+dtype, a memory estimate of weights and training state, and one training step's loss, time and peak memory; the run
+directory stays empty and no checkpoint is saved."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+
+import pytest
+import torch
+
+from finecap.app.cli import main
+from finecap.models.memory import parameter_counts, training_memory
+
+WORLD = ("world.n_train=20", "world.n_val=4", "world.n_test=4", "world.image_size=32")
+ENCODER = ("retriever.epochs=1", "retriever.batch_size=8", "retriever.batch_size_eval=16")
+CLIPCAP = ("clipcap.tiny_layers=1", "clipcap.tiny_hidden=32", "clipcap.tiny_heads=2", "clipcap.prefix_length=2",
+           "train.batch_size=8", "decode.max_length=6")  # fmt: skip
+
+
+class Two(torch.nn.Module):
+    """A captioner-shaped module with an ``lm`` and an ``encoder`` part and one parameter of its own."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lm = torch.nn.Linear(3, 4)  # 12 + 4 = 16 weights, trainable float32
+        self.encoder = torch.nn.Linear(2, 2).to(torch.bfloat16).requires_grad_(False)  # 4 + 2 = 6, frozen bf16
+        self.scale = torch.nn.Parameter(torch.ones(5))  # 5, trainable float32 (the rest)
+
+    def lora_module(self, part: str) -> torch.nn.Module | None:
+        return getattr(self, part, None)
+
+
+def test_parameter_counts_and_training_memory_by_hand():
+    model = Two()
+    assert parameter_counts(model) == {"lm": {"trainable": {"float32": 16}}, "encoder": {"frozen": {"bfloat16": 6}},
+                                       "rest": {"trainable": {"float32": 5}}}  # fmt: skip
+    # weights: 16 x 4 + 6 x 2 + 5 x 4 = 96 bytes; gradients: (16 + 5) x 4 = 84; AdamW: 2 x 84 = 168
+    assert training_memory(model) == {"weights": 96, "gradients": 84, "optimizer": 168, "total": 348}
+
+
+@pytest.mark.slow
+def test_dry_run_prints_the_report_and_writes_nothing(tmp_path, monkeypatch):
+    monkeypatch.setenv("FINECAP_HOME", str(tmp_path / "home"))
+    run = tmp_path / "run"
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = main(["train", "demo/mle", *WORLD, *ENCODER, *CLIPCAP, f"world.out={tmp_path / 'w'}", "--out", str(run),
+                     "--dry-run"])  # fmt: skip
+    assert code == 0, err.getvalue()
+    text = out.getvalue()
+    assert "objective: mle" in text and "tiny_hidden: 32" in text  # the resolved configuration
+    assert "dry run: nothing trained or written" in text
+    assert "lm       trainable float32" in text and "encoder  frozen" in text
+    assert "memory estimate per process (GiB): weights" in text and "optimizer" in text
+    line = [x for x in text.splitlines() if x.startswith("one training step on the first batch (8 per process")]
+    assert line and "loss" in line[0], text
+    assert not run.exists() or not any(run.iterdir())  # no config.yaml, no metrics.jsonl, no checkpoint
+
+
+def test_dry_run_does_not_resume():
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err):
+        code = main(["train", "demo/mle", "--dry-run", "--resume"])
+    assert code == 2 and "--dry-run builds a fresh run" in err.getvalue()
