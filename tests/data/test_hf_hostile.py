@@ -139,6 +139,18 @@ def case_state_filename_not_a_string(ctx):
     return ctx.saved, [f"{ctx.state}: _data_files[0].filename", "must be a path relative", "got 7"], []
 
 
+def case_state_lists_a_file_twice(ctx):
+    edit_json(
+        ctx.state, lambda s: s.update(_data_files=[{"filename": ctx.arrow.name}, {"filename": f"./{ctx.arrow.name}"}])
+    )
+    return ctx.saved, [f"{ctx.state}: _data_files[1].filename: names {ctx.arrow} again", "_data_files[0]"], []
+
+
+def case_dict_lists_a_split_twice(ctx):
+    edit_json(ctx.listing, lambda d: d.update(splits=["test", "test/"]))
+    return ctx.saved, [f"{ctx.listing}: splits[1]: names {ctx.saved / 'test'} again (as {ctx.listing}: splits[0])"], []
+
+
 def case_state_names_a_missing_file(ctx):
     set_filename(ctx, "data-00001-of-00002.arrow")
     missing = ctx.saved / "test" / "data-00001-of-00002.arrow"

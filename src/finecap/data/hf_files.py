@@ -12,9 +12,10 @@ A local source (:func:`local_splits`) is one of:
 
 **Contained.** ``datasets`` joins the paths written in ``dataset_dict.json`` and ``state.json`` to the folder as
 written, so a split ``../../elsewhere`` or a file ``/home/me/private.arrow`` would be read. Here every such path must
-lie inside the data set folder once ``..`` and symbolic links are resolved (absolute paths are refused), or it is one
-:class:`~finecap.data.formats.DataError` naming the JSON file, the entry and the path. The JSON files are read only
-up to :data:`MAX_METADATA_BYTES` and checked field by field (a missing ``_data_files`` is named, not a ``KeyError``).
+lie inside the data set folder once ``..`` and symbolic links are resolved (absolute paths are refused), and name a
+split or file no earlier entry named, or it is one :class:`~finecap.data.formats.DataError` naming the JSON file, the
+entry and the path. The JSON files are read only up to :data:`MAX_METADATA_BYTES` and checked field by field (a
+missing ``_data_files`` is named, not a ``KeyError``).
 
 **Checked.** Every data file is opened before ``datasets`` reads it: a parquet file by its footer (its row count), an
 Arrow file by memory-mapping its record batches (their framing, not their contents: nothing is copied). A truncated,
@@ -115,6 +116,17 @@ def _contained(folder: ImageFolder, base: Path, written: Any, where: str) -> Pat
     return path
 
 
+def _once(seen: dict[str, str], path: Path, where: str) -> Path:
+    """``path``, refused when an earlier entry (``seen``: real path -> entry) named the same file or folder: a data set
+    lists each split and file once, and a file listed thousands of times would be read as many times."""
+    real = os.path.realpath(path)
+    if real in seen:
+        raise DataError(f"{where}: names {real} again (as {seen[real]}); refused (a data set lists each split and "
+                        "data file once)")  # fmt: skip
+    seen[real] = where
+    return path
+
+
 def _arrow_format(path: Path) -> str:
     with path.open("rb") as f:
         return "arrow-file" if f.read(len(ARROW_FILE_MAGIC)) == ARROW_FILE_MAGIC else "arrow"
@@ -156,10 +168,12 @@ def _state_split(folder: ImageFolder, state: Path, name: str, entry: str, where:
             f"{state}: no '_data_files' list (the Arrow files of split {name!r}); not a `datasets` save_to_disk "
             "folder, or a damaged one: save the data set again"
         )
-    files = []
+    files: list[Path] = []
+    seen: dict[str, str] = {}
     for i, item in enumerate(listed):
         at = f"{state}: _data_files[{i}].filename"
-        files.append(_contained(folder, state.parent, item.get("filename") if isinstance(item, dict) else item, at))
+        written = item.get("filename") if isinstance(item, dict) else item
+        files.append(_once(seen, _contained(folder, state.parent, written, at), at))
     fingerprint = meta.get("_fingerprint")
     fingerprint = fingerprint if isinstance(fingerprint, str) else None
     return _checked(name, "arrow", files, str(state), fingerprint=fingerprint, entry=entry)
@@ -176,9 +190,10 @@ def saved_splits(path: Path) -> list[SplitFiles]:
     if not isinstance(names, list):
         raise DataError(f'{listing}: expected {{"splits": [split names]}}, got {short_repr(meta)}')
     splits = []
+    seen: dict[str, str] = {}
     for i, name in enumerate(names):
         where = f"{listing}: splits[{i}]"
-        split_dir = _contained(folder, path, name, where)
+        split_dir = _once(seen, _contained(folder, path, name, where), where)
         if not split_dir.is_dir():
             raise DataError(f"{where}: split {name!r} is missing (no folder {split_dir}); save the data set again")
         splits.append(_state_split(folder, split_dir / "state.json", name, name, where))
