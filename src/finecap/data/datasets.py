@@ -40,6 +40,7 @@ from finecap.data.formats import MAX_LISTED, DataError, Record, find_bad_images,
 from finecap.data.references import data_file, read_records, require_captions, select_split
 from finecap.data.splits import split_unsplit
 from finecap.data.targets import IGNORE_INDEX, encode_captions
+from finecap.home import cache_dir as resolve_cache_dir
 
 if TYPE_CHECKING:
     from finecap.config import Config
@@ -49,9 +50,16 @@ log = logging.getLogger(__name__)
 
 @functools.lru_cache(maxsize=4)
 def _read(
-    fmt: str, path: Path, images: str, mtime_ns: int, options: tuple = (), allow_outside: bool = False
+    fmt: str,
+    path: Path,
+    images: str,
+    mtime_ns: int,
+    options: tuple = (),
+    allow_outside: bool = False,
+    cache: Path | None = None,
 ) -> tuple[Record, ...]:
-    return tuple(read_records(fmt, path, images=images or None, allow_outside=allow_outside, **dict(options)))
+    return tuple(read_records(fmt, path, images=images or None, allow_outside=allow_outside, cache_dir=cache,
+                              **dict(options)))  # fmt: skip
 
 
 def _split_records(cfg: Config, split: str, captioned: bool) -> list[Record]:
@@ -63,8 +71,9 @@ def _split_records(cfg: Config, split: str, captioned: bool) -> list[Record]:
     options = tuple(sorted(hf_options(cfg).items())) if hf else ()
     mtime = path.stat().st_mtime_ns if path.exists() else 0
     read = _read.__wrapped__ if cfg.data.format == "folder" else _read  # a folder changes below its own mtime
-    records, unsplit = split_unsplit(cfg, read(cfg.data.format, path, cfg.data.images, mtime, options,
-                                               cfg.data.allow_outside_paths), path)  # fmt: skip
+    records = read(cfg.data.format, path, cfg.data.images, mtime, options, cfg.data.allow_outside_paths,
+                   resolve_cache_dir(cfg.run))  # fmt: skip
+    records, unsplit = split_unsplit(cfg, records, path)
     records = select_captions(select_split(records, split, path, cfg.data.format, unsplit), cfg.data.captions, path)
     if captioned:
         require_captions(records, path, cfg.data.format, f"split {split!r}")

@@ -346,7 +346,8 @@ def load_record_image(record: Any, draft: int | None = None) -> Image.Image:
     data = _encoded(record)
     if data is None:
         return load_image(record.path, draft)
-    return _decode(data, f"image of record {record.image_id!r} ({record.path})", draft)[0]
+    where = getattr(getattr(record, "image_ref", None), "where", None) or record.path  # the data set's row, if known
+    return _decode(data, f"image of record {record.image_id!r} ({where})", draft)[0]
 
 
 def check_image_file(path: str | Path) -> None:

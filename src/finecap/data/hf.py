@@ -2,11 +2,15 @@
 
 ``data.path`` is one of:
 
-- a folder written by ``Dataset.save_to_disk`` / ``DatasetDict.save_to_disk`` (``datasets.load_from_disk``);
-- a ``.parquet`` / ``.arrow`` file, or a folder of them (``datasets.load_dataset("parquet" | "arrow", ...)``, or
-  ``load_dataset(folder)``, which names splits after the file names, e.g. ``data/train-00000-of-00001.parquet``);
+- a folder written by ``Dataset.save_to_disk`` / ``DatasetDict.save_to_disk``;
+- a ``.parquet`` / ``.arrow`` file, or a folder of them (splits named after the file names as
+  ``load_dataset(folder)`` names them, e.g. ``data/train-00000-of-00001.parquet``);
 - a Hub name such as ``yerevann/coco-karpathy`` (``datasets.load_dataset(name)``; needs a network or the local
-  Hugging Face cache; nothing else in finecap downloads).
+  Hugging Face cache, which it writes, as any ``datasets`` program does; nothing else in finecap downloads).
+
+A local data set's files are found, contained in its folder and checked by :mod:`finecap.data.hf_files`: its Arrow
+files are memory-mapped where they are, its parquet files converted once into the finecap cache; nothing else is
+written (not ``~/.cache/huggingface``, not the working directory).
 
 Columns (``data.*``, see :func:`read_hf`): ``image_column`` holds the image (an ``Image`` feature, embedded bytes or
 a path, or a path string; relative paths are resolved against ``data.images``, by default the folder of the file or
@@ -41,11 +45,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from finecap.config import did_you_mean
 from finecap.data.formats import MAX_LISTED, DataError, ImageFolder, Record, _captions, _infer_split
+from finecap.data.hf_files import HF_FILE_SUFFIXES, SplitFiles, local_splits, open_split
+from finecap.home import CACHE, home
+from finecap.utils import short_repr
 
 __all__ = ["HF_FILE_SUFFIXES", "ArrowImage", "ArrowImages", "is_hf_path", "read_hf"]
-
-HF_FILE_SUFFIXES = (".parquet", ".arrow")
 
 
 def is_hf_path(path: str | Path) -> bool:
@@ -67,32 +73,33 @@ def _import_datasets() -> Any:
     return datasets
 
 
-def _load(source: str | Path) -> dict[str, Any]:
-    """``{split name: Dataset}`` of a saved folder, parquet/arrow file(s), or Hub name."""
+def _load(source: str | Path, splits: Sequence[str] | None, cache: Path) -> tuple[dict[str, Any], list[SplitFiles]]:
+    """``{split name: Dataset}`` of a local data set (its files checked and contained: :mod:`finecap.data.hf_files`;
+    only the ``splits`` named, when given; splits of no rows left out) or of a Hub name, and the local splits read.
+    Nothing is written but the Arrow copies of parquet files, in ``cache``; a Hub name is downloaded to, and read
+    from, the Hugging Face caches, as ``datasets`` does."""
     datasets = _import_datasets()
     path = Path(source)
-    if path.is_dir() and ((path / "dataset_dict.json").exists() or (path / "state.json").exists()):
-        loaded = datasets.load_from_disk(str(path))
-    elif path.is_file():
-        if path.suffix not in HF_FILE_SUFFIXES:
-            raise DataError(f"{path}: data.format=hf reads {', '.join(HF_FILE_SUFFIXES)} files or data set folders")
-        builder = path.suffix.lstrip(".")
-        loaded = datasets.load_dataset(builder, data_files={_infer_split(path): str(path)})
-    else:
-        try:
-            loaded = datasets.load_dataset(str(source))
-        except Exception as e:  # noqa: BLE001 (datasets raises many kinds; the message names the source)
-            where = "folder" if path.is_dir() else "Hub name (no such local file or folder)"
-            raise DataError(f"{source}: cannot load it as a Hugging Face data set {where}: {e}") from None
+    if path.exists():
+        found = local_splits(path)
+        wanted = [s for s in found if s.rows and (splits is None or s.name in splits)]
+        return {s.name: open_split(s, cache) for s in wanted}, found
+    try:
+        loaded = datasets.load_dataset(str(source))
+    except Exception as e:  # noqa: BLE001 (datasets raises many kinds; the message names the source)
+        raise DataError(f"{source}: cannot load it as a Hugging Face data set Hub name (no such local file or "
+                        f"folder): {e}") from None  # fmt: skip
     if isinstance(loaded, datasets.Dataset):
-        return {_infer_split(path): loaded}
-    return dict(loaded)
+        return {_infer_split(path): loaded}, []
+    return dict(loaded), []
 
 
 def _column(ds: Any, name: str, option: str, source: Any, split: str) -> None:
     if name not in ds.column_names:
+        hint = did_you_mean(name, ds.column_names)
         raise DataError(
-            f"{source} (split {split!r}): no column {name!r} ({option}); columns: {', '.join(ds.column_names)}"
+            f"{source} (split {split!r}): no column {short_repr(name)} ({option}); columns: "
+            f"{', '.join(ds.column_names)}{hint}"
         )
 
 
@@ -107,6 +114,11 @@ def _image_cells(ds: Any, column: str, where: Any) -> tuple[list[str | None], li
     kind = array.type
     if pa.types.is_struct(kind):  # an Image feature, or a {"bytes", "path"} struct
         names = [kind.field(k).name for k in range(kind.num_fields)]
+        stored = {"bytes": (pa.binary(), pa.large_binary()), "path": (pa.string(), pa.large_string())}
+        for name, types in stored.items():  # a forged column's fields would reach the image decoder as other values
+            if name in names and kind.field(name).type not in types:
+                raise DataError(f"{where(0)}: the image column's field {name!r} must be {types[0]}, "
+                                f"got {kind.field(name).type}")  # fmt: skip
         missing = pc.is_null(array).to_pylist()
         paths = pc.struct_field(array, "path").to_pylist() if "path" in names else [None] * len(array)
         has_bytes = (pc.invert(pc.is_null(pc.struct_field(array, "bytes"))).to_pylist() if "bytes" in names
@@ -142,11 +154,12 @@ class ArrowImages:
     workers started by ``spawn``) sends its file paths, not its contents, as ``datasets`` pickles memory-mapped
     tables. :meth:`key` identifies its stored version by its Arrow files (path, size, modification time), as
     :func:`finecap.data.features.fingerprint_data` identifies image files: the image-feature cache is keyed without
-    reading every image."""
+    reading every image. ``where`` names the split in messages (``<data set>: split 'train'``)."""
 
-    def __init__(self, ds: Any, column: str) -> None:
+    def __init__(self, ds: Any, column: str, where: str = "") -> None:
         self.dataset = ds.select_columns([column])
         self.column = column
+        self.where = where
         files = [c["filename"] for c in ds.cache_files]
         identity = None
         # Rows are numbered as the files store them only without an indices mapping (load_from_disk and
@@ -171,6 +184,11 @@ class ArrowImage:
 
     def read(self) -> bytes:
         return self.images.read(self.row)
+
+    @property
+    def where(self) -> str:
+        """The data set, split and row holding the image, for messages (a bad image is named by them)."""
+        return f"{self.images.where or 'image column ' + repr(self.images.column)}, row {self.row}"
 
     def key(self) -> str | None:
         return None if self.images.identity is None else f"arrow:{self.images.identity}:{self.row}"
@@ -201,13 +219,17 @@ def read_hf(
     id_column: str = "",
     splits: Sequence[str] | None = None,
     allow_outside: bool = False,
+    cache_dir: str | Path | None = None,
 ) -> list[Record]:
     """Records of a Hugging Face data set (module docstring); ``splits`` keeps only those named splits (read
     faster). A row whose image is embedded (bytes, no file) carries a reference to them (:class:`ArrowImage`, read
     when the image is decoded: module docstring) in :attr:`Record.image_ref`. Image files
-    outside the data set's folder are refused unless ``allow_outside`` (``data.allow_outside_paths``)."""
+    outside the data set's folder are refused unless ``allow_outside`` (``data.allow_outside_paths``). ``cache_dir``
+    (``run.cache_dir``; default ``<finecap home>/cache``) holds the Arrow copies of parquet files
+    (:mod:`finecap.data.hf_files`)."""
     datasets = _import_datasets()
-    parts = _load(source)
+    cache = Path(cache_dir) if cache_dir is not None else home() / CACHE
+    parts, found = _load(source, None if split_column else splits, cache)
     local = Path(source)
     if images is not None:
         root: Path | None = Path(images)
@@ -218,6 +240,8 @@ def read_hf(
     seen: dict[Any, str] = {}
     for split_name, ds in parts.items():
         if splits is not None and not split_column and split_name not in splits:
+            continue
+        if not len(ds):  # a Hub split of no rows (local ones are left out by _load)
             continue
         for col, option in [(image_column, "data.image_column"), (caption_column, "data.caption_column")]:
             _column(ds, col, option, source, split_name)
@@ -236,7 +260,7 @@ def read_hf(
             return f"{source}: split {split_name!r}, row {i}"
 
         written, embedded = _image_cells(ds, image_column, where)
-        arrow = ArrowImages(ds, image_column) if any(embedded) else None
+        arrow = ArrowImages(ds, image_column, f"{source}: split {split_name!r}") if any(embedded) else None
         for i in range(len(ds)):
             path = _image_path(written[i], embedded[i], root, where(i))
             if not embedded[i]:  # a file, not embedded bytes
@@ -258,7 +282,8 @@ def read_hf(
             ref = ArrowImage(arrow, i) if embedded[i] and arrow is not None else None
             records.append(Record(image_id, path, split, _captions(caps, where(i)), image_ref=ref))
     if not records:
-        raise DataError(f"{source}: no rows (splits present: {', '.join(parts) or 'none'})")
+        present = ", ".join(f"{s.shown()}: {s.rows} rows" for s in found) if found else ", ".join(parts) or "none"
+        raise DataError(f"{source}: no rows: an empty data set (splits present: {present})")
     if check_images:
         missing = [r.path for r in records if not r.embedded and not r.path.is_file()]
         if missing:

@@ -37,6 +37,7 @@ from finecap.data.formats import (
 )
 from finecap.data.hf import is_hf_path, read_hf
 from finecap.data.splits import missing_split_advice, split_unsplit
+from finecap.home import cache_dir as resolve_cache_dir
 
 if TYPE_CHECKING:
     from finecap.config import Config
@@ -64,13 +65,15 @@ def read_records(
     images: str | Path | None = None,
     check_images: bool = True,
     allow_outside: bool = False,
+    cache_dir: str | Path | None = None,
     **options: Any,
 ) -> list[Record]:
     """Records of a data set in any format: :func:`finecap.data.formats.read_dataset`, or for ``hf``
-    :func:`finecap.data.hf.read_hf` with ``options`` (:func:`finecap.data.formats.hf_options`). Image paths outside
-    the data set's image folder are refused unless ``allow_outside`` (``data.allow_outside_paths``)."""
+    :func:`finecap.data.hf.read_hf` with ``options`` (:func:`finecap.data.formats.hf_options`) and ``cache_dir``
+    (``run.cache_dir`` resolved: where parquet files are converted). Image paths outside the data set's image folder
+    are refused unless ``allow_outside`` (``data.allow_outside_paths``)."""
     if fmt == "hf":
-        return read_hf(path, images, check_images, allow_outside=allow_outside, **options)
+        return read_hf(path, images, check_images, allow_outside=allow_outside, cache_dir=cache_dir, **options)
     return read_dataset(fmt, path, images, check_images, allow_outside=allow_outside)
 
 
@@ -217,7 +220,8 @@ def load_references(
     root = images if images is not None else (cfg.data.images or None)
     options = hf_options(cfg) if fmt == "hf" else {}
     records = read_records(fmt, path, images=root, check_images=check_images,
-                           allow_outside=cfg.data.allow_outside_paths, **options)  # fmt: skip
+                           allow_outside=cfg.data.allow_outside_paths, cache_dir=resolve_cache_dir(cfg.run),
+                           **options)  # fmt: skip
     check_unique_ids(records, Path(path))  # every format: one record per image, never a silent replacement
     records, unsplit = split_unsplit(cfg, records, path)
     if split is not None:

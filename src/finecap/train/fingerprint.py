@@ -157,11 +157,10 @@ def hub_revision(repo_id: str, repo_type: str = "model") -> str | None:
 
 def _hf_fingerprint(path: Path, source: str) -> dict[str, Any]:
     """What identifies a Hugging Face data set (module docstring)."""
-    if path.is_dir() and (path / "dataset_dict.json").exists():
-        splits = read_json(path / "dataset_dict.json").get("splits", [])
-        return {"datasets": {s: read_json(path / s / "state.json").get("_fingerprint") for s in splits}}
-    if path.is_dir() and (path / "state.json").exists():
-        return {"datasets": {"": read_json(path / "state.json").get("_fingerprint")}}
+    if path.is_dir() and ((path / "dataset_dict.json").exists() or (path / "state.json").exists()):
+        from finecap.data.hf_files import saved_splits  # its JSON files read as the reader reads them: contained
+
+        return {"datasets": {split.entry: split.fingerprint for split in saved_splits(path)}}
     if path.is_dir():
         from finecap.data.hf import HF_FILE_SUFFIXES
 
