@@ -183,8 +183,10 @@ def test_a_bare_model_folder_needs_the_data_named(run, shapes, tmp_path):
     line = error_of(["caption", "--checkpoint", str(bare), "--out", str(out)])
     assert f"{bare}: a model folder with no stored configuration" in line and "--images" in line and "--data" in line
     assert not out.exists()
-    # --images needs no data set; decoding follows the library defaults (max_length 24, not the run's 6)
-    assert resolve(bare).cfg.decode.max_length == 24
+    # --images needs no data set; decoding follows the folder's generation_config.json: the run's (max_length 6,
+    # not the library's 24; issue 49: an export captions like its run)
+    assert resolve(bare).cfg.decode.max_length == 6
+    assert resolve(bare, overrides=["decode.max_length=9"]).cfg.decode.max_length == 9  # the command line wins
     assert caption(bare, shapes["new"], out=out) == {f"{color}.png": CAPTION[color] for color in COLORS}
 
 

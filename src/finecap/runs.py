@@ -56,6 +56,8 @@ TRACKERS_DIR = "trackers"
 STATE_DIR = "state"
 """Inside ``checkpoints/last``: the optimizer and loop state (:mod:`finecap.train.state`)."""
 CAPTIONER_FILE = "captioner.json"
+GENERATION_CONFIG = "generation_config.json"
+"""A model folder's decoding settings as transformers' ``GenerationConfig`` (ClipCap's ``lm/`` holds one too)."""
 """The file naming a captioner's model folder: its backbone (``"kind"``) and what the backbone records
 (:mod:`finecap.models.base`)."""
 

@@ -39,7 +39,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from finecap.caption import generate_captions
-from finecap.config import Config, load, load_stored, parse_override
+from finecap.config import Config, load_stored, parse_override
 from finecap.data.formats import write_results
 from finecap.data.references import detect_format
 from finecap.home import world_path
@@ -47,6 +47,7 @@ from finecap.inference import caption_images, describe_skipped, image_files, loa
 from finecap.outputs import check_not_input, check_output_file
 from finecap.recipes import resolve_recipe
 from finecap.runs import find_checkpoint, model_dir, stored_config
+from finecap.train.checkpoint import folder_config
 from finecap.train.engine import make_accelerator
 from finecap.train.fingerprint import check_run
 
@@ -77,7 +78,10 @@ def resolve(
     ckpt = find_checkpoint(checkpoint)
     overrides = list(overrides)
     stored = stored_config(ckpt)
-    cfg = load_stored(stored, overrides, recipe=recipe) if stored is not None else load(recipe, overrides)
+    if stored is not None:
+        cfg = load_stored(stored, overrides, recipe=recipe)
+    else:  # an export or bare model folder: its generation_config.json gives the decoding
+        cfg = folder_config(model_dir(ckpt), recipe, overrides)
     given = {parse_override(item)[0][0] for item in overrides}
     if data is not None:
         fmt, path = detect_format(data)

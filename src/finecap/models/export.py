@@ -14,10 +14,19 @@ from pathlib import Path
 
 from finecap.models import lora
 from finecap.models.backbones import load_captioner
+from finecap.runs import GENERATION_CONFIG
 
 
 def export_merged(model_folder: str | Path, out: str | Path) -> Path:
     """Load the captioner of ``model_folder`` (a folder holding ``captioner.json``), merge its LoRA adapters and save
-    it as a plain checkpoint in ``out`` (which the caller has checked may be written)."""
+    it as a plain checkpoint in ``out`` (which the caller has checked may be written), with the source's decoding
+    settings: each ``generation_config.json`` of the source (its own, ClipCap's ``lm/``) replaces the one a save
+    writes at the same place, so the export captions as the run did, with finecap and with ``generate``."""
     model = load_captioner(model_folder)
-    return lora.merge_lora(model).save(out)
+    saved = lora.merge_lora(model).save(out)
+    source = Path(model_folder)
+    for config in [source / GENERATION_CONFIG, *sorted(source.glob(f"*/{GENERATION_CONFIG}"))]:
+        target = Path(out) / config.relative_to(source)
+        if config.is_file() and target.parent.is_dir():
+            target.write_bytes(config.read_bytes())
+    return saved

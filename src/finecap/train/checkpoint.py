@@ -19,7 +19,9 @@ written into the model folder and into every sub-folder holding a transformers m
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import shutil
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -30,6 +32,7 @@ from finecap.runs import (
     CAPTIONER_FILE,
     CONFIG_FILE,
     FINGERPRINTS_FILE,
+    GENERATION_CONFIG,
     INFO_FILE,
     MODEL_SUBDIR,
     run_dir_of,
@@ -43,7 +46,6 @@ if TYPE_CHECKING:
 
     from finecap.config import Config, DecodeConfig
 
-GENERATION_CONFIG = "generation_config.json"
 
 
 @contextlib.contextmanager
@@ -85,12 +87,73 @@ def generation_config(
         top_k=decode.top_k if sample else None,
         top_p=decode.top_p if sample else None,
     )
+    # what transformers has no name for, so that finecap decodes a saved folder exactly as the run did
+    gen.finecap_decode = {key: getattr(decode, key) for key in FINECAP_ONLY}
     if tokenizer is not None and tokenizer.eos_token_id is not None:
         stops = stop_token_ids(tokenizer, decode.stop_at_period)
         gen.eos_token_id = stops[0] if len(stops) == 1 else stops
         pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
         gen.pad_token_id = int(pad)
     return gen
+
+
+FINECAP_ONLY = ("finished_beams", "stop_at_period", "batch_size")
+"""``decode`` settings with no ``GenerationConfig`` name, kept in ``generation_config.json`` under
+``finecap_decode`` (transformers keeps and ignores an unknown key)."""
+
+
+def decode_of_folder(model_folder: str | Path) -> dict[str, Any]:
+    """The ``decode`` settings a model folder's ``generation_config.json`` holds (:func:`generation_config`'s
+    inverse), for a folder with no run configuration beside it (an export, a bare model folder): what a user loading
+    it as its model card says gets the run's decoding, and an edited ``generation_config.json`` is honoured.
+    ``{}`` without the file. A file written by other tools (no ``finecap_decode``) gives transformers' beam rule
+    (``finished_beams=set_aside``), which is what ``generate`` with it does."""
+    from transformers import GenerationConfig
+
+    folder = Path(model_folder)
+    if not (folder / GENERATION_CONFIG).is_file():
+        return {}
+    try:
+        gen = GenerationConfig.from_pretrained(folder)
+    except (OSError, ValueError, TypeError) as e:
+        raise ValueError(f"{folder / GENERATION_CONFIG}: cannot read the decoding settings: {e}") from None
+    beams, sample = int(gen.num_beams or 1), bool(gen.do_sample)
+    strategy = "beam" if beams > 1 else "sample" if sample else "greedy"
+    out: dict[str, Any] = {"strategy": strategy, "finished_beams": "set_aside"}
+    if gen.max_new_tokens is not None:
+        out["max_length"] = int(gen.max_new_tokens)
+    if strategy == "beam":
+        out["beam_size"] = beams
+        if gen.length_penalty is not None:
+            out["length_penalty"] = float(gen.length_penalty)
+        if gen.early_stopping is not None:
+            out["early_stopping"] = gen.early_stopping
+    if strategy == "sample":
+        out["temperature"] = float(gen.temperature) if gen.temperature is not None else 1.0
+        out["top_k"] = int(gen.top_k or 0)
+        out["top_p"] = float(gen.top_p) if gen.top_p is not None else 1.0
+    if strategy != "greedy" and gen.num_return_sequences:
+        out["num_return_sequences"] = int(gen.num_return_sequences)
+    extras = getattr(gen, "finecap_decode", None)
+    if isinstance(extras, dict):
+        out.update({k: extras[k] for k in FINECAP_ONLY if k in extras})
+    return out
+
+
+def folder_config(model_folder: str | Path, recipe: str | None = None, overrides: Sequence[str] = ()) -> Config:
+    """The configuration to caption with from a model folder that has no run configuration beside it (an export, a
+    bare model folder): ``recipe`` and ``overrides`` over the defaults, the decoding of its ``generation_config.json``
+    (:func:`decode_of_folder`) for every ``decode`` key the overrides do not set."""
+    from finecap.config import ConfigError, load, parse_override
+
+    cfg = load(recipe, list(overrides))
+    given = {parse_override(o)[0][1] for o in overrides if parse_override(o)[0][0] == "decode"}
+    saved = {k: v for k, v in decode_of_folder(model_folder).items() if k not in given}
+    try:
+        decode = dataclasses.replace(cfg.decode, **saved)  # the section's checks run again
+    except (ConfigError, TypeError) as e:
+        raise ValueError(f"{Path(model_folder) / GENERATION_CONFIG}: {e}") from None
+    return dataclasses.replace(cfg, decode=decode)
 
 
 def write_generation_config(model_folder: str | Path, decode: DecodeConfig, tokenizer: Any = None) -> list[Path]:

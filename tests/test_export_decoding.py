@@ -1,0 +1,108 @@
+"""An export captions like its run (issue 49, item 2): ``Captioner.from_pretrained`` on the run, on its checkpoint, on
+its merged export and on the export loaded by plain transformers (``generate`` with the folder's own
+``generation_config.json``) gives the same captions, with the run's decoding (beam 3, 6 tokens); a call may still
+override it; a bare folder's edited ``generation_config.json`` is honoured."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from finecap import Captioner
+from finecap.app.cli import main
+from finecap.config import load
+from finecap.models import lora
+from finecap.models.backbones import build_model
+from finecap.models.presets import save_tiny_vlm
+from finecap.train.checkpoint import decode_of_folder, save_checkpoint
+
+DECODE = ["decode.strategy=beam", "decode.beam_size=3", "decode.max_length=6", "decode.finished_beams=set_aside"]
+
+
+def images(n: int = 4) -> list[Image.Image]:
+    rng = np.random.default_rng(7)
+    return [Image.fromarray(rng.integers(0, 255, (32, 32, 3), dtype=np.uint8)) for _ in range(n)]
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    """A run whose best checkpoint is a tiny Idefics3 (SmolVLM's family) with random LoRA adapters on its language
+    model, saved by the checkpoint writer with the run's beam decoding."""
+    root = tmp_path_factory.mktemp("export")
+    tiny = save_tiny_vlm(root / "vlm", "idefics3")
+    cfg = load(None, ["model.kind=vlm", f"vlm.name={tiny}", "lora.lm=true", "lora.rank=4", "lora.alpha=8",
+                      "run.name=export-test", *DECODE])  # fmt: skip
+    torch.manual_seed(0)
+    model = lora.configure_training(build_model(cfg), cfg)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "lora_B" in name:
+                p.normal_(0, 0.5)
+    run_dir = root / "run"
+    save_checkpoint(run_dir / "checkpoints" / "best", model=model.eval(), cfg=cfg, info={"step": 1})
+    export = root / "export"
+    err = io.StringIO()
+    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(err):
+        assert main(["export", str(run_dir), "--merged", str(export)]) == 0, err.getvalue()
+    return run_dir, export
+
+
+def test_the_export_decodes_with_the_runs_settings(run):
+    run_dir, export = run
+    settings = Captioner.from_pretrained(export, device="cpu").cfg.decode
+    assert (settings.strategy, settings.beam_size, settings.max_length, settings.finished_beams) == (
+        "beam", 3, 6, "set_aside")  # fmt: skip
+    assert decode_of_folder(export)["beam_size"] == 3
+
+
+def test_run_checkpoint_export_and_transformers_caption_alike(run):
+    from transformers import AutoModelForImageTextToText, AutoProcessor
+
+    run_dir, export = run
+    pictures = images()
+    ours = Captioner.from_pretrained(run_dir, device="cpu").caption(pictures)
+    assert len(set(ours)) > 1  # the images get different captions
+    assert Captioner.from_pretrained(run_dir / "checkpoints" / "best", device="cpu").caption(pictures) == ours
+    exported = Captioner.from_pretrained(export, device="cpu")
+    assert exported.caption(pictures) == ours
+    # plain transformers on the export, with nothing but the folder: generate reads its generation_config.json
+    model = AutoModelForImageTextToText.from_pretrained(export).eval()
+    processor = AutoProcessor.from_pretrained(export)
+    prompt = exported.model.prompt_text
+    inputs = processor(text=[prompt] * len(pictures), images=[[im] for im in pictures], padding=True,
+                       return_tensors="pt")  # fmt: skip
+    with torch.no_grad():
+        out = model.generate(**inputs)
+    theirs = processor.batch_decode(out[:, inputs["input_ids"].shape[1] :], skip_special_tokens=True)
+    assert [t.strip() for t in theirs] == ours
+
+
+def test_a_call_overrides_and_an_edited_generation_config_is_honoured(run, tmp_path):
+    run_dir, export = run
+    exported = Captioner.from_pretrained(export, device="cpu")
+    pictures = images(2)
+    greedy = exported.caption(pictures, strategy="greedy", max_length=3)
+    assert all(len(c.split()) <= 3 for c in greedy)
+    assert exported.cfg.decode.strategy == "beam"  # the call changed nothing
+    edited = tmp_path / "edited"
+    import shutil
+
+    shutil.copytree(export, edited)
+    config = json.loads((edited / "generation_config.json").read_text())
+    config.update(num_beams=1, max_new_tokens=2)
+    (edited / "generation_config.json").write_text(json.dumps(config))
+    settings = Captioner.from_pretrained(edited, device="cpu").cfg.decode
+    assert (settings.strategy, settings.max_length) == ("greedy", 2)
+    code = None
+    out = tmp_path / "c.json"
+    picture = tmp_path / "p.png"
+    pictures[0].save(picture)
+    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+        code = main(["caption", "--checkpoint", str(edited), "--images", str(picture), "--out", str(out)])
+    assert code == 0 and len(json.loads(out.read_text())[0]["caption"].split()) <= 2
