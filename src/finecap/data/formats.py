@@ -53,6 +53,11 @@ Two rules hold for every format (docs/reliability.md, "Reading only what you nam
   the decoded pixels (:func:`encode_image`), never a file's bytes. :func:`find_bad_images` decodes every image of a
   data set up front (``data.skip_bad_images``), once per file version.
 
+Data files are read within bounds (:mod:`finecap.utils`, "Bounded reads"): a JSON file is read whole only up to
+:data:`~finecap.utils.DATA_FILE` (2 GiB, ``FINECAP_MAX_DATA_BYTES``), a JSONL or CSV file is streamed with each line
+within :data:`~finecap.utils.LINE`, a caption ``.txt`` is at most :data:`~finecap.utils.CAPTION_TEXT` (1 MiB); a
+larger file is an error naming it and the limit, never a ``MemoryError``.
+
 Nothing here imports torch (nor PIL, until an image is loaded): ``finecap eval`` reads its inputs through this module.
 """
 
@@ -69,7 +74,7 @@ import os
 import re
 import stat
 import warnings
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -77,7 +82,7 @@ from typing import TYPE_CHECKING, Any, Protocol, get_args
 
 from finecap.config import DataFormat
 from finecap.outputs import write_output
-from finecap.utils import short_repr
+from finecap.utils import CAPTION_TEXT, DATA_FILE, read_bounded, read_lines, read_text_bounded, short_repr
 
 if TYPE_CHECKING:
     from PIL import Image
@@ -169,8 +174,7 @@ def _load_json(path: Path) -> Any:
     if not path.exists():
         raise DataError(f"{path}: file not found")
     try:
-        with path.open() as f:
-            return json.load(f)
+        return json.loads(read_bounded(path, DATA_FILE))  # at most DATA_FILE: parsed whole into memory
     except json.JSONDecodeError as e:
         raise DataError(f"{path}: invalid JSON at line {e.lineno}, column {e.colno}: {e.msg}") from None
     except UnicodeDecodeError as e:
@@ -676,18 +680,25 @@ def read_coco_captions(
     return records
 
 
-def _json_lines(lines: Iterable[str], path: Path) -> Iterator[tuple[str, Any]]:
-    """``(where, record)`` of every non-blank line of a JSONL file (``where``: ``"<path>, line <n>"``); a line that
-    is not JSON is a :class:`DataError` naming it."""
-    for lineno, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
-        where = f"{path}, line {lineno}"
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise DataError(f"{where}: invalid JSON at column {e.colno}: {e.msg}") from None
-        yield where, record
+def _json_lines(path: Path) -> Iterator[tuple[str, Any]]:
+    """``(where, record)`` of every non-blank line of the JSONL file ``path`` (``where``: ``"<path>, line <n>"``),
+    streamed: each line is read within :data:`~finecap.utils.LINE` (:func:`~finecap.utils.read_lines`), the file's
+    size is not bounded. A line that is not JSON, or a file that is not UTF-8, is a :class:`DataError` naming it."""
+    lines = read_lines(path)
+    try:
+        for lineno, line in enumerate(lines, 1):
+            if not line.strip():
+                continue
+            where = f"{path}, line {lineno}"
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise DataError(f"{where}: invalid JSON at column {e.colno}: {e.msg}") from None
+            yield where, record
+    except UnicodeDecodeError as e:
+        raise DataError(f"{path}: not a UTF-8 text file ({e.reason})") from None
+    finally:
+        lines.close()
 
 
 def read_jsonl(
@@ -708,19 +719,18 @@ def read_jsonl(
         raise DataError(f"{path}: file not found")
     records = []
     seen: set[int | str] = set()
-    with path.open() as f:
-        for where, rec in _json_lines(f, path):
-            image = _require(rec, "image", str, where)
-            caps = _require(rec, "captions", list, where)
-            image_id = _require(rec, "id", (int, str), where) if "id" in rec else image
-            rec_split = _require(rec, "split", str, where) if "split" in rec else split
-            if image_id in seen:
-                raise DataError(f"{where}: duplicate image id {short_repr(image_id)}")
-            seen.add(image_id)
-            p = Path(image)
-            path_ = p if p.is_absolute() else root / p
-            folder.check(path_, where, image)
-            records.append(Record(image_id, path_, rec_split, _captions(caps, where), _boosted(rec, where)))
+    for where, rec in _json_lines(path):
+        image = _require(rec, "image", str, where)
+        caps = _require(rec, "captions", list, where)
+        image_id = _require(rec, "id", (int, str), where) if "id" in rec else image
+        rec_split = _require(rec, "split", str, where) if "split" in rec else split
+        if image_id in seen:
+            raise DataError(f"{where}: duplicate image id {short_repr(image_id)}")
+        seen.add(image_id)
+        p = Path(image)
+        path_ = p if p.is_absolute() else root / p
+        folder.check(path_, where, image)
+        records.append(Record(image_id, path_, rec_split, _captions(caps, where), _boosted(rec, where)))
     if check_images:
         _check_images(records, path, root)
     return records
@@ -767,11 +777,7 @@ def _relative_image(image: str, where: str) -> str:
 
 def _sidecar_jsonl(path: Path) -> dict[str, _Entry]:
     entries: dict[str, _Entry] = {}
-    try:
-        lines = path.read_text(encoding="utf-8").splitlines()
-    except UnicodeDecodeError as e:
-        raise DataError(f"{path}: not a UTF-8 text file ({e.reason})") from None
-    for where, rec in _json_lines(lines, path):
+    for where, rec in _json_lines(path):
         image = _relative_image(_require(rec, "image", str, where), where)
         caps = _require(rec, "captions", list, where)
         split = _require(rec, "split", str, where) if "split" in rec else NO_SPLIT
@@ -789,9 +795,9 @@ def _sidecar_jsonl(path: Path) -> dict[str, _Entry]:
 
 def _sidecar_csv(path: Path) -> dict[str, _Entry]:
     entries: dict[str, _Entry] = {}
-    try:
-        with path.open(newline="", encoding="utf-8-sig") as f:  # -sig: the byte-order mark spreadsheets write
-            reader = csv.DictReader(f)
+    try:  # line by line, each within LINE; -sig: the byte-order mark spreadsheets write
+        with contextlib.closing(read_lines(path, encoding="utf-8-sig", newline="")) as lines:
+            reader = csv.DictReader(lines)
             columns = reader.fieldnames or []
             missing = [c for c in ("image", "caption") if c not in columns]
             if missing:
@@ -822,7 +828,7 @@ def _sidecar_csv(path: Path) -> dict[str, _Entry]:
 
 def _caption_txt(path: Path) -> list[str]:
     try:
-        text = path.read_text(encoding="utf-8")
+        text = read_text_bounded(path, CAPTION_TEXT)  # one image's captions: a 10 GB .txt is not read
     except UnicodeDecodeError as e:
         raise DataError(f"{path}: not a UTF-8 text file ({e.reason})") from None
     return [line.strip() for line in text.splitlines() if line.strip()]
