@@ -111,13 +111,15 @@ class Captioner:
     ) -> list[list[str]]:
         """:meth:`caption`, with every caption decoded per image (``num_return_sequences`` of them: the beams or
         samples), best first for beam search."""
+        from finecap.data.formats import ImageLimits
         from finecap.inference import caption_images
 
         images = _as_list(images)
         if not images:
             return []
         result = caption_images(self.model, images, self.decode_settings(**decode),
-                                mixed_precision=self.cfg.train.mixed_precision, progress=progress)  # fmt: skip
+                                mixed_precision=self.cfg.train.mixed_precision, progress=progress,
+                                limits=ImageLimits.of(self.cfg.data))  # fmt: skip
         return [caps for caps in result.captions if caps is not None]  # none skipped: bad images raise
 
     def decode_settings(self, **decode: Any) -> Any:
