@@ -279,8 +279,9 @@ class ImageLimits:
             )
         ratio = max(width, height) / max(min(width, height), 1)
         if ratio > self.max_aspect_ratio:
+            shown = f"{ratio:,.0f}" if ratio >= 100 else f"{ratio:.3g}"  # 60,000; 25; 20.3
             raise DataError(
-                f"{name}: image too elongated ({width:,} x {height:,} pixels, aspect ratio {ratio:,.0f}:1): over the "
+                f"{name}: image too elongated ({width:,} x {height:,} pixels, aspect ratio {shown}:1): over the "
                 f"aspect-ratio budget {ASPECT_OPTION}={self.max_aspect_ratio:g}; refused before decoding (an image "
                 "processor scales the shorter side to a few hundred pixels and the longer one with it): crop it, or "
                 f"raise {ASPECT_OPTION}"
