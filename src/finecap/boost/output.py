@@ -32,6 +32,7 @@ from finecap.utils import (
     atomic_write_bytes,
     atomic_write_text,
     jsonl_rows_are,
+    read_bounded,
     read_json,
     read_lines,
     refuse_link,
@@ -160,7 +161,7 @@ def write_boosted(
         if fmt == "world":
             for name in ("scenes.jsonl", "dense.json"):
                 if (source.parent / name).exists():
-                    atomic_write_bytes(out_dir / name, (source.parent / name).read_bytes())
+                    atomic_write_bytes(out_dir / name, read_bounded(source.parent / name, DATA_FILE))
             if (source.parent / "world.json").exists():  # the copy's own content hashes: its captions are boosted
                 meta = read_json(source.parent / "world.json")
                 write_json(out_dir / "world.json", {**meta, "sha256": content_hashes(out_dir)})
