@@ -115,6 +115,7 @@ class Captioner:
     ) -> list[list[str]]:
         """:meth:`caption`, with every caption decoded per image (``num_return_sequences`` of them: the beams or
         samples), best first for beam search."""
+        from finecap.data.formats import ImageLimits
         from finecap.inference import caption_images
 
         images = _as_list(images)
@@ -122,7 +123,8 @@ class Captioner:
             return []
         with silenced():
             result = caption_images(self.model, images, self.decode_settings(**decode),
-                                    mixed_precision=self.cfg.train.mixed_precision, progress=progress)  # fmt: skip
+                                    mixed_precision=self.cfg.train.mixed_precision, progress=progress,
+                                    limits=ImageLimits.of(self.cfg.data))  # fmt: skip
         return [caps for caps in result.captions if caps is not None]  # none skipped: bad images raise
 
     def decode_settings(self, **decode: Any) -> Any:

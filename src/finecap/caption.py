@@ -21,6 +21,7 @@ from tqdm.auto import tqdm
 
 from finecap.data.datasets import CaptionDataset, load_records, model_collator, to_device
 from finecap.data.features import model_features
+from finecap.data.formats import ImageLimits
 from finecap.data.loading import LoaderSettings, chunks, encoder_draft
 from finecap.data.samplers import process_slice
 from finecap.decode import chunk_images
@@ -101,7 +102,8 @@ def generate_captions(
     if use_features:  # every process computes its part of a missing cache file (model_features)
         features = model_features(model, records, cfg, split, progress=progress and main, processes=accelerator)
     draft = encoder_draft(model.encoder, cfg.data) if features is None else None
-    dataset = CaptionDataset(records, per_caption=False, features=features, draft=draft)
+    dataset = CaptionDataset(records, per_caption=False, features=features, draft=draft,
+                             limits=ImageLimits.of(cfg.data))  # fmt: skip
     collator = model_collator(model, cfg.data.max_tokens)
     device = model.device
     mine = process_slice(len(dataset), rank, world)

@@ -18,8 +18,10 @@ its file name when it was named as a file. Two images with one such id are an er
 and ``b/x.jpg`` given as the folders ``a`` and ``b``: pass their common folder instead).
 
 Images are read by :func:`finecap.data.formats.load_image` (the one reader of image files: EXIF orientation honoured,
-16-bit, palette, alpha and CMYK images converted, decompression bombs refused); a PIL image is used as given, turned
-upright by its EXIF orientation and converted to 8-bit RGB the same way.
+16-bit, palette, alpha and CMYK images converted, decompression bombs and images over the image budget refused:
+``data.max_image_pixels``, ``data.max_aspect_ratio``, :class:`~finecap.data.formats.ImageLimits`); a PIL image is
+used as given, within the same budget, turned upright by its EXIF orientation and converted to 8-bit RGB the same
+way.
 """
 
 from __future__ import annotations
@@ -31,7 +33,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from finecap.data.formats import IMAGE_SUFFIXES, MAX_LISTED, DataError, ImageFolder, folder_images, load_image
+from finecap.data.formats import (
+    DEFAULT_LIMITS,
+    IMAGE_SUFFIXES,
+    MAX_LISTED,
+    DataError,
+    ImageFolder,
+    ImageLimits,
+    folder_images,
+    load_image,
+)
 
 if TYPE_CHECKING:
     import torch
@@ -169,11 +180,12 @@ def upright_rgb(image: Image.Image) -> Image.Image:
 
 class _Images:
     """Items of the collator (:func:`finecap.data.datasets.model_collator`) for images or their files, decoded when
-    read (in a DataLoader worker with ``num_workers``); a bad image raises its :class:`DataError`, or with ``skip``
-    becomes ``{"index", "problem"}``."""
+    read (in a DataLoader worker with ``num_workers``) within the image budget ``limits`` (a PIL image too: the
+    image processor would resize a 1 x 60,000 strip as it would the file); a bad image raises its
+    :class:`DataError`, or with ``skip`` becomes ``{"index", "problem"}``."""
 
-    def __init__(self, images: Sequence[Any], indices: Sequence[int], skip: bool) -> None:
-        self.images, self.indices, self.skip = images, list(indices), skip
+    def __init__(self, images: Sequence[Any], indices: Sequence[int], skip: bool, limits: ImageLimits) -> None:
+        self.images, self.indices, self.skip, self.limits = images, list(indices), skip, limits
 
     def __len__(self) -> int:
         return len(self.indices)
@@ -184,7 +196,11 @@ class _Images:
         index = self.indices[k]
         source = self.images[index]
         try:
-            image = upright_rgb(source) if isinstance(source, Image.Image) else load_image(source)
+            if isinstance(source, Image.Image):
+                self.limits.check(*source.size, f"image {index} of the list (a PIL image)")
+                image = upright_rgb(source)
+            else:
+                image = load_image(source, limits=self.limits)
         except DataError as e:
             if not self.skip:
                 raise
@@ -214,6 +230,7 @@ def caption_images(
     num_workers: int = 0,
     accelerator: Accelerator | None = None,
     progress: bool = True,
+    limits: ImageLimits = DEFAULT_LIMITS,
 ) -> ImageCaptions:
     """Caption ``images`` (PIL images or image file paths, mixed freely) with ``model``, decoded with ``decode``.
 
@@ -226,7 +243,8 @@ def caption_images(
     contiguous part and every process gets all captions.
 
     A file that does not decode as an image (:func:`~finecap.data.formats.load_image`: missing, empty, damaged,
-    truncated, over the decompression-bomb limit) is a :class:`~finecap.data.formats.DataError` naming it; with
+    truncated, over the image budget ``limits`` or the decompression-bomb limit; a PIL image over ``limits`` too)
+    is a :class:`~finecap.data.formats.DataError` naming it; with
     ``skip_bad_images`` it is left out (``None``) and counted in ``skipped``, and it is an error only when no image
     decodes."""
     from accelerate.utils import gather_object
@@ -244,7 +262,7 @@ def caption_images(
     rank, world = (accelerator.process_index, accelerator.num_processes) if accelerator is not None else (0, 1)
     mine = process_slice(len(images), rank, world)
     loader = DataLoader(
-        _Images(images, mine, skip_bad_images),
+        _Images(images, mine, skip_bad_images, limits),
         batch_size=chunk_images(decode),
         num_workers=num_workers,
         collate_fn=_Collate(model_collator(model, 1)),  # one token: the empty caption's EOS (decoding reads none)

@@ -29,7 +29,7 @@ from typing import Any
 from filelock import FileLock, Timeout
 
 from finecap.config import SECRET_KEYS
-from finecap.utils import refuse_link
+from finecap.utils import METADATA, read_bounded, refuse_link
 
 LOCK_NAME = ".boost.lock"
 """``finecap boost``'s lock file in its output folder."""
@@ -65,7 +65,7 @@ def _parse(data: bytes) -> dict[str, Any]:
 def read_holder(path: str | Path) -> dict[str, Any]:
     """The record in a lock file (``{}`` when it is missing or empty)."""
     try:
-        return _parse(Path(path).read_bytes())
+        return _parse(read_bounded(path, METADATA))
     except FileNotFoundError:
         return {}
 

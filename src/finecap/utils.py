@@ -5,6 +5,7 @@ from __future__ import annotations
 import errno
 import functools
 import io
+import itertools
 import json
 import os
 import random
@@ -12,6 +13,8 @@ import reprlib
 import shutil
 import tempfile
 import threading
+from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -103,10 +106,140 @@ def write_json(path: str | Path, obj: Any, indent: int | None = 2) -> None:
     atomic_write_text(path, json.dumps(obj, indent=indent) + "\n")
 
 
-def read_json(path: str | Path) -> Any:
+# ---------------------------------------------------------------------------------------------------------------------
+# Bounded reads: how much of a file finecap reads at most
+# ---------------------------------------------------------------------------------------------------------------------
+
+MiB, GiB = 2**20, 2**30
+
+
+class FileTooLarge(ValueError):
+    """A file larger than finecap reads of its kind (:class:`SizeLimit`); a ``ValueError``: the command line prints
+    the message (naming the file, its size, the limit and how to raise it) and exits with code 2."""
+
+
+def _size_text(n: int) -> str:
+    """``n`` bytes for a message: ``"10,000,000,000 bytes (9.3 GiB)"``."""
+    unit = next(((name, size) for name, size in (("GiB", GiB), ("MiB", MiB), ("KiB", 1024)) if n >= size), None)
+    return f"{n:,} bytes" + (f" ({n / unit[1]:.3g} {unit[0]})" if unit else "")
+
+
+@dataclass(frozen=True)
+class SizeLimit:
+    """How many bytes finecap reads at most of one kind of file: ``what`` it is (for the message), the ``default``
+    limit, ``why`` it is where it is, and ``env``, the environment variable that sets another limit (a whole number
+    of bytes), for the kinds a real file may outgrow; ``None``: no real file of the kind comes near the limit.
+
+    A limit is what stands between a 10 GB file (a sparse file takes no disk; a FIFO or a growing file need not
+    have a size) and a ``MemoryError`` traceback: :func:`read_bounded` refuses a file over it before reading, and
+    reads at most one byte more than it; :func:`read_lines` streams a file's lines, each within :data:`LINE`."""
+
+    what: str
+    default: int
+    why: str
+    env: str | None = None
+
+    def limit(self) -> int:
+        """The limit in bytes: :attr:`env` when set (a ``ValueError`` naming it when it is not a positive whole
+        number), else :attr:`default`."""
+        raw = os.environ.get(self.env, "").strip() if self.env else ""
+        if not raw:
+            return self.default
+        try:
+            value = int(raw.replace("_", ""))
+        except ValueError:
+            value = 0
+        if value < 1:
+            raise ValueError(f"{self.env}={short_repr(raw)}: must be a whole number of bytes >= 1 (the default is "
+                             f"{self.default})")  # fmt: skip
+        return value
+
+    def refusal(self, path: str | Path, size: int | None, *, where: str = "") -> FileTooLarge:
+        """The error for ``path`` (``where``: a line of it) being over the limit, ``size`` bytes or more."""
+        how = f"set {self.env}=BYTES to read a larger one" if self.env else "is it the right file?"
+        shown = _size_text(size) if size is not None else f"more than {self.limit():,} bytes"
+        return FileTooLarge(f"{path}{where}: too large ({shown}): finecap reads at most {_size_text(self.limit())} "
+                            f"of a {self.what} ({self.why}); {how}")  # fmt: skip
+
+
+DATA_LIMIT_ENV = "FINECAP_MAX_DATA_BYTES"
+CAPTION_TEXT = SizeLimit("caption file", MiB, "one image's captions, a line each")
+"""A folder data set's ``.txt`` beside an image (:func:`finecap.data.formats.read_folder`)."""
+METADATA = SizeLimit("finecap file", 64 * MiB, "configurations, recipes, prompts and a run's records are kilobytes")
+"""Files of a few kilobytes: recipes, ``config.yaml``, prompt files, and what finecap records in a run or
+checkpoint folder (``captioner.json``, ``trainer_state.json``, fingerprints, timings, lock records)."""
+DATA_FILE = SizeLimit("data file", 2 * GiB, "read whole into memory, which takes several times its size",
+                      DATA_LIMIT_ENV)  # fmt: skip
+"""JSON files read whole: data sets (Karpathy, COCO: 150 MB for COCO's), predictions, references, bags files, a
+run's captions and results; and the total of a line file read into memory (``metrics.jsonl``)."""
+LINE = SizeLimit("line", 16 * MiB, "one record or event a line; a record is kilobytes")
+"""One line of a file read line by line (:func:`read_lines`): JSONL data sets, ``captions.jsonl`` and
+``captions.csv``, ``metrics.jsonl``, boost's cache; their size is not bounded (they are streamed) unless asked."""
+
+
+def checked_size(path: str | Path, limit: SizeLimit) -> int:
+    """The size of ``path`` (``st_size``; 0 for a FIFO or device, which :func:`read_bounded` bounds as it reads), a
+    :class:`FileTooLarge` when it is over ``limit``; ``OSError`` when it cannot be read."""
+    size = os.stat(path).st_size
+    if size > limit.limit():
+        raise limit.refusal(path, size)
+    return size
+
+
+def read_bounded(path: str | Path, limit: SizeLimit) -> bytes:
+    """The bytes of ``path``, at most ``limit``: a :class:`FileTooLarge` naming the file, its size and the limit
+    when its size is over (checked before reading) or it gives more while read (a growing file, a FIFO). The one
+    way finecap reads a whole file it was given or finds in a run folder."""
+    n = limit.limit()
+    checked_size(path, limit)
+    with open(path, "rb") as f:
+        data = f.read(n + 1)
+    if len(data) > n:
+        raise limit.refusal(path, None)
+    return data
+
+
+def read_text_bounded(path: str | Path, limit: SizeLimit) -> str:
+    """:func:`read_bounded` decoded as UTF-8 (``UnicodeDecodeError`` when it is not)."""
+    return read_bounded(path, limit).decode("utf-8")
+
+
+def read_lines(
+    path: str | Path,
+    *,
+    total: SizeLimit | None = None,
+    line: SizeLimit = LINE,
+    encoding: str = "utf-8",
+    newline: str | None = None,
+) -> Iterator[str]:
+    """The lines of the text file ``path``, read one at a time, each with its line end (the last may have none): a
+    :class:`FileTooLarge` naming the file and the line when one is longer than ``line`` (in characters), or, with
+    ``total``, when the file is larger than it (checked before reading, and counted while reading). ``newline``:
+    as ``open``'s (``""`` for ``csv``)."""
+    most = line.limit()
+    whole = total.limit() if total is not None else None
+    if total is not None:
+        checked_size(path, total)
+    seen = 0
+    with open(path, encoding=encoding, newline=newline) as f:
+        for lineno in itertools.count(1):
+            text = f.readline(most + 1)
+            if not text:
+                return
+            if len(text) > most:
+                raise line.refusal(path, None, where=f", line {lineno}")
+            seen += len(text)
+            if whole is not None and seen > whole:
+                raise total.refusal(path, None)  # type: ignore[union-attr]
+            yield text
+
+
+def read_json(path: str | Path, limit: SizeLimit = METADATA) -> Any:
+    """The JSON value in ``path``, read whole within ``limit`` (:func:`read_bounded`; the default for finecap's own
+    records, :data:`DATA_FILE` for data); a ``ValueError`` naming the file when it is not JSON."""
     path = Path(path)
     try:
-        return json.loads(path.read_text())
+        return json.loads(read_bounded(path, limit))
     except json.JSONDecodeError as e:
         raise ValueError(f"{path}: invalid JSON at line {e.lineno}, column {e.colno}: {e.msg}") from None
     except RecursionError:
@@ -228,8 +361,9 @@ def read_yaml_mapping(path: str | Path, expected: str) -> dict[str, Any]:
     ``expected`` saying what the mapping should hold. Read with :func:`load_yaml`: anchors, aliases and duplicate
     keys are refused, naming the file and the line."""
     path = Path(path)
+    text = read_text_bounded(path, METADATA)
     try:
-        data = load_yaml(path.read_text()) or {}
+        data = load_yaml(text) or {}
     except YAMLRefused as e:
         raise ValueError(f"{path}: {e}") from None
     except yaml.YAMLError as e:
@@ -241,20 +375,24 @@ def read_yaml_mapping(path: str | Path, expected: str) -> dict[str, Any]:
     return data
 
 
-def jsonl_rows_are(text: str, accept: Any) -> bool:
-    """Whether every line of the JSONL ``text`` is a JSON value ``accept(row)`` is true of (blank lines skipped; a
-    last line without its newline, written when a run was killed, is not read): how finecap recognises its own
-    logs by content (``metrics.jsonl``, boost's ``cache.jsonl`` / ``failures.jsonl``)."""
-    lines = text.splitlines()
-    if lines and not text.endswith("\n"):
-        lines = lines[:-1]
-    for line in filter(str.strip, lines):
-        try:
-            row = json.loads(line)
-        except ValueError:
-            return False
-        if not accept(row):
-            return False
+def jsonl_rows_are(path: str | Path, accept: Any) -> bool:
+    """Whether every line of the JSONL file ``path`` is a JSON value ``accept(row)`` is true of (blank lines skipped;
+    a last line without its newline, written when a run was killed, is not read): how finecap recognises its own
+    logs by content (``metrics.jsonl``, boost's ``cache.jsonl`` / ``failures.jsonl``). Read line by line
+    (:func:`read_lines`, at most :data:`DATA_FILE` in all): a :class:`FileTooLarge` when the file is over that or a
+    line is over :data:`LINE`; ``False`` when a line is not UTF-8."""
+    try:
+        for line in read_lines(path, total=DATA_FILE):
+            if not line.endswith("\n") or not line.strip():
+                continue  # blank, or the last line cut short
+            try:
+                row = json.loads(line)
+            except ValueError:
+                return False
+            if not accept(row):
+                return False
+    except UnicodeDecodeError:
+        return False
     return True
 
 

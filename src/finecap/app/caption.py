@@ -40,7 +40,7 @@ from pathlib import Path
 
 from finecap.caption import generate_captions
 from finecap.config import Config, load_stored, parse_override
-from finecap.data.formats import write_results
+from finecap.data.formats import ImageLimits, write_results
 from finecap.data.references import detect_format
 from finecap.home import world_path
 from finecap.inference import caption_images, describe_skipped, image_files, load_for_captioning
@@ -166,7 +166,8 @@ def main(
     model = load_for_captioning(setup.checkpoint, cfg, accelerator.device)
     if files is not None:
         result = caption_images(model, [f.path for f in files], cfg.decode, skip_bad_images=cfg.data.skip_bad_images,
-                                num_workers=cfg.data.num_workers, accelerator=accelerator)  # fmt: skip
+                                num_workers=cfg.data.num_workers, accelerator=accelerator,
+                                limits=ImageLimits.of(cfg.data))  # fmt: skip
         captions = {f.image_id: caps for f, caps in zip(files, result.captions, strict=True) if caps is not None}
         what = f"{len(files)} image(s)"
         if result.skipped and accelerator.is_main_process:

@@ -47,7 +47,7 @@ from finecap.metrics.families import family_self_retrieval_items, family_test_wo
 from finecap.metrics.suite import evaluate_items
 from finecap.stages import StageRunner
 from finecap.stages.outputs import caption_world
-from finecap.utils import read_json
+from finecap.utils import DATA_FILE, read_json
 
 log = logging.getLogger(__name__)
 
@@ -100,7 +100,7 @@ def family_world(runner: StageRunner) -> FamilyWorld:
     bags_path = runner.run_dir / tag() / "bags_test.json"
     if not bags_path.exists() or runner.force:
         build_bags(cfg, data=path, split="test", sizes=cfg.eval.bag_sizes, out=bags_path, force=runner.force)
-    return FamilyWorld(world, path, references, read_bags(bags_path), bag_statistics(read_json(bags_path)))
+    return FamilyWorld(world, path, references, read_bags(bags_path), bag_statistics(read_json(bags_path, DATA_FILE)))
 
 
 def family_captions(runner: StageRunner, stage: str | None, family: FamilyWorld) -> dict[Any, str]:

@@ -17,7 +17,7 @@ from finecap.models.base import CONFIG_NAME, read_meta
 from finecap.models.export import export_merged
 from finecap.runs import find_checkpoint, model_dir, temporary_dir
 from finecap.train.model_card import CARD_NAME
-from finecap.utils import OutputRefused, atomic_replace_dir, refuse_link
+from finecap.utils import METADATA, OutputRefused, atomic_replace_dir, read_text_bounded, refuse_link
 
 
 def check_export_dir(out: Path, source: Path, force: bool) -> None:
@@ -58,7 +58,7 @@ def main(checkpoint: str, out: str, merged: bool, force: bool = False) -> Path:
             merged = ", ".join(sorted(meta.get("lora") or {})) or "none (it had no adapters)"
             note = (f"\n## Export\n\nA merged export of `{source}` (`finecap export --merged`): LoRA adapters folded "
                     f"into the base weights: {merged}.\n")  # fmt: skip
-            (tmp / CARD_NAME).write_text(card.read_text(encoding="utf-8") + note, encoding="utf-8")
+            (tmp / CARD_NAME).write_text(read_text_bounded(card, METADATA) + note, encoding="utf-8")
         atomic_replace_dir(tmp, target)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)

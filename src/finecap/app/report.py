@@ -61,7 +61,7 @@ from finecap.report.html import (
 from finecap.report.plots import bag_recall_curves, length_curves, length_histograms, precision_recall, training_curves
 from finecap.report.run import RunData, read_run
 from finecap.train.fingerprint import check_run_dir
-from finecap.utils import progress_enabled, read_json, refuse_link, write_json
+from finecap.utils import DATA_FILE, progress_enabled, read_json, refuse_link, write_json
 
 log = logging.getLogger(__name__)
 
@@ -187,7 +187,7 @@ def _bag_gallery(run: RunData, cfg: Config, records: dict[Hashable, Record], n_b
     ids = list(dict.fromkeys(b for _, _, bag in chosen for b in bag))
     image_emb = retriever.image_embeddings([records[i] for i in ids])  # (N, D), bag images only: no cache entry
     columns = {i: c for c, i in enumerate(ids)}
-    raw = read_json(source.path)["bags"]
+    raw = read_json(source.path, DATA_FILE)["bags"]
     out = []
     for size, index, bag in tqdm(chosen, desc="report: bag outcomes", unit="bag", disable=not progress_enabled()):
         rows = []
@@ -225,7 +225,7 @@ def _extra_sections(run_dir: Path) -> list[dict[str, Any]]:
     sections = []
     vcb = run_dir / "vcb_results.json"
     if vcb.is_file():
-        data = read_json(vcb)
+        data = read_json(vcb, DATA_FILE)
         settings = data.get("settings", {})
         trained_on = settings.get("trained on", {})
         models = {stage: {"trained on": trained_on.get(stage, "?"), **values}
@@ -244,7 +244,7 @@ def _extra_sections(run_dir: Path) -> list[dict[str, Any]]:
             "id": "transfer", "short": "Shifted domain", "title": "Shifted domain (the transfer stage)",
             "note": "From transfer/results.json: every trained stage captions the shifted domain's test split "
                     "(world.shift=domain), scored against its references.",
-            "tables": [single_table("shifted domain", read_json(transfer), reference_rows=REFERENCE_ROWS)],
+            "tables": [single_table("shifted domain", read_json(transfer, DATA_FILE), reference_rows=REFERENCE_ROWS)],
         })  # fmt: skip
     return sections
 

@@ -337,10 +337,10 @@ def _train(
             for change in config_changes(run_dir / CONFIG_FILE, saved):
                 log.info("resume: configuration changed: %s", change)
     if accelerator.is_main_process:
+        if resume_from is not None:  # first: a log that is not finecap's, or too large to read, changes nothing
+            truncate_metrics(run_dir / METRICS_FILE, engine.state.step)
         write_output(run_dir / CONFIG_FILE, cfg.to_yaml(), "config")  # remembered as finecap's (finecap.outputs)
         write_fingerprints(run_dir, cfg)  # the data, captioner start and retriever this run reads
-        if resume_from is not None:
-            truncate_metrics(run_dir / METRICS_FILE, engine.state.step)
     accelerator.init_trackers("finecap", config=tracker_config(saved))
 
     state = engine.fit()

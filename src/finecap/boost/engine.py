@@ -46,7 +46,7 @@ from tqdm.auto import tqdm
 
 from finecap.boost.prompts import Prompts
 from finecap.data.formats import DataError, Record, check_image_file, load_record_image
-from finecap.utils import open_append, progress_enabled
+from finecap.utils import open_append, progress_enabled, read_lines
 
 MODE_STEPS: dict[str, tuple[str, ...]] = {
     "blend": ("blend",),
@@ -233,8 +233,18 @@ def clean_answer(text: Any) -> str | None:
 
 def _sha256_file(path: Path, memo: dict[Path, str]) -> str:
     if path not in memo:
-        memo[path] = hashlib.sha256(path.read_bytes()).hexdigest()
+        with path.open("rb") as f:  # in chunks: an image file may be large
+            memo[path] = hashlib.file_digest(f, "sha256").hexdigest()
     return memo[path]
+
+
+def _ends_with_newline(path: Path) -> bool:
+    """Whether the file ``path`` is empty or its last byte is a newline (read alone, not the whole file)."""
+    with path.open("rb") as f:
+        if f.seek(0, 2) == 0:
+            return True
+        f.seek(-1, 2)
+        return f.read(1) == b"\n"
 
 
 class AnswerCache:
@@ -246,17 +256,16 @@ class AnswerCache:
         self.answers: dict[str, str] = {}
         self.n_lines = 0
         if self.path.exists():
-            with self.path.open() as f:
-                for line in f:
-                    try:
-                        row = json.loads(line)
-                        key, answer = row["key"], row["answer"]
-                    except (json.JSONDecodeError, KeyError, TypeError):
-                        continue  # a line cut by a kill
-                    self.answers.setdefault(key, answer)
-                    self.n_lines += 1
+            for line in read_lines(self.path):  # line by line, each within LINE: a FileTooLarge names the file
+                try:
+                    row = json.loads(line)
+                    key, answer = row["key"], row["answer"]
+                except (json.JSONDecodeError, KeyError, TypeError):
+                    continue  # a line cut by a kill
+                self.answers.setdefault(key, answer)
+                self.n_lines += 1
         self._file = open_append(self.path)  # never through a link planted at cache.jsonl
-        if self.path.stat().st_size and not self.path.read_bytes().endswith(b"\n"):
+        if not _ends_with_newline(self.path):
             self._file.write("\n")  # the next answer starts on its own line
 
     def __contains__(self, key: str) -> bool:

@@ -27,7 +27,17 @@ from pathlib import Path
 from typing import Any
 
 from finecap.data.formats import Record
-from finecap.utils import atomic_write_bytes, atomic_write_text, jsonl_rows_are, read_json, refuse_link, write_json
+from finecap.utils import (
+    DATA_FILE,
+    atomic_write_bytes,
+    atomic_write_text,
+    jsonl_rows_are,
+    read_bounded,
+    read_json,
+    read_lines,
+    refuse_link,
+    write_json,
+)
 from finecap.world.make import content_hashes
 
 WRITABLE = ("world", "karpathy", "coco", "jsonl")
@@ -67,18 +77,15 @@ failures list)."""
 def is_boost_file(path: Path) -> bool:
     """Whether ``path`` (one of :data:`BOOST_FILES`) reads as what finecap boost writes there, by content: a
     ``boost.json`` summary (``status``, ``mode``, ``source``), or JSONL lines with :data:`JSONL_KEYS` (a last line
-    cut by a kill allowed). A file of that name with other content is the user's."""
+    cut by a kill allowed). A file of that name with other content is the user's; so is one too large to be
+    finecap's (:data:`~finecap.utils.METADATA` for the summary, :data:`~finecap.utils.DATA_FILE` for the logs)."""
     try:
-        text = path.read_text()
+        if path.name == "boost.json":
+            summary = read_json(path)
+            return isinstance(summary, dict) and {"status", "mode", "source"} <= set(summary)
+        return jsonl_rows_are(path, lambda row: isinstance(row, dict) and JSONL_KEYS[path.name] <= set(row))
     except (OSError, ValueError):
         return False
-    if path.name == "boost.json":
-        try:
-            summary = json.loads(text)
-        except ValueError:
-            return False
-        return isinstance(summary, dict) and {"status", "mode", "source"} <= set(summary)
-    return jsonl_rows_are(text, lambda row: isinstance(row, dict) and JSONL_KEYS[path.name] <= set(row))
 
 
 def check_outputs(fmt: str, source: str | Path, out_dir: str | Path, images: str | Path | None = None) -> None:
@@ -145,7 +152,7 @@ def write_boosted(
     out_dir.mkdir(parents=True, exist_ok=True)
     out = out_dir / source.name
     if fmt in ("world", "karpathy"):
-        raw = read_json(source)
+        raw = read_json(source, DATA_FILE)
         _check_aligned(len(raw["images"]), records, source)
         for img, f in zip(raw["images"], fields):
             img["sentences"] = [{"raw": c, "tokens": c.split()} for c in f[mode]]
@@ -154,7 +161,7 @@ def write_boosted(
         if fmt == "world":
             for name in ("scenes.jsonl", "dense.json"):
                 if (source.parent / name).exists():
-                    atomic_write_bytes(out_dir / name, (source.parent / name).read_bytes())
+                    atomic_write_bytes(out_dir / name, read_bounded(source.parent / name, DATA_FILE))
             if (source.parent / "world.json").exists():  # the copy's own content hashes: its captions are boosted
                 meta = read_json(source.parent / "world.json")
                 write_json(out_dir / "world.json", {**meta, "sha256": content_hashes(out_dir)})
@@ -162,7 +169,7 @@ def write_boosted(
             if not link.exists():
                 os.symlink((source.parent / "images").resolve(), link, target_is_directory=True)
     elif fmt == "coco":
-        raw = read_json(source)
+        raw = read_json(source, DATA_FILE)
         by_id = dict(zip((r.image_id for r in records), fields, strict=True))
         annotations: list[dict[str, Any]] = []
         for img in raw.get("images", ()):  # images without a caption were not read: they stay as they are
@@ -174,7 +181,7 @@ def write_boosted(
         raw["annotations"] = annotations
         write_json(out, raw, indent=None)
     elif fmt == "jsonl":
-        lines = [json.loads(line) for line in source.read_text().splitlines() if line.strip()]
+        lines = [json.loads(line) for line in read_lines(source) if line.strip()]
         _check_aligned(len(lines), records, source)
         rows = []
         for row, r, f in zip(lines, records, fields):

@@ -49,7 +49,7 @@ from typing import Any
 
 import yaml
 
-from finecap.utils import StrictYAMLLoader, read_yaml_mapping
+from finecap.utils import METADATA, StrictYAMLLoader, read_bounded, read_yaml_mapping
 
 STEPS = ("blend", "visual", "holistic")
 VARIABLES: dict[str, tuple[str, ...]] = {
@@ -162,7 +162,7 @@ def _key_lines(text: str) -> dict[str, int]:
 
 
 def _read_text(path: Path) -> str:
-    data = path.read_bytes()
+    data = read_bounded(path, METADATA)
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as e:

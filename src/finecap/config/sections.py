@@ -33,6 +33,8 @@ __all__ = [  # the names finecap.config re-exports
     "ClipCapBackboneConfig",
     "Config",
     "DataConfig",
+    "DEFAULT_MAX_ASPECT_RATIO",
+    "DEFAULT_MAX_IMAGE_PIXELS",
     "DataFormat",
     "DecodeConfig",
     "DecodeStrategy",
@@ -57,6 +59,7 @@ __all__ = [  # the names finecap.config re-exports
     "MAX_TOKENS",
     "MOVED_KEYS",
     "Mapper",
+    "PIL_MAX_IMAGE_PIXELS",
     "MeteorBackend",
     "ModelConfig",
     "Quantization",
@@ -90,6 +93,17 @@ MAX_PROCESSES = 256  # worker processes or threads started at once: the cores of
 MAX_BAG = 1024  # images in a bag: TrueMatch and BagCurri use 3 to 7
 MAX_TINY_LAYERS, MAX_TINY_HIDDEN = 48, 2048  # world-tiny models: GPT-2 XL (48 layers, 1,600 wide) is not tiny
 MAX_DECODE_POSITIONS = 2**26  # token positions of one decoding batch (rows x length): 67M, ~TBs of KV cache
+PIL_MAX_IMAGE_PIXELS = 89_478_485  # PIL's decompression-bomb limit (PIL.Image.MAX_IMAGE_PIXELS): PIL refuses more
+
+# The image budget (data.max_image_pixels, data.max_aspect_ratio), checked from an image's header before it is
+# decoded (finecap.data.formats.ImageLimits); the defaults admit every photograph of a camera or phone in its
+# default mode. Pixels: 64 MP holds every full-frame camera's (the largest, 61 MP: 9504 x 6336) and phones' (12-50
+# MP); a decoded image takes 3 bytes a pixel (192 MB at the limit), held per image of a batch until the image
+# processor resizes it. Aspect ratio: 20:1 holds panoramas (a phone's are up to about 8:1); an image processor
+# resizes the shorter side to a few hundred pixels, so a 1 x 60,000 strip, 320 bytes as a PNG, would become
+# 224 x 13 million pixels (gigabytes).
+DEFAULT_MAX_IMAGE_PIXELS = 64_000_000
+DEFAULT_MAX_ASPECT_RATIO = 20.0
 
 
 # Allowed values of string options, defined once: the fields below use them and the modules that dispatch on them
@@ -189,6 +203,20 @@ class DataConfig(Section, name="data"):
     split_seed: int = doc(0, "Seed of the id hash of data.val_fraction / data.test_fraction (not run.seed).")
     skip_bad_images: bool = doc(
         False, "Decode every image once when read; skip and count those that fail (false: the first stops the run)."
+    )
+    max_image_pixels: int = doc(
+        DEFAULT_MAX_IMAGE_PIXELS,
+        "Images of more pixels (from the header) are refused before decoding; 64 MP: every camera's photo.",
+        ge=1,
+        le=PIL_MAX_IMAGE_PIXELS,
+        why="PIL's decompression-bomb limit, PIL.Image.MAX_IMAGE_PIXELS: PIL refuses larger images itself",
+    )
+    max_aspect_ratio: float = doc(
+        DEFAULT_MAX_ASPECT_RATIO,
+        "Images whose longer side is more times their shorter are refused before decoding; 20: panoramas pass.",
+        ge=1,
+        le=1000,
+        why="the image processor scales the shorter side to ~224-384 pixels; 1000:1 is then ~100 M pixels",
     )
     image_column: str = doc("image", "data.format=hf: column of the image (Image feature or path string).")
     caption_column: str = doc("captions", "data.format=hf: column of the reference caption(s) (string or list).")

@@ -17,7 +17,7 @@ from typing import get_args
 
 from finecap.config import CaptionField
 from finecap.data.formats import Record
-from finecap.utils import read_json
+from finecap.utils import DATA_FILE, read_json
 
 CAPTION_FIELDS: tuple[str, ...] = get_args(CaptionField)
 
@@ -42,7 +42,7 @@ def select_captions(
         dense_file = Path(path).parent / "dense.json"
         if not dense_file.exists():
             raise ValueError(f"{key}=dense: {dense_file} not found (dense captions exist only in world data sets)")
-        dense = read_json(dense_file)
+        dense = read_json(dense_file, DATA_FILE)
         missing = [r.image_id for r in records if str(r.image_id) not in dense]
         if missing:
             raise ValueError(

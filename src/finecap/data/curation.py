@@ -49,7 +49,7 @@ from typing import Any, Literal, get_args
 from filelock import FileLock, Timeout
 
 from finecap.data.formats import DataError, read_bags
-from finecap.utils import read_json, short_repr, write_json
+from finecap.utils import DATA_FILE, read_json, short_repr, write_json
 
 Decision = Literal["accept", "reject"]
 DECISIONS: tuple[str, ...] = get_args(Decision)
@@ -91,7 +91,7 @@ def _read_source(path: Path) -> dict[str, Any]:
     """The bags file, checked (:func:`read_bags`) and with hashable image ids; every error names the file."""
     try:
         read_bags(path)
-        source = read_json(path)
+        source = read_json(path, DATA_FILE)
     except RecursionError:
         raise DataError(f"{path}: JSON nested too deeply to be a bags file") from None
     except IsADirectoryError:
@@ -222,7 +222,7 @@ class BagCuration:
         if not self.out.exists():
             return
         try:
-            existing = read_json(self.out)
+            existing = read_json(self.out, DATA_FILE)
         except (ValueError, OSError, RecursionError):
             existing = None
         if not isinstance(existing, dict) or not isinstance(existing.get("curation"), dict):
@@ -236,7 +236,7 @@ class BagCuration:
         if not path.exists():
             return {}
         try:
-            saved = read_json(path)
+            saved = read_json(path, DATA_FILE)
         except RecursionError:
             raise DataError(f"{path}: JSON nested too deeply to be a decisions file") from None
         start_over = f"keep the bags file it was made for, or choose another --out to review {self.bags_path} afresh"

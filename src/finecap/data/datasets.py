@@ -36,7 +36,16 @@ import torch
 from torch.utils.data import Dataset
 
 from finecap.data.caption_fields import select_captions
-from finecap.data.formats import MAX_LISTED, DataError, Record, find_bad_images, hf_options, load_record_image
+from finecap.data.formats import (
+    DEFAULT_LIMITS,
+    MAX_LISTED,
+    DataError,
+    ImageLimits,
+    Record,
+    find_bad_images,
+    hf_options,
+    load_record_image,
+)
 from finecap.data.references import data_file, read_records, require_captions, select_split
 from finecap.data.splits import split_unsplit
 from finecap.data.targets import IGNORE_INDEX, encode_captions
@@ -88,7 +97,7 @@ def skipped_images(cfg: Config, split: str, *, captioned: bool = True) -> list[t
     decode (:func:`finecap.data.formats.find_bad_images`, each file once per process); empty when the option is off."""
     if not cfg.data.skip_bad_images:
         return []
-    return find_bad_images(_split_records(cfg, split, captioned))
+    return find_bad_images(_split_records(cfg, split, captioned), limits=ImageLimits.of(cfg.data))
 
 
 def load_records(cfg: Config, split: str, *, captioned: bool = True) -> list[Record]:
@@ -107,7 +116,7 @@ def load_records(cfg: Config, split: str, *, captioned: bool = True) -> list[Rec
     records = _split_records(cfg, split, captioned)
     if not cfg.data.skip_bad_images:
         return records
-    bad = find_bad_images(records)
+    bad = find_bad_images(records, limits=ImageLimits.of(cfg.data))
     if not bad:
         return records
     key = (str(data_file(cfg)), split, tuple(str(r.image_id) for r, _ in bad))
@@ -134,7 +143,8 @@ class CaptionDataset(Dataset):
     """Examples ``(record, caption)`` of a list of records; ``features[i]`` belongs to ``records[i]``. Without
     features an item carries its decoded image (read when the item is, in a DataLoader worker: an embedded image of
     a Hugging Face data set too), JPEGs draft-decoded down to ``draft`` pixels
-    (:func:`finecap.data.loading.encoder_draft`)."""
+    (:func:`finecap.data.loading.encoder_draft`), images over the budget ``limits`` refused
+    (:class:`~finecap.data.formats.ImageLimits`: ``data.max_image_pixels``, ``data.max_aspect_ratio``)."""
 
     def __init__(
         self,
@@ -143,12 +153,14 @@ class CaptionDataset(Dataset):
         per_caption: bool,
         features: torch.Tensor | None = None,
         draft: int | None = None,
+        limits: ImageLimits = DEFAULT_LIMITS,
     ) -> None:
         if features is not None and len(features) != len(records):
             raise ValueError(f"CaptionDataset: {len(features)} feature rows for {len(records)} records")
         self.records = list(records)
         self.features = features
         self.draft = draft
+        self.limits = limits
         if per_caption:
             self.examples = [(i, j) for i, r in enumerate(self.records) for j in range(len(r.captions))]
             if not self.examples:
@@ -175,7 +187,7 @@ class CaptionDataset(Dataset):
         if self.features is not None:
             item["features"] = self.features[i]  # (D,)
         else:
-            item["image"] = load_record_image(record, self.draft)
+            item["image"] = load_record_image(record, self.draft, self.limits)
         return item
 
 

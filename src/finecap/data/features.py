@@ -54,6 +54,7 @@ from safetensors.torch import load_file, safe_open
 from safetensors.torch import save as save_safetensors
 from tqdm.auto import tqdm
 
+from finecap.data.formats import DEFAULT_LIMITS, ImageLimits
 from finecap.data.loading import LoaderSettings, Preprocess, RecordImages, chunks, encoder_draft
 from finecap.data.samplers import process_slice
 from finecap.home import cache_dir as resolve_cache_dir
@@ -114,18 +115,20 @@ def compute_features(
     preprocess: Callable[[list], Any] | None = None,
     loader: LoaderSettings | None = None,
     draft: int | None = None,
+    limits: ImageLimits = DEFAULT_LIMITS,
 ) -> torch.Tensor:
     """``encode(batch) -> (b, D)`` over all records in batches, without gradient; returns ``(N, D)`` float32 on the
     CPU (``(0, 0)`` for no records). A batch is ``preprocess(images)`` (e.g. pixel values), or the list of PIL
-    images without ``preprocess``; images are decoded (``draft``: :func:`finecap.data.formats.load_image`) and
-    preprocessed in the DataLoader workers of ``loader`` (:mod:`finecap.data.loading`; default: in this process)."""
+    images without ``preprocess``; images are decoded (``draft`` and the image budget ``limits``:
+    :func:`finecap.data.formats.load_image`) and preprocessed in the DataLoader workers of ``loader``
+    (:mod:`finecap.data.loading`; default: in this process)."""
     if not records:
         return torch.zeros(0, 0)
     settings = loader or LoaderSettings()
     batches = chunks(range(len(records)), batch_size)
     out = []
     with torch.no_grad():
-        data = settings.loader(RecordImages(records, draft), batches, Preprocess(preprocess))
+        data = settings.loader(RecordImages(records, draft, limits), batches, Preprocess(preprocess))
         for batch in tqdm(data, total=len(batches), desc=desc, disable=not progress_enabled(progress), unit="batch"):
             out.append(encode(batch).detach().float().cpu())  # (b, D)
     return torch.cat(out)  # (N, D)
@@ -191,11 +194,13 @@ def cached_features(
     preprocess: Callable[[list], Any] | None = None,
     loader: LoaderSettings | None = None,
     draft: int | None = None,
+    limits: ImageLimits = DEFAULT_LIMITS,
     ranks: Ranks | None = None,
 ) -> torch.Tensor:
     """Features ``(N, D)`` of ``records``: loaded from the cache when its key matches, else computed with ``encode``
-    (:func:`compute_features`, with ``preprocess``, ``loader`` and ``draft``) and stored. ``data_key`` defaults to
-    :func:`fingerprint_data` of ``records``; ``draft`` must be part of ``encoder_key`` (it changes the pixels).
+    (:func:`compute_features`, with ``preprocess``, ``loader``, ``draft`` and ``limits``) and stored. ``data_key``
+    defaults to :func:`fingerprint_data` of ``records``; ``draft`` must be part of ``encoder_key`` (it changes the
+    pixels); ``limits`` need not be (it refuses images, and changes no pixel of those it admits).
 
     With several ``ranks`` every process calls this with the same arguments (a collective): they agree whether every
     one of them can read the file; if any cannot, each computes its contiguous part of the records
@@ -217,7 +222,8 @@ def cached_features(
         part = stored[mine.start : mine.stop]
     else:
         part = compute_features([records[i] for i in mine], encode, batch_size=batch_size, desc=f"features [{split}]",
-                                progress=progress, preprocess=preprocess, loader=loader, draft=draft)  # fmt: skip
+                                progress=progress, preprocess=preprocess, loader=loader, draft=draft,
+                                limits=limits)  # fmt: skip
     parts = [p for p in ranks.all_gather(part) if len(p)] if several else [part]
     tensor = torch.cat(parts) if parts else torch.zeros(0, 0)  # (N, D)
     if stored is None and ranks.writes:
@@ -280,6 +286,7 @@ def model_features(
             preprocess=encoder.preprocess,
             loader=LoaderSettings.of(cfg.data, device),
             draft=draft,
+            limits=ImageLimits.of(cfg.data),
             ranks=Ranks.of(processes),
         )
     finally:

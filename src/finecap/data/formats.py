@@ -49,9 +49,16 @@ Two rules hold for every format (docs/reliability.md, "Reading only what you nam
   ``data.allow_outside_paths``, the option that allows it (:class:`ImageFolder`).
 - **An image file is used only as decoded pixels**: :func:`load_image` (and :func:`load_record_image`) is the one
   reader of image files; it refuses anything PIL does not decode whole as one of :data:`IMAGE_FORMATS`, images over
-  PIL's decompression-bomb limit, and applies the EXIF orientation. What finecap sends or embeds is a re-encoding of
-  the decoded pixels (:func:`encode_image`), never a file's bytes. :func:`find_bad_images` decodes every image of a
-  data set up front (``data.skip_bad_images``), once per file version.
+  the image budget (:class:`ImageLimits`: ``data.max_image_pixels``, ``data.max_aspect_ratio``) or PIL's
+  decompression-bomb limit, both read from the header before decoding, and applies the EXIF orientation. What
+  finecap sends or embeds is a re-encoding of the decoded pixels (:func:`encode_image`), never a file's bytes.
+  :func:`find_bad_images` decodes every image of a data set up front (``data.skip_bad_images``), once per file
+  version.
+
+Data files are read within bounds (:mod:`finecap.utils`, "Bounded reads"): a JSON file is read whole only up to
+:data:`~finecap.utils.DATA_FILE` (2 GiB, ``FINECAP_MAX_DATA_BYTES``), a JSONL or CSV file is streamed with each line
+within :data:`~finecap.utils.LINE`, a caption ``.txt`` is at most :data:`~finecap.utils.CAPTION_TEXT` (1 MiB); a
+larger file is an error naming it and the limit, never a ``MemoryError``.
 
 Nothing here imports torch (nor PIL, until an image is loaded): ``finecap eval`` reads its inputs through this module.
 """
@@ -69,15 +76,15 @@ import os
 import re
 import stat
 import warnings
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, get_args
 
-from finecap.config import DataFormat
+from finecap.config import DEFAULT_MAX_ASPECT_RATIO, DEFAULT_MAX_IMAGE_PIXELS, PIL_MAX_IMAGE_PIXELS, DataFormat
 from finecap.outputs import write_output
-from finecap.utils import short_repr
+from finecap.utils import CAPTION_TEXT, DATA_FILE, read_bounded, read_lines, read_text_bounded, short_repr
 
 if TYPE_CHECKING:
     from PIL import Image
@@ -169,8 +176,7 @@ def _load_json(path: Path) -> Any:
     if not path.exists():
         raise DataError(f"{path}: file not found")
     try:
-        with path.open() as f:
-            return json.load(f)
+        return json.loads(read_bounded(path, DATA_FILE))  # at most DATA_FILE: parsed whole into memory
     except json.JSONDecodeError as e:
         raise DataError(f"{path}: invalid JSON at line {e.lineno}, column {e.colno}: {e.msg}") from None
     except UnicodeDecodeError as e:
@@ -220,8 +226,70 @@ def _bomb(name: str, detail: str) -> DataError:
     size = f"{int(found.group(1)):,} pixels" if found else detail
     return DataError(
         f"{name}: image too large ({size}): more than the decompression-bomb limit PIL.Image.MAX_IMAGE_PIXELS="
-        f"{Image.MAX_IMAGE_PIXELS:,} pixels; refused (a damaged or hostile file, or a photograph to scale down first)"
+        f"{Image.MAX_IMAGE_PIXELS:,} pixels, the most {PIXELS_OPTION} can be raised to; refused before decoding: "
+        "scale it down first"
     )
+
+
+PIXELS_OPTION, ASPECT_OPTION = "data.max_image_pixels", "data.max_aspect_ratio"
+
+
+@dataclass(frozen=True)
+class ImageLimits:
+    """The image budget: what an image may measure to be decoded, checked from its header before any pixel is
+    (:func:`load_image` and every reader of images take one; the defaults are ``data.*``'s, whose docs in
+    :mod:`finecap.config.sections` say why they are where they are).
+
+    - ``max_pixels`` (``data.max_image_pixels``): width x height. A decoded image takes 3 bytes a pixel, and a batch
+      holds one per example until the image processor resizes them: an 81-megapixel PNG (243 MB decoded, from a
+      file of kilobytes) per example exhausts memory. At most PIL's own decompression-bomb limit, which PIL enforces
+      when it opens a file.
+    - ``max_aspect_ratio`` (``data.max_aspect_ratio``): the longer side over the shorter. Image processors resize
+      the shorter side to a few hundred pixels and keep the aspect ratio, so a 1 x 60,000 PNG of 320 bytes became
+      224 x 13,440,000 pixels: 2.9 GB in the processor.
+
+    An image over either is a :class:`DataError` naming it (the file, or the data set row), its size, the limit
+    and the option that raises it.
+
+    Example::
+
+        >>> ImageLimits().check(60000, 1, "strip.png")
+        Traceback (most recent call last):
+        ...
+        finecap.data.formats.DataError: strip.png: image too elongated (60,000 x 1 pixels, aspect ratio 60,000:1): over the aspect-ratio budget data.max_aspect_ratio=20; refused before decoding (an image processor scales the shorter side to a few hundred pixels and the longer one with it): crop it, or raise data.max_aspect_ratio
+    """  # noqa: E501
+
+    max_pixels: int = DEFAULT_MAX_IMAGE_PIXELS
+    max_aspect_ratio: float = DEFAULT_MAX_ASPECT_RATIO
+
+    @classmethod
+    def of(cls, data: Any) -> ImageLimits:
+        """The limits of a ``data`` section (:class:`finecap.config.DataConfig`)."""
+        return cls(data.max_image_pixels, data.max_aspect_ratio)
+
+    def check(self, width: int, height: int, name: str) -> None:
+        """A :class:`DataError` beginning with ``name`` when a ``width`` x ``height`` image is over the budget."""
+        pixels = width * height
+        if pixels > self.max_pixels:
+            raise DataError(
+                f"{name}: image too large ({width:,} x {height:,} = {pixels:,} pixels): over the pixel budget "
+                f"{PIXELS_OPTION}={self.max_pixels:,}; refused before decoding (decoded, it takes "
+                f"{3 * pixels / 2**20:,.0f} MB, and a batch holds several): scale it down, or raise "
+                f"{PIXELS_OPTION} (at most {PIL_MAX_IMAGE_PIXELS:,}, PIL's own limit)"
+            )
+        ratio = max(width, height) / max(min(width, height), 1)
+        if ratio > self.max_aspect_ratio:
+            shown = f"{ratio:,.0f}" if ratio >= 100 else f"{ratio:.3g}"  # 60,000; 25; 20.3
+            raise DataError(
+                f"{name}: image too elongated ({width:,} x {height:,} pixels, aspect ratio {shown}:1): over the "
+                f"aspect-ratio budget {ASPECT_OPTION}={self.max_aspect_ratio:g}; refused before decoding (an image "
+                "processor scales the shorter side to a few hundred pixels and the longer one with it): crop it, or "
+                f"raise {ASPECT_OPTION}"
+            )
+
+
+DEFAULT_LIMITS = ImageLimits()
+"""The default image budget (``data.*``'s defaults), for readers given none."""
 
 
 @functools.cache
@@ -262,13 +330,15 @@ def _file_size(path: str | Path, name: str) -> int:
 
 
 @contextlib.contextmanager
-def _opened(source: Any, name: str, size: int) -> Iterator[Image.Image]:
+def _opened(source: Any, name: str, size: int, limits: ImageLimits) -> Iterator[Image.Image]:
     """``PIL.Image.open(source)`` restricted to :data:`IMAGE_FORMATS`, its size checked against the decompression-bomb
-    limit from the header; what goes wrong there or in the ``with`` body is a one-line :class:`DataError` beginning
-    with ``name``."""
+    limit and ``limits`` from the header (``Image.open`` reads the header alone: no pixel is decoded yet); what goes
+    wrong there or in the ``with`` body is a one-line :class:`DataError` beginning with ``name``; running out of
+    memory while decoding is named as such, not as a damaged file."""
     from PIL import Image  # here, not at the top: text-only evaluation reads its files through this module
 
     limit = Image.MAX_IMAGE_PIXELS
+    width = height = 0
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("error", Image.DecompressionBombWarning)  # the warning level is refused too
@@ -276,11 +346,17 @@ def _opened(source: Any, name: str, size: int) -> Iterator[Image.Image]:
                 width, height = image.size
                 if limit is not None and width * height > limit:  # again: warning filters are not per thread
                     raise _bomb(name, f"({width * height} pixels)")
+                limits.check(width, height, name)
                 yield image
     except DataError:
         raise
     except (Image.DecompressionBombError, Image.DecompressionBombWarning) as e:
         raise _bomb(name, str(e)) from None
+    except MemoryError:
+        raise DataError(
+            f"{name}: not enough memory to decode this image ({width:,} x {height:,} pixels, {size:,} bytes); lower "
+            f"{PIXELS_OPTION} (now {limits.max_pixels:,}) to refuse such images before decoding, or scale it down"
+        ) from None
     except Image.UnidentifiedImageError:
         raise DataError(
             f"{name}: not an image: PIL reads no {', '.join(_formats())} image in it ({size:,} bytes)"
@@ -289,9 +365,12 @@ def _opened(source: Any, name: str, size: int) -> Iterator[Image.Image]:
         raise DataError(f"{name}: damaged image ({type(e).__name__}: {_one_line(e)})") from None
 
 
-def _decode(source: Path | bytes, name: str, draft: int | None = None) -> tuple[Image.Image, str]:
-    """The image in ``source`` (a file, or encoded bytes) decoded to RGB, upright, and its PIL format; every error is
-    a one-line :class:`DataError` beginning with ``name``. ``draft``: see :func:`load_image`."""
+def _decode(
+    source: Path | bytes, name: str, draft: int | None = None, limits: ImageLimits = DEFAULT_LIMITS
+) -> tuple[Image.Image, str]:
+    """The image in ``source`` (a file, or encoded bytes) decoded to RGB, upright, and its PIL format, when within
+    ``limits``; every error is a one-line :class:`DataError` beginning with ``name``. ``draft``: see
+    :func:`load_image`."""
     from PIL import ImageOps
 
     if isinstance(source, bytes):
@@ -301,7 +380,7 @@ def _decode(source: Path | bytes, name: str, draft: int | None = None) -> tuple[
         size = len(source)
     else:
         fp, size = source, _file_size(source, name)
-    with _opened(fp, name, size) as image:
+    with _opened(fp, name, size, limits) as image:
         if draft and image.format == "JPEG":  # DCT scaling by 1/2, 1/4 or 1/8 while both sides stay >= draft
             image.draft(None, (draft, draft))  # a square box: the same scale whatever the EXIF orientation
         image.load()  # decodes every pixel: a truncated or damaged file fails here, not later
@@ -313,25 +392,26 @@ def _decode(source: Path | bytes, name: str, draft: int | None = None) -> tuple[
         return _to_rgb(upright), fmt
 
 
-def load_image(path: str | Path, draft: int | None = None) -> Image.Image:
+def load_image(path: str | Path, draft: int | None = None, limits: ImageLimits = DEFAULT_LIMITS) -> Image.Image:
     """The image file at ``path`` decoded to RGB: the one way finecap reads an image file.
 
     A file is used only when PIL decodes it whole as one of :data:`IMAGE_FORMATS`; it is refused (a one-line
     :class:`DataError` naming the file) when it is missing, not a regular file, empty, not an image, damaged or
-    truncated, or larger than ``PIL.Image.MAX_IMAGE_PIXELS`` (PIL's decompression-bomb limit; PIL only warns between
-    one and two times the limit, finecap refuses there too). The EXIF orientation is applied; 16-bit, palette,
-    alpha, CMYK and grey images come out as 8-bit RGB.
+    truncated, over the image budget ``limits`` (:class:`ImageLimits`: pixels and aspect ratio, read from the
+    header before decoding), or larger than ``PIL.Image.MAX_IMAGE_PIXELS`` (PIL's decompression-bomb limit; PIL
+    only warns between one and two times the limit, finecap refuses there too). The EXIF orientation is applied;
+    16-bit, palette, alpha, CMYK and grey images come out as 8-bit RGB.
 
     ``draft`` (pixels; ``data.jpeg_draft``, :func:`finecap.data.loading.draft_size`): a JPEG is decoded at the
     smallest of 1/1, 1/2, 1/4, 1/8 of its size (libjpeg's DCT scaling, ``PIL.Image.draft``) whose both sides are
     still at least ``draft``: the size an image processor resizes to, which then still downsizes. Other formats
-    ignore it."""
-    return _decode(Path(path), str(path), draft)[0]
+    ignore it. The budget is checked on the size the header declares, before any draft."""
+    return _decode(Path(path), str(path), draft, limits)[0]
 
 
-def decode_image(path: str | Path) -> tuple[Image.Image, str]:
+def decode_image(path: str | Path, limits: ImageLimits = DEFAULT_LIMITS) -> tuple[Image.Image, str]:
     """:func:`load_image` and the PIL format of the file (``"JPEG"``, ``"PNG"``, ...)."""
-    return _decode(Path(path), str(path))
+    return _decode(Path(path), str(path), limits=limits)
 
 
 def _encoded(record: Any) -> bytes | None:
@@ -340,23 +420,25 @@ def _encoded(record: Any) -> bytes | None:
     return encoded() if encoded is not None else getattr(record, "image_bytes", None)
 
 
-def load_record_image(record: Any, draft: int | None = None) -> Image.Image:
+def load_record_image(record: Any, draft: int | None = None, limits: ImageLimits = DEFAULT_LIMITS) -> Image.Image:
     """The image of ``record`` (a :class:`Record`, or anything with ``path``) as RGB, by :func:`load_image`'s rule
-    (``draft`` too): its embedded bytes when it has them (read now from a memory-mapped data set), else its file."""
+    (``draft`` and ``limits`` too): its embedded bytes when it has them (read now from a memory-mapped data set;
+    errors name the record and its row), else its file."""
     data = _encoded(record)
     if data is None:
-        return load_image(record.path, draft)
+        return load_image(record.path, draft, limits)
     where = getattr(getattr(record, "image_ref", None), "where", None) or record.path  # the data set's row, if known
-    return _decode(data, f"image of record {record.image_id!r} ({where})", draft)[0]
+    return _decode(data, f"image of record {record.image_id!r} ({where})", draft, limits)[0]
 
 
-def check_image_file(path: str | Path) -> None:
+def check_image_file(path: str | Path, limits: ImageLimits = DEFAULT_LIMITS) -> None:
     """Check, without decoding the pixels, that ``path`` is an image file :func:`load_image` may read: a regular
     file that PIL identifies as one of :data:`IMAGE_FORMATS`, within the decompression-bomb limit, whose structure
     PIL verifies (chunk checksums for PNG). A one-line :class:`DataError` naming the file otherwise. Cheaper than a
-    decode (a header and a scan): for checking many files before any is used (``finecap boost``)."""
+    decode (a header and a scan): for checking many files before any is used (``finecap boost``). Within
+    ``limits`` too (:class:`ImageLimits`)."""
     name = str(path)
-    with _opened(path, name, _file_size(path, name)) as image:
+    with _opened(path, name, _file_size(path, name), limits) as image:
         image.verify()
 
 
@@ -364,23 +446,23 @@ _IMAGE_CHECKS: dict[tuple[Any, ...], str | None] = {}
 """Outcome of :func:`image_problem` per image version (real path, size, modification time; or embedded bytes)."""
 
 
-def image_problem(record: Any) -> str | None:
-    """Why :func:`load_record_image` refuses the image of ``record`` (its one-line message, naming the file), or
-    ``None`` when it decodes. The image is decoded whole (a truncated or damaged file fails; a header check would
-    pass some), once per file version and process."""
+def image_problem(record: Any, limits: ImageLimits = DEFAULT_LIMITS) -> str | None:
+    """Why :func:`load_record_image` refuses the image of ``record`` within ``limits`` (its one-line message, naming
+    the file), or ``None`` when it decodes. The image is decoded whole (a truncated or damaged file fails; a header
+    check would pass some), once per file version, budget and process."""
     data = _encoded(record)
     if data is not None:
-        key: tuple[Any, ...] | None = ("bytes", hashlib.blake2b(data, digest_size=16).digest())
+        key: tuple[Any, ...] | None = ("bytes", hashlib.blake2b(data, digest_size=16).digest(), limits)
     else:
         try:
             st = os.stat(record.path)
-            key = (os.path.realpath(record.path), st.st_size, st.st_mtime_ns)
+            key = (os.path.realpath(record.path), st.st_size, st.st_mtime_ns, limits)
         except OSError:
             key = None  # missing: load_record_image names it
     if key is not None and key in _IMAGE_CHECKS:
         return _IMAGE_CHECKS[key]
     try:
-        load_record_image(record)
+        load_record_image(record, limits=limits)
         problem = None
     except DataError as e:
         problem = str(e)
@@ -389,16 +471,19 @@ def image_problem(record: Any) -> str | None:
     return problem
 
 
-def find_bad_images(records: Sequence[Any], workers: int | None = None) -> list[tuple[Any, str]]:
+def find_bad_images(
+    records: Sequence[Any], workers: int | None = None, limits: ImageLimits = DEFAULT_LIMITS
+) -> list[tuple[Any, str]]:
     """``(record, reason)`` of each of ``records`` whose image does not decode (:func:`image_problem`: corrupt,
-    truncated, empty, missing, not an image, over the decompression-bomb limit), in order. Images are decoded in
-    ``workers`` threads (default: up to 8, one per core; PIL decodes outside the GIL)."""
+    truncated, empty, missing, not an image, over the budget ``limits`` or the decompression-bomb limit), in order.
+    Images are decoded in ``workers`` threads (default: up to 8, one per core; PIL decodes outside the GIL)."""
     workers = workers or max(1, min(8, os.cpu_count() or 1))
+    check = functools.partial(image_problem, limits=limits)
     if workers == 1 or len(records) < 2:
-        problems = [image_problem(r) for r in records]
+        problems = [check(r) for r in records]
     else:
         with ThreadPoolExecutor(workers) as pool:
-            problems = list(pool.map(image_problem, records, chunksize=16))
+            problems = list(pool.map(check, records, chunksize=16))
     return [(r, p) for r, p in zip(records, problems, strict=True) if p is not None]
 
 
@@ -677,18 +762,25 @@ def read_coco_captions(
     return records
 
 
-def _json_lines(lines: Iterable[str], path: Path) -> Iterator[tuple[str, Any]]:
-    """``(where, record)`` of every non-blank line of a JSONL file (``where``: ``"<path>, line <n>"``); a line that
-    is not JSON is a :class:`DataError` naming it."""
-    for lineno, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
-        where = f"{path}, line {lineno}"
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise DataError(f"{where}: invalid JSON at column {e.colno}: {e.msg}") from None
-        yield where, record
+def _json_lines(path: Path) -> Iterator[tuple[str, Any]]:
+    """``(where, record)`` of every non-blank line of the JSONL file ``path`` (``where``: ``"<path>, line <n>"``),
+    streamed: each line is read within :data:`~finecap.utils.LINE` (:func:`~finecap.utils.read_lines`), the file's
+    size is not bounded. A line that is not JSON, or a file that is not UTF-8, is a :class:`DataError` naming it."""
+    lines = read_lines(path)
+    try:
+        for lineno, line in enumerate(lines, 1):
+            if not line.strip():
+                continue
+            where = f"{path}, line {lineno}"
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise DataError(f"{where}: invalid JSON at column {e.colno}: {e.msg}") from None
+            yield where, record
+    except UnicodeDecodeError as e:
+        raise DataError(f"{path}: not a UTF-8 text file ({e.reason})") from None
+    finally:
+        lines.close()
 
 
 def read_jsonl(
@@ -709,19 +801,18 @@ def read_jsonl(
         raise DataError(f"{path}: file not found")
     records = []
     seen: set[int | str] = set()
-    with path.open() as f:
-        for where, rec in _json_lines(f, path):
-            image = _require(rec, "image", str, where)
-            caps = _require(rec, "captions", list, where)
-            image_id = _require(rec, "id", (int, str), where) if "id" in rec else image
-            rec_split = _require(rec, "split", str, where) if "split" in rec else split
-            if image_id in seen:
-                raise DataError(f"{where}: duplicate image id {short_repr(image_id)}")
-            seen.add(image_id)
-            p = Path(image)
-            path_ = p if p.is_absolute() else root / p
-            folder.check(path_, where, image)
-            records.append(Record(image_id, path_, rec_split, _captions(caps, where), _boosted(rec, where)))
+    for where, rec in _json_lines(path):
+        image = _require(rec, "image", str, where)
+        caps = _require(rec, "captions", list, where)
+        image_id = _require(rec, "id", (int, str), where) if "id" in rec else image
+        rec_split = _require(rec, "split", str, where) if "split" in rec else split
+        if image_id in seen:
+            raise DataError(f"{where}: duplicate image id {short_repr(image_id)}")
+        seen.add(image_id)
+        p = Path(image)
+        path_ = p if p.is_absolute() else root / p
+        folder.check(path_, where, image)
+        records.append(Record(image_id, path_, rec_split, _captions(caps, where), _boosted(rec, where)))
     if check_images:
         _check_images(records, path, root)
     return records
@@ -768,11 +859,7 @@ def _relative_image(image: str, where: str) -> str:
 
 def _sidecar_jsonl(path: Path) -> dict[str, _Entry]:
     entries: dict[str, _Entry] = {}
-    try:
-        lines = path.read_text(encoding="utf-8").splitlines()
-    except UnicodeDecodeError as e:
-        raise DataError(f"{path}: not a UTF-8 text file ({e.reason})") from None
-    for where, rec in _json_lines(lines, path):
+    for where, rec in _json_lines(path):
         image = _relative_image(_require(rec, "image", str, where), where)
         caps = _require(rec, "captions", list, where)
         split = _require(rec, "split", str, where) if "split" in rec else NO_SPLIT
@@ -790,9 +877,9 @@ def _sidecar_jsonl(path: Path) -> dict[str, _Entry]:
 
 def _sidecar_csv(path: Path) -> dict[str, _Entry]:
     entries: dict[str, _Entry] = {}
-    try:
-        with path.open(newline="", encoding="utf-8-sig") as f:  # -sig: the byte-order mark spreadsheets write
-            reader = csv.DictReader(f)
+    try:  # line by line, each within LINE; -sig: the byte-order mark spreadsheets write
+        with contextlib.closing(read_lines(path, encoding="utf-8-sig", newline="")) as lines:
+            reader = csv.DictReader(lines)
             columns = reader.fieldnames or []
             missing = [c for c in ("image", "caption") if c not in columns]
             if missing:
@@ -823,7 +910,7 @@ def _sidecar_csv(path: Path) -> dict[str, _Entry]:
 
 def _caption_txt(path: Path) -> list[str]:
     try:
-        text = path.read_text(encoding="utf-8")
+        text = read_text_bounded(path, CAPTION_TEXT)  # one image's captions: a 10 GB .txt is not read
     except UnicodeDecodeError as e:
         raise DataError(f"{path}: not a UTF-8 text file ({e.reason})") from None
     return [line.strip() for line in text.splitlines() if line.strip()]

@@ -42,7 +42,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch.utils.data import DataLoader, Dataset
 
-from finecap.data.formats import load_record_image
+from finecap.data.formats import DEFAULT_LIMITS, ImageLimits, load_record_image
 
 if TYPE_CHECKING:
     from finecap.config import DataConfig
@@ -109,16 +109,16 @@ def chunks(indices: Sequence[int], size: int) -> list[list[int]]:
 
 class RecordImages(Dataset):
     """The images of ``records``, decoded when an item is read (in a worker): ``dataset[i]`` is record ``i``'s RGB
-    image (:func:`~finecap.data.formats.load_record_image`, with ``draft``)."""
+    image (:func:`~finecap.data.formats.load_record_image`, with ``draft`` and the image budget ``limits``)."""
 
-    def __init__(self, records: Sequence[Any], draft: int | None = None) -> None:
-        self.records, self.draft = list(records), draft
+    def __init__(self, records: Sequence[Any], draft: int | None = None, limits: ImageLimits = DEFAULT_LIMITS) -> None:
+        self.records, self.draft, self.limits = list(records), draft, limits
 
     def __len__(self) -> int:
         return len(self.records)
 
     def __getitem__(self, index: int) -> Any:
-        return load_record_image(self.records[index], self.draft)
+        return load_record_image(self.records[index], self.draft, self.limits)
 
 
 @dataclass

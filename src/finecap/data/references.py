@@ -38,6 +38,7 @@ from finecap.data.formats import (
 from finecap.data.hf import is_hf_path, read_hf
 from finecap.data.splits import missing_split_advice, split_unsplit
 from finecap.home import cache_dir as resolve_cache_dir
+from finecap.utils import DATA_FILE, read_bounded
 
 if TYPE_CHECKING:
     from finecap.config import Config
@@ -183,7 +184,7 @@ def detect_format(path: str | Path) -> tuple[str, Path]:
     if (path.parent / "scenes.jsonl").exists() and path.name == "dataset.json":
         return "world", path
     try:
-        data = json.loads(path.read_text())
+        data = json.loads(read_bounded(path, DATA_FILE))  # parsed whole: at most DATA_FILE
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise ValueError(f"{path}: not a JSON reference file ({e})") from None
     if isinstance(data, dict) and "annotations" in data:

@@ -56,6 +56,7 @@ from finecap.data.features import (
     fingerprint_module,
     text_cache_file,
 )
+from finecap.data.formats import DEFAULT_LIMITS, ImageLimits
 from finecap.data.loading import draft_size
 from finecap.models.world_encoder import world_encoder_path
 
@@ -176,6 +177,10 @@ class Retriever:
     the rule the captioner's frozen features follow (:func:`finecap.data.features.model_features`), so that both
     compute, and share, the same cached features."""
 
+    image_limits: ImageLimits = DEFAULT_LIMITS
+    """The image budget images are read within (``data.max_image_pixels``, ``data.max_aspect_ratio``;
+    :func:`load_retriever` sets it; :class:`finecap.data.formats.ImageLimits`)."""
+
     @property
     def draft(self) -> int | None:
         """The JPEG draft size images are decoded at (:func:`finecap.data.loading.draft_size`), ``None``: full."""
@@ -240,13 +245,14 @@ class Retriever:
         progress = len(records) > 4 * self.batch_size
         if cache_dir is None:
             feats = compute_features(records, self._encode_images, batch_size=self.batch_size,
-                                     desc="image features", progress=progress, draft=self.draft)  # fmt: skip
+                                     desc="image features", progress=progress, draft=self.draft,
+                                     limits=self.image_limits)  # fmt: skip
         else:
             splits = {getattr(r, "split", None) for r in records}
             split = splits.pop() if len(splits) == 1 and None not in splits else "mixed"
             feats = cached_features(records, self._encode_images, cache_dir=cache_dir, encoder_key=self.identity(),
                                     split=split, batch_size=self.batch_size, progress=progress,
-                                    draft=self.draft)  # fmt: skip
+                                    draft=self.draft, limits=self.image_limits)  # fmt: skip
         if not len(feats):
             feats = torch.zeros(0, self.dim)
         return F.normalize(feats, dim=-1) if normalize else feats
@@ -332,4 +338,5 @@ def load_retriever(cfg: Config, batch_size: int | None = None, device: str | tor
     path = cfg.retriever.checkpoint or world_encoder_path(cfg)
     retriever = Retriever.from_pretrained(path, batch_size=batch_size or cfg.retriever.batch_size_eval, device=device)
     retriever.jpeg_draft = cfg.data.jpeg_draft
+    retriever.image_limits = ImageLimits.of(cfg.data)
     return retriever

@@ -16,7 +16,7 @@ from typing import Any
 
 from finecap.metrics.diversity import caption_length
 from finecap.runs import METRICS_FILE
-from finecap.utils import atomic_write_bytes
+from finecap.utils import DATA_FILE, atomic_write_bytes, read_lines
 
 BAG_RECALL = re.compile(r"^bag(\d+)/R@1$")
 """Result keys of TrueMatch R@1 per bag size (``bag3/R@1``), as :func:`finecap.metrics.retrieval.bag_retrieval`
@@ -26,8 +26,7 @@ names them."""
 def validation_series(run_dir: str | Path, key: str) -> list[tuple[int, float]]:
     """``(step, value)`` of ``key`` at every validation event of ``<run_dir>/metrics.jsonl``."""
     points = []
-    for line in (Path(run_dir) / METRICS_FILE).read_text().splitlines():
-        event = json.loads(line)
+    for event in read_events(Path(run_dir) / METRICS_FILE):
         if event.get("split") == "val" and key in event.get("values", {}):
             points.append((int(event["step"]), float(event["values"][key])))
     return points
@@ -82,10 +81,11 @@ def _grid(n: int, ncols: int = 4) -> tuple[int, int]:
 
 
 def read_events(path: str | Path) -> list[dict[str, Any]]:
-    """The events of a ``metrics.jsonl`` (``{"step", "split", "values", ...}`` per line; blank lines skipped)."""
+    """The events of a ``metrics.jsonl`` (``{"step", "split", "values", ...}`` per line; blank lines skipped), read
+    line by line within :data:`~finecap.utils.DATA_FILE` (:func:`~finecap.utils.read_lines`)."""
     path = Path(path)
     events = []
-    for lineno, line in enumerate(path.read_text().splitlines(), 1):
+    for lineno, line in enumerate(read_lines(path, total=DATA_FILE), 1):
         if not line.strip():
             continue
         try:

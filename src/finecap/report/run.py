@@ -22,7 +22,7 @@ from typing import Any
 from finecap.data.formats import read_bags, read_results
 from finecap.report.plots import read_events
 from finecap.runs import CONFIG_FILE
-from finecap.utils import read_json
+from finecap.utils import DATA_FILE, read_json
 
 
 @dataclass
@@ -74,7 +74,7 @@ def read_run(run_dir: str | Path) -> RunData:
         raise FileNotFoundError(f"{run_dir}: run directory not found")
     run = RunData(run_dir)
     if (run_dir / "results.json").exists():
-        results = read_json(run_dir / "results.json")
+        results = read_json(run_dir / "results.json", DATA_FILE)
         if not isinstance(results, dict) or not all(isinstance(v, dict) for v in results.values()):
             raise ValueError(f"{run_dir / 'results.json'}: expected {{stage: {{metric: value}}}}")
         run.results = results

@@ -15,7 +15,7 @@ from finecap.metrics.suite import evaluate_items
 from finecap.models.backbones import load_captioner
 from finecap.runs import model_dir
 from finecap.stages.runner import StageRunner
-from finecap.utils import read_json, seed_everything, write_json
+from finecap.utils import DATA_FILE, read_json, seed_everything, write_json
 
 SAMPLES = 5
 """Captions per test image of :func:`stage_samples` (the exploration paper's set-level diversity)."""
@@ -69,7 +69,7 @@ def stage_samples(runner: StageRunner, stage: str, mode: str) -> dict[Any, list[
     top 5), kept in ``<stage>/samples_test_<mode>.json``."""
     path = runner.stage_dir(stage) / f"samples_test_{mode}.json"
     if path.exists() and not runner.force:
-        return {int(k) if k.isdigit() else k: v for k, v in read_json(path).items()}
+        return {int(k) if k.isdigit() else k: v for k, v in read_json(path, DATA_FILE).items()}
     cfg = runner.stage_config(stage)
     settings = {"sample": {"strategy": "sample", "temperature": 1.0}, "beam": {"strategy": "beam"}}[mode]
     decode = dataclasses.replace(cfg.decode, beam_size=SAMPLES, num_return_sequences=SAMPLES, **settings)

@@ -47,7 +47,6 @@ if TYPE_CHECKING:
     from finecap.config import Config, DecodeConfig
 
 
-
 @contextlib.contextmanager
 def _quiet_transformers():
     """Silence transformers' per-save "Writing model shards" progress bar (restored afterwards)."""

@@ -65,7 +65,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from finecap.runs import CAPTIONER_FILE, FINGERPRINTS_FILE, model_dir, run_dir_of
-from finecap.utils import read_json, write_json
+from finecap.utils import DATA_FILE, read_json, write_json
 
 if TYPE_CHECKING:
     from finecap.config import Config
@@ -456,7 +456,7 @@ def bags_file_data(bags_path: str | Path, raw: dict[str, Any] | None = None) -> 
     """The data set a bags file was built on (its ``"data"``, read with :func:`stored_path`), checked against the
     file's recorded fingerprint (:func:`check_bags_data`); None when the file names none. For readers of bags files
     (``finecap bags review``) that take the data from the file rather than from the user."""
-    raw = read_json(bags_path) if raw is None else raw
+    raw = read_json(bags_path, DATA_FILE) if raw is None else raw
     value = raw.get("data") if isinstance(raw, dict) else None
     if not value:
         return None
@@ -483,7 +483,7 @@ def check_run_dir(run_dir: str | Path, cfg: Config, parts: Sequence[str] = ("dat
         files.append(run_dir / FINGERPRINTS_FILE)
     if "data" in parts:
         for path in sorted(run_dir.glob("bags*.json")):
-            raw = read_json(path)
+            raw = read_json(path, DATA_FILE)
             if isinstance(raw, dict) and isinstance(raw.get("fingerprint"), dict):
                 check_bags_data(path, raw, cfg.data.format, data_file(cfg))
                 files.append(path)

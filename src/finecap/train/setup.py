@@ -23,7 +23,7 @@ from finecap.data.datasets import (
     validation_records,
 )
 from finecap.data.features import model_features
-from finecap.data.formats import DataError
+from finecap.data.formats import DataError, ImageLimits
 from finecap.data.loading import encoder_draft
 from finecap.data.targets import unknown_tokens
 from finecap.models import memory
@@ -110,9 +110,12 @@ def build_data(cfg: Config, model: Any, accelerator: Accelerator, *, per_caption
                                           processes=accelerator)  # fmt: skip
     else:
         draft = encoder_draft(model.encoder, cfg.data)
+    limits = ImageLimits.of(cfg.data)
     return CaptionData(
-        train=CaptionDataset(train_records, per_caption=per_caption, features=feats["train"], draft=draft),
-        val=CaptionDataset(val_records, per_caption=False, features=feats["val"], draft=draft),
+        train=CaptionDataset(
+            train_records, per_caption=per_caption, features=feats["train"], draft=draft, limits=limits
+        ),
+        val=CaptionDataset(val_records, per_caption=False, features=feats["val"], draft=draft, limits=limits),
         collator=model_collator(model, cfg.data.max_tokens),
         train_records=train_records,
         skipped=sum(len(skipped_images(cfg, split)) for split in ("train", "val")),

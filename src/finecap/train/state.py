@@ -64,12 +64,18 @@ from finecap.runs import (
     temporary_dir,
 )
 from finecap.utils import (
+    DATA_FILE,
+    METADATA,
+    FileTooLarge,
     atomic_replace_dir,
     atomic_write_text,
     jsonl_rows_are,
     load_yaml,
     previous_dir,
+    read_bounded,
     read_json,
+    read_lines,
+    read_text_bounded,
     read_yaml_mapping,
     refuse_link,
     short_repr,
@@ -192,7 +198,7 @@ def load_tree(folder: Path, name: str) -> Any:
     except (SafetensorError, OSError, ValueError) as e:
         raise CheckpointError(f"{blob}: corrupt or truncated state file ({e}); {RECOVER}") from None
     try:
-        encoded = json.loads(meta.read_text())
+        encoded = json.loads(read_bounded(meta, METADATA))
     except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as e:
         raise CheckpointError(f"{meta}: corrupt state file ({e}); {RECOVER}") from None
     return _decode(encoded, tensors, meta)
@@ -397,23 +403,26 @@ CHECKPOINT_ENTRIES = frozenset({MODEL_SUBDIR, CONFIG_FILE, FINGERPRINTS_FILE, IN
 
 def is_metrics_log(path: Path) -> bool:
     """Whether ``path`` reads as finecap's ``metrics.jsonl``: every line an event of its JSONL tracker (an integer
-    ``step``, a string ``split``, a ``values`` mapping); a last line cut short by a kill (no newline) is allowed."""
-    try:
-        text = path.read_text()
-    except (OSError, ValueError):
-        return False
+    ``step``, a string ``split``, a ``values`` mapping); a last line cut short by a kill (no newline) is allowed.
+    Read line by line (:func:`finecap.utils.jsonl_rows_are`): a log too large to read is a
+    :class:`~finecap.utils.FileTooLarge` naming it, not taken for someone else's file."""
 
     def is_event(row: Any) -> bool:
         return (isinstance(row, dict) and isinstance(row.get("step"), int) and isinstance(row.get("split"), str)
                 and isinstance(row.get("values"), dict))  # fmt: skip
 
-    return jsonl_rows_are(text, is_event)
+    try:
+        return jsonl_rows_are(path, is_event)
+    except OSError:
+        return False
 
 
 def is_run_config(path: Path) -> bool:
     """Whether ``path`` reads as the ``config.yaml`` finecap writes into a run directory (``run`` and ``train``)."""
     try:
-        values = load_yaml(path.read_text())
+        values = load_yaml(read_text_bounded(path, METADATA))
+    except FileTooLarge:
+        raise
     except (yaml.YAMLError, OSError, ValueError):
         return False
     return isinstance(values, dict) and isinstance(values.get("run"), dict) and isinstance(values.get("train"), dict)
@@ -544,10 +553,9 @@ def truncate_metrics(path: Path, step: int) -> None:
                 f"{path}: not finecap's event log (a line is not an event with an integer step, a split and values); "
                 "nothing was changed: restore the run's own metrics.jsonl, or move it aside to resume without it"
             )
-        text = path.read_text()
-        kept = text.splitlines() if text.endswith("\n") else text.splitlines()[:-1]  # a line cut by a kill: dropped
-        lines = [ln for ln in kept if ln.strip() and json.loads(ln)["step"] <= step]
-        atomic_write_text(path, "".join(ln + "\n" for ln in lines))
+        lines = [ln for ln in read_lines(path, total=DATA_FILE)  # a last line cut by a kill (no newline): dropped
+                 if ln.endswith("\n") and ln.strip() and json.loads(ln)["step"] <= step]  # fmt: skip
+        atomic_write_text(path, "".join(lines))
 
 
 def config_changes(saved: Path, current: dict[str, dict[str, Any]]) -> list[str]:

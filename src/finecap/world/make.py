@@ -35,7 +35,15 @@ from tqdm import tqdm
 
 from finecap.config import WorldConfig
 from finecap.home import world_path
-from finecap.utils import atomic_write_bytes, atomic_write_text, png_bytes, progress_enabled, read_json, write_json
+from finecap.utils import (
+    atomic_write_bytes,
+    atomic_write_text,
+    png_bytes,
+    progress_enabled,
+    read_json,
+    read_lines,
+    write_json,
+)
 from finecap.world.captions import dense_caption, reference_captions, vocabulary
 from finecap.world.key import WORLD_VERSION, world_key
 from finecap.world.key import content_config as _content_config
@@ -268,7 +276,12 @@ HASHED = ("dataset.json", "dense.json", "scenes.jsonl")
 
 def content_hashes(out: Path) -> dict[str, str]:
     """``{file: sha256}`` of the world's :data:`HASHED` files in ``out``."""
-    return {name: hashlib.sha256((out / name).read_bytes()).hexdigest() for name in HASHED if (out / name).is_file()}
+    return {name: _sha256(out / name) for name in HASHED if (out / name).is_file()}
+
+
+def _sha256(path: Path) -> str:
+    with path.open("rb") as f:  # in chunks: a world's files are as large as its splits
+        return hashlib.file_digest(f, "sha256").hexdigest()
 
 
 def edited_files(out: Path) -> list[str]:
@@ -287,16 +300,15 @@ def load_scene_records(out: Path | str) -> list[dict[str, Any]]:
     if not path.exists():
         raise FileNotFoundError(f"{path}: no scene graphs here; run `finecap world make --out {out}` first")
     records = []
-    with path.open() as f:
-        for lineno, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                r = json.loads(line)
-                r["scene"] = Scene.from_dict(r["scene"])
-            except (json.JSONDecodeError, KeyError, ValueError) as e:
-                raise ValueError(f"{path}, line {lineno}: invalid scene record: {e}") from None
-            records.append(r)
+    for lineno, line in enumerate(read_lines(path), 1):  # each line within LINE
+        if not line.strip():
+            continue
+        try:
+            r = json.loads(line)
+            r["scene"] = Scene.from_dict(r["scene"])
+        except (json.JSONDecodeError, KeyError, ValueError) as e:
+            raise ValueError(f"{path}, line {lineno}: invalid scene record: {e}") from None
+        records.append(r)
     return records
 
 

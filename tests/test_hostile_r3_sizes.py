@@ -1,0 +1,521 @@
+"""Issue 48, classes 6 and 7: small, legal inputs that cost gigabytes, and files read whole.
+
+- Class 6, the image budget (``data.max_image_pixels``, ``data.max_aspect_ratio``;
+  ``finecap.data.formats.ImageLimits``): a 1 x 60,000 PNG of a few hundred bytes (2.9 GB in an image processor), its
+  60,000 x 1 twin, an image just over 20:1, one just over 64 megapixels and an 81-megapixel one (under PIL's
+  decompression-bomb limit) are refused from their header, before any pixel is decoded, by every reader (a file,
+  embedded bytes, a PIL image given to the API) and every command (``caption --images``, a folder data set in
+  training, CLIPScore in ``eval``, a Hugging Face data set's rows), each as one line naming the file or row, its
+  size, the limit and the option; images at the limits decode, and raising an option admits what it refused.
+- Class 7, bounded reads (``finecap.utils.read_bounded`` / ``read_lines``): 10 GB sparse files (no disk taken) as a
+  caption ``.txt``, a ``captions.jsonl`` / ``captions.csv`` sidecar, a JSONL data set, references, predictions, a bags
+  file, a run's ``metrics.jsonl`` (report, resume), captions and results files, a checkpoint's ``config.yaml`` and
+  boost's cache end in one ``finecap: error:`` line naming the file and the limit (exit 2), never a ``MemoryError``;
+  the same inputs of normal size work; a FIFO or a growing file cannot read past a limit.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import os
+import re
+import shutil
+import struct
+import threading
+import zlib
+from pathlib import Path
+
+import pytest
+from PIL import Image
+
+from finecap.app.cli import main
+from finecap.config import PIL_MAX_IMAGE_PIXELS, ConfigError, DataConfig, load
+from finecap.data.formats import (
+    DataError,
+    ImageLimits,
+    Record,
+    check_image_file,
+    load_image,
+    load_record_image,
+)
+from finecap.utils import DATA_FILE, LINE, FileTooLarge, SizeLimit, read_bounded, read_lines
+
+TEN_GB = 10**10
+
+
+def run_cli(argv: list[str]) -> tuple[int, str, str]:
+    """``finecap ARGV`` in this process: (exit code, stdout, stderr)."""
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = main([str(a) for a in argv])
+    return code, out.getvalue(), err.getvalue()
+
+
+def error_line(argv: list[str]) -> str:
+    """The one ``finecap: error:`` line of ``finecap ARGV``, which must fail with exit code 2 and no traceback."""
+    code, _, err = run_cli(argv)
+    lines = [line for line in err.splitlines() if line.startswith("finecap: ")]
+    assert code == 2, err
+    assert "Traceback" not in err and "MemoryError" not in err, err
+    assert len(lines) == 1 and lines[0].startswith("finecap: error: "), err
+    return lines[0]
+
+
+def succeeds(argv: list[str]) -> str:
+    code, out, err = run_cli(argv)
+    assert code == 0, err
+    return out
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# Class 6: the image budget
+# --------------------------------------------------------------------------------------------------------------------
+
+
+def bilevel_png(path: Path, width: int, height: int) -> Path:
+    """A real PNG of ``width`` x ``height`` 1-bit pixels, all black: PIL writes it, zlib makes it kilobytes."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    Image.new("1", (width, height)).save(path, optimize=True)
+    return path
+
+
+def header_png(path: Path, width: int, height: int) -> Path:
+    """A PNG of a few dozen bytes whose header declares ``width`` x ``height`` RGB pixels (and holds none)."""
+
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+
+    ihdr = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(
+        b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", ihdr) + chunk(b"IDAT", zlib.compress(b"")) + chunk(b"IEND", b"")
+    )
+    return path
+
+
+# (size, what the one line says): every variant is refused from its header
+OVER = {
+    "tall 1x60000": ((1, 60000), ["(1 x 60,000 pixels, aspect ratio 60,000:1)", "data.max_aspect_ratio=20"]),
+    "wide 60000x1": ((60000, 1), ["(60,000 x 1 pixels, aspect ratio 60,000:1)", "data.max_aspect_ratio=20"]),
+    "just over 20:1": ((3, 61), ["(3 x 61 pixels, aspect ratio 20.3:1)", "data.max_aspect_ratio=20"]),
+    "just over 64 MP": ((8001, 8000), ["(8,001 x 8,000 = 64,008,000 pixels)", "data.max_image_pixels=64,000,000"]),
+    "81 MP": ((9000, 9000), ["(9,000 x 9,000 = 81,000,000 pixels)", "data.max_image_pixels=64,000,000"]),
+}
+
+
+def _over(path: Path, variant: str) -> tuple[Path, list[str]]:
+    (width, height), said = OVER[variant]
+    return bilevel_png(path, width, height), said
+
+
+def _check_said(message: str, image: Path | str, said: list[str]) -> None:
+    assert "\n" not in message and str(image) in message
+    assert all(fragment in message for fragment in said), message
+    assert "refused before decoding" in message and "damaged" not in message
+
+
+@pytest.fixture
+def no_decoding(monkeypatch):
+    """Decoding pixels fails the test: what is refused must be refused from the header."""
+    from PIL import ImageFile
+
+    def decode(self, *args, **kwargs):
+        raise AssertionError(f"pixels decoded: {self.size}")
+
+    monkeypatch.setattr(ImageFile.ImageFile, "load", decode)
+
+
+@pytest.mark.parametrize("variant", list(OVER))
+def test_every_reader_refuses_an_image_over_the_budget_from_its_header(tmp_path, variant, no_decoding):
+    image, said = _over(tmp_path / "x.png", variant)
+    assert image.stat().st_size < 200_000  # small, legal files
+    for read in (load_image, check_image_file, lambda p: load_record_image(Record(1, p, "test"))):
+        with pytest.raises(DataError) as e:
+            read(image)
+        _check_said(str(e.value), image, said)
+    embedded = Record("train/3", tmp_path / "train_3", "train", image_bytes=image.read_bytes())  # a data set's row
+    with pytest.raises(DataError) as e:
+        load_record_image(embedded)
+    _check_said(str(e.value), "image of record 'train/3'", said)
+
+
+@pytest.mark.parametrize(("size", "limits"), [
+    ((1, 20), ImageLimits()),  # 20:1 exactly
+    ((20, 1), ImageLimits()),
+    ((10, 10), ImageLimits(max_pixels=100)),  # the pixel budget exactly
+    ((1, 30), ImageLimits(max_aspect_ratio=30)),  # raised
+])  # fmt: skip
+def test_an_image_at_the_limits_decodes(tmp_path, size, limits):
+    image = load_image(bilevel_png(tmp_path / "x.png", *size), limits=limits)
+    assert image.size == size and image.mode == "RGB"
+    over = (size[0] + 1, size[1]) if size[0] >= size[1] else (size[0], size[1] + 1)
+    with pytest.raises(DataError, match="refused before decoding"):
+        load_image(bilevel_png(tmp_path / "y.png", *over), limits=limits)
+
+
+def test_64_megapixels_pass_the_budget_unread(tmp_path, no_decoding):
+    # 8000 x 8000 is the default budget exactly: the header is admitted (verified, not decoded), one pixel more is not
+    check_image_file(header_png(tmp_path / "ok.png", 8000, 8000))
+    with pytest.raises(DataError, match="64,008,000 pixels"):
+        check_image_file(header_png(tmp_path / "over.png", 8001, 8000))
+
+
+def test_the_options_their_defaults_and_bounds():
+    data = DataConfig()
+    assert (data.max_image_pixels, data.max_aspect_ratio) == (64_000_000, 20.0)
+    assert ImageLimits.of(data) == ImageLimits()
+    assert PIL_MAX_IMAGE_PIXELS == Image.MAX_IMAGE_PIXELS  # the bound is PIL's own limit, which PIL enforces
+    for item, said in [(f"data.max_image_pixels={PIL_MAX_IMAGE_PIXELS + 1}", "decompression-bomb limit"),
+                       ("data.max_image_pixels=0", ">= 1"), ("data.max_aspect_ratio=0.5", ">= 1"),
+                       ("data.max_aspect_ratio=5000", "<= 1000")]:  # fmt: skip
+        with pytest.raises(ConfigError, match=said) as e:
+            load(overrides=[item])
+        assert item.split("=")[0] in str(e.value)
+
+
+def test_a_pil_image_given_to_the_api_is_held_to_the_budget(run, shapes):
+    from finecap.api import Captioner
+
+    captioner = Captioner.from_pretrained(run, device="cpu")
+    strip = Image.new("RGB", (60000, 1))
+    with pytest.raises(DataError, match=r"image 1 of the list \(a PIL image\): image too elongated"):
+        captioner.caption([Image.open(shapes["new"] / "red.png"), strip])
+
+
+@pytest.mark.parametrize("variant", list(OVER))
+def test_caption_images_names_the_image_or_skips_it(run, shapes, tmp_path, variant):
+    photos = tmp_path / "photos"
+    photos.mkdir()
+    shutil.copy(shapes["new"] / "red.png", photos / "red.png")
+    bad, said = _over(photos / "planted.png", variant)
+    out = tmp_path / "out.json"
+    line = error_line(["caption", "--checkpoint", run, "--out", out, "--images", photos])
+    assert line.startswith(f"finecap: error: {bad}: image too ")
+    _check_said(line, bad, said)
+    assert not out.exists()
+    succeeds(["caption", "--checkpoint", run, "--out", out, "--skip-bad-images", "--images", photos])
+    assert [r["image_id"] for r in json.loads(out.read_text())] == ["red.png"]
+
+
+def test_caption_images_admits_what_a_raised_option_allows(run, tmp_path):
+    strip = bilevel_png(tmp_path / "photos" / "strip.png", 2, 50)  # 25:1
+    out = tmp_path / "out.json"
+    line = error_line(["caption", "--checkpoint", run, "--out", out, "--images", strip])
+    assert "aspect ratio 25:1" in line and "raise data.max_aspect_ratio" in line
+    succeeds(["caption", "--checkpoint", run, "--out", out, "data.max_aspect_ratio=25", "--images", strip])
+    assert [r["image_id"] for r in json.loads(out.read_text())] == ["strip.png"]
+    pixels = error_line(["caption", "--checkpoint", run, "--out", tmp_path / "o2.json", "data.max_image_pixels=99",
+                         "data.max_aspect_ratio=25", "--images", strip])  # fmt: skip
+    assert "(2 x 50 = 100 pixels): over the pixel budget data.max_image_pixels=99" in pixels
+
+
+def _training_argv(shapes: dict, data: Path, out: Path, *more: str) -> list:
+    """Train 1 step on the image folder ``data``; every image is read (train.eval_samples=0: all of val)."""
+    return ["train", "data.format=folder", f"data.path={data}", "data.val_fraction=0.25",
+            f"model.encoder={shapes['clip']}", "clipcap.tiny_layers=1", "clipcap.tiny_hidden=32",
+            "clipcap.tiny_heads=2", "clipcap.prefix_length=2", f"run.cache_dir={out.parent / 'cache'}",
+            "train.batch_size=8", "train.warmup_steps=0", "train.max_steps=1", "train.eval_samples=0",
+            "decode.max_length=4", *more, "--out", out]  # fmt: skip
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("variant", ["tall 1x60000", "wide 60000x1", "81 MP"])
+@pytest.mark.parametrize("encoder", ["frozen", "trained"])  # the feature cache, or the training DataLoader
+def test_training_on_a_folder_names_the_image(shapes, tmp_path, variant, encoder):
+    data = tmp_path / "data"
+    shutil.copytree(shapes["data"], data)
+    bad, said = _over(data / "red" / "planted.png", variant)
+    (data / "red" / "planted.txt").write_text("a red circle\n")
+    more = ["model.train_encoder=true"] if encoder == "trained" else []
+    line = error_line(_training_argv(shapes, data, tmp_path / "run", *more))
+    assert line.startswith(f"finecap: error: {bad}: image too ")
+    _check_said(line, bad, said)
+
+
+@pytest.mark.slow
+def test_training_skips_the_image_when_asked(shapes, tmp_path):
+    data = tmp_path / "data"
+    shutil.copytree(shapes["data"], data)
+    bad, _ = _over(data / "red" / "planted.png", "tall 1x60000")
+    (data / "red" / "planted.txt").write_text("a red circle\n")
+    code, _, err = run_cli(_training_argv(shapes, data, tmp_path / "run", "data.skip_bad_images=true"))
+    assert code == 0, err
+    assert str(bad) in err and "image too elongated" in err  # the warning names what was left out
+
+
+@pytest.mark.parametrize("variant", ["tall 1x60000", "wide 60000x1", "just over 64 MP"])
+def test_clipscore_in_eval_names_the_image(shapes, tmp_path, variant):
+    folder = tmp_path / "refs"
+    folder.mkdir()
+    shutil.copy(shapes["new"] / "red.png", folder / "red.png")
+    bad, said = _over(folder / "planted.png", variant)
+    refs = folder / "refs.jsonl"
+    refs.write_text("".join(json.dumps({"id": k, "image": name, "captions": ["a red circle"]}) + "\n"
+                            for k, name in enumerate(["red.png", "planted.png"], 1)))  # fmt: skip
+    predictions = tmp_path / "p.json"
+    predictions.write_text(json.dumps([{"image_id": 1, "caption": "a red circle"}, {"image_id": 2, "caption": "a"}]))
+    argv = ["eval", "--predictions", predictions, "--references", refs, "--metrics", "clipscore",
+            f"retriever.checkpoint={shapes['clip']}", f"run.cache_dir={tmp_path / 'cache'}"]  # fmt: skip
+    line = error_line(argv)
+    _check_said(line, bad, said)
+    bilevel_png(bad, 8, 8)  # the same data set with a normal image: scored
+    assert "CLIPScore" in succeeds(argv)
+
+
+@pytest.fixture
+def hf_rows(tmp_path):
+    """A saved Hugging Face data set whose test rows embed images as bytes: a normal one, then a planted one."""
+    datasets = pytest.importorskip("datasets")
+
+    def saved(planted: bytes) -> Path:
+        red = io.BytesIO()
+        Image.new("RGB", (32, 32), (220, 30, 30)).save(red, format="PNG")
+        features = datasets.Features(
+            {"image": datasets.Image(), "captions": datasets.Sequence(datasets.Value("string"))}
+        )
+        rows = {"image": [{"bytes": red.getvalue(), "path": None}, {"bytes": planted, "path": None}],
+                "captions": [["a red circle"], ["a red circle"]]}  # fmt: skip
+        folder = tmp_path / "hf"
+        shutil.rmtree(folder, ignore_errors=True)
+        datasets.DatasetDict({"test": datasets.Dataset.from_dict(rows, features=features)}).save_to_disk(str(folder))
+        return folder
+
+    return saved
+
+
+@pytest.mark.parametrize("variant", ["tall 1x60000", "wide 60000x1", "81 MP"])
+def test_a_hugging_face_row_over_the_budget_is_named(run, tmp_path, hf_rows, variant):
+    from finecap.data.datasets import CaptionDataset, load_records
+
+    planted, said = _over(tmp_path / "planted.png", variant)
+    folder = hf_rows(planted.read_bytes())
+    cfg = load(overrides=["data.format=hf", f"data.path={folder}"])
+    records = load_records(cfg, "test", captioned=False)
+    dataset = CaptionDataset(records, per_caption=False, limits=ImageLimits.of(cfg.data))
+    assert dataset[0]["image"].size == (32, 32)
+    with pytest.raises(DataError) as e:
+        dataset[1]
+    _check_said(str(e.value), "image of record 'test/1'", said)
+    out = tmp_path / "c.json"
+    line = error_line(["caption", "--checkpoint", run, "--data", folder, "--split", "test", "--out", out])
+    _check_said(line, "image of record 'test/1'", said)
+    assert not out.exists()
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# Class 7: bounded reads
+# --------------------------------------------------------------------------------------------------------------------
+
+
+def sparse(path: Path, head: bytes = b"", size: int = TEN_GB) -> Path:
+    """``head`` then zero bytes up to ``size``: a 10 GB file that takes no disk (a hole), made in an instant."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "wb") as f:
+        f.write(head)
+        f.truncate(size)
+    st = path.stat()
+    assert st.st_size == size and st.st_blocks * 512 < 2**20, "not sparse: the file system filled the hole"
+    return path
+
+
+def _said_too_large(line: str, path: Path, limit: str, *, where: str = "") -> None:
+    assert line.startswith(f"finecap: error: {path}{where}: too large ("), line
+    assert f"finecap reads at most {limit}" in line, line
+
+
+DATA_LIMIT = "2,147,483,648 bytes (2 GiB) of a data file"
+LINE_LIMIT = "16,777,216 bytes (16 MiB) of a line"
+
+
+@pytest.fixture
+def eval_inputs(tmp_path) -> dict:
+    """Predictions and references of normal size, for ``finecap eval --metrics bleu`` (text only)."""
+    refs = tmp_path / "refs"
+    refs.mkdir()
+    for name, caption in (("cat", "a cat on a mat"), ("dog", "a dog in a park")):
+        Image.new("RGB", (8, 8)).save(refs / f"{name}.png")
+        (refs / f"{name}.txt").write_text(caption + "\n")
+    predictions = tmp_path / "predictions.json"
+    predictions.write_text(json.dumps([{"image_id": "cat.png", "caption": "a cat on a mat"},
+                                       {"image_id": "dog.png", "caption": "a dog"}]))  # fmt: skip
+    rows = [{"id": "cat.png", "image": "cat.png", "captions": ["a cat on a mat"]},
+            {"id": "dog.png", "image": "dog.png", "captions": ["a dog in a park"]}]  # fmt: skip
+    jsonl = tmp_path / "refs.jsonl"
+    jsonl.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    coco = tmp_path / "captions_test.json"
+    coco.write_text(json.dumps({"images": [{"id": "cat.png", "file_name": "cat.png"}, {"id": "dog.png", "file_name":
+                                "dog.png"}], "annotations": [{"image_id": r["id"], "caption": r["captions"][0]}
+                                                             for r in rows]}))  # fmt: skip
+    return {"folder": refs, "predictions": predictions, "jsonl": jsonl, "coco": coco, "tmp": tmp_path}
+
+
+def _eval(inputs: dict, references: Path, predictions: Path | None = None, *more) -> list:
+    return ["eval", "--predictions", predictions or inputs["predictions"], "--references", references, "--metrics",
+            "bleu", "--images", inputs["folder"], *more]  # fmt: skip
+
+
+def _plant_txt(inputs: dict) -> tuple[list, Path, str, str]:
+    txt = sparse(inputs["folder"] / "dog.txt", b"a dog in a park\n")
+    return _eval(inputs, inputs["folder"]), txt, "", "1,048,576 bytes (1 MiB) of a caption file"
+
+
+def _plant_sidecar_jsonl(inputs: dict) -> tuple[list, Path, str, str]:
+    for txt in inputs["folder"].glob("*.txt"):
+        txt.unlink()
+    head = json.dumps({"image": "cat.png", "captions": ["a cat on a mat"]}) + "\n"
+    sidecar = sparse(inputs["folder"] / "captions.jsonl", head.encode())
+    return _eval(inputs, inputs["folder"]), sidecar, ", line 2", LINE_LIMIT
+
+
+def _plant_sidecar_csv(inputs: dict) -> tuple[list, Path, str, str]:
+    for txt in inputs["folder"].glob("*.txt"):
+        txt.unlink()
+    sidecar = sparse(inputs["folder"] / "captions.csv", b"image,caption\ncat.png,a cat on a mat\n")
+    return _eval(inputs, inputs["folder"]), sidecar, ", line 3", LINE_LIMIT
+
+
+def _plant_jsonl_data(inputs: dict) -> tuple[list, Path, str, str]:
+    head = inputs["jsonl"].read_bytes()
+    return _eval(inputs, sparse(inputs["jsonl"], head)), inputs["jsonl"], ", line 3", LINE_LIMIT
+
+
+def _plant_references(inputs: dict) -> tuple[list, Path, str, str]:
+    return _eval(inputs, sparse(inputs["coco"], b'{"images": [')), inputs["coco"], "", DATA_LIMIT
+
+
+def _plant_predictions(inputs: dict) -> tuple[list, Path, str, str]:
+    predictions = sparse(inputs["predictions"], b'[{"image_id": "cat.png", "caption": "a cat"}, ')
+    return _eval(inputs, inputs["jsonl"], predictions), predictions, "", DATA_LIMIT
+
+
+def _plant_bags(inputs: dict) -> tuple[list, Path, str, str]:
+    bags = sparse(inputs["tmp"] / "bags.json", b'{"bags": {"3": [')
+    return _eval(inputs, inputs["jsonl"], None, "--bags", bags), bags, "", DATA_LIMIT
+
+
+PLANTS = {"caption .txt": _plant_txt, "captions.jsonl sidecar": _plant_sidecar_jsonl,
+          "captions.csv sidecar": _plant_sidecar_csv, "jsonl data set": _plant_jsonl_data,
+          "coco references": _plant_references, "predictions": _plant_predictions,
+          "bags file": _plant_bags}  # fmt: skip
+NORMAL = {"caption .txt": "folder", "captions.jsonl sidecar": "folder", "captions.csv sidecar": "folder",
+          "jsonl data set": "jsonl", "coco references": "coco", "predictions": "jsonl",
+          "bags file": "jsonl"}  # fmt: skip
+
+
+@pytest.mark.parametrize("kind", list(PLANTS))
+def test_a_sparse_10_gb_input_of_eval_is_one_line(eval_inputs, kind):
+    assert "BLEU-4" in succeeds(_eval(eval_inputs, eval_inputs[NORMAL[kind]]))  # normal sizes work
+    argv, planted, where, limit = PLANTS[kind](eval_inputs)
+    _said_too_large(error_line(argv), planted, limit, where=where)
+
+
+def test_the_data_limit_is_set_by_an_environment_variable(eval_inputs, monkeypatch):
+    argv = _eval(eval_inputs, eval_inputs["jsonl"])
+    size = eval_inputs["predictions"].stat().st_size
+    monkeypatch.setenv("FINECAP_MAX_DATA_BYTES", str(size))
+    assert "BLEU-4" in succeeds(argv)  # a limit of the file's size: read
+    monkeypatch.setenv("FINECAP_MAX_DATA_BYTES", str(size - 1))
+    line = error_line(argv)
+    assert line.startswith(f"finecap: error: {eval_inputs['predictions']}: too large ({size:,} bytes)")
+    assert f"at most {size - 1:,} bytes" in line and "set FINECAP_MAX_DATA_BYTES=BYTES" in line
+    monkeypatch.setenv("FINECAP_MAX_DATA_BYTES", "2GB")
+    assert "FINECAP_MAX_DATA_BYTES='2GB': must be a whole number of bytes" in error_line(argv)
+
+
+def _report_run(root: Path) -> Path:
+    """A run folder a report reads: results, one stage's captions and training log."""
+    run = root / "run"
+    (run / "captions").mkdir(parents=True)
+    (run / "mle").mkdir()
+    (run / "results.json").write_text(json.dumps({"mle": {"BLEU-4": 0.1, "Length": 3.0}}))
+    (run / "captions" / "mle.json").write_text(json.dumps([{"image_id": 1, "caption": "a red circle"}]))
+    events = [{"step": 1, "split": "train", "values": {"loss": 2.0}}, {"step": 1, "split": "val", "values": {"x": 1}}]
+    (run / "mle" / "metrics.jsonl").write_text("".join(json.dumps(e) + "\n" for e in events))
+    return run
+
+
+@pytest.mark.parametrize(("name", "head", "where", "limit"), [
+    ("mle/metrics.jsonl", b'{"step": 1, "split": "train", "values": {"loss": 2.0}}\n', "", DATA_LIMIT),
+    ("captions/mle.json", b'[{"image_id": 1, "caption": "a"}, ', "", DATA_LIMIT),
+    ("results.json", b'{"mle": ', "", DATA_LIMIT),
+    ("bags_test.json", b'{"bags": ', "", DATA_LIMIT),
+])  # fmt: skip
+def test_a_sparse_10_gb_file_of_a_run_folder_is_one_line_in_report(tmp_path, name, head, where, limit):
+    run = _report_run(tmp_path)
+    succeeds(["report", run, "--out", tmp_path / "ok.html"])  # normal sizes work
+    planted = sparse(run / name, head)
+    _said_too_large(error_line(["report", run, "--out", tmp_path / "r.html"]), planted, limit, where=where)
+    assert not (tmp_path / "r.html").exists()
+
+
+def test_a_metrics_line_past_the_line_limit_is_named(tmp_path):
+    run = _report_run(tmp_path)
+    log = run / "mle" / "metrics.jsonl"
+    sparse(log, log.read_bytes(), size=LINE.limit() * 2)  # 32 MiB of holes: under the file limit, one long line
+    _said_too_large(error_line(["report", run, "--out", tmp_path / "r.html"]), log, LINE_LIMIT, where=", line 3")
+
+
+def test_a_checkpoints_sparse_config_is_one_line(run, tmp_path):
+    copy = tmp_path / "run"
+    shutil.copytree(run, copy)
+    config = copy / "checkpoints" / "best" / "config.yaml"
+    sparse(config, config.read_bytes())
+    line = error_line(["caption", "--checkpoint", copy / "checkpoints" / "best", "--out", tmp_path / "c.json",
+                       "--images", tmp_path])  # fmt: skip
+    _said_too_large(line, config, "67,108,864 bytes (64 MiB) of a finecap file")
+
+
+@pytest.mark.slow
+def test_resume_names_a_sparse_metrics_log(run, shapes, tmp_path):
+    copy = tmp_path / "run"
+    shutil.copytree(run, copy)
+    recipe = shutil.copy(copy / "config.yaml", tmp_path / "recipe.yaml")  # the run's own settings
+    log = sparse(copy / "metrics.jsonl", (copy / "metrics.jsonl").read_bytes())
+    before = {p: p.stat().st_mtime_ns for p in copy.rglob("*") if p.is_file()}
+    line = error_line(["train", recipe, "--out", copy, "--resume", "train.max_steps=121"])
+    _said_too_large(line, log, DATA_LIMIT)
+    assert {p: p.stat().st_mtime_ns for p in copy.rglob("*") if p.is_file()} == before  # nothing rewritten
+
+
+def test_boosts_sparse_cache_is_named(tmp_path):
+    from finecap.boost.engine import AnswerCache
+
+    head = json.dumps({"key": "k", "step": "visual", "image_id": 1, "answer": "a cat"}) + "\n"
+    cache = sparse(tmp_path / "cache.jsonl", head.encode())
+    with pytest.raises(
+        FileTooLarge, match=rf"^{re.escape(str(cache))}, line 2: too large \(more than 16,777,216 bytes\)"
+    ):
+        AnswerCache(cache)
+    normal = tmp_path / "normal.jsonl"
+    normal.write_text(head + head[:10])  # a last line cut by a kill
+    answers = AnswerCache(normal)
+    assert answers.get("k") == "a cat"
+    answers.close()
+    assert normal.read_text().endswith("\n")  # the next answer starts on its own line
+
+
+def test_a_fifo_or_growing_file_cannot_read_past_the_limit(tmp_path):
+    limit = SizeLimit("test file", 1000, "a test")
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)  # st_size 0: only the read itself can stop it
+    writer = threading.Thread(target=lambda: _feed(fifo, 5000))
+    writer.start()
+    with pytest.raises(FileTooLarge, match=rf"^{re.escape(str(fifo))}: too large \(more than 1,000 bytes\)"):
+        read_bounded(fifo, limit)
+    writer.join(timeout=10)
+    lines = tmp_path / "lines"
+    lines.write_text("short\n" + "x" * 5000 + "\n")
+    with pytest.raises(FileTooLarge, match=r", line 2: too large"):
+        list(read_lines(lines, line=limit))
+    with contextlib.closing(read_lines(lines, line=limit)) as streamed:
+        assert next(streamed) == "short\n"  # streamed: the first line is read before the second is refused
+    with pytest.raises(FileTooLarge, match=r"too large \(5,007 bytes "):
+        list(read_lines(lines, total=limit, line=DATA_FILE))
+
+
+def _feed(fifo: Path, n: int) -> None:
+    with contextlib.suppress(BrokenPipeError), open(fifo, "wb") as f:
+        for _ in range(n // 100):
+            f.write(b"x" * 100)
