@@ -41,7 +41,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from finecap.data.formats import MAX_LISTED, DataError, ImageFolder, Record, _captions, _infer_split
+from finecap.data.formats import MAX_LISTED, DataError, ImageFolder, Record, _captions, _infer_split, check_id
 
 __all__ = ["HF_FILE_SUFFIXES", "ArrowImage", "ArrowImages", "is_hf_path", "read_hf"]
 
@@ -250,8 +250,7 @@ def read_hf(
             if not isinstance(split, str):
                 raise DataError(f"{where(i)}: {split_column!r} must be a string, got {type(split).__name__}")
             image_id = table[id_column][i] if id_column else (str(path) if not embedded[i] else f"{split_name}/{i}")
-            if isinstance(image_id, bool) or not isinstance(image_id, int | str):
-                raise DataError(f"{where(i)}: {id_column!r} must be an int or a string, got {type(image_id).__name__}")
+            check_id(image_id, where(i), repr(id_column) if id_column else "image id")
             if image_id in seen:
                 raise DataError(f"{where(i)}: duplicate image id {image_id!r} (first in {seen[image_id]})")
             seen[image_id] = where(i)
