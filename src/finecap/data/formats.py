@@ -211,7 +211,7 @@ def check_id(value: Any, where: str, key: str = "image id") -> int | str:
     """``value`` when it is an image id finecap reads and writes alike: a string, or an integer (never a bool)
     within :data:`MAX_INT_ID`; else a :class:`DataError` naming ``where`` and ``key``."""
     if isinstance(value, bool) or not isinstance(value, int | str):
-        raise DataError(f"{where}: {key} must be an int or a string, got {_type(value)} {short_repr(value)}")
+        raise DataError(f"{where}: {key} {short_repr(value)} must be an int or a string, got {_type(value)}")
     if isinstance(value, int) and not int_id_fits(value):
         raise DataError(
             f"{where}: {key} {short_repr(value, 40)} is an integer beyond +-(2**53 - 1), which JSON readers do not "
