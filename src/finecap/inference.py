@@ -11,11 +11,13 @@ One path, shared by ``finecap caption --images`` (:mod:`finecap.app.caption`) an
 **Image ids** (:func:`image_ids`; a choice, made for COCO results): when the file name of *every* image, without its
 extension, is a number (COCO 2017's ``000000391895.jpg``, Flickr30k's ``1000092795.jpg``) or COCO 2014's
 ``COCO_<set>_<number>`` (``COCO_val2014_000000391895.jpg``), and no two images share a number, the ids are those
-numbers as integers (``391895``): the ids COCO's annotations and its evaluation server use. Otherwise (``cat.jpg``
-among them; ``red/0.png`` beside ``blue/0.png``) every id is the image's path relative to the folder it was found in,
-with ``/`` (``"cats/001.jpg"``: the id the ``folder`` data format gives, :func:`finecap.data.formats.read_folder`), or
-its file name when it was named as a file. Two images with one such id are an error naming both files (``a/x.jpg``
-and ``b/x.jpg`` given as the folders ``a`` and ``b``: pass their common folder instead).
+numbers as integers (``391895``): the ids COCO's annotations and its evaluation server use, when every one is within
+:data:`~finecap.data.formats.MAX_INT_ID` (2**53 - 1, what every JSON reader holds exactly). Otherwise (a 29-digit
+name, ``cat.jpg`` among them; ``red/0.png`` beside ``blue/0.png``) every id is the image's path relative to the
+folder it was found in, with ``/`` (``"cats/001.jpg"``: the id the ``folder`` data format gives,
+:func:`finecap.data.formats.read_folder`), or its file name when it was named as a file. Two images with one such id
+are an error naming both files (``a/x.jpg`` and ``b/x.jpg`` given as the folders ``a`` and ``b``: pass their common
+folder instead).
 
 Images are read by :func:`finecap.data.formats.load_image` (the one reader of image files: EXIF orientation honoured,
 16-bit, palette, alpha and CMYK images converted, decompression bombs and images over the image budget refused:
@@ -41,6 +43,7 @@ from finecap.data.formats import (
     ImageFolder,
     ImageLimits,
     folder_images,
+    int_id_fits,
     load_image,
 )
 
@@ -53,6 +56,9 @@ if TYPE_CHECKING:
 
 NUMBERED = re.compile(r"^(?:COCO_[A-Za-z]+\d*_)?(\d+)$")
 """A file stem that gives an integer image id: digits, or COCO 2014's ``COCO_<set>_<digits>``."""
+MAX_ID_DIGITS = 64
+"""Digits of a file stem converted to a number at most (leading zeros included): a longer one is beyond
+:data:`~finecap.data.formats.MAX_INT_ID` or all zeros, and Python refuses to convert more than 4300."""
 
 
 # --------------------------------------------------------------------------------------------------------------------
@@ -121,7 +127,9 @@ def image_files(sources: Sequence[str | os.PathLike[str]], *, allow_outside: boo
 
 def image_ids(images: Sequence[tuple[str, Path]]) -> list[int | str]:
     """The ids of ``images`` (``(relative name, file)`` pairs; the rule of the module docstring): integers when every
-    file stem is a number or ``COCO_<set>_<number>`` and no two are equal, else the relative names. Two images with
+    file stem is a number or ``COCO_<set>_<number>``, no number is beyond
+    :data:`~finecap.data.formats.MAX_INT_ID` (a 29-digit name stays a name) and no two are equal, else the relative
+    names. Two images with
     one relative name are a :class:`~finecap.data.formats.DataError` naming both files.
 
     Example::
@@ -140,9 +148,9 @@ def image_ids(images: Sequence[tuple[str, Path]]) -> list[int | str]:
         finecap.data.formats.DataError: a/x.png and b/x.png both have the image id 'x.png' (the same name relative to the folders named); pass the folder holding both instead
     """  # noqa: E501
     numbers = [NUMBERED.match(Path(name).stem) for name, _ in images]
-    if images and all(m is not None for m in numbers):
+    if images and all(m is not None and len(m.group(1)) <= MAX_ID_DIGITS for m in numbers):
         numbered: list[int | str] = [int(m.group(1)) for m in numbers if m is not None]
-        if len(set(numbered)) == len(numbered):
+        if all(int_id_fits(n) for n in numbered) and len(set(numbered)) == len(numbered):  # type: ignore[arg-type]
             return numbered
     first: dict[str, Path] = {}
     for name, path in images:

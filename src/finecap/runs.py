@@ -42,6 +42,7 @@ Example::
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 LAST, BEST = "last", "best"
@@ -111,6 +112,37 @@ def find_checkpoint(path: str | Path) -> Path:
     if _is_model(path):
         return path.parent if path.name == MODEL_SUBDIR and _is_checkpoint(path.parent) else path
     raise FileNotFoundError(not_a_checkpoint(path))
+
+
+def training_folder_of(path: str | Path) -> Path | None:
+    """The checkpoint folder or run ``checkpoints/`` folder that ``path`` is or lies in (real paths: links and ``..``
+    followed; ``path`` need not exist), else ``None``: where only training writes, so that no other command
+    (``finecap export --force``) replaces a resumable checkpoint. A checkpoint folder holds ``model/captioner.json``
+    or ``trainer_state.json``; a ``checkpoints/`` folder is a run's when its parent holds the run's ``config.yaml``
+    or ``metrics.jsonl``, or it holds ``last`` or ``best`` (or their unfinished ``.<name>.tmp``).
+
+    Example::
+
+        >>> import tempfile
+        >>> run = Path(tempfile.mkdtemp())
+        >>> (run / "checkpoints" / "last").mkdir(parents=True)
+        >>> _ = (run / "metrics.jsonl").write_text("")
+        >>> training_folder_of(run / "checkpoints" / "last" / "model") == run / "checkpoints"
+        True
+        >>> training_folder_of(run / "exported") is None
+        True
+    """
+    real = Path(os.path.realpath(path))
+    for folder in (real, *real.parents):
+        if _is_checkpoint(folder) or (folder / INFO_FILE).is_file():
+            return folder
+        if folder.name == CHECKPOINTS_DIR and folder.is_dir():
+            held = (folder / name for base in (LAST, BEST) for name in (base, temporary_dir(base).name))
+            if any((folder.parent / name).is_file() for name in (CONFIG_FILE, METRICS_FILE)) or any(
+                p.is_dir() for p in held
+            ):
+                return folder
+    return None
 
 
 def stored_config(checkpoint: str | Path) -> Path | None:

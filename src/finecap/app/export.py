@@ -4,8 +4,13 @@ RUN is a run directory (its best checkpoint, else its last), a checkpoint folder
 the captioner with its LoRA adapters merged into the base weights (:func:`finecap.models.export.export_merged`): for
 BLIP and VLMs a ``save_pretrained`` folder transformers loads alone, for ClipCap the language model (``lm/``, a plain
 ``AutoModelForCausalLM`` folder) and the mapper, plus the source's model card with a line saying what was merged.
-OUT must be new or empty; an earlier export (a folder holding a ``captioner.json``) is replaced only with ``--force``,
-and never a folder finecap did not write. The folder is written beside OUT and swapped in once complete.
+
+OUT must be new or empty. The folder is written beside OUT (``.OUT.tmp``, never an existing one) and swapped in once
+complete (:func:`finecap.utils.atomic_replace_dir`), so it carries finecap's folder mark
+(:data:`finecap.utils.FOLDER_MARK`, kind :data:`EXPORT_KIND`). An earlier export (a folder holding that mark) is
+replaced only with ``--force``; any other folder at OUT or at ``OUT.old`` (where the swap keeps the replaced one) is
+refused, with or without ``--force``, and so is OUT inside a run's checkpoint folders (:func:`finecap.runs.
+training_folder_of`: only training writes there, and a resumable checkpoint is never replaced by an export).
 """
 
 from __future__ import annotations
@@ -13,30 +18,53 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
-from finecap.models.base import CONFIG_NAME, read_meta
+from finecap.models.base import read_meta
 from finecap.models.export import export_merged
-from finecap.runs import find_checkpoint, model_dir, temporary_dir
-from finecap.train.model_card import CARD_NAME
-from finecap.utils import METADATA, OutputRefused, atomic_replace_dir, read_text_bounded, refuse_link
+from finecap.runs import find_checkpoint, model_dir, temporary_dir, training_folder_of
+from finecap.train.model_card import CARD_NAME, md_code
+from finecap.utils import (
+    FOLDER_MARK,
+    METADATA,
+    OutputRefused,
+    atomic_replace_dir,
+    check_own_folder,
+    is_finecap_folder,
+    previous_dir,
+    read_text_bounded,
+    refuse_link,
+)
+
+EXPORT_KIND = "export"
+"""The folder kind of a merged export (:func:`finecap.utils.folder_mark_text`)."""
 
 
 def check_export_dir(out: Path, source: Path, force: bool) -> None:
     """:class:`OutputRefused` when ``out`` may not receive the export of ``source``: a link, inside or around the
-    source, a file, a non-empty folder that is not a captioner folder, or a captioner folder without ``--force``."""
+    source, inside a run's checkpoint folders, a file, a non-empty folder that is not an earlier export (finecap's
+    mark), an earlier export without ``--force``, or anything but an earlier export at ``OUT.old``."""
     refuse_link(out)
     real_out, real_source = out.resolve(), source.resolve()
     if real_out == real_source or real_source in real_out.parents or real_out in real_source.parents:
         raise OutputRefused(f"{out}: OUT is {source} or holds it or lies in it; export into a new folder")
+    training = training_folder_of(out)
+    if training is not None:
+        raise OutputRefused(
+            f"{out}: lies in the run's checkpoint folder {training}, which only training writes (a resumable "
+            "checkpoint is never replaced, with or without --force); export into a new folder outside the run's "
+            "checkpoints/"
+        )
+    check_own_folder(previous_dir(out), EXPORT_KIND)  # OUT.old: the swap would remove it
     if not out.exists():
         return
     if not out.is_dir():
         raise OutputRefused(f"{out}: exists and is not a folder; export into a new folder")
     if not any(out.iterdir()):
         return
-    if not (out / CONFIG_NAME).is_file():
-        raise OutputRefused(f"{out}: a folder finecap did not write (no {CONFIG_NAME}); export into a new folder")
+    if not is_finecap_folder(out, EXPORT_KIND):
+        raise OutputRefused(f"{out}: a folder finecap did not write as an export (no {FOLDER_MARK} of an export); "
+                            "export into a new folder")  # fmt: skip
     if not force:
-        raise OutputRefused(f"{out}: holds a captioner already; pass --force to replace it")
+        raise OutputRefused(f"{out}: holds an earlier export already; pass --force to replace it")
 
 
 def main(checkpoint: str, out: str, merged: bool, force: bool = False) -> Path:
@@ -56,10 +84,12 @@ def main(checkpoint: str, out: str, merged: bool, force: bool = False) -> Path:
         card = source / CARD_NAME
         if card.is_file():
             merged = ", ".join(sorted(meta.get("lora") or {})) or "none (it had no adapters)"
-            note = (f"\n## Export\n\nA merged export of `{source}` (`finecap export --merged`): LoRA adapters folded "
-                    f"into the base weights: {merged}.\n")  # fmt: skip
+            note = (f"\n## Export\n\nA merged export of {md_code(str(source))} (`finecap export --merged`): LoRA "
+                    f"adapters folded into the base weights: {merged}.\n")  # fmt: skip
             (tmp / CARD_NAME).write_text(read_text_bounded(card, METADATA) + note, encoding="utf-8")
-        atomic_replace_dir(tmp, target)
+        if target.is_dir() and not any(target.iterdir()):
+            target.rmdir()  # an empty folder the user made for it: rmdir removes only an empty one
+        atomic_replace_dir(tmp, target, kind=EXPORT_KIND)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise

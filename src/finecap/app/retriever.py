@@ -66,7 +66,7 @@ from finecap.models.world_encoder import (
 )
 from finecap.outputs import check_output_file, write_output_json
 from finecap.train.world_encoder import fit_world_encoder
-from finecap.utils import atomic_replace_dir, make_temporary_dir, read_json, write_json
+from finecap.utils import atomic_replace_dir, check_swap, make_temporary_dir, read_json, write_json
 from finecap.world.facts import facts, is_true
 from finecap.world.make import load_scenes
 from finecap.world.scene import LABEL_SIZES
@@ -76,6 +76,9 @@ log = logging.getLogger(__name__)
 PROBED = ("shape", "color", "size", "position")
 """Main-object labels the quality bar requires a linear probe to decode at >= :data:`PROBE_BAR`."""
 PROBE_BAR = 0.9
+ENCODER_KIND = "world-encoder"
+"""The folder kind of a trained world encoder (:func:`finecap.utils.folder_mark_text`): only such a folder (and its
+``.old``) is ever replaced in the cache."""
 REF_BAR, DENSE_BAR = 0.6, 0.95
 """R@1 against 99 random distractors required of reference and dense captions."""
 
@@ -112,6 +115,7 @@ def train_world_encoder(cfg: Config, world: Path, progress: bool = True) -> Path
     """Train the world encoder of ``cfg`` on the complete world at ``world`` into :func:`encoder_dir` (module
     docstring); returns the folder."""
     out = encoder_dir(cfg)
+    check_swap(out, ENCODER_KIND)  # before the work: a folder finecap did not make there (or at .old) stops it
     rc = cfg.retriever
     t0 = time.perf_counter()
     train = load_split(world, "train", progress=progress)
@@ -158,7 +162,7 @@ def train_world_encoder(cfg: Config, world: Path, progress: bool = True) -> Path
     if (out / "encoder.json").exists():  # another process finished the same encoder meanwhile: keep its folder
         shutil.rmtree(tmp)
     else:
-        atomic_replace_dir(tmp, out)
+        atomic_replace_dir(tmp, out, kind=ENCODER_KIND)
     acc = ", ".join(f"{k} {v:.3f}" for k, v in accuracy.items())
     log.info("world encoder: %d steps in %.0fs; val in-batch top-1: %s; saved %s", stats["steps"], train_s, acc, out)
     return out

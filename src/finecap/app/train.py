@@ -41,6 +41,7 @@ from finecap.home import run_path
 from finecap.locks import TRAIN_LOCK, output_lock
 from finecap.models import sharding
 from finecap.models.backbones import check_before_building, reads_world_encoder
+from finecap.models.memory import check_attention
 from finecap.objectives import get_objective
 from finecap.objectives.base import ObjectiveBase
 from finecap.outputs import write_output
@@ -154,6 +155,7 @@ def train(
     ``config.yaml`` may never replace. One training at a time holds the run directory (``.train.lock``, main
     process): a second stops with an error naming the first.
     """
+    check_attention(cfg.model.attn_implementation)  # before anything is made: a kernel this machine lacks stops it
     run_dir = run_path(cfg.run)
     processes = process_state(cfg.train)  # the processes, before any Accelerator: preparing may train with its own
     with contextlib.ExitStack() as held:

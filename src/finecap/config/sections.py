@@ -15,10 +15,10 @@ from typing import Any, Literal
 
 import yaml
 
-from finecap.config.fields import Section, check, check_at_most, doc
+from finecap.config.fields import ConfigError, Section, check, check_at_most, doc
 from finecap.config.paths import absolute_paths
 from finecap.config.secrets import redacted
-from finecap.utils import short_repr
+from finecap.utils import CONTROL_CHARACTERS, short_repr
 
 __all__ = [  # the names finecap.config re-exports
     "AttnImplementation",
@@ -153,6 +153,16 @@ class RunConfig(Section, name="run"):
     cache_dir: str = doc(
         "", "Folder of the reusable caches (world encoders, frozen features); empty = <finecap home>/cache."
     )
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        control = CONTROL_CHARACTERS.search(self.name)
+        if control is not None:
+            raise ConfigError(
+                f"run.name: {short_repr(self.name)} holds the control character {control.group()!r} (a newline, a "
+                "tab, ...); a run's name names its folder and heads its model card: use printable characters",
+                key="run.name",
+            )
 
 
 @dataclass

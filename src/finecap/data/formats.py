@@ -46,7 +46,8 @@ Two rules hold for every format (docs/reliability.md, "Reading only what you nam
 - **Image paths stay inside the data set's image folder** (the image root above, ``data.images`` when given):
   every record naming a file is checked when the data set is read, on real paths (``..`` and symbolic links
   resolved), and one naming a file outside is refused, naming the data file, the record, the path and
-  ``data.allow_outside_paths``, the option that allows it (:class:`ImageFolder`).
+  ``data.allow_outside_paths``, the option that allows it (:class:`ImageFolder`). A ``folder`` data set's caption
+  files (``captions.jsonl``, ``captions.csv``, each ``.txt``) are checked the same way before they are opened.
 - **An image file is used only as decoded pixels**: :func:`load_image` (and :func:`load_record_image`) is the one
   reader of image files; it refuses anything PIL does not decode whole as one of :data:`IMAGE_FORMATS`, images over
   the image budget (:class:`ImageLimits`: ``data.max_image_pixels``, ``data.max_aspect_ratio``) or PIL's
@@ -197,6 +198,53 @@ def _require(rec: Any, key: str, types: type | tuple[type, ...], where: str) -> 
         names = " or ".join(t.__name__ for t in (types if isinstance(types, tuple) else (types,)))
         raise DataError(f"{where}: {key!r} must be {names}, got {_type(value)} {short_repr(value)}")
     return value
+
+
+MAX_INT_ID = 2**53 - 1
+"""The largest integer image id (either sign) finecap reads or writes: RFC 8259's interoperable range, the integers
+every JSON reader holds exactly (JavaScript, and any reader that parses numbers as doubles, turns
+``12345678901234567891`` into ``12345678901234567000``), and within int64 (numpy, torch, Arrow). An integer id beyond
+it in a data set, results or bags file is refused, naming the record (:func:`check_id`: write it as a string); a
+file name whose number is beyond it keeps its name as the id (:func:`finecap.inference.image_ids`)."""
+
+
+def int_id_fits(value: int) -> bool:
+    """Whether the integer ``value`` is a usable image id (``|value| <= MAX_INT_ID``)."""
+    return -MAX_INT_ID <= value <= MAX_INT_ID
+
+
+def check_id(value: Any, where: str, key: str = "image id") -> int | str:
+    """``value`` when it is an image id finecap reads and writes alike: a string, or an integer (never a bool)
+    within :data:`MAX_INT_ID`; else a :class:`DataError` naming ``where`` and ``key``."""
+    if isinstance(value, bool) or not isinstance(value, int | str):
+        raise DataError(f"{where}: {key} {short_repr(value)} must be an int or a string, got {_type(value)}")
+    if isinstance(value, int) and not int_id_fits(value):
+        raise DataError(
+            f"{where}: {key} {short_repr(value, 40)} is an integer beyond +-(2**53 - 1), which JSON readers do not "
+            f'all read back exactly (RFC 8259); write it as a string ("{short_repr(value, 40)}")'
+        )
+    return value
+
+
+def id_from_key(key: str) -> int | str:
+    """The image id a JSON object key stands for (JSON keys are strings): the integer when ``key`` is one written
+    as Python writes it (``"42"``, ``"-7"``; not ``"042"`` or ``"+4"``) and within :data:`MAX_INT_ID`, else the key
+    itself: ids written with ``str(id)`` read back as they were."""
+    try:
+        number = int(key) if len(key) <= 20 else None
+    except ValueError:
+        return key
+    return number if number is not None and str(number) == key and int_id_fits(number) else key
+
+
+def _require_id(rec: Any, key: str, where: str) -> int | str:
+    """Field ``key`` of ``rec``, an image id (:func:`check_id`)."""
+    return check_id(_require(rec, key, (int, str), where), where, repr(key))
+
+
+def _is_id(value: Any) -> bool:
+    """The fast readers' test of an image id (the checking loops name a bad one, :func:`check_id`)."""
+    return type(value) is str or (type(value) is int and int_id_fits(value))
 
 
 def _check_images(records: list[Record], path: Path, root: Path) -> None:
@@ -545,12 +593,13 @@ class ImageFolder:
         real = self.real_path(path)
         return real in self.reals or real.startswith(self.prefixes)
 
-    def check(self, path: str | Path, where: str, written: Any) -> None:
-        """Refuse ``path`` (of record ``where``, written ``written`` in the data file) unless it lies inside."""
+    def check(self, path: str | Path, where: str, written: Any, what: str = "image path") -> None:
+        """Refuse ``path`` (of record ``where``, written ``written`` in the data file) unless it lies inside;
+        ``what`` names the file in the error (an image path, a caption file of a ``folder`` data set)."""
         if self.allow or self.inside(path):
             return
         raise DataError(
-            f"{where}: image path {str(written)!r:.300} resolves to {self.real_path(path)}, outside the data set's "
+            f"{where}: {what} {str(written)!r:.300} resolves to {self.real_path(path)}, outside the data set's "
             f"image folder {' or '.join(self.reals)}; refused (a data set names only files inside its folder): set "
             f"data.images to the folder holding the images, or {ALLOW_OUTSIDE}=true to allow it"
         )
@@ -602,9 +651,9 @@ def read_karpathy(
         split = _require(img, "split", str, where)
         filepath = _require(img, "filepath", str, where) if "filepath" in img else ""
         if "cocoid" in img:
-            image_id = _require(img, "cocoid", (int, str), where)
+            image_id = _require_id(img, "cocoid", where)
         elif "imgid" in img:
-            image_id = _require(img, "imgid", (int, str), where)
+            image_id = _require_id(img, "imgid", where)
         else:
             image_id = i
         sentences = _require(img, "sentences", list, where)
@@ -694,7 +743,7 @@ def read_coco_captions(
         for img in imgs or ():
             image_id, file_name = img["id"], img.get("file_name")
             if (
-                type(image_id) not in (int, str)
+                not _is_id(image_id)
                 or image_id in by_id
                 or "boost" in img
                 or (type(file_name) is not str and (file_name is not None or "file_name" in img))
@@ -707,7 +756,7 @@ def read_coco_captions(
         by_id.clear()
         for i, img in enumerate(imgs):
             where = f"{path}: images[{i}]"
-            image_id = _require(img, "id", (int, str), where)
+            image_id = _require_id(img, "id", where)
             file_name = _require(img, "file_name", str, f"{where} (id {image_id})") if "file_name" in img else None
             if image_id in by_id:
                 raise DataError(f"{where}: duplicate image id {short_repr(image_id)}")
@@ -720,7 +769,7 @@ def read_coco_captions(
                 by_id.setdefault(ann["image_id"], (None, []))
         for ann in anns:
             caption = ann["caption"]
-            if type(caption) is not str or type(ann["image_id"]) not in (int, str):
+            if type(caption) is not str or not _is_id(ann["image_id"]):
                 raise TypeError
             by_id[ann["image_id"]][1].append(caption)
     except (KeyError, TypeError):
@@ -730,7 +779,7 @@ def read_coco_captions(
             entry[1].clear()
         for i, ann in enumerate(anns):
             where = f"{path}: annotations[{i}]"
-            image_id = _require(ann, "image_id", (int, str), where)
+            image_id = _require_id(ann, "image_id", where)
             caption = _require(ann, "caption", str, where)
             if image_id not in by_id:
                 if imgs is not None:
@@ -804,7 +853,7 @@ def read_jsonl(
     for where, rec in _json_lines(path):
         image = _require(rec, "image", str, where)
         caps = _require(rec, "captions", list, where)
-        image_id = _require(rec, "id", (int, str), where) if "id" in rec else image
+        image_id = _require_id(rec, "id", where) if "id" in rec else image
         rec_split = _require(rec, "split", str, where) if "split" in rec else split
         if image_id in seen:
             raise DataError(f"{where}: duplicate image id {short_repr(image_id)}")
@@ -923,7 +972,8 @@ def read_folder(
     (:func:`folder_images`) and per image a caption file names, sorted by image id, the path relative to the folder
     (``"cats/001.jpg"``). Captions come from ``captions.jsonl`` or ``captions.csv`` at the top of the folder, else
     from a ``.txt`` file next to each image; an image without any has none. Splits are those the sidecar names, else
-    :data:`NO_SPLIT`. Every image, linked ones too, must lie inside the folder (:class:`ImageFolder`) unless
+    :data:`NO_SPLIT`. Every file read, linked ones too (images, ``captions.jsonl`` / ``captions.csv``, each
+    ``.txt``), must lie inside the folder (:class:`ImageFolder`: checked before a caption file is opened) unless
     ``allow_outside``; ``images`` (``data.images``), when given, must be the folder itself."""
     path = Path(path)
     if not path.is_dir():
@@ -941,6 +991,7 @@ def read_folder(
     entries: dict[str, _Entry] = {}
     if sidecars:
         sidecar = sidecars[0]
+        folder.check(sidecar, str(path), sidecar.name, what="caption file")  # a link out is refused, as an image's
         entries = _sidecar_jsonl(sidecar) if sidecar.suffix == ".jsonl" else _sidecar_csv(sidecar)
     by_txt: dict[str, list[str]] = {}
     for image in scanned:
@@ -955,6 +1006,7 @@ def read_folder(
         if len(imgs) > 1:
             raise DataError(f"{path / txt}: the captions of several images ({', '.join(imgs)}); rename the images so "
                             "that each has its own .txt")  # fmt: skip
+        folder.check(path / txt, f"{path}: {txt}", txt, what="caption file")  # read only inside, as images are
         entries[imgs[0]] = _Entry(_caption_txt(path / txt), NO_SPLIT, str(path / txt))
     known = set(scanned)
     extra = [image for image in entries if image not in known]  # named by the sidecar, not found by the scan
@@ -1026,7 +1078,7 @@ def read_results(path: str | Path) -> dict[int | str, list[str]]:
     try:  # well-formed entries in one tight loop; the checking loop below names the first bad one
         for rec in data:
             image_id, caption = rec["image_id"], rec["caption"]
-            if type(image_id) not in (int, str) or type(caption) is not str:
+            if not _is_id(image_id) or type(caption) is not str:
                 raise TypeError
             out.setdefault(image_id, []).append(caption)
         return out
@@ -1034,7 +1086,7 @@ def read_results(path: str | Path) -> dict[int | str, list[str]]:
         out.clear()
     for i, rec in enumerate(data):
         where = f"{path}: [{i}]"
-        image_id = _require(rec, "image_id", (int, str), where)
+        image_id = _require_id(rec, "image_id", where)
         out.setdefault(image_id, []).append(_require(rec, "caption", str, where))
     return out
 
@@ -1046,8 +1098,7 @@ def write_results(path: str | Path, captions: dict[int | str, str]) -> None:
     for image_id, caption in captions.items():
         if not isinstance(caption, str):
             raise DataError(f"{path}: caption of image {short_repr(image_id)} must be a string, got {_type(caption)}")
-        if isinstance(image_id, bool) or not isinstance(image_id, int | str):
-            raise DataError(f"{path}: image id {short_repr(image_id)} must be an int or a string")
+        check_id(image_id, str(path))
         rows.append({"image_id": image_id, "caption": caption})
     write_output(path, json.dumps(rows, indent=None) + "\n", "results")
 
@@ -1092,6 +1143,8 @@ def read_bags(path: str | Path) -> dict[int, list[list[int | str]]]:
             images = b.get("images") if isinstance(b, dict) else b
             if not isinstance(images, list) or len(images) < 2:
                 raise DataError(f"{path}: bags[{key!r}][{j}] must hold a list of at least two image ids")
+            for item in images:
+                check_id(item, f"{path}: bags[{key!r}][{j}]")
             similarity = b.get("similarity") if isinstance(b, dict) else None
             if similarity is not None and (isinstance(similarity, bool) or not isinstance(similarity, int | float)
                                            or not _finite(similarity)):  # fmt: skip

@@ -46,7 +46,7 @@ from pathlib import Path
 from typing import Any
 
 from finecap.config import did_you_mean
-from finecap.data.formats import MAX_LISTED, DataError, ImageFolder, Record, _captions, _infer_split
+from finecap.data.formats import MAX_LISTED, DataError, ImageFolder, Record, _captions, _infer_split, check_id
 from finecap.data.hf_files import HF_FILE_SUFFIXES, SplitFiles, local_splits, open_split
 from finecap.home import CACHE, home
 from finecap.utils import short_repr
@@ -274,8 +274,7 @@ def read_hf(
             if not isinstance(split, str):
                 raise DataError(f"{where(i)}: {split_column!r} must be a string, got {type(split).__name__}")
             image_id = table[id_column][i] if id_column else (str(path) if not embedded[i] else f"{split_name}/{i}")
-            if isinstance(image_id, bool) or not isinstance(image_id, int | str):
-                raise DataError(f"{where(i)}: {id_column!r} must be an int or a string, got {type(image_id).__name__}")
+            check_id(image_id, where(i), repr(id_column) if id_column else "image id")
             if image_id in seen:
                 raise DataError(f"{where(i)}: duplicate image id {image_id!r} (first in {seen[image_id]})")
             seen[image_id] = where(i)

@@ -33,6 +33,7 @@ training. What each lever saves, and how to set it: ``docs/memory.md``.
 from __future__ import annotations
 
 import functools
+import importlib.metadata
 import inspect
 import logging
 from collections.abc import Iterator, Sequence
@@ -89,6 +90,7 @@ class LoadOptions:
         _check(self.dtype, WeightsDtype, "model.dtype")
         _check(self.attn_implementation, AttnImplementation, "model.attn_implementation")
         _check(self.quantization, Quantization, "model.quantization")
+        check_attention(self.attn_implementation)
 
     @classmethod
     def of(cls, model_cfg: Any) -> LoadOptions:
@@ -212,6 +214,36 @@ def set_attn_implementation(model: nn.Module, implementation: str) -> None:
         setter(implementation)
     else:  # pragma: no cover - older transformers
         model.config._attn_implementation = implementation
+
+
+FLASH_ATTENTION = "flash_attention_2"
+FLASH_ATTN_INSTALL = "pip install flash-attn --no-build-isolation"
+
+
+def check_attention(implementation: str) -> None:
+    """A one-line ``ValueError`` when ``model.attn_implementation`` names a kernel this machine cannot run:
+    ``flash_attention_2`` needs the flash-attn package (2.3.3 or later) and a CUDA GPU (transformers'
+    ``is_flash_attn_2_available``). The message says what is installed, how to install it and the other values.
+    Checked when the load options are made (:class:`LoadOptions`), before any model is loaded or built: transformers
+    would raise an ``ImportError`` from deep inside ``from_pretrained`` or ``set_attn_implementation``, after the
+    world, its encoder and the data were made."""
+    if implementation != FLASH_ATTENTION:
+        return
+    from transformers.utils import is_flash_attn_2_available
+
+    if is_flash_attn_2_available():
+        return
+    try:
+        installed = f"flash-attn {importlib.metadata.version('flash-attn')} is installed"
+    except importlib.metadata.PackageNotFoundError:
+        installed = "flash-attn is not installed"
+    gpu = "a CUDA GPU is available" if torch.cuda.is_available() else "no CUDA GPU is available"
+    others = ", ".join(v for v in get_args(AttnImplementation) if v != FLASH_ATTENTION)
+    raise ValueError(
+        f"model.attn_implementation={FLASH_ATTENTION} needs the flash-attn package (2.3.3 or later) and a CUDA GPU; "
+        f"here {installed} and {gpu}: on a CUDA machine run `{FLASH_ATTN_INSTALL}`, or set "
+        f"model.attn_implementation to one of {others} (auto: transformers' default)"
+    )
 
 
 def require_bitsandbytes(kind: str) -> None:

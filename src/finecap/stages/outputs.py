@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from finecap.caption import generate_captions
-from finecap.data.formats import read_results, write_results
+from finecap.data.formats import id_from_key, read_results, write_results
 from finecap.metrics.suite import evaluate_items
 from finecap.models.backbones import load_captioner
 from finecap.runs import model_dir
@@ -69,7 +69,7 @@ def stage_samples(runner: StageRunner, stage: str, mode: str) -> dict[Any, list[
     top 5), kept in ``<stage>/samples_test_<mode>.json``."""
     path = runner.stage_dir(stage) / f"samples_test_{mode}.json"
     if path.exists() and not runner.force:
-        return {int(k) if k.isdigit() else k: v for k, v in read_json(path, DATA_FILE).items()}
+        return {id_from_key(k): v for k, v in read_json(path, DATA_FILE).items()}  # ids written with str(id)
     cfg = runner.stage_config(stage)
     settings = {"sample": {"strategy": "sample", "temperature": 1.0}, "beam": {"strategy": "beam"}}[mode]
     decode = dataclasses.replace(cfg.decode, beam_size=SAMPLES, num_return_sequences=SAMPLES, **settings)

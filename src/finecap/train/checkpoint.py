@@ -4,7 +4,10 @@ The run-directory layout (checkpoint folder names, :func:`~finecap.runs.model_di
 :func:`~finecap.runs.find_checkpoint`) is :mod:`finecap.runs`, which every reader of a run imports; this module writes
 checkpoints. A folder is first written as ``checkpoints/.<name>.tmp`` (:func:`~finecap.runs.temporary_dir`) and then
 swapped in by :func:`finecap.utils.atomic_replace_dir` (which gives its files the user's umask), so a run killed while
-saving keeps its previous checkpoint.
+saving keeps its previous checkpoint. Each checkpoint folder holds finecap's folder mark
+(:data:`finecap.utils.FOLDER_MARK`): only a folder holding it (or one that reads as a checkpoint,
+:func:`finecap.train.state.is_checkpoint_folder`) is ever replaced or removed; anything else at ``<name>``,
+``<name>.old`` or ``.<name>.tmp`` is refused and kept.
 
 ``generation_config.json`` (:func:`generation_config`) holds the decoding settings the run evaluates with, so that
 ``transformers``' ``generate`` on the saved model (a BLIP folder, or ClipCap's ``lm/`` given the prefix) decodes as
@@ -39,7 +42,14 @@ from finecap.runs import (
     temporary_dir,
 )
 from finecap.train.model_card import CARD_NAME, model_card
-from finecap.utils import atomic_replace_dir, read_json, refuse_link, write_json
+from finecap.train.state import (
+    CHECKPOINT_KIND,
+    is_checkpoint_folder,
+    new_checkpoint_folder,
+    remove_unfinished_checkpoint,
+    replace_checkpoint,
+)
+from finecap.utils import check_swap, read_json, refuse_link, write_json
 
 if TYPE_CHECKING:
     from transformers import GenerationConfig
@@ -196,9 +206,10 @@ def save_checkpoint(
     tmp = temporary_dir(path)
     for folder in (tmp, path):
         refuse_link(folder)  # a link planted at .<name>.tmp or <name> is named, never deleted or written through
-    if tmp.exists() and not keep_tmp_contents:
-        shutil.rmtree(tmp)
-    tmp.mkdir(parents=True, exist_ok=True)
+    check_swap(path, CHECKPOINT_KIND, is_checkpoint_folder)  # before the work: a folder of the user's there stops it
+    if not keep_tmp_contents:
+        remove_unfinished_checkpoint(tmp)  # only a checkpoint folder of finecap's is removed
+    new_checkpoint_folder(tmp)
     try:
         with _quiet_transformers():
             model.save(tmp / MODEL_SUBDIR, state_dict=state_dict)
@@ -211,7 +222,7 @@ def save_checkpoint(
         if fingerprints is not None:
             write_json(tmp / FINGERPRINTS_FILE, fingerprints)
         write_json(tmp / INFO_FILE, info)
-        atomic_replace_dir(tmp, path)
+        replace_checkpoint(tmp, path)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise

@@ -48,7 +48,6 @@ from __future__ import annotations
 import logging
 import math
 import os
-import shutil
 import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
@@ -71,17 +70,21 @@ from finecap.objectives.base import ObjectiveBase, unwrap
 from finecap.runs import BEST, INFO_FILE, LAST, METRICS_FILE, STATE_DIR, TRACKERS_DIR, checkpoint_dir, temporary_dir
 from finecap.train.logging import JsonlTracker, Logger
 from finecap.train.state import (
+    CHECKPOINT_KIND,
     CheckpointError,
     TrainState,
     check_resume,
+    is_checkpoint_folder,
     load_tree,
+    new_checkpoint_folder,
     read_info,
+    remove_unfinished_checkpoint,
     rng_state,
     save_tree,
     set_rng_state,
     state_errors,
 )
-from finecap.utils import progress_enabled, refuse_link, seed_everything, short_repr
+from finecap.utils import check_swap, progress_enabled, refuse_link, seed_everything, short_repr
 
 log = logging.getLogger(__name__)
 
@@ -467,9 +470,9 @@ class Engine:
         if resumable:
             if acc.is_main_process:
                 refuse_link(tmp)  # a link planted at .last.tmp is named, never deleted or written through
-                if tmp.exists():
-                    shutil.rmtree(tmp)  # an unfinished save of this run (a finished one was promoted on resume)
-                tmp.mkdir(parents=True)
+                check_swap(path, CHECKPOINT_KIND, is_checkpoint_folder)  # a folder of the user's there stops it
+                remove_unfinished_checkpoint(tmp)  # this run's unfinished save (a finished one was promoted on resume)
+                new_checkpoint_folder(tmp)
             acc.wait_for_everyone()
             save_tree(tmp / STATE_DIR, f"process_{acc.process_index}", self._process_state())
             optimizer = self._optimizer_state()  # sharded: gathered by every process

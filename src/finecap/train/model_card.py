@@ -11,9 +11,13 @@ the checkpoint's ``info.json``, its ``captioner.json`` and its ``fingerprints.js
 
 from __future__ import annotations
 
+import html
 import json
+import re
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+from finecap.utils import CONTROL_CHARACTERS
 
 if TYPE_CHECKING:
     from finecap.config import Config
@@ -40,7 +44,49 @@ def base_models(meta: dict[str, Any]) -> dict[str, str]:
     return {k: v for k, v in out.items() if v}
 
 
+# --------------------------------------------------------------------------------------------------------------------
+# User strings in a card: one line each, no HTML, no markdown or YAML structure
+# --------------------------------------------------------------------------------------------------------------------
+
+_MARKDOWN = re.compile(r"([\\`*_\[\]|~!#])")
+"""Markdown's inline punctuation, escaped by a backslash in card text: code, emphasis, links and images, table cells,
+strike-through, a heading's closing ``#``. (Card text never starts a line, so ``-``, ``+`` and ``1.`` make no list.)"""
+
+
+def one_line(text: str) -> str:
+    """``text`` on one line: each control character (``\\n``, ``\\r``, tab, NUL, U+2028, ...) written as its Python
+    escape, so nothing is lost and nothing starts a line of its own (a heading, a YAML key, a new front matter)."""
+    return CONTROL_CHARACTERS.sub(lambda m: m.group().encode("unicode_escape").decode("ascii"), text)
+
+
+def md_text(text: str) -> str:
+    """A user's string (``run.name``) as literal markdown text: one line (:func:`one_line`), HTML's ``&``, ``<``,
+    ``>`` and ``"`` as entities (no tag reaches a renderer), markdown's punctuation escaped (no link, emphasis or
+    table cell is made of it)."""
+    return _MARKDOWN.sub(r"\\\1", html.escape(one_line(text), quote=True))
+
+
+def md_code(text: str) -> str:
+    """A user's string (a path, a model name) as an inline code span: one line (:func:`one_line`), between backtick
+    fences longer than any run of backticks in it (CommonMark's rule), so it cannot close the span; HTML is not
+    interpreted inside a code span."""
+    text = one_line(text)
+    fence = "`" * (max((len(r) for r in re.findall(r"`+", text)), default=0) + 1)
+    pad = " " if text.startswith("`") or text.endswith("`") else ""
+    return f"{fence}{pad}{text}{pad}{fence}"
+
+
+def md_block(text: str) -> str:
+    """A user's text (the command line) as a fenced code block: one line (:func:`one_line`), fenced by more
+    backticks than any run in it (at least three), so it cannot close the block."""
+    text = one_line(text)
+    fence = "`" * max(3, max((len(r) for r in re.findall(r"`+", text)), default=0) + 1)
+    return f"{fence}\n{text}\n{fence}"
+
+
 def _yaml_list(items: list[str]) -> str:
+    """A YAML flow list of strings, each a JSON string (YAML reads JSON's double-quoted strings, escapes included:
+    no ``: ``, ``---``, ``#`` or newline in a value can change the front matter's structure)."""
     return "[" + ", ".join(json.dumps(i) for i in items) + "]"
 
 
@@ -77,26 +123,29 @@ def model_card(cfg: Config, info: dict[str, Any], meta: dict[str, Any], fingerpr
         header.append(f"base_model: {_yaml_list(hub)}")
     header += ["pipeline_tag: image-to-text", f"tags: {_yaml_list(['finecap', 'image-captioning', kind, objective])}",
                "---", ""]  # fmt: skip
-    body = [f"# {cfg.run.name}: a finecap captioner", "",
-            f"- **Backbone**: `{kind}`" + (f" ({meta['family']})" if meta.get("family") else ""),
-            *[f"- **Base {role}**: `{source}`" for role, source in bases.items()],
-            f"- **Objective**: `{objective}`",
+    body = [f"# {md_text(cfg.run.name)}: a finecap captioner", "",
+            f"- **Backbone**: {md_code(kind)}" + (f" ({md_text(str(meta['family']))})" if meta.get("family") else ""),
+            *[f"- **Base {role}**: {md_code(str(source))}" for role, source in bases.items()],
+            f"- **Objective**: {md_code(objective)}",
             f"- **Trains**: language side {'yes' if meta.get('train_lm') else 'no'}, vision side "
             f"{'yes' if meta.get('train_encoder') else 'no'}"
-            + (f"; LoRA adapters on {', '.join(sorted(meta['lora']))}" if meta.get("lora") else ""),
-            f"- **Data**: `{cfg.data.format}`" + (f" `{cfg.data.path}`" if cfg.data.path else "")]  # fmt: skip
+            + (f"; LoRA adapters on {', '.join(map(md_text, sorted(meta['lora'])))}" if meta.get("lora") else ""),
+            f"- **Data**: {md_code(cfg.data.format)}"
+            + (f" {md_code(cfg.data.path)}" if cfg.data.path else "")]  # fmt: skip
     data = (fingerprints or {}).get("data") or {}
     if data:
-        body.append(f"- **Data fingerprint**: `{data.get('id', '?')}` (sha256 `{data.get('sha256', '?')}`)")
+        body.append(f"- **Data fingerprint**: {md_code(str(data.get('id', '?')))} (sha256 "
+                    f"{md_code(str(data.get('sha256', '?')))})")  # fmt: skip
     total = info.get("total_steps")
     body.append(f"- **Progress**: step {info.get('step', '?')}" + (f" of {total}" if total else "")
                 + (f", epoch {info['epoch']}" if "epoch" in info else ""))  # fmt: skip
     values = info.get("values") or {}
     body += ["", "## Validation at this checkpoint", ""]
     if values:
-        body += [f"Best checkpoint by `{info.get('metric', '?')}`.", "", "| metric | value |", "|---|---|"]
-        body += [f"| {k} | {v:.4f} |" if isinstance(v, float) else f"| {k} | {v} |" for k, v in sorted(values.items())]
+        body += [f"Best checkpoint by {md_code(str(info.get('metric', '?')))}.", "", "| metric | value |", "|---|---|"]
+        body += [f"| {md_text(str(k))} | {v:.4f} |" if isinstance(v, float) else f"| {md_text(str(k))} | "
+                 f"{md_text(str(v))} |" for k, v in sorted(values.items())]  # fmt: skip
     else:
         body.append("None recorded for this checkpoint (the run's last state; its best checkpoint holds the values).")
-    body += ["", "## Loading", "", *_loading(meta), "", "## Made by", "", "```", command, "```", ""]
+    body += ["", "## Loading", "", *_loading(meta), "", "## Made by", "", md_block(command), ""]
     return "\n".join(header + body)

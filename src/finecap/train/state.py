@@ -65,12 +65,14 @@ from finecap.runs import (
 )
 from finecap.utils import (
     DATA_FILE,
+    FOLDER_MARK,
     METADATA,
     FileTooLarge,
     atomic_replace_dir,
     atomic_write_text,
     jsonl_rows_are,
     load_yaml,
+    mark_folder,
     previous_dir,
     read_bounded,
     read_json,
@@ -78,6 +80,7 @@ from finecap.utils import (
     read_text_bounded,
     read_yaml_mapping,
     refuse_link,
+    remove_own_folder,
     short_repr,
 )
 
@@ -364,7 +367,7 @@ def promote(found: Path, run_dir: Path) -> Path:
     if found == last:
         return last
     if found == temporary_dir(last):
-        atomic_replace_dir(found, last)  # the interrupted save's own completion
+        replace_checkpoint(found, last)  # the interrupted save's own completion
     else:  # last.old, with no newer complete checkpoint: last is missing or incomplete
         if last.exists():
             os.replace(last, last.with_name(INCOMPLETE))
@@ -397,8 +400,43 @@ CHECKPOINT_FOLDERS = frozenset(
 """The folders finecap writes under ``checkpoints/``: ``last`` and ``best``, their temporary ``.<name>.tmp``
 (:func:`finecap.runs.temporary_dir`), the swapped-out ``<name>.old``
 (:func:`finecap.utils.previous_dir`) and the set-aside ``.last.incomplete`` (:func:`promote`)."""
-CHECKPOINT_ENTRIES = frozenset({MODEL_SUBDIR, CONFIG_FILE, FINGERPRINTS_FILE, INFO_FILE, STATE_DIR})
-"""What a checkpoint folder holds (a partial one: some of it)."""
+CHECKPOINT_ENTRIES = frozenset({MODEL_SUBDIR, CONFIG_FILE, FINGERPRINTS_FILE, INFO_FILE, STATE_DIR, FOLDER_MARK})
+"""What a checkpoint folder holds (a partial one: some of it), its :data:`~finecap.utils.FOLDER_MARK` included."""
+CHECKPOINT_KIND = "checkpoint"
+"""The folder kind of a checkpoint (:func:`finecap.utils.folder_mark_text`): what its mark says it is."""
+
+
+def is_checkpoint_folder(folder: Path) -> bool:
+    """Whether ``folder`` reads as a checkpoint folder finecap wrote before it marked the folders it makes
+    (:data:`~finecap.utils.FOLDER_MARK`): a real folder holding only :data:`CHECKPOINT_ENTRIES`, none a link (an
+    empty one too: a save killed as it began). The content test beside the mark when a checkpoint is swapped in or an
+    unfinished one removed (:func:`own_checkpoint`), so that runs from before the mark resume as they did."""
+    try:
+        if folder.is_symlink() or not folder.is_dir():
+            return False
+        return all(p.name in CHECKPOINT_ENTRIES and not p.is_symlink() for p in folder.iterdir())
+    except OSError:
+        return False
+
+
+def replace_checkpoint(tmp: Path, path: Path) -> None:
+    """Swap the complete checkpoint folder ``tmp`` in at ``path`` (:func:`finecap.utils.atomic_replace_dir`): only a
+    checkpoint of finecap's (marked, or :func:`is_checkpoint_folder`) at ``path`` or ``<path>.old`` is replaced;
+    anything else there is refused, named and kept."""
+    atomic_replace_dir(tmp, path, kind=CHECKPOINT_KIND, ours=is_checkpoint_folder)
+
+
+def remove_unfinished_checkpoint(tmp: Path) -> None:
+    """Remove ``tmp``, an unfinished checkpoint folder of the run (``checkpoints/.<name>.tmp``), when it is finecap's
+    (:func:`finecap.utils.remove_own_folder`); anything else there is refused, named and kept."""
+    remove_own_folder(tmp, CHECKPOINT_KIND, ours=is_checkpoint_folder)
+
+
+def new_checkpoint_folder(tmp: Path) -> None:
+    """Create the folder ``tmp`` a checkpoint is written in, marked as finecap's at once
+    (:func:`finecap.utils.mark_folder`): a save killed half-way leaves a folder the next one recognises."""
+    tmp.mkdir(parents=True, exist_ok=True)
+    mark_folder(tmp, CHECKPOINT_KIND)
 
 
 def is_metrics_log(path: Path) -> bool:
