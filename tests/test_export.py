@@ -52,7 +52,8 @@ def test_every_checkpoint_has_a_model_card_from_what_the_run_recorded(run):
     run_dir, _ = run
     card = (run_dir / "checkpoints" / "best" / "model" / "README.md").read_text()
     assert card.startswith("---\nlibrary_name: transformers\n") and "pipeline_tag: image-to-text" in card
-    for expected in ("# card-test: a finecap captioner", "**Objective**: `sle`", "`abc123def456`", "step 7 of 10",
+    for expected in ("# SLE captioner on clipcap", "**Run**: `card-test`", "**Objective**: `sle`", "`abc123def456`",
+                     "step 7 of 10",
                      "| cider | 0.5000 |", "| bleu4 | 0.2500 |", "LoRA adapters on lm", "coco/x.yaml"):  # fmt: skip
         assert expected in card, expected
     assert "sk-very-secret" not in card and "boost.llm_api_key=***" in card  # no secret ever reaches a file
@@ -69,7 +70,7 @@ def test_export_merged_writes_a_plain_checkpoint_with_the_same_outputs(run, tmp_
     with torch.no_grad():
         assert torch.allclose(again(features(again)), model(features(model)), atol=1e-5)
     card = (out / "README.md").read_text()
-    assert "## Export" in card and "folded into the base weights: lm" in card
+    assert "a merged export of" in card and "folded into the base weights: lm" in card
     assert "merged adapters: lm" in capsys.readouterr().out
 
 

@@ -106,3 +106,15 @@ def test_a_call_overrides_and_an_edited_generation_config_is_honoured(run, tmp_p
     with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
         code = main(["caption", "--checkpoint", str(edited), "--images", str(picture), "--out", str(out)])
     assert code == 0 and len(json.loads(out.read_text())[0]["caption"].split()) <= 2
+
+
+def test_the_export_card_says_what_the_folder_is(run):
+    run_dir, export = run
+    source = (run_dir / "checkpoints" / "best" / "model" / "README.md").read_text()
+    assert source.startswith("---\nlibrary_name: peft\n") and "`adapter/`" in source  # a LoRA checkpoint
+    card = (export / "README.md").read_text()
+    assert card.startswith("---\nlibrary_name: transformers\n")
+    assert "a merged export of" in card and "no adapter folder" in card and "`adapter/`" not in card
+    first = [line for line in card.splitlines() if line.startswith("# ")][0]
+    assert first.startswith("# MLE captioner on ") and "a finecap captioner" not in card  # objective and base model
+    assert "**Run**: `export-test`" in card and "finecap export" in card  # made by the export, from the run

@@ -36,7 +36,7 @@ from finecap.data.formats import (
     write_results,
 )
 from finecap.inference import image_files, image_ids
-from finecap.train.model_card import md_code, model_card
+from finecap.train.model_card import md_code, model_card, one_line
 from helpers.h48_loss import refused, run_cli, snapshot
 
 # --------------------------------------------------------------------------------------------------------------------
@@ -179,8 +179,10 @@ def test_a_hostile_run_name_is_escaped_in_the_model_card(name):
     tags = set(re.findall(r"<\s*([a-zA-Z0-9]+)", rendered))
     assert tags <= {"h1", "h2", "p", "ul", "li", "strong", "code", "pre", "table", "thead", "tbody", "tr", "th", "td"}
     h1 = re.findall(r"<h1>(.*?)</h1>", rendered, re.S)
-    assert [html.unescape(h) for h in h1] == [f"{value}: a finecap captioner"]  # the name, literally, on one line
+    # the title names the objective and the (here hostile) base model, literally, on one line (issue 49, item 2)
+    assert [html.unescape(h) for h in h1] == ["MLE captioner on gpt2`</code><script>x</script>"]
     code = [html.unescape(c) for c in re.findall(r"<code>(.*?)</code>", rendered, re.S)]
+    assert one_line(value) in code  # the run's name: literally, in one code span on its Run line
     assert "data/x\\n---\\n<script>.jsonl" in code  # a path: literally, in one code span
     assert "gpt2`</code><script>x</script>" in code
     assert any("run.name=```\\n<script>" in c for c in code)  # the command line: in its own block

@@ -18,10 +18,20 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
+from finecap.config import load_stored
+from finecap.locks import command_line
 from finecap.models.base import read_meta
 from finecap.models.export import export_merged
-from finecap.runs import find_checkpoint, model_dir, temporary_dir, training_folder_of
-from finecap.train.model_card import CARD_NAME, md_code
+from finecap.runs import (
+    FINGERPRINTS_FILE,
+    INFO_FILE,
+    find_checkpoint,
+    model_dir,
+    stored_config,
+    temporary_dir,
+    training_folder_of,
+)
+from finecap.train.model_card import CARD_NAME, md_code, model_card
 from finecap.utils import (
     FOLDER_MARK,
     METADATA,
@@ -30,6 +40,7 @@ from finecap.utils import (
     check_own_folder,
     is_finecap_folder,
     previous_dir,
+    read_json,
     read_text_bounded,
     refuse_link,
 )
@@ -67,6 +78,30 @@ def check_export_dir(out: Path, source: Path, force: bool) -> None:
         raise OutputRefused(f"{out}: holds an earlier export already; pass --force to replace it")
 
 
+def export_card(checkpoint: Path, source: Path, merged_meta: dict) -> str | None:
+    """The merged export's model card: made anew from the source checkpoint's records (its configuration, training
+    state and fingerprints) and the export's own ``captioner.json``, so it says what the folder is (merged weights,
+    ``library_name: transformers``, no adapter folder); a bare source with no configuration keeps its card with a
+    note (and ``library_name: transformers``); ``None`` when the source has no card."""
+    merged = ", ".join(sorted(merged_meta.get("lora") or read_meta(source).get("lora") or {}))
+    stored = stored_config(checkpoint)
+    if stored is not None:
+        info_file = checkpoint / INFO_FILE
+        info = read_json(info_file) if info_file.is_file() else {}
+        prints_file = checkpoint / FINGERPRINTS_FILE
+        prints = read_json(prints_file) if prints_file.is_file() else None
+        return model_card(
+            load_stored(stored), info, merged_meta, prints, command_line(), merged_from=str(source), merged=merged
+        )
+    card = source / CARD_NAME
+    if not card.is_file():
+        return None
+    text = read_text_bounded(card, METADATA).replace("\nlibrary_name: peft\n", "\nlibrary_name: transformers\n", 1)
+    note = (f"\n## Export\n\nA merged export of {md_code(str(source))} (`finecap export --merged`): LoRA adapters "
+            f"folded into the base weights: {merged or 'none'}; no adapter folder.\n")  # fmt: skip
+    return text + note
+
+
 def main(checkpoint: str, out: str, merged: bool, force: bool = False) -> Path:
     """Export the captioner of ``checkpoint`` into ``out`` (module docstring); returns ``out``."""
     if not merged:
@@ -81,12 +116,9 @@ def main(checkpoint: str, out: str, merged: bool, force: bool = False) -> Path:
         raise OutputRefused(f"{tmp}: exists (an unfinished export? remove it) and is where OUT is written first")
     try:
         export_merged(source, tmp)
-        card = source / CARD_NAME
-        if card.is_file():
-            merged = ", ".join(sorted(meta.get("lora") or {})) or "none (it had no adapters)"
-            note = (f"\n## Export\n\nA merged export of {md_code(str(source))} (`finecap export --merged`): LoRA "
-                    f"adapters folded into the base weights: {merged}.\n")  # fmt: skip
-            (tmp / CARD_NAME).write_text(read_text_bounded(card, METADATA) + note, encoding="utf-8")
+        card = export_card(find_checkpoint(checkpoint), source, read_meta(tmp))
+        if card is not None:
+            (tmp / CARD_NAME).write_text(card, encoding="utf-8")
         if target.is_dir() and not any(target.iterdir()):
             target.rmdir()  # an empty folder the user made for it: rmdir removes only an empty one
         atomic_replace_dir(tmp, target, kind=EXPORT_KIND)

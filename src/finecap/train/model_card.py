@@ -109,11 +109,35 @@ def _loading(meta: dict[str, Any]) -> list[str]:
     return lines
 
 
+def title(objective: str, meta: dict[str, Any]) -> str:
+    """The card's title from what the folder is: the objective and the base model (``SCST captioner on
+    HuggingFaceTB/SmolVLM-256M-Instruct``), not the run's name, which may be anything."""
+    bases = base_models(meta)
+    base = bases.get("model") or bases.get("language model") or meta.get("kind", "clipcap")
+    return f"{OBJECTIVE_NAMES.get(objective, objective)} captioner on {base}"
+
+
+OBJECTIVE_NAMES = {"mle": "MLE", "smile": "SMILE", "reinforce": "REINFORCE", "scst_me": "SCST-ME", "sle": "SLE"}
+"""How a title names finecap's objectives (a user's own by its name)."""
+
+
+def folder_line(meta: dict[str, Any], merged_from: str | None, merged: str = "") -> str:
+    """What the folder holds: merged weights (an export, ``merged``: the parts whose adapters were folded in) or a
+    checkpoint's model folder, with its adapter."""
+    if merged_from is not None:
+        return (f"- **Folder**: a merged export of {md_code(merged_from)} (`finecap export --merged`): LoRA adapters "
+                f"folded into the base weights: {md_text(merged or 'none')}; no adapter folder")  # fmt: skip
+    adapter = f", with one peft adapter of the whole model in {md_code(meta['adapter'] + '/')}" if meta.get(
+        "adapter") else ""  # fmt: skip
+    return f"- **Folder**: a finecap checkpoint's model folder{adapter}"
+
+
 def model_card(cfg: Config, info: dict[str, Any], meta: dict[str, Any], fingerprints: dict[str, Any] | None,
-               command: str) -> str:  # fmt: skip
+               command: str, merged_from: str | None = None, merged: str = "") -> str:  # fmt: skip
     """The ``README.md`` of a checkpoint (module docstring). ``info``: the checkpoint's ``info.json``; ``meta``: its
     ``captioner.json``; ``fingerprints``: its ``fingerprints.json`` (``None``: not recorded); ``command``: the command
-    line that made it, secrets already masked."""
+    line that made it, secrets already masked; ``merged_from``: the model folder a merged export was made from,
+    ``merged`` the parts whose adapters it folded in."""
     kind = meta.get("kind", "clipcap")
     bases = base_models(meta)
     hub = [h for h in (_hub_name(s) for s in bases.values()) if h]
@@ -123,7 +147,8 @@ def model_card(cfg: Config, info: dict[str, Any], meta: dict[str, Any], fingerpr
         header.append(f"base_model: {_yaml_list(hub)}")
     header += ["pipeline_tag: image-to-text", f"tags: {_yaml_list(['finecap', 'image-captioning', kind, objective])}",
                "---", ""]  # fmt: skip
-    body = [f"# {md_text(cfg.run.name)}: a finecap captioner", "",
+    body = [f"# {md_text(title(objective, meta))}", "", f"- **Run**: {md_code(cfg.run.name)} (finecap)",
+            folder_line(meta, merged_from, merged),
             f"- **Backbone**: {md_code(kind)}" + (f" ({md_text(str(meta['family']))})" if meta.get("family") else ""),
             *[f"- **Base {role}**: {md_code(str(source))}" for role, source in bases.items()],
             f"- **Objective**: {md_code(objective)}",
