@@ -20,7 +20,16 @@ from pathlib import Path
 import yaml
 
 from finecap.app.errors import explain
-from finecap.config import SECTIONS, Config, ConfigError, describe, did_you_mean, load
+from finecap.config import (
+    SECTIONS,
+    Config,
+    ConfigError,
+    describe,
+    did_you_mean,
+    load,
+    masked_override,
+    masked_url_secrets,
+)
 from finecap.recipes import copy_recipe, describe_recipe, list_recipes, resolve_recipe
 
 
@@ -36,7 +45,8 @@ def _config(args: argparse.Namespace, flag_overrides: list[str] | None = None) -
     for item in overrides:
         if "=" not in item:
             raise ConfigError(
-                f"argument {item!r}: expected section.key=value (only the first argument may be a recipe)"
+                f"argument {masked_override(item)!r}: expected section.key=value (only the first argument may be a "
+                "recipe)"
             )
     return load(recipe, [*(flag_overrides or []), *overrides])
 
@@ -411,10 +421,11 @@ which finecap's CPU tests train)."""
 
 
 class _Plain(logging.Formatter):
-    """finecap's messages as they are; warnings and errors led by ``warning:`` / ``error:``."""
+    """finecap's messages as they are, but for the credentials of URLs (masked: :func:`masked_url_secrets`); warnings
+    and errors led by ``warning:`` / ``error:``."""
 
     def format(self, record: logging.LogRecord) -> str:
-        text = super().format(record)
+        text = masked_url_secrets(super().format(record))
         return f"{record.levelname.lower()}: {text}" if record.levelno >= logging.WARNING else text
 
 
@@ -514,7 +525,7 @@ def main(argv: list[str] | None = None) -> int:
         if message is None or debug_requested(args):
             raise  # a bug, or --debug: the traceback
         _close_progress_bars()
-        print(f"finecap: error: {message}", file=sys.stderr)
+        print(f"finecap: error: {masked_url_secrets(message)}", file=sys.stderr)  # a URL named may hold a password
         return 2
     return 0
 
