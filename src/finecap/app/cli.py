@@ -223,7 +223,7 @@ OUT_HELP = "run directory (run.dir; default <run.root>/<run.name>); --run-dir is
 
 class Parser(argparse.ArgumentParser):
     """argparse with a "did you mean" for mistyped commands and choices, and options allowed between positional
-    arguments (``finecap train RECIPE --resume train.lr=1e-4``: ``parse_intermixed_args`` for each command)."""
+    arguments (``finecap train RECIPE --resume train.max_steps=9``: ``parse_intermixed_args`` for each command)."""
 
     _intermixed = False
 
