@@ -273,3 +273,54 @@ def test_an_extended_run_resumes_on_the_extended_schedule(killed, overrides, tmp
     # step 3 (the first resumed one, optimizer step index 2) runs at the 8-step schedule's rate, not the 6-step one's
     assert lrs[STEP + 1] == pytest.approx(LR * lr_factor(STEP, warmup=1, total=8, kind="linear"), rel=1e-12)
     assert lrs[STEP + 1] != pytest.approx(LR * linear, rel=1e-6)
+
+
+SCALER = {
+    # the gradient scaler's state (fp16): its settings are the configured scaler's, its scale a positive number
+    "growth_interval": (("growth_interval", 1), ["'growth_interval' is 1", "gives 2000"]),
+    "growth_factor": (("growth_factor", 1000.0), ["'growth_factor' is 1000.0", "gives 2.0"]),
+    "negative scale": (("scale", -1024.0), ["scale must be a finite number > 0, got -1024.0"]),
+    "growth tracker": (("_growth_tracker", 5000), ["growth tracker must be an integer in [0, 2000), got 5000"]),
+}
+
+
+@pytest.fixture(scope="module")
+def killed_fp16(overrides, tmp_path_factory) -> tuple[Path, Callable]:
+    """A run under a float16 gradient scaler (on the CPU, as tests/train/test_mixed_precision.py makes one), killed
+    at step 3: its ``checkpoints/last`` holds the scaler's state. Returns the run and the accelerator maker."""
+    import finecap.app.train as app_train
+    from finecap.train.engine import make_accelerator
+
+    def accelerator(settings, run_dir=None):
+        acc = make_accelerator(settings, run_dir)
+        acc.native_amp, acc.scaler = True, torch.amp.GradScaler("cpu", init_scale=2.0**10)
+        return acc
+
+    run = tmp_path_factory.mktemp("killed-fp16") / "run"
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(app_train, "make_accelerator", accelerator)
+        with pytest.raises(Killed):
+            train(load(None, overrides(run, "train.mixed_precision=fp16")), callbacks=[kill_at(STEP + 1)])
+    assert load_tree(checkpoint_dir(run, "last") / STATE_DIR, "main")["scaler"]["scale"] > 0
+    return run, accelerator
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("variant", [*SCALER, "untouched"])
+def test_a_doctored_scaler_state_is_refused(variant, killed_fp16, overrides, tmp_path, monkeypatch):
+    import finecap.app.train as app_train
+
+    killed, accelerator = killed_fp16
+    monkeypatch.setattr(app_train, "make_accelerator", accelerator)
+    run = copy_of(killed, tmp_path)
+    cfg = load(None, overrides(run, "train.mixed_precision=fp16"))
+    if variant == "untouched":
+        train(cfg, resume=True)
+        assert json.loads((checkpoint_dir(run, "last") / "trainer_state.json").read_text())["step"] == 6
+        return
+    (key, value), fragments = SCALER[variant]
+    doctor(run, lambda tree: tree["scaler"].__setitem__(key, value))
+    with pytest.raises(CheckpointError) as e:
+        train(cfg, resume=True)
+    message = _one_line(e.value, run)
+    assert all(f in message for f in fragments), message
