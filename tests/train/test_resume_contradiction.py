@@ -284,6 +284,15 @@ SCALER = {
 }
 
 
+def fresh_accelerate() -> None:
+    """accelerate keeps one mixed-precision setting per process (``AcceleratorState``): the fp16 runs start from a
+    fresh one and leave one behind (as tests/train/test_mixed_precision.py does)."""
+    from accelerate.state import AcceleratorState, GradientState
+
+    AcceleratorState._reset_state(True)
+    GradientState._reset_state()
+
+
 @pytest.fixture(scope="module")
 def killed_fp16(overrides, tmp_path_factory) -> tuple[Path, Callable]:
     """A run under a float16 gradient scaler (on the CPU, as tests/train/test_mixed_precision.py makes one), killed
@@ -297,21 +306,25 @@ def killed_fp16(overrides, tmp_path_factory) -> tuple[Path, Callable]:
         return acc
 
     run = tmp_path_factory.mktemp("killed-fp16") / "run"
+    fresh_accelerate()
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(app_train, "make_accelerator", accelerator)
         with pytest.raises(Killed):
             train(load(None, overrides(run, "train.mixed_precision=fp16")), callbacks=[kill_at(STEP + 1)])
+    fresh_accelerate()
     assert load_tree(checkpoint_dir(run, "last") / STATE_DIR, "main")["scaler"]["scale"] > 0
     return run, accelerator
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("variant", [*SCALER, "untouched"])
-def test_a_doctored_scaler_state_is_refused(variant, killed_fp16, overrides, tmp_path, monkeypatch):
+def test_a_doctored_scaler_state_is_refused(variant, killed_fp16, overrides, tmp_path, monkeypatch, request):
     import finecap.app.train as app_train
 
     killed, accelerator = killed_fp16
     monkeypatch.setattr(app_train, "make_accelerator", accelerator)
+    fresh_accelerate()
+    request.addfinalizer(fresh_accelerate)
     run = copy_of(killed, tmp_path)
     cfg = load(None, overrides(run, "train.mixed_precision=fp16"))
     if variant == "untouched":
