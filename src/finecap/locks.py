@@ -5,6 +5,7 @@ The lock is an operating-system lock (``flock``) taken with ``filelock``, so the
 dies, however it dies. While held, the file records the holder as JSON (``pid``, ``host``, ``started``, ``command``)
 so that a second run stops with an error naming the first. The holder removes the file when it is done; a file left
 behind by a run that died (a kill, a power cut) holds a record but no lock: the next run takes it over and says so.
+The file is the user's alone (mode 0600, :data:`LOCK_MODE`) and its command line has every secret masked.
 
 Example::
 
@@ -16,6 +17,7 @@ Example::
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import socket
@@ -28,7 +30,7 @@ from typing import Any
 
 from filelock import FileLock, Timeout
 
-from finecap.config import SECRET_KEYS
+from finecap.config import masked_override
 from finecap.utils import METADATA, read_bounded, refuse_link
 
 LOCK_NAME = ".boost.lock"
@@ -37,13 +39,20 @@ TRAIN_LOCK = ".train.lock"
 """``finecap train``'s lock file in its run directory (held by the main process while it trains)."""
 
 
+LOCK_MODE = 0o600
+"""Permissions of a lock file, whatever the umask: its record (the command line, the host) is the user's alone. The
+command line is masked (:func:`command_line`), but a lock file is left behind by a run that died, in a folder that
+may be shared; private is the safe default for a file no one else needs to read."""
+
+
 class OutputLocked(ValueError):
     """Another run holds the output folder's lock (a ``ValueError``: the command line prints it, exit code 2)."""
 
 
 def command_line() -> str:
-    """This process's command line with secret overrides (:data:`~finecap.config.SECRET_KEYS`) masked."""
-    return " ".join(f"{a.split('=', 1)[0]}=***" if a.split("=", 1)[0] in SECRET_KEYS else a for a in sys.argv)
+    """This process's command line with secrets masked, argument by argument (:func:`finecap.config.masked_override`:
+    a secret override by the key it sets, however spelled; URL credentials in any argument)."""
+    return " ".join(masked_override(a) for a in sys.argv)
 
 
 def _describe(record: dict[str, Any]) -> str:
@@ -85,10 +94,12 @@ def output_lock(
 
     def on_acquired(fd: int) -> None:  # runs with the lock held
         previous.update(_parse(os.pread(fd, 1 << 16, 0)))
+        with contextlib.suppress(PermissionError):  # a file left by an older finecap, or made under another umask
+            os.fchmod(fd, LOCK_MODE)
         os.ftruncate(fd, 0)
         os.pwrite(fd, json.dumps(record).encode(), 0)
 
-    lock = FileLock(path, on_acquired=on_acquired)
+    lock = FileLock(path, mode=LOCK_MODE, on_acquired=on_acquired)
     try:
         lock.acquire(blocking=False)
     except Timeout:

@@ -9,7 +9,7 @@ the configured backends (:mod:`finecap.boost`) and writes the same format into `
 - ``DIR/failures.jsonl``: one line per image and step that failed (those images keep their human captions);
 - ``DIR/boost.json``: ``status`` (``ok`` or ``failed`` with the ``error``), the counts of images ``boosted``,
   ``failed`` and ``not_done``, the requests and cached answers per step, the wall time and the configuration
-  (secrets masked: :data:`finecap.config.SECRET_KEYS`);
+  (secrets masked: :mod:`finecap.config.secrets`);
 - ``DIR/.boost.lock`` while it runs (:mod:`finecap.locks`): one writer per folder.
 
 Before the first request: the output paths are checked (:func:`~finecap.boost.output.check_outputs`; never inside
@@ -32,23 +32,13 @@ from finecap.boost.backends import make_backend
 from finecap.boost.engine import MODE_STEPS, AnswerCache, BoostFailed, boost_records
 from finecap.boost.output import check_outputs, write_boosted
 from finecap.boost.prompts import Prompts
-from finecap.config import SECRET_KEYS, Config
+from finecap.config import Config
 from finecap.data.formats import read_dataset
 from finecap.data.references import data_file
 from finecap.locks import LOCK_NAME, output_lock
 from finecap.utils import atomic_write_text, write_json
 
 log = logging.getLogger(__name__)
-
-
-def masked_config(cfg: Config) -> dict[str, Any]:
-    """The ``boost`` section with every secret (:data:`~finecap.config.SECRET_KEYS`) replaced by ``***``."""
-    out = cfg.to_dict()["boost"]
-    for key in SECRET_KEYS:
-        section, name = key.split(".", 1)
-        if section == "boost" and out.get(name):
-            out[name] = "***"
-    return out
 
 
 def main(cfg: Config, out: str | Path, progress: bool = True) -> dict[str, Any]:
@@ -110,7 +100,7 @@ def main(cfg: Config, out: str | Path, progress: bool = True) -> dict[str, Any]:
             "cached": result.cached,
             "seconds": round(time.perf_counter() - start, 1),
             "prompts": prompts.source,
-            "config": masked_config(cfg),
+            "config": cfg.to_dict(redact=True)["boost"],  # secrets masked (finecap.config.secrets)
         }
         write_json(out / "boost.json", summary)
     counts = f"{summary['boosted']} of {summary['to_boost']} images boosted ({b.mode}), {summary['failed']} failed"

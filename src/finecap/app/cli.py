@@ -20,7 +20,16 @@ from pathlib import Path
 import yaml
 
 from finecap.app.errors import explain
-from finecap.config import SECTIONS, Config, ConfigError, describe, did_you_mean, load
+from finecap.config import (
+    SECTIONS,
+    Config,
+    ConfigError,
+    describe,
+    did_you_mean,
+    load,
+    masked_override,
+    masked_url_secrets,
+)
 from finecap.library_warnings import silenced
 from finecap.recipes import copy_recipe, describe_recipe, list_recipes, resolve_recipe
 
@@ -37,7 +46,8 @@ def _config(args: argparse.Namespace, flag_overrides: list[str] | None = None) -
     for item in overrides:
         if "=" not in item:
             raise ConfigError(
-                f"argument {item!r}: expected section.key=value (only the first argument may be a recipe)"
+                f"argument {masked_override(item)!r}: expected section.key=value (only the first argument may be a "
+                "recipe)"
             )
     return load(recipe, [*(flag_overrides or []), *overrides])
 
@@ -244,7 +254,7 @@ OUT_HELP = "run directory (run.dir; default <run.root>/<run.name>); --run-dir is
 
 class Parser(argparse.ArgumentParser):
     """argparse with a "did you mean" for mistyped commands and choices, and options allowed between positional
-    arguments (``finecap train RECIPE --resume train.lr=1e-4``: ``parse_intermixed_args`` for each command)."""
+    arguments (``finecap train RECIPE --resume train.max_steps=9``: ``parse_intermixed_args`` for each command)."""
 
     _intermixed = False
 
@@ -458,10 +468,11 @@ LIBRARY_LOGGERS = ("transformers", "accelerate", "datasets", "huggingface_hub", 
 
 
 class _Plain(logging.Formatter):
-    """finecap's messages as they are; warnings and errors led by ``warning:`` / ``error:``."""
+    """finecap's messages as they are, but for the credentials of URLs (masked: :func:`masked_url_secrets`); warnings
+    and errors led by ``warning:`` / ``error:``."""
 
     def format(self, record: logging.LogRecord) -> str:
-        text = super().format(record)
+        text = masked_url_secrets(super().format(record))
         return f"{record.levelname.lower()}: {text}" if record.levelno >= logging.WARNING else text
 
 
@@ -574,7 +585,7 @@ def main(argv: list[str] | None = None) -> int:
         if message is None or debug_requested(args):
             raise  # a bug, or --debug: the traceback
         _close_progress_bars()
-        print(f"finecap: error: {message}", file=sys.stderr)
+        print(f"finecap: error: {masked_url_secrets(message)}", file=sys.stderr)  # a URL named may hold a password
         return 2
     return 0
 

@@ -29,6 +29,8 @@ What happens to each request:
 The base URL is checked when the backend is made, before any request: an ``http(s)`` URL with a host. The API key is
 read from the environment variable ``boost.<role>_api_key_env`` (``OPENAI_API_KEY`` by default; a variable named
 explicitly must be set); it is sent as ``Authorization: Bearer`` and replaced by ``***`` in every error message.
+Credentials in the base URL (``https://user:password@host/v1``, sent by httpx as basic authentication) are masked in
+every message too (:func:`finecap.config.secrets.masked_url_secrets`).
 
 Why ``httpx`` + ``tenacity`` rather than the ``openai`` package: the request is one POST that httpx makes with a
 time-out and a connection pool; ``tenacity`` gives the retry policy (stop, jittered exponential wait, the retry
@@ -62,6 +64,7 @@ from tenacity import (
 )
 
 from finecap.boost.engine import BackendError, BadImage, FatalBackendError, MalformedReply, ServerUnavailable, Task
+from finecap.config.secrets import masked_url_secrets
 from finecap.data.formats import DataError, decode_image, encode_image
 
 DEFAULT_BASE_URL = "https://api.openai.com/v1"
@@ -137,9 +140,11 @@ def check_base_url(url: str, key: str) -> None:
     try:
         parsed = httpx.URL(url)
     except (httpx.InvalidURL, TypeError, ValueError) as e:
-        raise ValueError(f"{key}={url!r}: malformed URL ({e})") from None
+        raise ValueError(f"{key}={masked_url_secrets(url)!r}: malformed URL ({masked_url_secrets(str(e))})") from None
     if parsed.scheme not in ("http", "https") or not parsed.host:
-        raise ValueError(f"{key}={url!r}: not an http(s) URL with a host; e.g. http://localhost:8000/v1")
+        raise ValueError(
+            f"{key}={masked_url_secrets(url)!r}: not an http(s) URL with a host; e.g. http://localhost:8000/v1"
+        )
 
 
 def api_key_from_env(variable: str, key: str, explicit: bool) -> str:
@@ -187,6 +192,7 @@ class OpenAIBackend:
         check_base_url(base_url, url_key)
         self.base_url = base_url.rstrip("/")
         self.url = f"{self.base_url}/chat/completions"
+        self.shown_url = masked_url_secrets(self.url)  # in messages: a password in the URL is a secret
         self._api_key = api_key or os.environ.get("OPENAI_API_KEY", "")
         headers = {"Authorization": f"Bearer {self._api_key}"} if self._api_key else {}
         self.concurrency, self.retries, self.backoff, self.max_wait = concurrency, retries, backoff, max_wait
@@ -212,8 +218,9 @@ class OpenAIBackend:
                 "temperature": self.temperature}  # fmt: skip
 
     def redact(self, text: str) -> str:
-        """``text`` with the API key replaced by ``***`` (servers may echo it in errors)."""
-        return text.replace(self._api_key, "***") if self._api_key else text
+        """``text`` with the API key replaced by ``***`` (servers may echo it in errors) and the credentials of the
+        URLs in it masked (:func:`~finecap.config.secrets.masked_url_secrets`: the server's own URL may hold some)."""
+        return masked_url_secrets(text.replace(self._api_key, "***") if self._api_key else text)
 
     def wait(self, state: RetryCallState) -> float:
         """Seconds before the next attempt: ``Retry-After`` plus jitter, else jittered exponential backoff."""
@@ -231,12 +238,12 @@ class OpenAIBackend:
         try:
             response = self.client.post(self.url, json=payload)
         except httpx.TransportError as e:  # no connection, time-outs, a connection cut mid-reply
-            raise _Retry(f"{type(e).__name__}: {e}", unavailable=True) from None
+            raise _Retry(f"{type(e).__name__}: {self.redact(str(e))}", unavailable=True) from None
         status = response.status_code
         if status in FATAL_STATUS:
             self._stop.set()  # no new request starts
             raise FatalBackendError(
-                f"{self.url}: HTTP {status}: {FATAL_STATUS[status]} ({self.key}_*); the server said: "
+                f"{self.shown_url}: HTTP {status}: {FATAL_STATUS[status]} ({self.key}_*); the server said: "
                 f"{self.redact(response.text[:300])}"
             )
         if status in RETRY_STATUS:
@@ -244,12 +251,12 @@ class OpenAIBackend:
             message = f"HTTP {status}: {self.redact(response.text[:200])}"
             if retry_after is not None and retry_after > self.max_wait:
                 raise BackendError(
-                    f"{self.url}: {message}; the server asks to retry after {retry_after:g} s, more than "
+                    f"{self.shown_url}: {message}; the server asks to retry after {retry_after:g} s, more than "
                     f"boost.retry_max_wait={self.max_wait:g}"
                 )
             raise _Retry(message, unavailable=status in UNAVAILABLE_STATUS, retry_after=retry_after)
         if status >= 400:
-            raise BackendError(f"{self.url}: HTTP {status}: {self.redact(response.text[:300])}")
+            raise BackendError(f"{self.shown_url}: HTTP {status}: {self.redact(response.text[:300])}")
         try:
             body = response.json()
         except ValueError:
@@ -278,7 +285,7 @@ class OpenAIBackend:
         except _Retry as e:
             error = ServerUnavailable if e.unavailable else BackendError
             n = retrying.statistics.get("attempt_number", self.retries + 1)
-            raise error(f"{self.url}: gave up after {n} attempt(s); last error {e}") from None
+            raise error(f"{self.shown_url}: gave up after {n} attempt(s); last error {e}") from None
 
     def run(self, tasks: Sequence[Task]) -> Iterator[tuple[int, str | BaseException]]:
         pool = ThreadPoolExecutor(max_workers=self.concurrency)

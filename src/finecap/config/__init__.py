@@ -29,11 +29,13 @@ from finecap.config.loading import (
     did_you_mean,
     from_dict,
     load,
+    masked_override,
     merge_overrides,
+    override_key,
     parse_override,
 )
 from finecap.config.paths import KEYWORDS, PATH_KEYS, absolute_path_values, absolute_paths
-from finecap.config.secrets import MASK, SECRET_KEYS, redacted
+from finecap.config.secrets import MASK, SECRET_KEYS, masked_url_secrets, redacted
 from finecap.config.sections import *  # noqa: F403 - the sections, Config and the Literal types of the options
 from finecap.config.sections import __all__ as _sections
 from finecap.config.stored import load_stored, migrate_moved_keys
@@ -54,8 +56,11 @@ __all__ = [
     "from_dict",
     "load",
     "load_stored",
+    "masked_override",
+    "masked_url_secrets",
     "merge_overrides",
     "migrate_moved_keys",
+    "override_key",
     "parse_override",
     "redacted",
     *_sections,

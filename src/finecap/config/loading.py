@@ -26,7 +26,7 @@ from typing import Any, Literal
 import yaml
 
 from finecap.config.fields import ConfigError, constraint_text
-from finecap.config.secrets import MASK, SECRET_KEYS, looks_secret
+from finecap.config.secrets import MASK, SECRET_KEYS, looks_secret, masked_url_secrets
 from finecap.config.sections import MOVED_KEYS, SECTIONS, Config, ModelConfig, moved_key
 from finecap.recipes import resolve_recipe
 from finecap.registry import METRIC_GROUPS, OBJECTIVES, REWARDS, SAMPLERS, VALIDATOR_KEYS, is_dotted_path
@@ -257,20 +257,39 @@ def from_dict(data: dict[str, Any] | None, source: str = "", origins: Origins | 
     return cfg
 
 
+def override_key(item: str) -> str:
+    """The dotted key an override ``section.key=value`` sets, as :func:`parse_override` reads it: the text before the
+    first ``=`` with the white space around it and around each of its dots dropped (``' boost.llm_api_key =K'`` and
+    ``'boost . llm_api_key=K'`` both set ``boost.llm_api_key``).
+
+    White space is dropped rather than refused because it comes from quoting in shells and scripts (``"$A =$B"``, a
+    tab in a pasted line), never from a key: no section or key has white space in its name. Every reader of an
+    override's key goes through this one function, so the key that is set is also the key that is masked
+    (:func:`masked_override`) wherever the command line is written.
+
+    Example::
+
+        >>> override_key(" boost . llm_api_key = sk-1")
+        'boost.llm_api_key'
+    """
+    return ".".join(part.strip() for part in item.split("=", 1)[0].split("."))
+
+
 def parse_override(item: str) -> tuple[list[str], Any]:
     """Parse ``section.key=value`` (value read as YAML: numbers, booleans, lists, mappings; anchors, aliases and
-    duplicate keys refused, :func:`finecap.utils.load_yaml`)."""
+    duplicate keys refused, :func:`finecap.utils.load_yaml`); the key as :func:`override_key` reads it."""
     if "=" not in item:
         raise ConfigError(f"override {_shown_override(item)}: expected section.key=value")
-    key, raw = item.split("=", 1)
-    parts = key.strip().split(".")
+    raw = item.split("=", 1)[1]
+    key = override_key(item)
+    parts = key.split(".")
     if len(parts) != 2 or not all(parts):
         raise ConfigError(f"override {_shown_override(item)}: the key must look like section.key (e.g. train.lr=1e-4)")
     try:
         value = load_yaml(raw) if raw.strip() else ""
     except YAMLRefused as e:
         if e.kind != "alias":  # an anchor (a value to repeat: a bomb's start) or a duplicate key
-            raise ConfigError(f"override {_shown_override(item)}: {e.reason}", key=key.strip()) from None
+            raise ConfigError(f"override {_shown_override(item)}: {e.reason}", key=key) from None
         value = raw  # an alias before any anchor never was YAML (`*best`): the text itself, as before
     except (yaml.YAMLError, ValueError):  # not YAML (or an integer of thousands of digits): the text itself
         value = raw
@@ -284,12 +303,30 @@ OVERRIDE_SHOWN = 200
 """Characters of a command-line override an error message repeats at most (a path fits, a pasted file does not)."""
 
 
+def masked_override(item: str) -> str:
+    """A command-line argument as it may leave the process (a lock file, a model card, an error message): an override
+    of a key named like a secret (:func:`~finecap.config.secrets.looks_secret`, the key read by :func:`override_key`,
+    so any spelling of it is caught) as ``key=***``; any other argument with the credentials of the URLs in it masked
+    (:func:`~finecap.config.secrets.masked_url_secrets`).
+
+    The rule is the wide one on purpose: options merely named like a secret (``data.max_tokens``, or
+    ``boost.llm_api_key_env`` given the key itself by mistake) are masked too. A command line is never the record of
+    a value: the run's and each checkpoint's ``config.yaml`` hold every option, secrets alone masked.
+
+    Example::
+
+        >>> masked_override(" boost.llm_api_key =sk-1"), masked_override("boost.llm_base_url=http://u:p@h/v1")
+        ('boost.llm_api_key=***', 'boost.llm_base_url=http://***@h/v1')
+    """
+    if "=" in item and looks_secret(key := override_key(item)):
+        return f"{key}={MASK}"
+    return masked_url_secrets(item)
+
+
 def _shown_override(item: str) -> str:
-    """An override ``section.key=value`` as error messages quote it: shortened (:func:`finecap.utils.short_repr`),
-    the value of a secret key masked."""
-    key = item.split("=", 1)[0].strip()
-    shown = f"{key}={MASK}" if "=" in item and looks_secret(key) else item.strip()
-    return short_repr(shown, OVERRIDE_SHOWN)
+    """An override ``section.key=value`` as error messages quote it: :func:`masked_override`, shortened
+    (:func:`finecap.utils.short_repr`)."""
+    return short_repr(masked_override(item.strip()), OVERRIDE_SHOWN)
 
 
 def merge_overrides(data: dict[str, Any], overrides: list[str], origins: Origins | None = None) -> dict[str, Any]:

@@ -1,8 +1,23 @@
 """Secrets in a configuration: which keys hold one, how they are masked when a configuration leaves the process
-(files, stdout, experiment trackers) and which keys look like one (never repeated in an error message)."""
+(files, stdout, experiment trackers, lock files, model cards) and which keys look like one (never repeated in an error
+message).
+
+Two kinds of secret are masked:
+
+- the values of :data:`SECRET_KEYS` (API keys given in a configuration);
+- credentials inside a URL, in any string value of any option and in any command-line argument: the user information
+  of ``scheme://user:password@host`` (all of it: a lone ``token@`` is a credential too, as GitHub and Hub tokens are
+  given) and the values of query or fragment parameters named like a secret (``?api_key=...``, ``&token=...``,
+  ``#access_token=...``). Which options hold a URL is not listed anywhere: every string is scanned, so a new option
+  (or a data path, a model name, a Hub address) is covered without being named here.
+
+A masked URL is no longer usable: a stored ``config.yaml`` reused (``finecap caption RUN``, a resume) needs the
+credentials given again (an override, or better the environment of the tool that reads the URL).
+"""
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 SECRET_KEYS: tuple[str, ...] = ("boost.llm_api_key", "boost.vlm_api_key")
@@ -13,17 +28,74 @@ MASK = "***"
 """What a secret (:data:`SECRET_KEYS`) is written as. Read back (a stored ``config.yaml``), it means "not set": the key
 then comes from the environment (``boost.llm_api_key_env``), never the mask itself."""
 
+SECRET_WORDS: tuple[str, ...] = ("key", "token", "secret", "password", "passwd", "pwd", "auth", "credential",
+                                 "signature", "sig")  # fmt: skip
+"""Parts of a name that make it look like it holds a secret: a configuration key (:func:`looks_secret`) or a URL's
+query parameter (:func:`masked_url_secrets`)."""
 
-def redacted(data: dict[str, Any]) -> dict[str, Any]:
-    """A copy of sections ``{section: {key: value}}`` with every non-empty :data:`SECRET_KEYS` value replaced by
-    :data:`MASK`: what :meth:`Config.save` writes, ``finecap config`` prints and trackers receive.
+_URL = re.compile(r"(?P<scheme>[A-Za-z][A-Za-z0-9+.\-]*:/+)(?P<rest>[^\s'\"<>`]*)")
+"""A URL inside a text: a scheme, ``://`` and everything up to white space or a quote (as pasted in a message). One
+slash is enough: a URL taken for a path (``Path("https://u:p@h/x")``, a data path made absolute) reads ``https:/``."""
+_PARAM = re.compile(r"(?P<sep>[?&;#])(?P<name>[^=&;#?]*)=(?P<value>[^&;#]*)")
+"""One ``name=value`` parameter of a URL's query or fragment."""
+
+
+def _secret_name(name: str) -> bool:
+    return any(word in name.lower() for word in SECRET_WORDS)
+
+
+def _masked_url(scheme: str, rest: str) -> str:
+    """One URL (``scheme`` with its slashes, then the ``rest``) with its user information and its secret-named
+    parameters masked (module docstring)."""
+    end = min([i for i in (rest.find(c) for c in "/?#") if i >= 0], default=len(rest))
+    authority, tail = rest[:end], rest[end:]
+    if "@" in authority:  # user information ends at the last '@' of the authority, as urllib and httpx read it
+        authority = f"{MASK}@{authority.rsplit('@', 1)[1]}"
+    cut = min([i for i in (tail.find(c) for c in "?#") if i >= 0], default=len(tail))
+    path, params = tail[:cut], tail[cut:]
+    params = _PARAM.sub(
+        lambda m: f"{m['sep']}{m['name']}={MASK}" if m["value"] and _secret_name(m["name"]) else m[0], params
+    )
+    return f"{scheme}{authority}{path}{params}"
+
+
+def masked_url_secrets(text: str) -> str:
+    """``text`` with the credentials of every URL in it masked (module docstring): what a value, a command line or
+    a message becomes before it is written or printed.
 
     Example::
 
-        >>> redacted({"boost": {"llm_api_key": "sk-1", "vlm_api_key": ""}})["boost"]
-        {'llm_api_key': '***', 'vlm_api_key': ''}
+        >>> masked_url_secrets("base https://user:pa55@host:8000/v1?api_key=k1&x=2 and file.json")
+        'base https://***@host:8000/v1?api_key=***&x=2 and file.json'
+        >>> masked_url_secrets("/work/https:/user:pa55@host/set.jsonl: no such file")
+        '/work/https:/***@host/set.jsonl: no such file'
+        >>> masked_url_secrets("http://localhost:8000/v1")
+        'http://localhost:8000/v1'
     """
-    out = {name: dict(values) if isinstance(values, dict) else values for name, values in data.items()}
+    return _URL.sub(lambda m: _masked_url(m["scheme"], m["rest"]), text) if ":/" in text else text
+
+
+def _masked_value(value: Any) -> Any:
+    if isinstance(value, str):
+        return masked_url_secrets(value)
+    if isinstance(value, list | tuple):
+        return type(value)(_masked_value(v) for v in value)
+    if isinstance(value, dict):
+        return {k: _masked_value(v) for k, v in value.items()}
+    return value
+
+
+def redacted(data: dict[str, Any]) -> dict[str, Any]:
+    """A copy of sections ``{section: {key: value}}`` with every non-empty :data:`SECRET_KEYS` value replaced by
+    :data:`MASK` and the credentials of every URL in a string value masked (:func:`masked_url_secrets`): what
+    :meth:`Config.save` writes, ``finecap config`` prints and trackers receive.
+
+    Example::
+
+        >>> redacted({"boost": {"llm_api_key": "sk-1", "vlm_api_key": "", "llm_base_url": "http://u:p@h/v1"}})["boost"]
+        {'llm_api_key': '***', 'vlm_api_key': '', 'llm_base_url': 'http://***@h/v1'}
+    """
+    out = {name: _masked_value(values) for name, values in data.items()}
     for dotted in SECRET_KEYS:
         section, key = dotted.split(".")
         values = out.get(section)
@@ -41,5 +113,5 @@ def looks_secret(key: str) -> bool:
         >>> looks_secret("boost.llm_apikey"), looks_secret("train.lr")
         (True, False)
     """
-    name = key.rsplit(".", 1)[-1].lower()
-    return key in SECRET_KEYS or any(word in name for word in ("key", "token", "secret", "password"))
+    name = key.rsplit(".", 1)[-1]
+    return key in SECRET_KEYS or _secret_name(name)

@@ -69,6 +69,7 @@ from finecap.models import sharding
 from finecap.objectives.base import ObjectiveBase, unwrap
 from finecap.runs import BEST, INFO_FILE, LAST, METRICS_FILE, STATE_DIR, TRACKERS_DIR, checkpoint_dir, temporary_dir
 from finecap.train.logging import JsonlTracker, Logger
+from finecap.train.resume_checks import apply_schedule, check_main_state
 from finecap.train.state import (
     CHECKPOINT_KIND,
     CheckpointError,
@@ -411,7 +412,9 @@ class Engine:
 
         Nothing read is trusted: the counters are checked (types, ranges, against this run's steps and its epoch's
         batches: :func:`~finecap.train.state.read_info`, :func:`~finecap.train.state.check_resume`), the scheduler's
-        step must be the counters' step, and a state the optimizer, scheduler, RNG, logger or objective refuses is a
+        step must be the counters' step, the optimizer's, scheduler's and scaler's saved settings must be this run's
+        configuration (:func:`~finecap.train.resume_checks.check_main_state`: torch would otherwise apply the saved
+        ones over it), and a state the optimizer, scheduler, RNG, logger or objective refuses is a
         :class:`~finecap.train.state.CheckpointError` naming its file (:func:`~finecap.train.state.state_errors`)."""
         info = read_info(folder)
         check_resume(info, folder, self.total, self.data.sampler.num_batches)
@@ -426,16 +429,22 @@ class Engine:
                     f"{main_file}: the learning-rate scheduler is at step {short_repr(scheduled)}, but "
                     f"{folder / INFO_FILE} says step {self.state.step}: one of them was changed"
                 )
-            if sharding.is_named_optimizer_state(main["optimizer"]):  # written by a sharded run
-                sharding.load_optimizer_state(unwrap(self.model), self.optimizer.optimizer, main["optimizer"])
-            elif self.sharded:
+            named = sharding.is_named_optimizer_state(main["optimizer"])  # written by a sharded run
+            if self.sharded and not named:
                 raise CheckpointError(
                     f"{main_file}: the optimizer state of a run trained with train.strategy=ddp; resume it with "
                     "train.strategy=ddp (a sharded run resumes under either strategy)"
                 )
+            scheduler = getattr(self.scheduler, "scheduler", self.scheduler)  # accelerate's wrapper, or torch's own
+            check_main_state(main, optimizer=self.optimizer.optimizer, scheduler=scheduler,
+                             scaler=self.accelerator.scaler, path=main_file, step=self.state.step,
+                             saved_total=info.get("total_steps", self.total))  # fmt: skip
+            if named:
+                sharding.load_optimizer_state(unwrap(self.model), self.optimizer.optimizer, main["optimizer"])
             else:
                 self.optimizer.load_state_dict(main["optimizer"])
             self.scheduler.load_state_dict(main["scheduler"])
+            apply_schedule(scheduler)  # the configured schedule's rate at the step (an extended run's new one)
             if main["scaler"] is not None and self.accelerator.scaler is not None:
                 self.accelerator.scaler.load_state_dict(main["scaler"])
             if "skipped_steps" in main:  # absent in checkpoints of finecap before train.max_skipped_steps

@@ -5,7 +5,8 @@ Every checkpoint finecap writes carries one (:func:`finecap.train.checkpoint.sav
 reader needs to trust and reuse the weights: the backbone and its base model, the objective, the data and its
 fingerprint, the training progress, the validation values of the checkpoint (a best checkpoint; a last one has none
 of its own), the adapters it holds and how to load it with finecap, transformers or peft, and the command that made
-it, secret overrides masked (:func:`finecap.locks.command_line`). Everything in it comes from the run's configuration,
+it, secret overrides masked (:func:`finecap.locks.command_line`); the credentials of any URL in it are masked
+(:func:`finecap.config.secrets.masked_url_secrets`). Everything in it comes from the run's configuration,
 the checkpoint's ``info.json``, its ``captioner.json`` and its ``fingerprints.json``; nothing is estimated.
 """
 
@@ -17,6 +18,7 @@ import re
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from finecap.config.secrets import masked_url_secrets
 from finecap.utils import CONTROL_CHARACTERS
 
 if TYPE_CHECKING:
@@ -173,4 +175,4 @@ def model_card(cfg: Config, info: dict[str, Any], meta: dict[str, Any], fingerpr
     else:
         body.append("None recorded for this checkpoint (the run's last state; its best checkpoint holds the values).")
     body += ["", "## Loading", "", *_loading(meta), "", "## Made by", "", md_block(command), ""]
-    return "\n".join(header + body)
+    return masked_url_secrets("\n".join(header + body))  # a data path or base model given as a URL may hold a password

@@ -47,3 +47,20 @@ def build_scheduler(
     """A ``LambdaLR`` applying :func:`lr_factor`; call ``.step()`` after every optimizer step."""
     lr_factor(0, warmup=warmup, total=total, kind=kind)  # validate ``kind`` now, not at the first step
     return torch.optim.lr_scheduler.LambdaLR(optimizer, partial(lr_factor, warmup=warmup, total=total, kind=kind))
+
+
+def schedule_of(scheduler: torch.optim.lr_scheduler.LRScheduler) -> tuple[int, int, str]:
+    """``(warmup, total, kind)`` of a scheduler made by :func:`build_scheduler` (a resumed run compares its saved
+    learning rates with them: :mod:`finecap.train.resume_checks`); ``ValueError`` for any other scheduler.
+
+    Example::
+
+        >>> p = torch.nn.Parameter(torch.zeros(1))
+        >>> schedule_of(build_scheduler(torch.optim.AdamW([p]), warmup=2, total=6, kind="cosine"))
+        (2, 6, 'cosine')
+    """
+    functions = getattr(scheduler, "lr_lambdas", None) or [None]
+    settings = [getattr(f, "keywords", None) for f in functions]
+    if any(getattr(f, "func", None) is not lr_factor for f in functions) or any(s != settings[0] for s in settings):
+        raise ValueError(f"{type(scheduler).__name__}: not a schedule of finecap.train.schedule.build_scheduler")
+    return settings[0]["warmup"], settings[0]["total"], settings[0]["kind"]
