@@ -42,7 +42,7 @@ from torch import nn
 
 from finecap.config import DecodeConfig
 from finecap.decode import Conditioning, Generation
-from finecap.models import lora, memory
+from finecap.models import lora, memory, strict
 from finecap.models.captioner import (
     PARTS,
     VOCAB_CHUNK_ELEMENTS,
@@ -440,6 +440,14 @@ class CaptionerBase(nn.Module, abc.ABC):
         return model
 
     @classmethod
+    def setting_differences(cls, meta: dict[str, Any], cfg: Any) -> list[tuple[str, Any, Any]]:
+        """``(option, the checkpoint's value, the configuration's)`` for each setting that shapes the backbone's
+        weights which a checkpoint (``captioner.json``: ``meta``) records and ``cfg`` configures otherwise: a run
+        starting from the checkpoint would train the checkpoint's model under a configuration naming another
+        (:func:`finecap.models.backbones.check_backbone`). Default: none."""
+        return []
+
+    @classmethod
     def external_encoder(cls, meta: dict[str, Any]) -> str | None:
         """The vision encoder a saved captioner loads from outside its folder, from its ``captioner.json``: the frozen
         dual encoder's source, ``None`` when the folder holds everything."""
@@ -448,17 +456,20 @@ class CaptionerBase(nn.Module, abc.ABC):
     @classmethod
     def load_dual_encoder(cls, path: Path, meta: dict[str, Any], load_encoder: bool, dtype: Any,
                           encoder_cls: type[VisionEncoder]) -> VisionEncoder | None:  # fmt: skip
-        """The dual encoder of a checkpoint (``encoder_cls`` from the folder when it was trained and saved, else from
-        the source it refers to unless ``load_encoder`` is false); ``None`` when there is none to load."""
+        """The dual encoder of a checkpoint (``encoder_cls`` from the folder when it was trained and saved, strictly,
+        else from the source it refers to unless ``load_encoder`` is false, its weights checked to be finite);
+        ``None`` when there is none to load."""
         if meta.get(cls.DUAL_SAVED_KEY):
-            return encoder_cls.from_pretrained(path / cls.DUAL_ENCODER_DIR, dtype)
+            return encoder_cls.from_pretrained(path / cls.DUAL_ENCODER_DIR, dtype, checkpoint=True)
         source = meta.get(cls.DUAL_SOURCE_KEY)
         if not (source and load_encoder):
             return None
         try:
-            return encoder_cls.from_pretrained(source, dtype)
+            encoder = encoder_cls.from_pretrained(source, dtype)
         except OSError as e:
             raise OSError(
                 f"{path / CONFIG_NAME}: cannot load the frozen encoder {source!r} it refers to ({e}); pass "
                 "load_encoder=False to use cached features"
             ) from None
+        strict.check_finite_weights(encoder, source)
+        return encoder

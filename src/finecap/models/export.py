@@ -12,12 +12,16 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from finecap.models import lora
+from finecap.models import lora, strict
 from finecap.models.backbones import load_captioner
 
 
 def export_merged(model_folder: str | Path, out: str | Path) -> Path:
     """Load the captioner of ``model_folder`` (a folder holding ``captioner.json``), merge its LoRA adapters and save
-    it as a plain checkpoint in ``out`` (which the caller has checked may be written)."""
-    model = load_captioner(model_folder)
-    return lora.merge_lora(model).save(out)
+    it as a plain checkpoint in ``out`` (which the caller has checked may be written). Loading is strict
+    (:mod:`finecap.models.strict`: weights that do not fit or hold NaN or infinity are refused, as ``finecap
+    caption`` refuses them); the merged weights are checked to be finite again before anything is written (a
+    merge can overflow)."""
+    model = lora.merge_lora(load_captioner(model_folder))
+    strict.check_finite_weights(model, f"{model_folder} (its adapters merged)")
+    return model.save(out)
