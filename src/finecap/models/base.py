@@ -52,7 +52,7 @@ from finecap.models.captioner import (
     strip_prefix,
     token_scores,
 )
-from finecap.runs import CAPTIONER_FILE
+from finecap.runs import CAPTIONER_FILE, CheckpointError
 from finecap.utils import read_json, write_json
 
 if TYPE_CHECKING:
@@ -75,11 +75,15 @@ def set_module_path(root: Any, path: str, value: Any) -> None:
 
 
 def read_meta(path: str | Path) -> dict[str, Any]:
-    """The ``captioner.json`` of a checkpoint folder; a folder without one is named."""
+    """The ``captioner.json`` of a checkpoint folder; a folder without one, or one that is not a JSON object, is
+    named."""
     meta_file = Path(path) / CONFIG_NAME
     if not meta_file.exists():
         raise FileNotFoundError(f"{path}: not a captioner checkpoint (no {CONFIG_NAME})")
-    return read_json(meta_file)
+    meta = read_json(meta_file)
+    if not isinstance(meta, dict):
+        raise CheckpointError(f"{meta_file}: expected a JSON object (the captioner's kind and settings)")
+    return meta
 
 
 class CaptionerBase(nn.Module, abc.ABC):
@@ -431,7 +435,10 @@ class CaptionerBase(nn.Module, abc.ABC):
         """Load a folder written by :meth:`save`. ``load_encoder=False`` skips a frozen dual encoder the folder
         refers to (batches must then carry cached ``features``); ``options``: dtype, attention and quantization of the
         loaded models (``model.*``; default float32). Adapters are loaded unmerged and trainable
-        (:func:`finecap.models.lora.merge_lora` merges them)."""
+        (:func:`finecap.models.lora.merge_lora` merges them). Loading is strict (:mod:`finecap.models.strict`): a
+        weight file that does not fit the model exactly or holds NaN or infinity, and adapters that are not what
+        ``captioner.json`` records or lie outside the folder, are a :class:`~finecap.runs.CheckpointError` naming the
+        file."""
         path = Path(path)
         meta = read_meta(path)
         model = cls.load_weights(path, meta, load_encoder, options or memory.LoadOptions())

@@ -25,7 +25,6 @@ is checked when a checkpoint refers to them.
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 from collections.abc import Iterable, Iterator, Mapping
@@ -39,6 +38,7 @@ from safetensors.torch import load_file
 from torch import nn
 
 from finecap.runs import CheckpointError
+from finecap.utils import read_json
 
 NAMED = 3
 """Offending tensors named per kind of problem; the rest are counted."""
@@ -149,7 +149,7 @@ def weight_files(folder: Path) -> dict[str, Path]:
     """``{tensor name: its file}`` of a ``save_pretrained`` folder's safetensors weights (one file or an index of
     shards); empty when it has neither (transformers then names what is missing)."""
     if (folder / INDEX).is_file():
-        index = json.loads((folder / INDEX).read_text(encoding="utf-8"))
+        index = read_json(folder / INDEX)
         weight_map = index.get("weight_map") if isinstance(index, dict) else None
         if not isinstance(weight_map, dict):
             raise CheckpointError(f"{folder / INDEX}: no weight_map of tensor names to files")
@@ -217,8 +217,8 @@ def load_pretrained(auto_cls: Any, folder: str | Path, **kwargs: Any) -> nn.Modu
     mismatched = [f"{name} (stored {tuple(stored)}, the model's {tuple(own)})"
                   for name, stored, own in info.get("mismatched_keys") or ()]  # fmt: skip
     refuse_misfit(where, {"missing": info.get("missing_keys") or (), "unexpected": info.get("unexpected_keys") or (),
-                          "of another shape": mismatched, "of another kind": kind_misfits(stored_dtypes(files), state),
-                          "not loaded": info.get("error_msgs") or ()})  # fmt: skip
+                          "of another shape": mismatched,
+                          "of another kind": kind_misfits(stored_dtypes(files), state)})  # fmt: skip
     bad = [name for name, t in state.items() if t.is_floating_point() and not torch.isfinite(t).all()]
     if bad:
         shown = {files.get(name, where) for name in bad}
