@@ -485,7 +485,7 @@ def load_part_adapters(model: Captioner, path: Path, part: str, info: Any) -> No
     spec = recorded_spec(info, where)
     name = info.get("dir", ADAPTER_DIRS[part])
     if not isinstance(name, str) or not name:
-        raise CheckpointError(f"{where}: dir must be the adapters' folder name, got {name!r}")
+        raise CheckpointError(f"{where}: dir must be the adapters' folder name, got {short_repr(name)}")
     folder = strict.inside(path, name, f"{where}.dir")
     if not (folder / ADAPTER_CONFIG).exists():
         raise FileNotFoundError(f"{folder}: LoRA adapters of the {part} are missing (no {ADAPTER_CONFIG})")

@@ -154,9 +154,10 @@ def weight_files(folder: Path) -> dict[str, Path]:
         if not isinstance(weight_map, dict):
             raise CheckpointError(f"{folder / INDEX}: no weight_map of tensor names to files")
         return {str(k): folder / str(v) for k, v in weight_map.items()}
-    if (folder / SINGLE).is_file():
-        with safe_open(str(folder / SINGLE), framework="pt") as f:
-            return dict.fromkeys(f.keys(), folder / SINGLE)
+    file = folder / SINGLE  # named ``file``: a damaged header is reported with this file (finecap.app.errors)
+    if file.is_file():
+        with safe_open(str(file), framework="pt") as f:
+            return dict.fromkeys(f.keys(), file)
     return {}
 
 
