@@ -126,6 +126,7 @@ def refusal_everywhere(checkpoint: Path, made: dict[str, Path], tmp_path: Path, 
     return message
 
 
+@pytest.mark.slow
 def test_pristine_checkpoints_load_and_caption(made, tmp_path):
     """The fixtures are sound: each checkpoint captions through the command and the API, and exports; a tied head
     (the world GPT-2's, tied to its embeddings and not saved) is not a missing tensor."""
