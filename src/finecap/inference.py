@@ -68,18 +68,14 @@ MAX_ID_DIGITS = 64
 
 def load_for_captioning(checkpoint: str | Path, cfg: Config, device: torch.device | str) -> Any:
     """The captioner of ``checkpoint`` (a folder :func:`finecap.runs.find_checkpoint` gave) loaded with
-    ``cfg.model``'s options (dtype, attention, quantization), on ``device``, in evaluation mode; a
-    :class:`~finecap.train.state.CheckpointError` when its weights hold NaN or infinity (a diverged run's weights
-    caption nothing, silently)."""
+    ``cfg.model``'s options (dtype, attention, quantization), on ``device``, in evaluation mode. Loading is strict
+    (:mod:`finecap.models.strict`): weights that do not fit the model, or hold NaN or infinity (a diverged run's
+    weights caption nothing, silently), are a :class:`~finecap.runs.CheckpointError` naming the file."""
     from finecap.models.backbones import load_captioner
     from finecap.models.memory import LoadOptions
     from finecap.runs import model_dir
-    from finecap.train.state import check_finite_weights
 
-    folder = model_dir(checkpoint)
-    model = load_captioner(folder, options=LoadOptions.of(cfg.model)).to(device)
-    check_finite_weights(model, folder)
-    return model.eval()
+    return load_captioner(model_dir(checkpoint), options=LoadOptions.of(cfg.model)).to(device).eval()
 
 
 # --------------------------------------------------------------------------------------------------------------------

@@ -63,6 +63,12 @@ GENERATION_CONFIG = "generation_config.json"
 (:mod:`finecap.models.base`)."""
 
 
+class CheckpointError(ValueError):
+    """A checkpoint is missing, incomplete or corrupt, or its weights are not what its files claim; the message names
+    the file and how to recover. Here, beside the layout, because the models (strict loading:
+    :mod:`finecap.models.strict`) and training (:mod:`finecap.train.state`) both raise it."""
+
+
 def checkpoint_dir(run_dir: str | Path, which: str) -> Path:
     """``<run_dir>/checkpoints/<which>`` (``which`` is ``"last"`` or ``"best"``)."""
     return Path(run_dir) / CHECKPOINTS_DIR / which

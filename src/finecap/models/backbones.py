@@ -20,6 +20,7 @@ from finecap.models.base import CONFIG_NAME, read_meta
 from finecap.models.blip import Blip, build_blip
 from finecap.models.clipcap import ClipCap, build_captioner
 from finecap.models.vlm import Vlm, build_vlm
+from finecap.runs import CheckpointError
 
 if TYPE_CHECKING:
     from finecap.config import Config
@@ -55,6 +56,28 @@ def checkpoint_kind(path: str | Path) -> str:
 def load_captioner(path: str | Path, **kwargs: Any) -> Captioner:
     """Load any captioner checkpoint folder written by a backbone's ``save``."""
     return BACKBONES[checkpoint_kind(path)][1].from_checkpoint(path, **kwargs)
+
+
+def check_backbone(path: str | Path, cfg: Config, option: str) -> None:
+    """Refuse to train from the checkpoint folder ``path`` (named by ``option``: ``train.init_from`` or
+    ``--resume``) a captioner that is not the one ``cfg`` configures: another backbone (``captioner.json``'s
+    ``kind`` against ``model.kind``) or other settings that shape its weights (the backbone's
+    ``setting_differences``). The run would otherwise train the checkpoint's model while its stored configuration
+    names another. The :class:`~finecap.runs.CheckpointError` names both values and the option to change."""
+    where = Path(path) / CONFIG_NAME
+    kind = checkpoint_kind(path)
+    if kind != cfg.model.kind:
+        raise CheckpointError(
+            f"{where}: {option} is a {kind} captioner, but model.kind={cfg.model.kind}; set model.kind={kind} (with "
+            f"its {kind}.* settings), or start from a {cfg.model.kind} checkpoint"
+        )
+    differences = BACKBONES[kind][1].setting_differences(read_meta(path), cfg)
+    if differences:
+        shown = "; ".join(f"{key}={theirs!r} in the checkpoint, {ours!r} configured"
+                          for key, theirs, ours in differences)  # fmt: skip
+        fix = " ".join(f"{key}={theirs}" for key, theirs, _ in differences)
+        raise CheckpointError(f"{where}: {option} was trained with other settings ({shown}); set {fix}, or start "
+                              "from a checkpoint trained with the configured ones")  # fmt: skip
 
 
 def backbone(kind: str) -> type:

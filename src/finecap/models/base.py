@@ -42,7 +42,7 @@ from torch import nn
 
 from finecap.config import DecodeConfig
 from finecap.decode import Conditioning, Generation
-from finecap.models import lora, memory
+from finecap.models import lora, memory, strict
 from finecap.models.captioner import (
     PARTS,
     VOCAB_CHUNK_ELEMENTS,
@@ -52,7 +52,7 @@ from finecap.models.captioner import (
     strip_prefix,
     token_scores,
 )
-from finecap.runs import CAPTIONER_FILE
+from finecap.runs import CAPTIONER_FILE, CheckpointError
 from finecap.utils import read_json, write_json
 
 if TYPE_CHECKING:
@@ -75,11 +75,15 @@ def set_module_path(root: Any, path: str, value: Any) -> None:
 
 
 def read_meta(path: str | Path) -> dict[str, Any]:
-    """The ``captioner.json`` of a checkpoint folder; a folder without one is named."""
+    """The ``captioner.json`` of a checkpoint folder; a folder without one, or one that is not a JSON object, is
+    named."""
     meta_file = Path(path) / CONFIG_NAME
     if not meta_file.exists():
         raise FileNotFoundError(f"{path}: not a captioner checkpoint (no {CONFIG_NAME})")
-    return read_json(meta_file)
+    meta = read_json(meta_file)
+    if not isinstance(meta, dict):
+        raise CheckpointError(f"{meta_file}: expected a JSON object (the captioner's kind and settings)")
+    return meta
 
 
 class CaptionerBase(nn.Module, abc.ABC):
@@ -438,13 +442,24 @@ class CaptionerBase(nn.Module, abc.ABC):
         """Load a folder written by :meth:`save`. ``load_encoder=False`` skips a frozen dual encoder the folder
         refers to (batches must then carry cached ``features``); ``options``: dtype, attention and quantization of the
         loaded models (``model.*``; default float32). Adapters are loaded unmerged and trainable
-        (:func:`finecap.models.lora.merge_lora` merges them)."""
+        (:func:`finecap.models.lora.merge_lora` merges them). Loading is strict (:mod:`finecap.models.strict`): a
+        weight file that does not fit the model exactly or holds NaN or infinity, and adapters that are not what
+        ``captioner.json`` records or lie outside the folder, are a :class:`~finecap.runs.CheckpointError` naming the
+        file."""
         path = Path(path)
         meta = read_meta(path)
         model = cls.load_weights(path, meta, load_encoder, options or memory.LoadOptions())
         if meta.get("lora"):
             lora.load_adapters(model, path, meta["lora"])
         return model
+
+    @classmethod
+    def setting_differences(cls, meta: dict[str, Any], cfg: Any) -> list[tuple[str, Any, Any]]:
+        """``(option, the checkpoint's value, the configuration's)`` for each setting that shapes the backbone's
+        weights which a checkpoint (``captioner.json``: ``meta``) records and ``cfg`` configures otherwise: a run
+        starting from the checkpoint would train the checkpoint's model under a configuration naming another
+        (:func:`finecap.models.backbones.check_backbone`). Default: none."""
+        return []
 
     @classmethod
     def external_encoder(cls, meta: dict[str, Any]) -> str | None:
@@ -455,17 +470,20 @@ class CaptionerBase(nn.Module, abc.ABC):
     @classmethod
     def load_dual_encoder(cls, path: Path, meta: dict[str, Any], load_encoder: bool, dtype: Any,
                           encoder_cls: type[VisionEncoder]) -> VisionEncoder | None:  # fmt: skip
-        """The dual encoder of a checkpoint (``encoder_cls`` from the folder when it was trained and saved, else from
-        the source it refers to unless ``load_encoder`` is false); ``None`` when there is none to load."""
+        """The dual encoder of a checkpoint (``encoder_cls`` from the folder when it was trained and saved, strictly,
+        else from the source it refers to unless ``load_encoder`` is false, its weights checked to be finite);
+        ``None`` when there is none to load."""
         if meta.get(cls.DUAL_SAVED_KEY):
-            return encoder_cls.from_pretrained(path / cls.DUAL_ENCODER_DIR, dtype)
+            return encoder_cls.from_pretrained(path / cls.DUAL_ENCODER_DIR, dtype, checkpoint=True)
         source = meta.get(cls.DUAL_SOURCE_KEY)
         if not (source and load_encoder):
             return None
         try:
-            return encoder_cls.from_pretrained(source, dtype)
+            encoder = encoder_cls.from_pretrained(source, dtype)
         except OSError as e:
             raise OSError(
                 f"{path / CONFIG_NAME}: cannot load the frozen encoder {source!r} it refers to ({e}); pass "
                 "load_encoder=False to use cached features"
             ) from None
+        strict.check_finite_weights(encoder, source)
+        return encoder

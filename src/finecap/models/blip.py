@@ -334,7 +334,7 @@ class Blip(CaptionerBase):
                      options: memory.LoadOptions) -> Blip:  # fmt: skip
         """The BLIP, tokenizer and image processor of the folder, and the world BLIP's dual encoder (``load_encoder``
         false: without it, for cached image tokens)."""
-        model = options.load(BlipForConditionalGeneration, path, str(path), skip=UNQUANTIZED)
+        model = options.load(BlipForConditionalGeneration, path, str(path), skip=UNQUANTIZED, checkpoint=True)
         tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=False)
         world = cls.load_dual_encoder(path, meta, load_encoder, options.torch_dtype or "auto", FeatureMapTokens)
         processor = None

@@ -39,13 +39,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import save_file
 from torch import nn
 from transformers import AutoModelForCausalLM, AutoTokenizer
 from transformers.cache_utils import Cache
 
 from finecap.config import ClipCapBackboneConfig
-from finecap.models import lora, memory
+from finecap.models import lora, memory, strict
 from finecap.models.base import CaptionerBase
 from finecap.models.captioner import encode_images, last_positions, shifted_mask, strip_prefix
 from finecap.models.kvcache import cache_kwargs, returned_cache
@@ -322,7 +322,7 @@ class ClipCap(CaptionerBase):
                      options: memory.LoadOptions) -> ClipCap:  # fmt: skip
         """The LM and tokenizer of ``lm/``, the mapper, and the encoder (trained and saved, or the frozen one it
         refers to unless ``load_encoder`` is false: batches must then carry cached ``features``)."""
-        lm = options.load(AutoModelForCausalLM, path / "lm", f"{path / 'lm'}")
+        lm = options.load(AutoModelForCausalLM, path / "lm", f"{path / 'lm'}", checkpoint=True)
         tokenizer = AutoTokenizer.from_pretrained(path / "lm", trust_remote_code=False)
         encoder = cls.load_dual_encoder(path, meta, load_encoder, options.torch_dtype or "auto", VisionEncoder)
         model = cls(
@@ -336,8 +336,16 @@ class ClipCap(CaptionerBase):
             lm_source=meta.get("lm_source", ""),
             encoder_source=meta.get("encoder_source", ""),
         )
-        model.mapper.load_state_dict(load_file(str(path / MAPPER_WEIGHTS)))
+        strict.load_module_state(model.mapper, path / MAPPER_WEIGHTS)
         return model
+
+    @classmethod
+    def setting_differences(cls, meta: dict[str, Any], cfg: Config) -> list[tuple[str, Any, Any]]:
+        """The mapper's settings (``clipcap.mapper``, ``prefix_length``, and for the transformer mapper its
+        ``mapper_layers`` and ``mapper_heads``) the checkpoint records and ``cfg`` sets otherwise."""
+        keys = MAPPER_KEYS if meta.get("mapper") == "transformer" else ("mapper", "prefix_length")
+        return [(f"clipcap.{key}", meta[key], getattr(cfg.clipcap, key)) for key in keys
+                if key in meta and meta[key] != getattr(cfg.clipcap, key)]  # fmt: skip
 
     @staticmethod
     def reads_world_encoder(cfg: Config) -> bool:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from finecap.models import lora
+from finecap.models import lora, strict
 from finecap.models.backbones import load_captioner
 from finecap.runs import GENERATION_CONFIG
 
@@ -21,9 +21,13 @@ def export_merged(model_folder: str | Path, out: str | Path) -> Path:
     """Load the captioner of ``model_folder`` (a folder holding ``captioner.json``), merge its LoRA adapters and save
     it as a plain checkpoint in ``out`` (which the caller has checked may be written), with the source's decoding
     settings: each ``generation_config.json`` of the source (its own, ClipCap's ``lm/``) replaces the one a save
-    writes at the same place, so the export captions as the run did, with finecap and with ``generate``."""
-    model = load_captioner(model_folder)
-    saved = lora.merge_lora(model).save(out)
+    writes at the same place, so the export captions as the run did, with finecap and with ``generate``. Loading is
+    strict (:mod:`finecap.models.strict`: weights that do not fit or hold NaN or infinity are refused, as ``finecap
+    caption`` refuses them); the merged weights are checked to be finite again before anything is written (a merge
+    can overflow)."""
+    model = lora.merge_lora(load_captioner(model_folder))
+    strict.check_finite_weights(model, f"{model_folder} (its adapters merged)")
+    saved = model.save(out)
     source = Path(model_folder)
     for config in [source / GENERATION_CONFIG, *sorted(source.glob(f"*/{GENERATION_CONFIG}"))]:
         target = Path(out) / config.relative_to(source)

@@ -48,21 +48,27 @@ never re-drawn. With Adam a unit-variance factor makes the adapters' first updat
 from __future__ import annotations
 
 import contextlib
+import json
+import math
+import re
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, get_args
 
 import torch
-from peft import LoraConfig, PeftModel, get_peft_model, get_peft_model_state_dict
+from peft import LoraConfig, PeftModel, get_peft_model, get_peft_model_state_dict, set_peft_model_state_dict
 from peft.tuners.lora import LoraLayer
 from safetensors.torch import save_file
 from torch import nn
 from transformers.pytorch_utils import Conv1D
 
 from finecap.config import LoraInit
+from finecap.models import strict
 from finecap.models.captioner import PARTS
 from finecap.models.vision import TEXT_SIDE
+from finecap.runs import CAPTIONER_FILE, CheckpointError
+from finecap.utils import read_json, short_repr
 
 if TYPE_CHECKING:
     from finecap.config import Config
@@ -89,8 +95,8 @@ class LoraSpec:
             raise ValueError(f"lora.init: invalid value {self.init!r}; valid choices: {', '.join(INITS)}")
         if self.rank < 1:
             raise ValueError(f"lora.rank must be >= 1, got {self.rank}")
-        if self.alpha <= 0:
-            raise ValueError(f"lora.alpha must be > 0, got {self.alpha}")
+        if not (math.isfinite(self.alpha) and self.alpha > 0):
+            raise ValueError(f"lora.alpha must be a finite number > 0, got {self.alpha}")
         if not 0.0 <= self.dropout < 1.0:
             raise ValueError(f"lora.dropout must be in [0, 1), got {self.dropout}")
 
@@ -409,23 +415,166 @@ def save_adapters(
             continue
         folder = Path(out) / ADAPTER_DIRS[part]
         _part_module(model, part).save_pretrained(folder, state_dict=(states or {}).get(part))
-        meta[part] = {"dir": ADAPTER_DIRS[part], "rank": spec.rank, "alpha": spec.alpha, "dropout": spec.dropout}
+        meta[part] = {"dir": ADAPTER_DIRS[part], "rank": spec.rank, "alpha": spec.alpha, "dropout": spec.dropout,
+                      "targets": list(spec.targets)}  # fmt: skip
     return meta
 
 
 def load_adapters(model: Captioner, path: str | Path, meta: dict[str, dict[str, Any]] | None) -> Captioner:
     """Attach the adapters recorded in ``meta`` (``captioner.json``'s ``"lora"``) from checkpoint ``path``,
-    unmerged; they are trainable when their part is (``model.train_lm`` / ``model.train_encoder``)."""
+    unmerged; they are trainable when their part is (``model.train_lm`` / ``model.train_encoder``).
+
+    Strictly (:func:`load_part_adapters`): the adapters are built from what ``captioner.json`` records, never from
+    settings only their ``adapter_config.json`` holds, and a file that differs from that record or weights that do
+    not fit the adapters are refused."""
+    path = Path(path)
     for part, info in (meta or {}).items():
         if part not in PARTS:
             raise ValueError(f"{path}: captioner.json lists LoRA adapters of an unknown part {part!r}")
-        folder = Path(path) / info.get("dir", ADAPTER_DIRS[part])
-        if not (folder / "adapter_config.json").exists():
-            raise FileNotFoundError(f"{folder}: LoRA adapters of the {part} are missing (no adapter_config.json)")
-        module = _part_module(model, part)
-        _set_part_module(model, part, PeftModel.from_pretrained(module, str(folder), is_trainable=True))
+        load_part_adapters(model, path, part, info)
     set_trainable(model, lm=model.train_lm, encoder=model.train_encoder)
     return model
+
+
+ADAPTER_CONFIG, ADAPTER_WEIGHTS = "adapter_config.json", "adapter_model.safetensors"
+"""peft's files in an adapter folder: its configuration and weights."""
+NOT_COMPARED = frozenset({"auto_mapping", "base_model_name_or_path", "revision", "inference_mode", "peft_version",
+                          "fan_in_fan_out", "init_lora_weights", "target_modules"})  # fmt: skip
+"""Keys of ``adapter_config.json`` that say where the adapters came from or how peft loads them, not what they
+compute (``fan_in_fan_out`` follows the base layer: peft sets it for GPT-2's ``Conv1D`` and clears it for
+``nn.Linear`` whatever the file says, and a 4-bit base's ``Conv1D`` layers are ``Linear4bit`` until dequantized;
+``init_lora_weights`` and ``target_modules`` are checked on their own). Every other key must hold what finecap
+writes for the recorded adapters: a ``layer_replication``, ``rank_pattern``, ``use_dora`` or any setting that
+changes what the adapters compute is refused."""
+FRESH_INITS = (True, "gaussian")
+"""``init_lora_weights`` finecap writes (:data:`PEFT_INIT`); others (``pissa``, ``loftq``, ...) change the base
+weights when the adapters are built."""
+SIZE_MISMATCH = re.compile(r"size mismatch for ([^:\s]+): copying a param with shape (torch\.Size\(\[[^\]]*\]\))")
+"""How ``load_state_dict`` names a tensor of another shape (it raises even with ``strict=False``)."""
+
+
+def recorded_spec(info: Any, where: str) -> LoraSpec:
+    """The adapters' settings ``captioner.json`` records (``where``: the file and entry), checked as ``lora.*`` is."""
+    if not isinstance(info, dict):
+        raise CheckpointError(f"{where}: expected an object with the adapters' dir, rank, alpha and dropout")
+    rank, alpha, dropout = info.get("rank"), info.get("alpha"), info.get("dropout", 0.0)
+    if not all(isinstance(v, kind) and not isinstance(v, bool) for v, kind in
+               ((rank, int), (alpha, int | float), (dropout, int | float))):  # fmt: skip
+        raise CheckpointError(
+            f"{where}: rank (an integer), alpha and dropout (numbers) are required; got {short_repr(info, 200)}"
+        )
+    targets = info.get("targets", [])
+    if not (isinstance(targets, list) and all(isinstance(t, str) for t in targets)):
+        raise CheckpointError(f"{where}: targets must be a list of module names, got {short_repr(targets)}")
+    try:
+        return LoraSpec(rank=rank, alpha=float(alpha), dropout=float(dropout), targets=tuple(targets))
+    except ValueError as e:
+        raise CheckpointError(f"{where}: {e}") from None
+
+
+def load_part_adapters(model: Captioner, path: Path, part: str, info: Any) -> None:
+    """Attach ``part``'s adapters from checkpoint ``path`` as ``info`` (its ``captioner.json`` entry) records them.
+
+    - Their folder and files lie inside the checkpoint folder (``..``, absolute paths and links leading out are
+      refused: :func:`finecap.models.strict.inside`).
+    - ``adapter_config.json`` holds what finecap writes for the recorded rank, alpha, dropout and target modules
+      (:data:`NOT_COMPARED`); the adapters are built from the record, never from the file's other settings.
+    - The weights fit the adapters exactly (peft only warns about missing ones and drops unexpected ones: a file of
+      fewer target modules than trained would silently lose adapters), and are finite."""
+    where = f"{path / CAPTIONER_FILE}: lora.{part}"
+    spec = recorded_spec(info, where)
+    name = info.get("dir", ADAPTER_DIRS[part])
+    if not isinstance(name, str) or not name:
+        raise CheckpointError(f"{where}: dir must be the adapters' folder name, got {short_repr(name)}")
+    folder = strict.inside(path, name, f"{where}.dir")
+    if not (folder / ADAPTER_CONFIG).exists():
+        raise FileNotFoundError(f"{folder}: LoRA adapters of the {part} are missing (no {ADAPTER_CONFIG})")
+    config_file = strict.inside(path, f"{name}/{ADAPTER_CONFIG}", f"{where}.dir")
+    weights_file = strict.inside(path, f"{name}/{ADAPTER_WEIGHTS}", f"{where}.dir")
+    if not weights_file.is_file():
+        raise CheckpointError(f"{weights_file}: the {part}'s adapter weights are missing; copy the checkpoint again")
+    module = _part_module(model, part)
+    if is_peft(module):
+        raise CheckpointError(f"{where}: the {part} already has LoRA adapters (listed twice?)")
+    config = _checked_adapter_config(config_file, part, module, spec)
+    wrapped = get_peft_model(module, config)
+    tensors = strict.read_tensors(weights_file)
+    kinds = [f"{k} (stored {str(v.dtype).removeprefix('torch.')})" for k, v in tensors.items()
+             if not v.is_floating_point()]  # fmt: skip
+    strict.refuse_misfit(weights_file, {"of another kind": kinds})
+    strict.check_finite(tensors.items(), weights_file)
+    try:
+        result = set_peft_model_state_dict(wrapped, tensors)
+    except RuntimeError as e:  # torch's size mismatches, even with strict=False
+        shapes = re.findall(SIZE_MISMATCH, str(e))
+        if not shapes:
+            raise
+        shown = [f"{k.replace('.default.', '.')} (stored {s.removeprefix('torch.Size(').removesuffix(')')})"
+                 for k, s in shapes]  # fmt: skip
+        strict.refuse_misfit(weights_file, {"of another shape": shown})
+    missing = [k.replace(".default.", ".") for k in result.missing_keys if "lora_" in k]
+    unexpected = [k.replace(".default.", ".") for k in result.unexpected_keys]
+    strict.refuse_misfit(weights_file, {"missing": missing, "unexpected": unexpected})
+    _set_part_module(model, part, wrapped)
+
+
+def _checked_adapter_config(file: Path, part: str, module: nn.Module, spec: LoraSpec) -> LoraConfig:
+    """The ``LoraConfig`` of ``part``'s recorded adapters (``spec``; targets: the recorded ones, or for a checkpoint
+    that did not record them the file's list), after refusing an ``adapter_config.json`` that says otherwise.
+
+    Targets are compared as the modules they adapt (:func:`resolve_targets`: peft writes a long list of module names
+    as the shortest list of name suffixes that matches exactly those modules)."""
+    raw = read_json(file)
+    if not isinstance(raw, dict):
+        raise CheckpointError(f"{file}: expected a JSON object (peft's adapter configuration)")
+    stored_targets = raw.get("target_modules")
+    if not (isinstance(stored_targets, list) and stored_targets and all(isinstance(t, str) for t in stored_targets)):
+        raise CheckpointError(f"{file}: target_modules must be the list of adapted module names finecap writes, got "
+                              f"{short_repr(stored_targets)}")  # fmt: skip
+    stored = _adapted(part, module, stored_targets, f"{file}: target_modules")
+    trained = _adapted(part, module, list(spec.targets), f"{file.parent.parent / CAPTIONER_FILE}: lora.{part}.targets")
+    init = raw.get("init_lora_weights", True)
+    expected = _lora_config(part, module, trained or stored, LoraSpec(spec.rank, spec.alpha, spec.dropout))
+    expected.init_lora_weights = init if init in FRESH_INITS else True
+    written = {k: v for k, v in expected.to_dict().items() if k not in NOT_COMPARED}
+    reference = json.loads(json.dumps(written, default=sorted))  # as save_pretrained writes it (enums as strings)
+    differences = [f"{key} is {short_repr(value, 80)}, trained with {short_repr(reference[key], 80)}"
+                   for key, value in raw.items()
+                   if key in reference and not _same_value(value, reference[key])]  # fmt: skip
+    if trained and stored != trained:
+        left_out, added = sorted(set(trained) - set(stored)), sorted(set(stored) - set(trained))
+        differences.append("target_modules " + ", ".join(
+            ([f"leave out trained modules {strict.listed(left_out)}"] if left_out else [])
+            + ([f"add modules never trained {strict.listed(added)}"] if added else [])
+        ))  # fmt: skip
+    if not any(init is i or init == i for i in FRESH_INITS if isinstance(init, type(i))):
+        differences.append(f"init_lora_weights is {short_repr(init, 80)}, finecap writes true or gaussian")
+    if differences:
+        raise CheckpointError(
+            f"{file}: not the adapters captioner.json records ({'; '.join(differences[: strict.NAMED])}"
+            f"{f' and {len(differences) - strict.NAMED} more' if len(differences) > strict.NAMED else ''}); refused, "
+            "as they would compute something else than what was trained: copy the checkpoint again"
+        )
+    return expected
+
+
+def _adapted(part: str, module: nn.Module, targets: list[str], what: str) -> list[str]:
+    """The modules of ``part`` that ``targets`` (names or suffixes) adapt, ``[]`` for none given; a target that
+    matches no module LoRA may adapt is a :class:`CheckpointError` naming ``what``."""
+    if not targets:
+        return []
+    try:
+        return resolve_targets(part, module, targets)
+    except ValueError as e:
+        raise CheckpointError(f"{what}: {e}") from None
+
+
+def _same_value(stored: Any, expected: Any) -> bool:
+    """Whether a value of ``adapter_config.json`` equals finecap's (both as JSON): a float by value (an integer too;
+    NaN equals nothing), anything else of the same JSON type and equal."""
+    if isinstance(expected, float):
+        return isinstance(stored, int | float) and not isinstance(stored, bool) and float(stored) == expected
+    return type(stored) is type(expected) and stored == expected
 
 
 # --------------------------------------------------------------------------------------------------------------------

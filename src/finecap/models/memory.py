@@ -43,11 +43,12 @@ from typing import TYPE_CHECKING, Any, get_args
 
 import torch
 from peft import PeftModel
-from safetensors.torch import load_file, save_file
+from safetensors.torch import save_file
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from finecap.config import AttnImplementation, Quantization, TrainableDtype, WeightsDtype
+from finecap.models import strict
 from finecap.models.captioner import PARTS
 
 if TYPE_CHECKING:
@@ -116,11 +117,18 @@ class LoadOptions:
             kwargs["device_map"] = {"": torch.cuda.current_device() if torch.cuda.is_available() else "cpu"}
         return kwargs
 
-    def load(self, auto_cls: Any, name: str | Path, what: str, skip: Sequence[str] | None = None) -> nn.Module:
+    def load(self, auto_cls: Any, name: str | Path, what: str, skip: Sequence[str] | None = None,
+             checkpoint: bool = False) -> nn.Module:  # fmt: skip
         """``auto_cls.from_pretrained(name)`` with these options (:meth:`pretrained`, quantizing all but ``skip``),
         never running code from the checkpoint (``trust_remote_code=False``), then :meth:`loaded` (``what``: the
-        option and value that named it, for errors)."""
-        model = auto_cls.from_pretrained(name, trust_remote_code=False, **self.pretrained(quantize=True, skip=skip))
+        option and value that named it, for errors). ``checkpoint``: ``name`` is a folder of a captioner checkpoint,
+        loaded strictly (:func:`finecap.models.strict.load_pretrained`: its weights must fit the model exactly)."""
+        kwargs = {"trust_remote_code": False, **self.pretrained(quantize=True, skip=skip)}
+        model = (
+            strict.load_pretrained(auto_cls, name, **kwargs)
+            if checkpoint
+            else auto_cls.from_pretrained(name, **kwargs)
+        )
         return self.loaded(model, what)
 
     def loaded(self, model: nn.Module, what: str) -> nn.Module:
@@ -447,19 +455,16 @@ def save_float32_masters(model: nn.Module, out: str | Path, state: dict[str, tor
 
 def load_float32_masters(model: nn.Module, path: str | Path) -> int:
     """Put back the float32 trained weights a checkpoint folder ``path`` saved (:func:`save_float32_masters`) into
-    ``model`` (just loaded from it, perhaps in a 16-bit ``model.dtype``); returns how many (0 without the file)."""
+    ``model`` (just loaded from it, perhaps in a 16-bit ``model.dtype``); returns how many (0 without the file). The
+    file must name parameters of the model, of their shapes, finite (:func:`finecap.models.strict.fit_state`)."""
     file = Path(path) / MASTERS
     if not file.exists():
         return 0
     params = dict(model.named_parameters())
-    tensors = load_file(str(file))
+    tensors = strict.read_tensors(file)
+    strict.fit_state(file, params, tensors, partial=True)
     for name, tensor in tensors.items():
-        if name not in params:
-            raise ValueError(f"{file}: the captioner has no parameter {name!r} (a file of another checkpoint?)")
-        p = params[name]
-        if tuple(p.shape) != tuple(tensor.shape):
-            raise ValueError(f"{file}: {name} has shape {tuple(tensor.shape)}, the captioner's {tuple(p.shape)}")
-        p.data = tensor.to(p.device)
+        params[name].data = tensor.to(params[name].device)
     return len(tensors)
 
 

@@ -15,6 +15,7 @@ projection and logit scale frozen. Module names are the checkpoint's own (``mode
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -24,13 +25,17 @@ import transformers
 from PIL import Image
 from torch import nn
 
+from finecap.models import strict
+
 TEXT_SIDE = ("text_model", "text_projection", "logit_scale")
 """Attributes of a dual encoder that belong to the text side (never trained through the captioner)."""
 
 
-def load_dual_encoder(name_or_path: str | Path, dtype: torch.dtype | str = "auto") -> Any:
+def load_dual_encoder(name_or_path: str | Path, dtype: torch.dtype | str = "auto", checkpoint: bool = False) -> Any:
     """Load a dual encoder with ``get_image_features``; the class is the checkpoint's recorded architecture, the
-    weights in ``dtype`` (``"auto"``: the checkpoint's own; a captioner passes ``model.dtype``).
+    weights in ``dtype`` (``"auto"``: the checkpoint's own; a captioner passes ``model.dtype``). ``checkpoint``: the
+    folder is part of a captioner checkpoint (a trained encoder saved in it), loaded strictly
+    (:func:`finecap.models.strict.load_pretrained`).
 
     Falls back to ``AutoModel``; raises ``TypeError`` naming the checkpoint if the loaded model has no
     ``get_image_features`` (e.g. a bare ``CLIPVisionModel``).
@@ -42,7 +47,8 @@ def load_dual_encoder(name_or_path: str | Path, dtype: torch.dtype | str = "auto
         (getattr(transformers, a) for a in archs if hasattr(getattr(transformers, a, None), "get_image_features")),
         transformers.AutoModel,
     )
-    model = model_cls.from_pretrained(name, trust_remote_code=False, dtype=dtype)
+    load = functools.partial(strict.load_pretrained, model_cls) if checkpoint else model_cls.from_pretrained
+    model = load(name, trust_remote_code=False, dtype=dtype)
     if not hasattr(model, "get_image_features"):
         raise TypeError(
             f"model.encoder={name}: {type(model).__name__} (architectures={archs}) has no get_image_features; "
@@ -69,11 +75,12 @@ class VisionEncoder(nn.Module):
         self.source = source
 
     @classmethod
-    def from_pretrained(cls, name_or_path: str | Path, dtype: torch.dtype | str = "auto") -> VisionEncoder:
+    def from_pretrained(cls, name_or_path: str | Path, dtype: torch.dtype | str = "auto",
+                        checkpoint: bool = False) -> VisionEncoder:  # fmt: skip
         """Load model (weights in ``dtype``, ``"auto"``: the checkpoint's) and image processor (if the checkpoint has
-        one) from a Hub name or local folder."""
+        one) from a Hub name or local folder (``checkpoint``: a folder of a captioner checkpoint, loaded strictly)."""
         name = str(name_or_path)
-        model = load_dual_encoder(name, dtype)
+        model = load_dual_encoder(name, dtype, checkpoint)
         try:
             processor = transformers.AutoImageProcessor.from_pretrained(name, trust_remote_code=False)
         except (OSError, ValueError):

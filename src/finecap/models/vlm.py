@@ -674,7 +674,7 @@ class Vlm(CaptionerBase):
                      options: memory.LoadOptions) -> Vlm:  # fmt: skip
         """The model and processor of the folder, and the world VLM's dual encoder (``load_encoder`` false: without
         it, for cached image tokens; a VLM's own vision tower is always part of the folder)."""
-        model = options.load(AutoModelForImageTextToText, path, str(path), skip=UNQUANTIZED)
+        model = options.load(AutoModelForImageTextToText, path, str(path), skip=UNQUANTIZED, checkpoint=True)
         world = cls.load_dual_encoder(path, meta, load_encoder, options.torch_dtype or "auto", FeatureMapTokens)
         section = VlmBackboneConfig(**{key: meta[key] for key in SECTION_KEYS if meta.get(key) is not None})
         return cls(model, load_processor(path), section, train_encoder=meta["train_encoder"],

@@ -28,11 +28,10 @@ from finecap.data.loading import encoder_draft
 from finecap.data.targets import unknown_tokens
 from finecap.models import memory
 from finecap.models.backbones import build_model as build_captioner
-from finecap.models.backbones import load_captioner
+from finecap.models.backbones import check_backbone, load_captioner
 from finecap.models.lora import configure_training
 from finecap.objectives.base import ObjectiveBase
 from finecap.runs import model_dir
-from finecap.train.state import check_finite_weights
 
 
 @dataclass
@@ -50,14 +49,16 @@ def build_model(cfg: Config, resume_from: Path | None = None) -> torch.nn.Module
     trains (``model.train_lm``, ``model.train_encoder``, LoRA adapters ``lora.*``) follows ``cfg``, also for a
     checkpoint (:func:`finecap.models.lora.configure_training`), and so do the memory levers: weights loaded in
     ``model.dtype`` (a checkpoint's float32 trained weights put back), what learns in ``model.trainable_dtype``,
-    ``train.gradient_checkpointing`` (:func:`finecap.models.memory.prepare_training`)."""
+    ``train.gradient_checkpointing`` (:func:`finecap.models.memory.prepare_training`). A checkpoint must be of the
+    configured backbone and settings (:func:`finecap.models.backbones.check_backbone`) and is loaded strictly
+    (:mod:`finecap.models.strict`: weights that do not fit, or hold NaN or infinity, are refused)."""
     start = resume_from or cfg.train.init_from
     if not start:
         return memory.prepare_training(configure_training(build_captioner(cfg), cfg), cfg)
     folder = model_dir(start)
-    model = load_captioner(folder, options=memory.LoadOptions.of(cfg.model))
+    check_backbone(folder, cfg, "--resume" if resume_from else "train.init_from")
+    model = load_captioner(folder, options=memory.LoadOptions.of(cfg.model))  # strict: finecap.models.strict
     memory.load_float32_masters(model, folder)
-    check_finite_weights(model, folder)
     return memory.prepare_training(configure_training(model, cfg), cfg)
 
 

@@ -60,6 +60,7 @@ from finecap.runs import (
     MODEL_SUBDIR,
     STATE_DIR,
     TRACKERS_DIR,
+    CheckpointError,
     checkpoint_dir,
     temporary_dir,
 )
@@ -87,10 +88,6 @@ from finecap.utils import (
 log = logging.getLogger(__name__)
 
 INCOMPLETE = ".last.incomplete"  # an incomplete last, set aside when resuming from last.old (promote)
-
-
-class CheckpointError(ValueError):
-    """A resumable checkpoint is missing, incomplete or corrupt; the message names the file and how to recover."""
 
 
 RECOVER = ("copy the checkpoint again if it came from elsewhere; or move this checkpoint folder aside and resume from "
@@ -607,14 +604,3 @@ def config_changes(saved: Path, current: dict[str, dict[str, Any]]) -> list[str]
         changes += [f"{section}.{k}: {short_repr(before[k], 200)} -> {short_repr(v, 200)}"
                     for k, v in values.items() if k in before and before[k] != v]  # fmt: skip
     return changes
-
-
-def check_finite_weights(model: torch.nn.Module, where: str | Path) -> None:
-    """A :class:`CheckpointError` naming ``where`` and the first parameters that hold NaN or infinity (a diverged
-    run's weights decode empty captions, silently)."""
-    bad = [name for name, t in model.state_dict().items() if t.is_floating_point() and not torch.isfinite(t).all()]
-    if bad:
-        raise CheckpointError(
-            f"{where}: the weights hold non-finite values ({', '.join(bad[:3])}{', ...' if len(bad) > 3 else ''}); "
-            "the run diverged: use an earlier checkpoint"
-        )
