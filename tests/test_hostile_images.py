@@ -491,7 +491,7 @@ def test_bomb_in_eval_is_one_line(tiny, bomb_data, tmp_path):
 
 def test_bomb_and_truncated_images_in_training_are_one_line(tiny, bomb_data, tmp_path):
     data = [f"model.encoder={tiny['clip']}", "data.format=jsonl", f"data.path={bomb_data}", "train.batch_size=2",
-            "train.eval_samples=2"]  # fmt: skip
+            "train.eval_samples=2", "clipcap.lm=data-tiny"]  # fmt: skip
     base = [o for o in tiny["base"] if not o.startswith(("train.batch_size", "train.eval_samples"))]
     rows = bomb_data.read_text().splitlines()
     bomb_data.write_text("\n".join([rows[1], rows[2].replace("1.png", "bomb.png"), *rows[3:]]) + "\n")  # trains

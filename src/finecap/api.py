@@ -65,18 +65,18 @@ class Captioner:
         vision encoder is checked (:func:`finecap.train.fingerprint.check_run`), and weights holding NaN are refused.
         ``device``: default the machine's accelerator (a GPU) unless the run set ``train.cpu``, else the CPU
         (:func:`finecap.metrics.suite.eval_device`)."""
-        from finecap.config import load_stored
-        from finecap.inference import load_for_captioning
-        from finecap.metrics.suite import eval_device
-        from finecap.runs import find_checkpoint, model_dir, stored_config
-        from finecap.train.checkpoint import folder_config
-        from finecap.train.fingerprint import check_run
+        with silenced():  # the libraries' warnings the CLI leaves out (finecap.library_warnings), imports included
+            from finecap.config import load_stored
+            from finecap.inference import load_for_captioning
+            from finecap.metrics.suite import eval_device
+            from finecap.runs import find_checkpoint, model_dir, stored_config
+            from finecap.train.checkpoint import folder_config
+            from finecap.train.fingerprint import check_run
 
-        checkpoint = find_checkpoint(path)
-        stored = stored_config(checkpoint)
-        cfg = load_stored(stored) if stored is not None else folder_config(model_dir(checkpoint))
-        check_run(checkpoint, cfg, parts=["captioner"], model_folder=model_dir(checkpoint))
-        with silenced():  # the libraries' warnings the CLI leaves out too (finecap.library_warnings)
+            checkpoint = find_checkpoint(path)
+            stored = stored_config(checkpoint)
+            cfg = load_stored(stored) if stored is not None else folder_config(model_dir(checkpoint))
+            check_run(checkpoint, cfg, parts=["captioner"], model_folder=model_dir(checkpoint))
             model = load_for_captioning(checkpoint, cfg, device if device is not None else eval_device(cfg))
         return cls(model, cfg, checkpoint)
 

@@ -105,8 +105,8 @@ def test_an_output_that_is_not_a_curation_is_never_replaced(bags_file, tmp_path)
 @pytest.mark.parametrize(
     ("text", "message"),
     [
-        ('{"bags": {"3": [{"images": [[1], [2]]}]}}', r"bags\['3'\]\[0\]: image ids must be numbers or strings"),
-        ('{"bags": {"2": [[true, 1]]}}', "image ids must be numbers or strings, got True"),
+        ('{"bags": {"3": [{"images": [[1], [2]]}]}}', r"bags\['3'\]\[0\]: image id \[1\] must be an int or a string"),
+        ('{"bags": {"2": [[true, 1]]}}', "image id True must be an int or a string, got bool"),
         ("[" * 100_000 + "]" * 100_000, "invalid JSON|nested too deeply"),
         ('{"bags": {"x": []}}', "'x' is not a bag size"),
     ],

@@ -341,7 +341,7 @@ def test_a_bags_file_whose_data_changed_is_refused_at_start(tiny_world, tmp_path
     ("text", "message"),
     [
         ("{not json", "invalid JSON"),
-        ('{"bags": {"3": [{"images": [[1], [2]]}]}}', "image ids must be numbers or strings"),
+        ('{"bags": {"3": [{"images": [[1], [2]]}]}}', "image id \\[1\\] must be an int or a string"),
         ('{"bags": [1, 2]}', "expected an object with 'bags'"),
         ("[" * 100_000, "invalid JSON|nested too deeply"),
     ],

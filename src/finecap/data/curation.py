@@ -88,7 +88,8 @@ def content_key(images: Sequence[Hashable]) -> str:
 
 
 def _read_source(path: Path) -> dict[str, Any]:
-    """The bags file, checked (:func:`read_bags`) and with hashable image ids; every error names the file."""
+    """The bags file, checked (:func:`read_bags`: its image ids too, :func:`finecap.data.formats.check_id`); every
+    error names the file."""
     try:
         read_bags(path)
         source = read_json(path, DATA_FILE)
@@ -96,14 +97,6 @@ def _read_source(path: Path) -> dict[str, Any]:
         raise DataError(f"{path}: JSON nested too deeply to be a bags file") from None
     except IsADirectoryError:
         raise DataError(f"{path}: a folder, not a bags file") from None
-    for size, items in source["bags"].items():
-        for j, entry in enumerate(items):
-            images = entry["images"] if isinstance(entry, dict) else entry
-            bad = [i for i in images if isinstance(i, bool) or not isinstance(i, int | str)]
-            if bad:
-                raise DataError(
-                    f"{path}: bags[{size!r}][{j}]: image ids must be numbers or strings, got {short_repr(bad[0])}"
-                )
     return source
 
 

@@ -383,7 +383,8 @@ def part_dtypes(model: Captioner) -> dict[str, dict[str, str]]:
     """The resolved dtypes of each part and of the rest (what ``captioner.json`` records under ``"dtypes"`` and a run
     logs at its start): ``{"lm": {"trainable": "float32", "frozen": "bfloat16", "quantized": "4bit"}, ...}``, each
     key only where the part has such parameters (several dtypes joined by ``+``)."""
-    return {part: {role: "+".join(sorted(dtypes)) for role, dtypes in roles.items()}
+    order = ("trainable", "frozen", "quantized")
+    return {part: {role: "+".join(sorted(roles[role])) for role in order if role in roles}
             for part, roles in parameter_counts(model).items()}  # fmt: skip
 
 
