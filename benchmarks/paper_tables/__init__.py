@@ -102,12 +102,12 @@ from .page import render_page, render_table, write_page
 from .papers import PAPERS
 from .runner import caption_field_overrides, make_grid
 from .runs import FIELDS, RUNS
-from .schema import Best, Column, Paper, Results, Row, Run, Table
+from .schema import Best, Column, Paper, Primary, Results, Row, Run, Table
 from .sle import SLE
 from .smile import SMILE
 from .verdicts import metric_value, row_verdict, world_values
 
-__all__ = ["DISCRITUNE", "FIELDS", "NDLB", "PAPERS", "RUNS", "SLE", "SMILE", "Best", "Column", "Paper", "Results",
-           "Row", "Run", "Table", "caption_field_overrides", "extra_evaluations", "main", "make_grid", "metric_value",
-           "render_page", "render_table", "row_verdict", "run_grid", "runs_of", "simple_caption", "world_values",
-           "write_page"]  # fmt: skip
+__all__ = ["DISCRITUNE", "FIELDS", "NDLB", "PAPERS", "RUNS", "SLE", "SMILE", "Best", "Column", "Paper", "Primary",
+           "Results", "Row", "Run", "Table", "caption_field_overrides", "extra_evaluations", "main", "make_grid",
+           "metric_value", "render_page", "render_table", "row_verdict", "run_grid", "runs_of", "simple_caption",
+           "world_values", "write_page"]  # fmt: skip
