@@ -27,6 +27,7 @@ def load_benchmark(name: str):
 
 sys.path.insert(0, str(ROOT / "benchmarks"))  # as `python benchmarks/paper_tables.py` has it
 import paper_tables as pt  # noqa: E402  (the package benchmarks/paper_tables/)
+from helpers.paper_tables_world import N_TEST, N_TRAIN, N_VAL, tiny_world  # noqa: E402
 
 
 @pytest.mark.parametrize("paper", sorted(pt.PAPERS))
@@ -379,30 +380,13 @@ def test_boosted_field_scores_beside_the_human_references_and_a_length_matched_b
 # The runner on a tiny world
 # --------------------------------------------------------------------------------------------------------------------
 
-N_TRAIN, N_VAL, N_TEST = 24, 6, 8
-
 
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
     """A tiny world, a tiny random CLIP (captioner encoder and retriever) and the overrides that make every run two
-    steps of a one-layer ClipCap."""
-    from finecap.config import WorldConfig
-    from finecap.models.presets import save_tiny_clip
-    from finecap.world.make import make_world
-
+    steps of a one-layer ClipCap (:func:`helpers.paper_tables_world.tiny_world`)."""
     root = tmp_path_factory.mktemp("paper-tables")
-    world = root / "world"
-    make_world(WorldConfig(n_train=N_TRAIN, n_val=N_VAL, n_test=N_TEST, image_size=32, seed=0), out=world,
-               progress=False)  # fmt: skip
-    clip = save_tiny_clip(root / "clip", image_size=32, patch_size=16)
-    overrides = [
-        f"world.out={world}", f"world.n_train={N_TRAIN}", f"world.n_val={N_VAL}", f"world.n_test={N_TEST}",
-        "world.image_size=32", f"model.encoder={clip}", f"retriever.checkpoint={clip}", f"run.cache_dir={root / 'c'}",
-        "clipcap.tiny_layers=1", "clipcap.tiny_hidden=32", "clipcap.tiny_heads=2", "clipcap.prefix_length=2",
-        "train.max_steps=2", "train.batch_size=8", "train.eval_every=2", "train.eval_samples=4",
-        "train.warmup_steps=0", "decode.max_length=6", "eval.n_distractors=3", "eval.draws=1",
-    ]  # fmt: skip
-    return root, overrides
+    return root, tiny_world(root)
 
 
 def run_main(root: Path, overrides: list[str], *args: str) -> int:
@@ -447,8 +431,18 @@ def test_the_runner_writes_one_result_per_run_and_the_page(sle_run):
     assert page.startswith("> QUICK RUN") and "World seeds with results: 0." in page
     table2 = page.split("## Table 2")[1].split("## ")[0]
     assert "not run yet" not in table2
-    # one seed with per-image values: each column's test-image interval judges it
-    assert "no noise estimate" not in table2 and "per seed: " in table2
+    # one seed with per-image values: each column's test-image interval judges it. Two training steps leave the three
+    # runs' captions alike on the tiny world (every image's CIDEr-D difference 0): a zero-width interval, which
+    # measures no noise and decides nothing (issue 54), where a column without per-image values would have none
+    from paper_tables.verdicts import row_checks
+
+    results_, meta = pt.page.load_results(root / "data", pt.SLE)
+    sle_items, scst_items = (meta["items"][0][k]["CIDEr-D"] for k in ("sle", "scst"))
+    assert sle_items == scst_items and len(sle_items) == N_TEST
+    table = pt.SLE.table("2")
+    checks = row_checks(table, table.rows[2], results_, meta["items"])
+    assert [c.verdict for c in checks] == ["no noise estimate"] * 2 and all(not c.intervals for c in checks)
+    assert "★ CIDEr vs SLL ↑ no noise estimate (one run per world seed; Δ 0.000)" in table2
     assert "not run yet" in page.split("## Table 4")[1]  # rows of runs not asked for (XE) wait for their run
     assert "Metrics not computed: METEOR" in page
 

@@ -93,7 +93,7 @@ in a shifted run's raw token ids), :mod:`.fluency`, :mod:`.corpora` and :mod:`.c
 runs :func:`main`.
 """
 
-from .cli import main, run_grid, runs_of
+from .cli import main, primary_runs, run_grid, run_replicates, runs_of
 from .corpora import simple_caption
 from .discritune import DISCRITUNE
 from .evaluation import extra_evaluations
@@ -109,5 +109,6 @@ from .verdicts import metric_value, row_verdict, world_values
 
 __all__ = ["DISCRITUNE", "FIELDS", "NDLB", "PAPERS", "RUNS", "SLE", "SMILE", "Best", "Column", "Paper", "Primary",
            "Results", "Row", "Run", "Table", "caption_field_overrides", "extra_evaluations", "main", "make_grid",
-           "metric_value", "render_page", "render_table", "row_verdict", "run_grid", "runs_of", "simple_caption",
+           "metric_value", "primary_runs", "render_page", "render_table", "row_verdict", "run_grid", "run_replicates",
+           "runs_of", "simple_caption",
            "world_values", "write_page"]  # fmt: skip

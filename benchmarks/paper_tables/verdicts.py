@@ -222,8 +222,9 @@ class Check:
 
     @property
     def retrained(self) -> bool:
-        """Whether every seed's interval holds retraining noise (:data:`MIN_RUNS` run seeds or more on each)."""
-        return bool(self.intervals) and all(self.runs.get(s, 1) >= MIN_RUNS for s in self.differences)
+        """Whether every seed's difference is over :data:`MIN_RUNS` run seeds or more (its interval, when it has one,
+        then holds retraining noise)."""
+        return bool(self.differences) and all(self.runs.get(s, 1) >= MIN_RUNS for s in self.differences)
 
     @property
     def verdict(self) -> str:
@@ -249,17 +250,17 @@ class Check:
 
     @property
     def noise(self) -> str:
-        """What the cell's intervals hold: retraining and test-split noise, or (one run per world seed) the test
-        split's alone, or the world seeds' spread."""
-        counts = sorted({self.runs.get(s, 1) for s in self.differences})
+        """What the cell's noise estimate is made of: run seeds and test images (:data:`MIN_RUNS` run seeds or more
+        on every world seed), the test split alone (fewer run seeds: the grid's own run), or the world seeds' spread
+        (no per-seed interval)."""
+        counts = [self.runs.get(s, 1) for s in sorted(self.differences)]
         if self.retrained:
-            runs = f"{counts[0]}" if len(counts) == 1 else f"{counts[0]}-{counts[-1]}"
+            runs = f"{min(counts)}" if min(counts) == max(counts) else f"{min(counts)}-{max(counts)}"
             return f"{runs} run seeds per world seed: retraining and test-split noise"
-        if self.intervals:
-            return "one run: test-split noise only" if counts == [1] else (
-                f"run seeds per world seed {', '.join(str(self.runs.get(s, 1)) for s in sorted(self.differences))}"
-                f" (fewer than {MIN_RUNS} somewhere): test-split noise only")  # fmt: skip
-        return "one run per world seed"
+        if set(counts) != {1}:
+            return (f"run seeds per world seed {', '.join(map(str, counts))} (fewer than {MIN_RUNS} somewhere): "
+                    "the grid's own run, test-split noise only")  # fmt: skip
+        return "one run: test-split noise only" if self.intervals else "one run per world seed"
 
     def text(self) -> str:
         arrow = {1: "↑", -1: "↓", 0: "="}[self.paper_sign]
@@ -396,6 +397,8 @@ def pair_check(label: str, row: Row, other: Row, column: Column, paper_sign: int
         check.saturated = max(mean_std(list(mine.values()))[0], mean_std(list(theirs.values()))[0]) > column.ceiling
     for s in seeds:
         pairs = run_pairs(results[s], row, other) if primary else [(row.run, other.run)]
+        if primary:
+            check.runs[s] = len(pairs)
         per_run = []  # per run seed: {image: difference} (None without per-image values)
         for a_key, b_key in pairs:
             a = run_image_values(items, s, a_key, key, column.scale)
@@ -418,7 +421,6 @@ def pair_check(label: str, row: Row, other: Row, column: Column, paper_sign: int
             if not matched_cell and all(per_run) and all(d.keys() == per_run[0].keys() for d in per_run):
                 common = [[d[i] for i in sorted(per_run[0])] for d in per_run]
             found = run_seed_interval(corpus, common)
-            check.runs[s] = len(pairs)
             check.differences[s] = statistics.fmean(corpus)
             if found is not None:
                 check.intervals[s] = found[1:]
