@@ -21,7 +21,9 @@ SMILE_NOTES = (
     "R@1 / R@5 = self-retrieval by the world retriever against the whole test split (the paper uses CapEnrich's "
     "hard retrieval pool); CLIPScore = 2.5·max(cos, 0) × 100 with the world retriever; PPL = perplexity under a "
     "fluency language model trained on the world's human training captions (the paper uses GPT-2, trained on web "
-    "text, so its human captions get the highest PPL and the world's the lowest)."
+    "text, under which its human captions get the highest PPL, 129.1; under the world's LM the human test captions "
+    "get neither extreme: 4.84 against the MLE start's 3.90 and SMILE's 4.96, means of two seeds, the MLE start's "
+    "short, templated captions being the most probable)."
 )
 
 SMILE = Paper(
