@@ -217,7 +217,8 @@ def intro(paper: Paper) -> list[str]:
                  "(a length-stratified comparison at its finest; the cell prints how many images and the difference "
                  "over every image). Not against the human references: their CIDEr-D has no per-image values in the "
                  "result files, and their 9-word captions penalise long captions through CIDEr-D's length penalty, "
-                 "the opposite bias.")  # fmt: skip
+                 "the opposite bias. Between a boosted field and the human captions (other references, other "
+                 "lengths) the cell is printed and not judged.")  # fmt: skip
     text += (" **What \"holds\" means**: the world's difference is past 0 in the paper's direction on every world "
              "seed, beyond the noise of that seed's interval: for a ★ cell with run seeds, beyond retraining and "
              "test-split noise; for every other cell, beyond the test split's noise only, which retraining noise "
