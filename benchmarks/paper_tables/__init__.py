@@ -6,6 +6,7 @@
     python benchmarks/paper_tables.py --paper smile --quick                   # tiny world, a few steps per run
     python benchmarks/paper_tables.py --paper ndlb --page-only                # rewrite the page from the results
     python benchmarks/paper_tables.py --paper smile --list                    # the tables, rows and runs
+    python benchmarks/paper_tables.py --paper sle --run-seeds 101,102         # primary cells under two more run seeds
 
 Tables are data (:data:`PAPERS`): each :class:`Table` lists its :class:`Row` s with the paper's numbers (one per
 :class:`Column`, ``None`` where the paper reports none), the world run that stands in for the row (a key of
@@ -32,39 +33,51 @@ groups, :attr:`Paper.metrics`) and the numbers are written to ``<data>/<paper>/s
 result file exists is skipped, so the runner can be killed and started again, a row at a time, for hours. The page is
 rewritten from all result files after every run (seeds present in the folder, not only those asked for now).
 
+Run seeds (``--run-seeds M,...``, :func:`run_replicates`): the runs of the tables' primary cells
+(:func:`primary_runs`) are trained again under run seed M on each world seed, in ``<runs>/seed<N>/run<M>/``, each from
+its start retrained there too (the whole chain a comparison reads, the MLE start included), while the world seed's
+data is shared (its world and retriever, boosted captions and their visual expert, simplified corpora, fluency LM and
+bags, made by the world seed's own grid first, :func:`.cli.ensure_shared`); evaluated as the grid's runs, written to
+``<data>/<paper>/seed<N>/run<M>/<run>.json``, skipped when that file exists. The shared data must be the one the
+grid's own runs used: on a machine without the grid's ``<runs>/seed<N>/``, it is made again, and equals the committed
+grid's only if the code that makes it has not changed since.
+
 Verdicts (:func:`row_verdict`, :mod:`.verdicts`): a row judged against row ``b`` is judged column by column. The
 paper's effect is ``sign(paper[row] - paper[b])``, or 0 ("no change", shown ``=``) when the two numbers differ by less
-than :attr:`Column.same` (0.5 in the paper's unit by default: the paper's "comparable"; 0.005 for fractions such as
-Div-n) or the row states 0 (``Row.expect``). The world's difference ``d_s = world[row] - world[b]`` (the paper's unit)
-is compared with its noise, two estimates:
+than :attr:`Column.same` (0.5 in the paper's unit by default; 0.005 for fractions such as Div-n) or the row states 0
+(``Row.expect``); a world-only column (:attr:`Column.sign_from`: NDLB's hard RD100 and family R@1) takes the effect of
+the paper's column it names (RD100). The world's difference ``d_s = world[row] - world[b]`` (the paper's unit) is
+compared with its noise on each world seed ``s``:
 
-- per seed, when both runs' items files (``<run>.items.json``) hold per-image values of the column's key for the same
-  test images: the 95% percentile interval of the mean per-image difference, ``paired_difference.paired_bootstrap``
-  with 2,000 resamples and seed 0 (a page is the same every time it is made; 2,000 rather than 10,000 because a page
-  judges hundreds of cells). Its outcome: *holds* (excludes 0 with the paper's sign), *reversed* (the opposite sign),
-  *within noise* (covers 0); for a no-change column, covering 0 *holds* and excluding it is *changed*.
-- over ``n >= 2`` seeds: the 95% Student-t interval of the mean difference, ``mean(d) ± t(0.975, n-1) sd(d)/√n``,
-  judged the same way. Seeds are different worlds and initialisations, so this is the training-and-world noise that
-  the test split's bootstrap cannot see; with two seeds its t quantile is 12.7, so it clears only differences that
-  barely vary between worlds.
+- one run per world seed (the grid's own, run seed = world seed): when both runs' items files hold per-image values
+  of the column's key for the same test images, the 95% percentile interval of the mean per-image difference,
+  ``paired_difference.paired_bootstrap`` with 2,000 resamples and seed 0 (a page is the same every time it is made).
+  It holds the test split's noise only: *one run: test-split noise only*, as the page says of every secondary cell.
+- a primary cell (:class:`Primary`: the paper's headline comparison of a row group, declared in the table's data) with
+  three run seeds or more on that world seed (``--run-seeds``: result files ``seed<N>/run<M>/<run>.json``, loaded as
+  ``<run>@r<M>``): the 95% random-effects t interval over run seeds and test images,
+  ``mean_r d ± t(0.975, R - 1)·√(s_r²/R + v/n)`` (:func:`.verdicts.run_seed_interval`: ``s_r`` the runs' spread,
+  ``v/n`` the test images' shared noise), rather than a two-level bootstrap, which with three run seeds draws from ten
+  multisets and comes out too narrow.
 
-The cell's verdict: when every seed has a test-image interval, the seeds' own outcomes decide: *holds* / *reversed* /
-*within noise* / *changed* when every seed says so (an effect significant on each independently trained world is a
-replicated effect, whatever a one-degree-of-freedom interval says of its size, which the cell prints), *mixed*
-otherwise (say, a seed that holds beside one within noise, or two seeds significant in opposite directions); when some
-seed lacks per-image values, the seeds' interval alone (*within the seeds' spread* when it covers 0); *no noise
-estimate* with one seed and no per-image values (result files older than the items files, or a key with no per-image
-values: BLEU-4, METEOR, distinct words, mBLEU-4, perplexity; the exploration paper's Table 4 has them for its Div-n and
-CIDEr-D columns, ``sample/`` and ``beam/``) -- never a verdict by sign alone. A no-change cell that holds says the
-world shows no difference its noise can tell, which a wide interval always allows: the cell prints Δ and the interval's
-half-width so a reader sees how wide. The row: *holds* when every judged column holds, *partly holds* when some do,
-*reversed* when every one reverses, *does not hold* when none holds and one is reversed or changed, *within noise* when
-every one is within noise or the seeds' spread, *no noise estimate* when none has one, *undecided* otherwise; the cell
-lists each column as ``label arrow verdict (per seed: counts; Δ ...)``. Rows the world cannot make say why ("not
-comparable: ..."). A table may also name the row the paper chose among a grid (:class:`Best`, e.g. the exploration
-paper's α = 0.75): the verdict says whether it is the world's best on the mean over seeds, and against the noise (the
-chosen row judged against each other row by the cell rule above: best beyond noise, another row better beyond noise, or
-within noise of the rows it cannot be told from).
+The cell: *holds* / *reversed* / *within noise* / *changed* (a no-change column whose intervals exclude 0) when every
+seed's interval says so, *mixed* otherwise; without per-image values, the 95% Student-t interval over the world seeds
+alone (*within the seeds' spread* when it covers 0); an interval of zero width (every image's difference alike, or a
+count that moved equally on every seed) measures no noise and is dropped, so such a cell has *no noise estimate*, as
+one seed without per-image values does. Own-field CIDEr-D of runs trained on a boosted field follows caption length
+(r = 0.90 over the HolisticCap results), so two runs of the same boosted field are compared *at matched length*: on
+the test images whose two captions have the same number of words, paired (length stratified at its finest; the human
+references' CIDEr-D has no per-image values and penalises length the other way); between fields the cell is printed
+and not judged. A column with a ceiling (:attr:`Column.ceiling`: NDLB's RD100 at 90) marks a cell where either row's
+mean is above it *saturated*. The row's word comes from its directional, unsaturated, judged cells alone: *holds* when
+every one holds, *partly holds* when one does, *reversed* when every one reverses, *does not hold* when none holds and
+one reverses, *within noise*, *no noise estimate*, *undecided* otherwise; no-change cells never make a row hold (a row
+of them alone is *unchanged within noise* or *changed*). A table may name the row the paper chose among a grid
+(:class:`Best`): the verdict says whether it is the world's best on the mean over seeds, and against the noise (the
+chosen row judged against each other row by the cell rule: best beyond noise, rows better beyond noise, rows it is
+mixed against, one seed each way, and rows it is not shown better than). Each page ends its introduction with a
+multiplicity note: how many cells it judges and how many would come out *holds* or *changed* by chance
+(:func:`.verdicts.chance_note`).
 
 Per-image values (:func:`.evaluation.item_group`): beside each result file, ``<run>.items.json`` holds ``{"groups":
 [{"ids": [...], "values": {key: [...]}}, ...]}``, one group per test world (the test split, then the shifted domain and
@@ -82,7 +95,11 @@ caption the 500 validation images with beam 5 at five evaluations each); SMILE a
 MLE from scratch on the simplified corpora); DiscriTune about 30 (12 runs, each also captioning the shifted domain
 and the scene families when its tables read them); NDLB about 3.5 hours (32 runs: an hour of starts, the visual
 expert and the boosting, then 25 SR runs of about 200 steps and three of 600). Runs and starts are shared between
-papers (the MLE start, ``scst``, ``discritune``, ``sr_bagcurri``). ``--quick`` (the demo's quick settings: a world of
+papers (the MLE start, ``scst``, ``discritune``, ``sr_bagcurri``). Run seeds: the primary cells' runs of the four
+papers (42 runs, every start among them) took 78 and 81 minutes per world seed in the committed result files' times
+(NDLB's 20 of them 54 and 59 minutes, times that count the stretches its grid was stopped for other jobs), so two
+more run seeds on two world seeds take about 4 to 5.5 hours, plus the shared data where it must be made again.
+``--quick`` (the demo's quick settings: a world of
 300 training scenes, 12 steps per run) checks that the runner works; its pages go under ``runs/paper_tables-quick``
 and say that they are not results.
 
@@ -93,7 +110,7 @@ in a shifted run's raw token ids), :mod:`.fluency`, :mod:`.corpora` and :mod:`.c
 runs :func:`main`.
 """
 
-from .cli import main, run_grid, runs_of
+from .cli import main, primary_runs, run_grid, run_replicates, runs_of
 from .corpora import simple_caption
 from .discritune import DISCRITUNE
 from .evaluation import extra_evaluations
@@ -102,12 +119,13 @@ from .page import render_page, render_table, write_page
 from .papers import PAPERS
 from .runner import caption_field_overrides, make_grid
 from .runs import FIELDS, RUNS
-from .schema import Best, Column, Paper, Results, Row, Run, Table
+from .schema import Best, Column, Paper, Primary, Results, Row, Run, Table
 from .sle import SLE
 from .smile import SMILE
 from .verdicts import metric_value, row_verdict, world_values
 
-__all__ = ["DISCRITUNE", "FIELDS", "NDLB", "PAPERS", "RUNS", "SLE", "SMILE", "Best", "Column", "Paper", "Results",
-           "Row", "Run", "Table", "caption_field_overrides", "extra_evaluations", "main", "make_grid", "metric_value",
-           "render_page", "render_table", "row_verdict", "run_grid", "runs_of", "simple_caption", "world_values",
-           "write_page"]  # fmt: skip
+__all__ = ["DISCRITUNE", "FIELDS", "NDLB", "PAPERS", "RUNS", "SLE", "SMILE", "Best", "Column", "Paper", "Primary",
+           "Results", "Row", "Run", "Table", "caption_field_overrides", "extra_evaluations", "main", "make_grid",
+           "metric_value", "primary_runs", "render_page", "render_table", "row_verdict", "run_grid", "run_replicates",
+           "runs_of", "simple_caption",
+           "world_values", "write_page"]  # fmt: skip

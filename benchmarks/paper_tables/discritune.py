@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 from .ndlb import CHECK_COLUMNS
-from .schema import Column, Paper, Row, Table
+from .schema import Column, Paper, Primary, Row, Table
 
 NLG = (Column("B@4", "BLEU-4", 100.0), Column("M", "METEOR", 100.0), Column("C", "CIDEr-D", 100.0),
        Column("S", "SPICE", 100.0))  # fmt: skip
@@ -108,6 +108,7 @@ DISCRITUNE = Paper(
             ),
             notes="ClipCap = the world ClipCap's MLE start; human = the first reference caption of each test image "
             "(of the shifted domain's, in the Flickr column). " + SEE_ABOVE,
+            primary=(Primary("discritune", "clipcap", "COCO P@1"),),
         ),
         Table(
             "2",
@@ -118,6 +119,7 @@ DISCRITUNE = Paper(
                 Row("discritune", "DiscriTune-COCO", "discritune", (32.31, 26.05, 105.40, 20.03), vs=("clipcap",)),
             ),
             notes="The Conceptual Captions block has no world analogue (one training corpus). " + SEE_ABOVE,
+            primary=(Primary("discritune", "clipcap", "C"),),
         ),
         Table(
             "3",
@@ -131,6 +133,7 @@ DISCRITUNE = Paper(
             "start) and its DiscriTune run on the world's shifted domain (the Flickr columns of Table 12, scored "
             "against the shifted domain's references 2-5); every other block needs a second training corpus or "
             "another shifted domain. " + SEE_ABOVE,
+            primary=(Primary("flickr_discritune-coco", "flickr_clipcap-coco", "C"),),
         ),
         Table(
             "8",
@@ -147,6 +150,7 @@ DISCRITUNE = Paper(
             "the DiscriTune run with rl.baseline=none, or with beam-5 captions in training (rl.strategy=beam, "
             "decode.beam_size 5) and the reward of the greedy caption as the baseline (rl.baseline=greedy), P@1 on "
             "the in-domain test split. " + SEE_ABOVE,
+            primary=(Primary("mean", "none", "P@1"),),
         ),
         Table(
             "9",
@@ -160,6 +164,7 @@ DISCRITUNE = Paper(
             notes="sr.reward=cosine (the caption-image cosine alone, no distractors), accuracy (1 when the image "
             "scores strictly above the 99 others), log_prob (the default). The paper's numbers are Flickr "
             "validation P@1 after 10 epochs on Flickr; the world's are in-domain test P@1. " + SEE_ABOVE,
+            primary=(Primary("logprob", "cosine", "P@1"),),
         ),
         Table(
             "12",
@@ -177,6 +182,7 @@ DISCRITUNE = Paper(
             notes="sr.distractors=hard with sr.hard_k = 5 or 10: each image's k nearest training images under the "
             "retriever's image embeddings, then the other images of the batch, 99 distractors in all (App. D.2); "
             "test candidates stay random. " + SEE_ABOVE,
+            primary=(Primary("hard10", "discritune", "C"),),
         ),
         Table(
             "13",
@@ -189,6 +195,7 @@ DISCRITUNE = Paper(
                 Row("hard10", "w/ 10 hard distractors", "discritune_hard10", (85.2, 79.1), vs=("discritune",)),
             ),
             notes="The runs of Table 12. " + SEE_ABOVE,
+            primary=(Primary("hard10", "discritune", "COCO P@1"),),
         ),
         Table(
             "4",
@@ -202,6 +209,7 @@ DISCRITUNE = Paper(
             "BLIP = demo/blip_discritune from it (the text decoder trained, the settings of the ClipCap DiscriTune "
             "run, 150 steps). The nocaps and Concadia columns have the paper's numbers only (the world has one "
             "shifted domain, in the Flickr column). " + SEE_ABOVE,
+            primary=(Primary("discritune", "blip", "Flickr P@1"),),
         ),
         Table(
             "5",
@@ -212,6 +220,7 @@ DISCRITUNE = Paper(
                 Row("discritune", "DiscriTune-BLIP", "blip_discritune", (28.19, 23.61, 74.77, 16.9), vs=("blip",)),
             ),
             notes="The runs of Table 4, on the shifted domain. " + SEE_ABOVE,
+            primary=(Primary("discritune", "blip", "Flickr C"),),
         ),
         Table(
             "11",
@@ -230,6 +239,7 @@ DISCRITUNE = Paper(
             "settings (finecap.metrics.families.family_test_world; 100 families for 1,000 test images); each run "
             "captions every member zero-shot (beam 5) and the world retriever ranks the caption's image among its "
             "family (chance 10%). Human = the first reference caption of each member.",
+            primary=(Primary("discritune", "clipcap", "P@1"),),
         ),
     ),
 )  # fmt: skip

@@ -8,19 +8,37 @@ from pathlib import Path
 from typing import Any
 
 from .runs import RUNS
-from .schema import Column, Items, Paper, Results, Row, Table
-from .verdicts import best_verdict, fmt, mean_std, row_verdict, world_values
+from .schema import Column, Items, Paper, Results, Row, Table, replicate_key
+from .verdicts import (
+    MIN_RUNS,
+    best_verdict,
+    chance_note,
+    fmt,
+    fmt_width,
+    length_matched,
+    mean_std,
+    row_checks,
+    row_verdict,
+    world_values,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 """The repository: pages name their data folder relative to it."""
 
 
 def world_cell(results: Results, row: Row, column: Column) -> str:
+    """Mean ± standard deviation over the world seeds of a row's column; ``(sat.)`` above the column's ceiling."""
     values = list(world_values(results, row, column).values())
     if not values:
         return "—"
     m, s = mean_std(values)
-    return fmt(m) + (f" ± {fmt(s)}" if len(values) > 1 else "")
+    saturated = " (sat.)" if column.ceiling is not None and m > column.ceiling else ""
+    return fmt(m) + (f" ± {fmt_width(s)}" if len(values) > 1 else "") + saturated
+
+
+def judged(table: Table) -> bool:
+    """Whether a table has a row judged against another (a verdict to say how much noise it rests on)."""
+    return table.runnable and any(r.run and r.vs for r in table.rows)
 
 
 def render_table(table: Table, results: Results, items: Items | None = None) -> str:
@@ -37,8 +55,39 @@ def render_table(table: Table, results: Results, items: Items | None = None) -> 
         cells.append(row_verdict(table, row, results, items))
         lines.append("| " + " | ".join(cells) + " |")
     out = "\n".join(lines)
+    if judged(table) and results:
+        out += f"\n\n{SECONDARY_NOTE}"
     verdict = best_verdict(table, results, items)
     return out + (f"\n\n{verdict}" if verdict else "")
+
+
+SECONDARY_NOTE = (
+    "Cells without ★ (secondary): one run: test-split noise only (one run per world seed, run seed = world seed; "
+    "their per-seed intervals leave retraining noise out)."
+)
+
+
+def primary_table(paper: Paper, results: Results, items: Items | None = None) -> str:
+    """The page's primary cells (each table's declared headline comparisons, :class:`.schema.Primary`): table, row,
+    against, column, verdict and the noise it rests on."""
+    lines = ["| table | row | against | column | verdict | noise |", "| --- | --- | --- | --- | --- | --- |"]
+    for table in paper.tables:
+        if not table.runnable:
+            continue
+        by_id = {r.id: r for r in table.rows}
+        for p in table.primary:
+            row, other = by_id[p.row], by_id[p.against]
+            name = table.heading.split(":")[0]
+            check = next((c for c in row_checks(table, row, results, items) if c.primary and c.against == other.id
+                          and c.column.split(" vs ")[0] == p.column), None)  # fmt: skip
+            if check is None:
+                verdict, noise = "not run yet", "—"
+            else:
+                verdict = check.verdict + (" at matched length" if check.matched else "")
+                verdict += " (saturated)" if check.saturated else ""
+                noise = check.noise
+            lines.append(f"| {name} | {row.label} | {other.label} | {p.column} | {verdict} | {noise} |")
+    return "\n".join(lines) if len(lines) > 2 else ""
 
 
 def run_description(key: str) -> str:
@@ -75,23 +124,7 @@ def render_page(paper: Paper, results: Results, meta: dict[str, Any]) -> str:
         f"`{meta.get('data', 'docs/reproductions/data')}/{paper.key}/`; do not edit by hand. The paper's text: "
         f"`shared/papers/{paper.source}`.",
         "",
-        "Each cell is **paper / world**: the paper's number, then finecap's analogue on the embedded world (mean ± "
-        "standard deviation over the world seeds run; a seed is a different world, `world.seed`, and a different "
-        "initialisation, `run.seed`). The world is a stand-in for COCO: its captioners are tiny models trained from "
-        "scratch, so the numbers are not comparable in size, only the direction of each effect is. **Verdict**: for a "
-        "row judged against another row, each column gives the paper's effect: ↑ / ↓, or = where the paper shows no "
-        "change (numbers closer than half a point, or a row the text calls unchanged). The world's difference Δ is "
-        "compared with its noise: on each seed, the 95% paired-bootstrap interval over the test images (when the "
-        "result files hold per-image values) and, over two seeds or more, the 95% t-interval of the mean difference "
-        "(`Δ mean ± half-width, n seeds`). When every seed has a test-image interval, they decide together: a column "
-        "*holds* when every seed's interval excludes 0 in the paper's direction (for =: covers 0), is *reversed* (for "
-        "=: *changed*) when every one excludes 0 the other way, *within noise* when every one covers 0, *mixed* "
-        "otherwise (`per seed` counts the seeds' outcomes; the seeds' t-interval beside it gives the effect's spread "
-        "in size and does not decide). Otherwise the seeds' t-interval alone decides, in the same words (*within the "
-        "seeds' spread* when it covers 0), and one seed without per-image values has *no noise estimate*. The row "
-        "*holds* when every column holds, *partly holds* when "
-        "some do, *does not hold* when none does and one is reversed or changed; *reference* = a row others are "
-        "judged against.",
+        *intro(paper),
         "",
         f"World seeds with results: {', '.join(map(str, seeds)) if seeds else 'none yet'}. Budget: "
         + ("the demo's quick settings (a world of 300 training scenes, 12 training steps per run)." if quick else
@@ -101,6 +134,10 @@ def render_page(paper: Paper, results: Results, meta: dict[str, Any]) -> str:
     ]  # fmt: skip
     if paper.notes:
         lines += [paper.notes, ""]
+    if results and (primary := primary_table(paper, results, meta.get("items"))):
+        lines += ["## Primary cells", "", PRIMARY_NOTE, "", primary, ""]
+    if results and (note := chance_note(paper, results, meta.get("items"))):
+        lines += [note, ""]
     for table in paper.tables:
         lines += [f"## {table.heading}", ""]
         if not table.runnable:
@@ -130,6 +167,65 @@ def render_page(paper: Paper, results: Results, meta: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+PRIMARY_NOTE = (
+    "One per row group of each paper table, declared in the page's schema before any run: the paper's headline "
+    f"comparison. With {MIN_RUNS} run seeds or more per world seed (`--run-seeds`), its interval on each world seed "
+    "is over run seeds and test images (a random-effects t); with one run, over the test images alone."
+)
+
+
+def intro(paper: Paper) -> list[str]:
+    """The page's paragraph on cells and verdicts (the rule of :mod:`.verdicts`), and what "holds" means."""
+    matched = any(length_matched(r, o, c) for t in paper.tables for r in t.rows if r.run
+                  for o in (x for x in t.rows if x.id in r.vs and x.run) for c in t.columns)  # fmt: skip
+    ceiling = any(c.ceiling is not None for t in paper.tables for c in t.columns)
+    off = any(c.sign_from for t in paper.tables for c in t.columns)
+    text = (
+        "Each cell is **paper / world**: the paper's number, then finecap's analogue on the embedded world (mean ± "
+        "standard deviation over the world seeds run; a world seed is a different world, `world.seed`, trained with "
+        "run seed `run.seed` = the world seed). The world is a stand-in for COCO: its captioners are tiny models "
+        "trained from scratch, so the numbers are not comparable in size, only the direction of each effect is. "
+        "**Verdict**: a row judged against another row is judged column by column. The paper's effect: ↑ / ↓, or = "
+        "where the paper shows no change (numbers closer than half a point, or a row the text calls unchanged). The "
+        "world's difference Δ is compared with its noise on each world seed: the 95% paired-bootstrap interval over "
+        "the test images of that seed's run (*one run: test-split noise only*), or, for a primary cell (★) with "
+        f"{MIN_RUNS} run seeds or more on that world seed, the 95% random-effects t interval over run seeds and test "
+        "images (retraining and test-split noise). A cell *holds* when every seed's interval excludes 0 in the "
+        "paper's direction (for =: covers 0), is *reversed* (for =: *changed*) when every one excludes 0 the other "
+        "way, *within noise* when every one covers 0, and *mixed* otherwise (`per seed` counts the seeds' outcomes; "
+        "`Δ mean ± half-width, n seeds` is the seeds' 95% t-interval, which gives the effect's spread and does not "
+        "decide). Without per-image values the seeds' t-interval alone decides (*within the seeds' spread* when it "
+        "covers 0). An interval of zero width (every image's difference alike, or a count that moved equally on "
+        "every seed) measures no noise and decides nothing: *no noise estimate*, as for one seed without per-image "
+        "values. The row's word comes from its directional cells alone: *holds* when every one holds, *partly "
+        "holds* when one does, *reversed* when every one reverses, *does not hold* when none holds and one "
+        "reverses, *within noise*; no-change cells are listed but never make a row hold (a row of = cells alone is "
+        "*unchanged within noise* or *changed*); *reference* = a row others are judged against."
+    )
+    if off:
+        text += (" Retrieval off the ceiling: the hard RD100 (the 99 distractors hold the image's 9 one-detail "
+                 "family members) and family R@1 (among the 10 members) are judged beside RD100 with the paper's "
+                 "RD100 direction, from the per-image values every result file has.")  # fmt: skip
+    if ceiling:
+        text += (" A cell of a column with a ceiling (RD100: 90) where either row's mean is above it is marked "
+                 "saturated (`(sat.)` in the table) and left out of the row's word: RD100 differences there are "
+                 "squeezed into a few points.")  # fmt: skip
+    if matched:
+        text += (" **Boosted-field CIDEr-D** (a run trained on BlendCap or HolisticCap, scored against its own "
+                 "field's one long caption) follows caption length (the check table's correlation), so it is judged "
+                 "*at matched length*: on the test images whose two captions have the same number of words, paired "
+                 "(a length-stratified comparison at its finest; the cell prints how many images and the difference "
+                 "over every image). Not against the human references: their CIDEr-D has no per-image values in the "
+                 "result files, and their 9-word captions penalise long captions through CIDEr-D's length penalty, "
+                 "the opposite bias. Between a boosted field and the human captions (other references, other "
+                 "lengths) the cell is printed and not judged.")  # fmt: skip
+    text += (" **What \"holds\" means**: the world's difference is past 0 in the paper's direction on every world "
+             "seed, beyond the noise of that seed's interval: for a ★ cell with run seeds, beyond retraining and "
+             "test-split noise; for every other cell, beyond the test split's noise only, which retraining noise "
+             "(several times larger, the multiplicity note below) can still produce.")  # fmt: skip
+    return [text]
+
+
 QUICK_NOTE = (
     "QUICK RUN (paper_tables.py --quick): a tiny world and a few training steps per run, to check that the runner "
     "works. These numbers are not results."
@@ -141,7 +237,8 @@ ITEMS_SUFFIX = ".items.json"
 
 
 def load_results(data_dir: Path, paper: Paper) -> tuple[Results, dict[str, Any]]:
-    """Every result file of ``paper`` under ``data_dir``: ``{seed: {run: metrics}}`` and what the page says about
+    """Every result file of ``paper`` under ``data_dir``: ``{seed: {run: metrics}}`` (a world seed's runs under
+    other run seeds, ``seed<N>/run<M>/<run>.json``, as ``<run>@r<M>``) and what the page says about
     them (quick runs present, metrics not computed, and ``meta["items"]``: the per-image values, :data:`Items`, of
     the runs that have an items file)."""
     from finecap.utils import read_json
@@ -149,17 +246,21 @@ def load_results(data_dir: Path, paper: Paper) -> tuple[Results, dict[str, Any]]
     results: Results = {}
     items: Items = {}
     meta: dict[str, Any] = {"quick": False, "unavailable": {}, "items": items}
-    for path in sorted((data_dir / paper.key).glob("seed*/*.json")):
-        match = re.fullmatch(r"seed(\d+)", path.parent.name)
-        if match is None or path.name.endswith(ITEMS_SUFFIX):
+    folder = data_dir / paper.key
+    for path in sorted([*folder.glob("seed*/*.json"), *folder.glob("seed*/run*/*.json")]):
+        seed_dir = path.parent if path.parent.name.startswith("seed") else path.parent.parent
+        match = re.fullmatch(r"seed(\d+)", seed_dir.name)
+        replicate = re.fullmatch(r"run(\d+)", path.parent.name)
+        if match is None or path.name.endswith(ITEMS_SUFFIX) or (seed_dir != path.parent and replicate is None):
             continue
         seed = int(match.group(1))
+        key = path.stem if replicate is None else replicate_key(path.stem, int(replicate.group(1)))
         record = read_json(path)
-        results.setdefault(seed, {})[path.stem] = record["metrics"]
+        results.setdefault(seed, {})[key] = record["metrics"]
         meta["quick"] = meta["quick"] or bool(record.get("quick"))
         meta["unavailable"].update(record.get("unavailable", {}))
         if (per_image := path.with_name(path.stem + ITEMS_SUFFIX)).exists():
-            items.setdefault(seed, {})[path.stem] = read_items(read_json(per_image))
+            items.setdefault(seed, {})[key] = read_items(read_json(per_image))
     return results, meta
 
 

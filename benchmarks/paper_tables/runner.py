@@ -7,6 +7,7 @@ finecap is imported inside the functions, so ``--list`` and ``--page-only`` stay
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -46,6 +47,63 @@ def make_grid(seed: int, runs_dir: Path, items: Sequence[str], quick: bool) -> S
     return StageRunner(grid_stages(), cfg, runs_dir / f"seed{seed}", train=finecap.app.train.train,
                        items=seed_items, quick=quick, base=DEMO_BASE, over=over, computed=run_overrides, what=WHAT,
                        ways_out=WAYS_OUT)  # fmt: skip
+
+
+SHARED_RUNS = frozenset({"visual_expert"})
+"""Runs that make a world seed's data rather than a captioner the tables compare (the boosted data set's visual
+expert): a run-seed replicate reads the world seed's own, as it reads its boosted captions, simplified corpora,
+fluency LM and bags (:func:`make_replicate`)."""
+
+
+def replicate_dir(run_seed: int) -> str:
+    """The folder of a world seed's runs under run seed ``run_seed``, inside the world seed's folder (``run<M>``)."""
+    return f"run{run_seed}"
+
+
+@functools.cache
+def replicate_runner() -> type[StageRunner]:
+    """:class:`finecap.stages.StageRunner` with its training runs in ``<seed folder>/run<M>/<run>/``
+    (:attr:`run_seed`) and everything else of the world seed's folder shared (made on first use; finecap is
+    imported here, not at module import)."""
+    from dataclasses import dataclass
+
+    from finecap.stages import StageRunner
+
+    @dataclass
+    class ReplicateRunner(StageRunner):
+        """A world seed's grid under another run seed: the captioners retrained in ``run<M>/``, each from its start's
+        retrained copy (the whole chain of a comparison is repeated: MLE start included), the data the world seed
+        made (boosted captions and their visual expert, corpora, fluency LM, bags) shared."""
+
+        run_seed: int = 0
+
+        def stage_dir(self, stage: str) -> Path:
+            if stage in SHARED_RUNS:
+                return self.run_dir / stage
+            return self.run_dir / replicate_dir(self.run_seed) / stage
+
+    return ReplicateRunner
+
+
+def make_replicate(seed: int, run_seed: int, runs_dir: Path, items: Sequence[str], quick: bool) -> StageRunner:
+    """World seed ``seed``'s grid under run seed ``run_seed`` (``world.seed=N``, ``run.seed=M``, the user's
+    ``items`` last): the runs of :func:`make_grid` trained again in ``<runs>/seed<N>/run<M>/``, so that a cell's
+    difference can be measured over run seeds (:func:`.verdicts.run_seed_interval`). The world seed's shared data
+    (boosted captions, fluency LM) must be made by its own grid first (:func:`.cli.run_replicates` does), so that it
+    is the one the grid's own runs used."""
+    import finecap.app.train
+    from finecap.config import load
+    from finecap.recipes.settings import DEMO_BASE, DEMO_QUICK
+
+    if run_seed == seed:
+        raise SystemExit(f"--run-seeds: run seed {run_seed} is world seed {seed}'s own run (run.seed = world.seed); "
+                         "give other run seeds")  # fmt: skip
+    seed_items = [f"world.seed={seed}", f"run.seed={run_seed}", *items]
+    over = DEMO_QUICK if quick else None
+    cfg = load(None, seed_items, base=DEMO_BASE, over=over)
+    return replicate_runner()(grid_stages(), cfg, runs_dir / f"seed{seed}", train=finecap.app.train.train,
+                              items=seed_items, quick=quick, base=DEMO_BASE, over=over, computed=run_overrides,
+                              what=WHAT, ways_out=WAYS_OUT, run_seed=run_seed)  # fmt: skip
 
 
 def run_overrides(grid: StageRunner, key: str) -> list[str]:

@@ -9,6 +9,13 @@ from dataclasses import dataclass
 
 Results = dict[int, dict[str, dict[str, float]]]  # seed -> run -> metric key -> value
 Items = dict[int, dict[str, dict[str, dict[str, float]]]]  # seed -> run -> metric key -> image id (text) -> value
+# A world seed's runs under other run seeds (``run.seed=M``, :func:`replicate_key`) sit beside its own runs in
+# Results and Items, keyed ``<run>@r<M>``: the grid's own run of a world seed N has run seed N.
+
+
+def replicate_key(run: str, run_seed: int) -> str:
+    """The key of run ``run`` trained with run seed ``run_seed`` in :data:`Results` (``sle@r101``)."""
+    return f"{run}@r{run_seed}"
 
 
 @dataclass(frozen=True)
@@ -36,6 +43,12 @@ class Column:
     arrow: str = ""  # the paper's direction mark, when it has one (↑ / ↓)
     # paper differences smaller than this (in the paper's unit) are the paper's "comparable": judged as no change
     same: float = 0.5
+    # a world-only column (no paper numbers) judged with the paper's effect on the column of this label: NDLB's
+    # hard RD and family R@1, judged with its RD100's direction (retrieval off the world's ceiling); "" = its own
+    sign_from: str = ""
+    # world values above this (the paper's unit) are at the world's ceiling: a cell where either row's mean is above
+    # it is printed and marked saturated, and left out of the row's word (NDLB's RD100 above 90); None = no ceiling
+    ceiling: float | None = None
 
 
 @dataclass(frozen=True)
@@ -50,6 +63,17 @@ class Row:
     prefix: str = ""  # prefix of the metric keys (the exploration paper's Table 4: ``sample/`` or ``beam/``)
     expect: tuple[int | None, ...] = ()  # signs the paper states without numbers (a figure): +1, -1, 0 (no change)
     why: str = ""  # why the row is not made on the world
+
+
+@dataclass(frozen=True)
+class Primary:
+    """The paper's headline comparison in one row group of a table: row ``row`` against row ``against`` on the
+    column labelled ``column``. Declared before any run: the cells the grid repeats over run seeds
+    (``--run-seeds``), whose verdict interval then holds retraining noise as well as the test split's."""
+
+    row: str
+    against: str
+    column: str
 
 
 @dataclass(frozen=True)
@@ -71,6 +95,7 @@ class Table:
     runnable: bool = True  # False: rows listed with the paper's numbers, world runs not defined yet
     best: Best | None = None
     notes: str = ""
+    primary: tuple[Primary, ...] = ()  # one per row group: the paper's headline comparisons (:class:`Primary`)
     # a note computed from the results, printed under the table (e.g. a correlation over the runs); "" = none
     computed_note: Callable[[Results], str] | None = None
 

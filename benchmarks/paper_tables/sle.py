@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from .schema import Best, Column, Paper, Row, Table
+from .schema import Best, Column, Paper, Primary, Row, Table
 
 SLE_PRECISION = (Column("Meteor", "METEOR", 100.0), Column("CIDEr", "CIDEr-D", 100.0), Column("Spice", "SPICE", 100.0))
 SLE_DIVERSITY = (
@@ -56,6 +56,7 @@ SLE = Paper(
                 Row("me", "SLL-ME", "scst_me", (26.8, 115.6, 20.1), vs=("sll",)),
                 Row("sle", "SLL-SLE (ours)", "sle", (27.0, 117.2, 20.3), vs=("sll", "me")),
             ),
+            primary=(Primary("sle", "sll", "CIDEr"),),
         ),
         Table(
             "4",
@@ -67,6 +68,7 @@ SLE = Paper(
             "two rows are finecap's ablation, not the paper's: SLL-SLE with rl.distance=overlap34 (1 - mean 3-/4-gram "
             "overlap over the shorter caption's n-grams) instead of the BLEU-3/4 distance, which leans towards short "
             "captions (docs/results.md, Training noise).",
+            primary=(Primary("sle_rs", "sll_rs", "Div2"), Primary("sle_bs", "sll_bs", "CIDEr")),
         ),
         Table(
             "alpha",
@@ -112,6 +114,7 @@ SLE = Paper(
             "(train.validators=[cider], train.best_metric=cider_d; 500 validation images, beam 5, all references). "
             "The validation-selected SLL-SLE is judged against the validation-selected SLL with the signs of the "
             "paper's Tables 2 and 4 (SLE's CIDEr and sampled Div-2 above SLL's).",
+            primary=(Primary("sle_val", "scst_val", "Div2 (rs)"),),
         ),
     ),
 )
