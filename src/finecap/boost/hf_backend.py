@@ -2,7 +2,8 @@
 own chat template and generated in batches (``boost.batch_size`` prompts, left-padded).
 
 - LLM steps (``blend``, ``holistic``): ``AutoTokenizer`` + ``AutoModelForCausalLM``;
-  ``tokenizer.apply_chat_template(messages, add_generation_prompt=True)``.
+  ``tokenizer.apply_chat_template(messages, add_generation_prompt=True)``, under the bounds of
+  :mod:`finecap.models.chat_templates` (a model's template is code: a hostile one stops with an error naming it).
 - The VLM step (``visual``): ``AutoProcessor`` + ``AutoModelForImageTextToText``; the image joins the last user
   message as a ``{"type": "image"}`` content part and the processor's chat template places its tokens. Both paths
   are tested on tiny models saved by the tests (a Llama chat model; a LLaVA with a tiny CLIP vision tower).
@@ -20,6 +21,7 @@ import torch
 
 from finecap.boost.engine import BadImage, Task
 from finecap.data.formats import DataError, load_record_image
+from finecap.models.chat_templates import apply_chat_template
 
 
 class TransformersBackend:
@@ -68,7 +70,7 @@ class TransformersBackend:
 
     def _inputs(self, tasks: Sequence[Task], images: Sequence[Any] = ()) -> dict[str, torch.Tensor]:
         if not self.vision:
-            texts = [self.tokenizer.apply_chat_template(t.messages, tokenize=False, add_generation_prompt=True)
+            texts = [apply_chat_template(self.tokenizer, t.messages, tokenize=False, add_generation_prompt=True)
                      for t in tasks]  # fmt: skip
             return self.tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=False)
         conversations = []
@@ -78,9 +80,8 @@ class TransformersBackend:
                                        {"type": "text", "text": messages[-1]["content"]}]  # fmt: skip
             conversations.append(messages)
         assert self.processor is not None
-        return self.processor.apply_chat_template(conversations, add_generation_prompt=True, tokenize=True,
-                                                  return_dict=True, return_tensors="pt",
-                                                  processor_kwargs={"padding": True})  # fmt: skip
+        options = dict(return_dict=True, return_tensors="pt", processor_kwargs={"padding": True})
+        return apply_chat_template(self.processor, conversations, add_generation_prompt=True, tokenize=True, **options)
 
     @torch.no_grad()
     def generate(self, tasks: Sequence[Task], images: Sequence[Any] = ()) -> list[str]:

@@ -683,6 +683,11 @@ class EvalConfig(Section, name="eval"):
     meteor_backend: MeteorBackend = doc(
         "python", "METEOR: pure Python (no Java; reproduces the jar) or pycocoevalcap's jar itself (needs Java)."
     )
+    meteor_max_words: int = doc(
+        1000,
+        "METEOR refuses a caption or reference of more words (its alignment time grows faster than the square).",
+        ge=1,
+    )
 
     def __post_init__(self) -> None:
         super().__post_init__()

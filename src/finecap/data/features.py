@@ -5,7 +5,7 @@ frozen-feature training path and :func:`finecap.caption.generate_captions`) and 
 (:meth:`finecap.models.retriever.Retriever.image_features`, for self-retrieval, CLIPScore, TrueMatch bags and the
 retrieval reward). A file is keyed by three things, so a different encoder or a changed data set never reuses it:
 
-- the **model fingerprint** (:func:`fingerprint_module`): every tensor of the encoder's ``state_dict`` (name, dtype,
+- the **model fingerprint** (:func:`fingerprint_module`): every tensor of the encoder's state dict (name, dtype,
   shape and bytes) plus its preprocessing settings. Hashing the weights themselves, rather than a checkpoint name,
   covers every way an encoder can be obtained (a Hub name, a local folder, the cached world encoder, a captioner
   checkpoint) and an encoder fine-tuned in place. It costs about a second per 500 MB of weights per call;
@@ -64,14 +64,38 @@ CACHE_SUBDIR = "features"
 """Folder under the cache directory (``run.cache_dir``) holding the feature files."""
 
 
+def state_tensors(module: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """The tensors ``module.state_dict()`` holds (parameters and persistent buffers, by the same dotted names, a
+    shared module under each of its names), read from the modules themselves rather than through ``state_dict()``:
+    a module sharded with FSDP2 registers a state-dict hook that reshards it, which inside
+    :func:`finecap.models.sharding.decoding` (where training's validators run) would take away the full parameters
+    the block holds and leave the next forward to gather them again, on whichever processes run it (a deadlock)."""
+    out: dict[str, torch.Tensor] = {}
+    for prefix, m in module.named_modules(remove_duplicate=False):
+        dot = f"{prefix}." if prefix else ""
+        for name, p in m._parameters.items():
+            if p is not None:
+                out[dot + name] = p
+        for name, b in m._buffers.items():
+            if b is not None and name not in m._non_persistent_buffers_set:
+                out[dot + name] = b
+    return out
+
+
 def fingerprint_module(module: torch.nn.Module, extra: dict[str, Any] | None = None) -> str:
-    """SHA-256 of a module's state dict (names, dtypes, shapes, bytes) and of ``extra`` (JSON, e.g. preprocessing)."""
+    """SHA-256 of a module's state tensors (:func:`state_tensors`: names, dtypes, shapes, bytes) and of ``extra``
+    (JSON, e.g. preprocessing). A sharded tensor (an FSDP2 ``DTensor``, outside a decoding block) is hashed whole,
+    gathered from every process: all of them must call it then, in the same order."""
     h = hashlib.sha256()
     h.update(json.dumps(extra or {}, sort_keys=True, default=str).encode())
-    for name, tensor in sorted(module.state_dict().items()):
-        t = tensor.detach().cpu().contiguous()
+    for name, tensor in sorted(state_tensors(module).items()):
+        if hasattr(tensor, "full_tensor"):  # torch.distributed.tensor.DTensor
+            tensor = tensor.full_tensor()
+        # a copy, hashed through the buffer protocol (no second copy): numpy() marks the storage it shares
+        # non-resizable, and FSDP2 frees a gathered parameter by resizing its storage to 0
+        t = tensor.detach().to("cpu", copy=True).contiguous()
         h.update(f"{name}|{t.dtype}|{tuple(t.shape)}|".encode())
-        h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes())
+        h.update(t.reshape(-1).view(torch.uint8).numpy())
     return h.hexdigest()
 
 

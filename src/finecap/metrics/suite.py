@@ -224,7 +224,7 @@ def _java_metric(ctx: _Context, group: str) -> dict[str, float]:
 
         from finecap.metrics.meteor import meteor_per_item
 
-        fn = partial(meteor_per_item, backend=ctx.cfg.eval.meteor_backend)
+        fn = partial(meteor_per_item, backend=ctx.cfg.eval.meteor_backend, max_words=ctx.cfg.eval.meteor_max_words)
     else:
         from finecap.metrics.spice import spice_per_item as fn
     refs = ctx.tok_references(group)

@@ -27,6 +27,7 @@ metadata). The same name-keyed state loads under sharding and in one process.
 from __future__ import annotations
 
 import contextlib
+import weakref
 from collections.abc import Iterator
 from typing import Any
 
@@ -92,13 +93,23 @@ def shard_captioner(model: nn.Module, mixed_precision: str = "no") -> list[str]:
     return layers
 
 
+_GATHERED: weakref.WeakSet[nn.Module] = weakref.WeakSet()
+"""The sharded roots whose :func:`decoding` block is open (their parameters gathered)."""
+
+
 @contextlib.contextmanager
 def decoding(model: nn.Module) -> Iterator[nn.Module]:
     """Within the block, ``model`` holds full parameters on every process and runs no collective (module docstring);
     yields the model to decode with. Every process of a sharded run must enter it together (it gathers on entry).
-    Without sharding: the model itself, nothing done."""
+    Without sharding: the model itself, nothing done.
+
+    **Nested blocks do nothing.** A block opened inside another on the same model (training's evaluation holds one
+    for all of its validation; a validator's :func:`finecap.caption.generate_captions` opens its own) neither gathers
+    nor reshards: were the inner one to reshard on exit, the rest of the outer block would run the layers' forward
+    hooks again, and those all-gather, a collective that only the processes decoding at that moment enter (the main
+    process's sample captions): the run deadlocked there (issue 48; tests/train/test_fsdp_validation.py)."""
     modules = fsdp_modules(model)
-    if not modules:
+    if not modules or modules[0] in _GATHERED:
         yield model
         return
     # FSDP2 takes the first module whose forward runs as its root; decoding calls the layers directly, so the root
@@ -108,9 +119,11 @@ def decoding(model: nn.Module) -> Iterator[nn.Module]:
         m.set_reshard_after_forward(False)  # a forward inside the block must not reshard (and regather: a collective)
     for m in modules:
         m.unshard()
+    _GATHERED.add(modules[0])
     try:
         yield model
     finally:
+        _GATHERED.discard(modules[0])
         for m in modules:
             m.reshard()
             m.set_reshard_after_forward(m is not model)  # what shard_captioner set: layers true, the root false

@@ -78,6 +78,7 @@ from finecap.config import VlmBackboneConfig
 from finecap.models import lora, memory
 from finecap.models.base import CaptionerBase, module_path
 from finecap.models.captioner import encode_images, last_positions
+from finecap.models.chat_templates import apply_chat_template
 from finecap.models.kvcache import cache_kwargs, returned_cache
 from finecap.models.presets import world_vlm
 from finecap.models.processors import load_processor
@@ -342,7 +343,8 @@ class Vlm(CaptionerBase):
         messages = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": self.section.prompt}]}]
         if getattr(processor, "chat_template", None) is None:
             raise ValueError(f"vlm.name={source}: the processor has no chat template to build the prompt with")
-        self.prompt_text = processor.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+        # rendered once, under bounds: a checkpoint's template is code (finecap.models.chat_templates)
+        self.prompt_text = apply_chat_template(processor, messages, add_generation_prompt=True, tokenize=False)
         self.image_token_id = int(model.config.image_token_id)
         stops = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
         stops = [stops] if isinstance(stops, int) else list(stops or [])

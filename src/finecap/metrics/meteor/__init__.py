@@ -43,7 +43,7 @@ from collections.abc import Hashable, Mapping, Sequence
 from pathlib import Path
 
 from finecap.config import MeteorBackend
-from finecap.metrics.meteor.inputs import check_inputs
+from finecap.metrics.meteor.inputs import MAX_WORDS, check_inputs, check_lengths
 from finecap.metrics.meteor.jar import jar_per_item, java_unavailable_reason
 from finecap.metrics.meteor.resources import (
     METEOR_ENV,
@@ -116,6 +116,7 @@ def meteor_per_item(
     timeout: float | None = 3600.0,
     processes: int | None = None,
     cache_root: str | Path | None = None,
+    max_words: int = MAX_WORDS,
 ) -> tuple[dict[str, float], dict[Hashable, dict[str, float]]]:
     """Corpus METEOR (key ``METEOR``) and per-image METEOR, as pycocoevalcap's ``Meteor().compute_score``.
 
@@ -127,8 +128,11 @@ def meteor_per_item(
         java, memory, timeout: the ``java`` backend's runtime, heap and time limit (seconds).
         processes: worker processes of the ``python`` backend (default: the usable CPUs, at most 8; 1 = none).
         cache_root: folder of the ``python`` backend's paraphrase index (default ``<finecap home>/cache/meteor``).
+        max_words: the longest caption or reference scored, in words (``eval.meteor_max_words``;
+            :func:`~finecap.metrics.meteor.inputs.check_lengths`).
 
-    Raises :class:`MetricUnavailable` when the data (or Java) is missing, ``ValueError`` for inputs that do not fit.
+    Raises :class:`MetricUnavailable` when the data (or Java) is missing, ``ValueError`` for inputs that do not fit
+    (a caption or reference longer than ``max_words`` included).
 
     Example (not a doctest: it reads pycocoevalcap's data and the finecap home; ``tests/metrics/test_meteor.py`` checks
     it, and the jar gives the same)::
@@ -137,10 +141,11 @@ def meteor_per_item(
         corpus["METEOR"], per[1]["METEOR"]  # 0.4139..., 0.4139... (one image: the corpus score is its score)
     """
     _check_backend(backend)
+    ids, preds, refs = check_inputs(predictions, references)
+    check_lengths(ids, preds, refs, max_words)
     if backend == "java":
         return jar_per_item(predictions, references, jar=jar, java=java, memory=memory, timeout=timeout)
     scorer = meteor_scorer(jar, cache_root)
-    ids, preds, refs = check_inputs(predictions, references)
     stats = scorer.score_all(preds, refs, processes=processes)
     return {"METEOR": corpus_score(stats)}, {i: {"METEOR": segment_score(st)} for i, st in zip(ids, stats)}
 

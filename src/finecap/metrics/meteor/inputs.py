@@ -6,7 +6,10 @@ from collections.abc import Hashable, Mapping, Sequence
 
 from finecap.metrics.meteor.normalize import java_trim
 
-__all__ = ["check_inputs", "pycocoevalcap_line", "segment_fields"]
+__all__ = ["MAX_WORDS", "check_inputs", "check_lengths", "pycocoevalcap_line", "segment_fields"]
+
+MAX_WORDS = 1000
+"""Words of a caption or reference METEOR scores at most (``eval.meteor_max_words``; :func:`check_lengths`)."""
 
 
 def check_inputs(
@@ -55,3 +58,30 @@ def segment_fields(hypothesis: str, references: Sequence[str]) -> tuple[str, lis
     while fields and fields[-1] == "":
         fields.pop()
     return java_trim(fields[-1]), [java_trim(f) for f in fields[1:-1]]
+
+
+def check_lengths(ids: Sequence[Hashable], predictions: Sequence[str], references: Sequence[Sequence[str]],
+                  max_words: int = MAX_WORDS) -> None:  # fmt: skip
+    """Refuse a prediction or reference of more than ``max_words`` words (separated by spaces: the tokens of a caption
+    as ``finecap eval`` tokenises it), naming the image, its length and the limit.
+
+    METEOR's alignment (:mod:`~finecap.metrics.meteor.align`, the jar's beam search) keeps up to 40 paths and tries
+    every match at every reference position, so its time grows faster than the square of the length: on the 2-core
+    development machine a 1,000-word caption against a 1,000-word reference of varied words takes 3 s, but one in
+    which every word is the same takes 160 s, and 20,000 words ran for more than 6 minutes. 1,000 words is far above
+    captions (COCO's 10, detailed descriptions' 100-300).
+
+    >>> check_lengths([7], ["a b c"], [["a b"]], max_words=2)  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    ValueError: predictions[7]: 3 words, more than METEOR's limit of 2 (eval.meteor_max_words: raise it ...)
+    """
+    for i, hyp, refs in zip(ids, predictions, references, strict=True):
+        texts = [(f"predictions[{i!r}]", hyp)] + [(f"references[{i!r}][{k}]", r) for k, r in enumerate(refs)]
+        for where, text in texts:
+            n = len(text.split())
+            if n > max_words:
+                raise ValueError(
+                    f"{where}: {n:,} words, more than METEOR's limit of {max_words:,} (eval.meteor_max_words: raise "
+                    "it to score longer captions; METEOR's time grows faster than the square of the length)"
+                )

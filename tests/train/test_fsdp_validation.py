@@ -1,0 +1,154 @@
+"""Validation in the middle of sharded training (``train.strategy=fsdp``) runs the same collectives on every process
+(issue 48, class 5: a hang).
+
+Training's evaluation holds full parameters for all of its validation (:func:`finecap.models.sharding.decoding`);
+inside it a validator's ``generate_captions`` opened a second decoding block, whose exit resharded the model, and the
+frozen-feature cache's fingerprint called ``state_dict()``, whose FSDP2 hook reshards too (and ``numpy()`` on a
+gathered parameter left its storage unfreeable). The main process's sample captions then all-gathered alone: rank 0
+waited in ``all_gather`` while rank 1 went on (to ``broadcast``, then to the next backward's ``reduce_scatter``).
+
+In one process (a 1-process gloo group, as tests/models/test_sharding.py): nested blocks and fingerprints leave the
+parameters gathered. In 2 processes (slow): runs that validate at every step, with the validators that caption the
+validation images (frozen features through the cache, and pixels through a trained encoder) and the main process's
+sample captions, finish under a hard timeout (a deadlock kills the process group and fails) and log the losses of the
+same runs under DDP.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import socket
+import subprocess
+from pathlib import Path
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from finecap.config import ClipCapBackboneConfig, DecodeConfig
+from finecap.data.features import fingerprint_module
+from finecap.models import sharding
+from finecap.models.clipcap import ClipCap
+from finecap.models.presets import build_world_lm
+from finecap.runs import METRICS_FILE
+
+TIMEOUT = 480  # seconds for one launch of 4 tiny runs; measured about 100 s on the 2-core development machine
+
+
+def is_gathered(model: torch.nn.Module) -> bool:
+    return not any(type(p).__name__ == "DTensor" for p in model.parameters())
+
+
+@pytest.fixture
+def group():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
+    yield
+    dist.destroy_process_group()
+
+
+def captioner() -> ClipCap:
+    torch.manual_seed(0)
+    lm, tok = build_world_lm(layers=2, hidden=32, heads=2, dropout=0.0)
+    return ClipCap(lm, tok, 24, ClipCapBackboneConfig(prefix_length=2))
+
+
+def test_a_nested_decoding_block_keeps_the_parameters_gathered(group):
+    model = captioner().eval()
+    sharding.shard_captioner(model)
+    features = torch.randn(2, 24, generator=torch.Generator().manual_seed(1))
+    cfg = DecodeConfig(strategy="greedy", max_length=5)
+    with sharding.decoding(model) as full:
+        with sharding.decoding(model) as inner:  # a validator's generate_captions inside training's evaluation
+            assert inner is full and is_gathered(model)
+            first = full.generate(features, cfg).sequences
+        assert is_gathered(model)  # the inner block's exit resharded the model, and the next decode all-gathered
+        assert torch.equal(full.generate(features, cfg).sequences, first)
+    assert not is_gathered(model)  # the outer block reshards on exit
+    with sharding.decoding(model):  # and opens again
+        assert is_gathered(model)
+
+
+@pytest.mark.parametrize("where", ["inside a decoding block", "outside, sharded"])
+def test_the_feature_fingerprint_leaves_a_sharded_model_alone_and_equals_the_plain_ones(group, where):
+    plain, model = captioner(), captioner()
+    sharding.shard_captioner(model)
+    expected = fingerprint_module(plain.lm)
+    if where == "outside, sharded":
+        assert fingerprint_module(model.lm) == expected  # DTensors hashed whole
+        assert not is_gathered(model)
+        return
+    with sharding.decoding(model):
+        assert fingerprint_module(model.lm) == expected
+        assert is_gathered(model)  # state_dict()'s FSDP2 hook had resharded it
+    assert not is_gathered(model)  # and the exit frees the gathered storage (numpy() had made it unresizable)
+
+
+# -- two processes ------------------------------------------------------------------------------------------------
+
+
+def run_overrides(run_dir: Path, world: list[str], clip: Path, cache: Path, strategy: str, *extra: str) -> list[str]:
+    """3 steps of a tiny ClipCap over 2 processes x batch 8, validated after every step (validation loss, sample
+    captions on the main process, and ``extra``'s validators)."""
+    return [
+        *world, f"model.encoder={clip}", f"retriever.checkpoint={clip}", f"run.cache_dir={cache}",
+        "clipcap.tiny_layers=1", "clipcap.tiny_hidden=32", "clipcap.tiny_heads=2", "clipcap.prefix_length=2",
+        "clipcap.tiny_dropout=0", "decode.max_length=8", "train.max_steps=3", "train.warmup_steps=0",
+        "train.schedule=constant", "train.lr=1e-3", "train.eval_every=1", "train.eval_samples=4",
+        "train.log_captions=2", "train.log_every=1", "train.batch_size=8", f"train.strategy={strategy}",
+        f"run.dir={run_dir}", *extra,
+    ]  # fmt: skip
+
+
+def launch_bounded(cmd: list[str], log: Path, timeout: float) -> None:
+    """Run ``cmd`` (``accelerate launch`` of 2 processes, its output to ``log``); past ``timeout`` seconds kill the
+    launcher and every process under it (torchrun starts each worker in a session of its own, so neither its end nor
+    a process-group kill reaches a deadlocked worker) and fail."""
+    import psutil  # a dependency of accelerate, so always installed with finecap
+
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
+    with log.open("w") as out:
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, text=True, env=env)
+        try:
+            proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            for p in [*psutil.Process(proc.pid).children(recursive=True), psutil.Process(proc.pid)]:
+                with contextlib.suppress(psutil.NoSuchProcess):
+                    p.kill()
+            proc.wait()
+            tail = log.read_text()[-3000:]
+            pytest.fail(f"2 sharded processes did not finish within {timeout} s (a deadlock)\n{tail}")
+    err = log.read_text()
+    rank0 = [line for line in err.splitlines() if line.startswith("[rank0]")]
+    assert proc.returncode == 0, "\n".join(rank0[-40:]) + err[-2000:]
+
+
+def losses(run_dir: Path) -> dict[tuple[int, str], float]:
+    events = [json.loads(line) for line in (run_dir / METRICS_FILE).read_text().splitlines()]
+    return {(e["step"], e["split"]): e["values"]["loss"] for e in events if e["split"] in ("train", "val")}
+
+
+VARIANTS = {
+    "features": ["train.validators=[cider]"],  # frozen encoder: the feature cache's fingerprint
+    "pixels": ["train.validators=[captions]", "model.train_encoder=true"],  # a nested decoding block
+}
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(torch.accelerator.is_available(), reason="the test launches CPU processes on a CPU machine")
+def test_sharded_training_validated_mid_run_finishes_and_matches_ddp(world_args, clip_dir, tmp_path, launch_two):
+    cache = tmp_path / "cache"
+    runs = [(run_overrides(tmp_path / f"{s}-{v}", world_args, clip_dir, cache, s, *extra), False)
+            for v, extra in VARIANTS.items() for s in ("fsdp", "ddp")]  # fmt: skip
+    worker = str(Path(__file__).with_name("fsdp_worker.py"))
+    launch_bounded([*launch_two, worker, json.dumps(runs)], tmp_path / "launch.log", TIMEOUT)
+    for variant in VARIANTS:
+        sharded, ddp = losses(tmp_path / f"fsdp-{variant}"), losses(tmp_path / f"ddp-{variant}")
+        assert sorted(sharded) == [(s, split) for s in (1, 2, 3) for split in ("train", "val")], variant
+        assert sharded.keys() == ddp.keys()
+        for key, value in ddp.items():  # the same sums in another order (float32)
+            assert sharded[key] == pytest.approx(value, rel=1e-5, abs=1e-6), (variant, key)
