@@ -33,9 +33,11 @@ CUDA (:func:`apply_tf32`).
 
 **Distribution** is accelerate's own: model, optimizer and scheduler go through ``accelerator.prepare`` (DDP under
 ``accelerate launch``/``torchrun``; gloo on a CPU-only machine). Decoding runs on the unwrapped model under
-``no_grad``; under DDP every process holds full parameters, so that is exact. FSDP and DeepSpeed are refused
-(:func:`make_accelerator`): decoding inside training (REINFORCE rollouts, validators) would need the parameters
-gathered first, and finecap has no test that could show it right on this project's machines.
+``no_grad``; under DDP every process holds full parameters, so that is exact. ``train.strategy=fsdp`` shards the
+captioner with torch's FSDP2, applied by finecap (:mod:`finecap.models.sharding`): decoding inside training (REINFORCE
+rollouts, validators) runs within :func:`finecap.models.sharding.decoding`, every process gathering the full
+parameters at once (tests/train/test_fsdp.py, test_fsdp_validation.py). accelerate's own FSDP and DeepSpeed plugins
+are refused (:func:`make_accelerator`).
 
 **Checkpoints** (:mod:`finecap.train.state`): weights from ``accelerator.get_state_dict``, written by the main process
 through the recipe's ``save`` function (the backbone's own format); the optimizer, scheduler, scaler, RNG, objective

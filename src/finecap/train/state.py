@@ -17,8 +17,9 @@ Layout of a run directory (its names, and the model folders: :mod:`finecap.runs`
 safetensors file of tensors per state (:func:`save_tree` / :func:`load_tree`): a run folder downloaded from elsewhere
 can be resumed or inspected without unpickling anything. This is why the loop does not use ``accelerator.save_state``
 (its custom-state hook unpickles ``custom_checkpoint_*.pkl`` with ``weights_only=False``). The optimizer is saved
-from the main process: under DDP every process holds the same optimizer state; the engine refuses FSDP
-(:func:`finecap.train.engine.make_accelerator`), whose sharded optimizer would need accelerate's own format.
+from the main process: under DDP every process holds the same optimizer state; under ``train.strategy=fsdp`` (FSDP2)
+every process takes part in gathering the full state, keyed by parameter names
+(:func:`finecap.models.sharding.optimizer_state`), so a sharded run resumes sharded or in one process.
 
 **Recovery, never deletion.** A checkpoint is written as ``checkpoints/.last.tmp`` and swapped in by two renames
 (``last`` -> ``last.old``, ``.last.tmp`` -> ``last``), so a kill can leave any of ``last``, ``last.old`` and a finished
