@@ -16,11 +16,8 @@ same runs under DDP.
 
 from __future__ import annotations
 
-import contextlib
 import json
-import os
 import socket
-import subprocess
 from pathlib import Path
 
 import pytest
@@ -33,6 +30,7 @@ from finecap.models import sharding
 from finecap.models.clipcap import ClipCap
 from finecap.models.presets import build_world_lm
 from finecap.runs import METRICS_FILE
+from helpers.launch import launch_bounded
 
 TIMEOUT = 480  # seconds for one launch of 4 tiny runs; measured about 100 s on the 2-core development machine
 
@@ -102,29 +100,6 @@ def run_overrides(run_dir: Path, world: list[str], clip: Path, cache: Path, stra
         "train.log_captions=2", "train.log_every=1", "train.batch_size=8", f"train.strategy={strategy}",
         f"run.dir={run_dir}", *extra,
     ]  # fmt: skip
-
-
-def launch_bounded(cmd: list[str], log: Path, timeout: float) -> None:
-    """Run ``cmd`` (``accelerate launch`` of 2 processes, its output to ``log``); past ``timeout`` seconds kill the
-    launcher and every process under it (torchrun starts each worker in a session of its own, so neither its end nor
-    a process-group kill reaches a deadlocked worker) and fail."""
-    import psutil  # a dependency of accelerate, so always installed with finecap
-
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
-    with log.open("w") as out:
-        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, text=True, env=env)
-        try:
-            proc.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            for p in [*psutil.Process(proc.pid).children(recursive=True), psutil.Process(proc.pid)]:
-                with contextlib.suppress(psutil.NoSuchProcess):
-                    p.kill()
-            proc.wait()
-            tail = log.read_text()[-3000:]
-            pytest.fail(f"2 sharded processes did not finish within {timeout} s (a deadlock)\n{tail}")
-    err = log.read_text()
-    rank0 = [line for line in err.splitlines() if line.startswith("[rank0]")]
-    assert proc.returncode == 0, "\n".join(rank0[-40:]) + err[-2000:]
 
 
 def losses(run_dir: Path) -> dict[tuple[int, str], float]:

@@ -61,11 +61,19 @@ def layer_classes(model: nn.Module) -> set[str]:
 
 def shard_layers(model: nn.Module) -> list[str]:
     """Names of the modules :func:`shard_captioner` shards besides the root: the outermost modules of ``model``
-    whose class is a transformer layer (:func:`layer_classes`)."""
+    whose class is a transformer layer (:func:`layer_classes`), except one holding a parameter tied to one outside it
+    (BLIP lists its text embeddings as such a module, and its output head shares their weight): FSDP2 keeps a tied
+    pair in one group, so that module is left to the root's."""
     classes = layer_classes(model)
+    names: dict[int, set[str]] = {}
+    for name, p in model.named_parameters(remove_duplicate=False):
+        names.setdefault(id(p), set()).add(name)
     chosen: list[str] = []
     for name, module in model.named_modules():
-        if type(module).__name__ in classes and not any(name.startswith(c + ".") for c in chosen):
+        if type(module).__name__ not in classes or any(name.startswith(c + ".") for c in chosen):
+            continue
+        tied = any(not n.startswith(name + ".") for p in module.parameters() for n in names[id(p)])
+        if not tied:
             chosen.append(name)
     return chosen
 
