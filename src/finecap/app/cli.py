@@ -19,7 +19,7 @@ from pathlib import Path
 
 import yaml
 
-from finecap.app.errors import explain
+from finecap.app.errors import AnotherProcessFailed, explain
 from finecap.config import (
     SECTIONS,
     Config,
@@ -566,6 +566,14 @@ def _close_progress_bars() -> None:
         bar.close()
 
 
+def launched_rank() -> int:
+    """This process's rank under ``accelerate launch`` / ``torchrun`` (``RANK``), 0 otherwise."""
+    try:
+        return int(os.environ.get("RANK", "0"))
+    except ValueError:
+        return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
@@ -573,6 +581,8 @@ def main(argv: list[str] | None = None) -> int:
             args.func(args)
     except UsageError as e:
         print(e, file=sys.stderr)
+        return 2
+    except AnotherProcessFailed:  # the main process of the launch prints the error; this one only stops
         return 2
     except KeyboardInterrupt:
         if debug_requested(args):
@@ -585,7 +595,8 @@ def main(argv: list[str] | None = None) -> int:
         if message is None or debug_requested(args):
             raise  # a bug, or --debug: the traceback
         _close_progress_bars()
-        print(f"finecap: error: {masked_url_secrets(message)}", file=sys.stderr)  # a URL named may hold a password
+        if not (isinstance(e, ConfigError) and launched_rank() > 0):  # the same on every process: said once
+            print(f"finecap: error: {masked_url_secrets(message)}", file=sys.stderr)  # a URL may hold a password
         return 2
     return 0
 

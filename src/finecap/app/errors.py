@@ -166,6 +166,12 @@ def worker_message(exc: BaseException) -> str | None:
     return None
 
 
+class AnotherProcessFailed(Exception):
+    """A process of an ``accelerate launch``-ed command stops because the main process met an error it relayed
+    (``finecap.app.train.prepare_needs``): the main process prints the one line, the others exit 2 silently, so the
+    command says it once, not once per process plus each process's traceback."""
+
+
 def explain(exc: BaseException) -> str | None:
     """The one-line message of a known error, or ``None`` for a bug (to be shown with its traceback)."""
     original = worker_message(exc)
