@@ -10,6 +10,8 @@ import contextlib
 import io
 import json
 import logging
+import re
+import sys
 
 import pytest
 
@@ -146,3 +148,30 @@ def test_a_config_that_can_never_run_is_refused_before_the_world_is_made(recipe,
     assert f"model.quantization=4bit quantizes a pretrained checkpoint as it loads, but {built} is built here" in err
     made = sorted(str(p.relative_to(home)) for p in home.rglob("*")) if home.exists() else []
     assert not [p for p in made if "world" in p], made  # neither the world nor its encoder was made
+
+
+@pytest.mark.parametrize(
+    ("module", "expected"),
+    [
+        ("bitsandbytes", "model.quantization=4bit needs bitsandbytes: pip install 'finecap[quant]'"),
+        ("datasets", "data.format=hf needs the Hugging Face `datasets` package: pip install 'finecap[hf]'"),
+    ],
+)
+def test_a_missing_extra_is_one_line_naming_the_install(module, expected, monkeypatch):
+    """An option whose package (an extra of finecap's) is not installed: one line, exit 2, never an ImportError
+    traceback (issue 48, found in round three)."""
+    from finecap.app.errors import explain
+    from finecap.utils import MissingExtra
+
+    assert explain(MissingExtra(expected)) == expected  # a known error, whatever raises it
+    monkeypatch.setitem(sys.modules, module, None)  # `import MODULE` -> ImportError
+    if module == "datasets":
+        from finecap.data.hf import _import_datasets
+
+        with pytest.raises(MissingExtra, match=re.escape(expected)):
+            _import_datasets()
+        return
+    from finecap.models.memory import require_bitsandbytes
+
+    with pytest.raises(MissingExtra, match=re.escape(expected)):
+        require_bitsandbytes("4bit")

@@ -57,6 +57,12 @@ def dir_mode() -> int:
     return 0o777 & ~current_umask()
 
 
+class MissingExtra(ImportError):
+    """An option needs a package of one of finecap's extras that is not installed (``model.quantization`` needs
+    bitsandbytes, ``data.format=hf`` datasets); the message names the option and the ``pip install``; the command
+    line prints it and exits with code 2."""
+
+
 class OutputRefused(ValueError):
     """An output path finecap will not write (a symbolic link, one of the command's inputs, a file it did not make;
     :mod:`finecap.outputs`); a ``ValueError``: the command line prints the message and exits with code 2."""

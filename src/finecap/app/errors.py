@@ -27,6 +27,8 @@ import re
 from pathlib import Path
 from types import TracebackType
 
+from finecap.utils import MissingExtra
+
 PATH_NAMES = ("filename", "path", "file", "save_directory", "folder")
 """Local variable names holding the file a failing call was reading or writing, most specific first."""
 
@@ -202,7 +204,7 @@ def explain(exc: BaseException) -> str | None:
         return f"{_prefix(path)}cannot read the weights ({text}); {RECOVER_CHECKPOINT}"
     if isinstance(exc, UnicodeError):
         return f"{_prefix(culprit_path(exc))}not UTF-8 text ({exc})"
-    if isinstance(exc, ValueError):  # finecap's ConfigError, DataError, CheckpointError, ... name what is at fault
+    if isinstance(exc, ValueError | MissingExtra):  # finecap's ConfigError, DataError, ...: name what is at fault
         return capped(str(exc))
     return None
 

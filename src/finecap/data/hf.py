@@ -49,7 +49,7 @@ from finecap.config import did_you_mean
 from finecap.data.formats import MAX_LISTED, DataError, ImageFolder, Record, _captions, _infer_split, check_id
 from finecap.data.hf_files import HF_FILE_SUFFIXES, SplitFiles, local_splits, open_split
 from finecap.home import CACHE, home
-from finecap.utils import short_repr
+from finecap.utils import MissingExtra, short_repr
 
 __all__ = ["HF_FILE_SUFFIXES", "ArrowImage", "ArrowImages", "is_hf_path", "read_hf"]
 
@@ -67,7 +67,7 @@ def _import_datasets() -> Any:
     try:
         import datasets
     except ImportError:
-        raise ImportError(
+        raise MissingExtra(
             "data.format=hf needs the Hugging Face `datasets` package: pip install 'finecap[hf]' (or datasets)"
         ) from None
     return datasets

@@ -50,6 +50,7 @@ from torch.utils.checkpoint import checkpoint
 from finecap.config import AttnImplementation, Quantization, TrainableDtype, WeightsDtype
 from finecap.models import strict
 from finecap.models.captioner import PARTS
+from finecap.utils import MissingExtra
 
 if TYPE_CHECKING:
     from finecap.config import Config
@@ -259,7 +260,7 @@ def require_bitsandbytes(kind: str) -> None:
     try:
         import bitsandbytes  # noqa: F401
     except ImportError:
-        raise ImportError(f"model.quantization={kind} needs bitsandbytes: {QUANT_EXTRA}") from None
+        raise MissingExtra(f"model.quantization={kind} needs bitsandbytes: {QUANT_EXTRA}") from None
 
 
 def bnb_config(kind: str, compute_dtype: torch.dtype | None, skip: Sequence[str] | None = None) -> Any:
