@@ -533,6 +533,8 @@ class Engine:
         local_items, local_bad = 0.0, 0.0
         grad_norm = None
         lr = optimizer.param_groups[0]["lr"]
+        with acc.autocast():
+            self.objective.begin_step(model, micro_batches)  # e.g. the GRPO family's rollouts of the whole step
         for batch in micro_batches:
             with acc.accumulate(model):
                 with acc.autocast():
