@@ -782,6 +782,12 @@ class RLConfig(Section, name="rl"):
                 f"rl.{key}",
                 "is an option of group advantages: set rl.advantage=group as well",
             )
+        check(
+            self.reward_aggregation == "sum_then_normalize" or self.scale_rewards == "group",
+            "rl.scale_rewards",
+            "is not used with rl.reward_aggregation=normalize_then_sum (each reward is scaled by its group's std, "
+            "their sum by the batch's)",
+        )
         for key, unused in (("iterations", self.iterations == 1), ("kl_coef", self.kl_coef == 0)):
             check(unused or self.policy_loss == "clipped", f"rl.{key}", "needs rl.policy_loss=clipped")
         measures = get_args(AlarmMeasure)
