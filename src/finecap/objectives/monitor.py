@@ -9,7 +9,7 @@ samples (no extra decoding) and logs them with the step's other values; none of 
   first step, ``mean_t / mean_1 - 1`` (0 at the first step; +0.5 = half as long again). The first step's length is
   part of the objective's state, so a resumed run drifts from the same start.
 - ``monitor/repetition``: the mean over captions of the share of a caption's word 3-grams (:data:`REPETITION_N`) that
-  repeat an earlier 3-gram of the same caption (``a red circle a red circle``: 4 trigrams, 2 repeated, 0.5); a
+  repeat an earlier 3-gram of the same caption (``a red circle a red circle``: 4 trigrams, 1 repeated, 0.25); a
   caption shorter than 3 words has none. Trigrams, because a plain caption may repeat a word or a pair (``a red
   circle and a red square``) but rarely three in a row; loops always do.
 - ``distinct_samples`` (logged by the objective when ``rl.samples > 1``, :func:`distinct_share`): the mean over images
@@ -28,7 +28,7 @@ with :class:`RewardHackingAlarm`, one line naming the step and the measure (``fi
 Example::
 
     >>> repetition("a red circle a red circle"), repetition("a red circle and a red square"), repetition("a circle")
-    (0.5, 0.0, 0.0)
+    (0.25, 0.0, 0.0)
 """
 
 from __future__ import annotations
@@ -40,6 +40,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from finecap.config import RLConfig
+from finecap.utils import short_repr
 
 if TYPE_CHECKING:
     from finecap.contract import TrainContext
@@ -187,5 +188,5 @@ class Monitor:
         """Restore :meth:`state_dict`; ``ValueError`` unless the first length is ``None`` or a number >= 0."""
         first = state.get("first_length")
         if first is not None and (isinstance(first, bool) or not isinstance(first, int | float) or not first >= 0):
-            raise ValueError(f"monitor 'first_length' must be a number >= 0 or null, got {first!r}")
+            raise ValueError(f"monitor 'first_length' must be a number >= 0 or null, got {short_repr(first)}")
         self.first_length = None if first is None else float(first)
