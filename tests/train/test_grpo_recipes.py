@@ -22,7 +22,8 @@ TINY = ["clipcap.tiny_layers=1", "clipcap.tiny_hidden=32", "clipcap.tiny_heads=2
 def test_demo_grpo_sr_cider_trains_on_the_cpu_and_logs_kl_clipping_and_reward_parts(world_args, clip_dir, tmp_path):
     run_dir = tmp_path / "run"
     args = ["train", "demo/grpo_sr_cider", *world_args, *TINY, f"model.encoder={clip_dir}",
-            f"retriever.checkpoint={clip_dir}", f"run.cache_dir={tmp_path / 'cache'}", f"run.dir={run_dir}"]  # fmt: skip
+            f"retriever.checkpoint={clip_dir}", f"run.cache_dir={tmp_path / 'cache'}",
+            f"run.dir={run_dir}"]  # fmt: skip
     assert main(args) == 0
     events = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     train = [e["values"] for e in events if e["split"] == "train"]
@@ -46,7 +47,7 @@ def test_grpo_recipes_set_the_group_options(name):
     if name.startswith("coco/"):  # SmolVLM with LoRA, bf16 and checkpointing
         cfg = load(name)
         assert cfg.lora.lm and cfg.train.mixed_precision == "bf16" and cfg.train.gradient_checkpointing
-        assert cfg.model.dtype == "bfloat16" and "Qwen2-VL" in (cfg_text := _text(name)) and "finecap train" in cfg_text
+        assert cfg.model.dtype == "bfloat16" and "Qwen2-VL" in _text(name)
 
 
 def _text(name: str) -> str:

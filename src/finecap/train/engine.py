@@ -14,8 +14,9 @@ gradients are multiplied by ``processes x accumulation / (items of the global ba
 accelerate's division by the accumulation steps are undone and the sum is divided by the global item count (the
 normalisation torchtune and transformers' Trainer use). Objectives with per-step state update it once per optimizer
 step (``end_step``); an objective that needs the whole step first gets this process's micro-batches before any of
-them runs (``begin_step``: the GRPO family rolls them all out there, for batch statistics of the global batch). ``tests/train/test_equivalence.py`` checks that 2 processes x batch b, and 1 process x batch b x
-2 accumulation steps, give the parameters of 1 process x batch 2b.
+them runs (``begin_step``: the GRPO family rolls them all out there, for batch statistics of the global batch).
+``tests/train/test_equivalence.py`` checks that 2 processes x batch b, and 1 process x batch b x 2 accumulation
+steps, give the parameters of 1 process x batch 2b.
 
 **Divergence stops the run.** A non-finite loss (on any process) raises :class:`TrainingDiverged` before the
 optimizer step, naming the step and the last good checkpoint; so does a non-finite gradient norm, unless a gradient
