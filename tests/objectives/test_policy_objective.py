@@ -284,3 +284,24 @@ def test_the_reference_is_kept_in_the_state(tmp_path):
         assert torch.equal(restored.reference.snapshot[name], value)
     with pytest.raises(ValueError, match="two flags and a mapping"):
         restored.reference.load_state_dict({"captured": 1, "adapters_off": False, "snapshot": {}})
+
+
+@pytest.mark.parametrize(
+    ("field", "bad", "message"),
+    [("sequences", lambda t: t.float(), "sequences must be an"),
+     ("old", lambda t: t[:, :2], "'old' must have the shape"),
+     ("ref", lambda t: torch.zeros(1), "'ref' must have the shape"),
+     ("advantages", lambda t: t[:-1], "must be tensors of its 6 captions"),
+     ("texts", lambda t: t[:-1], "texts must be 6 strings"),
+     ("parts", lambda t: {"table": torch.zeros(2)}, "reward parts must be"),
+     ("index", lambda t: t.reshape(1, -1), "image indices must be a vector")],
+)  # fmt: skip
+def test_a_tampered_kept_rollout_is_refused(field, bad, message):
+    model, obj = StandIn(), objective(policy_loss="clipped", iterations=3)
+    grad_of(obj, model, batch(1, 2))
+    state = obj.state_dict()
+    kept = state["policy"]["cycle"][0]
+    kept["ref"] = torch.zeros_like(kept["old"])
+    kept[field] = bad(kept[field])
+    with pytest.raises(ValueError, match=message):
+        objective(policy_loss="clipped", iterations=3).load_state_dict(state)

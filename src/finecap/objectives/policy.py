@@ -256,11 +256,35 @@ class Prepared:
 
     @classmethod
     def from_state(cls, s: dict[str, Any]) -> Prepared:
+        """The kept rollout of a checkpoint; ``ValueError`` unless its tensors agree in kind and shape."""
+        check_kept(s)
         samples = Generation(s["sequences"], s["token_logprobs"], s["lengths"], s["image_index"], s["scores"],
                              list(s["texts"]))  # fmt: skip
         greedy = None if s["greedy_rewards"] is None else RewardOutput(s["greedy_rewards"])
         rollout = Rollout(samples, RewardOutput(s["rewards"], dict(s["parts"])), s["baseline"], None, greedy)
         return cls(s["index"], rollout, s["advantages"], s["ref"], s["old"])
+
+
+def check_kept(s: dict[str, Any]) -> None:
+    """A kept rollout read from a checkpoint: N captions of L positions, their texts, rewards and advantages, and
+    ``old`` / ``ref`` of the same (N, L) shape when present (a tampered state is refused, never half-used)."""
+    seq = s["sequences"]
+    if not isinstance(seq, torch.Tensor) or seq.dim() != 2 or seq.is_floating_point():
+        raise ValueError("the kept rollout's sequences must be an (N, L) integer tensor")
+    n = seq.shape[0]
+    vectors = ("lengths", "image_index", "scores", "rewards", "baseline", "advantages")
+    if not all(isinstance(s[k], torch.Tensor) and tuple(s[k].shape) == (n,) for k in vectors):
+        raise ValueError(f"the kept rollout's {', '.join(vectors)} must be tensors of its {n} captions")
+    for key in ("token_logprobs", "old", "ref"):
+        if s[key] is not None and (not isinstance(s[key], torch.Tensor) or s[key].shape != seq.shape):
+            raise ValueError(f"the kept rollout's {key!r} must have the shape of its sequences {tuple(seq.shape)}")
+    texts, parts = s["texts"], s["parts"]
+    if not isinstance(texts, list) or len(texts) != n or not all(isinstance(t, str) for t in texts):
+        raise ValueError(f"the kept rollout's texts must be {n} strings")
+    if not isinstance(parts, dict) or not all(isinstance(v, torch.Tensor) and v.shape == (n,) for v in parts.values()):
+        raise ValueError(f"the kept rollout's reward parts must be tensors of its {n} captions")
+    if not isinstance(s["index"], torch.Tensor) or s["index"].dim() != 1:
+        raise ValueError("the kept rollout's image indices must be a vector")
 
 
 def batch_indices(batch: dict[str, Any]) -> torch.Tensor:

@@ -85,6 +85,10 @@ class Reference:
     def _to_devices(self, bare: torch.nn.Module) -> None:
         """Move a loaded copy next to the parameters it stands for (a checkpoint loads on the CPU)."""
         params = dict(bare.named_parameters())
+        unknown = sorted(set(self.snapshot) - set(params))
+        if unknown:
+            raise ValueError(f"the reference policy's parameter {unknown[0]!r} is not one of the model's (the "
+                             f"checkpoint's state belongs to another model); {len(unknown)} such")  # fmt: skip
         for name, value in self.snapshot.items():
             if name in params and value.device != params[name].device:
                 self.snapshot[name] = value.to(params[name].device)
