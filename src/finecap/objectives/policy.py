@@ -51,9 +51,12 @@ repeats each global batch of the sampler μ times (:class:`finecap.data.samplers
 learning-rate schedule count every one. The rollout of the cycle (captions, advantages, ``old``, ``ref``) is kept by
 this process, micro-batch by micro-batch, checked against each micro-batch's image indices (``batch["index"]``); it
 is part of the objective's state, so a checkpoint taken mid-cycle resumes bit-exactly
-(``tests/train/test_grpo_resume.py``). A kept rollout whose images do not match the step's (a run resumed with another
-number of processes) is dropped with a warning and the cycle restarts with a fresh rollout.
+(``tests/train/test_grpo_training.py``). A kept rollout whose images do not match the step's (a run resumed with
+another number of processes) is dropped with a warning and the cycle restarts with a fresh rollout. With dropout in
+the policy, the ratios of the later steps also carry the dropout noise of two forward passes (as TRL's without
+``disable_dropout``).
 
+Losses: ``policy`` (the clipped surrogate, KL included) or ``reinforce``, and ``entropy`` with ``rl.entropy_coef``.
 Metrics besides REINFORCE's: ``advantage/min``, ``advantage/max``, ``zero_std_groups`` (share of groups whose rewards
 are all equal: no signal), and with ``clipped`` ``clip_fraction`` (TRL's ``clip_ratio/region_mean``: tokens whose
 ratio left the clip range on the side where the clip binds), ``ratio/mean|min|max`` and ``kl`` (per-token mean).
