@@ -305,3 +305,18 @@ def test_a_tampered_kept_rollout_is_refused(field, bad, message):
     kept[field] = bad(kept[field])
     with pytest.raises(ValueError, match=message):
         objective(policy_loss="clipped", iterations=3).load_state_dict(state)
+
+
+def test_a_reference_copy_under_fsdp2_sharding_is_refused_naming_the_option(monkeypatch):
+    from finecap.models import sharding
+
+    monkeypatch.setattr(sharding, "is_sharded", lambda model: True)  # as FSDP2 leaves a captioner
+    model = tiny_captioner().train()
+    with pytest.raises(ValueError, match=r"^rl.kl_coef: the reference policy needs a copy of \d+ trained parameters"):
+        train_steps(model, kl_objective(), 1)
+    lora_only = lora.configure_training(tiny_captioner(), load(None, ["lora.lm=true", "lora.rank=4"]))
+    for name, p in lora_only.named_parameters():  # adapters alone learn: their reference is the adapters off
+        p.requires_grad_(lora.is_adapter_parameter(name))
+    obj = kl_objective()
+    train_steps(lora_only.train(), obj, 1)
+    assert obj.reference.adapters_off and not obj.reference.snapshot
