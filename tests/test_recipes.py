@@ -7,6 +7,7 @@ from finecap.config import ConfigError, load
 from finecap.objectives import get_objective
 from finecap.objectives.exploration import SequenceLevelExploration
 from finecap.objectives.mle import MLE
+from finecap.objectives.policy import PolicyOptimization
 from finecap.objectives.reinforce import Reinforce
 from finecap.objectives.smile import SmileObjective
 from finecap.recipes import describe_recipe, list_recipes, resolve_recipe
@@ -52,6 +53,9 @@ def promised(name: str) -> dict:
     kind = "blip" if "blip" in words else "vlm" if "vlm" in words else "clipcap"
     if "smile" in words:
         return {"objective": SmileObjective, "kind": kind}
+    if "grpo" in words:  # the GRPO family (issue 50): SR + lambda CIDEr-D, or CIDEr-D alone
+        reward = {"retrieval": 1.0} if "sr" in words else {"cider": 1.0}
+        return {"objective": PolicyOptimization, "reward": reward, "kind": kind}
     if "sle" in words:
         return {"objective": SequenceLevelExploration, "reward": {"cider": 1.0}, "kind": kind}
     if "scst" in words:
@@ -109,8 +113,10 @@ def test_recipes_lists_whole_descriptions(capsys):
 
 
 @pytest.mark.parametrize(
-    "name", ["coco/mle_vlm", "coco/smile_vlm", "coco/discritune_vlm", "coco/sr_l_vlm", "coco/sr_lv_bagcurri_vlm"]
-)
+    "name",
+    ["coco/mle_vlm", "coco/smile_vlm", "coco/discritune_vlm", "coco/sr_l_vlm", "coco/sr_lv_bagcurri_vlm",
+     "coco/grpo_cider_vlm", "coco/grpo_sr_cider_vlm"],
+)  # fmt: skip
 def test_vlm_recipes_build_a_vlm_captioner(name, tmp_path):
     """The decoder-only VLM recipes name SmolVLM-256M-Instruct (model.kind=vlm); with vlm.name pointing at a tiny
     saved Idefics3 (SmolVLM's family) instead of the Hub, the recipe builds and configures a VLM captioner."""

@@ -18,8 +18,8 @@ from typing import Any
 OBJECTIVES: dict[str, str] = {
     "mle": "finecap.objectives.mle:build",
     "smile": "finecap.objectives.smile:build",
-    "reinforce": "finecap.objectives.reinforce:build",
-    "scst_me": "finecap.objectives.reinforce:build_max_entropy",
+    "reinforce": "finecap.objectives.policy:build",
+    "scst_me": "finecap.objectives.policy:build_max_entropy",
     "sle": "finecap.objectives.exploration:build",
 }
 """``train.objective`` names -> factories ``factory(cfg) -> objective``."""

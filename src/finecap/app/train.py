@@ -37,7 +37,7 @@ from finecap.config import Config
 from finecap.contract import TrainContext
 from finecap.data.datasets import to_device
 from finecap.data.loading import LoaderSettings
-from finecap.data.samplers import get_sampler
+from finecap.data.samplers import get_sampler, repeat_batches
 from finecap.home import run_path
 from finecap.locks import TRAIN_LOCK, output_lock
 from finecap.models import sharding
@@ -226,7 +226,7 @@ def _build_run(
         log.info("train.strategy=fsdp with one process: nothing to shard, training as usual")
     optimizer = build_optimizer(model, cfg.train)
     global_batch = cfg.train.batch_size * accelerator.num_processes * cfg.train.grad_accum_steps
-    sampler = get_sampler(cfg, data.train, global_batch)
+    sampler = repeat_batches(get_sampler(cfg, data.train, global_batch), objective.batch_repeats)  # rl.iterations
     total = total_steps(cfg.train, sampler)
     scheduler = build_scheduler(optimizer, warmup=cfg.train.warmup_steps, total=total, kind=cfg.train.schedule)
     objective.setup(TrainContext(cfg, accelerator, data.train_records, model.tokenizer, run_dir))

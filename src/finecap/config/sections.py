@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 import yaml
 
@@ -21,6 +21,9 @@ from finecap.config.secrets import redacted
 from finecap.utils import CONTROL_CHARACTERS, short_repr
 
 __all__ = [  # the names finecap.config re-exports
+    "Advantage",
+    "AlarmAction",
+    "AlarmMeasure",
     "AttnImplementation",
     "Backbone",
     "BagsConfig",
@@ -46,7 +49,9 @@ __all__ = [  # the names finecap.config re-exports
     "EvalConfig",
     "FinishedBeams",
     "FirstToken",
+    "Importance",
     "LogProb",
+    "LossAggregation",
     "LoraConfig",
     "LoraInit",
     "MAX_BAG",
@@ -62,14 +67,17 @@ __all__ = [  # the names finecap.config re-exports
     "PIL_MAX_IMAGE_PIXELS",
     "MeteorBackend",
     "ModelConfig",
+    "PolicyLoss",
     "Quantization",
     "RLConfig",
     "RLStrategy",
     "RetrieverConfig",
+    "RewardAggregation",
     "RunConfig",
     "SECTIONS",
     "SRConfig",
     "SRReward",
+    "ScaleRewards",
     "Schedule",
     "SmileConfig",
     "Subset",
@@ -134,6 +142,14 @@ WeightsDtype = Literal["auto", "float32", "bfloat16", "float16"]
 TrainableDtype = Literal["float32", "bfloat16", "float16", "same"]
 AttnImplementation = Literal["auto", "sdpa", "eager", "flash_attention_2"]
 Quantization = Literal["none", "4bit", "8bit"]
+Advantage = Literal["baseline", "group"]
+ScaleRewards = Literal["group", "batch", "none"]
+RewardAggregation = Literal["sum_then_normalize", "normalize_then_sum"]
+PolicyLoss = Literal["reinforce", "clipped"]
+Importance = Literal["token", "sequence"]
+LossAggregation = Literal["sequence", "token", "constant"]
+AlarmAction = Literal["warn", "stop"]
+AlarmMeasure = Literal["length_drift", "repetition", "distinct", "fact_precision", "fact_recall"]
 
 
 # --------------------------------------------------------------------------------------------------------------------
@@ -749,10 +765,88 @@ class RLConfig(Section, name="rl"):
     diversity_baseline: DiversityBaseline = doc(
         "pairwise_mean", "sle: baseline of the diversity term (pairwise_mean: Sec. 4.3, zero-mean advantages)."
     )
+    # The GRPO family (docs/methods/grpo.md; TRL's names in brackets). The defaults are the papers' REINFORCE.
+    advantage: Advantage = doc(
+        "baseline", "baseline: R - rl.baseline (the papers); group: GRPO's (R - group mean) / scale, per image."
+    )
+    scale_rewards: ScaleRewards = doc(
+        "group", "advantage=group: divide by the std of the image's group, of the batch, or not (Dr. GRPO) [same]."
+    )
+    reward_aggregation: RewardAggregation = doc(
+        "sum_then_normalize",
+        "advantage=group: normalise the weighted sum, or each reward within its group, then sum (GDPO) "
+        "[multi_objective_aggregation].",
+    )
+    policy_loss: PolicyLoss = doc(
+        "reinforce", "reinforce: -A log p (rl.logprob); clipped: GRPO/PPO's clipped ratio surrogate [loss_type]."
+    )
+    iterations: int = doc(
+        1,
+        "clipped: optimizer steps per rollout batch; each global batch is taken this many times [num_iterations].",
+        ge=1,
+        le=64,
+        why="optimizer steps on one rollout batch; PPO and GRPO use 1 to 10",
+    )
+    clip_low: float = doc(0.2, "clipped: the ratio's lower clip is 1 - clip_low [epsilon].", ge=0, lt=1)
+    clip_high: float = doc(0.2, "clipped: the ratio's upper clip is 1 + clip_high; DAPO: 0.28 [epsilon_high].", ge=0)
+    importance: Importance = doc(
+        "token", "clipped: ratio per token, or per caption from its mean log-ratio (GSPO) [importance_sampling_level]."
+    )
+    loss_aggregation: LossAggregation = doc(
+        "sequence",
+        "clipped: mean per caption then over captions; mean over all tokens; / (captions x decode.max_length) "
+        "[loss_type grpo; bnpo, dapo; dr_grpo].",
+    )
+    kl_coef: float = doc(
+        0.0, "clipped: beta of the k3 KL to the starting policy, per token; 0 = no reference [beta].", ge=0
+    )
+    kl_bias_correction: bool = doc(
+        True,
+        "clipped: multiply the per-token KL by the importance ratio (TRL 1.16's default) [use_bias_correction_kl].",
+    )
+    alarms: dict[str, float] = doc(
+        {}, "Reward-hacking alarms, measure -> threshold (length_drift, repetition, distinct, fact_precision/recall)."
+    )
+    alarm_action: AlarmAction = doc(
+        "warn", "What a crossed rl.alarms threshold does: log a warning, or stop training."
+    )
 
     def __post_init__(self) -> None:
         super().__post_init__()
         check(bool(self.rewards), "rl.rewards", "needs at least one reward, e.g. {cider: 1.0}")
+        check(
+            self.advantage != "group" or self.samples >= 2,
+            "rl.samples",
+            "must be >= 2 with rl.advantage=group (an image's samples are its group)",
+        )
+        for key, default in (("scale_rewards", "group"), ("reward_aggregation", "sum_then_normalize")):
+            check(
+                self.advantage == "group" or getattr(self, key) == default,
+                f"rl.{key}",
+                "is an option of group advantages: set rl.advantage=group as well",
+            )
+        check(
+            self.reward_aggregation == "sum_then_normalize" or self.scale_rewards == "group",
+            "rl.scale_rewards",
+            "is not used with rl.reward_aggregation=normalize_then_sum (each reward is scaled by its group's std, "
+            "their sum by the batch's)",
+        )
+        for key, unused in (("iterations", self.iterations == 1), ("kl_coef", self.kl_coef == 0)):
+            check(unused or self.policy_loss == "clipped", f"rl.{key}", "needs rl.policy_loss=clipped")
+        measures = get_args(AlarmMeasure)
+        for measure, threshold in self.alarms.items():
+            check(
+                measure in measures,
+                "rl.alarms",
+                f"unknown measure {short_repr(measure)}; valid: {', '.join(measures)}",
+            )
+            number = isinstance(threshold, int | float) and not isinstance(threshold, bool)
+            drift = measure == "length_drift"  # a relative change, any size; the others are shares
+            check(
+                number and (threshold > 0 if drift else 0 <= threshold <= 1),
+                f"rl.alarms.{measure}",
+                f"must be {'> 0' if drift else 'in [0, 1]'}, got {short_repr(threshold)}",
+            )
         check(
             self.strategy == "sample" or self.samples == 1,
             "rl.samples",

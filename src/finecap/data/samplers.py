@@ -87,6 +87,39 @@ class RandomBatches(GlobalBatchSampler):
         return self.n // self.batch_size if self.drop_last else math.ceil(self.n / self.batch_size)
 
 
+class RepeatedBatches(GlobalBatchSampler):
+    """Every global batch of ``inner``, ``times`` times in a row: the GRPO family's ``rl.iterations`` (TRL's
+    ``num_iterations``), whose optimizer steps 2..μ reuse the rollout of the first on the same images
+    (:attr:`finecap.objectives.base.ObjectiveBase.batch_repeats`). Each repetition is an optimizer step of its own,
+    so an epoch has ``times`` as many steps (``train.epochs`` and the schedule count them) and still shows each
+    image once per repetition cycle; per-example fields are ``inner``'s.
+
+    Example::
+
+        >>> RepeatedBatches(RandomBatches(3, 2, shuffle=False), 2).batches(0)
+        [[0, 1], [0, 1], [2], [2]]
+    """
+
+    def __init__(self, inner: GlobalBatchSampler, times: int):
+        if times < 1:
+            raise ValueError(f"rl.iterations must be >= 1, got {times}")
+        self.inner, self.times = inner, times
+
+    def batches(self, epoch: int) -> list[list[int]]:
+        return [batch for batch in self.inner.batches(epoch) for _ in range(self.times)]
+
+    def num_batches(self, epoch: int) -> int:
+        return self.inner.num_batches(epoch) * self.times
+
+    def example_fields(self, epoch: int) -> dict[str, dict[int, int]]:
+        return self.inner.example_fields(epoch)
+
+
+def repeat_batches(sampler: GlobalBatchSampler, times: int) -> GlobalBatchSampler:
+    """``sampler`` itself when ``times`` is 1, else :class:`RepeatedBatches`."""
+    return sampler if times == 1 else RepeatedBatches(sampler, times)
+
+
 def shard(batch: list[int], rank: int, world: int) -> list[int]:
     """Process ``rank``'s contiguous slice of a global batch (sizes differ by at most one; never empty).
 

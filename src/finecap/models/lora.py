@@ -297,6 +297,35 @@ def has_adapters(model: Captioner) -> bool:
     return any(adapter_spec(model, p) is not None for p in PARTS)
 
 
+def is_adapter_parameter(name: str) -> bool:
+    """Whether the parameter ``name`` belongs to a LoRA adapter (peft's ``lora_A`` / ``lora_B`` / ...)."""
+    return "lora_" in name
+
+
+def adapters_are_identity(model: Captioner) -> bool:
+    """Whether every LoRA adapter of ``model`` adds nothing (one of its factors all zero, as fresh adapters are):
+    the model then computes what its base does, and :func:`adapters_disabled` gives the same function."""
+    for module in model.modules():
+        if isinstance(module, LoraLayer):
+            for key in module.lora_A:
+                if bool(module.lora_A[key].weight.any()) and bool(module.lora_B[key].weight.any()):
+                    return False
+    return True
+
+
+@contextlib.contextmanager
+def adapters_disabled(model: Captioner) -> Iterator[Captioner]:
+    """Within the block, ``model`` computes with every adapted part's adapters off (peft's
+    ``PeftModel.disable_adapter()`` on each part): the base model, with no second copy of it (the GRPO family's
+    reference policy under LoRA, :mod:`finecap.objectives.reference`)."""
+    with contextlib.ExitStack() as stack:
+        for part in PARTS:
+            module = model.lora_module(part)
+            if module is not None and is_peft(module):
+                stack.enter_context(module.disable_adapter())
+        yield model
+
+
 def set_trainable(model: Captioner, *, lm: bool, encoder: bool) -> None:
     """Set what learns: the backbone's always-trained parts (ClipCap's mapper, a VLM's projector); the LM and
     encoder when asked, through their adapters when they have some, else fully (the backbone's ``apply_trainable``).

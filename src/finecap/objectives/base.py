@@ -15,6 +15,11 @@ defaults (a plain callable is wrapped by :func:`as_objective`), so the engine ne
 - ``setup(ctx: TrainContext)`` once before training (:class:`finecap.contract.TrainContext`): the accelerator
   (device, ``gather`` for global-batch rewards), the training records (e.g. CIDEr-D document frequencies), the
   tokenizer and the run directory.
+- ``batch_repeats``: how many optimizer steps in a row each global batch is used for (1; the GRPO family's
+  ``rl.iterations``): the application repeats the sampler's batches (:class:`finecap.data.samplers.RepeatedBatches`).
+- ``begin_step(model, micro_batches)`` before an optimizer step's micro-batches run, with this process's micro-batches
+  of the step, under the run's autocast: an objective that needs the whole step first (the GRPO family rolls out and
+  scores every micro-batch here, so that batch statistics are those of the global batch) prepares it.
 - ``end_step()`` after every optimizer step (state updated once per step, whatever the micro-batches: a running-mean
   baseline).
 - ``state_dict() -> dict`` / ``load_state_dict(state)``: state that must survive ``--resume`` (a running-mean
@@ -61,12 +66,16 @@ class ObjectiveBase:
 
     example_unit: ClassVar[str] = "caption"
     needs: frozenset[str] = frozenset()
+    batch_repeats: int = 1
 
     def __call__(self, model: torch.nn.Module, batch: dict[str, Any]) -> ObjectiveOutput:
         raise NotImplementedError
 
     def setup(self, ctx: TrainContext) -> None:
         """Called once before training (after ``needs`` were prepared)."""
+
+    def begin_step(self, model: torch.nn.Module, micro_batches: list[dict[str, Any]]) -> None:
+        """Called before an optimizer step's micro-batches (this process's), under the run's autocast."""
 
     def end_step(self) -> None:
         """Called after every optimizer step."""

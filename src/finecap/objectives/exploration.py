@@ -169,5 +169,11 @@ class SequenceLevelExploration(Reinforce):
 
 
 def build(cfg: Config) -> SequenceLevelExploration:
-    """Factory of ``train.objective=sle`` (options ``rl.*``; paper: alpha 0.75, s 5, CIDEr-D, greedy baseline)."""
+    """Factory of ``train.objective=sle`` (options ``rl.*``; paper: alpha 0.75, s 5, CIDEr-D, greedy baseline). The
+    GRPO family's options are refused: the two terms are separate REINFORCE estimates (Eq. 13), which neither a
+    group normalisation of the precision term nor a clipped ratio of their sum would keep."""
+    for key, default in (("advantage", "baseline"), ("policy_loss", "reinforce")):
+        if getattr(cfg.rl, key) != default:
+            raise ValueError(f"rl.{key}={getattr(cfg.rl, key)}: train.objective=sle is REINFORCE only (rl.{key}="
+                             f"{default}); use train.objective=reinforce for the GRPO family")  # fmt: skip
     return SequenceLevelExploration(**reinforce_kwargs(cfg))

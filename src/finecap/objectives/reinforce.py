@@ -18,8 +18,13 @@ One step, per batch of B images (``train.objective=reinforce``, options in the `
    ``entropy = -coef * mean token entropy`` (:mod:`finecap.objectives.entropy`), from the same forward pass.
 
 Losses returned: ``reinforce`` (and ``entropy``); metrics: mean reward and parts, greedy reward, baseline, advantage
-spread, sampled caption length, share of distinct captions per image, and the seconds spent decoding
+spread, sampled caption length, share of distinct captions per image, the reward-hacking monitor's measures
+(``monitor/*``, :mod:`finecap.objectives.monitor`, with its ``rl.alarms``), and the seconds spent decoding
 (``time/generate``) and scoring (``time/reward``).
+
+The GRPO family (group advantages, the clipped surrogate over several iterations, a KL to the starting policy, token
+aggregation: ``rl.advantage``, ``rl.policy_loss`` and the options after them) is this objective with options, built
+by the same factory: :class:`finecap.objectives.policy.PolicyOptimization`. With the defaults it is this class.
 
 Choices the papers leave open:
 
@@ -50,6 +55,7 @@ from finecap.models import sharding
 from finecap.objectives.base import ObjectiveBase, ObjectiveOutput, unwrap
 from finecap.objectives.baselines import build_baseline
 from finecap.objectives.entropy import mean_entropy
+from finecap.objectives.monitor import Monitor, distinct_share
 from finecap.registry import declared_needs
 from finecap.rewards import build_reward
 from finecap.rewards.base import RewardOutput, call_hook
@@ -100,14 +106,6 @@ def policy_gradient_loss(advantage: torch.Tensor, logprob: torch.Tensor) -> torc
     return -(advantage.detach().to(logprob.dtype) * logprob).mean()
 
 
-def distinct_share(texts: list[str], s: int) -> float:
-    """Mean over images of (distinct captions / s), captions of one image contiguous in groups of ``s``."""
-    if s <= 1 or not texts:
-        return 1.0
-    groups = [texts[i : i + s] for i in range(0, len(texts), s)]
-    return sum(len(set(g)) / len(g) for g in groups) / len(groups)
-
-
 class Reinforce(ObjectiveBase):
     """``objective(model, batch)``: REINFORCE with a reward, a baseline and optional max-entropy term.
 
@@ -145,6 +143,7 @@ class Reinforce(ObjectiveBase):
                                        length_penalty=base.length_penalty, finished_beams=base.finished_beams,
                                        early_stopping=base.early_stopping, **common)  # fmt: skip
         self.greedy_cfg = DecodeConfig(strategy="greedy", **common)
+        self.monitor = Monitor(rl)  # the reward-hacking monitor (finecap.objectives.monitor): logged, never a loss
 
     # ----------------------------------------------------------------------------------------------------------------
     # Hooks called by the training loop
@@ -153,12 +152,14 @@ class Reinforce(ObjectiveBase):
     def setup(self, ctx: TrainContext) -> None:
         call_hook(self.reward, "setup", ctx)
         call_hook(self.baseline, "setup", ctx)
+        self.monitor.setup(ctx)
 
     def state_dict(self) -> dict[str, Any]:
-        return {"reward": call_hook(self.reward, "state_dict"), "baseline": call_hook(self.baseline, "state_dict")}
+        return {"reward": call_hook(self.reward, "state_dict"), "baseline": call_hook(self.baseline, "state_dict"),
+                "monitor": self.monitor.state_dict()}  # fmt: skip
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        for key, target in (("reward", self.reward), ("baseline", self.baseline)):
+        for key, target in (("reward", self.reward), ("baseline", self.baseline), ("monitor", self.monitor)):
             if state.get(key) is not None:
                 call_hook(target, "load_state_dict", state[key])
 
@@ -228,14 +229,25 @@ class Reinforce(ObjectiveBase):
             entropy = mean_entropy(scores.entropy, gen.mask.to(scores.entropy.device))
             losses["entropy"] = -self.rl.entropy_coef * entropy
         metrics.update(self.metrics(rollout, logp))
+        metrics.update(self.watch(rollout, batch))
         metrics.update(extra)
         if entropy is not None:
             metrics["entropy"] = float(entropy.detach())
         return ObjectiveOutput(losses=losses, metrics=metrics, num_items=len(gen))  # means over the N captions
 
     def end_step(self) -> None:
-        """After each optimizer step: baselines with per-step state (the running mean) update once."""
+        """After each optimizer step: baselines with per-step state (the running mean) update once; the monitor's
+        alarms are checked on the step's global batch."""
         call_hook(self.baseline, "end_step")
+        self.monitor.end_step()
+
+    def watch(self, rollout: Rollout, batch: dict[str, Any]) -> dict[str, float]:
+        """The reward-hacking monitor's measures of the sampled captions (:mod:`finecap.objectives.monitor`)."""
+        rows = rollout.samples.image_index.tolist()
+        ids = batch.get("image_ids")
+        info = batch.get("step_info")
+        image_ids = [ids[r] for r in rows] if ids is not None else rows
+        return self.monitor.measure(rollout.samples.texts, image_ids, None if info is None else int(info.step) + 1)
 
     def metrics(self, rollout: Rollout, logp: torch.Tensor) -> dict[str, float]:
         r = rollout.rewards
@@ -263,15 +275,3 @@ def reinforce_kwargs(cfg: Config) -> dict[str, Any]:
         decode=cfg.decode,
         seed=cfg.run.seed,
     )
-
-
-def build(cfg: Config) -> Reinforce:
-    """Factory of ``train.objective=reinforce`` (SCST with the defaults: CIDEr-D reward, greedy baseline)."""
-    return Reinforce(**reinforce_kwargs(cfg))
-
-
-def build_max_entropy(cfg: Config) -> Reinforce:
-    """Factory of ``train.objective=scst_me``: REINFORCE with the max-entropy term, which needs rl.entropy_coef > 0."""
-    if cfg.rl.entropy_coef <= 0:
-        raise ValueError("train.objective=scst_me needs rl.entropy_coef > 0 (the paper's SLL-ME uses 0.01)")
-    return Reinforce(**reinforce_kwargs(cfg))

@@ -13,8 +13,10 @@ for REINFORCE; ``ObjectiveOutput.num_items``) is weighted by its item count, and
 gradients are multiplied by ``processes x accumulation / (items of the global batch)``: DDP's average and
 accelerate's division by the accumulation steps are undone and the sum is divided by the global item count (the
 normalisation torchtune and transformers' Trainer use). Objectives with per-step state update it once per optimizer
-step (``end_step``). ``tests/train/test_equivalence.py`` checks that 2 processes x batch b, and 1 process x batch b x
-2 accumulation steps, give the parameters of 1 process x batch 2b.
+step (``end_step``); an objective that needs the whole step first gets this process's micro-batches before any of
+them runs (``begin_step``: the GRPO family rolls them all out there, for batch statistics of the global batch).
+``tests/train/test_equivalence.py`` checks that 2 processes x batch b, and 1 process x batch b x 2 accumulation
+steps, give the parameters of 1 process x batch 2b.
 
 **Divergence stops the run.** A non-finite loss (on any process) raises :class:`TrainingDiverged` before the
 optimizer step, naming the step and the last good checkpoint; so does a non-finite gradient norm, unless a gradient
@@ -547,6 +549,8 @@ class Engine:
         local_items, local_bad = 0.0, 0.0
         grad_norm = None
         lr = optimizer.param_groups[0]["lr"]
+        with acc.autocast():
+            self.objective.begin_step(model, micro_batches)  # e.g. the GRPO family's rollouts of the whole step
         for batch in micro_batches:
             with acc.accumulate(model):
                 with acc.autocast():

@@ -1,0 +1,192 @@
+"""The reward-hacking monitor of every RL run: what the sampled captions turn into while a reward is maximised.
+
+A policy maximising a learned or n-gram reward finds what the reward pays for and the task does not: longer and
+longer captions (a length-correlated reward), loops of repeated phrases, every sample of an image the same caption,
+or, on the world, statements that are not true of the scene. The monitor measures these on the captions each step
+samples (no extra decoding) and logs them with the step's other values; none of it enters the loss.
+
+- ``monitor/length_drift``: the mean length (words) of the step's sampled captions relative to that of the run's
+  first step, ``mean_t / mean_1 - 1`` (0 at the first step; +0.5 = half as long again). The first step's length is
+  part of the objective's state, so a resumed run drifts from the same start.
+- ``monitor/repetition``: the mean over captions of the share of a caption's word 3-grams (:data:`REPETITION_N`) that
+  repeat an earlier 3-gram of the same caption (``a red circle a red circle``: 4 trigrams, 1 repeated, 0.25); a
+  caption shorter than 3 words has none. Trigrams, because a plain caption may repeat a word or a pair (``a red
+  circle and a red square``) but rarely three in a row; loops always do.
+- ``distinct_samples`` (logged by the objective when ``rl.samples > 1``, :func:`distinct_share`): the mean over images
+  of the share of distinct captions among the image's samples.
+- ``monitor/fact_precision``, ``monitor/fact_recall`` (on the world only, where scene graphs say what is true): the
+  mean over sampled captions of the world's fact precision and recall (:func:`finecap.world.facts.faithfulness`, the
+  parser ``finecap eval``'s faithfulness uses).
+
+**Alarms** (``rl.alarms``, off by default): a mapping of measure to threshold. ``length_drift`` sounds when the
+drift's size exceeds its threshold (either way: longer or shorter), ``repetition`` when the share exceeds it,
+``distinct``, ``fact_precision`` and ``fact_recall`` when the value falls below it. Each is checked once per
+optimizer step on the step's whole global batch (every process's captions, so every process decides alike), after
+the step. ``rl.alarm_action=warn`` logs one warning per measure, the first time it sounds; ``stop`` ends training
+with :class:`RewardHackingAlarm`, one line naming the step and the measure (``finecap train`` exits with code 2).
+
+Example::
+
+    >>> repetition("a red circle a red circle"), repetition("a red circle and a red square"), repetition("a circle")
+    (0.25, 0.0, 0.0)
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Hashable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from finecap.config import RLConfig
+from finecap.utils import short_repr
+
+if TYPE_CHECKING:
+    from finecap.contract import TrainContext
+    from finecap.world.scene import Scene
+
+log = logging.getLogger(__name__)
+
+REPETITION_N = 3
+"""The n of ``monitor/repetition``: word n-grams repeated within one caption."""
+
+# The step's sums (this process), in this order, reduced over processes at the end of the step.
+SUMS = ("captions", "words", "repetition", "groups", "distinct", "scored", "precision", "recall")
+
+
+class RewardHackingAlarm(ValueError):
+    """A measure of :mod:`finecap.objectives.monitor` crossed its ``rl.alarms`` threshold with
+    ``rl.alarm_action=stop``; the message names the step and the measure."""
+
+
+def repetition(text: str, n: int = REPETITION_N) -> float:
+    """Share of the word ``n``-grams of ``text`` that repeat an earlier one of the same text (0 without n-grams)."""
+    words = text.split()
+    grams = [tuple(words[i : i + n]) for i in range(len(words) - n + 1)]
+    return 1.0 - len(set(grams)) / len(grams) if grams else 0.0
+
+
+def distinct_share(texts: list[str], s: int) -> float:
+    """Mean over images of (distinct captions / s), captions of one image contiguous in groups of ``s``."""
+    if s <= 1 or not texts:
+        return 1.0
+    groups = [texts[i : i + s] for i in range(0, len(texts), s)]
+    return sum(len(set(g)) / len(g) for g in groups) / len(groups)
+
+
+def world_scenes(ctx: Any) -> dict[Hashable, Scene] | None:
+    """The scene graphs of the training world (``data.format=world``), or ``None`` for other data."""
+    cfg = getattr(ctx, "cfg", None)
+    if cfg is None or cfg.data.format != "world":
+        return None
+    from finecap.data.references import data_file
+    from finecap.world.make import load_scenes
+
+    return dict(load_scenes(data_file(cfg).parent))
+
+
+class Monitor:
+    """Measures the sampled captions of each step and sounds ``rl.alarms`` (module docstring).
+
+    Args:
+        rl: the ``rl`` section (``samples``, ``alarms``, ``alarm_action``).
+    """
+
+    def __init__(self, rl: RLConfig | None = None):
+        rl = rl or RLConfig()
+        self.samples, self.alarms, self.action = rl.samples, dict(rl.alarms), rl.alarm_action
+        self.first_length: float | None = None  # mean words of the first step's captions (global batch)
+        self.scenes: Mapping[Hashable, Scene] | None = None
+        self.accelerator: Any = None
+        self.warned: set[str] = set()
+        self.step: int | None = None  # the step being measured (1-based, as logged), when the engine says it
+        self._sums = dict.fromkeys(SUMS, 0.0)
+
+    def setup(self, ctx: TrainContext) -> None:
+        self.accelerator = getattr(ctx, "accelerator", None)
+        self.scenes = world_scenes(ctx)
+
+    def measure(
+        self, texts: Sequence[str], image_ids: Sequence[Hashable], step: int | None = None
+    ) -> dict[str, float]:
+        """The measures of one micro-batch's sampled captions (``image_ids``: each caption's image), to log; they are
+        also added to the step's sums for the alarms (:meth:`end_step`)."""
+        from finecap.metrics.faithfulness import _scene_of
+
+        n = len(texts)
+        words = sum(len(t.split()) for t in texts)
+        rep = sum(repetition(t) for t in texts)
+        groups = max(1, n // max(1, self.samples))
+        distinct = distinct_share(list(texts), self.samples) * groups
+        sums = {"captions": n, "words": words, "repetition": rep, "groups": groups, "distinct": distinct}
+        out = {"monitor/length_drift": self._drift(words / max(1, n)), "monitor/repetition": rep / max(1, n)}
+        if self.scenes is not None:
+            from finecap.world.facts import faithfulness
+
+            scored = [faithfulness(t, scene) for t, i in zip(texts, image_ids, strict=True)
+                      if (scene := _scene_of(i, self.scenes)) is not None]  # fmt: skip
+            k = len(scored)
+            sums.update(scored=k, precision=sum(f.precision for f in scored), recall=sum(f.recall for f in scored))
+            out["monitor/fact_precision"] = sums["precision"] / max(1, k)
+            out["monitor/fact_recall"] = sums["recall"] / max(1, k)
+        for key, value in sums.items():
+            self._sums[key] += float(value)
+        if step is not None:
+            self.step = step
+        return out
+
+    def _drift(self, mean_length: float) -> float:
+        return 0.0 if not self.first_length else mean_length / self.first_length - 1.0
+
+    def step_values(self) -> dict[str, float]:
+        """The step's measures over the global batch (every process's captions), as the alarms read them."""
+        values = torch.tensor([self._sums[k] for k in SUMS], dtype=torch.float64)
+        acc = self.accelerator
+        if acc is not None and acc.num_processes > 1:
+            values = acc.reduce(values.to(acc.device), reduction="sum").cpu()
+        sums = dict(zip(SUMS, values.tolist(), strict=True))
+        if sums["captions"] == 0:
+            return {}
+        length = sums["words"] / sums["captions"]
+        if self.first_length is None:
+            self.first_length = length
+        out = {"length_drift": self._drift(length), "repetition": sums["repetition"] / sums["captions"],
+               "distinct": sums["distinct"] / max(1.0, sums["groups"])}  # fmt: skip
+        if sums["scored"] > 0:
+            out["fact_precision"] = sums["precision"] / sums["scored"]
+            out["fact_recall"] = sums["recall"] / sums["scored"]
+        return out
+
+    def end_step(self) -> None:
+        """After an optimizer step: the step's global measures, the first step's length kept, the alarms checked."""
+        values = self.step_values()
+        self._sums = dict.fromkeys(SUMS, 0.0)
+        for measure, threshold in self.alarms.items():
+            if measure not in values:
+                continue  # fact_* off the world
+            value = values[measure]
+            high = measure in ("length_drift", "repetition")
+            crossed = (abs(value) if measure == "length_drift" else value) > threshold if high else value < threshold
+            if not crossed:
+                continue
+            where = f"step {self.step}" if self.step is not None else "this step"
+            side = "above" if high else "below"
+            message = (f"rl.alarms: at {where} the sampled captions' {measure} is {value:.4g}, {side} its threshold "
+                       f"{threshold:g}: the policy may be exploiting the reward")  # fmt: skip
+            if self.action == "stop":
+                raise RewardHackingAlarm(f"{message}; training stopped (rl.alarm_action=stop)")
+            if measure not in self.warned:
+                self.warned.add(measure)
+                if self.accelerator is None or self.accelerator.is_main_process:
+                    log.warning("%s (warned once per measure; rl.alarm_action=stop ends the run)", message)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"first_length": self.first_length}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Restore :meth:`state_dict`; ``ValueError`` unless the first length is ``None`` or a number >= 0."""
+        first = state.get("first_length")
+        if first is not None and (isinstance(first, bool) or not isinstance(first, int | float) or not first >= 0):
+            raise ValueError(f"monitor 'first_length' must be a number >= 0 or null, got {short_repr(first)}")
+        self.first_length = None if first is None else float(first)

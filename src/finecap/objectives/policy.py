@@ -1,0 +1,522 @@
+"""The GRPO family of policy optimisation over caption rewards: group advantages (GRPO, Dr. GRPO, GDPO), the clipped
+surrogate over several iterations (PPO/GRPO, DAPO's asymmetric clip, GSPO's sequence-level ratio), a k3 KL to the
+starting policy and TRL's loss aggregations. Formulas and names follow TRL 1.16 (``trl/trainer/grpo_trainer.py``:
+``_generate_and_score_completions`` for the advantages, ``_compute_loss`` for the loss) and are tested equal to it
+(``tests/objectives/test_policy_trl.py``); docs/methods/grpo.md puts them side by side.
+
+It is the ``reinforce`` objective with options (:class:`PolicyOptimization`, built by the same factory when an option
+asks for it; the defaults are the papers' REINFORCE, :class:`~finecap.objectives.reinforce.Reinforce`). Per image,
+``s = rl.samples`` captions are sampled: the image's *group*. One optimizer step of the ``rl.iterations = μ`` that
+share a rollout:
+
+1. **Roll out** (first step of a cycle only; :meth:`PolicyOptimization.begin_step`, before any micro-batch's
+   backward pass): decode and score every micro-batch of the step as REINFORCE does; with ``rl.kl_coef > 0`` score
+   the captions under the reference policy too (:mod:`finecap.objectives.reference`).
+2. **Advantages** ``A`` per caption (no gradient), ``eps = 1e-4`` as TRL:
+
+   - ``rl.advantage=baseline``: ``R - b`` with ``rl.baseline`` (REINFORCE's);
+   - ``group`` with ``rl.reward_aggregation=sum_then_normalize``: ``A = (R - mean_g R) / (std + eps)``, ``std`` the
+     group's (``rl.scale_rewards=group``), the global batch's (``batch``) or none, ``A = R - mean_g R`` (``none``,
+     Dr. GRPO);
+   - ``normalize_then_sum`` (GDPO): each reward of ``rl.rewards`` normalised within its group,
+     ``a_k = (r_k - mean_g r_k) / (std_g r_k + eps)``, summed with the weights, ``S = sum_k w_k a_k``, and the sum
+     normalised over the global batch, ``A = (S - mean S) / (std S + eps)``.
+
+   Standard deviations are Bessel-corrected (TRL's ``nanstd``), so a group whose rewards are all equal has
+   ``std = 0`` and ``A = 0 / eps = 0``, never NaN. *Batch* statistics are over the step's whole global batch: every
+   micro-batch of the step is rolled out first, and the sums are reduced over processes with the accelerator that
+   ``setup`` received (``accelerator.reduce``), so they do not depend on how the global batch is split over
+   processes and accumulation steps. Groups never straddle processes or micro-batches: an image's samples are
+   decoded together.
+3. **Loss**, with ``logp`` the policy's per-token log-probs (with gradient) and ``old`` those of the rollout:
+
+   - ``rl.policy_loss=reinforce``: ``-mean_n A_n log p(y_n)`` (``rl.logprob``: sum or mean of the caption's tokens);
+   - ``clipped``: per token ``-min(w A, clip(w, 1 - clip_low, 1 + clip_high) A)`` with ``w = exp(logp - old)``
+     (``rl.importance=token``) or ``w = exp(mean_t (logp - old))`` per caption (``sequence``, GSPO); plus, with
+     ``rl.kl_coef = β > 0``, ``β k3`` per token, ``k3 = exp(ref - logp) - (ref - logp) - 1`` (times ``w`` with
+     ``rl.kl_bias_correction``, TRL 1.16's default); aggregated by ``rl.loss_aggregation``: ``sequence`` (TRL's
+     ``grpo``: mean over the caption's tokens, then over captions), ``token`` (``bnpo``/``dapo``: sum over every token
+     of the global batch / their number; each micro-batch reports its token count as ``ObjectiveOutput.num_items``
+     and the engine divides by the global count, so the mean is that of the global batch whatever its split),
+     ``constant`` (``dr_grpo``: sum / (captions x ``decode.max_length``)).
+
+   ``old`` is the policy's own log-probs at the first step of the cycle, detached (TRL does the same when μ = 1):
+   the first step's ratio is exactly 1, so with μ = 1 nothing is clipped and the gradient is REINFORCE's with the
+   same advantages (``sequence`` gives ``rl.logprob=mean``'s, ``constant`` ``rl.logprob=sum``'s divided by
+   ``decode.max_length``). Later steps of the cycle score the same captions with the updated policy.
+
+**Iterations.** With μ > 1 the same images must come back for μ consecutive optimizer steps: the application
+repeats each global batch of the sampler μ times (:class:`finecap.data.samplers.RepeatedBatches`, from
+``batch_repeats``), so an epoch has μ times as many optimizer steps and ``train.epochs``, ``train.max_steps`` and the
+learning-rate schedule count every one. The rollout of the cycle (captions, advantages, ``old``, ``ref``) is kept by
+this process, micro-batch by micro-batch, checked against each micro-batch's image indices (``batch["index"]``); it
+is part of the objective's state, so a checkpoint taken mid-cycle resumes bit-exactly
+(``tests/train/test_grpo_training.py``). A kept rollout whose images do not match the step's (a run resumed with
+another number of processes) is dropped with a warning and the cycle restarts with a fresh rollout. With dropout in
+the policy, the ratios of the later steps also carry the dropout noise of two forward passes (as TRL's without
+``disable_dropout``).
+
+Losses: ``policy`` (the clipped surrogate, KL included) or ``reinforce``, and ``entropy`` with ``rl.entropy_coef``.
+Metrics besides REINFORCE's: ``advantage/min``, ``advantage/max``, ``zero_std_groups`` (share of groups whose rewards
+are all equal: no signal), and with ``clipped`` ``clip_fraction`` (TRL's ``clip_ratio/region_mean``: tokens whose
+ratio left the clip range on the side where the clip binds), ``ratio/mean|min|max`` and ``kl`` (per-token mean).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from finecap.config import DecodeConfig, RLConfig
+from finecap.decode import Generation
+from finecap.objectives.base import ObjectiveOutput
+from finecap.objectives.baselines import NoBaseline
+from finecap.objectives.entropy import mean_entropy
+from finecap.objectives.reference import Reference
+from finecap.objectives.reinforce import (
+    Reinforce,
+    Rollout,
+    policy_gradient_loss,
+    reinforce_kwargs,
+    sequence_logprob,
+)
+from finecap.rewards.base import RewardOutput
+
+if TYPE_CHECKING:
+    from finecap.config import Config
+    from finecap.contract import TrainContext
+    from finecap.rewards.base import Reward
+
+log = logging.getLogger(__name__)
+
+EPS = 1e-4
+"""Added to every standard deviation that divides an advantage (TRL's constant)."""
+
+Reduce = Callable[[torch.Tensor], torch.Tensor]
+"""Sums a tensor over the processes (the identity in one process)."""
+
+
+def local(t: torch.Tensor) -> torch.Tensor:
+    """:data:`Reduce` of one process."""
+    return t
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# Advantages
+# --------------------------------------------------------------------------------------------------------------------
+
+
+def batch_mean_std(x: torch.Tensor, reduce: Reduce = local) -> tuple[torch.Tensor, torch.Tensor]:
+    """Mean and Bessel-corrected standard deviation of every value of ``x`` on every process (TRL's ``nanmean`` and
+    ``nanstd`` over the gathered batch), by two reductions of sums. One value in all: std NaN, as TRL's.
+
+    >>> [round(v.item(), 4) for v in batch_mean_std(torch.tensor([1.0, 2.0, 6.0]))]  # var = (4 + 1 + 9) / 2 = 7
+    [3.0, 2.6458]
+    """
+    totals = reduce(torch.stack([x.sum(), torch.tensor(float(x.numel()), dtype=x.dtype, device=x.device)]))
+    mean = totals[0] / totals[1]
+    squares = reduce(((x - mean) ** 2).sum().reshape(1))[0]
+    return mean, (squares / (totals[1] - 1)).sqrt() if totals[1] > 1 else torch.full_like(mean, float("nan"))
+
+
+def group_advantages(
+    rewards: torch.Tensor, samples: int, scale: str = "group", reduce: Reduce = local
+) -> torch.Tensor:
+    """GRPO's advantages of ``rewards`` (N,), groups of ``samples`` contiguous captions: ``R - group mean``, divided
+    by the group's std + eps (``scale="group"``), the global batch's std + eps (``"batch"``) or nothing (``"none"``).
+
+    >>> adv = group_advantages(torch.tensor([1.0, 2.0, 3.0, 5.0, 5.0, 5.0]), 3)  # std 1; a constant group: 0
+    >>> [round(a, 4) for a in adv.tolist()]  # -1 / (1 + 1e-4), 0, 1 / (1 + 1e-4)
+    [-0.9999, 0.0, 0.9999, 0.0, 0.0, 0.0]
+    """
+    grouped = rewards.view(-1, samples)  # (G, s)
+    centred = (grouped - grouped.mean(dim=1, keepdim=True)).flatten()  # (N,)
+    if scale == "none":
+        return centred
+    if scale == "group":
+        std = grouped.std(dim=1, keepdim=True).expand_as(grouped).flatten()  # (N,), Bessel-corrected
+    elif scale == "batch":
+        std = batch_mean_std(rewards, reduce)[1].expand_as(rewards)
+    else:
+        raise ValueError(f"rl.scale_rewards: invalid value {scale!r}; valid choices: group, batch, none")
+    return centred / (std + EPS)
+
+
+def normalize_then_sum(parts: Sequence[torch.Tensor], weights: Sequence[float], samples: int,
+                       reduce: Reduce = local) -> torch.Tensor:  # fmt: skip
+    """GDPO's advantages: each reward (N,) normalised within its group, the weighted sum of those, normalised over
+    the global batch (module docstring)."""
+    summed = sum(w * group_advantages(r, samples, "group") for r, w in zip(parts, weights, strict=True))
+    assert isinstance(summed, torch.Tensor)
+    mean, std = batch_mean_std(summed, reduce)
+    return (summed - mean) / (std + EPS)
+
+
+def zero_std_share(rewards: torch.Tensor, samples: int) -> float:
+    """Share of groups whose rewards are all equal (TRL's ``frac_reward_zero_std``): no learning signal."""
+    std = rewards.view(-1, samples).std(dim=1)  # (G,)
+    return float(torch.isclose(std, torch.zeros_like(std)).float().mean())
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# The clipped surrogate, the KL term and aggregation
+# --------------------------------------------------------------------------------------------------------------------
+
+
+def log_importance(logp: torch.Tensor, old: torch.Tensor, mask: torch.Tensor, level: str = "token") -> torch.Tensor:
+    """``log w``: per token ``logp - old`` (N, L), or per caption the masked mean of it (N, 1) (GSPO)."""
+    log_ratio = logp - old  # (N, L)
+    if level == "token":
+        return log_ratio
+    if level == "sequence":
+        m = mask.to(log_ratio.dtype)
+        return ((log_ratio * m).sum(-1) / m.sum(-1).clamp(min=1.0)).unsqueeze(-1)  # (N, 1)
+    raise ValueError(f"rl.importance: invalid value {level!r}; valid choices: token, sequence")
+
+
+def clipped_surrogate(
+    ratio: torch.Tensor, advantages: torch.Tensor, clip_low: float, clip_high: float
+) -> torch.Tensor:
+    """Per-token loss ``-min(w A, clip(w, 1 - clip_low, 1 + clip_high) A)``; ``ratio`` (N, L) or (N, 1), ``advantages``
+    (N,) without gradient.
+
+    >>> w = torch.tensor([[0.5, 1.0, 1.5]])  # A = 2: the upper clip binds at 1.5 -> 1.2; the lower one never
+    >>> clipped_surrogate(w, torch.tensor([2.0]), 0.2, 0.2).tolist()
+    [[-1.0, -2.0, -2.4000000953674316]]
+    """
+    a = advantages.detach().to(ratio.dtype).unsqueeze(1)  # (N, 1)
+    clipped = torch.clamp(ratio, 1 - clip_low, 1 + clip_high)
+    return -torch.min(ratio * a, clipped * a)
+
+
+def k3(logp: torch.Tensor, ref: torch.Tensor) -> torch.Tensor:
+    """TRL's per-token KL estimate ``exp(ref - logp) - (ref - logp) - 1`` (>= 0, 0 where they agree). (N, L).
+
+    >>> k3(torch.tensor([-1.0, -2.0]), torch.tensor([-1.0, -1.0])).tolist()  # e^1 - 1 - 1
+    [0.0, 0.7182817459106445]
+    """
+    d = ref - logp
+    return torch.exp(d) - d - 1
+
+
+def aggregate(per_token: torch.Tensor, mask: torch.Tensor, how: str, max_length: int) -> tuple[torch.Tensor, float]:
+    """The loss from per-token losses ``(N, L)`` (or ``(N, 1)``, broadcast over the tokens) and what it is a mean over
+    (``ObjectiveOutput.num_items``): ``sequence`` (captions), ``token`` (tokens), ``constant`` (captions, with the
+    sum divided by ``N x max_length``).
+
+    >>> x, m = torch.tensor([[1.0, 3.0], [2.0, 0.0]]), torch.tensor([[True, True], [True, False]])
+    >>> [(round(v.item(), 4), n) for v, n in (aggregate(x, m, h, 4) for h in ("sequence", "token", "constant"))]
+    [(2.0, 2.0), (2.0, 3.0), (0.75, 2.0)]
+    """
+    m = mask.to(per_token.dtype)
+    masked = per_token * m  # (N, L)
+    n = float(per_token.shape[0])
+    if how == "sequence":
+        return (masked.sum(-1) / m.sum(-1).clamp(min=1.0)).mean(), n
+    if how == "token":
+        return masked.sum() / m.sum().clamp(min=1.0), float(m.sum())
+    if how == "constant":
+        return masked.sum() / (n * max_length), n
+    raise ValueError(f"rl.loss_aggregation: invalid value {how!r}; valid choices: sequence, token, constant")
+
+
+def masked_mean(x: torch.Tensor, mask: torch.Tensor) -> float:
+    """Mean of ``x`` (N, L) over the mask, or of ``x`` (N, 1) over captions."""
+    if x.shape[-1] == 1:
+        return float(x.mean())
+    m = mask.to(x.dtype)
+    return float((x * m).sum() / m.sum().clamp(min=1.0))
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# The objective
+# --------------------------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Prepared:
+    """One micro-batch's rollout, kept for the ``rl.iterations`` steps of its cycle."""
+
+    index: torch.Tensor  # (B,) dataset indices of the micro-batch's images
+    rollout: Rollout
+    advantages: torch.Tensor  # (N,)
+    ref: torch.Tensor | None = None  # (N, L) reference log-probs (rl.kl_coef > 0)
+    old: torch.Tensor | None = None  # (N, L) the policy's log-probs at the cycle's first step, detached
+    seconds: tuple[float, float] = (0.0, 0.0)  # decoding and scoring time (logged at the first step only)
+
+    def state_dict(self) -> dict[str, Any]:
+        r, g = self.rollout, self.rollout.samples
+        return {
+            "index": self.index, "sequences": g.sequences, "token_logprobs": g.token_logprobs, "lengths": g.lengths,
+            "image_index": g.image_index, "scores": g.scores, "texts": list(g.texts), "rewards": r.rewards.total,
+            "parts": dict(r.rewards.parts), "baseline": r.baseline, "advantages": self.advantages, "ref": self.ref,
+            "old": self.old, "greedy_rewards": None if r.greedy_rewards is None else r.greedy_rewards.total,
+        }  # fmt: skip
+
+    @classmethod
+    def from_state(cls, s: dict[str, Any]) -> Prepared:
+        """The kept rollout of a checkpoint; ``ValueError`` unless its tensors agree in kind and shape."""
+        check_kept(s)
+        samples = Generation(s["sequences"], s["token_logprobs"], s["lengths"], s["image_index"], s["scores"],
+                             list(s["texts"]))  # fmt: skip
+        greedy = None if s["greedy_rewards"] is None else RewardOutput(s["greedy_rewards"])
+        rollout = Rollout(samples, RewardOutput(s["rewards"], dict(s["parts"])), s["baseline"], None, greedy)
+        return cls(s["index"], rollout, s["advantages"], s["ref"], s["old"])
+
+
+def check_kept(s: dict[str, Any]) -> None:
+    """A kept rollout read from a checkpoint: N captions of L positions, their texts, rewards and advantages, and
+    ``old`` / ``ref`` of the same (N, L) shape when present (a tampered state is refused, never half-used)."""
+    seq = s["sequences"]
+    if not isinstance(seq, torch.Tensor) or seq.dim() != 2 or seq.is_floating_point():
+        raise ValueError("the kept rollout's sequences must be an (N, L) integer tensor")
+    n = seq.shape[0]
+    vectors = ("lengths", "image_index", "scores", "rewards", "baseline", "advantages")
+    if not all(isinstance(s[k], torch.Tensor) and tuple(s[k].shape) == (n,) for k in vectors):
+        raise ValueError(f"the kept rollout's {', '.join(vectors)} must be tensors of its {n} captions")
+    for key in ("token_logprobs", "old", "ref"):
+        if s[key] is not None and (not isinstance(s[key], torch.Tensor) or s[key].shape != seq.shape):
+            raise ValueError(f"the kept rollout's {key!r} must have the shape of its sequences {tuple(seq.shape)}")
+    texts, parts = s["texts"], s["parts"]
+    if not isinstance(texts, list) or len(texts) != n or not all(isinstance(t, str) for t in texts):
+        raise ValueError(f"the kept rollout's texts must be {n} strings")
+    if not isinstance(parts, dict) or not all(isinstance(v, torch.Tensor) and v.shape == (n,) for v in parts.values()):
+        raise ValueError(f"the kept rollout's reward parts must be tensors of its {n} captions")
+    if not isinstance(s["index"], torch.Tensor) or s["index"].dim() != 1:
+        raise ValueError("the kept rollout's image indices must be a vector")
+
+
+def batch_indices(batch: dict[str, Any]) -> torch.Tensor:
+    """The micro-batch's dataset indices ``(B,)`` (what a kept rollout is matched by); rows when none are given."""
+    if "index" in batch:
+        return torch.as_tensor(batch["index"]).long().cpu()
+    rows = next((v for v in batch.values() if isinstance(v, torch.Tensor) and v.dim() > 0), None)
+    return torch.arange(0 if rows is None else rows.shape[0])
+
+
+class PolicyOptimization(Reinforce):
+    """``objective(model, batch)``: the GRPO family (module docstring); :class:`Reinforce`'s arguments.
+
+    Called by the training engine, ``begin_step`` rolls out the step's micro-batches (or reuses the cycle's rollout)
+    and each call takes the next one; called directly (tests, scripts), a call without ``begin_step`` rolls out its
+    own batch, and ``end_step()`` after each optimizer step advances the cycle.
+    """
+
+    def __init__(self, reward: Reward, baseline: Any, *, rl: RLConfig | None = None,
+                 decode: DecodeConfig | None = None, seed: int = 0):  # fmt: skip
+        rl = rl or RLConfig()
+        super().__init__(reward, baseline, rl=rl, decode=decode, seed=seed)
+        if rl.advantage == "group":
+            self.baseline = NoBaseline()  # the group mean is the baseline (rl.baseline is not used)
+        self.batch_repeats = rl.iterations
+        self.max_length = (decode or DecodeConfig()).max_length
+        self.reference = Reference() if rl.kl_coef > 0 else None
+        self.reduce: Reduce = local
+        self.cycle: list[Prepared] = []  # this process's micro-batches of the current rollout, in order
+        self.taken = 0  # optimizer steps of the cycle finished
+        self.cursor = 0  # the next micro-batch of the cycle
+        self.open = False  # a step began and has not ended
+
+    # -- hooks -----------------------------------------------------------------------------------------------------
+
+    def setup(self, ctx: TrainContext) -> None:
+        super().setup(ctx)
+        acc = getattr(ctx, "accelerator", None)
+        if acc is not None and acc.num_processes > 1:
+            self.reduce = lambda t: acc.reduce(t.to(acc.device), reduction="sum").to(t.device)
+
+    def begin_step(self, model: torch.nn.Module, micro_batches: list[dict[str, Any]]) -> None:
+        """Roll out and score the step's micro-batches, unless the cycle's rollout covers the same images."""
+        indices = [batch_indices(b) for b in micro_batches]
+        kept = [p.index for p in self.cycle]
+        same = len(kept) == len(indices) and all(torch.equal(a, b) for a, b in zip(kept, indices, strict=True))
+        if not (same and self.taken < self.rl.iterations):
+            if self.cycle and self.taken < self.rl.iterations:
+                log.warning("rl.iterations: the kept rollout is of other images than this step's (a resume with "
+                            "another number of processes?); the cycle restarts with a fresh rollout")  # fmt: skip
+            self.cycle, self.taken = self.prepare(model, micro_batches, indices), 0
+        self.cursor, self.open = 0, True
+
+    def end_step(self) -> None:
+        super().end_step()
+        self._finish_step()
+
+    def _finish_step(self) -> None:
+        if self.open:
+            self.taken += 1
+            self.open = False
+            if self.taken >= self.rl.iterations:
+                self.cycle, self.taken = [], 0
+
+    def state_dict(self) -> dict[str, Any]:
+        state = super().state_dict()
+        state["policy"] = {"taken": self.taken, "cycle": [p.state_dict() for p in self.cycle],
+                           "reference": None if self.reference is None else self.reference.state_dict()}  # fmt: skip
+        return state
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        super().load_state_dict(state)
+        policy = state.get("policy")
+        if policy is None:
+            return
+        taken = policy["taken"]
+        if type(taken) is not int or not 0 <= taken < self.rl.iterations:
+            raise ValueError(f"the kept rollout's step count must be in [0, {self.rl.iterations}), got {taken!r}")
+        self.cycle, self.taken = [Prepared.from_state(p) for p in policy["cycle"]], taken
+        if self.reference is not None and policy.get("reference") is not None:
+            self.reference.load_state_dict(policy["reference"])
+
+    # -- the rollout -----------------------------------------------------------------------------------------------
+
+    def prepare(self, model: torch.nn.Module, micro_batches: list[dict[str, Any]],
+                indices: list[torch.Tensor]) -> list[Prepared]:  # fmt: skip
+        """Decode and score every micro-batch (every process at once), then the advantages with the batch statistics
+        of the global batch, and the reference log-probs."""
+        rolled = [self.rollout(model, b) for b in micro_batches]
+        rollouts = [r for r, _ in rolled]
+        for r in rollouts:
+            self._check_groups(r.samples)
+        advantages = (
+            self.group_advantages(rollouts) if self.rl.advantage == "group" else [r.advantage for r in rollouts]
+        )
+        prepared = []
+        for batch, index, (rollout, seconds), adv in zip(micro_batches, indices, rolled, advantages, strict=True):
+            ref = None
+            if self.reference is not None:
+                ref = self.reference.logprobs(model, batch, rollout.samples, self.logprob_temperature)
+            times = (seconds["time/generate"], seconds["time/reward"])
+            prepared.append(Prepared(index, rollout, adv.detach(), ref, None, times))
+        return prepared
+
+    def _check_groups(self, gen: Generation) -> None:
+        s = self.rl.samples
+        want = torch.arange(len(gen) // s, device=gen.image_index.device).repeat_interleave(s)
+        if len(gen) % s or not torch.equal(gen.image_index, want):
+            raise RuntimeError(f"rl.samples={s}: the decoded captions are not {s} contiguous ones per image")
+
+    def group_advantages(self, rollouts: list[Rollout]) -> list[torch.Tensor]:
+        """The advantages of ``rl.advantage=group`` of every micro-batch, with the global batch's statistics."""
+        s, rl = self.rl.samples, self.rl
+        sizes = [len(r.samples) for r in rollouts]
+        if rl.reward_aggregation == "normalize_then_sum":
+            weights = self.reward_weights()
+            parts = [torch.cat([r.rewards.parts[name] for r in rollouts]) for name in weights]  # each (N_all,)
+            flat = normalize_then_sum(parts, list(weights.values()), s, self.reduce)
+        else:
+            flat = group_advantages(torch.cat([r.rewards.total for r in rollouts]), s, rl.scale_rewards, self.reduce)
+        return list(flat.split(sizes))
+
+    def reward_weights(self) -> dict[str, float]:
+        """``{name: weight}`` of the weighted rewards (GDPO normalises each one)."""
+        rewards = getattr(self.reward, "rewards", None)
+        if not isinstance(rewards, dict):
+            raise ValueError("rl.reward_aggregation=normalize_then_sum needs the weighted rewards of rl.rewards")
+        return {name: float(weight) for name, (weight, _) in rewards.items()}
+
+    # -- the step --------------------------------------------------------------------------------------------------
+
+    def _next(self, model: torch.nn.Module, batch: dict[str, Any]) -> Prepared:
+        if self.cursor >= len(self.cycle) or not self.open:  # called without begin_step: this batch is a step
+            self._finish_step()
+            self.begin_step(model, [batch])
+        item = self.cycle[self.cursor]
+        self.cursor += 1
+        if not torch.equal(item.index, batch_indices(batch)):
+            raise RuntimeError("rl.iterations: the micro-batch is not the one its rollout was made for")
+        return item
+
+    def __call__(self, model: torch.nn.Module, batch: dict[str, Any]) -> ObjectiveOutput:
+        item = self._next(model, batch)
+        first = self.taken == 0  # the cycle's first step: its rollout's timings are logged
+        rollout, gen = item.rollout, item.rollout.samples
+        scores = model(
+            batch,
+            sequences=gen.sequences,
+            mask=gen.mask,
+            image_index=gen.image_index,
+            temperature=self.logprob_temperature,
+            with_entropy=self.rl.entropy_coef > 0,
+        )  # TokenScores: (N, L) log-probs with gradient through the captioner's forward
+        logp = scores.logprobs
+        mask = gen.mask.to(logp.device)
+        if item.old is None:  # the cycle's first step: the rollout policy is this one
+            item.old = logp.detach()
+        adv = item.advantages.to(logp.device)
+        seq_logp = sequence_logprob(logp, gen.lengths, self.rl.logprob)  # (N,)
+        metrics: dict[str, float] = {"time/generate": item.seconds[0] if first else 0.0,
+                                     "time/reward": item.seconds[1] if first else 0.0}  # fmt: skip
+        if self.rl.policy_loss == "reinforce":
+            losses, items = {"reinforce": policy_gradient_loss(adv, seq_logp)}, float(len(gen))
+        else:
+            loss, items, extra = self.clipped_loss(logp, item, adv, mask)
+            losses = {"policy": loss}
+            metrics.update(extra)
+        if scores.entropy is not None:
+            entropy = mean_entropy(scores.entropy, mask.to(scores.entropy.device))
+            losses["entropy"] = -self.rl.entropy_coef * entropy
+            metrics["entropy"] = float(entropy.detach())
+        metrics.update(self.metrics(rollout, seq_logp))
+        metrics.update(self.advantage_metrics(item))
+        metrics.update(self.watch(rollout, batch))
+        return ObjectiveOutput(losses=losses, metrics=metrics, num_items=items)
+
+    def clipped_loss(self, logp: torch.Tensor, item: Prepared, adv: torch.Tensor,
+                     mask: torch.Tensor) -> tuple[torch.Tensor, float, dict[str, float]]:  # fmt: skip
+        """The clipped surrogate (+ β k3) aggregated, its item count, and its metrics."""
+        rl = self.rl
+        assert item.old is not None
+        ratio = torch.exp(log_importance(logp, item.old.to(logp.device, logp.dtype), mask, rl.importance))
+        per_token = clipped_surrogate(ratio, adv, rl.clip_low, rl.clip_high)  # (N, L) or (N, 1)
+        metrics = {}
+        if self.reference is not None:
+            assert item.ref is not None
+            kl = k3(logp, item.ref.to(logp.device, logp.dtype))  # (N, L)
+            if rl.kl_bias_correction:
+                kl = kl * ratio
+            per_token = per_token + rl.kl_coef * kl
+            metrics["kl"] = masked_mean(kl.detach(), mask)
+        loss, items = aggregate(per_token, mask, rl.loss_aggregation, self.max_length)
+        w = ratio.detach()
+        a = adv.to(w.dtype).unsqueeze(1)  # (N, 1)
+        clipped = ((w < 1 - rl.clip_low) & (a < 0)) | ((w > 1 + rl.clip_high) & (a > 0))
+        values = w[mask] if w.shape[-1] != 1 else w.flatten()
+        metrics.update({"clip_fraction": masked_mean(clipped.float(), mask), "ratio/mean": float(values.mean()),
+                        "ratio/min": float(values.min()), "ratio/max": float(values.max())})  # fmt: skip
+        return loss, items, metrics
+
+    def advantage_metrics(self, item: Prepared) -> dict[str, float]:
+        adv = item.advantages
+        out = {"advantage_std": float(adv.std()) if adv.numel() > 1 else 0.0,
+               "advantage/min": float(adv.min()), "advantage/max": float(adv.max())}  # fmt: skip
+        if self.rl.advantage == "group":
+            out["zero_std_groups"] = zero_std_share(item.rollout.rewards.total, self.rl.samples)
+        return out
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# Factories
+# --------------------------------------------------------------------------------------------------------------------
+
+
+def uses_policy_options(rl: RLConfig) -> bool:
+    """Whether ``rl`` asks for anything of the GRPO family (group advantages or the clipped surrogate)."""
+    return rl.advantage != "baseline" or rl.policy_loss != "reinforce"
+
+
+def build(cfg: Config) -> Reinforce:
+    """Factory of ``train.objective=reinforce``: SCST with the defaults (CIDEr-D reward, greedy baseline,
+    :class:`Reinforce`), the GRPO family (:class:`PolicyOptimization`) when ``rl.advantage`` or ``rl.policy_loss``
+    ask for it."""
+    cls = PolicyOptimization if uses_policy_options(cfg.rl) else Reinforce
+    return cls(**reinforce_kwargs(cfg))
+
+
+def build_max_entropy(cfg: Config) -> Reinforce:
+    """Factory of ``train.objective=scst_me``: REINFORCE with the max-entropy term, which needs rl.entropy_coef > 0."""
+    if cfg.rl.entropy_coef <= 0:
+        raise ValueError("train.objective=scst_me needs rl.entropy_coef > 0 (the paper's SLL-ME uses 0.01)")
+    return build(cfg)

@@ -1,0 +1,118 @@
+"""The GRPO family's advantages (finecap.objectives.policy), hand-computed on 2 images x 3 samples for each
+rl.scale_rewards and rl.reward_aggregation, with the arithmetic in comments; a group of equal rewards gives 0, never
+NaN; the configuration's checks name the key."""
+
+import math
+
+import pytest
+import torch
+
+from finecap.config import ConfigError, RLConfig, load
+from finecap.objectives.policy import EPS, batch_mean_std, group_advantages, normalize_then_sum, zero_std_share
+
+# Image 0 samples rewards (1, 2, 6); image 1 (4, 4, 4).
+#   image 0: mean 3, deviations (-2, -1, 3), Bessel variance (4 + 1 + 9) / 2 = 7, std sqrt(7) = 2.6458
+#   image 1: mean 4, deviations (0, 0, 0), std 0 -> advantages 0 / (0 + eps) = 0
+REWARDS = torch.tensor([1.0, 2.0, 6.0, 4.0, 4.0, 4.0])
+CENTRED = [-2.0, -1.0, 3.0, 0.0, 0.0, 0.0]
+
+
+def test_group_scaling_divides_by_each_groups_std():
+    got = group_advantages(REWARDS, 3, "group")
+    s7 = math.sqrt(7.0)
+    assert got.tolist() == pytest.approx([-2 / (s7 + EPS), -1 / (s7 + EPS), 3 / (s7 + EPS), 0.0, 0.0, 0.0], rel=1e-6)
+    assert EPS == 1e-4  # TRL's constant
+
+
+def test_no_scaling_is_dr_grpos_centred_rewards():
+    assert group_advantages(REWARDS, 3, "none").tolist() == CENTRED
+
+
+def test_batch_scaling_divides_the_group_centred_rewards_by_the_batch_std():
+    # all six rewards: mean 21 / 6 = 3.5; deviations (-2.5, -1.5, 2.5, .5, .5, .5); squares 6.25 + 2.25 + 6.25 +
+    # 3 x .25 = 15.5; Bessel variance 15.5 / 5 = 3.1; std sqrt(3.1) = 1.7607. TRL centres by the *group* mean.
+    got = group_advantages(REWARDS, 3, "batch")
+    std = math.sqrt(3.1)
+    assert got.tolist() == pytest.approx([c / (std + EPS) for c in CENTRED], rel=1e-6)
+    mean, s = batch_mean_std(REWARDS)
+    assert (mean.item(), s.item()) == pytest.approx((3.5, std), rel=1e-6)
+
+
+def test_normalize_then_sum_normalises_each_reward_in_its_group_then_the_weighted_sum_over_the_batch():
+    cider = REWARDS  # image 0: (-2, -1, 3) / sqrt(7); image 1: (0, 0, 0)
+    retrieval = torch.tensor([0.0, 0.0, 3.0, 1.0, 2.0, 3.0])
+    # retrieval, image 0: mean 1, deviations (-1, -1, 2), variance (1 + 1 + 4) / 2 = 3 -> (-1, -1, 2) / sqrt(3)
+    #            image 1: mean 2, deviations (-1, 0, 1), variance 1 -> (-1, 0, 1) / 1
+    s7, s3 = math.sqrt(7) + EPS, math.sqrt(3) + EPS
+    c = [-2 / s7, -1 / s7, 3 / s7, 0.0, 0.0, 0.0]
+    r = [-1 / s3, -1 / s3, 2 / s3, -1 / (1 + EPS), 0.0, 1 / (1 + EPS)]
+    summed = [a + 0.5 * b for a, b in zip(c, r, strict=True)]  # weights cider 1, retrieval 0.5
+    # = (-1.0446, -0.6666, 1.7112, -0.5, 0, 0.5): mean 0 (each group's part is centred), Bessel std over the six
+    mean = sum(summed) / 6
+    std = math.sqrt(sum((x - mean) ** 2 for x in summed) / 5)  # sqrt(4.9635 / 5) = 0.9963
+    want = [(x - mean) / (std + EPS) for x in summed]
+    got = normalize_then_sum([cider, retrieval], [1.0, 0.5], 3)
+    assert got.tolist() == pytest.approx(want, rel=1e-5, abs=1e-6)
+    assert got.tolist()[2] == pytest.approx(1.7173, abs=1e-4)  # 1.7112 / (0.9963 + eps)
+
+
+def test_sum_then_normalize_of_two_rewards_is_group_advantages_of_the_weighted_sum():
+    retrieval = torch.tensor([0.0, 0.0, 3.0, 1.0, 2.0, 3.0])
+    total = REWARDS + 0.5 * retrieval  # image 0: (1, 2, 7.5); image 1: (4.5, 5, 5.5)
+    # image 0: mean 3.5, deviations (-2.5, -1.5, 4), variance (6.25 + 2.25 + 16) / 2 = 12.25, std 3.5
+    # image 1: mean 5, deviations (-.5, 0, .5), variance .25, std .5
+    want = [-2.5 / (3.5 + EPS), -1.5 / (3.5 + EPS), 4 / (3.5 + EPS), -0.5 / (0.5 + EPS), 0.0, 0.5 / (0.5 + EPS)]
+    assert group_advantages(total, 3, "group").tolist() == pytest.approx(want, rel=1e-6)
+
+
+@pytest.mark.parametrize("scale", ["group", "batch", "none"])
+def test_a_group_of_equal_rewards_gets_zero_advantage_not_nan(scale):
+    constant = torch.tensor([0.7, 0.7, 0.7, 0.7, 0.7, 0.7])  # two groups, both constant
+    got = group_advantages(constant, 3, scale)
+    assert torch.isfinite(got).all() and got.abs().max().item() < 1e-6
+    gdpo = normalize_then_sum([constant, constant], [1.0, 1.0], 3)
+    assert torch.isfinite(gdpo).all() and gdpo.abs().max().item() < 1e-6
+    assert zero_std_share(constant, 3) == 1.0 and zero_std_share(REWARDS, 3) == 0.5
+
+
+def test_a_single_value_has_the_nan_std_of_trls_nanstd():
+    mean, std = batch_mean_std(torch.tensor([2.0]))
+    assert mean.item() == 2.0 and math.isnan(std.item())
+
+
+@pytest.mark.parametrize(
+    ("overrides", "key"),
+    [
+        (["rl.advantage=group", "rl.samples=1"], "rl.samples"),
+        (["rl.scale_rewards=batch"], "rl.scale_rewards"),
+        (["rl.reward_aggregation=normalize_then_sum"], "rl.reward_aggregation"),
+        (
+            ["rl.advantage=group", "rl.reward_aggregation=normalize_then_sum", "rl.scale_rewards=none"],
+            "rl.scale_rewards",
+        ),
+        (["rl.iterations=2"], "rl.iterations"),
+        (["rl.kl_coef=0.1"], "rl.kl_coef"),
+        (["rl.advantage=mean"], "rl.advantage"),
+        (["rl.loss_aggregation=dapo"], "rl.loss_aggregation"),
+        (["rl.alarms={length: 1.0}"], "rl.alarms"),
+        (["rl.alarms={fact_precision: 1.5}"], "rl.alarms.fact_precision"),
+        (["rl.alarms={length_drift: -1}"], "rl.alarms.length_drift"),
+        (["rl.iterations=100", "rl.policy_loss=clipped"], "rl.iterations"),
+    ],
+)
+def test_configuration_checks_name_the_key(overrides, key):
+    with pytest.raises(ConfigError) as e:
+        load(None, overrides)
+    assert e.value.key == key, str(e.value)
+
+
+def test_defaults_are_the_papers_reinforce():
+    rl = RLConfig()
+    assert (rl.advantage, rl.policy_loss, rl.iterations, rl.kl_coef, rl.alarms) == (
+        "baseline",
+        "reinforce",
+        1,
+        0.0,
+        {},
+    )
+    assert (rl.clip_low, rl.clip_high, rl.importance, rl.loss_aggregation) == (0.2, 0.2, "token", "sequence")

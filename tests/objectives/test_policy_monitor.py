@@ -1,0 +1,91 @@
+"""The reward-hacking monitor (finecap.objectives.monitor): its measures by hand, the alarms of each measure in each
+direction (warn once, or stop with one line naming the step and the measure), its state, and the world's fact
+precision and recall of sampled captions."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+
+from finecap.config import RLConfig
+from finecap.objectives.monitor import Monitor, RewardHackingAlarm, distinct_share, repetition
+from finecap.world.scene import Obj, Scene
+
+
+@pytest.mark.parametrize(
+    ("text", "share"),
+    [("a red circle a red circle", 1 / 4),  # trigrams: a-red-circle, red-circle-a, circle-a-red, a-red-circle
+     ("a red circle and a red square", 0.0),  # words and pairs repeat, no trigram does
+     ("a b c a b c a b c", 4 / 7),  # 7 trigrams, 3 distinct
+     ("circle circle circle circle", 1 / 2),  # 2 trigrams, both "circle circle circle"
+     ("a circle", 0.0), ("", 0.0)],
+)  # fmt: skip
+def test_repetition_is_the_share_of_repeated_trigrams(text, share):
+    assert repetition(text) == pytest.approx(share)
+
+
+def test_distinct_share_per_image():
+    # image 0: 2 distinct of 3; image 1: 3 of 3 -> (2/3 + 1) / 2
+    assert distinct_share(["a", "a", "b", "c", "d", "e"], 3) == pytest.approx(5 / 6)
+
+
+def step(monitor, texts, step_no, ids=None):
+    values = monitor.measure(texts, ids or list(range(len(texts))), step_no)
+    monitor.end_step()
+    return values
+
+
+def test_length_drift_is_relative_to_the_first_step_and_survives_a_resume():
+    m = Monitor(RLConfig(samples=2))
+    assert step(m, ["a red circle", "a circle"], 1)["monitor/length_drift"] == 0.0  # first step: 2.5 words
+    assert m.first_length == 2.5
+    # (6 + 2) / 2 = 4 words: 4 / 2.5 - 1 = 0.6
+    assert step(m, ["a big red circle on grass", "a circle"], 2)["monitor/length_drift"] == pytest.approx(0.6)
+    resumed = Monitor(RLConfig(samples=2))
+    resumed.load_state_dict(m.state_dict())
+    assert step(resumed, ["a", "b"], 3)["monitor/length_drift"] == pytest.approx(1 / 2.5 - 1)
+    with pytest.raises(ValueError, match="first_length"):
+        resumed.load_state_dict({"first_length": -1.0})
+
+
+@pytest.mark.parametrize(
+    ("measure", "threshold", "texts"),
+    [("length_drift", 0.5, ["a big red circle on grass", "one big red circle on green grass"]),  # longer: 6.5 / 2.5
+     ("length_drift", 0.5, ["a", "b"]),  # shorter counts too: 1 / 2.5 - 1 = -0.6
+     ("repetition", 0.2, ["a red circle a red circle", "a red circle a red circle"]),  # 1/4 each
+     ("distinct", 0.8, ["a red circle", "a red circle"])],  # one distinct caption of two: 0.5
+)  # fmt: skip
+def test_each_alarm_stops_naming_the_step_and_the_measure(measure, threshold, texts):
+    m = Monitor(RLConfig(samples=2, alarms={measure: threshold}, alarm_action="stop"))
+    step(m, ["a red circle", "a circle"], 1)  # 2.5 words, no repetition, 2 distinct: nothing sounds
+    with pytest.raises(RewardHackingAlarm, match=rf"^rl.alarms: at step 2 the sampled captions' {measure} is"):
+        step(m, texts, 2)
+
+
+def test_a_warning_alarm_warns_once_per_measure_and_training_goes_on(caplog):
+    m = Monitor(RLConfig(samples=2, alarms={"repetition": 0.1, "length_drift": 10.0}))
+    step(m, ["a b", "c d"], 1)
+    with caplog.at_level(logging.WARNING, logger="finecap.objectives.monitor"):
+        for n in (2, 3, 4):
+            step(m, ["x y z x y z", "x y z x y z"], n)
+    warnings = [r.getMessage() for r in caplog.records]
+    assert len(warnings) == 1 and "at step 2" in warnings[0] and "repetition" in warnings[0]
+
+
+def test_fact_precision_and_recall_on_the_world():
+    scenes = {7: Scene(7, "grass", [Obj("circle", "red", "large", 1, 1)])}
+    m = Monitor(RLConfig(samples=2, alarms={"fact_precision": 0.9}, alarm_action="stop"))
+    m.scenes = scenes
+    values = m.measure(["a red circle", "a blue circle"], [7, 7], 1)
+    # "a red circle": object and colour true (precision 1); "a blue circle": circle true, blue false (0.5)
+    assert values["monitor/fact_precision"] == pytest.approx(0.75)
+    assert 0 < values["monitor/fact_recall"] < 1
+    with pytest.raises(RewardHackingAlarm, match="fact_precision is 0.75, below its threshold 0.9"):
+        m.end_step()
+
+
+def test_fact_alarms_are_silent_off_the_world():
+    m = Monitor(RLConfig(samples=1, alarms={"fact_recall": 1.0}, alarm_action="stop"))
+    values = step(m, ["a red circle"], 1)
+    assert "monitor/fact_recall" not in values  # no scene graphs: nothing measured, nothing sounds

@@ -1,0 +1,322 @@
+"""The GRPO family as an objective (finecap.objectives.policy.PolicyOptimization), with a stand-in captioner whose
+log-probs are a parameter, so gradients are known: with one iteration and no clipping the gradient is REINFORCE's
+with the same advantages; the token mean is that of the whole step whatever its micro-batches; iterations reuse the
+rollout and keep it in the state; the factory keeps the papers' REINFORCE for the defaults. Then the reference
+policy on a tiny ClipCap: KL 0 at step 0 and positive after a step; under LoRA the reference log-probs are the base
+model's."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+from finecap.config import ClipCapBackboneConfig, DecodeConfig, RLConfig, load
+from finecap.decode import Generation
+from finecap.models import lora
+from finecap.models.captioner import TokenScores
+from finecap.models.clipcap import ClipCap
+from finecap.models.presets import build_world_lm
+from finecap.objectives import get_objective
+from finecap.objectives.baselines import NoBaseline
+from finecap.objectives.policy import PolicyOptimization
+from finecap.objectives.reinforce import Reinforce
+from finecap.rewards import RewardOutput, WeightedSum
+from finecap.train.state import load_tree, save_tree
+
+S, L = 3, 4  # samples per image, token positions
+N_IMAGES = 4
+# Caption j of image i is "c<i>_<j>"; its reward and length are fixed. Rewards per image (3 samples):
+#   0: (1, 2, 6)   1: (4, 4, 4)   2: (0, 3, 3)   3: (5, 1, 0)
+REWARD = {
+    f"c{i}_{j}": r for i, rs in enumerate([(1, 2, 6), (4, 4, 4), (0, 3, 3), (5, 1, 0)]) for j, r in enumerate(rs)
+}
+LENGTH = {f"c{i}_{j}": 1 + (i + j) % L for i in range(N_IMAGES) for j in range(S)}
+
+
+class Table:
+    def __call__(self, captions, batch):
+        total = torch.tensor([float(REWARD[c]) for c in captions])
+        return RewardOutput(total, {"table": total})
+
+
+class StandIn(torch.nn.Module):
+    """Decodes the fixed captions of the batch's images (``batch["index"]``); ``forward`` scores them with the rows of
+    a (images x S, L) parameter (0 at padding). Counts its ``generate`` calls."""
+
+    def __init__(self):
+        super().__init__()
+        g = torch.Generator().manual_seed(0)
+        self.lp = torch.nn.Parameter(-torch.rand(N_IMAGES * S, L, generator=g) - 0.1)
+        self.generated = 0
+
+    def rows(self, batch):
+        index = torch.as_tensor(batch["index"])
+        return (index.repeat_interleave(S) * S + torch.arange(S).repeat(len(index))).long()  # (N,)
+
+    def generate(self, batch, cfg, seeds=None):
+        self.generated += 1
+        index = torch.as_tensor(batch["index"]).tolist()
+        texts = [f"c{i}_{j}" for i in index for j in range(S)]
+        return Generation(
+            sequences=torch.ones(len(texts), L, dtype=torch.long), token_logprobs=torch.zeros(len(texts), L),
+            lengths=torch.tensor([LENGTH[t] for t in texts]),
+            image_index=torch.arange(len(index)).repeat_interleave(S), scores=torch.zeros(len(texts)), texts=texts,
+        )  # fmt: skip
+
+    def forward(self, batch, sequences, mask, image_index=None, temperature=1.0, with_entropy=False):
+        return TokenScores(self.lp[self.rows(batch)] * mask)
+
+
+def batch(*index):
+    return {"index": torch.tensor(index), "image_ids": list(index)}
+
+
+def objective(**rl):
+    rl = RLConfig(samples=S, advantage="group", **rl)
+    return PolicyOptimization(WeightedSum({"table": (1.0, Table())}), NoBaseline(), rl=rl,
+                              decode=DecodeConfig(max_length=L))  # fmt: skip
+
+
+def grad_of(obj, model, *micro_batches):
+    """The engine's step on these micro-batches: begin_step, then the item-weighted sum of the losses / all items."""
+    model.zero_grad()
+    obj.begin_step(model, list(micro_batches))
+    outs = [obj(model, b) for b in micro_batches]
+    total = sum(o.num_items for o in outs)
+    sum(sum(o.losses.values()) * o.num_items for o in outs).backward()
+    obj.end_step()
+    return model.lp.grad / total, outs
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# REINFORCE identity and aggregation
+# --------------------------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("aggregation", "logprob", "scale"),
+    [("sequence", "mean", lambda n, tokens: 1.0),  # grpo = REINFORCE with the length-normalised log p
+     ("constant", "sum", lambda n, tokens: 1.0 / L),  # dr_grpo = REINFORCE with the summed log p / max length
+     ("token", "sum", lambda n, tokens: n / tokens)],  # token mean = summed log p x captions / tokens
+)  # fmt: skip
+def test_one_iteration_without_clipping_is_reinforce_with_the_same_advantages(aggregation, logprob, scale):
+    model = StandIn()
+    clipped, outs = grad_of(objective(policy_loss="clipped", loss_aggregation=aggregation), model, batch(0, 1, 2, 3))
+    assert (
+        outs[0].metrics["ratio/min"] == outs[0].metrics["ratio/max"] == 1.0 and outs[0].metrics["clip_fraction"] == 0
+    )
+    reinforce, _ = grad_of(objective(policy_loss="reinforce", logprob=logprob), model, batch(0, 1, 2, 3))
+    tokens = sum(LENGTH[f"c{i}_{j}"] for i in range(N_IMAGES) for j in range(S))
+    assert torch.allclose(clipped, reinforce * scale(N_IMAGES * S, tokens), atol=1e-7)
+    assert clipped.abs().max() > 0
+
+
+@pytest.mark.parametrize("aggregation", ["sequence", "token", "constant"])
+@pytest.mark.parametrize("scale_rewards", ["group", "batch"])
+def test_one_or_two_micro_batches_give_the_same_gradient(aggregation, scale_rewards):
+    # The engine weighs each micro-batch's loss by its num_items and divides by the step's: the token mean is that of
+    # all the step's tokens, and batch statistics are those of all its images (both micro-batches rolled out first).
+    kw = dict(policy_loss="clipped", loss_aggregation=aggregation, scale_rewards=scale_rewards)
+    one, outs_one = grad_of(objective(**kw), StandIn(), batch(0, 1, 2, 3))
+    two, outs_two = grad_of(objective(**kw), StandIn(), batch(0, 1), batch(2, 3))
+    assert torch.allclose(one, two, atol=1e-7)
+    if aggregation == "token":  # each micro-batch reports its own token count
+        assert [o.num_items for o in outs_two] == [sum(LENGTH[f"c{i}_{j}"] for i in p for j in range(S))
+                                                   for p in ((0, 1), (2, 3))]  # fmt: skip
+
+
+def test_normalize_then_sum_over_two_micro_batches_uses_the_whole_steps_statistics():
+    one, _ = grad_of(objective(reward_aggregation="normalize_then_sum"), StandIn(), batch(0, 1, 2, 3))
+    two, _ = grad_of(objective(reward_aggregation="normalize_then_sum"), StandIn(), batch(0, 1), batch(2, 3))
+    assert torch.allclose(one, two, atol=1e-7)
+    alone, _ = grad_of(objective(reward_aggregation="normalize_then_sum"), StandIn(), batch(0, 1))
+    assert not torch.allclose(alone[: 2 * S], one[: 2 * S], atol=1e-4)  # half the batch has other statistics
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# Iterations
+# --------------------------------------------------------------------------------------------------------------------
+
+
+def sgd_step(model, lr=0.5):
+    with torch.no_grad():
+        model.lp -= lr * model.lp.grad
+
+
+def test_iterations_reuse_the_rollout_then_roll_out_again():
+    model, obj = StandIn(), objective(policy_loss="clipped", iterations=2)
+    assert obj.batch_repeats == 2
+    _, first = grad_of(obj, model, batch(0, 1))
+    sgd_step(model)
+    assert model.generated == 1 and len(obj.cycle) == 1
+    _, second = grad_of(obj, model, batch(0, 1))  # the same captions, scored by the updated policy
+    assert model.generated == 1 and second[0].metrics["ratio/max"] > 1.0 > second[0].metrics["ratio/min"]
+    assert second[0].metrics["time/generate"] == 0.0 and obj.cycle == []  # the cycle ended
+    grad_of(obj, model, batch(0, 1))
+    assert model.generated == 2
+
+
+def test_a_step_with_other_images_than_the_kept_rollout_rolls_out_afresh(caplog):
+    model, obj = StandIn(), objective(policy_loss="clipped", iterations=3)
+    grad_of(obj, model, batch(0, 1))
+    grad_of(obj, model, batch(2, 3))  # mid-cycle, other images (a resume with another process count)
+    assert model.generated == 2 and "the cycle restarts" in caplog.text
+
+
+def test_the_kept_rollout_is_saved_and_a_restored_objective_continues_identically(tmp_path):
+    model, obj = StandIn(), objective(policy_loss="clipped", iterations=3)
+    grad_of(obj, model, batch(1, 2))
+    sgd_step(model)
+    save_tree(tmp_path, "objective", obj.state_dict())  # what a checkpoint stores (JSON + safetensors)
+    restored = objective(policy_loss="clipped", iterations=3)
+    restored.load_state_dict(load_tree(tmp_path, "objective"))
+    twin = copy.deepcopy(model)
+    a, out_a = grad_of(obj, model, batch(1, 2))
+    b, out_b = grad_of(restored, twin, batch(1, 2))
+    assert torch.equal(a, b) and out_a[0].losses["policy"].item() == out_b[0].losses["policy"].item()
+    assert model.generated == twin.generated == 1  # neither rolled out again
+    with pytest.raises(ValueError, match="step count must be in"):
+        objective(policy_loss="clipped", iterations=3).load_state_dict({"policy": {"taken": 3, "cycle": []}})
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# Factory
+# --------------------------------------------------------------------------------------------------------------------
+
+
+def test_the_defaults_build_the_papers_reinforce_and_options_the_policy_objective():
+    assert type(get_objective("reinforce", load())) is Reinforce
+    assert type(get_objective("reinforce", load(None, ["rl.advantage=group"]))) is PolicyOptimization
+    assert type(get_objective("reinforce", load(None, ["rl.policy_loss=clipped"]))) is PolicyOptimization
+    grpo = get_objective("reinforce", load(None, ["rl.advantage=group", "rl.baseline=greedy"]))
+    assert isinstance(grpo.baseline, NoBaseline)  # the group mean is the baseline: no greedy decoding
+    with pytest.raises(ValueError, match="rl.advantage=group: train.objective=sle is REINFORCE only"):
+        get_objective("sle", load(None, ["rl.advantage=group"]))
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# The reference policy on a tiny ClipCap
+# --------------------------------------------------------------------------------------------------------------------
+
+D = 16
+REFS = {0: ["a red circle on grass", "a small red circle"], 1: ["a blue square on the sand", "a big blue square"]}
+
+
+def tiny_captioner(seed=0):
+    torch.manual_seed(seed)
+    lm, tok = build_world_lm(layers=1, hidden=32, heads=2, dropout=0.0)
+    return ClipCap(lm, tok, D, ClipCapBackboneConfig(prefix_length=2))
+
+
+class Words:
+    """A reward with signal on a random captioner: the caption's number of words."""
+
+    def __call__(self, captions, batch):
+        total = torch.tensor([float(len(c.split())) for c in captions])
+        return RewardOutput(total, {"words": total})
+
+
+def kl_objective(*overrides):
+    rl = load(None, ["rl.advantage=group", "rl.samples=3", "rl.policy_loss=clipped", "rl.kl_coef=0.5", *overrides]).rl
+    return PolicyOptimization(WeightedSum({"words": (1.0, Words())}), NoBaseline(), rl=rl,
+                              decode=DecodeConfig(max_length=6))  # fmt: skip
+
+
+def clip_batch():
+    g = torch.Generator().manual_seed(1)
+    return {"features": torch.randn(2, D, generator=g), "image_ids": [0, 1], "references": list(REFS.values()),
+            "index": torch.tensor([0, 1])}  # fmt: skip
+
+
+def train_steps(model, obj, steps, lr=3e-2):
+    opt = torch.optim.Adam([p for p in model.parameters() if p.requires_grad], lr=lr)
+    outs = []
+    for _ in range(steps):
+        out = obj(model, clip_batch())
+        opt.zero_grad()
+        sum(out.losses.values()).backward()
+        opt.step()
+        obj.end_step()
+        outs.append(out)
+    return outs
+
+
+def test_kl_is_zero_at_step_zero_and_positive_after_a_step():
+    model = tiny_captioner().train()
+    outs = train_steps(model, kl_objective(), 3)
+    assert outs[0].metrics["kl"] == pytest.approx(0.0, abs=1e-7)  # the reference is the policy itself, no dropout
+    assert outs[1].metrics["kl"] > 1e-4 and outs[2].metrics["kl"] > 1e-4
+
+
+def test_under_lora_the_reference_is_the_base_model_with_no_copy_of_the_adapters():
+    model = tiny_captioner()
+    base = copy.deepcopy(model).eval()  # the captioner before any adapter: the policy at the start
+    model = lora.configure_training(model, load(None, ["lora.lm=true", "lora.rank=4", "lora.alpha=8"])).train()
+    obj = kl_objective()
+    train_steps(model, obj, 3, lr=5e-2)
+    ref = obj.reference
+    assert ref.adapters_off and ref.snapshot  # the mapper trains fully: its start values are kept, the adapters not
+    assert not any(lora.is_adapter_parameter(n) for n in ref.snapshot)
+    assert all(n.startswith("mapper.") for n in ref.snapshot), sorted(ref.snapshot)
+    assert not lora.adapters_are_identity(model)  # the adapters did learn
+    gen = model.generate(clip_batch()["features"], DecodeConfig(strategy="sample", num_return_sequences=3,
+                                                                 max_length=6))  # fmt: skip
+    kw = dict(sequences=gen.sequences, mask=gen.mask, image_index=gen.image_index)
+    theirs = ref.logprobs(model, clip_batch(), gen)
+    with torch.no_grad():
+        want = base(clip_batch(), **kw).logprobs
+        now = model.eval()(clip_batch(), **kw).logprobs
+    assert torch.allclose(theirs, want, atol=1e-6)
+    assert not torch.allclose(now, want, atol=1e-3)  # the policy itself moved away
+
+
+def test_the_reference_is_kept_in_the_state(tmp_path):
+    model = tiny_captioner().train()
+    obj = kl_objective()
+    train_steps(model, obj, 1)
+    save_tree(tmp_path, "objective", obj.state_dict())
+    restored = kl_objective()
+    restored.load_state_dict(load_tree(tmp_path, "objective"))
+    assert restored.reference.captured and restored.reference.snapshot.keys() == obj.reference.snapshot.keys()
+    for name, value in obj.reference.snapshot.items():
+        assert torch.equal(restored.reference.snapshot[name], value)
+    with pytest.raises(ValueError, match="two flags and a mapping"):
+        restored.reference.load_state_dict({"captured": 1, "adapters_off": False, "snapshot": {}})
+
+
+@pytest.mark.parametrize(
+    ("field", "bad", "message"),
+    [("sequences", lambda t: t.float(), "sequences must be an"),
+     ("old", lambda t: t[:, :2], "'old' must have the shape"),
+     ("ref", lambda t: torch.zeros(1), "'ref' must have the shape"),
+     ("advantages", lambda t: t[:-1], "must be tensors of its 6 captions"),
+     ("texts", lambda t: t[:-1], "texts must be 6 strings"),
+     ("parts", lambda t: {"table": torch.zeros(2)}, "reward parts must be"),
+     ("index", lambda t: t.reshape(1, -1), "image indices must be a vector")],
+)  # fmt: skip
+def test_a_tampered_kept_rollout_is_refused(field, bad, message):
+    model, obj = StandIn(), objective(policy_loss="clipped", iterations=3)
+    grad_of(obj, model, batch(1, 2))
+    state = obj.state_dict()
+    kept = state["policy"]["cycle"][0]
+    kept["ref"] = torch.zeros_like(kept["old"])
+    kept[field] = bad(kept[field])
+    with pytest.raises(ValueError, match=message):
+        objective(policy_loss="clipped", iterations=3).load_state_dict(state)
+
+
+def test_a_reference_copy_under_fsdp2_sharding_is_refused_naming_the_option(monkeypatch):
+    from finecap.models import sharding
+
+    monkeypatch.setattr(sharding, "is_sharded", lambda model: True)  # as FSDP2 leaves a captioner
+    model = tiny_captioner().train()
+    with pytest.raises(ValueError, match=r"^rl.kl_coef: the reference policy needs a copy of \d+ trained parameters"):
+        train_steps(model, kl_objective(), 1)
+    lora_only = lora.configure_training(tiny_captioner(), load(None, ["lora.lm=true", "lora.rank=4"]))
+    for name, p in lora_only.named_parameters():  # adapters alone learn: their reference is the adapters off
+        p.requires_grad_(lora.is_adapter_parameter(name))
+    obj = kl_objective()
+    train_steps(lora_only.train(), obj, 1)
+    assert obj.reference.adapters_off and not obj.reference.snapshot

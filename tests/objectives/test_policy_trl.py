@@ -1,0 +1,205 @@
+"""Equal to TRL: on a tiny causal LM, the same completions, advantages, old and reference log-probs, finecap's GRPO
+loss (``PolicyOptimization.clipped_loss``, what the objective computes) and its gradient equal TRL 1.16's
+``GRPOTrainer._compute_loss`` for ``grpo``, ``bnpo``, ``dr_grpo`` and ``dapo``, with β = 0 and β > 0, token and
+sequence importance, with and without TRL's KL bias correction (relative 1e-6 on the loss); and the advantages equal
+TRL's for each ``scale_rewards`` and ``multi_objective_aggregation``.
+
+The trainers are real ``GRPOTrainer`` objects built from a ``GRPOConfig`` (one per configuration, over a tiny GPT-2
+saved like a Hub checkpoint, as TRL builds its reference model from the path); ``_compute_loss`` runs on hand-built
+``inputs`` in eval mode (no dropout, so both sides score the same function; TRL's normalisers are then 1). TRL computes
+its advantages inline in ``_generate_and_score_completions``; :func:`trl_advantages` is that code path, lines
+2761-2810 of ``trl/trainer/grpo_trainer.py`` in TRL 1.16.0, with TRL's own ``nanstd``.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from finecap.config import DecodeConfig, RLConfig
+from finecap.objectives.policy import PolicyOptimization, Prepared, group_advantages, normalize_then_sum
+from finecap.rewards.base import WeightedSum
+
+trl = pytest.importorskip("trl")
+
+PROMPT, COMPLETION = 3, 6  # token positions
+LENGTHS = [6, 2, 4, 1, 5, 3]  # completion lengths: every aggregation weighs them differently
+FINECAP_NAME = {"grpo": "sequence", "bnpo": "token", "dapo": "token", "dr_grpo": "constant"}
+FIGURES: dict[str, float] = {}  # max relative loss difference per loss type, printed at the end (pytest -s)
+
+
+@pytest.fixture(scope="module")
+def tiny_lm(tmp_path_factory):
+    from finecap.models.presets import build_world_lm
+
+    torch.manual_seed(0)
+    lm, tok = build_world_lm(layers=1, hidden=32, heads=2, dropout=0.0)
+    out = tmp_path_factory.mktemp("tiny_lm")
+    lm.save_pretrained(out)
+    tok.save_pretrained(out)
+    return out, tok
+
+
+def make_trainer(path, tok, tmp_path, **config):
+    from datasets import Dataset
+    from trl import GRPOConfig, GRPOTrainer
+
+    args = GRPOConfig(output_dir=str(tmp_path / "out"), per_device_train_batch_size=6, num_generations=3,
+                      max_completion_length=COMPLETION, report_to="none", use_cpu=True, save_strategy="no",
+                      seed=0, bf16=False, **config)  # fmt: skip
+    dataset = Dataset.from_list([{"prompt": "a red circle"}] * 6)
+    trainer = GRPOTrainer(model=str(path), processing_class=tok, args=args, train_dataset=dataset,
+                          reward_funcs=[lambda prompts, completions, **kw: [0.0] * len(completions)])  # fmt: skip
+    trainer.model.eval()  # no dropout; _compute_loss's normalisers are then 1 (TRL's eval mode)
+    return trainer
+
+
+def inputs_for(model):
+    """Hand-built inputs: completions of different lengths, advantages of both signs, old log-probs a little off the
+    model's (so ratios leave the clip range) and reference log-probs further off."""
+    g = torch.Generator().manual_seed(1)
+    vocab = model.config.vocab_size
+    prompt_ids = torch.randint(5, vocab, (6, PROMPT), generator=g)
+    completion_ids = torch.randint(5, vocab, (6, COMPLETION), generator=g)
+    mask = (torch.arange(COMPLETION)[None, :] < torch.tensor(LENGTHS)[:, None]).long()
+    with torch.no_grad():
+        logp = policy_logprobs(model, prompt_ids, completion_ids, mask)
+    old = logp + 0.3 * torch.randn(logp.shape, generator=g)
+    ref = logp + 0.5 * torch.randn(logp.shape, generator=g)
+    return {
+        "prompt_ids": prompt_ids, "prompt_mask": torch.ones_like(prompt_ids), "completion_ids": completion_ids,
+        "completion_mask": mask, "advantages": torch.tensor([1.5, -0.7, 0.2, -1.1, 0.9, -0.3]),
+        "old_per_token_logps": old * mask, "ref_per_token_logps": ref * mask, "num_items_in_batch": mask.sum(),
+    }  # fmt: skip
+
+
+def policy_logprobs(model, prompt_ids, completion_ids, mask):
+    """finecap's side of the scoring: per-token log-probs of the completions (teacher forcing), 0 at padding."""
+    ids = torch.cat([prompt_ids, completion_ids], dim=1)
+    attention = torch.cat([torch.ones_like(prompt_ids), mask], dim=1)
+    logits = model(input_ids=ids, attention_mask=attention).logits[:, PROMPT - 1 : -1].float()  # (N, C, V)
+    logp = torch.log_softmax(logits, dim=-1).gather(-1, completion_ids.unsqueeze(-1)).squeeze(-1)  # (N, C)
+    return logp * mask
+
+
+def finecap_loss(model, inputs, rl: RLConfig):
+    reward = WeightedSum({"r": (1.0, lambda captions, batch: None)})
+    objective = PolicyOptimization(reward, None, rl=rl, decode=DecodeConfig(max_length=COMPLETION))
+    mask = inputs["completion_mask"].bool()
+    logp = policy_logprobs(model, inputs["prompt_ids"], inputs["completion_ids"], inputs["completion_mask"])
+    item = Prepared(torch.arange(2), None, inputs["advantages"], inputs["ref_per_token_logps"],
+                    inputs["old_per_token_logps"])  # fmt: skip
+    loss, items, metrics = objective.clipped_loss(logp, item, inputs["advantages"], mask)
+    return loss, items, metrics
+
+
+def grads(model):
+    return torch.cat([p.grad.flatten() for p in model.parameters() if p.grad is not None])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("loss_type", ["grpo", "bnpo", "dr_grpo", "dapo"])
+@pytest.mark.parametrize(
+    ("beta", "importance", "correction"),
+    [(0.0, "token", True), (0.04, "token", True), (0.04, "token", False), (0.04, "sequence", True),
+     (0.0, "sequence", True)],
+)  # fmt: skip
+def test_loss_and_gradient_equal_trls_compute_loss(tiny_lm, tmp_path, loss_type, beta, importance, correction):
+    path, tok = tiny_lm
+    trainer = make_trainer(path, tok, tmp_path, loss_type=loss_type, beta=beta, epsilon=0.2, epsilon_high=0.28,
+                           importance_sampling_level=importance, use_bias_correction_kl=correction)  # fmt: skip
+    model = trainer.model
+    inputs = inputs_for(model)
+    model.zero_grad()
+    theirs = trainer._compute_loss(model, inputs)
+    theirs.backward()
+    their_grads = grads(model).clone()
+
+    model.zero_grad()
+    rl = RLConfig(
+        advantage="group",
+        samples=3,
+        policy_loss="clipped",
+        loss_aggregation=FINECAP_NAME[loss_type],
+        clip_low=0.2,
+        clip_high=0.28,
+        importance=importance,
+        kl_coef=beta,
+        kl_bias_correction=correction,
+    )
+    ours, items, metrics = finecap_loss(model, inputs, rl)
+    ours.backward()
+    our_grads = grads(model)
+
+    relative = abs(ours.item() - theirs.item()) / abs(theirs.item())
+    FIGURES[loss_type] = max(FIGURES.get(loss_type, 0.0), relative)
+    assert relative <= 1e-6, (ours.item(), theirs.item())
+    gap = ((our_grads - their_grads).norm() / their_grads.norm()).item()  # measured: at most 4.4e-7
+    assert gap <= 1e-5, gap
+    assert our_grads.abs().max() > 0
+    # the clip really binds somewhere (so the comparison covers both branches), and the KL is logged as TRL's
+    assert 0 < metrics["clip_fraction"] < 1
+    if beta:
+        assert metrics["kl"] == pytest.approx(trainer._metrics["eval"]["kl"][-1], rel=1e-5)
+    assert metrics["clip_fraction"] == pytest.approx(trainer._metrics["eval"]["clip_ratio/region_mean"][-1], rel=1e-6)
+    assert items == (float(sum(LENGTHS)) if FINECAP_NAME[loss_type] == "token" else 6.0)
+
+
+def test_zz_print_figures():
+    """The comparison figures (max relative difference of the loss per loss type), for the record."""
+    for name, value in sorted(FIGURES.items()):
+        print(f"TRL {name}: max relative loss difference {value:.2e}")
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# Advantages
+# --------------------------------------------------------------------------------------------------------------------
+
+
+def trl_advantages(rewards_per_func, reward_weights, num_generations, scale_rewards, aggregation):
+    """TRL 1.16.0 ``_generate_and_score_completions``, lines 2761-2810 (one process: the slice is the whole batch)."""
+    from trl.trainer.utils import nanstd
+
+    unscorable_mask = torch.isnan(rewards_per_func).all(dim=1)
+    if aggregation == "sum_then_normalize":
+        rewards = (rewards_per_func * reward_weights.unsqueeze(0)).nansum(dim=1)
+        rewards[unscorable_mask] = torch.nan
+        mean_grouped_rewards = torch.nanmean(rewards.view(-1, num_generations), dim=1)
+        mean_grouped_rewards = mean_grouped_rewards.repeat_interleave(num_generations, dim=0)
+        if scale_rewards in ["group", "none"]:
+            std_rewards = nanstd(rewards.view(-1, num_generations), dim=1)
+            std_rewards = std_rewards.repeat_interleave(num_generations, dim=0)
+        else:
+            std_rewards = nanstd(rewards).expand_as(rewards)
+        advantages = rewards - mean_grouped_rewards
+        if scale_rewards != "none":
+            advantages = advantages / (std_rewards + 1e-4)
+    else:
+        grouped = rewards_per_func.view(-1, num_generations, rewards_per_func.shape[1])
+        mean_k = torch.nanmean(grouped, dim=1, keepdim=True)
+        std_k = nanstd(grouped, dim=1, keepdim=True)
+        reward_k = (grouped - mean_k) / (std_k + 1e-4)
+        reward_k = reward_k.view(-1, rewards_per_func.shape[1])
+        rewards = (reward_k * reward_weights.unsqueeze(0)).nansum(dim=1)
+        rewards[unscorable_mask] = torch.nan
+        std_rewards = nanstd(rewards).expand_as(rewards)
+        advantages = (rewards - torch.nanmean(rewards)) / (std_rewards + 1e-4)
+    return torch.nan_to_num(advantages, nan=0.0)
+
+
+@pytest.mark.parametrize(
+    ("scale", "aggregation"),
+    [("group", "sum_then_normalize"), ("batch", "sum_then_normalize"), ("none", "sum_then_normalize"),
+     ("group", "normalize_then_sum")],  # TRL's normalize_then_sum reads no scale_rewards (nor does finecap's)
+)  # fmt: skip
+def test_advantages_equal_trls(scale, aggregation):
+    g = torch.Generator().manual_seed(2)
+    parts = torch.rand(12, 2, generator=g) * torch.tensor([3.0, 1.0])  # 4 images x 3 samples, two rewards
+    parts[3:6, 0] = 0.5  # one group whose first reward is constant
+    weights = torch.tensor([1.0, 0.5])
+    theirs = trl_advantages(parts, weights, 3, scale, aggregation)
+    if aggregation == "sum_then_normalize":
+        ours = group_advantages((parts * weights).sum(dim=1), 3, scale)
+    else:
+        ours = normalize_then_sum([parts[:, 0], parts[:, 1]], weights.tolist(), 3)
+    assert torch.allclose(ours, theirs, rtol=1e-6, atol=1e-6), (ours - theirs).abs().max()

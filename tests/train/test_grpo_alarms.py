@@ -1,0 +1,95 @@
+"""The reward-hacking alarms on the tiny world: a reward that pays for length (this test's own, plugged in by dotted
+path) drives the sampled captions' length up and sets off the length alarm within 50 steps, stopping ``finecap
+train`` with one line naming the step and the measure (exit code 2); a clean SCST run (CIDEr-D, greedy baseline) from
+the same captioner, with the same alarms, runs its 50 steps without one.
+
+Measured when the test was written (tiny ClipCap after 60 MLE steps, 7.8 to 10.6 words per sampled caption, captions
+of at most 30 tokens; run seeds 0-3, the test runs seed 0): under the length reward the drift passed +1.0 at steps 5,
+9, 5 and 8 and ended at +1.6 to +2.5; under SCST its largest size was 0.66, 0.36, 0.31 and 0.39 (ending within
+[-0.30, +0.16]). The threshold, 1.0, sits between the two; repetition stayed below 0.02 in every run."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from finecap.app.cli import main
+from finecap.app.train import train
+from finecap.rewards import RewardOutput
+
+ALARMS = ["rl.alarms={length_drift: 1.0, repetition: 0.3}", "rl.alarm_action=stop"]
+
+
+class Words:
+    """Pays for length: the caption's number of words."""
+
+    def __call__(self, captions, batch):
+        total = torch.tensor([float(len(c.split())) for c in captions])
+        return RewardOutput(total, {"words": total})
+
+
+def words(cfg):
+    return Words()
+
+
+@pytest.fixture(scope="module")
+def encoder(tmp_path_factory):
+    """A tiny CLIP of its own seed (the shared ``tiny_encoder`` is drawn from whatever RNG state the session left),
+    so that these runs, and the measurements above, do not depend on which tests ran before."""
+    from finecap.models.presets import save_tiny_clip
+
+    return save_tiny_clip(tmp_path_factory.mktemp("alarm_encoder"), image_size=32, patch_size=8, hidden=32, seed=0)
+
+
+@pytest.fixture(scope="module")
+def mle_captioner(tmp_path_factory, world_args, encoder):
+    """60 MLE steps: a captioner whose samples end at a stop token (a random one runs to decode.max_length)."""
+    from finecap.config import load
+
+    out = tmp_path_factory.mktemp("mle")
+    overrides = rl_base(world_args, encoder, out)
+    return train(load(None, [*overrides, f"run.dir={out / 'run'}", "train.max_steps=60", "train.lr=3e-3"]))
+
+
+def rl_base(world_args, encoder, folder) -> list[str]:
+    return [*world_args, f"model.encoder={encoder}", "clipcap.tiny_layers=1", "clipcap.tiny_hidden=32",
+            "clipcap.tiny_heads=2", "clipcap.prefix_length=2", f"run.cache_dir={folder / 'cache'}",
+            "train.batch_size=16", "train.warmup_steps=0", "train.log_every=1", "decode.max_length=30",
+            "train.eval_every=0", "train.eval_samples=4", "train.log_captions=0"]  # fmt: skip
+
+
+def rl_run(world_args, encoder, tmp_path, mle, *extra) -> list[str]:
+    return [*rl_base(world_args, encoder, tmp_path), f"run.dir={tmp_path / 'rl'}", "train.objective=reinforce",
+            f"train.init_from={mle / 'checkpoints' / 'last'}", "train.max_steps=50", "train.lr=1e-3",
+            "rl.samples=4", *ALARMS, *extra]  # fmt: skip
+
+
+@pytest.mark.slow
+def test_a_reward_paying_for_length_sets_off_the_length_alarm(mle_captioner, world_args, encoder, tmp_path, capsys):
+    overrides = rl_run(world_args, encoder, tmp_path, mle_captioner, f"rl.rewards={{'{__name__}:words': 1.0}}",
+                       "rl.advantage=group")  # fmt: skip
+    assert main(["train", *overrides]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    line = err[-1]
+    assert line.startswith("finecap: error: rl.alarms: at step ") and "length_drift" in line, err[-3:]
+    assert "training stopped (rl.alarm_action=stop)" in line
+    step = int(line.split("at step ")[1].split()[0])
+    assert 1 < step <= 50
+    logged = [json.loads(s) for s in (tmp_path / "rl" / "metrics.jsonl").read_text().splitlines()]
+    drift = [e["values"]["monitor/length_drift"] for e in logged if e["split"] == "train"]
+    # the alarm ends the step it sounds at, before that step is logged; every logged step was below the threshold
+    assert len(drift) == step - 1 and max(abs(d) for d in drift) <= 1.0
+
+
+@pytest.mark.slow
+def test_a_clean_scst_run_sets_off_no_alarm(mle_captioner, world_args, encoder, tmp_path, caplog):
+    overrides = rl_run(world_args, encoder, tmp_path, mle_captioner, "rl.rewards={cider: 1.0}",
+                       "rl.baseline=greedy")  # fmt: skip
+    assert main(["train", *overrides]) == 0
+    logged = [json.loads(s) for s in (tmp_path / "rl" / "metrics.jsonl").read_text().splitlines()]
+    values = [e["values"] for e in logged if e["split"] == "train"]
+    assert len(values) == 50
+    assert max(abs(v["monitor/length_drift"]) for v in values) < 1.0
+    assert all(0 <= v["monitor/fact_precision"] <= 1 for v in values)  # the world's facts are measured

@@ -1,0 +1,56 @@
+"""The GRPO recipes: ``finecap train demo/grpo_sr_cider`` runs on the CPU (the recipe as shipped, made tiny by
+overrides: a tiny world, a tiny ClipCap from scratch and a tiny CLIP as the retriever, four steps) and its
+metrics.jsonl shows the KL, the clip fraction, the ratios and each reward part; every GRPO recipe says what its name
+promises (group advantages; GDPO and KL for SR + CIDEr-D)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from finecap.app.cli import main
+from finecap.config import load
+
+TINY = ["clipcap.tiny_layers=1", "clipcap.tiny_hidden=32", "clipcap.tiny_heads=2", "clipcap.prefix_length=2",
+        "train.init_from=", "train.max_steps=4", "train.batch_size=8", "train.eval_every=4", "train.eval_samples=4",
+        "train.log_every=1", "train.log_captions=0", "decode.max_length=8", "decode.beam_size=2", "rl.samples=3",
+        "eval.n_distractors=3"]  # fmt: skip
+
+
+@pytest.mark.slow
+def test_demo_grpo_sr_cider_trains_on_the_cpu_and_logs_kl_clipping_and_reward_parts(world_args, clip_dir, tmp_path):
+    run_dir = tmp_path / "run"
+    args = ["train", "demo/grpo_sr_cider", *world_args, *TINY, f"model.encoder={clip_dir}",
+            f"retriever.checkpoint={clip_dir}", f"run.cache_dir={tmp_path / 'cache'}",
+            f"run.dir={run_dir}"]  # fmt: skip
+    assert main(args) == 0
+    events = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    train = [e["values"] for e in events if e["split"] == "train"]
+    assert len(train) == 4
+    for key in ("kl", "clip_fraction", "ratio/mean", "reward/retrieval", "reward/cider", "advantage_std",
+                "monitor/length_drift", "monitor/fact_precision"):  # fmt: skip
+        assert all(key in v for v in train), key
+    assert train[0]["ratio/max"] == 1.0 and train[1]["time/generate"] == 0.0  # step 2 reuses step 1's rollout
+    assert any(v["kl"] > 0 for v in train[1:])
+    assert any(e["split"] == "val" and "r@1" in e["values"] for e in events)
+
+
+@pytest.mark.parametrize("name", ["demo/grpo_cider", "demo/grpo_sr_cider", "coco/grpo_cider_vlm",
+                                  "coco/grpo_sr_cider_vlm"])  # fmt: skip
+def test_grpo_recipes_set_the_group_options(name):
+    rl = load(name).rl
+    assert (rl.advantage, rl.policy_loss, rl.samples) == ("group", "clipped", 8)
+    two_rewards = "sr" in name
+    assert (rl.reward_aggregation == "normalize_then_sum") == two_rewards  # GDPO over SR + CIDEr-D
+    assert (rl.kl_coef > 0) == two_rewards and (rl.iterations > 1) == two_rewards
+    if name.startswith("coco/"):  # SmolVLM with LoRA, bf16 and checkpointing
+        cfg = load(name)
+        assert cfg.lora.lm and cfg.train.mixed_precision == "bf16" and cfg.train.gradient_checkpointing
+        assert cfg.model.dtype == "bfloat16" and "Qwen2-VL" in _text(name)
+
+
+def _text(name: str) -> str:
+    from finecap.recipes import resolve_recipe
+
+    return resolve_recipe(name).read_text()
