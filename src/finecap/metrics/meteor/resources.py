@@ -5,12 +5,12 @@
   synonym sets (``synonym/english.synsets``: word, then its synset ids) and irregular forms
   (``synonym/english.exceptions``: base word, then its forms). ``synonym/english.relations`` is never used.
 - Beside the jar, ``data/paraphrase-en.gz``: 5.27 M paraphrase pairs as three lines each (probability, phrase,
-  paraphrase). Parsing it takes seconds, so the first use builds an index of it (word ids in numpy arrays, about
-  110 MB, :func:`build_paraphrase_index`, 9-11 s on a 2-core machine) in the finecap home,
-  ``<home>/cache/meteor/<key>/paraphrase-v1.npz``, keyed by the SHA-256 of the jar and of the table; later runs
-  load it (a fraction of a second) and keep only the pairs whose words all occur in the captions being scored
-  (:meth:`ParaphraseIndex.restrict`). The index is an ``.npz`` written atomically and read with
-  ``allow_pickle=False``.
+  paraphrase). The first use builds an index of it (word ids in numpy arrays, about 75 MB,
+  :func:`build_paraphrase_index`: a vectorised scan, :mod:`~finecap.metrics.meteor.table_scan`, about a second on a
+  quiet 2-core machine) in the finecap home, ``<home>/cache/meteor/<key>/paraphrase-v2.npz``, keyed by
+  :func:`fingerprint` s of the jar and of the table; later runs load it (a fraction of a second) and keep only the
+  pairs whose words all occur in the captions being scored (:meth:`ParaphraseIndex.restrict`). The index is an
+  ``.npz`` written atomically and read with ``allow_pickle=False``.
 
 Nothing is read at import time.
 """
@@ -32,6 +32,7 @@ import numpy as np
 
 from finecap.home import CACHE, home
 from finecap.metrics.meteor.normalize import parse_prefixes
+from finecap.metrics.meteor.table_scan import TableScanError, scan_table
 from finecap.utils import atomic_write_bytes
 
 __all__ = [
@@ -45,9 +46,11 @@ __all__ = [
     "build_paraphrase_index",
     "data_unavailable_reason",
     "find_meteor_jar",
+    "fingerprint",
     "index_path",
     "load_paraphrase_index",
     "paraphrase_path",
+    "parse_lines",
     "pycocoevalcap_dir",
     "pycocoevalcap_file",
     "read_jar_data",
@@ -57,8 +60,9 @@ METEOR_ENV = "FINECAP_METEOR_JAR"
 """Environment variable naming the METEOR jar (its ``data/paraphrase-en.gz`` beside it)."""
 JAR_NAME = "meteor-1.5.jar"
 PARAPHRASE = Path("data") / "paraphrase-en.gz"
-INDEX_VERSION = 1
-"""Version of the cached paraphrase index's layout (part of its file name)."""
+INDEX_VERSION = 2
+"""Version of the cached paraphrase index's layout (part of its file name). 2: each pair's word count
+(``pair_len``) instead of 64-bit offsets, 75 MB instead of 113."""
 
 _JAR_FILES = {
     "function_words": "function/english.words",
@@ -186,11 +190,18 @@ def read_jar_data(jar: str | Path) -> JarData:
 class ParaphraseTable:
     """The paraphrase pairs that can match in one evaluation: ``pairs[phrase] = [paraphrase, ...]`` (word tuples, in
     the table's order), ``prefixes``: the proper prefixes of the phrases (where a walk along a caption goes on), and
-    the longest phrase's length."""
+    the longest phrase's length.
+
+    The matching stages walk captions along ``trie`` (``{word: [phrase id or -1, {next word: ...}]}``, the phrases
+    word by word: one dict look-up a word instead of slicing a tuple and looking it up twice); ``paraphrases[id]`` is
+    the phrase's list in ``pairs`` and ``first_words[id]`` the words they start with."""
 
     pairs: dict[tuple[str, ...], list[tuple[str, ...]]]
     prefixes: frozenset[tuple[str, ...]]
     max_len: int
+    trie: dict[str, list] = field(default_factory=dict, repr=False)
+    paraphrases: list[list[tuple[str, ...]]] = field(default_factory=list, repr=False)
+    first_words: list[frozenset[str]] = field(default_factory=list, repr=False)
 
     @classmethod
     def from_pairs(cls, pairs: Iterable[tuple[tuple[str, ...], tuple[str, ...]]]) -> ParaphraseTable:
@@ -199,7 +210,15 @@ class ParaphraseTable:
         for a, b in pairs:
             table.setdefault(a, []).append(b)
         prefixes = frozenset(k[:n] for k in table for n in range(1, len(k)))
-        return cls(table, prefixes, max(map(len, table), default=0))
+        trie: dict[str, list] = {}
+        for pid, phrase in enumerate(table):
+            level = trie
+            for w in phrase[:-1]:
+                level = level.setdefault(w, [-1, {}])[1]
+            level.setdefault(phrase[-1], [-1, {}])[0] = pid
+        paraphrases = list(table.values())
+        first_words = [frozenset(p[0] for p in ps) for ps in paraphrases]
+        return cls(table, prefixes, max(map(len, table), default=0), trie, paraphrases, first_words)
 
 
 @dataclass
@@ -230,7 +249,18 @@ class ParaphraseIndex:
 
 
 def build_paraphrase_index(gz: str | Path) -> ParaphraseIndex:
-    """Parse ``paraphrase-en.gz`` (probability, phrase, paraphrase lines) into a :class:`ParaphraseIndex`."""
+    """Parse ``paraphrase-en.gz`` (probability, phrase, paraphrase lines) into a :class:`ParaphraseIndex`: with numpy
+    (:func:`~finecap.metrics.meteor.table_scan.scan_table`, about a second), or line by line (:func:`parse_lines`, ten
+    times slower) for a table that scan does not handle."""
+    try:
+        words, tokens, pair_len, phrase_len = scan_table(gz)
+    except TableScanError:
+        return parse_lines(gz)
+    return ParaphraseIndex(words, tokens, _starts(pair_len), phrase_len.astype(np.uint8))
+
+
+def parse_lines(gz: str | Path) -> ParaphraseIndex:
+    """:func:`build_paraphrase_index` line by line in Python: the reference the numpy scan is tested against."""
     vocab: dict[str, int] = {}
     tokens = array("i")
     starts = array("q", [0])
@@ -255,22 +285,43 @@ def build_paraphrase_index(gz: str | Path) -> ParaphraseIndex:
     )
 
 
-def _sha256(path: Path) -> str:
+def _starts(pair_len: np.ndarray) -> np.ndarray:
+    starts = np.zeros(len(pair_len) + 1, dtype=np.int64)
+    np.cumsum(pair_len, out=starts[1:])
+    return starts
+
+
+_FINGERPRINT_BYTES = 1 << 16
+
+
+def fingerprint(path: Path) -> str:
+    """A digest of ``path`` that changes with its content, read in a millisecond: SHA-256 of its size and of its
+    first and last 64 KiB. Both files it keys are archives that end with checksums of everything they hold (a zip
+    file's central directory lists each member's CRC-32; a gzip file ends with the CRC-32 and length of its text),
+    so another jar or table gives another fingerprint without hashing all 68 MB (0.1-0.2 s a run)."""
+    size = path.stat().st_size
+    digest = hashlib.sha256(str(size).encode())
     with open(path, "rb") as f:
-        return hashlib.file_digest(f, "sha256").hexdigest()
+        digest.update(f.read(_FINGERPRINT_BYTES))
+        if size > _FINGERPRINT_BYTES:
+            f.seek(max(_FINGERPRINT_BYTES, size - _FINGERPRINT_BYTES))
+            digest.update(f.read())
+    return digest.hexdigest()
 
 
 def index_path(jar: Path, cache_root: Path | None = None) -> Path:
     """Where the paraphrase index of ``jar`` (and the table beside it) is cached."""
     root = cache_root if cache_root is not None else home() / CACHE / "meteor"
-    key = f"{_sha256(jar)[:16]}-{_sha256(paraphrase_path(jar))[:16]}"
+    key = f"{fingerprint(jar)[:16]}-{fingerprint(paraphrase_path(jar))[:16]}"
     return root / key / f"paraphrase-v{INDEX_VERSION}.npz"
 
 
 def _save(index: ParaphraseIndex, path: Path) -> None:
     vocab = "\n".join(index.vocab).encode("utf-8")
+    pair_len = np.diff(index.starts)
+    small = np.uint8 if len(pair_len) == 0 or int(pair_len.max()) < 256 else np.uint32
     buf = io.BytesIO()
-    np.savez(buf, vocab=np.frombuffer(vocab, dtype=np.uint8), tokens=index.tokens, starts=index.starts,
+    np.savez(buf, vocab=np.frombuffer(vocab, dtype=np.uint8), tokens=index.tokens, pair_len=pair_len.astype(small),
              phrase_len=index.phrase_len)  # fmt: skip
     atomic_write_bytes(path, buf.getvalue())
 
@@ -278,7 +329,7 @@ def _save(index: ParaphraseIndex, path: Path) -> None:
 def _load(path: Path) -> ParaphraseIndex:
     with np.load(path, allow_pickle=False) as z:
         vocab = z["vocab"].tobytes().decode("utf-8").split("\n")
-        return ParaphraseIndex(vocab, z["tokens"], z["starts"], z["phrase_len"])
+        return ParaphraseIndex(vocab, z["tokens"], _starts(z["pair_len"]), z["phrase_len"])
 
 
 def load_paraphrase_index(jar: str | Path, cache_root: str | Path | None = None) -> ParaphraseIndex:

@@ -10,6 +10,7 @@ after the data is loaded, so they share it instead of loading it again).
 
 from __future__ import annotations
 
+import gc
 import multiprocessing
 import os
 from collections.abc import Iterable, Sequence
@@ -109,9 +110,7 @@ class MeteorScorer:
         hw, rw = hyp.info, ref.info
         matches = align(candidates(hyp, ref), len(hw))
         st = [0.0] * N_STATS
-        st[0], st[1] = len(hw), len(rw)
-        st[2] = sum(w.function for w in hw)
-        st[3] = sum(w.function for w in rw)
+        st[0], st[1], st[2], st[3] = len(hw), len(rw), hyp.n_function, ref.n_function
         for j, rl, i, hl, stage in matches:
             base = 4 + 4 * stage
             for w in hw[i : i + hl]:
@@ -143,18 +142,24 @@ class MeteorScorer:
             self._norm.clear()
         self.prepare(t for h, rs in fields for t in (h, *rs))
         n = default_processes() if processes is None else max(1, processes)
-        if n == 1 or len(fields) < MIN_PARALLEL or "fork" not in multiprocessing.get_all_start_methods():
-            return [self._best(h, rs) for h, rs in fields]
-        size = -(-len(fields) // (4 * n))  # a few chunks per worker: even load, little overhead
-        chunks = [fields[k : k + size] for k in range(0, len(fields), size)]
-        global _WORKER
-        _WORKER = self
+        collect = gc.isenabled()
+        gc.disable()  # scoring makes millions of small tuples and no reference cycle: the collector would only cost
         try:
-            with multiprocessing.get_context("fork").Pool(n) as pool:
-                parts = pool.map(_score_chunk, chunks)
+            if n == 1 or len(fields) < MIN_PARALLEL or "fork" not in multiprocessing.get_all_start_methods():
+                return [self._best(h, rs) for h, rs in fields]
+            size = -(-len(fields) // (4 * n))  # a few chunks per worker: even load, little overhead
+            chunks = [fields[k : k + size] for k in range(0, len(fields), size)]
+            global _WORKER
+            _WORKER = self
+            try:  # forked workers inherit the scorer (data, paraphrase table, caches) and the collector's state
+                with multiprocessing.get_context("fork").Pool(n) as pool:
+                    parts = pool.map(_score_chunk, chunks)
+            finally:
+                _WORKER = None
+            return [st for part in parts for st in part]
         finally:
-            _WORKER = None
-        return [st for part in parts for st in part]
+            if collect:
+                gc.enable()
 
     def _best(self, hyp: str, refs: list[str]) -> list[float]:
         h = self.segment(hyp)

@@ -1,0 +1,268 @@
+"""Parse METEOR's paraphrase table (``paraphrase-en.gz``: probability, phrase, paraphrase lines) into word ids with
+numpy, in about a second for its 5.27 M pairs instead of the ten a line-by-line parse takes.
+
+The decompressed text (272 MB) is cut into blocks at newlines while a thread inflates the next block (``zlib``
+releases the GIL, as most numpy operations do). In each block the separators (space, newline) are found at once;
+every token between two separators is a word, exactly as ``line.split(" ")`` gives it (two spaces give an empty
+word). A token is keyed by its bytes read as three little-endian 64-bit integers (bytes 0-7, 8-15 and 16-23, those
+past its end masked off) and its length: a key equal for equal words and different for different words of up to 24
+bytes. Keys are hashed to 64 bits and given word ids in an open-addressing table of numpy arrays (vectorised linear
+probing); each id keeps the key of the first word that took it, and every token's key is compared with the key of
+its id, so two words whose hashes collide are never merged: :class:`TableScanError` is raised instead (as for words
+longer than 24 bytes, which the paraphrase table has none of), and the caller parses the table line by line.
+
+:func:`scan_table` returns the words (in order of first appearance), the word ids of the phrase and paraphrase words
+(the probability lines are skipped), the pairs' word counts and their phrases' lengths.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import zlib
+from pathlib import Path
+
+import numpy as np
+
+__all__ = ["MAX_WORD_BYTES", "TableScanError", "scan_table"]
+
+MAX_WORD_BYTES = 24
+"""Longest word (in UTF-8 bytes) the vectorised keys tell apart exactly; longer ones make :func:`scan_table` fail."""
+_BLOCK = 1 << 24  # decompressed bytes a block holds, at least (then cut at its last newline)
+_READ = 1 << 20  # compressed bytes inflated at a time
+_PAD = bytes(MAX_WORD_BYTES + 16)  # lets the last token's 8-byte reads stay inside the block
+_MASKS = np.array([(1 << (8 * k)) - 1 for k in range(8)] + [(1 << 64) - 1], dtype=np.uint64)
+_MIX = (np.uint64(0x9E3779B97F4A7C15), np.uint64(0xC2B2AE3D27D4EB4F), np.uint64(0x165667B19E3779F9))
+_EMPTY = np.uint64(0)  # slot value of an empty slot (a real hash of 0 is stored as 1)
+
+
+class TableScanError(ValueError):
+    """The table holds something the vectorised parse does not handle (a word longer than :data:`MAX_WORD_BYTES`,
+    two words with the same 64-bit hash): parse it line by line instead."""
+
+
+def _put(out: queue.Queue, item: object, stop: threading.Event) -> bool:
+    while not stop.is_set():
+        try:
+            out.put(item, timeout=0.1)
+            return True
+        except queue.Full:
+            continue
+    return False
+
+
+def _inflate(gz: Path, out: queue.Queue, stop: threading.Event) -> None:
+    """Put the text of ``gz`` into ``out`` in blocks that end at a newline (the last one may not), then ``None``; an
+    exception is put instead, for the parsing thread to raise. Stops early when ``stop`` is set."""
+    try:
+        inflate = zlib.decompressobj(31)  # gzip header and trailer
+        pending: list[bytes] = []
+        size = 0
+        with open(gz, "rb") as f:
+            while not stop.is_set():
+                raw = f.read(_READ)
+                data = [inflate.decompress(raw) if raw else inflate.flush()]
+                while inflate.eof and inflate.unused_data:  # a file of several gzip members, as gzip.open reads it
+                    rest, inflate = inflate.unused_data, zlib.decompressobj(31)
+                    data.append(inflate.decompress(rest))
+                pending += data
+                size += sum(map(len, data))
+                if raw and size < _BLOCK:
+                    continue
+                text = b"".join(pending)
+                cut = text.rfind(b"\n") + 1 if raw else len(text)
+                if cut and not _put(out, text[:cut], stop):
+                    return
+                pending, size = [text[cut:]], len(text) - cut
+                if not raw:
+                    if not inflate.eof:
+                        raise EOFError(f"{gz}: compressed file ended before the end-of-stream marker was reached")
+                    break
+        _put(out, None, stop)
+    except BaseException as e:  # handed to the parsing thread, which raises it
+        _put(out, e, stop)
+
+
+class _Ids:
+    """Word ids of 64-bit hashes (never 0): an open-addressing hash table in numpy arrays (linear probing), grown
+    when half full; small enough to stay in the processor's cache for a table of some 10^5 words."""
+
+    def __init__(self, bits: int = 16):
+        self.bits = bits
+        self.hashes = np.zeros(1 << bits, dtype=np.uint64)  # 0: a free slot
+        self.ids = np.zeros(1 << bits, dtype=np.int32)
+        self.count = 0
+
+    def _slots(self, h: np.ndarray) -> np.ndarray:
+        return (h >> np.uint64(64 - self.bits)).astype(np.intp)
+
+    def _grow(self) -> None:
+        used = self.hashes != 0
+        hashes, ids = self.hashes[used], self.ids[used]
+        self.bits += 1
+        self.hashes = np.zeros(1 << self.bits, dtype=np.uint64)
+        self.ids = np.zeros(1 << self.bits, dtype=np.int32)
+        slots = self._slots(hashes)
+        mask = (1 << self.bits) - 1
+        while len(slots):  # distinct hashes: each takes the first free slot it probes
+            free = np.flatnonzero(self.hashes[slots] == 0)
+            _, k = np.unique(slots[free], return_index=True)
+            first = free[k]
+            self.hashes[slots[first]] = hashes[first]
+            self.ids[slots[first]] = ids[first]
+            rest = np.ones(len(slots), dtype=bool)
+            rest[first] = False
+            slots, hashes, ids = (slots[rest] + 1) & mask, hashes[rest], ids[rest]
+
+    def lookup(self, h: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """The id of each hash (new hashes get the next ids) and, for each new id in order, the position in ``h`` of
+        one of its occurrences."""
+        out = np.empty(len(h), dtype=np.int32)
+        slots = self._slots(h)
+        owner = self.hashes[slots]
+        hit = owner == h
+        out[hit] = self.ids[slots[hit]]
+        todo = np.flatnonzero(~hit)  # new words, and words whose slot another word took first
+        slots = slots[todo]
+        new_reps: list[np.ndarray] = []
+        mask = (1 << self.bits) - 1
+        while len(todo):
+            ht = h[todo]
+            owner = self.hashes[slots]
+            empty = np.flatnonzero(owner == 0)
+            if len(empty):  # the free slots are taken by one of the tokens probing them (the last one written)
+                claimed = slots[empty]
+                self.hashes[claimed] = ht[empty]
+                fresh = np.zeros(len(self.hashes), dtype=bool)
+                fresh[claimed] = True
+                fresh = np.flatnonzero(fresh)
+                self.ids[fresh] = np.arange(self.count, self.count + len(fresh), dtype=np.int32)
+                self.count += len(fresh)
+                owner = self.hashes[slots]
+                rep = np.empty(len(self.hashes), dtype=np.intp)
+                won = empty[owner[empty] == ht[empty]]
+                rep[slots[won]] = todo[won]
+                new_reps.append(rep[fresh])
+            hit = owner == ht
+            out[todo[hit]] = self.ids[slots[hit]]
+            miss = ~hit
+            todo, slots = todo[miss], (slots[miss] + 1) & mask
+        if self.count > (1 << self.bits) // 2:
+            self._grow()
+        return out, np.concatenate(new_reps) if new_reps else np.empty(0, dtype=np.intp)
+
+
+def _part(words: np.ndarray, starts: np.ndarray, lens: np.ndarray, k: int) -> np.ndarray:
+    """Bytes ``k .. k + 7`` of each token as a little-endian integer (bytes past its end zero), from the aligned
+    64-bit ``words`` of the block (two aligned reads a token: faster than one unaligned read)."""
+    out = np.zeros(len(starts), dtype=np.uint64)
+    long = np.flatnonzero(lens > k) if k else slice(None)
+    at = starts[long] + k
+    word = at >> 3
+    shift = ((at & 7) << 3).astype(np.uint64)
+    value = words[word] >> shift
+    value |= (words[word + 1] << np.uint64(1)) << (np.uint64(63) - shift)  # two shifts: a shift by 64 is undefined
+    value &= _MASKS[np.minimum(lens[long] - k, 8)]
+    out[long] = value
+    return out
+
+
+def _hash(parts: list[np.ndarray], lens: np.ndarray) -> np.ndarray:
+    with np.errstate(over="ignore"):
+        h = lens.astype(np.uint64)
+        h *= _MIX[2]
+        for p in parts:
+            h ^= p
+            h *= _MIX[0]
+            h ^= h >> np.uint64(29)
+        h *= _MIX[1]
+        h ^= h >> np.uint64(32)
+    h[h == _EMPTY] = 1
+    return h
+
+
+def scan_table(gz: str | Path) -> tuple[list[str], np.ndarray, np.ndarray, np.ndarray]:
+    """``(words, tokens, pair_len, phrase_len)`` of ``paraphrase-en.gz``: pair k's words are the ``pair_len[k]``
+    ids after those of the pairs before it, its phrase the first ``phrase_len[k]`` of them.
+
+    Raises :class:`TableScanError` (module docstring) and whatever reading or inflating the file raises.
+    """
+    blocks: queue.Queue = queue.Queue(maxsize=2)
+    stop = threading.Event()
+    reader = threading.Thread(target=_inflate, args=(Path(gz), blocks, stop), daemon=True)
+    reader.start()
+    ids = _Ids()
+    words: list[str] = []
+    reps: list[np.ndarray] = []  # per id: the key parts and the length of its first token
+    tokens: list[np.ndarray] = []
+    counts: list[tuple[int, np.ndarray, np.ndarray]] = []  # per block: first pair, words and phrase words per pair
+    line0 = 0  # lines before this block
+    try:
+        while True:
+            block = blocks.get()
+            if block is None:
+                break
+            if isinstance(block, BaseException):
+                raise block
+            if not block.endswith(b"\n"):
+                block += b"\n"
+            padded = bytearray(block)
+            padded += bytes(-len(block) % 8 + len(_PAD))  # whole 64-bit words, and room to read past the end
+            buf = np.frombuffer(padded, dtype=np.uint8)
+            sep = np.flatnonzero(buf[: len(block)] <= 32)
+            ch = buf[sep]
+            newline = ch == 10
+            other = ~(newline | (ch == 32))  # a control character inside a word
+            if other.any():
+                sep, newline = sep[~other], newline[~other]
+            line = np.cumsum(newline, dtype=np.int32)
+            line -= newline
+            line += line0  # the line each token is on
+            line0 += int(np.count_nonzero(newline))
+            role = line % 3
+            keep = np.flatnonzero(role)  # not a probability line
+            starts = np.empty(len(keep), dtype=np.intp)
+            before = keep - 1
+            starts[:] = sep[np.maximum(before, 0)] + 1
+            if len(keep) and keep[0] == 0:
+                starts[0] = 0
+            ends = sep[keep]
+            line, role = line[keep], role[keep]
+            lens = ends - starts
+            if len(lens) and int(lens.max()) > MAX_WORD_BYTES:
+                raise TableScanError(f"{gz}: a word longer than {MAX_WORD_BYTES} bytes")
+            words8 = buf.view("<u8")
+            parts = [_part(words8, starts, lens, k) for k in range(0, MAX_WORD_BYTES, 8)]
+            tid, first = ids.lookup(_hash(parts, lens))
+            word_starts, word_lens = starts[first].tolist(), lens[first].tolist()
+            words += [block[a : a + n].decode("utf-8") for a, n in zip(word_starts, word_lens)]
+            reps.append(np.stack([*(p[first] for p in parts), lens[first].astype(np.uint64)]))
+            if len(reps) > 1:
+                reps = [np.concatenate(reps, axis=1)]
+            rep = reps[0]
+            same = np.array_equal(rep[3][tid], lens) and np.array_equal(rep[0][tid], parts[0])
+            for k in (1, 2):  # the other parts: only tokens that long can differ there
+                long = np.flatnonzero(lens > 8 * k)
+                same = same and np.array_equal(rep[k][tid[long]], parts[k][long])
+            if not same:
+                raise TableScanError(f"{gz}: two words with the same 64-bit hash")
+            tokens.append(tid.astype(np.uint32))
+            if len(line):
+                pair = line // 3
+                first_pair = int(pair[0])
+                pair -= first_pair
+                per_pair = np.bincount(pair)
+                counts.append((first_pair, per_pair, np.bincount(pair[role == 1], minlength=len(per_pair))))
+    finally:
+        stop.set()
+        reader.join()
+    n_pairs = line0 // 3  # an incomplete last pair is left out, as zip(lines, lines, lines) leaves it
+    pair_len = np.zeros(n_pairs + 2, dtype=np.int64)
+    phrase_len = np.zeros(n_pairs + 2, dtype=np.int64)
+    for first_pair, per_pair, per_phrase in counts:
+        pair_len[first_pair : first_pair + len(per_pair)] += per_pair
+        phrase_len[first_pair : first_pair + len(per_pair)] += per_phrase
+    tok = np.concatenate(tokens) if tokens else np.empty(0, dtype=np.uint32)
+    tok = tok[: int(pair_len[:n_pairs].sum())]
+    dtype = np.uint16 if len(words) <= 1 << 16 else np.uint32
+    return words, tok.astype(dtype), pair_len[:n_pairs], phrase_len[:n_pairs]
