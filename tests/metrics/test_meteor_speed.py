@@ -8,9 +8,14 @@ import zlib
 
 import numpy as np
 import pytest
+from meteor_cases import coco_like, stress
 
+from finecap.metrics.meteor import meteor_scorer, table_scan
 from finecap.metrics.meteor import resources as R
-from finecap.metrics.meteor import table_scan
+from finecap.metrics.meteor.inputs import segment_fields
+from finecap.metrics.meteor.match import candidates
+from finecap.metrics.meteor.score import segment_score
+from finecap.metrics.meteor.scorer import bound
 from finecap.metrics.meteor.table_scan import MAX_WORD_BYTES, TableScanError, scan_table
 
 
@@ -63,7 +68,7 @@ def test_scan_over_many_blocks_and_gzip_members(tmp_path, monkeypatch):
     rng = np.random.default_rng(0)
     vocab = ["".join(rng.choice(list("abcdé "), size=int(rng.integers(1, 30)))) for _ in range(3000)]
     lines = []
-    for _ in range(4000):
+    for _ in range(1500):
         phrase = " ".join(rng.choice(vocab, size=int(rng.integers(1, 4))))
         para = " ".join(rng.choice(vocab, size=int(rng.integers(1, 4))))
         lines += [f"{rng.random():.3f}", phrase, para]
@@ -79,7 +84,7 @@ def test_scan_over_many_blocks_and_gzip_members(tmp_path, monkeypatch):
         gz = _table(tmp_path, short, "short.gz", members=3)
         plain = R.parse_lines(gz)
     fast = R.build_paraphrase_index(gz)
-    assert len(fast.phrase_len) == 4000 and _pairs(fast) == _pairs(plain)
+    assert len(fast.phrase_len) == 1500 and _pairs(fast) == _pairs(plain)
 
 
 def test_words_the_scan_cannot_key_fall_back_to_the_line_parse(tmp_path):
@@ -120,3 +125,31 @@ def test_cache_key_follows_the_content(tmp_path):
     d = _table(tmp_path, "".join(lines), "d.gz")
     assert c.stat().st_size > 3 * R._FINGERPRINT_BYTES
     assert R.fingerprint(c) != R.fingerprint(d)  # the gzip trailer's CRC-32 differs
+
+
+@pytest.mark.slow  # seconds: the jar's data and 600 caption sets
+@pytest.mark.skipif(R.data_unavailable_reason() is not None, reason="pycocoevalcap's METEOR data missing")
+def test_references_skipped_by_their_bound_could_not_have_been_chosen():
+    """The scorer aligns references in the order of an upper bound of their score and skips those whose bound is
+    below the best score found: the bound must hold for every reference (not only the skipped ones), and the
+    statistics chosen must be those of the first reference with the highest score, as when every one is aligned."""
+    scorer = meteor_scorer()
+    items = coco_like(200, seed=31) + coco_like(100, seed=32, refs=1) + stress(200, seed=33)
+    items += stress(100, seed=34, repetitive=True)
+    items = [segment_fields(h, refs) for h, refs in items]
+    scorer.prepare(t for h, refs in items for t in (h, *refs))
+    skipped = 0
+    for hyp, refs in items:
+        h = scorer.segment(hyp)
+        every = []
+        for r in refs:
+            seg = scorer.segment(r)
+            cands = candidates(h, seg)
+            st = scorer.pair_statistics(h, seg, cands)
+            every.append((st, segment_score(st)))
+            assert segment_score(st) <= bound(h, seg, cands), (hyp, r)
+        first_best = max(range(len(every)), key=lambda k: (every[k][1], -k)) if every else None
+        assert scorer._best(hyp, refs) == (every[first_best][0] if every else [])
+        top = max((s for _, s in every), default=0.0)
+        skipped += sum(bound(h, scorer.segment(r), candidates(h, scorer.segment(r))) < top for r in refs)
+    assert skipped > 200  # the bound does skip references

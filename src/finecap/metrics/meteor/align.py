@@ -76,6 +76,15 @@ def _ranking(j: int):
 
 def align(cands: list[list[Match]], n_hyp: int, beam: int = BEAM) -> list[Match]:
     """The matches the jar's search keeps, sorted by reference position (module docstring)."""
+    seen = 0
+    for ms in cands:  # the common case first: each candidate alone at its position, one word each, no word twice
+        if ms:
+            m = ms[0]
+            if len(ms) > 1 or m[1] != 1 or m[3] != 1 or (seen >> m[2]) & 1:
+                break
+            seen |= 1 << m[2]
+    else:  # every candidate is fixed
+        return [ms[0] for ms in cands if ms]
     fixed = set(fixed_positions(cands, n_hyp))
     if all(j in fixed for j, ms in enumerate(cands) if ms):
         return [ms[0] for ms in cands if ms]

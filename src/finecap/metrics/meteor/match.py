@@ -232,29 +232,30 @@ def candidates(hyp: Segment, ref: Segment) -> list[list[Match]]:
         for i, x in enumerate(hyp.info):
             hashes.setdefault(x.hash, []).append(i)
         return [[(j, 1, i, 1, EXACT) for i in hashes[r.hash]] for j, r in enumerate(ref.info)]
-    memo, wm = hyp._words, hyp.word_matches
+    memo, info = hyp._words, ref.info
+    by_first = hyp.paraphrases_by_first_word()
     out: list[list[Match]] = []
-    for j, (w, r) in enumerate(zip(rw, ref.info)):
+    hits = []  # paraphrases of hypothesis phrases found in the reference: (order, position, length, a, k)
+    for j, w in enumerate(rw):
         found = memo.get(w)
         if found is None:
-            found = wm(w, r)
+            found = hyp.word_matches(w, info[j])
         out.append([(j, 1, i, 1, s) for i, s in found] if found else [])
+        tried = by_first.get(w)
+        if tried is not None:
+            for order, a, k, p in tried:
+                n = len(p)
+                if n == 1 or rw[j : j + n] == p:
+                    hits.append((order, j, n, a, k))
+    phrases = hyp._phrases
     for a, k, pid in ref.phrases:  # reference phrases, their paraphrases in the hypothesis
-        found = hyp.phrase_matches(pid)
+        found = phrases.get(pid)
+        if found is None:
+            found = hyp.phrase_matches(pid)
         if found:
             out[a].extend([(a, k, b, n, PARAPHRASE) for b, n in found])
-    by_first = hyp.paraphrases_by_first_word()
-    if by_first:  # hypothesis phrases, their paraphrases in the reference (in the jar's order, then by position)
-        hits = []
-        for b, w in enumerate(rw):
-            tried = by_first.get(w)
-            if tried is not None:
-                for order, a, k, p in tried:
-                    n = len(p)
-                    if n == 1 or rw[b : b + n] == p:
-                        hits.append((order, b, n, a, k))
-        if hits:
-            hits.sort()
-            for _, b, n, a, k in hits:
-                out[b].append((b, n, a, k, PARAPHRASE))
+    if hits:  # then the hypothesis phrases' (in the jar's order: by phrase and paraphrase, then by position)
+        hits.sort()
+        for _, b, n, a, k in hits:
+            out[b].append((b, n, a, k, PARAPHRASE))
     return out

@@ -31,7 +31,11 @@ MAX_WORD_BYTES = 24
 _BLOCK = 1 << 24  # decompressed bytes a block holds, at least (then cut at its last newline)
 _READ = 1 << 20  # compressed bytes inflated at a time
 _PAD = bytes(MAX_WORD_BYTES + 16)  # lets the last token's 8-byte reads stay inside the block
-_MASKS = np.array([(1 << (8 * k)) - 1 for k in range(8)] + [(1 << 64) - 1], dtype=np.uint64)
+# _MASKS[k // 8][n]: the bytes k .. k + 7 that a token of n bytes has (all ones when it has the 8)
+_MASKS = np.array(
+    [[(1 << (8 * min(max(n - k, 0), 8))) - 1 for n in range(MAX_WORD_BYTES + 1)] for k in range(0, MAX_WORD_BYTES, 8)],
+    dtype=np.uint64,
+)
 _MIX = (np.uint64(0x9E3779B97F4A7C15), np.uint64(0xC2B2AE3D27D4EB4F), np.uint64(0x165667B19E3779F9))
 _EMPTY = np.uint64(0)  # slot value of an empty slot (a real hash of 0 is stored as 1)
 
@@ -155,114 +159,159 @@ class _Ids:
 def _part(words: np.ndarray, starts: np.ndarray, lens: np.ndarray, k: int) -> np.ndarray:
     """Bytes ``k .. k + 7`` of each token as a little-endian integer (bytes past its end zero), from the aligned
     64-bit ``words`` of the block (two aligned reads a token: faster than one unaligned read)."""
-    out = np.zeros(len(starts), dtype=np.uint64)
-    long = np.flatnonzero(lens > k) if k else slice(None)
-    at = starts[long] + k
+    at = starts + k
     word = at >> 3
-    shift = ((at & 7) << 3).astype(np.uint64)
+    shift = ((at & 7) << 3).view(np.uint64)
     value = words[word] >> shift
     value |= (words[word + 1] << np.uint64(1)) << (np.uint64(63) - shift)  # two shifts: a shift by 64 is undefined
-    value &= _MASKS[np.minimum(lens[long] - k, 8)]
-    out[long] = value
-    return out
+    value &= _MASKS[k // 8][lens]
+    return value
+
+
+def _key_parts(words: np.ndarray, starts: np.ndarray, lens: np.ndarray) -> list[np.ndarray]:
+    """Each token's bytes 0-7, 8-15 and 16-23 (:func:`_part`; read only for the tokens that long)."""
+    parts = [_part(words, starts, lens, 0)]
+    for k in range(8, MAX_WORD_BYTES, 8):
+        part = np.zeros(len(starts), dtype=np.uint64)
+        long = np.flatnonzero(lens > k)
+        if len(long):
+            part[long] = _part(words, starts[long], lens[long], k)
+        parts.append(part)
+    return parts
 
 
 def _hash(parts: list[np.ndarray], lens: np.ndarray) -> np.ndarray:
+    """64-bit hashes of the keys (never 0, the free slot's mark)."""
     with np.errstate(over="ignore"):
-        h = lens.astype(np.uint64)
-        h *= _MIX[2]
-        for p in parts:
-            h ^= p
-            h *= _MIX[0]
-            h ^= h >> np.uint64(29)
-        h *= _MIX[1]
-        h ^= h >> np.uint64(32)
+        h = lens.view(np.uint64) * _MIX[2]
+        for p, mix in zip(parts, (_MIX[0], _MIX[1], _MIX[0] ^ _MIX[1])):
+            h ^= p * mix
+        h ^= h >> np.uint64(31)
+        h *= _MIX[0]
+        h ^= h >> np.uint64(29)
     h[h == _EMPTY] = 1
     return h
+
+
+def _tokenise(block: bytes, line0: int, gz: Path) -> tuple:
+    """The phrase and paraphrase tokens of a block that starts at line ``line0``: ``(block, lines, starts, lens,
+    key parts, hashes)``, ``lines`` the line of each token (the block's probability lines left out)."""
+    if not block.endswith(b"\n"):
+        block += b"\n"
+    padded = bytearray(block)
+    padded += bytes(-len(block) % 8 + len(_PAD))  # whole 64-bit words, and room to read past the end
+    buf = np.frombuffer(padded, dtype=np.uint8)
+    sep = np.flatnonzero(buf[: len(block)] <= 32)
+    ch = buf[sep]
+    newline = ch == 10
+    other = ~(newline | (ch == 32))  # a control character inside a word
+    if other.any():
+        sep, newline = sep[~other], newline[~other]
+    line = np.cumsum(newline, dtype=np.int64)
+    line -= newline
+    line += line0  # the line each token is on
+    keep = np.flatnonzero(line % 3)  # not a probability line
+    starts = sep[np.maximum(keep - 1, 0)] + 1
+    if len(keep) and keep[0] == 0:
+        starts[0] = 0
+    lens = sep[keep] - starts
+    if len(lens) and int(lens.max()) > MAX_WORD_BYTES:
+        raise TableScanError(f"{gz}: a word longer than {MAX_WORD_BYTES} bytes")
+    parts = _key_parts(buf.view("<u8"), starts, lens)
+    return block, line[keep], int(np.count_nonzero(newline)), starts, lens, parts, _hash(parts, lens)
+
+
+def _tokenise_all(blocks: queue.Queue, out: queue.Queue, stop: threading.Event, gz: Path) -> None:
+    """:func:`_tokenise` each block of ``blocks`` into ``out`` (then ``None``; an exception is passed on)."""
+    try:
+        line0 = 0
+        while True:
+            block = _get(blocks, stop)
+            if block is None or isinstance(block, BaseException):
+                _put(out, block, stop)
+                return
+            tokens = _tokenise(block, line0, gz)
+            line0 += tokens[2]
+            if not _put(out, tokens, stop):
+                return
+    except BaseException as e:  # handed to the parsing thread, which raises it
+        _put(out, e, stop)
+
+
+def _get(source: queue.Queue, stop: threading.Event) -> object:
+    while not stop.is_set():
+        try:
+            return source.get(timeout=0.1)
+        except queue.Empty:
+            continue
+    return None
 
 
 def scan_table(gz: str | Path) -> tuple[list[str], np.ndarray, np.ndarray, np.ndarray]:
     """``(words, tokens, pair_len, phrase_len)`` of ``paraphrase-en.gz``: pair k's words are the ``pair_len[k]``
     ids after those of the pairs before it, its phrase the first ``phrase_len[k]`` of them.
 
+    Three threads: one inflates, one tokenises and hashes (:func:`_tokenise`), this one gives the word ids, in
+    order; numpy and zlib release the GIL, so the three share the processor's cores.
+
     Raises :class:`TableScanError` (module docstring) and whatever reading or inflating the file raises.
     """
+    gz = Path(gz)
     blocks: queue.Queue = queue.Queue(maxsize=2)
+    tokenised: queue.Queue = queue.Queue(maxsize=2)
     stop = threading.Event()
-    reader = threading.Thread(target=_inflate, args=(Path(gz), blocks, stop), daemon=True)
-    reader.start()
+    threads = [
+        threading.Thread(target=_inflate, args=(gz, blocks, stop), daemon=True),
+        threading.Thread(target=_tokenise_all, args=(blocks, tokenised, stop, gz), daemon=True),
+    ]
+    for t in threads:
+        t.start()
     ids = _Ids()
     words: list[str] = []
     reps: list[np.ndarray] = []  # per id: the key parts and the length of its first token
     tokens: list[np.ndarray] = []
     counts: list[tuple[int, np.ndarray, np.ndarray]] = []  # per block: first pair, words and phrase words per pair
-    line0 = 0  # lines before this block
+    n_lines = 0
     try:
         while True:
-            block = blocks.get()
-            if block is None:
+            item = tokenised.get()
+            if item is None:
                 break
-            if isinstance(block, BaseException):
-                raise block
-            if not block.endswith(b"\n"):
-                block += b"\n"
-            padded = bytearray(block)
-            padded += bytes(-len(block) % 8 + len(_PAD))  # whole 64-bit words, and room to read past the end
-            buf = np.frombuffer(padded, dtype=np.uint8)
-            sep = np.flatnonzero(buf[: len(block)] <= 32)
-            ch = buf[sep]
-            newline = ch == 10
-            other = ~(newline | (ch == 32))  # a control character inside a word
-            if other.any():
-                sep, newline = sep[~other], newline[~other]
-            line = np.cumsum(newline, dtype=np.int32)
-            line -= newline
-            line += line0  # the line each token is on
-            line0 += int(np.count_nonzero(newline))
-            role = line % 3
-            keep = np.flatnonzero(role)  # not a probability line
-            starts = np.empty(len(keep), dtype=np.intp)
-            before = keep - 1
-            starts[:] = sep[np.maximum(before, 0)] + 1
-            if len(keep) and keep[0] == 0:
-                starts[0] = 0
-            ends = sep[keep]
-            line, role = line[keep], role[keep]
-            lens = ends - starts
-            if len(lens) and int(lens.max()) > MAX_WORD_BYTES:
-                raise TableScanError(f"{gz}: a word longer than {MAX_WORD_BYTES} bytes")
-            words8 = buf.view("<u8")
-            parts = [_part(words8, starts, lens, k) for k in range(0, MAX_WORD_BYTES, 8)]
-            tid, first = ids.lookup(_hash(parts, lens))
+            if isinstance(item, BaseException):
+                raise item
+            block, line, newlines, starts, lens, parts, h = item
+            n_lines += newlines
+            tid, first = ids.lookup(h)
             word_starts, word_lens = starts[first].tolist(), lens[first].tolist()
             words += [block[a : a + n].decode("utf-8") for a, n in zip(word_starts, word_lens)]
-            reps.append(np.stack([*(p[first] for p in parts), lens[first].astype(np.uint64)]))
+            reps.append(np.stack([*(p[first] for p in parts), lens[first].view(np.uint64)]))
             if len(reps) > 1:
                 reps = [np.concatenate(reps, axis=1)]
             rep = reps[0]
-            same = np.array_equal(rep[3][tid], lens) and np.array_equal(rep[0][tid], parts[0])
-            for k in (1, 2):  # the other parts: only tokens that long can differ there
+            same = np.array_equal(rep[-1][tid], lens) and np.array_equal(rep[0][tid], parts[0])
+            for k in range(1, len(parts)):  # the other parts: only tokens that long can differ there
                 long = np.flatnonzero(lens > 8 * k)
                 same = same and np.array_equal(rep[k][tid[long]], parts[k][long])
             if not same:
                 raise TableScanError(f"{gz}: two words with the same 64-bit hash")
-            tokens.append(tid.astype(np.uint32))
+            tokens.append(tid)
             if len(line):
                 pair = line // 3
                 first_pair = int(pair[0])
                 pair -= first_pair
                 per_pair = np.bincount(pair)
-                counts.append((first_pair, per_pair, np.bincount(pair[role == 1], minlength=len(per_pair))))
+                counts.append((first_pair, per_pair, np.bincount(pair[line % 3 == 1], minlength=len(per_pair))))
     finally:
         stop.set()
-        reader.join()
-    n_pairs = line0 // 3  # an incomplete last pair is left out, as zip(lines, lines, lines) leaves it
+        for t in threads:
+            t.join()
+    n_pairs = n_lines // 3  # an incomplete last pair is left out, as zip(lines, lines, lines) leaves it
     pair_len = np.zeros(n_pairs + 2, dtype=np.int64)
     phrase_len = np.zeros(n_pairs + 2, dtype=np.int64)
     for first_pair, per_pair, per_phrase in counts:
         pair_len[first_pair : first_pair + len(per_pair)] += per_pair
         phrase_len[first_pair : first_pair + len(per_pair)] += per_phrase
-    tok = np.concatenate(tokens) if tokens else np.empty(0, dtype=np.uint32)
+    tok = np.concatenate(tokens) if tokens else np.empty(0, dtype=np.int32)
     tok = tok[: int(pair_len[:n_pairs].sum())]
     dtype = np.uint16 if len(words) <= 1 << 16 else np.uint32
     return words, tok.astype(dtype), pair_len[:n_pairs], phrase_len[:n_pairs]
