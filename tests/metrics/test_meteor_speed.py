@@ -4,13 +4,14 @@ parse (tables with the layouts a scan can trip on), the cache key, and the score
 from __future__ import annotations
 
 import gzip
+import zipfile
 import zlib
 
 import numpy as np
 import pytest
 from meteor_cases import coco_like, stress
 
-from finecap.metrics.meteor import meteor_scorer, table_scan
+from finecap.metrics.meteor import meteor_per_item, meteor_scorer, table_scan
 from finecap.metrics.meteor import resources as R
 from finecap.metrics.meteor.inputs import segment_fields
 from finecap.metrics.meteor.match import candidates
@@ -153,3 +154,35 @@ def test_references_skipped_by_their_bound_could_not_have_been_chosen():
         top = max((s for _, s in every), default=0.0)
         skipped += sum(bound(h, scorer.segment(r), candidates(h, scorer.segment(r))) < top for r in refs)
     assert skipped > 200  # the bound does skip references
+
+
+def _fake_jar(tmp_path, pairs):
+    """A jar with the four data files METEOR reads, and a paraphrase table beside it."""
+    jar = tmp_path / "meteor-1.5.jar"
+    with zipfile.ZipFile(jar, "w") as z:
+        z.writestr("function/english.words", "a\nthe\n")
+        z.writestr("nonbreaking/english.prefixes", "Mr\n")
+        z.writestr("synonym/english.synsets", "dog\n1\nhound\n1\n")
+        z.writestr("synonym/english.exceptions", "be\nwas were\n")
+    (tmp_path / "data").mkdir()
+    _table(tmp_path / "data", "".join(f"0.5\n{a}\n{b}\n" for a, b in pairs))
+    return jar
+
+
+@pytest.mark.parametrize("blocker", ["file", "file in the way of the key folder"])
+def test_a_failed_index_load_is_raised_and_tried_again(tmp_path, blocker):
+    # the index loads in a thread (PendingIndex) while the jar's data is read: its error reaches the caller, and the
+    # next evaluation loads again instead of keeping the failed scorer
+    jar = _fake_jar(tmp_path, [("a dog", "one dog")])
+    cache = tmp_path / "cache"
+    in_the_way = cache if blocker == "file" else R.index_path(jar, cache).parent
+    in_the_way.parent.mkdir(parents=True, exist_ok=True)
+    in_the_way.write_text("not a folder")
+    preds, refs = {1: "one dog"}, {1: ["a dog"]}
+    with pytest.raises(OSError):
+        meteor_per_item(preds, refs, jar=jar, cache_root=cache)
+    in_the_way.unlink()
+    corpus, per = meteor_per_item(preds, refs, jar=jar, cache_root=cache)
+    assert R.index_path(jar, cache).is_file()
+    # the paraphrase matched (the index was loaded): both words on each side, in one chunk, at the weight 0.6
+    assert per[1]["METEOR"] == corpus["METEOR"] == pytest.approx(0.6)

@@ -22,6 +22,7 @@ import hashlib
 import importlib.util
 import io
 import os
+import threading
 import zipfile
 from array import array
 from collections.abc import Iterable
@@ -43,6 +44,7 @@ __all__ = [
     "JarData",
     "ParaphraseIndex",
     "ParaphraseTable",
+    "PendingIndex",
     "build_paraphrase_index",
     "data_unavailable_reason",
     "find_meteor_jar",
@@ -348,3 +350,33 @@ def load_paraphrase_index(jar: str | Path, cache_root: str | Path | None = None)
     index = build_paraphrase_index(paraphrase_path(jar))
     _save(index, path)
     return index
+
+
+class PendingIndex:
+    """:func:`load_paraphrase_index` running in a thread, started here: the caller reads the jar's data and
+    normalises the captions meanwhile (the scan and the load spend most of their time in zlib and numpy, which
+    release the GIL). :meth:`result` waits for it and returns the index or raises what it raised."""
+
+    def __init__(self, jar: str | Path, cache_root: str | Path | None = None):
+        self._index: ParaphraseIndex | None = None
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._load, args=(jar, cache_root), name="meteor-paraphrase-index")
+        self._thread.start()
+
+    def _load(self, jar: str | Path, cache_root: str | Path | None) -> None:
+        try:
+            self._index = load_paraphrase_index(jar, cache_root)
+        except BaseException as e:  # raised by result(), in the caller's thread
+            self._error = e
+
+    def result(self) -> ParaphraseIndex:
+        self._thread.join()
+        if self._error is not None:
+            raise self._error
+        assert self._index is not None
+        return self._index
+
+    @property
+    def failed(self) -> bool:
+        """Whether it ended with an error (a later evaluation should try again)."""
+        return not self._thread.is_alive() and self._error is not None

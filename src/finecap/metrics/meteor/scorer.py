@@ -19,7 +19,7 @@ from finecap.metrics.meteor.align import align, count_chunks
 from finecap.metrics.meteor.inputs import segment_fields
 from finecap.metrics.meteor.match import Match, Segment, Word, candidates, java_hash, synonym_sets
 from finecap.metrics.meteor.normalize import Normalizer
-from finecap.metrics.meteor.resources import JarData, ParaphraseIndex, ParaphraseTable
+from finecap.metrics.meteor.resources import JarData, ParaphraseIndex, ParaphraseTable, PendingIndex
 from finecap.metrics.meteor.score import DELTA, N_STATS, WEIGHTS, score_bound, segment_score
 from finecap.metrics.meteor.stemmer import Stemmer
 
@@ -48,13 +48,14 @@ class MeteorScorer:
 
     Args:
         data: the jar's resources (:func:`~finecap.metrics.meteor.resources.read_jar_data`).
-        paraphrases: the paraphrase index (:func:`~finecap.metrics.meteor.resources.load_paraphrase_index`), or
-            ``None`` to match without paraphrases. :meth:`prepare` keeps the pairs the captions can use.
+        paraphrases: the paraphrase index (:func:`~finecap.metrics.meteor.resources.load_paraphrase_index`, or a
+            :class:`~finecap.metrics.meteor.resources.PendingIndex` still loading it), or ``None`` to match without
+            paraphrases. :meth:`prepare` keeps the pairs the captions can use.
     """
 
-    def __init__(self, data: JarData, paraphrases: ParaphraseIndex | None):
+    def __init__(self, data: JarData, paraphrases: ParaphraseIndex | PendingIndex | None):
         self.data = data
-        self.index = paraphrases
+        self._index = paraphrases
         self.table: ParaphraseTable | None = None
         self.normalizer = Normalizer(data.prefixes)
         self.stem = Stemmer()
@@ -69,17 +70,28 @@ class MeteorScorer:
             out = self._norm[text] = tuple(self.normalizer.words(text))
         return out
 
+    @property
+    def index(self) -> ParaphraseIndex | None:
+        """The paraphrase index (waiting for it when it is still being loaded)."""
+        if isinstance(self._index, PendingIndex):
+            self._index = self._index.result()
+        return self._index
+
+    @property
+    def failed(self) -> bool:
+        """Whether loading the paraphrase index failed (:class:`~finecap.metrics.meteor.resources.PendingIndex`)."""
+        return isinstance(self._index, PendingIndex) and self._index.failed
+
     def prepare(self, texts: Iterable[str]) -> None:
-        """Normalise ``texts``, keep the paraphrase pairs whose words all occur in them and find which of their words
-        are synonyms (needed before scoring texts with words not seen by an earlier call)."""
+        """Normalise ``texts``, find which of their words are synonyms and keep the paraphrase pairs whose words all
+        occur in them (needed before scoring texts with words not seen by an earlier call). The paraphrase index is
+        waited for last, so that the rest runs while it loads."""
         vocab: set[str] = set()
         for t in texts:
             vocab.update(self.words(t))
-        if vocab <= self._vocab and (self.table is not None or self.index is None):
+        if vocab <= self._vocab and (self.table is not None or self._index is None):
             return
         self._vocab |= vocab
-        if self.index is not None:
-            self.table = self.index.restrict(self._vocab)
         synsets = {w: synonym_sets(w, self.data) for w in self._vocab}
         holders: dict[str, set[str]] = {}
         for w, ids in synsets.items():
@@ -92,6 +104,8 @@ class MeteorScorer:
                 syn |= holders[s]
             syn.discard(w)
             self._words[w] = Word(java_hash(w), java_hash(self.stem(w)), w in fw, frozenset(syn))
+        if self._index is not None:
+            self.table = self.index.restrict(self._vocab)
 
     def word(self, w: str) -> Word:
         """What the matching stages compare of word ``w`` (:meth:`prepare` gives it its synonyms)."""
@@ -151,12 +165,12 @@ class MeteorScorer:
             if n == 1 or len(fields) < MIN_PARALLEL or "fork" not in multiprocessing.get_all_start_methods():
                 return [self._best(h, rs) for h, rs in fields]
             size = -(-len(fields) // (4 * n))  # a few chunks per worker: even load, little overhead
-            chunks = [fields[k : k + size] for k in range(0, len(fields), size)]
             global _WORKER
-            _WORKER = self
-            try:  # forked workers inherit the scorer (data, paraphrase table, caches) and the collector's state
+            _WORKER = (self, fields)
+            try:  # forked workers inherit the scorer (data, paraphrase table, caches), the captions and the
+                # collector's state: only the chunks' bounds and the statistics travel between the processes
                 with multiprocessing.get_context("fork").Pool(n) as pool:
-                    parts = pool.map(_score_chunk, chunks)
+                    parts = pool.map(_score_chunk, [(k, k + size) for k in range(0, len(fields), size)])
             finally:
                 _WORKER = None
             return [st for part in parts for st in part]
@@ -215,10 +229,11 @@ def bound(hyp: Segment, ref: Segment, cands: list[list[Match]]) -> float:
     return score_bound(p, r, hyp, ref, covered, perfect)
 
 
-_WORKER: MeteorScorer | None = None  # the scorer forked workers inherit (set only while a pool runs)
+_WORKER: tuple[MeteorScorer, list[tuple[str, list[str]]]] | None = None  # what forked workers inherit (set only
+# while a pool runs): the scorer and the captions
 
 
-def _score_chunk(fields: list[tuple[str, list[str]]]) -> list[list[float]]:
-    scorer = _WORKER
-    assert scorer is not None, "worker started without a scorer"
-    return [scorer._best(h, rs) for h, rs in fields]
+def _score_chunk(bounds: tuple[int, int]) -> list[list[float]]:
+    assert _WORKER is not None, "worker started without a scorer"
+    scorer, fields = _WORKER
+    return [scorer._best(h, rs) for h, rs in fields[bounds[0] : bounds[1]]]
