@@ -186,3 +186,36 @@ def test_a_failed_index_load_is_raised_and_tried_again(tmp_path, blocker):
     assert R.index_path(jar, cache).is_file()
     # the paraphrase matched (the index was loaded): both words on each side, in one chunk, at the weight 0.6
     assert per[1]["METEOR"] == corpus["METEOR"] == pytest.approx(0.6)
+
+
+@pytest.mark.slow  # seconds: the jar's data, two scorers over 700 caption sets
+@pytest.mark.skipif(R.data_unavailable_reason() is not None, reason="pycocoevalcap's METEOR data missing")
+def test_the_adjacent_word_filter_keeps_every_pair_that_can_match():
+    """restrict() drops the pairs with two adjacent words never adjacent in a caption: the statistics are those of
+    the table restricted by the words alone, with far fewer pairs."""
+    from finecap.metrics.meteor.scorer import MeteorScorer
+
+    index = meteor_scorer().index
+
+    class WordsOnly:  # the index, restricted by the words alone
+        def restrict(self, words, bigrams=None):
+            return index.restrict(words)
+
+    data = R.read_jar_data(R.find_meteor_jar())
+    items = coco_like(300, seed=41) + coco_like(100, seed=42, refs=1) + stress(200, seed=43)
+    items += stress(100, seed=44, repetitive=True)
+    hyps, refs = [h for h, _ in items], [r for _, r in items]
+    filtered, words_only = MeteorScorer(data, index), MeteorScorer(data, WordsOnly())
+    assert filtered.score_all(hyps, refs, processes=1) == words_only.score_all(hyps, refs, processes=1)
+    kept = sum(map(len, filtered.table.pairs.values()))
+    assert 0 < kept < sum(map(len, words_only.table.pairs.values())) / 3
+    # a later evaluation with a new pair of adjacent words (known words) restricts again and finds its pairs
+    before = filtered.table
+    a, b = next(
+        (a, b)
+        for a, bs in words_only.table.pairs.items()
+        for b in bs
+        if len(a) > 1 and len(b) > 1 and b not in before.pairs.get(a, ())
+    )
+    filtered.score_all([" ".join(b)], [[" ".join(a)]], processes=1)
+    assert filtered.table is not before and b in filtered.table.pairs[a]

@@ -62,6 +62,7 @@ class MeteorScorer:
         self._words: dict[str, Word] = {}
         self._norm: dict[str, tuple[str, ...]] = {}
         self._vocab: set[str] = set()
+        self._bigrams: set[tuple[str, str]] = set()  # adjacent words of the captions prepared (restrict)
 
     def words(self, text: str) -> tuple[str, ...]:
         """The normalised words of one (trimmed) segment, memoised."""
@@ -87,9 +88,16 @@ class MeteorScorer:
         occur in them (needed before scoring texts with words not seen by an earlier call). The paraphrase index is
         waited for last, so that the rest runs while it loads."""
         vocab: set[str] = set()
+        bigrams: set[tuple[str, str]] = set()
         for t in texts:
-            vocab.update(self.words(t))
-        if vocab <= self._vocab and (self.table is not None or self._index is None):
+            ws = self.words(t)
+            vocab.update(ws)
+            bigrams.update(zip(ws, ws[1:]))
+        if vocab <= self._vocab and bigrams <= self._bigrams and (self.table is not None or self._index is None):
+            return
+        self._bigrams |= bigrams
+        if vocab <= self._vocab and self._index is not None:  # only new adjacent words: the same synonyms
+            self.table = self.index.restrict(self._vocab, self._bigrams)
             return
         self._vocab |= vocab
         synsets = {w: synonym_sets(w, self.data) for w in self._vocab}
@@ -105,7 +113,7 @@ class MeteorScorer:
             syn.discard(w)
             self._words[w] = Word(java_hash(w), java_hash(self.stem(w)), w in fw, frozenset(syn))
         if self._index is not None:
-            self.table = self.index.restrict(self._vocab)
+            self.table = self.index.restrict(self._vocab, self._bigrams)
 
     def word(self, w: str) -> Word:
         """What the matching stages compare of word ``w`` (:meth:`prepare` gives it its synonyms)."""
