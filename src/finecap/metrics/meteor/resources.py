@@ -8,9 +8,9 @@
   paraphrase). The first use builds an index of it (word ids in numpy arrays, about 75 MB,
   :func:`build_paraphrase_index`: a vectorised scan, :mod:`~finecap.metrics.meteor.table_scan`, about a second on a
   quiet 2-core machine) in the finecap home, ``<home>/cache/meteor/<key>/paraphrase-v2.npz``, keyed by
-  :func:`fingerprint` s of the jar and of the table; later runs load it (a fraction of a second) and keep only the
-  pairs whose words all occur in the captions being scored (:meth:`ParaphraseIndex.restrict`). The index is an
-  ``.npz`` written atomically and read with ``allow_pickle=False``.
+  :func:`fingerprint` s of the jar and of the table; later runs load it (a fraction of a second). Each evaluation
+  keeps only the pairs that can match its captions (:meth:`ParaphraseIndex.restrict`). The index is an ``.npz``
+  written atomically and read with ``allow_pickle=False``.
 
 Nothing is read at import time.
 """
