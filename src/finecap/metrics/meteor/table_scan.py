@@ -28,8 +28,9 @@ __all__ = ["MAX_WORD_BYTES", "TableScanError", "scan_table"]
 
 MAX_WORD_BYTES = 24
 """Longest word (in UTF-8 bytes) the vectorised keys tell apart exactly; longer ones make :func:`scan_table` fail."""
-_BLOCK = 1 << 24  # decompressed bytes a block holds, at least (then cut at its last newline)
-_READ = 1 << 20  # compressed bytes inflated at a time
+_BLOCK = 1 << 20  # decompressed bytes a block holds, at least (then cut at its last newline): small blocks keep the
+# arrays of a block in the processor's cache and reuse freed memory (16 MB blocks take 2.5 times as long)
+_READ = 1 << 18  # compressed bytes inflated at a time
 _PAD = bytes(MAX_WORD_BYTES + 16)  # lets the last token's 8-byte reads stay inside the block
 # _MASKS[k // 8][n]: the bytes k .. k + 7 that a token of n bytes has (all ones when it has the 8)
 _MASKS = np.array(
@@ -158,13 +159,19 @@ class _Ids:
 
 def _part(words: np.ndarray, starts: np.ndarray, lens: np.ndarray, k: int) -> np.ndarray:
     """Bytes ``k .. k + 7`` of each token as a little-endian integer (bytes past its end zero), from the aligned
-    64-bit ``words`` of the block (two aligned reads a token: faster than one unaligned read)."""
-    at = starts + k
-    word = at >> 3
-    shift = ((at & 7) << 3).view(np.uint64)
-    value = words[word] >> shift
-    value |= (words[word + 1] << np.uint64(1)) << (np.uint64(63) - shift)  # two shifts: a shift by 64 is undefined
-    value &= _MASKS[k // 8][lens]
+    64-bit ``words`` of the block: two aligned reads a token, shifted together (faster than one unaligned read; the
+    operations work in place, which halves the time)."""
+    word = starts >> 3 if not k else (starts + k) >> 3
+    shift = (((starts + k) & 7) << 3).view(np.uint64)
+    value = np.take(words, word)
+    value >>= shift
+    word += 1
+    high = np.take(words, word)
+    high <<= np.uint64(1)
+    shift ^= np.uint64(63)  # 63 - shift, shift being a multiple of 8 up to 56; two shifts: one by 64 is undefined
+    high <<= shift
+    value |= high
+    value &= np.take(_MASKS[k // 8], lens)
     return value
 
 
@@ -183,42 +190,49 @@ def _key_parts(words: np.ndarray, starts: np.ndarray, lens: np.ndarray) -> list[
 def _hash(parts: list[np.ndarray], lens: np.ndarray) -> np.ndarray:
     """64-bit hashes of the keys (never 0, the free slot's mark)."""
     with np.errstate(over="ignore"):
-        h = lens.view(np.uint64) * _MIX[2]
+        h = lens.astype(np.uint64)
+        h *= _MIX[2]
+        term = np.empty_like(h)
         for p, mix in zip(parts, (_MIX[0], _MIX[1], _MIX[0] ^ _MIX[1])):
-            h ^= p * mix
-        h ^= h >> np.uint64(31)
+            np.multiply(p, mix, out=term)
+            h ^= term
+        np.right_shift(h, np.uint64(31), out=term)
+        h ^= term
         h *= _MIX[0]
-        h ^= h >> np.uint64(29)
+        np.right_shift(h, np.uint64(29), out=term)
+        h ^= term
     h[h == _EMPTY] = 1
     return h
 
 
 def _tokenise(block: bytes, line0: int, gz: Path) -> tuple:
-    """The phrase and paraphrase tokens of a block that starts at line ``line0``: ``(block, lines, starts, lens,
-    key parts, hashes)``, ``lines`` the line of each token (the block's probability lines left out)."""
+    """The phrase and paraphrase tokens of a block that starts at line ``line0``: ``(block, lines, newlines, starts,
+    lens, key parts, hashes)``, ``lines`` the line of each token (the block's probability lines left out)."""
     if not block.endswith(b"\n"):
         block += b"\n"
     padded = bytearray(block)
     padded += bytes(-len(block) % 8 + len(_PAD))  # whole 64-bit words, and room to read past the end
     buf = np.frombuffer(padded, dtype=np.uint8)
     sep = np.flatnonzero(buf[: len(block)] <= 32)
-    ch = buf[sep]
+    ch = np.take(buf, sep)
     newline = ch == 10
-    other = ~(newline | (ch == 32))  # a control character inside a word
-    if other.any():
-        sep, newline = sep[~other], newline[~other]
+    if not (newline | (ch == 32)).all():  # a control character inside a word: not a separator
+        real = newline | (ch == 32)
+        sep, newline = sep[real], newline[real]
     line = np.cumsum(newline, dtype=np.int64)
     line -= newline
     line += line0  # the line each token is on
     keep = np.flatnonzero(line % 3)  # not a probability line
-    starts = sep[np.maximum(keep - 1, 0)] + 1
-    if len(keep) and keep[0] == 0:
-        starts[0] = 0
-    lens = sep[keep] - starts
+    starts = np.empty(len(sep), dtype=np.int64)
+    starts[0] = 0
+    np.add(sep[:-1], 1, out=starts[1:])
+    starts = np.take(starts, keep)
+    lens = np.take(sep, keep)
+    lens -= starts
     if len(lens) and int(lens.max()) > MAX_WORD_BYTES:
         raise TableScanError(f"{gz}: a word longer than {MAX_WORD_BYTES} bytes")
     parts = _key_parts(buf.view("<u8"), starts, lens)
-    return block, line[keep], int(np.count_nonzero(newline)), starts, lens, parts, _hash(parts, lens)
+    return block, np.take(line, keep), int(np.count_nonzero(newline)), starts, lens, parts, _hash(parts, lens)
 
 
 def _tokenise_all(blocks: queue.Queue, out: queue.Queue, stop: threading.Event, gz: Path) -> None:
@@ -257,8 +271,8 @@ def scan_table(gz: str | Path) -> tuple[list[str], np.ndarray, np.ndarray, np.nd
     Raises :class:`TableScanError` (module docstring) and whatever reading or inflating the file raises.
     """
     gz = Path(gz)
-    blocks: queue.Queue = queue.Queue(maxsize=2)
-    tokenised: queue.Queue = queue.Queue(maxsize=2)
+    blocks: queue.Queue = queue.Queue(maxsize=8)
+    tokenised: queue.Queue = queue.Queue(maxsize=8)
     stop = threading.Event()
     threads = [
         threading.Thread(target=_inflate, args=(gz, blocks, stop), daemon=True),
@@ -268,7 +282,7 @@ def scan_table(gz: str | Path) -> tuple[list[str], np.ndarray, np.ndarray, np.nd
         t.start()
     ids = _Ids()
     words: list[str] = []
-    reps: list[np.ndarray] = []  # per id: the key parts and the length of its first token
+    rep = np.zeros((MAX_WORD_BYTES // 8 + 1, 1 << 16), dtype=np.uint64)  # per id: its first token's key and length
     tokens: list[np.ndarray] = []
     counts: list[tuple[int, np.ndarray, np.ndarray]] = []  # per block: first pair, words and phrase words per pair
     n_lines = 0
@@ -284,14 +298,14 @@ def scan_table(gz: str | Path) -> tuple[list[str], np.ndarray, np.ndarray, np.nd
             tid, first = ids.lookup(h)
             word_starts, word_lens = starts[first].tolist(), lens[first].tolist()
             words += [block[a : a + n].decode("utf-8") for a, n in zip(word_starts, word_lens)]
-            reps.append(np.stack([*(p[first] for p in parts), lens[first].view(np.uint64)]))
-            if len(reps) > 1:
-                reps = [np.concatenate(reps, axis=1)]
-            rep = reps[0]
-            same = np.array_equal(rep[-1][tid], lens) and np.array_equal(rep[0][tid], parts[0])
+            if len(words) > rep.shape[1]:  # room for the new ids' keys
+                more = np.zeros((len(parts) + 1, max(len(words), 2 * rep.shape[1])), np.uint64)
+                rep = np.concatenate([rep, more], axis=1)
+            rep[:, len(words) - len(first) : len(words)] = [*(p[first] for p in parts), lens[first].view(np.uint64)]
+            same = np.array_equal(np.take(rep[-1], tid), lens) and np.array_equal(np.take(rep[0], tid), parts[0])
             for k in range(1, len(parts)):  # the other parts: only tokens that long can differ there
                 long = np.flatnonzero(lens > 8 * k)
-                same = same and np.array_equal(rep[k][tid[long]], parts[k][long])
+                same = same and np.array_equal(np.take(rep[k], tid[long]), parts[k][long])
             if not same:
                 raise TableScanError(f"{gz}: two words with the same 64-bit hash")
             tokens.append(tid)
