@@ -274,7 +274,7 @@ def test_paraphrase_index_is_built_once_cached_and_rebuilt_when_damaged(tmp_path
     assert table.pairs == {("a", "dog"): [("one", "dog"), ("dogs",)]}  # "the dog" -> "a hound": "the" unused
     assert table.prefixes == {("a",)} and table.max_len == 2
     with np.load(path, allow_pickle=False) as z:  # plain arrays, nothing pickled
-        assert set(z.files) == {"vocab", "tokens", "starts", "phrase_len"}
+        assert set(z.files) == {"vocab", "tokens", "pair_len", "phrase_len"}
     # a second load reads the cache and parses nothing
     monkeypatch.setattr(R, "build_paraphrase_index", lambda gz: pytest.fail("rebuilt a valid cache"))
     assert R.load_paraphrase_index(jar, cache).vocab == index.vocab

@@ -48,9 +48,9 @@ from finecap.metrics.meteor.jar import jar_per_item, java_unavailable_reason
 from finecap.metrics.meteor.resources import (
     METEOR_ENV,
     MetricUnavailable,
+    PendingIndex,
     data_unavailable_reason,
     find_meteor_jar,
-    load_paraphrase_index,
     read_jar_data,
 )
 from finecap.metrics.meteor.score import corpus_score, segment_score
@@ -89,7 +89,8 @@ def meteor_unavailable_reason(
 
 
 def meteor_scorer(jar: str | Path | None = None, cache_root: str | Path | None = None) -> MeteorScorer:
-    """The Python scorer with the data of ``jar`` (default: pycocoevalcap's), loaded once per process.
+    """The Python scorer with the data of ``jar`` (default: pycocoevalcap's), loaded once per process (the
+    paraphrase index in a thread, waited for by the scorer's first ``prepare``).
 
     Raises :class:`MetricUnavailable` when the jar or the paraphrase table is missing.
     """
@@ -100,8 +101,9 @@ def meteor_scorer(jar: str | Path | None = None, cache_root: str | Path | None =
     assert path is not None
     key = (path.resolve(), str(cache_root))
     scorer = _SCORERS.get(key)
-    if scorer is None:
-        scorer = _SCORERS[key] = MeteorScorer(read_jar_data(path), load_paraphrase_index(path, cache_root))
+    if scorer is None or scorer.failed:  # a failed load (e.g. a full disk) is tried again
+        index = PendingIndex(path, cache_root)  # loads (the first time: builds) the index while the data is read
+        scorer = _SCORERS[key] = MeteorScorer(read_jar_data(path), index)
     return scorer
 
 

@@ -68,22 +68,6 @@ def fixed_positions(cands: list[list[Match]], n_hyp: int) -> list[int]:
     return out
 
 
-def _take(p: tuple, m: Match) -> tuple:
-    """Path ``p`` with match ``m`` added (the distance stays the parent's: the jar's quirk)."""
-    j, rl, i, hl, stage = m
-    return (
-        p[0] + (rl + hl if stage == EXACT else rl // 2 + hl // 2),
-        p[1] + (p[5] != j or p[6] != i),
-        p[2],
-        p[3] | (((1 << rl) - 1) << j),
-        p[4] | (((1 << hl) - 1) << i),
-        j + rl,
-        i + hl,
-        m,
-        p,
-    )
-
-
 def _ranking(j: int):
     """The sort key after position ``j``: more weighted matches, then fewer chunks, then smaller distance, where a
     chunk still open (its path's last match ends after ``j``) does not count yet."""
@@ -92,6 +76,15 @@ def _ranking(j: int):
 
 def align(cands: list[list[Match]], n_hyp: int, beam: int = BEAM) -> list[Match]:
     """The matches the jar's search keeps, sorted by reference position (module docstring)."""
+    seen = 0
+    for ms in cands:  # the common case first: each candidate alone at its position, one word each, no word twice
+        if ms:
+            m = ms[0]
+            if len(ms) > 1 or m[1] != 1 or m[3] != 1 or (seen >> m[2]) & 1:
+                break
+            seen |= 1 << m[2]
+    else:  # every candidate is fixed
+        return [ms[0] for ms in cands if ms]
     fixed = set(fixed_positions(cands, n_hyp))
     if all(j in fixed for j, ms in enumerate(cands) if ms):
         return [ms[0] for ms in cands if ms]
@@ -106,24 +99,38 @@ def align(cands: list[list[Match]], n_hyp: int, beam: int = BEAM) -> list[Match]
             continue
         if j in fixed:
             m = ms[0]
-            i = m[2]
+            _, rl, i, hl, stage = m
             resort = j in ends and len(paths) > 1 and any(p[5] == j and p[6] != i for p in paths)
-            paths = [_take(p, m) for p in paths]
+            w = rl + hl if stage == EXACT else rl // 2 + hl // 2
+            rmask, hmask = ((1 << rl) - 1) << j, ((1 << hl) - 1) << i
+            je, ie = j + rl, i + hl
+            paths = [
+                (p[0] + w, p[1] + (p[5] != j or p[6] != i), p[2], p[3] | rmask, p[4] | hmask, je, ie, m, p)
+                for p in paths
+            ]
             if resort:
                 paths.sort(key=_ranking(j))
-            ends = {m[0] + m[1]}
+            ends = {je}
             continue
+        # each candidate: the words it covers (bit masks), its weight (the jar's int arithmetic: a one-word match of
+        # another stage than exact weighs int(0.5) + int(0.5) = 0) and its distance
+        taken = [
+            (m, m[2], ((1 << m[1]) - 1) << j, ((1 << m[3]) - 1) << m[2],
+             m[1] + m[3] if m[4] == EXACT else m[1] // 2 + m[3] // 2, abs(j - m[2]), j + m[1], m[2] + m[3])
+            for m in ms
+        ]  # fmt: skip
         nxt = []
+        append = nxt.append
         for p in paths:
             ref_used, hyp_used = p[3], p[4]
-            for m in ms:
-                _, rl, i, hl, _ = m
-                if (ref_used >> j) & ((1 << rl) - 1) or (hyp_used >> i) & ((1 << hl) - 1):
+            for m, i, rmask, hmask, w, d, je, ie in taken:
+                if ref_used & rmask or hyp_used & hmask:
                     continue
-                nxt.append(_take(p, m))
-                if i != j:
-                    p = (p[0], p[1], p[2] + abs(j - i), *p[3:])
-            nxt.append(p)
+                append((p[0] + w, p[1] + (p[5] != j or p[6] != i), p[2], ref_used | rmask, hyp_used | hmask, je, ie,
+                        m, p))  # fmt: skip
+                if d:  # the distance goes to the parent (the jar's quirk), so later siblings carry it
+                    p = (p[0], p[1], p[2] + d, *p[3:])
+            append(p)
         if len(nxt) > 1:
             nxt.sort(key=_ranking(j))
             del nxt[beam:]

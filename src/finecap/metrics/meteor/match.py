@@ -109,32 +109,60 @@ class Word:
 
 class Segment:
     """One normalised segment as the stages look it up, computed once however many segments it is compared with:
-    its words and :class:`Word` s, where each word, hash and stem occurs, and the paraphrase-table phrases found by
-    walking it (``(start, length, paraphrases)``, by start, shorter phrases first)."""
+    its words and :class:`Word` s, the number of function words, and the paraphrase-table phrases found by walking
+    it (``(start, length, phrase id)``, by start, shorter phrases first; the ids index ``table.paraphrases``).
 
-    __slots__ = ("words", "info", "by_word", "by_hash", "by_stem", "phrases")
+    As a hypothesis it is compared with every reference of its image, so what that side needs (where each word, hash
+    and stem occurs; the matches of each reference word and phrase) is built on first use and kept
+    (:meth:`word_matches`, :meth:`phrase_matches`, :meth:`paraphrases_by_first_word`).
+    """
+
+    __slots__ = (
+        "words",
+        "info",
+        "n_function",
+        "phrases",
+        "table",
+        "_by_word",
+        "_words",
+        "_phrases",
+        "_by_first",
+        "_keys",
+    )
 
     def __init__(self, words: Sequence[str], info: Sequence[Word], table: ParaphraseTable | None):
         self.words = tuple(words)
         self.info = list(info)
-        self.by_word: dict[str, list[int]] = {}
-        self.by_hash: dict[int, list[int]] = {}
-        self.by_stem: dict[int, list[int]] = {}
-        for i, (w, x) in enumerate(zip(self.words, self.info)):
-            self.by_word.setdefault(w, []).append(i)
-            self.by_hash.setdefault(x.hash, []).append(i)
-            self.by_stem.setdefault(x.stem, []).append(i)
-        self.phrases: list[tuple[int, int, list[tuple[str, ...]]]] = []
-        if table is not None and table.pairs:
-            words_, n = self.words, len(self.words)
+        self.n_function = sum(w.function for w in self.info)
+        self.table = table
+        self._by_word: dict[str, list[int]] | None = None
+        self._words: dict[str, tuple[tuple[int, int], ...]] = {}
+        self._phrases: dict[int, list[tuple[int, int]]] = {}
+        self._by_first: dict[str, list[tuple[int, int, int, tuple[str, ...]]]] | None = None
+        self._keys: tuple[set[int], set[int], frozenset[str]] | None = None
+        self.phrases: list[tuple[int, int, int]] = []
+        if table is not None and table.trie:
+            trie, words_, n, out = table.trie, self.words, len(self.words), self.phrases
             for a in range(n):
-                for k in range(1, min(table.max_len, n - a) + 1):
-                    key = words_[a : a + k]
-                    found = table.pairs.get(key)
-                    if found is not None:
-                        self.phrases.append((a, k, found))
-                    if key not in table.prefixes:
+                node = trie.get(words_[a])
+                k = 1
+                while node is not None:
+                    pid, children = node
+                    if pid >= 0:
+                        out.append((a, k, pid))
+                    if not children or a + k >= n:
                         break
+                    node = children.get(words_[a + k])
+                    k += 1
+
+    @property
+    def by_word(self) -> dict[str, list[int]]:
+        """Where each word occurs."""
+        if self._by_word is None:
+            self._by_word = {}
+            for i, w in enumerate(self.words):
+                self._by_word.setdefault(w, []).append(i)
+        return self._by_word
 
     def find(self, phrase: tuple[str, ...]) -> list[int]:
         """Where ``phrase`` occurs, in order."""
@@ -142,37 +170,92 @@ class Segment:
         words = self.words
         return [b for b in self.by_word.get(phrase[0], ()) if words[b : b + n] == phrase]
 
+    def word_matches(self, word: str, info: Word) -> tuple[tuple[int, int], ...]:
+        """``(position, stage)`` of this segment's words that match ``word`` (whose :class:`Word` is ``info``) in the
+        exact, stem and synonym stages, in the jar's order: exact by position, then stem by position, then synonym
+        by position (a word can be both a stem and a synonym candidate)."""
+        out = self._words.get(word)
+        if out is None:
+            h, s, syn = info.hash, info.stem, info.synonyms
+            if self._keys is None:
+                self._keys = ({x.hash for x in self.info}, {x.stem for x in self.info}, frozenset(self.words))
+            hashes, stems, words = self._keys
+            if h not in hashes and s not in stems and (not syn or syn.isdisjoint(words)):  # most words: no match
+                out = self._words[word] = ()
+                return out
+            exact: list[tuple[int, int]] = []
+            stem: list[tuple[int, int]] = []
+            synonym: list[tuple[int, int]] = []
+            for i, (w, x) in enumerate(zip(self.words, self.info)):
+                if x.hash == h:
+                    exact.append((i, EXACT))
+                    continue
+                if x.stem == s:
+                    stem.append((i, STEM))
+                if w in syn:
+                    synonym.append((i, SYNONYM))
+            out = self._words[word] = (*exact, *stem, *synonym)
+        return out
+
+    def phrase_matches(self, pid: int) -> list[tuple[int, int]]:
+        """``(position, length)`` of the paraphrases of table phrase ``pid`` in this segment, in the table's order
+        (each paraphrase wherever it occurs, by position)."""
+        out = self._phrases.get(pid)
+        if out is None:
+            table = self.table
+            if table.first_words[pid].isdisjoint(self.by_word):  # no paraphrase starts with a word of this segment
+                out = []
+            else:
+                out = [(b, len(p)) for p in table.paraphrases[pid] for b in self.find(p)]
+            self._phrases[pid] = out
+        return out
+
+    def paraphrases_by_first_word(self) -> dict[str, list[tuple[int, int, int, tuple[str, ...]]]]:
+        """The paraphrases of this segment's phrases by their first word: ``(order, start, length, paraphrase)``,
+        ``order`` numbering them in the order the jar tries them (by phrase, then in the table's order)."""
+        if self._by_first is None:
+            self._by_first = {}
+            order = 0
+            paraphrases = self.table.paraphrases if self.table is not None else []
+            for a, k, pid in self.phrases:
+                for p in paraphrases[pid]:
+                    self._by_first.setdefault(p[0], []).append((order, a, k, p))
+                    order += 1
+        return self._by_first
+
 
 def candidates(hyp: Segment, ref: Segment) -> list[list[Match]]:
     """The candidate matches of each reference position, in the jar's order (module docstring)."""
-    out: list[list[Match]] = [[] for _ in ref.words]
-    hyp_info = hyp.info
-    for j, r in enumerate(ref.info):
-        for i in hyp.by_hash.get(r.hash, ()):
-            out[j].append((j, 1, i, 1, EXACT))
-    if hyp.words == ref.words:
-        return out
-    for j, r in enumerate(ref.info):
-        h = r.hash
-        for i in hyp.by_stem.get(r.stem, ()):
-            if hyp_info[i].hash != h:
-                out[j].append((j, 1, i, 1, STEM))
-    hyp_words = hyp.by_word.keys()
-    for j, r in enumerate(ref.info):
-        if not r.synonyms:
-            continue
-        h = r.hash
-        found = [i for w in r.synonyms & hyp_words for i in hyp.by_word[w] if hyp_info[i].hash != h]
-        found.sort()
-        out[j].extend((j, 1, i, 1, SYNONYM) for i in found)
-    for a, k, paras in ref.phrases:  # reference phrases, their paraphrases in the hypothesis
-        for p in paras:
-            n = len(p)
-            for b in hyp.find(p):
-                out[a].append((a, k, b, n, PARAPHRASE))
-    for a, k, paras in hyp.phrases:  # hypothesis phrases, their paraphrases in the reference
-        for p in paras:
-            n = len(p)
-            for b in ref.find(p):
-                out[b].append((b, n, a, k, PARAPHRASE))
+    rw = ref.words
+    if hyp.words == rw:
+        hashes: dict[int, list[int]] = {}
+        for i, x in enumerate(hyp.info):
+            hashes.setdefault(x.hash, []).append(i)
+        return [[(j, 1, i, 1, EXACT) for i in hashes[r.hash]] for j, r in enumerate(ref.info)]
+    memo, info = hyp._words, ref.info
+    by_first = hyp.paraphrases_by_first_word()
+    out: list[list[Match]] = []
+    hits = []  # paraphrases of hypothesis phrases found in the reference: (order, position, length, a, k)
+    for j, w in enumerate(rw):
+        found = memo.get(w)
+        if found is None:
+            found = hyp.word_matches(w, info[j])
+        out.append([(j, 1, i, 1, s) for i, s in found] if found else [])
+        tried = by_first.get(w)
+        if tried is not None:
+            for order, a, k, p in tried:
+                n = len(p)
+                if n == 1 or rw[j : j + n] == p:
+                    hits.append((order, j, n, a, k))
+    phrases = hyp._phrases
+    for a, k, pid in ref.phrases:  # reference phrases, their paraphrases in the hypothesis
+        found = phrases.get(pid)
+        if found is None:
+            found = hyp.phrase_matches(pid)
+        if found:
+            out[a].extend([(a, k, b, n, PARAPHRASE) for b, n in found])
+    if hits:  # then the hypothesis phrases' (in the jar's order: by phrase and paraphrase, then by position)
+        hits.sort()
+        for _, b, n, a, k in hits:
+            out[b].append((b, n, a, k, PARAPHRASE))
     return out

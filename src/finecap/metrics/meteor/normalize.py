@@ -125,12 +125,10 @@ def java_trim(s: str) -> str:
     >>> java_trim("\\x01 a b\\x0b ")
     'a b'
     """
-    i, j = 0, len(s)
-    while i < j and s[i] <= " ":
-        i += 1
-    while j > i and s[j - 1] <= " ":
-        j -= 1
-    return s[i:j]
+    return s.strip(_CONTROL_AND_SPACE)
+
+
+_CONTROL_AND_SPACE = "".join(map(chr, range(0x21)))
 
 
 def java_lower(s: str) -> str:

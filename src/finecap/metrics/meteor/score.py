@@ -16,7 +16,7 @@ import math
 from collections.abc import Iterable, Sequence
 from decimal import Decimal, localcontext
 
-__all__ = ["ALPHA", "BETA", "DELTA", "GAMMA", "N_STATS", "WEIGHTS", "corpus_score", "segment_score"]
+__all__ = ["ALPHA", "BETA", "DELTA", "GAMMA", "N_STATS", "WEIGHTS", "corpus_score", "score_bound", "segment_score"]
 
 WEIGHTS = (1.0, 0.6, 0.8, 0.6)
 ALPHA, BETA, GAMMA, DELTA = 0.85, 0.2, 0.6, 0.75
@@ -55,6 +55,34 @@ def segment_score(st: Sequence[float]) -> float:
         return 0.0
     score = fmean * (1.0 - GAMMA * java_pow(frag))
     return 0.0 if math.isnan(score) else max(score, 0.0)
+
+
+def score_bound(p_weight: float, r_weight: float, hyp, ref, matchable: int, perfect_possible: bool) -> float:
+    """An upper bound of :func:`segment_score` for the alignments of ``hyp`` against ``ref`` (segments with
+    ``info`` and ``n_function``) whose weighted matches on each side are at most ``p_weight`` and ``r_weight`` (the
+    sums of ``delta`` or ``1 - delta`` times the stage weight that :func:`segment_score` forms) and whose matched
+    words (both sides) are at most ``matchable``; ``perfect_possible``: whether every word of both has a candidate.
+
+    Precision and recall grow with the weights, and so does their harmonic mean; an alignment that is not perfect
+    has at least one chunk, so its fragmentation is at least ``1 / (matchable / 2)`` and its penalty at least
+    ``gamma * (2 / matchable) ** beta``. The bound is raised by a relative 1e-9, far above the rounding of either
+    computation, so that a segment whose bound is below another's score scores lower for certain.
+
+    >>> from types import SimpleNamespace as S
+    >>> words = S(info=[0, 0, 0], n_function=1)
+    >>> st = [3, 3, 1, 1, 1, 1, 0, 0] + [0] * 12 + [1, 1, 1]  # one content word matched on each side, exactly
+    >>> segment_score(st) <= score_bound(DELTA, DELTA, words, words, 2, False) < 1.001 * segment_score(st)
+    True
+    """
+    if p_weight <= 0.0 or r_weight <= 0.0:
+        return 0.0
+    tl, rl, tf, rf = len(hyp.info), len(ref.info), hyp.n_function, ref.n_function
+    p = p_weight / (DELTA * (tl - tf) + (1.0 - DELTA) * tf)
+    r = r_weight / (DELTA * (rl - rf) + (1.0 - DELTA) * rf)
+    fmean = 1.0 / ((1.0 - ALPHA) / p + ALPHA / r)
+    if not perfect_possible:
+        fmean *= 1.0 - GAMMA * (2.0 / matchable) ** BETA
+    return fmean * (1.0 + 1e-9)
 
 
 def java_pow(x: float) -> float:

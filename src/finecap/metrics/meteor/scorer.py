@@ -10,19 +10,20 @@ after the data is loaded, so they share it instead of loading it again).
 
 from __future__ import annotations
 
+import gc
 import multiprocessing
 import os
 from collections.abc import Iterable, Sequence
 
 from finecap.metrics.meteor.align import align, count_chunks
 from finecap.metrics.meteor.inputs import segment_fields
-from finecap.metrics.meteor.match import Segment, Word, candidates, java_hash, synonym_sets
+from finecap.metrics.meteor.match import Match, Segment, Word, candidates, java_hash, synonym_sets
 from finecap.metrics.meteor.normalize import Normalizer
-from finecap.metrics.meteor.resources import JarData, ParaphraseIndex, ParaphraseTable
-from finecap.metrics.meteor.score import N_STATS, segment_score
+from finecap.metrics.meteor.resources import JarData, ParaphraseIndex, ParaphraseTable, PendingIndex
+from finecap.metrics.meteor.score import DELTA, N_STATS, WEIGHTS, score_bound, segment_score
 from finecap.metrics.meteor.stemmer import Stemmer
 
-__all__ = ["MAX_CACHED", "MIN_PARALLEL", "MeteorScorer", "default_processes"]
+__all__ = ["MAX_CACHED", "MIN_PARALLEL", "MeteorScorer", "bound", "default_processes"]
 
 MAX_CACHED = 500_000
 """Normalised captions kept between evaluations (beyond this the cache starts again)."""
@@ -47,19 +48,21 @@ class MeteorScorer:
 
     Args:
         data: the jar's resources (:func:`~finecap.metrics.meteor.resources.read_jar_data`).
-        paraphrases: the paraphrase index (:func:`~finecap.metrics.meteor.resources.load_paraphrase_index`), or
-            ``None`` to match without paraphrases. :meth:`prepare` keeps the pairs the captions can use.
+        paraphrases: the paraphrase index (:func:`~finecap.metrics.meteor.resources.load_paraphrase_index`, or a
+            :class:`~finecap.metrics.meteor.resources.PendingIndex` still loading it), or ``None`` to match without
+            paraphrases. :meth:`prepare` keeps the pairs the captions can use.
     """
 
-    def __init__(self, data: JarData, paraphrases: ParaphraseIndex | None):
+    def __init__(self, data: JarData, paraphrases: ParaphraseIndex | PendingIndex | None):
         self.data = data
-        self.index = paraphrases
+        self._index = paraphrases
         self.table: ParaphraseTable | None = None
         self.normalizer = Normalizer(data.prefixes)
         self.stem = Stemmer()
         self._words: dict[str, Word] = {}
         self._norm: dict[str, tuple[str, ...]] = {}
         self._vocab: set[str] = set()
+        self._bigrams: set[tuple[str, str]] = set()  # adjacent words of the captions prepared (restrict)
 
     def words(self, text: str) -> tuple[str, ...]:
         """The normalised words of one (trimmed) segment, memoised."""
@@ -68,17 +71,35 @@ class MeteorScorer:
             out = self._norm[text] = tuple(self.normalizer.words(text))
         return out
 
+    @property
+    def index(self) -> ParaphraseIndex | None:
+        """The paraphrase index (waiting for it when it is still being loaded)."""
+        if isinstance(self._index, PendingIndex):
+            self._index = self._index.result()
+        return self._index
+
+    @property
+    def failed(self) -> bool:
+        """Whether loading the paraphrase index failed (:class:`~finecap.metrics.meteor.resources.PendingIndex`)."""
+        return isinstance(self._index, PendingIndex) and self._index.failed
+
     def prepare(self, texts: Iterable[str]) -> None:
-        """Normalise ``texts``, keep the paraphrase pairs whose words all occur in them and find which of their words
-        are synonyms (needed before scoring texts with words not seen by an earlier call)."""
+        """Normalise ``texts``, find which of their words are synonyms and keep the paraphrase pairs whose words all
+        occur in them (needed before scoring texts with words not seen by an earlier call). The paraphrase index is
+        waited for last, so that the rest runs while it loads."""
         vocab: set[str] = set()
+        bigrams: set[tuple[str, str]] = set()
         for t in texts:
-            vocab.update(self.words(t))
-        if vocab <= self._vocab and (self.table is not None or self.index is None):
+            ws = self.words(t)
+            vocab.update(ws)
+            bigrams.update(zip(ws, ws[1:]))
+        if vocab <= self._vocab and bigrams <= self._bigrams and (self.table is not None or self._index is None):
+            return
+        self._bigrams |= bigrams
+        if vocab <= self._vocab and self._index is not None:  # only new adjacent words: the same synonyms
+            self.table = self.index.restrict(self._vocab, self._bigrams)
             return
         self._vocab |= vocab
-        if self.index is not None:
-            self.table = self.index.restrict(self._vocab)
         synsets = {w: synonym_sets(w, self.data) for w in self._vocab}
         holders: dict[str, set[str]] = {}
         for w, ids in synsets.items():
@@ -91,6 +112,8 @@ class MeteorScorer:
                 syn |= holders[s]
             syn.discard(w)
             self._words[w] = Word(java_hash(w), java_hash(self.stem(w)), w in fw, frozenset(syn))
+        if self._index is not None:
+            self.table = self.index.restrict(self._vocab, self._bigrams)
 
     def word(self, w: str) -> Word:
         """What the matching stages compare of word ``w`` (:meth:`prepare` gives it its synonyms)."""
@@ -102,16 +125,17 @@ class MeteorScorer:
     def segment(self, text: str) -> Segment:
         """The normalised segment of ``text`` as the matching stages look it up."""
         words = self.words(text)
-        return Segment(words, [self.word(w) for w in words], self.table)
+        known = self._words
+        info = [known[w] if w in known else self.word(w) for w in words]
+        return Segment(words, info, self.table)
 
-    def pair_statistics(self, hyp: Segment, ref: Segment) -> list[float]:
-        """The 23 statistics of hypothesis ``hyp`` against reference ``ref``."""
+    def pair_statistics(self, hyp: Segment, ref: Segment, cands: list[list[Match]] | None = None) -> list[float]:
+        """The 23 statistics of hypothesis ``hyp`` against reference ``ref`` (``cands``: their
+        :func:`~finecap.metrics.meteor.match.candidates`, when already listed)."""
         hw, rw = hyp.info, ref.info
-        matches = align(candidates(hyp, ref), len(hw))
+        matches = align(candidates(hyp, ref) if cands is None else cands, len(hw))
         st = [0.0] * N_STATS
-        st[0], st[1] = len(hw), len(rw)
-        st[2] = sum(w.function for w in hw)
-        st[3] = sum(w.function for w in rw)
+        st[0], st[1], st[2], st[3] = len(hw), len(rw), hyp.n_function, ref.n_function
         for j, rl, i, hl, stage in matches:
             base = 4 + 4 * stage
             for w in hw[i : i + hl]:
@@ -143,35 +167,81 @@ class MeteorScorer:
             self._norm.clear()
         self.prepare(t for h, rs in fields for t in (h, *rs))
         n = default_processes() if processes is None else max(1, processes)
-        if n == 1 or len(fields) < MIN_PARALLEL or "fork" not in multiprocessing.get_all_start_methods():
-            return [self._best(h, rs) for h, rs in fields]
-        size = -(-len(fields) // (4 * n))  # a few chunks per worker: even load, little overhead
-        chunks = [fields[k : k + size] for k in range(0, len(fields), size)]
-        global _WORKER
-        _WORKER = self
+        collect = gc.isenabled()
+        gc.disable()  # scoring makes millions of small tuples and no reference cycle: the collector would only cost
         try:
-            with multiprocessing.get_context("fork").Pool(n) as pool:
-                parts = pool.map(_score_chunk, chunks)
+            if n == 1 or len(fields) < MIN_PARALLEL or "fork" not in multiprocessing.get_all_start_methods():
+                return [self._best(h, rs) for h, rs in fields]
+            size = -(-len(fields) // (4 * n))  # a few chunks per worker: even load, little overhead
+            global _WORKER
+            _WORKER = (self, fields)
+            try:  # forked workers inherit the scorer (data, paraphrase table, caches), the captions and the
+                # collector's state: only the chunks' bounds and the statistics travel between the processes
+                with multiprocessing.get_context("fork").Pool(n) as pool:
+                    parts = pool.map(_score_chunk, [(k, k + size) for k in range(0, len(fields), size)])
+            finally:
+                _WORKER = None
+            return [st for part in parts for st in part]
         finally:
-            _WORKER = None
-        return [st for part in parts for st in part]
+            if collect:
+                gc.enable()
 
     def _best(self, hyp: str, refs: list[str]) -> list[float]:
+        """The statistics of the first reference with the highest score. The references are aligned in the order of
+        an upper bound of their score (:func:`bound`), and one whose bound is below the best score found is not
+        aligned at all: the alignment search is most of the time, and with 5 references this skips about half."""
         h = self.segment(hyp)
+        if len(refs) <= 1:
+            return [self.pair_statistics(h, self.segment(r)) for r in refs][0] if refs else []
+        segs = [self.segment(r) for r in refs]
+        cands = [candidates(h, r) for r in segs]
+        bounds = [bound(h, r, c) for r, c in zip(segs, cands)]
         best: list[float] = []
-        best_score = 0.0
-        for r in refs:
-            st = self.pair_statistics(h, self.segment(r))
+        best_score, best_k = -1.0, len(refs)
+        for k in sorted(range(len(refs)), key=bounds.__getitem__, reverse=True):
+            if bounds[k] < best_score:
+                continue  # its score is lower than the best one's: it cannot be the one chosen
+            st = self.pair_statistics(h, segs[k], cands[k])
             s = segment_score(st)
-            if not best or s > best_score:
-                best, best_score = st, s
+            if s > best_score or (s == best_score and k < best_k):
+                best, best_score, best_k = st, s, k
         return best
 
 
-_WORKER: MeteorScorer | None = None  # the scorer forked workers inherit (set only while a pool runs)
+def bound(hyp: Segment, ref: Segment, cands: list[list[Match]]) -> float:
+    """An upper bound of the score of any alignment of these candidates (:func:`score_bound`): each word matched
+    by its candidate of the highest stage weight, and no fewer chunks than one."""
+    hw = [0.0] * len(hyp.info)
+    rw = [0.0] * len(ref.info)
+    for ms in cands:
+        for j, rl, i, hl, stage in ms:
+            w = WEIGHTS[stage]
+            for x in range(j, j + rl):
+                if rw[x] < w:
+                    rw[x] = w
+            for x in range(i, i + hl):
+                if hw[x] < w:
+                    hw[x] = w
+    p = r = 0.0
+    covered = 0
+    for x, w in zip(hyp.info, hw):
+        if w:
+            p += (1.0 - DELTA if x.function else DELTA) * w
+            covered += 1
+    perfect = covered == len(hw)
+    for x, w in zip(ref.info, rw):
+        if w:
+            r += (1.0 - DELTA if x.function else DELTA) * w
+            covered += 1
+    perfect = perfect and covered == len(hw) + len(rw)
+    return score_bound(p, r, hyp, ref, covered, perfect)
 
 
-def _score_chunk(fields: list[tuple[str, list[str]]]) -> list[list[float]]:
-    scorer = _WORKER
-    assert scorer is not None, "worker started without a scorer"
-    return [scorer._best(h, rs) for h, rs in fields]
+_WORKER: tuple[MeteorScorer, list[tuple[str, list[str]]]] | None = None  # what forked workers inherit (set only
+# while a pool runs): the scorer and the captions
+
+
+def _score_chunk(bounds: tuple[int, int]) -> list[list[float]]:
+    assert _WORKER is not None, "worker started without a scorer"
+    scorer, fields = _WORKER
+    return [scorer._best(h, rs) for h, rs in fields[bounds[0] : bounds[1]]]

@@ -1,0 +1,221 @@
+"""METEOR's fast paths give what the plain ones give: the numpy scan of the paraphrase table against the line-by-line
+parse (tables with the layouts a scan can trip on), the cache key, and the scorer's memos against a fresh scorer."""
+
+from __future__ import annotations
+
+import gzip
+import zipfile
+import zlib
+
+import numpy as np
+import pytest
+from meteor_cases import coco_like, stress
+
+from finecap.metrics.meteor import meteor_per_item, meteor_scorer, table_scan
+from finecap.metrics.meteor import resources as R
+from finecap.metrics.meteor.inputs import segment_fields
+from finecap.metrics.meteor.match import candidates
+from finecap.metrics.meteor.score import segment_score
+from finecap.metrics.meteor.scorer import bound
+from finecap.metrics.meteor.table_scan import MAX_WORD_BYTES, TableScanError, scan_table
+
+
+def _table(tmp_path, text: str, name: str = "paraphrase-en.gz", members: int = 1):
+    path = tmp_path / name
+    data = text.encode("utf-8")
+    cut = len(data) // members
+    pieces = [data[k * cut : (k + 1) * cut if k < members - 1 else len(data)] for k in range(members)]
+    path.write_bytes(b"".join(gzip.compress(p) for p in pieces))
+    return path
+
+
+def _pairs(index: R.ParaphraseIndex) -> list[tuple[list[str], list[str]]]:
+    out = []
+    for k in range(len(index.phrase_len)):
+        ws = [index.vocab[t] for t in index.tokens[index.starts[k] : index.starts[k + 1]].tolist()]
+        n = int(index.phrase_len[k])
+        out.append((ws[:n], ws[n:]))
+    return out
+
+
+_LONG = "x" * MAX_WORD_BYTES  # the longest word the scan keys exactly
+_VARIANTS = {
+    "plain": "0.5\na dog\none dog\n0.25\na dog\ndogs\n0.1\nthe dog\na hound\n",
+    "no final newline": "0.5\na dog\none dog\n0.25\nthe cat\na kitten",
+    "incomplete last pair": "0.5\na dog\none dog\n0.25\nthe cat\n",
+    "double and edge spaces": "0.5\na  dog\n dog \n0.1\n\n \n",
+    "tabs and carriage returns inside words": "0.5\na\tdog\r\ndog\x0bx\n0.2\na\tdog\r\ndog\n",
+    "unicode": "0.5\ncafé naïve\nжук 東京 😀\n0.1\ncafé\ncafe\n",
+    "word lengths around 8, 16 and 24 bytes": "".join(
+        f"0.1\n{'a' * n} {'b' * (n + 1)}\n{'a' * (n - 1)} {'a' * n}b\n" for n in (7, 8, 9, 15, 16, 17, 23)
+    )
+    + f"0.1\n{_LONG}\n{_LONG[:-1]}y\n",
+    "words equal in their first 8 or 16 bytes": "0.1\nabcdefgh1 abcdefgh2\nabcdefghijklmnop1 abcdefghijklmnop2\n",
+    "empty": "",
+}
+
+
+@pytest.mark.parametrize("name", list(_VARIANTS))
+def test_scan_equals_the_line_parse(tmp_path, name):
+    gz = _table(tmp_path, _VARIANTS[name])
+    fast, plain = R.build_paraphrase_index(gz), R.parse_lines(gz)
+    assert _pairs(fast) == _pairs(plain)
+    # every word once (an incomplete last pair's words may be listed too, unused)
+    assert set(plain.vocab) <= set(fast.vocab) and len(set(fast.vocab)) == len(fast.vocab)
+    assert fast.tokens.dtype == np.uint16 and fast.phrase_len.dtype == np.uint8
+
+
+def test_scan_over_many_blocks_and_gzip_members(tmp_path, monkeypatch):
+    rng = np.random.default_rng(0)
+    vocab = ["".join(rng.choice(list("abcdé "), size=int(rng.integers(1, 30)))) for _ in range(3000)]
+    lines = []
+    for _ in range(1500):
+        phrase = " ".join(rng.choice(vocab, size=int(rng.integers(1, 4))))
+        para = " ".join(rng.choice(vocab, size=int(rng.integers(1, 4))))
+        lines += [f"{rng.random():.3f}", phrase, para]
+    text = "\n".join(lines) + "\n"
+    monkeypatch.setattr(table_scan, "_BLOCK", 4096)  # blocks cut mid-pair, many of them
+    monkeypatch.setattr(table_scan, "_READ", 1000)
+    gz = _table(tmp_path, text, members=3)
+    plain = R.parse_lines(gz)
+    if max(len(w.encode()) for w in plain.vocab) > MAX_WORD_BYTES:  # some words are longer: the scan says so
+        with pytest.raises(TableScanError, match="longer than 24 bytes"):
+            scan_table(gz)
+        short = "\n".join(" ".join(w[:MAX_WORD_BYTES] for w in line.split(" ")) for line in lines) + "\n"
+        gz = _table(tmp_path, short, "short.gz", members=3)
+        plain = R.parse_lines(gz)
+    fast = R.build_paraphrase_index(gz)
+    assert len(fast.phrase_len) == 1500 and _pairs(fast) == _pairs(plain)
+
+
+def test_words_the_scan_cannot_key_fall_back_to_the_line_parse(tmp_path):
+    gz = _table(tmp_path, f"0.5\n{'y' * (MAX_WORD_BYTES + 1)} dog\n{'y' * (MAX_WORD_BYTES + 2)}\n")
+    with pytest.raises(TableScanError):
+        scan_table(gz)
+    assert _pairs(R.build_paraphrase_index(gz)) == [(["y" * 25, "dog"], ["y" * 26])]
+
+
+def test_a_hash_collision_is_caught_not_merged(tmp_path, monkeypatch):
+    # every word hashed alike: the key comparison must catch it rather than give two words one id
+    monkeypatch.setattr(table_scan, "_hash", lambda parts, lens: np.full(len(lens), 7, dtype=np.uint64))
+    gz = _table(tmp_path, _VARIANTS["plain"])
+    with pytest.raises(TableScanError, match="same 64-bit hash"):
+        scan_table(gz)
+    assert _pairs(R.build_paraphrase_index(gz)) == _pairs(R.parse_lines(gz))
+
+
+@pytest.mark.parametrize("damage", ["truncated", "not gzip"])
+def test_a_damaged_table_raises_as_gzip_does(tmp_path, damage):
+    gz = _table(tmp_path, _VARIANTS["plain"] * 50)
+    data = gz.read_bytes()
+    gz.write_bytes(data[: len(data) // 2] if damage == "truncated" else b"plain text\n" * 10)
+    with pytest.raises((EOFError, zlib.error)):
+        scan_table(gz)
+    with pytest.raises((EOFError, OSError)):
+        R.parse_lines(gz)
+
+
+def test_cache_key_follows_the_content(tmp_path):
+    a = _table(tmp_path, _VARIANTS["plain"], "a.gz")
+    b = _table(tmp_path, _VARIANTS["plain"], "b.gz")
+    assert R.fingerprint(a) == R.fingerprint(b)  # the same content: the same key, wherever it is
+    rng = np.random.default_rng(1)
+    lines = [f"0.1\n{rng.integers(1 << 40)}\n{rng.integers(1 << 40)}\n" for _ in range(40_000)]
+    c = _table(tmp_path, "".join(lines), "c.gz")
+    lines[20_000] = "0.1\nx\ny\n"  # one pair in the middle changed
+    d = _table(tmp_path, "".join(lines), "d.gz")
+    assert c.stat().st_size > 3 * R._FINGERPRINT_BYTES
+    assert R.fingerprint(c) != R.fingerprint(d)  # the gzip trailer's CRC-32 differs
+
+
+@pytest.mark.slow  # seconds: the jar's data and 600 caption sets
+@pytest.mark.skipif(R.data_unavailable_reason() is not None, reason="pycocoevalcap's METEOR data missing")
+def test_references_skipped_by_their_bound_could_not_have_been_chosen():
+    """The scorer aligns references in the order of an upper bound of their score and skips those whose bound is
+    below the best score found: the bound must hold for every reference (not only the skipped ones), and the
+    statistics chosen must be those of the first reference with the highest score, as when every one is aligned."""
+    scorer = meteor_scorer()
+    items = coco_like(200, seed=31) + coco_like(100, seed=32, refs=1) + stress(200, seed=33)
+    items += stress(100, seed=34, repetitive=True)
+    items = [segment_fields(h, refs) for h, refs in items]
+    scorer.prepare(t for h, refs in items for t in (h, *refs))
+    skipped = 0
+    for hyp, refs in items:
+        h = scorer.segment(hyp)
+        every = []
+        for r in refs:
+            seg = scorer.segment(r)
+            cands = candidates(h, seg)
+            st = scorer.pair_statistics(h, seg, cands)
+            every.append((st, segment_score(st)))
+            assert segment_score(st) <= bound(h, seg, cands), (hyp, r)
+        first_best = max(range(len(every)), key=lambda k: (every[k][1], -k)) if every else None
+        assert scorer._best(hyp, refs) == (every[first_best][0] if every else [])
+        top = max((s for _, s in every), default=0.0)
+        skipped += sum(bound(h, scorer.segment(r), candidates(h, scorer.segment(r))) < top for r in refs)
+    assert skipped > 200  # the bound does skip references
+
+
+def _fake_jar(tmp_path, pairs):
+    """A jar with the four data files METEOR reads, and a paraphrase table beside it."""
+    jar = tmp_path / "meteor-1.5.jar"
+    with zipfile.ZipFile(jar, "w") as z:
+        z.writestr("function/english.words", "a\nthe\n")
+        z.writestr("nonbreaking/english.prefixes", "Mr\n")
+        z.writestr("synonym/english.synsets", "dog\n1\nhound\n1\n")
+        z.writestr("synonym/english.exceptions", "be\nwas were\n")
+    (tmp_path / "data").mkdir()
+    _table(tmp_path / "data", "".join(f"0.5\n{a}\n{b}\n" for a, b in pairs))
+    return jar
+
+
+@pytest.mark.parametrize("blocker", ["file", "file in the way of the key folder"])
+def test_a_failed_index_load_is_raised_and_tried_again(tmp_path, blocker):
+    # the index loads in a thread (PendingIndex) while the jar's data is read: its error reaches the caller, and the
+    # next evaluation loads again instead of keeping the failed scorer
+    jar = _fake_jar(tmp_path, [("a dog", "one dog")])
+    cache = tmp_path / "cache"
+    in_the_way = cache if blocker == "file" else R.index_path(jar, cache).parent
+    in_the_way.parent.mkdir(parents=True, exist_ok=True)
+    in_the_way.write_text("not a folder")
+    preds, refs = {1: "one dog"}, {1: ["a dog"]}
+    with pytest.raises(OSError):
+        meteor_per_item(preds, refs, jar=jar, cache_root=cache)
+    in_the_way.unlink()
+    corpus, per = meteor_per_item(preds, refs, jar=jar, cache_root=cache)
+    assert R.index_path(jar, cache).is_file()
+    # the paraphrase matched (the index was loaded): both words on each side, in one chunk, at the weight 0.6
+    assert per[1]["METEOR"] == corpus["METEOR"] == pytest.approx(0.6)
+
+
+@pytest.mark.slow  # seconds: the jar's data, two scorers over 700 caption sets
+@pytest.mark.skipif(R.data_unavailable_reason() is not None, reason="pycocoevalcap's METEOR data missing")
+def test_the_adjacent_word_filter_keeps_every_pair_that_can_match():
+    """restrict() drops the pairs with two adjacent words never adjacent in a caption: the statistics are those of
+    the table restricted by the words alone, with far fewer pairs."""
+    from finecap.metrics.meteor.scorer import MeteorScorer
+
+    index = meteor_scorer().index
+
+    class WordsOnly:  # the index, restricted by the words alone
+        def restrict(self, words, bigrams=None):
+            return index.restrict(words)
+
+    data = R.read_jar_data(R.find_meteor_jar())
+    items = coco_like(300, seed=41) + coco_like(100, seed=42, refs=1) + stress(200, seed=43)
+    items += stress(100, seed=44, repetitive=True)
+    hyps, refs = [h for h, _ in items], [r for _, r in items]
+    filtered, words_only = MeteorScorer(data, index), MeteorScorer(data, WordsOnly())
+    assert filtered.score_all(hyps, refs, processes=1) == words_only.score_all(hyps, refs, processes=1)
+    kept = sum(map(len, filtered.table.pairs.values()))
+    assert 0 < kept < sum(map(len, words_only.table.pairs.values())) / 3
+    # a later evaluation with a new pair of adjacent words (known words) restricts again and finds its pairs
+    before = filtered.table
+    a, b = next(
+        (a, b)
+        for a, bs in words_only.table.pairs.items()
+        for b in bs
+        if len(a) > 1 and len(b) > 1 and b not in before.pairs.get(a, ())
+    )
+    filtered.score_all([" ".join(b)], [[" ".join(a)]], processes=1)
+    assert filtered.table is not before and b in filtered.table.pairs[a]
