@@ -54,3 +54,39 @@ def _text(name: str) -> str:
     from finecap.recipes import resolve_recipe
 
     return resolve_recipe(name).read_text()
+
+
+BACKBONES = {
+    "blip": ["model.kind=blip", "blip.name=world-tiny", "blip.tiny_layers=1", "blip.tiny_hidden=32",
+             "blip.tiny_heads=2", "blip.tiny_dropout=0"],  # no dropout: the policy at step 0 is the reference
+    "vlm": ["model.kind=vlm", "vlm.name=world-tiny", "vlm.tiny_layers=1", "vlm.tiny_hidden=32", "vlm.tiny_heads=2"],
+}  # fmt: skip
+LEVERS = ["lora.lm=true", "lora.rank=4", "train.mixed_precision=bf16", "train.gradient_checkpointing=true"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("backbone", [*BACKBONES, "qlora"])
+def test_grpo_with_kl_composes_with_each_backbone_lora_bf16_and_checkpointing(backbone, world_args, clip_dir,
+                                                                              tmp_path):  # fmt: skip
+    """GDPO of SR + CIDEr-D with the KL on (demo/grpo_sr_cider) on the world BLIP and VLM, and QLoRA (4-bit base) on
+    a saved tiny Idefics3: LoRA adapters on the language model (the reference is the model with them disabled), bf16
+    autocast, gradient checkpointing; the KL starts at 0 and moves, every loss is finite."""
+    import math
+
+    if backbone == "qlora":
+        from finecap.models.presets import save_tiny_vlm
+
+        tiny = save_tiny_vlm(tmp_path / "vlm", "idefics3")
+        model = ["model.kind=vlm", f"vlm.name={tiny}", "model.quantization=4bit"]
+    else:
+        model = BACKBONES[backbone]
+    run_dir = tmp_path / "run"
+    tiny_rl = [o for o in TINY if not o.startswith(("clipcap.", "train.max_steps"))]
+    args = ["train", "demo/grpo_sr_cider", *world_args, *tiny_rl, *model, *LEVERS, "train.max_steps=3",
+            f"model.encoder={clip_dir}", f"retriever.checkpoint={clip_dir}", f"run.cache_dir={tmp_path / 'cache'}",
+            f"run.dir={run_dir}"]  # fmt: skip
+    assert main(args) == 0
+    events = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    train = [e["values"] for e in events if e["split"] == "train"]
+    assert len(train) == 3 and all(math.isfinite(v["loss"]) for v in train)
+    assert train[0]["kl"] == pytest.approx(0.0, abs=1e-6) and any(v["kl"] > 0 for v in train[1:])
