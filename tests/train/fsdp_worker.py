@@ -1,5 +1,6 @@
 """Worker of tests/train/test_fsdp.py: trains each ``[overrides, resume]`` given as JSON, one after the other, in this
-``accelerate launch``-ed process group (``train.strategy=fsdp`` among the overrides)."""
+``accelerate launch``-ed process group (``train.strategy=fsdp`` among the overrides); a first item
+``--recipe=NAME`` names the recipe they go on."""
 
 import json
 import sys
@@ -9,4 +10,5 @@ from finecap.config import load
 
 if __name__ == "__main__":
     for overrides, resume in json.loads(sys.argv[1]):
-        train(load(None, overrides), resume=resume)
+        recipe = overrides.pop(0).split("=", 1)[1] if overrides and overrides[0].startswith("--recipe=") else None
+        train(load(recipe, overrides), resume=resume)

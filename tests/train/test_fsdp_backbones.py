@@ -68,3 +68,22 @@ def test_blip_and_vlm_train_sharded_through_validation_and_caption_in_one_proces
             code = main(["caption", "--checkpoint", str(run), "--out", str(out), f"run.cache_dir={cache}"])
         assert code == 0, err.getvalue()
         assert len(json.loads(out.read_text())) == 8  # world.n_test
+
+
+def test_grpo_trains_sharded_as_under_ddp(world_args, clip_dir, tmp_path, launch_two):
+    """GRPO (demo/grpo_cider: group advantages, the clipped surrogate, rollouts decoded with full parameters by every
+    process at once) over 2 sharded processes logs the losses of the same run under DDP (issue 50: FSDP2)."""
+    cache = tmp_path / "cache"
+    tiny = [*world_args, f"model.encoder={clip_dir}", f"run.cache_dir={cache}", "clipcap.tiny_layers=1",
+            "clipcap.tiny_hidden=32", "clipcap.tiny_heads=2", "clipcap.prefix_length=2", "clipcap.tiny_dropout=0",
+            "train.init_from=", "train.max_steps=2", "train.batch_size=4", "train.eval_every=2",
+            "train.eval_samples=4", "train.log_every=1", "decode.max_length=6", "rl.samples=3"]  # fmt: skip
+    runs = [(["--recipe=demo/grpo_cider", *tiny, f"train.strategy={s}", f"run.dir={tmp_path / s}"], False)
+            for s in ("fsdp", "ddp")]  # fmt: skip
+    worker = str(Path(__file__).with_name("fsdp_worker.py"))
+    launch_bounded([*launch_two, worker, json.dumps(runs)], tmp_path / "launch.log", TIMEOUT)
+    sharded, ddp = losses(tmp_path / "fsdp"), losses(tmp_path / "ddp")
+    assert sorted(k for k in sharded if k[1] == "train") == [(1, "train"), (2, "train")]
+    assert sharded.keys() == ddp.keys()
+    for key, value in ddp.items():
+        assert sharded[key] == pytest.approx(value, rel=1e-5, abs=1e-6), key
