@@ -14,6 +14,7 @@ import contextlib
 import logging
 import os
 import sys
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -566,6 +567,11 @@ def _close_progress_bars() -> None:
         bar.close()
 
 
+LAUNCH_GRACE = 10.0
+"""Seconds a launched process other than rank 0 waits before it exits on a configuration error that every process
+meets alike, so that rank 0 prints it before the launcher (torchrun), seeing one process end, stops the others."""
+
+
 def launched_rank() -> int:
     """This process's rank under ``accelerate launch`` / ``torchrun`` (``RANK``), 0 otherwise."""
     try:
@@ -595,8 +601,10 @@ def main(argv: list[str] | None = None) -> int:
         if message is None or debug_requested(args):
             raise  # a bug, or --debug: the traceback
         _close_progress_bars()
-        if not (isinstance(e, ConfigError) and launched_rank() > 0):  # the same on every process: said once
-            print(f"finecap: error: {masked_url_secrets(message)}", file=sys.stderr)  # a URL may hold a password
+        if isinstance(e, ConfigError) and launched_rank() > 0:  # the same on every process: said once, by rank 0
+            time.sleep(LAUNCH_GRACE)  # the launcher stops the others when one exits: rank 0 says it first
+            return 2
+        print(f"finecap: error: {masked_url_secrets(message)}", file=sys.stderr)  # a URL may hold a password
         return 2
     return 0
 
