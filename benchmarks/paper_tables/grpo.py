@@ -46,6 +46,13 @@ SETTINGS = (
     "captions (true stated facts / stated facts; scene facts stated / scene facts, checked against the scene "
     "graphs)."
 )
+BUDGET = (
+    "Budget, measured 2026-11-25 (the 2-core machine shared with other jobs, `nice -n 10`, `OMP_NUM_THREADS=1`: "
+    "with torch's two threads beside other jobs a world-encoder step took about 2.7 s, with one 0.18-0.26 s): per "
+    "world seed the world encoder 4.6-6.7 minutes, the MLE start 391-498 s, then SCST 143-149 s, GRPO 158-160 s "
+    "and GRPO + KL 163-197 s, each with its evaluation (the result files' `seconds`): the six RL runs of both seeds "
+    "16 minutes, the whole page about 45."
+)
 
 GRPO = Paper(
     key="grpo",
@@ -58,7 +65,7 @@ GRPO = Paper(
     "`benchmarks/paper_tables/grpo.py` before any run: ↑ where Liang, Group Relative Policy Optimization for Image "
     "Captioning (arXiv:2503.01333, 2025) claims an effect in its abstract (CIDEr above SCST's; more diverse "
     "captions, with the KL term), = where nothing is claimed (a null the world keeps or breaks). The 'paper' half "
-    "of each cell is empty: there are no paper numbers. " + SETTINGS,
+    "of each cell is empty: there are no paper numbers. " + SETTINGS + " " + BUDGET,
     tables=(
         Table(
             "check_grpo",
