@@ -3,7 +3,8 @@
 row, and the headline fine-grained measure (the hard RD) leaves every self-retrieval row below 0.90. These read data
 the benchmark wrote; a re-run that breaks them fails here, naming the seed and the row. The same for the bags NDLB's
 paper-tables page reads (``docs/reproductions/data/ndlb/``): the scene-family world's, harder than random
-distractors for every run of the grid."""
+distractors for every run of the grid. And the GRPO check page's data (``docs/reproductions/data/grpo/``):
+both world seeds, each run's settings as the page names them, every run scored on the same test images."""
 
 from __future__ import annotations
 
@@ -55,3 +56,38 @@ def test_the_ndlb_pages_bags_are_harder_than_random_distractors_for_every_run(pa
     metrics = json.loads(path.read_text())["metrics"]
     for size in (3, 5, 7):
         assert metrics[f"family/bag{size}/R@1"] < metrics["RD99/R@1"], (path.parent.name, path.stem, size)
+
+
+GRPO_DATA = ROOT / "docs" / "reproductions" / "data" / "grpo"
+GRPO_RUNS = ("mle", "scst", "grpo", "grpo_kl")
+"""The runs of the GRPO check page (benchmarks/paper_tables/grpo.py): the MLE start, SCST, GRPO, GRPO + KL."""
+
+
+def test_the_grpo_check_of_two_seeds_is_committed_with_every_runs_per_image_values():
+    for seed in ("seed0", "seed1"):
+        for run in GRPO_RUNS:
+            assert (GRPO_DATA / seed / f"{run}.json").exists(), (seed, run)
+            assert (GRPO_DATA / seed / f"{run}.items.json").exists(), (seed, run)
+
+
+@pytest.mark.parametrize("seed", ["seed0", "seed1"])
+def test_the_grpo_checks_runs_are_the_pages_and_scored_on_the_same_test_images(seed):
+    """Each result file records the recipe, overrides and start the page names (SCST's batch for GRPO, the KL only
+    in GRPO + KL, every RL run from the seed's MLE start), no quick run, and the four runs' per-image values cover
+    the same test images (the paired intervals compare the same images)."""
+    expected = {
+        "mle": ("mle", [], None),
+        "scst": ("scst", [], "mle"),
+        "grpo": ("grpo_cider", ["train.batch_size=64", "rl.samples=5"], "mle"),
+        "grpo_kl": ("grpo_cider", ["train.batch_size=64", "rl.samples=5", "rl.kl_coef=0.04"], "mle"),
+    }
+    ids = {}
+    for run in GRPO_RUNS:
+        record = json.loads((GRPO_DATA / seed / f"{run}.json").read_text())
+        assert (record["recipe"], record["overrides"], record["init"]) == expected[run], (seed, run)
+        assert not record["quick"] and record["items"] == [] and record["seed"] == int(seed[4:]), (seed, run)
+        assert {"CIDEr-D", "sample/Div-2", "Length", "faith/precision", "faith/recall"} <= set(record["metrics"])
+        groups = json.loads((GRPO_DATA / seed / f"{run}.items.json").read_text())["groups"]
+        ids[run] = groups[0]["ids"]
+        assert len(ids[run]) == 1000 and "faith/recall" in groups[0]["values"], (seed, run)
+    assert all(i == ids["mle"] for i in ids.values()), seed

@@ -54,6 +54,11 @@ def world_lambda(weight: str) -> str:
     return f"{float(weight) / WORLD_CIDER_SCALE:.4g}"
 
 
+GRPO_AT_SCST = ("train.batch_size=64", "rl.samples=5")
+"""demo/grpo_cider at demo/scst's batch: 64 images a step, 5 captions sampled per image (the recipe's 32 x 8 would
+sample 256 captions a step on other images, SCST 320), so that the GRPO check compares the baseline, the scaling and
+the loss, not the batch (:mod:`.grpo`)."""
+
 FIELDS = {"original": ("", "mle"), "blend": ("_blend", "mle_blend"), "holistic": ("_holistic", "mle_holistic")}
 """Caption fields: run-key suffix and the MLE start trained on the field."""
 
@@ -147,4 +152,7 @@ RUNS: dict[str, Run] = {
     "sr_bagcurri_cos": Run(NDLB_RECIPE, ("sr.logit_scale=1.0",)),
     "sr_bagcurri_normal": Run(NDLB_RECIPE, ("lora.init=normal",)),
     **ndlb_runs(),
+    # the GRPO check (finecap's, issue 50): demo/grpo_cider at SCST's batch, without and with the KL to the start
+    "grpo": Run("grpo_cider", GRPO_AT_SCST),
+    "grpo_kl": Run("grpo_cider", (*GRPO_AT_SCST, "rl.kl_coef=0.04")),
 }

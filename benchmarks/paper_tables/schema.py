@@ -114,7 +114,7 @@ HEADINGS = {"fig3": "Figure 3", "fig4a": "Figure 4a", "fig4b": "Figure 4b", "alp
 class Paper:
     key: str
     title: str
-    source: str  # the paper text (shared/papers/README.md)
+    source: str  # the paper text (shared/papers/README.md); "" = finecap's own check page, no paper's tables
     metrics: tuple[str, ...]  # finecap.metrics.suite groups evaluated for every run of this paper
     tables: tuple[Table, ...]
     diversity: bool = False  # 5 sampled and 5 beam captions per image (the exploration paper's set-level metrics)

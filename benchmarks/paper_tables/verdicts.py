@@ -601,6 +601,16 @@ def chance_rate(check: Check, ratio: float = 0.0) -> float:
     return tails * 0.025
 
 
+def expected_count(value: float) -> str:
+    """An expected number of cells as the multiplicity note writes it: one decimal, or two significant digits where
+    one decimal would print a positive count as 0.0 (a page of few cells, mostly no-change).
+
+    >>> expected_count(0.44), expected_count(0.028), expected_count(0.0)
+    ('0.4', '0.028', '0.0')
+    """
+    return f"{value:.1f}" if value == 0 or round(value, 1) > 0 else f"{value:.2g}"
+
+
 def chance_note(paper: Paper, results: Results, items: Items | None = None) -> str:
     """The page's multiplicity note: how many cells it judges, and how many would come out *holds* / *changed* by
     chance were every effect zero, at the intervals' level and with retraining noise as measured
@@ -613,17 +623,18 @@ def chance_note(paper: Paper, results: Results, items: Items | None = None) -> s
     low, high = (sum(chance_rate(c, r) for c in checks) for r in RUN_TO_TEST_NOISE)
     one = [c for c in checks if c.intervals and not c.retrained]
     lo_rate, hi_rate = (seed_rate(1, r) ** 2 for r in RUN_TO_TEST_NOISE)
+    chance, rates = expected_count(nominal), f"{expected_count(low)}-{expected_count(high)}"
     return (
         f"**Multiplicity.** This page judges {len(checks)} cells with a noise estimate ({len(directional)} "
         f"directional, {len(checks) - len(directional)} no-change). Were every effect zero, a directional cell "
         "decided by two seeds' 95% intervals would come out *holds* with probability 0.025² (both seeds past 0 in "
         "the paper's direction), a no-change cell *changed* with 0.05², and a cell decided by the seeds' t-interval "
-        f"with 0.025 (0.05): about {nominal:.1f} of these cells by chance, at the intervals' level. But {len(one)} "
+        f"with 0.025 (0.05): about {chance} of these cells by chance, at the intervals' level. But {len(one)} "
         "of them rest on one run per world seed, whose intervals leave out retraining noise, measured for the one "
         "comparison repeated over run seeds (SLE − SCST's CIDEr-D and sampled Div-2, 12 pairs, docs/results.md) at "
         f"{RUN_TO_TEST_NOISE[0]:g}-{RUN_TO_TEST_NOISE[1]:g} times its test split's noise: with it, a directional "
         f"one-run cell holds on two seeds by chance with probability {lo_rate:.1%}-"
-        f"{hi_rate:.1%}, and about {low:.1f}-{high:.1f} of this page's cells would come out *holds* or *changed* "
+        f"{hi_rate:.1%}, and about {rates} of this page's cells would come out *holds* or *changed* "
         "with no effect at all. A single cell that holds is therefore weak evidence; a primary cell (★) with "
         f"{MIN_RUNS} run seeds per world seed or more carries retraining noise in its interval."
     )
