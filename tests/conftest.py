@@ -1,6 +1,8 @@
 """Fixtures of the tests under ``tests/``; the session-wide settings (one torch thread, the temporary finecap home
 ``finecap_home``) and the docstring examples' names are in the repository root's ``conftest.py``."""
 
+import socket
+
 import pytest
 
 
@@ -37,3 +39,17 @@ def run(shapes):
     from test_caption_images import train_shapes_run
 
     return train_shapes_run(shapes)
+
+
+@pytest.fixture
+def group():
+    """A 1-process gloo process group on a free loopback port, for sharding code run in one process (FSDP2's
+    ``fully_shard`` needs a group); destroyed afterwards."""
+    import torch.distributed as dist
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
+    yield
+    dist.destroy_process_group()

@@ -3,26 +3,13 @@ sharded, the mixed-precision policy, full parameters for decoding); tests/train/
 
 from __future__ import annotations
 
-import socket
-
 import pytest
 import torch
-import torch.distributed as dist
 
 from finecap.config import ClipCapBackboneConfig, DecodeConfig
 from finecap.models import sharding
 from finecap.models.clipcap import ClipCap
 from finecap.models.presets import build_world_lm
-
-
-@pytest.fixture
-def group():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
-    yield
-    dist.destroy_process_group()
 
 
 def captioner(seed: int = 0) -> ClipCap:

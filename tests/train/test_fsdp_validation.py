@@ -17,12 +17,10 @@ same runs under DDP.
 from __future__ import annotations
 
 import json
-import socket
 from pathlib import Path
 
 import pytest
 import torch
-import torch.distributed as dist
 
 from finecap.config import ClipCapBackboneConfig, DecodeConfig
 from finecap.data.features import fingerprint_module
@@ -37,16 +35,6 @@ TIMEOUT = 480  # seconds for one launch of 4 tiny runs; measured about 100 s on 
 
 def is_gathered(model: torch.nn.Module) -> bool:
     return not any(type(p).__name__ == "DTensor" for p in model.parameters())
-
-
-@pytest.fixture
-def group():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
-    yield
-    dist.destroy_process_group()
 
 
 def captioner() -> ClipCap:

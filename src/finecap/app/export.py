@@ -78,12 +78,11 @@ def check_export_dir(out: Path, source: Path, force: bool) -> None:
         raise OutputRefused(f"{out}: holds an earlier export already; pass --force to replace it")
 
 
-def export_card(checkpoint: Path, source: Path, merged_meta: dict) -> str | None:
+def export_card(checkpoint: Path, source: Path, merged_meta: dict, merged: str) -> str | None:
     """The merged export's model card: made anew from the source checkpoint's records (its configuration, training
     state and fingerprints) and the export's own ``captioner.json``, so it says what the folder is (merged weights,
     ``library_name: transformers``, no adapter folder); a bare source with no configuration keeps its card with a
     note (and ``library_name: transformers``); ``None`` when the source has no card."""
-    merged = ", ".join(sorted(merged_meta.get("lora") or read_meta(source).get("lora") or {}))
     stored = stored_config(checkpoint)
     if stored is not None:
         info_file = checkpoint / INFO_FILE
@@ -106,7 +105,8 @@ def main(checkpoint: str, out: str, merged: bool, force: bool = False) -> Path:
     """Export the captioner of ``checkpoint`` into ``out`` (module docstring); returns ``out``."""
     if not merged:
         raise ValueError("finecap export: say what to write: --merged OUT (a plain checkpoint, LoRA adapters merged)")
-    source = model_dir(find_checkpoint(checkpoint))
+    found = find_checkpoint(checkpoint)
+    source = model_dir(found)
     meta = read_meta(source)
     target = Path(out)
     check_export_dir(target, source, force)
@@ -116,7 +116,7 @@ def main(checkpoint: str, out: str, merged: bool, force: bool = False) -> Path:
         raise OutputRefused(f"{tmp}: exists (an unfinished export? remove it) and is where OUT is written first")
     try:
         export_merged(source, tmp)
-        card = export_card(find_checkpoint(checkpoint), source, read_meta(tmp))
+        card = export_card(found, source, read_meta(tmp), ", ".join(sorted(meta.get("lora") or {})))
         if card is not None:
             (tmp / CARD_NAME).write_text(card, encoding="utf-8")
         if target.is_dir() and not any(target.iterdir()):

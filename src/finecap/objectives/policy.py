@@ -433,14 +433,7 @@ class PolicyOptimization(Reinforce):
         item = self._next(model, batch)
         first = self.taken == 0  # the cycle's first step: its rollout's timings are logged
         rollout, gen = item.rollout, item.rollout.samples
-        scores = model(
-            batch,
-            sequences=gen.sequences,
-            mask=gen.mask,
-            image_index=gen.image_index,
-            temperature=self.logprob_temperature,
-            with_entropy=self.rl.entropy_coef > 0,
-        )  # TokenScores: (N, L) log-probs with gradient through the captioner's forward
+        scores = self.score(model, batch, gen)  # (N, L) log-probs with gradient (Reinforce.score)
         logp = scores.logprobs
         mask = gen.mask.to(logp.device)
         if item.old is None:  # the cycle's first step: the rollout policy is this one

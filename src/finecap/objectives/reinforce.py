@@ -210,18 +210,24 @@ class Reinforce(ObjectiveBase):
         """Named (N,) advantages, one loss each; subclasses add terms (sequence-level exploration)."""
         return {"reinforce": rollout.advantage}, {}
 
-    def __call__(self, model: torch.nn.Module, batch: dict[str, Any]) -> ObjectiveOutput:
-        rollout, metrics = self.rollout(model, batch)
-        advantages, extra = self.advantages(rollout, batch)
-        gen = rollout.samples
-        scores = model(
+    def score(self, model: torch.nn.Module, batch: dict[str, Any], gen: Generation) -> Any:
+        """TokenScores of the sampled captions ``gen``: ``(N, L)`` log-probs (and entropies with
+        ``rl.entropy_coef``), with gradient through the captioner's ``forward`` (what DDP and FSDP2 see), under the
+        distribution the captions are scored by (``rl.scaled_logprob``)."""
+        return model(
             batch,
             sequences=gen.sequences,
             mask=gen.mask,
             image_index=gen.image_index,
             temperature=self.logprob_temperature,
             with_entropy=self.rl.entropy_coef > 0,
-        )  # TokenScores: (N, L) log-probs (and entropies), with gradient through the captioner's forward
+        )
+
+    def __call__(self, model: torch.nn.Module, batch: dict[str, Any]) -> ObjectiveOutput:
+        rollout, metrics = self.rollout(model, batch)
+        advantages, extra = self.advantages(rollout, batch)
+        gen = rollout.samples
+        scores = self.score(model, batch, gen)
         logp = sequence_logprob(scores.logprobs, gen.lengths, self.rl.logprob)  # (N,)
         losses = {name: policy_gradient_loss(adv.to(logp.device), logp) for name, adv in advantages.items()}
         entropy = None
