@@ -51,7 +51,7 @@ import numpy as np
 import torch
 
 from finecap.config import SRConfig
-from finecap.metrics.faithfulness import _scene_of
+from finecap.metrics.faithfulness import scene_of
 from finecap.rewards.cider import CiderReward
 from finecap.rewards.retrieval import RetrievalReward
 from finecap.world.listener import rank_with_ties, support_matrix
@@ -162,7 +162,7 @@ class ListenerFunction(TrlReward):
         self.scenes = dict(scenes)
 
     def _scene(self, image_id: Hashable) -> Any:
-        scene = _scene_of(image_id, self.scenes)  # ids as ints or as their strings
+        scene = scene_of(image_id, self.scenes)  # ids as ints or as their strings
         if scene is None:
             raise KeyError(f"reward_function('listener'): no scene for image id {image_id!r}")
         return scene

@@ -56,7 +56,7 @@ def faithfulness_per_item(
     items: dict[Hashable, Faithfulness] = {}
     missing = []
     for image_id, caption in predictions.items():
-        scene = _scene_of(image_id, scenes)
+        scene = scene_of(image_id, scenes)
         if scene is None:
             missing.append(image_id)
             continue
@@ -92,7 +92,9 @@ def faithfulness(predictions: Mapping[Hashable, str], scenes: Mapping[Hashable, 
     return faithfulness_per_item(predictions, scenes)[0]
 
 
-def _scene_of(image_id: Hashable, scenes: Mapping[Hashable, Scene]) -> Scene | None:
+def scene_of(image_id: Hashable, scenes: Mapping[Hashable, Scene]) -> Scene | None:
+    """The scene of ``image_id`` in ``scenes``, whether either side keys it as an int or as that int's string (data
+    files give ids as strings, the world as ints); ``None`` when there is none."""
     if image_id in scenes:
         return scenes[image_id]
     if isinstance(image_id, str) and image_id.strip().lstrip("-").isdigit():

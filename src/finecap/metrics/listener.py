@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from finecap.metrics.faithfulness import _scene_of
+from finecap.metrics.faithfulness import scene_of
 from finecap.metrics.retrieval import random_distractors, target_ranks
 from finecap.world.listener import RankResult, rank_with_ties, support_matrix
 
@@ -81,7 +81,7 @@ def listener_retrieval(
         raise KeyError(f"listener: predictions for images not in the retrieval pool, e.g. {missing[:5]}")
     pool = []
     for i in image_ids:
-        scene = _scene_of(i, scenes)
+        scene = scene_of(i, scenes)
         if scene is None:
             raise ValueError(f"listener: no scene graph for pool image {i!r} (the listener needs the world's scenes)")
         pool.append(scene)

@@ -112,7 +112,7 @@ class Monitor:
     ) -> dict[str, float]:
         """The measures of one micro-batch's sampled captions (``image_ids``: each caption's image), to log; they are
         also added to the step's sums for the alarms (:meth:`end_step`)."""
-        from finecap.metrics.faithfulness import _scene_of
+        from finecap.metrics.faithfulness import scene_of
 
         n = len(texts)
         words = sum(len(t.split()) for t in texts)
@@ -125,7 +125,7 @@ class Monitor:
             from finecap.world.facts import faithfulness
 
             scored = [faithfulness(t, scene) for t, i in zip(texts, image_ids, strict=True)
-                      if (scene := _scene_of(i, self.scenes)) is not None]  # fmt: skip
+                      if (scene := scene_of(i, self.scenes)) is not None]  # fmt: skip
             k = len(scored)
             sums.update(scored=k, precision=sum(f.precision for f in scored), recall=sum(f.recall for f in scored))
             out["monitor/fact_precision"] = sums["precision"] / max(1, k)
