@@ -8,7 +8,7 @@ import dataclasses
 
 import pytest
 
-from finecap.config import MOVED_KEYS, SECTIONS, ConfigError, load, load_stored, migrate_moved_keys
+from finecap.config import MOVED_KEYS, SECTIONS, Config, ConfigError, load, load_stored, migrate_moved_keys
 from finecap.models.backbones import BACKBONES
 
 # A run's config.yaml as finecap wrote it before the backbone sections (every field of the flat model section, in its
@@ -49,6 +49,24 @@ def test_every_backbone_has_its_own_section_and_model_only_shared_keys():
     # every former model key has exactly one place for some backbone, and none is left in model
     for old in MOVED_KEYS:
         assert old.split(".")[1] not in shared
+
+
+def test_sections_are_the_fields_of_config():
+    """:data:`SECTIONS` is read from :class:`Config`'s fields: one field per section, named like it."""
+    assert list(SECTIONS) == [f.name for f in dataclasses.fields(Config)]
+    assert all(cls.section_name == name and type(getattr(Config(), name)) is cls for name, cls in SECTIONS.items())
+
+
+def test_model_kind_is_a_registered_backbone_or_a_dotted_path():
+    with pytest.raises(ConfigError) as e:
+        load(None, ["model.kind=clipcapp"])
+    assert str(e.value).startswith("override 'model.kind=clipcapp': model.kind: unknown backbone 'clipcapp' (did you "
+                                   "mean 'clipcap'?); valid names: blip, clipcap, vlm")  # fmt: skip
+    assert e.value.key == "model.kind"
+    assert load(None, ["model.kind=my.pkg:Captioner"]).model.kind == "my.pkg:Captioner"  # imported when built
+    # a backbone of one's own has no section: a former model key has nowhere to go
+    with pytest.raises(ConfigError, match="model.kind=my.pkg:Captioner has no such option"):
+        load(None, ["model.kind=my.pkg:Captioner", "model.tiny_layers=2"])
 
 
 @pytest.mark.parametrize(

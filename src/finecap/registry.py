@@ -1,5 +1,5 @@
 """Name -> object registries with a dotted-path escape hatch for user code (objectives, rewards, samplers,
-validators all use :func:`lookup`).
+validators and backbones all use :func:`lookup`).
 
 Example::
 
@@ -35,6 +35,15 @@ SAMPLERS: dict[str, str] = {
     "bagcurri": "finecap.data.bags:bagcurri_sampler",
 }
 """``data.sampler`` names -> factories ``factory(cfg, dataset, global_batch_size)``."""
+
+BACKBONES: dict[str, str] = {
+    "clipcap": "finecap.models.clipcap:ClipCap",
+    "blip": "finecap.models.blip:Blip",
+    "vlm": "finecap.models.vlm:Vlm",
+}
+"""``model.kind`` names -> captioner classes (subclasses of :class:`finecap.models.base.CaptionerBase`, which build a
+fresh captioner, ``cls.build(cfg)``, and load a saved one, ``cls.from_checkpoint(path)``); each has a configuration
+section named like it (``cfg.clipcap``). Resolved by :func:`finecap.models.backbones.backbone`."""
 
 VALIDATOR_KEYS: dict[str, tuple[str, ...]] = {
     "captions": ("length", "vocab"),

@@ -1,7 +1,8 @@
-"""The captioner contract (:class:`finecap.models.captioner.Captioner`), run on every backbone: ClipCap, BLIP (its own
+"""The captioner contract (:class:`finecap.models.base.CaptionerBase`), run on every backbone: ClipCap, BLIP (its own
 ViT and the world BLIP reading a dual encoder's tokens), each decoder-only VLM family (LLaVA, Idefics3, Qwen2-VL), and
 a toy fourth backbone written in one file of hooks on :class:`finecap.models.base.CaptionerBase`
-(``tests/models/toy_backbone.py``), which checks that the base carries everything else.
+(``tests/models/toy_backbone.py``), which checks that the base carries everything else and that a backbone named by
+its dotted path (``model.kind=toy_backbone:ShowTell``) is built, saved and loaded back with no registry row.
 
 Every backbone is a tiny random model built from configs (saved like Hub checkpoints in a session folder). A new
 backbone adds one :class:`Case` here.
@@ -26,9 +27,19 @@ from finecap.config import ClipCapBackboneConfig, DecodeConfig, load
 from finecap.data.datasets import model_collator
 from finecap.data.targets import IGNORE_INDEX
 from finecap.models import lora
-from finecap.models.backbones import BACKBONES, checkpoint_kind, external_encoder, load_captioner, reads_world_encoder
+from finecap.models.backbones import (
+    BACKBONES,
+    backbone,
+    build_model,
+    check_backbone,
+    checkpoint_kind,
+    external_encoder,
+    load_captioner,
+    reads_world_encoder,
+)
+from finecap.models.base import CaptionerBase
 from finecap.models.blip import Blip, FeatureMapTokens
-from finecap.models.captioner import PARTS, Captioner, ImageSide, token_scores
+from finecap.models.captioner import PARTS, ImageSide, token_scores
 from finecap.models.clipcap import ClipCap
 from finecap.models.presets import (
     VLM_FAMILIES,
@@ -42,8 +53,12 @@ from finecap.models.presets import (
 from finecap.models.vision import VisionEncoder
 from finecap.models.vlm import Vlm
 from finecap.objectives.mle import mle_loss
+from finecap.runs import CheckpointError
+from finecap.train.model_card import model_card
 
 CAPTIONS = ["a red circle", "two blue squares on the left", "a small green triangle"]
+TOY_KIND = "toy_backbone:ShowTell"
+"""The toy backbone's ``model.kind``: its dotted path (it is in no registry)."""
 
 
 @dataclass(frozen=True)
@@ -51,8 +66,8 @@ class Case:
     """A backbone under test: how to build it from the session's saved tiny models, the module it always trains
     (whatever ``train_lm`` / ``train_encoder`` say: ClipCap's mapper, a VLM's projector), and its images' size."""
 
-    build: Callable[[dict[str, Path]], Captioner]
-    always: Callable[[Captioner], torch.nn.Module | None]
+    build: Callable[[dict[str, Path]], CaptionerBase]
+    always: Callable[[CaptionerBase], torch.nn.Module | None]
     image_size: int
 
 
@@ -82,9 +97,10 @@ def build_blip(dirs: dict[str, Path]) -> Blip:
 
 
 def build_toy(dirs: dict[str, Path]) -> ShowTell:
+    """The toy built as a run builds it: ``model.kind`` its dotted path, resolved through no registry row."""
     torch.manual_seed(0)
-    lm, tok = build_world_lm(layers=1, hidden=32, heads=2, dropout=0.0)
-    model = ShowTell(lm, tok, VisionEncoder.from_pretrained(dirs["clip"]))
+    model = build_model(load(None, [f"model.kind={TOY_KIND}", f"model.encoder={dirs['clip']}"]))
+    assert type(model) is ShowTell
     sharpen(model)
     return model
 
@@ -130,8 +146,6 @@ CASES: dict[str, Case] = {
     "vlm_world": Case(build_world_vlm, projector, 16),
     "toy": Case(build_toy, lambda m: m.projection, 16),
 }
-TOY_KIND = "toy"
-"""The toy backbone's kind, registered in :data:`BACKBONES` only while its case runs."""
 
 
 @pytest.fixture(scope="session")
@@ -145,10 +159,8 @@ def dirs(tmp_path_factory) -> dict[str, Path]:
 
 
 @pytest.fixture(params=list(CASES))
-def case(request, dirs, monkeypatch) -> tuple[str, Captioner]:
+def case(request, dirs) -> tuple[str, CaptionerBase]:
     """``(name, a fresh captioner in eval mode)``."""
-    if request.param == TOY_KIND:
-        monkeypatch.setitem(BACKBONES, TOY_KIND, (None, ShowTell))
     torch.manual_seed(0)
     return request.param, CASES[request.param].build(dirs).eval()
 
@@ -160,13 +172,13 @@ def images(n: int, size: int, seed: int = 0) -> list[Image.Image]:
     return [Image.fromarray((torch.rand(h, w, 3, generator=g) * 255).byte().numpy()) for h, w in shapes]
 
 
-def batch_of(model: Captioner, size: int, captions=CAPTIONS, seed: int = 0) -> dict:
+def batch_of(model: CaptionerBase, size: int, captions=CAPTIONS, seed: int = 0) -> dict:
     items = [{"caption": c, "image": im, "image_id": i, "references": [c], "index": i}
              for i, (c, im) in enumerate(zip(captions, images(len(captions), size, seed), strict=True))]  # fmt: skip
     return model_collator(model, 12)(items)
 
 
-def _alone(model: Captioner, size: int, i: int) -> dict:
+def _alone(model: CaptionerBase, size: int, i: int) -> dict:
     """Example ``i`` of :func:`batch_of` alone (no padding at all)."""
     ims = images(len(CAPTIONS), size)
     items = [{"caption": CAPTIONS[i], "image": ims[i], "image_id": i, "references": [], "index": i}]
@@ -177,13 +189,13 @@ def trainable(model: torch.nn.Module) -> set[str]:
     return {n for n, p in model.named_parameters() if p.requires_grad}
 
 
-def names_of(model: Captioner, module: torch.nn.Module | None) -> set[str]:
+def names_of(model: CaptionerBase, module: torch.nn.Module | None) -> set[str]:
     """Names (in the captioner) of ``module``'s parameters."""
     ids = {id(p) for p in module.parameters()} if module is not None else set()
     return {n for n, p in model.named_parameters() if id(p) in ids}
 
 
-def part_names(model: Captioner, part: str) -> set[str]:
+def part_names(model: CaptionerBase, part: str) -> set[str]:
     """Parameter names (in the captioner) of ``lora_module(part)``."""
     return names_of(model, model.lora_module(part))
 
@@ -195,7 +207,33 @@ def part_names(model: Captioner, part: str) -> set[str]:
 
 def test_every_backbone_kind_has_a_case():
     kinds = {"clipcap": ClipCap, "blip": Blip, "vlm": Vlm}
-    assert set(BACKBONES) == set(kinds) and all(BACKBONES[k][1] is c for k, c in kinds.items())
+    assert set(BACKBONES) == set(kinds) and all(backbone(k) is c and c.kind == k for k, c in kinds.items())
+
+
+def test_a_backbone_of_ones_own_is_named_by_its_dotted_path():
+    """A class that sets no ``kind`` is named by its dotted path, which ``model.kind`` and a checkpoint's
+    ``captioner.json`` resolve like a registered name; a path to anything but a captioner class is refused naming the
+    option."""
+    assert ShowTell.kind == TOY_KIND and backbone(TOY_KIND) is ShowTell
+    assert backbone("finecap.models.clipcap:ClipCap") is backbone("clipcap")
+    with pytest.raises(ValueError, match=r"^model.kind: 'finecap.config:Config' is not a captioner class"):
+        backbone("finecap.config:Config")
+    with pytest.raises(ValueError, match=r"^model.kind: module 'toy_backbone' has no attribute 'Nope'"):
+        backbone("toy_backbone:Nope")
+    card = model_card(load(None, [f"model.kind={TOY_KIND}"]), {}, {"kind": TOY_KIND, "encoder_source": "/enc"}, None,
+                      "finecap train")  # fmt: skip
+    assert f"- **Backbone**: `{TOY_KIND}`" in card and "- **Base vision encoder**: `/enc`" in card
+
+
+def test_a_checkpoint_of_ones_own_backbone_starts_only_a_run_naming_it(dirs, tmp_path):
+    """``train.init_from`` a toy checkpoint: refused under another ``model.kind`` (naming the dotted path to set),
+    accepted under the toy's dotted path."""
+    out = build_toy(dirs).save(tmp_path / "ckpt")
+    assert checkpoint_kind(out) == TOY_KIND
+    with pytest.raises(CheckpointError, match=f"is a {TOY_KIND} captioner, but model.kind=clipcap; set "
+                       f"model.kind={TOY_KIND}, or start from a clipcap checkpoint"):  # fmt: skip
+        check_backbone(out, load(None, []), "train.init_from")
+    check_backbone(out, load(None, [f"model.kind={TOY_KIND}"]), "train.init_from")
 
 
 def test_a_backbone_missing_a_hook_is_named_when_built():
@@ -210,7 +248,7 @@ def test_a_backbone_missing_a_hook_is_named_when_built():
 
 def test_members_and_their_types(case, tmp_path):
     name, model = case
-    assert isinstance(model, Captioner) and isinstance(model.encoder, ImageSide)
+    assert isinstance(model, CaptionerBase) and isinstance(model.encoder, ImageSide)
     vocab = model(batch_of(model, CASES[name].image_size)).shape[-1]
     assert 0 <= model.pad_token_id < vocab and 0 <= model.eos_token_id < vocab
     assert model.tokenizer.eos_token_id == model.eos_token_id
@@ -375,7 +413,7 @@ def test_flags_decide_what_trains_and_gradients_reach_it(case, lm, encoder):
     assert (grads & (enc_part - always)) if encoder else not (grads & (enc_part - always))
 
 
-def _head(model: Captioner, lm: bool) -> set[str]:
+def _head(model: CaptionerBase, lm: bool) -> set[str]:
     """The output head, which trains with the text side where it is not part of ``lora_module("lm")`` (a VLM)."""
     if not lm or not isinstance(model, Vlm):
         return set()
@@ -439,7 +477,7 @@ def test_what_a_run_prepares_and_fingerprints(case, tmp_path):
     name, model = case
     meta = json.loads((model.save(tmp_path / "ckpt") / "captioner.json").read_text())
     external = external_encoder(meta)
-    if name in ("clipcap", "blip_world", "vlm_world", TOY_KIND):
+    if name in ("clipcap", "blip_world", "vlm_world", "toy"):
         assert external is not None and Path(external).samefile(model.encoder.source)
     else:
         assert external is None

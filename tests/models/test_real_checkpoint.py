@@ -11,7 +11,7 @@ from transformers import CLIPImageProcessor, CLIPModel, GPT2Config, GPT2LMHeadMo
 
 import finecap.models.clipcap
 from finecap.config import DecodeConfig, load
-from finecap.models.clipcap import ClipCap, build_captioner
+from finecap.models.clipcap import ClipCap
 from finecap.models.presets import tiny_clip_config
 
 IMAGE = 32
@@ -50,7 +50,7 @@ def test_build_from_paths_forward_generate_save_reload(checkpoints, tmp_path):
     cfg = load(None, [f"model.encoder={checkpoints / 'clip'}", f"clipcap.lm={checkpoints / 'gpt2'}",
                       "clipcap.prefix_length=5", "clipcap.mapper=transformer", "clipcap.mapper_heads=4"])  # fmt: skip
     torch.manual_seed(0)
-    model = build_captioner(cfg).eval()
+    model = ClipCap.build(cfg).eval()
     assert model.feature_dim == 24 and model.hidden_size == 32  # from the checkpoints, not the config
     assert model.pad_token_id == model.eos_token_id  # GPT-2 convention when the tokenizer has no pad token
     assert not any(p.requires_grad for p in model.encoder.parameters())  # frozen by default
@@ -95,7 +95,7 @@ def test_build_from_paths_forward_generate_save_reload(checkpoints, tmp_path):
 def test_trainable_encoder_trains_only_the_image_path_and_is_saved(checkpoints, tmp_path):
     cfg = load(None, [f"model.encoder={checkpoints / 'clip'}", f"clipcap.lm={checkpoints / 'gpt2'}",
                       "clipcap.prefix_length=3", "model.train_encoder=true"])  # fmt: skip
-    model = build_captioner(cfg).train()
+    model = ClipCap.build(cfg).train()
     assert model.encoder.training
     pixels = model.encoder.preprocess(images(2))
     enc = {"input_ids": torch.tensor([[5, 6, 7]]).repeat(2, 1), "attention_mask": torch.ones(2, 3, dtype=torch.long)}
@@ -121,7 +121,7 @@ def test_world_encoder_and_world_tiny_lm_from_config(checkpoints, monkeypatch):
     monkeypatch.setattr(finecap.models.clipcap, "world_encoder_path", lambda cfg: checkpoints / "clip")
     cfg = load(None, ["model.encoder=world", "clipcap.lm=world-tiny", "clipcap.tiny_layers=1",
                       "clipcap.tiny_hidden=32", "clipcap.tiny_heads=2", "clipcap.prefix_length=4"])  # fmt: skip
-    model = build_captioner(cfg)
+    model = ClipCap.build(cfg)
     assert model.lm.config.n_layer == 1 and model.hidden_size == 32
     assert model.tokenizer.eos_token_id == 4 and model.lm.config.eos_token_id == 4
     assert model.encoder_source == str((checkpoints / "clip").resolve())
@@ -138,7 +138,7 @@ def test_coco_sr_recipes_adapt_the_modules_ndlbs_code_adapts(checkpoints, recipe
     cfg = load(recipe, [f"model.encoder={checkpoints / 'clip'}", f"clipcap.lm={checkpoints / 'gpt2'}",
                         f"retriever.checkpoint={checkpoints / 'clip'}"])  # fmt: skip
     assert (cfg.lora.rank, cfg.lora.alpha) == (32, 16.0)
-    model = configure_training(build_captioner(cfg), cfg)
+    model = configure_training(ClipCap.build(cfg), cfg)
     adapted = {name.rsplit(".lora_A", 1)[0] for name, _ in model.named_parameters() if ".lora_A" in name}
     lm = {n for n in adapted if ".h." in n}
     encoder = adapted - lm

@@ -1,10 +1,13 @@
-"""A fourth backbone written as a user would write one, on :class:`finecap.models.base.CaptionerBase`: only its hooks.
+"""A fourth backbone written as a user would write one, on :class:`finecap.models.base.CaptionerBase`: only its hooks,
+following "How to add a backbone" in ``docs/architecture.md``.
 
 ``ShowTell`` conditions a causal language model as Show and Tell (Vinyals et al., 2015) does: a linear projection of
 the image feature is the first input embedding, and the caption follows. Everything else of the captioner contract
 (``forward`` and sequence scoring, ``generate``, the properties, LoRA part handling, ``train()``, ``save`` /
 ``from_checkpoint`` with adapters, dtypes and master weights) comes from the base; ``tests/models/test_contract.py``
-runs the whole contract on it.
+runs the whole contract on it. It is registered nowhere: ``model.kind=toy_backbone:ShowTell`` names it (its dotted
+path, which its checkpoints record as their kind), and its own options are class attributes, as a backbone named by
+dotted path has no configuration section (:class:`finecap.config.Config`).
 """
 
 from __future__ import annotations
@@ -18,17 +21,19 @@ from torch import nn
 from transformers import AutoModelForCausalLM, AutoTokenizer
 from transformers.cache_utils import Cache
 
+from finecap.config import Config
 from finecap.models import lora, memory
 from finecap.models.base import CaptionerBase
 from finecap.models.captioner import encode_images, shifted_mask, strip_prefix
 from finecap.models.kvcache import cache_kwargs, returned_cache
+from finecap.models.presets import build_world_lm
 from finecap.models.vision import VisionEncoder
+from finecap.models.world_encoder import world_encoder_path
 
 PROJECTION = "projection.safetensors"
 
 
 class ShowTell(CaptionerBase):
-    kind = "toy"
     PART_PATHS = {"lm": "lm", "encoder": "encoder.model"}
     DUAL_ENCODER_DIR, DUAL_SAVED_KEY, DUAL_SOURCE_KEY = "encoder", "encoder_saved", "encoder_source"
 
@@ -42,6 +47,20 @@ class ShowTell(CaptionerBase):
         self.train(self.training)
 
     cache_features = True
+    LAYERS, HIDDEN, HEADS = 1, 32, 2
+    """The world-tiny language model a fresh one builds (its own options: it has no configuration section)."""
+
+    @classmethod
+    def build(cls, cfg: Config) -> ShowTell:
+        """A fresh Show and Tell from ``model``: the vision encoder ``model.encoder`` (``world``: the world encoder)
+        and a world-tiny GPT-2 of the class's sizes, random weights."""
+        m = cfg.model
+        options = memory.LoadOptions.of(m)
+        source = world_encoder_path(cfg) if m.encoder == "world" else m.encoder
+        encoder = VisionEncoder.from_pretrained(source, options.torch_dtype or "auto")
+        lm, tokenizer = build_world_lm(layers=cls.LAYERS, hidden=cls.HIDDEN, heads=cls.HEADS, dropout=0.0)
+        return cls(options.fresh(lm, cls.built_here(cfg)), tokenizer, encoder, train_encoder=m.train_encoder,
+                   train_lm=m.train_lm)  # fmt: skip
 
     def apply_trainable(self) -> None:
         self.projection.requires_grad_(True)
@@ -98,9 +117,13 @@ class ShowTell(CaptionerBase):
         return model
 
     @staticmethod
-    def reads_world_encoder(cfg: Any) -> bool:
+    def reads_world_encoder(cfg: Config) -> bool:
         return cfg.model.encoder == "world"
 
     @staticmethod
-    def encoder_source(cfg: Any) -> str | None:
+    def encoder_source(cfg: Config) -> str | None:
         return cfg.model.encoder
+
+    @staticmethod
+    def built_here(cfg: Config) -> str:
+        return f"model.kind={cfg.model.kind}"  # its language model: random weights

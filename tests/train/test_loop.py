@@ -10,7 +10,7 @@ from finecap.app.train import train
 from finecap.config import ConfigError
 from finecap.data.samplers import RandomBatches
 from finecap.home import run_path
-from finecap.models.clipcap import ClipCap, build_captioner
+from finecap.models.clipcap import ClipCap
 from finecap.objectives import ObjectiveOutput
 from finecap.objectives.base import as_objective
 from finecap.objectives.mle import MLE
@@ -37,7 +37,7 @@ def read_metrics(run_dir):
 def test_smoke_training_changes_parameters_and_lowers_loss(make_cfg):
     cfg = make_cfg("train.max_steps=16", "train.eval_every=8", "train.validators=[captions]")
     seed_everything(cfg.run.seed)
-    initial = {k: v.clone() for k, v in build_captioner(cfg).state_dict().items()}  # the same init train() builds
+    initial = {k: v.clone() for k, v in ClipCap.build(cfg).state_dict().items()}  # the same init train() builds
     seen_steps = []
     run_dir = train(cfg, callbacks=[lambda state: seen_steps.append(state.step)])
     assert seen_steps == list(range(1, 17))

@@ -29,7 +29,7 @@ from finecap.config.fields import ConfigError, constraint_text
 from finecap.config.secrets import MASK, SECRET_KEYS, looks_secret, masked_url_secrets
 from finecap.config.sections import MOVED_KEYS, SECTIONS, Config, ModelConfig, moved_key
 from finecap.recipes import resolve_recipe
-from finecap.registry import METRIC_GROUPS, OBJECTIVES, REWARDS, SAMPLERS, VALIDATOR_KEYS, is_dotted_path
+from finecap.registry import BACKBONES, METRIC_GROUPS, OBJECTIVES, REWARDS, SAMPLERS, VALIDATOR_KEYS, is_dotted_path
 from finecap.utils import SHORT_REPR_LIMIT, YAMLRefused, load_yaml, short_repr
 
 
@@ -55,7 +55,7 @@ def _moved_message(key: str, kind: str) -> str:
     target = moved_key(key, kind)
     if target is not None:
         return f"{key!r} moved to {target!r} (each backbone's options have their own section); set {target} instead"
-    where = [t for k in ("clipcap", "blip", "vlm") if (t := moved_key(key, k))]
+    where = [t for k in BACKBONES if (t := moved_key(key, k))]
     return f"{key!r} moved to the backbone sections ({', '.join(where)}); model.kind={kind} has no such option"
 
 
@@ -205,6 +205,7 @@ def check_names(cfg: Config) -> None:
     """Registry names are checked when the configuration is loaded, not at first use (tables in the torch-free
     :mod:`finecap.registry`); ``train.best_metric`` must be ``loss``, ``perplexity`` or a value the chosen
     built-in validators return (any name when a validator is user code)."""
+    _check_name(cfg.model.kind, BACKBONES, "model.kind", "backbone")
     _check_name(cfg.train.objective, OBJECTIVES, "train.objective", "objective")
     _check_name(cfg.data.sampler, SAMPLERS, "data.sampler", "sampler")
     for name in cfg.rl.rewards:

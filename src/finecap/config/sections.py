@@ -18,6 +18,7 @@ import yaml
 from finecap.config.fields import ConfigError, Section, check, check_at_most, doc
 from finecap.config.paths import absolute_paths
 from finecap.config.secrets import redacted
+from finecap.registry import BACKBONES
 from finecap.utils import CONTROL_CHARACTERS, short_repr
 
 __all__ = [  # the names finecap.config re-exports
@@ -25,7 +26,6 @@ __all__ = [  # the names finecap.config re-exports
     "AlarmAction",
     "AlarmMeasure",
     "AttnImplementation",
-    "Backbone",
     "BagsConfig",
     "Baseline",
     "BlipBackboneConfig",
@@ -118,7 +118,6 @@ DEFAULT_MAX_ASPECT_RATIO = 20.0
 # derive their runtime tuples with typing.get_args (e.g. finecap.objectives.smile.SUBSETS).
 DataFormat = Literal["world", "karpathy", "coco", "jsonl", "hf", "folder"]
 Mapper = Literal["mlp", "transformer"]
-Backbone = Literal["clipcap", "blip", "vlm"]
 Schedule = Literal["linear", "cosine", "constant"]
 DecodeStrategy = Literal["greedy", "beam", "sample"]
 MeteorBackend = Literal["python", "java"]
@@ -337,10 +336,10 @@ class RetrieverConfig(Section, name="retriever"):
 
 @dataclass
 class ModelConfig(Section, name="model"):
-    kind: Backbone = doc(
+    kind: str = doc(
         "clipcap",
-        "Captioner: clipcap (prefix + causal LM), blip (vision tokens + cross-attending decoder) or vlm (decoder-only "
-        "vision-language model); its options are in the section of the same name.",
+        f"Captioner backbone: {', '.join(BACKBONES)} (docs/backbones.md; its options are in the section of the same "
+        "name), or a dotted path 'pkg.module:Class' to one's own CaptionerBase subclass (docs/architecture.md).",
     )
     encoder: str = doc(
         "world",
@@ -366,15 +365,40 @@ class ModelConfig(Section, name="model"):
     )
 
 
-def _check_tiny_heads(section: Section) -> None:
-    """A backbone section's world-tiny attention heads divide its hidden size (``<section>.tiny_heads``)."""
-    name, hidden = section.section_name, section.tiny_hidden  # type: ignore[attr-defined]
-    heads_ok = hidden % section.tiny_heads == 0  # type: ignore[attr-defined]
-    check(heads_ok, f"{name}.tiny_heads", f"must be >= 1 and divide {name}.tiny_hidden={hidden}")
+TINY_SIZES: dict[str, dict[str, Any]] = {
+    "layers": {"default": 3, "ge": 1, "le": MAX_TINY_LAYERS, "why": "a world-tiny model trained from scratch"},
+    "hidden": {"default": 128, "ge": 1, "le": MAX_TINY_HIDDEN, "why": "a world-tiny model trained from scratch"},
+    "heads": {"default": 4, "ge": 1},
+    "dropout": {"default": 0.1, "ge": 0, "lt": 1},
+}
+"""The default and bounds of each size of a backbone's world-tiny model (``<section>.tiny_<size>``), the same in
+every backbone section (:func:`tiny`)."""
+
+
+def tiny(size: str, text: str) -> Any:
+    """The field ``tiny_<size>`` of a backbone section (its default and bounds: :data:`TINY_SIZES`), with its doc
+    ``text`` (which model of the backbone the size is of)."""
+    spec = dict(TINY_SIZES[size])
+    return doc(spec.pop("default"), text, **spec)
+
+
+class WorldTinySection(Section):
+    """Base of the backbone sections that build a world-tiny model (fields ``tiny_*``: :func:`tiny`): its attention
+    heads divide its hidden size (``<section>.tiny_heads``)."""
+
+    tiny_hidden: int
+    tiny_heads: int
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        name, hidden = self.section_name, self.tiny_hidden
+        check(
+            hidden % self.tiny_heads == 0, f"{name}.tiny_heads", f"must be >= 1 and divide {name}.tiny_hidden={hidden}"
+        )
 
 
 @dataclass
-class ClipCapBackboneConfig(Section, name="clipcap"):
+class ClipCapBackboneConfig(WorldTinySection, name="clipcap"):
     lm: str = doc(
         "world-tiny",
         "'world-tiny' (preset GPT-2 + world tokenizer), 'data-tiny' (the same over the training captions' words: "
@@ -398,59 +422,27 @@ class ClipCapBackboneConfig(Section, name="clipcap"):
         le=256,
         why="it must divide the LM's hidden size",
     )
-    tiny_layers: int = doc(
-        3,
-        "lm=world-tiny/data-tiny: GPT-2 layers.",
-        ge=1,
-        le=MAX_TINY_LAYERS,
-        why="a world-tiny model trained from scratch",
+    tiny_layers: int = tiny("layers", "lm=world-tiny/data-tiny: GPT-2 layers.")
+    tiny_hidden: int = tiny("hidden", "lm=world-tiny: hidden size (n_embd).")
+    tiny_heads: int = tiny("heads", "lm=world-tiny: attention heads (must divide clipcap.tiny_hidden).")
+    tiny_dropout: float = tiny(
+        "dropout", "lm=world-tiny: dropout of embeddings, residuals and attention (GPT-2's 0.1)."
     )
-    tiny_hidden: int = doc(
-        128,
-        "lm=world-tiny: hidden size (n_embd).",
-        ge=1,
-        le=MAX_TINY_HIDDEN,
-        why="a world-tiny model trained from scratch",
-    )
-    tiny_heads: int = doc(4, "lm=world-tiny: attention heads (must divide clipcap.tiny_hidden).", ge=1)
-    tiny_dropout: float = doc(
-        0.1, "lm=world-tiny: dropout of embeddings, residuals and attention (GPT-2's 0.1).", ge=0, lt=1
-    )
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        _check_tiny_heads(self)
 
 
 @dataclass
-class BlipBackboneConfig(Section, name="blip"):
+class BlipBackboneConfig(WorldTinySection, name="blip"):
     name: str = doc("world-tiny", "A BlipForConditionalGeneration name/path, or 'world-tiny' (the world BLIP).")
-    tiny_layers: int = doc(
-        3,
-        "name=world-tiny: text decoder layers.",
-        ge=1,
-        le=MAX_TINY_LAYERS,
-        why="a world-tiny model trained from scratch",
+    tiny_layers: int = tiny("layers", "name=world-tiny: text decoder layers.")
+    tiny_hidden: int = tiny("hidden", "name=world-tiny: text decoder hidden size.")
+    tiny_heads: int = tiny("heads", "name=world-tiny: attention heads (must divide blip.tiny_hidden).")
+    tiny_dropout: float = tiny(
+        "dropout", "name=world-tiny: dropout of the text decoder's hidden states and attention."
     )
-    tiny_hidden: int = doc(
-        128,
-        "name=world-tiny: text decoder hidden size.",
-        ge=1,
-        le=MAX_TINY_HIDDEN,
-        why="a world-tiny model trained from scratch",
-    )
-    tiny_heads: int = doc(4, "name=world-tiny: attention heads (must divide blip.tiny_hidden).", ge=1)
-    tiny_dropout: float = doc(
-        0.1, "name=world-tiny: dropout of the text decoder's hidden states and attention.", ge=0, lt=1
-    )
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        _check_tiny_heads(self)
 
 
 @dataclass
-class VlmBackboneConfig(Section, name="vlm"):
+class VlmBackboneConfig(WorldTinySection, name="vlm"):
     name: str = doc(
         "HuggingFaceTB/SmolVLM-256M-Instruct",
         "An AutoModelForImageTextToText name/path (LLaVA, Idefics3/SmolVLM, Qwen2-VL), or 'world-tiny' (world VLM).",
@@ -464,25 +456,9 @@ class VlmBackboneConfig(Section, name="vlm"):
         "Keyword arguments of every processor call, the image-token budget: Qwen2-VL size: {longest_edge: pixels} "
         "(or max_pixels), Idefics3 (SmolVLM) do_image_splitting (docs/vlm.md); recorded in the checkpoint.",
     )
-    tiny_layers: int = doc(
-        3,
-        "name=world-tiny: Llama-style LM layers.",
-        ge=1,
-        le=MAX_TINY_LAYERS,
-        why="a world-tiny model trained from scratch",
-    )
-    tiny_hidden: int = doc(
-        128,
-        "name=world-tiny: LM hidden size.",
-        ge=1,
-        le=MAX_TINY_HIDDEN,
-        why="a world-tiny model trained from scratch",
-    )
-    tiny_heads: int = doc(4, "name=world-tiny: attention heads (must divide vlm.tiny_hidden).", ge=1)
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        _check_tiny_heads(self)
+    tiny_layers: int = tiny("layers", "name=world-tiny: Llama-style LM layers.")
+    tiny_hidden: int = tiny("hidden", "name=world-tiny: LM hidden size.")
+    tiny_heads: int = tiny("heads", "name=world-tiny: attention heads (must divide vlm.tiny_hidden).")
 
 
 MOVED_KEYS: dict[str, str] = {
@@ -514,7 +490,7 @@ def moved_key(key: str, kind: str) -> str | None:
     target = MOVED_KEYS.get(key, "").replace("{kind}", kind)
     if not target:
         return None
-    section, name = target.split(".")
+    section, _, name = target.partition(".")  # a dotted-path kind ('pkg.mod:Class') names no section
     cls = SECTIONS.get(section)
     return target if cls is not None and name in {f.name for f in dataclasses.fields(cls)} else None
 
@@ -1035,30 +1011,15 @@ class DemoConfig(Section, name="demo"):
     )
 
 
-SECTIONS: dict[str, type] = {
-    "run": RunConfig,
-    "world": WorldConfig,
-    "data": DataConfig,
-    "retriever": RetrieverConfig,
-    "model": ModelConfig,
-    "clipcap": ClipCapBackboneConfig,
-    "blip": BlipBackboneConfig,
-    "vlm": VlmBackboneConfig,
-    "train": TrainConfig,
-    "decode": DecodeConfig,
-    "eval": EvalConfig,
-    "smile": SmileConfig,
-    "rl": RLConfig,
-    "sr": SRConfig,
-    "lora": LoraConfig,
-    "demo": DemoConfig,
-    "bags": BagsConfig,
-    "boost": BoostConfig,
-}
-
-
 @dataclass
 class Config:
+    """The whole configuration: one field per section, named like the section (:data:`SECTIONS` is read from these
+    fields). A registered backbone (:data:`finecap.registry.BACKBONES`) with options of its own has a section named
+    like its kind here (``clipcap``, ``blip``, ``vlm``), which its ``build(cfg)`` reads beside ``model``. A backbone
+    given by a dotted path (``model.kind=pkg.module:Class``) has no section: its ``build(cfg)`` reads ``model`` (and
+    any section it wants), and options of its own are its class's to hold until it is registered with a section.
+    """
+
     run: RunConfig = field(default_factory=RunConfig)
     world: WorldConfig = field(default_factory=WorldConfig)
     data: DataConfig = field(default_factory=DataConfig)
@@ -1098,3 +1059,7 @@ class Config:
     def saved_dict(self) -> dict[str, dict[str, Any]]:
         """What :meth:`save` writes (and trackers receive): relative paths made absolute, secrets masked."""
         return absolute_paths(self).to_dict(redact=True)
+
+
+SECTIONS: dict[str, type[Section]] = {f.name: f.default_factory for f in dataclasses.fields(Config)}  # type: ignore[misc]
+"""``{name: section class}``, in the order of :class:`Config`'s fields, from which it is read."""

@@ -1,90 +1,81 @@
 """The captioner backbones (``model.kind``) and loading any captioner checkpoint.
 
-A backbone is one module implementing the captioner contract (:class:`finecap.models.captioner.Captioner`:
-``forward``, the Stepper methods, ``generate``, ``save``/``from_checkpoint``, and the hooks :mod:`finecap.models.lora`
-uses) plus one entry in :data:`BACKBONES`: its builder from the configuration and its class (whose
-``from_checkpoint`` reads the folders its ``save`` writes; ``captioner.json`` records the kind, ``clipcap`` when
-absent). Each backbone reads ``model`` (what every captioner has) and the section named like its kind
-(``clipcap``, ``blip``, ``vlm``: its own options). Adding a backbone: its module, its entry here, its name in
-``config.Backbone``, its section in ``config.SECTIONS``, its case in ``tests/models/test_contract.py``.
+A backbone is one class on :class:`finecap.models.base.CaptionerBase` (the captioner contract: the base writes every
+member that does not depend on the backbone, the class writes its hooks) that builds itself from the configuration
+(``cls.build(cfg)``) and reads back the folders its ``save`` writes (``cls.from_checkpoint``). It is named by one row
+of :data:`finecap.registry.BACKBONES` (``"clipcap": "finecap.models.clipcap:ClipCap"``), checked when the
+configuration is loaded, or, for one's own, by its dotted path (``model.kind=pkg.module:Class``, no row needed).
+``captioner.json`` records the kind (the class's ``kind``: its row's name, or its dotted path; ``clipcap`` when
+absent), which :func:`load_captioner` resolves the same way. Each registered backbone reads ``model`` (what every
+captioner has) and, when it has options of its own, the section named like its kind (``clipcap``, ``blip``, ``vlm``;
+see :class:`finecap.config.Config` for a backbone given by dotted path). The recipe for adding one is in
+``docs/architecture.md`` ("How to add a backbone"); ``tests/models/toy_backbone.py`` follows it.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, get_args
+from typing import TYPE_CHECKING, Any
 
-from finecap.config import SECTIONS, Backbone
-from finecap.models.base import CONFIG_NAME, read_meta
-from finecap.models.blip import Blip, build_blip
-from finecap.models.clipcap import ClipCap, build_captioner
-from finecap.models.vlm import Vlm, build_vlm
+from finecap.models.base import CONFIG_NAME, CaptionerBase, read_meta
+from finecap.registry import BACKBONES, lookup
 from finecap.runs import CheckpointError
 
 if TYPE_CHECKING:
     from finecap.config import Config
-    from finecap.models.captioner import Captioner
-
-BACKBONES: dict[str, tuple[Callable[[Config], Captioner], type]] = {
-    "clipcap": (build_captioner, ClipCap),
-    "blip": (build_blip, Blip),
-    "vlm": (build_vlm, Vlm),
-}
-assert set(BACKBONES) == set(get_args(Backbone)), "config.Backbone and BACKBONES must list the same kinds"
-assert set(BACKBONES) <= set(SECTIONS), "every backbone has a configuration section named like its kind"
 
 
-def build_model(cfg: Config) -> Captioner:
+def backbone(kind: str, option: str = "model.kind", what: str = "backbone") -> type[CaptionerBase]:
+    """The captioner class of ``kind``: a name of :data:`~finecap.registry.BACKBONES` or a dotted path
+    ``pkg.module:Class`` (imported). A ``ValueError`` names ``option`` (the key or file that gave ``kind``, which
+    calls it ``what``) when it is unknown or not a :class:`~finecap.models.base.CaptionerBase` subclass."""
+    cls = lookup(kind, BACKBONES, option, what)
+    if not (isinstance(cls, type) and issubclass(cls, CaptionerBase)):
+        raise ValueError(f"{option}: {kind!r} is not a captioner class (a finecap.models.base.CaptionerBase)")
+    return cls
+
+
+def build_model(cfg: Config) -> CaptionerBase:
     """A fresh captioner of kind ``model.kind``."""
-    kind = cfg.model.kind
-    if kind not in BACKBONES:
-        raise ValueError(f"model.kind={kind!r}; valid: {', '.join(sorted(BACKBONES))}")
-    return BACKBONES[kind][0](cfg)
+    return backbone(cfg.model.kind).build(cfg)
 
 
 def checkpoint_kind(path: str | Path) -> str:
-    """The backbone of a captioner checkpoint folder (``captioner.json``'s ``kind``; ``clipcap`` when absent)."""
+    """The backbone of a captioner checkpoint folder (``captioner.json``'s ``kind``; ``clipcap`` when absent), checked
+    to name a captioner class (a dotted path is imported: the module of one's own backbone)."""
     kind = read_meta(path).get("kind", "clipcap")
-    if kind not in BACKBONES:
-        raise ValueError(
-            f"{Path(path) / CONFIG_NAME}: unknown captioner kind {kind!r}; valid: {', '.join(sorted(BACKBONES))}"
-        )
+    backbone(str(kind), str(Path(path) / CONFIG_NAME), "captioner kind")
     return kind
 
 
-def load_captioner(path: str | Path, **kwargs: Any) -> Captioner:
+def load_captioner(path: str | Path, **kwargs: Any) -> CaptionerBase:
     """Load any captioner checkpoint folder written by a backbone's ``save``."""
-    return BACKBONES[checkpoint_kind(path)][1].from_checkpoint(path, **kwargs)
+    return backbone(checkpoint_kind(path)).from_checkpoint(path, **kwargs)
 
 
 def check_backbone(path: str | Path, cfg: Config, option: str) -> None:
     """Refuse to train from the checkpoint folder ``path`` (named by ``option``: ``train.init_from`` or
-    ``--resume``) a captioner that is not the one ``cfg`` configures: another backbone (``captioner.json``'s
-    ``kind`` against ``model.kind``) or other settings that shape its weights (the backbone's
-    ``setting_differences``). The run would otherwise train the checkpoint's model while its stored configuration
-    names another. The :class:`~finecap.runs.CheckpointError` names both values and the option to change."""
+    ``--resume``) a captioner that is not the one ``cfg`` configures: another backbone (the class of
+    ``captioner.json``'s ``kind`` against that of ``model.kind``) or other settings that shape its weights (the
+    backbone's ``setting_differences``). The run would otherwise train the checkpoint's model while its stored
+    configuration names another. The :class:`~finecap.runs.CheckpointError` names both values and the option to
+    change."""
     where = Path(path) / CONFIG_NAME
     kind = checkpoint_kind(path)
-    if kind != cfg.model.kind:
+    cls = backbone(kind)
+    if cls is not backbone(cfg.model.kind):
+        settings = f" (with its {kind}.* settings)" if kind in BACKBONES else ""
         raise CheckpointError(
-            f"{where}: {option} is a {kind} captioner, but model.kind={cfg.model.kind}; set model.kind={kind} (with "
-            f"its {kind}.* settings), or start from a {cfg.model.kind} checkpoint"
+            f"{where}: {option} is a {kind} captioner, but model.kind={cfg.model.kind}; set model.kind={kind}"
+            f"{settings}, or start from a {cfg.model.kind} checkpoint"
         )
-    differences = BACKBONES[kind][1].setting_differences(read_meta(path), cfg)
+    differences = cls.setting_differences(read_meta(path), cfg)
     if differences:
         shown = "; ".join(f"{key}={theirs!r} in the checkpoint, {ours!r} configured"
                           for key, theirs, ours in differences)  # fmt: skip
         fix = " ".join(f"{key}={theirs}" for key, theirs, _ in differences)
         raise CheckpointError(f"{where}: {option} was trained with other settings ({shown}); set {fix}, or start "
                               "from a checkpoint trained with the configured ones")  # fmt: skip
-
-
-def backbone(kind: str) -> type:
-    """The captioner class of ``model.kind``."""
-    if kind not in BACKBONES:
-        raise ValueError(f"model.kind={kind!r}; valid: {', '.join(sorted(BACKBONES))}")
-    return BACKBONES[kind][1]
 
 
 def reads_world_encoder(cfg: Config) -> bool:
@@ -113,4 +104,4 @@ def encoder_source(cfg: Config) -> str | None:
 def external_encoder(meta: dict[str, Any]) -> str | None:
     """The vision encoder a saved captioner loads from outside its folder, from its ``captioner.json``, or ``None``
     when the folder holds everything (what a checkpoint's fingerprint must cover besides the folder)."""
-    return backbone(meta.get("kind", "clipcap")).external_encoder(meta)
+    return backbone(meta.get("kind", "clipcap"), CONFIG_NAME, "captioner kind").external_encoder(meta)

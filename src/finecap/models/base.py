@@ -1,4 +1,23 @@
-"""The one captioner base: every member of the captioner contract that does not depend on the backbone, written once.
+"""The captioner contract: :class:`CaptionerBase`, the one class every backbone stands on, writing once every member
+that does not depend on the backbone.
+
+What a captioner is to the rest of finecap. Objectives, rewards, decoding, the feature cache, LoRA, checkpoints and
+the training engine use the members of :class:`CaptionerBase` and nothing else, without ``getattr`` fallbacks;
+``tests/models/test_contract.py`` runs one contract test module on every backbone. In short:
+
+- ``forward(batch)`` -> teacher-forced logits ``(B, T, V)`` of ``batch["input_ids"]`` (the caption tokens only: a
+  prefix, a start token, a chat prompt or image tokens are never among them), aligned so that ``logits[:, t]``
+  predicts ``batch["labels"][:, t]``;
+- ``forward(batch, sequences=S, mask=M, image_index=I, temperature=T, with_entropy=E, with_top=P)`` ->
+  :class:`~finecap.models.captioner.TokenScores` of the given captions ``S (N, L)`` (e.g. sampled ones): their
+  per-token log-probs ``(N, L)``, with gradient, the next-token entropies when ``E`` and whether each token is the
+  most likely one when ``P``. Row ``n`` of ``S`` describes image ``I[n]`` of the batch.
+
+``forward`` is the *only* differentiable entry point: it is what ``accelerator.prepare`` wraps (DDP, FSDP), so every
+gradient that an objective or a reward needs flows through it and is synchronised by the wrapper. Decoding (the
+:class:`finecap.decode.Stepper` methods ``start``/``step``/``select`` and ``generate``) runs on the *unwrapped* model
+under ``torch.no_grad`` (see :func:`finecap.objectives.base.unwrap`), the pattern TRL uses for generation in its
+online trainers. Objectives never touch a captioner's private members.
 
 :class:`CaptionerBase` is to finecap's backbones what ``PreTrainedModel`` + ``GenerationMixin`` are to transformers'
 models: it owns ``forward`` (teacher-forced logits and the scoring of given sequences), ``generate`` (chunked
@@ -11,6 +30,7 @@ are written once for every backbone.
 A backbone (:mod:`finecap.models.clipcap`, :mod:`finecap.models.blip`, :mod:`finecap.models.vlm`) writes only its
 hooks:
 
+- how it is made from the configuration: the classmethod :meth:`CaptionerBase.build`;
 - how images condition it: :meth:`CaptionerBase.image_conditioning` (the per-image conditioning decoding starts
   from: ClipCap's feature vectors, BLIP's image tokens, a VLM's embedded prompt) and, when teacher forcing reads
   something derived from it, :meth:`CaptionerBase.scoring_conditioning` (ClipCap's mapper turns features into the
@@ -21,11 +41,12 @@ hooks:
 - where its parts are: :attr:`CaptionerBase.PART_PATHS` or :meth:`CaptionerBase.part_path` (the module LoRA wraps
   for ``"lm"`` and ``"encoder"``), :meth:`CaptionerBase.lora_default_targets`, :meth:`CaptionerBase.apply_trainable`;
 - what it saves besides what the base saves: :meth:`CaptionerBase.own_config`, :meth:`CaptionerBase.save_weights`
-  and the classmethod :meth:`CaptionerBase.load_weights`; and the static questions a run asks before any model exists
-  (``reads_world_encoder``, ``encoder_source``).
+  and the classmethod :meth:`CaptionerBase.load_weights`; the static questions a run asks before any model exists
+  (``reads_world_encoder``, ``encoder_source``); optionally what its model card says
+  (:meth:`CaptionerBase.base_models`, :meth:`CaptionerBase.card_lines`).
 
-A fourth backbone is one file of hooks plus its entry in :data:`finecap.models.backbones.BACKBONES`
-(``tests/models/test_contract.py`` runs the contract on every backbone and on a toy one built in the test).
+A fourth backbone is one file of hooks plus one row of :data:`finecap.registry.BACKBONES`, or none when it is named
+by its dotted path (:mod:`finecap.models.backbones`; ``tests/models/toy_backbone.py``).
 """
 
 from __future__ import annotations
@@ -56,6 +77,8 @@ from finecap.runs import CAPTIONER_FILE, CheckpointError
 from finecap.utils import read_json, write_json
 
 if TYPE_CHECKING:
+    from finecap.config import Config
+    from finecap.models.captioner import ImageSide
     from finecap.models.vision import VisionEncoder
 
 CONFIG_NAME = CAPTIONER_FILE
@@ -87,17 +110,31 @@ def read_meta(path: str | Path) -> dict[str, Any]:
 
 
 class CaptionerBase(nn.Module, abc.ABC):
-    """The captioner contract (:class:`finecap.models.captioner.Captioner`) up to the backbone's hooks (module
-    docstring). Subclasses set ``tokenizer``, ``train_lm`` and ``train_encoder`` in ``__init__`` and call
-    :meth:`apply_trainable` and ``self.train(self.training)`` at its end; a class missing one of the abstract hooks
-    cannot be instantiated (the error names the hook).
+    """The captioner contract up to the backbone's hooks (module docstring); besides its members a captioner is an
+    ``nn.Module`` (``parameters``, ``state_dict``, ``to``, ``train``/``eval``). Subclasses set ``tokenizer``,
+    ``train_lm``, ``train_encoder`` and ``encoder`` in ``__init__`` and call :meth:`apply_trainable` and
+    ``self.train(self.training)`` at its end; a class missing one of the abstract hooks cannot be instantiated (the
+    error names the hook).
 
     Class attributes:
-        kind: the backbone's name (``model.kind``; ``captioner.json``'s ``"kind"``).
+        kind: the backbone's name (``model.kind``; ``captioner.json``'s ``"kind"``): its row's name in
+            :data:`finecap.registry.BACKBONES`; a class that sets none is named by its dotted path
+            (``pkg.module:Class``), which ``model.kind`` and :func:`finecap.models.backbones.load_captioner` resolve.
         PART_PATHS: the attribute path of each LoRA part (:data:`finecap.models.captioner.PARTS`) from the captioner;
             a backbone whose parts move (a VLM family, an optional encoder) overrides :meth:`part_path` instead.
         DUAL_ENCODER_DIR, DUAL_SAVED_KEY, DUAL_SOURCE_KEY: where a trained dual encoder read from outside the folder
             is saved, and the ``captioner.json`` keys saying whether it was and where the frozen one comes from.
+        TRANSFORMERS_CLASS: the transformers class that loads the folder alone (:meth:`save_plain_model`), which the
+            model card names (:meth:`card_lines`); ``""``: none.
+
+    Attributes:
+        tokenizer: the captions' tokenizer (its EOS ends every caption; its pad id pads them).
+        train_lm: whether the text side learns (fully, or through its LoRA adapters).
+        train_encoder: whether the vision side learns; then batches carry pixel inputs, never cached features.
+        encoder: the vision side (:class:`~finecap.models.captioner.ImageSide`; ``None``: a captioner reading cached
+            features only).
+        cache_features: whether frozen vision outputs go through the feature cache (``batch["features"]``) instead of
+            being recomputed from pixels at every step.
     """
 
     kind: ClassVar[str] = ""
@@ -105,14 +142,29 @@ class CaptionerBase(nn.Module, abc.ABC):
     DUAL_ENCODER_DIR: ClassVar[str] = "world_encoder"
     DUAL_SAVED_KEY: ClassVar[str] = "world_saved"
     DUAL_SOURCE_KEY: ClassVar[str] = "world_source"
+    TRANSFORMERS_CLASS: ClassVar[str] = ""
 
     tokenizer: Any
     train_lm: bool
     train_encoder: bool
+    encoder: ImageSide | None
+    cache_features: bool
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if "kind" not in cls.__dict__:  # one's own backbone, named by its dotted path
+            cls.kind = f"{cls.__module__}:{cls.__qualname__}"
 
     # ================================================================================================================
     # Hooks every backbone writes
     # ================================================================================================================
+
+    @classmethod
+    @abc.abstractmethod
+    def build(cls, cfg: Config) -> CaptionerBase:
+        """A fresh captioner from the configuration: ``model`` (what every captioner reads) and the backbone's own
+        section, when it has one (:class:`finecap.config.Config`)."""
+        ...
 
     @abc.abstractmethod
     def image_conditioning(self, batch: dict[str, Any]) -> Conditioning:
@@ -173,20 +225,21 @@ class CaptionerBase(nn.Module, abc.ABC):
 
     @staticmethod
     @abc.abstractmethod
-    def reads_world_encoder(model_cfg: Any) -> bool:
-        """Whether a fresh captioner built from the configuration reads the world encoder."""
+    def reads_world_encoder(cfg: Config) -> bool:
+        """Whether a fresh captioner built from the configuration reads the world encoder (a run then prepares it
+        first)."""
         ...
 
     @staticmethod
     @abc.abstractmethod
-    def encoder_source(cfg: Any) -> str | None:
-        """The vision encoder a fresh captioner loads from outside its checkpoint, or ``None``."""
+    def encoder_source(cfg: Config) -> str | None:
+        """The vision encoder a fresh captioner of the configuration loads from outside its checkpoint, or ``None``."""
         ...
 
     # ---- optional hooks ------------------------------------------------------------------------------------------
 
     @staticmethod
-    def built_here(cfg: Any) -> str | None:
+    def built_here(cfg: Config) -> str | None:
         """The option by which a fresh captioner of ``cfg`` builds a part with random weights here (``clipcap.lm=
         world-tiny``), or ``None`` when every part loads a checkpoint: what runs can check before anything is
         prepared (``model.quantization`` only quantizes checkpoints). Default ``None``."""
@@ -337,7 +390,7 @@ class CaptionerBase(nn.Module, abc.ABC):
         with_entropy: bool = False,
         with_top: bool = False,
     ) -> torch.Tensor | TokenScores:
-        """The one differentiable entry point (:mod:`finecap.models.captioner`).
+        """The one differentiable entry point (module docstring).
 
         Without ``sequences``: teacher-forced logits ``(B, T, V)`` of ``batch['input_ids']``, ``logits[:, t]``
         predicting ``labels[:, t]``. With ``sequences (N, L)`` (e.g. sampled captions, stop token included, padded
@@ -454,7 +507,7 @@ class CaptionerBase(nn.Module, abc.ABC):
         return model
 
     @classmethod
-    def setting_differences(cls, meta: dict[str, Any], cfg: Any) -> list[tuple[str, Any, Any]]:
+    def setting_differences(cls, meta: dict[str, Any], cfg: Config) -> list[tuple[str, Any, Any]]:
         """``(option, the checkpoint's value, the configuration's)`` for each setting that shapes the backbone's
         weights which a checkpoint (``captioner.json``: ``meta``) records and ``cfg`` configures otherwise: a run
         starting from the checkpoint would train the checkpoint's model under a configuration naming another
@@ -466,6 +519,30 @@ class CaptionerBase(nn.Module, abc.ABC):
         """The vision encoder a saved captioner loads from outside its folder, from its ``captioner.json``: the frozen
         dual encoder's source, ``None`` when the folder holds everything."""
         return None if meta.get(cls.DUAL_SAVED_KEY) else (meta.get(cls.DUAL_SOURCE_KEY) or None)
+
+    # ---- the model card (finecap.train.model_card) ------------------------------------------------------------------
+
+    @classmethod
+    def base_models(cls, meta: dict[str, Any]) -> dict[str, str]:
+        """What a saved captioner was built on, from its ``captioner.json``: ``{role: source}``, empty sources dropped
+        by the card. Default: its ``source`` as the model and its dual encoder's source as the vision encoder."""
+        return {"model": meta.get("source", ""), "vision encoder": meta.get(cls.DUAL_SOURCE_KEY, "")}
+
+    @classmethod
+    def card_lines(cls, meta: dict[str, Any]) -> list[str]:
+        """Markdown lines the model card adds to its "Loading" section after finecap's own: how other tools load the
+        folder. Default: with a :attr:`TRANSFORMERS_CLASS` and no dual encoder read from outside the folder, the
+        transformers class and the whole-model peft adapter (``captioner.json``'s ``adapter``) when there is one."""
+        auto = cls.TRANSFORMERS_CLASS
+        if not auto or meta.get(cls.DUAL_SOURCE_KEY):
+            return []
+        lines = ["", f"The folder is also a plain transformers checkpoint (`{auto}.from_pretrained(folder)`, base "
+                 "weights without adapters)."]  # fmt: skip
+        if meta.get("adapter"):
+            adapter = meta["adapter"]
+            lines += [f"`{adapter}/` is one peft LoRA adapter for the whole model: "
+                      f"`PeftModel.from_pretrained({auto}.from_pretrained(base), \"{adapter}\")`."]  # fmt: skip
+        return lines
 
     @classmethod
     def load_dual_encoder(cls, path: Path, meta: dict[str, Any], load_encoder: bool, dtype: Any,

@@ -136,7 +136,7 @@ def _prepare_tokenizer(tokenizer: Any, config: BlipConfig) -> Any:
 
 
 class Blip(CaptionerBase):
-    """BLIP captioner. See the module docstring; build it with :func:`build_blip` or :meth:`from_checkpoint`.
+    """BLIP captioner. See the module docstring; build it with :meth:`build` or :meth:`from_checkpoint`.
 
     Args:
         model: a ``BlipForConditionalGeneration``.
@@ -149,6 +149,7 @@ class Blip(CaptionerBase):
     """
 
     kind = KIND
+    TRANSFORMERS_CLASS = "BlipForConditionalGeneration"
 
     def __init__(
         self,
@@ -343,6 +344,26 @@ class Blip(CaptionerBase):
         return cls(model, tokenizer, processor, world=world, train_encoder=meta["train_encoder"],
                    train_lm=meta["train_lm"], source=meta.get("source", ""))  # fmt: skip
 
+    @classmethod
+    def build(cls, cfg: Config) -> Blip:
+        """A BLIP captioner from ``cfg.model`` and ``cfg.blip`` (``model.kind=blip``): ``blip.name=world-tiny``
+        builds the world BLIP (a tiny ``BlipTextLMHeadModel`` of ``blip.tiny_*`` sizes over the world tokenizer,
+        random init, cross-attending to the image tokens of ``model.encoder``: ``world`` = the trained world encoder,
+        or a dual-encoder path); anything else is loaded as a ``BlipForConditionalGeneration`` checkpoint."""
+        m, b = cfg.model, cfg.blip
+        kwargs = {"train_encoder": m.train_encoder, "train_lm": m.train_lm}
+        options = memory.LoadOptions.of(m)
+        if b.name != "world-tiny":
+            return cls.from_pretrained(b.name, options, **kwargs)
+        world = load_frozen_tokens(cfg, options, "blip.name=world-tiny")
+        image_size = int(world.image_processor.crop_size["height"]) if world.image_processor is not None else 64
+        _, width = world.token_shape(image_size)
+        positions = max(cfg.data.max_tokens, cfg.decode.max_length) + 1  # + [bos]
+        model, tokenizer = world_blip(width, layers=b.tiny_layers, hidden=b.tiny_hidden, heads=b.tiny_heads,
+                                      dropout=b.tiny_dropout, positions=positions)  # fmt: skip
+        model = options.fresh(model, "blip.name=world-tiny")
+        return cls(model, tokenizer, world=world, source="world-tiny", **kwargs)
+
     @staticmethod
     def reads_world_encoder(cfg: Config) -> bool:
         """The world BLIP (``blip.name=world-tiny``) reads the world encoder's tokens when ``model.encoder=world``."""
@@ -357,28 +378,3 @@ class Blip(CaptionerBase):
     def built_here(cfg: Config) -> str | None:
         """``blip.name=world-tiny``: the world BLIP is built here with random weights."""
         return "blip.name=world-tiny" if cfg.blip.name == "world-tiny" else None
-
-
-# --------------------------------------------------------------------------------------------------------------------
-# Construction from the configuration
-# --------------------------------------------------------------------------------------------------------------------
-
-
-def build_blip(cfg: Config) -> Blip:
-    """A BLIP captioner from ``cfg.model`` and ``cfg.blip`` (``model.kind=blip``): ``blip.name=world-tiny`` builds the
-    world BLIP (a tiny ``BlipTextLMHeadModel`` of ``blip.tiny_*`` sizes over the world tokenizer, random init,
-    cross-attending to the image tokens of ``model.encoder``: ``world`` = the trained world encoder, or a dual-encoder
-    path); anything else is loaded as a ``BlipForConditionalGeneration`` checkpoint."""
-    m, b = cfg.model, cfg.blip
-    kwargs = {"train_encoder": m.train_encoder, "train_lm": m.train_lm}
-    options = memory.LoadOptions.of(m)
-    if b.name != "world-tiny":
-        return Blip.from_pretrained(b.name, options, **kwargs)
-    world = load_frozen_tokens(cfg, options, "blip.name=world-tiny")
-    image_size = int(world.image_processor.crop_size["height"]) if world.image_processor is not None else 64
-    _, width = world.token_shape(image_size)
-    positions = max(cfg.data.max_tokens, cfg.decode.max_length) + 1  # + [bos]
-    model, tokenizer = world_blip(width, layers=b.tiny_layers, hidden=b.tiny_hidden, heads=b.tiny_heads,
-                                  dropout=b.tiny_dropout, positions=positions)  # fmt: skip
-    model = options.fresh(model, "blip.name=world-tiny")
-    return Blip(model, tokenizer, world=world, source="world-tiny", **kwargs)

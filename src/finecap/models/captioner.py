@@ -1,26 +1,7 @@
-"""What a captioner is to the rest of finecap (the typed contract :class:`Captioner`), and the helpers every backbone
-shares: scoring given captions, the teacher-forced attention mask, decoding in chunks.
-
-A captioner (:class:`finecap.models.clipcap.ClipCap`, :class:`finecap.models.blip.Blip`,
-:class:`finecap.models.vlm.Vlm`) is an ``nn.Module`` with every member of :class:`Captioner`. Every backbone
-subclasses :class:`finecap.models.base.CaptionerBase`, which implements the members that do not depend on the
-backbone once; a new backbone writes the base's hooks and is listed in :mod:`finecap.models.backbones`.
-Objectives, rewards, decoding, the feature cache, LoRA, checkpoints and the training engine use these members and
-nothing else, without ``getattr`` fallbacks; ``tests/models/test_contract.py`` runs one contract test module on every
-backbone. In short:
-
-- ``forward(batch)`` -> teacher-forced logits ``(B, T, V)`` of ``batch["input_ids"]`` (the caption tokens only: a
-  prefix, a start token, a chat prompt or image tokens are never among them), aligned so that ``logits[:, t]``
-  predicts ``batch["labels"][:, t]``;
-- ``forward(batch, sequences=S, mask=M, image_index=I, temperature=T, with_entropy=E)`` -> :class:`TokenScores` of
-  the given captions ``S (N, L)`` (e.g. sampled ones): their per-token log-probs ``(N, L)``, with gradient, and the
-  next-token entropies when ``E`` is true. Row ``n`` of ``S`` describes image ``I[n]`` of the batch.
-
-``forward`` is the *only* differentiable entry point: it is what ``accelerator.prepare`` wraps (DDP), so every
-gradient that an objective or a reward needs flows through it and is synchronised by the wrapper. Decoding (the
-:class:`finecap.decode.Stepper` methods ``start``/``step``/``select`` and ``generate``) runs on the *unwrapped* model
-under ``torch.no_grad`` (see :func:`finecap.objectives.base.unwrap`), the pattern TRL uses for generation in its
-online trainers. Objectives never touch a captioner's private members.
+"""What every backbone shares below the contract (:class:`finecap.models.base.CaptionerBase`): the types its members
+name (:class:`TokenScores`, :class:`ImageSide`, :data:`PARTS`) and the helpers the base and the backbones' hooks use:
+scoring given captions (:func:`token_scores`, in vocabulary chunks :func:`chunked_token_scores`), the teacher-forced
+attention mask, reading a batch's images, decoding in chunks.
 
 Example (the arithmetic of :func:`token_scores`)::
 
@@ -37,8 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path
-from typing import Any, Protocol, Self, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 import torch
 import torch.nn.functional as F
@@ -46,7 +26,7 @@ import torch.utils.checkpoint
 from PIL import Image
 from torch import nn
 
-from finecap.decode import Conditioning, Generation, chunk_images, concat, decode
+from finecap.decode import Conditioning, chunk_images, concat, decode
 
 PARTS = ("lm", "encoder")
 """The two parts of every captioner that LoRA can adapt and ``train_lm`` / ``train_encoder`` switch: the text side
@@ -77,151 +57,6 @@ class ImageSide(Protocol):
     def preprocess(self, images: Sequence[Image.Image]) -> torch.Tensor | dict[str, torch.Tensor]: ...
 
     def set_trainable(self, trainable: bool) -> None: ...
-
-
-@runtime_checkable
-class Captioner(Protocol):
-    """The contract every backbone implements (``isinstance(model, Captioner)`` checks that the members exist;
-    ``tests/models/test_contract.py`` checks what they do). Besides these, a captioner is an ``nn.Module``
-    (``parameters``, ``state_dict``, ``to``, ``train``/``eval``).
-
-    Attributes:
-        tokenizer: the captions' tokenizer (its EOS ends every caption; its pad id pads them).
-        train_lm: whether the text side learns (fully, or through its LoRA adapters).
-        train_encoder: whether the vision side learns; then batches carry pixel inputs, never cached features.
-    """
-
-    tokenizer: Any
-    train_lm: bool
-    train_encoder: bool
-
-    # ---- what it is -------------------------------------------------------------------------------------------------
-
-    @property
-    def pad_token_id(self) -> int:
-        """Id padding captions (``Generation.sequences`` after the stop token)."""
-        ...
-
-    @property
-    def eos_token_id(self) -> int:
-        """Id ending every caption (the target's last token and the decoders' stop token)."""
-        ...
-
-    @property
-    def device(self) -> torch.device:
-        """Where the weights are (batches are moved there)."""
-        ...
-
-    @property
-    def encoder(self) -> ImageSide | None:
-        """The vision side (``None``: a captioner reading cached features only)."""
-        ...
-
-    @property
-    def cache_features(self) -> bool:
-        """Whether frozen vision outputs go through the feature cache (``batch["features"]``) instead of being
-        recomputed from pixels at every step."""
-        ...
-
-    @property
-    def max_caption_tokens(self) -> int | None:
-        """The longest caption (tokens, stop token included) it can score and decode after its conditioning;
-        ``None`` when only the batch's own prompt length limits it (then ``forward``/``generate`` check)."""
-        ...
-
-    # ---- the differentiable entry point ----------------------------------------------------------------------------
-
-    def forward(
-        self,
-        batch: dict[str, Any],
-        sequences: torch.Tensor | None = None,
-        mask: torch.Tensor | None = None,
-        image_index: torch.Tensor | None = None,
-        temperature: float = 1.0,
-        with_entropy: bool = False,
-    ) -> torch.Tensor | TokenScores:
-        """Teacher-forced logits ``(B, T, V)`` of the caption tokens, or :class:`TokenScores` of ``sequences``."""
-        ...
-
-    def __call__(self, batch: dict[str, Any], **kwargs: Any) -> torch.Tensor | TokenScores: ...
-
-    # ---- decoding (finecap.decode.Stepper), on the bare model under no_grad ---------------------------------------
-
-    def start(self, features: Conditioning) -> tuple[torch.Tensor, Any]:
-        """First-token logits ``(B, V)`` and the decoding state (KV cache) of B images' conditioning."""
-        ...
-
-    def step(self, tokens: torch.Tensor, state: Any) -> tuple[torch.Tensor, Any]:
-        """Feed one token per row ``(N,)``; next logits ``(N, V)`` and the state."""
-        ...
-
-    def select(self, state: Any, index: torch.Tensor) -> Any:
-        """Keep / repeat / reorder the state's rows (beams, samples)."""
-        ...
-
-    def generate(
-        self,
-        batch_or_features: Any,
-        decode_cfg: Any = None,
-        generator: torch.Generator | None = None,
-        seeds: torch.Tensor | None = None,
-    ) -> Generation:
-        """Decode captions of a batch (or of a conditioning) with ``decode_cfg`` (greedy, beam, sampling)."""
-        ...
-
-    # ---- what trains (finecap.models.lora) --------------------------------------------------------------------------
-
-    def lora_module(self, part: str) -> nn.Module | None:
-        """The module LoRA wraps for ``part`` (:data:`PARTS`), ``None`` when the captioner has no such part."""
-        ...
-
-    def set_lora_module(self, part: str, module: nn.Module) -> None:
-        """Put ``module`` (the part wrapped in a ``PeftModel``, or unwrapped again) in ``part``'s place."""
-        ...
-
-    def lora_default_targets(self, part: str) -> tuple[str, ...]:
-        """Module names (or dot-suffixes) LoRA adapts in ``part`` when ``lora.<part>_targets`` is empty; ``()`` =
-        every linear layer of the part except the output head."""
-        ...
-
-    def apply_trainable(self) -> None:
-        """``requires_grad`` of every parameter from ``train_lm`` / ``train_encoder`` (through a part's adapters when
-        it has some, :func:`finecap.models.lora.train_part`) and the backbone's always-trained parts."""
-        ...
-
-    def train(self, mode: bool = True) -> Self:
-        """nn.Module's ``train``, keeping frozen parts in eval mode (no dropout in what does not learn)."""
-        ...
-
-    # ---- saving ------------------------------------------------------------------------------------------------
-
-    def config_dict(self) -> dict[str, Any]:
-        """What ``save`` records in ``captioner.json`` (``"kind"``: the backbone)."""
-        ...
-
-    def save(self, out: str | Path, state_dict: dict[str, torch.Tensor] | None = None) -> Path:
-        """Write a checkpoint folder in the backbone's own format (``state_dict``: the weights to write, e.g.
-        gathered from a sharded model); :meth:`from_checkpoint` reads it back."""
-        ...
-
-    @classmethod
-    def from_checkpoint(cls, path: str | Path, load_encoder: bool = True) -> Captioner:
-        """Load a folder written by :meth:`save` (``load_encoder=False``: skip a frozen encoder it refers to)."""
-        ...
-
-    # ---- what a run must prepare and fingerprint (static: asked before any model exists) ------------------------
-
-    @staticmethod
-    def reads_world_encoder(model_cfg: Any) -> bool:
-        """Whether a fresh captioner built from the ``model`` section reads the world encoder (a run then prepares
-        it first)."""
-        ...
-
-    @staticmethod
-    def external_encoder(meta: dict[str, Any]) -> str | None:
-        """The vision encoder a saved captioner loads from outside its folder, from its ``captioner.json`` (``meta``):
-        a Hub name or path, or ``None`` when the folder holds everything."""
-        ...
 
 
 def entropy_of(logp: torch.Tensor) -> torch.Tensor:

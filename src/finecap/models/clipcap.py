@@ -119,7 +119,7 @@ def build_mapper(section: ClipCapBackboneConfig, feature_dim: int, hidden: int) 
 
 
 class ClipCap(CaptionerBase):
-    """Prefix captioner. See the module docstring; build it with :func:`build_captioner` or :meth:`from_checkpoint`.
+    """Prefix captioner. See the module docstring; build it with :meth:`build` or :meth:`from_checkpoint`.
 
     Args:
         lm: any causal LM accepting ``inputs_embeds`` and a KV cache (:mod:`finecap.models.kvcache`).
@@ -127,7 +127,7 @@ class ClipCap(CaptionerBase):
         feature_dim: dimension D of the image features (the encoder's projection dim).
         section: the ``clipcap`` section: the mapper (``mapper``, ``prefix_length``, ``mapper_layers``,
             ``mapper_heads``; checked when the section is built; default: its defaults). Its ``lm`` and ``tiny_*``
-            options built ``lm`` (:func:`build_captioner`) and are not read here.
+            options built ``lm`` (:meth:`build`) and are not read here.
         encoder: the vision encoder; ``None`` makes a features-only captioner (batches must carry ``features``).
         train_encoder: train the encoder (batches carry ``pixel_values``); otherwise it is frozen.
         train_lm: train the LM; otherwise it is frozen and only the mapper (and encoder) learn.
@@ -340,12 +340,60 @@ class ClipCap(CaptionerBase):
         return model
 
     @classmethod
+    def build(cls, cfg: Config) -> ClipCap:
+        """A fresh captioner from ``cfg.model`` and ``cfg.clipcap``: encoder (``model.encoder``: ``world`` = the
+        trained/cached world encoder, else a CLIP checkpoint name/path), mapper (``clipcap.mapper``, random init) and
+        LM (``clipcap.lm``: ``world-tiny`` = the preset GPT-2 of ``clipcap.tiny_*`` sizes with random init over the
+        world's words, ``data-tiny`` the same over the training captions' words, else a pretrained
+        ``AutoModelForCausalLM``)."""
+        m, c = cfg.model, cfg.clipcap
+        options = memory.LoadOptions.of(m)
+        dtype = options.torch_dtype or "auto"
+        if m.encoder == "world":
+            encoder = VisionEncoder.from_pretrained(world_encoder_path(cfg), dtype)
+        else:
+            try:
+                encoder = VisionEncoder.from_pretrained(m.encoder, dtype)
+            except OSError as e:
+                raise OSError(f"model.encoder={m.encoder}: cannot load the vision encoder: {e}") from None
+        if c.lm in (WORLD_LM, DATA_LM):
+            positions = max(WORLD_LM_POSITIONS, c.prefix_length + max(cfg.data.max_tokens, cfg.decode.max_length))
+            vocab = data_vocabulary(cfg) if c.lm == DATA_LM else None
+            lm, tokenizer = build_world_lm(c.tiny_layers, c.tiny_hidden, c.tiny_heads, n_positions=positions,
+                                           vocab=vocab, dropout=c.tiny_dropout)  # fmt: skip
+            lm = options.fresh(lm, f"clipcap.lm={c.lm}")
+        else:
+            lm, tokenizer = load_lm(c.lm, options)
+        return cls(
+            lm,
+            tokenizer,
+            encoder.feature_dim,
+            c,
+            encoder=encoder,
+            train_encoder=m.train_encoder,
+            train_lm=m.train_lm,
+            lm_source=c.lm,
+            encoder_source=encoder.source,
+        )
+
+    @classmethod
     def setting_differences(cls, meta: dict[str, Any], cfg: Config) -> list[tuple[str, Any, Any]]:
         """The mapper's settings (``clipcap.mapper``, ``prefix_length``, and for the transformer mapper its
         ``mapper_layers`` and ``mapper_heads``) the checkpoint records and ``cfg`` sets otherwise."""
         keys = MAPPER_KEYS if meta.get("mapper") == "transformer" else ("mapper", "prefix_length")
         return [(f"clipcap.{key}", meta[key], getattr(cfg.clipcap, key)) for key in keys
                 if key in meta and meta[key] != getattr(cfg.clipcap, key)]  # fmt: skip
+
+    @classmethod
+    def base_models(cls, meta: dict[str, Any]) -> dict[str, str]:
+        """The language model and the vision encoder it was built on."""
+        return {"language model": meta.get("lm_source", ""), "vision encoder": meta.get("encoder_source", "")}
+
+    @classmethod
+    def card_lines(cls, meta: dict[str, Any]) -> list[str]:
+        """``lm/`` is a plain transformers folder; the mapper is finecap's."""
+        return ["", "`lm/` is a plain `AutoModelForCausalLM` folder; `mapper.safetensors` maps image features to its "
+                "prefix (finecap's `ClipCap` reads both)."]  # fmt: skip
 
     @staticmethod
     def reads_world_encoder(cfg: Config) -> bool:
@@ -388,39 +436,3 @@ def data_vocabulary(cfg: Config) -> list[str]:
     from finecap.data.datasets import load_records
 
     return caption_vocabulary(c for r in load_records(cfg, "train") for c in r.captions)
-
-
-def build_captioner(cfg: Config) -> ClipCap:
-    """A fresh captioner from ``cfg.model`` and ``cfg.clipcap``: encoder (``model.encoder``: ``world`` = the
-    trained/cached world encoder, else a CLIP checkpoint name/path), mapper (``clipcap.mapper``, random init) and LM
-    (``clipcap.lm``: ``world-tiny`` = the preset GPT-2 of ``clipcap.tiny_*`` sizes with random init over the world's
-    words, ``data-tiny`` the same over the training captions' words, else a pretrained ``AutoModelForCausalLM``)."""
-    m, c = cfg.model, cfg.clipcap
-    options = memory.LoadOptions.of(m)
-    dtype = options.torch_dtype or "auto"
-    if m.encoder == "world":
-        encoder = VisionEncoder.from_pretrained(world_encoder_path(cfg), dtype)
-    else:
-        try:
-            encoder = VisionEncoder.from_pretrained(m.encoder, dtype)
-        except OSError as e:
-            raise OSError(f"model.encoder={m.encoder}: cannot load the vision encoder: {e}") from None
-    if c.lm in (WORLD_LM, DATA_LM):
-        positions = max(WORLD_LM_POSITIONS, c.prefix_length + max(cfg.data.max_tokens, cfg.decode.max_length))
-        vocab = data_vocabulary(cfg) if c.lm == DATA_LM else None
-        lm, tokenizer = build_world_lm(c.tiny_layers, c.tiny_hidden, c.tiny_heads, n_positions=positions,
-                                       vocab=vocab, dropout=c.tiny_dropout)  # fmt: skip
-        lm = options.fresh(lm, f"clipcap.lm={c.lm}")
-    else:
-        lm, tokenizer = load_lm(c.lm, options)
-    return ClipCap(
-        lm,
-        tokenizer,
-        encoder.feature_dim,
-        c,
-        encoder=encoder,
-        train_encoder=m.train_encoder,
-        train_lm=m.train_lm,
-        lm_source=c.lm,
-        encoder_source=encoder.source,
-    )

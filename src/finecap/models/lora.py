@@ -21,8 +21,8 @@ documented list), and when that is empty too:
 A target is matched as a full module name or a dot-separated suffix of one (``c_attn`` matches
 ``transformer.h.0.attn.c_attn``); a target that matches nothing is an error naming the option.
 
-**Checkpoints** (:func:`save_adapters` / :func:`load_adapters`, called by ``ClipCap.save`` /
-``ClipCap.from_checkpoint``): the *base* weights go where a plain checkpoint keeps them (``lm/``, ``encoder/``;
+**Checkpoints** (:func:`save_adapters` / :func:`load_adapters`, called by ``CaptionerBase.save`` /
+``CaptionerBase.from_checkpoint``): the *base* weights go where a plain checkpoint keeps them (``lm/``, ``encoder/``;
 LoRA's ``base_layer`` names are undone, so these folders load with plain ``from_pretrained``), the adapters in
 peft's own format next to them (``lm_lora/``, ``encoder_lora/``: ``adapter_config.json`` +
 ``adapter_model.safetensors``, loadable with ``PeftModel.from_pretrained(base, dir)``), and ``captioner.json``
@@ -43,6 +43,9 @@ input side, peft's A; for GPT-2's ``Conv1D`` (stored in x out) it is the output 
 draws peft's B from N(0, 1) and sets A = 0. peft offers neither, so :func:`init_adapters` re-draws a fresh adapter
 after peft made it, from torch's global RNG as peft's own initialisation does; adapters loaded from a checkpoint are
 never re-drawn. With Adam a unit-variance factor makes the adapters' first updates larger at the same learning rate.
+
+A ``model`` here is a captioner (:class:`finecap.models.base.CaptionerBase`), typed ``nn.Module``: the base saves and
+loads through this module, so naming it here, even for type checkers only, would make an import circle.
 """
 
 from __future__ import annotations
@@ -72,7 +75,6 @@ from finecap.utils import read_json, short_repr
 
 if TYPE_CHECKING:
     from finecap.config import Config
-    from finecap.models.captioner import Captioner
 
 ADAPTER_DIRS = {"lm": "lm_lora", "encoder": "encoder_lora"}
 INITS = get_args(LoraInit)
@@ -126,7 +128,7 @@ def unwrapped(module: nn.Module) -> nn.Module:
     return module.get_base_model() if is_peft(module) else module
 
 
-def _part_module(model: Captioner, part: str) -> nn.Module:
+def _part_module(model: nn.Module, part: str) -> nn.Module:
     """The module of ``part`` (the captioner's ``lora_module``: ClipCap's LM / dual encoder, BLIP's text decoder /
     vision tower)."""
     if part not in PARTS:
@@ -137,7 +139,7 @@ def _part_module(model: Captioner, part: str) -> nn.Module:
     return module
 
 
-def _set_part_module(model: Captioner, part: str, module: nn.Module) -> None:
+def _set_part_module(model: nn.Module, part: str, module: nn.Module) -> None:
     model.set_lora_module(part, module)  # keeps the part's place, so parameter order is stable
 
 
@@ -186,7 +188,7 @@ def resolve_targets(part: str, module: nn.Module, targets: Sequence[str]) -> lis
 # --------------------------------------------------------------------------------------------------------------------
 
 
-def _targets(model: Captioner, part: str, spec: LoraSpec) -> tuple[str, ...]:
+def _targets(model: nn.Module, part: str, spec: LoraSpec) -> tuple[str, ...]:
     """The spec's targets, or the backbone's default targets of ``part`` when the spec has none."""
     return tuple(spec.targets) or tuple(model.lora_default_targets(part))
 
@@ -218,7 +220,7 @@ def init_adapters(module: nn.Module, init: LoraInit) -> None:
                 zero.zero_()
 
 
-def apply_lora(model: Captioner, part: str, spec: LoraSpec) -> None:
+def apply_lora(model: nn.Module, part: str, spec: LoraSpec) -> None:
     """Wrap ``part`` (``"lm"`` or ``"encoder"``) of ``model`` in fresh LoRA adapters (in place); only the adapters of
     that part are then trainable. The adapter initialisation draws from torch's global RNG (LoRA's B = 0, so the
     model's outputs are unchanged until the first update)."""
@@ -248,7 +250,7 @@ def train_part(module: nn.Module, trainable: bool) -> None:
                 p.requires_grad_(trainable)
 
 
-def adapter_spec(model: Captioner, part: str) -> LoraSpec | None:
+def adapter_spec(model: nn.Module, part: str) -> LoraSpec | None:
     """The settings of ``part``'s adapters (targets as full module names), or None without adapters."""
     module = model.lora_module(part)
     if module is None or not is_peft(module):
@@ -259,7 +261,7 @@ def adapter_spec(model: Captioner, part: str) -> LoraSpec | None:
     return LoraSpec(rank=int(c.r), alpha=float(c.lora_alpha), dropout=float(c.lora_dropout), targets=tuple(names))
 
 
-def _same(model: Captioner, part: str, have: LoraSpec, want: LoraSpec) -> bool:
+def _same(model: nn.Module, part: str, have: LoraSpec, want: LoraSpec) -> bool:
     module = _part_module(model, part)
     resolved = tuple(sorted(resolve_targets(part, module, _targets(model, part, want))))
     return (have.rank, have.alpha, have.dropout, tuple(sorted(have.targets))) == (
@@ -267,7 +269,7 @@ def _same(model: Captioner, part: str, have: LoraSpec, want: LoraSpec) -> bool:
     )  # fmt: skip
 
 
-def merge_part(model: Captioner, part: str) -> None:
+def merge_part(model: nn.Module, part: str) -> None:
     """Fold ``part``'s adapters into its base weights (``merge_and_unload``), in place; refused on a quantized base
     (its weights are not float)."""
     from finecap.models.memory import quantization_of
@@ -282,7 +284,7 @@ def merge_part(model: Captioner, part: str) -> None:
         _set_part_module(model, part, module.merge_and_unload())
 
 
-def merge_lora(model: Captioner) -> Captioner:
+def merge_lora(model: nn.Module) -> nn.Module:
     """Fold every adapter into the base weights (in place; returns ``model``): a plain captioner with the same
     outputs, for inference or :meth:`ClipCap.save` as a plain checkpoint. Trainability follows
     ``model.train_lm`` / ``model.train_encoder`` again (full fine-tuning)."""
@@ -293,7 +295,7 @@ def merge_lora(model: Captioner) -> Captioner:
     return model
 
 
-def has_adapters(model: Captioner) -> bool:
+def has_adapters(model: nn.Module) -> bool:
     return any(adapter_spec(model, p) is not None for p in PARTS)
 
 
@@ -302,7 +304,7 @@ def is_adapter_parameter(name: str) -> bool:
     return "lora_" in name
 
 
-def adapters_are_identity(model: Captioner) -> bool:
+def adapters_are_identity(model: nn.Module) -> bool:
     """Whether every LoRA adapter of ``model`` adds nothing (one of its factors all zero, as fresh adapters are):
     the model then computes what its base does, and :func:`adapters_disabled` gives the same function."""
     for module in model.modules():
@@ -314,7 +316,7 @@ def adapters_are_identity(model: Captioner) -> bool:
 
 
 @contextlib.contextmanager
-def adapters_disabled(model: Captioner) -> Iterator[Captioner]:
+def adapters_disabled(model: nn.Module) -> Iterator[nn.Module]:
     """Within the block, ``model`` computes with every adapted part's adapters off (peft's
     ``PeftModel.disable_adapter()`` on each part): the base model, with no second copy of it (the GRPO family's
     reference policy under LoRA, :mod:`finecap.objectives.reference`)."""
@@ -326,7 +328,7 @@ def adapters_disabled(model: Captioner) -> Iterator[Captioner]:
         yield model
 
 
-def set_trainable(model: Captioner, *, lm: bool, encoder: bool) -> None:
+def set_trainable(model: nn.Module, *, lm: bool, encoder: bool) -> None:
     """Set what learns: the backbone's always-trained parts (ClipCap's mapper, a VLM's projector); the LM and
     encoder when asked, through their adapters when they have some, else fully (the backbone's ``apply_trainable``).
     Updates ``model.train_lm`` / ``model.train_encoder`` (batches then carry pixel inputs)."""
@@ -337,7 +339,7 @@ def set_trainable(model: Captioner, *, lm: bool, encoder: bool) -> None:
     model.train(model.training)  # frozen parts back to eval mode
 
 
-def configure_training(model: Captioner, cfg: Config) -> Captioner:
+def configure_training(model: nn.Module, cfg: Config) -> nn.Module:
     """Make ``model`` train what ``cfg`` says (``model.train_lm``, ``model.train_encoder``, ``lora.*``), in place.
 
     Adapters the model already has with the same settings are kept (``--resume``, or continuing a LoRA run);
@@ -376,7 +378,7 @@ def plain_state(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
 
 
 @contextlib.contextmanager
-def plain_parts(model: Captioner) -> Iterator[Captioner]:
+def plain_parts(model: nn.Module) -> Iterator[nn.Module]:
     """Within the block, every adapted part of ``model`` is its base model (adapters' wrappers swapped out, LoRA
     layers still injected), so that a backbone's ``save_pretrained`` writes the model under its own names."""
     wrapped = {part: model.lora_module(part) for part in PARTS}
@@ -432,7 +434,7 @@ def save_encoder(encoder: Any, out: str | Path, state: dict[str, torch.Tensor] |
 
 
 def save_adapters(
-    model: Captioner, out: str | Path, states: dict[str, dict[str, torch.Tensor]] | None = None
+    model: nn.Module, out: str | Path, states: dict[str, dict[str, torch.Tensor]] | None = None
 ) -> dict[str, dict[str, Any]]:
     """Write each part's adapters in peft's format (``<out>/lm_lora``, ``<out>/encoder_lora``); returns what
     ``captioner.json`` records under ``"lora"`` (empty without adapters). ``states``: per part, the part's state dict
@@ -449,7 +451,7 @@ def save_adapters(
     return meta
 
 
-def load_adapters(model: Captioner, path: str | Path, meta: dict[str, dict[str, Any]] | None) -> Captioner:
+def load_adapters(model: nn.Module, path: str | Path, meta: dict[str, dict[str, Any]] | None) -> nn.Module:
     """Attach the adapters recorded in ``meta`` (``captioner.json``'s ``"lora"``) from checkpoint ``path``,
     unmerged; they are trainable when their part is (``model.train_lm`` / ``model.train_encoder``).
 
@@ -501,7 +503,7 @@ def recorded_spec(info: Any, where: str) -> LoraSpec:
         raise CheckpointError(f"{where}: {e}") from None
 
 
-def load_part_adapters(model: Captioner, path: Path, part: str, info: Any) -> None:
+def load_part_adapters(model: nn.Module, path: Path, part: str, info: Any) -> None:
     """Attach ``part``'s adapters from checkpoint ``path`` as ``info`` (its ``captioner.json`` entry) records them.
 
     - Their folder and files lie inside the checkpoint folder (``..``, absolute paths and links leading out are
@@ -620,7 +622,7 @@ def _adapted_modules(part: PeftModel) -> list[str]:
 
 
 def save_whole_adapter(
-    model: Captioner,
+    model: nn.Module,
     root: str,
     out: str | Path,
     states: dict[str, dict[str, torch.Tensor]],

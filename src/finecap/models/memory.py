@@ -1,9 +1,11 @@
 """The memory and precision levers of every captioner, written once over the captioner contract
-(:class:`finecap.models.captioner.Captioner`): a captioner's *parts* are ``model.lora_module(part)`` for ``part`` in
-:data:`~finecap.models.captioner.PARTS` (the language model and the vision side); everything else (ClipCap's mapper,
-a VLM's projector and output head) is its *rest*. No function here knows a backbone; the backbones call
-:class:`LoadOptions` where they load or build their models, and :func:`prepare_training` finishes a captioner for
-training. What each lever saves, and how to set it: ``docs/memory.md``.
+(:class:`finecap.models.base.CaptionerBase`, which saves and loads through this module: a ``model`` here is a
+captioner typed ``nn.Module``, as naming the base would make an import circle): a captioner's *parts* are
+``model.lora_module(part)`` for ``part`` in :data:`~finecap.models.captioner.PARTS` (the language model and the
+vision side); everything else (ClipCap's mapper, a VLM's projector and output head) is its *rest*. No function here
+knows a backbone; the backbones call :class:`LoadOptions` where they load or build their models, and
+:func:`prepare_training` finishes a captioner for training. What each lever saves, and how to set it:
+``docs/memory.md``.
 
 - **Weights' dtype** (``model.dtype``: ``auto`` = the checkpoint's own, ``float32`` = the default, ``bfloat16``,
   ``float16``): passed to every ``from_pretrained`` of a captioner (:meth:`LoadOptions.pretrained`) and applied to
@@ -54,7 +56,6 @@ from finecap.utils import MissingExtra
 
 if TYPE_CHECKING:
     from finecap.config import Config
-    from finecap.models.captioner import Captioner
 
 log = logging.getLogger(__name__)
 
@@ -380,7 +381,7 @@ def install_bridges(model: nn.Module) -> int:
     return len(handles)
 
 
-def part_dtypes(model: Captioner) -> dict[str, dict[str, str]]:
+def part_dtypes(model: nn.Module) -> dict[str, dict[str, str]]:
     """The resolved dtypes of each part and of the rest (what ``captioner.json`` records under ``"dtypes"`` and a run
     logs at its start): ``{"lm": {"trainable": "float32", "frozen": "bfloat16", "quantized": "4bit"}, ...}``, each
     key only where the part has such parameters (several dtypes joined by ``+``)."""
@@ -389,7 +390,7 @@ def part_dtypes(model: Captioner) -> dict[str, dict[str, str]]:
             for part, roles in parameter_counts(model).items()}  # fmt: skip
 
 
-def _parts(model: Captioner) -> Iterator[tuple[str, nn.Parameter]]:
+def _parts(model: nn.Module) -> Iterator[tuple[str, nn.Parameter]]:
     """Each parameter once, with the part holding it (``lm``, ``encoder``, ... or ``rest``), as :func:`part_dtypes`
     groups them."""
     seen: set[int] = set()
@@ -402,7 +403,7 @@ def _parts(model: Captioner) -> Iterator[tuple[str, nn.Parameter]]:
                 yield name, p
 
 
-def parameter_counts(model: Captioner) -> dict[str, dict[str, dict[str, int]]]:
+def parameter_counts(model: nn.Module) -> dict[str, dict[str, dict[str, int]]]:
     """Parameters by part, role (``trainable``, ``frozen``, ``quantized``) and dtype (``4bit`` / ``8bit`` for
     quantized ones): ``{"lm": {"trainable": {"float32": 124439808}}, ...}`` (``finecap train --dry-run``)."""
     out: dict[str, dict[str, dict[str, int]]] = {}
@@ -423,7 +424,7 @@ def _numel(p: torch.Tensor) -> int:
     return int(torch.Size(shape).numel()) if shape is not None else p.numel()
 
 
-def training_memory(model: Captioner) -> dict[str, int]:
+def training_memory(model: nn.Module) -> dict[str, int]:
     """Bytes of what training holds besides activations, per process: ``weights`` (every parameter as stored),
     ``gradients`` (one per trainable parameter, in its dtype) and ``optimizer`` (AdamW's two moments per trainable
     parameter, in its dtype, as ``torch.optim.AdamW`` keeps them), and their ``total``. Under FSDP2 each process holds
@@ -506,7 +507,7 @@ def _enable_layers(module: nn.Module) -> list[nn.Module]:
     return layers
 
 
-def enable_gradient_checkpointing(model: Captioner) -> dict[str, int]:
+def enable_gradient_checkpointing(model: nn.Module) -> dict[str, int]:
     """Non-reentrant gradient checkpointing of every part's layers, on only while ``model``'s ``forward`` runs with
     gradients enabled (a forward pre-hook switches it on, a forward hook that runs even on an exception off), so
     decoding with the KV cache never runs checkpointed. Layers of frozen parts are in eval mode and
@@ -559,7 +560,7 @@ def gradient_checkpointing(model: nn.Module) -> bool:
 # --------------------------------------------------------------------------------------------------------------------
 
 
-def check_quantized_training(model: Captioner) -> None:
+def check_quantized_training(model: nn.Module) -> None:
     """A quantized part cannot learn its base weights: it trains through LoRA adapters or stays frozen."""
     for part in PARTS:
         module = model.lora_module(part)
@@ -573,7 +574,7 @@ def check_quantized_training(model: Captioner) -> None:
             )
 
 
-def prepare_training(model: Captioner, cfg: Config) -> Captioner:
+def prepare_training(model: nn.Module, cfg: Config) -> nn.Module:
     """The last step of building the training model, after :func:`finecap.models.lora.configure_training`: check
     that quantized parts train through adapters, cast what learns to ``model.trainable_dtype`` and what is frozen to
     ``model.dtype`` (with the dtype bridges), switch ``train.gradient_checkpointing``, and log the resolved dtype of

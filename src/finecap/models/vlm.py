@@ -300,7 +300,7 @@ class VlmImages:
 
 
 class Vlm(CaptionerBase):
-    """A decoder-only VLM captioner. See the module docstring; build it with :func:`build_vlm`,
+    """A decoder-only VLM captioner. See the module docstring; build it with :meth:`build`,
     :meth:`from_pretrained` or :meth:`from_checkpoint`.
 
     Args:
@@ -309,7 +309,7 @@ class Vlm(CaptionerBase):
         section: the ``vlm`` section (default: its defaults): ``prompt``, the user's text after the image;
             ``train_projector``; ``processor_kwargs``, keyword arguments of every processor call (the image-token
             budget, e.g. Qwen2-VL's ``max_pixels``, Idefics3's ``do_image_splitting``; checked against the
-            processor here). Its ``name`` and ``tiny_*`` options built ``model`` (:func:`build_vlm`), not read here.
+            processor here). Its ``name`` and ``tiny_*`` options built ``model`` (:meth:`build`), not read here.
         train_encoder: train the vision tower.
         train_lm: train the language model and its head.
         source: where the model came from (recorded in checkpoints).
@@ -368,6 +368,7 @@ class Vlm(CaptionerBase):
     # ------------------------------------------------------------------------------------------------------------
 
     kind = KIND
+    TRANSFORMERS_CLASS = "AutoModelForImageTextToText"
 
     @property
     def encoder(self) -> VlmImages | FeatureMapTokens:
@@ -655,6 +656,26 @@ class Vlm(CaptionerBase):
             raise OSError(f"vlm.name={name}: cannot load the VLM or its processor: {e}") from None
         return cls(model, processor, source=name, **kwargs)
 
+    @classmethod
+    def build(cls, cfg: Config) -> Vlm:
+        """A VLM captioner from ``cfg.model`` and ``cfg.vlm`` (``model.kind=vlm``): ``vlm.name`` loaded by Hub name or
+        path with its processor, prompted with ``vlm.prompt``; ``vlm.name=world-tiny`` builds the world VLM (a LLaVA of
+        ``vlm.tiny_*`` sizes, random init, over the image tokens of ``model.encoder``: ``world`` = the trained world
+        encoder, or a dual-encoder path)."""
+        m, v = cfg.model, cfg.vlm
+        kwargs = dict(train_encoder=m.train_encoder, train_lm=m.train_lm)
+        options = memory.LoadOptions.of(m)
+        if v.name != WORLD_VLM:
+            return cls.from_pretrained(v.name, options, section=v, **kwargs)
+        world = load_frozen_tokens(cfg, options, f"vlm.name={WORLD_VLM}")
+        image_size = int(world.image_processor.crop_size["height"])
+        n_tokens, width = world.token_shape(image_size)
+        positions = 64 + max(cfg.data.max_tokens, cfg.decode.max_length)  # the prompt (~25 tokens) and the caption
+        model, processor = world_vlm(width, n_tokens, world.image_processor, layers=v.tiny_layers,
+                                     hidden=v.tiny_hidden, heads=v.tiny_heads, positions=positions)  # fmt: skip
+        model = options.fresh(model, f"vlm.name={WORLD_VLM}")
+        return cls(model, processor, v, source=WORLD_VLM, world=world, **kwargs)
+
     @staticmethod
     def reads_world_encoder(cfg: Config) -> bool:
         """The world VLM (``vlm.name=world-tiny``) reads the world encoder when ``model.encoder=world``; a VLM
@@ -681,28 +702,3 @@ class Vlm(CaptionerBase):
         section = VlmBackboneConfig(**{key: meta[key] for key in SECTION_KEYS if meta.get(key) is not None})
         return cls(model, load_processor(path), section, train_encoder=meta["train_encoder"],
                    train_lm=meta["train_lm"], source=meta.get("source", ""), world=world)  # fmt: skip
-
-
-# --------------------------------------------------------------------------------------------------------------------
-# Construction from the configuration
-# --------------------------------------------------------------------------------------------------------------------
-
-
-def build_vlm(cfg: Config) -> Vlm:
-    """A VLM captioner from ``cfg.model`` and ``cfg.vlm`` (``model.kind=vlm``): ``vlm.name`` loaded by Hub name or path
-    with its processor, prompted with ``vlm.prompt``; ``vlm.name=world-tiny`` builds the world VLM (a LLaVA of
-    ``vlm.tiny_*`` sizes, random init, over the image tokens of ``model.encoder``: ``world`` = the trained world
-    encoder, or a dual-encoder path)."""
-    m, v = cfg.model, cfg.vlm
-    kwargs = dict(train_encoder=m.train_encoder, train_lm=m.train_lm)
-    options = memory.LoadOptions.of(m)
-    if v.name != WORLD_VLM:
-        return Vlm.from_pretrained(v.name, options, section=v, **kwargs)
-    world = load_frozen_tokens(cfg, options, f"vlm.name={WORLD_VLM}")
-    image_size = int(world.image_processor.crop_size["height"])
-    n_tokens, width = world.token_shape(image_size)
-    positions = 64 + max(cfg.data.max_tokens, cfg.decode.max_length)  # the prompt (~25 tokens) and the caption
-    model, processor = world_vlm(width, n_tokens, world.image_processor, layers=v.tiny_layers, hidden=v.tiny_hidden,
-                                 heads=v.tiny_heads, positions=positions)  # fmt: skip
-    model = options.fresh(model, f"vlm.name={WORLD_VLM}")
-    return Vlm(model, processor, v, source=WORLD_VLM, world=world, **kwargs)

@@ -19,10 +19,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from finecap.config.secrets import masked_url_secrets
+from finecap.runs import CAPTIONER_FILE
 from finecap.utils import CONTROL_CHARACTERS
 
 if TYPE_CHECKING:
     from finecap.config import Config
+    from finecap.models.base import CaptionerBase
 
 CARD_NAME = "README.md"
 
@@ -35,15 +37,18 @@ def _hub_name(source: str) -> str | None:
     return None
 
 
+def backbone_of(meta: dict[str, Any]) -> type[CaptionerBase]:
+    """The captioner class of a ``captioner.json`` (``kind``; ``clipcap`` when absent), which the card asks what the
+    folder was built on and how other tools load it (deferred import: the backbones need torch)."""
+    from finecap.models.backbones import backbone
+
+    return backbone(meta.get("kind", "clipcap"), CAPTIONER_FILE, "captioner kind")
+
+
 def base_models(meta: dict[str, Any]) -> dict[str, str]:
-    """What the captioner was built on, from its ``captioner.json``: ``{role: source}``."""
-    if meta.get("kind", "clipcap") == "clipcap":
-        out = {"language model": meta.get("lm_source", ""), "vision encoder": meta.get("encoder_source", "")}
-    else:
-        out = {"model": meta.get("source", "")}
-        if meta.get("world_source"):
-            out["vision encoder"] = meta["world_source"]
-    return {k: v for k, v in out.items() if v}
+    """What the captioner was built on, from its ``captioner.json``: ``{role: source}`` (its backbone's
+    ``base_models``, unknown sources dropped)."""
+    return {k: v for k, v in backbone_of(meta).base_models(meta).items() if v}
 
 
 # --------------------------------------------------------------------------------------------------------------------
@@ -93,22 +98,11 @@ def _yaml_list(items: list[str]) -> str:
 
 
 def _loading(meta: dict[str, Any]) -> list[str]:
-    kind = meta.get("kind", "clipcap")
+    """The card's "Loading" section: finecap's own lines, then the backbone's (``card_lines``: other tools)."""
     lines = ["```python", "from finecap import Captioner", "",
              'captioner = Captioner.from_pretrained("path/to/this/folder")',
              'print(captioner.caption(["image.jpg"]))', "```"]  # fmt: skip
-    if kind in ("blip", "vlm") and not meta.get("world_source"):
-        auto = "BlipForConditionalGeneration" if kind == "blip" else "AutoModelForImageTextToText"
-        lines += ["", f"The folder is also a plain transformers checkpoint (`{auto}.from_pretrained(folder)`, "
-                  "base weights without adapters)."]  # fmt: skip
-        if meta.get("adapter"):
-            adapter = meta["adapter"]
-            lines += [f"`{adapter}/` is one peft LoRA adapter for the whole model: "
-                      f"`PeftModel.from_pretrained({auto}.from_pretrained(base), \"{adapter}\")`."]  # fmt: skip
-    elif kind == "clipcap":
-        lines += ["", "`lm/` is a plain `AutoModelForCausalLM` folder; `mapper.safetensors` maps image features "
-                  "to its prefix (finecap's `ClipCap` reads both)."]  # fmt: skip
-    return lines
+    return lines + backbone_of(meta).card_lines(meta)
 
 
 def title(objective: str, meta: dict[str, Any]) -> str:
