@@ -1,10 +1,10 @@
 """BLIP: a vision transformer + a text decoder cross-attending to its image tokens (Li et al., 2022).
 
 :class:`Blip` wraps ``transformers``' ``BlipForConditionalGeneration`` (``vision_model``: ``BlipVisionModel``;
-``text_decoder``: ``BlipTextLMHeadModel``, a BERT-style decoder with cross-attention) behind the captioner protocol
-(:mod:`finecap.models.captioner`). It is loaded by Hub name or path (``Salesforce/blip-image-captioning-base``,
-``-large``) with the checkpoint's own image processor and tokenizer, or built from a small ``BlipConfig``
-(:func:`finecap.models.presets.tiny_blip_config`, for tests).
+``text_decoder``: ``BlipTextLMHeadModel``, a BERT-style decoder with cross-attention) behind the captioner contract
+(:class:`finecap.models.base.CaptionerBase`). It is loaded by Hub name or path
+(``Salesforce/blip-image-captioning-base``, ``-large``) with the checkpoint's own image processor and tokenizer, or
+built from a small ``BlipConfig`` (:func:`finecap.models.presets.tiny_blip_config`, for tests).
 
 Pitfalls of the ``transformers`` model, handled here (and tested in ``tests/models/test_blip.py``):
 

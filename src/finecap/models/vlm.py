@@ -1,5 +1,5 @@
 """Decoder-only vision-language models (``model.kind=vlm``): LLaVA, Idefics3 (SmolVLM) and Qwen2-VL behind the
-captioner contract (:class:`finecap.models.captioner.Captioner`).
+captioner contract (:class:`finecap.models.base.CaptionerBase`).
 
 :class:`Vlm` wraps an ``AutoModelForImageTextToText`` and its ``AutoProcessor``, loaded by Hub name or local path
 (``HuggingFaceTB/SmolVLM-256M-Instruct``, ``llava-hf/llava-1.5-7b-hf``, ``Qwen/Qwen2-VL-2B-Instruct``) or built from

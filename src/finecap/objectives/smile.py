@@ -61,7 +61,7 @@ def shift_first_tokens(batch: dict, shift_token_id: int, ignore_index: int = IGN
     """``batch`` with the first caption token of each row (its first non-ignored label) replaced by
     ``shift_token_id`` in ``input_ids`` and in ``labels`` (SMILE's first-token shifting as the released code makes
     it); new tensors, the batch given is unchanged. Every backbone aligns ``input_ids`` with ``labels``
-    (:mod:`finecap.models.captioner`), so the two change at the same position.
+    (:mod:`finecap.models.base`), so the two change at the same position.
 
     >>> out = shift_first_tokens({"input_ids": torch.tensor([[7, 8, 4]]), "labels": torch.tensor([[7, 8, 4]])}, 2)
     >>> out["input_ids"].tolist(), out["labels"].tolist()

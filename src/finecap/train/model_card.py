@@ -7,7 +7,9 @@ fingerprint, the training progress, the validation values of the checkpoint (a b
 of its own), the adapters it holds and how to load it with finecap, transformers or peft, and the command that made
 it, secret overrides masked (:func:`finecap.locks.command_line`); the credentials of any URL in it are masked
 (:func:`finecap.config.secrets.masked_url_secrets`). Everything in it comes from the run's configuration,
-the checkpoint's ``info.json``, its ``captioner.json`` and its ``fingerprints.json``; nothing is estimated.
+the checkpoint's ``info.json``, its ``captioner.json`` and its ``fingerprints.json``; nothing is estimated. What
+depends on the backbone (its base models, how other tools load the folder) is asked of its class
+(:meth:`~finecap.models.base.CaptionerBase.base_models`, :meth:`~finecap.models.base.CaptionerBase.card_lines`).
 """
 
 from __future__ import annotations
