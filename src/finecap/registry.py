@@ -42,8 +42,9 @@ BACKBONES: dict[str, str] = {
     "vlm": "finecap.models.vlm:Vlm",
 }
 """``model.kind`` names -> captioner classes (subclasses of :class:`finecap.models.base.CaptionerBase`, which build a
-fresh captioner, ``cls.build(cfg)``, and load a saved one, ``cls.from_checkpoint(path)``); each has a configuration
-section named like it (``cfg.clipcap``). Resolved by :func:`finecap.models.backbones.backbone`."""
+fresh captioner, ``cls.build(cfg)``, and load a saved one, ``cls.from_checkpoint(path)``); a backbone's own options,
+when it has any, are the configuration section named like it (``cfg.clipcap``). Resolved by
+:func:`finecap.models.backbones.backbone`."""
 
 VALIDATOR_KEYS: dict[str, tuple[str, ...]] = {
     "captions": ("length", "vocab"),

@@ -13,7 +13,7 @@ the training engine use the members of :class:`CaptionerBase` and nothing else, 
   per-token log-probs ``(N, L)``, with gradient, the next-token entropies when ``E`` and whether each token is the
   most likely one when ``P``. Row ``n`` of ``S`` describes image ``I[n]`` of the batch.
 
-``forward`` is the *only* differentiable entry point: it is what ``accelerator.prepare`` wraps (DDP, FSDP), so every
+``forward`` is the *only* differentiable entry point: it is what ``accelerator.prepare`` wraps (DDP), so every
 gradient that an objective or a reward needs flows through it and is synchronised by the wrapper. Decoding (the
 :class:`finecap.decode.Stepper` methods ``start``/``step``/``select`` and ``generate``) runs on the *unwrapped* model
 under ``torch.no_grad`` (see :func:`finecap.objectives.base.unwrap`), the pattern TRL uses for generation in its
@@ -531,8 +531,8 @@ class CaptionerBase(nn.Module, abc.ABC):
     @classmethod
     def card_lines(cls, meta: dict[str, Any]) -> list[str]:
         """Markdown lines the model card adds to its "Loading" section after finecap's own: how other tools load the
-        folder. Default: with a :attr:`TRANSFORMERS_CLASS` and no dual encoder read from outside the folder, the
-        transformers class and the whole-model peft adapter (``captioner.json``'s ``adapter``) when there is one."""
+        folder. Default: with a :attr:`TRANSFORMERS_CLASS` and no dual encoder (the world BLIP or VLM, which only
+        finecap reads), that class and the whole-model peft adapter (``captioner.json``'s ``adapter``) if any."""
         auto = cls.TRANSFORMERS_CLASS
         if not auto or meta.get(cls.DUAL_SOURCE_KEY):
             return []
