@@ -29,6 +29,7 @@ from finecap.data.targets import IGNORE_INDEX
 from finecap.models import lora
 from finecap.models.backbones import (
     BACKBONES,
+    TRUST_ENV,
     backbone,
     build_model,
     check_backbone,
@@ -146,6 +147,13 @@ CASES: dict[str, Case] = {
     "vlm_world": Case(build_world_vlm, projector, 16),
     "toy": Case(build_toy, lambda m: m.projection, 16),
 }
+
+
+@pytest.fixture(autouse=True)
+def trust_the_toy(monkeypatch):
+    """The toy's checkpoints name its dotted path, which finecap imports only when the user names it (as a user of
+    their own backbone does: ``FINECAP_TRUSTED_BACKBONES``; ``tests/models/test_backbone_trust.py``)."""
+    monkeypatch.setenv(TRUST_ENV, TOY_KIND)
 
 
 @pytest.fixture(scope="session")

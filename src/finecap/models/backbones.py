@@ -14,11 +14,12 @@ see :class:`finecap.config.Config` for a backbone given by dotted path). The rec
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from finecap.models.base import CONFIG_NAME, CaptionerBase, read_meta
-from finecap.registry import BACKBONES, lookup
+from finecap.registry import BACKBONES, is_dotted_path, lookup
 from finecap.runs import CheckpointError
 
 if TYPE_CHECKING:
@@ -40,17 +41,39 @@ def build_model(cfg: Config) -> CaptionerBase:
     return backbone(cfg.model.kind).build(cfg)
 
 
-def checkpoint_kind(path: str | Path) -> str:
-    """The backbone of a captioner checkpoint folder (``captioner.json``'s ``kind``; ``clipcap`` when absent), checked
-    to name a captioner class (a dotted path is imported: the module of one's own backbone)."""
+TRUST_ENV = "FINECAP_TRUSTED_BACKBONES"
+"""Environment variable: comma-separated dotted paths of one's own backbones that a checkpoint may name."""
+
+
+def stored_backbone(kind: object, where: str | Path, trusted: tuple[str, ...] = ()) -> type[CaptionerBase]:
+    """The captioner class a checkpoint's ``captioner.json`` (``where``) names as its ``kind``. A registered name is
+    looked up; a dotted path (one's own backbone) is imported only when the user named it: in ``trusted`` (the
+    caller's own configuration, ``model.kind`` of the recipe being trained) or in :data:`TRUST_ENV`. A run folder
+    is data, never code (docs/reliability.md): a tampered ``captioner.json`` must not make finecap import a module,
+    whose import runs code before any check of the class. Else a :class:`~finecap.runs.CheckpointError` says how
+    to name it."""
+    name = str(kind)
+    from_env = tuple(k.strip() for k in os.environ.get(TRUST_ENV, "").split(",") if k.strip())
+    if is_dotted_path(name) and name not in trusted and name not in from_env:
+        raise CheckpointError(
+            f"{where}: the checkpoint names the backbone {name!r}, code of one's own, which finecap imports only when "
+            f"you name it: model.kind={name} in the configuration you train with, or {TRUST_ENV}={name}"
+        )
+    return backbone(name, str(where), "captioner kind")
+
+
+def checkpoint_kind(path: str | Path, trusted: tuple[str, ...] = ()) -> str:
+    """The backbone of a captioner checkpoint folder (``captioner.json``'s ``kind``; ``clipcap`` when absent),
+    checked to name a captioner class (:func:`stored_backbone`: one's own only when ``trusted`` names it)."""
     kind = read_meta(path).get("kind", "clipcap")
-    backbone(str(kind), str(Path(path) / CONFIG_NAME), "captioner kind")
+    stored_backbone(kind, Path(path) / CONFIG_NAME, trusted)
     return kind
 
 
-def load_captioner(path: str | Path, **kwargs: Any) -> CaptionerBase:
-    """Load any captioner checkpoint folder written by a backbone's ``save``."""
-    return backbone(checkpoint_kind(path)).from_checkpoint(path, **kwargs)
+def load_captioner(path: str | Path, trusted: tuple[str, ...] = (), **kwargs: Any) -> CaptionerBase:
+    """Load any captioner checkpoint folder written by a backbone's ``save`` (one's own backbone only when
+    ``trusted`` or :data:`TRUST_ENV` names it: :func:`stored_backbone`)."""
+    return backbone(checkpoint_kind(path, trusted)).from_checkpoint(path, **kwargs)
 
 
 def check_backbone(path: str | Path, cfg: Config, option: str) -> None:
@@ -61,7 +84,7 @@ def check_backbone(path: str | Path, cfg: Config, option: str) -> None:
     configuration names another. The :class:`~finecap.runs.CheckpointError` names both values and the option to
     change."""
     where = Path(path) / CONFIG_NAME
-    kind = checkpoint_kind(path)
+    kind = checkpoint_kind(path, trusted=(cfg.model.kind,))
     cls = backbone(kind)
     if cls is not backbone(cfg.model.kind):
         settings = f" (with its {kind}.* settings)" if kind in BACKBONES else ""
@@ -101,7 +124,7 @@ def encoder_source(cfg: Config) -> str | None:
     return backbone(cfg.model.kind).encoder_source(cfg)
 
 
-def external_encoder(meta: dict[str, Any]) -> str | None:
+def external_encoder(meta: dict[str, Any], trusted: tuple[str, ...] = ()) -> str | None:
     """The vision encoder a saved captioner loads from outside its folder, from its ``captioner.json``, or ``None``
     when the folder holds everything (what a checkpoint's fingerprint must cover besides the folder)."""
-    return backbone(meta.get("kind", "clipcap"), CONFIG_NAME, "captioner kind").external_encoder(meta)
+    return stored_backbone(meta.get("kind", "clipcap"), CONFIG_NAME, trusted).external_encoder(meta)

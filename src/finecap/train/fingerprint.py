@@ -268,12 +268,13 @@ def world_encoder_fingerprint(cfg: Config) -> dict[str, Any]:
                      "path": os.path.abspath(folder)})  # fmt: skip
 
 
-def external_encoder(meta: dict[str, Any]) -> str | None:
+def external_encoder(meta: dict[str, Any], trusted: tuple[str, ...] = ()) -> str | None:
     """The vision encoder a saved captioner loads from outside its folder, from its ``captioner.json`` (each backbone
-    says: :func:`finecap.models.backbones.external_encoder`); None when the checkpoint holds its encoder."""
+    says: :func:`finecap.models.backbones.external_encoder`; one's own backbone only when ``trusted`` names it);
+    None when the checkpoint holds its encoder."""
     from finecap.models.backbones import external_encoder as from_backbone  # deferred: torch, only when reading one
 
-    return from_backbone(meta)
+    return from_backbone(meta, trusted)
 
 
 def captioner_fingerprint(cfg: Config, model_folder: str | Path | None = None) -> dict[str, Any]:
@@ -289,7 +290,7 @@ def captioner_fingerprint(cfg: Config, model_folder: str | Path | None = None) -
     elif cfg.model.train_encoder:
         source = None
     elif cfg.train.init_from:
-        source = external_encoder(read_json(model_dir(cfg.train.init_from) / CAPTIONER_FILE))
+        source = external_encoder(read_json(model_dir(cfg.train.init_from) / CAPTIONER_FILE), (cfg.model.kind,))
     else:
         source = encoder_source(cfg)  # "world", a CLIP path or name, or None (the model brings its own)
     if source is None:

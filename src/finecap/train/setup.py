@@ -57,7 +57,8 @@ def build_model(cfg: Config, resume_from: Path | None = None) -> torch.nn.Module
         return memory.prepare_training(configure_training(build_captioner(cfg), cfg), cfg)
     folder = model_dir(start)
     check_backbone(folder, cfg, "--resume" if resume_from else "train.init_from")
-    model = load_captioner(folder, options=memory.LoadOptions.of(cfg.model))  # strict: finecap.models.strict
+    options = memory.LoadOptions.of(cfg.model)
+    model = load_captioner(folder, trusted=(cfg.model.kind,), options=options)  # strict: finecap.models.strict
     memory.load_float32_masters(model, folder)
     return memory.prepare_training(configure_training(model, cfg), cfg)
 
