@@ -36,11 +36,11 @@ import numpy as np
 
 from finecap.config import WorldConfig
 from finecap.metrics.retrieval import (
-    _as_array,
-    _targets,
+    as_score_matrix,
     bag_retrieval_items,
     rank_items,
     summarize_ranks,
+    target_columns,
     target_ranks,
 )
 
@@ -151,8 +151,8 @@ def hard_rd_ranks(
     the targets), never on the scores, as :func:`finecap.metrics.retrieval.rd_ranks`: captioners evaluated with the
     same seed face the same distractors. Ties count against the caption.
     """
-    scores = _as_array(scores)
-    targets = _targets(scores, targets)
+    scores = as_score_matrix(scores)
+    targets = target_columns(scores, targets)
     n = scores.shape[1]
     n_random = n_distractors - (size - 1)
     if n_random < 0:
