@@ -31,6 +31,8 @@ from typing import Any
 
 import numpy as np
 
+from finecap.metrics.items import corpus_only
+
 KS: tuple[int, ...] = (1, 5, 10)
 _CHUNK = 1024  # captions per block when drawing distractors (bounds memory at CHUNK x N floats)
 
@@ -184,28 +186,6 @@ def bag_ranks(
     return out
 
 
-def bag_retrieval(
-    scores: Any,
-    bags: Sequence[Sequence[Hashable]],
-    image_ids: Sequence[Hashable],
-    targets: Any = None,
-    ks: Sequence[int] = KS,
-) -> dict[str, float]:
-    """Self-retrieval within bags (TrueMatch): each caption competes only with the images of its own bag.
-
-    Args:
-        scores: ``(Q, N)`` caption-image scores; column ``n`` is image ``image_ids[n]``.
-        bags: lists of image ids; an image should be in at most one bag (only the first bag holding it is used).
-        image_ids: the id of every column.
-        targets: target column per caption (default ``arange(Q)``).
-        ks: recall cut-offs; only those smaller than a bag's size are reported for it (others are trivially 1).
-
-    Returns:
-        ``bag{s}/R@k``, ``bag{s}/mean_rank``, ``bag{s}/median_rank`` and ``bag{s}/n`` (captions) per bag size ``s``.
-    """
-    return bag_retrieval_items(scores, bags, image_ids, targets, ks)[0]
-
-
 def bag_retrieval_items(
     scores: Any,
     bags: Sequence[Sequence[Hashable]],
@@ -229,6 +209,22 @@ def bag_retrieval_items(
             for j, q in enumerate(rows):
                 items.setdefault(q, {})[f"bag{size}/{k}"] = float(values[j])
     return out, items
+
+
+@corpus_only(bag_retrieval_items)
+def bag_retrieval() -> dict[str, float]:
+    """Self-retrieval within bags (TrueMatch): each caption competes only with the images of its own bag.
+
+    Args:
+        scores: ``(Q, N)`` caption-image scores; column ``n`` is image ``image_ids[n]``.
+        bags: lists of image ids; an image should be in at most one bag (only the first bag holding it is used).
+        image_ids: the id of every column.
+        targets: target column per caption (default ``arange(Q)``).
+        ks: recall cut-offs; only those smaller than a bag's size are reported for it (others are trivially 1).
+
+    Returns:
+        ``bag{s}/R@k``, ``bag{s}/mean_rank``, ``bag{s}/median_rank`` and ``bag{s}/n`` (captions) per bag size ``s``.
+    """
 
 
 class SelfRetrieval:

@@ -77,6 +77,7 @@ from typing import TYPE_CHECKING, Any
 from finecap.config import did_you_mean, load
 from finecap.metrics.context import EvalContext
 from finecap.metrics.group import MetricGroup, metric_group
+from finecap.metrics.items import corpus_only
 from finecap.registry import METRIC_GROUPS, is_dotted_path
 
 if TYPE_CHECKING:
@@ -139,41 +140,6 @@ def parse_metrics(
     return list(dict.fromkeys(names))
 
 
-def evaluate(
-    predictions: Predictions,
-    references: References | None,
-    *,
-    metrics: str | Sequence[str],
-    retriever: Any = None,
-    images: Sequence[Record] | None = None,
-    scenes: Mapping[Hashable, Scene] | None = None,
-    bags: Mapping[int, Sequence[Sequence[Hashable]]] | Sequence[Sequence[Hashable]] | None = None,
-    samples: Mapping[Hashable, Sequence[str]] | None = None,
-    cfg: Config | None = None,
-) -> dict[str, float]:
-    """Compute the metric groups ``metrics`` (names of :data:`METRICS`) for ``{image_id: caption}`` predictions.
-
-    Args:
-        predictions: ``{image_id: caption}``.
-        references: ``{image_id: [reference captions]}`` (for n-gram metrics, METEOR, SPICE, RefCLIPScore).
-        metrics: group names, as a list or ``"a,b,c"``.
-        retriever: a :class:`~finecap.models.retriever.Retriever`; default: the configured one (``retriever.*``),
-            loaded only when a CLIP metric is asked for.
-        images: records (``image_id``, ``path``) of the retrieval pool; must include every predicted image.
-        scenes: ``{image_id: Scene}`` for ``faithfulness``.
-        bags: ``{size: [[image_id, ...], ...]}`` (or a plain list of bags) for ``bags``.
-        samples: ``{image_id: [sampled captions]}`` for ``diversity``.
-        cfg: configuration (``eval.*``, ``run.cache_dir``, ``retriever.*``); default: the defaults.
-
-    Returns:
-        ``{metric key: value}`` in the order of the groups asked for (module docstring). A group whose input is
-        missing raises ``ValueError`` naming it; METEOR without pycocoevalcap's data and SPICE without Java or its jars
-        are skipped with a warning.
-    """
-    return evaluate_items(predictions, references, metrics=metrics, retriever=retriever, images=images,
-                          scenes=scenes, bags=bags, samples=samples, cfg=cfg, per_image=False)[0]  # fmt: skip
-
-
 def evaluate_items(
     predictions: Predictions,
     references: References | None,
@@ -225,3 +191,27 @@ def evaluate_items(
     for group in groups:
         out.update({k: float(v) for k, v in group.compute(ctx).items()})
     return out, ctx.items if ctx.items is not None else {}
+
+
+@corpus_only(evaluate_items, per_image=False)
+def evaluate() -> dict[str, float]:
+    """Compute the metric groups ``metrics`` (names of :data:`METRICS`) for ``{image_id: caption}`` predictions.
+
+    Args:
+        predictions: ``{image_id: caption}``.
+        references: ``{image_id: [reference captions]}`` (for n-gram metrics, METEOR, SPICE, RefCLIPScore).
+        metrics: group names (or dotted paths of :class:`~finecap.metrics.group.MetricGroup` records), as a list or
+            ``"a,b,c"``.
+        retriever: a :class:`~finecap.models.retriever.Retriever`; default: the configured one (``retriever.*``),
+            loaded only when a CLIP metric is asked for.
+        images: records (``image_id``, ``path``) of the retrieval pool; must include every predicted image.
+        scenes: ``{image_id: Scene}`` for ``faithfulness``.
+        bags: ``{size: [[image_id, ...], ...]}`` (or a plain list of bags) for ``bags``.
+        samples: ``{image_id: [sampled captions]}`` for ``diversity``.
+        cfg: configuration (``eval.*``, ``run.cache_dir``, ``retriever.*``); default: the defaults.
+
+    Returns:
+        ``{metric key: value}`` in the order of the groups asked for (module docstring). A group whose input is
+        missing raises ``ValueError`` naming it; METEOR without pycocoevalcap's data and SPICE without Java or its jars
+        are skipped with a warning.
+    """

@@ -8,6 +8,7 @@ from itertools import chain
 
 import numpy as np
 
+from finecap.metrics.items import corpus_only
 from finecap.metrics.ngram.counting import (
     PerItem,
     align,
@@ -115,8 +116,6 @@ def bleu_per_item(
     return dict(zip(names, corpus.tolist())), per_item_rows(ids, {m: per[:, j] for j, m in enumerate(names)})
 
 
-def bleu(
-    predictions: Mapping[Hashable, str], references: Mapping[Hashable, Sequence[str]], n: int = 4
-) -> dict[str, float]:
+@corpus_only(bleu_per_item)
+def bleu() -> dict[str, float]:
     """Corpus BLEU-1..n (keys ``BLEU-1`` ... ``BLEU-n``), pycocoevalcap-identical."""
-    return bleu_per_item(predictions, references, n)[0]

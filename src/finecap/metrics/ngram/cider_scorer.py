@@ -6,6 +6,7 @@ from collections.abc import Hashable, Mapping, Sequence
 
 import numpy as np
 
+from finecap.metrics.items import corpus_only
 from finecap.metrics.ngram.counting import PerItem, align, per_item_rows
 from finecap.metrics.ngram.index import RefIndex
 
@@ -29,16 +30,9 @@ def cider_d_per_item(
     return {"CIDEr-D": float(np.mean(per))}, per_item_rows(ids, {"CIDEr-D": per})
 
 
-def cider_d(
-    predictions: Mapping[Hashable, str],
-    references: Mapping[Hashable, Sequence[str]],
-    df_references: Mapping[Hashable, Sequence[str]] | None = None,
-    *,
-    sigma: float = 6.0,
-    n: int = 4,
-) -> dict[str, float]:
+@corpus_only(cider_d_per_item)
+def cider_d() -> dict[str, float]:
     """Corpus CIDEr-D (key ``CIDEr-D``), pycocoevalcap-identical (df from the evaluated references by default)."""
-    return cider_d_per_item(predictions, references, df_references, sigma=sigma, n=n)[0]
 
 
 def df_lists(df_references: Mapping[Hashable, Sequence[str]] | None) -> list[list[str]] | None:

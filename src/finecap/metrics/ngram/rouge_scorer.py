@@ -7,6 +7,7 @@ from itertools import chain
 
 import numpy as np
 
+from finecap.metrics.items import corpus_only
 from finecap.metrics.ngram.counting import PerItem, align, encode, per_item_rows
 
 _ROUGE_BETA = 1.2
@@ -142,6 +143,6 @@ def rouge_l_per_item(
     return {"ROUGE-L": float(np.mean(per))}, per_item_rows(ids, {"ROUGE-L": per})
 
 
-def rouge_l(predictions: Mapping[Hashable, str], references: Mapping[Hashable, Sequence[str]]) -> dict[str, float]:
+@corpus_only(rouge_l_per_item)
+def rouge_l() -> dict[str, float]:
     """Corpus ROUGE-L (key ``ROUGE-L``), pycocoevalcap-identical."""
-    return rouge_l_per_item(predictions, references)[0]
