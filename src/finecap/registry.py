@@ -1,5 +1,5 @@
 """Name -> object registries with a dotted-path escape hatch for user code (objectives, rewards, samplers,
-validators and metric groups all use :func:`lookup`).
+validators all use :func:`lookup`).
 
 Example::
 
