@@ -1,9 +1,10 @@
 """Evaluation of captions: metric groups chosen by name, computed together with shared intermediate results.
 
 :func:`evaluate` computes metric *groups* for in-memory captions; the ``finecap eval`` command
-(:mod:`finecap.app.eval`) reads files and calls it. Groups are chosen by name from :data:`METRICS` (a plain dict,
-whose names are :data:`finecap.registry.METRIC_GROUPS`; an unknown name raises ``ValueError`` listing the valid
-ones):
+(:mod:`finecap.app.eval`) reads files and calls it. Groups are chosen by name from :data:`METRICS`, the records
+(:class:`~finecap.metrics.group.MetricGroup`, in :mod:`finecap.metrics.groups`) that
+:data:`finecap.registry.METRIC_GROUPS` names, or by the dotted path of a user's own record (``"pkg.module:GROUP"``);
+an unknown name raises ``ValueError`` listing the valid ones:
 
 ============  =====================================================  ======================================
 group         keys                                                   needs
