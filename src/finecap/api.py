@@ -64,11 +64,11 @@ class Captioner:
         the decoding settings and the autocast, as ``finecap caption`` uses them. Its recorded fingerprint of the
         vision encoder is checked (:func:`finecap.train.fingerprint.check_run`), and weights holding NaN are refused.
         ``device``: default the machine's accelerator (a GPU) unless the run set ``train.cpu``, else the CPU
-        (:func:`finecap.metrics.suite.eval_device`)."""
+        (:func:`finecap.metrics.context.eval_device`)."""
         with silenced():  # the libraries' warnings the CLI leaves out (finecap.library_warnings), imports included
             from finecap.config import load_stored
             from finecap.inference import load_for_captioning
-            from finecap.metrics.suite import eval_device
+            from finecap.metrics.context import eval_device
             from finecap.runs import find_checkpoint, model_dir, stored_config
             from finecap.train.checkpoint import folder_config
             from finecap.train.fingerprint import check_run
@@ -166,7 +166,8 @@ def evaluate(
     - ``references``: with a list of predictions, a list of the same length whose items are each image's reference
       captions (a list of ``str``, or one ``str``); with a mapping, a mapping ``{image_id: [reference, ...]}`` holding
       every predicted id (extra ids are ignored). ``None`` for the metrics that need none (``length``, ``vocab``).
-    - ``metrics``: metric group names (``"bleu,cider"`` or a list; :data:`finecap.metrics.suite.METRICS`). Default,
+    - ``metrics``: metric group names (``"bleu,cider"`` or a list; :data:`finecap.metrics.suite.METRICS`, or a dotted
+      path to your own :class:`~finecap.metrics.group.MetricGroup`). Default,
       with references: pycocoevalcap's five, ``bleu``, ``meteor``, ``rouge``, ``cider``, ``spice``, leaving out
       METEOR and SPICE where they cannot run here (METEOR: pycocoevalcap's data; SPICE: Java and its jars); without:
       ``length`` and ``vocab``.

@@ -54,10 +54,24 @@ VALIDATOR_KEYS: dict[str, tuple[str, ...]] = {
 """``train.validators`` names (factories in :mod:`finecap.train.validators`) -> the values each returns; with the
 loop's own ``loss`` and ``perplexity`` they are what ``train.best_metric`` may name."""
 
-METRIC_GROUPS: tuple[str, ...] = ("bleu", "rouge", "cider", "meteor", "spice", "length", "vocab", "diversity",
-                                  "faithfulness", "retrieval", "bags", "clipscore", "perplexity",
-                                  "listener")  # fmt: skip
-"""``eval.metrics`` / ``finecap eval --metrics`` group names (:data:`finecap.metrics.suite.METRICS`)."""
+METRIC_GROUPS: dict[str, str] = {
+    "bleu": "finecap.metrics.groups:BLEU",
+    "rouge": "finecap.metrics.groups:ROUGE",
+    "cider": "finecap.metrics.groups:CIDER",
+    "meteor": "finecap.metrics.groups:METEOR",
+    "spice": "finecap.metrics.groups:SPICE",
+    "length": "finecap.metrics.groups:LENGTH",
+    "vocab": "finecap.metrics.groups:VOCAB",
+    "diversity": "finecap.metrics.groups:DIVERSITY",
+    "faithfulness": "finecap.metrics.groups:FAITHFULNESS",
+    "retrieval": "finecap.metrics.groups:RETRIEVAL",
+    "bags": "finecap.metrics.groups:BAGS",
+    "clipscore": "finecap.metrics.groups:CLIPSCORE",
+    "perplexity": "finecap.metrics.groups:PERPLEXITY",
+    "listener": "finecap.metrics.groups:LISTENER",
+}
+"""``eval.metrics`` / ``finecap eval --metrics`` names -> :class:`~finecap.metrics.group.MetricGroup` records (their
+computation, inputs and columns with each one's direction: :mod:`finecap.metrics.groups`)."""
 
 
 def declared_needs(component: Any) -> frozenset[str]:

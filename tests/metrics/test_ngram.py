@@ -14,13 +14,15 @@ from pycocoevalcap.cider.cider import Cider
 from pycocoevalcap.cider.cider_scorer import CiderScorer
 from pycocoevalcap.rouge.rouge import Rouge, my_lcs
 
-from finecap.metrics import ngram
 from finecap.metrics.ngram import (
     CiderD,
     bleu,
     bleu_per_item,
+    bleu_scorer,
     cider_d,
     cider_d_per_item,
+    counting,
+    index,
     lcs_lengths,
     ngram_metrics,
     rouge_l,
@@ -352,13 +354,13 @@ def test_hash_table_finds_like_searchsorted(monkeypatch):
     rng = np.random.default_rng(1)
     keys = np.unique(rng.integers(0, 10**12, 5000))
     queries = np.concatenate([rng.choice(keys, 300), rng.integers(0, 10**12, 300)])
-    ref_found, ref_pos = ngram._find(keys, queries)
+    ref_found, ref_pos = counting.find_sorted(keys, queries)
     expected = sorted(zip(ref_found.tolist(), ref_pos.tolist()))
-    found, pos = ngram._HashTable(keys).find(queries)
+    found, pos = counting.HashTable(keys).find(queries)
     assert sorted(zip(found.tolist(), pos.tolist())) == expected
     # every key in one bucket: 8 slots, the rest in the overflow array, still found
-    monkeypatch.setattr(ngram._HashTable, "_bucket", lambda self, q: np.zeros(len(q), dtype=np.int64))
-    table = ngram._HashTable(keys)
+    monkeypatch.setattr(counting.HashTable, "_bucket", lambda self, q: np.zeros(len(q), dtype=np.int64))
+    table = counting.HashTable(keys)
     assert len(table.overflow) == len(keys) - 8 and table.spilled[0]
     found, pos = table.find(queries)
     assert sorted(zip(found.tolist(), pos.tolist())) == expected
@@ -411,11 +413,11 @@ def test_dense_ids_and_find_fallbacks():
     small = rng.integers(0, 50, 200)
     huge = rng.integers(2**60, 2**62, 200)  # too large to pack the position: np.unique path
     for code in (small, huge):
-        uniq, inv = ngram._dense_ids(code)
+        uniq, inv = counting.dense_ids(code)
         ref_u, ref_inv = np.unique(code, return_inverse=True)
         assert np.array_equal(uniq, ref_u) and np.array_equal(inv, ref_inv)
     table = np.array([2, 5, 9, 14])
-    found, pos = ngram._find(table, np.array([14, 3, 2, 9, 20]))  # unsorted queries
+    found, pos = counting.find_sorted(table, np.array([14, 3, 2, 9, 20]))  # unsorted queries
     assert sorted(zip(found.tolist(), pos.tolist())) == [(0, 3), (2, 0), (3, 2)]
 
 
@@ -437,17 +439,17 @@ def test_ngram_metrics_shared_word_ids_give_separate_rouge_scores():
 
 
 def test_bleu_sorted_groups_equal_reference_index_path(corpus, monkeypatch):
-    """bleu_per_item's one-sort-per-order counting and _RefIndex.bleu (used by ngram_metrics) agree bit for bit,
+    """bleu_per_item's one-sort-per-order counting and RefIndex.bleu (used by ngram_metrics) agree bit for bit,
     also on the edge cases; keys that would overflow int64 take the reference-index path."""
     for preds, refs in [corpus, (EDGE_PREDS, EDGE_REFS), synthetic(300, seed=3, vocab=6)]:
-        ids, p, r = ngram._align(preds, refs)
-        c_new, per_new = ngram._bleu_arrays(p, r, 4)
-        c_old, per_old = ngram._RefIndex(r, 4, cider=False, extra=p).bleu(p, np.arange(len(ids)))
+        ids, p, r = counting.align(preds, refs)
+        c_new, per_new = bleu_scorer.bleu_arrays(p, r, 4)
+        c_old, per_old = index.RefIndex(r, 4, cider=False, extra=p).bleu(p, np.arange(len(ids)))
         assert np.array_equal(c_new, c_old) and np.array_equal(per_new, per_old)
         assert per_new[:, 0].max() > 0.5  # matches were found (not an all-zero agreement)
     expected = bleu(*corpus)  # sorted-groups path
     calls = []
-    real = ngram._RefIndex
-    monkeypatch.setattr(ngram, "_RefIndex", lambda *a, **k: calls.append(1) or real(*a, **k))
-    monkeypatch.setattr(ngram, "_BLEU_KEY_LIMIT", 0)
+    real = bleu_scorer.RefIndex
+    monkeypatch.setattr(bleu_scorer, "RefIndex", lambda *a, **k: calls.append(1) or real(*a, **k))
+    monkeypatch.setattr(bleu_scorer, "_BLEU_KEY_LIMIT", 0)
     assert bleu(*corpus) == expected and len(calls) == 1

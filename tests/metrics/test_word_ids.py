@@ -16,8 +16,8 @@ from pycocoevalcap.bleu.bleu import Bleu
 from pycocoevalcap.cider.cider import Cider
 from pycocoevalcap.rouge.rouge import Rouge
 
-from finecap.metrics import ngram, word_ids
-from finecap.metrics.ngram import ngram_metrics, rouge_l_per_item
+from finecap.metrics import word_ids
+from finecap.metrics.ngram import counting, ngram_metrics, rouge_l_per_item
 from finecap.metrics.ptb_tokenize import ptb_tokenize
 from finecap.metrics.word_ids import split_ids
 
@@ -104,7 +104,7 @@ def test_split_ids_hash_collision_falls_back(monkeypatch):
     assert split_ids("a b a") is None
     assert split_ids("a a a") is not None  # one word: no collision, still right
     # the metrics then take the str.split path and stay right
-    vocab, words, lengths = ngram._encode(["a b", "c a b"])
+    vocab, words, lengths = counting.encode(["a b", "c a b"])
     inv = {i: w for w, i in vocab.items()}
     assert [inv[i] for i in words.tolist()] == ["a", "b", "c", "a", "b"] and lengths.tolist() == [2, 3]
 
@@ -112,7 +112,7 @@ def test_split_ids_hash_collision_falls_back(monkeypatch):
 def test_encode_new_vocabulary_equals_dict_path():
     refs, preds = _coco_like(50, seed=4)
     sentences = [c for caps in refs.values() for c in caps] + list(preds.values()) + ["", "  a  b ", "x\ty"]
-    vocab, words, lengths = ngram._encode(sentences)
+    vocab, words, lengths = counting.encode(sentences)
     inv = {i: w for w, i in vocab.items()}
     flat = [w for s in sentences for w in s.split()]
     assert [inv[i] for i in words.tolist()] == flat
@@ -125,7 +125,7 @@ def test_encode_new_vocabulary_equals_dict_path():
 )
 def test_encode_space_separated_spells_split_space(sentences):
     """ROUGE-L's ``split(" ")`` words: from the bytes when single-spaced, else through ``str.split(" ")``."""
-    vocab, words, lengths = ngram._encode(sentences, sep=" ")
+    vocab, words, lengths = counting.encode(sentences, sep=" ")
     inv = {i: w for w, i in vocab.items()}
     assert [inv[i] for i in words.tolist()] == [w for s in sentences for w in s.split(" ")]
     assert lengths.tolist() == [len(s.split(" ")) for s in sentences]
@@ -145,7 +145,7 @@ def test_encode_space_separated_spells_split_space(sentences):
 )
 def test_space_split_flag(sentences, expected):
     flags: dict = {}
-    ngram._encode(sentences, flags=flags)
+    counting.encode(sentences, flags=flags)
     assert flags["space_split"] is expected
     assert expected == all(s.split(" ") == s.split() for s in sentences)
 

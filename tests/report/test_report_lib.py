@@ -121,8 +121,8 @@ def test_cli_report_and_review_errors(fabricated_run, tmp_path, capsys):
 
 
 def test_every_column_the_toolkit_writes_has_a_declared_meaning():
-    """The one table of directions covers the demo's columns and the suite's metric names (a new metric must be
-    added there, with its direction, before the report can colour it)."""
+    """The column rules cover the demo's columns and the suite's metric names (a new metric group's record declares
+    its columns' directions, or the report cannot colour them)."""
     from finecap.app import demo
 
     columns = [c.replace("RD/", "RD19/") for c in [*demo.COLUMNS, *demo.LISTENER_COLUMNS, *demo.DIVERSITY_COLUMNS]]

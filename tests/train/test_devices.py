@@ -14,7 +14,7 @@ import torch
 
 import finecap.train.validators as validators
 from finecap.data.datasets import load_records
-from finecap.metrics.suite import _Context, eval_device
+from finecap.metrics.context import EvalContext, eval_device
 from finecap.models.retriever import load_retriever
 
 
@@ -31,9 +31,9 @@ def test_finecap_eval_runs_the_retriever_on_the_accelerator(make_cfg, clip_dir, 
     monkeypatch.setattr(torch.accelerator, "is_available", lambda: True)
     monkeypatch.setattr(torch.accelerator, "current_accelerator", lambda *a, **k: torch.device("meta"))
     assert eval_device(cfg) == torch.device("meta")
-    assert _Context(predictions={}, references=None, cfg=cfg).get_retriever().device.type == "meta"
+    assert EvalContext(predictions={}, references=None, cfg=cfg).get_retriever().device.type == "meta"
     cpu_cfg = make_cfg(f"retriever.checkpoint={clip_dir}", "train.cpu=true")
-    assert _Context(predictions={}, references=None, cfg=cpu_cfg).get_retriever().device.type == "cpu"
+    assert EvalContext(predictions={}, references=None, cfg=cpu_cfg).get_retriever().device.type == "cpu"
 
 
 def test_the_retrieval_validator_moves_its_retriever_to_the_accelerators_device(make_cfg, clip_dir, monkeypatch):

@@ -42,7 +42,8 @@ from finecap.config import Config
 from finecap.data.formats import MAX_LISTED, DataError, read_bags, read_results
 from finecap.data.references import LoadedReferences, load_references, missing_images, require_captions
 from finecap.metrics.cocoeval import COCO_NAMES
-from finecap.metrics.suite import CAPTION_METRICS, IMAGE_METRICS, evaluate_items, parse_metrics, unavailable_reason
+from finecap.metrics.group import metric_group
+from finecap.metrics.suite import CAPTION_METRICS, evaluate_items, parse_metrics, unavailable_reason
 from finecap.outputs import check_outputs, write_output_json
 
 Format = Literal["table", "json", "coco"]
@@ -119,7 +120,7 @@ def _main(
 ) -> dict[str, float]:
     note = print if fmt == "table" else lambda *a: print(*a, file=sys.stderr)
     source = "--metrics" if metrics is not None else "eval.metrics" if cfg.eval.metrics else None
-    asked = parse_metrics(metrics, cfg.eval.metrics) if source else None
+    asked = parse_metrics(metrics, cfg.eval.metrics, option=source) if source else None
     results = read_results(predictions)
     repeated = [i for i, caps in results.items() if len(caps) > 1]
     if repeated and "diversity" not in (asked or ()):
@@ -177,7 +178,7 @@ def _main(
         preds,
         refs.captions(),
         metrics=names,
-        images=pool if any(n in IMAGE_METRICS or n == "listener" for n in names) else None,  # the listener's pool
+        images=pool,  # the retrieval pool (and the listener's)
         scenes=refs.scenes,
         bags=bag_data,
         samples=samples,
@@ -188,10 +189,12 @@ def _main(
     result = {rename(k): v for k, v in result.items()}
     note(f"{len(preds)} images of {refs.path}" + (f" (split {split})" if split else ""))
     if fmt == "table":
-        from finecap.report.table import markdown_table  # only for the table
+        from finecap.report.columns import rules_for  # only for the table
+        from finecap.report.table import markdown_table
 
         title = Path(predictions).name
-        print(markdown_table({k: {title: v} for k, v in result.items()}, columns=[title], row_header="metric"))
+        print(markdown_table({k: {title: v} for k, v in result.items()}, columns=[title], row_header="metric",
+                             rules=rules_for(names)))  # fmt: skip
     else:
         print(json.dumps(result, indent=1))
     if out is not None:
@@ -241,17 +244,19 @@ def _reasons(
         return None
 
     def why_not(name: str, asked: bool) -> str | None:
-        if name in ("meteor", "spice"):
-            return unavailable_reason(name, cfg)
-        if name in ("faithfulness", "listener") and refs.scenes is None:
+        reads = metric_group(name).reads  # what the group's record says it reads
+        reason = unavailable_reason(name, cfg)
+        if reason:
+            return reason
+        if "world" in reads and refs.scenes is None:
             return f"it needs scene graphs, which only a world has ({refs.path} is {refs.format})"
-        if name == "diversity" and samples is None:
+        if "samples" in reads and samples is None:
             return "it needs several captions per image in the predictions (samples)"
-        if name == "perplexity" and not cfg.eval.lm:
+        if "lm" in reads and not cfg.eval.lm:
             return "it needs a language model: set eval.lm=<causal LM name or path>"
-        if name == "bags" and bags is None:
+        if "bags" in reads and bags is None:
             return "it needs a bags file: pass --bags (from `finecap bags build`)"
-        if name in IMAGE_METRICS:
+        if "images" in reads:
             return images(asked)
         return None
 

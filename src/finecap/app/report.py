@@ -47,6 +47,7 @@ from finecap.config import Config, load, load_stored
 from finecap.data.formats import Record, read_bags, read_results
 from finecap.data.references import data_file, load_references
 from finecap.outputs import check_output_file
+from finecap.report.columns import ColumnRules, rules_for
 from finecap.report.gallery import bag_outcomes, check_facts, select_images
 from finecap.report.html import (
     REFERENCE_ROWS,
@@ -219,7 +220,7 @@ def _bag_gallery(run: RunData, cfg: Config, records: dict[Hashable, Record], n_b
     return out, note
 
 
-def _extra_sections(run_dir: Path) -> list[dict[str, Any]]:
+def _extra_sections(run_dir: Path, rules: ColumnRules) -> list[dict[str, Any]]:
     """Sections for the demo's other result files, when present: the ``vcb`` group's ``vcb_results.json`` (NDLB
     Tables 2-3) and the ``transfer`` stage's ``transfer/results.json`` (the shifted domain)."""
     sections = []
@@ -235,8 +236,9 @@ def _extra_sections(run_dir: Path) -> list[dict[str, Any]]:
             "id": "vcb", "short": "Visual Caption Boosting", "title": "Visual Caption Boosting (NDLB Tables 2-3)",
             "note": f"From {vcb.name}. {note}.",
             "tables": [single_table("caption fields of the test split (Table 2)", data.get("captions", {}),
-                                    reference_rows=[row for row, field in FIELD_ROWS.items() if field == "original"]),
-                       single_table("captioners trained on them (Table 3)", models)],
+                                    reference_rows=[row for row, field in FIELD_ROWS.items() if field == "original"],
+                                    rules=rules),
+                       single_table("captioners trained on them (Table 3)", models, rules=rules)],
         })  # fmt: skip
     transfer = run_dir / "transfer" / "results.json"
     if transfer.is_file():
@@ -244,7 +246,8 @@ def _extra_sections(run_dir: Path) -> list[dict[str, Any]]:
             "id": "transfer", "short": "Shifted domain", "title": "Shifted domain (the transfer stage)",
             "note": "From transfer/results.json: every trained stage captions the shifted domain's test split "
                     "(world.shift=domain), scored against its references.",
-            "tables": [single_table("shifted domain", read_json(transfer, DATA_FILE), reference_rows=REFERENCE_ROWS)],
+            "tables": [single_table("shifted domain", read_json(transfer, DATA_FILE), reference_rows=REFERENCE_ROWS,
+                                    rules=rules)],
         })  # fmt: skip
     return sections
 
@@ -272,6 +275,7 @@ def main(
     check_output_file(out, inputs, force=force, kind="report", ours=is_report)
     check_run_dir(run.run_dir, cfg)  # the data and retriever read now must be the run's (exit 2 naming both)
     records, scenes = _records(cfg)
+    rules = rules_for(cfg.eval.metrics)  # the directions of the run's own metric groups' columns too
     plots = _plots(run, run.run_dir / "plots")
     gallery = _gallery(run, records, scenes, n_sample, n_disagree, seed)
     bags, bag_note = _bag_gallery(run, cfg, records, n_bags) if retrieval else ([], "Bag outcomes not computed.")
@@ -282,9 +286,9 @@ def main(
         "stages": run.stages,
         "quick": cfg.demo.quick,
         "reference_rows": [r for r in REFERENCE_ROWS if r in run.results],
-        "headlines": headline_comparisons(run.results),
-        "tables": results_tables(run.results),
-        "extra": _extra_sections(run.run_dir),
+        "headlines": headline_comparisons(run.results, rules),
+        "tables": results_tables(run.results, rules=rules),
+        "extra": _extra_sections(run.run_dir, rules),
         "plots": plots,
         "gallery": gallery,
         "facts_checked": bool(scenes),

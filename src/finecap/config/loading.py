@@ -213,7 +213,7 @@ def check_names(cfg: Config) -> None:
     for name in cfg.train.validators:
         _check_name(name, VALIDATOR_KEYS, "train.validators", "validator")
     for name in cfg.eval.metrics:
-        _check_name(name, METRIC_GROUPS, "eval.metrics", "metric group", dotted=False)
+        _check_name(name, METRIC_GROUPS, "eval.metrics", "metric group")
     if any(is_dotted_path(v) for v in cfg.train.validators):
         return
     values = ["loss", "perplexity", *dict.fromkeys(k for v in cfg.train.validators for k in VALIDATOR_KEYS[v])]

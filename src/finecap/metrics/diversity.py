@@ -49,7 +49,8 @@ from collections.abc import Hashable, Iterable, Mapping, Sequence
 
 import numpy as np
 
-from finecap.metrics.ngram import _bleu_from_counts, _count, _Grams, bleu_per_item
+from finecap.metrics.ngram import bleu_per_item
+from finecap.metrics.ngram.counting import Grams, bleu_from_counts, count_ngrams
 from finecap.metrics.ptb_tokenize import tokenize
 
 __all__ = [
@@ -221,7 +222,7 @@ def pairwise_bleu_groups(groups: Sequence[Sequence[str]], max_n: int = 4) -> np.
     if s == 0:
         return np.zeros((G, max_n, 0, 0))
     captions = [c for g in groups for c in g]
-    grams = _Grams(captions, max_n)
+    grams = Grams(captions, max_n)
     C = len(captions)  # noqa: N806
     lengths = grams.lengths  # (C,)
     group_of = np.arange(C) // s
@@ -230,7 +231,7 @@ def pairwise_bleu_groups(groups: Sequence[Sequence[str]], max_n: int = 4) -> np.
         p, ids = grams.own[k - 1]
         sent = grams.sent if k == 1 else grams.sent[p]
         size = grams.sizes[k - 1]
-        c, g, tf = _count(sent, ids, size)  # distinct n-grams per caption, sorted by (caption, id)
+        c, g, tf = count_ngrams(sent, ids, size)  # distinct n-grams per caption, sorted by (caption, id)
         if len(c) == 0:
             continue
         # group entries by (group, n-gram): every pair of entries in a block shares the n-gram
@@ -248,7 +249,7 @@ def pairwise_bleu_groups(groups: Sequence[Sequence[str]], max_n: int = 4) -> np.
     # rows: (hypothesis i, reference j) pairs within each group
     i_idx = np.repeat(np.arange(C), s)  # (C*s,)
     j_idx = (i_idx // s) * s + np.tile(np.arange(s), C)
-    bleu = _bleu_from_counts(
+    bleu = bleu_from_counts(
         correct.transpose(1, 2, 0).reshape(C * s, max_n).astype(np.float64),
         guess[i_idx].astype(np.float64),
         lengths[i_idx],

@@ -35,12 +35,13 @@ from typing import Any
 import numpy as np
 
 from finecap.config import WorldConfig
+from finecap.metrics.items import corpus_only
 from finecap.metrics.retrieval import (
-    _as_array,
-    _targets,
+    as_score_matrix,
     bag_retrieval_items,
     rank_items,
     summarize_ranks,
+    target_columns,
     target_ranks,
 )
 
@@ -81,33 +82,6 @@ def family_sets(families: Mapping[Hashable, Hashable | None], size: int) -> list
     return [ids for ids in members.values() if len(ids) == size]
 
 
-def family_retrieval(
-    scores: Any,
-    image_ids: Sequence[Hashable],
-    families: Mapping[Hashable, Hashable | None],
-    size: int = FAMILY_SIZE,
-    targets: Any = None,
-    ks: Sequence[int] = (1, 5),
-) -> dict[str, float]:
-    """Each caption's image ranked among the members of its family (ties counted against it, as
-    :func:`finecap.metrics.retrieval.target_ranks`).
-
-    Args:
-        scores: ``(Q, N)`` caption-image scores; column ``n`` is image ``image_ids[n]``.
-        image_ids: the id of every column.
-        families: ``{image_id: family id}`` of the images (others are ignored).
-        size: family size; only families with exactly this many scored members count, and only captions of their
-            members are ranked.
-        targets: target column per caption (default ``arange(Q)``).
-        ks: recall cut-offs below ``size``.
-
-    Returns:
-        ``family/R@k``, ``family/mean_rank``, ``family/median_rank``, ``family/n`` (captions ranked) and
-        ``family/size``. Raises ``ValueError`` when no complete family is among the scored images.
-    """
-    return family_retrieval_items(scores, image_ids, families, size, targets, ks)[0]
-
-
 def family_retrieval_items(
     scores: Any,
     image_ids: Sequence[Hashable],
@@ -132,6 +106,26 @@ def family_retrieval_items(
     return result, items
 
 
+@corpus_only(family_retrieval_items)
+def family_retrieval() -> dict[str, float]:
+    """Each caption's image ranked among the members of its family (ties counted against it, as
+    :func:`finecap.metrics.retrieval.target_ranks`).
+
+    Args:
+        scores: ``(Q, N)`` caption-image scores; column ``n`` is image ``image_ids[n]``.
+        image_ids: the id of every column.
+        families: ``{image_id: family id}`` of the images (others are ignored).
+        size: family size; only families with exactly this many scored members count, and only captions of their
+            members are ranked.
+        targets: target column per caption (default ``arange(Q)``).
+        ks: recall cut-offs below ``size``.
+
+    Returns:
+        ``family/R@k``, ``family/mean_rank``, ``family/median_rank``, ``family/n`` (captions ranked) and
+        ``family/size``. Raises ``ValueError`` when no complete family is among the scored images.
+    """
+
+
 def hard_rd_ranks(
     scores: Any,
     image_ids: Sequence[Hashable],
@@ -151,8 +145,8 @@ def hard_rd_ranks(
     the targets), never on the scores, as :func:`finecap.metrics.retrieval.rd_ranks`: captioners evaluated with the
     same seed face the same distractors. Ties count against the caption.
     """
-    scores = _as_array(scores)
-    targets = _targets(scores, targets)
+    scores = as_score_matrix(scores)
+    targets = target_columns(scores, targets)
     n = scores.shape[1]
     n_random = n_distractors - (size - 1)
     if n_random < 0:
@@ -188,32 +182,6 @@ def hard_rd_ranks(
     return out, keep
 
 
-def hard_rd_retrieval(
-    scores: Any,
-    image_ids: Sequence[Hashable],
-    families: Mapping[Hashable, Hashable | None],
-    size: int = FAMILY_SIZE,
-    targets: Any = None,
-    n_distractors: int = 99,
-    draws: int = 3,
-    seed: int = 0,
-    ks: Sequence[int] = (1, 5),
-) -> dict[str, float]:
-    """Hard RD-N (module docstring): ``hardRD{N}/R@k``, ``mean_rank``, ``median_rank`` averaged over ``draws``
-    draws (:func:`hard_rd_ranks`), and ``hardRD{N}/n`` (captions ranked).
-
-    Example (families of 2 and RD-3: a caption's family mate and both images of the other family; caption 0 beats
-    its mate 1 but not image 3, rank 2; caption 1 beats all three, rank 1)::
-
-        >>> scores = np.array([[0.5, 0.4, 0.1, 0.9], [0.2, 0.8, 0.1, 0.3]])
-        >>> out = hard_rd_retrieval(scores, [0, 1, 2, 3], {0: "a", 1: "a", 2: "b", 3: "b"}, size=2, targets=[0, 1],
-        ...                         n_distractors=3, draws=1, ks=(1,))
-        >>> out["hardRD3/R@1"], out["hardRD3/mean_rank"]
-        (0.5, 1.5)
-    """
-    return hard_rd_items(scores, image_ids, families, size, targets, n_distractors, draws, seed, ks)[0]
-
-
 def hard_rd_items(
     scores: Any,
     image_ids: Sequence[Hashable],
@@ -237,24 +205,20 @@ def hard_rd_items(
     return out, items
 
 
-def family_self_retrieval(
-    predictions: Mapping[Hashable, str],
-    retriever: Any,
-    records: Sequence[Any],
-    families: Mapping[Hashable, Hashable | None],
-    size: int = FAMILY_SIZE,
-    cache_dir: str | Path | None = None,
-    *,
-    n_distractors: int | None = None,
-    draws: int = 3,
-    seed: int = 0,
-) -> dict[str, float]:
-    """:func:`family_retrieval` of the captions ``{image_id: caption}`` with a retriever (``embed_texts`` and
-    ``image_embeddings``, :class:`finecap.models.retriever.Retriever`) over the images of ``records`` (objects with
-    ``image_id``); scores are cosine similarities of the unit-norm embeddings. On the same scores, with
-    ``n_distractors``: the hard RD (:func:`hard_rd_retrieval`, ``draws`` draws from ``seed``)."""
-    return family_self_retrieval_items(predictions, retriever, records, families, size, cache_dir,
-                                       n_distractors=n_distractors, draws=draws, seed=seed)[0]  # fmt: skip
+@corpus_only(hard_rd_items)
+def hard_rd_retrieval() -> dict[str, float]:
+    """Hard RD-N (module docstring): ``hardRD{N}/R@k``, ``mean_rank``, ``median_rank`` averaged over ``draws``
+    draws (:func:`hard_rd_ranks`), and ``hardRD{N}/n`` (captions ranked).
+
+    Example (families of 2 and RD-3: a caption's family mate and both images of the other family; caption 0 beats
+    its mate 1 but not image 3, rank 2; caption 1 beats all three, rank 1)::
+
+        >>> scores = np.array([[0.5, 0.4, 0.1, 0.9], [0.2, 0.8, 0.1, 0.3]])
+        >>> out = hard_rd_retrieval(scores, [0, 1, 2, 3], {0: "a", 1: "a", 2: "b", 3: "b"}, size=2, targets=[0, 1],
+        ...                         n_distractors=3, draws=1, ks=(1,))
+        >>> out["hardRD3/R@1"], out["hardRD3/mean_rank"]
+        (0.5, 1.5)
+    """
 
 
 def family_self_retrieval_items(
@@ -288,3 +252,11 @@ def family_self_retrieval_items(
         for q, values in hard_items.items():
             items.setdefault(q, {}).update(values)
     return corpus, {ids[q]: values for q, values in items.items()}
+
+
+@corpus_only(family_self_retrieval_items)
+def family_self_retrieval() -> dict[str, float]:
+    """:func:`family_retrieval` of the captions ``{image_id: caption}`` with a retriever (``embed_texts`` and
+    ``image_embeddings``, :class:`finecap.models.retriever.Retriever`) over the images of ``records`` (objects with
+    ``image_id``); scores are cosine similarities of the unit-norm embeddings. On the same scores, with
+    ``n_distractors``: the hard RD (:func:`hard_rd_retrieval`, ``draws`` draws from ``seed``)."""

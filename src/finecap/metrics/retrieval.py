@@ -31,11 +31,15 @@ from typing import Any
 
 import numpy as np
 
+from finecap.metrics.items import corpus_only
+
 KS: tuple[int, ...] = (1, 5, 10)
 _CHUNK = 1024  # captions per block when drawing distractors (bounds memory at CHUNK x N floats)
 
 
-def _as_array(scores: Any) -> np.ndarray:
+def as_score_matrix(scores: Any) -> np.ndarray:
+    """``scores`` (a tensor or array-like) as a float64 ``(captions, images)`` numpy matrix; another shape is an
+    error."""
     if hasattr(scores, "detach"):
         scores = scores.detach().cpu().float().numpy()
     scores = np.asarray(scores, dtype=np.float64)
@@ -44,7 +48,9 @@ def _as_array(scores: Any) -> np.ndarray:
     return scores
 
 
-def _targets(scores: np.ndarray, targets: Any) -> np.ndarray:
+def target_columns(scores: np.ndarray, targets: Any) -> np.ndarray:
+    """The target image column of each caption row of ``scores``: ``targets`` checked (shape ``(Q,)``, columns in
+    range), or ``arange(Q)`` when None (one image per caption, ``Q == N``)."""
     q, n = scores.shape
     if targets is None:
         if q != n:
@@ -67,8 +73,8 @@ def target_ranks(scores: Any, targets: Any = None, candidates: np.ndarray | None
         candidates: ``(Q, C)`` columns competing with the target per caption (the target itself may be included;
             it is never counted against itself); default: every column.
     """
-    scores = _as_array(scores)
-    targets = _targets(scores, targets)
+    scores = as_score_matrix(scores)
+    targets = target_columns(scores, targets)
     rows = np.arange(len(targets))
     own = scores[rows, targets]  # (Q,)
     if candidates is None:
@@ -125,8 +131,8 @@ def rd_ranks(scores: Any, targets: Any = None, n_distractors: int = 99, draws: i
     Draw ``d`` uses ``numpy.random.default_rng((seed, d))``, so the distractors depend only on (seed, d, Q, N,
     targets), never on the scores: two captioners evaluated with the same seed face the same distractors.
     """
-    scores = _as_array(scores)
-    targets = _targets(scores, targets)
+    scores = as_score_matrix(scores)
+    targets = target_columns(scores, targets)
     if draws < 1:
         raise ValueError(f"draws must be >= 1, got {draws}")
     q, n = scores.shape
@@ -157,8 +163,8 @@ def bag_ranks(
 ) -> list[tuple[int, int, int]]:
     """``(caption row, bag size, rank)`` of each caption whose image lies in a bag, ranked among the images of that
     bag (arguments as :func:`bag_retrieval`, which summarises these ranks per bag size)."""
-    scores = _as_array(scores)
-    targets = _targets(scores, targets)
+    scores = as_score_matrix(scores)
+    targets = target_columns(scores, targets)
     column = {i: c for c, i in enumerate(image_ids)}
     if len(column) != len(image_ids):
         raise ValueError("image_ids must be unique")
@@ -178,28 +184,6 @@ def bag_ranks(
         if cols is not None:
             out.append((q, len(cols), int(target_ranks(scores[q : q + 1], [t], cols[None, :])[0])))
     return out
-
-
-def bag_retrieval(
-    scores: Any,
-    bags: Sequence[Sequence[Hashable]],
-    image_ids: Sequence[Hashable],
-    targets: Any = None,
-    ks: Sequence[int] = KS,
-) -> dict[str, float]:
-    """Self-retrieval within bags (TrueMatch): each caption competes only with the images of its own bag.
-
-    Args:
-        scores: ``(Q, N)`` caption-image scores; column ``n`` is image ``image_ids[n]``.
-        bags: lists of image ids; an image should be in at most one bag (only the first bag holding it is used).
-        image_ids: the id of every column.
-        targets: target column per caption (default ``arange(Q)``).
-        ks: recall cut-offs; only those smaller than a bag's size are reported for it (others are trivially 1).
-
-    Returns:
-        ``bag{s}/R@k``, ``bag{s}/mean_rank``, ``bag{s}/median_rank`` and ``bag{s}/n`` (captions) per bag size ``s``.
-    """
-    return bag_retrieval_items(scores, bags, image_ids, targets, ks)[0]
 
 
 def bag_retrieval_items(
@@ -225,6 +209,22 @@ def bag_retrieval_items(
             for j, q in enumerate(rows):
                 items.setdefault(q, {})[f"bag{size}/{k}"] = float(values[j])
     return out, items
+
+
+@corpus_only(bag_retrieval_items)
+def bag_retrieval() -> dict[str, float]:
+    """Self-retrieval within bags (TrueMatch): each caption competes only with the images of its own bag.
+
+    Args:
+        scores: ``(Q, N)`` caption-image scores; column ``n`` is image ``image_ids[n]``.
+        bags: lists of image ids; an image should be in at most one bag (only the first bag holding it is used).
+        image_ids: the id of every column.
+        targets: target column per caption (default ``arange(Q)``).
+        ks: recall cut-offs; only those smaller than a bag's size are reported for it (others are trivially 1).
+
+    Returns:
+        ``bag{s}/R@k``, ``bag{s}/mean_rank``, ``bag{s}/median_rank`` and ``bag{s}/n`` (captions) per bag size ``s``.
+    """
 
 
 class SelfRetrieval:

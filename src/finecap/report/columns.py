@@ -1,13 +1,19 @@
 """What a results column means for display: which direction is better, and whether it counts things.
 
-The one place that says so (:data:`COLUMNS`): the HTML report colours cells and differences by it, and every table
-(HTML, ``results.md``) prints numbers with :func:`format_value`. A column is matched by ``fnmatch`` patterns, the
-first match wins, so ``sample/mBLEU-4`` (lower is better: the captions of one image are less alike) is caught
-before the ``*BLEU-*`` rule. A column no pattern matches has no direction and is never coloured.
+The metric groups' records say it for the columns they write (:class:`finecap.metrics.group.Column` in each
+:class:`~finecap.metrics.group.MetricGroup`); :data:`OTHER_COLUMNS` says it for the columns no metric group writes
+(training logs, the demo's tables, TrueMatch bag curation). :func:`column_rules` puts them in one
+:class:`ColumnRules`: the HTML report colours cells and differences by it, and every table (HTML, ``results.md``,
+``finecap eval``) prints numbers with :func:`format_value`. A column is matched by ``fnmatch`` patterns, the first
+match wins: a user's own groups (``eval.metrics`` by dotted path) first, then the built-in patterns with those
+saying lower-is-better or no direction before the broad higher-is-better ones, so ``sample/mBLEU-4`` (lower is
+better: the captions of one image are less alike) is caught before the ``*BLEU-*`` rule. A column no pattern matches
+has no direction and is never coloured.
 
 Directions: ``"higher"`` or ``"lower"`` is better, or None where neither is (caption length, facts stated per
 caption, counts of captions). Counts (``bag3/n``, ``Vocab usage``, ``faith/hallucinated``) print as integers: the
-metrics return them as floats (``54.0``), which would otherwise print as ``54.000``.
+metrics return them as floats (``54.0``), which would otherwise print as ``54.000``. The functions take ``rules``
+(default: the built-in groups' and :data:`OTHER_COLUMNS`).
 
 Example::
 
@@ -23,84 +29,92 @@ from __future__ import annotations
 
 import fnmatch
 import functools
-from dataclasses import dataclass
-from typing import Literal
+import logging
+from collections.abc import Iterable
+from dataclasses import dataclass, field
 
-Direction = Literal["higher", "lower"]
+from finecap.metrics.group import Column, Direction, MetricGroup, metric_group
+from finecap.registry import METRIC_GROUPS, is_dotted_path
 
+__all__ = ["Column", "ColumnRules", "Direction", "OTHER_COLUMNS", "column_rules", "rules_for"]
 
-@dataclass(frozen=True)
-class Column:
-    """Results columns matching ``pattern``: which direction is better (None: neither) and whether they count."""
+log = logging.getLogger(__name__)
 
-    pattern: str
-    better: Direction | None
-    count: bool = False
-
-
-COLUMNS: tuple[Column, ...] = (
-    # lower is better
-    Column("*mBLEU-*", "lower"),  # self-BLEU among an image's captions: lower = more diverse
-    Column("*halluc_rate", "lower"),
-    Column("*hallucinated", "lower", count=True),
-    Column("*halluc/*", "lower", count=True),
-    Column("*false facts", "lower"),
-    Column("*mean_rank", "lower"),
-    Column("*median_rank", "lower"),
-    Column("*tie_rate", "lower"),  # the listener cannot tell the target from a distractor
-    Column("*exploit", "lower"),  # the retriever is right where the facts do not say so
-    Column("perplexity/tokens", None, count=True),
-    Column("perplexity/truncated", None, count=True),
-    Column("*perplexity*", "lower"),
-    Column("*loss*", "lower"),
-    # no better direction
-    Column("*/n", None, count=True),  # captions counted (bag3/n)
+OTHER_COLUMNS: tuple[Column, ...] = (
+    Column("*false facts", "lower"),  # the demo's VCB tables: facts stated per caption
+    Column("*true facts", "higher"),
+    Column("*loss*", "lower"),  # training logs
+    Column("*reward*", "higher"),
+    Column("*acc", "higher"),
+    Column("*accuracy", "higher"),
     Column("*/bags", None, count=True),  # TrueMatch bags kept (bag3/bags)
     Column("*/curated", None, count=True),  # ... and curated before the filter (bags.keep_hardest)
     Column("*/alpha*", None),  # mean intra-bag similarity: how hard the bags are, not how good a captioner is
     Column("family/size", None, count=True),
-    Column("*Length", None),
-    Column("faith/facts", None),
-    # higher is better
-    Column("*true facts", "higher"),
-    Column("*R@*", "higher"),
-    Column("*BLEU-*", "higher"),
-    Column("Bleu_*", "higher"),
-    Column("*CIDEr*", "higher"),
-    Column("*ROUGE*", "higher"),
-    Column("*METEOR*", "higher"),
-    Column("*SPICE*", "higher"),
-    Column("*CLIPScore*", "higher"),
-    Column("*ClipSc*", "higher"),
-    Column("*precision*", "higher"),
-    Column("*recall*", "higher"),
-    Column("*Div-*", "higher"),
-    Column("*Lexical diversity", "higher", count=True),
-    Column("*Vocab usage", "higher", count=True),
-    Column("*acc", "higher"),
-    Column("*accuracy", "higher"),
-    Column("*reward*", "higher"),
 )
-"""Every results column the toolkit writes, by pattern (first match wins)."""
+"""The results columns the toolkit writes that no metric group does, by pattern."""
+
+
+@dataclass(frozen=True)
+class ColumnRules:
+    """Column patterns in the order they are tried (the first match wins)."""
+
+    columns: tuple[Column, ...]
+    _found: dict[str, Column | None] = field(default_factory=dict, compare=False, repr=False)
+
+    def info(self, column: str) -> Column | None:
+        """The first entry matching ``column``, or None."""
+        if column not in self._found:
+            self._found[column] = next((c for c in self.columns if fnmatch.fnmatchcase(column, c.pattern)), None)
+        return self._found[column]
+
+
+def column_rules(groups: Iterable[MetricGroup] = ()) -> ColumnRules:
+    """The columns of ``groups`` (a user's own, tried first, in their order), then those of the built-in groups
+    (:data:`finecap.registry.METRIC_GROUPS`) and :data:`OTHER_COLUMNS`, the ones not higher-is-better before the
+    others (module docstring)."""
+    own = [c for g in groups for c in g.columns]
+    builtin = [c for name in METRIC_GROUPS for c in metric_group(name, "METRIC_GROUPS").columns] + list(OTHER_COLUMNS)
+    exceptions_first = sorted(dict.fromkeys(builtin), key=lambda c: c.better == "higher")  # stable: order kept
+    return ColumnRules(tuple(dict.fromkeys(own + exceptions_first)))
+
+
+@functools.cache
+def _builtin() -> ColumnRules:
+    return column_rules()
+
+
+def rules_for(metrics: Iterable[str]) -> ColumnRules:
+    """The rules for results of the metric groups ``metrics`` (``eval.metrics``; names or dotted paths): the built-in
+    ones with those of the user's own groups. A dotted path that does not import is logged and left out: its
+    columns are then shown without a direction."""
+    groups = []
+    for name in metrics:
+        if is_dotted_path(name):
+            try:
+                groups.append(metric_group(name))
+            except ValueError as e:
+                log.warning("%s; its columns are shown without a direction", e)
+    return column_rules(groups) if groups else _builtin()
+
 
 DECIMALS = 3
 """Decimals of non-integer numbers in every table."""
 
 
-@functools.lru_cache(maxsize=4096)
-def column_info(column: str) -> Column | None:
-    """The first entry of :data:`COLUMNS` matching ``column``, or None."""
-    return next((c for c in COLUMNS if fnmatch.fnmatchcase(column, c.pattern)), None)
+def column_info(column: str, rules: ColumnRules | None = None) -> Column | None:
+    """The first column pattern of ``rules`` matching ``column``, or None."""
+    return (rules or _builtin()).info(column)
 
 
-def direction(column: str) -> Direction | None:
+def direction(column: str, rules: ColumnRules | None = None) -> Direction | None:
     """``"higher"`` or ``"lower"`` when that is better for ``column``, None when neither is or it is unknown."""
-    info = column_info(column)
+    info = column_info(column, rules)
     return info.better if info is not None else None
 
 
-def is_count(column: str) -> bool:
-    info = column_info(column)
+def is_count(column: str, rules: ColumnRules | None = None) -> bool:
+    info = column_info(column, rules)
     return info is not None and info.count
 
 
@@ -108,7 +122,7 @@ def _number(value: object) -> bool:
     return isinstance(value, int | float) and not isinstance(value, bool)
 
 
-def format_value(value: object, column: str | None = None) -> str:
+def format_value(value: object, column: str | None = None, rules: ColumnRules | None = None) -> str:
     """A table cell: integers (and whole values of count columns) without decimals, other numbers with
     :data:`DECIMALS`, None as ``-``."""
     if value is None:
@@ -116,28 +130,28 @@ def format_value(value: object, column: str | None = None) -> str:
     if isinstance(value, int) and not isinstance(value, bool):
         return str(value)
     if isinstance(value, float):
-        if column is not None and is_count(column) and value.is_integer():
+        if column is not None and is_count(column, rules) and value.is_integer():
             return str(int(value))
         return f"{value:.{DECIMALS}f}"
     return str(value)
 
 
-def format_difference(new: float, old: float, column: str) -> str:
+def format_difference(new: float, old: float, column: str, rules: ColumnRules | None = None) -> str:
     """``new - old`` with a sign, as the cells print (``+12`` for counts, ``-0.158``; ``±0`` / ``±0.000`` when equal
     at that precision)."""
     diff = float(new) - float(old)
-    if is_count(column) and float(new).is_integer() and float(old).is_integer():
+    if is_count(column, rules) and float(new).is_integer() and float(old).is_integer():
         return f"{int(diff):+d}" if diff else "±0"
     text = f"{diff:+.{DECIMALS}f}"
     return "±" + text[1:] if float(text) == 0 else text
 
 
-def better(new: object, old: object, column: str) -> bool | None:
+def better(new: object, old: object, column: str, rules: ColumnRules | None = None) -> bool | None:
     """Whether ``new`` is better than ``old`` by the column's direction; None when the column has no direction,
     either is not a number, or they are equal at the precision shown."""
-    side = direction(column)
+    side = direction(column, rules)
     if side is None or not _number(new) or not _number(old):
         return None
-    if format_value(float(new), column) == format_value(float(old), column):
+    if format_value(float(new), column, rules) == format_value(float(old), column, rules):
         return None
     return (float(new) > float(old)) == (side == "higher")

@@ -29,7 +29,7 @@ from typing import Any
 import jinja2
 
 from finecap.outputs import write_output
-from finecap.report.columns import better, direction, format_difference, format_value
+from finecap.report.columns import ColumnRules, better, direction, format_difference, format_value
 
 TEMPLATES = Path(__file__).parent / "templates"
 """Jinja2 templates of the report and of the bag-review page (:mod:`finecap.app.review`)."""
@@ -78,11 +78,12 @@ class Table:
     name: str
     columns: list[str]
     rows: list[tuple[str, list[Cell]]] = field(default_factory=list)
+    rules: ColumnRules | None = None  # what each column means (default: the built-in metrics')
 
     @property
     def directions(self) -> list[str | None]:
         """Each column's better direction (``"higher"``, ``"lower"``, None)."""
-        return [direction(c) for c in self.columns]
+        return [direction(c, self.rules) for c in self.columns]
 
 
 def _matches(column: str, patterns: Sequence[str]) -> bool:
@@ -102,8 +103,11 @@ def headline_cells(rows: Mapping[str, Mapping[str, Any]]) -> dict[tuple[str, str
     return roles
 
 
-def headline_comparisons(rows: Mapping[str, Mapping[str, Any]]) -> list[dict[str, Any]]:
-    """Each applicable headline with ``[(column, baseline value, stage value, difference, better?)]``."""
+def headline_comparisons(
+    rows: Mapping[str, Mapping[str, Any]], rules: ColumnRules | None = None
+) -> list[dict[str, Any]]:
+    """Each applicable headline with ``[(column, baseline value, stage value, difference, better?)]``, by the
+    columns' ``rules``."""
     out = []
     for h in HEADLINES:
         if h.stage not in rows or h.baseline not in rows:
@@ -117,9 +121,11 @@ def headline_comparisons(rows: Mapping[str, Mapping[str, Any]]) -> list[dict[str
                 or not isinstance(base, int | float)
             ):
                 continue
-            items.append({"column": column, "baseline": format_value(base, column),
-                          "value": format_value(value, column), "diff": format_difference(value, base, column),
-                          "better": better(value, base, column), "direction": direction(column)})  # fmt: skip
+            items.append({"column": column, "baseline": format_value(base, column, rules),
+                          "value": format_value(value, column, rules),
+                          "diff": format_difference(value, base, column, rules),
+                          "better": better(value, base, column, rules),
+                          "direction": direction(column, rules)})  # fmt: skip
         if items:
             out.append({"paper": h.paper, "claim": h.claim, "stage": h.stage, "baseline": h.baseline, "items": items})
     return out
@@ -129,24 +135,25 @@ def _rank(table: Table, reference_rows: Sequence[str]) -> None:
     """Mark the best and worst cell of each column with a direction, among the rows that are not references (ties at
     the precision shown share the mark; nothing is marked when all are equal)."""
     for j, column in enumerate(table.columns):
-        side = direction(column)
+        side = direction(column, table.rules)
         cells = [cells[j] for stage, cells in table.rows if stage not in reference_rows and cells[j].value is not None]
         if side is None or len({c.text for c in cells}) < 2:
             continue
         values = [c.value for c in cells]
         best, worst = (max(values), min(values)) if side == "higher" else (min(values), max(values))
         for cell in cells:
-            if cell.text == format_value(best, column):
+            if cell.text == format_value(best, column, table.rules):
                 cell.rank = "best"
-            elif cell.text == format_value(worst, column):
+            elif cell.text == format_value(worst, column, table.rules):
                 cell.rank = "worst"
 
 
 def results_tables(
-    rows: Mapping[str, Mapping[str, Any]], reference_rows: Sequence[str] = REFERENCE_ROWS
-) -> list[Table]:
+    rows: Mapping[str, Mapping[str, Any]], reference_rows: Sequence[str] = REFERENCE_ROWS,
+    rules: ColumnRules | None = None,
+) -> list[Table]:  # fmt: skip
     """One table per column prefix (module docstring), columns in first-seen order, headline cells marked, the best
-    and worst cell of each column with a direction marked (``reference_rows`` are not ranked)."""
+    and worst cell of each column with a direction (by ``rules``) marked (``reference_rows`` are not ranked)."""
     groups: dict[str, list[str]] = {MAIN_TABLE: []}
     for values in rows.values():
         for column in values:
@@ -154,24 +161,27 @@ def results_tables(
             if column not in groups.setdefault(name, []):
                 groups[name].append(column)
     roles = headline_cells(rows)
-    return [_table(name, columns, rows, roles, reference_rows) for name, columns in groups.items() if columns]
+    return [_table(name, columns, rows, roles, reference_rows, rules) for name, columns in groups.items() if columns]
 
 
-def single_table(name: str, rows: Mapping[str, Mapping[str, Any]], reference_rows: Sequence[str] = ()) -> Table:
+def single_table(
+    name: str, rows: Mapping[str, Mapping[str, Any]], reference_rows: Sequence[str] = (),
+    rules: ColumnRules | None = None,
+) -> Table:  # fmt: skip
     """All of ``rows``' columns in one table (first-seen order), ranked like :func:`results_tables`' (no headline
     cells): for result files whose columns belong together, such as the VCB tables."""
     columns: list[str] = []
     for values in rows.values():
         columns += [c for c in values if c not in columns]
-    return _table(name, columns, rows, {}, reference_rows)
+    return _table(name, columns, rows, {}, reference_rows, rules)
 
 
 def _table(
     name: str, columns: list[str], rows: Mapping[str, Mapping[str, Any]], roles: Mapping[tuple[str, str], str],
-    reference_rows: Sequence[str],
+    reference_rows: Sequence[str], rules: ColumnRules | None,
 ) -> Table:  # fmt: skip
     """The rows that have at least one of ``columns``, formatted and ranked."""
-    table = Table(name, columns)
+    table = Table(name, columns, rules=rules)
     for stage, values in rows.items():
         if not any(c in values for c in columns):
             continue
@@ -179,7 +189,7 @@ def _table(
         for c in columns:
             v = values.get(c)
             number = float(v) if isinstance(v, int | float) and not isinstance(v, bool) else None
-            cells.append(Cell(format_value(v, c), number, roles.get((stage, c), "")))
+            cells.append(Cell(format_value(v, c, rules), number, roles.get((stage, c), "")))
         table.rows.append((stage, cells))
     _rank(table, reference_rows)
     return table

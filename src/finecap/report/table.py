@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from finecap.report.columns import column_info, format_value
+from finecap.report.columns import ColumnRules, column_info, format_value
 
 QUICK_TITLE = (
     "QUICK RUN (finecap demo --quick): a tiny world and a few training steps per stage, to check that the pipeline "
@@ -35,9 +35,13 @@ def quick_labelled(table: str, quick: bool) -> str:
 
 
 def markdown_table(
-    rows: Mapping[str, Mapping[str, object]], columns: Sequence[str] | None = None, row_header: str = "stage"
+    rows: Mapping[str, Mapping[str, object]],
+    columns: Sequence[str] | None = None,
+    row_header: str = "stage",
+    rules: ColumnRules | None = None,
 ) -> str:
-    """A Markdown table with one row per key of ``rows``; missing cells print as ``-``."""
+    """A Markdown table with one row per key of ``rows``; missing cells print as ``-``, numbers by ``rules``
+    (:mod:`finecap.report.columns`)."""
     if columns is None:
         columns = []
         for values in rows.values():
@@ -45,6 +49,6 @@ def markdown_table(
     lines = ["| " + " | ".join([row_header, *columns]) + " |", "| " + " | ".join(["---"] * (len(columns) + 1)) + " |"]
     for name, values in rows.items():
         # A cell is formatted as its column's metric, or as its row's when the rows are the metrics (finecap eval).
-        cells = [format_value(values.get(c), c if column_info(c) is not None else name) for c in columns]
+        cells = [format_value(values.get(c), c if column_info(c, rules) is not None else name, rules) for c in columns]
         lines.append("| " + " | ".join([name, *cells]) + " |")
     return "\n".join(lines)

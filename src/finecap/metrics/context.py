@@ -1,0 +1,113 @@
+"""The evaluation context: the inputs of :func:`finecap.metrics.suite.evaluate` and the values metric groups share
+(tokenised text, the retriever, caption-image scores), computed once per evaluation (:class:`EvalContext`).
+
+Importing it imports no torch: the retriever (torch, transformers) is loaded when a group first asks for it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from finecap.home import cache_dir
+from finecap.metrics.ptb_tokenize import ptb_tokenize, tokenize_all
+
+if TYPE_CHECKING:
+    from finecap.config import Config
+    from finecap.data.formats import Record
+    from finecap.world.scene import Scene
+
+
+@dataclass
+class EvalContext:
+    """What a metric group's ``compute`` gets: the evaluation's inputs (``predictions`` ``{image id: caption}``,
+    ``references``, ``images``, ``scenes``, ``bags``, ``samples``: None when not given; read them with
+    :meth:`need`, which says what is missing), the configuration ``cfg``, the group names ``requested`` together,
+    and the values the groups share, computed once: PTB-tokenised text (:meth:`tok_predictions`,
+    :meth:`tok_references`), the retriever and its caption-image scores. A group records its per-image scores with
+    :meth:`add_items`."""
+
+    predictions: dict[Hashable, str]
+    references: dict[Hashable, list[str]] | None
+    cfg: Config
+    retriever: Any = None
+    images: list[Record] | None = None
+    scenes: Mapping[Hashable, Scene] | None = None
+    bags: dict[int, list[list[Hashable]]] | None = None
+    samples: dict[Hashable, list[str]] | None = None
+    requested: tuple[str, ...] = ()
+    items: dict[Hashable, dict[str, float]] | None = None  # per-image scores, when asked for (evaluate_items)
+    cache: dict[str, Any] = field(default_factory=dict)
+
+    def add_items(self, per_item: Mapping[Hashable, Mapping[str, float]], keys: Sequence[str]) -> None:
+        """Record the per-image scores ``keys`` of ``per_item`` (when per-image scores are asked for)."""
+        if self.items is not None:
+            for i, scores in per_item.items():
+                row = self.items.setdefault(i, {})
+                row.update({k: float(scores[k]) for k in keys if k in scores})
+
+    def need(self, what: str, group: str, hint: str) -> Any:
+        """The input ``what`` (``"references"``, ``"images"``, ``"scenes"``, ``"bags"``, ``"samples"``); when it was
+        not given, a ``ValueError`` naming the metric ``group`` and what to do (``hint``)."""
+        value = getattr(self, what)
+        if value is None:
+            raise ValueError(f"metric {group!r} needs {what}: {hint}")
+        return value
+
+    # tokenised text -------------------------------------------------------------------------------------------------
+
+    def tok_predictions(self) -> dict[Hashable, str]:
+        """The captions PTB-tokenised as pycocoevalcap's scorers see them (lower case, no punctuation)."""
+        if "tok_pred" not in self.cache:
+            preds = self.predictions
+            self.cache["tok_pred"] = dict(zip(preds, tokenize_all(preds.values())))
+        return self.cache["tok_pred"]
+
+    def tok_references(self, group: str) -> dict[Hashable, list[str]]:
+        """The references of the predicted images, PTB-tokenised; every predicted image must have some (errors name
+        the metric ``group``)."""
+        if "tok_refs" not in self.cache:
+            refs = self.need("references", group, "pass the reference captions")
+            missing = [i for i in self.predictions if not refs.get(i)]
+            if missing:
+                raise ValueError(f"metric {group!r}: no references for {len(missing)} image(s), e.g. {missing[:5]}")
+            self.cache["tok_refs"] = ptb_tokenize({i: refs[i] for i in self.predictions})
+        return self.cache["tok_refs"]
+
+    # self-retrieval -------------------------------------------------------------------------------------------------
+
+    def get_retriever(self) -> Any:
+        """The retriever given to :func:`~finecap.metrics.suite.evaluate`, else the configured one (``retriever.*``),
+        loaded once on :func:`eval_device`."""
+        if self.retriever is None:
+            # Deferred: the retriever module imports torch and transformers, which text-only evaluation never needs
+            # (`finecap eval --metrics bleu,...` must not import them; tests/test_cli.py checks).
+            from finecap.models.retriever import load_retriever
+
+            self.retriever = load_retriever(self.cfg, device=eval_device(self.cfg))
+        return self.retriever
+
+    def retrieval_scores(self, group: str) -> tuple[Any, list[Hashable], Any]:
+        """(SelfRetrieval, query image ids, cosine scores (Q, N)), computed once for 'retrieval' and 'bags'."""
+        if "retrieval" not in self.cache:
+            from finecap.metrics.retrieval import SelfRetrieval
+
+            images = self.need("images", group, "pass the image records (the retrieval pool)")
+            e = self.cfg.eval
+            sr = SelfRetrieval(self.get_retriever(), images, cache_dir=cache_dir(self.cfg.run),
+                               n_distractors=e.n_distractors, draws=e.draws, seed=e.seed)  # fmt: skip
+            ids, scores = sr.scores(self.predictions)
+            self.cache["retrieval"] = (sr, ids, scores)
+        return self.cache["retrieval"]
+
+
+def eval_device(cfg: Config) -> Any:
+    """Where ``finecap eval`` runs its models (the CLIP retriever, the perplexity LM): the machine's accelerator
+    (``torch.accelerator``: a GPU), as accelerate would choose it for training, unless ``train.cpu`` is set; else
+    the CPU. Imports torch: call it only for groups that run a model."""
+    import torch
+
+    if cfg.train.cpu or not torch.accelerator.is_available():
+        return torch.device("cpu")
+    return torch.accelerator.current_accelerator()

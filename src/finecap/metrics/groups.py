@@ -1,0 +1,269 @@
+"""The built-in metric groups: one :class:`~finecap.metrics.group.MetricGroup` record each, named in
+:data:`finecap.registry.METRIC_GROUPS` (keys, inputs and per-image values: :mod:`finecap.metrics.suite`).
+
+The columns say which way is better for every key a group writes, by ``fnmatch`` pattern; a leading ``*`` also
+covers the same key under a prefix (``sample/Div-1``, ``listener/RD19/R@1``, ``family/R@1``), as the demo's tables
+write them. Importing this module imports no torch: the groups of the world (faithfulness, listener), of images
+(retrieval, bags, clipscore), perplexity and SPICE (Java) import their modules when they run.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Callable, Hashable, Mapping
+from functools import partial
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from finecap.home import cache_dir
+from finecap.metrics.context import eval_device
+from finecap.metrics.diversity import caption_length, mean_length, set_diversity_per_item, vocabulary_metrics
+from finecap.metrics.group import Column, MetricGroup
+from finecap.metrics.meteor import MetricUnavailable
+from finecap.metrics.ngram import ngram_metrics
+from finecap.metrics.ptb_tokenize import tokenize
+
+if TYPE_CHECKING:
+    from finecap.config import Config
+    from finecap.metrics.context import EvalContext
+
+RANKS = (Column("*R@*", "higher"), Column("*mean_rank", "lower"), Column("*median_rank", "lower"))
+"""The columns of every ranking: recalls at k, mean and median rank (of RD-N, the pool, bags, families, the
+listener)."""
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# Caption metrics (pycocoevalcap's scorers)
+# --------------------------------------------------------------------------------------------------------------------
+
+
+def _ngram(ctx: EvalContext, group: str) -> dict[str, float]:
+    """BLEU / ROUGE-L / CIDEr-D; the groups asked for in this evaluation share one reference index."""
+    if "ngram" not in ctx.cache:
+        names = {"bleu": "bleu", "rouge": "rouge_l", "cider": "cider_d"}
+        wanted = [names[g] for g in ctx.requested if g in names] or [names[group]]
+        ctx.cache["ngram"] = ngram_metrics(ctx.tok_predictions(), ctx.tok_references(group), wanted,
+                                           per_item=ctx.items is not None)  # fmt: skip
+    corpus, per_item = ctx.cache["ngram"]
+    prefix = {"bleu": "BLEU-", "rouge": "ROUGE-L", "cider": "CIDEr-D"}[group]
+    out = {k: v for k, v in corpus.items() if k.startswith(prefix)}
+    ctx.add_items(per_item, list(out))
+    return out
+
+
+def _scored_by(ctx: EvalContext, group: str, per_item: Callable[..., tuple[dict[str, float], Mapping]]) -> dict:
+    """METEOR or SPICE: ``per_item(tokenised predictions, tokenised references)``; skipped with a warning saying
+    what to install when it cannot run here."""
+    refs = ctx.tok_references(group)
+    try:
+        corpus, items = per_item(ctx.tok_predictions(), refs)
+    except MetricUnavailable as e:
+        warnings.warn(f"skipping {group.upper()}: {e}", stacklevel=2)
+        return {}
+    ctx.add_items(items, list(corpus))
+    return corpus
+
+
+def _meteor(ctx: EvalContext) -> dict[str, float]:
+    """METEOR in Python, or the jar with ``eval.meteor_backend=java``."""
+    from finecap.metrics.meteor import meteor_per_item
+
+    e = ctx.cfg.eval
+    return _scored_by(ctx, "meteor", partial(meteor_per_item, backend=e.meteor_backend, max_words=e.meteor_max_words))
+
+
+def _meteor_unavailable(cfg: Config) -> str | None:
+    from finecap.metrics.meteor import meteor_unavailable_reason
+
+    return meteor_unavailable_reason(backend=cfg.eval.meteor_backend)
+
+
+def _spice(ctx: EvalContext) -> dict[str, float]:
+    from finecap.metrics.spice import spice_per_item
+
+    return _scored_by(ctx, "spice", spice_per_item)
+
+
+def _spice_unavailable(cfg: Config) -> str | None:
+    from finecap.metrics.spice import spice_unavailable_reason
+
+    return spice_unavailable_reason()
+
+
+BLEU = MetricGroup("bleu", partial(_ngram, group="bleu"), reads=frozenset({"references"}),
+                   columns=(Column("*BLEU-*", "higher"), Column("Bleu_*", "higher")),
+                   not_image_means=("BLEU-1", "BLEU-2", "BLEU-3", "BLEU-4"))  # fmt: skip
+"""``BLEU-1`` .. ``BLEU-4`` (``Bleu_1`` .. with pycocoevalcap's names). BLEU pools n-gram counts over the corpus
+(its brevity penalty too): the mean of the per-image scores is not the corpus score."""
+ROUGE = MetricGroup("rouge", partial(_ngram, group="rouge"), reads=frozenset({"references"}),
+                    columns=(Column("*ROUGE*", "higher"),))  # fmt: skip
+CIDER = MetricGroup("cider", partial(_ngram, group="cider"), reads=frozenset({"references"}),
+                    columns=(Column("*CIDEr*", "higher"),))  # fmt: skip
+METEOR = MetricGroup("meteor", _meteor, reads=frozenset({"references"}), columns=(Column("*METEOR*", "higher"),),
+                     not_image_means=("METEOR",), unavailable=_meteor_unavailable)  # fmt: skip
+"""METEOR scores the corpus at once: the mean of the per-image scores is not the corpus score."""
+SPICE = MetricGroup("spice", _spice, reads=frozenset({"references"}), columns=(Column("*SPICE*", "higher"),),
+                    unavailable=_spice_unavailable)  # fmt: skip
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# Text statistics and diversity
+# --------------------------------------------------------------------------------------------------------------------
+
+
+def _length(ctx: EvalContext) -> dict[str, float]:
+    if ctx.items is not None:  # (plain `finecap eval` asks for none: no second count of every caption)
+        ctx.add_items({i: {"Length": caption_length(c)} for i, c in ctx.predictions.items()}, ["Length"])
+    return {"Length": mean_length(ctx.predictions.values())}
+
+
+def _vocab(ctx: EvalContext) -> dict[str, float]:
+    out = vocabulary_metrics(ctx.predictions, min_count=ctx.cfg.eval.vocab_min_count)
+    return {k: out[k] for k in ("Lexical diversity", "Vocab usage")}
+
+
+def _diversity(ctx: EvalContext) -> dict[str, float]:
+    samples = ctx.need("samples", "diversity", "pass several sampled captions per image ({id: [caption, ...]})")
+    corpus, per = set_diversity_per_item({i: [tokenize(c) for c in caps] for i, caps in samples.items()})
+    # Div-n is the mean of its per-image values; mBLEU-4 is not (corpus BLEU per sample round), so it has none
+    ctx.add_items({i: {"Div-1": v["Div-1"], "Div-2": v["Div-2"]} for i, v in per.items()}, ["Div-1", "Div-2"])
+    return corpus
+
+
+LENGTH = MetricGroup("length", _length, columns=(Column("*Length", None),))
+"""Mean words per caption: longer is not better in itself."""
+VOCAB = MetricGroup("vocab", _vocab, columns=(Column("*Lexical diversity", "higher", count=True),
+                                              Column("*Vocab usage", "higher", count=True)))  # fmt: skip
+DIVERSITY = MetricGroup("diversity", _diversity, reads=frozenset({"samples"}),
+                        columns=(Column("*Div-*", "higher"), Column("*mBLEU-*", "lower")))  # fmt: skip
+"""Distinct n-grams among an image's samples (higher: more diverse) and their self-BLEU (lower: less alike)."""
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# The world's scene graphs
+# --------------------------------------------------------------------------------------------------------------------
+
+
+def _faithfulness(ctx: EvalContext) -> dict[str, float]:
+    from finecap.metrics.faithfulness import faithfulness_per_item
+
+    scenes = ctx.need("scenes", "faithfulness", "scene graphs exist only for the world (scenes.jsonl)")
+    corpus, items = faithfulness_per_item(ctx.predictions, scenes)
+    ctx.add_items({i: {"faith/precision": f.precision, "faith/recall": f.recall, "faith/facts": f.n_stated,
+                       "faith/halluc_rate": float(bool(f.hallucinated))} for i, f in items.items()},
+                  ["faith/precision", "faith/recall", "faith/facts", "faith/halluc_rate"])  # fmt: skip
+    return corpus
+
+
+def _listener(ctx: EvalContext) -> dict[str, float]:
+    """The fact-based listener on the retriever's candidates; ``exploit`` when retrieval is evaluated too."""
+    from finecap.metrics.listener import listener_retrieval
+
+    scenes = ctx.need("scenes", "listener", "scene graphs exist only for the world (scenes.jsonl)")
+    e = ctx.cfg.eval
+    pool = [r.image_id for r in ctx.images] if ctx.images is not None else list(ctx.predictions)
+    scores = None
+    if any(g in ctx.requested for g in ("retrieval", "bags")):
+        sr, _, scores = ctx.retrieval_scores("listener")
+        pool = sr.image_ids
+    return listener_retrieval(ctx.predictions, scenes, pool, e.n_distractors, e.draws, e.seed, ctx.bags, scores)
+
+
+FAITHFULNESS = MetricGroup(
+    "faithfulness", _faithfulness, reads=frozenset({"world"}),
+    columns=(Column("*halluc_rate", "lower"), Column("*hallucinated", "lower", count=True),
+             Column("*halluc/*", "lower", count=True), Column("faith/facts", None), Column("*precision*", "higher"),
+             Column("*recall*", "higher")),
+)  # fmt: skip
+"""Precision and recall of the stated facts, hallucinations (counts and the share of captions with one); facts
+stated per caption have no better direction."""
+LISTENER = MetricGroup("listener", _listener, reads=frozenset({"world"}),
+                       columns=(Column("*tie_rate", "lower"), Column("*exploit", "lower"), *RANKS))  # fmt: skip
+"""The fact-based listener's recalls; its ties (it cannot tell the target from a distractor) and ``exploit`` (the
+retriever is right where the facts do not say so) are lower-is-better."""
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# Images, through the retriever
+# --------------------------------------------------------------------------------------------------------------------
+
+
+def _retrieval(ctx: EvalContext) -> dict[str, float]:
+    from finecap.metrics.retrieval import pool_retrieval, rank_items, rd_ranks, rd_retrieval, target_ranks
+
+    sr, ids, scores = ctx.retrieval_scores("retrieval")
+    targets = np.array([sr.column[i] for i in ids], dtype=np.int64)
+    e = ctx.cfg.eval
+    out = {f"RD{e.n_distractors}/{k}": v for k, v in rd_retrieval(scores, targets, e.n_distractors, e.draws,
+                                                                   e.seed).items()}  # fmt: skip
+    out.update({f"pool/{k}": v for k, v in pool_retrieval(scores, targets).items()})
+    if ctx.items is not None:  # the per-image values of the means (R@k, mean rank; RD-N's averaged over draws)
+        for name, ranks in ((f"RD{e.n_distractors}", rd_ranks(scores, targets, e.n_distractors, e.draws, e.seed)),
+                            ("pool", target_ranks(scores, targets))):  # fmt: skip  # (draws, Q), (Q,)
+            per_image = rank_items(ranks)
+            ctx.add_items({i: {f"{name}/{k}": v[q] for k, v in per_image.items()} for q, i in enumerate(ids)},
+                          [f"{name}/{k}" for k in per_image])  # fmt: skip
+    return out
+
+
+def _bags(ctx: EvalContext) -> dict[str, float]:
+    from finecap.metrics.retrieval import bag_retrieval_items
+
+    bags = ctx.need("bags", "bags", "pass TrueMatch bags ({size: [[image_id, ...], ...]}, `finecap bags build`)")
+    sr, ids, scores = ctx.retrieval_scores("bags")
+    targets = np.array([sr.column[i] for i in ids], dtype=np.int64)
+    out: dict[str, float] = {}
+    for size in sorted(bags):
+        result, per_caption = bag_retrieval_items(scores, bags[size], sr.image_ids, targets)
+        if not result:
+            warnings.warn(f"no predicted image lies in a bag of size {size}", stacklevel=2)
+        out.update(result)
+        # the per-image values of each bag size's means, for the images in its bags
+        keys = sorted({k for row in per_caption.values() for k in row})
+        ctx.add_items({ids[q]: row for q, row in per_caption.items()}, keys)
+    return out
+
+
+def _clipscore(ctx: EvalContext) -> dict[str, float]:
+    from finecap.metrics.clipscore import CLIPScore
+
+    images = ctx.need("images", "clipscore", "pass the image records")
+    scorer = CLIPScore(ctx.get_retriever(), images, cache_dir=cache_dir(ctx.cfg.run))
+    refs: dict[Hashable, list[str]] | None = None
+    if ctx.references is not None and all(ctx.references.get(i) for i in ctx.predictions):
+        refs = {i: list(ctx.references[i]) for i in ctx.predictions}
+    corpus, items = scorer.corpus_and_items(ctx.predictions, refs)
+    ctx.add_items(items, ["CLIPScore", "RefCLIPScore"])  # not ClipSc: its corpus value is the mean clipped at 0
+    return corpus
+
+
+RETRIEVAL = MetricGroup("retrieval", _retrieval, reads=frozenset({"images"}), columns=RANKS)
+BAGS = MetricGroup("bags", _bags, reads=frozenset({"images", "bags"}),
+                   columns=(*RANKS, Column("*/n", None, count=True)))  # fmt: skip
+"""TrueMatch recalls and ranks per bag size, and the captions counted (``bag3/n``)."""
+CLIPSCORE = MetricGroup("clipscore", _clipscore, reads=frozenset({"images"}),
+                        columns=(Column("*CLIPScore*", "higher"), Column("*ClipSc*", "higher")))  # fmt: skip
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# A language model
+# --------------------------------------------------------------------------------------------------------------------
+
+
+def _perplexity(ctx: EvalContext) -> dict[str, float]:
+    if not ctx.cfg.eval.lm:
+        raise ValueError("metric 'perplexity' needs a language model: set eval.lm=<causal LM name or path>")
+    # Deferred: perplexity runs a causal LM (torch + transformers); text-only evaluation must not import them.
+    from finecap.metrics.perplexity import Perplexity
+
+    return Perplexity(ctx.cfg.eval.lm, batch_size=ctx.cfg.eval.batch_size, device=eval_device(ctx.cfg))(
+        ctx.predictions
+    )
+
+
+PERPLEXITY = MetricGroup("perplexity", _perplexity, reads=frozenset({"lm"}),
+                         columns=(Column("perplexity/tokens", None, count=True),
+                                  Column("perplexity/truncated", None, count=True),
+                                  Column("*perplexity*", "lower")))  # fmt: skip
+"""The LM's perplexity and mean token loss (lower: more fluent); the tokens counted have no direction."""
