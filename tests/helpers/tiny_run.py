@@ -16,21 +16,29 @@ KEY_IN_ENV = "sk-environment-9b3d41-never-in-a-file"
 KEYS = (KEY_IN_CONFIG, KEY_IN_OVERRIDE, KEY_IN_ENV)
 
 
-def make_tiny(root: Path) -> dict:
-    """A tiny world, a tiny random CLIP and the overrides of a 1-layer ClipCap that trains in a second, under
-    ``root``: ``{"root", "base" (the overrides), "clip"}``."""
+def tiny_world_and_clip(root: Path, n_train: int, n_val: int, n_test: int) -> tuple[list[str], Path]:
+    """A tiny world of ``n_train`` / ``n_val`` / ``n_test`` scenes of 32 px and a tiny random CLIP under ``root``:
+    the overrides that train a 1-layer ClipCap on them (world, encoder, ClipCap sizes, feature cache), and the CLIP."""
     from finecap.config import WorldConfig
     from finecap.models.presets import save_tiny_clip
     from finecap.world.make import make_world
 
-    world = WorldConfig(n_train=40, n_val=8, n_test=8, image_size=32, seed=0)
+    world = WorldConfig(n_train=n_train, n_val=n_val, n_test=n_test, image_size=32, seed=0)
     make_world(world, out=root / "world", progress=False)
     clip = save_tiny_clip(root / "clip", image_size=32, patch_size=16)
-    base = [f"world.out={root / 'world'}", "world.n_train=40", "world.n_val=8", "world.n_test=8",
-            "world.image_size=32", f"model.encoder={clip}", "clipcap.tiny_layers=1", "clipcap.tiny_hidden=32",
-            "clipcap.tiny_heads=2", "clipcap.prefix_length=2", f"run.cache_dir={root / 'cache'}",
-            "train.batch_size=16", "train.warmup_steps=2", "train.log_every=1", "train.eval_samples=8",
-            "decode.max_length=10", "train.max_steps=2"]  # fmt: skip
+    overrides = [f"world.out={root / 'world'}", f"world.n_train={n_train}", f"world.n_val={n_val}",
+                 f"world.n_test={n_test}", "world.image_size=32", f"model.encoder={clip}", "clipcap.tiny_layers=1",
+                 "clipcap.tiny_hidden=32", "clipcap.tiny_heads=2", "clipcap.prefix_length=2",
+                 f"run.cache_dir={root / 'cache'}"]  # fmt: skip
+    return overrides, clip
+
+
+def make_tiny(root: Path) -> dict:
+    """A tiny world, a tiny random CLIP and the overrides of a 1-layer ClipCap that trains in a second, under
+    ``root``: ``{"root", "base" (the overrides), "clip"}``."""
+    world_and_clip, clip = tiny_world_and_clip(root, 40, 8, 8)
+    base = [*world_and_clip, "train.batch_size=16", "train.warmup_steps=2", "train.log_every=1",
+            "train.eval_samples=8", "decode.max_length=10", "train.max_steps=2"]  # fmt: skip
     return {"root": root, "base": base, "clip": clip}
 
 
