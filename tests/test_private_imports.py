@@ -154,6 +154,18 @@ def test_private_names():
         ("import torch\ntorch._C", []),  # another library's business
         ("from .fields import _violated", ["finecap.config.fields._violated"]),  # relative, from finecap/config/
     ],
+    ids=[
+        "from-import",
+        "dunder",
+        "dotted-module",
+        "module-alias",
+        "from-package-import-module",
+        "submodule-of-module",
+        "public-names",
+        "class-member",
+        "other-library",
+        "relative-import",
+    ],
 )
 def test_the_checker_finds_private_names_of_other_modules(tmp_path, monkeypatch, source, expected):
     package = tmp_path / "finecap" / "config"
