@@ -4,10 +4,10 @@
     .venv/bin/python docs/gen_config_reference.py --check    # exit 1 if the committed file is out of date
 
 Every key comes from :data:`finecap.config.SECTIONS` through :func:`finecap.config.describe` (the same rows
-``finecap config --describe`` prints, each doc followed by the field's bounds): a field added to a section with
-``doc(default, "...")`` appears here when this script is run again. ``tests/test_config_reference.py`` fails when the
-committed page differs from what this script writes. Defaults that depend on the machine (the user's home folder)
-are written as ``~``.
+``finecap config --describe`` prints, each doc followed by the field's bounds and why the upper one is where it is): a
+field added to a section with ``doc(default, "...")`` appears here when this script is run again.
+``tests/test_config_reference.py`` fails when the committed page differs from what this script writes. Defaults that
+depend on the machine (the user's home folder) are written as ``~``.
 """
 
 from __future__ import annotations
@@ -29,8 +29,9 @@ HEADER = f"""# Configuration reference
 
 Every command reads one configuration: an optional recipe (a YAML file or a packaged recipe name, see `finecap
 recipes`) and then `section.key=value` overrides on the command line, e.g. `finecap train demo/mle train.lr=3e-4`.
-A list takes `[a,b]`. This page lists every key with its type, its default and its one-line doc (with its bounds:
-"Must be >= 1, <= 1024."; a value outside them is refused naming the key), section by section;
+A list takes `[a,b]`. This page lists every key with its type, its default and its one-line doc (with its bounds and
+why the upper one is where it is: "Must be >= 1, <= 1024 (GPT-2's whole context)."; a value outside them is refused
+naming the key), section by section;
 `finecap config --describe` prints the same, and `finecap config RECIPE key=value ...` prints the resolved
 configuration.
 

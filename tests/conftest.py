@@ -25,20 +25,39 @@ def quick_demo_run(tmp_path_factory, finecap_home):
 
 @pytest.fixture(scope="session")
 def shapes(tmp_path_factory) -> dict:
-    """Coloured-shape images and a tiny random CLIP (:func:`test_caption_images.make_shapes`), for the captioner
-    that tests/test_caption_images.py and tests/test_api.py share."""
-    from test_caption_images import make_shapes
+    """Coloured-shape images and a tiny random CLIP (:func:`helpers.shapes.make_shapes`), for the captioner that
+    tests/test_caption_images.py and tests/test_api.py share."""
+    from helpers.shapes import make_shapes
 
     return make_shapes(tmp_path_factory.mktemp("shapes"))
 
 
 @pytest.fixture(scope="session")
 def run(shapes):
-    """A tiny ClipCap trained once per session on ``shapes`` (:func:`test_caption_images.train_shapes_run`): its
+    """A tiny ClipCap trained once per session on ``shapes`` (:func:`helpers.shapes.train_shapes_run`): its
     training takes seconds, so the modules using it share one."""
-    from test_caption_images import train_shapes_run
+    from helpers.shapes import train_shapes_run
 
     return train_shapes_run(shapes)
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory) -> dict:
+    """A tiny world, a tiny random CLIP and the overrides of a 1-layer ClipCap that trains in a second
+    (:func:`helpers.tiny_run.make_tiny`), once per test module; modules with a tiny setup of their own define their
+    own ``tiny``."""
+    from helpers.tiny_run import make_tiny
+
+    return make_tiny(tmp_path_factory.mktemp("tiny"))
+
+
+@pytest.fixture(scope="module")
+def secret_run(tiny) -> dict:
+    """A 2-step training run of ``tiny`` with API keys in its recipe, an override and the environment
+    (:func:`helpers.tiny_run.train_with_secrets`), once per test module."""
+    from helpers.tiny_run import train_with_secrets
+
+    return train_with_secrets(tiny)
 
 
 @pytest.fixture

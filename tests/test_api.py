@@ -1,6 +1,7 @@
 """The Python API (issue 34): ``finecap.Captioner`` on paths and PIL images, sharing ``finecap caption --images``'s
 captioning; ``finecap.evaluate`` against the metric suite and pycocoevalcap; ``import finecap`` stays free of torch.
-The captioner is the tiny ClipCap of tests/test_caption_images.py, which has learnt a caption per colour."""
+The captioner is the tiny ClipCap of tests/helpers/shapes.py (shared with tests/test_caption_images.py), which has
+learnt a caption per colour."""
 
 from __future__ import annotations
 
@@ -24,7 +25,7 @@ from finecap.data.formats import DataError, load_image
 from finecap.inference import upright_rgb
 from finecap.metrics import suite
 from finecap.runs import checkpoint_dir, model_dir
-from test_caption_images import CAPTION, COLORS, caption
+from helpers.shapes import CAPTION, COLORS, caption
 
 
 @pytest.fixture(scope="module")

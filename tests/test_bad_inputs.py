@@ -10,9 +10,7 @@
 
 from __future__ import annotations
 
-import contextlib
 import errno
-import io
 import json
 import os
 import shutil
@@ -23,63 +21,13 @@ from pathlib import Path
 
 import pytest
 
-from finecap.app.cli import main
+from helpers.cli import run_cli
+from helpers.image_files import png_header
+from helpers.tiny_run import KEY_IN_ENV, KEY_IN_OVERRIDE, KEYS
 
-KEY_IN_CONFIG = "sk-config-5ec2e7-never-in-a-file"
-KEY_IN_OVERRIDE = "sk-override-77a1f0-never-in-a-file"
-KEY_IN_ENV = "sk-environment-9b3d41-never-in-a-file"
-KEYS = (KEY_IN_CONFIG, KEY_IN_OVERRIDE, KEY_IN_ENV)
-
-
-@pytest.fixture(scope="module")
-def tiny(tmp_path_factory) -> dict:
-    """A tiny world, a tiny random CLIP and the overrides of a 1-layer ClipCap that trains in a second."""
-    from finecap.config import WorldConfig
-    from finecap.models.presets import save_tiny_clip
-    from finecap.world.make import make_world
-
-    root = tmp_path_factory.mktemp("tiny")
-    world = WorldConfig(n_train=40, n_val=8, n_test=8, image_size=32, seed=0)
-    make_world(world, out=root / "world", progress=False)
-    clip = save_tiny_clip(root / "clip", image_size=32, patch_size=16)
-    base = [f"world.out={root / 'world'}", "world.n_train=40", "world.n_val=8", "world.n_test=8",
-            "world.image_size=32", f"model.encoder={clip}", "clipcap.tiny_layers=1", "clipcap.tiny_hidden=32",
-            "clipcap.tiny_heads=2", "clipcap.prefix_length=2", f"run.cache_dir={root / 'cache'}",
-            "train.batch_size=16", "train.warmup_steps=2", "train.log_every=1", "train.eval_samples=8",
-            "decode.max_length=10", "train.max_steps=2"]  # fmt: skip
-    return {"root": root, "base": base, "clip": clip}
-
-
-def run_cli(argv: list[str]) -> tuple[int, str, str]:
-    """``finecap ARGV`` in this process: (exit code, stdout, stderr). An exception the CLI does not turn into a
-    message propagates (and fails the test, as a traceback would)."""
-    out, err = io.StringIO(), io.StringIO()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        code = main(argv)
-    return code, out.getvalue(), err.getvalue()
-
-
-@pytest.fixture(scope="module")
-def secret_run(tiny) -> dict:
-    """`finecap train` from a recipe holding an API key, another key as an override, a third in the environment;
-    jsonl and TensorBoard trackers; 2 steps. Returns the run folder and what was printed."""
-    root = tiny["root"]
-    recipe = root / "recipe.yaml"
-    recipe.write_text(f"boost:\n  llm_api_key: {KEY_IN_CONFIG}\ntrain:\n  log_with: [jsonl, tensorboard]\n")
-    run = root / "run"
-    saved = os.environ.get("OPENAI_API_KEY")
-    os.environ["OPENAI_API_KEY"] = KEY_IN_ENV
-    try:
-        code, out, err = run_cli(["train", str(recipe), *tiny["base"], f"boost.vlm_api_key={KEY_IN_OVERRIDE}",
-                                  "--out", str(run)])  # fmt: skip
-        config = run_cli(["config", str(recipe), f"boost.vlm_api_key={KEY_IN_OVERRIDE}"])
-    finally:
-        if saved is None:
-            os.environ.pop("OPENAI_API_KEY")
-        else:
-            os.environ["OPENAI_API_KEY"] = saved
-    assert code == 0, err
-    return {"run": run, "printed": out + err, "config": config}
+# the fixtures tiny (a tiny world, a tiny random CLIP and the overrides of a 1-layer ClipCap) and secret_run (a
+# 2-step training run with an API key in its recipe, another as an override, a third in the environment; jsonl and
+# TensorBoard trackers) are tests/conftest.py's (helpers/tiny_run.py)
 
 
 def files_holding_a_key(folder: Path) -> list[str]:
@@ -257,8 +205,6 @@ def case_binary_predictions(ctx):
 
 def case_decompression_bomb_image(ctx):
     # a PNG header declaring 30000 x 30000 pixels, read for CLIPScore (tests/test_hostile_images.py has the rest)
-    from test_hostile_images import png_header
-
     results, refs = _eval_inputs(ctx.tmp)
     png_header(ctx.tmp / "1.png", 30000, 30000)
     argv = ["eval", "--predictions", str(results), "--references", str(refs), "--metrics", "clipscore",

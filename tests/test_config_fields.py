@@ -73,6 +73,8 @@ def test_messages_of_one_sided_two_sided_and_reasoned_bounds():
 
 def test_the_reference_rows_show_the_bounds():
     rows = {key: text for key, _, _, text in describe(SECTIONS["clipcap"])}
-    assert rows["prefix_length"].endswith("fed to the language model. Must be >= 1, <= 1024.")
+    assert rows["prefix_length"].endswith(
+        "fed to the language model. Must be >= 1, <= 1024 (GPT-2's whole context; ClipCap: 10 or 40)."
+    )  # the upper bound's reason (doc(..., why=...)) after the bounds
     assert rows["tiny_dropout"].endswith(" Must be in [0, 1).")
     assert "Must be" not in rows["lm"]

@@ -43,6 +43,24 @@ def test_every_config_key_has_a_row_with_its_doc():
             assert first_words in rows[key], f"{key}: its doc is not in its row: {rows[key]}"
 
 
+def test_every_bound_and_its_reason_are_in_its_row():
+    # the reference is the one place the bounds are written down for users (docs/configuration.md points to it)
+    page = _generator().render()
+    rows = {line.split(" | ")[0].strip("| `"): line for line in page.splitlines() if line.startswith("| `")}
+    reasons = 0
+    for name, cls in SECTIONS.items():
+        for f in dataclasses.fields(cls):
+            bounds = f.metadata.get("bounds") or {}
+            row = rows[f"{name}.{f.name}"].replace("&gt;", ">").replace("&lt;", "<")
+            for bound, value in bounds.items():
+                assert str(value) in row, f"{name}.{f.name}: its bound {bound}={value} is not in its row: {row}"
+            why = f.metadata.get("why", "")
+            if why:
+                assert f"({why})." in row, f"{name}.{f.name}: the reason of its bound is not in its row: {row}"
+                reasons += 1
+    assert reasons >= 30  # the options that size memory or work (tests/test_hostile_config.py's BOUNDS)
+
+
 def test_defaults_are_written_as_in_a_recipe():
     fmt = _generator().format_value
     assert fmt(None) == "null"

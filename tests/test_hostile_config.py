@@ -8,7 +8,8 @@ named error, never in a huge message, a hang or a silently wrong run.
 - Options that size memory or work have upper bounds, named in the error.
 - ``--resume`` checks ``trainer_state.json`` (and the states it restores) before using it.
 
-The command-line cases use ``tests/test_bad_inputs.py``'s runner and fixtures (a tiny world, CLIP and 2-step run).
+The command-line cases use ``helpers.cli.run_cli`` and tests/conftest.py's fixtures ``tiny`` and ``secret_run`` (a
+tiny world, CLIP and 2-step run), as tests/test_bad_inputs.py does.
 """
 
 from __future__ import annotations
@@ -19,13 +20,10 @@ from pathlib import Path
 
 import pytest
 
-import test_bad_inputs as bad
 from finecap.config import ConfigError, from_dict, load, load_stored
 from finecap.train.state import CheckpointError, check_info, check_resume
 from finecap.utils import YAMLRefused, load_yaml, read_yaml_mapping, short_repr
-
-tiny = bad.tiny  # fixtures shared with tests/test_bad_inputs.py (a tiny world and CLIP; a 2-step training run)
-secret_run = bad.secret_run
+from helpers.cli import run_cli
 
 MAX_LINE = 1000  # characters of a "one-line" error here: every message below is well under it
 
@@ -51,7 +49,7 @@ def bomb_flow() -> str:
 
 def one_line_error(argv: list[str]) -> str:
     """Run ``finecap ARGV``: it must exit 2 with one short ``finecap: error:`` line and no traceback; returns it."""
-    code, out, err = bad.run_cli(argv)
+    code, out, err = run_cli(argv)
     assert "Traceback" not in err
     assert code == 2, err[:2000]
     lines = [line for line in err.splitlines() if line.startswith("finecap: ")]

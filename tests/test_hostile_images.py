@@ -17,49 +17,21 @@ import base64
 import io
 import json
 import os
-import struct
-import sys
-import zlib
 from pathlib import Path
 
 import pytest
 from PIL import Image
 
-import test_bad_inputs
 from finecap.boost.engine import BadImage, Task
 from finecap.config import load
 from finecap.data.formats import DataError, Record, check_image_file, load_image, load_record_image, read_bags
 from finecap.data.references import read_records
-from test_bad_inputs import run_cli
+from helpers.chat_server import ChatServer, echo_first_caption
+from helpers.cli import run_cli
+from helpers.image_files import BLUE, BROKEN, GREEN, RED, SECRET, png, png_header, truncated_png
 
-sys.path.insert(0, str(Path(__file__).parent / "boost"))  # the boost tests' local chat server
-from chat_server import ChatServer, echo_first_caption  # noqa: E402
-
-tiny = test_bad_inputs.tiny  # fixtures of tests/test_bad_inputs.py: a tiny world, a tiny CLIP and their overrides,
-secret_run = test_bad_inputs.secret_run  # and a ClipCap trained on them for 2 steps
-
-SECRET = b"-----BEGIN OPENSSH PRIVATE KEY-----\nb3BlbnNzaC1rZXktdjEAAAAABG5vbmUAAAAEbm9uZQ\n" \
-         b"-----END OPENSSH PRIVATE KEY-----\n"  # fmt: skip
-RED, GREEN, BLUE = (200, 30, 30), (30, 200, 30), (30, 30, 200)
-
-
-def png(path: Path, color: tuple[int, int, int] = RED, size: tuple[int, int] = (8, 8)) -> Path:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    Image.new("RGB", size, color).save(path)
-    return path
-
-
-def png_header(path: Path, width: int, height: int) -> Path:
-    """A PNG of a few dozen bytes whose header declares ``width`` x ``height`` pixels (a decompression bomb)."""
-
-    def chunk(kind: bytes, data: bytes) -> bytes:
-        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
-
-    ihdr = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)
-    path.write_bytes(
-        b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", ihdr) + chunk(b"IDAT", zlib.compress(b"")) + chunk(b"IEND", b"")
-    )
-    return path
+# the fixtures tiny (a tiny world, a tiny CLIP and their overrides) and secret_run (a ClipCap trained on them for 2
+# steps) are tests/conftest.py's
 
 
 def one_line_error(code: int, err: str) -> str:
@@ -100,41 +72,6 @@ def test_a_decompression_bomb_is_one_line_naming_the_file_and_the_limit(tmp_path
     embedded = Record(7, tmp_path / "x.png", "test", image_bytes=bomb.read_bytes())
     with pytest.raises(DataError, match=r"image of record 7 .*MAX_IMAGE_PIXELS"):
         load_record_image(embedded)
-
-
-def _truncated(path: Path) -> Path:
-    png(path, size=(64, 64))
-    data = path.read_bytes()
-    path.write_bytes(data[: len(data) // 2])
-    return path
-
-
-def _corrupt(path: Path) -> Path:
-    png(path, size=(64, 64))
-    data = bytearray(path.read_bytes())
-    data[60:80] = b"\x00" * 20  # inside the compressed pixels
-    path.write_bytes(bytes(data))
-    return path
-
-
-def _write(path: Path, data: bytes) -> Path:
-    path.write_bytes(data)
-    return path
-
-
-BROKEN = {
-    "empty": (lambda p: _write(p, b""), "the file is empty"),
-    "text": (lambda p: _write(p, SECRET), "not an image"),
-    "truncated": (_truncated, "damaged image"),
-    "corrupt": (_corrupt, "damaged image"),
-    "eps": (
-        lambda p: _write(p, b"%!PS-Adobe-3.0 EPSF-3.0\n%%BoundingBox: 0 0 8 8\nshowpage\n"),
-        "not an image",
-    ),  # PIL reads EPS by running Ghostscript: not a format finecap decodes
-    "folder": (lambda p: p.mkdir() or p, "a folder"),
-    "fifo": (lambda p: os.mkfifo(p) or p, "not a regular file"),  # reading it would block forever
-    "missing": (lambda p: p, "no such file"),
-}
 
 
 @pytest.mark.parametrize("kind", sorted(BROKEN))
@@ -497,7 +434,7 @@ def test_bomb_and_truncated_images_in_training_are_one_line(tiny, bomb_data, tmp
     bomb_data.write_text("\n".join([rows[1], rows[2].replace("1.png", "bomb.png"), *rows[3:]]) + "\n")  # trains
     code, _, err = run_cli(["train", *base, *data, "--out", str(tmp_path / "run")])
     _bomb_named(one_line_error(code, err), bomb_data)
-    _truncated(bomb_data.parent / "bomb.png")
+    truncated_png(bomb_data.parent / "bomb.png")
     code, _, err = run_cli(["train", *base, *data, "--out", str(tmp_path / "run2")])
     line = one_line_error(code, err)
     assert f"{bomb_data.parent / 'bomb.png'}: damaged image" in line

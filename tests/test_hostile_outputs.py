@@ -2,7 +2,7 @@
 command's inputs or over a file finecap did not make (without --force), one training per run folder, no code run
 from a checkpoint or a stored configuration, and a world whose files were edited refused by its fingerprint.
 
-Every command is run through the command line (`run_cli`, from tests/test_bad_inputs.py): a refusal is one
+Every command is run through the command line (`run_cli`, from tests/helpers/cli.py): a refusal is one
 `finecap: error:` line with exit code 2, never a traceback, and the file a planted link points to is unchanged.
 """
 
@@ -21,7 +21,7 @@ import pytest
 from finecap.locks import TRAIN_LOCK, output_lock
 from finecap.outputs import OutputRefused, check_output_file, made_by_finecap, write_output
 from finecap.utils import append_jsonl, atomic_replace_dir, atomic_write_text, make_temporary_dir, open_append
-from test_bad_inputs import run_cli, tiny  # noqa: F401 (the fixture is used by name)
+from helpers.cli import refused, run_cli
 
 PRECIOUS = b"the user's own file: never to be overwritten\n"
 
@@ -40,19 +40,8 @@ def plant_link(at: Path, target: Path) -> Path:
     return at
 
 
-def refused(argv: list[str], *expected: str) -> str:
-    """Run ``finecap ARGV``; assert one error line (exit 2) holding every ``expected`` text; return it."""
-    code, out, err = run_cli(argv)
-    lines = [ln for ln in err.splitlines() if ln.startswith("finecap: error:")]
-    assert code == 2, (code, out, err)
-    assert len(lines) == 1 and "Traceback" not in err, err
-    for text in expected:
-        assert text in lines[0], (text, lines[0])
-    return lines[0]
-
-
 @pytest.fixture(scope="module")
-def trained(tiny) -> Path:  # noqa: F811
+def trained(tiny) -> Path:
     """A 2-step tiny ClipCap run (checkpoints best and last)."""
     run = tiny["root"] / "outputs-run"
     code, _, err = run_cli(["train", *tiny["base"], "--out", str(run)])
@@ -114,7 +103,7 @@ def test_a_lock_file_is_never_written_through_a_link(tmp_path):
     assert target.read_bytes() == PRECIOUS
 
 
-def test_train_never_writes_through_a_link_in_its_run_folder(tiny, trained, tmp_path):  # noqa: F811
+def test_train_never_writes_through_a_link_in_its_run_folder(tiny, trained, tmp_path):
     target = precious(tmp_path / "user")
     # a fresh run folder whose config.yaml is a link
     fresh = tmp_path / "fresh"
@@ -140,7 +129,7 @@ def test_train_never_writes_through_a_link_in_its_run_folder(tiny, trained, tmp_
         assert (user_dir / "keep.txt").read_bytes() == PRECIOUS
 
 
-def test_caption_eval_and_bags_never_write_through_a_link(tiny, trained, eval_files, tmp_path):  # noqa: F811
+def test_caption_eval_and_bags_never_write_through_a_link(tiny, trained, eval_files, tmp_path):
     target = precious(tmp_path / "user")
     preds, refs = eval_files
     out = plant_link(tmp_path / "links" / "scores.json", target)
@@ -152,7 +141,7 @@ def test_caption_eval_and_bags_never_write_through_a_link(tiny, trained, eval_fi
     assert target.read_bytes() == PRECIOUS
 
 
-def test_demo_never_writes_a_stage_done_marker_through_a_link(tiny, tmp_path):  # noqa: F811
+def test_demo_never_writes_a_stage_done_marker_through_a_link(tiny, tmp_path):
     target = precious(tmp_path / "user")
     world = [o for o in tiny["base"] if o.startswith(("world.", "run.cache_dir"))]
     demo = tmp_path / "demo"
@@ -163,7 +152,7 @@ def test_demo_never_writes_a_stage_done_marker_through_a_link(tiny, tmp_path):  
     assert target.read_bytes() == PRECIOUS and not (demo / "mle" / "checkpoints").exists()
 
 
-def test_folder_links_inside_a_demo_or_a_world_are_refused(tiny, tmp_path):  # noqa: F811
+def test_folder_links_inside_a_demo_or_a_world_are_refused(tiny, tmp_path):
     from finecap.config import WorldConfig
     from finecap.world.make import make_world
 
@@ -206,7 +195,7 @@ def test_boost_refuses_a_link_at_its_outputs_before_any_request(tmp_path):
     assert target.read_bytes() == PRECIOUS
 
 
-def test_resume_refuses_a_tampered_metrics_log(tiny, trained, tmp_path):  # noqa: F811
+def test_resume_refuses_a_tampered_metrics_log(tiny, trained, tmp_path):
     for bad in ('{"x": 1}', "[1]", "garbage"):
         run = shutil.copytree(trained, tmp_path / f"run-{len(bad)}")
         log = run / "metrics.jsonl"
@@ -269,7 +258,7 @@ def test_an_existing_file_finecap_did_not_make_needs_force(eval_files, tmp_path)
     refused(eval_argv(preds, refs, "--out", str(tmp_path)), "is a directory, but a file is expected here")
 
 
-def test_caption_and_bags_never_write_over_the_data_set(tiny, trained, tmp_path):  # noqa: F811
+def test_caption_and_bags_never_write_over_the_data_set(tiny, trained, tmp_path):
     world = Path(next(o for o in tiny["base"] if o.startswith("world.out=")).split("=", 1)[1])
     before = (world / "dataset.json").read_bytes()
     refused(["caption", "--checkpoint", str(trained), "--out", str(world / "dataset.json"), "--force"],
@@ -286,7 +275,7 @@ def test_caption_and_bags_never_write_over_the_data_set(tiny, trained, tmp_path)
     assert mine.read_bytes() == PRECIOUS
 
 
-def test_train_never_replaces_the_recipe_nor_a_users_config(tiny, tmp_path):  # noqa: F811
+def test_train_never_replaces_the_recipe_nor_a_users_config(tiny, tmp_path):
     exp = tmp_path / "myexp"
     exp.mkdir()
     recipe = exp / "config.yaml"
@@ -301,7 +290,7 @@ def test_train_never_replaces_the_recipe_nor_a_users_config(tiny, tmp_path):  # 
     assert recipe.read_bytes() == before and (other / "config.yaml").read_bytes() == before
 
 
-def test_demo_refuses_a_folder_of_user_files_and_a_users_config(tiny, tmp_path):  # noqa: F811
+def test_demo_refuses_a_folder_of_user_files_and_a_users_config(tiny, tmp_path):
     world = [o for o in tiny["base"] if o.startswith(("world.", "run.cache_dir"))]
     mine = tmp_path / "mine"
     precious(mine, "config.yaml")
@@ -366,7 +355,7 @@ def test_a_command_never_replaces_another_kind_of_finecap_output(trained, tmp_pa
     assert (run / "config.yaml").read_bytes() == before
 
 
-def test_the_recipe_is_an_input_of_every_command(tiny, trained, eval_files, tmp_path):  # noqa: F811
+def test_the_recipe_is_an_input_of_every_command(tiny, trained, eval_files, tmp_path):
     preds, refs = eval_files
     recipe = tmp_path / "recipe.yaml"
     recipe.write_text("eval:\n  seed: 1\n")
@@ -385,7 +374,7 @@ def test_the_recipe_is_an_input_of_every_command(tiny, trained, eval_files, tmp_
 # --------------------------------------------------------------------------------------------------------------------
 
 
-def test_a_second_training_on_one_run_folder_stops_naming_the_first(tiny, tmp_path):  # noqa: F811
+def test_a_second_training_on_one_run_folder_stops_naming_the_first(tiny, tmp_path):
     run = tmp_path / "run"
     run.mkdir()
     holder = subprocess.Popen(
@@ -483,7 +472,7 @@ def test_a_stored_configuration_imports_nothing_when_read(trained, tmp_path, mon
 # --------------------------------------------------------------------------------------------------------------------
 
 
-def test_an_edited_world_is_refused_by_its_fingerprint(tiny, tmp_path):  # noqa: F811
+def test_an_edited_world_is_refused_by_its_fingerprint(tiny, tmp_path):
     world = Path(next(o for o in tiny["base"] if o.startswith("world.out=")).split("=", 1)[1])
     copy = shutil.copytree(world, tmp_path / "world-copy")
     base = [o for o in tiny["base"] if not o.startswith("world.out=")] + [f"world.out={copy}"]

@@ -38,7 +38,8 @@ from finecap.utils import (
     previous_dir,
     remove_own_folder,
 )
-from helpers.h48_loss import PRECIOUS, refused, run_cli, snapshot, user_folder
+from helpers.cli import refused, run_cli
+from helpers.h48_loss import PRECIOUS, snapshot, user_folder
 
 INFO = {"step": 7, "epoch": 1, "total_steps": 10}
 

@@ -37,7 +37,8 @@ from finecap.data.formats import (
 )
 from finecap.inference import image_files, image_ids
 from finecap.train.model_card import md_code, model_card, one_line
-from helpers.h48_loss import refused, run_cli, snapshot
+from helpers.cli import refused, run_cli
+from helpers.h48_loss import snapshot
 
 # --------------------------------------------------------------------------------------------------------------------
 # (a) A folder data set's caption files: only inside the folder

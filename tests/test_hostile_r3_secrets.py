@@ -29,6 +29,7 @@ import finecap.app.train as train_app
 from finecap.app.cli import main
 from finecap.config import load, masked_override, masked_url_secrets, override_key
 from finecap.locks import LOCK_NAME, TRAIN_LOCK, output_lock
+from helpers.tiny_run import tiny_world_and_clip
 
 SECRET = "pa55-h48-5ecret-q7z"
 """The secret of every variant: no file or output may hold it."""
@@ -37,20 +38,12 @@ SECRET = "pa55-h48-5ecret-q7z"
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory) -> dict:
     """A tiny world, a tiny random CLIP and the overrides of a 1-layer ClipCap that trains 2 steps in a second or two
-    (as tests/test_bad_inputs.py builds them)."""
-    from finecap.config import WorldConfig
-    from finecap.models.presets import save_tiny_clip
-    from finecap.world.make import make_world
-
+    (:func:`helpers.tiny_run.tiny_world_and_clip`)."""
     root = tmp_path_factory.mktemp("tiny")
-    world = WorldConfig(n_train=24, n_val=4, n_test=4, image_size=32, seed=0)
-    make_world(world, out=root / "world", progress=False)
-    clip = save_tiny_clip(root / "clip", image_size=32, patch_size=16)
-    base = [f"world.out={root / 'world'}", "world.n_train=24", "world.n_val=4", "world.n_test=4",
-            "world.image_size=32", f"model.encoder={clip}", "clipcap.tiny_layers=1", "clipcap.tiny_hidden=32",
-            "clipcap.tiny_heads=2", "clipcap.prefix_length=2", f"run.cache_dir={root / 'cache'}",
-            "train.batch_size=16", "train.warmup_steps=1", "train.log_every=1", "train.eval_samples=4",
-            "decode.max_length=8", "train.max_steps=2", "train.log_with=[jsonl,tensorboard]"]  # fmt: skip
+    world_and_clip, _ = tiny_world_and_clip(root, 24, 4, 4)
+    base = [*world_and_clip, "train.batch_size=16", "train.warmup_steps=1", "train.log_every=1",
+            "train.eval_samples=4", "decode.max_length=8", "train.max_steps=2",
+            "train.log_with=[jsonl,tensorboard]"]  # fmt: skip
     return {"root": root, "base": base}
 
 

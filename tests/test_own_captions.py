@@ -5,18 +5,16 @@ GPT-2 over the training captions' own words, whose tokenizer every checkpoint st
 
 from __future__ import annotations
 
-import contextlib
-import io
 import json
 
 import numpy as np
 import pytest
 from PIL import Image
 
-from finecap.app.cli import main
 from finecap.config import load
 from finecap.data.targets import unknown_tokens
 from finecap.models.tokenizer import caption_vocabulary, world_tokenizer
+from helpers.cli import run_cli
 
 CAPTIONS = {
     "astronaut": ["a woman astronaut in an orange suit smiling", "an astronaut smiling in her orange suit"],
@@ -24,13 +22,6 @@ CAPTIONS = {
     "market": ["a crowded market stall selling ripe mangoes", "people buying mangoes at a market"],
     "glacier": ["hikers crossing a glacier under grey clouds", "a glacier with hikers and clouds"],
 }
-
-
-def run_cli(argv: list[str]) -> tuple[int, str, str]:
-    out, err = io.StringIO(), io.StringIO()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        code = main(argv)
-    return code, out.getvalue(), err.getvalue()
 
 
 @pytest.fixture(scope="module")

@@ -10,7 +10,6 @@ import time
 from pathlib import Path
 
 import pytest
-from chat_server import ChatServer
 from tiny_world import make_tiny_world, world_items
 
 from finecap.app.boost import main as boost
@@ -19,6 +18,7 @@ from finecap.data.caption_fields import select_captions
 from finecap.data.datasets import load_records
 from finecap.data.formats import read_dataset
 from finecap.world.facts import facts
+from helpers.chat_server import ChatServer
 
 
 @pytest.fixture(scope="module")

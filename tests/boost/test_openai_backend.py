@@ -10,13 +10,13 @@ from collections import Counter
 from pathlib import Path
 
 import httpx
-from chat_server import ChatServer, completion, echo_first_caption
 from PIL import Image
 
 from finecap.boost.engine import AnswerCache, ServerUnavailable, Task, boost_records, run_step
 from finecap.boost.openai_backend import OpenAIBackend
 from finecap.boost.prompts import Prompts
 from finecap.data.formats import Record
+from helpers.chat_server import ChatServer, completion, echo_first_caption
 
 
 def _records(tmp_path: Path, n: int) -> list[Record]:

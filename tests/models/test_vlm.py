@@ -8,7 +8,6 @@ Every model is a tiny random LLaVA, Idefics3 or Qwen2-VL built from configs and 
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 import torch
@@ -19,40 +18,14 @@ from transformers import AutoModelForImageTextToText, AutoProcessor
 from transformers.utils import is_torchvision_available
 
 from finecap.config import DecodeConfig, load
-from finecap.data.datasets import model_collator
 from finecap.data.targets import IGNORE_INDEX
 from finecap.models import lora
 from finecap.models.backbones import build_model, load_captioner
-from finecap.models.presets import VLM_FAMILIES, save_tiny_vlm
 from finecap.models.processors import load_processor
 from finecap.models.vlm import FAMILIES, Vlm
 from finecap.objectives.mle import mle_loss
 from finecap.objectives.smile import SmileObjective, smile_loss
-
-CAPTIONS = ["a red circle", "two blue squares on the left", "a small green triangle", "one big yellow star"]
-
-
-@pytest.fixture(scope="module")
-def vlm_dirs(tmp_path_factory) -> dict[str, Path]:
-    root = tmp_path_factory.mktemp("vlm")
-    return {f: save_tiny_vlm(root / f, f, std=0.2) for f in VLM_FAMILIES}
-
-
-@pytest.fixture(params=VLM_FAMILIES)
-def family(request) -> str:
-    return request.param
-
-
-def images(n: int, seed: int = 0) -> list[Image.Image]:
-    """Random images, every second one wider (Qwen2-VL: fewer image tokens, so the prompts differ in length)."""
-    g = torch.Generator().manual_seed(seed)
-    return [Image.fromarray((torch.rand(16, 16 + 8 * (i % 2), 3, generator=g) * 255).byte().numpy()) for i in range(n)]
-
-
-def batch_of(model: Vlm, captions=CAPTIONS, seed: int = 0) -> dict:
-    items = [{"caption": c, "image": im, "image_id": i, "references": [c], "index": i}
-             for i, (c, im) in enumerate(zip(captions, images(len(captions), seed), strict=True))]  # fmt: skip
-    return model_collator(model, 12)(items)
+from helpers.vlm import batch_of, images
 
 
 def processor_inputs(model: Vlm, n: int, seed: int = 0) -> dict:

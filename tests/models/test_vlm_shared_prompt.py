@@ -12,11 +12,11 @@ from __future__ import annotations
 
 import pytest
 import torch
-from test_vlm import batch_of, family, vlm_dirs  # noqa: F401 (fixtures used by name)
 
 from finecap.config import load
 from finecap.models import lora
 from finecap.models.vlm import Vlm
+from helpers.vlm import batch_of
 
 S = 3  # samples per image
 L = 6  # sampled caption length (stop token included, padded after it)

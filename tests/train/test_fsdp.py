@@ -18,13 +18,13 @@ from pathlib import Path
 
 import pytest
 import torch
-from test_equivalence import OBJECTIVES, compare, overrides, weights
 from transformers import AutoModelForCausalLM
 
 from finecap.app.cli import main
 from finecap.app.train import train
 from finecap.config import load
 from finecap.runs import INFO_FILE, checkpoint_dir, model_dir
+from helpers.equivalence import OBJECTIVES, compare, overrides, weights
 
 pytestmark = [
     pytest.mark.slow,

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-from test_resume import Killed, kill_at, train_events, weights
 
 from finecap.app.train import train
 from finecap.caption import generate_captions
@@ -16,6 +15,7 @@ from finecap.data.samplers import StepBatches
 from finecap.home import run_path
 from finecap.models.clipcap import ClipCap
 from finecap.runs import checkpoint_dir, model_dir
+from helpers.resume import Killed, kill_at, train_events, weights
 
 # 200 examples / 32 per step = 7 steps per epoch: 16 steps run 3 epochs (the third one partly)
 STEPS = ["train.max_steps=16", "train.batch_size=32", "train.eval_every=7", "train.log_every=4"]

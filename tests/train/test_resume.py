@@ -7,29 +7,8 @@ import torch
 
 from finecap.app.train import train
 from finecap.home import run_path
-from finecap.models.clipcap import ClipCap
-from finecap.runs import checkpoint_dir, model_dir
-
-
-class Killed(Exception):
-    pass
-
-
-def kill_at(step):
-    def callback(state):
-        if state.step == step:
-            raise Killed
-
-    return callback
-
-
-def weights(run_dir):
-    return ClipCap.from_checkpoint(model_dir(checkpoint_dir(run_dir, "last"))).state_dict()
-
-
-def train_events(run_dir):
-    lines = (run_dir / "metrics.jsonl").read_text().splitlines()
-    return [(e["step"], e["values"]["loss"]) for e in map(json.loads, lines) if e["split"] == "train"]
+from finecap.runs import checkpoint_dir
+from helpers.resume import Killed, kill_at, train_events, weights
 
 
 def test_killed_and_resumed_run_matches_uninterrupted(make_cfg):

@@ -1,7 +1,8 @@
 """Explicit, visible preparation of what a command needs: the world and the world encoder.
 
-:func:`prepare` is the one place where ``finecap train``, ``demo``, ``retriever train`` / ``probe``, ``boost`` and
-``bags build`` get them. Both are content-keyed artefacts (by default in the finecap home, :mod:`finecap.home`), so
+:func:`prepare` is where ``finecap train``, the demo's stages, ``boost`` and ``bags build`` get them (``retriever
+train`` / ``probe``, whose data always is the world, call the two functions it calls directly). Both are content-keyed
+artefacts (by default in the finecap home, :mod:`finecap.home`), so
 a complete world or a trained encoder is found again by a second demo, another run directory or ``finecap train`` on
 the same world, and used silently. What is missing:
 

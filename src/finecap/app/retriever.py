@@ -3,11 +3,12 @@
 :func:`ensure_world_encoder` returns the cached world encoder of a configuration
 (:func:`finecap.models.world_encoder.world_encoder_path`), training it first when it is missing
 (:func:`train_world_encoder`); it makes the world first if needed (:func:`finecap.app.world.ensure_world`), and
-says what it makes or trains, and where, in one logged line (INFO) each. Commands that need them (``retriever train``,
-the demo, ``train`` on its main process, ``boost``, ``bags build``) get them through
-:func:`finecap.app.prepare.prepare` before anything loads the encoder; library code only loads
-(:func:`finecap.models.retriever.load_retriever`). :func:`probe` measures the quality bar: linear probes of scene
-attributes on frozen image features and caption retrieval against 99 distractors.
+says what it makes or trains, and where, in one logged line (INFO) each. ``retriever train`` and ``probe`` call it
+directly; the demo and ``train`` (on its main process) reach it through :func:`finecap.app.prepare.prepare` before
+anything loads the encoder; every other reader (``bags build``, ``eval``, the library) only loads
+(:func:`finecap.models.retriever.load_retriever`, whose error names ``finecap retriever train`` when it is missing).
+:func:`probe` measures the quality bar: linear probes of scene attributes on frozen image features and caption
+retrieval against 99 distractors.
 
 Training (``retriever.*``): AdamW (weight decay 0.05, none on the logit scale), 5% linear warmup then cosine decay,
 gradient clipping at 1. Each step takes a batch of training images and
@@ -92,8 +93,8 @@ def ensure_world_encoder(cfg: Config, progress: bool = True, *, make: bool = Tru
     """The world encoder folder of ``cfg`` (``<cache>/world_encoder/<key>``, :func:`encoder_dir`), trained first when
     it is missing and ``make`` (the world made first when missing, :func:`finecap.app.world.ensure_world`), each
     with one logged line saying so and where; without ``make`` a missing encoder raises ``FileNotFoundError``
-    naming ``finecap retriever train``. Commands reach it through :func:`finecap.app.prepare.prepare`. Call it on one
-    process (the main one) before the others load the encoder.
+    naming ``finecap retriever train``. ``retriever train`` and ``probe`` call it, other commands reach it through
+    :func:`finecap.app.prepare.prepare`. Call it on one process (the main one) before the others load the encoder.
     """
     out = encoder_dir(cfg)
     if (out / "encoder.json").exists():

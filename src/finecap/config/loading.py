@@ -381,12 +381,14 @@ def load(
 
 def describe(cls: type) -> list[tuple[str, str, Any, str]]:
     """(key, type, default, doc) rows of a section, for help output and documentation; the doc ends with the field's
-    bounds (``Must be >= 1, <= 1024.``, :func:`finecap.config.fields.constraint_text`)."""
+    bounds (:func:`finecap.config.fields.constraint_text`) and why the upper one is where it is, when the field says
+    (``Must be >= 1, <= 1024 (GPT-2's whole context).``)."""
     rows = []
     hints = typing.get_type_hints(cls)
     for f in dataclasses.fields(cls):
         default = f.default if f.default is not dataclasses.MISSING else f.default_factory()  # type: ignore[misc]
         bounds = constraint_text(f)
-        text = f.metadata.get("doc", "") + (f" Must be {bounds}." if bounds else "")
+        why = f.metadata.get("why", "")
+        text = f.metadata.get("doc", "") + (f" Must be {bounds}{f' ({why})' if why else ''}." if bounds else "")
         rows.append((f.name, _type_name(hints[f.name]), default, text))
     return rows

@@ -183,9 +183,15 @@ class RunConfig(Section, name="run"):
 @dataclass
 class WorldConfig(Section, name="world"):
     seed: int = doc(0, "Seed of the synthetic world; the same seed gives the same scenes, images and captions.")
-    n_train: int = doc(10000, "Number of training scenes.", ge=0, le=MAX_SPLIT, why="scenes rendered per split")
-    n_val: int = doc(500, "Number of validation scenes.", ge=0, le=MAX_SPLIT, why="scenes rendered per split")
-    n_test: int = doc(1000, "Number of test scenes.", ge=0, le=MAX_SPLIT, why="scenes rendered per split")
+    n_train: int = doc(
+        10000, "Number of training scenes.", ge=0, le=MAX_SPLIT, why="scenes rendered per split; COCO has 123k images"
+    )
+    n_val: int = doc(
+        500, "Number of validation scenes.", ge=0, le=MAX_SPLIT, why="scenes rendered per split; COCO has 123k images"
+    )
+    n_test: int = doc(
+        1000, "Number of test scenes.", ge=0, le=MAX_SPLIT, why="scenes rendered per split; COCO has 123k images"
+    )
     image_size: int = doc(64, "Rendered image side in pixels.", ge=16, le=1024)
     min_objects: int = doc(1, "Fewest objects in a scene.")
     max_objects: int = doc(4, "Most objects in a scene.")
@@ -252,7 +258,7 @@ class DataConfig(Section, name="data"):
         "Captions are cut to this many tokens (EOS included); dense world captions reach 41.",
         ge=1,
         le=MAX_TOKENS,
-        why="tokens per caption; batches are this long",
+        why="tokens per caption; batches are this long; dense VLM captions reach ~1,000, GPT-2 reads 1,024",
     )
     max_unk_share: float = doc(
         0.02,
@@ -278,7 +284,9 @@ class DataConfig(Section, name="data"):
         "auto", "Training examples: one per reference caption or per image (auto: the objective's; MLE: caption)."
     )
     bag_schedule: dict[int, int] = doc(
-        {}, "data.sampler=bagcurri: {end_epoch: bag_size} (0 = random batches), e.g. {1: 0, 2: 3, 3: 5, 4: 7}."
+        {},
+        "data.sampler=bagcurri: {end_epoch: bag_size} (0 = random batches), e.g. {1: 0, 2: 3, 3: 5, 4: 7}; sizes "
+        f"0 or 2 to {MAX_BAG} (images per bag; BagCurri grows bags from 3 to 7).",
     )
     bag_neighbours: int = doc(
         200,
@@ -320,7 +328,7 @@ class RetrieverConfig(Section, name="retriever"):
         "Batch size of world-encoder training (at least 2: the batch's other images are the negatives).",
         ge=2,
         le=MAX_BATCH,
-        why="a batch x batch similarity matrix",
+        why="a batch x batch similarity matrix; twice CLIP's contrastive batch of 32,768",
     )
     lr: float = doc(2e-3, "Peak learning rate of world-encoder training.")
     aux_weight: float = doc(
@@ -330,7 +338,11 @@ class RetrieverConfig(Section, name="retriever"):
         0.5, "Share of each world-encoder batch also trained against its dense captions.", ge=0, le=1
     )
     batch_size_eval: int = doc(
-        256, "Batch size when embedding images and texts.", ge=1, le=MAX_BATCH, why="images or texts per pass"
+        256,
+        "Batch size when embedding images and texts.",
+        ge=1,
+        le=MAX_BATCH,
+        why="images or texts per pass; twice CLIP's contrastive batch of 32,768",
     )
 
 
@@ -366,8 +378,18 @@ class ModelConfig(Section, name="model"):
 
 
 TINY_SIZES: dict[str, dict[str, Any]] = {
-    "layers": {"default": 3, "ge": 1, "le": MAX_TINY_LAYERS, "why": "a world-tiny model trained from scratch"},
-    "hidden": {"default": 128, "ge": 1, "le": MAX_TINY_HIDDEN, "why": "a world-tiny model trained from scratch"},
+    "layers": {
+        "default": 3,
+        "ge": 1,
+        "le": MAX_TINY_LAYERS,
+        "why": "a world-tiny model trained from scratch; GPT-2 XL has 48 layers, 1,600 wide",
+    },
+    "hidden": {
+        "default": 128,
+        "ge": 1,
+        "le": MAX_TINY_HIDDEN,
+        "why": "a world-tiny model trained from scratch; GPT-2 XL has 48 layers, 1,600 wide",
+    },
     "heads": {"default": 4, "ge": 1},
     "dropout": {"default": 0.1, "ge": 0, "lt": 1},
 }
@@ -522,7 +544,7 @@ class TrainConfig(Section, name="train"):
         "Examples per micro-batch per process; effective batch = batch_size x processes x train.grad_accum_steps.",
         ge=1,
         le=MAX_BATCH,
-        why="examples per micro-batch per process",
+        why="examples per micro-batch per process; twice CLIP's contrastive batch of 32,768",
     )
     grad_accum_steps: int = doc(
         1,
@@ -592,7 +614,11 @@ class TrainConfig(Section, name="train"):
 class DecodeConfig(Section, name="decode"):
     strategy: DecodeStrategy = doc("greedy", "Decoding strategy.")
     max_length: int = doc(
-        24, "Maximum generated tokens (EOS included).", ge=1, le=MAX_TOKENS, why="tokens per caption"
+        24,
+        "Maximum generated tokens (EOS included).",
+        ge=1,
+        le=MAX_TOKENS,
+        why="tokens per caption; dense VLM captions reach ~1,000, GPT-2 reads 1,024",
     )
     beam_size: int = doc(
         5, "Beam width for strategy=beam.", ge=1, le=100, why="captioning papers search 3 to 10 beams"
@@ -611,10 +637,12 @@ class DecodeConfig(Section, name="decode"):
     stop_at_period: bool = doc(False, "Also stop a caption at a period token.")
     batch_size: int = doc(
         128,
-        "Sequences decoded at once: images x beams (beam) or x num_return_sequences (sample), at least one image.",
+        "Sequences decoded at once: images x beams (beam) or x num_return_sequences (sample), at least one image; "
+        f"decode.batch_size x decode.max_length at most {MAX_DECODE_POSITIONS:,} token positions (the decoder caches "
+        "every position of every layer).",
         ge=1,
         le=MAX_BATCH,
-        why="sequences decoded at once",
+        why="sequences decoded at once; twice CLIP's contrastive batch of 32,768",
     )
 
     def __post_init__(self) -> None:
@@ -658,7 +686,10 @@ class EvalConfig(Section, name="eval"):
         le=1000,
         why="each draw ranks every caption again; the papers average 3",
     )
-    bag_sizes: list[int] = doc([3, 5, 7], "Bag sizes for TrueMatch-style bag retrieval.")
+    bag_sizes: list[int] = doc(
+        [3, 5, 7],
+        f"Bag sizes for TrueMatch-style bag retrieval, each 2 to {MAX_BAG} (images per bag; TrueMatch: 3-7).",
+    )
     seed: int = doc(0, "Seed of distractor draws.")
     bag_similarity: Literal["query", "pairwise"] = doc(
         "query", "TrueMatch intra-bag similarity: query-to-members mean (NDLB Alg. 1) or mean over all pairs."
@@ -669,7 +700,7 @@ class EvalConfig(Section, name="eval"):
         "Captions per forward pass of the perplexity language model.",
         ge=1,
         le=MAX_BATCH,
-        why="captions per forward pass",
+        why="captions per forward pass; twice CLIP's contrastive batch of 32,768",
     )
     vocab_min_count: int = doc(5, "A word counts towards vocabulary usage when used at least this often (NDLB).", ge=1)
     meteor_backend: MeteorBackend = doc(

@@ -408,7 +408,8 @@ def is_checkpoint_folder(folder: Path) -> bool:
     """Whether ``folder`` reads as a checkpoint folder finecap wrote before it marked the folders it makes
     (:data:`~finecap.utils.FOLDER_MARK`): a real folder holding only :data:`CHECKPOINT_ENTRIES`, none a link (an
     empty one too: a save killed as it began). The content test beside the mark when a checkpoint is swapped in or an
-    unfinished one removed (:func:`own_checkpoint`), so that runs from before the mark resume as they did."""
+    unfinished one removed (:func:`replace_checkpoint`, :func:`remove_unfinished_checkpoint`), so that runs from
+    before the mark resume as they did."""
     try:
         if folder.is_symlink() or not folder.is_dir():
             return False

@@ -1,0 +1,29 @@
+"""The command line run in this process, for the tests that check what a command prints and its exit code."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+
+from finecap.app.cli import main
+
+
+def run_cli(argv: list[str]) -> tuple[int, str, str]:
+    """``finecap ARGV`` in this process: (exit code, stdout, stderr). An exception the command line does not turn
+    into a message propagates (and fails the test, as a traceback would)."""
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = main(argv)
+    return code, out.getvalue(), err.getvalue()
+
+
+def refused(argv: list[str], *expected: str) -> str:
+    """Run ``finecap ARGV``; assert exit code 2 and one ``finecap: error:`` line, no traceback, holding every
+    ``expected`` text; return the line."""
+    code, out, err = run_cli(argv)
+    lines = [line for line in err.splitlines() if line.startswith("finecap: error:")]
+    assert code == 2, (code, out, err)
+    assert len(lines) == 1 and "Traceback" not in err, err
+    for text in expected:
+        assert text in lines[0], (text, lines[0])
+    return lines[0]
