@@ -1,5 +1,5 @@
 """What a captioner is to the rest of finecap (the typed contract :class:`Captioner`), and the helpers every backbone
-shares: scoring given captions, the teacher-forced attention mask, decoding in chunks.
+shares: scoring given captions, the teacher-forced attention mask.
 
 A captioner (:class:`finecap.models.clipcap.ClipCap`, :class:`finecap.models.blip.Blip`,
 :class:`finecap.models.vlm.Vlm`) is an ``nn.Module`` with every member of :class:`Captioner`. Every backbone
@@ -46,7 +46,7 @@ import torch.utils.checkpoint
 from PIL import Image
 from torch import nn
 
-from finecap.decode import Conditioning, Generation, chunk_images, concat, decode
+from finecap.decode import Conditioning, Generation
 
 PARTS = ("lm", "encoder")
 """The two parts of every captioner that LoRA can adapt and ``train_lm`` / ``train_encoder`` switch: the text side
@@ -341,26 +341,3 @@ def encode_images(batch: dict[str, Any], encoder: Any, trained: bool, device: to
         with torch.no_grad():
             return encoder(batch["pixel_values"].to(device)).float()
     raise ValueError(f"batch has neither 'features' nor 'pixel_values' (keys: {sorted(batch)})")
-
-
-def generate_in_chunks(
-    stepper: Any,
-    conditioning: Conditioning,
-    decode_cfg: Any,
-    tokenizer: Any,
-    pad_id: int,
-    generator: torch.Generator | None = None,
-    seeds: torch.Tensor | None = None,
-) -> Any:
-    """:func:`finecap.decode.decode` over chunks of images (rows of ``conditioning``: ClipCap features ``(B, D)``,
-    BLIP image tokens ``(B, P, H)``, a VLM's prompt), concatenated. A chunk holds at most ``decode.batch_size``
-    *sequences* (images x beams or samples, :func:`finecap.decode.chunk_images`), and at least one image."""
-    size = chunk_images(decode_cfg)
-    chunks = [
-        decode(stepper, conditioning[i : i + size], decode_cfg, tokenizer, generator,
-               None if seeds is None else seeds[i : i + size])
-        for i in range(0, len(conditioning), size)
-    ]  # fmt: skip
-    if not chunks:
-        raise ValueError("generate got an empty batch")
-    return concat(chunks, pad_id)
