@@ -236,9 +236,8 @@ def _token_loop(
 def greedy(stepper: Stepper, features: Conditioning, cfg: DecodeConfig, stop_ids: Sequence[int],
            pad_id: int) -> Generation:  # fmt: skip
     """Arg-max decoding, one caption per image (``cfg``: a ``greedy`` section; reads ``max_length``)."""
-    expect_strategy(cfg, "greedy")
-    argmax = lambda logits, t: logits.argmax(dim=-1)  # noqa: E731
-    return _token_loop(stepper, features, cfg.max_length, stop_ids, pad_id, argmax, 1)
+    _expect_strategy(cfg, "greedy")
+    return _token_loop(stepper, features, cfg.max_length, stop_ids, pad_id, lambda logits, t: logits.argmax(-1), 1)
 
 
 def sample(
@@ -258,7 +257,7 @@ def sample(
     function of (image seed, sample number, position) only (:func:`seeded_gumbel`), so an image's samples do not
     depend on the batch it is decoded in. Returned log-probs are of the untempered model (module docstring).
     """
-    expect_strategy(cfg, "sample")
+    _expect_strategy(cfg, "sample")
     n, temperature, top_k, top_p = cfg.num_return_sequences, cfg.temperature, cfg.top_k, cfg.top_p
     keys = None
     if seeds is not None:
@@ -291,7 +290,7 @@ def beam_search(stepper: Stepper, features: Conditioning, cfg: DecodeConfig, sto
     hypothesis that ends: ``"keep"`` (ClipCap's reference) or ``"set_aside"`` (transformers' ``generate``, with its
     ``early_stopping``); see the module docstring.
     """
-    expect_strategy(cfg, "beam")
+    _expect_strategy(cfg, "beam")
     search = _beam_set_aside if cfg.finished_beams == "set_aside" else _beam_keep
     return search(stepper, features, cfg, stop_ids, pad_id)
 
@@ -459,7 +458,7 @@ def _beam_set_aside(stepper: Stepper, features: Conditioning, cfg: DecodeConfig,
 # --------------------------------------------------------------------------------------------------------------------
 
 
-def expect_strategy(cfg: DecodeConfig, strategy: str) -> None:
+def _expect_strategy(cfg: DecodeConfig, strategy: str) -> None:
     """Refuse a ``decode`` section of another strategy than the decoder's: its options were checked for that one
     (``num_return_sequences <= beam_size`` holds for ``beam`` sections only, greedy sections return one caption)."""
     if cfg.strategy != strategy:
