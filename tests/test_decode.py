@@ -81,6 +81,14 @@ def rows(gen: Generation) -> list[list[int]]:
     return [s[:n] for s, n in zip(gen.sequences.tolist(), gen.lengths.tolist())]
 
 
+def beam_cfg(max_length: int, **options) -> DecodeConfig:
+    return DecodeConfig(strategy="beam", max_length=max_length, **options)
+
+
+def sample_cfg(max_length: int, **options) -> DecodeConfig:
+    return DecodeConfig(strategy="sample", max_length=max_length, **options)
+
+
 # --------------------------------------------------------------------------------------------------------------------
 # filtering
 # --------------------------------------------------------------------------------------------------------------------
@@ -115,7 +123,7 @@ def test_greedy_stops_at_eos_and_pads_after_it():
         (1, (B, B)): [0, 0.1, 0.8, 0.1, 0],  # -> A, then max_length 3 is reached without EOS
     }
     s = TableStepper(5, table)
-    gen = greedy(s, images(0, 1), max_length=3, stop_ids=[EOS], pad_id=PAD)
+    gen = greedy(s, images(0, 1), DecodeConfig(max_length=3), stop_ids=[EOS], pad_id=PAD)
     assert gen.sequences.tolist() == [[A, EOS, PAD], [B, B, A]]
     assert gen.lengths.tolist() == [2, 3]
     assert gen.mask.tolist() == [[True, True, False], [True, True, True]]
@@ -127,7 +135,7 @@ def test_greedy_stops_at_eos_and_pads_after_it():
 
 def test_greedy_stops_early_when_all_rows_finished():
     s = TableStepper(5, {(): [0, 0.9, 0.05, 0.05, 0]})  # EOS first for every image
-    gen = greedy(s, images(0, 1, 2), max_length=10, stop_ids=[EOS], pad_id=PAD)
+    gen = greedy(s, images(0, 1, 2), DecodeConfig(max_length=10), stop_ids=[EOS], pad_id=PAD)
     assert gen.sequences.tolist() == [[EOS]] * 3
     assert s.calls == 0  # no LM step after everything finished
 
@@ -135,9 +143,9 @@ def test_greedy_stops_early_when_all_rows_finished():
 def test_stop_at_period_keeps_the_period():
     table = {(): [0, 0.1, 0.5, 0.1, 0.3], (A,): [0, 0.1, 0.2, 0.1, 0.6], (A, DOT): [0, 0.1, 0.8, 0.1, 0]}
     s = TableStepper(5, table)
-    with_dot = greedy(s, images(0), max_length=4, stop_ids=[EOS, DOT], pad_id=PAD)
+    with_dot = greedy(s, images(0), DecodeConfig(max_length=4), stop_ids=[EOS, DOT], pad_id=PAD)
     assert rows(with_dot) == [[A, DOT]]
-    without = greedy(s, images(0), max_length=4, stop_ids=[EOS], pad_id=PAD)
+    without = greedy(s, images(0), DecodeConfig(max_length=4), stop_ids=[EOS], pad_id=PAD)
     assert rows(without)[0][:3] == [A, DOT, A]
 
 
@@ -145,12 +153,12 @@ def test_batch_equals_single_image_for_every_strategy():
     s = TableStepper(5)
     feats = images(0, 1, 2, 3)
     for decoder in (
-        lambda f: greedy(s, f, 6, [EOS], PAD),
-        lambda f: beam_search(s, f, 6, [EOS], PAD, beam_size=3, length_penalty=1.0, num_return_sequences=2),
-        lambda f: beam_search(s, f, 6, [EOS], PAD, beam_size=3, length_penalty=1.0, num_return_sequences=2,
-                              finished_beams="set_aside"),
-        lambda f: beam_search(s, f, 6, [EOS, DOT], PAD, beam_size=2, length_penalty=2.0, num_return_sequences=2,
-                              finished_beams="set_aside", early_stopping="never"),
+        lambda f: greedy(s, f, DecodeConfig(max_length=6), [EOS], PAD),
+        lambda f: beam_search(s, f, beam_cfg(6, beam_size=3, length_penalty=1.0, num_return_sequences=2), [EOS], PAD),
+        lambda f: beam_search(s, f, beam_cfg(6, beam_size=3, length_penalty=1.0, num_return_sequences=2,
+                                         finished_beams="set_aside"), [EOS], PAD),
+        lambda f: beam_search(s, f, beam_cfg(6, beam_size=2, length_penalty=2.0, num_return_sequences=2,
+                                         finished_beams="set_aside", early_stopping="never"), [EOS, DOT], PAD),
     ):  # fmt: skip
         batch = rows(decoder(feats))
         single = [r for i in range(4) for r in rows(decoder(feats[i : i + 1]))]
@@ -169,8 +177,8 @@ def test_beam_finds_a_better_caption_than_greedy():
         (B,): [0, 0.9, 0.05, 0.05, 0],  # after B, EOS is almost certain
     }
     s = TableStepper(5, table)
-    g = greedy(s, images(0), max_length=2, stop_ids=[EOS], pad_id=PAD)
-    b = beam_search(s, images(0), max_length=2, stop_ids=[EOS], pad_id=PAD, beam_size=2, length_penalty=0.0)
+    g = greedy(s, images(0), DecodeConfig(max_length=2), stop_ids=[EOS], pad_id=PAD)
+    b = beam_search(s, images(0), beam_cfg(2, beam_size=2, length_penalty=0.0), stop_ids=[EOS], pad_id=PAD)
     assert rows(g) == [[A, EOS]]  # log .5 + log .34 = -1.772
     assert rows(b) == [[B, EOS]]  # log .4 + log .9 = -0.916 - 0.105 = -1.022
     assert b.scores.item() == pytest.approx(math.log(0.4) + math.log(0.9), abs=1e-6)
@@ -197,8 +205,8 @@ def test_wide_beam_equals_exhaustive_search(length_penalty):
     # A beam of 16 never prunes, so its ranking must be the exhaustive one, with finished hypotheses neither lost,
     # duplicated nor re-scored.
     s = TableStepper(4)
-    gen = beam_search(s, images(0, 1), max_length=3, stop_ids=[EOS], pad_id=PAD, beam_size=16,
-                      length_penalty=length_penalty, num_return_sequences=15)  # fmt: skip
+    cfg = beam_cfg(3, beam_size=16, length_penalty=length_penalty, num_return_sequences=15)
+    gen = beam_search(s, images(0, 1), cfg, stop_ids=[EOS], pad_id=PAD)
     got = rows(gen)
     for image in (0, 1):
         best = _exhaustive(s, image, 3, length_penalty)
@@ -209,8 +217,8 @@ def test_wide_beam_equals_exhaustive_search(length_penalty):
 
 def test_beam_logprobs_and_padding():
     s = TableStepper(4)
-    gen = beam_search(s, images(0, 1, 2), max_length=5, stop_ids=[EOS], pad_id=PAD, beam_size=3,
-                      length_penalty=1.0, num_return_sequences=3)  # fmt: skip
+    gen = beam_search(s, images(0, 1, 2), beam_cfg(5, beam_size=3, length_penalty=1.0, num_return_sequences=3),
+                      stop_ids=[EOS], pad_id=PAD)  # fmt: skip
     for r, (seq, n) in enumerate(zip(gen.sequences.tolist(), gen.lengths.tolist())):
         image = int(gen.image_index[r])
         assert gen.token_logprobs[r, :n].tolist() == pytest.approx(s.seq_logprob(image, seq[:n]), abs=1e-5)
@@ -229,9 +237,9 @@ def test_wide_set_aside_beam_never_stopping_early_equals_exhaustive_search(lengt
     # hypothesis even at max_length (a sum of log-probs only falls, and with length_penalty > 0 dividing it by the
     # longest length is the best it can do), so a beam that never prunes (16 > 15 hypotheses) finds them all.
     s = TableStepper(4)
-    gen = beam_search(s, images(0, 1), max_length=3, stop_ids=[EOS], pad_id=PAD, beam_size=16,
-                      length_penalty=length_penalty, num_return_sequences=15, finished_beams="set_aside",
-                      early_stopping="never")  # fmt: skip
+    cfg = beam_cfg(3, beam_size=16, length_penalty=length_penalty, num_return_sequences=15,
+                   finished_beams="set_aside", early_stopping="never")  # fmt: skip
+    gen = beam_search(s, images(0, 1), cfg, stop_ids=[EOS], pad_id=PAD)
     got = rows(gen)
     for image in (0, 1):
         best = _exhaustive(s, image, 3, length_penalty)
@@ -247,14 +255,14 @@ def test_finished_beams_keep_and_set_aside_hand_computed():
     # keep (ClipCap): step 1 keeps [EOS] (-0.916) and [A] (-1.050) in the two slots, so [B] is pruned; step 2 keeps
     # [EOS] and extends [A] to [A A] ((-1.050 - 0.916) / 2 = -0.983, ahead of [A EOS] -1.127).
     s = TableStepper(5, table)
-    keep = beam_search(s, images(0), 2, [EOS], PAD, beam_size=2, length_penalty=1.0, num_return_sequences=2)
+    keep = beam_search(s, images(0), beam_cfg(2, beam_size=2, length_penalty=1.0, num_return_sequences=2), [EOS], PAD)
     assert rows(keep) == [[EOS], [A, A]]
     assert keep.scores.tolist() == pytest.approx([lp[EOS], (lp[A] + math.log(0.4)) / 2], abs=1e-6)
     # set_aside (generate): [EOS] is set aside and two beams stay live, [A] and [B]; at step 2 [B EOS] scores
     # (-1.386 - 0.051) / 2 = -0.719 and becomes the best caption, ahead of [EOS].
     s = TableStepper(5, table)
-    aside = beam_search(s, images(0), 2, [EOS], PAD, beam_size=2, length_penalty=1.0, num_return_sequences=2,
-                        finished_beams="set_aside")  # fmt: skip
+    aside = beam_search(s, images(0), beam_cfg(2, beam_size=2, length_penalty=1.0, num_return_sequences=2,
+                                           finished_beams="set_aside"), [EOS], PAD)  # fmt: skip
     assert rows(aside) == [[B, EOS], [EOS]]
     assert aside.scores.tolist() == pytest.approx([(lp[B] + math.log(0.95)) / 2, lp[EOS]], abs=1e-6)
     assert aside.sequences.tolist() == [[B, EOS], [EOS, PAD]] and aside.lengths.tolist() == [2, 1]
@@ -273,23 +281,23 @@ def test_set_aside_early_stopping_hand_computed():
                 "never": ([A, EOS], (math.log(0.45) + math.log(0.9)) / 2, 1)}  # fmt: skip
     for early_stopping, (caption, score, steps) in expected.items():
         s = TableStepper(5, table)
-        gen = beam_search(s, images(0), 3, [EOS], PAD, beam_size=1, length_penalty=1.0, finished_beams="set_aside",
-                          early_stopping=early_stopping)  # fmt: skip
+        gen = beam_search(s, images(0), beam_cfg(3, beam_size=1, length_penalty=1.0, finished_beams="set_aside",
+                                             early_stopping=early_stopping), [EOS], PAD)  # fmt: skip
         assert rows(gen) == [caption], early_stopping
         assert gen.scores.item() == pytest.approx(score, abs=1e-6)
         assert s.calls == steps  # LM steps after the first token's
 
 
 def test_finished_beams_options_are_checked():
-    s = TableStepper(4)
-    with pytest.raises(ValueError, match="decode.finished_beams='drop'; valid: keep, set_aside"):
-        beam_search(s, images(0), 3, [EOS], PAD, beam_size=2, finished_beams="drop")
-    with pytest.raises(ValueError, match="decode.early_stopping='soon'"):
-        beam_search(s, images(0), 3, [EOS], PAD, beam_size=2, finished_beams="set_aside", early_stopping="soon")
-    with pytest.raises(ValueError, match="decode.early_stopping is a setting of decode.finished_beams=set_aside"):
-        beam_search(s, images(0), 3, [EOS], PAD, beam_size=2, early_stopping=True)
+    # by the section, when it is built: beam_search reads a checked one
     from finecap.config import ConfigError, load
 
+    with pytest.raises(ConfigError, match="decode.finished_beams: invalid value 'drop'; valid choices: keep, set_"):
+        beam_cfg(3, beam_size=2, finished_beams="drop")
+    with pytest.raises(ConfigError, match="decode.early_stopping: invalid value 'soon'"):
+        beam_cfg(3, beam_size=2, finished_beams="set_aside", early_stopping="soon")
+    with pytest.raises(ConfigError, match="decode.early_stopping: is a setting of decode.finished_beams=set_aside"):
+        beam_cfg(3, beam_size=2, early_stopping=True)
     with pytest.raises(ConfigError, match="decode.early_stopping: is a setting of decode.finished_beams=set_aside"):
         load(None, ["decode.early_stopping=never"])
     cfg = load(None, ["decode.finished_beams=set_aside", "decode.early_stopping=never"]).decode
@@ -304,11 +312,31 @@ def test_finished_beams_options_are_checked():
     assert (rl.sample_cfg.finished_beams, rl.sample_cfg.early_stopping) == ("set_aside", "never")  # RL's beam too
 
 
+def test_a_decoder_refuses_a_section_of_another_strategy():
+    # a section's rules hold for its own strategy: num_return_sequences <= beam_size is a rule of beam sections only
+    s = TableStepper(5)
+    wide = sample_cfg(3, num_return_sequences=4, beam_size=2)
+    with pytest.raises(ValueError, match="beam decoding was given a decode section with strategy='sample'"):
+        beam_search(s, images(0), wide, [EOS], PAD)
+    with pytest.raises(ValueError, match="greedy decoding was given a decode section with strategy='sample'"):
+        greedy(s, images(0), wide, [EOS], PAD)
+    with pytest.raises(ValueError, match="sample decoding was given a decode section with strategy='beam'"):
+        sample(s, images(0), beam_cfg(3, beam_size=2), [EOS], PAD)
+
+
+def test_greedy_with_several_captions_is_refused_when_the_configuration_is_loaded():
+    from finecap.config import ConfigError, load
+
+    with pytest.raises(ConfigError, match="decode.num_return_sequences: 2 needs decode.strategy=sample or beam"):
+        load(None, ["decode.num_return_sequences=2"])
+    assert load(None, ["decode.num_return_sequences=2", "decode.strategy=sample"]).decode.num_return_sequences == 2
+
+
 def test_beam_size_one_equals_greedy():
     s = TableStepper(5)
     feats = images(0, 1, 2, 3, 4)
-    g = greedy(s, feats, 6, [EOS], PAD)
-    b = beam_search(s, feats, 6, [EOS], PAD, beam_size=1, length_penalty=1.0)
+    g = greedy(s, feats, DecodeConfig(max_length=6), [EOS], PAD)
+    b = beam_search(s, feats, beam_cfg(6, beam_size=1, length_penalty=1.0), [EOS], PAD)
     assert rows(b) == rows(g)
     assert torch.allclose(b.token_logprobs, g.token_logprobs)
 
@@ -321,8 +349,8 @@ def test_beam_size_one_equals_greedy():
 def test_sampling_with_top_k_one_equals_greedy():
     s = TableStepper(5)
     feats = images(0, 1, 2)
-    g = greedy(s, feats, 6, [EOS], PAD)
-    smp = sample(s, feats, 6, [EOS], PAD, temperature=3.0, top_k=1, num_return_sequences=2)
+    g = greedy(s, feats, DecodeConfig(max_length=6), [EOS], PAD)
+    smp = sample(s, feats, sample_cfg(6, temperature=3.0, top_k=1, num_return_sequences=2), [EOS], PAD)
     assert rows(smp) == [r for r in rows(g) for _ in range(2)]
     assert smp.image_index.tolist() == [0, 0, 1, 1, 2, 2]
 
@@ -332,7 +360,7 @@ def test_sampling_frequencies_follow_the_tempered_distribution():
     # = [.25, .09, .04] / .38 = [.658, .237, .105]
     s = TableStepper(4, {(): [0, 0.5, 0.3, 0.2]})
     g = torch.Generator().manual_seed(0)
-    gen = sample(s, images(0), 1, [EOS], PAD, temperature=0.5, num_return_sequences=4000, generator=g)
+    gen = sample(s, images(0), sample_cfg(1, temperature=0.5, num_return_sequences=4000), [EOS], PAD, generator=g)
     freq = torch.bincount(gen.sequences[:, 0], minlength=4).float() / 4000
     assert freq[1:].tolist() == pytest.approx([0.658, 0.237, 0.105], abs=0.03)
     # returned log-probs are the untempered model's: log .5, log .3, log .2
@@ -343,7 +371,7 @@ def test_sampling_frequencies_follow_the_tempered_distribution():
 def test_top_p_sampling_never_leaves_the_nucleus():
     # p = [.5, .3, .2]: top_p .6 keeps EOS and A (preceding mass 0 and .5 < .6), never B
     s = TableStepper(4, {(): [0, 0.5, 0.3, 0.2]})
-    gen = sample(s, images(0), 1, [EOS], PAD, top_p=0.6, num_return_sequences=500,
+    gen = sample(s, images(0), sample_cfg(1, top_p=0.6, num_return_sequences=500), [EOS], PAD,
                  generator=torch.Generator().manual_seed(1))  # fmt: skip
     counts = torch.bincount(gen.sequences[:, 0], minlength=4).tolist()
     assert counts[B] == 0 and counts[EOS] > 0 and counts[A] > 0
@@ -351,7 +379,8 @@ def test_top_p_sampling_never_leaves_the_nucleus():
 
 def test_sampled_rows_of_one_image_are_contiguous_and_padded():
     s = TableStepper(5)
-    gen = sample(s, images(0, 1), 8, [EOS], PAD, num_return_sequences=3, generator=torch.Generator().manual_seed(0))
+    cfg = sample_cfg(8, num_return_sequences=3)
+    gen = sample(s, images(0, 1), cfg, [EOS], PAD, generator=torch.Generator().manual_seed(0))
     assert gen.image_index.tolist() == [0, 0, 0, 1, 1, 1]
     for r, (seq, n) in enumerate(zip(gen.sequences.tolist(), gen.lengths.tolist())):
         image = int(gen.image_index[r])
@@ -442,17 +471,15 @@ class CountingStepper(TableStepper):
 )
 def test_decode_batch_size_counts_sequences_not_images(cfg, chunks, most_rows):
     from finecap.decode import chunk_images
-    from finecap.models.captioner import generate_in_chunks
 
     cfg = DecodeConfig(max_length=4, **cfg)
     assert chunk_images(cfg) == chunks[0]
     seeds = torch.arange(5) * 7919  # per-image seeds: samples do not depend on the chunk an image is decoded in
     chunked = CountingStepper(5)
-    gen = generate_in_chunks(chunked, images(0, 1, 2, 3, 4), cfg, _Tok(), PAD, seeds=seeds)
+    gen = decode(chunked, images(0, 1, 2, 3, 4), cfg, _Tok(), seeds=seeds)
     assert chunked.images == chunks and chunked.max_rows == most_rows
     whole = CountingStepper(5)
-    one = generate_in_chunks(whole, images(0, 1, 2, 3, 4), dataclasses.replace(cfg, batch_size=1000), _Tok(), PAD,
-                             seeds=seeds)  # fmt: skip
+    one = decode(whole, images(0, 1, 2, 3, 4), dataclasses.replace(cfg, batch_size=1000), _Tok(), seeds=seeds)
     assert whole.images == [5]  # unchunked: every image at once
     assert gen.texts == one.texts and rows(gen) == rows(one) and torch.equal(gen.image_index, one.image_index)
     assert torch.allclose(gen.scores, one.scores)

@@ -52,18 +52,13 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol, get_args
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 import torch.nn.functional as F
 
-from finecap.config import DecodeStrategy, EarlyStopping, FinishedBeams
-
 if TYPE_CHECKING:
     from finecap.config import DecodeConfig
-
-STRATEGIES = get_args(DecodeStrategy)
-FINISHED_BEAMS = get_args(FinishedBeams)
 
 Conditioning = Any
 """What a :class:`Stepper` starts from: the conditioning of B images, a tensor ``(B, ...)`` (ClipCap's features, BLIP's
@@ -238,39 +233,37 @@ def _token_loop(
     )
 
 
-def greedy(
-    stepper: Stepper, features: Conditioning, max_length: int, stop_ids: Sequence[int], pad_id: int
-) -> Generation:
-    """Arg-max decoding, one caption per image."""
-    return _token_loop(stepper, features, max_length, stop_ids, pad_id, lambda logits, t: logits.argmax(dim=-1), 1)
+def greedy(stepper: Stepper, features: Conditioning, cfg: DecodeConfig, stop_ids: Sequence[int],
+           pad_id: int) -> Generation:  # fmt: skip
+    """Arg-max decoding, one caption per image (``cfg``: a ``greedy`` section; reads ``max_length``)."""
+    _expect_strategy(cfg, "greedy")
+    return _token_loop(stepper, features, cfg.max_length, stop_ids, pad_id, lambda logits, t: logits.argmax(-1), 1)
 
 
 def sample(
     stepper: Stepper,
     features: Conditioning,
-    max_length: int,
+    cfg: DecodeConfig,
     stop_ids: Sequence[int],
     pad_id: int,
-    temperature: float = 1.0,
-    top_k: int = 0,
-    top_p: float = 1.0,
-    num_return_sequences: int = 1,
     generator: torch.Generator | None = None,
     seeds: torch.Tensor | None = None,
 ) -> Generation:
-    """Ancestral sampling from ``softmax(logits / temperature)`` restricted to top-k / top-p, n captions per image.
+    """Ancestral sampling from ``softmax(logits / temperature)`` restricted to top-k / top-p, n captions per image
+    (``cfg``: a ``sample`` section; reads ``max_length``, ``temperature``, ``top_k``, ``top_p`` and
+    ``num_return_sequences``).
 
     Uses ``generator`` (or torch's global RNG); with ``seeds (B,)`` (one integer per image) the draws are instead a
     function of (image seed, sample number, position) only (:func:`seeded_gumbel`), so an image's samples do not
     depend on the batch it is decoded in. Returned log-probs are of the untempered model (module docstring).
     """
-    if temperature <= 0:
-        raise ValueError(f"decode.temperature must be > 0, got {temperature}")
+    _expect_strategy(cfg, "sample")
+    n, temperature, top_k, top_p = cfg.num_return_sequences, cfg.temperature, cfg.top_k, cfg.top_p
     keys = None
     if seeds is not None:
         if seeds.shape != (len(features),):
             raise ValueError(f"sampling seeds must be one per image, (B,) = ({len(features)},)")
-        keys = sample_keys(seeds, num_return_sequences)  # (B*n,)
+        keys = sample_keys(seeds, n)  # (B*n,)
 
     def choose(logits: torch.Tensor, t: int) -> torch.Tensor:
         scaled = filter_logits(logits.float() / temperature, top_k, top_p)  # (N, V)
@@ -279,7 +272,7 @@ def sample(
             return (scaled.double() + noise).argmax(dim=-1)  # (N,)
         return torch.multinomial(scaled.softmax(dim=-1), 1, generator=generator).squeeze(1)  # (N,)
 
-    return _token_loop(stepper, features, max_length, stop_ids, pad_id, choose, num_return_sequences)
+    return _token_loop(stepper, features, cfg.max_length, stop_ids, pad_id, choose, n)
 
 
 # --------------------------------------------------------------------------------------------------------------------
@@ -287,56 +280,53 @@ def sample(
 # --------------------------------------------------------------------------------------------------------------------
 
 
-def beam_search(
-    stepper: Stepper,
-    features: Conditioning,
-    max_length: int,
-    stop_ids: Sequence[int],
-    pad_id: int,
-    beam_size: int = 5,
-    length_penalty: float = 1.0,
-    num_return_sequences: int = 1,
-    finished_beams: FinishedBeams = "keep",
-    early_stopping: EarlyStopping = False,
-) -> Generation:
-    """Batched beam search; returns the ``num_return_sequences`` best hypotheses per image, best first.
+def beam_search(stepper: Stepper, features: Conditioning, cfg: DecodeConfig, stop_ids: Sequence[int],
+                pad_id: int) -> Generation:  # fmt: skip
+    """Batched beam search; returns the ``num_return_sequences`` best hypotheses per image, best first (``cfg``: a
+    ``beam`` section; reads ``max_length``, ``beam_size``, ``length_penalty``, ``num_return_sequences``,
+    ``finished_beams`` and ``early_stopping``, whose rules the section checked when it was built).
 
     Score of a hypothesis: ``sum(logprob) / length ** length_penalty``. ``finished_beams`` picks what happens to a
     hypothesis that ends: ``"keep"`` (ClipCap's reference) or ``"set_aside"`` (transformers' ``generate``, with its
     ``early_stopping``); see the module docstring.
     """
-    K, n = beam_size, num_return_sequences
-    if not 1 <= n <= K:
-        raise ValueError(f"decode.num_return_sequences={n} must be in [1, decode.beam_size={K}]")
-    if finished_beams not in FINISHED_BEAMS:
-        raise ValueError(f"decode.finished_beams={finished_beams!r}; valid: {', '.join(FINISHED_BEAMS)}")
-    if not (isinstance(early_stopping, bool) or early_stopping == "never"):
-        raise ValueError(f"decode.early_stopping={early_stopping!r}; valid: false, true, never")
-    if finished_beams == "set_aside":
-        return _beam_set_aside(stepper, features, max_length, stop_ids, pad_id, K, length_penalty, n, early_stopping)
-    if early_stopping is not False:
-        raise ValueError("decode.early_stopping is a setting of decode.finished_beams=set_aside")
-    return _beam_keep(stepper, features, max_length, stop_ids, pad_id, K, length_penalty, n)
+    _expect_strategy(cfg, "beam")
+    search = _beam_set_aside if cfg.finished_beams == "set_aside" else _beam_keep
+    return search(stepper, features, cfg, stop_ids, pad_id)
 
 
-def _beam_keep(
-    stepper: Stepper,
-    features: Conditioning,
-    max_length: int,
-    stop_ids: Sequence[int],
-    pad_id: int,
-    K: int,
-    length_penalty: float,
-    n: int,
-) -> Generation:
-    """``finished_beams="keep"``: a finished beam competes for its slot with its final score (module docstring)."""
+def _beam_start(stepper: Stepper, features: Conditioning, K: int, stop_ids: Sequence[int],
+                pad_id: int) -> tuple[Any, torch.Tensor, torch.Tensor]:  # fmt: skip
+    """The first step of both beam searches: the state with ``K`` rows per image, the first token's log-probs
+    ``(B*K, V)`` and the stop ids as a tensor."""
     logits, state = stepper.start(features)  # (B, V)
     B, V = logits.shape
     _check_ids(pad_id, stop_ids, V)
-    device = logits.device
-    stop = torch.tensor(list(stop_ids), device=device)
-    state = stepper.select(state, torch.arange(B, device=device).repeat_interleave(K))  # B*K rows
-    logp = F.log_softmax(logits.float(), dim=-1).repeat_interleave(K, dim=0)  # (B*K, V)
+    stop = torch.tensor(list(stop_ids), device=logits.device)
+    state = stepper.select(state, torch.arange(B, device=logits.device).repeat_interleave(K))  # B*K rows
+    return state, F.log_softmax(logits.float(), dim=-1).repeat_interleave(K, dim=0), stop
+
+
+def _best(tokens: torch.Tensor, logprobs: torch.Tensor, lengths: torch.Tensor, scores: torch.Tensor,
+          n: int) -> Generation:  # fmt: skip
+    """The first ``n`` of the ``K`` hypotheses of each image (``tokens``, ``logprobs`` ``(B, K, L)``, ``lengths``,
+    ``scores`` ``(B, K)``, best first), as a :class:`Generation` of ``B * n`` rows."""
+    B, _, L = tokens.shape
+    return Generation(
+        sequences=tokens[:, :n].reshape(B * n, L),
+        token_logprobs=logprobs[:, :n].reshape(B * n, L),
+        lengths=lengths[:, :n].reshape(-1),
+        image_index=torch.arange(B, device=tokens.device).repeat_interleave(n),
+        scores=scores[:, :n].reshape(-1),
+    )
+
+
+def _beam_keep(stepper: Stepper, features: Conditioning, cfg: DecodeConfig, stop_ids: Sequence[int],
+               pad_id: int) -> Generation:  # fmt: skip
+    """``finished_beams="keep"``: a finished beam competes for its slot with its final score (module docstring)."""
+    K, length_penalty, max_length = cfg.beam_size, cfg.length_penalty, cfg.max_length
+    state, logp, stop = _beam_start(stepper, features, K, stop_ids, pad_id)  # logp (B*K, V)
+    B, V, device = logp.shape[0] // K, logp.shape[1], logp.device
     sums = torch.full((B, K), float("-inf"), device=device)
     sums[:, 0] = 0.0  # one live beam per image at the start; the others are empty slots
     lengths = torch.zeros((B, K), dtype=torch.long, device=device)
@@ -370,30 +360,15 @@ def _beam_keep(
             break
         state = stepper.select(state, rows)
     L = hist_tok.shape[1]
-    return Generation(
-        sequences=hist_tok.view(B, K, L)[:, :n].reshape(B * n, L),
-        token_logprobs=hist_lp.view(B, K, L)[:, :n].reshape(B * n, L),
-        lengths=lengths[:, :n].reshape(-1),
-        image_index=torch.arange(B, device=device).repeat_interleave(n),
-        scores=scores[:, :n].reshape(-1),
-    )
+    return _best(hist_tok.view(B, K, L), hist_lp.view(B, K, L), lengths, scores, cfg.num_return_sequences)
 
 
 _HUGE = 1.0e9
 """What transformers adds to a score to rule a candidate out (``-1e9``, not ``-inf``: the same float32 values)."""
 
 
-def _beam_set_aside(
-    stepper: Stepper,
-    features: Conditioning,
-    max_length: int,
-    stop_ids: Sequence[int],
-    pad_id: int,
-    K: int,
-    length_penalty: float,
-    n: int,
-    early_stopping: EarlyStopping,
-) -> Generation:
+def _beam_set_aside(stepper: Stepper, features: Conditioning, cfg: DecodeConfig, stop_ids: Sequence[int],
+                    pad_id: int) -> Generation:  # fmt: skip
     """``finished_beams="set_aside"``: transformers' ``GenerationMixin._beam_search`` (5.x), step for step.
 
     Hand-rolled rather than calling ``generate``: finecap's decoders drive any :class:`Stepper` (ClipCap's prefix,
@@ -411,15 +386,12 @@ def _beam_set_aside(
        hypotheses finished. Decoding ends when every image is done, every candidate stopped, or at ``max_length``;
     5. the returned captions are the ``n`` best finished hypotheses, best first, with their scores.
     """
-    logits, state = stepper.start(features)  # (B, V)
-    B, V = logits.shape
-    _check_ids(pad_id, stop_ids, V)
-    device = logits.device
-    stop = torch.tensor(list(stop_ids), device=device)
+    K, length_penalty, max_length = cfg.beam_size, cfg.length_penalty, cfg.max_length
+    early_stopping = cfg.early_stopping
+    state, logp, stop = _beam_start(stepper, features, K, stop_ids, pad_id)  # logp (B*K, V)
+    B, V, device = logp.shape[0] // K, logp.shape[1], logp.device
     wide = max(2, 1 + len(stop_ids)) * K  # candidates kept per step, so that K of them can stay live
     in_top_k = torch.arange(wide, device=device) < K  # (wide,)
-    state = stepper.select(state, torch.arange(B, device=device).repeat_interleave(K))  # B*K rows
-    logp = F.log_softmax(logits.float(), dim=-1).repeat_interleave(K, dim=0)  # (B*K, V)
     live = torch.zeros((B, K), dtype=torch.float32, device=device)  # summed log-probs of the live beams
     live[:, 1:] = -_HUGE  # one real beam at the start; the others only fill up
     live_tok = torch.zeros((B, K, 0), dtype=torch.long, device=device)
@@ -476,20 +448,21 @@ def _beam_set_aside(
             break
         state = stepper.select(state, rows)
     # 5. the n best finished hypotheses (at max_length every candidate stops, so K of them exist)
-    lengths = done_len[:, :n].reshape(-1)
-    L = int(lengths.max())
-    return Generation(
-        sequences=done_tok[:, :n, :L].reshape(B * n, L),
-        token_logprobs=done_lp[:, :n, :L].reshape(B * n, L),
-        lengths=lengths,
-        image_index=torch.arange(B, device=device).repeat_interleave(n),
-        scores=done_score[:, :n].reshape(-1),
-    )
+    n = cfg.num_return_sequences
+    L = int(done_len[:, :n].max())
+    return _best(done_tok[:, :, :L], done_lp[:, :, :L], done_len, done_score, n)
 
 
 # --------------------------------------------------------------------------------------------------------------------
 # Entry point
 # --------------------------------------------------------------------------------------------------------------------
+
+
+def _expect_strategy(cfg: DecodeConfig, strategy: str) -> None:
+    """Refuse a ``decode`` section of another strategy than the decoder's: its options were checked for that one
+    (``num_return_sequences <= beam_size`` holds for ``beam`` sections only, greedy sections return one caption)."""
+    if cfg.strategy != strategy:
+        raise ValueError(f"{strategy} decoding was given a decode section with strategy={cfg.strategy!r}")
 
 
 def rows_per_image(cfg: DecodeConfig) -> int:
@@ -533,28 +506,29 @@ def decode(
     generator: torch.Generator | None = None,
     seeds: torch.Tensor | None = None,
 ) -> Generation:
-    """Decode ``features`` (the conditioning of B images) with the strategy of ``cfg``; fills ``texts`` with
-    ``tokenizer``. ``seeds (B,)``:
-    per-image sampling seeds (see :func:`sample`; ignored by greedy and beam search)."""
-    if cfg.strategy not in STRATEGIES:
-        raise ValueError(f"decode.strategy={cfg.strategy!r}; valid: {', '.join(STRATEGIES)}")
+    """Decode ``features`` (the conditioning of B images: ClipCap features ``(B, D)``, BLIP image tokens
+    ``(B, P, H)``, a VLM's prompt) with the strategy of ``cfg``; fills ``texts`` with ``tokenizer``. ``seeds (B,)``:
+    per-image sampling seeds (see :func:`sample`; ignored by greedy and beam search).
+
+    The images go in chunks of at most ``decode.batch_size`` *sequences* (images x beams or samples,
+    :func:`chunk_images`), at least one image each, whose generations are concatenated."""
     stop_ids = stop_token_ids(tokenizer, cfg.stop_at_period)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-    if cfg.strategy == "greedy":
-        if cfg.num_return_sequences != 1:
-            raise ValueError(
-                f"decode.num_return_sequences={cfg.num_return_sequences} needs decode.strategy=sample or beam "
-                "(greedy decoding returns one caption per image)"
-            )
-        gen = greedy(stepper, features, cfg.max_length, stop_ids, pad_id)
-    elif cfg.strategy == "beam":
-        gen = beam_search(stepper, features, cfg.max_length, stop_ids, pad_id, cfg.beam_size, cfg.length_penalty,
-                          cfg.num_return_sequences, cfg.finished_beams, cfg.early_stopping)  # fmt: skip
-    else:
-        gen = sample(stepper, features, cfg.max_length, stop_ids, pad_id, cfg.temperature, cfg.top_k, cfg.top_p,
-                     cfg.num_return_sequences, generator, seeds)  # fmt: skip
-    gen.texts = texts_of(tokenizer, gen)
-    return gen
+    size = chunk_images(cfg)
+    chunks = []
+    for i in range(0, len(features), size):
+        part, part_seeds = features[i : i + size], None if seeds is None else seeds[i : i + size]
+        if cfg.strategy == "greedy":
+            gen = greedy(stepper, part, cfg, stop_ids, pad_id)
+        elif cfg.strategy == "beam":
+            gen = beam_search(stepper, part, cfg, stop_ids, pad_id)
+        else:
+            gen = sample(stepper, part, cfg, stop_ids, pad_id, generator, part_seeds)
+        gen.texts = texts_of(tokenizer, gen)
+        chunks.append(gen)
+    if not chunks:
+        raise ValueError("decode: an empty batch (no images to caption)")
+    return concat(chunks, pad_id)
 
 
 def concat(generations: Sequence[Generation], pad_id: int) -> Generation:

@@ -27,8 +27,10 @@ OBJECTIVES: dict[str, str] = {
 REWARDS: dict[str, str] = {
     "cider": "finecap.rewards.cider:build",
     "retrieval": "finecap.rewards.retrieval:build",
+    "listener": "finecap.rewards.listener:build",
 }
-"""``rl.rewards`` names -> factories ``factory(cfg) -> reward``."""
+"""``rl.rewards`` names -> factories ``factory(cfg, **options) -> reward``, for the training loop and every adapter
+(:mod:`finecap.rewards`)."""
 
 SAMPLERS: dict[str, str] = {
     "random": "finecap.data.samplers:random_sampler",

@@ -56,6 +56,20 @@ def test_names_options_and_columns_are_checked():
     assert other(prompts=["p"], completions=["a red circle"], imgid=[1]) == fn(["p"], ["a red circle"], image_id=[1])
 
 
+def test_the_adapter_reads_the_training_loops_reward_table_and_refuses_missing_data():
+    from finecap import registry
+
+    assert REWARDS is registry.REWARDS  # one table: a reward registered for rl.rewards is a TRL reward too
+    with pytest.raises(ValueError, match="cider: outside a training run give references="):
+        reward_function("cider")
+    with pytest.raises(ValueError, match=r"cider: references=\{image_id: \[captions\]\} is empty"):
+        reward_function("cider", references={})
+    with pytest.raises(ValueError, match="retrieval: give retriever= and one image table"):
+        reward_function("retrieval", embeddings={1: torch.ones(4)})
+    with pytest.raises(ValueError, match="listener: outside a training run give scenes="):
+        reward_function("listener")
+
+
 def test_cider_with_the_evaluated_set_as_references_is_pycocoevalcaps_per_image_cider_d():
     from pycocoevalcap.cider.cider import Cider
 

@@ -276,7 +276,10 @@ def test_set_aside_beam_search_equals_generate_when_beams_end_early(vlm_dirs, fa
     for early_stopping in (False, True, "never"):
         for lp in (0.0, 1.0, 2.0):
             with torch.no_grad():
-                ours = beam_search(model, prompt, L, stops, model.pad_token_id, K, lp, K, "set_aside", early_stopping)
+                cfg = DecodeConfig(strategy="beam", max_length=L, beam_size=K, length_penalty=lp,
+                                   num_return_sequences=K, finished_beams="set_aside",
+                                   early_stopping=early_stopping)  # fmt: skip
+                ours = beam_search(model, prompt, cfg, stops, model.pad_token_id)
                 theirs = model.model.generate(**inputs, max_new_tokens=L, num_beams=K, num_return_sequences=K,
                                               do_sample=False, length_penalty=lp, early_stopping=early_stopping,
                                               eos_token_id=stops, return_dict_in_generate=True,
@@ -287,7 +290,8 @@ def test_set_aside_beam_search_equals_generate_when_beams_end_early(vlm_dirs, fa
             found[setting] = (trimmed(ours), int(ours.lengths.min()))
     assert all(found[(es, lp)][1] < L for es in (False, True, "never") for lp in (0.0, 1.0))  # ended early
     assert len({str(captions) for captions, _ in found.values()}) > 2  # the settings matter here
-    keep = beam_search(model, prompt, L, stops, model.pad_token_id, K, 1.0, K, "keep")
+    cfg = DecodeConfig(strategy="beam", max_length=L, beam_size=K, length_penalty=1.0, num_return_sequences=K)
+    keep = beam_search(model, prompt, cfg, stops, model.pad_token_id)
     assert trimmed(keep) != found[(False, 1.0)][0]  # finecap's default rule answers otherwise here
 
     # Through the captioner's own decoding (its EOS only), as finecap caption runs it.

@@ -280,6 +280,23 @@ def test_objectives_from_config():
     assert dt.sample_cfg.strategy == "greedy" and isinstance(dt.baseline, MeanBaseline)
 
 
+def test_rollout_sections_are_the_decode_section_with_the_rl_options():
+    cfg = load(None, ["rl.samples=128", "rl.temperature=0.3", "decode.max_length=12", "decode.top_k=5",
+                      "decode.top_p=0.5", "decode.stop_at_period=true", "decode.batch_size=512"])  # fmt: skip
+    objective = get_objective("reinforce", cfg)
+    sample = objective.sample_cfg  # 128 samples per image: more than decode.beam_size may be, and no beam is searched
+    assert (sample.strategy, sample.num_return_sequences, sample.temperature) == ("sample", 128, 0.3)
+    assert (sample.max_length, sample.stop_at_period, sample.batch_size) == (12, True, 512)  # the decode section's
+    assert (sample.top_k, sample.top_p) == (0, 1.0)  # sampled from the whole tempered distribution
+    greedy = objective.greedy_cfg
+    assert (greedy.strategy, greedy.num_return_sequences, greedy.max_length, greedy.stop_at_period) == (
+        "greedy", 1, 12, True)  # fmt: skip
+    beam_cfg = load(None, ["rl.strategy=beam", "rl.samples=1", "rl.baseline=mean", "decode.beam_size=3",
+                           "decode.length_penalty=0.5"])  # fmt: skip
+    beam = get_objective("reinforce", beam_cfg).sample_cfg
+    assert (beam.strategy, beam.beam_size, beam.length_penalty, beam.num_return_sequences) == ("beam", 3, 0.5, 1)
+
+
 @pytest.mark.parametrize(
     "overrides, key",
     [

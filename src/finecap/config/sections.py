@@ -662,6 +662,12 @@ class DecodeConfig(Section, name="decode"):
             "must be <= decode.beam_size for beam search",
         )
         check(
+            self.strategy != "greedy" or self.num_return_sequences == 1,
+            "decode.num_return_sequences",
+            f"{self.num_return_sequences} needs decode.strategy=sample or beam (greedy decoding returns one "
+            "caption per image)",
+        )
+        check(
             isinstance(self.early_stopping, bool) or self.early_stopping == "never",
             "decode.early_stopping",
             f"invalid value {self.early_stopping!r}; valid choices: false, true, never",

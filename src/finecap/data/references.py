@@ -60,6 +60,17 @@ def data_file(cfg: Config) -> Path:
     return world_path(cfg.world) / "dataset.json"
 
 
+def world_scenes(cfg: Config | None) -> dict[Hashable, Scene] | None:
+    """The scene graphs ``{image_id: Scene}`` of the world ``cfg`` reads (``data.format=world``), or ``None`` for
+    other data (or no configuration): what the world-only measures of training read (the listener reward, the
+    reward-hacking monitor's fact precision)."""
+    if cfg is None or cfg.data.format != "world":
+        return None
+    from finecap.world.make import load_scenes  # the world's modules load only for a world
+
+    return dict(load_scenes(data_file(cfg).parent))
+
+
 def read_records(
     fmt: str,
     path: str | Path,

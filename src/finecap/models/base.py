@@ -62,14 +62,13 @@ import torch
 from torch import nn
 
 from finecap.config import DecodeConfig
-from finecap.decode import Conditioning, Generation
+from finecap.decode import Conditioning, Generation, decode
 from finecap.models import lora, memory, strict
 from finecap.models.captioner import (
     PARTS,
     VOCAB_CHUNK_ELEMENTS,
     TokenScores,
     chunked_token_scores,
-    generate_in_chunks,
     strip_prefix,
     token_scores,
 )
@@ -435,7 +434,7 @@ class CaptionerBase(nn.Module, abc.ABC):
         if isinstance(conditioning, torch.Tensor):
             conditioning = conditioning.to(self.device)
         self.check_length(conditioning, cfg.max_length, "decode.max_length")
-        return generate_in_chunks(self, conditioning, cfg, self.tokenizer, self.pad_token_id, generator, seeds)
+        return decode(self, conditioning, cfg, self.tokenizer, generator, seeds)
 
     # ---- saving and loading -------------------------------------------------------------------------------------
 

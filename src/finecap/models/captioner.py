@@ -1,7 +1,7 @@
 """What every backbone shares below the contract (:class:`finecap.models.base.CaptionerBase`): the types its members
 name (:class:`TokenScores`, :class:`ImageSide`, :data:`PARTS`) and the helpers the base and the backbones' hooks use:
 scoring given captions (:func:`token_scores`, in vocabulary chunks :func:`chunked_token_scores`), the teacher-forced
-attention mask, reading a batch's images, decoding in chunks.
+attention mask, reading a batch's images.
 
 Example (the arithmetic of :func:`token_scores`)::
 
@@ -25,8 +25,6 @@ import torch.nn.functional as F
 import torch.utils.checkpoint
 from PIL import Image
 from torch import nn
-
-from finecap.decode import Conditioning, chunk_images, concat, decode
 
 PARTS = ("lm", "encoder")
 """The two parts of every captioner that LoRA can adapt and ``train_lm`` / ``train_encoder`` switch: the text side
@@ -176,26 +174,3 @@ def encode_images(batch: dict[str, Any], encoder: Any, trained: bool, device: to
         with torch.no_grad():
             return encoder(batch["pixel_values"].to(device)).float()
     raise ValueError(f"batch has neither 'features' nor 'pixel_values' (keys: {sorted(batch)})")
-
-
-def generate_in_chunks(
-    stepper: Any,
-    conditioning: Conditioning,
-    decode_cfg: Any,
-    tokenizer: Any,
-    pad_id: int,
-    generator: torch.Generator | None = None,
-    seeds: torch.Tensor | None = None,
-) -> Any:
-    """:func:`finecap.decode.decode` over chunks of images (rows of ``conditioning``: ClipCap features ``(B, D)``,
-    BLIP image tokens ``(B, P, H)``, a VLM's prompt), concatenated. A chunk holds at most ``decode.batch_size``
-    *sequences* (images x beams or samples, :func:`finecap.decode.chunk_images`), and at least one image."""
-    size = chunk_images(decode_cfg)
-    chunks = [
-        decode(stepper, conditioning[i : i + size], decode_cfg, tokenizer, generator,
-               None if seeds is None else seeds[i : i + size])
-        for i in range(0, len(conditioning), size)
-    ]  # fmt: skip
-    if not chunks:
-        raise ValueError("generate got an empty batch")
-    return concat(chunks, pad_id)

@@ -40,6 +40,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from finecap.config import RLConfig
+from finecap.data.references import world_scenes
 from finecap.utils import short_repr
 
 if TYPE_CHECKING:
@@ -75,17 +76,6 @@ def distinct_share(texts: list[str], s: int) -> float:
     return sum(len(set(g)) / len(g) for g in groups) / len(groups)
 
 
-def world_scenes(ctx: Any) -> dict[Hashable, Scene] | None:
-    """The scene graphs of the training world (``data.format=world``), or ``None`` for other data."""
-    cfg = getattr(ctx, "cfg", None)
-    if cfg is None or cfg.data.format != "world":
-        return None
-    from finecap.data.references import data_file
-    from finecap.world.make import load_scenes
-
-    return dict(load_scenes(data_file(cfg).parent))
-
-
 class Monitor:
     """Measures the sampled captions of each step and sounds ``rl.alarms`` (module docstring).
 
@@ -105,7 +95,7 @@ class Monitor:
 
     def setup(self, ctx: TrainContext) -> None:
         self.accelerator = getattr(ctx, "accelerator", None)
-        self.scenes = world_scenes(ctx)
+        self.scenes = world_scenes(getattr(ctx, "cfg", None))
 
     def measure(
         self, texts: Sequence[str], image_ids: Sequence[Hashable], step: int | None = None

@@ -313,7 +313,7 @@ class PolicyOptimization(Reinforce):
         if rl.advantage == "group":
             self.baseline = NoBaseline()  # the group mean is the baseline (rl.baseline is not used)
         self.batch_repeats = rl.iterations
-        self.max_length = (decode or DecodeConfig()).max_length
+        self.max_length = self.sample_cfg.max_length  # loss_aggregation=constant's divisor
         self.reference = Reference() if rl.kl_coef > 0 else None
         self.reduce: Reduce = local
         self.cycle: list[Prepared] = []  # this process's micro-batches of the current rollout, in order

@@ -43,6 +43,7 @@ Choices the papers leave open:
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, get_args
@@ -83,6 +84,27 @@ class Rollout:
         return self.rewards.total - self.baseline  # (N,)
 
 
+def rollout_decode(decode: DecodeConfig, rl: RLConfig) -> DecodeConfig:
+    """The ``decode`` section of a step's rollout: ``decode`` (its ``max_length``, ``stop_at_period``,
+    ``batch_size`` and beam options) with ``rl.strategy``, ``rl.temperature`` and ``rl.samples`` captions per image.
+    Sampling draws from the whole tempered distribution (``top_k`` and ``top_p`` off, whatever ``decode`` says):
+    the log-probs the loss is scored with (``rl.scaled_logprob``) are of that distribution.
+
+    >>> from finecap.config import DecodeConfig, RLConfig
+    >>> section = rollout_decode(DecodeConfig(max_length=16, top_k=5), RLConfig(samples=8, temperature=0.3))
+    >>> section.strategy, section.num_return_sequences, section.temperature, section.top_k, section.max_length
+    ('sample', 8, 0.3, 0, 16)
+    """
+    return dataclasses.replace(decode, strategy=rl.strategy, temperature=rl.temperature,
+                               num_return_sequences=rl.samples, top_k=0, top_p=1.0)  # fmt: skip
+
+
+def greedy_decode(decode: DecodeConfig) -> DecodeConfig:
+    """The ``decode`` section of the greedy captions of a rollout (the greedy baseline's): ``decode`` decoding one
+    caption per image by arg-max."""
+    return dataclasses.replace(decode, strategy="greedy", num_return_sequences=1)
+
+
 def sequence_logprob(token_logprobs: torch.Tensor, lengths: torch.Tensor, reduction: str = "sum") -> torch.Tensor:
     """log p of each caption from its token log-probs (N, L) (0 at padding): their sum, or mean over ``lengths``.
 
@@ -114,7 +136,8 @@ class Reinforce(ObjectiveBase):
         baseline: a baseline of :mod:`finecap.objectives.baselines` (the factories build ``rl.baseline``'s).
         rl: the ``rl`` section (samples, strategy, temperature, logprob, scaled_logprob, entropy_coef; checked when
             it is built, :class:`finecap.config.RLConfig`; default: its defaults).
-        decode: base decoding settings (max length, beam size, length penalty, stop at period, chunk size).
+        decode: the ``decode`` section the rollouts start from (:func:`rollout_decode`, :func:`greedy_decode`;
+            default: its defaults).
         seed: ``run.seed``, the base of the per-image sampling seeds (:meth:`sampling_seeds`).
     """
 
@@ -130,19 +153,15 @@ class Reinforce(ObjectiveBase):
         seed: int = 0,
     ):
         rl = rl or RLConfig()
-        base = decode or DecodeConfig()
+        decode = decode or DecodeConfig()
         self.reward = reward
         self.baseline = baseline
         self.needs = declared_needs(reward)  # e.g. {"retriever"} for self-retrieval
         self.rl = rl
         self.seed = seed
         self.logprob_temperature = rl.temperature if (rl.scaled_logprob and rl.strategy == "sample") else 1.0
-        common = dict(max_length=base.max_length, stop_at_period=base.stop_at_period, batch_size=base.batch_size)
-        self.sample_cfg = DecodeConfig(strategy=rl.strategy, temperature=rl.temperature,
-                                       num_return_sequences=rl.samples, beam_size=max(base.beam_size, rl.samples),
-                                       length_penalty=base.length_penalty, finished_beams=base.finished_beams,
-                                       early_stopping=base.early_stopping, **common)  # fmt: skip
-        self.greedy_cfg = DecodeConfig(strategy="greedy", **common)
+        self.sample_cfg = rollout_decode(decode, rl)
+        self.greedy_cfg = greedy_decode(decode)
         self.monitor = Monitor(rl)  # the reward-hacking monitor (finecap.objectives.monitor): logged, never a loss
 
     # ----------------------------------------------------------------------------------------------------------------

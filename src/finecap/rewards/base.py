@@ -36,7 +36,7 @@ Example::
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -70,6 +70,20 @@ def caption_rows(captions: Sequence[str], batch: Mapping[str, Any]) -> torch.Ten
     if index.shape != (n,):
         raise ValueError(f"reward: batch['image_index'] has shape {tuple(index.shape)} for {n} captions")
     return index
+
+
+def call_batch(image_ids: Sequence[Hashable]) -> dict[str, Any]:
+    """The batch a reward is called with outside a training run (adapters): caption ``n`` describes the image
+    ``image_ids[n]``; the batch's images are the distinct ids in order of first appearance (``image_ids``) and
+    ``image_index`` ``(N,)`` gives each caption's row among them.
+
+    >>> batch = call_batch([7, 9, 7])
+    >>> batch["image_ids"], batch["image_index"].tolist()
+    ([7, 9], [0, 1, 0])
+    """
+    distinct = list(dict.fromkeys(image_ids))
+    row = {image_id: r for r, image_id in enumerate(distinct)}
+    return {"image_ids": distinct, "image_index": torch.tensor([row[i] for i in image_ids], dtype=torch.long)}
 
 
 def call_hook(obj: Any, hook: str, *args: Any) -> Any:

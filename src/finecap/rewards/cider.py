@@ -27,6 +27,7 @@ from finecap.metrics.ptb_tokenize import tokenize
 from finecap.rewards.base import RewardOutput, caption_rows
 
 if TYPE_CHECKING:
+    from finecap.config import Config
     from finecap.contract import TrainContext
 
 
@@ -82,6 +83,14 @@ class CiderReward:
         return RewardOutput(total, {self.name: total})
 
 
-def build(cfg: Any = None) -> CiderReward:
-    """Factory of the reward registry (``rl.rewards: {cider: w}``); references come from ``setup(ctx)``."""
-    return CiderReward()
+def build(cfg: Config | None = None, *, references: Mapping[Hashable, Sequence[str]] | None = None,
+          tokenize_text: bool = True, sigma: float = 6.0) -> CiderReward:  # fmt: skip
+    """Factory of the reward registry (``rl.rewards: {cider: w}``): in a training run the references (and document
+    frequencies) are the training split's, read in ``setup(ctx)``; outside one (``cfg=None``: an adapter, the reward
+    server) ``references={image_id: [captions]}``. ``tokenize_text``, ``sigma``: :class:`CiderReward`'s."""
+    if references is not None and not references:
+        raise ValueError("cider: references={image_id: [captions]} is empty")
+    if cfg is None and references is None:
+        raise ValueError("cider: outside a training run give references={image_id: [captions]} (CIDEr-D's document "
+                         "frequencies come from them)")  # fmt: skip
+    return CiderReward(references, tokenize_text=tokenize_text, sigma=sigma)

@@ -339,7 +339,29 @@ class RetrievalReward:
         return RewardOutput(total, {self.name: total, **scores})
 
 
-def build(cfg: Config) -> RetrievalReward:
-    """Factory of the reward registry (``rl.rewards: {retrieval: w}``) from the ``sr`` section; the retriever
-    (``retriever.*``) and the image embeddings are loaded in ``setup(ctx)``."""
-    return RetrievalReward(sr=cfg.sr)
+def build(
+    cfg: Config | None = None,
+    *,
+    retriever: Any = None,
+    images: Mapping[Hashable, Any] | None = None,
+    embeddings: Mapping[Hashable, torch.Tensor] | None = None,
+    sr: SRConfig | None = None,
+) -> RetrievalReward:
+    """Factory of the reward registry (``rl.rewards: {retrieval: w}``) with the ``sr`` section (``sr``, else
+    ``cfg.sr``, else its defaults). In a training run the retriever (``retriever.*``) and the training images'
+    embeddings are loaded in ``setup(ctx)``; outside one (``cfg=None``: an adapter, the reward server) ``retriever``
+    (a :class:`finecap.models.retriever.Retriever`) and the image table: ``images={image_id: PIL image}`` (embedded
+    here) or ``embeddings={image_id: tensor (D,)}``."""
+    sr = sr or (cfg.sr if cfg is not None else None)
+    if cfg is not None and retriever is None and images is None and embeddings is None:
+        return RetrievalReward(sr=sr)
+    if retriever is None or (images is None) == (embeddings is None):
+        raise ValueError("retrieval: give retriever= and one image table, images={image_id: PIL image} or "
+                         "embeddings={image_id: tensor (D,)}")  # fmt: skip
+    if images is not None:
+        ids = list(images)
+        table = retriever.embed_images([images[i] for i in ids]).cpu()  # (P, D)
+    else:
+        ids = list(embeddings)
+        table = torch.stack([torch.as_tensor(embeddings[i]).float() for i in ids])  # (P, D)
+    return RetrievalReward(retriever, sr, image_ids=ids, embeddings=table)

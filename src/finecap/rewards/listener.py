@@ -1,0 +1,100 @@
+"""Listener reward: the world's fact-based listener (:mod:`finecap.world.listener`) picks each caption's image.
+
+The listener reads the caption's stated facts and ranks the candidate images by their support (true facts - false
+facts, :func:`finecap.world.listener.support_matrix`); the reward is its expected R@1 of the caption's own image,
+ties broken uniformly: ``1 / (1 + tied)`` when no candidate has more support, else 0. The candidates are the distinct
+images of the optimizer step's global batch (``batch['step_info']``, as the self-retrieval reward's distractors, so
+the reward does not depend on how the batch is split over processes and accumulation steps), or of the call without
+one (an adapter's call). It pays for captions that state what tells their image apart, and only what the fact parser
+reads (a retriever's cues that state no fact earn nothing): the world's scene graphs are its ground truth, so it
+exists on the world only (``data.format=world``; ``scenes=`` outside a run).
+
+Example::
+
+    >>> from finecap.world.scene import Obj, Scene
+    >>> reward = ListenerReward({0: Scene(0, "grass", [Obj("circle", "red", "large", 1, 1)]),
+    ...                          1: Scene(1, "sand", [Obj("circle", "red", "large", 1, 1)])})
+    >>> reward(["a red circle", "a red circle on sand"], {"image_ids": [0, 1]}).total.tolist()  # a tie; then 1
+    [0.5, 1.0]
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable, Mapping, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import torch
+
+from finecap.data.references import world_scenes
+from finecap.metrics.faithfulness import scene_of
+from finecap.rewards.base import RewardOutput, caption_rows
+from finecap.world.listener import rank_with_ties, support_matrix
+
+if TYPE_CHECKING:
+    from finecap.config import Config
+    from finecap.contract import TrainContext
+    from finecap.world.scene import Scene
+
+
+class ListenerReward:
+    """Expected listener R@1 of each caption's image among the batch's images (module docstring).
+
+    Args:
+        scenes: ``{image_id: Scene}`` of every image a caption may describe or compete with; ``None``: the training
+            world's, read in :meth:`setup`.
+    """
+
+    name = "listener"
+
+    def __init__(self, scenes: Mapping[Hashable, Scene] | None = None) -> None:
+        self.scenes = None if scenes is None else dict(scenes)
+
+    def setup(self, ctx: TrainContext) -> None:
+        """The scene graphs of the training world (once)."""
+        if self.scenes is not None:
+            return
+        scenes = world_scenes(ctx.cfg)
+        if scenes is None:
+            raise ValueError(
+                f"rl.rewards.listener: the listener reads the world's scene graphs; data.format={ctx.cfg.data.format} "
+                "has none (train on the world)"
+            )
+        self.scenes = scenes
+
+    def scene(self, image_id: Hashable) -> Scene:
+        scene = scene_of(image_id, self.scenes or {})  # ids as ints or as their strings
+        if scene is None:
+            raise KeyError(f"listener: no scene graph for image id {image_id!r}")
+        return scene
+
+    def __call__(self, captions: Sequence[str], batch: Mapping[str, Any]) -> RewardOutput:
+        if self.scenes is None:
+            raise RuntimeError("ListenerReward: no scene graphs; pass scenes= or call setup(ctx) first")
+        ids = list(batch["image_ids"])
+        info = batch.get("step_info")
+        pool = list(dict.fromkeys(ids if info is None else info.image_ids))  # (M,) the candidates
+        column = {image_id: c for c, image_id in enumerate(pool)}
+        targets = np.array([column[ids[r]] for r in caption_rows(captions, batch).tolist()], dtype=np.int64)  # (N,)
+        support = support_matrix(list(captions), [self.scene(i) for i in pool])  # (N, M)
+        candidates = np.tile(np.arange(len(pool)), (len(captions), 1))  # (N, M): every image competes
+        result = rank_with_ties(support, targets, candidates, np.random.default_rng(0))  # expected R@1: no draw
+        total = torch.from_numpy(result.expected_r1).float()  # (N,)
+        return RewardOutput(total, {self.name: total})
+
+
+def build(cfg: Config | None = None, *, scenes: Mapping[Hashable, Scene] | None = None,
+          world: str | Path | None = None) -> ListenerReward:  # fmt: skip
+    """Factory of the reward registry (``rl.rewards: {listener: w}``): in a training run the scene graphs are the
+    training world's, read in ``setup(ctx)``; outside one (``cfg=None``: an adapter) ``scenes={image_id: Scene}`` or
+    ``world=<folder of a finecap world>``."""
+    if scenes is not None and world is not None:
+        raise ValueError("listener: give scenes={image_id: Scene} or world=<world folder>, not both")
+    if world is not None:
+        from finecap.world.make import load_scenes
+
+        scenes = load_scenes(world)
+    if cfg is None and scenes is None:
+        raise ValueError("listener: outside a training run give scenes={image_id: Scene} or world=<world folder>")
+    return ListenerReward(scenes)

@@ -1,0 +1,67 @@
+"""The listener reward (``rl.rewards: {listener: w}``): hand-computed expected R@1, the candidates are the optimizer
+step's global batch when the engine says it, its factory in a run and outside one, and its refusal off the world."""
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from finecap.config import load
+from finecap.registry import REWARDS
+from finecap.rewards import call_batch, get_reward
+from finecap.rewards.listener import ListenerReward
+from finecap.world.scene import Obj, Scene
+
+SCENES = {
+    0: Scene(0, "grass", [Obj("circle", "red", "large", 1, 1)]),
+    1: Scene(1, "sand", [Obj("circle", "red", "large", 1, 1)]),
+    2: Scene(2, "sand", [Obj("square", "blue", "large", 1, 1)]),
+}
+
+
+def test_expected_r1_among_the_batch_images_hand_computed():
+    reward = ListenerReward(SCENES)
+    texts = ["a red circle", "a red circle on sand", "a blue square", "a red circle on sand"]
+    out = reward(texts, {"image_ids": [0, 1, 2], "image_index": torch.tensor([0, 1, 2, 0])})
+    # "a red circle" for scene 0: scenes 0 and 1 tie at support 2 (scene 2: -2): 1/2. "... on sand" for scene 1:
+    # support 3 vs 1 and -1: 1. "a blue square" for scene 2: 2 vs -2, -2: 1. "... on sand" for scene 0: scene 1 has
+    # more: 0.
+    assert out.total.tolist() == [0.5, 1.0, 1.0, 0.0]
+    assert out.parts["listener"].tolist() == out.total.tolist()
+    # outside a run (an adapter's call): the same captions, each with its image id, give the same rewards
+    assert reward(texts, call_batch([0, 1, 2, 0])).total.tolist() == [0.5, 1.0, 1.0, 0.0]
+    # ids given as strings (data files) find the world's int-keyed scenes
+    assert reward(texts, call_batch(["0", "1", "2", "0"])).total.tolist() == [0.5, 1.0, 1.0, 0.0]
+
+
+def test_the_candidates_are_the_steps_global_batch():
+    # this micro-batch holds images 0 and 2 only; the step's global batch also holds image 1, which ties with image
+    # 0 on "a red circle" and beats it on "a red circle on sand"
+    reward = ListenerReward(SCENES)
+    micro = {"image_ids": [0, 2], "image_index": torch.tensor([0, 0, 1])}
+    texts = ["a red circle", "a red circle on sand", "a blue square"]
+    assert reward(texts, micro).total.tolist() == [1.0, 1.0, 1.0]  # alone, image 0 has no rival
+    step = SimpleNamespace(step=0, image_ids=[1, 0, 2], fields={})
+    assert reward(texts, {**micro, "step_info": step}).total.tolist() == [0.5, 0.0, 1.0]
+
+
+def test_factory_in_a_run_and_outside_one(tmp_path):
+    assert REWARDS["listener"] == "finecap.rewards.listener:build"
+    in_run = get_reward("listener", load())
+    assert in_run.scenes is None  # read from the world in setup(ctx)
+    with pytest.raises(RuntimeError, match="call setup"):
+        in_run(["a red circle"], {"image_ids": [0]})
+    outside = get_reward("listener", None, scenes=SCENES)
+    assert outside(["a blue square"], call_batch([2])).total.tolist() == [1.0]
+    with pytest.raises(ValueError, match="outside a training run give scenes="):
+        get_reward("listener", None)
+    with pytest.raises(ValueError, match="not both"):
+        get_reward("listener", None, scenes=SCENES, world=tmp_path)
+    with pytest.raises(KeyError, match="no scene graph for image id 7"):
+        outside(["a circle"], call_batch([7]))
+
+
+def test_refused_off_the_world():
+    cfg = load(None, ["data.format=jsonl", "data.path=captions.jsonl"])
+    with pytest.raises(ValueError, match="rl.rewards.listener: .* data.format=jsonl has none"):
+        get_reward("listener", cfg).setup(SimpleNamespace(cfg=cfg))
