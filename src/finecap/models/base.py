@@ -60,6 +60,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 from torch import nn
+from torch.distributed.fsdp import FSDPModule
 
 from finecap.config import DecodeConfig
 from finecap.decode import Conditioning, Generation, decode
@@ -151,7 +152,9 @@ class CaptionerBase(nn.Module, abc.ABC):
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
-        if "kind" not in cls.__dict__:  # one's own backbone, named by its dotted path
+        # One's own backbone is named by its dotted path. FSDP2's ``fully_shard`` swaps a sharded captioner's class
+        # for a generated subclass (``FSDPClipCap``, defined nowhere a path could import): it keeps its base's kind.
+        if "kind" not in cls.__dict__ and not issubclass(cls, FSDPModule):
             cls.kind = f"{cls.__module__}:{cls.__qualname__}"
 
     # ================================================================================================================
