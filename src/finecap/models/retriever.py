@@ -352,9 +352,9 @@ class Retriever:
         who = f"the caption of image {names[b]!r}" if names is not None else f"text {b}"
         more = f" (and {len(long) - 1} more)" if len(long) > 1 else ""
         raise ValueError(
-            f"retriever.long_text=error: {who} ({first}) has {tokens[b]} tokens, more than the {self.max_length}-token "
-            f"text window of {self.name or type(self.model).__name__}{more}; set retriever.long_text=truncate "
-            "or chunks, or use a checkpoint with a longer window (Long-CLIP: 248)"
+            f"retriever.long_text=error: {who} ({first}) has {tokens[b]} tokens, more than the "
+            f"{self.max_length}-token text window of {self.name or type(self.model).__name__}{more}; set "
+            "retriever.long_text=truncate or chunks, or use a checkpoint with a longer window (Long-CLIP: 248)"
         )
 
     def text_features(
