@@ -22,7 +22,7 @@ Example (``clip_dir``: a folder saved like a Hub checkpoint, here a tiny random 
 Choices left open by the papers:
 
 - The text window is the text tower's ``max_position_embeddings``, read from the loaded config (77 for CLIP, 248
-  for a Long-CLIP checkpoint in ``CLIPModel`` form, whose two position tables add into one), never assumed. Its
+  for Long-CLIP converted to a plain ``CLIPModel``: its two masked position tables sum into one), never assumed. Its
   tokenizer's ``model_max_length`` bounds it only for other towers (a RoBERTa-style one, whose position ids start
   after the padding index, reads two fewer tokens than its table has rows); a CLIP text tower uses every position,
   even when its tokenizer files, copied from CLIP's, still say 77.
@@ -184,8 +184,9 @@ class Retriever:
         tok = tok if isinstance(tok, int) and 0 < tok < 1_000_000 else None  # "no limit" is recorded as 1e30
         if positions and (tok is None or getattr(text_cfg, "model_type", "") == CLIP_TEXT):
             return int(positions)
-        if positions or tok:
-            return int(min(positions or tok, tok or positions))
+        limits = [int(x) for x in (positions, tok) if x]
+        if limits:
+            return min(limits)
         raise ValueError(
             f"retriever {name}: cannot tell its text window: the text config has no max_position_embeddings and the "
             "tokenizer no model_max_length"
