@@ -14,6 +14,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from PIL import Image
+from tokenizers import processors
 from transformers import CLIPImageProcessor, CLIPModel, CLIPTokenizer
 
 from finecap.config import SRConfig, load
@@ -194,6 +195,18 @@ def test_chunked_pooling_equals_the_hand_computation(tokenizer):
     assert torch.allclose(r.embed_texts([caption])[0], want, atol=1e-6)
     # and the first window is what truncation reads
     assert r.tokenize([caption])[0].tolist() == [bos + windows[0] + [tok.eos_token_id]]
+
+
+def test_windows_of_a_tokenizer_without_eos_get_the_eos_appended():
+    r = tiny_retriever(long_text="chunks")
+    bare = world_tokenizer(WORDS)
+    bare.backend_tokenizer.post_processor = processors.TemplateProcessing(single="$A", special_tokens=[])
+    appended = Retriever(r.model, bare, r.image_processor, long_text="chunks")  # the retriever appends the EOS
+    caption = " ".join((WORDS * 4)[:31])
+    assert appended.token_counts([caption]) == r.token_counts([caption]) == [32]
+    # room is kept for the appended EOS: the same windows, nothing of the caption lost
+    assert torch.equal(appended.windows([caption])[0], r.windows([caption])[0])
+    assert torch.allclose(appended.embed_texts([caption]), r.embed_texts([caption]), atol=1e-6)
 
 
 def test_a_caption_within_the_window_is_bit_identical_in_every_mode():

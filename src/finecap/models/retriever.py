@@ -405,10 +405,14 @@ class Retriever:
         """The overlapping windows of ``texts``: token ids and mask ``(W, T)`` and the text of each window
         ``(W,)``, a text's windows in order. The tokenizer makes them (``return_overflowing_tokens`` with a
         ``stride`` of half the window's text tokens): each holds up to :attr:`max_length` tokens with the BOS and EOS
-        its post-processor adds to a whole text; the first is what :meth:`tokenize` gives."""
-        text_tokens = self.max_length - self.tokenizer.num_special_tokens_to_add()
-        enc = self.tokenizer(list(texts), padding=True, truncation=True, max_length=self.max_length,
-                             stride=text_tokens // 2, return_overflowing_tokens=True, return_tensors="pt")  # fmt: skip
+        its post-processor adds to a whole text (or the EOS the retriever appends, room kept for it, when it adds
+        none); the first is what :meth:`tokenize` gives."""
+        eos = self.pool_eos_id
+        appended = int(eos is not None and eos not in self.tokenizer("")["input_ids"])  # the tokenizer adds no EOS
+        length = self.max_length - appended
+        text_tokens = length - self.tokenizer.num_special_tokens_to_add()
+        enc = self.tokenizer(list(texts), padding=True, truncation=True, max_length=length, stride=text_tokens // 2,
+                             return_overflowing_tokens=True, return_tensors="pt")  # fmt: skip
         if "overflow_to_sample_mapping" not in enc:
             raise ValueError(
                 f"retriever.long_text=chunks: the tokenizer of {self.name or type(self.model).__name__} "
@@ -423,6 +427,8 @@ class Retriever:
         ids, mask, owner = self.windows(texts)  # (W, T), (W, T), (W,)
         starts = torch.ones_like(owner, dtype=torch.bool)
         starts[1:] = owner[1:] != owner[:-1]  # (W,) a text's first window
+        if bool(starts.all()):  # one window each (the EOS the retriever appends was all that overflowed)
+            return first
         rest = self._text_tower(ids[~starts], mask[~starts])  # (W - L, D)
         feats = torch.zeros(len(owner), first.shape[1], dtype=first.dtype, device=first.device)
         feats = feats.index_copy(0, starts.nonzero().flatten().to(first.device), first)
