@@ -69,7 +69,7 @@ class TextEncoding:
         """``{"<what>/truncated": n}`` (``/chunked`` with ``chunks``) when ``n > 0`` texts are longer than the
         window, else ``{}`` (results keep their columns when every text fits)."""
         n = sum(self.long)
-        return {f"{what}/{DONE[self.long_text]}": float(n)} if n else {}
+        return {f"{what}/{DONE.get(self.long_text, 'long')}": float(n)} if n else {}
 
     def note(self, what: str) -> str | None:
         """One line saying how many of the captions ``what`` scored were longer than the window and what was done,
@@ -78,7 +78,7 @@ class TextEncoding:
         if not n:
             return None
         return (f"{what}: {n} of {len(self.tokens)} captions are longer than the retriever's text window of "
-                f"{self.window} tokens: {_HOW[self.long_text]}")  # fmt: skip
+                f"{self.window} tokens: {_HOW.get(self.long_text, 'refused')}")  # fmt: skip
 
 
 def encode_texts(retriever: Any, texts: Sequence[str], names: Sequence[Hashable] | None = None) -> TextEncoding:
