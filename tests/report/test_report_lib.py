@@ -177,6 +177,19 @@ def test_colours_follow_each_metrics_direction():
     assert sle["sample/mBLEU-4"]["direction"] == "lower" and sle["sample/mBLEU-4"]["better"]
 
 
+def test_counts_of_captions_longer_than_the_text_window_sit_beside_their_metrics():
+    # as evaluate() writes them: each group's keys, then its count of captions past the retriever's window
+    rows = {"vlm": {"RD99/R@1": 0.9, "pool/R@1": 0.5, "retrieval/truncated": 12.0, "CLIPScore": 0.8,
+                    "clipscore/truncated": 14.0, "reward/retrieval/truncated": 0.25},
+            "mle": {"RD99/R@1": 0.7, "pool/R@1": 0.4, "CLIPScore": 0.7}}  # fmt: skip
+    tables = {t.name: t for t in results_tables(rows)}
+    assert list(tables) == ["caption", "RD99", "pool", "retrieval", "clipscore", "reward"]
+    cells = {name: [c.text for _, cells in t.rows for c in cells] for name, t in tables.items()}
+    assert cells["retrieval"] == ["12"] and cells["clipscore"] == ["14"]  # counts, only the run that has them
+    assert cells["reward"] == ["0.250"]  # the share of a training batch
+    assert tables["retrieval"].directions == tables["reward"].directions == [None]  # never coloured
+
+
 @pytest.mark.slow
 def test_a_quick_run_is_labelled_in_the_report(fabricated_run, tmp_path):
     plain = write_report(fabricated_run, tmp_path / "plain.html", retrieval=False).read_text()

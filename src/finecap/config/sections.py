@@ -54,6 +54,7 @@ __all__ = [  # the names finecap.config re-exports
     "LossAggregation",
     "LoraConfig",
     "LoraInit",
+    "LongText",
     "MAX_BAG",
     "MAX_BATCH",
     "MAX_DECODE_POSITIONS",
@@ -137,6 +138,7 @@ BoostMode = Literal["blend", "visual", "holistic"]
 BoostBackend = Literal["openai", "transformers", "world"]
 WorldShift = Literal["none", "domain"]
 LoraInit = Literal["kaiming", "gaussian", "normal"]
+LongText = Literal["truncate", "error", "chunks"]
 WeightsDtype = Literal["auto", "float32", "bfloat16", "float16"]
 TrainableDtype = Literal["float32", "bfloat16", "float16", "same"]
 AttnImplementation = Literal["auto", "sdpa", "eager", "flash_attention_2"]
@@ -343,6 +345,11 @@ class RetrieverConfig(Section, name="retriever"):
         ge=1,
         le=MAX_BATCH,
         why="images or texts per pass; twice CLIP's contrastive batch of 32,768",
+    )
+    long_text: LongText = doc(
+        "truncate",
+        "Texts longer than the text window (77 tokens for CLIP, 248 for Long-CLIP): cut to it, refused, or encoded "
+        "as overlapping windows and pooled (docs/metrics.md#long-captions).",
     )
 
 

@@ -25,6 +25,9 @@ Choices the paper leaves open:
   the paper; the two differ only when every reference has a negative cosine with the candidate.
 - **w** is calibrated for ViT-B/32 cosines; it is kept at 2.5 for every model (configurable), so world-encoder scores
   are comparable across our runs but not to published numbers.
+- **Captions longer than the text window** (with the prefix: 77 tokens for CLIP) are scored as
+  ``retriever.long_text`` says; the corpus scores then count them (``clipscore/truncated``, or
+  ``clipscore/chunked``: :mod:`finecap.models.text_window`).
 """
 
 from __future__ import annotations
@@ -34,6 +37,8 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from finecap.models.text_window import TextEncoding, encode_texts, log_note
 
 W = 2.5
 NDLB_SCALE = 100.0
@@ -144,11 +149,19 @@ class CLIPScore:
     ) -> dict[Hashable, dict[str, float]]:
         """``{image_id: {"CLIPScore": s, "ClipSc": 100 * cos, "RefCLIPScore": r}}`` (RefCLIPScore only with
         references)."""
+        return self._scored(predictions, references)[0]
+
+    def _scored(
+        self, predictions: Mapping[Hashable, str], references: Mapping[Hashable, Sequence[str]] | None
+    ) -> tuple[dict[Hashable, dict[str, float]], TextEncoding]:
+        """:meth:`per_item` and the captions' encoding (their lengths; the note of long ones is logged)."""
         ids = list(predictions)
         missing = [i for i in ids if i not in self.row]
         if missing:
             raise KeyError(f"predictions for images not among the CLIPScore images: {missing[:5]}")
-        text_emb = _np(self.retriever.embed_texts(with_prefix([predictions[i] for i in ids], self.prefix)))
+        encoding = encode_texts(self.retriever, with_prefix([predictions[i] for i in ids], self.prefix), ids)
+        log_note(encoding, "clipscore")
+        text_emb = _np(encoding.embeddings)
         image_emb = self.image_emb[[self.row[i] for i in ids]]
         cs = clip_score(image_emb, text_emb, self.w)
         cos = (_unit(image_emb) * _unit(text_emb)).sum(axis=-1)  # (N,) unclipped cosines for NDLB's ClipSc
@@ -164,21 +177,22 @@ class CLIPScore:
             refs = [flat_emb[a:b] for a, b in zip(bounds[:-1], bounds[1:])]
             for i, r in zip(ids, ref_clip_score(cs, text_emb, refs)):
                 out[i]["RefCLIPScore"] = float(r)
-        return out
+        return out, encoding
 
     def __call__(
         self, predictions: Mapping[Hashable, str], references: Mapping[Hashable, Sequence[str]] | None = None
     ) -> dict[str, float]:
         """Corpus means: ``CLIPScore``, ``ClipSc`` (mean clipped at 0, as torchmetrics) and, with references,
-        ``RefCLIPScore``."""
+        ``RefCLIPScore``; ``clipscore/truncated`` (or ``/chunked``) counts the captions longer than the text window
+        when there is one."""
         return self.corpus_and_items(predictions, references)[0]
 
     def corpus_and_items(
         self, predictions: Mapping[Hashable, str], references: Mapping[Hashable, Sequence[str]] | None = None
     ) -> tuple[dict[str, float], dict[Hashable, dict[str, float]]]:
         """The corpus scores (:meth:`__call__`) and the per-image scores they average (:meth:`per_item`)."""
-        items = self.per_item(predictions, references)
+        items, encoding = self._scored(predictions, references)
         keys = ["CLIPScore", "ClipSc"] + (["RefCLIPScore"] if references is not None else [])
         out = {k: float(np.mean([v[k] for v in items.values()])) for k in keys}
         out["ClipSc"] = max(out["ClipSc"], 0.0)
-        return out, items
+        return out | encoding.counts("clipscore"), items

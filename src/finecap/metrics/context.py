@@ -89,7 +89,8 @@ class EvalContext:
         return self.retriever
 
     def retrieval_scores(self, group: str) -> tuple[Any, list[Hashable], Any]:
-        """(SelfRetrieval, query image ids, cosine scores (Q, N)), computed once for 'retrieval' and 'bags'."""
+        """(SelfRetrieval, query image ids, cosine scores (Q, N)), computed once for 'retrieval' and 'bags' (and the
+        count of captions longer than the retriever's text window, :meth:`long_captions`)."""
         if "retrieval" not in self.cache:
             from finecap.metrics.retrieval import SelfRetrieval
 
@@ -97,9 +98,16 @@ class EvalContext:
             e = self.cfg.eval
             sr = SelfRetrieval(self.get_retriever(), images, cache_dir=cache_dir(self.cfg.run),
                                n_distractors=e.n_distractors, draws=e.draws, seed=e.seed)  # fmt: skip
-            ids, scores = sr.scores(self.predictions)
-            self.cache["retrieval"] = (sr, ids, scores)
+            ids, encoding = sr.encode(self.predictions)
+            self.cache["retrieval"] = (sr, ids, sr.score_matrix(encoding))
+            self.cache["long captions"] = encoding.counts("retrieval")
         return self.cache["retrieval"]
+
+    def long_captions(self) -> dict[str, float]:
+        """``{"retrieval/truncated": n}`` (``/chunked``) when n of the captions :meth:`retrieval_scores` encoded were
+        longer than the retriever's text window, else ``{}``
+        (:meth:`finecap.models.text_window.TextEncoding.counts`)."""
+        return dict(self.cache.get("long captions", {}))
 
 
 def eval_device(cfg: Config) -> Any:

@@ -44,6 +44,7 @@ from finecap.metrics.retrieval import (
     target_columns,
     target_ranks,
 )
+from finecap.models.text_window import encode_texts, log_note
 
 FAMILY_SIZE = 10
 """Images per set: ImageCoDe's 10 frames."""
@@ -242,8 +243,9 @@ def family_self_retrieval_items(
     ids = list(predictions)
     image_ids = [r.image_id for r in records]
     image_emb = retriever.image_embeddings(list(records), cache_dir)  # (N, D)
-    text_emb = retriever.embed_texts([predictions[i] for i in ids])  # (Q, D)
-    scores = np.asarray(text_emb @ image_emb.T, dtype=np.float64)  # (Q, N)
+    encoding = encode_texts(retriever, [predictions[i] for i in ids], ids)
+    log_note(encoding, "family")
+    scores = np.asarray(encoding.embeddings @ image_emb.T, dtype=np.float64)  # (Q, N)
     targets = np.array([column[i] for i in ids], dtype=np.int64)
     corpus, items = family_retrieval_items(scores, image_ids, families, size, targets)
     if n_distractors is not None:
@@ -251,6 +253,7 @@ def family_self_retrieval_items(
         corpus.update(hard)
         for q, values in hard_items.items():
             items.setdefault(q, {}).update(values)
+    corpus.update(encoding.counts("family"))  # captions longer than the retriever's text window, when any
     return corpus, {ids[q]: values for q, values in items.items()}
 
 

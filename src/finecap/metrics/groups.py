@@ -33,6 +33,12 @@ RANKS = (Column("*R@*", "higher"), Column("*mean_rank", "lower"), Column("*media
 listener)."""
 
 
+def long_caption_columns(what: str) -> tuple[Column, ...]:
+    """The counts of captions longer than the retriever's text window that the groups scoring captions through it
+    write (``<what>/truncated``, ``<what>/chunked``: :mod:`finecap.models.text_window`): no better direction."""
+    return tuple(Column(f"{what}/{done}", None, count=True) for done in ("truncated", "chunked"))
+
+
 # --------------------------------------------------------------------------------------------------------------------
 # Caption metrics (pycocoevalcap's scorers)
 # --------------------------------------------------------------------------------------------------------------------
@@ -198,6 +204,7 @@ def _retrieval(ctx: EvalContext) -> dict[str, float]:
     out = {f"RD{e.n_distractors}/{k}": v for k, v in rd_retrieval(scores, targets, e.n_distractors, e.draws,
                                                                    e.seed).items()}  # fmt: skip
     out.update({f"pool/{k}": v for k, v in pool_retrieval(scores, targets).items()})
+    out.update(ctx.long_captions())  # captions longer than the retriever's text window, when any
     if ctx.items is not None:  # the per-image values of the means (R@k, mean rank; RD-N's averaged over draws)
         for name, ranks in ((f"RD{e.n_distractors}", rd_ranks(scores, targets, e.n_distractors, e.draws, e.seed)),
                             ("pool", target_ranks(scores, targets))):  # fmt: skip  # (draws, Q), (Q,)
@@ -222,7 +229,7 @@ def _bags(ctx: EvalContext) -> dict[str, float]:
         # the per-image values of each bag size's means, for the images in its bags
         keys = sorted({k for row in per_caption.values() for k in row})
         ctx.add_items({ids[q]: row for q, row in per_caption.items()}, keys)
-    return out
+    return out | ctx.long_captions()
 
 
 def _clipscore(ctx: EvalContext) -> dict[str, float]:
@@ -238,12 +245,14 @@ def _clipscore(ctx: EvalContext) -> dict[str, float]:
     return corpus
 
 
-RETRIEVAL = MetricGroup("retrieval", _retrieval, reads=frozenset({"images"}), columns=RANKS)
+RETRIEVAL = MetricGroup("retrieval", _retrieval, reads=frozenset({"images"}),
+                        columns=(*RANKS, *long_caption_columns("retrieval")))  # fmt: skip
 BAGS = MetricGroup("bags", _bags, reads=frozenset({"images", "bags"}),
-                   columns=(*RANKS, Column("*/n", None, count=True)))  # fmt: skip
+                   columns=(*RANKS, Column("*/n", None, count=True), *long_caption_columns("retrieval")))  # fmt: skip
 """TrueMatch recalls and ranks per bag size, and the captions counted (``bag3/n``)."""
 CLIPSCORE = MetricGroup("clipscore", _clipscore, reads=frozenset({"images"}),
-                        columns=(Column("*CLIPScore*", "higher"), Column("*ClipSc*", "higher")))  # fmt: skip
+                        columns=(Column("*CLIPScore*", "higher"), Column("*ClipSc*", "higher"),
+                                 *long_caption_columns("clipscore")))  # fmt: skip
 
 
 # --------------------------------------------------------------------------------------------------------------------

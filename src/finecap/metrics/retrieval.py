@@ -13,7 +13,8 @@ Each reports ``R@k`` (fraction of captions whose image ranks in the top k, in [0
 ``median_rank`` (1 = best). Ties are counted against the caption (pessimistic): rank = 1 + number of other
 candidates scoring >= the target, so a collapsed model that scores every image the same gets the worst rank, not the
 best. :class:`SelfRetrieval` embeds captions and images with a :class:`~finecap.models.retriever.Retriever` and runs
-the protocols on a ``{image_id: caption}`` mapping.
+the protocols on a ``{image_id: caption}`` mapping, adding ``retrieval/truncated`` (``retrieval/chunked``), the
+number of captions longer than the retriever's text window, when there is one (:mod:`finecap.models.text_window`).
 
 Example::
 
@@ -32,6 +33,7 @@ from typing import Any
 import numpy as np
 
 from finecap.metrics.items import corpus_only
+from finecap.models.text_window import TextEncoding, encode_texts, log_note
 
 KS: tuple[int, ...] = (1, 5, 10)
 _CHUNK = 1024  # captions per block when drawing distractors (bounds memory at CHUNK x N floats)
@@ -290,11 +292,22 @@ class SelfRetrieval:
                 texts.append(cap)
         return ids, texts
 
+    def encode(self, predictions: Mapping[Hashable, str | Sequence[str]]) -> tuple[list[Hashable], TextEncoding]:
+        """Query image ids and the captions' embeddings with their lengths (:func:`encode_texts`; the note of
+        those longer than the text window is logged)."""
+        ids, texts = self._queries(predictions)
+        encoding = encode_texts(self.retriever, texts, ids)
+        log_note(encoding, "retrieval")
+        return ids, encoding
+
+    def score_matrix(self, encoding: TextEncoding) -> np.ndarray:
+        """The cosine score matrix ``(Q, N)`` of encoded captions against all pool images."""
+        return (encoding.embeddings @ self.image_emb.T).numpy()  # (Q, N)
+
     def scores(self, predictions: Mapping[Hashable, str | Sequence[str]]) -> tuple[list[Hashable], np.ndarray]:
         """Query image ids and the cosine score matrix ``(Q, N)`` of the captions against all pool images."""
-        ids, texts = self._queries(predictions)
-        text_emb = self.retriever.embed_texts(texts)  # (Q, D)
-        return ids, (text_emb @ self.image_emb.T).numpy()  # (Q, N)
+        ids, encoding = self.encode(predictions)
+        return ids, self.score_matrix(encoding)
 
     def per_item(self, predictions: Mapping[Hashable, str | Sequence[str]]) -> dict[Hashable, float]:
         """RD-N rank of each image's caption (averaged over draws, and over the image's captions)."""
@@ -309,7 +322,8 @@ class SelfRetrieval:
     def __call__(
         self, predictions: Mapping[Hashable, str | Sequence[str]], references: Any = None
     ) -> dict[str, float]:
-        ids, scores = self.scores(predictions)
+        ids, encoding = self.encode(predictions)
+        scores = self.score_matrix(encoding)
         targets = np.array([self.column[i] for i in ids], dtype=np.int64)
         out: dict[str, float] = {}
         if "rd" in self.protocols:
@@ -319,4 +333,4 @@ class SelfRetrieval:
             out.update({f"pool/{k}": v for k, v in pool_retrieval(scores, targets, self.ks).items()})
         if "bags" in self.protocols and self.bags:
             out.update(bag_retrieval(scores, self.bags, self.image_ids, targets, self.ks))
-        return out
+        return out | encoding.counts("retrieval")

@@ -53,9 +53,10 @@ value: ``Length``; ``Div-1`` and ``Div-2`` (of the image's sampled captions); ``
 ``pool/mean_rank``; ``bag{s}/R@k`` and ``bag{s}/mean_rank`` for the images in a bag of size s; ``CLIPScore`` and
 ``RefCLIPScore``. Of the per-image keys, only those of :data:`NOT_IMAGE_MEANS` do not average to their corpus value.
 Keys with no per-image value: the medians and counts (``median_rank``, ``bag{s}/n``, ``faith/hallucinated``,
-``faith/halluc/<kind>``), the pooled or set-level scores (``faith/precision_micro``, ``ClipSc``, whose corpus mean is
-clipped at 0, ``Lexical diversity``, ``Vocab usage``, ``mBLEU-4``, ``perplexity``: the exponential of the mean token
-loss) and the ``listener`` group.
+``faith/halluc/<kind>``, ``retrieval/truncated`` and ``clipscore/truncated``: captions longer than the retriever's
+text window, written only when there is one, :mod:`finecap.models.text_window`), the pooled or set-level scores
+(``faith/precision_micro``, ``ClipSc``, whose corpus mean is clipped at 0, ``Lexical diversity``, ``Vocab usage``,
+``mBLEU-4``, ``perplexity``: the exponential of the mean token loss) and the ``listener`` group.
 
 Imports: importing this module imports no torch, so text-only evaluation starts fast. The groups that need torch or
 transformers (``retrieval``, ``bags`` and ``clipscore`` load the CLIP retriever, ``perplexity`` a causal LM) import

@@ -21,10 +21,19 @@ Example (``clip_dir``: a folder saved like a Hub checkpoint, here a tiny random 
 
 Choices left open by the papers:
 
-- Texts are truncated to the text tower's maximum length. When the text tower pools at the first EOS token
-  (``CLIPTextModel`` with ``eos_token_id != 2``) and a tokenised text lacks that token (a tokenizer without an EOS
-  post-processor, or truncation), the EOS is appended (or replaces the last token), so pooling never silently
-  falls back to position 0.
+- The text window is the text tower's ``max_position_embeddings``, read from the loaded config (77 for CLIP, 248
+  for Long-CLIP converted to a plain ``CLIPModel``: its two masked position tables sum into one), never assumed. Its
+  tokenizer's ``model_max_length`` bounds it only for other towers (a RoBERTa-style one, whose position ids start
+  after the padding index, reads two fewer tokens than its table has rows); a CLIP text tower uses every position,
+  even when its tokenizer files, copied from CLIP's, still say 77.
+- A text longer than the window is cut to it (``long_text="truncate"``, the default and what CLIP's tokenizer does),
+  refused (``"error"``, naming it, its length and the window, as OpenAI's ``clip.tokenize`` refuses by default) or
+  encoded whole as overlapping windows (``"chunks"``, :meth:`Retriever.text_features` says how);
+  :meth:`Retriever.encode_texts` also returns each text's length, which every reward and metric reports
+  (:mod:`finecap.models.text_window`).
+- When the text tower pools at the first EOS token (``CLIPTextModel`` with ``eos_token_id != 2``) and a tokenised
+  text lacks that token (a tokenizer without an EOS post-processor, or truncation), the EOS is appended (or replaces
+  the last token), so pooling never silently falls back to position 0.
 - Image features (:meth:`Retriever.image_features`) go through the package's one image-feature cache
   (:mod:`finecap.data.features`), keyed by the model fingerprint (weights, class and image-processor settings,
   :meth:`Retriever.identity`), the data fingerprint (image ids, resolved paths, file sizes and modification times)
@@ -58,10 +67,17 @@ from finecap.data.features import (
 )
 from finecap.data.formats import DEFAULT_LIMITS, ImageLimits
 from finecap.data.loading import draft_size
+from finecap.models.text_window import LONG_TEXT, TextEncoding
 from finecap.models.world_encoder import world_encoder_path
+from finecap.utils import short_repr
 
 if TYPE_CHECKING:
     from finecap.config import Config
+
+CLIP_TEXT = "clip_text_model"
+"""``model_type`` of ``transformers``' CLIP text tower (every position usable; pools at EOS)."""
+FIRST_WORDS = 8
+"""Words of a refused text shown in the message."""
 
 
 class Retriever:
@@ -74,6 +90,8 @@ class Retriever:
         name: name or path the model came from (for messages and cache metadata only; the cache key uses weights).
         batch_size: images or texts per forward pass.
         device: torch device (default: the model's).
+        long_text: what to do with a text longer than the text window (``retriever.long_text``: ``truncate``,
+            ``error`` or ``chunks``; module docstring).
     """
 
     def __init__(
@@ -84,12 +102,16 @@ class Retriever:
         name: str = "",
         batch_size: int = 256,
         device: str | torch.device | None = None,
+        long_text: str = "truncate",
     ) -> None:
         for attr in ("get_image_features", "get_text_features", "logit_scale"):
             if not hasattr(model, attr):
                 raise TypeError(f"retriever model {name or type(model).__name__} has no {attr!r}; need a dual encoder")
         if batch_size < 1:
             raise ValueError(f"retriever batch_size must be >= 1, got {batch_size}")
+        if long_text not in LONG_TEXT:
+            valid = ", ".join(LONG_TEXT)
+            raise ValueError(f"retriever.long_text: invalid value {long_text!r}; valid choices: {valid}")
         self.model = model.eval()
         if device is not None:
             self.model.to(device)
@@ -97,11 +119,12 @@ class Retriever:
         self.image_processor = image_processor
         self.name = name
         self.batch_size = batch_size
+        self.long_text = long_text
         text_cfg = getattr(model.config, "text_config", model.config)
-        self.max_length = self._max_length(tokenizer, text_cfg)
+        self.max_length = self._max_length(tokenizer, text_cfg, name or type(model).__name__)  # the text window
         # CLIPTextTransformer pools at the first eos_token_id unless that id is the legacy 2 (argmax pooling).
         eos = getattr(text_cfg, "eos_token_id", None)
-        pools_at_eos = getattr(text_cfg, "model_type", "") == "clip_text_model" and eos is not None and eos != 2
+        pools_at_eos = getattr(text_cfg, "model_type", "") == CLIP_TEXT and eos is not None and eos != 2
         self.pool_eos_id: int | None = int(eos) if pools_at_eos else None
 
     # ----------------------------------------------------------------------------------------------------------------
@@ -110,12 +133,16 @@ class Retriever:
 
     @classmethod
     def from_pretrained(
-        cls, name_or_path: str | Path, batch_size: int = 256, device: str | torch.device | None = None
+        cls,
+        name_or_path: str | Path,
+        batch_size: int = 256,
+        device: str | torch.device | None = None,
+        long_text: str = "truncate",
     ) -> Retriever:
         """Load a dual encoder, its tokenizer and image processor from a Hub name or a local folder.
 
         The model class is the one recorded in the checkpoint's ``config.json`` (``architectures``), e.g.
-        ``CLIPModel`` or ``VisionTextDualEncoderModel``.
+        ``CLIPModel`` or ``VisionTextDualEncoderModel``; the text window is its text config's.
         """
         name = str(name_or_path)
         config = transformers.AutoConfig.from_pretrained(name, trust_remote_code=False)
@@ -136,7 +163,8 @@ class Retriever:
             )
         tokenizer = transformers.AutoTokenizer.from_pretrained(name, trust_remote_code=False)
         image_processor = transformers.AutoImageProcessor.from_pretrained(name, trust_remote_code=False)
-        return cls(model, tokenizer, image_processor, name=name, batch_size=batch_size, device=device)
+        return cls(model, tokenizer, image_processor, name=name, batch_size=batch_size, device=device,
+                   long_text=long_text)  # fmt: skip
 
     def save(self, out: str | Path) -> Path:
         """Write model, tokenizer and image processor so that :meth:`from_pretrained` reloads them."""
@@ -148,12 +176,21 @@ class Retriever:
         return out
 
     @staticmethod
-    def _max_length(tokenizer: Any, text_cfg: Any) -> int:
-        limit = getattr(text_cfg, "max_position_embeddings", None)
+    def _max_length(tokenizer: Any, text_cfg: Any, name: str) -> int:
+        """The text window (module docstring): the text config's positions; for a tower other than CLIP's, at most
+        the tokenizer's ``model_max_length``."""
+        positions = getattr(text_cfg, "max_position_embeddings", None)
         tok = getattr(tokenizer, "model_max_length", None)
-        if isinstance(tok, int) and 0 < tok < 1_000_000:
-            limit = min(tok, limit) if limit else tok
-        return int(limit or 77)
+        tok = tok if isinstance(tok, int) and 0 < tok < 1_000_000 else None  # "no limit" is recorded as 1e30
+        if positions and (tok is None or getattr(text_cfg, "model_type", "") == CLIP_TEXT):
+            return int(positions)
+        limits = [int(x) for x in (positions, tok) if x]
+        if limits:
+            return min(limits)
+        raise ValueError(
+            f"retriever {name}: cannot tell its text window: the text config has no max_position_embeddings and the "
+            "tokenizer no model_max_length"
+        )
 
     # ----------------------------------------------------------------------------------------------------------------
     # Properties
@@ -270,12 +307,16 @@ class Retriever:
     # ----------------------------------------------------------------------------------------------------------------
 
     def tokenize(self, texts: Sequence[str]) -> tuple[torch.Tensor, torch.Tensor]:
-        """Token ids and attention mask ``(B, T)``, truncated to the text tower's length, EOS guaranteed."""
+        """Token ids and attention mask ``(B, T)``, cut to the text window, EOS guaranteed."""
         enc = self.tokenizer(list(texts), padding=True, truncation=True, max_length=self.max_length,
                              return_tensors="pt")  # fmt: skip
-        ids, mask = enc["input_ids"], enc["attention_mask"]  # (B, T)
+        return self._with_eos(enc["input_ids"], enc["attention_mask"])  # (B, T)
+
+    def _with_eos(self, ids: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """``ids``, ``mask`` ``(B, T)`` with the pooling EOS appended to (or replacing the last token of, at the
+        window's end) every row that lacks it."""
         eos = self.pool_eos_id
-        if eos is not None and len(texts):
+        if eos is not None and len(ids):
             missing = ~(ids == eos).any(dim=1)  # (B,)
             if missing.any():
                 pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
@@ -290,23 +331,147 @@ class Retriever:
                 ids, mask = ids[:, :keep], mask[:, :keep]
         return ids, mask
 
-    def text_features(self, texts: Sequence[str]) -> torch.Tensor:
-        """Unnormalised projected text features ``(B, D)`` in one pass (respects the caller's grad mode)."""
+    def token_counts(self, texts: Sequence[str]) -> list[int]:
+        """Tokens of each text read whole: its BOS and EOS included (and the EOS the retriever appends when the
+        tokenizer adds none), before any cut. A text is longer than the window when its count exceeds
+        :attr:`max_length`."""
+        if not len(texts):
+            return []
+        rows = self.tokenizer(list(texts), truncation=False, verbose=False)["input_ids"]
+        eos = self.pool_eos_id
+        return [len(row) + int(eos is not None and eos not in row) for row in rows]
+
+    def _refuse_long(self, texts: Sequence[str], tokens: Sequence[int], names: Sequence[Any] | None) -> None:
+        """``long_text="error"``: a ``ValueError`` naming the first text longer than the window (``names[i]``: its
+        image id), its length and the window."""
+        long = [b for b, n in enumerate(tokens) if n > self.max_length]
+        if not long:
+            return
+        b = long[0]
+        words = texts[b].split()
+        first = short_repr(" ".join(words[:FIRST_WORDS]) + (" ..." if len(words) > FIRST_WORDS else ""))
+        who = f"the caption of image {names[b]!r}" if names is not None else f"text {b}"
+        more = f" (and {len(long) - 1} more)" if len(long) > 1 else ""
+        raise ValueError(
+            f"retriever.long_text=error: {who} ({first}) has {tokens[b]} tokens, more than the "
+            f"{self.max_length}-token text window of {self.name or type(self.model).__name__}{more}; set "
+            "retriever.long_text=truncate or chunks, or use a checkpoint with a longer window (Long-CLIP: 248)"
+        )
+
+    def text_features(
+        self, texts: Sequence[str], names: Sequence[Any] | None = None, tokens: Sequence[int] | None = None
+    ) -> torch.Tensor:
+        """Projected text features ``(B, D)`` of one batch (respects the caller's grad mode); ``tokens``: the texts'
+        :meth:`token_counts`, when known. A text longer than the window is, by :attr:`long_text`:
+
+        - ``truncate``: its first window's feature (unnormalised, as every text that fits);
+        - ``error``: refused, naming it (``names[i]``: its image id), its length and the window;
+        - ``chunks``: the mean of the L2-normalised features of its windows (:meth:`windows`: as many tokens as the
+          window holds, BOS and EOS added to each by the tokenizer, so each pools at its own EOS; consecutive windows
+          overlap by half their text tokens), weighted by the text tokens of each window.
+
+        Why this pooling: CLIP scores by cosine, so each window enters as a direction (a window's feature norm says
+        nothing of its match), and weighting by its text tokens makes the mean an average over the caption's tokens,
+        a short tail window counting for what it reads; it is the OpenAI cookbook's recipe for texts longer than an
+        embedding model's context ("Embedding texts that are longer than the model's maximum context length":
+        chunk, embed, average weighted by chunk length). The half-window overlap puts every span of up to half a
+        window whole inside one window, so a detail cut at a window's edge is still read together, at about twice
+        the windows of cutting end to end. Long-CLIP (Zhang et al. 2024) instead stretches the position table to
+        248 and fine-tunes; such a checkpoint loads here with its full window, and ``chunks`` is for checkpoints
+        whose window is shorter than the captions. A text that fits is one window: its feature is exactly the one
+        ``truncate`` gives, bit for bit.
+        """
+        texts = list(texts)
+        if self.long_text != "truncate" and tokens is None:
+            tokens = self.token_counts(texts)
+        if self.long_text == "error":
+            self._refuse_long(texts, tokens, names)
         ids, mask = self.tokenize(texts)
+        feats = self._text_tower(ids, mask)  # (B, D)
+        if self.long_text == "chunks":
+            rows = [b for b, n in enumerate(tokens) if n > self.max_length]
+            if rows:
+                index = torch.tensor(rows, device=feats.device)
+                pooled = self._pooled_windows([texts[b] for b in rows], feats[index])  # (L, D)
+                feats = feats.index_copy(0, index, pooled)  # (B, D)
+        return feats
+
+    def _text_tower(self, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """Projected features ``(B, D)`` of token ids and mask ``(B, T)``."""
         out = self.model.get_text_features(input_ids=ids.to(self.device), attention_mask=mask.to(self.device))
         return out.pooler_output if hasattr(out, "pooler_output") else out  # (B, D)
 
-    @torch.no_grad()
-    def embed_texts(self, texts: Sequence[str]) -> torch.Tensor:
-        """L2-normalised text embeddings ``(B, D)``, batched, without gradient (progress bar on long lists)."""
-        texts = list(texts)
+    def windows(self, texts: Sequence[str]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The overlapping windows of ``texts``: token ids and mask ``(W, T)`` and the text of each window
+        ``(W,)``, a text's windows in order. The tokenizer makes them (``return_overflowing_tokens`` with a
+        ``stride`` of half the window's text tokens): each holds up to :attr:`max_length` tokens with the BOS and EOS
+        its post-processor adds to a whole text (or the EOS the retriever appends, room kept for it, when it adds
+        none); the first is what :meth:`tokenize` gives."""
+        eos = self.pool_eos_id
+        appended = int(eos is not None and eos not in self.tokenizer("")["input_ids"])  # the tokenizer adds no EOS
+        length = self.max_length - appended
+        text_tokens = length - self.tokenizer.num_special_tokens_to_add()
+        enc = self.tokenizer(list(texts), padding=True, truncation=True, max_length=length, stride=text_tokens // 2,
+                             return_overflowing_tokens=True, return_tensors="pt")  # fmt: skip
+        if "overflow_to_sample_mapping" not in enc:
+            raise ValueError(
+                f"retriever.long_text=chunks: the tokenizer of {self.name or type(self.model).__name__} "
+                f"({type(self.tokenizer).__name__}) does not return overflowing windows; use a fast (tokenizers) one"
+            )
+        ids, mask = self._with_eos(enc["input_ids"], enc["attention_mask"])  # (W, T)
+        return ids, mask, enc["overflow_to_sample_mapping"].long()
+
+    def _pooled_windows(self, texts: list[str], first: torch.Tensor) -> torch.Tensor:
+        """``chunks`` (:meth:`text_features`): the pooled features ``(L, D)`` of L long texts whose first windows'
+        features are ``first`` ``(L, D)`` (computed already); their other windows are encoded here."""
+        ids, mask, owner = self.windows(texts)  # (W, T), (W, T), (W,)
+        starts = torch.ones_like(owner, dtype=torch.bool)
+        starts[1:] = owner[1:] != owner[:-1]  # (W,) a text's first window
+        if bool(starts.all()):  # one window each (the EOS the retriever appends was all that overflowed)
+            return first
+        rest = self._text_tower(ids[~starts], mask[~starts])  # (W - L, D)
+        feats = torch.zeros(len(owner), first.shape[1], dtype=first.dtype, device=first.device)
+        feats = feats.index_copy(0, starts.nonzero().flatten().to(first.device), first)
+        feats = feats.index_copy(0, (~starts).nonzero().flatten().to(first.device), rest.to(first.dtype))  # (W, D)
+        marks = torch.tensor([t for t in (self.tokenizer.bos_token_id, self.tokenizer.eos_token_id,
+                                          self.pool_eos_id) if t is not None], dtype=ids.dtype)  # fmt: skip
+        weights = (mask.bool() & ~torch.isin(ids, marks)).sum(dim=1).to(first)  # (W,) text tokens of each window
+        owner = owner.to(first.device)
+        summed = torch.zeros_like(first).index_add(0, owner, F.normalize(feats, dim=-1) * weights[:, None])  # (L, D)
+        total = torch.zeros(len(first), dtype=first.dtype, device=first.device).index_add(0, owner, weights)  # (L,)
+        return summed / total[:, None]  # (L, D)
+
+    def _embed(self, texts: list[str], tokens: list[int] | None, names: Sequence[Any] | None) -> torch.Tensor:
+        """L2-normalised embeddings ``(N, D)``, batched (progress bar on long lists); refused before any forward pass
+        when ``long_text="error"`` and a text is too long."""
+        if self.long_text != "truncate" and tokens is None:
+            tokens = self.token_counts(texts)
+        if self.long_text == "error":
+            self._refuse_long(texts, tokens, names)
         out = []
         show = len(texts) > 4 * self.batch_size
         for i in tqdm(range(0, len(texts), self.batch_size), desc="text features", disable=not show, leave=False):
-            out.append(self.text_features(texts[i : i + self.batch_size]).float().cpu())
+            part = slice(i, i + self.batch_size)
+            batch_names = names[part] if names is not None else None
+            batch_tokens = tokens[part] if tokens is not None else None
+            out.append(self.text_features(texts[part], names=batch_names, tokens=batch_tokens).float().cpu())
         if not out:
             return torch.zeros(0, self.dim)
-        return F.normalize(torch.cat(out), dim=-1)  # (B, D)
+        return F.normalize(torch.cat(out), dim=-1)  # (N, D)
+
+    @torch.no_grad()
+    def embed_texts(self, texts: Sequence[str], names: Sequence[Any] | None = None) -> torch.Tensor:
+        """L2-normalised text embeddings ``(N, D)``, batched, without gradient (progress bar on long lists); long
+        texts as :attr:`long_text` says (:meth:`text_features`; ``names``: the texts' image ids, for the refusal)."""
+        return self._embed(list(texts), None, names)
+
+    @torch.no_grad()
+    def encode_texts(self, texts: Sequence[str], names: Sequence[Any] | None = None) -> TextEncoding:
+        """:meth:`embed_texts` with each text's :meth:`token_counts` and the window, which say how many texts were
+        longer than the window (:class:`finecap.models.text_window.TextEncoding`)."""
+        texts = list(texts)
+        tokens = self.token_counts(texts)
+        return TextEncoding(self._embed(texts, tokens, names), tuple(tokens), self.max_length, self.long_text)
 
     def text_embeddings(self, texts: Sequence[str], cache_dir: str | Path | None = None) -> torch.Tensor:
         """:meth:`embed_texts`, through the feature cache when ``cache_dir`` is given: the embeddings of the same
@@ -319,6 +484,8 @@ class Retriever:
         vocab = self.tokenizer.get_vocab()
         tokenizer = hashlib.sha256(json.dumps(sorted(vocab.items())).encode()).hexdigest()
         key = f"{self.identity()}|tokenizer {tokenizer}|max_length {self.max_length}|eos {self.pool_eos_id}"
+        if self.long_text == "chunks":  # other embeddings of long texts (the key of the others is unchanged)
+            key += "|long_text chunks"
         path, meta = text_cache_file(cache_dir, hashlib.sha256(key.encode()).hexdigest(), texts)
         return cached_tensor(path, meta, lambda: self.embed_texts(texts))
 
@@ -336,7 +503,8 @@ def load_retriever(cfg: Config, batch_size: int | None = None, device: str | tor
     been trained already (:func:`finecap.models.world_encoder.world_encoder_path` names the command otherwise);
     on ``device`` (default: where ``from_pretrained`` puts it, the CPU)."""
     path = cfg.retriever.checkpoint or world_encoder_path(cfg)
-    retriever = Retriever.from_pretrained(path, batch_size=batch_size or cfg.retriever.batch_size_eval, device=device)
+    retriever = Retriever.from_pretrained(path, batch_size=batch_size or cfg.retriever.batch_size_eval, device=device,
+                                          long_text=cfg.retriever.long_text)  # fmt: skip
     retriever.jpeg_draft = cfg.data.jpeg_draft
     retriever.image_limits = ImageLimits.of(cfg.data)
     return retriever

@@ -247,7 +247,7 @@ def load_split(world: Path, split: str, records: list[Any] | None = None, progre
 def encoder_key(cfg: Config) -> str:
     """Cache key of the world encoder: world content, training settings, seed, code version."""
     r = dataclasses.asdict(cfg.retriever)
-    for k in ("checkpoint", "batch_size_eval"):  # do not change the trained weights
+    for k in ("checkpoint", "batch_size_eval", "long_text"):  # do not change the trained weights
         r.pop(k, None)
     content = {"version": ENCODER_VERSION, "world": world_key(cfg.world), "retriever": r, "seed": cfg.run.seed,
                "architecture": dataclasses.asdict(preset_of(cfg.retriever.preset))}  # fmt: skip

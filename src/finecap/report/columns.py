@@ -44,6 +44,8 @@ OTHER_COLUMNS: tuple[Column, ...] = (
     Column("*false facts", "lower"),  # the demo's VCB tables: facts stated per caption
     Column("*true facts", "higher"),
     Column("*loss*", "lower"),  # training logs
+    Column("*reward*/truncated", None),  # the share of captions longer than the retriever's text window
+    Column("*reward*/chunked", None),
     Column("*reward*", "higher"),
     Column("*acc", "higher"),
     Column("*accuracy", "higher"),
@@ -51,6 +53,8 @@ OTHER_COLUMNS: tuple[Column, ...] = (
     Column("*/curated", None, count=True),  # ... and curated before the filter (bags.keep_hardest)
     Column("*/alpha*", None),  # mean intra-bag similarity: how hard the bags are, not how good a captioner is
     Column("family/size", None, count=True),
+    Column("family/truncated", None, count=True),  # captions longer than the retriever's text window
+    Column("family/chunked", None, count=True),
 )
 """The results columns the toolkit writes that no metric group does, by pattern."""
 

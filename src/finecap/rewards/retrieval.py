@@ -12,7 +12,10 @@ retriever's similarity ``sim(c, i') = s * cos(c, i')`` (``s``: the retriever's `
 - ``cosine``: ``cos(c, i)`` alone, no distractors (CLIPScore-like; DiscriTune appendix B.2).
 
 All three (and the number of candidates) are returned as parts and logged (``reward/retrieval/accuracy`` is the
-training batch's R@1), whichever is the reward.
+training batch's R@1), whichever is the reward, and so is ``truncated``: 1 for a caption longer than the
+retriever's text window and cut to it (``chunked`` instead with ``retriever.long_text=chunks``; with ``error`` such
+a caption is refused, naming its image; :mod:`finecap.models.text_window`), so the log's
+``reward/retrieval/truncated`` is the share of the batch's captions scored on their first window only.
 
 Distractors (``sr.distractors``):
 
@@ -59,6 +62,7 @@ import torch
 from finecap.config import Distractors, SRConfig, SRReward
 from finecap.home import cache_dir
 from finecap.models.retriever import load_retriever
+from finecap.models.text_window import DONE, encode_texts
 from finecap.rewards.base import RewardOutput, caption_rows
 
 if TYPE_CHECKING:
@@ -194,8 +198,9 @@ class RetrievalReward:
     """Self-retrieval reward of each caption; see the module docstring. Needs the retriever (``needs``).
 
     Args:
-        retriever: a :class:`finecap.models.retriever.Retriever` (``embed_texts``, ``logit_scale``,
-            ``image_embeddings``); ``None``: ``load_retriever(cfg)`` in :meth:`setup`.
+        retriever: a :class:`finecap.models.retriever.Retriever` (``encode_texts``, or a stand-in's
+            ``embed_texts``; ``logit_scale``, ``image_embeddings``); ``None``: ``load_retriever(cfg)`` in
+            :meth:`setup`.
         sr: the ``sr`` section (:class:`finecap.config.SRConfig`: ``reward``, ``distractors``, ``hard_k``,
             ``duplicate_threshold``, ``logit_scale``; checked when it is built; default: its defaults).
         image_ids, embeddings: the embedding table (``(P, D)`` unit-norm rows of the listed image ids); default: the
@@ -333,8 +338,12 @@ class RetrievalReward:
             self.sr.distractors, target, batch_columns, len(columns),
             bags=torch.tensor(column_bags) if column_bags else None, hard=hard, duplicates=duplicates,
         )  # fmt: skip
-        text_emb = self.retriever.embed_texts(list(captions)).float().cpu()  # (N, D)
+        names = [batch["image_ids"][r] for r in caption_row.tolist()]  # each caption's image (for a refusal)
+        encoding = encode_texts(self.retriever, list(captions), names)
+        text_emb = encoding.embeddings.float().cpu()  # (N, D)
         scores = self_retrieval_scores(text_emb, image_emb, target, mask, self.scale)
+        if encoding.long_text in DONE:  # (N,) 1 = longer than the text window
+            scores[DONE[encoding.long_text]] = torch.tensor(encoding.long, dtype=torch.float)
         total = scores[self.sr.reward]
         return RewardOutput(total, {self.name: total, **scores})
 
