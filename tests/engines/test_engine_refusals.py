@@ -17,6 +17,8 @@ from finecap.models.presets import build_world_lm, save_tiny_blip, save_tiny_cli
 from finecap.models.vision import VisionEncoder
 from finecap.models.vlm import Vlm
 from finecap.utils import MissingExtra
+from helpers.cli import refused
+from helpers.vlm import images
 
 
 @pytest.fixture(scope="module")
@@ -69,6 +71,19 @@ def test_a_vlm_without_vllm_installed_names_the_install(folders, monkeypatch):
     assert "pip install 'finecap[vllm]'" in message and "\n" not in message
     with pytest.raises(MissingExtra):
         import_vllm()
+
+
+def test_the_caption_command_refuses_in_one_line(folders, tmp_path, monkeypatch):
+    """``finecap caption --engine vllm``: exit 2 and one line, for a VLM without vLLM and for a BLIP checkpoint."""
+    images(1)[0].save(tmp_path / "a.png")
+    Vlm.from_pretrained(folders["idefics3"]).save(tmp_path / "smolvlm")
+    Blip.from_pretrained(folders["blip"]).save(tmp_path / "blip")
+    monkeypatch.setitem(sys.modules, "vllm", None)
+    for checkpoint, expected in [("smolvlm", "pip install 'finecap[vllm]'"), ("blip", "model.kind=blip")]:
+        argv = ["caption", "--checkpoint", str(tmp_path / checkpoint), "--images", str(tmp_path / "a.png"),
+                "--engine", "vllm", "--out", str(tmp_path / f"{checkpoint}.json")]  # fmt: skip
+        refused(argv, "decode.engine=vllm", expected)
+        assert not (tmp_path / f"{checkpoint}.json").exists()
 
 
 def test_the_default_engine_is_the_captioner_itself(folders):
