@@ -286,7 +286,7 @@ class VllmEngine:
             token_logprobs[r, : len(tokens)] = torch.tensor(logprobs, dtype=torch.float32)
         lengths = torch.tensor([len(tokens) for tokens, _, _ in rows], dtype=torch.long)
         sums = token_logprobs.sum(dim=1)
-        scores = torch.tensor([sums[r] if score is None else score for r, (_, _, score) in enumerate(rows)])
+        scores = torch.tensor([float(sums[r]) if score is None else score for r, (_, _, score) in enumerate(rows)])
         image_index = torch.arange(len(rows) // n).repeat_interleave(n)  # (N,): n rows per image, in order
         return Generation(sequences=sequences, token_logprobs=token_logprobs, lengths=lengths,
                           image_index=image_index, scores=scores.float())  # fmt: skip
