@@ -52,6 +52,7 @@ DATA_FORMATS: dict[str, str] = {
     "world": "finecap.data.formats.world:FORMAT",
     "hf": "finecap.data.formats.hf:FORMAT",
     "folder": "finecap.data.formats.folder:FORMAT",
+    "messages": "finecap.data.formats.messages:FORMAT",
     "jsonl": "finecap.data.formats.jsonl:FORMAT",
     "coco": "finecap.data.formats.coco:FORMAT",
     "karpathy": "finecap.data.formats.karpathy:FORMAT",

@@ -119,7 +119,7 @@ def test_bad_json_and_missing_file(tmp_path):
         read_coco_captions(tmp_path / "nope.json")
     with pytest.raises(
         DataError,
-        match="unknown data set format 'csv'; valid formats: coco, folder, hf, jsonl, karpathy, world",
+        match="unknown data set format 'csv'; valid formats: coco, folder, hf, jsonl, karpathy, messages, world",
     ):
         read_dataset("csv", bad)
 
