@@ -322,3 +322,14 @@ def test_read_bags_roundtrip_and_errors(tmp_path):
         read_bags(path)
     with pytest.raises(FileNotFoundError, match="finecap bags build"):
         read_bags(tmp_path / "missing.json")
+
+
+def test_every_registry_row_is_a_format_spec_of_that_name():
+    from finecap.data.formats import FORMATS, Format, data_format
+    from finecap.registry import DATA_FORMATS, HUB_DATA_FORMATS
+
+    specs = [data_format(name) for name in DATA_FORMATS]
+    assert all(isinstance(spec, Format) for spec in specs)
+    assert [spec.name for spec in specs] == list(DATA_FORMATS) == list(FORMATS)
+    # the configuration's copy of which formats read Hub names (it imports no format) says what the specs say
+    assert {spec.name for spec in specs if spec.hub_names} == HUB_DATA_FORMATS == {"hf"}
