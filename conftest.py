@@ -54,7 +54,7 @@ def _records(out: Path) -> list[Any]:
     """Three one-colour 32x32 images (red, blue, green) as records with ids 0, 1, 2 and one caption each."""
     from PIL import Image
 
-    from finecap.data.formats import Record
+    from finecap.data.records import Record
 
     records = []
     for i, (colour, rgb) in enumerate([("red", (220, 30, 30)), ("blue", (30, 30, 220)), ("green", (30, 200, 30))]):

@@ -20,7 +20,7 @@ from pathlib import Path
 from finecap.app.bags import main as build_bags
 from finecap.app.demo_families import family_captions, family_scores, family_world, tag
 from finecap.config import load
-from finecap.data.formats import read_bags
+from finecap.data.bags_file import read_bags
 from finecap.metrics.suite import evaluate
 from finecap.models.retriever import load_retriever
 from finecap.recipes.settings import DEMO_BASE

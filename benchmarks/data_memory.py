@@ -14,9 +14,9 @@ the kernel's peak reset at the start: ``peak_rss.py``) and, after it, the alloca
 
 - ``eager``: the reader before the lazy one, reproduced here step for step (``datasets.load_from_disk``, the image
   column cast to undecoded, ``select_columns(...).to_dict()``, one record per row holding its image's bytes, as
-  ``finecap.data.hf.read_hf`` did until the lazy reader; the rest of the build is finecap's own);
-- ``lazy``: finecap as it is (``finecap.data.hf``: records hold a reference to their row, the image column stays
-  memory-mapped);
+  ``finecap.data.formats.hf.read_hf`` did until the lazy reader; the rest of the build is finecap's own);
+- ``lazy``: finecap as it is (``finecap.data.formats.hf``: records hold a reference to their row, the image column
+  stays memory-mapped);
 - ``finecap@REV`` (``--rev``): finecap's sources at a git revision (``git archive``), e.g. the commit before the
   lazy reader, to check the reproduction.
 
@@ -83,7 +83,7 @@ def eager_records(path: Path) -> list:
     """The eager reader, reproduced: every row's image bytes in a record (what read_hf did before it was lazy)."""
     import datasets
 
-    from finecap.data.formats import Record
+    from finecap.data.records import Record
 
     ds = datasets.load_from_disk(str(path))
     ds = ds.cast_column("image", datasets.Image(decode=False))

@@ -20,7 +20,7 @@ from pathlib import Path
 
 from finecap.app.bags import main as build_bags
 from finecap.config import Config, load
-from finecap.data.formats import read_bags
+from finecap.data.bags_file import read_bags
 from finecap.data.references import load_references
 from finecap.metrics.suite import evaluate
 from finecap.models.retriever import load_retriever

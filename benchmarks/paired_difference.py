@@ -82,7 +82,7 @@ def stage_items(run: Path, stages: Sequence[str], metric: str, key: str) -> list
     """Per-image ``key`` scores of each stage's test captions against the other four references of each image."""
     from finecap.config import load
     from finecap.data.datasets import load_records
-    from finecap.data.formats import read_results
+    from finecap.data.results import read_results
     from finecap.metrics.suite import evaluate_items
 
     configs = [load(str(run / stage / "config.yaml"), []) for stage in stages]

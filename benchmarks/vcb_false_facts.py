@@ -19,8 +19,9 @@ from pathlib import Path
 
 from finecap.boost.world_facts import render_facts
 from finecap.config import load
+from finecap.data.bags_file import read_bags
 from finecap.data.datasets import load_records
-from finecap.data.formats import read_bags, read_dataset
+from finecap.data.formats import read_dataset
 from finecap.metrics.suite import evaluate
 from finecap.models.retriever import load_retriever
 from finecap.report.table import markdown_table

@@ -21,7 +21,8 @@ from PIL import Image
 import finecap
 from finecap import Captioner, evaluate
 from finecap.config import ConfigError
-from finecap.data.formats import DataError, load_image
+from finecap.data.images import load_image
+from finecap.data.records import DataError
 from finecap.inference import upright_rgb
 from finecap.metrics import suite
 from finecap.runs import checkpoint_dir, model_dir

@@ -19,8 +19,8 @@ from finecap.app.train import train
 from finecap.caption import generate_captions
 from finecap.config import DecodeConfig, load, load_stored
 from finecap.data.datasets import CaptionDataset, model_collator
-from finecap.data.formats import read_results
 from finecap.data.references import load_references
+from finecap.data.results import read_results
 from finecap.models.backbones import load_captioner
 from finecap.report.html import image_uri
 from finecap.runs import FINGERPRINTS_FILE, checkpoint_dir, model_dir

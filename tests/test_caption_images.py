@@ -18,7 +18,7 @@ import pytest
 from PIL import Image
 
 from finecap.app.caption import main, resolve
-from finecap.data.formats import DataError
+from finecap.data.records import DataError
 from finecap.inference import image_files
 from finecap.runs import checkpoint_dir, find_checkpoint, model_dir
 from helpers.cli import run_cli

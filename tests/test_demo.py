@@ -5,7 +5,9 @@ import json
 import pytest
 
 from finecap.app.cli import main
-from finecap.data.formats import read_bags, read_dataset, read_results
+from finecap.data.bags_file import read_bags
+from finecap.data.formats import read_dataset
+from finecap.data.results import read_results
 from finecap.metrics.suite import evaluate
 from finecap.report.table import QUICK_TITLE
 

@@ -23,8 +23,10 @@ from finecap import registry
 from finecap.app.cli import main as cli
 from finecap.app.eval import main as eval_main
 from finecap.config import WorldConfig, load
-from finecap.data.formats import DataError, Record, write_results
-from finecap.data.references import detect_format, load_references
+from finecap.data.formats import detect_format
+from finecap.data.records import DataError, Record
+from finecap.data.references import load_references
+from finecap.data.results import write_results
 from finecap.metrics.cocoeval import COCO_NAMES, COCOEvalCap
 from finecap.metrics.diversity import set_diversity
 from finecap.metrics.suite import METRICS, NOT_IMAGE_MEANS, evaluate, evaluate_items, parse_metrics
@@ -534,7 +536,7 @@ def test_duplicate_ids_from_any_reader_are_named(tmp_path, monkeypatch):
     from finecap.data import references
 
     records = [Record(5, tmp_path / "a.png", "test", ["a cat"]), Record(5, tmp_path / "b.png", "test", ["a dog"])]
-    monkeypatch.setattr(references, "read_records", lambda *a, **k: records)
+    monkeypatch.setattr(references, "read_dataset", lambda *a, **k: records)
     (tmp_path / "x.jsonl").write_text("")
     with pytest.raises(
         DataError, match=r"x\.jsonl: 1 image id\(s\) appear in several records: id 5 in records\[0, 1\]"

@@ -137,6 +137,32 @@ def test_hub_names_record_the_cached_revision(tmp_path, monkeypatch):
     assert (hub_data["hub"], hub_data["revision"]) == ("org/coco", "feed")
 
 
+def test_recorded_data_fingerprints_stay_the_same(tmp_path, monkeypatch):
+    # A run records these ids and refuses to resume when they change: they are pinned as finecap computed them before
+    # the data formats became Format specs (issue 51), for data sets of fixed bytes; a change here breaks every run.
+    from huggingface_hub import constants
+
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hub"))  # the Hub name below is not cached
+    (tmp_path / "refs.jsonl").write_text('{"image": "a.png", "captions": ["a red circle"]}\n')
+    (tmp_path / "captions_val2014.json").write_text('{"images": [{"id": 1, "file_name": "a.png"}], "annotations": '
+                                                    '[{"image_id": 1, "caption": "a red circle"}]}')  # fmt: skip
+    (tmp_path / "dataset_coco.json").write_text('{"images": [{"filename": "a.png", "split": "test", "sentences": '
+                                                '[{"raw": "a red circle"}]}]}')  # fmt: skip
+    (tmp_path / "photos").mkdir()
+    (tmp_path / "photos" / "a.png").write_bytes(b"12345")
+    (tmp_path / "photos" / "a.txt").write_text("a red circle\n")
+    held_out = {"captions": "holistic", "split": "test", "split_fractions": {"val": 0.1, "test": 0.0, "seed": 0}}
+    pinned = {"jsonl": ("refs.jsonl", "bf7538985d8e", "51aea7bab19a"),
+              "coco": ("captions_val2014.json", "bcad78197805", "785430ee1915"),
+              "karpathy": ("dataset_coco.json", "30ce210610e8", "0bf4a76a5c63"),
+              "folder": ("photos", "1dcdce2fc37a", "e320aaf628b3")}  # fmt: skip
+    for fmt, (name, plain, other) in pinned.items():
+        assert dataset_fingerprint(fmt, tmp_path / name)["id"] == plain, fmt
+        assert dataset_fingerprint(fmt, tmp_path / name, **held_out)["id"] == other, fmt
+    columns = {"image_column": "image", "caption_column": "captions", "split_column": "", "id_column": ""}
+    assert dataset_fingerprint("hf", "someone/not-cached", options=columns)["id"] == "587593fb680e"
+
+
 # --------------------------------------------------------------------------------------------------------------------
 # Encoders
 # --------------------------------------------------------------------------------------------------------------------

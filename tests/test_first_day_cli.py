@@ -166,7 +166,7 @@ def test_a_missing_extra_is_one_line_naming_the_install(module, expected, monkey
     assert explain(MissingExtra(expected)) == expected  # a known error, whatever raises it
     monkeypatch.setitem(sys.modules, module, None)  # `import MODULE` -> ImportError
     if module == "datasets":
-        from finecap.data.hf import _import_datasets
+        from finecap.data.formats.hf import _import_datasets
 
         with pytest.raises(MissingExtra, match=re.escape(expected)):
             _import_datasets()

@@ -24,8 +24,10 @@ from PIL import Image
 
 from finecap.boost.engine import BadImage, Task
 from finecap.config import load
-from finecap.data.formats import DataError, Record, check_image_file, load_image, load_record_image, read_bags
-from finecap.data.references import read_records
+from finecap.data.bags_file import read_bags
+from finecap.data.formats import read_dataset
+from finecap.data.images import check_image_file, load_image, load_record_image
+from finecap.data.records import DataError, Record
 from helpers.chat_server import ChatServer, echo_first_caption
 from helpers.cli import run_cli
 from helpers.image_files import BLUE, BROKEN, GREEN, RED, SECRET, png, png_header, truncated_png
@@ -308,13 +310,13 @@ def test_a_record_naming_a_file_outside_is_refused_unless_allowed(tmp_path, fmt,
         (root / "link.png").symlink_to(secret)  # inside by name, outside once resolved
     path = write_dataset(fmt, folder, written)
     with pytest.raises(DataError) as e:
-        read_records(fmt, path)
+        read_dataset(fmt, path)
     message = str(e.value)
     assert "\n" not in message and message.startswith(str(path)) and RECORD[fmt] in message
     assert repr(written) in message and f"resolves to {os.path.realpath(secret)}" in message
     assert f"image folder {os.path.realpath(root)}" in message
     assert "data.allow_outside_paths=true" in message
-    records = read_records(fmt, path, allow_outside=True)  # the user's call: then read as named
+    records = read_dataset(fmt, path, allow_outside=True)  # the user's call: then read as named
     assert load_record_image(records[0]).getpixel((0, 0)) == GREEN
 
 
@@ -327,12 +329,12 @@ def test_paths_inside_are_read_however_written(tmp_path, fmt, monkeypatch):
     (root / "inner.png").symlink_to(root / "sub" / "a.png")
     for written in ("sub/../sub/a.png", "inner.png", str(root / "sub" / "a.png")):
         path = write_dataset(fmt, folder, written)
-        assert load_record_image(read_records(fmt, path)[0]).getpixel((0, 0)) == RED
+        assert load_record_image(read_dataset(fmt, path)[0]).getpixel((0, 0)) == RED
     elsewhere = png(tmp_path / "store" / "b.png", BLUE).parent
     (tmp_path / "linked").symlink_to(elsewhere, target_is_directory=True)
     monkeypatch.chdir(tmp_path)
     path = write_dataset(fmt, folder, "b.png")
-    record = read_records(fmt, path, images="linked")[0]  # relative, through a link: the user's naming
+    record = read_dataset(fmt, path, images="linked")[0]  # relative, through a link: the user's naming
     assert load_record_image(record).getpixel((0, 0)) == BLUE
 
 
@@ -345,8 +347,8 @@ def test_hf_image_feature_paths_are_checked(tmp_path):
     data.parent.mkdir()
     datasets.Dataset.from_dict(rows, features=features).to_parquet(str(data))
     with pytest.raises(DataError, match=r"test.parquet: split 'test', row 0: image path .*allow_outside_paths=true"):
-        read_records("hf", data)
-    assert load_record_image(read_records("hf", data, allow_outside=True)[0]).getpixel((0, 0)) == GREEN
+        read_dataset("hf", data)
+    assert load_record_image(read_dataset("hf", data, allow_outside=True)[0]).getpixel((0, 0)) == GREEN
 
 
 def test_training_data_eval_and_boost_apply_the_rule(tmp_path):

@@ -23,18 +23,13 @@ import pytest
 import yaml
 
 from finecap.config import ConfigError, from_dict, load
-from finecap.data.formats import (
-    MAX_INT_ID,
-    DataError,
-    id_from_key,
-    read_bags,
-    read_coco_captions,
-    read_folder,
-    read_jsonl,
-    read_karpathy,
-    read_results,
-    write_results,
-)
+from finecap.data.bags_file import read_bags
+from finecap.data.formats.coco import read_coco_captions
+from finecap.data.formats.folder import read_folder
+from finecap.data.formats.jsonl import read_jsonl
+from finecap.data.formats.karpathy import read_karpathy
+from finecap.data.records import MAX_INT_ID, DataError, id_from_key
+from finecap.data.results import read_results, write_results
 from finecap.inference import image_files, image_ids
 from finecap.train.model_card import md_code, model_card, one_line
 from helpers.cli import refused, run_cli

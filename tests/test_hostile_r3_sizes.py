@@ -1,7 +1,7 @@
 """Issue 48, classes 6 and 7: small, legal inputs that cost gigabytes, and files read whole.
 
 - Class 6, the image budget (``data.max_image_pixels``, ``data.max_aspect_ratio``;
-  ``finecap.data.formats.ImageLimits``): a 1 x 60,000 PNG of a few hundred bytes (2.9 GB in an image processor), its
+  ``finecap.data.images.ImageLimits``): a 1 x 60,000 PNG of a few hundred bytes (2.9 GB in an image processor), its
   60,000 x 1 twin, an image just over 20:1, one just over 64 megapixels and an 81-megapixel one (under PIL's
   decompression-bomb limit) are refused from their header, before any pixel is decoded, by every reader (a file,
   embedded bytes, a PIL image given to the API) and every command (``caption --images``, a folder data set in
@@ -32,14 +32,8 @@ from PIL import Image
 
 from finecap.app.cli import main
 from finecap.config import PIL_MAX_IMAGE_PIXELS, ConfigError, DataConfig, load
-from finecap.data.formats import (
-    DataError,
-    ImageLimits,
-    Record,
-    check_image_file,
-    load_image,
-    load_record_image,
-)
+from finecap.data.images import ImageLimits, check_image_file, load_image, load_record_image
+from finecap.data.records import DataError, Record
 from finecap.utils import DATA_FILE, LINE, FileTooLarge, SizeLimit, read_bounded, read_lines
 
 TEN_GB = 10**10

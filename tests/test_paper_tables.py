@@ -679,7 +679,7 @@ def test_paired_difference_is_the_corpus_difference_of_the_runners_results(sle_r
     # computed here by finecap eval's corpus score on the same captions and references
     from finecap.config import load
     from finecap.data.datasets import load_records
-    from finecap.data.formats import read_results
+    from finecap.data.results import read_results
     from finecap.metrics.suite import evaluate
 
     sle = json.loads((root / "data" / "sle" / "seed0" / "sle.json").read_text())["metrics"]["CIDEr-D"]

@@ -19,16 +19,9 @@ ROOT = Path(__file__).resolve().parents[1]
 SRC = ROOT / "src"
 TESTS = ROOT / "tests"
 
-# Issue 51 removes these in other branches (the data formats split, the public n-gram counting, the retrieval
-# metrics): this set must be EMPTY when issue 51 lands. An entry that no longer occurs fails
+# Known uses of other modules' private names: none. An entry that no longer occurs fails
 # test_the_allow_list_holds_only_current_uses, so the set only shrinks; nothing may be added to it.
-KNOWN_PRIVATE_IMPORTS: frozenset[tuple[str, str]] = frozenset({
-    ("finecap/data/hf.py", "finecap.data.formats._captions"),
-    ("finecap/data/hf.py", "finecap.data.formats._infer_split"),
-    ("finecap/data/hf_files.py", "finecap.data.formats._infer_split"),
-    ("finecap/data/hf_files.py", "finecap.data.formats._one_line"),
-    ("finecap/inference.py", "finecap.data.formats._to_rgb"),
-})  # fmt: skip
+KNOWN_PRIVATE_IMPORTS: frozenset[tuple[str, str]] = frozenset()
 """``(file under src/, qualified private name)`` of the known uses of other modules' private names."""
 
 

@@ -171,7 +171,7 @@ def evaluate_run(grid: StageRunner, paper: Paper, key: str) -> tuple[dict[str, f
     worlds its tables read (:func:`extra_evaluations`) and on the scene families (:func:`family_metrics`); and the
     per-image values of those that are means over the test images, one :func:`item_group` per test world."""
     from finecap.data.datasets import load_records
-    from finecap.data.formats import read_results
+    from finecap.data.results import read_results
     from finecap.home import world_path
     from finecap.metrics.suite import evaluate_items
     from finecap.models.retriever import load_retriever
@@ -248,7 +248,7 @@ def paper_bags(grid: StageRunner, paper: Paper) -> dict[int, list[list[Any]]]:
     captions, ``bags_test.json``), or from the text embeddings of the caption field ``paper.bags_from`` of the
     boosted data set (``bags.text_from``)."""
     from finecap.app.bags import main as build_bags  # the `finecap bags build` command
-    from finecap.data.formats import read_bags
+    from finecap.data.bags_file import read_bags
 
     cfg, data = grid.cfg, None
     path = grid.run_dir / ("bags_test.json" if paper.bags_from == "original" else f"bags_test_{paper.bags_from}.json")

@@ -100,7 +100,7 @@ class Captioner:
         :class:`finecap.config.DecodeConfig`). Images go in batches of
         ``decode.batch_size`` sequences on :attr:`device`, under the run's autocast
         (:func:`finecap.inference.caption_images`). A file that does not decode as an image is a
-        :class:`finecap.data.formats.DataError` naming it. ``progress``: show a progress bar. For several captions
+        :class:`finecap.data.records.DataError` naming it. ``progress``: show a progress bar. For several captions
         per image (``num_return_sequences``), use :meth:`caption_all`."""
         settings = self.decode_settings(**decode)
         if settings.num_return_sequences != 1:
@@ -117,7 +117,7 @@ class Captioner:
     ) -> list[list[str]]:
         """:meth:`caption`, with every caption decoded per image (``num_return_sequences`` of them: the beams or
         samples), best first for beam search."""
-        from finecap.data.formats import ImageLimits
+        from finecap.data.images import ImageLimits
         from finecap.inference import caption_images
 
         images = _as_list(images)

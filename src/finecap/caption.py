@@ -21,7 +21,7 @@ from tqdm.auto import tqdm
 
 from finecap.data.datasets import CaptionDataset, load_records, model_collator, to_device
 from finecap.data.features import model_features
-from finecap.data.formats import ImageLimits
+from finecap.data.images import ImageLimits
 from finecap.data.loading import LoaderSettings, chunks, encoder_draft
 from finecap.data.samplers import process_slice
 from finecap.decode import chunk_images

@@ -12,16 +12,16 @@ One path, shared by ``finecap caption --images`` (:mod:`finecap.app.caption`) an
 extension, is a number (COCO 2017's ``000000391895.jpg``, Flickr30k's ``1000092795.jpg``) or COCO 2014's
 ``COCO_<set>_<number>`` (``COCO_val2014_000000391895.jpg``), and no two images share a number, the ids are those
 numbers as integers (``391895``): the ids COCO's annotations and its evaluation server use, when every one is within
-:data:`~finecap.data.formats.MAX_INT_ID` (2**53 - 1, what every JSON reader holds exactly). Otherwise (a 29-digit
+:data:`~finecap.data.records.MAX_INT_ID` (2**53 - 1, what every JSON reader holds exactly). Otherwise (a 29-digit
 name, ``cat.jpg`` among them; ``red/0.png`` beside ``blue/0.png``) every id is the image's path relative to the
 folder it was found in, with ``/`` (``"cats/001.jpg"``: the id the ``folder`` data format gives,
-:func:`finecap.data.formats.read_folder`), or its file name when it was named as a file. Two images with one such id
-are an error naming both files (``a/x.jpg`` and ``b/x.jpg`` given as the folders ``a`` and ``b``: pass their common
-folder instead).
+:func:`finecap.data.formats.folder.read_folder`), or its file name when it was named as a file. Two images with one
+such id are an error naming both files (``a/x.jpg`` and ``b/x.jpg`` given as the folders ``a`` and ``b``: pass their
+common folder instead).
 
-Images are read by :func:`finecap.data.formats.load_image` (the one reader of image files: EXIF orientation honoured,
+Images are read by :func:`finecap.data.images.load_image` (the one reader of image files: EXIF orientation honoured,
 16-bit, palette, alpha and CMYK images converted, decompression bombs and images over the image budget refused:
-``data.max_image_pixels``, ``data.max_aspect_ratio``, :class:`~finecap.data.formats.ImageLimits`); a PIL image is
+``data.max_image_pixels``, ``data.max_aspect_ratio``, :class:`~finecap.data.images.ImageLimits`); a PIL image is
 used as given, within the same budget, turned upright by its EXIF orientation and converted to 8-bit RGB the same
 way.
 """
@@ -35,17 +35,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from finecap.data.formats import (
-    DEFAULT_LIMITS,
-    IMAGE_SUFFIXES,
-    MAX_LISTED,
-    DataError,
-    ImageFolder,
-    ImageLimits,
-    folder_images,
-    int_id_fits,
-    load_image,
-)
+from finecap.data.containment import ImageFolder
+from finecap.data.formats.folder import folder_images
+from finecap.data.images import DEFAULT_LIMITS, IMAGE_SUFFIXES, ImageLimits, load_image
+from finecap.data.records import MAX_LISTED, DataError, int_id_fits
 
 if TYPE_CHECKING:
     import torch
@@ -58,7 +51,7 @@ NUMBERED = re.compile(r"^(?:COCO_[A-Za-z]+\d*_)?(\d+)$")
 """A file stem that gives an integer image id: digits, or COCO 2014's ``COCO_<set>_<digits>``."""
 MAX_ID_DIGITS = 64
 """Digits of a file stem converted to a number at most (leading zeros included): a longer one is beyond
-:data:`~finecap.data.formats.MAX_INT_ID` or all zeros, and Python refuses to convert more than 4300."""
+:data:`~finecap.data.records.MAX_INT_ID` or all zeros, and Python refuses to convert more than 4300."""
 
 
 # --------------------------------------------------------------------------------------------------------------------
@@ -93,12 +86,12 @@ class ImageFile:
 
 def image_files(sources: Sequence[str | os.PathLike[str]], *, allow_outside: bool = False) -> list[ImageFile]:
     """The images of ``sources``, in order: each folder's image files (recursive, :data:`IMAGE_SUFFIXES` in any case,
-    hidden files and folders skipped: :func:`~finecap.data.formats.folder_images`), sorted, and each file as named
-    (whatever its name ends in: it must decode as an image when read). Their ids follow :func:`image_ids`.
+    hidden files and folders skipped: :func:`~finecap.data.formats.folder.folder_images`), sorted, and each file as
+    named (whatever its name ends in: it must decode as an image when read). Their ids follow :func:`image_ids`.
 
-    A folder's images must lie inside it once links are followed (:class:`~finecap.data.formats.ImageFolder`, as for
-    a ``folder`` data set) unless ``allow_outside`` (``data.allow_outside_paths``). A source that does not exist, a
-    folder without images and no source at all are a :class:`~finecap.data.formats.DataError` naming it."""
+    A folder's images must lie inside it once links are followed (:class:`~finecap.data.containment.ImageFolder`, as
+    for a ``folder`` data set) unless ``allow_outside`` (``data.allow_outside_paths``). A source that does not exist, a
+    folder without images and no source at all are a :class:`~finecap.data.records.DataError` naming it."""
     if not sources:
         raise DataError("no images to caption: name image files or folders of images")
     found: list[tuple[str, Path]] = []  # (path relative to the folder named, or the file's name; the file)
@@ -124,9 +117,9 @@ def image_files(sources: Sequence[str | os.PathLike[str]], *, allow_outside: boo
 def image_ids(images: Sequence[tuple[str, Path]]) -> list[int | str]:
     """The ids of ``images`` (``(relative name, file)`` pairs; the rule of the module docstring): integers when every
     file stem is a number or ``COCO_<set>_<number>``, no number is beyond
-    :data:`~finecap.data.formats.MAX_INT_ID` (a 29-digit name stays a name) and no two are equal, else the relative
+    :data:`~finecap.data.records.MAX_INT_ID` (a 29-digit name stays a name) and no two are equal, else the relative
     names. Two images with
-    one relative name are a :class:`~finecap.data.formats.DataError` naming both files.
+    one relative name are a :class:`~finecap.data.records.DataError` naming both files.
 
     Example::
 
@@ -141,7 +134,7 @@ def image_ids(images: Sequence[tuple[str, Path]]) -> list[int | str]:
         >>> image_ids([("x.png", Path("a/x.png")), ("x.png", Path("b/x.png"))])
         Traceback (most recent call last):
         ...
-        finecap.data.formats.DataError: a/x.png and b/x.png both have the image id 'x.png' (the same name relative to the folders named); pass the folder holding both instead
+        finecap.data.records.DataError: a/x.png and b/x.png both have the image id 'x.png' (the same name relative to the folders named); pass the folder holding both instead
     """  # noqa: E501
     numbers = [NUMBERED.match(Path(name).stem) for name, _ in images]
     if images and all(m is not None and len(m.group(1)) <= MAX_ID_DIGITS for m in numbers):
@@ -173,13 +166,13 @@ class ImageCaptions:
 
 
 def upright_rgb(image: Image.Image) -> Image.Image:
-    """A PIL image as :func:`~finecap.data.formats.load_image` would give its file: turned upright by its EXIF
+    """A PIL image as :func:`~finecap.data.images.load_image` would give its file: turned upright by its EXIF
     orientation (none: as it is; an image already turned has none left), as 8-bit RGB."""
     from PIL import ImageOps
 
-    from finecap.data.formats import _to_rgb  # the one conversion of 16-bit, palette, alpha and CMYK images
+    from finecap.data.images import to_rgb  # the one conversion of 16-bit, palette, alpha and CMYK images
 
-    return _to_rgb(ImageOps.exif_transpose(image))
+    return to_rgb(ImageOps.exif_transpose(image))
 
 
 class _Images:
@@ -247,9 +240,9 @@ def caption_images(
     cache is not used: these images belong to none). With an ``accelerator`` of several processes each captions a
     contiguous part and every process gets all captions.
 
-    A file that does not decode as an image (:func:`~finecap.data.formats.load_image`: missing, empty, damaged,
+    A file that does not decode as an image (:func:`~finecap.data.images.load_image`: missing, empty, damaged,
     truncated, over the image budget ``limits`` or the decompression-bomb limit; a PIL image over ``limits`` too)
-    is a :class:`~finecap.data.formats.DataError` naming it; with
+    is a :class:`~finecap.data.records.DataError` naming it; with
     ``skip_bad_images`` it is left out (``None``) and counted in ``skipped``, and it is an error only when no image
     decodes."""
     from accelerate.utils import gather_object

@@ -1,5 +1,5 @@
 """Name -> object registries with a dotted-path escape hatch for user code (objectives, rewards, samplers,
-validators and backbones all use :func:`lookup`).
+validators, backbones, data set formats and metric groups all use it: :func:`lookup`, :func:`import_object`).
 
 Example::
 
@@ -47,6 +47,24 @@ BACKBONES: dict[str, str] = {
 fresh captioner, ``cls.build(cfg)``, and load a saved one, ``cls.from_checkpoint(path)``); a backbone's own options,
 when it has any, are the configuration section named like it (``cfg.clipcap``). Resolved by
 :func:`finecap.models.backbones.backbone`."""
+
+DATA_FORMATS: dict[str, str] = {
+    "world": "finecap.data.formats.world:FORMAT",
+    "hf": "finecap.data.formats.hf:FORMAT",
+    "folder": "finecap.data.formats.folder:FORMAT",
+    "messages": "finecap.data.formats.messages:FORMAT",
+    "jsonl": "finecap.data.formats.jsonl:FORMAT",
+    "coco": "finecap.data.formats.coco:FORMAT",
+    "karpathy": "finecap.data.formats.karpathy:FORMAT",
+}
+"""``data.format`` names -> :class:`~finecap.data.formats.Format` specs (how a data set of the format is detected,
+read and fingerprinted), in the order format detection tries them (:func:`finecap.data.formats.detect_format`);
+resolved by :func:`finecap.data.formats.data_format`."""
+
+HUB_DATA_FORMATS: frozenset[str] = frozenset({"hf"})
+"""The formats of :data:`DATA_FORMATS` whose ``data.path`` may be a Hub name rather than a local file (their
+``Format.hub_names``): what the configuration, which imports no format, needs to know of them to store such a path
+as written (:mod:`finecap.config.paths`)."""
 
 VALIDATOR_KEYS: dict[str, tuple[str, ...]] = {
     "captions": ("length", "vocab"),

@@ -171,7 +171,7 @@ class SizeLimit:
 
 DATA_LIMIT_ENV = "FINECAP_MAX_DATA_BYTES"
 CAPTION_TEXT = SizeLimit("caption file", MiB, "one image's captions, a line each")
-"""A folder data set's ``.txt`` beside an image (:func:`finecap.data.formats.read_folder`)."""
+"""A folder data set's ``.txt`` beside an image (:func:`finecap.data.formats.folder.read_folder`)."""
 METADATA = SizeLimit("finecap file", 64 * MiB, "configurations, recipes, prompts and a run's records are kilobytes")
 """Files of a few kilobytes: recipes, ``config.yaml``, prompt files, and what finecap records in a run or
 checkpoint folder (``captioner.json``, ``trainer_state.json``, fingerprints, timings, lock records)."""
@@ -251,6 +251,11 @@ def read_json(path: str | Path, limit: SizeLimit = METADATA) -> Any:
         raise ValueError(f"{path}: invalid JSON at line {e.lineno}, column {e.colno}: {e.msg}") from None
     except RecursionError:
         raise ValueError(f"{path}: JSON nested too deeply to read (thousands of levels)") from None
+
+
+def one_line(error: BaseException) -> str:
+    """An exception's message on one line (whitespace runs joined), or its type's name when it has none."""
+    return " ".join(str(error).split()) or type(error).__name__
 
 
 SHORT_REPR_LIMIT = 60

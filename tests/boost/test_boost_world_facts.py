@@ -107,7 +107,7 @@ def test_world_llm_through_the_engine_with_a_given_visual_expert(tmp_path):
     from finecap.boost.engine import AnswerCache, boost_records
     from finecap.boost.prompts import Prompts
     from finecap.boost.world_backend import WorldLLM
-    from finecap.data.formats import Record
+    from finecap.data.records import Record
 
     class FixedVLM:  # stands in for the trained expert: answers given per image
         answers = {0: "a large green circle at the top left and a small star", 1: ""}

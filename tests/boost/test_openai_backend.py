@@ -15,7 +15,7 @@ from PIL import Image
 from finecap.boost.engine import AnswerCache, ServerUnavailable, Task, boost_records, run_step
 from finecap.boost.openai_backend import OpenAIBackend
 from finecap.boost.prompts import Prompts
-from finecap.data.formats import Record
+from finecap.data.records import Record
 from helpers.chat_server import ChatServer, completion, echo_first_caption
 
 

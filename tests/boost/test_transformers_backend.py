@@ -11,7 +11,7 @@ from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
 from finecap.boost.engine import AnswerCache, Task, boost_records
 from finecap.boost.hf_backend import TransformersBackend
 from finecap.boost.prompts import Prompts
-from finecap.data.formats import Record
+from finecap.data.records import Record
 from finecap.models.tokenizer import world_tokenizer
 from finecap.world.captions import vocabulary
 

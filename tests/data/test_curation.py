@@ -9,8 +9,9 @@ import threading
 
 import pytest
 
+from finecap.data.bags_file import read_bags
 from finecap.data.curation import BagCuration, content_key, decisions_path
-from finecap.data.formats import DataError, read_bags
+from finecap.data.records import DataError
 
 
 @pytest.fixture

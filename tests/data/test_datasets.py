@@ -7,7 +7,7 @@ from PIL import Image
 
 from finecap.config import load
 from finecap.data.datasets import CaptionCollator, CaptionDataset, load_records
-from finecap.data.formats import Record
+from finecap.data.records import Record
 from finecap.models.tokenizer import world_tokenizer
 
 # world_tokenizer ids: <pad>=0 <unk>=1 <mask>=2 <bos>=3 <eos>=4, then the vocabulary in order from 5

@@ -20,8 +20,8 @@ from finecap.data.features import (
     fingerprint_module,
     model_features,
 )
-from finecap.data.formats import Record
 from finecap.data.loading import LoaderSettings
+from finecap.data.records import Record
 from finecap.data.samplers import process_slice
 
 

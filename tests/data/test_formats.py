@@ -6,18 +6,13 @@ from pathlib import Path
 import pytest
 from pycocotools import coco as pycocotools_coco
 
-from finecap.data.formats import (
-    NO_SPLIT,
-    DataError,
-    Record,
-    read_bags,
-    read_coco_captions,
-    read_dataset,
-    read_jsonl,
-    read_karpathy,
-    read_results,
-    write_results,
-)
+from finecap.data.bags_file import read_bags
+from finecap.data.formats import read_dataset
+from finecap.data.formats.coco import read_coco_captions
+from finecap.data.formats.jsonl import read_jsonl
+from finecap.data.formats.karpathy import read_karpathy
+from finecap.data.records import NO_SPLIT, DataError, Record
+from finecap.data.results import read_results, write_results
 from finecap.utils import write_json
 
 
@@ -122,7 +117,10 @@ def test_bad_json_and_missing_file(tmp_path):
         read_karpathy(bad)
     with pytest.raises(DataError, match=r"nope.json: file not found"):
         read_coco_captions(tmp_path / "nope.json")
-    with pytest.raises(DataError, match="unknown data set format 'csv'; valid formats: world, karpathy, coco, jsonl"):
+    with pytest.raises(
+        DataError,
+        match="unknown data set format 'csv'; valid formats: coco, folder, hf, jsonl, karpathy, messages, world",
+    ):
         read_dataset("csv", bad)
 
 
@@ -324,3 +322,14 @@ def test_read_bags_roundtrip_and_errors(tmp_path):
         read_bags(path)
     with pytest.raises(FileNotFoundError, match="finecap bags build"):
         read_bags(tmp_path / "missing.json")
+
+
+def test_every_registry_row_is_a_format_spec_of_that_name():
+    from finecap.data.formats import FORMATS, Format, data_format
+    from finecap.registry import DATA_FORMATS, HUB_DATA_FORMATS
+
+    specs = [data_format(name) for name in DATA_FORMATS]
+    assert all(isinstance(spec, Format) for spec in specs)
+    assert [spec.name for spec in specs] == list(DATA_FORMATS) == list(FORMATS)
+    # the configuration's copy of which formats read Hub names (it imports no format) says what the specs say
+    assert {spec.name for spec in specs if spec.hub_names} == HUB_DATA_FORMATS == {"hf"}

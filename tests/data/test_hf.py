@@ -13,9 +13,11 @@ from PIL import Image  # noqa: E402
 
 from finecap.config import load  # noqa: E402
 from finecap.data.datasets import CaptionDataset, load_records  # noqa: E402
-from finecap.data.formats import DataError, Record, load_record_image  # noqa: E402
-from finecap.data.hf import read_hf  # noqa: E402
-from finecap.data.references import detect_format, load_references  # noqa: E402
+from finecap.data.formats import detect_format  # noqa: E402
+from finecap.data.formats.hf import read_hf  # noqa: E402
+from finecap.data.images import load_record_image  # noqa: E402
+from finecap.data.records import DataError, Record  # noqa: E402
+from finecap.data.references import load_references  # noqa: E402
 
 
 def _png(color: tuple[int, int, int]) -> bytes:
@@ -118,7 +120,7 @@ def embedded(tmp_path):
 
 
 def test_records_hold_no_image_bytes_and_read_each_on_demand(embedded):
-    from finecap.data.hf import ArrowImage
+    from finecap.data.formats.hf import ArrowImage
 
     path, rows = embedded
     records = read_hf(path)
@@ -154,7 +156,7 @@ def test_caption_dataset_items_from_workers_equal_the_eager_reading(embedded):
 
 def test_feature_cache_key_of_embedded_images_reads_no_bytes(embedded, tmp_path, monkeypatch):
     from finecap.data.features import fingerprint_data
-    from finecap.data.hf import ArrowImages
+    from finecap.data.formats.hf import ArrowImages
 
     path, rows = embedded
     records = read_hf(path)

@@ -31,8 +31,8 @@ import pytest
 datasets = pytest.importorskip("datasets")
 
 from finecap.app.cli import main  # noqa: E402
-from finecap.data.formats import DataError  # noqa: E402
 from finecap.data.hf_files import HF_CACHE, MAX_METADATA_BYTES  # noqa: E402
+from finecap.data.records import DataError  # noqa: E402
 
 ROWS = {"image": ["a.png", "b.png"], "captions": [["a red square"], ["a blue circle"]], "cocoid": [1, 2]}
 SECRET = {"image": ["s.png", "t.png"], "captions": [["the secret caption"], ["another secret"]], "cocoid": [1, 2]}

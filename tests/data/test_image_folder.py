@@ -28,8 +28,12 @@ from finecap.app.cli import main
 from finecap.app.errors import explain
 from finecap.config import ConfigError, load
 from finecap.data.datasets import CaptionDataset, load_records, skipped_images
-from finecap.data.formats import NO_SPLIT, DataError, find_bad_images, load_record_image, read_folder, read_jsonl
-from finecap.data.references import detect_format, load_references, missing_images
+from finecap.data.formats import detect_format
+from finecap.data.formats.folder import read_folder
+from finecap.data.formats.jsonl import read_jsonl
+from finecap.data.images import find_bad_images, load_record_image
+from finecap.data.records import NO_SPLIT, DataError
+from finecap.data.references import load_references, missing_images
 from finecap.data.splits import assign_splits, split_value
 from finecap.train.fingerprint import data_fingerprint
 
@@ -284,7 +288,7 @@ def test_sidecar_splits_are_kept_and_only_the_rest_is_split(tmp_path):
 
 
 def test_a_tiny_data_set_still_gets_a_split_it_asks_for():
-    from finecap.data.formats import Record
+    from finecap.data.records import Record
 
     records = [Record(f"{k}.png", Path(f"{k}.png"), NO_SPLIT) for k in range(3)]
     values = sorted((split_value(r.image_id), r.image_id) for r in records)

@@ -13,7 +13,7 @@ from transformers import BlipImageProcessor, CLIPImageProcessor
 
 from finecap.config import load
 from finecap.data.datasets import CaptionCollator, CaptionDataset, load_records
-from finecap.data.formats import load_image, load_record_image
+from finecap.data.images import load_image, load_record_image
 from finecap.data.loading import LoaderSettings, Preprocess, RecordImages, chunks, draft_size, encoder_draft
 from finecap.models.tokenizer import world_tokenizer
 

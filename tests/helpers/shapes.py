@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
-from finecap.data.formats import read_results
+from finecap.data.results import read_results
 from helpers.cli import run_cli
 
 COLORS = {"red": (220, 30, 30), "blue": (30, 30, 220), "green": (30, 200, 30), "yellow": (230, 220, 40)}

@@ -15,7 +15,7 @@ from transformers import CLIPConfig, CLIPImageProcessor, CLIPModel
 
 from finecap.config import load
 from finecap.data.features import CACHE_SUBDIR, model_features
-from finecap.data.formats import Record
+from finecap.data.records import Record
 from finecap.models.retriever import Retriever, load_retriever
 from finecap.models.tokenizer import world_tokenizer
 

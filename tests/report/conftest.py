@@ -8,7 +8,8 @@ import pytest
 import yaml
 
 from finecap.config import WorldConfig, load
-from finecap.data.formats import read_world, write_results
+from finecap.data.formats.world import read_world
+from finecap.data.results import write_results
 from finecap.world.make import make_world
 
 

@@ -17,7 +17,7 @@ from PIL import Image
 
 from finecap.app.report import main as write_report
 from finecap.app.review import create_app, default_out
-from finecap.data.formats import read_bags
+from finecap.data.bags_file import read_bags
 
 By = pytest.importorskip("selenium.webdriver.common.by", reason="selenium is not installed").By
 pytestmark = pytest.mark.slow  # a headless Chromium per test

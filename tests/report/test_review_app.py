@@ -15,8 +15,9 @@ import urllib.request
 import pytest
 
 from finecap.app.review import create_app, default_out, resolve_under
+from finecap.data.bags_file import read_bags
 from finecap.data.curation import decisions_path
-from finecap.data.formats import DataError, read_bags
+from finecap.data.records import DataError
 
 
 @pytest.fixture

@@ -7,7 +7,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from finecap.data.formats import Record
+from finecap.data.records import Record
 from finecap.rewards.cider import CiderReward
 
 # Two training images, one reference each: N = 2, every n-gram has df = 1, so idf = log 2 for all of them.

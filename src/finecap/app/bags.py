@@ -3,7 +3,7 @@
 ``finecap bags build --data DATA --split test --sizes 3,5,7 --out bags.json`` calls :func:`main`: it embeds the split
 with the configured retriever (``retriever.checkpoint``, or the trained world encoder), builds and curates the bags
 (:mod:`finecap.data.truematch`, where the JSON layout is described) and writes them; ``finecap eval --bags`` reads
-them back (:func:`finecap.data.formats.read_bags`). The file names the data set by its absolute path (``"data"``)
+them back (:func:`finecap.data.bags_file.read_bags`). The file names the data set by its absolute path (``"data"``)
 and records its fingerprint (``"fingerprint"``: content, caption field ``bags.text_from``, split), so readers find
 the data from any directory and refuse other data (:func:`finecap.train.fingerprint.bags_file_data`).
 With ``bags.keep_hardest`` below 1 it keeps only that share of each size's curated bags, the most similar first
@@ -22,7 +22,7 @@ from typing import Any
 from finecap.app.prepare import prepare
 from finecap.config import Config
 from finecap.data.caption_fields import select_captions
-from finecap.data.formats import hf_options
+from finecap.data.formats import format_options
 from finecap.data.references import load_references
 from finecap.data.truematch import Bag, build_bags, family_purity, keep_hardest, random_bag_purity, record_embeddings
 from finecap.home import cache_dir, world_path
@@ -79,7 +79,7 @@ def main(
     ids = [r.image_id for r in records]
     curated = build_bags(emb, size_list, ids, similarity=cfg.eval.bag_similarity, device=retriever.device)
     bags = {s: keep_hardest(curated[s], cfg.bags.keep_hardest) for s in size_list}
-    options = hf_options(cfg) if refs.format == "hf" else None
+    options = format_options(refs.format, cfg)
     fingerprint = bags_data_fingerprint(refs.format, refs.path, captions=cfg.bags.text_from, split=split,
                                         options=options)  # fmt: skip
     result: dict[str, Any] = {

@@ -18,7 +18,7 @@ What it decodes with, lowest layer first:
    (``data.*``, ``world.out``) and the decoding settings it was evaluated with (``decode.*``: beam 5 in the demo);
 2. a recipe given on the command line, then the ``section.key=value`` overrides: only the keys actually given
    replace the checkpoint's (``decode.strategy=greedy`` alone keeps the checkpoint's ``decode.max_length``);
-3. ``--data FILE`` replaces the data set (its format detected, :func:`finecap.data.references.detect_format`).
+3. ``--data FILE`` replaces the data set (its format detected, :func:`finecap.data.formats.detect_format`).
 
 A bare model folder has no configuration: the library defaults, the recipe and the overrides apply, as for training;
 captioning a split then needs the data named (``--data``, a recipe, ``data.*`` or ``world.*``), or ``--images``.
@@ -41,8 +41,9 @@ from pathlib import Path
 
 from finecap.caption import generate_captions
 from finecap.config import Config, load_stored, parse_override
-from finecap.data.formats import ImageLimits, write_results
-from finecap.data.references import detect_format
+from finecap.data.formats import data_format, detect_format
+from finecap.data.images import ImageLimits
+from finecap.data.results import write_results
 from finecap.engines import generating
 from finecap.home import world_path
 from finecap.inference import caption_images, describe_skipped, image_files, load_for_captioning
@@ -88,7 +89,7 @@ def resolve(
     if data is not None:
         fmt, path = detect_format(data)
         fmt = cfg.data.format if any(parse_override(o)[0] == ["data", "format"] for o in overrides) else fmt
-        folder = {"images": ""} if fmt == "folder" else {}  # an image folder is its own image root
+        folder = {"images": ""} if data_format(fmt).own_image_root else {}  # an image folder is its own root
         cfg = dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, format=fmt, path=str(path), **folder))
     if skip_bad_images:
         cfg = dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, skip_bad_images=True))

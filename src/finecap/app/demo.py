@@ -69,8 +69,9 @@ from finecap.app.prepare import prepare
 from finecap.app.report import main as write_report
 from finecap.app.train import train
 from finecap.config import Config, did_you_mean, load
+from finecap.data.bags_file import read_bags
 from finecap.data.datasets import load_records
-from finecap.data.formats import read_bags, read_results, write_results
+from finecap.data.results import read_results, write_results
 from finecap.home import runs_root, world_path
 from finecap.locks import output_lock
 from finecap.metrics import families

@@ -38,7 +38,7 @@ from typing import Any
 from finecap.app.bags import main as build_bags
 from finecap.app.prepare import prepare
 from finecap.config import Config, WorldConfig
-from finecap.data.formats import read_bags
+from finecap.data.bags_file import read_bags
 from finecap.data.references import load_references
 from finecap.data.truematch import bag_statistics
 from finecap.home import cache_dir

@@ -23,8 +23,9 @@ from typing import Any
 
 from finecap.app.bags import main as build_bags
 from finecap.app.prepare import prepare
-from finecap.data.formats import read_bags, write_results
+from finecap.data.bags_file import read_bags
 from finecap.data.references import load_references
+from finecap.data.results import write_results
 from finecap.metrics.suite import evaluate
 from finecap.models.retriever import load_retriever
 from finecap.report.table import markdown_table, quick_labelled

@@ -41,8 +41,10 @@ from typing import Any
 from finecap.app.bags import main as build_bags
 from finecap.app.boost import main as boost
 from finecap.boost import training
+from finecap.data.bags_file import read_bags
 from finecap.data.datasets import load_records
-from finecap.data.formats import read_bags, read_dataset, read_results
+from finecap.data.formats import read_dataset
+from finecap.data.results import read_results
 from finecap.home import world_path
 from finecap.metrics.suite import evaluate
 from finecap.models.retriever import load_retriever

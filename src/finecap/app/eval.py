@@ -18,10 +18,10 @@ the files and calls :func:`finecap.metrics.suite.evaluate_items` (the metric gro
   default only those five groups). ``--out`` also writes that JSON to a file. ``--per-image FILE`` writes the
   per-image scores of the caption metrics as a JSON list of ``{"image_id": id, metric: score, ...}``, one per image
   in the references' order: ``COCOEvalCap.evalImgs`` (the values of ``imgToEval``), with the names of ``--format``.
-- References: the format is detected from the file (:func:`finecap.data.references.detect_format`; a world also
+- References: the format is detected from the file (:func:`finecap.data.formats.detect_format`; a world also
   brings its scene graphs). An image id in several records of the references is an error naming the ids; COCO
   annotations of one ``image_id`` are that image's references (as pycocotools groups them).
-- Predictions (:func:`finecap.data.formats.read_results`): an image listed several times is an error naming the ids
+- Predictions (:func:`finecap.data.results.read_results`): an image listed several times is an error naming the ids
   (pycocoevalcap's scorers assert one caption per image), unless the ``diversity`` group is asked for by name: an
   image's captions are then its samples, and its first caption is what the other groups score.
 - Start-up: with text-only metrics nothing imports torch or transformers; image metrics load the retriever when
@@ -39,8 +39,10 @@ from pathlib import Path
 from typing import Literal
 
 from finecap.config import Config
-from finecap.data.formats import MAX_LISTED, DataError, read_bags, read_results
+from finecap.data.bags_file import read_bags
+from finecap.data.records import MAX_LISTED, DataError
 from finecap.data.references import LoadedReferences, load_references, missing_images, require_captions
+from finecap.data.results import read_results
 from finecap.metrics.cocoeval import COCO_NAMES
 from finecap.metrics.group import metric_group
 from finecap.metrics.suite import CAPTION_METRICS, evaluate_items, parse_metrics, unavailable_reason

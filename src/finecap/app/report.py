@@ -44,8 +44,10 @@ from tqdm import tqdm
 
 from finecap.app.demo_vcb import FIELD_ROWS
 from finecap.config import Config, load, load_stored
-from finecap.data.formats import Record, read_bags, read_results
+from finecap.data.bags_file import read_bags
+from finecap.data.records import Record
 from finecap.data.references import data_file, load_references
+from finecap.data.results import read_results
 from finecap.outputs import check_output_file
 from finecap.report.columns import ColumnRules, rules_for
 from finecap.report.gallery import bag_outcomes, check_facts, select_images

@@ -48,7 +48,7 @@ from torch import nn
 
 from finecap.app.world import ensure_world
 from finecap.config import Config
-from finecap.data.formats import read_world
+from finecap.data.formats.world import read_world
 from finecap.home import cache_dir as resolve_cache_dir
 from finecap.metrics.retrieval import random_distractors, rd_retrieval
 from finecap.models.retriever import Retriever

@@ -33,9 +33,9 @@ nothing but the review:
   session or secret key, and the whole policy reads in :func:`create_app`.
 - **What is served.** Only the image files of the bags under review: the set of their paths (under ``--images``
   after resolving symlinks, with an image extension and matching leading bytes, :func:`image_type`, and verified as
-  an image, :func:`finecap.data.formats.check_image_file`) is fixed at start and looked up by exact relative path;
+  an image, :func:`finecap.data.images.check_image_file`) is fixed at start and looked up by exact relative path;
   nothing else under ``--images`` is reachable. What is sent is the decoded image re-encoded
-  (:func:`finecap.data.formats.decode_image`, :func:`~finecap.data.formats.encode_image`), never the file's bytes.
+  (:func:`finecap.data.images.decode_image`, :func:`~finecap.data.images.encode_image`), never the file's bytes.
   Bad paths (``..``, absolute, NUL bytes, anything not in the set) are a named 404, never a 500.
 - Every response carries ``X-Content-Type-Options: nosniff``, a Content-Security-Policy (scripts and styles only by
   per-response nonce, no framing: ``frame-ancestors 'none'``) and ``Cache-Control: no-store``.
@@ -61,7 +61,8 @@ from werkzeug.exceptions import HTTPException
 
 from finecap.config import Config, load
 from finecap.data.curation import BagCuration, CurationBusy
-from finecap.data.formats import DataError, Record, check_image_file, decode_image, encode_image
+from finecap.data.images import check_image_file, decode_image, encode_image
+from finecap.data.records import DataError, Record
 from finecap.data.references import load_references
 from finecap.report.html import TEMPLATES
 from finecap.train.fingerprint import bags_file_data

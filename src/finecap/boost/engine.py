@@ -16,7 +16,7 @@ resumable cache, retries of malformed answers, a failure budget and a per-image 
   caller writes them to ``failures.jsonl`` and keeps the image's human captions for that field. A failed ``blend`` or
   ``visual`` step also fails the image's ``holistic`` step (its inputs are missing).
 - **Images** (modes with the ``visual`` step): before any request of any step, every image to boost is checked as an
-  image file (:func:`finecap.data.formats.check_image_file`: a regular file PIL identifies and verifies, within the
+  image file (:func:`finecap.data.images.check_image_file`: a regular file PIL identifies and verifies, within the
   decompression-bomb limit). One that is not (a text file, a key, a damaged or oversized image) fails its ``visual``
   step at once as a :class:`BadImage` (``attempts`` 0), counted in the failure budget like any failed image: nothing
   of it is hashed or sent. Backends send only a re-encoding of the decoded pixels (the ``openai`` backend decodes
@@ -45,7 +45,8 @@ from typing import Any, Protocol
 from tqdm.auto import tqdm
 
 from finecap.boost.prompts import Prompts
-from finecap.data.formats import DataError, Record, check_image_file, load_record_image
+from finecap.data.images import check_image_file, load_record_image
+from finecap.data.records import DataError, Record
 from finecap.utils import open_append, progress_enabled, read_lines
 
 MODE_STEPS: dict[str, tuple[str, ...]] = {
@@ -76,7 +77,7 @@ class FatalBackendError(BackendError):
 
 
 class BadImage(ValueError):
-    """A record's image is not an image finecap may use (:func:`finecap.data.formats.load_image`'s rule): its
+    """A record's image is not an image finecap may use (:func:`finecap.data.images.load_image`'s rule): its
     ``visual`` step fails and nothing of the file is sent."""
 
 

@@ -20,7 +20,8 @@ from typing import Any
 import torch
 
 from finecap.boost.engine import BadImage, Task
-from finecap.data.formats import DataError, load_record_image
+from finecap.data.images import load_record_image
+from finecap.data.records import DataError
 from finecap.models.chat_templates import apply_chat_template
 
 

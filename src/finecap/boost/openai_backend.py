@@ -5,9 +5,9 @@
 ``choices[0].message.content``. For the ``visual`` step the image is sent inline as a base64 data URL in the last
 user message (``{"type": "image_url", "image_url": {"url": "data:image/png;base64,..."}}``), which every server
 above accepts for vision models. What is sent is never the file's bytes: the image is decoded
-(:func:`finecap.data.formats.decode_image`: a real image within the decompression-bomb limit, EXIF orientation
+(:func:`finecap.data.images.decode_image`: a real image within the decompression-bomb limit, EXIF orientation
 applied) and its RGB pixels re-encoded, as JPEG (quality 95) when the file was a JPEG and PNG otherwise, with the
-matching MIME type (:func:`finecap.data.formats.encode_image`). A file that does not decode is a
+matching MIME type (:func:`finecap.data.images.encode_image`). A file that does not decode is a
 :class:`~finecap.boost.engine.BadImage`: that image fails, nothing is sent. At most ``boost.concurrency``
 requests are in flight (a thread pool of that size sharing one connection pool).
 
@@ -65,7 +65,8 @@ from tenacity import (
 
 from finecap.boost.engine import BackendError, BadImage, FatalBackendError, MalformedReply, ServerUnavailable, Task
 from finecap.config.secrets import masked_url_secrets
-from finecap.data.formats import DataError, decode_image, encode_image
+from finecap.data.images import decode_image, encode_image
+from finecap.data.records import DataError
 
 DEFAULT_BASE_URL = "https://api.openai.com/v1"
 RETRY_STATUS = {408, 409, 429, 500, 502, 503, 504}

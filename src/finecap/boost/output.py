@@ -26,7 +26,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from finecap.data.formats import Record
+from finecap.data.records import Record
 from finecap.utils import (
     DATA_FILE,
     atomic_write_bytes,

@@ -29,7 +29,16 @@ from finecap.config.fields import ConfigError, constraint_text
 from finecap.config.secrets import MASK, SECRET_KEYS, looks_secret, masked_url_secrets
 from finecap.config.sections import MOVED_KEYS, SECTIONS, Config, ModelConfig, moved_key
 from finecap.recipes import resolve_recipe
-from finecap.registry import BACKBONES, METRIC_GROUPS, OBJECTIVES, REWARDS, SAMPLERS, VALIDATOR_KEYS, is_dotted_path
+from finecap.registry import (
+    BACKBONES,
+    DATA_FORMATS,
+    METRIC_GROUPS,
+    OBJECTIVES,
+    REWARDS,
+    SAMPLERS,
+    VALIDATOR_KEYS,
+    is_dotted_path,
+)
 from finecap.utils import SHORT_REPR_LIMIT, YAMLRefused, load_yaml, short_repr
 
 
@@ -206,6 +215,7 @@ def check_names(cfg: Config) -> None:
     :mod:`finecap.registry`); ``train.best_metric`` must be ``loss``, ``perplexity`` or a value the chosen
     built-in validators return (any name when a validator is user code)."""
     _check_name(cfg.model.kind, BACKBONES, "model.kind", "backbone")
+    _check_name(cfg.data.format, DATA_FORMATS, "data.format", "data set format")
     _check_name(cfg.train.objective, OBJECTIVES, "train.objective", "objective")
     _check_name(cfg.data.sampler, SAMPLERS, "data.sampler", "sampler")
     for name in cfg.rl.rewards:

@@ -13,12 +13,14 @@ import os
 from pathlib import Path
 from typing import Any, Literal
 
+from finecap.registry import HUB_DATA_FORMATS
+
 PATH_KEYS: dict[str, Literal["path", "name_or_path"]] = {
     "run.root": "path",
     "run.dir": "path",
     "run.cache_dir": "path",
     "world.out": "path",
-    "data.path": "path",  # name_or_path with data.format=hf (a Hub data set name)
+    "data.path": "path",  # name_or_path with a format reading Hub names (registry.HUB_DATA_FORMATS)
     "data.images": "path",
     "retriever.checkpoint": "name_or_path",
     "model.encoder": "name_or_path",
@@ -41,7 +43,7 @@ def _absolute(key: str, value: Any, base: Path, data_format: Any) -> Any:
     if not isinstance(value, str) or not value or value in KEYWORDS or Path(value).is_absolute():
         return value
     joined = os.path.normpath(os.path.join(base, value))
-    kind = "name_or_path" if key == "data.path" and data_format == "hf" else PATH_KEYS[key]
+    kind = "name_or_path" if key == "data.path" and data_format in HUB_DATA_FORMATS else PATH_KEYS[key]
     if kind == "name_or_path" and not os.path.exists(joined):
         return value
     return joined
@@ -49,7 +51,8 @@ def _absolute(key: str, value: Any, base: Path, data_format: Any) -> Any:
 
 def absolute_path_values(data: dict[str, Any], base: str | Path) -> dict[str, Any]:
     """Sections ``{section: {key: value}}`` with every relative path of :data:`PATH_KEYS` joined to ``base`` (a
-    ``data.path`` is a Hub name only with ``data.format: hf``; absent, the format is the default, a file format)."""
+    ``data.path`` is a Hub name only with a format of :data:`finecap.registry.HUB_DATA_FORMATS`, such as
+    ``hf``; absent, the format is the default, a file format)."""
     base = Path(os.path.abspath(base))
     out = {name: dict(values) if isinstance(values, dict) else values for name, values in data.items()}
     data_section = out.get("data") if isinstance(out.get("data"), dict) else {}

@@ -18,7 +18,7 @@ import yaml
 from finecap.config.fields import ConfigError, Section, check, check_at_most, doc
 from finecap.config.paths import absolute_paths
 from finecap.config.secrets import redacted
-from finecap.registry import BACKBONES
+from finecap.registry import BACKBONES, DATA_FORMATS
 from finecap.utils import CONTROL_CHARACTERS, short_repr
 
 __all__ = [  # the names finecap.config re-exports
@@ -38,7 +38,6 @@ __all__ = [  # the names finecap.config re-exports
     "DataConfig",
     "DEFAULT_MAX_ASPECT_RATIO",
     "DEFAULT_MAX_IMAGE_PIXELS",
-    "DataFormat",
     "DecodeConfig",
     "DecodeStrategy",
     "DemoConfig",
@@ -107,7 +106,7 @@ MAX_DECODE_POSITIONS = 2**26  # token positions of one decoding batch (rows x le
 PIL_MAX_IMAGE_PIXELS = 89_478_485  # PIL's decompression-bomb limit (PIL.Image.MAX_IMAGE_PIXELS): PIL refuses more
 
 # The image budget (data.max_image_pixels, data.max_aspect_ratio), checked from an image's header before it is
-# decoded (finecap.data.formats.ImageLimits); the defaults admit every photograph of a camera or phone in its
+# decoded (finecap.data.images.ImageLimits); the defaults admit every photograph of a camera or phone in its
 # default mode. Pixels: 64 MP holds every full-frame camera's (the largest, 61 MP: 9504 x 6336) and phones' (12-50
 # MP); a decoded image takes 3 bytes a pixel (192 MB at the limit), held per image of a batch until the image
 # processor resizes it. Aspect ratio: 20:1 holds panoramas (a phone's are up to about 8:1); an image processor
@@ -119,7 +118,6 @@ DEFAULT_MAX_ASPECT_RATIO = 20.0
 
 # Allowed values of string options, defined once: the fields below use them and the modules that dispatch on them
 # derive their runtime tuples with typing.get_args (e.g. finecap.objectives.smile.SUBSETS).
-DataFormat = Literal["world", "karpathy", "coco", "jsonl", "hf", "folder"]
 Mapper = Literal["mlp", "transformer"]
 Schedule = Literal["linear", "cosine", "constant"]
 DecodeStrategy = Literal["greedy", "beam", "sample"]
@@ -218,7 +216,11 @@ class WorldConfig(Section, name="world"):
 
 @dataclass
 class DataConfig(Section, name="data"):
-    format: DataFormat = doc("world", "Data set format of data.path (docs/data.md: one table of every format).")
+    format: str = doc(
+        "world",
+        f"Data set format of data.path: {', '.join(sorted(DATA_FORMATS))} (docs/data.md: one table of every format), "
+        "or a dotted path 'pkg.module:FORMAT' to one's own Format (docs/architecture.md).",
+    )
     path: str = doc(
         "", "Data set file (Karpathy JSON, COCO annotations, JSONL) or image folder; empty = the world at world.out."
     )

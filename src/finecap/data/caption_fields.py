@@ -3,7 +3,7 @@ world, the dense caption (``data.captions`` for training, ``bags.text_from`` for
 
 A data set written by ``finecap boost`` (:mod:`finecap.boost.output`) stores every caption field of an image in
 its ``"boost"`` object (``original``, ``blend``, ``visual``, ``holistic``; each a list of captions) and its ordinary
-caption list holds the boosted mode's captions; :class:`~finecap.data.formats.Record` carries that object as
+caption list holds the boosted mode's captions; :class:`~finecap.data.records.Record` carries that object as
 ``boosted``. ``original`` on a data set never boosted is its ordinary caption list; ``dense`` reads the world's
 ``dense.json`` (one dense caption per image, every fact of the scene: what the visual expert learns from).
 """
@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import get_args
 
 from finecap.config import CaptionField
-from finecap.data.formats import Record
+from finecap.data.records import Record
 from finecap.utils import DATA_FILE, read_json
 
 CAPTION_FIELDS: tuple[str, ...] = get_args(CaptionField)

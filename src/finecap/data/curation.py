@@ -1,7 +1,7 @@
 """Manual curation of TrueMatch candidate bags (the NDLB Sec. 3 step that took 680 candidate bags of size 3 down to
 254): accept / reject decisions, saved as they are made, and the curated bag file they produce.
 
-:class:`BagCuration` reads a bags file of ``finecap bags build`` (:func:`finecap.data.formats.read_bags` checks it)
+:class:`BagCuration` reads a bags file of ``finecap bags build`` (:func:`finecap.data.bags_file.read_bags` checks it)
 and keeps two files next to each other, both rewritten atomically after every decision, so a crash, a ``kill -9``
 or a closed browser tab loses nothing and reopening the same output resumes where the review stopped:
 
@@ -48,7 +48,8 @@ from typing import Any, Literal, get_args
 
 from filelock import FileLock, Timeout
 
-from finecap.data.formats import DataError, read_bags
+from finecap.data.bags_file import read_bags
+from finecap.data.records import DataError
 from finecap.utils import DATA_FILE, read_json, short_repr, write_json
 
 Decision = Literal["accept", "reject"]
@@ -88,7 +89,7 @@ def content_key(images: Sequence[Hashable]) -> str:
 
 
 def _read_source(path: Path) -> dict[str, Any]:
-    """The bags file, checked (:func:`read_bags`: its image ids too, :func:`finecap.data.formats.check_id`); every
+    """The bags file, checked (:func:`read_bags`: its image ids too, :func:`finecap.data.records.check_id`); every
     error names the file."""
     try:
         read_bags(path)

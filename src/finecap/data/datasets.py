@@ -1,6 +1,6 @@
 """Caption data sets and the collator that turns examples into the batch dict every captioner and objective reads.
 
-Examples come from :class:`finecap.data.formats.Record` s:
+Examples come from :class:`finecap.data.records.Record` s:
 
 - training (``per_caption=True``): one example per reference caption, as ClipCap does, so an image with five
   references is seen five times per epoch, each time with another target (``data.train_unit=image`` or an
@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import functools
 import logging
+from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -36,17 +37,10 @@ import torch
 from torch.utils.data import Dataset
 
 from finecap.data.caption_fields import select_captions
-from finecap.data.formats import (
-    DEFAULT_LIMITS,
-    MAX_LISTED,
-    DataError,
-    ImageLimits,
-    Record,
-    find_bad_images,
-    hf_options,
-    load_record_image,
-)
-from finecap.data.references import data_file, read_records, require_captions, select_split
+from finecap.data.formats import data_format, format_options, read_dataset
+from finecap.data.images import DEFAULT_LIMITS, ImageLimits, find_bad_images, load_record_image
+from finecap.data.records import MAX_LISTED, DataError, Record
+from finecap.data.references import data_file, require_captions, select_split
 from finecap.data.splits import split_unsplit
 from finecap.data.targets import IGNORE_INDEX, encode_captions
 from finecap.home import cache_dir as resolve_cache_dir
@@ -67,19 +61,19 @@ def _read(
     allow_outside: bool = False,
     cache: Path | None = None,
 ) -> tuple[Record, ...]:
-    return tuple(read_records(fmt, path, images=images or None, allow_outside=allow_outside, cache_dir=cache,
+    return tuple(read_dataset(fmt, path, images=images or None, allow_outside=allow_outside, cache_dir=cache,
                               **dict(options)))  # fmt: skip
 
 
 def _split_records(cfg: Config, split: str, captioned: bool) -> list[Record]:
     """:func:`load_records` before ``data.skip_bad_images``."""
     path = data_file(cfg)
-    hf = cfg.data.format == "hf"
-    if not path.exists() and not hf:
+    spec = data_format(cfg.data.format)
+    if not path.exists() and not spec.hub_names:
         raise FileNotFoundError(f"{path}: data set file not found (data.path / world.out)")
-    options = tuple(sorted(hf_options(cfg).items())) if hf else ()
+    options = tuple(sorted(format_options(cfg.data.format, cfg).items()))
     mtime = path.stat().st_mtime_ns if path.exists() else 0
-    read = _read.__wrapped__ if cfg.data.format == "folder" else _read  # a folder changes below its own mtime
+    read = _read if spec.cached else _read.__wrapped__  # read again: a folder changes below its own mtime
     records = read(cfg.data.format, path, cfg.data.images, mtime, options, cfg.data.allow_outside_paths,
                    resolve_cache_dir(cfg.run))  # fmt: skip
     records, unsplit = split_unsplit(cfg, records, path)
@@ -94,7 +88,7 @@ _SKIP_LOGGED: set[tuple] = set()
 
 def skipped_images(cfg: Config, split: str, *, captioned: bool = True) -> list[tuple[Record, str]]:
     """``(record, reason)`` of the images of ``split`` that ``data.skip_bad_images`` leaves out: those that do not
-    decode (:func:`finecap.data.formats.find_bad_images`, each file once per process); empty when the option is off."""
+    decode (:func:`finecap.data.images.find_bad_images`, each file once per process); empty when the option is off."""
     if not cfg.data.skip_bad_images:
         return []
     return find_bad_images(_split_records(cfg, split, captioned), limits=ImageLimits.of(cfg.data))
@@ -112,8 +106,9 @@ def load_records(cfg: Config, split: str, *, captioned: bool = True) -> list[Rec
 
     Every command reading a data set (training, captioning, evaluation, boosting) comes here or to
     :func:`finecap.data.references.load_references`, so every format works everywhere, ``data.format=hf``
-    (:mod:`finecap.data.hf`, where ``data.path`` may also be a Hub name) included."""
+    (:mod:`finecap.data.formats.hf`, where ``data.path`` may also be a Hub name) included."""
     records = _split_records(cfg, split, captioned)
+    note_prompts(cfg, records, data_file(cfg))
     if not cfg.data.skip_bad_images:
         return records
     bad = find_bad_images(records, limits=ImageLimits.of(cfg.data))
@@ -132,6 +127,36 @@ def load_records(cfg: Config, split: str, *, captioned: bool = True) -> list[Rec
     return [r for r in records if id(r) not in left_out]
 
 
+_PROMPTS_LOGGED: set[tuple] = set()
+
+
+def note_prompts(cfg: Config, records: Sequence[Record], path: Path) -> None:
+    """Say once (per data set, prompts and model) that the prompts ``records`` carry (a ``messages`` data set's user
+    turns, :attr:`~finecap.data.records.Record.prompt`) are not what the captioner reads: every image gets its
+    backbone's one prompt (``vlm.prompt``), or none (docs/data.md, "Chat JSONL"). A warning when the backbone has a
+    prompt and the records say another; nothing when they say the same."""
+    prompts = Counter(r.prompt for r in records if r.prompt)
+    if not prompts:
+        return
+    kind = cfg.model.kind
+    used = getattr(getattr(cfg, kind, None), "prompt", None)  # the backbone's section, when it has a prompt
+    if used is not None and set(prompts) == {used}:
+        return
+    key = (str(path), tuple(sorted(prompts)), kind, used)
+    if key in _PROMPTS_LOGGED:
+        return
+    _PROMPTS_LOGGED.add(key)
+    common, count = prompts.most_common(1)[0]
+    if used is None:
+        log.info("data: %d of %d records of %s carry a prompt (%d distinct); model.kind=%s reads none, so they are "
+                 "not used", sum(prompts.values()), len(records), path, len(prompts), kind)  # fmt: skip
+        return
+    log.warning("data: %d of %d records of %s carry a prompt other than %s.prompt=%r (%d distinct; %r in %d); every "
+                "image is captioned after the one prompt %s.prompt: set %s.prompt=%r to train with the data's",
+                sum(prompts.values()) - prompts.get(used, 0), len(records), path, kind, used, len(prompts), common,
+                count, kind, kind, common)  # fmt: skip
+
+
 def validation_records(cfg: Config) -> list[Record]:
     """The validation records a run evaluates on: the first ``train.eval_samples`` of the split (all of it with 0),
     what the validation loss and every validator read."""
@@ -144,7 +169,7 @@ class CaptionDataset(Dataset):
     features an item carries its decoded image (read when the item is, in a DataLoader worker: an embedded image of
     a Hugging Face data set too), JPEGs draft-decoded down to ``draft`` pixels
     (:func:`finecap.data.loading.encoder_draft`), images over the budget ``limits`` refused
-    (:class:`~finecap.data.formats.ImageLimits`: ``data.max_image_pixels``, ``data.max_aspect_ratio``)."""
+    (:class:`~finecap.data.images.ImageLimits`: ``data.max_image_pixels``, ``data.max_aspect_ratio``)."""
 
     def __init__(
         self,

@@ -54,7 +54,7 @@ from safetensors.torch import load_file, safe_open
 from safetensors.torch import save as save_safetensors
 from tqdm.auto import tqdm
 
-from finecap.data.formats import DEFAULT_LIMITS, ImageLimits
+from finecap.data.images import DEFAULT_LIMITS, ImageLimits
 from finecap.data.loading import LoaderSettings, Preprocess, RecordImages, chunks, encoder_draft
 from finecap.data.samplers import process_slice
 from finecap.home import cache_dir as resolve_cache_dir
@@ -144,7 +144,7 @@ def compute_features(
     """``encode(batch) -> (b, D)`` over all records in batches, without gradient; returns ``(N, D)`` float32 on the
     CPU (``(0, 0)`` for no records). A batch is ``preprocess(images)`` (e.g. pixel values), or the list of PIL
     images without ``preprocess``; images are decoded (``draft`` and the image budget ``limits``:
-    :func:`finecap.data.formats.load_image`) and preprocessed in the DataLoader workers of ``loader``
+    :func:`finecap.data.images.load_image`) and preprocessed in the DataLoader workers of ``loader``
     (:mod:`finecap.data.loading`; default: in this process)."""
     if not records:
         return torch.zeros(0, 0)

@@ -13,14 +13,14 @@ A local source (:func:`local_splits`) is one of:
 **Contained.** ``datasets`` joins the paths written in ``dataset_dict.json`` and ``state.json`` to the folder as
 written, so a split ``../../elsewhere`` or a file ``/home/me/private.arrow`` would be read. Here every such path must
 lie inside the data set folder once ``..`` and symbolic links are resolved (absolute paths are refused), and name a
-split or file no earlier entry named, or it is one :class:`~finecap.data.formats.DataError` naming the JSON file, the
+split or file no earlier entry named, or it is one :class:`~finecap.data.records.DataError` naming the JSON file, the
 entry and the path. The JSON files are read only up to :data:`MAX_METADATA_BYTES` and checked field by field (a
 missing ``_data_files`` is named, not a ``KeyError``).
 
 **Checked.** Every data file is opened before ``datasets`` reads it: a parquet file by its footer (its row count), an
 Arrow file by memory-mapping its record batches (their framing, not their contents: nothing is copied). A truncated,
 damaged or foreign file is one error naming the file and its split. A split of no rows is kept out of reading
-(``datasets`` refuses one; :func:`finecap.data.hf.read_hf` names a data set with no rows at all).
+(``datasets`` refuses one; :func:`finecap.data.formats.hf.read_hf` names a data set with no rows at all).
 
 **Written nowhere but the finecap cache.** Arrow files (``save_to_disk`` shards, ``.arrow`` files) are memory-mapped
 where they are (``datasets.Dataset.from_file``): nothing is written. Parquet files, and Arrow files in the IPC *file*
@@ -30,9 +30,9 @@ format (which ``datasets`` cannot memory-map in place), are converted once into 
 with ``pyarrow``: parquet compresses each column by row group (``datasets`` writes 100 images a group), so reading
 one row's image decodes its whole group, and a training epoch reads rows in random order, each group once per image
 in it; reading the whole column instead would hold every image in memory. The memory-mapped Arrow copy reads one
-image by its offsets, so reading stays lazy (records hold no image bytes, :mod:`finecap.data.hf`). The copy is made
-once per file version (``datasets`` keys it on the files' paths and modification times) and shared by every run, as
-the feature caches are; deleting it is safe.
+image by its offsets, so reading stays lazy (records hold no image bytes, :mod:`finecap.data.formats.hf`). The copy is
+made once per file version (``datasets`` keys it on the files' paths and modification times) and shared by every run,
+as the feature caches are; deleting it is safe.
 """
 
 from __future__ import annotations
@@ -43,8 +43,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from finecap.data.formats import MAX_LISTED, DataError, ImageFolder, _infer_split, _one_line
-from finecap.utils import read_json, short_repr
+from finecap.data.containment import ImageFolder
+from finecap.data.records import MAX_LISTED, DataError, split_from_name
+from finecap.utils import one_line, read_json, short_repr
 
 __all__ = ["HF_CACHE", "HF_FILE_SUFFIXES", "MAX_METADATA_BYTES", "SplitFiles", "local_splits", "open_split"]
 
@@ -149,7 +150,7 @@ def _rows(path: Path, kind: str, split: str, where: str) -> int:
     except (pa.ArrowException, OSError) as e:
         what = "parquet" if kind == "parquet" else "Arrow"
         raise DataError(
-            f"{path}: split {split!r}: not a readable {what} file ({_one_line(e)}); it is damaged (truncated?) or not "
+            f"{path}: split {split!r}: not a readable {what} file ({one_line(e)}); it is damaged (truncated?) or not "
             f"{what}: copy it again from where it came from, or save the data set again"
         ) from None
 
@@ -184,7 +185,7 @@ def saved_splits(path: Path) -> list[SplitFiles]:
     folder = ImageFolder(path)
     listing = path / "dataset_dict.json"
     if not listing.exists():
-        return [_state_split(folder, path / "state.json", _infer_split(path), "", str(path))]
+        return [_state_split(folder, path / "state.json", split_from_name(path), "", str(path))]
     meta = _read_metadata(listing, str(listing))
     names = meta.get("splits") if isinstance(meta, dict) else None
     if not isinstance(names, list):
@@ -241,7 +242,7 @@ def local_splits(path: Path) -> list[SplitFiles]:
         return splits
     if path.suffix not in HF_FILE_SUFFIXES:
         raise DataError(f"{path}: data.format=hf reads {', '.join(HF_FILE_SUFFIXES)} files or data set folders")
-    return [_checked(_infer_split(path), _file_kind(path), [path], str(path))]
+    return [_checked(split_from_name(path), _file_kind(path), [path], str(path))]
 
 
 def open_split(split: SplitFiles, cache: Path) -> Any:
@@ -258,6 +259,6 @@ def open_split(split: SplitFiles, cache: Path) -> Any:
         return datasets.load_dataset(builder, data_files=files, split=split.name, cache_dir=str(cache / HF_CACHE))
     except Exception as e:  # noqa: BLE001 (datasets and pyarrow raise many kinds on a damaged file; named here)
         raise DataError(
-            f"{split.shown()}: cannot read it as a Hugging Face data set ({_one_line(e)}); a data file is damaged or "
+            f"{split.shown()}: cannot read it as a Hugging Face data set ({one_line(e)}); a data file is damaged or "
             "its columns do not agree with its schema: copy it again, or save the data set again"
         ) from None

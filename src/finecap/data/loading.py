@@ -2,7 +2,7 @@
 
 Every loop that reads images (training, captioning and the validation loss, the image-feature cache) gets its
 batches from :meth:`LoaderSettings.loader`: a ``torch.utils.data.DataLoader`` whose workers (``data.num_workers``)
-decode the images (:func:`finecap.data.formats.load_record_image`) and run the collator, which tokenises the
+decode the images (:func:`finecap.data.images.load_record_image`) and run the collator, which tokenises the
 captions and applies the model's image processor. The main process only moves finished batches to the device. What
 a batch holds does not depend on the number of workers: batches are given as lists of indices (a batch sampler), so
 workers only change *where* a batch is made; ``tests/data/test_loading.py`` checks that 0 and 2 workers give equal
@@ -21,7 +21,7 @@ Settings (``data.*``, :meth:`LoaderSettings.of`):
 Workers are started by the platform's default ``multiprocessing`` method: ``fork`` on Linux, which shares the data
 set and the collator with the workers without copying them. Under ``spawn`` (macOS, Windows) the data set and
 collator are pickled to each worker: records of a Hugging Face data set pickle as file paths
-(:class:`finecap.data.hf.ArrowImages`), but a collator holding an encoder's ``preprocess`` pickles the encoder.
+(:class:`finecap.data.formats.hf.ArrowImages`), but a collator holding an encoder's ``preprocess`` pickles the encoder.
 
 **JPEG draft** (a choice, measured in docs/data.md): libjpeg can decode a JPEG at 1/2, 1/4 or 1/8 of its size by
 scaling in the DCT domain, for a fraction of the work (``PIL.Image.draft``). :func:`draft_size` asks for it only
@@ -42,7 +42,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch.utils.data import DataLoader, Dataset
 
-from finecap.data.formats import DEFAULT_LIMITS, ImageLimits, load_record_image
+from finecap.data.images import DEFAULT_LIMITS, ImageLimits, load_record_image
 
 if TYPE_CHECKING:
     from finecap.config import DataConfig
@@ -109,7 +109,7 @@ def chunks(indices: Sequence[int], size: int) -> list[list[int]]:
 
 class RecordImages(Dataset):
     """The images of ``records``, decoded when an item is read (in a worker): ``dataset[i]`` is record ``i``'s RGB
-    image (:func:`~finecap.data.formats.load_record_image`, with ``draft`` and the image budget ``limits``)."""
+    image (:func:`~finecap.data.images.load_record_image`, with ``draft`` and the image budget ``limits``)."""
 
     def __init__(self, records: Sequence[Any], draft: int | None = None, limits: ImageLimits = DEFAULT_LIMITS) -> None:
         self.records, self.draft, self.limits = list(records), draft, limits

@@ -1,12 +1,8 @@
-"""Reference data sets for evaluation: which file the configuration means, its format, and its records by split.
+"""Reference data sets for evaluation: which file the configuration means, and its records by split.
 
-Format detection (:func:`detect_format`) looks at the file itself:
-
-- a folder holding ``dataset.json``, or a ``dataset.json`` with ``scenes.jsonl`` next to it, is the world (its scene
-  graphs are then loaded for faithfulness, and its scene families for ``finecap bags build``);
-- ``*.jsonl`` is JSONL; a ``save_to_disk`` folder or ``*.parquet`` / ``*.arrow`` is a Hugging Face data set (``hf``);
-- any other folder holding image files (:data:`~finecap.data.formats.IMAGE_SUFFIXES`) is an image ``folder``;
-- a JSON object with ``annotations`` is COCO caption annotations; one whose ``images`` is a list is Karpathy.
+The format is ``data.format``, or detected from a data set named on the command line
+(:func:`finecap.data.formats.detect_format`); a world's scene graphs are then loaded for faithfulness, and its scene
+families for ``finecap bags build``.
 
 Splits: ``"train"`` also takes Karpathy's ``restval`` images (:data:`TRAIN_SPLITS`), as most captioning code does.
 Records whose data set names no split (a JSONL line without ``"split"``, a folder's images) are split by
@@ -18,27 +14,16 @@ Nothing here imports torch (``finecap eval`` on text metrics reads its reference
 
 from __future__ import annotations
 
-import json
-import os
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from finecap.data.formats import (
-    IMAGE_SUFFIXES,
-    MAX_LISTED,
-    DataError,
-    Record,
-    check_unique_ids,
-    hand_over_json,
-    hf_options,
-    read_dataset,
-)
-from finecap.data.hf import is_hf_path, read_hf
+from finecap.data.formats import data_format, detect_format, format_options, read_dataset
+from finecap.data.records import MAX_LISTED, DataError, Record, check_unique_ids
 from finecap.data.splits import missing_split_advice, split_unsplit
 from finecap.home import cache_dir as resolve_cache_dir
-from finecap.utils import DATA_FILE, read_bounded
+from finecap.registry import is_dotted_path
 
 if TYPE_CHECKING:
     from finecap.config import Config
@@ -49,15 +34,15 @@ TRAIN_SPLITS = ("train", "restval")
 
 
 def data_file(cfg: Config) -> Path:
-    """The data set file read for ``cfg``: ``data.path``, or the world's ``dataset.json``
-    (:func:`finecap.home.world_path`: under ``world.out``, or the world's folder in the finecap home)."""
+    """The data set file read for ``cfg``: ``data.path``, or its format's default (:attr:`Format.default_path
+    <finecap.data.formats.Format.default_path>`: the world's ``dataset.json`` under ``world.out``, or in the world's
+    folder in the finecap home)."""
     if cfg.data.path:
         return Path(cfg.data.path)
-    if cfg.data.format != "world":
+    default = data_format(cfg.data.format).default_path
+    if default is None:
         raise ValueError(f"data.path: required for data.format={cfg.data.format!r} (only the world has a default)")
-    from finecap.home import world_path
-
-    return world_path(cfg.world) / "dataset.json"
+    return default(cfg)
 
 
 def world_scenes(cfg: Config | None) -> dict[Hashable, Scene] | None:
@@ -69,24 +54,6 @@ def world_scenes(cfg: Config | None) -> dict[Hashable, Scene] | None:
     from finecap.world.make import load_scenes  # the world's modules load only for a world
 
     return dict(load_scenes(data_file(cfg).parent))
-
-
-def read_records(
-    fmt: str,
-    path: str | Path,
-    images: str | Path | None = None,
-    check_images: bool = True,
-    allow_outside: bool = False,
-    cache_dir: str | Path | None = None,
-    **options: Any,
-) -> list[Record]:
-    """Records of a data set in any format: :func:`finecap.data.formats.read_dataset`, or for ``hf``
-    :func:`finecap.data.hf.read_hf` with ``options`` (:func:`finecap.data.formats.hf_options`) and ``cache_dir``
-    (``run.cache_dir`` resolved: where parquet files are converted). Image paths outside the data set's image folder
-    are refused unless ``allow_outside`` (``data.allow_outside_paths``)."""
-    if fmt == "hf":
-        return read_hf(path, images, check_images, allow_outside=allow_outside, cache_dir=cache_dir, **options)
-    return read_dataset(fmt, path, images, check_images, allow_outside=allow_outside)
 
 
 def select_split(
@@ -104,21 +71,15 @@ def select_split(
     return kept
 
 
-CAPTION_HINTS = {
-    "folder": "a captions.jsonl or captions.csv row, or a .txt file next to each image (one caption per line)",
-}
-"""Where a format's records get captions, for formats whose records may have none."""
-
-
 def require_captions(records: Sequence[Record], path: str | Path, fmt: str | None, what: str) -> None:
     """Refuse ``records`` (``what``: which, e.g. ``"split 'train'"``) with no reference caption, as training and
-    evaluation must (a ``folder`` data set's images may have none): a :class:`~finecap.data.formats.DataError` naming
+    evaluation must (a ``folder`` data set's images may have none): a :class:`~finecap.data.records.DataError` naming
     the count, the first images and what to add."""
     bare = [r for r in records if not r.captions]
     if not bare:
         return
     shown = ", ".join(str(r.image_id) for r in bare[:MAX_LISTED]) + (", ..." if len(bare) > MAX_LISTED else "")
-    how = CAPTION_HINTS.get(fmt or "", "their captions")
+    how = (data_format(fmt).caption_hint if fmt else "") or "their captions"
     raise DataError(
         f"{path}: {len(bare)} of {len(records)} images of {what} have no caption ({shown}); training and evaluation "
         f"need reference captions for every image: add {how}, or leave the images out (`finecap caption` captions "
@@ -163,53 +124,6 @@ def missing_images(
     return reason
 
 
-def holds_images(folder: Path) -> bool:
-    """Whether ``folder`` or a folder below it (not hidden) holds an image file (stops at the first)."""
-    for _dirpath, dirs, files in os.walk(folder):
-        dirs[:] = [d for d in dirs if not d.startswith(".")]
-        if any(not f.startswith(".") and f.lower().endswith(IMAGE_SUFFIXES) for f in files):
-            return True
-    return False
-
-
-def detect_format(path: str | Path) -> tuple[str, Path]:
-    """``(format, file)`` of a reference file or world folder (module docstring)."""
-    path = Path(path)
-    if path.is_dir():
-        if (path / "dataset.json").exists():
-            return "world", path / "dataset.json"
-        if is_hf_path(path):
-            return "hf", path
-        if holds_images(path):
-            return "folder", path
-        raise FileNotFoundError(
-            f"{path}: a folder, but neither a world (dataset.json), a Hugging Face data set, nor image files "
-            f"({', '.join(IMAGE_SUFFIXES)}) in it"
-        )
-    if not path.exists():
-        raise FileNotFoundError(f"{path}: reference file not found")
-    if path.suffix == ".jsonl":
-        return "jsonl", path
-    if is_hf_path(path):
-        return "hf", path
-    if (path.parent / "scenes.jsonl").exists() and path.name == "dataset.json":
-        return "world", path
-    try:
-        data = json.loads(read_bounded(path, DATA_FILE))  # parsed whole: at most DATA_FILE
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise ValueError(f"{path}: not a JSON reference file ({e})") from None
-    if isinstance(data, dict) and "annotations" in data:
-        hand_over_json(path, data)
-        return "coco", path
-    if isinstance(data, dict) and isinstance(data.get("images"), list):
-        hand_over_json(path, data)
-        return "karpathy", path
-    raise ValueError(
-        f"{path}: unrecognised reference format; expected a world folder, Karpathy JSON ('images' with "
-        "'sentences'), COCO annotations ('images' + 'annotations') or JSONL"
-    )
-
-
 def load_references(
     cfg: Config,
     data: str | Path | None = None,
@@ -218,7 +132,8 @@ def load_references(
     images: str | Path | None = None,
     check_images: bool = False,
 ) -> LoadedReferences:
-    """Read a reference data set: ``data`` (format detected), or the configured one (``data.format``/``data.path``,
+    """Read a reference data set: ``data`` (format detected; read by ``data.format`` when that is one's own format,
+    ``pkg.module:FORMAT``), or the configured one (``data.format``/``data.path``,
     default the world at ``world.out``). ``split`` keeps one split (:func:`select_split`). ``images`` (default
     ``data.images``) is the image root; ``check_images`` verifies that the image files exist. Records naming files
     outside the image root are refused unless ``data.allow_outside_paths``. Records naming no split are split by
@@ -227,13 +142,14 @@ def load_references(
         fmt, path = cfg.data.format, data_file(cfg)
         if fmt == "world" and not path.exists():
             raise FileNotFoundError(f"{path}: no world here; run `finecap world make` (or pass the data set file)")
+    elif is_dotted_path(cfg.data.format):  # one's own format, which detection does not try: it reads ``data``
+        fmt, path = cfg.data.format, data_format(cfg.data.format).locate(Path(data))
     else:
         fmt, path = detect_format(data)
     root = images if images is not None else (cfg.data.images or None)
-    options = hf_options(cfg) if fmt == "hf" else {}
-    records = read_records(fmt, path, images=root, check_images=check_images,
+    records = read_dataset(fmt, path, images=root, check_images=check_images,
                            allow_outside=cfg.data.allow_outside_paths, cache_dir=resolve_cache_dir(cfg.run),
-                           **options)  # fmt: skip
+                           **format_options(fmt, cfg))  # fmt: skip
     check_unique_ids(records, Path(path))  # every format: one record per image, never a silent replacement
     records, unsplit = split_unsplit(cfg, records, path)
     if split is not None:

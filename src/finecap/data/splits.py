@@ -1,5 +1,5 @@
 """Splits for records whose data set names none: a JSONL line without ``"split"``, the images of a ``folder`` data set
-(their split is :data:`finecap.data.formats.NO_SPLIT` when read).
+(their split is :data:`finecap.data.records.NO_SPLIT` when read).
 
 The user says how to split them with ``data.val_fraction`` and ``data.test_fraction`` (seeded by
 ``data.split_seed``, not ``run.seed``, so that runs of several seeds share one split); without them every such image
@@ -16,7 +16,7 @@ hashing leaves empty takes the training image of lowest ``u``, so that a run fin
 Example::
 
     >>> from pathlib import Path
-    >>> from finecap.data.formats import Record
+    >>> from finecap.data.records import Record
     >>> records = [Record(f"{k}.jpg", Path(f"{k}.jpg"), "") for k in range(1000)]
     >>> split = assign_splits(records, val_fraction=0.1, test_fraction=0.1)
     >>> {s: sum(r.split == s for r in split) for s in ("train", "val", "test")}
@@ -36,21 +36,12 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from finecap.data.formats import NO_SPLIT, Record
+from finecap.data.formats import data_format
+from finecap.data.records import NO_SPLIT, Record
 
 log = logging.getLogger(__name__)
 
 SPLITS = ("train", "val", "test")
-
-SPLIT_HINTS = {
-    "jsonl": 'a "split" key on each line ("train", "val" or "test")',
-    "folder": 'a "split" key on the lines of captions.jsonl, or a split column in captions.csv',
-    "karpathy": 'each image\'s "split"',
-    "world": "world.n_train / world.n_val / world.n_test",
-    "coco": "another annotation file (the split is read from the file name: train, val or test)",
-    "hf": "data.split_column, or a data set with this split",
-}
-"""How each format names a record's split: what an error about a missing split tells the user to add."""
 
 
 def split_value(image_id: Any, seed: int = 0) -> float:
@@ -62,7 +53,7 @@ def split_value(image_id: Any, seed: int = 0) -> float:
 def assign_splits(
     records: Sequence[Record], *, val_fraction: float = 0.0, test_fraction: float = 0.0, seed: int = 0
 ) -> list[Record]:
-    """``records`` with every :data:`~finecap.data.formats.NO_SPLIT` record given ``train``, ``val`` or ``test`` by
+    """``records`` with every :data:`~finecap.data.records.NO_SPLIT` record given ``train``, ``val`` or ``test`` by
     its id (module docstring); the others unchanged, order kept."""
     if not any(r.split == NO_SPLIT for r in records):
         return list(records)
@@ -104,9 +95,10 @@ def split_unsplit(cfg: Any, records: Sequence[Record], path: str | Path) -> tupl
 
 
 def missing_split_advice(split: str, fmt: str | None, records: Sequence[Record], unsplit: int) -> str:
-    """What to add when no record is in ``split``: the format's way of naming a split (:data:`SPLIT_HINTS`), and
+    """What to add when no record is in ``split``: the format's way of naming a split (:attr:`Format.split_hint
+    <finecap.data.formats.Format.split_hint>`), and
     for records that named none, the fraction that holds images out for it."""
-    how = SPLIT_HINTS.get(fmt or "", "the records' splits")
+    how = (data_format(fmt).split_hint if fmt else "") or "the records' splits"
     if not unsplit:
         return f"give some records split {split!r} ({how})"
     option = {"val": "data.val_fraction", "test": "data.test_fraction"}.get(split)

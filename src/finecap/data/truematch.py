@@ -49,7 +49,7 @@ On the world with scene families, :func:`family_purity` reports how often a bag 
 intended hard cases: scenes that differ in one detail), next to the purity of random bags of the same sizes. A bag
 larger than the families (``world.families``) can never be pure; the command says so next to its number.
 
-JSON written by ``finecap bags build`` (read back by :func:`finecap.data.formats.read_bags`)::
+JSON written by ``finecap bags build`` (read back by :func:`finecap.data.bags_file.read_bags`)::
 
     {"split": "test", "data": "...", "n_images": 1000, "similarity": "query", "retriever": "...",
      "sizes": [3, 5, 7], "keep_hardest": 0.333, "curated": {"3": 333, ...},
@@ -80,7 +80,7 @@ import torch
 import torch.nn.functional as F
 
 if TYPE_CHECKING:
-    from finecap.data.formats import Record
+    from finecap.data.records import Record
 
 Similarity = Literal["query", "pairwise"]
 SIMILARITIES: tuple[str, ...] = ("query", "pairwise")

@@ -15,7 +15,7 @@ from finecap.metrics.ptb_tokenize import ptb_tokenize, tokenize_all
 
 if TYPE_CHECKING:
     from finecap.config import Config
-    from finecap.data.formats import Record
+    from finecap.data.records import Record
     from finecap.world.scene import Scene
 
 

@@ -84,7 +84,7 @@ from finecap.registry import METRIC_GROUPS, is_dotted_path
 
 if TYPE_CHECKING:
     from finecap.config import Config
-    from finecap.data.formats import Record
+    from finecap.data.records import Record
     from finecap.world.scene import Scene
 
 Predictions = Mapping[Hashable, str]

@@ -65,7 +65,7 @@ from finecap.data.features import (
     fingerprint_module,
     text_cache_file,
 )
-from finecap.data.formats import DEFAULT_LIMITS, ImageLimits
+from finecap.data.images import DEFAULT_LIMITS, ImageLimits
 from finecap.data.loading import draft_size
 from finecap.models.text_window import LONG_TEXT, TextEncoding
 from finecap.models.world_encoder import world_encoder_path
@@ -216,7 +216,7 @@ class Retriever:
 
     image_limits: ImageLimits = DEFAULT_LIMITS
     """The image budget images are read within (``data.max_image_pixels``, ``data.max_aspect_ratio``;
-    :func:`load_retriever` sets it; :class:`finecap.data.formats.ImageLimits`)."""
+    :func:`load_retriever` sets it; :class:`finecap.data.images.ImageLimits`)."""
 
     @property
     def draft(self) -> int | None:

@@ -61,7 +61,8 @@ from transformers import (
     VisionTextDualEncoderModel,
 )
 
-from finecap.data.formats import load_image, read_world
+from finecap.data.formats.world import read_world
+from finecap.data.images import load_image
 from finecap.home import cache_dir
 from finecap.utils import read_json
 from finecap.world.make import load_scenes, world_key

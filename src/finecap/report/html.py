@@ -201,18 +201,18 @@ def data_uri(data: bytes, mime: str) -> str:
 
 def png_uri(path: str | Path) -> str:
     """An image file (a plot) as a PNG ``data:`` URI: decoded and re-encoded
-    (:func:`finecap.data.formats.load_image`), never the file's bytes, as every image the report embeds."""
-    from finecap.data.formats import encode_image, load_image
+    (:func:`finecap.data.images.load_image`), never the file's bytes, as every image the report embeds."""
+    from finecap.data.images import encode_image, load_image
 
     return data_uri(*encode_image(load_image(path)))
 
 
 def image_uri(path: str | Path, max_side: int = 224) -> str:
-    """An image file as a ``data:`` URI: decoded by finecap's one rule (:func:`finecap.data.formats.load_image`:
+    """An image file as a ``data:`` URI: decoded by finecap's one rule (:func:`finecap.data.images.load_image`:
     a real image within the decompression-bomb limit, EXIF orientation applied; a one-line error naming the file
     otherwise), scaled down to at most ``max_side`` pixels (never up), so a report over large photographs stays
     small, and re-encoded as PNG."""
-    from finecap.data.formats import load_image
+    from finecap.data.images import load_image
 
     image = load_image(path)
     image.thumbnail((max_side, max_side))

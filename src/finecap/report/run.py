@@ -19,7 +19,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from finecap.data.formats import read_bags, read_results
+from finecap.data.bags_file import read_bags
+from finecap.data.results import read_results
 from finecap.report.plots import read_events
 from finecap.runs import CONFIG_FILE
 from finecap.utils import DATA_FILE, read_json

@@ -10,7 +10,8 @@ from pathlib import Path
 from typing import Any
 
 from finecap.caption import generate_captions
-from finecap.data.formats import id_from_key, read_results, write_results
+from finecap.data.records import id_from_key
+from finecap.data.results import read_results, write_results
 from finecap.metrics.suite import evaluate_items
 from finecap.models.backbones import load_captioner
 from finecap.runs import model_dir

@@ -60,10 +60,11 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from finecap.data.hashing import hub_revision, sha256_file, sha256_files
 from finecap.runs import CAPTIONER_FILE, FINGERPRINTS_FILE, model_dir, run_dir_of
 from finecap.utils import DATA_FILE, read_json, write_json
 
@@ -93,30 +94,6 @@ class FingerprintMismatch(ValueError):
 # Hashing
 # --------------------------------------------------------------------------------------------------------------------
 
-_FILE_HASHES: dict[tuple[str, int, int], str] = {}
-
-
-def sha256_file(path: str | Path) -> str:
-    """SHA-256 (hex) of a file's bytes, computed once per (path, size, modification time) in this process."""
-    path = Path(path)
-    st = path.stat()
-    key = (str(path.resolve()), st.st_size, st.st_mtime_ns)
-    if key not in _FILE_HASHES:
-        h = hashlib.sha256()
-        with path.open("rb") as f:
-            for block in iter(lambda: f.read(1 << 20), b""):
-                h.update(block)
-        _FILE_HASHES[key] = h.hexdigest()
-    return _FILE_HASHES[key]
-
-
-def sha256_files(root: Path, files: Iterable[Path]) -> str:
-    """SHA-256 over ``(path relative to root, file hash)`` of ``files`` in sorted order."""
-    h = hashlib.sha256()
-    for path in sorted(files, key=lambda p: p.relative_to(root).as_posix()):
-        h.update(f"{path.relative_to(root).as_posix()}\0{sha256_file(path)}\n".encode())
-    return h.hexdigest()
-
 
 def checkpoint_files(folder: Path) -> list[Path]:
     """The files that make a model checkpoint folder what it is: weights and ``config.json`` files, anywhere below
@@ -140,53 +117,9 @@ def _with_id(fingerprint: dict[str, Any]) -> dict[str, Any]:
     return {"id": content_id(fingerprint), **fingerprint}
 
 
-def hub_revision(repo_id: str, repo_type: str = "model") -> str | None:
-    """The commit of ``repo_id``'s ``main`` in the local Hugging Face cache (``refs/main``), or None when it is not
-    cached (nothing is downloaded)."""
-    from huggingface_hub import constants
-
-    folder = Path(constants.HF_HUB_CACHE) / f"{repo_type}s--{repo_id.replace('/', '--')}"
-    ref = folder / "refs" / "main"
-    return ref.read_text().strip() if ref.is_file() else None
-
-
 # --------------------------------------------------------------------------------------------------------------------
 # Data
 # --------------------------------------------------------------------------------------------------------------------
-
-
-def _hf_fingerprint(path: Path, source: str) -> dict[str, Any]:
-    """What identifies a Hugging Face data set (module docstring)."""
-    if path.is_dir() and ((path / "dataset_dict.json").exists() or (path / "state.json").exists()):
-        from finecap.data.hf_files import saved_splits  # its JSON files read as the reader reads them: contained
-
-        return {"datasets": {split.entry: split.fingerprint for split in saved_splits(path)}}
-    if path.is_dir():
-        from finecap.data.hf import HF_FILE_SUFFIXES
-
-        files = [p for p in path.rglob("*") if p.is_file() and p.suffix in HF_FILE_SUFFIXES]
-        return {"sha256": sha256_files(path, files)}
-    if path.is_file():
-        return {"sha256": sha256_file(path)}
-    return {"hub": source, "revision": hub_revision(source, "dataset")}
-
-
-def _folder_fingerprint(folder: Path) -> dict[str, Any]:
-    """What identifies an image folder (module docstring): its images (relative path, size) and caption files."""
-    from finecap.data.formats import CAPTION_FILES, folder_images
-
-    h = hashlib.sha256()
-    captions = [folder / name for name in CAPTION_FILES if (folder / name).is_file()]
-    for rel in folder_images(folder):
-        try:
-            size = os.stat(folder / rel).st_size
-        except OSError:  # a broken link: reading the data set names it
-            size = -1
-        h.update(f"{rel}\0{size}\n".encode())
-        txt = folder / (rel.rsplit(".", 1)[0] + ".txt")
-        if txt.is_file():
-            captions.append(txt)
-    return {"images": h.hexdigest(), "sha256": sha256_files(folder, sorted(set(captions)))}
 
 
 def dataset_fingerprint(
@@ -199,38 +132,35 @@ def dataset_fingerprint(
     split_fractions: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Fingerprint of the data set file (or world folder, ``hf`` source, image folder) ``path`` of format ``fmt`` read
-    with caption field ``captions``; ``split`` when one split is meant (a bags file); ``options``: the ``hf`` columns;
-    ``split_fractions``: how images naming no split are split (when they are held out)."""
+    with caption field ``captions``; ``split`` when one split is meant (a bags file); ``options``: the format's own
+    options (``hf``'s columns); ``split_fractions``: how images naming no split are split (when they are held out).
+    What identifies the data itself is the format's to say (:attr:`finecap.data.formats.Format.fingerprint`)."""
+    from finecap.data.formats import data_format
+
+    spec = data_format(fmt)
     source = str(path)
-    path = Path(path)
-    if fmt == "world" and path.is_dir():
-        path = path / "dataset.json"
+    path = spec.locate(Path(path))
     fp: dict[str, Any] = {"kind": "file", "format": fmt, "captions": captions}
     if split is not None:
         fp["split"] = split
     if split_fractions:
         fp["split_fractions"] = split_fractions
-    if fmt == "hf":
-        fp.update(_hf_fingerprint(path, source), kind="hf", options=dict(sorted((options or {}).items())))
-    elif not path.exists():
+    if not spec.hub_names and not path.exists():
         raise FileNotFoundError(f"{path}: data set file not found (data.path / world.out)")
-    elif fmt == "world" and (path.parent / "world.json").exists():
-        fp.update(kind="world", world_key=read_json(path.parent / "world.json").get("key"), sha256=sha256_file(path))
-    elif fmt == "folder":
-        fp.update(_folder_fingerprint(path), kind="folder")
-    else:
-        fp["sha256"] = sha256_file(path)
+    fp.update(spec.fingerprint(path, source))
+    if spec.options:
+        fp["options"] = dict(sorted((options or {}).items()))
     fp["path"] = os.path.abspath(path) if path.exists() else source
     return _with_id(fp)
 
 
 def data_fingerprint(cfg: Config, *, split: str | None = None) -> dict[str, Any]:
     """Fingerprint of the configured data set (``data.*``, default the world at ``world.out``)."""
-    from finecap.data.formats import hf_options
+    from finecap.data.formats import format_options
     from finecap.data.references import data_file
 
     d = cfg.data
-    options = hf_options(cfg) if d.format == "hf" else None
+    options = format_options(d.format, cfg)
     held_out = {"val": d.val_fraction, "test": d.test_fraction, "seed": d.split_seed}
     return dataset_fingerprint(d.format, data_file(cfg), captions=d.captions, split=split, options=options,
                                split_fractions=held_out if d.val_fraction or d.test_fraction else None)  # fmt: skip

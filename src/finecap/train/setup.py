@@ -23,8 +23,9 @@ from finecap.data.datasets import (
     validation_records,
 )
 from finecap.data.features import model_features
-from finecap.data.formats import DataError, ImageLimits
+from finecap.data.images import ImageLimits
 from finecap.data.loading import encoder_draft
+from finecap.data.records import DataError
 from finecap.data.targets import unknown_tokens
 from finecap.models import memory
 from finecap.models.backbones import build_model as build_captioner

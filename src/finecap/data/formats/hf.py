@@ -19,7 +19,7 @@ the saved data set folder), ``caption_column`` the reference captions (a string,
 as a file gives, takes its split from the file name like COCO files do: ``train``/``val``/``test``, default
 ``test``); ``id_column`` (optional) the image id, else the image path, else ``<split>/<row>``.
 
-Image files must lie inside the data set's image folder (:class:`finecap.data.formats.ImageFolder`, refused
+Image files must lie inside the data set's image folder (:class:`finecap.data.containment.ImageFolder`, refused
 otherwise unless ``data.allow_outside_paths=true``): ``data.images`` when given, else the folder of a parquet/arrow
 file or the saved data set folder, else, for a Hub name, the Hugging Face caches its files were downloaded to
 (``datasets``' and ``huggingface_hub``'s). Embedded images (bytes) are not files and are not checked.
@@ -34,6 +34,11 @@ measures it (docs/data.md, "Lazy Hugging Face data sets").
 
 ``datasets`` is an optional dependency (``pip install 'finecap[hf]'``), imported only when such a data set is read:
 text-only ``finecap eval`` never imports it.
+
+**Detected**: a ``save_to_disk`` folder (``dataset_dict.json`` or ``state.json``), a ``.parquet`` / ``.arrow`` file or
+a folder holding some (:func:`is_hf_path`). **Fingerprint**: the ``datasets`` fingerprint of every split of a
+``save_to_disk`` folder (``state.json``'s ``_fingerprint``), the SHA-256 of parquet / arrow files, or for a Hub name
+the name and the revision in the local Hugging Face cache; with the column options.
 """
 
 from __future__ import annotations
@@ -46,12 +51,15 @@ from pathlib import Path
 from typing import Any
 
 from finecap.config import did_you_mean
-from finecap.data.formats import MAX_LISTED, DataError, ImageFolder, Record, _captions, _infer_split, check_id
-from finecap.data.hf_files import HF_FILE_SUFFIXES, SplitFiles, local_splits, open_split
+from finecap.data.containment import ImageFolder
+from finecap.data.formats import DataSource, Format
+from finecap.data.hashing import hub_revision, sha256_file, sha256_files
+from finecap.data.hf_files import HF_FILE_SUFFIXES, SplitFiles, local_splits, open_split, saved_splits
+from finecap.data.records import MAX_LISTED, DataError, Record, check_id, clean_captions, split_from_name
 from finecap.home import CACHE, home
 from finecap.utils import MissingExtra, short_repr
 
-__all__ = ["HF_FILE_SUFFIXES", "ArrowImage", "ArrowImages", "is_hf_path", "read_hf"]
+__all__ = ["FORMAT", "HF_FILE_SUFFIXES", "ArrowImage", "ArrowImages", "is_hf_path", "read_hf"]
 
 
 def is_hf_path(path: str | Path) -> bool:
@@ -90,7 +98,7 @@ def _load(source: str | Path, splits: Sequence[str] | None, cache: Path) -> tupl
         raise DataError(f"{source}: cannot load it as a Hugging Face data set Hub name (no such local file or "
                         f"folder): {e}") from None  # fmt: skip
     if isinstance(loaded, datasets.Dataset):
-        return {_infer_split(path): loaded}, []
+        return {split_from_name(path): loaded}, []
     return dict(loaded), []
 
 
@@ -177,7 +185,7 @@ class ArrowImages:
 
 @dataclass(frozen=True)
 class ArrowImage:
-    """An embedded image: row ``row`` of ``images`` (:class:`finecap.data.formats.EmbeddedImage`)."""
+    """An embedded image: row ``row`` of ``images`` (:class:`finecap.data.records.EmbeddedImage`)."""
 
     images: ArrowImages
     row: int
@@ -279,7 +287,7 @@ def read_hf(
                 raise DataError(f"{where(i)}: duplicate image id {image_id!r} (first in {seen[image_id]})")
             seen[image_id] = where(i)
             ref = ArrowImage(arrow, i) if embedded[i] and arrow is not None else None
-            records.append(Record(image_id, path, split, _captions(caps, where(i)), image_ref=ref))
+            records.append(Record(image_id, path, split, clean_captions(caps, where(i)), image_ref=ref))
     if not records:
         present = ", ".join(f"{s.shown()}: {s.rows} rows" for s in found) if found else ", ".join(parts) or "none"
         raise DataError(f"{source}: no rows: an empty data set (splits present: {present})")
@@ -289,3 +297,37 @@ def read_hf(
             shown = "\n  ".join(map(str, missing[:MAX_LISTED]))
             raise DataError(f"{source}: {len(missing)} of {len(records)} image files do not exist:\n  {shown}")
     return records
+
+
+OPTIONS = ("image_column", "caption_column", "split_column", "id_column")
+"""The ``data.*`` column options :func:`read_hf` takes (module docstring)."""
+
+
+def _read(source: DataSource) -> list[Record]:
+    return read_hf(source.path, source.images, source.check_images, allow_outside=source.allow_outside,
+                   cache_dir=source.cache_dir, **source.options)  # fmt: skip
+
+
+def _fingerprint(path: Path, source: str) -> dict[str, Any]:
+    """What identifies a Hugging Face data set (module docstring)."""
+    if path.is_dir() and ((path / "dataset_dict.json").exists() or (path / "state.json").exists()):
+        found = {"datasets": {split.entry: split.fingerprint for split in saved_splits(path)}}
+    elif path.is_dir():
+        files = [p for p in path.rglob("*") if p.is_file() and p.suffix in HF_FILE_SUFFIXES]
+        found = {"sha256": sha256_files(path, files)}
+    elif path.is_file():
+        found = {"sha256": sha256_file(path)}
+    else:
+        found = {"hub": source, "revision": hub_revision(source, "dataset")}
+    return {**found, "kind": "hf"}
+
+
+FORMAT = Format(
+    "hf",
+    _read,
+    detect=lambda path: path if is_hf_path(path) else None,
+    fingerprint=_fingerprint,
+    options=OPTIONS,
+    hub_names=True,
+    split_hint="data.split_column, or a data set with this split",
+)

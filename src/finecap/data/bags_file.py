@@ -1,0 +1,63 @@
+"""The bags file of ``finecap bags build`` read back (:func:`read_bags`): ``{"bags": {size: [{"images": [id, ...],
+"similarity"?}, ...]}}``, every bag of at least two image ids, ``similarity`` a finite number when present. Its
+writer is :mod:`finecap.app.bags` (the bags themselves: :mod:`finecap.data.truematch`). Torch-free.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+from finecap.data.json_files import load_json
+from finecap.data.records import DataError, check_id, type_name
+from finecap.utils import short_repr
+
+
+def _finite(value: float) -> bool:
+    """Whether ``value`` is a finite float (a 400-digit integer is not: formatting it overflows)."""
+    try:
+        return math.isfinite(float(value))
+    except OverflowError:
+        return False
+
+
+def read_bags(path: str | Path) -> dict[int, list[list[int | str]]]:
+    """Read a bags file of ``finecap bags build`` into ``{size: [[image_id, ...], ...]}``.
+
+    Accepts ``{"bags": {size: [bag, ...]}}`` where a bag is ``{"images": [...], ...}`` (what the command writes,
+    :mod:`finecap.data.truematch`) or a plain list of image ids; every bag holds at least two images, and a bag's
+    ``similarity``, when present, is a number (the review page and the report print it as one).
+    """
+    path = Path(path)
+    if not path.exists():
+        raise FileNotFoundError(f"{path}: bags file not found (build one with `finecap bags build`)")
+    data = load_json(path)
+    raw = data.get("bags") if isinstance(data, dict) else None
+    if not isinstance(raw, dict):
+        raise DataError(f"{path}: expected an object with 'bags': {{size: [{{'images': [...]}}, ...]}}")
+    out: dict[int, list[list[int | str]]] = {}
+    for key, items in raw.items():
+        try:
+            size = int(key)
+        except ValueError:
+            raise DataError(f"{path}: bags key {short_repr(key)} is not a bag size") from None
+        if not isinstance(items, list):
+            raise DataError(f"{path}: bags[{key!r}] must be a list")
+        bags = []
+        for j, b in enumerate(items):
+            images = b.get("images") if isinstance(b, dict) else b
+            if not isinstance(images, list) or len(images) < 2:
+                raise DataError(f"{path}: bags[{key!r}][{j}] must hold a list of at least two image ids")
+            for item in images:
+                check_id(item, f"{path}: bags[{key!r}][{j}]")
+            similarity = b.get("similarity") if isinstance(b, dict) else None
+            if similarity is not None and (isinstance(similarity, bool) or not isinstance(similarity, int | float)
+                                           or not _finite(similarity)):  # fmt: skip
+                raise DataError(
+                    f"{path}: bags[{key!r}][{j}]: 'similarity' must be a number (finite: the bag's mean cosine "
+                    "similarity), "
+                    f"got {type_name(similarity)} {short_repr(similarity)}"
+                )
+            bags.append(images)
+        out[size] = bags
+    return out

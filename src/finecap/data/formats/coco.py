@@ -1,0 +1,143 @@
+"""``data.format=coco``: COCO caption annotations (``captions_val2014.json``).
+
+``{"images": [{"id", "file_name"?}], "annotations": [{"image_id", "caption"}]}``, in every variant pycocotools reads
+(:func:`read_coco_captions`: ``file_name`` optional for text metrics, extra fields ignored, images without captions
+dropped). The split is read from the file name (``train``/``val``/``test``,
+:func:`~finecap.data.records.split_from_name`) unless given. Default image root: the JSON file's folder. Detected: a
+JSON object with ``annotations``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from finecap.data.containment import ImageFolder
+from finecap.data.formats import DataSource, Format
+from finecap.data.json_files import load_json, peek_json
+from finecap.data.records import (
+    MAX_LISTED,
+    DataError,
+    Record,
+    check_image_files,
+    clean_captions,
+    is_id,
+    read_boosted,
+    require,
+    require_id,
+    split_from_name,
+)
+from finecap.utils import short_repr
+
+
+def read_coco_captions(
+    path: str | Path,
+    images: str | Path | None = None,
+    check_images: bool = True,
+    split: str | None = None,
+    allow_outside: bool = False,
+) -> list[Record]:
+    """Read COCO caption annotations (``captions_val2014.json`` layout); one record per image, in file order.
+
+    Accepts every variant pycocotools' ``COCO`` class (hence pycocoevalcap) reads: ``images`` entries with only an
+    ``id`` (text metrics need no image file; such a record's path is ``<images>/<id>`` and ``check_images`` names
+    the missing ``file_name``), extra fields anywhere (ignored), images without annotations (dropped: nothing to
+    evaluate or train on), and no ``images`` list at all (images are then those of the annotations, in order).
+    Image paths must lie inside ``images`` (:class:`~finecap.data.containment.ImageFolder`) unless ``allow_outside``.
+    """
+    path = Path(path)
+    root = Path(images) if images is not None else path.parent
+    folder = ImageFolder(root, allow_outside)
+    split = split or split_from_name(path)
+    data = load_json(path)
+    anns = require(data, "annotations", list, f"{path}")
+    imgs = require(data, "images", list, f"{path}") if "images" in data else None
+    by_id: dict[int | str, tuple[str | None, list[str]]] = {}
+    boosts: dict[int | str, dict[str, list[str]]] = {}
+    checked = True
+    try:  # well-formed images in one tight loop (no boosted captions); the checking loop below names the first bad one
+        for img in imgs or ():
+            image_id, file_name = img["id"], img.get("file_name")
+            if (
+                not is_id(image_id)
+                or image_id in by_id
+                or "boost" in img
+                or (type(file_name) is not str and (file_name is not None or "file_name" in img))
+            ):
+                raise TypeError
+            by_id[image_id] = (file_name, [])
+    except (KeyError, TypeError, AttributeError):
+        checked = False
+    if not checked:
+        by_id.clear()
+        for i, img in enumerate(imgs):
+            where = f"{path}: images[{i}]"
+            image_id = require_id(img, "id", where)
+            file_name = require(img, "file_name", str, f"{where} (id {image_id})") if "file_name" in img else None
+            if image_id in by_id:
+                raise DataError(f"{where}: duplicate image id {short_repr(image_id)}")
+            by_id[image_id] = (file_name, [])
+            boosts[image_id] = read_boosted(img, where)
+    bad = False
+    try:  # well-formed annotations in one tight loop; the checking loop below names the first bad one
+        if imgs is None:
+            for ann in anns:
+                by_id.setdefault(ann["image_id"], (None, []))
+        for ann in anns:
+            caption = ann["caption"]
+            if type(caption) is not str or not is_id(ann["image_id"]):
+                raise TypeError
+            by_id[ann["image_id"]][1].append(caption)
+    except (KeyError, TypeError):
+        bad = True
+    if bad:
+        for entry in by_id.values():
+            entry[1].clear()
+        for i, ann in enumerate(anns):
+            where = f"{path}: annotations[{i}]"
+            image_id = require_id(ann, "image_id", where)
+            caption = require(ann, "caption", str, where)
+            if image_id not in by_id:
+                if imgs is not None:
+                    raise DataError(f"{where}: image_id {short_repr(image_id)} is not in 'images'")
+                by_id[image_id] = (None, [])
+            by_id[image_id][1].append(caption)
+    records = []
+    no_file = []
+    for image_id, (file_name, caps) in by_id.items():
+        if not caps:
+            continue
+        stripped = [c.strip() for c in caps]
+        if not all(stripped):  # an empty caption: the error names the image
+            clean_captions(caps, f"{path}: image id {image_id}" + (f" ({file_name})" if file_name else ""))
+        if file_name is None:
+            no_file.append(image_id)
+        image_path = root / (file_name or str(image_id))
+        folder.check(image_path, f"{path}: image id {image_id!r}", file_name or image_id)
+        records.append(Record(image_id, image_path, split, stripped, boosts.get(image_id) or {}))
+    if not records:
+        raise DataError(f"{path}: no image has a caption annotation")
+    if check_images:
+        if no_file:
+            raise DataError(
+                f"{path}: {len(no_file)} image(s) have no 'file_name', e.g. ids {no_file[:MAX_LISTED]}; image "
+                "metrics and training from images need it (text metrics do not)"
+            )
+        check_image_files(records, path, root)
+    return records
+
+
+def _read(source: DataSource) -> list[Record]:
+    return read_coco_captions(source.path, source.images, source.check_images, allow_outside=source.allow_outside)
+
+
+def _detect(path: Path) -> Path | None:
+    data = peek_json(path) if path.is_file() else None
+    return path if isinstance(data, dict) and "annotations" in data else None
+
+
+FORMAT = Format(
+    "coco",
+    _read,
+    detect=_detect,
+    split_hint="another annotation file (the split is read from the file name: train, val or test)",
+)

@@ -1,0 +1,70 @@
+"""``data.format=jsonl``: one ``{"image": path, "captions": [str, ...], "id"?, "split"?}`` per line.
+
+``id`` defaults to the image path as written; a line without ``split`` names none
+(:data:`~finecap.data.records.NO_SPLIT`: the commands split such records, :mod:`finecap.data.splits`). Relative
+image paths are resolved against ``data.images`` (default: the JSONL file's folder). The file is streamed, each line
+read within :data:`~finecap.utils.LINE`. Detected: a ``.jsonl`` file (whose first line is not a chat record:
+:mod:`.messages`).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from finecap.data.containment import ImageFolder
+from finecap.data.formats import DataSource, Format
+from finecap.data.json_files import json_lines
+from finecap.data.records import (
+    NO_SPLIT,
+    DataError,
+    Record,
+    check_image_files,
+    clean_captions,
+    read_boosted,
+    require,
+    require_id,
+)
+from finecap.utils import short_repr
+
+
+def read_jsonl(
+    path: str | Path,
+    images: str | Path | None = None,
+    check_images: bool = True,
+    split: str = NO_SPLIT,
+    allow_outside: bool = False,
+) -> list[Record]:
+    """Read ``{"image": path, "captions": [...], "id"?, "split"?}`` per line (blank lines are skipped); a line without
+    ``split`` gets ``split`` (default :data:`NO_SPLIT`: the commands split such records by
+    :func:`finecap.data.splits.assign_splits`). Image paths, absolute ones too, must lie inside ``images``
+    (:class:`~finecap.data.containment.ImageFolder`) unless ``allow_outside``."""
+    path = Path(path)
+    root = Path(images) if images is not None else path.parent
+    folder = ImageFolder(root, allow_outside)
+    if not path.exists():
+        raise DataError(f"{path}: file not found")
+    records = []
+    seen: set[int | str] = set()
+    for where, rec in json_lines(path):
+        image = require(rec, "image", str, where)
+        caps = require(rec, "captions", list, where)
+        image_id = require_id(rec, "id", where) if "id" in rec else image
+        rec_split = require(rec, "split", str, where) if "split" in rec else split
+        if image_id in seen:
+            raise DataError(f"{where}: duplicate image id {short_repr(image_id)}")
+        seen.add(image_id)
+        p = Path(image)
+        path_ = p if p.is_absolute() else root / p
+        folder.check(path_, where, image)
+        records.append(Record(image_id, path_, rec_split, clean_captions(caps, where), read_boosted(rec, where)))
+    if check_images:
+        check_image_files(records, path, root)
+    return records
+
+
+def _read(source: DataSource) -> list[Record]:
+    return read_jsonl(source.path, source.images, source.check_images, allow_outside=source.allow_outside)
+
+
+FORMAT = Format("jsonl", _read, detect=lambda path: path if path.suffix == ".jsonl" and path.is_file() else None,
+                split_hint='a "split" key on each line ("train", "val" or "test")')  # fmt: skip

@@ -1,0 +1,46 @@
+"""What identifies a file's content or a Hub repository's version: the hashes that fingerprints are made of
+(:mod:`finecap.train.fingerprint`, and each data set format's own part,
+:attr:`finecap.data.formats.Format.fingerprint`).
+
+Files are hashed once per process and version (path, size, modification time).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterable
+from pathlib import Path
+
+_FILE_HASHES: dict[tuple[str, int, int], str] = {}
+
+
+def sha256_file(path: str | Path) -> str:
+    """SHA-256 (hex) of a file's bytes, computed once per (path, size, modification time) in this process."""
+    path = Path(path)
+    st = path.stat()
+    key = (str(path.resolve()), st.st_size, st.st_mtime_ns)
+    if key not in _FILE_HASHES:
+        h = hashlib.sha256()
+        with path.open("rb") as f:
+            for block in iter(lambda: f.read(1 << 20), b""):
+                h.update(block)
+        _FILE_HASHES[key] = h.hexdigest()
+    return _FILE_HASHES[key]
+
+
+def sha256_files(root: Path, files: Iterable[Path]) -> str:
+    """SHA-256 over ``(path relative to root, file hash)`` of ``files`` in sorted order."""
+    h = hashlib.sha256()
+    for path in sorted(files, key=lambda p: p.relative_to(root).as_posix()):
+        h.update(f"{path.relative_to(root).as_posix()}\0{sha256_file(path)}\n".encode())
+    return h.hexdigest()
+
+
+def hub_revision(repo_id: str, repo_type: str = "model") -> str | None:
+    """The commit of ``repo_id``'s ``main`` in the local Hugging Face cache (``refs/main``), or None when it is not
+    cached (nothing is downloaded)."""
+    from huggingface_hub import constants
+
+    folder = Path(constants.HF_HUB_CACHE) / f"{repo_type}s--{repo_id.replace('/', '--')}"
+    ref = folder / "refs" / "main"
+    return ref.read_text().strip() if ref.is_file() else None

@@ -1,0 +1,107 @@
+"""JSON and JSONL data files read within bounds, their faults a :class:`~finecap.data.records.DataError` naming the
+file and the line.
+
+A JSON file is read whole only up to :data:`~finecap.utils.DATA_FILE` (2 GiB, ``FINECAP_MAX_DATA_BYTES``); a JSONL
+file is streamed with each line within :data:`~finecap.utils.LINE` (:mod:`finecap.utils`, "Bounded reads"): a larger
+file or line is an error naming it and the limit, never a ``MemoryError``.
+
+Format detection (:func:`finecap.data.formats.detect_format`) looks inside a JSON file before a reader reads it:
+:func:`peek_json` parses it once and keeps the result for the reader's :func:`load_json` (a second parse of a large
+file costs as much as the whole evaluation of its captions).
+
+Nothing here imports torch.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from finecap.data.records import DataError
+from finecap.utils import DATA_FILE, read_bounded, read_lines
+
+_HANDOFF: dict[tuple[Path, int], Any] = {}
+"""The last file :func:`peek_json` parsed (by path and modification time), for the next :func:`load_json`."""
+
+
+def _key(path: Path) -> tuple[Path, int] | None:
+    try:
+        return path, path.stat().st_mtime_ns
+    except OSError:
+        return None
+
+
+def peek_json(path: str | Path) -> Any:
+    """The parsed contents of the JSON file ``path``, kept for the next :func:`load_json` of the same unchanged file
+    (one file at a time: :func:`forget_json` drops it); a ``ValueError`` naming the file when it is not JSON (format
+    detection's error: no format reads it)."""
+    path = Path(path)
+    key = _key(path)
+    if key is not None and key in _HANDOFF:
+        return _HANDOFF[key]
+    try:
+        data = json.loads(read_bounded(path, DATA_FILE))  # parsed whole: at most DATA_FILE
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ValueError(f"{path}: not a JSON reference file ({e})") from None
+    _HANDOFF.clear()
+    if key is not None:
+        _HANDOFF[key] = data
+    return data
+
+
+def forget_json() -> None:
+    """Drop what :func:`peek_json` kept (detection found no format that reads it)."""
+    _HANDOFF.clear()
+
+
+def load_json(path: Path) -> Any:
+    """The parsed contents of the JSON data file ``path`` (as :func:`peek_json` left it, when it did): a
+    :class:`DataError` naming the file when it is missing, not UTF-8 or not JSON (the line and column)."""
+    if _HANDOFF:
+        data = _HANDOFF.pop(_key(path), None)
+        _HANDOFF.clear()
+        if data is not None:
+            return data
+    if not path.exists():
+        raise DataError(f"{path}: file not found")
+    try:
+        return json.loads(read_bounded(path, DATA_FILE))  # at most DATA_FILE: parsed whole into memory
+    except json.JSONDecodeError as e:
+        raise DataError(f"{path}: invalid JSON at line {e.lineno}, column {e.colno}: {e.msg}") from None
+    except UnicodeDecodeError as e:
+        raise DataError(f"{path}: not a UTF-8 text file ({e.reason})") from None
+
+
+def json_lines(path: Path) -> Iterator[tuple[str, Any]]:
+    """``(where, record)`` of every non-blank line of the JSONL file ``path`` (``where``: ``"<path>, line <n>"``),
+    streamed: each line is read within :data:`~finecap.utils.LINE` (:func:`~finecap.utils.read_lines`), the file's
+    size is not bounded. A line that is not JSON, or a file that is not UTF-8, is a :class:`DataError` naming it."""
+    lines = read_lines(path)
+    try:
+        for lineno, line in enumerate(lines, 1):
+            if not line.strip():
+                continue
+            where = f"{path}, line {lineno}"
+            try:
+                record = json.loads(line.rstrip("\r\n"))  # the column of an error within the line
+            except json.JSONDecodeError as e:
+                raise DataError(f"{where}: invalid JSON at column {e.colno}: {e.msg}") from None
+            yield where, record
+    except UnicodeDecodeError as e:
+        raise DataError(f"{path}: not a UTF-8 text file ({e.reason})") from None
+    finally:
+        lines.close()
+
+
+def first_json_line(path: Path) -> Any:
+    """The record on the first non-blank line of the JSONL file ``path`` (read within bounds), or ``None`` when the
+    file has none or it is not JSON (format detection peeks at it; the reader names a bad line)."""
+    records = json_lines(path)
+    try:
+        return next(records, (None, None))[1]
+    except (ValueError, OSError):  # DataError is a ValueError, as a line over the limit is
+        return None
+    finally:
+        records.close()

@@ -1,0 +1,215 @@
+"""The record every data set format reads into, and the checks its readers share.
+
+A reader (:mod:`finecap.data.formats`) returns :class:`Record` s, one per image; bad input raises :class:`DataError`
+naming the file and the record at fault (missing keys, wrong types, empty caption lists, image files that do not
+exist, reported with a count and the first few paths). The helpers below are those checks, written once: a field of
+the right type (:func:`require`), an image id finecap reads and writes alike (:func:`check_id`), a caption list
+(:func:`clean_captions`), the captions ``finecap boost`` adds (:func:`read_boosted`), one record per image
+(:func:`check_unique_ids`), the image files present (:func:`check_image_files`) and a split read from a file name
+(:func:`split_from_name`).
+
+Nothing here imports torch or PIL.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+from finecap.utils import short_repr
+
+MAX_LISTED = 5
+"""Bad records, missing files or duplicate ids an error lists at most (then says how many more)."""
+NO_SPLIT = ""
+"""The split of a record whose data set names none (a JSONL line without ``"split"``, an image of a ``folder``):
+given one when a command reads the data set (:func:`finecap.data.splits.assign_splits`)."""
+
+
+class DataError(ValueError):
+    """A data set or results file is malformed; the message names the file and the record."""
+
+
+@dataclass
+class Record:
+    """One image of a data set: its id, its file (or, embedded, a name for it), its split and reference captions."""
+
+    image_id: int | str
+    path: Path
+    split: str
+    captions: list[str] = field(default_factory=list)
+    boosted: dict[str, list[str]] = field(default_factory=dict)
+    """Caption fields written by ``finecap boost`` (``original``, ``blend``, ...; :mod:`finecap.boost.output`)."""
+    image_bytes: bytes | None = field(default=None, repr=False)
+    """The encoded image when the data set embeds it and it was given in memory."""
+    image_ref: EmbeddedImage | None = field(default=None, repr=False)
+    """The embedded image read on demand (a memory-mapped Hugging Face data set, :mod:`finecap.data.formats.hf`):
+    records hold no image bytes, so a data set of any size costs the memory of its captions."""
+    prompt: str = ""
+    """The text a chat data set gives with the image (the user turn of a ``messages`` record, its image placeholders
+    removed); empty for the other formats. What reads it: docs/data.md, "Chat JSONL"."""
+
+    @property
+    def embedded(self) -> bool:
+        """Whether the image is embedded in the data set (bytes, or a reference to them) rather than a file."""
+        return self.image_bytes is not None or self.image_ref is not None
+
+    def encoded_image(self) -> bytes | None:
+        """The embedded image's encoded bytes (read now, for a reference), or ``None`` for an image file."""
+        if self.image_bytes is not None:
+            return self.image_bytes
+        return self.image_ref.read() if self.image_ref is not None else None
+
+
+class EmbeddedImage(Protocol):
+    """An image stored inside a data set file, read when asked (:class:`finecap.data.formats.hf.ArrowImage`)."""
+
+    def read(self) -> bytes:
+        """The encoded image (PNG, JPEG, ...)."""
+        ...
+
+    def key(self) -> str | None:
+        """What identifies this image's stored version without reading it (the data set files' paths, sizes and
+        modification times, and the row), or ``None`` when nothing does (then its bytes are hashed)."""
+        ...
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Checks of a record's fields
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+def type_name(value: Any) -> str:
+    """The name of ``value``'s type, for messages (``list``, ``NoneType``)."""
+    return type(value).__name__
+
+
+def require(rec: Any, key: str, types: type | tuple[type, ...], where: str) -> Any:
+    """Field ``key`` of the JSON object ``rec``, of one of ``types`` (never a bool for a number); a
+    :class:`DataError` naming ``where`` (the file and the record), the key and what was found otherwise."""
+    if not isinstance(rec, dict):
+        raise DataError(f"{where}: expected an object, got {type_name(rec)}")
+    if key not in rec:
+        raise DataError(f"{where}: missing key {key!r} (keys present: {', '.join(sorted(map(str, rec))) or 'none'})")
+    value = rec[key]
+    if not isinstance(value, types) or isinstance(value, bool):
+        names = " or ".join(t.__name__ for t in (types if isinstance(types, tuple) else (types,)))
+        raise DataError(f"{where}: {key!r} must be {names}, got {type_name(value)} {short_repr(value)}")
+    return value
+
+
+MAX_INT_ID = 2**53 - 1
+"""The largest integer image id (either sign) finecap reads or writes: RFC 8259's interoperable range, the integers
+every JSON reader holds exactly (JavaScript, and any reader that parses numbers as doubles, turns
+``12345678901234567891`` into ``12345678901234567000``), and within int64 (numpy, torch, Arrow). An integer id beyond
+it in a data set, results or bags file is refused, naming the record (:func:`check_id`: write it as a string); a
+file name whose number is beyond it keeps its name as the id (:func:`finecap.inference.image_ids`)."""
+
+
+def int_id_fits(value: int) -> bool:
+    """Whether the integer ``value`` is a usable image id (``|value| <= MAX_INT_ID``)."""
+    return -MAX_INT_ID <= value <= MAX_INT_ID
+
+
+def check_id(value: Any, where: str, key: str = "image id") -> int | str:
+    """``value`` when it is an image id finecap reads and writes alike: a string, or an integer (never a bool)
+    within :data:`MAX_INT_ID`; else a :class:`DataError` naming ``where`` and ``key``."""
+    if isinstance(value, bool) or not isinstance(value, int | str):
+        raise DataError(f"{where}: {key} {short_repr(value)} must be an int or a string, got {type_name(value)}")
+    if isinstance(value, int) and not int_id_fits(value):
+        raise DataError(
+            f"{where}: {key} {short_repr(value, 40)} is an integer beyond +-(2**53 - 1), which JSON readers do not "
+            f'all read back exactly (RFC 8259); write it as a string ("{short_repr(value, 40)}")'
+        )
+    return value
+
+
+def id_from_key(key: str) -> int | str:
+    """The image id a JSON object key stands for (JSON keys are strings): the integer when ``key`` is one written
+    as Python writes it (``"42"``, ``"-7"``; not ``"042"`` or ``"+4"``) and within :data:`MAX_INT_ID`, else the key
+    itself: ids written with ``str(id)`` read back as they were."""
+    try:
+        number = int(key) if len(key) <= 20 else None
+    except ValueError:
+        return key
+    return number if number is not None and str(number) == key and int_id_fits(number) else key
+
+
+def require_id(rec: Any, key: str, where: str) -> int | str:
+    """Field ``key`` of ``rec``, an image id (:func:`check_id`)."""
+    return check_id(require(rec, key, (int, str), where), where, repr(key))
+
+
+def is_id(value: Any) -> bool:
+    """The fast readers' test of an image id (the checking loops name a bad one, :func:`check_id`)."""
+    return type(value) is str or (type(value) is int and int_id_fits(value))
+
+
+def check_image_files(records: list[Record], path: Path, root: Path) -> None:
+    """A :class:`DataError` naming the data file ``path``, the image root ``root`` and the first missing files when
+    some of ``records`` name an image file that does not exist."""
+    missing = [r.path for r in records if not r.path.is_file()]
+    if missing:
+        shown = "\n  ".join(str(p) for p in missing[:MAX_LISTED])
+        more = f"\n  ... and {len(missing) - MAX_LISTED} more" if len(missing) > MAX_LISTED else ""
+        raise DataError(
+            f"{path}: {len(missing)} of {len(records)} image files do not exist (image root {root}; set the image "
+            f"folder with data.images=DIR, or --images DIR for finecap eval):\n  {shown}{more}"
+        )
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Captions, ids and splits of a whole data set
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+def clean_captions(items: list[Any], where: str) -> list[str]:
+    """The captions ``items`` stripped; a :class:`DataError` naming ``where`` for an empty list, a caption that is
+    not a string or one that is empty."""
+    if not items:
+        raise DataError(f"{where}: empty caption list")
+    out = []
+    for j, c in enumerate(items):
+        if not isinstance(c, str):
+            raise DataError(f"{where}: caption {j} must be a string, got {type_name(c)} {short_repr(c)}")
+        if not c.strip():
+            raise DataError(f"{where}: caption {j} is empty")
+        out.append(c.strip())
+    return out
+
+
+def read_boosted(rec: dict[str, Any], where: str) -> dict[str, list[str]]:
+    """The ``"boost": {field: [caption, ...]}`` object ``finecap boost`` adds to a record (empty when absent)."""
+    raw = rec.get("boost")
+    if raw is None:
+        return {}
+    if not isinstance(raw, dict):
+        raise DataError(f"{where}: 'boost' must be an object {{field: [caption, ...]}}, got {type_name(raw)}")
+    return {str(k): clean_captions(v if isinstance(v, list) else [v], f"{where}: boost.{k}") for k, v in raw.items()}
+
+
+def check_unique_ids(records: list[Record], path: Path, what: str = "records") -> None:
+    """Raise :class:`DataError` naming the image ids that several ``records`` share: each image has one record
+    holding all its references, and which of two would be meant cannot be guessed."""
+    if len({r.image_id for r in records}) == len(records):
+        return
+    where: dict[int | str, list[int]] = {}
+    for k, r in enumerate(records):
+        where.setdefault(r.image_id, []).append(k)
+    dups = {i: ks for i, ks in where.items() if len(ks) > 1}
+    shown = "; ".join(f"id {i!r} in {what}[{', '.join(map(str, ks[:3]))}{', ...' if len(ks) > 3 else ''}]"
+                      for i, ks in list(dups.items())[:MAX_LISTED])  # fmt: skip
+    raise DataError(
+        f"{path}: {len(dups)} image id(s) appear in several {what}: {shown}"
+        f"{' ...' if len(dups) > MAX_LISTED else ''}; give each image one entry (with all its captions)"
+    )
+
+
+def split_from_name(path: Path) -> str:
+    """The split a data file's name says (``captions_val2014.json``: ``val``; ``train``, ``val`` or ``test`` in it,
+    checked in that order), else ``test``: how COCO annotation files and lone Hugging Face files are split."""
+    name = path.name.lower()
+    for split in ("train", "val", "test"):
+        if split in name:
+            return split
+    return "test"

@@ -1,0 +1,67 @@
+"""COCO results files ``[{"image_id", "caption"}]``: the one reader (:func:`read_results`) and the one writer
+(:func:`write_results`) of generated captions.
+
+Extra fields (``score``, ``id``) are ignored; an image listed several times keeps all its captions, as pycocotools'
+``loadRes`` does. Read within :data:`~finecap.utils.DATA_FILE`; nothing here imports torch.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from finecap.data.json_files import load_json
+from finecap.data.records import DataError, check_id, is_id, require, require_id, type_name
+from finecap.outputs import write_output
+from finecap.utils import short_repr
+
+
+def read_results(path: str | Path) -> dict[int | str, list[str]]:
+    """Read COCO results ``[{"image_id", "caption"}]`` into ``{image_id: [caption, ...]}``, in file order.
+
+    An image listed several times keeps every caption, in the order of the file: this is what pycocotools'
+    ``COCO.loadRes`` does (it numbers every entry and ``imgToAnns[image_id]`` lists them all). Its caption scorers
+    (pycocoevalcap's BLEU, ROUGE-L, CIDEr) then assert exactly one caption per image, so they reject such a file;
+    ``finecap eval`` refuses it too, naming the ids, unless the ``diversity`` group is asked for: an image's captions
+    are then its samples, and its first caption is scored by the other groups (:mod:`finecap.app.eval`). An empty
+    list gives ``{}``.
+    """
+    path = Path(path)
+    data = load_json(path)
+    if not isinstance(data, list):
+        raise DataError(
+            f"{path}: COCO results must be a list of {{'image_id', 'caption'}} objects, got {type_name(data)}"
+        )
+    out: dict[int | str, list[str]] = {}
+    try:  # well-formed entries in one tight loop; the checking loop below names the first bad one
+        for rec in data:
+            image_id, caption = rec["image_id"], rec["caption"]
+            if not is_id(image_id) or type(caption) is not str:
+                raise TypeError
+            out.setdefault(image_id, []).append(caption)
+        return out
+    except (KeyError, TypeError):
+        out.clear()
+    for i, rec in enumerate(data):
+        where = f"{path}: [{i}]"
+        image_id = require_id(rec, "image_id", where)
+        out.setdefault(image_id, []).append(require(rec, "caption", str, where))
+    return out
+
+
+def write_results(path: str | Path, captions: dict[int | str, str]) -> None:
+    """Write ``{image_id: caption}`` as COCO results ``[{"image_id", "caption"}]`` (atomically, in dict order; never
+    through a link; remembered as finecap's, :func:`finecap.outputs.write_output`)."""
+    rows = []
+    for image_id, caption in captions.items():
+        if not isinstance(caption, str):
+            raise DataError(
+                f"{path}: caption of image {short_repr(image_id)} must be a string, got {type_name(caption)}"
+            )
+        check_id(image_id, str(path))
+        rows.append({"image_id": image_id, "caption": caption})
+    write_output(path, json.dumps(rows, indent=None) + "\n", "results")
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# TrueMatch bags
