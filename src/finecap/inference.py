@@ -229,7 +229,8 @@ def caption_images(
     progress: bool = True,
     limits: ImageLimits = DEFAULT_LIMITS,
 ) -> ImageCaptions:
-    """Caption ``images`` (PIL images or image file paths, mixed freely) with ``model``, decoded with ``decode``.
+    """Caption ``images`` (PIL images or image file paths, mixed freely) with ``model`` (a captioner, or an engine
+    serving one: :mod:`finecap.engines`), decoded with ``decode``.
 
     Images are read and preprocessed by the model's own preprocessing in batches of
     :func:`~finecap.decode.chunk_images` images (``decode.batch_size`` counts sequences: images x beams or samples),

@@ -27,7 +27,8 @@ Before decoding, the checkpoint's recorded fingerprints (:mod:`finecap.train.fin
 captioner's vision encoder it refers to must be the one it was trained with, and, unless the data was chosen on the
 command line (``--data``, a recipe, ``data.*`` or ``world.*`` overrides), the data must be the run's; otherwise
 it stops with an error naming both fingerprints (exit 2). Decoding is :func:`finecap.caption.generate_captions`
-(frozen encoders read images through the image-feature cache).
+(frozen encoders read images through the image-feature cache), by finecap's decoder or, with ``--engine vllm``
+(``decode.engine=vllm``), by a vLLM engine serving the captioner (:mod:`finecap.engines.vllm`; docs/scaling.md).
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ from finecap.config import Config, load_stored, parse_override
 from finecap.data.formats import data_format, detect_format
 from finecap.data.images import ImageLimits
 from finecap.data.results import write_results
+from finecap.engines import generating
 from finecap.home import world_path
 from finecap.inference import caption_images, describe_skipped, image_files, load_for_captioning
 from finecap.outputs import check_not_input, check_output_file
@@ -164,18 +166,23 @@ def main(
     if accelerator.is_main_process:
         log.info("caption: %s, decoding %s from %s%s", setup.checkpoint, describe_decoding(cfg), source,
                  "" if checked else "; no fingerprints recorded, inputs not checked")  # fmt: skip
+    if cfg.decode.engine != "finecap" and accelerator.num_processes > 1:
+        raise ValueError(f"decode.engine={cfg.decode.engine} runs one engine in one process "
+                         "(vllm.tensor_parallel_size shards it over GPUs): run finecap caption without accelerate "
+                         "launch")  # fmt: skip
     model = load_for_captioning(setup.checkpoint, cfg, accelerator.device)
-    if files is not None:
-        result = caption_images(model, [f.path for f in files], cfg.decode, skip_bad_images=cfg.data.skip_bad_images,
-                                num_workers=cfg.data.num_workers, accelerator=accelerator,
-                                limits=ImageLimits.of(cfg.data))  # fmt: skip
-        captions = {f.image_id: caps for f, caps in zip(files, result.captions, strict=True) if caps is not None}
-        what = f"{len(files)} image(s)"
-        if result.skipped and accelerator.is_main_process:
-            log.warning("caption: %s (data.skip_bad_images=true)", describe_skipped(result, len(files)))
-    else:
-        captions = generate_captions(model, cfg, split, accelerator=accelerator)
-        what = f"split {split!r}"
+    with generating(model, cfg) as generator:  # the captioner, or a vLLM engine serving it (decode.engine)
+        if files is not None:
+            result = caption_images(generator, [f.path for f in files], cfg.decode,
+                                    skip_bad_images=cfg.data.skip_bad_images, num_workers=cfg.data.num_workers,
+                                    accelerator=accelerator, limits=ImageLimits.of(cfg.data))  # fmt: skip
+            captions = {f.image_id: caps for f, caps in zip(files, result.captions, strict=True) if caps is not None}
+            what = f"{len(files)} image(s)"
+            if result.skipped and accelerator.is_main_process:
+                log.warning("caption: %s (data.skip_bad_images=true)", describe_skipped(result, len(files)))
+        else:
+            captions = generate_captions(generator, cfg, split, accelerator=accelerator)
+            what = f"split {split!r}"
     out = Path(out)
     if accelerator.is_main_process:
         write_results(out, {image_id: caps[0] for image_id, caps in captions.items()})

@@ -15,6 +15,7 @@ import logging
 import os
 import sys
 import time
+import typing
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -25,6 +26,7 @@ from finecap.config import (
     SECTIONS,
     Config,
     ConfigError,
+    Engine,
     describe,
     did_you_mean,
     load,
@@ -33,6 +35,9 @@ from finecap.config import (
 )
 from finecap.library_warnings import silenced
 from finecap.recipes import copy_recipe, describe_recipe, list_recipes, resolve_recipe
+
+ENGINES = typing.get_args(Engine)
+"""``finecap caption --engine``'s choices: ``decode.engine``'s values."""
 
 
 def _split_recipe(items: list[str]) -> tuple[str | None, list[str]]:
@@ -150,8 +155,10 @@ def cmd_caption(args: argparse.Namespace) -> None:
 
     images, trailing = _images_and_overrides(args.images)
     recipe, overrides = _split_recipe(list(args.items))  # on top of the checkpoint's own config: only keys given
+    engine = [f"decode.engine={args.engine}"] if args.engine else []
     main(checkpoint=args.checkpoint, split=args.split, out=args.out, data=args.data, images=images, recipe=recipe,
-         overrides=[*overrides, *trailing], force=args.force, skip_bad_images=args.skip_bad_images)  # fmt: skip
+         overrides=[*overrides, *trailing, *engine], force=args.force,
+         skip_bad_images=args.skip_bad_images)  # fmt: skip
 
 
 def cmd_export(args: argparse.Namespace) -> None:
@@ -365,6 +372,9 @@ def build_parser() -> argparse.ArgumentParser:
                    "(docs/caption.md)")  # fmt: skip
     p.add_argument("--skip-bad-images", dest="skip_bad_images", action="store_true", help="leave out and count "
                    "images that do not decode (data.skip_bad_images=true); else the first is an error")  # fmt: skip
+    p.add_argument("--engine", choices=ENGINES, default=None, help="what generates (decode.engine): finecap's "
+                   "decoder, or vLLM serving a VLM captioner (pip install 'finecap[vllm]'; "
+                   "docs/scaling.md)")  # fmt: skip
     p.add_argument("--out", required=True, help="output COCO results JSON")
     p.add_argument("--force", action="store_true", help=FORCE_FILE_HELP)
 

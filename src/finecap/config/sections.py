@@ -45,6 +45,7 @@ __all__ = [  # the names finecap.config re-exports
     "Distractors",
     "DiversityBaseline",
     "EarlyStopping",
+    "Engine",
     "EvalConfig",
     "FinishedBeams",
     "FirstToken",
@@ -85,6 +86,7 @@ __all__ = [  # the names finecap.config re-exports
     "TrainConfig",
     "TrainableDtype",
     "VlmBackboneConfig",
+    "VllmConfig",
     "WeightsDtype",
     "WorldConfig",
     "WorldShift",
@@ -119,6 +121,7 @@ DEFAULT_MAX_ASPECT_RATIO = 20.0
 Mapper = Literal["mlp", "transformer"]
 Schedule = Literal["linear", "cosine", "constant"]
 DecodeStrategy = Literal["greedy", "beam", "sample"]
+Engine = Literal["finecap", "vllm"]
 MeteorBackend = Literal["python", "java"]
 FinishedBeams = Literal["keep", "set_aside"]
 EarlyStopping = Literal[False, True, "never"]
@@ -621,6 +624,11 @@ class TrainConfig(Section, name="train"):
 
 @dataclass
 class DecodeConfig(Section, name="decode"):
+    engine: Engine = doc(
+        "finecap",
+        "What generates: finecap's decoder (every backbone) or a colocated vLLM (VLMs; the vllm section; "
+        "docs/scaling.md).",
+    )
     strategy: DecodeStrategy = doc("greedy", "Decoding strategy.")
     max_length: int = doc(
         24,
@@ -682,10 +690,41 @@ class DecodeConfig(Section, name="decode"):
             f"invalid value {self.early_stopping!r}; valid choices: false, true, never",
         )
         check(
+            not (self.engine == "vllm" and self.strategy == "beam" and self.stop_at_period),
+            "decode.stop_at_period",
+            "vLLM's beam search (decode.engine=vllm) stops at EOS only; use decode.engine=finecap to stop beams at "
+            "a period",
+        )
+        check(
             self.early_stopping is False or self.finished_beams == "set_aside",
             "decode.early_stopping",
             "is a setting of decode.finished_beams=set_aside (the keep rule ends when every beam has finished)",
         )
+
+
+@dataclass
+class VllmConfig(Section, name="vllm"):
+    """The colocated vLLM engine of ``decode.engine=vllm`` (:mod:`finecap.engines.vllm`); TRL's knob names."""
+
+    gpu_memory_utilization: float = doc(
+        0.3, "Fraction of the GPU's memory vLLM takes for weights and KV cache (TRL's colocate default).", gt=0, le=1
+    )
+    max_model_len: int = doc(
+        0,
+        "Longest prompt + caption vLLM serves (0: the model's context length).",
+        ge=0,
+        le=1_048_576,
+        why="tokens of context; the longest VLM contexts are ~1M",
+    )
+    tensor_parallel_size: int = doc(
+        1, "GPUs one vLLM engine shards the model over.", ge=1, le=MAX_PROCESSES, why="GPUs of one engine"
+    )
+    kv_cache_memory_bytes: int = doc(
+        0, "Bytes of KV cache (0: sized from gpu_memory_utilization; on a CPU vLLM's default).", ge=0
+    )
+    enforce_eager: bool = doc(
+        True, "Run vLLM eagerly: no torch.compile or CUDA graphs (faster start; false for throughput on a GPU)."
+    )
 
 
 @dataclass
@@ -1076,6 +1115,7 @@ class Config:
     vlm: VlmBackboneConfig = field(default_factory=VlmBackboneConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     decode: DecodeConfig = field(default_factory=DecodeConfig)
+    vllm: VllmConfig = field(default_factory=VllmConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
     smile: SmileConfig = field(default_factory=SmileConfig)
     rl: RLConfig = field(default_factory=RLConfig)

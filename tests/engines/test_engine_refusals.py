@@ -1,0 +1,98 @@
+"""``decode.engine=vllm`` refuses in one line what it cannot do, before anything of vLLM is imported: a backbone vLLM
+does not serve (naming it and the engine that serves it), and a machine without vLLM (naming the install). These run
+in every venv."""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+
+from finecap.config import ConfigError, DecodeConfig, load
+from finecap.engines import generator_for
+from finecap.engines.vllm import VllmEngine, import_vllm, unservable_reason
+from finecap.models.blip import Blip, FeatureMapTokens
+from finecap.models.clipcap import ClipCap
+from finecap.models.presets import build_world_lm, save_tiny_blip, save_tiny_clip, save_tiny_vlm, world_vlm
+from finecap.models.vision import VisionEncoder
+from finecap.models.vlm import Vlm
+from finecap.utils import MissingExtra
+from helpers.cli import refused
+from helpers.vlm import images
+
+
+@pytest.fixture(scope="module")
+def folders(tmp_path_factory):
+    root = tmp_path_factory.mktemp("backbones")
+    return {"clip": save_tiny_clip(root / "clip", image_size=16, patch_size=8), "blip": save_tiny_blip(root / "blip"),
+            "idefics3": save_tiny_vlm(root / "idefics3", "idefics3")}  # fmt: skip
+
+
+def clipcap(folders):
+    lm, tok = build_world_lm(layers=1, hidden=32, heads=2, dropout=0.0)
+    encoder = VisionEncoder.from_pretrained(folders["clip"])
+    return ClipCap(lm, tok, encoder.feature_dim, encoder=encoder)
+
+
+def world_tiny_vlm(folders):
+    world = FeatureMapTokens.from_pretrained(folders["clip"])
+    n_tokens, width = world.token_shape(16)
+    model, processor = world_vlm(width, n_tokens, world.image_processor, layers=1, hidden=32, heads=2)
+    return Vlm(model, processor, source="world-tiny", world=world)
+
+
+@pytest.mark.parametrize(
+    ("build", "named"),
+    [
+        (clipcap, "model.kind=clipcap is not a model vLLM serves"),
+        (lambda f: Blip.from_pretrained(f["blip"]), "model.kind=blip is not a model vLLM serves"),
+        (world_tiny_vlm, "vlm.name=world-tiny reads the world encoder's image tokens"),
+    ],
+    ids=["clipcap", "blip", "world-tiny"],
+)
+def test_a_backbone_vllm_does_not_serve_is_refused_by_name(folders, build, named, monkeypatch):
+    captioner = build(folders)
+    monkeypatch.setitem(sys.modules, "vllm", None)  # the refusal comes first, installed or not
+    with pytest.raises(ConfigError) as e:
+        generator_for(captioner, load(None, ["decode.engine=vllm"]))
+    message = str(e.value)
+    assert named in message and message.endswith("it generates with decode.engine=finecap")
+    assert "\n" not in message and e.value.key == "decode.engine"
+
+
+def test_a_vlm_without_vllm_installed_names_the_install(folders, monkeypatch):
+    captioner = Vlm.from_pretrained(folders["idefics3"])
+    assert unservable_reason(captioner) is None  # a VLM with its own vision tower is served
+    monkeypatch.setitem(sys.modules, "vllm", None)  # as on a machine without the extra
+    with pytest.raises(MissingExtra) as e:
+        VllmEngine.from_captioner(captioner)
+    message = str(e.value)
+    assert message.startswith("decode.engine=vllm needs vLLM, which is not installed")
+    assert "pip install 'finecap[vllm]'" in message and "\n" not in message
+    with pytest.raises(MissingExtra):
+        import_vllm()
+
+
+def test_the_caption_command_refuses_in_one_line(folders, tmp_path, monkeypatch):
+    """``finecap caption --engine vllm``: exit 2 and one line, for a VLM without vLLM and for a BLIP checkpoint."""
+    images(1)[0].save(tmp_path / "a.png")
+    Vlm.from_pretrained(folders["idefics3"]).save(tmp_path / "smolvlm")
+    Blip.from_pretrained(folders["blip"]).save(tmp_path / "blip")
+    monkeypatch.setitem(sys.modules, "vllm", None)
+    for checkpoint, expected in [("smolvlm", "pip install 'finecap[vllm]'"), ("blip", "model.kind=blip")]:
+        argv = ["caption", "--checkpoint", str(tmp_path / checkpoint), "--images", str(tmp_path / "a.png"),
+                "--engine", "vllm", "--out", str(tmp_path / f"{checkpoint}.json")]  # fmt: skip
+        refused(argv, "decode.engine=vllm", expected)
+        assert not (tmp_path / f"{checkpoint}.json").exists()
+
+
+def test_the_default_engine_is_the_captioner_itself(folders):
+    captioner = Vlm.from_pretrained(folders["idefics3"])
+    cfg = load(None, [])
+    assert cfg.decode.engine == "finecap" and generator_for(captioner, cfg) is captioner
+
+
+def test_vllm_beam_search_cannot_stop_at_a_period():
+    with pytest.raises(ConfigError, match="decode.stop_at_period: vLLM's beam search"):
+        DecodeConfig(engine="vllm", strategy="beam", stop_at_period=True)
+    assert DecodeConfig(engine="vllm", strategy="sample", stop_at_period=True).stop_at_period  # sampling can

@@ -1,0 +1,108 @@
+"""vLLM generates what finecap's decoder generates (float32, tiny Idefics3 captioner; tests/engines/conftest.py):
+greedy captions token for token, the log-probs of finecap's ``forward`` to 1e-5, seeded samples repeatable and
+independent of the batch, beam search through ``LLM.beam_search``."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from conftest import NOT_HERE
+
+pytest.importorskip("vllm", reason=NOT_HERE)
+
+from finecap.config import DecodeConfig  # noqa: E402
+from finecap.data.datasets import model_collator  # noqa: E402
+from helpers.vlm import images  # noqa: E402
+
+pytestmark = pytest.mark.slow
+
+MAX_LENGTH = 16
+IMAGES = images(6)
+
+
+def first_divergence(captioner, batch, ours, theirs) -> str:
+    """Where two greedy decodings first differ, with the captioner's logit gap between the two tokens there (a
+    near-tie, a gap ~1e-5, is float32 rounding; a large gap is a real difference)."""
+    for row in range(len(ours)):
+        a, b = ours.sequences[row].tolist(), theirs.sequences[row].tolist()
+        t = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), None)
+        if t is None:
+            continue
+        one = {k: v[row : row + 1] for k, v in batch.items()}
+        with torch.no_grad():  # teacher forcing: logits[:, t] predicts token t
+            logits = captioner.caption_logits(
+                captioner.image_conditioning(one), ours.sequences[row : row + 1, : t + 1]
+            )
+        gap = float(logits[0, t, a[t]] - logits[0, t, b[t]])
+        return f"first divergence: image {row}, token {t}: finecap {a[t]}, vLLM {b[t]}, logit gap {gap:.3g}"
+    return "the tokens agree where both have them; the lengths differ"
+
+
+@pytest.fixture(scope="module")
+def batch(captioner):
+    return captioner.encoder.preprocess(IMAGES)
+
+
+@pytest.fixture(scope="module")
+def greedy(captioner, batch, engine):
+    cfg = DecodeConfig(max_length=MAX_LENGTH)
+    return captioner.generate(batch, cfg), engine.generate_images(IMAGES, cfg)
+
+
+def test_greedy_captions_are_token_identical(captioner, batch, greedy):
+    ours, theirs = greedy
+    assert torch.equal(ours.sequences, theirs.sequences), first_divergence(captioner, batch, ours, theirs)
+    assert theirs.lengths.tolist() == ours.lengths.tolist()
+    assert theirs.texts == ours.texts
+    assert min(theirs.lengths.tolist()) < MAX_LENGTH <= max(theirs.lengths.tolist())  # some stopped at EOS, some not
+    assert (theirs.sequences[torch.arange(len(theirs)), theirs.lengths - 1] == captioner.tokenizer.eos_token_id).any()
+
+
+def test_logprobs_equal_the_captioners_forward(captioner, batch, greedy, engine):
+    ours, theirs = greedy
+    torch.testing.assert_close(theirs.token_logprobs, ours.token_logprobs, atol=1e-5, rtol=0)
+    cfg = DecodeConfig(strategy="sample", num_return_sequences=3, max_length=MAX_LENGTH, temperature=0.7, top_k=20)
+    sampled = engine.generate_images(IMAGES, cfg, seeds=torch.arange(6))
+    with torch.no_grad():
+        scores = captioner(batch, sequences=sampled.sequences, mask=sampled.mask, image_index=sampled.image_index)
+    assert sampled.mask.sum() > 0 and (sampled.token_logprobs[sampled.mask] < 0).all()
+    # vLLM's raw log-probs: the model's distribution at temperature 1, before top-k (finecap's convention)
+    torch.testing.assert_close(sampled.token_logprobs, scores.logprobs, atol=1e-5, rtol=0)
+    assert sampled.scores.tolist() == pytest.approx(sampled.token_logprobs.sum(1).tolist())
+
+
+def test_seeded_sampling_is_repeatable_and_batch_independent(engine):
+    cfg = DecodeConfig(strategy="sample", num_return_sequences=3, max_length=MAX_LENGTH, temperature=1.0)
+    seeds = torch.tensor([11, 12, 13, 14, 15, 16])
+    first = engine.generate_images(IMAGES, cfg, seeds=seeds)
+    again = engine.generate_images(IMAGES, cfg, seeds=seeds)
+    assert torch.equal(first.sequences, again.sequences)
+    reversed_batch = engine.generate_images(IMAGES[::-1], cfg, seeds=seeds.flip(0))
+    for image in range(6):
+        mine = [first.sequences[image * 3 + j, : first.lengths[image * 3 + j]].tolist() for j in range(3)]
+        row = (5 - image) * 3  # the image's first sample in the reversed batch
+        other = [reversed_batch.sequences[row + j, : reversed_batch.lengths[row + j]].tolist() for j in range(3)]
+        assert mine == other, image
+        assert len({tuple(s) for s in mine}) > 1  # the n samples of an image are different draws
+    other_seeds = engine.generate_images(IMAGES, cfg, seeds=seeds + 100)
+    assert not torch.equal(first.sequences[:, :4], other_seeds.sequences[:, :4])
+
+
+def test_beam_search(captioner, batch, greedy, engine):
+    one = engine.generate_images(IMAGES, DecodeConfig(strategy="beam", beam_size=1, max_length=MAX_LENGTH))
+    assert torch.equal(one.sequences, greedy[1].sequences)  # one beam is greedy
+    cfg = DecodeConfig(strategy="beam", beam_size=3, num_return_sequences=2, max_length=MAX_LENGTH)
+    beams = engine.generate_images(IMAGES, cfg)
+    assert len(beams) == 12 and beams.image_index.tolist() == [i for i in range(6) for _ in range(2)]
+    assert (beams.scores.view(6, 2)[:, 0] >= beams.scores.view(6, 2)[:, 1]).all()  # best first
+    with torch.no_grad():
+        scores = captioner(batch, sequences=beams.sequences, mask=beams.mask, image_index=beams.image_index)
+    torch.testing.assert_close(beams.token_logprobs, scores.logprobs, atol=1e-5, rtol=0)
+
+
+def test_collated_batches_decode_as_images_do(engine, greedy):
+    """The captioning loops' route: the collator runs the engine's preprocessing, generate reads the batch."""
+    items = [{"caption": "", "image": im, "image_id": i, "references": [], "index": i} for i, im in enumerate(IMAGES)]
+    batch = model_collator(engine, 1)(items)
+    assert engine.generate(batch, DecodeConfig(max_length=MAX_LENGTH)).texts == greedy[1].texts
