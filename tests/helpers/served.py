@@ -23,11 +23,10 @@ GROUP = 100  # captions per request: 10 requests of 100, each over ~60 distinct 
 
 def make_served(root: Path) -> dict:
     """``{"cfg", "mix", "cider", "records", "captions", "image_ids", "groups", "clip"}`` (module docstring)."""
-    from helpers.tiny_run import tiny_world_and_clip
-
     from finecap.app.serve_reward import build_service
     from finecap.config import load
     from finecap.data.datasets import load_records
+    from helpers.tiny_run import tiny_world_and_clip
 
     overrides, clip = tiny_world_and_clip(root, N_TRAIN, 8, 8)
     base = [*overrides, f"retriever.checkpoint={clip}", f"run.dir={root / 'run'}"]
@@ -80,3 +79,44 @@ def serving(service) -> Iterator[str]:
     finally:
         server.should_exit = True
         thread.join(30)
+
+
+PROMPT = "<|im_start|>user\n<image>Describe the image in detail.<|im_end|>\n<|im_start|>assistant\n"
+
+
+def every_front_end(reward, url: str, captions: list[str], ids: list) -> dict[str, list[float]]:
+    """The totals of one call (``captions`` of the images ``ids``) through every front end: in process, the server's
+    two endpoints and its client, and each adapter over the reward in process and over the server at ``url``."""
+    import asyncio
+    import json
+
+    import httpx
+
+    from finecap.integrations.openrlhf import reward_function
+    from finecap.integrations.swift import async_orm, orm
+    from finecap.integrations.trl import TrlReward
+    from finecap.integrations.verl import VerlReward, compute_score_batch
+    from finecap.rewards import call_batch
+    from finecap.serve.client import RewardClient
+
+    n = len(captions)
+    infos = [{"image_id": i} for i in ids]
+    queries = [PROMPT + c + "<|im_end|>" for c in captions]
+    labels = [json.dumps({"image_id": i}) for i in ids]
+    conversational = [[{"role": "assistant", "content": [{"type": "text", "text": c}]}] for c in captions]
+    return {
+        "in process": reward(captions, call_batch(ids)).total.tolist(),
+        "server /reward": httpx.post(f"{url}/reward", json={"captions": captions, "image_ids": ids}).json()["total"],
+        "server /get_reward": httpx.post(f"{url}/get_reward", json={"query": queries, "prompts": [PROMPT] * n,
+                                                                     "labels": labels}).json()["rewards"],
+        "client": RewardClient(url).score(captions, ids).total,
+        "TRL": TrlReward("r", reward)(prompts=[PROMPT] * n, completions=conversational, image_id=ids),
+        "verl batch": [r["score"] for r in VerlReward(reward).batch(["finecap"] * n, captions, [""] * n, infos)],
+        "verl batch, server": [r["score"] for r in compute_score_batch(["finecap"] * n, captions, [""] * n, infos,
+                                                                        url=url)],
+        "ms-swift ORM": orm(reward)()(captions, image_id=ids, trainer_state=None),
+        "ms-swift ORM, server": orm(url=url)()(captions, image_id=ids, trainer_state=None),
+        "ms-swift AsyncORM, server": asyncio.run(async_orm(url)()(captions, image_id=ids, trainer_state=None)),
+        "OpenRLHF reward_func": reward_function(reward)(queries, [PROMPT] * n, labels)["rewards"].tolist(),
+        "OpenRLHF reward_func, server": reward_function(url=url)(queries, [PROMPT] * n, labels)["rewards"].tolist(),
+    }  # fmt: skip

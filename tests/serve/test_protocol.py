@@ -77,8 +77,10 @@ def test_limits_are_413_naming_the_field():
 
 def test_bodies_are_plain_json_only():
     assert decode_json(b'{"captions": ["a"]}') == {"captions": ["a"]}
-    for raw, words in [(b"{bad", "not valid JSON"), (b"\xff\xfe", "not valid JSON"), (b"[NaN]", "NaN is not JSON"),
-                       (b"[" * 100_000 + b"]" * 100_000, "not valid JSON"), (b"!!python/object:os.system", "not valid")]:  # fmt: skip
+    deep = b"[" * 100_000 + b"]" * 100_000
+    bad = [(b"{bad", "not valid JSON"), (b"\xff\xfe", "not valid JSON"), (b"[NaN]", "NaN is not JSON"),
+           (deep, "not valid JSON"), (b"!!python/object:os.system", "not valid JSON")]  # fmt: skip
+    for raw, words in bad:
         with pytest.raises(RequestError) as caught:
             decode_json(raw)
         assert caught.value.field == "body" and words in caught.value.message
@@ -87,7 +89,7 @@ def test_bodies_are_plain_json_only():
 def test_the_caption_of_an_openrlhf_query_follows_its_prompt_without_end_tokens():
     prompt = "<|im_start|>user\n<image>Describe the image.<|im_end|>\n<|im_start|>assistant\n"
     assert caption_of_query(prompt + "A red circle on sand.<|im_end|><|endoftext|>", prompt) == "A red circle on sand."
-    assert caption_of_query("<s>" + "[INST] Describe [/INST]" + " a square </s>", "[INST] Describe [/INST]") == "a square"
+    assert caption_of_query("<s>[INST] Describe [/INST] a square </s>", "[INST] Describe [/INST]") == "a square"
     assert caption_of_query("a red circle<|eot_id|>", None) == "a red circle"  # no prompt: the query is the response
     assert caption_of_query("a red circle", "an absent prompt") == "a red circle"
 

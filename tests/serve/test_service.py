@@ -5,6 +5,7 @@ bad request failing alone, and the refusal of one-image requests for rewards tha
 from __future__ import annotations
 
 import asyncio
+
 import pytest
 import torch
 

@@ -127,10 +127,27 @@ class Server(uvicorn.Server):
         super().handle_exit(sig, frame)
 
 
+def bind(host: str, port: int) -> socket.socket:
+    """A TCP socket bound to ``host:port`` (``port`` 0: a free one). Made with ``proto=IPPROTO_TCP``: asyncio sets
+    ``TCP_NODELAY`` only on connections accepted by such a socket, and one made with ``proto`` 0 (as uvicorn's own
+    ``bind_socket`` makes it) leaves Nagle's algorithm on, so that every small answer waits for the client's delayed
+    ACK: 40 ms a request on Linux, measured."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host.strip("[]"), port))
+    except OSError as e:
+        sock.close()
+        raise ValueError(f"--host {host} --port {port}: cannot listen there: {e.strerror or e}") from None
+    sock.set_inheritable(True)
+    return sock
+
+
 def make_server(service: RewardService, host: str = "127.0.0.1", port: int = 0) -> tuple[Server, socket.socket]:
-    """The uvicorn server of ``service`` and its socket, bound now (``port`` 0: a free port; read it from
+    """The uvicorn server of ``service`` and its socket, bound now (:func:`bind`; ``port`` 0: a free port, read it from
     ``sock.getsockname()``); run it with ``server.run(sockets=[sock])``. Stopped by SIGINT, SIGTERM (both a graceful
     shutdown: the requests in flight are answered) or ``server.should_exit = True``."""
     config = uvicorn.Config(create_app(service), host=host, port=port, log_level="warning", access_log=False,
                             lifespan="on", timeout_graceful_shutdown=30)  # fmt: skip
-    return Server(config), config.bind_socket()
+    return Server(config), bind(host, port)

@@ -1,0 +1,95 @@
+"""One reward, the same values through every front end: in process, the server's two endpoints and its client, TRL,
+verl (batch form), ms-swift (ORM and AsyncORM) and OpenRLHF (``reward_func``), each over the reward in process and
+over the server. First on a mixture small enough to compute by hand (SR + CIDEr-D with weights), then bit for bit on
+the 1,000 captions of the served world (the NDLB mixture: self-retrieval with a tiny CLIP + 0.5 CIDEr-D), and
+CIDEr-D alone through the per-sample forms (verl's ``compute_score``)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from finecap.config import SRConfig
+from finecap.integrations.verl import VerlReward, compute_score
+from finecap.rewards import WeightedSum
+from finecap.rewards.cider import CiderReward
+from finecap.rewards.retrieval import RetrievalReward
+from finecap.serve.service import ImageTable, RewardService
+from helpers.served import every_front_end, serving
+
+
+class VectorRetriever:
+    """Stand-in retriever (as tests/rewards/test_retrieval_reward.py's): a caption "x y" embeds as (x, y) normalised;
+    logit scale 2."""
+
+    logit_scale = 2.0
+
+    def embed_texts(self, texts):
+        return torch.nn.functional.normalize(torch.tensor([[float(v) for v in t.split()[:2]] for t in texts]), dim=-1)
+
+
+# Images a = (1, 0) and b = (0, 1); references a: "1 0", b: "0 1".
+# SR (log_prob, the candidates are the call's images a and b, scale 2): a caption "1 0" has logits (2, 0):
+#   for a: 2 - log(e^2 + e^0) = -0.126928; for b: 0 - log(e^2 + 1) = -2.126928; "0 1" the other way round.
+# CIDEr-D (N = 2 images): the unigrams "1" and "0" are in both references (df 2: idf log 2 - log 2 = 0, so the
+#   unigram vectors are zero and score 0); the bigram "1 0" is in a's only (idf log 2). "1 0" for a: bigram cosine 1,
+#   3- and 4-grams none, same length (penalty 1): 10 * (0 + 1 + 0 + 0) / 4 = 2.5; "0 1" for a: no shared bigram: 0.
+# R = 0.5 * SR + 2 * CIDEr-D:
+SR_HIT, SR_MISS = 2 - math.log(math.e**2 + 1), -math.log(math.e**2 + 1)
+CAPTIONS = ["1 0", "0 1", "0 1", "1 0"]
+IDS = ["a", "a", "b", "b"]
+EXPECTED = [0.5 * SR_HIT + 2 * 2.5, 0.5 * SR_MISS, 0.5 * SR_HIT + 2 * 2.5, 0.5 * SR_MISS]  # 4.936536, -1.063464
+
+
+def small_mixture() -> WeightedSum:
+    sr = RetrievalReward(VectorRetriever(), SRConfig(), image_ids=["a", "b"],
+                         embeddings=torch.tensor([[1.0, 0.0], [0.0, 1.0]]))  # fmt: skip
+    return WeightedSum({"retrieval": (0.5, sr), "cider": (2.0, CiderReward({"a": ["1 0"], "b": ["0 1"]}))})
+
+
+def test_a_hand_computed_mixture_through_every_front_end():
+    reward = small_mixture()
+    with serving(RewardService(reward, ImageTable(["a", "b"]), log_every=0)) as url:
+        got = every_front_end(reward, url, CAPTIONS, IDS)
+    for front_end, values in got.items():
+        assert values == pytest.approx(EXPECTED, abs=1e-5), front_end
+        assert values == got["in process"], front_end  # and bit for bit the in-process values
+
+
+def test_the_per_sample_form_is_refused_for_a_reward_comparing_the_calls_images():
+    with pytest.raises(ValueError, match="a per-sample call holds one: use compute_score_batch"):
+        VerlReward(small_mixture())("finecap", "1 0", "", {"image_id": "a"})
+    cider = VerlReward(CiderReward({"a": ["1 0"], "b": ["0 1"]}))
+    assert cider("finecap", "1 0", "", {"image_id": "a"}) == {"score": pytest.approx(2.5), "cider": pytest.approx(2.5)}
+    with pytest.raises(KeyError, match="sample 0's extra_info has no 'image_id' \\(keys: \\['img'\\]\\)"):
+        cider("finecap", "1 0", "", {"img": "a"})
+    with pytest.raises(ValueError, match="reward_kwargs.url"):
+        compute_score("finecap", "1 0", "", {"image_id": "a"})
+
+
+@pytest.mark.parametrize("n_groups", [1, pytest.param(10, marks=pytest.mark.slow)])
+def test_the_fixtures_captions_are_bit_identical_through_every_front_end(served, n_groups):
+    """The 1,000 captions (10 requests of 100; the fast suite takes the first 100), NDLB's mixture."""
+    service = served["mix"]
+    with serving(service) as url:
+        for captions, ids in served["groups"][:n_groups]:
+            got = every_front_end(service.reward, url, captions, ids)
+            assert len(set(got["in process"])) > 50  # values that tell the captions apart: nothing vacuous
+            for front_end, values in got.items():
+                assert values == got["in process"], front_end
+
+
+@pytest.mark.slow
+def test_per_sample_calls_of_a_per_caption_reward_equal_its_batch_values(served):
+    """CIDEr-D scores each caption alone: verl's per-sample form (in process and through the server, which merges
+    the concurrent requests it gets) gives each caption its value in the batch."""
+    service = served["cider"]
+    captions, ids = served["groups"][3]
+    batch = service.reward(captions, {"image_ids": ids}).total.tolist()
+    local = VerlReward(service.reward)
+    assert [local("finecap", c, "", {"image_id": i})["score"] for c, i in zip(captions, ids)] == batch
+    with serving(service) as url:
+        remote = [compute_score("finecap", c, "", {"image_id": i}, url=url)["score"] for c, i in zip(captions, ids)]
+    assert remote == batch
