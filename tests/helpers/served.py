@@ -5,16 +5,21 @@ tests/conftest.py builds it once per session.
 builds two services as ``finecap serve-reward`` builds them (:func:`finecap.app.serve_reward.build_service`: the
 training loop's reward, set up with its context): the NDLB mixture ``retrieval 1.0 + cider 0.5`` and CIDEr-D alone.
 :func:`fixture_captions` gives the 1,000 captions of the identity tests, cut into :data:`GROUP` requests of 100;
-:func:`serving` runs a service on 127.0.0.1 (a free port) in a thread."""
+:func:`serving` runs a service on 127.0.0.1 (a free port) in a thread; :func:`every_front_end` asks one reward
+through every front end. :func:`small_mixture` is a mixture small enough to compute by hand (``EXPECTED`` for
+``CAPTIONS`` of the images ``IDS``), for the tests that need no world (the frameworks' own loaders)."""
 
 from __future__ import annotations
 
 import contextlib
+import math
 import random
 import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+
+import torch
 
 N_TRAIN = 100
 N_CAPTIONS = 1000
@@ -120,3 +125,44 @@ def every_front_end(reward, url: str, captions: list[str], ids: list) -> dict[st
         "OpenRLHF reward_func": reward_function(reward)(queries, [PROMPT] * n, labels)["rewards"].tolist(),
         "OpenRLHF reward_func, server": reward_function(url=url)(queries, [PROMPT] * n, labels)["rewards"].tolist(),
     }  # fmt: skip
+
+
+# ------------------------------------------------------------------------------------------------------------------
+# A mixture small enough to compute by hand
+# ------------------------------------------------------------------------------------------------------------------
+
+
+class VectorRetriever:
+    """Stand-in retriever (as tests/rewards/test_retrieval_reward.py's): a caption "x y" embeds as (x, y) normalised;
+    logit scale 2."""
+
+    logit_scale = 2.0
+
+    def embed_texts(self, texts):
+        return torch.nn.functional.normalize(torch.tensor([[float(v) for v in t.split()[:2]] for t in texts]), dim=-1)
+
+
+# Images a = (1, 0) and b = (0, 1); references a: "1 0", b: "0 1".
+# SR (log_prob, the candidates are the call's images a and b, scale 2): a caption "1 0" has logits (2, 0):
+#   for a: 2 - log(e^2 + e^0) = -0.126928; for b: 0 - log(e^2 + 1) = -2.126928; "0 1" the other way round.
+#   With sr.distractors=hard the one other image is mined whatever the call holds: the same values, one caption a call.
+# CIDEr-D (N = 2 images): the unigrams "1" and "0" are in both references (df 2: idf log 2 - log 2 = 0, so the
+#   unigram vectors are zero and score 0); the bigram "1 0" is in a's only (idf log 2). "1 0" for a: bigram cosine 1,
+#   3- and 4-grams none, same length (penalty 1): 10 * (0 + 1 + 0 + 0) / 4 = 2.5; "0 1" for a: no shared bigram: 0.
+# R = 0.5 * SR + 2 * CIDEr-D:
+SR_HIT, SR_MISS = 2 - math.log(math.e**2 + 1), -math.log(math.e**2 + 1)
+CAPTIONS = ["1 0", "0 1", "0 1", "1 0"]
+IDS = ["a", "a", "b", "b"]
+EXPECTED = [0.5 * SR_HIT + 2 * 2.5, 0.5 * SR_MISS, 0.5 * SR_HIT + 2 * 2.5, 0.5 * SR_MISS]  # 4.936536, -1.063464
+
+
+def small_mixture(sr_config=None):
+    """0.5 * SR + 2 * CIDEr-D over the images a and b (``sr_config``: the ``sr`` section, default its defaults)."""
+    from finecap.config import SRConfig
+    from finecap.rewards import WeightedSum
+    from finecap.rewards.cider import CiderReward
+    from finecap.rewards.retrieval import RetrievalReward
+
+    sr = RetrievalReward(VectorRetriever(), sr_config or SRConfig(), image_ids=["a", "b"],
+                         embeddings=torch.tensor([[1.0, 0.0], [0.0, 1.0]]))  # fmt: skip
+    return WeightedSum({"retrieval": (0.5, sr), "cider": (2.0, CiderReward({"a": ["1 0"], "b": ["0 1"]}))})

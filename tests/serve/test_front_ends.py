@@ -6,47 +6,12 @@ CIDEr-D alone through the per-sample forms (verl's ``compute_score``)."""
 
 from __future__ import annotations
 
-import math
-
 import pytest
-import torch
 
-from finecap.config import SRConfig
 from finecap.integrations.verl import VerlReward, compute_score
-from finecap.rewards import WeightedSum
 from finecap.rewards.cider import CiderReward
-from finecap.rewards.retrieval import RetrievalReward
 from finecap.serve.service import ImageTable, RewardService
-from helpers.served import every_front_end, serving
-
-
-class VectorRetriever:
-    """Stand-in retriever (as tests/rewards/test_retrieval_reward.py's): a caption "x y" embeds as (x, y) normalised;
-    logit scale 2."""
-
-    logit_scale = 2.0
-
-    def embed_texts(self, texts):
-        return torch.nn.functional.normalize(torch.tensor([[float(v) for v in t.split()[:2]] for t in texts]), dim=-1)
-
-
-# Images a = (1, 0) and b = (0, 1); references a: "1 0", b: "0 1".
-# SR (log_prob, the candidates are the call's images a and b, scale 2): a caption "1 0" has logits (2, 0):
-#   for a: 2 - log(e^2 + e^0) = -0.126928; for b: 0 - log(e^2 + 1) = -2.126928; "0 1" the other way round.
-# CIDEr-D (N = 2 images): the unigrams "1" and "0" are in both references (df 2: idf log 2 - log 2 = 0, so the
-#   unigram vectors are zero and score 0); the bigram "1 0" is in a's only (idf log 2). "1 0" for a: bigram cosine 1,
-#   3- and 4-grams none, same length (penalty 1): 10 * (0 + 1 + 0 + 0) / 4 = 2.5; "0 1" for a: no shared bigram: 0.
-# R = 0.5 * SR + 2 * CIDEr-D:
-SR_HIT, SR_MISS = 2 - math.log(math.e**2 + 1), -math.log(math.e**2 + 1)
-CAPTIONS = ["1 0", "0 1", "0 1", "1 0"]
-IDS = ["a", "a", "b", "b"]
-EXPECTED = [0.5 * SR_HIT + 2 * 2.5, 0.5 * SR_MISS, 0.5 * SR_HIT + 2 * 2.5, 0.5 * SR_MISS]  # 4.936536, -1.063464
-
-
-def small_mixture() -> WeightedSum:
-    sr = RetrievalReward(VectorRetriever(), SRConfig(), image_ids=["a", "b"],
-                         embeddings=torch.tensor([[1.0, 0.0], [0.0, 1.0]]))  # fmt: skip
-    return WeightedSum({"retrieval": (0.5, sr), "cider": (2.0, CiderReward({"a": ["1 0"], "b": ["0 1"]}))})
+from helpers.served import CAPTIONS, EXPECTED, IDS, every_front_end, serving, small_mixture
 
 
 def test_a_hand_computed_mixture_through_every_front_end():
