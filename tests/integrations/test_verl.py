@@ -14,6 +14,7 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 from omegaconf import OmegaConf  # noqa: E402
 
+from finecap.config import SRConfig  # noqa: E402
 from finecap.rewards import call_batch  # noqa: E402
 from finecap.serve.service import ImageTable, RewardService  # noqa: E402
 from helpers.served import CAPTIONS, EXPECTED, IDS, serving, small_mixture  # noqa: E402
@@ -70,3 +71,27 @@ def test_verls_loader_and_batch_manager_call_the_server():
         single = get_custom_reward_fn(verl_config("compute_score", url))
         with pytest.raises(RuntimeError, match="names one distinct image"):
             single(data_source="finecap", solution_str="1 0", ground_truth="", extra_info={"image_id": "a"})
+
+
+def test_verls_per_sample_loader_with_mined_distractors():
+    """verl 0.6+ scores one sample a call (its reward loop awaits a coroutine ``compute_score``): served with
+    sr.distractors=hard each caption has its distractor whatever the call holds, and gets the hand-computed value."""
+    import asyncio
+
+    from verl.trainer.ppo.reward import get_custom_reward_fn
+
+    reward = small_mixture(SRConfig(distractors="hard"))
+    with serving(RewardService(reward, ImageTable(["a", "b"]), log_every=0)) as url:
+        awaited = get_custom_reward_fn(verl_config("compute_score_async", url))
+        single = get_custom_reward_fn(verl_config("compute_score", url))
+
+        async def loop():
+            calls = [awaited(data_source="finecap", solution_str=c, ground_truth="", extra_info={"image_id": i})
+                     for c, i in zip(CAPTIONS, IDS)]  # fmt: skip
+            return await asyncio.gather(*calls)
+
+        got = [r["score"] for r in asyncio.run(loop())]
+        alone = [single(data_source="finecap", solution_str=c, ground_truth="", extra_info={"image_id": i})["score"]
+                 for c, i in zip(CAPTIONS, IDS)]  # fmt: skip
+    in_process = [reward([c], call_batch([i])).total.item() for c, i in zip(CAPTIONS, IDS)]
+    assert got == alone == in_process and in_process == pytest.approx(EXPECTED, abs=1e-5)

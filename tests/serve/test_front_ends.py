@@ -6,9 +6,11 @@ CIDEr-D alone through the per-sample forms (verl's ``compute_score``)."""
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 
-from finecap.integrations.verl import VerlReward, compute_score
+from finecap.integrations.verl import VerlReward, compute_score, compute_score_async
 from finecap.rewards.cider import CiderReward
 from finecap.serve.service import ImageTable, RewardService
 from helpers.served import CAPTIONS, EXPECTED, IDS, every_front_end, serving, small_mixture
@@ -57,4 +59,10 @@ def test_per_sample_calls_of_a_per_caption_reward_equal_its_batch_values(served)
     assert [local("finecap", c, "", {"image_id": i})["score"] for c, i in zip(captions, ids)] == batch
     with serving(service) as url:
         remote = [compute_score("finecap", c, "", {"image_id": i}, url=url)["score"] for c, i in zip(captions, ids)]
-    assert remote == batch
+
+        async def concurrently():  # as verl's reward loop awaits its samples: the server merges them
+            return await asyncio.gather(*(compute_score_async("finecap", c, "", {"image_id": i}, url=url)
+                                          for c, i in zip(captions, ids)))  # fmt: skip
+
+        awaited = [r["score"] for r in asyncio.run(concurrently())]
+    assert remote == batch and awaited == batch

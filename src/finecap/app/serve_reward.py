@@ -51,7 +51,7 @@ def load_reward(cfg: Config) -> tuple[WeightedSum, list]:
     return reward, records
 
 
-def build_service(cfg: Config, *, limits: Limits | None = None, batch_size: int = 8192, batch_wait: float = 0.0,
+def build_service(cfg: Config, *, limits: Limits | None = None, batch_size: int = 1024, batch_wait: float = 0.0,
                   log_every: float = 60.0) -> RewardService:  # fmt: skip
     """The reward service of ``cfg`` (:func:`load_reward`), over the training images."""
     reward, records = load_reward(cfg)
@@ -61,7 +61,7 @@ def build_service(cfg: Config, *, limits: Limits | None = None, batch_size: int 
 
 
 def main(cfg: Config, *, host: str = "127.0.0.1", port: int = 8000, limits: Limits | None = None,
-         batch_size: int = 8192, batch_wait_ms: float = 0.0, log_every: float = 60.0) -> None:  # fmt: skip
+         batch_size: int = 1024, batch_wait_ms: float = 0.0, log_every: float = 60.0) -> None:  # fmt: skip
     """Serve ``cfg``'s rewards on ``host:port`` until SIGINT or SIGTERM."""
     from finecap.serve.app import make_server  # Starlette and uvicorn: the serve extra
 

@@ -3,7 +3,9 @@
 verl calls a reward function in one of two forms, both provided here:
 
 - per sample, ``compute_score(data_source, solution_str, ground_truth, extra_info=None, **reward_kwargs)`` (verl's
-  reward loop, its ``naive`` and ``remote`` managers);
+  reward loop, its ``naive`` and ``remote`` managers: verl 0.6 and later score one sample a call), and its
+  coroutine ``compute_score_async``, which verl's reward loop awaits (concurrent samples then reach the server
+  together, and it merges them into one call of a reward that scores each caption alone: CIDEr-D);
 - per batch, ``compute_score_batch(data_sources, solution_strs, ground_truths, extra_infos, **reward_kwargs)``
   (``reward_manager.name=batch``), one call for the whole generation batch.
 
@@ -13,14 +15,14 @@ data set brings its own, ``extra_info["references"]`` (``references_key``; other
 against the training references of the image); ``ground_truth`` is not read (verl requires the field: put the
 references there too, or anything). A per-sample call holds one image, so a reward that ranks each caption's image
 among the call's images (self-retrieval with in-batch distractors, the listener) is refused there: use the batch
-form, or serve ``sr.distractors=hard``.
+form (verl's ``batch`` reward manager of verl 0.5 and earlier), or serve ``sr.distractors=hard`` (mined distractors).
 
 Two ways to point verl at a reward:
 
 - a server (``finecap serve-reward RECIPE``), from verl's configuration alone, the functions of this module::
 
       reward.custom_reward_function.path=pkg://finecap.integrations.verl
-      reward.custom_reward_function.name=compute_score            # or compute_score_batch
+      reward.custom_reward_function.name=compute_score_async      # or compute_score, compute_score_batch
       +reward.custom_reward_function.reward_kwargs.url=http://127.0.0.1:8000
 
   (verl < 0.6 reads ``custom_reward_function`` at the top level of its configuration.)
@@ -51,7 +53,7 @@ from typing import Any
 from finecap.integrations.scoring import Scorer
 from finecap.rewards import Reward
 
-__all__ = ["VerlReward", "compute_score", "compute_score_batch"]
+__all__ = ["VerlReward", "compute_score", "compute_score_async", "compute_score_batch"]
 
 
 class VerlReward:
@@ -95,11 +97,23 @@ class VerlReward:
     def __call__(self, data_source: str, solution_str: str, ground_truth: Any, extra_info: Mapping[str, Any] | None
                  = None, **reward_kwargs: Any) -> dict[str, float]:  # fmt: skip
         """verl's per-sample form (refused for rewards that compare a call's images: module docstring)."""
+        self._check_single()
+        return self.batch([data_source], [solution_str], [ground_truth], [extra_info])[0]
+
+    async def ascore(self, data_source: str, solution_str: str, ground_truth: Any,
+                     extra_info: Mapping[str, Any] | None = None, **reward_kwargs: Any
+                     ) -> dict[str, float]:  # fmt: skip
+        """The per-sample form as a coroutine (a server is asked without blocking verl's event loop)."""
+        self._check_single()
+        ids, refs = self._inputs([extra_info])
+        scored = await self.scorer.ascore([solution_str], ids, refs)
+        return {"score": scored.total[0], **{k: v[0] for k, v in scored.parts.items()}}
+
+    def _check_single(self) -> None:
         if self.scorer.compares_images:
             raise ValueError("finecap verl reward: this reward ranks each caption's image among the call's images, "
-                             "and a per-sample call holds one: use compute_score_batch (reward_manager.name=batch) "
-                             "or sr.distractors=hard")  # fmt: skip
-        return self.batch([data_source], [solution_str], [ground_truth], [extra_info])[0]
+                             "and a per-sample call holds one: use compute_score_batch (reward_manager=batch) or "
+                             "sr.distractors=hard")  # fmt: skip
 
 
 _SERVED: dict[tuple[str, str, str], VerlReward] = {}
@@ -121,6 +135,14 @@ def compute_score(data_source: str, solution_str: str, ground_truth: Any, extra_
                   **reward_kwargs: Any) -> dict[str, float]:  # fmt: skip
     """verl's per-sample reward function on the reward server at ``url`` (``reward_kwargs`` of verl's config)."""
     return _served(url, image_key, references_key)(data_source, solution_str, ground_truth, extra_info)
+
+
+async def compute_score_async(data_source: str, solution_str: str, ground_truth: Any,
+                              extra_info: Mapping[str, Any] | None = None, *, url: str | None = None,
+                              image_key: str = "image_id", references_key: str = "references",
+                              **reward_kwargs: Any) -> dict[str, float]:  # fmt: skip
+    """:func:`compute_score` as a coroutine, which verl's reward loop awaits."""
+    return await _served(url, image_key, references_key).ascore(data_source, solution_str, ground_truth, extra_info)
 
 
 def compute_score_batch(data_sources: Sequence[str], solution_strs: Sequence[str], ground_truths: Sequence[Any],

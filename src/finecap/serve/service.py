@@ -143,7 +143,7 @@ class RewardService:
         name: what the logs and ``/health`` call the reward.
     """
 
-    def __init__(self, reward: Reward, images: ImageTable, *, limits: Limits | None = None, batch_size: int = 8192,
+    def __init__(self, reward: Reward, images: ImageTable, *, limits: Limits | None = None, batch_size: int = 1024,
                  batch_wait: float = 0.0, log_every: float = 60.0, name: str = "reward") -> None:  # fmt: skip
         if batch_size < 1:
             raise ValueError(f"--batch-size: must be at least 1, got {batch_size}")
