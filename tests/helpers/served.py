@@ -166,3 +166,43 @@ def small_mixture(sr_config=None):
     sr = RetrievalReward(VectorRetriever(), sr_config or SRConfig(), image_ids=["a", "b"],
                          embeddings=torch.tensor([[1.0, 0.0], [0.0, 1.0]]))  # fmt: skip
     return WeightedSum({"retrieval": (0.5, sr), "cider": (2.0, CiderReward({"a": ["1 0"], "b": ["0 1"]}))})
+
+
+class Command:
+    """``finecap serve-reward`` in a process of its own (:func:`serve_command`): its URL, and after the block its exit
+    code and what it printed."""
+
+    url = ""
+    code: int | None = None
+    out = err = ""
+
+
+@contextlib.contextmanager
+def serve_command(args: list[str], cwd: Path) -> Iterator[Command]:
+    """``finecap serve-reward ARGS --port 0`` run from ``cwd`` (this checkout's source first on the path) until the
+    block ends, then stopped with SIGTERM; the printed address is checked (the first line of its output)."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    src = Path(__file__).resolve().parents[2] / "src"
+    env = {**os.environ, "PYTHONPATH": f"{src}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+    argv = [sys.executable, "-m", "finecap.app.cli", "serve-reward", *args, "--port", "0"]
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=cwd)
+    command = Command()
+    try:
+        line = proc.stdout.readline()
+        if " on http://127.0.0.1:" not in line:
+            proc.kill()
+            raise AssertionError(f"finecap serve-reward did not start: {line!r} {proc.communicate()[1][-2000:]}")
+        command.url = line.split(" on ")[1].split()[0]
+        command.out = line
+        yield command
+        proc.send_signal(signal.SIGTERM)
+        out, command.err = proc.communicate(timeout=120)
+        command.out += out
+        command.code = proc.returncode
+    finally:
+        if proc.poll() is None:
+            proc.kill()

@@ -5,10 +5,6 @@ time lose and mix up nothing (slow); ``finecap serve-reward`` stops cleanly on S
 from __future__ import annotations
 
 import json
-import os
-import signal
-import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
@@ -17,7 +13,7 @@ import httpx
 import pytest
 
 from finecap.rewards import call_batch
-from helpers.served import serving
+from helpers.served import serve_command, serving
 
 SRC = Path(__file__).resolve().parents[2] / "src"
 
@@ -144,30 +140,18 @@ def test_32_concurrent_clients_lose_and_mix_up_nothing(served, which):
 @pytest.mark.slow
 def test_the_command_serves_and_stops_cleanly_on_sigterm(served, tmp_path):
     """``finecap serve-reward`` in a process of its own (the tiny world's configuration, --port 0): it prints its
-    address, answers, and on SIGTERM finishes and exits 0."""
-    env = {**os.environ, "PYTHONPATH": f"{SRC}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
-    argv = [sys.executable, "-m", "finecap.app.cli", "serve-reward", *served["base"], "rl.rewards={cider: 1.0}",
-            "--port", "0", "--log-every", "0.5"]  # fmt: skip
-    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=tmp_path)
-    try:
-        line = proc.stdout.readline()
-        assert "finecap serve-reward: 1*cider over 100 training images on http://127.0.0.1:" in line, (
-            line + proc.stderr.read() if proc.poll() is not None else line)  # fmt: skip
-        url = line.split(" on ")[1].split()[0]
-        captions, ids = served["groups"][2]
+    address, answers, logs its throughput, and on SIGTERM finishes and exits 0."""
+    captions, ids = served["groups"][2]
+    with serve_command([*served["base"], "rl.rewards={cider: 1.0}", "--log-every", "0.5"], tmp_path) as command:
+        assert "finecap serve-reward: 1*cider over 100 training images on http://127.0.0.1:" in command.out
         for _ in range(3):
-            got = httpx.post(f"{url}/reward", json={"captions": captions, "image_ids": ids}, timeout=60).json()
-        assert got["total"] == in_process(served["cider"], captions, ids)[0]
+            got = httpx.post(f"{command.url}/reward", json={"captions": captions, "image_ids": ids}, timeout=60)
+        assert got.json()["total"] == in_process(served["cider"], captions, ids)[0]
         time.sleep(0.6)  # a throughput line is due at the next request
-        httpx.post(f"{url}/reward", json={"captions": captions, "image_ids": ids}, timeout=60)
-        proc.send_signal(signal.SIGTERM)
-        out, err = proc.communicate(timeout=60)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-    assert proc.returncode == 0, err
-    assert "stopped after 4 requests (400 captions)" in out
-    assert "reward server (1*cider): " in err and "captions/s" in err and "latency p50" in err
+        httpx.post(f"{command.url}/reward", json={"captions": captions, "image_ids": ids}, timeout=60)
+    assert command.code == 0, command.err
+    assert "stopped after 4 requests (400 captions)" in command.out
+    assert "reward server (1*cider): " in command.err and "captions/s" in command.err and "latency p50" in command.err
     assert not list(tmp_path.iterdir())  # nothing written to the working directory
 
 
