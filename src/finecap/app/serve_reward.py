@@ -62,13 +62,15 @@ def build_service(cfg: Config, *, limits: Limits | None = None, batch_size: int 
 
 def main(cfg: Config, *, host: str = "127.0.0.1", port: int = 8000, limits: Limits | None = None,
          batch_size: int = 1024, batch_wait_ms: float = 0.0, log_every: float = 60.0) -> None:  # fmt: skip
-    """Serve ``cfg``'s rewards on ``host:port`` until SIGINT or SIGTERM."""
-    from finecap.serve.app import make_server  # Starlette and uvicorn: the serve extra
+    """Serve ``cfg``'s rewards on ``host:port`` until SIGINT or SIGTERM (the address is taken first: a port in use
+    stops the command before the reward is loaded)."""
+    from finecap.serve.app import bind, make_server  # Starlette and uvicorn: the serve extra
 
     local = is_loopback(host)
+    sock = bind(host, port)
     service = build_service(cfg, limits=limits, batch_size=batch_size, batch_wait=batch_wait_ms / 1000,
                             log_every=log_every)  # fmt: skip
-    server, sock = make_server(service, host, port)
+    server, sock = make_server(service, host, port, sock=sock)
     bound = sock.getsockname()[1]
     if not local:
         log.warning("--host %s is beyond loopback: any machine that reaches this one on port %d can query the reward "

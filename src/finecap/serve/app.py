@@ -144,10 +144,11 @@ def bind(host: str, port: int) -> socket.socket:
     return sock
 
 
-def make_server(service: RewardService, host: str = "127.0.0.1", port: int = 0) -> tuple[Server, socket.socket]:
-    """The uvicorn server of ``service`` and its socket, bound now (:func:`bind`; ``port`` 0: a free port, read it from
-    ``sock.getsockname()``); run it with ``server.run(sockets=[sock])``. Stopped by SIGINT, SIGTERM (both a graceful
-    shutdown: the requests in flight are answered) or ``server.should_exit = True``."""
+def make_server(service: RewardService, host: str = "127.0.0.1", port: int = 0,
+                sock: socket.socket | None = None) -> tuple[Server, socket.socket]:  # fmt: skip
+    """The uvicorn server of ``service`` and its socket: ``sock``, or one bound now (:func:`bind`; ``port`` 0: a free
+    port, read it from ``sock.getsockname()``); run it with ``server.run(sockets=[sock])``. Stopped by SIGINT, SIGTERM
+    (both a graceful shutdown: the requests in flight are answered) or ``server.should_exit = True``."""
     config = uvicorn.Config(create_app(service), host=host, port=port, log_level="warning", access_log=False,
                             lifespan="on", timeout_graceful_shutdown=30)  # fmt: skip
-    return Server(config), bind(host, port)
+    return Server(config), sock if sock is not None else bind(host, port)
