@@ -113,3 +113,21 @@ def test_merged_cider_calls_are_bit_identical_to_separate_ones(served):
     alone = [service.score_now([j])[0] for j in jobs]
     assert [m.total for m in merged] == [a.total for a in alone]
     assert [m.parts for m in merged] == [a.parts for a in alone]
+
+
+def test_references_of_a_request_replace_the_images_own_with_the_corpus_document_frequencies(served):
+    """A request's references score CIDEr-D against them, the document frequencies still the training corpus's: an
+    image's own training references give its values without them, and another image's references give the values of
+    the caption said of that image (two paths: the references of the request, the scorer's table)."""
+    service = served["cider"]
+    captions, ids = served["groups"][4]
+    own = {r.image_id: r.captions for r in served["records"]}
+
+    def scored(image_ids, references=None):
+        return service.score_now([service.job(RewardRequest(captions, image_ids, references=references))])[0].total
+
+    plain = scored(ids)
+    assert scored(ids, [own[i] for i in ids]) == pytest.approx(plain, abs=1e-6) and max(plain) > 1.0
+    neighbours = [ids[(n + 1) % len(ids)] for n in range(len(ids))]
+    assert scored(ids, [own[i] for i in neighbours]) == pytest.approx(scored(neighbours), abs=1e-6)
+    assert scored(neighbours) != pytest.approx(plain, abs=1e-3)
