@@ -16,7 +16,8 @@ requests.
   caption on its own (:func:`finecap.rewards.per_caption`: CIDEr-D) the round's requests are merged into one call
   (the values are those of separate calls, tested bit for bit); otherwise each is called alone, in turn.
 - **Throughput logs.** Every ``log_every`` seconds one line: requests, captions, captions per second, the mean
-  round, and the p50 / p99 latency of the requests since the previous line.
+  round, the share of the time the reward was busy, and the p50 / p99 latency of the requests since the previous
+  line (and one at the end).
 
 Example::
 
@@ -293,9 +294,9 @@ class Meter:
         span = max(now - self.since, 1e-9)
         lat = np.array(self.latencies or [float("nan")]) * 1000
         text = (f"reward server ({name}): {self.requests} requests, {self.captions} captions in {span:.1f} s: "
-                f"{self.captions / span:,.0f} captions/s, {self.captions / max(self.rounds, 1):.0f} captions per "
-                f"reward call, reward busy {100 * self.busy / span:.0f}%; latency p50 {np.percentile(lat, 50):.1f} "
-                f"ms, p99 {np.percentile(lat, 99):.1f} ms")  # fmt: skip
+                f"{self.captions / span:,.0f} captions/s, {self.captions / max(self.rounds, 1):.0f} captions a "
+                f"round, the reward busy {100 * self.busy / span:.0f}% of the time; latency p50 "
+                f"{np.percentile(lat, 50):.1f} ms, p99 {np.percentile(lat, 99):.1f} ms")  # fmt: skip
         self.since, self.requests, self.captions, self.rounds, self.busy, self.latencies = now, 0, 0, 0, 0.0, []
         return text
 
