@@ -72,3 +72,13 @@ def group():
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
     yield
     dist.destroy_process_group()
+
+
+@pytest.fixture(scope="session")
+def served(tmp_path_factory) -> dict:
+    """A tiny world served as ``finecap serve-reward`` serves it: the NDLB mixture (retrieval 1.0 + cider 0.5, a tiny
+    random CLIP as the retriever) and CIDEr-D alone, with the identity tests' 1,000 captions
+    (:func:`helpers.served.make_served`), once per session."""
+    from helpers.served import make_served
+
+    return make_served(tmp_path_factory.mktemp("served"))

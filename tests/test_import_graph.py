@@ -46,8 +46,9 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("objectives", ("finecap.objectives",)),  # REINFORCE scores samples with the rewards
     ("caption", ("finecap.caption",)),  # the captioning loop, which training's validators run
     ("train", ("finecap.train",)),
+    # the stage runner (training runs and what is made of them), the reward server and the trainers' adapters
     ("uses of trained models", ("finecap.inference", "finecap.boost", "finecap.integrations", "finecap.report",
-                                "finecap.stages")),  # the stage runner: training runs and what is made of them
+                                "finecap.stages", "finecap.serve")),
     ("api", ("finecap.api", "finecap")),
     ("application", (APP, "finecap.__main__")),
 ]  # fmt: skip

@@ -5,6 +5,7 @@ from __future__ import annotations
 import errno
 import functools
 import io
+import ipaddress
 import itertools
 import json
 import os
@@ -12,6 +13,7 @@ import random
 import re
 import reprlib
 import shutil
+import socket
 import tempfile
 import threading
 from collections.abc import Callable, Iterator
@@ -55,6 +57,21 @@ def dir_mode() -> int:
     """Mode of a new folder under the user's umask (``0o777 & ~umask``: 0755 under umask 022), what ``mkdir``
     gives."""
     return 0o777 & ~current_umask()
+
+
+def is_loopback(host: str) -> bool:
+    """Whether binding ``host`` serves this machine only (every address it resolves to is a loopback address)."""
+    if host.lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        pass
+    try:
+        infos = socket.getaddrinfo(host, None)
+    except OSError:
+        return False
+    return bool(infos) and all(ipaddress.ip_address(str(info[4][0]).split("%")[0]).is_loopback for info in infos)
 
 
 class MissingExtra(ImportError):

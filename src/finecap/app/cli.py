@@ -225,6 +225,20 @@ def cmd_boost(args: argparse.Namespace) -> None:
     main(_config(args), out=args.out)
 
 
+def cmd_serve_reward(args: argparse.Namespace) -> None:
+    if not args.items:
+        raise UsageError("usage: finecap serve-reward RECIPE [section.key=value ...] [--host H] [--port P]\n"
+                         "  serves the recipe's rl.rewards over HTTP (docs/integrations.md); e.g. "
+                         "finecap serve-reward demo/sr_bagcurri --port 8000")  # fmt: skip
+    from finecap.app.serve_reward import main
+    from finecap.serve.protocol import Limits
+
+    limits = Limits(max_request_bytes=args.max_request_bytes, max_captions=args.max_captions,
+                    max_caption_chars=args.max_caption_chars)  # fmt: skip
+    main(_config(args), host=args.host, port=args.port, limits=limits, batch_size=args.batch_size,
+         batch_wait_ms=args.batch_wait_ms, log_every=args.log_every)  # fmt: skip
+
+
 def cmd_recipes(args: argparse.Namespace) -> None:
     if getattr(args, "action", None) == "cp":
         out = copy_recipe(args.name, args.file, force=args.force)
@@ -453,6 +467,24 @@ def build_parser() -> argparse.ArgumentParser:
         "Visual Caption Boosting: rewrite a data set's captions (BlendCap/VisualCap/HolisticCap).",
     )
     p.add_argument("--out", required=True, help="output folder (resumable: re-run with the same --out)")
+
+    p = _add(sub, "serve-reward", cmd_serve_reward, "Serve a recipe's rewards (rl.rewards) over HTTP to RL trainers "
+             "(OpenRLHF, verl, ms-swift; docs/integrations.md).")  # fmt: skip
+    p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")
+    p.add_argument("--port", type=int, default=8000, help="port (default 8000; 0 = any free port, printed)")
+    p.add_argument("--batch-size", dest="batch_size", type=int, default=1024, help="captions per reward call when "
+                   "concurrent requests are merged (rewards that score each caption alone: CIDEr-D; 1024 is CIDEr-D's "
+                   "fastest per caption, benchmarks/reward_server.py)")  # fmt: skip
+    p.add_argument("--batch-wait-ms", dest="batch_wait_ms", type=float, default=0.0, help="milliseconds a reward "
+                   "call waits for more requests once one is queued (default 0: those queued meanwhile)")  # fmt: skip
+    p.add_argument("--max-request-bytes", dest="max_request_bytes", type=int, default=16 * 2**20,
+                   help="largest request body (413 beyond; default 16 MiB)")  # fmt: skip
+    p.add_argument("--max-captions", dest="max_captions", type=int, default=8192,
+                   help="captions per request at most (413 beyond)")  # fmt: skip
+    p.add_argument("--max-caption-chars", dest="max_caption_chars", type=int, default=20_000,
+                   help="characters per caption or reference at most (413 beyond)")  # fmt: skip
+    p.add_argument("--log-every", dest="log_every", type=float, default=60.0, help="seconds between throughput "
+                   "lines (0: none)")  # fmt: skip
 
     p = sub.add_parser("recipes", help="List the packaged recipes (run one with `finecap train NAME`).",
                        description="List the packaged recipes, or copy one to start a configuration of your own.",

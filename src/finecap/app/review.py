@@ -66,6 +66,7 @@ from finecap.data.records import DataError, Record
 from finecap.data.references import load_references
 from finecap.report.html import TEMPLATES
 from finecap.train.fingerprint import bags_file_data
+from finecap.utils import is_loopback
 
 log = logging.getLogger(__name__)
 
@@ -83,21 +84,6 @@ def default_out(bags: str | Path) -> Path:
     """``BAGS.json`` -> ``BAGS.curated.json`` next to it."""
     bags = Path(bags)
     return bags.with_name(f"{bags.stem}.curated.json")
-
-
-def is_loopback(host: str) -> bool:
-    """Whether binding ``host`` serves this machine only (every address it resolves to is a loopback address)."""
-    if host.lower() == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host.strip("[]")).is_loopback
-    except ValueError:
-        pass
-    try:
-        infos = socket.getaddrinfo(host, None)
-    except OSError:
-        return False
-    return bool(infos) and all(ipaddress.ip_address(str(info[4][0]).split("%")[0]).is_loopback for info in infos)
 
 
 def resolve_under(root: Path, rel: str) -> Path | None:

@@ -51,6 +51,7 @@ from __future__ import annotations
 from collections.abc import Hashable, Mapping, Sequence
 from typing import Any
 
+from finecap.integrations.scoring import column, content_text
 from finecap.registry import REWARDS, is_dotted_path
 from finecap.rewards import Reward, call_batch, get_reward
 
@@ -64,10 +65,7 @@ def completion_text(completion: Any) -> str:
         return completion
     if isinstance(completion, Sequence) and completion and isinstance(completion[-1], Mapping):
         messages = [m for m in completion if m.get("role", "assistant") == "assistant"] or list(completion)
-        content = messages[-1].get("content", "")
-        if isinstance(content, str):
-            return content
-        return "".join(block.get("text", "") for block in content if block.get("type") == "text")
+        return content_text(messages[-1].get("content", ""))
     raise TypeError(f"reward_function: a completion must be a string or a list of messages, got {type(completion)}")
 
 
@@ -86,16 +84,7 @@ class TrlReward:
         self.image_id_column = image_id_column
 
     def image_ids(self, n: int, kwargs: Mapping[str, Any]) -> list[Hashable]:
-        if self.image_id_column not in kwargs:
-            columns = sorted(k for k in kwargs if k not in ("trainer_state", "log_extra", "log_metric"))
-            raise KeyError(
-                f"reward_function({self.__name__!r}): no {self.image_id_column!r} column among the data set's columns "
-                f"{columns}; add the image ids as that column or pass image_id_column="
-            )
-        ids = list(kwargs[self.image_id_column])
-        if len(ids) != n:
-            raise ValueError(f"reward_function({self.__name__!r}): {len(ids)} image ids for {n} completions")
-        return ids
+        return column(kwargs, self.image_id_column, n, f"reward_function({self.__name__!r})", "image_id_column")
 
     def __call__(self, prompts: Sequence[Any], completions: Sequence[Any], **kwargs: Any) -> list[float]:
         texts = [completion_text(c).strip() for c in completions]

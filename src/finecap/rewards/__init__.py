@@ -27,13 +27,21 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from finecap.registry import REWARDS, lookup
-from finecap.rewards.base import Reward, RewardOutput, WeightedSum, call_batch, caption_rows
+from finecap.rewards.base import (
+    Reward,
+    RewardOutput,
+    WeightedSum,
+    call_batch,
+    caption_rows,
+    compares_images,
+    per_caption,
+)
 
 if TYPE_CHECKING:
     from finecap.config import Config
 
 __all__ = ["REWARDS", "Reward", "RewardOutput", "WeightedSum", "build_reward", "call_batch", "caption_rows",
-           "get_reward"]  # fmt: skip
+           "compares_images", "get_reward", "per_caption"]  # fmt: skip
 
 
 def get_reward(name: str, cfg: Config | None, **options: Any) -> Reward:

@@ -72,10 +72,16 @@ def caption_rows(captions: Sequence[str], batch: Mapping[str, Any]) -> torch.Ten
     return index
 
 
-def call_batch(image_ids: Sequence[Hashable]) -> dict[str, Any]:
-    """The batch a reward is called with outside a training run (adapters): caption ``n`` describes the image
-    ``image_ids[n]``; the batch's images are the distinct ids in order of first appearance (``image_ids``) and
-    ``image_index`` ``(N,)`` gives each caption's row among them.
+CAPTION_REFERENCES = "caption_references"
+"""The batch key of a call's own references, one list per caption (:func:`call_batch`; read by the CIDEr-D reward,
+:mod:`finecap.rewards.cider`); training batches never carry it."""
+
+
+def call_batch(image_ids: Sequence[Hashable], references: Sequence[Sequence[str]] | None = None) -> dict[str, Any]:
+    """The batch a reward is called with outside a training run (adapters, the reward server): caption ``n``
+    describes the image ``image_ids[n]``; the batch's images are the distinct ids in order of first appearance
+    (``image_ids``) and ``image_index`` ``(N,)`` gives each caption's row among them; ``references`` (one list per
+    caption), when given, are the call's own references (:data:`CAPTION_REFERENCES`).
 
     >>> batch = call_batch([7, 9, 7])
     >>> batch["image_ids"], batch["image_index"].tolist()
@@ -83,7 +89,27 @@ def call_batch(image_ids: Sequence[Hashable]) -> dict[str, Any]:
     """
     distinct = list(dict.fromkeys(image_ids))
     row = {image_id: r for r, image_id in enumerate(distinct)}
-    return {"image_ids": distinct, "image_index": torch.tensor([row[i] for i in image_ids], dtype=torch.long)}
+    batch = {"image_ids": distinct, "image_index": torch.tensor([row[i] for i in image_ids], dtype=torch.long)}
+    if references is not None:
+        if len(references) != len(image_ids):
+            raise ValueError(f"call_batch: {len(references)} reference lists for {len(image_ids)} captions")
+        batch[CAPTION_REFERENCES] = [list(r) for r in references]
+    return batch
+
+
+def per_caption(reward: Any) -> bool:
+    """Whether ``reward`` scores each caption on its own: its value for a caption depends on the caption and its
+    image alone, never on the call's other captions or images (``per_caption = True``, as CIDEr-D against fixed
+    document frequencies), so that calls may be merged or split without changing a value (the reward server merges
+    concurrent requests of such rewards, :mod:`finecap.serve`). Unmarked rewards are assumed not to."""
+    return bool(getattr(reward, "per_caption", False))
+
+
+def compares_images(reward: Any) -> bool:
+    """Whether ``reward`` ranks each caption's image against the call's other images (``compares_images =
+    True``: self-retrieval with in-batch distractors, the listener), so that a call holding a single distinct image
+    gives every caption the same, meaningless value (nothing to tell its image from)."""
+    return bool(getattr(reward, "compares_images", False))
 
 
 def call_hook(obj: Any, hook: str, *args: Any) -> Any:
@@ -108,6 +134,16 @@ class WeightedSum:
     def needs(self) -> frozenset[str]:
         """What the component rewards need prepared (:func:`finecap.registry.declared_needs`)."""
         return frozenset().union(*(declared_needs(r) for r in self._components()))
+
+    @property
+    def per_caption(self) -> bool:
+        """Every component scores each caption on its own (:func:`per_caption`)."""
+        return all(per_caption(r) for r in self._components())
+
+    @property
+    def compares_images(self) -> bool:
+        """Some component ranks each caption's image against the call's others (:func:`compares_images`)."""
+        return any(compares_images(r) for r in self._components())
 
     def setup(self, ctx: TrainContext) -> None:
         for reward in self._components():

@@ -7,6 +7,11 @@ References and captions are tokenised with the pure-Python PTB tokenizer (:mod:`
 like the evaluation, so the reward is the number the evaluation reports (per caption, not corpus-averaged). The
 values are pycocoevalcap's scale (about 0-10 per caption; the papers' "CIDEr 114.6" is 100 x the mean).
 
+A call may bring references of its own (``batch["caption_references"]``: one list per caption,
+:func:`finecap.rewards.call_batch`, as the reward server's requests may): each caption is then scored against its
+list, the document frequencies (and N) still the corpus's, which costs a pass over the corpus's references per call
+(training never does this).
+
 Example::
 
     >>> reward = CiderReward({1: ["a red circle", "a small red circle"], 2: ["a blue square"]})
@@ -20,11 +25,12 @@ from __future__ import annotations
 from collections.abc import Hashable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
 import torch
 
 from finecap.metrics.ngram import CiderD
 from finecap.metrics.ptb_tokenize import tokenize
-from finecap.rewards.base import RewardOutput, caption_rows
+from finecap.rewards.base import CAPTION_REFERENCES, RewardOutput, caption_rows
 
 if TYPE_CHECKING:
     from finecap.config import Config
@@ -42,6 +48,7 @@ class CiderReward:
     """
 
     name = "cider"
+    per_caption = True  # a caption's value needs only its own references and the fixed document frequencies
 
     def __init__(
         self,
@@ -53,13 +60,15 @@ class CiderReward:
         self.tokenize_text = tokenize_text
         self.sigma = sigma
         self.scorer: CiderD | None = None
+        self.references: dict[Hashable, list[str]] = {}  # the document-frequency corpus, as scored (tokenised)
         if references is not None:
             self._build(references)
 
     def _build(self, references: Mapping[Hashable, Sequence[str]]) -> None:
         if self.tokenize_text:
             references = {i: [tokenize(c) for c in refs] for i, refs in references.items()}
-        self.scorer = CiderD(references, sigma=self.sigma)
+        self.references = {i: list(refs) for i, refs in references.items()}
+        self.scorer = CiderD(self.references, sigma=self.sigma)
 
     def setup(self, ctx: TrainContext) -> None:
         """Reference statistics and document frequencies from the training records (once)."""
@@ -75,12 +84,24 @@ class CiderReward:
     def __call__(self, captions: Sequence[str], batch: Mapping[str, Any]) -> RewardOutput:
         if self.scorer is None:
             raise RuntimeError("CiderReward: no references; pass them to the constructor or call setup(ctx) first")
-        rows = caption_rows(captions, batch).tolist()
-        ids = batch["image_ids"]
         texts = [tokenize(c) for c in captions] if self.tokenize_text else list(captions)
-        scores = self.scorer.score(texts, [ids[r] for r in rows])  # (N,) float64
+        given = batch.get(CAPTION_REFERENCES)
+        if given is not None:
+            scores = self.score_against(texts, given)  # (N,) float64
+        else:
+            rows = caption_rows(captions, batch).tolist()
+            ids = batch["image_ids"]
+            scores = self.scorer.score(texts, [ids[r] for r in rows])  # (N,) float64
         total = torch.from_numpy(scores).float()  # (N,)
         return RewardOutput(total, {self.name: total})
+
+    def score_against(self, texts: Sequence[str], references: Sequence[Sequence[str]]) -> np.ndarray:
+        """(N,) float64: CIDEr-D of ``texts[n]`` (as scored: tokenised already) against ``references[n]``, with the
+        document frequencies and N of the corpus the reward was built on."""
+        if len(references) != len(texts):
+            raise ValueError(f"cider: {len(references)} reference lists for {len(texts)} captions")
+        refs = {n: [tokenize(r) for r in rs] if self.tokenize_text else list(rs) for n, rs in enumerate(references)}
+        return CiderD(refs, df_references=self.references, sigma=self.sigma).score(texts, list(refs))
 
 
 def build(cfg: Config | None = None, *, references: Mapping[Hashable, Sequence[str]] | None = None,

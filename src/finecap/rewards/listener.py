@@ -47,6 +47,7 @@ class ListenerReward:
     """
 
     name = "listener"
+    compares_images = True  # the candidates are the call's distinct images
 
     def __init__(self, scenes: Mapping[Hashable, Scene] | None = None) -> None:
         self.scenes = None if scenes is None else dict(scenes)

@@ -269,6 +269,12 @@ class RetrievalReward:
             self.set_embeddings([r.image_id for r in records], emb)
 
     @property
+    def compares_images(self) -> bool:
+        """Whether the candidates are the call's images (:func:`finecap.rewards.base.compares_images`): every mode but
+        ``hard`` (mined distractors) and ``cosine`` (no distractors)."""
+        return self.sr.distractors != "hard" and self.sr.reward != "cosine"
+
+    @property
     def scale(self) -> float:
         return float(self.sr.logit_scale) if self.sr.logit_scale > 0 else float(self.retriever.logit_scale)
 

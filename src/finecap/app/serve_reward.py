@@ -1,0 +1,84 @@
+"""``finecap serve-reward RECIPE [key=value ...]``: a recipe's rewards over HTTP, for RL trainers that run elsewhere
+(OpenRLHF, CapRL's scripts, verl and ms-swift through :mod:`finecap.integrations`; docs/integrations.md).
+
+The reward is the one ``finecap train RECIPE`` would train with, built by the same code: the mixture of
+``rl.rewards`` with its weights (:func:`finecap.rewards.build_reward`), what it needs prepared as training prepares
+it (:func:`finecap.app.train.prepare_needs`: on the embedded world, the world and the world encoder are made or
+trained into the finecap home when missing, and found there afterwards), the training split's records
+(:func:`finecap.data.datasets.load_records`), and the reward's ``setup`` with the training loop's context: CIDEr-D's
+document frequencies from the training references, the retriever (``retriever.*``, the world encoder by default)
+and the training images' embeddings, the world's scenes for the listener. It is set up once; the server then
+answers requests until SIGINT or SIGTERM (exit code 0) (:mod:`finecap.serve`).
+
+What cannot be served says so at start: ``sr.distractors=bag`` reads the bag numbers of training batches, which a
+request does not have (serve ``batch``, the request's other images, or ``hard``, mined neighbours).
+"""
+
+from __future__ import annotations
+
+import logging
+
+from finecap.app.train import prepare_needs
+from finecap.config import Config, ConfigError
+from finecap.contract import TrainContext
+from finecap.data.datasets import load_records
+from finecap.home import run_path
+from finecap.rewards import WeightedSum, build_reward
+from finecap.serve.protocol import Limits
+from finecap.serve.service import ImageTable, RewardService
+from finecap.train.engine import make_accelerator, process_state
+from finecap.utils import is_loopback
+
+log = logging.getLogger(__name__)
+
+
+def describe(cfg: Config) -> str:
+    """The served mixture as ``rl.rewards`` reads: ``1*retrieval + 0.5*cider``."""
+    return " + ".join(f"{w:g}*{name}" for name, w in cfg.rl.rewards.items())
+
+
+def load_reward(cfg: Config) -> tuple[WeightedSum, list]:
+    """The reward of ``rl.rewards``, set up as the training loop sets it up, and the training records it knows."""
+    reward = build_reward(cfg)
+    if "retrieval" in reward.rewards and cfg.sr.distractors == "bag":
+        raise ConfigError("sr.distractors=bag: a served reward has no training batches, whose bag numbers this mode "
+                          "reads; serve sr.distractors=batch (each request's other images) or hard (mined "
+                          "neighbours)", "sr.distractors")  # fmt: skip
+    prepare_needs(cfg, reward.needs, process_state(cfg.train))
+    records = load_records(cfg, "train")
+    accelerator = make_accelerator(cfg.train)
+    reward.setup(TrainContext(cfg, accelerator, records, tokenizer=None, run_dir=run_path(cfg.run)))
+    return reward, records
+
+
+def build_service(cfg: Config, *, limits: Limits | None = None, batch_size: int = 1024, batch_wait: float = 0.0,
+                  log_every: float = 60.0) -> RewardService:  # fmt: skip
+    """The reward service of ``cfg`` (:func:`load_reward`), over the training images."""
+    reward, records = load_reward(cfg)
+    source = f"the {len(records)} training images of {cfg.data.path or 'the world (world.*)'}"
+    return RewardService(reward, ImageTable.of_records(records, source), limits=limits, batch_size=batch_size,
+                         batch_wait=batch_wait, log_every=log_every, name=describe(cfg))  # fmt: skip
+
+
+def main(cfg: Config, *, host: str = "127.0.0.1", port: int = 8000, limits: Limits | None = None,
+         batch_size: int = 1024, batch_wait_ms: float = 0.0, log_every: float = 60.0) -> None:  # fmt: skip
+    """Serve ``cfg``'s rewards on ``host:port`` until SIGINT or SIGTERM (the address is taken first: a port in use
+    stops the command before the reward is loaded)."""
+    from finecap.serve.app import bind, make_server  # Starlette and uvicorn: the serve extra
+
+    local = is_loopback(host)
+    sock = bind(host, port)
+    service = build_service(cfg, limits=limits, batch_size=batch_size, batch_wait=batch_wait_ms / 1000,
+                            log_every=log_every)  # fmt: skip
+    server, sock = make_server(service, host, port, sock=sock)
+    bound = sock.getsockname()[1]
+    if not local:
+        log.warning("--host %s is beyond loopback: any machine that reaches this one on port %d can query the reward "
+                    "server (plain HTTP, no authentication)", host, bound)  # fmt: skip
+    shown = f"[{host}]" if ":" in host else host
+    print(f"finecap serve-reward: {service.name} over {len(service.images)} training images on "
+          f"http://{shown}:{bound} (POST /reward, POST /get_reward, GET /health); Ctrl-C or SIGTERM stops it",
+          flush=True)  # fmt: skip
+    server.run(sockets=[sock])
+    print(f"finecap serve-reward: stopped after {service.meter.total_requests} requests "
+          f"({service.meter.total_captions} captions)", flush=True)  # fmt: skip

@@ -1,0 +1,77 @@
+"""finecap's caption rewards in OpenRLHF (and in scripts written for CapRL's reward server).
+
+OpenRLHF asks a remote reward model over HTTP: it POSTs ``{"query": [...], "prompts": [...], "labels": [...]}`` to
+the URL it is given and reads ``rewards`` from the JSON answer (and logs ``extra_logs``). ``finecap serve-reward``
+answers that request at ``/get_reward``, so OpenRLHF points at it unchanged::
+
+    finecap serve-reward demo/sr_bagcurri --port 8000
+    python -m openrlhf.cli.train_ppo_ray ... --label_key image_id \\
+        --remote_rm_url http://127.0.0.1:8000/get_reward          # OpenRLHF >= 0.9: --reward.remote_url
+
+``query[i]`` is the prompt and the response as OpenRLHF decodes them (special tokens included): the caption is what
+follows ``prompts[i]``, without the end-of-turn tokens (:func:`finecap.serve.protocol.caption_of_query`).
+``labels[i]`` is the ``--label_key`` column of the prompt data set, which carries the image: its id, or a JSON
+object ``{"image_id": 17, "references": [...]}`` (references optional).
+
+OpenRLHF 0.9 and later send one sample per request; older versions a micro-batch. A reward that ranks each
+caption's image among the request's images (self-retrieval with ``sr.distractors=batch``, the listener) needs
+several images per request, so with one-sample requests serve ``sr.distractors=hard`` (mined distractors); the
+server refuses a one-image request of such a reward rather than answer a constant.
+
+OpenRLHF also loads a reward function from a Python file (``--remote_rm_url my_reward.py``, which defines
+``reward_func(queries, prompts, labels, **kwargs)``); :func:`reward_function` makes one over a finecap reward in
+OpenRLHF's process or over a server, reading queries and labels exactly as the server does::
+
+    # finecap_reward.py
+    from finecap.integrations.openrlhf import reward_function
+    reward_func = reward_function(url="http://127.0.0.1:8000")
+
+Example::
+
+    >>> from finecap.rewards.cider import CiderReward
+    >>> fn = reward_function(CiderReward({1: ["a red circle", "a small red circle"], 2: ["a blue square"]}))
+    >>> out = fn(["Q: a red circle</s>", "Q: a square</s>"], ["Q:", "Q:"], [1, '{"image_id": 2}'])
+    >>> [round(r, 3) for r in out["rewards"].tolist()]
+    [5.26, 1.743]
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from finecap.integrations.scoring import Scorer
+from finecap.rewards import Reward
+from finecap.serve.protocol import Limits, RequestError, parse_get_reward
+
+__all__ = ["reward_function"]
+
+
+def reward_function(reward: Reward | None = None, *, url: str | None = None,
+                    limits: Limits | None = None) -> Callable[..., dict[str, Any]]:  # fmt: skip
+    """OpenRLHF's ``reward_func(queries, prompts, labels, **kwargs)`` over a finecap ``reward`` (set up) or the
+    reward server at ``url``: ``{"rewards": tensor (N,), "extra_logs": {part: tensor (N,)}}``. Labels name images by
+    id (paths only through a server, which knows the data set's files)."""
+    scorer = Scorer(reward, url=url)
+    limits = limits or Limits()
+
+    def reward_func(queries: Sequence[str], prompts: Sequence[str], labels: Sequence[Any],
+                    **kwargs: Any) -> dict[str, Any]:  # fmt: skip
+        import torch
+
+        try:
+            request = parse_get_reward({"query": list(queries), "prompts": list(prompts), "labels": list(labels)},
+                                       limits)  # fmt: skip
+        except RequestError as e:
+            raise ValueError(f"finecap OpenRLHF reward: {e}") from None
+        if request.by_path and scorer.client is None:
+            raise ValueError("finecap OpenRLHF reward: labels name images by path, which only a reward server (url=) "
+                             "resolves; name them by id")  # fmt: skip
+        if scorer.client is not None and request.by_path:
+            scored = scorer.client.score(request.captions, images=request.image_ids, references=request.references)
+        else:
+            scored = scorer.score(request.captions, request.image_ids, request.references)
+        return {"rewards": torch.tensor(scored.total),
+                "extra_logs": {k: torch.tensor(v) for k, v in scored.parts.items()}}  # fmt: skip
+
+    return reward_func

@@ -1,0 +1,104 @@
+"""finecap's caption rewards as ms-swift reward functions (GRPO's ``--reward_funcs``): an ``ORM`` (a reward in the
+trainer's process, or a reward server) and an ``AsyncORM`` (a reward server, asked without blocking the trainer).
+
+ms-swift calls a reward function ``fn(completions, **kwargs) -> list[float]`` with the generation batch's
+completions (strings: each one's last message content) and every column of the data set as a keyword argument, one
+value per completion; the image a completion describes is the ``image_id`` column (``image_id_column``), its
+references, when the data set has its own, the ``references`` column (``references_column``; read when present).
+Reward functions are registered by name in ``orms`` (``swift.rewards`` in ms-swift 4, ``swift.plugin`` in 3) from a
+plugin file that ``--external_plugins`` imports; ms-swift instantiates the class itself, so :func:`orm` and
+:func:`async_orm` return *classes* bound to their reward::
+
+    # finecap_plugin.py
+    from swift.rewards import orms               # ms-swift 3: from swift.plugin import orms
+    from finecap.integrations.swift import async_orm
+    orms["finecap"] = async_orm("http://127.0.0.1:8000")   # finecap serve-reward RECIPE --port 8000
+
+    swift rlhf --rlhf_type grpo --external_plugins finecap_plugin.py --reward_funcs finecap ...
+
+The classes derive from ms-swift's ``ORM`` / ``AsyncORM`` when ms-swift is installed (and from ``object``
+otherwise: the call signature is all ms-swift reads). A call is one reward call over the whole batch, so a reward
+that ranks each caption's image among the batch's images (self-retrieval) sees the batch's images.
+
+Example::
+
+    >>> from finecap.rewards.cider import CiderReward
+    >>> CiderORM = orm(CiderReward({1: ["a red circle", "a small red circle"], 2: ["a blue square"]}))
+    >>> [round(r, 3) for r in CiderORM()(["a red circle", "a square"], image_id=[1, 2], trainer_state=None)]
+    [5.26, 1.743]
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from finecap.integrations.scoring import Scorer, column, content_text
+from finecap.rewards import Reward
+
+__all__ = ["async_orm", "orm"]
+
+
+def _swift_bases() -> tuple[type, type]:
+    """ms-swift's ``ORM`` and ``AsyncORM`` (4.x: ``swift.rewards``; 3.x: ``swift.plugin``), else ``object``."""
+    for module in ("swift.rewards", "swift.plugin"):
+        try:
+            imported = __import__(module, fromlist=["ORM", "AsyncORM"])
+            return imported.ORM, imported.AsyncORM
+        except (ImportError, AttributeError):
+            continue
+    return object, object
+
+
+class _Inputs:
+    """What both classes read from ms-swift's call."""
+
+    scorer: Scorer
+    image_id_column: str
+    references_column: str
+
+    def _inputs(self, completions: Sequence[Any], kwargs: dict[str, Any]) -> tuple[list[str], list, list | None]:
+        texts = [content_text(c) for c in completions]
+        who = f"finecap ms-swift reward {type(self).__name__}"
+        ids = column(kwargs, self.image_id_column, len(texts), who, "image_id_column")
+        refs = kwargs.get(self.references_column)
+        if refs is not None:
+            refs = column(kwargs, self.references_column, len(texts), who, "references_column")
+        return texts, ids, refs
+
+
+def orm(reward: Reward | None = None, *, url: str | None = None, image_id_column: str = "image_id",
+        references_column: str = "references", name: str = "FinecapReward") -> type:  # fmt: skip
+    """An ms-swift ``ORM`` class over a finecap ``reward`` (set up) or the reward server at ``url``."""
+    base, _ = _swift_bases()
+    scorer = Scorer(reward, url=url)
+
+    def __init__(self: Any, args: Any = None, **kwargs: Any) -> None:  # ms-swift 4 passes its arguments, 3 none
+        self.args = args
+
+    def __call__(self: Any, completions: Sequence[Any], **kwargs: Any) -> list[float]:
+        texts, ids, refs = self._inputs(completions, kwargs)
+        return self.scorer.score(texts, ids, refs).total
+
+    return type(name, (_Inputs, base), {"__init__": __init__, "__call__": __call__, "scorer": scorer,
+                                        "image_id_column": image_id_column, "references_column": references_column,
+                                        "__module__": __name__})  # fmt: skip
+
+
+def async_orm(url: str, *, image_id_column: str = "image_id", references_column: str = "references",
+              name: str = "FinecapAsyncReward") -> type:  # fmt: skip
+    """An ms-swift ``AsyncORM`` class asking the reward server at ``url`` (ms-swift awaits it alongside its other
+    asynchronous reward functions)."""
+    _, base = _swift_bases()
+    scorer = Scorer(url=url)
+
+    def __init__(self: Any, args: Any = None, **kwargs: Any) -> None:
+        self.args = args
+
+    async def __call__(self: Any, completions: Sequence[Any], **kwargs: Any) -> list[float]:
+        texts, ids, refs = self._inputs(completions, kwargs)
+        return (await self.scorer.ascore(texts, ids, refs)).total
+
+    return type(name, (_Inputs, base), {"__init__": __init__, "__call__": __call__, "scorer": scorer,
+                                        "image_id_column": image_id_column, "references_column": references_column,
+                                        "__module__": __name__})  # fmt: skip

@@ -1,0 +1,153 @@
+"""finecap's caption rewards as verl reward functions (``custom_reward_function``).
+
+verl calls a reward function in one of two forms, both provided here:
+
+- per sample, ``compute_score(data_source, solution_str, ground_truth, extra_info=None, **reward_kwargs)`` (verl's
+  reward loop, its ``naive`` and ``remote`` managers: verl 0.6 and later score one sample a call), and its
+  coroutine ``compute_score_async``, which verl's reward loop awaits (concurrent samples then reach the server
+  together, and it merges them into one call of a reward that scores each caption alone: CIDEr-D);
+- per batch, ``compute_score_batch(data_sources, solution_strs, ground_truths, extra_infos, **reward_kwargs)``
+  (``reward_manager.name=batch``), one call for the whole generation batch.
+
+Each returns ``{"score": total, <part>: value, ...}`` per sample (verl trains on ``score`` and logs the other keys).
+The image a response describes is ``extra_info["image_id"]`` (the ``image_key`` option), its references, when the
+data set brings its own, ``extra_info["references"]`` (``references_key``; otherwise the reward's own: CIDEr-D
+against the training references of the image); ``ground_truth`` is not read (verl requires the field: put the
+references there too, or anything). A per-sample call holds one image, so a reward that ranks each caption's image
+among the call's images (self-retrieval with in-batch distractors, the listener) is refused there: use the batch
+form (verl's ``batch`` reward manager of verl 0.5 and earlier), or serve ``sr.distractors=hard`` (mined distractors).
+
+Two ways to point verl at a reward:
+
+- a server (``finecap serve-reward RECIPE``), from verl's configuration alone, the functions of this module::
+
+      reward.custom_reward_function.path=pkg://finecap.integrations.verl
+      reward.custom_reward_function.name=compute_score_async      # or compute_score, compute_score_batch
+      +reward.custom_reward_function.reward_kwargs.url=http://127.0.0.1:8000
+
+  (verl < 0.6 reads ``custom_reward_function`` at the top level of its configuration.)
+- a reward in verl's own process, from a file of yours::
+
+      # finecap_reward.py
+      from finecap.integrations.verl import VerlReward
+      from finecap.rewards import get_reward
+      compute_score = VerlReward(get_reward("cider", None, references=train_references))
+      compute_score_batch = compute_score.batch
+
+Example::
+
+    >>> from finecap.rewards.cider import CiderReward
+    >>> fn = VerlReward(CiderReward({1: ["a red circle", "a small red circle"], 2: ["a blue square"]}))
+    >>> round(fn("coco", "a red circle", "", {"image_id": 1})["score"], 3)
+    5.26
+    >>> [round(r["score"], 3) for r in fn.batch(["coco"] * 2, ["a red circle", "a square"], ["", ""],
+    ...                                         [{"image_id": 1}, {"image_id": 2}])]
+    [5.26, 1.743]
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable, Mapping, Sequence
+from typing import Any
+
+from finecap.integrations.scoring import Scorer
+from finecap.rewards import Reward
+
+__all__ = ["VerlReward", "compute_score", "compute_score_async", "compute_score_batch"]
+
+
+class VerlReward:
+    """A finecap reward (or a reward server's) with verl's reward-function signatures (module docstring).
+
+    Args:
+        reward: a finecap reward, set up (:func:`finecap.rewards.get_reward`), or ``None`` with ``url``.
+        url: a reward server instead.
+        image_key: the ``extra_info`` key of each sample's image id.
+        references_key: the ``extra_info`` key of each sample's references (read when present).
+    """
+
+    def __init__(self, reward: Reward | None = None, *, url: str | None = None, image_key: str = "image_id",
+                 references_key: str = "references") -> None:  # fmt: skip
+        self.scorer = Scorer(reward, url=url)
+        self.image_key, self.references_key = image_key, references_key
+
+    def _inputs(self, extra_infos: Sequence[Mapping[str, Any] | None]) -> tuple[list[Hashable], list | None]:
+        ids, refs = [], []
+        for n, info in enumerate(extra_infos):
+            info = info or {}
+            if self.image_key not in info:
+                raise KeyError(f"finecap verl reward: sample {n}'s extra_info has no {self.image_key!r} (keys: "
+                               f"{sorted(info)}); put each sample's image id there, or pass image_key=")  # fmt: skip
+            ids.append(info[self.image_key])
+            refs.append(info.get(self.references_key))
+        given = [r is not None for r in refs]
+        if any(given) and not all(given):
+            raise ValueError(f"finecap verl reward: sample {given.index(False)} has no {self.references_key!r} in its "
+                             "extra_info where others have: give references for every sample or for none")  # fmt: skip
+        return ids, ([list(r) for r in refs] if all(given) else None)
+
+    def batch(self, data_sources: Sequence[str], solution_strs: Sequence[str], ground_truths: Sequence[Any],
+              extra_infos: Sequence[Mapping[str, Any] | None], **reward_kwargs: Any
+              ) -> list[dict[str, float]]:  # fmt: skip
+        """verl's batch form: one reward call for the batch."""
+        ids, refs = self._inputs(extra_infos)
+        scored = self.scorer.score(list(solution_strs), ids, refs)
+        return [{"score": t, **{k: v[n] for k, v in scored.parts.items()}} for n, t in enumerate(scored.total)]
+
+    def __call__(self, data_source: str, solution_str: str, ground_truth: Any, extra_info: Mapping[str, Any] | None
+                 = None, **reward_kwargs: Any) -> dict[str, float]:  # fmt: skip
+        """verl's per-sample form (refused for rewards that compare a call's images: module docstring)."""
+        self._check_single()
+        return self.batch([data_source], [solution_str], [ground_truth], [extra_info])[0]
+
+    async def ascore(self, data_source: str, solution_str: str, ground_truth: Any,
+                     extra_info: Mapping[str, Any] | None = None, **reward_kwargs: Any
+                     ) -> dict[str, float]:  # fmt: skip
+        """The per-sample form as a coroutine (a server is asked without blocking verl's event loop)."""
+        self._check_single()
+        ids, refs = self._inputs([extra_info])
+        scored = await self.scorer.ascore([solution_str], ids, refs)
+        return {"score": scored.total[0], **{k: v[0] for k, v in scored.parts.items()}}
+
+    def _check_single(self) -> None:
+        if self.scorer.compares_images:
+            raise ValueError("finecap verl reward: this reward ranks each caption's image among the call's images, "
+                             "and a per-sample call holds one: use compute_score_batch (reward_manager=batch) or "
+                             "sr.distractors=hard")  # fmt: skip
+
+
+_SERVED: dict[tuple[str, str, str], VerlReward] = {}
+
+
+def _served(url: str | None, image_key: str, references_key: str) -> VerlReward:
+    if not url:
+        raise ValueError("finecap.integrations.verl.compute_score: give the reward server's URL in verl's "
+                         "custom_reward_function.reward_kwargs.url (or build a VerlReward over a reward in a file of "
+                         "yours; docs/integrations.md)")  # fmt: skip
+    key = (url, image_key, references_key)
+    if key not in _SERVED:
+        _SERVED[key] = VerlReward(url=url, image_key=image_key, references_key=references_key)
+    return _SERVED[key]
+
+
+def compute_score(data_source: str, solution_str: str, ground_truth: Any, extra_info: Mapping[str, Any] | None = None,
+                  *, url: str | None = None, image_key: str = "image_id", references_key: str = "references",
+                  **reward_kwargs: Any) -> dict[str, float]:  # fmt: skip
+    """verl's per-sample reward function on the reward server at ``url`` (``reward_kwargs`` of verl's config)."""
+    return _served(url, image_key, references_key)(data_source, solution_str, ground_truth, extra_info)
+
+
+async def compute_score_async(data_source: str, solution_str: str, ground_truth: Any,
+                              extra_info: Mapping[str, Any] | None = None, *, url: str | None = None,
+                              image_key: str = "image_id", references_key: str = "references",
+                              **reward_kwargs: Any) -> dict[str, float]:  # fmt: skip
+    """:func:`compute_score` as a coroutine, which verl's reward loop awaits."""
+    return await _served(url, image_key, references_key).ascore(data_source, solution_str, ground_truth, extra_info)
+
+
+def compute_score_batch(data_sources: Sequence[str], solution_strs: Sequence[str], ground_truths: Sequence[Any],
+                        extra_infos: Sequence[Mapping[str, Any] | None], *, url: str | None = None,
+                        image_key: str = "image_id", references_key: str = "references",
+                        **reward_kwargs: Any) -> list[dict[str, float]]:  # fmt: skip
+    """verl's batch reward function on the reward server at ``url``."""
+    return _served(url, image_key, references_key).batch(data_sources, solution_strs, ground_truths, extra_infos)

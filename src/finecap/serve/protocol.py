@@ -1,0 +1,273 @@
+"""The reward server's requests: plain JSON read into :class:`RewardRequest`, or a :class:`RequestError` naming the
+field at fault (HTTP 400, or 413 for a limit). Nothing in a request is ever run or imported: bodies are read with
+:func:`json.loads` and every field is checked for its type, length and size (:class:`Limits`).
+
+Two shapes:
+
+- finecap's own (``POST /reward``)::
+
+      {"id": "step-17/3",                          # optional, any JSON scalar: echoed
+       "captions": ["a red circle on sand", ...],   # N strings
+       "image_ids": [17, 4, ...],                   # N ids of the served data set (or "images": N image paths)
+       "references": [["a red circle", ...], ...]}  # optional: N lists, CIDEr-D against these instead
+
+  Unknown fields are refused (a misspelt ``"image_id"`` must not pass for a request without images).
+
+- OpenRLHF's remote reward model and CapRL's reward server (``POST /get_reward``)::
+
+      {"query": [...], "prompts": [...], "labels": [...]}
+
+  ``query[i]`` is the decoded prompt and response (OpenRLHF decodes with special tokens): the caption is what
+  follows ``prompts[i]`` in it (:func:`caption_of_query`). ``labels[i]`` (OpenRLHF's ``--label_key`` column) carries
+  the image: its id (a string or an integer), or a JSON object (or its text) ``{"image_id": 17}`` (or
+  ``{"image": "path"}``), optionally with ``"references": [...]``. Other fields (``datasources``, token ids) are
+  ignored, as OpenRLHF versions send different ones.
+
+Example::
+
+    >>> parse_reward({"captions": ["a red circle"], "image_ids": [7]}, Limits()).image_ids
+    [7]
+    >>> caption_of_query("<|im_start|>user\\nDescribe.<|im_end|>\\n<|im_start|>assistant\\nA red circle.<|im_end|>",
+    ...                  "<|im_start|>user\\nDescribe.<|im_end|>\\n<|im_start|>assistant\\n")
+    'A red circle.'
+    >>> parse_get_reward({"query": ["a red circle"], "labels": ['{"image_id": 7}']}, Limits()).image_ids
+    [7]
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+END_MARKERS = ("<|im_end|>", "<|endoftext|>", "<|eot_id|>", "<|end_of_text|>", "<end_of_turn>", "<|end|>", "</s>",
+               "<eos>", "<|end▁of▁sentence|>", "<pad>", "<|pad|>")  # fmt: skip
+"""End-of-turn, end-of-text and padding tokens stripped from the end of an OpenRLHF query's response (it decodes
+with special tokens); the common chat templates' (ChatML/Qwen, Llama 3, Gemma, Phi, Mistral, DeepSeek)."""
+
+REWARD_FIELDS = ("id", "captions", "image_ids", "images", "references")
+
+
+@dataclass(frozen=True)
+class Limits:
+    """What one request may hold; beyond it the server answers 413 naming the field.
+
+    Attributes:
+        max_request_bytes: the body's size.
+        max_captions: captions (queries) per request.
+        max_caption_chars: characters of one caption (or query), and of one reference.
+    """
+
+    max_request_bytes: int = 16 * 2**20
+    max_captions: int = 8192
+    max_caption_chars: int = 20_000
+
+    def __post_init__(self) -> None:
+        for name in ("max_request_bytes", "max_captions", "max_caption_chars"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"--{name.replace('_', '-')}: must be at least 1, got {getattr(self, name)}")
+
+
+class RequestError(Exception):
+    """A request the server refuses: ``field`` names what is wrong (``"captions[3]"``, ``"body"``), ``status`` is
+    400 (malformed) or 413 (beyond :class:`Limits`)."""
+
+    def __init__(self, field: str, message: str, status: int = 400) -> None:
+        super().__init__(f"{field}: {message}")
+        self.field, self.message, self.status = field, message, status
+
+    def body(self) -> dict[str, Any]:
+        """The JSON error the server answers with."""
+        return {"error": {"field": self.field, "message": self.message}}
+
+
+@dataclass
+class RewardRequest:
+    """One request, checked: ``captions[n]`` describes ``image_ids[n]`` (ids as the request gave them; image paths
+    when ``by_path``), scored against ``references[n]`` when given; ``request_id`` is echoed."""
+
+    captions: list[str]
+    image_ids: list[Any]
+    by_path: bool = False
+    references: list[list[str]] | None = None
+    request_id: Any = None
+
+
+def decode_json(raw: bytes) -> Any:
+    """The JSON value of a request body (``NaN`` and ``Infinity`` refused, as nothing here needs them)."""
+    try:
+        return json.loads(raw, parse_constant=_refuse_constant)
+    except (ValueError, RecursionError) as e:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
+        raise RequestError("body", f"not valid JSON: {e}") from None
+
+
+def _refuse_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
+
+
+def _object(body: Any) -> Mapping[str, Any]:
+    if not isinstance(body, dict):
+        raise RequestError("body", f"expected a JSON object, got {_kind(body)}")
+    return body
+
+
+def _kind(value: Any) -> str:
+    names = {dict: "an object", list: "an array", str: "a string", bool: "a boolean", type(None): "null",
+             int: "a number", float: "a number"}  # fmt: skip
+    return names.get(type(value), type(value).__name__)
+
+
+def _text_list(value: Any, field: str, limits: Limits, *, n: int | None = None) -> list[str]:
+    """A JSON array of strings (``n`` of them when given), each within :attr:`Limits.max_caption_chars`."""
+    if not isinstance(value, list):
+        raise RequestError(field, f"expected an array of strings, got {_kind(value)}")
+    if n is None:
+        if not value:
+            raise RequestError(field, "is empty: give at least one caption")
+        if len(value) > limits.max_captions:
+            raise RequestError(field, f"{len(value)} entries exceed the server's limit of {limits.max_captions} per "
+                               "request (--max-captions)", 413)  # fmt: skip
+    elif len(value) != n:
+        raise RequestError(field, f"has {len(value)} entries for {n} captions")
+    for i, text in enumerate(value):
+        _text(text, f"{field}[{i}]", limits)
+    return value
+
+
+def _text(value: Any, field: str, limits: Limits) -> str:
+    if not isinstance(value, str):
+        raise RequestError(field, f"expected a string, got {_kind(value)}")
+    if len(value) > limits.max_caption_chars:
+        raise RequestError(field, f"{len(value)} characters exceed the server's limit of {limits.max_caption_chars} "
+                           "(--max-caption-chars)", 413)  # fmt: skip
+    return value
+
+
+def _image_id(value: Any, field: str) -> Any:
+    if isinstance(value, bool) or not isinstance(value, str | int):
+        raise RequestError(field, f"expected an image id (a string or an integer), got {_kind(value)}")
+    return value
+
+
+def _references(value: Any, field: str, n: int, limits: Limits) -> list[list[str]]:
+    if not isinstance(value, list):
+        raise RequestError(field, f"expected an array of {n} arrays of reference captions, got {_kind(value)}")
+    if len(value) != n:
+        raise RequestError(field, f"has {len(value)} entries for {n} captions")
+    out = []
+    for i, refs in enumerate(value):
+        if not isinstance(refs, list) or not refs:
+            raise RequestError(f"{field}[{i}]", "expected a non-empty array of reference captions")
+        for j, ref in enumerate(refs):
+            _text(ref, f"{field}[{i}][{j}]", limits)
+        out.append(refs)
+    return out
+
+
+def parse_reward(body: Any, limits: Limits) -> RewardRequest:
+    """finecap's request (``POST /reward``, module docstring)."""
+    body = _object(body)
+    unknown = sorted(set(body) - set(REWARD_FIELDS))
+    if unknown:
+        raise RequestError(unknown[0], f"unknown field; a request has {', '.join(REWARD_FIELDS)}")
+    request_id = body.get("id")
+    if isinstance(request_id, dict | list):
+        raise RequestError("id", f"expected a JSON scalar (string, number, boolean or null), got {_kind(request_id)}")
+    if "captions" not in body:
+        raise RequestError("captions", "missing: give the captions to score")
+    captions = _text_list(body["captions"], "captions", limits)
+    if "image_ids" in body and "images" in body:
+        raise RequestError("images", "give the captions' images as image_ids or as images (paths), not both")
+    if "image_ids" not in body and "images" not in body:
+        raise RequestError("image_ids", "missing: give the images the captions describe, image_ids (or images, "
+                           "paths)")  # fmt: skip
+    by_path = "images" in body
+    field = "images" if by_path else "image_ids"
+    given = body[field]
+    if not isinstance(given, list):
+        raise RequestError(field, f"expected an array, got {_kind(given)}")
+    if len(given) != len(captions):
+        raise RequestError(field, f"has {len(given)} entries for {len(captions)} captions")
+    if by_path:
+        ids = [_text(p, f"images[{i}]", limits) for i, p in enumerate(given)]
+    else:
+        ids = [_image_id(v, f"image_ids[{i}]") for i, v in enumerate(given)]
+    references = None
+    if body.get("references") is not None:
+        references = _references(body["references"], "references", len(captions), limits)
+    return RewardRequest(list(captions), ids, by_path, references, request_id)
+
+
+def caption_of_query(query: str, prompt: str | None) -> str:
+    """The response in an OpenRLHF query: the text after ``prompt`` (its first occurrence; the whole query without
+    one), without trailing :data:`END_MARKERS` and surrounding white space."""
+    text = query
+    if prompt:
+        at = query.find(prompt)
+        if at >= 0:
+            text = query[at + len(prompt) :]
+    text = text.strip()
+    stripped = True
+    while stripped:
+        stripped = False
+        for marker in END_MARKERS:
+            if text.endswith(marker):
+                text, stripped = text[: -len(marker)].rstrip(), True
+    return text
+
+
+def _label(value: Any, field: str, limits: Limits) -> tuple[Any, bool, list[str] | None]:
+    """(image id or path, whether a path, references or ``None``) of one OpenRLHF label."""
+    if isinstance(value, str) and value.lstrip().startswith("{"):
+        try:
+            value = json.loads(value, parse_constant=_refuse_constant)
+        except (ValueError, RecursionError) as e:
+            raise RequestError(field, f"a label starting with '{{' must be a JSON object: {e}") from None
+    if not isinstance(value, dict):
+        return _image_id(value, field), False, None
+    unknown = sorted(set(value) - {"image_id", "image", "references"})
+    if unknown:
+        raise RequestError(f"{field}.{unknown[0]}", "unknown key; a label object has image_id (or image) and "
+                           "optionally references")  # fmt: skip
+    if ("image_id" in value) == ("image" in value):
+        raise RequestError(field, "a label object names its image by image_id or image (a path), one of them")
+    if "image" in value:
+        image, by_path = _text(value["image"], f"{field}.image", limits), True
+    else:
+        image, by_path = _image_id(value["image_id"], f"{field}.image_id"), False
+    refs = None
+    if value.get("references") is not None:
+        refs = _references([value["references"]], f"{field}.references", 1, limits)[0]
+    return image, by_path, refs
+
+
+def parse_get_reward(body: Any, limits: Limits) -> RewardRequest:
+    """OpenRLHF's / CapRL's request (``POST /get_reward``, module docstring)."""
+    body = _object(body)
+    if "query" not in body:
+        raise RequestError("query", "missing: OpenRLHF sends the decoded prompts and responses as query")
+    queries = _text_list(body["query"], "query", limits)
+    n = len(queries)
+    prompts = body.get("prompts")
+    if prompts is not None:
+        prompts = _text_list(prompts, "prompts", limits, n=n)
+    if body.get("labels") is None:
+        raise RequestError("labels", "missing: each label carries its caption's image (its id, or a JSON object "
+                           '{"image_id": ...}); OpenRLHF sends the --label_key column')  # fmt: skip
+    labels = body["labels"]
+    if not isinstance(labels, list):
+        raise RequestError("labels", f"expected an array, got {_kind(labels)}")
+    if len(labels) != n:
+        raise RequestError("labels", f"has {len(labels)} entries for {n} queries")
+    parsed = [_label(v, f"labels[{i}]", limits) for i, v in enumerate(labels)]
+    by_path = {p for _, p, _ in parsed}
+    if len(by_path) > 1:
+        raise RequestError("labels", "name every image by its id or every one by its path, not a mix")
+    with_refs = [r is not None for _, _, r in parsed]
+    if any(with_refs) and not all(with_refs):
+        raise RequestError(f"labels[{with_refs.index(False)}]", "has no references where other labels have: give "
+                           "them for every caption of a request or for none")  # fmt: skip
+    captions = [caption_of_query(q, prompts[i] if prompts else None) for i, q in enumerate(queries)]
+    references = [r for _, _, r in parsed] if all(with_refs) else None
+    return RewardRequest(captions, [i for i, _, _ in parsed], by_path.pop(), references)

@@ -1,0 +1,208 @@
+"""A tiny world served by the reward server, for tests/serve and the adapters' tests: the ``served`` fixture of
+tests/conftest.py builds it once per session.
+
+:func:`make_served` makes a world of :data:`N_TRAIN` training scenes and a tiny random CLIP (the retriever), and
+builds two services as ``finecap serve-reward`` builds them (:func:`finecap.app.serve_reward.build_service`: the
+training loop's reward, set up with its context): the NDLB mixture ``retrieval 1.0 + cider 0.5`` and CIDEr-D alone.
+:func:`fixture_captions` gives the 1,000 captions of the identity tests, cut into :data:`GROUP` requests of 100;
+:func:`serving` runs a service on 127.0.0.1 (a free port) in a thread; :func:`every_front_end` asks one reward
+through every front end. :func:`small_mixture` is a mixture small enough to compute by hand (``EXPECTED`` for
+``CAPTIONS`` of the images ``IDS``), for the tests that need no world (the frameworks' own loaders)."""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import random
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import torch
+
+N_TRAIN = 100
+N_CAPTIONS = 1000
+GROUP = 100  # captions per request: 10 requests of 100, each over ~60 distinct images
+
+
+def make_served(root: Path) -> dict:
+    """``{"cfg", "mix", "cider", "records", "captions", "image_ids", "groups", "clip"}`` (module docstring)."""
+    from finecap.app.serve_reward import build_service
+    from finecap.config import load
+    from finecap.data.datasets import load_records
+    from helpers.tiny_run import tiny_world_and_clip
+
+    overrides, clip = tiny_world_and_clip(root, N_TRAIN, 8, 8)
+    base = [*overrides, f"retriever.checkpoint={clip}", f"run.dir={root / 'run'}"]
+    cfg = load(None, [*base, "rl.rewards={retrieval: 1.0, cider: 0.5}"])
+    mix = build_service(cfg, log_every=0)
+    cider = build_service(load(None, [*base, "rl.rewards={cider: 1.0}"]), log_every=0)
+    records = load_records(cfg, "train")
+    captions, ids = fixture_captions(records)
+    groups = [(captions[i : i + GROUP], ids[i : i + GROUP]) for i in range(0, len(captions), GROUP)]
+    return {"cfg": cfg, "base": base, "mix": mix, "cider": cider, "records": records, "captions": captions,
+            "image_ids": ids, "groups": groups, "clip": clip}  # fmt: skip
+
+
+def fixture_captions(records: list, n: int = N_CAPTIONS, seed: int = 0) -> tuple[list[str], list]:
+    """``n`` captions with the image each describes: a reference of its own image, a reference of another image,
+    or the first words of its own reference, in a fixed random order (seeded)."""
+    rng = random.Random(seed)
+    captions, ids = [], []
+    for k in range(n):
+        record = records[rng.randrange(len(records))]
+        kind = k % 3
+        if kind == 0:
+            text = rng.choice(record.captions)
+        elif kind == 1:
+            text = rng.choice(records[rng.randrange(len(records))].captions)
+        else:
+            words = rng.choice(record.captions).split()
+            text = " ".join(words[: max(2, len(words) // 2)])
+        captions.append(text)
+        ids.append(record.image_id)
+    return captions, ids
+
+
+@contextlib.contextmanager
+def serving(service) -> Iterator[str]:
+    """``service`` on 127.0.0.1 at a free port, in a thread, for the block: its base URL."""
+    from finecap.serve.app import make_server
+
+    server, sock = make_server(service)
+    port = sock.getsockname()[1]
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 30
+    while not server.started:
+        if not thread.is_alive() or time.monotonic() > deadline:
+            raise RuntimeError("the reward server did not start")
+        time.sleep(0.01)
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        thread.join(30)
+
+
+PROMPT = "<|im_start|>user\n<image>Describe the image in detail.<|im_end|>\n<|im_start|>assistant\n"
+
+
+def every_front_end(reward, url: str, captions: list[str], ids: list) -> dict[str, list[float]]:
+    """The totals of one call (``captions`` of the images ``ids``) through every front end: in process, the server's
+    two endpoints and its client, and each adapter over the reward in process and over the server at ``url``."""
+    import asyncio
+    import json
+
+    import httpx
+
+    from finecap.integrations.openrlhf import reward_function
+    from finecap.integrations.swift import async_orm, orm
+    from finecap.integrations.trl import TrlReward
+    from finecap.integrations.verl import VerlReward, compute_score_batch
+    from finecap.rewards import call_batch
+    from finecap.serve.client import RewardClient
+
+    n = len(captions)
+    infos = [{"image_id": i} for i in ids]
+    queries = [PROMPT + c + "<|im_end|>" for c in captions]
+    labels = [json.dumps({"image_id": i}) for i in ids]
+    conversational = [[{"role": "assistant", "content": [{"type": "text", "text": c}]}] for c in captions]
+    return {
+        "in process": reward(captions, call_batch(ids)).total.tolist(),
+        "server /reward": httpx.post(f"{url}/reward", json={"captions": captions, "image_ids": ids}).json()["total"],
+        "server /get_reward": httpx.post(f"{url}/get_reward", json={"query": queries, "prompts": [PROMPT] * n,
+                                                                     "labels": labels}).json()["rewards"],
+        "client": RewardClient(url).score(captions, ids).total,
+        "TRL": TrlReward("r", reward)(prompts=[PROMPT] * n, completions=conversational, image_id=ids),
+        "verl batch": [r["score"] for r in VerlReward(reward).batch(["finecap"] * n, captions, [""] * n, infos)],
+        "verl batch, server": [r["score"] for r in compute_score_batch(["finecap"] * n, captions, [""] * n, infos,
+                                                                        url=url)],
+        "ms-swift ORM": orm(reward)()(captions, image_id=ids, trainer_state=None),
+        "ms-swift ORM, server": orm(url=url)()(captions, image_id=ids, trainer_state=None),
+        "ms-swift AsyncORM, server": asyncio.run(async_orm(url)()(captions, image_id=ids, trainer_state=None)),
+        "OpenRLHF reward_func": reward_function(reward)(queries, [PROMPT] * n, labels)["rewards"].tolist(),
+        "OpenRLHF reward_func, server": reward_function(url=url)(queries, [PROMPT] * n, labels)["rewards"].tolist(),
+    }  # fmt: skip
+
+
+# ------------------------------------------------------------------------------------------------------------------
+# A mixture small enough to compute by hand
+# ------------------------------------------------------------------------------------------------------------------
+
+
+class VectorRetriever:
+    """Stand-in retriever (as tests/rewards/test_retrieval_reward.py's): a caption "x y" embeds as (x, y) normalised;
+    logit scale 2."""
+
+    logit_scale = 2.0
+
+    def embed_texts(self, texts):
+        return torch.nn.functional.normalize(torch.tensor([[float(v) for v in t.split()[:2]] for t in texts]), dim=-1)
+
+
+# Images a = (1, 0) and b = (0, 1); references a: "1 0", b: "0 1".
+# SR (log_prob, the candidates are the call's images a and b, scale 2): a caption "1 0" has logits (2, 0):
+#   for a: 2 - log(e^2 + e^0) = -0.126928; for b: 0 - log(e^2 + 1) = -2.126928; "0 1" the other way round.
+#   With sr.distractors=hard the one other image is mined whatever the call holds: the same values, one caption a call.
+# CIDEr-D (N = 2 images): the unigrams "1" and "0" are in both references (df 2: idf log 2 - log 2 = 0, so the
+#   unigram vectors are zero and score 0); the bigram "1 0" is in a's only (idf log 2). "1 0" for a: bigram cosine 1,
+#   3- and 4-grams none, same length (penalty 1): 10 * (0 + 1 + 0 + 0) / 4 = 2.5; "0 1" for a: no shared bigram: 0.
+# R = 0.5 * SR + 2 * CIDEr-D:
+SR_HIT, SR_MISS = 2 - math.log(math.e**2 + 1), -math.log(math.e**2 + 1)
+CAPTIONS = ["1 0", "0 1", "0 1", "1 0"]
+IDS = ["a", "a", "b", "b"]
+EXPECTED = [0.5 * SR_HIT + 2 * 2.5, 0.5 * SR_MISS, 0.5 * SR_HIT + 2 * 2.5, 0.5 * SR_MISS]  # 4.936536, -1.063464
+
+
+def small_mixture(sr_config=None):
+    """0.5 * SR + 2 * CIDEr-D over the images a and b (``sr_config``: the ``sr`` section, default its defaults)."""
+    from finecap.config import SRConfig
+    from finecap.rewards import WeightedSum
+    from finecap.rewards.cider import CiderReward
+    from finecap.rewards.retrieval import RetrievalReward
+
+    sr = RetrievalReward(VectorRetriever(), sr_config or SRConfig(), image_ids=["a", "b"],
+                         embeddings=torch.tensor([[1.0, 0.0], [0.0, 1.0]]))  # fmt: skip
+    return WeightedSum({"retrieval": (0.5, sr), "cider": (2.0, CiderReward({"a": ["1 0"], "b": ["0 1"]}))})
+
+
+class Command:
+    """``finecap serve-reward`` in a process of its own (:func:`serve_command`): its URL, and after the block its exit
+    code and what it printed."""
+
+    url = ""
+    code: int | None = None
+    out = err = ""
+
+
+@contextlib.contextmanager
+def serve_command(args: list[str], cwd: Path) -> Iterator[Command]:
+    """``finecap serve-reward ARGS --port 0`` run from ``cwd`` (this checkout's source first on the path) until the
+    block ends, then stopped with SIGTERM; the printed address is checked (the first line of its output)."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    src = Path(__file__).resolve().parents[2] / "src"
+    env = {**os.environ, "PYTHONPATH": f"{src}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+    argv = [sys.executable, "-m", "finecap.app.cli", "serve-reward", *args, "--port", "0"]
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=cwd)
+    command = Command()
+    try:
+        line = proc.stdout.readline()
+        if " on http://127.0.0.1:" not in line:
+            proc.kill()
+            raise AssertionError(f"finecap serve-reward did not start: {line!r} {proc.communicate()[1][-2000:]}")
+        command.url = line.split(" on ")[1].split()[0]
+        command.out = line
+        yield command
+        proc.send_signal(signal.SIGTERM)
+        out, command.err = proc.communicate(timeout=120)
+        command.out += out
+        command.code = proc.returncode
+    finally:
+        if proc.poll() is None:
+            proc.kill()

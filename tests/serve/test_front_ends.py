@@ -1,0 +1,68 @@
+"""One reward, the same values through every front end: in process, the server's two endpoints and its client, TRL,
+verl (batch form), ms-swift (ORM and AsyncORM) and OpenRLHF (``reward_func``), each over the reward in process and
+over the server. First on a mixture small enough to compute by hand (SR + CIDEr-D with weights), then bit for bit on
+the 1,000 captions of the served world (the NDLB mixture: self-retrieval with a tiny CLIP + 0.5 CIDEr-D), and
+CIDEr-D alone through the per-sample forms (verl's ``compute_score``)."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from finecap.integrations.verl import VerlReward, compute_score, compute_score_async
+from finecap.rewards.cider import CiderReward
+from finecap.serve.service import ImageTable, RewardService
+from helpers.served import CAPTIONS, EXPECTED, IDS, every_front_end, serving, small_mixture
+
+
+def test_a_hand_computed_mixture_through_every_front_end():
+    reward = small_mixture()
+    with serving(RewardService(reward, ImageTable(["a", "b"]), log_every=0)) as url:
+        got = every_front_end(reward, url, CAPTIONS, IDS)
+    for front_end, values in got.items():
+        assert values == pytest.approx(EXPECTED, abs=1e-5), front_end
+        assert values == got["in process"], front_end  # and bit for bit the in-process values
+
+
+def test_the_per_sample_form_is_refused_for_a_reward_comparing_the_calls_images():
+    with pytest.raises(ValueError, match="a per-sample call holds one: use compute_score_batch"):
+        VerlReward(small_mixture())("finecap", "1 0", "", {"image_id": "a"})
+    cider = VerlReward(CiderReward({"a": ["1 0"], "b": ["0 1"]}))
+    assert cider("finecap", "1 0", "", {"image_id": "a"}) == {"score": pytest.approx(2.5), "cider": pytest.approx(2.5)}
+    with pytest.raises(KeyError, match="sample 0's extra_info has no 'image_id' \\(keys: \\['img'\\]\\)"):
+        cider("finecap", "1 0", "", {"img": "a"})
+    with pytest.raises(ValueError, match="reward_kwargs.url"):
+        compute_score("finecap", "1 0", "", {"image_id": "a"})
+
+
+@pytest.mark.parametrize("n_groups", [1, pytest.param(10, marks=pytest.mark.slow)])
+def test_the_fixtures_captions_are_bit_identical_through_every_front_end(served, n_groups):
+    """The 1,000 captions (10 requests of 100; the fast suite takes the first 100), NDLB's mixture."""
+    service = served["mix"]
+    with serving(service) as url:
+        for captions, ids in served["groups"][:n_groups]:
+            got = every_front_end(service.reward, url, captions, ids)
+            assert len(set(got["in process"])) > 50  # values that tell the captions apart: nothing vacuous
+            for front_end, values in got.items():
+                assert values == got["in process"], front_end
+
+
+@pytest.mark.slow
+def test_per_sample_calls_of_a_per_caption_reward_equal_its_batch_values(served):
+    """CIDEr-D scores each caption alone: verl's per-sample form (in process and through the server, which merges
+    the concurrent requests it gets) gives each caption its value in the batch."""
+    service = served["cider"]
+    captions, ids = served["groups"][3]
+    batch = service.reward(captions, {"image_ids": ids}).total.tolist()
+    local = VerlReward(service.reward)
+    assert [local("finecap", c, "", {"image_id": i})["score"] for c, i in zip(captions, ids)] == batch
+    with serving(service) as url:
+        remote = [compute_score("finecap", c, "", {"image_id": i}, url=url)["score"] for c, i in zip(captions, ids)]
+
+        async def concurrently():  # as verl's reward loop awaits its samples: the server merges them
+            return await asyncio.gather(*(compute_score_async("finecap", c, "", {"image_id": i}, url=url)
+                                          for c, i in zip(captions, ids)))  # fmt: skip
+
+        awaited = [r["score"] for r in asyncio.run(concurrently())]
+    assert remote == batch and awaited == batch

@@ -1,0 +1,175 @@
+"""The reward server over real HTTP on 127.0.0.1: both endpoints answer with the in-process values, every refused
+request names its field (400, 413, 404, 405) and the server goes on serving; 32 concurrent clients for a bounded
+time lose and mix up nothing (slow); ``finecap serve-reward`` stops cleanly on SIGTERM (slow)."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from finecap.rewards import call_batch
+from helpers.served import serve_command, serving
+
+SRC = Path(__file__).resolve().parents[2] / "src"
+
+
+def in_process(service, captions, ids) -> tuple[list[float], dict[str, list[float]]]:
+    out = service.reward(captions, call_batch([service.images.by_text[str(i)] for i in ids]))
+    return out.total.tolist(), {k: v.tolist() for k, v in out.parts.items()}
+
+
+def test_both_endpoints_answer_the_in_process_values_and_echo_the_request(served):
+    service = served["mix"]
+    captions, ids = served["groups"][0]
+    total, parts = in_process(service, captions, ids)
+    with serving(service) as url:
+        got = httpx.post(f"{url}/reward", json={"id": "g0", "captions": captions, "image_ids": ids}).json()
+        assert (got["id"], got["image_ids"], got["total"], got["parts"]) == ("g0", ids, total, parts)
+        assert set(parts) >= {"retrieval", "cider", "retrieval/truncated", "retrieval/accuracy"}
+        # ids as strings and images as paths are the same images
+        paths = {r.image_id: str(r.path) for r in served["records"]}
+        got = httpx.post(f"{url}/reward", json={"captions": captions, "images": [paths[i] for i in ids]}).json()
+        assert got["total"] == total and got["images"] == [paths[i] for i in ids]
+        got = httpx.post(f"{url}/reward", json={"captions": captions, "image_ids": [str(i) for i in ids]}).json()
+        assert got["total"] == total
+        prompt = "<|im_start|>user\n<image>Describe the image.<|im_end|>\n<|im_start|>assistant\n"
+        body = {"query": [prompt + c + "<|im_end|>" for c in captions], "prompts": [prompt] * len(captions),
+                "labels": [json.dumps({"image_id": i}) for i in ids]}  # fmt: skip
+        got = httpx.post(f"{url}/get_reward", json=body).json()
+        assert got == {"rewards": total, "extra_logs": parts}
+        health = httpx.get(f"{url}/health").json()
+        assert health["status"] == "ok" and health["images"] == len(served["records"]) and health["requests"] >= 4
+        assert health["reward"] == "1*retrieval + 0.5*cider"
+
+
+def test_refused_requests_name_their_field_and_the_server_goes_on(served):
+    service = served["cider"]
+    captions, ids = served["groups"][1]
+    total, _ = in_process(service, captions, ids)
+    limit = service.limits.max_request_bytes
+    with serving(service) as url:
+
+        def refused(path: str, status: int, field: str | None, words: str, **kwargs) -> None:
+            response = httpx.request("POST" if path != "/health" else "GET", f"{url}{path}", **kwargs)
+            error = response.json()["error"]
+            assert (response.status_code, error["field"]) == (status, field), response.text
+            assert words in error["message"], error["message"]
+            # and the next request is served as if nothing had happened
+            assert httpx.post(f"{url}/reward", json={"captions": captions, "image_ids": ids}).json()["total"] == total
+
+        refused("/reward", 400, "body", "not valid JSON", content=b'{"captions": ["a red')
+        refused("/reward", 400, "captions[2]", "expected a string, got a number",
+                json={"captions": ["a", "b", 3], "image_ids": [1, 2, 3]})  # fmt: skip
+        refused("/reward", 400, "image_ids[0]", "unknown image id 999999: the server scores the 100 training images",
+                json={"captions": ["a"], "image_ids": [999999]})  # fmt: skip
+        refused("/reward", 400, "caption", "unknown field", json={"caption": ["a"], "image_ids": [1]})
+        refused("/get_reward", 400, "labels", "missing", json={"query": ["a"]})
+        refused("/reward", 413, "body", "exceed the server's limit", content=b" " * (limit + 1))
+
+        def chunks():  # no Content-Length: the body is read up to the limit and no further
+            for _ in range(limit // 65536 + 2):
+                yield b" " * 65536
+
+        refused("/reward", 413, "body", "more than", content=chunks())
+        refused("/reward", 413, "captions", "--max-captions", json={"captions": ["a"] * 8193, "image_ids": [1] * 8193})
+        refused("/reward", 413, "captions[0]", "--max-caption-chars", json={"captions": ["a" * 20_001],
+                                                                             "image_ids": [ids[0]]})  # fmt: skip
+        refused("/nowhere", 404, None, "Not Found", json={})
+        response = httpx.get(f"{url}/reward")
+        assert response.status_code == 405 and response.json()["error"]["field"] is None
+
+
+def test_a_reward_comparing_images_refuses_a_one_image_request(served):
+    captions, ids = served["groups"][0]
+    with serving(served["mix"]) as url:
+        response = httpx.post(f"{url}/get_reward", json={"query": captions[:2], "labels": [ids[0]] * 2})
+        assert response.status_code == 400 and response.json()["error"]["field"] == "image_ids"
+        assert "send a generation batch of several images per request" in response.json()["error"]["message"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("which", ["cider", "mix"])
+def test_32_concurrent_clients_lose_and_mix_up_nothing(served, which):
+    """32 threads post requests for a bounded time (1.5 s), each a random slice of the fixture with its own id; every
+    answer must echo its request's id and image ids and carry its captions' in-process values, bit for bit (the
+    CIDEr-D service merges concurrent requests into one call; the mixture calls each alone)."""
+    import random
+
+    service = served[which]
+    captions, ids = served["captions"], served["image_ids"]
+    answers: list[tuple[tuple[int, int], list[float]]] = []
+    bad: list[str] = []
+    counts = [0] * 32
+    with serving(service) as url:
+        before = httpx.get(f"{url}/health").json()["requests"]  # the session's services served other tests before
+
+        def client(k: int) -> None:
+            rng = random.Random(k)
+            deadline = time.monotonic() + 1.5
+            with httpx.Client(timeout=60) as http:
+                while counts[k] == 0 or time.monotonic() < deadline:  # at least one request, however late it starts
+                    start = rng.randrange(0, len(captions) - 60)
+                    span = (start, start + rng.randrange(5, 60))
+                    request_id = f"{k}-{counts[k]}"
+                    body = {"id": request_id, "captions": captions[span[0] : span[1]],
+                            "image_ids": ids[span[0] : span[1]]}  # fmt: skip
+                    try:
+                        got = http.post(f"{url}/reward", json=body).json()
+                    except Exception as e:  # noqa: BLE001 - a lost answer: reported below with its request
+                        got = {"error": repr(e)}
+                    if got.get("id") != request_id or got.get("image_ids") != body["image_ids"]:
+                        bad.append(f"{request_id}: answered {got}"[:200])
+                    else:
+                        answers.append((span, got["total"]))
+                    counts[k] += 1
+
+        threads = [threading.Thread(target=client, args=(k,)) for k in range(32)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(120)
+        served_requests = httpx.get(f"{url}/health").json()["requests"] - before
+    assert not bad, bad[:5]
+    assert sum(counts) == served_requests == len(answers) and min(counts) >= 1  # all answered, every client served
+    for span, total in answers:  # the values of each request's own captions, bit for bit
+        assert total == in_process(service, captions[span[0] : span[1]], ids[span[0] : span[1]])[0], span
+
+
+@pytest.mark.slow
+def test_the_command_serves_and_stops_cleanly_on_sigterm(served, tmp_path):
+    """``finecap serve-reward`` in a process of its own (the tiny world's configuration, --port 0): it prints its
+    address, answers, logs its throughput, and on SIGTERM finishes and exits 0."""
+    captions, ids = served["groups"][2]
+    with serve_command([*served["base"], "rl.rewards={cider: 1.0}", "--log-every", "0.5"], tmp_path) as command:
+        assert "finecap serve-reward: 1*cider over 100 training images on http://127.0.0.1:" in command.out
+        for _ in range(3):
+            got = httpx.post(f"{command.url}/reward", json={"captions": captions, "image_ids": ids}, timeout=60)
+        assert got.json()["total"] == in_process(served["cider"], captions, ids)[0]
+        time.sleep(0.6)  # a throughput line is due at the next request
+        httpx.post(f"{command.url}/reward", json={"captions": captions, "image_ids": ids}, timeout=60)
+    assert command.code == 0, command.err
+    assert "stopped after 4 requests (400 captions)" in command.out
+    assert "reward server (1*cider): " in command.err and "captions/s" in command.err and "latency p50" in command.err
+    assert not list(tmp_path.iterdir())  # nothing written to the working directory
+
+
+def test_the_listening_socket_gives_its_connections_tcp_nodelay():
+    """asyncio sets TCP_NODELAY on the connections of a socket made with proto=IPPROTO_TCP only; without it every
+    small answer waited for the client's delayed ACK (40 ms a request, measured before the fix)."""
+    import socket
+
+    from finecap.serve.app import bind
+
+    sock = bind("127.0.0.1", 0)
+    try:
+        assert sock.proto == socket.IPPROTO_TCP and sock.getsockname()[1] > 0
+        sock.listen()
+        with pytest.raises(ValueError, match=r"--host 127.0.0.1 --port \d+: cannot listen there: "):
+            bind("127.0.0.1", sock.getsockname()[1])  # another server listens there
+    finally:
+        sock.close()

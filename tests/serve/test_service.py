@@ -1,0 +1,133 @@
+"""The reward service without HTTP: images by id or path, the batching of concurrent requests (merged into one
+reward call only for rewards that score each caption alone, and then bit for bit the values of separate calls), a
+bad request failing alone, and the refusal of one-image requests for rewards that compare a call's images."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+import torch
+
+from finecap.rewards import RewardOutput
+from finecap.serve.protocol import RequestError, RewardRequest
+from finecap.serve.service import ImageTable, RewardService, Scored
+
+
+class Counting:
+    """Each caption's length in words; counts its calls; refuses the caption "boom" (a ValueError)."""
+
+    def __init__(self, per_caption: bool) -> None:
+        self.per_caption = per_caption
+        self.calls: list[int] = []
+
+    def __call__(self, captions, batch):
+        self.calls.append(len(captions))
+        if "boom" in captions:
+            raise ValueError("caption 'boom' is refused")
+        if "bug" in captions:
+            raise RuntimeError("a bug")
+        total = torch.tensor([float(len(c.split())) for c in captions])
+        return RewardOutput(total, {"length": total})
+
+
+def request(*captions: str, ids=None) -> RewardRequest:
+    return RewardRequest(list(captions), list(ids or range(len(captions))))
+
+
+def run_concurrently(service: RewardService, requests: list[RewardRequest]) -> list:
+    async def go():
+        async with service.running():
+            return await asyncio.gather(*(service.score(service.job(r)) for r in requests), return_exceptions=True)
+
+    return asyncio.run(go())
+
+
+def test_images_by_id_text_or_path(tmp_path):
+    table = ImageTable([17, "a"], {"/w/0.png": 17}, "the 2 images of a test")
+    assert table.resolve(["17", 17, "a"], False, "image_ids") == [17, 17, "a"]
+    assert table.resolve(["/w/0.png", "/w/../w/0.png"], True, "images") == [17, 17]  # resolved when not as named
+    with pytest.raises(RequestError, match=r"^image_ids\[1\]: unknown image id 18: the server scores the 2 images"):
+        table.resolve([17, 18], False, "image_ids")
+    with pytest.raises(RequestError, match=r"^images\[0\]: unknown image file '/w/1.png'"):
+        table.resolve(["/w/1.png"], True, "images")
+    with pytest.raises(ValueError, match="image ids 1 and '1' read the same"):
+        ImageTable([1, "1"])
+    from finecap.data.formats import Record
+
+    records = [Record(5, tmp_path / "img" / "5.png", "train", ["a"])]
+    assert ImageTable.of_records(records).resolve([str(tmp_path / "img" / "5.png")], True, "images") == [5]
+
+
+def test_concurrent_requests_of_a_per_caption_reward_are_merged_up_to_the_batch_size():
+    reward = Counting(per_caption=True)
+    service = RewardService(reward, ImageTable(range(10)), batch_size=4)
+    got = run_concurrently(service, [request("a b", "c"), request("d e f"), request("g", "h", "i j"), request("k")])
+    assert [s.total for s in got] == [[2.0, 1.0], [3.0], [1.0, 1.0, 2.0], [1.0]]
+    assert got[0].parts == {"length": [2.0, 1.0]}
+    assert reward.calls == [3, 4]  # all queued before the worker's first round: 2 + 1 captions, then 3 + 1
+    assert (service.meter.total_requests, service.meter.total_captions) == (4, 7)
+
+
+def test_requests_of_other_rewards_are_called_one_by_one():
+    reward = Counting(per_caption=False)
+    service = RewardService(reward, ImageTable(range(10)))
+    got = run_concurrently(service, [request("a b", "c"), request("d e f"), request("g")])
+    assert [s.total for s in got] == [[2.0, 1.0], [3.0], [1.0]] and reward.calls == [2, 1, 1]
+
+
+def test_a_bad_request_fails_alone_and_the_service_goes_on():
+    reward = Counting(per_caption=True)
+    service = RewardService(reward, ImageTable(range(10)))
+    got = run_concurrently(service, [request("a b"), request("boom"), request("bug"), request("c")])
+    assert got[0].total == [2.0] and got[3].total == [1.0]
+    assert isinstance(got[1], RequestError) and (got[1].field, got[1].status) == ("captions", 400)
+    assert "caption 'boom' is refused" in got[1].message
+    assert isinstance(got[2], RuntimeError) and not isinstance(got[2], RequestError)  # a bug: answered 500
+    assert reward.calls == [4, 1, 1, 1, 1]  # the merged call failed, then each request alone
+
+
+def test_a_reward_comparing_the_calls_images_refuses_a_request_of_one_image():
+    reward = Counting(per_caption=False)
+    reward.compares_images = True
+    service = RewardService(reward, ImageTable(range(10)))
+    with pytest.raises(RequestError, match=r"^image_ids: names one distinct image; .* sr.distractors=hard"):
+        service.job(request("a", "b", ids=[3, 3]))
+    assert service.job(request("a", "b", ids=[3, 4])).image_ids == [3, 4]
+
+
+def test_the_service_must_be_running_and_stops_cleanly():
+    service = RewardService(Counting(True), ImageTable(range(3)))
+    with pytest.raises(RuntimeError, match="not running"):
+        asyncio.run(service.score(service.job(request("a"))))
+    assert run_concurrently(service, []) == []  # started and stopped twice: the worker and its thread end
+    assert isinstance(run_concurrently(service, [request("a")])[0], Scored)
+    with pytest.raises(ValueError, match="--batch-size: must be at least 1"):
+        RewardService(Counting(True), ImageTable([1]), batch_size=0)
+
+
+def test_merged_cider_calls_are_bit_identical_to_separate_ones(served):
+    service = served["cider"]
+    jobs = [service.job(RewardRequest(c, i)) for c, i in served["groups"]]
+    merged = service.score_now(jobs)
+    alone = [service.score_now([j])[0] for j in jobs]
+    assert [m.total for m in merged] == [a.total for a in alone]
+    assert [m.parts for m in merged] == [a.parts for a in alone]
+
+
+def test_references_of_a_request_replace_the_images_own_with_the_corpus_document_frequencies(served):
+    """A request's references score CIDEr-D against them, the document frequencies still the training corpus's: an
+    image's own training references give its values without them, and another image's references give the values of
+    the caption said of that image (two paths: the references of the request, the scorer's table)."""
+    service = served["cider"]
+    captions, ids = served["groups"][4]
+    own = {r.image_id: r.captions for r in served["records"]}
+
+    def scored(image_ids, references=None):
+        return service.score_now([service.job(RewardRequest(captions, image_ids, references=references))])[0].total
+
+    plain = scored(ids)
+    assert scored(ids, [own[i] for i in ids]) == pytest.approx(plain, abs=1e-6) and max(plain) > 1.0
+    neighbours = [ids[(n + 1) % len(ids)] for n in range(len(ids))]
+    assert scored(ids, [own[i] for i in neighbours]) == pytest.approx(scored(neighbours), abs=1e-6)
+    assert scored(neighbours) != pytest.approx(plain, abs=1e-3)
