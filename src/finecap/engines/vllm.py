@@ -19,17 +19,20 @@ adapters merged into it). What it decodes with is the run's:
   default, as finecap's decoder reads none);
 - **what it returns**: a :class:`finecap.decode.Generation` as finecap's decoder gives it: the tokens with the stop
   token included, their log-probs under the model's own distribution (vLLM's ``raw_logprobs``: temperature 1, before
-  top-k / top-p), lengths, texts decoded as :func:`finecap.decode.texts_of` does.
+  top-k / top-p; an engine built with ``logprobs_mode="processed_logprobs"``, as RL rollouts scored at the sampling
+  temperature are, gives those of the distribution sampled from), lengths, texts decoded as
+  :func:`finecap.decode.texts_of` does.
 
 In float32, greedy captions are token-identical to finecap's decoder and the log-probs equal the captioner's
 ``forward`` to 1e-5 (``tests/engines/``).
 
-**Weight sync** (RL rollouts): :meth:`VllmEngine.load_weights` loads ``(name, tensor)`` pairs under the
-transformers checkpoint's names into the running engine with ``collective_rpc("reload_weights")`` (the route that
-works on a CPU as on a GPU: TRL's ``model_runner.model.load_weights`` fails on vLLM's CPU backend, which repacks its
-weights), then drops what vLLM computed with the old weights and would reuse: the image features of its encoder cache
-(the worker's and the scheduler's record of them: ``reload_weights`` clears only the worker's, and the next request
-for an image seen before then fails with "Encoder cache miss") and the KV blocks of its prefix cache.
+**Weight sync** (RL rollouts, :mod:`finecap.engines.rollouts`): :meth:`VllmEngine.load_weights` loads ``(name,
+tensor)`` pairs under the transformers checkpoint's names into the running engine with
+``collective_rpc("reload_weights")`` (the route that works on a CPU as on a GPU: TRL's
+``model_runner.model.load_weights`` fails on vLLM's CPU backend, which repacks its weights), then drops what vLLM
+computed with the old weights and would reuse: the image features of its encoder cache (the worker's and the
+scheduler's record of them: ``reload_weights`` clears only the worker's, and the next request for an image seen
+before then fails with "Encoder cache miss") and the KV blocks of its prefix cache.
 :meth:`VllmEngine.sync` sends a captioner's current weights (:func:`hf_weights`).
 
 **Process.** The engine runs in this process (``VLLM_ENABLE_V1_MULTIPROCESSING=0`` unless set otherwise, so the
