@@ -51,7 +51,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
@@ -91,6 +91,11 @@ class Generation:
 
     def __len__(self) -> int:
         return self.sequences.shape[0]
+
+    def to(self, device: torch.device | str) -> Generation:
+        """The same captions with every tensor on ``device``."""
+        move = {f.name: getattr(self, f.name).to(device) for f in fields(self) if f.name != "texts"}
+        return Generation(**move, texts=list(self.texts))
 
 
 # --------------------------------------------------------------------------------------------------------------------

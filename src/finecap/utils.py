@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import functools
 import io
@@ -599,6 +600,41 @@ def seed_everything(seed: int) -> None:
     random.seed(seed)
     np.random.seed(seed % (2**32))
     torch.manual_seed(seed)
+
+
+def rng_state() -> dict[str, Any]:
+    """This process's random states (python, numpy, torch CPU and CUDA)."""
+    import torch  # deferred, as in seed_everything
+
+    version, internal, gauss = random.getstate()
+    state = {"python": {"version": version, "internal": torch.tensor(internal, dtype=torch.int64), "gauss": gauss},
+             "numpy": np.random.get_state(legacy=True), "torch": torch.get_rng_state()}  # fmt: skip
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def set_rng_state(state: dict[str, Any]) -> None:
+    """Restore :func:`rng_state`."""
+    import torch
+
+    py = state["python"]
+    random.setstate((py["version"], tuple(int(v) for v in py["internal"].tolist()), py["gauss"]))
+    np.random.set_state(state["numpy"])
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+@contextlib.contextmanager
+def rng_preserved() -> Iterator[None]:
+    """Within the block, code may reseed the process's random generators (vLLM's engine start does); after it they
+    are as before (:func:`rng_state`), so a training run's draws do not depend on when an engine was started."""
+    state = rng_state()
+    try:
+        yield
+    finally:
+        set_rng_state(state)
 
 
 PROGRESS_ENV = "TQDM_DISABLE"

@@ -1,21 +1,26 @@
 """``decode.engine=vllm`` refuses in one line what it cannot do, before anything of vLLM is imported: a backbone vLLM
-does not serve (naming it and the engine that serves it), and a machine without vLLM (naming the install). These run
-in every venv."""
+does not serve (naming it and the engine that serves it), also for training's RL rollouts (from the configuration,
+before a run prepares anything), a machine without vLLM (naming the install), RL rollouts on vLLM with several
+training processes or a tensor-parallel engine. These run in every venv."""
 
 from __future__ import annotations
 
 import sys
+from types import SimpleNamespace
 
 import pytest
 
-from finecap.config import ConfigError, DecodeConfig, load
+from finecap.config import ConfigError, DecodeConfig, VllmConfig, load
+from finecap.data.datasets import model_collator
 from finecap.engines import generator_for
-from finecap.engines.vllm import VllmEngine, import_vllm, unservable_reason
+from finecap.engines.rollouts import RolloutEngine
+from finecap.engines.vllm import VllmEngine, config_refusal, import_vllm, unservable_reason
 from finecap.models.blip import Blip, FeatureMapTokens
 from finecap.models.clipcap import ClipCap
 from finecap.models.presets import build_world_lm, save_tiny_blip, save_tiny_clip, save_tiny_vlm, world_vlm
 from finecap.models.vision import VisionEncoder
 from finecap.models.vlm import Vlm
+from finecap.objectives import get_objective
 from finecap.utils import MissingExtra
 from helpers.cli import refused
 from helpers.vlm import images
@@ -96,3 +101,71 @@ def test_vllm_beam_search_cannot_stop_at_a_period():
     with pytest.raises(ConfigError, match="decode.stop_at_period: vLLM's beam search"):
         DecodeConfig(engine="vllm", strategy="beam", stop_at_period=True)
     assert DecodeConfig(engine="vllm", strategy="sample", stop_at_period=True).stop_at_period  # sampling can
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# RL rollouts on vLLM (decode.engine=vllm with an RL objective)
+# --------------------------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("objective", ["reinforce", "sle", "grpo"])
+def test_rl_with_vllm_on_clipcap_is_refused_before_anything_is_built(objective, monkeypatch):
+    """The RL objectives' factory refuses a backbone vLLM does not serve from the configuration alone, before a run
+    prepares its world or builds its model."""
+    monkeypatch.setitem(sys.modules, "vllm", None)
+    options = {"reinforce": [], "sle": ["rl.baseline=mean"], "grpo": ["rl.advantage=group", "rl.policy_loss=clipped"]}
+    name = "sle" if objective == "sle" else "reinforce"
+    cfg = load(None, [f"train.objective={name}", "decode.engine=vllm", *options[objective]])
+    with pytest.raises(ConfigError) as e:
+        get_objective(name, cfg)
+    message = str(e.value)
+    assert message == ("decode.engine=vllm: model.kind=clipcap is not a model vLLM serves (a decoder-only VLM); it "
+                       "generates with decode.engine=finecap")  # fmt: skip
+    assert e.value.key == "decode.engine"
+
+
+def test_finecap_train_refuses_rl_with_vllm_on_clipcap_in_one_line(tmp_path, monkeypatch):
+    monkeypatch.setitem(sys.modules, "vllm", None)
+    world = tmp_path / "world"
+    argv = ["train", "train.objective=reinforce", "decode.engine=vllm", f"world.out={world}",
+            f"run.dir={tmp_path / 'run'}", f"run.cache_dir={tmp_path / 'cache'}"]  # fmt: skip
+    refused(argv, "decode.engine=vllm: model.kind=clipcap is not a model vLLM serves")
+    assert not world.exists() and not (tmp_path / "run" / "config.yaml").exists()  # nothing prepared or written
+
+
+@pytest.mark.parametrize(
+    ("overrides", "named"),
+    [
+        (["model.kind=vlm", "vlm.name=world-tiny"], "vlm.name=world-tiny reads the world encoder's image tokens"),
+        (["model.kind=vlm", "vlm.name=some/vlm", "model.quantization=4bit"], "the captioner's weights are quantized"),
+        (["model.kind=blip"], "model.kind=blip is not a model vLLM serves"),
+    ],
+    ids=["world-tiny", "quantized", "blip"],
+)
+def test_the_configuration_names_what_vllm_cannot_serve(overrides, named):
+    assert named in config_refusal(load(None, ["decode.engine=vllm", *overrides]))
+    assert config_refusal(load(None, ["decode.engine=vllm", "model.kind=vlm", "vlm.name=some/vlm"])) is None
+    assert config_refusal(load(None, ["model.kind=my.module:Captioner"])) is None  # checked when it is built
+
+
+def test_rl_rollouts_on_vllm_are_refused_with_several_processes_or_a_tensor_parallel_engine():
+    cfg = load(None, ["model.kind=vlm", "vlm.name=some/vlm", "decode.engine=vllm"])
+    objective = get_objective("reinforce", cfg)
+    with pytest.raises(ConfigError) as e:
+        objective.setup(SimpleNamespace(accelerator=SimpleNamespace(num_processes=2)))
+    assert str(e.value).startswith("decode.engine=vllm: RL rollouts on vLLM run in one training process, not 2")
+    assert "\n" not in str(e.value) and e.value.key == "decode.engine"
+    with pytest.raises(ConfigError, match=r"^vllm.tensor_parallel_size=2: RL rollouts sync the policy's weights"):
+        RolloutEngine("vllm", VllmConfig(tensor_parallel_size=2)).check_processes(1)
+    RolloutEngine("vllm").check_processes(1)  # one process, one engine: fine
+    RolloutEngine("finecap", VllmConfig(tensor_parallel_size=2)).check_processes(4)  # the policy decodes itself
+
+
+def test_the_collator_keeps_the_pil_images_for_vllm(folders):
+    captioner = Vlm.from_pretrained(folders["idefics3"])
+    pictures = images(2)
+    items = [{"caption": "a b", "image": im, "image_id": i, "references": ["a b"], "index": i}
+             for i, im in enumerate(pictures)]  # fmt: skip
+    assert "images" not in model_collator(captioner, 8)(items)
+    batch = model_collator(captioner, 8, keep_images=True)(items)
+    assert batch["images"] == pictures and "pixel_values" in batch

@@ -145,6 +145,52 @@ def test_loss_and_gradient_equal_trls_compute_loss(tiny_lm, tmp_path, loss_type,
     assert items == (float(sum(LENGTHS)) if FINECAP_NAME[loss_type] == "token" else 6.0)
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("loss_type", ["grpo", "dapo"])
+def test_vllm_importance_correction_equals_trls_compute_loss(tiny_lm, tmp_path, loss_type):
+    """TRL's correction of vLLM rollouts in ``_compute_loss`` (the per-token loss times
+    ``inputs["importance_sampling_ratio"]``, before the KL term) equals finecap's clipped loss with the same weights
+    (``engine_weights``: :func:`finecap.objectives.engine_mismatch.importance_weights`, tested equal to TRL's
+    formula in tests/objectives/test_engine_mismatch.py), loss and gradient. Both sides score the completions with
+    TRL's own per-token log-probs here (TRL computes them in float32 whatever the model's dtype, 4.6e-7 off
+    finecap's log-softmax at most), so what is compared is the loss alone."""
+    from finecap.objectives.engine_mismatch import importance_weights
+
+    path, tok = tiny_lm
+    trainer = make_trainer(path, tok, tmp_path, loss_type=loss_type, beta=0.04, epsilon=0.2, epsilon_high=0.28)
+    trainer.use_vllm = True  # what _compute_loss reads (a GRPOTrainer built with use_vllm would start vLLM)
+    trainer.vllm_importance_sampling_correction = True
+    model = trainer.model
+    inputs = inputs_for(model)
+    mask = inputs["completion_mask"].bool()
+    g = torch.Generator().manual_seed(3)
+    sampling = (inputs["old_per_token_logps"] + 0.5 * torch.randn(mask.shape, generator=g)) * mask
+    weights = importance_weights(inputs["old_per_token_logps"], sampling, mask, cap=1.5)
+    assert (weights[mask] < 1).any() and (weights[mask] == 1.5).any()
+    inputs["importance_sampling_ratio"] = weights
+    model.zero_grad()
+    theirs = trainer._compute_loss(model, inputs)
+    theirs.backward()
+    their_grads = grads(model).clone()
+
+    rl = RLConfig(advantage="group", samples=3, policy_loss="clipped", loss_aggregation=FINECAP_NAME[loss_type],
+                  clip_low=0.2, clip_high=0.28, kl_coef=0.04)  # fmt: skip
+    objective = PolicyOptimization(WeightedSum({"r": (1.0, lambda c, b: None)}), None, rl=rl,
+                                   decode=DecodeConfig(max_length=COMPLETION))  # fmt: skip
+    item = Prepared(torch.arange(2), None, inputs["advantages"], inputs["ref_per_token_logps"],
+                    inputs["old_per_token_logps"])  # fmt: skip
+    ids = torch.cat([inputs["prompt_ids"], inputs["completion_ids"]], dim=1)
+    attention = torch.cat([inputs["prompt_mask"], inputs["completion_mask"]], dim=1)
+    model.zero_grad()
+    logp = trainer._get_per_token_logps_and_entropies(model, ids, attention, COMPLETION, batch_size=6)[0]
+    ours, _, _ = objective.clipped_loss(logp, item, inputs["advantages"], mask, weights)
+    ours.backward()
+    assert ours.item() == pytest.approx(theirs.item(), rel=1e-6)
+    assert ((grads(model) - their_grads).norm() / their_grads.norm()).item() <= 1e-5
+    uncorrected, _, _ = objective.clipped_loss(logp, item, inputs["advantages"], mask)
+    assert abs(uncorrected.item() - ours.item()) > 1e-3  # the weights change the loss
+
+
 def test_zz_print_figures():
     """The comparison figures (max relative difference of the loss per loss type), for the record."""
     for name, value in sorted(FIGURES.items()):

@@ -281,8 +281,11 @@ def dry_run(cfg: Config) -> dict[str, Any]:
         torch.cuda.reset_peak_memory_stats(acc.device)
     rss = peak_rss_bytes()
     start = time.perf_counter()
-    values = engine.train_step(micro)
-    seconds = time.perf_counter() - start
+    try:
+        values = engine.train_step(micro)
+        seconds = time.perf_counter() - start
+    finally:
+        engine.objective.close()  # e.g. the vLLM engine of decode.engine=vllm's rollouts
     engine.close_loader()
     peak = torch.cuda.max_memory_allocated(acc.device) if acc.device.type == "cuda" else peak_rss_bytes() - rss
     report = {"parameters": counts, "memory_bytes": memory, "step": {"loss": values["loss"], "seconds": seconds,

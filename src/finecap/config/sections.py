@@ -865,6 +865,17 @@ class RLConfig(Section, name="rl"):
         True,
         "clipped: multiply the per-token KL by the importance ratio (TRL 1.16's default) [use_bias_correction_kl].",
     )
+    vllm_is_correction: bool = doc(
+        True,
+        "decode.engine=vllm: weigh each token of the loss by the truncated importance ratio of the trainer's "
+        "log-prob to vLLM's (docs/scaling.md) [vllm_importance_sampling_correction].",
+    )
+    vllm_is_cap: float = doc(
+        3.0,
+        "decode.engine=vllm: the importance ratio's cap, C >= 1 (truncation; TRL's default) "
+        "[vllm_importance_sampling_clip_max].",
+        ge=1,
+    )
     alarms: dict[str, float] = doc(
         {}, "Reward-hacking alarms, measure -> threshold (length_drift, repetition, distinct, fact_precision/recall)."
     )

@@ -223,11 +223,14 @@ class CaptionCollator:
     A caption longer than ``max_tokens - 1`` tokens keeps its first ``max_tokens - 1`` tokens and still ends with
     EOS (so the model always learns to stop); padding uses the tokenizer's pad id, or EOS when it has none (GPT-2);
     labels are -100 there either way. ``preprocess(images) -> (B, 3, H, W)`` is needed only without features.
+    ``keep_images``: the examples' PIL images are also kept, as ``batch["images"]`` (what a vLLM engine decodes RL
+    rollouts from: ``decode.engine=vllm``).
     """
 
     tokenizer: Any
     max_tokens: int
     preprocess: Callable[[list], torch.Tensor] | None = None
+    keep_images: bool = False
 
     def __post_init__(self) -> None:
         if self.max_tokens < 1:
@@ -251,13 +254,17 @@ class CaptionCollator:
                 raise ValueError("CaptionCollator: examples carry images but no preprocess function was given")
             pixels = self.preprocess([it["image"] for it in items])  # (B, 3, H, W), or a dict of image inputs
             batch.update(pixels if isinstance(pixels, dict) else {"pixel_values": pixels})
+            if self.keep_images:
+                batch["images"] = [it["image"] for it in items]
         return batch
 
 
-def model_collator(model: Any, max_tokens: int) -> CaptionCollator:
-    """The collator for a captioner: its tokenizer, and its encoder's image preprocessing (if it has an encoder)."""
+def model_collator(model: Any, max_tokens: int, keep_images: bool = False) -> CaptionCollator:
+    """The collator for a captioner: its tokenizer, and its encoder's image preprocessing (if it has an encoder);
+    ``keep_images``: :class:`CaptionCollator`'s."""
     encoder = model.encoder
-    return CaptionCollator(model.tokenizer, max_tokens, preprocess=encoder.preprocess if encoder is not None else None)
+    preprocess = encoder.preprocess if encoder is not None else None
+    return CaptionCollator(model.tokenizer, max_tokens, preprocess=preprocess, keep_images=keep_images)
 
 
 def to_device(batch: dict[str, Any], device: torch.device | str) -> dict[str, Any]:

@@ -8,7 +8,9 @@
 Both take the ``decode`` section and return a :class:`finecap.decode.Generation` (tokens, their log-probs under the
 model's own distribution, lengths, texts). :func:`generating` gives the object whose ``generate(batch, decode)`` the
 captioning loops (:func:`finecap.caption.generate_captions`, :func:`finecap.inference.caption_images`) call, and whose
-``encoder.preprocess`` their collator runs. Nothing is imported from vLLM until a ``vllm`` engine is built.
+``encoder.preprocess`` their collator runs; :class:`finecap.engines.rollouts.RolloutEngine` is what the RL objectives
+roll out with (a vLLM engine kept in step with the policy being trained). Nothing is imported from vLLM until a
+``vllm`` engine is built.
 """
 
 from __future__ import annotations

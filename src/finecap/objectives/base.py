@@ -22,6 +22,8 @@ defaults (a plain callable is wrapped by :func:`as_objective`), so the engine ne
   scores every micro-batch here, so that batch statistics are those of the global batch) prepares it.
 - ``end_step()`` after every optimizer step (state updated once per step, whatever the micro-batches: a running-mean
   baseline).
+- ``close()`` once when training ends (also after an error): free what the objective holds besides its state (the
+  vLLM engine of REINFORCE's rollouts with ``decode.engine=vllm``).
 - ``state_dict() -> dict`` / ``load_state_dict(state)``: state that must survive ``--resume`` (a running-mean
   baseline, a private random generator); it is stored in every resumable checkpoint as JSON plus safetensors
   (:mod:`finecap.train.state`: nested dicts, lists, numbers, strings and tensors; never pickle).
@@ -79,6 +81,9 @@ class ObjectiveBase:
 
     def end_step(self) -> None:
         """Called after every optimizer step."""
+
+    def close(self) -> None:
+        """Called once when training ends (also after an error)."""
 
     def state_dict(self) -> dict[str, Any]:
         """State that must survive ``--resume`` (JSON-able values and tensors)."""

@@ -66,7 +66,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -87,7 +87,7 @@ from finecap.objectives.reinforce import (
 from finecap.rewards.base import RewardOutput
 
 if TYPE_CHECKING:
-    from finecap.config import Config
+    from finecap.config import Config, VllmConfig
     from finecap.contract import TrainContext
     from finecap.rewards.base import Reward
 
@@ -246,7 +246,7 @@ class Prepared:
     advantages: torch.Tensor  # (N,)
     ref: torch.Tensor | None = None  # (N, L) reference log-probs (rl.kl_coef > 0)
     old: torch.Tensor | None = None  # (N, L) the policy's log-probs at the cycle's first step, detached
-    seconds: tuple[float, float] = (0.0, 0.0)  # decoding and scoring time (logged at the first step only)
+    seconds: dict[str, float] = field(default_factory=dict)  # the rollout's timings (logged at its first step only)
 
     def state_dict(self) -> dict[str, Any]:
         r, g = self.rollout, self.rollout.samples
@@ -307,9 +307,9 @@ class PolicyOptimization(Reinforce):
     """
 
     def __init__(self, reward: Reward, baseline: Any, *, rl: RLConfig | None = None,
-                 decode: DecodeConfig | None = None, seed: int = 0):  # fmt: skip
+                 decode: DecodeConfig | None = None, seed: int = 0, vllm: VllmConfig | None = None):  # fmt: skip
         rl = rl or RLConfig()
-        super().__init__(reward, baseline, rl=rl, decode=decode, seed=seed)
+        super().__init__(reward, baseline, rl=rl, decode=decode, seed=seed, vllm=vllm)
         if rl.advantage == "group":
             self.baseline = NoBaseline()  # the group mean is the baseline (rl.baseline is not used)
         self.batch_repeats = rl.iterations
@@ -388,8 +388,7 @@ class PolicyOptimization(Reinforce):
             ref = None
             if self.reference is not None:
                 ref = self.reference.logprobs(model, batch, rollout.samples, self.logprob_temperature)
-            times = (seconds["time/generate"], seconds["time/reward"])
-            prepared.append(Prepared(index, rollout, adv.detach(), ref, None, times))
+            prepared.append(Prepared(index, rollout, adv.detach(), ref, None, seconds))
         return prepared
 
     def _check_groups(self, gen: Generation) -> None:
@@ -440,12 +439,15 @@ class PolicyOptimization(Reinforce):
             item.old = logp.detach()
         adv = item.advantages.to(logp.device)
         seq_logp = sequence_logprob(logp, gen.lengths, self.rl.logprob)  # (N,)
-        metrics: dict[str, float] = {"time/generate": item.seconds[0] if first else 0.0,
-                                     "time/reward": item.seconds[1] if first else 0.0}  # fmt: skip
+        seconds = {"time/generate": 0.0, "time/reward": 0.0, **item.seconds}  # (a resumed cycle's: none kept)
+        metrics = {name: value if first else 0.0 for name, value in seconds.items()}
+        weights, mismatch = self.engine_correction(item.old.to(logp.device), gen)  # vLLM's rollouts: TRL's IS
+        metrics.update(mismatch)
         if self.rl.policy_loss == "reinforce":
-            losses, items = {"reinforce": policy_gradient_loss(adv, seq_logp)}, float(len(gen))
+            weighted = seq_logp if weights is None else sequence_logprob(logp * weights, gen.lengths, self.rl.logprob)
+            losses, items = {"reinforce": policy_gradient_loss(adv, weighted)}, float(len(gen))
         else:
-            loss, items, extra = self.clipped_loss(logp, item, adv, mask)
+            loss, items, extra = self.clipped_loss(logp, item, adv, mask, weights)
             losses = {"policy": loss}
             metrics.update(extra)
         if scores.entropy is not None:
@@ -457,13 +459,22 @@ class PolicyOptimization(Reinforce):
         metrics.update(self.watch(rollout, batch))
         return ObjectiveOutput(losses=losses, metrics=metrics, num_items=items)
 
-    def clipped_loss(self, logp: torch.Tensor, item: Prepared, adv: torch.Tensor,
-                     mask: torch.Tensor) -> tuple[torch.Tensor, float, dict[str, float]]:  # fmt: skip
-        """The clipped surrogate (+ β k3) aggregated, its item count, and its metrics."""
+    def clipped_loss(
+        self,
+        logp: torch.Tensor,
+        item: Prepared,
+        adv: torch.Tensor,
+        mask: torch.Tensor,
+        engine_weights: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, float, dict[str, float]]:
+        """The clipped surrogate (times ``engine_weights``, the importance weights of rollouts vLLM decoded:
+        :meth:`engine_correction`; + β k3) aggregated, its item count, and its metrics."""
         rl = self.rl
         assert item.old is not None
         ratio = torch.exp(log_importance(logp, item.old.to(logp.device, logp.dtype), mask, rl.importance))
         per_token = clipped_surrogate(ratio, adv, rl.clip_low, rl.clip_high)  # (N, L) or (N, 1)
+        if engine_weights is not None:  # TRL: the per-token loss times the IS weights, before the KL term
+            per_token = per_token * engine_weights.to(per_token.dtype)  # (N, L)
         metrics = {}
         if self.reference is not None:
             assert item.ref is not None

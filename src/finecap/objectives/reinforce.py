@@ -39,6 +39,13 @@ Choices the papers leave open:
   Called outside the loop (no ``batch['step_info']``), sampling uses torch's global random state.
 - The log-probs with gradient come from the captioner's ``forward`` (given the sampled sequences), the one entry
   point that DDP synchronises; decoding uses the bare model (:func:`finecap.objectives.base.unwrap`).
+
+**Rollouts on vLLM** (``decode.engine=vllm``, :mod:`finecap.engines.rollouts`): the samples and greedy captions are
+decoded by a colocated vLLM engine built at the first rollout and sent the policy's weights before each rollout that
+follows an optimizer step; seeded per image as above (vLLM's draws, not finecap's Gumbel noise). Their log-probs are
+vLLM's, and TRL's truncated importance-sampling correction weighs each token's log-prob in ``log p`` by
+``min(exp(trainer - vllm), rl.vllm_is_cap)`` (:mod:`finecap.objectives.engine_mismatch`; ``rl.vllm_is_correction``),
+logging the mismatch (``vllm/logp_diff/*``, ``vllm/is_ratio/*``) and the weight sync's seconds (``time/sync``).
 """
 
 from __future__ import annotations
@@ -50,11 +57,13 @@ from typing import TYPE_CHECKING, Any, get_args
 
 import torch
 
-from finecap.config import DecodeConfig, LogProb, RLConfig
+from finecap.config import ConfigError, DecodeConfig, LogProb, RLConfig
 from finecap.decode import Generation, hash32
+from finecap.engines.rollouts import RolloutEngine
 from finecap.models import sharding
 from finecap.objectives.base import ObjectiveBase, ObjectiveOutput, unwrap
 from finecap.objectives.baselines import build_baseline
+from finecap.objectives.engine_mismatch import importance_weights, mismatch_metrics
 from finecap.objectives.entropy import mean_entropy
 from finecap.objectives.monitor import Monitor, distinct_share
 from finecap.registry import declared_needs
@@ -62,7 +71,7 @@ from finecap.rewards import build_reward
 from finecap.rewards.base import RewardOutput, call_hook
 
 if TYPE_CHECKING:
-    from finecap.config import Config
+    from finecap.config import Config, VllmConfig
     from finecap.contract import TrainContext
     from finecap.rewards.base import Reward
 
@@ -137,8 +146,9 @@ class Reinforce(ObjectiveBase):
         rl: the ``rl`` section (samples, strategy, temperature, logprob, scaled_logprob, entropy_coef; checked when
             it is built, :class:`finecap.config.RLConfig`; default: its defaults).
         decode: the ``decode`` section the rollouts start from (:func:`rollout_decode`, :func:`greedy_decode`;
-            default: its defaults).
+            default: its defaults); its ``engine`` decodes them (:class:`~finecap.engines.rollouts.RolloutEngine`).
         seed: ``run.seed``, the base of the per-image sampling seeds (:meth:`sampling_seeds`).
+        vllm: the ``vllm`` section (``decode.engine=vllm``'s engine).
     """
 
     example_unit = "image"  # the loop trains on one example per image (each image once per epoch)
@@ -151,6 +161,7 @@ class Reinforce(ObjectiveBase):
         rl: RLConfig | None = None,
         decode: DecodeConfig | None = None,
         seed: int = 0,
+        vllm: VllmConfig | None = None,
     ):
         rl = rl or RLConfig()
         decode = decode or DecodeConfig()
@@ -163,12 +174,15 @@ class Reinforce(ObjectiveBase):
         self.sample_cfg = rollout_decode(decode, rl)
         self.greedy_cfg = greedy_decode(decode)
         self.monitor = Monitor(rl)  # the reward-hacking monitor (finecap.objectives.monitor): logged, never a loss
+        self.rollouts = RolloutEngine(decode.engine, vllm, seed=seed, tempered=self.logprob_temperature != 1.0)
 
     # ----------------------------------------------------------------------------------------------------------------
     # Hooks called by the training loop
     # ----------------------------------------------------------------------------------------------------------------
 
     def setup(self, ctx: TrainContext) -> None:
+        acc = getattr(ctx, "accelerator", None)
+        self.rollouts.check_processes(1 if acc is None else acc.num_processes)
         call_hook(self.reward, "setup", ctx)
         call_hook(self.baseline, "setup", ctx)
         self.monitor.setup(ctx)
@@ -203,14 +217,17 @@ class Reinforce(ObjectiveBase):
         bare = unwrap(model)
         was_training = bare.training
         t0 = time.perf_counter()
+        synced = self.rollouts.sync_seconds
         bare.eval()
         try:  # sharded (FSDP2): full parameters while decoding, every process at once (finecap.models.sharding)
-            with sharding.decoding(bare), torch.no_grad():
-                samples = bare.generate(batch, self.sample_cfg, seeds=self.sampling_seeds(batch))
-                greedy = bare.generate(batch, self.greedy_cfg) if self.baseline.needs_greedy else None
+            with sharding.decoding(bare), torch.no_grad():  # decode.engine: the policy itself, or vLLM synced with it
+                samples = self.rollouts.generate(bare, batch, self.sample_cfg, self.sampling_seeds(batch))
+                greedy = self.rollouts.generate(bare, batch, self.greedy_cfg) if self.baseline.needs_greedy else None
         finally:
             bare.train(was_training)
         t1 = time.perf_counter()
+        synced = self.rollouts.sync_seconds - synced  # building the engine, or sending it the policy's weights
+        timings = {"time/generate": t1 - t0 - synced}
         rewards = self.reward(samples.texts, {**batch, "image_index": samples.image_index})
         greedy_rewards = None
         if greedy is not None:
@@ -223,7 +240,10 @@ class Reinforce(ObjectiveBase):
             total, samples.image_index.to(device), greedy_rewards.total.to(device) if greedy_rewards else None
         )  # (N,)
         rollout = Rollout(samples, rewards, baseline.detach(), greedy, greedy_rewards)
-        return rollout, {"time/generate": t1 - t0, "time/reward": t2 - t1}
+        timings["time/reward"] = t2 - t1
+        if self.rollouts.external:
+            timings["time/sync"] = synced
+        return rollout, timings
 
     def advantages(self, rollout: Rollout, batch: dict[str, Any]) -> tuple[dict[str, torch.Tensor], dict[str, float]]:
         """Named (N,) advantages, one loss each; subclasses add terms (sequence-level exploration)."""
@@ -248,7 +268,13 @@ class Reinforce(ObjectiveBase):
         gen = rollout.samples
         scores = self.score(model, batch, gen)
         logp = sequence_logprob(scores.logprobs, gen.lengths, self.rl.logprob)  # (N,)
-        losses = {name: policy_gradient_loss(adv.to(logp.device), logp) for name, adv in advantages.items()}
+        weights, extra_mismatch = self.engine_correction(scores.logprobs, gen)
+        extra.update(extra_mismatch)
+        if weights is not None:  # each token's log-prob weighed by its importance ratio (no gradient through it)
+            weighted = sequence_logprob(scores.logprobs * weights, gen.lengths, self.rl.logprob)
+        else:
+            weighted = logp
+        losses = {name: policy_gradient_loss(adv.to(logp.device), weighted) for name, adv in advantages.items()}
         entropy = None
         if scores.entropy is not None:
             entropy = mean_entropy(scores.entropy, gen.mask.to(scores.entropy.device))
@@ -260,11 +286,28 @@ class Reinforce(ObjectiveBase):
             metrics["entropy"] = float(entropy.detach())
         return ObjectiveOutput(losses=losses, metrics=metrics, num_items=len(gen))  # means over the N captions
 
+    def engine_correction(self, old: torch.Tensor, gen: Generation) -> tuple[torch.Tensor | None, dict[str, float]]:
+        """For rollouts another engine decoded (``decode.engine=vllm``): TRL's truncated importance weights ``(N, L)``
+        of the trainer's log-probs ``old`` (the policy that was synced into the engine) against the engine's
+        (``None`` with ``rl.vllm_is_correction=false``), and the mismatch metrics
+        (:mod:`finecap.objectives.engine_mismatch`); ``(None, {})`` for the policy's own rollouts."""
+        if not self.rollouts.external:
+            return None, {}
+        mask = gen.mask.to(old.device)
+        weights = importance_weights(old, gen.token_logprobs, mask, self.rl.vllm_is_cap)
+        metrics = mismatch_metrics(old, gen.token_logprobs, mask, weights)
+        return (weights if self.rl.vllm_is_correction else None), metrics
+
     def end_step(self) -> None:
         """After each optimizer step: baselines with per-step state (the running mean) update once; the monitor's
-        alarms are checked on the step's global batch."""
+        alarms are checked on the step's global batch; the rollout engine is told the policy changed."""
         call_hook(self.baseline, "end_step")
         self.monitor.end_step()
+        self.rollouts.policy_changed()
+
+    def close(self) -> None:
+        """Free the rollouts' vLLM engine, if one was built."""
+        self.rollouts.close()
 
     def watch(self, rollout: Rollout, batch: dict[str, Any]) -> dict[str, float]:
         """The reward-hacking monitor's measures of the sampled captions (:mod:`finecap.objectives.monitor`)."""
@@ -292,11 +335,20 @@ class Reinforce(ObjectiveBase):
 
 
 def reinforce_kwargs(cfg: Config) -> dict[str, Any]:
-    """Constructor arguments of :class:`Reinforce`: the reward and baseline of ``cfg.rl``, the sections themselves."""
+    """Constructor arguments of :class:`Reinforce`: the reward and baseline of ``cfg.rl``, the sections themselves.
+    ``decode.engine=vllm`` with a backbone vLLM does not serve is refused here, before a run prepares anything
+    (:func:`finecap.engines.vllm.config_refusal`)."""
+    if cfg.decode.engine == "vllm":
+        from finecap.engines.vllm import config_refusal
+
+        reason = config_refusal(cfg)
+        if reason is not None:
+            raise ConfigError(reason, key="decode.engine")
     return dict(
         reward=build_reward(cfg),
         baseline=build_baseline(cfg.rl),
         rl=cfg.rl,
         decode=cfg.decode,
         seed=cfg.run.seed,
+        vllm=cfg.vllm,
     )

@@ -84,12 +84,18 @@ from finecap.train.state import (
     new_checkpoint_folder,
     read_info,
     remove_unfinished_checkpoint,
-    rng_state,
     save_tree,
-    set_rng_state,
     state_errors,
 )
-from finecap.utils import check_swap, progress_enabled, refuse_link, seed_everything, short_repr
+from finecap.utils import (
+    check_swap,
+    progress_enabled,
+    refuse_link,
+    rng_state,
+    seed_everything,
+    set_rng_state,
+    short_repr,
+)
 
 log = logging.getLogger(__name__)
 
@@ -674,6 +680,7 @@ class Engine:
             self._fit(progress, accum)
         finally:
             self.close_loader()
+            self.objective.close()  # e.g. the vLLM engine of REINFORCE's rollouts (decode.engine=vllm)
         progress.close()
         acc.wait_for_everyone()
         return state

@@ -101,7 +101,8 @@ def build_data(cfg: Config, model: Any, accelerator: Accelerator, *, per_caption
     """Training examples (one per reference caption, or per image) and the first ``train.eval_samples`` validation
     images; frozen encoders read images through the feature cache, which every process builds its part of
     (:func:`finecap.data.features.model_features`); otherwise images are decoded in the DataLoader workers (JPEGs
-    draft-decoded: :func:`finecap.data.loading.encoder_draft`)."""
+    draft-decoded: :func:`finecap.data.loading.encoder_draft`). With ``decode.engine=vllm`` the batches also carry
+    the PIL images, which the RL rollouts' vLLM engine decodes from (:mod:`finecap.engines.rollouts`)."""
     train_records = load_records(cfg, "train")
     check_vocabulary(model.tokenizer, train_records, cfg)  # before the feature caches: seconds, not minutes
     val_records = validation_records(cfg)
@@ -119,7 +120,7 @@ def build_data(cfg: Config, model: Any, accelerator: Accelerator, *, per_caption
             train_records, per_caption=per_caption, features=feats["train"], draft=draft, limits=limits
         ),
         val=CaptionDataset(val_records, per_caption=False, features=feats["val"], draft=draft, limits=limits),
-        collator=model_collator(model, cfg.data.max_tokens),
+        collator=model_collator(model, cfg.data.max_tokens, keep_images=cfg.decode.engine == "vllm"),
         train_records=train_records,
         skipped=sum(len(skipped_images(cfg, split)) for split in ("train", "val")),
     )

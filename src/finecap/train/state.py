@@ -35,7 +35,6 @@ import json
 import logging
 import math
 import os
-import random
 import shutil
 import tempfile
 from collections.abc import Callable, Iterator
@@ -203,25 +202,6 @@ def load_tree(folder: Path, name: str) -> Any:
     except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as e:
         raise CheckpointError(f"{meta}: corrupt state file ({e}); {RECOVER}") from None
     return _decode(encoded, tensors, meta)
-
-
-def rng_state() -> dict[str, Any]:
-    """This process's random states (python, numpy, torch CPU and CUDA)."""
-    version, internal, gauss = random.getstate()
-    state = {"python": {"version": version, "internal": torch.tensor(internal, dtype=torch.int64), "gauss": gauss},
-             "numpy": np.random.get_state(legacy=True), "torch": torch.get_rng_state()}  # fmt: skip
-    if torch.cuda.is_available():
-        state["cuda"] = torch.cuda.get_rng_state_all()
-    return state
-
-
-def set_rng_state(state: dict[str, Any]) -> None:
-    py = state["python"]
-    random.setstate((py["version"], tuple(int(v) for v in py["internal"].tolist()), py["gauss"]))
-    np.random.set_state(state["numpy"])
-    torch.set_rng_state(state["torch"])
-    if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
 
 
 # ------------------------------------------------------------------------------------------------------------------

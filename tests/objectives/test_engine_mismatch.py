@@ -1,0 +1,163 @@
+"""TRL's importance-sampling correction of vLLM rollouts (``decode.engine=vllm``): the truncated per-token weights
+``min(exp(trainer - vllm), rl.vllm_is_cap)`` and the logged mismatch equal hand-computed values and TRL 1.16's code
+(its inline ``token_truncate`` branch and metrics, transcribed as ``tests/objectives/test_policy_trl.py`` transcribes
+its advantages); REINFORCE and the GRPO family weigh each token of their loss by them (gradients checked by hand),
+only for rollouts another engine decoded, and with ``rl.vllm_is_correction=false`` log the mismatch without
+correcting. No vLLM is needed: the rollouts here are hand-made."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from finecap.config import DecodeConfig, RLConfig
+from finecap.decode import Generation
+from finecap.models.captioner import TokenScores
+from finecap.objectives.baselines import build_baseline
+from finecap.objectives.engine_mismatch import importance_weights, mismatch_metrics
+from finecap.objectives.policy import PolicyOptimization
+from finecap.objectives.reinforce import Reinforce, Rollout
+from finecap.rewards.base import RewardOutput, WeightedSum
+
+# Two captions of 3 and 2 tokens (the second padded), and a third of 1 token.
+TRAINER = torch.tensor([[-1.0, -2.0, -0.5], [-0.2, -3.0, 0.0], [-4.0, 0.0, 0.0]])
+ENGINE = torch.tensor([[-1.5, -0.5, -0.5], [-0.2, -2.0, 0.0], [-0.5, 0.0, 0.0]])
+LENGTHS = torch.tensor([3, 2, 1])
+MASK = torch.arange(3)[None, :] < LENGTHS[:, None]
+
+
+def test_weights_and_metrics_equal_hand_computed_values():
+    w = importance_weights(TRAINER, ENGINE, MASK, cap=2.0)
+    # differences 0.5, -1.5, 0 | 0, -1, (pad) | -3.5, (pad), (pad); exp, capped at 2
+    expected = [[math.exp(0.5), math.exp(-1.5), 1.0], [1.0, math.exp(-1.0), 1.0],
+                [math.exp(-3.5), 1.0, 1.0]]  # fmt: skip
+    torch.testing.assert_close(w, torch.tensor(expected), rtol=0, atol=1e-6)
+    assert importance_weights(torch.tensor([[0.0]]), torch.tensor([[-2.0]]), torch.tensor([[True]]), 2.0).item() == 2.0
+    m = mismatch_metrics(TRAINER, ENGINE, MASK, w)
+    deltas = [0.5, 1.5, 0.0, 0.0, 1.0, 3.5]  # |trainer - engine| on the 6 real tokens
+    ratios = [math.exp(0.5), math.exp(-1.5), 1.0, 1.0, math.exp(-1.0), math.exp(-3.5)]
+    assert m["vllm/logp_diff/mean"] == pytest.approx(sum(deltas) / 6)
+    assert m["vllm/logp_diff/max"] == pytest.approx(3.5)
+    assert m["vllm/is_ratio/mean"] == pytest.approx(sum(ratios) / 6)
+    assert m["vllm/is_ratio/min"] == pytest.approx(math.exp(-3.5))
+    assert m["vllm/is_ratio/max"] == pytest.approx(math.exp(0.5))
+
+
+def test_a_token_without_an_engine_log_prob_is_not_corrected_and_no_gradient_flows():
+    engine = ENGINE.clone()
+    engine[0, 1] = float("nan")
+    trainer = TRAINER.clone().requires_grad_(True)
+    w = importance_weights(trainer, engine, MASK, cap=3.0)
+    assert w[0, 1].item() == 1.0 and not w.requires_grad
+    m = mismatch_metrics(trainer, engine, MASK, w)
+    assert m["vllm/logp_diff/max"] == pytest.approx(3.5)  # the NaN token is left out, not counted as 0
+    assert m["vllm/logp_diff/mean"] == pytest.approx((0.5 + 0 + 0 + 1.0 + 3.5) / 5)
+
+
+def trl_token_truncate(old, sampling, mask, cap):
+    """TRL 1.16.0 ``_generate_and_score_completions``, lines 2660-2685 (``vllm_importance_sampling_mode=
+    "token_truncate"``, no tool mask, ``clip_min=None``), and lines 2860-2895 (its metrics, one process)."""
+    per_token_logps_diff = (old - sampling) * mask
+    per_token_logps_diff = torch.nan_to_num(per_token_logps_diff, nan=0.0)
+    ratio = torch.exp(per_token_logps_diff)
+    ratio = torch.clamp(ratio, min=None, max=cap)
+    delta = torch.abs(old - sampling)
+    bool_mask = mask.bool()
+    delta = delta[bool_mask & ~torch.isnan(delta)]
+    flat = ratio[bool_mask]
+    metrics = {"vllm/logp_diff/mean": torch.mean(delta).item(), "vllm/logp_diff/max": torch.max(delta).item(),
+               "vllm/is_ratio/min": torch.min(flat).item(), "vllm/is_ratio/mean": torch.mean(flat).item(),
+               "vllm/is_ratio/max": torch.max(flat).item()}  # fmt: skip
+    return ratio, metrics
+
+
+@pytest.mark.parametrize("cap", [3.0, 1.2])
+def test_weights_and_metrics_equal_trls_code(cap):
+    g = torch.Generator().manual_seed(0)
+    old = -torch.rand(8, 7, generator=g) * 4
+    sampling = old + 0.8 * torch.randn(8, 7, generator=g)
+    sampling[2, 1] = float("nan")  # a token vLLM could not score
+    sampling[0, 0] = old[0, 0] - 2.0  # a ratio of e^2, above both caps
+    mask = (torch.arange(7)[None, :] < torch.randint(1, 8, (8,), generator=g)[:, None]).long()
+    mask[2, 1] = 1
+    theirs, their_metrics = trl_token_truncate(old, sampling, mask, cap)
+    ours = importance_weights(old, sampling, mask.bool(), cap)
+    assert torch.equal(ours, theirs)
+    assert (ours < cap).any() and (ours == cap).any()  # the cap binds on some tokens, not all
+    ours_metrics = mismatch_metrics(old, sampling, mask.bool(), ours)
+    assert ours_metrics.keys() == their_metrics.keys()
+    for name, value in their_metrics.items():
+        assert ours_metrics[name] == pytest.approx(value, rel=1e-6), name
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# The objectives: each token of the loss weighed, for rollouts of another engine only
+# --------------------------------------------------------------------------------------------------------------------
+
+
+def constant_reward(values):
+    def reward(captions, batch):
+        return RewardOutput(torch.tensor(values[: len(captions)]))
+
+    return WeightedSum({"r": (1.0, reward)})
+
+
+def rollout_of(engine_logprobs, rewards, baseline):
+    n, length = engine_logprobs.shape
+    gen = Generation(sequences=torch.full((n, length), 7), token_logprobs=engine_logprobs, lengths=LENGTHS[:n],
+                     image_index=torch.arange(n), scores=engine_logprobs.sum(1), texts=["a b"] * n)  # fmt: skip
+    return Rollout(gen, RewardOutput(torch.tensor(rewards)), torch.tensor(baseline))
+
+
+def run(objective, rollout, trainer):
+    """One call of ``objective`` on a hand-made rollout, the trainer's token log-probs ``trainer`` (a leaf with
+    gradient) standing for the captioner's ``forward``; returns the output and d(total loss)/d(trainer)."""
+    leaf = trainer.clone().requires_grad_(True)
+    objective.rollout = lambda model, batch: (rollout, {"time/generate": 0.0, "time/reward": 0.0})
+    objective.score = lambda model, batch, gen: TokenScores(logprobs=leaf * gen.mask)
+    out = objective(None, {"index": torch.arange(len(rollout.samples)), "image_ids": list(range(3))})
+    sum(out.losses.values()).backward()
+    return out, leaf.grad
+
+
+@pytest.mark.parametrize("correct", [True, False])
+def test_reinforce_weighs_each_tokens_log_prob_by_its_importance_ratio(correct):
+    rl = RLConfig(baseline="mean", samples=1, vllm_is_cap=2.0, vllm_is_correction=correct)
+    objective = Reinforce(constant_reward([1.0, 0.0, 2.0]), build_baseline(rl), rl=rl,
+                          decode=DecodeConfig(engine="vllm"))  # fmt: skip
+    advantage = torch.tensor([0.5, -1.0, 1.5])
+    out, grad = run(objective, rollout_of(ENGINE, [1.0, 0.0, 2.0], [0.5, 1.0, 0.5]), TRAINER)
+    w = importance_weights(TRAINER, ENGINE, MASK, 2.0) if correct else torch.ones(3, 3)
+    # loss = -mean_n A_n sum_t w_nt logp_nt  ->  d loss / d logp_nt = -A_n w_nt / 3 on real tokens, 0 on padding
+    torch.testing.assert_close(grad, -advantage[:, None] * w * MASK / 3, rtol=0, atol=1e-7)
+    expected = -(advantage * (w * TRAINER * MASK).sum(1)).mean()
+    assert out.losses["reinforce"].item() == pytest.approx(expected.item(), rel=1e-6)
+    assert out.metrics["vllm/logp_diff/max"] == pytest.approx(3.5)  # logged, corrected or not
+    assert out.metrics["logprob"] == pytest.approx((TRAINER * MASK).sum(1).mean().item())  # log p itself, unweighted
+
+
+def test_the_policys_own_rollouts_are_not_reweighted():
+    rl = RLConfig(baseline="mean", samples=1, vllm_is_cap=2.0)
+    objective = Reinforce(constant_reward([1.0, 0.0, 2.0]), build_baseline(rl), rl=rl, decode=DecodeConfig())
+    out, grad = run(objective, rollout_of(ENGINE, [1.0, 0.0, 2.0], [0.5, 1.0, 0.5]), TRAINER)
+    torch.testing.assert_close(grad, -torch.tensor([0.5, -1.0, 1.5])[:, None] * MASK / 3, rtol=0, atol=1e-7)
+    assert not any(k.startswith("vllm/") for k in out.metrics) and "time/sync" not in out.metrics
+
+
+@pytest.mark.parametrize("policy_loss", ["clipped", "reinforce"])
+def test_the_grpo_family_weighs_each_tokens_loss_by_its_importance_ratio(policy_loss):
+    """One image, a group of 3 captions; the cycle's first step (ratio to ``old`` = 1, nothing clipped), so the
+    clipped surrogate's per-token loss is ``-A w`` and its ``sequence`` aggregation gives d loss / d logp_nt =
+    ``-A_n w_nt / (len_n * 3)``; ``rl.logprob=mean`` makes REINFORCE's the same."""
+    rl = RLConfig(advantage="group", samples=3, policy_loss=policy_loss, logprob="mean", vllm_is_cap=2.0)
+    rewards = [1.0, 0.0, 2.0]
+    objective = PolicyOptimization(constant_reward(rewards), None, rl=rl, decode=DecodeConfig(engine="vllm"))
+    rollout = rollout_of(ENGINE, rewards, [0.0, 0.0, 0.0])
+    rollout.samples.image_index = torch.zeros(3, dtype=torch.long)
+    out, grad = run(objective, rollout, TRAINER)
+    advantage = torch.tensor([0.0, -1.0, 1.0]) / (1.0 + 1e-4)  # (R - mean) / (std + eps), std 1
+    w = importance_weights(TRAINER, ENGINE, MASK, 2.0)
+    torch.testing.assert_close(grad, -advantage[:, None] * w * MASK / (LENGTHS[:, None] * 3), rtol=1e-6, atol=1e-7)
+    assert out.metrics["vllm/is_ratio/min"] == pytest.approx(math.exp(-3.5))
