@@ -20,10 +20,11 @@ so a killed run loses at most one batch).
   own default would run a float32 model in half precision), with the ``vllm`` section's memory and parallelism
   settings (``max_model_len``, ``kv_cache_memory_bytes``, ``gpu_memory_utilization``, ``tensor_parallel_size``,
   ``enforce_eager``; :func:`finecap.engines.vllm.start_llm`). Two roles on vLLM are two engines in one process,
-  each taking its share of ``vllm.gpu_memory_utilization``.
-- **A request vLLM refuses** (a prompt longer than ``vllm.max_model_len``, which vLLM reports as a ``ValueError``
-  before generating) fails its image as a :class:`~finecap.boost.engine.BackendError`, as an HTTP 400 does with the
-  ``openai`` backend: the batch is asked again one task at a time so that only the refused tasks fail.
+  each taking ``vllm.gpu_memory_utilization`` of the GPU's memory (and ``vllm.kv_cache_memory_bytes`` of KV cache).
+- **A request vLLM refuses** (a prompt longer than ``vllm.max_model_len``: vLLM raises its ``VLLMClientError``, an
+  HTTP 4xx on its server, or a ``ValueError``, before generating) fails its image as a
+  :class:`~finecap.boost.engine.BackendError`, as an HTTP 400 does with the ``openai`` backend: the batch is asked
+  again one task at a time, so only the refused tasks fail.
 
 Greedy answers equal the ``transformers`` backend's in float32 on tiny Llama and Idefics3 chat models
 (``tests/engines/test_vllm_boost.py``).
@@ -99,10 +100,12 @@ class VllmBackend(InProcessBackend):
 
     def _answers(self, prompts: list[dict[str, Any]]) -> list[str | BaseException]:
         """Answers of ``prompts`` in one call; after a refusal, of each prompt alone (module docstring)."""
+        from vllm.exceptions import VLLMClientError
+
         try:
             self.requests += len(prompts)
             outputs = self.llm.generate(prompts, self.sampling_params(), use_tqdm=False)
-        except ValueError as e:
+        except (VLLMClientError, ValueError) as e:  # the request's fault (vLLM's 4xx), found before generating
             if len(prompts) > 1:
                 return [answer for p in prompts for answer in self._answers([p])]
             return [BackendError(f"vLLM refused the request: {' '.join(str(e).split())[:300]}")]
