@@ -1,7 +1,8 @@
 """boost's in-process ``vllm`` backend (``boost.llm_backend=vllm``, ``boost.vlm_backend=vllm``) on a tiny world:
 HolisticCap through a tiny Llama chat LM and a tiny Idefics3 answers as the ``transformers`` backend does (greedy,
-float32); a prompt vLLM refuses fails alone; a ``finecap boost`` killed (SIGKILL) after two batches resumes without
-asking vLLM again for a finished image.
+float32, with the folders' repetition penalty); the decoding settings are boost's over the folder's; a prompt vLLM
+refuses fails alone; a ``finecap boost`` killed (SIGKILL) after two batches resumes without asking vLLM again for a
+finished image.
 
 The two engines (LLM and VLM) are built once, by :func:`finecap.boost.backends.make_backend` from the run's
 configuration, and live side by side in this process, as in a ``finecap boost`` with both roles on vLLM."""
@@ -38,6 +39,8 @@ pytestmark = pytest.mark.slow
 WORLD = ("world.n_train=8", "world.n_val=2", "world.n_test=2")
 """12 images."""
 EOS_SCALE = 4.0
+GENERATION = {"do_sample": True, "top_k": 5, "repetition_penalty": 1.3}
+"""The folders' generation_config.json: the penalty acts on greedy answers too; top_k on sampling only."""
 
 
 @pytest.fixture(scope="module")
@@ -54,6 +57,7 @@ def folders(tmp_path_factory) -> dict[str, Path]:
         model = auto.from_pretrained(folders[name])
         with torch.no_grad():  # some answers stop at EOS before boost.max_new_tokens: stopping is compared too
             model.get_output_embeddings().weight[model.generation_config.eos_token_id] *= EOS_SCALE
+        model.generation_config.update(**GENERATION)  # read by transformers.generate and by vLLM ("auto")
         model.save_pretrained(folders[name])
     return folders
 
@@ -97,6 +101,17 @@ def test_holistic_boost_on_vllm_equals_transformers(folders, backends, tmp_path)
     assert len(set(visual)) > 1
     assert len({f["blend"][0] for i, f in enumerate(theirs.fields) if i in theirs.boosted}) > 1
     assert any(len(f["holistic"][0].split()) < 12 for f in theirs.fields)  # some stop at EOS (a word-level vocabulary)
+
+
+def test_decoding_settings_come_from_boost_and_the_folder(backends, monkeypatch):
+    """boost.temperature and boost.max_new_tokens over the folder's generation_config.json (:data:`GENERATION`)."""
+    llm = backends["llm"]
+    greedy = llm.sampling_params()
+    assert (greedy.temperature, greedy.max_tokens, greedy.repetition_penalty) == (0.0, 12, 1.3)
+    monkeypatch.setattr(llm, "temperature", 0.7)
+    sampled = llm.sampling_params()
+    assert (sampled.temperature, sampled.max_tokens, sampled.repetition_penalty, sampled.top_k) == (0.7, 12, 1.3, 5)
+    assert llm.identity()["temperature"] == 0.7  # another cache key: greedy answers are not reused
 
 
 def test_a_prompt_vllm_refuses_fails_alone(folders, backends):

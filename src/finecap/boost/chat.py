@@ -17,6 +17,7 @@ conversation with its image, and the batches they generate in.
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -58,16 +59,20 @@ def prompt_text(owner: Any, task: Task, image: Any = None) -> str:
     return apply_chat_template(owner, messages, tokenize=False, add_generation_prompt=True)
 
 
-class InProcessBackend:
+class InProcessBackend(ABC):
     """A chat model in this process answering boost's tasks in batches (module docstring). Subclasses set
-    ``vision`` and ``batch_size`` and implement :meth:`generate` and ``identity``."""
+    ``vision`` and ``batch_size`` and implement :meth:`identity` and :meth:`generate`."""
 
     vision: bool
     batch_size: int
 
+    @abstractmethod
+    def identity(self) -> dict[str, Any]:
+        """What determines the answers (:class:`~finecap.boost.engine.Backend`)."""
+
+    @abstractmethod
     def generate(self, tasks: Sequence[Task], images: Sequence[Any] = ()) -> list[str | BaseException]:
         """Answers of ``tasks`` (or the exception that failed one); ``images``: their decoded images (the VLM)."""
-        raise NotImplementedError
 
     def run(self, tasks: Sequence[Task]) -> Iterator[tuple[int, str | BaseException]]:
         for start in range(0, len(tasks), self.batch_size):
