@@ -76,8 +76,6 @@ class VllmBackend(InProcessBackend):
         images = {"limit_mm_per_prompt": {"image": 1}} if vision else {}
         self.llm = start_llm(model, section or VllmConfig(), dtype=saved_dtype(model), seed=seed,
                              generation_config="auto", option=option, **images)  # fmt: skip
-        self.requests = 0
-        """Prompts sent to vLLM so far (one-by-one repeats after a refusal included)."""
 
     def identity(self) -> dict[str, Any]:
         return {"backend": "vllm", "model": self.name, "vision": self.vision,
@@ -103,7 +101,6 @@ class VllmBackend(InProcessBackend):
         from vllm.exceptions import VLLMClientError
 
         try:
-            self.requests += len(prompts)
             outputs = self.llm.generate(prompts, self.sampling_params(), use_tqdm=False)
         except (VLLMClientError, ValueError) as e:  # the request's fault (vLLM's 4xx), found before generating
             if len(prompts) > 1:
