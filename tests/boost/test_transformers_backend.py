@@ -14,26 +14,12 @@ from finecap.boost.prompts import Prompts
 from finecap.data.records import Record
 from finecap.models.tokenizer import world_tokenizer
 from finecap.world.captions import vocabulary
-
-TEMPLATE = (
-    "{% for m in messages %}<{{ m['role'] }}> {{ m['content'] }} <eos>{% endfor %}"
-    "{% if add_generation_prompt %}<assistant>{% endif %}"
-)
+from helpers.chat_models import save_chat_lm
 
 
 @pytest.fixture(scope="module")
 def chat_model(tmp_path_factory) -> Path:
-    out = tmp_path_factory.mktemp("tiny-chat")
-    words = vocabulary() + ["<system>", "<user>", "<assistant>", "here", "are", "descriptions"]
-    tok = world_tokenizer(words)
-    tok.chat_template = TEMPLATE
-    tok.save_pretrained(out)
-    torch.manual_seed(0)
-    config = LlamaConfig(vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
-                         pad_token_id=0, bos_token_id=3, eos_token_id=4)  # fmt: skip
-    LlamaForCausalLM(config).save_pretrained(out)
-    return out
+    return save_chat_lm(tmp_path_factory.mktemp("tiny-chat"))
 
 
 def _tasks(n: int, few_shot: bool = False) -> list[Task]:

@@ -1,7 +1,7 @@
 """``decode.engine=vllm`` refuses in one line what it cannot do, before anything of vLLM is imported: a backbone vLLM
 does not serve (naming it and the engine that serves it), also for training's RL rollouts (from the configuration,
-before a run prepares anything), a machine without vLLM (naming the install), RL rollouts on vLLM with several
-training processes or a tensor-parallel engine. These run in every venv."""
+before a run prepares anything), a machine without vLLM (naming the install; so does boost's ``vllm`` backend), RL
+rollouts on vLLM with several training processes or a tensor-parallel engine. These run in every venv."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ from types import SimpleNamespace
 
 import pytest
 
+from finecap.boost.backends import make_backend
 from finecap.config import ConfigError, DecodeConfig, VllmConfig, load
 from finecap.data.datasets import model_collator
 from finecap.engines import generator_for
@@ -76,6 +77,16 @@ def test_a_vlm_without_vllm_installed_names_the_install(folders, monkeypatch):
     assert "pip install 'finecap[vllm]'" in message and "\n" not in message
     with pytest.raises(MissingExtra):
         import_vllm()
+
+
+def test_boost_on_vllm_without_vllm_names_the_option_and_the_install(folders, monkeypatch):
+    monkeypatch.setitem(sys.modules, "vllm", None)
+    cfg = load(None, ["boost.vlm_backend=vllm", f"boost.vlm_model={folders['idefics3']}"])
+    with pytest.raises(MissingExtra) as e:
+        make_backend(cfg, "vlm")
+    message = str(e.value)
+    assert message.startswith("boost.vlm_backend=vllm needs vLLM, which is not installed")
+    assert "pip install 'finecap[vllm]'" in message and "\n" not in message
 
 
 def test_the_caption_command_refuses_in_one_line(folders, tmp_path, monkeypatch):

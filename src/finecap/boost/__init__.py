@@ -5,9 +5,10 @@
 - :mod:`~finecap.boost.engine`: the resumable answer cache, retries of malformed answers, the failure budget and
   failure log, the steps over a data set;
 - backends: :mod:`~finecap.boost.openai_backend` (OpenAI-compatible HTTP servers),
-  :mod:`~finecap.boost.hf_backend` (in-process ``transformers`` chat models), :mod:`~finecap.boost.world_backend`
-  (the embedded world's exact analogue, with :mod:`~finecap.boost.world_facts`); :mod:`~finecap.boost.backends`
-  picks one by name;
+  :mod:`~finecap.boost.vllm_backend` (an in-process ``vllm.LLM``), :mod:`~finecap.boost.hf_backend` (in-process
+  ``transformers`` chat models; both in-process backends share :mod:`~finecap.boost.chat`),
+  :mod:`~finecap.boost.world_backend` (the embedded world's exact analogue, with :mod:`~finecap.boost.world_facts`);
+  :mod:`~finecap.boost.backends` picks one by name;
 - :mod:`~finecap.boost.output`: the boosted data set in the source's format, and the checks of every output path
   (one writer per output folder: :mod:`finecap.locks`).
 

@@ -1,4 +1,5 @@
-"""Backends by name (``boost.llm_backend`` / ``boost.vlm_backend``): ``openai``, ``transformers``, ``world``."""
+"""Backends by name (``boost.llm_backend`` / ``boost.vlm_backend``): ``openai``, ``transformers``, ``vllm``,
+``world``."""
 
 from __future__ import annotations
 
@@ -43,6 +44,12 @@ def make_backend(cfg: Config, role: str) -> Backend:
 
         return TransformersBackend(model, vision=role == "vlm", batch_size=b.batch_size,
                                    max_new_tokens=b.max_new_tokens, temperature=b.temperature, key=key)  # fmt: skip
+    if name == "vllm":
+        from finecap.boost.vllm_backend import VllmBackend
+
+        return VllmBackend(model, vision=role == "vlm", section=cfg.vllm, batch_size=b.batch_size,
+                           max_new_tokens=b.max_new_tokens, temperature=b.temperature, seed=cfg.run.seed,
+                           key=key)  # fmt: skip
     if name == "world":
         from finecap.boost.world_backend import WorldLLM, WorldVLM
 

@@ -1,5 +1,6 @@
 """The ``transformers`` backend: an in-process chat model, by Hub name or local path, prompted through the model's
-own chat template and generated in batches (``boost.batch_size`` prompts, left-padded).
+own chat template and generated in batches (``boost.batch_size`` prompts, left-padded). The chat template, the
+image's place in the conversation and the batches are :mod:`finecap.boost.chat`'s, shared with the ``vllm`` backend.
 
 - LLM steps (``blend``, ``holistic``): ``AutoTokenizer`` + ``AutoModelForCausalLM``;
   ``tokenizer.apply_chat_template(messages, add_generation_prompt=True)``, under the bounds of
@@ -8,24 +9,24 @@ own chat template and generated in batches (``boost.batch_size`` prompts, left-p
   message as a ``{"type": "image"}`` content part and the processor's chat template places its tokens. Both paths
   are tested on tiny models saved by the tests (a Llama chat model; a LLaVA with a tiny CLIP vision tower).
 
-Greedy decoding at ``boost.temperature=0``, sampling otherwise; at most ``boost.max_new_tokens`` new tokens. A model
-without a chat template is an error naming ``boost.llm_model`` / ``boost.vlm_model``.
+Greedy decoding at ``boost.temperature=0``, sampling otherwise; at most ``boost.max_new_tokens`` new tokens; the
+rest of the decoding settings are the folder's ``generation_config.json`` (``transformers.generate``'s own reading).
+A model without a chat template is an error naming ``boost.llm_model`` / ``boost.vlm_model``.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import torch
 
-from finecap.boost.engine import BadImage, Task
-from finecap.data.images import load_record_image
-from finecap.data.records import DataError
+from finecap.boost.chat import InProcessBackend, conversation, load_chat_tokenizer, prompt_text
+from finecap.boost.engine import Task
 from finecap.models.chat_templates import apply_chat_template
 
 
-class TransformersBackend:
+class TransformersBackend(InProcessBackend):
     """A chat model run in this process (module docstring)."""
 
     def __init__(
@@ -38,28 +39,13 @@ class TransformersBackend:
         temperature: float = 0.0,
         key: str = "boost.llm",
     ) -> None:
-        from transformers import (
-            AutoModelForCausalLM,
-            AutoModelForImageTextToText,
-            AutoProcessor,
-            AutoTokenizer,
-        )
+        from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
 
-        if not model:
-            raise ValueError(f"{key}_model: the transformers backend needs a model name or path")
+        self.processor, self.tokenizer = load_chat_tokenizer(model, vision=vision, key=key, backend="transformers")
         self.name, self.vision = model, vision
         self.batch_size, self.max_new_tokens, self.temperature = batch_size, max_new_tokens, temperature
-        if vision:
-            self.processor = AutoProcessor.from_pretrained(model, trust_remote_code=False)
-            self.tokenizer = self.processor.tokenizer
-            self.model = AutoModelForImageTextToText.from_pretrained(model, trust_remote_code=False)
-        else:
-            self.processor = None
-            self.tokenizer = AutoTokenizer.from_pretrained(model, trust_remote_code=False)
-            self.model = AutoModelForCausalLM.from_pretrained(model, trust_remote_code=False)
-        template = getattr(self.processor or self.tokenizer, "chat_template", None)
-        if not template:
-            raise ValueError(f"{key}_model: {model} has no chat template (boosting needs an instruction-tuned model)")
+        auto = AutoModelForImageTextToText if vision else AutoModelForCausalLM
+        self.model = auto.from_pretrained(model, trust_remote_code=False)
         self.tokenizer.padding_side = "left"
         if self.tokenizer.pad_token_id is None:
             self.tokenizer.pad_token = self.tokenizer.eos_token
@@ -71,21 +57,14 @@ class TransformersBackend:
 
     def _inputs(self, tasks: Sequence[Task], images: Sequence[Any] = ()) -> dict[str, torch.Tensor]:
         if not self.vision:
-            texts = [apply_chat_template(self.tokenizer, t.messages, tokenize=False, add_generation_prompt=True)
-                     for t in tasks]  # fmt: skip
+            texts = [prompt_text(self.tokenizer, t) for t in tasks]
             return self.tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=False)
-        conversations = []
-        for t, image in zip(tasks, images, strict=True):
-            messages = [dict(m) for m in t.messages]
-            messages[-1]["content"] = [{"type": "image", "image": image},
-                                       {"type": "text", "text": messages[-1]["content"]}]  # fmt: skip
-            conversations.append(messages)
-        assert self.processor is not None
+        conversations = [conversation(t, image) for t, image in zip(tasks, images, strict=True)]
         options = dict(return_dict=True, return_tensors="pt", processor_kwargs={"padding": True})
         return apply_chat_template(self.processor, conversations, add_generation_prompt=True, tokenize=True, **options)
 
     @torch.no_grad()
-    def generate(self, tasks: Sequence[Task], images: Sequence[Any] = ()) -> list[str]:
+    def generate(self, tasks: Sequence[Task], images: Sequence[Any] = ()) -> list[str | BaseException]:
         """Answers of ``tasks``; ``images``: their decoded images (the VLM)."""
         inputs = self._inputs(tasks, images)
         sampling = (
@@ -96,18 +75,3 @@ class TransformersBackend:
         )  # (B, T_in + T_new)
         new = out[:, inputs["input_ids"].shape[1] :]  # (B, T_new)
         return self.tokenizer.batch_decode(new, skip_special_tokens=True)
-
-    def run(self, tasks: Sequence[Task]) -> Iterator[tuple[int, str | BaseException]]:
-        for start in range(0, len(tasks), self.batch_size):
-            batch = list(range(start, min(start + self.batch_size, len(tasks))))
-            images: dict[int, Any] = {}
-            if self.vision:  # decoded by finecap's one rule: an image that fails it fails alone, unseen by the model
-                for i in list(batch):
-                    try:
-                        images[i] = load_record_image(tasks[i].record)
-                    except DataError as e:
-                        batch.remove(i)
-                        yield i, BadImage(str(e))
-            if batch:
-                answers = self.generate([tasks[i] for i in batch], [images[i] for i in batch] if self.vision else ())
-                yield from zip(batch, answers)

@@ -136,7 +136,7 @@ SRReward = Literal["log_prob", "accuracy", "cosine"]
 Distractors = Literal["batch", "bag", "hard"]
 CaptionField = Literal["original", "blend", "visual", "holistic", "dense"]
 BoostMode = Literal["blend", "visual", "holistic"]
-BoostBackend = Literal["openai", "transformers", "world"]
+BoostBackend = Literal["openai", "transformers", "vllm", "world"]
 WorldShift = Literal["none", "domain"]
 LoraInit = Literal["kaiming", "gaussian", "normal"]
 LongText = Literal["truncate", "error", "chunks"]
@@ -704,7 +704,8 @@ class DecodeConfig(Section, name="decode"):
 
 @dataclass
 class VllmConfig(Section, name="vllm"):
-    """The colocated vLLM engine of ``decode.engine=vllm`` (:mod:`finecap.engines.vllm`); TRL's knob names."""
+    """The colocated vLLM engine of ``decode.engine=vllm`` (:mod:`finecap.engines.vllm`) and of boost's ``vllm``
+    backend (:mod:`finecap.boost.vllm_backend`); TRL's knob names."""
 
     gpu_memory_utilization: float = doc(
         0.3, "Fraction of the GPU's memory vLLM takes for weights and KV cache (TRL's colocate default).", gt=0, le=1
@@ -1021,13 +1022,15 @@ class BoostConfig(Section, name="boost"):
         "holistic", "Captions `finecap boost` writes: BlendCap, VisualCap or HolisticCap (NDLB Sec. 2)."
     )
     llm_backend: BoostBackend = doc(
-        "world", "LLM backend (blend, holistic): openai-compatible server, transformers, world."
+        "world", "LLM backend (blend, holistic): openai-compatible server, transformers, vllm (in-process), world."
     )
-    llm_model: str = doc("", "LLM model name (openai: served name; transformers: HF name or path).")
+    llm_model: str = doc("", "LLM model name (openai: served name; transformers, vllm: HF name or path).")
     llm_base_url: str = doc("", "openai: server URL, e.g. http://localhost:8000/v1; empty = env OPENAI_BASE_URL.")
     llm_api_key_env: str = doc("OPENAI_API_KEY", "openai: environment variable holding the LLM server's API key.")
     llm_api_key: str = doc("", "Deprecated (use llm_api_key_env): API key given in the config; never written out.")
-    vlm_backend: BoostBackend = doc("world", "VLM backend (visual): openai-compatible server, transformers, world.")
+    vlm_backend: BoostBackend = doc(
+        "world", "VLM backend (visual): openai-compatible server, transformers, vllm (in-process), world."
+    )
     vlm_model: str = doc(
         "runs/visual_expert/checkpoints/best", "VLM name or path (world: the visual-expert ClipCap checkpoint)."
     )
@@ -1062,16 +1065,16 @@ class BoostConfig(Section, name="boost"):
     prompts: str = doc("", "Prompt file (YAML) overriding the default templates, or 'ndlb' (the paper's prompts).")
     few_shot: bool = doc(True, "Prepend the prompts' few-shot examples to each request.")
     batch_size: int = doc(
-        8, "transformers: prompts generated per batch.", ge=1, le=4096, why="prompts generated at once by transformers"
+        8, "transformers, vllm: prompts generated per batch.", ge=1, le=4096, why="prompts generated at once"
     )
     max_new_tokens: int = doc(
         120,
-        "openai/transformers: most tokens generated per answer.",
+        "openai/transformers/vllm: most tokens generated per answer.",
         ge=1,
         le=32_768,
         why="a caption rewrite takes ~200 tokens",
     )
-    temperature: float = doc(0.0, "openai/transformers: sampling temperature (0 = greedy).", ge=0)
+    temperature: float = doc(0.0, "openai/transformers/vllm: sampling temperature (0 = greedy).", ge=0)
     limit: int = doc(0, "Boost only the first N images (0 = all); the rest keep their human captions.", ge=0)
 
     def __post_init__(self) -> None:

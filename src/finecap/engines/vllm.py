@@ -71,13 +71,36 @@ ENVIRONMENT = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "VLLM_HOST_IP": "127.0.0.1
 """Set (unless already set) before an engine starts: vLLM's engine core in this process, bound to loopback."""
 
 
-def import_vllm() -> Any:
-    """The ``vllm`` module, or :class:`~finecap.utils.MissingExtra` naming the install (module docstring)."""
+def import_vllm(option: str = "decode.engine=vllm") -> Any:
+    """The ``vllm`` module, or :class:`~finecap.utils.MissingExtra` naming ``option`` (what asked for vLLM) and the
+    install (module docstring)."""
     try:
         import vllm
     except ImportError as e:
-        raise MissingExtra(f"decode.engine=vllm needs vLLM, which is not installed ({e}): {INSTALL}") from None
+        raise MissingExtra(f"{option} needs vLLM, which is not installed ({e}): {INSTALL}") from None
     return vllm
+
+
+def start_llm(folder: str | Path, section: VllmConfig, *, dtype: str, seed: int, generation_config: str = "vllm",
+              option: str = "decode.engine=vllm", **options: Any) -> Any:  # fmt: skip
+    """A ``vllm.LLM`` in this process (:data:`ENVIRONMENT`) serving the transformers folder (or Hub name)
+    ``folder`` in ``dtype``, with the ``vllm`` section's memory and parallelism settings; ``seed``: vLLM's seed of
+    unseeded sampling; ``generation_config``: vLLM's option (``"vllm"``: no sampling defaults from the folder's
+    ``generation_config.json``; ``"auto"``: its defaults); ``options``: further ``vllm.LLM`` arguments. ``option``
+    names what asked for vLLM in the message when it is not installed."""
+    vllm = import_vllm(option)
+    for name, value in ENVIRONMENT.items():
+        os.environ.setdefault(name, value)
+    kwargs: dict[str, Any] = dict(
+        model=str(folder), dtype=dtype, seed=int(seed), enforce_eager=section.enforce_eager,
+        gpu_memory_utilization=section.gpu_memory_utilization, tensor_parallel_size=section.tensor_parallel_size,
+        generation_config=generation_config, **options,
+    )  # fmt: skip
+    if section.max_model_len:
+        kwargs["max_model_len"] = section.max_model_len
+    if section.kv_cache_memory_bytes:
+        kwargs["kv_cache_memory_bytes"] = section.kv_cache_memory_bytes
+    return vllm.LLM(**kwargs)
 
 
 def refusal(kind: str, world: bool = False, quantized: str | None = None) -> str | None:
@@ -206,27 +229,16 @@ class VllmEngine:
         reason = unservable_reason(captioner)
         if reason is not None:
             raise ConfigError(reason, key="decode.engine")
-        vllm = import_vllm()
-        for name, value in ENVIRONMENT.items():
-            os.environ.setdefault(name, value)
+        import_vllm()  # before the captioner is saved: a missing vLLM is named first
         folder = Path(tempfile.mkdtemp(prefix="finecap-vllm-"))
         try:
             save_hf_folder(captioner, folder)
             dtype = str(next(captioner.model.parameters()).dtype).removeprefix("torch.")
-            kwargs: dict[str, Any] = dict(
-                model=str(folder), dtype=dtype, seed=int(seed), enforce_eager=section.enforce_eager,
-                gpu_memory_utilization=section.gpu_memory_utilization,
-                tensor_parallel_size=section.tensor_parallel_size, limit_mm_per_prompt={"image": 1},
-                generation_config="vllm", logprobs_mode=logprobs_mode,
-            )  # fmt: skip
-            if section.max_model_len:
-                kwargs["max_model_len"] = section.max_model_len
-            if section.kv_cache_memory_bytes:
-                kwargs["kv_cache_memory_bytes"] = section.kv_cache_memory_bytes
+            options: dict[str, Any] = {"limit_mm_per_prompt": {"image": 1}, "logprobs_mode": logprobs_mode}
             if captioner.processor_kwargs:
-                kwargs["mm_processor_kwargs"] = dict(captioner.processor_kwargs)
+                options["mm_processor_kwargs"] = dict(captioner.processor_kwargs)
             with rng_preserved():
-                llm = vllm.LLM(**kwargs)
+                llm = start_llm(folder, section, dtype=dtype, seed=seed, **options)
         except BaseException:
             shutil.rmtree(folder, ignore_errors=True)
             raise

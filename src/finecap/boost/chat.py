@@ -1,0 +1,90 @@
+"""What boost's in-process backends (``transformers``: :mod:`~finecap.boost.hf_backend`; ``vllm``:
+:mod:`~finecap.boost.vllm_backend`) share: the chat model's tokenizer or processor and its chat template, a task's
+conversation with its image, and the batches they generate in.
+
+- **Chat template**: the LLM role reads the folder's tokenizer (``AutoTokenizer``), the VLM role its processor
+  (``AutoProcessor``; its tokenizer beside it), never remote code; a model without a chat template is an error naming
+  ``boost.llm_model`` / ``boost.vlm_model`` (boosting needs an instruction-tuned model). Templates are rendered under
+  the bounds of :mod:`finecap.models.chat_templates` (a model's template is code: a hostile one stops with an error
+  naming it).
+- **Images** (the VLM): the image joins the last user message as a ``{"type": "image"}`` content part, before the
+  text, and the processor's chat template places its tokens. Each image is decoded by finecap's one rule
+  (:func:`finecap.data.images.load_record_image`); an image that fails it fails alone
+  (:class:`~finecap.boost.engine.BadImage`), unseen by the model.
+- **Batches**: ``boost.batch_size`` tasks per :meth:`InProcessBackend.generate` call; their answers are yielded (and
+  so cached by the engine) when the batch is done, so a killed run loses at most one batch.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+from finecap.boost.engine import BadImage, Task
+from finecap.data.images import load_record_image
+from finecap.data.records import DataError
+from finecap.models.chat_templates import apply_chat_template
+
+
+def load_chat_tokenizer(model: str, *, vision: bool, key: str, backend: str) -> tuple[Any, Any]:
+    """``(processor or None, tokenizer)`` of the chat model ``model`` (a Hub name or a folder): the processor for the
+    VLM role (``vision``), the tokenizer alone for the LLM role; a ``ValueError`` naming ``{key}_model`` when ``model``
+    is empty or has no chat template (``backend`` names the backend in the message)."""
+    from transformers import AutoProcessor, AutoTokenizer
+
+    if not model:
+        raise ValueError(f"{key}_model: the {backend} backend needs a model name or path")
+    if vision:
+        processor = AutoProcessor.from_pretrained(model, trust_remote_code=False)
+        tokenizer = processor.tokenizer
+    else:
+        processor, tokenizer = None, AutoTokenizer.from_pretrained(model, trust_remote_code=False)
+    if not getattr(processor or tokenizer, "chat_template", None):
+        raise ValueError(f"{key}_model: {model} has no chat template (boosting needs an instruction-tuned model)")
+    return processor, tokenizer
+
+
+def conversation(task: Task, image: Any) -> list[dict[str, Any]]:
+    """``task``'s messages with ``image`` (a PIL image) in the last user message, before its text."""
+    messages = [dict(m) for m in task.messages]
+    messages[-1]["content"] = [{"type": "image", "image": image}, {"type": "text", "text": messages[-1]["content"]}]
+    return messages
+
+
+def prompt_text(owner: Any, task: Task, image: Any = None) -> str:
+    """``task``'s chat prompt rendered by the chat template of ``owner`` (the tokenizer, or the processor with
+    ``image``), ending with the assistant's turn."""
+    messages = task.messages if image is None else conversation(task, image)
+    return apply_chat_template(owner, messages, tokenize=False, add_generation_prompt=True)
+
+
+class InProcessBackend(ABC):
+    """A chat model in this process answering boost's tasks in batches (module docstring). Subclasses set
+    ``vision`` and ``batch_size`` and implement :meth:`identity` and :meth:`generate`."""
+
+    vision: bool
+    batch_size: int
+
+    @abstractmethod
+    def identity(self) -> dict[str, Any]:
+        """What determines the answers (:class:`~finecap.boost.engine.Backend`)."""
+
+    @abstractmethod
+    def generate(self, tasks: Sequence[Task], images: Sequence[Any] = ()) -> list[str | BaseException]:
+        """Answers of ``tasks`` (or the exception that failed one); ``images``: their decoded images (the VLM)."""
+
+    def run(self, tasks: Sequence[Task]) -> Iterator[tuple[int, str | BaseException]]:
+        for start in range(0, len(tasks), self.batch_size):
+            batch = list(range(start, min(start + self.batch_size, len(tasks))))
+            images: dict[int, Any] = {}
+            if self.vision:  # decoded by finecap's one rule: an image that fails it fails alone, unseen by the model
+                for i in list(batch):
+                    try:
+                        images[i] = load_record_image(tasks[i].record)
+                    except DataError as e:
+                        batch.remove(i)
+                        yield i, BadImage(str(e))
+            if batch:
+                answers = self.generate([tasks[i] for i in batch], [images[i] for i in batch] if self.vision else ())
+                yield from zip(batch, answers)

@@ -1,0 +1,118 @@
+"""The ``vllm`` backend: a chat model served by a ``vllm.LLM`` in this process (``boost.llm_backend=vllm`` /
+``boost.vlm_backend=vllm``), the in-process counterpart of an OpenAI-compatible vLLM server.
+
+``boost.<role>_model`` is a transformers folder or a Hub name, as for the ``transformers`` backend, and everything
+but the generation is shared with it (:mod:`finecap.boost.chat`): the tokenizer or processor and its chat template
+(rendered under finecap's bounds), the image in the last user message, ``boost.batch_size`` tasks per call to
+``LLM.generate`` (vLLM schedules the batch's requests together; the engine caches the answers when the batch ends,
+so a killed run loses at most one batch).
+
+- **LLM role**: the prompt is the chat template's text tokenized as the ``transformers`` backend tokenizes it
+  (``add_special_tokens=False``: the template writes its own), sent as token ids.
+- **VLM role**: the processor's rendered text with the decoded image as ``multi_modal_data``; vLLM's processing of
+  the folder expands the image placeholder (at most one image per prompt).
+- **Decoding**: greedy at ``boost.temperature=0``, else sampling at that temperature; at most
+  ``boost.max_new_tokens`` tokens; every other setting (stop tokens, ``top_k``, ``top_p``, ``repetition_penalty``)
+  is the folder's ``generation_config.json``, as ``transformers.generate`` and a vLLM server read it
+  (``generation_config="auto"``). Unseeded samples follow vLLM's seed, ``run.seed``. Answers are the generated
+  tokens decoded as the ``transformers`` backend decodes them (special tokens skipped).
+- **Engine**: built once per role in the model's saved dtype (``config.json``'s, as transformers loads it; vLLM's
+  own default would run a float32 model in half precision), with the ``vllm`` section's memory and parallelism
+  settings (``max_model_len``, ``kv_cache_memory_bytes``, ``gpu_memory_utilization``, ``tensor_parallel_size``,
+  ``enforce_eager``; :func:`finecap.engines.vllm.start_llm`). Two roles on vLLM are two engines in one process,
+  each taking ``vllm.gpu_memory_utilization`` of the GPU's memory (and ``vllm.kv_cache_memory_bytes`` of KV cache).
+- **A request vLLM refuses** (a prompt longer than ``vllm.max_model_len``: vLLM raises its ``VLLMClientError``, an
+  HTTP 4xx on its server, or a ``ValueError``, before generating) fails its image as a
+  :class:`~finecap.boost.engine.BackendError`, as an HTTP 400 does with the ``openai`` backend: the batch is asked
+  again one task at a time, so only the refused tasks fail.
+
+Greedy answers equal the ``transformers`` backend's in float32 on tiny Llama and Idefics3 chat models
+(``tests/engines/test_vllm_boost.py``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from finecap.boost.chat import InProcessBackend, load_chat_tokenizer, prompt_text
+from finecap.boost.engine import BackendError, Task
+
+if TYPE_CHECKING:
+    from finecap.config import VllmConfig
+
+
+def saved_dtype(model: str) -> str:
+    """The dtype ``model``'s ``config.json`` names (what ``from_pretrained`` loads it in), or ``"auto"``."""
+    from transformers import AutoConfig
+
+    dtype = getattr(AutoConfig.from_pretrained(model, trust_remote_code=False), "dtype", None)
+    return "auto" if dtype is None else str(dtype).removeprefix("torch.")
+
+
+class VllmBackend(InProcessBackend):
+    """A chat model served by an in-process ``vllm.LLM`` (module docstring)."""
+
+    def __init__(
+        self,
+        model: str,
+        *,
+        vision: bool = False,
+        section: VllmConfig | None = None,
+        batch_size: int = 8,
+        max_new_tokens: int = 120,
+        temperature: float = 0.0,
+        seed: int = 0,
+        key: str = "boost.llm",
+    ) -> None:
+        from finecap.config import VllmConfig
+        from finecap.engines.vllm import import_vllm, start_llm
+
+        option = f"{key}_backend=vllm"
+        import_vllm(option)  # a missing vLLM is named before anything loads
+        self.processor, self.tokenizer = load_chat_tokenizer(model, vision=vision, key=key, backend="vllm")
+        self.name, self.vision = model, vision
+        self.batch_size, self.max_new_tokens, self.temperature = batch_size, max_new_tokens, temperature
+        images = {"limit_mm_per_prompt": {"image": 1}} if vision else {}
+        self.llm = start_llm(model, section or VllmConfig(), dtype=saved_dtype(model), seed=seed,
+                             generation_config="auto", option=option, **images)  # fmt: skip
+
+    def identity(self) -> dict[str, Any]:
+        return {"backend": "vllm", "model": self.name, "vision": self.vision,
+                "max_new_tokens": self.max_new_tokens, "temperature": self.temperature}  # fmt: skip
+
+    def sampling_params(self) -> Any:
+        """The folder's generation settings (module docstring) with ``boost.temperature`` and ``max_new_tokens``."""
+        from vllm import SamplingParams
+
+        defaults = self.llm.model_config.get_diff_sampling_param()
+        settings = {**defaults, "temperature": self.temperature, "max_tokens": self.max_new_tokens}
+        return SamplingParams.from_optional(**settings, detokenize=False)
+
+    def prompt(self, task: Task, image: Any = None) -> dict[str, Any]:
+        """vLLM's prompt of ``task`` (module docstring)."""
+        if not self.vision:
+            text = prompt_text(self.tokenizer, task)
+            return {"prompt_token_ids": self.tokenizer(text, add_special_tokens=False)["input_ids"]}
+        return {"prompt": prompt_text(self.processor, task, image), "multi_modal_data": {"image": image}}
+
+    def _answers(self, prompts: list[dict[str, Any]]) -> list[str | BaseException]:
+        """Answers of ``prompts`` in one call; after a refusal, of each prompt alone (module docstring)."""
+        from vllm.exceptions import VLLMClientError
+
+        try:
+            outputs = self.llm.generate(prompts, self.sampling_params(), use_tqdm=False)
+        except (VLLMClientError, ValueError) as e:  # the request's fault (vLLM's 4xx), found before generating
+            if len(prompts) > 1:
+                return [answer for p in prompts for answer in self._answers([p])]
+            return [BackendError(f"vLLM refused the request: {' '.join(str(e).split())[:300]}")]
+        return self.tokenizer.batch_decode([list(o.outputs[0].token_ids) for o in outputs], skip_special_tokens=True)
+
+    def generate(self, tasks: Sequence[Task], images: Sequence[Any] = ()) -> list[str | BaseException]:
+        """Answers of ``tasks`` (a :class:`BackendError` for a prompt vLLM refuses); ``images``: their decoded
+        images (the VLM)."""
+        return self._answers([self.prompt(t, im) for t, im in zip(tasks, images or [None] * len(tasks), strict=True)])
+
+    def close(self) -> None:
+        """Free the engine."""
+        self.llm = None
