@@ -35,7 +35,10 @@ def world_args(tiny_world) -> list[str]:
 
 @pytest.fixture(scope="session")
 def tiny_encoder(tmp_path_factory) -> Path:
-    """A random tiny ``CLIPModel`` + image processor saved with ``save_pretrained`` (what a Hub checkpoint holds)."""
+    """A random tiny ``CLIPModel`` + image processor saved with ``save_pretrained`` (what a Hub checkpoint holds).
+    Its weights come from seed 0, not from whatever the global generator holds when the first test asks for it, so
+    every test sees the same encoder whichever test runs first (``pytest -n``, ``-k``, another order)."""
+    import torch
     from transformers import CLIPImageProcessor, CLIPModel
 
     from finecap.models.presets import tiny_clip_config
@@ -44,7 +47,10 @@ def tiny_encoder(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("encoder")
     tok = world_tokenizer()
     config = tiny_clip_config(len(tok), tok.eos_token_id, image_size=32, patch_size=8, hidden=32, layers=1)
-    CLIPModel(config).save_pretrained(out)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        model = CLIPModel(config)
+    model.save_pretrained(out)
     CLIPImageProcessor(size={"shortest_edge": 32}, crop_size={"height": 32, "width": 32}).save_pretrained(out)
     return out
 
