@@ -61,12 +61,13 @@ vllm-test: vllm
 	  for f in tests/engines/test_vllm_*.py; do $(VLLM_BIN)/python -m pytest -q -m "slow or not slow" $$f || exit 1; done; \
 	else echo "vLLM tests skipped: $$(cat $(VLLM_FAILED) 2>/dev/null || echo '$(VLLM_VENV) was not built')"; fi
 
-# The whole suite: the slow tests too (plain `pytest` leaves them out, pyproject.toml's addopts), then the vLLM tests
-# in their venv (make vllm-test; in the main venv they skip, naming why).
+# The whole suite: the slow tests too (plain `pytest` leaves them out, pyproject.toml's addopts), on both cores of
+# the development machine (pytest-xdist: 2 worker processes, one torch thread each, idle tests stolen by the other),
+# then the vLLM tests in their venv (make vllm-test; in the main venv they skip, naming why).
 test: $(STAMP) browser
 	$(BIN)/ruff check src tests benchmarks conftest.py
 	$(BIN)/ruff format --check src tests benchmarks conftest.py
-	$(BIN)/python -m pytest -q -m "slow or not slow"
+	$(BIN)/python -m pytest -q -m "slow or not slow" -n 2 --dist worksteal
 	$(MAKE) --no-print-directory vllm-test
 
 format: $(STAMP)
