@@ -6,9 +6,10 @@ policy after each optimizer step (under FSDP2 the full weights gathered once per
 3 SCST steps on a tiny Idefics3 captioner in float32 (a reward that pays for length, so every step moves the policy)
 over 2 processes x 2 images equal 1 process x 4 images: every step's loss, reward and gradient norm, and the weights
 after training (the bounds of tests/helpers/equivalence.py). Each process samples an image's captions from the
-image's own seed, so the same captions in both runs. Every step's importance ratios are 1 within 1e-4 (the engines'
-log-probs of their samples equal the policy's: the weights reached every engine), the losses are finite, and the
-weights moved (the equality is not that of runs that did nothing)."""
+image's own seed, so the same captions in both runs. At every step each process's engine log-probs of its samples
+equal the policy's within 1e-4 (|log importance ratio| < 1e-4: the weights reached every engine; without the sync the
+smallest ratio is 0.007), the losses are finite, and the weights moved (the equality is not that of runs that did
+nothing)."""
 
 from __future__ import annotations
 
@@ -80,7 +81,8 @@ def test_two_processes_roll_out_on_engines_of_their_own_and_equal_one(tmp_path):
         for step, (v, e) in enumerate(zip(values, expected, strict=True)):
             assert math.isfinite(v["loss"]), (run, step)
             assert 1 - 1e-4 <= v["vllm/is_ratio/min"] <= v["vllm/is_ratio/max"] <= 1 + 1e-4, (run, step, v)
-            assert v["vllm/logp_diff/max"] < 1e-4, (run, step)
+            # logged: the mean of the 2 processes' values; of non-negative maxima, each process's is below 1e-4
+            assert v["vllm/logp_diff/max"] < 0.5e-4, (run, step)
             assert v["time/sync"] > 0, (run, step)  # built at step 1, sent the policy's weights at the next ones
             assert v["loss"] == pytest.approx(e["loss"], rel=1e-5), (run, step)
             assert v["reward"] == pytest.approx(e["reward"], rel=1e-6), (run, step)

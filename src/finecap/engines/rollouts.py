@@ -14,8 +14,9 @@ calls the policy's own ``generate``. With ``vllm``:
   <finecap.engines.vllm.VllmEngine.sync>`: full weights, adapters merged, ``collective_rpc("reload_weights")``,
   the engine's encoder and prefix caches dropped): once per rollout however many optimizer steps came between
   (the ``rl.iterations`` steps of a GRPO cycle share one rollout), as TRL syncs when the step changed since its last
-  sync. Under FSDP2 the rollout runs inside :func:`finecap.models.sharding.decoding`, where every parameter is
-  gathered in full, so the state dict the engine is built from and synced with is the full one, gathered once;
+  sync. Under FSDP2 the engine is built from and synced with the full state dict, gathered once per sync
+  (:func:`~finecap.engines.vllm.hf_weights`; the rollout does not gather the policy for decoding as finecap's decoder
+  needs, :func:`finecap.models.sharding.decoding`);
 - **log-probs** (the rollout's ``token_logprobs``, which the importance-sampling correction compares with the
   trainer's: :mod:`finecap.objectives.engine_mismatch`): of the distribution the loss scores, the model's own
   (``raw_logprobs``), or with ``tempered=True`` (``rl.scaled_logprob`` with sampling) the temperature-scaled one

