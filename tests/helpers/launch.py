@@ -4,10 +4,23 @@ from __future__ import annotations
 
 import contextlib
 import os
+import socket
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
+
+
+def two_processes() -> list[str]:
+    """The command prefix that starts 2 CPU processes with ``accelerate launch`` (torchrun; gloo on a CPU-only
+    machine) of this venv's Python on a free local port: append ``-m finecap.app.cli train ...`` or a script."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    return [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
+            "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
+            "--main_process_port", str(port)]  # fmt: skip
 
 
 def launch_bounded(cmd: list[str], log: Path, timeout: float) -> None:

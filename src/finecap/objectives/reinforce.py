@@ -50,6 +50,7 @@ logging the mismatch (``vllm/logp_diff/*``, ``vllm/is_ratio/*``) and the weight 
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import time
 from dataclasses import dataclass
@@ -219,8 +220,11 @@ class Reinforce(ObjectiveBase):
         t0 = time.perf_counter()
         synced = self.rollouts.sync_seconds
         bare.eval()
-        try:  # sharded (FSDP2): full parameters while decoding, every process at once (finecap.models.sharding)
-            with sharding.decoding(bare), torch.no_grad():  # decode.engine: the policy itself, or vLLM synced with it
+        # sharded (FSDP2): full parameters while the policy decodes, every process at once (finecap.models.sharding);
+        # a vLLM engine needs none (it gathers the full weights itself when it syncs: finecap.engines.rollouts)
+        gathered = contextlib.nullcontext() if self.rollouts.external else sharding.decoding(bare)
+        try:
+            with gathered, torch.no_grad():  # decode.engine: the policy itself, or vLLM synced with it
                 samples = self.rollouts.generate(bare, batch, self.sample_cfg, self.sampling_seeds(batch))
                 greedy = self.rollouts.generate(bare, batch, self.greedy_cfg) if self.baseline.needs_greedy else None
         finally:
