@@ -13,8 +13,9 @@ from meteor_cases import coco_like, stress
 
 from finecap.metrics.meteor import meteor_per_item, meteor_scorer, table_scan
 from finecap.metrics.meteor import resources as R
+from finecap.metrics.meteor.align import align
 from finecap.metrics.meteor.inputs import segment_fields
-from finecap.metrics.meteor.match import candidates
+from finecap.metrics.meteor.match import EXACT, Segment, Word, candidates, java_hash
 from finecap.metrics.meteor.score import segment_score
 from finecap.metrics.meteor.scorer import bound
 from finecap.metrics.meteor.table_scan import MAX_WORD_BYTES, TableScanError, scan_table
@@ -154,6 +155,33 @@ def test_references_skipped_by_their_bound_could_not_have_been_chosen():
         top = max((s for _, s in every), default=0.0)
         skipped += sum(bound(h, scorer.segment(r), candidates(h, scorer.segment(r))) < top for r in refs)
     assert skipped > 200  # the bound does skip references
+
+
+def _segment(words: str, function: set[str] = frozenset({"a"})) -> Segment:
+    ws = words.split()
+    return Segment(ws, [Word(java_hash(w), java_hash(w), w in function) for w in ws], None)
+
+
+def test_bound_by_hand():
+    """Hypothesis "a a a dog" against reference "a dog" ("a" a function word, weight 1 - delta = 0.25; "dog" 0.75):
+    the hypothesis's three "a" share the reference's one, so its weighted matches are at most 0.25 + 0.75 = 1.0 (not
+    3 x 0.25 + 0.75 = 1.5), and the longest chunk is "a dog" on both sides, 4 words, so the fragmentation is at least
+    2 / 4. The bound is then the score of the best alignment (a -> the third "a", then dog: one chunk)."""
+    hyp, ref = _segment("a a a dog"), _segment("a dog")
+    cands = candidates(hyp, ref)
+    p = 1.0 / (0.75 * 1 + 0.25 * 3)  # precision: 1.0 over the hypothesis's weighted length, 1.5
+    r = 1.0 / (0.75 * 1 + 0.25 * 1)
+    fmean = 1.0 / (0.15 / p + 0.85 / r)
+    expected = fmean * (1.0 - 0.6 * 0.5**0.2)
+    assert bound(hyp, ref, cands) == pytest.approx(expected * (1 + 1e-9), rel=1e-12)  # raised by 1e-9 (score_bound)
+    assert align(cands, 4) == [(0, 1, 2, 1, EXACT), (1, 1, 3, 1, EXACT)]
+    scorer_stats = [4, 2, 3, 1, 1, 1, 1, 1] + [0] * 12 + [1, 2, 2]  # a -> a, dog -> dog, one chunk
+    assert segment_score(scorer_stats) == pytest.approx(expected, rel=1e-12)
+    assert segment_score(scorer_stats) <= bound(hyp, ref, cands)
+    # "a dog" against itself: one chunk can hold every word, no penalty; "dog a" against "a dog": two chunks at least
+    assert bound(_segment("a dog"), ref, candidates(_segment("a dog"), ref)) == pytest.approx(1.0 + 1e-9, rel=1e-12)
+    swapped = _segment("dog a")
+    assert bound(swapped, ref, candidates(swapped, ref)) == pytest.approx((1.0 - 0.6) * (1 + 1e-9), rel=1e-12)
 
 
 def _fake_jar(tmp_path, pairs):

@@ -21,6 +21,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from finecap.metrics.meteor.resources import JarData, ParaphraseTable
+from finecap.metrics.meteor.score import DELTA
 
 __all__ = [
     "EXACT",
@@ -96,21 +97,25 @@ def synonym_sets(word: str, data: JarData) -> frozenset[str]:
 
 class Word:
     """What the stages compare of one word: its Java hash, its stem's Java hash, whether it is a function word, and
-    the words of the evaluation it is a synonym of (their synonym sets intersect; :func:`synonym_sets`)."""
+    the words of the evaluation it is a synonym of (their synonym sets intersect; :func:`synonym_sets`); ``weight``
+    is what a match of it weighs in precision or recall before the stage's weight (``delta``, ``1 - delta`` for a
+    function word)."""
 
-    __slots__ = ("hash", "stem", "function", "synonyms")
+    __slots__ = ("hash", "stem", "function", "synonyms", "weight")
 
     def __init__(self, hash_: int, stem: int, function: bool, synonyms: frozenset[str] = frozenset()):
         self.hash = hash_
         self.stem = stem
         self.function = function
         self.synonyms = synonyms
+        self.weight = 1.0 - DELTA if function else DELTA
 
 
 class Segment:
     """One normalised segment as the stages look it up, computed once however many segments it is compared with:
-    its words and :class:`Word` s, the number of function words, and the paraphrase-table phrases found by walking
-    it (``(start, length, phrase id)``, by start, shorter phrases first; the ids index ``table.paraphrases``).
+    its words and :class:`Word` s (and their ``weight`` s), the number of function words, and the paraphrase-table
+    phrases found by walking it (``(start, length, phrase id)``, by start, shorter phrases first; the ids index
+    ``table.paraphrases``).
 
     As a hypothesis it is compared with every reference of its image, so what that side needs (where each word, hash
     and stem occurs; the matches of each reference word and phrase) is built on first use and kept
@@ -120,6 +125,7 @@ class Segment:
     __slots__ = (
         "words",
         "info",
+        "weights",
         "n_function",
         "phrases",
         "table",
@@ -133,6 +139,7 @@ class Segment:
     def __init__(self, words: Sequence[str], info: Sequence[Word], table: ParaphraseTable | None):
         self.words = tuple(words)
         self.info = list(info)
+        self.weights = [w.weight for w in self.info]
         self.n_function = sum(w.function for w in self.info)
         self.table = table
         self._by_word: dict[str, list[int]] | None = None

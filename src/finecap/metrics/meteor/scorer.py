@@ -20,7 +20,7 @@ from finecap.metrics.meteor.inputs import segment_fields
 from finecap.metrics.meteor.match import Match, Segment, Word, candidates, java_hash, synonym_sets
 from finecap.metrics.meteor.normalize import Normalizer
 from finecap.metrics.meteor.resources import JarData, ParaphraseIndex, ParaphraseTable, PendingIndex
-from finecap.metrics.meteor.score import DELTA, N_STATS, WEIGHTS, score_bound, segment_score
+from finecap.metrics.meteor.score import N_STATS, WEIGHTS, score_bound, segment_score
 from finecap.metrics.meteor.stemmer import Stemmer
 
 __all__ = ["MAX_CACHED", "MIN_PARALLEL", "MeteorScorer", "bound", "default_processes"]
@@ -209,32 +209,65 @@ class MeteorScorer:
 
 
 def bound(hyp: Segment, ref: Segment, cands: list[list[Match]]) -> float:
-    """An upper bound of the score of any alignment of these candidates (:func:`score_bound`): each word matched
-    by its candidate of the highest stage weight, and no fewer chunks than one."""
-    hw = [0.0] * len(hyp.info)
-    rw = [0.0] * len(ref.info)
-    for ms in cands:
+    """An upper bound of the score of any alignment of these candidates (:func:`score_bound`).
+
+    The weighted matches of the hypothesis (what precision counts: each matched word's stage weight times ``delta``,
+    or ``1 - delta`` for a function word) are at most both of:
+
+    - the sum over its words of the highest weight a candidate gives the word (each word is matched once at most);
+    - the sum over the reference's words of the highest share a candidate covering it gives: a candidate's
+      hypothesis-side weight divided by its number of reference words (the candidates of an alignment cover each
+      reference word once at most, so their weights add up to the sum of their shares): a word the hypothesis
+      holds three times and the reference once counts once here.
+
+    and so for the reference's weighted matches, the other way round. A chunk is a chain of matches, each starting
+    where the one before ends in both sentences; the longest chain the candidates can form (in words of both
+    sentences) bounds every chunk's size, so an alignment of ``m`` matched words has at least ``m / longest``
+    chunks and a fragmentation of at least ``2 / longest``; only a chain covering both sentences whole can score
+    without penalty."""
+    hf, rf = hyp.weights, ref.weights
+    hw = [0.0] * len(hf)  # per hypothesis word: the highest weight a candidate gives it
+    rw = [0.0] * len(rf)
+    col = [0.0] * len(rf)  # per reference word: the highest share of hypothesis-side weight of a candidate covering it
+    row = [0.0] * len(hf)
+    ends: dict[tuple[int, int], int] = {}  # (reference end, hypothesis end) -> longest chain ending there
+    longest = 0
+    for ms in cands:  # by reference position: a chain's earlier matches come first
         for j, rl, i, hl, stage in ms:
             w = WEIGHTS[stage]
-            for x in range(j, j + rl):
-                if rw[x] < w:
-                    rw[x] = w
-            for x in range(i, i + hl):
-                if hw[x] < w:
-                    hw[x] = w
-    p = r = 0.0
-    covered = 0
-    for x, w in zip(hyp.info, hw):
-        if w:
-            p += (1.0 - DELTA if x.function else DELTA) * w
-            covered += 1
-    perfect = covered == len(hw)
-    for x, w in zip(ref.info, rw):
-        if w:
-            r += (1.0 - DELTA if x.function else DELTA) * w
-            covered += 1
-    perfect = perfect and covered == len(hw) + len(rw)
-    return score_bound(p, r, hyp, ref, covered, perfect)
+            if rl == 1 and hl == 1:
+                a, b = w * hf[i], w * rf[j]
+                if hw[i] < a:
+                    hw[i] = a
+                if col[j] < a:
+                    col[j] = a
+                if rw[j] < b:
+                    rw[j] = b
+                if row[i] < b:
+                    row[i] = b
+                v = 2 + ends.get((j, i), 0)
+                key = (j + 1, i + 1)
+            else:
+                a, b = w * sum(hf[i : i + hl]), w * sum(rf[j : j + rl])
+                for x in range(i, i + hl):
+                    if hw[x] < w * hf[x]:
+                        hw[x] = w * hf[x]
+                    if row[x] < b / hl:
+                        row[x] = b / hl
+                for x in range(j, j + rl):
+                    if rw[x] < w * rf[x]:
+                        rw[x] = w * rf[x]
+                    if col[x] < a / rl:
+                        col[x] = a / rl
+                v = rl + hl + ends.get((j, i), 0)
+                key = (j + rl, i + hl)
+            if ends.get(key, 0) < v:
+                ends[key] = v
+                if longest < v:
+                    longest = v
+    p = min(sum(hw), sum(col))
+    r = min(sum(rw), sum(row))
+    return score_bound(p, r, hyp, ref, longest, longest >= len(hf) + len(rf))
 
 
 _WORKER: tuple[MeteorScorer, list[tuple[str, list[str]]]] | None = None  # what forked workers inherit (set only
