@@ -159,7 +159,7 @@ def test_references_skipped_by_their_bound_could_not_have_been_chosen():
 
 def _segment(words: str, function: set[str] = frozenset({"a"})) -> Segment:
     ws = words.split()
-    return Segment(ws, [Word(java_hash(w), java_hash(w), w in function) for w in ws], None)
+    return Segment(ws, [Word(java_hash(w), java_hash(w), w in function, ((w, EXACT),)) for w in ws], None)
 
 
 def test_bound_by_hand():
@@ -247,3 +247,21 @@ def test_the_adjacent_word_filter_keeps_every_pair_that_can_match():
     )
     filtered.score_all([" ".join(b)], [[" ".join(a)]], processes=1)
     assert filtered.table is not before and b in filtered.table.pairs[a]
+
+
+@pytest.mark.skipif(R.data_unavailable_reason() is not None, reason="pycocoevalcap's METEOR data missing")
+@pytest.mark.parametrize("extra", [[], ["A Dog | runs.", "x ||| y"]])
+def test_words_and_adjacent_words_of_many_captions(extra):
+    """The scorer finds the words and adjacent-word pairs of many captions at once (one split of all of them when they
+    are all tokenised, as numbers): the same as caption by caption."""
+    from finecap.metrics.meteor.scorer import MeteorScorer
+
+    scorer = MeteorScorer(R.read_jar_data(R.find_meteor_jar()), None)
+    texts = [h for h, refs in coco_like(50, seed=51) for h in (h, *refs)] + ["", "one", "a  b"] + extra
+    words, pairs = set(), set()
+    for t in texts:
+        ws = scorer.normalizer.words(t)
+        words.update(ws)
+        pairs.update(zip(ws, ws[1:]))
+    assert scorer._words_and_bigrams(texts) == (words, pairs)
+    assert ("|" in words) == bool(extra)

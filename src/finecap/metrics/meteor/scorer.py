@@ -15,10 +15,12 @@ import multiprocessing
 import os
 from collections.abc import Iterable, Sequence
 
+import numpy as np
+
 from finecap.metrics.meteor.align import align, count_chunks
 from finecap.metrics.meteor.inputs import segment_fields
-from finecap.metrics.meteor.match import Match, Segment, Word, candidates, java_hash, synonym_sets
-from finecap.metrics.meteor.normalize import Normalizer
+from finecap.metrics.meteor.match import Match, Segment, Word, candidates, java_hash, related_words, synonym_sets
+from finecap.metrics.meteor.normalize import Normalizer, plain_words
 from finecap.metrics.meteor.resources import JarData, ParaphraseIndex, ParaphraseTable, PendingIndex
 from finecap.metrics.meteor.score import N_STATS, WEIGHTS, score_bound, segment_score
 from finecap.metrics.meteor.stemmer import Stemmer
@@ -59,10 +61,12 @@ class MeteorScorer:
         self.table: ParaphraseTable | None = None
         self.normalizer = Normalizer(data.prefixes)
         self.stem = Stemmer()
-        self._words: dict[str, Word] = {}
+        self._words: dict[str, Word] = {}  # of every word prepared
+        self._hashes: dict[str, tuple[int, int]] = {}  # word -> its Java hash and its stem's
         self._norm: dict[str, tuple[str, ...]] = {}
         self._vocab: set[str] = set()
         self._bigrams: set[tuple[str, str]] = set()  # adjacent words of the captions prepared (restrict)
+        self._prepared: set[str] = set()  # texts whose words and adjacent words are in _vocab and _bigrams
 
     def words(self, text: str) -> tuple[str, ...]:
         """The normalised words of one (trimmed) segment, memoised."""
@@ -86,47 +90,91 @@ class MeteorScorer:
     def prepare(self, texts: Iterable[str]) -> None:
         """Normalise ``texts``, find which of their words are synonyms and keep the paraphrase pairs whose words all
         occur in them (needed before scoring texts with words not seen by an earlier call). The paraphrase index is
-        waited for last, so that the rest runs while it loads."""
-        vocab: set[str] = set()
-        bigrams: set[tuple[str, str]] = set()
-        for t in texts:
-            ws = self.words(t)
-            vocab.update(ws)
-            bigrams.update(zip(ws, ws[1:]))
+        waited for last, so that the rest runs while it loads. Texts prepared before are skipped (a later evaluation
+        against the same references prepares only its new captions)."""
+        done = self._prepared
+        new = [t for t in texts if t not in done]
+        if not new and (self.table is not None or self._index is None):
+            return
+        vocab, bigrams = self._words_and_bigrams(new)
         if vocab <= self._vocab and bigrams <= self._bigrams and (self.table is not None or self._index is None):
+            done.update(new)
             return
         self._bigrams |= bigrams
         if vocab <= self._vocab and self._index is not None:  # only new adjacent words: the same synonyms
             self.table = self.index.restrict(self._vocab, self._bigrams)
+            done.update(new)
             return
         self._vocab |= vocab
-        synsets = {w: synonym_sets(w, self.data) for w in self._vocab}
+        self._words = self._word_table(self._vocab)
+        if self._index is not None:
+            self.table = self.index.restrict(self._vocab, self._bigrams)
+        done.update(new)
+
+    def _words_and_bigrams(self, texts: list[str]) -> tuple[set[str], set[tuple[str, str]]]:
+        """The words of ``texts`` and their pairs of adjacent words. Tokenised captions are split all at once
+        (:func:`~finecap.metrics.meteor.normalize.plain_words`), others one by one (:meth:`words`); the pairs are
+        found as numbers (word ids), so that a pair is made for each distinct pair only."""
+        flat: list[str | None] | None = plain_words(texts)
+        sep: str | None = "|"
+        if flat is None:  # not all plain: "|" may be a word, None is none
+            flat, sep = [], None
+            extend, append = flat.extend, flat.append
+            for t in texts:
+                extend(self.words(t))
+                append(None)
+        vocab = set(flat)
+        vocab.discard(sep)  # type: ignore[arg-type]
+        words = list(vocab)
+        ids = {w: k for k, w in enumerate(words)}
+        ids[sep] = -1  # type: ignore[index]
+        flat_ids = np.fromiter(map(ids.__getitem__, flat), dtype=np.int64, count=len(flat))
+        first, second = flat_ids[:-1], flat_ids[1:]
+        codes = np.sort((first * len(words) + second)[(first >= 0) & (second >= 0)])
+        if len(codes):  # distinct (np.unique's hashing takes 6 times as long)
+            codes = codes[np.append(True, codes[1:] != codes[:-1])]
+        a, b = np.divmod(codes, max(len(words), 1))
+        return vocab, set(zip(map(words.__getitem__, a.tolist()), map(words.__getitem__, b.tolist())))
+
+    def _word_table(self, vocab: set[str]) -> dict[str, Word]:
+        """The :class:`~finecap.metrics.meteor.match.Word` of each word of ``vocab``, which words of ``vocab`` it
+        matches included (:func:`~finecap.metrics.meteor.match.related_words`)."""
+        hashes = self._hashes
+        for w in vocab:
+            if w not in hashes:
+                hashes[w] = (java_hash(w), java_hash(self.stem(w)))
+        by_hash: dict[int, list[str]] = {}
+        by_stem: dict[int, list[str]] = {}
+        for w in vocab:
+            h, st = hashes[w]
+            by_hash.setdefault(h, []).append(w)
+            by_stem.setdefault(st, []).append(w)
+        synsets = {w: synonym_sets(w, self.data) for w in vocab}
         holders: dict[str, set[str]] = {}
         for w, ids in synsets.items():
             for s in ids:
                 holders.setdefault(s, set()).add(w)
         fw = self.data.function_words
+        out = {}
         for w, ids in synsets.items():
             syn: set[str] = set()
             for s in ids:
                 syn |= holders[s]
             syn.discard(w)
-            self._words[w] = Word(java_hash(w), java_hash(self.stem(w)), w in fw, frozenset(syn))
-        if self._index is not None:
-            self.table = self.index.restrict(self._vocab, self._bigrams)
-
-    def word(self, w: str) -> Word:
-        """What the matching stages compare of word ``w`` (:meth:`prepare` gives it its synonyms)."""
-        out = self._words.get(w)
-        if out is None:
-            out = self._words[w] = Word(java_hash(w), java_hash(self.stem(w)), w in self.data.function_words)
+            h, st = hashes[w]
+            out[w] = Word(h, st, w in fw, related_words(w, hashes, syn, by_hash, by_stem))
         return out
 
     def segment(self, text: str) -> Segment:
-        """The normalised segment of ``text`` as the matching stages look it up."""
+        """The normalised segment of ``text`` as the matching stages look it up (prepared first if a word is new)."""
         words = self.words(text)
         known = self._words
-        info = [known[w] if w in known else self.word(w) for w in words]
+        try:
+            info = [known[w] for w in words]
+        except KeyError:
+            self.prepare([text])
+            known = self._words
+            info = [known[w] for w in words]
         return Segment(words, info, self.table)
 
     def pair_statistics(self, hyp: Segment, ref: Segment, cands: list[list[Match]] | None = None) -> list[float]:
@@ -165,6 +213,7 @@ class MeteorScorer:
         fields = [segment_fields(h, rs) for h, rs in zip(hypotheses, references)]
         if len(self._norm) > MAX_CACHED:  # a long-lived scorer (evaluations during training) forgets old captions
             self._norm.clear()
+            self._prepared.clear()
         self.prepare(t for h, rs in fields for t in (h, *rs))
         n = default_processes() if processes is None else max(1, processes)
         collect = gc.isenabled()
