@@ -130,11 +130,10 @@ class _Ids:
     def lookup(self, h: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """The id of each hash (new hashes get the next ids) and, for each new id in order, the position in ``h`` of
         one of its occurrences."""
-        out = np.empty(len(h), dtype=np.int32)
         slots = self._slots(h)
-        owner = self.hashes[slots]
+        out = np.take(self.ids, slots)  # right where the slot holds the hash; the others are set below
+        owner = np.take(self.hashes, slots)
         hit = owner == h
-        out[hit] = self.ids[slots[hit]]
         todo = np.flatnonzero(~hit)  # new words, and words whose slot another word took first
         slots = slots[todo]
         new_reps: list[np.ndarray] = []
@@ -165,32 +164,28 @@ class _Ids:
         return out, np.concatenate(new_reps) if new_reps else np.empty(0, dtype=np.intp)
 
 
-def _part(words: np.ndarray, starts: np.ndarray, lens: np.ndarray, k: int) -> np.ndarray:
-    """Bytes ``k .. k + 7`` of each token as a little-endian integer (bytes past its end zero), from the aligned
-    64-bit ``words`` of the block: two aligned reads a token, shifted together (faster than one unaligned read; the
-    operations work in place, which halves the time)."""
-    word = starts >> 3 if not k else (starts + k) >> 3
-    shift = (((starts + k) & 7) << 3).view(np.uint64)
-    value = np.take(words, word)
-    value >>= shift
-    word += 1
-    high = np.take(words, word)
-    high <<= np.uint64(1)
-    shift ^= np.uint64(63)  # 63 - shift, shift being a multiple of 8 up to 56; two shifts: one by 64 is undefined
-    high <<= shift
-    value |= high
+def _part(window: np.ndarray, starts: np.ndarray, lens: np.ndarray, k: int) -> np.ndarray:
+    """Bytes ``k .. k + 7`` of each token as a little-endian integer (bytes past its end zero), read from ``window``
+    (the block's bytes as overlapping little-endian 64-bit integers, one starting at each byte: :func:`_windows`).
+    One unaligned read a token, half the time of two aligned reads shifted together; the mask works in place."""
+    value = window[starts + k] if k else window[starts]
     value &= np.take(_MASKS[k // 8], lens)
     return value
 
 
-def _key_parts(words: np.ndarray, starts: np.ndarray, lens: np.ndarray) -> list[np.ndarray]:
+def _windows(padded: bytearray) -> np.ndarray:
+    """The 8 bytes starting at each byte of ``padded`` as a little-endian 64-bit integer (a view, no copy)."""
+    return np.ndarray(shape=(len(padded) - 7,), dtype="<u8", buffer=padded, strides=(1,))
+
+
+def _key_parts(window: np.ndarray, starts: np.ndarray, lens: np.ndarray) -> list[np.ndarray]:
     """Each token's bytes 0-7, 8-15 and 16-23 (:func:`_part`; read only for the tokens that long)."""
-    parts = [_part(words, starts, lens, 0)]
+    parts = [_part(window, starts, lens, 0)]
     for k in range(8, MAX_WORD_BYTES, 8):
         part = np.zeros(len(starts), dtype=np.uint64)
         long = np.flatnonzero(lens > k)
         if len(long):
-            part[long] = _part(words, starts[long], lens[long], k)
+            part[long] = _part(window, starts[long], lens[long], k)
         parts.append(part)
     return parts
 
@@ -214,8 +209,9 @@ def _hash(parts: list[np.ndarray], lens: np.ndarray) -> np.ndarray:
 
 
 def _tokenise(block: bytes, line0: int, gz: Path) -> tuple:
-    """The phrase and paraphrase tokens of a block that starts at line ``line0``: ``(block, lines, newlines, starts,
-    lens, key parts, hashes)``, ``lines`` the line of each token (the block's probability lines left out)."""
+    """The phrase and paraphrase tokens of a block that starts at line ``line0``: ``(block, newlines, starts, lens,
+    key parts, hashes, pairs)``, ``pairs`` being ``(first pair, words of each pair from it on, words of each one's
+    phrase)`` (the block's probability lines left out; a pair cut by the block's end is completed by the next)."""
     if not block.endswith(b"\n"):
         block += b"\n"
     padded = bytearray(block)
@@ -228,19 +224,28 @@ def _tokenise(block: bytes, line0: int, gz: Path) -> tuple:
         real = newline | (ch == 32)
         sep, newline = sep[real], newline[real]
     line = np.cumsum(newline, dtype=np.int64)
-    line -= newline
-    line += line0  # the line each token is on
-    keep = np.flatnonzero(line % 3)  # not a probability line
+    line -= newline  # the line each token is on, counted from the block's first
+    lines = np.arange(int(line[-1]) + 1 if len(line) else 0) + line0  # the block's lines (with a token)
+    kind = lines % 3  # 0: probability, 1: phrase, 2: paraphrase
+    keep = np.flatnonzero((kind != 0)[line])
     starts = np.empty(len(sep), dtype=np.int64)
     starts[0] = 0
     np.add(sep[:-1], 1, out=starts[1:])
+    per_line = np.bincount(line[keep], minlength=len(lines))  # tokens kept on each line
     starts = np.take(starts, keep)
     lens = np.take(sep, keep)
     lens -= starts
     if len(lens) and int(lens.max()) > MAX_WORD_BYTES:
         raise TableScanError(f"{gz}: a word longer than {MAX_WORD_BYTES} bytes")
-    parts = _key_parts(buf.view("<u8"), starts, lens)
-    return block, np.take(line, keep), int(np.count_nonzero(newline)), starts, lens, parts, _hash(parts, lens)
+    parts = _key_parts(_windows(padded), starts, lens)
+    pair = lines // 3
+    first_pair = int(pair[0]) if len(pair) else 0
+    pair -= first_pair
+    per_pair = np.bincount(pair, weights=per_line).astype(np.int64)
+    phrase = kind == 1
+    per_phrase = np.bincount(pair[phrase], weights=per_line[phrase], minlength=len(per_pair)).astype(np.int64)
+    pairs = (first_pair, per_pair, per_phrase)
+    return block, int(np.count_nonzero(newline)), starts, lens, parts, _hash(parts, lens), pairs
 
 
 def _tokenise_all(blocks: queue.Queue, out: queue.Queue, stop: threading.Event, gz: Path) -> None:
@@ -309,7 +314,7 @@ def scan_table(gz: str | Path) -> tuple[list[str], np.ndarray, np.ndarray, np.nd
                     ready[item[0]] = item[1]
             if number not in ready:
                 break
-            block, line, newlines, starts, lens, parts, h = ready.pop(number)
+            block, newlines, starts, lens, parts, h, pairs = ready.pop(number)
             number += 1
             n_lines += newlines
             tid, first = ids.lookup(h)
@@ -326,12 +331,7 @@ def scan_table(gz: str | Path) -> tuple[list[str], np.ndarray, np.ndarray, np.nd
             if not same:
                 raise TableScanError(f"{gz}: two words with the same 64-bit hash")
             tokens.append(tid)
-            if len(line):
-                pair = line // 3
-                first_pair = int(pair[0])
-                pair -= first_pair
-                per_pair = np.bincount(pair)
-                counts.append((first_pair, per_pair, np.bincount(pair[line % 3 == 1], minlength=len(per_pair))))
+            counts.append(pairs)
     finally:
         stop.set()
         for t in threads:
@@ -345,4 +345,5 @@ def scan_table(gz: str | Path) -> tuple[list[str], np.ndarray, np.ndarray, np.nd
     tok = np.concatenate(tokens) if tokens else np.empty(0, dtype=np.int32)
     tok = tok[: int(pair_len[:n_pairs].sum())]
     dtype = np.uint16 if len(words) <= 1 << 16 else np.uint32
-    return words, tok.astype(dtype), pair_len[:n_pairs], phrase_len[:n_pairs]
+    return words, tok.astype(dtype) if dtype == np.uint16 else tok.view(np.uint32), pair_len[:n_pairs], \
+        phrase_len[:n_pairs]  # fmt: skip
