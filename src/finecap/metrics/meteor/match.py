@@ -153,30 +153,33 @@ class Segment:
                  "_by_first")  # fmt: skip
 
     def __init__(self, words: Sequence[str], info: Sequence[Word], table: ParaphraseTable | None):
-        self.words = tuple(words)
-        self.info = list(info)
-        self.weights = [w.weight for w in self.info]
-        self.n_function = sum(w.function for w in self.info)
+        self.words = words = tuple(words)
+        self.info = info = info if isinstance(info, list) else list(info)
+        self.weights = [w.weight for w in info]
+        self.n_function = [w.function for w in info].count(True)
         self.table = table
-        self.positions: dict[str, list[int]] = {}
-        for i, w in enumerate(self.words):
-            self.positions.setdefault(w, []).append(i)
+        self.positions = positions = {}
+        for i, w in enumerate(words):
+            if w in positions:
+                positions[w].append(i)
+            else:
+                positions[w] = [i]
         self._rel: dict[str, tuple[tuple[int, int], ...]] | None = None
         self._phrases: dict[int, list[tuple[int, int]]] = {}
         self._by_first: dict[str, list[tuple[int, int, int, tuple[str, ...]]]] | None = None
         self.phrases: list[tuple[int, int, int]] = []
         if table is not None and table.trie:
-            trie, words_, n, out = table.trie, self.words, len(self.words), self.phrases
-            for a in range(n):
-                node = trie.get(words_[a])
-                k = 1
+            get, n, out = table.trie.get, len(words), self.phrases
+            for a, w in enumerate(words):
+                node = get(w)
+                k = a + 1  # the end of the phrase walked so far
                 while node is not None:
                     pid, children = node
                     if pid >= 0:
-                        out.append((a, k, pid))
-                    if not children or a + k >= n:
+                        out.append((a, k - a, pid))
+                    if not children or k >= n:
                         break
-                    node = children.get(words_[a + k])
+                    node = children.get(words[k])
                     k += 1
 
     def find(self, phrase: tuple[str, ...]) -> list[int]:
