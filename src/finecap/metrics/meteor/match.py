@@ -209,7 +209,7 @@ class Segment:
         out = self._phrases.get(pid)
         if out is None:
             table = self.table
-            if table.first_words[pid].isdisjoint(self.positions):  # no paraphrase starts with a word of this segment
+            if self.positions.keys().isdisjoint(table.first_words[pid]):  # no paraphrase starts with a word here
                 out = []
             else:
                 out = [(b, len(p)) for p in table.paraphrases[pid] for b in self.find(p)]

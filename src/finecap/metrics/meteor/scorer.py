@@ -280,7 +280,8 @@ def bound(hyp: Segment, ref: Segment, cands: list[list[Match]]) -> float:
     rw = [0.0] * len(rf)
     col = [0.0] * len(rf)  # per reference word: the highest share of hypothesis-side weight of a candidate covering it
     row = [0.0] * len(hf)
-    ends: dict[tuple[int, int], int] = {}  # (reference end, hypothesis end) -> longest chain ending there
+    ends: dict[int, int] = {}  # reference end * m + hypothesis end -> longest chain ending there
+    m = len(hf) + 1
     longest = 0
     for ms in cands:  # by reference position: a chain's earlier matches come first
         for j, rl, i, hl, stage in ms:
@@ -295,8 +296,9 @@ def bound(hyp: Segment, ref: Segment, cands: list[list[Match]]) -> float:
                     rw[j] = b
                 if row[i] < b:
                     row[i] = b
-                v = 2 + ends.get((j, i), 0)
-                key = (j + 1, i + 1)
+                key = j * m + i
+                v = 2 + ends.get(key, 0)
+                key += m + 1  # (j + 1, i + 1)
             else:
                 a, b = w * sum(hf[i : i + hl]), w * sum(rf[j : j + rl])
                 for x in range(i, i + hl):
@@ -309,8 +311,8 @@ def bound(hyp: Segment, ref: Segment, cands: list[list[Match]]) -> float:
                         rw[x] = w * rf[x]
                     if col[x] < a / rl:
                         col[x] = a / rl
-                v = rl + hl + ends.get((j, i), 0)
-                key = (j + rl, i + hl)
+                v = rl + hl + ends.get(j * m + i, 0)
+                key = (j + rl) * m + i + hl
             if ends.get(key, 0) < v:
                 ends[key] = v
                 if longest < v:
