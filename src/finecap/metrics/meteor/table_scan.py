@@ -1,17 +1,16 @@
 """Parse METEOR's paraphrase table (``paraphrase-en.gz``: probability, phrase, paraphrase lines) into word ids with
-numpy: about 2 s of wall time on two cores for its 5.27 M pairs (3-3.5 s of CPU, a third of it inflating), where a
-line-by-line parse takes 10.
+numpy: about 3.5 s of CPU for its 5.27 M pairs (a third of it inflating), where a line-by-line parse takes 10.
 
-One thread inflates the text (272 MB) and cuts it into 1 MB blocks at newlines, two tokenise the blocks, and the
-caller's thread gives the word ids in block order (``zlib`` releases the GIL, as most numpy operations do). In each
-block the separators (space, newline) are found at once;
-every token between two separators is a word, exactly as ``line.split(" ")`` gives it (two spaces give an empty
-word). A token is keyed by its bytes read as three little-endian 64-bit integers (bytes 0-7, 8-15 and 16-23, those
-past its end masked off) and its length: a key equal for equal words and different for different words of up to 24
-bytes. Keys are hashed to 64 bits and given word ids in an open-addressing table of numpy arrays (vectorised linear
-probing); each id keeps the key of the first word that took it, and every token's key is compared with the key of
-its id, so two words whose hashes collide are never merged: :class:`TableScanError` is raised instead (as for words
-longer than 24 bytes, which the paraphrase table has none of), and the caller parses the table line by line.
+One thread inflates the text (272 MB) and cuts it into 1 MB blocks at newlines, the caller's thread tokenises them
+and gives the word ids in block order (``zlib`` releases the GIL). In each block the separators (space, newline) are
+found at once; every token between two separators is a word, exactly as ``line.split(" ")`` gives it (two spaces
+give an empty word). A token is keyed by its bytes read as three little-endian 64-bit integers (bytes 0-7, 8-15 and
+16-23, those past its end masked off) and its length: a key equal for equal words and different for different words
+of up to 24 bytes. Keys are hashed to 64 bits and given word ids in an open-addressing table of numpy arrays
+(vectorised linear probing); each id keeps the key of the first word that took it, and every token's key is compared
+with the key of its id, so two words whose hashes collide are never merged: :class:`TableScanError` is raised
+instead (as for words longer than 24 bytes, which the paraphrase table has none of), and the caller parses the table
+line by line.
 
 :func:`scan_table` returns the words (in the order they were given ids), the word ids of the phrase and paraphrase
 words (the probability lines are skipped), the pairs' word counts and their phrases' lengths.
@@ -33,7 +32,6 @@ MAX_WORD_BYTES = 24
 _BLOCK = 1 << 20  # decompressed bytes a block holds, at least (then cut at its last newline): small blocks keep the
 # arrays of a block in the processor's cache and reuse freed memory (16 MB blocks take 2.5 times as long)
 _READ = 1 << 18  # compressed bytes inflated at a time
-_TOKENISERS = 2
 _PAD = bytes(MAX_WORD_BYTES + 16)  # lets the last token's 8-byte reads stay inside the block
 # _MASKS[k // 8][n]: the bytes k .. k + 7 that a token of n bytes has (all ones when it has the 8)
 _MASKS = np.array(
@@ -248,22 +246,6 @@ def _tokenise(block: bytes, line0: int, gz: Path) -> tuple:
     return block, int(np.count_nonzero(newline)), starts, lens, parts, _hash(parts, lens), pairs
 
 
-def _tokenise_all(blocks: queue.Queue, out: queue.Queue, stop: threading.Event, gz: Path) -> None:
-    """:func:`_tokenise` the blocks of ``blocks`` into ``out`` as ``(number, tokens)`` (then ``None``; an exception
-    is passed on)."""
-    try:
-        while True:
-            item = _get(blocks, stop)
-            if item is None or isinstance(item, BaseException):
-                _put(out, item, stop)
-                return
-            number, line0, block = item
-            if not _put(out, (number, _tokenise(block, line0, gz)), stop):
-                return
-    except BaseException as e:  # handed to the parsing thread, which raises it
-        _put(out, e, stop)
-
-
 def _get(source: queue.Queue, stop: threading.Event) -> object:
     while not stop.is_set():
         try:
@@ -277,45 +259,34 @@ def scan_table(gz: str | Path) -> tuple[list[str], np.ndarray, np.ndarray, np.nd
     """``(words, tokens, pair_len, phrase_len)`` of ``paraphrase-en.gz``: pair k's words are the ``pair_len[k]``
     ids after those of the pairs before it, its phrase the first ``phrase_len[k]`` of them.
 
-    Four threads: one inflates, two tokenise and hash blocks (:func:`_tokenise`), this one gives the word ids, block
-    after block in order; numpy and zlib release the GIL, so they share the processor's cores (two tokenisers: a
-    second of wall time less than one on two cores).
+    Two threads: one inflates, this one tokenises and hashes each block (:func:`_tokenise`) and gives the word ids,
+    block after block; zlib releases the GIL, so inflating runs beside the rest. Two more threads tokenising (numpy
+    releases the GIL too) took 3.9-4.4 s of CPU against 3.4-3.8 for these two, measured alternately on the shared
+    2-core machine: on two idle cores they can finish sooner, but whenever another job holds a core they finish
+    later.
 
     Raises :class:`TableScanError` (module docstring) and whatever reading or inflating the file raises.
     """
     gz = Path(gz)
     blocks: queue.Queue = queue.Queue(maxsize=8)
-    tokenised: queue.Queue = queue.Queue(maxsize=8)
     stop = threading.Event()
-    threads = [threading.Thread(target=_inflate, args=(gz, blocks, stop, _TOKENISERS), daemon=True)]
-    threads += [
-        threading.Thread(target=_tokenise_all, args=(blocks, tokenised, stop, gz), daemon=True)
-        for _ in range(_TOKENISERS)
-    ]
-    for t in threads:
-        t.start()
+    reader = threading.Thread(target=_inflate, args=(gz, blocks, stop, 1), daemon=True)
+    reader.start()
     ids = _Ids()
     words: list[str] = []
     rep = np.zeros((MAX_WORD_BYTES // 8 + 1, 1 << 16), dtype=np.uint64)  # per id: its first token's key and length
     tokens: list[np.ndarray] = []
     counts: list[tuple[int, np.ndarray, np.ndarray]] = []  # per block: first pair, words and phrase words per pair
     n_lines = 0
-    ready: dict[int, tuple] = {}  # blocks tokenised ahead of their turn
-    number = finished = 0
     try:
         while True:
-            while number not in ready and finished < _TOKENISERS:
-                item = tokenised.get()
-                if item is None:
-                    finished += 1
-                elif isinstance(item, BaseException):
-                    raise item
-                else:
-                    ready[item[0]] = item[1]
-            if number not in ready:
+            item = _get(blocks, stop)
+            if item is None:
                 break
-            block, newlines, starts, lens, parts, h, pairs = ready.pop(number)
-            number += 1
+            if isinstance(item, BaseException):
+                raise item
+            _, line0, block = item
+            block, newlines, starts, lens, parts, h, pairs = _tokenise(block, line0, gz)
             n_lines += newlines
             tid, first = ids.lookup(h)
             word_starts, word_lens = starts[first].tolist(), lens[first].tolist()
@@ -334,16 +305,13 @@ def scan_table(gz: str | Path) -> tuple[list[str], np.ndarray, np.ndarray, np.nd
             counts.append(pairs)
     finally:
         stop.set()
-        for t in threads:
-            t.join()
+        reader.join()
     n_pairs = n_lines // 3  # an incomplete last pair is left out, as zip(lines, lines, lines) leaves it
     pair_len = np.zeros(n_pairs + 2, dtype=np.int64)
     phrase_len = np.zeros(n_pairs + 2, dtype=np.int64)
     for first_pair, per_pair, per_phrase in counts:
         pair_len[first_pair : first_pair + len(per_pair)] += per_pair
         phrase_len[first_pair : first_pair + len(per_pair)] += per_phrase
-    tok = np.concatenate(tokens) if tokens else np.empty(0, dtype=np.int32)
-    tok = tok[: int(pair_len[:n_pairs].sum())]
-    dtype = np.uint16 if len(words) <= 1 << 16 else np.uint32
-    return words, tok.astype(dtype) if dtype == np.uint16 else tok.view(np.uint32), pair_len[:n_pairs], \
-        phrase_len[:n_pairs]  # fmt: skip
+    dtype = np.uint16 if len(words) <= 1 << 16 else np.uint32  # ids are never negative: cast as they are joined
+    tok = np.concatenate(tokens, dtype=dtype, casting="unsafe") if tokens else np.empty(0, dtype=dtype)
+    return words, tok[: int(pair_len[:n_pairs].sum())], pair_len[:n_pairs], phrase_len[:n_pairs]
