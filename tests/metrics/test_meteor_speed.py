@@ -265,3 +265,20 @@ def test_words_and_adjacent_words_of_many_captions(extra):
         pairs.update(zip(ws, ws[1:]))
     assert scorer._words_and_bigrams(texts) == (words, pairs)
     assert ("|" in words) == bool(extra)
+
+
+@pytest.mark.skipif(R.data_unavailable_reason() is not None, reason="pycocoevalcap's METEOR data missing")
+def test_a_segment_of_new_words_is_prepared_first():
+    """segment() of a text whose words were never prepared prepares it (its words' match tables), and a segment made
+    before (its matches already listed against another reference) matches the new words too: its candidates are
+    those of a scorer that prepared every text first."""
+    from finecap.metrics.meteor.scorer import MeteorScorer
+
+    data = R.read_jar_data(R.find_meteor_jar())
+    fresh, prepared = MeteorScorer(data, None), MeteorScorer(data, None)
+    prepared.prepare(["dogs run", "cats sleep", "a dog running"])
+    hyp = fresh.segment("dogs run")
+    assert candidates(hyp, fresh.segment("cats sleep")) == [(), ()]
+    expected = candidates(prepared.segment("dogs run"), prepared.segment("a dog running"))
+    assert candidates(hyp, fresh.segment("a dog running")) == expected
+    assert any(m[4] == 1 for ms in expected for m in ms)  # dogs -> dog is a stem match

@@ -100,20 +100,24 @@ class Word:
     """What the stages compare of one word: its Java hash, its stem's Java hash, whether it is a function word,
     ``weight`` (what a match of it weighs in precision or recall before the stage's weight: ``delta``, ``1 - delta``
     for a function word), and ``related``: the words of the evaluation that match it, with their stage, in the
-    stages' order (:func:`related_words`).
+    stages' order (:func:`related_words`). When the evaluation's words grow, the scorer updates ``related`` in place
+    and gives every word a new ``generation`` (an object), so that segments made before see the new words too
+    (:meth:`Segment.word_matches`).
 
     >>> Word(java_hash("dog"), java_hash("dog"), False, (("dog", EXACT),)).related
     (('dog', 0),)
     """
 
-    __slots__ = ("hash", "stem", "function", "weight", "related")
+    __slots__ = ("hash", "stem", "function", "weight", "related", "generation")
 
-    def __init__(self, hash_: int, stem: int, function: bool, related: tuple[tuple[str, int], ...] = ()):
+    def __init__(self, hash_: int, stem: int, function: bool, related: tuple[tuple[str, int], ...] = (),
+                 generation: object = None):  # fmt: skip
         self.hash = hash_
         self.stem = stem
         self.function = function
         self.weight = 1.0 - DELTA if function else DELTA
         self.related = related
+        self.generation = generation
 
 
 def related_words(
@@ -149,8 +153,8 @@ class Segment:
     :meth:`paraphrases_by_first_word`).
     """
 
-    __slots__ = ("words", "info", "weights", "n_function", "positions", "phrases", "table", "_rel", "_phrases",
-                 "_by_first")  # fmt: skip
+    __slots__ = ("words", "info", "weights", "n_function", "positions", "phrases", "table", "_rel", "_rel_generation",
+                 "_phrases", "_by_first")  # fmt: skip
 
     def __init__(self, words: Sequence[str], info: Sequence[Word], table: ParaphraseTable | None):
         self.words = words = tuple(words)
@@ -165,6 +169,7 @@ class Segment:
             else:
                 positions[w] = [i]
         self._rel: dict[str, tuple[tuple[int, int], ...]] | None = None
+        self._rel_generation: object = None
         self._phrases: dict[int, list[tuple[int, int]]] = {}
         self._by_first: dict[str, list[tuple[int, int, int, tuple[str, ...]]]] | None = None
         self.phrases: list[tuple[int, int, int]] = []
@@ -192,8 +197,10 @@ class Segment:
         """``{reference word: ((position, stage), ...)}``: this segment's words that each word matches in the
         exact, stem and synonym stages (their :class:`Word` s' ``related``), in the jar's order: exact by position,
         then stem by position, then synonym by position (a word can be both a stem and a synonym candidate). A word
-        not listed matches none."""
-        if self._rel is None:
+        not listed matches none. Kept until the words' ``generation`` changes."""
+        generation = self.info[0].generation if self.info else None
+        if self._rel is None or self._rel_generation is not generation:
+            self._rel_generation = generation
             found: dict[str, list[tuple[int, int]]] = {}
             for i, x in enumerate(self.info):
                 for v, stage in x.related:

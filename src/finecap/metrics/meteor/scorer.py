@@ -106,7 +106,7 @@ class MeteorScorer:
             done.update(new)
             return
         self._vocab |= vocab
-        self._words = self._word_table(self._vocab)
+        self._update_words(self._vocab)
         if self._index is not None:
             self.table = self.index.restrict(self._vocab, self._bigrams)
         done.update(new)
@@ -136,9 +136,10 @@ class MeteorScorer:
         a, b = np.divmod(codes, max(len(words), 1))
         return vocab, set(zip(map(words.__getitem__, a.tolist()), map(words.__getitem__, b.tolist())))
 
-    def _word_table(self, vocab: set[str]) -> dict[str, Word]:
-        """The :class:`~finecap.metrics.meteor.match.Word` of each word of ``vocab``, which words of ``vocab`` it
-        matches included (:func:`~finecap.metrics.meteor.match.related_words`)."""
+    def _update_words(self, vocab: set[str]) -> None:
+        """Give each word of ``vocab`` its :class:`~finecap.metrics.meteor.match.Word`, which words of ``vocab`` it
+        matches included (:func:`~finecap.metrics.meteor.match.related_words`): the words known before are updated
+        in place, with a new generation, so that the segments holding them match the new words too."""
         hashes = self._hashes
         for w in vocab:
             if w not in hashes:
@@ -155,15 +156,19 @@ class MeteorScorer:
             for s in ids:
                 holders.setdefault(s, set()).add(w)
         fw = self.data.function_words
-        out = {}
+        known, generation = self._words, object()
         for w, ids in synsets.items():
             syn: set[str] = set()
             for s in ids:
                 syn |= holders[s]
             syn.discard(w)
             h, st = hashes[w]
-            out[w] = Word(h, st, w in fw, related_words(w, hashes, syn, by_hash, by_stem))
-        return out
+            related = related_words(w, hashes, syn, by_hash, by_stem)
+            word = known.get(w)
+            if word is None:
+                known[w] = Word(h, st, w in fw, related, generation)
+            else:
+                word.related, word.generation = related, generation
 
     def segment(self, text: str) -> Segment:
         """The normalised segment of ``text`` as the matching stages look it up (prepared first if a word is new)."""
