@@ -1,12 +1,14 @@
 """Time finecap's Python METEOR against pycocoevalcap's ``Meteor`` (the jar) in the same run; check the scores agree.
 
     .venv/bin/python benchmarks/meteor.py [--images 5000] [--refs 5] [--repeat 3] [--processes N] [--json OUT]
+        [--vocabulary N]
 
 Data: seeded COCO-like tokenised captions of real English words (:func:`coco_like_real`: a 420-word caption
 vocabulary with Zipfian frequencies and frequent multi-word phrases, 8-20 words per reference, 8-14 per prediction,
 8 topic words shared within an image, each named at most once per caption), so that METEOR's stem, synonym and
-paraphrase stages work as on COCO. Three timings, each the best of ``--repeat`` wall-clock runs, the two sides
-interleaved:
+paraphrase stages work as on COCO. ``--vocabulary N`` adds the N words the paraphrase table holds most often
+(:func:`frequent_words`), for a vocabulary as large as real captions'. Three timings, each the best of ``--repeat``
+wall-clock runs, the two sides interleaved:
 
 - **cold**: a fresh Python process whose finecap home (``$FINECAP_HOME``) is a new empty folder, as on a machine that
   never ran METEOR: ``meteor_per_item`` builds the paraphrase index from pycocoevalcap's ``paraphrase-en.gz`` and
@@ -62,10 +64,13 @@ _PHRASES = [
 ]  # fmt: skip
 
 
-def coco_like_real(n_images: int, n_refs: int, seed: int = 0) -> tuple[dict[int, str], dict[int, list[str]]]:
-    """Seeded tokenised captions of real words: ``(predictions {id: caption}, references {id: [captions]})``."""
+def coco_like_real(
+    n_images: int, n_refs: int, seed: int = 0, words: list[str] | None = None
+) -> tuple[dict[int, str], dict[int, list[str]]]:
+    """Seeded tokenised captions of real words: ``(predictions {id: caption}, references {id: [captions]})``;
+    ``words``: the vocabulary (default: the 420 caption words)."""
     rng = np.random.default_rng(seed)
-    vocab = np.array(_WORDS)
+    vocab = np.array(_WORDS if words is None else words)
     p = 1.0 / (np.arange(len(vocab)) + 2.7)  # Zipf-Mandelbrot over a shuffled vocabulary
     p = p[rng.permutation(len(vocab))]
     p /= p.sum()
@@ -90,6 +95,17 @@ def coco_like_real(n_images: int, n_refs: int, seed: int = 0) -> tuple[dict[int,
         refs[i] = [caption(topic, 8, 20) for _ in range(n_refs)]
         preds[i] = caption(topic, 8, 14)
     return preds, refs
+
+
+def frequent_words(n: int, cache_root: Path) -> list[str]:
+    """The ``n`` words of METEOR's paraphrase table that occur most often in it (ASCII letters only): everyday English
+    words, for a vocabulary as large as real captions' (the index is built in ``cache_root``, untimed)."""
+    from finecap.metrics.meteor.resources import find_meteor_jar, load_paraphrase_index
+
+    index = load_paraphrase_index(find_meteor_jar(), cache_root=cache_root)
+    counts = np.bincount(index.tokens, minlength=len(index.vocab))
+    ranked = (index.vocab[k] for k in np.argsort(-counts, kind="stable").tolist())
+    return [w for w, _ in zip((w for w in ranked if w.isascii() and w.isalpha()), range(n))]
 
 
 _FINECAP = """
@@ -138,6 +154,9 @@ def main(argv: list[str] | None = None) -> dict[str, dict[str, float]]:
     ap = corpus_parser(__doc__.split("\n\n")[0])
     ap.add_argument("--processes", type=int, default=None, help="finecap's worker processes (default: the CPUs)")
     ap.add_argument("--json", type=Path, default=None, help="write {timing: {finecap_s, reference_s, ratio}}")
+    ap.add_argument("--vocabulary", type=int, default=0, metavar="N",
+                    help="add the N words the paraphrase table holds most often to the 420 caption words (real "
+                    "captions use thousands: more synonyms and paraphrase pairs to keep; default 0)")  # fmt: skip
     args = ap.parse_args(argv)
 
     from pycocoevalcap.meteor.meteor import Meteor
@@ -145,12 +164,15 @@ def main(argv: list[str] | None = None) -> dict[str, dict[str, float]]:
     from finecap.home import CACHE
     from finecap.metrics.meteor import meteor_per_item
 
-    load = os.getloadavg()[0]
-    preds, refs = coco_like_real(args.images, args.refs, args.seed)
     procs = "" if args.processes is None else str(args.processes)
     results: dict[str, dict[str, float]] = {}
     comparisons: list[dict[str, float]] = []
     with tempfile.TemporaryDirectory() as tmp:
+        words = None
+        if args.vocabulary:
+            words = list(dict.fromkeys(_WORDS + frequent_words(args.vocabulary, Path(tmp) / "words-index")))
+        load = os.getloadavg()[0]
+        preds, refs = coco_like_real(args.images, args.refs, args.seed, words)
         data = Path(tmp) / "captions.json"
         data.write_text(json.dumps({"preds": preds, "refs": refs}))
         cached_home = Path(tmp) / "home-cached"
@@ -188,8 +210,9 @@ def main(argv: list[str] | None = None) -> dict[str, dict[str, float]]:
         results["warm"] = {"finecap_s": best_ours, "reference_s": best_ref, "ratio": best_ref / best_ours}
 
     cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    vocabulary = f", {len(words):,}-word vocabulary" if words is not None else ""
     print(
-        f"{args.images} images x {args.refs} references, best of {args.repeat}, wall time, {cpus} CPUs, "
+        f"{args.images} images x {args.refs} references{vocabulary}, best of {args.repeat}, wall time, {cpus} CPUs, "
         f"load average {load:.1f} at the start and {os.getloadavg()[0]:.1f} at the end"
     )
     print(f"{'timing':<11} {'finecap_s':>10} {'pycocoevalcap_s':>16} {'ratio':>8}")

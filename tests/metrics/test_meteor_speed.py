@@ -13,8 +13,9 @@ from meteor_cases import coco_like, stress
 
 from finecap.metrics.meteor import meteor_per_item, meteor_scorer, table_scan
 from finecap.metrics.meteor import resources as R
+from finecap.metrics.meteor.align import align
 from finecap.metrics.meteor.inputs import segment_fields
-from finecap.metrics.meteor.match import candidates
+from finecap.metrics.meteor.match import EXACT, Segment, Word, candidates, java_hash
 from finecap.metrics.meteor.score import segment_score
 from finecap.metrics.meteor.scorer import bound
 from finecap.metrics.meteor.table_scan import MAX_WORD_BYTES, TableScanError, scan_table
@@ -156,6 +157,33 @@ def test_references_skipped_by_their_bound_could_not_have_been_chosen():
     assert skipped > 200  # the bound does skip references
 
 
+def _segment(words: str, function: set[str] = frozenset({"a"})) -> Segment:
+    ws = words.split()
+    return Segment(ws, [Word(java_hash(w), java_hash(w), w in function, ((w, EXACT),)) for w in ws], None)
+
+
+def test_bound_by_hand():
+    """Hypothesis "a a a dog" against reference "a dog" ("a" a function word, weight 1 - delta = 0.25; "dog" 0.75):
+    the hypothesis's three "a" share the reference's one, so its weighted matches are at most 0.25 + 0.75 = 1.0 (not
+    3 x 0.25 + 0.75 = 1.5), and the longest chunk is "a dog" on both sides, 4 words, so the fragmentation is at least
+    2 / 4. The bound is then the score of the best alignment (a -> the third "a", then dog: one chunk)."""
+    hyp, ref = _segment("a a a dog"), _segment("a dog")
+    cands = candidates(hyp, ref)
+    p = 1.0 / (0.75 * 1 + 0.25 * 3)  # precision: 1.0 over the hypothesis's weighted length, 1.5
+    r = 1.0 / (0.75 * 1 + 0.25 * 1)
+    fmean = 1.0 / (0.15 / p + 0.85 / r)
+    expected = fmean * (1.0 - 0.6 * 0.5**0.2)
+    assert bound(hyp, ref, cands) == pytest.approx(expected * (1 + 1e-9), rel=1e-12)  # raised by 1e-9 (score_bound)
+    assert align(cands, 4) == [(0, 1, 2, 1, EXACT), (1, 1, 3, 1, EXACT)]
+    scorer_stats = [4, 2, 3, 1, 1, 1, 1, 1] + [0] * 12 + [1, 2, 2]  # a -> a, dog -> dog, one chunk
+    assert segment_score(scorer_stats) == pytest.approx(expected, rel=1e-12)
+    assert segment_score(scorer_stats) <= bound(hyp, ref, cands)
+    # "a dog" against itself: one chunk can hold every word, no penalty; "dog a" against "a dog": two chunks at least
+    assert bound(_segment("a dog"), ref, candidates(_segment("a dog"), ref)) == pytest.approx(1.0 + 1e-9, rel=1e-12)
+    swapped = _segment("dog a")
+    assert bound(swapped, ref, candidates(swapped, ref)) == pytest.approx((1.0 - 0.6) * (1 + 1e-9), rel=1e-12)
+
+
 def _fake_jar(tmp_path, pairs):
     """A jar with the four data files METEOR reads, and a paraphrase table beside it."""
     jar = tmp_path / "meteor-1.5.jar"
@@ -219,3 +247,38 @@ def test_the_adjacent_word_filter_keeps_every_pair_that_can_match():
     )
     filtered.score_all([" ".join(b)], [[" ".join(a)]], processes=1)
     assert filtered.table is not before and b in filtered.table.pairs[a]
+
+
+@pytest.mark.skipif(R.data_unavailable_reason() is not None, reason="pycocoevalcap's METEOR data missing")
+@pytest.mark.parametrize("extra", [[], ["A Dog | runs.", "x ||| y"]])
+def test_words_and_adjacent_words_of_many_captions(extra):
+    """The scorer finds the words and adjacent-word pairs of many captions at once (one split of all of them when they
+    are all tokenised, as numbers): the same as caption by caption."""
+    from finecap.metrics.meteor.scorer import MeteorScorer
+
+    scorer = MeteorScorer(R.read_jar_data(R.find_meteor_jar()), None)
+    texts = [h for h, refs in coco_like(50, seed=51) for h in (h, *refs)] + ["", "one", "a  b"] + extra
+    words, pairs = set(), set()
+    for t in texts:
+        ws = scorer.normalizer.words(t)
+        words.update(ws)
+        pairs.update(zip(ws, ws[1:]))
+    assert scorer._words_and_bigrams(texts) == (words, pairs)
+    assert ("|" in words) == bool(extra)
+
+
+@pytest.mark.skipif(R.data_unavailable_reason() is not None, reason="pycocoevalcap's METEOR data missing")
+def test_a_segment_of_new_words_is_prepared_first():
+    """segment() of a text whose words were never prepared prepares it (its words' match tables), and a segment made
+    before (its matches already listed against another reference) matches the new words too: its candidates are
+    those of a scorer that prepared every text first."""
+    from finecap.metrics.meteor.scorer import MeteorScorer
+
+    data = R.read_jar_data(R.find_meteor_jar())
+    fresh, prepared = MeteorScorer(data, None), MeteorScorer(data, None)
+    prepared.prepare(["dogs run", "cats sleep", "a dog running"])
+    hyp = fresh.segment("dogs run")
+    assert candidates(hyp, fresh.segment("cats sleep")) == [(), ()]
+    expected = candidates(prepared.segment("dogs run"), prepared.segment("a dog running"))
+    assert candidates(hyp, fresh.segment("a dog running")) == expected
+    assert any(m[4] == 1 for ms in expected for m in ms)  # dogs -> dog is a stem match

@@ -122,15 +122,14 @@ def align(cands: list[list[Match]], n_hyp: int, beam: int = BEAM) -> list[Match]
         nxt = []
         append = nxt.append
         for p in paths:
-            ref_used, hyp_used = p[3], p[4]
+            score, chunks, dist, ref_used, hyp_used, ref_end, hyp_end = p[:7]
             for m, i, rmask, hmask, w, d, je, ie in taken:
                 if ref_used & rmask or hyp_used & hmask:
                     continue
-                append((p[0] + w, p[1] + (p[5] != j or p[6] != i), p[2], ref_used | rmask, hyp_used | hmask, je, ie,
-                        m, p))  # fmt: skip
-                if d:  # the distance goes to the parent (the jar's quirk), so later siblings carry it
-                    p = (p[0], p[1], p[2] + d, *p[3:])
-            append(p)
+                append((score + w, chunks + (ref_end != j or hyp_end != i), dist, ref_used | rmask, hyp_used | hmask,
+                        je, ie, m, p))  # fmt: skip
+                dist += d  # the distance goes to the parent (the jar's quirk), so later siblings carry it
+            append(p if dist == p[2] else (score, chunks, dist, *p[3:]))
         if len(nxt) > 1:
             nxt.sort(key=_ranking(j))
             del nxt[beam:]

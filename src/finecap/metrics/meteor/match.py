@@ -18,9 +18,10 @@ When the two word lists are identical only the exact stage runs.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Mapping, Sequence
 
 from finecap.metrics.meteor.resources import JarData, ParaphraseTable
+from finecap.metrics.meteor.score import DELTA
 
 __all__ = [
     "EXACT",
@@ -32,6 +33,7 @@ __all__ = [
     "Word",
     "candidates",
     "java_hash",
+    "related_words",
     "synonym_sets",
 ]
 
@@ -95,107 +97,118 @@ def synonym_sets(word: str, data: JarData) -> frozenset[str]:
 
 
 class Word:
-    """What the stages compare of one word: its Java hash, its stem's Java hash, whether it is a function word, and
-    the words of the evaluation it is a synonym of (their synonym sets intersect; :func:`synonym_sets`)."""
+    """What the stages compare of one word: its Java hash, its stem's Java hash, whether it is a function word,
+    ``weight`` (what a match of it weighs in precision or recall before the stage's weight: ``delta``, ``1 - delta``
+    for a function word), and ``related``: the words of the evaluation that match it, with their stage, in the
+    stages' order (:func:`related_words`). When the evaluation's words grow, the scorer updates ``related`` in place
+    and gives every word a new ``generation`` (an object), so that segments made before see the new words too
+    (:meth:`Segment.word_matches`).
 
-    __slots__ = ("hash", "stem", "function", "synonyms")
+    >>> Word(java_hash("dog"), java_hash("dog"), False, (("dog", EXACT),)).related
+    (('dog', 0),)
+    """
 
-    def __init__(self, hash_: int, stem: int, function: bool, synonyms: frozenset[str] = frozenset()):
+    __slots__ = ("hash", "stem", "function", "weight", "related", "generation")
+
+    def __init__(self, hash_: int, stem: int, function: bool, related: tuple[tuple[str, int], ...] = (),
+                 generation: object = None):  # fmt: skip
         self.hash = hash_
         self.stem = stem
         self.function = function
-        self.synonyms = synonyms
+        self.weight = 1.0 - DELTA if function else DELTA
+        self.related = related
+        self.generation = generation
+
+
+def related_words(
+    word: str, hashes: Mapping[str, tuple[int, int]], synonyms: Iterable[str],
+    by_hash: Mapping[int, Sequence[str]], by_stem: Mapping[int, Sequence[str]],
+) -> tuple[tuple[str, int], ...]:  # fmt: skip
+    """The words a hypothesis word matches in a reference, as ``(word, stage)``: those with its Java hash (exact,
+    itself included), then those with its stem's hash and another hash (stem), then its ``synonyms`` with another
+    hash (synonym: a word of the same hash is an exact match, never a synonym one). ``hashes[w]`` is a word's hash
+    and its stem's; ``by_hash`` and ``by_stem`` list the words of each.
+
+    >>> h = {"as": (3122, 3122), "c5": (3122, 3122), "dog": (99644, 99644), "dogs": (3089208, 99644)}
+    >>> related_words("dog", h, ["hound"] * 0, {3122: ["as", "c5"], 99644: ["dog"]}, {99644: ["dog", "dogs"]})
+    (('dog', 0), ('dogs', 1))
+    >>> related_words("as", h, ["c5"], {3122: ["as", "c5"]}, {3122: ["as", "c5"]})  # same hash: exact only
+    (('as', 0), ('c5', 0))
+    """
+    h, st = hashes[word]
+    out = [(v, EXACT) for v in by_hash[h]]
+    out += [(v, STEM) for v in by_stem[st] if hashes[v][0] != h]
+    out += [(v, SYNONYM) for v in synonyms if hashes[v][0] != h]
+    return tuple(out)
 
 
 class Segment:
     """One normalised segment as the stages look it up, computed once however many segments it is compared with:
-    its words and :class:`Word` s, the number of function words, and the paraphrase-table phrases found by walking
-    it (``(start, length, phrase id)``, by start, shorter phrases first; the ids index ``table.paraphrases``).
+    its words and :class:`Word` s (and their ``weight`` s), the number of function words, where each word occurs
+    (``positions``), and the paraphrase-table phrases found by walking it (``(start, length, phrase id)``, by start,
+    shorter phrases first; the ids index ``table.paraphrases``).
 
-    As a hypothesis it is compared with every reference of its image, so what that side needs (where each word, hash
-    and stem occurs; the matches of each reference word and phrase) is built on first use and kept
-    (:meth:`word_matches`, :meth:`phrase_matches`, :meth:`paraphrases_by_first_word`).
+    As a hypothesis it is compared with every reference of its image, so what that side needs (the matches of each
+    reference word and phrase) is built on first use and kept (:meth:`word_matches`, :meth:`phrase_matches`,
+    :meth:`paraphrases_by_first_word`).
     """
 
-    __slots__ = (
-        "words",
-        "info",
-        "n_function",
-        "phrases",
-        "table",
-        "_by_word",
-        "_words",
-        "_phrases",
-        "_by_first",
-        "_keys",
-    )
+    __slots__ = ("words", "info", "weights", "n_function", "positions", "phrases", "table", "_rel", "_rel_generation",
+                 "_phrases", "_by_first")  # fmt: skip
 
     def __init__(self, words: Sequence[str], info: Sequence[Word], table: ParaphraseTable | None):
-        self.words = tuple(words)
-        self.info = list(info)
-        self.n_function = sum(w.function for w in self.info)
+        self.words = words = tuple(words)
+        self.info = info = info if isinstance(info, list) else list(info)
+        self.weights = [w.weight for w in info]
+        self.n_function = [w.function for w in info].count(True)
         self.table = table
-        self._by_word: dict[str, list[int]] | None = None
-        self._words: dict[str, tuple[tuple[int, int], ...]] = {}
+        self.positions = positions = {}
+        for i, w in enumerate(words):
+            if w in positions:
+                positions[w].append(i)
+            else:
+                positions[w] = [i]
+        self._rel: dict[str, tuple[tuple[int, int], ...]] | None = None
+        self._rel_generation: object = None
         self._phrases: dict[int, list[tuple[int, int]]] = {}
         self._by_first: dict[str, list[tuple[int, int, int, tuple[str, ...]]]] | None = None
-        self._keys: tuple[set[int], set[int], frozenset[str]] | None = None
         self.phrases: list[tuple[int, int, int]] = []
         if table is not None and table.trie:
-            trie, words_, n, out = table.trie, self.words, len(self.words), self.phrases
-            for a in range(n):
-                node = trie.get(words_[a])
-                k = 1
+            get, n, out = table.trie.get, len(words), self.phrases
+            for a, w in enumerate(words):
+                node = get(w)
+                k = a + 1  # the end of the phrase walked so far
                 while node is not None:
                     pid, children = node
                     if pid >= 0:
-                        out.append((a, k, pid))
-                    if not children or a + k >= n:
+                        out.append((a, k - a, pid))
+                    if not children or k >= n:
                         break
-                    node = children.get(words_[a + k])
+                    node = children.get(words[k])
                     k += 1
-
-    @property
-    def by_word(self) -> dict[str, list[int]]:
-        """Where each word occurs."""
-        if self._by_word is None:
-            self._by_word = {}
-            for i, w in enumerate(self.words):
-                self._by_word.setdefault(w, []).append(i)
-        return self._by_word
 
     def find(self, phrase: tuple[str, ...]) -> list[int]:
         """Where ``phrase`` occurs, in order."""
         n = len(phrase)
         words = self.words
-        return [b for b in self.by_word.get(phrase[0], ()) if words[b : b + n] == phrase]
+        return [b for b in self.positions.get(phrase[0], ()) if words[b : b + n] == phrase]
 
-    def word_matches(self, word: str, info: Word) -> tuple[tuple[int, int], ...]:
-        """``(position, stage)`` of this segment's words that match ``word`` (whose :class:`Word` is ``info``) in the
-        exact, stem and synonym stages, in the jar's order: exact by position, then stem by position, then synonym
-        by position (a word can be both a stem and a synonym candidate)."""
-        out = self._words.get(word)
-        if out is None:
-            h, s, syn = info.hash, info.stem, info.synonyms
-            if self._keys is None:
-                self._keys = ({x.hash for x in self.info}, {x.stem for x in self.info}, frozenset(self.words))
-            hashes, stems, words = self._keys
-            if h not in hashes and s not in stems and (not syn or syn.isdisjoint(words)):  # most words: no match
-                out = self._words[word] = ()
-                return out
-            exact: list[tuple[int, int]] = []
-            stem: list[tuple[int, int]] = []
-            synonym: list[tuple[int, int]] = []
-            for i, (w, x) in enumerate(zip(self.words, self.info)):
-                if x.hash == h:
-                    exact.append((i, EXACT))
-                    continue
-                if x.stem == s:
-                    stem.append((i, STEM))
-                if w in syn:
-                    synonym.append((i, SYNONYM))
-            out = self._words[word] = (*exact, *stem, *synonym)
-        return out
+    def word_matches(self) -> dict[str, tuple[tuple[int, int], ...]]:
+        """``{reference word: ((position, stage), ...)}``: this segment's words that each word matches in the
+        exact, stem and synonym stages (their :class:`Word` s' ``related``), in the jar's order: exact by position,
+        then stem by position, then synonym by position (a word can be both a stem and a synonym candidate). A word
+        not listed matches none. Kept until the words' ``generation`` changes."""
+        generation = self.info[0].generation if self.info else None
+        if self._rel is None or self._rel_generation is not generation:
+            self._rel_generation = generation
+            found: dict[str, list[tuple[int, int]]] = {}
+            for i, x in enumerate(self.info):
+                for v, stage in x.related:
+                    found.setdefault(v, []).append((stage, i))
+            self._rel = {
+                v: tuple((i, s) for s, i in (sorted(f) if len(f) > 1 else f)) for v, f in found.items()
+            }  # fmt: skip
+        return self._rel
 
     def phrase_matches(self, pid: int) -> list[tuple[int, int]]:
         """``(position, length)`` of the paraphrases of table phrase ``pid`` in this segment, in the table's order
@@ -203,7 +216,7 @@ class Segment:
         out = self._phrases.get(pid)
         if out is None:
             table = self.table
-            if table.first_words[pid].isdisjoint(self.by_word):  # no paraphrase starts with a word of this segment
+            if self.positions.keys().isdisjoint(table.first_words[pid]):  # no paraphrase starts with a word here
                 out = []
             else:
                 out = [(b, len(p)) for p in table.paraphrases[pid] for b in self.find(p)]
@@ -224,38 +237,47 @@ class Segment:
         return self._by_first
 
 
-def candidates(hyp: Segment, ref: Segment) -> list[list[Match]]:
-    """The candidate matches of each reference position, in the jar's order (module docstring)."""
+def candidates(hyp: Segment, ref: Segment) -> list[Sequence[Match]]:
+    """The candidate matches of each reference position, in the jar's order (module docstring); a position without
+    any has an empty tuple."""
     rw = ref.words
-    if hyp.words == rw:
+    n = len(rw)
+    if hyp.words == rw:  # only the exact stage runs; the words of one Java hash match each other
         hashes: dict[int, list[int]] = {}
         for i, x in enumerate(hyp.info):
             hashes.setdefault(x.hash, []).append(i)
         return [[(j, 1, i, 1, EXACT) for i in hashes[r.hash]] for j, r in enumerate(ref.info)]
-    memo, info = hyp._words, ref.info
-    by_first = hyp.paraphrases_by_first_word()
-    out: list[list[Match]] = []
-    hits = []  # paraphrases of hypothesis phrases found in the reference: (order, position, length, a, k)
-    for j, w in enumerate(rw):
-        found = memo.get(w)
-        if found is None:
-            found = hyp.word_matches(w, info[j])
-        out.append([(j, 1, i, 1, s) for i, s in found] if found else [])
-        tried = by_first.get(w)
-        if tried is not None:
-            for order, a, k, p in tried:
-                n = len(p)
-                if n == 1 or rw[j : j + n] == p:
-                    hits.append((order, j, n, a, k))
+    out: list[Sequence[Match]] = [()] * n
+    where = ref.positions
+    rel = hyp.word_matches()
+    for w in rel.keys() & where.keys() if len(rel) < len(where) else where.keys() & rel.keys():
+        found = rel[w]
+        for j in where[w]:
+            out[j] = [(j, 1, i, 1, s) for i, s in found]
     phrases = hyp._phrases
     for a, k, pid in ref.phrases:  # reference phrases, their paraphrases in the hypothesis
         found = phrases.get(pid)
         if found is None:
             found = hyp.phrase_matches(pid)
         if found:
-            out[a].extend([(a, k, b, n, PARAPHRASE) for b, n in found])
-    if hits:  # then the hypothesis phrases' (in the jar's order: by phrase and paraphrase, then by position)
+            ms = out[a]
+            if not ms:
+                ms = out[a] = []
+            ms.extend([(a, k, b, m, PARAPHRASE) for b, m in found])
+    by_first = hyp.paraphrases_by_first_word()
+    if by_first:  # then the hypothesis phrases' paraphrases found in the reference, in the jar's order: by phrase
+        hits = []  # and paraphrase, then by position: (order, position, length, a, k)
+        for w in by_first.keys() & where.keys():
+            starts = where[w]
+            for order, a, k, p in by_first[w]:
+                m = len(p)
+                for j in starts:
+                    if m == 1 or rw[j : j + m] == p:
+                        hits.append((order, j, m, a, k))
         hits.sort()
-        for _, b, n, a, k in hits:
-            out[b].append((b, n, a, k, PARAPHRASE))
+        for _, b, m, a, k in hits:
+            ms = out[b]
+            if not ms:
+                ms = out[b] = []
+            ms.append((b, m, a, k, PARAPHRASE))
     return out

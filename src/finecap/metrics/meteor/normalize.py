@@ -19,9 +19,9 @@ Example::
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
-__all__ = ["Normalizer", "java_lower", "java_trim", "parse_prefixes", "protect_dots", "restore_dots"]
+__all__ = ["Normalizer", "java_lower", "java_trim", "parse_prefixes", "plain_words", "protect_dots", "restore_dots"]
 
 # "alphanumeric" of the jar's rules (the same set for the split of other characters, the hyphen, and the inner-dot
 # test of abbreviations); ALPHA is it without the digits
@@ -158,6 +158,20 @@ def parse_prefixes(text: str) -> dict[str, int]:
         else:
             out[line] = 1
     return out
+
+
+def plain_words(lines: Sequence[str], sep: str = "|") -> list[str] | None:
+    """The normalised words of every line, one line's after another's with ``sep`` between them, when every line is
+    plain (lower-case ASCII letters, digits and spaces, as tokenised captions are: the normaliser only splits them at
+    spaces, and ``sep`` is none of their words); ``None`` when one is not. One split of one string: a tenth of the
+    time of :meth:`Normalizer.words` line by line.
+
+    >>> plain_words(["a dog", "", "two  cats"]), plain_words(["a dog", "A cat"])
+    (['a', 'dog', '|', '|', 'two', 'cats'], None)
+    """
+    if _PLAIN.fullmatch(" ".join(lines)) is None:
+        return None
+    return f" {sep} ".join(lines).split()
 
 
 class Normalizer:

@@ -57,16 +57,18 @@ def segment_score(st: Sequence[float]) -> float:
     return 0.0 if math.isnan(score) else max(score, 0.0)
 
 
-def score_bound(p_weight: float, r_weight: float, hyp, ref, matchable: int, perfect_possible: bool) -> float:
+def score_bound(p_weight: float, r_weight: float, hyp, ref, longest_chunk: int, perfect_possible: bool) -> float:
     """An upper bound of :func:`segment_score` for the alignments of ``hyp`` against ``ref`` (segments with
     ``info`` and ``n_function``) whose weighted matches on each side are at most ``p_weight`` and ``r_weight`` (the
-    sums of ``delta`` or ``1 - delta`` times the stage weight that :func:`segment_score` forms) and whose matched
-    words (both sides) are at most ``matchable``; ``perfect_possible``: whether every word of both has a candidate.
+    sums of ``delta`` or ``1 - delta`` times the stage weight that :func:`segment_score` forms) and whose chunks
+    hold at most ``longest_chunk`` words (both sides); ``perfect_possible``: whether one chunk can hold every word of
+    both.
 
     Precision and recall grow with the weights, and so does their harmonic mean; an alignment that is not perfect
-    has at least one chunk, so its fragmentation is at least ``1 / (matchable / 2)`` and its penalty at least
-    ``gamma * (2 / matchable) ** beta``. The bound is raised by a relative 1e-9, far above the rounding of either
-    computation, so that a segment whose bound is below another's score scores lower for certain.
+    with ``m`` matched words has at least ``m / longest_chunk`` chunks, so its fragmentation (chunks over ``m / 2``)
+    is at least ``2 / longest_chunk`` and its penalty at least ``gamma * (2 / longest_chunk) ** beta``. The bound is
+    raised by a relative 1e-9, far above the rounding of either computation, so that a segment whose bound is below
+    another's score scores lower for certain.
 
     >>> from types import SimpleNamespace as S
     >>> words = S(info=[0, 0, 0], n_function=1)
@@ -81,7 +83,7 @@ def score_bound(p_weight: float, r_weight: float, hyp, ref, matchable: int, perf
     r = r_weight / (DELTA * (rl - rf) + (1.0 - DELTA) * rf)
     fmean = 1.0 / ((1.0 - ALPHA) / p + ALPHA / r)
     if not perfect_possible:
-        fmean *= 1.0 - GAMMA * (2.0 / matchable) ** BETA
+        fmean *= 1.0 - GAMMA * (2.0 / longest_chunk) ** BETA
     return fmean * (1.0 + 1e-9)
 
 

@@ -15,12 +15,14 @@ import multiprocessing
 import os
 from collections.abc import Iterable, Sequence
 
+import numpy as np
+
 from finecap.metrics.meteor.align import align, count_chunks
 from finecap.metrics.meteor.inputs import segment_fields
-from finecap.metrics.meteor.match import Match, Segment, Word, candidates, java_hash, synonym_sets
-from finecap.metrics.meteor.normalize import Normalizer
+from finecap.metrics.meteor.match import Match, Segment, Word, candidates, java_hash, related_words, synonym_sets
+from finecap.metrics.meteor.normalize import Normalizer, plain_words
 from finecap.metrics.meteor.resources import JarData, ParaphraseIndex, ParaphraseTable, PendingIndex
-from finecap.metrics.meteor.score import DELTA, N_STATS, WEIGHTS, score_bound, segment_score
+from finecap.metrics.meteor.score import N_STATS, WEIGHTS, score_bound, segment_score
 from finecap.metrics.meteor.stemmer import Stemmer
 
 __all__ = ["MAX_CACHED", "MIN_PARALLEL", "MeteorScorer", "bound", "default_processes"]
@@ -59,10 +61,12 @@ class MeteorScorer:
         self.table: ParaphraseTable | None = None
         self.normalizer = Normalizer(data.prefixes)
         self.stem = Stemmer()
-        self._words: dict[str, Word] = {}
+        self._words: dict[str, Word] = {}  # of every word prepared
+        self._hashes: dict[str, tuple[int, int]] = {}  # word -> its Java hash and its stem's
         self._norm: dict[str, tuple[str, ...]] = {}
         self._vocab: set[str] = set()
         self._bigrams: set[tuple[str, str]] = set()  # adjacent words of the captions prepared (restrict)
+        self._prepared: set[str] = set()  # texts whose words and adjacent words are in _vocab and _bigrams
 
     def words(self, text: str) -> tuple[str, ...]:
         """The normalised words of one (trimmed) segment, memoised."""
@@ -86,47 +90,96 @@ class MeteorScorer:
     def prepare(self, texts: Iterable[str]) -> None:
         """Normalise ``texts``, find which of their words are synonyms and keep the paraphrase pairs whose words all
         occur in them (needed before scoring texts with words not seen by an earlier call). The paraphrase index is
-        waited for last, so that the rest runs while it loads."""
-        vocab: set[str] = set()
-        bigrams: set[tuple[str, str]] = set()
-        for t in texts:
-            ws = self.words(t)
-            vocab.update(ws)
-            bigrams.update(zip(ws, ws[1:]))
+        waited for last, so that the rest runs while it loads. Texts prepared before are skipped (a later evaluation
+        against the same references prepares only its new captions)."""
+        done = self._prepared
+        new = [t for t in texts if t not in done]
+        if not new and (self.table is not None or self._index is None):
+            return
+        vocab, bigrams = self._words_and_bigrams(new)
         if vocab <= self._vocab and bigrams <= self._bigrams and (self.table is not None or self._index is None):
+            done.update(new)
             return
         self._bigrams |= bigrams
         if vocab <= self._vocab and self._index is not None:  # only new adjacent words: the same synonyms
             self.table = self.index.restrict(self._vocab, self._bigrams)
+            done.update(new)
             return
         self._vocab |= vocab
-        synsets = {w: synonym_sets(w, self.data) for w in self._vocab}
+        self._update_words(self._vocab)
+        if self._index is not None:
+            self.table = self.index.restrict(self._vocab, self._bigrams)
+        done.update(new)
+
+    def _words_and_bigrams(self, texts: list[str]) -> tuple[set[str], set[tuple[str, str]]]:
+        """The words of ``texts`` and their pairs of adjacent words. Tokenised captions are split all at once
+        (:func:`~finecap.metrics.meteor.normalize.plain_words`), others one by one (:meth:`words`); the pairs are
+        found as numbers (word ids), so that a pair is made for each distinct pair only."""
+        flat: list[str | None] | None = plain_words(texts)
+        sep: str | None = "|"
+        if flat is None:  # not all plain: "|" may be a word, None is none
+            flat, sep = [], None
+            extend, append = flat.extend, flat.append
+            for t in texts:
+                extend(self.words(t))
+                append(None)
+        vocab = set(flat)
+        vocab.discard(sep)  # type: ignore[arg-type]
+        words = list(vocab)
+        ids = {w: k for k, w in enumerate(words)}
+        ids[sep] = -1  # type: ignore[index]
+        flat_ids = np.fromiter(map(ids.__getitem__, flat), dtype=np.int64, count=len(flat))
+        first, second = flat_ids[:-1], flat_ids[1:]
+        codes = np.sort((first * len(words) + second)[(first >= 0) & (second >= 0)])
+        if len(codes):  # distinct (np.unique's hashing takes 6 times as long)
+            codes = codes[np.append(True, codes[1:] != codes[:-1])]
+        a, b = np.divmod(codes, max(len(words), 1))
+        return vocab, set(zip(map(words.__getitem__, a.tolist()), map(words.__getitem__, b.tolist())))
+
+    def _update_words(self, vocab: set[str]) -> None:
+        """Give each word of ``vocab`` its :class:`~finecap.metrics.meteor.match.Word`, which words of ``vocab`` it
+        matches included (:func:`~finecap.metrics.meteor.match.related_words`): the words known before are updated
+        in place, with a new generation, so that the segments holding them match the new words too."""
+        hashes = self._hashes
+        for w in vocab:
+            if w not in hashes:
+                hashes[w] = (java_hash(w), java_hash(self.stem(w)))
+        by_hash: dict[int, list[str]] = {}
+        by_stem: dict[int, list[str]] = {}
+        for w in vocab:
+            h, st = hashes[w]
+            by_hash.setdefault(h, []).append(w)
+            by_stem.setdefault(st, []).append(w)
+        synsets = {w: synonym_sets(w, self.data) for w in vocab}
         holders: dict[str, set[str]] = {}
         for w, ids in synsets.items():
             for s in ids:
                 holders.setdefault(s, set()).add(w)
         fw = self.data.function_words
+        known, generation = self._words, object()
         for w, ids in synsets.items():
             syn: set[str] = set()
             for s in ids:
                 syn |= holders[s]
             syn.discard(w)
-            self._words[w] = Word(java_hash(w), java_hash(self.stem(w)), w in fw, frozenset(syn))
-        if self._index is not None:
-            self.table = self.index.restrict(self._vocab, self._bigrams)
-
-    def word(self, w: str) -> Word:
-        """What the matching stages compare of word ``w`` (:meth:`prepare` gives it its synonyms)."""
-        out = self._words.get(w)
-        if out is None:
-            out = self._words[w] = Word(java_hash(w), java_hash(self.stem(w)), w in self.data.function_words)
-        return out
+            h, st = hashes[w]
+            related = related_words(w, hashes, syn, by_hash, by_stem)
+            word = known.get(w)
+            if word is None:
+                known[w] = Word(h, st, w in fw, related, generation)
+            else:
+                word.related, word.generation = related, generation
 
     def segment(self, text: str) -> Segment:
-        """The normalised segment of ``text`` as the matching stages look it up."""
+        """The normalised segment of ``text`` as the matching stages look it up (prepared first if a word is new)."""
         words = self.words(text)
         known = self._words
-        info = [known[w] if w in known else self.word(w) for w in words]
+        try:
+            info = [known[w] for w in words]
+        except KeyError:
+            self.prepare([text])
+            known = self._words
+            info = [known[w] for w in words]
         return Segment(words, info, self.table)
 
     def pair_statistics(self, hyp: Segment, ref: Segment, cands: list[list[Match]] | None = None) -> list[float]:
@@ -165,6 +218,7 @@ class MeteorScorer:
         fields = [segment_fields(h, rs) for h, rs in zip(hypotheses, references)]
         if len(self._norm) > MAX_CACHED:  # a long-lived scorer (evaluations during training) forgets old captions
             self._norm.clear()
+            self._prepared.clear()
         self.prepare(t for h, rs in fields for t in (h, *rs))
         n = default_processes() if processes is None else max(1, processes)
         collect = gc.isenabled()
@@ -189,7 +243,8 @@ class MeteorScorer:
     def _best(self, hyp: str, refs: list[str]) -> list[float]:
         """The statistics of the first reference with the highest score. The references are aligned in the order of
         an upper bound of their score (:func:`bound`), and one whose bound is below the best score found is not
-        aligned at all: the alignment search is most of the time, and with 5 references this skips about half."""
+        aligned at all: the alignment search is most of the time, and with 5 references this skips about 70 % of them
+        (on the benchmark's COCO-like captions, 1.4 of 5 are aligned)."""
         h = self.segment(hyp)
         if len(refs) <= 1:
             return [self.pair_statistics(h, self.segment(r)) for r in refs][0] if refs else []
@@ -209,32 +264,67 @@ class MeteorScorer:
 
 
 def bound(hyp: Segment, ref: Segment, cands: list[list[Match]]) -> float:
-    """An upper bound of the score of any alignment of these candidates (:func:`score_bound`): each word matched
-    by its candidate of the highest stage weight, and no fewer chunks than one."""
-    hw = [0.0] * len(hyp.info)
-    rw = [0.0] * len(ref.info)
-    for ms in cands:
+    """An upper bound of the score of any alignment of these candidates (:func:`score_bound`).
+
+    The weighted matches of the hypothesis (what precision counts: each matched word's stage weight times ``delta``,
+    or ``1 - delta`` for a function word) are at most both of:
+
+    - the sum over its words of the highest weight a candidate gives the word (each word is matched once at most);
+    - the sum over the reference's words of the highest share a candidate covering it gives: a candidate's
+      hypothesis-side weight divided by its number of reference words (the candidates of an alignment cover each
+      reference word once at most, so their weights add up to the sum of their shares): a word the hypothesis
+      holds three times and the reference once counts once here.
+
+    and so for the reference's weighted matches, the other way round. A chunk is a chain of matches, each starting
+    where the one before ends in both sentences; the longest chain the candidates can form (in words of both
+    sentences) bounds every chunk's size, so an alignment of ``m`` matched words has at least ``m / longest``
+    chunks and a fragmentation of at least ``2 / longest``; only a chain covering both sentences whole can score
+    without penalty."""
+    hf, rf = hyp.weights, ref.weights
+    hw = [0.0] * len(hf)  # per hypothesis word: the highest weight a candidate gives it
+    rw = [0.0] * len(rf)
+    col = [0.0] * len(rf)  # per reference word: the highest share of hypothesis-side weight of a candidate covering it
+    row = [0.0] * len(hf)
+    ends: dict[int, int] = {}  # reference end * m + hypothesis end -> longest chain ending there
+    m = len(hf) + 1
+    longest = 0
+    for ms in cands:  # by reference position: a chain's earlier matches come first
         for j, rl, i, hl, stage in ms:
             w = WEIGHTS[stage]
-            for x in range(j, j + rl):
-                if rw[x] < w:
-                    rw[x] = w
-            for x in range(i, i + hl):
-                if hw[x] < w:
-                    hw[x] = w
-    p = r = 0.0
-    covered = 0
-    for x, w in zip(hyp.info, hw):
-        if w:
-            p += (1.0 - DELTA if x.function else DELTA) * w
-            covered += 1
-    perfect = covered == len(hw)
-    for x, w in zip(ref.info, rw):
-        if w:
-            r += (1.0 - DELTA if x.function else DELTA) * w
-            covered += 1
-    perfect = perfect and covered == len(hw) + len(rw)
-    return score_bound(p, r, hyp, ref, covered, perfect)
+            if rl == 1 and hl == 1:
+                a, b = w * hf[i], w * rf[j]
+                if hw[i] < a:
+                    hw[i] = a
+                if col[j] < a:
+                    col[j] = a
+                if rw[j] < b:
+                    rw[j] = b
+                if row[i] < b:
+                    row[i] = b
+                key = j * m + i
+                v = 2 + ends.get(key, 0)
+                key += m + 1  # (j + 1, i + 1)
+            else:
+                a, b = w * sum(hf[i : i + hl]), w * sum(rf[j : j + rl])
+                for x in range(i, i + hl):
+                    if hw[x] < w * hf[x]:
+                        hw[x] = w * hf[x]
+                    if row[x] < b / hl:
+                        row[x] = b / hl
+                for x in range(j, j + rl):
+                    if rw[x] < w * rf[x]:
+                        rw[x] = w * rf[x]
+                    if col[x] < a / rl:
+                        col[x] = a / rl
+                v = rl + hl + ends.get(j * m + i, 0)
+                key = (j + rl) * m + i + hl
+            if ends.get(key, 0) < v:
+                ends[key] = v
+                if longest < v:
+                    longest = v
+    p = min(sum(hw), sum(col))
+    r = min(sum(rw), sum(row))
+    return score_bound(p, r, hyp, ref, longest, longest >= len(hf) + len(rf))
 
 
 _WORKER: tuple[MeteorScorer, list[tuple[str, list[str]]]] | None = None  # what forked workers inherit (set only

@@ -1,17 +1,16 @@
 """Parse METEOR's paraphrase table (``paraphrase-en.gz``: probability, phrase, paraphrase lines) into word ids with
-numpy: about 2 s of wall time on two cores for its 5.27 M pairs (3-3.5 s of CPU, a third of it inflating), where a
-line-by-line parse takes 10.
+numpy: about 3.5 s of CPU for its 5.27 M pairs (a third of it inflating), where a line-by-line parse takes 10.
 
-One thread inflates the text (272 MB) and cuts it into 1 MB blocks at newlines, two tokenise the blocks, and the
-caller's thread gives the word ids in block order (``zlib`` releases the GIL, as most numpy operations do). In each
-block the separators (space, newline) are found at once;
-every token between two separators is a word, exactly as ``line.split(" ")`` gives it (two spaces give an empty
-word). A token is keyed by its bytes read as three little-endian 64-bit integers (bytes 0-7, 8-15 and 16-23, those
-past its end masked off) and its length: a key equal for equal words and different for different words of up to 24
-bytes. Keys are hashed to 64 bits and given word ids in an open-addressing table of numpy arrays (vectorised linear
-probing); each id keeps the key of the first word that took it, and every token's key is compared with the key of
-its id, so two words whose hashes collide are never merged: :class:`TableScanError` is raised instead (as for words
-longer than 24 bytes, which the paraphrase table has none of), and the caller parses the table line by line.
+One thread inflates the text (272 MB) and cuts it into 1 MB blocks at newlines, the caller's thread tokenises them
+and gives the word ids in block order (``zlib`` releases the GIL). In each block the separators (space, newline) are
+found at once; every token between two separators is a word, exactly as ``line.split(" ")`` gives it (two spaces
+give an empty word). A token is keyed by its bytes read as three little-endian 64-bit integers (bytes 0-7, 8-15 and
+16-23, those past its end masked off) and its length: a key equal for equal words and different for different words
+of up to 24 bytes. Keys are hashed to 64 bits and given word ids in an open-addressing table of numpy arrays
+(vectorised linear probing); each id keeps the key of the first word that took it, and every token's key is compared
+with the key of its id, so two words whose hashes collide are never merged: :class:`TableScanError` is raised
+instead (as for words longer than 24 bytes, which the paraphrase table has none of), and the caller parses the table
+line by line.
 
 :func:`scan_table` returns the words (in the order they were given ids), the word ids of the phrase and paraphrase
 words (the probability lines are skipped), the pairs' word counts and their phrases' lengths.
@@ -33,7 +32,6 @@ MAX_WORD_BYTES = 24
 _BLOCK = 1 << 20  # decompressed bytes a block holds, at least (then cut at its last newline): small blocks keep the
 # arrays of a block in the processor's cache and reuse freed memory (16 MB blocks take 2.5 times as long)
 _READ = 1 << 18  # compressed bytes inflated at a time
-_TOKENISERS = 2
 _PAD = bytes(MAX_WORD_BYTES + 16)  # lets the last token's 8-byte reads stay inside the block
 # _MASKS[k // 8][n]: the bytes k .. k + 7 that a token of n bytes has (all ones when it has the 8)
 _MASKS = np.array(
@@ -130,11 +128,10 @@ class _Ids:
     def lookup(self, h: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """The id of each hash (new hashes get the next ids) and, for each new id in order, the position in ``h`` of
         one of its occurrences."""
-        out = np.empty(len(h), dtype=np.int32)
         slots = self._slots(h)
-        owner = self.hashes[slots]
+        out = np.take(self.ids, slots)  # right where the slot holds the hash; the others are set below
+        owner = np.take(self.hashes, slots)
         hit = owner == h
-        out[hit] = self.ids[slots[hit]]
         todo = np.flatnonzero(~hit)  # new words, and words whose slot another word took first
         slots = slots[todo]
         new_reps: list[np.ndarray] = []
@@ -165,32 +162,28 @@ class _Ids:
         return out, np.concatenate(new_reps) if new_reps else np.empty(0, dtype=np.intp)
 
 
-def _part(words: np.ndarray, starts: np.ndarray, lens: np.ndarray, k: int) -> np.ndarray:
-    """Bytes ``k .. k + 7`` of each token as a little-endian integer (bytes past its end zero), from the aligned
-    64-bit ``words`` of the block: two aligned reads a token, shifted together (faster than one unaligned read; the
-    operations work in place, which halves the time)."""
-    word = starts >> 3 if not k else (starts + k) >> 3
-    shift = (((starts + k) & 7) << 3).view(np.uint64)
-    value = np.take(words, word)
-    value >>= shift
-    word += 1
-    high = np.take(words, word)
-    high <<= np.uint64(1)
-    shift ^= np.uint64(63)  # 63 - shift, shift being a multiple of 8 up to 56; two shifts: one by 64 is undefined
-    high <<= shift
-    value |= high
+def _part(window: np.ndarray, starts: np.ndarray, lens: np.ndarray, k: int) -> np.ndarray:
+    """Bytes ``k .. k + 7`` of each token as a little-endian integer (bytes past its end zero), read from ``window``
+    (the block's bytes as overlapping little-endian 64-bit integers, one starting at each byte: :func:`_windows`).
+    One unaligned read a token, half the time of two aligned reads shifted together; the mask works in place."""
+    value = window[starts + k] if k else window[starts]
     value &= np.take(_MASKS[k // 8], lens)
     return value
 
 
-def _key_parts(words: np.ndarray, starts: np.ndarray, lens: np.ndarray) -> list[np.ndarray]:
+def _windows(padded: bytearray) -> np.ndarray:
+    """The 8 bytes starting at each byte of ``padded`` as a little-endian 64-bit integer (a view, no copy)."""
+    return np.ndarray(shape=(len(padded) - 7,), dtype="<u8", buffer=padded, strides=(1,))
+
+
+def _key_parts(window: np.ndarray, starts: np.ndarray, lens: np.ndarray) -> list[np.ndarray]:
     """Each token's bytes 0-7, 8-15 and 16-23 (:func:`_part`; read only for the tokens that long)."""
-    parts = [_part(words, starts, lens, 0)]
+    parts = [_part(window, starts, lens, 0)]
     for k in range(8, MAX_WORD_BYTES, 8):
         part = np.zeros(len(starts), dtype=np.uint64)
         long = np.flatnonzero(lens > k)
         if len(long):
-            part[long] = _part(words, starts[long], lens[long], k)
+            part[long] = _part(window, starts[long], lens[long], k)
         parts.append(part)
     return parts
 
@@ -214,8 +207,9 @@ def _hash(parts: list[np.ndarray], lens: np.ndarray) -> np.ndarray:
 
 
 def _tokenise(block: bytes, line0: int, gz: Path) -> tuple:
-    """The phrase and paraphrase tokens of a block that starts at line ``line0``: ``(block, lines, newlines, starts,
-    lens, key parts, hashes)``, ``lines`` the line of each token (the block's probability lines left out)."""
+    """The phrase and paraphrase tokens of a block that starts at line ``line0``: ``(block, newlines, starts, lens,
+    key parts, hashes, pairs)``, ``pairs`` being ``(first pair, words of each pair from it on, words of each one's
+    phrase)`` (the block's probability lines left out; a pair cut by the block's end is completed by the next)."""
     if not block.endswith(b"\n"):
         block += b"\n"
     padded = bytearray(block)
@@ -228,35 +222,28 @@ def _tokenise(block: bytes, line0: int, gz: Path) -> tuple:
         real = newline | (ch == 32)
         sep, newline = sep[real], newline[real]
     line = np.cumsum(newline, dtype=np.int64)
-    line -= newline
-    line += line0  # the line each token is on
-    keep = np.flatnonzero(line % 3)  # not a probability line
+    line -= newline  # the line each token is on, counted from the block's first
+    lines = np.arange(int(line[-1]) + 1 if len(line) else 0) + line0  # the block's lines (with a token)
+    kind = lines % 3  # 0: probability, 1: phrase, 2: paraphrase
+    keep = np.flatnonzero((kind != 0)[line])
     starts = np.empty(len(sep), dtype=np.int64)
     starts[0] = 0
     np.add(sep[:-1], 1, out=starts[1:])
+    per_line = np.bincount(line[keep], minlength=len(lines))  # tokens kept on each line
     starts = np.take(starts, keep)
     lens = np.take(sep, keep)
     lens -= starts
     if len(lens) and int(lens.max()) > MAX_WORD_BYTES:
         raise TableScanError(f"{gz}: a word longer than {MAX_WORD_BYTES} bytes")
-    parts = _key_parts(buf.view("<u8"), starts, lens)
-    return block, np.take(line, keep), int(np.count_nonzero(newline)), starts, lens, parts, _hash(parts, lens)
-
-
-def _tokenise_all(blocks: queue.Queue, out: queue.Queue, stop: threading.Event, gz: Path) -> None:
-    """:func:`_tokenise` the blocks of ``blocks`` into ``out`` as ``(number, tokens)`` (then ``None``; an exception
-    is passed on)."""
-    try:
-        while True:
-            item = _get(blocks, stop)
-            if item is None or isinstance(item, BaseException):
-                _put(out, item, stop)
-                return
-            number, line0, block = item
-            if not _put(out, (number, _tokenise(block, line0, gz)), stop):
-                return
-    except BaseException as e:  # handed to the parsing thread, which raises it
-        _put(out, e, stop)
+    parts = _key_parts(_windows(padded), starts, lens)
+    pair = lines // 3
+    first_pair = int(pair[0]) if len(pair) else 0
+    pair -= first_pair
+    per_pair = np.bincount(pair, weights=per_line).astype(np.int64)
+    phrase = kind == 1
+    per_phrase = np.bincount(pair[phrase], weights=per_line[phrase], minlength=len(per_pair)).astype(np.int64)
+    pairs = (first_pair, per_pair, per_phrase)
+    return block, int(np.count_nonzero(newline)), starts, lens, parts, _hash(parts, lens), pairs
 
 
 def _get(source: queue.Queue, stop: threading.Event) -> object:
@@ -272,45 +259,34 @@ def scan_table(gz: str | Path) -> tuple[list[str], np.ndarray, np.ndarray, np.nd
     """``(words, tokens, pair_len, phrase_len)`` of ``paraphrase-en.gz``: pair k's words are the ``pair_len[k]``
     ids after those of the pairs before it, its phrase the first ``phrase_len[k]`` of them.
 
-    Four threads: one inflates, two tokenise and hash blocks (:func:`_tokenise`), this one gives the word ids, block
-    after block in order; numpy and zlib release the GIL, so they share the processor's cores (two tokenisers: a
-    second of wall time less than one on two cores).
+    Two threads: one inflates, this one tokenises and hashes each block (:func:`_tokenise`) and gives the word ids,
+    block after block; zlib releases the GIL, so inflating runs beside the rest. Two more threads tokenising (numpy
+    releases the GIL too) took 3.9-4.4 s of CPU against 3.4-3.8 for these two, measured alternately on the shared
+    2-core machine: on two idle cores they can finish sooner, but whenever another job holds a core they finish
+    later.
 
     Raises :class:`TableScanError` (module docstring) and whatever reading or inflating the file raises.
     """
     gz = Path(gz)
     blocks: queue.Queue = queue.Queue(maxsize=8)
-    tokenised: queue.Queue = queue.Queue(maxsize=8)
     stop = threading.Event()
-    threads = [threading.Thread(target=_inflate, args=(gz, blocks, stop, _TOKENISERS), daemon=True)]
-    threads += [
-        threading.Thread(target=_tokenise_all, args=(blocks, tokenised, stop, gz), daemon=True)
-        for _ in range(_TOKENISERS)
-    ]
-    for t in threads:
-        t.start()
+    reader = threading.Thread(target=_inflate, args=(gz, blocks, stop, 1), daemon=True)
+    reader.start()
     ids = _Ids()
     words: list[str] = []
     rep = np.zeros((MAX_WORD_BYTES // 8 + 1, 1 << 16), dtype=np.uint64)  # per id: its first token's key and length
     tokens: list[np.ndarray] = []
     counts: list[tuple[int, np.ndarray, np.ndarray]] = []  # per block: first pair, words and phrase words per pair
     n_lines = 0
-    ready: dict[int, tuple] = {}  # blocks tokenised ahead of their turn
-    number = finished = 0
     try:
         while True:
-            while number not in ready and finished < _TOKENISERS:
-                item = tokenised.get()
-                if item is None:
-                    finished += 1
-                elif isinstance(item, BaseException):
-                    raise item
-                else:
-                    ready[item[0]] = item[1]
-            if number not in ready:
+            item = _get(blocks, stop)
+            if item is None:
                 break
-            block, line, newlines, starts, lens, parts, h = ready.pop(number)
-            number += 1
+            if isinstance(item, BaseException):
+                raise item
+            _, line0, block = item
+            block, newlines, starts, lens, parts, h, pairs = _tokenise(block, line0, gz)
             n_lines += newlines
             tid, first = ids.lookup(h)
             word_starts, word_lens = starts[first].tolist(), lens[first].tolist()
@@ -326,23 +302,16 @@ def scan_table(gz: str | Path) -> tuple[list[str], np.ndarray, np.ndarray, np.nd
             if not same:
                 raise TableScanError(f"{gz}: two words with the same 64-bit hash")
             tokens.append(tid)
-            if len(line):
-                pair = line // 3
-                first_pair = int(pair[0])
-                pair -= first_pair
-                per_pair = np.bincount(pair)
-                counts.append((first_pair, per_pair, np.bincount(pair[line % 3 == 1], minlength=len(per_pair))))
+            counts.append(pairs)
     finally:
         stop.set()
-        for t in threads:
-            t.join()
+        reader.join()
     n_pairs = n_lines // 3  # an incomplete last pair is left out, as zip(lines, lines, lines) leaves it
     pair_len = np.zeros(n_pairs + 2, dtype=np.int64)
     phrase_len = np.zeros(n_pairs + 2, dtype=np.int64)
     for first_pair, per_pair, per_phrase in counts:
         pair_len[first_pair : first_pair + len(per_pair)] += per_pair
         phrase_len[first_pair : first_pair + len(per_pair)] += per_phrase
-    tok = np.concatenate(tokens) if tokens else np.empty(0, dtype=np.int32)
-    tok = tok[: int(pair_len[:n_pairs].sum())]
-    dtype = np.uint16 if len(words) <= 1 << 16 else np.uint32
-    return words, tok.astype(dtype), pair_len[:n_pairs], phrase_len[:n_pairs]
+    dtype = np.uint16 if len(words) <= 1 << 16 else np.uint32  # ids are never negative: cast as they are joined
+    tok = np.concatenate(tokens, dtype=dtype, casting="unsafe") if tokens else np.empty(0, dtype=dtype)
+    return words, tok[: int(pair_len[:n_pairs].sum())], pair_len[:n_pairs], phrase_len[:n_pairs]
