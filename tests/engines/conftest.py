@@ -2,7 +2,7 @@
 
 They run in the vLLM venv (``.venv-vllm``, built by ``make vllm``), one process per file (``make vllm-test``): an
 engine edits ``os.environ``, reseeds torch and opens a gloo process group, so each file builds at most one. In the
-main venv every module skips, naming why (:data:`NOT_HERE`).
+main venv every module skips, naming why (:data:`tests.helpers.vllm_engines.NOT_HERE`).
 
 The captioner is a tiny random Idefics3 (SmolVLM's architecture) built from a config: a Llama language model of 2
 heads of width 32 (vLLM's CPU attention needs a head size of at least 32), weights drawn from N(0, 0.1), and its EOS
@@ -14,24 +14,10 @@ from __future__ import annotations
 import os
 
 import pytest
-import torch
+
+from helpers.vllm_engines import tiny_captioner
 
 os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")  # vLLM's CPU worker warns at every step otherwise
-
-NOT_HERE = "vLLM is not installed in this venv: the vLLM tests run in .venv-vllm (make vllm-test)"
-"""The skip reason of every vLLM test module in a venv without vLLM."""
-
-
-def tiny_captioner(out):
-    """The tiny Idefics3 captioner (module docstring), in evaluation mode."""
-    from finecap.models.presets import save_tiny_vlm
-    from finecap.models.vlm import Vlm
-
-    folder = save_tiny_vlm(out, "idefics3", std=0.1, hidden=64, heads=2, kv_heads=1)
-    captioner = Vlm.from_pretrained(folder).eval()
-    with torch.no_grad():
-        captioner.model.lm_head.weight[captioner.tokenizer.eos_token_id] *= 4
-    return captioner
 
 
 @pytest.fixture(scope="module")

@@ -20,7 +20,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
 
-from conftest import NOT_HERE
+from helpers.vllm_engines import NOT_HERE
 
 pytest.importorskip("vllm", reason=NOT_HERE)
 

@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from conftest import NOT_HERE
+from helpers.vllm_engines import NOT_HERE
 
 pytest.importorskip("vllm", reason=NOT_HERE)
 

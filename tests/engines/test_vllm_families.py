@@ -9,7 +9,7 @@ import importlib.util
 import pytest
 import torch
 
-from conftest import NOT_HERE
+from helpers.vllm_engines import NOT_HERE
 
 pytest.importorskip("vllm", reason=NOT_HERE)
 

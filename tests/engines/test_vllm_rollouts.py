@@ -17,7 +17,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from conftest import NOT_HERE, tiny_captioner
+from helpers.vllm_engines import NOT_HERE, tiny_captioner
 
 pytest.importorskip("vllm", reason=NOT_HERE)
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from conftest import NOT_HERE
+from helpers.vllm_engines import NOT_HERE
 
 pytest.importorskip("vllm", reason=NOT_HERE)
 
