@@ -444,7 +444,7 @@ class PolicyOptimization(Reinforce):
         weights, mismatch = self.engine_correction(item.old.to(logp.device), gen)  # vLLM's rollouts: TRL's IS
         metrics.update(mismatch)
         if self.rl.policy_loss == "reinforce":
-            weighted = seq_logp if weights is None else sequence_logprob(logp * weights, gen.lengths, self.rl.logprob)
+            weighted = seq_logp if weights is None else self.weighted_logprob(logp, gen, weights)
             losses, items = {"reinforce": policy_gradient_loss(adv, weighted)}, float(len(gen))
         else:
             loss, items, extra = self.clipped_loss(logp, item, adv, mask, weights)

@@ -274,10 +274,7 @@ class Reinforce(ObjectiveBase):
         logp = sequence_logprob(scores.logprobs, gen.lengths, self.rl.logprob)  # (N,)
         weights, extra_mismatch = self.engine_correction(scores.logprobs, gen)
         extra.update(extra_mismatch)
-        if weights is not None:  # each token's log-prob weighed by its importance ratio (no gradient through it)
-            weighted = sequence_logprob(scores.logprobs * weights, gen.lengths, self.rl.logprob)
-        else:
-            weighted = logp
+        weighted = logp if weights is None else self.weighted_logprob(scores.logprobs, gen, weights)
         losses = {name: policy_gradient_loss(adv.to(logp.device), weighted) for name, adv in advantages.items()}
         entropy = None
         if scores.entropy is not None:
@@ -301,6 +298,11 @@ class Reinforce(ObjectiveBase):
         weights = importance_weights(old, gen.token_logprobs, mask, self.rl.vllm_is_cap)
         metrics = mismatch_metrics(old, gen.token_logprobs, mask, weights)
         return (weights if self.rl.vllm_is_correction else None), metrics
+
+    def weighted_logprob(self, token_logprobs: torch.Tensor, gen: Generation, weights: torch.Tensor) -> torch.Tensor:
+        """``log p`` of each caption (``rl.logprob``) with each token's log-prob weighed by its importance weight
+        (:meth:`engine_correction`; no gradient through the weights): REINFORCE's loss on vLLM's rollouts."""
+        return sequence_logprob(token_logprobs * weights, gen.lengths, self.rl.logprob)
 
     def end_step(self) -> None:
         """After each optimizer step: baselines with per-step state (the running mean) update once; the monitor's
