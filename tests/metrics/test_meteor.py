@@ -15,7 +15,6 @@ import sys
 import warnings
 import zipfile
 
-import numpy as np
 import pytest
 
 from finecap.metrics.meteor import (
@@ -273,14 +272,19 @@ def test_paraphrase_index_is_built_once_cached_and_rebuilt_when_damaged(tmp_path
     table = index.restrict(["a", "dog", "one", "dogs", "hound"])
     assert table.pairs == {("a", "dog"): [("one", "dog"), ("dogs",)]}  # "the dog" -> "a hound": "the" unused
     assert table.prefixes == {("a",)} and table.max_len == 2
-    with np.load(path, allow_pickle=False) as z:  # plain arrays, nothing pickled
-        assert set(z.files) == {"vocab", "tokens", "pair_len", "phrase_len"}
+    data = path.read_bytes()  # plain arrays after a JSON header, nothing pickled
+    assert data.startswith(R._MAGIC) and b'"arrays": [["vocab", "|u1"' in data and b"pickle" not in data
     # a second load reads the cache and parses nothing
     monkeypatch.setattr(R, "build_paraphrase_index", lambda gz: pytest.fail("rebuilt a valid cache"))
     assert R.load_paraphrase_index(jar, cache).vocab == index.vocab
     monkeypatch.undo()
-    path.write_bytes(b"damaged")
-    assert R.load_paraphrase_index(jar, cache).vocab == index.vocab
+    good = path.read_bytes()
+    for damaged in (b"damaged", good[:-1], good + b"x", good[:-1] + bytes([good[-1] ^ 1]), good[: len(R._MAGIC) + 20]):
+        path.write_bytes(damaged)  # not an index, truncated, longer, one bit flipped, the header cut
+        with pytest.raises(ValueError):
+            R._load(path)
+        assert R.load_paraphrase_index(jar, cache).vocab == index.vocab
+        assert path.read_bytes() == good  # rebuilt and cached again
     # another table beside the jar: another key
     (jar.parent / "data" / "paraphrase-en.gz").write_bytes(gzip.compress(b"0.5\nx\ny\n"))
     assert R.index_path(jar, cache) != path

@@ -66,7 +66,18 @@ def test_scan_equals_the_line_parse(tmp_path, name):
     assert fast.tokens.dtype == np.uint16 and fast.phrase_len.dtype == np.uint8
 
 
-def test_scan_over_many_blocks_and_gzip_members(tmp_path, monkeypatch):
+_INFLATERS = ["zlib"] + (["isal"] if table_scan._inflater is not zlib else [])
+
+
+@pytest.fixture(params=_INFLATERS)
+def inflater(request, monkeypatch):
+    """The scan with each library that can inflate here: zlib, and ISA-L where ``isal`` is installed."""
+    if request.param == "zlib":
+        monkeypatch.setattr(table_scan, "_inflater", zlib)
+    return request.param
+
+
+def test_scan_over_many_blocks_and_gzip_members(tmp_path, monkeypatch, inflater):
     rng = np.random.default_rng(0)
     vocab = ["".join(rng.choice(list("abcdé "), size=int(rng.integers(1, 30)))) for _ in range(3000)]
     lines = []
@@ -106,7 +117,7 @@ def test_a_hash_collision_is_caught_not_merged(tmp_path, monkeypatch):
 
 
 @pytest.mark.parametrize("damage", ["truncated", "not gzip"])
-def test_a_damaged_table_raises_as_gzip_does(tmp_path, damage):
+def test_a_damaged_table_raises_as_gzip_does(tmp_path, damage, inflater):
     gz = _table(tmp_path, _VARIANTS["plain"] * 50)
     data = gz.read_bytes()
     gz.write_bytes(data[: len(data) // 2] if damage == "truncated" else b"plain text\n" * 10)

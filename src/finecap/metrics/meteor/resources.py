@@ -20,10 +20,11 @@ from __future__ import annotations
 import gzip
 import hashlib
 import importlib.util
-import io
+import json
 import os
 import threading
 import zipfile
+import zlib
 from array import array
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -62,9 +63,10 @@ METEOR_ENV = "FINECAP_METEOR_JAR"
 """Environment variable naming the METEOR jar (its ``data/paraphrase-en.gz`` beside it)."""
 JAR_NAME = "meteor-1.5.jar"
 PARAPHRASE = Path("data") / "paraphrase-en.gz"
-INDEX_VERSION = 2
+INDEX_VERSION = 3
 """Version of the cached paraphrase index's layout (part of its file name). 2: each pair's word count
-(``pair_len``) instead of 64-bit offsets, 75 MB instead of 113."""
+(``pair_len``) instead of 64-bit offsets, 75 MB instead of 113. 3: the arrays' bytes after a JSON header and a
+CRC-32 (:func:`_save`) instead of an ``.npz`` (written and read in about half the time)."""
 
 _JAR_FILES = {
     "function_words": "function/english.words",
@@ -363,23 +365,70 @@ def index_path(jar: Path, cache_root: Path | None = None) -> Path:
     """Where the paraphrase index of ``jar`` (and the table beside it) is cached."""
     root = cache_root if cache_root is not None else home() / CACHE / "meteor"
     key = f"{fingerprint(jar)[:16]}-{fingerprint(paraphrase_path(jar))[:16]}"
-    return root / key / f"paraphrase-v{INDEX_VERSION}.npz"
+    return root / key / f"paraphrase-v{INDEX_VERSION}.bin"
+
+
+_MAGIC = b"finecap METEOR paraphrase index\n"
+_ARRAYS = ("vocab", "tokens", "pair_len", "phrase_len")
+_DTYPES = {"|u1", "<u2", "<u4"}  # what the arrays may hold: bytes and word ids or counts
 
 
 def _save(index: ParaphraseIndex, path: Path) -> None:
+    """Cache ``index`` at ``path``: :data:`_MAGIC`, the header's length (8 bytes, little-endian), a JSON header
+    (each array's name, dtype and length, and the CRC-32 of their bytes), then the arrays' bytes one after another.
+    Plain arrays, nothing pickled; written in one atomic write. An ``.npz`` took twice as long to write and read (its
+    zip layer copies and checksums every member on both sides)."""
     vocab = "\n".join(index.vocab).encode("utf-8")
     pair_len = np.diff(index.starts)
     small = np.uint8 if len(pair_len) == 0 or int(pair_len.max()) < 256 else np.uint32
-    buf = io.BytesIO()
-    np.savez(buf, vocab=np.frombuffer(vocab, dtype=np.uint8), tokens=index.tokens, pair_len=pair_len.astype(small),
-             phrase_len=index.phrase_len)  # fmt: skip
-    atomic_write_bytes(path, buf.getvalue())
+    arrays = [np.frombuffer(vocab, dtype=np.uint8), index.tokens, pair_len.astype(small), index.phrase_len]
+    arrays = [np.ascontiguousarray(a, dtype=a.dtype.newbyteorder("<")) for a in arrays]
+    crc = 0
+    for a in arrays:
+        crc = zlib.crc32(a, crc)
+    header = json.dumps({"arrays": [[n, a.dtype.str, len(a)] for n, a in zip(_ARRAYS, arrays)], "crc32": crc})
+    head = header.encode("utf-8")
+    atomic_write_bytes(path, b"".join([_MAGIC, len(head).to_bytes(8, "little"), head, *map(memoryview, arrays)]))
 
 
 def _load(path: Path) -> ParaphraseIndex:
-    with np.load(path, allow_pickle=False) as z:
-        vocab = z["vocab"].tobytes().decode("utf-8").split("\n")
-        return ParaphraseIndex(vocab, z["tokens"], _starts(z["pair_len"]), z["phrase_len"])
+    """The index :func:`_save` wrote at ``path``; ``ValueError`` for a file that is not one, or is damaged."""
+    with open(path, "rb") as f:
+        data = bytearray(os.fstat(f.fileno()).st_size)  # writable arrays, read without a second copy
+        if f.readinto(data) != len(data):
+            raise ValueError(f"{path}: changed while read")
+    at = len(_MAGIC) + 8
+    if data[: len(_MAGIC)] != _MAGIC:
+        raise ValueError(f"{path}: not a finecap paraphrase index")
+    end = at + int.from_bytes(data[len(_MAGIC) : at], "little")
+    header = json.loads(data[at:end].decode("utf-8"))
+    names = [name for name, _, _ in header["arrays"]]
+    if names != list(_ARRAYS) or any(dtype not in _DTYPES or int(n) < 0 for _, dtype, n in header["arrays"]):
+        raise ValueError(f"{path}: unexpected arrays {header['arrays']}")
+    arrays, crc = [], 0
+    for _, dtype, length in header["arrays"]:
+        size = np.dtype(dtype).itemsize * int(length)
+        if end + size > len(data):
+            raise ValueError(f"{path}: truncated")
+        arrays.append(np.frombuffer(data, dtype=dtype, count=int(length), offset=end))
+        crc = zlib.crc32(memoryview(data)[end : end + size], crc)
+        end += size
+    if end != len(data) or crc != header["crc32"]:
+        raise ValueError(f"{path}: damaged (size or CRC-32 differs)")
+    vocab, tokens, pair_len, phrase_len = arrays
+    return ParaphraseIndex(vocab.tobytes().decode("utf-8").split("\n"), tokens, _starts(pair_len), phrase_len)
+
+
+def _cached_or_built(jar: Path, cache_root: str | Path | None) -> tuple[ParaphraseIndex, Path | None]:
+    """The paraphrase index of ``jar`` from the cache, with ``None``; or built (a damaged cache file too), with the
+    path to cache it at."""
+    path = index_path(jar, Path(cache_root) if cache_root is not None else None)
+    if path.is_file():
+        try:
+            return _load(path), None
+        except (OSError, ValueError, KeyError, TypeError, UnicodeDecodeError):
+            pass  # damaged or half-written by an older version: rebuilt below
+    return build_paraphrase_index(paraphrase_path(jar)), path
 
 
 def load_paraphrase_index(jar: str | Path, cache_root: str | Path | None = None) -> ParaphraseIndex:
@@ -388,43 +437,55 @@ def load_paraphrase_index(jar: str | Path, cache_root: str | Path | None = None)
     ``cache_root``: the folder of the cache (default ``<finecap home>/cache/meteor``). A damaged cache file is
     rebuilt.
     """
-    jar = Path(jar)
-    path = index_path(jar, Path(cache_root) if cache_root is not None else None)
-    if path.is_file():
-        try:
-            return _load(path)
-        except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile):
-            pass  # damaged or half-written by an older version: rebuilt below
-    index = build_paraphrase_index(paraphrase_path(jar))
-    _save(index, path)
+    index, path = _cached_or_built(Path(jar), cache_root)
+    if path is not None:
+        _save(index, path)
     return index
 
 
 class PendingIndex:
     """:func:`load_paraphrase_index` running in a thread, started here: the caller reads the jar's data and
     normalises the captions meanwhile (the scan and the load spend most of their time in zlib and numpy, which
-    release the GIL). :meth:`result` waits for it and returns the index or raises what it raised."""
+    release the GIL). :meth:`result` waits for the index and returns it or raises what loading or building it raised.
+    A built index is handed over before it is cached: writing the cache file (0.2 s for the METEOR table) goes on in
+    the thread while the caller goes on; :meth:`join` waits for it and raises what writing it raised."""
 
     def __init__(self, jar: str | Path, cache_root: str | Path | None = None):
         self._index: ParaphraseIndex | None = None
         self._error: BaseException | None = None
+        self._cache_error: BaseException | None = None
+        self._ready = threading.Event()
         self._thread = threading.Thread(target=self._load, args=(jar, cache_root), name="meteor-paraphrase-index")
         self._thread.start()
 
     def _load(self, jar: str | Path, cache_root: str | Path | None) -> None:
+        path = None
         try:
-            self._index = load_paraphrase_index(jar, cache_root)
+            self._index, path = _cached_or_built(Path(jar), cache_root)
         except BaseException as e:  # raised by result(), in the caller's thread
             self._error = e
+        finally:
+            self._ready.set()
+        if path is not None and self._index is not None:
+            try:
+                _save(self._index, path)
+            except BaseException as e:  # raised by join()
+                self._cache_error = e
 
     def result(self) -> ParaphraseIndex:
-        self._thread.join()
+        self._ready.wait()
         if self._error is not None:
             raise self._error
         assert self._index is not None
         return self._index
 
+    def join(self) -> None:
+        """Wait until the thread has ended (the index cached when it was built); raise what caching it raised."""
+        self._thread.join()
+        if self._cache_error is not None:
+            raise self._cache_error
+
     @property
     def failed(self) -> bool:
-        """Whether it ended with an error (a later evaluation should try again)."""
-        return not self._thread.is_alive() and self._error is not None
+        """Whether loading or caching the index failed (a later evaluation should try again)."""
+        return not self._thread.is_alive() and (self._error is not None or self._cache_error is not None)

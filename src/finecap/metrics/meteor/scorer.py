@@ -58,6 +58,7 @@ class MeteorScorer:
     def __init__(self, data: JarData, paraphrases: ParaphraseIndex | PendingIndex | None):
         self.data = data
         self._index = paraphrases
+        self._pending = paraphrases if isinstance(paraphrases, PendingIndex) else None  # joined before forking
         self.table: ParaphraseTable | None = None
         self.normalizer = Normalizer(data.prefixes)
         self.stem = Stemmer()
@@ -85,7 +86,7 @@ class MeteorScorer:
     @property
     def failed(self) -> bool:
         """Whether loading the paraphrase index failed (:class:`~finecap.metrics.meteor.resources.PendingIndex`)."""
-        return isinstance(self._index, PendingIndex) and self._index.failed
+        return self._pending is not None and self._pending.failed
 
     def prepare(self, texts: Iterable[str]) -> None:
         """Normalise ``texts``, find which of their words are synonyms and keep the paraphrase pairs whose words all
@@ -225,7 +226,10 @@ class MeteorScorer:
         gc.disable()  # scoring makes millions of small tuples and no reference cycle: the collector would only cost
         try:
             if n == 1 or len(fields) < MIN_PARALLEL or "fork" not in multiprocessing.get_all_start_methods():
-                return [self._best(h, rs) for h, rs in fields]
+                out = [self._best(h, rs) for h, rs in fields]
+                self._cached()
+                return out
+            self._cached()  # no thread of ours runs when the workers are forked
             size = -(-len(fields) // (4 * n))  # a few chunks per worker: even load, little overhead
             global _WORKER
             _WORKER = (self, fields)
@@ -239,6 +243,11 @@ class MeteorScorer:
         finally:
             if collect:
                 gc.enable()
+
+    def _cached(self) -> None:
+        """Wait for the index loader's thread to end (the index it built cached); raise what caching it raised."""
+        if self._pending is not None:
+            self._pending.join()
 
     def _best(self, hyp: str, refs: list[str]) -> list[float]:
         """The statistics of the first reference with the highest score. The references are aligned in the order of

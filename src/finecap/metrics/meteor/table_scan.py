@@ -1,16 +1,16 @@
 """Parse METEOR's paraphrase table (``paraphrase-en.gz``: probability, phrase, paraphrase lines) into word ids with
-numpy: about 3.5 s of CPU for its 5.27 M pairs (a third of it inflating), where a line-by-line parse takes 10.
+numpy: about 3 s of CPU for its 5.27 M pairs (a fifth of it inflating), where a line-by-line parse takes 10.
 
-One thread inflates the text (272 MB) and cuts it into 1 MB blocks at newlines, the caller's thread tokenises them
-and gives the word ids in block order (``zlib`` releases the GIL). In each block the separators (space, newline) are
-found at once; every token between two separators is a word, exactly as ``line.split(" ")`` gives it (two spaces
-give an empty word). A token is keyed by its bytes read as three little-endian 64-bit integers (bytes 0-7, 8-15 and
-16-23, those past its end masked off) and its length: a key equal for equal words and different for different words
-of up to 24 bytes. Keys are hashed to 64 bits and given word ids in an open-addressing table of numpy arrays
-(vectorised linear probing); each id keeps the key of the first word that took it, and every token's key is compared
-with the key of its id, so two words whose hashes collide are never merged: :class:`TableScanError` is raised
-instead (as for words longer than 24 bytes, which the paraphrase table has none of), and the caller parses the table
-line by line.
+One thread inflates the text (272 MB; with ISA-L where ``isal`` is installed, else zlib) and cuts it into 1 MB blocks
+at newlines, another tokenises them and the caller's thread gives the word ids in block order. In each block the
+separators (space, newline) are found at once; every token between two separators is a word, exactly as
+``line.split(" ")`` gives it (two spaces give an empty word). A token is keyed by its bytes read as three
+little-endian 64-bit integers (bytes 0-7, 8-15 and 16-23, those past its end masked off) and its length: a key equal
+for equal words and different for different words of up to 24 bytes. Keys are hashed to 64 bits and given word ids in
+an open-addressing table of numpy arrays (vectorised linear probing); each id keeps the key of the first word that
+took it, and every token's key is compared with the key of its id, so two words whose hashes collide are never
+merged: :class:`TableScanError` is raised instead (as for words longer than 24 bytes, which the paraphrase table has
+none of), and the caller parses the table line by line.
 
 :func:`scan_table` returns the words (in the order they were given ids), the word ids of the phrase and paraphrase
 words (the probability lines are skipped), the pairs' word counts and their phrases' lengths.
@@ -21,9 +21,17 @@ from __future__ import annotations
 import queue
 import threading
 import zlib
+from collections import deque
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
+
+try:  # ISA-L's inflate (python-isal, a dependency where it has wheels): half of zlib's CPU time for the table
+    from isal import isal_zlib as _inflater
+except ImportError:  # zlib: the same bytes, more slowly
+    _inflater = zlib  # type: ignore[assignment]
 
 __all__ = ["MAX_WORD_BYTES", "TableScanError", "scan_table"]
 
@@ -62,7 +70,7 @@ def _inflate(gz: Path, out: queue.Queue, stop: threading.Event, readers: int) ->
     lines before it, block)``, then one ``None`` for each of the ``readers``; an exception is put instead, for the
     parsing thread to raise. Stops early when ``stop`` is set."""
     try:
-        inflate = zlib.decompressobj(31)  # gzip header and trailer
+        inflate = _inflater.decompressobj(31)  # gzip header and trailer
         pending: list[bytes] = []
         size = number = lines = 0
         with open(gz, "rb") as f:
@@ -70,7 +78,7 @@ def _inflate(gz: Path, out: queue.Queue, stop: threading.Event, readers: int) ->
                 raw = f.read(_READ)
                 data = [inflate.decompress(raw) if raw else inflate.flush()]
                 while inflate.eof and inflate.unused_data:  # a file of several gzip members, as gzip.open reads it
-                    rest, inflate = inflate.unused_data, zlib.decompressobj(31)
+                    rest, inflate = inflate.unused_data, _inflater.decompressobj(31)
                     data.append(inflate.decompress(rest))
                 pending += data
                 size += sum(map(len, data))
@@ -90,6 +98,8 @@ def _inflate(gz: Path, out: queue.Queue, stop: threading.Event, readers: int) ->
                     break
         for _ in range(readers):
             _put(out, None, stop)
+    except _inflater.error as e:  # as zlib's (which gzip.open raises too), whichever library inflated
+        _put(out, e if isinstance(e, zlib.error) else zlib.error(f"{gz}: {e}"), stop)
     except BaseException as e:  # handed to the parsing thread, which raises it
         _put(out, e, stop)
 
@@ -193,10 +203,12 @@ def _hash(parts: list[np.ndarray], lens: np.ndarray) -> np.ndarray:
     with np.errstate(over="ignore"):
         h = lens.astype(np.uint64)
         h *= _MIX[2]
-        term = np.empty_like(h)
-        for p, mix in zip(parts, (_MIX[0], _MIX[1], _MIX[0] ^ _MIX[1])):
-            np.multiply(p, mix, out=term)
-            h ^= term
+        term = np.multiply(parts[0], _MIX[0])
+        h ^= term
+        for k, (p, mix) in enumerate(zip(parts[1:], (_MIX[1], _MIX[0] ^ _MIX[1])), 1):
+            long = np.flatnonzero(lens > 8 * k)  # the other tokens have no bytes there: their term is 0
+            if len(long):
+                h[long] ^= np.take(p, long) * mix
         np.right_shift(h, np.uint64(31), out=term)
         h ^= term
         h *= _MIX[0]
@@ -208,42 +220,42 @@ def _hash(parts: list[np.ndarray], lens: np.ndarray) -> np.ndarray:
 
 def _tokenise(block: bytes, line0: int, gz: Path) -> tuple:
     """The phrase and paraphrase tokens of a block that starts at line ``line0``: ``(block, newlines, starts, lens,
-    key parts, hashes, pairs)``, ``pairs`` being ``(first pair, words of each pair from it on, words of each one's
+    key parts, pairs)``, ``pairs`` being ``(first pair, words of each pair from it on, words of each one's
     phrase)`` (the block's probability lines left out; a pair cut by the block's end is completed by the next)."""
     if not block.endswith(b"\n"):
         block += b"\n"
-    padded = bytearray(block)
-    padded += bytes(-len(block) % 8 + len(_PAD))  # whole 64-bit words, and room to read past the end
+    n = len(block)
+    padded = bytearray(n + (-n % 8) + len(_PAD))  # whole 64-bit words, and room to read past the end
+    padded[:n] = block
     buf = np.frombuffer(padded, dtype=np.uint8)
-    sep = np.flatnonzero(buf[: len(block)] <= 32)
+    sep = np.flatnonzero(buf[:n] <= 32)
     ch = np.take(buf, sep)
     newline = ch == 10
-    if not (newline | (ch == 32)).all():  # a control character inside a word: not a separator
-        real = newline | (ch == 32)
+    real = newline | (ch == 32)
+    if not real.all():  # a control character inside a word: not a separator
         sep, newline = sep[real], newline[real]
-    line = np.cumsum(newline, dtype=np.int64)
-    line -= newline  # the line each token is on, counted from the block's first
-    lines = np.arange(int(line[-1]) + 1 if len(line) else 0) + line0  # the block's lines (with a token)
-    kind = lines % 3  # 0: probability, 1: phrase, 2: paraphrase
-    keep = np.flatnonzero((kind != 0)[line])
+    ends = np.flatnonzero(newline)  # the separator ending each line (the block ends with one)
+    on_line = np.diff(ends, prepend=-1)  # tokens on each line
+    kind = (np.arange(len(ends)) + line0) % 3  # 0: probability, 1: phrase, 2: paraphrase
+    kept_line = kind != 0
+    keep = np.flatnonzero(np.repeat(kept_line, on_line))
     starts = np.empty(len(sep), dtype=np.int64)
     starts[0] = 0
     np.add(sep[:-1], 1, out=starts[1:])
-    per_line = np.bincount(line[keep], minlength=len(lines))  # tokens kept on each line
     starts = np.take(starts, keep)
     lens = np.take(sep, keep)
     lens -= starts
     if len(lens) and int(lens.max()) > MAX_WORD_BYTES:
         raise TableScanError(f"{gz}: a word longer than {MAX_WORD_BYTES} bytes")
     parts = _key_parts(_windows(padded), starts, lens)
-    pair = lines // 3
-    first_pair = int(pair[0]) if len(pair) else 0
-    pair -= first_pair
-    per_pair = np.bincount(pair, weights=per_line).astype(np.int64)
-    phrase = kind == 1
-    per_phrase = np.bincount(pair[phrase], weights=per_line[phrase], minlength=len(per_pair)).astype(np.int64)
-    pairs = (first_pair, per_pair, per_phrase)
-    return block, int(np.count_nonzero(newline)), starts, lens, parts, _hash(parts, lens), pairs
+    # tokens per line in rows of three lines (probability, phrase, paraphrase), one row a pair
+    skip = line0 % 3
+    grid = np.zeros(-(-(skip + len(ends)) // 3) * 3, dtype=np.int64)
+    grid[skip : skip + len(ends)] = on_line
+    grid[skip : skip + len(ends)][~kept_line] = 0
+    grid = grid.reshape(-1, 3)
+    pairs = (line0 // 3, grid[:, 1] + grid[:, 2], grid[:, 1].copy())
+    return block, len(ends), starts, lens, parts, pairs
 
 
 def _get(source: queue.Queue, stop: threading.Event) -> object:
@@ -255,40 +267,51 @@ def _get(source: queue.Queue, stop: threading.Event) -> object:
     return None
 
 
-def scan_table(gz: str | Path) -> tuple[list[str], np.ndarray, np.ndarray, np.ndarray]:
-    """``(words, tokens, pair_len, phrase_len)`` of ``paraphrase-en.gz``: pair k's words are the ``pair_len[k]``
-    ids after those of the pairs before it, its phrase the first ``phrase_len[k]`` of them.
+@dataclass
+class _Scanned:
+    """A part of the table, scanned: its words in the order they were given ids, the word ids of each block's
+    phrase and paraphrase tokens, each block's pair counts (:func:`_tokenise`) and the part's lines."""
 
-    Two threads: one inflates, this one tokenises and hashes each block (:func:`_tokenise`) and gives the word ids,
-    block after block; zlib releases the GIL, so inflating runs beside the rest. Two more threads tokenising (numpy
-    releases the GIL too) took 3.9-4.4 s of CPU against 3.4-3.8 for these two, measured alternately on the shared
-    2-core machine: on two idle cores they can finish sooner, but whenever another job holds a core they finish
-    later.
+    words: list[str] = field(default_factory=list)
+    tokens: list[np.ndarray] = field(default_factory=list)
+    counts: list[tuple[int, np.ndarray, np.ndarray]] = field(default_factory=list)
+    lines: int = 0
 
-    Raises :class:`TableScanError` (module docstring) and whatever reading or inflating the file raises.
-    """
-    gz = Path(gz)
+
+def _scan(gz: Path) -> _Scanned:
+    """Scan ``gz`` with three threads in a pipeline: one inflates, one tokenises and hashes each block
+    (:func:`_tokenise`), and this one gives the word ids, block after block in the table's order.
+
+    Tried on the idle 2-core development machine and dropped: a second tokenising thread (more CPU, the same wall
+    time: numpy's index operations on these arrays hold the GIL), and a helper process scanning the second half of
+    the table (2.2-2.4 s against 1.8-2.1: the scan already keeps about 1.4 cores busy, and the helper adds CPU of its
+    own, inflating the first half again, starting, and handing its part over)."""
     blocks: queue.Queue = queue.Queue(maxsize=8)
     stop = threading.Event()
     reader = threading.Thread(target=_inflate, args=(gz, blocks, stop, 1), daemon=True)
     reader.start()
+    pool = ThreadPoolExecutor(1, thread_name_prefix="meteor-table-scan")
+    pending: deque[Future] = deque()  # blocks being tokenised, in the table's order (at most two)
     ids = _Ids()
-    words: list[str] = []
+    out = _Scanned()
+    words = out.words
     rep = np.zeros((MAX_WORD_BYTES // 8 + 1, 1 << 16), dtype=np.uint64)  # per id: its first token's key and length
-    tokens: list[np.ndarray] = []
-    counts: list[tuple[int, np.ndarray, np.ndarray]] = []  # per block: first pair, words and phrase words per pair
-    n_lines = 0
     try:
-        while True:
-            item = _get(blocks, stop)
-            if item is None:
+        done = False
+        while not done or pending:
+            while not done and len(pending) < 2:
+                item = _get(blocks, stop)
+                if item is None:
+                    done = True
+                elif isinstance(item, BaseException):
+                    raise item
+                else:
+                    pending.append(pool.submit(_tokenise, item[2], item[1], gz))
+            if not pending:
                 break
-            if isinstance(item, BaseException):
-                raise item
-            _, line0, block = item
-            block, newlines, starts, lens, parts, h, pairs = _tokenise(block, line0, gz)
-            n_lines += newlines
-            tid, first = ids.lookup(h)
+            block, newlines, starts, lens, parts, pairs = pending.popleft().result()
+            out.lines += newlines
+            tid, first = ids.lookup(_hash(parts, lens))  # here: this thread has time, the tokenising one has not
             word_starts, word_lens = starts[first].tolist(), lens[first].tolist()
             words += [block[a : a + n].decode("utf-8") for a, n in zip(word_starts, word_lens)]
             if len(words) > rep.shape[1]:  # room for the new ids' keys
@@ -301,17 +324,32 @@ def scan_table(gz: str | Path) -> tuple[list[str], np.ndarray, np.ndarray, np.nd
                 same = same and np.array_equal(np.take(rep[k], tid[long]), parts[k][long])
             if not same:
                 raise TableScanError(f"{gz}: two words with the same 64-bit hash")
-            tokens.append(tid)
-            counts.append(pairs)
+            out.tokens.append(tid)
+            out.counts.append(pairs)
     finally:
         stop.set()
+        for future in pending:
+            future.cancel()
+        pool.shutdown(wait=True)
         reader.join()
-    n_pairs = n_lines // 3  # an incomplete last pair is left out, as zip(lines, lines, lines) leaves it
+    return out
+
+
+def scan_table(gz: str | Path) -> tuple[list[str], np.ndarray, np.ndarray, np.ndarray]:
+    """``(words, tokens, pair_len, phrase_len)`` of ``paraphrase-en.gz``: pair k's words are the ``pair_len[k]``
+    ids after those of the pairs before it, its phrase the first ``phrase_len[k]`` of them (:func:`_scan`).
+
+    Raises :class:`TableScanError` (module docstring) and whatever reading or inflating the file raises.
+    """
+    scanned = _scan(Path(gz))
+    words, counts = scanned.words, scanned.counts
+    n_pairs = scanned.lines // 3  # an incomplete last pair is left out, as zip(lines, lines, lines) leaves it
     pair_len = np.zeros(n_pairs + 2, dtype=np.int64)
     phrase_len = np.zeros(n_pairs + 2, dtype=np.int64)
     for first_pair, per_pair, per_phrase in counts:
         pair_len[first_pair : first_pair + len(per_pair)] += per_pair
         phrase_len[first_pair : first_pair + len(per_pair)] += per_phrase
     dtype = np.uint16 if len(words) <= 1 << 16 else np.uint32  # ids are never negative: cast as they are joined
+    tokens = scanned.tokens
     tok = np.concatenate(tokens, dtype=dtype, casting="unsafe") if tokens else np.empty(0, dtype=dtype)
     return words, tok[: int(pair_len[:n_pairs].sum())], pair_len[:n_pairs], phrase_len[:n_pairs]
