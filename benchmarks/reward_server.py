@@ -27,7 +27,6 @@ import argparse
 import asyncio
 import json
 import os
-import platform
 import random
 import signal
 import subprocess
@@ -46,6 +45,9 @@ from finecap.models.presets import save_tiny_clip
 from finecap.report.table import markdown_table
 from finecap.rewards import call_batch
 from finecap.world.make import make_world
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from machine import machine, machine_line  # noqa: E402  (benchmarks/machine.py)
 
 REWARDS = {"CIDEr-D": "{cider: 1.0}", "SR": "{retrieval: 1.0}"}
 CLIENTS = (1, 8, 32)
@@ -141,12 +143,6 @@ def serve(overrides: list[str], rewards: str, threads: int) -> tuple[subprocess.
     return proc, line.split(" on ")[1].split()[0]
 
 
-def machine() -> str:
-    model = next((ln.split(":", 1)[1].strip() for ln in Path("/proc/cpuinfo").read_text().splitlines()
-                  if ln.startswith("model name")), platform.processor())  # fmt: skip
-    return f"{model}, {os.cpu_count()} cores, Python {platform.python_version()}"
-
-
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--root", default="runs/bench_reward_server", help="folder of the world and the CLIP")
@@ -190,7 +186,7 @@ def main() -> None:
                        "p99 ms": f"{r['p99_ms']:.1f}", "vs in process": f"{r['ratio']:.2f}x"}  # fmt: skip
     print(markdown_table(table, row_header="reward, front end"))
     print(f"\n{args.requests} requests of {args.captions} captions per row, the median of {args.repeat} runs; world "
-          f"of {args.n_train} training images; torch threads {args.threads}; {machine()}; load average "
+          f"of {args.n_train} training images; torch threads {args.threads}; {machine_line()}; load average "
           f"{load_before[0]:.1f} before, {os.getloadavg()[0]:.1f} after; {time.strftime('%Y-%m-%d')}")  # fmt: skip
     if args.json:
         Path(args.json).write_text(json.dumps({"rows": rows, "machine": machine(), "args": vars(args)}, indent=2))

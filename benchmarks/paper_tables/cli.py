@@ -12,6 +12,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from machine import machine  # benchmarks/machine.py (benchmarks/ is on sys.path, as for the package itself)
+
 from .evaluation import evaluate_run, unavailable_metrics
 from .page import ITEMS_SUFFIX, ROOT, run_description, write_page
 from .papers import PAPERS
@@ -75,7 +77,7 @@ def record_run(grid: StageRunner, paper: Paper, key: str, result: Path, *, quick
         "overrides": list(run.overrides), "init": run.init, "captions": run.captions, "items": list(items),
         "unavailable": unavailable_metrics(paper),
         "finished": datetime.now(UTC).isoformat(timespec="seconds"),
-        "seconds": round(time.perf_counter() - start, 1), "metrics": scores,
+        "seconds": round(time.perf_counter() - start, 1), "machine": machine(), "metrics": scores,
     }  # fmt: skip
     if run_seed is not None:
         record = {**record, "run_seed": run_seed}

@@ -1,0 +1,56 @@
+"""The machine a benchmark's numbers come from, recorded beside them: processor, usable CPUs, Python, torch and numpy
+versions, and the finecap commit.
+
+Training is deterministic on one machine but not across processors: the same code, seeds and data gave other
+weights on the AMD EPYC development machine of 2026-11-23/24 than on the Intel Xeon one of 2026-11-25 (docs/results.md,
+"The demo at f316498 differs from the committed results"), so a result file says where it was made.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import subprocess
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def processor() -> str:
+    """The processor's model name (``/proc/cpuinfo``), or what :func:`platform.processor` says elsewhere."""
+    try:
+        lines = Path("/proc/cpuinfo").read_text().splitlines()
+    except OSError:
+        lines = []
+    return next((ln.split(":", 1)[1].strip() for ln in lines if ln.startswith("model name")), platform.processor())
+
+
+def commit() -> str:
+    """The finecap commit of this checkout (``+`` when files differ from it), or ``unknown`` outside a git checkout."""
+    try:
+        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True,
+                              check=True).stdout.strip()  # fmt: skip
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=ROOT, capture_output=True,
+                               text=True, check=True).stdout.strip()  # fmt: skip
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+    return head + ("+" if dirty else "")
+
+
+def machine() -> dict[str, str | int]:
+    """``{processor, cpus, python, torch, numpy, commit}`` of this process (``cpus``: the CPUs it may use)."""
+    import numpy
+    import torch
+
+    try:
+        cpus = len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        cpus = os.cpu_count() or 1
+    return {"processor": processor(), "cpus": cpus, "python": platform.python_version(), "torch": torch.__version__,
+            "numpy": numpy.__version__, "commit": commit()}  # fmt: skip
+
+
+def machine_line() -> str:
+    """:func:`machine` in one line, for a benchmark's printout."""
+    m = machine()
+    return f"{m['processor']}, {m['cpus']} CPUs, Python {m['python']}, torch {m['torch']}, finecap {m['commit']}"
