@@ -219,9 +219,10 @@ def _hash(parts: list[np.ndarray], lens: np.ndarray) -> np.ndarray:
 
 
 def _tokenise(block: bytes, line0: int, gz: Path) -> tuple:
-    """The phrase and paraphrase tokens of a block that starts at line ``line0``: ``(block, newlines, starts, lens,
-    key parts, pairs)``, ``pairs`` being ``(first pair, words of each pair from it on, words of each one's
-    phrase)`` (the block's probability lines left out; a pair cut by the block's end is completed by the next)."""
+    """The phrase and paraphrase tokens of a block that starts at line ``line0``: ``(block, its bytes padded for
+    :func:`_windows`, newlines, starts, lens, pairs)``, ``pairs`` being ``(first pair, words of each pair from it on,
+    words of each one's phrase)`` (the block's probability lines left out; a pair cut by the block's end is completed
+    by the next)."""
     if not block.endswith(b"\n"):
         block += b"\n"
     n = len(block)
@@ -247,7 +248,6 @@ def _tokenise(block: bytes, line0: int, gz: Path) -> tuple:
     lens -= starts
     if len(lens) and int(lens.max()) > MAX_WORD_BYTES:
         raise TableScanError(f"{gz}: a word longer than {MAX_WORD_BYTES} bytes")
-    parts = _key_parts(_windows(padded), starts, lens)
     # tokens per line in rows of three lines (probability, phrase, paraphrase), one row a pair
     skip = line0 % 3
     grid = np.zeros(-(-(skip + len(ends)) // 3) * 3, dtype=np.int64)
@@ -255,7 +255,7 @@ def _tokenise(block: bytes, line0: int, gz: Path) -> tuple:
     grid[skip : skip + len(ends)][~kept_line] = 0
     grid = grid.reshape(-1, 3)
     pairs = (line0 // 3, grid[:, 1] + grid[:, 2], grid[:, 1].copy())
-    return block, len(ends), starts, lens, parts, pairs
+    return block, padded, len(ends), starts, lens, pairs
 
 
 def _get(source: queue.Queue, stop: threading.Event) -> object:
@@ -309,9 +309,11 @@ def _scan(gz: Path) -> _Scanned:
                     pending.append(pool.submit(_tokenise, item[2], item[1], gz))
             if not pending:
                 break
-            block, newlines, starts, lens, parts, pairs = pending.popleft().result()
+            block, padded, newlines, starts, lens, pairs = pending.popleft().result()
             out.lines += newlines
-            tid, first = ids.lookup(_hash(parts, lens))  # here: this thread has time, the tokenising one has not
+            # the keys and their hashes here: this thread has time to spare, the tokenising one has not
+            parts = _key_parts(_windows(padded), starts, lens)
+            tid, first = ids.lookup(_hash(parts, lens))
             word_starts, word_lens = starts[first].tolist(), lens[first].tolist()
             words += [block[a : a + n].decode("utf-8") for a, n in zip(word_starts, word_lens)]
             if len(words) > rep.shape[1]:  # room for the new ids' keys
