@@ -253,6 +253,28 @@ def test_a_primary_cell_with_three_run_seeds_carries_retraining_noise():
     assert secondary.verdict == "holds" and not secondary.primary and secondary.runs == {}
 
 
+def test_the_primary_table_counts_the_verdicts_the_run_seeds_changed():
+    import dataclasses
+
+    paper = dataclasses.replace(pt.SLE, tables=(PRIMARY,))
+    # the grid's run holds on both world seeds; the other run seeds disagree: within noise over run seeds
+    results, items = replicated({0: [0.3, -0.3, 0.0], 1: [0.3, -0.3, 0.0]})
+    table = pt.page.primary_table(paper, results, items)
+    header, _, cell, _, count = table.splitlines()
+    assert header.endswith("| verdict | noise | one run per world seed |")
+    assert cell.startswith("| Table t | B | A | CIDEr | within noise | 3 run seeds per world seed") and cell.endswith(
+        "| holds |"
+    )
+    assert count == "Verdicts the run seeds changed: 1 of 1 primary cells (Table t B vs A CIDEr: holds → within noise)."
+    # steady run seeds: the same verdict both ways, and the count says none changed
+    table = pt.page.primary_table(paper, *replicated({0: [0.3, 0.35, 0.3], 1: [0.3, 0.3, 0.32]}))
+    assert table.splitlines()[-1] == "Verdicts the run seeds changed: 0 of 1 primary cells."
+    # no replicates at all: the table as before, no extra column and no count
+    own = {s: {k: v for k, v in r.items() if "@" not in k} for s, r in results.items()}
+    table = pt.page.primary_table(paper, own, items)
+    assert table.splitlines()[0] == "| table | row | against | column | verdict | noise |" and "changed" not in table
+
+
 @pytest.mark.parametrize("runs", [1, 2])
 def test_fewer_than_three_run_seeds_keep_the_test_split_interval_and_say_so(runs):
     results, items = replicated({0: [0.3, -0.3][:runs], 1: [0.3, -0.3][:runs]})

@@ -11,6 +11,7 @@ from .runs import RUNS
 from .schema import Column, Items, Paper, Results, Row, Table, replicate_key
 from .verdicts import (
     MIN_RUNS,
+    Check,
     best_verdict,
     chance_note,
     fmt,
@@ -69,8 +70,14 @@ SECONDARY_NOTE = (
 
 def primary_table(paper: Paper, results: Results, items: Items | None = None) -> str:
     """The page's primary cells (each table's declared headline comparisons, :class:`.schema.Primary`): table, row,
-    against, column, verdict and the noise it rests on."""
-    lines = ["| table | row | against | column | verdict | noise |", "| --- | --- | --- | --- | --- | --- |"]
+    against, column, verdict and the noise it rests on; where run-seed replicates exist, also the verdict of the
+    grid's own runs alone (test-split noise only) and, under the table, how many verdicts the run seeds changed."""
+    own = own_runs(results), own_runs(items) if items is not None else None
+    replicated = own[0] != results
+    head = "| table | row | against | column | verdict | noise |" + (" one run per world seed |" if replicated else "")
+    lines = [head, "| --- " * (7 if replicated else 6) + "|"]
+    changed: list[str] = []
+    judged_cells = 0
     for table in paper.tables:
         if not table.runnable:
             continue
@@ -78,16 +85,45 @@ def primary_table(paper: Paper, results: Results, items: Items | None = None) ->
         for p in table.primary:
             row, other = by_id[p.row], by_id[p.against]
             name = table.heading.split(":")[0]
-            check = next((c for c in row_checks(table, row, results, items) if c.primary and c.against == other.id
-                          and c.column.split(" vs ")[0] == p.column), None)  # fmt: skip
-            if check is None:
-                verdict, noise = "not run yet", "—"
-            else:
-                verdict = check.verdict + (" at matched length" if check.matched else "")
-                verdict += " (saturated)" if check.saturated else ""
-                noise = check.noise
-            lines.append(f"| {name} | {row.label} | {other.label} | {p.column} | {verdict} | {noise} |")
-    return "\n".join(lines) if len(lines) > 2 else ""
+            check = primary_check(table, row, other, p.column, results, items)
+            verdict, noise = ("not run yet", "—") if check is None else (verdict_text(check), check.noise)
+            line = f"| {name} | {row.label} | {other.label} | {p.column} | {verdict} | {noise} |"
+            if replicated:
+                alone = primary_check(table, row, other, p.column, *own)
+                before = "—" if alone is None else verdict_text(alone)
+                line += f" {before} |"
+                if check is not None and alone is not None:
+                    judged_cells += 1
+                    if before != verdict:
+                        changed.append(f"{name} {row.label} vs {other.label} {p.column}: {before} → {verdict}")
+            lines.append(line)
+    if len(lines) == 2:
+        return ""
+    out = "\n".join(lines)
+    if replicated:
+        out += (f"\n\nVerdicts the run seeds changed: {len(changed)} of {judged_cells} primary cells"
+                + (" (" + "; ".join(changed) + ")." if changed else "."))  # fmt: skip
+    return out
+
+
+def primary_check(
+    table: Table, row: Row, other: Row, column: str, results: Results, items: Items | None
+) -> Check | None:
+    """The check of primary cell ``row`` vs ``other`` on ``column``, or ``None`` before its runs."""
+    return next((c for c in row_checks(table, row, results, items) if c.primary and c.against == other.id
+                 and c.column.split(" vs ")[0] == column), None)  # fmt: skip
+
+
+def verdict_text(check: Check) -> str:
+    """A cell's verdict with what qualifies it: judged at matched length, or on a saturated column."""
+    matched = " at matched length" if check.matched else ""
+    return check.verdict + matched + (" (saturated)" if check.saturated else "")
+
+
+def own_runs(results: dict[int, dict[str, Any]]) -> dict[int, dict[str, Any]]:
+    """``results`` (or items) without the run-seed replicates (keys ``<run>@r<M>``, :func:`.schema.replicate_key`):
+    each world seed's own grid runs."""
+    return {seed: {k: v for k, v in runs.items() if "@r" not in k} for seed, runs in results.items()}
 
 
 def run_description(key: str) -> str:
