@@ -265,7 +265,9 @@ def test_the_primary_table_counts_the_verdicts_the_run_seeds_changed():
     assert cell.startswith("| Table t | B | A | CIDEr | within noise | 3 run seeds per world seed") and cell.endswith(
         "| holds |"
     )
-    assert count == "Verdicts the run seeds changed: 1 of 1 primary cells (Table t B vs A CIDEr: holds → within noise)."
+    assert count == (
+        "Verdicts the run seeds changed: 1 of 1 primary cells (Table t B vs A CIDEr: holds → within noise)."
+    )
     # steady run seeds: the same verdict both ways, and the count says none changed
     table = pt.page.primary_table(paper, *replicated({0: [0.3, 0.35, 0.3], 1: [0.3, 0.3, 0.32]}))
     assert table.splitlines()[-1] == "Verdicts the run seeds changed: 0 of 1 primary cells."
