@@ -269,8 +269,8 @@ def _get(source: queue.Queue, stop: threading.Event) -> object:
 
 @dataclass
 class _Scanned:
-    """A part of the table, scanned: its words in the order they were given ids, the word ids of each block's
-    phrase and paraphrase tokens, each block's pair counts (:func:`_tokenise`) and the part's lines."""
+    """The table, scanned: its words in the order they were given ids, the word ids of each block's phrase and
+    paraphrase tokens, each block's pair counts (:func:`_tokenise`) and the number of lines."""
 
     words: list[str] = field(default_factory=list)
     tokens: list[np.ndarray] = field(default_factory=list)
@@ -279,8 +279,8 @@ class _Scanned:
 
 
 def _scan(gz: Path) -> _Scanned:
-    """Scan ``gz`` with three threads in a pipeline: one inflates, one tokenises and hashes each block
-    (:func:`_tokenise`), and this one gives the word ids, block after block in the table's order.
+    """Scan ``gz`` with three threads in a pipeline: one inflates, one finds each block's tokens (:func:`_tokenise`),
+    and this one keys and hashes them and gives the word ids, block after block in the table's order.
 
     Tried on the idle 2-core development machine and dropped: a second tokenising thread (more CPU, the same wall
     time: numpy's index operations on these arrays hold the GIL), and a helper process scanning the second half of
