@@ -23,7 +23,6 @@ import threading
 import zlib
 from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -267,25 +266,20 @@ def _get(source: queue.Queue, stop: threading.Event) -> object:
     return None
 
 
-@dataclass
-class _Scanned:
-    """The table, scanned: its words in the order they were given ids, the word ids of each block's phrase and
-    paraphrase tokens, each block's pair counts (:func:`_tokenise`) and the number of lines."""
+def scan_table(gz: str | Path) -> tuple[list[str], np.ndarray, np.ndarray, np.ndarray]:
+    """``(words, tokens, pair_len, phrase_len)`` of ``paraphrase-en.gz``: pair k's words are the ``pair_len[k]``
+    ids after those of the pairs before it, its phrase the first ``phrase_len[k]`` of them.
 
-    words: list[str] = field(default_factory=list)
-    tokens: list[np.ndarray] = field(default_factory=list)
-    counts: list[tuple[int, np.ndarray, np.ndarray]] = field(default_factory=list)
-    lines: int = 0
+    Three threads in a pipeline: one inflates, one finds each block's tokens (:func:`_tokenise`), and this one keys
+    and hashes them and gives the word ids, block after block in the table's order. Tried on the idle 2-core
+    development machine and dropped: a second tokenising thread (more CPU, the same wall time: numpy's index
+    operations on these arrays hold the GIL), and a helper process scanning the second half of the table (2.2-2.4 s
+    against 1.8-2.1: the scan already keeps about 1.4 cores busy, and the helper adds CPU of its own, inflating the
+    first half again, starting, and handing its part over).
 
-
-def _scan(gz: Path) -> _Scanned:
-    """Scan ``gz`` with three threads in a pipeline: one inflates, one finds each block's tokens (:func:`_tokenise`),
-    and this one keys and hashes them and gives the word ids, block after block in the table's order.
-
-    Tried on the idle 2-core development machine and dropped: a second tokenising thread (more CPU, the same wall
-    time: numpy's index operations on these arrays hold the GIL), and a helper process scanning the second half of
-    the table (2.2-2.4 s against 1.8-2.1: the scan already keeps about 1.4 cores busy, and the helper adds CPU of its
-    own, inflating the first half again, starting, and handing its part over)."""
+    Raises :class:`TableScanError` (module docstring) and whatever reading or inflating the file raises.
+    """
+    gz = Path(gz)
     blocks: queue.Queue = queue.Queue(maxsize=8)
     stop = threading.Event()
     reader = threading.Thread(target=_inflate, args=(gz, blocks, stop, 1), daemon=True)
@@ -293,8 +287,10 @@ def _scan(gz: Path) -> _Scanned:
     pool = ThreadPoolExecutor(1, thread_name_prefix="meteor-table-scan")
     pending: deque[Future] = deque()  # blocks being tokenised, in the table's order (at most two)
     ids = _Ids()
-    out = _Scanned()
-    words = out.words
+    words: list[str] = []
+    tokens: list[np.ndarray] = []
+    counts: list[tuple[int, np.ndarray, np.ndarray]] = []  # per block: first pair, words and phrase words per pair
+    n_lines = 0
     rep = np.zeros((MAX_WORD_BYTES // 8 + 1, 1 << 16), dtype=np.uint64)  # per id: its first token's key and length
     try:
         done = False
@@ -310,7 +306,7 @@ def _scan(gz: Path) -> _Scanned:
             if not pending:
                 break
             block, padded, newlines, starts, lens, pairs = pending.popleft().result()
-            out.lines += newlines
+            n_lines += newlines
             # the keys and their hashes here: this thread has time to spare, the tokenising one has not
             parts = _key_parts(_windows(padded), starts, lens)
             tid, first = ids.lookup(_hash(parts, lens))
@@ -326,32 +322,20 @@ def _scan(gz: Path) -> _Scanned:
                 same = same and np.array_equal(np.take(rep[k], tid[long]), parts[k][long])
             if not same:
                 raise TableScanError(f"{gz}: two words with the same 64-bit hash")
-            out.tokens.append(tid)
-            out.counts.append(pairs)
+            tokens.append(tid)
+            counts.append(pairs)
     finally:
         stop.set()
         for future in pending:
             future.cancel()
         pool.shutdown(wait=True)
         reader.join()
-    return out
-
-
-def scan_table(gz: str | Path) -> tuple[list[str], np.ndarray, np.ndarray, np.ndarray]:
-    """``(words, tokens, pair_len, phrase_len)`` of ``paraphrase-en.gz``: pair k's words are the ``pair_len[k]``
-    ids after those of the pairs before it, its phrase the first ``phrase_len[k]`` of them (:func:`_scan`).
-
-    Raises :class:`TableScanError` (module docstring) and whatever reading or inflating the file raises.
-    """
-    scanned = _scan(Path(gz))
-    words, counts = scanned.words, scanned.counts
-    n_pairs = scanned.lines // 3  # an incomplete last pair is left out, as zip(lines, lines, lines) leaves it
+    n_pairs = n_lines // 3  # an incomplete last pair is left out, as zip(lines, lines, lines) leaves it
     pair_len = np.zeros(n_pairs + 2, dtype=np.int64)
     phrase_len = np.zeros(n_pairs + 2, dtype=np.int64)
     for first_pair, per_pair, per_phrase in counts:
         pair_len[first_pair : first_pair + len(per_pair)] += per_pair
         phrase_len[first_pair : first_pair + len(per_pair)] += per_phrase
     dtype = np.uint16 if len(words) <= 1 << 16 else np.uint32  # ids are never negative: cast as they are joined
-    tokens = scanned.tokens
     tok = np.concatenate(tokens, dtype=dtype, casting="unsafe") if tokens else np.empty(0, dtype=dtype)
     return words, tok[: int(pair_len[:n_pairs].sum())], pair_len[:n_pairs], phrase_len[:n_pairs]
