@@ -8,7 +8,6 @@ weights on the AMD EPYC development machine of 2026-11-23/24 than on the Intel X
 
 from __future__ import annotations
 
-import os
 import platform
 import subprocess
 from pathlib import Path
@@ -42,12 +41,10 @@ def machine() -> dict[str, str | int]:
     import numpy
     import torch
 
-    try:
-        cpus = len(os.sched_getaffinity(0))
-    except AttributeError:  # not on Linux
-        cpus = os.cpu_count() or 1
-    return {"processor": processor(), "cpus": cpus, "python": platform.python_version(), "torch": torch.__version__,
-            "numpy": numpy.__version__, "commit": commit()}  # fmt: skip
+    from finecap.utils import usable_cpus
+
+    return {"processor": processor(), "cpus": usable_cpus(), "python": platform.python_version(),
+            "torch": torch.__version__, "numpy": numpy.__version__, "commit": commit()}  # fmt: skip
 
 
 def machine_line() -> str:

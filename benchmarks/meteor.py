@@ -163,6 +163,7 @@ def main(argv: list[str] | None = None) -> dict[str, dict[str, float]]:
 
     from finecap.home import CACHE
     from finecap.metrics.meteor import meteor_per_item
+    from finecap.utils import usable_cpus
 
     procs = "" if args.processes is None else str(args.processes)
     results: dict[str, dict[str, float]] = {}
@@ -209,7 +210,7 @@ def main(argv: list[str] | None = None) -> dict[str, dict[str, float]]:
         del reference
         results["warm"] = {"finecap_s": best_ours, "reference_s": best_ref, "ratio": best_ref / best_ours}
 
-    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    cpus = usable_cpus()
     vocabulary = f", {len(words):,}-word vocabulary" if words is not None else ""
     print(
         f"{args.images} images x {args.refs} references{vocabulary}, best of {args.repeat}, wall time, {cpus} CPUs, "

@@ -96,6 +96,14 @@ def refuse_link(path: str | Path) -> None:
         )
 
 
+def usable_cpus() -> int:
+    """The CPUs this process may run on (its affinity mask on Linux, the machine's CPUs elsewhere), at least 1."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1
+
+
 def atomic_write_bytes(path: str | Path, data: bytes) -> None:
     """Write ``data`` to ``path`` through a uniquely named temporary file in the same folder, then rename.
 

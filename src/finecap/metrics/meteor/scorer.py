@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import gc
 import multiprocessing
-import os
 from collections.abc import Iterable, Sequence
 
 import numpy as np
@@ -24,6 +23,7 @@ from finecap.metrics.meteor.normalize import Normalizer, plain_words
 from finecap.metrics.meteor.resources import JarData, ParaphraseIndex, ParaphraseTable, PendingIndex
 from finecap.metrics.meteor.score import N_STATS, WEIGHTS, score_bound, segment_score
 from finecap.metrics.meteor.stemmer import Stemmer
+from finecap.utils import usable_cpus
 
 __all__ = ["MAX_CACHED", "MIN_PARALLEL", "MeteorScorer", "bound", "default_processes"]
 
@@ -38,11 +38,7 @@ def default_processes() -> int:
     processes cannot be forked (forking is what lets the workers share the loaded data)."""
     if "fork" not in multiprocessing.get_all_start_methods():
         return 1
-    try:
-        n = len(os.sched_getaffinity(0))
-    except AttributeError:  # not on Linux
-        n = os.cpu_count() or 1
-    return max(1, min(n, 8))
+    return min(usable_cpus(), 8)
 
 
 class MeteorScorer:
