@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from .runs import RUNS
-from .schema import Column, Items, Paper, Results, Row, Table, replicate_key
+from .schema import Column, Items, Paper, Results, Row, Table, is_replicate, replicate_key
 from .verdicts import (
     MIN_RUNS,
     Check,
@@ -121,9 +121,9 @@ def verdict_text(check: Check) -> str:
 
 
 def own_runs(results: dict[int, dict[str, Any]]) -> dict[int, dict[str, Any]]:
-    """``results`` (or items) without the run-seed replicates (keys ``<run>@r<M>``, :func:`.schema.replicate_key`):
-    each world seed's own grid runs."""
-    return {seed: {k: v for k, v in runs.items() if "@r" not in k} for seed, runs in results.items()}
+    """``results`` (or items) without the run-seed replicates (:func:`.schema.is_replicate`): each world seed's own
+    grid runs."""
+    return {seed: {k: v for k, v in runs.items() if not is_replicate(k)} for seed, runs in results.items()}
 
 
 def run_description(key: str) -> str:

@@ -18,6 +18,11 @@ def replicate_key(run: str, run_seed: int) -> str:
     return f"{run}@r{run_seed}"
 
 
+def is_replicate(key: str) -> bool:
+    """Whether ``key`` names a run retrained under another run seed (:func:`replicate_key`), not a grid's own run."""
+    return "@r" in key
+
+
 @dataclass(frozen=True)
 class Run:
     """One trained captioner of the grid (or a caption source that needs no training)."""
