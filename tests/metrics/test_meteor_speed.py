@@ -100,6 +100,23 @@ def test_scan_over_many_blocks_and_gzip_members(tmp_path, monkeypatch, inflater)
     assert len(fast.phrase_len) == 1500 and _pairs(fast) == _pairs(plain)
 
 
+@pytest.mark.parametrize("blocks", ["one block", "many blocks"])
+def test_more_than_65536_words(tmp_path, monkeypatch, blocks):
+    # one block: more new words than the id table's 65,536 first slots (it must grow within the block, not probe a
+    # full table for ever); many blocks: the first blocks' ids kept as uint16, those after the 65,537th word as
+    # uint32, joined without cutting any
+    lines = []
+    for k in range(0, 70_000, 2):
+        lines += ["0.1", f"w{k}", f"w{k + 1} w{k % 7}"]
+    if blocks == "many blocks":
+        monkeypatch.setattr(table_scan, "_BLOCK", 1 << 14)
+        monkeypatch.setattr(table_scan, "_READ", 1 << 10)
+    gz = _table(tmp_path, "\n".join(lines) + "\n")
+    words, tokens, pair_len, _ = scan_table(gz)
+    assert len(words) == 70_000 and tokens.dtype == np.uint32 and int(tokens.max()) == 69_999
+    assert _pairs(R.build_paraphrase_index(gz)) == _pairs(R.parse_lines(gz))
+
+
 def test_words_the_scan_cannot_key_fall_back_to_the_line_parse(tmp_path):
     gz = _table(tmp_path, f"0.5\n{'y' * (MAX_WORD_BYTES + 1)} dog\n{'y' * (MAX_WORD_BYTES + 2)}\n")
     with pytest.raises(TableScanError):
