@@ -461,3 +461,34 @@ def test_the_page_check_catches_what_the_old_rule_wrote():
     (first, second) = (verdict_cells(line)[0] for line in old)
     assert re.search(r"± 0(?:\.0+)?(?=[,;) ])", first)
     assert not [c for c in cells_of(second) if c[0] in "↑↓" and c[1] == "holds"]
+
+
+def primary_rows(page: str) -> list[list[str]]:
+    """The rows of a page's primary-cells table: table, row, against, column, verdict, noise, one run's verdict."""
+    section = page[page.index("## Primary cells") :]
+    section = section[: section.index("Verdicts the run seeds changed")]
+    return [line.strip("| ").split(" | ") for line in section.splitlines()
+            if line.startswith("| ") and not line.startswith(("| table ", "| ---"))]  # fmt: skip
+
+
+@pytest.mark.parametrize("paper", ["sle", "discritune", "smile", "ndlb"])
+def test_the_readme_gives_what_the_run_seeds_changed_on_each_page(paper):
+    """The README's table of headline verdicts says, for a paper whose primary cells all have 3 run seeds per world
+    seed, how many verdicts they changed, as its page counts them; for one whose grid is not complete, that it is
+    running (its verdicts rest on one run)."""
+    page = (ROOT / "docs" / "reproductions" / f"{paper}.md").read_text()
+    changed = re.search(r"Verdicts the run seeds changed: (\d+) of (\d+) primary cells", page)
+    assert changed, paper
+    rows = primary_rows(page)
+    assert len(rows) == int(changed.group(2)) and all(len(r) == 7 for r in rows), paper
+    complete = all(r[5].startswith("3 run seeds per world seed") for r in rows)
+    readme = [line for line in (ROOT / "README.md").read_text().splitlines()
+              if line.startswith("| [") and f"(docs/reproductions/{paper}.md)" in line]  # fmt: skip
+    assert len(readme) == 1, paper
+    if complete:
+        cells = [c.strip() for c in readme[0].strip().strip("|").split(" | ")]
+        assert cells[4] == f"{changed.group(1)} of {changed.group(2)}", (paper, cells)
+        for k, word in ((1, "holds"), (3, "reversed")):  # a column says "none" exactly when no primary cell has it
+            assert (cells[k] == "none") == (not any(r[4] == word for r in rows)), (paper, word, cells[k])
+    else:
+        assert "running" in readme[0], (paper, readme[0])
