@@ -78,10 +78,9 @@ class ShowTell(CaptionerBase):
 
     def caption_logits(self, features: torch.Tensor, input_ids: torch.Tensor,
                        attention_mask: torch.Tensor | None = None) -> torch.Tensor:  # fmt: skip
-        T = input_ids.shape[1]
         tokens = self.lm.get_input_embeddings()(input_ids[:, :-1].to(self.device))  # (B, T-1, H)
         x = torch.cat([self._first(features), tokens], dim=1)  # (B, T, H)
-        return self.lm(inputs_embeds=x, attention_mask=shifted_mask(attention_mask, 1, self.device)).logits[:, -T:]
+        return self.lm(inputs_embeds=x, attention_mask=shifted_mask(attention_mask, 1, self.device)).logits
 
     def start(self, features: torch.Tensor) -> tuple[torch.Tensor, Any]:
         out = self.lm(inputs_embeds=self._first(features), use_cache=True)

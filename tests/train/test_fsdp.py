@@ -44,8 +44,9 @@ def launch(launch_two: list[str], runs: list[tuple[list[str], bool]]) -> str:
 
 def test_two_sharded_processes_equal_one_big_batch(world_args, clip_dir, tmp_path, launch_two):
     args = dict(world=world_args, clip=clip_dir, cache=tmp_path / "cache")
-    launch(launch_two, [([*overrides(n, tmp_path / f"{n}-fsdp", batch=8, accum=1, **args), *FSDP], False)
-                        for n in OBJECTIVES])  # fmt: skip
+    err = launch(launch_two, [([*overrides(n, tmp_path / f"{n}-fsdp", batch=8, accum=1, **args), *FSDP], False)
+                              for n in OBJECTIVES])  # fmt: skip
+    assert "returned a view tensor" not in err  # FSDP2's warning: an in-place op on the logits would skip a gather
     for name in OBJECTIVES:
         info = json.loads((checkpoint_dir(tmp_path / f"{name}-fsdp", "last") / INFO_FILE).read_text())
         assert info["sharded"] is True and info["num_processes"] == 2

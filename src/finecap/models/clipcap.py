@@ -277,7 +277,10 @@ class ClipCap(CaptionerBase):
         mask = shifted_mask(attention_mask, k, self.device)  # (B, k+T-1)
         kwargs = {"logits_to_keep": last_positions(T, x.shape[1], x.device)} if self._keep_kw else {}
         out = self.lm(inputs_embeds=x, attention_mask=mask, use_cache=False, **kwargs)
-        return out.logits[:, -T:]  # (B, T, V)
+        logits = out.logits
+        # not a view when logits_to_keep already kept T: FSDP2 warns of a view returned by a sharded forward (an
+        # in-place op on it would skip its pre-backward all-gather)
+        return logits if logits.shape[1] == T else logits[:, -T:]  # (B, T, V)
 
     # ------------------------------------------------------------------------------------------------------------
     # Decoding (Stepper protocol)
