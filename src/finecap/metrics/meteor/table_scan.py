@@ -70,27 +70,25 @@ def _inflate(gz: Path, out: queue.Queue, stop: threading.Event, readers: int) ->
     parsing thread to raise. Stops early when ``stop`` is set."""
     try:
         inflate = _inflater.decompressobj(31)  # gzip header and trailer
-        pending: list[bytes] = []
-        size = number = lines = 0
+        text = bytearray()  # the block being filled: each inflated piece copied once, the block handed over as it is
+        number = lines = 0
         with open(gz, "rb") as f:
             while not stop.is_set():
                 raw = f.read(_READ)
-                data = [inflate.decompress(raw) if raw else inflate.flush()]
+                text += inflate.decompress(raw) if raw else inflate.flush()
                 while inflate.eof and inflate.unused_data:  # a file of several gzip members, as gzip.open reads it
                     rest, inflate = inflate.unused_data, _inflater.decompressobj(31)
-                    data.append(inflate.decompress(rest))
-                pending += data
-                size += sum(map(len, data))
-                if raw and size < _BLOCK:
+                    text += inflate.decompress(rest)
+                if raw and len(text) < _BLOCK:
                     continue
-                text = b"".join(pending)
                 cut = text.rfind(b"\n") + 1 if raw else len(text)
                 if cut:
-                    block = text[:cut]
+                    block, text = text, text[cut:]  # the next block starts with what follows the last newline
+                    del block[cut:]
+                    count = block.count(b"\n")
                     if not _put(out, (number, lines, block), stop):
                         return
-                    number, lines = number + 1, lines + block.count(b"\n")
-                pending, size = [text[cut:]], len(text) - cut
+                    number, lines = number + 1, lines + count
                 if not raw:
                     if not inflate.eof:
                         raise EOFError(f"{gz}: compressed file ended before the end-of-stream marker was reached")
@@ -220,16 +218,16 @@ def _hash(parts: list[np.ndarray], lens: np.ndarray) -> np.ndarray:
     return h
 
 
-def _tokenise(block: bytes, line0: int, gz: Path) -> tuple:
+def _tokenise(block: bytearray, line0: int, gz: Path) -> tuple:
     """The phrase and paraphrase tokens of a block that starts at line ``line0``: ``(block, its bytes padded for
     :func:`_windows`, newlines, starts, lens, pairs)``, ``pairs`` being ``(first pair, words of each pair from it on,
     words of each one's phrase)`` (the block's probability lines left out; a pair cut by the block's end is completed
     by the next)."""
     if not block.endswith(b"\n"):
-        block += b"\n"
+        block.append(10)
     n = len(block)
-    padded = bytearray(n + (-n % 8) + len(_PAD))  # whole 64-bit words, and room to read past the end
-    padded[:n] = block
+    padded = block  # padded in place (the block is this scan's own): whole 64-bit words, room to read past the end
+    padded += bytes((-n % 8) + len(_PAD))
     buf = np.frombuffer(padded, dtype=np.uint8)
     sep = np.flatnonzero(buf[:n] <= 32)
     ch = np.take(buf, sep)
