@@ -109,3 +109,23 @@ def test_a_run_seed_that_is_a_world_seeds_own_is_refused(replicated, run_seeds):
     root, overrides = replicated
     with pytest.raises(SystemExit, match="--run-seeds: 0 is also a world seed"):
         run_main(root, overrides, "--run-seeds", run_seeds)
+
+
+def test_each_replicate_has_its_world_encoder_before_its_first_run(replicated, monkeypatch):
+    # a replicate trains under run.seed=M, which keys its world encoder; a replicate whose first run trains on boosted
+    # captions (NDLB's) builds none, so the runner prepares the replicate's world and encoder before any run of it
+    root, overrides = replicated
+    events: list[tuple[str, int]] = []
+    import finecap.app.prepare
+
+    monkeypatch.setattr(finecap.app.prepare, "prepare",
+                        lambda cfg, needs, **kw: events.append(("prepare", cfg.run.seed)))  # fmt: skip
+    monkeypatch.setattr(pt.cli, "ensure_shared", lambda *a, **kw: None)
+    monkeypatch.setattr(pt.cli, "record_run",
+                        lambda rep, paper, key, result, **kw: events.append(("run", kw["run_seed"])))  # fmt: skip
+    monkeypatch.setattr(pt.cli, "write_page", lambda *a, **kw: root / "page.md")
+    fresh = root / "fresh-data"  # no result files: every primary run is to do
+    assert pt.main(["--quick", "--seeds", "0", "--runs-dir", str(root / "runs"), "--data-dir", str(fresh),
+                    "--page-dir", str(root / "pages"), "--paper", "sle", "--tables", "2", "--run-seeds", "7",
+                    *overrides]) == 0  # fmt: skip
+    assert events[: events.index(("run", 7))] == [("prepare", 0), ("prepare", 7)]

@@ -130,6 +130,8 @@ def run_replicates(paper: Paper, tables: Sequence[Table], seeds: Sequence[int], 
                 continue
             grid.run_dir.mkdir(parents=True, exist_ok=True)
             prepare(grid.cfg, {"world", "retriever"}, make=True)
+            # the replicate's own world encoder (its key holds run.seed): a run on boosted captions does not train one
+            prepare(replicate.cfg, {"world", "retriever"}, make=True)
             ensure_shared(grid, paper, todo)
             for key in todo:
                 start = time.perf_counter()
