@@ -103,7 +103,7 @@ def frequent_words(n: int, cache_root: Path) -> list[str]:
     from finecap.metrics.meteor.resources import find_meteor_jar, load_paraphrase_index
 
     index = load_paraphrase_index(find_meteor_jar(), cache_root=cache_root)
-    counts = np.bincount(index.tokens, minlength=len(index.vocab))
+    counts = index.word_counts()
     ranked = (index.vocab[k] for k in np.argsort(-counts, kind="stable").tolist())
     return [w for w, _ in zip((w for w in ranked if w.isascii() and w.isalpha()), range(n))]
 

@@ -31,12 +31,17 @@ def _table(tmp_path, text: str, name: str = "paraphrase-en.gz", members: int = 1
 
 
 def _pairs(index: R.ParaphraseIndex) -> list[tuple[list[str], list[str]]]:
-    out = []
-    for k in range(len(index.phrase_len)):
-        ws = [index.vocab[t] for t in index.tokens[index.starts[k] : index.starts[k + 1]].tolist()]
-        n = int(index.phrase_len[k])
-        out.append((ws[:n], ws[n:]))
-    return out
+    return [(list(a), list(b)) for a, b in index.pairs()]
+
+
+def _same_layout(fast: R.ParaphraseIndex, plain: R.ParaphraseIndex) -> None:
+    """The scan's index is the line parse's array for array: the same runs, and the same words where the two give
+    ids (the scan gives them in its hash table's order, the parse in the table's)."""
+    for name in ("phrase_starts", "run_starts", "para_starts"):
+        assert np.array_equal(getattr(fast, name), getattr(plain, name)), name
+    for name in ("phrase_tokens", "para_tokens"):
+        words = [[index.vocab[t] for t in getattr(index, name).tolist()] for index in (fast, plain)]
+        assert words[0] == words[1], name
 
 
 _LONG = "x" * MAX_WORD_BYTES  # the longest word the scan keys exactly
@@ -52,6 +57,28 @@ _VARIANTS = {
     )
     + f"0.1\n{_LONG}\n{_LONG[:-1]}y\n",
     "words equal in their first 8 or 16 bytes": "0.1\nabcdefgh1 abcdefgh2\nabcdefghijklmnop1 abcdefghijklmnop2\n",
+    # runs: a phrase line said again joins the run of the pair before; one that differs in any byte does not
+    "runs of one phrase": "".join(
+        f"0.1\n{a}\n{b}\n"
+        for a, b in [
+            ("a big dog", "a large dog"),
+            ("a big dog", "a huge dog"),
+            ("a big dog", "big dog"),
+            ("a big cat", "a large cat"),
+            ("a big dog", "a hound"),  # the same phrase after another: a new run
+            ("the quick brown fox jumps", "x"),
+            ("the quick brown fox jumpz", "y"),  # differ in the last of 25 bytes
+            ("the quick brown fox jumpz", "z"),
+            ("abcdefgh", "p"),
+            ("abcdefgi", "q"),
+            ("abcdefgi ", "r"),
+            ("", "empty"),
+            ("", "empty again"),
+            (" ", "a space"),
+            ("  ", "two spaces"),
+            ("  ", "two again"),
+        ]
+    ),  # fmt: skip
     "empty": "",
 }
 
@@ -63,7 +90,25 @@ def test_scan_equals_the_line_parse(tmp_path, name):
     assert _pairs(fast) == _pairs(plain)
     # every word once (an incomplete last pair's words may be listed too, unused)
     assert set(plain.vocab) <= set(fast.vocab) and len(set(fast.vocab)) == len(fast.vocab)
-    assert fast.tokens.dtype == np.uint16 and fast.phrase_len.dtype == np.uint8
+    assert fast.phrase_tokens.dtype == np.uint16 and fast.para_tokens.dtype == np.uint16
+    if name != "incomplete last pair":
+        _same_layout(fast, plain)
+
+
+def test_runs_hold_each_phrase_once():
+    index = R.ParaphraseIndex.from_scan(
+        table_scan.ScannedTable(
+            ["a", "dog", "one", "the", "cat"],
+            np.array([0, 1, 3, 4]),
+            np.array([2, 2]),
+            np.array([2, 1]),
+            np.array([2, 1, 1, 1, 0]),
+            np.array([2, 1, 2]),
+        )  # fmt: skip
+    )
+    assert len(index) == 3
+    assert index.pairs() == [(("a", "dog"), ("one", "dog")), (("a", "dog"), ("dog",)), (("the", "cat"), ("dog", "a"))]
+    assert index.word_counts().tolist() == [3, 5, 1, 1, 1]  # "a": in a phrase of 2 pairs, in a paraphrase
 
 
 _INFLATERS = ["zlib"] + (["isal"] if table_scan._inflater is not zlib else [])
@@ -81,8 +126,10 @@ def test_scan_over_many_blocks_and_gzip_members(tmp_path, monkeypatch, inflater)
     rng = np.random.default_rng(0)
     vocab = ["".join(rng.choice(list("abcdé "), size=int(rng.integers(1, 30)))) for _ in range(3000)]
     lines = []
+    phrase = ""
     for _ in range(1500):
-        phrase = " ".join(rng.choice(vocab, size=int(rng.integers(1, 4))))
+        if rng.random() < 0.7:  # most pairs start a run; the others repeat the phrase before, across blocks too
+            phrase = " ".join(rng.choice(vocab, size=int(rng.integers(1, 4))))
         para = " ".join(rng.choice(vocab, size=int(rng.integers(1, 4))))
         lines += [f"{rng.random():.3f}", phrase, para]
     text = "\n".join(lines) + "\n"
@@ -97,7 +144,25 @@ def test_scan_over_many_blocks_and_gzip_members(tmp_path, monkeypatch, inflater)
         gz = _table(tmp_path, short, "short.gz", members=3)
         plain = R.parse_lines(gz)
     fast = R.build_paraphrase_index(gz)
-    assert len(fast.phrase_len) == 1500 and _pairs(fast) == _pairs(plain)
+    assert len(fast) == 1500 and _pairs(fast) == _pairs(plain)
+    assert len(fast.run_starts) - 1 < 1200  # runs of several pairs, joined across blocks as the line parse joins them
+    _same_layout(fast, plain)
+
+
+@pytest.mark.parametrize("block", [64, 100, 257, 4096])
+def test_runs_cut_by_a_block_are_joined(tmp_path, monkeypatch, block):
+    # long runs of one phrase over blocks of every alignment: a block starting inside a run starts a run of its own,
+    # joined at the end to the run before; a phrase that only looks alike (the same length) is not joined
+    lines = []
+    for k in range(60):
+        for j in range(k % 7 + 1):
+            lines += ["0.5", f"phrase {k // 2} x" if k % 2 else f"phrase {k // 2} y", f"para {k} {j}"]
+    monkeypatch.setattr(table_scan, "_BLOCK", block)
+    monkeypatch.setattr(table_scan, "_READ", 37)
+    gz = _table(tmp_path, "\n".join(lines) + "\n")
+    fast, plain = R.build_paraphrase_index(gz), R.parse_lines(gz)
+    assert len(plain.run_starts) - 1 == 60 and _pairs(fast) == _pairs(plain)
+    _same_layout(fast, plain)
 
 
 @pytest.mark.parametrize("blocks", ["one block", "many blocks"])
@@ -112,8 +177,9 @@ def test_more_than_65536_words(tmp_path, monkeypatch, blocks):
         monkeypatch.setattr(table_scan, "_BLOCK", 1 << 14)
         monkeypatch.setattr(table_scan, "_READ", 1 << 10)
     gz = _table(tmp_path, "\n".join(lines) + "\n")
-    words, tokens, pair_len, _ = scan_table(gz)
-    assert len(words) == 70_000 and tokens.dtype == np.uint32 and int(tokens.max()) == 69_999
+    scanned = scan_table(gz)
+    tokens = np.concatenate([scanned.phrase_tokens, scanned.para_tokens])
+    assert len(scanned.words) == 70_000 and tokens.dtype == np.uint32 and int(tokens.max()) == 69_999
     assert _pairs(R.build_paraphrase_index(gz)) == _pairs(R.parse_lines(gz))
 
 
@@ -129,8 +195,63 @@ def test_a_hash_collision_is_caught_not_merged(tmp_path, monkeypatch):
     monkeypatch.setattr(table_scan, "_hash", lambda parts, lens: np.full(len(lens), 7, dtype=np.uint64))
     gz = _table(tmp_path, _VARIANTS["plain"])
     with pytest.raises(TableScanError, match="same 64-bit hash"):
-        scan_table(gz)
+        scan_table(gz, helper=False)  # the patch is this process's: the helper would hash for real
+    monkeypatch.setattr(R, "scan_table", lambda gz: scan_table(gz, helper=False))
     assert _pairs(R.build_paraphrase_index(gz)) == _pairs(R.parse_lines(gz))
+
+
+def _many_blocks(tmp_path, monkeypatch, n: int = 1500):
+    """A table of ``n`` pairs (runs among them) in blocks of 4 kB, and its line parse."""
+    rng = np.random.default_rng(1)
+    vocab = [f"w{k}" for k in range(400)]
+    lines, phrase = [], ""
+    for _ in range(n):
+        if rng.random() < 0.6:
+            phrase = " ".join(rng.choice(vocab, size=int(rng.integers(1, 4))))
+        lines += ["0.1", phrase, " ".join(rng.choice(vocab, size=int(rng.integers(1, 4))))]
+    monkeypatch.setattr(table_scan, "_BLOCK", 4096)
+    gz = _table(tmp_path, "\n".join(lines) + "\n")
+    return gz, R.parse_lines(gz)
+
+
+@pytest.mark.parametrize("helper", [True, False])
+def test_the_scan_with_and_without_its_helper_process(tmp_path, monkeypatch, helper):
+    gz, plain = _many_blocks(tmp_path, monkeypatch)
+    theirs = []
+    real = table_scan._Helper.results
+    monkeypatch.setattr(table_scan._Helper, "results", lambda self: theirs.append(real(self)) or theirs[-1])
+    scanned = R.ParaphraseIndex.from_scan(scan_table(gz, helper=helper))
+    assert _pairs(scanned) == _pairs(plain)
+    _same_layout(scanned, plain)
+    if helper:  # the helper scanned blocks (the first one always: its queue is empty then), not all of them here
+        assert len(theirs) == 1 and len(theirs[0][1]) > 0 and theirs[0][1][0].number == 0
+    else:
+        assert theirs == []
+
+
+def test_a_helper_that_dies_leaves_the_scan_to_this_process(tmp_path, monkeypatch):
+    # the helper started with an argument its file does not answer: it exits at once without scanning anything
+    gz, plain = _many_blocks(tmp_path, monkeypatch)
+    monkeypatch.setattr(table_scan, "_HELPER_ARG", "--not-the-argument")
+    started = []
+    real = table_scan._Helper.__init__
+    monkeypatch.setattr(table_scan._Helper, "__init__", lambda self, gz: started.append(1) or real(self, gz))
+    scanned = R.ParaphraseIndex.from_scan(scan_table(gz, helper=True))
+    assert started == [1] and _pairs(scanned) == _pairs(plain)
+    _same_layout(scanned, plain)
+
+
+def test_no_interpreter_to_start_a_helper(tmp_path, monkeypatch):
+    gz, plain = _many_blocks(tmp_path, monkeypatch, 200)
+    monkeypatch.setattr(table_scan.sys, "executable", "")
+    assert _pairs(R.ParaphraseIndex.from_scan(scan_table(gz, helper=True))) == _pairs(plain)
+
+
+def test_what_the_helper_cannot_scan_is_raised_here(tmp_path):
+    # a one-block table: the helper is given the first block (its queue is empty), and finds the long word there
+    gz = _table(tmp_path, f"0.5\n{'y' * (MAX_WORD_BYTES + 1)} dog\ncat\n")
+    with pytest.raises(TableScanError, match="longer than 24 bytes"):
+        scan_table(gz, helper=True)
 
 
 @pytest.mark.parametrize("damage", ["truncated", "not gzip"])

@@ -5,12 +5,13 @@
   synonym sets (``synonym/english.synsets``: word, then its synset ids) and irregular forms
   (``synonym/english.exceptions``: base word, then its forms). ``synonym/english.relations`` is never used.
 - Beside the jar, ``data/paraphrase-en.gz``: 5.27 M paraphrase pairs as three lines each (probability, phrase,
-  paraphrase). The first use builds an index of it (word ids in numpy arrays, about 75 MB,
-  :func:`build_paraphrase_index`: a vectorised scan, :mod:`~finecap.metrics.meteor.table_scan`, about a second on a
-  quiet 2-core machine) in the finecap home, ``<home>/cache/meteor/<key>/paraphrase-v2.npz``, keyed by
-  :func:`fingerprint` s of the jar and of the table; later runs load it (a fraction of a second). Each evaluation
-  keeps only the pairs that can match its captions (:meth:`ParaphraseIndex.restrict`). The index is an ``.npz``
-  written atomically and read with ``allow_pickle=False``.
+  paraphrase). The first use builds an index of it (word ids in numpy arrays, each run of pairs that share a phrase
+  holding the phrase once, about 42 MB; :func:`build_paraphrase_index`: a vectorised scan,
+  :mod:`~finecap.metrics.meteor.table_scan`, about a second on a quiet 2-core machine) in the finecap home,
+  ``<home>/cache/meteor/<key>/paraphrase-v4.bin``, keyed by :func:`fingerprint` s of the jar and of the table; later
+  runs load it (a fraction of a second). Each evaluation keeps only the pairs that can match its captions
+  (:meth:`ParaphraseIndex.restrict`). The index is plain arrays after a JSON header (:func:`_save`), written
+  atomically.
 
 Nothing is read at import time.
 """
@@ -28,13 +29,14 @@ import zlib
 from array import array
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from operator import itemgetter
 from pathlib import Path
 
 import numpy as np
 
 from finecap.home import CACHE, home
 from finecap.metrics.meteor.normalize import parse_prefixes
-from finecap.metrics.meteor.table_scan import TableScanError, scan_table
+from finecap.metrics.meteor.table_scan import ScannedTable, TableScanError, narrowest, scan_table
 from finecap.utils import atomic_write_bytes
 
 __all__ = [
@@ -63,10 +65,11 @@ METEOR_ENV = "FINECAP_METEOR_JAR"
 """Environment variable naming the METEOR jar (its ``data/paraphrase-en.gz`` beside it)."""
 JAR_NAME = "meteor-1.5.jar"
 PARAPHRASE = Path("data") / "paraphrase-en.gz"
-INDEX_VERSION = 3
+INDEX_VERSION = 4
 """Version of the cached paraphrase index's layout (part of its file name). 2: each pair's word count
 (``pair_len``) instead of 64-bit offsets, 75 MB instead of 113. 3: the arrays' bytes after a JSON header and a
-CRC-32 (:func:`_save`) instead of an ``.npz`` (written and read in about half the time)."""
+CRC-32 (:func:`_save`) instead of an ``.npz`` (written and read in about half the time). 4: each run of pairs that
+share a phrase holds the phrase once (:class:`ParaphraseIndex`), 42 MB instead of 75."""
 
 _JAR_FILES = {
     "function_words": "function/english.words",
@@ -227,16 +230,54 @@ class ParaphraseTable:
 
 @dataclass
 class ParaphraseIndex:
-    """The whole paraphrase table as word ids: ``vocab`` (the table's words), ``tokens`` (each pair's phrase words,
-    then its paraphrase words), ``starts`` (pair k's words are ``tokens[starts[k]:starts[k + 1]]``) and
-    ``phrase_len`` (how many of them are the phrase's)."""
+    """The whole paraphrase table as word ids. Pairs that share a phrase and follow each other in the table form a
+    *run* (the table lists a phrase's paraphrases together: 5.27 M pairs in 430,639 runs), whose phrase is held
+    once: ``vocab`` (the table's words), ``phrase_tokens`` (run r's phrase is
+    ``phrase_tokens[phrase_starts[r]:phrase_starts[r + 1]]``), ``run_starts`` (run r's pairs are pairs
+    ``run_starts[r]`` to ``run_starts[r + 1] - 1``), ``para_tokens`` (pair k's paraphrase is
+    ``para_tokens[para_starts[k]:para_starts[k + 1]]``)."""
 
     vocab: list[str]
-    tokens: np.ndarray
-    starts: np.ndarray
-    phrase_len: np.ndarray
+    phrase_tokens: np.ndarray
+    phrase_starts: np.ndarray
+    run_starts: np.ndarray
+    para_tokens: np.ndarray
+    para_starts: np.ndarray
 
     _ids: dict[str, int] | None = field(default=None, repr=False, compare=False)
+
+    @classmethod
+    def from_scan(cls, scanned: ScannedTable) -> ParaphraseIndex:
+        """The index of :func:`~finecap.metrics.meteor.table_scan.scan_table`'s arrays (lengths made offsets)."""
+        return cls(scanned.words, scanned.phrase_tokens, _starts(scanned.phrase_len), _starts(scanned.run_pairs),
+                   scanned.para_tokens, _starts(scanned.para_len))  # fmt: skip
+
+    def __len__(self) -> int:
+        """The number of pairs."""
+        return len(self.para_starts) - 1
+
+    def _run_of(self, pairs: np.ndarray) -> np.ndarray:
+        return np.searchsorted(self.run_starts, pairs, side="right") - 1
+
+    def pairs(self) -> list[tuple[tuple[str, ...], tuple[str, ...]]]:
+        """Every ``(phrase, paraphrase)`` pair as words, in the table's order."""
+        return self._pairs(np.arange(len(self)))
+
+    def _pairs(self, keep: np.ndarray) -> list[tuple[tuple[str, ...], tuple[str, ...]]]:
+        """Pairs ``keep`` as words: every word id of theirs looked up at once, then cut into phrases and
+        paraphrases (a run's phrase once)."""
+        run = self._run_of(keep)  # ascending, as ``keep`` is
+        runs = run[np.append(True, run[1:] != run[:-1])] if len(run) else run
+        phrase = dict(zip(runs.tolist(), _rows_as_words(self.vocab, self.phrase_tokens, self.phrase_starts, runs)))
+        paraphrases = _rows_as_words(self.vocab, self.para_tokens, self.para_starts, keep)
+        return [(phrase[r], p) for r, p in zip(run.tolist(), paraphrases)]
+
+    def word_counts(self) -> np.ndarray:
+        """How often each word of ``vocab`` occurs in the pairs (a phrase counted once for each of its pairs)."""
+        per_run = np.diff(self.run_starts)
+        weights = np.repeat(per_run, np.diff(self.phrase_starts))
+        phrase = np.bincount(self.phrase_tokens, weights=weights, minlength=len(self.vocab))
+        return (phrase + np.bincount(self.para_tokens, minlength=len(self.vocab))).astype(np.int64)
 
     def restrict(self, words: Iterable[str], bigrams: Iterable[tuple[str, str]] | None = None) -> ParaphraseTable:
         """The pairs whose words all occur in ``words`` (only they can match captions made of those words), and,
@@ -248,52 +289,82 @@ class ParaphraseIndex:
         thousands of everyday words of real captions they keep millions (2,000 common English words: 1.7 M of the
         5.3 M pairs, whose decoding alone takes seconds), of which the adjacent words keep only those that can
         match. The adjacent-word test is a hashed bitmap (a pair seen is never dropped, a few unseen ones are kept):
-        every pair that can match is kept, so the scores are those of the whole table.
+        every pair that can match is kept, so the scores are those of the whole table. A run's phrase is tested
+        once for all its pairs.
         """
         if self._ids is None:
             self._ids = {w: k for k, w in enumerate(self.vocab)}
         ids = self._ids
         known = np.zeros(len(self.vocab), dtype=bool)
         known[[ids[w] for w in set(words) if w in ids]] = True
-        keep = np.flatnonzero(np.logical_and.reduceat(known[self.tokens], self.starts[:-1]))
-        if bigrams is not None and len(keep):
-            keep = keep[self._adjacent_seen(keep, bigrams)]
-        vocab, starts, tokens, phrase_len = self.vocab, self.starts, self.tokens, self.phrase_len
-        pairs = []
-        for s, e, n in zip(starts[keep].tolist(), starts[keep + 1].tolist(), phrase_len[keep].tolist()):
-            ws = [vocab[t] for t in tokens[s:e].tolist()]
-            pairs.append((tuple(ws[:n]), tuple(ws[n:])))
-        return ParaphraseTable.from_pairs(pairs)
+        runs = np.flatnonzero(_every(known[self.phrase_tokens], self.phrase_starts))
+        seen = None if bigrams is None else self._bigram_bitmap(bigrams)
+        if seen is not None and len(runs):
+            runs = runs[_adjacent_seen(self.phrase_tokens, self.phrase_starts, runs, seen)]
+        pairs = _rows_of(self.run_starts, runs)  # the pairs of the runs kept: only their paraphrases are tested
+        length = self.para_starts[pairs + 1] - self.para_starts[pairs]
+        keep = pairs[_every(known[self.para_tokens[_rows_of(self.para_starts, pairs)]], _starts(length))]
+        if seen is not None and len(keep):
+            keep = keep[_adjacent_seen(self.para_tokens, self.para_starts, keep, seen)]
+        return ParaphraseTable.from_pairs(self._pairs(keep))
 
-    def _adjacent_seen(self, keep: np.ndarray, bigrams: Iterable[tuple[str, str]]) -> np.ndarray:
-        """Which of the pairs ``keep`` have every two adjacent words of their phrase and of their paraphrase among
-        ``bigrams`` (through a hashed bitmap: a few that are not are kept too). The words of the pairs kept are
-        gathered when they are few; otherwise the test runs over the whole table, in 32-bit arithmetic."""
+    def _bigram_bitmap(self, bigrams: Iterable[tuple[str, str]]) -> np.ndarray:
+        """The hashed bitmap of the captions' adjacent words (:func:`_adjacent_seen`)."""
         ids = self._ids
         assert ids is not None
-        mask = np.uint32((1 << _BIGRAM_BITS) - 1)
         seen = np.zeros(1 << _BIGRAM_BITS, dtype=bool)
-        codes = [ids[a] * _BIGRAM_MIX + ids[b] for a, b in bigrams if a in ids and b in ids]
-        if codes:
-            seen[(np.array(codes, dtype=np.int64) & int(mask)).astype(np.intp)] = True
-        first, length = self.starts[keep], self.starts[keep + 1] - self.starts[keep]
-        if int(length.sum()) * 4 < len(self.tokens):  # few: their words only
-            offsets = np.zeros(len(keep) + 1, dtype=np.int64)
-            np.cumsum(length, out=offsets[1:])
-            t = self.tokens[np.repeat(first - offsets[:-1], length) + np.arange(int(offsets[-1]))]
-            starts, phrase_len = offsets, self.phrase_len[keep]
-        else:
-            t, starts, phrase_len = self.tokens, self.starts, self.phrase_len
-        with np.errstate(over="ignore"):
-            code = t[:-1].astype(np.uint32)
-            code *= np.uint32(_BIGRAM_MIX)
-            code += t[1:]
-            code &= mask
-        ok = np.append(seen[code], True)  # position i: the words i and i + 1
-        ok[starts[1:] - 1] = True  # a pair's last word and the next pair's first: not adjacent
-        ok[starts[:-1] + phrase_len.astype(np.int64) - 1] = True  # the phrase's last word and the paraphrase's first
-        every = np.logical_and.reduceat(ok, starts[:-1])
-        return every if len(every) == len(keep) else every[keep]
+        bigrams = list(bigrams)
+        first, second = list(map(itemgetter(0), bigrams)), list(map(itemgetter(1), bigrams))
+        id_of = {w: ids.get(w, -1) for w in {*first, *second}}  # -1: a word the table does not hold
+        a = np.fromiter(map(id_of.__getitem__, first), dtype=np.int64, count=len(first))
+        b = np.fromiter(map(id_of.__getitem__, second), dtype=np.int64, count=len(second))
+        both = (a >= 0) & (b >= 0)
+        seen[((a[both] * _BIGRAM_MIX + b[both]) & ((1 << _BIGRAM_BITS) - 1)).astype(np.intp)] = True
+        return seen
+
+
+def _rows_of(starts: np.ndarray, rows: np.ndarray) -> np.ndarray:
+    """The positions of the items of ``rows`` (row k holds positions ``starts[k]`` to ``starts[k + 1] - 1``), in
+    order."""
+    length = starts[rows + 1] - starts[rows]
+    before = np.cumsum(length) - length  # items of the rows before, in the result
+    return np.repeat(starts[rows] - before, length) + np.arange(int(length.sum()))
+
+
+def _rows_as_words(
+    vocab: list[str], tokens: np.ndarray, starts: np.ndarray, rows: np.ndarray
+) -> list[tuple[str, ...]]:
+    """The words of ``rows`` (as in :func:`_rows_of`), a tuple a row."""
+    words = [vocab[t] for t in tokens[_rows_of(starts, rows)].tolist()]
+    ends = np.cumsum(starts[rows + 1] - starts[rows]).tolist()
+    return [tuple(words[a:b]) for a, b in zip([0, *ends[:-1]], ends)]
+
+
+def _every(flags: np.ndarray, starts: np.ndarray) -> np.ndarray:
+    """Per row (``flags[starts[k]:starts[k + 1]]``, none empty): whether all its flags are set."""
+    if len(starts) <= 1:
+        return np.zeros(0, dtype=bool)
+    return np.logical_and.reduceat(flags, starts[:-1])
+
+
+def _adjacent_seen(tokens: np.ndarray, starts: np.ndarray, rows: np.ndarray, seen: np.ndarray) -> np.ndarray:
+    """Which of ``rows`` (of ``tokens``, as in :func:`_every`) have every two adjacent words among the captions'
+    (``seen``, :meth:`ParaphraseIndex._bigram_bitmap`: a few that are not are kept too). The words of the rows are
+    gathered when they are few; otherwise the test runs over all rows, in 32-bit arithmetic."""
+    length = starts[rows + 1] - starts[rows]
+    if int(length.sum()) * 4 < len(tokens):  # few: their words only
+        t, starts = tokens[_rows_of(starts, rows)], _starts(length)
+    else:
+        t = tokens
+    with np.errstate(over="ignore"):
+        code = t[:-1].astype(np.uint32)
+        code *= np.uint32(_BIGRAM_MIX)
+        code += t[1:]
+        code &= np.uint32((1 << _BIGRAM_BITS) - 1)
+    ok = np.append(seen[code], True)  # position i: the words i and i + 1
+    ok[starts[1:] - 1] = True  # a row's last word and the next row's first: not adjacent
+    every = np.logical_and.reduceat(ok, starts[:-1])
+    return every if len(every) == len(rows) else every[rows]
 
 
 _BIGRAM_BITS = 24  # 16 MB of bitmap: under 1 % of it set by a million caption bigrams
@@ -305,41 +376,48 @@ def build_paraphrase_index(gz: str | Path) -> ParaphraseIndex:
     (:func:`~finecap.metrics.meteor.table_scan.scan_table`, about a second), or line by line (:func:`parse_lines`, ten
     times slower) for a table that scan does not handle."""
     try:
-        words, tokens, pair_len, phrase_len = scan_table(gz)
+        scanned = scan_table(gz)
     except TableScanError:
         return parse_lines(gz)
-    return ParaphraseIndex(words, tokens, _starts(pair_len), phrase_len.astype(np.uint8))
+    return ParaphraseIndex.from_scan(scanned)
 
 
 def parse_lines(gz: str | Path) -> ParaphraseIndex:
-    """:func:`build_paraphrase_index` line by line in Python: the reference the numpy scan is tested against."""
+    """:func:`build_paraphrase_index` line by line in Python: the reference the numpy scan is tested against (the
+    same words, ids and runs)."""
     vocab: dict[str, int] = {}
-    tokens = array("i")
-    starts = array("q", [0])
-    phrase_len = array("B")
+    phrase_tokens, para_tokens = array("i"), array("i")
+    phrase_len, run_pairs, para_len = array("q"), array("q"), array("q")
+    last = None
     with gzip.open(gz, "rt", encoding="utf-8", newline="\n") as f:
         lines = iter(f)
         for _prob, phrase, para in zip(lines, lines, lines):
-            a = phrase.rstrip("\n").split(" ")
+            phrase = phrase.rstrip("\n")
+            if phrase != last:  # a new run
+                a = phrase.split(" ")
+                phrase_tokens.extend(vocab.setdefault(w, len(vocab)) for w in a)
+                phrase_len.append(len(a))
+                run_pairs.append(0)
+                last = phrase
+            run_pairs[-1] += 1
             b = para.rstrip("\n").split(" ")
-            for w in a:
-                tokens.append(vocab.setdefault(w, len(vocab)))
-            for w in b:
-                tokens.append(vocab.setdefault(w, len(vocab)))
-            phrase_len.append(len(a))
-            starts.append(len(tokens))
+            para_tokens.extend(vocab.setdefault(w, len(vocab)) for w in b)
+            para_len.append(len(b))
     dtype = np.uint16 if len(vocab) <= 1 << 16 else np.uint32
-    return ParaphraseIndex(
-        vocab=list(vocab),
-        tokens=np.frombuffer(tokens, dtype=np.int32).astype(dtype),
-        starts=np.frombuffer(starts, dtype=np.int64).copy(),
-        phrase_len=np.frombuffer(phrase_len, dtype=np.uint8).copy(),
-    )
+    return ParaphraseIndex.from_scan(ScannedTable(
+        list(vocab),
+        np.frombuffer(phrase_tokens, dtype=np.int32).astype(dtype),
+        np.frombuffer(phrase_len, dtype=np.int64),
+        np.frombuffer(run_pairs, dtype=np.int64),
+        np.frombuffer(para_tokens, dtype=np.int32).astype(dtype),
+        np.frombuffer(para_len, dtype=np.int64),
+    ))  # fmt: skip
 
 
-def _starts(pair_len: np.ndarray) -> np.ndarray:
-    starts = np.zeros(len(pair_len) + 1, dtype=np.int64)
-    np.cumsum(pair_len, out=starts[1:])
+def _starts(lengths: np.ndarray) -> np.ndarray:
+    """Offsets of rows of these lengths (one more than rows, the first 0)."""
+    starts = np.zeros(len(lengths) + 1, dtype=np.int64)
+    np.cumsum(lengths, out=starts[1:])
     return starts
 
 
@@ -369,7 +447,7 @@ def index_path(jar: Path, cache_root: Path | None = None) -> Path:
 
 
 _MAGIC = b"finecap METEOR paraphrase index\n"
-_ARRAYS = ("vocab", "tokens", "pair_len", "phrase_len")
+_ARRAYS = ("vocab", "phrase_tokens", "phrase_len", "run_pairs", "para_tokens", "para_len")
 _DTYPES = {"|u1", "<u2", "<u4"}  # what the arrays may hold: bytes and word ids or counts
 
 
@@ -379,9 +457,9 @@ def _save(index: ParaphraseIndex, path: Path) -> None:
     Plain arrays, nothing pickled; written in one atomic write. An ``.npz`` took twice as long to write and read (its
     zip layer copies and checksums every member on both sides)."""
     vocab = "\n".join(index.vocab).encode("utf-8")
-    pair_len = np.diff(index.starts)
-    small = np.uint8 if len(pair_len) == 0 or int(pair_len.max()) < 256 else np.uint32
-    arrays = [np.frombuffer(vocab, dtype=np.uint8), index.tokens, pair_len.astype(small), index.phrase_len]
+    lengths = [narrowest(np.diff(starts)) for starts in (index.phrase_starts, index.run_starts, index.para_starts)]
+    arrays = [np.frombuffer(vocab, dtype=np.uint8), index.phrase_tokens, lengths[0], lengths[1], index.para_tokens,
+              lengths[2]]  # fmt: skip
     arrays = [np.ascontiguousarray(a, dtype=a.dtype.newbyteorder("<")) for a in arrays]
     crc = 0
     for a in arrays:
@@ -415,8 +493,9 @@ def _load(path: Path) -> ParaphraseIndex:
         end += size
     if end != len(data) or crc != header["crc32"]:
         raise ValueError(f"{path}: damaged (size or CRC-32 differs)")
-    vocab, tokens, pair_len, phrase_len = arrays
-    return ParaphraseIndex(vocab.tobytes().decode("utf-8").split("\n"), tokens, _starts(pair_len), phrase_len)
+    vocab, phrase_tokens, phrase_len, run_pairs, para_tokens, para_len = arrays
+    words = vocab.tobytes().decode("utf-8").split("\n")
+    return ParaphraseIndex.from_scan(ScannedTable(words, phrase_tokens, phrase_len, run_pairs, para_tokens, para_len))
 
 
 def _cached_or_built(jar: Path, cache_root: str | Path | None) -> tuple[ParaphraseIndex, Path | None]:
