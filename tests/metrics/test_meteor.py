@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import gzip
 import importlib.metadata
+import json
 import math
 import multiprocessing
 import os
@@ -285,6 +286,24 @@ def test_paraphrase_index_is_built_once_cached_and_rebuilt_when_damaged(tmp_path
             R._load(path)
         assert R.load_paraphrase_index(jar, cache).vocab == index.vocab
         assert path.read_bytes() == good  # rebuilt and cached again
+    # a listing damaged so that the arrays' bytes stay where they were: one length moved from one array to the next
+    # (the same total size, the arrays' bytes and their CRC unchanged), caught by the CRC over the listing too
+    size = int.from_bytes(good[len(R._MAGIC) : len(R._MAGIC) + 8], "little")
+    header = json.loads(good[len(R._MAGIC) + 8 : len(R._MAGIC) + 8 + size])
+    (_, _, n_phrase_len), (_, _, n_run_pairs) = header["arrays"][2], header["arrays"][3]
+    header["arrays"][2][2], header["arrays"][3][2] = n_phrase_len + 1, n_run_pairs - 1
+    moved = json.dumps(header).encode("utf-8")
+    assert len(moved) == size
+    path.write_bytes(good[: len(R._MAGIC)] + size.to_bytes(8, "little") + moved + good[len(R._MAGIC) + 8 + size :])
+    with pytest.raises(ValueError, match="damaged"):
+        R._load(path)
+    # arrays that are each whole but do not fit together (written by hand, their CRC right): refused too
+    broken = R.ParaphraseIndex(index.vocab, index.phrase_tokens, index.phrase_starts, index.run_starts,
+                               index.para_tokens, index.para_starts[:-1])  # fmt: skip
+    R._save(broken, path)
+    with pytest.raises(ValueError, match="do not fit together"):
+        R._load(path)
+    assert R.load_paraphrase_index(jar, cache).pairs() == index.pairs()  # rebuilt
     # another table beside the jar: another key
     (jar.parent / "data" / "paraphrase-en.gz").write_bytes(gzip.compress(b"0.5\nx\ny\n"))
     assert R.index_path(jar, cache) != path

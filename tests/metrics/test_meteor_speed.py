@@ -4,6 +4,10 @@ parse (tables with the layouts a scan can trip on), the cache key, and the score
 from __future__ import annotations
 
 import gzip
+import os
+import select
+import signal
+import time
 import zipfile
 import zlib
 
@@ -245,6 +249,66 @@ def test_no_interpreter_to_start_a_helper(tmp_path, monkeypatch):
     gz, plain = _many_blocks(tmp_path, monkeypatch, 200)
     monkeypatch.setattr(table_scan.sys, "executable", "")
     assert _pairs(R.ParaphraseIndex.from_scan(scan_table(gz, helper=True))) == _pairs(plain)
+
+
+@pytest.mark.parametrize("helper", [True, False])
+def test_a_table_whose_only_word_is_empty(tmp_path, helper):
+    # every line empty: one word, "" (the helper's answer must not lose it)
+    gz = _table(tmp_path, "0.1\n\n\n" * 4)
+    scanned = R.ParaphraseIndex.from_scan(scan_table(gz, helper=helper))
+    assert _pairs(scanned) == _pairs(R.parse_lines(gz)) == [([""], [""])] * 4
+
+
+def test_a_process_forked_during_the_scan_does_not_hold_the_helper(tmp_path, monkeypatch):
+    # a child forked while the helper runs (a DataLoader, a pool) inherits the write end of the helper's input: the
+    # helper ends at the end mark, not at the end of its input, which the child keeps open until it exits
+    gz, plain = _many_blocks(tmp_path, monkeypatch)
+    children = []
+    real = table_scan._Helper.results
+
+    def fork_then_results(self):
+        read, write = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # the child: holds every inherited descriptor until the test lets it go (at most 60 s)
+            os.close(write)
+            select.select([read], [], [], 60)
+            os._exit(0)
+        os.close(read)
+        children.append((pid, write))
+        return real(self)
+
+    monkeypatch.setattr(table_scan._Helper, "results", fork_then_results)
+    try:
+        scanned = R.ParaphraseIndex.from_scan(scan_table(gz, helper=True))
+        ((pid, write),) = children
+        assert os.waitpid(pid, os.WNOHANG) == (0, 0)  # the scan ended while the child still held the pipe
+        assert _pairs(scanned) == _pairs(plain)
+    finally:
+        for pid, write in children:
+            os.close(write)
+            os.waitpid(pid, 0)
+
+
+def test_ctrl_c_in_the_process_group_leaves_the_helper_scanning(tmp_path, monkeypatch):
+    # SIGINT reaches the helper too (one process group): it ignores it, and the scan does not start again here
+    gz, plain = _many_blocks(tmp_path, monkeypatch)
+    calls, answers = [], []
+    real_offer, real_results, real_scan = table_scan._Helper.offer, table_scan._Helper.results, table_scan.scan_table
+
+    def offer(self, number, line0, block):
+        if number == 0:
+            time.sleep(0.3)  # the helper has started and set its handler (python -P and numpy: about 70 ms)
+            self.process.send_signal(signal.SIGINT)
+        return real_offer(self, number, line0, block)
+
+    monkeypatch.setattr(table_scan._Helper, "offer", offer)
+    monkeypatch.setattr(table_scan._Helper, "results", lambda self: answers.append(real_results(self)) or answers[-1])
+    monkeypatch.setattr(
+        table_scan, "scan_table", lambda gz, helper=None: calls.append(helper) or real_scan(gz, helper)
+    )
+    scanned = R.ParaphraseIndex.from_scan(table_scan.scan_table(gz, helper=True))
+    assert calls == [True] and len(answers) == 1 and len(answers[0][1]) > 0  # no second scan; the helper answered
+    assert _pairs(scanned) == _pairs(plain)
 
 
 def test_what_the_helper_cannot_scan_is_raised_here(tmp_path):

@@ -461,10 +461,11 @@ def _save(index: ParaphraseIndex, path: Path) -> None:
     arrays = [np.frombuffer(vocab, dtype=np.uint8), index.phrase_tokens, lengths[0], lengths[1], index.para_tokens,
               lengths[2]]  # fmt: skip
     arrays = [np.ascontiguousarray(a, dtype=a.dtype.newbyteorder("<")) for a in arrays]
-    crc = 0
+    listing = [[n, a.dtype.str, len(a)] for n, a in zip(_ARRAYS, arrays)]
+    crc = zlib.crc32(json.dumps(listing).encode("utf-8"))  # the listing too: a damaged length is caught
     for a in arrays:
         crc = zlib.crc32(a, crc)
-    header = json.dumps({"arrays": [[n, a.dtype.str, len(a)] for n, a in zip(_ARRAYS, arrays)], "crc32": crc})
+    header = json.dumps({"arrays": listing, "crc32": crc})
     head = header.encode("utf-8")
     atomic_write_bytes(path, b"".join([_MAGIC, len(head).to_bytes(8, "little"), head, *map(memoryview, arrays)]))
 
@@ -483,7 +484,7 @@ def _load(path: Path) -> ParaphraseIndex:
     names = [name for name, _, _ in header["arrays"]]
     if names != list(_ARRAYS) or any(dtype not in _DTYPES or int(n) < 0 for _, dtype, n in header["arrays"]):
         raise ValueError(f"{path}: unexpected arrays {header['arrays']}")
-    arrays, crc = [], 0
+    arrays, crc = [], zlib.crc32(json.dumps(header["arrays"]).encode("utf-8"))
     for _, dtype, length in header["arrays"]:
         size = np.dtype(dtype).itemsize * int(length)
         if end + size > len(data):
@@ -495,6 +496,11 @@ def _load(path: Path) -> ParaphraseIndex:
         raise ValueError(f"{path}: damaged (size or CRC-32 differs)")
     vocab, phrase_tokens, phrase_len, run_pairs, para_tokens, para_len = arrays
     words = vocab.tobytes().decode("utf-8").split("\n")
+    tokens = (phrase_tokens, para_tokens)
+    if not (len(phrase_len) == len(run_pairs) and int(run_pairs.sum()) == len(para_len)
+            and int(phrase_len.sum()) == len(phrase_tokens) and int(para_len.sum()) == len(para_tokens)
+            and all(int(t.max()) < len(words) for t in tokens if len(t))):  # fmt: skip
+        raise ValueError(f"{path}: its arrays do not fit together")
     return ParaphraseIndex.from_scan(ScannedTable(words, phrase_tokens, phrase_len, run_pairs, para_tokens, para_len))
 
 

@@ -25,6 +25,7 @@ from __future__ import annotations
 import contextlib
 import json
 import queue
+import signal
 import struct
 import subprocess
 import sys
@@ -371,7 +372,9 @@ class _Words:
         return _Block(number, lines, tid[is_phrase], tid[~is_phrase], pairs)
 
 
-_FRAME = struct.Struct("<qqq")  # a block sent to the helper: its number, first line and length
+_FRAME = struct.Struct("<qqq")  # a block sent to the helper: its number, first line and length; number -1: the end
+_END = _FRAME.pack(-1, 0, 0)  # the end of the blocks, said rather than left to the end of the file: a process forked
+# meanwhile (a DataLoader, a multiprocessing pool) would hold the pipe's write end open, and the helper wait for ever
 _SCAN_ERROR = 3  # the helper's exit status for a TableScanError (its message on stderr)
 
 
@@ -394,7 +397,12 @@ class _Helper:
         self.queue: queue.Queue = queue.Queue(maxsize=2)
         self.error: BaseException | None = None
         self.writer = threading.Thread(target=self._write, name="meteor-table-helper", daemon=True)
-        self.writer.start()
+        try:
+            self.writer.start()
+        except BaseException:  # no thread to feed it (RuntimeError): no helper
+            self.process.kill()
+            self.process.wait()
+            raise
 
     def _write(self) -> None:
         stdin = self.process.stdin
@@ -404,6 +412,7 @@ class _Helper:
                 number, line0, block = item
                 stdin.write(_FRAME.pack(number, line0, len(block)))
                 stdin.write(block)
+            stdin.write(_END)
             stdin.close()
         except BaseException as e:  # the helper died: results() says so
             self.error = e
@@ -433,7 +442,7 @@ class _Helper:
         try:
             data = stdout.read()  # the whole answer (tens of MB), read before waiting: the helper may block on it
             words, blocks = _read_blocks(data)
-        except (ValueError, TypeError, KeyError, IndexError, UnicodeDecodeError):
+        except Exception:  # any answer that is not one (cut, damaged): the helper failed
             words, blocks = [], None
         status = self.process.wait()
         err = self.process.stderr.read().decode("utf-8", "replace").strip() if self.process.stderr else ""
@@ -490,7 +499,7 @@ def scan_table(gz: str | Path, helper: bool | None = None) -> ScannedTable:
     try:
         try:
             other = _Helper(gz) if helper else None
-        except (OSError, TypeError, ValueError):  # no interpreter to start (sys.executable empty): all here
+        except (OSError, TypeError, ValueError, RuntimeError):  # no interpreter (sys.executable empty), no thread
             other = None
         while (item := _get(blocks, stop)) is not None:
             if isinstance(item, BaseException):
@@ -500,8 +509,11 @@ def scan_table(gz: str | Path, helper: bool | None = None) -> ScannedTable:
                 mine.append(words.scan(number, line0, block))
         if other is not None:
             their_words, theirs = other.results()
-            ids = _merge_words(words.words, their_words)
-            theirs = [b._replace(phrase=ids[b.phrase], para=ids[b.para]) for b in theirs]
+            try:
+                ids = _merge_words(words.words, their_words)
+                theirs = [b._replace(phrase=ids[b.phrase], para=ids[b.para]) for b in theirs]
+            except IndexError as e:  # an id the helper gave no word: its answer is wrong
+                raise _HelperFailed(f"the helper's ids: {e}") from e
     except _HelperFailed:
         failed = True  # the whole table is scanned here, below
     else:
@@ -537,12 +549,18 @@ _HELPER_ARG = "--scan-blocks"
 def _serve(gz: Path) -> int:
     """The helper's side (:class:`_Helper`): scan the blocks read from standard input until it ends, then write a
     JSON header and the arrays (numpy's ``.npy`` format) to standard output."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl+C reaches the whole process group: the caller decides
     source, out = sys.stdin.buffer, sys.stdout.buffer
     words = _Words(gz)
     done: list[_Block] = []
     try:
-        while len(head := source.read(_FRAME.size)) == _FRAME.size:
+        while True:
+            head = source.read(_FRAME.size)
+            if len(head) != _FRAME.size:
+                raise EOFError("the scan's input ended before its end mark")
             number, line0, size = _FRAME.unpack(head)
+            if number < 0:
+                break
             block = bytearray(source.read(size))
             if len(block) != size:
                 raise EOFError("the scan's input ended inside a block")
@@ -556,7 +574,8 @@ def _serve(gz: Path) -> int:
         first_pair, per_phrase, per_para, starts_run, block_first = b.pairs
         arrays += [b.phrase, b.para, per_phrase, per_para, starts_run.view(np.uint8)]
         meta.append([b.number, b.lines, first_pair, block_first])
-    header = json.dumps({"arrays": [[a.dtype.str, len(a)] for a in arrays], "blocks": meta}).encode("utf-8")
+    header = json.dumps({"words": len(words.words), "arrays": [[a.dtype.str, len(a)] for a in arrays],
+                         "blocks": meta}).encode("utf-8")  # fmt: skip
     out.write(len(header).to_bytes(8, "little") + header)
     for a in arrays:
         out.write(memoryview(np.ascontiguousarray(a)).cast("B"))
@@ -582,7 +601,9 @@ def _read_blocks(data: bytes) -> tuple[list[str], list[_Block]]:
         at += arrays[-1].nbytes
     if at != len(data) or len(arrays) != 1 + 5 * len(header["blocks"]):
         raise ValueError("the helper's answer is cut or too long")
-    words = arrays[0].tobytes().decode("utf-8").split("\n") if len(arrays[0]) else []
+    words = arrays[0].tobytes().decode("utf-8").split("\n") if header["words"] else []  # [""]: one empty word
+    if len(words) != header["words"]:
+        raise ValueError(f"{len(words)} words where the helper said {header['words']}")
     blocks = []
     for k, (number, lines, first_pair, block_first) in enumerate(header["blocks"]):
         phrase, para, per_phrase, per_para, starts_run = arrays[1 + 5 * k : 6 + 5 * k]
