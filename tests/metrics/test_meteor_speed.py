@@ -245,6 +245,22 @@ def test_a_helper_that_dies_leaves_the_scan_to_this_process(tmp_path, monkeypatc
     _same_layout(scanned, plain)
 
 
+@pytest.mark.parametrize(
+    ("executable", "python"),
+    [("/usr/bin/python3.11", True), ("C:\\Python311\\python.exe", True), ("/opt/pypy3", True),
+     ("/usr/sbin/uwsgi", False), ("/usr/sbin/apache2", False), ("", False), (None, False)],
+)  # fmt: skip
+def test_which_executables_can_run_the_helper(executable, python):
+    assert table_scan._is_python(executable) is python
+
+
+def test_an_embedded_interpreter_scans_without_a_helper(tmp_path, monkeypatch):
+    gz, plain = _many_blocks(tmp_path, monkeypatch, 30)
+    monkeypatch.setattr(table_scan.sys, "executable", "/usr/sbin/uwsgi")
+    monkeypatch.setattr(table_scan, "_Helper", lambda gz: pytest.fail("a helper was started"))
+    assert _pairs(R.ParaphraseIndex.from_scan(scan_table(gz))) == _pairs(plain)
+
+
 def test_no_interpreter_to_start_a_helper(tmp_path, monkeypatch):
     gz, plain = _many_blocks(tmp_path, monkeypatch, 200)
     monkeypatch.setattr(table_scan.sys, "executable", "")

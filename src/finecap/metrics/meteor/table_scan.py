@@ -31,7 +31,7 @@ import subprocess
 import sys
 import threading
 import zlib
-from pathlib import Path
+from pathlib import Path, PureWindowsPath
 from typing import NamedTuple
 
 import numpy as np
@@ -487,7 +487,7 @@ def scan_table(gz: str | Path, helper: bool | None = None) -> ScannedTable:
     if helper is None:
         from finecap.utils import usable_cpus  # here, not at the top: the helper runs this file without finecap
 
-        helper = usable_cpus() >= 2
+        helper = usable_cpus() >= 2 and _is_python(sys.executable)
     blocks: queue.Queue = queue.Queue(maxsize=8)
     stop = threading.Event()
     reader = threading.Thread(target=_inflate, args=(gz, blocks, stop, 1), daemon=True)
@@ -527,6 +527,13 @@ def scan_table(gz: str | Path, helper: bool | None = None) -> ScannedTable:
         return scan_table(gz, helper=False)
     done = sorted(mine + theirs, key=lambda b: b.number)
     return _runs(words.words, done, sum(b.lines for b in done) // 3)
+
+
+def _is_python(executable: str | None) -> bool:
+    """Whether ``executable`` (``sys.executable``) is a Python interpreter that can run the helper: in an embedded
+    interpreter (uWSGI, mod_wsgi) it may be the server's binary, which is not started with the helper's arguments."""
+    name = PureWindowsPath(executable or "").name.lower()  # either separator: / and \\
+    return name.startswith(("python", "pypy"))
 
 
 def _merge_words(words: list[str], theirs: list[str]) -> np.ndarray:
