@@ -35,9 +35,12 @@ rewritten from all result files after every run (seeds present in the folder, no
 
 Run seeds (``--run-seeds M,...``, :func:`run_replicates`): the runs of the tables' primary cells
 (:func:`primary_runs`) are trained again under run seed M on each world seed, in ``<runs>/seed<N>/run<M>/``, each from
-its start retrained there too (the whole chain a comparison reads, the MLE start included), while the world seed's
-data is shared (its world and retriever, boosted captions and their visual expert, simplified corpora, fluency LM and
-bags, made by the world seed's own grid first, :func:`.cli.ensure_shared`); evaluated as the grid's runs, written to
+its start retrained there too (the whole chain a comparison reads, the MLE start included), and with its own world
+encoder (the retriever: its cache key holds ``run.seed``, so it is trained again under run seed M, and the
+replicate's self-retrieval rewards and retrieval columns read it), while the rest of the world seed's data is shared
+(its world, boosted captions and their visual expert, simplified corpora, fluency LM and bags, made by the world
+seed's own grid first with the world seed's encoder, :func:`.cli.ensure_shared`); evaluated as the grid's runs,
+written to
 ``<data>/<paper>/seed<N>/run<M>/<run>.json``, skipped when that file exists. The shared data must be the one the
 grid's own runs used: on a machine without the grid's ``<runs>/seed<N>/``, it is made again, and equals the committed
 grid's only if the code that makes it has not changed since.
