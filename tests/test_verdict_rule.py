@@ -253,6 +253,23 @@ def test_a_primary_cell_with_three_run_seeds_carries_retraining_noise():
     assert secondary.verdict == "holds" and not secondary.primary and secondary.runs == {}
 
 
+def test_a_grid_with_run_seeds_on_one_world_seed_says_which_seed_is_judged_how():
+    # world seed 0 has 3 run seeds (judged over them: within noise), world seed 1 the grid's run alone (holds)
+    results, items = replicated({0: [0.3, -0.3, 0.0], 1: [0.3]})
+    (cell,) = verdicts.row_checks(PRIMARY, PRIMARY.rows[1], results, items)
+    assert cell.runs == {0: 3, 1: 1} and not cell.retrained and cell.verdict == "mixed"
+    assert cell.noise == (
+        "run seeds per world seed 3, 1 (fewer than 3 somewhere): world seed 0 over its run seeds "
+        "(retraining and test-split noise), world seed 1 the grid's own run (test-split noise only)"
+    )
+    # two run seeds on world seed 0: neither world seed is judged over run seeds yet
+    results, items = replicated({0: [0.3, -0.3], 1: [0.3]})
+    (cell,) = verdicts.row_checks(PRIMARY, PRIMARY.rows[1], results, items)
+    assert cell.verdict == "holds" and cell.noise == (
+        "run seeds per world seed 2, 1 (fewer than 3 somewhere): the grid's own run, test-split noise only"
+    )
+
+
 def test_the_primary_table_counts_the_verdicts_the_run_seeds_changed():
     import dataclasses
 

@@ -251,15 +251,24 @@ class Check:
     @property
     def noise(self) -> str:
         """What the cell's noise estimate is made of: run seeds and test images (:data:`MIN_RUNS` run seeds or more
-        on every world seed), the test split alone (fewer run seeds: the grid's own run), or the world seeds' spread
-        (no per-seed interval)."""
-        counts = [self.runs.get(s, 1) for s in sorted(self.differences)]
+        on every world seed), the test split alone (fewer run seeds: the grid's own run), each world seed's own of
+        the two while the run seeds are complete on some world seeds only, or the world seeds' spread (no per-seed
+        interval)."""
+        seeds = sorted(self.differences)
+        counts = [self.runs.get(s, 1) for s in seeds]
         if self.retrained:
             runs = f"{min(counts)}" if min(counts) == max(counts) else f"{min(counts)}-{max(counts)}"
             return f"{runs} run seeds per world seed: retraining and test-split noise"
         if set(counts) != {1}:
-            return (f"run seeds per world seed {', '.join(map(str, counts))} (fewer than {MIN_RUNS} somewhere): "
-                    "the grid's own run, test-split noise only")  # fmt: skip
+            head = f"run seeds per world seed {', '.join(map(str, counts))} (fewer than {MIN_RUNS} somewhere)"
+            over = [s for s, n in zip(seeds, counts) if n >= MIN_RUNS]
+            if not over:
+                return f"{head}: the grid's own run, test-split noise only"
+            own = [s for s, n in zip(seeds, counts) if n < MIN_RUNS]  # each world seed's interval is its own
+            return (
+                f"{head}: world seed {', '.join(map(str, over))} over its run seeds (retraining and test-split "
+                f"noise), world seed {', '.join(map(str, own))} the grid's own run (test-split noise only)"
+            )
         return "one run: test-split noise only" if self.intervals else "one run per world seed"
 
     def text(self) -> str:
