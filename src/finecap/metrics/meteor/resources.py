@@ -36,7 +36,14 @@ import numpy as np
 
 from finecap.home import CACHE, home
 from finecap.metrics.meteor.normalize import parse_prefixes
-from finecap.metrics.meteor.table_scan import ScannedTable, TableScanError, narrowest, scan_table
+from finecap.metrics.meteor.table_scan import (
+    ScannedTable,
+    TableScanError,
+    narrowest,
+    read_arrays,
+    row_starts,
+    scan_table,
+)
 from finecap.utils import atomic_write_bytes
 
 __all__ = [
@@ -249,8 +256,8 @@ class ParaphraseIndex:
     @classmethod
     def from_scan(cls, scanned: ScannedTable) -> ParaphraseIndex:
         """The index of :func:`~finecap.metrics.meteor.table_scan.scan_table`'s arrays (lengths made offsets)."""
-        return cls(scanned.words, scanned.phrase_tokens, _starts(scanned.phrase_len), _starts(scanned.run_pairs),
-                   scanned.para_tokens, _starts(scanned.para_len))  # fmt: skip
+        return cls(scanned.words, scanned.phrase_tokens, row_starts(scanned.phrase_len), row_starts(scanned.run_pairs),
+                   scanned.para_tokens, row_starts(scanned.para_len))  # fmt: skip
 
     def __len__(self) -> int:
         """The number of pairs."""
@@ -303,7 +310,7 @@ class ParaphraseIndex:
             runs = runs[_adjacent_seen(self.phrase_tokens, self.phrase_starts, runs, seen)]
         pairs = _rows_of(self.run_starts, runs)  # the pairs of the runs kept: only their paraphrases are tested
         length = self.para_starts[pairs + 1] - self.para_starts[pairs]
-        keep = pairs[_every(known[self.para_tokens[_rows_of(self.para_starts, pairs)]], _starts(length))]
+        keep = pairs[_every(known[self.para_tokens[_rows_of(self.para_starts, pairs)]], row_starts(length))]
         if seen is not None and len(keep):
             keep = keep[_adjacent_seen(self.para_tokens, self.para_starts, keep, seen)]
         return ParaphraseTable.from_pairs(self._pairs(keep))
@@ -353,7 +360,7 @@ def _adjacent_seen(tokens: np.ndarray, starts: np.ndarray, rows: np.ndarray, see
     gathered when they are few; otherwise the test runs over all rows, in 32-bit arithmetic."""
     length = starts[rows + 1] - starts[rows]
     if int(length.sum()) * 4 < len(tokens):  # few: their words only
-        t, starts = tokens[_rows_of(starts, rows)], _starts(length)
+        t, starts = tokens[_rows_of(starts, rows)], row_starts(length)
     else:
         t = tokens
     with np.errstate(over="ignore"):
@@ -414,13 +421,6 @@ def parse_lines(gz: str | Path) -> ParaphraseIndex:
     ))  # fmt: skip
 
 
-def _starts(lengths: np.ndarray) -> np.ndarray:
-    """Offsets of rows of these lengths (one more than rows, the first 0)."""
-    starts = np.zeros(len(lengths) + 1, dtype=np.int64)
-    np.cumsum(lengths, out=starts[1:])
-    return starts
-
-
 _FINGERPRINT_BYTES = 1 << 16
 
 
@@ -448,7 +448,6 @@ def index_path(jar: Path, cache_root: Path | None = None) -> Path:
 
 _MAGIC = b"finecap METEOR paraphrase index\n"
 _ARRAYS = ("vocab", "phrase_tokens", "phrase_len", "run_pairs", "para_tokens", "para_len")
-_DTYPES = {"|u1", "<u2", "<u4"}  # what the arrays may hold: bytes and word ids or counts
 
 
 def _save(index: ParaphraseIndex, path: Path) -> None:
@@ -481,18 +480,14 @@ def _load(path: Path) -> ParaphraseIndex:
         raise ValueError(f"{path}: not a finecap paraphrase index")
     end = at + int.from_bytes(data[len(_MAGIC) : at], "little")
     header = json.loads(data[at:end].decode("utf-8"))
-    names = [name for name, _, _ in header["arrays"]]
-    if names != list(_ARRAYS) or any(dtype not in _DTYPES or int(n) < 0 for _, dtype, n in header["arrays"]):
+    if [name for name, _, _ in header["arrays"]] != list(_ARRAYS):
         raise ValueError(f"{path}: unexpected arrays {header['arrays']}")
-    arrays, crc = [], zlib.crc32(json.dumps(header["arrays"]).encode("utf-8"))
-    for _, dtype, length in header["arrays"]:
-        size = np.dtype(dtype).itemsize * int(length)
-        if end + size > len(data):
-            raise ValueError(f"{path}: truncated")
-        arrays.append(np.frombuffer(data, dtype=dtype, count=int(length), offset=end))
-        crc = zlib.crc32(memoryview(data)[end : end + size], crc)
-        end += size
-    if end != len(data) or crc != header["crc32"]:
+    try:
+        arrays, stop = read_arrays(data, end, [[dtype, n] for _, dtype, n in header["arrays"]])
+    except ValueError as e:
+        raise ValueError(f"{path}: {e}") from e
+    crc = zlib.crc32(memoryview(data)[end:stop], zlib.crc32(json.dumps(header["arrays"]).encode("utf-8")))
+    if stop != len(data) or crc != header["crc32"]:
         raise ValueError(f"{path}: damaged (size or CRC-32 differs)")
     vocab, phrase_tokens, phrase_len, run_pairs, para_tokens, para_len = arrays
     words = vocab.tobytes().decode("utf-8").split("\n")

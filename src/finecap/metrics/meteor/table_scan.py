@@ -41,7 +41,16 @@ try:  # ISA-L's inflate (python-isal, a dependency where it has wheels): half of
 except ImportError:  # zlib: the same bytes, more slowly
     _inflater = zlib  # type: ignore[assignment]
 
-__all__ = ["MAX_WORD_BYTES", "ScannedTable", "TableScanError", "narrowest", "scan_table"]
+__all__ = [
+    "ARRAY_DTYPES",
+    "MAX_WORD_BYTES",
+    "ScannedTable",
+    "TableScanError",
+    "narrowest",
+    "read_arrays",
+    "row_starts",
+    "scan_table",
+]
 
 MAX_WORD_BYTES = 24
 """Longest word (in UTF-8 bytes) the vectorised keys tell apart exactly; longer ones make :func:`scan_table` fail."""
@@ -554,8 +563,9 @@ _HELPER_ARG = "--scan-blocks"
 
 
 def _serve(gz: Path) -> int:
-    """The helper's side (:class:`_Helper`): scan the blocks read from standard input until it ends, then write a
-    JSON header and the arrays (numpy's ``.npy`` format) to standard output."""
+    """The helper's side (:class:`_Helper`): scan the blocks read from standard input until their end mark, then
+    write to standard output the JSON header's length (8 bytes, little-endian), the header and the arrays' bytes
+    (:func:`_read_blocks` reads them)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl+C reaches the whole process group: the caller decides
     source, out = sys.stdin.buffer, sys.stdout.buffer
     words = _Words(gz)
@@ -590,6 +600,31 @@ def _serve(gz: Path) -> int:
     return 0
 
 
+ARRAY_DTYPES = frozenset({"|u1", "<u2", "<u4"})
+"""The array types written after a JSON header (the helper's answer, the cached index): bytes, word ids, counts."""
+
+
+def read_arrays(data: bytes | bytearray, at: int, listing: list) -> tuple[list[np.ndarray], int]:
+    """The arrays ``listing`` names (``[dtype, length]`` each) stored one after another in ``data`` from offset
+    ``at``, as views, and the offset where they end; ``ValueError`` for another type or for ``data`` too short."""
+    arrays = []
+    for dtype, length in listing:
+        if dtype not in ARRAY_DTYPES or int(length) < 0:
+            raise ValueError(f"unexpected array {dtype} x {length}")
+        if at + np.dtype(dtype).itemsize * int(length) > len(data):
+            raise ValueError("truncated")
+        arrays.append(np.frombuffer(data, dtype=dtype, count=int(length), offset=at))
+        at += arrays[-1].nbytes
+    return arrays, at
+
+
+def row_starts(lengths: np.ndarray) -> np.ndarray:
+    """Offsets of rows of these lengths (one more than rows, the first 0)."""
+    starts = np.zeros(len(lengths) + 1, dtype=np.int64)
+    np.cumsum(lengths, out=starts[1:])
+    return starts
+
+
 def narrowest(counts: np.ndarray) -> np.ndarray:
     """Non-negative ``counts`` in the narrowest unsigned type that holds them (8, 16 or 32 bits)."""
     top = int(counts.max()) if len(counts) else 0
@@ -600,12 +635,7 @@ def _read_blocks(data: bytes) -> tuple[list[str], list[_Block]]:
     """The words and blocks :func:`_serve` wrote (``ValueError`` and the like for anything else)."""
     size = int.from_bytes(data[:8], "little")
     header = json.loads(data[8 : 8 + size])
-    at, arrays = 8 + size, []
-    for dtype, length in header["arrays"]:
-        if dtype not in ("|u1", "<u2", "<u4"):
-            raise ValueError(f"unexpected dtype {dtype}")
-        arrays.append(np.frombuffer(data, dtype=dtype, count=int(length), offset=at))
-        at += arrays[-1].nbytes
+    arrays, at = read_arrays(data, 8 + size, header["arrays"])
     if at != len(data) or len(arrays) != 1 + 5 * len(header["blocks"]):
         raise ValueError("the helper's answer is cut or too long")
     words = arrays[0].tobytes().decode("utf-8").split("\n") if header["words"] else []  # [""]: one empty word
@@ -614,13 +644,7 @@ def _read_blocks(data: bytes) -> tuple[list[str], list[_Block]]:
     blocks = []
     for k, (number, lines, first_pair, block_first) in enumerate(header["blocks"]):
         phrase, para, per_phrase, per_para, starts_run = arrays[1 + 5 * k : 6 + 5 * k]
-        pairs = (
-            first_pair,
-            per_phrase.astype(np.int64),
-            per_para.astype(np.int64),
-            starts_run.view(bool),
-            block_first,
-        )
+        pairs = (first_pair, per_phrase, per_para, starts_run.view(bool), block_first)  # counts as narrow as sent
         blocks.append(_Block(number, lines, phrase, para, pairs))
     return words, blocks
 
@@ -658,8 +682,7 @@ def _runs(words: list[str], blocks: list[_Block], n_pairs: int) -> ScannedTable:
     para = np.concatenate([b.para for b in blocks], dtype=dtype)[: int(para_len.sum())]
     run_first = np.flatnonzero(new)
     run_len = phrase_len[run_first]
-    offsets = np.zeros(len(run_first) + 1, dtype=np.int64)
-    np.cumsum(run_len, out=offsets[1:])
+    offsets = row_starts(run_len)
     drop = []  # runs that repeat the run before across a block's start
     for b in blocks:
         pair = b.pairs[4]
