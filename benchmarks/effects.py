@@ -20,10 +20,10 @@ seed's run directory when it is there and the stored copy otherwise, so a fresh 
 (:func:`effect_interval`: each world seed's runs averaged, a t-interval over the world seeds; the world seed's own
 ``seed<N>.json`` is run seed 0, other run seeds come from ``<store>/run_seeds/seed<N>-r<M>.json``) and exits 1 unless
 every headline effect holds (its interval past 0, or past 1 for a ratio, in the paper's direction), unless every
-world seed asked for has its results (a missing seed file fails, it is not skipped), and unless each documented
-non-reproduction (:data:`NON_REPRODUCTIONS`) stays one: no gain beyond the interval, and an interval that excludes
-the paper's effect at the world's level. A sign alone never passes: +0.001 on one seed beside +0.12 on the others is
-within the seeds' noise.
+world seed asked for has its results and its run-seed files (:data:`REPLICATES`; a missing file fails, it is not
+skipped), and unless each documented non-reproduction (:data:`NON_REPRODUCTIONS`) stays one: no gain beyond the
+interval, and an interval that excludes the paper's effect at the world's level. A sign alone never passes: +0.001
+on one seed beside +0.12 on the others is within the seeds' noise.
 
 This is a benchmark, not a test: a seed took 624-626 s on an idle 2-core machine (2026-11-23, world encoder v3),
 718-826 s with every row also captioning the scene-family world (2026-11-24, the machine shared with light jobs).
@@ -58,6 +58,10 @@ STORE = Path(__file__).parent / "results" / "effects"
 RUN_SEEDS = "run_seeds"
 """The folder of ``STORE`` holding a world seed's stages retrained under other run seeds (``seed<N>-r<M>.json``, rows
 of the stages measured only; its README says where they come from)."""
+REPLICATES: dict[int, tuple[int, ...]] = {0: (1, 2, 3), 1: (1, 2, 3), 2: (1, 2, 3)}
+"""The run seeds :data:`RUN_SEEDS` holds for each world seed (its README): ``--check`` fails on a world seed asked for
+whose run-seed file is missing (:func:`missing_replicates`), as it does on a missing seed file, since dropping one
+would change the world seed's mean silently; a world seed not listed here (a new world) needs none."""
 
 
 @dataclass(frozen=True)
@@ -256,12 +260,16 @@ def judge_effect(sign: int, ratio: bool, interval: tuple[float, float, float] | 
 
 
 def headline_failures(numbers: dict[str, dict[str, object]], n: int, results: dict[int, Rows] | None = None,
-                      missing: Sequence[int] = ()) -> list[str]:  # fmt: skip
-    """What fails ``--check``: each world seed asked for without results (``missing``); each :data:`HEADLINE` effect
-    (RD-``n``) that is not computed or does not hold over world and run seeds (:func:`judge_effect`); and each
+                      missing: Sequence[int] = (),
+                      missing_runs: Sequence[tuple[int, int]] = ()) -> list[str]:  # fmt: skip
+    """What fails ``--check``: each world seed asked for without results (``missing``) and each of its run-seed files
+    that is missing (``missing_runs``, :func:`missing_replicates`); each :data:`HEADLINE` effect (RD-``n``) that is
+    not computed or does not hold over world and run seeds (:func:`judge_effect`); and each
     documented non-reproduction that shows a gain or whose interval no longer excludes the paper's effect
     (:data:`NON_REPRODUCTIONS`, on the world's scale of ``results``)."""
     failed = [f"world seed {s}: no results (a missing seed file fails the check)" for s in missing]
+    failed += [f"world seed {s}, run seed {r}: no {RUN_SEEDS}/seed{s}-r{r}.json (a missing run-seed file fails the "
+               "check)" for s, r in missing_runs]  # fmt: skip
     for name in (h.format(n=n) for h in HEADLINE):
         e = numbers.get(name)
         if e is None:
@@ -415,6 +423,15 @@ def load_results(seeds: Sequence[int], root: Path, store: Path) -> dict[int, Row
     return results
 
 
+def missing_replicates(seeds: Sequence[int], replicates: dict[int, dict[int, Rows]]) -> list[tuple[int, int]]:
+    """``(world seed, run seed)`` of each :data:`REPLICATES` file that the world seeds asked for lack.
+
+    >>> missing_replicates([0, 3], {0: {1: {}, 3: {}}})
+    [(0, 2)]
+    """
+    return [(s, r) for s in seeds for r in REPLICATES.get(s, ()) if r not in replicates.get(s, {})]
+
+
 def load_replicates(seeds: Sequence[int], store: Path) -> dict[int, dict[int, Rows]]:
     """``{world seed: {run seed: rows}}`` of ``<store>/run_seeds/seed<N>-r<M>.json`` for the world seeds asked."""
     out: dict[int, dict[int, Rows]] = {}
@@ -449,12 +466,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     missing = [s for s in seeds if s not in results]
     if not results:
         raise SystemExit("no finished seed")
-    table, numbers = summarise(results, load_replicates(sorted(results), store))
+    replicates = load_replicates(sorted(results), store)
+    table, numbers = summarise(results, replicates)
     print(f"\nEffects over {len(results)} world seed(s) ({', '.join(map(str, sorted(results)))}):\n")
     print(table)
     if args.json:
         Path(args.json).write_text(json.dumps(numbers, indent=2) + "\n")
-    failed = headline_failures(numbers, distractor_count(results), results, missing)
+    failed = headline_failures(
+        numbers, distractor_count(results), results, missing, missing_replicates(seeds, replicates)
+    )
     seeds_done = ", ".join(map(str, sorted(results)))
     if failed:
         print(f"\n--check fails on world seed(s) {seeds_done}:\n" + "\n".join(f"- {f}" for f in failed))

@@ -40,9 +40,12 @@ def store(effects, tmp_path):
 
 def failures(effects, store: Path, seeds=SEEDS) -> list[str]:
     results = effects.load_results(seeds, store.parent / "no-runs", store)
-    _, numbers = effects.summarise(results, effects.load_replicates(sorted(results), store))
+    replicates = effects.load_replicates(sorted(results), store)
+    _, numbers = effects.summarise(results, replicates)
     missing = [s for s in seeds if s not in results]
-    return effects.headline_failures(numbers, effects.distractor_count(results), results, missing)
+    return effects.headline_failures(
+        numbers, effects.distractor_count(results), results, missing, effects.missing_replicates(seeds, replicates)
+    )
 
 
 def names(failed: list[str]) -> list[str]:
@@ -79,7 +82,26 @@ def test_the_committed_results_hold_all_but_three_headline_effects(effects, stor
     assert "| SLE sample Div-2 recovery (sle - scst) | +0.059 ± 0.035 | 3/3 (> 0) |" in out
     assert "[+0.050, +0.064] (12) | holds |" in out
     shutil.rmtree(store / effects.RUN_SEEDS)
-    assert "SLE sample Div-2 recovery (sle - scst)" in names(failures(effects, store))
+    failed = failures(effects, store)
+    assert "SLE sample Div-2 recovery (sle - scst)" in names(failed)
+    assert sum("a missing run-seed file fails the check" in f for f in failed) == 9
+
+
+@pytest.mark.parametrize(("seed", "run"), [(0, 1), (2, 3)])
+def test_a_missing_run_seed_file_fails_the_check(effects, store, seed, run, capsys):
+    """Dropping one run-seed file changes its world seed's mean silently (world seed 2's run seeds hold SLE's
+    non-reproduction: without them its interval excluded the paper's gain by luck); the check names the file."""
+    (store / effects.RUN_SEEDS / f"seed{seed}-r{run}.json").unlink()
+    line = f"world seed {seed}, run seed {run}: no run_seeds/seed{seed}-r{run}.json (a missing run-seed file fails"
+    assert [f for f in failures(effects, store) if f.startswith("world seed")] == [line + " the check)"]
+    code = effects.main(["--seeds", "0,1,2", "--root", str(store.parent / "none"), "--store", str(store),
+                         "--summarise-only", "--check"])  # fmt: skip
+    assert code == 1 and f"- {line}" in capsys.readouterr().out
+
+
+def test_a_world_seed_without_declared_run_seeds_needs_none(effects, store):
+    assert effects.missing_replicates([3], {}) == []
+    assert effects.missing_replicates([0], {0: {1: {}, 2: {}, 3: {}}}) == []
 
 
 @pytest.mark.parametrize("missing", SEEDS)
