@@ -59,9 +59,9 @@ RUN_SEEDS = "run_seeds"
 """The folder of ``STORE`` holding a world seed's stages retrained under other run seeds (``seed<N>-r<M>.json``, rows
 of the stages measured only; its README says where they come from)."""
 REPLICATES: dict[int, tuple[int, ...]] = {0: (1, 2, 3), 1: (1, 2, 3), 2: (1, 2, 3)}
-"""The run seeds :data:`RUN_SEEDS` holds for each world seed (its README): ``--check`` fails on a world seed asked for
-whose run-seed file is missing (:func:`missing_replicates`), as it does on a missing seed file, since dropping one
-would change the world seed's mean silently; a world seed not listed here (a new world) needs none."""
+"""The run seeds :data:`RUN_SEEDS` holds for each world seed (its README): ``--check`` fails on a world seed with
+results whose run-seed file is missing (:func:`missing_replicates`), as it does on a missing seed file, since
+dropping one would change the world seed's mean silently; a world seed not listed here (a new world) needs none."""
 
 
 @dataclass(frozen=True)
@@ -473,7 +473,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.json:
         Path(args.json).write_text(json.dumps(numbers, indent=2) + "\n")
     failed = headline_failures(
-        numbers, distractor_count(results), results, missing, missing_replicates(seeds, replicates)
+        numbers, distractor_count(results), results, missing, missing_replicates(sorted(results), replicates)
     )
     seeds_done = ", ".join(map(str, sorted(results)))
     if failed:
