@@ -39,7 +39,7 @@ def test_completion_text_of_plain_and_conversational_completions():
     assert completion_text(conversational("a red circle")) == "a red circle"
     two_turns = [{"role": "assistant", "content": "first"}, {"role": "assistant", "content": "second"}]
     assert completion_text(two_turns) == "second"
-    with pytest.raises(TypeError, match="a completion must be a string or a list of messages"):
+    with pytest.raises(ValueError, match=r"^completions\[0\]: expected a string or a list of messages, got int$"):
         completion_text(3)
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import logging
+import math
 import os
 import sys
 import time
@@ -126,6 +127,25 @@ def cmd_train(args: argparse.Namespace) -> None:
     train(cfg, resume=args.resume, recipe=_recipe_file(args))
 
 
+def number(low: float, high: float, kind: type = float) -> Callable[[str], typing.Any]:
+    """An argparse ``type`` reading a finite number from ``low`` to ``high`` (``kind`` ``int``: a whole one): a
+    value beyond is argparse's one-line error naming the option and the range, never a traceback or a server that
+    waits for ever (``--batch-wait-ms inf``)."""
+
+    def read(text: str) -> typing.Any:
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected {'a whole number' if kind is int else 'a number'}, got "
+                                             f"{text!r}") from None  # fmt: skip
+        if not (math.isfinite(value) and low <= value <= high):
+            raise argparse.ArgumentTypeError(f"must be from {low:g} to {high:g}, got {text}")
+        return value
+
+    read.__name__ = "number"
+    return read
+
+
 class UsageError(Exception):
     """A command given too little to do anything: ``main`` prints the message (its usage) and exits 2."""
 
@@ -230,13 +250,18 @@ def cmd_serve_reward(args: argparse.Namespace) -> None:
         raise UsageError("usage: finecap serve-reward RECIPE [section.key=value ...] [--host H] [--port P]\n"
                          "  serves the recipe's rl.rewards over HTTP (docs/integrations.md); e.g. "
                          "finecap serve-reward demo/sr_bagcurri --port 8000")  # fmt: skip
-    from finecap.app.serve_reward import main
+    from finecap.app.serve_reward import main, read_token
+    from finecap.serve.app import ConnectionLimits
     from finecap.serve.protocol import Limits
 
     limits = Limits(max_request_bytes=args.max_request_bytes, max_captions=args.max_captions,
                     max_caption_chars=args.max_caption_chars)  # fmt: skip
+    connections = ConnectionLimits(header_timeout=args.header_timeout, body_timeout=args.body_timeout,
+                                   max_connections=args.max_connections)  # fmt: skip
+    token = read_token(args.token_file) if args.token_file else None
     main(_config(args), host=args.host, port=args.port, limits=limits, batch_size=args.batch_size,
-         batch_wait_ms=args.batch_wait_ms, log_every=args.log_every)  # fmt: skip
+         batch_wait_ms=args.batch_wait_ms, log_every=args.log_every, token=token,
+         connections=connections)  # fmt: skip
 
 
 def cmd_recipes(args: argparse.Namespace) -> None:
@@ -471,20 +496,31 @@ def build_parser() -> argparse.ArgumentParser:
     p = _add(sub, "serve-reward", cmd_serve_reward, "Serve a recipe's rewards (rl.rewards) over HTTP to RL trainers "
              "(OpenRLHF, verl, ms-swift; docs/integrations.md).")  # fmt: skip
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")
-    p.add_argument("--port", type=int, default=8000, help="port (default 8000; 0 = any free port, printed)")
-    p.add_argument("--batch-size", dest="batch_size", type=int, default=1024, help="captions per reward call when "
-                   "concurrent requests are merged (rewards that score each caption alone: CIDEr-D; 1024 is CIDEr-D's "
-                   "fastest per caption, benchmarks/reward_server.py)")  # fmt: skip
-    p.add_argument("--batch-wait-ms", dest="batch_wait_ms", type=float, default=0.0, help="milliseconds a reward "
-                   "call waits for more requests once one is queued (default 0: those queued meanwhile)")  # fmt: skip
-    p.add_argument("--max-request-bytes", dest="max_request_bytes", type=int, default=16 * 2**20,
+    p.add_argument("--port", type=number(0, 65535, int), default=8000, help="port (default 8000; 0 = any free port, "
+                   "printed)")  # fmt: skip
+    p.add_argument("--token-file", dest="token_file", default=None, help="a file holding a bearer token every "
+                   "request must carry (Authorization: Bearer ...; the clients read $FINECAP_REWARD_TOKEN); advised "
+                   "beyond loopback. Never on the command line")  # fmt: skip
+    p.add_argument("--batch-size", dest="batch_size", type=number(1, 1_000_000, int), default=1024, help="captions "
+                   "per reward call when concurrent requests are merged (rewards that score each caption alone: "
+                   "CIDEr-D; 1024 is CIDEr-D's fastest per caption, benchmarks/reward_server.py)")  # fmt: skip
+    p.add_argument("--batch-wait-ms", dest="batch_wait_ms", type=number(0, 60_000), default=0.0, help="milliseconds "
+                   "a reward call waits for more requests once one is queued (default 0: those queued meanwhile; at "
+                   "most 60000)")  # fmt: skip
+    p.add_argument("--max-request-bytes", dest="max_request_bytes", type=number(1, 2**31, int), default=16 * 2**20,
                    help="largest request body (413 beyond; default 16 MiB)")  # fmt: skip
-    p.add_argument("--max-captions", dest="max_captions", type=int, default=8192,
+    p.add_argument("--max-captions", dest="max_captions", type=number(1, 10_000_000, int), default=8192,
                    help="captions per request at most (413 beyond)")  # fmt: skip
-    p.add_argument("--max-caption-chars", dest="max_caption_chars", type=int, default=20_000,
-                   help="characters per caption or reference at most (413 beyond)")  # fmt: skip
-    p.add_argument("--log-every", dest="log_every", type=float, default=60.0, help="seconds between throughput "
-                   "lines (0: none)")  # fmt: skip
+    p.add_argument("--max-caption-chars", dest="max_caption_chars", type=number(1, 10_000_000, int),
+                   default=20_000, help="characters per caption or reference at most (413 beyond)")  # fmt: skip
+    p.add_argument("--header-timeout", dest="header_timeout", type=number(0.001, 3600), default=10.0,
+                   help="seconds for a request's headers to arrive (the connection is closed after)")  # fmt: skip
+    p.add_argument("--body-timeout", dest="body_timeout", type=number(0.001, 3600), default=60.0,
+                   help="seconds for a request's body to arrive (408 after)")  # fmt: skip
+    p.add_argument("--max-connections", dest="max_connections", type=number(1, 65_536, int), default=256,
+                   help="connections open at once (beyond, new ones are closed; kept under ulimit -n)")  # fmt: skip
+    p.add_argument("--log-every", dest="log_every", type=number(0, 86_400), default=60.0, help="seconds between "
+                   "throughput lines (0: none)")  # fmt: skip
 
     p = sub.add_parser("recipes", help="List the packaged recipes (run one with `finecap train NAME`).",
                        description="List the packaged recipes, or copy one to start a configuration of your own.",

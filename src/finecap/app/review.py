@@ -46,7 +46,6 @@ beyond loopback it is plain HTTP (the token and images cross the network unencry
 
 from __future__ import annotations
 
-import ipaddress
 import logging
 import os
 import secrets
@@ -65,6 +64,7 @@ from finecap.data.images import check_image_file, decode_image, encode_image
 from finecap.data.records import DataError, Record
 from finecap.data.references import load_references
 from finecap.report.html import TEMPLATES
+from finecap.serve.hosts import WILDCARD_HOSTS, HostPolicy, hostname
 from finecap.train.fingerprint import bags_file_data
 from finecap.utils import is_loopback
 
@@ -73,8 +73,6 @@ log = logging.getLogger(__name__)
 DEFAULT_HOST = "127.0.0.1"
 TOKEN_ENV = "FINECAP_REVIEW_TOKEN"
 """Environment variable read for the access token when ``--token`` is not given."""
-LOOPBACK_NAMES = frozenset({"localhost", "127.0.0.1", "::1"})
-WILDCARD_HOSTS = frozenset({"0.0.0.0", "::", ""})
 IMAGE_TYPES: dict[str, str] = {".png": "image/png", ".jpg": "image/jpeg", ".jpeg": "image/jpeg", ".gif": "image/gif",
                                ".webp": "image/webp", ".bmp": "image/bmp"}  # fmt: skip
 """Image file extensions served, with their MIME types."""
@@ -185,22 +183,6 @@ def _served_images(
     return served
 
 
-def _hostname(host: str) -> str:
-    """The name part of a ``Host`` header (``[::1]:8765`` -> ``::1``, ``localhost:8765`` -> ``localhost``)."""
-    host = host.strip().lower()
-    if host.startswith("["):
-        return host[1 : host.find("]")] if "]" in host else host
-    return host.rsplit(":", 1)[0] if host.count(":") == 1 else host
-
-
-def _is_ip(name: str) -> bool:
-    try:
-        ipaddress.ip_address(name)
-    except ValueError:
-        return False
-    return True
-
-
 def create_app(
     bags: str | Path, images: str | Path, *, data: str | Path | None = None, out: str | Path | None = None,
     cfg: Config | None = None, host: str = DEFAULT_HOST, token: str | None = None,
@@ -225,11 +207,7 @@ def create_app(
     servable = set(served.values())
     base = root.resolve()
 
-    bound = _hostname(host)
-    hosts = set(LOOPBACK_NAMES) | {bound}
-    wildcard = bound in WILDCARD_HOSTS
-    if wildcard:
-        hosts |= {socket.gethostname().lower(), socket.getfqdn().lower()}
+    hosts = HostPolicy(host)
     csrf_token = secrets.token_urlsafe(32)
 
     app = Flask(__name__, template_folder=str(TEMPLATES))
@@ -250,8 +228,7 @@ def create_app(
     @app.before_request
     def guard() -> Any:
         g.nonce = secrets.token_urlsafe(16)
-        name = _hostname(request.host)
-        if name not in hosts and not (wildcard and _is_ip(name)):
+        if not hosts.accepts(request.host):
             refuse(400, f"Host {request.host!r} is not the address this review server is bound to (a DNS-rebinding "
                         "request?); open the URL it printed")  # fmt: skip
         origin = request.headers.get("Origin")
@@ -383,7 +360,7 @@ def main(
     curation: BagCuration = app.config["curation"]
     server = make_server(host, port, app, threaded=True)
     counts = curation.counts()
-    shown = socket.gethostname() if _hostname(host) in WILDCARD_HOSTS else host
+    shown = socket.gethostname() if hostname(host) in WILDCARD_HOSTS else host
     shown = f"[{shown}]" if ":" in shown else shown
     url = f"http://{shown}:{server.server_port}/" + (f"?token={token}" if token else "")
     print(f"Reviewing {len(curation.keys())} bags of {bags} ({counts['accepted']} accepted, {counts['rejected']} "

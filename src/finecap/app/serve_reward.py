@@ -10,6 +10,10 @@ document frequencies from the training references, the retriever (``retriever.*`
 and the training images' embeddings, the world's scenes for the listener. It is set up once; the server then
 answers requests until SIGINT or SIGTERM (exit code 0) (:mod:`finecap.serve`).
 
+Beyond loopback, ``--token-file`` makes every request carry a bearer token (:func:`read_token`); without one the
+server warns that anyone who reaches the port can query it. A reward that raises ``SystemExit`` (or the worker's
+crash) stops the server: the command exits with code 1, naming it.
+
 What cannot be served says so at start: ``sr.distractors=bag`` reads the bag numbers of training batches, which a
 request does not have (serve ``batch``, the request's other images, or ``hard``, mined neighbours).
 """
@@ -17,6 +21,10 @@ request does not have (serve ``batch``, the request's other images, or ``hard``,
 from __future__ import annotations
 
 import logging
+import os
+import stat
+from pathlib import Path
+from typing import TYPE_CHECKING
 
 from finecap.app.train import prepare_needs
 from finecap.config import Config, ConfigError
@@ -28,6 +36,9 @@ from finecap.serve.protocol import Limits
 from finecap.serve.service import ImageTable, RewardService
 from finecap.train.engine import make_accelerator, process_state
 from finecap.utils import is_loopback
+
+if TYPE_CHECKING:
+    from finecap.serve.app import ConnectionLimits
 
 log = logging.getLogger(__name__)
 
@@ -60,21 +71,51 @@ def build_service(cfg: Config, *, limits: Limits | None = None, batch_size: int 
                          batch_wait=batch_wait, log_every=log_every, name=describe(cfg))  # fmt: skip
 
 
+TOKEN_ENV = "FINECAP_REWARD_TOKEN"
+"""The environment variable the clients (:class:`finecap.serve.client.RewardClient`, every adapter's ``url=``) read
+the server's bearer token from."""
+
+
+def read_token(path: str | os.PathLike) -> str:
+    """The bearer token in the file ``path`` (its first line, stripped): refused when the file is missing, empty,
+    or readable by other users (a token others can read is no secret)."""
+    file = Path(path)
+    try:
+        info = file.stat()
+        text = file.read_text(encoding="utf-8")
+    except OSError as e:
+        raise ValueError(f"--token-file {file}: {e.strerror or e}") from None
+    except UnicodeDecodeError:
+        raise ValueError(f"--token-file {file}: not UTF-8 text") from None
+    if info.st_mode & (stat.S_IRWXG | stat.S_IRWXO):
+        raise ValueError(f"--token-file {file}: readable by other users (mode {stat.filemode(info.st_mode)}); "
+                         f"chmod 600 {file}")  # fmt: skip
+    lines = text.splitlines()
+    token = lines[0].strip() if lines else ""
+    if len(token) < 16 or any(c.isspace() or not c.isprintable() for c in token):
+        raise ValueError(
+            f"--token-file {file}: its first line must be a token of at least 16 printable characters "
+            "without spaces (e.g. python -c 'import secrets; print(secrets.token_urlsafe(32))')"
+        )
+    return token
+
+
 def main(cfg: Config, *, host: str = "127.0.0.1", port: int = 8000, limits: Limits | None = None,
-         batch_size: int = 1024, batch_wait_ms: float = 0.0, log_every: float = 60.0) -> None:  # fmt: skip
+         batch_size: int = 1024, batch_wait_ms: float = 0.0, log_every: float = 60.0, token: str | None = None,
+         connections: ConnectionLimits | None = None) -> None:  # fmt: skip
     """Serve ``cfg``'s rewards on ``host:port`` until SIGINT or SIGTERM (the address is taken first: a port in use
-    stops the command before the reward is loaded)."""
+    stops the command before the reward is loaded); ``SystemExit(1)`` when the reward stopped the server."""
     from finecap.serve.app import bind, make_server  # Starlette and uvicorn: the serve extra
 
     local = is_loopback(host)
     sock = bind(host, port)
     service = build_service(cfg, limits=limits, batch_size=batch_size, batch_wait=batch_wait_ms / 1000,
                             log_every=log_every)  # fmt: skip
-    server, sock = make_server(service, host, port, sock=sock)
+    server, sock = make_server(service, host, port, sock=sock, token=token, connections=connections)
     bound = sock.getsockname()[1]
-    if not local:
+    if not local and token is None:
         log.warning("--host %s is beyond loopback: any machine that reaches this one on port %d can query the reward "
-                    "server (plain HTTP, no authentication)", host, bound)  # fmt: skip
+                    "server (plain HTTP, no token: give --token-file)", host, bound)  # fmt: skip
     shown = f"[{host}]" if ":" in host else host
     print(f"finecap serve-reward: {service.name} over {len(service.images)} training images on "
           f"http://{shown}:{bound} (POST /reward, POST /get_reward, GET /health); Ctrl-C or SIGTERM stops it",
@@ -82,3 +123,8 @@ def main(cfg: Config, *, host: str = "127.0.0.1", port: int = 8000, limits: Limi
     server.run(sockets=[sock])
     print(f"finecap serve-reward: stopped after {service.meter.total_requests} requests "
           f"({service.meter.total_captions} captions)", flush=True)  # fmt: skip
+    if service.fatal is not None:
+        raise SystemExit(
+            f"finecap serve-reward: error: the reward {service.name} raised "
+            f"{type(service.fatal).__name__}, which stops the server (its log has the details)"
+        )

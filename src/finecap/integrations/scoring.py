@@ -2,13 +2,22 @@
 reward server (``finecap serve-reward``, :mod:`finecap.serve`), called on a list of captions and their images as the
 server calls it on one request: ``reward(captions, call_batch(image_ids, references))``, so that a reward's values
 are bit-identical whichever front end asks; and the readers of the trainers' arguments (columns of per-sample
-values, message contents).
+values, completions, message contents).
+
+In process, a call is checked exactly as the server checks a request, by the same code, and refused with the same
+message (a ``ValueError``: :class:`finecap.serve.protocol.RequestError`): its fields
+(:func:`~finecap.serve.protocol.parse_reward`: captions are strings, ids strings or integers, references lists of
+strings, never a string split into characters), its images (:class:`~finecap.serve.service.CallCheck`: the ids the
+reward knows, ``17`` and ``"17"`` one image; a reward that compares a call's images refuses a call of one image,
+as TRL's default of one prompt a generation batch would give); and its values: a non-finite one is a
+:class:`finecap.rewards.NonFiniteReward` naming the reward, and a server's reply is checked for its length, types
+and finiteness (:func:`finecap.serve.client.checked_values`).
 
 Example::
 
     >>> from finecap.rewards.cider import CiderReward
     >>> scorer = Scorer(CiderReward({1: ["a red circle", "a small red circle"], 2: ["a blue square"]}))
-    >>> [round(v, 3) for v in scorer.score(["a red circle", "a square"], [1, 2]).total]
+    >>> [round(v, 3) for v in scorer.score(["a red circle", "a square"], [1, "2"]).total]
     [5.26, 1.743]
 """
 
@@ -17,8 +26,12 @@ from __future__ import annotations
 from collections.abc import Hashable, Mapping, Sequence
 from typing import Any
 
-from finecap.rewards import Reward, call_batch, compares_images
-from finecap.serve.service import Scored, split_output
+from finecap.rewards import Reward, check_finite, compares_images, known_images
+from finecap.serve.protocol import Limits, parse_reward, reward_body
+from finecap.serve.service import CallCheck, ImageTable, Scored, split_output
+
+IN_PROCESS = Limits(max_request_bytes=2**62, max_captions=2**62, max_caption_chars=2**62)
+"""A call in process has no size limits (the server's protect the server); every other check is the server's."""
 
 
 class Scorer:
@@ -29,17 +42,23 @@ class Scorer:
             or a mixture (:class:`finecap.rewards.WeightedSum`), set up.
         url: the server (``http://127.0.0.1:8000``); its reward, images and limits are the server's.
         timeout: seconds per request to the server.
+        token: the server's bearer token (default ``$FINECAP_REWARD_TOKEN``).
+        name: what messages call the reward.
     """
 
-    def __init__(self, reward: Reward | None = None, *, url: str | None = None, timeout: float = 180.0) -> None:
+    def __init__(self, reward: Reward | None = None, *, url: str | None = None, timeout: float = 180.0,
+                 token: str | None = None, name: str = "the reward") -> None:  # fmt: skip
         if (reward is None) == (url is None):
             raise ValueError("give a finecap reward (reward=) or a reward server's URL (url=), one of them")
-        self.reward = reward
+        if reward is not None and not callable(reward):
+            raise TypeError(f"reward= must be a finecap reward (callable), got {type(reward).__name__}")
+        self.reward, self.name = reward, name
         self.client = None
+        self._check: CallCheck | None = None
         if url is not None:
             from finecap.serve.client import RewardClient  # httpx: only for a server
 
-            self.client = RewardClient(url, timeout=timeout)
+            self.client = RewardClient(url, timeout=timeout, token=token)
 
     @property
     def compares_images(self) -> bool:
@@ -47,12 +66,23 @@ class Scorer:
         on a request of one image)."""
         return self.reward is not None and compares_images(self.reward)
 
+    def check(self) -> CallCheck:
+        """The server's checks of a call's images, over the images the reward knows (read at the first call: a
+        reward is set up by then)."""
+        if self._check is None:
+            known = known_images(self.reward)
+            table = None if known is None else ImageTable(known, source=f"the {len(known)} images {self.name} knows")
+            self._check = CallCheck(table, self.compares_images, self.name)
+        return self._check
+
     def score(self, captions: Sequence[str], image_ids: Sequence[Hashable],
               references: Sequence[Sequence[str]] | None = None) -> Scored:  # fmt: skip
         """The values of ``captions`` of the images ``image_ids`` (against ``references``, when given)."""
         if self.client is not None:
             return self.client.score(captions, image_ids, references=references)
-        return split_output(self.reward(list(captions), call_batch(image_ids, references)), [len(captions)])[0]
+        job = self.check().job(parse_reward(reward_body(captions, image_ids, references=references), IN_PROCESS))
+        out = check_finite(self.reward(job.captions, job.batch()), self.name)
+        return split_output(out, [len(job.captions)])[0]
 
     async def ascore(self, captions: Sequence[str], image_ids: Sequence[Hashable],
                      references: Sequence[Sequence[str]] | None = None) -> Scored:  # fmt: skip
@@ -69,7 +99,11 @@ def column(values: Mapping[str, Any], name: str, n: int, who: str, option: str) 
         columns = sorted(k for k in values if k not in ("trainer_state", "log_extra", "log_metric"))
         raise KeyError(f"{who}: no {name!r} column among the data set's columns {columns}; add the image ids as that "
                        f"column or pass {option}=")  # fmt: skip
-    out = list(values[name])
+    given = values[name]
+    if isinstance(given, str | bytes) or not hasattr(given, "__len__"):
+        raise ValueError(f"{who}: the {name!r} column must hold one value per completion, got "
+                         f"{type(given).__name__}")  # fmt: skip
+    out = list(given)
     if len(out) != n:
         raise ValueError(f"{who}: {len(out)} values of {name!r} for {n} completions")
     return out
@@ -82,3 +116,32 @@ def content_text(content: Any) -> str:
     if isinstance(content, Sequence) and all(isinstance(b, Mapping) for b in content):
         return "".join(block.get("text", "") for block in content if block.get("type") == "text")
     raise TypeError(f"a message's content must be a string or a list of blocks, got {type(content).__name__}")
+
+
+def completion_text(completion: Any, index: int = 0) -> str:
+    """The text of one completion (``completions[index]``, for errors): a string as is; a conversational completion
+    (a list of messages) gives its last assistant message's content (a string, or the concatenated ``text`` blocks
+    of a content list; a message without a ``role`` is the assistant's). A completion holding no assistant message
+    is refused: its text is the prompt's, not a caption. Anything else (``None``, a number) is refused by name."""
+    if isinstance(completion, str):
+        return completion
+    if isinstance(completion, Sequence) and completion and all(isinstance(m, Mapping) for m in completion):
+        replies = [m for m in completion if m.get("role", "assistant") == "assistant"]
+        if not replies:
+            roles = sorted({str(m.get("role")) for m in completion})
+            raise ValueError(f"completions[{index}]: no assistant message (roles: {', '.join(roles)}): nothing the "
+                             "model wrote to score")  # fmt: skip
+        try:
+            return content_text(replies[-1].get("content", ""))
+        except TypeError as e:
+            raise ValueError(f"completions[{index}]: {e}") from None
+    kind = "an empty list" if isinstance(completion, Sequence) and not completion else type(completion).__name__
+    raise ValueError(f"completions[{index}]: expected a string or a list of messages, got {kind}")
+
+
+def completion_texts(completions: Any) -> list[str]:
+    """:func:`completion_text` of each completion."""
+    completions = list(completions) if isinstance(completions, Sequence) and not isinstance(completions, str) else None
+    if completions is None:
+        raise ValueError("completions: expected a list of completions")
+    return [completion_text(c, i) for i, c in enumerate(completions)]

@@ -33,7 +33,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from finecap.integrations.scoring import Scorer, column, content_text
+from finecap.integrations.scoring import Scorer, column, completion_texts
 from finecap.rewards import Reward
 
 __all__ = ["async_orm", "orm"]
@@ -58,7 +58,7 @@ class _Inputs:
     references_column: str
 
     def _inputs(self, completions: Sequence[Any], kwargs: dict[str, Any]) -> tuple[list[str], list, list | None]:
-        texts = [content_text(c) for c in completions]
+        texts = completion_texts(completions)
         who = f"finecap ms-swift reward {type(self).__name__}"
         ids = column(kwargs, self.image_id_column, len(texts), who, "image_id_column")
         refs = kwargs.get(self.references_column)

@@ -51,22 +51,11 @@ from __future__ import annotations
 from collections.abc import Hashable, Mapping, Sequence
 from typing import Any
 
-from finecap.integrations.scoring import column, content_text
+from finecap.integrations.scoring import Scorer, column, completion_text, completion_texts
 from finecap.registry import REWARDS, is_dotted_path
-from finecap.rewards import Reward, call_batch, get_reward
+from finecap.rewards import Reward, get_reward
 
 __all__ = ["REWARDS", "TrlReward", "completion_text", "reward_function"]
-
-
-def completion_text(completion: Any) -> str:
-    """The text of one completion: a string as is; a conversational completion (a list of messages) gives its last
-    assistant message's content (a string, or the concatenated ``text`` blocks of a content list)."""
-    if isinstance(completion, str):
-        return completion
-    if isinstance(completion, Sequence) and completion and isinstance(completion[-1], Mapping):
-        messages = [m for m in completion if m.get("role", "assistant") == "assistant"] or list(completion)
-        return content_text(messages[-1].get("content", ""))
-    raise TypeError(f"reward_function: a completion must be a string or a list of messages, got {type(completion)}")
 
 
 class TrlReward:
@@ -82,14 +71,17 @@ class TrlReward:
         self.__name__ = name
         self.reward = reward
         self.image_id_column = image_id_column
+        self.scorer = Scorer(reward, name=name)
 
     def image_ids(self, n: int, kwargs: Mapping[str, Any]) -> list[Hashable]:
         return column(kwargs, self.image_id_column, n, f"reward_function({self.__name__!r})", "image_id_column")
 
     def __call__(self, prompts: Sequence[Any], completions: Sequence[Any], **kwargs: Any) -> list[float]:
-        texts = [completion_text(c).strip() for c in completions]
-        total = self.reward(texts, call_batch(self.image_ids(len(texts), kwargs))).total  # (N,)
-        return [float(r) for r in total.tolist()]
+        """One float per completion; a call the reward server would refuse is refused alike (a ``ValueError`` with
+        the server's message: :class:`finecap.integrations.scoring.Scorer`), a conversational completion without an
+        assistant message too."""
+        texts = [t.strip() for t in completion_texts(completions)]
+        return self.scorer.score(texts, self.image_ids(len(texts), kwargs)).total
 
 
 def reward_function(name: str, *, image_id_column: str = "image_id", **options: Any) -> TrlReward:

@@ -74,7 +74,10 @@ class VerlReward:
     def _inputs(self, extra_infos: Sequence[Mapping[str, Any] | None]) -> tuple[list[Hashable], list | None]:
         ids, refs = [], []
         for n, info in enumerate(extra_infos):
-            info = info or {}
+            info = {} if info is None else info
+            if not isinstance(info, Mapping):
+                raise ValueError(f"finecap verl reward: sample {n}'s extra_info must be a dict, got "
+                                 f"{type(info).__name__}")  # fmt: skip
             if self.image_key not in info:
                 raise KeyError(f"finecap verl reward: sample {n}'s extra_info has no {self.image_key!r} (keys: "
                                f"{sorted(info)}); put each sample's image id there, or pass image_key=")  # fmt: skip
@@ -84,14 +87,14 @@ class VerlReward:
         if any(given) and not all(given):
             raise ValueError(f"finecap verl reward: sample {given.index(False)} has no {self.references_key!r} in its "
                              "extra_info where others have: give references for every sample or for none")  # fmt: skip
-        return ids, ([list(r) for r in refs] if all(given) else None)
+        return ids, (refs if all(given) else None)  # checked as the server checks them (a string is refused)
 
     def batch(self, data_sources: Sequence[str], solution_strs: Sequence[str], ground_truths: Sequence[Any],
               extra_infos: Sequence[Mapping[str, Any] | None], **reward_kwargs: Any
               ) -> list[dict[str, float]]:  # fmt: skip
         """verl's batch form: one reward call for the batch."""
         ids, refs = self._inputs(extra_infos)
-        scored = self.scorer.score(list(solution_strs), ids, refs)
+        scored = self.scorer.score(solution_strs, ids, refs)
         return [{"score": t, **{k: v[n] for k, v in scored.parts.items()}} for n, t in enumerate(scored.total)]
 
     def __call__(self, data_source: str, solution_str: str, ground_truth: Any, extra_info: Mapping[str, Any] | None

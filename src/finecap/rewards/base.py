@@ -112,6 +112,39 @@ def compares_images(reward: Any) -> bool:
     return bool(getattr(reward, "compares_images", False))
 
 
+class NonFiniteReward(ValueError):
+    """A reward gave a non-finite value (NaN or an infinity): a fault of the reward, never of the captions or of the
+    optimiser; the message names the reward, its part and the first caption at fault (:func:`check_finite`)."""
+
+
+def check_finite(out: RewardOutput, name: str) -> RewardOutput:
+    """``out`` when its total and every part are finite, else :class:`NonFiniteReward` naming the reward ``name``,
+    the part (``total`` or the part's name) and the first caption index with its value.
+
+    >>> check_finite(RewardOutput(torch.tensor([1.0, float("nan")]), {}), "cider")
+    Traceback (most recent call last):
+    ...
+    finecap.rewards.base.NonFiniteReward: reward 'cider' gave a non-finite value (nan) for caption 1 (its total)
+    """
+    for part, values in (("total", out.total), *out.parts.items()):
+        values = torch.as_tensor(values)
+        if values.is_floating_point() and not bool(torch.isfinite(values).all()):
+            n = int((~torch.isfinite(values.reshape(-1))).nonzero()[0])
+            what = "its total" if part == "total" else f"its part {part!r}"
+            raise NonFiniteReward(f"reward {name!r} gave a non-finite value ({float(values.reshape(-1)[n])}) for "
+                                  f"caption {n} ({what})")  # fmt: skip
+    return out
+
+
+def known_images(reward: Any) -> frozenset[Hashable] | None:
+    """The image ids ``reward`` can score (``reward.known_images()``: the images of its references, embeddings or
+    scenes), or ``None`` when it does not say (a reward of your own scores whatever ids it is given). The adapters
+    check a call's ids against them in process as the reward server checks a request's
+    (:class:`finecap.serve.service.ImageTable`)."""
+    fn = getattr(reward, "known_images", None)
+    return frozenset(fn()) if callable(fn) else None
+
+
 def call_hook(obj: Any, hook: str, *args: Any) -> Any:
     """Call ``obj.hook(*args)`` when ``obj`` defines it (optional setup / state hooks)."""
     fn = getattr(obj, hook, None)
@@ -144,6 +177,11 @@ class WeightedSum:
     def compares_images(self) -> bool:
         """Some component ranks each caption's image against the call's others (:func:`compares_images`)."""
         return any(compares_images(r) for r in self._components())
+
+    def known_images(self) -> frozenset[Hashable] | None:
+        """The images every component that says which it knows can score (:func:`known_images`), or ``None``."""
+        sets = [s for s in (known_images(r) for r in self._components()) if s is not None]
+        return frozenset.intersection(*sets) if sets else None
 
     def setup(self, ctx: TrainContext) -> None:
         for reward in self._components():

@@ -70,6 +70,10 @@ class CiderReward:
         self.references = {i: list(refs) for i, refs in references.items()}
         self.scorer = CiderD(self.references, sigma=self.sigma)
 
+    def known_images(self) -> list[Hashable]:
+        """The images of the document-frequency corpus (:func:`finecap.rewards.known_images`)."""
+        return list(self.references)
+
     def setup(self, ctx: TrainContext) -> None:
         """Reference statistics and document frequencies from the training records (once)."""
         if self.scorer is not None:

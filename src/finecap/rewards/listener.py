@@ -52,6 +52,10 @@ class ListenerReward:
     def __init__(self, scenes: Mapping[Hashable, Scene] | None = None) -> None:
         self.scenes = None if scenes is None else dict(scenes)
 
+    def known_images(self) -> list[Hashable]:
+        """The images with a scene graph (:func:`finecap.rewards.known_images`)."""
+        return list(self.scenes or {})
+
     def setup(self, ctx: TrainContext) -> None:
         """The scene graphs of the training world (once)."""
         if self.scenes is not None:

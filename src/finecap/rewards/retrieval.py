@@ -251,6 +251,10 @@ class RetrievalReward:
 
     needs = frozenset({"retriever"})
 
+    def known_images(self) -> list[Hashable]:
+        """The images of the embedding table (:func:`finecap.rewards.known_images`)."""
+        return list(self.row_of)
+
     def setup(self, ctx: TrainContext) -> None:
         """Load the frozen retriever (``retriever.*``) and the training images' embeddings (disk-cached)."""
         self.accelerator = ctx.accelerator

@@ -11,20 +11,45 @@ Endpoints:
 - ``GET /health``: ``{"status": "ok", "reward": ..., "images": N, "requests": ..., "captions": ...}``.
 
 A refused request gets ``{"error": {"field": "captions[3]", "message": "..."}}`` with 400 (malformed: bad JSON,
-wrong types, unknown images), 413 (beyond the limits: the body, captions per request, characters per caption) or 404
-/ 405 (no such endpoint or method); an internal error gets 500 with the same shape; the server goes on serving in
-every case. A body is read up to ``max_request_bytes`` and no further (a larger ``Content-Length`` is refused before
-reading). Values are sent with Python's ``repr`` of the float32 values, which reads back to the same float32.
+wrong types, unknown images), 413 (beyond the limits: the body, captions per request, characters per caption), 404
+/ 405 (no such endpoint or method), or the policy's answers below; a fault of the reward gets 500 with a generic
+message (the detail in the server's log, :mod:`finecap.serve.service`); the server goes on serving in every case but
+one: a reward that raises ``SystemExit`` stops it (exit code 1). Replies are strict JSON: no ``NaN`` or
+``Infinity`` token, ever (a reward's non-finite value is a 500 naming the reward).
+
+Policy (docs/integrations.md, "The reward server's safety"):
+
+- **Host and origin.** A request whose ``Host`` is not the bound address or a loopback name is refused 400
+  (:class:`~finecap.serve.hosts.HostPolicy`: a web page cannot read the answers through DNS rebinding); a request
+  carrying an ``Origin`` (a browser's, on a page of any site) or ``Sec-Fetch-Site: cross-site`` / ``same-site`` is
+  refused 403; a POST must say ``Content-Type: application/json`` (415 otherwise: a cross-site form or
+  ``text/plain`` POST, which browsers send without asking first, is never scored).
+- **Token.** With ``--token-file`` every request must carry ``Authorization: Bearer <token>`` (401 otherwise,
+  compared in constant time); the token is read from the file, never from the command line, and never written.
+- **Connections.** Request headers must arrive within ``header_timeout`` seconds of the connection (or of the end
+  of the previous answer), the body within ``body_timeout`` seconds (408), at most ``max_connections`` are open at
+  once (beyond, a new one is closed at once; the cap is kept under the process's file-descriptor limit), and a
+  failing ``accept`` is logged at most once every 10 s with its count. What a request's bytes decide (decoding,
+  checks, image paths) runs on the service's check threads, never on the event loop; a request whose client
+  disconnects is cancelled and, if it has not started, never scored.
+
+Values are sent with Python's ``repr`` of the float32 values, which reads back to the same float32.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import logging
+import math
+import resource
+import secrets
 import signal
 import socket
-from collections.abc import AsyncIterator, Callable
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
 from typing import Any
 
 from finecap.utils import MissingExtra
@@ -36,33 +61,132 @@ try:
     from starlette.requests import Request
     from starlette.responses import Response
     from starlette.routing import Route
+    from uvicorn.protocols.http.h11_impl import H11Protocol
 except ImportError:  # pragma: no cover - the serve extra is in the test extra
     raise MissingExtra("finecap's reward server needs Starlette and uvicorn: pip install 'finecap[serve]'") from None
 
+from finecap.serve.hosts import HostPolicy
 from finecap.serve.protocol import Limits, RequestError, RewardRequest, decode_json, parse_get_reward, parse_reward
-from finecap.serve.service import RewardService, Scored
+from finecap.serve.service import RewardFailed, RewardService, Scored
 
 log = logging.getLogger(__name__)
 
 
-def _json(payload: Any, status: int = 200) -> Response:
-    return Response(json.dumps(payload, separators=(",", ":")), status_code=status, media_type="application/json")
+@dataclass(frozen=True)
+class ConnectionLimits:
+    """How long a client may take and how many may be connected (module docstring, "Connections").
+
+    Attributes:
+        header_timeout: seconds for a request's headers to arrive (``--header-timeout``).
+        body_timeout: seconds for its body to arrive (``--body-timeout``).
+        max_connections: connections open at once (``--max-connections``).
+    """
+
+    header_timeout: float = 10.0
+    body_timeout: float = 60.0
+    max_connections: int = 256
+
+    def __post_init__(self) -> None:
+        for name in ("header_timeout", "body_timeout"):
+            value = getattr(self, name)
+            if not (math.isfinite(value) and 0 < value <= 3600):
+                raise ValueError(f"--{name.replace('_', '-')}: must be a number of seconds above 0 and at most 3600, "
+                                 f"got {value:g}")  # fmt: skip
+        if not 1 <= self.max_connections <= 65_536:
+            raise ValueError(f"--max-connections: must be from 1 to 65536, got {self.max_connections}")
+
+    def connection_cap(self) -> int:
+        """:attr:`max_connections`, kept 64 under the process's soft file-descriptor limit (the rest are the
+        server's own files and the sockets it closes)."""
+        soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+        if soft == resource.RLIM_INFINITY:
+            return self.max_connections
+        return max(1, min(self.max_connections, soft - 64))
 
 
-async def read_body(request: Request, limits: Limits) -> bytes:
-    """The request's body, refused (413) beyond ``limits.max_request_bytes`` before it is all read."""
+def _json(payload: Any, status: int = 200, headers: dict[str, str] | None = None) -> Response:
+    """A strict JSON answer: a non-finite float is a ``ValueError``, never a bare ``NaN`` token."""
+    return Response(json.dumps(payload, separators=(",", ":"), allow_nan=False), status_code=status,
+                    media_type="application/json", headers=headers)  # fmt: skip
+
+
+async def read_body(request: Request, limits: Limits, timeout: float = 60.0) -> bytes:
+    """The request's body, refused (413) beyond ``limits.max_request_bytes`` before it is all read, and (408) when
+    it has not all arrived ``timeout`` seconds after its headers."""
     limit = limits.max_request_bytes
     declared = request.headers.get("content-length", "")
     if declared.isdigit() and int(declared) > limit:
         raise RequestError("body", f"{int(declared):,} bytes exceed the server's limit of {limit:,} "
                            "(--max-request-bytes)", 413)  # fmt: skip
     chunks, size = [], 0
-    async for chunk in request.stream():
+    deadline = time.monotonic() + timeout
+    stream = request.stream().__aiter__()
+    while True:
+        try:
+            chunk = await asyncio.wait_for(stream.__anext__(), max(deadline - time.monotonic(), 0.0))
+        except StopAsyncIteration:
+            break
+        except TimeoutError:
+            raise RequestError("body", f"not all sent within {timeout:g} s (--body-timeout)", 408) from None
         size += len(chunk)
         if size > limit:
             raise RequestError("body", f"more than {limit:,} bytes (--max-request-bytes)", 413)
         chunks.append(chunk)
     return b"".join(chunks)
+
+
+class Guard:
+    """The policy every request passes before its body is read (module docstring, "Host and origin", "Token")."""
+
+    def __init__(self, host: str, token: str | None) -> None:
+        self.hosts = HostPolicy(host)
+        self.token = token.encode() if token else None
+
+    def check(self, request: Request) -> None:
+        """Nothing, or the :class:`RequestError` (400, 401, 403, 415) of a request the policy refuses."""
+        host = request.headers.get("host")
+        if not self.hosts.accepts(host):
+            raise RequestError("Host", f"{host!r} is not the address this reward server is bound to (a "
+                               "DNS-rebinding request?); use the URL it printed")  # fmt: skip
+        origin = request.headers.get("origin")
+        if origin is not None:
+            raise RequestError("Origin", f"requests from web pages ({origin}) are refused: the reward server answers "
+                               "programs", 403)  # fmt: skip
+        site = request.headers.get("sec-fetch-site", "none")
+        if site in ("cross-site", "same-site"):
+            raise RequestError("Sec-Fetch-Site", f"{site} requests are refused", 403)
+        if self.token is not None:
+            given = request.headers.get("authorization", "")
+            scheme, _, value = given.partition(" ")
+            if scheme.lower() != "bearer" or not secrets.compare_digest(value.strip().encode(), self.token):
+                raise RequestError("Authorization", "this reward server needs its token: send 'Authorization: "
+                                   "Bearer <token>' (the clients read $FINECAP_REWARD_TOKEN)", 401)  # fmt: skip
+        if request.method == "POST":
+            media = request.headers.get("content-type", "").split(";")[0].strip().lower()
+            if media != "application/json":
+                raise RequestError("Content-Type", f"expected application/json, got {media or 'none'}", 415)
+
+
+async def until_gone(request: Request, work: Awaitable[Any]) -> tuple[bool, Any]:
+    """``(True, result)`` of ``work``, or ``(False, None)`` once the request's client has disconnected (``work`` is
+    then cancelled: a queued request is never scored)."""
+    task = asyncio.ensure_future(work)
+
+    async def gone() -> None:
+        while (await request.receive())["type"] != "http.disconnect":
+            pass
+
+    watch = asyncio.ensure_future(gone())
+    try:
+        await asyncio.wait({task, watch}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        watch.cancel()
+    if task.done():
+        return True, task.result()
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError, Exception):
+        await task
+    return False, None
 
 
 def finecap_reply(request: RewardRequest, scored: Scored) -> dict[str, Any]:
@@ -76,23 +200,42 @@ def openrlhf_reply(request: RewardRequest, scored: Scored) -> dict[str, Any]:
     return {"rewards": scored.total, "extra_logs": scored.parts}
 
 
-def create_app(service: RewardService) -> Starlette:
-    """The Starlette application serving ``service`` (its worker runs for the application's lifespan)."""
+def create_app(service: RewardService, *, host: str = "127.0.0.1", token: str | None = None,
+               connections: ConnectionLimits | None = None) -> Starlette:  # fmt: skip
+    """The Starlette application serving ``service`` (its worker runs for the application's lifespan) under the
+    policy of a server bound to ``host`` with the bearer ``token`` (or none) (module docstring)."""
+    guard = Guard(host, token)
+    body_timeout = (connections or ConnectionLimits()).body_timeout
 
     def endpoint(parse: Callable[[Any, Limits], RewardRequest], reply: Callable[[RewardRequest, Scored], dict]):
+        def checked(raw: bytes) -> tuple[RewardRequest, Any]:
+            parsed = parse(decode_json(raw), service.limits)
+            return parsed, service.job(parsed)
+
         async def handle(request: Request) -> Response:
             try:
-                parsed = parse(decode_json(await read_body(request, service.limits)), service.limits)
-                scored = await service.score(service.job(parsed))
+                guard.check(request)
+                parsed, job = await service.off_loop(checked, await read_body(request, service.limits, body_timeout))
+                answered, scored = await until_gone(request, service.score(job))
+                if not answered:
+                    return Response(status_code=499)  # nobody reads it: the client is gone
+                return _json(reply(parsed, scored))
             except RequestError as e:
-                return _json(e.body(), e.status)
-            except Exception as e:  # noqa: BLE001 - the reward's bug: answered 500, logged in the service
-                return _json({"error": {"field": None, "message": f"internal error: {type(e).__name__}: {e}"}}, 500)
-            return _json(reply(parsed, scored))
+                headers = {"WWW-Authenticate": "Bearer"} if e.status == 401 else None
+                return _json(e.body(), e.status, headers)
+            except RewardFailed as e:  # the reward's fault, in finecap's own words (the detail is in the log)
+                return _json({"error": {"field": None, "message": str(e)}}, 500)
+            except Exception:  # noqa: BLE001 - a bug of the server's: logged, answered without its text
+                log.exception("reward server: %s %s failed", request.method, request.url.path)
+                return _json({"error": {"field": None, "message": "internal error; the server's log has it"}}, 500)
 
         return handle
 
     async def health(request: Request) -> Response:
+        try:
+            guard.check(request)
+        except RequestError as e:
+            return _json(e.body(), e.status, {"WWW-Authenticate": "Bearer"} if e.status == 401 else None)
         meter = service.meter
         return _json({"status": "ok", "reward": service.name, "images": len(service.images),
                       "requests": meter.total_requests, "captions": meter.total_captions})  # fmt: skip
@@ -103,6 +246,7 @@ def create_app(service: RewardService) -> Starlette:
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        asyncio.get_running_loop().set_exception_handler(QuietAcceptErrors())
         async with service.running():
             yield
         log.info("%s", service.meter.line(service.name))
@@ -113,6 +257,88 @@ def create_app(service: RewardService) -> Starlette:
         Route("/health", health, methods=["GET"]),
     ]
     return Starlette(routes=routes, exception_handlers={HTTPException: http_error}, lifespan=lifespan)
+
+
+class QuietAcceptErrors:
+    """The event loop's exception handler: a failing ``accept`` (``EMFILE`` at the file-descriptor limit: asyncio
+    retries every second and reports each failure with its traceback) is one line at most every ``every`` seconds,
+    with the count since the last; anything else goes to asyncio's default handler."""
+
+    def __init__(self, every: float = 10.0) -> None:
+        self.every, self.count, self.last = every, 0, -math.inf
+
+    def __call__(self, loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
+        message = str(context.get("message", ""))
+        if "accept" not in message:
+            loop.default_exception_handler(context)
+            return
+        self.count += 1
+        now = time.monotonic()
+        if now - self.last >= self.every:
+            error = context.get("exception")
+            log.warning("reward server: %d connection(s) could not be accepted in the last %.0f s (%s); lower "
+                        "--max-connections or raise the file-descriptor limit (ulimit -n)", self.count,
+                        min(now - self.last, self.every), error or message)  # fmt: skip
+            self.count, self.last = 0, now
+
+
+class GuardedH11Protocol(H11Protocol):
+    """uvicorn's HTTP/1.1 protocol with a deadline for request headers and a cap on open connections (module
+    docstring, "Connections"); :func:`make_server` makes a subclass holding the limits."""
+
+    header_timeout = 10.0
+    cap = 256
+    refused = 0
+    _said = -math.inf
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        self._header_timer: asyncio.TimerHandle | None = None
+        if len(self.connections) > self.cap:
+            cls = type(self)
+            cls.refused += 1
+            if time.monotonic() - cls._said >= 10:
+                log.warning("reward server: %d connection(s) closed at once: %d are open (--max-connections)",
+                            cls.refused, len(self.connections) - 1)  # fmt: skip
+                cls.refused, cls._said = 0, time.monotonic()
+            transport.close()
+            return
+        self._arm()
+
+    def _arm(self) -> None:
+        if self._header_timer is None:
+            self._header_timer = self.loop.call_later(self.header_timeout, self._headers_late)
+
+    def _disarm(self) -> None:
+        if self._header_timer is not None:
+            self._header_timer.cancel()
+            self._header_timer = None
+
+    def _between_requests(self) -> bool:
+        return self.cycle is None or self.cycle.response_complete
+
+    def data_received(self, data: bytes) -> None:
+        cycle = self.cycle
+        super().data_received(data)
+        if self.cycle is not cycle:  # a request's headers arrived
+            self._disarm()
+        elif self._between_requests():  # headers under way
+            self._arm()
+
+    def on_response_complete(self) -> None:
+        super().on_response_complete()
+        self._disarm()  # uvicorn's keep-alive timeout watches the idle connection
+
+    def _headers_late(self) -> None:
+        self._header_timer = None
+        if self._between_requests() and not self.transport.is_closing():
+            log.info("reward server: a client sent no complete request headers within %g s (--header-timeout): "
+                     "connection closed", self.header_timeout)  # fmt: skip
+            self.transport.close()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._disarm()
+        super().connection_lost(exc)
 
 
 class Server(uvicorn.Server):
@@ -144,11 +370,23 @@ def bind(host: str, port: int) -> socket.socket:
     return sock
 
 
-def make_server(service: RewardService, host: str = "127.0.0.1", port: int = 0,
-                sock: socket.socket | None = None) -> tuple[Server, socket.socket]:  # fmt: skip
+def make_server(service: RewardService, host: str = "127.0.0.1", port: int = 0, sock: socket.socket | None = None,
+                *, token: str | None = None, connections: ConnectionLimits | None = None
+                ) -> tuple[Server, socket.socket]:  # fmt: skip
     """The uvicorn server of ``service`` and its socket: ``sock``, or one bound now (:func:`bind`; ``port`` 0: a free
     port, read it from ``sock.getsockname()``); run it with ``server.run(sockets=[sock])``. Stopped by SIGINT, SIGTERM
-    (both a graceful shutdown: the requests in flight are answered) or ``server.should_exit = True``."""
-    config = uvicorn.Config(create_app(service), host=host, port=port, log_level="warning", access_log=False,
-                            lifespan="on", timeout_graceful_shutdown=30)  # fmt: skip
-    return Server(config), sock if sock is not None else bind(host, port)
+    (both a graceful shutdown: the requests in flight are answered), ``server.should_exit = True``, or a reward that
+    raises ``SystemExit`` (:attr:`RewardService.fatal`). ``token`` and ``connections``: module docstring."""
+    connections = connections or ConnectionLimits()
+    protocol = type("RewardServerProtocol", (GuardedH11Protocol,), {
+        "header_timeout": connections.header_timeout, "cap": connections.connection_cap()})  # fmt: skip
+    app = create_app(service, host=host, token=token, connections=connections)
+    config = uvicorn.Config(app, host=host, port=port, log_level="warning", access_log=False, lifespan="on",
+                            timeout_graceful_shutdown=30, http=protocol, ws="none")  # fmt: skip
+    server = Server(config)
+
+    def stop() -> None:
+        server.should_exit = True
+
+    service.on_fatal = stop
+    return server, sock if sock is not None else bind(host, port)

@@ -2,6 +2,12 @@
 adapters of :mod:`finecap.integrations` (verl, ms-swift, OpenRLHF's reward function) send when they are given the
 server's URL instead of a reward.
 
+Every reply is checked before a trainer sees it (:func:`checked_values`): one finite number per caption in
+``total`` and in each part, or a :class:`RewardServerError` naming what is wrong: a NaN, a string, a null, a missing
+value or a reply of another length never reaches a policy's advantages. A server's bearer token (``finecap
+serve-reward --token-file``) is read from ``$FINECAP_REWARD_TOKEN`` (or given as ``token=``); every message masks the
+credentials of the URL (``user:password@``, ``?token=``), so that no log line or traceback shows them.
+
 Example (a server from ``finecap serve-reward demo/sr_bagcurri --port 8000``)::
 
     client = RewardClient("http://127.0.0.1:8000")
@@ -10,13 +16,20 @@ Example (a server from ``finecap serve-reward demo/sr_bagcurri --port 8000``)::
 
 from __future__ import annotations
 
+import math
+import os
 import threading
 from collections.abc import Hashable, Sequence
 from typing import Any
 
 import httpx
 
+from finecap.config.secrets import masked_url_secrets
+from finecap.serve.protocol import RequestError, reward_body
 from finecap.serve.service import Scored
+
+TOKEN_ENV = "FINECAP_REWARD_TOKEN"
+"""The environment variable holding the reward server's bearer token (``finecap serve-reward --token-file``)."""
 
 
 class RewardServerError(RuntimeError):
@@ -24,7 +37,8 @@ class RewardServerError(RuntimeError):
 
     def __init__(self, status: int | None, field: str | None, message: str) -> None:
         where = f" ({field})" if field else ""
-        super().__init__(f"reward server{where}: {message}" + (f" [HTTP {status}]" if status else ""))
+        text = f"reward server{where}: {message}" + (f" [HTTP {status}]" if status else "")
+        super().__init__(masked_url_secrets(text))  # a URL's user:password@ or ?token= never reaches a message
         self.status, self.field = status, field
 
 
@@ -43,34 +57,40 @@ class RewardClient:
     Args:
         url: the server (``http://127.0.0.1:8000``, or its ``/reward`` endpoint).
         timeout: seconds per request.
+        token: the server's bearer token (default: ``$FINECAP_REWARD_TOKEN``, if set).
     """
 
-    def __init__(self, url: str, timeout: float = 180.0) -> None:
+    def __init__(self, url: str, timeout: float = 180.0, token: str | None = None) -> None:
+        if not isinstance(url, str) or not url.startswith(("http://", "https://")):
+            raise ValueError(f"RewardClient: the server's URL must start with http:// or https://, got "
+                             f"{masked_url_secrets(str(url))!r}")  # fmt: skip
+        if not (isinstance(timeout, int | float) and math.isfinite(timeout) and timeout > 0):
+            raise ValueError(f"RewardClient: timeout must be a positive number of seconds, got {timeout!r}")
         self.url = reward_url(url)
         self.timeout = timeout
+        token = token if token is not None else os.environ.get(TOKEN_ENV) or None
+        self._headers = {"Authorization": f"Bearer {token}"} if token else {}
         self._local = threading.local()  # one connection pool per thread (trainers call from worker threads)
+
+    def __repr__(self) -> str:
+        return f"RewardClient({masked_url_secrets(self.url)!r})"
 
     @staticmethod
     def payload(captions: Sequence[str], image_ids: Sequence[Hashable] | None = None, *,
                 images: Sequence[str] | None = None, references: Sequence[Sequence[str]] | None = None,
                 request_id: Any = None) -> dict[str, Any]:  # fmt: skip
-        """The JSON of a ``/reward`` request."""
-        if (image_ids is None) == (images is None):
-            raise ValueError("RewardClient: give image_ids or images (paths), one of them")
-        body: dict[str, Any] = {"captions": list(captions)}
-        if image_ids is not None:
-            body["image_ids"] = [i if isinstance(i, str | int) else str(i) for i in image_ids]
-        else:
-            body["images"] = [str(p) for p in images]
-        if references is not None:
-            body["references"] = [list(r) for r in references]
-        if request_id is not None:
-            body["id"] = request_id
-        return body
+        """The JSON of a ``/reward`` request (:func:`finecap.serve.protocol.reward_body`)."""
+        try:
+            return reward_body(captions, image_ids, images=images, references=references, request_id=request_id)
+        except RequestError:
+            raise
+        except ValueError as e:
+            raise ValueError(f"RewardClient: {e}") from None
 
     @staticmethod
-    def reply(response: httpx.Response) -> Scored:
-        """The values of a reply, or :class:`RewardServerError`."""
+    def reply(response: httpx.Response, n: int | None = None) -> Scored:
+        """The values of a reply to a request of ``n`` captions (checked: :func:`checked_values`), or
+        :class:`RewardServerError`."""
         try:
             data = response.json()
         except ValueError:
@@ -80,12 +100,12 @@ class RewardClient:
             if isinstance(error, dict):
                 raise RewardServerError(response.status_code, error.get("field"), str(error.get("message")))
             raise RewardServerError(response.status_code, None, response.text[:300])
-        return Scored(data["total"], data.get("parts", {}))
+        return checked_values(data, n, str(response.url))
 
     def _client(self) -> httpx.Client:
         client = getattr(self._local, "client", None)
         if client is None:
-            client = self._local.client = httpx.Client(timeout=self.timeout)
+            client = self._local.client = httpx.Client(timeout=self.timeout, headers=self._headers)
         return client
 
     def score(self, captions: Sequence[str], image_ids: Sequence[Hashable] | None = None, **kwargs: Any) -> Scored:
@@ -94,16 +114,50 @@ class RewardClient:
         try:
             response = self._client().post(self.url, json=body)
         except httpx.HTTPError as e:
-            raise RewardServerError(None, None, f"{self.url}: {e}") from e
-        return self.reply(response)
+            raise RewardServerError(None, None, f"{self.url}: {e}") from None
+        return self.reply(response, len(body["captions"]))
 
     async def ascore(self, captions: Sequence[str], image_ids: Sequence[Hashable] | None = None,
                      **kwargs: Any) -> Scored:  # fmt: skip
         """:meth:`score`, awaited (a connection of its own: trainers run each step in a new event loop)."""
         body = self.payload(captions, image_ids, **kwargs)
         try:
-            async with httpx.AsyncClient(timeout=self.timeout) as client:
+            async with httpx.AsyncClient(timeout=self.timeout, headers=self._headers) as client:
                 response = await client.post(self.url, json=body)
         except httpx.HTTPError as e:
-            raise RewardServerError(None, None, f"{self.url}: {e}") from e
-        return self.reply(response)
+            raise RewardServerError(None, None, f"{self.url}: {e}") from None
+        return self.reply(response, len(body["captions"]))
+
+
+def _number_list(value: Any, n: int | None, where: str, url: str) -> list[float]:
+    if not isinstance(value, list):
+        raise RewardServerError(200, where, f"{url} answered {type(value).__name__} where a list of numbers belongs")
+    if n is not None and len(value) != n:
+        raise RewardServerError(200, where, f"{url} answered {len(value):,} values for {n:,} captions")
+    for i, v in enumerate(value):
+        if isinstance(v, bool) or not isinstance(v, int | float):
+            raise RewardServerError(200, f"{where}[{i}]", f"{url} answered {type(v).__name__} where a number belongs")
+        if not math.isfinite(v):
+            raise RewardServerError(200, f"{where}[{i}]", f"{url} answered a non-finite value ({v})")
+    return [float(v) for v in value]
+
+
+def checked_values(data: dict[str, Any], n: int | None, url: str = "the reward server") -> Scored:
+    """The :class:`Scored` of a ``/reward`` reply ``data`` to a request of ``n`` captions: ``total`` and each part of
+    ``parts`` a list of ``n`` finite numbers, else :class:`RewardServerError` naming the field (``total[3]``,
+    ``parts.cider``): a NaN, a string, a null or a reply of another length is never passed on to a trainer.
+
+    >>> checked_values({"total": [1.0, 2], "parts": {"cider": [1.0, 2.0]}}, 2).total
+    [1.0, 2.0]
+    >>> checked_values({"total": [1.0, float("nan")]}, 2)
+    Traceback (most recent call last):
+    ...
+    finecap.serve.client.RewardServerError: reward server (total[1]): the reward server answered a non-finite value \
+(nan) [HTTP 200]
+    """
+    url = masked_url_secrets(url)
+    total = _number_list(data.get("total"), n, "total", url)
+    parts = data.get("parts", {})
+    if not isinstance(parts, dict):
+        raise RewardServerError(200, "parts", f"{url} answered {type(parts).__name__} where an object belongs")
+    return Scored(total, {str(k): _number_list(v, len(total), f"parts.{k}", url) for k, v in parts.items()})

@@ -37,6 +37,7 @@ Example::
 from __future__ import annotations
 
 import json
+import numbers
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -69,9 +70,11 @@ class Limits:
                 raise ValueError(f"--{name.replace('_', '-')}: must be at least 1, got {getattr(self, name)}")
 
 
-class RequestError(Exception):
+class RequestError(ValueError):
     """A request the server refuses: ``field`` names what is wrong (``"captions[3]"``, ``"body"``), ``status`` is
-    400 (malformed) or 413 (beyond :class:`Limits`)."""
+    400 (malformed), 413 (beyond :class:`Limits`), or another 4xx of the server's policy (401, 403, 408, 415).
+    ``str(error)`` is ``"<field>: <message>"``: what the adapters raise in process for the same input (a
+    ``ValueError``), so that an adapter and the server refuse alike, in the same words."""
 
     def __init__(self, field: str, message: str, status: int = 400) -> None:
         super().__init__(f"{field}: {message}")
@@ -150,6 +153,27 @@ def _image_id(value: Any, field: str) -> Any:
     return value
 
 
+def image_id_of(value: Any, field: str) -> str | int:
+    """An image id as a request carries it: a string as is, an integer of any integer type (NumPy's, torch's) as a
+    Python ``int``; anything else (``None``, a boolean, a float, NaN, a list) is a :class:`RequestError` naming
+    ``field``: what a client sends and what an adapter accepts in process, alike.
+
+    >>> image_id_of(__import__("numpy").int64(17), "image_ids[0]")
+    17
+    >>> image_id_of(float("nan"), "image_ids[3]")
+    Traceback (most recent call last):
+    ...
+    finecap.serve.protocol.RequestError: image_ids[3]: expected an image id (a string or an integer), got a number
+    """
+    if isinstance(value, str):
+        return value
+    if not isinstance(value, bool) and isinstance(value, numbers.Integral):
+        return int(value)
+    if hasattr(value, "item") and getattr(value, "ndim", None) == 0:  # a 0-d NumPy array or tensor
+        return image_id_of(value.item(), field)
+    return _image_id(value, field)
+
+
 def _references(value: Any, field: str, n: int, limits: Limits) -> list[list[str]]:
     if not isinstance(value, list):
         raise RequestError(field, f"expected an array of {n} arrays of reference captions, got {_kind(value)}")
@@ -163,6 +187,40 @@ def _references(value: Any, field: str, n: int, limits: Limits) -> list[list[str
             _text(ref, f"{field}[{i}][{j}]", limits)
         out.append(refs)
     return out
+
+
+def as_array(value: Any) -> Any:
+    """``value`` as a JSON array when it is a sequence a trainer may hand over (a tuple, a 1-d NumPy array: verl
+    reads lists from Parquet as arrays), else ``value`` itself, which the request's checks then refuse by name (a
+    string is never split into its characters)."""
+    if isinstance(value, tuple):
+        return list(value)
+    if getattr(value, "ndim", None) == 1 and hasattr(value, "tolist"):
+        return value.tolist()
+    return value
+
+
+def reward_body(captions: Any, image_ids: Any = None, *, images: Any = None, references: Any = None,
+                request_id: Any = None) -> dict[str, Any]:  # fmt: skip
+    """The JSON of a ``/reward`` request, as every front end builds it (the client over HTTP, the adapters in
+    process): image ids as :func:`image_id_of` reads them, sequences as :func:`as_array`; :func:`parse_reward`
+    then checks it alike in the server and in process."""
+    if (image_ids is None) == (images is None):
+        raise ValueError("give image_ids or images (paths), one of them")
+    body: dict[str, Any] = {"captions": as_array(captions)}
+    if image_ids is not None:
+        image_ids = as_array(image_ids)
+        if not isinstance(image_ids, list):
+            raise RequestError("image_ids", f"expected an array, got {_kind(image_ids)}")
+        body["image_ids"] = [image_id_of(v, f"image_ids[{i}]") for i, v in enumerate(image_ids)]
+    else:
+        body["images"] = [str(p) for p in images]
+    if references is not None:
+        references = as_array(references)
+        body["references"] = [as_array(r) for r in references] if isinstance(references, list) else references
+    if request_id is not None:
+        body["id"] = request_id
+    return body
 
 
 def parse_reward(body: Any, limits: Limits) -> RewardRequest:
@@ -192,7 +250,7 @@ def parse_reward(body: Any, limits: Limits) -> RewardRequest:
     if by_path:
         ids = [_text(p, f"images[{i}]", limits) for i, p in enumerate(given)]
     else:
-        ids = [_image_id(v, f"image_ids[{i}]") for i, v in enumerate(given)]
+        ids = [image_id_of(v, f"image_ids[{i}]") for i, v in enumerate(given)]
     references = None
     if body.get("references") is not None:
         references = _references(body["references"], "references", len(captions), limits)
@@ -201,20 +259,28 @@ def parse_reward(body: Any, limits: Limits) -> RewardRequest:
 
 def caption_of_query(query: str, prompt: str | None) -> str:
     """The response in an OpenRLHF query: the text after ``prompt`` (its first occurrence; the whole query without
-    one), without trailing :data:`END_MARKERS` and surrounding white space."""
-    text = query
+    one), without trailing :data:`END_MARKERS` and surrounding white space.
+
+    Linear in the query's length whatever it holds (the end is moved back over markers and white space without
+    copying the text; a query of a million end markers costs one pass)."""
+    start = 0
     if prompt:
         at = query.find(prompt)
         if at >= 0:
-            text = query[at + len(prompt) :]
-    text = text.strip()
-    stripped = True
-    while stripped:
-        stripped = False
+            start = at + len(prompt)
+    end = len(query)
+    while True:
+        while end > start and query[end - 1].isspace():
+            end -= 1
         for marker in END_MARKERS:
-            if text.endswith(marker):
-                text, stripped = text[: -len(marker)].rstrip(), True
-    return text
+            if end - start >= len(marker) and query.endswith(marker, start, end):
+                end -= len(marker)
+                break
+        else:
+            break
+    while start < end and query[start].isspace():
+        start += 1
+    return query[start:end]
 
 
 def _label(value: Any, field: str, limits: Limits) -> tuple[Any, bool, list[str] | None]:
@@ -225,7 +291,7 @@ def _label(value: Any, field: str, limits: Limits) -> tuple[Any, bool, list[str]
         except (ValueError, RecursionError) as e:
             raise RequestError(field, f"a label starting with '{{' must be a JSON object: {e}") from None
     if not isinstance(value, dict):
-        return _image_id(value, field), False, None
+        return image_id_of(value, field), False, None
     unknown = sorted(set(value) - {"image_id", "image", "references"})
     if unknown:
         raise RequestError(f"{field}.{unknown[0]}", "unknown key; a label object has image_id (or image) and "
@@ -235,7 +301,7 @@ def _label(value: Any, field: str, limits: Limits) -> tuple[Any, bool, list[str]
     if "image" in value:
         image, by_path = _text(value["image"], f"{field}.image", limits), True
     else:
-        image, by_path = _image_id(value["image_id"], f"{field}.image_id"), False
+        image, by_path = image_id_of(value["image_id"], f"{field}.image_id"), False
     refs = None
     if value.get("references") is not None:
         refs = _references([value["references"]], f"{field}.references", 1, limits)[0]

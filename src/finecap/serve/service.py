@@ -15,6 +15,15 @@ requests.
   (after waiting ``batch_wait`` seconds for more), up to ``batch_size`` captions. When every component scores each
   caption on its own (:func:`finecap.rewards.per_caption`: CIDEr-D) the round's requests are merged into one call
   (the values are those of separate calls, tested bit for bit); otherwise each is called alone, in turn.
+- **Faults by origin.** What the client sent is checked before the reward is called (the request's fields by
+  :mod:`finecap.serve.protocol`, its images by :class:`CallCheck`) and refused 4xx naming the field; whatever the
+  reward raises or returns after that is the server's fault: a 500 with a generic message (:class:`RewardFailed`;
+  the exception and its traceback go to the server's log, never to the client, since a reward's message may hold a
+  path or a token), a non-finite value included (its message is finecap's own: the reward, the part and the
+  caption). A reward that raises ``SystemExit`` or another non-``Exception`` stops the server, which exits
+  non-zero (:attr:`RewardService.fatal`); it never leaves a server that accepts but no longer answers.
+- **Abandoned work.** A request whose client went away before its round began is never scored
+  (:meth:`RewardService.score` cancelled: the HTTP layer cancels it when the client disconnects).
 - **Throughput logs.** Every ``log_every`` seconds one line: requests, captions, captions per second, the mean
   round, the share of the time the reward was busy, and the p50 / p99 latency of the requests since the previous
   line (and one at the end).
@@ -37,10 +46,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import threading
 import time
 from collections import deque
-from collections.abc import AsyncIterator, Hashable, Iterable, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Hashable, Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -48,12 +58,19 @@ from typing import Any
 
 import numpy as np
 
-from finecap.rewards import Reward, call_batch, compares_images, per_caption
+from finecap.rewards import NonFiniteReward, Reward, call_batch, check_finite, compares_images, per_caption
 from finecap.serve.protocol import Limits, RequestError, RewardRequest
 
 log = logging.getLogger(__name__)
 
 _MISSING = object()
+
+MAX_BATCH_SIZE = 1_000_000
+"""``--batch-size`` at most (captions of one merged reward call)."""
+MAX_BATCH_WAIT = 60.0
+"""``--batch-wait-ms`` at most, in seconds: a round waits at most a minute for more requests."""
+CHECK_THREADS = 2
+"""Threads that decode and check requests off the event loop (:meth:`RewardService.off_loop`)."""
 
 
 class ImageTable:
@@ -106,6 +123,40 @@ class ImageTable:
         return out
 
 
+class CallCheck:
+    """What every front end checks of a call's images before the reward sees them: the reward server on each
+    request, the adapters in process (:class:`finecap.integrations.scoring.Scorer`), so that both refuse the same
+    input with the same message (:class:`~finecap.serve.protocol.RequestError`, a ``ValueError``).
+
+    Args:
+        images: the images the reward knows (``None``: a reward that does not say; any id is passed on as given).
+        compares: the reward ranks each caption's image among the call's (:func:`finecap.rewards.compares_images`):
+            a call of one distinct image is refused (its values would say nothing).
+        name: what messages call the reward.
+    """
+
+    def __init__(self, images: ImageTable | None, compares: bool, name: str) -> None:
+        self.images, self.compares, self.name = images, compares, name
+
+    def job(self, request: RewardRequest) -> Job:
+        """``request`` checked against the images and the reward (:class:`RequestError` naming the field)."""
+        field_name = "images" if request.by_path else "image_ids"
+        if self.images is not None:
+            ids = self.images.resolve(request.image_ids, request.by_path, field_name)
+        else:
+            ids = list(request.image_ids)
+        if self.compares and len(set(ids)) < 2:
+            raise RequestError(field_name, f"names one distinct image; {self.name} ranks each caption's image among "
+                               "the request's images (sr.distractors=batch, or the listener): send a generation batch "
+                               "of several images per request, or serve sr.distractors=hard")  # fmt: skip
+        return Job(request, ids)
+
+
+class RewardFailed(RuntimeError):
+    """The reward failed on a request after the request was checked: the server's fault, answered 500 with this
+    message (generic, or finecap's own words for a non-finite value; never the reward's exception text)."""
+
+
 @dataclass
 class Job:
     """A checked request: its captions, the reward's ids of their images, its references (or ``None``)."""
@@ -146,16 +197,25 @@ class RewardService:
 
     def __init__(self, reward: Reward, images: ImageTable, *, limits: Limits | None = None, batch_size: int = 1024,
                  batch_wait: float = 0.0, log_every: float = 60.0, name: str = "reward") -> None:  # fmt: skip
-        if batch_size < 1:
-            raise ValueError(f"--batch-size: must be at least 1, got {batch_size}")
-        if batch_wait < 0:
-            raise ValueError(f"--batch-wait-ms: must be at least 0, got {batch_wait * 1000:g}")
+        if not 1 <= batch_size <= MAX_BATCH_SIZE:
+            raise ValueError(f"--batch-size: must be from 1 to {MAX_BATCH_SIZE:,}, got {batch_size}")
+        if not (math.isfinite(batch_wait) and 0 <= batch_wait <= MAX_BATCH_WAIT):
+            raise ValueError(f"--batch-wait-ms: must be a number from 0 to {MAX_BATCH_WAIT * 1000:g}, got "
+                             f"{batch_wait * 1000:g}")  # fmt: skip
+        if not (math.isfinite(log_every) and log_every >= 0):
+            raise ValueError(f"--log-every: must be a finite number of seconds, at least 0, got {log_every:g}")
         self.reward, self.images, self.name = reward, images, name
         self.limits = limits or Limits()
         self.batch_size, self.batch_wait = batch_size, batch_wait
         self.merges = per_caption(reward)
         self.compares = compares_images(reward)
+        self.check = CallCheck(images, self.compares, name)
         self.meter = Meter(log_every)
+        self.fatal: BaseException | None = None
+        """What stopped the server: a non-``Exception`` the reward raised (``SystemExit``), or the worker's crash."""
+        self.on_fatal: Callable[[], None] = lambda: None
+        """Called (on the event loop) once :attr:`fatal` is set: the server stops (:mod:`finecap.serve.app`)."""
+        self._requests_seen = 0
         self._lock = threading.Lock()  # one reward call at a time, whoever calls
         self._pending: deque[tuple[Job, asyncio.Future, float]] = deque()
         self._wakeup: asyncio.Event | None = None
@@ -163,37 +223,44 @@ class RewardService:
 
     # ---------------------------------------------------------------------------------------------------------------
     def job(self, request: RewardRequest) -> Job:
-        """Check ``request`` against the images and the reward (:class:`RequestError` naming the field)."""
-        field_name = "images" if request.by_path else "image_ids"
-        ids = self.images.resolve(request.image_ids, request.by_path, field_name)
-        if self.compares and len(set(ids)) < 2:
-            raise RequestError(field_name, f"names one distinct image; {self.name} ranks each caption's image among "
-                               "the request's images (sr.distractors=batch, or the listener): send a generation batch "
-                               "of several images per request, or serve sr.distractors=hard")  # fmt: skip
-        return Job(request, ids)
+        """Check ``request`` against the images and the reward (:class:`CallCheck`)."""
+        return self.check.job(request)
 
     def score_now(self, jobs: Sequence[Job]) -> list[Scored | Exception]:
         """Score ``jobs`` here and now (the worker thread's round): one merged call when the reward scores each
         caption on its own and no job brings references, else one call per job; a failed merged call is retried
-        job by job, so that one bad request fails alone."""
+        job by job, so that one bad request fails alone. A failure is a :class:`RewardFailed` (logged here)."""
         with self._lock:
             if self.merges and len(jobs) > 1 and all(j.request.references is None for j in jobs):
                 try:
                     captions = [c for j in jobs for c in j.captions]
                     out = self.reward(captions, call_batch([i for j in jobs for i in j.image_ids]))
-                    return split_output(out, [len(j.captions) for j in jobs])
+                    return split_output(check_finite(out, self.name), [len(j.captions) for j in jobs])
                 except Exception:  # noqa: BLE001 - retried one by one below, where the culprit fails alone
+                    pass
+                except BaseException:  # noqa: BLE001 - SystemExit & co.: the one-by-one call below records it
                     pass
             return [self._one(j) for j in jobs]
 
     def _one(self, job: Job) -> Scored | Exception:
+        self._requests_seen += 1
+        number = self._requests_seen
         try:
-            return split_output(self.reward(job.captions, job.batch()), [len(job.captions)])[0]
-        except (ValueError, KeyError) as e:  # the reward refused these captions or images: the client's to fix
-            return RequestError("captions", str(e.args[0]) if isinstance(e, KeyError) and e.args else str(e))
-        except Exception as e:  # noqa: BLE001 - a bug: logged with its traceback, answered 500, the server goes on
-            log.exception("reward server: %s failed on a request of %d captions", self.name, len(job.captions))
-            return e
+            out = check_finite(self.reward(job.captions, job.batch()), self.name)
+            return split_output(out, [len(job.captions)])[0]
+        except NonFiniteReward as e:  # finecap's own words: the reward, its part and the caption
+            log.error("reward server: request #%d: %s", number, e)
+            return RewardFailed(f"{e} (request #{number}); the server's log has the details")
+        except Exception:  # noqa: BLE001 - the reward's fault, whatever its type: logged, answered 500, the server goes on
+            log.exception("reward server: %s failed on request #%d (%d captions)", self.name, number,
+                          len(job.captions))  # fmt: skip
+            return RewardFailed(f"internal error: the reward {self.name} failed on this request (#{number}); the "
+                                "server's log has the error")  # fmt: skip
+        except BaseException as e:  # noqa: BLE001 - SystemExit, KeyboardInterrupt raised by the reward: stop the server
+            log.critical("reward server: %s raised %s on request #%d: the server stops", self.name,
+                         type(e).__name__, number)  # fmt: skip
+            self.fatal = e
+            return RewardFailed(f"internal error: the reward {self.name} stopped the server (request #{number})")
 
     # ---------------------------------------------------------------------------------------------------------------
     @contextlib.asynccontextmanager
@@ -201,6 +268,7 @@ class RewardService:
         """The worker serving the queue, for the life of the block (the server's lifespan)."""
         self._wakeup = asyncio.Event()
         self._executor = ThreadPoolExecutor(1, thread_name_prefix="finecap-reward")
+        self._checks = ThreadPoolExecutor(CHECK_THREADS, thread_name_prefix="finecap-checks")
         worker = asyncio.create_task(self._serve_queue())
         try:
             yield self
@@ -213,21 +281,48 @@ class RewardService:
                 if not future.done():
                     future.set_exception(RuntimeError("the reward server stopped before scoring this request"))
             self._executor.shutdown(wait=True)
-            self._executor = self._wakeup = None
+            self._checks.shutdown(wait=True)
+            self._executor = self._checks = self._wakeup = None
+
+    async def off_loop(self, fn: Callable[..., Any], *args: Any) -> Any:
+        """``fn(*args)`` on one of the service's :data:`CHECK_THREADS` threads (:meth:`running` must be active): the
+        work a request's bytes decide (decoding, checking, resolving its image paths) never runs on the event loop,
+        which keeps answering ``/health`` and the other clients meanwhile."""
+        if self._checks is None:
+            raise RuntimeError("RewardService.off_loop: the service is not running")
+        return await asyncio.get_running_loop().run_in_executor(self._checks, fn, *args)
 
     async def score(self, job: Job) -> Scored:
         """``job``'s values, scored in a round of the worker (:meth:`running` must be active)."""
         if self._wakeup is None:
             raise RuntimeError("RewardService.score: the service is not running (use `async with service.running()`)")
+        if self.fatal is not None:
+            raise RewardFailed("the reward server is stopping: its reward failed")
         future: asyncio.Future = asyncio.get_running_loop().create_future()
         start = time.perf_counter()
         self._pending.append((job, future, start))
         self._wakeup.set()
-        result = await future
+        result = await future  # cancelled (the client left): the future is cancelled too, and never scored
         self.meter.latency(time.perf_counter() - start)
         return result
 
     async def _serve_queue(self) -> None:
+        try:
+            await self._serve_rounds()  # returns once the reward has stopped the server (self.fatal)
+        except asyncio.CancelledError:
+            raise
+        except BaseException as e:  # noqa: BLE001 - a worker that died would leave a server answering nothing
+            log.critical("reward server: the worker serving %s stopped (%s: %s); the server stops", self.name,
+                         type(e).__name__, e)  # fmt: skip
+            self.fatal = e
+        if self.fatal is not None:
+            while self._pending:
+                _, future, _ = self._pending.popleft()
+                if not future.done():
+                    future.set_exception(RewardFailed("internal error: the reward server is stopping"))
+            self.on_fatal()
+
+    async def _serve_rounds(self) -> None:
         loop = asyncio.get_running_loop()
         while True:
             if not self._pending:
@@ -239,8 +334,13 @@ class RewardService:
             round_, size = [], 0
             while self._pending and (not round_ or size + len(self._pending[0][0].captions) <= self.batch_size):
                 item = self._pending.popleft()
+                if item[1].done():  # its client went away while it queued: never scored
+                    self.meter.abandoned += 1
+                    continue
                 round_.append(item)
                 size += len(item[0].captions)
+            if not round_:
+                continue
             start = time.perf_counter()
             results = await loop.run_in_executor(self._executor, self.score_now, [j for j, _, _ in round_])
             self.meter.round(len(round_), size, time.perf_counter() - start)
@@ -252,6 +352,8 @@ class RewardService:
                 else:
                     future.set_result(result)
             self.meter.maybe_log(self.name)
+            if self.fatal is not None:
+                return
 
 
 def split_output(out: Any, sizes: Sequence[int]) -> list[Scored]:
@@ -276,6 +378,7 @@ class Meter:
         self.busy = 0.0
         self.latencies: list[float] = []
         self.total_requests = self.total_captions = 0
+        self.abandoned = 0  # requests whose client left before their round: never scored
 
     def round(self, requests: int, captions: int, seconds: float) -> None:
         self.requests += requests
