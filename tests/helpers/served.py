@@ -66,11 +66,12 @@ def fixture_captions(records: list, n: int = N_CAPTIONS, seed: int = 0) -> tuple
 
 
 @contextlib.contextmanager
-def serving(service) -> Iterator[str]:
-    """``service`` on 127.0.0.1 at a free port, in a thread, for the block: its base URL."""
+def serving(service, **options) -> Iterator[str]:
+    """``service`` on 127.0.0.1 at a free port, in a thread, for the block: its base URL (``options``: those of
+    :func:`finecap.serve.app.make_server`, ``token=`` and ``connections=``)."""
     from finecap.serve.app import make_server
 
-    server, sock = make_server(service)
+    server, sock = make_server(service, **options)
     port = sock.getsockname()[1]
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
     thread.start()

@@ -71,7 +71,7 @@ class Scorer:
         reward is set up by then)."""
         if self._check is None:
             known = known_images(self.reward)
-            table = None if known is None else ImageTable(known, source=f"the {len(known)} images {self.name} knows")
+            table = None if known is None else ImageTable(known)  # its messages are the server's
             self._check = CallCheck(table, self.compares_images, self.name)
         return self._check
 

@@ -342,18 +342,32 @@ class RewardService:
             if not round_:
                 continue
             start = time.perf_counter()
-            results = await loop.run_in_executor(self._executor, self.score_now, [j for j, _, _ in round_])
+            if self.merges:  # one call for the round (or one per request when it fails)
+                results = await loop.run_in_executor(self._executor, self.score_now, [j for j, _, _ in round_])
+                settle(round_, results)
+            else:  # one call per request: a request whose client left meanwhile is skipped
+                for item in round_:
+                    if item[1].done():
+                        self.meter.abandoned += 1
+                        continue
+                    settle([item], await loop.run_in_executor(self._executor, self.score_now, [item[0]]))
+                    if self.fatal is not None:
+                        break
             self.meter.round(len(round_), size, time.perf_counter() - start)
-            for (_, future, _), result in zip(round_, results, strict=True):
-                if future.done():  # the client went away
-                    continue
-                if isinstance(result, Exception):
-                    future.set_exception(result)
-                else:
-                    future.set_result(result)
             self.meter.maybe_log(self.name)
             if self.fatal is not None:
                 return
+
+
+def settle(items: Sequence[tuple[Job, asyncio.Future, float]], results: Sequence[Scored | Exception]) -> None:
+    """Hand each item's result (or exception) to its future, unless its client went away."""
+    for (_, future, _), result in zip(items, results, strict=True):
+        if future.done():
+            continue
+        if isinstance(result, Exception):
+            future.set_exception(result)
+        else:
+            future.set_result(result)
 
 
 def split_output(out: Any, sizes: Sequence[int]) -> list[Scored]:

@@ -1,0 +1,153 @@
+"""The adapters check what a trainer hands them exactly as the reward server checks a request, with the same message
+(hostile input, round four): ids that are no image id, references that are no list, completions without an
+assistant turn, a call of one image for a reward that compares a call's images; and ``17`` and ``"17"`` are one image
+in process as on the server."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+
+import httpx
+import numpy as np
+import pytest
+
+from finecap.integrations.openrlhf import reward_function as openrlhf_function
+from finecap.integrations.scoring import Scorer
+from finecap.integrations.swift import orm
+from finecap.integrations.trl import TrlReward
+from finecap.integrations.verl import VerlReward
+from finecap.rewards.cider import CiderReward
+from finecap.serve.service import ImageTable, RewardService
+from helpers.served import small_mixture
+
+NAME = "mix"  # the server's and the adapters' name of the reward: their messages name it alike
+
+
+def server_refusal(url: str, body: dict) -> str:
+    """The server's refusal of ``body`` as an adapter raises it: ``field: message``."""
+    response = httpx.post(f"{url}/reward", json=body)
+    assert response.status_code == 400, response.text
+    error = response.json()["error"]
+    return f"{error['field']}: {error['message']}"
+
+
+BAD_CALLS = [  # (captions, image ids, references): each refused by the server with a 400
+    (["1 0", "0 1"], [None, "a"], None),
+    (["1 0", "0 1"], ["a", True], None),
+    (["1 0", "0 1"], ["a", 1.5], None),
+    (["1 0", "0 1"], ["a", "c"], None),  # an image the reward does not know
+    (["1 0", "0 1"], ["a", "a"], None),  # one distinct image, for a reward that compares a call's images
+    (["1 0", None], ["a", "b"], None),
+    (["1 0", 7], ["a", "b"], None),
+    (["1 0", "0 1"], ["a", "b"], ["1 0", "0 1"]),  # references as strings: never split into characters
+    (["1 0", "0 1"], ["a", "b"], [["1 0"], []]),
+    (["1 0", "0 1"], ["a", "b"], [["1 0"], [None]]),
+    (["1 0", "0 1"], ["a", "b"], [["1 0"]]),  # one list for two captions
+    (["1 0", "0 1"], ["a"], None),  # one id for two captions
+]
+
+
+def test_scorer_in_process_refuses_what_the_server_refuses_in_the_same_words():
+    from helpers.served import serving
+
+    reward = small_mixture()
+    scorer = Scorer(reward, name=NAME)
+    with serving(RewardService(reward, ImageTable(["a", "b"]), log_every=0, name=NAME)) as url:
+        for captions, ids, refs in BAD_CALLS:
+            body = {"captions": captions, "image_ids": ids}
+            if refs is not None:
+                body["references"] = refs
+            expected = server_refusal(url, body)
+            with pytest.raises(ValueError) as refused:
+                scorer.score(captions, ids, refs)
+            assert str(refused.value) == expected, (captions, ids, refs)
+
+
+def test_nan_and_unhashable_ids_are_refused_by_name():
+    scorer = Scorer(small_mixture(), name=NAME)
+    for bad, kind in ((float("nan"), "a number"), (["a"], "an array"), ({"id": "a"}, "an object"), (None, "null")):
+        with pytest.raises(ValueError, match=rf"^image_ids\[1\]: expected an image id \(a string or an integer\), "
+                                             rf"got {kind}$"):  # fmt: skip
+            scorer.score(["1 0", "0 1"], ["a", bad])
+
+
+def cider() -> CiderReward:
+    return CiderReward({1: ["a red circle", "a small red circle"], 2: ["a blue square"]})
+
+
+def test_an_id_and_its_string_are_one_image_in_every_front_end():
+    captions = ["a red circle", "a square"]
+    expected = Scorer(cider()).score(captions, [1, 2]).total
+    for ids in (["1", "2"], [1, "2"], [np.int64(1), np.int32(2)], np.array([1, 2])):
+        assert Scorer(cider()).score(captions, ids).total == expected
+        assert TrlReward("cider", cider())(prompts=["", ""], completions=captions, image_id=list(ids)) == expected
+        infos = [{"image_id": i} for i in ids]
+        assert [r["score"] for r in VerlReward(cider()).batch(["d", "d"], captions, ["", ""], infos)] == expected
+        assert orm(cider())()(captions, image_id=list(ids), trainer_state=None) == expected
+        labels = [json.dumps({"image_id": int(i) if not isinstance(i, str) else i}) for i in ids]
+        got = openrlhf_function(cider())([f"Q:{c}" for c in captions], ["Q:", "Q:"], labels)["rewards"].tolist()
+        assert [float(np.float32(v)) for v in got] == [float(np.float32(v)) for v in expected]
+
+
+def test_verl_and_swift_refuse_references_given_as_a_string():
+    captions = ["a red circle", "a square"]
+    infos = [{"image_id": 1, "references": "a red circle"}, {"image_id": 2, "references": "a blue square"}]
+    with pytest.raises(ValueError, match=r"^references\[0\]: expected a non-empty array of reference captions$"):
+        VerlReward(cider()).batch(["d", "d"], captions, ["", ""], infos)
+    with pytest.raises(ValueError, match=r"^references\[0\]: expected a non-empty array of reference captions$"):
+        orm(cider())()(captions, image_id=[1, 2], references=["a red circle", "a blue square"])
+    # lists read from Parquet as NumPy arrays are lists
+    infos = [{"image_id": 1, "references": np.array(["a red circle"])}, {"image_id": 2, "references": ("a square",)}]
+    got = VerlReward(cider()).batch(["d", "d"], captions, ["", ""], infos)
+    assert got[1]["score"] > 0 and all(math.isfinite(r["score"]) for r in got)
+
+
+def test_trl_refuses_a_conversational_completion_without_an_assistant_turn_and_odd_items():
+    fn = TrlReward("cider", cider())
+    user_only = [[{"role": "user", "content": "Describe the image."}], [{"role": "assistant", "content": "a square"}]]
+    with pytest.raises(ValueError, match=r"^completions\[0\]: no assistant message \(roles: user\)"):
+        fn(prompts=["", ""], completions=user_only, image_id=[1, 2])
+    for bad, kind in ((None, "NoneType"), ([], "an empty list"), (3.5, "float")):
+        with pytest.raises(ValueError, match=rf"^completions\[1\]: expected a string or a list of messages, "
+                                             rf"got {kind}"):  # fmt: skip
+            fn(prompts=["", ""], completions=["a red circle", bad], image_id=[1, 2])
+    with pytest.raises(ValueError, match=r"the 'image_id' column must hold one value per completion, got str"):
+        fn(prompts=["", ""], completions=["a", "b"], image_id="12")
+
+
+def test_swift_refuses_none_completions_by_index():
+    with pytest.raises(ValueError, match=r"^completions\[0\]: expected a string or a list of messages, got NoneType"):
+        orm(cider())()([None, "a square"], image_id=[1, 2])
+
+
+def test_trl_one_prompt_generation_batch_on_a_reward_comparing_images_is_refused_as_the_server_refuses_it():
+    """TRL's default generation batch (one prompt x 8 generations) hands the reward one image: the self-retrieval
+    reward would rank it among itself (every value the same, std 0); refused with the server's words."""
+    from helpers.served import serving
+
+    reward = small_mixture()
+    with serving(RewardService(reward, ImageTable(["a", "b"]), log_every=0, name=NAME)) as url:
+        expected = server_refusal(url, {"captions": ["1 0"] * 8, "image_ids": ["a"] * 8})
+    assert "names one distinct image" in expected
+    with pytest.raises(ValueError) as refused:
+        TrlReward(NAME, reward)(prompts=[""] * 8, completions=["1 0"] * 8, image_id=["a"] * 8)
+    assert str(refused.value) == expected
+    with pytest.raises(ValueError, match="names one distinct image"):
+        VerlReward(reward).batch(["d"] * 2, ["1 0", "0 1"], ["", ""], [{"image_id": "a"}] * 2)
+
+
+def test_a_non_finite_value_in_process_names_the_reward():
+    class Broken:
+        def __call__(self, captions, batch):
+            import torch
+
+            from finecap.rewards import RewardOutput
+
+            return RewardOutput(torch.tensor([1.0, float("inf")]), {})
+
+    with pytest.raises(ValueError, match=r"^reward 'broken' gave a non-finite value \(inf\) for caption 1"):
+        TrlReward("broken", Broken())(prompts=["", ""], completions=["a", "b"], image_id=[1, 2])
+    with pytest.raises(ValueError, match=r"^reward 'the reward' gave a non-finite value"):
+        asyncio.run(Scorer(Broken()).ascore(["a", "b"], [1, 2]))

@@ -1,0 +1,130 @@
+"""What a client of the reward server believes (hostile input, round four): every reply is checked for its length,
+its types and its finiteness before a trainer sees it, through the client and every adapter's ``url=``; no message
+shows the credentials of the server's URL; the bearer token comes from the environment."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import http.server
+import json
+import threading
+from collections.abc import Iterator
+
+import pytest
+
+from finecap.integrations.openrlhf import reward_function as openrlhf_function
+from finecap.integrations.swift import async_orm, orm
+from finecap.integrations.verl import compute_score_batch
+from finecap.serve.client import RewardClient, RewardServerError
+
+
+@contextlib.contextmanager
+def answering(body: bytes, status: int = 200) -> Iterator[tuple[str, list]]:
+    """A stand-in server on 127.0.0.1 answering every POST with ``body``; yields its URL and the requests' headers."""
+    seen: list = []
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_POST(self):  # noqa: N802 - http.server's name
+            self.rfile.read(int(self.headers.get("content-length", 0)))
+            seen.append(dict(self.headers))
+            self.send_response(status)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}", seen
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+BAD_REPLIES = [  # (the reply's body, the field named, words)
+    (b'{"total": [1.0, NaN]}', "total[1]", "non-finite value (nan)"),
+    (b'{"total": [Infinity, 1.0]}', "total[0]", "non-finite value (inf)"),
+    (b'{"total": [1.0]}', "total", "answered 1 values for 2 captions"),
+    (b'{"total": [1.0, 2.0, 3.0]}', "total", "answered 3 values for 2 captions"),
+    (b'{"total": [1.0, "2.0"]}', "total[1]", "answered str where a number belongs"),
+    (b'{"total": [1.0, null]}', "total[1]", "answered NoneType where a number belongs"),
+    (b'{"total": [true, 1.0]}', "total[0]", "answered bool where a number belongs"),
+    (b'{"total": "1.0, 2.0"}', "total", "answered str where a list of numbers belongs"),
+    (b'{"total": [1.0, 2.0], "parts": {"cider": [1.0]}}', "parts.cider", "answered 1 values for 2 captions"),
+    (b'{"total": [1.0, 2.0], "parts": {"cider": [1.0, NaN]}}', "parts.cider[1]", "non-finite"),
+    (b'{"total": [1.0, 2.0], "parts": [1.0, 2.0]}', "parts", "where an object belongs"),
+    (json.dumps({"total": [0.5] * 3_000_000}).encode(), "total", "answered 3,000,000 values for 2 captions"),
+]
+
+
+@pytest.mark.parametrize(("body", "field", "words"), BAD_REPLIES, ids=[b[1] + "-" + b[2][:20] for b in BAD_REPLIES])
+def test_a_bad_reply_is_refused_by_the_client_and_every_adapter(body, field, words):
+    captions, ids = ["a red circle", "a square"], [1, 2]
+    infos = [{"image_id": i} for i in ids]
+    with answering(body) as (url, _):
+        calls = {
+            "client": lambda: RewardClient(url).score(captions, ids),
+            "client async": lambda: asyncio.run(RewardClient(url).ascore(captions, ids)),
+            "verl": lambda: compute_score_batch(["d"] * 2, captions, ["", ""], infos, url=url),
+            "ms-swift": lambda: orm(url=url)()(captions, image_id=ids),
+            "ms-swift async": lambda: asyncio.run(async_orm(url)()(captions, image_id=ids)),
+            "OpenRLHF": lambda: openrlhf_function(url=url)(captions, ["", ""], ids),
+        }
+        for who, call in calls.items():
+            with pytest.raises(RewardServerError) as refused:
+                call()
+            assert refused.value.field == field, who
+            assert words in str(refused.value), (who, str(refused.value))
+
+
+def test_a_good_reply_passes_and_the_token_comes_from_the_environment(monkeypatch):
+    monkeypatch.setenv("FINECAP_REWARD_TOKEN", "env-token-0123456789")
+    with answering(b'{"total": [1, 2.5], "parts": {"cider": [1, 2.5]}}') as (url, seen):
+        scored = RewardClient(url).score(["a", "b"], [1, 2])
+        assert (scored.total, scored.parts) == ([1.0, 2.5], {"cider": [1.0, 2.5]})
+        RewardClient(url, token="given-token-0123456789").score(["a", "b"], [1, 2])
+    assert seen[0]["Authorization"] == "Bearer env-token-0123456789"
+    assert seen[1]["Authorization"] == "Bearer given-token-0123456789"
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "http://alice:pa55word@127.0.0.1:9/",  # nothing listens on port 9 (discard): a connection error
+        "http://sk-live-token@127.0.0.1:9",
+        "http://127.0.0.1:9/?token=sk-live-token&x=1",
+        "http://127.0.0.1:9/reward?api_key=sk-live-token",
+    ],
+)
+def test_no_message_shows_the_credentials_of_the_url(url):
+    for who, call in {
+        "client": lambda: RewardClient(url, timeout=2).score(["a"], [1]),
+        "verl": lambda: compute_score_batch(["d"], ["a"], [""], [{"image_id": 1}], url=url),
+        "ms-swift": lambda: orm(url=url)()(["a"], image_id=[1]),
+        "OpenRLHF": lambda: openrlhf_function(url=url)(["a"], [""], [1]),
+    }.items():
+        with pytest.raises(RewardServerError) as refused:
+            call()
+        text = f"{refused.value} {refused.value!r} {refused.value.__cause__!r} {refused.value.__context__!r}"
+        assert "pa55word" not in text and "sk-live-token" not in text, (who, text)
+        assert "127.0.0.1:9" in str(refused.value)
+    assert "pa55word" not in repr(RewardClient(url)) and "sk-live-token" not in repr(RewardClient(url))
+
+
+def test_an_error_reply_naming_a_url_is_masked_too():
+    body = json.dumps({"error": {"field": None, "message": "upstream http://bob:hunter2@10.0.0.1/x failed"}}).encode()
+    with answering(body, status=500) as (url, _), pytest.raises(RewardServerError) as refused:
+        RewardClient(url).score(["a"], [1])
+    assert "hunter2" not in str(refused.value) and "[HTTP 500]" in str(refused.value)
+
+
+@pytest.mark.parametrize("url", ["127.0.0.1:8000", "ftp://127.0.0.1/", "", None])
+def test_a_url_that_is_no_http_url_is_refused_at_once(url):
+    with pytest.raises(ValueError, match="must start with http:// or https://"):
+        RewardClient(url)

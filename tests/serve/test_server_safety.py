@@ -1,0 +1,378 @@
+"""The reward server as a network service (hostile input, round four): who may ask (Host, Origin, Content-Type, a
+bearer token), what a reward's fault may tell a client (nothing of its text; a non-finite value is a named 500; the
+reply is strict JSON), and what a client may cost (a stalled or departed client nothing, a maximal request not the
+event loop, the connections a cap). Every server here serves a stand-in reward over 10 images on 127.0.0.1."""
+
+from __future__ import annotations
+
+import json
+import logging
+import socket
+import threading
+import time
+
+import httpx
+import pytest
+import torch
+
+from finecap.rewards import RewardOutput
+from finecap.serve.app import ConnectionLimits
+from finecap.serve.protocol import Limits
+from finecap.serve.service import ImageTable, RewardService
+from helpers.served import serving
+
+
+class Words:
+    """Each caption's length in words (a per-caption reward); a caption naming a fault makes the reward show it."""
+
+    per_caption = True
+
+    def __init__(self, delay: float = 0.0) -> None:
+        self.delay, self.calls = delay, []
+
+    def __call__(self, captions, batch):
+        self.calls.append(list(captions))
+        time.sleep(self.delay)
+        for c in captions:
+            if c == "leak-value":
+                raise ValueError("cannot read /home/alice/.keys/reward-key.pem (token=sk-live-1234)")
+            if c == "leak-key":
+                raise KeyError("Bearer sk-live-1234")
+            if c == "bug":
+                raise RuntimeError("/srv/secret/path exploded")
+            if c == "exit":
+                raise SystemExit(3)
+        total = torch.tensor([float(len(c.split())) for c in captions])
+        if "nan-part" in captions:
+            part = total.clone()
+            part[captions.index("nan-part")] = float("nan")
+            return RewardOutput(total, {"length": part})
+        if "inf-total" in captions:
+            total[captions.index("inf-total")] = float("inf")
+        return RewardOutput(total, {"length": total})
+
+
+def strict_json(text: str):
+    """The reply's JSON, refusing NaN / Infinity tokens (what a strict JSON reader does)."""
+
+    def refuse(token):
+        raise AssertionError(f"the reply holds a bare {token} token: {text[:200]}")
+
+    return json.loads(text, parse_constant=refuse)
+
+
+def service(reward=None, **kwargs) -> RewardService:
+    return RewardService(reward or Words(), ImageTable(range(10)), log_every=0, name="words", **kwargs)
+
+
+OK = {"captions": ["a red circle", "two squares"], "image_ids": [1, 2]}
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Who may ask
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("headers", "status", "field"),
+    [
+        ({"Host": "evil.example"}, 400, "Host"),  # DNS rebinding: a page's own name pointed at 127.0.0.1
+        ({"Host": "evil.example:8000"}, 400, "Host"),
+        ({"Host": "127.0.0.1.evil.example"}, 400, "Host"),
+        ({"Host": "10.0.0.7"}, 400, "Host"),  # an IP literal of another address, on a loopback-bound server
+        ({"Origin": "https://evil.example"}, 403, "Origin"),
+        ({"Origin": "null"}, 403, "Origin"),  # a sandboxed frame or a file:// page
+        ({"Origin": "http://127.0.0.1:8000"}, 403, "Origin"),  # the server has no pages: any browser origin
+        ({"Sec-Fetch-Site": "cross-site"}, 403, "Sec-Fetch-Site"),
+        ({"Sec-Fetch-Site": "same-site"}, 403, "Sec-Fetch-Site"),
+        ({"Content-Type": "text/plain"}, 415, "Content-Type"),  # a "simple" cross-site POST: no preflight
+        ({"Content-Type": "application/x-www-form-urlencoded"}, 415, "Content-Type"),
+        ({"Content-Type": "multipart/form-data; boundary=x"}, 415, "Content-Type"),
+        ({"Content-Type": ""}, 415, "Content-Type"),
+    ],
+)
+def test_requests_a_web_page_could_send_are_refused(headers, status, field):
+    reward = Words()
+    with serving(service(reward)) as url:
+        base = {"Content-Type": "application/json"}
+        response = httpx.post(f"{url}/reward", content=json.dumps(OK), headers={**base, **headers})
+        assert (response.status_code, strict_json(response.text)["error"]["field"]) == (status, field)
+        if field != "Content-Type":  # /health too: its answer names the reward
+            health = httpx.get(f"{url}/health", headers=headers)
+            assert health.status_code == status
+        assert reward.calls == []  # nothing was scored
+        assert httpx.post(f"{url}/reward", json=OK).json()["total"] == [3.0, 2.0]  # a program's request is
+
+
+def test_json_with_a_charset_and_the_loopback_names_are_accepted():
+    with serving(service()) as url:
+        port = url.rsplit(":", 1)[1]
+        for host in ("127.0.0.1", f"127.0.0.1:{port}", f"localhost:{port}", "LOCALHOST"):
+            response = httpx.post(f"{url}/reward", content=json.dumps(OK), headers={
+                "Host": host, "Content-Type": "Application/JSON; charset=utf-8"})  # fmt: skip
+            assert response.status_code == 200, (host, response.text)
+
+
+def test_a_bearer_token_is_required_when_given_and_compared_exactly():
+    token = "s3cret-token-0123456789"
+    with serving(service(), token=token) as url:
+        for headers in ({}, {"Authorization": "Bearer wrong-token-0123456789"}, {"Authorization": token},
+                        {"Authorization": f"Basic {token}"}, {"Authorization": f"Bearer {token}x"}):  # fmt: skip
+            for response in (httpx.post(f"{url}/reward", json=OK, headers=headers),
+                             httpx.get(f"{url}/health", headers=headers)):  # fmt: skip
+                assert response.status_code == 401 and response.headers["www-authenticate"] == "Bearer"
+                error = strict_json(response.text)["error"]
+                assert error["field"] == "Authorization" and token not in response.text
+        good = {"Authorization": f"bearer {token}"}  # the scheme is case-insensitive
+        assert httpx.post(f"{url}/reward", json=OK, headers=good).json()["total"] == [3.0, 2.0]
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# What a reward's fault may tell a client
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("caption", ["leak-value", "leak-key", "bug"])
+def test_a_rewards_exception_is_a_500_without_its_text_and_the_server_goes_on(caption, caplog):
+    with caplog.at_level(logging.ERROR, logger="finecap.serve.service"), serving(service()) as url:
+        response = httpx.post(f"{url}/reward", json={"captions": ["a b", caption], "image_ids": [1, 2]})
+        assert response.status_code == 500
+        error = strict_json(response.text)["error"]
+        assert error["field"] is None and "the reward words failed on this request" in error["message"]
+        for secret in ("sk-live-1234", "/home/alice", "reward-key", "/srv/secret", "Bearer"):
+            assert secret not in response.text
+        assert httpx.post(f"{url}/reward", json=OK).json()["total"] == [3.0, 2.0]
+    assert "sk-live-1234" in caplog.text or "/srv/secret/path" in caplog.text  # the detail is the server's log's
+
+
+@pytest.mark.parametrize(("caption", "part"), [("nan-part", "its part 'length'"), ("inf-total", "its total")])
+def test_a_non_finite_value_is_a_500_naming_the_reward_and_the_reply_is_strict_json(caption, part):
+    with serving(service()) as url:
+        for path, body in (("/reward", {"captions": ["a b", caption], "image_ids": [1, 2]}),
+                           ("/get_reward", {"query": ["a b", caption], "labels": [1, 2]})):  # fmt: skip
+            response = httpx.post(f"{url}{path}", json=body)
+            assert response.status_code == 500
+            message = strict_json(response.text)["error"]["message"]
+            assert f"reward 'words' gave a non-finite value ({'nan' if 'nan' in caption else 'inf'}) for caption 1 " \
+                   f"({part})" in message  # fmt: skip
+
+
+def test_a_reward_raising_system_exit_stops_the_server():
+    svc = service()
+    with serving(svc) as url:
+        response = httpx.post(f"{url}/reward", json={"captions": ["exit"], "image_ids": [1]})
+        assert response.status_code == 500 and "stopped the server" in response.json()["error"]["message"]
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:  # the server shuts down by itself: nothing listens any more
+            try:
+                httpx.get(f"{url}/health", timeout=1)
+            except httpx.HTTPError:
+                break
+            time.sleep(0.05)
+        else:
+            raise AssertionError("the server still answers after its reward raised SystemExit")
+    assert isinstance(svc.fatal, SystemExit)
+
+
+def test_the_command_exits_non_zero_when_its_reward_stops_the_server(monkeypatch, capsys):
+    import finecap.serve.app as app
+    from finecap.app import serve_reward
+    from finecap.config import load
+
+    monkeypatch.setattr(serve_reward, "build_service", lambda cfg, **kw: service())
+    make, found = app.make_server, {}
+
+    def spy(svc, *args, **kwargs):  # the command's own server; its URL for the client below
+        server, sock = make(svc, *args, **kwargs)
+        found["url"] = f"http://127.0.0.1:{sock.getsockname()[1]}"
+        return server, sock
+
+    monkeypatch.setattr(app, "make_server", spy)
+
+    def client():
+        while "url" not in found:
+            time.sleep(0.01)
+        for _ in range(500):
+            try:
+                httpx.post(f"{found['url']}/reward", json={"captions": ["exit"], "image_ids": [1]}, timeout=5)
+                return
+            except httpx.HTTPError:
+                time.sleep(0.02)
+
+    thread = threading.Thread(target=client, daemon=True)
+    thread.start()
+    with pytest.raises(SystemExit, match="the reward words raised SystemExit, which stops the server") as stopped:
+        serve_reward.main(load(None, []), port=0)
+    assert stopped.value.code != 0
+    thread.join(10)
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# What a client may cost
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+def test_health_answers_within_a_second_while_a_maximal_request_is_checked():
+    """A request at every limit, built to be slow to check: 16 MiB of OpenRLHF queries made of end-of-turn markers
+    (stripped from each query's end) and of image paths with ``..`` (each resolved on the file system); meanwhile
+    ``/health`` is asked every 20 ms and must answer each time within 1 s."""
+    limits = Limits()
+    query = "x" + "</s>" * ((limits.max_caption_chars - 1) // 4)
+    label = json.dumps({"image": "a/../" * 1500})
+    n = (limits.max_request_bytes - 100) // (len(json.dumps(query)) + len(json.dumps(label)) + 4)
+    body = json.dumps({"query": [query] * n, "labels": [label] * n}).encode()
+    assert limits.max_request_bytes - 50_000 < len(body) <= limits.max_request_bytes
+    svc = RewardService(Words(), ImageTable(range(10), {"img.jpg": 1}), log_every=0)
+    slowest = []
+    with serving(svc) as url:
+        done = threading.Event()
+        result = {}
+
+        def big():
+            result["response"] = httpx.post(f"{url}/get_reward", content=body, timeout=120,
+                                            headers={"Content-Type": "application/json"})  # fmt: skip
+            done.set()
+
+        threading.Thread(target=big, daemon=True).start()
+        while not done.is_set():
+            start = time.monotonic()
+            assert httpx.get(f"{url}/health", timeout=10).status_code == 200
+            slowest.append(time.monotonic() - start)
+            time.sleep(0.02)
+    assert result["response"].status_code == 400  # its paths name no image the server knows
+    assert "labels" not in result["response"].text or "unknown image file" in result["response"].text
+    assert len(slowest) >= 3 and max(slowest) < 1.0, (len(slowest), max(slowest))
+
+
+def recv_all(sock: socket.socket, timeout: float) -> bytes:
+    sock.settimeout(timeout)
+    data = b""
+    try:
+        while chunk := sock.recv(65536):
+            data += chunk
+    except TimeoutError:
+        return data + b"<still open>"
+    return data
+
+
+def test_a_stalled_client_is_cut_off_and_costs_the_others_nothing():
+    limits = ConnectionLimits(header_timeout=0.5, body_timeout=0.5)
+    with serving(service(), connections=limits) as url:
+        port = int(url.rsplit(":", 1)[1])
+        silent = socket.create_connection(("127.0.0.1", port))  # connects and says nothing
+        headers = socket.create_connection(("127.0.0.1", port))  # half of a request line's headers
+        headers.sendall(b"POST /reward HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-")
+        body = socket.create_connection(("127.0.0.1", port))  # headers, then 10 of 100 bytes of body
+        body.sendall(b"POST /reward HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+                     b"Content-Length: 100\r\n\r\n{\"captions\"")  # fmt: skip
+        kept = socket.create_connection(("127.0.0.1", port))  # a whole request, then a kept-alive silence
+        kept.sendall(b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+        start = time.monotonic()
+        assert httpx.post(f"{url}/reward", json=OK).json()["total"] == [3.0, 2.0]
+        assert time.monotonic() - start < 0.4  # served at once meanwhile
+        assert recv_all(silent, 5) == b""  # closed by the server, not by our timeout
+        assert recv_all(headers, 5) == b""
+        answer = recv_all(body, 5)
+        assert answer.startswith(b"HTTP/1.1 408") and b"--body-timeout" in answer
+        first = recv_all(kept, 0.2)
+        assert first.startswith(b"HTTP/1.1 200") and first.endswith(b"<still open>")
+        kept.sendall(b"GET /hea")  # the next request's headers, never finished
+        assert recv_all(kept, 5) == b""
+        for s in (silent, headers, body, kept):
+            s.close()
+
+
+def test_a_departed_clients_request_is_never_scored():
+    """A slow reward (1 s a call, one call a request): the first request is being scored; five more queue behind it
+    and their clients leave. The next client waits for the first alone, and the five are never scored."""
+    reward = Words(delay=1.0)
+    reward.per_caption = False  # one call per request
+    svc = service(reward)
+    with serving(svc) as url:
+        first = threading.Thread(target=lambda: httpx.post(f"{url}/reward", json=OK, timeout=30), daemon=True)
+        first.start()
+        while not reward.calls:
+            time.sleep(0.005)
+        started = time.monotonic()
+        for k in range(5):
+            with pytest.raises(httpx.TimeoutException):
+                httpx.post(f"{url}/reward", json={"captions": [f"gone {k}"], "image_ids": [1]}, timeout=0.05)
+        assert time.monotonic() - started < 0.8  # all five left while the first was scored
+        got = httpx.post(f"{url}/reward", json={"captions": ["last one"], "image_ids": [2]}, timeout=30).json()
+        waited = time.monotonic() - started
+        first.join(10)
+    assert got["total"] == [2.0]
+    assert reward.calls == [OK["captions"], ["last one"]]  # the departed five: never called
+    assert waited < 2.8, waited  # the first's call and its own (2 s), not 5 more calls (7 s)
+    assert svc.meter.abandoned == 5
+
+
+def test_connections_beyond_the_cap_are_closed_at_once_and_the_server_recovers():
+    with serving(service(), connections=ConnectionLimits(max_connections=4, header_timeout=30)) as url:
+        port = int(url.rsplit(":", 1)[1])
+        held = [socket.create_connection(("127.0.0.1", port)) for _ in range(4)]
+        time.sleep(0.1)
+        extra = socket.create_connection(("127.0.0.1", port))
+        assert recv_all(extra, 5) == b""  # closed at once: the cap is full
+        for s in held:
+            s.close()
+        time.sleep(0.1)
+        assert httpx.post(f"{url}/reward", json=OK).json()["total"] == [3.0, 2.0]
+        extra.close()
+
+
+def test_accept_errors_are_one_line_every_ten_seconds(caplog):
+    import asyncio
+
+    from finecap.serve.app import QuietAcceptErrors
+
+    handler = QuietAcceptErrors(every=10.0)
+    loop = asyncio.new_event_loop()
+    try:
+        with caplog.at_level(logging.WARNING, logger="finecap.serve.app"):
+            for _ in range(500):
+                handler(loop, {"message": "socket.accept() out of system resource",
+                               "exception": OSError(24, "Too many open files")})  # fmt: skip
+    finally:
+        loop.close()
+    lines = [r for r in caplog.records if "could not be accepted" in r.getMessage()]
+    assert len(lines) == 1 and "Too many open files" in lines[0].getMessage() and lines[0].exc_info is None
+    assert handler.count == 499  # counted for the next line
+
+
+def test_the_connection_cap_stays_under_the_file_descriptor_limit():
+    import resource
+
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    cap = ConnectionLimits(max_connections=65_536).connection_cap()
+    assert cap <= max(1, soft - 64) and cap >= 1
+    assert ConnectionLimits(max_connections=3).connection_cap() == 3 or soft < 67
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "words"),
+    [
+        ({"header_timeout": float("inf")}, "--header-timeout: must be a number of seconds above 0"),
+        ({"header_timeout": 0.0}, "--header-timeout"),
+        ({"body_timeout": float("nan")}, "--body-timeout"),
+        ({"max_connections": 0}, "--max-connections: must be from 1 to 65536"),
+    ],
+)
+def test_connection_limits_are_checked(kwargs, words):
+    with pytest.raises(ValueError, match=words):
+        ConnectionLimits(**kwargs)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "words"),
+    [
+        ({"batch_wait": float("inf")}, "--batch-wait-ms: must be a number from 0 to 60000, got inf"),
+        ({"batch_wait": float("nan")}, "--batch-wait-ms"),
+        ({"batch_wait": -0.001}, "--batch-wait-ms"),
+        ({"batch_size": 10**7}, "--batch-size: must be from 1 to 1,000,000"),
+        ({"log_every": float("inf")}, "--log-every: must be a finite number"),
+    ],
+)
+def test_service_options_are_checked(kwargs, words):
+    with pytest.raises(ValueError, match=words):
+        RewardService(Words(), ImageTable(range(3)), **kwargs)
