@@ -7,7 +7,7 @@ TORCH ?= torch==2.13.0
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.finecap-installed
 
-.PHONY: install demo test lint format bench browser vllm vllm-test
+.PHONY: install demo test lint format bench browser vllm vllm-test gpu-check
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -76,3 +76,10 @@ format: $(STAMP)
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/ngram_metrics.py
+
+# The GPU check (benchmarks/gpu_check.py, docs/scaling.md "The GPU check"): CUDA paths on random-weight models, no
+# download, ~6 min on one H100. Needs no .venv: any python with torch, transformers, peft and accelerate, e.g.
+# `make gpu-check PYTHON=python3 OUT=/tmp/gpu`: the JSON and one log per check go to OUT (an environment variable OUT
+# counts too), else to $$FINECAP_HOME/gpu_check or a new temporary folder; GPU_CHECK_ARGS=--cpu-smoke for the CPU.
+gpu-check:
+	PYTHONPATH=src$${PYTHONPATH:+:$$PYTHONPATH} $(PYTHON) benchmarks/gpu_check.py $(if $(OUT),--out-dir "$(OUT)") $(GPU_CHECK_ARGS)

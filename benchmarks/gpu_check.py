@@ -1,0 +1,874 @@
+# Device command (one H100 or H200; ~6 min; from the repository root with the ignored .whl/ folder carried along;
+# prints the table, writes gpu_check.json, gpu_check.log and one log per check under $OUT):
+#   set -o pipefail; python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site:src && nvidia-smi > "$OUT/nvidia-smi.txt" 2>&1; python3 benchmarks/gpu_check.py --out-dir "$OUT" --budget 340 2>&1 | tee "$OUT/gpu_check.log"  # noqa: E501
+"""finecap's CUDA paths, checked on one GPU in a few minutes with no download: every model is built from transformers'
+config classes with random weights, as finecap's own tests build theirs.
+
+    make gpu-check [PYTHON=python3] [OUT=dir]            # or:
+    PYTHONPATH=src python3 benchmarks/gpu_check.py [--out-dir DIR] [--out gpu_check.json] [--budget 340]
+    PYTHONPATH=src python3 benchmarks/gpu_check.py --cpu-smoke --out-dir DIR   # the same plumbing on the CPU, < 1 min
+
+Checks, in this order (docs/scaling.md, "The GPU check", says what each line of the table means):
+
+- ``env``: python, torch, transformers, peft, accelerate and bitsandbytes versions, the GPU's name, memory and compute
+  capability, and whether ``flash_attn``, ``bitsandbytes`` and ``vllm`` import (the error when not).
+- ``setup``: the random checkpoints and data the others read: a tiny instance of every VLM family of
+  :data:`finecap.models.vlm.FAMILIES` (2 language-model and 2 vision layers, weights redrawn from N(0, 0.2) so the
+  image matters), an Idefics3 of SmolVLM-256M-Instruct's shapes (``benchmarks/rollouts.py``'s, with SmolVLM's image
+  splitting: 2048 px longest edge in 512 px crops), a tiny CLIP retriever and a COCO-like Karpathy JSON of random
+  640x480 JPEGs.
+- ``family:<model_type>``: the tiny model in float32 and bfloat16 on the GPU with ``sdpa`` (and ``flash_attention_2``
+  in bfloat16 when flash-attn imports): finecap's prompt pass (:meth:`Vlm.start`) against the model's own forward
+  (largest absolute and relative difference of the first-token logits), finecap's greedy captions against
+  ``model.generate``'s tokens, and one MLE step with LoRA on the language model, gradient checkpointing and bfloat16
+  autocast over bfloat16 frozen weights (loss and every gradient finite, some gradient non-zero, adapters moved).
+- ``qlora``: ``model.quantization=4bit`` (bitsandbytes) on the tiny Idefics3, one MLE step through LoRA.
+- ``fsdp2``: one process (world size 1) in a NCCL group on a free 127.0.0.1 port: finecap's FSDP2 sharding
+  (:func:`finecap.models.sharding.shard_captioner`, what ``train.strategy=fsdp`` applies with several processes,
+  bf16 mixed precision), two MLE steps, greedy captions inside :func:`~finecap.models.sharding.decoding`, the full
+  model and optimizer state gathered.
+- ``grpo``: ``finecap train coco/grpo_cider_vlm`` (GRPO, CIDEr-D, 16 images x 8 samples, LoRA, checkpointing,
+  bf16) for 6 steps on the SmolVLM-256M-shaped model and the random data with finecap's decoder: seconds per step
+  (median of steps 2-5; step 6 also validates and saves), sampled captions per second, peak CUDA memory. vLLM is
+  recorded as not run (this check does not start it).
+- ``memory:<recipe>``: ``finecap train coco/<recipe> --dry-run`` for each ``coco/*_vlm`` recipe at its own batch on
+  the SmolVLM-256M-shaped model: the forecast it prints (weights, gradients, optimizer state) against the CUDA peak
+  of its one real step; a step that does not fit the card is recorded as ``oom``.
+
+Each check runs in a forked process of its own (its own CUDA context and peak counter; a crash, a hang or a device
+assert ends only that check) under its own time cap and the run's ``--budget``; a failure is recorded with its
+one-line error and the tail of its traceback, and the next check runs. The JSON is rewritten after every check, so a
+run killed from outside still leaves what it measured. ``--cpu-smoke`` runs everything at the tiniest sizes on the
+CPU: bfloat16 on the CPU, FSDP2 over gloo, 4-bit layers on the CPU where bitsandbytes imports; what needs CUDA and
+has no stand-in says ``skipped: no CUDA``. Exit status 1 when a check failed, erred or timed out (``oom`` is a
+finding about a recipe, not a failure of the check).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import math
+import os
+import platform
+import signal
+import socket
+import statistics
+import sys
+import tempfile
+import time
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+VLM_RECIPES = ("mle_vlm", "smile_vlm", "discritune_vlm", "sr_l_vlm", "sr_lv_bagcurri_vlm", "grpo_cider_vlm",
+               "grpo_sr_cider_vlm")  # fmt: skip
+"""The ``coco/*_vlm`` recipes whose dry-run forecast ``memory:<recipe>`` measures."""
+FAILED = ("fail", "error", "timeout")
+"""Statuses that make the run exit 1."""
+GIB = 1024**3
+WORDS = ("a", "red", "blue", "green", "small", "big", "circle", "square", "star", "on", "the", "left", "right", "two")
+TOL_REL = {"float32": 1e-4, "bfloat16": 3e-2}
+"""Largest first-token logit difference relative to the largest logit magnitude that passes, per weight dtype
+(float32: arithmetic in another order; bfloat16: 8 mantissa bits, two layers)."""
+
+
+@dataclass
+class Ctx:
+    """What a check knows: the device, the smoke mode, the work folder (models and data of ``setup``)."""
+
+    smoke: bool
+    work: Path
+    cuda: bool = False
+    device: Any = None
+    sizes: dict[str, Any] = field(default_factory=dict)
+
+
+class Skip(Exception):
+    """A check that cannot run here (its reason is the status's text)."""
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# Shared pieces
+# --------------------------------------------------------------------------------------------------------------------
+
+
+def one_line(e: BaseException) -> str:
+    """The error's type and message on one line (at most 400 characters)."""
+    return " ".join(f"{type(e).__name__}: {e}".split())[:400]
+
+
+def sync(ctx: Ctx) -> None:
+    if ctx.cuda:
+        import torch
+
+        torch.cuda.synchronize()
+
+
+def peak_bytes(ctx: Ctx) -> int | None:
+    if not ctx.cuda:
+        return None
+    import torch
+
+    return int(torch.cuda.max_memory_allocated())
+
+
+def images(n: int, width: int, height: int, seed: int = 0) -> list:
+    """Random RGB images, every second one 8 px wider (prompts of different lengths in Qwen2-VL)."""
+    import numpy as np
+    from PIL import Image
+
+    rng = np.random.default_rng(seed)
+    return [Image.fromarray(rng.integers(0, 256, (height, width + 8 * (i % 2), 3), dtype=np.uint8)) for i in range(n)]
+
+
+def captions(n: int, seed: int = 0) -> list[str]:
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    return [" ".join(rng.choice(WORDS, size=int(rng.integers(4, 9)))) for _ in range(n)]
+
+
+def training_batch(model: Any, n: int, ctx: Ctx) -> dict:
+    """finecap's collated training batch for ``model``: ``n`` random captions, one random image each."""
+    from finecap.data.datasets import model_collator, to_device
+
+    size = ctx.sizes["family_image"]
+    items = [{"caption": c, "image": im, "image_id": i, "references": [c], "index": i}
+             for i, (c, im) in enumerate(zip(captions(n), images(n, size, size), strict=True))]  # fmt: skip
+    return to_device(model_collator(model, 12)(items), ctx.device)
+
+
+def load_cfg(recipe: str | None, overrides: list[str]) -> Any:
+    from finecap.config import load
+
+    return load(recipe, overrides)
+
+
+def any_family(ctx: Ctx) -> Path:
+    """The tiny Idefics3 (SmolVLM's family), else the first other family setup built."""
+    for family in ("idefics3", "llava", "qwen2_vl"):
+        if (ctx.work / "families" / family / "config.json").exists():
+            return ctx.work / "families" / family
+    raise Skip("skipped: setup built no tiny VLM")
+
+
+def family_dir(ctx: Ctx, family: str) -> Path:
+    folder = ctx.work / "families" / family
+    if not (folder / "config.json").exists():
+        raise Skip(f"skipped: setup did not build the tiny {family}")
+    return folder
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# env, setup
+# --------------------------------------------------------------------------------------------------------------------
+
+
+def check_env(ctx: Ctx) -> dict:
+    import importlib
+    import importlib.metadata as md
+
+    import torch
+
+    def version(name: str) -> str | None:
+        try:
+            return md.version(name)
+        except md.PackageNotFoundError:
+            return None
+
+    out: dict[str, Any] = {"python": platform.python_version(), "cpus": os.cpu_count(),
+                           "versions": {n: version(n) for n in ("torch", "transformers", "peft", "accelerate",
+                                                                "tokenizers", "safetensors", "bitsandbytes",
+                                                                "flash-attn", "vllm", "numpy", "torchvision")},
+                           "torch_cuda": torch.version.cuda, "cuda_available": torch.cuda.is_available()}  # fmt: skip
+    imports = {}
+    for name in ("flash_attn", "bitsandbytes", "vllm", "torchvision", "finecap.app.train", "finecap.models.vlm"):
+        try:
+            importlib.import_module(name)
+            imports[name] = "ok"
+        except Exception as e:  # noqa: BLE001 - recorded
+            imports[name] = one_line(e)
+    out["imports"] = imports
+    if torch.cuda.is_available():
+        props = torch.cuda.get_device_properties(0)
+        out["gpu"] = {"name": props.name, "memory_gib": round(props.total_memory / GIB, 1),
+                      "capability": f"{props.major}.{props.minor}", "count": torch.cuda.device_count(),
+                      "bf16_supported": torch.cuda.is_bf16_supported()}  # fmt: skip
+        out["summary"] = f"{props.name}, {out['gpu']['memory_gib']} GiB, sm {props.major}.{props.minor}"
+    else:
+        out["summary"] = "no CUDA"
+    out["summary"] += (f"; torch {out['versions']['torch']}, transformers {out['versions']['transformers']}; "
+                       f"flash_attn {'yes' if imports['flash_attn'] == 'ok' else 'no'}, bitsandbytes "
+                       f"{'yes' if imports['bitsandbytes'] == 'ok' else 'no'}")  # fmt: skip
+    broken = [k for k in ("finecap.app.train", "finecap.models.vlm") if imports[k] != "ok"]
+    out["status"] = "fail" if broken else "pass"
+    return out
+
+
+def tiny_family_model(family: str) -> tuple[Any, Any]:
+    """A tiny random VLM of ``family`` with 2 language-model and 2 vision layers (weights N(0, 0.2)) and its
+    processor (:func:`finecap.models.presets.tiny_vlm`; Qwen2-VL's vision depth, fixed at 1 there, set to 2)."""
+    import torch
+
+    from finecap.models.presets import tiny_vlm
+
+    torch.manual_seed(0)
+    vision = {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2, "num_attention_heads": 2}
+    model, processor = tiny_vlm(family, layers=2, hidden=64, heads=4, kv_heads=2, intermediate=128, vision=vision)
+    if family == "qwen2_vl":
+        config = model.config
+        config.vision_config.depth = 2
+        generation = model.generation_config
+        model = type(model)(config)
+        model.generation_config = generation
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.ndim == 2:
+                p.normal_(0.0, 0.2)
+    return model, processor
+
+
+def layer_counts(config: Any) -> dict[str, int]:
+    text, vision = config.text_config, config.vision_config
+    return {"lm_layers": int(text.num_hidden_layers),
+            "vision_layers": int(getattr(vision, "depth", None) or vision.num_hidden_layers)}  # fmt: skip
+
+
+def smolvlm_sizes(smoke: bool) -> dict[str, Any]:
+    """SmolVLM-256M-Instruct's shapes (benchmarks/rollouts.py), or a tiny Idefics3 in the smoke mode."""
+    if smoke:
+        return dict(image_size=16, hidden=32, layers=2, heads=2, kv_heads=1, intermediate=64, positions=2048)
+    from rollouts import SMOLVLM_256M
+
+    return dict(SMOLVLM_256M)
+
+
+def check_setup(ctx: Ctx) -> dict:
+    import torch
+
+    from finecap.models.presets import save_tiny_clip, tiny_vlm
+    from finecap.models.vlm import FAMILIES
+
+    out: dict[str, Any] = {"families": {}, "built": []}
+    errors = []
+    for family in FAMILIES:
+        try:
+            model, processor = tiny_family_model(family)
+            folder = ctx.work / "families" / family
+            model.save_pretrained(folder)
+            processor.save_pretrained(folder)
+            out["families"][family] = layer_counts(model.config)
+        except Exception as e:  # noqa: BLE001 - the family's check reports it skipped
+            errors.append(f"{family}: {one_line(e)}")
+    try:
+        start = time.perf_counter()
+        torch.manual_seed(0)
+        sizes = smolvlm_sizes(ctx.smoke)
+        folder = ctx.work / "smolvlm"
+        try:
+            model, processor = tiny_vlm("idefics3", **sizes)
+            edge = sizes["image_size"]
+            ip = processor.image_processor  # SmolVLM's preprocessor_config.json: split into crops of the tower's size
+            ip.do_image_splitting, ip.size, ip.max_image_size = (
+                True,
+                {"longest_edge": 4 * edge},
+                {"longest_edge": edge},
+            )
+            stand_in = None
+        except ImportError as e:  # transformers 5.17: Idefics3's image processors need torchvision
+            stand_in = f"a LLaVA with SmolVLM-256M's language model and 64 image tokens ({one_line(e)[:200]})"
+            sizes = {k: v for k, v in sizes.items() if k != "scale"} | ({"patch": 64} if not ctx.smoke else {})
+            model, processor = tiny_vlm("llava", **sizes)
+        model.save_pretrained(folder)
+        processor.save_pretrained(folder)
+        if stand_in:
+            (folder / "STAND_IN").write_text(stand_in)
+            errors.append(f"smolvlm: Idefics3 could not be built; {stand_in}")
+        n = sum(p.numel() for p in model.parameters())
+        out["smolvlm"] = {
+            "model_type": model.config.model_type,
+            "stand_in": stand_in,
+            "parameters": n,
+            "seconds": round(time.perf_counter() - start, 1),
+            **layer_counts(model.config),
+        }
+        out["built"].append("smolvlm")
+    except Exception as e:  # noqa: BLE001
+        errors.append(f"smolvlm: {one_line(e)}")
+    try:
+        save_tiny_clip(ctx.work / "clip", image_size=32, patch_size=16)
+        out["built"].append("clip (tiny: the recipes' retriever, not ViT-B/32)")
+    except Exception as e:  # noqa: BLE001
+        errors.append(f"clip: {one_line(e)}")
+    try:
+        out["data"] = write_karpathy(ctx)
+        out["built"].append("data")
+    except Exception as e:  # noqa: BLE001
+        errors.append(f"data: {one_line(e)}")
+    out["errors"] = errors
+    out["status"] = "fail" if errors else "pass"
+    smol = out.get("smolvlm", {}).get("parameters", 0) / 1e6
+    out["summary"] = (
+        f"{len(out['families'])} families, smolvlm {smol:.0f}M params, {out.get('data', {}).get('images', 0)} images"
+    )
+    return out
+
+
+def write_karpathy(ctx: Ctx) -> dict:
+    """A Karpathy-format JSON of random JPEGs (COCO's 640x480; 32x24 in the smoke mode) with five captions each."""
+    n_train, n_val, n_test = ctx.sizes["data_split"]
+    width, height = ctx.sizes["data_image"]
+    root = ctx.work / "data"
+    (root / "images").mkdir(parents=True, exist_ok=True)
+    entries = []
+    n = n_train + n_val + n_test
+    for i, im in enumerate(images(n, width, height, seed=1)):
+        name = f"{i:05d}.jpg"
+        im.crop((0, 0, width, height)).save(root / "images" / name, quality=90)
+        split = "train" if i < n_train else "val" if i < n_train + n_val else "test"
+        entries.append({"filename": name, "split": split, "cocoid": i,
+                        "sentences": [{"raw": c} for c in captions(5, seed=i)]})  # fmt: skip
+    (root / "dataset.json").write_text(json.dumps({"images": entries}))
+    return {"images": n, "size": f"{width}x{height}", "path": str(root / "dataset.json")}
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# Families: prompt pass, greedy decoding, a training step
+# --------------------------------------------------------------------------------------------------------------------
+
+
+def compare_with_model(ctx: Ctx, folder: Path, dtype: str, attn: str) -> dict:
+    """finecap's first-token logits and greedy captions against the transformers model's own forward and
+    ``generate`` on 4 images (prompts padded where the family's lengths differ)."""
+    import torch
+
+    from finecap.config import DecodeConfig
+    from finecap.models.memory import LoadOptions
+    from finecap.models.vlm import Vlm
+
+    model = Vlm.from_pretrained(folder, LoadOptions(dtype=dtype, attn_implementation=attn)).to(ctx.device).eval()
+    size = ctx.sizes["family_image"]
+    ims = images(4, size, size)
+    enc = model.processor(text=[model.prompt_text] * 4, images=[[im] for im in ims], padding=True,
+                          return_tensors="pt")  # fmt: skip
+    weight_dtype = next(model.model.parameters()).dtype
+    inputs = {
+        k: (v.to(ctx.device, weight_dtype) if v.is_floating_point() else v.to(ctx.device)) for k, v in enc.items()
+    }
+    batch = inputs | {"prompt_ids": inputs["input_ids"], "prompt_mask": inputs["attention_mask"]}
+    max_new = 8
+    with torch.no_grad():
+        ours, _ = model.start(model.prompt_of(batch))  # (B, V)
+        if hasattr(model.model.model, "rope_deltas"):
+            model.model.model.rope_deltas = None
+        theirs = model.model(**inputs).logits[:, -1]  # (B, V)
+        diff = (ours.float() - theirs.float()).abs()
+        scale = theirs.float().abs().max().item()
+        if hasattr(model.model.model, "rope_deltas"):
+            model.model.model.rope_deltas = None
+        shifted = inputs | {"pixel_values": inputs["pixel_values"] + 0.5}  # other images (zeros: Idefics3's padding)
+        other = model.model(**shifted).logits[:, -1]  # (B, V)
+        control = (ours.float() - other.float()).abs().max().item() / max(scale, 1e-12)
+        greedy = model.generate(batch, DecodeConfig(strategy="greedy", max_length=max_new))
+        generated = model.model.generate(**inputs, max_new_tokens=max_new, do_sample=False)
+    prompt_len = inputs["input_ids"].shape[1]
+    equal = 0
+    for row, seq in enumerate(generated[:, prompt_len:].tolist()):
+        n = int(greedy.lengths[row])
+        equal += greedy.sequences[row, :n].tolist() == seq[:n] and all(t == model.pad_token_id for t in seq[n:])
+    rel = diff.max().item() / max(scale, 1e-12)
+    out = {"first_token_max_abs_diff": diff.max().item(), "first_token_max_rel_diff": rel, "logit_scale": scale,
+           "tolerance_rel": TOL_REL[dtype], "argmax_equal": int((ours.argmax(-1) == theirs.argmax(-1)).sum()),
+           "greedy_rows_equal": f"{equal}/4", "distinct_captions": len(set(greedy.texts)),
+           "prompt_tokens": prompt_len, "control_rel_diff_other_images": control}  # fmt: skip
+    # the control: the model's own forward on other images (pixels shifted by 0.5) must differ from finecap's beyond
+    # the tolerance, or the comparison could not see an image dropped or misplaced
+    ok = math.isfinite(rel) and rel <= TOL_REL[dtype] < control and equal == 4 and len(set(greedy.texts)) > 1
+    out["status"] = "pass" if ok else "fail"
+    return out
+
+
+def mle_step(ctx: Ctx, folder: Path, overrides: list[str]) -> dict:
+    """One MLE step of finecap's training model (:func:`finecap.train.setup.build_model`: LoRA, dtypes,
+    checkpointing as ``overrides`` say) under bfloat16 autocast; the loss, the gradients, the adapters' move."""
+    import torch
+
+    from finecap.models.memory import gradient_checkpointing, quantization_of
+    from finecap.objectives.mle import MLE
+    from finecap.train.setup import build_model
+
+    cfg = load_cfg(None, ["model.kind=vlm", f"vlm.name={folder}", *overrides])
+    model = build_model(cfg).to(ctx.device).train()
+    batch = training_batch(model, 4, ctx)
+    params = [p for p in model.parameters() if p.requires_grad]
+    before = [p.detach().clone() for p in params]
+    optimizer = torch.optim.AdamW(params, lr=1e-3)
+    sync(ctx)
+    start = time.perf_counter()
+    with torch.autocast(ctx.device.type, dtype=torch.bfloat16):
+        out = MLE()(model, batch)
+        loss = sum(out.losses.values())
+    loss.backward()
+    grads = [p.grad for p in params if p.grad is not None]
+    finite = all(bool(torch.isfinite(g).all()) for g in grads)
+    nonzero = sum(int(g.abs().sum().item() > 0) for g in grads)
+    grad_norm = torch.stack([g.float().norm() for g in grads]).norm().item() if grads else float("nan")
+    optimizer.step()
+    sync(ctx)
+    moved = sum(int(not torch.equal(p.detach(), b)) for p, b in zip(params, before, strict=True))
+    result = {"loss": loss.item(), "grad_norm": grad_norm, "trainable_tensors": len(params), "grads": len(grads),
+              "nonzero_grads": nonzero, "moved": moved, "gradient_checkpointing": gradient_checkpointing(model),
+              "lm_quantization": quantization_of(model.lora_module("lm")), "seconds": time.perf_counter() - start,
+              "peak_gib": (peak_bytes(ctx) or 0) / GIB}  # fmt: skip
+    ok = math.isfinite(result["loss"]) and finite and grads and nonzero > 0 and moved > 0
+    if "train.gradient_checkpointing=true" in overrides:
+        ok = ok and result["gradient_checkpointing"]
+    result["grads_finite"] = finite
+    result["status"] = "pass" if ok else "fail"
+    return result
+
+
+def attn_implementations(ctx: Ctx) -> list[str]:
+    from transformers.utils import is_flash_attn_2_available
+
+    return ["sdpa", *(["flash_attention_2"] if ctx.cuda and is_flash_attn_2_available() else [])]
+
+
+def check_family(ctx: Ctx, family: str) -> dict:
+    folder = family_dir(ctx, family)
+    parts: dict[str, Any] = {}
+    impls = attn_implementations(ctx)
+    runs = [("float32", "sdpa"), *(("bfloat16", a) for a in impls)]
+    for dtype, attn in runs:
+        parts[f"{dtype}/{attn}"] = guarded(lambda d=dtype, a=attn: compare_with_model(ctx, folder, d, a))
+    lora = [
+        "model.dtype=bfloat16",
+        "lora.lm=true",
+        "lora.rank=8",
+        "lora.alpha=16",
+        "train.gradient_checkpointing=true",
+    ]
+    for attn in impls:
+        parts[f"train/{attn}"] = guarded(
+            lambda a=attn: mle_step(ctx, folder, [*lora, f"model.attn_implementation={a}"])
+        )
+    statuses = {k: v["status"] for k, v in parts.items()}
+    status = "pass" if all(s == "pass" for s in statuses.values()) else "fail"
+    if not ctx.cuda:
+        parts["note"] = "CPU stand-in: float32 and bfloat16 on the CPU (no CUDA)"
+    worst = max((v.get("first_token_max_rel_diff", 0.0) for v in parts.values() if isinstance(v, dict)), default=0)
+    bf = parts.get("bfloat16/sdpa", {})
+    tr = parts.get("train/sdpa", {})
+    summary = (f"rel diff max {worst:.1e}; greedy bf16 {bf.get('greedy_rows_equal', '-')}; "
+               f"train loss {tr.get('loss', float('nan')):.3f}; {'+'.join(impls)}")  # fmt: skip
+    if status != "pass":
+        summary = "failed: " + ", ".join(k for k, s in statuses.items() if s != "pass") + "; " + summary
+    return {"status": status, "parts": parts, "summary": summary}
+
+
+def guarded(fn: Callable[[], dict]) -> dict:
+    """``fn()``, or its error as a record (one line and the traceback's tail); CUDA memory freed after."""
+    try:
+        return fn()
+    except Exception as e:  # noqa: BLE001 - recorded
+        return {"status": "error", "error": one_line(e), "traceback": traceback.format_exc().splitlines()[-12:]}
+    finally:
+        free_cuda()
+
+
+def free_cuda() -> None:
+    import gc
+
+    gc.collect()
+    try:
+        import torch
+
+        if torch.cuda.is_available() and torch.cuda.is_initialized():
+            torch.cuda.empty_cache()
+    except Exception:  # noqa: BLE001, S110 - nothing to free
+        pass
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# QLoRA, FSDP2
+# --------------------------------------------------------------------------------------------------------------------
+
+
+def check_qlora(ctx: Ctx) -> dict:
+    try:
+        import bitsandbytes  # noqa: F401
+    except Exception as e:  # noqa: BLE001
+        raise Skip(f"skipped: bitsandbytes does not import ({one_line(e)})") from None
+    folder = any_family(ctx)
+    out = mle_step(ctx, folder, ["model.quantization=4bit", "model.dtype=bfloat16", "lora.lm=true", "lora.rank=8",
+                                 "lora.alpha=16", "train.gradient_checkpointing=true"])  # fmt: skip
+    if out["lm_quantization"] != "4bit":
+        out["status"] = "fail"
+        out["error"] = f"the language model is not 4-bit after loading (quantization: {out['lm_quantization']})"
+    if not ctx.cuda:
+        out["note"] = "CPU stand-in: bitsandbytes' CPU 4-bit layers"
+    out["family"] = folder.name
+    out["summary"] = (
+        f"{folder.name}: loss {out['loss']:.3f}, grad norm {out['grad_norm']:.2e}, lm {out['lm_quantization']}"
+    )
+    return out
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def check_fsdp2(ctx: Ctx) -> dict:
+    import torch
+    import torch.distributed as dist
+    from torch.distributed.tensor import DTensor
+
+    from finecap.config import DecodeConfig
+    from finecap.models import sharding
+    from finecap.objectives.mle import MLE
+    from finecap.train.setup import build_model
+
+    backend = "nccl" if ctx.cuda else "gloo"
+    port = free_port()
+    if ctx.cuda:
+        torch.cuda.set_device(0)
+    dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
+    try:
+        folder = any_family(ctx)
+        cfg = load_cfg(None, ["model.kind=vlm", f"vlm.name={folder}", "train.strategy=fsdp",
+                              "train.mixed_precision=bf16"])  # fmt: skip
+        model = build_model(cfg).to(ctx.device).train()
+        layers = sharding.shard_captioner(model, cfg.train.mixed_precision)
+        dtensors = sum(isinstance(p, DTensor) for p in model.parameters())
+        batch = training_batch(model, 4, ctx)
+        before = {k: v.clone() for k, v in sharding.model_state(model).items()}
+        optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-3)
+        losses = []
+        for _ in range(2):
+            optimizer.zero_grad()
+            out = MLE()(model, batch)
+            loss = sum(out.losses.values())
+            loss.backward()
+            optimizer.step()
+            losses.append(loss.item())
+        after = sharding.model_state(model)
+        moved = sum(int(not torch.equal(after[k], before[k])) for k in before)
+        model.eval()
+        with sharding.decoding(model) as m, torch.no_grad():
+            gen = m.generate(batch, DecodeConfig(strategy="greedy", max_length=6))
+        opt_state = sharding.optimizer_state(model, optimizer)
+    finally:
+        dist.destroy_process_group()
+    ok = all(math.isfinite(x) for x in losses) and moved > 0 and dtensors > 0 and len(gen.texts) == 4
+    return {"status": "pass" if ok else "fail", "family": folder.name, "backend": backend,
+            "world_size": 1, "sharded_layers": len(layers),
+            "dtensor_parameters": dtensors, "losses": losses, "tensors_moved": moved, "state_tensors": len(after),
+            "optimizer_state_entries": len(opt_state.get("state", {})), "captions": gen.texts,
+            "summary": f"{backend}, {len(layers)} layers sharded, losses {losses[0]:.3f} -> {losses[-1]:.3f}, "
+                       f"{moved}/{len(after)} tensors moved"}  # fmt: skip
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# GRPO and the recipes' memory
+# --------------------------------------------------------------------------------------------------------------------
+
+
+def recipe_overrides(ctx: Ctx, recipe: str, name: str) -> list[str]:
+    """Point a ``coco/*_vlm`` recipe at setup's SmolVLM-shaped model, random data and tiny retriever; fresh weights
+    (no ``train.init_from``); the smoke mode's tiny batches."""
+    folder = ctx.work / "smolvlm"
+    if not (folder / "config.json").exists() or not (ctx.work / "data" / "dataset.json").exists():
+        raise Skip("skipped: setup did not build the SmolVLM-shaped model or the data")
+    out = [f"vlm.name={folder}", f"data.path={ctx.work / 'data' / 'dataset.json'}",
+           f"data.images={ctx.work / 'data' / 'images'}", "train.init_from=", f"run.dir={ctx.work / 'runs' / name}",
+           f"retriever.checkpoint={ctx.work / 'clip'}"]  # fmt: skip
+    if (folder / "STAND_IN").exists():
+        out.append("vlm.processor_kwargs={}")  # SmolVLM's image splitting is Idefics3's option
+    if ctx.smoke:
+        out += [] if load_cfg(recipe, []).rl.samples == 1 else ["rl.samples=2"]  # greedy rollouts take 1
+        out += ["train.batch_size=2", "decode.max_length=4", "decode.beam_size=2", "data.max_tokens=8",
+                "data.num_workers=0", "data.persistent_workers=false", "data.pin_memory=false",
+                "train.eval_samples=4"]  # fmt: skip
+    return out
+
+
+def check_grpo(ctx: Ctx) -> dict:
+    import torch
+
+    from finecap.app.train import train
+
+    steps = 6 if not ctx.smoke else 3
+    overrides = [*recipe_overrides(ctx, "coco/grpo_cider_vlm", "grpo"), f"train.max_steps={steps}",
+                 "train.eval_every=0", "train.eval_samples=8", "train.log_every=1"]  # fmt: skip
+    cfg = load_cfg("coco/grpo_cider_vlm", overrides)
+    marks: list[float] = []
+
+    def mark(_state: Any) -> None:
+        sync(ctx)
+        marks.append(time.perf_counter())
+        if len(marks) == 1 and ctx.cuda:
+            torch.cuda.reset_peak_memory_stats()
+
+    start = time.perf_counter()
+    train(cfg, callbacks=[mark], overwrite=True)
+    intervals = [b - a for a, b in zip(marks, marks[1:])]
+    clean = intervals[:-1] or intervals  # the last step also validates and saves
+    per_step = statistics.median(clean) if clean else float("nan")
+    captions_per_step = cfg.train.batch_size * cfg.rl.samples
+    try:
+        import vllm  # noqa: F401
+
+        vllm_note = "not run: vllm imports, but this check runs finecap's decoder only (vLLM sleep mode: issue 65)"
+    except Exception as e:  # noqa: BLE001
+        vllm_note = f"not run: vLLM is not installed here ({one_line(e)})"
+    peak = peak_bytes(ctx)
+    out = {"status": "pass" if len(marks) == steps and math.isfinite(per_step) else "fail", "steps": steps,
+           "first_step_seconds_with_setup": marks[0] - start if marks else None, "step_seconds": intervals,
+           "seconds_per_step": per_step, "images_per_step": cfg.train.batch_size, "samples": cfg.rl.samples,
+           "max_length": cfg.decode.max_length, "captions_per_second": captions_per_step / per_step,
+           "peak_cuda_gib_steps_2_on": peak / GIB if peak is not None else None, "engine": "finecap",
+           "vllm": vllm_note,
+           "model": model_note(ctx)}  # fmt: skip
+    metrics = ctx.work / "runs" / "grpo" / "metrics.jsonl"
+    if metrics.exists():
+        rows = [json.loads(x) for x in metrics.read_text().splitlines() if x.strip()]
+        losses = [r["loss"] for r in rows if "loss" in r]
+        out["losses"] = losses
+        if not all(math.isfinite(x) for x in losses):
+            out["status"] = "fail"
+    mem = f", peak {out['peak_cuda_gib_steps_2_on']:.1f} GiB" if peak is not None else ""
+    out["summary"] = (
+        f"{per_step:.2f} s/step, {out['captions_per_second']:.0f} captions/s "
+        f"({cfg.train.batch_size}x{cfg.rl.samples}x<={cfg.decode.max_length} tok){mem}; vLLM not run"
+    )
+    return out
+
+
+def model_note(ctx: Ctx) -> str:
+    """What the SmolVLM-shaped model of setup is (a LLaVA stand-in where Idefics3 could not be built)."""
+    marker = ctx.work / "smolvlm" / "STAND_IN"
+    what = "tiny idefics3 (smoke)" if ctx.smoke else "idefics3 at SmolVLM-256M-Instruct's shapes"
+    return f"stand-in: {marker.read_text()}" if marker.exists() else what
+
+
+def check_memory(ctx: Ctx, recipe: str) -> dict:
+    import torch
+
+    from finecap.app.train import dry_run
+    from finecap.models.memory import training_memory
+
+    cfg = load_cfg(f"coco/{recipe}", recipe_overrides(ctx, f"coco/{recipe}", f"dry-{recipe}"))
+    device_total = torch.cuda.get_device_properties(0).total_memory if ctx.cuda else None
+    base = {"recipe": f"coco/{recipe}", "model": model_note(ctx),
+            "batch": cfg.train.batch_size, "samples": cfg.rl.samples,
+            "objective": cfg.train.objective, "dtype": cfg.model.dtype, "lora_lm": cfg.lora.lm,
+            "gradient_checkpointing": cfg.train.gradient_checkpointing,
+            "mixed_precision": cfg.train.mixed_precision, "processor_kwargs": cfg.vlm.processor_kwargs,
+            "device_total_gib": device_total / GIB if device_total else None,
+            "forecast_note": "finecap's forecast: weights + gradients + optimizer state; activations are not "
+                             "forecast (the step measures them)"}  # fmt: skip
+    try:
+        report = dry_run(cfg)
+    except torch.OutOfMemoryError as e:
+        free_cuda()
+        from finecap.train.setup import build_model
+
+        forecast = training_memory(build_model(cfg))  # on the CPU: the forecast the dry run would have printed
+        return {**base, "status": "oom", "error": one_line(e), "forecast_bytes": forecast,
+                "forecast_gib": forecast["total"] / GIB,
+                "summary": f"does not fit: forecast {forecast['total'] / GIB:.2f} GiB + activations"}  # fmt: skip
+    forecast = report["memory_bytes"]
+    step = report["step"]
+    out = {**base, "status": "pass" if math.isfinite(step["loss"]) else "fail", "forecast_bytes": forecast,
+           "forecast_gib": forecast["total"] / GIB, "measured_peak_bytes": step["peak_bytes"],
+           "measured_peak_gib": step["peak_bytes"] / GIB, "measured_what": "CUDA max_memory_allocated of one step"
+           if ctx.cuda else "peak RSS growth (CPU)", "loss": step["loss"], "step_seconds": step["seconds"],
+           "parameters": report["parameters"]}  # fmt: skip
+    if device_total:
+        out["fits_fraction"] = step["peak_bytes"] / device_total
+    out["summary"] = (f"batch {cfg.train.batch_size}: forecast {out['forecast_gib']:.2f} GiB, measured "
+                      f"{out['measured_peak_gib']:.2f} GiB, {step['seconds']:.1f} s/step")  # fmt: skip
+    return out
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# The checks, each in a process of its own
+# --------------------------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Check:
+    name: str
+    run: Callable[[Ctx], dict]
+    cap_s: float  # on the GPU
+    needs_cuda: bool = False  # no CPU stand-in
+
+
+def checks() -> list[Check]:
+    from finecap.models.vlm import FAMILIES
+
+    out = [Check("env", check_env, 60), Check("setup", check_setup, 90)]
+    out += [Check(f"family:{f}", lambda ctx, f=f: check_family(ctx, f), 60) for f in FAMILIES]
+    out += [Check("qlora", check_qlora, 60), Check("fsdp2", check_fsdp2, 60), Check("grpo", check_grpo, 120)]
+    out += [Check(f"memory:{r}", lambda ctx, r=r: check_memory(ctx, r), 50) for r in VLM_RECIPES]
+    return out
+
+
+def child(check: Check, ctx: Ctx, result: Path, log: Path) -> None:
+    """The forked process of one check: its output into ``log``, its record into ``result``."""
+    os.setsid()  # its own process group: a timeout ends its DataLoader workers too
+    fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    os.dup2(fd, 1)
+    os.dup2(fd, 2)
+    start = time.perf_counter()
+    try:
+        import torch
+
+        torch.manual_seed(0)
+        ctx.cuda = torch.cuda.is_available() and not ctx.smoke
+        ctx.device = torch.device("cuda", 0) if ctx.cuda else torch.device("cpu")
+        if ctx.cuda:
+            torch.cuda.reset_peak_memory_stats()
+        if check.needs_cuda and not ctx.cuda:
+            raise Skip("skipped: no CUDA")
+        record = check.run(ctx)
+    except Skip as e:
+        record = {"status": str(e).split(":")[0], "reason": str(e), "summary": str(e)}
+    except BaseException as e:  # noqa: BLE001 - recorded, whatever it is
+        oom = type(e).__name__ == "OutOfMemoryError"
+        record = {"status": "oom" if oom else "error", "error": one_line(e),
+                  "traceback": traceback.format_exc().splitlines()[-15:], "summary": one_line(e)[:100]}  # fmt: skip
+    record["seconds"] = time.perf_counter() - start
+    record.setdefault("peak_cuda_gib", (peak_bytes(ctx) or 0) / GIB if ctx.cuda else None)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    result.write_text(json.dumps(record, default=str, indent=1))
+    os._exit(0)
+
+
+def run_check(check: Check, ctx: Ctx, cap: float, logs: Path) -> dict:
+    """Fork ``check``'s process, wait at most ``cap`` seconds, and read its record (a crash or a timeout recorded
+    with the last lines of its log)."""
+    result = logs / f"{check.name.replace(':', '_')}.json"
+    log = logs / f"{check.name.replace(':', '_')}.log"
+    result.unlink(missing_ok=True)
+    start = time.perf_counter()
+    pid = os.fork()
+    if pid == 0:
+        child(check, ctx, result, log)
+    status = None
+    while time.perf_counter() - start < cap:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            break
+        time.sleep(0.05)
+    else:
+        for sig in (signal.SIGTERM, signal.SIGKILL):
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(pid, sig)
+            time.sleep(1.0 if sig == signal.SIGTERM else 0)
+        os.waitpid(pid, 0)
+    seconds = time.perf_counter() - start
+    tail = log.read_text(errors="replace").splitlines()[-15:] if log.exists() else []
+    if result.exists():
+        record = json.loads(result.read_text())
+        result.unlink()
+    elif status is None:
+        record = {"status": "timeout", "error": f"no result within its cap of {cap:.0f} s", "log_tail": tail,
+                  "summary": f"timeout after {cap:.0f} s"}  # fmt: skip
+    else:
+        code = os.waitstatus_to_exitcode(status)
+        record = {"status": "error", "error": f"the check's process ended with {code} before writing its result",
+                  "log_tail": tail, "summary": f"process ended ({code})"}  # fmt: skip
+    record.update(name=check.name, wall_seconds=round(seconds, 2), cap_s=round(cap, 1), log=str(log))
+    return record
+
+
+def table(records: list[dict]) -> str:
+    rows = [f"{'check':<28} {'status':<8} {'seconds':>8}  key numbers"]
+    for r in records:
+        summary = str(r.get("summary", r.get("error", "")))
+        rows.append(f"{r['name']:<28} {r['status']:<8} {r.get('wall_seconds', 0):>8.1f}  {summary}")
+    return "\n".join(rows)
+
+
+def preload() -> str | None:
+    """Import torch, transformers and finecap once, before forking (each check then starts in milliseconds); CUDA is
+    not touched here (a forked child could not use it)."""
+    try:
+        import torch  # noqa: F401
+        import transformers  # noqa: F401
+
+        import finecap.app.train  # noqa: F401
+        import finecap.models.sharding  # noqa: F401
+        import finecap.models.vlm  # noqa: F401
+        import finecap.train.setup  # noqa: F401
+
+        return None
+    except Exception as e:  # noqa: BLE001 - each check imports again and reports its own error
+        return one_line(e)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument(
+        "--out-dir",
+        type=Path,
+        default=None,
+        help="folder of the JSON and the logs (default: $FINECAP_HOME/gpu_check, else a new temporary one)",
+    )
+    p.add_argument("--out", default="gpu_check.json", help="the JSON's file name (or path) in --out-dir")
+    p.add_argument("--work-dir", type=Path, default=None, help="models and data (default: a temporary folder)")
+    p.add_argument("--budget", type=float, default=340.0, help="seconds for all checks together")
+    p.add_argument("--only", default="", help="comma-separated check names or prefixes (setup runs first always)")
+    p.add_argument("--cpu-smoke", action="store_true", help="the same plumbing on the CPU at the tiniest sizes")
+    args = p.parse_args(argv)
+    out_dir = args.out_dir or (Path(os.environ["FINECAP_HOME"]) / "gpu_check" if os.environ.get("FINECAP_HOME")
+                               else Path(tempfile.mkdtemp(prefix="finecap-gpu-check-")))  # fmt: skip
+    out_dir.mkdir(parents=True, exist_ok=True)
+    out_path = Path(args.out) if Path(args.out).is_absolute() else out_dir / args.out
+    logs = out_dir / "gpu_check_logs"
+    logs.mkdir(exist_ok=True)
+    work = args.work_dir or Path(tempfile.mkdtemp(prefix="finecap-gpu-work-"))
+    os.environ.setdefault("FINECAP_HOME", str(work / "home"))
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    if args.cpu_smoke:
+        os.environ["CUDA_VISIBLE_DEVICES"] = ""
+    sizes = {"family_image": 16, "data_split": (240, 8, 8) if not args.cpu_smoke else (40, 4, 4),
+             "data_image": (640, 480) if not args.cpu_smoke else (32, 24)}  # fmt: skip
+    ctx = Ctx(smoke=args.cpu_smoke, work=work, sizes=sizes)
+    preload_error = preload()
+    all_checks = checks() if preload_error is None else [Check("env", check_env, 60)]
+    wanted = [w for w in args.only.split(",") if w]
+    selected = [c for c in all_checks if not wanted or c.name == "setup" or any(c.name.startswith(w) for w in wanted)]
+    report: dict[str, Any] = {"mode": "cpu-smoke" if args.cpu_smoke else "gpu", "started": time.strftime("%FT%T%z"),
+                              "argv": sys.argv[1:], "budget_s": args.budget, "work_dir": str(work),
+                              "preload_error": preload_error, "checks": []}  # fmt: skip
+    print(f"gpu_check: {len(selected)} checks, budget {args.budget:.0f} s, JSON {out_path}", flush=True)
+    begin = time.perf_counter()
+    for check in selected:
+        left = args.budget - (time.perf_counter() - begin)
+        cap = check.cap_s if not args.cpu_smoke else min(check.cap_s, 60.0)
+        if left < 10:
+            record = {"name": check.name, "status": "skipped", "summary": "skipped: the run's --budget is spent"}
+        else:
+            record = run_check(check, ctx, min(cap, left), logs)
+        report["checks"].append(record)
+        report["seconds"] = round(time.perf_counter() - begin, 1)
+        out_path.write_text(json.dumps(report, indent=1, default=str) + "\n")
+        print(f"  {record['name']:<28} {record['status']:<8} {record.get('wall_seconds', 0):>6.1f} s  "
+              f"{record.get('summary', '')}", flush=True)  # fmt: skip
+    print(table(report["checks"]))
+    print(f"gpu_check: {report['seconds']:.0f} s; JSON {out_path}; logs {logs}")
+    return 1 if any(r["status"] in FAILED for r in report["checks"]) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
