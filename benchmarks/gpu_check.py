@@ -55,6 +55,7 @@ import platform
 import signal
 import socket
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -85,6 +86,7 @@ class Ctx:
     cuda: bool = False
     device: Any = None
     sizes: dict[str, Any] = field(default_factory=dict)
+    argv: list[str] | None = None  # --spawn: the arguments of each check's fresh process
 
 
 class Skip(Exception):
@@ -716,16 +718,12 @@ def checks() -> list[Check]:
     out = [Check("env", check_env, 60), Check("setup", check_setup, 90)]
     out += [Check(f"family:{f}", lambda ctx, f=f: check_family(ctx, f), 60) for f in FAMILIES]
     out += [Check("qlora", check_qlora, 60), Check("fsdp2", check_fsdp2, 60), Check("grpo", check_grpo, 120)]
-    out += [Check(f"memory:{r}", lambda ctx, r=r: check_memory(ctx, r), 50) for r in VLM_RECIPES]
+    out += [Check(f"memory:{r}", lambda ctx, r=r: check_memory(ctx, r), 100) for r in VLM_RECIPES]
     return out
 
 
-def child(check: Check, ctx: Ctx, result: Path, log: Path) -> None:
-    """The forked process of one check: its output into ``log``, its record into ``result``."""
-    os.setsid()  # its own process group: a timeout ends its DataLoader workers too
-    fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-    os.dup2(fd, 1)
-    os.dup2(fd, 2)
+def run_body(check: Check, ctx: Ctx) -> dict:
+    """Run ``check`` here: its record (a failure recorded, whatever it is)."""
     start = time.perf_counter()
     try:
         import torch
@@ -746,6 +744,16 @@ def child(check: Check, ctx: Ctx, result: Path, log: Path) -> None:
                   "traceback": traceback.format_exc().splitlines()[-15:], "summary": one_line(e)[:100]}  # fmt: skip
     record["seconds"] = time.perf_counter() - start
     record.setdefault("peak_cuda_gib", (peak_bytes(ctx) or 0) / GIB if ctx.cuda else None)
+    return record
+
+
+def child(check: Check, ctx: Ctx, result: Path, log: Path) -> None:
+    """The forked process of one check: its output into ``log``, its record into ``result``."""
+    os.setsid()  # its own process group: a timeout ends its DataLoader workers too
+    fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    os.dup2(fd, 1)
+    os.dup2(fd, 2)
+    record = run_body(check, ctx)
     sys.stdout.flush()
     sys.stderr.flush()
     result.write_text(json.dumps(record, default=str, indent=1))
@@ -759,13 +767,20 @@ def run_check(check: Check, ctx: Ctx, cap: float, logs: Path) -> dict:
     log = logs / f"{check.name.replace(':', '_')}.log"
     result.unlink(missing_ok=True)
     start = time.perf_counter()
-    pid = os.fork()
-    if pid == 0:
-        child(check, ctx, result, log)
+    if ctx.argv is not None:  # a fresh process (CUDA cannot be used in a process forked after it was touched)
+        with open(log, "wb") as out:
+            argv = [sys.executable, __file__, *ctx.argv, "--child", check.name, "--result", str(result)]
+            proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+        pid = proc.pid
+    else:
+        pid = os.fork()
+        if pid == 0:
+            child(check, ctx, result, log)
     status = None
     while time.perf_counter() - start < cap:
-        done, status = os.waitpid(pid, os.WNOHANG)
+        done, code = os.waitpid(pid, os.WNOHANG)
         if done:
+            status = code
             break
         time.sleep(0.05)
     else:
@@ -798,6 +813,15 @@ def table(records: list[dict]) -> str:
     return "\n".join(rows)
 
 
+def cuda_visible() -> bool:
+    """Whether a CUDA device is there, asked of NVML (``nvidia-smi -L``) so that this process never touches CUDA."""
+    try:
+        out = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.SubprocessError):
+        return False
+    return out.returncode == 0 and "GPU" in out.stdout
+
+
 def preload() -> str | None:
     """Import torch, transformers and finecap once, before forking (each check then starts in milliseconds); CUDA is
     not touched here (a forked child could not use it)."""
@@ -828,6 +852,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--budget", type=float, default=340.0, help="seconds for all checks together")
     p.add_argument("--only", default="", help="comma-separated check names or prefixes (setup runs first always)")
     p.add_argument("--cpu-smoke", action="store_true", help="the same plumbing on the CPU at the tiniest sizes")
+    p.add_argument("--spawn", action="store_true", help="each check in a fresh process instead of a fork (the default "
+                   "when a CUDA device is visible: a fork cannot use CUDA once an import has touched it)")  # fmt: skip
+    p.add_argument("--child", default=None, help=argparse.SUPPRESS)
+    p.add_argument("--result", type=Path, default=None, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     out_dir = args.out_dir or (Path(os.environ["FINECAP_HOME"]) / "gpu_check" if os.environ.get("FINECAP_HOME")
                                else Path(tempfile.mkdtemp(prefix="finecap-gpu-check-")))  # fmt: skip
@@ -844,7 +872,14 @@ def main(argv: list[str] | None = None) -> int:
     sizes = {"family_image": 16, "data_split": (240, 8, 8) if not args.cpu_smoke else (40, 4, 4),
              "data_image": (640, 480) if not args.cpu_smoke else (32, 24)}  # fmt: skip
     ctx = Ctx(smoke=args.cpu_smoke, work=work, sizes=sizes)
-    preload_error = preload()
+    if args.child is not None:  # one check, in this process (--spawn's child)
+        check = next(c for c in checks() if c.name == args.child)
+        args.result.write_text(json.dumps(run_body(check, ctx), default=str, indent=1))
+        return 0
+    spawn = args.spawn or (not args.cpu_smoke and cuda_visible())
+    if spawn:
+        ctx.argv = ["--work-dir", str(work), *(["--cpu-smoke"] if args.cpu_smoke else [])]
+    preload_error = preload() if not spawn else None
     all_checks = checks() if preload_error is None else [Check("env", check_env, 60)]
     wanted = [w for w in args.only.split(",") if w]
     selected = [c for c in all_checks if not wanted or c.name == "setup" or any(c.name.startswith(w) for w in wanted)]
