@@ -69,7 +69,7 @@ from finecap.objectives.entropy import mean_entropy
 from finecap.objectives.monitor import Monitor, distinct_share
 from finecap.registry import declared_needs
 from finecap.rewards import build_reward
-from finecap.rewards.base import RewardOutput, call_hook
+from finecap.rewards.base import RewardOutput, call_hook, check_finite
 
 if TYPE_CHECKING:
     from finecap.config import Config, VllmConfig
@@ -232,10 +232,12 @@ class Reinforce(ObjectiveBase):
         t1 = time.perf_counter()
         synced = self.rollouts.sync_seconds - synced  # building the engine, or sending it the policy's weights
         timings = {"time/generate": t1 - t0 - synced}
-        rewards = self.reward(samples.texts, {**batch, "image_index": samples.image_index})
+        # rl.rewards' weighted sum checks each reward (finecap.rewards.base.check_finite); a reward given as is, here
+        rewards = check_finite(self.reward(samples.texts, {**batch, "image_index": samples.image_index}), "rl.rewards")
         greedy_rewards = None
         if greedy is not None:
             greedy_rewards = self.reward(greedy.texts, {**batch, "image_index": greedy.image_index})
+            check_finite(greedy_rewards, "rl.rewards")
         t2 = time.perf_counter()
         device = samples.sequences.device
         total = rewards.total.to(device)

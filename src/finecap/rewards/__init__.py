@@ -28,11 +28,13 @@ from typing import TYPE_CHECKING, Any
 
 from finecap.registry import REWARDS, lookup
 from finecap.rewards.base import (
+    NonFiniteReward,
     Reward,
     RewardOutput,
     WeightedSum,
     call_batch,
     caption_rows,
+    check_finite,
     compares_images,
     per_caption,
 )
@@ -40,8 +42,8 @@ from finecap.rewards.base import (
 if TYPE_CHECKING:
     from finecap.config import Config
 
-__all__ = ["REWARDS", "Reward", "RewardOutput", "WeightedSum", "build_reward", "call_batch", "caption_rows",
-           "compares_images", "get_reward", "per_caption"]  # fmt: skip
+__all__ = ["REWARDS", "NonFiniteReward", "Reward", "RewardOutput", "WeightedSum", "build_reward", "call_batch",
+           "caption_rows", "check_finite", "compares_images", "get_reward", "per_caption"]  # fmt: skip
 
 
 def get_reward(name: str, cfg: Config | None, **options: Any) -> Reward:
