@@ -54,6 +54,8 @@ def test_grpo_recipes_set_the_group_options(name):
     two_rewards = "sr" in name
     assert (rl.reward_aggregation == "normalize_then_sum") == two_rewards  # GDPO over SR + CIDEr-D
     assert (rl.kl_coef > 0) == two_rewards and (rl.iterations > 1) == two_rewards
+    # TRL's disable_dropout, except where the GRPO check page's committed runs used the recipe with dropout
+    assert rl.disable_dropout == (name != "demo/grpo_cider")
     if name.startswith("coco/"):  # SmolVLM with LoRA, bf16 and checkpointing
         cfg = load(name)
         assert cfg.lora.lm and cfg.train.mixed_precision == "bf16" and cfg.train.gradient_checkpointing

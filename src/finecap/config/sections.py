@@ -889,6 +889,11 @@ class RLConfig(Section, name="rl"):
         le=100,
         why="the KL term would swamp every advantage: TRL's beta is 0 or 0.04, RLHF's 0.001 to 0.2",
     )
+    disable_dropout: bool = doc(
+        False,
+        "Set every dropout module of the policy to p = 0 for the RL objective, so GRPO's ratios and KL carry no "
+        "dropout noise (rollouts and the reference run in eval mode) [disable_dropout].",
+    )
     kl_bias_correction: bool = doc(
         True,
         "clipped: multiply the per-token KL by the importance ratio (TRL 1.16's default) [use_bias_correction_kl].",
