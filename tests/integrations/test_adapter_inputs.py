@@ -147,7 +147,7 @@ def test_a_non_finite_value_in_process_names_the_reward():
 
             return RewardOutput(torch.tensor([1.0, float("inf")]), {})
 
-    with pytest.raises(ValueError, match=r"^reward 'broken' gave a non-finite value \(inf\) for caption 1"):
+    with pytest.raises(ValueError, match=r"^reward 'broken': total is inf at caption 1"):
         TrlReward("broken", Broken())(prompts=["", ""], completions=["a", "b"], image_id=[1, 2])
-    with pytest.raises(ValueError, match=r"^reward 'the reward' gave a non-finite value"):
+    with pytest.raises(ValueError, match=r"^reward 'the reward': total is inf"):
         asyncio.run(Scorer(Broken()).ascore(["a", "b"], [1, 2]))

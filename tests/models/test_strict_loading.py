@@ -366,8 +366,10 @@ def test_init_from_another_backbone_ends_the_train_command_in_one_line(made, tmp
 
 
 def test_the_same_captioner_starts_a_run(made):
-    """The check refuses only what differs: the checkpoint's own backbone and settings load."""
+    """The check refuses only what differs: the checkpoint's own backbone and settings load (its LM's world-tiny
+    sizes included: ``made`` builds a 1-layer GPT-2 of width 32)."""
     cfg = load(None, [f"model.encoder={made['clip']}", "clipcap.prefix_length=2", "lora.lm=true", "lora.rank=4",
-                      "lora.alpha=8", f"train.init_from={made['clipcap']}"])  # fmt: skip
+                      "lora.alpha=8", f"train.init_from={made['clipcap']}", "clipcap.tiny_layers=1",
+                      "clipcap.tiny_hidden=32", "clipcap.tiny_heads=2"])  # fmt: skip
     model = build_model(cfg)
     assert lora.adapter_spec(model, "lm") is not None and model.section.prefix_length == 2

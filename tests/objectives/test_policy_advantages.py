@@ -1,14 +1,23 @@
 """The GRPO family's advantages (finecap.objectives.policy), hand-computed on 2 images x 3 samples for each
 rl.scale_rewards and rl.reward_aggregation, with the arithmetic in comments; a group of equal rewards gives 0, never
-NaN; the configuration's checks name the key."""
+NaN; the configuration's checks name the key: every float option of ``rl`` (and ``sr``) is finite and in a usable
+range, reward weights fit float32 and are not all 0."""
 
+import dataclasses
 import math
 
 import pytest
 import torch
 
-from finecap.config import ConfigError, RLConfig, load
-from finecap.objectives.policy import EPS, batch_mean_std, group_advantages, normalize_then_sum, zero_std_share
+from finecap.config import ConfigError, RLConfig, SRConfig, load
+from finecap.objectives.policy import (
+    EPS,
+    batch_mean_std,
+    clipped_surrogate,
+    group_advantages,
+    normalize_then_sum,
+    zero_std_share,
+)
 
 # Image 0 samples rewards (1, 2, 6); image 1 (4, 4, 4).
 #   image 0: mean 3, deviations (-2, -1, 3), Bessel variance (4 + 1 + 9) / 2 = 7, std sqrt(7) = 2.6458
@@ -104,6 +113,56 @@ def test_configuration_checks_name_the_key(overrides, key):
     with pytest.raises(ConfigError) as e:
         load(None, overrides)
     assert e.value.key == key, str(e.value)
+
+
+FLOAT_OPTIONS = [(cls, f.name) for cls in (RLConfig, SRConfig) for f in dataclasses.fields(cls)
+                 if f.type in ("float", "float | None")]  # fmt: skip
+
+
+def test_the_float_options_are_the_ones_checked_below():
+    names = {f"{cls.section_name}.{name}" for cls, name in FLOAT_OPTIONS}
+    assert {"rl.temperature", "rl.clip_low", "rl.clip_high", "rl.kl_coef", "rl.entropy_coef", "rl.vllm_is_cap",
+            "rl.mean_momentum", "rl.alpha", "sr.logit_scale", "sr.duplicate_threshold"} <= names  # fmt: skip
+
+
+@pytest.mark.parametrize(("cls", "name"), FLOAT_OPTIONS)
+@pytest.mark.parametrize("value", ["inf", "-inf", "nan", "1e300", "-1e300"])
+def test_every_float_option_of_rl_and_sr_is_finite_and_in_range(cls, name, value):
+    key = f"{cls.section_name}.{name}"
+    with pytest.raises(ConfigError) as e:  # an override
+        load(None, [f"{key}={value}"])
+    assert e.value.key == key and "\n" not in str(e.value), str(e.value)
+    with pytest.raises(ConfigError) as e:  # a section built by hand (the TRL adapter's way)
+        cls(**{name: float(value)})
+    assert e.value.key == key and str(e.value).startswith(f"{key}: must be"), str(e.value)
+
+
+def test_the_upper_bounds_still_train():
+    # the largest accepted clip: ratios 0.5 and 150 with A = 1 -> -min(0.5, 0.5) = -0.5, -min(150, 101) = -101
+    rl = RLConfig(clip_low=0.2, clip_high=100, policy_loss="clipped", kl_coef=100, temperature=100, entropy_coef=100)
+    loss = clipped_surrogate(torch.tensor([[0.5, 150.0]]), torch.tensor([1.0]), rl.clip_low, rl.clip_high)
+    assert loss.tolist() == [[-0.5, -101.0]]
+
+
+@pytest.mark.parametrize(
+    ("weights", "key", "message"),
+    [("{cider: 1e39}", "rl.rewards.cider", "must be in [-1e+06, 1e+06], got 1e+39"),
+     ("{cider: 1.0, retrieval: -2e6}", "rl.rewards.retrieval", "must be in [-1e+06, 1e+06], got -2000000.0"),
+     ("{cider: .inf}", "rl.rewards", "rl.rewards.cider: must be a finite number"),
+     ("{cider: 1e-50}", "rl.rewards.cider", "1e-50 is 0 in float32"),
+     ("{cider: 0.0}", "rl.rewards", "every weight is 0, so every caption's reward is 0 and nothing is learnt"),
+     ("{cider: 0, retrieval: -0.0}", "rl.rewards", "every weight is 0")],
+)  # fmt: skip
+def test_reward_weights_fit_float32_and_are_not_all_zero(weights, key, message):
+    with pytest.raises(ConfigError) as e:
+        load(None, [f"rl.rewards={weights}"])
+    assert e.value.key == key and message in str(e.value) and "\n" not in str(e.value), str(e.value)
+
+
+@pytest.mark.parametrize("weights", ["{cider: 0, retrieval: 1}", "{retrieval: 1.0, cider: -0.5}", "{cider: 1e6}",
+                                     "{cider: -1e-30}"])  # fmt: skip
+def test_usable_reward_weights_are_accepted(weights):
+    assert any(w != 0 for w in load(None, [f"rl.rewards={weights}"]).rl.rewards.values())
 
 
 def test_defaults_are_the_papers_reinforce():

@@ -1,12 +1,22 @@
 """Weighted reward sums R = sum w_i r_i, their logged parts and hooks, and the reward registry."""
 
+import re
 from types import SimpleNamespace
 
 import pytest
 import torch
 
 from finecap.config import load
-from finecap.rewards import REWARDS, RewardOutput, WeightedSum, build_reward, caption_rows, get_reward
+from finecap.rewards import (
+    REWARDS,
+    NonFiniteReward,
+    RewardOutput,
+    WeightedSum,
+    build_reward,
+    caption_rows,
+    check_finite,
+    get_reward,
+)
 from finecap.rewards.cider import CiderReward
 
 
@@ -81,6 +91,45 @@ def test_wrong_shape_is_reported_with_the_reward_name():
 
     with pytest.raises(ValueError, match="'bad'"):
         WeightedSum({"bad": (1.0, Bad())})(["a", "b"], {})
+
+
+class Planted:
+    """Finite words, with ``value`` planted at caption ``at`` of the part ``part`` (``"total"``: of the total)."""
+
+    def __init__(self, part, value, at):
+        self.part, self.value, self.at = part, value, at
+
+    def __call__(self, captions, batch):
+        total = torch.tensor([float(len(c.split())) for c in captions])
+        parts = {"words": total.clone(), "chars": torch.tensor([float(len(c)) for c in captions])}
+        (total if self.part == "total" else parts[self.part])[self.at] = self.value
+        return RewardOutput(total, parts)
+
+
+@pytest.mark.parametrize(
+    ("part", "value", "at", "message"),
+    [("total", float("nan"), 0, "reward 'mine': total is nan at caption 0 (1 of 3 captions not finite)"),
+     ("chars", float("inf"), 2, "reward 'mine': part 'chars' is inf at caption 2 (1 of 3 captions not finite)"),
+     ("words", float("-inf"), 1, "reward 'mine': part 'words' is -inf at caption 1 (1 of 3 captions not finite)")],
+)  # fmt: skip
+def test_a_non_finite_reward_value_is_an_error_naming_the_reward_part_and_caption(part, value, at, message):
+    reward = WeightedSum({"cider_like": (1.0, Words()), "mine": (0.5, Planted(part, value, at))})
+    with pytest.raises(NonFiniteReward, match=re.escape(message)) as caught:
+        reward(["a b", "a", "a b c"], {})
+    assert isinstance(caught.value, ValueError)
+    finite = Planted(part, 7.0, at)
+    out = check_finite(finite(["a b", "a", "a b c"], {}), "mine")  # the same reward, finite: returned as it is
+    assert torch.isfinite(out.total).all()
+
+
+def test_finite_rewards_whose_weighted_sum_overflows_are_refused_naming_rl_rewards():
+    # float32's largest value is about 3.4e38: captions 0 and 2 (3 words) give 1e38 * 3 + 1e38 * 3 = 6e38, inf;
+    # caption 1 (1 word): 1e38 + 1e38 = 2e38 stays finite.
+    reward = WeightedSum({"words": (1e38, Words()), "more": (1e38, Words())})
+    with pytest.raises(NonFiniteReward, match=r"reward 'rl.rewards, the weighted sum': total is inf at caption 0 "
+                       r"\(2 of 3 captions not finite\)"):  # fmt: skip
+        reward(["a b c", "a", "a b c"], {})
+    assert WeightedSum({"words": (1e37, Words())})(["a b c"], {}).total.item() == pytest.approx(3e37, rel=1e-6)
 
 
 def test_registry_names_dotted_paths_and_errors():

@@ -104,3 +104,55 @@ def test_each_global_batch_is_taken_rl_iterations_times(make_cfg):
     assert len(values) == 6
     rolled = [v["time/generate"] > 0 for v in values]
     assert rolled == [True, False] * 3
+
+
+def untimed(run_dir):
+    return [{k: v for k, v in values.items() if not k.startswith("time/")} for values in train_values(run_dir)]
+
+
+DROPOUT_RUN = [*GRPO, "rl.iterations=2", "rl.kl_coef=0.1", "train.max_steps=4", "train.batch_size=8",
+               "train.lr=1e-2"]  # fmt: skip
+
+
+@pytest.mark.slow
+def test_disable_dropout_gives_the_ratios_and_kl_of_a_model_without_dropout(make_cfg):
+    # The same initial weights (dropout draws nothing at construction); with rl.disable_dropout the GPT-2's dropout
+    # of 0.1 is off in the policy's scoring, so every logged value (ratios, clip fraction, KL, losses) and the final
+    # weights are those of the run whose model has dropout 0. Without it, step 2's ratios carry dropout noise.
+    off = train(make_cfg(*DROPOUT_RUN, "clipcap.tiny_dropout=0.1", "rl.disable_dropout=true", run="off"))
+    none = train(make_cfg(*DROPOUT_RUN, "clipcap.tiny_dropout=0", run="none"))
+    noisy = train(make_cfg(*DROPOUT_RUN, "clipcap.tiny_dropout=0.1", run="noisy"))
+    assert untimed(off) == untimed(none)
+    a, b = weights(off), weights(none)
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    steps = untimed(noisy)
+    assert steps[0]["ratio/max"] == 1.0  # the first step of a cycle scores the rollout policy itself
+    assert (steps[1]["ratio/min"], steps[1]["ratio/max"]) != (untimed(none)[1]["ratio/min"],
+                                                              untimed(none)[1]["ratio/max"])  # fmt: skip
+
+
+@pytest.mark.slow
+def test_init_from_applies_a_dropout_override_and_refuses_settings_that_built_the_weights(make_cfg):
+    """clipcap.tiny_dropout=0 from a checkpoint trained with 0.1 is applied (the GRPO run is the one with
+    rl.disable_dropout, and the checkpoints it saves record 0); a world-tiny size or another LM cannot apply and is
+    refused in one line naming the key and the checkpoint's value."""
+    from finecap.runs import CheckpointError
+
+    start = train(make_cfg("train.max_steps=1", "train.eval_every=0", "train.eval_samples=4",
+                           "clipcap.tiny_dropout=0.1", run="mle"))  # fmt: skip
+    init = f"train.init_from={checkpoint_dir(start, 'last')}"
+    common = [*DROPOUT_RUN, init, "clipcap.tiny_dropout=0.1"]
+    applied = train(make_cfg(*common, "clipcap.tiny_dropout=0", run="applied"))
+    disabled = train(make_cfg(*common, "rl.disable_dropout=true", run="disabled"))
+    kept = train(make_cfg(*common, run="kept"))
+    assert untimed(applied) == untimed(disabled) != untimed(kept)
+    lm_config = json.loads((model_dir(checkpoint_dir(applied, "last")) / "lm" / "config.json").read_text())
+    assert (lm_config["resid_pdrop"], lm_config["embd_pdrop"], lm_config["attn_pdrop"]) == (0.0, 0.0, 0.0)
+    for override, shown in (("clipcap.tiny_layers=2", "clipcap.tiny_layers=1 in the checkpoint, 2 configured"),
+                            ("clipcap.tiny_hidden=64", "clipcap.tiny_hidden=32 in the checkpoint, 64 configured"),
+                            ("clipcap.lm=data-tiny",
+                             "clipcap.lm='world-tiny' in the checkpoint, 'data-tiny' configured")):  # fmt: skip
+        with pytest.raises(CheckpointError) as e:
+            train(make_cfg(*common, override, run=override.split("=")[0]))
+        assert "train.init_from was trained with other settings" in str(e.value) and shown in str(e.value)
+        assert "\n" not in str(e.value)

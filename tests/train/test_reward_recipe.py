@@ -13,7 +13,7 @@ import torch
 
 from finecap.app.train import train
 from finecap.integrations.trl import reward_function
-from finecap.rewards import RewardOutput
+from finecap.rewards import NonFiniteReward, RewardOutput
 
 SET_UP: list[int] = []  # the training records each Words reward saw in setup(ctx)
 
@@ -38,6 +38,25 @@ def build(cfg, **options):
     return Words(**options)
 
 
+class NaNAtSecondCall:
+    """Words, with a NaN ``length`` part for caption 1 from its second call on (the first step's greedy captions)."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def __call__(self, captions, batch):
+        self.calls += 1
+        total = torch.tensor([float(len(c.split())) for c in captions])
+        length = total.clone()
+        if self.calls > 1:
+            length[1] = float("nan")
+        return RewardOutput(total, {"length": length})
+
+
+def nan_at_second_call(cfg, **options):
+    return NaNAtSecondCall()
+
+
 def train_values(run_dir) -> list[dict]:
     events = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     return [e["values"] for e in events if e["split"] == "train"]
@@ -45,6 +64,19 @@ def train_values(run_dir) -> list[dict]:
 
 RL = ["train.objective=reinforce", "rl.samples=2", "train.max_steps=1", "train.batch_size=8", "train.eval_every=0",
       "train.eval_samples=4", "train.log_captions=0", "decode.max_length=8"]  # fmt: skip
+
+
+@pytest.mark.parametrize("options", [[], ["rl.advantage=group", "rl.policy_loss=clipped", "rl.iterations=2"]])
+def test_a_non_finite_reward_in_training_is_an_error_naming_the_reward_and_part(make_cfg, options):
+    """REINFORCE (its second reward call is the greedy baseline's) and GRPO (no greedy captions: the second call is
+    the second rollout's, step 3): the error names the reward and its part, never the learning rate."""
+    name = f"{__name__}:nan_at_second_call"
+    cfg = make_cfg(*RL, f"rl.rewards={{'{name}': 1.0, cider: 1.0}}", "train.max_steps=4", *options)
+    with pytest.raises(NonFiniteReward) as caught:
+        train(cfg)
+    message = str(caught.value)
+    assert message.startswith(f"reward '{name}': part 'length' is nan at caption 1 (1 of ")
+    assert "train.lr" not in message and "\n" not in message
 
 
 def test_a_reward_of_your_own_by_dotted_path_trains_a_step(make_cfg):

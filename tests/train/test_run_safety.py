@@ -61,6 +61,26 @@ def test_state_trees_round_trip_without_pickle(tmp_path):
         save_tree(tmp_path, "bad", {"f": object()})
 
 
+def test_state_trees_that_share_memory_are_saved_and_load_as_tensors_of_their_own(tmp_path):
+    # A reward whose part is its total (self-retrieval's log_prob), a view into another tensor, the same tensor under
+    # three paths, an empty tensor twice: safetensors refuses shared memory, so each is stored as its own copy.
+    total = torch.tensor([0.5, -1.25, 3.0])
+    flat = torch.arange(6.0)
+    empty = torch.zeros(0)
+    tree = {"rewards": total, "parts": {"retrieval": total, "retrieval/log_prob": total}, "flat": flat,
+            "halves": list(flat.split(3)), "row": flat.view(2, 3)[1], "empty": [empty, empty]}  # fmt: skip
+    save_tree(tmp_path, "s", tree)
+    back = load_tree(tmp_path, "s")
+    for values in (back["rewards"], *back["parts"].values()):
+        assert values.tolist() == [0.5, -1.25, 3.0]
+    assert back["halves"][0].tolist() == [0.0, 1.0, 2.0] and back["halves"][1].tolist() == back["row"].tolist()
+    assert back["row"].tolist() == [3.0, 4.0, 5.0] and back["flat"].tolist() == list(range(6))
+    assert [e.shape for e in back["empty"]] == [(0,), (0,)]
+    back["parts"]["retrieval"][0] = 9.0  # loaded back, no two share memory
+    assert back["rewards"][0] == 0.5 and back["parts"]["retrieval/log_prob"][0] == 0.5
+    assert total.tolist() == [0.5, -1.25, 3.0] and tree["parts"]["retrieval"] is total  # the tree is not changed
+
+
 def test_resume_never_unpickles_a_planted_file(make_cfg, tmp_path):
     cfg = make_cfg(*COMMON)
     train(cfg)

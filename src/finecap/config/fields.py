@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 import typing
 from dataclasses import field
 from typing import Any, ClassVar, Literal
@@ -122,13 +123,34 @@ def choices_of(tp: Any) -> tuple[Any, ...] | None:
     return typing.get_args(tp) if typing.get_origin(tp) is Literal else None
 
 
+def non_finite(value: Any, key: str) -> tuple[str, float] | None:
+    """``(key, number)`` of the first NaN or infinite float in ``value`` (a number, or the items of a list or
+    mapping: ``key[i]``, ``key.name``), or ``None``.
+
+    >>> non_finite({"cider": 1.0, "retrieval": float("inf")}, "rl.rewards"), non_finite([1.0, 2], "x")
+    (('rl.rewards.retrieval', inf), None)
+    """
+    if isinstance(value, float):
+        return None if math.isfinite(value) else (key, value)
+    items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list | tuple) else ()
+    for name, item in items:
+        found = non_finite(item, f"{key}.{name}" if isinstance(value, dict) else f"{key}[{name}]")
+        if found:
+            return found
+    return None
+
+
 def check_fields(section: Any) -> None:
-    """The one loop over a section's fields: each value within its bounds (:func:`doc`) and, for a ``Literal`` type,
-    one of its values; a :class:`ConfigError` naming ``<section>.<field>`` otherwise."""
+    """The one loop over a section's fields: every number finite (no NaN or infinity, in lists and mappings too),
+    each value within its bounds (:func:`doc`) and, for a ``Literal`` type, one of its values; a
+    :class:`ConfigError` naming ``<section>.<field>`` otherwise."""
     types = _field_types(type(section))
     for f in dataclasses.fields(section):
         value = getattr(section, f.name)
         key = f"{section.section_name}.{f.name}"
+        bad = non_finite(value, key)
+        if bad:
+            raise ConfigError(f"{bad[0]}: must be a finite number, got {bad[1]}", key=bad[0])
         choices = choices_of(types[f.name])
         if choices is not None and value not in choices:
             raise ConfigError(

@@ -101,6 +101,8 @@ MAX_BATCH = 65_536  # examples of one batch: twice the largest contrastive batch
 MAX_SPLIT = 1_000_000  # scenes of a world split: COCO has 123k images
 MAX_PROCESSES = 256  # worker processes or threads started at once: the cores of a large two-socket machine
 MAX_BAG = 1024  # images in a bag: TrueMatch and BagCurri use 3 to 7
+MAX_REWARD_WEIGHT = 1e6  # |w| of a reward weight: the papers' are 0.5 to 1; a weight scales its reward as lr a step
+FLOAT32_TINY = 1.1754943508222875e-38  # float32's smallest normal number: a nonzero weight below it is 0 there
 MAX_TINY_LAYERS, MAX_TINY_HIDDEN = 48, 2048  # world-tiny models: GPT-2 XL (48 layers, 1,600 wide) is not tiny
 MAX_DECODE_POSITIONS = 2**26  # token positions of one decoding batch (rows x length): 67M, ~TBs of KV cache
 PIL_MAX_IMAGE_PIXELS = 89_478_485  # PIL's decompression-bomb limit (PIL.Image.MAX_IMAGE_PIXELS): PIL refuses more
@@ -799,7 +801,10 @@ class SmileConfig(Section, name="smile"):
 
 @dataclass
 class RLConfig(Section, name="rl"):
-    rewards: dict[str, float] = doc({"cider": 1.0}, "Reward weights, R = sum w_i r_i (finecap.rewards.REWARDS names).")
+    rewards: dict[str, float] = doc(
+        {"cider": 1.0},
+        "Reward weights, R = sum w_i r_i (finecap.rewards.REWARDS names); each in [-1e6, 1e6], not all 0.",
+    )
     baseline: Baseline = doc("greedy", "REINFORCE baseline of the reward.")
     samples: int = doc(
         5,
@@ -809,13 +814,25 @@ class RLConfig(Section, name="rl"):
         why="captions decoded per image; SCST: 5, GRPO-style: 8 to 64",
     )
     strategy: RLStrategy = doc("sample", "Training-time decoding (beam uses decode.*).")
-    temperature: float = doc(1.0, "Sampling temperature of training-time decoding (NDLB: 0.3).", gt=0)
+    temperature: float = doc(
+        1.0,
+        "Sampling temperature of training-time decoding (NDLB: 0.3); vLLM raises T < 0.01 to 0.01, greedy is T -> 0.",
+        ge=0.01,
+        le=100,
+        why="logits / T: beyond 100 sampling is uniform over the vocabulary",
+    )
     logprob: LogProb = doc("sum", "log p(caption): sum of token log-probs or their per-token mean.")
     scaled_logprob: bool = doc(False, "Score log p under the temperature-scaled distribution (NDLB), not T = 1.")
     mean_momentum: float = doc(
         0.0, "baseline=mean: 0 = cumulative mean of past batch rewards, else EMA momentum.", ge=0, lt=1
     )
-    entropy_coef: float = doc(0.0, "Max-entropy regularisation (SLL-ME): loss -= coef * mean token entropy.", ge=0)
+    entropy_coef: float = doc(
+        0.0,
+        "Max-entropy regularisation (SLL-ME): loss -= coef * mean token entropy.",
+        ge=0,
+        le=100,
+        why="times a mean entropy of at most log V, 12 nats for 256k words; SLL-ME uses 0.01",
+    )
     alpha: float = doc(
         0.75, "sle: weight of the precision term; the diversity term gets 1 - alpha (Eq. 8).", ge=0, le=1
     )
@@ -850,7 +867,13 @@ class RLConfig(Section, name="rl"):
         why="optimizer steps on one rollout batch; PPO and GRPO use 1 to 10",
     )
     clip_low: float = doc(0.2, "clipped: the ratio's lower clip is 1 - clip_low [epsilon].", ge=0, lt=1)
-    clip_high: float = doc(0.2, "clipped: the ratio's upper clip is 1 + clip_high; DAPO: 0.28 [epsilon_high].", ge=0)
+    clip_high: float = doc(
+        0.2,
+        "clipped: the ratio's upper clip is 1 + clip_high; DAPO: 0.28 [epsilon_high].",
+        ge=0,
+        le=100,
+        why="a probability ratio clipped at 1 + 100 is unclipped in practice; PPO/GRPO use 0.2, DAPO 0.28",
+    )
     importance: Importance = doc(
         "token", "clipped: ratio per token, or per caption from its mean log-ratio (GSPO) [importance_sampling_level]."
     )
@@ -860,7 +883,16 @@ class RLConfig(Section, name="rl"):
         "[loss_type grpo; bnpo, dapo; dr_grpo].",
     )
     kl_coef: float = doc(
-        0.0, "clipped: beta of the k3 KL to the starting policy, per token; 0 = no reference [beta].", ge=0
+        0.0,
+        "clipped: beta of the k3 KL to the starting policy, per token; 0 = no reference [beta].",
+        ge=0,
+        le=100,
+        why="the KL term would swamp every advantage: TRL's beta is 0 or 0.04, RLHF's 0.001 to 0.2",
+    )
+    disable_dropout: bool = doc(
+        False,
+        "Set every dropout module of the policy to p = 0 for the RL objective, so GRPO's ratios and KL carry no "
+        "dropout noise (rollouts and the reference run in eval mode) [disable_dropout].",
     )
     kl_bias_correction: bool = doc(
         True,
@@ -876,6 +908,8 @@ class RLConfig(Section, name="rl"):
         "decode.engine=vllm: the importance ratio's cap, C >= 1 (truncation; TRL's default) "
         "[vllm_importance_sampling_clip_max].",
         ge=1,
+        le=1000,
+        why="a cap on the importance ratio of two nearly equal policies; TRL's is 3",
     )
     alarms: dict[str, float] = doc(
         {}, "Reward-hacking alarms, measure -> threshold (length_drift, repetition, distinct, fact_precision/recall)."
@@ -887,6 +921,29 @@ class RLConfig(Section, name="rl"):
     def __post_init__(self) -> None:
         super().__post_init__()
         check(bool(self.rewards), "rl.rewards", "needs at least one reward, e.g. {cider: 1.0}")
+        for name, weight in self.rewards.items():
+            check(
+                isinstance(weight, int | float) and not isinstance(weight, bool),
+                f"rl.rewards.{name}",
+                f"must be a number, got {short_repr(weight)}",
+            )
+            check(
+                abs(weight) <= MAX_REWARD_WEIGHT,
+                f"rl.rewards.{name}",
+                f"must be in [-{MAX_REWARD_WEIGHT:g}, {MAX_REWARD_WEIGHT:g}], got {short_repr(weight, 30)} (a weight "
+                "scales its reward as train.lr a step, and rewards times weights are summed in float32; the papers' "
+                "are 0.5 to 1)",
+            )
+            check(
+                weight == 0 or abs(weight) >= FLOAT32_TINY,
+                f"rl.rewards.{name}",
+                f"{short_repr(weight)} is 0 in float32, in which rewards are weighted; use 0 or a larger weight",
+            )
+        check(
+            any(w != 0 for w in self.rewards.values()),
+            "rl.rewards",
+            "every weight is 0, so every caption's reward is 0 and nothing is learnt; give a reward a nonzero weight",
+        )
         check(
             self.advantage != "group" or self.samples >= 2,
             "rl.samples",
@@ -959,7 +1016,11 @@ class SRConfig(Section, name="sr"):
         le=1,
     )
     logit_scale: float = doc(
-        0.0, "Similarity scale of the log-softmax; 0 = the retriever's own exp(logit_scale).", ge=0
+        0.0,
+        "Similarity scale of the log-softmax; 0 = the retriever's own exp(logit_scale).",
+        ge=0,
+        le=1000,
+        why="CLIP clamps its own scale at 100; cosines times a larger one make every log-softmax 0 or -inf",
     )
 
 

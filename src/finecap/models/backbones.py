@@ -14,6 +14,7 @@ see :class:`finecap.config.Config` for a backbone given by dotted path). The rec
 
 from __future__ import annotations
 
+import logging
 import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -24,6 +25,8 @@ from finecap.runs import CheckpointError
 
 if TYPE_CHECKING:
     from finecap.config import Config
+
+log = logging.getLogger(__name__)
 
 
 def backbone(kind: str, option: str = "model.kind", what: str = "backbone") -> type[CaptionerBase]:
@@ -94,11 +97,31 @@ def check_backbone(path: str | Path, cfg: Config, option: str) -> None:
         )
     differences = cls.setting_differences(read_meta(path), cfg)
     if differences:
-        shown = "; ".join(f"{key}={theirs!r} in the checkpoint, {ours!r} configured"
-                          for key, theirs, ours in differences)  # fmt: skip
-        fix = " ".join(f"{key}={theirs}" for key, theirs, _ in differences)
-        raise CheckpointError(f"{where}: {option} was trained with other settings ({shown}); set {fix}, or start "
-                              "from a checkpoint trained with the configured ones")  # fmt: skip
+        raise settings_error(where, option, differences)
+
+
+def check_loaded(model: CaptionerBase, path: str | Path, cfg: Config, option: str) -> None:
+    """A captioner loaded from the checkpoint folder ``path`` (``option``: ``train.init_from`` or ``--resume``) made
+    to train what ``cfg`` says, decided per key by its backbone: a setting that built the weights and is configured
+    otherwise (:meth:`~finecap.models.base.CaptionerBase.loaded_setting_differences`: ``clipcap.lm``, a world-tiny
+    model's ``tiny_layers``) is a :class:`~finecap.runs.CheckpointError` naming the key and the checkpoint's value,
+    as :func:`check_backbone`'s; a setting that can change on trained weights (``clipcap.tiny_dropout``) is applied
+    (:meth:`~finecap.models.base.CaptionerBase.apply_settings`) and logged. Either way the run's ``config.yaml``
+    says what trains."""
+    differences = model.loaded_setting_differences(cfg)
+    if differences:
+        raise settings_error(Path(path) / CONFIG_NAME, option, differences)
+    applied = model.apply_settings(cfg)
+    if applied:
+        log.info("%s: applied to the checkpoint's captioner: %s", option, ", ".join(applied))
+
+
+def settings_error(where: Path, option: str, differences: list[tuple[str, Any, Any]]) -> CheckpointError:
+    """The one-line error of a checkpoint trained with other settings than the configured ones."""
+    shown = "; ".join(f"{key}={theirs!r} in the checkpoint, {ours!r} configured" for key, theirs, ours in differences)
+    fix = " ".join(f"{key}={theirs}" for key, theirs, _ in differences)
+    return CheckpointError(f"{where}: {option} was trained with other settings ({shown}); set {fix}, or start "
+                           "from a checkpoint trained with the configured ones")  # fmt: skip
 
 
 def reads_world_encoder(cfg: Config) -> bool:

@@ -109,6 +109,41 @@ def read_meta(path: str | Path) -> dict[str, Any]:
     return meta
 
 
+TEXT_TINY_SIZES = {
+    "tiny_layers": "num_hidden_layers",
+    "tiny_hidden": "hidden_size",
+    "tiny_heads": "num_attention_heads",
+}
+"""A world-tiny model's sizes (``<section>.tiny_*``) and the transformers config fields (BLIP's text decoder, the
+world VLM's language model) that hold them."""
+
+
+def set_dropout(module: nn.Module, p: float) -> int:
+    """Set the probability of every dropout module under ``module`` (``nn.Dropout`` and its 1d-3d, alpha kinds) to
+    ``p``; returns how many were changed. Attention dropout counts: transformers' attention kernels read the
+    module's ``p`` (GPT-2's ``attn_dropout``, BERT-style ``dropout`` of the attention probabilities).
+
+    >>> net = nn.Sequential(nn.Linear(2, 2), nn.Dropout(0.1), nn.Sequential(nn.Dropout1d(0.3)))
+    >>> set_dropout(net, 0.0), [m.p for m in net.modules() if isinstance(m, nn.modules.dropout._DropoutNd)]
+    (2, [0.0, 0.0])
+    """
+    changed = 0
+    for m in module.modules():
+        if isinstance(m, nn.modules.dropout._DropoutNd) and m.p != p:
+            m.p = p
+            changed += 1
+    return changed
+
+
+def same_source(recorded: str, configured: str) -> bool:
+    """Whether a checkpoint's recorded source (a Hub name, a folder, ``world-tiny``) is the configured one: the same
+    text, or two paths to the same folder; an unrecorded source (``""``, older checkpoints) is never a difference."""
+    if not recorded or recorded == configured:
+        return True
+    a, b = Path(recorded), Path(configured)
+    return a.exists() and b.exists() and a.resolve() == b.resolve()
+
+
 class CaptionerBase(nn.Module, abc.ABC):
     """The captioner contract up to the backbone's hooks (module docstring); besides its members a captioner is an
     ``nn.Module`` (``parameters``, ``state_dict``, ``to``, ``train``/``eval``). Subclasses set ``tokenizer``,
@@ -507,6 +542,20 @@ class CaptionerBase(nn.Module, abc.ABC):
         if meta.get("lora"):
             lora.load_adapters(model, path, meta["lora"])
         return model
+
+    def loaded_setting_differences(self, cfg: Config) -> list[tuple[str, Any, Any]]:
+        """``(option, the checkpoint's value, the configuration's)`` for each setting of this captioner's section that
+        built its weights (its source, a world-tiny model's sizes), read from the loaded model itself, which ``cfg``
+        sets otherwise: such a setting cannot apply to a checkpoint (``train.init_from``, ``--resume``), so the run is
+        refused rather than record a value that did not train (:func:`finecap.models.backbones.check_loaded`).
+        Default: none."""
+        return []
+
+    def apply_settings(self, cfg: Config) -> list[str]:
+        """Make this captioner, loaded from a checkpoint, follow the settings of ``cfg`` that can change on trained
+        weights (a world-tiny model's dropout: :func:`set_dropout`); returns ``"key=value"`` of each that changed the
+        model (logged). Default: none."""
+        return []
 
     @classmethod
     def setting_differences(cls, meta: dict[str, Any], cfg: Config) -> list[tuple[str, Any, Any]]:

@@ -60,7 +60,7 @@ from transformers import AutoTokenizer, BlipConfig, BlipForConditionalGeneration
 from transformers.cache_utils import DynamicCache, EncoderDecoderCache
 
 from finecap.models import lora, memory
-from finecap.models.base import CaptionerBase
+from finecap.models.base import TEXT_TINY_SIZES, CaptionerBase, same_source, set_dropout
 from finecap.models.captioner import encode_images, shifted_mask
 from finecap.models.kvcache import cache_kwargs, returned_cache
 from finecap.models.presets import BlipImageProcessor, world_blip
@@ -363,6 +363,38 @@ class Blip(CaptionerBase):
                                       dropout=b.tiny_dropout, positions=positions)  # fmt: skip
         model = options.fresh(model, "blip.name=world-tiny")
         return cls(model, tokenizer, world=world, source="world-tiny", **kwargs)
+
+    TINY_SIZES = TEXT_TINY_SIZES
+    """The world BLIP's sizes (``blip.tiny_*``) and the text decoder config's fields that hold them."""
+    DROPOUTS = ("hidden_dropout_prob", "attention_probs_dropout_prob")
+    """The text decoder config's fields of ``blip.tiny_dropout``."""
+
+    def loaded_setting_differences(self, cfg: Config) -> list[tuple[str, Any, Any]]:
+        """Per key of the ``blip`` section, on a checkpoint: ``name`` and, for the world BLIP, ``tiny_layers``,
+        ``tiny_hidden``, ``tiny_heads`` built the weights and cannot apply; ``tiny_dropout`` applies
+        (:meth:`apply_settings`)."""
+        b = cfg.blip
+        if not same_source(self.source, b.name):
+            return [("blip.name", self.source, b.name)]
+        if b.name != "world-tiny":
+            return []
+        config = self.model.config.text_config
+        return [(f"blip.{key}", getattr(config, attr), getattr(b, key)) for key, attr in self.TINY_SIZES.items()
+                if getattr(config, attr, None) not in (None, getattr(b, key))]  # fmt: skip
+
+    def apply_settings(self, cfg: Config) -> list[str]:
+        """``blip.tiny_dropout`` on the world BLIP: every dropout module of the text decoder gets the configured p and
+        its config records it; a pretrained BLIP keeps its own, as a fresh one does."""
+        p = cfg.blip.tiny_dropout
+        if cfg.blip.name != "world-tiny" or self.source not in ("world-tiny", ""):
+            return []
+        decoder = self.model.text_decoder
+        before = {getattr(decoder.config, name, None) for name in self.DROPOUTS}
+        changed = set_dropout(decoder, p)
+        for config in {id(c): c for c in (decoder.config, self.model.config.text_config)}.values():
+            for name in self.DROPOUTS:
+                setattr(config, name, p)
+        return [f"blip.tiny_dropout={p:g}"] if changed or before != {p} else []
 
     @staticmethod
     def reads_world_encoder(cfg: Config) -> bool:

@@ -46,7 +46,7 @@ from transformers.cache_utils import Cache
 
 from finecap.config import ClipCapBackboneConfig
 from finecap.models import lora, memory, strict
-from finecap.models.base import CaptionerBase
+from finecap.models.base import CaptionerBase, same_source, set_dropout
 from finecap.models.captioner import encode_images, last_positions, shifted_mask, strip_prefix
 from finecap.models.kvcache import cache_kwargs, returned_cache
 from finecap.models.presets import WORLD_LM_POSITIONS, build_world_lm
@@ -386,6 +386,39 @@ class ClipCap(CaptionerBase):
         keys = MAPPER_KEYS if meta.get("mapper") == "transformer" else ("mapper", "prefix_length")
         return [(f"clipcap.{key}", meta[key], getattr(cfg.clipcap, key)) for key in keys
                 if key in meta and meta[key] != getattr(cfg.clipcap, key)]  # fmt: skip
+
+    TINY_SIZES = {"tiny_layers": "n_layer", "tiny_hidden": "n_embd", "tiny_heads": "n_head"}
+    """The world-tiny GPT-2's sizes (``clipcap.tiny_*``) and the ``GPT2Config`` fields that hold them."""
+    DROPOUTS = ("resid_pdrop", "embd_pdrop", "attn_pdrop")
+    """The ``GPT2Config`` fields of ``clipcap.tiny_dropout``."""
+
+    def loaded_setting_differences(self, cfg: Config) -> list[tuple[str, Any, Any]]:
+        """Per key of the ``clipcap`` section, on a checkpoint: ``lm`` (which language model) and, for a world-tiny
+        or data-tiny LM, ``tiny_layers``, ``tiny_hidden``, ``tiny_heads`` built the weights and cannot apply: a value
+        other than the checkpoint's is a difference. ``tiny_dropout`` applies (:meth:`apply_settings`); the mapper's
+        settings are compared from ``captioner.json`` (:meth:`setting_differences`)."""
+        c = cfg.clipcap
+        if not same_source(self.lm_source, c.lm):
+            return [("clipcap.lm", self.lm_source, c.lm)]
+        if c.lm not in (WORLD_LM, DATA_LM):
+            return []  # the tiny sizes are not used with a pretrained LM
+        config = self.lm.config
+        return [(f"clipcap.{key}", getattr(config, attr), getattr(c, key)) for key, attr in self.TINY_SIZES.items()
+                if getattr(config, attr, None) not in (None, getattr(c, key))]  # fmt: skip
+
+    def apply_settings(self, cfg: Config) -> list[str]:
+        """``clipcap.tiny_dropout`` on a world-tiny or data-tiny LM: every dropout module of the LM (embeddings,
+        residuals, attention) gets the configured p, and its config records it (so the checkpoints this run saves
+        do). A pretrained LM keeps its own dropout, as a fresh one does (the option is the tiny LM's)."""
+        c = cfg.clipcap
+        if c.lm not in (WORLD_LM, DATA_LM) or self.lm_source not in (WORLD_LM, DATA_LM, ""):
+            return []
+        config = self.lm.config
+        before = {getattr(config, name, None) for name in self.DROPOUTS}
+        changed = set_dropout(self.lm, c.tiny_dropout)
+        for name in self.DROPOUTS:
+            setattr(config, name, c.tiny_dropout)
+        return [f"clipcap.tiny_dropout={c.tiny_dropout:g}"] if changed or before != {c.tiny_dropout} else []
 
     @classmethod
     def base_models(cls, meta: dict[str, Any]) -> dict[str, str]:

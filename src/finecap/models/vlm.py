@@ -76,7 +76,7 @@ from transformers.cache_utils import Cache
 
 from finecap.config import VlmBackboneConfig
 from finecap.models import lora, memory
-from finecap.models.base import CaptionerBase, module_path
+from finecap.models.base import TEXT_TINY_SIZES, CaptionerBase, module_path, same_source
 from finecap.models.captioner import encode_images, last_positions
 from finecap.models.chat_templates import apply_chat_template
 from finecap.models.kvcache import cache_kwargs, returned_cache
@@ -675,6 +675,22 @@ class Vlm(CaptionerBase):
                                      hidden=v.tiny_hidden, heads=v.tiny_heads, positions=positions)  # fmt: skip
         model = options.fresh(model, f"vlm.name={WORLD_VLM}")
         return cls(model, processor, v, source=WORLD_VLM, world=world, **kwargs)
+
+    TINY_SIZES = TEXT_TINY_SIZES
+    """The world VLM's sizes (``vlm.tiny_*``) and its language model config's fields that hold them."""
+
+    def loaded_setting_differences(self, cfg: Config) -> list[tuple[str, Any, Any]]:
+        """Per key of the ``vlm`` section, on a checkpoint: ``name`` and, for the world VLM, ``tiny_layers``,
+        ``tiny_hidden``, ``tiny_heads`` built the weights and cannot apply (the world VLM has no dropout option);
+        ``prompt`` and ``train_projector`` are read from the configuration as for a fresh model."""
+        v = cfg.vlm
+        if not same_source(self.source, v.name):
+            return [("vlm.name", self.source, v.name)]
+        if v.name != WORLD_VLM:
+            return []
+        config = getattr(self.model.config, "text_config", self.model.config)
+        return [(f"vlm.{key}", getattr(config, attr), getattr(v, key)) for key, attr in self.TINY_SIZES.items()
+                if getattr(config, attr, None) not in (None, getattr(v, key))]  # fmt: skip
 
     @staticmethod
     def reads_world_encoder(cfg: Config) -> bool:

@@ -53,6 +53,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import time
+import weakref
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, get_args
 
@@ -62,6 +63,7 @@ from finecap.config import ConfigError, DecodeConfig, LogProb, RLConfig
 from finecap.decode import Generation, hash32
 from finecap.engines.rollouts import RolloutEngine
 from finecap.models import sharding
+from finecap.models.base import set_dropout
 from finecap.objectives.base import ObjectiveBase, ObjectiveOutput, unwrap
 from finecap.objectives.baselines import build_baseline
 from finecap.objectives.engine_mismatch import importance_weights, mismatch_metrics
@@ -69,7 +71,7 @@ from finecap.objectives.entropy import mean_entropy
 from finecap.objectives.monitor import Monitor, distinct_share
 from finecap.registry import declared_needs
 from finecap.rewards import build_reward
-from finecap.rewards.base import RewardOutput, call_hook
+from finecap.rewards.base import RewardOutput, call_hook, check_finite
 
 if TYPE_CHECKING:
     from finecap.config import Config, VllmConfig
@@ -172,6 +174,7 @@ class Reinforce(ObjectiveBase):
         self.rl = rl
         self.seed = seed
         self.logprob_temperature = rl.temperature if (rl.scaled_logprob and rl.strategy == "sample") else 1.0
+        self.dropout_disabled: weakref.WeakSet[torch.nn.Module] = weakref.WeakSet()  # rl.disable_dropout: done
         self.sample_cfg = rollout_decode(decode, rl)
         self.greedy_cfg = greedy_decode(decode)
         self.monitor = Monitor(rl)  # the reward-hacking monitor (finecap.objectives.monitor): logged, never a loss
@@ -232,10 +235,12 @@ class Reinforce(ObjectiveBase):
         t1 = time.perf_counter()
         synced = self.rollouts.sync_seconds - synced  # building the engine, or sending it the policy's weights
         timings = {"time/generate": t1 - t0 - synced}
-        rewards = self.reward(samples.texts, {**batch, "image_index": samples.image_index})
+        # rl.rewards' weighted sum checks each reward (finecap.rewards.base.check_finite); a reward given as is, here
+        rewards = check_finite(self.reward(samples.texts, {**batch, "image_index": samples.image_index}), "rl.rewards")
         greedy_rewards = None
         if greedy is not None:
             greedy_rewards = self.reward(greedy.texts, {**batch, "image_index": greedy.image_index})
+            check_finite(greedy_rewards, "rl.rewards")
         t2 = time.perf_counter()
         device = samples.sequences.device
         total = rewards.total.to(device)
@@ -256,7 +261,14 @@ class Reinforce(ObjectiveBase):
     def score(self, model: torch.nn.Module, batch: dict[str, Any], gen: Generation) -> Any:
         """TokenScores of the sampled captions ``gen``: ``(N, L)`` log-probs (and entropies with
         ``rl.entropy_coef``), with gradient through the captioner's ``forward`` (what DDP and FSDP2 see), under the
-        distribution the captions are scored by (``rl.scaled_logprob``)."""
+        distribution the captions are scored by (``rl.scaled_logprob``). With ``rl.disable_dropout`` every dropout
+        module of the policy is set to p = 0 first (once per model; TRL's ``disable_dropout``): the log-probs, and
+        GRPO's ratios and KL, carry no dropout noise (rollouts and the reference are scored in eval mode anyway)."""
+        if self.rl.disable_dropout:
+            bare = unwrap(model)
+            if bare not in self.dropout_disabled:
+                set_dropout(bare, 0.0)
+                self.dropout_disabled.add(bare)
         return model(
             batch,
             sequences=gen.sequences,

@@ -8,7 +8,9 @@ A reward is a callable ``reward(captions, batch) -> RewardOutput(total, parts)``
   image are contiguous when several captions are sampled per image). Without ``image_index`` caption ``n`` belongs
   to row ``n``. :func:`caption_rows` reads it.
 - ``total``: (N,) float tensor, one reward per caption; ``parts``: named (N,) tensors that are logged separately
-  (a plain reward returns ``{name: total}``; a reward made of pieces may return each piece).
+  (a plain reward returns ``{name: total}``; a reward made of pieces may return each piece). Every value is finite:
+  a NaN or infinite one is an error naming the reward, the part and the caption (:func:`check_finite`, which
+  :class:`WeightedSum` applies to each reward and to the weighted sum), never a reward that trains.
 
 Rewards that need state (CIDEr-D document frequencies, a frozen retriever, image embeddings) are classes with the
 optional hooks of objectives (:mod:`finecap.objectives.base`), which the REINFORCE objective forwards:
@@ -54,6 +56,49 @@ class RewardOutput:
 
     total: torch.Tensor
     parts: dict[str, torch.Tensor] = field(default_factory=dict)
+
+
+class NonFiniteReward(ValueError):
+    """A reward returned a NaN or infinite value (:func:`check_finite`); the message names the reward, its part and
+    the caption."""
+
+
+def _first_non_finite(values: torch.Tensor) -> tuple[int, float, int, int] | None:
+    """``(index, value, count, n)``: the first non-finite value of ``values`` (n values), its index and how many are
+    not finite; ``None`` when all are."""
+    values = torch.as_tensor(values).detach().flatten()
+    if not values.is_floating_point():
+        return None  # integers and booleans are always finite
+    bad = ~torch.isfinite(values)
+    if not bool(bad.any()):
+        return None
+    index = int(bad.nonzero()[0, 0])
+    return index, float(values[index]), int(bad.sum()), values.numel()
+
+
+def check_finite(out: RewardOutput, name: str) -> RewardOutput:
+    """``out`` itself when its total and every part are finite, else a :class:`NonFiniteReward` naming the reward
+    ``name``, the part (``total`` or the part's name) and the first caption whose value is not finite. The one check
+    of a reward's values at a boundary: the weighted sum (so the training loop), the reward server, the adapters.
+
+    >>> ok = RewardOutput(torch.tensor([0.5, 1.0]), {"hits": torch.tensor([1, 0])})
+    >>> check_finite(ok, "cider") is ok
+    True
+    >>> check_finite(RewardOutput(torch.tensor([0.5, float("nan"), float("inf")])), "cider")
+    Traceback (most recent call last):
+    ...
+    finecap.rewards.base.NonFiniteReward: reward 'cider': total is nan at caption 1 (2 of 3 captions not finite); a ...
+    """
+    for part, values in (("total", out.total), *out.parts.items()):
+        found = _first_non_finite(values)
+        if found is not None:
+            index, value, count, n = found
+            where = "total" if part == "total" else f"part {part!r}"
+            raise NonFiniteReward(
+                f"reward {name!r}: {where} is {value} at caption {index} ({count} of {n} captions not finite); a "
+                "reward must be a finite number for every caption"
+            )
+    return out
 
 
 class Reward(Protocol):
@@ -112,30 +157,6 @@ def compares_images(reward: Any) -> bool:
     return bool(getattr(reward, "compares_images", False))
 
 
-class NonFiniteReward(ValueError):
-    """A reward gave a non-finite value (NaN or an infinity): a fault of the reward, never of the captions or of the
-    optimiser; the message names the reward, its part and the first caption at fault (:func:`check_finite`)."""
-
-
-def check_finite(out: RewardOutput, name: str) -> RewardOutput:
-    """``out`` when its total and every part are finite, else :class:`NonFiniteReward` naming the reward ``name``,
-    the part (``total`` or the part's name) and the first caption index with its value.
-
-    >>> check_finite(RewardOutput(torch.tensor([1.0, float("nan")]), {}), "cider")
-    Traceback (most recent call last):
-    ...
-    finecap.rewards.base.NonFiniteReward: reward 'cider' gave a non-finite value (nan) for caption 1 (its total)
-    """
-    for part, values in (("total", out.total), *out.parts.items()):
-        values = torch.as_tensor(values)
-        if values.is_floating_point() and not bool(torch.isfinite(values).all()):
-            n = int((~torch.isfinite(values.reshape(-1))).nonzero()[0])
-            what = "its total" if part == "total" else f"its part {part!r}"
-            raise NonFiniteReward(f"reward {name!r} gave a non-finite value ({float(values.reshape(-1)[n])}) for "
-                                  f"caption {n} ({what})")  # fmt: skip
-    return out
-
-
 def known_images(reward: Any) -> frozenset[Hashable] | None:
     """The image ids ``reward`` can score (``reward.known_images()``: the images of its references, embeddings or
     scenes), or ``None`` when it does not say (a reward of your own scores whatever ids it is given). The adapters
@@ -155,7 +176,9 @@ class WeightedSum:
     """``R = sum_i w_i * r_i`` over named rewards; ``parts`` holds every reward's *unweighted* value by its name.
 
     A component's own parts other than its name are kept as ``"<name>/<part>"``. Hooks (``setup``,
-    ``state_dict``, ``load_state_dict``) are forwarded to the components that define them.
+    ``state_dict``, ``load_state_dict``) are forwarded to the components that define them. Each component's output
+    and the weighted sum are checked finite (:func:`check_finite`: a :class:`NonFiniteReward` naming the component
+    and part, or ``rl.rewards`` when finite rewards times their weights overflow).
     """
 
     def __init__(self, rewards: Mapping[str, tuple[float, Reward]]):
@@ -194,7 +217,7 @@ class WeightedSum:
         total: torch.Tensor | None = None
         parts: dict[str, torch.Tensor] = {}
         for name, (weight, reward) in self.rewards.items():
-            out = reward(captions, batch)
+            out = check_finite(reward(captions, batch), name)
             value = out.total.detach().float()
             if value.shape != (len(captions),):
                 raise ValueError(f"reward {name!r} returned shape {tuple(value.shape)} for {len(captions)} captions")
@@ -206,6 +229,7 @@ class WeightedSum:
                 if key != name:
                     parts[f"{name}/{key}"] = part.detach().float()
         assert total is not None
+        check_finite(RewardOutput(total), "rl.rewards, the weighted sum")  # finite values times weights may overflow
         return RewardOutput(total, parts)
 
     def state_dict(self) -> dict[str, Any]:

@@ -29,7 +29,7 @@ from finecap.data.records import DataError
 from finecap.data.targets import unknown_tokens
 from finecap.models import memory
 from finecap.models.backbones import build_model as build_captioner
-from finecap.models.backbones import check_backbone, load_captioner
+from finecap.models.backbones import check_backbone, check_loaded, load_captioner
 from finecap.models.lora import configure_training
 from finecap.objectives.base import ObjectiveBase
 from finecap.runs import model_dir
@@ -52,14 +52,18 @@ def build_model(cfg: Config, resume_from: Path | None = None) -> torch.nn.Module
     ``model.dtype`` (a checkpoint's float32 trained weights put back), what learns in ``model.trainable_dtype``,
     ``train.gradient_checkpointing`` (:func:`finecap.models.memory.prepare_training`). A checkpoint must be of the
     configured backbone and settings (:func:`finecap.models.backbones.check_backbone`) and is loaded strictly
-    (:mod:`finecap.models.strict`: weights that do not fit, or hold NaN or infinity, are refused)."""
+    (:mod:`finecap.models.strict`: weights that do not fit, or hold NaN or infinity, are refused); its backbone
+    section's other settings apply where they can (dropout) and are refused where they cannot
+    (:func:`finecap.models.backbones.check_loaded`)."""
     start = resume_from or cfg.train.init_from
     if not start:
         return memory.prepare_training(configure_training(build_captioner(cfg), cfg), cfg)
     folder = model_dir(start)
-    check_backbone(folder, cfg, "--resume" if resume_from else "train.init_from")
+    option = "--resume" if resume_from else "train.init_from"
+    check_backbone(folder, cfg, option)
     options = memory.LoadOptions.of(cfg.model)
     model = load_captioner(folder, trusted=(cfg.model.kind,), options=options)  # strict: finecap.models.strict
+    check_loaded(model, folder, cfg, option)  # per key: refused when it cannot apply (tiny sizes), else applied
     memory.load_float32_masters(model, folder)
     return memory.prepare_training(configure_training(model, cfg), cfg)
 

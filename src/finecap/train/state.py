@@ -168,11 +168,34 @@ def _decode(obj: Any, tensors: dict[str, torch.Tensor], where: Path) -> Any:
     return {k: _decode(v, tensors, where) for k, v in obj.items()}
 
 
+def unshared(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """``tensors`` with no two sharing memory: a tensor whose storage an earlier one holds (a reward part that is its
+    total, a view of another tensor of the tree) is stored as a copy of its own, so safetensors (which refuses shared
+    memory) writes every state, and each loads back as a tensor of its own with the same values.
+
+    >>> total = torch.tensor([1.0, 2.0])
+    >>> out = unshared({"total": total, "part": total, "half": total[1:]})
+    >>> out["total"] is total, out["part"].data_ptr() != total.data_ptr(), out["half"].tolist()
+    (True, True, [2.0])
+    """
+    seen: set[int] = set()
+    out = {}
+    for key, t in tensors.items():
+        ptr = t.untyped_storage().data_ptr()
+        if ptr in seen:
+            t = t.clone()
+        if ptr:  # 0: an empty tensor, which holds no memory
+            seen.add(ptr)
+        out[key] = t
+    return out
+
+
 def save_tree(folder: Path, name: str, tree: Any) -> None:
     """Write ``tree`` (nested dicts/lists/tuples of numbers, strings, tensors) as ``<name>.json`` +
-    ``<name>.safetensors`` in ``folder``, atomically each."""
+    ``<name>.safetensors`` in ``folder``, atomically each. Tensors of the tree may share memory (:func:`unshared`)."""
     tensors: dict[str, torch.Tensor] = {}
     encoded = _encode(tree, tensors, "")
+    tensors = unshared(tensors)
     folder.mkdir(parents=True, exist_ok=True)
     final = folder / f"{name}.safetensors"
     refuse_link(final)
