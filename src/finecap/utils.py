@@ -274,12 +274,18 @@ def read_lines(
 
 class JSONRefused(ValueError):
     """A JSON text :func:`parse_json` refuses; the message names where (the file, the line) and what is wrong.
-    ``syntax``: whether the text is not JSON at all (not UTF-8, or a syntax error), rather than JSON finecap does not
-    read (a key twice, nesting too deep): format detection tells the two apart."""
+    ``kind``: ``"encoding"`` (not UTF-8) or ``"syntax"`` (not JSON), the text is not JSON at all; ``"duplicate"`` (a
+    key twice in an object) or ``"depth"`` (nesting too deep), JSON finecap does not read (format detection tells
+    the two apart). ``detail``: what is wrong, without where."""
 
-    def __init__(self, message: str, syntax: bool = False) -> None:
+    def __init__(self, message: str, kind: str, detail: str) -> None:
         super().__init__(message)
-        self.syntax = syntax
+        self.kind, self.detail = kind, detail
+
+    @property
+    def syntax(self) -> bool:
+        """Whether the text is not JSON at all (not UTF-8, or a syntax error)."""
+        return self.kind in ("encoding", "syntax")
 
 
 class _DuplicateKey(Exception):
@@ -383,23 +389,25 @@ def parse_json(data: str | bytes, where: str | Path, *, one_line: bool = False) 
         try:
             text = data.decode(json.detect_encoding(data), "surrogatepass")
         except UnicodeDecodeError as e:
-            raise JSONRefused(f"{where}: not a UTF-8 text file ({e.reason})", syntax=True) from None
+            raise JSONRefused(f"{where}: not a UTF-8 text file ({e.reason})", "encoding", e.reason) from None
     else:
         text = data
     try:
         return json.loads(text, object_pairs_hook=_unique_keys)
     except json.JSONDecodeError as e:
-        at = f"column {e.colno}" if one_line else f"line {e.lineno}, column {e.colno}"
-        raise JSONRefused(f"{where}: invalid JSON at {at}: {e.msg}", syntax=True) from None
+        detail = f"invalid JSON at {'' if one_line else f'line {e.lineno}, '}column {e.colno}: {e.msg}"
+        raise JSONRefused(f"{where}: {detail}", "syntax", detail) from None
     except _DuplicateKey as e:
         offset = _find_duplicate(text)
         place = f" in the object at {_position(text, offset, one_line)}" if offset is not None else ""
-        raise JSONRefused(f"{where}: duplicate key {short_repr(e.key)}{place}; JSON readers keep one of the two "
-                          "values (which one depends on the reader): keep one key") from None  # fmt: skip
+        detail = (f"duplicate key {short_repr(e.key)}{place}; JSON readers keep one of the two values (which one "
+                  "depends on the reader): keep one key")  # fmt: skip
+        raise JSONRefused(f"{where}: {detail}", "duplicate", detail) from None
     except RecursionError:
         offset = _too_deep(text)
         place = f" (more than {JSON_DEPTH_SHOWN} levels at {_position(text, offset, one_line)})" if offset else ""
-        raise JSONRefused(f"{where}: JSON nested too deeply to read{place}; data files nest a few levels") from None
+        detail = f"JSON nested too deeply to read{place}; data files nest a few levels"
+        raise JSONRefused(f"{where}: {detail}", "depth", detail) from None
 
 
 def read_json(path: str | Path, limit: SizeLimit = METADATA) -> Any:

@@ -49,7 +49,7 @@ def peek_json(path: str | Path) -> Any:
         data = parse_json(read_bounded(path, DATA_FILE), path)  # parsed whole: at most DATA_FILE
     except JSONRefused as e:
         if e.syntax:
-            raise ValueError(f"{path}: not a JSON reference file ({str(e).removeprefix(f'{path}: ')})") from None
+            raise ValueError(f"{path}: not a JSON reference file ({e.detail})") from None
         raise DataError(str(e)) from None
     _HANDOFF.clear()
     if key is not None:

@@ -174,6 +174,11 @@ _BREAKS = re.compile(r"\s*[\t\n\x0b\x0c\r\x1c-\x1f\x85\u2028\u2029][\s]*")
 """A run of white space holding a control character that is white space (tab, a line break, a separator)."""
 
 
+def has_control(text: str) -> bool:
+    """Whether ``text`` holds a control character (:func:`clean_text` has work to do): the fast readers' test."""
+    return _CONTROL.search(text) is not None
+
+
 def clean_text(text: str, where: str, what: str) -> str:
     """``text`` (a caption or a prompt: ``what`` names it) stripped, with every run of white space that holds a line
     break, tab or separator (``\\n``, ``\\r``, ``\\t``, U+2028, ...) made one space: a caption is one line of
