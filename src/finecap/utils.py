@@ -13,11 +13,12 @@ import os
 import random
 import re
 import reprlib
+import shlex
 import shutil
 import socket
 import tempfile
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -416,6 +417,22 @@ def read_json(path: str | Path, limit: SizeLimit = METADATA) -> Any:
     is not JSON, holds a key twice in an object or is nested too deeply."""
     path = Path(path)
     return parse_json(read_bounded(path, limit), path)
+
+
+def shell_command(argv: Iterable[str | os.PathLike[str]]) -> str:
+    """``argv`` as one POSIX shell command line (bash, zsh, sh) that, pasted into a shell, runs exactly ``argv``: each
+    word quoted when it needs it (:func:`shlex.join`: ``'run;name'``, ``'$(touch x)'``, ``'it'"'"'s'``; a plain word
+    as it is). The one way finecap prints a command for a user to run again (a model card's "Made by", a lock's
+    record, a hint naming a path): joining the words with spaces would make ``run.name=a;rm -rf x`` two commands and
+    run ``$(...)``. An argument holding a line break keeps it inside its quotes (the command then spans lines and is
+    still one command; ``shlex.split`` reads it back).
+
+    Example::
+
+        >>> print(shell_command(["finecap", "train", "demo/mle", "run.name=a b;c", "run.out=$(id)"]))
+        finecap train demo/mle 'run.name=a b;c' 'run.out=$(id)'
+    """
+    return shlex.join(os.fspath(a) for a in argv)
 
 
 def one_line(error: BaseException) -> str:
