@@ -43,6 +43,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from finecap.utils import shell_command
 from paired_difference import mean_std, t_interval  # benchmarks/ is on sys.path, as for every benchmark script
 
 STAGES = ["world", "retriever", "mle", "blip_mle", "vlm_mle", "sr_bagcurri", "sle", "scst", "smile", "mle_continued",
@@ -334,7 +335,7 @@ def run_seed(seed: int, root: Path, cache_dir: str, extra: list[str], stages: li
     run_dir = root / f"seed{seed}"
     cmd = [sys.executable, "-m", "finecap.app.cli", "demo", "--run-dir", str(run_dir), "--stages", ",".join(stages),
            f"world.seed={seed}", f"world.out=data/world-seed{seed}", f"run.cache_dir={cache_dir}", *extra]  # fmt: skip
-    print(f"== seed {seed}: {' '.join(cmd)}", flush=True)
+    print(f"== seed {seed}: {shell_command(cmd)}", flush=True)
     t0 = time.perf_counter()
     log = run_dir.with_suffix(".log")
     run_dir.parent.mkdir(parents=True, exist_ok=True)

@@ -51,6 +51,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import coco_like  # noqa: E402
+from finecap.utils import shell_command  # noqa: E402
 
 TARGETS = {"end_to_end": 15.0, "bleu": 10.0, "rouge_l": 10.0, "cider_d": 25.0}
 
@@ -88,7 +89,7 @@ def _timed(cmd: list[str]) -> dict:
     proc = subprocess.run(["/usr/bin/time", "-f", fmt, *cmd], capture_output=True, text=True, check=False, env=_ENV)
     wall = time.perf_counter() - t0
     if proc.returncode != 0:
-        raise RuntimeError(f"{' '.join(cmd[:3])} ... failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
+        raise RuntimeError(f"{shell_command(cmd)} failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
     line = [x for x in proc.stderr.splitlines() if x.startswith("__TIME__")][-1].split()
     return {"wall": wall, "cpu": float(line[2]) + float(line[3]), "maxrss_kb": int(line[4]), "stdout": proc.stdout}
 

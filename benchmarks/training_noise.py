@@ -74,12 +74,13 @@ def train_repeat(source: Path, folder: Path, stages: Sequence[str], seed: int, e
         shutil.copytree(source / "mle", partial)
         partial.rename(folder / "mle")
     from finecap.config import load
+    from finecap.utils import shell_command
 
     quick = ["--quick"] if load(str(source / "config.yaml"), []).demo.quick else []
     cmd = [sys.executable, "-m", "finecap.app.cli", "demo", "-q", *quick, "--out", str(folder), "--stages",
            ",".join(stages), *source_overrides(source), f"run.seed={seed}", *extra]  # fmt: skip
     log = folder.with_suffix(".log")
-    print(f"== {folder.name}: {' '.join(cmd[2:])} (log {log})", flush=True)
+    print(f"== {folder.name}: {shell_command(cmd)} (log {log})", flush=True)
     with log.open("a") as f:
         code = subprocess.call(cmd, stdout=f, stderr=subprocess.STDOUT)
     if code:

@@ -31,7 +31,7 @@ from typing import Any
 from filelock import FileLock, Timeout
 
 from finecap.config import masked_override
-from finecap.utils import METADATA, read_bounded, refuse_link
+from finecap.utils import METADATA, read_bounded, refuse_link, shell_command
 
 LOCK_NAME = ".boost.lock"
 """``finecap boost``'s lock file in its output folder."""
@@ -49,10 +49,16 @@ class OutputLocked(ValueError):
     """Another run holds the output folder's lock (a ``ValueError``: the command line prints it, exit code 2)."""
 
 
+def command_argv() -> list[str]:
+    """This process's arguments with secrets masked, one by one (:func:`finecap.config.masked_override`: a secret
+    override by the key it sets, however spelled; URL credentials in any argument)."""
+    return [masked_override(a) for a in sys.argv]
+
+
 def command_line() -> str:
-    """This process's command line with secrets masked, argument by argument (:func:`finecap.config.masked_override`:
-    a secret override by the key it sets, however spelled; URL credentials in any argument)."""
-    return " ".join(masked_override(a) for a in sys.argv)
+    """This process's command line (:func:`command_argv`, secrets masked) as a shell command that runs those
+    arguments when pasted (:func:`finecap.utils.shell_command`)."""
+    return shell_command(command_argv())
 
 
 def _describe(record: dict[str, Any]) -> str:

@@ -13,11 +13,12 @@ import os
 import random
 import re
 import reprlib
+import shlex
 import shutil
 import socket
 import tempfile
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -267,16 +268,171 @@ def read_lines(
             yield text
 
 
+# ---------------------------------------------------------------------------------------------------------------------
+# Reading JSON strictly: the one parser of every JSON and JSONL file finecap reads
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+class JSONRefused(ValueError):
+    """A JSON text :func:`parse_json` refuses; the message names where (the file, the line) and what is wrong.
+    ``kind``: ``"encoding"`` (not UTF-8) or ``"syntax"`` (not JSON), the text is not JSON at all; ``"duplicate"`` (a
+    key twice in an object) or ``"depth"`` (nesting too deep), JSON finecap does not read (format detection tells
+    the two apart). ``detail``: what is wrong, without where."""
+
+    def __init__(self, message: str, kind: str, detail: str) -> None:
+        super().__init__(message)
+        self.kind, self.detail = kind, detail
+
+    @property
+    def syntax(self) -> bool:
+        """Whether the text is not JSON at all (not UTF-8, or a syntax error)."""
+        return self.kind in ("encoding", "syntax")
+
+
+class _DuplicateKey(Exception):
+    """Raised by :func:`_unique_keys` inside ``json.loads``, which knows no position: :func:`_find_duplicate` finds
+    it."""
+
+    def __init__(self, key: str) -> None:
+        super().__init__(key)
+        self.key = key
+
+
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """``json.loads``'s ``object_pairs_hook``: the object, unless a key is in it twice."""
+    obj = dict(pairs)
+    if len(obj) != len(pairs):
+        seen: set[str] = set()
+        raise _DuplicateKey(next(k for k, _ in pairs if k in seen or seen.add(k)))  # type: ignore[func-returns-value]
+    return obj
+
+
+def _position(text: str, offset: int, one_line: bool) -> str:
+    """``line L, column C`` of ``offset`` in ``text`` (``column C`` alone for one line of a JSONL file)."""
+    column = offset - text.rfind("\n", 0, offset)
+    return f"column {column}" if one_line else f"line {text.count(chr(10), 0, offset) + 1}, column {column}"
+
+
+def _find_duplicate(text: str) -> int | None:
+    """The offset of the first object (its ``{``) holding a key twice, found by parsing ``text`` again with the
+    pure-Python scanner, which passes positions (only after the fast parse met a duplicate); ``None`` when that
+    parser cannot say (it recurses deeper per level than the C one)."""
+    import json.decoder
+    import json.scanner
+
+    def parse_object(s_and_end: tuple[str, int], *args: Any, **kwargs: Any) -> tuple[dict[str, Any], int]:
+        pairs, end = json.decoder.JSONObject(s_and_end, *args, **kwargs)
+        if len({k for k, _ in pairs}) != len(pairs):
+            raise _DuplicateKey(str(s_and_end[1] - 1))
+        return dict(pairs), end
+
+    decoder = json.JSONDecoder(object_pairs_hook=list)
+    decoder.parse_object = parse_object  # type: ignore[assignment]
+    decoder.scan_once = json.scanner.py_make_scanner(decoder)
+    try:
+        decoder.decode(text)
+    except _DuplicateKey as e:
+        return int(e.key)
+    except (ValueError, RecursionError):
+        return None
+    return None
+
+
+JSON_DEPTH_SHOWN = 500
+"""How deep a JSON text a refusal for nesting says it is at least (Python's parser stops near 1,000 levels; data
+files nest a few): the first place the text passes it is named."""
+
+_JSON_TOKEN = re.compile(r'"(?:[^"\\]|\\.)*"?|[\[\]{}]', re.S)
+
+
+def _too_deep(text: str, depth: int = JSON_DEPTH_SHOWN) -> int | None:
+    """The offset where ``text`` first opens its ``depth + 1``-th nested array or object (strings skipped), or
+    ``None`` when it never does."""
+    level = 0
+    for m in _JSON_TOKEN.finditer(text):
+        token = m.group()
+        if token in "[{":
+            level += 1
+            if level > depth:
+                return m.start()
+        elif token in "]}":
+            level -= 1
+    return None
+
+
+def parse_json(data: str | bytes, where: str | Path, *, one_line: bool = False) -> Any:
+    """The JSON value in ``data`` (a whole file's text or bytes, or with ``one_line`` one line of a JSONL file),
+    read strictly; else a :class:`JSONRefused` (a ``ValueError``) naming ``where`` (the file, or ``"<file>, line
+    <n>"``) and the place in it (line and column; the column alone for one line):
+
+    - not JSON: ``invalid JSON at line L, column C: <why>``; bytes not UTF-8 (nor UTF-16/32, as ``json.loads``
+      reads them): ``not a UTF-8 text file``;
+    - an object holding one key twice (``{"split": "val", "split": "train"}``): JSON parsers keep one of the two
+      values, which one depends on the parser, so the file does not say what it means: refused, naming the key and
+      the object's place;
+    - nested more deeply than Python's parser goes (a bare ``RecursionError`` otherwise): refused, naming the
+      first place nested more than :data:`JSON_DEPTH_SHOWN` levels.
+
+    The one parser of every JSON and JSONL file finecap reads (:func:`read_json`, :mod:`finecap.data.json_files`);
+    refusing duplicates costs nothing measurable (``dict`` of the pairs, compared by length).
+
+    Example::
+
+        >>> parse_json('{"a": [1, 2]}', "x.json")
+        {'a': [1, 2]}
+        >>> try:
+        ...     parse_json('{"a": 1,\\n "a": 2}', "x.json")
+        ... except ValueError as e:
+        ...     print(str(e).split(";")[0])
+        x.json: duplicate key 'a' in the object at line 1, column 1
+    """
+    if isinstance(data, bytes | bytearray):
+        try:
+            text = data.decode(json.detect_encoding(data), "surrogatepass")
+        except UnicodeDecodeError as e:
+            raise JSONRefused(f"{where}: not a UTF-8 text file ({e.reason})", "encoding", e.reason) from None
+    else:
+        text = data
+    try:
+        return json.loads(text, object_pairs_hook=_unique_keys)
+    except json.JSONDecodeError as e:
+        detail = f"invalid JSON at {'' if one_line else f'line {e.lineno}, '}column {e.colno}: {e.msg}"
+        raise JSONRefused(f"{where}: {detail}", "syntax", detail) from None
+    except _DuplicateKey as e:
+        offset = _find_duplicate(text)
+        place = f" in the object at {_position(text, offset, one_line)}" if offset is not None else ""
+        detail = (f"duplicate key {short_repr(e.key)}{place}; JSON readers keep one of the two values (which one "
+                  "depends on the reader): keep one key")  # fmt: skip
+        raise JSONRefused(f"{where}: {detail}", "duplicate", detail) from None
+    except RecursionError:
+        offset = _too_deep(text)
+        place = f" (more than {JSON_DEPTH_SHOWN} levels at {_position(text, offset, one_line)})" if offset else ""
+        detail = f"JSON nested too deeply to read{place}; data files nest a few levels"
+        raise JSONRefused(f"{where}: {detail}", "depth", detail) from None
+
+
 def read_json(path: str | Path, limit: SizeLimit = METADATA) -> Any:
     """The JSON value in ``path``, read whole within ``limit`` (:func:`read_bounded`; the default for finecap's own
-    records, :data:`DATA_FILE` for data); a ``ValueError`` naming the file when it is not JSON."""
+    records, :data:`DATA_FILE` for data) and strictly (:func:`parse_json`); a ``ValueError`` naming the file when it
+    is not JSON, holds a key twice in an object or is nested too deeply."""
     path = Path(path)
-    try:
-        return json.loads(read_bounded(path, limit))
-    except json.JSONDecodeError as e:
-        raise ValueError(f"{path}: invalid JSON at line {e.lineno}, column {e.colno}: {e.msg}") from None
-    except RecursionError:
-        raise ValueError(f"{path}: JSON nested too deeply to read (thousands of levels)") from None
+    return parse_json(read_bounded(path, limit), path)
+
+
+def shell_command(argv: Iterable[str | os.PathLike[str]]) -> str:
+    """``argv`` as one POSIX shell command line (bash, zsh, sh) that, pasted into a shell, runs exactly ``argv``: each
+    word quoted when it needs it (:func:`shlex.join`: ``'run;name'``, ``'$(touch x)'``, ``'it'"'"'s'``; a plain word
+    as it is). The one way finecap prints a command for a user to run again (a model card's "Made by", a lock's
+    record, a hint naming a path): joining the words with spaces would make ``run.name=a;rm -rf x`` two commands and
+    run ``$(...)``. An argument holding a line break keeps it inside its quotes (the command then spans lines and is
+    still one command; ``shlex.split`` reads it back).
+
+    Example::
+
+        >>> print(shell_command(["finecap", "train", "demo/mle", "run.name=a b;c", "run.out=$(id)"]))
+        finecap train demo/mle 'run.name=a b;c' 'run.out=$(id)'
+    """
+    return shlex.join(os.fspath(a) for a in argv)
 
 
 def one_line(error: BaseException) -> str:

@@ -1,6 +1,10 @@
 import contextlib
+import csv
 import io
+import itertools
 import json
+import logging
+import re
 from pathlib import Path
 
 import pytest
@@ -9,11 +13,13 @@ from pycocotools import coco as pycocotools_coco
 from finecap.data.bags_file import read_bags
 from finecap.data.formats import read_dataset
 from finecap.data.formats.coco import read_coco_captions
+from finecap.data.formats.folder import read_folder
 from finecap.data.formats.jsonl import read_jsonl
 from finecap.data.formats.karpathy import read_karpathy
 from finecap.data.records import NO_SPLIT, DataError, Record
 from finecap.data.results import read_results, write_results
-from finecap.utils import write_json
+from finecap.metrics.cocoeval import CaptionFile
+from finecap.utils import read_json, write_json
 
 
 def _touch(root: Path, *names: str) -> None:
@@ -333,3 +339,172 @@ def test_every_registry_row_is_a_format_spec_of_that_name():
     assert [spec.name for spec in specs] == list(DATA_FORMATS) == list(FORMATS)
     # the configuration's copy of which formats read Hub names (it imports no format) says what the specs say
     assert {spec.name for spec in specs if spec.hub_names} == HUB_DATA_FORMATS == {"hf"}
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# Every JSON reader reads strictly, through one parser (finecap.utils.parse_json; issue 61, class 10): a key twice in
+# one object, or nesting deeper than Python's parser goes, is an error naming the file and the place
+# --------------------------------------------------------------------------------------------------------------------
+
+
+def _dump_duplicating(obj, key: str, first) -> str:
+    """``obj`` (a dict) as one line of JSON with ``key`` written twice: ``first``, then its value in ``obj``."""
+    text = json.dumps(obj)
+    assert text.startswith("{")
+    return "{" + json.dumps(key) + ": " + json.dumps(first) + ", " + text[1:]
+
+
+WHOLE_FILES = {  # a whole-file reader -> (file name, a JSON text holding a key twice on its 3rd line, the key)
+    "karpathy": (lambda p: read_karpathy(p, check_images=False), "dataset_coco.json",
+                 '{"dataset": "coco", "images": [\n{"filename": "a.jpg", "cocoid": 1, "split": "test", "sentences": '
+                 '[{"raw": "a"}]},\n  {"filename": "b.jpg", "cocoid": 2, "split": "test", "split": "train", '
+                 '"sentences": [{"raw": "b"}]}]}', "split"),
+    "coco": (lambda p: read_coco_captions(p, check_images=False), "captions_val2014.json",
+             '{"images": [{"id": 1}],\n"annotations": [{"image_id": 1, "caption": "a"},\n  {"image_id": 1, '
+             '"caption": "a dog", "image_id": 2, "caption": "b"}]}', "image_id"),
+    "coco-top-level": (lambda p: read_coco_captions(p, check_images=False), "captions_val2014.json",
+                       '{"images": [{"id": 1}],\n"annotations": [],\n  {"x": 1}, "annotations": [{"image_id": 1, '
+                       '"caption": "a"}]}', None),  # a syntax error here: the reader's usual message
+    "results": (read_results, "results.json",
+                '[{"image_id": 1, "caption": "a"},\n{"image_id": 2, "caption": "b"},\n  {"image_id": 3, '
+                '"caption": "c", "caption": "d"}]', "caption"),
+    "coco-eval": (lambda p: CaptionFile(p), "refs.json",
+                  '{"annotations": [\n{"image_id": 1, "caption": "a"},\n  {"image_id": 3, "image_id": 4, '
+                  '"caption": "c"}]}', "image_id"),
+    "bags": (read_bags, "bags.json", '{"bags": {"2": [\n[1, 2],\n  {"images": [1, 2], "images": [3, 4]}]}}', "images"),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("reader", list(WHOLE_FILES))
+def test_whole_json_files_refuse_a_key_given_twice_naming_line_and_column(tmp_path, reader):
+    read, name, text, key = WHOLE_FILES[reader]
+    path = tmp_path / name
+    path.write_text(text)
+    with pytest.raises(ValueError) as e:
+        read(path)
+    if key is None:
+        assert str(e.value).startswith(f"{path}: invalid JSON at line 3")
+        return
+    assert str(e.value).startswith(f"{path}: duplicate key '{key}' in the object at line 3, column 3; ")
+    assert "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize("reader", [r for r in WHOLE_FILES if WHOLE_FILES[r][3]])
+@pytest.mark.parametrize("nesting", ["arrays", "objects"])
+def test_whole_json_files_refuse_deep_nesting_naming_line_and_column(tmp_path, reader, nesting):
+    read, name, _, _ = WHOLE_FILES[reader]
+    path = tmp_path / name
+    deep = "[" * 3_000 + "]" * 3_000 if nesting == "arrays" else '{"k": ' * 3_000 + "0" + "}" * 3_000
+    path.write_text('{"images": [],\n"annotations": [],\n"x": ' + deep + "}")
+    with pytest.raises(ValueError) as e:
+        read(path)
+    column = len('"x": ') + _opening(deep, 500)  # the top object is the first level
+    assert str(e.value).startswith(f"{path}: JSON nested too deeply to read (more than 500 levels at line 3, column "
+                                   f"{column}); ")  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("line", "message"),
+    [
+        (_dump_duplicating({"image": "a.png", "captions": ["x"]}, "image", "b.png"), "duplicate key 'image'"),
+        (_dump_duplicating({"image": "b.png", "captions": ["x"], "split": "test"}, "split", "train"),
+         "duplicate key 'split'"),
+        ('{"image": "b.png", "captions": ["x"], "boost": {"blend": ["y"], "blend": ["z"]}}',
+         "duplicate key 'blend' in the object at column 48"),  # its {
+        ('{"image": "b.png", "captions": ' + "[" * 5_000 + "]" * 5_000 + "}",
+         f"JSON nested too deeply to read (more than 500 levels at column {31 + 500})"),  # 31 characters, then [s
+    ],
+    ids=["image", "split", "nested-object", "deep"],
+)  # fmt: skip
+def test_jsonl_lines_are_read_strictly(tmp_path, line, message):
+    path = tmp_path / "data.jsonl"
+    path.write_text('{"image": "a.png", "captions": ["ok"]}\n' + line + "\n")
+    with pytest.raises(DataError) as e:
+        read_jsonl(path, check_images=False)
+    assert str(e.value).startswith(f"{path}, line 2: {message}")
+
+
+@pytest.mark.parametrize(
+    ("split", "read"), [("TRAIN", "train"), ("Val", "val"), (" test ", "test"), ("validation", "validation")]
+)
+def test_jsonl_splits_in_another_case_are_read_as_the_split(tmp_path, caplog, split, read):
+    path = tmp_path / "data.jsonl"
+    path.write_text(json.dumps({"image": "a.png", "captions": ["x"], "split": split}) + "\n")
+    with caplog.at_level(logging.INFO, logger="finecap.data.records"):
+        assert [r.split for r in read_jsonl(path, check_images=False)] == [read]
+    (note,) = [r.getMessage() for r in caplog.records if r.name == "finecap.data.records"]
+    assert note.startswith(f"data: {path}: 1 records ") and repr(split) in note
+
+
+@pytest.mark.parametrize(
+    ("caption", "outcome"),
+    [("a red\ncircle", "a red circle"), ("a red\r\n\tcircle ", "a red circle"), ("a red\x00circle", "U+0000"),
+     ("\x1b[31ma red circle", "U+001B"), ("a red circle\x7f", "U+007F")],
+)  # fmt: skip
+def test_control_characters_in_captions_of_every_reader(tmp_path, caption, outcome):
+    """JSONL, Karpathy, COCO and a folder's captions.csv / .txt files: a line break or tab is a space; another
+    control character is refused, naming the file and the record."""
+    _touch(tmp_path, "a.png")
+    readers = {
+        "jsonl": (lambda: read_jsonl(_lines(tmp_path / "d.jsonl", {"image": "a.png", "captions": ["ok", caption]})),
+                  "d.jsonl, line 1: caption 1 "),
+        "karpathy": (lambda: read_karpathy(_write(tmp_path / "k.json", {"images": [
+            {"filename": "a.png", "cocoid": 1, "split": "test", "sentences": [{"raw": "ok"}, {"raw": caption}]}]})),
+            "k.json: images[0]"),
+        "coco": (lambda: read_coco_captions(_write(tmp_path / "captions_val.json", {"images": [
+            {"id": 1, "file_name": "a.png"}], "annotations": [{"image_id": 1, "caption": "ok"},
+                                                              {"image_id": 1, "caption": caption}]})),
+            "captions_val.json: image id 1 (a.png): caption 1 "),
+    }  # fmt: skip
+    for name, (read, where) in readers.items():
+        if outcome.startswith("U+"):
+            with pytest.raises(DataError) as e:
+                read()
+            assert where in str(e.value) and f"holds control character {outcome} at character" in str(e.value), name
+        else:
+            assert read()[0].captions == ["ok", outcome], name
+    folder = tmp_path / "photos"
+    _touch(folder, "a.png")
+    with (folder / "captions.csv").open("w", newline="") as f:
+        csv.writer(f).writerows([("image", "caption"), ("a.png", "ok"), ("a.png", caption)])  # quoted as needed
+    (folder / "b.png").write_bytes(b"")
+    if outcome.startswith("U+"):
+        with pytest.raises(
+            DataError, match=re.escape(f"captions.csv, line 3: the caption holds control character {outcome} ")
+        ):
+            read_folder(folder)
+        (folder / "captions.csv").unlink()
+        (folder / "a.txt").write_text(f"ok\n{caption}\n", newline="")
+        with pytest.raises(
+            DataError, match=re.escape(f"a.txt, line 2: the caption holds control character {outcome} ")
+        ):
+            read_folder(folder)
+    else:
+        assert read_folder(folder)[0].captions == ["ok", outcome]
+
+
+def _opening(text: str, depth: int) -> int:
+    """The column (from 1) where ``text`` (no bracket in its strings) opens its ``depth``-th level."""
+    levels = itertools.accumulate(1 if c in "[{" else -1 if c in "]}" else 0 for c in text)
+    return next(k for k, level in enumerate(levels) if level == depth) + 1
+
+
+def _lines(path: Path, *records) -> Path:
+    path.write_text("".join(json.dumps(r) + "\n" for r in records))
+    return path
+
+
+def test_finecaps_own_json_records_are_read_strictly(tmp_path):
+    path = tmp_path / "info.json"
+    path.write_text('{"step": 3,\n "step": 5}')
+    with pytest.raises(ValueError, match=rf"^{path}: duplicate key 'step' in the object at line 1, column 1; "):
+        read_json(path)
+    path.write_text("[" * 10_000 + "]" * 10_000)
+    with pytest.raises(ValueError, match=rf"^{path}: JSON nested too deeply to read \(more than 500 levels at line 1, "
+                                         r"column 501\)"):  # fmt: skip
+        read_json(path)
+    path.write_bytes(b'{"a": "\xff"}')
+    with pytest.raises(ValueError, match=rf"^{path}: not a UTF-8 text file"):
+        read_json(path)
+    path.write_text('{"a": {"b": 1}, "c": [{"b": 2}], "s": "{\\"d\\": 1, \\"d\\": 2}"}')  # the same key in two objects
+    assert read_json(path) == {"a": {"b": 1}, "c": [{"b": 2}], "s": '{"d": 1, "d": 2}'}

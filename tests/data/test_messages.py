@@ -3,6 +3,7 @@ into one record per image, its faults named by file and line, its images kept in
 
 from __future__ import annotations
 
+import itertools
 import json
 import logging
 from pathlib import Path
@@ -169,3 +170,150 @@ def test_a_vlm_is_told_when_the_datas_prompts_are_not_its_own(folder, caplog):
         "'Caption this photo.' in 2); every image is captioned after the one prompt vlm.prompt: set "
         "vlm.prompt='Caption this photo.' to train with the data's"
     ]
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# Lenient chat JSONL (issue 61, class 10): what a record does not say plainly is an error naming the file and the line,
+# or read and said
+# --------------------------------------------------------------------------------------------------------------------
+
+TURNS = chat("x")["messages"]
+SHAREGPT = [{"from": "human", "value": "<image>Describe."}, {"from": "gpt", "value": "an owl"}]
+
+
+@pytest.mark.parametrize(
+    "record",
+    [
+        {"messages": TURNS, "conversations": SHAREGPT, "images": ["images/dog.jpg"]},
+        {"conversations": SHAREGPT, "messages": TURNS, "images": ["images/dog.jpg"]},  # the other order
+        {"conversations": SHAREGPT, "messages": [], "images": ["images/dog.jpg"]},  # one of them empty
+        {"messages": TURNS, "conversations": None, "images": ["images/dog.jpg"]},  # one of them null
+    ],
+    ids=["messages-first", "conversations-first", "empty-messages", "null-conversations"],
+)
+def test_a_record_with_both_lists_of_turns_is_refused(folder, record):
+    path = write_lines(folder / "chat.jsonl", chat("images/dog.jpg"), record)
+    with pytest.raises(DataError, match=r"line 2: both 'messages' and 'conversations'; .* keep one$") as e:
+        read_messages(path)
+    assert str(e.value).startswith(f"{path}, line 2: ") and "\n" not in str(e.value)
+    listed = folder / "chat.json"  # a .json list of records: named by its index
+    listed.write_text(json.dumps([chat("images/dog.jpg"), record]))
+    with pytest.raises(DataError, match=rf"^{listed}: \[1\]: both 'messages' and 'conversations'"):
+        read_messages(listed)
+
+
+DUPLICATES = {  # a line whose JSON holds a key twice in one object -> the key, and where that object starts
+    "images": ('{"messages": %s, "images": ["images/dog.jpg"], "images": ["images/cat.jpg"]}', "images", '{"messages'),
+    "split": ('{"split": "test", "messages": %s, "images": ["images/dog.jpg"], "split": "train"}', "split", '{"split'),
+    "role": ('{"images": ["images/dog.jpg"], "messages": [{"role": "user", "role": "assistant", "content": "hi"}]}',
+             "role", '{"role": "user"'),
+    "content": ('{"images": ["images/dog.jpg"], "messages": [{"role": "user", "content": "<image>Describe."}, '
+                '{"role": "assistant", "content": "a cat", "content": "a dog"}]}', "content", '{"role": "assistant"'),
+    "text-part": ('{"images": ["images/dog.jpg"], "messages": [{"role": "user", "content": [{"type": "image"}]}, '
+                  '{"role": "assistant", "content": [{"type": "text", "text": "a", "text": "b"}]}]}', "text",
+                  '{"type": "text"'),
+    "escaped-spelling": ('{"messages": %s, "images": ["images/dog.jpg"], "im\\u0061ges": ["images/cat.jpg"]}',
+                         "images", '{"messages'),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("case", list(DUPLICATES))
+def test_a_key_given_twice_is_refused_naming_the_line_and_column(folder, case):
+    text, key, start = DUPLICATES[case]
+    line = text % json.dumps(TURNS) if "%s" in text else text
+    column = line.index(start) + 1  # the column of the object holding the key twice
+    path = write_lines(folder / "chat.jsonl", chat("images/dog.jpg"), line)
+    with pytest.raises(DataError) as e:
+        read_messages(path)
+    assert str(e.value).startswith(f"{path}, line 2: duplicate key '{key}' in the object at column {column}; ")
+    # the same record in a .json list: the line and the column in the file
+    listed = folder / "chat.json"
+    listed.write_text("[\n" + json.dumps(chat("images/dog.jpg")) + ",\n" + line + "\n]\n")
+    with pytest.raises(DataError) as e:
+        read_messages(listed)
+    assert str(e.value).startswith(f"{listed}: duplicate key '{key}' in the object at line 3, column {column}; ")
+    with pytest.raises(DataError, match=rf"^{listed}: duplicate key"):  # detection names it too
+        detect_format(listed)
+
+
+@pytest.mark.parametrize(
+    ("written", "read"),
+    [("TRAIN", "train"), ("Train", "train"), (" val ", "val"), ("VAL", "val"), ("Test", "test"), ("test\t", "test"),
+     ("RESTVAL", "restval")],
+)  # fmt: skip
+def test_a_split_in_another_case_is_read_as_that_split_and_said(folder, caplog, written, read):
+    path = write_lines(folder / "chat.jsonl", chat("images/dog.jpg", split=read),
+                       chat("images/dog.jpg", caption="a black dog", split=written),  # the same image: one split
+                       chat("images/cat.jpg", split=written), chat("images/owl.jpg", split=written))  # fmt: skip
+    with caplog.at_level(logging.INFO, logger="finecap.data.records"):
+        records = read_messages(path)
+    assert [(r.image_id, r.split) for r in records] == [("images/dog.jpg", read), ("images/cat.jpg", read),
+                                                        ("images/owl.jpg", read)]  # fmt: skip
+    notes = [r.getMessage() for r in caplog.records if r.name == "finecap.data.records"]
+    assert notes == [f"data: {path}: 3 records spell their split in another case or with spaces; read "
+                     f"{written!r} as {read!r} (3)"]  # fmt: skip
+    assert len(load_records(load(None, ["data.format=messages", f"data.path={path}"]), "train" if read in (
+        "train", "restval") else read)) == 3  # fmt: skip
+
+
+def test_a_split_of_another_name_is_kept_and_warned_about(folder, caplog):
+    path = write_lines(folder / "chat.jsonl", chat("images/dog.jpg", split="train"),
+                       chat("images/cat.jpg", split="validation"), chat("images/owl.jpg", split="dev"))  # fmt: skip
+    with caplog.at_level(logging.INFO, logger="finecap.data.records"):
+        assert [r.split for r in read_messages(path)] == ["train", "validation", "dev"]
+    assert [(r.levelno, r.getMessage()) for r in caplog.records if r.name == "finecap.data.records"] == [
+        (logging.WARNING, f"data: {path}: 2 records name a split that is none of train, val, test: 'validation' (1), "
+                          "'dev' (1); only --split NAME reads them (training reads train and val)")]  # fmt: skip
+    caplog.clear()
+    write_lines(path, chat("images/dog.jpg", split="train"), chat("images/cat.jpg", split="test"))
+    with caplog.at_level(logging.INFO, logger="finecap.data.records"):
+        read_messages(path)
+    assert not [r for r in caplog.records if r.name == "finecap.data.records"]  # plain splits: no word
+
+
+@pytest.mark.parametrize(
+    "control",
+    ["\x00", "\x07", "\x08", "\x1b", "\x1b[2J", "\x7f", "\x9b", "\x0e"],
+    ids=["nul", "bell", "backspace", "escape", "ansi-clear", "delete", "c1-csi", "shift-out"],
+)
+def test_a_control_character_in_a_caption_or_prompt_is_refused_naming_the_line(folder, control):
+    caption, prompt = "the assistant turn: caption 0", "the user turn: the prompt"
+    for record, what in [(chat("images/cat.jpg", caption=f"a cat{control} asleep"), caption),
+                         (chat("images/cat.jpg", caption=f"{control}"), caption),
+                         (chat("images/cat.jpg", f"<image>Describe{control}."), prompt)]:  # fmt: skip
+        path = write_lines(folder / "chat.jsonl", chat("images/dog.jpg"), record)
+        with pytest.raises(DataError) as e:
+            read_messages(path)
+        message = str(e.value)
+        assert message.startswith(f"{path}, line 2: {what} holds control character U+{ord(control[0]):04X} at ")
+        assert control[0] not in message  # shown escaped
+
+
+@pytest.mark.parametrize(
+    ("caption", "read"),
+    [("a dog\non a deck", "a dog on a deck"), ("a dog \r\n on a deck", "a dog on a deck"),
+     ("a dog\ton a deck", "a dog on a deck"), ("a dog\u2028on a deck", "a dog on a deck"),
+     ("a dog\x85on\x0b\x0ca deck\n", "a dog on a deck"), ("a dog  on a deck", "a dog  on a deck")],
+    ids=["newline", "crlf-with-spaces", "tab", "line-separator", "nel-vt-ff", "spaces-kept"],
+)  # fmt: skip
+def test_line_breaks_and_tabs_in_a_caption_are_one_space(folder, caption, read):
+    path = write_lines(folder / "chat.jsonl", chat("images/dog.jpg", "<image>Describe\n\tit.", caption))
+    assert [(r.captions, r.prompt) for r in read_messages(path)] == [([read], "Describe it.")]
+
+
+@pytest.mark.parametrize(
+    "deep",
+    ['{"messages": ' + "[" * 50_000 + "]" * 50_000 + "}",
+     '{"images": ["images/dog.jpg"], "messages": [' + '{"a": ' * 5_000 + "1" + "}" * 5_000 + "]}",
+     '{"split": "train", "messages": [' + '{"b": [' * 600 + "]}" * 600 + "]}",  # mixed, just past Python's parser
+     '{"messages": ' + "[" * 200_000],  # unclosed too
+    ids=["arrays", "objects", "mixed", "unclosed"],
+)  # fmt: skip
+def test_deep_nesting_is_an_error_naming_the_line_not_a_recursion_error(folder, deep):
+    path = write_lines(folder / "chat.jsonl", chat("images/dog.jpg"), deep)
+    with pytest.raises(DataError) as e:
+        read_messages(path)
+    depth = itertools.accumulate(1 if c in "[{" else -1 if c in "]}" else 0 for c in deep)  # no bracket in a string
+    column = next(k for k, d in enumerate(depth) if d > 500) + 1  # where the 501st level opens
+    assert str(e.value).startswith(f"{path}, line 2: JSON nested too deeply to read (more than 500 levels at column "
+                                   f"{column}); ")  # fmt: skip

@@ -4,10 +4,25 @@ backbone, from hand-written ``captioner.json`` contents."""
 
 from __future__ import annotations
 
-import pytest
+import html
+import json
+import re
+import shlex
+import subprocess
+import sys
+from pathlib import Path
 
+import pytest
+import yaml
+
+from finecap.app.cli import main
 from finecap.config import from_dict
+from finecap.data.formats import read_dataset
+from finecap.data.records import DataError
+from finecap.locks import command_argv, command_line
 from finecap.train.model_card import model_card
+from finecap.utils import shell_command
+from finecap.world.make import load_scenes
 
 HUB_BLIP, HUB_VLM = "Salesforce/blip-image-captioning-base", "HuggingFaceTB/SmolVLM-256M-Instruct"
 CLIP = "openai/clip-vit-base-patch32"
@@ -68,3 +83,92 @@ def test_an_unknown_kind_names_the_file():
         ValueError, match=r"^captioner.json: unknown captioner kind 'nope'; valid names: blip, clipcap"
     ):
         card({"kind": "nope"})
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# A command finecap prints is the command that ran (issue 61, class 12): shell-quoted, so that pasting it runs exactly
+# the recorded arguments
+# --------------------------------------------------------------------------------------------------------------------
+
+HOSTILE_ARGS = {
+    "redirect-in": "run.name=<in", "redirect-out": "run.name=>out", "separator": "run.name=a;touch sep",
+    "substitution": "run.name=$(touch made)", "backticks": "run.name=`touch ticks`", "variable": "data.path=$HOME/x",
+    "single-quote": "run.name=it's", "double-quote": 'run.name="quoted"', "spaces": "run.name=a  b",
+    "newline": "data.path=a\nb", "newline-then-command": "run.name=x\ntouch nl", "unicode": "run.name=café ☕ 猫",
+    "empty": "", "glob": "run.name=*", "comment": "run.name=#c", "pipe-and": "run.name=a|b&&touch amp",
+    "backslash": "run.name=a\\b", "history": "run.name=!!", "tilde": "~", "dash-c": "-c", "tab": "run.name=a\tb",
+}  # fmt: skip
+PLANTED = ("in", "out", "sep", "made", "ticks", "nl", "amp")
+"""Files the hostile arguments would create or read if a shell ran them as code."""
+ECHO = "import json, sys\nprint(json.dumps(sys.argv[1:]))\n"
+"""The stand-in program: prints the arguments it was given."""
+
+
+def run_in_bash(printed: str, cwd: Path) -> list[str]:
+    """The arguments a stand-in program gets when ``printed`` (its first word that program) runs in bash."""
+    done = subprocess.run(["bash", "-c", printed], cwd=cwd, capture_output=True, text=True, timeout=60, check=False)
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout)
+
+
+@pytest.fixture()
+def stand_in(tmp_path) -> Path:
+    program = tmp_path / "bin" / "finecap"  # named as finecap: the printed commands start with it
+    program.parent.mkdir()
+    program.write_text(f"#!{sys.executable}\n{ECHO}")
+    program.chmod(0o755)
+    return program
+
+
+@pytest.mark.parametrize("case", list(HOSTILE_ARGS))
+def test_a_printed_command_reads_back_as_its_arguments(case):
+    argv = ["finecap", "train", "demo/mle", HOSTILE_ARGS[case], "train.max_steps=3"]
+    assert shlex.split(shell_command(argv)) == argv
+    assert shlex.split(shell_command([*argv, *HOSTILE_ARGS.values()])) == [*argv, *HOSTILE_ARGS.values()]
+
+
+def test_every_printed_form_runs_exactly_its_arguments_in_bash(tmp_path, stand_in, monkeypatch):
+    argv = [str(stand_in), "train", "demo/mle", *HOSTILE_ARGS.values(), "train.max_steps=3"]
+    monkeypatch.setattr(sys, "argv", argv)
+    card = model_card(from_dict({"run": {"name": "r"}}), {"step": 1}, {"kind": "clipcap"}, None, command_argv())
+    lines = card.split("\n")
+    start = lines.index("## Made by") + 2
+    fence = lines[start]
+    assert set(fence) == {"`"} and len(fence) >= 3
+    block = "\n".join(lines[start + 1 : lines.index(fence, start + 1)])
+    printed = {"shell_command": shell_command(argv), "command_line": command_line(), "card": block}
+    for form, text in printed.items():
+        assert shlex.split(text) == argv, form
+        assert run_in_bash(text, tmp_path) == argv[1:], form  # the stand-in got every argument as it was
+    assert not [name for name in PLANTED if (tmp_path / name).exists()]  # nothing ran, nothing was redirected
+
+
+def test_the_cards_command_block_renders_as_one_code_block(monkeypatch):
+    markdown_it = pytest.importorskip("markdown_it")
+    argv = ["finecap", "train", "run.name=```\n<script>alert(1)</script>", "data.path=a\n---\nlicense: x", "# h"]
+    card = model_card(from_dict({"run": {"name": "r"}}), {"step": 1}, {"kind": "clipcap"}, None, argv)
+    assert card.split("\n")[:2] == ["---", "library_name: transformers"]
+    assert yaml.safe_load(card.split("\n---\n")[0].removeprefix("---\n"))["pipeline_tag"] == "image-to-text"
+    rendered = markdown_it.MarkdownIt("commonmark").render(card.split("\n---\n", 1)[1])
+    made_by = rendered.split("<h2>Made by</h2>")[1]
+    blocks = re.findall(r"<pre><code>(.*?)</code></pre>", made_by, re.S)
+    assert [html.unescape(b) for b in blocks] == [shell_command(argv) + "\n"]  # the command, as it is, in one block
+    assert "<script>" not in rendered and "<h1>" not in made_by
+
+
+def test_the_hints_naming_a_path_are_quoted(tmp_path, stand_in, capsys):
+    folder = tmp_path / "my $(touch made) recipes; touch sep"
+    folder.mkdir()
+    assert main(["recipes", "cp", "demo/mle", str(folder / "it's.yaml")]) == 0
+    hint = capsys.readouterr().out.strip().split("; run it with: ", 1)[1]
+    assert shlex.split(hint) == ["finecap", "train", str(folder / "it's.yaml")]
+    assert run_in_bash(hint.replace("finecap", str(stand_in), 1), tmp_path) == ["train", str(folder / "it's.yaml")]
+    with pytest.raises(FileNotFoundError) as e:
+        load_scenes(folder)
+    hint = str(e.value).split("run `", 1)[1].rsplit("` first", 1)[0]
+    assert shlex.split(hint) == ["finecap", "world", "make", "--out", str(folder)]
+    with pytest.raises(DataError) as e:
+        read_dataset("world", folder / "dataset.json")
+    hint = str(e.value).split("create the world with `", 1)[1].rstrip("`")
+    assert shlex.split(hint) == ["finecap", "world", "make", "--out", str(folder)]
+    assert not [name for name in PLANTED if (tmp_path / name).exists()]

@@ -36,6 +36,7 @@ from finecap.config import (
 )
 from finecap.library_warnings import silenced
 from finecap.recipes import copy_recipe, describe_recipe, list_recipes, resolve_recipe
+from finecap.utils import shell_command
 
 ENGINES = typing.get_args(Engine)
 """``finecap caption --engine``'s choices: ``decode.engine``'s values."""
@@ -267,7 +268,7 @@ def cmd_serve_reward(args: argparse.Namespace) -> None:
 def cmd_recipes(args: argparse.Namespace) -> None:
     if getattr(args, "action", None) == "cp":
         out = copy_recipe(args.name, args.file, force=args.force)
-        print(f"copied {args.name} to {out}; run it with: finecap train {out}")
+        print(f"copied {args.name} to {out}; run it with: {shell_command(['finecap', 'train', out])}")
         return
     width = max(map(len, list_recipes()))
     for name in list_recipes():

@@ -19,7 +19,7 @@ import shutil
 from pathlib import Path
 
 from finecap.config import load_stored
-from finecap.locks import command_line
+from finecap.locks import command_argv
 from finecap.models.base import read_meta
 from finecap.models.export import export_merged
 from finecap.runs import (
@@ -90,7 +90,7 @@ def export_card(checkpoint: Path, source: Path, merged_meta: dict, merged: str) 
         prints_file = checkpoint / FINGERPRINTS_FILE
         prints = read_json(prints_file) if prints_file.is_file() else None
         return model_card(
-            load_stored(stored), info, merged_meta, prints, command_line(), merged_from=str(source), merged=merged
+            load_stored(stored), info, merged_meta, prints, command_argv(), merged_from=str(source), merged=merged
         )
     card = source / CARD_NAME
     if not card.is_file():

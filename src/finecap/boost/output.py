@@ -26,6 +26,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from finecap.data.json_files import json_lines
 from finecap.data.records import Record
 from finecap.utils import (
     DATA_FILE,
@@ -34,7 +35,6 @@ from finecap.utils import (
     jsonl_rows_are,
     read_bounded,
     read_json,
-    read_lines,
     refuse_link,
     write_json,
 )
@@ -181,7 +181,7 @@ def write_boosted(
         raw["annotations"] = annotations
         write_json(out, raw, indent=None)
     elif fmt == "jsonl":
-        lines = [json.loads(line) for line in read_lines(source) if line.strip()]
+        lines = [record for _, record in json_lines(source)]  # as the reader read them
         _check_aligned(len(lines), records, source)
         rows = []
         for row, r, f in zip(lines, records, fields):

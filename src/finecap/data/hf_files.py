@@ -45,7 +45,7 @@ from typing import Any
 
 from finecap.data.containment import ImageFolder
 from finecap.data.records import MAX_LISTED, DataError, split_from_name
-from finecap.utils import one_line, read_json, short_repr
+from finecap.utils import JSONRefused, one_line, read_json, short_repr
 
 __all__ = ["HF_CACHE", "HF_FILE_SUFFIXES", "MAX_METADATA_BYTES", "SplitFiles", "local_splits", "open_split"]
 
@@ -93,8 +93,10 @@ def _read_metadata(path: Path, where: str) -> Any:
         )
     try:
         return read_json(path)
-    except UnicodeDecodeError as e:
-        raise DataError(f"{path}: not UTF-8 text ({e.reason}); not a Hugging Face data set's {path.name}") from None
+    except JSONRefused as e:
+        if e.kind != "encoding":
+            raise
+        raise DataError(f"{path}: not UTF-8 text ({e.detail}); not a Hugging Face data set's {path.name}") from None
 
 
 def _contained(folder: ImageFolder, base: Path, written: Any, where: str) -> Path:

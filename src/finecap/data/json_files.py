@@ -1,6 +1,10 @@
 """JSON and JSONL data files read within bounds, their faults a :class:`~finecap.data.records.DataError` naming the
 file and the line.
 
+Every file is parsed strictly (:func:`~finecap.utils.parse_json`): an object holding a key twice, or nesting deeper
+than Python's parser goes, is a :class:`~finecap.data.records.DataError` naming the file and the line, as a syntax
+error is.
+
 A JSON file is read whole only up to :data:`~finecap.utils.DATA_FILE` (2 GiB, ``FINECAP_MAX_DATA_BYTES``); a JSONL
 file is streamed with each line within :data:`~finecap.utils.LINE` (:mod:`finecap.utils`, "Bounded reads"): a larger
 file or line is an error naming it and the limit, never a ``MemoryError``.
@@ -14,13 +18,12 @@ Nothing here imports torch.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 from finecap.data.records import DataError
-from finecap.utils import DATA_FILE, read_bounded, read_lines
+from finecap.utils import DATA_FILE, JSONRefused, parse_json, read_bounded, read_lines
 
 _HANDOFF: dict[tuple[Path, int], Any] = {}
 """The last file :func:`peek_json` parsed (by path and modification time), for the next :func:`load_json`."""
@@ -36,15 +39,18 @@ def _key(path: Path) -> tuple[Path, int] | None:
 def peek_json(path: str | Path) -> Any:
     """The parsed contents of the JSON file ``path``, kept for the next :func:`load_json` of the same unchanged file
     (one file at a time: :func:`forget_json` drops it); a ``ValueError`` naming the file when it is not JSON (format
-    detection's error: no format reads it)."""
+    detection's error: no format reads it), a :class:`DataError` naming the file and the line when it is JSON that
+    no reader takes (a key twice in an object, nesting too deep: :func:`~finecap.utils.parse_json`)."""
     path = Path(path)
     key = _key(path)
     if key is not None and key in _HANDOFF:
         return _HANDOFF[key]
     try:
-        data = json.loads(read_bounded(path, DATA_FILE))  # parsed whole: at most DATA_FILE
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise ValueError(f"{path}: not a JSON reference file ({e})") from None
+        data = parse_json(read_bounded(path, DATA_FILE), path)  # parsed whole: at most DATA_FILE
+    except JSONRefused as e:
+        if e.syntax:
+            raise ValueError(f"{path}: not a JSON reference file ({e.detail})") from None
+        raise DataError(str(e)) from None
     _HANDOFF.clear()
     if key is not None:
         _HANDOFF[key] = data
@@ -58,7 +64,8 @@ def forget_json() -> None:
 
 def load_json(path: Path) -> Any:
     """The parsed contents of the JSON data file ``path`` (as :func:`peek_json` left it, when it did): a
-    :class:`DataError` naming the file when it is missing, not UTF-8 or not JSON (the line and column)."""
+    :class:`DataError` naming the file when it is missing, not UTF-8, not JSON, holds a key twice in an object or is
+    nested too deeply (the line and column: :func:`~finecap.utils.parse_json`)."""
     if _HANDOFF:
         data = _HANDOFF.pop(_key(path), None)
         _HANDOFF.clear()
@@ -67,17 +74,16 @@ def load_json(path: Path) -> Any:
     if not path.exists():
         raise DataError(f"{path}: file not found")
     try:
-        return json.loads(read_bounded(path, DATA_FILE))  # at most DATA_FILE: parsed whole into memory
-    except json.JSONDecodeError as e:
-        raise DataError(f"{path}: invalid JSON at line {e.lineno}, column {e.colno}: {e.msg}") from None
-    except UnicodeDecodeError as e:
-        raise DataError(f"{path}: not a UTF-8 text file ({e.reason})") from None
+        return parse_json(read_bounded(path, DATA_FILE), path)  # at most DATA_FILE: parsed whole into memory
+    except JSONRefused as e:
+        raise DataError(str(e)) from None
 
 
 def json_lines(path: Path) -> Iterator[tuple[str, Any]]:
     """``(where, record)`` of every non-blank line of the JSONL file ``path`` (``where``: ``"<path>, line <n>"``),
     streamed: each line is read within :data:`~finecap.utils.LINE` (:func:`~finecap.utils.read_lines`), the file's
-    size is not bounded. A line that is not JSON, or a file that is not UTF-8, is a :class:`DataError` naming it."""
+    size is not bounded. A line that is not JSON (or holds a key twice in an object, or nests too deeply:
+    :func:`~finecap.utils.parse_json`), or a file that is not UTF-8, is a :class:`DataError` naming it."""
     lines = read_lines(path)
     try:
         for lineno, line in enumerate(lines, 1):
@@ -85,9 +91,9 @@ def json_lines(path: Path) -> Iterator[tuple[str, Any]]:
                 continue
             where = f"{path}, line {lineno}"
             try:
-                record = json.loads(line.rstrip("\r\n"))  # the column of an error within the line
-            except json.JSONDecodeError as e:
-                raise DataError(f"{where}: invalid JSON at column {e.colno}: {e.msg}") from None
+                record = parse_json(line.rstrip("\r\n"), where, one_line=True)  # the column of a fault in the line
+            except JSONRefused as e:
+                raise DataError(str(e)) from None
             yield where, record
     except UnicodeDecodeError as e:
         raise DataError(f"{path}: not a UTF-8 text file ({e.reason})") from None

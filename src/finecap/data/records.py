@@ -13,11 +13,16 @@ Nothing here imports torch or PIL.
 
 from __future__ import annotations
 
+import logging
+import re
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
 from finecap.utils import short_repr
+
+log = logging.getLogger(__name__)
 
 MAX_LISTED = 5
 """Bad records, missing files or duplicate ids an error lists at most (then says how many more)."""
@@ -163,9 +168,44 @@ def check_image_files(records: list[Record], path: Path, root: Path) -> None:
 # ---------------------------------------------------------------------------------------------------------------------
 
 
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029]")
+"""Control characters (C0, DEL, C1, Unicode's line and paragraph separators): :func:`clean_text` reads them."""
+_BREAKS = re.compile(r"\s*[\t\n\x0b\x0c\r\x1c-\x1f\x85\u2028\u2029][\s]*")
+"""A run of white space holding a control character that is white space (tab, a line break, a separator)."""
+
+
+def has_control(text: str) -> bool:
+    """Whether ``text`` holds a control character (:func:`clean_text` has work to do): the fast readers' test."""
+    return _CONTROL.search(text) is not None
+
+
+def clean_text(text: str, where: str, what: str) -> str:
+    """``text`` (a caption or a prompt: ``what`` names it) stripped, with every run of white space that holds a line
+    break, tab or separator (``\\n``, ``\\r``, ``\\t``, U+2028, ...) made one space: a caption is one line of
+    words, however the file wrapped it. Any other control character (NUL, ESC and the other C0 and C1 controls,
+    DEL) is a :class:`DataError` naming ``where``, ``what`` and the character: it is no text, and it would reach
+    tokenizers, results files, reports and terminals as it is.
+
+    Example::
+
+        >>> clean_text(" a dog\\r\\n on  a\\tdeck ", "x.jsonl, line 3", "caption 0")
+        'a dog on  a deck'
+    """
+    text = text.strip()
+    if _CONTROL.search(text) is None:  # the usual caption: nothing to do
+        return text
+    text = _BREAKS.sub(" ", text)
+    bad = _CONTROL.search(text)
+    if bad is not None:
+        raise DataError(f"{where}: {what} holds control character U+{ord(bad.group()):04X} at character "
+                        f"{bad.start()} ({short_repr(text)}); remove it (a caption is text)")  # fmt: skip
+    return text
+
+
 def clean_captions(items: list[Any], where: str) -> list[str]:
-    """The captions ``items`` stripped; a :class:`DataError` naming ``where`` for an empty list, a caption that is
-    not a string or one that is empty."""
+    """The captions ``items`` read by :func:`clean_text` (stripped, line breaks and tabs made spaces); a
+    :class:`DataError` naming ``where`` for an empty list, a caption that is not a string, one that is empty or one
+    holding another control character."""
     if not items:
         raise DataError(f"{where}: empty caption list")
     out = []
@@ -174,7 +214,7 @@ def clean_captions(items: list[Any], where: str) -> list[str]:
             raise DataError(f"{where}: caption {j} must be a string, got {type_name(c)} {short_repr(c)}")
         if not c.strip():
             raise DataError(f"{where}: caption {j} is empty")
-        out.append(c.strip())
+        out.append(clean_text(c, where, f"caption {j}"))
     return out
 
 
@@ -203,6 +243,56 @@ def check_unique_ids(records: list[Record], path: Path, what: str = "records") -
         f"{path}: {len(dups)} image id(s) appear in several {what}: {shown}"
         f"{' ...' if len(dups) > MAX_LISTED else ''}; give each image one entry (with all its captions)"
     )
+
+
+SPLIT_NAMES = ("train", "val", "test", "restval")
+"""The splits a record names (``restval``: Karpathy's, read as train), as data sets write them."""
+
+
+class SplitKeys:
+    """The ``"split"`` keys of one data file's records (``jsonl``, ``messages``, a folder's sidecar): :meth:`read`
+    each, then :meth:`say` once what was read in another spelling.
+
+    - a split of :data:`SPLIT_NAMES` in another case or with white space around it (``"TRAIN"``, ``" Val "``) is
+      read as that split, and said (one log line per file: the spellings and how many records): a record spelled
+      ``TRAIN`` is not left out of every split;
+    - any other name (``"validation"``, ``"testA"``) is kept as written, a split of its own that only
+      ``--split NAME`` reads, and said as a warning naming it (training reads ``train`` and ``val``);
+    - a value that is not a string is a :class:`DataError` naming the record; ``""`` names no split
+      (:data:`NO_SPLIT`).
+    """
+
+    def __init__(self, path: Path | str) -> None:
+        self.path = path
+        self.respelled: Counter[tuple[str, str]] = Counter()
+        self.others: Counter[str] = Counter()
+
+    def read(self, rec: dict[str, Any], where: str, default: str = NO_SPLIT) -> str:
+        """The split record ``rec`` names (``default`` without a ``"split"`` key)."""
+        if "split" not in rec:
+            return default
+        written = require(rec, "split", str, where)
+        if written in SPLIT_NAMES or written == NO_SPLIT:
+            return written
+        split = written.strip().lower()
+        if split in SPLIT_NAMES:
+            self.respelled[written, split] += 1
+            return split
+        self.others[written] += 1
+        return written
+
+    def say(self) -> None:
+        """Log what :meth:`read` read in another spelling, or as a split of its own (nothing when all were plain)."""
+        if self.respelled:
+            most = self.respelled.most_common(MAX_LISTED)
+            shown = ", ".join(f"{short_repr(w)} as {s!r} ({n})" for (w, s), n in most)
+            log.info("data: %s: %d records spell their split in another case or with spaces; read %s",
+                     self.path, self.respelled.total(), shown)  # fmt: skip
+        if self.others:
+            shown = ", ".join(f"{short_repr(w)} ({n})" for w, n in self.others.most_common(MAX_LISTED))
+            log.warning("data: %s: %d records name a split that is none of train, val, test: %s; only --split "
+                        "NAME reads them (training reads train and val)", self.path, self.others.total(),
+                        shown)  # fmt: skip
 
 
 def split_from_name(path: Path) -> str:

@@ -38,7 +38,6 @@ reproducing its jar; ``meteor_backend="java"`` runs the jar) and SPICE through t
 
 from __future__ import annotations
 
-import json
 import warnings
 from collections import defaultdict
 from collections.abc import Hashable, Iterable, Sequence
@@ -48,7 +47,7 @@ from typing import Any
 from finecap.metrics.meteor import BACKENDS, MetricUnavailable
 from finecap.metrics.ngram import ngram_metrics
 from finecap.metrics.ptb_tokenize import tokenize_all
-from finecap.utils import DATA_FILE, read_bounded
+from finecap.utils import DATA_FILE, parse_json, read_bounded
 
 __all__ = ["COCOEvalCap", "CaptionFile", "COCO_METRICS", "COCO_NAMES"]
 
@@ -69,7 +68,7 @@ class CaptionFile:
 
     def __init__(self, source: str | Path | dict | list | None = None):
         self.source = source
-        data = json.loads(read_bounded(source, DATA_FILE)) if isinstance(source, str | Path) else source
+        data = parse_json(read_bounded(source, DATA_FILE), source) if isinstance(source, str | Path) else source
         if isinstance(data, list):  # a results list
             data = {"annotations": data}
         self.dataset: dict[str, Any] = data or {}

@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any
 
 from transformers.utils import logging as hf_logging
 
-from finecap.locks import command_line
+from finecap.locks import command_argv
 from finecap.runs import (
     CAPTIONER_FILE,
     CONFIG_FILE,
@@ -216,7 +216,7 @@ def save_checkpoint(
             write_generation_config(tmp / MODEL_SUBDIR, cfg.decode, model.tokenizer)
         meta_file = tmp / MODEL_SUBDIR / CAPTIONER_FILE
         meta = read_json(meta_file) if meta_file.is_file() else {}  # a captioner's save writes it
-        card = model_card(cfg, info, meta, fingerprints, command_line())
+        card = model_card(cfg, info, meta, fingerprints, command_argv())
         (tmp / MODEL_SUBDIR / CARD_NAME).write_text(card, encoding="utf-8")
         cfg.save(tmp / CONFIG_FILE)
         if fingerprints is not None:

@@ -5,7 +5,8 @@ Every checkpoint finecap writes carries one (:func:`finecap.train.checkpoint.sav
 reader needs to trust and reuse the weights: the backbone and its base model, the objective, the data and its
 fingerprint, the training progress, the validation values of the checkpoint (a best checkpoint; a last one has none
 of its own), the adapters it holds and how to load it with finecap, transformers or peft, and the command that made
-it, secret overrides masked (:func:`finecap.locks.command_line`); the credentials of any URL in it are masked
+it as the shell command that runs it when pasted (:func:`command_block`), secret overrides masked
+(:func:`finecap.locks.command_argv`); the credentials of any URL in it are masked
 (:func:`finecap.config.secrets.masked_url_secrets`). Everything in it comes from the run's configuration,
 the checkpoint's ``info.json``, its ``captioner.json`` and its ``fingerprints.json``; nothing is estimated. What
 depends on the backbone (its base models, how other tools load the folder) is asked of its class
@@ -17,12 +18,13 @@ from __future__ import annotations
 import html
 import json
 import re
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from finecap.config.secrets import masked_url_secrets
 from finecap.runs import CAPTIONER_FILE
-from finecap.utils import CONTROL_CHARACTERS
+from finecap.utils import CONTROL_CHARACTERS, shell_command
 
 if TYPE_CHECKING:
     from finecap.config import Config
@@ -93,6 +95,17 @@ def md_block(text: str) -> str:
     return f"{fence}\n{text}\n{fence}"
 
 
+def command_block(argv: Sequence[str]) -> str:
+    """A command's arguments as a fenced code block holding the shell command that runs exactly them
+    (:func:`finecap.utils.shell_command`: pasted, ``run.name=a;b`` or ``$(...)`` stay one quoted argument), fenced by
+    more backticks than any run in it (at least three), so no line of it can close the block. Unlike
+    :func:`md_block` nothing in it is escaped (an escape would change the command): an argument holding a line break
+    spans lines inside its quotes, which a fenced block shows as they are."""
+    text = shell_command(argv)
+    fence = "`" * max(3, max((len(r) for r in re.findall(r"`+", text)), default=0) + 1)
+    return f"{fence}\n{text}\n{fence}"
+
+
 def _yaml_list(items: list[str]) -> str:
     """A YAML flow list of strings, each a JSON string (YAML reads JSON's double-quoted strings, escapes included:
     no ``: ``, ``---``, ``#`` or newline in a value can change the front matter's structure)."""
@@ -131,11 +144,13 @@ def folder_line(meta: dict[str, Any], merged_from: str | None, merged: str = "")
 
 
 def model_card(cfg: Config, info: dict[str, Any], meta: dict[str, Any], fingerprints: dict[str, Any] | None,
-               command: str, merged_from: str | None = None, merged: str = "") -> str:  # fmt: skip
+               command: str | Sequence[str], merged_from: str | None = None, merged: str = "") -> str:  # fmt: skip
     """The ``README.md`` of a checkpoint (module docstring). ``info``: the checkpoint's ``info.json``; ``meta``: its
-    ``captioner.json``; ``fingerprints``: its ``fingerprints.json`` (``None``: not recorded); ``command``: the command
-    line that made it, secrets already masked; ``merged_from``: the model folder a merged export was made from,
-    ``merged`` the parts whose adapters it folded in."""
+    ``captioner.json``; ``fingerprints``: its ``fingerprints.json`` (``None``: not recorded); ``command``: the
+    arguments of the command that made it, secrets already masked (:func:`finecap.locks.command_argv`), shown as the
+    shell command that runs them (:func:`command_block`), or a text shown on one line (:func:`md_block`);
+    ``merged_from``: the model folder a merged export was made from, ``merged`` the parts whose adapters it folded
+    in."""
     kind = meta.get("kind", "clipcap")
     bases = base_models(meta)
     hub = [h for h in (_hub_name(s) for s in bases.values()) if h]
@@ -170,5 +185,6 @@ def model_card(cfg: Config, info: dict[str, Any], meta: dict[str, Any], fingerpr
                  f"{md_text(str(v))} |" for k, v in sorted(values.items())]  # fmt: skip
     else:
         body.append("None recorded for this checkpoint (the run's last state; its best checkpoint holds the values).")
-    body += ["", "## Loading", "", *_loading(meta), "", "## Made by", "", md_block(command), ""]
+    made_by = md_block(command) if isinstance(command, str) else command_block(command)
+    body += ["", "## Loading", "", *_loading(meta), "", "## Made by", "", made_by, ""]
     return masked_url_secrets("\n".join(header + body))  # a data path or base model given as a URL may hold a password

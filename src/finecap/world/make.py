@@ -42,6 +42,7 @@ from finecap.utils import (
     progress_enabled,
     read_json,
     read_lines,
+    shell_command,
     write_json,
 )
 from finecap.world.captions import dense_caption, reference_captions, vocabulary
@@ -298,7 +299,8 @@ def load_scene_records(out: Path | str) -> list[dict[str, Any]]:
     """The lines of ``out/scenes.jsonl`` with ``"scene"`` parsed into :class:`Scene`."""
     path = Path(out) / "scenes.jsonl"
     if not path.exists():
-        raise FileNotFoundError(f"{path}: no scene graphs here; run `finecap world make --out {out}` first")
+        make = shell_command(["finecap", "world", "make", "--out", out])
+        raise FileNotFoundError(f"{path}: no scene graphs here; run `{make}` first")
     records = []
     for lineno, line in enumerate(read_lines(path), 1):  # each line within LINE
         if not line.strip():

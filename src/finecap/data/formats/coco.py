@@ -20,6 +20,7 @@ from finecap.data.records import (
     Record,
     check_image_files,
     clean_captions,
+    has_control,
     is_id,
     read_boosted,
     require,
@@ -107,8 +108,8 @@ def read_coco_captions(
         if not caps:
             continue
         stripped = [c.strip() for c in caps]
-        if not all(stripped):  # an empty caption: the error names the image
-            clean_captions(caps, f"{path}: image id {image_id}" + (f" ({file_name})" if file_name else ""))
+        if not all(stripped) or has_control("".join(stripped)):  # an empty caption is named, a line break a space
+            stripped = clean_captions(caps, f"{path}: image id {image_id}" + (f" ({file_name})" if file_name else ""))
         if file_name is None:
             no_file.append(image_id)
         image_path = root / (file_name or str(image_id))

@@ -21,6 +21,7 @@ import contextlib
 import csv
 import hashlib
 import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -30,7 +31,16 @@ from finecap.data.formats import DataSource, Format
 from finecap.data.hashing import sha256_files
 from finecap.data.images import IMAGE_SUFFIXES
 from finecap.data.json_files import json_lines
-from finecap.data.records import MAX_LISTED, NO_SPLIT, DataError, Record, clean_captions, require
+from finecap.data.records import (
+    MAX_LISTED,
+    NO_SPLIT,
+    DataError,
+    Record,
+    SplitKeys,
+    clean_captions,
+    clean_text,
+    require,
+)
 from finecap.utils import CAPTION_TEXT, one_line, read_lines, read_text_bounded, short_repr
 
 CAPTION_FILES = ("captions.jsonl", "captions.csv")
@@ -79,10 +89,11 @@ def _relative_image(image: str, where: str) -> str:
 
 def _sidecar_jsonl(path: Path) -> dict[str, _Entry]:
     entries: dict[str, _Entry] = {}
+    splits = SplitKeys(path)
     for where, rec in json_lines(path):
         image = _relative_image(require(rec, "image", str, where), where)
         caps = require(rec, "captions", list, where)
-        split = require(rec, "split", str, where) if "split" in rec else NO_SPLIT
+        split = splits.read(rec, where)
         if "id" in rec:
             raise DataError(
                 f"{where}: 'id' is not read here: a folder's image ids are the images' relative paths (to keep your "
@@ -92,6 +103,7 @@ def _sidecar_jsonl(path: Path) -> dict[str, _Entry]:
             raise DataError(f"{where}: image {image!r} is listed again (first at {entries[image].where}); give each "
                             "image one line with all its captions")  # fmt: skip
         entries[image] = _Entry(clean_captions(caps, where) if caps else [], split, where)
+    splits.say()
     return entries
 
 
@@ -100,6 +112,7 @@ def _sidecar_csv(path: Path) -> dict[str, _Entry]:
     try:  # line by line, each within LINE; -sig: the byte-order mark spreadsheets write
         with contextlib.closing(read_lines(path, encoding="utf-8-sig", newline="")) as lines:
             reader = csv.DictReader(lines)
+            splits = SplitKeys(path)
             columns = reader.fieldnames or []
             missing = [c for c in ("image", "caption") if c not in columns]
             if missing:
@@ -113,8 +126,9 @@ def _sidecar_csv(path: Path) -> dict[str, _Entry]:
                 if not written:
                     raise DataError(f"{where}: empty 'image' cell")
                 image = _relative_image(written, where)
-                caption = (row.get("caption") or "").strip()
-                split = (row.get("split") or "").strip() if "split" in columns else NO_SPLIT
+                caption = clean_text(row.get("caption") or "", where, "the caption")
+                cell = {"split": (row.get("split") or "").strip()} if "split" in columns else {}
+                split = splits.read(cell, where)
                 entry = entries.setdefault(image, _Entry([], split, where))
                 if split != entry.split:
                     raise DataError(f"{where}: image {image!r} has split {split!r} here but {entry.split!r} at "
@@ -125,6 +139,7 @@ def _sidecar_csv(path: Path) -> dict[str, _Entry]:
         raise DataError(f"{path}: not a UTF-8 text file ({e.reason})") from None
     except csv.Error as e:
         raise DataError(f"{path}: not a CSV file ({e})") from None
+    splits.say()
     return entries
 
 
@@ -133,7 +148,8 @@ def _caption_txt(path: Path) -> list[str]:
         text = read_text_bounded(path, CAPTION_TEXT)  # one image's captions: a 10 GB .txt is not read
     except UnicodeDecodeError as e:
         raise DataError(f"{path}: not a UTF-8 text file ({e.reason})") from None
-    return [line.strip() for line in text.splitlines() if line.strip()]
+    lines = enumerate(re.split(r"\r\n|\r|\n", text), 1)  # a caption a line; a tab or separator in one is a space
+    return [clean_text(line, f"{path}, line {k}", "the caption") for k, line in lines if line.strip()]
 
 
 def read_folder(

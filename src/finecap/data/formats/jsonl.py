@@ -1,7 +1,10 @@
 """``data.format=jsonl``: one ``{"image": path, "captions": [str, ...], "id"?, "split"?}`` per line.
 
 ``id`` defaults to the image path as written; a line without ``split`` names none
-(:data:`~finecap.data.records.NO_SPLIT`: the commands split such records, :mod:`finecap.data.splits`). Relative
+(:data:`~finecap.data.records.NO_SPLIT`: the commands split such records, :mod:`finecap.data.splits`); a split
+spelled in another case (``"TRAIN"``) is read as that split and said (:class:`~finecap.data.records.SplitKeys`).
+Captions are one line each (:func:`~finecap.data.records.clean_text`: line breaks and tabs made spaces, other control
+characters refused). A line holding a key twice is refused (:func:`~finecap.utils.parse_json`). Relative
 image paths are resolved against ``data.images`` (default: the JSONL file's folder). The file is streamed, each line
 read within :data:`~finecap.utils.LINE`. Detected: a ``.jsonl`` file (whose first line is not a chat record:
 :mod:`.messages`).
@@ -18,6 +21,7 @@ from finecap.data.records import (
     NO_SPLIT,
     DataError,
     Record,
+    SplitKeys,
     check_image_files,
     clean_captions,
     read_boosted,
@@ -45,11 +49,12 @@ def read_jsonl(
         raise DataError(f"{path}: file not found")
     records = []
     seen: set[int | str] = set()
+    splits = SplitKeys(path)
     for where, rec in json_lines(path):
         image = require(rec, "image", str, where)
         caps = require(rec, "captions", list, where)
         image_id = require_id(rec, "id", where) if "id" in rec else image
-        rec_split = require(rec, "split", str, where) if "split" in rec else split
+        rec_split = splits.read(rec, where, split)
         if image_id in seen:
             raise DataError(f"{where}: duplicate image id {short_repr(image_id)}")
         seen.add(image_id)
@@ -57,6 +62,7 @@ def read_jsonl(
         path_ = p if p.is_absolute() else root / p
         folder.check(path_, where, image)
         records.append(Record(image_id, path_, rec_split, clean_captions(caps, where), read_boosted(rec, where)))
+    splits.say()
     if check_images:
         check_image_files(records, path, root)
     return records

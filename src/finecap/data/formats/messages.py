@@ -22,13 +22,19 @@ One JSON object per line of a ``.jsonl`` file (streamed, each line read within :
   folder) and inside it (:class:`~finecap.data.containment.ImageFolder`); a URL is refused (finecap reads local files
   only).
 - ``split`` (optional, finecap's own key): ``train``, ``val`` or ``test``; without it the commands split the records
-  (:mod:`finecap.data.splits`).
+  (:mod:`finecap.data.splits`). A split in another case or with spaces around it (``"TRAIN"``, ``" val"``) is read
+  as that split and said in one log line per file; another name (``"validation"``) is kept as a split of its own and
+  said as a warning (:class:`~finecap.data.records.SplitKeys`).
+- the caption and the prompt are one line of text each: a line break, tab or separator in them is a space; another
+  control character (NUL, ESC, ...) is refused, naming the line (:func:`~finecap.data.records.clean_text`).
 
 Several lines naming one image file are one record with a reference caption per line, in file order, and the first
 line's prompt (COCO converted to chat data has five lines per image); the image id is the path as the first line
 writes it. What is refused, naming the line: a record with no image or several (multi-image chat), no assistant turn,
 several exchanges (multi-turn chat), another role (tools, observations), an image given as bytes or a URL, image parts
-carrying their own path.
+carrying their own path, a record holding both ``messages`` and ``conversations`` (which one is meant cannot be
+told), a key twice in one object (``{"role": "user", "role": "assistant"}``: JSON readers keep one of the two
+silently) and nesting deeper than Python's parser goes (:func:`~finecap.utils.parse_json`).
 
 Detected: a ``.jsonl`` file whose first record holds ``messages`` or ``conversations``, or a ``.json`` file holding a
 list whose first item does.
@@ -46,11 +52,12 @@ from finecap.data.containment import ImageFolder
 from finecap.data.formats import DataSource, Format
 from finecap.data.json_files import first_json_line, json_lines, load_json, peek_json
 from finecap.data.records import (
-    NO_SPLIT,
     DataError,
     Record,
+    SplitKeys,
     check_image_files,
     clean_captions,
+    clean_text,
     require,
     type_name,
 )
@@ -121,12 +128,17 @@ def _image(rec: dict[str, Any], where: str) -> str:
     return image
 
 
-def parse_chat(rec: Any, where: str) -> ChatRecord:
+def parse_chat(rec: Any, where: str, splits: SplitKeys | None = None) -> ChatRecord:
     """The image, prompt, caption and split of one chat record (module docstring); a :class:`DataError` naming
-    ``where`` (the file and line) and what is wrong otherwise."""
+    ``where`` (the file and line) and what is wrong otherwise. ``splits`` reads the ``"split"`` key (and keeps what
+    it read in another spelling, for the file's note); default: a reader of its own."""
     if not isinstance(rec, dict):
         raise DataError(f"{where}: expected an object, got {type_name(rec)}")
-    key = next((k for k in TURN_LISTS if k in rec), None)
+    keys = [k for k in TURN_LISTS if k in rec]
+    if len(keys) > 1:
+        raise DataError(f"{where}: both 'messages' and 'conversations'; a record holds one list of turns (which one "
+                        "is meant cannot be told): keep one")  # fmt: skip
+    key = keys[0] if keys else None
     if key is None:
         raise DataError(f"{where}: no 'messages' (or 'conversations') list of turns (keys present: "
                         f"{', '.join(sorted(map(str, rec))) or 'none'})")  # fmt: skip
@@ -159,8 +171,8 @@ def parse_chat(rec: Any, where: str) -> ChatRecord:
     if in_caption or placeholders > 1:
         raise DataError(f"{where}: {in_caption + placeholders} image placeholders ({IMAGE_TOKEN} or an image part) "
                         "for one image; keep one, in the user turn")  # fmt: skip
-    split = require(rec, "split", str, where) if "split" in rec else NO_SPLIT
-    prompt = " ".join(prompt.replace(IMAGE_TOKEN, " ").split())
+    split = (splits or SplitKeys(where)).read(rec, where)
+    prompt = " ".join(clean_text(prompt.replace(IMAGE_TOKEN, " "), f"{where}: the user turn", "the prompt").split())
     return ChatRecord(_image(rec, where), prompt, clean_captions([caption], f"{where}: the assistant turn")[0], split)
 
 
@@ -186,8 +198,9 @@ def read_messages(
     if not path.is_file():
         raise DataError(f"{path}: file not found")
     by_file: dict[str, tuple[Record, str]] = {}  # the image file -> its record, and where it was first named
+    splits = SplitKeys(path)
     for where, rec in _chat_records(path):
-        chat = parse_chat(rec, where)
+        chat = parse_chat(rec, where, splits)
         image_path = Path(chat.image) if os.path.isabs(chat.image) else root / chat.image
         key = os.path.normpath(image_path)
         if key in by_file:
@@ -199,6 +212,7 @@ def read_messages(
             continue
         folder.check(image_path, where, chat.image)
         by_file[key] = (Record(chat.image, image_path, chat.split, [chat.caption], prompt=chat.prompt), where)
+    splits.say()
     records = [record for record, _ in by_file.values()]
     if not records:
         raise DataError(f"{path}: no records (an empty chat data file)")

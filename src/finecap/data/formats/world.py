@@ -18,7 +18,7 @@ from finecap.data.formats import DataSource, Format
 from finecap.data.formats.karpathy import read_karpathy
 from finecap.data.hashing import sha256_file
 from finecap.data.records import DataError, Record
-from finecap.utils import read_json
+from finecap.utils import read_json, shell_command
 
 if TYPE_CHECKING:
     from finecap.config import Config
@@ -33,7 +33,8 @@ def read_world(
     if path.is_dir():
         path = path / "dataset.json"
     if not path.exists():
-        raise DataError(f"{path}: file not found; create the world with `finecap world make --out {path.parent}`")
+        make = shell_command(["finecap", "world", "make", "--out", path.parent])
+        raise DataError(f"{path}: file not found; create the world with `{make}`")
     return read_karpathy(path, images if images is not None else path.parent / "images", check_images, allow_outside)
 
 
