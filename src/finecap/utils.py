@@ -360,7 +360,7 @@ def _too_deep(text: str, depth: int = JSON_DEPTH_SHOWN) -> int | None:
     return None
 
 
-def parse_json(data: str | bytes, where: str | Path, *, one_line: bool = False) -> Any:
+def parse_json(data: str | bytes, where: str | Path, *, one_line: bool = False, constants: bool = True) -> Any:
     """The JSON value in ``data`` (a whole file's text or bytes, or with ``one_line`` one line of a JSONL file),
     read strictly; else a :class:`JSONRefused` (a ``ValueError``) naming ``where`` (the file, or ``"<file>, line
     <n>"``) and the place in it (line and column; the column alone for one line):
@@ -371,7 +371,9 @@ def parse_json(data: str | bytes, where: str | Path, *, one_line: bool = False) 
       values, which one depends on the parser, so the file does not say what it means: refused, naming the key and
       the object's place;
     - nested more deeply than Python's parser goes (a bare ``RecursionError`` otherwise): refused, naming the
-      first place nested more than :data:`JSON_DEPTH_SHOWN` levels.
+      first place nested more than :data:`JSON_DEPTH_SHOWN` levels;
+    - with ``constants=False``, ``NaN``, ``Infinity`` and ``-Infinity`` (which Python reads and JSON does not have):
+      refused as not JSON (the reward server's requests).
 
     The one parser of every JSON and JSONL file finecap reads (:func:`read_json`, :mod:`finecap.data.json_files`);
     refusing duplicates costs nothing measurable (``dict`` of the pairs, compared by length).
@@ -394,7 +396,10 @@ def parse_json(data: str | bytes, where: str | Path, *, one_line: bool = False) 
     else:
         text = data
     try:
-        return json.loads(text, object_pairs_hook=_unique_keys)
+        return json.loads(text, object_pairs_hook=_unique_keys, parse_constant=None if constants else _no_constant)
+    except _NotJsonConstant as e:
+        detail = f"invalid JSON: {e.args[0]} is not JSON"
+        raise JSONRefused(f"{where}: {detail}", "syntax", detail) from None
     except json.JSONDecodeError as e:
         detail = f"invalid JSON at {'' if one_line else f'line {e.lineno}, '}column {e.colno}: {e.msg}"
         raise JSONRefused(f"{where}: {detail}", "syntax", detail) from None
@@ -409,6 +414,14 @@ def parse_json(data: str | bytes, where: str | Path, *, one_line: bool = False) 
         place = f" (more than {JSON_DEPTH_SHOWN} levels at {_position(text, offset, one_line)})" if offset else ""
         detail = f"JSON nested too deeply to read{place}; data files nest a few levels"
         raise JSONRefused(f"{where}: {detail}", "depth", detail) from None
+
+
+class _NotJsonConstant(Exception):
+    pass
+
+
+def _no_constant(name: str) -> Any:
+    raise _NotJsonConstant(name)
 
 
 def read_json(path: str | Path, limit: SizeLimit = METADATA) -> Any:

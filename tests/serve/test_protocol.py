@@ -79,7 +79,10 @@ def test_bodies_are_plain_json_only():
     assert decode_json(b'{"captions": ["a"]}') == {"captions": ["a"]}
     deep = b"[" * 100_000 + b"]" * 100_000
     bad = [(b"{bad", "not valid JSON"), (b"\xff\xfe", "not valid JSON"), (b"[NaN]", "NaN is not JSON"),
-           (deep, "not valid JSON"), (b"!!python/object:os.system", "not valid JSON")]  # fmt: skip
+           (deep, "not valid JSON"), (b"!!python/object:os.system", "not valid JSON"),
+           (b'{"captions": ["a"], "image_ids": [1], "captions": ["b"]}', "not valid JSON: duplicate key 'captions'"),
+           (b'{"captions": [{"x": 1, "x": 2}]}', "duplicate key 'x'"), (b"[-Infinity]", "-Infinity is not JSON"),
+           (b"{bad", "not valid JSON at line 1, column 2")]  # fmt: skip
     for raw, words in bad:
         with pytest.raises(RequestError) as caught:
             decode_json(raw)

@@ -1,6 +1,7 @@
 """The reward server's requests: plain JSON read into :class:`RewardRequest`, or a :class:`RequestError` naming the
 field at fault (HTTP 400, or 413 for a limit). Nothing in a request is ever run or imported: bodies are read with
-:func:`json.loads` and every field is checked for its type, length and size (:class:`Limits`).
+:func:`finecap.utils.parse_json` (strict: no key twice, no ``NaN``) and every field is checked for its type, length
+and size (:class:`Limits`).
 
 Two shapes:
 
@@ -36,11 +37,12 @@ Example::
 
 from __future__ import annotations
 
-import json
 import numbers
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
+
+from finecap.utils import JSONRefused, parse_json
 
 END_MARKERS = ("<|im_end|>", "<|endoftext|>", "<|eot_id|>", "<|end_of_text|>", "<end_of_turn>", "<|end|>", "</s>",
                "<eos>", "<|end▁of▁sentence|>", "<pad>", "<|pad|>")  # fmt: skip
@@ -97,16 +99,15 @@ class RewardRequest:
     request_id: Any = None
 
 
-def decode_json(raw: bytes) -> Any:
-    """The JSON value of a request body (``NaN`` and ``Infinity`` refused, as nothing here needs them)."""
+def decode_json(raw: bytes, field: str = "body") -> Any:
+    """The JSON value of a request body (or of a label's text, ``field``), read strictly
+    (:func:`finecap.utils.parse_json`): ``NaN`` and ``Infinity`` refused, as is an object holding a key twice (which
+    of its two values a reader keeps depends on the reader) and nesting deeper than Python's parser goes."""
     try:
-        return json.loads(raw, parse_constant=_refuse_constant)
-    except (ValueError, RecursionError) as e:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
-        raise RequestError("body", f"not valid JSON: {e}") from None
-
-
-def _refuse_constant(name: str) -> Any:
-    raise ValueError(f"{name} is not JSON")
+        return parse_json(raw, field, constants=False)
+    except JSONRefused as e:
+        detail = e.detail.removeprefix("invalid JSON")
+        raise RequestError(field, f"not valid JSON{detail if detail[:1] in (':', ' ') else ': ' + detail}") from None
 
 
 def _object(body: Any) -> Mapping[str, Any]:
@@ -287,9 +288,9 @@ def _label(value: Any, field: str, limits: Limits) -> tuple[Any, bool, list[str]
     """(image id or path, whether a path, references or ``None``) of one OpenRLHF label."""
     if isinstance(value, str) and value.lstrip().startswith("{"):
         try:
-            value = json.loads(value, parse_constant=_refuse_constant)
-        except (ValueError, RecursionError) as e:
-            raise RequestError(field, f"a label starting with '{{' must be a JSON object: {e}") from None
+            value = decode_json(value, field)
+        except RequestError as e:
+            raise RequestError(field, f"a label starting with '{{' must be a JSON object: {e.message}") from None
     if not isinstance(value, dict):
         return image_id_of(value, field), False, None
     unknown = sorted(set(value) - {"image_id", "image", "references"})
