@@ -1,0 +1,68 @@
+"""``finecap serve-reward``'s options (hostile input, round four): every numeric option is checked for its range at the
+command line (a one-line usage error, exit 2, before anything is loaded), and ``--token-file`` is read safely."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from finecap.app.cli import main
+from finecap.app.serve_reward import read_token
+
+
+@pytest.mark.parametrize(
+    ("option", "value", "words"),
+    [
+        ("--port", "70000", "argument --port: must be from 0 to 65535, got 70000"),
+        ("--port", "-1", "argument --port: must be from 0 to 65535"),
+        ("--port", "80.5", "argument --port: expected a whole number, got '80.5'"),
+        ("--batch-wait-ms", "inf", "argument --batch-wait-ms: must be from 0 to 60000, got inf"),
+        ("--batch-wait-ms", "nan", "argument --batch-wait-ms: must be from 0 to 60000, got nan"),
+        ("--batch-wait-ms", "-5", "argument --batch-wait-ms"),
+        ("--batch-size", "0", "argument --batch-size: must be from 1 to 1e+06"),
+        ("--max-request-bytes", "0", "argument --max-request-bytes"),
+        ("--max-captions", "1e99", "argument --max-captions: expected a whole number"),
+        ("--max-caption-chars", "-3", "argument --max-caption-chars"),
+        ("--header-timeout", "0", "argument --header-timeout"),
+        ("--body-timeout", "1e300", "argument --body-timeout"),
+        ("--max-connections", "0", "argument --max-connections"),
+        ("--log-every", "-inf", "argument --log-every"),
+    ],
+)
+def test_numeric_options_out_of_range_are_one_usage_line(option, value, words, capsys, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SystemExit) as stopped:
+        main(["serve-reward", "demo/sr_bagcurri", option, value])
+    assert stopped.value.code == 2
+    err = capsys.readouterr().err
+    assert words in err and "Traceback" not in err
+    assert not list(tmp_path.iterdir())  # nothing loaded, nothing written
+
+
+def test_a_token_file_is_read_and_refused_safely(tmp_path):
+    good = tmp_path / "token"
+    good.write_text("s3cret-token-0123456789\nignored second line\n")
+    os.chmod(good, 0o600)
+    assert read_token(good) == "s3cret-token-0123456789"
+    os.chmod(good, 0o640)
+    with pytest.raises(ValueError, match=r"readable by other users \(mode -rw-r-----\); chmod 600"):
+        read_token(good)
+    for text, why in (("", "at least 16 printable"), ("short\n", "at least 16"), ("has a space in it 0123\n", "16")):
+        bad = tmp_path / "bad"
+        bad.write_text(text)
+        os.chmod(bad, 0o600)
+        with pytest.raises(ValueError, match=why):
+            read_token(bad)
+    with pytest.raises(ValueError, match="--token-file .*missing: No such file"):
+        read_token(tmp_path / "missing")
+
+
+def test_a_refused_token_file_is_one_error_line_before_anything_loads(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    token = tmp_path / "token"
+    token.write_text("s3cret-token-0123456789")
+    os.chmod(token, 0o644)
+    assert main(["serve-reward", "demo/sr_bagcurri", "--token-file", str(token)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("finecap: error: --token-file") and "s3cret" not in err and len(err.splitlines()) == 1
