@@ -99,7 +99,10 @@ def test_the_shared_pass_runs_the_prompt_once_per_image(vlm_dirs):  # noqa: F811
     B, P = batch["prompt_ids"].shape
     N = B * S
     assert seen[:2] == [B * P, N * (L - 1)]  # shared: the prompts once, then only the caption tokens
-    assert seen[2:] == [N * (P + L - 1)]  # repeated: every prompt S times
+    assert seen[2:] == [
+        N * P,
+        N * (L - 1),
+    ]  # repeated: every prompt S times (the model's own forward), then the captions
 
 
 def test_with_gradient_checkpointing_the_prompt_is_repeated_and_scores_agree(vlm_dirs):  # noqa: F811

@@ -9,6 +9,7 @@ Without ``torchvision``, ``transformers`` cannot build the video processor that 
 from __future__ import annotations
 
 import functools
+import inspect
 from pathlib import Path
 from typing import Any
 
@@ -41,7 +42,7 @@ def load_processor(name_or_path: str | Path) -> Any:
     name = str(name_or_path)
     try:
         return AutoProcessor.from_pretrained(name, trust_remote_code=False)
-    except (ImportError, OSError, ValueError):
+    except (ImportError, OSError, TypeError, ValueError):
         if is_torchvision_available():
             raise
         model_type = AutoConfig.from_pretrained(name, trust_remote_code=False).model_type
@@ -49,4 +50,6 @@ def load_processor(name_or_path: str | Path) -> Any:
         cls = getattr(transformers, class_name, None) if class_name else None
         if cls is None or "video_processor" not in cls.get_attributes():
             raise
-        return image_only_processor(cls).from_pretrained(name, trust_remote_code=False)
+        video = inspect.signature(cls.__init__).parameters.get("video_processor")
+        extra = {"video_processor": None} if video is not None and video.default is inspect.Parameter.empty else {}
+        return image_only_processor(cls).from_pretrained(name, trust_remote_code=False, **extra)  # SmolVLM: no default

@@ -64,7 +64,7 @@ built once. The checkpoint records the world encoder it reads, as ClipCap's and 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -107,16 +107,26 @@ VIT_TARGETS = ("q_proj", "k_proj", "v_proj", "out_proj", "fc1", "fc2")
 
 @dataclass(frozen=True)
 class Family:
-    """Where a VLM family keeps its parts (attribute paths from the ``...ForConditionalGeneration``) and how it reads
-    images and positions.
+    """A VLM family: where it keeps its parts (attribute paths from the ``...ForConditionalGeneration``), what its
+    forward reads besides the prompt's ids and mask, and how its image inputs map to images. Adding a family is adding
+    a row to :data:`FAMILIES` (``docs/architecture.md``); the prompt pass is the model's own forward, so merging image
+    features, DeepStack, bidirectional image attention and rope stay the model's.
 
     Attributes:
         language_model: the decoder without its head (LoRA's ``"lm"`` part).
         vision: the vision tower (LoRA's ``"encoder"`` part).
         projector: the module from vision features to the language model's embeddings.
-        image_inputs: the processor outputs that ``get_image_features`` reads.
+        image_inputs: the processor outputs that the model's forward reads for the images.
         mrope: multimodal rope positions (``get_rope_index``: temporal / height / width rows), else 1-D positions.
         lm_targets, vision_targets: LoRA's default targets (names or dot-suffixes) in the two parts.
+        token_inputs: processor outputs of one value per prompt token that the forward reads besides the ids and
+            mask (Gemma 3's ``token_type_ids``: bidirectional attention among an image's tokens); caption tokens get 0.
+        image_rows: how the image inputs hold the batch's images: ``"image"``, one row of every image input per image;
+            ``"tokens"``, ``pixel_values`` rows in proportion to each image's image tokens (Qwen's patches,
+            InternVL's tiles), the other inputs one row per image.
+        name: the family's name in the documentation.
+        examples: checkpoints of the family (``vlm.name=...``).
+        vllm: the architecture that vLLM's model registry serves the family by (documentation; ``""``: none).
     """
 
     language_model: str
@@ -126,25 +136,101 @@ class Family:
     mrope: bool = False
     lm_targets: tuple[str, ...] = LM_TARGETS
     vision_targets: tuple[str, ...] = VIT_TARGETS
+    token_inputs: tuple[str, ...] = ()
+    image_rows: str = "image"
+    name: str = ""
+    examples: tuple[str, ...] = ()
+    vllm: str = ""
 
+
+QWEN_VIT_TARGETS = ("qkv", "attn.proj", "fc1", "fc2")
+"""LoRA's default targets in Qwen2-VL's ViT (its merger, the projector, is left out by these names)."""
+GATED_VIT_TARGETS = ("attn.qkv", "attn.proj", "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj")
+"""LoRA's default targets in the gated-MLP ViTs of Qwen2.5-VL and GLM-4V (dot-suffixes: GLM-4V's merger also has a
+``down_proj``)."""
 
 FAMILIES: dict[str, Family] = {
     "llava": Family(
-        "model.language_model", "model.vision_tower", "model.multi_modal_projector", ("pixel_values", "image_sizes")
+        "model.language_model", "model.vision_tower", "model.multi_modal_projector", ("pixel_values", "image_sizes"),
+        name="LLaVA-1.5, Pixtral", examples=("llava-hf/llava-1.5-7b-hf", "mistral-community/pixtral-12b"),
+        vllm="LlavaForConditionalGeneration",
+    ),
+    "llava_next": Family(
+        "model.language_model", "model.vision_tower", "model.multi_modal_projector", ("pixel_values", "image_sizes"),
+        name="LLaVA-NeXT", examples=("llava-hf/llava-v1.6-mistral-7b-hf",), vllm="LlavaNextForConditionalGeneration",
+    ),
+    "llava_onevision": Family(
+        "model.language_model", "model.vision_tower", "model.multi_modal_projector",
+        ("pixel_values", "image_sizes", "batch_num_images"), name="LLaVA-OneVision",
+        examples=("llava-hf/llava-onevision-qwen2-0.5b-ov-hf",), vllm="LlavaOnevisionForConditionalGeneration",
+    ),
+    "idefics2": Family(
+        "model.text_model", "model.vision_model", "model.connector", ("pixel_values", "pixel_attention_mask"),
+        name="Idefics2", examples=("HuggingFaceM4/idefics2-8b",),
     ),
     "idefics3": Family(
-        "model.text_model", "model.vision_model", "model.connector", ("pixel_values", "pixel_attention_mask")
+        "model.text_model", "model.vision_model", "model.connector", ("pixel_values", "pixel_attention_mask"),
+        name="SmolVLM, Idefics3", examples=("HuggingFaceTB/SmolVLM-256M-Instruct", "HuggingFaceM4/Idefics3-8B-Llama3"),
+        vllm="Idefics3ForConditionalGeneration",
+    ),
+    "smolvlm": Family(
+        "model.text_model", "model.vision_model", "model.connector", ("pixel_values", "pixel_attention_mask"),
+        name="SmolVLM2", examples=("HuggingFaceTB/SmolVLM2-256M-Video-Instruct",),
+        vllm="SmolVLMForConditionalGeneration",
     ),
     "qwen2_vl": Family(
-        "model.language_model",
-        "model.visual",
-        "model.visual.merger",
-        ("pixel_values", "image_grid_thw"),
-        mrope=True,
-        vision_targets=("qkv", "attn.proj", "fc1", "fc2"),
+        "model.language_model", "model.visual", "model.visual.merger", ("pixel_values", "image_grid_thw"),
+        mrope=True, vision_targets=QWEN_VIT_TARGETS, image_rows="tokens", name="Qwen2-VL",
+        examples=("Qwen/Qwen2-VL-2B-Instruct",), vllm="Qwen2VLForConditionalGeneration",
     ),
-}
-"""The supported families by ``config.model_type`` (SmolVLM-256M/500M/2B-Instruct are ``idefics3``)."""
+    "qwen2_5_vl": Family(
+        "model.language_model", "model.visual", "model.visual.merger", ("pixel_values", "image_grid_thw"),
+        mrope=True, vision_targets=GATED_VIT_TARGETS, image_rows="tokens", name="Qwen2.5-VL",
+        examples=("Qwen/Qwen2.5-VL-3B-Instruct", "Qwen/Qwen2.5-VL-7B-Instruct"),
+        vllm="Qwen2_5_VLForConditionalGeneration",
+    ),
+    "qwen3_vl": Family(
+        "model.language_model", "model.visual", "model.visual.merger", ("pixel_values", "image_grid_thw"),
+        mrope=True, vision_targets=("attn.qkv", "attn.proj", "mlp.linear_fc1", "mlp.linear_fc2"), image_rows="tokens",
+        name="Qwen3-VL (DeepStack)", examples=("Qwen/Qwen3-VL-2B-Instruct", "Qwen/Qwen3-VL-8B-Instruct"),
+        vllm="Qwen3VLForConditionalGeneration",
+    ),
+    "glm4v": Family(
+        "model.language_model", "model.visual", "model.visual.merger", ("pixel_values", "image_grid_thw"),
+        mrope=True, vision_targets=GATED_VIT_TARGETS, image_rows="tokens", name="GLM-4.1V",
+        examples=("zai-org/GLM-4.1V-9B-Thinking",), vllm="Glm4vForConditionalGeneration",
+    ),
+    "internvl": Family(
+        "model.language_model", "model.vision_tower", "model.multi_modal_projector", ("pixel_values",),
+        vision_targets=("q_proj", "k_proj", "v_proj", "projection_layer", "fc1", "fc2"), image_rows="tokens",
+        name="InternVL 3 / 3.5 (transformers-native)", examples=("OpenGVLab/InternVL3-1B-hf",),
+        vllm="InternVLForConditionalGeneration",
+    ),
+    "gemma3": Family(
+        "model.language_model", "model.vision_tower", "model.multi_modal_projector", ("pixel_values",),
+        token_inputs=("token_type_ids",), name="Gemma 3", examples=("google/gemma-3-4b-it",),
+        vllm="Gemma3ForConditionalGeneration",
+    ),
+    "mistral3": Family(
+        "model.language_model", "model.vision_tower", "model.multi_modal_projector", ("pixel_values", "image_sizes"),
+        vision_targets=LM_TARGETS, name="Mistral Small 3.1 / 3.2 (Pixtral vision)",
+        examples=("mistralai/Mistral-Small-3.1-24B-Instruct-2503",), vllm="Mistral3ForConditionalGeneration",
+    ),
+}  # fmt: skip
+"""The supported families by ``config.model_type`` (SmolVLM-256M/500M/2B-Instruct are ``idefics3``, SmolVLM2
+``smolvlm``; Pixtral-12B is a ``llava``)."""
+
+REFUSED: dict[str, tuple[str, str]] = {
+    "blip-2": ("its language model reads a Q-Former's query tokens (an encoder-decoder or OPT reader)",
+               "idefics2 (a resampler's queries into a decoder-only LM), or model.kind=blip"),
+    "instructblip": ("its language model reads a Q-Former's query tokens", "idefics2, or model.kind=blip"),
+    "mllama": ("its language model reads the image through cross-attention layers, not image tokens",
+               "llava_next or qwen2_5_vl"),
+    "florence2": ("it is an encoder-decoder (BART-style) model", "idefics3 (SmolVLM), or model.kind=blip"),
+    "paligemma": ("it is a prefix-LM (bidirectional attention over image and prompt)",
+                  "gemma3 (bidirectional attention among an image's tokens only)"),
+}  # fmt: skip
+"""Designs finecap refuses by ``model_type``: (the reason, the nearest supported family)."""
 
 UNQUANTIZED = tuple(sorted({p for f in FAMILIES.values() for p in (f.vision, f.projector)} | {"lm_head"}))
 """What ``model.quantization`` leaves unquantised in every family: the vision tower, the projector and the output
@@ -152,15 +238,41 @@ head (module prefixes; the quantized part is the language model, as in LLaVA's Q
 
 
 def family_of(config: Any, source: str = "") -> Family:
-    """The :class:`Family` of a model config (its ``model_type``); an unsupported type is an error naming
-    ``vlm.name`` and the supported ones."""
-    model_type = getattr(config, "model_type", None)
-    if model_type not in FAMILIES:
-        raise ValueError(
-            f"vlm.name={source or model_type}: model_type {model_type!r} is not a supported VLM family; "
-            f"supported: {', '.join(sorted(FAMILIES))}"
+    """The :class:`Family` of a model config (its ``model_type``); an unsupported or refused type is one line naming
+    ``vlm.name``, the reason and the nearest supported family."""
+    model_type = getattr(config, "model_type", None) if not isinstance(config, dict) else config.get("model_type")
+    if model_type in FAMILIES:
+        return FAMILIES[model_type]
+    name = source or model_type
+    if model_type in REFUSED:
+        reason, nearest = REFUSED[model_type]
+        raise ValueError(f"vlm.name={name}: model_type {model_type!r} is not supported: {reason}; nearest supported "
+                         f"family: {nearest}")  # fmt: skip
+    raise ValueError(
+        f"vlm.name={name}: model_type {model_type!r} is not a supported VLM family; "
+        f"supported: {', '.join(sorted(FAMILIES))}"
+    )
+
+
+def check_family(name: str) -> Family:
+    """The family of the checkpoint ``name`` (Hub name or folder) from its ``config.json`` alone, before any weight or
+    processor is read: an unsupported or refused ``model_type``, or one that exists only as remote code (finecap runs
+    none), is one line naming ``vlm.name``."""
+    from transformers import PretrainedConfig
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING_NAMES
+
+    try:
+        config, _ = PretrainedConfig.get_config_dict(name)
+    except OSError as e:
+        raise OSError(f"vlm.name={name}: cannot load the VLM or its processor: {e}") from None
+    model_type = config.get("model_type")
+    if model_type not in CONFIG_MAPPING_NAMES and model_type not in FAMILIES and model_type not in REFUSED:
+        remote = (
+            " and exists only as remote code (auto_map); finecap runs no remote code" if "auto_map" in config else ""
         )
-    return FAMILIES[model_type]
+        raise ValueError(f"vlm.name={name}: model_type {model_type!r} is not a transformers model{remote}; nearest "
+                         f"supported families: qwen2_5_vl, internvl (InternVL's -hf checkpoints), idefics3")  # fmt: skip
+    return family_of(config, name)
 
 
 def check_processor_kwargs(processor: Any, kwargs: dict[str, Any]) -> None:
@@ -200,6 +312,22 @@ def processor_call_kwargs(processor: Any, kwargs: dict[str, Any]) -> dict[str, A
     return {**{k: v for k, v in kwargs.items() if k not in bounds}, "size": merged}
 
 
+def processor_before_weights(name: str, section: VlmBackboneConfig | None) -> Any:
+    """What is checked of a checkpoint before its weights are read: its family (``config.json``,
+    :func:`check_family`), its processor (built, or one line naming what it lacks) and ``vlm.processor_kwargs``
+    against it. Returns the processor."""
+    check_family(name)
+    try:
+        processor = load_processor(name)
+    except OSError as e:
+        raise OSError(f"vlm.name={name}: cannot load the VLM or its processor: {e}") from None
+    except (ImportError, TypeError) as e:  # a processor piece that needs a package not installed here
+        first = next((line.strip() for line in str(e).splitlines() if line.strip()), type(e).__name__)
+        raise ValueError(f"vlm.name={name}: cannot build its processor: {first}") from None
+    check_processor_kwargs(processor, (section or VlmBackboneConfig()).processor_kwargs)
+    return processor
+
+
 # --------------------------------------------------------------------------------------------------------------------
 # The prompt and the decoding state
 # --------------------------------------------------------------------------------------------------------------------
@@ -207,29 +335,48 @@ def processor_call_kwargs(processor: Any, kwargs: dict[str, Any]) -> dict[str, A
 
 @dataclass
 class Prompt:
-    """The conditioning of B images: the embedded chat prompt with image features in place, and its positions.
+    """The conditioning of B rows: the chat prompt of each row's image, its positions and the image inputs.
 
     Attributes:
-        embeds: ``(B, P, H)`` prompt embeddings (left-padded).
+        ids: ``(B, P)`` prompt ids, image tokens expanded (left-padded).
         mask: ``(B, P)`` attention mask (0 on the left padding).
         positions: ``(B, P)`` 1-D positions, or ``(4, B, P)`` for multimodal rope (text row, then t / h / w).
         start: ``(B,)`` text position of the first caption token (the number of real prompt tokens).
         delta: ``(B,)`` multimodal-rope offset of caption tokens (0 for 1-D positions).
+        embeds: ``(B, P, H)`` prompt embeddings with the image features in place: the world VLM only (its projector
+            reads tokens from outside the model); ``None`` where the model's own forward reads ``ids`` and ``images``.
+        tokens: the family's per-token inputs (:attr:`Family.token_inputs`), ``(B, P)`` each.
+        images: the family's image inputs of the batch's images (not rows: :meth:`Vlm.row_images` selects them).
+        rows: ``(B,)`` the image of each row.
+        pixel_rows: ``(n_images,)`` ``pixel_values`` rows of each image (:attr:`Family.image_rows` ``"tokens"``).
     """
 
-    embeds: torch.Tensor
+    ids: torch.Tensor
     mask: torch.Tensor
     positions: torch.Tensor
     start: torch.Tensor
     delta: torch.Tensor
+    embeds: torch.Tensor | None = None
+    tokens: dict[str, torch.Tensor] = field(default_factory=dict)
+    images: dict[str, torch.Tensor] = field(default_factory=dict)
+    rows: torch.Tensor | None = None
+    pixel_rows: torch.Tensor | None = None
 
     def __len__(self) -> int:
-        return self.embeds.shape[0]
+        return self.ids.shape[0]
 
     def __getitem__(self, index: torch.Tensor | slice) -> Prompt:
         """Rows of images (``index``: a slice or a ``(N,)`` index tensor, e.g. ``Generation.image_index``)."""
         positions = self.positions[:, index] if self.mrope else self.positions[index]
-        return Prompt(self.embeds[index], self.mask[index], positions, self.start[index], self.delta[index])
+        return replace(self, ids=self.ids[index], mask=self.mask[index], positions=positions, start=self.start[index],
+                       delta=self.delta[index], embeds=None if self.embeds is None else self.embeds[index],
+                       tokens={k: v[index] for k, v in self.tokens.items()},
+                       rows=None if self.rows is None else self.rows[index])  # fmt: skip
+
+    @property
+    def length(self) -> int:
+        """P, the prompt's length (padding included)."""
+        return self.ids.shape[1]
 
     @property
     def mrope(self) -> bool:
@@ -287,7 +434,7 @@ class VlmImages:
         enc = vlm.processor(text=[vlm.prompt_text] * len(images), images=[[im] for im in images], padding=True,
                             return_tensors="pt", **vlm.processor_kwargs)  # fmt: skip
         out = {"prompt_ids": enc["input_ids"], "prompt_mask": enc["attention_mask"]}
-        out.update({k: enc[k] for k in vlm.family.image_inputs if k in enc})
+        out.update({k: enc[k] for k in (*vlm.family.image_inputs, *vlm.family.token_inputs) if k in enc})
         return out
 
     def set_trainable(self, trainable: bool) -> None:
@@ -457,31 +604,17 @@ class Vlm(CaptionerBase):
         return self.model.get_input_embeddings()(ids.to(self.device))  # (B, T, H)
 
     def image_features(self, batch: dict[str, Any]) -> torch.Tensor:
-        """Projected image features ``(n, H)``, one row per image token of the batch's prompts, from the family's
-        image inputs (the world VLM: from its image tokens, cached ``features`` or computed from ``pixel_values``);
-        with gradient only when the vision side or the projector trains."""
-        if self.world is not None:
-            tokens = encode_images(batch, self.world, self.train_encoder, self.device)  # (B, P, D)
-            projector = module_path(self.model, self.family.projector)
-            feats = projector(tokens.to(next(projector.parameters()).dtype))  # (B, P, H)
-            return feats.reshape(-1, feats.shape[-1])  # (B*P, H)
-        inputs = {k: batch[k].to(self.device) for k in self.family.image_inputs if batch.get(k) is not None}
-        if "pixel_values" not in inputs:
-            raise ValueError(
-                f"model.kind=vlm: batches carry the processor's pixel inputs (keys: {sorted(batch)}); the collator "
-                "builds them with model.encoder.preprocess"
-            )
-        trains = self.train_encoder or self.section.train_projector
-        with torch.set_grad_enabled(torch.is_grad_enabled() and trains):
-            out = self.model.get_image_features(**inputs)
-        feats = out.pooler_output if hasattr(out, "pooler_output") else out
-        if isinstance(feats, list | tuple):
-            feats = torch.cat([f.reshape(-1, f.shape[-1]) for f in feats])
-        return feats.reshape(-1, feats.shape[-1])  # (n, H)
+        """The world VLM's projected image features ``(B*P, H)``, one row per image token of the batch's prompts,
+        from its image tokens (cached ``features`` or computed from ``pixel_values``)."""
+        tokens = encode_images(batch, self.world, self.train_encoder, self.device)  # (B, P, D)
+        projector = module_path(self.model, self.family.projector)
+        feats = projector(tokens.to(next(projector.parameters()).dtype))  # (B, P, H)
+        return feats.reshape(-1, feats.shape[-1])  # (B*P, H)
 
     def prompt_of(self, batch: dict[str, Any]) -> Prompt:
-        """The batch's :class:`Prompt`: prompt embeddings with the image features scattered into the image-token
-        slots (as the model's own forward merges them) and ``generate``'s positions (module docstring)."""
+        """The batch's :class:`Prompt`: the prompt ids with the family's image and per-token inputs, which the
+        model's own forward reads (the world VLM: prompt embeddings with its image features scattered into the
+        image-token slots), and ``generate``'s positions (module docstring)."""
         if "prompt_ids" in batch:
             ids = batch["prompt_ids"].to(self.device)  # (B, P)
             mask = batch["prompt_mask"].to(self.device)  # (B, P)
@@ -491,12 +624,32 @@ class Vlm(CaptionerBase):
             ids, mask = (fixed[k].to(self.device).expand(n, -1) for k in ("prompt_ids", "prompt_mask"))
         else:
             raise ValueError(f"model.kind=vlm: the batch has no prompt_ids (keys: {sorted(batch)})")
-        embeds = self.embed_tokens(ids)  # (B, P, H)
         slots = ids == self.image_token_id  # (B, P)
-        feats = self.image_features(batch)  # (n, H)
-        if int(slots.sum()) != feats.shape[0]:
-            raise ValueError(f"VLM prompt: {int(slots.sum())} image tokens but {feats.shape[0]} image features")
-        embeds = embeds.masked_scatter(slots[..., None], feats.to(embeds.dtype))  # (B, P, H)
+        extra: dict[str, Any] = {}
+        if self.world is not None:
+            embeds = self.embed_tokens(ids)  # (B, P, H)
+            feats = self.image_features(batch)  # (n, H)
+            if int(slots.sum()) != feats.shape[0]:
+                raise ValueError(f"VLM prompt: {int(slots.sum())} image tokens but {feats.shape[0]} image features")
+            extra["embeds"] = embeds.masked_scatter(slots[..., None], feats.to(embeds.dtype))  # (B, P, H)
+        else:
+            images = {k: batch[k].to(self.device) for k in self.family.image_inputs if batch.get(k) is not None}
+            if "pixel_values" not in images:
+                raise ValueError(
+                    f"model.kind=vlm: batches carry the processor's pixel inputs (keys: {sorted(batch)}); the "
+                    "collator builds them with model.encoder.preprocess"
+                )
+            missing = [k for k in self.family.token_inputs if batch.get(k) is None]
+            if missing:
+                raise ValueError(f"model.kind=vlm: the {self.model.config.model_type} family's forward reads "
+                                 f"{missing[0]!r}, which the batch lacks (keys: {sorted(batch)})")  # fmt: skip
+            extra["tokens"] = {k: batch[k].to(self.device) for k in self.family.token_inputs}
+            extra["images"], extra["rows"] = images, torch.arange(len(ids), device=self.device)
+            if self.family.image_rows == "tokens":
+                n_pixels, n_tokens = images["pixel_values"].shape[0], int(slots.sum())
+                if n_tokens == 0 or n_pixels % n_tokens and n_tokens % n_pixels:
+                    raise ValueError(f"VLM prompt: {n_tokens} image tokens for {n_pixels} pixel rows")
+                extra["pixel_rows"] = slots.sum(1) * n_pixels // n_tokens  # (B,)
         text = (mask.long().cumsum(-1) - 1).masked_fill(mask == 0, 0)  # (B, P), generate's positions
         start = mask.long().sum(-1)  # (B,)
         delta = torch.zeros_like(start)
@@ -507,7 +660,41 @@ class Vlm(CaptionerBase):
                 self.device), attention_mask=mask)  # fmt: skip  # (3, B, P), (B, 1)
             positions = torch.cat([text[None], rope.to(text.dtype)], dim=0)  # (4, B, P): text row first, as generate
             delta = deltas.view(-1).to(start)
-        return Prompt(embeds, mask, positions, start, delta)
+        return Prompt(ids, mask, positions, start, delta, **extra)
+
+    def row_images(self, prompt: Prompt) -> dict[str, torch.Tensor]:
+        """The image inputs of ``prompt``'s rows (the batch's own when the rows are its images in order), laid out as
+        the processor lays out a batch of these images (:attr:`Family.image_rows`)."""
+        rows, images = prompt.rows, prompt.images
+        n = len(images["image_grid_thw"] if "image_grid_thw" in images else images["pixel_values"])
+        if prompt.pixel_rows is not None:
+            n = len(prompt.pixel_rows)
+        if len(rows) == n and bool((rows == torch.arange(n, device=rows.device)).all()):
+            return images
+        out = {k: v[rows] for k, v in images.items() if k != "pixel_values"}
+        pixels = images["pixel_values"]
+        if prompt.pixel_rows is None:
+            out["pixel_values"] = pixels[rows]
+        else:  # each image's block of pixel rows, in the rows' order
+            ends = prompt.pixel_rows.cumsum(0)  # (n_images,)
+            index = torch.cat([torch.arange(int(ends[r]) - int(prompt.pixel_rows[r]), int(ends[r])) for r in rows])
+            out["pixel_values"] = pixels[index.to(pixels.device)]
+        return out
+
+    def own_inputs(self, prompt: Prompt, n_more: int = 0) -> dict[str, Any]:
+        """What the model's own forward reads besides ids, mask and positions for ``prompt``'s rows followed by
+        ``n_more`` caption tokens: the image inputs and the per-token inputs (0 over caption tokens: text)."""
+        tokens = {k: torch.cat([v, v.new_zeros(v.shape[0], n_more)], 1) for k, v in prompt.tokens.items()}
+        return {**self.row_images(prompt), **tokens}
+
+    def prompt_pass(self, prompt: Prompt, **kwargs: Any) -> Any:
+        """The model's forward over the prompt (the world VLM: over its prompt embeddings); ``kwargs`` to the call
+        (``use_cache``, ``logits_to_keep``)."""
+        if prompt.embeds is not None:
+            return self.model(inputs_embeds=prompt.embeds, attention_mask=prompt.mask, position_ids=prompt.positions,
+                              **kwargs)  # fmt: skip
+        return self.model(input_ids=prompt.ids, attention_mask=prompt.mask, position_ids=prompt.positions,
+                          **self.own_inputs(prompt), **kwargs)  # fmt: skip
 
     def fixed_prompt(self) -> dict[str, torch.Tensor]:
         """The world VLM's prompt ``(1, P)`` (ids and mask), the same for every image: built once with the processor
@@ -521,10 +708,10 @@ class Vlm(CaptionerBase):
 
     def check_length(self, prompt: Prompt, n_tokens: int, what: str) -> None:
         limit = self.max_positions
-        need = prompt.embeds.shape[1] + n_tokens - 1
+        need = prompt.length + n_tokens - 1
         if limit is not None and need > limit:
             raise ValueError(
-                f"a prompt of {prompt.embeds.shape[1]} tokens + {what}={n_tokens} needs {need} positions but the "
+                f"a prompt of {prompt.length} tokens + {what}={n_tokens} needs {need} positions but the "
                 f"language model has {limit}"
             )
 
@@ -549,13 +736,29 @@ class Vlm(CaptionerBase):
         if T < 1:
             raise ValueError("input_ids must hold at least one token (the EOS)")
         self.check_length(prompt, T, "caption length (data.max_tokens)")
-        tokens = self.embed_tokens(input_ids[:, :-1])  # (B, T-1, H)
-        x = torch.cat([prompt.embeds.to(tokens.dtype), tokens], dim=1)  # (B, P+T-1, H)
         caption_mask = torch.ones_like(input_ids) if attention_mask is None else attention_mask
         mask = torch.cat([prompt.mask, caption_mask[:, :-1].to(prompt.mask)], dim=1)  # (B, P+T-1)
         positions = torch.cat([prompt.positions, prompt.caption_positions(0, T - 1)], dim=-1)
+        keep = last_positions(T, mask.shape[1], self.device)
+        if prompt.embeds is None and not (self.training and memory.gradient_checkpointing(self)):
+            # the model's own forward over the prompt, the caption continued from its cache (as generate reads it)
+            rows = torch.arange(B, device=self.device)
+            return self._shared_prompt_logits(prompt, rows, input_ids.to(self.device), caption_mask.to(self.device))
+        if prompt.embeds is None:  # checkpointing drops that cache: one own forward over prompt and caption
+            held = input_ids[:, :-1][caption_mask[:, :-1].bool()] == self.image_token_id
+            if bool(held.any()):
+                raise ValueError(
+                    "a caption holds the image token, which the model's own forward would read as an "
+                    "image slot; train.gradient_checkpointing=false scores it after the prompt's cache"
+                )
+            ids = torch.cat([prompt.ids, input_ids[:, :-1].to(prompt.ids)], dim=1)  # (B, P+T-1)
+            out = self.model(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=False,
+                             logits_to_keep=keep, **self.own_inputs(prompt, T - 1))  # fmt: skip
+            return out.logits  # (B, T, V)
+        tokens = self.embed_tokens(input_ids[:, :-1])  # (B, T-1, H)
+        x = torch.cat([prompt.embeds.to(tokens.dtype), tokens], dim=1)  # (B, P+T-1, H)
         out = self.model(inputs_embeds=x, attention_mask=mask, position_ids=positions, use_cache=False,
-                         logits_to_keep=last_positions(T, x.shape[1], x.device))  # fmt: skip
+                         logits_to_keep=keep)  # fmt: skip
         return out.logits  # (B, T, V)
 
     def sequence_logits(self, prompt: Prompt, sequences: torch.Tensor, mask: torch.Tensor,
@@ -588,9 +791,8 @@ class Vlm(CaptionerBase):
         (``tests/models/test_vlm_shared_prompt.py``)."""
         N, L = sequences.shape
         self.check_length(prompt, L, "sampled caption length")
-        last = last_positions(1, prompt.embeds.shape[1], self.device)
-        out = self.model(inputs_embeds=prompt.embeds, attention_mask=prompt.mask, position_ids=prompt.positions,
-                         use_cache=True, logits_to_keep=last)  # fmt: skip  # one pass per image: (B, 1, V)
+        last = last_positions(1, prompt.length, self.device)
+        out = self.prompt_pass(prompt, use_cache=True, logits_to_keep=last)  # one pass per image: (B, 1, V)
         first = out.logits[:, -1][image_index]  # (N, V): the prompt's last position predicts the first token
         if L == 1:
             return first[:, None]  # (N, 1, V)
@@ -610,9 +812,8 @@ class Vlm(CaptionerBase):
 
     def start(self, prompt: Prompt) -> tuple[torch.Tensor, DecodeState]:
         """Pre-fill the language model's cache with the prompt; first-token logits ``(B, V)``."""
-        last = last_positions(1, prompt.embeds.shape[1], self.device)
-        out = self.model(inputs_embeds=prompt.embeds, attention_mask=prompt.mask, position_ids=prompt.positions,
-                         use_cache=True, logits_to_keep=last)  # fmt: skip
+        last = last_positions(1, prompt.length, self.device)
+        out = self.prompt_pass(prompt, use_cache=True, logits_to_keep=last)
         state = DecodeState(returned_cache(out), prompt.mask, prompt.start, prompt.delta, prompt.mrope)
         return out.logits[:, -1], state  # (B, V)
 
@@ -649,9 +850,9 @@ class Vlm(CaptionerBase):
         weights' dtype (default float32), attention and quantization (``model.*``)."""
         name = str(name_or_path)
         options = options or memory.LoadOptions()
+        processor = processor_before_weights(name, kwargs.get("section"))
         try:
             model = options.load(AutoModelForImageTextToText, name, f"vlm.name={name}", skip=UNQUANTIZED)
-            processor = load_processor(name)
         except OSError as e:
             raise OSError(f"vlm.name={name}: cannot load the VLM or its processor: {e}") from None
         return cls(model, processor, source=name, **kwargs)
@@ -713,8 +914,9 @@ class Vlm(CaptionerBase):
                      options: memory.LoadOptions) -> Vlm:  # fmt: skip
         """The model and processor of the folder, and the world VLM's dual encoder (``load_encoder`` false: without
         it, for cached image tokens; a VLM's own vision tower is always part of the folder)."""
+        section = VlmBackboneConfig(**{key: meta[key] for key in SECTION_KEYS if meta.get(key) is not None})
+        processor = processor_before_weights(str(path), section)
         model = options.load(AutoModelForImageTextToText, path, str(path), skip=UNQUANTIZED, checkpoint=True)
         world = cls.load_dual_encoder(path, meta, load_encoder, options.torch_dtype or "auto", FeatureMapTokens)
-        section = VlmBackboneConfig(**{key: meta[key] for key in SECTION_KEYS if meta.get(key) is not None})
-        return cls(model, load_processor(path), section, train_encoder=meta["train_encoder"],
+        return cls(model, processor, section, train_encoder=meta["train_encoder"],
                    train_lm=meta["train_lm"], source=meta.get("source", ""), world=world)  # fmt: skip
