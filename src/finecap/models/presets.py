@@ -313,7 +313,8 @@ def tiny_vlm(family: str, *, image_size: int = 16, hidden: int = 32, layers: int
         section = [head_dim // 2 - 2 * (head_dim // 6), head_dim // 6, head_dim // 6]  # t, h, w halves of rope
         config = tf.Qwen2VLConfig(
             vision_config=dict(depth=vision["num_hidden_layers"], embed_dim=16, hidden_size=hidden, num_heads=2,
-                               mlp_ratio=2, patch_size=image_size // 4, spatial_merge_size=2, temporal_patch_size=2, in_chans=3),
+                               mlp_ratio=2, patch_size=image_size // 4, spatial_merge_size=2, temporal_patch_size=2,
+                               in_chans=3),
             text_config=dict(**text, rope_parameters={"rope_type": "default", "mrope_section": section,
                                                       "rope_theta": 10000.0}),
             image_token_id=tok.convert_tokens_to_ids("<|image_pad|>"),

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import transformers
-from transformers import AutoConfig, AutoProcessor
+from transformers import AutoConfig, AutoProcessor, ProcessorMixin
 from transformers.utils import is_torchvision_available
 
 
@@ -24,16 +24,22 @@ def image_only_processor(cls: type) -> type:
     :func:`load_processor` builds when ``transformers`` cannot make the video processor (no ``torchvision``).
 
     Not a re-implementation: the subclass only drops ``video_processor`` from the attributes that
-    ``ProcessorMixin`` checks, saves and loads; the family's own ``__call__`` (chat template, image-token expansion,
-    image processor) runs unchanged, and its folders keep the class name, so ``AutoProcessor`` reads them where
-    ``torchvision`` is installed."""
+    ``ProcessorMixin`` checks, saves and loads (and renders the chat template with ``ProcessorMixin``'s method, where
+    SmolVLM's override reads its video processor's frame defaults); the family's own ``__call__`` (chat template,
+    image-token expansion, image processor) runs unchanged, and its folders keep the class name, so ``AutoProcessor``
+    reads them where ``torchvision`` is installed."""
 
     @classmethod
     def get_attributes(sub: type) -> list[str]:
         return [a for a in cls.get_attributes() if a != "video_processor"]
 
+    def apply_chat_template(self: Any, *args: Any, **kwargs: Any) -> Any:
+        """``ProcessorMixin``'s: SmolVLM's own override only adds its video processor's frame defaults."""
+        return ProcessorMixin.apply_chat_template(self, *args, **kwargs)
+
     return type(cls.__name__, (cls,), {"get_attributes": get_attributes, "video_processor": None,
-                                       "__module__": cls.__module__, "__doc__": cls.__doc__})  # fmt: skip
+                                       "apply_chat_template": apply_chat_template, "__module__": cls.__module__,
+                                       "__doc__": cls.__doc__})  # fmt: skip
 
 
 def load_processor(name_or_path: str | Path) -> Any:

@@ -270,8 +270,10 @@ def check_family(name: str) -> Family:
         remote = (
             " and exists only as remote code (auto_map); finecap runs no remote code" if "auto_map" in config else ""
         )
-        raise ValueError(f"vlm.name={name}: model_type {model_type!r} is not a transformers model{remote}; nearest "
-                         f"supported families: qwen2_5_vl, internvl (InternVL's -hf checkpoints), idefics3")  # fmt: skip
+        raise ValueError(
+            f"vlm.name={name}: model_type {model_type!r} is not a transformers model{remote}; nearest supported "
+            "families: qwen2_5_vl, internvl (InternVL's -hf checkpoints), idefics3"
+        )
     return family_of(config, name)
 
 
