@@ -149,7 +149,7 @@ def test_two_mle_steps_lower_the_loss_and_move_only_what_trains(tiny):
         model.eval()
 
 
-def test_zz_report_logit_differences():
+def test_zz_family_logit_differences_report():
     """Prints every family's largest relative logit difference measured above (run with ``-s``)."""
     for family, diff in sorted(LOGIT_DIFFERENCES.items()):
         print(f"family {family}: max relative first-token logit difference to its own forward {diff:.2e}")
@@ -224,3 +224,16 @@ def test_a_processor_option_the_family_does_not_take_is_refused_before_weights(t
     with pytest.raises(ValueError, match="vlm.processor_kwargs: 'max_pixel' is not an argument of Qwen2VL") as caught:
         build_model(load(None, ["model.kind=vlm", f"vlm.name={folder}", "vlm.processor_kwargs={max_pixel: 1568}"]))
     assert "\n" not in str(caught.value) and safetensors_reads == []
+
+
+def test_docs_family_table_is_generated_from_the_family_rows_family():
+    """docs/vlm.md's family table is :func:`finecap.models.vlm.family_table`'s output (regenerate it on a change)."""
+    from pathlib import Path
+
+    from finecap.models.vlm import FAMILY_TABLE_BEGIN, FAMILY_TABLE_END, REFUSED, family_table
+
+    page = (Path(__file__).parents[2] / "docs" / "vlm.md").read_text()
+    start, end = page.index(FAMILY_TABLE_BEGIN), page.index(FAMILY_TABLE_END) + len(FAMILY_TABLE_END)
+    assert page[start:end] == family_table()
+    for model_type in [*FAMILIES, *REFUSED]:
+        assert f"| `{model_type}` |" in page[start:end]
