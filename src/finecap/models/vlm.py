@@ -1,5 +1,6 @@
-"""Decoder-only vision-language models (``model.kind=vlm``): LLaVA, Idefics3 (SmolVLM) and Qwen2-VL behind the
-captioner contract (:class:`finecap.models.base.CaptionerBase`).
+"""Decoder-only vision-language models (``model.kind=vlm``): every family of :data:`FAMILIES` (LLaVA, LLaVA-NeXT /
+OneVision, Idefics2/3, SmolVLM2, Qwen2/2.5/3-VL, GLM-4V, InternVL, Gemma 3, Mistral 3) behind the captioner contract
+(:class:`finecap.models.base.CaptionerBase`).
 
 :class:`Vlm` wraps an ``AutoModelForImageTextToText`` and its ``AutoProcessor``, loaded by Hub name or local path
 (``HuggingFaceTB/SmolVLM-256M-Instruct``, ``llava-hf/llava-1.5-7b-hf``, ``Qwen/Qwen2-VL-2B-Instruct``) or built from
@@ -27,10 +28,16 @@ i.e. caption tokens). Padding: prompts are left-padded (masked), captions right-
 ``start + j`` (``+ rope delta`` on the rope rows). So teacher forcing, scoring and finecap's batched decoder see the
 same positions as ``generate``, whatever the padding, and Qwen2-VL's cached ``rope_deltas`` are never relied on.
 
-**Decoding** runs the :class:`finecap.decode.Stepper` protocol: ``start`` embeds the prompt once (image features
-scattered into the image-token slots, as the model's own forward does) and pre-fills the language model's
-``DynamicCache``; ``step`` feeds one token per row with its position; ``select`` reorders cache rows for beams and
-samples. Greedy, beam search and sampling equal ``generate`` on the same model and settings (tests).
+**The prompt pass is the model's own forward** (issue 62): ``start``, teacher forcing and the scoring of sampled
+captions run the model's ``forward`` on the prompt ids with the family's image and per-token inputs
+(:class:`Family`) and ``use_cache=True``, so image merging, Qwen3-VL's DeepStack, Gemma 3's bidirectional image
+attention and rope are the model's; caption tokens are then fed from its ``DynamicCache`` at the positions above.
+Under gradient checkpointing in training (transformers drops that cache) teacher forcing is one own forward over
+prompt and caption. Only the world VLM scatters image features into the prompt embeddings itself.
+
+**Decoding** runs the :class:`finecap.decode.Stepper` protocol: ``start`` pre-fills the cache with that prompt pass;
+``step`` feeds one token per row with its position; ``select`` reorders cache rows for beams and samples. Greedy,
+beam search and sampling equal ``generate`` on the same model and settings (tests).
 
 **What trains** (``apply_trainable``): ``"lm"`` = the language model and its output head (``model.train_lm``),
 ``"encoder"`` = the vision tower (``model.train_encoder``), and the projector between them
