@@ -1,7 +1,7 @@
 """End to end on realistic raw text: ``finecap eval`` vs a pycocoevalcap ``COCOEvalCap``-equivalent script.
 
     .venv/bin/python benchmarks/eval_end_to_end.py [--images 8000] [--repeat 3] [--scaling 5000,50000,200000]
-                                                   [--json OUT] [--work DIR]
+                                                   [--lmms-images 2000] [--json OUT] [--work DIR]
 
 Data: :mod:`coco_like` (seeded COCO-like raw captions: capitalised, punctuated, Zipfian ~10k-type vocabulary, 8-20
 words, 5 references per image), written once as a COCO reference file and a COCO results file.
@@ -26,6 +26,12 @@ words, 5 references per image), written once as a COCO reference file and a COCO
    a child process, so it is timed by the wall clock).
 3. **Scaling** (``--scaling``): ``finecap eval`` alone on 5k, 50k, 200k images: wall and CPU time, CPU microseconds
    per image, peak memory and kilobytes per image, so that a user knows what a large corpus costs.
+
+4. **lmms-eval's per-metric pattern** (``--lmms-images``, 0 to skip): the aggregation of lmms-eval's COCO caption
+   task (``tasks/coco_cap/utils.py``: for each of its 7 metrics, build every scorer (``Meteor()`` starts a JVM), a
+   COCO index, ``COCOEvalCap`` for its params, run ``PTBTokenizer`` (a JVM) on gts and res, then one scorer), run
+   unmodified in a subprocess on pycocoevalcap, and the same script on ``finecap.compat`` (``finecap.compat.install()``
+   first): best wall and CPU time of ``--repeat`` runs each, their ratio, and the largest score difference.
 
 On a shared machine the wall clock swings with other jobs; CPU times (from ``/usr/bin/time``, child processes such as
 the Java tokenizer included) are printed next to it and are the steadier comparison.
@@ -53,7 +59,64 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import coco_like  # noqa: E402
 from finecap.utils import shell_command  # noqa: E402
 
-TARGETS = {"end_to_end": 15.0, "bleu": 10.0, "rouge_l": 10.0, "cider_d": 25.0}
+TARGETS = {"end_to_end": 15.0, "bleu": 10.0, "rouge_l": 10.0, "cider_d": 25.0, "lmms_eval": 20.0}
+
+# lmms-eval's coco_cap aggregation (tasks/coco_cap/utils.py: coco_aggregation_result) as that task runs it, once per
+# metric; argv: references file, results file, "finecap" to run it on finecap.compat.install()
+LMMS_SCRIPT = r"""
+import json, sys
+if sys.argv[3] == "finecap":
+    import finecap.compat
+    finecap.compat.install()
+from pycocoevalcap.eval import COCOEvalCap, Bleu, Meteor, Rouge, Cider
+from pycocoevalcap.tokenizer.ptbtokenizer import PTBTokenizer
+from pycocotools.coco import COCO
+
+COCO_METRICS = ["Bleu_4", "Bleu_3", "Bleu_2", "Bleu_1", "METEOR", "ROUGE_L", "CIDEr"]
+
+
+def coco_aggregation_result(results, metric):
+    scorers = [(Bleu(4), "Bleu_1"), (Bleu(4), "Bleu_2"), (Bleu(4), "Bleu_3"), (Bleu(4), "Bleu_4"),
+               (Meteor(), "METEOR"), (Rouge(), "ROUGE_L"), (Cider(), "CIDEr")]
+    scorers_dict = {s[1]: s for s in scorers}
+    stored_results = []
+    dataset = {"annotations": [], "images": []}
+    idx = 0
+    for result in results:
+        stored_results.append({"image_id": int(result["image_id"]), "caption": result["pred"]})
+        for a in result["answer"]:
+            dataset["annotations"].append({"image_id": int(result["image_id"]), "caption": a, "id": idx})
+            idx += 1
+        dataset["images"].append({"id": result["image_id"]})
+    coco = COCO()
+    coco.dataset = dataset
+    coco.createIndex()
+    coco_result = coco.loadRes(stored_results)
+    coco_eval = COCOEvalCap(coco, coco_result)
+    imgIds = coco_eval.params["image_id"]
+    gts, res = {}, {}
+    for imgId in imgIds:
+        gts[imgId] = coco_eval.coco.imgToAnns[imgId]
+        res[imgId] = coco_eval.cocoRes.imgToAnns[imgId]
+    tokenizer = PTBTokenizer()
+    gts = tokenizer.tokenize(gts)
+    res = tokenizer.tokenize(res)
+    score, scores = scorers_dict[metric][0].compute_score(gts, res)
+    if type(score) == list:
+        n = int(metric.split("_")[-1])
+        score = score[n - 1]
+    return score
+
+
+refs = json.load(open(sys.argv[1]))
+by_image = {}
+for a in refs["annotations"]:
+    by_image.setdefault(a["image_id"], []).append(a["caption"])
+results = [{"image_id": r["image_id"], "pred": r["caption"], "answer": by_image[r["image_id"]]}
+           for r in json.load(open(sys.argv[2]))]
+out = {m: float(coco_aggregation_result(results, m)) for m in COCO_METRICS}
+print(json.dumps(out))
+"""
 
 REFERENCE_SCRIPT = r"""
 import json, sys
@@ -130,6 +193,29 @@ def end_to_end(refs: Path, res: Path, repeat: int) -> dict:
     }
 
 
+def lmms_pattern(refs: Path, res: Path, repeat: int) -> dict:
+    """Section 4 of the module docstring: lmms-eval's aggregation on pycocoevalcap vs on finecap.compat."""
+    sides = ("pycocoevalcap", "finecap")
+    cmds = {side: [sys.executable, "-c", LMMS_SCRIPT, str(refs), str(res), side] for side in sides}
+    runs: dict[str, list[dict]] = {side: [] for side in cmds}
+    _timed(cmds["finecap"])  # warm-up: bytecode compiled, METEOR's paraphrase index built
+    for _ in range(repeat):
+        for side, cmd in cmds.items():
+            runs[side].append(_timed(cmd))
+    best = {k: min(v, key=lambda r: r["wall"]) for k, v in runs.items()}
+    a, b = _scores(best["pycocoevalcap"]["stdout"]), _scores(best["finecap"]["stdout"])
+    return {
+        "reference_s": best["pycocoevalcap"]["wall"],
+        "finecap_s": best["finecap"]["wall"],
+        "ratio": best["pycocoevalcap"]["wall"] / best["finecap"]["wall"],
+        "reference_cpu_s": min(r["cpu"] for r in runs["pycocoevalcap"]),
+        "finecap_cpu_s": min(r["cpu"] for r in runs["finecap"]),
+        "cpu_ratio": min(r["cpu"] for r in runs["pycocoevalcap"]) / min(r["cpu"] for r in runs["finecap"]),
+        "max_abs_diff": max(abs(a[k] - b[k]) for k in a),
+        "scores": b,
+    }
+
+
 def _best(fn: Callable[[], object], repeat: int, clock: Callable[[], float] = time.process_time) -> float:
     best = float("inf")
     for _ in range(repeat):
@@ -199,6 +285,7 @@ def main() -> None:
     ap.add_argument("--scaling", default="5000,50000,200000", help="comma-separated sizes ('' to skip)")
     ap.add_argument("--skip-compare", action="store_true", help="only the scaling rows")
     ap.add_argument("--work", default=None, help="folder for the generated files (default: a temporary one)")
+    ap.add_argument("--lmms-images", type=int, default=2000, help="images of lmms-eval's per-metric pattern (0: skip)")
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
@@ -221,6 +308,14 @@ def main() -> None:
                 target = f" (target >= {TARGETS[name]:.0f}x)" if name in TARGETS else ""
                 print(f"{name:>13}: pycocoevalcap {r['reference_s']:.3f} s, finecap {r['finecap_s']:.3f} s, "
                       f"{r['ratio']:.1f}x{target}")  # fmt: skip
+        if args.lmms_images:
+            refs, res = coco_like.write_coco(work / f"lmms{args.lmms_images}", args.lmms_images, args.seed)
+            e = out["lmms_eval"] = lmms_pattern(refs, res, args.repeat)
+            print(f"lmms-eval's per-metric pattern ({args.lmms_images} images, 7 metrics): pycocoevalcap "
+                  f"{e['reference_s']:.2f} s ({e['reference_cpu_s']:.2f} s CPU), finecap.compat "
+                  f"{e['finecap_s']:.2f} s ({e['finecap_cpu_s']:.2f} s CPU): {e['ratio']:.1f}x wall, "
+                  f"{e['cpu_ratio']:.1f}x CPU (target >= {TARGETS['lmms_eval']:.0f}x); max |score difference| "
+                  f"{e['max_abs_diff']:.1e}", flush=True)  # fmt: skip
         sizes = [int(x) for x in args.scaling.split(",") if x.strip()]
         if sizes:
             print("scaling (finecap eval --metrics bleu,rouge,cider):")

@@ -41,6 +41,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     # Metrics sit below the training components: CIDEr-D's reward is the metric's n-gram code, the exploration
     # objective's diversity is the metric's.
     ("metrics", ("finecap.metrics",)),
+    ("compat", ("finecap.compat",)),  # other tools' interfaces to the metrics (pycocoevalcap's scorer classes)
     ("contract", ("finecap.contract",)),  # what the engine hands objectives and rewards
     ("rewards", ("finecap.rewards",)),
     ("objectives", ("finecap.objectives",)),  # REINFORCE scores samples with the rewards

@@ -61,6 +61,16 @@ DATA_FORMATS: dict[str, str] = {
 read and fingerprinted), in the order format detection tries them (:func:`finecap.data.formats.detect_format`);
 resolved by :func:`finecap.data.formats.data_format`."""
 
+PREDICTION_FORMATS: dict[str, str] = {
+    "lmms-eval": "finecap.data.predictions.lmms_eval:FORMAT",
+    "llamafactory": "finecap.data.predictions.llamafactory:FORMAT",
+    "swift": "finecap.data.predictions.swift:FORMAT",
+    "vlmevalkit": "finecap.data.predictions.vlmevalkit:FORMAT",
+    "coco": "finecap.data.predictions.coco:FORMAT",
+}
+"""``finecap eval --predictions-format`` names -> :class:`~finecap.data.predictions.PredictionFormat` specs (how
+another toolkit's prediction file is recognised and read), in the order detection tries them."""
+
 HUB_DATA_FORMATS: frozenset[str] = frozenset({"hf"})
 """The formats of :data:`DATA_FORMATS` whose ``data.path`` may be a Hub name rather than a local file (their
 ``Format.hub_names``): what the configuration, which imports no format, needs to know of them to store such a path

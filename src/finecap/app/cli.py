@@ -36,6 +36,7 @@ from finecap.config import (
 )
 from finecap.library_warnings import silenced
 from finecap.recipes import copy_recipe, describe_recipe, list_recipes, resolve_recipe
+from finecap.registry import PREDICTION_FORMATS
 from finecap.utils import shell_command
 
 ENGINES = typing.get_args(Engine)
@@ -198,6 +199,7 @@ def cmd_eval(args: argparse.Namespace) -> None:
         images=args.images,
         bags=args.bags,
         metrics=args.metrics,
+        predictions_format=args.predictions_format,
         out=args.out,
         split=args.split,
         fmt=args.format,
@@ -428,8 +430,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_export)
 
     p = _add(sub, "eval", cmd_eval, "Evaluate captions (n-gram, CLIP, retrieval, diversity, faithfulness).")
-    p.add_argument("--predictions", required=True, help="COCO results JSON")
-    p.add_argument("--references", required=True, help="references (Karpathy/COCO/JSONL/world/Hugging Face data set)")
+    p.add_argument("--predictions", required=True, help="COCO results JSON, or another toolkit's predictions "
+                   "(lmms-eval sample log, VLMEvalKit .xlsx/.tsv, LLaMA-Factory / ms-swift JSONL)")  # fmt: skip
+    p.add_argument("--predictions-format", default="auto", choices=("auto", *PREDICTION_FORMATS),
+                   help="format of --predictions (default: detected)")  # fmt: skip
+    p.add_argument("--references", default=None, help="references (Karpathy/COCO/JSONL/world/Hugging Face data set); "
+                   "optional when the predictions file holds them")  # fmt: skip
     p.add_argument("--images", default=None, help="image root for relative paths")
     p.add_argument("--bags", default=None, help="bags JSON from `finecap bags build`")
     p.add_argument("--metrics", default=None, help="comma-separated metric names (default: eval.metrics, or what the "

@@ -1,8 +1,9 @@
 """``finecap eval``: score a COCO results file against a reference data set, print the scores, write JSON.
 
 ``finecap eval --predictions results.json --references DATA [--metrics ...] [--images DIR] [--bags bags.json]
-[--split S] [--format table|json|coco] [--out scores.json] [--per-image items.json]`` calls :func:`main`, which reads
-the files and calls :func:`finecap.metrics.suite.evaluate_items` (the metric groups and their keys are listed there).
+[--split S] [--format table|json|coco] [--out scores.json] [--per-image items.json] [--predictions-format F]`` calls
+:func:`main`, which reads the files and calls :func:`finecap.metrics.suite.evaluate_items` (the metric groups and
+their keys are listed there).
 
 - Metrics (:func:`default_metrics`): ``--metrics a,b`` or ``eval.metrics`` when given, else the groups the
   references and this machine allow: the caption metrics always (``bleu``, ``meteor`` when pycocoevalcap's data is
@@ -21,7 +22,13 @@ the files and calls :func:`finecap.metrics.suite.evaluate_items` (the metric gro
 - References: the format is detected from the file (:func:`finecap.data.formats.detect_format`; a world also
   brings its scene graphs). An image id in several records of the references is an error naming the ids; COCO
   annotations of one ``image_id`` are that image's references (as pycocotools groups them).
-- Predictions (:func:`finecap.data.results.read_results`): an image listed several times is an error naming the ids
+- Predictions (:func:`finecap.data.predictions.read_predictions`): COCO results, or another toolkit's prediction file
+  (lmms-eval sample logs, VLMEvalKit result files, LLaMA-Factory's ``generated_predictions.jsonl``, ms-swift's
+  inference JSONL), detected or named with ``--predictions-format`` (:mod:`finecap.data.predictions`). Those carry
+  their references: then ``--references`` may be left out (given, it is what is scored against). Warnings about the
+  file (a reference that looks like a stringified list but is not one) go to stderr; a note says when the captions
+  average over twice their references' length (n-gram metrics punish detailed captions).
+- An image of the predictions listed several times is an error naming the ids
   (pycocoevalcap's scorers assert one caption per image), unless the ``diversity`` group is asked for by name: an
   image's captions are then its samples, and its first caption is what the other groups score.
 - Start-up: with text-only metrics nothing imports torch or transformers; image metrics load the retriever when
@@ -40,9 +47,9 @@ from typing import Literal
 
 from finecap.config import Config
 from finecap.data.bags_file import read_bags
-from finecap.data.records import MAX_LISTED, DataError
+from finecap.data.predictions import read_predictions
+from finecap.data.records import MAX_LISTED, DataError, Record
 from finecap.data.references import LoadedReferences, load_references, missing_images, require_captions
-from finecap.data.results import read_results
 from finecap.metrics.cocoeval import COCO_NAMES
 from finecap.metrics.group import metric_group
 from finecap.metrics.suite import CAPTION_METRICS, evaluate_items, parse_metrics, unavailable_reason
@@ -69,6 +76,7 @@ def main(
     per_image: str | Path | None = None,
     force: bool = False,
     recipe: str | Path | None = None,
+    predictions_format: str = "auto",
 ) -> dict[str, float]:
     """Score ``predictions`` (COCO results) against ``references``; print the scores in ``fmt``, write them to
     ``out`` and the per-image scores to ``per_image`` when given (module docstring). Returns the printed
@@ -76,6 +84,9 @@ def main(
 
     Without ``split`` the retrieval pool is the split of the predicted images (or every referenced image when they
     span several splits).
+
+    ``predictions_format``: a name of :data:`finecap.registry.PREDICTION_FORMATS` or ``"auto"`` (detected).
+    ``references`` may be ``None`` when the predictions file carries them.
 
     ``out`` and ``per_image`` may not name an input (the predictions, the references, the bags, the ``recipe`` the
     configuration was read from: refused even with
@@ -90,7 +101,8 @@ def main(
     )
     with _cyclic_gc_paused():
         return _main(cfg, predictions=predictions, references=references, images=images, bags=bags,
-                     metrics=metrics, out=out, split=split, fmt=fmt, per_image=per_image)  # fmt: skip
+                     metrics=metrics, out=out, split=split, fmt=fmt, per_image=per_image,
+                     predictions_format=predictions_format)  # fmt: skip
 
 
 @contextlib.contextmanager
@@ -119,11 +131,15 @@ def _main(
     split: str | None,
     fmt: Format,
     per_image: str | Path | None,
+    predictions_format: str,
 ) -> dict[str, float]:
     note = print if fmt == "table" else lambda *a: print(*a, file=sys.stderr)
     source = "--metrics" if metrics is not None else "eval.metrics" if cfg.eval.metrics else None
     asked = parse_metrics(metrics, cfg.eval.metrics, option=source) if source else None
-    results = read_results(predictions)
+    pred_format, read = read_predictions(predictions, predictions_format)
+    results = read.captions
+    for warning in read.warnings:
+        print(f"warning: {warning}", file=sys.stderr)
     repeated = [i for i, caps in results.items() if len(caps) > 1]
     if repeated and "diversity" not in (asked or ()):
         raise DataError(
@@ -135,7 +151,14 @@ def _main(
     if repeated:
         note(f"{len(repeated)} image(s) have several captions: the first is scored, all of them are diversity samples")
     bag_data = read_bags(bags) if bags is not None else None
-    refs = load_references(cfg, references, split=split, images=images)
+    if references is not None:
+        refs = load_references(cfg, references, split=split, images=images)
+        if read.references is not None:
+            note(f"{predictions}: the references it holds are not used: scoring against {references}")
+    elif read.references is not None:
+        refs = _carried_references(Path(predictions), pred_format, read.references)
+    else:
+        raise ValueError(f"--references: required: {predictions} holds {pred_format} predictions, without references")
     by_id = {r.image_id: r for r in refs.records}
     missing = [i for i in results if i not in by_id]
     if missing:
@@ -148,6 +171,7 @@ def _main(
     # consecutive lines, and a caption's last token can depend on the next line (finecap.metrics.ptb_tokenize)
     preds = {r.image_id: results[r.image_id][0] for r in refs.records if r.image_id in results}
     require_captions([by_id[i] for i in preds], refs.path, refs.format, "the predictions")  # a folder's may have none
+    _length_note(preds, refs.captions(), note)
     pool = refs.records
     if split is None:
         splits = {by_id[i].split for i in preds}
@@ -207,6 +231,23 @@ def _main(
         write_output_json(per_image, rows, "per-image")
         note(f"wrote {per_image} (per-image scores of {len(items)} images)")
     return result
+
+
+def _carried_references(path: Path, pred_format: str, references: dict) -> LoadedReferences:
+    """The references a predictions file carries, as reference records (no image files: image metrics say so)."""
+    records = [Record(i, path.with_name(f"{path.name}#image-{i}"), "", refs) for i, refs in references.items()]
+    return LoadedReferences(records, path, pred_format)
+
+
+def _length_note(preds: dict, references: dict, note: Callable[..., None]) -> None:
+    """Say when the captions average over twice the words of their references (detailed captions under n-gram
+    metrics, which reward matching the references' n-grams and length: BLEU's precisions, CIDEr-D's penalty)."""
+    cand = sum(len(c.split()) for c in preds.values()) / len(preds)
+    ref = sum(sum(len(r.split()) for r in references[i]) / len(references[i]) for i in preds) / len(preds)
+    if cand > 2 * ref:
+        note(f"note: the captions average {cand:.1f} words, over twice their references' {ref:.1f}: n-gram metrics "
+             "(BLEU, CIDEr-D, ROUGE-L, METEOR) score such detailed captions low whatever they say; compare them with "
+             "references of their own length, or with reference-free metrics (clipscore)")  # fmt: skip
 
 
 def default_metrics(*, coco: bool, world: bool, bags: bool, lm: bool) -> list[str]:

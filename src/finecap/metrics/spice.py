@@ -24,7 +24,7 @@ from pathlib import Path
 from finecap.metrics.meteor.inputs import check_inputs
 from finecap.metrics.meteor.resources import MetricUnavailable, pycocoevalcap_file
 
-__all__ = ["SPICE_ENV", "find_spice_dir", "spice", "spice_per_item", "spice_unavailable_reason"]
+__all__ = ["SPICE_ENV", "find_spice_dir", "spice", "spice_per_item", "spice_results", "spice_unavailable_reason"]
 
 SPICE_ENV = "FINECAP_SPICE_DIR"
 SPICE_JAR = "spice-1.0.jar"
@@ -75,6 +75,29 @@ def spice_per_item(
 ) -> tuple[dict[str, float], dict[Hashable, dict[str, float]]]:
     """Corpus SPICE (key ``SPICE``: mean of the per-image F-scores, NaNs included as pycocoevalcap does) and
     per-image SPICE F-score. Raises :class:`MetricUnavailable` when Java or a jar is missing."""
+    ids, order, results = spice_results(predictions, references, spice_dir=spice_dir, cache_dir=cache_dir,
+                                        java=java, memory=memory, timeout=timeout)  # fmt: skip
+    per: dict[Hashable, dict[str, float]] = {}
+    for i, scores in results.items():
+        per[i] = {"SPICE": _float(scores["All"]["f"])}
+    values = [per[ids[j]]["SPICE"] for j in order]
+    return {"SPICE": sum(values) / len(values)}, {i: per[i] for i in ids}
+
+
+def spice_results(
+    predictions: Mapping[Hashable, str],
+    references: Mapping[Hashable, Sequence[str]],
+    *,
+    spice_dir: str | Path | None = None,
+    cache_dir: str | Path | None = None,
+    java: str = "java",
+    memory: str = "8G",
+    timeout: float | None = None,
+) -> tuple[list[Hashable], list[int], dict[Hashable, dict]]:
+    """The jar's output as it writes it: ``(ids, order, {id: scores})`` with ``ids`` those of ``predictions``,
+    ``order`` the positions of ``ids`` in the order the jar scored them (sorted ids, as pycocoevalcap) and
+    ``scores`` each image's ``{category: {"pr", "re", "f", ...}}`` (values as the jar wrote them). Raises
+    :class:`MetricUnavailable` when Java or a jar is missing."""
     reason = spice_unavailable_reason(spice_dir, java)
     if reason is not None:
         raise MetricUnavailable(reason)
@@ -95,11 +118,7 @@ def spice_per_item(
             err = done.stderr.decode(errors="replace").strip()[-2000:]
             raise RuntimeError(f"SPICE ({root / SPICE_JAR}) failed with exit code {done.returncode}: {err}")
         results = json.loads(out_file.read_text())
-    per: dict[Hashable, dict[str, float]] = {}
-    for item in results:
-        per[ids[item["image_id"]]] = {"SPICE": _float(item["scores"]["All"]["f"])}
-    values = [per[ids[j]]["SPICE"] for j in order]
-    return {"SPICE": sum(values) / len(values)}, {i: per[i] for i in ids}
+    return ids, order, {ids[item["image_id"]]: item["scores"] for item in results}
 
 
 def spice(

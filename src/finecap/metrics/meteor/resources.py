@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import gzip
 import hashlib
-import importlib.util
+import importlib.machinery
 import json
 import os
 import threading
@@ -92,9 +92,10 @@ class MetricUnavailable(RuntimeError):
 
 
 def pycocoevalcap_dir() -> Path | None:
-    """The installed ``pycocoevalcap`` package folder, found without importing it (``None`` if not installed)."""
+    """The installed ``pycocoevalcap`` package folder, found on ``sys.path`` without importing it (``None`` if not
+    installed); never :mod:`finecap.compat`'s stand-in, which ``finecap.compat.install()`` puts in ``sys.modules``."""
     try:
-        spec = importlib.util.find_spec("pycocoevalcap")
+        spec = importlib.machinery.PathFinder.find_spec("pycocoevalcap")
     except (ImportError, ValueError):
         return None
     if spec is None or not spec.submodule_search_locations:

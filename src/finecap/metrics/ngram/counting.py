@@ -13,6 +13,7 @@ Example::
 
 from __future__ import annotations
 
+import math
 from collections import defaultdict
 from collections.abc import Hashable, Mapping, Sequence
 from itertools import chain, count, repeat
@@ -332,6 +333,16 @@ def count_ngrams(sent: np.ndarray, ids: np.ndarray, bound: int) -> tuple[np.ndar
     return key >> b, key & ((1 << b) - 1), tf
 
 
+def count_ngrams_first(
+    sent: np.ndarray, ids: np.ndarray, bound: int
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """:func:`count_ngrams` and, for each distinct n-gram, the index of its first occurrence in ``(sent, ids)``
+    (occurrences in text order: the order in which pycocoevalcap's ``precook`` meets the n-grams)."""
+    b = key_bits(bound)
+    key, first, tf = np.unique((sent << b) | ids, return_index=True, return_counts=True)
+    return key >> b, key & ((1 << b) - 1), tf, first
+
+
 def closest_ref_length(ref_words: np.ndarray, testlen: np.ndarray) -> np.ndarray:
     """pycocoevalcap 'closest': ``min((abs(l - testlen), l) for l in reflens)[1]`` per row; padding is -1."""
     big = np.iinfo(np.int64).max // 4
@@ -347,10 +358,13 @@ def bleu_from_counts(correct: np.ndarray, guess: np.ndarray, testlen: np.ndarray
     bleu = np.ones(len(correct))
     for k in range(n):
         bleu = bleu * ((correct[:, k] + _TINY) / (guess[:, k] + _SMALL))
-        out[:, k] = bleu ** (1.0 / (k + 1))
+        # Python's float power (C's pow), as pycocoevalcap: numpy's vectorised power can differ in the last bit
+        out[:, k] = bleu if k == 0 else list(map(pow, bleu.tolist(), repeat(1.0 / (k + 1))))
     ratio = (testlen + _TINY) / (reflen + _SMALL)
     short = ratio < 1
-    out[short] *= np.exp(1 - 1 / ratio[short])[:, None]
+    # math.exp, as pycocoevalcap: numpy's vectorised exp can differ from the C library's in the last bit
+    penalty = np.fromiter(map(math.exp, (1 - 1 / ratio[short]).tolist()), dtype=np.float64, count=int(short.sum()))
+    out[short] *= penalty[:, None]
     return out
 
 

@@ -14,7 +14,7 @@ from finecap.metrics.ngram.counting import (
     bleu_from_counts,
     check_strings,
     closest_ref_length,
-    count_ngrams,
+    count_ngrams_first,
     find_sorted,
     key_bits,
 )
@@ -86,7 +86,7 @@ class RefIndex:
             del p
             if extra is not None:
                 cut = int(np.searchsorted(s, n_sent))  # occurrences are in sentence order: references first
-                extra_counts.append(count_ngrams(s[cut:] - n_sent, ids[cut:], int(sizes[o])))
+                extra_counts.append(count_ngrams_first(s[cut:] - n_sent, ids[cut:], int(sizes[o])))
             out = self._order(o, s, ids, img_of_sent, slot_of_sent, n_images, n_sent, df_refs is not None, cider)
             del s, ids
             row_ptr.append(n_rows + out[1])
@@ -105,7 +105,7 @@ class RefIndex:
             # extra[i] is scored against image i (ngram_metrics, cider_d_per_item): its matches, order by order, with
             # queries (candidate, id) and rows (image, id) both sorted already (no sort, a table per order)
             found, q_off, r_off = [], 0, 0
-            for o, ((cand, ids, _), rows_o) in enumerate(zip(extra_counts, rows)):
+            for o, ((cand, ids, _, _), rows_o) in enumerate(zip(extra_counts, rows)):
                 f, pos = find_sorted(rows_o, self.key_off[o] + cand * int(sizes[o]) + ids)
                 found.append((q_off + f, r_off + pos))
                 q_off, r_off = q_off + len(cand), r_off + len(rows_o)
@@ -147,12 +147,20 @@ class RefIndex:
             raise ValueError(f"reference corpus too large for the n-gram index ({n_images} images)")
         key = ((img_of_sent << (gb + sb)) | slot_of_sent)[s[:cut]]  # (E,) image and slot of each occurrence
         key |= ids[:cut] << sb
-        key.sort()  # by (image, n-gram, slot); the runs of equal keys are the counts
+        if cider:  # by (image, n-gram, slot), remembering where each occurrence was
+            perm = np.argsort(key)
+            key = key[perm]
+        else:
+            key.sort()  # by (image, n-gram, slot); the runs of equal keys are the counts
         first = np.empty(len(key) + 1, dtype=bool)
         first[0] = first[-1] = True
         np.not_equal(key[1:], key[:-1], out=first[1:-1])
         starts = np.flatnonzero(first)
         key, tf = key[starts[:-1]], np.diff(starts)
+        first_occ = None  # each entry's first occurrence (occurrences are in text order): CIDEr-D's summing order
+        if cider:
+            first_occ = np.minimum.reduceat(perm, starts[:-1]) if len(key) else perm[:0]
+        del first
         rowkey = key >> sb  # image << gb | n-gram
         new_row = np.empty(len(rowkey), dtype=bool)
         new_row[:1] = True
@@ -175,25 +183,33 @@ class RefIndex:
         slot = key[:e_keep] & ((1 << sb) - 1)
         v = tf[:e_keep] * idf[gram[:n_keep]][row_of_entry]  # (E,) reference tf-idf weights
         flat_slot = (key[:e_keep] >> (gb + sb)) * R + slot  # image * R + slot
-        self.ref_norm[..., o] = np.sqrt(np.bincount(flat_slot, v * v, minlength=I * R)).reshape(I, R)
+        # each reference's squared weights summed in the order of its n-grams' first occurrences, as pycocoevalcap's
+        # counts2vec sums them (floating-point addition is not associative: this order gives its very bits)
+        by_text = np.argsort(first_occ[:e_keep], kind="stable")
+        sq = v * v
+        self.ref_norm[..., o] = np.sqrt(np.bincount(flat_slot[by_text], sq[by_text], minlength=I * R)).reshape(I, R)
         tf_mat = np.zeros((n_keep, R), dtype=small)
         tf_mat[row_of_entry, slot] = tf[:e_keep]
         return rows, row_ptr, maxref, idf, tf_mat
 
     @staticmethod
-    def _merge(counts: list[tuple[np.ndarray, np.ndarray, np.ndarray]]) -> tuple[np.ndarray, ...]:
-        """Per-order (candidate, id, tf) triples as one set of arrays (candidate, order, id, tf)."""
+    def _merge(counts: list[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]]) -> tuple[np.ndarray, ...]:
+        """Per-order (candidate, id, tf, first occurrence) as one set of arrays (candidate, order, id, tf, first)."""
         cand = np.concatenate([x[0] for x in counts])
         order = np.concatenate([np.full(len(x[0]), o, dtype=np.int64) for o, x in enumerate(counts)])
         ids = np.concatenate([x[1] for x in counts])
         tf = np.concatenate([x[2] for x in counts])
-        return cand, order, ids, tf
+        first = np.concatenate([x[3] for x in counts])
+        return cand, order, ids, tf, first
 
     # ------------------------------------------------------------------------------------------------------------
     def candidates(self, captions: Sequence[str]) -> tuple[tuple[np.ndarray, ...], np.ndarray]:
-        """(candidate, order, id, tf) of every distinct n-gram of every caption, and the caption lengths in words.
+        """(candidate, order, id, tf, first) of every distinct n-gram of every caption, and the caption lengths in
+        words.
 
         ``id < sizes[order]`` for n-grams of the tables, larger for n-grams never seen (document frequency 0).
+        ``first`` orders a caption's n-grams of one order as their first occurrences in its text (CIDEr-D sums
+        them in that order, as pycocoevalcap does).
         """
         if captions is self._extra:
             return self._extra_counts, self._extra_lengths
@@ -203,10 +219,10 @@ class RefIndex:
         off = np.concatenate([[0], np.cumsum(bounds)])
         total = int(off[-1])
         key = np.concatenate([sent * total + off[o] + ids for o, (sent, ids) in enumerate(occ)])
-        key, tf = np.unique(key, return_counts=True)
+        key, first, tf = np.unique(key, return_index=True, return_counts=True)
         cand, g = key // total, key % total
         order = np.searchsorted(off, g, side="right") - 1
-        return (cand, order, g - off[order], tf), lengths
+        return (cand, order, g - off[order], tf, first), lengths
 
     def _matched(self, captions: Sequence[str], img: np.ndarray, c: np.ndarray, o: np.ndarray, ids: np.ndarray):
         """:meth:`_match` of the n-grams of ``captions`` (candidates ``c`` of images ``img``), kept for the captions
@@ -244,7 +260,7 @@ class RefIndex:
     # ------------------------------------------------------------------------------------------------------------
     def bleu(self, captions: Sequence[str], img: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """pycocoevalcap BLEU statistics: (corpus BLEU-1..n (n,), per-candidate BLEU-1..n (C, n))."""
-        (c, o, ids, tf), testlen = self.candidates(captions)
+        (c, o, ids, tf, _), testlen = self.candidates(captions)
         C, n = len(captions), self.n  # noqa: N806
         q, row = self._matched(captions, img, c, o, ids)
         clipped = np.minimum(tf[q], self.maxref[row])  # clipped counts of the n-grams found in a reference
@@ -264,14 +280,19 @@ class RefIndex:
         """pycocoevalcap CIDEr-D score of each caption against the references of image ``img[i]``: (C,)."""
         if self.idf is None:
             raise RuntimeError("this reference index was built without CIDEr-D statistics (cider=False)")
-        (c, o, ids, tf), words = self.candidates(captions)
+        (c, o, ids, tf, first), words = self.candidates(captions)
         C, n, R = len(captions), self.n, self.R  # noqa: N806
         known = ids < self.sizes[o]
         gid = self.gram_off[o] + np.where(known, ids, 0)
         # unseen n-grams have df = 0: weight tf * (ref_len - log(max(1, 0))) = tf * ref_len
         vc = tf * np.where(known, self.idf[np.minimum(gid, len(self.idf) - 1)], self.ref_len)  # (E,)
-        cand_norm = np.sqrt(np.bincount(c * n + o, vc * vc, minlength=C * n)).reshape(C, n)
+        # sums over a caption's n-grams run in the order of their first occurrences, as pycocoevalcap's (its bits)
+        by_text = np.argsort(first, kind="stable")
+        sq = vc * vc
+        cand_norm = np.sqrt(np.bincount((c * n + o)[by_text], sq[by_text], minlength=C * n)).reshape(C, n)
         q, row = self._matched(captions, img, c, o, ids)
+        q_text = np.argsort(first[q], kind="stable")
+        q, row = q[q_text], row[q_text]
         vr = self.tf[row] * self.idf[gid[q]][:, None]  # (H, R) reference weights per slot
         contrib = np.minimum(vc[q][:, None], vr) * vr  # (H, R): vrama91's clipping
         flat = (c[q][:, None] * R + np.arange(R)[None, :]) * n + o[q][:, None]  # (H, R) -> (C, R, n) cell
@@ -283,6 +304,10 @@ class RefIndex:
         cand_len = np.maximum(words - 1, 0)
         ref_len = np.maximum(self.ref_words[img] - 1, 0)  # (C, R)
         delta = (cand_len[:, None] - ref_len).astype(np.float64)
-        val = val * (np.e ** (-(delta**2) / (2 * sigma**2)))[..., None]
+        # the Gaussian penalty with Python's float power (C's pow), as pycocoevalcap (numpy's vectorised power can
+        # differ in the last bit), once per distinct length difference
+        deltas, where = np.unique(delta, return_inverse=True)
+        penalty = np.array([np.e ** (-(d**2) / (2 * sigma**2)) for d in deltas.tolist()])[where.reshape(delta.shape)]
+        val = val * penalty[..., None]
         score = val.sum(axis=1)  # (C, n): padding slots hold exact zeros
         return score.mean(axis=1) / self.n_refs[img] * 10.0

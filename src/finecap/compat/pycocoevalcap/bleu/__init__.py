@@ -1,0 +1,1 @@
+"""pycocoevalcap's ``bleu`` package: see :mod:`finecap.compat.pycocoevalcap`."""

@@ -1,0 +1,1 @@
+"""pycocoevalcap's ``cider`` package: see :mod:`finecap.compat.pycocoevalcap`."""

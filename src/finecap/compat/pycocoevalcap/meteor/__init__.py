@@ -1,0 +1,1 @@
+"""pycocoevalcap's ``meteor`` package: see :mod:`finecap.compat.pycocoevalcap`."""

@@ -1,0 +1,1 @@
+"""pycocoevalcap's ``rouge`` package: see :mod:`finecap.compat.pycocoevalcap`."""

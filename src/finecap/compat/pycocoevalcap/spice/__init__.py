@@ -1,0 +1,1 @@
+"""pycocoevalcap's ``spice`` package: see :mod:`finecap.compat.pycocoevalcap`."""

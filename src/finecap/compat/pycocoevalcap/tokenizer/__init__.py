@@ -1,0 +1,1 @@
+"""pycocoevalcap's ``tokenizer`` package: see :mod:`finecap.compat.pycocoevalcap`."""

@@ -1,0 +1,89 @@
+"""Prediction files of other toolkits for ``finecap eval``: each a :class:`PredictionFormat` spec in a module of its
+own, named in one registry row (:data:`finecap.registry.PREDICTION_FORMATS`).
+
+========================  ==================================================================  ==================
+name                      file (what the tool writes)                                         references
+========================  ==================================================================  ==================
+``coco`` (:mod:`.coco`)   COCO results ``[{"image_id", "caption"}]`` (finecap, pycocoevalcap)  ``--references``
+``lmms-eval``             lmms-eval's ``--log_samples`` JSONL (``*_samples_<task>.jsonl``):    in the file
+(:mod:`.lmms_eval`)       per line the metric entries ``{"pred", "answer", "image_id"}`` of
+                          its caption tasks, else ``filtered_resps`` / ``target``
+``vlmevalkit``            VLMEvalKit's result file (``<model>_<dataset>.xlsx`` / ``.tsv``):    in the file
+(:mod:`.vlmevalkit`)      columns ``index``, ``prediction``, ``answer`` (a stringified list)
+``llamafactory``          LLaMA-Factory's ``generated_predictions.jsonl``: ``predict``,        in the file
+(:mod:`.llamafactory`)    ``label``; ids are line numbers (from 0)
+``swift``                 ms-swift's ``swift infer --result_path`` JSONL: ``response``;        in the file
+(:mod:`.swift`)           references from ``labels``, else the last assistant turn of
+                          ``messages``; ids are line numbers (from 0)
+========================  ==================================================================  ==================
+
+:func:`read_predictions` reads a file in the named format, or detects it (:func:`detect_prediction_format`: the
+registry's formats in order, each looking at the file's suffix and its first record). A reference column that holds
+stringified lists (VLMEvalKit's ``answer``, lmms-eval's ``target``) is parsed (:mod:`.reference_lists`); a value that
+looks like one but does not parse is kept as one caption and said in a warning naming the file, the column and the
+rows (:attr:`Predictions.warnings`), never scored silently (VLMEvalKit #1308's CIDEr of 2e-8).
+Nothing here imports torch, nor a format's module until that format is asked for.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from finecap.data.records import DataError
+from finecap.registry import PREDICTION_FORMATS, lookup
+
+__all__ = ["Predictions", "PredictionFormat", "detect_prediction_format", "prediction_format", "read_predictions"]
+
+
+@dataclass
+class Predictions:
+    """What a prediction file holds: captions per image (several when the file lists an image several times), the
+    references it carries (``None`` for COCO results) and warnings about them."""
+
+    captions: dict[int | str, list[str]]
+    references: dict[int | str, list[str]] | None = None
+    warnings: list[str] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class PredictionFormat:
+    """A prediction file format: the one place that knows how its files are recognised and read."""
+
+    name: str
+    """The format's name: ``finecap eval --predictions-format``'s value (the registry row's key)."""
+    read: Callable[[Path], Predictions]
+    """The reader: :class:`Predictions`; bad input is a :class:`~finecap.data.records.DataError` naming the file and
+    the record."""
+    detect: Callable[[Path], bool]
+    """Whether ``path`` is of this format (its suffix, its first record)."""
+    references: bool
+    """Whether its files carry the references (then ``--references`` is optional)."""
+
+
+def prediction_format(name: str) -> PredictionFormat:
+    """The registered format ``name`` (or a dotted path ``pkg.module:FORMAT``); ``ValueError`` listing the names."""
+    return lookup(name, PREDICTION_FORMATS, "--predictions-format", "predictions format")
+
+
+def detect_prediction_format(path: Path) -> str:
+    """The name of the first registered format that recognises ``path``; a ``DataError`` naming the file and the
+    formats when none does. What is not a file is ``coco``'s, whose reader says what it is (missing, a folder)."""
+    if not path.is_file():
+        return "coco"
+    for name in PREDICTION_FORMATS:
+        if prediction_format(name).detect(path):
+            return name
+    raise DataError(
+        f"{path}: not a predictions file finecap recognises ({', '.join(PREDICTION_FORMATS)}); name its format with "
+        "--predictions-format"
+    )
+
+
+def read_predictions(path: str | Path, fmt: str = "auto") -> tuple[str, Predictions]:
+    """``(format name, Predictions)`` of ``path`` in format ``fmt`` (``"auto"``: :func:`detect_prediction_format`)."""
+    path = Path(path)
+    name = detect_prediction_format(path) if fmt == "auto" else fmt
+    spec = prediction_format(name)
+    return spec.name, spec.read(path)

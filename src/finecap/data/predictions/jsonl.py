@@ -1,0 +1,35 @@
+"""Reading the JSONL files of other toolkits: records, each with its line number, and a peek at the first one."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from finecap.data.records import DataError
+from finecap.utils import DATA_FILE, parse_json, read_bounded
+
+
+def records(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
+    """``(line number from 1, object)`` of each non-blank line; a :class:`DataError` naming the line otherwise."""
+    text = read_bounded(path, DATA_FILE).decode("utf-8", errors="strict")
+    for n, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        rec = parse_json(line, f"{path}, line {n}", one_line=True)
+        if not isinstance(rec, dict):
+            raise DataError(f"{path}, line {n}: expected a JSON object")
+        yield n, rec
+
+
+def first_record(path: Path, suffixes: tuple[str, ...] = (".jsonl", ".json")) -> dict[str, Any] | None:
+    """The first line of ``path`` as a JSON object when ``path`` has one of ``suffixes`` and that line is one."""
+    if path.suffix.lower() not in suffixes:
+        return None
+    try:
+        with open(path, "rb") as f:
+            line = f.readline(1 << 24)
+        rec = parse_json(line, str(path), one_line=True)
+    except (OSError, ValueError):
+        return None
+    return rec if isinstance(rec, dict) else None

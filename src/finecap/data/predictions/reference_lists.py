@@ -1,0 +1,83 @@
+"""Reference columns that hold a list as text (VLMEvalKit's ``answer``: ``"['a dog runs.', 'A brown dog.']"``;
+lmms-eval's ``target``): parsed, and a value that only looks like a list is kept as one caption and counted."""
+
+from __future__ import annotations
+
+import ast
+import json
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from finecap.data.records import MAX_LISTED, DataError
+from finecap.utils import short_repr
+
+
+@dataclass
+class ReferenceLists:
+    """Parses the reference values of one column of one file; :meth:`warnings` says which only looked like lists.
+
+    >>> refs = ReferenceLists(Path("r.tsv"), "answer")
+    >>> refs.parse("['a dog.', \\"a dog's toy\\"]", 1), refs.parse("a cat", 2), refs.parse("['a ca", 3)
+    (['a dog.', "a dog's toy"], ['a cat'], ["['a ca"])
+    >>> refs.warnings()  # doctest: +ELLIPSIS
+    ["r.tsv: column 'answer': 1 value(s) look like a stringified list but do not parse as one (rows 3: ..."]
+    """
+
+    path: Path
+    column: str
+    bad: list[tuple[int | str, str]] = field(default_factory=list)
+
+    def parse(self, value: object, row: int | str) -> list[str]:
+        """The references of one row: a list of strings as it is; a string that is a list literal (JSON or
+        Python) parsed; any other string as one reference. ``DataError`` for other values or an empty list."""
+        if isinstance(value, list):
+            refs = value
+        elif isinstance(value, str):
+            text = value.strip()
+            refs = [value]
+            if text.startswith("[") and text.endswith("]") or text.startswith("['") or text.startswith('["'):
+                parsed = _literal(text)
+                if parsed is None:
+                    self.bad.append((row, value))
+                else:
+                    refs = parsed
+        else:
+            raise DataError(f"{self.path}: row {row}: column {self.column!r} must be text, got {short_repr(value)}")
+        if not refs or not all(isinstance(r, str) for r in refs):
+            raise DataError(f"{self.path}: row {row}: column {self.column!r} must hold reference captions, got "
+                            f"{short_repr(value)}")  # fmt: skip
+        return list(refs)
+
+    def warnings(self) -> list[str]:
+        if not self.bad:
+            return []
+        rows = ", ".join(str(r) for r, _ in self.bad[:MAX_LISTED])
+        return [
+            f"{self.path}: column {self.column!r}: {len(self.bad)} value(s) look like a stringified list but do not "
+            f"parse as one (rows {rows}: e.g. {short_repr(self.bad[0][1])}); each is scored as ONE reference caption, "
+            "brackets and quotes included, which gives near-zero n-gram scores: fix the file (a truncated cell? "
+            "quotes?) before trusting them"
+        ]
+
+
+def _literal(text: str) -> list[str] | None:
+    for parse in (json.loads, ast.literal_eval):
+        try:
+            out = parse(text)
+        except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
+            continue
+        if isinstance(out, list) and all(isinstance(x, str) for x in out):
+            return out
+    return None
+
+
+def first_of(value: object) -> object:
+    """The first non-list element of nested lists (lmms-eval's ``filtered_resps``: ``["..."]`` or ``[["..."]]``)."""
+    while isinstance(value, list) and value:
+        value = value[0]
+    return value
+
+
+def flat_texts(values: Iterable[object]) -> list[str]:
+    return [v for v in values if isinstance(v, str)]

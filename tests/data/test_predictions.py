@@ -1,0 +1,161 @@
+"""Other toolkits' prediction files in `finecap eval` (finecap.data.predictions): a file of each format, written here
+in the shape its tool writes, scores exactly what pycocoevalcap's scorers give on the same captions and references
+(and what the COCO results file with those captions gives); stringified reference lists parsed, look-alikes warned
+about; the length note."""
+
+from __future__ import annotations
+
+import contextlib
+import csv
+import importlib.util
+import io
+import json
+from pathlib import Path
+
+import pytest
+from pycocoevalcap.bleu.bleu import Bleu
+from pycocoevalcap.cider.cider import Cider
+from pycocoevalcap.rouge.rouge import Rouge
+
+from finecap.app.cli import main as cli
+from finecap.data.predictions import read_predictions
+from finecap.metrics.ptb_tokenize import ptb_tokenize
+
+ROOT = Path(__file__).resolve().parents[2]
+METRICS = ["--metrics", "bleu,rouge,cider", "--format", "json"]
+
+
+@pytest.fixture(scope="module")
+def captions():
+    """30 images of seeded COCO-like raw captions: ``(ids, predictions, references)`` (5 references each)."""
+    spec = importlib.util.spec_from_file_location("coco_like", ROOT / "benchmarks" / "coco_like.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    refs, preds = module.generate(30, seed=4)
+    ids = list(refs)
+    return ids, [preds[i] for i in ids], [refs[i] for i in ids]
+
+
+def pycocoevalcap_scores(preds: list[str], refs: list[list[str]]) -> dict[str, float]:
+    """pycocoevalcap's own Bleu(4), Rouge(), Cider() on the captions tokenised as its PTBTokenizer does (finecap's
+    Python equivalent; tests/metrics/test_ptb_tokenize.py compares it with the Java tokenizer)."""
+    gts = ptb_tokenize(dict(enumerate(refs)))
+    res = ptb_tokenize({k: [p] for k, p in enumerate(preds)})
+    with contextlib.redirect_stdout(io.StringIO()):
+        bleu, _ = Bleu(4).compute_score(gts, res)
+    out = {f"BLEU-{k + 1}": bleu[k] for k in range(4)}
+    out["ROUGE-L"] = float(Rouge().compute_score(gts, res)[0])
+    out["CIDEr-D"] = float(Cider().compute_score(gts, res)[0])
+    return out
+
+
+def score(capsys, *argv: str) -> dict[str, float]:
+    capsys.readouterr()
+    assert cli(["eval", *argv, *METRICS]) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+def write_lines(path: Path, rows: list[dict]) -> Path:
+    path.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))
+    return path
+
+
+def lmms_eval_log(path: Path, ids, preds, refs) -> Path:
+    """lmms-eval --log_samples of coco2017_cap_val: per document the saved fields and one entry per metric
+    (coco_process_result's data_dict), `target` the stringified answer list."""
+    rows = []
+    for k, (i, p, r) in enumerate(zip(ids, preds, refs)):
+        entry = {"answer": r, "pred": p, "image_id": i, "id": 1000 + k}
+        rows.append({"doc_id": k, "target": str(r), "filtered_resps": [p], "doc_hash": f"{k:064x}",
+                     "prompt_hash": "ab" * 32, "target_hash": "cd" * 32,
+                     "input": "Provide a one-sentence caption for the provided image.",
+                     **{f"coco_{m}": entry for m in ("Bleu_4", "Bleu_3", "METEOR", "ROUGE_L", "CIDEr")}})  # fmt: skip
+    return write_lines(path, rows)
+
+
+def test_each_toolkits_file_scores_like_pycocoevalcap_and_the_coco_results(tmp_path, capsys, captions):
+    ids, preds, refs = captions
+    five, one = pycocoevalcap_scores(preds, refs), pycocoevalcap_scores(preds, [r[:1] for r in refs])
+    assert 0.1 < five["CIDEr-D"] < 5  # a non-trivial comparison
+    # the COCO results file with the same captions, against COCO annotations
+    anns = [{"image_id": i, "id": 10 * k + j, "caption": c} for k, i in enumerate(ids) for j, c in enumerate(refs[k])]
+    (tmp_path / "captions.json").write_text(json.dumps({"images": [{"id": i} for i in ids], "annotations": anns}))
+    (tmp_path / "results.json").write_text(json.dumps([{"image_id": i, "caption": p} for i, p in zip(ids, preds)]))
+    coco = score(
+        capsys, "--predictions", str(tmp_path / "results.json"), "--references", str(tmp_path / "captions.json")
+    )
+    assert coco == five
+
+    # lmms-eval: the metric entries; and a log without them (filtered_resps + stringified target, doc_id as id)
+    log = lmms_eval_log(tmp_path / "20250101_samples_coco2017_cap_val.jsonl", ids, preds, refs)
+    assert score(capsys, "--predictions", str(log)) == five
+    bare = write_lines(tmp_path / "bare.jsonl", [{"doc_id": k, "target": str(r), "filtered_resps": [[p]]}
+                                                  for k, (p, r) in enumerate(zip(preds, refs))])  # fmt: skip
+    assert score(capsys, "--predictions", str(bare)) == five
+
+    # VLMEvalKit: <model>_COCO_VAL.tsv, `answer` a stringified list (pandas writes the list's str())
+    tsv = tmp_path / "Qwen2-VL-2B_COCO_VAL.tsv"
+    with open(tsv, "w", newline="") as f:
+        w = csv.writer(f, delimiter="\t")
+        w.writerow(["index", "question", "answer", "prediction"])
+        w.writerows(
+            [k, "Please describe this image in general.", str(r), p] for k, (p, r) in enumerate(zip(preds, refs))
+        )
+    assert score(capsys, "--predictions", str(tsv)) == five
+
+    # LLaMA-Factory's generated_predictions.jsonl: one label per line
+    lf = write_lines(tmp_path / "generated_predictions.jsonl",
+                     [{"prompt": "user\n<image>Describe the image.\nassistant\n", "predict": p, "label": r[0]}
+                      for p, r in zip(preds, refs)])  # fmt: skip
+    assert score(capsys, "--predictions", str(lf)) == one
+
+    # ms-swift infer --result_path: the data set's messages (the answer as the assistant turn) plus `response`;
+    # newer versions put the answer in `labels`
+    user = {"role": "user", "content": "<image>Describe the image."}
+    sw = write_lines(tmp_path / "infer_result.jsonl",
+                     [{"messages": [user, {"role": "assistant", "content": r[0]}], "images": [f"/data/coco/{i}.jpg"],
+                       "response": p} for i, p, r in zip(ids, preds, refs)])  # fmt: skip
+    assert score(capsys, "--predictions", str(sw)) == one
+    sw2 = write_lines(
+        tmp_path / "infer2.jsonl", [{"messages": [user], "labels": r[0], "response": p} for p, r in zip(preds, refs)]
+    )
+    assert score(capsys, "--predictions", str(sw2), "--predictions-format", "swift") == one
+
+    found = {p.name: read_predictions(p)[0] for p in (tmp_path / "results.json", log, bare, tsv, lf, sw, sw2)}
+    assert list(found.values()) == ["coco", "lmms-eval", "lmms-eval", "vlmevalkit", "llamafactory", "swift", "swift"]
+
+
+def test_stringified_lists_are_parsed_and_look_alikes_named(tmp_path, capsys, captions):
+    ids, preds, refs = captions
+    tsv = tmp_path / "m_COCO_VAL.tsv"
+    rows = [[k, str(r), p] for k, (p, r) in enumerate(zip(preds, refs))]
+    rows[1][1] = json.dumps(refs[1])  # JSON quoting parses too
+    rows[2][1] = str(refs[2])[:40]  # a cut-off cell: looks like a list, is not one
+    with open(tsv, "w", newline="") as f:
+        csv.writer(f, delimiter="\t").writerows([["index", "answer", "prediction"], *rows])
+    assert cli(["eval", "--predictions", str(tsv), *METRICS]) == 0
+    err = capsys.readouterr().err
+    assert "warning: " in err and "column 'answer': 1 value(s) look like a stringified list" in err
+    assert "rows 4" in err  # row 4 of the file: the header is row 1
+    _, read = read_predictions(tsv)
+    assert read.references[1] == refs[1] and read.references[0] == refs[0]
+    assert read.references[2] == [str(refs[2])[:40]]  # kept as one caption, and warned about
+
+
+def test_length_note_missing_references_and_xlsx_without_openpyxl(tmp_path, capsys, captions):
+    ids, preds, refs = captions
+    long = [" ".join([p] * 3) for p in preds]  # three times the prediction: well over twice the references' length
+    lf = write_lines(tmp_path / "generated_predictions.jsonl",
+                     [{"prompt": "", "predict": p, "label": r[0]} for p, r in zip(long, refs)])  # fmt: skip
+    assert cli(["eval", "--predictions", str(lf), *METRICS]) == 0
+    assert "over twice their references'" in capsys.readouterr().err
+    assert cli(["eval", "--predictions", str(lf), "--metrics", "bleu", "--format", "json",
+                "--predictions-format", "llamafactory"]) == 0  # fmt: skip
+    capsys.readouterr()
+    (tmp_path / "results.json").write_text(json.dumps([{"image_id": 1, "caption": "a dog"}]))
+    assert cli(["eval", "--predictions", str(tmp_path / "results.json"), *METRICS]) != 0
+    assert "--references: required" in capsys.readouterr().err
+    if importlib.util.find_spec("openpyxl") is None:
+        (tmp_path / "m_COCO_VAL.xlsx").write_bytes(b"PK\x03\x04")
+        assert cli(["eval", "--predictions", str(tmp_path / "m_COCO_VAL.xlsx"), *METRICS]) != 0
+        assert "pip install 'finecap[xlsx]'" in capsys.readouterr().err
