@@ -78,3 +78,58 @@ def test_the_reference_rows_show_the_bounds():
     )  # the upper bound's reason (doc(..., why=...)) after the bounds
     assert rows["tiny_dropout"].endswith(" Must be in [0, 1).")
     assert "Must be" not in rows["lm"]
+
+
+def _string_fields() -> list[tuple[str, str, tuple]]:
+    """Every option whose type is a string or a choice of strings (``Literal``), possibly optional: (section, key, the
+    choices, empty for a free string)."""
+    out = []
+    for section, cls in SECTIONS.items():
+        for f in dataclasses.fields(cls):
+            hints = typing.get_type_hints(cls)
+            tp = hints[f.name]
+            arms = [a for a in typing.get_args(tp) if a is not type(None)] if typing.get_origin(tp) in (
+                typing.Union, __import__("types").UnionType) else [tp]  # fmt: skip
+            for arm in arms:
+                choices = choices_of(arm)
+                if choices is not None and all(isinstance(c, str) for c in choices):
+                    out.append((section, f.name, choices))
+                elif arm is str:
+                    out.append((section, f.name, ()))
+    return out
+
+
+STRING_FIELDS = _string_fields()
+
+
+def test_string_options_are_found():
+    keys = {f"{s}.{k}" for s, k, _ in STRING_FIELDS}
+    assert {"train.mixed_precision", "model.kind", "run.name"} <= keys and len(keys) > 40
+
+
+@pytest.mark.parametrize(("section", "key", "choices"), STRING_FIELDS, ids=[f"{s}.{k}" for s, k, _ in STRING_FIELDS])
+def test_every_string_option_takes_each_choice_and_the_yaml_1_1_words_from_the_command_line(section, key, choices):
+    """``no``, ``off``, ``yes``, ``on`` were YAML 1.1 booleans, so ``train.mixed_precision=no`` arrived as False and
+    was refused: every choice of every string option, plain and quoted, now arrives as the string it is; a free string
+    option keeps those words as strings (another rule of the option may still refuse them, never its type)."""
+    words = choices or ("no", "off", "yes", "on", "No")
+    for word in words:
+        for spelled in (word, f'"{word}"', f"'{word}'"):
+            try:
+                cfg = load(None, [f"{section}.{key}={spelled}"])
+            except ConfigError as e:  # another rule may refuse it (a cross-field one), never its type or choices
+                for words_of_type in ("invalid value", "expected a string", "got False", "got True", "expected"):
+                    assert words_of_type not in str(e), f"{section}.{key}={spelled}: {e}"
+                continue
+            assert getattr(getattr(cfg, section), key) == word, (section, key, spelled)
+
+
+BOOL_CASES = [("yes", True), ("on", True), ("true", True), ("TRUE", True), ("no", False), ("off", False),
+              ("false", False), ("Off", False)]  # fmt: skip
+
+
+@pytest.mark.parametrize(("word", "value"), BOOL_CASES)
+def test_boolean_options_read_the_yaml_1_1_words(word, value):
+    assert load(None, [f"data.pin_memory={word}"]).data.pin_memory is value
+    with pytest.raises(ConfigError, match="expected true/false"):
+        load(None, ["data.pin_memory=maybe"])

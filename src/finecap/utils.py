@@ -507,7 +507,17 @@ class StrictYAMLLoader(yaml.SafeLoader):
       section twice would lose the first; the error names the key and both lines.
 
     Both raise :class:`YAMLRefused` (a ``yaml.YAMLError``) before any value is built. Read with :func:`load_yaml`.
+
+    Booleans are YAML 1.2's: ``true`` and ``false`` (any case) alone. PyYAML's YAML 1.1 also reads ``yes``, ``no``,
+    ``on`` and ``off`` as booleans, so that ``train.mixed_precision=no`` (a string option whose choices are ``no``,
+    ``fp16``, ``bf16``) arrived as ``False`` and was refused; they are now strings, which a string option keeps and
+    a boolean option reads as the boolean they name (:func:`finecap.config.loading` ``_coerce``).
     """
+
+    yaml_implicit_resolvers = {
+        first: [(tag, regexp) for tag, regexp in resolvers if tag != "tag:yaml.org,2002:bool"]
+        for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
+    }
 
     def compose_node(self, parent: Any, index: Any) -> Any:
         event = self.peek_event()
@@ -557,6 +567,11 @@ class StrictYAMLLoader(yaml.SafeLoader):
                         "duplicate",
                     )
                 seen[key] = line
+
+
+StrictYAMLLoader.add_implicit_resolver(
+    "tag:yaml.org,2002:bool", re.compile(r"^(?:true|True|TRUE|false|False|FALSE)$"), list("tTfF")
+)
 
 
 def load_yaml(text: str) -> Any:

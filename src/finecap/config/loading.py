@@ -68,6 +68,12 @@ def _moved_message(key: str, kind: str) -> str:
     return f"{key!r} moved to the backbone sections ({', '.join(where)}); model.kind={kind} has no such option"
 
 
+BOOL_WORDS = {"true": True, "yes": True, "on": True, "false": False, "no": False, "off": False}
+"""What a boolean option reads as a boolean. Values are read as YAML 1.2 (:class:`finecap.utils.StrictYAMLLoader`:
+only ``true`` / ``false`` are booleans), so ``yes``, ``no``, ``on`` and ``off`` reach the options as strings: a
+string option keeps them (``train.mixed_precision=no``), a boolean one reads them here."""
+
+
 def _type_name(tp: Any) -> str:
     if typing.get_origin(tp) is Literal:
         return "one of " + ", ".join(repr(a) for a in typing.get_args(tp))
@@ -112,6 +118,8 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
     if tp is bool:
         if isinstance(value, bool):
             return value
+        if isinstance(value, str) and value.strip().lower() in BOOL_WORDS:  # YAML 1.1's words, read as strings
+            return BOOL_WORDS[value.strip().lower()]
         raise ConfigError(f"{key}: expected true/false, got {short_repr(value)}")
     if tp is int:
         if isinstance(value, int) and not isinstance(value, bool):
@@ -304,8 +312,8 @@ def parse_override(item: str) -> tuple[list[str], Any]:
         value = raw  # an alias before any anchor never was YAML (`*best`): the text itself, as before
     except (yaml.YAMLError, ValueError):  # not YAML (or an integer of thousands of digits): the text itself
         value = raw
-    if isinstance(value, str):
-        # YAML reads "1e-4" as a string; let the field type decide.
+    if isinstance(value, str) and raw.strip()[:1] not in ("'", '"'):
+        # YAML reads 1e-4 as a string; let the field type decide (a quoted value is the string YAML unquoted).
         value = raw.strip()
     return parts, value
 
