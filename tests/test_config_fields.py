@@ -133,3 +133,15 @@ def test_boolean_options_read_the_yaml_1_1_words(word, value):
     assert load(None, [f"data.pin_memory={word}"]).data.pin_memory is value
     with pytest.raises(ConfigError, match="expected true/false"):
         load(None, ["data.pin_memory=maybe"])
+
+
+@pytest.mark.parametrize("spelled", ["null", "Null", "~", "none", "None", "NONE", '""', "''"])
+def test_an_empty_path_option_takes_null_and_none(spelled):
+    assert load(None, [f"train.init_from={spelled}"]).train.init_from == ""
+    assert load(None, [f"boost.prompts={spelled}"]).boost.prompts == ""
+
+
+def test_none_is_a_name_for_options_that_are_not_paths():
+    assert load(None, ["run.name=none"]).run.name == "none"  # a run may be called that
+    with pytest.raises(ConfigError, match="expected a string"):
+        load(None, ["run.name=null"])

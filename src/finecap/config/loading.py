@@ -26,6 +26,7 @@ from typing import Any, Literal
 import yaml
 
 from finecap.config.fields import ConfigError, constraint_text
+from finecap.config.paths import PATH_KEYS
 from finecap.config.secrets import MASK, SECRET_KEYS, looks_secret, masked_url_secrets
 from finecap.config.sections import MOVED_KEYS, SECTIONS, Config, ModelConfig, moved_key
 from finecap.recipes import resolve_recipe
@@ -72,6 +73,22 @@ BOOL_WORDS = {"true": True, "yes": True, "on": True, "false": False, "no": False
 """What a boolean option reads as a boolean. Values are read as YAML 1.2 (:class:`finecap.utils.StrictYAMLLoader`:
 only ``true`` / ``false`` are booleans), so ``yes``, ``no``, ``on`` and ``off`` reach the options as strings: a
 string option keeps them (``train.mixed_precision=no``), a boolean one reads them here."""
+
+
+def empty_path(value: Any, key: str) -> Any:
+    """``""`` (no path) for a path option (:data:`~finecap.config.paths.PATH_KEYS`) set to YAML's ``null`` (``null``,
+    ``~``) or, for a ``path`` key, to ``none`` in any case: ``train.init_from=null`` reads as everyday speech says,
+    where the empty string is the option's own spelling; any other value as it is.
+
+    >>> empty_path(None, "train.init_from"), empty_path("None", "train.init_from"), empty_path("none", "run.name")
+    ('', '', 'none')
+    """
+    kind = PATH_KEYS.get(key)
+    if kind is None:
+        return value
+    if value is None or (kind == "path" and isinstance(value, str) and value.strip().lower() in ("none", "null")):
+        return ""
+    return value
 
 
 def _type_name(tp: Any) -> str:
@@ -197,7 +214,7 @@ def _build_section(name: str, cls: type, values: dict[str, Any], source: str, or
                 key=key,
             )
         try:
-            kwargs[k] = _coerce(v, hints[k], key)
+            kwargs[k] = _coerce(empty_path(v, key), hints[k], key)
         except ConfigError as e:
             message = f"{key}: expected {_type_name(hints[k])} (the value is not shown)" if looks_secret(key) else e
             raise ConfigError(f"{where}{message}", key=key) from None
