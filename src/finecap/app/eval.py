@@ -171,7 +171,6 @@ def _main(
     # consecutive lines, and a caption's last token can depend on the next line (finecap.metrics.ptb_tokenize)
     preds = {r.image_id: results[r.image_id][0] for r in refs.records if r.image_id in results}
     require_captions([by_id[i] for i in preds], refs.path, refs.format, "the predictions")  # a folder's may have none
-    _length_note(preds, refs.captions(), note)
     pool = refs.records
     if split is None:
         splits = {by_id[i].split for i in preds}
@@ -214,6 +213,7 @@ def _main(
     rename = (lambda k: COCO_NAMES.get(k, k)) if fmt == "coco" else (lambda k: k)
     result = {rename(k): v for k, v in result.items()}
     note(f"{len(preds)} images of {refs.path}" + (f" (split {split})" if split else ""))
+    _length_note(preds, refs.captions(), note)  # after scoring: a command that fails prints its error alone
     if fmt == "table":
         from finecap.report.columns import rules_for  # only for the table
         from finecap.report.table import markdown_table
