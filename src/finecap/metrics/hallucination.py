@@ -3,7 +3,8 @@ annotations, and object recall.
 
 A caption's *object mentions* are the words (and two-word names) of an :class:`ObjectVocabulary`, each read as the
 object category it names (:meth:`ObjectVocabulary.mentions`): the caption is lower-cased and split into words, each
-word lemmatised as a noun (``dogs`` -> ``dog``, ``men`` -> ``man``: LemmInflect, which needs no downloaded corpora),
+word that is not a vocabulary word already lemmatised as a noun (``dogs`` -> ``dog``, ``men`` -> ``man``:
+LemmInflect, which needs no downloaded corpora; its rules for words it does not know would read ``corgi`` as a plural),
 two consecutive words read as one where the vocabulary says so (``hot dog`` is no dog, ``teddy bear`` no bear,
 ``baby bird`` a bird and no person), then every word the vocabulary knows is one mention of its category. A word
 repeated is mentioned again (``a dog chasing another dog``: two mentions). The COCO vocabulary
@@ -104,7 +105,7 @@ class ObjectVocabulary:
     def mentions(self, caption: str) -> list[tuple[str, str]]:
         """``[(word, category), ...]``: the object mentions of ``caption`` in order, a repeated word each time
         (module docstring)."""
-        tokens = [noun_lemma(w) for w in words(caption)]
+        tokens = [w if w in self.words else noun_lemma(w) for w in words(caption)]  # corgi: LemmInflect -> corgus
         merged: list[str] = []
         i = 0
         while i < len(tokens):
