@@ -56,3 +56,24 @@ def test_factory_and_missing_images():
         get_reward("chair", None, instances="nope.json")
     with pytest.raises(ValueError, match=r"rl.rewards.chair: no objects for 1 predicted image\(s\), e.g. \[9\]"):
         ChairReward(OBJECTS)(["a dog"], call_batch([9]))
+
+
+def test_setup_in_a_run_reads_eval_instances_and_the_training_references(tmp_path):
+    from types import SimpleNamespace
+
+    from tests.metrics.test_hallucination import instances_file
+
+    from finecap.config import load
+    from finecap.data.records import Record
+
+    path = instances_file(tmp_path)  # image 3: a hot dog and a dining table
+    records = [Record(3, tmp_path / "3.jpg", "train", ["A dog sniffs hot dogs on a table."])]
+    reward = get_reward("chair", load(None, ["data.format=coco", f"eval.instances={path}"]))
+    reward.setup(
+        SimpleNamespace(cfg=load(None, ["data.format=coco", f"eval.instances={path}"]), train_records=records)
+    )
+    # hot dog, dog (the training reference names one: present), table -> 1 - 0; a cat: 1 - 1
+    assert reward(["hot dogs and a dog on a table", "a cat"], call_batch([3, 3])).total.tolist() == [1.0, 0.0]
+    unset = get_reward("chair", load(None, ["data.format=coco"]))
+    with pytest.raises(ValueError, match=r"^rl.rewards.chair: data.format=coco has no object annotations; set eval"):
+        unset.setup(SimpleNamespace(cfg=load(None, ["data.format=coco"]), train_records=records))
