@@ -28,6 +28,7 @@ REWARDS: dict[str, str] = {
     "cider": "finecap.rewards.cider:build",
     "retrieval": "finecap.rewards.retrieval:build",
     "listener": "finecap.rewards.listener:build",
+    "chair": "finecap.rewards.chair:build",
 }
 """``rl.rewards`` names -> factories ``factory(cfg, **options) -> reward``, for the training loop and every adapter
 (:mod:`finecap.rewards`)."""
@@ -99,6 +100,7 @@ METRIC_GROUPS: dict[str, str] = {
     "clipscore": "finecap.metrics.groups:CLIPSCORE",
     "perplexity": "finecap.metrics.groups:PERPLEXITY",
     "listener": "finecap.metrics.groups:LISTENER",
+    "hallucination": "finecap.metrics.groups:HALLUCINATION",
 }
 """``eval.metrics`` / ``finecap eval --metrics`` names -> :class:`~finecap.metrics.group.MetricGroup` records (their
 computation, inputs and columns with each one's direction: :mod:`finecap.metrics.groups`)."""

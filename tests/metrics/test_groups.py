@@ -24,7 +24,7 @@ def test_every_registered_group_is_a_record_named_as_its_row():
 def test_the_suites_tables_come_from_the_records():
     # the values these tables held when they were written by hand
     assert IMAGE_METRICS == ("retrieval", "bags", "clipscore")
-    assert NOT_IMAGE_MEANS == ("BLEU-1", "BLEU-2", "BLEU-3", "BLEU-4", "METEOR")
+    assert NOT_IMAGE_MEANS == ("BLEU-1", "BLEU-2", "BLEU-3", "BLEU-4", "METEOR", "CHAIRi")
     assert {n for n, g in METRICS.items() if "world" in g.reads} == {"faithfulness", "listener"}
     assert METRICS["meteor"].unavailable is not None and METRICS["spice"].unavailable is not None
 
@@ -38,6 +38,8 @@ def test_column_rules_are_the_groups_columns_exceptions_first():
     # the diversity group's self-BLEU is lower-is-better although the bleu group, registered first, says *BLEU-*
     assert direction("sample/mBLEU-4") == "lower" and direction("BLEU-4") == "higher"
     assert direction("perplexity/tokens") is None and is_count("perplexity/tokens")  # before *perplexity*, its group's
+    assert direction("CHAIRs") == direction("CHAIRi") == "lower" and direction("chair/recall") == "higher"
+    assert direction("chair/objects") is None
     assert direction("perplexity") == "lower"
 
 

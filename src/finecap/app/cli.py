@@ -198,6 +198,7 @@ def cmd_eval(args: argparse.Namespace) -> None:
         references=args.references,
         images=args.images,
         bags=args.bags,
+        instances=args.instances,
         metrics=args.metrics,
         predictions_format=args.predictions_format,
         out=args.out,
@@ -438,6 +439,8 @@ def build_parser() -> argparse.ArgumentParser:
                    "optional when the predictions file holds them")  # fmt: skip
     p.add_argument("--images", default=None, help="image root for relative paths")
     p.add_argument("--bags", default=None, help="bags JSON from `finecap bags build`")
+    p.add_argument("--instances", default=None, metavar="FILE", help="COCO instances_*.json for the hallucination "
+                   "metrics (CHAIR; default: eval.instances)")  # fmt: skip
     p.add_argument("--metrics", default=None, help="comma-separated metric names (default: eval.metrics, or what the "
                    "references allow: caption metrics always, image metrics when the images resolve, see "
                    "docs/evaluation.md)")  # fmt: skip

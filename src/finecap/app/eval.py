@@ -1,7 +1,8 @@
 """``finecap eval``: score a COCO results file against a reference data set, print the scores, write JSON.
 
 ``finecap eval --predictions results.json --references DATA [--metrics ...] [--images DIR] [--bags bags.json]
-[--split S] [--format table|json|coco] [--out scores.json] [--per-image items.json] [--predictions-format F]`` calls
+[--instances instances.json] [--split S] [--format table|json|coco] [--out scores.json] [--per-image items.json]
+[--predictions-format F]`` calls
 :func:`main`, which reads the files and calls :func:`finecap.metrics.suite.evaluate_items` (the metric groups and
 their keys are listed there).
 
@@ -10,7 +11,8 @@ their keys are listed there).
   installed (no Java needed), ``rouge``, ``cider``, ``spice`` when Java and its jars are: pycocoevalcap's five),
   ``length`` and ``vocab``, image metrics (``clipscore``, ``retrieval``; ``bags`` with ``--bags``) when every
   image file of the references exists and a retriever is known (``retriever.checkpoint``, or the world's trained
-  encoder), the world's ``faithfulness`` on a world, ``perplexity`` when ``eval.lm`` is set. What is left out is
+  encoder), the world's ``faithfulness`` on a world, ``hallucination`` (CHAIR) with ``--instances`` (or
+  ``eval.instances``: a COCO ``instances_*.json``), ``perplexity`` when ``eval.lm`` is set. What is left out is
   said in one note each. A group asked for by name that cannot run here is an error naming ``--metrics`` (or
   ``eval.metrics``) and why.
 - Output: a Markdown table on stdout (``--format table``, default), or only the JSON ``{metric: value}``
@@ -69,6 +71,7 @@ def main(
     references: str | Path | None,
     images: str | Path | None = None,
     bags: str | Path | None = None,
+    instances: str | Path | None = None,
     metrics: str | Sequence[str] | None = None,
     out: str | Path | None = None,
     split: str | None = None,
@@ -85,6 +88,9 @@ def main(
     Without ``split`` the retrieval pool is the split of the predicted images (or every referenced image when they
     span several splits).
 
+    ``instances``: a COCO ``instances_*.json`` for the ``hallucination`` group (default ``eval.instances``); a
+    missing or malformed one is an error naming ``--instances``.
+
     ``predictions_format``: a name of :data:`finecap.registry.PREDICTION_FORMATS` or ``"auto"`` (detected).
     ``references`` may be ``None`` when the predictions file carries them.
 
@@ -96,12 +102,18 @@ def main(
         raise ValueError(f"--format: expected one of {', '.join(FORMATS)}, got {fmt!r}")
     check_outputs(
         [("--out", out, "scores"), ("--per-image", per_image, "per-image")],
-        {"--predictions": predictions, "--references": references, "--bags": bags, "recipe": recipe},
+        {
+            "--predictions": predictions,
+            "--references": references,
+            "--bags": bags,
+            "--instances": instances,
+            "recipe": recipe,
+        },
         force=force,
     )
     with _cyclic_gc_paused():
         return _main(cfg, predictions=predictions, references=references, images=images, bags=bags,
-                     metrics=metrics, out=out, split=split, fmt=fmt, per_image=per_image,
+                     instances=instances, metrics=metrics, out=out, split=split, fmt=fmt, per_image=per_image,
                      predictions_format=predictions_format)  # fmt: skip
 
 
@@ -126,6 +138,7 @@ def _main(
     references: str | Path | None,
     images: str | Path | None,
     bags: str | Path | None,
+    instances: str | Path | None,
     metrics: str | Sequence[str] | None,
     out: str | Path | None,
     split: str | None,
@@ -151,6 +164,7 @@ def _main(
     if repeated:
         note(f"{len(repeated)} image(s) have several captions: the first is scored, all of them are diversity samples")
     bag_data = read_bags(bags) if bags is not None else None
+    objects = _read_instances(cfg, instances)
     if references is not None:
         refs = load_references(cfg, references, split=split, images=images)
         if read.references is not None:
@@ -181,7 +195,7 @@ def _main(
         print(f"note: the predictions cover {len(preds)} of the {len(pool)} reference images"
               f"{f' of split {split!r}' if split else ''}; {len(unscored)} are not scored, "
               f"e.g. {unscored[:MAX_LISTED]}", file=sys.stderr)  # fmt: skip
-    why_not = _reasons(cfg, refs, pool, samples=samples, bags=bag_data)
+    why_not = _reasons(cfg, refs, pool, samples=samples, bags=bag_data, instances=objects)
     if asked is not None:
         names = asked
         for name in names:
@@ -191,7 +205,7 @@ def _main(
     else:
         names, skipped = [], {}
         for name in default_metrics(coco=fmt == "coco", world=refs.scenes is not None, bags=bag_data is not None,
-                                    lm=bool(cfg.eval.lm)):  # fmt: skip
+                                    lm=bool(cfg.eval.lm), instances=objects is not None):  # fmt: skip
             reason = why_not(name, False)
             if reason:
                 skipped.setdefault(reason, []).append(name)
@@ -207,6 +221,7 @@ def _main(
         scenes=refs.scenes,
         bags=bag_data,
         samples=samples,
+        instances=objects,
         cfg=cfg,
         per_image=per_image is not None,
     )
@@ -233,6 +248,18 @@ def _main(
     return result
 
 
+def _read_instances(cfg: Config, instances: str | Path | None) -> dict | None:
+    """The ``{image id: annotated categories}`` of ``--instances`` (else ``eval.instances``), or None; errors name
+    the option it came from."""
+    if instances is None and not cfg.eval.instances:
+        return None
+    from finecap.metrics.hallucination import read_instances  # the CHAIR vocabulary: only when asked for
+
+    if instances is not None:
+        return read_instances(instances, "--instances")
+    return read_instances(cfg.eval.instances, "eval.instances")
+
+
 def _carried_references(path: Path, pred_format: str, references: dict) -> LoadedReferences:
     """The references a predictions file carries, as reference records (no image files: image metrics say so)."""
     records = [Record(i, path.with_name(f"{path.name}#image-{i}"), "", refs) for i, refs in references.items()]
@@ -250,20 +277,28 @@ def _length_note(preds: dict, references: dict, note: Callable[..., None]) -> No
              "references of their own length, or with reference-free metrics (clipscore)")  # fmt: skip
 
 
-def default_metrics(*, coco: bool, world: bool, bags: bool, lm: bool) -> list[str]:
+def default_metrics(*, coco: bool, world: bool, bags: bool, lm: bool, instances: bool = False) -> list[str]:
     """The metric groups ``finecap eval`` runs without ``--metrics`` / ``eval.metrics``, those that cannot run here
     left out (module docstring): pycocoevalcap's five with ``coco``; else also the text statistics, the world's
-    faithfulness on a world, the image metrics (bags with a bags file) and perplexity when ``eval.lm`` is set."""
+    faithfulness on a world, CHAIR with instance annotations, the image metrics (bags with a bags file) and
+    perplexity when ``eval.lm`` is set."""
     if coco:
         return list(CAPTION_METRICS)
     names = [*CAPTION_METRICS, *TEXT_METRICS]
     names += ["faithfulness"] if world else []
+    names += ["hallucination"] if instances else []
     names += ["clipscore", "retrieval"] + (["bags"] if bags else [])
     return names + (["perplexity"] if lm else [])
 
 
 def _reasons(
-    cfg: Config, refs: LoadedReferences, pool: list, *, samples: dict | None, bags: dict | None
+    cfg: Config,
+    refs: LoadedReferences,
+    pool: list,
+    *,
+    samples: dict | None,
+    bags: dict | None,
+    instances: dict | None = None,
 ) -> Callable[[str, bool], str | None]:
     """``why_not(group, asked)``: why a metric group cannot run on these inputs here, or ``None``. ``asked``: the
     group was asked for by name (its error then says all that is missing; the default set only needs a yes/no, and
@@ -299,6 +334,8 @@ def _reasons(
             return "it needs a language model: set eval.lm=<causal LM name or path>"
         if "bags" in reads and bags is None:
             return "it needs a bags file: pass --bags (from `finecap bags build`)"
+        if "instances" in reads and instances is None:
+            return "it needs COCO instance annotations: pass --instances instances_<split>.json (or eval.instances)"
         if "images" in reads:
             return images(asked)
         return None

@@ -29,6 +29,7 @@ PATH_KEYS: dict[str, Literal["path", "name_or_path"]] = {
     "vlm.name": "name_or_path",
     "train.init_from": "path",
     "eval.lm": "name_or_path",
+    "eval.instances": "path",
     "boost.prompts": "path",
     "boost.llm_model": "name_or_path",
     "boost.vlm_model": "name_or_path",

@@ -752,6 +752,9 @@ class EvalConfig(Section, name="eval"):
         "query", "TrueMatch intra-bag similarity: query-to-members mean (NDLB Alg. 1) or mean over all pairs."
     )
     lm: str = doc("", "Causal LM (HF name or path) scoring caption perplexity; needed by the 'perplexity' metric.")
+    instances: str = doc(
+        "", "COCO instances_*.json of the hallucination metric (CHAIR) and the chair reward; finecap eval --instances."
+    )
     batch_size: int = doc(
         64,
         "Captions per forward pass of the perplexity language model.",

@@ -26,6 +26,9 @@ Rewards (``name``: a name of finecap's one reward table, :data:`finecap.registry
   facts and ranks the call's distinct images by support (true facts - false facts); the reward is its expected R@1 of
   the completion's own image, ties broken uniformly: ``1 / (1 + tied)`` when no image has more support, else 0.
   Options: ``scenes={image_id: Scene}`` or ``world=<folder of a finecap world>`` (one of them).
+- ``"chair"``: 1 - the share of the completion's object mentions that are hallucinated (CHAIR,
+  :mod:`finecap.rewards.chair`). Options: ``objects={image_id: categories}`` or ``instances=<COCO instances_*.json>``
+  (one of them), ``references={image_id: [captions]}`` (their objects count as present), ``recall_weight=0.0``.
 
 Every reward is called as in the training loop, ``reward(texts, batch)``, with the call's distinct images as the batch
 (:func:`finecap.rewards.call_batch`), so its values are the training loop's on the same captions and images.

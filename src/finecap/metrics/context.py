@@ -22,11 +22,12 @@ if TYPE_CHECKING:
 @dataclass
 class EvalContext:
     """What a metric group's ``compute`` gets: the evaluation's inputs (``predictions`` ``{image id: caption}``,
-    ``references``, ``images``, ``scenes``, ``bags``, ``samples``: None when not given; read them with
-    :meth:`need`, which says what is missing), the configuration ``cfg``, the group names ``requested`` together,
-    and the values the groups share, computed once: PTB-tokenised text (:meth:`tok_predictions`,
-    :meth:`tok_references`), the retriever and its caption-image scores. A group records its per-image scores with
-    :meth:`add_items`."""
+    ``references``, ``images``, ``scenes``, ``bags``, ``samples``, ``instances`` (``{image id: annotated object
+    categories}`` of a COCO instances file, :func:`finecap.metrics.hallucination.read_instances`): None when not
+    given; read them with :meth:`need`, which says what is missing), the configuration ``cfg``, the group names
+    ``requested`` together, and the values the groups share, computed once: PTB-tokenised text
+    (:meth:`tok_predictions`, :meth:`tok_references`), the retriever and its caption-image scores. A group records
+    its per-image scores with :meth:`add_items`."""
 
     predictions: dict[Hashable, str]
     references: dict[Hashable, list[str]] | None
@@ -36,6 +37,7 @@ class EvalContext:
     scenes: Mapping[Hashable, Scene] | None = None
     bags: dict[int, list[list[Hashable]]] | None = None
     samples: dict[Hashable, list[str]] | None = None
+    instances: Mapping[Hashable, frozenset[str]] | None = None
     requested: tuple[str, ...] = ()
     items: dict[Hashable, dict[str, float]] | None = None  # per-image scores, when asked for (evaluate_items)
     cache: dict[str, Any] = field(default_factory=dict)
@@ -48,7 +50,8 @@ class EvalContext:
                 row.update({k: float(scores[k]) for k in keys if k in scores})
 
     def need(self, what: str, group: str, hint: str) -> Any:
-        """The input ``what`` (``"references"``, ``"images"``, ``"scenes"``, ``"bags"``, ``"samples"``); when it was
+        """The input ``what`` (``"references"``, ``"images"``, ``"scenes"``, ``"bags"``, ``"samples"``,
+        ``"instances"``); when it was
         not given, a ``ValueError`` naming the metric ``group`` and what to do (``hint``)."""
         value = getattr(self, what)
         if value is None:

@@ -16,9 +16,9 @@ Example (a built-in record, and a group of one's own that counts the words of ea
     >>> def words(ctx):
     ...     return {"words": sum(len(c.split()) for c in ctx.predictions.values()) / len(ctx.predictions)}
     >>> WORDS = MetricGroup("words", words, columns=(Column("words", None),))
-    >>> MetricGroup("bad", words, reads={"pictures"})
+    >>> MetricGroup("bad", words, reads={"pictures"})  # doctest: +ELLIPSIS
     Traceback (most recent call last):
-    ValueError: metric group 'bad': unknown input(s) ['pictures']; valid: references, images, world, samples, bags, lm
+    ValueError: metric group 'bad': unknown input(s) ['pictures']; valid: references, images, world, samples, bags, ...
 """
 
 from __future__ import annotations
@@ -36,9 +36,10 @@ if TYPE_CHECKING:
 Direction = Literal["higher", "lower"]
 """Which value of a column is better."""
 
-Input = Literal["references", "images", "world", "samples", "bags", "lm"]
+Input = Literal["references", "images", "world", "samples", "bags", "lm", "instances"]
 """What a group reads besides the captions: reference captions, image files (through the retriever), the world's
-scene graphs, several sampled captions per image, TrueMatch bags, a causal language model (``eval.lm``)."""
+scene graphs, several sampled captions per image, TrueMatch bags, a causal language model (``eval.lm``), COCO
+instance annotations (``--instances`` / ``eval.instances``)."""
 INPUTS: tuple[str, ...] = get_args(Input)
 
 

@@ -4,7 +4,8 @@
 The columns say which way is better for every key a group writes, by ``fnmatch`` pattern; a leading ``*`` also
 covers the same key under a prefix (``sample/Div-1``, ``listener/RD19/R@1``, ``family/R@1``), as the demo's tables
 write them. Importing this module imports no torch: the groups of the world (faithfulness, listener), of images
-(retrieval, bags, clipscore), perplexity and SPICE (Java) import their modules when they run.
+(retrieval, bags, clipscore), perplexity, SPICE (Java) and hallucination (LemmInflect) import their modules when they
+run.
 """
 
 from __future__ import annotations
@@ -188,6 +189,31 @@ LISTENER = MetricGroup("listener", _listener, reads=frozenset({"world"}),
                        columns=(Column("*tie_rate", "lower"), Column("*exploit", "lower"), *RANKS))  # fmt: skip
 """The fact-based listener's recalls; its ties (it cannot tell the target from a distractor) and ``exploit`` (the
 retriever is right where the facts do not say so) are lower-is-better."""
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# Objects of real images (COCO's instance annotations)
+# --------------------------------------------------------------------------------------------------------------------
+
+
+def _hallucination(ctx: EvalContext) -> dict[str, float]:
+    """CHAIR and object recall against the instance annotations (and the references' objects, when given)."""
+    from finecap.metrics.hallucination import chair
+
+    hint = "pass a COCO instances_*.json (finecap eval --instances FILE, or eval.instances)"
+    objects = ctx.need("instances", "hallucination", hint)
+    corpus, items = chair(ctx.predictions, objects, ctx.references, source="hallucination (instances)")
+    ctx.add_items({i: c.scores() for i, c in items.items()}, ["CHAIRs", "CHAIRi", "chair/recall", "chair/objects"])
+    return corpus
+
+
+HALLUCINATION = MetricGroup("hallucination", _hallucination, reads=frozenset({"instances"}),
+                            columns=(Column("*CHAIR*", "lower"), Column("*chair/recall", "higher"),
+                                     Column("*chair/objects", None)),
+                            not_image_means=("CHAIRi",))  # fmt: skip
+"""CHAIRs, CHAIRi (lower: fewer hallucinated objects), object recall (higher) and object mentions per caption (no
+direction), :mod:`finecap.metrics.hallucination`. CHAIRi pools mentions over the corpus: the mean of the per-image
+values is not the corpus value."""
 
 
 # --------------------------------------------------------------------------------------------------------------------

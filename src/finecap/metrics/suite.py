@@ -6,38 +6,42 @@
 :data:`finecap.registry.METRIC_GROUPS` names, or by the dotted path of a user's own record (``"pkg.module:GROUP"``);
 an unknown name raises ``ValueError`` listing the valid ones:
 
-============  =====================================================  ======================================
-group         keys                                                   needs
-============  =====================================================  ======================================
-bleu          ``BLEU-1`` .. ``BLEU-4``                               references
-rouge         ``ROUGE-L``                                            references
-cider         ``CIDEr-D``                                            references
-meteor        ``METEOR`` (optional: skipped with a warning without   references, pycocoevalcap's data (no
-              pycocoevalcap's data; no Java with the default         Java; ``eval.meteor_backend=java``: Java)
-              ``eval.meteor_backend=python``)
-spice         ``SPICE`` (optional, likewise)                         references, Java + SPICE jars
-length        ``Length`` (mean words per caption)                    --
-vocab         ``Lexical diversity`` (distinct words), ``Vocab        --
-              usage`` (words used >= ``eval.vocab_min_count`` = 5
-              times, NDLB Table 6)
-diversity     ``Div-1``, ``Div-2``, ``mBLEU-4``                      ``samples`` (>= 2 captions per image)
-faithfulness  ``faith/precision``, ``faith/recall``, hallucination   scene graphs (the world)
-              counts (:mod:`finecap.metrics.faithfulness`)
-retrieval     ``RD{N}/R@1,5,10``, ``mean_rank``, ``median_rank``     images + retriever
-              (N = ``eval.n_distractors`` random distractors,
-              ``eval.draws`` draws) and ``pool/...`` (the whole
-              image pool)
-bags          ``bag{s}/R@1``, ``mean_rank``, ``median_rank``,        images + retriever + bags
-              ``n`` per bag size s (TrueMatch)
-clipscore     ``CLIPScore``, ``RefCLIPScore``, ``ClipSc`` (NDLB)     images + retriever (+ references)
-listener      ``listener/RD{N}/R@1``, ``listener/bag{s}/R@1``, tie   scene graphs (+ bags; + images and
-              rate, ``exploit`` (:mod:`finecap.metrics.listener`)    retriever for ``exploit``)
-perplexity    ``perplexity``, ``perplexity/nll``, ...                ``eval.lm`` (a causal LM)
-============  =====================================================  ======================================
+=============  =====================================================  ======================================
+group          keys                                                   needs
+=============  =====================================================  ======================================
+bleu           ``BLEU-1`` .. ``BLEU-4``                               references
+rouge          ``ROUGE-L``                                            references
+cider          ``CIDEr-D``                                            references
+meteor         ``METEOR`` (optional: skipped with a warning without   references, pycocoevalcap's data (no
+               pycocoevalcap's data; no Java with the default         Java; ``eval.meteor_backend=java``: Java)
+               ``eval.meteor_backend=python``)
+spice          ``SPICE`` (optional, likewise)                         references, Java + SPICE jars
+length         ``Length`` (mean words per caption)                    --
+vocab          ``Lexical diversity`` (distinct words), ``Vocab        --
+               usage`` (words used >= ``eval.vocab_min_count`` = 5
+               times, NDLB Table 6)
+diversity      ``Div-1``, ``Div-2``, ``mBLEU-4``                      ``samples`` (>= 2 captions per image)
+faithfulness   ``faith/precision``, ``faith/recall``, hallucination   scene graphs (the world)
+               counts (:mod:`finecap.metrics.faithfulness`)
+retrieval      ``RD{N}/R@1,5,10``, ``mean_rank``, ``median_rank``     images + retriever
+               (N = ``eval.n_distractors`` random distractors,
+               ``eval.draws`` draws) and ``pool/...`` (the whole
+               image pool)
+bags           ``bag{s}/R@1``, ``mean_rank``, ``median_rank``,        images + retriever + bags
+               ``n`` per bag size s (TrueMatch)
+clipscore      ``CLIPScore``, ``RefCLIPScore``, ``ClipSc`` (NDLB)     images + retriever (+ references)
+listener       ``listener/RD{N}/R@1``, ``listener/bag{s}/R@1``, tie   scene graphs (+ bags; + images and
+               rate, ``exploit`` (:mod:`finecap.metrics.listener`)    retriever for ``exploit``)
+perplexity     ``perplexity``, ``perplexity/nll``, ...                ``eval.lm`` (a causal LM)
+hallucination  ``CHAIRs``, ``CHAIRi``, ``chair/recall``,              COCO instance annotations (``instances``
+               ``chair/objects`` (CHAIR, object recall:               or ``eval.instances``; + references)
+               :mod:`finecap.metrics.hallucination`)
+=============  =====================================================  ======================================
 
 Text handling: the n-gram metrics, METEOR, SPICE, length, vocabulary and diversity metrics see PTB-tokenised text
 (:func:`finecap.metrics.ptb_tokenize.tokenize`: lower-cased, punctuation removed), as pycocoevalcap does;
-faithfulness, the CLIP metrics and perplexity see the captions as written. Recalls are fractions in ``[0, 1]``,
+faithfulness, the CLIP metrics, perplexity and hallucination (which splits and lemmatises them itself) see the
+captions as written. Recalls are fractions in ``[0, 1]``,
 ranks start at 1. The images evaluated are those of ``predictions`` (like pycocoevalcap); extra references are
 ignored, but the retrieval pool is every image given in ``images``.
 
@@ -51,7 +55,9 @@ value: ``Length``; ``Div-1`` and ``Div-2`` (of the image's sampled captions); ``
 ``faith/facts``, ``faith/halluc_rate`` (1 when the caption states a false fact); ``RD{N}/R@k`` (the share of the
 ``eval.draws`` draws in which the image ranks in the top k), ``RD{N}/mean_rank``, ``pool/R@k`` (1 or 0),
 ``pool/mean_rank``; ``bag{s}/R@k`` and ``bag{s}/mean_rank`` for the images in a bag of size s; ``CLIPScore`` and
-``RefCLIPScore``. Of the per-image keys, only those of :data:`NOT_IMAGE_MEANS` do not average to their corpus value.
+``RefCLIPScore``; ``CHAIRs``, ``CHAIRi`` (the caption's own share), ``chair/objects`` and ``chair/recall`` (for
+images with annotated objects). Of the per-image keys, only those of :data:`NOT_IMAGE_MEANS` do not average to their
+corpus value.
 Keys with no per-image value: the medians and counts (``median_rank``, ``bag{s}/n``, ``faith/hallucinated``,
 ``faith/halluc/<kind>``, ``retrieval/truncated`` and ``clipscore/truncated``: captions longer than the retriever's
 text window, written only when there is one, :mod:`finecap.models.text_window`), the pooled or set-level scores
@@ -74,6 +80,7 @@ Example::
 from __future__ import annotations
 
 from collections.abc import Hashable, Mapping, Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from finecap.config import did_you_mean, load
@@ -152,6 +159,7 @@ def evaluate_items(
     scenes: Mapping[Hashable, Scene] | None = None,
     bags: Mapping[int, Sequence[Sequence[Hashable]]] | Sequence[Sequence[Hashable]] | None = None,
     samples: Mapping[Hashable, Sequence[str]] | None = None,
+    instances: str | Path | Mapping[Hashable, frozenset[str]] | None = None,
     cfg: Config | None = None,
     per_image: bool = True,
 ) -> tuple[dict[str, float], dict[Hashable, dict[str, float]]]:
@@ -175,6 +183,11 @@ def evaluate_items(
             grouped.setdefault(len(b), []).append(list(b))
         bags = grouped
     groups = [metric_group(name) for name in names]
+    if isinstance(instances, (str, Path)) or (instances is None and cfg.eval.instances):
+        from finecap.metrics.hallucination import read_instances
+
+        option = "instances" if instances is not None else "eval.instances"
+        instances = read_instances(instances if instances is not None else cfg.eval.instances, option)
     ctx = EvalContext(
         predictions=dict(predictions),
         references={i: r if type(r) is list else list(r) for i, r in references.items()}
@@ -186,6 +199,7 @@ def evaluate_items(
         scenes=scenes,
         bags={int(s): [list(b) for b in v] for s, v in bags.items()} if bags is not None else None,
         samples={i: list(s) for i, s in samples.items()} if samples is not None else None,
+        instances=instances,
         requested=tuple(names),
         items={i: {} for i in predictions} if per_image else None,
     )
@@ -210,6 +224,8 @@ def evaluate() -> dict[str, float]:
         scenes: ``{image_id: Scene}`` for ``faithfulness``.
         bags: ``{size: [[image_id, ...], ...]}`` (or a plain list of bags) for ``bags``.
         samples: ``{image_id: [sampled captions]}`` for ``diversity``.
+        instances: a COCO ``instances_*.json`` (or its ``{image_id: categories}``,
+            :func:`finecap.metrics.hallucination.read_instances`) for ``hallucination``; default ``eval.instances``.
         cfg: configuration (``eval.*``, ``run.cache_dir``, ``retriever.*``); default: the defaults.
 
     Returns:

@@ -1,0 +1,154 @@
+"""CHAIR (the ``hallucination`` metric group) on hand-built COCO instance files, its ``--instances`` errors, and
+``finecap eval --metrics hallucination --instances FILE`` end to end. The expected values are counted by hand in the
+comments."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from tests.helpers.cli import refused, run_cli
+
+from finecap.data.records import DataError
+from finecap.metrics.hallucination import chair, coco_vocabulary, read_instances
+from finecap.metrics.suite import evaluate_items
+
+# COCO's category ids
+CATEGORIES = [{"id": 1, "name": "person"}, {"id": 2, "name": "bicycle"}, {"id": 6, "name": "bus"},
+              {"id": 17, "name": "cat"}, {"id": 18, "name": "dog"}, {"id": 58, "name": "hot dog"},
+              {"id": 67, "name": "dining table"}, {"id": 88, "name": "teddy bear"}]  # fmt: skip
+ANNOTATED = {1: [1, 1, 18, 2], 2: [17, 88, 67], 3: [58, 67], 4: []}  # image 1: two people, a dog, a bicycle
+CAPTIONS = {
+    # men -> person, bikes -> bicycle, puppies -> dog, bus: hallucinated. 4 mentions, 1 hallucinated; recall 3/3
+    1: "Two men ride bikes while their puppies run beside a bus.",
+    # kitten -> cat (twice: two mentions), teddy bear (one object, no bear). 3 mentions, none hallucinated; recall:
+    # cat, teddy bear of cat, teddy bear, dining table = 2/3
+    2: "A kitten hugs a teddy bear; the kitten sleeps.",
+    # hot dogs -> hot dog (no dog), dog: hallucinated, table -> dining table. 3 mentions, 1 hallucinated; recall 2/2
+    3: "Hot dogs and a dog on a table.",
+}
+
+
+def instances_file(tmp_path, annotated=ANNOTATED, categories=CATEGORIES, name="instances_val2014.json"):
+    annotations = [{"id": 100 * i + k, "image_id": i, "category_id": c, "bbox": [0, 0, 1, 1]}
+                   for i, cats in annotated.items() for k, c in enumerate(cats)]  # fmt: skip
+    data = {"images": [{"id": i, "file_name": f"{i}.jpg"} for i in annotated], "annotations": annotations,
+            "categories": categories}  # fmt: skip
+    path = tmp_path / name
+    path.write_text(json.dumps(data))
+    return path
+
+
+def test_mentions_read_synonyms_plurals_two_word_names_and_the_reference_rules():
+    vocab = coco_vocabulary()
+    assert len(vocab.categories) == 80
+    mentions = vocab.mentions
+    assert mentions("Two men with their puppies") == [("man", "person"), ("puppy", "dog")]  # plurals lemmatised
+    assert mentions("hot dogs beside a teddy bear") == [("hot dog", "hot dog"), ("teddy bear", "teddy bear")]
+    assert mentions("a dog chasing another dog") == [("dog", "dog"), ("dog", "dog")]  # a repeated word: twice
+    assert mentions("a baby elephant and a passenger jet") == [("elephant", "elephant"), ("jet", "airplane")]
+    assert mentions("the seat of the toilet") == [("toilet", "toilet")]  # no chair beside a toilet
+    found = mentions("people on skis, wine glasses and mice")
+    assert found == [("people", "person"), ("skis", "skis"), ("wine glass", "wine glass"), ("mouse", "mouse")]
+    assert mentions("A dog's bowl.") == [("dog", "dog"), ("bowl", "bowl")]
+    # a vocabulary word is not lemmatised (LemmInflect's rules for words it does not know make corgi "corgus")
+    assert mentions("a corgi and two corgis") == [("corgi", "dog"), ("corgi", "dog")]
+    assert mentions("a view of the sky") == []
+
+
+def test_chair_counts_per_caption_and_corpus(tmp_path):
+    objects = read_instances(instances_file(tmp_path))
+    assert objects[1] == {"person", "dog", "bicycle"} and objects[4] == frozenset()  # an image without objects
+    corpus, items = chair(CAPTIONS, objects)
+    assert [len(items[i].mentions) for i in (1, 2, 3)] == [4, 3, 3]
+    assert items[1].hallucinated == (("bus", "bus"),) and items[3].hallucinated == (("dog", "dog"),)
+    assert {i: items[i].scores() for i in items} == {
+        1: {"CHAIRs": 1.0, "CHAIRi": 0.25, "chair/objects": 4.0, "chair/recall": 1.0},  # 1 of 4; 3 of 3
+        2: {"CHAIRs": 0.0, "CHAIRi": 0.0, "chair/objects": 3.0, "chair/recall": pytest.approx(2 / 3)},
+        3: {"CHAIRs": 1.0, "CHAIRi": pytest.approx(1 / 3), "chair/objects": 3.0, "chair/recall": 1.0},
+    }
+    assert corpus == {
+        "CHAIRs": pytest.approx(2 / 3),  # captions 1 and 3 of 3
+        "CHAIRi": pytest.approx(0.2),  # (1 + 0 + 1) hallucinated of (4 + 3 + 3) mentions: pooled, not the mean 0.194
+        "chair/objects": pytest.approx(10 / 3),
+        "chair/recall": pytest.approx(8 / 9),  # (1 + 2/3 + 1) / 3
+    }
+
+
+def test_reference_captions_add_ground_truth_and_images_without_objects_have_no_recall(tmp_path):
+    objects = read_instances(instances_file(tmp_path))
+    # image 3's reference names a dog: the caption's dog is no hallucination (CHAIR's ground truth is the instance
+    # annotations and the references' objects); recall still counts the annotated objects only (2 of 2)
+    corpus, items = chair({3: CAPTIONS[3], 4: "a bus on the street"}, objects,
+                          references={3: ["A dog sniffs hot dogs on a table."]})  # fmt: skip
+    assert items[3].scores() == {"CHAIRs": 0.0, "CHAIRi": 0.0, "chair/objects": 3.0, "chair/recall": 1.0}
+    # image 4 has no annotated object: its bus is hallucinated, and it has no recall
+    assert items[4].scores() == {"CHAIRs": 1.0, "CHAIRi": 1.0, "chair/objects": 1.0}
+    assert corpus["CHAIRi"] == pytest.approx(1 / 4) and corpus["chair/recall"] == 1.0  # recall: image 3 alone
+
+
+def test_instances_errors_are_one_line_and_name_the_option(tmp_path):
+    def fails(path, *texts, option="--instances"):
+        with pytest.raises(DataError) as e:
+            read_instances(path, option)
+        message = str(e.value)
+        assert "\n" not in message and message.startswith(f"{option}: {path}"), message
+        for text in texts:
+            assert text in message, message
+
+    fails(tmp_path / "nope.json", "no such file")
+    fails(tmp_path, "is a directory")
+    bad = tmp_path / "bad.json"
+    bad.write_text("{not json")
+    fails(bad, "not a JSON file")
+    captions = tmp_path / "captions_val2014.json"
+    captions.write_text(json.dumps({"images": [], "annotations": [{"image_id": 1, "caption": "a dog"}]}))
+    fails(captions, "no 'categories' list", option="eval.instances")
+    lvis = instances_file(tmp_path, {1: [5]}, [{"id": 5, "name": "aardvark"}], name="lvis.json")
+    fails(lvis, "['aardvark'] are not COCO's 80 object categories")
+    stray = instances_file(tmp_path, {1: [99]}, name="stray.json")
+    fails(stray, "category_id 99, not in 'categories'")
+    # a predicted image the file does not hold (another split's file)
+    with pytest.raises(DataError, match=r"^instances: no objects for 1 predicted image\(s\), e.g. \[7\]"):
+        chair({7: "a dog"}, read_instances(instances_file(tmp_path)))
+
+
+def _eval_files(tmp_path):
+    refs = {"images": [{"id": i, "file_name": f"{i}.jpg"} for i in (1, 2, 3)],
+            "annotations": [{"image_id": 1, "id": 11, "caption": "Two people and a dog with a bicycle."},
+                            {"image_id": 2, "id": 12, "caption": "A cat and a stuffed animal on a table."},
+                            {"image_id": 3, "id": 13, "caption": "A dog sniffs hot dogs on a table."}]}  # fmt: skip
+    (tmp_path / "captions_val2014.json").write_text(json.dumps(refs))
+    results = [{"image_id": i, "caption": c} for i, c in CAPTIONS.items()]
+    (tmp_path / "results.json").write_text(json.dumps(results))
+    return tmp_path / "results.json", tmp_path / "captions_val2014.json", instances_file(tmp_path)
+
+
+def test_finecap_eval_hallucination_end_to_end(tmp_path):
+    results, refs, instances = _eval_files(tmp_path)
+    code, out, err = run_cli(["eval", "--predictions", str(results), "--references", str(refs), "--metrics",
+                              "hallucination", "--instances", str(instances), "--format", "json",
+                              "--per-image", str(tmp_path / "items.json")])  # fmt: skip
+    assert code == 0, err
+    # the references add image 3's dog (and image 2's table, annotated already): caption 3 hallucinates nothing;
+    # caption 1's bus is the only hallucination. CHAIRs 1/3; CHAIRi 1 of 10 mentions; recall (1 + 2/3 + 1) / 3
+    expected = {"CHAIRs": 1 / 3, "CHAIRi": 0.1, "chair/objects": 10 / 3, "chair/recall": 8 / 9}
+    assert json.loads(out) == pytest.approx(expected)
+    items = {row["image_id"]: row for row in json.loads((tmp_path / "items.json").read_text())}
+    assert items[1]["CHAIRi"] == 0.25 and items[3]["CHAIRs"] == 0.0
+    assert items[2]["chair/recall"] == pytest.approx(2 / 3)
+    # the same through the library, the file named by path: the same numbers
+    corpus, _ = evaluate_items({1: CAPTIONS[1], 2: CAPTIONS[2], 3: CAPTIONS[3]},
+                               {1: ["Two people and a dog with a bicycle."], 2: ["A cat on a table."],
+                                3: ["A dog sniffs hot dogs on a table."]},
+                               metrics="hallucination", instances=instances, per_image=False)  # fmt: skip
+    assert corpus == json.loads(out)
+
+
+def test_finecap_eval_refuses_missing_or_malformed_instances(tmp_path):
+    results, refs, _ = _eval_files(tmp_path)
+    argv = ["eval", "--predictions", str(results), "--references", str(refs), "--metrics", "hallucination"]
+    refused(argv, "--metrics: metric 'hallucination' cannot run here", "pass --instances")
+    refused([*argv, "--instances", str(tmp_path / "missing.json")], "--instances:", "missing.json", "no such file")
+    refused([*argv, "--instances", str(refs)], "--instances:", "no 'categories' list")
+    refused([*argv, f"eval.instances={tmp_path / 'gone.json'}"], "eval.instances:", "gone.json", "no such file")

@@ -1,0 +1,79 @@
+"""The ``chair`` reward: 1 - CHAIRi per caption (+ recall_weight x object recall), its logged parts, its factory, and
+the same counts as the ``hallucination`` metric group's."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from finecap.metrics.hallucination import chair
+from finecap.registry import REWARDS
+from finecap.rewards import WeightedSum, call_batch, get_reward
+from finecap.rewards.chair import ChairReward
+
+OBJECTS = {1: frozenset({"dog", "person"}), 2: frozenset({"cat", "teddy bear"}), 3: frozenset()}
+
+
+def test_reward_is_one_minus_the_hallucinated_share_with_its_parts():
+    assert REWARDS["chair"] == "finecap.rewards.chair:build"
+    reward = WeightedSum({"chair": (1.0, get_reward("chair", None, objects=OBJECTS))})
+    captions = [
+        "two men and their dogs",  # person, dog: 0 of 2 hallucinated -> 1.0; recall 2/2
+        "a dog chasing a cat and a frisbee",  # dog, cat, frisbee on image 1: cat, frisbee -> 1 - 2/3; recall 1/2
+        "a kitten with teddy bears",  # image 2: cat, teddy bear -> 1.0; recall 2/2
+        "a kitten on a bus",  # image 2: cat, bus -> 1 - 1/2; recall 1/2
+        "an empty street",  # image 3: no mention -> 1.0 (never wrong); no annotated object -> recall 1
+    ]
+    out = reward(captions, call_batch([1, 1, 2, 2, 3]))
+    assert out.total.tolist() == pytest.approx([1.0, 1 / 3, 1.0, 0.5, 1.0])
+    assert out.parts["chair/CHAIRi"].tolist() == pytest.approx([0.0, 2 / 3, 0.0, 0.5, 0.0])
+    assert out.parts["chair/CHAIRs"].tolist() == [0.0, 1.0, 0.0, 1.0, 0.0]
+    assert out.parts["chair/recall"].tolist() == [1.0, 0.5, 1.0, 0.5, 1.0]
+    assert out.parts["chair/objects"].tolist() == [2.0, 3.0, 2.0, 2.0, 0.0]
+    assert torch.equal(out.parts["chair"], out.total)
+
+
+def test_recall_weight_references_and_the_metric_agree():
+    # recall_weight 0.5: "a dog" on image 1 -> 1 - 0 + 0.5 * 1/2 = 1.25; "a cat" -> 1 - 1 + 0.5 * 0 = 0
+    reward = get_reward("chair", None, objects=OBJECTS, recall_weight=0.5)
+    assert reward(["a dog", "a cat"], call_batch([1, 1])).total.tolist() == [1.25, 0.0]
+    # a reference naming a cat makes the cat ground truth (CHAIR's reference code): 1 - 0
+    with_refs = ChairReward(OBJECTS, {1: ["A dog and a cat."]})
+    assert with_refs(["a cat"], call_batch([1])).total.tolist() == [1.0]
+    # per caption, the reward's CHAIRi is the metric group's
+    captions = {1: "a dog chasing a cat and a frisbee", 2: "a kitten on a bus", 3: "a bus"}
+    _, items = chair(captions, OBJECTS)
+    out = ChairReward(OBJECTS)(list(captions.values()), call_batch(list(captions)))
+    assert out.parts["CHAIRi"].tolist() == pytest.approx([items[i].chair_i for i in captions])
+
+
+def test_factory_and_missing_images():
+    with pytest.raises(ValueError, match="outside a training run give objects="):
+        get_reward("chair", None)
+    with pytest.raises(ValueError, match="not both"):
+        get_reward("chair", None, objects=OBJECTS, instances="x.json")
+    with pytest.raises(ValueError, match=r"^chair: instances: .*nope.json: no such file"):
+        get_reward("chair", None, instances="nope.json")
+    with pytest.raises(ValueError, match=r"rl.rewards.chair: no objects for 1 predicted image\(s\), e.g. \[9\]"):
+        ChairReward(OBJECTS)(["a dog"], call_batch([9]))
+
+
+def test_setup_in_a_run_reads_eval_instances_and_the_training_references(tmp_path):
+    from types import SimpleNamespace
+
+    from tests.metrics.test_hallucination import instances_file
+
+    from finecap.config import load
+    from finecap.data.records import Record
+
+    path = instances_file(tmp_path)  # image 3: a hot dog and a dining table
+    records = [Record(3, tmp_path / "3.jpg", "train", ["A dog sniffs hot dogs on a table."])]
+    reward = get_reward("chair", load(None, ["data.format=coco", f"eval.instances={path}"]))
+    reward.setup(
+        SimpleNamespace(cfg=load(None, ["data.format=coco", f"eval.instances={path}"]), train_records=records)
+    )
+    # hot dog, dog (the training reference names one: present), table -> 1 - 0; a cat: 1 - 1
+    assert reward(["hot dogs and a dog on a table", "a cat"], call_batch([3, 3])).total.tolist() == [1.0, 0.0]
+    unset = get_reward("chair", load(None, ["data.format=coco"]))
+    with pytest.raises(ValueError, match=r"^rl.rewards.chair: data.format=coco has no object annotations; set eval"):
+        unset.setup(SimpleNamespace(cfg=load(None, ["data.format=coco"]), train_records=records))
