@@ -33,7 +33,9 @@ captions run the model's ``forward`` on the prompt ids with the family's image a
 (:class:`Family`) and ``use_cache=True``, so image merging, Qwen3-VL's DeepStack, Gemma 3's bidirectional image
 attention and rope are the model's; caption tokens are then fed from its ``DynamicCache`` at the positions above.
 Under gradient checkpointing in training (transformers drops that cache) teacher forcing is one own forward over
-prompt and caption. Only the world VLM scatters image features into the prompt embeddings itself.
+prompt and caption; a batch where a caption holds the image token (a sampled one can), which that forward would read
+as an image slot, is scored after the prompt's cache with checkpointing paused (:func:`memory.checkpointing_paused`).
+Only the world VLM scatters image features into the prompt embeddings itself.
 
 **Decoding** runs the :class:`finecap.decode.Stepper` protocol: ``start`` pre-fills the cache with that prompt pass;
 ``step`` feeds one token per row with its position; ``select`` reorders cache rows for beams and samples. Greedy,
@@ -813,11 +815,11 @@ class Vlm(CaptionerBase):
             return self._shared_prompt_logits(prompt, rows, input_ids.to(self.device), caption_mask.to(self.device))
         if prompt.embeds is None:  # checkpointing drops that cache: one own forward over prompt and caption
             held = input_ids[:, :-1][caption_mask[:, :-1].bool()] == self.image_token_id
-            if bool(held.any()):
-                raise ValueError(
-                    "a caption holds the image token, which the model's own forward would read as an "
-                    "image slot; train.gradient_checkpointing=false scores it after the prompt's cache"
-                )
+            if bool(held.any()):  # the own forward would read it as an image slot: after the cache, unchecked
+                rows = torch.arange(B, device=self.device)
+                with memory.checkpointing_paused(self):
+                    return self._shared_prompt_logits(prompt, rows, input_ids.to(self.device),
+                                                      caption_mask.to(self.device))  # fmt: skip
             ids = torch.cat([prompt.ids, input_ids[:, :-1].to(prompt.ids)], dim=1)  # (B, P+T-1)
             out = self.model(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=False,
                              logits_to_keep=keep, **self.own_inputs(prompt, T - 1))  # fmt: skip
