@@ -28,6 +28,13 @@ S = 16  # image side (px) the image processors resize to
 STAND_INS = {"smolvlm": "num2words-placeholder", "mistral3": "pixtral-processor-pil-import"}
 """Families whose processor builds here only with a stand-in (module docstring), and its name in the test id."""
 
+
+def family_id(family: str) -> str:
+    """The test id of a family: ``family-<model_type>``, and its stand-in's name where it has one (``pytest -k
+    family`` selects every family test)."""
+    return f"family-{family}" + (f"-{STAND_INS[family]}" if family in STAND_INS else "")
+
+
 QWEN_TEMPLATE = (
     "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{% for c in m['content'] %}{% if c['type'] == 'image' %}"
     "IMAGE{% else %}{{ c['text'] }}{% endif %}{% endfor %}<|im_end|>\n"

@@ -24,14 +24,10 @@ from finecap.config import DecodeConfig
 from finecap.models.vlm import FAMILIES, Vlm
 from finecap.objectives.mle import mle_loss
 from helpers.vlm import batch_of
-from helpers.vlm_families import STAND_INS, tiny_family
+from helpers.vlm_families import family_id, tiny_family
 
 LOGIT_DIFFERENCES: dict[str, float] = {}
 """family -> the largest relative difference of finecap's first-token logits to the model's own forward."""
-
-
-def family_id(family: str) -> str:
-    return f"family-{family}" + (f"-{STAND_INS[family]}" if family in STAND_INS else "")
 
 
 @pytest.fixture(scope="module", params=sorted(FAMILIES), ids=[family_id(f) for f in sorted(FAMILIES)])
