@@ -40,3 +40,37 @@ def test_greedy_captions_are_token_identical(family, tmp_path):
     ours = captioner.generate(captioner.encoder.preprocess(ims), cfg)
     assert torch.equal(theirs.sequences, ours.sequences)
     torch.testing.assert_close(theirs.token_logprobs, ours.token_logprobs, atol=1e-5, rtol=0)
+
+
+def test_the_family_rows_name_what_vllms_own_registry_serves():
+    """Each family row's ``vllm`` is its transformers class where vLLM's ``ModelRegistry`` has that architecture,
+    else empty (docs/vlm.md's table shows it)."""
+    from transformers.models.auto.modeling_auto import MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES
+    from vllm import ModelRegistry
+
+    from finecap.models.vlm import FAMILIES
+
+    served = set(ModelRegistry.get_supported_archs())
+    for model_type, family in FAMILIES.items():
+        architecture = MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES[model_type]
+        assert family.vllm == (architecture if architecture in served else ""), model_type
+    assert any(not f.vllm for f in FAMILIES.values())  # the refusal below has a family to refuse
+
+
+def test_a_family_vllms_registry_lacks_is_refused_by_name_at_start(monkeypatch):
+    """``decode.engine=vllm`` on a family vLLM has no implementation of (Idefics2): one line naming the architecture
+    and vLLM's registry, before the captioner is saved for vLLM or an engine starts."""
+    from finecap.config import ConfigError
+    from finecap.engines import vllm as engines_vllm
+    from helpers.vlm_families import tiny_family
+
+    model, processor = tiny_family("idefics2")
+    captioner = Vlm(model, processor, source="tiny-idefics2")
+    saved = []
+    monkeypatch.setattr(engines_vllm, "save_hf_folder", lambda *a: saved.append(a))
+    with pytest.raises(ConfigError) as e:
+        VllmEngine.from_captioner(captioner, VllmConfig(max_model_len=128))
+    message = str(e.value)
+    assert message.startswith("decode.engine=vllm: vlm.name=tiny-idefics2: Idefics2ForConditionalGeneration")
+    assert "model registry; it generates with decode.engine=finecap" in message and "\n" not in message
+    assert e.value.key == "decode.engine" and saved == []

@@ -28,6 +28,13 @@ S = 16  # image side (px) the image processors resize to
 STAND_INS = {"smolvlm": "num2words-placeholder", "mistral3": "pixtral-processor-pil-import"}
 """Families whose processor builds here only with a stand-in (module docstring), and its name in the test id."""
 
+
+def family_id(family: str) -> str:
+    """The test id of a family: ``family-<model_type>``, and its stand-in's name where it has one (``pytest -k
+    family`` selects every family test)."""
+    return f"family-{family}" + (f"-{STAND_INS[family]}" if family in STAND_INS else "")
+
+
 QWEN_TEMPLATE = (
     "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{% for c in m['content'] %}{% if c['type'] == 'image' %}"
     "IMAGE{% else %}{{ c['text'] }}{% endif %}{% endfor %}<|im_end|>\n"
@@ -269,3 +276,45 @@ def tiny_family(family: str, seed: int = 0, std: float = 0.2) -> tuple[Any, Any]
     model.generation_config.eos_token_id = processor.tokenizer.eos_token_id
     model.generation_config.pad_token_id = processor.tokenizer.pad_token_id
     return model, processor
+
+
+def save_family(out: Any, family: str, seed: int = 0) -> Any:
+    """:func:`tiny_family` saved like a Hub checkpoint (``save_pretrained`` of the model and of its processor):
+    a folder for ``vlm.name=<out>``."""
+    model, processor = tiny_family(family, seed)
+    model.save_pretrained(out)
+    processor.save_pretrained(out)
+    return out
+
+
+COCO_WORDS = ["a", "red", "blue", "green", "circle", "square", "on", "left", "right", "big", "little", "of"]
+
+
+def write_tiny_coco(out: Any, n_train: int = 4, n_val: int = 2, n_test: int = 2, seed: int = 0) -> tuple[Any, Any]:
+    """A COCO-like Karpathy split (``dataset_coco.json``: ``filepath`` / ``filename``, ``cocoid``, ``split``, five
+    ``sentences`` of ``raw`` and ``tokens`` each) with random RGB JPEGs of two sizes in ``out/images``; the captions
+    are drawn from words the tiny tokenizers know. Returns (the JSON file, the image root)."""
+    import json
+    import random
+    from pathlib import Path
+
+    from PIL import Image
+
+    out = Path(out)
+    rng = random.Random(seed)
+    g = torch.Generator().manual_seed(seed)
+    entries = []
+    for i, split in enumerate(["train"] * n_train + ["val"] * n_val + ["test"] * n_test):
+        folder = "train2014" if split == "train" else "val2014"
+        name = f"COCO_{folder}_{i:012d}.jpg"
+        (out / "images" / folder).mkdir(parents=True, exist_ok=True)
+        pixels = (torch.rand(24 + 8 * (i % 2), 32, 3, generator=g) * 255).byte().numpy()
+        Image.fromarray(pixels).save(out / "images" / folder / name)
+        sentences = []
+        for _ in range(5):
+            tokens = [rng.choice(COCO_WORDS) for _ in range(rng.randint(3, 6))]
+            sentences.append({"raw": " ".join(tokens), "tokens": tokens})
+        entries.append({"filepath": folder, "filename": name, "cocoid": 1000 + i, "imgid": i, "split": split,
+                        "sentences": sentences})  # fmt: skip
+    (out / "dataset_coco.json").write_text(json.dumps({"dataset": "coco", "images": entries}))
+    return out / "dataset_coco.json", out / "images"

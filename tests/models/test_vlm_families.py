@@ -8,7 +8,17 @@ installed here) is checked for:
 - greedy captions equal to ``model.generate``'s tokens on the processor's batch;
 - per-token log-probs of sampled captions (finecap's decoder and finecap's scoring forward) equal to a teacher-forced
   run of the model's own forward on prompt + caption;
-- two MLE steps that lower the loss and move only what trains.
+- two MLE steps that lower the loss and move only what trains;
+- beam captions equal to ``generate(num_beams=3)``'s;
+- bf16 weights + autocast + LoRA with gradient checkpointing: the loss and adapter gradients of the same model without
+  it (checkpointing seen to run: the first layer runs again in the backward pass), also for a caption holding the
+  image token;
+- the family row's LoRA targets resolve in both parts;
+- from a saved folder: LoRA on both parts, saved; peft's adapter on the *original* base and the merged export, each
+  loaded by ``AutoModelForImageTextToText``, caption like finecap.
+
+Two GRPO steps of ``coco/grpo_cider_vlm`` from each family's saved folder are tests/train/test_vlm_recipe_families.py
+(slow).
 
 ``pytest -k family`` selects it (the ids say ``family``). The measured largest relative logit difference of each
 family is printed (``-s`` or ``-rP``) and kept in :data:`LOGIT_DIFFERENCES`.
@@ -24,14 +34,10 @@ from finecap.config import DecodeConfig
 from finecap.models.vlm import FAMILIES, Vlm
 from finecap.objectives.mle import mle_loss
 from helpers.vlm import batch_of
-from helpers.vlm_families import STAND_INS, tiny_family
+from helpers.vlm_families import family_id, tiny_family
 
 LOGIT_DIFFERENCES: dict[str, float] = {}
 """family -> the largest relative difference of finecap's first-token logits to the model's own forward."""
-
-
-def family_id(family: str) -> str:
-    return f"family-{family}" + (f"-{STAND_INS[family]}" if family in STAND_INS else "")
 
 
 @pytest.fixture(scope="module", params=sorted(FAMILIES), ids=[family_id(f) for f in sorted(FAMILIES)])
@@ -147,6 +153,159 @@ def test_two_mle_steps_lower_the_loss_and_move_only_what_trains(tiny):
             for n, p in model.named_parameters():
                 p.copy_(before[n])
         model.eval()
+
+
+def test_beam_captions_equal_generate(tiny):
+    """Beam search with ``generate``'s rule for finished hypotheses (``decode.finished_beams=set_aside``) gives
+    ``generate(num_beams=3)``'s best caption per image."""
+    enc = processor_batch(tiny, pictures(3, seed=1))
+    cfg = DecodeConfig(strategy="beam", beam_size=3, max_length=6, finished_beams="set_aside")
+    got = tiny.generate(ours(enc), cfg)
+    with torch.no_grad():
+        theirs = tiny.model.generate(**enc, max_new_tokens=6, num_beams=3, do_sample=False, length_penalty=1.0)
+    for row, seq in enumerate(theirs[:, enc["input_ids"].shape[1] :].tolist()):
+        n = int(got.lengths[row])
+        assert got.sequences[row, :n].tolist() == seq[:n], row
+        assert all(t in (tiny.pad_token_id, tiny.eos_token_id) for t in seq[n:]), row  # beam search pads with EOS
+
+
+def levers_model(family: str, checkpointing: bool) -> Vlm:
+    """A tiny ``family`` VLM with finecap's GPU levers: bf16 frozen weights, LoRA on the language model (float32,
+    B drawn at random so the adapters matter), gradient checkpointing on or off (``memory.prepare_training``)."""
+    from finecap.config import load
+    from finecap.models import lora, memory
+
+    model, processor = tiny_family(family)
+    cfg = load(
+        None,
+        [
+            "model.kind=vlm",
+            "model.dtype=bfloat16",
+            "train.mixed_precision=bf16",
+            "lora.lm=true",
+            "lora.rank=4",
+            "lora.alpha=8",
+            f"train.gradient_checkpointing={str(checkpointing).lower()}",
+        ],
+    )
+    vlm = memory.prepare_training(lora.configure_training(Vlm(model, processor, source=family), cfg), cfg)
+    g = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for name, p in vlm.named_parameters():
+            if "lora_B" in name:
+                p.copy_(torch.randn(p.shape, generator=g) * 0.5)
+    return vlm.train()  # fmt: skip
+
+
+def loss_and_grads(model: Vlm, batch: dict) -> tuple[float, dict[str, torch.Tensor], tuple[int, int]]:
+    """The MLE loss under bf16 autocast, the adapters' gradients, and how often a linear layer of the first
+    language-model layer ran in the forward pass and in the backward pass (where checkpointing runs it again)."""
+    from finecap.models.base import module_path
+
+    layer = next(m for n, m in module_path(model.model, model.family.language_model).named_modules()
+                 if n.endswith("layers.0"))  # fmt: skip
+    linear = next(m for m in layer.modules() if isinstance(m, torch.nn.Linear))
+    calls = []
+    handle = linear.register_forward_hook(lambda *_: calls.append(1))
+    try:
+        model.zero_grad()
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            loss = mle_loss(model(batch), batch["labels"])
+        forward = len(calls)
+        loss.backward()
+    finally:
+        handle.remove()
+    grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+    return float(loss.detach()), grads, (forward, len(calls) - forward)
+
+
+def test_bf16_lora_and_checkpointing_give_the_losses_without_checkpointing(tiny):
+    """bf16 weights + autocast + LoRA with gradient checkpointing (the prompt and caption in one own forward,
+    recomputed in the backward pass) give the loss and adapter gradients of the same model without it (the caption
+    after the prompt's cache); a caption holding the image token (a sampled one can) is scored after the cache with
+    checkpointing paused, as without it. bf16 rounding: 2e-2 relative."""
+    family = tiny.model.config.model_type
+    plain, checkpointed = levers_model(family, False), levers_model(family, True)
+    batch = batch_of(plain)
+    held = dict(batch, input_ids=batch["input_ids"].clone())
+    held["input_ids"][0, 1] = plain.image_token_id
+    # (forward, backward) calls of the first layer: the prompt pass and the caption pass after its cache; with
+    # checkpointing one own forward, run again in the backward pass; paused for the image token
+    for b, expect in ((batch, (1, 1)), (held, (2, 0))):
+        loss, grads, calls = loss_and_grads(plain, b)
+        loss_ckpt, grads_ckpt, calls_ckpt = loss_and_grads(checkpointed, b)
+        assert (calls, calls_ckpt) == ((2, 0), expect)
+        assert abs(loss_ckpt - loss) <= 2e-2 * abs(loss), (loss, loss_ckpt)
+        assert set(grads) == set(grads_ckpt) and any("lora_" in n for n in grads)  # adapters and the projector
+        for name, grad in grads.items():
+            scale = float(grad.abs().max()) or 1.0
+            assert float((grads_ckpt[name] - grad).abs().max()) <= 5e-2 * scale, name
+
+
+def test_default_lora_targets_resolve_in_both_parts_and_leave_the_projector_out(tiny):
+    """The family row's LoRA targets name linear layers of its language model and its vision tower (a fused
+    ``gate_up_proj``, GLM-4V's, would leave ``gate_proj`` matching nothing), never the projector nor the head."""
+    from finecap.models import lora
+
+    for part in ("lm", "encoder"):
+        got = lora.resolve_targets(part, tiny.lora_module(part), tiny.lora_default_targets(part))
+        assert got, part
+        projector = tiny.family.projector.removeprefix(tiny.family.vision + ".")
+        assert not [n for n in got if n.startswith(projector) or "lm_head" in n], part
+
+
+def adapted(model: Vlm) -> Vlm:
+    """LoRA on both parts with B drawn at random (the adapters change the captions) and the projector moved (it
+    trains fully: peft's ``modules_to_save``)."""
+    from finecap.models import lora
+    from finecap.models.base import module_path
+    from finecap.models.captioner import PARTS
+
+    torch.manual_seed(0)
+    for part in PARTS:
+        lora.apply_lora(model, part, lora.LoraSpec(rank=4, alpha=8.0))
+    g = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "lora_B" in name:
+                p.copy_(torch.randn(p.shape, generator=g) * 0.5)
+        for p in module_path(model.model, model.family.projector).parameters():
+            p.add_(torch.randn(p.shape, generator=g) * 0.5)
+    return model.eval()
+
+
+def test_adapters_on_the_original_base_and_the_merged_export_caption_like_the_run(tiny, tmp_path):
+    """From a saved folder of the family: finecap's greedy captions with LoRA on both parts equal ``generate``'s of
+    (1) peft's whole-model adapter (``adapter/``) on the *original* base loaded by ``AutoModelForImageTextToText``, and
+    (2) the merged export (``finecap.models.export.export_merged``) loaded by ``AutoModelForImageTextToText`` alone."""
+    from peft import PeftModel
+    from transformers import AutoModelForImageTextToText
+    from transformers.utils import is_torchvision_available
+
+    from finecap.models.export import export_merged
+    from helpers.vlm_families import save_family
+
+    family = tiny.model.config.model_type
+    if family == "mistral3" and not is_torchvision_available():
+        pytest.skip("PixtralProcessor loads from a folder only with torchvision (built here through a stand-in)")
+    folder = save_family(tmp_path / "base", family)
+    model = adapted(Vlm.from_pretrained(folder))
+    enc = processor_batch(model, pictures(3, seed=1))
+    start, greedy = enc["input_ids"].shape[1], dict(max_new_tokens=6, do_sample=False)
+    got = model.generate(ours(enc), DecodeConfig(strategy="greedy", max_length=6))
+    out = model.save(tmp_path / "ckpt")
+    base = AutoModelForImageTextToText.from_pretrained(folder).eval()
+    with torch.no_grad():
+        plain = base.generate(**enc, **greedy)[:, start:].tolist()
+        on_base = PeftModel.from_pretrained(base, str(out / "adapter")).eval().generate(**enc, **greedy)
+        merged = AutoModelForImageTextToText.from_pretrained(export_merged(out, tmp_path / "merged")).eval()
+        exported = merged.generate(**enc, **greedy)
+    assert on_base[:, start:].tolist() != plain  # the adapter was applied
+    for theirs in (on_base[:, start:].tolist(), exported[:, start:].tolist()):
+        for row, seq in enumerate(theirs):
+            n = int(got.lengths[row])
+            assert got.sequences[row, :n].tolist() == seq[:n], row
+            assert all(t in (model.pad_token_id, model.eos_token_id) for t in seq[n:]), row
 
 
 def test_zz_family_logit_differences_report():

@@ -481,7 +481,8 @@ class BlipBackboneConfig(WorldTinySection, name="blip"):
 class VlmBackboneConfig(WorldTinySection, name="vlm"):
     name: str = doc(
         "HuggingFaceTB/SmolVLM-256M-Instruct",
-        "An AutoModelForImageTextToText name/path (LLaVA, Idefics3/SmolVLM, Qwen2-VL), or 'world-tiny' (world VLM).",
+        "An AutoModelForImageTextToText name/path of a supported family (docs/vlm.md: Qwen2/2.5/3-VL, SmolVLM, "
+        "InternVL, Gemma 3, LLaVA, ...), or 'world-tiny' (world VLM).",
     )
     prompt: str = doc("Describe the image.", "The user's text after the image in the chat prompt.")
     train_projector: bool = doc(
@@ -490,7 +491,15 @@ class VlmBackboneConfig(WorldTinySection, name="vlm"):
     processor_kwargs: dict[str, bool | int | float | str | dict[str, int]] = doc(
         {},
         "Keyword arguments of every processor call, the image-token budget: Qwen2-VL size: {longest_edge: pixels} "
-        "(or max_pixels), Idefics3 (SmolVLM) do_image_splitting (docs/vlm.md); recorded in the checkpoint.",
+        "(or max_pixels), Idefics3 (SmolVLM) do_image_splitting (docs/vlm.md); recorded in the checkpoint. Its keys "
+        "win over those vlm.image_max_pixels maps to.",
+    )
+    image_max_pixels: int | None = doc(
+        None,
+        "Pixel budget per image (LLaMA-Factory's name), every crop/tile counted, mapped per family to its processor's "
+        "option: Qwen max_pixels, SmolVLM longest_edge/splitting, LLaVA-NeXT grids, InternVL tiles (docs/vlm.md); "
+        "null: the processor's own.",
+        gt=0,
     )
     tiny_layers: int = tiny("layers", "name=world-tiny: Llama-style LM layers.")
     tiny_hidden: int = tiny("hidden", "name=world-tiny: LM hidden size.")

@@ -182,6 +182,18 @@ def unservable_reason(captioner: Any) -> str | None:
     return refusal(KIND, captioner.world is not None, memory.quantization_of(captioner.model))
 
 
+def registry_refusal(captioner: Any, vllm: Any) -> str | None:
+    """Why vLLM's own model registry (``vllm.ModelRegistry``) has no implementation for the architecture a VLM is
+    saved as for it (its transformers class, the ``architectures`` of the folder vLLM loads), or ``None``: one line
+    naming the architecture, the family and the vLLM version (Idefics2 is in transformers but not in vLLM)."""
+    architecture = type(captioner.model).__name__
+    if architecture in set(vllm.ModelRegistry.get_supported_archs()):
+        return None
+    return (f"decode.engine=vllm: vlm.name={captioner.source}: {architecture} (model_type "
+            f"{captioner.model.config.model_type!r}) is not in vLLM {vllm.__version__}'s model registry; it generates "
+            "with decode.engine=finecap")  # fmt: skip
+
+
 def config_refusal(cfg: Config) -> str | None:
     """:func:`refusal` of the captioner ``cfg`` configures, known before it is built (a run's check before it
     prepares anything): its ``model.kind`` (a built-in one: a class of one's own is checked when built), whether it
@@ -297,7 +309,10 @@ class VllmEngine:
         reason = unservable_reason(captioner)
         if reason is not None:
             raise ConfigError(reason, key="decode.engine")
-        import_vllm()  # before the captioner is saved: a missing vLLM is named first
+        vllm = import_vllm()  # before the captioner is saved: a missing vLLM is named first
+        reason = registry_refusal(captioner, vllm)  # then a family vLLM has no implementation of, by name
+        if reason is not None:
+            raise ConfigError(reason, key="decode.engine")
         folder = Path(tempfile.mkdtemp(prefix="finecap-vllm-"))
         try:
             save_hf_folder(captioner, folder)

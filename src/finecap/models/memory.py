@@ -34,6 +34,7 @@ knows a backbone; the backbones call :class:`LoadOptions` where they load or bui
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import importlib.metadata
 import inspect
@@ -553,6 +554,22 @@ def disable_gradient_checkpointing(model: nn.Module) -> None:
 def gradient_checkpointing(model: nn.Module) -> bool:
     """Whether :func:`enable_gradient_checkpointing` is in effect on ``model``."""
     return getattr(model, _CHECKPOINTING, None) is not None
+
+
+@contextlib.contextmanager
+def checkpointing_paused(model: nn.Module) -> Iterator[None]:
+    """Inside the block, ``model``'s checkpointed layers (:func:`enable_gradient_checkpointing`) run without
+    checkpointing, as in the forward of a model without it (their activations kept, ``transformers`` keeping the KV
+    cache); switched back on after. Nothing when checkpointing is off."""
+    state = getattr(model, _CHECKPOINTING, None)
+    paused = [] if state is None else [m for m in state.layers if m.gradient_checkpointing]
+    for m in paused:
+        m.gradient_checkpointing = False
+    try:
+        yield
+    finally:
+        for m in paused:
+            m.gradient_checkpointing = True
 
 
 # --------------------------------------------------------------------------------------------------------------------

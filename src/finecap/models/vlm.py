@@ -33,7 +33,9 @@ captions run the model's ``forward`` on the prompt ids with the family's image a
 (:class:`Family`) and ``use_cache=True``, so image merging, Qwen3-VL's DeepStack, Gemma 3's bidirectional image
 attention and rope are the model's; caption tokens are then fed from its ``DynamicCache`` at the positions above.
 Under gradient checkpointing in training (transformers drops that cache) teacher forcing is one own forward over
-prompt and caption. Only the world VLM scatters image features into the prompt embeddings itself.
+prompt and caption; a batch where a caption holds the image token (a sampled one can), which that forward would read
+as an image slot, is scored after the prompt's cache with checkpointing paused (:func:`memory.checkpointing_paused`).
+Only the world VLM scatters image features into the prompt embeddings itself.
 
 **Decoding** runs the :class:`finecap.decode.Stepper` protocol: ``start`` pre-fills the cache with that prompt pass;
 ``step`` feeds one token per row with its position; ``select`` reorders cache rows for beams and samples. Greedy,
@@ -86,6 +88,7 @@ from finecap.models import lora, memory
 from finecap.models.base import TEXT_TINY_SIZES, CaptionerBase, module_path, same_source
 from finecap.models.captioner import encode_images, last_positions
 from finecap.models.chat_templates import apply_chat_template
+from finecap.models.image_budget import budget_kwargs
 from finecap.models.kvcache import cache_kwargs, returned_cache
 from finecap.models.presets import world_vlm
 from finecap.models.processors import load_processor
@@ -96,7 +99,7 @@ if TYPE_CHECKING:
     from finecap.config import Config
 
 KIND = "vlm"
-SECTION_KEYS = ("prompt", "train_projector", "processor_kwargs")
+SECTION_KEYS = ("prompt", "train_projector", "processor_kwargs", "image_max_pixels")
 """The ``vlm`` options a checkpoint records (``captioner.json``) and is rebuilt with (absent in an old one: the
 section's defaults)."""
 WORLD_VLM = "world-tiny"
@@ -134,6 +137,9 @@ class Family:
         name: the family's name in the documentation.
         examples: checkpoints of the family (``vlm.name=...``).
         vllm: the architecture that vLLM's model registry serves the family by (documentation; ``""``: none).
+        image_budget: how ``vlm.image_max_pixels`` maps to the family's processor options: a rule of
+            :data:`finecap.models.image_budget.RULES` (``"pixels"``: Qwen's ``max_pixels``; ``"crops"``: SmolVLM's
+            ``longest_edge`` / splitting; ``"grid"``: LLaVA-NeXT's grids; ``"tiles"``: InternVL's tiles; ...).
     """
 
     language_model: str
@@ -148,6 +154,7 @@ class Family:
     name: str = ""
     examples: tuple[str, ...] = ()
     vllm: str = ""
+    image_budget: str = "fixed"
 
 
 QWEN_VIT_TARGETS = ("qkv", "attn.proj", "fc1", "fc2")
@@ -160,68 +167,72 @@ FAMILIES: dict[str, Family] = {
     "llava": Family(
         "model.language_model", "model.vision_tower", "model.multi_modal_projector", ("pixel_values", "image_sizes"),
         name="LLaVA-1.5, Pixtral", examples=("llava-hf/llava-1.5-7b-hf", "mistral-community/pixtral-12b"),
-        vllm="LlavaForConditionalGeneration",
+        vllm="LlavaForConditionalGeneration", image_budget="edge",
     ),
     "llava_next": Family(
         "model.language_model", "model.vision_tower", "model.multi_modal_projector", ("pixel_values", "image_sizes"),
         name="LLaVA-NeXT", examples=("llava-hf/llava-v1.6-mistral-7b-hf",), vllm="LlavaNextForConditionalGeneration",
+        image_budget="grid",
     ),
     "llava_onevision": Family(
         "model.language_model", "model.vision_tower", "model.multi_modal_projector",
         ("pixel_values", "image_sizes", "batch_num_images"), name="LLaVA-OneVision",
         examples=("llava-hf/llava-onevision-qwen2-0.5b-ov-hf",), vllm="LlavaOnevisionForConditionalGeneration",
+        image_budget="grid",
     ),
     "idefics2": Family(
         "model.text_model", "model.vision_model", "model.connector", ("pixel_values", "pixel_attention_mask"),
-        name="Idefics2", examples=("HuggingFaceM4/idefics2-8b",),
+        name="Idefics2", examples=("HuggingFaceM4/idefics2-8b",), image_budget="splitting",
     ),
     "idefics3": Family(
         "model.text_model", "model.vision_model", "model.connector", ("pixel_values", "pixel_attention_mask"),
         name="SmolVLM, Idefics3", examples=("HuggingFaceTB/SmolVLM-256M-Instruct", "HuggingFaceM4/Idefics3-8B-Llama3"),
-        vllm="Idefics3ForConditionalGeneration",
+        vllm="Idefics3ForConditionalGeneration", image_budget="crops",
     ),
     "smolvlm": Family(
         "model.text_model", "model.vision_model", "model.connector", ("pixel_values", "pixel_attention_mask"),
         name="SmolVLM2", examples=("HuggingFaceTB/SmolVLM2-256M-Video-Instruct",),
-        vllm="SmolVLMForConditionalGeneration",
+        vllm="SmolVLMForConditionalGeneration", image_budget="crops",
     ),
     "qwen2_vl": Family(
         "model.language_model", "model.visual", "model.visual.merger", ("pixel_values", "image_grid_thw"),
         mrope=True, vision_targets=QWEN_VIT_TARGETS, image_rows="tokens", name="Qwen2-VL",
-        examples=("Qwen/Qwen2-VL-2B-Instruct",), vllm="Qwen2VLForConditionalGeneration",
+        examples=("Qwen/Qwen2-VL-2B-Instruct",), vllm="Qwen2VLForConditionalGeneration", image_budget="pixels",
     ),
     "qwen2_5_vl": Family(
         "model.language_model", "model.visual", "model.visual.merger", ("pixel_values", "image_grid_thw"),
         mrope=True, vision_targets=GATED_VIT_TARGETS, image_rows="tokens", name="Qwen2.5-VL",
         examples=("Qwen/Qwen2.5-VL-3B-Instruct", "Qwen/Qwen2.5-VL-7B-Instruct"),
-        vllm="Qwen2_5_VLForConditionalGeneration",
+        vllm="Qwen2_5_VLForConditionalGeneration", image_budget="pixels",
     ),
     "qwen3_vl": Family(
         "model.language_model", "model.visual", "model.visual.merger", ("pixel_values", "image_grid_thw"),
         mrope=True, vision_targets=("attn.qkv", "attn.proj", "mlp.linear_fc1", "mlp.linear_fc2"), image_rows="tokens",
         name="Qwen3-VL (DeepStack)", examples=("Qwen/Qwen3-VL-2B-Instruct", "Qwen/Qwen3-VL-8B-Instruct"),
-        vllm="Qwen3VLForConditionalGeneration",
+        vllm="Qwen3VLForConditionalGeneration", image_budget="pixels",
     ),
     "glm4v": Family(
         "model.language_model", "model.visual", "model.visual.merger", ("pixel_values", "image_grid_thw"),
-        mrope=True, vision_targets=GATED_VIT_TARGETS, image_rows="tokens", name="GLM-4.1V",
-        examples=("zai-org/GLM-4.1V-9B-Thinking",), vllm="Glm4vForConditionalGeneration",
+        mrope=True, lm_targets=("q_proj", "k_proj", "v_proj", "o_proj", "gate_up_proj", "down_proj"),
+        vision_targets=GATED_VIT_TARGETS, image_rows="tokens", name="GLM-4.1V",
+        examples=("zai-org/GLM-4.1V-9B-Thinking",), vllm="Glm4vForConditionalGeneration", image_budget="frames",
     ),
     "internvl": Family(
         "model.language_model", "model.vision_tower", "model.multi_modal_projector", ("pixel_values",),
         vision_targets=("q_proj", "k_proj", "v_proj", "projection_layer", "fc1", "fc2"), image_rows="tokens",
         name="InternVL 3 / 3.5 (transformers-native)", examples=("OpenGVLab/InternVL3-1B-hf",),
-        vllm="InternVLForConditionalGeneration",
+        vllm="InternVLForConditionalGeneration", image_budget="tiles",
     ),
     "gemma3": Family(
         "model.language_model", "model.vision_tower", "model.multi_modal_projector", ("pixel_values",),
         token_inputs=("token_type_ids",), name="Gemma 3", examples=("google/gemma-3-4b-it",),
-        vllm="Gemma3ForConditionalGeneration",
+        vllm="Gemma3ForConditionalGeneration", image_budget="fixed",
     ),
     "mistral3": Family(
         "model.language_model", "model.vision_tower", "model.multi_modal_projector", ("pixel_values", "image_sizes"),
         vision_targets=LM_TARGETS, name="Mistral Small 3.1 / 3.2 (Pixtral vision)",
         examples=("mistralai/Mistral-Small-3.1-24B-Instruct-2503",), vllm="Mistral3ForConditionalGeneration",
+        image_budget="edge",
     ),
 }  # fmt: skip
 """The supported families by ``config.model_type`` (SmolVLM-256M/500M/2B-Instruct are ``idefics3``, SmolVLM2
@@ -285,8 +296,10 @@ def check_family(name: str) -> Family:
 
 
 FULLY_TESTED = ("idefics3", "llava", "qwen2_vl")
-"""The families whose LoRA, SMILE, SCST / GRPO and save / load paths have their own tests (``tests/models/test_vlm*``);
-the others pass the family contract (``tests/models/test_vlm_families.py``) and share that code."""
+"""The families on which every objective (MLE, SMILE, REINFORCE, SLE, SR-L / SR-V / SR-LV) has its own test
+(``tests/models/test_vlm_objectives.py``); every family passes the family contract
+(``tests/models/test_vlm_families.py``) and ``coco/grpo_cider_vlm`` from a saved folder
+(``tests/train/test_vlm_recipe_families.py``), and shares that code."""
 
 FAMILY_TABLE_BEGIN = "<!-- family table: generated by finecap.models.vlm.family_table(); do not edit -->"
 FAMILY_TABLE_END = "<!-- end of the family table -->"
@@ -302,18 +315,19 @@ def family_table() -> str:
 
     lines = [
         "| family | `model_type` | checkpoints (examples) | supported in finecap | forward reads besides ids and "
-        "mask | vLLM architecture |",
-        "| --- | --- | --- | --- | --- | --- |",
+        "mask | `vlm.image_max_pixels` rule | vLLM architecture |",
+        "| --- | --- | --- | --- | --- | --- | --- |",
     ]
     for model_type, f in sorted(FAMILIES.items()):
-        supported = "contract (first-token logits, greedy, sampled log-probs, MLE)" + (
-            "; LoRA, SMILE, SCST / GRPO, save and load tested" if model_type in FULLY_TESTED else ""
+        supported = "family contract; coco/grpo_cider_vlm from a folder" + (
+            "; every objective (test_vlm_objectives)" if model_type in FULLY_TESTED else ""
         )
         reads = code([*f.image_inputs, *f.token_inputs]) + (", multimodal rope positions" if f.mrope else "")
         vllm = f"`{f.vllm}`" if f.vllm else "not in vLLM's registry"
-        lines.append(f"| {f.name} | `{model_type}` | {code(f.examples)} | {supported} | {reads} | {vllm} |")
+        budget = f"`{f.image_budget}`"
+        lines.append(f"| {f.name} | `{model_type}` | {code(f.examples)} | {supported} | {reads} | {budget} | {vllm} |")
     for model_type, (reason, nearest) in sorted(REFUSED.items()):
-        lines.append(f"| refused | `{model_type}` | | no: {reason} | nearest: {nearest} | |")
+        lines.append(f"| refused | `{model_type}` | | no: {reason} | nearest: {nearest} | | |")
     return "\n".join([FAMILY_TABLE_BEGIN, *lines, FAMILY_TABLE_END])
 
 
@@ -356,9 +370,9 @@ def processor_call_kwargs(processor: Any, kwargs: dict[str, Any]) -> dict[str, A
 
 def processor_before_weights(name: str, section: VlmBackboneConfig | None) -> Any:
     """What is checked of a checkpoint before its weights are read: its family (``config.json``,
-    :func:`check_family`), its processor (built, or one line naming what it lacks) and ``vlm.processor_kwargs``
-    against it. Returns the processor."""
-    check_family(name)
+    :func:`check_family`), its processor (built, or one line naming what it lacks) and ``vlm.processor_kwargs`` /
+    ``vlm.image_max_pixels`` against it (:func:`processor_options`). Returns the processor."""
+    family = check_family(name)
     try:
         processor = load_processor(name)
     except OSError as e:
@@ -366,8 +380,18 @@ def processor_before_weights(name: str, section: VlmBackboneConfig | None) -> An
     except (ImportError, TypeError) as e:  # a processor piece that needs a package not installed here
         first = next((line.strip() for line in str(e).splitlines() if line.strip()), type(e).__name__)
         raise ValueError(f"vlm.name={name}: cannot build its processor: {first}") from None
-    check_processor_kwargs(processor, (section or VlmBackboneConfig()).processor_kwargs)
+    processor_options(family, processor, section or VlmBackboneConfig())
     return processor
+
+
+def processor_options(family: Family, processor: Any, section: VlmBackboneConfig) -> dict[str, Any]:
+    """The options of every processor call: ``vlm.image_max_pixels`` mapped by the family's rule
+    (:attr:`Family.image_budget`, :mod:`finecap.models.image_budget`) under ``vlm.processor_kwargs``, whose keys win;
+    both checked against the image processor."""
+    check_processor_kwargs(processor, section.processor_kwargs)
+    options = budget_kwargs(family.image_budget, processor, section.image_max_pixels, section.processor_kwargs)
+    check_processor_kwargs(processor, options)
+    return options
 
 
 # --------------------------------------------------------------------------------------------------------------------
@@ -498,7 +522,9 @@ class Vlm(CaptionerBase):
         section: the ``vlm`` section (default: its defaults): ``prompt``, the user's text after the image;
             ``train_projector``; ``processor_kwargs``, keyword arguments of every processor call (the image-token
             budget, e.g. Qwen2-VL's ``max_pixels``, Idefics3's ``do_image_splitting``; checked against the
-            processor here). Its ``name`` and ``tiny_*`` options built ``model`` (:meth:`build`), not read here.
+            processor here) over what ``image_max_pixels`` maps to by the family's rule (:func:`processor_options`;
+            LLaVA-NeXT's grids are set on the processor and the model's config alike). Its ``name`` and ``tiny_*``
+            options built ``model`` (:meth:`build`), not read here.
         train_encoder: train the vision tower.
         train_lm: train the language model and its head.
         source: where the model came from (recorded in checkpoints).
@@ -520,8 +546,12 @@ class Vlm(CaptionerBase):
         super().__init__()
         self.section = section or VlmBackboneConfig()
         self.family = family_of(model.config, source)
-        check_processor_kwargs(processor, self.section.processor_kwargs)
-        self.processor_kwargs = processor_call_kwargs(processor, self.section.processor_kwargs)
+        options = processor_options(self.family, processor, self.section)
+        pinpoints = options.pop("image_grid_pinpoints", None)
+        if pinpoints is not None:  # the processor counts image tokens and the model packs features by one list
+            processor.image_processor.image_grid_pinpoints = pinpoints
+            model.config.image_grid_pinpoints = pinpoints
+        self.processor_kwargs = processor_call_kwargs(processor, options)
         if world is not None and self.family is not FAMILIES["llava"]:
             raise ValueError(f"vlm.name={source}: world image tokens need a LLaVA-architecture model")
         self.world = world
@@ -788,11 +818,11 @@ class Vlm(CaptionerBase):
             return self._shared_prompt_logits(prompt, rows, input_ids.to(self.device), caption_mask.to(self.device))
         if prompt.embeds is None:  # checkpointing drops that cache: one own forward over prompt and caption
             held = input_ids[:, :-1][caption_mask[:, :-1].bool()] == self.image_token_id
-            if bool(held.any()):
-                raise ValueError(
-                    "a caption holds the image token, which the model's own forward would read as an "
-                    "image slot; train.gradient_checkpointing=false scores it after the prompt's cache"
-                )
+            if bool(held.any()):  # the own forward would read it as an image slot: after the cache, unchecked
+                rows = torch.arange(B, device=self.device)
+                with memory.checkpointing_paused(self):
+                    return self._shared_prompt_logits(prompt, rows, input_ids.to(self.device),
+                                                      caption_mask.to(self.device))  # fmt: skip
             ids = torch.cat([prompt.ids, input_ids[:, :-1].to(prompt.ids)], dim=1)  # (B, P+T-1)
             out = self.model(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=False,
                              logits_to_keep=keep, **self.own_inputs(prompt, T - 1))  # fmt: skip

@@ -1,0 +1,142 @@
+"""``vlm.image_max_pixels``: one family-independent pixel budget per image (LLaMA-Factory's name), mapped per family
+to its own processor's option.
+
+The budget is the most pixels one image may send through the vision tower, every crop, tile or grid cell counted. It
+is a cap: a budget above what the processor already does changes nothing, and the processor's own defaults stay
+wherever the budget needs no option. Each family names its rule (:attr:`finecap.models.vlm.Family.image_budget`),
+one function of :data:`RULES` from the processor (its own settings, read from the checkpoint: :func:`setting`) and
+the budget to the processor options that respect it:
+
+- ``"pixels"`` (Qwen2-VL, Qwen2.5-VL, Qwen3-VL): ``size.longest_edge`` (Qwen's ``max_pixels``) = the budget;
+- ``"frames"`` (GLM-4V): the same, counted over the ``temporal_patch_size`` frames GLM-4V's bound includes;
+- ``"edge"`` (Pixtral, Mistral 3): ``size.longest_edge`` = the side of a square of that many pixels (a processor
+  whose size has no ``longest_edge``, LLaVA-1.5's CLIP crop, is ``"fixed"``);
+- ``"crops"`` (SmolVLM, Idefics3): ``n x n`` crops of ``max_image_size`` plus the global image: ``size.longest_edge``
+  = ``n`` crops' side, or ``do_image_splitting=False`` (one crop) below 2 x 2 crops + 1;
+- ``"splitting"`` (Idefics2): no splitting (4 crops + the image) below 5 images, a smaller ``size`` below one;
+- ``"tiles"`` (InternVL): ``max_patches`` tiles plus the thumbnail, or ``crop_to_patches=False`` (one tile);
+- ``"grid"`` (LLaVA-NeXT, LLaVA-OneVision): ``image_grid_pinpoints`` kept to the grids that fit with the base
+  image (at least the smallest); the model reads the same list (:func:`finecap.models.vlm.Vlm` sets both);
+- ``"fixed"`` (Gemma 3, LLaVA-1.5): the processor resizes every image to one size: nothing to map; a budget below it
+  is a warning naming that size.
+
+A rule never goes below one crop, tile or grid: the smallest input the vision tower takes. User keys in
+``vlm.processor_kwargs`` win over the budget's, key by key (:func:`budget_kwargs`).
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from collections.abc import Callable
+from typing import Any
+
+
+def setting(processor: Any, key: str) -> Any:
+    """What a processor call uses for the image option ``key`` when not given it: the processor's own image defaults
+    (its class's ``images_kwargs`` and ``_defaults``, which transformers passes over the image processor's, e.g.
+    InternVL's ``crop_to_patches=True``), else the image processor's attribute (from the checkpoint)."""
+    kwargs_class = getattr(processor, "valid_processor_kwargs", None)
+    defaults = {**(getattr(processor, "images_kwargs", None) or {}),
+                **getattr(kwargs_class, "_defaults", {}).get("images_kwargs", {})}  # fmt: skip
+    return defaults[key] if key in defaults else getattr(processor.image_processor, key, None)
+
+
+def own_size(processor: Any, key: str = "size") -> dict[str, int]:
+    """The processor's ``size`` (or ``key``) as a plain dict (:func:`setting`), unset keys left out (transformers 5's
+    ``SizeDict``)."""
+    try:
+        return {k: v for k, v in dict(setting(processor, key)).items() if v is not None}
+    except (TypeError, ValueError):
+        return {}
+
+
+def pixels(processor: Any, budget: int, frames: int = 1) -> dict[str, Any]:
+    size = own_size(processor)
+    cap = budget * frames
+    if "longest_edge" not in size or cap >= size["longest_edge"]:
+        return {}
+    return {"size": {**size, "longest_edge": cap, "shortest_edge": min(size.get("shortest_edge", cap), cap)}}
+
+
+def frames(processor: Any, budget: int) -> dict[str, Any]:
+    return pixels(processor, budget, int(setting(processor, "temporal_patch_size") or 1))
+
+
+def edge(processor: Any, budget: int) -> dict[str, Any]:
+    size = own_size(processor)
+    if set(size) != {"longest_edge"}:
+        return fixed(processor, budget)
+    side = math.isqrt(budget)
+    return {"size": {"longest_edge": side}} if side < size["longest_edge"] else {}
+
+
+def crops(processor: Any, budget: int) -> dict[str, Any]:
+    if not setting(processor, "do_image_splitting"):
+        return {}  # one crop already: the least the vision tower takes
+    crop = own_size(processor, "max_image_size")["longest_edge"]
+    n = math.isqrt(max(budget // (crop * crop) - 1, 0))  # n x n crops + the global image
+    if n <= 1:
+        return {"do_image_splitting": False}
+    longest = own_size(processor).get("longest_edge")
+    return {"size": {"longest_edge": n * crop}} if longest is None or n * crop < longest else {}
+
+
+def splitting(processor: Any, budget: int) -> dict[str, Any]:
+    size = own_size(processor)
+    side = size.get("longest_edge", 0)
+    out: dict[str, Any] = {}
+    if setting(processor, "do_image_splitting") and budget < 5 * side * side:  # 4 crops + the image
+        out["do_image_splitting"] = False
+    if budget < side * side:
+        cap = math.isqrt(budget)
+        out["size"] = {**size, "longest_edge": cap, "shortest_edge": min(size.get("shortest_edge", cap), cap)}
+    return out
+
+
+def tiles(processor: Any, budget: int) -> dict[str, Any]:
+    if not setting(processor, "crop_to_patches"):
+        return {}  # one tile
+    tile = own_size(processor)
+    allowed = budget // (tile["height"] * tile["width"]) - 1  # tiles besides the thumbnail
+    if allowed <= 1:
+        return {"crop_to_patches": False}
+    most, least = setting(processor, "max_patches"), setting(processor, "min_patches")
+    return {"max_patches": allowed, "min_patches": min(least, allowed)} if allowed < most else {}
+
+
+def grid(processor: Any, budget: int) -> dict[str, Any]:
+    base = own_size(processor, "crop_size") or own_size(processor)
+    base_pixels = base.get("height", 0) * base.get("width", 0)
+    pinpoints = [list(p) for p in setting(processor, "image_grid_pinpoints")]
+    kept = [p for p in pinpoints if p[0] * p[1] + base_pixels <= budget]
+    if not kept:  # at least the smallest grids
+        least = min(p[0] * p[1] for p in pinpoints)
+        kept = [p for p in pinpoints if p[0] * p[1] == least]
+    return {"image_grid_pinpoints": kept} if kept != pinpoints else {}
+
+
+def fixed(processor: Any, budget: int) -> dict[str, Any]:
+    size = own_size(processor, "crop_size") if setting(processor, "do_center_crop") else own_size(processor)
+    if "height" in size and "width" in size and size["height"] * size["width"] > budget:
+        warnings.warn(
+            f"vlm.image_max_pixels={budget}: {type(processor.image_processor).__name__} resizes every image to "
+            f"{size['height']}x{size['width']} ({size['height'] * size['width']} pixels) and has no option for fewer",
+            stacklevel=2,
+        )
+    return {}
+
+
+RULES: dict[str, Callable[[Any, int], dict[str, Any]]] = {
+    "pixels": pixels, "frames": frames, "edge": edge, "crops": crops, "splitting": splitting, "tiles": tiles,
+    "grid": grid, "fixed": fixed,
+}  # fmt: skip
+"""Budget rules by name (the module docstring): ``rule(processor, budget) -> processor options``."""
+
+
+def budget_kwargs(rule: str, processor: Any, budget: int | None, given: dict[str, Any]) -> dict[str, Any]:
+    """The processor options of a family's ``rule`` for ``budget`` pixels (``vlm.image_max_pixels``; ``None``: none)
+    under the user's ``given`` (``vlm.processor_kwargs``), which win key by key: ``{**rule's, **given}``."""
+    if budget is None:
+        return dict(given)
+    return {**RULES[rule](processor, int(budget)), **given}

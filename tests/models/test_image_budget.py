@@ -1,0 +1,112 @@
+"""``vlm.image_max_pixels`` (finecap.models.image_budget): one pixel budget mapped by each family's row to its own
+processor's option; the VLM recipes give SmolVLM exactly the processor options they wrote before the budget existed;
+a ``vlm.processor_kwargs`` key wins over the budget's; every family's own forward still agrees with finecap's prompt
+pass on the budget's inputs."""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+from PIL import Image
+
+from finecap.config import VlmBackboneConfig, load
+from finecap.models.vlm import FAMILIES, Vlm, processor_options
+from helpers.vlm_families import tiny_family
+
+IMAGE = Image.fromarray((torch.rand(48, 64, 3, generator=torch.Generator().manual_seed(0)) * 255).byte().numpy())
+FIXED = {"gemma3", "llava"}
+"""Families whose tiny processor resizes every image to one size (the budget has no option to map to)."""
+
+SMOLVLM = {"HuggingFaceTB/SmolVLM-256M-Instruct": (2048, 512), "HuggingFaceTB/SmolVLM-Instruct": (1536, 384)}
+"""SmolVLM checkpoints' ``size.longest_edge`` and ``max_image_size.longest_edge`` (their preprocessor_config.json)."""
+
+
+def splitting_like(processor, longest: int, crop: int):
+    """``processor`` (an Idefics3 / SmolVLM processor) with a checkpoint's splitting settings."""
+    ip = processor.image_processor
+    ip.do_image_splitting, ip.size, ip.max_image_size = True, {"longest_edge": longest}, {"longest_edge": crop}
+    return processor
+
+
+@pytest.mark.parametrize("checkpoint", sorted(SMOLVLM))
+def test_vlm_recipes_give_smolvlm_the_processor_options_they_wrote_before(checkpoint):
+    """The RL and SR recipes said ``processor_kwargs: {do_image_splitting: false}``; their ``image_max_pixels``
+    (512 x 512) maps to exactly that for SmolVLM's settings, and the recipes without a budget to nothing."""
+    processor = splitting_like(tiny_family("idefics3")[1], *SMOLVLM[checkpoint])
+    for recipe in ("mle_vlm", "smile_vlm", "discritune_vlm", "sr_l_vlm", "sr_lv_bagcurri_vlm", "grpo_cider_vlm",
+                   "grpo_sr_cider_vlm"):  # fmt: skip
+        section = load(f"coco/{recipe}").vlm
+        before = {"do_image_splitting": False} if section.image_max_pixels else {}
+        assert processor_options(FAMILIES["idefics3"], processor, section) == before, recipe
+        assert section.processor_kwargs == {}, recipe
+
+
+def pixels_seen(model: Vlm) -> tuple[int, torch.Tensor]:
+    """The pixel inputs' size for :data:`IMAGE` and finecap's first-token logits ``(V,)``, each checked against the
+    model's own forward on the processor's output with the captioner's options (1e-5 relative)."""
+    batch = model.encoder.preprocess([IMAGE])
+    enc = model.processor(text=[model.prompt_text], images=[[IMAGE]], return_tensors="pt", **model.processor_kwargs)
+    assert torch.equal(enc["input_ids"], batch["prompt_ids"])
+    with torch.no_grad():
+        reference = model.model(**enc).logits[0, -1]
+        first, _ = model.start(model.prompt_of(batch))
+    assert float((first[0] - reference).abs().max() / reference.abs().max()) < 1e-5
+    return batch["pixel_values"].numel(), first[0]
+
+
+@pytest.mark.parametrize("family", sorted(FAMILIES), ids=[f"budget-{f}" for f in sorted(FAMILIES)])
+def test_a_budget_maps_to_each_familys_own_option(family):
+    """A budget under the processor's own setting shrinks what the vision tower sees (the family's rule: Qwen's
+    pixels, SmolVLM's crops, LLaVA-NeXT's grids, InternVL's tiles, Pixtral's edge, ...) and the model's own forward
+    reads it as finecap does; a processor of one fixed size is left as it is, with a warning naming the size."""
+    model, processor = tiny_family(family)
+    if family in ("idefics3", "smolvlm"):  # the tiny processors make one 16 px crop: split like SmolVLM does
+        processor = splitting_like(processor, 64, 16)
+    plain = Vlm(model, processor, source=family).eval()
+    size, logits = pixels_seen(plain)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        small = Vlm(model, processor, VlmBackboneConfig(image_max_pixels=100), source=family).eval()
+    budget_size, budget_logits = pixels_seen(small)
+    named = [w for w in caught if "vlm.image_max_pixels=100" in str(w.message)]
+    if family in FIXED:
+        assert small.processor_kwargs == plain.processor_kwargs and budget_size == size
+        assert named and "16x16" in str(named[0].message)
+    else:
+        assert budget_size < size, (small.processor_kwargs, budget_size, size)
+        assert not named
+        assert not torch.allclose(budget_logits, logits)  # the image tokens the language model reads changed
+
+
+def test_processor_kwargs_win_over_the_budget_key_by_key():
+    model, processor = tiny_family("internvl")
+    section = VlmBackboneConfig(image_max_pixels=300, processor_kwargs={"max_patches": 2})
+    assert processor_options(FAMILIES["internvl"], processor, section) == {"crop_to_patches": False, "max_patches": 2}
+    section = VlmBackboneConfig(image_max_pixels=300, processor_kwargs={"crop_to_patches": True, "max_patches": 2})
+    assert processor_options(FAMILIES["internvl"], processor, section) == {"crop_to_patches": True, "max_patches": 2}
+
+
+def test_crops_count_the_global_image():
+    """SmolVLM's rule: n x n crops of ``max_image_size`` plus the global image fit the budget."""
+    processor = splitting_like(tiny_family("idefics3")[1], 2048, 512)
+    crop = 512 * 512
+
+    def options(budget: int) -> dict:
+        return processor_options(FAMILIES["idefics3"], processor, VlmBackboneConfig(image_max_pixels=budget))
+
+    assert options(5 * crop - 1) == {"do_image_splitting": False}  # 2 x 2 + 1 does not fit
+    assert options(5 * crop) == {"size": {"longest_edge": 1024}}
+    assert options(10 * crop) == {"size": {"longest_edge": 1536}}  # 3 x 3 + 1
+    assert options(17 * crop) == {}  # 4 x 4 + 1: the checkpoint's own 2048
+
+
+def test_the_budget_is_recorded_and_bounded(tmp_path):
+    from finecap.config import ConfigError
+
+    model, processor = tiny_family("qwen2_5_vl")
+    vlm = Vlm(model, processor, VlmBackboneConfig(image_max_pixels=300), source="tiny")
+    assert vlm.own_config()["image_max_pixels"] == 300
+    with pytest.raises(ConfigError, match="vlm.image_max_pixels"):
+        load(None, ["vlm.image_max_pixels=0"])
