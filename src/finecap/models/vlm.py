@@ -812,18 +812,22 @@ class Vlm(CaptionerBase):
         mask = torch.cat([prompt.mask, caption_mask[:, :-1].to(prompt.mask)], dim=1)  # (B, P+T-1)
         positions = torch.cat([prompt.positions, prompt.caption_positions(0, T - 1)], dim=-1)
         keep = last_positions(T, mask.shape[1], self.device)
-        if prompt.embeds is None and not (self.training and memory.gradient_checkpointing(self)):
-            # the model's own forward over the prompt, the caption continued from its cache (as generate reads it)
-            rows = torch.arange(B, device=self.device)
-            return self._shared_prompt_logits(prompt, rows, input_ids.to(self.device), caption_mask.to(self.device))
-        if prompt.embeds is None:  # checkpointing drops that cache: one own forward over prompt and caption
-            held = input_ids[:, :-1][caption_mask[:, :-1].bool()] == self.image_token_id
-            if bool(held.any()):  # the own forward would read it as an image slot: after the cache, unchecked
+        if prompt.embeds is None:
+            # a masked caption position (padding after the EOS) is never read: given the EOS id, so that a padding id
+            # that is an image token is not counted as an image slot
+            text = input_ids[:, :-1].to(self.device).masked_fill(~caption_mask[:, :-1].to(self.device).bool(),
+                                                                  int(self.tokenizer.eos_token_id))  # fmt: skip
+            if bool((text == self.image_token_id).any()):
+                # the own forward would read a caption's image token as an image slot: the caption is continued
+                # from the prompt pass's cache instead (as generate reads it), checkpointing paused if on (it drops
+                # that cache)
                 rows = torch.arange(B, device=self.device)
                 with memory.checkpointing_paused(self):
                     return self._shared_prompt_logits(prompt, rows, input_ids.to(self.device),
                                                       caption_mask.to(self.device))  # fmt: skip
-            ids = torch.cat([prompt.ids, input_ids[:, :-1].to(prompt.ids)], dim=1)  # (B, P+T-1)
+            # one own forward over prompt and caption: the same operations with and without checkpointing, so that
+            # checkpointing changes no value (tests/models/test_memory.py)
+            ids = torch.cat([prompt.ids, text.to(prompt.ids)], dim=1)  # (B, P+T-1)
             out = self.model(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=False,
                              logits_to_keep=keep, **self.own_inputs(prompt, T - 1))  # fmt: skip
             return out.logits  # (B, T, V)
