@@ -49,3 +49,38 @@ def test_grpo_cider_vlm_trains_each_family_from_its_folder(family, tmp_path):
     assert any(e["split"] == "val" and "cider_d" in e["values"] for e in events)
     saved = json.loads((checkpoint_dir(run_dir, "last") / "model" / "captioner.json").read_text())
     assert saved["family"] == family and saved["image_max_pixels"] == 262144
+
+
+OBJECTIVES = {
+    "smile": ["train.objective=smile"],  # SMILE's semipermeable MLE (the smile section's defaults)
+    "scst": ["rl.advantage=baseline", "rl.baseline=greedy", "rl.policy_loss=reinforce", "rl.logprob=sum"],  # SCST
+    "qlora": ["model.quantization=4bit"],  # QLoRA: the language model in 4 bits (bitsandbytes' CPU layers here)
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("objective", list(OBJECTIVES))
+@pytest.mark.parametrize("family", [family_param(f) for f in FAMILIES])
+def test_smile_scst_and_qlora_train_each_family_from_its_folder(family, objective, tmp_path):
+    """The other objectives of issue 62's list on every family, one step each (no validation) from the same folder
+    and recipe: SMILE, SCST (REINFORCE with a greedy baseline over CIDEr-D) and GRPO on a 4-bit language model
+    (QLoRA): a finite loss, the objective's own logged values, a checkpoint naming the family. What trains and how
+    is each objective's own test's; this holds that each family's prompt pass, scoring and decoding carry them."""
+    if objective == "qlora":
+        pytest.importorskip("bitsandbytes")
+    folder = save_family(tmp_path / family, family)
+    data, images = write_tiny_coco(tmp_path / "coco")
+    run_dir = tmp_path / "run"
+    args = ["train", "coco/grpo_cider_vlm", f"vlm.name={folder}", f"data.path={data}", f"data.images={images}",
+            *SIZES, "train.max_steps=1", "train.eval_every=100", *OBJECTIVES[objective], f"run.dir={run_dir}",
+            f"run.cache_dir={tmp_path / 'cache'}"]  # fmt: skip
+    assert main(args) == 0
+    events = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    train = [e["values"] for e in events if e["split"] == "train"]
+    assert len(train) == 1 and all(math.isfinite(v["loss"]) for v in train), train
+    if objective == "smile":
+        assert all("loss/smile" in v and "mle_loss" in v and "reward/cider" not in v for v in train), train[0]
+    else:
+        assert all("reward/cider" in v for v in train)
+    saved = json.loads((checkpoint_dir(run_dir, "last") / "model" / "captioner.json").read_text())
+    assert saved["family"] == family
