@@ -20,8 +20,8 @@ installed here) is checked for:
 Two GRPO steps of ``coco/grpo_cider_vlm`` from each family's saved folder are tests/train/test_vlm_recipe_families.py
 (slow).
 
-``pytest -k family`` selects it (the ids say ``family``). The measured largest relative logit difference of each
-family is printed (``-s`` or ``-rP``) and kept in :data:`LOGIT_DIFFERENCES`.
+``pytest -k family`` selects it (the ids say ``family``). Each family's measured largest relative logit difference
+is printed by its test (``-s`` or ``-rP``; docs/vlm.md gives them).
 """
 
 from __future__ import annotations
@@ -35,9 +35,6 @@ from finecap.models.vlm import FAMILIES, Vlm
 from finecap.objectives.mle import mle_loss
 from helpers.vlm import batch_of
 from helpers.vlm_families import family_id, tiny_family
-
-LOGIT_DIFFERENCES: dict[str, float] = {}
-"""family -> the largest relative difference of finecap's first-token logits to the model's own forward."""
 
 
 @pytest.fixture(scope="module", params=sorted(FAMILIES), ids=[family_id(f) for f in sorted(FAMILIES)])
@@ -91,7 +88,6 @@ def test_first_token_logits_equal_the_models_own_forward(tiny, n):
         first, _ = tiny.start(tiny.prompt_of(ours(enc)))  # (B, V)
     reference = torch.stack([own_logits(tiny, im)[0][-1] for im in ims])  # each image alone: (B, V)
     diff = relative(first, reference)
-    LOGIT_DIFFERENCES[family] = max(diff, LOGIT_DIFFERENCES.get(family, 0.0))
     print(f"{family}: {n} image(s), padded={bool((enc['attention_mask'] == 0).any())}, max relative logit "
           f"difference {diff:.2e} (logit scale {float(reference.abs().max()):.2f})")  # fmt: skip
     assert diff < 1e-5
@@ -306,12 +302,6 @@ def test_adapters_on_the_original_base_and_the_merged_export_caption_like_the_ru
             n = int(got.lengths[row])
             assert got.sequences[row, :n].tolist() == seq[:n], row
             assert all(t in (model.pad_token_id, model.eos_token_id) for t in seq[n:]), row
-
-
-def test_zz_family_logit_differences_report():
-    """Prints every family's largest relative logit difference measured above (run with ``-s``)."""
-    for family, diff in sorted(LOGIT_DIFFERENCES.items()):
-        print(f"family {family}: max relative first-token logit difference to its own forward {diff:.2e}")
 
 
 # --------------------------------------------------------------------------------------------------------------------
