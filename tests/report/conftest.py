@@ -1,5 +1,5 @@
-"""A tiny world, a fabricated run directory (results, captions, logs, bags) and a headless Chromium for the report
-and review tests."""
+"""A tiny world, a fabricated run directory (results, captions, logs, bags), a real tiny GRPO run of ``finecap
+train`` and a headless Chromium for the report and review tests."""
 
 import json
 from pathlib import Path
@@ -65,6 +65,28 @@ def fabricated_run(tiny_world, tmp_path_factory) -> Path:
     (run / "bags_test.json").write_text(json.dumps(bags))
     cfg = load(None, [f"world.out={tiny_world}"])
     (run / "config.yaml").write_text(yaml.safe_dump(cfg.to_dict(), sort_keys=False))
+    return run
+
+
+GRPO_TINY = ["train.init_from=", "train.max_steps=4", "train.batch_size=8", "train.eval_every=2",
+             "train.eval_samples=4", "train.log_every=1", "train.log_captions=4", "decode.max_length=8",
+             "decode.beam_size=2", "rl.samples=3", "eval.n_distractors=3"]  # fmt: skip
+"""``demo/grpo_sr_cider`` made tiny: from scratch, 4 steps of 8 images x 3 samples, 2 evaluations logging 4
+captions each."""
+
+
+@pytest.fixture(scope="session")
+def grpo_run(tmp_path_factory) -> Path:
+    """The run directory of ``finecap train demo/grpo_sr_cider`` (GDPO on SR + CIDEr-D with the KL) on a tiny world
+    with a tiny random CLIP as encoder and retriever and a 1-layer ClipCap (seconds): what a GRPO user reports."""
+    from finecap.app.cli import main
+    from helpers.tiny_run import tiny_world_and_clip
+
+    root = tmp_path_factory.mktemp("grpo")
+    overrides, clip = tiny_world_and_clip(root, 24, 8, 8)
+    run = root / "grpo_sr_cider"
+    args = ["train", "demo/grpo_sr_cider", *overrides, *GRPO_TINY, f"retriever.checkpoint={clip}", f"run.dir={run}"]
+    assert main(args) == 0
     return run
 
 

@@ -1,6 +1,7 @@
 """The HTML report and the bag-review app in a real headless Chromium: they render, images load, nothing logs a
 console error, table sorting works, the report fits a 1,400 px window, colours follow each metric's direction,
-counts print as integers, a quick run is labelled quick, and review decisions survive a reload.
+counts print as integers, a quick run is labelled quick, a GRPO run's report draws every RL panel, and review
+decisions survive a reload.
 
 Screenshots: set ``FINECAP_SCREENSHOTS=docs`` to write ``docs/report.png``, ``docs/report_gallery.png`` and
 ``docs/review.png`` (the README shows them); otherwise they go to the test's temporary folder.
@@ -221,6 +222,86 @@ def test_report_of_a_quick_demo_run(browser, quick_demo_run, tmp_path):
     browser.execute_script("arguments[0].scrollIntoView()", gallery)
     screenshot(browser, "report_gallery.png", tmp_path, element=gallery)
     assert console_errors(browser) == []
+
+
+def page_loaded(driver) -> bool:
+    """The page's own state says it is done: the document is complete and every image has finished decoding."""
+    return driver.execute_script(
+        "return document.readyState === 'complete' && [...document.images].every((i) => i.complete)"
+    )
+
+
+INK = """
+const img = arguments[0], canvas = document.createElement('canvas');
+canvas.width = img.naturalWidth; canvas.height = img.naturalHeight;
+const ctx = canvas.getContext('2d'); ctx.drawImage(img, 0, 0);
+const data = ctx.getImageData(0, 0, canvas.width, canvas.height).data;
+let coloured = 0;
+for (let k = 0; k < data.length; k += 4) {
+  const [r, g, b] = [data[k], data[k + 1], data[k + 2]];
+  if (Math.max(r, g, b) - Math.min(r, g, b) > 60) coloured++;
+}
+return coloured;
+"""
+"""Pixels of an image that are clearly coloured (not white, grey or black): a plotted line; axes and text are
+grey."""
+
+
+def test_report_of_a_grpo_run_draws_every_rl_panel(browser, grpo_run, tmp_path):
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    from finecap.app.cli import main
+
+    out = tmp_path / "grpo.html"
+    assert main(["report", str(grpo_run), "--out", str(out), "--sample", "4"]) == 0  # a `finecap train` run
+    check_report_page(browser, out)
+    WebDriverWait(browser, 30).until(page_loaded)
+    events = [json.loads(line) for line in (grpo_run / "metrics.jsonl").read_text().splitlines()]
+    train = [e["values"] for e in events if e["split"] == "train"]
+    parts = sorted({k for v in train for k in v if k.startswith("reward/") and k.count("/") == 1})
+    monitors = sorted({k for v in train for k in v if k.startswith("monitor/")})
+    assert parts == ["reward/cider", "reward/retrieval"] and len(monitors) == 4
+    section = browser.find_element(By.ID, f"rl-{grpo_run.name}")
+    figures = {f.get_attribute("data-panel"): f for f in section.find_elements(By.CSS_SELECTOR, ".rl-panel")}
+    for panel in ["reward", *parts, "kl", "clip_fraction", "ratio", "advantage", *monitors]:
+        assert panel in figures, f"no {panel} panel: {sorted(figures)}"
+        img = figures[panel].find_element(By.TAG_NAME, "img")
+        assert img.is_displayed() and img.size["width"] > 100 and img.size["height"] > 50, panel
+        assert browser.execute_script(INK, img) > 50, f"the {panel} panel draws no line"
+    # Each part's panel shows that part alone, with its first and last logged values.
+    for part in parts:
+        caption = figures[part].find_element(By.TAG_NAME, "figcaption").text
+        first, last = train[0][part], train[-1][part]
+        assert f"{part} {first:.4g} → {last:.4g}" in caption and caption.count("→") == 1, caption
+    # The captions each evaluation logged, one column per evaluation, the last one's as the run logged them.
+    table = section.find_element(By.CSS_SELECTOR, "table.captions")
+    headers = [th.text for th in table.find_elements(By.TAG_NAME, "th")]
+    val = [e for e in events if e["split"] == "val" and "text" in e]
+    assert headers == ["image", *(f"step {e['step']}" for e in val)]
+    logged = dict(line.split(": ", 1) for line in val[-1]["text"]["captions"].splitlines())
+    shown = {r.find_elements(By.TAG_NAME, "td")[0].text: r.find_elements(By.TAG_NAME, "td")[-1].text
+             for r in table.find_elements(By.CSS_SELECTOR, "tbody tr")}  # fmt: skip
+    assert shown == logged
+    assert console_errors(browser) == []
+
+
+def test_the_ink_check_sees_a_blank_panel(browser, tmp_path):
+    """The drawing check above can fail: an axes-only plot (no line) has no coloured ink."""
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    from finecap.report.html import png_uri
+    from finecap.report.plots import _pyplot, _save
+
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(3.2, 2.4))
+    ax.set_title("empty")
+    page = tmp_path / "blank.html"
+    page.write_text(
+        f'<!doctype html><link rel="icon" href="data:,"><img id="p" src="{png_uri(_save(fig, tmp_path / "b.png"))}">'
+    )
+    browser.get(page.as_uri())
+    WebDriverWait(browser, 30).until(page_loaded)
+    assert browser.execute_script(INK, browser.find_element(By.ID, "p")) == 0
 
 
 @pytest.fixture

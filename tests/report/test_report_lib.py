@@ -53,14 +53,18 @@ def test_headlines_compute_differences_and_skip_absent_stages():
 
 
 def test_curve_panels_split_losses_rewards_and_validation():
+    """The total reward has a panel; its parts and anything else naming a reward (``time/reward``) are not drawn on
+    it (each part has its own panel among the RL panels: tests/report/test_rl_report.py)."""
     events = [
-        {"step": 4, "split": "train", "values": {"loss": 3.0, "loss/mle": 2.0, "reward/cider": 0.5, "lr": 1e-3}},
-        {"step": 8, "split": "train", "values": {"loss": 2.0, "loss/mle": 1.5, "reward/cider": 0.7, "lr": 1e-3}},
+        {"step": 4, "split": "train", "values": {"loss": 3.0, "loss/mle": 2.0, "reward": 0.5, "reward/cider": 0.5,
+                                                 "time/reward": 9.0, "lr": 1e-3}},
+        {"step": 8, "split": "train", "values": {"loss": 2.0, "loss/mle": 1.5, "reward": 0.7, "reward/cider": 0.7,
+                                                 "time/reward": 0.0, "lr": 1e-3}},
         {"step": 8, "split": "val", "values": {"length": 7.0, "R@1": 0.4}, "text": {"captions": "..."}},
-    ]
+    ]  # fmt: skip
     panels = curve_panels(events)
     assert panels["train loss"] == {"loss": [(4, 3.0), (8, 2.0)], "loss/mle": [(4, 2.0), (8, 1.5)]}
-    assert panels["train reward"] == {"reward/cider": [(4, 0.5), (8, 0.7)]}
+    assert panels["train reward"] == {"reward": [(4, 0.5), (8, 0.7)]}
     assert panels["val length"] == {"length": [(8, 7.0)]} and panels["val R@1"] == {"R@1": [(8, 0.4)]}
     assert set(panels) == {"train loss", "train reward", "val length", "val R@1"}  # lr is not plotted
     assert set(curve_panels(events, max_val=1)) == {"train loss", "train reward", "val length"}

@@ -1,5 +1,7 @@
-"""``finecap report RUN_DIR``: one self-contained ``report.html`` of a run directory (the demo's ``report`` stage
-writes ``runs/demo/report.html`` with it).
+"""``finecap report RUN_DIR``: one self-contained ``report.html`` of a run directory: the demo's folder of stages
+(its ``report`` stage writes ``runs/demo/report.html`` with it) or a single ``finecap train`` run (one stage named
+after its folder; its results row is its last evaluation unless it holds a ``results.json``:
+:mod:`finecap.report.run`).
 
 It reads whatever the run holds (:mod:`finecap.report.run`), draws the plots into ``<run_dir>/plots/`` (reusable PNG
 files, also inlined in the page), and renders (:mod:`finecap.report.html`):
@@ -7,7 +9,13 @@ files, also inlined in the page), and renders (:mod:`finecap.report.html`):
 - the results tables, sortable, with each paper's headline comparison highlighted; then, when the run holds them,
   the ``vcb`` group's tables (``vcb_results.json``, NDLB Tables 2-3) and the ``transfer`` stage's
   (``transfer/results.json``, the shifted domain);
-- training curves per stage (loss, reward, validation metrics of ``<stage>/metrics.jsonl``), caption-length
+- for each RL stage (its log has the total ``reward``: SCST, GRPO, self-retrieval, exploration), an RL section
+  (:func:`finecap.report.plots.rl_panels`), one plot per panel, each on its own scale: the total reward, each reward
+  part (``reward/<part>``) and each of a part's own measures (``reward/<part>/<measure>``: the retriever's accuracy,
+  its candidate count, ...), KL to the reference, clip fraction, the importance ratio's range, the advantages'
+  spread and every reward-hacking monitor series (``monitor/*``); and a table of the captions each evaluation
+  logged (``train.log_captions`` validation images), one column per evaluation;
+- training curves per stage (loss, total reward, validation metrics of ``<stage>/metrics.jsonl``), caption-length
   histograms per stage, mean validation length over SMILE training (SMILE Fig. 4a; when ``smile`` and at least one
   of its subsetting ablations ran), TrueMatch R@1 against bag size, faithfulness precision against recall;
 - a caption gallery: a random sample of images and those where the stages disagree most
@@ -61,7 +69,16 @@ from finecap.report.html import (
     results_tables,
     single_table,
 )
-from finecap.report.plots import bag_recall_curves, length_curves, length_histograms, precision_recall, training_curves
+from finecap.report.plots import (
+    bag_recall_curves,
+    length_curves,
+    length_histograms,
+    precision_recall,
+    rl_curves,
+    rl_panels,
+    rl_title,
+    training_curves,
+)
 from finecap.report.run import RunData, read_run
 from finecap.train.fingerprint import check_run_dir
 from finecap.utils import DATA_FILE, progress_enabled, read_json, refuse_link, write_json
@@ -93,6 +110,47 @@ def _plots(run: RunData, folder: Path) -> list[dict[str, str]]:
     add(bag_recall_curves(run.results, folder / "bag_recall.png"), "TrueMatch R@1 against bag size")
     add(precision_recall(run.results, folder / "faithfulness.png"), "faithfulness: precision against recall")
     return plots
+
+
+MAX_CAPTION_STEPS = 6
+"""Evaluations shown in an RL section's captions table: the first, the last and those evenly between."""
+
+
+def _spaced(steps: list[int], n: int) -> list[int]:
+    if len(steps) <= n:
+        return steps
+    return sorted({steps[round(k * (len(steps) - 1) / (n - 1))] for k in range(n)})
+
+
+def _rl_sections(run: RunData, folder: Path) -> list[dict[str, Any]]:
+    """Each RL stage's panels (one PNG each: :func:`~finecap.report.plots.rl_curves`) with their first and last
+    values, and the captions its evaluations logged."""
+    sections = []
+    for stage, events in run.events.items():
+        drawn = rl_curves(events, folder, f"rl_{stage}")
+        if not drawn:
+            continue
+        series = rl_panels(events)
+        panels = []
+        for panel, path in drawn:
+            ends = "; ".join(
+                f"{key} {points[0][1]:.4g} → {points[-1][1]:.4g}" for key, points in series[panel].items()
+            )
+            panels.append({"panel": panel, "uri": png_uri(path), "note": ends, "title": rl_title(panel)})
+        logged = run.logged_captions.get(stage, {})
+        steps = _spaced(sorted(logged), MAX_CAPTION_STEPS)
+        ids = list(dict.fromkeys(i for step in steps for i in logged[step]))
+        rows = [{"id": i, "captions": [logged[step].get(i, "") for step in steps]} for i in ids]
+        sections.append({"stage": stage, "panels": panels, "caption_steps": steps, "caption_rows": rows})
+    return sections
+
+
+def _match_ids(captions: dict[str, dict[Hashable, str]], records: dict[Hashable, Record]) -> dict:
+    """``captions`` with each image id that is not a record's but spells one (an id logged as text: ``"24"`` for
+    the record ``24``) replaced by the record's."""
+    by_text = {str(i): i for i in records}
+    return {stage: {(i if i in records else by_text.get(str(i), i)): c for i, c in caps.items()}
+            for stage, caps in captions.items()}  # fmt: skip
 
 
 def _uri(records: dict[Hashable, Record], image_id: Hashable) -> str | None:
@@ -277,8 +335,10 @@ def main(
     check_output_file(out, inputs, force=force, kind="report", ours=is_report)
     check_run_dir(run.run_dir, cfg)  # the data and retriever read now must be the run's (exit 2 naming both)
     records, scenes = _records(cfg)
+    run.captions = _match_ids(run.captions, records)
     rules = rules_for(cfg.eval.metrics)  # the directions of the run's own metric groups' columns too
     plots = _plots(run, run.run_dir / "plots")
+    rl = _rl_sections(run, run.run_dir / "plots")
     gallery = _gallery(run, records, scenes, n_sample, n_disagree, seed)
     bags, bag_note = _bag_gallery(run, cfg, records, n_bags) if retrieval else ([], "Bag outcomes not computed.")
     context = {
@@ -290,6 +350,13 @@ def main(
         "reference_rows": [r for r in REFERENCE_ROWS if r in run.results],
         "headlines": headline_comparisons(run.results, rules),
         "tables": results_tables(run.results, rules=rules),
+        "results_note": None
+        if run.results_from is None
+        else (
+            f"No results.json in this run: the row is its last evaluation (validation split, step "
+            f"{run.results_from}). `finecap eval` scores a checkpoint on the test split."
+        ),
+        "rl": rl,
         "extra": _extra_sections(run.run_dir, rules),
         "plots": plots,
         "gallery": gallery,

@@ -22,6 +22,19 @@ BAG_RECALL = re.compile(r"^bag(\d+)/R@1$")
 """Result keys of TrueMatch R@1 per bag size (``bag3/R@1``), as :func:`finecap.metrics.retrieval.bag_retrieval`
 names them."""
 
+REWARD_TOTAL = ("reward", "reward_greedy")
+"""Train keys of the total reward (:class:`finecap.objectives.reinforce.Reinforce`'s metrics): the sampled captions'
+mean and the greedy captions' (SCST); one axis. (``baseline`` is not drawn: 0 under group advantages, it would only
+stretch the axis.)"""
+RL_GROUPS = {
+    "kl": ("KL to the reference", ("kl",)),
+    "clip_fraction": ("clip fraction", ("clip_fraction",)),
+    "ratio": ("importance ratio range (min, mean, max)", ("ratio/min", "ratio/mean", "ratio/max")),
+    "advantage": ("advantage spread (std, min, max)", ("advantage_std", "advantage/min", "advantage/max")),
+}
+"""The RL diagnostics drawn together because they share units (:class:`finecap.objectives.policy.PolicyOptimization`'s
+metrics): ``{panel: (title, keys)}``."""
+
 
 def validation_series(run_dir: str | Path, key: str) -> list[tuple[int, float]]:
     """``(step, value)`` of ``key`` at every validation event of ``<run_dir>/metrics.jsonl``."""
@@ -96,8 +109,9 @@ def read_events(path: str | Path) -> list[dict[str, Any]]:
 
 
 def curve_panels(events: Sequence[Mapping[str, Any]], max_val: int = 6) -> dict[str, dict[str, list[tuple]]]:
-    """``{panel title: {series: [(step, value), ...]}}`` of a run's events: every training loss on one panel, every
-    reward on another, and one panel per validation metric (the first ``max_val`` keys logged)."""
+    """``{panel title: {series: [(step, value), ...]}}`` of a run's events: every training loss on one panel, the
+    total reward (:data:`REWARD_TOTAL`; each reward part has a panel of its own among :func:`rl_panels`) on another,
+    and one panel per validation metric (the first ``max_val`` keys logged)."""
     panels: dict[str, dict[str, list[tuple[int, float]]]] = {}
     val_keys: list[str] = []
     for event in events:
@@ -107,7 +121,7 @@ def curve_panels(events: Sequence[Mapping[str, Any]], max_val: int = 6) -> dict[
                 continue
             if split == "train" and key.split("/")[0] == "loss":
                 title = "train loss"
-            elif split == "train" and "reward" in key:
+            elif split == "train" and key in REWARD_TOTAL:
                 title = "train reward"
             elif split == "val":
                 if key not in val_keys:
@@ -143,6 +157,79 @@ def training_curves(events: Sequence[Mapping[str, Any]], out: str | Path, title:
     if title:
         fig.suptitle(title, fontsize=10)
     return _save(fig, out)
+
+
+def rl_panel(key: str) -> str | None:
+    """The RL panel of a train key (:func:`rl_panels`), by what the key means, never by a substring: ``reward`` and
+    ``reward_greedy`` -> ``"reward"``; a reward part ``reward/<part>`` -> itself, and so is each of
+    a part's own measures ``reward/<part>/<measure>`` (the retriever's ``accuracy``, its ``candidates`` count, ...:
+    each its own scale); the :data:`RL_GROUPS` keys -> their group; a monitor series ``monitor/<name>`` -> itself;
+    anything else (``time/reward``, ``lr``, ``loss``) -> None."""
+    if key in REWARD_TOTAL:
+        return "reward"
+    head, _, rest = key.partition("/")
+    if head in ("reward", "monitor") and rest and all(rest.split("/")):
+        return key
+    return next((group for group, (_, keys) in RL_GROUPS.items() if key in keys), None)
+
+
+def is_rl(events: Sequence[Mapping[str, Any]]) -> bool:
+    """Whether a run's events are an RL run's: some train event logs the total ``reward`` (every objective of the
+    REINFORCE family does: SCST, GRPO, exploration, self-retrieval)."""
+    return any(e.get("split") == "train" and "reward" in (e.get("values") or {}) for e in events)
+
+
+def rl_panels(events: Sequence[Mapping[str, Any]]) -> dict[str, dict[str, list[tuple[int, float]]]]:
+    """``{panel: {series: [(step, value), ...]}}`` of an RL run's train events (:func:`rl_panel`), in this order:
+    the total reward, each reward part (its measures after it), KL, clip fraction, ratio range, advantage spread,
+    then every monitor series; a panel nothing was logged for is absent."""
+    panels: dict[str, dict[str, list[tuple[int, float]]]] = {}
+    for event in events:
+        step = event.get("step")
+        if event.get("split") != "train" or step is None:
+            continue
+        for key, value in (event.get("values") or {}).items():
+            if not isinstance(value, int | float) or isinstance(value, bool):
+                continue
+            panel = rl_panel(key)
+            if panel is not None:
+                panels.setdefault(panel, {}).setdefault(key, []).append((int(step), float(value)))
+    order = ["reward", *sorted(k for k in panels if k.startswith("reward/")), *RL_GROUPS,
+             *(k for k in panels if k.startswith("monitor/"))]  # fmt: skip
+    return {k: panels[k] for k in order if k in panels}
+
+
+def rl_title(panel: str) -> str:
+    """The caption of an RL panel (:func:`rl_panels`)."""
+    if panel == "reward":
+        return "reward (total)"
+    if panel in RL_GROUPS:
+        return RL_GROUPS[panel][0]
+    head, _, rest = panel.partition("/")
+    return f"reward part: {rest}" if head == "reward" and "/" not in rest else f"{head}: {rest}"
+
+
+def rl_curves(events: Sequence[Mapping[str, Any]], folder: str | Path, prefix: str) -> list[tuple[str, Path]]:
+    """Each of :func:`rl_panels` drawn on its own axes as ``<folder>/<prefix>_<panel>.png`` (``/`` and other
+    characters a file name avoids as ``-``):
+    ``[(panel, path)]``, empty when the run is not an RL run (:func:`is_rl`)."""
+    if not is_rl(events):
+        return []
+    plt = _pyplot()
+    out = []
+    for panel, series in rl_panels(events).items():
+        fig, ax = plt.subplots(figsize=(3.2, 2.4))
+        for key, points in series.items():
+            ax.plot([p[0] for p in points], [p[1] for p in points], marker="." if len(points) < 30 else None,
+                    label=key)  # fmt: skip
+        ax.set_title(rl_title(panel), fontsize=9)
+        ax.set_xlabel("step", fontsize=8)
+        ax.tick_params(labelsize=7)
+        if len(series) > 1:
+            ax.legend(fontsize=6)
+        name = re.sub(r"[^A-Za-z0-9_.-]", "-", panel)  # a reward named by a dotted path: pkg.mod:Reward
+        out.append((panel, _save(fig, Path(folder) / f"{prefix}_{name}.png")))
+    return out
 
 
 def length_histograms(captions: Mapping[str, Mapping[Any, str]], out: str | Path) -> Path | None:

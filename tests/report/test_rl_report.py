@@ -1,0 +1,154 @@
+"""The report of an RL run: which train keys get which panel (each reward part and each of its measures on its own
+axis; ``time/reward``, a ``candidates`` count and the learning rate never beside a part), a ``finecap train`` run
+directory read as one stage (its last evaluation as its results row, the captions it logged), and ``finecap report``
+of a real tiny GRPO run and of a folder of stages holding an RL stage."""
+
+import json
+import re
+import shutil
+
+import pytest
+
+from finecap.app.cli import main
+from finecap.app.report import main as write_report
+from finecap.report.plots import curve_panels, is_rl, rl_curves, rl_panel, rl_panels
+from finecap.report.run import read_run
+
+RL_VALUES = {
+    "loss": -0.02, "loss/policy": -0.02, "time/generate": 0.2, "time/reward": 0.02, "kl": 0.01, "clip_fraction": 0.1,
+    "ratio/mean": 1.0, "ratio/min": 0.9, "ratio/max": 1.1, "reward": -3.0, "reward/retrieval": -3.2,
+    "reward/retrieval/accuracy": 0.04, "reward/retrieval/candidates": 32.0, "reward/retrieval/truncated": 0.0,
+    "reward/cider": 0.13, "reward_greedy": 0.1, "baseline": 0.0, "advantage_std": 1.0, "advantage/min": -1.4,
+    "advantage/max": 1.7, "zero_std_groups": 0.0, "sample_words": 7.0, "monitor/length_drift": 0.0,
+    "monitor/repetition": 0.0, "monitor/fact_precision": 0.26, "monitor/fact_recall": 0.06, "lr": 1e-4,
+    "grad_norm": 0.6,
+}  # fmt: skip
+"""What a GRPO step logs (the keys of a real run of demo/grpo_sr_cider; the retriever's ``candidates`` as a batch
+of 33 gives)."""
+PARTS = ("reward/cider", "reward/retrieval")
+
+
+def rl_events(steps: int = 3, captions: bool = True) -> list[dict]:
+    """``steps`` train events of :data:`RL_VALUES` (each value + 0.01 per step) and a validation event after each,
+    logging two captions."""
+    events = []
+    for step in range(1, steps + 1):
+        events.append({"step": step, "split": "train",
+                       "values": {k: v + 0.01 * (step - 1) for k, v in RL_VALUES.items()}})  # fmt: skip
+        val = {"step": step, "split": "val", "values": {"loss": 4.0 - step, "r@1": 0.1 * step, "length": 8.0}}
+        if captions:
+            val["text"] = {"captions": f"3: a shape at step {step}\n5: a red circle: large"}
+        events.append(val)
+    return events
+
+
+def test_each_reward_part_has_an_axis_of_its_own_and_nothing_else_shares_it():
+    panels = rl_panels(rl_events())
+    axis_of = {key: panel for panel, series in panels.items() for key in series}
+    for part in PARTS:
+        assert list(panels[part]) == [part], panels[part]
+        assert panels[part][part] == [(1, RL_VALUES[part]), (2, RL_VALUES[part] + 0.01), (3, RL_VALUES[part] + 0.02)]
+    for key in ("time/reward", "time/generate", "lr", "grad_norm", "loss", "baseline"):
+        assert key not in axis_of, key
+    candidates = axis_of["reward/retrieval/candidates"]
+    assert candidates not in PARTS and list(panels[candidates]) == ["reward/retrieval/candidates"]
+    assert list(panels["reward"]) == ["reward", "reward_greedy"]
+    assert set(panels["ratio"]) == {"ratio/min", "ratio/mean", "ratio/max"}
+    assert set(panels["advantage"]) == {"advantage_std", "advantage/min", "advantage/max"}
+    assert list(panels) == [
+        "reward", "reward/cider", "reward/retrieval", "reward/retrieval/accuracy", "reward/retrieval/candidates",
+        "reward/retrieval/truncated", "kl", "clip_fraction", "ratio", "advantage", "monitor/length_drift",
+        "monitor/repetition", "monitor/fact_precision", "monitor/fact_recall"]  # fmt: skip
+    # The training curves' reward panel holds the total only: no part, no timing.
+    assert set(curve_panels(rl_events())["train reward"]) == {"reward", "reward_greedy"}
+
+
+@pytest.mark.parametrize(("key", "panel"), [
+    ("reward", "reward"), ("reward_greedy", "reward"), ("reward/cider", "reward/cider"),
+    ("reward/retrieval/candidates", "reward/retrieval/candidates"), ("monitor/repetition", "monitor/repetition"),
+    ("kl", "kl"), ("ratio/max", "ratio"), ("advantage/min", "advantage"), ("clip_fraction", "clip_fraction"),
+    ("time/reward", None), ("rewards", None), ("reward/", None), ("my_reward", None), ("baseline", None),
+    ("loss/policy", None), ("lr", None), ("monitor", None),
+])  # fmt: skip
+def test_a_key_is_placed_by_what_it_means(key, panel):
+    assert rl_panel(key) == panel
+
+
+def test_a_run_without_a_reward_gets_no_rl_panels(tmp_path):
+    mle = [{"step": 1, "split": "train", "values": {"loss": 3.0, "time/reward": 0.1, "reward/cider": 0.2}}]
+    assert not is_rl(mle) and is_rl(rl_events(1))
+    assert rl_curves(mle, tmp_path, "rl_mle") == [] and list(tmp_path.iterdir()) == []
+
+
+def write_train_run(folder, events) -> None:
+    """A run directory as ``finecap train`` leaves one (config.yaml, metrics.jsonl, checkpoints/)."""
+    (folder / "checkpoints" / "last").mkdir(parents=True)
+    (folder / "config.yaml").write_text("run:\n  name: x\n")
+    (folder / "metrics.jsonl").write_text("".join(json.dumps(e) + "\n" for e in events))
+
+
+def test_a_train_run_directory_is_read_as_one_stage(tmp_path):
+    run_dir = tmp_path / "my_grpo"
+    write_train_run(run_dir, rl_events())
+    run = read_run(run_dir)
+    assert run.single and run.stages == ["my_grpo"] and len(run.events["my_grpo"]) == 6
+    assert run.results == {"my_grpo": {"loss": 1.0, "r@1": pytest.approx(0.3), "length": 8.0}}
+    assert run.results_from == 3
+    assert run.captions == {"my_grpo": {"3": "a shape at step 3", "5": "a red circle: large"}}  # the last evaluation
+    assert sorted(run.logged_captions["my_grpo"]) == [1, 2, 3]
+    assert run_dir / "metrics.jsonl" in run.inputs() and run_dir / "config.yaml" in run.inputs()
+    # Saved captions win over logged ones; a results.json over the last evaluation.
+    (run_dir / "captions").mkdir()
+    (run_dir / "captions" / "test.json").write_text(json.dumps([{"image_id": 7, "caption": "a blue star"}]))
+    (run_dir / "results.json").write_text(json.dumps({"my_grpo": {"CIDEr-D": 0.5}}))
+    run = read_run(run_dir)
+    assert run.captions == {"my_grpo": {7: "a blue star"}}
+    assert run.results == {"my_grpo": {"CIDEr-D": 0.5}} and run.results_from is None
+
+
+def test_an_empty_folder_is_refused_naming_both_kinds_of_run(tmp_path):
+    with pytest.raises(FileNotFoundError, match=r"metrics\.jsonl.*finecap train"):
+        read_run(tmp_path)
+
+
+def panels_of(html: str, stage: str) -> list[str]:
+    """The ``data-panel`` of every RL panel of ``stage``'s section of a report."""
+    section = re.search(rf'<section class="rl" id="rl-{re.escape(stage)}".*?</section>', html, re.S)
+    return re.findall(r'class="rl-panel" data-panel="([^"]+)"', section.group(0)) if section else []
+
+
+def logged_keys(run_dir) -> set[str]:
+    events = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    return {k for e in events if e["split"] == "train" for k in e["values"]}
+
+
+@pytest.mark.slow
+def test_finecap_report_takes_a_grpo_run_directory(grpo_run, tmp_path):
+    out = tmp_path / "grpo.html"
+    assert main(["report", str(grpo_run), "--out", str(out), "--sample", "4"]) == 0
+    html = out.read_text()
+    keys = logged_keys(grpo_run)
+    parts = {k for k in keys if k.count("/") == 1 and k.startswith("reward/")}
+    monitors = {k for k in keys if k.startswith("monitor/")}
+    assert parts == set(PARTS) and len(monitors) == 4  # what demo/grpo_sr_cider logs: else this test checks less
+    panels = panels_of(html, grpo_run.name)
+    assert {"reward", *parts, "kl", "clip_fraction", "ratio", "advantage", *monitors} <= set(panels)
+    assert len(panels) == len(set(panels))
+    assert all((grpo_run / "plots" / f"rl_{grpo_run.name}_{p.replace('/', '-')}.png").is_file() for p in panels)
+    # The results row is the last evaluation; the captions table and the gallery show its logged captions, with
+    # their images (the ids logged as text matched to the data set's).
+    assert 'id="results-note"' in html and "<td>grpo_sr_cider</td>" in html
+    table = re.search(r'<table class="captions".*?</table>', html, re.S).group(0)
+    assert len(re.findall(r"<tr>", table)) == 1 + 4  # header + train.log_captions images
+    assert re.search(r'<div class="card" id="image-\d+">\s*<img src="data:image/', html)
+
+
+@pytest.mark.slow
+def test_a_folder_of_stages_shows_the_rl_section_of_its_rl_stage_only(fabricated_run, tmp_path):
+    run_dir = tmp_path / "demo"
+    shutil.copytree(fabricated_run, run_dir)
+    (run_dir / "grpo").mkdir()
+    (run_dir / "grpo" / "metrics.jsonl").write_text("".join(json.dumps(e) + "\n" for e in rl_events(3, False)))
+    html = write_report(run_dir, tmp_path / "r.html", retrieval=False).read_text()
+    assert set(PARTS) <= set(panels_of(html, "grpo")) and panels_of(html, "mle") == []
+    assert 'id="results-note"' not in html  # the demo's results.json is the table
