@@ -547,7 +547,11 @@ TRACKERS = ("jsonl", "tensorboard", "wandb", "mlflow", "comet_ml", "aim", "clear
 @dataclass
 class TrainConfig(Section, name="train"):
     objective: str = doc("mle", "Objective name (see finecap.objectives) or a dotted import path 'pkg.mod:factory'.")
-    init_from: str = doc("", "Checkpoint directory to start from (empty = fresh model).")
+    init_from: str = doc(
+        "",
+        "Checkpoint directory to start from (empty = fresh model); a relative path is read from the working "
+        "directory, else from <run.root> (demo/mle/checkpoints/best: the run of recipe demo/mle).",
+    )
     epochs: float = doc(
         10.0,
         "Training epochs (fractional allowed); ignored when train.max_steps > 0.",
