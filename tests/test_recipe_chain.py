@@ -78,10 +78,13 @@ def test_mle_then_grpo_from_a_fresh_home_with_only_size_overrides(tmp_path, monk
     monkeypatch.chdir(work)
     code, _, err = run_cli(["train", "demo/mle", *WORLD, *SIZES])
     assert code == 0, err
+    assert "loss=" in err  # the progress bar's headline of MLE
     mle = tmp_path / "home" / "runs" / "demo" / "mle"
     assert (mle / "checkpoints" / "best" / "model").is_dir()
     code, _, err = run_cli(["train", "demo/grpo_sr_cider", *WORLD, *SIZES])
     assert code == 0, err
+    bar = [line for line in err.replace("\r", "\n").splitlines() if "epoch=" in line][-1]
+    assert "reward=" in bar and "kl=" in bar and "loss=" not in bar, bar  # GRPO's headline, not its 0 surrogate
     grpo = tmp_path / "home" / "runs" / "demo" / "grpo_sr_cider"
     stored = yaml.safe_load((grpo / "config.yaml").read_text())
     assert stored["train"]["init_from"] == str(mle / "checkpoints" / "best")  # absolute: the start it was found at
