@@ -6,7 +6,8 @@
 
 - ``worlds/<world key>/``: the world data sets (``world.out`` empty, the default; the key is
   :func:`finecap.world.key.world_key`, so a world is made once per setting and found again by any run);
-- ``runs/``: run directories when ``run.root`` is empty (:func:`run_path`);
+- ``runs/``: run directories when ``run.root`` is empty (:func:`run_path`), where a relative ``train.init_from``
+  is also looked for (:func:`start_path`), so that a recipe's start is found where the recipe making it writes;
 - ``cache/``: world encoders (``cache/world_encoder/<key>``), frozen-feature and bag-neighbour caches
   (``run.cache_dir`` empty, the default).
 
@@ -87,6 +88,23 @@ def run_path(run: RunConfig) -> Path:
         (PosixPath('out/x'), PosixPath('runs/mle'))
     """
     return Path(run.dir) if run.dir else runs_root(run) / run.name
+
+
+def start_path(value: str, run: RunConfig) -> Path:
+    """The checkpoint a run starts from (``train.init_from``): ``value`` when absolute or when it exists from the
+    working directory, else ``value`` under the runs root (:func:`runs_root`): ``train.init_from=demo/mle`` (or
+    ``demo/mle/checkpoints/best``) is the run that ``run.name=demo/mle`` writes, as the packaged recipes chain.
+
+    Example::
+
+        >>> from finecap.config import RunConfig
+        >>> start_path("demo/mle/checkpoints/best", RunConfig(root="/srv/runs")).as_posix()
+        '/srv/runs/demo/mle/checkpoints/best'
+        >>> start_path("/ckpt/best", RunConfig(root="/srv/runs")).as_posix()
+        '/ckpt/best'
+    """
+    path = Path(value)
+    return path if path.is_absolute() or path.exists() else runs_root(run) / path
 
 
 def cache_dir(run: RunConfig) -> Path:

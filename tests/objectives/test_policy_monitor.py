@@ -8,7 +8,7 @@ import logging
 
 import pytest
 
-from finecap.config import RLConfig
+from finecap.config import ConfigError, RLConfig
 from finecap.objectives.monitor import Monitor, RewardHackingAlarm, distinct_share, repetition
 from finecap.world.scene import Obj, Scene
 
@@ -89,3 +89,26 @@ def test_fact_alarms_are_silent_off_the_world():
     m = Monitor(RLConfig(samples=1, alarms={"fact_recall": 1.0}, alarm_action="stop"))
     values = step(m, ["a red circle"], 1)
     assert "monitor/fact_recall" not in values  # no scene graphs: nothing measured, nothing sounds
+
+
+def test_the_kl_alarm_reads_the_steps_mean_kl_and_names_its_option():
+    m = Monitor(RLConfig(samples=2, kl_coef=0.04, policy_loss="clipped", alarms={"kl": 0.1}, alarm_action="stop"))
+    m.observe_kl(0.05)
+    m.observe_kl(0.12)  # (0.05 + 0.12) / 2 = 0.085: below 0.1
+    step(m, ["a red circle", "a circle"], 1)
+    m.observe_kl(0.3)
+    m.observe_kl(0.1)  # (0.3 + 0.1) / 2 = 0.2 > 0.1
+    with pytest.raises(RewardHackingAlarm, match=r"^rl.alarms: at step 2 the KL to the starting policy "
+                       r"\(rl.alarms.kl\) is 0.2, above its threshold 0.1"):  # fmt: skip
+        step(m, ["a red circle", "a circle"], 2)
+    quiet = Monitor(RLConfig(samples=2, alarms={"repetition": 0.5}, alarm_action="stop"))
+    quiet.observe_kl(5.0)  # no kl alarm asked for: a large KL stops nothing
+    step(quiet, ["a red circle", "a circle"], 1)
+
+
+def test_the_kl_alarm_needs_the_kl_penalty_and_a_positive_threshold():
+    with pytest.raises(ConfigError, match=r"rl.alarms.kl: needs rl.kl_coef > 0"):
+        RLConfig(alarms={"kl": 0.1})
+    with pytest.raises(ConfigError, match=r"rl.alarms.kl: must be > 0"):
+        RLConfig(kl_coef=0.04, policy_loss="clipped", alarms={"kl": 0.0})
+    assert RLConfig(kl_coef=0.04, policy_loss="clipped", alarms={"kl": 2.5}).alarms == {"kl": 2.5}  # any size

@@ -93,3 +93,16 @@ def test_a_clean_scst_run_sets_off_no_alarm(mle_captioner, world_args, encoder, 
     assert len(values) == 50
     assert max(abs(v["monitor/length_drift"]) for v in values) < 1.0
     assert all(0 <= v["monitor/fact_precision"] <= 1 for v in values)  # the world's facts are measured
+
+
+@pytest.mark.slow
+def test_a_kl_past_its_alarm_stops_grpo_naming_the_option(mle_captioner, world_args, encoder, tmp_path, capsys):
+    # the first step's KL is 0 (the policy is the reference, no dropout); after one update it is past 1e-6
+    kl = ["rl.policy_loss=clipped", "rl.kl_coef=0.04", "rl.disable_dropout=true", "rl.alarms={kl: 1.0e-6}"]
+    overrides = rl_run(
+        world_args, encoder, tmp_path, mle_captioner, "rl.rewards={cider: 1.0}", "rl.advantage=group", *kl
+    )
+    assert main(["train", *overrides]) == 2
+    line = capsys.readouterr().err.strip().splitlines()[-1]
+    assert line.startswith("finecap: error: rl.alarms: at step 2 the KL to the starting policy (rl.alarms.kl)"), line
+    assert "training stopped (rl.alarm_action=stop)" in line

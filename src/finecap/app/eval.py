@@ -30,6 +30,9 @@ their keys are listed there).
   their references: then ``--references`` may be left out (given, it is what is scored against). Warnings about the
   file (a reference that looks like a stringified list but is not one) go to stderr; a note says when the captions
   average over twice their references' length (n-gram metrics punish detailed captions).
+- Predicted ids name reference images by id, by path relative to the data set's folder, or by file name when only one
+  image has it (:func:`match_ids`: ``finecap caption --images photos/``'s ``img000.jpg`` is a chat JSONL's
+  ``photos/img000.jpg``); an id naming none is an error showing the first ids of both sides.
 - An image of the predictions listed several times is an error naming the ids
   (pycocoevalcap's scorers assert one caption per image), unless the ``diversity`` group is asked for by name: an
   image's captions are then its samples, and its first caption is what the other groups score.
@@ -43,8 +46,8 @@ import contextlib
 import gc
 import json
 import sys
-from collections.abc import Callable, Iterator, Sequence
-from pathlib import Path
+from collections.abc import Callable, Hashable, Iterator, Sequence
+from pathlib import Path, PurePosixPath
 from typing import Literal
 
 from finecap.config import Config
@@ -160,7 +163,6 @@ def _main(
             "pycocoevalcap's scorers take one caption per image. Keep one per image, or ask for the diversity group "
             "(--metrics diversity,...) to use them as samples (the first caption of each image is then scored)"
         )
-    samples = results if repeated else None
     if repeated:
         note(f"{len(repeated)} image(s) have several captions: the first is scored, all of them are diversity samples")
     bag_data = read_bags(bags) if bags is not None else None
@@ -174,13 +176,17 @@ def _main(
     else:
         raise ValueError(f"--references: required: {predictions} holds {pred_format} predictions, without references")
     by_id = {r.image_id: r for r in refs.records}
-    missing = [i for i in results if i not in by_id]
+    matched = match_ids(list(results), refs)
+    missing = [i for i in results if i not in matched]
     if missing:
         where = f" (split {split!r})" if split else ""
         raise DataError(
-            f"{predictions}: {len(missing)} predicted image id(s) are not in the references {refs.path}{where}, "
-            f"e.g. {missing[:MAX_LISTED]}"
+            f"{predictions}: {len(missing)} predicted image id(s) are not in the references {refs.path}{where} "
+            f"(neither as ids, paths relative to the data set nor unambiguous file names), e.g. "
+            f"{missing[:MAX_LISTED]}; the references' ids are e.g. {list(by_id)[:MAX_LISTED]}"
         )
+    results = {matched[i]: caps for i, caps in results.items()}
+    samples = results if repeated else None
     # pycocoevalcap's order (loadRes keeps the reference file's image order): its tokenizer reads captions as
     # consecutive lines, and a caption's last token can depend on the next line (finecap.metrics.ptb_tokenize)
     preds = {r.image_id: results[r.image_id][0] for r in refs.records if r.image_id in results}
@@ -246,6 +252,48 @@ def _main(
         write_output_json(per_image, rows, "per-image")
         note(f"wrote {per_image} (per-image scores of {len(items)} images)")
     return result
+
+
+def match_ids(predicted: Sequence[Hashable], refs: LoadedReferences) -> dict[Hashable, Hashable]:
+    """The reference image id of each predicted id that names one: the id itself, else the image's path relative to
+    the data set's folder (``photos/img000.jpg``), else its file name (``img000.jpg``) when only one reference image
+    has it. So ``finecap caption --images photos/``'s ids (file names) score against a chat JSONL's (paths as the
+    file writes them), and the other way round. Ids naming no image, or naming one another id already took, are left
+    out (the caller reports them).
+
+    Example::
+
+        >>> from finecap.data.records import Record
+        >>> refs = LoadedReferences([Record("photos/a.jpg", Path("/d/photos/a.jpg"), "test"),
+        ...                          Record("x/b.jpg", Path("/d/x/b.jpg"), "test"),
+        ...                          Record("y/b.jpg", Path("/d/y/b.jpg"), "test")], Path("/d/data.jsonl"), "jsonl")
+        >>> match_ids(["a.jpg", "./x/b.jpg", "b.jpg", "c.jpg"], refs)
+        {'a.jpg': 'photos/a.jpg', './x/b.jpg': 'x/b.jpg'}
+    """
+    folder = refs.path if refs.path.is_dir() else refs.path.parent
+    ids = {r.image_id for r in refs.records}
+    by_path: dict[str, Hashable] = {}
+    by_name: dict[str, list[Hashable]] = {}
+    for r in refs.records:
+        names = {PurePosixPath(str(r.image_id)).as_posix()}
+        if not r.embedded and r.path.is_relative_to(folder):
+            names.add(r.path.relative_to(folder).as_posix())
+        for name in names:
+            by_path.setdefault(name, r.image_id)
+        for name in {PurePosixPath(n).name for n in names} | {r.path.name}:
+            by_name.setdefault(name, []).append(r.image_id)
+    matched: dict[Hashable, Hashable] = {i: i for i in predicted if i in ids}  # the ids themselves first
+    taken = set(matched)
+    for i in predicted:
+        if i in matched:
+            continue
+        text = PurePosixPath(str(i).replace("\\", "/"))
+        same_name = set(by_name.get(text.name, ()))
+        target = by_path.get(text.as_posix(), same_name.pop() if len(same_name) == 1 else None)
+        if target is not None and target not in taken:
+            matched[i] = target
+            taken.add(target)
+    return matched
 
 
 def _read_instances(cfg: Config, instances: str | Path | None) -> dict | None:

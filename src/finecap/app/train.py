@@ -62,7 +62,7 @@ from finecap.train.fingerprint import check_run_dir as check_fingerprints_of_run
 from finecap.train.fingerprint import write_fingerprints
 from finecap.train.logging import tracker_config
 from finecap.train.schedule import build_scheduler
-from finecap.train.setup import CaptionData, build_data, build_model, train_unit
+from finecap.train.setup import CaptionData, build_data, build_model, resolve_start, train_unit
 from finecap.train.state import (
     TrainState,
     check_config_target,
@@ -168,6 +168,7 @@ def train(
     process): a second stops with an error naming the first.
     """
     check_attention(cfg.model.attn_implementation)  # before anything is made: a kernel this machine lacks stops it
+    cfg = resolve_start(cfg)  # train.init_from found (working directory, else the runs root) before anything is made
     run_dir = run_path(cfg.run)
     processes = process_state(cfg.train)  # the processes, before any Accelerator: preparing may train with its own
     with contextlib.ExitStack() as held:
@@ -261,6 +262,7 @@ def dry_run(cfg: Config) -> dict[str, Any]:
 
     from finecap.models.memory import parameter_counts, training_memory
 
+    cfg = resolve_start(cfg)
     processes = process_state(cfg.train)
     run = _build_run(cfg, run_path(cfg.run), None, validators=None, callbacks=(), processes=processes, writes=False)
     acc, engine = run.accelerator, run.engine

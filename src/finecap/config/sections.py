@@ -153,7 +153,7 @@ PolicyLoss = Literal["reinforce", "clipped"]
 Importance = Literal["token", "sequence"]
 LossAggregation = Literal["sequence", "token", "constant"]
 AlarmAction = Literal["warn", "stop"]
-AlarmMeasure = Literal["length_drift", "repetition", "distinct", "fact_precision", "fact_recall"]
+AlarmMeasure = Literal["length_drift", "repetition", "distinct", "fact_precision", "fact_recall", "kl"]
 
 
 # --------------------------------------------------------------------------------------------------------------------
@@ -547,7 +547,11 @@ TRACKERS = ("jsonl", "tensorboard", "wandb", "mlflow", "comet_ml", "aim", "clear
 @dataclass
 class TrainConfig(Section, name="train"):
     objective: str = doc("mle", "Objective name (see finecap.objectives) or a dotted import path 'pkg.mod:factory'.")
-    init_from: str = doc("", "Checkpoint directory to start from (empty = fresh model).")
+    init_from: str = doc(
+        "",
+        "Checkpoint directory to start from (empty = fresh model); a relative path is read from the working "
+        "directory, else from <run.root> (demo/mle/checkpoints/best: the run of recipe demo/mle).",
+    )
     epochs: float = doc(
         10.0,
         "Training epochs (fractional allowed); ignored when train.max_steps > 0.",
@@ -924,7 +928,9 @@ class RLConfig(Section, name="rl"):
         why="a cap on the importance ratio of two nearly equal policies; TRL's is 3",
     )
     alarms: dict[str, float] = doc(
-        {}, "Reward-hacking alarms, measure -> threshold (length_drift, repetition, distinct, fact_precision/recall)."
+        {},
+        "Reward-hacking alarms, measure -> threshold (length_drift, repetition, distinct, fact_precision/recall; kl: "
+        "the step's KL to the starting policy, with rl.kl_coef > 0).",
     )
     alarm_action: AlarmAction = doc(
         "warn", "What a crossed rl.alarms threshold does: log a warning, or stop training."
@@ -983,12 +989,17 @@ class RLConfig(Section, name="rl"):
                 f"unknown measure {short_repr(measure)}; valid: {', '.join(measures)}",
             )
             number = isinstance(threshold, int | float) and not isinstance(threshold, bool)
-            drift = measure == "length_drift"  # a relative change, any size; the others are shares
+            drift = measure in ("length_drift", "kl")  # a relative change or a KL, any size; the others are shares
             check(
                 number and (threshold > 0 if drift else 0 <= threshold <= 1),
                 f"rl.alarms.{measure}",
                 f"must be {'> 0' if drift else 'in [0, 1]'}, got {short_repr(threshold)}",
             )
+        check(
+            "kl" not in self.alarms or self.kl_coef > 0,
+            "rl.alarms.kl",
+            "needs rl.kl_coef > 0 (the KL to the starting policy is computed only with its penalty)",
+        )
         check(
             self.strategy == "sample" or self.samples == 1,
             "rl.samples",

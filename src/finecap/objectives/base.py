@@ -69,6 +69,9 @@ class ObjectiveBase:
     example_unit: ClassVar[str] = "caption"
     needs: frozenset[str] = frozenset()
     batch_repeats: int = 1
+    headline: ClassVar[tuple[str, ...]] = ("loss",)
+    """The step values the training progress bar shows, those the step logged (:func:`finecap.train.engine.headline`):
+    what says how training goes (the reward and KL of RL, not a surrogate loss that is 0 by construction)."""
 
     def __call__(self, model: torch.nn.Module, batch: dict[str, Any]) -> ObjectiveOutput:
         raise NotImplementedError

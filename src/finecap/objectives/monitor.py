@@ -18,9 +18,13 @@ samples (no extra decoding) and logs them with the step's other values; none of 
   mean over sampled captions of the world's fact precision and recall (:func:`finecap.world.facts.faithfulness`, the
   parser ``finecap eval``'s faithfulness uses).
 
+- ``kl`` (an alarm's measure only; the objective logs ``kl`` itself): the step's KL to the starting policy (TRL's k3,
+  mean over the step's micro-batches of each one's token mean), handed over by the GRPO objective
+  (:meth:`Monitor.observe_kl`) when ``rl.kl_coef > 0``.
+
 **Alarms** (``rl.alarms``, off by default): a mapping of measure to threshold. ``length_drift`` sounds when the
-drift's size exceeds its threshold (either way: longer or shorter), ``repetition`` when the share exceeds it,
-``distinct``, ``fact_precision`` and ``fact_recall`` when the value falls below it. Each is checked once per
+drift's size exceeds its threshold (either way: longer or shorter), ``repetition`` and ``kl`` when the value exceeds
+it, ``distinct``, ``fact_precision`` and ``fact_recall`` when the value falls below it. Each is checked once per
 optimizer step on the step's whole global batch (every process's captions, so every process decides alike), after
 the step. ``rl.alarm_action=warn`` logs one warning per measure, the first time it sounds; ``stop`` ends training
 with :class:`RewardHackingAlarm`, one line naming the step and the measure (``finecap train`` exits with code 2).
@@ -53,7 +57,7 @@ REPETITION_N = 3
 """The n of ``monitor/repetition``: word n-grams repeated within one caption."""
 
 # The step's sums (this process), in this order, reduced over processes at the end of the step.
-SUMS = ("captions", "words", "repetition", "groups", "distinct", "scored", "precision", "recall")
+SUMS = ("captions", "words", "repetition", "groups", "distinct", "scored", "precision", "recall", "kl", "kl_batches")
 
 
 class RewardHackingAlarm(ValueError):
@@ -126,6 +130,12 @@ class Monitor:
             self.step = step
         return out
 
+    def observe_kl(self, kl: float) -> None:
+        """Add one micro-batch's mean KL to the starting policy to the step's sums (the ``kl`` alarm reads their
+        mean over the step's global batch)."""
+        self._sums["kl"] += float(kl)
+        self._sums["kl_batches"] += 1.0
+
     def _drift(self, mean_length: float) -> float:
         return 0.0 if not self.first_length else mean_length / self.first_length - 1.0
 
@@ -143,6 +153,8 @@ class Monitor:
             self.first_length = length
         out = {"length_drift": self._drift(length), "repetition": sums["repetition"] / sums["captions"],
                "distinct": sums["distinct"] / max(1.0, sums["groups"])}  # fmt: skip
+        if sums["kl_batches"] > 0:
+            out["kl"] = sums["kl"] / sums["kl_batches"]
         if sums["scored"] > 0:
             out["fact_precision"] = sums["precision"] / sums["scored"]
             out["fact_recall"] = sums["recall"] / sums["scored"]
@@ -156,14 +168,19 @@ class Monitor:
             if measure not in values:
                 continue  # fact_* off the world
             value = values[measure]
-            high = measure in ("length_drift", "repetition")
+            high = measure in ("length_drift", "repetition", "kl")
             crossed = (abs(value) if measure == "length_drift" else value) > threshold if high else value < threshold
             if not crossed:
                 continue
             where = f"step {self.step}" if self.step is not None else "this step"
             side = "above" if high else "below"
-            message = (f"rl.alarms: at {where} the sampled captions' {measure} is {value:.4g}, {side} its threshold "
-                       f"{threshold:g}: the policy may be exploiting the reward")  # fmt: skip
+            what = (
+                "the KL to the starting policy (rl.alarms.kl)"
+                if measure == "kl"
+                else f"the sampled captions' {measure}"
+            )
+            message = (f"rl.alarms: at {where} {what} is {value:.4g}, {side} its threshold {threshold:g}: the policy "
+                       "may be exploiting the reward")  # fmt: skip
             if self.action == "stop":
                 raise RewardHackingAlarm(f"{message}; training stopped (rl.alarm_action=stop)")
             if measure not in self.warned:

@@ -306,6 +306,8 @@ class PolicyOptimization(Reinforce):
     own batch, and ``end_step()`` after each optimizer step advances the cycle.
     """
 
+    headline = ("reward", "kl")  # the progress bar's: one iteration's clipped surrogate is 0 by construction
+
     def __init__(self, reward: Reward, baseline: Any, *, rl: RLConfig | None = None,
                  decode: DecodeConfig | None = None, seed: int = 0, vllm: VllmConfig | None = None):  # fmt: skip
         rl = rl or RLConfig()
@@ -483,6 +485,7 @@ class PolicyOptimization(Reinforce):
                 kl = kl * ratio
             per_token = per_token + rl.kl_coef * kl
             metrics["kl"] = masked_mean(kl.detach(), mask)
+            self.monitor.observe_kl(metrics["kl"])  # the rl.alarms.kl alarm's measure
         loss, items = aggregate(per_token, mask, rl.loss_aggregation, self.max_length)
         w = ratio.detach()
         a = adv.to(w.dtype).unsqueeze(1)  # (N, 1)

@@ -155,6 +155,7 @@ class Reinforce(ObjectiveBase):
     """
 
     example_unit = "image"  # the loop trains on one example per image (each image once per epoch)
+    headline = ("reward", "loss")  # the progress bar's values
 
     def __init__(
         self,

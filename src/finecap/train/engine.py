@@ -335,6 +335,21 @@ class Checkpoints:
     config: dict[str, dict[str, Any]] = field(default_factory=dict)
 
 
+def headline(values: dict[str, Any], names: Sequence[str]) -> dict[str, str]:
+    """The training progress bar's values: those of ``names`` (the objective's ``headline``) the step logged, else
+    its loss.
+
+    Example::
+
+        >>> headline({"loss": -0.0, "reward": 0.51234, "kl": 0.0213}, ("reward", "kl"))
+        {'reward': '0.5123', 'kl': '0.0213'}
+        >>> headline({"loss": 2.5}, ("reward", "kl"))
+        {'loss': '2.5000'}
+    """
+    shown = {name: f"{values[name]:.4g}" for name in names if isinstance(values.get(name), int | float)}
+    return shown or {"loss": f"{values['loss']:.4f}"}
+
+
 class Engine:
     """Runs training; see the module docstring.
 
@@ -706,7 +721,8 @@ class Engine:
                 end_of_epoch = state.advance(len(batches))
                 epoch = state.epoch + state.position / len(batches)
                 progress.update(1)
-                progress.set_postfix(loss=f"{values['loss']:.4f}", epoch=f"{epoch:.2f}", refresh=False)
+                shown = headline(values, getattr(self.objective, "headline", ("loss",)))
+                progress.set_postfix(**shown, epoch=f"{epoch:.2f}", refresh=False)
                 done = state.step >= self.total
                 if done or state.step % settings.log_every == 0:
                     self.logger.flush_train(state.step, epoch)

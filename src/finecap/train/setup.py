@@ -6,6 +6,8 @@ training runs."""
 
 from __future__ import annotations
 
+import dataclasses
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -27,12 +29,66 @@ from finecap.data.images import ImageLimits
 from finecap.data.loading import encoder_draft
 from finecap.data.records import DataError
 from finecap.data.targets import unknown_tokens
+from finecap.home import run_path, runs_root, start_path
 from finecap.models import memory
 from finecap.models.backbones import build_model as build_captioner
 from finecap.models.backbones import check_backbone, check_loaded, load_captioner
 from finecap.models.lora import configure_training
 from finecap.objectives.base import ObjectiveBase
 from finecap.runs import model_dir
+from finecap.utils import shell_command
+
+
+def resolve_start(cfg: Config) -> Config:
+    """``cfg`` with ``train.init_from`` where the run reads it (:func:`finecap.home.start_path`: from the working
+    directory, else under the runs root), absolute, so that the run's stored configuration names the checkpoint it
+    started from. A start that is found nowhere is a ``FileNotFoundError`` naming the key, where it was looked for
+    and, when a packaged recipe writes there, the command that makes it (:func:`maker_of`)::
+
+        train.init_from=demo/mle/checkpoints/best: checkpoint not found (looked in the working directory and in
+        <home>/runs); make it with `finecap train demo/mle`
+    """
+    value = cfg.train.init_from
+    if not value:
+        return cfg
+    path = start_path(value, cfg.run)
+    if not path.exists():
+        looked = "" if Path(value).is_absolute() else f" (looked in the working directory and in {runs_root(cfg.run)})"
+        maker = maker_of(path, cfg.run.root)
+        how = (f"make it with `{maker}`" if maker else "train the run that makes it, give an existing checkpoint or "
+               "run directory, or train.init_from=null for a fresh model")  # fmt: skip
+        raise FileNotFoundError(f"train.init_from={value}: checkpoint not found{looked}; {how}")
+    return dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, init_from=os.path.abspath(path)))
+
+
+def maker_of(path: str | Path, root: str = "") -> str | None:
+    """The command that makes the run holding ``path``: ``finecap train RECIPE`` for the packaged recipe whose run
+    directory (``<root or home/runs>/<run.name>``, :func:`finecap.home.run_path`) is ``path`` or holds it, with
+    ``run.root=ROOT`` when ``root`` is set; ``None`` when no packaged recipe writes there.
+
+    Example::
+
+        >>> from finecap.home import home
+        >>> maker_of(home() / "runs" / "demo" / "mle" / "checkpoints" / "best")
+        'finecap train demo/mle'
+        >>> maker_of("/srv/runs/coco/mle_vlm", root="/srv/runs")
+        'finecap train coco/mle_vlm run.root=/srv/runs'
+        >>> maker_of("/elsewhere/x") is None
+        True
+    """
+    from finecap.config import load
+    from finecap.recipes import list_recipes, resolve_recipe
+
+    target = Path(os.path.abspath(path))
+    overrides = [f"run.root={root}"] if root else []
+    for name in list_recipes():
+        try:
+            folder = Path(os.path.abspath(run_path(load(resolve_recipe(name), overrides).run)))
+        except ValueError:  # a recipe that does not load here names no folder
+            continue
+        if folder == target or folder in target.parents:
+            return shell_command(["finecap", "train", name, *overrides])
+    return None
 
 
 @dataclass
