@@ -5,9 +5,9 @@ following "How to add a backbone" in ``docs/architecture.md``.
 the image feature is the first input embedding, and the caption follows. Everything else of the captioner contract
 (``forward`` and sequence scoring, ``generate``, the properties, LoRA part handling, ``train()``, ``save`` /
 ``from_checkpoint`` with adapters, dtypes and master weights) comes from the base; ``tests/models/test_contract.py``
-runs the whole contract on it. It is registered nowhere: ``model.kind=toy_backbone:ShowTell`` names it (its dotted
-path, which its checkpoints record as their kind), and its own options are class attributes, as a backbone named by
-dotted path has no configuration section (:class:`finecap.config.Config`).
+runs the whole contract on it. It is registered nowhere: ``model.kind=helpers.toy_backbone:ShowTell`` names it (its
+dotted path, which its checkpoints record as their kind), and its own options are class attributes, as a backbone
+named by dotted path has no configuration section (:class:`finecap.config.Config`).
 """
 
 from __future__ import annotations

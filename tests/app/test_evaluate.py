@@ -36,7 +36,7 @@ from finecap.models.tokenizer import world_tokenizer
 from finecap.world.make import make_world
 from finecap.world.scene import Obj, Scene
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _coco_like():

@@ -9,7 +9,7 @@ named error, never in a huge message, a hang or a silently wrong run.
 - ``--resume`` checks ``trainer_state.json`` (and the states it restores) before using it.
 
 The command-line cases use ``helpers.cli.run_cli`` and tests/conftest.py's fixtures ``tiny`` and ``secret_run`` (a
-tiny world, CLIP and 2-step run), as tests/test_bad_inputs.py does.
+tiny world, CLIP and 2-step run), as tests/app/test_bad_inputs.py does.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """The Python API (issue 34): ``finecap.Captioner`` on paths and PIL images, sharing ``finecap caption --images``'s
 captioning; ``finecap.evaluate`` against the metric suite and pycocoevalcap; ``import finecap`` stays free of torch.
-The captioner is the tiny ClipCap of tests/helpers/shapes.py (shared with tests/test_caption_images.py), which has
+The captioner is the tiny ClipCap of tests/helpers/shapes.py (shared with tests/app/test_caption_images.py), which has
 learnt a caption per colour."""
 
 from __future__ import annotations

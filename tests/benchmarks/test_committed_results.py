@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 STORE = ROOT / "benchmarks" / "results" / "effects"
 SEEDS = sorted(STORE.glob("seed*.json"))
 SELF_RETRIEVAL_ROWS = ("discritune", "sr_bagcurri", "vlm_discritune")

@@ -1,6 +1,7 @@
-"""The docstring examples run: pytest collects them (``--doctest-modules`` over ``src/finecap``), and none is wholly
-skipped, so an example shows what the code computes, not what someone once wrote (the names they use come from the
-root ``conftest.py``'s ``doctest_namespace``)."""
+"""The docstring examples run: pytest collects them in a run of their own (``make doctest``: ``--doctest-modules``
+over ``src/finecap``, which ``make test`` runs), and none is wholly skipped, so an example shows what the code
+computes, not what someone once wrote (the names they use come from the root ``conftest.py``'s
+``doctest_namespace``)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,9 @@ import shlex
 import tomllib
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+from helpers.makefile import make_target
+
+ROOT = Path(__file__).resolve().parents[2]
 SRC = ROOT / "src" / "finecap"
 
 
@@ -52,6 +55,11 @@ def test_no_docstring_has_only_skipped_examples():
 
 
 def test_docstring_examples_are_collected():
+    # their own run (make doctest) over the whole package, which make test runs after the suite
+    (line,) = [line for line in make_target("doctest") if " pytest" in line]
+    args = shlex.split(line.split(" pytest", 1)[1])
+    assert "--doctest-modules" in args and args[-1] == "src/finecap", args
+    assert "$(MAKE) --no-print-directory doctest" in make_target("test")
+    # and only there: in the suite's options they would collect every folder's conftest.py as one module `conftest`
     options = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["pytest"]["ini_options"]
-    assert "--doctest-modules" in shlex.split(options["addopts"])
-    assert "src/finecap" in options["testpaths"]
+    assert "--doctest-modules" not in shlex.split(options["addopts"]), options["addopts"]

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
+BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
 FILES = sorted([*BENCHMARKS.glob("*.py"), *BENCHMARKS.glob("paper_tables/*.py")])
 APP = re.compile(r"^finecap\.app(\.\w+)*$")
 

@@ -10,7 +10,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+from helpers.makefile import make_target
+
+ROOT = Path(__file__).resolve().parents[2]
 TWO_TESTS = """import pytest
 
 
@@ -22,18 +24,6 @@ def test_fast():
 def test_slow():
     pass
 """
-
-
-def make_target(name: str) -> list[str]:
-    """The recipe lines of the Makefile's target ``name``."""
-    lines = (ROOT / "Makefile").read_text().splitlines()
-    start = next(i for i, line in enumerate(lines) if re.match(rf"{name}:", line))
-    recipe = []
-    for line in lines[start + 1 :]:
-        if not line.startswith("\t"):
-            break
-        recipe.append(line.strip())
-    return recipe
 
 
 def make_test_pytest_args() -> list[str]:

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-SRC = Path(__file__).resolve().parents[1] / "src"
+SRC = Path(__file__).resolve().parents[2] / "src"
 APP = "finecap.app"
 # Modules that may import the application layer: the layer itself and `python -m finecap`.
 APP_LAYER = (APP, "finecap.__main__")

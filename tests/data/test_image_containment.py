@@ -37,7 +37,7 @@ from helpers.image_files import BLUE, BROKEN, GREEN, RED, SECRET, png, png_heade
 
 
 def one_line_error(code: int, err: str) -> str:
-    """The single ``finecap: error:`` line of a failed command (what tests/test_bad_inputs.py checks)."""
+    """The single ``finecap: error:`` line of a failed command (what tests/app/test_bad_inputs.py checks)."""
     assert "Traceback" not in err
     assert code == 2, err
     lines = [line for line in err.splitlines() if line.startswith("finecap: ")]

@@ -17,7 +17,7 @@ from urllib.parse import unquote
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 PAGES = sorted([ROOT / "README.md", *(ROOT / "docs").rglob("*.md")])
 
 FENCE = re.compile(r"^ {0,3}(`{3,}|~{3,})")
@@ -156,6 +156,11 @@ def test_readme_and_docs_are_found():
 )
 def test_github_slugs(heading, slug):
     assert github_slug(rendered_text(heading)) == slug
+
+
+def test_github_slug_of_raw_markdown():
+    # the docstring's example, run here: the doctests are src/finecap's alone (make doctest)
+    assert github_slug("Visual Caption Boosting (`finecap boost`)") == "visual-caption-boosting-finecap-boost"
 
 
 def test_the_checker_finds_broken_links_and_anchors(tmp_path):

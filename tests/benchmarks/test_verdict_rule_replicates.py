@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "benchmarks"))  # as `python benchmarks/paper_tables.py` has it
 import paper_tables as pt  # noqa: E402  (the package benchmarks/paper_tables/)
 from helpers.paper_tables_world import tiny_world  # noqa: E402

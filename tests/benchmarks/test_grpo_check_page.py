@@ -1,8 +1,8 @@
 """The GRPO check page of issue 50 (benchmarks/paper_tables/grpo.py, docs/reproductions/grpo.md): its runs are what
 its text says (SCST's reward, batch, samples, steps and learning rate; GRPO's group advantages and clipped surrogate;
 the KL only where named), its declared signs and primary cell, and the header of a page without a paper's text. That
-the committed page regenerates from the committed data is tests/test_paper_tables.py's parametrized test over every
-page; its committed result files are checked in tests/test_committed_results.py."""
+the committed page regenerates from the committed data is tests/benchmarks/test_paper_tables.py's parametrized test
+over every page; its committed result files are checked in tests/benchmarks/test_committed_results.py."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "benchmarks"))  # as `python benchmarks/paper_tables.py` has it
 import paper_tables as pt  # noqa: E402  (the package benchmarks/paper_tables/)
 from paper_tables.grpo import GRPO_COLUMNS  # noqa: E402

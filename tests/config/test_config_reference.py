@@ -9,7 +9,7 @@ from pathlib import Path
 
 from finecap.config import SECTIONS
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "docs" / "gen_config_reference.py"
 PAGE = ROOT / "docs" / "config-reference.md"
 
@@ -58,7 +58,7 @@ def test_every_bound_and_its_reason_are_in_its_row():
             if why:
                 assert f"({why})." in row, f"{name}.{f.name}: the reason of its bound is not in its row: {row}"
                 reasons += 1
-    assert reasons >= 30  # the options that size memory or work (tests/test_hostile_config.py's BOUNDS)
+    assert reasons >= 30  # the options that size memory or work (tests/config/test_config_bounds.py's BOUNDS)
 
 
 def test_defaults_are_written_as_in_a_recipe():

@@ -60,7 +60,7 @@ def _run_eval(tmp_path: Path, metrics: str) -> dict:
                                                        {"image_id": 2, "caption": "a blue square"}]))  # fmt: skip
     argv = ["eval", "--predictions", str(tmp_path / "results.json"), "--references", str(refs), "--metrics", metrics,
             "--out", str(tmp_path / "eval.json"), f"run.cache_dir={tmp_path / 'cache'}"]  # fmt: skip
-    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1] / "src")}
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2] / "src")}
     proc = subprocess.run([sys.executable, "-c", EVAL_SCRIPT, *argv], capture_output=True, text=True, env=env,
                           timeout=120, check=False)  # fmt: skip
     assert proc.returncode == 0, proc.stderr

@@ -204,7 +204,7 @@ def case_binary_predictions(ctx):
 
 
 def case_decompression_bomb_image(ctx):
-    # a PNG header declaring 30000 x 30000 pixels, read for CLIPScore (tests/test_hostile_images.py has the rest)
+    # a PNG header declaring 30000 x 30000 pixels, read for CLIPScore (the rest: tests/data/test_image_containment.py)
     results, refs = _eval_inputs(ctx.tmp)
     png_header(ctx.tmp / "1.png", 30000, 30000)
     argv = ["eval", "--predictions", str(results), "--references", str(refs), "--metrics", "clipscore",
@@ -400,7 +400,7 @@ KERNELS_WARNING = "Failed to load CPU gemm_4bit_forward from kernels-community"
 
 @pytest.mark.slow
 def test_model_command_prints_no_import_warnings_and_q_silences_libraries(secret_run, tmp_path):
-    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1] / "src"), "OMP_NUM_THREADS": "1"}
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2] / "src"), "OMP_NUM_THREADS": "1"}
     control = subprocess.run([sys.executable, "-c", "from transformers import CLIPImageProcessor"], env=env,
                              capture_output=True, text=True, check=True)  # fmt: skip
     torchvision_missing = TORCHVISION_WARNING in control.stderr  # transformers 5 without torchvision warns here

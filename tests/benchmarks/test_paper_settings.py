@@ -20,7 +20,7 @@ import yaml
 from finecap.config import load
 from finecap.recipes import resolve_recipe
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 DISCRITUNE_COMMIT = "7c5351f"  # EGG branch rll_refactor (facebookresearch/EGG#258)
 NDLB_COMMIT = "77b3e7e"  # manugaurdl/no-detail-left-behind
 # recipe -> the commit of the released code its log-prob and scale settings come from
