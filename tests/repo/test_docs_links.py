@@ -1,4 +1,4 @@
-"""Every relative link and #anchor in README.md and docs/**/*.md resolves.
+"""Every relative link and #anchor in README.md, CONTRIBUTING.md and docs/**/*.md resolves.
 
 A link is relative when it has no scheme (``https:``, ``mailto:``) and is not protocol-relative. Its file or folder
 must exist inside the repository; an ``#anchor`` into a Markdown page must name one of that page's headings, slugged
@@ -18,7 +18,7 @@ from urllib.parse import unquote
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-PAGES = sorted([ROOT / "README.md", *(ROOT / "docs").rglob("*.md")])
+PAGES = sorted([ROOT / "README.md", ROOT / "CONTRIBUTING.md", *(ROOT / "docs").rglob("*.md")])
 
 FENCE = re.compile(r"^ {0,3}(`{3,}|~{3,})")
 HEADING = re.compile(r"^ {0,3}(#{1,6})[ \t]+(.*?)[ \t]*#*[ \t]*$")
@@ -133,7 +133,7 @@ def test_every_relative_link_and_anchor_resolves(page):
 
 
 def test_readme_and_docs_are_found():
-    assert ROOT / "README.md" in PAGES
+    assert ROOT / "README.md" in PAGES and ROOT / "CONTRIBUTING.md" in PAGES
     assert any(p.parent.name == "docs" for p in PAGES)
 
 
