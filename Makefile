@@ -7,7 +7,7 @@ TORCH ?= torch==2.13.0
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.finecap-installed
 
-.PHONY: install demo test lint format bench browser vllm vllm-test gpu-check
+.PHONY: install demo test test-fast doctest lint format bench browser vllm vllm-test adapters test-adapters gpu-check
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -61,13 +61,66 @@ vllm-test: vllm
 	  for f in tests/engines/test_vllm_*.py; do $(VLLM_BIN)/python -m pytest -q -m "slow or not slow" $$f || exit 1; done; \
 	else echo "vLLM tests skipped: $$(cat $(VLLM_FAILED) 2>/dev/null || echo '$(VLLM_VENV) was not built')"; fi
 
+# verl, ms-swift and OpenRLHF (tests/integrations/test_verl.py, test_swift.py, test_openrlhf.py) in a throwaway venv
+# of their own, .venv-adapters, as `make vllm` builds vLLM's: each pins its own torch, transformers, ray or deepspeed,
+# which the main venv must not get. Each framework is installed on its own, so one that cannot be built here (OpenRLHF
+# needs flash-attn, which builds only against CUDA) leaves the others tested: one line names each that failed and why,
+# and its tests skip (pytest.importorskip). The main venv is never touched; `rm -rf .venv-adapters` throws it away.
+ADAPTERS_VENV ?= .venv-adapters
+# pip names (joined by +) : the module its test imports. ms-swift's GRPO utilities import msgspec, which it does not
+# declare.
+ADAPTERS ?= verl:verl ms-swift+msgspec:swift.rlhf_trainers.utils openrlhf:openrlhf.utils.agent
+ADAPTERS_BIN := $(ADAPTERS_VENV)/bin
+ADAPTERS_STAMP := $(ADAPTERS_VENV)/.finecap-installed
+ADAPTERS_FAILED := $(ADAPTERS_VENV)/.finecap-not-installed
+
+$(ADAPTERS_STAMP): pyproject.toml
+	@rm -f $(ADAPTERS_FAILED)
+	@mkdir -p $(ADAPTERS_VENV)
+	@{ test -x $(ADAPTERS_BIN)/python || $(PYTHON) -m venv $(ADAPTERS_VENV); } && \
+	  $(ADAPTERS_BIN)/python -m pip install -q --upgrade pip > $(ADAPTERS_VENV)/install.log 2>&1 && \
+	  $(ADAPTERS_BIN)/python -m pip install -q "$(TORCH)" -e ".[serve]" pytest >> $(ADAPTERS_VENV)/install.log 2>&1 && \
+	  touch $(ADAPTERS_STAMP) || echo "the venv: $$(grep -E 'ERROR|Error' $(ADAPTERS_VENV)/install.log | tail -n 1)" \
+	    >> $(ADAPTERS_FAILED)
+	@test -f $(ADAPTERS_STAMP) && for pair in $(ADAPTERS); do \
+	  name=$${pair%%:*}; module=$${pair#*:}; log=$(ADAPTERS_VENV)/install-$$name.log; \
+	  $(ADAPTERS_BIN)/python -m pip install -q $$(echo $$name | tr + ' ') > $$log 2>&1 && \
+	  $(ADAPTERS_BIN)/python -c "import $$module, finecap" >> $$log 2>&1 || \
+	  echo "$$name: $$(grep -E 'ERROR|Error' $$log | tail -n 1) (full log: $$log)" >> $(ADAPTERS_FAILED); \
+	done || true
+	@test -f $(ADAPTERS_FAILED) && sed 's/^/make adapters: could not install /' $(ADAPTERS_FAILED) || true
+
+adapters:
+	@$(MAKE) --no-print-directory $(ADAPTERS_STAMP)
+	@test -f $(ADAPTERS_STAMP) && echo "make adapters: $(ADAPTERS_VENV) holds what installed of $(ADAPTERS)" || true
+
+# The three frameworks' tests in their venv; a framework that did not install is skipped by its test, naming why.
+test-adapters: adapters
+	@if test -f $(ADAPTERS_STAMP); then \
+	  $(ADAPTERS_BIN)/python -m pytest -q -rs -m "slow or not slow" tests/integrations/test_verl.py \
+	    tests/integrations/test_swift.py tests/integrations/test_openrlhf.py; \
+	else echo "verl, ms-swift and OpenRLHF tests skipped: $$(cat $(ADAPTERS_FAILED) 2>/dev/null || \
+	  echo '$(ADAPTERS_VENV) was not built')"; fi
+
+# The docstring examples of src/finecap, a run of their own (--doctest-modules over the tests would collect each
+# folder's conftest.py as a module, all named `conftest`); their names come from the root conftest.py.
+doctest: $(STAMP)
+	$(BIN)/python -m pytest -q --doctest-modules src/finecap
+
+# The fast suite: plain `pytest` (the tests marked slow left out) on both cores. Any folder runs alone too:
+# `pytest tests/serve`.
+test-fast: $(STAMP)
+	$(BIN)/python -m pytest -q -n 2 --dist worksteal
+
 # The whole suite: the slow tests too (plain `pytest` leaves them out, pyproject.toml's addopts), on both cores of
 # the development machine (pytest-xdist: 2 worker processes, one torch thread each, idle tests stolen by the other),
-# then the vLLM tests in their venv (make vllm-test; in the main venv they skip, naming why).
+# then the docstring examples (make doctest) and the vLLM tests in their venv (make vllm-test; in the main venv they
+# skip, naming why).
 test: $(STAMP) browser
 	$(BIN)/ruff check src tests benchmarks conftest.py
 	$(BIN)/ruff format --check src tests benchmarks conftest.py
 	$(BIN)/python -m pytest -q -m "slow or not slow" -n 2 --dist worksteal
+	$(MAKE) --no-print-directory doctest
 	$(MAKE) --no-print-directory vllm-test
 
 format: $(STAMP)

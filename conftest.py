@@ -1,6 +1,8 @@
-"""Settings shared by the tests (``tests/``) and the docstring examples of ``src/finecap`` (``--doctest-modules``).
+"""Settings shared by the tests (``tests/``) and the docstring examples of ``src/finecap`` (``make doctest``, their
+own run: ``pytest --doctest-modules src/finecap``).
 
-It sits at the repository root because it is the one conftest both trees see; it is not part of the package.
+It sits at the repository root because it is the one conftest both trees see; it is not part of the package. The
+tests' shared code is the package ``tests/helpers/``, imported as ``helpers.*`` (pyproject.toml's ``pythonpath``).
 
 - One torch thread per test process (the machine has 2 cores and the models are tiny).
 - One temporary finecap home for the whole session (:func:`finecap_home`), so nothing is written to ``~/.cache``.

@@ -1,5 +1,6 @@
 """Fixtures of the tests under ``tests/``; the session-wide settings (one torch thread, the temporary finecap home
-``finecap_home``) and the docstring examples' names are in the repository root's ``conftest.py``."""
+``finecap_home``) and the docstring examples' names are in the repository root's ``conftest.py``. Code the tests
+share lives in ``tests/helpers/`` (``from helpers.shapes import ...``: pyproject.toml puts ``tests/`` on the path)."""
 
 import socket
 
@@ -8,9 +9,9 @@ import pytest
 
 @pytest.fixture(scope="session")
 def quick_demo_run(tmp_path_factory, finecap_home):
-    """One `finecap demo --quick` run shared by the tests that need it (tests/test_demo.py, the browser tests):
+    """One `finecap demo --quick` run shared by the tests that need it (tests/app/test_demo.py, the browser tests):
     ``(run_dir, argv)``. It runs as a user would, from an empty working directory (``run_dir.parent``) with only
-    ``--run-dir`` given: its world and world encoder go to the finecap home (tests/test_user_data.py checks that
+    ``--run-dir`` given: its world and world encoder go to the finecap home (tests/app/test_user_data.py checks that
     nothing else lands in the working directory)."""
     from finecap.app.cli import main
 
@@ -26,7 +27,7 @@ def quick_demo_run(tmp_path_factory, finecap_home):
 @pytest.fixture(scope="session")
 def shapes(tmp_path_factory) -> dict:
     """Coloured-shape images and a tiny random CLIP (:func:`helpers.shapes.make_shapes`), for the captioner that
-    tests/test_caption_images.py and tests/test_api.py share."""
+    tests/app/test_caption_images.py and tests/api/test_api.py share."""
     from helpers.shapes import make_shapes
 
     return make_shapes(tmp_path_factory.mktemp("shapes"))

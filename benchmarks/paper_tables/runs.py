@@ -32,7 +32,8 @@ references (``finecap.train.validators.cider_validator``) at steps 20, 40, ..., 
 caption with the final model, so the demo's numbers and the committed tables stand."""
 WORLD_MLE_HOLISTIC_CIDER = 5.022
 """The world's MLE start on HolisticCap, test CIDEr-D: 4.849 (seed 0) and 5.195 (seed 1), mean 5.022
-(``docs/reproductions/data/ndlb/seed*/mle_holistic.json``; ``tests/test_paper_tables.py`` checks it against them)."""
+(``docs/reproductions/data/ndlb/seed*/mle_holistic.json``; ``tests/benchmarks/test_paper_tables.py`` checks it against
+them)."""
 NDLB_MLE_HOLISTIC_CIDER = 0.266
 """NDLB's MLE on HolisticCap, CIDEr 26.6 (its Table 7), as a fraction like the world's CIDEr-D."""
 WORLD_CIDER_SCALE = round(WORLD_MLE_HOLISTIC_CIDER / NDLB_MLE_HOLISTIC_CIDER, 1)

@@ -41,7 +41,7 @@ Conventions chosen here (the papers leave them open):
     ``generate`` (and the ``generation_config.json`` finecap saves) gives, e.g. for a Hub VLM.
 
   The two agree while no hypothesis ends before the last step; once one does they can choose different captions
-  (on the tiny ClipCap of ``tests/test_caption_command.py``, 0 of 8 beam-3 captions under ``keep`` equal
+  (on the tiny ClipCap of ``tests/app/test_caption_command.py``, 0 of 8 beam-3 captions under ``keep`` equal
   ``generate``'s, 8 of 8 under ``set_aside``).
 - **Stopping**: a row stops at EOS, and with ``stop_at_period`` also at a period token (kept in the caption, no EOS
   added after it).

@@ -786,7 +786,7 @@ def atomic_replace_dir(
 
 def seed_everything(seed: int) -> None:
     # Deferred: utils is on the start-up path of text-only commands (`finecap eval` writes JSON with it), which
-    # must not import torch (tests/test_cli.py checks); only training seeds.
+    # must not import torch (tests/app/test_cli.py checks); only training seeds.
     import torch
 
     random.seed(seed)

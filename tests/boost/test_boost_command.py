@@ -10,7 +10,6 @@ import time
 from pathlib import Path
 
 import pytest
-from tiny_world import make_tiny_world, world_items
 
 from finecap.app.boost import main as boost
 from finecap.config import load
@@ -19,6 +18,7 @@ from finecap.data.datasets import load_records
 from finecap.data.formats import read_dataset
 from finecap.world.facts import facts
 from helpers.chat_server import ChatServer
+from helpers.tiny_world import make_tiny_world, world_items
 
 
 @pytest.fixture(scope="module")

@@ -13,13 +13,13 @@ import time
 from pathlib import Path
 
 import pytest
-from tiny_world import make_tiny_world, world_items
 
 from finecap.app.boost import main as boost
 from finecap.boost.engine import BackendError, BoostFailed, FailureBudget, ServerUnavailable
 from finecap.config import ConfigError, load
 from finecap.locks import LOCK_NAME, OutputLocked, output_lock
 from helpers.chat_server import ChatServer, completion, echo_first_caption
+from helpers.tiny_world import make_tiny_world, world_items
 
 SRC = str(Path(__file__).parents[2] / "src")
 

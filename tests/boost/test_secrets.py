@@ -6,11 +6,11 @@ import logging
 from pathlib import Path
 
 import pytest
-from tiny_world import make_tiny_world, world_items
 
 from finecap.app.boost import main as boost
 from finecap.config import SECRET_KEYS, load
 from helpers.chat_server import ChatServer, echo_first_caption
+from helpers.tiny_world import make_tiny_world, world_items
 
 SMALL = ("world.n_train=6", "world.n_val=1", "world.n_test=1")
 ENV_KEY, CONFIG_KEY = "sk-env-5ecret-0123456789", "sk-config-5ecret-9876543210"

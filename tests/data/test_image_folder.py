@@ -420,7 +420,7 @@ def tiny_clip(tmp_path_factory) -> Path:
 
 
 def tiny_overrides(clip: Path, cache: Path) -> list[str]:
-    """A 1-layer ClipCap on a tiny random CLIP, 2 steps (tests/test_bad_inputs.py's ``tiny``)."""
+    """A 1-layer ClipCap on a tiny random CLIP, 2 steps (tests/app/test_bad_inputs.py's ``tiny``)."""
     return [f"model.encoder={clip}", "clipcap.tiny_layers=1", "clipcap.tiny_hidden=32", "clipcap.tiny_heads=2",
             "clipcap.prefix_length=2", f"run.cache_dir={cache}", "train.batch_size=4", "train.warmup_steps=1",
             "train.log_every=1", "train.eval_samples=4", "decode.max_length=6", "train.max_steps=2"]  # fmt: skip

@@ -27,3 +27,21 @@ def refused(argv: list[str], *expected: str) -> str:
     for text in expected:
         assert text in lines[0], (text, lines[0])
     return lines[0]
+
+
+def error_line(argv: list) -> str:
+    """The one ``finecap: error:`` line of ``finecap ARGV`` (paths given as they are, made text), which must fail
+    with exit code 2 and no traceback nor ``MemoryError``."""
+    code, _, err = run_cli([str(a) for a in argv])
+    lines = [line for line in err.splitlines() if line.startswith("finecap: ")]
+    assert code == 2, err
+    assert "Traceback" not in err and "MemoryError" not in err, err
+    assert len(lines) == 1 and lines[0].startswith("finecap: error: "), err
+    return lines[0]
+
+
+def succeeds(argv: list) -> str:
+    """What ``finecap ARGV`` (paths made text) prints, which must succeed."""
+    code, out, err = run_cli([str(a) for a in argv])
+    assert code == 0, err
+    return out

@@ -1,5 +1,5 @@
-"""Helpers of the issue-48 round-three tests of data loss, links and names (tests/test_hostile_r3_loss.py,
-tests/test_hostile_r3_names.py): a user's folder holding a precious file, and a snapshot of a folder to show that
+"""Helpers of the issue-48 round-three tests of data loss, links and names (tests/utils/test_folder_swaps.py,
+tests/data/test_names_and_links.py): a user's folder holding a precious file, and a snapshot of a folder to show that
 nothing in it changed (the command line run in this process is :mod:`helpers.cli`)."""
 
 from __future__ import annotations

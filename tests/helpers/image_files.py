@@ -1,5 +1,5 @@
-"""Image files for the tests of reading images (tests/test_hostile_images.py, tests/test_caption_images.py,
-tests/test_bad_inputs.py): small valid PNGs, a PNG header declaring a decompression bomb, and broken files of every
+"""Image files for the tests of reading images (tests/data/test_image_containment.py, tests/app/test_caption_images.py,
+tests/app/test_bad_inputs.py): small valid PNGs, a PNG header declaring a decompression bomb, and broken files of every
 kind with the reason their error gives."""
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """A tiny world for the paper-tables runner (benchmarks/paper_tables/): its world, a tiny random CLIP (captioner
 encoder and retriever) and the overrides that make every run two steps of a one-layer ClipCap; shared by
-tests/test_paper_tables.py and tests/test_verdict_rule_replicates.py."""
+tests/benchmarks/test_paper_tables.py and tests/benchmarks/test_verdict_rule_replicates.py."""
 
 from __future__ import annotations
 

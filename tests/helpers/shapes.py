@@ -1,6 +1,6 @@
-"""The coloured-shape captioner of tests/test_caption_images.py and tests/test_api.py: noisy solid colours, each
-with its caption (``a red circle`` for red, and so on), the folder a tiny ClipCap is trained on (the ``shapes`` and
-``run`` fixtures of tests/conftest.py), and ``finecap caption --images`` run on it."""
+"""The coloured-shape captioner of tests/app/test_caption_images.py and tests/api/test_api.py: noisy solid colours,
+each with its caption (``a red circle`` for red, and so on), the folder a tiny ClipCap is trained on (the ``shapes``
+and ``run`` fixtures of tests/conftest.py), and ``finecap caption --images`` run on it."""
 
 from __future__ import annotations
 

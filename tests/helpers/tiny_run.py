@@ -1,7 +1,7 @@
 """A tiny world, a tiny random CLIP and a 1-layer ClipCap that trains in a second, and one 2-step training run with
 API keys in its configuration: what the ``tiny`` and ``secret_run`` fixtures of tests/conftest.py build once per test
-module for the hostile-input tests (tests/test_bad_inputs.py, tests/test_hostile_config.py,
-tests/test_hostile_images.py, tests/test_hostile_outputs.py)."""
+module for the hostile-input tests (tests/app/test_bad_inputs.py, tests/config/test_config_bounds.py,
+tests/data/test_image_containment.py, tests/app/test_output_safety.py)."""
 
 from __future__ import annotations
 

@@ -7,17 +7,13 @@ from __future__ import annotations
 import json
 
 import pytest
-from tests.helpers.cli import refused, run_cli
 
 from finecap.data.records import DataError
 from finecap.metrics.hallucination import chair, coco_vocabulary, read_instances
 from finecap.metrics.suite import evaluate_items
+from helpers.cli import refused, run_cli
+from helpers.coco_instances import instances_file
 
-# COCO's category ids
-CATEGORIES = [{"id": 1, "name": "person"}, {"id": 2, "name": "bicycle"}, {"id": 6, "name": "bus"},
-              {"id": 17, "name": "cat"}, {"id": 18, "name": "dog"}, {"id": 58, "name": "hot dog"},
-              {"id": 67, "name": "dining table"}, {"id": 88, "name": "teddy bear"}]  # fmt: skip
-ANNOTATED = {1: [1, 1, 18, 2], 2: [17, 88, 67], 3: [58, 67], 4: []}  # image 1: two people, a dog, a bicycle
 CAPTIONS = {
     # men -> person, bikes -> bicycle, puppies -> dog, bus: hallucinated. 4 mentions, 1 hallucinated; recall 3/3
     1: "Two men ride bikes while their puppies run beside a bus.",
@@ -27,16 +23,6 @@ CAPTIONS = {
     # hot dogs -> hot dog (no dog), dog: hallucinated, table -> dining table. 3 mentions, 1 hallucinated; recall 2/2
     3: "Hot dogs and a dog on a table.",
 }
-
-
-def instances_file(tmp_path, annotated=ANNOTATED, categories=CATEGORIES, name="instances_val2014.json"):
-    annotations = [{"id": 100 * i + k, "image_id": i, "category_id": c, "bbox": [0, 0, 1, 1]}
-                   for i, cats in annotated.items() for k, c in enumerate(cats)]  # fmt: skip
-    data = {"images": [{"id": i, "file_name": f"{i}.jpg"} for i in annotated], "annotations": annotations,
-            "categories": categories}  # fmt: skip
-    path = tmp_path / name
-    path.write_text(json.dumps(data))
-    return path
 
 
 def test_mentions_read_synonyms_plurals_two_word_names_and_the_reference_rules():

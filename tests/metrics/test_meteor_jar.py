@@ -23,7 +23,6 @@ import shutil
 import subprocess
 
 import pytest
-from meteor_cases import HANDPICKED, RAW_HUMAN, Item, coco_like, stress
 
 from finecap.metrics.meteor import meteor_per_item, meteor_scorer, meteor_unavailable_reason
 from finecap.metrics.meteor.align import align
@@ -31,6 +30,7 @@ from finecap.metrics.meteor.jar import JarProcess
 from finecap.metrics.meteor.match import Match, candidates
 from finecap.metrics.meteor.resources import find_meteor_jar
 from finecap.metrics.meteor.score import corpus_score, segment_score
+from helpers.meteor_cases import HANDPICKED, RAW_HUMAN, Item, coco_like, stress
 
 pytestmark = [
     pytest.mark.slow,  # the reference jar runs in a Java process: seconds per comparison

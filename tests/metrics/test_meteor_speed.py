@@ -13,7 +13,6 @@ import zlib
 
 import numpy as np
 import pytest
-from meteor_cases import coco_like, stress
 
 from finecap.metrics.meteor import meteor_per_item, meteor_scorer, table_scan
 from finecap.metrics.meteor import resources as R
@@ -23,6 +22,7 @@ from finecap.metrics.meteor.match import EXACT, Segment, Word, candidates, java_
 from finecap.metrics.meteor.score import segment_score
 from finecap.metrics.meteor.scorer import bound
 from finecap.metrics.meteor.table_scan import MAX_WORD_BYTES, TableScanError, scan_table
+from helpers.meteor_cases import coco_like, stress
 
 
 def _table(tmp_path, text: str, name: str = "paraphrase-en.gz", members: int = 1):

@@ -1,8 +1,8 @@
 """The captioner contract (:class:`finecap.models.base.CaptionerBase`), run on every backbone: ClipCap, BLIP (its own
 ViT and the world BLIP reading a dual encoder's tokens), each decoder-only VLM family (LLaVA, Idefics3, Qwen2-VL), and
 a toy fourth backbone written in one file of hooks on :class:`finecap.models.base.CaptionerBase`
-(``tests/models/toy_backbone.py``), which checks that the base carries everything else and that a backbone named by
-its dotted path (``model.kind=toy_backbone:ShowTell``) is built, saved and loaded back with no registry row.
+(``tests/helpers/toy_backbone.py``), which checks that the base carries everything else and that a backbone named by
+its dotted path (``model.kind=helpers.toy_backbone:ShowTell``) is built, saved and loaded back with no registry row.
 
 Every backbone is a tiny random model built from configs (saved like Hub checkpoints in a session folder). A new
 backbone adds one :class:`Case` here.
@@ -21,7 +21,6 @@ import pytest
 import torch
 import torch.nn.functional as F
 from PIL import Image
-from toy_backbone import ShowTell
 
 from finecap.config import ClipCapBackboneConfig, DecodeConfig, load
 from finecap.data.datasets import model_collator
@@ -56,9 +55,10 @@ from finecap.models.vlm import Vlm
 from finecap.objectives.mle import mle_loss
 from finecap.runs import CheckpointError
 from finecap.train.model_card import model_card
+from helpers.toy_backbone import ShowTell
 
 CAPTIONS = ["a red circle", "two blue squares on the left", "a small green triangle"]
-TOY_KIND = "toy_backbone:ShowTell"
+TOY_KIND = "helpers.toy_backbone:ShowTell"
 """The toy backbone's ``model.kind``: its dotted path (it is in no registry)."""
 
 
@@ -226,8 +226,8 @@ def test_a_backbone_of_ones_own_is_named_by_its_dotted_path():
     assert backbone("finecap.models.clipcap:ClipCap") is backbone("clipcap")
     with pytest.raises(ValueError, match=r"^model.kind: 'finecap.config:Config' is not a captioner class"):
         backbone("finecap.config:Config")
-    with pytest.raises(ValueError, match=r"^model.kind: module 'toy_backbone' has no attribute 'Nope'"):
-        backbone("toy_backbone:Nope")
+    with pytest.raises(ValueError, match=r"^model.kind: module 'helpers.toy_backbone' has no attribute 'Nope'"):
+        backbone("helpers.toy_backbone:Nope")
     card = model_card(load(None, [f"model.kind={TOY_KIND}"]), {}, {"kind": TOY_KIND, "encoder_source": "/enc"}, None,
                       "finecap train")  # fmt: skip
     assert f"- **Backbone**: `{TOY_KIND}`" in card and "- **Base vision encoder**: `/enc`" in card

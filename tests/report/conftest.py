@@ -11,6 +11,7 @@ from finecap.config import WorldConfig, load
 from finecap.data.formats.world import read_world
 from finecap.data.results import write_results
 from finecap.world.make import make_world
+from helpers.browser import loaded
 
 
 @pytest.fixture(scope="session")
@@ -106,8 +107,9 @@ def _find(*names: str) -> str | None:
 
 
 @pytest.fixture(scope="session")
-def browser(tmp_path_factory):
-    """A Selenium-driven headless Chromium with a fresh profile and browser console logging."""
+def chromium(tmp_path_factory):
+    """A Selenium-driven headless Chromium with a fresh profile and browser console logging, one per test process
+    (tests use :func:`browser`)."""
     webdriver = pytest.importorskip("selenium.webdriver", reason="selenium is not installed (pip install -e .[test])")
     binary, driver_path = _find("chromium", "chromium-browser"), _find("chromedriver")
     if binary is None or driver_path is None:
@@ -123,3 +125,16 @@ def browser(tmp_path_factory):
     driver = webdriver.Chrome(options=options, service=Service(executable_path=driver_path))
     yield driver
     driver.quit()
+
+
+@pytest.fixture
+def browser(chromium):
+    """The session's Chromium on an empty page, with no console message of an earlier test: the page an earlier test
+    left (in whatever order the test processes run them) is unloaded and has finished before its messages are read
+    out, so a test's console checks see only the pages it opened."""
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    chromium.get("about:blank")
+    WebDriverWait(chromium, 20).until(loaded)
+    chromium.get_log("browser")  # read out: messages of the pages before
+    return chromium

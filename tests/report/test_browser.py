@@ -19,20 +19,25 @@ from PIL import Image
 from finecap.app.report import main as write_report
 from finecap.app.review import create_app, default_out
 from finecap.data.bags_file import read_bags
+from helpers.browser import loaded
 
 By = pytest.importorskip("selenium.webdriver.common.by", reason="selenium is not installed").By
 pytestmark = pytest.mark.slow  # a headless Chromium per test
 
 
 def decide(driver, button: str, then: str) -> None:
-    """Click accept/reject and wait until the browser has left the page and arrived at the URL ending in ``then``."""
+    """Click accept/reject on a page that has finished loading, and wait until the browser has left it and the page
+    at the URL ending in ``then`` has finished loading (its own ``document.readyState``): the next click, reload or
+    check never lands on a page still being parsed (whose buttons may not exist yet) nor cuts its loads short."""
     from selenium.webdriver.support import expected_conditions
     from selenium.webdriver.support.ui import WebDriverWait
 
+    WebDriverWait(driver, 20).until(loaded)
     old = driver.find_element(By.ID, "status")
     driver.find_element(By.ID, button).click()
     WebDriverWait(driver, 20).until(expected_conditions.staleness_of(old))
-    WebDriverWait(driver, 20).until(lambda d: d.current_url.endswith(then) and d.find_elements(By.ID, "status"))
+    WebDriverWait(driver, 20).until(lambda d: d.current_url.endswith(then) and loaded(d))
+    assert driver.find_elements(By.ID, "status"), driver.page_source[:2000]
 
 
 def console_errors(driver) -> list[str]:

@@ -61,10 +61,9 @@ def test_factory_and_missing_images():
 def test_setup_in_a_run_reads_eval_instances_and_the_training_references(tmp_path):
     from types import SimpleNamespace
 
-    from tests.metrics.test_hallucination import instances_file
-
     from finecap.config import load
     from finecap.data.records import Record
+    from helpers.coco_instances import instances_file
 
     path = instances_file(tmp_path)  # image 3: a hot dog and a dining table
     records = [Record(3, tmp_path / "3.jpg", "train", ["A dog sniffs hot dogs on a table."])]

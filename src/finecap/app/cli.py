@@ -81,8 +81,8 @@ def _flags(args: argparse.Namespace, mapping: dict[str, str]) -> list[str]:
 # Commands
 # --------------------------------------------------------------------------------------------------------------------
 # Each command imports its application module when it runs, not at the top of this file: most of them import torch
-# and transformers (seconds), which `finecap config` and text-only `finecap eval` never need (tests/test_cli.py checks
-# that `finecap eval --metrics bleu,rouge,cider` imports neither).
+# and transformers (seconds), which `finecap config` and text-only `finecap eval` never need (tests/app/test_cli.py
+# checks that `finecap eval --metrics bleu,rouge,cider` imports neither).
 
 
 def cmd_world_make(args: argparse.Namespace) -> None:

@@ -4,7 +4,7 @@ Stages (``demo.stages``, run in order; each skips work whose outputs exist unles
 that no other listed stage starts from (every objective after ``mle`` / ``blip_mle``) run side by side, ``demo.jobs``
 at a time (default: the cores divided by ``demo.stage_threads``), each in its own process with
 ``demo.stage_threads`` torch threads (default 1) whatever the job count, so their results do not depend on it
-(``tests/test_demo_stages.py``); every other stage waits for them and runs alone with all threads. The default list
+(``tests/app/test_demo_stages.py``); every other stage waits for them and runs alone with all threads. The default list
 starts the longest side stages first.
 
 - ``world``: generate the synthetic world (``world.*``), or reuse it: in ``world.out``, by default in the finecap home

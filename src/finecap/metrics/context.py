@@ -85,7 +85,7 @@ class EvalContext:
         loaded once on :func:`eval_device`."""
         if self.retriever is None:
             # Deferred: the retriever module imports torch and transformers, which text-only evaluation never needs
-            # (`finecap eval --metrics bleu,...` must not import them; tests/test_cli.py checks).
+            # (`finecap eval --metrics bleu,...` must not import them; tests/app/test_cli.py checks).
             from finecap.models.retriever import load_retriever
 
             self.retriever = load_retriever(self.cfg, device=eval_device(self.cfg))

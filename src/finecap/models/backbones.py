@@ -9,7 +9,7 @@ configuration is loaded, or, for one's own, by its dotted path (``model.kind=pkg
 absent), which :func:`load_captioner` resolves the same way. Each registered backbone reads ``model`` (what every
 captioner has) and, when it has options of its own, the section named like its kind (``clipcap``, ``blip``, ``vlm``;
 see :class:`finecap.config.Config` for a backbone given by dotted path). The recipe for adding one is in
-``docs/architecture.md`` ("How to add a backbone"); ``tests/models/toy_backbone.py`` follows it.
+``docs/architecture.md`` ("How to add a backbone"); ``tests/helpers/toy_backbone.py`` follows it.
 """
 
 from __future__ import annotations

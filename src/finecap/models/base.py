@@ -46,7 +46,7 @@ hooks:
   (:meth:`CaptionerBase.base_models`, :meth:`CaptionerBase.card_lines`).
 
 A fourth backbone is one file of hooks plus one row of :data:`finecap.registry.BACKBONES`, or none when it is named
-by its dotted path (:mod:`finecap.models.backbones`; ``tests/models/toy_backbone.py``).
+by its dotted path (:mod:`finecap.models.backbones`; ``tests/helpers/toy_backbone.py``).
 """
 
 from __future__ import annotations

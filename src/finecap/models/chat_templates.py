@@ -25,8 +25,8 @@ Measuring a value costs at most a pass over :data:`MAX_CHARS` elements (about a 
 about :data:`MAX_SECONDS` plus that. transformers has no hook for its compiler: during the call,
 :func:`_bounded_compiler` puts :func:`compile_bounded` in place of its private ``_compile_jinja_template`` (which its
 renderer looks up at each call) and puts the original back after, under a lock; the real templates of
-tests/test_hostile_r3_hangs.py render identically both ways. ``lipsum`` (Jinja's lorem-ipsum generator, whose
-paragraph count multiplies its work) is not available to a chat template here.
+tests/models/test_chat_template_limits.py render identically both ways. ``lipsum`` (Jinja's lorem-ipsum generator,
+whose paragraph count multiplies its work) is not available to a chat template here.
 
 Limits are far above a captioning prompt (hundreds to a few thousand characters, rendered in milliseconds), so a
 real template never meets them; they are constants, not options, because no real template needs more. The prompt is

@@ -84,8 +84,8 @@ def protect_dots(s: str) -> str:
     ``DOTMULTI`` and a space, at once; without the space only at the line's end, or when it has one dot and follows,
     with nothing between, a ``DOTMULTI`` whose single dot the first rule took in the same round together with its
     ``D`` (text a line can hold, e.g. ``DOTMULTI.DOTMULTI.x``). Equal to the loop on 1.3 million random strings of
-    ``DOTMULTI``, dots, ``DOT`` pieces, spaces and other characters (tests/test_hostile_r3_hangs.py keeps the loop as
-    its oracle).
+    ``DOTMULTI``, dots, ``DOT`` pieces, spaces and other characters (tests/metrics/test_meteor_limits.py keeps the loop
+    as its oracle).
 
     >>> protect_dots(" a DOTMULTI.. b DOTMULTI.DOTMULTI.x ")
     ' a DOTDOTDOTMULTI  b DOTDOTMULTI DOTDOTMULTIx '

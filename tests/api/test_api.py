@@ -1,0 +1,245 @@
+"""The Python API (issue 34): ``finecap.Captioner`` on paths and PIL images, sharing ``finecap caption --images``'s
+captioning; ``finecap.evaluate`` against the metric suite and pycocoevalcap; ``import finecap`` stays free of torch.
+The captioner is the tiny ClipCap of tests/helpers/shapes.py (shared with tests/app/test_caption_images.py), which has
+learnt a caption per colour."""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import io
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+import finecap
+from finecap import Captioner, evaluate
+from finecap.config import ConfigError
+from finecap.data.images import load_image
+from finecap.data.records import DataError
+from finecap.inference import upright_rgb
+from finecap.metrics import suite
+from finecap.runs import checkpoint_dir, model_dir
+from helpers.shapes import CAPTION, COLORS, caption
+
+
+@pytest.fixture(scope="module")
+def cap(run) -> Captioner:
+    return Captioner.from_pretrained(run, device="cpu")
+
+
+@pytest.fixture(scope="module")
+def files(shapes) -> list[Path]:
+    return [shapes["new"] / f"{color}.png" for color in COLORS]
+
+
+EXPECTED = [CAPTION[color] for color in COLORS]
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# Captioner
+# --------------------------------------------------------------------------------------------------------------------
+
+
+def test_paths_and_pil_images_get_their_captions(cap, files):
+    assert cap.caption(files) == EXPECTED
+    assert cap.caption([Image.open(f) for f in files]) == EXPECTED
+    assert cap.caption([str(files[0]), Image.open(files[1])]) == EXPECTED[:2]  # mixed, str paths too
+    assert cap.caption(files[2]) == [EXPECTED[2]]  # one image: a list of one
+    assert cap.caption(Image.open(files[3])) == [EXPECTED[3]]
+    assert cap.caption([]) == []
+    assert cap.device == torch.device("cpu") and {p.device.type for p in cap.model.parameters()} == {"cpu"}
+
+
+def test_the_api_and_the_command_share_their_captions(cap, run, files, tmp_path):
+    beam = {"strategy": "beam", "beam_size": 3, "max_length": 3}
+    for options, overrides in (({}, ()), (beam, tuple(f"decode.{k}={v}" for k, v in beam.items()))):
+        cli = caption(run, *files, out=tmp_path / "cli.json", more=overrides)
+        assert cap.caption(files, **options) == [cli[f.name] for f in files]
+
+
+def test_batches_do_not_change_captions(cap, files):
+    # decode.batch_size counts sequences: 1 -> one image per batch; 3 with 3 beams -> one image per batch too
+    assert cap.caption(files * 3, batch_size=1) == cap.caption(files * 3) == EXPECTED * 3
+    beams = cap.caption(files, strategy="beam", beam_size=3, batch_size=3)
+    assert beams == cap.caption(files, strategy="beam", beam_size=3)
+
+
+def test_decode_options(cap, files):
+    assert cap.caption(files[:2], max_length=2) == ["a red", "a blue"]
+    assert cap.cfg.decode.max_length == 6  # the run's setting, not changed by a call
+    with pytest.raises(ValueError, match=r"unknown decoding option 'beam' \(did you mean 'beam_size'\?\)"):
+        cap.caption(files, beam=3)
+    with pytest.raises(ConfigError, match="decode.beam_size"):
+        cap.caption(files, strategy="beam", beam_size=0)
+    with pytest.raises(ValueError, match="use caption_all"):
+        cap.caption(files, strategy="beam", num_return_sequences=2)
+    every = cap.caption_all(files, strategy="beam", beam_size=3, num_return_sequences=3)
+    assert [len(c) for c in every] == [3] * 4 and all(len(set(c)) == 3 for c in every)
+    assert [c[0] for c in every] == cap.caption(files, strategy="beam", beam_size=3)  # best first
+
+
+def test_the_runs_autocast_is_used(cap, files):
+    # A linear layer of the decoder computes in bfloat16 under the run's train.mixed_precision=bf16 (CPU autocast).
+    dtypes = []
+    layer = next(m for m in cap.model.modules() if isinstance(m, torch.nn.Linear))
+    handle = layer.register_forward_hook(lambda module, args, output: dtypes.append(output.dtype))
+    try:
+        cap.caption(files[:1])
+        train = dataclasses.replace(cap.cfg.train, mixed_precision="bf16")
+        bf16 = Captioner(cap.model, dataclasses.replace(cap.cfg, train=train))
+        assert bf16.caption(files[:1]) == EXPECTED[:1]
+    finally:
+        handle.remove()
+    assert dtypes and set(dtypes[: len(dtypes) // 2]) == {torch.float32}
+    assert set(dtypes[len(dtypes) // 2 :]) == {torch.bfloat16}
+
+
+def test_every_checkpoint_folder_loads(run, files, tmp_path):
+    best = checkpoint_dir(run, "best")
+    for folder in (run, best, model_dir(best)):
+        loaded = Captioner.from_pretrained(folder)
+        assert loaded.checkpoint == best and loaded.cfg.decode.max_length == 6
+        assert loaded.caption(files) == EXPECTED
+    with pytest.raises(FileNotFoundError, match=rf"pass the run directory {run} or one checkpoint, {best}"):
+        Captioner.from_pretrained(run / "checkpoints")
+
+
+def test_pil_images_are_read_as_their_files_are(tmp_path):
+    # EXIF orientation and odd modes: upright_rgb(PIL image) gives the pixels load_image gives for its file.
+    stored = Image.new("RGB", (4, 2), (30, 30, 200))
+    stored.paste(Image.new("RGB", (2, 2), (200, 30, 30)), (0, 0))
+    exif = Image.Exif()
+    exif[0x0112] = 6  # rotate 90 degrees clockwise to view
+    stored.save(tmp_path / "rotated.jpg", quality=100, exif=exif)
+    palette = Image.new("P", (4, 4), 1)
+    palette.putpalette([0, 0, 0, 30, 200, 30] + [0] * 762)
+    palette.save(tmp_path / "palette.png", transparency=0)
+    Image.new("I;16", (4, 4), 40000).save(tmp_path / "grey16.png")
+    Image.new("CMYK", (4, 4), (0, 255, 255, 0)).save(tmp_path / "cmyk.jpg", quality=100)
+    for name in ("rotated.jpg", "palette.png", "grey16.png", "cmyk.jpg"):
+        ours, theirs = upright_rgb(Image.open(tmp_path / name)), load_image(tmp_path / name)
+        assert ours.mode == "RGB" and np.array_equal(np.asarray(ours), np.asarray(theirs)), name
+    assert upright_rgb(Image.open(tmp_path / "rotated.jpg")).size == (2, 4)  # turned upright
+
+
+def test_a_bad_file_is_named(cap, files, tmp_path):
+    (tmp_path / "empty.png").write_bytes(b"")
+    with pytest.raises(DataError, match=rf"^{tmp_path / 'empty.png'}: not an image: the file is empty"):
+        cap.caption([files[0], tmp_path / "empty.png"])
+    with pytest.raises(TypeError, match="expected a PIL image, a path, or a list of them"):
+        cap.caption(42)
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# evaluate
+# --------------------------------------------------------------------------------------------------------------------
+
+PREDS = ["a red circle on the left", "two dogs play in the grass", "a small blue square"]
+REFS = [["a red circle on the left side", "a big red circle"], ["two dogs playing on grass", "dogs in a field"],
+        ["a blue square", "a small square that is blue", "blue square"]]  # fmt: skip
+
+
+def test_evaluate_is_the_suites_scores_in_every_accepted_form():
+    names = "bleu,rouge,cider,length,vocab"
+    by_id = suite.evaluate(dict(enumerate(PREDS)), dict(enumerate(REFS)), metrics=names)
+    assert set(by_id) >= {"BLEU-4", "ROUGE-L", "CIDEr-D", "Length"}
+    assert evaluate(PREDS, REFS, metrics=names) == by_id
+    ids = ["x", 7, "z"]
+    assert evaluate(dict(zip(ids, PREDS)), dict(zip(ids, REFS)), metrics=names.split(",")) == by_id
+    # one reference as a bare string; extra reference ids are ignored
+    assert evaluate({1: "a red circle"}, {1: "a red circle", 2: ["other"]}, metrics="bleu") == suite.evaluate(
+        {1: "a red circle"}, {1: ["a red circle"]}, metrics="bleu")  # fmt: skip
+
+
+def test_evaluate_equals_pycocoevalcap_and_a_hand_count():
+    from pycocoevalcap.bleu.bleu import Bleu
+    from pycocoevalcap.cider.cider import Cider
+
+    # Already lower-case, unpunctuated and space-separated: the PTB tokenizer leaves them as they are.
+    gts, res = dict(enumerate(REFS)), {i: [p] for i, p in enumerate(PREDS)}
+    with contextlib.redirect_stdout(io.StringIO()):  # pycocoevalcap's Bleu prints
+        bleu, _ = Bleu(4).compute_score(gts, res)
+    cider, _ = Cider().compute_score(gts, res)
+    ours = evaluate(PREDS, REFS, metrics="bleu,cider")
+    assert np.allclose([ours[f"BLEU-{k}"] for k in range(1, 5)], bleu, rtol=0, atol=1e-9)
+    assert abs(ours["CIDEr-D"] - cider) <= 1e-9
+    # By hand: "a red square" against "a red circle": 2 of 3 unigrams match, same length (brevity penalty 1).
+    assert abs(evaluate(["a red square"], [["a red circle"]], metrics="bleu")["BLEU-1"] - 2 / 3) <= 1e-6
+
+
+def test_evaluate_defaults(monkeypatch):
+    from finecap.api import default_metrics
+    from finecap.metrics import meteor, spice
+
+    available = {
+        "meteor": meteor.meteor_unavailable_reason() is None,
+        "spice": spice.spice_unavailable_reason() is None,
+    }
+    assert default_metrics(True) == [m for m in suite.CAPTION_METRICS if available.get(m, True)]
+    assert default_metrics(False) == ["length", "vocab"]
+    # Where Java's metrics cannot run, the default leaves them out (no warning, no METEOR / SPICE key); running
+    # METEOR itself is tested in tests/metrics (tens of seconds of Java here).
+    monkeypatch.setattr(meteor, "meteor_unavailable_reason", lambda *a, **k: "no Java")
+    monkeypatch.setattr(spice, "spice_unavailable_reason", lambda *a, **k: "no Java")
+    assert default_metrics(True) == ["bleu", "rouge", "cider"]
+    assert evaluate(PREDS, REFS) == suite.evaluate(dict(enumerate(PREDS)), dict(enumerate(REFS)),
+                                                   metrics="bleu,rouge,cider")  # fmt: skip
+    assert evaluate(PREDS) == suite.evaluate(dict(enumerate(PREDS)), None, metrics="length,vocab")
+
+
+def test_evaluate_defaults_follow_the_configured_meteor_backend(monkeypatch):
+    """The default set asks the same question as ``finecap eval`` (:func:`finecap.metrics.suite.unavailable_reason`):
+    with ``eval.meteor_backend=java`` and no Java, METEOR is left out; the Python backend needs no Java."""
+    from finecap.api import default_metrics
+    from finecap.config import load
+    from finecap.metrics import meteor
+
+    monkeypatch.setattr(meteor, "java_unavailable_reason", lambda *a, **k: "no Java")
+    assert "meteor" not in default_metrics(True, load(None, ["eval.meteor_backend=java"]))
+    python = meteor.meteor_unavailable_reason() is None  # pycocoevalcap's data installed
+    assert ("meteor" in default_metrics(True, load(None, ["eval.meteor_backend=python"]))) is python
+
+
+def test_evaluate_refuses_what_it_does_not_accept():
+    with pytest.raises(ValueError, match="references: 2 items for 3 predictions"):
+        evaluate(PREDS, REFS[:2], metrics="bleu")
+    with pytest.raises(TypeError, match="references: give a list"):
+        evaluate(PREDS, dict(enumerate(REFS)), metrics="bleu")
+    with pytest.raises(TypeError, match="predictions: expected a list of captions"):
+        evaluate("a red circle", REFS, metrics="bleu")
+    with pytest.raises(TypeError, match=r"one caption \(str\) per image; image 0 has a list"):
+        evaluate([["a", "b"]], [["a"]], metrics="bleu")
+    with pytest.raises(ValueError, match=r"no references for 1 image"):
+        evaluate({1: "a", 2: "b"}, {1: ["a"], 2: []}, metrics="bleu")
+    with pytest.raises(ValueError, match="unknown metric"):
+        evaluate(PREDS, REFS, metrics="bleu,cidr")
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# Import cost
+# --------------------------------------------------------------------------------------------------------------------
+
+
+def test_import_finecap_and_evaluate_import_no_torch():
+    code = (
+        "import sys, json, finecap\n"
+        "state = {'import': 'torch' in sys.modules}\n"
+        "from finecap import evaluate\n"
+        "evaluate(['a red circle'], [['a red circle']], metrics='bleu,cider')\n"
+        "state['evaluate'] = 'torch' in sys.modules or 'transformers' in sys.modules\n"
+        "finecap.Captioner\n"
+        "state['Captioner'] = 'torch' in sys.modules\n"
+        "print(json.dumps(state))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert json.loads(out) == {"import": False, "evaluate": False, "Captioner": False}
+    assert {"Captioner", "evaluate"} <= set(dir(finecap)) and finecap.Captioner is Captioner
+    with pytest.raises(AttributeError, match="has no attribute 'Captoner'"):
+        finecap.Captoner  # noqa: B018

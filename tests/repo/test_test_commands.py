@@ -1,0 +1,64 @@
+"""The two test commands: plain ``pytest`` is the fast suite (tests marked slow left out), and ``make test``, which
+CI runs (``.ci/run``), runs every test, slow ones included, so CI cannot silently drop them. Checked by running
+pytest with the repository's configuration on a two-test file, one test marked slow."""
+
+from __future__ import annotations
+
+import re
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+from helpers.makefile import make_target
+
+ROOT = Path(__file__).resolve().parents[2]
+TWO_TESTS = """import pytest
+
+
+def test_fast():
+    pass
+
+
+@pytest.mark.slow
+def test_slow():
+    pass
+"""
+
+
+def make_test_pytest_args() -> list[str]:
+    """The arguments ``make test`` gives pytest."""
+    (line,) = [line for line in make_target("test") if " pytest" in line]
+    return shlex.split(line.split(" pytest", 1)[1])
+
+
+def collected(tmp_path: Path, args: list[str]) -> set[str]:
+    """The test names pytest, run with the repository's configuration and ``args``, selects in a two-test file."""
+    (tmp_path / "test_two.py").write_text(TWO_TESTS)
+    proc = subprocess.run(
+        [sys.executable, "-m", "pytest", "-c", str(ROOT / "pyproject.toml"), "--rootdir", str(tmp_path),
+         "-p", "no:cacheprovider", "--collect-only", *args, str(tmp_path / "test_two.py")],
+        capture_output=True, text=True, cwd=tmp_path, timeout=120,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return set(re.findall(r"(?:::|<Function )(test_\w+)", proc.stdout))  # node ids (-q) or the tree (no -q)
+
+
+def test_plain_pytest_leaves_the_slow_tests_out(tmp_path):
+    assert collected(tmp_path, []) == {"test_fast"}
+
+
+def test_make_test_runs_the_slow_tests_too(tmp_path):
+    args = make_test_pytest_args()
+    assert collected(tmp_path, args) == {"test_fast", "test_slow"}, args
+
+
+def test_ci_runs_make_test():
+    commands = [line for line in (ROOT / ".ci" / "run").read_text().splitlines() if line and line[0] != "#"]
+    assert "make test" in commands, commands
+
+
+def test_readme_documents_both_commands():
+    readme = (ROOT / "README.md").read_text()
+    development = readme.split("## Development", 1)[1].split("\n## ", 1)[0]
+    assert "make test" in development and re.search(r"^\S*pytest\b", development, re.M), development
