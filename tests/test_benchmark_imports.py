@@ -22,7 +22,6 @@ ALLOWED = {
     "(what a run is built from is the library's finecap.train.setup)",
     "finecap.app.serve_reward": "the `finecap serve-reward` command's reward service (`build_service`): the reward "
     "as the command loads and sets it up, which reward_server.py times in process next to the command's server",
-    "finecap.app.prepare": "`prepare`: the world and the world encoder, found or made as every command finds them",
     "finecap.app.bags": "the `finecap bags build` command's `main`: TrueMatch bags as the command writes them",
     "finecap.app.boost": "the `finecap boost` command's `main`: the boosted data set of the world",
     "finecap.app.retriever": "the `finecap retriever` command's world-encoder training and probes, which "

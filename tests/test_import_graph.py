@@ -30,9 +30,9 @@ DOTTED = re.compile(r"^(finecap(?:\.\w+)+):\w+$")
 # must be on one floor, so a new top-level module is placed here on purpose.
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
     # Nothing of the library's concepts: helpers, name tables, the configuration's types and loading, the finecap
-    # home and the run-directory layout, locks and output files.
+    # home and the run-directory layout, locks and output files, the one-line messages of known errors.
     ("bottom floor", ("finecap.utils", "finecap.registry", "finecap.recipes", "finecap.config", "finecap.home",
-                      "finecap.runs", "finecap.locks", "finecap.outputs", "finecap.library_warnings")),
+                      "finecap.runs", "finecap.locks", "finecap.outputs", "finecap.library_warnings", "finecap.errors")),
     ("world", ("finecap.world",)),
     ("data", ("finecap.data",)),
     ("decode", ("finecap.decode",)),  # the captioners' Stepper contract and the decoding loops over it

@@ -116,9 +116,9 @@ def test_each_replicate_has_its_world_encoder_before_its_first_run(replicated, m
     # captions (NDLB's) builds none, so the runner prepares the replicate's world and encoder before any run of it
     root, overrides = replicated
     events: list[tuple[str, int]] = []
-    import finecap.app.prepare
+    import finecap.train.prepare
 
-    monkeypatch.setattr(finecap.app.prepare, "prepare",
+    monkeypatch.setattr(finecap.train.prepare, "prepare",
                         lambda cfg, needs, **kw: events.append(("prepare", cfg.run.seed)))  # fmt: skip
     monkeypatch.setattr(pt.cli, "ensure_shared", lambda *a, **kw: None)
     monkeypatch.setattr(pt.cli, "record_run",
