@@ -97,7 +97,7 @@ def test_a_second_call_skips_the_runs_with_results(replicated, monkeypatch):
     def no_training(*args, **kwargs):
         raise AssertionError("a run with a result file was trained again")
 
-    monkeypatch.setattr("finecap.app.train.train", no_training)
+    monkeypatch.setattr("finecap.train.run.train", no_training)
     monkeypatch.setenv("FINECAP_METEOR_JAR", str(root / "no-meteor.jar"))
     before = (root / "data" / "sle" / "seed0" / "run5" / "sle.json").stat().st_mtime_ns
     assert run_main(root, overrides, "--run-seeds", "5,6") == 0

@@ -120,11 +120,11 @@ def cmd_train(args: argparse.Namespace) -> None:
     if args.dry_run:
         if args.resume:
             raise ValueError("--dry-run builds a fresh run and trains nothing; it does not take --resume")
-        from finecap.app.train import dry_run
+        from finecap.train.run import dry_run
 
         dry_run(cfg)
         return
-    from finecap.app.train import train
+    from finecap.train.run import train
 
     train(cfg, resume=args.resume, recipe=_recipe_file(args))
 

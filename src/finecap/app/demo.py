@@ -66,7 +66,6 @@ from finecap.app.demo_families import (
 )
 from finecap.app.demo_transfer import stage_transfer
 from finecap.app.report import main as write_report
-from finecap.app.train import train
 from finecap.config import Config, did_you_mean, load
 from finecap.data.bags_file import read_bags
 from finecap.data.datasets import load_records
@@ -85,6 +84,7 @@ from finecap.runs import CONFIG_FILE, METRICS_FILE
 from finecap.stages import TRAIN, Stage, StageRunner, stage_table
 from finecap.stages.outputs import caption_stage, diversity_metrics
 from finecap.train.prepare import prepare
+from finecap.train.run import train
 from finecap.train.state import check_config_target
 from finecap.utils import atomic_write_text, refuse_link, write_json
 from finecap.world.make import load_scenes

@@ -1,4 +1,5 @@
-"""``finecap train``: the captioner recipe around the library's training engine (:mod:`finecap.train.engine`).
+"""Training a captioner: the recipe around the library's training engine (:mod:`finecap.train.engine`), which the
+``finecap train`` command, the Python API (:func:`finecap.api.train`) and the stage runners call.
 
 ``train(cfg)`` builds the captioner (``train.init_from`` or a fresh ``model.kind``: :mod:`finecap.models.backbones`),
 the objective named by ``train.objective``, the training data (one example per reference caption, or per image for
@@ -15,7 +16,7 @@ evaluation (:mod:`finecap.train.validators`). They come from ``train.validators`
 
 What the run needs prepared (the world encoder as the captioner's encoder, or as the retriever of a self-retrieval
 reward, validator or BagCurri's bags) is what its components declare (``needs``); this recipe prepares it before
-building them (:func:`prepare_needs`), on the main process first.
+building them (:func:`finecap.train.prepare.prepare_needs`), on the main process first.
 """
 
 from __future__ import annotations
