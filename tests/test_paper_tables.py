@@ -490,7 +490,7 @@ def test_a_second_run_skips_existing_result_files_and_resumes(sle_run, monkeypat
 
 def test_another_paper_reuses_the_mle_start(sle_run, monkeypatch):
     root, overrides = sle_run
-    from finecap.app import train as train_module
+    from finecap.train import run as train_module
 
     trained = []
     real = train_module.train
