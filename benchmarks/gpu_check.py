@@ -193,7 +193,7 @@ def check_env(ctx: Ctx) -> dict:
                                                                 "flash-attn", "vllm", "numpy", "torchvision")},
                            "torch_cuda": torch.version.cuda, "cuda_available": torch.cuda.is_available()}  # fmt: skip
     imports = {}
-    for name in ("flash_attn", "bitsandbytes", "vllm", "torchvision", "finecap.app.train", "finecap.models.vlm"):
+    for name in ("flash_attn", "bitsandbytes", "vllm", "torchvision", "finecap.train.run", "finecap.models.vlm"):
         try:
             importlib.import_module(name)
             imports[name] = "ok"
@@ -211,7 +211,7 @@ def check_env(ctx: Ctx) -> dict:
     out["summary"] += (f"; torch {out['versions']['torch']}, transformers {out['versions']['transformers']}; "
                        f"flash_attn {'yes' if imports['flash_attn'] == 'ok' else 'no'}, bitsandbytes "
                        f"{'yes' if imports['bitsandbytes'] == 'ok' else 'no'}")  # fmt: skip
-    broken = [k for k in ("finecap.app.train", "finecap.models.vlm") if imports[k] != "ok"]
+    broken = [k for k in ("finecap.train.run", "finecap.models.vlm") if imports[k] != "ok"]
     out["status"] = "fail" if broken else "pass"
     return out
 
@@ -612,7 +612,7 @@ def recipe_overrides(ctx: Ctx, recipe: str, name: str) -> list[str]:
 def check_grpo(ctx: Ctx) -> dict:
     import torch
 
-    from finecap.app.train import train
+    from finecap.train.run import train
 
     steps = 6 if not ctx.smoke else 3
     overrides = [*recipe_overrides(ctx, "coco/grpo_cider_vlm", "grpo"), f"train.max_steps={steps}",
@@ -671,8 +671,8 @@ def model_note(ctx: Ctx) -> str:
 def check_memory(ctx: Ctx, recipe: str) -> dict:
     import torch
 
-    from finecap.app.train import dry_run
     from finecap.models.memory import training_memory
+    from finecap.train.run import dry_run
 
     cfg = load_cfg(f"coco/{recipe}", recipe_overrides(ctx, f"coco/{recipe}", f"dry-{recipe}"))
     device_total = torch.cuda.get_device_properties(0).total_memory if ctx.cuda else None
@@ -838,9 +838,9 @@ def preload() -> str | None:
         import torch  # noqa: F401
         import transformers  # noqa: F401
 
-        import finecap.app.train  # noqa: F401
         import finecap.models.sharding  # noqa: F401
         import finecap.models.vlm  # noqa: F401
+        import finecap.train.run  # noqa: F401
         import finecap.train.setup  # noqa: F401
 
         return None

@@ -30,7 +30,6 @@ from pathlib import Path
 
 import torch
 
-from finecap.app.train import train
 from finecap.config import WorldConfig, load
 from finecap.contract import TrainContext
 from finecap.data.datasets import to_device
@@ -39,6 +38,7 @@ from finecap.home import run_path
 from finecap.models.presets import save_tiny_clip
 from finecap.objectives import get_objective
 from finecap.train.engine import build_optimizer, make_accelerator, weighted_loss
+from finecap.train.run import train
 from finecap.train.schedule import build_scheduler
 from finecap.train.setup import build_data, build_model, train_unit
 from finecap.utils import seed_everything

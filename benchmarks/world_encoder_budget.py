@@ -4,9 +4,10 @@
     .venv/bin/python benchmarks/world_encoder_budget.py --table     # the results so far, as docs/demo.md shows them
 
 Each trial is a set of ``retriever.*`` overrides (:data:`TRIALS`); for each it trains the world encoder of the
-default world (``world.seed=--seed``) through the library engine (:func:`finecap.app.retriever.train_world_encoder`),
-timing the training, then runs the quality-bar probe (every attribute probe >= 0.9, reference-caption R@1 against 99
-distractors >= 0.6; :func:`finecap.app.retriever.probe`). One JSON line per trial and seed is appended to ``--out``
+default world (``world.seed=--seed``) through the library engine
+(:func:`finecap.train.world_encoder.train_world_encoder`), timing the training, then runs the quality-bar probe
+(every attribute probe >= 0.9, reference-caption R@1 against 99 distractors >= 0.6;
+:func:`finecap.app.retriever.probe`). One JSON line per trial and seed is appended to ``--out``
 (default ``benchmarks/results/world_encoder_budget.jsonl``, in the repository) as soon as it is done, so a killed
 run resumes where it stopped: a trial already in the file is skipped. The machine's load changes the seconds, not
 the probe; run it alone (the line records the torch thread count and the load average at the start).
@@ -24,9 +25,10 @@ from pathlib import Path
 
 import torch
 
-from finecap.app.retriever import probe, train_world_encoder
+from finecap.app.retriever import probe
 from finecap.config import load
 from finecap.models.world_encoder import PRESETS, Preset
+from finecap.train.world_encoder import train_world_encoder
 from finecap.world.make import make_world
 
 OUT = Path(__file__).resolve().parent / "results" / "world_encoder_budget.jsonl"

@@ -116,7 +116,7 @@ def run_replicates(paper: Paper, tables: Sequence[Table], seeds: Sequence[int], 
     (:func:`.runner.make_replicate`: in ``<runs>/seed<N>/run<M>/``), one result file per run in
     ``<data>/<paper>/seed<N>/run<M>/``, the page rewritten after each. A run whose result file exists is skipped, so
     the runner can be killed and started again, a run at a time, over days."""
-    from finecap.app.prepare import prepare
+    from finecap.train.prepare import prepare
 
     keys = primary_runs(tables)
     for seed in seeds:
@@ -146,7 +146,7 @@ def run_replicates(paper: Paper, tables: Sequence[Table], seeds: Sequence[int], 
 def run_grid(paper: Paper, tables: Sequence[Table], seeds: Sequence[int], *, quick: bool, runs_dir: Path,
              data_dir: Path, page_dir: Path, items: Sequence[str]) -> Path:  # fmt: skip
     """Run (or resume) every run the tables need on every seed, writing one result file per run and the page."""
-    from finecap.app.prepare import prepare  # the world and the retriever, as every finecap command finds them
+    from finecap.train.prepare import prepare  # the world and the retriever, as every finecap command finds them
 
     keys = runs_of(paper, tables)
     for seed in seeds:

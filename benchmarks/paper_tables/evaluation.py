@@ -77,7 +77,7 @@ def other_world_captions(grid: StageRunner, key: str, world: Any, tag: str) -> d
 
 
 def other_world_dir(grid: StageRunner, world: Any) -> Path:
-    from finecap.app.prepare import prepare
+    from finecap.train.prepare import prepare
 
     return prepare(dataclasses.replace(grid.cfg, world=world), {"world"}, make=True).world
 

@@ -36,7 +36,7 @@ def grid_stages() -> dict[str, Stage]:
 def make_grid(seed: int, runs_dir: Path, items: Sequence[str], quick: bool) -> StageRunner:
     """Seed ``seed``'s grid: its own world and run seed (``world.seed=N``, ``run.seed=N``) under the user's
     ``items``, the demo's settings beneath every run's recipe and its quick settings above them with ``quick``."""
-    import finecap.app.train  # the train command's recipe; looked up now, so a test may stand in for it
+    import finecap.train.run  # the train command's recipe; looked up now, so a test may stand in for it
     from finecap.config import load
     from finecap.recipes.settings import DEMO_BASE, DEMO_QUICK
     from finecap.stages import StageRunner
@@ -44,7 +44,7 @@ def make_grid(seed: int, runs_dir: Path, items: Sequence[str], quick: bool) -> S
     seed_items = [f"world.seed={seed}", f"run.seed={seed}", *items]
     over = DEMO_QUICK if quick else None
     cfg = load(None, seed_items, base=DEMO_BASE, over=over)
-    return StageRunner(grid_stages(), cfg, runs_dir / f"seed{seed}", train=finecap.app.train.train,
+    return StageRunner(grid_stages(), cfg, runs_dir / f"seed{seed}", train=finecap.train.run.train,
                        items=seed_items, quick=quick, base=DEMO_BASE, over=over, computed=run_overrides, what=WHAT,
                        ways_out=WAYS_OUT)  # fmt: skip
 
@@ -91,7 +91,7 @@ def make_replicate(seed: int, run_seed: int, runs_dir: Path, items: Sequence[str
     difference can be measured over run seeds (:func:`.verdicts.run_seed_interval`). The world seed's shared data
     (boosted captions, fluency LM) must be made by its own grid first (:func:`.cli.run_replicates` does), so that it
     is the one the grid's own runs used."""
-    import finecap.app.train
+    import finecap.train.run
     from finecap.config import load
     from finecap.recipes.settings import DEMO_BASE, DEMO_QUICK
 
@@ -101,7 +101,7 @@ def make_replicate(seed: int, run_seed: int, runs_dir: Path, items: Sequence[str
     seed_items = [f"world.seed={seed}", f"run.seed={run_seed}", *items]
     over = DEMO_QUICK if quick else None
     cfg = load(None, seed_items, base=DEMO_BASE, over=over)
-    return replicate_runner()(grid_stages(), cfg, runs_dir / f"seed{seed}", train=finecap.app.train.train,
+    return replicate_runner()(grid_stages(), cfg, runs_dir / f"seed{seed}", train=finecap.train.run.train,
                               items=seed_items, quick=quick, base=DEMO_BASE, over=over, computed=run_overrides,
                               what=WHAT, ways_out=WAYS_OUT, run_seed=run_seed)  # fmt: skip
 

@@ -1,15 +1,35 @@
 """finecap: train and evaluate image captioners that say more than maximum-likelihood captions do.
 
-The Python API (:mod:`finecap.api`): ``from finecap import Captioner, evaluate``. Both are imported on first use, so
-``import finecap`` imports no torch.
+The Python API (:mod:`finecap.api`): ``finecap.train(recipe, **overrides)``, ``from finecap import Captioner,
+evaluate``. They are imported on first use, so ``import finecap`` imports no torch.
+
+``finecap.train`` is also the package of the training library (``finecap.train.engine``, ...): a package is what
+Python finds at ``finecap.train`` once any of its modules is imported, so the package itself is made callable
+(:class:`_TrainPackage`) and a call is :func:`finecap.api.train`; its modules import as before.
 """
 
 from __future__ import annotations
 
+import types
 from typing import Any
 
+from finecap import train as _train_package  # the package only (its __init__ imports nothing): no torch
+
 __version__ = "0.1.0"
-__all__ = ["Captioner", "__version__", "evaluate"]
+__all__ = ["Captioner", "__version__", "evaluate", "train"]
+
+
+class _TrainPackage(types.ModuleType):
+    """The ``finecap.train`` package, callable: ``finecap.train(recipe_or_config, **overrides)`` is
+    :func:`finecap.api.train`."""
+
+    def __call__(self, recipe_or_config: Any, /, **kwargs: Any) -> Any:
+        from finecap.api import train
+
+        return train(recipe_or_config, **kwargs)
+
+
+_train_package.__class__ = _TrainPackage
 
 _API = ("Captioner", "evaluate")
 

@@ -1,9 +1,11 @@
-"""The Python API for notebooks and scripts: :class:`Captioner` captions images with a trained checkpoint,
-:func:`evaluate` scores captions against references. Both are exported by the package (``from finecap import
-Captioner, evaluate``), imported on first use, so ``import finecap`` stays cheap (no torch).
+"""The Python API for notebooks and scripts: :func:`train` trains a captioner from a recipe, :class:`Captioner`
+captions images with a trained checkpoint, :func:`evaluate` scores captions against references. All three are
+exported by the package (``finecap.train(...)``, ``from finecap import Captioner, evaluate``), imported on first use,
+so ``import finecap`` stays cheap (no torch).
 
-They are thin: captioning is :func:`finecap.inference.caption_images` (what ``finecap caption --images`` runs), scoring
-is :func:`finecap.metrics.suite.evaluate` (what ``finecap eval`` runs).
+They are thin: training is :func:`finecap.train.run.train` (what ``finecap train`` runs), captioning is
+:func:`finecap.inference.caption_images` (what ``finecap caption --images`` runs), scoring is
+:func:`finecap.metrics.suite.evaluate` (what ``finecap eval`` runs).
 
 Example (a tiny random BLIP saved as a captioner; a trained run directory is loaded the same way)::
 
@@ -41,7 +43,7 @@ if TYPE_CHECKING:
 
     from finecap.config import Config
 
-__all__ = ["Captioner", "evaluate"]
+__all__ = ["Captioner", "evaluate", "train"]
 
 
 class Captioner:
@@ -242,3 +244,48 @@ def _aligned(predictions: Any, references: Any) -> tuple[dict[Hashable, str], di
                              "references per prediction, in the same order)")  # fmt: skip
         references = dict(enumerate(references))
     return preds, {i: [r] if isinstance(r, str) else list(r) for i, r in references.items()}
+
+
+def train(recipe_or_config: str | os.PathLike | Config, /, *, resume: bool = False, overwrite: bool = False,
+          **overrides: Any) -> Path:  # fmt: skip
+    """Train a captioner as ``finecap train`` does; returns the run directory (``run.dir``, or its default under the
+    runs root: :func:`finecap.home.run_path`).
+
+    Args:
+        recipe_or_config: a recipe (a YAML file, or a packaged recipe by name: ``"demo/mle"``) or a
+            :class:`finecap.config.Config`.
+        resume: continue from the run directory's newest complete checkpoint (``finecap train --resume``).
+        overwrite: replace a finished run in the run directory (otherwise an existing run is an error).
+        overrides: settings above the recipe, one keyword per option, the section and the key joined by a double
+            underscore and the value a Python value: ``train__max_steps=2``, ``run__dir="runs/x"``,
+            ``rl__rewards={"cider": 1.0}`` (what ``train.max_steps=2`` ... are on the command line). They are checked
+            as the command line's are: an unknown key is a :class:`finecap.config.ConfigError` naming the closest.
+
+    Example (a few steps on a tiny world; docs/python-api.md trains the demo's recipes the same way)::
+
+        run_dir = finecap.train("demo/mle", train__max_steps=2, run__dir="runs/notebook")
+        cap = finecap.Captioner.from_pretrained(run_dir)
+    """
+    from finecap.config import Config, ConfigError, load
+    from finecap.recipes import resolve_recipe
+    from finecap.train.run import train as train_run
+
+    over: dict[str, dict[str, Any]] = {}
+    for name, value in overrides.items():
+        section, sep, key = name.partition("__")
+        if not sep or not section or not key:
+            raise TypeError(f"finecap.train: unexpected keyword {name!r}; an option is written section__key=value "
+                            "(e.g. train__max_steps=2)")  # fmt: skip
+        over.setdefault(section, {})[key.replace("__", ".")] = value
+    if isinstance(recipe_or_config, Config):
+        recipe = None
+        cfg = load(base=recipe_or_config.to_dict(), over=over) if over else recipe_or_config
+    elif isinstance(recipe_or_config, str | os.PathLike):
+        try:
+            recipe = resolve_recipe(recipe_or_config)
+        except ValueError as e:
+            raise ConfigError(str(e)) from None
+        cfg = load(recipe, over=over)
+    else:
+        raise TypeError(f"finecap.train: a recipe (path or name) or a Config, got {type(recipe_or_config).__name__}")
+    return train_run(cfg, resume=resume, overwrite=overwrite, recipe=recipe)

@@ -11,6 +11,7 @@ nothing of finecap at run time.
 from __future__ import annotations
 
 from collections.abc import Hashable, Sequence
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -41,12 +42,29 @@ class StepInfo:
 
 @dataclass
 class TrainContext:
-    """What ``setup`` of an objective or a reward receives from the loop, once before training: the configuration,
+    """What ``setup`` of an objective or a reward receives, once before training (or serving): the configuration,
     the accelerator (device, ``gather`` for global-batch rewards), the training records (e.g. CIDEr-D document
-    frequencies), the tokenizer and the run directory."""
+    frequencies), the tokenizer and the run directory.
+
+    Outside a training run (the reward server, a script) ``accelerator`` is ``None``: one process, the work on
+    ``device`` (default the CPU), and :meth:`main_process_first` holds nothing. A component that needs the
+    accelerator itself (an objective's global-batch baseline) is a training component and is never set up so.
+    """
 
     cfg: Config
-    accelerator: Accelerator
+    accelerator: Accelerator | None
     train_records: list
     tokenizer: Any
     run_dir: Path
+    device: torch.device | None = None
+    """Where set-up components compute (their frozen models, tables): the accelerator's device when there is one,
+    else the given device, else the CPU."""
+
+    def __post_init__(self) -> None:
+        if self.device is None:
+            self.device = getattr(self.accelerator, "device", None) or torch.device("cpu")
+
+    def main_process_first(self) -> AbstractContextManager:
+        """The accelerator's ``main_process_first()`` (the main process fills a shared cache, the others then read
+        it); without an accelerator, one process: nothing to wait for."""
+        return self.accelerator.main_process_first() if self.accelerator is not None else nullcontext()

@@ -243,3 +243,56 @@ def test_import_finecap_and_evaluate_import_no_torch():
     assert {"Captioner", "evaluate"} <= set(dir(finecap)) and finecap.Captioner is Captioner
     with pytest.raises(AttributeError, match="has no attribute 'Captoner'"):
         finecap.Captoner  # noqa: B018
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# finecap.train
+# --------------------------------------------------------------------------------------------------------------------
+
+DOCS = Path(__file__).resolve().parents[1] / "docs"
+
+
+def docs_train_example() -> str:
+    """The Python block under ``<!-- finecap.train example -->`` in docs/training.md."""
+    text = (DOCS / "training.md").read_text()
+    after = text.split("<!-- finecap.train example -->", 1)[1]
+    return after.split("```python\n", 1)[1].split("```", 1)[0]
+
+
+def test_finecap_train_runs_the_documented_example(tmp_path, monkeypatch, capsys):
+    """The notebook cell of docs/training.md, run as written in an empty folder with an empty finecap home: it trains
+    two steps, returns the run directory (``run.dir``), whose configuration holds the keyword overrides, and the
+    captioner it saved captions an image."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("FINECAP_HOME", str(tmp_path / "home"))
+    scope: dict = {}
+    exec(compile(docs_train_example(), "docs/training.md", "exec"), scope)
+    run_dir = scope["run_dir"]
+    assert run_dir.resolve() == (tmp_path / "notebook" / "run").resolve()  # run.dir as given (here relative)
+    saved = (run_dir / "config.yaml").read_text()
+    assert "max_steps: 2" in saved and "n_train: 40" in saved
+    steps = [json.loads(line).get("step") for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert max(s for s in steps if s is not None) == 2
+    printed = capsys.readouterr().out
+    assert str(run_dir) in printed and "[" in printed  # the caption list printed beside the run directory
+
+
+def test_finecap_train_is_the_callable_training_package():
+    """``finecap.train`` is the API function and the package of the training library at once: calling it calls
+    :func:`finecap.api.train`, its modules import and resolve by attribute as before."""
+    import finecap.train.engine as engine
+
+    assert callable(finecap.train) and finecap.train.engine is engine
+    assert "train" in finecap.__all__ and "train" in dir(finecap)
+
+
+def test_finecap_train_refuses_a_keyword_that_is_no_option(tmp_path):
+    """A keyword that is not ``section__key`` is a TypeError naming the form; an unknown key is the configuration's
+    own error (as on the command line), before anything is made."""
+    with pytest.raises(TypeError, match="section__key=value"):
+        finecap.train("demo/mle", max_steps=2)
+    with pytest.raises(ConfigError, match="max_stepz"):
+        finecap.train("demo/mle", train__max_stepz=2, run__dir=str(tmp_path / "run"))
+    with pytest.raises(ConfigError):
+        finecap.train("no-such-recipe")
+    assert not (tmp_path / "run").exists()

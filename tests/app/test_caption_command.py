@@ -15,7 +15,6 @@ from PIL import Image
 
 from finecap.app.caption import main, resolve
 from finecap.app.cli import main as cli
-from finecap.app.train import train
 from finecap.caption import generate_captions
 from finecap.config import DecodeConfig, load, load_stored
 from finecap.data.datasets import CaptionDataset, model_collator
@@ -25,6 +24,7 @@ from finecap.models.backbones import load_captioner
 from finecap.report.html import image_uri
 from finecap.runs import FINGERPRINTS_FILE, checkpoint_dir, model_dir
 from finecap.train.fingerprint import bags_file_data, data_fingerprint
+from finecap.train.run import train
 
 WORLD = ["world.n_train=40", "world.n_val=8", "world.n_test=8", "world.image_size=32", "world.seed=0"]
 TINY = [*WORLD, "clipcap.tiny_layers=1", "clipcap.tiny_hidden=32", "clipcap.tiny_heads=2", "clipcap.prefix_length=2",

@@ -160,7 +160,7 @@ def test_a_config_that_can_never_run_is_refused_before_the_world_is_made(recipe,
 def test_a_missing_extra_is_one_line_naming_the_install(module, expected, monkeypatch):
     """An option whose package (an extra of finecap's) is not installed: one line, exit 2, never an ImportError
     traceback (issue 48, found in round three)."""
-    from finecap.app.errors import explain
+    from finecap.errors import explain
     from finecap.utils import MissingExtra
 
     assert explain(MissingExtra(expected)) == expected  # a known error, whatever raises it

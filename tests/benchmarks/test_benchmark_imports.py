@@ -18,11 +18,8 @@ APP = re.compile(r"^finecap\.app(\.\w+)*$")
 
 ALLOWED = {
     "finecap.app.cli": "the command line, run as a user runs it (`python -m finecap.app.cli demo ...`)",
-    "finecap.app.train": "the `finecap train` command's `train(cfg)`: the training every benchmark that trains runs "
-    "(what a run is built from is the library's finecap.train.setup)",
     "finecap.app.serve_reward": "the `finecap serve-reward` command's reward service (`build_service`): the reward "
     "as the command loads and sets it up, which reward_server.py times in process next to the command's server",
-    "finecap.app.prepare": "`prepare`: the world and the world encoder, found or made as every command finds them",
     "finecap.app.bags": "the `finecap bags build` command's `main`: TrueMatch bags as the command writes them",
     "finecap.app.boost": "the `finecap boost` command's `main`: the boosted data set of the world",
     "finecap.app.retriever": "the `finecap retriever` command's world-encoder training and probes, which "
@@ -51,10 +48,10 @@ def app_modules(path: Path) -> set[str]:
 
 def test_app_modules_sees_imports_deferred_imports_and_module_strings(tmp_path):
     path = tmp_path / "b.py"
-    path.write_text("import finecap.app.train\nfrom finecap.app import demo_vcb\n"
+    path.write_text("import finecap.app.bags\nfrom finecap.app import demo_vcb\n"
                     "def f():\n    from finecap.app.demo import STAGES\n    return ['-m', 'finecap.app.cli']\n"
                     "from finecap.stages import StageRunner\n")  # fmt: skip
-    assert app_modules(path) == {"finecap.app", "finecap.app.train", "finecap.app.demo_vcb", "finecap.app.demo",
+    assert app_modules(path) == {"finecap.app", "finecap.app.bags", "finecap.app.demo_vcb", "finecap.app.demo",
                                  "finecap.app.cli"}  # fmt: skip
 
 

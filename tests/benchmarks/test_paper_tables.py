@@ -451,7 +451,7 @@ def test_the_runner_writes_one_result_per_run_and_the_page(sle_run):
 
 
 def test_a_second_run_skips_existing_result_files_and_resumes(sle_run, monkeypatch):
-    from finecap.app.train import train as real_train
+    from finecap.train.run import train as real_train
 
     root, overrides = sle_run
     results = root / "data" / "sle" / "seed0"
@@ -465,7 +465,7 @@ def test_a_second_run_skips_existing_result_files_and_resumes(sle_run, monkeypat
     def no_training(*args, **kwargs):
         raise AssertionError("a run with a DONE marker was trained again")
 
-    monkeypatch.setattr("finecap.app.train.train", no_training)
+    monkeypatch.setattr("finecap.train.run.train", no_training)
     monkeypatch.setenv("FINECAP_METEOR_JAR", str(root / "no-meteor.jar"))
     assert run_main(root, overrides, "--paper", "sle", "--tables", "2") == 0
     assert (results / "sle.json").exists()  # evaluated again
@@ -478,7 +478,7 @@ def test_a_second_run_skips_existing_result_files_and_resumes(sle_run, monkeypat
     (root / "runs" / "seed0" / "sle" / "DONE").unlink()
     (results / "sle.json").unlink()
     calls = []
-    monkeypatch.setattr("finecap.app.train.train", lambda cfg, **kw: calls.append(kw) or real_train(cfg, **kw))
+    monkeypatch.setattr("finecap.train.run.train", lambda cfg, **kw: calls.append(kw) or real_train(cfg, **kw))
     assert run_main(root, overrides, "--paper", "sle", "--tables", "2") == 0
     assert calls == [{"resume": True, "overwrite": False}] and (root / "runs" / "seed0" / "sle" / "DONE").exists()
     # the page alone, from the files (nothing to run)
@@ -490,7 +490,7 @@ def test_a_second_run_skips_existing_result_files_and_resumes(sle_run, monkeypat
 
 def test_another_paper_reuses_the_mle_start(sle_run, monkeypatch):
     root, overrides = sle_run
-    from finecap.app import train as train_module
+    from finecap.train import run as train_module
 
     trained = []
     real = train_module.train
@@ -499,7 +499,7 @@ def test_another_paper_reuses_the_mle_start(sle_run, monkeypatch):
         trained.append(Path(cfg.run.dir).name)
         return real(cfg, **kwargs)
 
-    monkeypatch.setattr("finecap.app.train.train", record)
+    monkeypatch.setattr("finecap.train.run.train", record)
     assert run_main(root, overrides, "--paper", "smile", "--tables", "4") == 0
     assert sorted(trained) == [
         "smile",

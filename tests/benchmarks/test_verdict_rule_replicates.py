@@ -97,7 +97,7 @@ def test_a_second_call_skips_the_runs_with_results(replicated, monkeypatch):
     def no_training(*args, **kwargs):
         raise AssertionError("a run with a result file was trained again")
 
-    monkeypatch.setattr("finecap.app.train.train", no_training)
+    monkeypatch.setattr("finecap.train.run.train", no_training)
     monkeypatch.setenv("FINECAP_METEOR_JAR", str(root / "no-meteor.jar"))
     before = (root / "data" / "sle" / "seed0" / "run5" / "sle.json").stat().st_mtime_ns
     assert run_main(root, overrides, "--run-seeds", "5,6") == 0
@@ -116,9 +116,9 @@ def test_each_replicate_has_its_world_encoder_before_its_first_run(replicated, m
     # captions (NDLB's) builds none, so the runner prepares the replicate's world and encoder before any run of it
     root, overrides = replicated
     events: list[tuple[str, int]] = []
-    import finecap.app.prepare
+    import finecap.train.prepare
 
-    monkeypatch.setattr(finecap.app.prepare, "prepare",
+    monkeypatch.setattr(finecap.train.prepare, "prepare",
                         lambda cfg, needs, **kw: events.append(("prepare", cfg.run.seed)))  # fmt: skip
     monkeypatch.setattr(pt.cli, "ensure_shared", lambda *a, **kw: None)
     monkeypatch.setattr(pt.cli, "record_run",

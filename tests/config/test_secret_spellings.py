@@ -25,7 +25,7 @@ from pathlib import Path
 
 import pytest
 
-import finecap.app.train as train_app
+import finecap.train.run as train_app
 from finecap.app.cli import main
 from finecap.config import load, masked_override, masked_url_secrets, override_key
 from finecap.locks import LOCK_NAME, TRAIN_LOCK, output_lock

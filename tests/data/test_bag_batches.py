@@ -10,7 +10,6 @@ from pathlib import Path
 import pytest
 import torch
 
-from finecap.app.train import train
 from finecap.config import WorldConfig, load
 from finecap.models import lora
 from finecap.models.clipcap import ClipCap
@@ -18,6 +17,7 @@ from finecap.models.presets import save_tiny_clip
 from finecap.recipes import resolve_recipe
 from finecap.rewards.retrieval import RetrievalReward
 from finecap.runs import checkpoint_dir, model_dir
+from finecap.train.run import train
 
 RECIPES = resolve_recipe("demo/mle").parent
 N_TRAIN = 40

@@ -25,7 +25,6 @@ import pytest
 from PIL import Image
 
 from finecap.app.cli import main
-from finecap.app.errors import explain
 from finecap.config import ConfigError, load
 from finecap.data.datasets import CaptionDataset, load_records, skipped_images
 from finecap.data.formats import detect_format
@@ -35,6 +34,7 @@ from finecap.data.images import find_bad_images, load_record_image
 from finecap.data.records import NO_SPLIT, DataError
 from finecap.data.references import load_references, missing_images
 from finecap.data.splits import assign_splits, split_value
+from finecap.errors import explain
 from finecap.train.fingerprint import data_fingerprint
 
 COLOURS = [(200, 30, 30), (30, 200, 30), (30, 30, 200), (200, 200, 30), (30, 200, 200), (200, 30, 200)]

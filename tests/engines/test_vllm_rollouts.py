@@ -123,8 +123,8 @@ def test_an_engine_start_leaves_the_random_generators_as_they_were(tmp_path):
 
 
 def test_grpo_trains_with_vllm_rollouts_and_tempered_log_probs(tmp_path):
-    from finecap.app.train import train
     from finecap.models.presets import save_tiny_vlm
+    from finecap.train.run import train
     from finecap.world.make import make_world
 
     world = make_world(WorldConfig(n_train=8, n_val=4, n_test=4, image_size=32, seed=0), out=tmp_path / "world",

@@ -24,10 +24,10 @@ from helpers.vllm_engines import NOT_HERE
 
 pytest.importorskip("vllm", reason=NOT_HERE)
 
-from finecap.app.train import train  # noqa: E402
 from finecap.config import WorldConfig, load  # noqa: E402
 from finecap.models.vlm import Vlm  # noqa: E402
 from finecap.runs import checkpoint_dir, model_dir  # noqa: E402
+from finecap.train.run import train  # noqa: E402
 from helpers.equivalence import compare  # noqa: E402
 from helpers.launch import launch_bounded, two_processes  # noqa: E402
 

@@ -24,8 +24,8 @@ def words(cfg):
 
 
 if __name__ == "__main__":
-    from finecap.app.train import train
     from finecap.config import load
+    from finecap.train.run import train
 
     for overrides in json.loads(sys.argv[1]):
         train(load(None, overrides))

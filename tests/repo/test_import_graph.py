@@ -30,9 +30,10 @@ DOTTED = re.compile(r"^(finecap(?:\.\w+)+):\w+$")
 # must be on one floor, so a new top-level module is placed here on purpose.
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
     # Nothing of the library's concepts: helpers, name tables, the configuration's types and loading, the finecap
-    # home and the run-directory layout, locks and output files.
+    # home and the run-directory layout, locks and output files, the one-line messages of known errors.
     ("bottom floor", ("finecap.utils", "finecap.registry", "finecap.recipes", "finecap.config", "finecap.home",
-                      "finecap.runs", "finecap.locks", "finecap.outputs", "finecap.library_warnings")),
+                      "finecap.runs", "finecap.locks", "finecap.outputs", "finecap.library_warnings",
+                      "finecap.errors")),
     ("world", ("finecap.world",)),
     ("data", ("finecap.data",)),
     ("decode", ("finecap.decode",)),  # the captioners' Stepper contract and the decoding loops over it
@@ -295,3 +296,59 @@ def test_library_never_imports_the_application(module):
         and DOTTED.match(node.value).group(1).startswith(APP)
     )  # fmt: skip
     assert not named, f"library module {module} names the application layer: {named}"
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# Commands call the library, never each other
+# --------------------------------------------------------------------------------------------------------------------
+
+CLI = "finecap.app.cli"
+COMMANDS_CALLING_COMMANDS: dict[tuple[str, str], str] = {
+    ("finecap.app.demo", "finecap.app.bags"): "the demo's stages build TrueMatch bags with the bags command's main",
+    ("finecap.app.demo", "finecap.app.report"): "the demo ends by writing the report with the report command's main",
+    ("finecap.app.demo_vcb", "finecap.app.bags"): "the VCB stage builds its bags with the bags command's main",
+    ("finecap.app.demo_vcb", "finecap.app.boost"): "the VCB stage boosts the world with the boost command's main",
+    ("finecap.app.demo_transfer", "finecap.app.bags"): "the transfer stage builds bags with the bags command's main",
+    ("finecap.app.demo_families", "finecap.app.bags"): "the family world's bags come from the bags command's main",
+}
+"""Imports of a command module by another module of ``finecap.app`` still made, each with what it takes; the
+demo's stages still run three commands' ``main`` (bags, boost, report) until their work moves into the library.
+Nothing may be added here."""
+
+
+def command_modules() -> set[str]:
+    """The modules of ``finecap.app`` that are commands: those :mod:`finecap.app.cli` dispatches to (it imports each
+    command's module in the function that runs it)."""
+    return {m for m in direct_imports()[CLI] if m.startswith(APP + ".")}
+
+
+def test_commands_are_the_modules_the_cli_dispatches_to():
+    commands = command_modules()
+    assert {"finecap.app.serve_reward", "finecap.app.caption", "finecap.app.demo", "finecap.app.report"} <= commands
+    assert not commands & {"finecap.app.demo_vcb", "finecap.app.demo_families"}  # the demo's helpers, no commands
+    assert "finecap.app.train" not in module_files()  # `finecap train` calls the library (finecap.train.run)
+
+
+def test_no_app_module_imports_another_command():
+    """A module of ``finecap.app`` (a command or a helper of one) imports no command module but its own: what two
+    commands share is in the library (or a helper module of ``finecap.app`` that is no command). Only the pairs of
+    :data:`COMMANDS_CALLING_COMMANDS` are left, and one no longer made must be struck from it."""
+    commands = command_modules()
+    found = {
+        (m, t)
+        for m, targets in direct_imports().items()
+        if m.startswith(APP + ".") and m != CLI
+        for t in targets
+        if t in commands and t != m
+    }
+    new = sorted(found - set(COMMANDS_CALLING_COMMANDS))
+    assert not new, "app modules importing another command module:\n" + "\n".join(f"  {a} -> {b}" for a, b in new)
+    stale = sorted(set(COMMANDS_CALLING_COMMANDS) - found)
+    assert not stale, f"COMMANDS_CALLING_COMMANDS lists imports the code no longer makes (remove them): {stale}"
+
+
+def test_the_reward_server_and_captioning_import_no_command():
+    """The two entry points whose configuration is followed through the code (issue 63) reach only the library."""
+    commands = command_modules()
+    for entry in ("finecap.app.serve_reward", "finecap.app.caption"):
+        assert not (direct_imports()[entry] & commands) - {entry}, entry

@@ -4,8 +4,8 @@ after the other, in this (possibly ``accelerate launch``-ed) process group."""
 import json
 import sys
 
-from finecap.app.train import train
 from finecap.config import load
+from finecap.train.run import train
 
 if __name__ == "__main__":
     for overrides in json.loads(sys.argv[1]):

@@ -5,8 +5,8 @@
 import json
 import sys
 
-from finecap.app.train import train
 from finecap.config import load
+from finecap.train.run import train
 
 if __name__ == "__main__":
     for overrides, resume in json.loads(sys.argv[1]):

@@ -159,10 +159,10 @@ def test_blip_run_checkpoint_loads_back_and_resumes(make_cfg, clip_dir):
     loads its folder), ``load_captioner`` restores it, and ``--resume`` continues the run from it."""
     from transformers import BlipForConditionalGeneration
 
-    from finecap.app.train import train
     from finecap.models.backbones import load_captioner
     from finecap.models.blip import Blip
     from finecap.runs import checkpoint_dir, model_dir
+    from finecap.train.run import train
 
     cfg = make_cfg(f"model.encoder={clip_dir}", *BACKBONES["blip"], "train.max_steps=2", "train.eval_every=2")
     run_dir = train(cfg)

@@ -3,7 +3,6 @@ import json
 import pytest
 
 from finecap.app.caption import main
-from finecap.app.train import train
 from finecap.caption import caption_stats, generate_captions
 from finecap.config import DecodeConfig
 from finecap.data.datasets import load_records
@@ -12,6 +11,7 @@ from finecap.metrics.suite import evaluate
 from finecap.models.clipcap import ClipCap
 from finecap.registry import lookup
 from finecap.runs import checkpoint_dir, model_dir
+from finecap.train.run import train
 from finecap.train.validators import VALIDATORS, caption_stats_validator, cider_validator, retrieval_validator
 
 

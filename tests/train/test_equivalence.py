@@ -25,8 +25,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from finecap.app.train import train
 from finecap.config import load
+from finecap.train.run import train
 from helpers.equivalence import OBJECTIVES, compare, overrides, weights
 
 

@@ -21,9 +21,9 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from finecap.app.cli import main
-from finecap.app.train import train
 from finecap.config import load
 from finecap.runs import INFO_FILE, checkpoint_dir, model_dir
+from finecap.train.run import train
 from helpers.equivalence import OBJECTIVES, compare, overrides, weights
 
 pytestmark = [

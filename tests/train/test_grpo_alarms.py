@@ -16,8 +16,8 @@ import pytest
 import torch
 
 from finecap.app.cli import main
-from finecap.app.train import train
 from finecap.rewards import RewardOutput
+from finecap.train.run import train
 
 ALARMS = ["rl.alarms={length_drift: 1.0, repetition: 0.3}", "rl.alarm_action=stop"]
 

@@ -13,10 +13,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from finecap.app.train import train
 from finecap.config import load
 from finecap.models.clipcap import ClipCap
 from finecap.runs import checkpoint_dir, model_dir
+from finecap.train.run import train
 
 LR = 1e-3
 

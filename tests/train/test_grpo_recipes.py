@@ -15,11 +15,11 @@ import pytest
 import torch
 
 from finecap.app.cli import main
-from finecap.app.train import train
 from finecap.config import load
 from finecap.locks import TRAIN_LOCK
 from finecap.models.clipcap import ClipCap
 from finecap.runs import checkpoint_dir, model_dir
+from finecap.train.run import train
 from finecap.train.state import load_tree
 
 TINY = ["clipcap.tiny_layers=1", "clipcap.tiny_hidden=32", "clipcap.tiny_heads=2", "clipcap.prefix_length=2",

@@ -11,10 +11,10 @@ import json
 import pytest
 import torch
 
-from finecap.app.train import train
 from finecap.home import run_path
 from finecap.models.clipcap import ClipCap
 from finecap.runs import checkpoint_dir, model_dir
+from finecap.train.run import train
 
 GRPO = ["train.objective=reinforce", "rl.advantage=group", "rl.samples=3", "rl.policy_loss=clipped",
         "rl.rewards={cider: 1.0}", "decode.max_length=8", "clipcap.tiny_dropout=0", "train.eval_every=0",

@@ -7,7 +7,6 @@ from __future__ import annotations
 import pytest
 import torch
 
-from finecap.app.train import train
 from finecap.caption import generate_captions
 from finecap.config import DecodeConfig
 from finecap.data import loading
@@ -15,6 +14,7 @@ from finecap.data.samplers import StepBatches
 from finecap.home import run_path
 from finecap.models.clipcap import ClipCap
 from finecap.runs import checkpoint_dir, model_dir
+from finecap.train.run import train
 from helpers.resume import Killed, kill_at, train_events, weights
 
 # 200 examples / 32 per step = 7 steps per epoch: 16 steps run 3 epochs (the third one partly)

@@ -6,7 +6,6 @@ import pytest
 import torch
 from accelerate import Accelerator
 
-from finecap.app.train import train
 from finecap.config import ConfigError
 from finecap.data.samplers import RandomBatches
 from finecap.home import run_path
@@ -24,6 +23,7 @@ from finecap.train.engine import (
     total_steps,
     weighted_loss,
 )
+from finecap.train.run import train
 from finecap.train.schedule import build_scheduler
 from finecap.train.setup import build_model, train_unit
 from finecap.train.state import config_changes

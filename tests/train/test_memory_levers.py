@@ -10,10 +10,10 @@ import json
 import torch
 import yaml
 
-from finecap.app.train import train
 from finecap.models import memory
 from finecap.models.backbones import load_captioner
 from finecap.runs import checkpoint_dir, model_dir
+from finecap.train.run import train
 
 LEVERS = ["model.dtype=bfloat16", "train.gradient_checkpointing=true", "lora.lm=true", "lora.rank=4", "lora.alpha=4"]
 RL = ["train.objective=reinforce", "rl.rewards={cider: 1.0}", "rl.samples=2", "rl.baseline=leave_one_out",

@@ -19,9 +19,8 @@ import torch
 from accelerate import Accelerator
 from accelerate.state import AcceleratorState, GradientState
 
-import finecap.app.train as app_train
+import finecap.train.run as app_train
 from finecap.app.caption import main as caption_main
-from finecap.app.train import train
 from finecap.caption import generate_captions, mixed_precision_autocast
 from finecap.config import ClipCapBackboneConfig, DecodeConfig, TrainConfig
 from finecap.data.samplers import RandomBatches
@@ -41,6 +40,7 @@ from finecap.train.engine import (
     apply_tf32,
     make_accelerator,
 )
+from finecap.train.run import train
 from finecap.train.schedule import build_scheduler
 
 U = 2.0**-8  # bf16 keeps 8 significant bits (7 stored + 1 implicit): one rounding to nearest errs by <= 2**-8 relative

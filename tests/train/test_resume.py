@@ -5,9 +5,9 @@ import json
 import pytest
 import torch
 
-from finecap.app.train import train
 from finecap.home import run_path
 from finecap.runs import checkpoint_dir
+from finecap.train.run import train
 from helpers.resume import Killed, kill_at, train_events, weights
 
 

@@ -24,10 +24,10 @@ import pytest
 import torch
 
 from finecap.app.cli import main
-from finecap.app.train import train
 from finecap.config import load
 from finecap.models.clipcap import ClipCap
 from finecap.runs import STATE_DIR, checkpoint_dir, model_dir
+from finecap.train.run import train
 from finecap.train.schedule import lr_factor
 from finecap.train.state import CheckpointError, load_tree, save_tree
 
@@ -297,7 +297,7 @@ def fresh_accelerate() -> None:
 def killed_fp16(overrides, tmp_path_factory) -> tuple[Path, Callable]:
     """A run under a float16 gradient scaler (on the CPU, as tests/train/test_mixed_precision.py makes one), killed
     at step 3: its ``checkpoints/last`` holds the scaler's state. Returns the run and the accelerator maker."""
-    import finecap.app.train as app_train
+    import finecap.train.run as app_train
     from finecap.train.engine import make_accelerator
 
     def accelerator(settings, run_dir=None):
@@ -319,7 +319,7 @@ def killed_fp16(overrides, tmp_path_factory) -> tuple[Path, Callable]:
 @pytest.mark.slow
 @pytest.mark.parametrize("variant", [*SCALER, "untouched"])
 def test_a_doctored_scaler_state_is_refused(variant, killed_fp16, overrides, tmp_path, monkeypatch, request):
-    import finecap.app.train as app_train
+    import finecap.train.run as app_train
 
     killed, accelerator = killed_fp16
     monkeypatch.setattr(app_train, "make_accelerator", accelerator)

@@ -11,9 +11,9 @@ import math
 import pytest
 import torch
 
-from finecap.app.train import train
 from finecap.integrations.trl import reward_function
 from finecap.rewards import NonFiniteReward, RewardOutput
+from finecap.train.run import train
 
 SET_UP: list[int] = []  # the training records each Words reward saw in setup(ctx)
 

@@ -12,12 +12,12 @@ import pytest
 import torch
 
 from finecap.app.cli import main as cli
-from finecap.app.train import train
 from finecap.config import ConfigError
 from finecap.home import run_path
 from finecap.models.clipcap import ClipCap
 from finecap.runs import checkpoint_dir, model_dir, temporary_dir
 from finecap.train.engine import TrainingDiverged
+from finecap.train.run import train
 from finecap.train.state import CheckpointError, find_resumable, load_tree, prepare_run_dir, save_tree
 
 COMMON = ("train.max_steps=4", "train.save_every=2", "train.eval_every=2")

@@ -4,11 +4,11 @@ trained through ``finecap train``'s entry point gives the same parameters and th
 
 import torch
 
-from finecap.app.train import train
 from finecap.caption import generate_captions
 from finecap.config import DecodeConfig
 from finecap.models.clipcap import ClipCap
 from finecap.runs import checkpoint_dir, model_dir
+from finecap.train.run import train
 
 
 def test_sle_with_alpha_one_trains_the_same_model_as_scst(make_cfg):

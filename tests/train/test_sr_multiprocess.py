@@ -15,9 +15,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from finecap.app.train import train
 from finecap.config import load
 from finecap.recipes import resolve_recipe
+from finecap.train.run import train
 
 RECIPE = resolve_recipe("demo/discritune")
 

@@ -19,7 +19,6 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from finecap.app.prepare import prepare
 from finecap.config import Config
 from finecap.data.caption_fields import select_captions
 from finecap.data.formats import format_options
@@ -29,6 +28,7 @@ from finecap.home import cache_dir, world_path
 from finecap.models.retriever import load_retriever
 from finecap.outputs import check_output_file, write_output_json
 from finecap.train.fingerprint import bags_data_fingerprint
+from finecap.train.prepare import prepare
 
 log = logging.getLogger(__name__)
 

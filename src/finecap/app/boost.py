@@ -27,7 +27,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-from finecap.app.prepare import prepare
 from finecap.boost.backends import make_backend
 from finecap.boost.engine import MODE_STEPS, AnswerCache, BoostFailed, boost_records
 from finecap.boost.output import check_outputs, write_boosted
@@ -36,6 +35,7 @@ from finecap.config import Config
 from finecap.data.formats import read_dataset
 from finecap.data.references import data_file
 from finecap.locks import LOCK_NAME, output_lock
+from finecap.train.prepare import prepare
 from finecap.utils import atomic_write_text, write_json
 
 log = logging.getLogger(__name__)

@@ -4,7 +4,7 @@ Every command that takes a recipe accepts dotlist overrides after it: ``finecap 
 Options may come before or after them. Every command takes ``-v`` / ``-q`` (more or less logging, finecap's and its
 libraries') and ``--debug`` (a traceback instead of the one-line error; ``FINECAP_DEBUG=1`` does the same). Errors on
 users' inputs and disks exit with code 2 and one message naming the file, key or override at fault
-(:mod:`finecap.app.errors`). See docs/cli.md.
+(:mod:`finecap.errors`). See docs/cli.md.
 """
 
 from __future__ import annotations
@@ -22,7 +22,6 @@ from pathlib import Path
 
 import yaml
 
-from finecap.app.errors import AnotherProcessFailed, explain
 from finecap.config import (
     SECTIONS,
     Config,
@@ -34,6 +33,7 @@ from finecap.config import (
     masked_override,
     masked_url_secrets,
 )
+from finecap.errors import AnotherProcessFailed, explain
 from finecap.library_warnings import silenced
 from finecap.recipes import copy_recipe, describe_recipe, list_recipes, resolve_recipe
 from finecap.registry import PREDICTION_FORMATS
@@ -120,11 +120,11 @@ def cmd_train(args: argparse.Namespace) -> None:
     if args.dry_run:
         if args.resume:
             raise ValueError("--dry-run builds a fresh run and trains nothing; it does not take --resume")
-        from finecap.app.train import dry_run
+        from finecap.train.run import dry_run
 
         dry_run(cfg)
         return
-    from finecap.app.train import train
+    from finecap.train.run import train
 
     train(cfg, resume=args.resume, recipe=_recipe_file(args))
 

@@ -10,7 +10,7 @@ starts the longest side stages first.
 - ``world``: generate the synthetic world (``world.*``), or reuse it: in ``world.out``, by default in the finecap home
   (``<home>/worlds/<world key>``, :mod:`finecap.home`), so every demo run on the same settings shares it.
 - ``retriever``: train the world encoder / CLIP retriever, or reuse it from the cache (``run.cache_dir``, by default
-  ``<home>/cache``). Both go through :func:`finecap.app.prepare.prepare`, which says what it makes and where.
+  ``<home>/cache``). Both go through :func:`finecap.train.prepare.prepare`, which says what it makes and where.
 - training stages (:data:`TRAIN_STAGES`): train a captioner with the packaged recipe ``demo/<stage>`` into
   ``<run_dir>/<stage>/`` (starting from the MLE checkpoint where the stage says so), then caption the test split.
   A killed stage resumes from its last checkpoint when re-run, or, killed before it saved one, trains again from the
@@ -65,9 +65,7 @@ from finecap.app.demo_families import (
     make_family_world,
 )
 from finecap.app.demo_transfer import stage_transfer
-from finecap.app.prepare import prepare
 from finecap.app.report import main as write_report
-from finecap.app.train import train
 from finecap.config import Config, did_you_mean, load
 from finecap.data.bags_file import read_bags
 from finecap.data.datasets import load_records
@@ -85,6 +83,8 @@ from finecap.report.table import markdown_table, quick_labelled
 from finecap.runs import CONFIG_FILE, METRICS_FILE
 from finecap.stages import TRAIN, Stage, StageRunner, stage_table
 from finecap.stages.outputs import caption_stage, diversity_metrics
+from finecap.train.prepare import prepare
+from finecap.train.run import train
 from finecap.train.state import check_config_target
 from finecap.utils import atomic_write_text, refuse_link, write_json
 from finecap.world.make import load_scenes

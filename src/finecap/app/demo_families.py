@@ -36,7 +36,6 @@ from pathlib import Path
 from typing import Any
 
 from finecap.app.bags import main as build_bags
-from finecap.app.prepare import prepare
 from finecap.config import Config, WorldConfig
 from finecap.data.bags_file import read_bags
 from finecap.data.references import load_references
@@ -47,6 +46,7 @@ from finecap.metrics.families import family_self_retrieval_items, family_test_wo
 from finecap.metrics.suite import evaluate_items
 from finecap.stages import StageRunner
 from finecap.stages.outputs import caption_world
+from finecap.train.prepare import prepare
 from finecap.utils import DATA_FILE, read_json
 
 log = logging.getLogger(__name__)

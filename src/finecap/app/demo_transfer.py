@@ -22,7 +22,6 @@ from collections.abc import Sequence
 from typing import Any
 
 from finecap.app.bags import main as build_bags
-from finecap.app.prepare import prepare
 from finecap.data.bags_file import read_bags
 from finecap.data.references import load_references
 from finecap.data.results import write_results
@@ -30,6 +29,7 @@ from finecap.metrics.suite import evaluate
 from finecap.models.retriever import load_retriever
 from finecap.report.table import markdown_table, quick_labelled
 from finecap.stages.outputs import caption_world
+from finecap.train.prepare import prepare
 from finecap.utils import atomic_write_text, write_json
 from finecap.world.shift import shifted_world
 

@@ -3,11 +3,12 @@
 
 The reward is the one ``finecap train RECIPE`` would train with, built by the same code: the mixture of
 ``rl.rewards`` with its weights (:func:`finecap.rewards.build_reward`), what it needs prepared as training prepares
-it (:func:`finecap.app.train.prepare_needs`: on the embedded world, the world and the world encoder are made or
+it (:func:`finecap.train.prepare.prepare_needs`: on the embedded world, the world and the world encoder are made or
 trained into the finecap home when missing, and found there afterwards), the training split's records
-(:func:`finecap.data.datasets.load_records`), and the reward's ``setup`` with the training loop's context: CIDEr-D's
-document frequencies from the training references, the retriever (``retriever.*``, the world encoder by default)
-and the training images' embeddings, the world's scenes for the listener. It is set up once; the server then
+(:func:`finecap.data.datasets.load_records`), and the reward's ``setup`` with a context of no accelerator
+(:class:`finecap.contract.TrainContext`, on the device training would use): CIDEr-D's document frequencies from the
+training references, the retriever (``retriever.*``, the world encoder by default) and the training images'
+embeddings, the world's scenes for the listener. It is set up once; the server then
 answers requests until SIGINT or SIGTERM (exit code 0) (:mod:`finecap.serve`).
 
 Beyond loopback, ``--token-file`` makes every request carry a bearer token (:func:`read_token`); without one the
@@ -26,7 +27,6 @@ import stat
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from finecap.app.train import prepare_needs
 from finecap.config import Config, ConfigError
 from finecap.contract import TrainContext
 from finecap.data.datasets import load_records
@@ -34,7 +34,8 @@ from finecap.home import run_path
 from finecap.rewards import WeightedSum, build_reward
 from finecap.serve.protocol import Limits
 from finecap.serve.service import ImageTable, RewardService
-from finecap.train.engine import make_accelerator, process_state
+from finecap.train.engine import process_state
+from finecap.train.prepare import prepare_needs
 from finecap.utils import is_loopback
 
 if TYPE_CHECKING:
@@ -49,16 +50,17 @@ def describe(cfg: Config) -> str:
 
 
 def load_reward(cfg: Config) -> tuple[WeightedSum, list]:
-    """The reward of ``rl.rewards``, set up as the training loop sets it up, and the training records it knows."""
+    """The reward of ``rl.rewards``, set up as the training loop sets it up (the same records, retriever and device,
+    without a training accelerator: one process), and the training records it knows."""
     reward = build_reward(cfg)
     if "retrieval" in reward.rewards and cfg.sr.distractors == "bag":
         raise ConfigError("sr.distractors=bag: a served reward has no training batches, whose bag numbers this mode "
                           "reads; serve sr.distractors=batch (each request's other images) or hard (mined "
                           "neighbours)", "sr.distractors")  # fmt: skip
-    prepare_needs(cfg, reward.needs, process_state(cfg.train))
+    processes = process_state(cfg.train)  # the device training would use (train.cpu), no training state
+    prepare_needs(cfg, reward.needs, processes)
     records = load_records(cfg, "train")
-    accelerator = make_accelerator(cfg.train)
-    reward.setup(TrainContext(cfg, accelerator, records, tokenizer=None, run_dir=run_path(cfg.run)))
+    reward.setup(TrainContext(cfg, None, records, tokenizer=None, run_dir=run_path(cfg.run), device=processes.device))
     return reward, records
 
 

@@ -41,7 +41,7 @@ Choices left open by the papers:
   are hashed on every call, so in-place fine-tuning can never leave a stale key.
 
 :func:`load_retriever` only loads: the world encoder is trained by the application layer (``finecap retriever
-train``, :func:`finecap.app.retriever.ensure_world_encoder`), never as a side effect of building a retriever.
+train``, :func:`finecap.train.world_encoder.ensure_world_encoder`), never as a side effect of building a retriever.
 """
 
 from __future__ import annotations

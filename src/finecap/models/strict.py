@@ -154,7 +154,7 @@ def weight_files(folder: Path) -> dict[str, Path]:
         if not isinstance(weight_map, dict):
             raise CheckpointError(f"{folder / INDEX}: no weight_map of tensor names to files")
         return {str(k): folder / str(v) for k, v in weight_map.items()}
-    file = folder / SINGLE  # named ``file``: a damaged header is reported with this file (finecap.app.errors)
+    file = folder / SINGLE  # named ``file``: a damaged header is reported with this file (finecap.errors)
     if file.is_file():
         with safe_open(str(file), framework="pt") as f:
             return dict.fromkeys(f.keys(), file)

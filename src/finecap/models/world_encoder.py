@@ -265,7 +265,7 @@ def world_encoder_path(cfg: Config) -> Path:
     """The folder of the trained world encoder of ``cfg`` (:func:`encoder_dir`).
 
     Only looks it up: a missing encoder raises ``FileNotFoundError`` naming the command that trains it (the
-    application layer trains, :func:`finecap.app.retriever.ensure_world_encoder`; model builders only load).
+    application layer trains, :func:`finecap.train.world_encoder.ensure_world_encoder`; model builders only load).
     """
     out = encoder_dir(cfg)
     if not (out / "encoder.json").exists():

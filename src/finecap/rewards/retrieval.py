@@ -205,7 +205,7 @@ class RetrievalReward:
             ``duplicate_threshold``, ``logit_scale``; checked when it is built; default: its defaults).
         image_ids, embeddings: the embedding table (``(P, D)`` unit-norm rows of the listed image ids); default: the
             training records' embeddings, computed (or read from the cache) in :meth:`setup`.
-        accelerator: where hard-negative mining runs (default: the training loop's, from :meth:`setup`).
+        accelerator: the training loop's accelerator (from :meth:`setup`); hard negatives are mined on its device.
     """
 
     name = "retrieval"
@@ -221,6 +221,7 @@ class RetrievalReward:
     ) -> None:
         self.sr = sr or SRConfig()
         self.accelerator = accelerator
+        self.device = getattr(accelerator, "device", None) or torch.device("cpu")  # where hard negatives are mined
         self.retriever = None
         if retriever is not None:
             self._set_retriever(retriever)
@@ -256,19 +257,21 @@ class RetrievalReward:
         return list(self.row_of)
 
     def setup(self, ctx: TrainContext) -> None:
-        """Load the frozen retriever (``retriever.*``) and the training images' embeddings (disk-cached)."""
+        """Load the frozen retriever (``retriever.*``) onto ``ctx.device`` and the training images' embeddings
+        (disk-cached; the main process fills the cache first). ``ctx.accelerator`` may be ``None`` (the reward
+        server): hard negatives are then mined on ``ctx.device``."""
         self.accelerator = ctx.accelerator
+        self.device = ctx.device
         if self.retriever is None:
             self._set_retriever(load_retriever(ctx.cfg))
-        device = getattr(ctx.accelerator, "device", None)
-        if device is not None and isinstance(getattr(self.retriever, "model", None), torch.nn.Module):
-            self.retriever.model.to(device)
+        if isinstance(getattr(self.retriever, "model", None), torch.nn.Module):
+            self.retriever.model.to(ctx.device)
         if self.table is None:
             records = list(ctx.train_records)
             if not records:
                 raise ValueError("rl.rewards.retrieval: the training split has no images")
             cache = cache_dir(ctx.cfg.run)
-            with ctx.accelerator.main_process_first():  # the main process fills the cache, the others read it
+            with ctx.main_process_first():  # the main process fills the cache, the others read it
                 emb = self.retriever.image_embeddings(records, cache_dir=cache)
             self.set_embeddings([r.image_id for r in records], emb)
 
@@ -328,8 +331,7 @@ class RetrievalReward:
         if self.sr.distractors == "hard":
             unique_rows = torch.unique(target_rows)  # (U,)
             if self.mining_table is None:
-                device = getattr(self.accelerator, "device", None) or torch.device("cpu")
-                self.mining_table = self.table.to(device)
+                self.mining_table = self.table.to(self.device)
             mined = mine_hard(
                 self.mining_table, unique_rows, self.sr.hard_k, self.sr.duplicate_threshold
             )  # (U, k) rows

@@ -13,7 +13,7 @@ unfinished one resumes from its last checkpoint, or starts again when it saved n
 ``inputs``) have not finished is refused, naming them (:class:`MissingInput`). A **task** is a function of the runner.
 
 The stage table is passed in, never read from module globals, and so is the training function (the application's
-recipe, ``finecap.app.train.train``): this library module imports nothing of the application layer.
+recipe, ``finecap.train.run.train``): this library module imports nothing of the application layer.
 
 :meth:`StageRunner.run` runs a list of stages. Training stages that no other listed stage starts from (side stages,
 :meth:`StageRunner.side_stages`) run side by side in worker processes (:mod:`finecap.stages.pool`), ``jobs`` at a
@@ -49,7 +49,7 @@ DONE = "DONE"
 
 
 class TrainFn(Protocol):
-    """The training function a runner is given: trains ``cfg`` into ``cfg.run.dir`` (``finecap.app.train.train``)."""
+    """The training function a runner is given: trains ``cfg`` into ``cfg.run.dir`` (``finecap.train.run.train``)."""
 
     def __call__(self, cfg: Config, *, resume: bool, overwrite: bool) -> Any: ...
 

@@ -1,6 +1,6 @@
 """What a training run is built from, as ``finecap train`` builds it: the captioner to train (fresh, from
 ``train.init_from`` or from the checkpoint it resumes, with its training configuration and memory levers), the unit
-of a training example, and the training and validation data. The recipe (:mod:`finecap.app.train`) and the training
+of a training example, and the training and validation data. The recipe (:mod:`finecap.train.run`) and the training
 benchmarks (``benchmarks/train_step.py``, ``backbone_step.py``) build runs from these, so that what they time is what
 training runs."""
 

@@ -1,9 +1,9 @@
 """Training the world encoder through the same engine as every captioner (:class:`finecap.train.engine.Engine`).
 
-The recipe (``finecap retriever train``, :func:`finecap.app.retriever.ensure_world_encoder`) loads the world's images
-and labels (:func:`finecap.models.world_encoder.load_split`), builds the dual encoder, and calls
-:func:`fit_world_encoder`. Each optimizer step takes a random batch of training images (the last, smaller batch of an
-epoch is dropped: a contrastive batch needs its negatives) and :class:`WorldEncoderObjective` computes
+The recipe (:func:`ensure_world_encoder`, which ``finecap retriever train`` and :mod:`finecap.train.prepare` call)
+loads the world's images and labels (:func:`finecap.models.world_encoder.load_split`), builds the dual encoder and
+calls :func:`fit_world_encoder`. Each optimizer step takes a random batch of training images (the last, smaller batch
+of an epoch is dropped: a contrastive batch needs its negatives) and :class:`WorldEncoderObjective` computes
 
 - a symmetric InfoNCE loss between the images and one reference caption per image (drawn at random each time);
 - the same loss between ``retriever.dense_fraction`` of the images (a random subset) and their dense captions, the
@@ -19,21 +19,46 @@ else that consumes random numbers.
 
 from __future__ import annotations
 
+import dataclasses
+import logging
 import math
 import random
+import shutil
+import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from finecap.config import RetrieverConfig, TrainConfig
+from finecap.config import Config, RetrieverConfig, TrainConfig
 from finecap.data.samplers import RandomBatches
-from finecap.models.world_encoder import AuxHeads, WorldData, contrastive_loss
+from finecap.models.retriever import Retriever
+from finecap.models.tokenizer import world_tokenizer
+from finecap.models.world_encoder import (
+    ENCODER_VERSION,
+    MAIN_LABELS,
+    AuxHeads,
+    WorldData,
+    build_world_model,
+    contrastive_loss,
+    encoder_dir,
+    encoder_key,
+    load_split,
+    preset_of,
+    world_image_processor,
+)
 from finecap.objectives.base import ObjectiveBase, ObjectiveOutput
 from finecap.train.engine import Engine, TrainingData, make_accelerator
 from finecap.train.schedule import build_scheduler
+from finecap.utils import atomic_replace_dir, check_swap, make_temporary_dir, write_json
+from finecap.world.make import ensure_world
+from finecap.world.scene import LABEL_SIZES
+
+log = logging.getLogger(__name__)
 
 WARMUP_FRACTION = 0.05
 WEIGHT_DECAY = 0.05
@@ -163,3 +188,134 @@ def fit_world_encoder(
     engine.fit()
     last = engine.last_values.get("loss", float("nan"))
     return {"steps": engine.state.step, "first_loss": first.get("loss", float("nan")), "loss": last}
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# The world encoder of a configuration, found or trained
+# --------------------------------------------------------------------------------------------------------------------
+
+ENCODER_KIND = "world-encoder"
+"""The folder kind of a trained world encoder (:func:`finecap.utils.folder_mark_text`): only such a folder (and its
+``.old``) is ever replaced in the cache."""
+
+
+def ensure_world_encoder(cfg: Config, progress: bool = True, *, make: bool = True) -> Path:
+    """The world encoder folder of ``cfg`` (``<cache>/world_encoder/<key>``, :func:`encoder_dir`), trained first when
+    it is missing and ``make`` (the world made first when missing, :func:`finecap.world.make.ensure_world`), each
+    with one logged line saying so and where; without ``make`` a missing encoder raises ``FileNotFoundError``
+    naming ``finecap retriever train``. ``retriever train`` and ``probe`` call it, other commands reach it through
+    :func:`finecap.train.prepare.prepare`. Call it on one process (the main one) before the others load the encoder.
+    """
+    out = encoder_dir(cfg)
+    if (out / "encoder.json").exists():
+        log.debug("retriever: the world encoder %s is trained: %s", out.name, out)
+        return out
+    if not make:
+        raise FileNotFoundError(
+            f"{out}: the world encoder of this configuration (world.*, retriever.*, run.seed) is not trained "
+            "(finecap trains it only for a command that trains on the world); train it with `finecap retriever "
+            "train` and the same world.* / retriever.* / run.seed settings, or set retriever.checkpoint (and "
+            "model.encoder) to a CLIP checkpoint"
+        )
+    world = ensure_world(cfg, make=True, progress=progress)
+    log.info("retriever: training the world encoder %s on the world at %s into %s", out.name, world, out)
+    return train_world_encoder(cfg, world, progress=progress)
+
+
+def train_world_encoder(cfg: Config, world: Path, progress: bool = True) -> Path:
+    """Train the world encoder of ``cfg`` on the complete world at ``world`` into :func:`encoder_dir` (module
+    docstring); returns the folder."""
+    out = encoder_dir(cfg)
+    check_swap(out, ENCODER_KIND)  # before the work: a folder finecap did not make there (or at .old) stops it
+    rc = cfg.retriever
+    t0 = time.perf_counter()
+    train = load_split(world, "train", progress=progress)
+    val = load_split(world, "val", progress=progress)
+    if len(train.ids) < 2:
+        raise ValueError(f"world.n_train={len(train.ids)}: the world encoder needs at least 2 training images")
+    load_s = time.perf_counter() - t0
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(min(2, threads))  # the demo machine has 2 cores; more threads only add contention
+    try:
+        torch.manual_seed(cfg.run.seed)
+        tokenizer = world_tokenizer()
+        image_size = int(train.images.shape[-1])
+        model = build_world_model(tokenizer, image_size, rc.preset)
+        pixels = train.images[: min(len(train.ids), 2000)].float().div(255)  # (n, 3, H, W)
+        mean, std = pixels.mean(dim=(0, 2, 3)), pixels.std(dim=(0, 2, 3)).clamp_min(1e-3)
+        processor = world_image_processor(image_size, mean.tolist(), std.tolist())
+        t1 = time.perf_counter()
+        stats = train_dual_encoder(model, tokenizer, train, mean, std, cfg, progress=progress)
+        train_s = time.perf_counter() - t1
+        model.eval()
+        accuracy = in_batch_accuracy(model, tokenizer, val, mean, std, rc.batch_size) if val.ids else {}
+    finally:
+        torch.set_num_threads(threads)
+
+    tmp = make_temporary_dir(out)  # unique: concurrent trainers never share it, and no planted link is followed
+    Retriever(model, tokenizer, processor, name="world-encoder").save(tmp)
+    info = {
+        "key": encoder_key(cfg),
+        "version": ENCODER_VERSION,
+        "preset": dataclasses.asdict(preset_of(rc.preset)),
+        "world": str(world),
+        "config": {"retriever": dataclasses.asdict(rc), "seed": cfg.run.seed},
+        "n_train": len(train.ids),
+        "image_size": image_size,
+        "load_seconds": round(load_s, 1),
+        "train_seconds": round(train_s, 1),
+        "steps": stats["steps"],
+        "final_loss": stats["loss"],
+        "in_batch_accuracy": accuracy,
+    }
+    write_json(tmp / "encoder.json", info)
+    if (out / "encoder.json").exists():  # another process finished the same encoder meanwhile: keep its folder
+        shutil.rmtree(tmp)
+    else:
+        atomic_replace_dir(tmp, out, kind=ENCODER_KIND)
+    acc = ", ".join(f"{k} {v:.3f}" for k, v in accuracy.items())
+    log.info("world encoder: %d steps in %.0fs; val in-batch top-1: %s; saved %s", stats["steps"], train_s, acc, out)
+    return out
+
+
+def _normalise(images: torch.Tensor, mean: torch.Tensor, std: torch.Tensor) -> torch.Tensor:
+    return (images.float() / 255 - mean[:, None, None]) / std[:, None, None]  # (B, 3, H, W)
+
+
+def _text_emb(model: Any, tokenizer: Any, texts: list[str], device: torch.device) -> torch.Tensor:
+    enc = tokenizer(texts, padding=True, truncation=True, return_tensors="pt")
+    out = model.get_text_features(input_ids=enc["input_ids"].to(device),
+                                  attention_mask=enc["attention_mask"].to(device)).pooler_output  # fmt: skip
+    return F.normalize(out, dim=-1)  # (T, D)
+
+
+def train_dual_encoder(
+    model: Any, tokenizer: Any, data: WorldData, mean: torch.Tensor, std: torch.Tensor, cfg: Config,
+    progress: bool = True,
+) -> dict[str, float]:  # fmt: skip
+    """Contrastive (reference + dense captions) + auxiliary scene-graph training through the library's engine
+    (:func:`finecap.train.world_encoder.fit_world_encoder`; the heads are discarded afterwards)."""
+    cell_sizes = [7, 9, 3, 3]  # empty + 6 shapes, empty + 8 colours, empty + 2 sizes, none + 2 patterns
+    aux = AuxHeads(model.config.projection_dim, [LABEL_SIZES[k] for k in MAIN_LABELS], cell_sizes, 9)
+    return fit_world_encoder(model, aux, tokenizer, data, mean, std, cfg.retriever, cfg.run.seed, progress=progress)
+
+
+@torch.no_grad()
+def in_batch_accuracy(
+    model: Any, tokenizer: Any, data: WorldData, mean: torch.Tensor, std: torch.Tensor, batch_size: int
+) -> dict[str, float]:
+    """Top-1 accuracy of image->caption and caption->image retrieval within batches of ``batch_size`` images
+    (reference caption = each image's first; dense caption)."""
+    device = next(model.parameters()).device
+    hits: dict[str, list[float]] = {}
+    for start in range(0, len(data.ids), batch_size):
+        sl = slice(start, start + batch_size)
+        pixels = _normalise(data.images[sl], mean, std).to(device)
+        img = F.normalize(model.get_image_features(pixel_values=pixels).pooler_output, dim=-1)  # (B, D)
+        for kind, texts in (("ref", [r[0] for r in data.refs[sl]]), ("dense", data.dense[sl])):
+            sim = _text_emb(model, tokenizer, texts, device) @ img.T  # (B, B)
+            right = torch.arange(len(texts), device=device)
+            hits.setdefault(f"{kind}/text_to_image", []).extend((sim.argmax(1) == right).float().tolist())
+            hits.setdefault(f"{kind}/image_to_text", []).extend((sim.argmax(0) == right).float().tolist())
+    return {k: float(np.mean(v)) for k, v in hits.items()}

@@ -27,13 +27,14 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import logging
 import random
 from pathlib import Path
 from typing import Any
 
 from tqdm import tqdm
 
-from finecap.config import WorldConfig
+from finecap.config import Config, WorldConfig
 from finecap.home import world_path
 from finecap.utils import (
     atomic_write_bytes,
@@ -51,6 +52,8 @@ from finecap.world.key import content_config as _content_config
 from finecap.world.render import render
 from finecap.world.scene import Scene, sample_family, sample_scene
 from finecap.world.shift import scene_settings
+
+log = logging.getLogger(__name__)
 
 SPLITS = ("train", "val", "test")
 MARKER = ".finecap-world"
@@ -317,3 +320,27 @@ def load_scene_records(out: Path | str) -> list[dict[str, Any]]:
 def load_scenes(out: Path | str) -> dict[int, Scene]:
     """``{imgid: Scene}`` of the world at ``out``."""
     return {r["imgid"]: r["scene"] for r in load_scene_records(out)}
+
+
+def ensure_world(cfg: Config, make: bool, progress: bool = True) -> Path:
+    """The folder of the complete world of ``cfg.world`` (:func:`finecap.home.world_path`), made first when it is
+    missing and ``make``, with one logged line saying so and where; otherwise a missing world raises
+    ``FileNotFoundError`` naming ``finecap world make``. A folder finecap may not write raises
+    :class:`~finecap.world.make.WorldFolderError` (before anything is written)."""
+    w = cfg.world
+    path = world_path(w)
+    if check_world_folder(w, path):
+        log.debug("world: the world %s is complete: %s", world_key(w), path)
+        return path
+    if not make:
+        raise FileNotFoundError(
+            f"{path}: no complete world of world.* here (finecap makes it only for a command that trains on the "
+            "world); make it with `finecap world make` and the same world.* settings"
+        )
+    record = world_record(path) if path.is_dir() else None
+    replacing = ""
+    if record is not None and record["key"] != world_key(w):
+        replacing = f", replacing the finecap world {record['key']} there (world.overwrite)"
+    log.info("world: making the world %s (%d train / %d val / %d test images, %d px) in %s%s", world_key(w),
+             w.n_train, w.n_val, w.n_test, w.image_size, path, replacing)  # fmt: skip
+    return make_world(w, path, progress=progress)

@@ -1,14 +1,15 @@
-"""Explicit, visible preparation of what a command needs: the world and the world encoder.
+"""Explicit, visible preparation of what a run, a command or a served reward needs: the world and the world encoder.
 
-:func:`prepare` is where ``finecap train``, the demo's stages, ``boost`` and ``bags build`` get them (``retriever
+:func:`prepare` is where training (:func:`prepare_needs`), the reward server, the demo's stages, ``boost`` and
+``bags build`` get them (``retriever
 train`` / ``probe``, whose data always is the world, call the two functions it calls directly). Both are content-keyed
 artefacts (by default in the finecap home, :mod:`finecap.home`), so
 a complete world or a trained encoder is found again by a second demo, another run directory or ``finecap train`` on
 the same world, and used silently. What is missing:
 
-- is made (the world, :func:`finecap.app.world.ensure_world`) or trained (the world encoder,
-  :func:`finecap.app.retriever.ensure_world_encoder`) only by a command that trains on the world: ``train`` when its
-  data is the world (:func:`world_is_data`: ``data.format=world`` with no ``data.path``), the demo and the
+- is made (the world, :func:`finecap.world.make.ensure_world`) or trained (the world encoder,
+  :func:`finecap.train.world_encoder.ensure_world_encoder`) only by a command that trains on the world: ``train`` when
+  its data is the world (:func:`world_is_data`: ``data.format=world`` with no ``data.path``), the demo and the
   ``retriever`` commands (whose data always is the world); one logged line (INFO) says what and where;
 - stops every other command (a user's data set; ``boost`` and ``bags build``, which only read), with an error naming
   the command or setting that provides it: finecap never prepares anything behind a user's data set.
@@ -23,8 +24,12 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from finecap.app.world import ensure_world
+from accelerate import PartialState
+from accelerate.utils import broadcast_object_list
+
 from finecap.config import Config
+from finecap.errors import AnotherProcessFailed, explain
+from finecap.world.make import ensure_world
 
 NEEDS = {
     "data": "the command's data set: the world when it is the data (world_is_data), else nothing to prepare",
@@ -74,7 +79,27 @@ def prepare(cfg: Config, needs: Iterable[str], *, make: bool | None = None, prog
         world = ensure_world(cfg, make, progress=progress)
     encoder = None
     if "world_encoder" in needs or ("retriever" in needs and not cfg.retriever.checkpoint):
-        from finecap.app.retriever import ensure_world_encoder  # imports torch: only when an encoder is needed
+        from finecap.train.world_encoder import ensure_world_encoder  # trains with torch: only when needed
 
         encoder = ensure_world_encoder(cfg, progress=progress, make=make)
     return Prepared(world=world, world_encoder=encoder)
+
+
+def prepare_needs(cfg: Config, needs: frozenset[str], accelerator: PartialState) -> None:
+    """Prepare the run's data and what ``needs`` names, once, on the main process, before any process builds a
+    component on it (:func:`prepare`: the world and the world encoder are made or trained, with a
+    printed line, only when the run's data is the world; otherwise what is missing stops the run). What stops the main
+    process stops the others too, relayed (:class:`finecap.errors.AnotherProcessFailed`): one line for the
+    command, not a line and a traceback per process."""
+    failed: BaseException | None = None
+    if accelerator.is_main_process:
+        try:
+            prepare(cfg, {"data", *needs}, progress=True)
+        except Exception as e:  # relayed below: the other processes would otherwise crash at the barrier
+            failed = e
+    if accelerator.num_processes > 1:  # the others wait here for the main process's outcome (a barrier)
+        outcome = broadcast_object_list([None if failed is None else (explain(failed) or repr(failed))])[0]
+        if failed is None and outcome is not None:
+            raise AnotherProcessFailed(outcome)
+    if failed is not None:
+        raise failed

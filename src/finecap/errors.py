@@ -170,7 +170,7 @@ def worker_message(exc: BaseException) -> str | None:
 
 class AnotherProcessFailed(Exception):
     """A process of an ``accelerate launch``-ed command stops because the main process met an error it relayed
-    (``finecap.app.train.prepare_needs``): the main process prints the one line, the others exit 2 silently, so the
+    (``finecap.train.prepare.prepare_needs``): the main process prints the one line, the others exit 2 silently, so the
     command says it once, not once per process plus each process's traceback."""
 
 

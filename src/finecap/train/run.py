@@ -1,4 +1,5 @@
-"""``finecap train``: the captioner recipe around the library's training engine (:mod:`finecap.train.engine`).
+"""Training a captioner: the recipe around the library's training engine (:mod:`finecap.train.engine`), which the
+``finecap train`` command, the Python API (:func:`finecap.api.train`) and the stage runners call.
 
 ``train(cfg)`` builds the captioner (``train.init_from`` or a fresh ``model.kind``: :mod:`finecap.models.backbones`),
 the objective named by ``train.objective``, the training data (one example per reference caption, or per image for
@@ -15,7 +16,7 @@ evaluation (:mod:`finecap.train.validators`). They come from ``train.validators`
 
 What the run needs prepared (the world encoder as the captioner's encoder, or as the retriever of a self-retrieval
 reward, validator or BagCurri's bags) is what its components declare (``needs``); this recipe prepares it before
-building them (:func:`prepare_needs`), on the main process first.
+building them (:func:`finecap.train.prepare.prepare_needs`), on the main process first.
 """
 
 from __future__ import annotations
@@ -32,7 +33,6 @@ import torch
 from accelerate import Accelerator, PartialState
 from accelerate.utils import broadcast_object_list
 
-from finecap.app.errors import AnotherProcessFailed, explain
 from finecap.config import Config
 from finecap.contract import TrainContext
 from finecap.data.datasets import to_device
@@ -61,6 +61,7 @@ from finecap.train.engine import (
 from finecap.train.fingerprint import check_run_dir as check_fingerprints_of_run
 from finecap.train.fingerprint import write_fingerprints
 from finecap.train.logging import tracker_config
+from finecap.train.prepare import prepare_needs
 from finecap.train.schedule import build_scheduler
 from finecap.train.setup import CaptionData, build_data, build_model, resolve_start, train_unit
 from finecap.train.state import (
@@ -106,28 +107,6 @@ def run_needs(cfg: Config, objective: ObjectiveBase, factories: Sequence[Any], *
     if fresh and reads_world_encoder(cfg):
         needs.add("world_encoder")
     return frozenset(needs)
-
-
-def prepare_needs(cfg: Config, needs: frozenset[str], accelerator: PartialState) -> None:
-    """Prepare the run's data and what ``needs`` names, once, on the main process, before any process builds a
-    component on it (:func:`finecap.app.prepare.prepare`: the world and the world encoder are made or trained, with a
-    printed line, only when the run's data is the world; otherwise what is missing stops the run). What stops the main
-    process stops the others too, relayed (:class:`finecap.app.errors.AnotherProcessFailed`): one line for the
-    command, not a line and a traceback per process."""
-    from finecap.app.prepare import prepare
-
-    failed: BaseException | None = None
-    if accelerator.is_main_process:
-        try:
-            prepare(cfg, {"data", *needs}, progress=True)
-        except Exception as e:  # relayed below: the other processes would otherwise crash at the barrier
-            failed = e
-    if accelerator.num_processes > 1:  # the others wait here for the main process's outcome (a barrier)
-        outcome = broadcast_object_list([None if failed is None else (explain(failed) or repr(failed))])[0]
-        if failed is None and outcome is not None:
-            raise AnotherProcessFailed(outcome)
-    if failed is not None:
-        raise failed
 
 
 def make_evaluate(cfg: Config, data: CaptionData, validators: list[Validator], accelerator: Accelerator):
