@@ -249,7 +249,7 @@ def test_import_finecap_and_evaluate_import_no_torch():
 # finecap.train
 # --------------------------------------------------------------------------------------------------------------------
 
-DOCS = Path(__file__).resolve().parents[1] / "docs"
+DOCS = Path(__file__).resolve().parents[2] / "docs"
 
 
 def docs_train_example() -> str:

@@ -18,6 +18,7 @@ from finecap.config import load
 from finecap.models import world_encoder as we
 from finecap.models.retriever import Retriever
 from finecap.models.tokenizer import world_tokenizer
+from finecap.train import world_encoder as tw  # training the world encoder is the library's (finecap train, serve)
 from finecap.world.make import make_world
 from finecap.world.scene import Obj, Scene
 
@@ -111,7 +112,7 @@ def test_training_reduces_loss_and_changes_weights(tiny):
     model = we.build_world_model(world_tokenizer(), 32)
     before = {k: v.clone() for k, v in model.state_dict().items()}
     mean, std = torch.full((3,), 0.5), torch.full((3,), 0.25)
-    stats = ar.train_dual_encoder(model, world_tokenizer(), data, mean, std, c, progress=False)
+    stats = tw.train_dual_encoder(model, world_tokenizer(), data, mean, std, c, progress=False)
     assert stats["steps"] == 25
     assert stats["loss"] < 0.5 * stats["first_loss"]
     changed = [k for k, v in model.state_dict().items() if not torch.equal(v, before[k])]
@@ -146,7 +147,7 @@ def test_world_encoder_reused_from_cache_and_keyed(tiny, monkeypatch):
     def boom(*args, **kwargs):
         raise AssertionError("retrained although cached")
 
-    monkeypatch.setattr(ar, "train_dual_encoder", boom)
+    monkeypatch.setattr(tw, "train_dual_encoder", boom)
     assert ar.ensure_world_encoder(cfg, progress=False) == path
     assert we.world_encoder_path(cfg) == path
     base = we.encoder_key(cfg)

@@ -5,7 +5,7 @@
 ``metrics.jsonl`` (report, resume), captions and results files, a checkpoint's ``config.yaml`` and boost's cache end in
 one ``finecap: error:`` line naming the file and the limit (exit 2), never a ``MemoryError``; the same inputs of normal
 size work; a FIFO or a growing file cannot read past a limit. The image budget (class 6):
-tests/data/test_image_budget.py.
+tests/data/test_image_size_limits.py.
 """
 
 from __future__ import annotations

@@ -171,7 +171,7 @@ def _training_argv(shapes: dict, data: Path, out: Path, *more: str) -> list:
             f"model.encoder={shapes['clip']}", "clipcap.tiny_layers=1", "clipcap.tiny_hidden=32",
             "clipcap.tiny_heads=2", "clipcap.prefix_length=2", f"run.cache_dir={out.parent / 'cache'}",
             "train.batch_size=8", "train.warmup_steps=0", "train.max_steps=1", "train.eval_samples=0",
-            "decode.max_length=4", *more, "--out", out]  # fmt: skip
+            "decode.max_length=4", *more, "--out", str(out)]  # fmt: skip
 
 
 @pytest.mark.slow
