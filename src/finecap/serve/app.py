@@ -135,14 +135,15 @@ async def read_body(request: Request, limits: Limits, timeout: float = 60.0) -> 
     return b"".join(chunks)
 
 
-def refusal_headers(status: int) -> dict[str, str] | None:
-    """The headers of a refusal: a 401 names its scheme; a 408 or 413, answered before the body was all read, closes
-    the connection (the rest of that body is never read as a next request)."""
-    if status == 401:
-        return {"WWW-Authenticate": "Bearer"}
-    if status in (408, 413):
-        return {"Connection": "close"}
-    return None
+def refusal(error: RequestError) -> Response:
+    """The answer to a refused request: its JSON error; a 401 names its scheme; a 408 or 413, answered before the body
+    was all read, closes the connection (the rest of that body is never read as a next request)."""
+    headers = None
+    if error.status == 401:
+        headers = {"WWW-Authenticate": "Bearer"}
+    elif error.status in (408, 413):
+        headers = {"Connection": "close"}
+    return _json(error.body(), error.status, headers)
 
 
 class Guard:
@@ -231,7 +232,7 @@ def create_app(service: RewardService, *, host: str = "127.0.0.1", token: str | 
                     return Response(status_code=499)  # nobody reads it: the client is gone
                 return _json(reply(parsed, scored))
             except RequestError as e:
-                return _json(e.body(), e.status, refusal_headers(e.status))
+                return refusal(e)
             except RewardFailed as e:  # the reward's fault, in finecap's own words (the detail is in the log)
                 return _json({"error": {"field": None, "message": str(e)}}, 500)
             except Exception:  # noqa: BLE001 - a bug of the server's: logged, answered without its text
@@ -244,7 +245,7 @@ def create_app(service: RewardService, *, host: str = "127.0.0.1", token: str | 
         try:
             guard.check(request)
         except RequestError as e:
-            return _json(e.body(), e.status, refusal_headers(e.status))
+            return refusal(e)
         meter = service.meter
         return _json({"status": "ok", "reward": service.name, "images": len(service.images),
                       "requests": meter.total_requests, "captions": meter.total_captions})  # fmt: skip

@@ -14,7 +14,7 @@ requests.
   called by one caller at a time, as in training). Each round takes what queued while the previous round ran
   (after waiting ``batch_wait`` seconds for more), up to ``batch_size`` captions. When every component scores each
   caption on its own (:func:`finecap.rewards.per_caption`: CIDEr-D) the round's requests are merged into one call
-  (the values are those of separate calls, tested bit for bit); otherwise each is called alone, in turn.
+  (the values are those of separate calls, tested bit for bit); otherwise a round is one request, called alone.
 - **Faults by origin.** What the client sent is checked before the reward is called (the request's fields by
   :mod:`finecap.serve.protocol`, its images by :class:`CallCheck`) and refused 4xx naming the field; whatever the
   reward raises or returns after that is the server's fault: a 500 with a generic message (:class:`RewardFailed`;
@@ -236,10 +236,8 @@ class RewardService:
                     captions = [c for j in jobs for c in j.captions]
                     out = self.reward(captions, call_batch([i for j in jobs for i in j.image_ids]))
                     return split_output(check_finite(out, self.name), [len(j.captions) for j in jobs])
-                except Exception:  # noqa: BLE001 - retried one by one below, where the culprit fails alone
-                    pass
-                except BaseException:  # noqa: BLE001 - SystemExit & co.: the one-by-one call below records it
-                    pass
+                except BaseException:  # noqa: BLE001 - retried one by one below, where the culprit fails alone
+                    pass  # (and where a SystemExit is recorded: _one)
             return [self._one(j) for j in jobs]
 
     def _one(self, job: Job) -> Scored | Exception:
@@ -322,6 +320,21 @@ class RewardService:
                     future.set_exception(RewardFailed("internal error: the reward server is stopping"))
             self.on_fatal()
 
+    def _next_round(self) -> list[tuple[Job, asyncio.Future, float]]:
+        """The requests of the next round, taken from the queue: up to ``batch_size`` captions when the reward's calls
+        are merged, else one request (one call each, so that a request whose client leaves while an earlier one is
+        scored is never called); a request whose client already left is dropped (never scored)."""
+        round_, size = [], 0
+        while self._pending and (not round_ or (self.merges and size + len(self._pending[0][0].captions)
+                                                <= self.batch_size)):  # fmt: skip
+            item = self._pending.popleft()
+            if item[1].done():  # its client went away while it queued
+                self.meter.abandoned += 1
+                continue
+            round_.append(item)
+            size += len(item[0].captions)
+        return round_
+
     async def _serve_rounds(self) -> None:
         loop = asyncio.get_running_loop()
         while True:
@@ -331,29 +344,13 @@ class RewardService:
                 continue
             if self.batch_wait > 0 and sum(len(j.captions) for j, _, _ in self._pending) < self.batch_size:
                 await asyncio.sleep(self.batch_wait)
-            round_, size = [], 0
-            while self._pending and (not round_ or size + len(self._pending[0][0].captions) <= self.batch_size):
-                item = self._pending.popleft()
-                if item[1].done():  # its client went away while it queued: never scored
-                    self.meter.abandoned += 1
-                    continue
-                round_.append(item)
-                size += len(item[0].captions)
+            round_ = self._next_round()
             if not round_:
                 continue
             start = time.perf_counter()
-            if self.merges:  # one call for the round (or one per request when it fails)
-                results = await loop.run_in_executor(self._executor, self.score_now, [j for j, _, _ in round_])
-                settle(round_, results)
-            else:  # one call per request: a request whose client left meanwhile is skipped
-                for item in round_:
-                    if item[1].done():
-                        self.meter.abandoned += 1
-                        continue
-                    settle([item], await loop.run_in_executor(self._executor, self.score_now, [item[0]]))
-                    if self.fatal is not None:
-                        break
-            self.meter.round(len(round_), size, time.perf_counter() - start)
+            results = await loop.run_in_executor(self._executor, self.score_now, [j for j, _, _ in round_])
+            settle(round_, results)
+            self.meter.round(len(round_), sum(len(j.captions) for j, _, _ in round_), time.perf_counter() - start)
             self.meter.maybe_log(self.name)
             if self.fatal is not None:
                 return
