@@ -148,12 +148,6 @@ def _text(value: Any, field: str, limits: Limits) -> str:
     return value
 
 
-def _image_id(value: Any, field: str) -> Any:
-    if isinstance(value, bool) or not isinstance(value, str | int):
-        raise RequestError(field, f"expected an image id (a string or an integer), got {_kind(value)}")
-    return value
-
-
 def image_id_of(value: Any, field: str) -> str | int:
     """An image id as a request carries it: a string as is, an integer of any integer type (NumPy's, torch's) as a
     Python ``int``; anything else (``None``, a boolean, a float, NaN, a list) is a :class:`RequestError` naming
@@ -172,7 +166,7 @@ def image_id_of(value: Any, field: str) -> str | int:
         return int(value)
     if hasattr(value, "item") and getattr(value, "ndim", None) == 0:  # a 0-d NumPy array or tensor
         return image_id_of(value.item(), field)
-    return _image_id(value, field)
+    raise RequestError(field, f"expected an image id (a string or an integer), got {_kind(value)}")
 
 
 def _references(value: Any, field: str, n: int, limits: Limits) -> list[list[str]]:
