@@ -31,8 +31,10 @@ import torch
 from PIL import Image
 
 from finecap.config import DecodeConfig
+from finecap.models.base import module_path
 from finecap.models.vlm import FAMILIES, Vlm
 from finecap.objectives.mle import mle_loss
+from helpers.adapters import adapted
 from helpers.vlm import batch_of
 from helpers.vlm_families import family_id, tiny_family
 
@@ -196,8 +198,6 @@ def levers_model(family: str, checkpointing: bool) -> Vlm:
 def loss_and_grads(model: Vlm, batch: dict) -> tuple[float, dict[str, torch.Tensor], tuple[int, int]]:
     """The MLE loss under bf16 autocast, the adapters' gradients, and how often a linear layer of the first
     language-model layer ran in the forward pass and in the backward pass (where checkpointing runs it again)."""
-    from finecap.models.base import module_path
-
     layer = next(m for n, m in module_path(model.model, model.family.language_model).named_modules()
                  if n.endswith("layers.0"))  # fmt: skip
     linear = next(m for m in layer.modules() if isinstance(m, torch.nn.Linear))
@@ -250,26 +250,6 @@ def test_default_lora_targets_resolve_in_both_parts_and_leave_the_projector_out(
         assert not [n for n in got if n.startswith(projector) or "lm_head" in n], part
 
 
-def adapted(model: Vlm) -> Vlm:
-    """LoRA on both parts with B drawn at random (the adapters change the captions) and the projector moved (it
-    trains fully: peft's ``modules_to_save``)."""
-    from finecap.models import lora
-    from finecap.models.base import module_path
-    from finecap.models.captioner import PARTS
-
-    torch.manual_seed(0)
-    for part in PARTS:
-        lora.apply_lora(model, part, lora.LoraSpec(rank=4, alpha=8.0))
-    g = torch.Generator().manual_seed(1)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if "lora_B" in name:
-                p.copy_(torch.randn(p.shape, generator=g) * 0.5)
-        for p in module_path(model.model, model.family.projector).parameters():
-            p.add_(torch.randn(p.shape, generator=g) * 0.5)
-    return model.eval()
-
-
 def test_adapters_on_the_original_base_and_the_merged_export_caption_like_the_run(tiny, tmp_path):
     """From a saved folder of the family: finecap's greedy captions with LoRA on both parts equal ``generate``'s of
     (1) peft's whole-model adapter (``adapter/``) on the *original* base loaded by ``AutoModelForImageTextToText``, and
@@ -285,7 +265,8 @@ def test_adapters_on_the_original_base_and_the_merged_export_caption_like_the_ru
     if family == "mistral3" and not is_torchvision_available():
         pytest.skip("PixtralProcessor loads from a folder only with torchvision (built here through a stand-in)")
     folder = save_family(tmp_path / "base", family)
-    model = adapted(Vlm.from_pretrained(folder))
+    model = Vlm.from_pretrained(folder)
+    model = adapted(model, module_path(model.model, model.family.projector))
     enc = processor_batch(model, pictures(3, seed=1))
     start, greedy = enc["input_ids"].shape[1], dict(max_new_tokens=6, do_sample=False)
     got = model.generate(ours(enc), DecodeConfig(strategy="greedy", max_length=6))

@@ -17,10 +17,10 @@ from finecap.config import DecodeConfig
 from finecap.models import lora
 from finecap.models.base import module_path
 from finecap.models.blip import Blip
-from finecap.models.captioner import PARTS
 from finecap.models.export import export_merged
 from finecap.models.presets import VLM_FAMILIES, save_tiny_blip, save_tiny_vlm
 from finecap.models.vlm import Vlm
+from helpers.adapters import adapted
 
 GREEDY = DecodeConfig(strategy="greedy", max_length=8)
 
@@ -37,22 +37,6 @@ def dirs(tmp_path_factory):
 def images(n: int, size: int = 16) -> list[Image.Image]:
     g = torch.Generator().manual_seed(0)
     return [Image.fromarray((torch.rand(size, size, 3, generator=g) * 255).byte().numpy()) for _ in range(n)]
-
-
-def adapted(model, projector: torch.nn.Module | None = None):
-    """LoRA on both parts with B drawn at random (so the adapters change the captions), and the fully trained
-    projector (peft's ``modules_to_save``) moved too."""
-    torch.manual_seed(0)
-    for part in PARTS:
-        lora.apply_lora(model, part, lora.LoraSpec(rank=4, alpha=8.0))
-    g = torch.Generator().manual_seed(1)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if "lora_B" in name:
-                p.copy_(torch.randn(p.shape, generator=g) * 0.5)
-        for p in projector.parameters() if projector is not None else []:
-            p.add_(torch.randn(p.shape, generator=g) * 0.5)
-    return model.eval()
 
 
 def vlm_inputs(model: Vlm, n: int) -> dict:
