@@ -175,3 +175,17 @@ def test_a_missing_extra_is_one_line_naming_the_install(module, expected, monkey
 
     with pytest.raises(MissingExtra, match=re.escape(expected)):
         require_bitsandbytes("4bit")
+
+
+def test_bags_review_without_flask_names_the_extra(tmp_path, monkeypatch):
+    """Flask is the ``review`` extra (issue 63: a core dependency for one command): without it ``finecap bags
+    review`` is one line naming the install, exit 2, and nothing is written."""
+    from finecap.app.review import REVIEW_EXTRA
+    from helpers.cli import refused
+
+    monkeypatch.setitem(sys.modules, "flask", None)  # `import flask` -> ImportError
+    monkeypatch.delitem(sys.modules, "finecap.app.review")  # imported afresh by the command
+    bags = tmp_path / "bags.json"
+    bags.write_text("{}")
+    refused(["bags", "review", str(bags), "--images", str(tmp_path), "--port", "0"], REVIEW_EXTRA)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["bags.json"]

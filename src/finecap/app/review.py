@@ -55,9 +55,6 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 from urllib.parse import urlencode, urlsplit
 
-from flask import Flask, Response, abort, g, redirect, render_template, request, url_for
-from werkzeug.exceptions import HTTPException
-
 from finecap.config import Config, load
 from finecap.data.curation import BagCuration, CurationBusy
 from finecap.data.images import check_image_file, decode_image, encode_image
@@ -66,7 +63,16 @@ from finecap.data.references import load_references
 from finecap.report.html import TEMPLATES
 from finecap.serve.hosts import WILDCARD_HOSTS, HostPolicy, hostname
 from finecap.train.fingerprint import bags_file_data
-from finecap.utils import is_loopback
+from finecap.utils import MissingExtra, is_loopback
+
+REVIEW_EXTRA = "finecap bags review needs Flask: pip install 'finecap[review]'"
+"""The one line naming the extra when Flask is missing (this page is finecap's only user of Flask)."""
+
+try:
+    from flask import Flask, Response, abort, g, redirect, render_template, request, url_for
+    from werkzeug.exceptions import HTTPException
+except ImportError:  # pragma: no cover - the review extra is in the test extra
+    raise MissingExtra(REVIEW_EXTRA) from None
 
 log = logging.getLogger(__name__)
 
