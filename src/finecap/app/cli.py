@@ -193,7 +193,7 @@ def cmd_eval(args: argparse.Namespace) -> None:
     from finecap.app.eval import main
 
     main(
-        _config(args),
+        _config(args, _flags(args, {"judge": "judge.name"})),
         predictions=args.predictions,
         references=args.references,
         images=args.images,
@@ -444,6 +444,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--metrics", default=None, help="comma-separated metric names (default: eval.metrics, or what the "
                    "references allow: caption metrics always, image metrics when the images resolve, see "
                    "docs/evaluation.md)")  # fmt: skip
+    p.add_argument("--judge", default=None, metavar="NAME", help="judge of the qa, claims and clair metrics (world, "
+                   "openai or pkg.module:factory; default: judge.name), docs/methods/judges.md")  # fmt: skip
     p.add_argument("--split", default=None, help="restrict references to this split")
     p.add_argument("--out", default=None, help="also write {metric: value} to this JSON file")
     p.add_argument("--format", choices=("table", "json", "coco"), default="table", help="stdout: Markdown table, "
