@@ -5,8 +5,8 @@ parsed facts and the evidence the scene graph, so precision and recall are the f
 
 ``reward`` = F1 (``score="f1"``, the default), or ``precision`` / ``recall``; parts ``precision``, ``recall``,
 ``f1`` and ``judge_failed`` (1 when a judge call for the caption failed: the caption is marked failed,
-:mod:`finecap.rewards.judged`). To pay the two parts each normalised on its own (BalCapRL, GDPO-style), weight
-``claims`` twice in ``rl.rewards`` through two scores, or use GDPO's per-reward normalisation.
+:mod:`finecap.rewards.judged`). To pay the two parts each normalised on its own (BalCapRL, GDPO-style), sum two of
+these rewards, ``score="precision"`` and ``score="recall"``, under GDPO's per-reward normalisation.
 
 Example::
 
