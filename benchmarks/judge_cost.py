@@ -91,7 +91,8 @@ def main() -> None:
         claims = ClaimsReward(judge, references=refs)
         measure("claims: one step", lambda: claims(captions, batch))
     print(f"{args.images} images x {args.samples} captions = {len(captions)} captions; {questions} questions "
-          f"({questions / args.images:.2f} per image), {args.shuffles} shuffles; concurrency {args.concurrency}")  # fmt: skip
+          f"({questions / args.images:.2f} per image), {args.shuffles} shuffles; "
+          f"concurrency {args.concurrency}")  # fmt: skip
     print("| what | calls | prompt words | seconds |\n| --- | ---: | ---: | ---: |")
     for name, calls, words, seconds in rows:
         print(f"| {name} | {calls:,} | {words:,} | {seconds:.2f} |")
