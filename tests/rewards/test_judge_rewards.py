@@ -130,3 +130,36 @@ def test_the_rewards_refuse_to_build_without_their_data():
     assert isinstance(QAUtilityReward(WorldJudge(), questions=QUESTIONS)(["a"], {"image_ids": [0]}), RewardOutput)
     with pytest.raises(ValueError, match="image 5 has no questions"):
         QAUtilityReward(WorldJudge(), questions=QUESTIONS)(["a"], {"image_ids": [5]})
+
+
+def test_the_trl_adapter_pays_what_the_reward_pays_in_process():
+    from finecap.integrations.trl import reward_function
+
+    for name, options in (("qa_utility", {"questions": QUESTIONS}), ("claims", {"scenes": SCENES})):
+        fn = reward_function(name, **options)
+        ids = BATCH["image_index"].tolist()
+        in_process = get_reward(name, None, **options)(CAPTIONS, call_batch(ids))
+        assert fn(prompts=["p"] * 6, completions=CAPTIONS, image_id=ids) == in_process.total.tolist()
+
+
+def test_served_as_serve_reward_sets_it_up_the_values_are_the_in_process_ones(tmp_path):
+    """``finecap serve-reward``'s set-up (the training loop's: the run's judge, the world's scenes) pays what the
+    rewards built in process on the same scenes pay."""
+    from finecap.app.serve_reward import load_reward
+    from finecap.config import load
+    from finecap.world.make import load_scenes
+    from helpers.tiny_world import make_tiny_world, world_items
+
+    world = make_tiny_world(tmp_path / "world")
+    cfg = load(None, [*world_items(world), "rl.rewards={qa_utility: 1.0, claims: 0.5}", "judge.noise=0.2"])
+    served, records = load_reward(cfg)
+    ids = [r.image_id for r in records[:4] for _ in range(2)]
+    captions = [c for r in records[:4] for c in (r.captions[0], "a red circle on grass")]
+    out = served(captions, call_batch(ids))
+    scenes = load_scenes(world)
+    judge = WorldJudge(noise=0.2)
+    qa = get_reward("qa_utility", None, judge=judge, scenes=scenes)(captions, call_batch(ids))
+    claims = get_reward("claims", None, judge=judge, scenes=scenes)(captions, call_batch(ids))
+    assert out.parts["qa_utility"].tolist() == qa.total.tolist()
+    assert out.parts["claims"].tolist() == claims.total.tolist()
+    assert out.total.tolist() == pytest.approx((qa.total + 0.5 * claims.total).tolist())
