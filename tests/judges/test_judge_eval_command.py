@@ -13,7 +13,7 @@ from finecap.config import WorldConfig, load
 from finecap.data.references import load_references
 from finecap.data.results import write_results
 from finecap.judges.qa import drop_blind, qa_scores
-from finecap.judges.questions import scene_questions
+from finecap.judges.questions import read_questions, scene_questions
 from finecap.judges.world import WorldJudge
 from finecap.world.make import make_world
 
@@ -58,3 +58,22 @@ def test_a_judge_that_does_not_exist_is_named(world, tmp_path, capsys):
     code = cli(["eval", "--predictions", str(tmp_path / "r.json"), "--references", str(world), "--metrics",
                 "claims", "--judge", "nope"])  # fmt: skip
     assert code == 2 and "judge.name: unknown judge 'nope'" in capsys.readouterr().err
+
+
+def test_questions_make_writes_a_worlds_questions_that_the_qa_metric_reads(world, tmp_path, capsys):
+    out = tmp_path / "questions.jsonl"
+    assert cli(["questions", "make", "--data", str(world), "--split", "test", "--out", str(out)]) == 0
+    refs = load_references(load(), world, split="test")
+    questions = read_questions(out)
+    assert set(questions) == {r.image_id for r in refs.records}
+    assert questions == {i: scene_questions(i, refs.scenes[i]) for i in questions}  # the world judge drops none
+    assert "0 of" in capsys.readouterr().err
+    assert cli(["questions", "make", "--data", str(world), "--out", str(out)]) == 2  # exists: --force to replace
+    predictions = {r.image_id: r.captions[0] for r in refs.records}
+    write_results(tmp_path / "r.json", predictions)
+    args = ["eval", "--predictions", str(tmp_path / "r.json"), "--references", str(world), "--metrics", "qa",
+            "--format", "json"]  # fmt: skip
+    assert cli([*args, f"judge.questions={out}"]) == 0
+    from_file = json.loads(capsys.readouterr().out)
+    assert cli(args) == 0
+    assert from_file == json.loads(capsys.readouterr().out)  # the file holds what the scenes give

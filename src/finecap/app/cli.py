@@ -217,6 +217,13 @@ def cmd_bags_build(args: argparse.Namespace) -> None:
          recipe=_recipe_file(args))  # fmt: skip
 
 
+def cmd_questions_make(args: argparse.Namespace) -> None:
+    from finecap.app.questions import main
+
+    main(_config(args, _flags(args, {"judge": "judge.name"})), out=args.out, data=args.data, split=args.split,
+         force=args.force, recipe=_recipe_file(args))  # fmt: skip
+
+
 def cmd_bags_review(args: argparse.Namespace) -> None:
     from finecap.app.review import main
 
@@ -452,6 +459,14 @@ def build_parser() -> argparse.ArgumentParser:
                    "JSON, or JSON with pycocoevalcap's names (Bleu_4, CIDEr, ...)")  # fmt: skip
     p.add_argument("--per-image", default=None, metavar="FILE", help="also write per-image scores (like "
                    "COCOEvalCap.imgToEval) to this JSON file")  # fmt: skip
+    p.add_argument("--force", action="store_true", help=FORCE_FILE_HELP)
+
+    questions = _group(sub, "questions", "multiple-choice questions for the qa_utility reward and the qa metric")
+    p = _add(questions, "make", cmd_questions_make, "Write a world's questions, less those a blind judge answers.")
+    p.add_argument("--out", required=True, help="questions file to write (JSON Lines; judge.questions reads it)")
+    p.add_argument("--data", default=None, help="world folder (default: the configured world)")
+    p.add_argument("--split", default="train", help="split whose images get questions (default: train)")
+    p.add_argument("--judge", default=None, metavar="NAME", help="judge of the blind filter (default: judge.name)")
     p.add_argument("--force", action="store_true", help=FORCE_FILE_HELP)
 
     bags = _group(sub, "bags", "TrueMatch-style bags")
