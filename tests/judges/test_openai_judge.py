@@ -181,3 +181,48 @@ def test_built_from_the_judge_section_and_used_by_the_qa_reward(tmp_path, monkey
         get_judge("openai", load(None, ["judge.model=m"]))
     with pytest.raises(ValueError, match="judge.urls"):
         load(None, ["judge.urls=[ftp://x]"])
+
+
+def test_a_server_failing_a_third_of_its_calls_fails_those_captions_only():
+    """Every third distinct prompt gets HTTP 500 (no retry left): its caption is marked failed, no other's value
+    changes (the same captions against a server that never fails)."""
+    seen: dict[str, int] = {}
+
+    def third_fails(payload, n):
+        key = user_text(payload)
+        index = seen.setdefault(key, len(seen))
+        return (500, {"error": "overloaded"}) if index % 3 == 2 else reads_the_caption(payload, n)
+
+    captions = [f"a {c} circle" for c in ("red", "blue", "green", "red", "pink", "blue")]
+    batch = {"image_ids": [0], "image_index": [0] * 6}
+    with ChatServer(third_fails) as flaky, ChatServer(reads_the_caption) as good:
+        out = QAUtilityReward(judge_of(flaky, retries=0), questions={0: [Q]}, shuffles=1)(captions, batch)
+        clean = QAUtilityReward(judge_of(good, retries=0), questions={0: [Q]}, shuffles=1)(captions, batch)
+    failed = out.parts["judge_failed"].bool()
+    assert 0 < int(failed.sum()) < 6
+    assert out.total[~failed].tolist() == clean.total[~failed].tolist()
+    assert out.total[failed].tolist() == [0.0] * int(failed.sum())
+    if hasattr(out, "failed"):
+        assert out.failed.tolist() == failed.tolist()
+
+
+def _write_answers(path, start):
+    cache = AnswerCache(path)
+    for i in range(start, start + 200):
+        cache.put(f"k{i % 300}", {"v": i % 300})
+    cache.close()
+
+
+def test_the_cache_is_safe_for_two_processes(tmp_path):
+    import multiprocessing
+
+    path = tmp_path / "answers.sqlite"
+    context = multiprocessing.get_context("fork")
+    workers = [context.Process(target=_write_answers, args=(path, start)) for start in (0, 100)]
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join(60)
+    assert [w.exitcode for w in workers] == [0, 0]
+    cache = AnswerCache(path)
+    assert len(cache) == 300 and all(cache.get(f"k{i}") == {"v": i} for i in range(300))
