@@ -3,6 +3,8 @@ noise, its claims and support against the scene, and the questions made from a s
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from finecap.boost.world_facts import render_facts
@@ -121,3 +123,39 @@ def test_questions_file_round_trip_and_errors(tmp_path):
     path.write_text("not json\n")
     with pytest.raises(ValueError, match=r"questions.jsonl:1: not JSON"):
         read_questions(path)
+
+
+def test_caprls_layout_with_the_options_in_the_question_text(tmp_path):
+    path = tmp_path / "caprl.jsonl"
+    question = "What colour is the circle?\n   - A) red\n   - B) blue\n   - C) Can not answer based on the caption"
+    path.write_text(json.dumps({"image_id": 3, "questions": [{"question": question, "answer": "B"}]}) + "\n")
+    (q,) = read_questions(path)[3]
+    assert (q.text, q.options, q.answer) == ("What colour is the circle?", ("red", "blue"), "blue")
+
+
+class AlwaysRed(WorldJudge):
+    """A judge of one's own: the world judge, but every question is answered "red" when that is an option."""
+
+    name = "always_red"
+
+    def answer(self, asks):
+        return ["red" if "red" in a.options else CANNOT_ANSWER for a in asks]
+
+
+def always_red(cfg, **options):
+    return AlwaysRed()
+
+
+def not_a_judge(cfg, **options):
+    return object()
+
+
+def test_a_judge_of_ones_own_by_dotted_path():
+    from finecap.config import load
+
+    judge = get_judge(f"{__name__}:always_red", load(None, [f"judge.name={__name__}:always_red"]))
+    assert judge.name == "always_red" and judge.answer([ask("a blue circle")]) == ["red"]
+    with pytest.raises(ValueError, match="not a finecap.judges.base.Judge"):
+        get_judge(f"{__name__}:not_a_judge", None)
+    with pytest.raises(ValueError, match="judge.name: unknown judge 'nope'; valid names: openai, world"):
+        get_judge("nope", None)

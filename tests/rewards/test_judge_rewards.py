@@ -163,3 +163,24 @@ def test_served_as_serve_reward_sets_it_up_the_values_are_the_in_process_ones(tm
     assert out.parts["qa_utility"].tolist() == qa.total.tolist()
     assert out.parts["claims"].tolist() == claims.total.tolist()
     assert out.total.tolist() == pytest.approx((qa.total + 0.5 * claims.total).tolist())
+
+
+def test_judged_output_sets_failed_where_the_output_has_the_field(monkeypatch):
+    import dataclasses as dc
+
+    from finecap.rewards import judged
+
+    total, failed = torch.tensor([0.5, 0.0]), torch.tensor([False, True])
+    plain = judged.judged_output(total, {"x": total}, failed)
+    assert plain.total is total
+    if "failed" not in {f.name for f in dc.fields(RewardOutput)}:  # before the contract has it: the part carries it
+
+        @dc.dataclass
+        class WithFailed:
+            total: torch.Tensor
+            parts: dict = dc.field(default_factory=dict)
+            failed: torch.Tensor | None = None
+
+        monkeypatch.setattr(judged, "RewardOutput", WithFailed)
+    out = judged.judged_output(total, {"x": total}, failed)
+    assert out.failed.tolist() == [False, True]

@@ -12,12 +12,15 @@ A questions file (:func:`read_questions`, :func:`write_questions`) is JSON Lines
                                    "answer": "red"}]}
 
 ``answer`` is the right option's text or its letter (``"A"`` = the first option); ``id`` and ``fact`` are optional.
+Without ``options`` the question text may carry them as CapRL's QA data does, one a line after the question
+(``"What colour is the circle?\\n   - A) red\\n   - B) blue"``, :func:`split_embedded`).
 """
 
 from __future__ import annotations
 
 import json
 import random
+import re
 from collections.abc import Hashable, Mapping, Sequence
 from pathlib import Path
 
@@ -71,7 +74,27 @@ def letter(i: int) -> str:
     return chr(ord("A") + i)
 
 
+_EMBEDDED = re.compile(r"^\s*-?\s*([A-I])\)\s*(.+?)\s*$")
+
+
+def split_embedded(text: str) -> tuple[str, list[str]]:
+    """CapRL's question text with its options on the following lines (``"   - A) red"``) -> the question and the
+    options, its "Can not answer" option left out (finecap adds its own).
+
+    Example::
+
+        >>> split_embedded("Colour?\\n  - A) red\\n  - B) blue\\n  - C) Can not answer based on the caption")
+        ('Colour?', ['red', 'blue'])
+    """
+    lines = text.splitlines()
+    options = [m.group(2) for line in lines[1:] if (m := _EMBEDDED.match(line))]
+    return lines[0].strip(), [o for o in options if not o.lower().startswith("can not answer")]
+
+
 def _question(raw: object, image_id: Hashable, n: int, where: str) -> Question:
+    if isinstance(raw, dict) and isinstance(raw.get("question"), str) and "options" not in raw:
+        text, embedded = split_embedded(raw["question"])
+        raw = {**raw, "question": text, "options": embedded}
     if not (isinstance(raw, dict) and isinstance(raw.get("question"), str) and isinstance(raw.get("options"), list)):
         raise ValueError(f"{where}: question {n} of image {image_id!r} needs 'question' (text) and 'options' (a list)")
     options = tuple(str(o) for o in raw["options"])
