@@ -29,9 +29,19 @@ REWARDS: dict[str, str] = {
     "retrieval": "finecap.rewards.retrieval:build",
     "listener": "finecap.rewards.listener:build",
     "chair": "finecap.rewards.chair:build",
+    "qa_utility": "finecap.rewards.qa_utility:build",
+    "claims": "finecap.rewards.claims:build",
+    "length": "finecap.rewards.length:build",
 }
 """``rl.rewards`` names -> factories ``factory(cfg, **options) -> reward``, for the training loop and every adapter
 (:mod:`finecap.rewards`)."""
+
+JUDGES: dict[str, str] = {
+    "world": "finecap.judges.world:build",
+    "openai": "finecap.judges.openai:build",
+}
+"""``judge.name`` names -> factories ``factory(cfg, **options) -> Judge`` (:mod:`finecap.judges`): the judge the
+judge-backed rewards and metrics ask."""
 
 SAMPLERS: dict[str, str] = {
     "random": "finecap.data.samplers:random_sampler",
@@ -101,6 +111,9 @@ METRIC_GROUPS: dict[str, str] = {
     "perplexity": "finecap.metrics.groups:PERPLEXITY",
     "listener": "finecap.metrics.groups:LISTENER",
     "hallucination": "finecap.metrics.groups:HALLUCINATION",
+    "qa": "finecap.metrics.judged:QA",
+    "claims": "finecap.metrics.judged:CLAIMS",
+    "clair": "finecap.metrics.judged:CLAIR",
 }
 """``eval.metrics`` / ``finecap eval --metrics`` names -> :class:`~finecap.metrics.group.MetricGroup` records (their
 computation, inputs and columns with each one's direction: :mod:`finecap.metrics.groups`)."""

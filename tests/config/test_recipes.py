@@ -53,8 +53,8 @@ def promised(name: str) -> dict:
     kind = "blip" if "blip" in words else "vlm" if "vlm" in words else "clipcap"
     if "smile" in words:
         return {"objective": SmileObjective, "kind": kind}
-    if "grpo" in words:  # the GRPO family (issue 50): SR + lambda CIDEr-D, or CIDEr-D alone
-        reward = {"retrieval": 1.0} if "sr" in words else {"cider": 1.0}
+    if "grpo" in words:  # the GRPO family (issue 50): SR + lambda CIDEr-D, CIDEr-D alone, or CapRL's QA utility
+        reward = {"retrieval": 1.0} if "sr" in words else {"qa_utility": 1.0} if "qa" in words else {"cider": 1.0}
         return {"objective": PolicyOptimization, "reward": reward, "kind": kind}
     if "sle" in words:
         return {"objective": SequenceLevelExploration, "reward": {"cider": 1.0}, "kind": kind}

@@ -49,7 +49,8 @@ def test_names_options_and_columns_are_checked():
     with pytest.raises(TypeError, match=r"reward_function\('cider'\):.*unexpected keyword argument 'refs'"):
         reward_function("cider", refs=REFS)
     fn = reward_function("cider", references=REFS)
-    assert fn.__name__ == "cider" and set(REWARDS) == {"cider", "retrieval", "listener", "chair"}
+    names = {"cider", "retrieval", "listener", "chair", "qa_utility", "claims", "length"}
+    assert fn.__name__ == "cider" and set(REWARDS) == names
     with pytest.raises(KeyError, match="no 'image_id' column among the data set's columns \\['imgid'\\]"):
         fn(prompts=["p"], completions=["a red circle"], imgid=[1], trainer_state=None)
     other = reward_function("cider", references=REFS, image_id_column="imgid")

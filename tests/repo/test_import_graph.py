@@ -39,6 +39,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("decode", ("finecap.decode",)),  # the captioners' Stepper contract and the decoding loops over it
     ("models", ("finecap.models",)),
     ("engines", ("finecap.engines",)),  # generation engines serving a captioner (vLLM), which rollouts will use
+    ("judges", ("finecap.judges",)),  # what judge-backed rewards and metrics ask (the world judge reads the world)
     # Metrics sit below the training components: CIDEr-D's reward is the metric's n-gram code, the exploration
     # objective's diversity is the metric's.
     ("metrics", ("finecap.metrics",)),
@@ -49,8 +50,9 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("caption", ("finecap.caption",)),  # the captioning loop, which training's validators run
     ("train", ("finecap.train",)),
     # the stage runner (training runs and what is made of them), the reward server and the trainers' adapters
+    # the openai judge talks through boost's client (found by name from the JUDGES table, imported by no one)
     ("uses of trained models", ("finecap.inference", "finecap.boost", "finecap.integrations", "finecap.report",
-                                "finecap.stages", "finecap.serve")),
+                                "finecap.stages", "finecap.serve", "finecap.judges.openai")),
     ("api", ("finecap.api", "finecap")),
     ("application", (APP, "finecap.__main__")),
 ]  # fmt: skip

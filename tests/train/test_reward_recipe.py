@@ -99,3 +99,22 @@ def test_the_listener_reward_trains_a_step_on_the_world(make_cfg):
     values = train_values(train(make_cfg(*RL, "rl.rewards={listener: 1.0}")))
     assert len(values) == 1 and math.isfinite(values[0]["loss/reinforce"])
     assert 0.0 <= values[0]["reward/listener"] <= 1.0  # an expected R@1 among the step's images
+
+
+@pytest.mark.parametrize("noise", [0.0, 0.3])
+def test_grpo_with_qa_utility_on_the_world_judge_logs_every_part(make_cfg, noise):
+    """demo/grpo_qa's settings, tiny: GRPO with the QA-utility reward answered by the world judge (with and without
+    judge noise) trains 2 steps and logs the reward's parts and judge counters."""
+    from finecap.config import load as load_recipe
+
+    recipe = load_recipe("demo/grpo_qa")
+    assert recipe.rl.rewards == {"qa_utility": 1.0} and recipe.judge.name == "world"
+    cfg = make_cfg(*RL, "rl.rewards={qa_utility: 1.0}", "rl.advantage=group", "rl.policy_loss=clipped",
+                   "train.max_steps=2", "train.log_every=1", f"judge.noise={noise}")  # fmt: skip
+    values = train_values(train(cfg))
+    assert len(values) == 2
+    for v in values:
+        assert math.isfinite(v["loss/policy"]) and 0.0 <= v["reward/qa_utility"] <= 1.0
+        parts = [v[f"reward/qa_utility/{p}"] for p in ("answered", "cannot_answer", "wrong")]
+        assert sum(parts) == pytest.approx(1.0, abs=1e-5) and v["reward/qa_utility/judge_failed"] == 0.0
+        assert v["reward/qa_utility/judge_cannot_answer"] >= 0.0

@@ -193,7 +193,7 @@ def cmd_eval(args: argparse.Namespace) -> None:
     from finecap.app.eval import main
 
     main(
-        _config(args),
+        _config(args, _flags(args, {"judge": "judge.name"})),
         predictions=args.predictions,
         references=args.references,
         images=args.images,
@@ -215,6 +215,13 @@ def cmd_bags_build(args: argparse.Namespace) -> None:
 
     main(_config(args), data=args.data, split=args.split, sizes=args.sizes, out=args.out, force=args.force,
          recipe=_recipe_file(args))  # fmt: skip
+
+
+def cmd_questions_make(args: argparse.Namespace) -> None:
+    from finecap.app.questions import main
+
+    main(_config(args, _flags(args, {"judge": "judge.name"})), out=args.out, data=args.data, split=args.split,
+         force=args.force, recipe=_recipe_file(args))  # fmt: skip
 
 
 def cmd_bags_review(args: argparse.Namespace) -> None:
@@ -444,12 +451,22 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--metrics", default=None, help="comma-separated metric names (default: eval.metrics, or what the "
                    "references allow: caption metrics always, image metrics when the images resolve, see "
                    "docs/evaluation.md)")  # fmt: skip
+    p.add_argument("--judge", default=None, metavar="NAME", help="judge of the qa, claims and clair metrics (world, "
+                   "openai or pkg.module:factory; default: judge.name), docs/methods/judges.md")  # fmt: skip
     p.add_argument("--split", default=None, help="restrict references to this split")
     p.add_argument("--out", default=None, help="also write {metric: value} to this JSON file")
     p.add_argument("--format", choices=("table", "json", "coco"), default="table", help="stdout: Markdown table, "
                    "JSON, or JSON with pycocoevalcap's names (Bleu_4, CIDEr, ...)")  # fmt: skip
     p.add_argument("--per-image", default=None, metavar="FILE", help="also write per-image scores (like "
                    "COCOEvalCap.imgToEval) to this JSON file")  # fmt: skip
+    p.add_argument("--force", action="store_true", help=FORCE_FILE_HELP)
+
+    questions = _group(sub, "questions", "multiple-choice questions for the qa_utility reward and the qa metric")
+    p = _add(questions, "make", cmd_questions_make, "Write a world's questions, less those a blind judge answers.")
+    p.add_argument("--out", required=True, help="questions file to write (JSON Lines; judge.questions reads it)")
+    p.add_argument("--data", default=None, help="world folder (default: the configured world)")
+    p.add_argument("--split", default="train", help="split whose images get questions (default: train)")
+    p.add_argument("--judge", default=None, metavar="NAME", help="judge of the blind filter (default: judge.name)")
     p.add_argument("--force", action="store_true", help=FORCE_FILE_HELP)
 
     bags = _group(sub, "bags", "TrueMatch-style bags")

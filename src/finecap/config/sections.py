@@ -16,6 +16,7 @@ from typing import Any, Literal, get_args
 import yaml
 
 from finecap.config.fields import ConfigError, Section, check, check_at_most, doc
+from finecap.config.judge_section import JudgeConfig
 from finecap.config.paths import absolute_paths
 from finecap.config.secrets import redacted
 from finecap.registry import BACKBONES, DATA_FORMATS
@@ -1222,6 +1223,7 @@ class Config:
     demo: DemoConfig = field(default_factory=DemoConfig)
     bags: BagsConfig = field(default_factory=BagsConfig)
     boost: BoostConfig = field(default_factory=BoostConfig)
+    judge: JudgeConfig = field(default_factory=JudgeConfig)
 
     def to_dict(self, redact: bool = False) -> dict[str, dict[str, Any]]:
         """``{section: {key: value}}``; ``redact=True`` masks every secret (:func:`redacted`), as wherever a

@@ -1,7 +1,9 @@
 """Sequence-level rewards for REINFORCE, chosen by name and combined with weights (``rl.rewards``).
 
-:data:`REWARDS` maps each built-in name (``cider``, ``retrieval``, ``listener``, ``chair``) to the import path of its
-factory (imported only when used); user code is plugged in with a dotted path ``"pkg.module:factory"`` as the name.
+:data:`REWARDS` maps each built-in name (``cider``, ``retrieval``, ``listener``, ``chair``; the judge-backed
+``qa_utility`` and ``claims`` and the ``length`` shaping of another reward, docs/methods/judges.md) to the import
+path of its factory (imported only when used); user code is plugged in with a dotted path ``"pkg.module:factory"``
+as the name.
 ``rl.rewards: {cider: 1.0}`` gives the SCST reward; ``{retrieval: 1.0, cider: 0.5}`` gives SR + 0.5 * CIDEr (NDLB
 Sec. 4.8; the self-retrieval reward is configured in the ``sr`` section, :mod:`finecap.rewards.retrieval`).
 See :mod:`finecap.rewards.base` for the interface.

@@ -1,0 +1,50 @@
+"""The ``judge`` section: which judge answers the judge-backed rewards and metrics (:mod:`finecap.judges`) and how
+it is reached. Its own module so that the section list (:mod:`finecap.config.sections`) gains one line for it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from finecap.config.fields import Section, check, doc
+from finecap.config.secrets import masked_url_secrets
+
+
+@dataclass
+class JudgeConfig(Section, name="judge"):
+    name: str = doc(
+        "world", "Judge (finecap.registry.JUDGES: world, openai; or 'pkg.module:factory'), docs/methods/judges.md."
+    )
+    urls: list[str] = doc([], "openai: server URLs (e.g. http://localhost:8000/v1), asked round-robin.")
+    model: str = doc("", "openai: the served model name.")
+    api_key_env: str = doc("OPENAI_API_KEY", "openai: environment variable holding the judge server's API key.")
+    noise: float = doc(0.0, "world: share of answers flipped to another option at random (seeded).", ge=0, le=1)
+    seed: int = doc(0, "world: seed of the flipped answers (judge.noise).")
+    retries: int = doc(
+        3, "Retries of a failed call or unparsable answer before it counts as failed.", ge=0, le=100,
+        why="each retry waits; a failing server would hold the run",
+    )  # fmt: skip
+    timeout: float = doc(60.0, "openai: seconds before a request times out (then retried).", gt=0)
+    concurrency: int = doc(
+        8, "openai: requests in flight at once.", ge=1, le=1024, why="requests in flight, one thread each"
+    )
+    max_tokens: int = doc(
+        512, "openai: most tokens of one answer.", ge=1, le=32_768, why="a claim list takes a few hundred tokens"
+    )
+    cache: bool = doc(True, "Keep every answer in <finecap home>/cache/judges, so a re-run asks nothing twice.")
+    questions: str = doc(
+        "", "qa_utility: questions file (JSON Lines, CapRL's layout); empty: from the world's scenes."
+    )
+    shuffles: int = doc(
+        2, "qa: times each question is asked with its options shuffled.", ge=1, le=64, why="each is a judge call"
+    )
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        check(bool(self.name), "judge.name", "names no judge; e.g. world or openai")
+        for url in self.urls:
+            check(
+                url.startswith(("http://", "https://")),
+                "judge.urls",
+                f"{masked_url_secrets(url)!r} is not an http(s) URL; e.g. http://localhost:8000/v1",
+            )
+        check(bool(self.api_key_env), "judge.api_key_env", "must name a variable")

@@ -1,0 +1,123 @@
+"""The judge contract: what the judge-backed rewards and metrics ask a judge, and what they get back.
+
+A judge answers four kinds of calls, each batched (a list in, a list out in the same order) so that a judge behind
+a server can send them concurrently:
+
+- :meth:`Judge.answer` ``(asks) -> [option | JudgeFailed]``: a multiple-choice question (:class:`Ask`: the question,
+  its options as presented, :data:`CANNOT_ANSWER` last, and the caption it must be answered from, or ``None`` for a
+  blind ask) -> the option's text chosen;
+- :meth:`Judge.claims` ``(texts) -> [[claim] | JudgeFailed]``: the atomic claims a text makes;
+- :meth:`Judge.supports` ``(checks) -> [[bool] | JudgeFailed]``: for ``(claims, evidence)`` pairs, whether the
+  evidence (a :class:`Subject`: reference texts, and on the world the scene graph) supports each claim;
+- :meth:`Judge.reference_claims` ``(subjects) -> [[claim] | JudgeFailed]``: the claims a complete description of the
+  subject makes (the references' claims; on the world the scene's facts), against which recall is counted;
+- :meth:`Judge.rate` ``(pairs) -> [(score, reason) | JudgeFailed]``: a CLAIR-style 0-100 judgement of a caption
+  against its subject's references, with the judge's reason.
+
+A call that fails (no answer after the judge's retries, an answer that does not parse) comes back as a
+:class:`JudgeFailed` in its place, never as a made-up value: the caller counts it and leaves the caption out.
+:attr:`Judge.counts` counts calls, cache hits and failures. The design: docs/methods/judges.md.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections import Counter
+from collections.abc import Hashable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, TypeVar
+
+if TYPE_CHECKING:
+    from finecap.world.scene import Scene
+
+CANNOT_ANSWER = "cannot answer from the caption"
+"""The option every question is presented with, last: the caption does not say (CapRL's "cannot answer")."""
+
+T = TypeVar("T")
+
+
+class JudgeFailed(Exception):
+    """A judge call that gave no usable answer after its retries (the message says why); returned in the call's place
+    by the batched methods, raised by nothing."""
+
+
+@dataclass(frozen=True)
+class Question:
+    """A multiple-choice question about an image: ``options`` (without :data:`CANNOT_ANSWER`), the right one
+    ``answer`` (one of ``options``), a stable ``id`` (the cache key's), and on the world the ``fact`` it asks about,
+    ``(kind, shape)`` of :class:`finecap.world.facts.Fact` (``shape`` None for ``background`` and ``count``)."""
+
+    id: str
+    text: str
+    options: tuple[str, ...]
+    answer: str
+    fact: tuple[str, str | None] | None = None
+
+    def __post_init__(self) -> None:
+        if self.answer not in self.options:
+            raise ValueError(f"question {self.id!r}: the answer {self.answer!r} is not one of {self.options}")
+        if len(set(self.options)) != len(self.options) or CANNOT_ANSWER in self.options:
+            raise ValueError(f"question {self.id!r}: options must be distinct and not {CANNOT_ANSWER!r}")
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"id": self.id, "question": self.text, "options": list(self.options),
+                               "answer": self.answer}  # fmt: skip
+        if self.fact is not None:
+            out["fact"] = list(self.fact)
+        return out
+
+
+@dataclass(frozen=True)
+class Ask:
+    """One question as presented to the judge: ``options`` in the order shown (shuffled, :data:`CANNOT_ANSWER` last)
+    and the ``caption`` to answer from (``None``: blind, no caption at all)."""
+
+    question: Question
+    options: tuple[str, ...]
+    caption: str | None
+
+
+@dataclass(frozen=True)
+class Subject:
+    """What a caption describes, as evidence: the image's ``references`` and, on the world, its ``scene``."""
+
+    image_id: Hashable
+    references: tuple[str, ...] = ()
+    scene: Scene | None = None
+
+
+class Judge(ABC):
+    """A judge (module docstring). ``name`` and ``prompt_version`` go into every output and every cache key."""
+
+    name: str = "judge"
+    prompt_version: str = "0"
+
+    def __init__(self) -> None:
+        self.counts: Counter[str] = Counter()
+
+    def identity(self) -> dict[str, Any]:
+        """What makes two judges' answers interchangeable (the cache key's judge part)."""
+        return {"judge": self.name, "prompt_version": self.prompt_version}
+
+    @abstractmethod
+    def answer(self, asks: Sequence[Ask]) -> list[str | JudgeFailed]: ...
+
+    @abstractmethod
+    def claims(self, texts: Sequence[str]) -> list[list[str] | JudgeFailed]: ...
+
+    @abstractmethod
+    def supports(self, checks: Sequence[tuple[Sequence[str], Subject]]) -> list[list[bool] | JudgeFailed]: ...
+
+    @abstractmethod
+    def reference_claims(self, subjects: Sequence[Subject]) -> list[list[str] | JudgeFailed]: ...
+
+    @abstractmethod
+    def rate(self, pairs: Sequence[tuple[str, Subject]]) -> list[tuple[float, str] | JudgeFailed]: ...
+
+    def close(self) -> None:  # noqa: B027 - optional hook, nothing to release by default
+        """Release connections (a judge behind a server)."""
+
+
+def failed(value: object) -> bool:
+    """Whether a batched call's result is a failure."""
+    return isinstance(value, JudgeFailed)

@@ -1,0 +1,58 @@
+"""The judges' answer cache: one SQLite file, ``<finecap home>/cache/judges/answers.sqlite`` by default, keyed by
+the judge's identity (name, model, prompt version), the kind of call and its inputs (caption, question, options),
+so that a re-run or a resumed run asks nothing twice. SQLite's locking (write-ahead log, a busy time-out) makes it
+safe for several processes at once; a value is written once per key (``INSERT OR IGNORE``), only for answers that
+parsed (failures are never cached).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import sqlite3
+import threading
+from pathlib import Path
+from typing import Any
+
+from finecap.home import CACHE, home
+
+FILE = "answers.sqlite"
+
+
+def default_path() -> Path:
+    """``<finecap home>/cache/judges/answers.sqlite``."""
+    return home() / CACHE / "judges" / FILE
+
+
+def cache_key(*parts: Any) -> str:
+    """A stable key of JSON-able ``parts`` (sha256 of their canonical JSON)."""
+    return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()
+
+
+class AnswerCache:
+    """``get(key) -> value | None`` and ``put(key, value)`` of JSON values in one SQLite file (module docstring)."""
+
+    def __init__(self, path: str | Path | None = None) -> None:
+        self.path = Path(path) if path is not None else default_path()
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._lock = threading.Lock()
+        self._db = sqlite3.connect(self.path, timeout=60, check_same_thread=False, isolation_level=None)
+        self._db.execute("PRAGMA journal_mode=WAL")
+        self._db.execute("CREATE TABLE IF NOT EXISTS answers (key TEXT PRIMARY KEY, value TEXT NOT NULL)")
+
+    def get(self, key: str) -> Any:
+        with self._lock:
+            row = self._db.execute("SELECT value FROM answers WHERE key = ?", (key,)).fetchone()
+        return None if row is None else json.loads(row[0])
+
+    def put(self, key: str, value: Any) -> None:
+        with self._lock:
+            self._db.execute("INSERT OR IGNORE INTO answers (key, value) VALUES (?, ?)", (key, json.dumps(value)))
+
+    def __len__(self) -> int:
+        with self._lock:
+            return int(self._db.execute("SELECT COUNT(*) FROM answers").fetchone()[0])
+
+    def close(self) -> None:
+        with self._lock:
+            self._db.close()

@@ -1,0 +1,60 @@
+"""Claim precision and recall of captions through a judge, the one home of the computation the ``claims`` reward
+and metric share (docs/methods/judges.md):
+
+- precision = caption claims the subject supports / caption claims (1.0 when the caption claims nothing: nothing
+  claimed, nothing false, as the world's faithfulness has it);
+- recall = reference claims (:meth:`~finecap.judges.base.Judge.reference_claims`) the caption supports / reference
+  claims (0.0 when there are none);
+- F1 = 2 P R / (P + R) (0 when both are 0).
+
+On the world with the ``world`` judge these are exactly the faithfulness metric's precision and recall
+(:func:`finecap.world.facts.faithfulness`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from finecap.judges.base import Judge, JudgeFailed, Subject
+
+
+@dataclass(frozen=True)
+class ClaimScore:
+    """One caption's claim precision, recall and F1, and the counts they come from."""
+
+    precision: float
+    recall: float
+    f1: float
+    n_claims: int
+    n_supported: int
+    n_reference: int
+    n_covered: int
+
+
+def f1(precision: float, recall: float) -> float:
+    """The harmonic mean (0 when both are 0)."""
+    return 2 * precision * recall / (precision + recall) if precision + recall > 0 else 0.0
+
+
+def claim_scores(judge: Judge, captions: Sequence[str], subjects: Sequence[Subject]) -> list[ClaimScore | JudgeFailed]:
+    """:class:`ClaimScore` of ``captions[n]`` against ``subjects[n]`` (module docstring), or the first failure of the
+    judge calls it needed. Four batched judge calls in all."""
+    if len(captions) != len(subjects):
+        raise ValueError(f"claims: {len(subjects)} subjects for {len(captions)} captions")
+    claims = judge.claims(captions)
+    references = judge.reference_claims(subjects)
+    ok = [n for n in range(len(captions)) if not isinstance(claims[n], JudgeFailed)
+          and not isinstance(references[n], JudgeFailed)]  # fmt: skip
+    supported = judge.supports([(claims[n], subjects[n]) for n in ok])  # type: ignore[misc]
+    covered = judge.supports([(references[n], Subject(subjects[n].image_id, (captions[n],))) for n in ok])  # type: ignore[misc]
+    out: list[ClaimScore | JudgeFailed] = [c if isinstance(c, JudgeFailed) else r for c, r in zip(claims, references)]  # type: ignore[misc]
+    for n, s, c in zip(ok, supported, covered):
+        if isinstance(s, JudgeFailed) or isinstance(c, JudgeFailed):
+            out[n] = s if isinstance(s, JudgeFailed) else c  # type: ignore[assignment]
+            continue
+        n_claims, n_reference = len(claims[n]), len(references[n])  # type: ignore[arg-type]
+        p = sum(s) / n_claims if n_claims else 1.0
+        r = sum(c) / n_reference if n_reference else 0.0
+        out[n] = ClaimScore(p, r, f1(p, r), n_claims, sum(s), n_reference, sum(c))
+    return out

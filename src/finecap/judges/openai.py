@@ -1,0 +1,290 @@
+"""The ``openai`` judge: a text LLM behind any OpenAI-compatible chat-completions server (vLLM, SGLang, llama.cpp,
+a hosted API), through boost's client (:class:`finecap.boost.openai_backend.OpenAIBackend`: time-outs, retries with
+jittered exponential backoff and ``Retry-After``, masked secrets).
+
+- **Servers**: ``judge.urls`` (one or more base URLs, e.g. ``http://localhost:8000/v1``), asked round-robin, call
+  after call, as CapRL spreads its judge over several vLLM servers; ``judge.model`` the served model name; the API
+  key from the environment variable ``judge.api_key_env``.
+- **Concurrency**: at most ``judge.concurrency`` calls in flight (a thread pool).
+- **Prompts**: the versioned file ``prompts/judge.yaml`` of this package; its ``version`` goes into every output and
+  every cached answer's key.
+- **Parsing, strictly**: an answer to a question is one option letter (``B``, ``B.``, ``(B)`` or CapRL's ``The answer
+  is B.``, nothing else);
+  claims a JSON list of strings; supports a JSON list of ``"yes"``/``"no"``, one per claim; a rating a JSON object
+  ``{"score": 0-100, "reason": "..."}``. A JSON reply may be wrapped in one Markdown code fence.
+- **Failures**: connection errors, time-outs and HTTP 408/409/429/5xx are retried by the client (``judge.retries``
+  times, with backoff); an unparsable or malformed answer is asked again, up to ``judge.retries`` more times, each
+  time of the next server; a call still without an answer is a :class:`~finecap.judges.base.JudgeFailed` in its
+  place, counted (``counts["failed"]``). HTTP 401/403/404 (a refused key, a wrong model or URL) raise at once.
+- **Cache**: every parsed answer is kept (:class:`~finecap.judges.cache.AnswerCache`), keyed by the judge's model,
+  prompt version, the kind of call and its inputs (caption, question, options as presented, ...).
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import re
+import threading
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import yaml
+
+from finecap.boost.engine import BackendError, FatalBackendError, MalformedReply
+from finecap.boost.openai_backend import OpenAIBackend, api_key_from_env
+from finecap.judges.base import CANNOT_ANSWER, Ask, Judge, JudgeFailed, Subject
+from finecap.judges.cache import AnswerCache, cache_key
+from finecap.judges.questions import letter
+
+if TYPE_CHECKING:
+    import httpx
+
+    from finecap.config import Config
+
+PROMPT_KINDS = ("answer", "blind", "claims", "supports", "rate")
+
+
+def load_prompts(path: str | Path | None = None) -> dict[str, Any]:
+    """The prompts file (the package's ``prompts/judge.yaml`` by default): ``version`` and, for each kind of call,
+    ``system`` and ``user`` templates; errors name the file."""
+    if path is None:
+        text = resources.files("finecap.judges").joinpath("prompts/judge.yaml").read_text(encoding="utf-8")
+        where = "finecap/judges/prompts/judge.yaml"
+    else:
+        text, where = Path(path).read_text(encoding="utf-8"), str(path)
+    data = yaml.safe_load(text)
+    if not isinstance(data, dict) or not data.get("version"):
+        raise ValueError(f"{where}: a judge prompts file needs a 'version'")
+    for kind in PROMPT_KINDS:
+        if not isinstance(data.get(kind), dict) or not {"system", "user"} <= set(data[kind]):
+            raise ValueError(f"{where}: needs '{kind}' with 'system' and 'user' templates")
+    data["version"] = str(data["version"])
+    return data
+
+
+@dataclass
+class _Request:
+    """What :meth:`OpenAIBackend.complete` reads of a task: the messages, and no image."""
+
+    messages: list[dict[str, Any]] = field(default_factory=list)
+    image: None = None
+
+
+_FENCE = re.compile(r"^```(?:json)?\s*\n(.*)\n```$", re.DOTALL)
+
+
+def _json(text: str) -> Any:
+    text = text.strip()
+    fenced = _FENCE.match(text)
+    try:
+        return json.loads(fenced.group(1) if fenced else text)
+    except json.JSONDecodeError:
+        raise ValueError(f"not JSON: {text[:80]!r}") from None
+
+
+def parse_letter(text: str, options: Sequence[str]) -> str:
+    """The option a reply names by its letter (``"B"``, ``"B."``, ``"(B)"``, CapRL's ``"The answer is B."``);
+    ``ValueError`` for anything else."""
+    found = re.fullmatch(r"\s*(?:the answer is\s+)?\(?([A-Za-z])[.)]?\s*", text, re.IGNORECASE)
+    if found is None:
+        raise ValueError(f"not one option letter: {text[:80]!r}")
+    index = ord(found.group(1).upper()) - ord("A")
+    if not 0 <= index < len(options):
+        raise ValueError(f"option {found.group(1)!r} does not exist (options A-{letter(len(options) - 1)})")
+    return options[index]
+
+
+def parse_claims(text: str) -> list[str]:
+    """A JSON list of strings; ``ValueError`` otherwise."""
+    value = _json(text)
+    if not isinstance(value, list) or not all(isinstance(c, str) for c in value):
+        raise ValueError(f"not a JSON list of strings: {text[:80]!r}")
+    return [c.strip() for c in value if c.strip()]
+
+
+def parse_supports(text: str, n: int) -> list[bool]:
+    """A JSON list of ``n`` ``"yes"``/``"no"`` (or booleans); ``ValueError`` otherwise."""
+    value = _json(text)
+    if not isinstance(value, list) or len(value) != n:
+        raise ValueError(f"not a JSON list of {n} verdicts: {text[:80]!r}")
+    out = []
+    for v in value:
+        if isinstance(v, bool):
+            out.append(v)
+        elif isinstance(v, str) and v.strip().lower() in ("yes", "no"):
+            out.append(v.strip().lower() == "yes")
+        else:
+            raise ValueError(f"verdict {v!r} is not 'yes' or 'no'")
+    return out
+
+
+def parse_rating(text: str) -> tuple[float, str]:
+    """A JSON object ``{"score": 0-100, "reason": str}``; ``ValueError`` otherwise."""
+    value = _json(text)
+    score = value.get("score") if isinstance(value, dict) else None
+    if isinstance(score, bool) or not isinstance(score, int | float) or not 0 <= score <= 100:
+        raise ValueError(f"no score in 0-100: {text[:80]!r}")
+    return float(score), str(value.get("reason", ""))
+
+
+class OpenAIJudge(Judge):
+    """The judge behind OpenAI-compatible servers (module docstring). ``transport`` and ``sleep`` are the client's
+    test hooks; ``cache`` None keeps nothing."""
+
+    name = "openai"
+
+    def __init__(
+        self,
+        urls: Sequence[str],
+        model: str,
+        *,
+        api_key: str = "",
+        retries: int = 3,
+        timeout: float = 60.0,
+        concurrency: int = 8,
+        max_tokens: int = 512,
+        backoff: float = 1.0,
+        cache: AnswerCache | None = None,
+        prompts: str | Path | None = None,
+        transport: httpx.BaseTransport | None = None,
+        sleep: Callable[[float], Any] | None = None,
+    ) -> None:
+        super().__init__()
+        if not urls:
+            raise ValueError(
+                "judge.urls: the openai judge needs at least one server URL, e.g. http://localhost:8000/v1"
+            )
+        if not model:
+            raise ValueError("judge.model: the openai judge needs the served model name")
+        self.prompts = load_prompts(prompts)
+        self.prompt_version = self.prompts["version"]
+        self.model, self.retries, self.concurrency = model, retries, concurrency
+        self.backends = [
+            OpenAIBackend(model, url, api_key, concurrency=concurrency, timeout=timeout, retries=retries,
+                          max_tokens=max_tokens, temperature=0.0, backoff=backoff, key="judge", sleep=sleep,
+                          transport=transport)
+            for url in urls
+        ]  # fmt: skip
+        self.cache = cache
+        self._turn = itertools.count()
+        self._lock = threading.Lock()
+
+    def identity(self) -> dict[str, Any]:
+        return {**super().identity(), "model": self.model}
+
+    def _count(self, key: str) -> None:
+        with self._lock:
+            self.counts[key] += 1
+
+    def _messages(self, kind: str, **fields: Any) -> list[dict[str, Any]]:
+        prompt = self.prompts[kind]
+        return [{"role": "system", "content": prompt["system"]},
+                {"role": "user", "content": prompt["user"].format(**fields)}]  # fmt: skip
+
+    def _call(self, kind: str, inputs: Any, messages: list[dict[str, Any]], parse: Callable[[str], Any]) -> Any:
+        """One judge call: the cached answer, else asked (and re-asked while unparsable) round-robin."""
+        key = cache_key(self.identity(), kind, inputs)
+        self._count("calls")
+        if self.cache is not None:
+            hit = self.cache.get(key)
+            if hit is not None:
+                self._count("cache_hits")
+                return hit
+        why = ""
+        for attempt in range(self.retries + 1):
+            with self._lock:
+                backend = self.backends[next(self._turn) % len(self.backends)]
+            self._count("requests")
+            try:
+                value = parse(backend.complete(_Request(messages)))  # type: ignore[arg-type]
+            except (ValueError, MalformedReply) as e:  # asked again
+                self._count("unparsable")
+                why = f"unparsable answer after {attempt + 1} attempt(s): {e}"
+                continue
+            except FatalBackendError:  # a refused key, a wrong model or URL: every call would fail alike
+                raise
+            except BackendError as e:  # the client retried already
+                why = str(e)
+                break
+            if self.cache is not None:
+                self.cache.put(key, value)
+            return value
+        self._count("failed")
+        return JudgeFailed(f"judge {self.name} ({kind}): {why}")
+
+    def _map(self, jobs: Sequence[Callable[[], Any]]) -> list[Any]:
+        if len(jobs) <= 1:
+            return [job() for job in jobs]
+        with ThreadPoolExecutor(max_workers=self.concurrency) as pool:
+            return list(pool.map(lambda job: job(), jobs))
+
+    # the contract ---------------------------------------------------------------------------------------------------
+
+    def _ask(self, ask: Ask) -> Any:
+        options = "\n".join(f"{letter(i)}. {o}" for i, o in enumerate(ask.options))
+        kind = "blind" if ask.caption is None else "answer"
+        messages = self._messages(kind, caption=ask.caption, question=ask.question.text, options=options,
+                                  cannot_answer=CANNOT_ANSWER)  # fmt: skip
+        inputs = [ask.caption, ask.question.text, list(ask.options)]
+        return self._call(kind, inputs, messages, lambda text: parse_letter(text, ask.options))
+
+    def answer(self, asks: Sequence[Ask]) -> list[str | JudgeFailed]:
+        return self._map([lambda a=a: self._ask(a) for a in asks])
+
+    def _claims(self, text: str) -> Any:
+        return self._call("claims", text, self._messages("claims", text=text), parse_claims)
+
+    def claims(self, texts: Sequence[str]) -> list[list[str] | JudgeFailed]:
+        return self._map([lambda t=t: self._claims(t) for t in texts])
+
+    def reference_claims(self, subjects: Sequence[Subject]) -> list[list[str] | JudgeFailed]:
+        return self.claims([" ".join(s.references) for s in subjects])
+
+    def _supports(self, claims: Sequence[str], subject: Subject) -> Any:
+        if not claims:
+            return []
+        evidence = "\n".join(f"- {r}" for r in subject.references)
+        listed = "\n".join(f"{i + 1}. {c}" for i, c in enumerate(claims))
+        messages = self._messages("supports", evidence=evidence, claims=listed, n=len(claims))
+        return self._call("supports", [list(subject.references), list(claims)], messages,
+                          lambda text: parse_supports(text, len(claims)))  # fmt: skip
+
+    def supports(self, checks: Sequence[tuple[Sequence[str], Subject]]) -> list[list[bool] | JudgeFailed]:
+        return self._map([lambda c=c, s=s: self._supports(c, s) for c, s in checks])
+
+    def _rate(self, caption: str, subject: Subject) -> Any:
+        references = "\n".join(f"- {r}" for r in subject.references)
+        messages = self._messages("rate", references=references, caption=caption)
+        value = self._call("rate", [caption, list(subject.references)], messages, parse_rating)
+        return value if isinstance(value, JudgeFailed) else (float(value[0]), str(value[1]))
+
+    def rate(self, pairs: Sequence[tuple[str, Subject]]) -> list[tuple[float, str] | JudgeFailed]:
+        return self._map([lambda c=c, s=s: self._rate(c, s) for c, s in pairs])
+
+    def close(self) -> None:
+        for backend in self.backends:
+            backend.close()
+        if self.cache is not None:
+            self.cache.close()
+
+
+def build(cfg: Config | None = None, **options: Any) -> OpenAIJudge:
+    """Factory of the judge registry: the ``judge`` section of ``cfg`` (``options`` override its keys, and may give
+    ``transport``, ``sleep``, ``backoff``, ``prompts`` or ``cache_path``)."""
+    from finecap.config.judge_section import JudgeConfig
+
+    j = cfg.judge if cfg is not None else JudgeConfig()
+    get = lambda key: options.pop(key, getattr(j, key))  # noqa: E731
+    urls, model, retries, timeout = get("urls"), get("model"), get("retries"), get("timeout")
+    concurrency, max_tokens, use_cache = get("concurrency"), get("max_tokens"), get("cache")
+    api_key_env = get("api_key_env")
+    cache_path = options.pop("cache_path", None)
+    api_key = api_key_from_env(api_key_env, "judge.api_key_env", explicit=api_key_env != "OPENAI_API_KEY")
+    cache = AnswerCache(cache_path) if use_cache else None
+    return OpenAIJudge(urls, model, api_key=api_key, retries=retries, timeout=timeout, concurrency=concurrency,
+                       max_tokens=max_tokens, cache=cache, **options)  # fmt: skip

@@ -1,0 +1,140 @@
+"""Multiple-choice questions about images: generated from a world scene graph, read from a data file (CapRL's
+layout), written back, and presented with shuffled options.
+
+On the world (:func:`scene_questions`) every object gets a question about its colour, its size and its grid cell,
+a patterned object one about its pattern, and the scene one about its background and one about its object count;
+the wrong options are drawn, seeded by the question, from the world's other values (up to 3 of them). Each
+question's ``fact`` is the ``(kind, shape)`` it asks, which the ``world`` judge answers from.
+
+A questions file (:func:`read_questions`, :func:`write_questions`) is JSON Lines, one image a line, CapRL's layout::
+
+    {"image_id": 7, "questions": [{"question": "What colour is the circle?", "options": ["red", "blue"],
+                                   "answer": "red"}]}
+
+``answer`` is the right option's text or its letter (``"A"`` = the first option); ``id`` and ``fact`` are optional.
+Without ``options`` the question text may carry them as CapRL's QA data does, one a line after the question
+(``"What colour is the circle?\\n   - A) red\\n   - B) blue"``, :func:`split_embedded`).
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import re
+from collections.abc import Hashable, Mapping, Sequence
+from pathlib import Path
+
+from finecap.judges.base import CANNOT_ANSWER, Question
+from finecap.world.scene import BACKGROUNDS, CELLS, COLORS, MAX_OBJECTS, PATTERNS, SIZES, Scene
+
+N_OPTIONS = 4
+"""Options of a world question (fewer when the world has fewer values: size and pattern have 2)."""
+
+
+def _options(truth: str, values: Sequence[str], rng: random.Random) -> tuple[str, ...]:
+    others = rng.sample([v for v in values if v != truth], min(N_OPTIONS - 1, len(values) - 1))
+    return tuple(sorted([truth, *others], key=list(values).index))
+
+
+def scene_questions(image_id: Hashable, scene: Scene) -> list[Question]:
+    """The questions of a world scene (module docstring), in a fixed order; options in the world's order of values
+    (they are shuffled when presented, :func:`presentations`)."""
+    out = []
+
+    def add(kind: str, shape: str | None, text: str, truth: str, values: Sequence[str]) -> None:
+        qid = f"{image_id}/{kind}/{shape or '-'}"
+        rng = random.Random(qid)
+        out.append(Question(qid, text, _options(truth, values, rng), truth, (kind, shape)))
+
+    for o in scene.objects:
+        add("color", o.shape, f"What colour is the {o.shape}?", o.color, COLORS)
+        add("size", o.shape, f"What size is the {o.shape}?", o.size, SIZES)
+        add("position", o.shape, f"Where is the {o.shape}?", CELLS[o.cell], CELLS)
+        if o.pattern:
+            add("pattern", o.shape, f"What pattern does the {o.shape} have?", o.pattern, PATTERNS)
+    add("background", None, "What is the background?", scene.background, BACKGROUNDS)
+    counts = [str(n) for n in range(1, MAX_OBJECTS + 1)]
+    add("count", None, "How many shapes are there?", str(len(scene.objects)), counts)
+    return out
+
+
+def presentations(question: Question, k: int, seed: int = 0) -> list[tuple[str, ...]]:
+    """``k`` orders of the question's options, each shuffled (seeded by ``seed``, the question's id and the shuffle's
+    number) with :data:`CANNOT_ANSWER` last."""
+    out = []
+    for j in range(k):
+        options = list(question.options)
+        random.Random(f"{seed}/{question.id}/{j}").shuffle(options)
+        out.append((*options, CANNOT_ANSWER))
+    return out
+
+
+def letter(i: int) -> str:
+    """The letter of option ``i`` (0 -> ``A``)."""
+    return chr(ord("A") + i)
+
+
+_EMBEDDED = re.compile(r"^\s*-?\s*([A-I])\)\s*(.+?)\s*$")
+
+
+def split_embedded(text: str) -> tuple[str, list[str]]:
+    """CapRL's question text with its options on the following lines (``"   - A) red"``) -> the question and the
+    options, its "Can not answer" option left out (finecap adds its own).
+
+    Example::
+
+        >>> split_embedded("Colour?\\n  - A) red\\n  - B) blue\\n  - C) Can not answer based on the caption")
+        ('Colour?', ['red', 'blue'])
+    """
+    lines = text.splitlines()
+    options = [m.group(2) for line in lines[1:] if (m := _EMBEDDED.match(line))]
+    return lines[0].strip(), [o for o in options if not o.lower().startswith("can not answer")]
+
+
+def _question(raw: object, image_id: Hashable, n: int, where: str) -> Question:
+    if isinstance(raw, dict) and isinstance(raw.get("question"), str) and "options" not in raw:
+        text, embedded = split_embedded(raw["question"])
+        raw = {**raw, "question": text, "options": embedded}
+    if not (isinstance(raw, dict) and isinstance(raw.get("question"), str) and isinstance(raw.get("options"), list)):
+        raise ValueError(f"{where}: question {n} of image {image_id!r} needs 'question' (text) and 'options' (a list)")
+    options = tuple(str(o) for o in raw["options"])
+    answer = str(raw.get("answer", ""))
+    if answer not in options and len(answer) == 1 and 0 <= ord(answer.upper()) - ord("A") < len(options):
+        answer = options[ord(answer.upper()) - ord("A")]
+    fact = raw.get("fact")
+    try:
+        return Question(str(raw.get("id") or f"{image_id}/{n}"), raw["question"], options, answer,
+                        tuple(fact) if fact else None)  # fmt: skip
+    except ValueError as e:
+        raise ValueError(f"{where}: {e}") from None
+
+
+def read_questions(path: str | Path) -> dict[Hashable, list[Question]]:
+    """``{image_id: [Question]}`` of a questions file (module docstring); errors name the file and line."""
+    out: dict[Hashable, list[Question]] = {}
+    path = Path(path)
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except OSError as e:
+        raise ValueError(f"questions file {path}: cannot read it ({e.strerror})") from None
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        where = f"{path}:{number}"
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise ValueError(f"{where}: not JSON ({e.msg})") from None
+        if not isinstance(row, dict) or "image_id" not in row or not isinstance(row.get("questions"), list):
+            raise ValueError(f"{where}: a line needs 'image_id' and 'questions' (a list)")
+        image_id = row["image_id"]
+        out.setdefault(image_id, []).extend(_question(q, image_id, n, where) for n, q in enumerate(row["questions"]))
+    return out
+
+
+def write_questions(questions: Mapping[Hashable, Sequence[Question]], path: str | Path) -> None:
+    """Write ``{image_id: [Question]}`` as a questions file (atomically)."""
+    from finecap.utils import atomic_write_text
+
+    lines = [json.dumps({"image_id": i, "questions": [q.to_dict() for q in qs]}) for i, qs in questions.items()]
+    atomic_write_text(path, "".join(line + "\n" for line in lines))

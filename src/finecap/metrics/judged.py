@@ -1,0 +1,144 @@
+"""Judge-backed metric groups of ``finecap eval``: ``qa`` (QA utility), ``claims`` (claim precision, recall, F1) and
+``clair`` (a CLAIR-style 0-100 judgement against the references, with the judge's reason), asking the judge of the
+``judge`` section (``finecap eval --judge world``; docs/methods/judges.md).
+
+Reported (corpus values are means over images; per-image values under the same keys):
+
+- ``qa/accuracy``, ``qa/cannot_answer``, ``qa/wrong``: shares of the asks (questions x ``judge.shuffles``) answered
+  right, "cannot answer", wrongly (:mod:`finecap.judges.qa`); ``qa/blind_dropped``: the share of questions dropped
+  because a blind judge answers them (corpus only). Questions: ``judge.questions`` (a questions file), else made
+  from the world's scene graphs.
+- ``claims/precision``, ``claims/recall``, ``claims/f1`` (:mod:`finecap.judges.claims`): evidence the references
+  and, on the world, the scene graph.
+- ``clair/score``: the judge's 0-100 score; per image also ``clair/reason``, the judge's words.
+- ``<group>/judge_failed``: images whose judge calls failed after the retries, left out of the means (a count).
+
+Each image's row of ``--per-image`` also names the ``judge`` and its ``judge/prompt_version``.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Hashable
+from typing import TYPE_CHECKING, Any
+
+from finecap.judges.base import JudgeFailed, Subject
+from finecap.metrics.faithfulness import scene_of
+from finecap.metrics.group import Column, MetricGroup
+
+if TYPE_CHECKING:
+    from finecap.judges.base import Judge
+    from finecap.metrics.context import EvalContext
+
+log = logging.getLogger(__name__)
+
+
+def _judge(ctx: EvalContext) -> Judge:
+    """The evaluation's judge (``judge.*`` of its configuration), made once for the groups that ask it."""
+    if "judge" not in ctx.cache:
+        from finecap.judges import get_judge
+
+        ctx.cache["judge"] = get_judge(ctx.cfg.judge.name, ctx.cfg)
+    return ctx.cache["judge"]
+
+
+def _subjects(ctx: EvalContext, group: str, need_references: bool) -> list[Subject]:
+    refs = ctx.references or {}
+    if need_references and ctx.references is None and ctx.scenes is None:
+        ctx.need("references", group, "pass the reference captions (or a world, whose scene graphs are evidence)")
+    out = []
+    for i in ctx.predictions:
+        scene = scene_of(i, ctx.scenes) if ctx.scenes is not None else None
+        out.append(Subject(i, tuple(refs.get(i, ())), scene))
+    return out
+
+
+def _record(ctx: EvalContext, group: str, scores: dict[Hashable, dict[str, Any]], keys: list[str]) -> dict[str, float]:
+    """Per-image rows (with the judge's name and prompt version), the corpus means over the images that did not fail,
+    and the count of those that did."""
+    judge = _judge(ctx)
+    ok = {i: s for i, s in scores.items() if s is not None}
+    ctx.add_items(ok, keys)
+    if ctx.items is not None:
+        for i, s in scores.items():
+            row = ctx.items.setdefault(i, {})
+            row.update({"judge": judge.name, "judge/prompt_version": judge.prompt_version})  # type: ignore[dict-item]
+            if s is not None and isinstance(s.get("clair/reason"), str):
+                row["clair/reason"] = s["clair/reason"]
+    n_failed = len(scores) - len(ok)
+    if n_failed:
+        log.warning("%s: the judge failed on %d of %d images; they are left out of the means", group, n_failed,
+                    len(scores))  # fmt: skip
+    corpus = {k: sum(s[k] for s in ok.values()) / len(ok) if ok else 0.0 for k in keys}
+    corpus[f"{group}/judge_failed"] = float(n_failed)
+    return corpus
+
+
+def _qa(ctx: EvalContext) -> dict[str, float]:
+    from finecap.judges.qa import drop_blind, qa_scores
+    from finecap.judges.questions import read_questions, scene_questions
+
+    judge, j = _judge(ctx), ctx.cfg.judge
+    if j.questions:
+        questions = read_questions(j.questions)
+    else:
+        scenes = ctx.need("scenes", "qa", "questions come from judge.questions (a questions file) or a world's scenes")
+        questions = {i: scene_questions(i, s) for i in ctx.predictions if (s := scene_of(i, scenes)) is not None}
+    mine = {i: scene_of(i, questions) for i in ctx.predictions}
+    missing = [i for i, qs in mine.items() if not qs]
+    if missing:
+        raise ValueError(f"metric 'qa': no questions for {len(missing)} image(s), e.g. {missing[:5]}")
+    kept, blind = drop_blind(judge, mine, j.shuffles, j.seed)  # type: ignore[arg-type]
+    ids = [i for i in ctx.predictions if kept[i]]
+    if len(ids) < len(ctx.predictions):
+        log.warning("qa: %d image(s) keep no question a blind judge misses; they are not scored",
+                    len(ctx.predictions) - len(ids))  # fmt: skip
+    results = qa_scores(judge, [ctx.predictions[i] for i in ids], [kept[i] for i in ids], j.shuffles, j.seed)
+    scores: dict[Hashable, Any] = {i: None for i in ids}
+    for i, r in zip(ids, results):
+        if not isinstance(r, JudgeFailed):
+            scores[i] = {
+                "qa/accuracy": r.accuracy,
+                "qa/cannot_answer": r.cannot / r.asks,
+                "qa/wrong": r.wrong / r.asks,
+            }
+    corpus = _record(ctx, "qa", scores, ["qa/accuracy", "qa/cannot_answer", "qa/wrong"])
+    corpus["qa/blind_dropped"] = blind["share"]
+    return corpus
+
+
+def _claims(ctx: EvalContext) -> dict[str, float]:
+    from finecap.judges.claims import claim_scores
+
+    subjects = _subjects(ctx, "claims", need_references=True)
+    results = claim_scores(_judge(ctx), list(ctx.predictions.values()), subjects)
+    scores: dict[Hashable, Any] = {}
+    for i, r in zip(ctx.predictions, results):
+        ok = not isinstance(r, JudgeFailed)
+        scores[i] = {"claims/precision": r.precision, "claims/recall": r.recall, "claims/f1": r.f1} if ok else None  # type: ignore[union-attr]
+    return _record(ctx, "claims", scores, ["claims/precision", "claims/recall", "claims/f1"])
+
+
+def _clair(ctx: EvalContext) -> dict[str, float]:
+    subjects = _subjects(ctx, "clair", need_references=True)
+    results = _judge(ctx).rate(list(zip(ctx.predictions.values(), subjects)))
+    scores: dict[Hashable, Any] = {}
+    for i, r in zip(ctx.predictions, results):
+        scores[i] = None if isinstance(r, JudgeFailed) else {"clair/score": r[0], "clair/reason": r[1]}
+    return _record(ctx, "clair", scores, ["clair/score"])
+
+
+FAILED = Column("*/judge_failed", "lower", count=True)
+QA = MetricGroup("qa", _qa,  # reads a world's scenes or judge.questions: checked when it runs
+                 columns=(FAILED, Column("qa/wrong", "lower"), Column("qa/cannot_answer", None),
+                          Column("qa/blind_dropped", None), Column("qa/accuracy", "higher")))  # fmt: skip
+"""QA utility through the judge (its questions from judge.questions or the world's scene graphs): right answers
+are better, wrong ones worse; "cannot answer" and the share of blind-answerable questions have no better
+direction."""
+CLAIMS = MetricGroup("claims", _claims, reads=frozenset({"references"}),
+                     columns=(FAILED, Column("claims/*", "higher")))  # fmt: skip
+"""Claim precision, recall and F1 through the judge (higher is better)."""
+CLAIR = MetricGroup(
+    "clair", _clair, reads=frozenset({"references"}), columns=(FAILED, Column("clair/score", "higher"))
+)
+"""The judge's 0-100 reference judgement (higher is better)."""

@@ -1,0 +1,79 @@
+"""``finecap eval --metrics qa,claims,clair --judge world`` scores captions of a world: the claims metric equals the
+world's faithfulness, per-image rows name the judge and its prompt version, clair keeps the judge's reason."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from finecap.app.cli import main as cli
+from finecap.config import WorldConfig, load
+from finecap.data.references import load_references
+from finecap.data.results import write_results
+from finecap.judges.qa import drop_blind, qa_scores
+from finecap.judges.questions import read_questions, scene_questions
+from finecap.judges.world import WorldJudge
+from finecap.world.make import make_world
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("world")
+    make_world(WorldConfig(n_train=8, n_val=2, n_test=6, image_size=32), out, progress=False)
+    return out
+
+
+def test_eval_scores_a_world_with_the_world_judge(world, tmp_path):
+    refs = load_references(load(), world, split="test")
+    # a caption per image: its first reference, with the main object's colour word swapped for "pink" on image 0
+    predictions = {r.image_id: r.captions[0] for r in refs.records}
+    first = refs.records[0]
+    predictions[first.image_id] = f"a pink {refs.scenes[first.image_id].main.shape}"
+    write_results(tmp_path / "results.json", predictions)
+    args = ["eval", "--predictions", str(tmp_path / "results.json"), "--references", str(world), "--metrics",
+            "qa,claims,clair,faithfulness", "--judge", "world", "--out", str(tmp_path / "out.json"),
+            "--per-image", str(tmp_path / "items.json")]  # fmt: skip
+    assert cli(args) == 0
+    out = json.loads((tmp_path / "out.json").read_text())
+    assert out["claims/precision"] == pytest.approx(out["faith/precision"]) and out["faith/precision"] < 1.0
+    assert out["claims/recall"] == pytest.approx(out["faith/recall"])
+    assert out["qa/judge_failed"] == out["claims/judge_failed"] == 0.0 and out["qa/blind_dropped"] == 0.0
+    # qa/accuracy: the world judge's share of right answers over every image's scene questions (2 shuffles each)
+    judge = WorldJudge()
+    questions = {r.image_id: scene_questions(r.image_id, refs.scenes[r.image_id]) for r in refs.records}
+    kept, _ = drop_blind(judge, questions, 2)
+    scores = qa_scores(judge, [predictions[i] for i in kept], list(kept.values()), 2)
+    assert out["qa/accuracy"] == pytest.approx(sum(s.accuracy for s in scores) / len(scores))
+    rows = {row["image_id"]: row for row in json.loads((tmp_path / "items.json").read_text())}
+    row = rows[first.image_id]
+    assert row["judge"] == "world" and row["judge/prompt_version"] == "world-1"
+    assert "false: color(" in row["clair/reason"] and row["clair/score"] < 100
+    assert row["qa/accuracy"] == pytest.approx(scores[list(kept).index(first.image_id)].accuracy)
+
+
+def test_a_judge_that_does_not_exist_is_named(world, tmp_path, capsys):
+    write_results(tmp_path / "r.json", {0: "a red circle"})
+    code = cli(["eval", "--predictions", str(tmp_path / "r.json"), "--references", str(world), "--metrics",
+                "claims", "--judge", "nope"])  # fmt: skip
+    assert code == 2 and "judge.name: unknown judge 'nope'" in capsys.readouterr().err
+
+
+def test_questions_make_writes_a_worlds_questions_that_the_qa_metric_reads(world, tmp_path, capsys):
+    out = tmp_path / "questions.jsonl"
+    assert cli(["questions", "make", "--data", str(world), "--split", "test", "--out", str(out)]) == 0
+    refs = load_references(load(), world, split="test")
+    questions = read_questions(out)
+    assert set(questions) == {r.image_id for r in refs.records}
+    assert questions == {i: scene_questions(i, refs.scenes[i]) for i in questions}  # the world judge drops none
+    assert "0 of" in capsys.readouterr().err
+    assert cli(["questions", "make", "--data", str(world), "--out", str(out)]) == 2  # exists: --force to replace
+    predictions = {r.image_id: r.captions[0] for r in refs.records}
+    write_results(tmp_path / "r.json", predictions)
+    args = ["eval", "--predictions", str(tmp_path / "r.json"), "--references", str(world), "--metrics", "qa",
+            "--format", "json"]  # fmt: skip
+    assert cli([*args, f"judge.questions={out}"]) == 0
+    from_file = json.loads(capsys.readouterr().out)
+    assert cli(args) == 0
+    assert from_file == json.loads(capsys.readouterr().out)  # the file holds what the scenes give

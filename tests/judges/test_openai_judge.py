@@ -1,0 +1,228 @@
+"""The openai judge against fake OpenAI-compatible servers on 127.0.0.1 (tests/helpers/chat_server.py): strict
+parsing, re-asking an unparsable answer, the client's retries and time-outs, round-robin over several URLs, bounded
+concurrency, and the answer cache across a re-run."""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+
+import pytest
+
+from finecap.boost.engine import FatalBackendError
+from finecap.config import load
+from finecap.judges import get_judge
+from finecap.judges.base import CANNOT_ANSWER, Ask, JudgeFailed, Question, Subject
+from finecap.judges.cache import AnswerCache
+from finecap.judges.claims import claim_scores
+from finecap.judges.openai import OpenAIJudge, parse_claims, parse_letter, parse_rating, parse_supports
+from finecap.rewards.qa_utility import QAUtilityReward
+from helpers.chat_server import ChatServer, completion
+
+Q = Question("0/color", "What colour is the circle?", ("red", "blue", "green"), "red")
+OPTIONS = ("blue", "red", "green", CANNOT_ANSWER)
+
+
+def user_text(payload) -> str:
+    return payload["messages"][-1]["content"]
+
+
+def reads_the_caption(payload, n):
+    """A judge that answers from the caption: the letter of the option the caption names, else cannot answer."""
+    text = user_text(payload)
+    system = payload["messages"][0]["content"]
+    if "atomic claims" in system:
+        description = re.search(r"Description: (.*)", text).group(1)
+        return 200, completion(json.dumps([w for w in description.split() if w not in ("a", "on")]))
+    if "check claims" in system:
+        evidence = text.split("Claims:")[0]
+        claims = re.findall(r"^\d+\. (.*)$", text, re.MULTILINE)
+        return 200, completion(json.dumps(["yes" if c in evidence else "no" for c in claims]))
+    if "how well" in system:
+        return 200, completion(json.dumps({"score": 70, "reason": "mostly right"}))
+    caption = re.search(r"Caption: (.*)", text)
+    options = re.findall(r"^([A-Z])\. (.*)$", text, re.MULTILINE)
+    for letter, option in options:
+        if caption and option in caption.group(1).split():
+            return 200, completion(letter)
+    return 200, completion(next(letter for letter, option in options if option == CANNOT_ANSWER))
+
+
+def judge_of(*servers: ChatServer, **options) -> OpenAIJudge:
+    options.setdefault("sleep", lambda seconds: None)
+    return OpenAIJudge([s.url for s in servers], "judge-model", **options)
+
+
+def test_strict_parsers():
+    assert parse_letter("B", OPTIONS) == "red"
+    assert parse_letter(" (C) ", OPTIONS) == parse_letter("c.", OPTIONS) == "green"
+    assert parse_letter("The answer is D.", OPTIONS) == CANNOT_ANSWER
+    for bad in ("B because it is red", "red", "E", "", "AB"):
+        with pytest.raises(ValueError):
+            parse_letter(bad, OPTIONS)
+    assert parse_claims('```json\n["a circle", "red"]\n```') == ["a circle", "red"]
+    assert parse_supports('["yes", "No", true]', 3) == [True, False, True]
+    assert parse_rating('{"score": 55, "reason": "ok"}') == (55.0, "ok")
+    for parse, bad in ((parse_claims, '{"a": 1}'), (lambda t: parse_supports(t, 2), '["yes"]'),
+                       (lambda t: parse_supports(t, 1), '["maybe"]'), (parse_rating, '{"score": 101}'),
+                       (parse_rating, "seventy")):  # fmt: skip
+        with pytest.raises(ValueError):
+            parse(bad)
+
+
+def test_answers_claims_supports_and_rating_through_a_server():
+    with ChatServer(reads_the_caption) as server:
+        judge = judge_of(server)
+        asks = [Ask(Q, OPTIONS, "a red circle"), Ask(Q, OPTIONS, "a circle"), Ask(Q, OPTIONS, "a blue circle")]
+        assert judge.answer(asks) == ["red", CANNOT_ANSWER, "blue"]
+        subject = Subject(0, ("a red circle on grass",))
+        (score,) = claim_scores(judge, ["a blue circle"], [subject])
+        # caption claims blue, circle: circle supported; reference claims red, circle, grass: circle covered
+        assert (score.precision, score.recall) == (0.5, pytest.approx(1 / 3))
+        assert judge.rate([("a red circle", subject)]) == [(70.0, "mostly right")]
+        payload = server.requests[0]["payload"]
+        assert payload["model"] == "judge-model" and payload["temperature"] == 0.0
+    assert judge.prompt_version == "judge-1" and judge.counts["failed"] == 0
+
+
+def test_an_unparsable_answer_is_asked_again_then_counted_failed():
+    def chatty_first(payload, n):
+        return 200, completion("Well, I think B." if n == 0 else "B")
+
+    with ChatServer(chatty_first) as server:
+        judge = judge_of(server, retries=2)
+        assert judge.answer([Ask(Q, OPTIONS, "a red circle")]) == ["red"]
+        assert len(server.requests) == 2 and judge.counts["unparsable"] == 1
+    with ChatServer(lambda payload, n: (200, completion("no idea"))) as server:
+        judge = judge_of(server, retries=2)
+        (out,) = judge.answer([Ask(Q, OPTIONS, "a red circle")])
+        assert isinstance(out, JudgeFailed) and "unparsable" in str(out)
+        assert len(server.requests) == 3 and judge.counts["failed"] == 1  # 1 + 2 retries
+
+
+def test_server_errors_are_retried_and_a_dead_server_fails_the_call():
+    def flaky(payload, n):
+        return (503, {"error": "busy"}) if n < 2 else (200, completion("B"))
+
+    with ChatServer(flaky) as server:
+        judge = judge_of(server, retries=3)
+        assert judge.answer([Ask(Q, OPTIONS, "a red circle")]) == ["red"]
+        assert len(server.requests) == 3
+    with ChatServer(lambda payload, n: (500, {"error": "down"})) as server:
+        judge = judge_of(server, retries=1)
+        (out,) = judge.answer([Ask(Q, OPTIONS, "a red circle")])
+        assert isinstance(out, JudgeFailed) and "gave up after 2 attempt(s)" in str(out)
+    with (
+        ChatServer(lambda payload, n: (401, {"error": "bad key"})) as server,
+        pytest.raises(FatalBackendError, match="401"),
+    ):
+        judge_of(server).answer([Ask(Q, OPTIONS, "a red circle")])
+
+
+def test_a_slow_answer_times_out_and_is_retried():
+    def slow_first(payload, n):
+        if n == 0:
+            time.sleep(1.0)
+        return 200, completion("B")
+
+    with ChatServer(slow_first) as server:
+        judge = judge_of(server, timeout=0.2, retries=1)
+        assert judge.answer([Ask(Q, OPTIONS, "a red circle")]) == ["red"]
+        assert len(server.requests) == 2
+    with ChatServer(reads_the_caption, delay=1.0) as server:
+        (out,) = judge_of(server, timeout=0.2, retries=0).answer([Ask(Q, OPTIONS, "a red circle")])
+        assert isinstance(out, JudgeFailed) and "Timeout" in str(out)
+
+
+def test_round_robin_over_urls_and_bounded_concurrency():
+    with ChatServer(reads_the_caption, delay=0.05) as one, ChatServer(reads_the_caption, delay=0.05) as two:
+        judge = judge_of(one, two, concurrency=3)
+        asks = [Ask(Q, OPTIONS, f"a red circle {i}") for i in range(12)]
+        assert judge.answer(asks) == ["red"] * 12
+        assert len(one.requests) == len(two.requests) == 6
+        assert max(one.max_in_flight, two.max_in_flight) <= 3
+        assert one.max_in_flight + two.max_in_flight >= 2  # calls overlap
+
+
+def test_the_cache_answers_a_rerun_without_a_request(tmp_path):
+    asks = [Ask(Q, OPTIONS, "a red circle"), Ask(Q, OPTIONS, "a blue circle"), Ask(Q, OPTIONS, None)]
+    with ChatServer(reads_the_caption) as server:
+        first = judge_of(server, cache=AnswerCache(tmp_path / "answers.sqlite"))
+        answers = first.answer(asks)
+        first.close()
+        assert len(server.requests) == 3
+        again = judge_of(server, cache=AnswerCache(tmp_path / "answers.sqlite"))
+        assert again.answer(asks) == answers and len(server.requests) == 3
+        assert again.counts["cache_hits"] == 3
+        reordered = [Ask(Q, ("red", "blue", "green", CANNOT_ANSWER), "a red circle")]  # another order: another key
+        assert again.answer(reordered) == ["red"] and len(server.requests) == 4
+
+
+def test_failures_are_not_cached(tmp_path):
+    with ChatServer(lambda payload, n: (200, completion("??"))) as server:
+        judge = judge_of(server, retries=0, cache=AnswerCache(tmp_path / "a.sqlite"))
+        assert isinstance(judge.answer([Ask(Q, OPTIONS, "a red circle")])[0], JudgeFailed)
+        assert len(judge.cache) == 0
+
+
+def test_built_from_the_judge_section_and_used_by_the_qa_reward(tmp_path, monkeypatch):
+    monkeypatch.delenv("OPENAI_API_KEY", raising=False)
+    with ChatServer(reads_the_caption) as one, ChatServer(reads_the_caption) as two:
+        cfg = load(None, ["judge.name=openai", f"judge.urls=[{one.url}, {two.url}]", "judge.model=m",
+                          "judge.shuffles=2"])  # fmt: skip
+        judge = get_judge("openai", cfg, cache_path=tmp_path / "c.sqlite", sleep=lambda s: None)
+        reward = QAUtilityReward(judge, questions={0: [Q]}, shuffles=cfg.judge.shuffles)
+        out = reward(["a red circle", "a circle"], {"image_ids": [0], "image_index": [0, 0]})
+        assert out.total.tolist() == [1.0, 0.0] and out.parts["judge_cannot_answer"].tolist() == [0, 2]
+        # blind: 2 asks; captions: 2 x 2 asks; one judge call each, spread over both servers
+        assert len(one.requests) + len(two.requests) == 6 and len(one.requests) == 3
+    with pytest.raises(ValueError, match="judge.urls"):
+        get_judge("openai", load(None, ["judge.model=m"]))
+    with pytest.raises(ValueError, match="judge.urls"):
+        load(None, ["judge.urls=[ftp://x]"])
+
+
+def test_a_server_failing_a_third_of_its_calls_fails_those_captions_only():
+    """Every third distinct prompt gets HTTP 500 (no retry left): its caption is marked failed, no other's value
+    changes (the same captions against a server that never fails)."""
+    seen: dict[str, int] = {}
+
+    def third_fails(payload, n):
+        key = user_text(payload)
+        index = seen.setdefault(key, len(seen))
+        return (500, {"error": "overloaded"}) if index % 3 == 2 else reads_the_caption(payload, n)
+
+    captions = [f"a {c} circle" for c in ("red", "blue", "green", "red", "pink", "blue")]
+    batch = {"image_ids": [0], "image_index": [0] * 6}
+    with ChatServer(third_fails) as flaky, ChatServer(reads_the_caption) as good:
+        out = QAUtilityReward(judge_of(flaky, retries=0), questions={0: [Q]}, shuffles=1)(captions, batch)
+        clean = QAUtilityReward(judge_of(good, retries=0), questions={0: [Q]}, shuffles=1)(captions, batch)
+    failed = out.parts["judge_failed"].bool()
+    assert 0 < int(failed.sum()) < 6
+    assert out.total[~failed].tolist() == clean.total[~failed].tolist()
+    assert out.total[failed].tolist() == [0.0] * int(failed.sum())
+    if hasattr(out, "failed"):
+        assert out.failed.tolist() == failed.tolist()
+
+
+def _write_answers(path, start):
+    cache = AnswerCache(path)
+    for i in range(start, start + 200):
+        cache.put(f"k{i % 300}", {"v": i % 300})
+    cache.close()
+
+
+def test_the_cache_is_safe_for_two_processes(tmp_path):
+    import multiprocessing
+
+    path = tmp_path / "answers.sqlite"
+    context = multiprocessing.get_context("fork")
+    workers = [context.Process(target=_write_answers, args=(path, start)) for start in (0, 100)]
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join(60)
+    assert [w.exitcode for w in workers] == [0, 0]
+    cache = AnswerCache(path)
+    assert len(cache) == 300 and all(cache.get(f"k{i}") == {"v": i} for i in range(300))

@@ -1,0 +1,161 @@
+"""The world judge: exact answers on constructed captions (a fact stated, contradicted, absent; blind), its seeded
+noise, its claims and support against the scene, and the questions made from a scene graph."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from finecap.boost.world_facts import render_facts
+from finecap.judges import get_judge
+from finecap.judges.base import CANNOT_ANSWER, Ask, JudgeFailed, Question, Subject
+from finecap.judges.claims import claim_scores
+from finecap.judges.questions import presentations, read_questions, scene_questions, write_questions
+from finecap.judges.world import WorldJudge
+from finecap.world.facts import faithfulness, scene_facts
+from finecap.world.scene import Obj, Scene
+
+SCENE = Scene(0, "grass", [Obj("circle", "red", "large", 0, 0), Obj("square", "blue", "small", 2, 2, "striped")])
+COLOR = Question("0/color/circle", "What colour is the circle?", ("red", "blue", "green"), "red", ("color", "circle"))
+ORDER = ("green", "red", "blue", CANNOT_ANSWER)
+
+
+def ask(caption, question=COLOR, options=ORDER):
+    return Ask(question, options, caption)
+
+
+def test_answers_a_stated_a_contradicted_and_an_absent_fact():
+    judge = WorldJudge()
+    answers = judge.answer([ask("a red circle on grass"), ask("a blue circle"), ask("a red square"), ask(None),
+                            ask("a purple circle")])  # fmt: skip
+    # stated: red; contradicted: blue (the caption's value, wrong); absent: the square's colour is not the circle's;
+    # blind: no caption; a value that is not an option: nothing to choose
+    assert answers == ["red", "blue", CANNOT_ANSWER, CANNOT_ANSWER, CANNOT_ANSWER]
+
+
+def test_two_stated_values_give_the_first_presented_option():
+    judge = WorldJudge()
+    assert judge.answer([ask("a red blue circle", options=("blue", "red", "green", CANNOT_ANSWER))]) == ["blue"]
+    assert judge.answer([ask("a red blue circle", options=("red", "blue", "green", CANNOT_ANSWER))]) == ["red"]
+
+
+def test_background_and_count_questions_and_a_question_without_a_fact():
+    bg = Question("0/bg", "What is the background?", ("sand", "grass"), "grass", ("background", None))
+    count = Question("0/n", "How many shapes?", ("1", "2", "3"), "2", ("count", None))
+    free = Question("0/free", "Is it sunny?", ("yes", "no"), "yes")
+    judge = WorldJudge()
+    out = judge.answer([ask("two shapes on sand", bg, ("grass", "sand", CANNOT_ANSWER)),
+                        ask("two shapes on sand", count, ("1", "2", "3", CANNOT_ANSWER)),
+                        ask("a circle", free, ("yes", "no", CANNOT_ANSWER))])  # fmt: skip
+    assert out[:2] == ["sand", "2"]
+    assert isinstance(out[2], JudgeFailed) and "fact" in str(out[2])
+    assert judge.counts["failed"] == 1 and judge.counts["calls"] == 3
+
+
+def test_the_questions_of_a_scene_are_all_answered_from_a_caption_stating_every_fact():
+    questions = scene_questions(0, SCENE)
+    # circle: colour, size, position; square: the same and its pattern; background; count
+    assert len(questions) == 9 and len({q.id for q in questions}) == 9
+    caption = render_facts(scene_facts(SCENE))
+    judge = WorldJudge()
+    for q in questions:
+        for options in presentations(q, 3):
+            assert options[-1] == CANNOT_ANSWER and sorted(options[:-1]) == sorted(q.options)
+            assert judge.answer([Ask(q, options, caption)]) == [q.answer], q
+            assert judge.answer([Ask(q, options, "")]) == [CANNOT_ANSWER]
+    assert scene_questions(0, SCENE) == questions  # the wrong options are seeded by the question
+
+
+def test_presentations_shuffle_and_are_seeded():
+    q = scene_questions(0, SCENE)[0]
+    assert presentations(q, 4, seed=1) == presentations(q, 4, seed=1)
+    orders = {o for seed in range(20) for o in presentations(q, 2, seed)}
+    assert len(orders) > 1
+
+
+def test_noise_flips_the_set_share_of_answers_the_same_way_every_time():
+    questions = scene_questions(0, SCENE)
+    captions = ("a red circle", "a blue circle at the top left", "two shapes on grass", "a striped square", "x")
+    asks = [Ask(q, o, c) for q in questions for o in presentations(q, 4) for c in captions]
+    exact = WorldJudge().answer(asks)
+    always = WorldJudge(noise=1.0).answer(asks)
+    assert all(a != e for a, e in zip(always, exact))
+    some = WorldJudge(noise=0.3, seed=5).answer(asks)
+    flipped = sum(a != e for a, e in zip(some, exact)) / len(asks)
+    assert 0.22 < flipped < 0.38  # 180 draws of p = 0.3
+    assert WorldJudge(noise=0.3, seed=5).answer(asks) == some
+    assert WorldJudge(noise=0.3, seed=6).answer(asks) != some
+    with pytest.raises(ValueError, match="judge.noise"):
+        WorldJudge(noise=1.5)
+
+
+def test_claims_against_the_scene_are_the_faithfulness_metrics():
+    judge = get_judge("world", None)
+    captions = ["a red circle at the top left", "a blue circle on sand", "two squares", "", "a striped square"]
+    scores = claim_scores(judge, captions, [Subject(0, (), SCENE)] * len(captions))
+    for caption, s in zip(captions, scores):
+        want = faithfulness(caption, SCENE)
+        assert (s.precision, s.recall) == (want.precision, want.recall), caption
+        assert (s.n_claims, s.n_supported, s.n_covered) == (want.n_stated, want.n_correct, want.n_recalled)
+
+
+def test_claims_against_references_without_a_scene():
+    judge = WorldJudge()
+    # reference facts: object(circle), color(circle)=red, background=grass; the caption states 2, one of them false
+    s = claim_scores(judge, ["a blue circle"], [Subject(0, ("a red circle on grass",))])[0]
+    assert (s.precision, s.recall) == (0.5, pytest.approx(1 / 3))
+    score, reason = judge.rate([("a blue circle", Subject(0, (), SCENE))])[0]
+    assert "false: color(circle)=blue" in reason and score == pytest.approx(100 * 2 * 0.5 * (1 / 11) / (0.5 + 1 / 11))
+
+
+def test_questions_file_round_trip_and_errors(tmp_path):
+    path = tmp_path / "questions.jsonl"
+    write_questions({0: scene_questions(0, SCENE)}, path)
+    assert read_questions(path) == {0: scene_questions(0, SCENE)}
+    path.write_text('{"image_id": "a.jpg", "questions": [{"question": "Colour?", "options": ["red", "blue"], '
+                    '"answer": "B"}]}\n')  # fmt: skip
+    (q,) = read_questions(path)["a.jpg"]
+    assert q.answer == "blue" and q.fact is None
+    path.write_text('{"image_id": 1, "questions": [{"question": "Colour?", "options": ["red"], "answer": "pink"}]}\n')
+    with pytest.raises(ValueError, match=r"questions.jsonl:1: .*'pink' is not one of"):
+        read_questions(path)
+    path.write_text("not json\n")
+    with pytest.raises(ValueError, match=r"questions.jsonl:1: not JSON"):
+        read_questions(path)
+
+
+def test_caprls_layout_with_the_options_in_the_question_text(tmp_path):
+    path = tmp_path / "caprl.jsonl"
+    question = "What colour is the circle?\n   - A) red\n   - B) blue\n   - C) Can not answer based on the caption"
+    path.write_text(json.dumps({"image_id": 3, "questions": [{"question": question, "answer": "B"}]}) + "\n")
+    (q,) = read_questions(path)[3]
+    assert (q.text, q.options, q.answer) == ("What colour is the circle?", ("red", "blue"), "blue")
+
+
+class AlwaysRed(WorldJudge):
+    """A judge of one's own: the world judge, but every question is answered "red" when that is an option."""
+
+    name = "always_red"
+
+    def answer(self, asks):
+        return ["red" if "red" in a.options else CANNOT_ANSWER for a in asks]
+
+
+def always_red(cfg, **options):
+    return AlwaysRed()
+
+
+def not_a_judge(cfg, **options):
+    return object()
+
+
+def test_a_judge_of_ones_own_by_dotted_path():
+    from finecap.config import load
+
+    judge = get_judge(f"{__name__}:always_red", load(None, [f"judge.name={__name__}:always_red"]))
+    assert judge.name == "always_red" and judge.answer([ask("a blue circle")]) == ["red"]
+    with pytest.raises(ValueError, match="not a finecap.judges.base.Judge"):
+        get_judge(f"{__name__}:not_a_judge", None)
+    with pytest.raises(ValueError, match="judge.name: unknown judge 'nope'; valid names: openai, world"):
+        get_judge("nope", None)

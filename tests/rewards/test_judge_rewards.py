@@ -1,0 +1,186 @@
+"""The judge-backed rewards, computed by hand on 2 images x 3 captions: QA utility (CapRL's) and claim precision,
+recall and F1 on the world judge; a judge failure marks its caption, never pays it a value."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from finecap.judges.base import JudgeFailed, Question
+from finecap.judges.world import WorldJudge
+from finecap.rewards import RewardOutput, WeightedSum, call_batch, get_reward
+from finecap.rewards.claims import ClaimsReward
+from finecap.rewards.qa_utility import QAUtilityReward
+from finecap.world.facts import faithfulness
+from finecap.world.scene import Obj, Scene
+
+A = Scene(0, "grass", [Obj("circle", "red", "large", 0, 0)])
+B = Scene(1, "sand", [Obj("star", "green", "small", 1, 1, "dotted")])
+SCENES = {0: A, 1: B}
+QUESTIONS = {
+    0: [Question("A/color", "What colour is the circle?", ("red", "blue", "green"), "red", ("color", "circle")),
+        Question("A/bg", "What is the background?", ("grass", "sand"), "grass", ("background", None)),
+        Question("A/count", "How many shapes?", ("1", "2", "3"), "1", ("count", None))],
+    1: [Question("B/color", "What colour is the star?", ("green", "red"), "green", ("color", "star")),
+        Question("B/pos", "Where is the star?", ("middle", "top left", "bottom"), "middle", ("position", "star"))],
+}  # fmt: skip
+CAPTIONS = ["a red circle on grass", "a blue circle on sand", "two circles",
+            "a green star in the middle", "a red star at the top left", "a star"]  # fmt: skip
+BATCH = {"image_ids": [0, 1], "image_index": torch.tensor([0, 0, 0, 1, 1, 1])}
+
+
+def values(t: torch.Tensor) -> list[float]:
+    return [round(v, 6) for v in t.tolist()]
+
+
+def test_qa_utility_by_hand():
+    reward = QAUtilityReward(WorldJudge(), questions=QUESTIONS, shuffles=2)
+    out = reward(CAPTIONS, BATCH)
+    # image 0 (3 questions): right colour + background; wrong colour + background; wrong count (2), nothing else
+    # image 1 (2 questions): both right; both wrong; neither stated
+    assert values(out.total) == values(torch.tensor([2 / 3, 0, 0, 1, 0, 0]))
+    assert values(out.parts["answered"]) == values(out.total)
+    assert values(out.parts["wrong"]) == values(torch.tensor([0, 2 / 3, 1 / 3, 0, 1, 0]))
+    assert values(out.parts["cannot_answer"]) == values(torch.tensor([1 / 3, 1 / 3, 2 / 3, 0, 0, 1]))
+    assert out.parts["judge_cannot_answer"].tolist() == [2, 2, 4, 0, 0, 4]  # asks: questions x 2 shuffles
+    assert out.parts["judge_failed"].tolist() == [0] * 6
+    assert reward.blind == {"questions": 5, "dropped": 0, "share": 0.0}
+
+
+def test_qa_utility_from_the_scene_graphs_through_the_registry():
+    reward = get_reward("qa_utility", None, scenes=SCENES, shuffles=1)
+    # A: colour, size, position, background, count (5); B: the same and the pattern (6)
+    out = reward(CAPTIONS, BATCH)
+    assert values(out.total) == values(torch.tensor([2 / 5, 0, 0, 2 / 6, 0, 0]))  # colour + background; colour + cell
+
+
+class BlindGuesser(WorldJudge):
+    """Answers the background question right without the caption (a blind judge that knows the world's grass)."""
+
+    def answer(self, asks):
+        return [a.question.answer if a.caption is None and a.question.id == "A/bg" else x
+                for a, x in zip(asks, super().answer(asks))]  # fmt: skip
+
+
+def test_blind_answerable_questions_are_dropped_and_their_share_reported():
+    reward = QAUtilityReward(BlindGuesser(), questions=QUESTIONS, shuffles=2)
+    assert reward.blind == {"questions": 5, "dropped": 1, "share": 0.2}
+    out = reward(CAPTIONS[:3], call_batch([0, 0, 0]))
+    assert values(out.total) == values(torch.tensor([1 / 2, 0, 0]))  # colour and count only
+
+
+class FailsOn(WorldJudge):
+    """Fails every ask about one caption."""
+
+    def __init__(self, caption):
+        super().__init__()
+        self.bad = caption
+
+    def answer(self, asks):
+        return [JudgeFailed("down") if a.caption == self.bad else x for a, x in zip(asks, super().answer(asks))]
+
+    def claims(self, texts):
+        return [JudgeFailed("down") if t == self.bad else x for t, x in zip(texts, super().claims(texts))]
+
+
+@pytest.mark.parametrize("name", ["qa_utility", "claims"])
+def test_a_judge_failure_marks_its_caption_and_changes_no_other(name):
+    judge = FailsOn(CAPTIONS[0])
+    options = {"questions": QUESTIONS} if name == "qa_utility" else {"scenes": SCENES}
+    out = get_reward(name, None, judge=judge, **options)(CAPTIONS, BATCH)
+    clean = get_reward(name, None, judge=WorldJudge(), **options)(CAPTIONS, BATCH)
+    assert out.parts["judge_failed"].tolist() == [1, 0, 0, 0, 0, 0]
+    assert out.total[0] == 0 and out.total[1:].tolist() == clean.total[1:].tolist()
+    if hasattr(out, "failed"):
+        assert out.failed.tolist() == [True, False, False, False, False, False]
+    summed = WeightedSum({name: (1.0, get_reward(name, None, judge=judge, **options))})(CAPTIONS, BATCH)
+    assert summed.parts[f"{name}/judge_failed"].tolist() == [1, 0, 0, 0, 0, 0]
+
+
+def test_claims_by_hand_and_equal_to_the_faithfulness_metric():
+    out = ClaimsReward(WorldJudge(), scenes=SCENES)(CAPTIONS, BATCH)
+    # A's facts: object, colour, size, position, background, count (6); B's also its pattern (7)
+    p = [1, 1 / 3, 1 / 2, 1, 1 / 3, 1]
+    r = [3 / 6, 1 / 6, 1 / 6, 3 / 7, 1 / 7, 1 / 7]
+    f1 = [2 / 3, 2 / 9, 1 / 4, 3 / 5, 1 / 5, 1 / 4]
+    assert values(out.parts["precision"]) == values(torch.tensor(p))
+    assert values(out.parts["recall"]) == values(torch.tensor(r))
+    assert values(out.parts["f1"]) == values(out.total) == values(torch.tensor(f1))
+    for n, caption in enumerate(CAPTIONS):
+        want = faithfulness(caption, SCENES[BATCH["image_index"][n].item()])
+        assert out.parts["precision"][n].item() == pytest.approx(want.precision)
+        assert out.parts["recall"][n].item() == pytest.approx(want.recall)
+    recall = ClaimsReward(WorldJudge(), scenes=SCENES, score="recall")(CAPTIONS, BATCH)
+    assert values(recall.total) == values(torch.tensor(r))
+
+
+def test_claims_against_a_calls_own_references():
+    batch = call_batch([0, 0], [["a red circle on grass"]] * 2)
+    out = get_reward("claims", None, references={0: ["unused"]})(["a red circle", "a blue square"], batch)
+    # reference facts: object(circle), color(circle)=red, background=grass
+    assert values(out.parts["precision"]) == [1.0, 0.0]
+    assert values(out.parts["recall"]) == values(torch.tensor([2 / 3, 0.0]))
+
+
+def test_the_rewards_refuse_to_build_without_their_data():
+    with pytest.raises(ValueError, match="questions="):
+        get_reward("qa_utility", None)
+    with pytest.raises(ValueError, match="references="):
+        get_reward("claims", None)
+    assert isinstance(QAUtilityReward(WorldJudge(), questions=QUESTIONS)(["a"], {"image_ids": [0]}), RewardOutput)
+    with pytest.raises(ValueError, match="image 5 has no questions"):
+        QAUtilityReward(WorldJudge(), questions=QUESTIONS)(["a"], {"image_ids": [5]})
+
+
+def test_the_trl_adapter_pays_what_the_reward_pays_in_process():
+    from finecap.integrations.trl import reward_function
+
+    for name, options in (("qa_utility", {"questions": QUESTIONS}), ("claims", {"scenes": SCENES})):
+        fn = reward_function(name, **options)
+        ids = BATCH["image_index"].tolist()
+        in_process = get_reward(name, None, **options)(CAPTIONS, call_batch(ids))
+        assert fn(prompts=["p"] * 6, completions=CAPTIONS, image_id=ids) == in_process.total.tolist()
+
+
+def test_served_as_serve_reward_sets_it_up_the_values_are_the_in_process_ones(tmp_path):
+    """``finecap serve-reward``'s set-up (the training loop's: the run's judge, the world's scenes) pays what the
+    rewards built in process on the same scenes pay."""
+    from finecap.app.serve_reward import load_reward
+    from finecap.config import load
+    from finecap.world.make import load_scenes
+    from helpers.tiny_world import make_tiny_world, world_items
+
+    world = make_tiny_world(tmp_path / "world")
+    cfg = load(None, [*world_items(world), "rl.rewards={qa_utility: 1.0, claims: 0.5}", "judge.noise=0.2"])
+    served, records = load_reward(cfg)
+    ids = [r.image_id for r in records[:4] for _ in range(2)]
+    captions = [c for r in records[:4] for c in (r.captions[0], "a red circle on grass")]
+    out = served(captions, call_batch(ids))
+    scenes = load_scenes(world)
+    judge = WorldJudge(noise=0.2)
+    qa = get_reward("qa_utility", None, judge=judge, scenes=scenes)(captions, call_batch(ids))
+    claims = get_reward("claims", None, judge=judge, scenes=scenes)(captions, call_batch(ids))
+    assert out.parts["qa_utility"].tolist() == qa.total.tolist()
+    assert out.parts["claims"].tolist() == claims.total.tolist()
+    assert out.total.tolist() == pytest.approx((qa.total + 0.5 * claims.total).tolist())
+
+
+def test_judged_output_sets_failed_where_the_output_has_the_field(monkeypatch):
+    import dataclasses as dc
+
+    from finecap.rewards import judged
+
+    total, failed = torch.tensor([0.5, 0.0]), torch.tensor([False, True])
+    plain = judged.judged_output(total, {"x": total}, failed)
+    assert plain.total is total
+    if "failed" not in {f.name for f in dc.fields(RewardOutput)}:  # before the contract has it: the part carries it
+
+        @dc.dataclass
+        class WithFailed:
+            total: torch.Tensor
+            parts: dict = dc.field(default_factory=dict)
+            failed: torch.Tensor | None = None
+
+        monkeypatch.setattr(judged, "RewardOutput", WithFailed)
+    out = judged.judged_output(total, {"x": total}, failed)
+    assert out.failed.tolist() == [False, True]

@@ -1,0 +1,76 @@
+"""Length shaping wrapped around a reward, computed by hand on 2 images x 3 captions: CapRL's piecewise length
+reward, DAPO's soft overlong punishment, BalCapRL's length-conditional mask; a wrapped failure is passed on."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+from finecap.rewards import RewardOutput, get_reward
+from finecap.rewards.length import LengthMask, PiecewiseLength, SoftOverlong, piecewise_length, soft_overlong
+
+BATCH = {"image_ids": [0, 1], "image_index": torch.tensor([0, 0, 0, 1, 1, 1])}
+
+
+def words(*lengths: int) -> list[str]:
+    return [" ".join(["w"] * n) for n in lengths]
+
+
+class Fixed:
+    """A reward paying the given values, with a part and a failure mask of its own."""
+
+    per_caption = True
+
+    def __init__(self, values, failed=None):
+        self.values, self.failed = torch.tensor(values), failed
+
+    def __call__(self, captions, batch):
+        out = RewardOutput(self.values.clone(), {"inner": self.values.clone()})
+        if self.failed is not None and "failed" in {f.name for f in dataclasses.fields(RewardOutput)}:
+            out = RewardOutput(out.total, out.parts, failed=torch.tensor(self.failed))  # type: ignore[call-arg]
+        return out
+
+
+INNER = [0.2, 0.4, 0.6, 0.8, 1.0, 0.0]
+
+
+def test_caprl_piecewise_length():
+    # l1 = 3, l2 = 5: R_l = 1 up to 3 words, 1 - (L - 3) / 2 up to 5, then 0
+    out = PiecewiseLength(Fixed(INNER), l1=3, l2=5, weight=0.5)(words(2, 3, 4, 5, 6, 1), BATCH)
+    r = [1, 1, 0.5, 0, 0, 1]
+    assert out.parts["length_reward"].tolist() == r
+    assert out.total.tolist() == pytest.approx([v + 0.5 * x for v, x in zip(INNER, r)])
+    assert out.parts["inner"].tolist() == pytest.approx(INNER)
+    assert piecewise_length(torch.tensor([2.0, 3.0, 4.0]), 3, 3).tolist() == [1, 1, 0]  # l2 <= l1: a step
+
+
+def test_dapo_soft_overlong():
+    # L_max = 6, L_cache = 2: 0 up to 4 words, (4 - L) / 2 up to 6, -1 beyond
+    out = SoftOverlong(Fixed(INNER), max_length=6, cache=2)(words(2, 4, 5, 6, 7, 3), BATCH)
+    r = [0, 0, -0.5, -1, -1, 0]
+    assert out.parts["overlong"].tolist() == r
+    assert out.total.tolist() == pytest.approx([v + x for v, x in zip(INNER, r)])
+    assert soft_overlong(torch.tensor([100.0]), 6, 2).tolist() == [-1]
+    with pytest.raises(ValueError, match="cache"):
+        SoftOverlong(Fixed(INNER), max_length=6, cache=0)
+
+
+def test_balcaprl_length_mask():
+    out = LengthMask(Fixed(INNER), min_length=2, max_length=4)(words(1, 2, 4, 5, 3, 0), BATCH)
+    assert out.parts["length_mask"].tolist() == [0, 1, 1, 0, 1, 0]
+    assert out.total.tolist() == pytest.approx([0, 0.4, 0.6, 0, 1.0, 0])
+
+
+def test_a_transform_passes_the_wrapped_failures_and_hooks_on():
+    failed = [False, True, False, False, False, False]
+    out = PiecewiseLength(Fixed(INNER, failed), l1=3, l2=5)(words(1, 1, 1, 1, 1, 1), BATCH)
+    if hasattr(out, "failed"):
+        assert out.failed.tolist() == failed
+    shaped = get_reward("length", None, reward=Fixed(INNER), kind="mask", max_length=2)
+    assert shaped.per_caption and shaped(words(1, 3, 1, 1, 1, 1), BATCH).total.tolist()[:2] == pytest.approx([0.2, 0])
+    with pytest.raises(ValueError, match="reward="):
+        get_reward("length", None)
+    with pytest.raises(ValueError, match="unknown kind 'x'"):
+        get_reward("length", None, reward=Fixed(INNER), kind="x")
