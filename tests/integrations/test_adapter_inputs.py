@@ -79,9 +79,9 @@ def cider() -> CiderReward:
 
 def test_an_id_and_its_string_are_one_image_in_every_front_end():
     captions = ["a red circle", "a square"]
-    expected = Scorer(cider()).score(captions, [1, 2]).total
+    expected = Scorer(cider()).score(captions, [1, 2]).total.tolist()
     for ids in (["1", "2"], [1, "2"], [np.int64(1), np.int32(2)], np.array([1, 2])):
-        assert Scorer(cider()).score(captions, ids).total == expected
+        assert Scorer(cider()).score(captions, ids).total.tolist() == expected
         assert TrlReward("cider", cider())(prompts=["", ""], completions=captions, image_id=list(ids)) == expected
         infos = [{"image_id": i} for i in ids]
         assert [r["score"] for r in VerlReward(cider()).batch(["d", "d"], captions, ["", ""], infos)] == expected

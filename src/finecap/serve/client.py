@@ -174,10 +174,10 @@ def checked_values(data: dict[str, Any], n: int | None, url: str = "the reward s
     if isinstance(count, bool) or not isinstance(count, int) or count < 0:
         raise RewardServerError(200, "failed", f"{url} answered {count!r} where a count of failed captions belongs")
     total = data.get("total")
-    failed = {i for i, v in enumerate(total) if v is None} if isinstance(total, list) else set()
-    if len(failed) != count:
-        raise RewardServerError(200, "total", f"{url} answered {len(failed)} null values and a failed count of "
-                                f"{count}: a value is missing")  # fmt: skip
+    nulls = {i for i, v in enumerate(total) if v is None} if isinstance(total, list) else set()
+    if count and len(nulls) != count and not nulls:
+        raise RewardServerError(200, "failed", f"{url} answered a failed count of {count} and no null value")
+    failed = nulls if len(nulls) == count else set()  # an uncounted null is refused where it stands
     values = _number_list(total, n, "total", url, failed)
     parts = data.get("parts", {})
     if not isinstance(parts, dict):
