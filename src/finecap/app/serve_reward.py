@@ -8,8 +8,8 @@ trained into the finecap home when missing, and found there afterwards), the tra
 (:func:`finecap.data.datasets.load_records`), and the reward's ``setup`` with the inputs of those records
 (:meth:`finecap.rewards.RewardInputs.of_run`: no accelerator, no training context; on the device training would
 use): CIDEr-D's document frequencies from the training references, the retriever (``retriever.*``, the world encoder
-by default) and the training images' embeddings, the world's scenes for the listener. It is set up once; the server then
-answers requests until SIGINT or SIGTERM (exit code 0) (:mod:`finecap.serve`).
+by default) and the training images' embeddings, the world's scenes for the listener. It is set up once; the server
+then answers requests until SIGINT or SIGTERM (exit code 0) (:mod:`finecap.serve`).
 
 Beyond loopback, ``--token-file`` makes every request carry a bearer token (:func:`read_token`); without one the
 server warns that anyone who reaches the port can query it. A reward that raises ``SystemExit`` (or the worker's
