@@ -138,3 +138,24 @@ def test_references_of_a_request_replace_the_images_own_with_the_corpus_document
     neighbours = [ids[(n + 1) % len(ids)] for n in range(len(ids))]
     assert scored(ids, [own[i] for i in neighbours]) == pytest.approx(scored(neighbours), abs=1e-6)
     assert scored(neighbours) != pytest.approx(plain, abs=1e-3)
+
+
+def test_the_served_reward_is_built_without_a_training_context_or_an_accelerator(served, monkeypatch):
+    """``finecap serve-reward`` sets its reward up from its records (``RewardInputs.of_run``): building one with
+    ``TrainContext`` and ``Accelerator`` made unusable gives the served values."""
+    import accelerate
+
+    from finecap.app.serve_reward import load_reward
+    from finecap.contract import TrainContext
+    from finecap.rewards import call_batch
+
+    def refused(*args, **kwargs):
+        raise AssertionError("the reward server built a training context or an accelerator")
+
+    monkeypatch.setattr(TrainContext, "__init__", refused)
+    monkeypatch.setattr(accelerate.Accelerator, "__init__", refused)
+    reward, records = load_reward(served["cfg"])
+    assert len(records) == len(served["records"])
+    captions, ids = served["groups"][0]
+    expected = served["mix"].reward(captions, call_batch(ids)).total
+    assert torch.equal(reward(captions, call_batch(ids)).total, expected)
