@@ -70,6 +70,10 @@ if TYPE_CHECKING:
 
 VARIANTS = get_args(SRReward)
 DISTRACTORS = get_args(Distractors)
+NO_TABLE = (
+    "retrieval: give retriever= and one image table, images={image_id: PIL image} or embeddings={image_id: "
+    "tensor (D,)}"
+)
 
 
 # --------------------------------------------------------------------------------------------------------------------
@@ -261,8 +265,7 @@ class RetrievalReward(RewardBase):
             self.device = inputs.device
         if self.retriever is None:
             if inputs.retriever is None:
-                raise ValueError("retrieval: give retriever= and one image table, images={image_id: PIL image} or "
-                                 "embeddings={image_id: tensor (D,)}")  # fmt: skip
+                raise ValueError(NO_TABLE)
             self._set_retriever(inputs.retriever)
         if inputs.device is not None and isinstance(getattr(self.retriever, "model", None), torch.nn.Module):
             self.retriever.model.to(inputs.device)
@@ -270,8 +273,7 @@ class RetrievalReward(RewardBase):
             return
         given = [inputs.images is not None, inputs.embeddings is not None]
         if sum(given) > 1 or (not any(given) and inputs.records is None):
-            raise ValueError("retrieval: give retriever= and one image table, images={image_id: PIL image} or "
-                             "embeddings={image_id: tensor (D,)}")  # fmt: skip
+            raise ValueError(NO_TABLE)
         if inputs.images is not None:
             ids = list(inputs.images)
             table = self.retriever.embed_images([inputs.images[i] for i in ids]).cpu()  # (P, D)
