@@ -251,4 +251,7 @@ def test_failed_captions_are_not_read_by_check_finite_and_the_sum_ors_them():
     (t0, t1), parts = lone.values()
     assert t0 == 1.5 and math.isnan(t1) and parts["p"][0] == 1.0 and math.isnan(parts["p"][1])
     assert lone.values(failed=None) == ([1.5, None], {"p": [1.0, None]})
+    first, second = lone.split([1, 1])  # a merged call answered request by request: each its own mask
+    assert first.failed is not None and first.failed_mask() is None and first.values() == ([1.5], {"p": [1.0]})
+    assert second.failed.tolist() == [True] and second.values(failed=None) == ([None], {"p": [None]})
     assert WeightedSum({"words": (1.0, Words())})(["a"], {}).failed is None
