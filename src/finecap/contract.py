@@ -42,13 +42,13 @@ class StepInfo:
 
 @dataclass
 class TrainContext:
-    """What ``setup`` of an objective or a reward receives, once before training (or serving): the configuration,
-    the accelerator (device, ``gather`` for global-batch rewards), the training records (e.g. CIDEr-D document
-    frequencies), the tokenizer and the run directory.
+    """What ``setup`` of an objective receives, once before training: the configuration, the accelerator (device,
+    ``gather``), the training records, the tokenizer and the run directory. A reward is set up with the
+    :class:`finecap.rewards.RewardInputs` made of it (:meth:`~finecap.rewards.RewardInputs.from_context`).
 
-    Outside a training run (the reward server, a script) ``accelerator`` is ``None``: one process, the work on
-    ``device`` (default the CPU), and :meth:`main_process_first` holds nothing. A component that needs the
-    accelerator itself (an objective's global-batch baseline) is a training component and is never set up so.
+    Without an accelerator (a script) ``accelerator`` is ``None``: one process, the work on ``device`` (default the
+    CPU), and :meth:`main_process_first` holds nothing. A component that needs the accelerator itself (an objective's
+    global-batch baseline) is a training component and is never set up so.
     """
 
     cfg: Config

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import math
-from types import SimpleNamespace
 
 import pytest
 import torch
@@ -28,6 +27,7 @@ from finecap.models import lora  # noqa: E402
 from finecap.objectives.baselines import build_baseline  # noqa: E402
 from finecap.objectives.reinforce import Reinforce  # noqa: E402
 from finecap.rewards.base import RewardOutput, WeightedSum  # noqa: E402
+from helpers.contexts import training_context  # noqa: E402
 from helpers.vlm import images  # noqa: E402
 
 pytestmark = pytest.mark.slow
@@ -63,7 +63,7 @@ def run_scst(captioner):
     rl = RLConfig(samples=3)
     objective = Reinforce(WeightedSum({"words": (1.0, words)}), build_baseline(rl), rl=rl,
                           decode=DecodeConfig(engine="vllm", max_length=10), vllm=VLLM)  # fmt: skip
-    objective.setup(SimpleNamespace())
+    objective.setup(training_context([]))
     optimizer = torch.optim.Adam([p for p in captioner.parameters() if p.requires_grad], lr=1e-2)
     logged = []
     try:

@@ -79,9 +79,9 @@ def cider() -> CiderReward:
 
 def test_an_id_and_its_string_are_one_image_in_every_front_end():
     captions = ["a red circle", "a square"]
-    expected = Scorer(cider()).score(captions, [1, 2]).total
+    expected = Scorer(cider()).score(captions, [1, 2]).total.tolist()
     for ids in (["1", "2"], [1, "2"], [np.int64(1), np.int32(2)], np.array([1, 2])):
-        assert Scorer(cider()).score(captions, ids).total == expected
+        assert Scorer(cider()).score(captions, ids).total.tolist() == expected
         assert TrlReward("cider", cider())(prompts=["", ""], completions=captions, image_id=list(ids)) == expected
         infos = [{"image_id": i} for i in ids]
         assert [r["score"] for r in VerlReward(cider()).batch(["d", "d"], captions, ["", ""], infos)] == expected
@@ -151,3 +151,31 @@ def test_a_non_finite_value_in_process_names_the_reward():
         TrlReward("broken", Broken())(prompts=["", ""], completions=["a", "b"], image_id=[1, 2])
     with pytest.raises(ValueError, match=r"^reward 'the reward': total is inf"):
         asyncio.run(Scorer(Broken()).ascore(["a", "b"], [1, 2]))
+
+
+def test_every_adapter_takes_a_registry_name_with_its_options_as_trl_does():
+    """One entry shape (``Scorer.of``): each framework's adapter built from ``"cider"`` and its references gives the
+    values of the CIDEr-D reward built by hand on the same references (its own doctest: 5.26, 1.743), and refuses
+    options it does not know with the reward's settings named."""
+    from finecap.integrations.swift import async_orm
+    from finecap.integrations.trl import reward_function as trl_function
+
+    refs = {1: ["a red circle", "a small red circle"], 2: ["a blue square"]}
+    captions, ids = ["a red circle", "a square"], [1, 2]
+    expected = CiderReward(refs)(captions, {"image_ids": ids}).total.tolist()
+    infos = [{"image_id": i} for i in ids]
+    got = {
+        "TRL": trl_function("cider", references=refs)(prompts=["", ""], completions=captions, image_id=ids),
+        "verl": [r["score"] for r in VerlReward("cider", references=refs).batch(["d"] * 2, captions, ["", ""], infos)],
+        "ms-swift": orm("cider", references=refs)()(captions, image_id=ids),
+        "ms-swift async": asyncio.run(async_orm("cider", references=refs)()(captions, image_id=ids)),
+        "OpenRLHF": openrlhf_function("cider", references=refs)(captions, ["", ""], ids)["rewards"].tolist(),
+    }
+    for who, values in got.items():
+        assert values == expected, who
+    assert [round(v, 3) for v in expected] == [5.26, 1.743]
+    for make in (VerlReward, orm, openrlhf_function):
+        with pytest.raises(TypeError, match="unexpected keyword argument 'sigmaa' \\(settings: tokenize_text, sigma"):
+            make("cider", references=refs, sigmaa=6.0)
+    with pytest.raises(ValueError, match="give a finecap reward .* or a reward server's URL \\(url=\\), one of them"):
+        VerlReward()

@@ -23,7 +23,7 @@ from finecap.integrations.swift import async_orm, orm
 from helpers.served import small_mixture
 
 orms["finecap_mix"] = orm(small_mixture(), name="FinecapMix")
-orms["finecap_served"] = async_orm({url!r})
+orms["finecap_served"] = async_orm(url={url!r})
 """
 
 

@@ -71,6 +71,45 @@ def test_the_adapter_reads_the_training_loops_reward_table_and_refuses_missing_d
         reward_function("listener")
 
 
+def test_the_url_route_asks_a_running_reward_server(served):
+    """``reward_function(url=...)``: the values of a ``finecap serve-reward`` on 127.0.0.1, bit for bit those of the
+    same reward in process (by a built reward) and of the registry name with the same references."""
+    from finecap.serve.client import RewardServerError
+    from helpers.served import serving
+
+    service = served["cider"]
+    captions, ids = served["groups"][2]
+    completions = [conversational(c) for c in captions]
+    refs = {}
+    for r in served["records"]:
+        refs.setdefault(r.image_id, []).extend(r.captions)
+    with serving(service) as url:
+        remote = reward_function(url=url, name="cider")
+        got = remote(prompts=[""] * len(captions), completions=completions, image_id=ids)
+        with pytest.raises(RewardServerError, match=r"\(image_ids\[0\]\): unknown image id 'nope'.*\[HTTP 400\]"):
+            remote(prompts=[""], completions=["a"], image_id=["nope"])  # the server's refusal, by its field
+    assert remote.__name__ == "cider" and reward_function(url=url).__name__ == "finecap"
+    assert got == reward_function(service.reward)(prompts=[""] * len(captions), completions=completions, image_id=ids)
+    assert got == reward_function("cider", references=refs)(prompts=[""] * len(captions), completions=completions,
+                                                             image_id=ids)  # fmt: skip
+    assert max(got) > 0
+    with pytest.raises(TypeError, match=r"reward_function\('finecap'\): options \['references'\] are the reward's"):
+        reward_function(url=url, references=refs)
+    with pytest.raises(ValueError, match="give a finecap reward .* or a reward server's URL"):
+        reward_function()
+
+
+def test_a_caption_the_reward_could_not_score_is_none_for_trl():
+    from finecap.rewards import RewardBase, RewardOutput
+
+    class Judge(RewardBase):
+        def __call__(self, captions, batch):
+            return RewardOutput(torch.tensor([1.0, float("nan")]), failed=torch.tensor([False, True]))
+
+    fn = reward_function(Judge(), name="judge")
+    assert fn(prompts=["", ""], completions=["a", "b"], image_id=[1, 2]) == [1.0, None]  # TRL reads None as NaN
+
+
 def test_cider_with_the_evaluated_set_as_references_is_pycocoevalcaps_per_image_cider_d():
     from pycocoevalcap.cider.cider import Cider
 

@@ -22,8 +22,8 @@ from finecap.metrics.suite import evaluate
 from finecap.models.presets import tiny_clip_config
 from finecap.models.retriever import Retriever, load_retriever
 from finecap.models.tokenizer import world_tokenizer
+from finecap.rewards import reward_of
 from finecap.rewards.base import call_batch
-from finecap.rewards.retrieval import build
 from helpers.cli import refused, run_cli
 
 WORDS = ["a", "red", "blue", "circle", "square", "on", "grass", "big", "small", "the"]
@@ -111,12 +111,14 @@ def test_a_detail_past_the_window_counts_only_with_chunks():
     batch = call_batch([0, 0, 0, 1])
     captions = [red, blue, first_window, "a small square"]
 
-    truncate = build(retriever=r, embeddings=images, sr=SRConfig())(captions, batch)
+    truncate = reward_of("retrieval", retriever=r, embeddings=images, sr=SRConfig())(captions, batch)
     assert torch.equal(truncate.total[0], truncate.total[1])  # the colours and shapes are never read
     assert torch.equal(truncate.total[0], truncate.total[2])  # ... the same as the first window alone
     assert truncate.parts["truncated"].tolist() == [1.0, 1.0, 0.0, 0.0]  # 23, 23, 16, 4 tokens in a window of 16
 
-    chunks = build(retriever=with_mode(r, "chunks"), embeddings=images, sr=SRConfig())(captions, batch)
+    chunks = reward_of("retrieval", retriever=with_mode(r, "chunks"), embeddings=images, sr=SRConfig())(
+        captions, batch
+    )
     assert chunks.total[0] != chunks.total[1]  # red circle and blue square are told apart
     assert torch.equal(chunks.total[2:], truncate.total[2:])  # the captions that fit score as before
     assert chunks.parts["chunked"].tolist() == [1.0, 1.0, 0.0, 0.0] and "truncated" not in chunks.parts
@@ -124,7 +126,7 @@ def test_a_detail_past_the_window_counts_only_with_chunks():
 
 def test_error_names_the_caption_its_length_and_the_window():
     r = tiny_retriever(long_text="error")
-    reward = build(retriever=r, embeddings={7: torch.ones(24), 8: -torch.ones(24)}, sr=SRConfig())
+    reward = reward_of("retrieval", retriever=r, embeddings={7: torch.ones(24), 8: -torch.ones(24)}, sr=SRConfig())
     captions = ["a red circle", f"{PREFIX} red circle", f"{PREFIX} blue square on the grass"]
     with pytest.raises(ValueError) as e:
         reward(captions, call_batch([7, 8, 7]))
@@ -148,7 +150,9 @@ def test_truncated_counts_and_share_by_hand(tmp_path, caplog):
     assert with_mode(r, "chunks").encode_texts(texts).counts("x") == {"x/chunked": 2.0}
     assert r.encode_texts(texts[:1] + texts[2:3]).counts("retrieval") == {}  # none long: no key at all
 
-    out = build(retriever=r, embeddings={i: torch.randn(24) for i in range(4)})(texts, call_batch([0, 1, 2, 3]))
+    out = reward_of("retrieval", retriever=r, embeddings={i: torch.randn(24) for i in range(4)})(
+        texts, call_batch([0, 1, 2, 3])
+    )
     assert out.parts["truncated"].mean().item() == 0.5  # the logged share reward/retrieval/truncated
 
     image_dir = tmp_path / "images"

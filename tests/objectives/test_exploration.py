@@ -23,6 +23,7 @@ from finecap.objectives.exploration import (
     diversity_rewards,
 )
 from finecap.rewards import RewardOutput
+from helpers.contexts import training_context
 
 # --------------------------------------------------------------------------------------------------------------------
 # Distance
@@ -224,7 +225,7 @@ def test_smoke_sle_on_tiny_clipcap():
     batch = {"features": torch.randn(2, 16), "image_ids": [0, 1]}
     objective = get_objective("sle", load(None, ["rl.samples=3", "decode.max_length=8"]))
     records = [SimpleNamespace(image_id=i, captions=c) for i, c in refs.items()]
-    objective.setup(SimpleNamespace(train_records=records, accelerator=None))
+    objective.setup(training_context(records))
     opt = torch.optim.Adam(model.parameters(), lr=1e-3)
     before = [p.detach().clone() for p in model.parameters()]
     for _ in range(2):

@@ -17,6 +17,7 @@ from finecap.objectives.baselines import GreedyBaseline, LeaveOneOut, MeanBaseli
 from finecap.objectives.entropy import mean_entropy, token_entropy
 from finecap.objectives.reinforce import Reinforce, sequence_logprob
 from finecap.rewards import RewardOutput, WeightedSum, caption_rows
+from helpers.contexts import training_context
 
 # --------------------------------------------------------------------------------------------------------------------
 # Stand-ins
@@ -352,7 +353,7 @@ def test_smoke_reinforce_with_cider_on_tiny_clipcap(objective_name):
     cfg = load(None, ["rl.samples=3", "decode.max_length=8", f"rl.entropy_coef={coef}"])
     objective = get_objective(objective_name, cfg)
     records = [SimpleNamespace(image_id=i, captions=c) for i, c in CAPTIONS.items()]
-    objective.setup(SimpleNamespace(train_records=records, accelerator=None))
+    objective.setup(training_context(records))
     opt = torch.optim.Adam(model.parameters(), lr=1e-3)
     before = [p.detach().clone() for p in model.parameters()]
     for _ in range(3):

@@ -8,7 +8,7 @@ import torch
 
 from finecap.metrics.hallucination import chair
 from finecap.registry import REWARDS
-from finecap.rewards import WeightedSum, call_batch, get_reward
+from finecap.rewards import RewardInputs, WeightedSum, call_batch, get_reward, reward_of
 from finecap.rewards.chair import ChairReward
 
 OBJECTS = {1: frozenset({"dog", "person"}), 2: frozenset({"cat", "teddy bear"}), 3: frozenset()}
@@ -16,7 +16,7 @@ OBJECTS = {1: frozenset({"dog", "person"}), 2: frozenset({"cat", "teddy bear"}),
 
 def test_reward_is_one_minus_the_hallucinated_share_with_its_parts():
     assert REWARDS["chair"] == "finecap.rewards.chair:build"
-    reward = WeightedSum({"chair": (1.0, get_reward("chair", None, objects=OBJECTS))})
+    reward = WeightedSum({"chair": (1.0, reward_of("chair", objects=OBJECTS))})
     captions = [
         "two men and their dogs",  # person, dog: 0 of 2 hallucinated -> 1.0; recall 2/2
         "a dog chasing a cat and a frisbee",  # dog, cat, frisbee on image 1: cat, frisbee -> 1 - 2/3; recall 1/2
@@ -35,7 +35,7 @@ def test_reward_is_one_minus_the_hallucinated_share_with_its_parts():
 
 def test_recall_weight_references_and_the_metric_agree():
     # recall_weight 0.5: "a dog" on image 1 -> 1 - 0 + 0.5 * 1/2 = 1.25; "a cat" -> 1 - 1 + 0.5 * 0 = 0
-    reward = get_reward("chair", None, objects=OBJECTS, recall_weight=0.5)
+    reward = reward_of("chair", objects=OBJECTS, recall_weight=0.5)
     assert reward(["a dog", "a cat"], call_batch([1, 1])).total.tolist() == [1.25, 0.0]
     # a reference naming a cat makes the cat ground truth (CHAIR's reference code): 1 - 0
     with_refs = ChairReward(OBJECTS, {1: ["A dog and a cat."]})
@@ -49,30 +49,30 @@ def test_recall_weight_references_and_the_metric_agree():
 
 def test_factory_and_missing_images():
     with pytest.raises(ValueError, match="outside a training run give objects="):
-        get_reward("chair", None)
+        reward_of("chair")
     with pytest.raises(ValueError, match="not both"):
-        get_reward("chair", None, objects=OBJECTS, instances="x.json")
-    with pytest.raises(ValueError, match=r"^chair: instances: .*nope.json: no such file"):
-        get_reward("chair", None, instances="nope.json")
+        reward_of("chair", objects=OBJECTS, instances="x.json")
+    with pytest.raises(ValueError, match=r"^eval.instances: .*nope.json: no such file"):
+        reward_of("chair", instances="nope.json")
+    with pytest.raises(TypeError, match="unexpected keyword argument 'recall'.*settings: recall_weight"):
+        reward_of("chair", objects=OBJECTS, recall=0.5)
     with pytest.raises(ValueError, match=r"rl.rewards.chair: no objects for 1 predicted image\(s\), e.g. \[9\]"):
         ChairReward(OBJECTS)(["a dog"], call_batch([9]))
 
 
 def test_setup_in_a_run_reads_eval_instances_and_the_training_references(tmp_path):
-    from types import SimpleNamespace
-
     from finecap.config import load
+    from finecap.contract import TrainContext
     from finecap.data.records import Record
     from helpers.coco_instances import instances_file
 
     path = instances_file(tmp_path)  # image 3: a hot dog and a dining table
     records = [Record(3, tmp_path / "3.jpg", "train", ["A dog sniffs hot dogs on a table."])]
-    reward = get_reward("chair", load(None, ["data.format=coco", f"eval.instances={path}"]))
-    reward.setup(
-        SimpleNamespace(cfg=load(None, ["data.format=coco", f"eval.instances={path}"]), train_records=records)
-    )
+    cfg = load(None, ["data.format=coco", f"eval.instances={path}"])
+    reward = get_reward("chair", cfg)
+    reward.setup(RewardInputs.from_context(TrainContext(cfg, None, records, tokenizer=None, run_dir=tmp_path)))
     # hot dog, dog (the training reference names one: present), table -> 1 - 0; a cat: 1 - 1
     assert reward(["hot dogs and a dog on a table", "a cat"], call_batch([3, 3])).total.tolist() == [1.0, 0.0]
-    unset = get_reward("chair", load(None, ["data.format=coco"]))
-    with pytest.raises(ValueError, match=r"^rl.rewards.chair: data.format=coco has no object annotations; set eval"):
-        unset.setup(SimpleNamespace(cfg=load(None, ["data.format=coco"]), train_records=records))
+    coco = load(None, ["data.format=coco"])
+    with pytest.raises(ValueError, match=r"^chair: no object annotations: .* in a run set eval.instances="):
+        get_reward("chair", coco).setup(RewardInputs.of_run(coco, records))

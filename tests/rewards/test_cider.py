@@ -2,13 +2,14 @@
 
 import math
 from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
 import torch
 
 from finecap.data.records import Record
+from finecap.rewards import RewardInputs
 from finecap.rewards.cider import CiderReward
+from finecap.rewards.inputs import references_of
 
 # Two training images, one reference each: N = 2, every n-gram has df = 1, so idf = log 2 for all of them.
 REFS = {1: ["a b"], 2: ["c d"]}
@@ -54,9 +55,9 @@ def test_setup_reads_training_records_once():
     reward = CiderReward()
     with pytest.raises(RuntimeError, match="setup"):
         reward(["a b"], {"image_ids": [1]})
-    reward.setup(SimpleNamespace(train_records=records))
+    reward.setup(RewardInputs(references=references_of(records)))
     scorer = reward.scorer
-    reward.setup(SimpleNamespace(train_records=[]))  # second call: statistics are kept
+    reward.setup(RewardInputs(references={}))  # second call: statistics are kept
     assert reward.scorer is scorer
     assert reward(["a b"], {"image_ids": [1]}).total.item() == pytest.approx(EXACT, abs=1e-5)
 

@@ -1,7 +1,7 @@
 """Weighted reward sums R = sum w_i r_i, their logged parts and hooks, and the reward registry."""
 
+import math
 import re
-from types import SimpleNamespace
 
 import pytest
 import torch
@@ -9,13 +9,18 @@ import torch
 from finecap.config import load
 from finecap.rewards import (
     REWARDS,
+    FunctionReward,
     NonFiniteReward,
+    RewardBase,
+    RewardInputs,
     RewardOutput,
     WeightedSum,
+    as_reward,
     build_reward,
     caption_rows,
     check_finite,
     get_reward,
+    reward_of,
 )
 from finecap.rewards.cider import CiderReward
 
@@ -28,21 +33,26 @@ class Words:
         return RewardOutput(total, {"words": total})
 
 
-class Pieces:
+class Pieces(RewardBase):
     """Two pieces: 1 per caption and the caption's row; total = their sum. Stateful (counts its calls)."""
+
+    needs = frozenset({"retriever"})
+    per_caption = True
+    settings = ("offset",)
 
     def __init__(self):
         self.calls = 0
-        self.ctx = None
+        self.inputs = None
+        self.offset = 0.0
 
-    def setup(self, ctx):
-        self.ctx = ctx
+    def setup(self, inputs):
+        self.inputs = inputs
 
     def __call__(self, captions, batch):
         self.calls += 1
         rows = caption_rows(captions, batch).float()
         ones = torch.ones(len(captions))
-        return RewardOutput(ones + rows, {"one": ones, "row": rows})
+        return RewardOutput(ones + rows + self.offset, {"one": ones, "row": rows})
 
     def state_dict(self):
         return {"calls": self.calls}
@@ -71,9 +81,9 @@ def test_weighted_sum_and_unweighted_parts():
 def test_hooks_are_forwarded():
     pieces = Pieces()
     reward = WeightedSum({"words": (1.0, Words()), "pieces": (1.0, pieces)})
-    ctx = SimpleNamespace(train_records=[])
-    reward.setup(ctx)
-    assert pieces.ctx is ctx
+    inputs = RewardInputs(references={})
+    reward.setup(inputs)
+    assert pieces.inputs is inputs
     reward(["a"], {})
     reward(["a"], {})
     state = reward.state_dict()
@@ -148,3 +158,100 @@ def test_build_reward_from_config_weights():
         "cider": 1.0,
         f"{__name__}:pieces_factory": 0.25,
     }
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# The contract: declared facts, a plain callable wrapped once, failed captions
+# --------------------------------------------------------------------------------------------------------------------
+
+
+def test_reward_base_declares_its_facts_and_the_sum_combines_them():
+    plain = RewardBase()
+    assert (plain.needs, plain.per_caption, plain.compares_images, plain.known_images()) == (
+        frozenset(), False, False, None)  # fmt: skip
+    assert plain.state_dict() == {} and plain.settings == ()
+    with pytest.raises(NotImplementedError):
+        plain(["a"], {})
+    with pytest.raises(TypeError, match="unexpected keyword argument 'sigma' \\(settings: none"):
+        plain.configure(sigma=1.0)
+    pieces = Pieces()
+    pieces.configure(offset=2.0)
+    assert pieces(["a"], {}).total.tolist() == [3.0]
+    cider = CiderReward({1: ["a b"], 2: ["c d"]})
+    mix = WeightedSum({"pieces": (1.0, Pieces()), "cider": (1.0, cider)})
+    assert mix.needs == {"retriever"} and mix.per_caption and not mix.compares_images
+    assert mix.known_images() == {1, 2}  # Pieces does not say; CIDEr-D knows its corpus
+    assert not WeightedSum({"pieces": (1.0, Pieces()), "words": (1.0, Words())}).per_caption  # Words is unmarked
+
+
+def test_a_plain_callable_reward_is_wrapped_once_reading_its_declared_facts():
+    def length(captions, batch):
+        total = torch.tensor([float(len(c)) for c in captions])
+        return RewardOutput(total)
+
+    length.per_caption = True
+    length.needs = frozenset({"retriever"})
+    wrapped = as_reward(length)
+    assert isinstance(wrapped, FunctionReward) and as_reward(wrapped) is wrapped
+    length.per_caption = False  # read once, when wrapped
+    assert wrapped.per_caption and wrapped.needs == {"retriever"} and not wrapped.compares_images
+    assert wrapped(["ab", "c"], {}).total.tolist() == [2.0, 1.0]
+    wrapped.setup(RewardInputs())  # no set-up, no state
+    assert wrapped.state_dict() == {}
+    with pytest.raises(ValueError, match="rl.rewards: expected a reward .* got int"):
+        as_reward(3)
+
+
+def plain_factory(cfg):
+    """A user's factory returning a plain callable (by dotted path)."""
+    return Words()
+
+
+def test_a_plain_callable_by_dotted_path_serves_the_loop_and_the_adapters():
+    name = f"{__name__}:plain_factory"
+    reward = get_reward(name, load())
+    assert isinstance(reward, FunctionReward)
+    assert reward_of(name)(["a b c"], {}).total.tolist() == [3.0]
+    assert build_reward(load(None, [f"rl.rewards={{'{name}': 2.0}}"]))(["a b"], {}).total.tolist() == [4.0]
+    with pytest.raises(TypeError, match="unexpected keyword argument 'scale'"):
+        reward_of(name, scale=2.0)  # a plain callable declares no settings
+
+
+class Judge(RewardBase):
+    """Words, failing (values NaN or planted) on the captions that say "?"."""
+
+    def __init__(self, planted=math.nan):
+        self.planted = planted
+
+    def __call__(self, captions, batch):
+        total = torch.tensor([float(len(c.split())) for c in captions])
+        failed = torch.tensor(["?" in c for c in captions])
+        total[failed] = self.planted
+        return RewardOutput(total, {"judge": total.clone()}, failed)
+
+
+def test_failed_captions_are_not_read_by_check_finite_and_the_sum_ors_them():
+    captions = ["a b", "what ?", "a", "b ?"]
+    out = check_finite(Judge()(captions, {}), "judge")  # NaN at failed captions: not read
+    assert out.failed.tolist() == [False, True, False, True]
+    broken = RewardOutput(torch.tensor([1.0, math.nan]), failed=torch.tensor([True, False]))
+    with pytest.raises(NonFiniteReward, match="total is nan at caption 1 \\(1 of 2"):
+        check_finite(broken, "judge")  # a NaN outside the mask is still an error
+    with pytest.raises(ValueError, match="failed has shape \\(3,\\) for 2 captions"):
+        check_finite(RewardOutput(torch.tensor([1.0, 2.0]), failed=torch.zeros(3, dtype=torch.bool)), "judge")
+    mix = WeightedSum({"judge": (1.0, Judge(planted=0.0)), "words": (0.5, Words()),
+                       "other": (1.0, Judge())})  # fmt: skip
+    got = mix(captions, {})
+    assert got.failed.tolist() == [False, True, False, True]
+    total = got.total.tolist()
+    assert total[0] == 2 + 1 + 2 and total[2] == 1 + 0.5 + 1  # hand-computed: 1 * words + 0.5 * words + 1 * words
+    assert math.isnan(total[1]) and math.isnan(total[3])  # a failed caption is never paid, not even its 0
+    assert got.parts["judge"].tolist()[1] == 0.0  # a component's own value is logged as it gave it
+    lone = RewardOutput(torch.tensor([1.5, 7.0]), {"p": torch.tensor([1, 2])}, torch.tensor([False, True]))
+    (t0, t1), parts = lone.values()
+    assert t0 == 1.5 and math.isnan(t1) and parts["p"][0] == 1.0 and math.isnan(parts["p"][1])
+    assert lone.values(failed=None) == ([1.5, None], {"p": [1.0, None]})
+    first, second = lone.split([1, 1])  # a merged call answered request by request: each its own mask
+    assert first.failed is not None and first.failed_mask() is None and first.values() == ([1.5], {"p": [1.0]})
+    assert second.failed.tolist() == [True] and second.values(failed=None) == ([None], {"p": [None]})
+    assert WeightedSum({"words": (1.0, Words())})(["a"], {}).failed is None

@@ -8,7 +8,7 @@ import torch
 
 from finecap.config import load
 from finecap.registry import REWARDS
-from finecap.rewards import call_batch, get_reward
+from finecap.rewards import RewardInputs, call_batch, get_reward, reward_of
 from finecap.rewards.listener import ListenerReward
 from finecap.world.scene import Obj, Scene
 
@@ -48,20 +48,20 @@ def test_the_candidates_are_the_steps_global_batch():
 def test_factory_in_a_run_and_outside_one(tmp_path):
     assert REWARDS["listener"] == "finecap.rewards.listener:build"
     in_run = get_reward("listener", load())
-    assert in_run.scenes is None  # read from the world in setup(ctx)
+    assert in_run.scenes is None  # read from the world in setup(inputs)
     with pytest.raises(RuntimeError, match="call setup"):
         in_run(["a red circle"], {"image_ids": [0]})
-    outside = get_reward("listener", None, scenes=SCENES)
+    outside = reward_of("listener", scenes=SCENES)
     assert outside(["a blue square"], call_batch([2])).total.tolist() == [1.0]
     with pytest.raises(ValueError, match="outside a training run give scenes="):
-        get_reward("listener", None)
+        reward_of("listener")
     with pytest.raises(ValueError, match="not both"):
-        get_reward("listener", None, scenes=SCENES, world=tmp_path)
+        reward_of("listener", scenes=SCENES, world=tmp_path)
     with pytest.raises(KeyError, match="no scene graph for image id 7"):
         outside(["a circle"], call_batch([7]))
 
 
 def test_refused_off_the_world():
     cfg = load(None, ["data.format=jsonl", "data.path=captions.jsonl"])
-    with pytest.raises(ValueError, match="rl.rewards.listener: .* data.format=jsonl has none"):
-        get_reward("listener", cfg).setup(SimpleNamespace(cfg=cfg))
+    with pytest.raises(ValueError, match="a training run reads the world's scene graphs .* this data has none"):
+        get_reward("listener", cfg).setup(RewardInputs.of_run(cfg, []))

@@ -54,6 +54,10 @@ BAD_REPLIES = [  # (the reply's body, the field named, words)
     (b'{"total": [1.0, 2.0, 3.0]}', "total", "answered 3 values for 2 captions"),
     (b'{"total": [1.0, "2.0"]}', "total[1]", "answered str where a number belongs"),
     (b'{"total": [1.0, null]}', "total[1]", "answered NoneType where a number belongs"),
+    (b'{"total": [null, null], "failed": 1}', "total[0]", "answered NoneType where a number belongs"),
+    (b'{"total": [1.0, 2.0], "failed": 1}', "failed", "a failed count of 1 and no null value"),
+    (b'{"total": [1.0, null], "failed": "1"}', "failed", "where a count of failed captions belongs"),
+    (b'{"total": [1.0, null], "failed": 1, "parts": {"cider": [null, 1.0]}}', "parts.cider[0]", "NoneType"),
     (b'{"total": [true, 1.0]}', "total[0]", "answered bool where a number belongs"),
     (b'{"total": "1.0, 2.0"}', "total", "answered str where a list of numbers belongs"),
     (b'{"total": [1.0, 2.0], "parts": {"cider": [1.0]}}', "parts.cider", "answered 1 values for 2 captions"),
@@ -73,7 +77,7 @@ def test_a_bad_reply_is_refused_by_the_client_and_every_adapter(body, field, wor
             "client async": lambda: asyncio.run(RewardClient(url).ascore(captions, ids)),
             "verl": lambda: compute_score_batch(["d"] * 2, captions, ["", ""], infos, url=url),
             "ms-swift": lambda: orm(url=url)()(captions, image_id=ids),
-            "ms-swift async": lambda: asyncio.run(async_orm(url)()(captions, image_id=ids)),
+            "ms-swift async": lambda: asyncio.run(async_orm(url=url)()(captions, image_id=ids)),
             "OpenRLHF": lambda: openrlhf_function(url=url)(captions, ["", ""], ids),
         }
         for who, call in calls.items():
@@ -87,7 +91,7 @@ def test_a_good_reply_passes_and_the_token_comes_from_the_environment(monkeypatc
     monkeypatch.setenv("FINECAP_REWARD_TOKEN", "env-token-0123456789")
     with answering(b'{"total": [1, 2.5], "parts": {"cider": [1, 2.5]}}') as (url, seen):
         scored = RewardClient(url).score(["a", "b"], [1, 2])
-        assert (scored.total, scored.parts) == ([1.0, 2.5], {"cider": [1.0, 2.5]})
+        assert scored.values() == ([1.0, 2.5], {"cider": [1.0, 2.5]}) and scored.failed is None
         RewardClient(url, token="given-token-0123456789").score(["a", "b"], [1, 2])
     assert seen[0]["Authorization"] == "Bearer env-token-0123456789"
     assert seen[1]["Authorization"] == "Bearer given-token-0123456789"
@@ -128,3 +132,30 @@ def test_an_error_reply_naming_a_url_is_masked_too():
 def test_a_url_that_is_no_http_url_is_refused_at_once(url):
     with pytest.raises(ValueError, match="must start with http:// or https://"):
         RewardClient(url)
+
+
+def test_a_counted_null_is_a_failed_caption_through_the_client_and_every_adapter():
+    """A server's ``null`` with its count (a caption the reward could not score) reaches each trainer in its own
+    way: the client's mask, TRL's ``None`` (read by TRL as NaN), NaN for verl, ms-swift and OpenRLHF; never a 0."""
+    import math
+
+    from finecap.integrations.trl import reward_function as trl_function
+
+    body = b'{"total": [1.5, null], "parts": {"judge": [1.5, null]}, "failed": 1}'
+    captions, ids = ["a red circle", "a square"], [1, 2]
+    with answering(body) as (url, _):
+        out = RewardClient(url).score(captions, ids)
+        assert out.failed.tolist() == [False, True] and out.total[0].item() == 1.5 and math.isnan(out.total[1])
+        assert trl_function(url=url)(prompts=["", ""], completions=captions, image_id=ids) == [1.5, None]
+        verl = compute_score_batch(["d"] * 2, captions, ["", ""], [{"image_id": i} for i in ids], url=url)
+        swift = orm(url=url)()(captions, image_id=ids)
+        swift_async = asyncio.run(async_orm(url=url)()(captions, image_id=ids))
+        openrlhf = openrlhf_function(url=url)(captions, ["", ""], ids)["rewards"].tolist()
+        for who, values in {
+            "verl": [r["score"] for r in verl],
+            "verl part": [r["judge"] for r in verl],
+            "ms-swift": swift,
+            "ms-swift async": swift_async,
+            "OpenRLHF": openrlhf,
+        }.items():
+            assert values[0] == 1.5 and math.isnan(values[1]), who

@@ -11,8 +11,10 @@ from pathlib import Path
 
 import httpx
 import pytest
+import torch
 
-from finecap.rewards import call_batch
+from finecap.rewards import RewardBase, RewardOutput, call_batch
+from finecap.serve.service import ImageTable, RewardService
 from helpers.served import serve_command, serving
 
 SRC = Path(__file__).resolve().parents[2] / "src"
@@ -45,6 +47,31 @@ def test_both_endpoints_answer_the_in_process_values_and_echo_the_request(served
         health = httpx.get(f"{url}/health").json()
         assert health["status"] == "ok" and health["images"] == len(served["records"]) and health["requests"] >= 4
         assert health["reward"] == "1*retrieval + 0.5*cider"
+
+
+class Judge(RewardBase):
+    """Each caption's number of words; a caption holding "?" is one the judge could not score (its value planted 0,
+    which must never be answered)."""
+
+    per_caption = True
+
+    def __call__(self, captions, batch):
+        total = torch.tensor([float(len(c.split())) for c in captions])
+        failed = torch.tensor(["?" in c for c in captions])
+        total[failed] = 0.0
+        return RewardOutput(total, {"words": total.clone()}, failed)
+
+
+def test_a_failed_caption_is_answered_null_with_the_count_of_failed_captions():
+    with serving(RewardService(Judge(), ImageTable(range(5)), log_every=0)) as url:
+        got = httpx.post(f"{url}/reward", json={"captions": ["a b", "what ?", "c", "?"], "image_ids": [0, 1, 2, 3]})
+        assert got.status_code == 200
+        assert got.json() == {"id": None, "image_ids": [0, 1, 2, 3], "total": [2.0, None, 1.0, None],
+                              "parts": {"words": [2.0, None, 1.0, None]}, "failed": 2}  # fmt: skip
+        got = httpx.post(f"{url}/get_reward", json={"query": ["a b", "why ?"], "labels": [0, 1]}).json()
+        assert got == {"rewards": [2.0, None], "extra_logs": {"words": [2.0, None]}, "failed": 1}
+        got = httpx.post(f"{url}/reward", json={"captions": ["a b"], "image_ids": [0]}).json()
+        assert "failed" not in got and got["total"] == [2.0]  # no caption failed: no count
 
 
 def test_refused_requests_name_their_field_and_the_server_goes_on(served):

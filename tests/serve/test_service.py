@@ -11,7 +11,7 @@ import torch
 
 from finecap.rewards import RewardOutput
 from finecap.serve.protocol import RequestError, RewardRequest
-from finecap.serve.service import ImageTable, RewardFailed, RewardService, Scored
+from finecap.serve.service import ImageTable, RewardFailed, RewardService
 
 
 class Counting:
@@ -63,8 +63,8 @@ def test_concurrent_requests_of_a_per_caption_reward_are_merged_up_to_the_batch_
     reward = Counting(per_caption=True)
     service = RewardService(reward, ImageTable(range(10)), batch_size=4)
     got = run_concurrently(service, [request("a b", "c"), request("d e f"), request("g", "h", "i j"), request("k")])
-    assert [s.total for s in got] == [[2.0, 1.0], [3.0], [1.0, 1.0, 2.0], [1.0]]
-    assert got[0].parts == {"length": [2.0, 1.0]}
+    assert [s.total.tolist() for s in got] == [[2.0, 1.0], [3.0], [1.0, 1.0, 2.0], [1.0]]
+    assert {k: v.tolist() for k, v in got[0].parts.items()} == {"length": [2.0, 1.0]}
     assert reward.calls == [3, 4]  # all queued before the worker's first round: 2 + 1 captions, then 3 + 1
     assert (service.meter.total_requests, service.meter.total_captions) == (4, 7)
 
@@ -73,7 +73,7 @@ def test_requests_of_other_rewards_are_called_one_by_one():
     reward = Counting(per_caption=False)
     service = RewardService(reward, ImageTable(range(10)))
     got = run_concurrently(service, [request("a b", "c"), request("d e f"), request("g")])
-    assert [s.total for s in got] == [[2.0, 1.0], [3.0], [1.0]] and reward.calls == [2, 1, 1]
+    assert [s.total.tolist() for s in got] == [[2.0, 1.0], [3.0], [1.0]] and reward.calls == [2, 1, 1]
 
 
 def test_a_bad_request_fails_alone_and_the_service_goes_on():
@@ -82,7 +82,7 @@ def test_a_bad_request_fails_alone_and_the_service_goes_on():
     reward = Counting(per_caption=True)
     service = RewardService(reward, ImageTable(range(10)))
     got = run_concurrently(service, [request("a b"), request("boom"), request("bug"), request("c")])
-    assert got[0].total == [2.0] and got[3].total == [1.0]
+    assert got[0].total.tolist() == [2.0] and got[3].total.tolist() == [1.0]
     for failed in got[1:3]:
         assert isinstance(failed, RewardFailed) and not isinstance(failed, RequestError)  # answered 500
         assert "internal error: the reward reward failed on this request" in str(failed)
@@ -104,7 +104,7 @@ def test_the_service_must_be_running_and_stops_cleanly():
     with pytest.raises(RuntimeError, match="not running"):
         asyncio.run(service.score(service.job(request("a"))))
     assert run_concurrently(service, []) == []  # started and stopped twice: the worker and its thread end
-    assert isinstance(run_concurrently(service, [request("a")])[0], Scored)
+    assert isinstance(run_concurrently(service, [request("a")])[0], RewardOutput)
     with pytest.raises(ValueError, match="--batch-size: must be from 1 to 1,000,000, got 0"):
         RewardService(Counting(True), ImageTable([1]), batch_size=0)
 
@@ -114,8 +114,10 @@ def test_merged_cider_calls_are_bit_identical_to_separate_ones(served):
     jobs = [service.job(RewardRequest(c, i)) for c, i in served["groups"]]
     merged = service.score_now(jobs)
     alone = [service.score_now([j])[0] for j in jobs]
-    assert [m.total for m in merged] == [a.total for a in alone]
-    assert [m.parts for m in merged] == [a.parts for a in alone]
+    assert [m.total.tolist() for m in merged] == [a.total.tolist() for a in alone]
+    assert [{k: v.tolist() for k, v in m.parts.items()} for m in merged] == [
+        {k: v.tolist() for k, v in a.parts.items()} for a in alone
+    ]
 
 
 def test_references_of_a_request_replace_the_images_own_with_the_corpus_document_frequencies(served):
@@ -127,10 +129,33 @@ def test_references_of_a_request_replace_the_images_own_with_the_corpus_document
     own = {r.image_id: r.captions for r in served["records"]}
 
     def scored(image_ids, references=None):
-        return service.score_now([service.job(RewardRequest(captions, image_ids, references=references))])[0].total
+        return service.score_now([service.job(RewardRequest(captions, image_ids, references=references))])[
+            0
+        ].total.tolist()
 
     plain = scored(ids)
     assert scored(ids, [own[i] for i in ids]) == pytest.approx(plain, abs=1e-6) and max(plain) > 1.0
     neighbours = [ids[(n + 1) % len(ids)] for n in range(len(ids))]
     assert scored(ids, [own[i] for i in neighbours]) == pytest.approx(scored(neighbours), abs=1e-6)
     assert scored(neighbours) != pytest.approx(plain, abs=1e-3)
+
+
+def test_the_served_reward_is_built_without_a_training_context_or_an_accelerator(served, monkeypatch):
+    """``finecap serve-reward`` sets its reward up from its records (``RewardInputs.of_run``): building one with
+    ``TrainContext`` and ``Accelerator`` made unusable gives the served values."""
+    import accelerate
+
+    from finecap.app.serve_reward import load_reward
+    from finecap.contract import TrainContext
+    from finecap.rewards import call_batch
+
+    def refused(*args, **kwargs):
+        raise AssertionError("the reward server built a training context or an accelerator")
+
+    monkeypatch.setattr(TrainContext, "__init__", refused)
+    monkeypatch.setattr(accelerate.Accelerator, "__init__", refused)
+    reward, records = load_reward(served["cfg"])
+    assert len(records) == len(served["records"])
+    captions, ids = served["groups"][0]
+    expected = served["mix"].reward(captions, call_batch(ids)).total
+    assert torch.equal(reward(captions, call_batch(ids)).total, expected)

@@ -12,34 +12,38 @@ import pytest
 import torch
 
 from finecap.integrations.trl import reward_function
-from finecap.rewards import NonFiniteReward, RewardOutput
+from finecap.rewards import NonFiniteReward, RewardBase, RewardOutput
 from finecap.train.run import train
 
-SET_UP: list[int] = []  # the training records each Words reward saw in setup(ctx)
+SET_UP: list[int] = []  # the images with references each Words reward saw in setup(inputs)
 
 
-class Words:
+class Words(RewardBase):
     """Step 1 of the recipe: the reward, ``reward(captions, batch) -> RewardOutput``: a caption's number of words
-    (times ``scale``), with an optional ``setup(ctx)`` hook."""
+    (times ``scale``, a setting), with a ``setup(inputs)`` hook."""
 
-    def __init__(self, scale: float = 1.0) -> None:
-        self.scale = scale
+    per_caption = True  # a caption's value is its own
+    settings = ("scale",)
 
-    def setup(self, ctx) -> None:
-        SET_UP.append(len(ctx.train_records))
+    def __init__(self) -> None:
+        self.scale = 1.0
+
+    def setup(self, inputs) -> None:
+        SET_UP.append(len(inputs.references or {}))
 
     def __call__(self, captions, batch):
         total = torch.tensor([self.scale * len(c.split()) for c in captions])
         return RewardOutput(total, {"words": total})
 
 
-def build(cfg, **options):
-    """Step 2: its factory, ``build(cfg, **options)`` (``cfg=None`` and the options outside a training run)."""
-    return Words(**options)
+def build(cfg):
+    """Step 2: its factory, ``build(cfg) -> reward``."""
+    return Words()
 
 
 class NaNAtSecondCall:
-    """Words, with a NaN ``length`` part for caption 1 from its second call on (the first step's greedy captions)."""
+    """Words, with a NaN ``length`` part for caption 1 from its second call on (the first step's greedy captions): a
+    plain callable, which the loop wraps (``as_reward``)."""
 
     def __init__(self) -> None:
         self.calls = 0
@@ -53,7 +57,7 @@ class NaNAtSecondCall:
         return RewardOutput(total, {"length": length})
 
 
-def nan_at_second_call(cfg, **options):
+def nan_at_second_call(cfg):
     return NaNAtSecondCall()
 
 
@@ -84,15 +88,16 @@ def test_a_reward_of_your_own_by_dotted_path_trains_a_step(make_cfg):
     SET_UP.clear()
     values = train_values(train(make_cfg(*RL, f"rl.rewards={{'{name}': 1.0}}")))
     assert len(values) == 1 and math.isfinite(values[0]["loss/reinforce"])
-    assert SET_UP and SET_UP[0] > 0  # the loop set it up with the training records
+    assert SET_UP and SET_UP[0] > 0  # the loop set it up with the training references
     # the logged reward is this reward of the sampled captions: their mean number of words
     assert values[0][f"reward/{name}"] == pytest.approx(values[0]["sample_words"], rel=1e-6)
     assert values[0][f"reward/{name}"] > 0
 
 
-def test_the_same_factory_serves_trl_with_its_options():
+def test_the_same_factory_serves_trl_with_its_settings():
     fn = reward_function(f"{__name__}:build", scale=0.5)
     assert fn(prompts=["", ""], completions=["a red circle", "a square"], image_id=[1, 2]) == [1.5, 1.0]
+    assert fn.reward.per_caption and fn.reward.scale == 0.5
 
 
 def test_the_listener_reward_trains_a_step_on_the_world(make_cfg):

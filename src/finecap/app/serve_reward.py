@@ -5,11 +5,11 @@ The reward is the one ``finecap train RECIPE`` would train with, built by the sa
 ``rl.rewards`` with its weights (:func:`finecap.rewards.build_reward`), what it needs prepared as training prepares
 it (:func:`finecap.train.prepare.prepare_needs`: on the embedded world, the world and the world encoder are made or
 trained into the finecap home when missing, and found there afterwards), the training split's records
-(:func:`finecap.data.datasets.load_records`), and the reward's ``setup`` with a context of no accelerator
-(:class:`finecap.contract.TrainContext`, on the device training would use): CIDEr-D's document frequencies from the
-training references, the retriever (``retriever.*``, the world encoder by default) and the training images'
-embeddings, the world's scenes for the listener. It is set up once; the server then
-answers requests until SIGINT or SIGTERM (exit code 0) (:mod:`finecap.serve`).
+(:func:`finecap.data.datasets.load_records`), and the reward's ``setup`` with the inputs of those records
+(:meth:`finecap.rewards.RewardInputs.of_run`: no accelerator, no training context; on the device training would
+use): CIDEr-D's document frequencies from the training references, the retriever (``retriever.*``, the world encoder
+by default) and the training images' embeddings, the world's scenes for the listener. It is set up once; the server
+then answers requests until SIGINT or SIGTERM (exit code 0) (:mod:`finecap.serve`).
 
 Beyond loopback, ``--token-file`` makes every request carry a bearer token (:func:`read_token`); without one the
 server warns that anyone who reaches the port can query it. A reward that raises ``SystemExit`` (or the worker's
@@ -28,10 +28,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from finecap.config import Config, ConfigError
-from finecap.contract import TrainContext
 from finecap.data.datasets import load_records
-from finecap.home import run_path
-from finecap.rewards import WeightedSum, build_reward
+from finecap.rewards import RewardInputs, WeightedSum, build_reward
 from finecap.serve.protocol import Limits
 from finecap.serve.service import ImageTable, RewardService
 from finecap.train.engine import process_state
@@ -60,7 +58,7 @@ def load_reward(cfg: Config) -> tuple[WeightedSum, list]:
     processes = process_state(cfg.train)  # the device training would use (train.cpu), no training state
     prepare_needs(cfg, reward.needs, processes)
     records = load_records(cfg, "train")
-    reward.setup(TrainContext(cfg, None, records, tokenizer=None, run_dir=run_path(cfg.run), device=processes.device))
+    reward.setup(RewardInputs.of_run(cfg, records, reward.needs, device=processes.device))
     return reward, records
 
 

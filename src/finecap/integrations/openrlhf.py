@@ -41,18 +41,18 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from finecap.integrations.scoring import Scorer
-from finecap.rewards import Reward
 from finecap.serve.protocol import Limits, RequestError, parse_get_reward
 
 __all__ = ["reward_function"]
 
 
-def reward_function(reward: Reward | None = None, *, url: str | None = None,
-                    limits: Limits | None = None) -> Callable[..., dict[str, Any]]:  # fmt: skip
-    """OpenRLHF's ``reward_func(queries, prompts, labels, **kwargs)`` over a finecap ``reward`` (set up) or the
-    reward server at ``url``: ``{"rewards": tensor (N,), "extra_logs": {part: tensor (N,)}}``. Labels name images by
-    id (paths only through a server, which knows the data set's files)."""
-    scorer = Scorer(reward, url=url)
+def reward_function(name_or_reward: Any = None, *, url: str | None = None, limits: Limits | None = None,
+                    **options: Any) -> Callable[..., dict[str, Any]]:  # fmt: skip
+    """OpenRLHF's ``reward_func(queries, prompts, labels, **kwargs)`` over a finecap reward (``name_or_reward`` with
+    its ``options``, or a built one) or the reward server at ``url`` (:meth:`finecap.integrations.scoring.Scorer.of`):
+    ``{"rewards": tensor (N,), "extra_logs": {part: tensor (N,)}}``, NaN where the reward could not score a caption.
+    Labels name images by id (paths only through a server, which knows the data set's files)."""
+    scorer = Scorer.of(name_or_reward, url=url, **options)
     limits = limits or Limits()
 
     def reward_func(queries: Sequence[str], prompts: Sequence[str], labels: Sequence[Any],
@@ -68,10 +68,10 @@ def reward_function(reward: Reward | None = None, *, url: str | None = None,
             raise ValueError("finecap OpenRLHF reward: labels name images by path, which only a reward server (url=) "
                              "resolves; name them by id")  # fmt: skip
         if scorer.client is not None and request.by_path:
-            scored = scorer.client.score(request.captions, images=request.image_ids, references=request.references)
+            out = scorer.client.score(request.captions, images=request.image_ids, references=request.references)
         else:
-            scored = scorer.score(request.captions, request.image_ids, request.references)
-        return {"rewards": torch.tensor(scored.total),
-                "extra_logs": {k: torch.tensor(v) for k, v in scored.parts.items()}}  # fmt: skip
+            out = scorer.score(request.captions, request.image_ids, request.references)
+        total, parts = out.values()
+        return {"rewards": torch.tensor(total), "extra_logs": {k: torch.tensor(v) for k, v in parts.items()}}
 
     return reward_func

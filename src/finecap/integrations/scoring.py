@@ -4,6 +4,10 @@ server calls it on one request: ``reward(captions, call_batch(image_ids, referen
 are bit-identical whichever front end asks; and the readers of the trainers' arguments (columns of per-sample
 values, completions, message contents).
 
+Every adapter is entered the same way, :meth:`Scorer.of`'s: ``name_or_reward`` (a registry name or dotted path with
+its ``**options``, :func:`finecap.rewards.reward_of`; or a built reward) or ``url=`` (a running reward server).
+Every value is a :class:`finecap.rewards.RewardOutput`, which each adapter converts at its boundary.
+
 In process, a call is checked exactly as the server checks a request, by the same code, and refused with the same
 message (a ``ValueError``: :class:`finecap.serve.protocol.RequestError`): its fields
 (:func:`~finecap.serve.protocol.parse_reward`: captions are strings, ids strings or integers, references lists of
@@ -16,9 +20,11 @@ and finiteness (:func:`finecap.serve.client.checked_values`).
 Example::
 
     >>> from finecap.rewards.cider import CiderReward
-    >>> scorer = Scorer(CiderReward({1: ["a red circle", "a small red circle"], 2: ["a blue square"]}))
-    >>> [round(v, 3) for v in scorer.score(["a red circle", "a square"], [1, "2"]).total]
+    >>> scorer = Scorer.of(CiderReward({1: ["a red circle", "a small red circle"], 2: ["a blue square"]}))
+    >>> [round(v, 3) for v in scorer.score(["a red circle", "a square"], [1, "2"]).total.tolist()]
     [5.26, 1.743]
+    >>> Scorer.of("cider", references={1: ["a red circle"], 2: ["a blue square"]}).reward.per_caption
+    True
 """
 
 from __future__ import annotations
@@ -26,9 +32,9 @@ from __future__ import annotations
 from collections.abc import Hashable, Mapping, Sequence
 from typing import Any
 
-from finecap.rewards import Reward, check_finite, compares_images, known_images
+from finecap.rewards import RewardOutput, as_reward, check_finite, reward_of
 from finecap.serve.protocol import Limits, parse_reward, reward_body
-from finecap.serve.service import CallCheck, ImageTable, Scored, split_output
+from finecap.serve.service import CallCheck, ImageTable
 
 IN_PROCESS = Limits(max_request_bytes=2**62, max_captions=2**62, max_caption_chars=2**62)
 """A call in process has no size limits (the server's protect the server); every other check is the server's."""
@@ -38,21 +44,22 @@ class Scorer:
     """A finecap reward (``reward``, in this process) or a reward server (``url``), one of them.
 
     Args:
-        reward: ``reward(captions, batch) -> RewardOutput``: a reward of the table (:func:`finecap.rewards.get_reward`)
-            or a mixture (:class:`finecap.rewards.WeightedSum`), set up.
+        reward: ``reward(captions, batch) -> RewardOutput``: a reward (:class:`finecap.rewards.RewardBase`, or a
+            plain callable, wrapped once: :func:`finecap.rewards.as_reward`), set up.
         url: the server (``http://127.0.0.1:8000``); its reward, images and limits are the server's.
         timeout: seconds per request to the server.
         token: the server's bearer token (default ``$FINECAP_REWARD_TOKEN``).
         name: what messages call the reward.
     """
 
-    def __init__(self, reward: Reward | None = None, *, url: str | None = None, timeout: float = 180.0,
+    def __init__(self, reward: Any = None, *, url: str | None = None, timeout: float = 180.0,
                  token: str | None = None, name: str = "the reward") -> None:  # fmt: skip
         if (reward is None) == (url is None):
             raise ValueError("give a finecap reward (reward=) or a reward server's URL (url=), one of them")
         if reward is not None and not callable(reward):
             raise TypeError(f"reward= must be a finecap reward (callable), got {type(reward).__name__}")
-        self.reward, self.name = reward, name
+        self.reward = None if reward is None else as_reward(reward, "reward")
+        self.name = name
         self.client = None
         self._check: CallCheck | None = None
         if url is not None:
@@ -60,32 +67,49 @@ class Scorer:
 
             self.client = RewardClient(url, timeout=timeout, token=token)
 
+    @classmethod
+    def of(cls, name_or_reward: Any = None, *, url: str | None = None, timeout: float = 180.0,
+           token: str | None = None, name: str | None = None, **options: Any) -> Scorer:  # fmt: skip
+        """The one entry of every adapter: a registry name or dotted path with the reward's ``options``
+        (:func:`finecap.rewards.reward_of`: built and set up here), a built reward, or ``url=`` of a reward server
+        (``timeout``, ``token``: the client's); ``name``: what messages call it (default: the given name)."""
+        if (name_or_reward is None) == (url is None):
+            raise ValueError("give a finecap reward (a registry name, a dotted path or a built reward) or a reward "
+                             "server's URL (url=), one of them")  # fmt: skip
+        if url is not None:
+            if options:
+                raise TypeError(f"options {sorted(options)} are the reward's: a server (url=) has its own")
+            return cls(url=url, timeout=timeout, token=token, name=name or "the reward")
+        shown = name or (name_or_reward if isinstance(name_or_reward, str) else "the reward")
+        return cls(reward_of(name_or_reward, **options), name=shown)
+
     @property
     def compares_images(self) -> bool:
         """Whether the reward ranks each caption's image among the call's images (a server says so itself, with a 400
         on a request of one image)."""
-        return self.reward is not None and compares_images(self.reward)
+        return self.reward is not None and self.reward.compares_images
 
     def check(self) -> CallCheck:
         """The server's checks of a call's images, over the images the reward knows (read at the first call: a
         reward is set up by then)."""
         if self._check is None:
-            known = known_images(self.reward)
+            known = self.reward.known_images()
             table = None if known is None else ImageTable(known)  # its messages are the server's
             self._check = CallCheck(table, self.compares_images, self.name)
         return self._check
 
     def score(self, captions: Sequence[str], image_ids: Sequence[Hashable],
-              references: Sequence[Sequence[str]] | None = None) -> Scored:  # fmt: skip
-        """The values of ``captions`` of the images ``image_ids`` (against ``references``, when given)."""
+              references: Sequence[Sequence[str]] | None = None) -> RewardOutput:  # fmt: skip
+        """The values (float32 on the CPU) of ``captions`` of the images ``image_ids`` (against ``references``, when
+        given)."""
         if self.client is not None:
             return self.client.score(captions, image_ids, references=references)
         job = self.check().job(parse_reward(reward_body(captions, image_ids, references=references), IN_PROCESS))
         out = check_finite(self.reward(job.captions, job.batch()), self.name)
-        return split_output(out, [len(job.captions)])[0]
+        return out.split([len(job.captions)])[0]
 
     async def ascore(self, captions: Sequence[str], image_ids: Sequence[Hashable],
-                     references: Sequence[Sequence[str]] | None = None) -> Scored:  # fmt: skip
+                     references: Sequence[Sequence[str]] | None = None) -> RewardOutput:  # fmt: skip
         """:meth:`score`, awaited (a server's request does not block the trainer's event loop)."""
         if self.client is not None:
             return await self.client.ascore(captions, image_ids, references=references)

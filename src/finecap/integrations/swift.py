@@ -12,13 +12,15 @@ plugin file that ``--external_plugins`` imports; ms-swift instantiates the class
     # finecap_plugin.py
     from swift.rewards import orms               # ms-swift 3: from swift.plugin import orms
     from finecap.integrations.swift import async_orm
-    orms["finecap"] = async_orm("http://127.0.0.1:8000")   # finecap serve-reward RECIPE --port 8000
+    orms["finecap"] = async_orm(url="http://127.0.0.1:8000")   # finecap serve-reward RECIPE --port 8000
 
     swift rlhf --rlhf_type grpo --external_plugins finecap_plugin.py --reward_funcs finecap ...
 
-The classes derive from ms-swift's ``ORM`` / ``AsyncORM`` when ms-swift is installed (and from ``object``
-otherwise: the call signature is all ms-swift reads). A call is one reward call over the whole batch, so a reward
-that ranks each caption's image among the batch's images (self-retrieval) sees the batch's images.
+Both take the adapters' one entry (:meth:`finecap.integrations.scoring.Scorer.of`): a registry name with its
+options, a built reward, or ``url=``. The classes derive from ms-swift's ``ORM`` / ``AsyncORM`` when ms-swift is
+installed (and from ``object`` otherwise: the call signature is all ms-swift reads). A call is one reward call over
+the whole batch, so a reward that ranks each caption's image among the batch's images (self-retrieval) sees the
+batch's images. A completion the reward could not score (:attr:`finecap.rewards.RewardOutput.failed`) is NaN.
 
 Example::
 
@@ -34,7 +36,6 @@ from collections.abc import Sequence
 from typing import Any
 
 from finecap.integrations.scoring import Scorer, column, completion_texts
-from finecap.rewards import Reward
 
 __all__ = ["async_orm", "orm"]
 
@@ -67,38 +68,38 @@ class _Inputs:
         return texts, ids, refs
 
 
-def orm(reward: Reward | None = None, *, url: str | None = None, image_id_column: str = "image_id",
-        references_column: str = "references", name: str = "FinecapReward") -> type:  # fmt: skip
-    """An ms-swift ``ORM`` class over a finecap ``reward`` (set up) or the reward server at ``url``."""
-    base, _ = _swift_bases()
-    scorer = Scorer(reward, url=url)
-
+def _orm_class(base: type, call: Any, scorer: Scorer, image_id_column: str, references_column: str,
+               name: str) -> type:  # fmt: skip
     def __init__(self: Any, args: Any = None, **kwargs: Any) -> None:  # ms-swift 4 passes its arguments, 3 none
         self.args = args
 
-    def __call__(self: Any, completions: Sequence[Any], **kwargs: Any) -> list[float]:
-        texts, ids, refs = self._inputs(completions, kwargs)
-        return self.scorer.score(texts, ids, refs).total
-
-    return type(name, (_Inputs, base), {"__init__": __init__, "__call__": __call__, "scorer": scorer,
+    return type(name, (_Inputs, base), {"__init__": __init__, "__call__": call, "scorer": scorer,
                                         "image_id_column": image_id_column, "references_column": references_column,
                                         "__module__": __name__})  # fmt: skip
 
 
-def async_orm(url: str, *, image_id_column: str = "image_id", references_column: str = "references",
-              name: str = "FinecapAsyncReward") -> type:  # fmt: skip
-    """An ms-swift ``AsyncORM`` class asking the reward server at ``url`` (ms-swift awaits it alongside its other
-    asynchronous reward functions)."""
-    _, base = _swift_bases()
-    scorer = Scorer(url=url)
+def orm(name_or_reward: Any = None, *, url: str | None = None, image_id_column: str = "image_id",
+        references_column: str = "references", name: str = "FinecapReward", **options: Any) -> type:  # fmt: skip
+    """An ms-swift ``ORM`` class over a finecap reward (``name_or_reward`` with its ``options``, or a built one) or
+    the reward server at ``url`` (:meth:`finecap.integrations.scoring.Scorer.of`); ``name``: the class's name."""
 
-    def __init__(self: Any, args: Any = None, **kwargs: Any) -> None:
-        self.args = args
+    def __call__(self: Any, completions: Sequence[Any], **kwargs: Any) -> list[float]:
+        texts, ids, refs = self._inputs(completions, kwargs)
+        return self.scorer.score(texts, ids, refs).values()[0]
+
+    scorer = Scorer.of(name_or_reward, url=url, **options)
+    return _orm_class(_swift_bases()[0], __call__, scorer, image_id_column, references_column, name)
+
+
+def async_orm(name_or_reward: Any = None, *, url: str | None = None, image_id_column: str = "image_id",
+              references_column: str = "references", name: str = "FinecapAsyncReward",
+              **options: Any) -> type:  # fmt: skip
+    """An ms-swift ``AsyncORM`` class (ms-swift awaits it alongside its other asynchronous reward functions): over
+    the reward server at ``url`` (asked without blocking the trainer), or over a reward in process as :func:`orm`."""
 
     async def __call__(self: Any, completions: Sequence[Any], **kwargs: Any) -> list[float]:
         texts, ids, refs = self._inputs(completions, kwargs)
-        return (await self.scorer.ascore(texts, ids, refs)).total
+        return (await self.scorer.ascore(texts, ids, refs)).values()[0]
 
-    return type(name, (_Inputs, base), {"__init__": __init__, "__call__": __call__, "scorer": scorer,
-                                        "image_id_column": image_id_column, "references_column": references_column,
-                                        "__module__": __name__})  # fmt: skip
+    scorer = Scorer.of(name_or_reward, url=url, **options)
+    return _orm_class(_swift_bases()[1], __call__, scorer, image_id_column, references_column, name)

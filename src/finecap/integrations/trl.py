@@ -1,37 +1,12 @@
 """finecap's caption rewards as TRL reward functions (``GRPOTrainer``, ``RLOOTrainer``, any online trainer of TRL).
 
-:func:`reward_function` turns a finecap reward into a callable with TRL's reward signature
-``fn(prompts, completions, **kwargs) -> list[float]``: one float per completion, ``completions`` plain strings or
-conversational (``[{"role": "assistant", "content": "..."}]``, the content a string or a list of ``{"type": "text",
-"text": ...}`` blocks), and the image each completion describes read from a data-set column that TRL passes through
-``kwargs`` (``image_id_column``, default ``"image_id"``; TRL repeats every column for the completions of one prompt).
-The function's ``__name__`` is the reward's name, so TRL logs it as ``rewards/<name>/mean``.
-
-Rewards (``name``: a name of finecap's one reward table, :data:`finecap.registry.REWARDS`, or a dotted path
-``"pkg.module:factory"`` to a reward of your own; ``options`` go to the factory with ``cfg=None``,
-:mod:`finecap.rewards`):
-
-- ``"cider"``: CIDEr-D of each completion against its image's references (:class:`finecap.rewards.cider.
-  CiderReward`), with document frequencies from the ``references`` given, as SCST computes them from the training
-  references; with the evaluated set as references it equals pycocoevalcap's per-image CIDEr-D. Options:
-  ``references={image_id: [captions]}`` (required), ``tokenize_text=True``, ``sigma=6.0``.
-- ``"retrieval"``: self-retrieval (:class:`finecap.rewards.retrieval.RetrievalReward`): a frozen retriever scores
-  each completion against its own image and the other images of the call (TRL calls the function once per
-  generation batch, so the distractors are the batch's other prompts' images). Options: ``retriever`` (a
-  :class:`finecap.models.retriever.Retriever`, required), ``images={image_id: PIL image}`` or
-  ``embeddings={image_id: tensor (D,)}`` (one of them, required), ``sr=SRConfig(reward="accuracy", ...)`` (the
-  ``sr`` section's ``reward``, ``logit_scale``, ``duplicate_threshold``; default: its defaults; the distractors are
-  always the call's other images).
-- ``"listener"``: the world's fact-based listener (:mod:`finecap.rewards.listener`) reads the completion's stated
-  facts and ranks the call's distinct images by support (true facts - false facts); the reward is its expected R@1 of
-  the completion's own image, ties broken uniformly: ``1 / (1 + tied)`` when no image has more support, else 0.
-  Options: ``scenes={image_id: Scene}`` or ``world=<folder of a finecap world>`` (one of them).
-- ``"chair"``: 1 - the share of the completion's object mentions that are hallucinated (CHAIR,
-  :mod:`finecap.rewards.chair`). Options: ``objects={image_id: categories}`` or ``instances=<COCO instances_*.json>``
-  (one of them), ``references={image_id: [captions]}`` (their objects count as present), ``recall_weight=0.0``.
-
-Every reward is called as in the training loop, ``reward(texts, batch)``, with the call's distinct images as the batch
-(:func:`finecap.rewards.call_batch`), so its values are the training loop's on the same captions and images.
+:func:`reward_function` takes the adapters' one entry (:meth:`finecap.integrations.scoring.Scorer.of`): a registry
+name or dotted path with the reward's options, a built reward, or ``url=`` of a running ``finecap serve-reward``. It
+returns a callable with TRL's signature ``fn(prompts, completions, **kwargs) -> list[float | None]``: one value per
+completion (plain or conversational), the image of each read from the data-set column ``image_id_column`` that TRL
+passes through ``kwargs``; its ``__name__`` is the reward's name (TRL logs ``rewards/<name>/mean``). A completion
+the reward could not score (:attr:`finecap.rewards.RewardOutput.failed`) is ``None``, which TRL (1.16) reads as NaN
+and leaves out of the reward, never 0. docs/integrations.md lists each reward's options.
 
 Example (plain-text completions)::
 
@@ -40,13 +15,6 @@ Example (plain-text completions)::
     [5.26, 1.743]
     >>> fn.__name__
     'cider'
-
-With TRL::
-
-    from trl import GRPOConfig, GRPOTrainer
-    # dataset columns: prompt (a user turn with an image placeholder), image, image_id
-    trainer = GRPOTrainer(model="HuggingFaceTB/SmolVLM-256M-Instruct", train_dataset=dataset,
-                          reward_funcs=[reward_function("cider", references=train_references)], args=GRPOConfig(...))
 """
 
 from __future__ import annotations
@@ -56,49 +24,53 @@ from typing import Any
 
 from finecap.integrations.scoring import Scorer, column, completion_text, completion_texts
 from finecap.registry import REWARDS, is_dotted_path
-from finecap.rewards import Reward, get_reward
 
 __all__ = ["REWARDS", "TrlReward", "completion_text", "reward_function"]
 
 
 class TrlReward:
-    """A finecap reward with TRL's reward-function signature (module docstring).
+    """A finecap reward (or a reward server's) with TRL's reward-function signature (module docstring).
 
     Args:
         name: the reward's name; TRL logs it as ``rewards/<name>/mean``.
-        reward: the finecap reward, ``reward(captions, batch) -> RewardOutput``.
+        reward: the finecap reward, set up, or a :class:`~finecap.integrations.scoring.Scorer`.
         image_id_column: the data-set column of each completion's image id.
     """
 
-    def __init__(self, name: str, reward: Reward, image_id_column: str = "image_id") -> None:
+    def __init__(self, name: str, reward: Any, image_id_column: str = "image_id") -> None:
         self.__name__ = name
-        self.reward = reward
+        self.scorer = reward if isinstance(reward, Scorer) else Scorer(reward, name=name)
+        self.reward = self.scorer.reward
         self.image_id_column = image_id_column
-        self.scorer = Scorer(reward, name=name)
 
     def image_ids(self, n: int, kwargs: Mapping[str, Any]) -> list[Hashable]:
         return column(kwargs, self.image_id_column, n, f"reward_function({self.__name__!r})", "image_id_column")
 
-    def __call__(self, prompts: Sequence[Any], completions: Sequence[Any], **kwargs: Any) -> list[float]:
-        """One float per completion; a call the reward server would refuse is refused alike (a ``ValueError`` with
-        the server's message: :class:`finecap.integrations.scoring.Scorer`), a conversational completion without an
-        assistant message too."""
+    def __call__(self, prompts: Sequence[Any], completions: Sequence[Any], **kwargs: Any) -> list[float | None]:
+        """One value per completion (``None``: the reward could not score it); a call the reward server would refuse
+        is refused alike (a ``ValueError`` with the server's message: :class:`finecap.integrations.scoring.Scorer`),
+        a conversational completion without an assistant message too."""
         texts = [t.strip() for t in completion_texts(completions)]
-        return self.scorer.score(texts, self.image_ids(len(texts), kwargs)).total
+        total, _ = self.scorer.score(texts, self.image_ids(len(texts), kwargs)).values(failed=None)
+        return total
 
 
-def reward_function(name: str, *, image_id_column: str = "image_id", **options: Any) -> TrlReward:
-    """The finecap reward ``name`` (a :data:`REWARDS` name or ``"pkg.module:factory"``) as a TRL reward function;
-    ``options`` as in the module docstring. A call of TRL holds its generation batch only: the retrieval reward's
-    distractors can be no other images (``sr.distractors=batch``)."""
-    if name not in REWARDS and not is_dotted_path(name):
-        raise ValueError(f"reward_function: unknown reward {name!r}; valid: {', '.join(REWARDS)} (or a dotted path "
-                         "'pkg.module:factory')")  # fmt: skip
+def reward_function(name_or_reward: Any = None, *, url: str | None = None, image_id_column: str = "image_id",
+                    name: str | None = None, **options: Any) -> TrlReward:  # fmt: skip
+    """A TRL reward function over the finecap reward ``name_or_reward`` (a :data:`REWARDS` name or
+    ``"pkg.module:factory"`` with its ``options``, or a built reward) or over the reward server at ``url``
+    (:meth:`finecap.integrations.scoring.Scorer.of`). ``name``: TRL's name for it (default: the given name, else
+    ``"finecap"``). A call of TRL holds its generation batch only: the retrieval reward's distractors can be no other
+    images (``sr.distractors=batch``)."""
+    if isinstance(name_or_reward, str) and name_or_reward not in REWARDS and not is_dotted_path(name_or_reward):
+        raise ValueError(f"reward_function: unknown reward {name_or_reward!r}; valid: {', '.join(REWARDS)} (or a "
+                         "dotted path 'pkg.module:factory')")  # fmt: skip
+    shown = name or (name_or_reward if isinstance(name_or_reward, str) else "finecap")
     sr = options.get("sr")
     if sr is not None and sr.distractors != "batch":
-        raise ValueError(f"reward_function({name!r}): sr.distractors={sr.distractors}; TRL gives batch only")
+        raise ValueError(f"reward_function({shown!r}): sr.distractors={sr.distractors}; TRL gives batch only")
     try:
-        reward = get_reward(name, None, **options)
+        scorer = Scorer.of(name_or_reward, url=url, name=shown, **options)
     except TypeError as e:
-        raise TypeError(f"reward_function({name!r}): {e}") from None
-    return TrlReward(name, reward, image_id_column)
+        raise TypeError(f"reward_function({shown!r}): {e}") from None
+    return TrlReward(shown, scorer, image_id_column)

@@ -26,13 +26,15 @@ Two ways to point verl at a reward:
       +reward.custom_reward_function.reward_kwargs.url=http://127.0.0.1:8000
 
   (verl < 0.6 reads ``custom_reward_function`` at the top level of its configuration.)
-- a reward in verl's own process, from a file of yours::
+- a reward in verl's own process, from a file of yours (:class:`VerlReward` takes the adapters' one entry,
+  :meth:`finecap.integrations.scoring.Scorer.of`: a registry name with its options, a built reward, or ``url=``)::
 
       # finecap_reward.py
       from finecap.integrations.verl import VerlReward
-      from finecap.rewards import get_reward
-      compute_score = VerlReward(get_reward("cider", None, references=train_references))
+      compute_score = VerlReward("cider", references=train_references)
       compute_score_batch = compute_score.batch
+
+A sample the reward could not score (:attr:`finecap.rewards.RewardOutput.failed`) has NaN values, never 0.
 
 Example::
 
@@ -51,7 +53,6 @@ from collections.abc import Hashable, Mapping, Sequence
 from typing import Any
 
 from finecap.integrations.scoring import Scorer
-from finecap.rewards import Reward
 
 __all__ = ["VerlReward", "compute_score", "compute_score_async", "compute_score_batch"]
 
@@ -60,15 +61,16 @@ class VerlReward:
     """A finecap reward (or a reward server's) with verl's reward-function signatures (module docstring).
 
     Args:
-        reward: a finecap reward, set up (:func:`finecap.rewards.get_reward`), or ``None`` with ``url``.
+        name_or_reward: a registry name or dotted path (with its ``options``) or a built finecap reward
+            (:meth:`finecap.integrations.scoring.Scorer.of`), or ``None`` with ``url``.
         url: a reward server instead.
         image_key: the ``extra_info`` key of each sample's image id.
         references_key: the ``extra_info`` key of each sample's references (read when present).
     """
 
-    def __init__(self, reward: Reward | None = None, *, url: str | None = None, image_key: str = "image_id",
-                 references_key: str = "references") -> None:  # fmt: skip
-        self.scorer = Scorer(reward, url=url)
+    def __init__(self, name_or_reward: Any = None, *, url: str | None = None, image_key: str = "image_id",
+                 references_key: str = "references", **options: Any) -> None:  # fmt: skip
+        self.scorer = Scorer.of(name_or_reward, url=url, **options)
         self.image_key, self.references_key = image_key, references_key
 
     def _inputs(self, extra_infos: Sequence[Mapping[str, Any] | None]) -> tuple[list[Hashable], list | None]:
@@ -94,8 +96,8 @@ class VerlReward:
               ) -> list[dict[str, float]]:  # fmt: skip
         """verl's batch form: one reward call for the batch."""
         ids, refs = self._inputs(extra_infos)
-        scored = self.scorer.score(solution_strs, ids, refs)
-        return [{"score": t, **{k: v[n] for k, v in scored.parts.items()}} for n, t in enumerate(scored.total)]
+        total, parts = self.scorer.score(solution_strs, ids, refs).values()
+        return [{"score": t, **{k: v[n] for k, v in parts.items()}} for n, t in enumerate(total)]
 
     def __call__(self, data_source: str, solution_str: str, ground_truth: Any, extra_info: Mapping[str, Any] | None
                  = None, **reward_kwargs: Any) -> dict[str, float]:  # fmt: skip
@@ -109,8 +111,8 @@ class VerlReward:
         """The per-sample form as a coroutine (a server is asked without blocking verl's event loop)."""
         self._check_single()
         ids, refs = self._inputs([extra_info])
-        scored = await self.scorer.ascore([solution_str], ids, refs)
-        return {"score": scored.total[0], **{k: v[0] for k, v in scored.parts.items()}}
+        total, parts = (await self.scorer.ascore([solution_str], ids, refs)).values()
+        return {"score": total[0], **{k: v[0] for k, v in parts.items()}}
 
     def _check_single(self) -> None:
         if self.scorer.compares_images:

@@ -45,6 +45,13 @@ if TYPE_CHECKING:
 BASELINES = get_args(Baseline)
 
 
+def call_hook(obj: Any, hook: str, *args: Any) -> Any:
+    """Call ``obj.hook(*args)`` when ``obj`` defines it (a baseline's optional ``setup``, ``end_step`` and state
+    hooks)."""
+    fn = getattr(obj, hook, None)
+    return fn(*args) if callable(fn) else None
+
+
 class NoBaseline:
     """``b = 0``."""
 

@@ -65,13 +65,13 @@ from finecap.engines.rollouts import RolloutEngine
 from finecap.models import sharding
 from finecap.models.base import set_dropout
 from finecap.objectives.base import ObjectiveBase, ObjectiveOutput, unwrap
-from finecap.objectives.baselines import build_baseline
+from finecap.objectives.baselines import build_baseline, call_hook
 from finecap.objectives.engine_mismatch import importance_weights, mismatch_metrics
 from finecap.objectives.entropy import mean_entropy
 from finecap.objectives.monitor import Monitor, distinct_share
 from finecap.registry import declared_needs
-from finecap.rewards import build_reward
-from finecap.rewards.base import RewardOutput, call_hook, check_finite
+from finecap.rewards import RewardInputs, as_reward, build_reward
+from finecap.rewards.base import RewardOutput, check_finite
 
 if TYPE_CHECKING:
     from finecap.config import Config, VllmConfig
@@ -169,7 +169,7 @@ class Reinforce(ObjectiveBase):
     ):
         rl = rl or RLConfig()
         decode = decode or DecodeConfig()
-        self.reward = reward
+        self.reward = as_reward(reward)
         self.baseline = baseline
         self.needs = declared_needs(reward)  # e.g. {"retriever"} for self-retrieval
         self.rl = rl
@@ -188,16 +188,18 @@ class Reinforce(ObjectiveBase):
     def setup(self, ctx: TrainContext) -> None:
         acc = getattr(ctx, "accelerator", None)
         self.rollouts.check_processes(1 if acc is None else acc.num_processes)
-        call_hook(self.reward, "setup", ctx)
+        self.reward.setup(RewardInputs.from_context(ctx, self.reward.needs))
         call_hook(self.baseline, "setup", ctx)
         self.monitor.setup(ctx)
 
     def state_dict(self) -> dict[str, Any]:
-        return {"reward": call_hook(self.reward, "state_dict"), "baseline": call_hook(self.baseline, "state_dict"),
+        return {"reward": self.reward.state_dict(), "baseline": call_hook(self.baseline, "state_dict"),
                 "monitor": self.monitor.state_dict()}  # fmt: skip
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        for key, target in (("reward", self.reward), ("baseline", self.baseline), ("monitor", self.monitor)):
+        if state.get("reward") is not None:
+            self.reward.load_state_dict(state["reward"])
+        for key, target in (("baseline", self.baseline), ("monitor", self.monitor)):
             if state.get(key) is not None:
                 call_hook(target, "load_state_dict", state[key])
 

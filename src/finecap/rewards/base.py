@@ -1,33 +1,26 @@
-"""What a reward is, and the weighted sum of named rewards ``R = sum_i w_i * r_i``.
+"""What a reward is (:class:`RewardBase`), its values (:class:`RewardOutput`) and the weighted sum of named rewards
+``R = sum_i w_i * r_i`` (:class:`WeightedSum`).
 
-A reward is a callable ``reward(captions, batch) -> RewardOutput(total, parts)``:
+A reward is called ``reward(captions, batch) -> RewardOutput(total, parts, failed)``:
 
 - ``captions``: N generated captions (strings, as decoded by the captioner).
 - ``batch``: the training batch (see :mod:`finecap.data.datasets`: ``features`` or ``pixel_values``, ``image_ids``,
   ``references``, ...) plus ``image_index`` (N,): caption ``n`` describes batch row ``image_index[n]`` (rows of one
   image are contiguous when several captions are sampled per image). Without ``image_index`` caption ``n`` belongs
-  to row ``n``. :func:`caption_rows` reads it.
-- ``total``: (N,) float tensor, one reward per caption; ``parts``: named (N,) tensors that are logged separately
-  (a plain reward returns ``{name: total}``; a reward made of pieces may return each piece). Every value is finite:
-  a NaN or infinite one is an error naming the reward, the part and the caption (:func:`check_finite`, which
-  :class:`WeightedSum` applies to each reward and to the weighted sum), never a reward that trains.
+  to row ``n`` (:func:`caption_rows`). Outside a run the batch is :func:`call_batch`'s.
+- ``total``: (N,) float tensor, one reward per caption; ``parts``: named (N,) tensors logged separately; ``failed``:
+  ``None`` or (N,) bool, the captions the reward could not score (a judge that failed): their values mean nothing
+  and are never paid as 0. Every other value is finite (:func:`check_finite`).
 
-Rewards that need state (CIDEr-D document frequencies, a frozen retriever, image embeddings) are classes with the
-optional hooks of objectives (:mod:`finecap.objectives.base`), which the REINFORCE objective forwards:
-
-- ``setup(ctx: TrainContext)``: once before training, with the accelerator (``ctx.accelerator.gather`` lets a reward
-  score against the *global* batch, e.g. in-batch distractors across processes), the training records, the
-  tokenizer and the run directory;
-- ``state_dict()`` / ``load_state_dict(state)``: state that must survive ``--resume``.
-
-A reward that needs every process's captions (retrieval against the global batch) must be called by every process
-at the same time, which the objective does: it scores sampled captions and, for the greedy baseline, greedy
-captions, in the same order on every process.
+Rewards derive from :class:`RewardBase`, which declares every fact and hook its users read, with defaults, so that
+nobody probes for them (a plain callable is wrapped once by :func:`as_reward`): ``needs``, ``per_caption``,
+``compares_images``, ``settings``; ``setup(inputs)`` with a :class:`finecap.rewards.inputs.RewardInputs` (built from
+a training context or from an adapter's options), ``known_images()``, ``state_dict()`` / ``load_state_dict()``.
+docs/architecture.md ("How to add a reward") has the design.
 
 Example::
 
-    >>> import torch
-    >>> class Length:
+    >>> class Length(RewardBase):
     ...     def __call__(self, captions, batch):
     ...         total = torch.tensor([float(len(c.split())) for c in captions])
     ...         return RewardOutput(total, {"length": total})
@@ -38,24 +31,68 @@ Example::
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Mapping, Sequence
+import math
+from collections.abc import Callable, Collection, Hashable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 import torch
 
 from finecap.registry import declared_needs
 
 if TYPE_CHECKING:
-    from finecap.contract import TrainContext
+    from finecap.rewards.inputs import RewardInputs
 
 
 @dataclass
 class RewardOutput:
-    """One reward per caption (``total`` (N,)) and named parts (each (N,)) that are logged separately."""
+    """One reward per caption (``total`` (N,)), named parts (each (N,)) that are logged separately, and ``failed``:
+    ``None`` or an (N,) bool mask of the captions the reward could not score (e.g. a judge that failed). A failed
+    caption's values mean nothing and are never paid as 0: :func:`check_finite` ignores them, :class:`WeightedSum`
+    ORs its components' masks and makes the total NaN there, the reward server answers them as JSON ``null`` (with
+    their count), TRL's adapter as ``None`` (TRL reads it as NaN) and the other adapters as NaN."""
 
     total: torch.Tensor
     parts: dict[str, torch.Tensor] = field(default_factory=dict)
+    failed: torch.Tensor | None = None
+
+    def failed_mask(self) -> torch.Tensor | None:
+        """``failed`` as an (N,) bool tensor on the CPU (``None`` when no caption failed), checked for its shape."""
+        if self.failed is None:
+            return None
+        mask = torch.as_tensor(self.failed).detach().cpu().bool()
+        n = torch.as_tensor(self.total).numel()
+        if mask.shape != (n,):
+            raise ValueError(f"reward: failed has shape {tuple(mask.shape)} for {n} captions")
+        return mask if bool(mask.any()) else None
+
+    def split(self, sizes: Sequence[int]) -> list[RewardOutput]:
+        """The output cut into consecutive calls of ``sizes`` captions (float32 on the CPU, detached): how a merged
+        call of the reward server is answered request by request."""
+        total = self.total.detach().float().cpu()
+        parts = {name: p.detach().float().cpu() for name, p in self.parts.items()}
+        failed = self.failed_mask()
+        out, at = [], 0
+        for n in sizes:
+            cut = slice(at, at + n)
+            out.append(RewardOutput(total[cut], {k: v[cut] for k, v in parts.items()},
+                                    None if failed is None else failed[cut]))  # fmt: skip
+            at += n
+        return out
+
+    def values(self, failed: float | None = math.nan) -> tuple[list[float | None], dict[str, list[float | None]]]:
+        """``(total, parts)`` as Python floats (of float32 values, as every front end answers them), the values of
+        failed captions replaced by ``failed`` (NaN; ``None`` for JSON's ``null`` and TRL)."""
+        mask = self.failed_mask()
+        bad = [] if mask is None else mask.nonzero().flatten().tolist()
+
+        def floats(values: torch.Tensor) -> list[float | None]:
+            out: list[float | None] = values.detach().float().cpu().tolist()
+            for i in bad:
+                out[i] = failed
+            return out
+
+        return floats(self.total), {name: floats(p) for name, p in self.parts.items()}
 
 
 class NonFiniteReward(ValueError):
@@ -63,13 +100,15 @@ class NonFiniteReward(ValueError):
     the caption."""
 
 
-def _first_non_finite(values: torch.Tensor) -> tuple[int, float, int, int] | None:
-    """``(index, value, count, n)``: the first non-finite value of ``values`` (n values), its index and how many are
-    not finite; ``None`` when all are."""
-    values = torch.as_tensor(values).detach().flatten()
+def _first_non_finite(values: torch.Tensor, failed: torch.Tensor | None) -> tuple[int, float, int, int] | None:
+    """``(index, value, count, n)``: the first non-finite value of ``values`` (n values) outside the ``failed``
+    captions, its index and how many are not finite; ``None`` when all are."""
+    values = torch.as_tensor(values).detach().flatten().cpu()
     if not values.is_floating_point():
         return None  # integers and booleans are always finite
     bad = ~torch.isfinite(values)
+    if failed is not None and failed.shape == bad.shape:
+        bad &= ~failed
     if not bool(bad.any()):
         return None
     index = int(bad.nonzero()[0, 0])
@@ -77,20 +116,25 @@ def _first_non_finite(values: torch.Tensor) -> tuple[int, float, int, int] | Non
 
 
 def check_finite(out: RewardOutput, name: str) -> RewardOutput:
-    """``out`` itself when its total and every part are finite, else a :class:`NonFiniteReward` naming the reward
-    ``name``, the part (``total`` or the part's name) and the first caption whose value is not finite. The one check
-    of a reward's values at a boundary: the weighted sum (so the training loop), the reward server, the adapters.
+    """``out`` itself when its total and every part are finite (the values of its ``failed`` captions are not
+    read), else a :class:`NonFiniteReward` naming the reward ``name``, the part (``total`` or the part's name) and
+    the first caption whose value is not finite. The one check of a reward's values at a boundary: the weighted sum
+    (so the training loop), the reward server, the adapters.
 
     >>> ok = RewardOutput(torch.tensor([0.5, 1.0]), {"hits": torch.tensor([1, 0])})
     >>> check_finite(ok, "cider") is ok
+    True
+    >>> judged = RewardOutput(torch.tensor([0.5, float("nan")]), failed=torch.tensor([False, True]))
+    >>> check_finite(judged, "judge") is judged  # caption 1 failed: its value is not read
     True
     >>> check_finite(RewardOutput(torch.tensor([0.5, float("nan"), float("inf")])), "cider")
     Traceback (most recent call last):
     ...
     finecap.rewards.base.NonFiniteReward: reward 'cider': total is nan at caption 1 (2 of 3 captions not finite); a ...
     """
+    failed = out.failed_mask()
     for part, values in (("total", out.total), *out.parts.items()):
-        found = _first_non_finite(values)
+        found = _first_non_finite(values, failed)
         if found is not None:
             index, value, count, n = found
             where = "total" if part == "total" else f"part {part!r}"
@@ -102,6 +146,8 @@ def check_finite(out: RewardOutput, name: str) -> RewardOutput:
 
 
 class Reward(Protocol):
+    """A reward's call signature: a :class:`RewardBase`, or a plain callable that :func:`as_reward` wraps."""
+
     def __call__(self, captions: Sequence[str], batch: Mapping[str, Any]) -> RewardOutput: ...
 
 
@@ -142,85 +188,125 @@ def call_batch(image_ids: Sequence[Hashable], references: Sequence[Sequence[str]
     return batch
 
 
-def per_caption(reward: Any) -> bool:
-    """Whether ``reward`` scores each caption on its own: its value for a caption depends on the caption and its
-    image alone, never on the call's other captions or images (``per_caption = True``, as CIDEr-D against fixed
-    document frequencies), so that calls may be merged or split without changing a value (the reward server merges
-    concurrent requests of such rewards, :mod:`finecap.serve`). Unmarked rewards are assumed not to."""
-    return bool(getattr(reward, "per_caption", False))
+class RewardBase:
+    """Base of rewards: the facts and hooks every user of a reward reads (the REINFORCE objective, the reward server,
+    the adapters), with defaults (module docstring)."""
+
+    needs: frozenset[str] = frozenset()
+    """What must be prepared before :meth:`setup` (``{"retriever"}``: :func:`finecap.registry.declared_needs`)."""
+    per_caption: bool = False
+    """A caption's value depends on the caption and its image alone, never on the call's other captions (CIDEr-D
+    against fixed document frequencies): calls may be merged or split without changing a value (the reward server
+    merges concurrent requests of such rewards)."""
+    compares_images: bool = False
+    """The reward ranks each caption's image against the call's other images (self-retrieval with in-batch
+    distractors, the listener): a call of one distinct image gives meaningless values and is refused."""
+    settings: ClassVar[tuple[str, ...]] = ()
+    """Keyword settings a caller outside a run may give (:meth:`configure`) that no configuration key holds
+    (CIDEr-D's ``sigma``)."""
+
+    def __call__(self, captions: Sequence[str], batch: Mapping[str, Any]) -> RewardOutput:
+        raise NotImplementedError
+
+    def setup(self, inputs: RewardInputs) -> None:
+        """Called once before the first call, with what the reward reads (references, images, retriever, ...)."""
+
+    def configure(self, **settings: Any) -> None:
+        """Set the declared :attr:`settings` (before :meth:`setup`); any other name is a ``TypeError``."""
+        for key, value in settings.items():
+            if key not in self.settings:
+                valid = ", ".join(self.settings) or "none"
+                raise TypeError(f"unexpected keyword argument {key!r} (settings: {valid}; data: the fields of "
+                                "RewardInputs)")  # fmt: skip
+            setattr(self, key, value)
+
+    def known_images(self) -> Collection[Hashable] | None:
+        """The image ids the reward can score (its references', embeddings' or scenes'), or ``None`` when it does not
+        say (any id is passed on). The adapters and the reward server refuse other ids before calling it."""
+        return None
+
+    def state_dict(self) -> dict[str, Any]:
+        """State that must survive ``--resume`` (JSON-able values and tensors)."""
+        return {}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Restore :meth:`state_dict`."""
 
 
-def compares_images(reward: Any) -> bool:
-    """Whether ``reward`` ranks each caption's image against the call's other images (``compares_images =
-    True``: self-retrieval with in-batch distractors, the listener), so that a call holding a single distinct image
-    gives every caption the same, meaningless value (nothing to tell its image from)."""
-    return bool(getattr(reward, "compares_images", False))
+class FunctionReward(RewardBase):
+    """A plain callable ``fn(captions, batch) -> RewardOutput`` as a reward: no set-up, no state; its declared facts
+    (``needs``, ``per_caption``, ``compares_images`` attributes of ``fn``, when it has them) are read once, here."""
+
+    def __init__(self, fn: Callable[[Sequence[str], Mapping[str, Any]], RewardOutput]) -> None:
+        self.fn = fn
+        self.needs = declared_needs(fn)
+        self.per_caption = bool(getattr(fn, "per_caption", False))
+        self.compares_images = bool(getattr(fn, "compares_images", False))
+
+    def __call__(self, captions: Sequence[str], batch: Mapping[str, Any]) -> RewardOutput:
+        return self.fn(captions, batch)
 
 
-def known_images(reward: Any) -> frozenset[Hashable] | None:
-    """The image ids ``reward`` can score (``reward.known_images()``: the images of its references, embeddings or
-    scenes), or ``None`` when it does not say (a reward of your own scores whatever ids it is given). The adapters
-    check a call's ids against them in process as the reward server checks a request's
-    (:class:`finecap.serve.service.ImageTable`)."""
-    fn = getattr(reward, "known_images", None)
-    return frozenset(fn()) if callable(fn) else None
+def as_reward(obj: Any, option: str = "rl.rewards") -> RewardBase:
+    """``obj`` itself when it is a :class:`RewardBase`, a plain callable wrapped in :class:`FunctionReward`; anything
+    else is a ``ValueError`` naming ``option``."""
+    if isinstance(obj, RewardBase):
+        return obj
+    if callable(obj):
+        return FunctionReward(obj)
+    raise ValueError(f"{option}: expected a reward (a RewardBase or a callable), got {type(obj).__name__}")
 
 
-def call_hook(obj: Any, hook: str, *args: Any) -> Any:
-    """Call ``obj.hook(*args)`` when ``obj`` defines it (optional setup / state hooks)."""
-    fn = getattr(obj, hook, None)
-    return fn(*args) if callable(fn) else None
-
-
-class WeightedSum:
+class WeightedSum(RewardBase):
     """``R = sum_i w_i * r_i`` over named rewards; ``parts`` holds every reward's *unweighted* value by its name.
 
-    A component's own parts other than its name are kept as ``"<name>/<part>"``. Hooks (``setup``,
-    ``state_dict``, ``load_state_dict``) are forwarded to the components that define them. Each component's output
-    and the weighted sum are checked finite (:func:`check_finite`: a :class:`NonFiniteReward` naming the component
-    and part, or ``rl.rewards`` when finite rewards times their weights overflow).
+    A component's own parts other than its name are kept as ``"<name>/<part>"``. Facts combine (``needs``: the union;
+    ``per_caption``: all; ``compares_images``: any; ``known_images``: the intersection) and hooks are forwarded.
+    Each component's output and the weighted sum are checked finite (:func:`check_finite`: a
+    :class:`NonFiniteReward` naming the component and part, or ``rl.rewards`` when finite rewards times their weights
+    overflow). ``failed`` is the OR of the components' masks, and the total of a failed caption is NaN.
     """
 
-    def __init__(self, rewards: Mapping[str, tuple[float, Reward]]):
+    def __init__(self, rewards: Mapping[str, tuple[float, Any]]):
         if not rewards:
             raise ValueError("rl.rewards: needs at least one reward")
-        self.rewards = dict(rewards)
+        self.rewards = {name: (float(w), as_reward(r, f"rl.rewards.{name}")) for name, (w, r) in rewards.items()}
+
+    def _components(self) -> list[RewardBase]:
+        return [r for _, r in self.rewards.values()]
 
     @property
-    def needs(self) -> frozenset[str]:
-        """What the component rewards need prepared (:func:`finecap.registry.declared_needs`)."""
+    def needs(self) -> frozenset[str]:  # type: ignore[override]
         return frozenset().union(*(declared_needs(r) for r in self._components()))
 
     @property
-    def per_caption(self) -> bool:
-        """Every component scores each caption on its own (:func:`per_caption`)."""
-        return all(per_caption(r) for r in self._components())
+    def per_caption(self) -> bool:  # type: ignore[override]
+        return all(r.per_caption for r in self._components())
 
     @property
-    def compares_images(self) -> bool:
-        """Some component ranks each caption's image against the call's others (:func:`compares_images`)."""
-        return any(compares_images(r) for r in self._components())
+    def compares_images(self) -> bool:  # type: ignore[override]
+        return any(r.compares_images for r in self._components())
 
     def known_images(self) -> frozenset[Hashable] | None:
-        """The images every component that says which it knows can score (:func:`known_images`), or ``None``."""
-        sets = [s for s in (known_images(r) for r in self._components()) if s is not None]
+        sets = [frozenset(s) for s in (r.known_images() for r in self._components()) if s is not None]
         return frozenset.intersection(*sets) if sets else None
 
-    def setup(self, ctx: TrainContext) -> None:
+    def setup(self, inputs: RewardInputs) -> None:
         for reward in self._components():
-            call_hook(reward, "setup", ctx)
-
-    def _components(self) -> list[Reward]:
-        return [r for _, r in self.rewards.values()]
+            reward.setup(inputs)
 
     def __call__(self, captions: Sequence[str], batch: Mapping[str, Any]) -> RewardOutput:
         total: torch.Tensor | None = None
+        failed: torch.Tensor | None = None
         parts: dict[str, torch.Tensor] = {}
         for name, (weight, reward) in self.rewards.items():
             out = check_finite(reward(captions, batch), name)
             value = out.total.detach().float()
             if value.shape != (len(captions),):
                 raise ValueError(f"reward {name!r} returned shape {tuple(value.shape)} for {len(captions)} captions")
+            mask = out.failed_mask()
+            if mask is not None:
+                failed = mask if failed is None else failed | mask
             if total is not None:
                 value = value.to(total.device)
             total = weight * value if total is None else total + weight * value  # (N,)
@@ -229,18 +315,20 @@ class WeightedSum:
                 if key != name:
                     parts[f"{name}/{key}"] = part.detach().float()
         assert total is not None
-        check_finite(RewardOutput(total), "rl.rewards, the weighted sum")  # finite values times weights may overflow
-        return RewardOutput(total, parts)
+        if failed is not None:
+            total = total.masked_fill(failed.to(total.device), math.nan)  # never paid: NaN, not a number that trains
+        check_finite(RewardOutput(total, failed=failed), "rl.rewards, the weighted sum")  # values x weights overflow
+        return RewardOutput(total, parts, failed)
 
     def state_dict(self) -> dict[str, Any]:
         out = {}
         for name, (_, reward) in self.rewards.items():
-            state = call_hook(reward, "state_dict")
-            if state is not None:
+            state = reward.state_dict()
+            if state:
                 out[name] = state
         return out
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         for name, sub in state.items():
             if name in self.rewards:
-                call_hook(self.rewards[name][1], "load_state_dict", sub)
+                self.rewards[name][1].load_state_dict(sub)

@@ -11,11 +11,11 @@ A caption that names no object is never wrong: with ``recall_weight = 0`` the re
 that avoid objects, so weigh it beside a reward that pays for content (``rl.rewards: {cider: 1.0, chair: 0.5}``) or
 give ``recall_weight``.
 
-Ground truth, in a training run (``setup(ctx)``): on the world (``data.format=world``) its scenes' shapes with the
-world's shape words (:func:`finecap.metrics.hallucination.world_vocabulary`); otherwise the instance annotations of
-``eval.instances`` (a COCO ``instances_*.json``) and the objects the training references mention, as CHAIR's
-reference code reads them. Outside a run: ``objects={image_id: categories}`` (or ``instances=<file>``), with
-optional ``references=``.
+Ground truth, read in ``setup(inputs)``: ``inputs.objects`` when given (outside a run: ``objects={image_id:
+categories}``); else the world's scenes (``inputs.scenes``: on the world, its shapes with the world's shape words,
+:func:`finecap.metrics.hallucination.world_vocabulary`); else the instance annotations of ``eval.instances`` (a COCO
+``instances_*.json``; ``instances=`` outside a run) and the objects the references (``inputs.references``: in a run
+the training references) mention, as CHAIR's reference code reads them.
 
 Example (image 1 shows a dog and a person)::
 
@@ -30,7 +30,6 @@ Example (image 1 shows a dog and a person)::
 from __future__ import annotations
 
 from collections.abc import Hashable, Mapping, Sequence
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -45,28 +44,29 @@ from finecap.metrics.hallucination import (
     world_objects,
     world_vocabulary,
 )
-from finecap.rewards.base import RewardOutput, caption_rows
+from finecap.rewards.base import RewardBase, RewardOutput, caption_rows
 
 if TYPE_CHECKING:
     from finecap.config import Config
-    from finecap.contract import TrainContext
+    from finecap.rewards.inputs import RewardInputs
 
 
-class ChairReward:
+class ChairReward(RewardBase):
     """``1 - CHAIRi`` (+ ``recall_weight`` x object recall) of each caption against its image's objects (module
     docstring).
 
     Args:
-        objects: ``{image_id: annotated categories}``; ``None``: read in :meth:`setup` (the world's scenes, or
-            ``eval.instances``).
+        objects: ``{image_id: annotated categories}``; ``None``: read in :meth:`setup` (module docstring).
         references: ``{image_id: [reference captions]}`` whose mentions are ground truth too (CHAIR's reference code
-            adds them); ``None``: none (in a run: the training references, on COCO).
+            adds them); ``None``: those of :meth:`setup`'s inputs, when the objects are ``eval.instances``'.
         vocabulary: the object vocabulary (default COCO's).
         recall_weight: weight of the object recall in the total.
+        instances: the COCO ``instances_*.json`` read in :meth:`setup` when no objects are given (``eval.instances``).
     """
 
     name = "chair"
     per_caption = True  # a caption's value needs only its own image's objects
+    settings = ("recall_weight",)
 
     def __init__(
         self,
@@ -75,35 +75,39 @@ class ChairReward:
         *,
         vocabulary: ObjectVocabulary | None = None,
         recall_weight: float = 0.0,
+        instances: str = "",
     ) -> None:
         self.objects = None if objects is None else dict(objects)
         self.references = {} if references is None else {i: list(r) for i, r in references.items()}
         self.vocabulary = vocabulary
         self.recall_weight = float(recall_weight)
+        self.instances = instances
         self._truth: dict[Hashable, frozenset[str]] = {}  # ground truth per image, computed once
 
     def known_images(self) -> list[Hashable]:
-        """The images with objects (:func:`finecap.rewards.known_images`)."""
+        """The images with objects."""
         return list(self.objects or {})
 
-    def setup(self, ctx: TrainContext) -> None:
-        """The ground truth of a training run (module docstring), once."""
+    def setup(self, inputs: RewardInputs) -> None:
+        """The ground truth (module docstring), once."""
         if self.objects is not None:
             return
-        from finecap.data.references import world_scenes
-
-        scenes = world_scenes(ctx.cfg)
-        if scenes is not None:
-            self.objects, self.vocabulary = world_objects(scenes), world_vocabulary()
+        if inputs.objects is not None:
+            if self.instances:
+                raise ValueError("chair: give objects={image_id: categories} or instances=<instances_*.json> "
+                                 "(eval.instances), not both")  # fmt: skip
+            self.objects = dict(inputs.objects)
+        elif inputs.scenes is not None:
+            self.objects, self.vocabulary = world_objects(inputs.scenes), world_vocabulary()
             return
-        if not ctx.cfg.eval.instances:
-            raise ValueError(
-                f"rl.rewards.chair: data.format={ctx.cfg.data.format} has no object annotations; set "
-                "eval.instances=<COCO instances_*.json> (or train on the world)"
-            )
-        self.objects = read_instances(ctx.cfg.eval.instances, "eval.instances")
-        for record in ctx.train_records:
-            self.references.setdefault(record.image_id, []).extend(record.captions)
+        elif not self.instances:
+            raise ValueError("chair: no object annotations: outside a training run give objects={image_id: "
+                             "categories} or instances=<COCO instances_*.json>; in a run set eval.instances=<COCO "
+                             "instances_*.json> (or train on the world)")  # fmt: skip
+        else:
+            self.objects = read_instances(self.instances, "eval.instances")
+        for image_id, refs in (inputs.references or {}).items():
+            self.references.setdefault(image_id, []).extend(refs)
 
     def truth(self, image_id: Hashable) -> tuple[frozenset[str], frozenset[str]]:
         """(annotated categories, ground-truth objects) of ``image_id``."""
@@ -117,7 +121,7 @@ class ChairReward:
 
     def __call__(self, captions: Sequence[str], batch: Mapping[str, Any]) -> RewardOutput:
         if self.objects is None:
-            raise RuntimeError("ChairReward: no objects; pass objects= or call setup(ctx) first")
+            raise RuntimeError("ChairReward: no objects; pass objects= or call setup(inputs) first")
         ids = batch["image_ids"]
         counts = []
         for caption, row in zip(captions, caption_rows(captions, batch).tolist()):
@@ -136,22 +140,7 @@ class ChairReward:
         return RewardOutput(total, parts)
 
 
-def build(
-    cfg: Config | None = None,
-    *,
-    objects: Mapping[Hashable, frozenset[str]] | None = None,
-    instances: str | Path | None = None,
-    references: Mapping[Hashable, Sequence[str]] | None = None,
-    recall_weight: float = 0.0,
-) -> ChairReward:
-    """Factory of the reward registry (``rl.rewards: {chair: w}``): in a training run the ground truth is read in
-    ``setup(ctx)`` (module docstring); outside one (``cfg=None``: an adapter, the reward server)
-    ``objects={image_id: categories}`` or ``instances=<COCO instances_*.json>``, and optionally ``references``."""
-    if objects is not None and instances is not None:
-        raise ValueError("chair: give objects={image_id: categories} or instances=<instances_*.json>, not both")
-    if instances is not None:
-        objects = read_instances(instances, "chair: instances")
-    if cfg is None and objects is None:
-        raise ValueError("chair: outside a training run give objects={image_id: categories} or "
-                         "instances=<COCO instances_*.json>")  # fmt: skip
-    return ChairReward(objects, references, recall_weight=recall_weight)
+def build(cfg: Config) -> ChairReward:
+    """Factory of the reward registry (``rl.rewards: {chair: w}``): the ground truth is read in ``setup(inputs)``, from
+    ``eval.instances`` where the inputs bring no objects or scenes (module docstring)."""
+    return ChairReward(instances=cfg.eval.instances)

@@ -1,8 +1,9 @@
 """CIDEr-D reward: each caption scored against the references of its image (the SCST reward).
 
 Uses the reward form of :class:`finecap.metrics.ngram.CiderD`: reference n-gram statistics and document
-frequencies are computed once, from the *training* references (``setup(ctx)`` reads ``ctx.train_records``; N = the
-number of training images), as self-critical training does; each step then only counts the captions' n-grams.
+frequencies are computed once, from the references it is set up with (``setup(inputs)`` reads ``inputs.references``:
+in a run the *training* references, N = the number of training images), as self-critical training does; each step
+then only counts the captions' n-grams.
 References and captions are tokenised with the pure-Python PTB tokenizer (:mod:`finecap.metrics.ptb_tokenize`),
 like the evaluation, so the reward is the number the evaluation reports (per caption, not corpus-averaged). The
 values are pycocoevalcap's scale (about 0-10 per caption; the papers' "CIDEr 114.6" is 100 x the mean).
@@ -30,25 +31,25 @@ import torch
 
 from finecap.metrics.ngram import CiderD
 from finecap.metrics.ptb_tokenize import tokenize
-from finecap.rewards.base import CAPTION_REFERENCES, RewardOutput, caption_rows
+from finecap.rewards.base import CAPTION_REFERENCES, RewardBase, RewardOutput, caption_rows
 
 if TYPE_CHECKING:
     from finecap.config import Config
-    from finecap.contract import TrainContext
+    from finecap.rewards.inputs import RewardInputs
 
 
-class CiderReward:
+class CiderReward(RewardBase):
     """CIDEr-D of each caption against its image's references; document frequencies from a fixed corpus.
 
     Args:
-        references: ``{image_id: [reference captions]}``; when ``None`` they are read in :meth:`setup` from the
-            training records (the training loop calls it once).
+        references: ``{image_id: [reference captions]}``; when ``None`` they are read in :meth:`setup`.
         tokenize_text: PTB-tokenise references and captions (lower-case, punctuation removed) before scoring.
         sigma: CIDEr-D length-penalty width (6, as pycocoevalcap).
     """
 
     name = "cider"
     per_caption = True  # a caption's value needs only its own references and the fixed document frequencies
+    settings = ("tokenize_text", "sigma")
 
     def __init__(
         self,
@@ -71,23 +72,24 @@ class CiderReward:
         self.scorer = CiderD(self.references, sigma=self.sigma)
 
     def known_images(self) -> list[Hashable]:
-        """The images of the document-frequency corpus (:func:`finecap.rewards.known_images`)."""
+        """The images of the document-frequency corpus."""
         return list(self.references)
 
-    def setup(self, ctx: TrainContext) -> None:
-        """Reference statistics and document frequencies from the training records (once)."""
+    def setup(self, inputs: RewardInputs) -> None:
+        """Reference statistics and document frequencies from ``inputs.references`` (once)."""
         if self.scorer is not None:
             return
-        refs: dict[Hashable, list[str]] = {}
-        for record in ctx.train_records:
-            refs.setdefault(record.image_id, []).extend(record.captions)
-        if not refs:
-            raise ValueError("rl.rewards.cider: the training split has no records with references")
-        self._build(refs)
+        if inputs.references is None:
+            raise ValueError("cider: outside a training run give references={image_id: [captions]} (CIDEr-D's "
+                             "document frequencies come from them)")  # fmt: skip
+        if not inputs.references:
+            raise ValueError("cider: references={image_id: [captions]} is empty (in a run: the training split has no "
+                             "records with references)")  # fmt: skip
+        self._build(inputs.references)
 
     def __call__(self, captions: Sequence[str], batch: Mapping[str, Any]) -> RewardOutput:
         if self.scorer is None:
-            raise RuntimeError("CiderReward: no references; pass them to the constructor or call setup(ctx) first")
+            raise RuntimeError("CiderReward: no references; pass them to the constructor or call setup(inputs) first")
         texts = [tokenize(c) for c in captions] if self.tokenize_text else list(captions)
         given = batch.get(CAPTION_REFERENCES)
         if given is not None:
@@ -108,14 +110,6 @@ class CiderReward:
         return CiderD(refs, df_references=self.references, sigma=self.sigma).score(texts, list(refs))
 
 
-def build(cfg: Config | None = None, *, references: Mapping[Hashable, Sequence[str]] | None = None,
-          tokenize_text: bool = True, sigma: float = 6.0) -> CiderReward:  # fmt: skip
-    """Factory of the reward registry (``rl.rewards: {cider: w}``): in a training run the references (and document
-    frequencies) are the training split's, read in ``setup(ctx)``; outside one (``cfg=None``: an adapter, the reward
-    server) ``references={image_id: [captions]}``. ``tokenize_text``, ``sigma``: :class:`CiderReward`'s."""
-    if references is not None and not references:
-        raise ValueError("cider: references={image_id: [captions]} is empty")
-    if cfg is None and references is None:
-        raise ValueError("cider: outside a training run give references={image_id: [captions]} (CIDEr-D's document "
-                         "frequencies come from them)")  # fmt: skip
-    return CiderReward(references, tokenize_text=tokenize_text, sigma=sigma)
+def build(cfg: Config) -> CiderReward:
+    """Factory of the reward registry (``rl.rewards: {cider: w}``); the references are read in ``setup(inputs)``."""
+    return CiderReward()

@@ -7,7 +7,7 @@ images of the optimizer step's global batch (``batch['step_info']``, as the self
 the reward does not depend on how the batch is split over processes and accumulation steps), or of the call without
 one (an adapter's call). It pays for captions that state what tells their image apart, and only what the fact parser
 reads (a retriever's cues that state no fact earn nothing): the world's scene graphs are its ground truth, so it
-exists on the world only (``data.format=world``; ``scenes=`` outside a run).
+exists on the world only (``setup(inputs)`` reads ``inputs.scenes``: in a run those of ``data.format=world``).
 
 Example::
 
@@ -21,29 +21,27 @@ Example::
 from __future__ import annotations
 
 from collections.abc import Hashable, Mapping, Sequence
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
 
-from finecap.data.references import world_scenes
 from finecap.metrics.faithfulness import scene_of
-from finecap.rewards.base import RewardOutput, caption_rows
+from finecap.rewards.base import RewardBase, RewardOutput, caption_rows
 from finecap.world.listener import rank_with_ties, support_matrix
 
 if TYPE_CHECKING:
     from finecap.config import Config
-    from finecap.contract import TrainContext
+    from finecap.rewards.inputs import RewardInputs
     from finecap.world.scene import Scene
 
 
-class ListenerReward:
+class ListenerReward(RewardBase):
     """Expected listener R@1 of each caption's image among the batch's images (module docstring).
 
     Args:
         scenes: ``{image_id: Scene}`` of every image a caption may describe or compete with; ``None``: the training
-            world's, read in :meth:`setup`.
+            inputs', read in :meth:`setup`.
     """
 
     name = "listener"
@@ -53,20 +51,18 @@ class ListenerReward:
         self.scenes = None if scenes is None else dict(scenes)
 
     def known_images(self) -> list[Hashable]:
-        """The images with a scene graph (:func:`finecap.rewards.known_images`)."""
+        """The images with a scene graph."""
         return list(self.scenes or {})
 
-    def setup(self, ctx: TrainContext) -> None:
-        """The scene graphs of the training world (once)."""
+    def setup(self, inputs: RewardInputs) -> None:
+        """The scene graphs (``inputs.scenes``), once."""
         if self.scenes is not None:
             return
-        scenes = world_scenes(ctx.cfg)
-        if scenes is None:
-            raise ValueError(
-                f"rl.rewards.listener: the listener reads the world's scene graphs; data.format={ctx.cfg.data.format} "
-                "has none (train on the world)"
-            )
-        self.scenes = scenes
+        if inputs.scenes is None:
+            raise ValueError("listener: outside a training run give scenes={image_id: Scene} or world=<world folder>; "
+                             "a training run reads the world's scene graphs (data.format=world), and this data has "
+                             "none")  # fmt: skip
+        self.scenes = dict(inputs.scenes)
 
     def scene(self, image_id: Hashable) -> Scene:
         scene = scene_of(image_id, self.scenes or {})  # ids as ints or as their strings
@@ -76,7 +72,7 @@ class ListenerReward:
 
     def __call__(self, captions: Sequence[str], batch: Mapping[str, Any]) -> RewardOutput:
         if self.scenes is None:
-            raise RuntimeError("ListenerReward: no scene graphs; pass scenes= or call setup(ctx) first")
+            raise RuntimeError("ListenerReward: no scene graphs; pass scenes= or call setup(inputs) first")
         ids = list(batch["image_ids"])
         info = batch.get("step_info")
         pool = list(dict.fromkeys(ids if info is None else info.image_ids))  # (M,) the candidates
@@ -89,17 +85,6 @@ class ListenerReward:
         return RewardOutput(total, {self.name: total})
 
 
-def build(cfg: Config | None = None, *, scenes: Mapping[Hashable, Scene] | None = None,
-          world: str | Path | None = None) -> ListenerReward:  # fmt: skip
-    """Factory of the reward registry (``rl.rewards: {listener: w}``): in a training run the scene graphs are the
-    training world's, read in ``setup(ctx)``; outside one (``cfg=None``: an adapter) ``scenes={image_id: Scene}`` or
-    ``world=<folder of a finecap world>``."""
-    if scenes is not None and world is not None:
-        raise ValueError("listener: give scenes={image_id: Scene} or world=<world folder>, not both")
-    if world is not None:
-        from finecap.world.make import load_scenes
-
-        scenes = load_scenes(world)
-    if cfg is None and scenes is None:
-        raise ValueError("listener: outside a training run give scenes={image_id: Scene} or world=<world folder>")
-    return ListenerReward(scenes)
+def build(cfg: Config) -> ListenerReward:
+    """Factory of the reward registry (``rl.rewards: {listener: w}``); the scenes are read in ``setup(inputs)``."""
+    return ListenerReward()

@@ -36,11 +36,12 @@ Distractors (``sr.distractors``):
 it, so that near-identical images (duplicates in COCO; identical scenes in the world) do not punish a correct
 caption. Images with the same image id are one candidate.
 
-Image embeddings are computed once, in :meth:`RetrievalReward.setup`, over the training records with
-:meth:`finecap.models.retriever.Retriever.image_embeddings` (cached on disk by model and data set identity) and
-looked up by image id; only the captions are encoded each step. The retriever is a separate, frozen copy
-(``load_retriever``, ``requires_grad_(False)``, eval mode), so fine-tuning the captioner's vision encoder (SR-V),
-even one loaded from the same checkpoint, never moves the scorer.
+Image embeddings are computed once, in :meth:`RetrievalReward.setup` (from its :class:`~finecap.rewards.RewardInputs`:
+``embeddings``, or ``images`` embedded there, or in a run the training ``records`` with
+:meth:`finecap.models.retriever.Retriever.image_embeddings`, cached on disk by model and data set identity) and
+looked up by image id; only the captions are encoded each step. The retriever (``inputs.retriever``: in a run
+``load_retriever``) is a separate, frozen copy (``requires_grad_(False)``, eval mode), so fine-tuning the captioner's
+vision encoder (SR-V), even one loaded from the same checkpoint, never moves the scorer.
 
 Example (hand-computed; see tests/rewards/test_retrieval_reward.py)::
 
@@ -60,17 +61,19 @@ from typing import TYPE_CHECKING, Any, get_args
 import torch
 
 from finecap.config import Distractors, SRConfig, SRReward
-from finecap.home import cache_dir
-from finecap.models.retriever import load_retriever
 from finecap.models.text_window import DONE, encode_texts
-from finecap.rewards.base import RewardOutput, caption_rows
+from finecap.rewards.base import RewardBase, RewardOutput, caption_rows
 
 if TYPE_CHECKING:
     from finecap.config import Config
-    from finecap.contract import TrainContext
+    from finecap.rewards.inputs import RewardInputs
 
 VARIANTS = get_args(SRReward)
 DISTRACTORS = get_args(Distractors)
+NO_TABLE = (
+    "retrieval: give retriever= and one image table, images={image_id: PIL image} or embeddings={image_id: "
+    "tensor (D,)}"
+)
 
 
 # --------------------------------------------------------------------------------------------------------------------
@@ -194,18 +197,17 @@ def candidate_mask(
 # --------------------------------------------------------------------------------------------------------------------
 
 
-class RetrievalReward:
+class RetrievalReward(RewardBase):
     """Self-retrieval reward of each caption; see the module docstring. Needs the retriever (``needs``).
 
     Args:
         retriever: a :class:`finecap.models.retriever.Retriever` (``encode_texts``, or a stand-in's
-            ``embed_texts``; ``logit_scale``, ``image_embeddings``); ``None``: ``load_retriever(cfg)`` in
-            :meth:`setup`.
+            ``embed_texts``; ``logit_scale``, ``image_embeddings``); ``None``: the inputs' in :meth:`setup`.
         sr: the ``sr`` section (:class:`finecap.config.SRConfig`: ``reward``, ``distractors``, ``hard_k``,
             ``duplicate_threshold``, ``logit_scale``; checked when it is built; default: its defaults).
         image_ids, embeddings: the embedding table (``(P, D)`` unit-norm rows of the listed image ids); default: the
-            training records' embeddings, computed (or read from the cache) in :meth:`setup`.
-        accelerator: the training loop's accelerator (from :meth:`setup`); hard negatives are mined on its device.
+            inputs' (:meth:`setup`).
+        device: where hard negatives are mined (default: the CPU; :meth:`setup` sets the inputs' device).
     """
 
     name = "retrieval"
@@ -217,11 +219,10 @@ class RetrievalReward:
         *,
         image_ids: Sequence[Hashable] | None = None,
         embeddings: torch.Tensor | None = None,
-        accelerator: Any = None,
+        device: torch.device | None = None,
     ) -> None:
         self.sr = sr or SRConfig()
-        self.accelerator = accelerator
-        self.device = getattr(accelerator, "device", None) or torch.device("cpu")  # where hard negatives are mined
+        self.device = device or torch.device("cpu")  # where hard negatives are mined
         self.retriever = None
         if retriever is not None:
             self._set_retriever(retriever)
@@ -253,27 +254,40 @@ class RetrievalReward:
     needs = frozenset({"retriever"})
 
     def known_images(self) -> list[Hashable]:
-        """The images of the embedding table (:func:`finecap.rewards.known_images`)."""
+        """The images of the embedding table."""
         return list(self.row_of)
 
-    def setup(self, ctx: TrainContext) -> None:
-        """Load the frozen retriever (``retriever.*``) onto ``ctx.device`` and the training images' embeddings
-        (disk-cached; the main process fills the cache first). ``ctx.accelerator`` may be ``None`` (the reward
-        server): hard negatives are then mined on ``ctx.device``."""
-        self.accelerator = ctx.accelerator
-        self.device = ctx.device
+    def setup(self, inputs: RewardInputs) -> None:
+        """The frozen retriever (``inputs.retriever``) on ``inputs.device`` (when given) and the image table: the
+        inputs' ``embeddings``, or their ``images`` embedded here, or the embeddings of their ``records`` (the
+        training images; disk-cached in ``inputs.cache_dir``, the main process filling the cache first)."""
+        if inputs.device is not None:
+            self.device = inputs.device
         if self.retriever is None:
-            self._set_retriever(load_retriever(ctx.cfg))
-        if isinstance(getattr(self.retriever, "model", None), torch.nn.Module):
-            self.retriever.model.to(ctx.device)
-        if self.table is None:
-            records = list(ctx.train_records)
+            if inputs.retriever is None:
+                raise ValueError(NO_TABLE)
+            self._set_retriever(inputs.retriever)
+        if inputs.device is not None and isinstance(getattr(self.retriever, "model", None), torch.nn.Module):
+            self.retriever.model.to(inputs.device)
+        if self.table is not None:
+            return
+        given = [inputs.images is not None, inputs.embeddings is not None]
+        if sum(given) > 1 or (not any(given) and inputs.records is None):
+            raise ValueError(NO_TABLE)
+        if inputs.images is not None:
+            ids = list(inputs.images)
+            table = self.retriever.embed_images([inputs.images[i] for i in ids]).cpu()  # (P, D)
+        elif inputs.embeddings is not None:
+            ids = list(inputs.embeddings)
+            table = torch.stack([torch.as_tensor(inputs.embeddings[i]).float() for i in ids])  # (P, D)
+        else:
+            records = list(inputs.records)
             if not records:
                 raise ValueError("rl.rewards.retrieval: the training split has no images")
-            cache = cache_dir(ctx.cfg.run)
-            with ctx.main_process_first():  # the main process fills the cache, the others read it
-                emb = self.retriever.image_embeddings(records, cache_dir=cache)
-            self.set_embeddings([r.image_id for r in records], emb)
+            with inputs.main_process_first():  # the main process fills the cache, the others read it
+                table = self.retriever.image_embeddings(records, cache_dir=inputs.cache_dir)
+            ids = [r.image_id for r in records]
+        self.set_embeddings(ids, table)
 
     @property
     def compares_images(self) -> bool:
@@ -311,7 +325,7 @@ class RetrievalReward:
 
     def __call__(self, captions: Sequence[str], batch: Mapping[str, Any]) -> RewardOutput:
         if self.retriever is None or self.table is None:
-            raise RuntimeError("RetrievalReward: no retriever or image embeddings; call setup(ctx) first")
+            raise RuntimeError("RetrievalReward: no retriever or image embeddings; call setup(inputs) first")
         caption_row = caption_rows(captions, batch)  # (N,) batch row of each caption
         rows = self._rows(batch["image_ids"])  # (B,) table row of each batch image
         bags = batch.get("bag")
@@ -360,29 +374,7 @@ class RetrievalReward:
         return RewardOutput(total, {self.name: total, **scores})
 
 
-def build(
-    cfg: Config | None = None,
-    *,
-    retriever: Any = None,
-    images: Mapping[Hashable, Any] | None = None,
-    embeddings: Mapping[Hashable, torch.Tensor] | None = None,
-    sr: SRConfig | None = None,
-) -> RetrievalReward:
-    """Factory of the reward registry (``rl.rewards: {retrieval: w}``) with the ``sr`` section (``sr``, else
-    ``cfg.sr``, else its defaults). In a training run the retriever (``retriever.*``) and the training images'
-    embeddings are loaded in ``setup(ctx)``; outside one (``cfg=None``: an adapter, the reward server) ``retriever``
-    (a :class:`finecap.models.retriever.Retriever`) and the image table: ``images={image_id: PIL image}`` (embedded
-    here) or ``embeddings={image_id: tensor (D,)}``."""
-    sr = sr or (cfg.sr if cfg is not None else None)
-    if cfg is not None and retriever is None and images is None and embeddings is None:
-        return RetrievalReward(sr=sr)
-    if retriever is None or (images is None) == (embeddings is None):
-        raise ValueError("retrieval: give retriever= and one image table, images={image_id: PIL image} or "
-                         "embeddings={image_id: tensor (D,)}")  # fmt: skip
-    if images is not None:
-        ids = list(images)
-        table = retriever.embed_images([images[i] for i in ids]).cpu()  # (P, D)
-    else:
-        ids = list(embeddings)
-        table = torch.stack([torch.as_tensor(embeddings[i]).float() for i in ids])  # (P, D)
-    return RetrievalReward(retriever, sr, image_ids=ids, embeddings=table)
+def build(cfg: Config) -> RetrievalReward:
+    """Factory of the reward registry (``rl.rewards: {retrieval: w}``) with the ``sr`` section of ``cfg``; the
+    retriever and the image table are read in ``setup(inputs)``."""
+    return RetrievalReward(sr=cfg.sr)

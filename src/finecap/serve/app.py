@@ -8,6 +8,10 @@ Endpoints:
   image ids (or ``images``) echoed, one total and one value per part for each caption, in order.
 - ``POST /get_reward``: OpenRLHF's and CapRL's (:func:`finecap.serve.protocol.parse_get_reward`) ->
   ``{"rewards": [...], "extra_logs": {"cider": [...], ...}}``: the totals, and the parts, which OpenRLHF logs.
+
+A caption the reward could not score (:attr:`finecap.rewards.RewardOutput.failed`: a judge that failed) is answered
+as ``null`` in ``total`` / ``rewards`` and in every part, and the reply then says how many with ``"failed": k``
+(absent when none failed): never a number a trainer would pay.
 - ``GET /health``: ``{"status": "ok", "reward": ..., "images": N, "requests": ..., "captions": ...}``.
 
 A refused request gets ``{"error": {"field": "captions[3]", "message": "..."}}`` with 400 (malformed: bad JSON,
@@ -65,9 +69,10 @@ try:
 except ImportError:  # pragma: no cover - the serve extra is in the test extra
     raise MissingExtra("finecap's reward server needs Starlette and uvicorn: pip install 'finecap[serve]'") from None
 
+from finecap.rewards import RewardOutput
 from finecap.serve.hosts import HostPolicy
 from finecap.serve.protocol import Limits, RequestError, RewardRequest, decode_json, parse_get_reward, parse_reward
-from finecap.serve.service import RewardFailed, RewardService, Scored
+from finecap.serve.service import RewardFailed, RewardService
 
 log = logging.getLogger(__name__)
 
@@ -200,15 +205,25 @@ async def until_gone(request: Request, work: Awaitable[Any]) -> tuple[bool, Any]
     return False, None
 
 
-def finecap_reply(request: RewardRequest, scored: Scored) -> dict[str, Any]:
-    """The answer of ``POST /reward``."""
+def failed_count(out: RewardOutput) -> dict[str, int]:
+    """``{"failed": k}`` when ``k > 0`` captions failed, else nothing (module docstring)."""
+    mask = out.failed_mask()
+    return {} if mask is None else {"failed": int(mask.sum())}
+
+
+def finecap_reply(request: RewardRequest, out: RewardOutput) -> dict[str, Any]:
+    """The answer of ``POST /reward`` (failed captions: ``null``, and their count)."""
     images = "images" if request.by_path else "image_ids"
-    return {"id": request.request_id, images: request.image_ids, "total": scored.total, "parts": scored.parts}
+    total, parts = out.values(failed=None)
+    return {"id": request.request_id, images: request.image_ids, "total": total, "parts": parts,
+            **failed_count(out)}  # fmt: skip
 
 
-def openrlhf_reply(request: RewardRequest, scored: Scored) -> dict[str, Any]:
-    """The answer of ``POST /get_reward`` (OpenRLHF reads ``rewards``, and logs ``extra_logs``)."""
-    return {"rewards": scored.total, "extra_logs": scored.parts}
+def openrlhf_reply(request: RewardRequest, out: RewardOutput) -> dict[str, Any]:
+    """The answer of ``POST /get_reward`` (OpenRLHF reads ``rewards``, and logs ``extra_logs``; failed captions:
+    ``null``, and their count)."""
+    total, parts = out.values(failed=None)
+    return {"rewards": total, "extra_logs": parts, **failed_count(out)}
 
 
 def create_app(service: RewardService, *, host: str = "127.0.0.1", token: str | None = None,
@@ -218,7 +233,7 @@ def create_app(service: RewardService, *, host: str = "127.0.0.1", token: str | 
     guard = Guard(host, token)
     body_timeout = (connections or ConnectionLimits()).body_timeout
 
-    def endpoint(parse: Callable[[Any, Limits], RewardRequest], reply: Callable[[RewardRequest, Scored], dict]):
+    def endpoint(parse: Callable[[Any, Limits], RewardRequest], reply: Callable[[RewardRequest, RewardOutput], dict]):
         def checked(raw: bytes) -> tuple[RewardRequest, Any]:
             parsed = parse(decode_json(raw), service.limits)
             return parsed, service.job(parsed)

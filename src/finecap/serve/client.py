@@ -3,15 +3,17 @@ adapters of :mod:`finecap.integrations` (verl, ms-swift, OpenRLHF's reward funct
 server's URL instead of a reward.
 
 Every reply is checked before a trainer sees it (:func:`checked_values`): one finite number per caption in
-``total`` and in each part, or a :class:`RewardServerError` naming what is wrong: a NaN, a string, a null, a missing
-value or a reply of another length never reaches a policy's advantages. A server's bearer token (``finecap
+``total`` and in each part, or a :class:`RewardServerError` naming what is wrong: a NaN, a string, a missing value or
+a reply of another length never reaches a policy's advantages. A ``null`` is read only as a caption the reward could
+not score, when the reply counts it (``"failed": k``): a :class:`finecap.rewards.RewardOutput` with that caption in
+``failed`` (its values NaN), which each adapter answers in its trainer's way. A server's bearer token (``finecap
 serve-reward --token-file``) is read from ``$FINECAP_REWARD_TOKEN`` (or given as ``token=``); every message masks the
 credentials of the URL (``user:password@``, ``?token=``), so that no log line or traceback shows them.
 
 Example (a server from ``finecap serve-reward demo/sr_bagcurri --port 8000``)::
 
     client = RewardClient("http://127.0.0.1:8000")
-    client.score(["a red circle on sand", "two blue squares"], image_ids=[17, 4]).total   # [-0.41, -1.9]
+    client.score(["a red circle on sand", "two blue squares"], image_ids=[17, 4]).total   # tensor([-0.41, -1.9])
 """
 
 from __future__ import annotations
@@ -23,10 +25,11 @@ from collections.abc import Hashable, Sequence
 from typing import Any
 
 import httpx
+import torch
 
 from finecap.config.secrets import masked_url_secrets
+from finecap.rewards import RewardOutput
 from finecap.serve.protocol import RequestError, reward_body
-from finecap.serve.service import Scored
 
 TOKEN_ENV = "FINECAP_REWARD_TOKEN"
 """The environment variable holding the reward server's bearer token (``finecap serve-reward --token-file``)."""
@@ -88,7 +91,7 @@ class RewardClient:
             raise ValueError(f"RewardClient: {e}") from None
 
     @staticmethod
-    def reply(response: httpx.Response, n: int | None = None) -> Scored:
+    def reply(response: httpx.Response, n: int | None = None) -> RewardOutput:
         """The values of a reply to a request of ``n`` captions (checked: :func:`checked_values`), or
         :class:`RewardServerError`."""
         try:
@@ -108,7 +111,8 @@ class RewardClient:
             client = self._local.client = httpx.Client(timeout=self.timeout, headers=self._headers)
         return client
 
-    def score(self, captions: Sequence[str], image_ids: Sequence[Hashable] | None = None, **kwargs: Any) -> Scored:
+    def score(self, captions: Sequence[str], image_ids: Sequence[Hashable] | None = None,
+              **kwargs: Any) -> RewardOutput:  # fmt: skip
         """The values of ``captions`` (keyword arguments: :meth:`payload`'s)."""
         body = self.payload(captions, image_ids, **kwargs)
         try:
@@ -118,7 +122,7 @@ class RewardClient:
         return self.reply(response, len(body["captions"]))
 
     async def ascore(self, captions: Sequence[str], image_ids: Sequence[Hashable] | None = None,
-                     **kwargs: Any) -> Scored:  # fmt: skip
+                     **kwargs: Any) -> RewardOutput:  # fmt: skip
         """:meth:`score`, awaited (a connection of its own: trainers run each step in a new event loop)."""
         body = self.payload(captions, image_ids, **kwargs)
         try:
@@ -129,26 +133,36 @@ class RewardClient:
         return self.reply(response, len(body["captions"]))
 
 
-def _number_list(value: Any, n: int | None, where: str, url: str) -> list[float]:
+def _number_list(value: Any, n: int | None, where: str, url: str, failed: set[int]) -> list[float]:
+    """The numbers of ``value`` (NaN at the ``failed`` captions, which must be ``null``), checked."""
     if not isinstance(value, list):
         raise RewardServerError(200, where, f"{url} answered {type(value).__name__} where a list of numbers belongs")
     if n is not None and len(value) != n:
         raise RewardServerError(200, where, f"{url} answered {len(value):,} values for {n:,} captions")
+    out = []
     for i, v in enumerate(value):
+        if v is None and i in failed:
+            out.append(math.nan)
+            continue
         if isinstance(v, bool) or not isinstance(v, int | float):
             raise RewardServerError(200, f"{where}[{i}]", f"{url} answered {type(v).__name__} where a number belongs")
         if not math.isfinite(v):
             raise RewardServerError(200, f"{where}[{i}]", f"{url} answered a non-finite value ({v})")
-    return [float(v) for v in value]
+        out.append(float(v))
+    return out
 
 
-def checked_values(data: dict[str, Any], n: int | None, url: str = "the reward server") -> Scored:
-    """The :class:`Scored` of a ``/reward`` reply ``data`` to a request of ``n`` captions: ``total`` and each part of
-    ``parts`` a list of ``n`` finite numbers, else :class:`RewardServerError` naming the field (``total[3]``,
-    ``parts.cider``): a NaN, a string, a null or a reply of another length is never passed on to a trainer.
+def checked_values(data: dict[str, Any], n: int | None, url: str = "the reward server") -> RewardOutput:
+    """The :class:`~finecap.rewards.RewardOutput` (float32) of a ``/reward`` reply ``data`` to a request of ``n``
+    captions: ``total`` and each part of ``parts`` a list of ``n`` finite numbers, ``null`` only at the captions
+    that failed (as many as the reply's ``failed`` count says: those are ``failed``, their values NaN), else
+    :class:`RewardServerError` naming the field (``total[3]``, ``parts.cider``): a NaN, a string, an uncounted null
+    or a reply of another length is never passed on to a trainer.
 
-    >>> checked_values({"total": [1.0, 2], "parts": {"cider": [1.0, 2.0]}}, 2).total
+    >>> checked_values({"total": [1.0, 2], "parts": {"cider": [1.0, 2.0]}}, 2).total.tolist()
     [1.0, 2.0]
+    >>> checked_values({"total": [1.0, None], "failed": 1}, 2).failed.tolist()
+    [False, True]
     >>> checked_values({"total": [1.0, float("nan")]}, 2)
     Traceback (most recent call last):
     ...
@@ -156,8 +170,25 @@ def checked_values(data: dict[str, Any], n: int | None, url: str = "the reward s
 (nan) [HTTP 200]
     """
     url = masked_url_secrets(url)
-    total = _number_list(data.get("total"), n, "total", url)
+    count = data.get("failed", 0)
+    if isinstance(count, bool) or not isinstance(count, int) or count < 0:
+        raise RewardServerError(200, "failed", f"{url} answered {count!r} where a count of failed captions belongs")
+    total = data.get("total")
+    nulls = {i for i, v in enumerate(total) if v is None} if isinstance(total, list) else set()
+    if count and len(nulls) != count and not nulls:
+        raise RewardServerError(200, "failed", f"{url} answered a failed count of {count} and no null value")
+    failed = nulls if len(nulls) == count else set()  # an uncounted null is refused where it stands
+    values = _number_list(total, n, "total", url, failed)
     parts = data.get("parts", {})
     if not isinstance(parts, dict):
         raise RewardServerError(200, "parts", f"{url} answered {type(parts).__name__} where an object belongs")
-    return Scored(total, {str(k): _number_list(v, len(total), f"parts.{k}", url) for k, v in parts.items()})
+    mask = None
+    if failed:
+        mask = torch.zeros(len(values), dtype=torch.bool)
+        mask[sorted(failed)] = True
+    return RewardOutput(
+        torch.tensor(values, dtype=torch.float32),
+        {str(k): torch.tensor(_number_list(v, len(values), f"parts.{k}", url, failed), dtype=torch.float32)
+         for k, v in parts.items()},
+        mask,
+    )  # fmt: skip

@@ -7,14 +7,14 @@ requests.
   reward does not know is refused (400, naming ``image_ids[i]``) before any reward is called.
 - **One call per request.** A request is one reward call, ``reward(captions, call_batch(image_ids))``, exactly as
   the adapters call it in process, so the values are bit-identical through every front end. A reward whose
-  candidates are the call's images (self-retrieval with in-batch distractors, the listener:
-  :func:`finecap.rewards.compares_images`) ranks each caption's image among the request's images: a request with
-  one distinct image is refused (its values would say nothing).
+  candidates are the call's images (self-retrieval with in-batch distractors, the listener: ``compares_images``,
+  :class:`finecap.rewards.RewardBase`) ranks each caption's image among the request's images: a request with one
+  distinct image is refused (its values would say nothing).
 - **Batching.** Requests wait in a queue that one worker thread serves (a reward holds a model and tables, and is
   called by one caller at a time, as in training). Each round takes what queued while the previous round ran
   (after waiting ``batch_wait`` seconds for more), up to ``batch_size`` captions. When every component scores each
-  caption on its own (:func:`finecap.rewards.per_caption`: CIDEr-D) the round's requests are merged into one call
-  (the values are those of separate calls, tested bit for bit); otherwise a round is one request, called alone.
+  caption on its own (``per_caption``: CIDEr-D) the round's requests are merged into one call (the values are
+  those of separate calls, tested bit for bit); otherwise a round is one request, called alone.
 - **Faults by origin.** What the client sent is checked before the reward is called (the request's fields by
   :mod:`finecap.serve.protocol`, its images by :class:`CallCheck`) and refused 4xx naming the field; whatever the
   reward raises or returns after that is the server's fault: a 500 with a generic message (:class:`RewardFailed`;
@@ -22,6 +22,8 @@ requests.
   path or a token), a non-finite value included (its message is finecap's own: the reward, the part and the
   caption). A reward that raises ``SystemExit`` or another non-``Exception`` stops the server, which exits
   non-zero (:attr:`RewardService.fatal`); it never leaves a server that accepts but no longer answers.
+- **Failed captions.** Captions the reward could not score (:attr:`finecap.rewards.RewardOutput.failed`) are
+  answered as JSON ``null`` with their count (``failed``; :mod:`finecap.serve.app`), never as a number.
 - **Abandoned work.** A request whose client went away before its round began is never scored
   (:meth:`RewardService.score` cancelled: the HTTP layer cancels it when the client disconnects).
 - **Throughput logs.** Every ``log_every`` seconds one line: requests, captions, captions per second, the mean
@@ -37,7 +39,7 @@ Example::
     >>> async def ask():
     ...     async with service.running():
     ...         return await service.score(service.job(RewardRequest(["a red circle", "a square"], ["1", 2])))
-    >>> [round(v, 3) for v in asyncio.run(ask()).total]  # as the reward's own example: "1" is the image 1
+    >>> [round(v, 3) for v in asyncio.run(ask()).total.tolist()]  # as the reward's own example: "1" is the image 1
     [5.26, 1.743]
 """
 
@@ -52,13 +54,13 @@ import time
 from collections import deque
 from collections.abc import AsyncIterator, Callable, Hashable, Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from finecap.rewards import NonFiniteReward, Reward, call_batch, check_finite, compares_images, per_caption
+from finecap.rewards import NonFiniteReward, Reward, RewardOutput, as_reward, call_batch, check_finite
 from finecap.serve.protocol import Limits, RequestError, RewardRequest
 
 log = logging.getLogger(__name__)
@@ -130,7 +132,7 @@ class CallCheck:
 
     Args:
         images: the images the reward knows (``None``: a reward that does not say; any id is passed on as given).
-        compares: the reward ranks each caption's image among the call's (:func:`finecap.rewards.compares_images`):
+        compares: the reward ranks each caption's image among the call's (``compares_images``):
             a call of one distinct image is refused (its values would say nothing).
         name: what messages call the reward.
     """
@@ -173,20 +175,12 @@ class Job:
         return call_batch(self.image_ids, self.request.references)
 
 
-@dataclass
-class Scored:
-    """One request's values: ``total[n]`` and each part's ``parts[name][n]``, as Python floats (float32 values)."""
-
-    total: list[float]
-    parts: dict[str, list[float]] = field(default_factory=dict)
-
-
 class RewardService:
     """A set-up reward served to concurrent requests (module docstring).
 
     Args:
         reward: ``reward(captions, batch) -> RewardOutput``, set up (``finecap serve-reward``: the training
-            loop's).
+            loop's); a plain callable is wrapped (:func:`finecap.rewards.as_reward`).
         images: the images the reward knows.
         limits: what one request may hold.
         batch_size: captions per round at most (a larger request is a round of its own).
@@ -204,11 +198,11 @@ class RewardService:
                              f"{batch_wait * 1000:g}")  # fmt: skip
         if not (math.isfinite(log_every) and log_every >= 0):
             raise ValueError(f"--log-every: must be a finite number of seconds, at least 0, got {log_every:g}")
-        self.reward, self.images, self.name = reward, images, name
+        self.reward, self.images, self.name = as_reward(reward, "reward"), images, name
         self.limits = limits or Limits()
         self.batch_size, self.batch_wait = batch_size, batch_wait
-        self.merges = per_caption(reward)
-        self.compares = compares_images(reward)
+        self.merges = self.reward.per_caption
+        self.compares = self.reward.compares_images
         self.check = CallCheck(images, self.compares, name)
         self.meter = Meter(log_every)
         self.fatal: BaseException | None = None
@@ -226,7 +220,7 @@ class RewardService:
         """Check ``request`` against the images and the reward (:class:`CallCheck`)."""
         return self.check.job(request)
 
-    def score_now(self, jobs: Sequence[Job]) -> list[Scored | Exception]:
+    def score_now(self, jobs: Sequence[Job]) -> list[RewardOutput | Exception]:
         """Score ``jobs`` here and now (the worker thread's round): one merged call when the reward scores each
         caption on its own and no job brings references, else one call per job; a failed merged call is retried
         job by job, so that one bad request fails alone. A failure is a :class:`RewardFailed` (logged here)."""
@@ -235,17 +229,17 @@ class RewardService:
                 try:
                     captions = [c for j in jobs for c in j.captions]
                     out = self.reward(captions, call_batch([i for j in jobs for i in j.image_ids]))
-                    return split_output(check_finite(out, self.name), [len(j.captions) for j in jobs])
+                    return check_finite(out, self.name).split([len(j.captions) for j in jobs])
                 except BaseException:  # noqa: BLE001 - retried one by one below, where the culprit fails alone
                     pass  # (and where a SystemExit is recorded: _one)
             return [self._one(j) for j in jobs]
 
-    def _one(self, job: Job) -> Scored | Exception:
+    def _one(self, job: Job) -> RewardOutput | Exception:
         self._requests_seen += 1
         number = self._requests_seen
         try:
             out = check_finite(self.reward(job.captions, job.batch()), self.name)
-            return split_output(out, [len(job.captions)])[0]
+            return out.split([len(job.captions)])[0]
         except NonFiniteReward as e:  # finecap's own words: the reward, its part and the caption
             log.error("reward server: request #%d: %s", number, e)
             return RewardFailed(f"{e} (request #{number}); the server's log has the details")
@@ -290,8 +284,8 @@ class RewardService:
             raise RuntimeError("RewardService.off_loop: the service is not running")
         return await asyncio.get_running_loop().run_in_executor(self._checks, fn, *args)
 
-    async def score(self, job: Job) -> Scored:
-        """``job``'s values, scored in a round of the worker (:meth:`running` must be active)."""
+    async def score(self, job: Job) -> RewardOutput:
+        """``job``'s values (float32 on the CPU), scored in a round of the worker (:meth:`running` must be active)."""
         if self._wakeup is None:
             raise RuntimeError("RewardService.score: the service is not running (use `async with service.running()`)")
         if self.fatal is not None:
@@ -356,7 +350,7 @@ class RewardService:
                 return
 
 
-def settle(items: Sequence[tuple[Job, asyncio.Future, float]], results: Sequence[Scored | Exception]) -> None:
+def settle(items: Sequence[tuple[Job, asyncio.Future, float]], results: Sequence[RewardOutput | Exception]) -> None:
     """Hand each item's result (or exception) to its future, unless its client went away."""
     for (_, future, _), result in zip(items, results, strict=True):
         if future.done():
@@ -365,18 +359,6 @@ def settle(items: Sequence[tuple[Job, asyncio.Future, float]], results: Sequence
             future.set_exception(result)
         else:
             future.set_result(result)
-
-
-def split_output(out: Any, sizes: Sequence[int]) -> list[Scored]:
-    """A reward call's output (:class:`~finecap.rewards.RewardOutput`) as Python floats, cut into the requests it
-    merged (``sizes`` captions each)."""
-    total = out.total.detach().float().cpu().tolist()
-    parts = {name: p.detach().float().cpu().tolist() for name, p in out.parts.items()}
-    scored, at = [], 0
-    for n in sizes:
-        scored.append(Scored(total[at : at + n], {name: values[at : at + n] for name, values in parts.items()}))
-        at += n
-    return scored
 
 
 class Meter:
