@@ -106,7 +106,8 @@ class RolloutEngine:
         """``policy``'s captions of ``batch`` decoded with ``decode`` (per-image sampling ``seeds``), on the policy's
         device. An engine that ``reads_images`` reads the batch's PIL ``images`` (the training collator keeps them
         for it: :func:`finecap.train.setup.build_training_data`)."""
-        return self.generator(policy).generate(batch, decode, seeds=seeds).to(policy.device)
+        gen = self.generator(policy).generate(batch, decode, seeds=seeds)
+        return gen.to(policy.device) if self.external else gen  # the policy's own are on its device already
 
     def close(self) -> None:
         """Free the engine (it is built again at the next rollout)."""
