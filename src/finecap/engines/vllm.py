@@ -3,7 +3,9 @@
 :class:`VllmEngine` serves a decoder-only VLM captioner (:class:`finecap.models.vlm.Vlm` with its own vision tower:
 LLaVA, Idefics3 / SmolVLM, Qwen2-VL) through vLLM's implementation of the same transformers architecture, built
 from the captioner saved as a transformers folder (a temporary one, removed by :meth:`VllmEngine.close`; LoRA
-adapters merged into it). What it decodes with is the run's:
+adapters merged into it). It is a :class:`~finecap.engines.base.GenerationEngine` (``decode.engine=vllm``, opened by
+:func:`~finecap.engines.base.open_engine`) that ``reads_images``, gives ``external_logprobs`` and refuses in one line
+the backbones it does not serve (:meth:`VllmEngine.refusal`). What it decodes with is the run's:
 
 - **prompt**: the captioner's rendered chat prompt (``vlm.prompt`` in the checkpoint's chat template,
   :attr:`Vlm.prompt_text`), the image placeholder expanded by the folder's processor as finecap's collator does,
