@@ -55,7 +55,7 @@ class Captioner:
 
     def __init__(self, model: Any, cfg: Config, checkpoint: Path | None = None) -> None:
         self.model, self.cfg, self.checkpoint = model, cfg, checkpoint
-        self._engine: Any = None  # the vLLM engine of engine="vllm", built on first use (:meth:`close` frees it)
+        self._engine: Any = None  # the generation engine (decode.engine), opened on first use (:meth:`close` frees it)
 
     @classmethod
     def from_pretrained(cls, path: str | os.PathLike[str], *, device: str | torch.device | None = None) -> Captioner:
@@ -133,19 +133,18 @@ class Captioner:
         return [caps for caps in result.captions if caps is not None]  # none skipped: bad images raise
 
     def generator(self, settings: Any) -> Any:
-        """What decodes with the decoding ``settings``: the model (``engine="finecap"``), or the vLLM engine serving
-        it (``engine="vllm"``: built on first use with the checkpoint's ``vllm`` section, kept for later calls;
-        :meth:`close` frees it)."""
-        from finecap.engines import generator_for
+        """The generation engine that decodes with the decoding ``settings`` (their ``engine``:
+        :func:`finecap.engines.open_engine`), opened on first use with the checkpoint's configuration (its ``vllm``
+        section) and kept for later calls with the same engine; :meth:`close` frees it."""
+        from finecap.engines import engine_class, open_engine
 
-        if settings.engine == "finecap":
-            return self.model
-        if self._engine is None:
-            self._engine = generator_for(self.model, dataclasses.replace(self.cfg, decode=settings))
+        if not isinstance(self._engine, engine_class(settings)):
+            self.close()
+            self._engine = open_engine(dataclasses.replace(self.cfg, decode=settings), self.model)
         return self._engine
 
     def close(self) -> None:
-        """Free the vLLM engine if one was built (``engine="vllm"``); the model stays."""
+        """Free the generation engine if one was opened (a vLLM engine's memory); the model stays."""
         if self._engine is not None:
             self._engine.close()
             self._engine = None

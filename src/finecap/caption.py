@@ -12,7 +12,6 @@ pixels, its images decoded and preprocessed in ``data.num_workers`` DataLoader w
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -25,14 +24,15 @@ from finecap.data.images import ImageLimits
 from finecap.data.loading import LoaderSettings, chunks, encoder_draft
 from finecap.data.samplers import process_slice
 from finecap.decode import chunk_images
+from finecap.engines.finecap import as_engine
 from finecap.metrics.diversity import lexical_diversity, mean_length
-from finecap.models import sharding
 from finecap.utils import progress_enabled
 
 if TYPE_CHECKING:
     from accelerate import Accelerator
 
     from finecap.config import Config, DecodeConfig
+    from finecap.engines import GenerationEngine
 
 
 def mixed_precision_autocast(mixed_precision: str, device: torch.device | str) -> contextlib.AbstractContextManager:
@@ -48,28 +48,10 @@ def mixed_precision_autocast(mixed_precision: str, device: torch.device | str) -
     return contextlib.nullcontext()
 
 
-@contextlib.contextmanager
-def decoding_mode(model: Any, autocast: Any) -> Iterator[None]:
-    """Within the block, ``model`` decodes as every captioning loop needs: in eval mode, with full parameters when it
-    is sharded (:func:`finecap.models.sharding.decoding`), without gradient, under ``autocast`` (the run's); its mode
-    is restored after, also after an error. An engine that is no torch module (:mod:`finecap.engines`: vLLM, which
-    decodes in its own dtype) is left as it is."""
-    if not isinstance(model, torch.nn.Module):
-        yield
-        return
-    was_training = model.training
-    model.eval()
-    try:
-        with sharding.decoding(model), torch.no_grad(), autocast:
-            yield
-    finally:
-        model.train(was_training)
-
-
-def batch_captions(model: Any, batch: dict[str, Any], decode: DecodeConfig) -> dict[Any, list[str]]:
+def batch_captions(engine: GenerationEngine, batch: dict[str, Any], decode: DecodeConfig) -> dict[Any, list[str]]:
     """``{image_id: [caption, ...]}`` of one collated batch (its ``image_ids``), ``decode.num_return_sequences`` per
-    image, decoded on the model's device (``model``: a captioner, or an engine serving one, :mod:`finecap.engines`)."""
-    texts = model.generate(to_device(batch, model.device), decode).texts
+    image, decoded by ``engine`` on its device (:mod:`finecap.engines`)."""
+    texts = engine.generate(to_device(batch, engine.device), decode).texts
     n = decode.num_return_sequences
     return {image_id: list(texts[b * n : (b + 1) * n]) for b, image_id in enumerate(batch["image_ids"])}
 
@@ -88,7 +70,8 @@ def generate_captions(
     """``{image_id: [caption, ...]}`` (``decode.num_return_sequences`` per image) for the first ``limit`` images of
     ``split`` (0 = all), decoded with ``decode`` (default ``cfg.decode``).
 
-    ``model``: a captioner, or an engine serving one (:mod:`finecap.engines`). ``use_features`` (default: unless the
+    ``model``: a captioner (decoding itself: :class:`~finecap.engines.finecap.FinecapEngine`), or a generation
+    engine serving one (:func:`finecap.engines.open_engine`). ``use_features`` (default: unless the
     model trains its encoder) encodes images through the frozen-feature cache.
     With an ``accelerator`` of several processes the images are split between them and the result gathered.
     Decoding runs under the run's autocast (``accelerator.autocast()``, else ``cfg.train.mixed_precision`` on the
@@ -96,6 +79,7 @@ def generate_captions(
     ``decode.batch_size`` sequences (:func:`finecap.decode.chunk_images` images).
     """
     decode = decode or cfg.decode
+    model = as_engine(model)
     if use_features is None:  # frozen encoders through the cache, when the backbone caches its vision outputs
         use_features = not model.train_encoder and model.cache_features
     rank, world = (accelerator.process_index, accelerator.num_processes) if accelerator else (0, 1)
@@ -120,7 +104,7 @@ def generate_captions(
         if accelerator is not None
         else mixed_precision_autocast(cfg.train.mixed_precision, device)
     )
-    with decoding_mode(model, autocast):
+    with model.decoding(autocast):  # a captioner: eval, full parameters if sharded, no gradient, the run's autocast
         for batch in tqdm(loader, total=len(batches), desc=f"caption [{split}]",
                           disable=not progress_enabled(progress and main), unit="batch"):  # fmt: skip
             out.update(batch_captions(model, batch, decode))

@@ -229,8 +229,8 @@ def caption_images(
     progress: bool = True,
     limits: ImageLimits = DEFAULT_LIMITS,
 ) -> ImageCaptions:
-    """Caption ``images`` (PIL images or image file paths, mixed freely) with ``model`` (a captioner, or an engine
-    serving one: :mod:`finecap.engines`), decoded with ``decode``.
+    """Caption ``images`` (PIL images or image file paths, mixed freely) with ``model`` (a captioner, decoding itself,
+    or a generation engine serving one: :func:`finecap.engines.open_engine`), decoded with ``decode``.
 
     Images are read and preprocessed by the model's own preprocessing in batches of
     :func:`~finecap.decode.chunk_images` images (``decode.batch_size`` counts sequences: images x beams or samples),
@@ -249,14 +249,16 @@ def caption_images(
     from torch.utils.data import DataLoader
     from tqdm.auto import tqdm
 
-    from finecap.caption import batch_captions, decoding_mode, mixed_precision_autocast
+    from finecap.caption import batch_captions, mixed_precision_autocast
     from finecap.data.datasets import model_collator
     from finecap.data.samplers import process_slice
     from finecap.decode import chunk_images
+    from finecap.engines.finecap import as_engine
     from finecap.utils import progress_enabled
 
     if not images:
         raise DataError("no images to caption")
+    model = as_engine(model)  # a captioner decodes itself
     rank, world = (accelerator.process_index, accelerator.num_processes) if accelerator is not None else (0, 1)
     mine = process_slice(len(images), rank, world)
     loader = DataLoader(
@@ -269,7 +271,7 @@ def caption_images(
     autocast = accelerator.autocast() if accelerator is not None else mixed_precision_autocast(mixed_precision, device)
     out: dict[int, list[str] | None] = {}
     skipped: list[tuple[int, str]] = []
-    with decoding_mode(model, autocast):  # eval, full parameters if sharded (FSDP2), no gradient, the run's autocast
+    with model.decoding(autocast):  # a captioner: eval, full parameters if sharded, no gradient, the run's autocast
         shown = progress_enabled(progress and rank == 0)
         for batch, bad in tqdm(loader, desc="caption [images]", unit="batch", disable=not shown):
             skipped += bad

@@ -1,5 +1,6 @@
 """Name -> object registries with a dotted-path escape hatch for user code (objectives, rewards, samplers,
-validators, backbones, data set formats and metric groups all use it: :func:`lookup`, :func:`import_object`).
+validators, backbones, generation engines, data set formats and metric groups all use it: :func:`lookup`,
+:func:`import_object`).
 
 Example::
 
@@ -58,6 +59,13 @@ BACKBONES: dict[str, str] = {
 fresh captioner, ``cls.build(cfg)``, and load a saved one, ``cls.from_checkpoint(path)``); a backbone's own options,
 when it has any, are the configuration section named like it (``cfg.clipcap``). Resolved by
 :func:`finecap.models.backbones.backbone`."""
+
+ENGINES: dict[str, str] = {
+    "finecap": "finecap.engines.finecap:FinecapEngine",
+    "vllm": "finecap.engines.vllm:VllmEngine",
+}
+"""``decode.engine`` names -> :class:`~finecap.engines.base.GenerationEngine` subclasses (what decodes a captioner's
+captions: finecap's own decoder, a colocated vLLM); resolved by :func:`finecap.engines.base.engine_class`."""
 
 DATA_FORMATS: dict[str, str] = {
     "world": "finecap.data.formats.world:FORMAT",

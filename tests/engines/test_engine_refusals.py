@@ -11,9 +11,10 @@ from types import SimpleNamespace
 import pytest
 
 from finecap.boost.backends import make_backend
-from finecap.config import ConfigError, DecodeConfig, VllmConfig, load
+from finecap.config import ConfigError, DecodeConfig, load
 from finecap.data.datasets import model_collator
-from finecap.engines import generator_for
+from finecap.engines import open_engine
+from finecap.engines.finecap import FinecapEngine
 from finecap.engines.rollouts import RolloutEngine
 from finecap.engines.vllm import VllmEngine, config_refusal, import_vllm, unservable_reason
 from finecap.models.blip import Blip, FeatureMapTokens
@@ -60,7 +61,7 @@ def test_a_backbone_vllm_does_not_serve_is_refused_by_name(folders, build, named
     captioner = build(folders)
     monkeypatch.setitem(sys.modules, "vllm", None)  # the refusal comes first, installed or not
     with pytest.raises(ConfigError) as e:
-        generator_for(captioner, load(None, ["decode.engine=vllm"]))
+        open_engine(load(None, ["decode.engine=vllm"]), captioner)
     message = str(e.value)
     assert named in message and message.endswith("it generates with decode.engine=finecap")
     assert "\n" not in message and e.value.key == "decode.engine"
@@ -105,7 +106,10 @@ def test_the_caption_command_refuses_in_one_line(folders, tmp_path, monkeypatch)
 def test_the_default_engine_is_the_captioner_itself(folders):
     captioner = Vlm.from_pretrained(folders["idefics3"])
     cfg = load(None, [])
-    assert cfg.decode.engine == "finecap" and generator_for(captioner, cfg) is captioner
+    with open_engine(cfg, captioner) as engine:
+        assert cfg.decode.engine == "finecap" and isinstance(engine, FinecapEngine) and engine.model is captioner
+        assert not engine.reads_images and not engine.external_logprobs
+        assert engine.device == captioner.device and engine.encoder is captioner.encoder
 
 
 def test_vllm_beam_search_cannot_stop_at_a_period():
@@ -167,8 +171,8 @@ def test_rl_rollouts_on_vllm_are_refused_with_a_tensor_parallel_engine():
     assert str(e.value).startswith("vllm.tensor_parallel_size=2: RL rollouts run on one engine per training process "
                                    "(2 here)")  # fmt: skip
     assert "\n" not in str(e.value) and e.value.key == "vllm.tensor_parallel_size"
-    RolloutEngine("vllm").check_processes(2)  # several processes, an engine each: fine (test_vllm_rollouts_ddp.py)
-    RolloutEngine("finecap", VllmConfig(tensor_parallel_size=2)).check_processes(4)  # the policy decodes itself
+    RolloutEngine(load(None, ["decode.engine=vllm"])).check_processes(2)  # an engine each (test_vllm_rollouts_ddp)
+    RolloutEngine(load(None, ["vllm.tensor_parallel_size=2"])).check_processes(4)  # the policy decodes itself
 
 
 def test_the_collator_keeps_the_pil_images_for_vllm(folders):

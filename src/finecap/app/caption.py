@@ -44,7 +44,7 @@ from finecap.config import Config, load_stored, parse_override
 from finecap.data.formats import data_format, detect_format
 from finecap.data.images import ImageLimits
 from finecap.data.results import write_results
-from finecap.engines import generating
+from finecap.engines import engine_class, open_engine
 from finecap.home import world_path
 from finecap.inference import caption_images, describe_skipped, image_files, load_for_captioning
 from finecap.outputs import check_not_input, check_output_file
@@ -166,12 +166,9 @@ def main(
     if accelerator.is_main_process:
         log.info("caption: %s, decoding %s from %s%s", setup.checkpoint, describe_decoding(cfg), source,
                  "" if checked else "; no fingerprints recorded, inputs not checked")  # fmt: skip
-    if cfg.decode.engine != "finecap" and accelerator.num_processes > 1:
-        raise ValueError(f"decode.engine={cfg.decode.engine} runs one engine in one process "
-                         "(vllm.tensor_parallel_size shards it over GPUs): run finecap caption without accelerate "
-                         "launch")  # fmt: skip
+    engine_class(cfg.decode).check_processes(cfg, accelerator.num_processes)  # vLLM: one engine in one process
     model = load_for_captioning(setup.checkpoint, cfg, accelerator.device)
-    with generating(model, cfg) as generator:  # the captioner, or a vLLM engine serving it (decode.engine)
+    with open_engine(cfg, model) as generator:  # the captioner itself, or an engine serving it (decode.engine)
         if files is not None:
             result = caption_images(generator, [f.path for f in files], cfg.decode,
                                     skip_bad_images=cfg.data.skip_bad_images, num_workers=cfg.data.num_workers,

@@ -26,7 +26,6 @@ from finecap.config import (
     SECTIONS,
     Config,
     ConfigError,
-    Engine,
     describe,
     did_you_mean,
     load,
@@ -36,11 +35,8 @@ from finecap.config import (
 from finecap.errors import AnotherProcessFailed, explain
 from finecap.library_warnings import silenced
 from finecap.recipes import copy_recipe, describe_recipe, list_recipes, resolve_recipe
-from finecap.registry import PREDICTION_FORMATS
+from finecap.registry import ENGINES, PREDICTION_FORMATS
 from finecap.utils import shell_command
-
-ENGINES = typing.get_args(Engine)
-"""``finecap caption --engine``'s choices: ``decode.engine``'s values."""
 
 
 def _split_recipe(items: list[str]) -> tuple[str | None, list[str]]:
@@ -422,9 +418,9 @@ def build_parser() -> argparse.ArgumentParser:
                    "(docs/caption.md)")  # fmt: skip
     p.add_argument("--skip-bad-images", dest="skip_bad_images", action="store_true", help="leave out and count "
                    "images that do not decode (data.skip_bad_images=true); else the first is an error")  # fmt: skip
-    p.add_argument("--engine", choices=ENGINES, default=None, help="what generates (decode.engine): finecap's "
-                   "decoder, or vLLM serving a VLM captioner (pip install 'finecap[vllm]'; "
-                   "docs/scaling.md)")  # fmt: skip
+    p.add_argument("--engine", default=None, metavar="|".join(ENGINES), help="what generates (decode.engine): "
+                   "finecap's decoder, vLLM serving a VLM captioner (pip install 'finecap[vllm]'; docs/scaling.md), "
+                   "or a dotted path pkg.module:Class to one's own engine")  # fmt: skip
     p.add_argument("--out", required=True, help="output COCO results JSON")
     p.add_argument("--force", action="store_true", help=FORCE_FILE_HELP)
 

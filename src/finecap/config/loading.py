@@ -33,6 +33,7 @@ from finecap.recipes import resolve_recipe
 from finecap.registry import (
     BACKBONES,
     DATA_FORMATS,
+    ENGINES,
     METRIC_GROUPS,
     OBJECTIVES,
     REWARDS,
@@ -243,6 +244,7 @@ def check_names(cfg: Config) -> None:
     _check_name(cfg.data.format, DATA_FORMATS, "data.format", "data set format")
     _check_name(cfg.train.objective, OBJECTIVES, "train.objective", "objective")
     _check_name(cfg.data.sampler, SAMPLERS, "data.sampler", "sampler")
+    _check_name(cfg.decode.engine, ENGINES, "decode.engine", "generation engine")
     for name in cfg.rl.rewards:
         _check_name(name, REWARDS, "rl.rewards", "reward")
     for name in cfg.train.validators:

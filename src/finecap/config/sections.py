@@ -19,7 +19,7 @@ from finecap.config.fields import ConfigError, Section, check, check_at_most, do
 from finecap.config.judge_section import JudgeConfig
 from finecap.config.paths import absolute_paths
 from finecap.config.secrets import redacted
-from finecap.registry import BACKBONES, DATA_FORMATS
+from finecap.registry import BACKBONES, DATA_FORMATS, ENGINES
 from finecap.utils import CONTROL_CHARACTERS, short_repr
 
 __all__ = [  # the names finecap.config re-exports
@@ -46,7 +46,6 @@ __all__ = [  # the names finecap.config re-exports
     "Distractors",
     "DiversityBaseline",
     "EarlyStopping",
-    "Engine",
     "EvalConfig",
     "FinishedBeams",
     "FirstToken",
@@ -124,7 +123,6 @@ DEFAULT_MAX_ASPECT_RATIO = 20.0
 Mapper = Literal["mlp", "transformer"]
 Schedule = Literal["linear", "cosine", "constant"]
 DecodeStrategy = Literal["greedy", "beam", "sample"]
-Engine = Literal["finecap", "vllm"]
 MeteorBackend = Literal["python", "java"]
 FinishedBeams = Literal["keep", "set_aside"]
 EarlyStopping = Literal[False, True, "never"]
@@ -640,10 +638,11 @@ class TrainConfig(Section, name="train"):
 
 @dataclass
 class DecodeConfig(Section, name="decode"):
-    engine: Engine = doc(
+    engine: str = doc(
         "finecap",
-        "What generates: finecap's decoder (every backbone) or a colocated vLLM (VLMs; the vllm section; "
-        "docs/scaling.md).",
+        f"What generates: {', '.join(ENGINES)} (finecap's decoder, every backbone; a colocated vLLM, VLMs, the vllm "
+        "section: docs/scaling.md), or a dotted path 'pkg.module:Class' to one's own GenerationEngine "
+        "(docs/architecture.md#generation-engines).",
     )
     strategy: DecodeStrategy = doc("greedy", "Decoding strategy.")
     max_length: int = doc(

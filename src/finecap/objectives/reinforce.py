@@ -59,8 +59,9 @@ from typing import TYPE_CHECKING, Any, get_args
 
 import torch
 
-from finecap.config import ConfigError, DecodeConfig, LogProb, RLConfig
+from finecap.config import Config, ConfigError, DecodeConfig, LogProb, RLConfig, RunConfig, VllmConfig
 from finecap.decode import Generation, hash32
+from finecap.engines import engine_class
 from finecap.engines.rollouts import RolloutEngine
 from finecap.models import sharding
 from finecap.models.base import set_dropout
@@ -74,7 +75,6 @@ from finecap.rewards import RewardInputs, as_reward, build_reward
 from finecap.rewards.base import RewardOutput, check_finite
 
 if TYPE_CHECKING:
-    from finecap.config import Config, VllmConfig
     from finecap.contract import TrainContext
     from finecap.rewards.base import Reward
 
@@ -151,7 +151,8 @@ class Reinforce(ObjectiveBase):
         decode: the ``decode`` section the rollouts start from (:func:`rollout_decode`, :func:`greedy_decode`;
             default: its defaults); its ``engine`` decodes them (:class:`~finecap.engines.rollouts.RolloutEngine`).
         seed: ``run.seed``, the base of the per-image sampling seeds (:meth:`sampling_seeds`).
-        vllm: the ``vllm`` section (``decode.engine=vllm``'s engine).
+        vllm: the ``vllm`` section (``decode.engine=vllm``'s engine; the engine is opened with these sections and
+            ``run.seed``).
     """
 
     example_unit = "image"  # the loop trains on one example per image (each image once per epoch)
@@ -179,7 +180,8 @@ class Reinforce(ObjectiveBase):
         self.sample_cfg = rollout_decode(decode, rl)
         self.greedy_cfg = greedy_decode(decode)
         self.monitor = Monitor(rl)  # the reward-hacking monitor (finecap.objectives.monitor): logged, never a loss
-        self.rollouts = RolloutEngine(decode.engine, vllm, seed=seed, tempered=self.logprob_temperature != 1.0)
+        engine_cfg = Config(run=RunConfig(seed=seed), decode=decode, vllm=vllm or VllmConfig())  # what it reads
+        self.rollouts = RolloutEngine(engine_cfg, tempered=self.logprob_temperature != 1.0)
 
     # ----------------------------------------------------------------------------------------------------------------
     # Hooks called by the training loop
@@ -357,14 +359,11 @@ class Reinforce(ObjectiveBase):
 
 def reinforce_kwargs(cfg: Config) -> dict[str, Any]:
     """Constructor arguments of :class:`Reinforce`: the reward and baseline of ``cfg.rl``, the sections themselves.
-    ``decode.engine=vllm`` with a backbone vLLM does not serve is refused here, before a run prepares anything
-    (:func:`finecap.engines.vllm.config_refusal`)."""
-    if cfg.decode.engine == "vllm":
-        from finecap.engines.vllm import config_refusal
-
-        reason = config_refusal(cfg)
-        if reason is not None:
-            raise ConfigError(reason, key="decode.engine")
+    A generation engine (``decode.engine``) that does not serve the configured backbone is refused here, before a run
+    prepares anything (its declared :meth:`~finecap.engines.base.GenerationEngine.refusal`: vLLM's of a ClipCap)."""
+    reason = engine_class(cfg.decode).refusal(cfg)
+    if reason is not None:
+        raise ConfigError(reason, key="decode.engine")
     return dict(
         reward=build_reward(cfg),
         baseline=build_baseline(cfg.rl),

@@ -29,6 +29,7 @@ from finecap.data.images import ImageLimits
 from finecap.data.loading import encoder_draft
 from finecap.data.records import DataError
 from finecap.data.targets import unknown_tokens
+from finecap.engines import engine_class
 from finecap.home import run_path, runs_root, start_path
 from finecap.models import memory
 from finecap.models.backbones import build_model as build_captioner
@@ -161,8 +162,9 @@ def build_data(cfg: Config, model: Any, accelerator: Accelerator, *, per_caption
     """Training examples (one per reference caption, or per image) and the first ``train.eval_samples`` validation
     images; frozen encoders read images through the feature cache, which every process builds its part of
     (:func:`finecap.data.features.model_features`); otherwise images are decoded in the DataLoader workers (JPEGs
-    draft-decoded: :func:`finecap.data.loading.encoder_draft`). With ``decode.engine=vllm`` the batches also carry
-    the PIL images, which the RL rollouts' vLLM engine decodes from (:mod:`finecap.engines.rollouts`)."""
+    draft-decoded: :func:`finecap.data.loading.encoder_draft`). With an engine that reads images (its declared
+    ``reads_images``: ``decode.engine=vllm``) the batches also carry the PIL images, which the RL rollouts' engine
+    decodes from (:mod:`finecap.engines.rollouts`)."""
     train_records = load_records(cfg, "train")
     check_vocabulary(model.tokenizer, train_records, cfg)  # before the feature caches: seconds, not minutes
     val_records = validation_records(cfg)
@@ -180,7 +182,7 @@ def build_data(cfg: Config, model: Any, accelerator: Accelerator, *, per_caption
             train_records, per_caption=per_caption, features=feats["train"], draft=draft, limits=limits
         ),
         val=CaptionDataset(val_records, per_caption=False, features=feats["val"], draft=draft, limits=limits),
-        collator=model_collator(model, cfg.data.max_tokens, keep_images=cfg.decode.engine == "vllm"),
+        collator=model_collator(model, cfg.data.max_tokens, keep_images=engine_class(cfg.decode).reads_images),
         train_records=train_records,
         skipped=sum(len(skipped_images(cfg, split)) for split in ("train", "val")),
     )
