@@ -5,8 +5,6 @@ its declared refusal stops a run before anything is built, and ``decode.engine``
 
 from __future__ import annotations
 
-from types import SimpleNamespace
-
 import pytest
 import torch
 
@@ -54,7 +52,9 @@ def words(captions, batch):
     return RewardOutput(torch.tensor([float(len(c.split())) for c in captions]))
 
 
-def test_an_rl_rollout_decodes_with_the_engine_and_syncs_it(run, shapes):
+def test_an_rl_rollout_decodes_with_the_engine_and_syncs_it(run, shapes, tmp_path):
+    from helpers.contexts import training_context
+
     """REINFORCE's rollouts come from the toy engine (its captions are rewarded and scored by the trainer), its
     log-probs are importance-corrected (``external_logprobs``), and an optimizer step syncs it before the next."""
     from PIL import Image
@@ -69,7 +69,7 @@ def test_an_rl_rollout_decodes_with_the_engine_and_syncs_it(run, shapes):
     rl = RLConfig(samples=2, baseline="none")  # the reward itself is the advantage: a gradient
     objective = Reinforce(WeightedSum({"words": (1.0, words)}), build_baseline(rl), rl=rl,
                           decode=DecodeConfig(engine=NAME, max_length=6))  # fmt: skip
-    objective.setup(SimpleNamespace())
+    objective.setup(training_context([], tmp_path))
     out = objective(policy, batch)
     engine = objective.rollouts.engine
     assert isinstance(engine, ColourEngine) and engine.synced == 0
