@@ -79,7 +79,7 @@ def test_the_grpo_checks_runs_are_the_pages_and_scored_on_the_same_test_images(s
         "mle": ("mle", [], None),
         "scst": ("scst", [], "mle"),
         "grpo": ("grpo_cider", ["train.batch_size=64", "rl.samples=5"], "mle"),
-        "grpo_kl": ("grpo_cider", ["train.batch_size=64", "rl.samples=5", "rl.kl_coef=0.04"], "mle"),
+        "grpo_kl": ("grpo_cider", ["train.batch_size=64", "rl.samples=5", "grpo.kl_coef=0.04"], "mle"),
     }
     ids = {}
     for run in GRPO_RUNS:

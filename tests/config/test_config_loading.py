@@ -108,7 +108,7 @@ def test_registry_names_are_checked_at_load():
 
     cases = {
         "train.objective=smiel": "train.objective: unknown objective 'smiel' (did you mean 'smile'?); valid names: "
-        "mle, reinforce",
+        "grpo, mle, reinforce",
         "data.sampler=bagcur": "data.sampler: unknown sampler 'bagcur' (did you mean 'bagcurri'?)",
         "rl.rewards={cidr: 1.0}": "rl.rewards: unknown reward 'cidr' (did you mean 'cider'?)",
         "train.validators=[retreival]": "train.validators: unknown validator 'retreival' (did you mean 'retrieval'?)",

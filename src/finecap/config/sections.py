@@ -49,6 +49,7 @@ __all__ = [  # the names finecap.config re-exports
     "EvalConfig",
     "FinishedBeams",
     "FirstToken",
+    "GRPOConfig",
     "Importance",
     "LogProb",
     "LossAggregation",
@@ -76,6 +77,7 @@ __all__ = [  # the names finecap.config re-exports
     "RewardAggregation",
     "RunConfig",
     "SECTIONS",
+    "SLEConfig",
     "SRConfig",
     "SRReward",
     "ScaleRewards",
@@ -91,6 +93,7 @@ __all__ = [  # the names finecap.config re-exports
     "WorldConfig",
     "WorldShift",
     "moved_key",
+    "renamed_key",
 ]
 
 # Upper bounds of the options that size memory or work. Generous (no real run comes near them) but finite, so that a
@@ -153,7 +156,7 @@ PolicyLoss = Literal["reinforce", "clipped"]
 Importance = Literal["token", "sequence"]
 LossAggregation = Literal["sequence", "token", "constant"]
 AlarmAction = Literal["warn", "stop"]
-AlarmMeasure = Literal["length_drift", "repetition", "distinct", "fact_precision", "fact_recall", "kl"]
+AlarmMeasure = Literal["length_drift", "repetition", "distinct", "fact_precision", "fact_recall", "kl", "failed"]
 
 
 # --------------------------------------------------------------------------------------------------------------------
@@ -517,10 +520,43 @@ MOVED_KEYS: dict[str, str] = {
     "model.vlm_prompt": "vlm.prompt",
     "model.vlm_train_projector": "vlm.train_projector",
     **{f"model.tiny_{k}": f"{{kind}}.tiny_{k}" for k in ("layers", "hidden", "heads", "dropout")},
+    **{
+        f"rl.{k}": f"grpo.{k}"
+        for k in (
+            "advantage",
+            "scale_rewards",
+            "reward_aggregation",
+            "policy_loss",
+            "iterations",
+            "clip_low",
+            "clip_high",
+            "importance",
+            "loss_aggregation",
+            "kl_coef",
+            "kl_bias_correction",
+        )
+    },  # fmt: skip
+    **{f"rl.{k}": f"sle.{k}" for k in ("alpha", "distance", "diversity_baseline")},
 }
-"""Keys of the former flat ``model`` section and where they live now (``{kind}``: the section of ``model.kind``, as
-each backbone has its own world-tiny sizes). A recipe or override setting one is an error naming the new key;
-a stored configuration written before the move is migrated (:func:`migrate_moved_keys`)."""
+"""Keys of the former flat ``model`` and ``rl`` sections and where they live now (``{kind}``: the section of
+``model.kind``, as each backbone has its own world-tiny sizes). A former ``model`` key in a recipe or override is an
+error naming the new key; a former ``rl`` key (the GRPO family's and SLE's options, split into the ``grpo`` and
+``sle`` sections) is read as its new key wherever it is set (:func:`renamed_key`: recipes, overrides and commands
+written before the split keep working). A stored configuration written before either move is migrated
+(:func:`finecap.config.stored.migrate_moved_keys`); no fingerprint reads these keys (:mod:`finecap.train.fingerprint`
+pins the data and encoders), so a run's fingerprints are the same before and after."""
+
+RENAMED_SECTIONS = ("rl",)
+"""Sections whose moved keys (:data:`MOVED_KEYS`) are read under their new name wherever they are set."""
+
+
+def renamed_key(key: str) -> str | None:
+    """The key a former key ``section.name`` of a :data:`RENAMED_SECTIONS` section is read as, else ``None``.
+
+    >>> renamed_key("rl.advantage"), renamed_key("rl.alpha"), renamed_key("rl.samples")
+    ('grpo.advantage', 'sle.alpha', None)
+    """
+    return MOVED_KEYS.get(key) if key.split(".")[0] in RENAMED_SECTIONS else None
 
 
 def moved_key(key: str, kind: str) -> str | None:
@@ -817,6 +853,10 @@ class SmileConfig(Section, name="smile"):
 
 @dataclass
 class RLConfig(Section, name="rl"):
+    """What every RL objective shares (reinforce, grpo, scst_me, sle): the rewards, the rollout, the log-prob, the
+    baseline of REINFORCE/SCST, the vLLM corrections and the reward-hacking alarms. The GRPO family's own options are
+    the ``grpo`` section (:class:`GRPOConfig`), SLE's the ``sle`` section (:class:`SLEConfig`)."""
+
     rewards: dict[str, float] = doc(
         {"cider": 1.0},
         "Reward weights, R = sum w_i r_i (finecap.rewards.REWARDS names); each in [-1e6, 1e6], not all 0.",
@@ -849,18 +889,104 @@ class RLConfig(Section, name="rl"):
         le=100,
         why="times a mean entropy of at most log V, 12 nats for 256k words; SLL-ME uses 0.01",
     )
-    alpha: float = doc(
-        0.75, "sle: weight of the precision term; the diversity term gets 1 - alpha (Eq. 8).", ge=0, le=1
+    disable_dropout: bool = doc(
+        False,
+        "Set every dropout module of the policy to p = 0 for the RL objective, so GRPO's ratios and KL carry no "
+        "dropout noise (rollouts and the reference run in eval mode) [disable_dropout].",
     )
-    distance: Distance = doc(
-        "bleu34",
-        "sle: caption distance: bleu34 = 1 - (BLEU-3 + BLEU-4) / 2 (the paper's); overlap34 = 1 - mean n-gram overlap "
-        "(n = 3, 4) over the shorter caption's n-grams, length-neutral (finecap's ablation).",
+    vllm_is_correction: bool = doc(
+        True,
+        "decode.engine=vllm: weigh each token of the loss by the truncated importance ratio of the trainer's "
+        "log-prob to vLLM's (docs/scaling.md) [vllm_importance_sampling_correction].",
     )
-    diversity_baseline: DiversityBaseline = doc(
-        "pairwise_mean", "sle: baseline of the diversity term (pairwise_mean: Sec. 4.3, zero-mean advantages)."
+    vllm_is_cap: float = doc(
+        3.0,
+        "decode.engine=vllm: the importance ratio's cap, C >= 1 (truncation; TRL's default) "
+        "[vllm_importance_sampling_clip_max].",
+        ge=1,
+        le=1000,
+        why="a cap on the importance ratio of two nearly equal policies; TRL's is 3",
     )
-    # The GRPO family (docs/methods/grpo.md; TRL's names in brackets). The defaults are the papers' REINFORCE.
+    alarms: dict[str, float] = doc(
+        {},
+        "Reward-hacking alarms, measure -> threshold (length_drift, repetition, distinct, fact_precision/recall; kl: "
+        "the step's KL to the starting policy, with grpo.kl_coef > 0; failed: the step's share of captions a reward "
+        "could not score).",
+    )
+    alarm_action: AlarmAction = doc(
+        "warn", "What a crossed rl.alarms threshold does: log a warning, or stop training."
+    )
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        check(bool(self.rewards), "rl.rewards", "needs at least one reward, e.g. {cider: 1.0}")
+        for name, weight in self.rewards.items():
+            check(
+                isinstance(weight, int | float) and not isinstance(weight, bool),
+                f"rl.rewards.{name}",
+                f"must be a number, got {short_repr(weight)}",
+            )
+            check(
+                abs(weight) <= MAX_REWARD_WEIGHT,
+                f"rl.rewards.{name}",
+                f"must be in [-{MAX_REWARD_WEIGHT:g}, {MAX_REWARD_WEIGHT:g}], got {short_repr(weight, 30)} (a weight "
+                "scales its reward as train.lr a step, and rewards times weights are summed in float32; the papers' "
+                "are 0.5 to 1)",
+            )
+            check(
+                weight == 0 or abs(weight) >= FLOAT32_TINY,
+                f"rl.rewards.{name}",
+                f"{short_repr(weight)} is 0 in float32, in which rewards are weighted; use 0 or a larger weight",
+            )
+        check(
+            any(w != 0 for w in self.rewards.values()),
+            "rl.rewards",
+            "every weight is 0, so every caption's reward is 0 and nothing is learnt; give a reward a nonzero weight",
+        )
+        measures = get_args(AlarmMeasure)
+        for measure, threshold in self.alarms.items():
+            check(
+                measure in measures,
+                "rl.alarms",
+                f"unknown measure {short_repr(measure)}; valid: {', '.join(measures)}",
+            )
+            number = isinstance(threshold, int | float) and not isinstance(threshold, bool)
+            drift = measure in ("length_drift", "kl")  # a relative change or a KL, any size; the others are shares
+            check(
+                number and (threshold > 0 if drift else 0 <= threshold <= 1),
+                f"rl.alarms.{measure}",
+                f"must be {'> 0' if drift else 'in [0, 1]'}, got {short_repr(threshold)}",
+            )
+        check(
+            self.strategy == "sample" or self.samples == 1,
+            "rl.samples",
+            f"must be 1 with rl.strategy={self.strategy} (deterministic decoding gives one caption per image)",
+        )
+        check(
+            self.baseline != "leave_one_out" or self.samples >= 2,
+            "rl.samples",
+            "must be >= 2 with rl.baseline=leave_one_out (the other samples of the image are the baseline)",
+        )
+        check(
+            not (self.baseline == "greedy" and self.strategy == "greedy"),
+            "rl.baseline",
+            "greedy with rl.strategy=greedy makes every advantage 0; use mean, or decode with sample/beam",
+        )
+
+    def check_config(self, cfg: Config) -> None:
+        check(
+            "kl" not in self.alarms or cfg.grpo.kl_coef > 0,
+            "rl.alarms.kl",
+            "needs grpo.kl_coef > 0 (the KL to the starting policy is computed only with its penalty)",
+        )
+
+
+@dataclass
+class GRPOConfig(Section, name="grpo"):
+    """The GRPO family's options (docs/methods/grpo.md; TRL's names in brackets), read by ``train.objective=grpo``
+    (and by ``reinforce``, its former name). The defaults are the papers' REINFORCE: ``advantage: group`` and
+    ``policy_loss: clipped`` make it GRPO. The rollout, rewards and alarms are the ``rl`` section's."""
+
     advantage: Advantage = doc(
         "baseline", "baseline: R - rl.baseline (the papers); group: GRPO's (R - group mean) / scale, per image."
     )
@@ -905,116 +1031,50 @@ class RLConfig(Section, name="rl"):
         le=100,
         why="the KL term would swamp every advantage: TRL's beta is 0 or 0.04, RLHF's 0.001 to 0.2",
     )
-    disable_dropout: bool = doc(
-        False,
-        "Set every dropout module of the policy to p = 0 for the RL objective, so GRPO's ratios and KL carry no "
-        "dropout noise (rollouts and the reference run in eval mode) [disable_dropout].",
-    )
     kl_bias_correction: bool = doc(
         True,
         "clipped: multiply the per-token KL by the importance ratio (TRL 1.16's default) [use_bias_correction_kl].",
     )
-    vllm_is_correction: bool = doc(
-        True,
-        "decode.engine=vllm: weigh each token of the loss by the truncated importance ratio of the trainer's "
-        "log-prob to vLLM's (docs/scaling.md) [vllm_importance_sampling_correction].",
-    )
-    vllm_is_cap: float = doc(
-        3.0,
-        "decode.engine=vllm: the importance ratio's cap, C >= 1 (truncation; TRL's default) "
-        "[vllm_importance_sampling_clip_max].",
-        ge=1,
-        le=1000,
-        why="a cap on the importance ratio of two nearly equal policies; TRL's is 3",
-    )
-    alarms: dict[str, float] = doc(
-        {},
-        "Reward-hacking alarms, measure -> threshold (length_drift, repetition, distinct, fact_precision/recall; kl: "
-        "the step's KL to the starting policy, with rl.kl_coef > 0).",
-    )
-    alarm_action: AlarmAction = doc(
-        "warn", "What a crossed rl.alarms threshold does: log a warning, or stop training."
-    )
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        check(bool(self.rewards), "rl.rewards", "needs at least one reward, e.g. {cider: 1.0}")
-        for name, weight in self.rewards.items():
-            check(
-                isinstance(weight, int | float) and not isinstance(weight, bool),
-                f"rl.rewards.{name}",
-                f"must be a number, got {short_repr(weight)}",
-            )
-            check(
-                abs(weight) <= MAX_REWARD_WEIGHT,
-                f"rl.rewards.{name}",
-                f"must be in [-{MAX_REWARD_WEIGHT:g}, {MAX_REWARD_WEIGHT:g}], got {short_repr(weight, 30)} (a weight "
-                "scales its reward as train.lr a step, and rewards times weights are summed in float32; the papers' "
-                "are 0.5 to 1)",
-            )
-            check(
-                weight == 0 or abs(weight) >= FLOAT32_TINY,
-                f"rl.rewards.{name}",
-                f"{short_repr(weight)} is 0 in float32, in which rewards are weighted; use 0 or a larger weight",
-            )
-        check(
-            any(w != 0 for w in self.rewards.values()),
-            "rl.rewards",
-            "every weight is 0, so every caption's reward is 0 and nothing is learnt; give a reward a nonzero weight",
-        )
-        check(
-            self.advantage != "group" or self.samples >= 2,
-            "rl.samples",
-            "must be >= 2 with rl.advantage=group (an image's samples are its group)",
-        )
         for key, default in (("scale_rewards", "group"), ("reward_aggregation", "sum_then_normalize")):
             check(
                 self.advantage == "group" or getattr(self, key) == default,
-                f"rl.{key}",
-                "is an option of group advantages: set rl.advantage=group as well",
+                f"grpo.{key}",
+                "is an option of group advantages: set grpo.advantage=group as well",
             )
         check(
             self.reward_aggregation == "sum_then_normalize" or self.scale_rewards == "group",
-            "rl.scale_rewards",
-            "is not used with rl.reward_aggregation=normalize_then_sum (each reward is scaled by its group's std, "
+            "grpo.scale_rewards",
+            "is not used with grpo.reward_aggregation=normalize_then_sum (each reward is scaled by its group's std, "
             "their sum by the batch's)",
         )
         for key, unused in (("iterations", self.iterations == 1), ("kl_coef", self.kl_coef == 0)):
-            check(unused or self.policy_loss == "clipped", f"rl.{key}", "needs rl.policy_loss=clipped")
-        measures = get_args(AlarmMeasure)
-        for measure, threshold in self.alarms.items():
-            check(
-                measure in measures,
-                "rl.alarms",
-                f"unknown measure {short_repr(measure)}; valid: {', '.join(measures)}",
-            )
-            number = isinstance(threshold, int | float) and not isinstance(threshold, bool)
-            drift = measure in ("length_drift", "kl")  # a relative change or a KL, any size; the others are shares
-            check(
-                number and (threshold > 0 if drift else 0 <= threshold <= 1),
-                f"rl.alarms.{measure}",
-                f"must be {'> 0' if drift else 'in [0, 1]'}, got {short_repr(threshold)}",
-            )
+            check(unused or self.policy_loss == "clipped", f"grpo.{key}", "needs grpo.policy_loss=clipped")
+
+    def check_config(self, cfg: Config) -> None:
         check(
-            "kl" not in self.alarms or self.kl_coef > 0,
-            "rl.alarms.kl",
-            "needs rl.kl_coef > 0 (the KL to the starting policy is computed only with its penalty)",
-        )
-        check(
-            self.strategy == "sample" or self.samples == 1,
+            self.advantage != "group" or cfg.rl.samples >= 2,
             "rl.samples",
-            f"must be 1 with rl.strategy={self.strategy} (deterministic decoding gives one caption per image)",
+            "must be >= 2 with grpo.advantage=group (an image's samples are its group)",
         )
-        check(
-            self.baseline != "leave_one_out" or self.samples >= 2,
-            "rl.samples",
-            "must be >= 2 with rl.baseline=leave_one_out (the other samples of the image are the baseline)",
-        )
-        check(
-            not (self.baseline == "greedy" and self.strategy == "greedy"),
-            "rl.baseline",
-            "greedy with rl.strategy=greedy makes every advantage 0; use mean, or decode with sample/beam",
-        )
+
+
+@dataclass
+class SLEConfig(Section, name="sle"):
+    """Options of ``train.objective=sle``, sequence-level exploration (docs/methods/sle.md); its rollout, rewards and
+    baseline are the ``rl`` section's."""
+
+    alpha: float = doc(0.75, "Weight of the precision term; the diversity term gets 1 - alpha (Eq. 8).", ge=0, le=1)
+    distance: Distance = doc(
+        "bleu34",
+        "Caption distance: bleu34 = 1 - (BLEU-3 + BLEU-4) / 2 (the paper's); overlap34 = 1 - mean n-gram overlap "
+        "(n = 3, 4) over the shorter caption's n-grams, length-neutral (finecap's ablation).",
+    )
+    diversity_baseline: DiversityBaseline = doc(
+        "pairwise_mean", "Baseline of the diversity term (pairwise_mean: Sec. 4.3, zero-mean advantages)."
+    )
 
 
 @dataclass
@@ -1217,11 +1277,19 @@ class Config:
     eval: EvalConfig = field(default_factory=EvalConfig)
     smile: SmileConfig = field(default_factory=SmileConfig)
     rl: RLConfig = field(default_factory=RLConfig)
+    grpo: GRPOConfig = field(default_factory=GRPOConfig)
+    sle: SLEConfig = field(default_factory=SLEConfig)
     sr: SRConfig = field(default_factory=SRConfig)
     lora: LoraConfig = field(default_factory=LoraConfig)
     demo: DemoConfig = field(default_factory=DemoConfig)
     bags: BagsConfig = field(default_factory=BagsConfig)
     boost: BoostConfig = field(default_factory=BoostConfig)
+
+    def __post_init__(self) -> None:
+        for f in dataclasses.fields(
+            self
+        ):  # the checks across sections, each owned by a section (Section.check_config)
+            getattr(self, f.name).check_config(self)
 
     def to_dict(self, redact: bool = False) -> dict[str, dict[str, Any]]:
         """``{section: {key: value}}``; ``redact=True`` masks every secret (:func:`redacted`), as wherever a

@@ -206,7 +206,7 @@ def _build_run(
         log.info("train.strategy=fsdp with one process: nothing to shard, training as usual")
     optimizer = build_optimizer(model, cfg.train)
     global_batch = cfg.train.batch_size * accelerator.num_processes * cfg.train.grad_accum_steps
-    sampler = repeat_batches(get_sampler(cfg, data.train, global_batch), objective.batch_repeats)  # rl.iterations
+    sampler = repeat_batches(get_sampler(cfg, data.train, global_batch), objective.batch_repeats)  # grpo.iterations
     total = total_steps(cfg.train, sampler)
     scheduler = build_scheduler(optimizer, warmup=cfg.train.warmup_steps, total=total, kind=cfg.train.schedule)
     objective.setup(TrainContext(cfg, accelerator, data.train_records, model.tokenizer, run_dir))
