@@ -100,6 +100,17 @@ def renamed_keys(data: dict[str, Any], source: str = "", warn: bool = False) -> 
     return out
 
 
+def renamed_override(item: str) -> str:
+    """An override ``section.key=value`` as it is written now: a former key (:func:`renamed_key`) under its new name,
+    the value as given; any other item unchanged. For records of overrides written before a key moved.
+
+    >>> renamed_override("rl.kl_coef=0.04"), renamed_override("rl.samples=5")
+    ('grpo.kl_coef=0.04', 'rl.samples=5')
+    """
+    target = renamed_key(override_key(item)) if "=" in item else None
+    return f"{target}={item.split('=', 1)[1]}" if target else item
+
+
 BOOL_WORDS = {"true": True, "yes": True, "on": True, "false": False, "no": False, "off": False}
 """What a boolean option reads as a boolean. Values are read as YAML 1.2 (:class:`finecap.utils.StrictYAMLLoader`:
 only ``true`` / ``false`` are booleans), so ``yes``, ``no``, ``on`` and ``off`` reach the options as strings: a
