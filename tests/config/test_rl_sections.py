@@ -101,3 +101,13 @@ def test_the_checks_across_sections_run_on_a_config_built_by_hand():
         Config(rl=RLConfig(samples=1, strategy="greedy", baseline="mean"), grpo=GRPOConfig(advantage="group"))
     assert e.value.key == "rl.samples"
     assert Config(rl=RLConfig(samples=2), grpo=GRPOConfig(advantage="group")).grpo.advantage == "group"
+
+
+def test_a_resume_compares_a_run_stored_before_the_split_under_the_new_keys(tmp_path):
+    from finecap.train.state import config_changes
+
+    before = load(None, ["grpo.advantage=group", "grpo.policy_loss=clipped", "grpo.kl_coef=0.04"])
+    saved = tmp_path / "config.yaml"
+    saved.write_text(yaml.safe_dump(old_layout(before), sort_keys=False))
+    now = load(None, ["grpo.advantage=group", "grpo.policy_loss=clipped", "grpo.kl_coef=0.1"]).saved_dict()
+    assert config_changes(saved, now) == ["grpo.kl_coef: 0.04 -> 0.1"]
