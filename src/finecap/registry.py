@@ -80,12 +80,20 @@ HUB_DATA_FORMATS: frozenset[str] = frozenset({"hf"})
 ``Format.hub_names``): what the configuration, which imports no format, needs to know of them to store such a path
 as written (:mod:`finecap.config.paths`)."""
 
+VALIDATORS: dict[str, str] = {
+    "captions": "finecap.train.validators:caption_stats_validator",
+    "retrieval": "finecap.train.validators:retrieval_validator",
+    "cider": "finecap.train.validators:cider_validator",
+}
+"""``train.validators`` names -> factories ``factory(cfg) -> validator`` (:mod:`finecap.train.validators`); the values
+each validator returns are :data:`VALIDATOR_KEYS`."""
+
 VALIDATOR_KEYS: dict[str, tuple[str, ...]] = {
     "captions": ("length", "vocab"),
     "retrieval": ("r@1", "length", "vocab"),
     "cider": ("cider_d", "length", "vocab"),
 }
-"""``train.validators`` names (factories in :mod:`finecap.train.validators`) -> the values each returns; with the
+"""``train.validators`` names (:data:`VALIDATORS`) -> the values each returns; with the
 loop's own ``loss`` and ``perplexity`` they are what ``train.best_metric`` may name."""
 
 METRIC_GROUPS: dict[str, str] = {

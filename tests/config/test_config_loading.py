@@ -124,8 +124,7 @@ def test_registry_names_are_checked_at_load():
 
 def test_validator_keys_are_what_the_validators_return():
     # the torch-free table the configuration checks train.best_metric against, vs the app's validator factories
-    from finecap.registry import VALIDATOR_KEYS
-    from finecap.train.validators import VALIDATORS
+    from finecap.registry import VALIDATOR_KEYS, VALIDATORS
 
     assert set(VALIDATORS) == set(VALIDATOR_KEYS)
 

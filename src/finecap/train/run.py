@@ -46,7 +46,7 @@ from finecap.models.memory import check_attention
 from finecap.objectives import get_objective
 from finecap.objectives.base import ObjectiveBase
 from finecap.outputs import write_output
-from finecap.registry import SAMPLERS, declared_needs, lookup
+from finecap.registry import SAMPLERS, VALIDATORS, declared_needs, lookup
 from finecap.runs import BEST, CONFIG_FILE, METRICS_FILE, checkpoint_dir
 from finecap.train.checkpoint import save_checkpoint
 from finecap.train.engine import (
@@ -72,7 +72,7 @@ from finecap.train.state import (
     prepare_run_dir,
     truncate_metrics,
 )
-from finecap.train.validators import VALIDATORS, caption_samples, validation_loss
+from finecap.train.validators import caption_samples, validation_loss
 from finecap.utils import seed_everything
 
 log = logging.getLogger(__name__)

@@ -71,7 +71,9 @@ class TrainConfig(Section, name="train"):
     save_every: int = doc(0, "Save a resumable checkpoint every N steps (0 = at each evaluation).", ge=0)
     best_mode: Literal["auto", "min", "max"] = doc("auto", "Minimise/maximise best_metric (auto: min for 'loss').")
     loss_weights: dict[str, float] = doc({}, "Weight of each named loss of the objective (absent = 1.0).")
-    validators: list[str] = doc([], "Validators run at each evaluation (loop.VALIDATORS names or 'pkg.mod:factory').")
+    validators: list[str] = doc(
+        [], "Validators run at each evaluation (finecap.registry.VALIDATORS names or 'pkg.mod:factory')."
+    )
     cpu: bool = doc(False, "Train on the CPU even when an accelerator (GPU) is available.")
     strategy: Literal["ddp", "fsdp"] = doc(
         "ddp",
