@@ -61,7 +61,7 @@ def test_a_recipe_and_overrides_with_the_former_keys_load_and_later_layers_win(t
     cfg = load(str(recipe), ["rl.scale_rewards=batch", "rl.distance=overlap34"])
     assert (cfg.grpo.advantage, cfg.grpo.scale_rewards, cfg.rl.samples) == ("group", "batch", 4)
     assert (cfg.sle.alpha, cfg.sle.distance) == (0.5, "overlap34")
-    assert "rl.advantage is now grpo.advantage" in caplog.text
+    assert "rl.advantage -> grpo.advantage" in caplog.text and "rl.alpha -> sle.alpha" in caplog.text
     new = tmp_path / "new.yaml"
     new.write_text("rl:\n  samples: 4\ngrpo:\n  advantage: group\n  scale_rewards: none\n")
     assert load(str(new), ["rl.scale_rewards=batch"]).grpo.scale_rewards == "batch"  # the override is above

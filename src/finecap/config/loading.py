@@ -43,6 +43,8 @@ from finecap.registry import (
 )
 from finecap.utils import SHORT_REPR_LIMIT, YAMLRefused, load_yaml, short_repr
 
+log = logging.getLogger(__name__)
+
 
 def did_you_mean(name: object, valid: typing.Iterable[object], prefix: str = "") -> str:
     """`` (did you mean 'x'?)`` for the closest of ``valid`` to a mistyped ``name`` (:func:`difflib.get_close_matches`,
@@ -70,14 +72,11 @@ def _moved_message(key: str, kind: str) -> str:
     return f"{key!r} moved to the backbone sections ({', '.join(where)}); model.kind={kind} has no such option"
 
 
-log = logging.getLogger(__name__)
-
-
 def renamed_keys(data: dict[str, Any], source: str = "", warn: bool = False) -> dict[str, Any]:
     """Sections ``{section: {key: value}}`` with the keys of a former flat section read under their new names
     (:func:`~finecap.config.sections.renamed_key`: ``rl.advantage`` -> ``grpo.advantage``); ``data`` itself when it
     has none. One mapping setting both a former key and its new one to different values is refused, naming both;
-    ``warn`` logs one line per renamed key (a recipe or override the user wrote)."""
+    ``warn`` logs one line naming the renamed keys (a recipe the user wrote)."""
     moves = [(name, k, target) for name, values in data.items() if isinstance(values, dict)
              for k in values if (target := renamed_key(f"{name}.{k}"))]  # fmt: skip
     if not moves:
@@ -95,8 +94,8 @@ def renamed_keys(data: dict[str, Any], source: str = "", warn: bool = False) -> 
                 key=target,
             )
         out[section][new] = value
-        if warn:
-            log.warning("%s%s.%s is now %s (read as it); write %s", source, name, k, target, target)
+    if warn:
+        log.warning("%sread under their new names: %s", source, ", ".join(f"{n}.{k} -> {t}" for n, k, t in moves))
     return out
 
 
