@@ -38,7 +38,7 @@ SETTINGS = (
     "captions (TRL's loss_type=grpo), one optimizer step per rollout (the ratio is 1: nothing is clipped), the "
     "reward-hacking monitor warning only. What differs from SCST is what makes GRPO: the baseline (the group mean "
     "instead of the greedy caption), the scaling (by the group's spread) and the per-caption token mean instead of "
-    "the sum. GRPO + KL = the same with rl.kl_coef=0.04 (β of demo/grpo_sr_cider, TRL's older default; fixed before "
+    "the sum. GRPO + KL = the same with grpo.kl_coef=0.04 (β of demo/grpo_sr_cider, TRL's older default; fixed before "
     "running): TRL's k3 estimator per token to the MLE start, with the importance-ratio factor (TRL 1.16's default). "
     "Columns: CIDEr-D of the beam captions against references 2-5 (×100); Div-2 (sampled) = distinct bigrams over "
     "all bigrams of 5 captions sampled per image at T = 1 (the exploration paper's set-level Div-2, as its page's "

@@ -131,9 +131,9 @@ RUNS: dict[str, Run] = {
     "scst_me_1e1": Run("scst_me", ("rl.entropy_coef=0.1",)),
     "scst_me_1e3": Run("scst_me", ("rl.entropy_coef=0.001",)),
     "sle": Run("sle"),  # alpha 0.75, the paper's choice
-    "sle_a025": Run("sle", ("rl.alpha=0.25",)),
-    "sle_a050": Run("sle", ("rl.alpha=0.5",)),
-    "sle_overlap": Run("sle", ("rl.distance=overlap34",)),  # finecap's ablation: the length-neutral distance
+    "sle_a025": Run("sle", ("sle.alpha=0.25",)),
+    "sle_a050": Run("sle", ("sle.alpha=0.5",)),
+    "sle_overlap": Run("sle", ("sle.distance=overlap34",)),  # finecap's ablation: the length-neutral distance
     "scst_val": Run("scst", VALIDATED),  # the best validation CIDEr-D checkpoint, not the final model
     "sle_val": Run("sle", VALIDATED),
     # DiscriTune: the demo's discritune stage (SR-L fully fine-tuned, greedy decoding, running-mean baseline, reward
@@ -155,5 +155,5 @@ RUNS: dict[str, Run] = {
     **ndlb_runs(),
     # the GRPO check (finecap's, issue 50): demo/grpo_cider at SCST's batch, without and with the KL to the start
     "grpo": Run("grpo_cider", GRPO_AT_SCST),
-    "grpo_kl": Run("grpo_cider", (*GRPO_AT_SCST, "rl.kl_coef=0.04")),
+    "grpo_kl": Run("grpo_cider", (*GRPO_AT_SCST, "grpo.kl_coef=0.04")),
 }

@@ -65,9 +65,9 @@ SLE = Paper(
             sle_table4_rows(),
             notes="(rs): 5 captions sampled at T = 1, CIDEr-D averaged over them (as the paper); (bs): the top 5 "
             "beams, CIDEr-D of the top beam (the paper's (bs) CIDEr equals its Table 2 beam-search CIDEr). The last "
-            "two rows are finecap's ablation, not the paper's: SLL-SLE with rl.distance=overlap34 (1 - mean 3-/4-gram "
-            "overlap over the shorter caption's n-grams) instead of the BLEU-3/4 distance, which leans towards short "
-            "captions (docs/results.md, Training noise).",
+            "two rows are finecap's ablation, not the paper's: SLL-SLE with sle.distance=overlap34 (1 - mean "
+            "3-/4-gram overlap over the shorter caption's n-grams) instead of the BLEU-3/4 distance, which leans "
+            "towards short captions (docs/results.md, Training noise).",
             primary=(Primary("sle_rs", "sll_rs", "Div2"), Primary("sle_bs", "sll_bs", "CIDEr")),
         ),
         Table(

@@ -19,11 +19,14 @@ from typing import Any
 OBJECTIVES: dict[str, str] = {
     "mle": "finecap.objectives.mle:build",
     "smile": "finecap.objectives.smile:build",
-    "reinforce": "finecap.objectives.policy:build",
-    "scst_me": "finecap.objectives.policy:build_max_entropy",
+    "reinforce": "finecap.objectives.grpo:build",
+    "grpo": "finecap.objectives.grpo:build",
+    "scst_me": "finecap.objectives.grpo:build_max_entropy",
     "sle": "finecap.objectives.exploration:build",
 }
-"""``train.objective`` names -> factories ``factory(cfg) -> objective``."""
+"""``train.objective`` names -> factories ``factory(cfg) -> objective``. ``grpo`` and ``reinforce`` are one factory:
+REINFORCE/SCST with the ``grpo`` section's defaults, the GRPO family with its options (``reinforce`` is the name the
+GRPO recipes had before the ``grpo`` section; the same configuration trains bit for bit the same under either)."""
 
 REWARDS: dict[str, str] = {
     "cider": "finecap.rewards.cider:build",
@@ -95,12 +98,20 @@ HUB_DATA_FORMATS: frozenset[str] = frozenset({"hf"})
 ``Format.hub_names``): what the configuration, which imports no format, needs to know of them to store such a path
 as written (:mod:`finecap.config.paths`)."""
 
+VALIDATORS: dict[str, str] = {
+    "captions": "finecap.train.validators:caption_stats_validator",
+    "retrieval": "finecap.train.validators:retrieval_validator",
+    "cider": "finecap.train.validators:cider_validator",
+}
+"""``train.validators`` names -> factories ``factory(cfg) -> validator`` (:mod:`finecap.train.validators`); the values
+each validator returns are :data:`VALIDATOR_KEYS`."""
+
 VALIDATOR_KEYS: dict[str, tuple[str, ...]] = {
     "captions": ("length", "vocab"),
     "retrieval": ("r@1", "length", "vocab"),
     "cider": ("cider_d", "length", "vocab"),
 }
-"""``train.validators`` names (factories in :mod:`finecap.train.validators`) -> the values each returns; with the
+"""``train.validators`` names (:data:`VALIDATORS`) -> the values each returns; with the
 loop's own ``loss`` and ``perplexity`` they are what ``train.best_metric`` may name."""
 
 METRIC_GROUPS: dict[str, str] = {

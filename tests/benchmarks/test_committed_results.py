@@ -13,6 +13,8 @@ from pathlib import Path
 
 import pytest
 
+from finecap.config import renamed_override
+
 ROOT = Path(__file__).resolve().parents[2]
 STORE = ROOT / "benchmarks" / "results" / "effects"
 SEEDS = sorted(STORE.glob("seed*.json"))
@@ -79,12 +81,13 @@ def test_the_grpo_checks_runs_are_the_pages_and_scored_on_the_same_test_images(s
         "mle": ("mle", [], None),
         "scst": ("scst", [], "mle"),
         "grpo": ("grpo_cider", ["train.batch_size=64", "rl.samples=5"], "mle"),
-        "grpo_kl": ("grpo_cider", ["train.batch_size=64", "rl.samples=5", "rl.kl_coef=0.04"], "mle"),
+        "grpo_kl": ("grpo_cider", ["train.batch_size=64", "rl.samples=5", "grpo.kl_coef=0.04"], "mle"),
     }
     ids = {}
     for run in GRPO_RUNS:
         record = json.loads((GRPO_DATA / seed / f"{run}.json").read_text())
-        assert (record["recipe"], record["overrides"], record["init"]) == expected[run], (seed, run)
+        overrides = [renamed_override(o) for o in record["overrides"]]  # run before rl.kl_coef became grpo.kl_coef
+        assert (record["recipe"], overrides, record["init"]) == expected[run], (seed, run)
         assert not record["quick"] and record["items"] == [] and record["seed"] == int(seed[4:]), (seed, run)
         assert {"CIDEr-D", "sample/Div-2", "Length", "faith/precision", "faith/recall"} <= set(record["metrics"])
         groups = json.loads((GRPO_DATA / seed / f"{run}.items.json").read_text())["groups"]

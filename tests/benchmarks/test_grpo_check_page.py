@@ -35,16 +35,16 @@ def test_grpo_runs_match_scst_where_the_page_says_and_differ_where_grpo_does():
                               ("rl", "samples"), ("rl", "rewards"), ("rl", "temperature"),
                               ("rl", "strategy"), ("decode", "strategy"), ("decode", "beam_size")):  # fmt: skip
             assert getattr(getattr(cfg, section), name) == getattr(getattr(scst, section), name), (section, name)
-        assert (cfg.rl.advantage, cfg.rl.scale_rewards, cfg.rl.policy_loss) == ("group", "group", "clipped")
-        assert (cfg.rl.iterations, cfg.rl.loss_aggregation) == (1, "sequence")
-    assert (scst.rl.advantage, scst.rl.baseline, scst.rl.policy_loss, scst.rl.kl_coef) == (
+        assert (cfg.grpo.advantage, cfg.grpo.scale_rewards, cfg.grpo.policy_loss) == ("group", "group", "clipped")
+        assert (cfg.grpo.iterations, cfg.grpo.loss_aggregation) == (1, "sequence")
+    assert (scst.grpo.advantage, scst.rl.baseline, scst.grpo.policy_loss, scst.grpo.kl_coef) == (
         "baseline", "greedy", "reinforce", 0.0
     )  # fmt: skip
     assert (scst.train.batch_size, scst.rl.samples, scst.rl.rewards) == (64, 5, {"cider": 1.0})
     # the KL only in GRPO + KL, with demo/grpo_sr_cider's beta; every run from the seed's MLE start
     from finecap.config import load
 
-    assert grpo.rl.kl_coef == 0.0 and grpo_kl.rl.kl_coef == load("demo/grpo_sr_cider").rl.kl_coef == 0.04
+    assert grpo.grpo.kl_coef == 0.0 and grpo_kl.grpo.kl_coef == load("demo/grpo_sr_cider").grpo.kl_coef == 0.04
     assert {pt.RUNS[k].init for k in ("scst", "grpo", "grpo_kl")} == {"mle"}
     assert pt.RUNS["grpo"].recipe == pt.RUNS["grpo_kl"].recipe == "grpo_cider"
 

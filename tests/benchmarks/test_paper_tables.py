@@ -221,7 +221,7 @@ def test_each_row_runs_what_its_label_says():
     for key in ("scst_val", "sle_val"):
         cfg = load(None, list(pt.RUNS[key].overrides))
         assert cfg.train.validators == ["cider"] and cfg.train.best_metric == "cider_d", key
-    assert pt.RUNS["sle_overlap"].overrides == ("rl.distance=overlap34",)
+    assert pt.RUNS["sle_overlap"].overrides == ("sle.distance=overlap34",)
     # the other test worlds a run is evaluated on: those its paper's columns read
     assert pt.extra_evaluations(pt.DISCRITUNE, "mle") == {"shifted/", "family/"}
     assert pt.extra_evaluations(pt.DISCRITUNE, "discritune_cosine") == set()

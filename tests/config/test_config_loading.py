@@ -108,7 +108,7 @@ def test_registry_names_are_checked_at_load():
 
     cases = {
         "train.objective=smiel": "train.objective: unknown objective 'smiel' (did you mean 'smile'?); valid names: "
-        "mle, reinforce",
+        "grpo, mle, reinforce",
         "data.sampler=bagcur": "data.sampler: unknown sampler 'bagcur' (did you mean 'bagcurri'?)",
         "rl.rewards={cidr: 1.0}": "rl.rewards: unknown reward 'cidr' (did you mean 'cider'?)",
         "train.validators=[retreival]": "train.validators: unknown validator 'retreival' (did you mean 'retrieval'?)",
@@ -124,8 +124,7 @@ def test_registry_names_are_checked_at_load():
 
 def test_validator_keys_are_what_the_validators_return():
     # the torch-free table the configuration checks train.best_metric against, vs the app's validator factories
-    from finecap.registry import VALIDATOR_KEYS
-    from finecap.train.validators import VALIDATORS
+    from finecap.registry import VALIDATOR_KEYS, VALIDATORS
 
     assert set(VALIDATORS) == set(VALIDATOR_KEYS)
 

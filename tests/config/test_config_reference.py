@@ -25,7 +25,7 @@ def test_committed_config_reference_is_up_to_date():
     expected = _generator().render()
     current = PAGE.read_text(encoding="utf-8") if PAGE.exists() else ""
     assert current == expected, (
-        f"{PAGE.relative_to(ROOT)} is out of date with src/finecap/config/sections.py; regenerate it with "
+        f"{PAGE.relative_to(ROOT)} is out of date with src/finecap/config/sections/; regenerate it with "
         f"`{_generator().COMMAND}` (from the repository root) and commit the result"
     )
 

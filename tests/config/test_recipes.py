@@ -6,8 +6,8 @@ from finecap.app.cli import main
 from finecap.config import ConfigError, load
 from finecap.objectives import get_objective
 from finecap.objectives.exploration import SequenceLevelExploration
+from finecap.objectives.grpo import PolicyOptimization
 from finecap.objectives.mle import MLE
-from finecap.objectives.policy import PolicyOptimization
 from finecap.objectives.reinforce import Reinforce
 from finecap.objectives.smile import SmileObjective
 from finecap.recipes import describe_recipe, list_recipes, resolve_recipe

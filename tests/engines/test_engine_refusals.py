@@ -128,7 +128,11 @@ def test_rl_with_vllm_on_clipcap_is_refused_before_anything_is_built(objective, 
     """The RL objectives' factory refuses a backbone vLLM does not serve from the configuration alone, before a run
     prepares its world or builds its model."""
     monkeypatch.setitem(sys.modules, "vllm", None)
-    options = {"reinforce": [], "sle": ["rl.baseline=mean"], "grpo": ["rl.advantage=group", "rl.policy_loss=clipped"]}
+    options = {
+        "reinforce": [],
+        "sle": ["rl.baseline=mean"],
+        "grpo": ["grpo.advantage=group", "grpo.policy_loss=clipped"],
+    }
     name = "sle" if objective == "sle" else "reinforce"
     cfg = load(None, [f"train.objective={name}", "decode.engine=vllm", *options[objective]])
     with pytest.raises(ConfigError) as e:

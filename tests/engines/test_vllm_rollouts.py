@@ -133,8 +133,8 @@ def test_grpo_trains_with_vllm_rollouts_and_tempered_log_probs(tmp_path):
     cfg = load(None, [
         f"world.out={world}", "world.n_train=8", "world.n_val=4", "world.n_test=4", "world.image_size=32",
         "model.kind=vlm", f"vlm.name={folder}", f"run.dir={tmp_path / 'run'}", f"run.cache_dir={tmp_path / 'cache'}",
-        "train.objective=reinforce", "rl.advantage=group", "rl.policy_loss=clipped", "rl.samples=3",
-        "rl.iterations=2", "rl.temperature=0.7", "rl.scaled_logprob=true", "rl.kl_coef=0.05",
+        "train.objective=reinforce", "grpo.advantage=group", "grpo.policy_loss=clipped", "rl.samples=3",
+        "grpo.iterations=2", "rl.temperature=0.7", "rl.scaled_logprob=true", "grpo.kl_coef=0.05",
         "decode.engine=vllm", "decode.max_length=8", "vllm.max_model_len=128", "vllm.kv_cache_memory_bytes=268435456",
         "train.max_steps=4", "train.batch_size=4", "train.lr=1e-2", "train.warmup_steps=0", "train.log_every=1",
         "train.eval_samples=4", "train.log_captions=0",
@@ -147,7 +147,7 @@ def test_grpo_trains_with_vllm_rollouts_and_tempered_log_probs(tmp_path):
         assert math.isfinite(v["loss"])
         assert 1 - 1e-4 <= v["vllm/is_ratio/min"] <= v["vllm/is_ratio/max"] <= 1 + 1e-4, v
         assert v["vllm/logp_diff/mean"] < 1e-4
-    # steps 1 and 3 roll out (engine built, then synced), steps 2 and 4 reuse the rollout (rl.iterations=2)
+    # steps 1 and 3 roll out (engine built, then synced), steps 2 and 4 reuse the rollout (grpo.iterations=2)
     assert values[0]["time/sync"] > 0 and values[2]["time/sync"] > 0
     assert values[1]["time/sync"] == values[3]["time/sync"] == 0.0
     assert values[0]["ratio/min"] == values[0]["ratio/max"] == 1.0

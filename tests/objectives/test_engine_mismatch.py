@@ -17,9 +17,10 @@ from finecap.decode import Generation
 from finecap.models.captioner import TokenScores
 from finecap.objectives.baselines import build_baseline
 from finecap.objectives.engine_mismatch import importance_weights, mismatch_metrics
-from finecap.objectives.policy import PolicyOptimization
+from finecap.objectives.grpo import PolicyOptimization
 from finecap.objectives.reinforce import Reinforce, Rollout
 from finecap.rewards.base import RewardOutput, WeightedSum
+from helpers.rl_sections import rl_sections
 
 # Two captions of 3 and 2 tokens (the second padded), and a third of 1 token.
 TRAINER = torch.tensor([[-1.0, -2.0, -0.5], [-0.2, -3.0, 0.0], [-4.0, 0.0, 0.0]])
@@ -151,9 +152,9 @@ def test_the_grpo_family_weighs_each_tokens_loss_by_its_importance_ratio(policy_
     """One image, a group of 3 captions; the cycle's first step (ratio to ``old`` = 1, nothing clipped), so the
     clipped surrogate's per-token loss is ``-A w`` and its ``sequence`` aggregation gives d loss / d logp_nt =
     ``-A_n w_nt / (len_n * 3)``; ``rl.logprob=mean`` makes REINFORCE's the same."""
-    rl = RLConfig(advantage="group", samples=3, policy_loss=policy_loss, logprob="mean", vllm_is_cap=2.0)
+    rl = rl_sections(advantage="group", samples=3, policy_loss=policy_loss, logprob="mean", vllm_is_cap=2.0)
     rewards = [1.0, 0.0, 2.0]
-    objective = PolicyOptimization(constant_reward(rewards), None, rl=rl, decode=DecodeConfig(engine="vllm"))
+    objective = PolicyOptimization(constant_reward(rewards), None, **rl, decode=DecodeConfig(engine="vllm"))
     rollout = rollout_of(ENGINE, rewards, [0.0, 0.0, 0.0])
     rollout.samples.image_index = torch.zeros(3, dtype=torch.long)
     out, grad = run(objective, rollout, TRAINER)

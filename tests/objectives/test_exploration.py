@@ -7,7 +7,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from finecap.config import ClipCapBackboneConfig, RLConfig, load
+from finecap.config import ClipCapBackboneConfig, RLConfig, SLEConfig, load
 from finecap.decode import Generation
 from finecap.models.captioner import TokenScores
 from finecap.models.clipcap import ClipCap
@@ -105,8 +105,8 @@ def test_overlap_distance_counts_are_clipped_and_divided_by_the_shorter():
 
 def test_distance_names_are_the_config_choices():
     assert set(DISTANCE_FUNCTIONS) == set(DISTANCES) == {"bleu34", "overlap34"}
-    assert load(None, ["rl.distance=overlap34"]).rl.distance == "overlap34"
-    with pytest.raises(ValueError, match="rl.distance"):
+    assert load(None, ["sle.distance=overlap34"]).sle.distance == "overlap34"
+    with pytest.raises(ValueError, match="sle.distance"):
         caption_distances(["a", "b"], 2, "jaccard")
 
 
@@ -176,7 +176,10 @@ def test_surrogate_loss_eq_15_16_with_baselines():
     texts = ["a b c d", "a b c d", "e f g h"]
     model = StandIn(texts, [[-1.0, 0.0], [-1.0, -1.0], [-2.0, -2.0]], [1, 2, 2])  # log p = (-1, -2, -4)
     objective = SequenceLevelExploration(
-        TableReward({"a b c d": 1.0, "e f g h": 0.4}), GreedyBaseline(), rl=RLConfig(samples=3, alpha=0.75)
+        TableReward({"a b c d": 1.0, "e f g h": 0.4}),
+        GreedyBaseline(),
+        rl=RLConfig(samples=3),
+        sle=SLEConfig(alpha=0.75),
     )
     out = objective(model, {"features": torch.zeros(1, 2), "image_ids": [7]})
     # precision: R = (1, 1, 0.4), greedy baseline R("a b c d") = 1 -> A = (0, 0, -0.6); times alpha: (0, 0, -0.45)
@@ -196,7 +199,7 @@ def test_alpha_one_is_plain_reinforce():
     texts = ["a b c d", "a b c d", "e f g h"]
     model = StandIn(texts, [[-1.0, 0.0], [-1.0, -1.0], [-2.0, -2.0]], [1, 2, 2])
     objective = SequenceLevelExploration(
-        TableReward({"a b c d": 1.0, "e f g h": 0.4}), NoBaseline(), rl=RLConfig(samples=3, alpha=1.0)
+        TableReward({"a b c d": 1.0, "e f g h": 0.4}), NoBaseline(), rl=RLConfig(samples=3), sle=SLEConfig(alpha=1.0)
     )
     out = objective(model, {"features": torch.zeros(1, 2), "image_ids": [7]})
     # -(1*-1 + 1*-2 + 0.4*-4) / 3 = 4.6/3; the diversity term has weight 0
@@ -207,7 +210,7 @@ def test_alpha_one_is_plain_reinforce():
 def test_sle_from_config_and_checks():
     objective = get_objective("sle", load())
     assert isinstance(objective, SequenceLevelExploration)
-    assert objective.rl.alpha == 0.75 and objective.rl.samples == 5 and isinstance(objective.baseline, GreedyBaseline)
+    assert objective.sle.alpha == 0.75 and objective.rl.samples == 5 and isinstance(objective.baseline, GreedyBaseline)
     with pytest.raises(ValueError, match="rl.samples >= 2"):
         get_objective("sle", load(None, ["rl.samples=1"]))
 

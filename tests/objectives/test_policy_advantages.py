@@ -1,7 +1,7 @@
-"""The GRPO family's advantages (finecap.objectives.policy), hand-computed on 2 images x 3 samples for each
-rl.scale_rewards and rl.reward_aggregation, with the arithmetic in comments; a group of equal rewards gives 0, never
-NaN; the configuration's checks name the key: every float option of ``rl`` (and ``sr``) is finite and in a usable
-range, reward weights fit float32 and are not all 0."""
+"""The GRPO family's advantages (finecap.objectives.grpo), hand-computed on 2 images x 3 samples for each
+grpo.scale_rewards and grpo.reward_aggregation, with the arithmetic in comments; a group of equal rewards gives 0,
+never NaN; the configuration's checks name the key: every float option of ``rl``, ``grpo``, ``sle`` (and ``sr``) is
+finite and in a usable range, reward weights fit float32 and are not all 0."""
 
 import dataclasses
 import math
@@ -9,8 +9,8 @@ import math
 import pytest
 import torch
 
-from finecap.config import ConfigError, RLConfig, SRConfig, load
-from finecap.objectives.policy import (
+from finecap.config import ConfigError, GRPOConfig, RLConfig, SLEConfig, SRConfig, load
+from finecap.objectives.grpo import (
     EPS,
     batch_mean_std,
     clipped_surrogate,
@@ -92,21 +92,21 @@ def test_a_single_value_has_the_nan_std_of_trls_nanstd():
 @pytest.mark.parametrize(
     ("overrides", "key"),
     [
-        (["rl.advantage=group", "rl.samples=1"], "rl.samples"),
-        (["rl.scale_rewards=batch"], "rl.scale_rewards"),
-        (["rl.reward_aggregation=normalize_then_sum"], "rl.reward_aggregation"),
+        (["grpo.advantage=group", "rl.samples=1"], "rl.samples"),
+        (["grpo.scale_rewards=batch"], "grpo.scale_rewards"),
+        (["grpo.reward_aggregation=normalize_then_sum"], "grpo.reward_aggregation"),
         (
-            ["rl.advantage=group", "rl.reward_aggregation=normalize_then_sum", "rl.scale_rewards=none"],
-            "rl.scale_rewards",
+            ["grpo.advantage=group", "grpo.reward_aggregation=normalize_then_sum", "grpo.scale_rewards=none"],
+            "grpo.scale_rewards",
         ),
-        (["rl.iterations=2"], "rl.iterations"),
-        (["rl.kl_coef=0.1"], "rl.kl_coef"),
-        (["rl.advantage=mean"], "rl.advantage"),
-        (["rl.loss_aggregation=dapo"], "rl.loss_aggregation"),
+        (["grpo.iterations=2"], "grpo.iterations"),
+        (["grpo.kl_coef=0.1"], "grpo.kl_coef"),
+        (["grpo.advantage=mean"], "grpo.advantage"),
+        (["grpo.loss_aggregation=dapo"], "grpo.loss_aggregation"),
         (["rl.alarms={length: 1.0}"], "rl.alarms"),
         (["rl.alarms={fact_precision: 1.5}"], "rl.alarms.fact_precision"),
         (["rl.alarms={length_drift: -1}"], "rl.alarms.length_drift"),
-        (["rl.iterations=100", "rl.policy_loss=clipped"], "rl.iterations"),
+        (["grpo.iterations=100", "grpo.policy_loss=clipped"], "grpo.iterations"),
     ],
 )
 def test_configuration_checks_name_the_key(overrides, key):
@@ -115,14 +115,14 @@ def test_configuration_checks_name_the_key(overrides, key):
     assert e.value.key == key, str(e.value)
 
 
-FLOAT_OPTIONS = [(cls, f.name) for cls in (RLConfig, SRConfig) for f in dataclasses.fields(cls)
+FLOAT_OPTIONS = [(cls, f.name) for cls in (RLConfig, GRPOConfig, SLEConfig, SRConfig) for f in dataclasses.fields(cls)
                  if f.type in ("float", "float | None")]  # fmt: skip
 
 
 def test_the_float_options_are_the_ones_checked_below():
     names = {f"{cls.section_name}.{name}" for cls, name in FLOAT_OPTIONS}
-    assert {"rl.temperature", "rl.clip_low", "rl.clip_high", "rl.kl_coef", "rl.entropy_coef", "rl.vllm_is_cap",
-            "rl.mean_momentum", "rl.alpha", "sr.logit_scale", "sr.duplicate_threshold"} <= names  # fmt: skip
+    assert {"rl.temperature", "grpo.clip_low", "grpo.clip_high", "grpo.kl_coef", "rl.entropy_coef", "rl.vllm_is_cap",
+            "rl.mean_momentum", "sle.alpha", "sr.logit_scale", "sr.duplicate_threshold"} <= names  # fmt: skip
 
 
 @pytest.mark.parametrize(("cls", "name"), FLOAT_OPTIONS)
@@ -139,8 +139,9 @@ def test_every_float_option_of_rl_and_sr_is_finite_and_in_range(cls, name, value
 
 def test_the_upper_bounds_still_train():
     # the largest accepted clip: ratios 0.5 and 150 with A = 1 -> -min(0.5, 0.5) = -0.5, -min(150, 101) = -101
-    rl = RLConfig(clip_low=0.2, clip_high=100, policy_loss="clipped", kl_coef=100, temperature=100, entropy_coef=100)
-    loss = clipped_surrogate(torch.tensor([[0.5, 150.0]]), torch.tensor([1.0]), rl.clip_low, rl.clip_high)
+    RLConfig(temperature=100, entropy_coef=100)
+    grpo = GRPOConfig(clip_low=0.2, clip_high=100, policy_loss="clipped", kl_coef=100)
+    loss = clipped_surrogate(torch.tensor([[0.5, 150.0]]), torch.tensor([1.0]), grpo.clip_low, grpo.clip_high)
     assert loss.tolist() == [[-0.5, -101.0]]
 
 
@@ -166,12 +167,12 @@ def test_usable_reward_weights_are_accepted(weights):
 
 
 def test_defaults_are_the_papers_reinforce():
-    rl = RLConfig()
-    assert (rl.advantage, rl.policy_loss, rl.iterations, rl.kl_coef, rl.alarms) == (
+    rl, grpo = RLConfig(), GRPOConfig()
+    assert (grpo.advantage, grpo.policy_loss, grpo.iterations, grpo.kl_coef, rl.alarms) == (
         "baseline",
         "reinforce",
         1,
         0.0,
         {},
     )
-    assert (rl.clip_low, rl.clip_high, rl.importance, rl.loss_aggregation) == (0.2, 0.2, "token", "sequence")
+    assert (grpo.clip_low, grpo.clip_high, grpo.importance, grpo.loss_aggregation) == (0.2, 0.2, "token", "sequence")

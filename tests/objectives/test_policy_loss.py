@@ -1,4 +1,4 @@
-"""The GRPO family's loss pieces (finecap.objectives.policy), hand-computed as torchtune's PPO loss tests: the clipped
+"""The GRPO family's loss pieces (finecap.objectives.grpo), hand-computed as torchtune's PPO loss tests: the clipped
 surrogate and its gradient for ratios inside and outside [1 - clip_low, 1 + clip_high] with positive and negative
 advantages, DAPO's asymmetric clip, token and sequence (GSPO) importance, the k3 KL, and each aggregation on captions
 of different lengths."""
@@ -8,7 +8,7 @@ import math
 import pytest
 import torch
 
-from finecap.objectives.policy import aggregate, clipped_surrogate, k3, log_importance
+from finecap.objectives.grpo import aggregate, clipped_surrogate, k3, log_importance
 
 RATIOS = [0.5, 0.9, 1.0, 1.1, 1.5]  # one caption of five tokens; the clip range is [0.8, 1.2]
 ALL = torch.ones(1, 5, dtype=torch.bool)

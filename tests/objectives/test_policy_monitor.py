@@ -8,7 +8,7 @@ import logging
 
 import pytest
 
-from finecap.config import ConfigError, RLConfig
+from finecap.config import Config, ConfigError, GRPOConfig, RLConfig, load
 from finecap.objectives.monitor import Monitor, RewardHackingAlarm, distinct_share, repetition
 from finecap.world.scene import Obj, Scene
 
@@ -92,7 +92,7 @@ def test_fact_alarms_are_silent_off_the_world():
 
 
 def test_the_kl_alarm_reads_the_steps_mean_kl_and_names_its_option():
-    m = Monitor(RLConfig(samples=2, kl_coef=0.04, policy_loss="clipped", alarms={"kl": 0.1}, alarm_action="stop"))
+    m = Monitor(RLConfig(samples=2, alarms={"kl": 0.1}, alarm_action="stop"))
     m.observe_kl(0.05)
     m.observe_kl(0.12)  # (0.05 + 0.12) / 2 = 0.085: below 0.1
     step(m, ["a red circle", "a circle"], 1)
@@ -107,8 +107,12 @@ def test_the_kl_alarm_reads_the_steps_mean_kl_and_names_its_option():
 
 
 def test_the_kl_alarm_needs_the_kl_penalty_and_a_positive_threshold():
-    with pytest.raises(ConfigError, match=r"rl.alarms.kl: needs rl.kl_coef > 0"):
-        RLConfig(alarms={"kl": 0.1})
+    with pytest.raises(ConfigError, match=r"rl.alarms.kl: needs grpo.kl_coef > 0") as e:
+        load(None, ["rl.alarms={kl: 0.1}"])  # a check across sections: the rl section's, run on the whole config
+    assert e.value.key == "rl.alarms.kl"
+    with pytest.raises(ConfigError, match=r"rl.alarms.kl: needs grpo.kl_coef > 0"):
+        Config(rl=RLConfig(alarms={"kl": 0.1}))
     with pytest.raises(ConfigError, match=r"rl.alarms.kl: must be > 0"):
-        RLConfig(kl_coef=0.04, policy_loss="clipped", alarms={"kl": 0.0})
-    assert RLConfig(kl_coef=0.04, policy_loss="clipped", alarms={"kl": 2.5}).alarms == {"kl": 2.5}  # any size
+        RLConfig(alarms={"kl": 0.0})
+    kl = GRPOConfig(kl_coef=0.04, policy_loss="clipped")
+    assert Config(rl=RLConfig(alarms={"kl": 2.5}), grpo=kl).rl.alarms == {"kl": 2.5}  # any size

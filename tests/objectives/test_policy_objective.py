@@ -1,4 +1,4 @@
-"""The GRPO family as an objective (finecap.objectives.policy.PolicyOptimization), with a stand-in captioner whose
+"""The GRPO family as an objective (finecap.objectives.grpo.PolicyOptimization), with a stand-in captioner whose
 log-probs are a parameter, so gradients are known: with one iteration and no clipping the gradient is REINFORCE's
 with the same advantages; the token mean is that of the whole step whatever its micro-batches; iterations reuse the
 rollout and keep it in the state; the factory keeps the papers' REINFORCE for the defaults. Then the reference
@@ -8,11 +8,13 @@ model's."""
 from __future__ import annotations
 
 import copy
+import math
+from dataclasses import dataclass
 
 import pytest
 import torch
 
-from finecap.config import ClipCapBackboneConfig, DecodeConfig, RLConfig, load
+from finecap.config import ClipCapBackboneConfig, ConfigError, DecodeConfig, load
 from finecap.decode import Generation
 from finecap.models import lora
 from finecap.models.captioner import TokenScores
@@ -20,10 +22,12 @@ from finecap.models.clipcap import ClipCap
 from finecap.models.presets import build_world_lm
 from finecap.objectives import get_objective
 from finecap.objectives.baselines import NoBaseline
-from finecap.objectives.policy import PolicyOptimization
+from finecap.objectives.grpo import PolicyOptimization
+from finecap.objectives.monitor import RewardHackingAlarm
 from finecap.objectives.reinforce import Reinforce
 from finecap.rewards import RewardOutput, WeightedSum
 from finecap.train.state import load_tree, save_tree
+from helpers.rl_sections import rl_sections
 
 S, L = 3, 4  # samples per image, token positions
 N_IMAGES = 4
@@ -73,9 +77,9 @@ def batch(*index):
     return {"index": torch.tensor(index), "image_ids": list(index)}
 
 
-def objective(**rl):
-    rl = RLConfig(samples=S, advantage="group", **rl)
-    return PolicyOptimization(WeightedSum({"table": (1.0, Table())}), NoBaseline(), rl=rl,
+def objective(**options):
+    sections = rl_sections(samples=S, advantage="group", **options)
+    return PolicyOptimization(WeightedSum({"table": (1.0, Table())}), NoBaseline(), **sections,
                               decode=DecodeConfig(max_length=L))  # fmt: skip
 
 
@@ -188,12 +192,12 @@ def test_the_kept_rollout_is_saved_and_a_restored_objective_continues_identicall
 
 def test_the_defaults_build_the_papers_reinforce_and_options_the_policy_objective():
     assert type(get_objective("reinforce", load())) is Reinforce
-    assert type(get_objective("reinforce", load(None, ["rl.advantage=group"]))) is PolicyOptimization
-    assert type(get_objective("reinforce", load(None, ["rl.policy_loss=clipped"]))) is PolicyOptimization
-    grpo = get_objective("reinforce", load(None, ["rl.advantage=group", "rl.baseline=greedy"]))
+    assert type(get_objective("reinforce", load(None, ["grpo.advantage=group"]))) is PolicyOptimization
+    assert type(get_objective("reinforce", load(None, ["grpo.policy_loss=clipped"]))) is PolicyOptimization
+    grpo = get_objective("reinforce", load(None, ["grpo.advantage=group", "rl.baseline=greedy"]))
     assert isinstance(grpo.baseline, NoBaseline)  # the group mean is the baseline: no greedy decoding
-    with pytest.raises(ValueError, match="rl.advantage=group: train.objective=sle is REINFORCE only"):
-        get_objective("sle", load(None, ["rl.advantage=group"]))
+    with pytest.raises(ValueError, match="grpo.advantage=group: train.objective=sle is REINFORCE only"):
+        get_objective("sle", load(None, ["grpo.advantage=group"]))
 
 
 # --------------------------------------------------------------------------------------------------------------------
@@ -219,8 +223,9 @@ class Words:
 
 
 def kl_objective(*overrides):
-    rl = load(None, ["rl.advantage=group", "rl.samples=3", "rl.policy_loss=clipped", "rl.kl_coef=0.5", *overrides]).rl
-    return PolicyOptimization(WeightedSum({"words": (1.0, Words())}), NoBaseline(), rl=rl,
+    cfg = load(None, ["grpo.advantage=group", "rl.samples=3", "grpo.policy_loss=clipped", "grpo.kl_coef=0.5",
+                      *overrides])  # fmt: skip
+    return PolicyOptimization(WeightedSum({"words": (1.0, Words())}), NoBaseline(), rl=cfg.rl, grpo=cfg.grpo,
                               decode=DecodeConfig(max_length=6))  # fmt: skip
 
 
@@ -312,7 +317,9 @@ def test_a_reference_copy_under_fsdp2_sharding_is_refused_naming_the_option(monk
 
     monkeypatch.setattr(sharding, "is_sharded", lambda model: True)  # as FSDP2 leaves a captioner
     model = tiny_captioner().train()
-    with pytest.raises(ValueError, match=r"^rl.kl_coef: the reference policy needs a copy of \d+ trained parameters"):
+    with pytest.raises(
+        ValueError, match=r"^grpo.kl_coef: the reference policy needs a copy of \d+ trained parameters"
+    ):
         train_steps(model, kl_objective(), 1)
     lora_only = lora.configure_training(tiny_captioner(), load(None, ["lora.lm=true", "lora.rank=4"]))
     for name, p in lora_only.named_parameters():  # adapters alone learn: their reference is the adapters off
@@ -320,3 +327,47 @@ def test_a_reference_copy_under_fsdp2_sharding_is_refused_naming_the_option(monk
     obj = kl_objective()
     train_steps(lora_only.train(), obj, 1)
     assert obj.reference.adapters_off and not obj.reference.snapshot
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# Captions a reward could not score
+# --------------------------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Scored(RewardOutput):
+    """A reward's values with the captions it could not score (``RewardOutput.failed``, as judge rewards give it)."""
+
+    failed: torch.Tensor | None = None
+
+
+class FailingTable(Table):
+    """:class:`Table`, except that it cannot score caption 1 of image 0 (``c0_1``)."""
+
+    def __call__(self, captions, batch):
+        out = super().__call__(captions, batch)
+        return Scored(out.total, out.parts, failed=torch.tensor([c == "c0_1" for c in captions]))
+
+
+def test_a_failed_caption_takes_no_gradient_is_logged_and_sounds_its_alarm():
+    sections = rl_sections(samples=S, advantage="group", alarms={"failed": 0.1}, alarm_action="stop")
+    obj = PolicyOptimization(FailingTable(), NoBaseline(), **sections, decode=DecodeConfig(max_length=L))
+    model = StandIn()
+    obj.begin_step(model, [batch(0, 1)])
+    out = obj(model, batch(0, 1))
+    # image 0 over its scored (1, 6): (-2.5, 0, 2.5) / (sqrt(12.5) + eps); image 1 (4, 4, 4): 0
+    s0 = math.sqrt(12.5) + 1e-4
+    assert obj.cycle[0].advantages.tolist() == pytest.approx([-2.5 / s0, 0.0, 2.5 / s0, 0.0, 0.0, 0.0], rel=1e-6)
+    out.losses["reinforce"].backward()
+    assert model.lp.grad[1].abs().sum().item() == 0.0  # the failed caption's row
+    assert out.metrics["reward/failed"] == pytest.approx(1 / 6)
+    with pytest.raises(RewardHackingAlarm, match=r"share of captions a reward could not score \(rl.alarms.failed\)"):
+        obj.end_step()  # 1/6 > 0.1
+
+
+def test_the_failed_alarm_is_a_share_and_a_reward_without_failures_logs_none():
+    with pytest.raises(ConfigError) as e:
+        load(None, ["rl.alarms={failed: 1.5}"])
+    assert e.value.key == "rl.alarms.failed"
+    out = objective()(StandIn(), batch(0, 1))
+    assert "reward/failed" not in out.metrics

@@ -16,9 +16,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from finecap.config import DecodeConfig, RLConfig
-from finecap.objectives.policy import PolicyOptimization, Prepared, group_advantages, normalize_then_sum
+from finecap.config import DecodeConfig
+from finecap.objectives.grpo import PolicyOptimization, Prepared, group_advantages, normalize_then_sum
 from finecap.rewards.base import WeightedSum
+from helpers.rl_sections import rl_sections
 
 trl = pytest.importorskip("trl")
 
@@ -82,9 +83,9 @@ def policy_logprobs(model, prompt_ids, completion_ids, mask):
     return logp * mask
 
 
-def finecap_loss(model, inputs, rl: RLConfig):
+def finecap_loss(model, inputs, rl: dict):
     reward = WeightedSum({"r": (1.0, lambda captions, batch: None)})
-    objective = PolicyOptimization(reward, None, rl=rl, decode=DecodeConfig(max_length=COMPLETION))
+    objective = PolicyOptimization(reward, None, **rl, decode=DecodeConfig(max_length=COMPLETION))
     mask = inputs["completion_mask"].bool()
     logp = policy_logprobs(model, inputs["prompt_ids"], inputs["completion_ids"], inputs["completion_mask"])
     item = Prepared(torch.arange(2), None, inputs["advantages"], inputs["ref_per_token_logps"],
@@ -116,7 +117,7 @@ def test_loss_and_gradient_equal_trls_compute_loss(tiny_lm, tmp_path, loss_type,
     their_grads = grads(model).clone()
 
     model.zero_grad()
-    rl = RLConfig(
+    rl = rl_sections(
         advantage="group",
         samples=3,
         policy_loss="clipped",
@@ -173,9 +174,9 @@ def test_vllm_importance_correction_equals_trls_compute_loss(tiny_lm, tmp_path, 
     theirs.backward()
     their_grads = grads(model).clone()
 
-    rl = RLConfig(advantage="group", samples=3, policy_loss="clipped", loss_aggregation=FINECAP_NAME[loss_type],
-                  clip_low=0.2, clip_high=0.28, kl_coef=0.04)  # fmt: skip
-    objective = PolicyOptimization(WeightedSum({"r": (1.0, lambda c, b: None)}), None, rl=rl,
+    rl = rl_sections(advantage="group", samples=3, policy_loss="clipped", loss_aggregation=FINECAP_NAME[loss_type],
+                     clip_low=0.2, clip_high=0.28, kl_coef=0.04)  # fmt: skip
+    objective = PolicyOptimization(WeightedSum({"r": (1.0, lambda c, b: None)}), None, **rl,
                                    decode=DecodeConfig(max_length=COMPLETION))  # fmt: skip
     item = Prepared(torch.arange(2), None, inputs["advantages"], inputs["ref_per_token_logps"],
                     inputs["old_per_token_logps"])  # fmt: skip

@@ -304,7 +304,7 @@ def test_rollout_sections_are_the_decode_section_with_the_rl_options():
         (["rl.strategy=beam"], "rl.samples"),  # beam with the default 5 samples
         (["rl.baseline=leave_one_out", "rl.samples=1"], "rl.samples"),
         (["rl.strategy=greedy", "rl.samples=1"], "rl.baseline"),  # greedy baseline of greedy captions: A = 0
-        (["rl.alpha=1.5"], "rl.alpha"),
+        (["sle.alpha=1.5"], "sle.alpha"),
         (["rl.rewards={}"], "rl.rewards"),
         (["rl.baseline=median"], "rl.baseline"),
     ],

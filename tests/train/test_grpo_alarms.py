@@ -69,7 +69,7 @@ def rl_run(world_args, encoder, tmp_path, mle, *extra) -> list[str]:
 @pytest.mark.slow
 def test_a_reward_paying_for_length_sets_off_the_length_alarm(mle_captioner, world_args, encoder, tmp_path, capsys):
     overrides = rl_run(world_args, encoder, tmp_path, mle_captioner, f"rl.rewards={{'{__name__}:words': 1.0}}",
-                       "rl.advantage=group")  # fmt: skip
+                       "grpo.advantage=group")  # fmt: skip
     assert main(["train", *overrides]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     line = err[-1]
@@ -98,9 +98,9 @@ def test_a_clean_scst_run_sets_off_no_alarm(mle_captioner, world_args, encoder, 
 @pytest.mark.slow
 def test_a_kl_past_its_alarm_stops_grpo_naming_the_option(mle_captioner, world_args, encoder, tmp_path, capsys):
     # the first step's KL is 0 (the policy is the reference, no dropout); after one update it is past 1e-6
-    kl = ["rl.policy_loss=clipped", "rl.kl_coef=0.04", "rl.disable_dropout=true", "rl.alarms={kl: 1.0e-6}"]
+    kl = ["grpo.policy_loss=clipped", "grpo.kl_coef=0.04", "rl.disable_dropout=true", "rl.alarms={kl: 1.0e-6}"]
     overrides = rl_run(
-        world_args, encoder, tmp_path, mle_captioner, "rl.rewards={cider: 1.0}", "rl.advantage=group", *kl
+        world_args, encoder, tmp_path, mle_captioner, "rl.rewards={cider: 1.0}", "grpo.advantage=group", *kl
     )
     assert main(["train", *overrides]) == 2
     line = capsys.readouterr().err.strip().splitlines()[-1]

@@ -1,5 +1,5 @@
 """The GRPO family over 2 CPU processes (DDP, gloo) equals 1 process with the same global batch: the rewards, the
-loss (batch statistics of the global batch: rl.scale_rewards=batch; the token mean over both processes' tokens) and
+loss (batch statistics of the global batch: grpo.scale_rewards=batch; the token mean over both processes' tokens) and
 the gradient norm of one step, and the weights after it (the tolerance of tests/train/test_equivalence.py, whose
 worker script trains the configurations)."""
 
@@ -27,8 +27,8 @@ def overrides(run_dir: Path, world: list[str], clip: Path, cache: Path, batch: i
         "clipcap.tiny_heads=2", "clipcap.prefix_length=2", "clipcap.tiny_dropout=0", "decode.max_length=8",
         "train.max_steps=1", "train.warmup_steps=0", "train.schedule=constant", f"train.lr={LR}", "train.eval_every=1",
         "train.eval_samples=4", "train.log_captions=0", f"train.batch_size={batch}", f"run.dir={run_dir}",
-        "train.objective=reinforce", "rl.rewards={cider: 1.0}", "rl.samples=3", "rl.advantage=group",
-        "rl.scale_rewards=batch", "rl.policy_loss=clipped", "rl.loss_aggregation=token", "rl.kl_coef=0.1",
+        "train.objective=reinforce", "rl.rewards={cider: 1.0}", "rl.samples=3", "grpo.advantage=group",
+        "grpo.scale_rewards=batch", "grpo.policy_loss=clipped", "grpo.loss_aggregation=token", "grpo.kl_coef=0.1",
     ]  # fmt: skip
 
 

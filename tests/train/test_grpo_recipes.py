@@ -49,11 +49,13 @@ def test_demo_grpo_sr_cider_trains_on_the_cpu_and_logs_kl_clipping_and_reward_pa
 @pytest.mark.parametrize("name", ["demo/grpo_cider", "demo/grpo_sr_cider", "coco/grpo_cider_vlm",
                                   "coco/grpo_sr_cider_vlm"])  # fmt: skip
 def test_grpo_recipes_set_the_group_options(name):
-    rl = load(name).rl
-    assert (rl.advantage, rl.policy_loss, rl.samples) == ("group", "clipped", 8)
+    cfg = load(name)
+    rl, grpo = cfg.rl, cfg.grpo
+    assert cfg.train.objective == "grpo"
+    assert (grpo.advantage, grpo.policy_loss, rl.samples) == ("group", "clipped", 8)
     two_rewards = "sr" in name
-    assert (rl.reward_aggregation == "normalize_then_sum") == two_rewards  # GDPO over SR + CIDEr-D
-    assert (rl.kl_coef > 0) == two_rewards and (rl.iterations > 1) == two_rewards
+    assert (grpo.reward_aggregation == "normalize_then_sum") == two_rewards  # GDPO over SR + CIDEr-D
+    assert (grpo.kl_coef > 0) == two_rewards and (grpo.iterations > 1) == two_rewards
     # TRL's disable_dropout, except where the GRPO check page's committed runs used the recipe with dropout
     assert rl.disable_dropout == (name != "demo/grpo_cider")
     if name.startswith("coco/"):  # SmolVLM with LoRA, bf16 and checkpointing
@@ -114,7 +116,7 @@ def test_demo_grpo_sr_cider_resumes_bit_exactly_from_every_save_point(iterations
     steps = 5
     run_dir = tmp_path / "run"
     options = [*world_args, *TINY, f"train.max_steps={steps}", "train.save_every=1", "train.eval_every=0",
-               f"rl.iterations={iterations}", f"train.grad_accum_steps={accumulation}", "train.batch_size=6",
+               f"grpo.iterations={iterations}", f"train.grad_accum_steps={accumulation}", "train.batch_size=6",
                "clipcap.tiny_dropout=0.1", f"model.encoder={clip_dir}", f"retriever.checkpoint={clip_dir}",
                f"run.cache_dir={tmp_path / 'cache'}", f"run.dir={run_dir}"]  # fmt: skip
     cfg = load("demo/grpo_sr_cider", options)

@@ -2,7 +2,7 @@
 (KL, clip fraction, ratios, per-part rewards, the monitor); one optimizer step with 1 process x 8 images x 2
 accumulation steps gives the weights of 1 x 16 (batch statistics and the token mean of the whole global batch); a run
 killed in the middle of an iteration cycle and resumed ends with exactly the weights of an uninterrupted one; each
-global batch is taken rl.iterations times."""
+global batch is taken grpo.iterations times."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from finecap.models.clipcap import ClipCap
 from finecap.runs import checkpoint_dir, model_dir
 from finecap.train.run import train
 
-GRPO = ["train.objective=reinforce", "rl.advantage=group", "rl.samples=3", "rl.policy_loss=clipped",
+GRPO = ["train.objective=reinforce", "grpo.advantage=group", "rl.samples=3", "grpo.policy_loss=clipped",
         "rl.rewards={cider: 1.0}", "decode.max_length=8", "clipcap.tiny_dropout=0", "train.eval_every=0",
         "train.eval_samples=4", "train.log_captions=0"]  # fmt: skip
 
@@ -43,7 +43,7 @@ def train_values(run_dir):
 
 
 def test_grpo_trains_and_logs_kl_clipping_rewards_and_the_monitor(make_cfg):
-    cfg = make_cfg(*GRPO, "rl.iterations=2", "rl.kl_coef=0.1", "rl.loss_aggregation=token", "train.max_steps=4",
+    cfg = make_cfg(*GRPO, "grpo.iterations=2", "grpo.kl_coef=0.1", "grpo.loss_aggregation=token", "train.max_steps=4",
                    "train.lr=1e-2", "train.batch_size=8")  # fmt: skip
     run_dir = train(cfg)
     values = train_values(run_dir)
@@ -61,8 +61,8 @@ def test_grpo_trains_and_logs_kl_clipping_rewards_and_the_monitor(make_cfg):
 
 @pytest.mark.slow
 def test_accumulation_gives_the_weights_of_one_big_batch(make_cfg):
-    options = [*GRPO, "rl.scale_rewards=batch", "rl.loss_aggregation=token", "rl.kl_coef=0.1", "train.max_steps=1",
-               "train.lr=1e-3", "train.warmup_steps=0", "train.schedule=constant"]  # fmt: skip
+    options = [*GRPO, "grpo.scale_rewards=batch", "grpo.loss_aggregation=token", "grpo.kl_coef=0.1",
+               "train.max_steps=1", "train.lr=1e-3", "train.warmup_steps=0", "train.schedule=constant"]  # fmt: skip
     big = train(make_cfg(*options, "train.batch_size=16", run="big"))
     accum = train(make_cfg(*options, "train.batch_size=8", "train.grad_accum_steps=2", run="accum"))
     a, b = weights(big), weights(accum)
@@ -75,9 +75,9 @@ def test_accumulation_gives_the_weights_of_one_big_batch(make_cfg):
 
 @pytest.mark.slow
 def test_killed_mid_cycle_and_resumed_matches_uninterrupted(make_cfg):
-    # rl.iterations=3: steps 1-3 share a rollout, 4-6 the next. The checkpoint of step 4 holds the second cycle's
+    # grpo.iterations=3: steps 1-3 share a rollout, 4-6 the next. The checkpoint of step 4 holds the second cycle's
     # rollout (and the KL reference); the run is killed after step 5, so steps 5-6 are redone from the kept rollout.
-    common = [*GRPO, "rl.iterations=3", "rl.kl_coef=0.1", "train.max_steps=6", "train.save_every=4",
+    common = [*GRPO, "grpo.iterations=3", "grpo.kl_coef=0.1", "train.max_steps=6", "train.save_every=4",
               "train.batch_size=16", "clipcap.tiny_dropout=0.1"]  # fmt: skip
     full = train(make_cfg(*common, run="full"))
     cfg = make_cfg(*common, run="killed")
@@ -99,7 +99,7 @@ def test_killed_mid_cycle_and_resumed_matches_uninterrupted(make_cfg):
 @pytest.mark.slow
 def test_each_global_batch_is_taken_rl_iterations_times(make_cfg):
     # 40 images / 16 per step = 3 global batches per epoch, each taken twice: one epoch is 6 optimizer steps
-    cfg = make_cfg(*GRPO, "rl.iterations=2", "train.epochs=1", "train.max_steps=0", "train.batch_size=16")
+    cfg = make_cfg(*GRPO, "grpo.iterations=2", "train.epochs=1", "train.max_steps=0", "train.batch_size=16")
     values = train_values(train(cfg))
     assert len(values) == 6
     rolled = [v["time/generate"] > 0 for v in values]
@@ -110,7 +110,7 @@ def untimed(run_dir):
     return [{k: v for k, v in values.items() if not k.startswith("time/")} for values in train_values(run_dir)]
 
 
-DROPOUT_RUN = [*GRPO, "rl.iterations=2", "rl.kl_coef=0.1", "train.max_steps=4", "train.batch_size=8",
+DROPOUT_RUN = [*GRPO, "grpo.iterations=2", "grpo.kl_coef=0.1", "train.max_steps=4", "train.batch_size=8",
                "train.lr=1e-2"]  # fmt: skip
 
 
@@ -156,3 +156,24 @@ def test_init_from_applies_a_dropout_override_and_refuses_settings_that_built_th
             train(make_cfg(*common, override, run=override.split("=")[0]))
         assert "train.init_from was trained with other settings" in str(e.value) and shown in str(e.value)
         assert "\n" not in str(e.value)
+
+
+def test_objective_grpo_trains_as_its_former_name_with_the_former_keys_bit_for_bit(make_cfg):
+    """``train.objective=grpo`` with the ``grpo`` section, and ``reinforce`` with the GRPO options under their former
+    ``rl.*`` names (read as ``grpo.*``): 2 steps on the tiny world end with the same weights and log the same
+    values."""
+    common = ["rl.samples=3", "rl.rewards={cider: 1.0}", "decode.max_length=8", "clipcap.tiny_dropout=0",
+              "train.eval_every=0", "train.eval_samples=4", "train.log_captions=0", "train.max_steps=2",
+              "train.batch_size=8", "train.lr=1e-2"]  # fmt: skip
+    new = make_cfg(*common, "train.objective=grpo", "grpo.advantage=group", "grpo.policy_loss=clipped",
+                   "grpo.iterations=2", run="grpo")  # fmt: skip
+    old = make_cfg(*common, "train.objective=reinforce", "rl.advantage=group", "rl.policy_loss=clipped",
+                   "rl.iterations=2", run="alias")  # fmt: skip
+    assert old.grpo == new.grpo and old.rl == new.rl
+    a, b = train(new), train(old)
+    wa, wb = weights(a), weights(b)
+    assert wa.keys() == wb.keys() and all(torch.equal(wa[k], wb[k]) for k in wa)
+    drop = ("time/", "steps_per_second", "samples_per_second", "throughput")
+    strip = [{k: v for k, v in row.items() if not k.startswith(drop)} for row in train_values(a)]
+    assert len(strip) == 2 and "loss/policy" in strip[0]
+    assert strip == [{k: v for k, v in row.items() if not k.startswith(drop)} for row in train_values(b)]

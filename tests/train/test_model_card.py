@@ -172,3 +172,11 @@ def test_the_hints_naming_a_path_are_quoted(tmp_path, stand_in, capsys):
     hint = str(e.value).split("create the world with `", 1)[1].rstrip("`")
     assert shlex.split(hint) == ["finecap", "world", "make", "--out", str(folder)]
     assert not [name for name in PLANTED if (tmp_path / name).exists()]
+
+
+def test_the_title_names_grpo_and_its_former_name():
+    from finecap.train.model_card import title
+
+    meta = {"kind": "vlm", "name": "HuggingFaceTB/SmolVLM-256M-Instruct"}
+    assert title("grpo", meta).startswith("GRPO captioner on ")
+    assert title("reinforce", meta).startswith("REINFORCE captioner on ")

@@ -70,7 +70,7 @@ RL = ["train.objective=reinforce", "rl.samples=2", "train.max_steps=1", "train.b
       "train.eval_samples=4", "train.log_captions=0", "decode.max_length=8"]  # fmt: skip
 
 
-@pytest.mark.parametrize("options", [[], ["rl.advantage=group", "rl.policy_loss=clipped", "rl.iterations=2"]])
+@pytest.mark.parametrize("options", [[], ["grpo.advantage=group", "grpo.policy_loss=clipped", "grpo.iterations=2"]])
 def test_a_non_finite_reward_in_training_is_an_error_naming_the_reward_and_part(make_cfg, options):
     """REINFORCE (its second reward call is the greedy baseline's) and GRPO (no greedy captions: the second call is
     the second rollout's, step 3): the error names the reward and its part, never the learning rate."""

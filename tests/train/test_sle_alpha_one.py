@@ -1,4 +1,4 @@
-"""Sequence-level exploration with ``rl.alpha=1.0`` is SCST, end to end: the same tiny ClipCap, start, data and seed
+"""Sequence-level exploration with ``sle.alpha=1.0`` is SCST, end to end: the same tiny ClipCap, start, data and seed
 trained through ``finecap train``'s entry point gives the same parameters and the same greedy and beam captions
 (tests/objectives/test_exploration.py checks the loss alone on a stand-in model)."""
 
@@ -16,7 +16,7 @@ def test_sle_with_alpha_one_trains_the_same_model_as_scst(make_cfg):
     common = (f"train.init_from={start}", "train.max_steps=4", "train.batch_size=8", "train.lr=1e-3",
               "train.warmup_steps=0", "rl.samples=3", "decode.max_length=8")  # fmt: skip
     scst = train(make_cfg("train.objective=reinforce", *common, run="scst"))
-    sle = train(make_cfg("train.objective=sle", "rl.alpha=1.0", *common, run="sle"))
+    sle = train(make_cfg("train.objective=sle", "sle.alpha=1.0", *common, run="sle"))
 
     initial = ClipCap.from_checkpoint(model_dir(start)).state_dict()
     models = [ClipCap.from_checkpoint(model_dir(checkpoint_dir(run, "last"))) for run in (scst, sle)]

@@ -53,7 +53,7 @@ def test_grpo_cider_vlm_trains_each_family_from_its_folder(family, tmp_path):
 
 OBJECTIVES = {
     "smile": ["train.objective=smile"],  # SMILE's semipermeable MLE (the smile section's defaults)
-    "scst": ["rl.advantage=baseline", "rl.baseline=greedy", "rl.policy_loss=reinforce", "rl.logprob=sum"],  # SCST
+    "scst": ["grpo.advantage=baseline", "rl.baseline=greedy", "grpo.policy_loss=reinforce", "rl.logprob=sum"],  # SCST
     "qlora": ["model.quantization=4bit"],  # QLoRA: the language model in 4 bits (bitsandbytes' CPU layers here)
 }
 

@@ -33,6 +33,7 @@ from finecap.config.loading import (
     merge_overrides,
     override_key,
     parse_override,
+    renamed_override,
 )
 from finecap.config.paths import KEYWORDS, PATH_KEYS, absolute_path_values, absolute_paths
 from finecap.config.secrets import MASK, SECRET_KEYS, masked_url_secrets, redacted
@@ -63,5 +64,6 @@ __all__ = [
     "override_key",
     "parse_override",
     "redacted",
+    "renamed_override",
     *_sections,
 ]

@@ -174,3 +174,7 @@ class Section:
 
     def __post_init__(self) -> None:
         check_fields(self)
+
+    def check_config(self, cfg: Any) -> None:
+        """Checks of this section's options against other sections of the whole configuration ``cfg`` (run when a
+        :class:`~finecap.config.Config` is built); ``ConfigError`` naming the key to change. None by default."""

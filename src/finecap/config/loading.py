@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import logging
 import math
 import types
 import typing
@@ -28,7 +29,7 @@ import yaml
 from finecap.config.fields import ConfigError, constraint_text
 from finecap.config.paths import PATH_KEYS
 from finecap.config.secrets import MASK, SECRET_KEYS, looks_secret, masked_url_secrets
-from finecap.config.sections import MOVED_KEYS, SECTIONS, Config, ModelConfig, moved_key
+from finecap.config.sections import MOVED_KEYS, SECTIONS, Config, ModelConfig, moved_key, renamed_key
 from finecap.recipes import resolve_recipe
 from finecap.registry import (
     BACKBONES,
@@ -42,6 +43,8 @@ from finecap.registry import (
     is_dotted_path,
 )
 from finecap.utils import SHORT_REPR_LIMIT, YAMLRefused, load_yaml, short_repr
+
+log = logging.getLogger(__name__)
 
 
 def did_you_mean(name: object, valid: typing.Iterable[object], prefix: str = "") -> str:
@@ -68,6 +71,44 @@ def _moved_message(key: str, kind: str) -> str:
         return f"{key!r} moved to {target!r} (each backbone's options have their own section); set {target} instead"
     where = [t for k in BACKBONES if (t := moved_key(key, k))]
     return f"{key!r} moved to the backbone sections ({', '.join(where)}); model.kind={kind} has no such option"
+
+
+def renamed_keys(data: dict[str, Any], source: str = "", warn: bool = False) -> dict[str, Any]:
+    """Sections ``{section: {key: value}}`` with the keys of a former flat section read under their new names
+    (:func:`~finecap.config.sections.renamed_key`: ``rl.advantage`` -> ``grpo.advantage``); ``data`` itself when it
+    has none. One mapping setting both a former key and its new one to different values is refused, naming both;
+    ``warn`` logs one line naming the renamed keys (a recipe the user wrote)."""
+    moves = [(name, k, target) for name, values in data.items() if isinstance(values, dict)
+             for k in values if (target := renamed_key(f"{name}.{k}"))]  # fmt: skip
+    if not moves:
+        return data
+    out = {name: dict(values) if isinstance(values, dict) else values for name, values in data.items()}
+    for name, k, target in moves:
+        section, new = target.split(".")
+        value = out[name].pop(k)
+        if not isinstance(out.get(section), dict):
+            out[section] = {}
+        if new in out[section] and out[section][new] != value:
+            raise ConfigError(
+                f"{source}{name}.{k}={short_repr(value)} and {target}={short_repr(out[section][new])} are both set; "
+                f"{name}.{k} is the former name of {target}: keep {target} only",
+                key=target,
+            )
+        out[section][new] = value
+    if warn:
+        log.warning("%sread under their new names: %s", source, ", ".join(f"{n}.{k} -> {t}" for n, k, t in moves))
+    return out
+
+
+def renamed_override(item: str) -> str:
+    """An override ``section.key=value`` as it is written now: a former key (:func:`renamed_key`) under its new name,
+    the value as given; any other item unchanged. For records of overrides written before a key moved.
+
+    >>> renamed_override("rl.kl_coef=0.04"), renamed_override("rl.samples=5")
+    ('grpo.kl_coef=0.04', 'rl.samples=5')
+    """
+    target = renamed_key(override_key(item)) if "=" in item else None
+    return f"{target}={item.split('=', 1)[1]}" if target else item
 
 
 BOOL_WORDS = {"true": True, "yes": True, "on": True, "false": False, "no": False, "off": False}
@@ -273,6 +314,7 @@ def from_dict(data: dict[str, Any] | None, source: str = "", origins: Origins | 
     origins = origins or {}
     if not isinstance(data, dict):
         raise ConfigError(f"{source}the configuration must be a mapping of sections, got {type(data).__name__}")
+    data = renamed_keys(data, source)
     sections = {}
     for name, values in data.items():
         where = _where("/".join(k for k in origins if k.split(".")[0] == name), origins, source)
@@ -287,8 +329,8 @@ def from_dict(data: dict[str, Any] | None, source: str = "", origins: Origins | 
             raise ConfigError(f"{where}section {short_repr(name)} must be a mapping, got {short_repr(values)}")
         values = {k: "" if f"{name}.{k}" in SECRET_KEYS and v == MASK else v for k, v in values.items()}
         sections[name] = _build_section(name, SECTIONS[name], values, source, origins)
-    cfg = Config(**sections)
     try:
+        cfg = Config(**sections)  # the checks across sections (Section.check_config)
         check_names(cfg)
     except ConfigError as e:
         raise ConfigError(f"{_where(e.key, origins, source)}{e}", key=e.key) from None
@@ -372,6 +414,9 @@ def merge_overrides(data: dict[str, Any], overrides: list[str], origins: Origins
     data = {k: dict(v or {}) for k, v in (data or {}).items()}
     for item in overrides:
         (section, key), value = parse_override(item)
+        if target := renamed_key(f"{section}.{key}"):
+            log.warning("override %s: %s.%s is now %s (read as it)", _shown_override(item), section, key, target)
+            section, key = target.split(".")
         data.setdefault(section, {})[key] = value
         if origins is not None:
             origins[f"{section}.{key}"] = f"override {_shown_override(item)}: "
@@ -388,7 +433,7 @@ def load(
     the recipe), the recipe, ``over`` (settings above the recipe, e.g. the demo's ``--quick``), then the dotlist
     ``overrides``. An error names where the value at fault was set: the override (``override 'train.lr=x': ...``)
     or the recipe file."""
-    data: dict[str, Any] = {k: dict(v) for k, v in (base or {}).items()}
+    data: dict[str, Any] = {k: dict(v) for k, v in renamed_keys(base or {}).items()}
     origins: Origins = {}
     source = ""
     if path is not None:
@@ -403,6 +448,7 @@ def load(
         except ValueError as e:
             raise ConfigError(str(e)) from None
         source = f"{path}: "
+        loaded = renamed_keys(loaded, source, warn=True)
         for name, values in loaded.items():
             if isinstance(values, dict) and isinstance(data.get(name), dict):
                 data[name] = {**data[name], **values}
@@ -410,7 +456,7 @@ def load(
                 data[name] = values
             keys = values if isinstance(values, dict) and values else [""]
             origins.update({f"{name}.{k}" if k else name: source for k in keys})
-    for name, values in (over or {}).items():
+    for name, values in renamed_keys(over or {}).items():
         data[name] = {**(data.get(name) or {}), **values}
     data = merge_overrides(data, overrides or [], origins)
     return from_dict(data, source, origins)

@@ -8,16 +8,18 @@ from pathlib import Path
 from typing import Any
 
 from finecap.config.fields import ConfigError
-from finecap.config.loading import from_dict, load
+from finecap.config.loading import from_dict, load, renamed_keys
 from finecap.config.paths import absolute_path_values
 from finecap.config.sections import MOVED_KEYS, Config, ModelConfig, moved_key
 from finecap.utils import read_yaml_mapping
 
 
 def migrate_moved_keys(data: dict[str, Any]) -> dict[str, Any]:
-    """Sections ``{section: {key: value}}`` of a configuration stored before the backbone sections
-    (:data:`MOVED_KEYS`) with the former ``model`` keys moved to their sections (a value already set there wins;
-    an option the backbone no longer has is dropped). Configurations without such keys come back unchanged."""
+    """Sections ``{section: {key: value}}`` of a configuration stored before the backbone sections or the split of
+    ``rl`` into ``rl``, ``grpo`` and ``sle`` (:data:`MOVED_KEYS`) with the former keys moved to their sections (for a
+    ``model`` key a value already set there wins; an option the backbone no longer has is dropped). Configurations
+    without such keys come back unchanged."""
+    data = renamed_keys(data)
     model = data.get("model")
     if not isinstance(model, dict) or not any(f"model.{k}" in MOVED_KEYS for k in model):
         return data

@@ -88,7 +88,7 @@ class RandomBatches(GlobalBatchSampler):
 
 
 class RepeatedBatches(GlobalBatchSampler):
-    """Every global batch of ``inner``, ``times`` times in a row: the GRPO family's ``rl.iterations`` (TRL's
+    """Every global batch of ``inner``, ``times`` times in a row: the GRPO family's ``grpo.iterations`` (TRL's
     ``num_iterations``), whose optimizer steps 2..μ reuse the rollout of the first on the same images
     (:attr:`finecap.objectives.base.ObjectiveBase.batch_repeats`). Each repetition is an optimizer step of its own,
     so an epoch has ``times`` as many steps (``train.epochs`` and the schedule count them) and still shows each
@@ -102,7 +102,7 @@ class RepeatedBatches(GlobalBatchSampler):
 
     def __init__(self, inner: GlobalBatchSampler, times: int):
         if times < 1:
-            raise ValueError(f"rl.iterations must be >= 1, got {times}")
+            raise ValueError(f"grpo.iterations must be >= 1, got {times}")
         self.inner, self.times = inner, times
 
     def batches(self, epoch: int) -> list[list[int]]:

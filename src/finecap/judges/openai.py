@@ -276,7 +276,7 @@ class OpenAIJudge(Judge):
 def build(cfg: Config | None = None, **options: Any) -> OpenAIJudge:
     """Factory of the judge registry: the ``judge`` section of ``cfg`` (``options`` override its keys, and may give
     ``transport``, ``sleep``, ``backoff``, ``prompts`` or ``cache_path``)."""
-    from finecap.config.judge_section import JudgeConfig
+    from finecap.config.sections.judge import JudgeConfig
 
     j = cfg.judge if cfg is not None else JudgeConfig()
     get = lambda key: options.pop(key, getattr(j, key))  # noqa: E731

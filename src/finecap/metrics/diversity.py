@@ -300,7 +300,7 @@ def ngram_overlap(a: Sequence[str], b: Sequence[str], n: int) -> float:
 def overlap_distance(groups: Sequence[Sequence[str]], orders: Sequence[int] = (3, 4)) -> np.ndarray:
     """d(y_i, y_j) = 1 - mean over ``orders`` of :func:`ngram_overlap` (y_i, y_j), within each group: (G, s, s).
 
-    A length-neutral counterpart of :func:`bleu_distance` (``rl.distance=overlap34``): the shared n-grams are
+    A length-neutral counterpart of :func:`bleu_distance` (``sle.distance=overlap34``): the shared n-grams are
     divided by those of the shorter caption, so a caption whose n-grams all occur in another (one that stops sooner,
     or the other one that goes on) is at distance 0 from it: saying less or more is not difference, saying it
     otherwise is; it is symmetric by construction and needs no

@@ -16,7 +16,7 @@ defaults (a plain callable is wrapped by :func:`as_objective`), so the engine ne
   (device, ``gather`` for global-batch rewards), the training records (e.g. CIDEr-D document frequencies), the
   tokenizer and the run directory.
 - ``batch_repeats``: how many optimizer steps in a row each global batch is used for (1; the GRPO family's
-  ``rl.iterations``): the application repeats the sampler's batches (:class:`finecap.data.samplers.RepeatedBatches`).
+  ``grpo.iterations``): the application repeats the sampler's batches (:class:`finecap.data.samplers.RepeatedBatches`).
 - ``begin_step(model, micro_batches)`` before an optimizer step's micro-batches run, with this process's micro-batches
   of the step, under the run's autocast: an objective that needs the whole step first (the GRPO family rolls out and
   scores every micro-batch here, so that batch statistics are those of the global batch) prepares it.

@@ -11,7 +11,7 @@ TRL 1.16 (``GRPOTrainer._generate_and_score_completions``, mode ``token_truncate
 (truncated importance sampling: ``C = rl.vllm_is_cap``, TRL's ``vllm_importance_sampling_clip_max``, default 3),
 ``ρ_t = 1`` on padding (the difference is masked before ``exp``) and where the engine gave no log-prob (NaN), without
 gradient. ``_compute_loss`` multiplies the per-token policy loss by ``ρ`` before the KL term is added; finecap does the
-same (:class:`finecap.objectives.policy.PolicyOptimization`) and, for REINFORCE, weighs each token's log-prob in
+same (:class:`finecap.objectives.grpo.PolicyOptimization`) and, for REINFORCE, weighs each token's log-prob in
 ``log p(caption)`` by it (:class:`finecap.objectives.reinforce.Reinforce`). When the engines agree (float32, the
 weights synced) every ``ρ_t`` is 1 and the loss is the uncorrected one.
 

@@ -4,7 +4,7 @@
 For each image, s captions y_1..y_s are sampled (``rl.samples``, paper: 5). Per sample j (Eq. 15-16):
 
 - **precision**: the reward ``R(y_j)`` (``rl.rewards``, paper: CIDEr-D) minus its own baseline (``rl.baseline``,
-  paper: the greedy caption's CIDEr-D), weighted by ``alpha`` (``rl.alpha``, paper: 0.75);
+  paper: the greedy caption's CIDEr-D), weighted by ``alpha`` (``sle.alpha``, paper: 0.75);
 - **diversity**: the reward ``r_j = (2/s) sum_k d(y_j, y_k)`` (Eq. 14-16; k runs over all s samples, and
   ``d(y_j, y_j) = 0``) minus ``2 b`` with ``b = (1/s^2) sum_j sum_k d(y_j, y_k)`` the mean pairwise distance of the
   image's samples (Sec. 4.3), weighted by ``1 - alpha``.
@@ -21,7 +21,7 @@ Choices made where the paper is open, and why:
   ``(2/s) sum_k (d_jk - b) = r_j - 2b``. Sec. 4.3 states b but not the factor; subtracting b once from
   ``r_j`` (whose mean over j is ``2b``) would leave advantages whose mean is ``+b > 0``, pushing up every sampled
   caption and so *narrowing* the distribution, the opposite of the term's purpose. With ``r_j - 2b`` the diversity
-  advantages of an image sum to zero. ``rl.diversity_baseline=none`` uses ``r_j`` itself. Checked on world scenes
+  advantages of an image sum to zero. ``sle.diversity_baseline=none`` uses ``r_j`` itself. Checked on world scenes
   (tiny GPT-2 captioner, 300 steps of 32 images x 5 samples, lr 1e-4, 300 validation images): the literal
   ``r_j - b`` form ended with the diversity of SCST (Div-2 0.31 vs 0.30, mBLEU-4 0.85 vs 0.84), while ``r_j - 2b``
   kept part of the MLE model's diversity (Div-2 0.37, mBLEU-4 0.72; MLE: 0.62, 0.33).
@@ -36,7 +36,7 @@ Choices made where the paper is open, and why:
 - **A length-neutral distance (finecap's ablation, not the paper's).** BLEU-3/4 leans towards short captions: a
   caption shorter than the image's other samples has a brevity penalty against each of them and fewer 3- and
   4-grams to share, so it is "far" from them and the term pushes it up (docs/results.md, "Training noise": the
-  advantage correlates with relative length at -0.13 on two worlds). ``rl.distance=overlap34`` replaces BLEU by the
+  advantage correlates with relative length at -0.13 on two worlds). ``sle.distance=overlap34`` replaces BLEU by the
   n-gram overlap coefficient, ``d = 1 - (O_3 + O_4) / 2`` with ``O_n`` = shared n-grams (clipped counts) over the
   n-grams of the *shorter* caption (:func:`finecap.metrics.diversity.overlap_distance`). A caption whose n-grams all
   occur in another one (it stops sooner, or the other goes on) is at distance 0 from it, so neither dropping nor
@@ -56,7 +56,7 @@ from typing import TYPE_CHECKING, Any, get_args
 import numpy as np
 import torch
 
-from finecap.config import Distance, DiversityBaseline
+from finecap.config import Distance, DiversityBaseline, SLEConfig
 from finecap.metrics.diversity import bleu_distance, overlap_distance
 from finecap.metrics.ptb_tokenize import tokenize
 from finecap.objectives.reinforce import Reinforce, Rollout, reinforce_kwargs
@@ -84,12 +84,12 @@ def overlap34_distance(groups: list[list[str]]) -> np.ndarray:
 
 
 DISTANCE_FUNCTIONS = {"bleu34": bleu34_distance, "overlap34": overlap34_distance}
-"""``rl.distance`` names -> ``distance(groups of tokenised captions) -> (G, s, s)``."""
+"""``sle.distance`` names -> ``distance(groups of tokenised captions) -> (G, s, s)``."""
 
 
 def caption_distances(captions: Sequence[str], s: int, distance: str = "bleu34") -> torch.Tensor:
     """Pairwise distances (B, s, s) within consecutive groups of ``s`` captions (one group per image), PTB-tokenised
-    first: ``rl.distance`` of :data:`DISTANCE_FUNCTIONS` (module docstring).
+    first: ``sle.distance`` of :data:`DISTANCE_FUNCTIONS` (module docstring).
 
     >>> d = caption_distances(["a red circle on grass", "a red circle on grass", "two big blue squares"], 3)
     >>> d[0].tolist()[0][:2], round(float(d[0, 0, 2]), 3)  # identical: 0; no shared 3-gram: ~1
@@ -99,7 +99,7 @@ def caption_distances(captions: Sequence[str], s: int, distance: str = "bleu34")
     [[0.0, 0.0, 1.0], [0.0, 0.0, 1.0], [1.0, 1.0, 0.0]]
     """
     if distance not in DISTANCE_FUNCTIONS:
-        raise ValueError(f"rl.distance: invalid value {distance!r}; valid choices: {', '.join(DISTANCES)}")
+        raise ValueError(f"sle.distance: invalid value {distance!r}; valid choices: {', '.join(DISTANCES)}")
     if s < 1 or len(captions) % s:
         raise ValueError(f"caption_distances: {len(captions)} captions do not form groups of {s}")
     texts = [tokenize(c) for c in captions]
@@ -128,17 +128,19 @@ def diversity_advantages(d: torch.Tensor, baseline: str = "pairwise_mean") -> to
         b = d.mean(dim=(-2, -1))  # (B,) = (1/s^2) sum_j sum_k d_jk
         return r - 2.0 * b[:, None]
     raise ValueError(
-        f"rl.diversity_baseline: invalid value {baseline!r}; valid choices: {', '.join(DIVERSITY_BASELINES)}"
+        f"sle.diversity_baseline: invalid value {baseline!r}; valid choices: {', '.join(DIVERSITY_BASELINES)}"
     )
 
 
 class SequenceLevelExploration(Reinforce):
-    """``objective(model, batch)``: losses ``precision`` (``rl.alpha``-weighted REINFORCE of the reward with its
-    baseline) and ``diversity`` ((1 - ``rl.alpha``)-weighted diversity REINFORCE term, ``rl.distance``,
-    ``rl.diversity_baseline``); see the module docstring. Arguments as :class:`Reinforce`."""
+    """``objective(model, batch)``: losses ``precision`` (``sle.alpha``-weighted REINFORCE of the reward with its
+    baseline) and ``diversity`` ((1 - ``sle.alpha``)-weighted diversity REINFORCE term, ``sle.distance``,
+    ``sle.diversity_baseline``); see the module docstring. Arguments as :class:`Reinforce`, and ``sle`` (the
+    ``sle`` section, :class:`finecap.config.SLEConfig`; default: its defaults)."""
 
-    def __init__(self, *args: Any, **kwargs: Any):
+    def __init__(self, *args: Any, sle: SLEConfig | None = None, **kwargs: Any):
         super().__init__(*args, **kwargs)
+        self.sle = sle or SLEConfig()
         if self.rl.strategy != "sample" or self.rl.samples < 2:  # what this objective needs of the rl section
             raise ValueError(
                 "train.objective=sle needs rl.strategy=sample and rl.samples >= 2 (paper: 5), got "
@@ -152,13 +154,13 @@ class SequenceLevelExploration(Reinforce):
         if len(gen) % s or not torch.equal(gen.image_index, expected):
             raise ValueError(f"sle: expected {s} contiguous samples per image from the decoder")
         t0 = time.perf_counter()
-        d = caption_distances(gen.texts, s, self.rl.distance)  # (B, s, s)
+        d = caption_distances(gen.texts, s, self.sle.distance)  # (B, s, s)
         seconds = time.perf_counter() - t0
-        div = diversity_advantages(d, self.rl.diversity_baseline).reshape(-1)  # (N,)
+        div = diversity_advantages(d, self.sle.diversity_baseline).reshape(-1)  # (N,)
         device = rollout.advantage.device
         advantages = {
-            "precision": self.rl.alpha * rollout.advantage,
-            "diversity": (1.0 - self.rl.alpha) * div.to(device),
+            "precision": self.sle.alpha * rollout.advantage,
+            "diversity": (1.0 - self.sle.alpha) * div.to(device),
         }
         metrics = {
             "diversity_reward": float(diversity_rewards(d).mean()),
@@ -169,11 +171,11 @@ class SequenceLevelExploration(Reinforce):
 
 
 def build(cfg: Config) -> SequenceLevelExploration:
-    """Factory of ``train.objective=sle`` (options ``rl.*``; paper: alpha 0.75, s 5, CIDEr-D, greedy baseline). The
-    GRPO family's options are refused: the two terms are separate REINFORCE estimates (Eq. 13), which neither a
-    group normalisation of the precision term nor a clipped ratio of their sum would keep."""
+    """Factory of ``train.objective=sle`` (options ``sle.*``, the rollout's ``rl.*``; paper: alpha 0.75, s 5,
+    CIDEr-D, greedy baseline). The GRPO family's options are refused: the two terms are separate REINFORCE estimates
+    (Eq. 13), which neither a group normalisation of the precision term nor a clipped ratio of their sum would keep."""
     for key, default in (("advantage", "baseline"), ("policy_loss", "reinforce")):
-        if getattr(cfg.rl, key) != default:
-            raise ValueError(f"rl.{key}={getattr(cfg.rl, key)}: train.objective=sle is REINFORCE only (rl.{key}="
-                             f"{default}); use train.objective=reinforce for the GRPO family")  # fmt: skip
-    return SequenceLevelExploration(**reinforce_kwargs(cfg))
+        if getattr(cfg.grpo, key) != default:
+            raise ValueError(f"grpo.{key}={getattr(cfg.grpo, key)}: train.objective=sle is REINFORCE only (grpo.{key}="
+                             f"{default}); use train.objective=grpo for the GRPO family")  # fmt: skip
+    return SequenceLevelExploration(**reinforce_kwargs(cfg), sle=cfg.sle)

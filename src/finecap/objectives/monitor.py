@@ -20,13 +20,16 @@ samples (no extra decoding) and logs them with the step's other values; none of 
 
 - ``kl`` (an alarm's measure only; the objective logs ``kl`` itself): the step's KL to the starting policy (TRL's k3,
   mean over the step's micro-batches of each one's token mean), handed over by the GRPO objective
-  (:meth:`Monitor.observe_kl`) when ``rl.kl_coef > 0``.
+  (:meth:`Monitor.observe_kl`) when ``grpo.kl_coef > 0``.
+- ``failed`` (an alarm's measure only; the objective logs ``reward/failed``): the step's share of sampled captions a
+  reward could not score (``RewardOutput.failed``, e.g. a judge that timed out), handed over by the objective
+  (:meth:`Monitor.observe_failed`) when the reward says which failed.
 
 **Alarms** (``rl.alarms``, off by default): a mapping of measure to threshold. ``length_drift`` sounds when the
-drift's size exceeds its threshold (either way: longer or shorter), ``repetition`` and ``kl`` when the value exceeds
-it, ``distinct``, ``fact_precision`` and ``fact_recall`` when the value falls below it. Each is checked once per
-optimizer step on the step's whole global batch (every process's captions, so every process decides alike), after
-the step. ``rl.alarm_action=warn`` logs one warning per measure, the first time it sounds; ``stop`` ends training
+drift's size exceeds its threshold (either way: longer or shorter), ``repetition``, ``kl`` and ``failed`` when the
+value exceeds it, ``distinct``, ``fact_precision`` and ``fact_recall`` when the value falls below it. Each is checked
+once per optimizer step on the step's whole global batch (every process's captions, so every process decides alike),
+after the step. ``rl.alarm_action=warn`` logs one warning per measure, the first time it sounds; ``stop`` ends training
 with :class:`RewardHackingAlarm`, one line naming the step and the measure (``finecap train`` exits with code 2).
 
 Example::
@@ -57,7 +60,20 @@ REPETITION_N = 3
 """The n of ``monitor/repetition``: word n-grams repeated within one caption."""
 
 # The step's sums (this process), in this order, reduced over processes at the end of the step.
-SUMS = ("captions", "words", "repetition", "groups", "distinct", "scored", "precision", "recall", "kl", "kl_batches")
+SUMS = (
+    "captions",
+    "words",
+    "repetition",
+    "groups",
+    "distinct",
+    "scored",
+    "precision",
+    "recall",
+    "kl",
+    "kl_batches",
+    "failed",
+    "rewarded",
+)
 
 
 class RewardHackingAlarm(ValueError):
@@ -136,6 +152,12 @@ class Monitor:
         self._sums["kl"] += float(kl)
         self._sums["kl_batches"] += 1.0
 
+    def observe_failed(self, failed: int, captions: int) -> None:
+        """Add one micro-batch's count of captions a reward could not score (``RewardOutput.failed``) out of its
+        ``captions`` to the step's sums (the ``failed`` alarm reads their share over the step's global batch)."""
+        self._sums["failed"] += float(failed)
+        self._sums["rewarded"] += float(captions)
+
     def _drift(self, mean_length: float) -> float:
         return 0.0 if not self.first_length else mean_length / self.first_length - 1.0
 
@@ -155,6 +177,8 @@ class Monitor:
                "distinct": sums["distinct"] / max(1.0, sums["groups"])}  # fmt: skip
         if sums["kl_batches"] > 0:
             out["kl"] = sums["kl"] / sums["kl_batches"]
+        if sums["rewarded"] > 0:
+            out["failed"] = sums["failed"] / sums["rewarded"]
         if sums["scored"] > 0:
             out["fact_precision"] = sums["precision"] / sums["scored"]
             out["fact_recall"] = sums["recall"] / sums["scored"]
@@ -168,17 +192,16 @@ class Monitor:
             if measure not in values:
                 continue  # fact_* off the world
             value = values[measure]
-            high = measure in ("length_drift", "repetition", "kl")
+            high = measure in ("length_drift", "repetition", "kl", "failed")
             crossed = (abs(value) if measure == "length_drift" else value) > threshold if high else value < threshold
             if not crossed:
                 continue
             where = f"step {self.step}" if self.step is not None else "this step"
             side = "above" if high else "below"
-            what = (
-                "the KL to the starting policy (rl.alarms.kl)"
-                if measure == "kl"
-                else f"the sampled captions' {measure}"
-            )
+            what = {
+                "kl": "the KL to the starting policy (rl.alarms.kl)",
+                "failed": "the share of captions a reward could not score (rl.alarms.failed)",
+            }.get(measure, f"the sampled captions' {measure}")
             message = (f"rl.alarms: at {where} {what} is {value:.4g}, {side} its threshold {threshold:g}: the policy "
                        "may be exploiting the reward")  # fmt: skip
             if self.action == "stop":

@@ -1,4 +1,4 @@
-"""The reference policy of the GRPO family's KL term (``rl.kl_coef > 0``): the policy at the start of training.
+"""The reference policy of the GRPO family's KL term (``grpo.kl_coef > 0``): the policy at the start of training.
 
 TRL keeps a frozen copy of the whole model (or, for a PEFT model, disables the adapters). finecap copies only what
 changes: the parameters that train. At the first rollout of a run (before any optimizer step) :meth:`Reference.capture`
@@ -15,7 +15,7 @@ takes
 Why the training dtype and not ``model.dtype``: the copy is then bit-equal to the starting policy (a bfloat16 copy of
 float32 master weights would not be), so the KL is exactly 0 before the first step (without dropout).
 
-The reference log-probs are computed once per rollout (at the first of its ``rl.iterations`` steps), without
+The reference log-probs are computed once per rollout (at the first of its ``grpo.iterations`` steps), without
 gradient and in eval mode (no dropout: the reference is a fixed function), with the same temperature as the policy's.
 The copy is part of the objective's state (every resumable checkpoint holds it), so a resumed run keeps the
 reference of its start; a run resumed from a checkpoint without one (KL switched on later) takes the policy at the
@@ -23,7 +23,7 @@ resume as its reference.
 
 Under FSDP2 sharding (``train.strategy=fsdp`` on several processes), swapping parameters into a sharded module is
 not supported: the KL term then needs LoRA adapters as the only trained parameters (their reference is the
-adapters off, no copy); anything else is refused with one line naming ``rl.kl_coef``.
+adapters off, no copy); anything else is refused with one line naming ``grpo.kl_coef``.
 """
 
 from __future__ import annotations
@@ -58,9 +58,9 @@ class Reference:
             trainable = {n: p for n, p in trainable.items() if not lora.is_adapter_parameter(n)}
         if trainable and sharding.is_sharded(bare):
             raise ValueError(
-                f"rl.kl_coef: the reference policy needs a copy of {len(trainable)} trained parameters, which "
+                f"grpo.kl_coef: the reference policy needs a copy of {len(trainable)} trained parameters, which "
                 "finecap cannot swap into an FSDP2-sharded model; train through fresh LoRA adapters only (lora.*), "
-                "use train.strategy=ddp, or set rl.kl_coef=0"
+                "use train.strategy=ddp, or set grpo.kl_coef=0"
             )
         self.snapshot = {name: p.detach().clone() for name, p in trainable.items()}
         self.captured = True

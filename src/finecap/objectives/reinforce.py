@@ -23,8 +23,8 @@ spread, sampled caption length, share of distinct captions per image, the reward
 (``time/generate``) and scoring (``time/reward``).
 
 The GRPO family (group advantages, the clipped surrogate over several iterations, a KL to the starting policy, token
-aggregation: ``rl.advantage``, ``rl.policy_loss`` and the options after them) is this objective with options, built
-by the same factory: :class:`finecap.objectives.policy.PolicyOptimization`. With the defaults it is this class.
+aggregation: ``grpo.advantage``, ``grpo.policy_loss`` and the options after them) is this objective with options, built
+by the same factory: :class:`finecap.objectives.grpo.PolicyOptimization`. With the defaults it is this class.
 
 Choices the papers leave open:
 
@@ -249,7 +249,8 @@ class Reinforce(ObjectiveBase):
         t2 = time.perf_counter()
         device = samples.sequences.device
         total = rewards.total.to(device)
-        rewards = RewardOutput(total, {k: v.to(device) for k, v in rewards.parts.items()})
+        # replace, not a new RewardOutput: what else the reward said of its captions (RewardOutput.failed) is kept
+        rewards = dataclasses.replace(rewards, total=total, parts={k: v.to(device) for k, v in rewards.parts.items()})
         baseline = self.baseline(
             total, samples.image_index.to(device), greedy_rewards.total.to(device) if greedy_rewards else None
         )  # (N,)
@@ -338,12 +339,18 @@ class Reinforce(ObjectiveBase):
         ids = batch.get("image_ids")
         info = batch.get("step_info")
         image_ids = [ids[r] for r in rows] if ids is not None else rows
+        failed = getattr(rollout.rewards, "failed", None)
+        if failed is not None:  # the rl.alarms.failed alarm's measure
+            self.monitor.observe_failed(int(failed.sum()), failed.numel())
         return self.monitor.measure(rollout.samples.texts, image_ids, None if info is None else int(info.step) + 1)
 
     def metrics(self, rollout: Rollout, logp: torch.Tensor) -> dict[str, float]:
         r = rollout.rewards
         out = {"reward": float(r.total.mean())}
         out.update({f"reward/{k}": float(v.float().mean()) for k, v in r.parts.items()})
+        failed = getattr(r, "failed", None)  # captions a reward could not score (RewardOutput.failed), when it says
+        if failed is not None:
+            out["reward/failed"] = float(failed.float().mean())
         if rollout.greedy_rewards is not None:
             out["reward_greedy"] = float(rollout.greedy_rewards.total.mean())
         adv = rollout.advantage

@@ -32,7 +32,7 @@ RL_GROUPS = {
     "ratio": ("importance ratio range (min, mean, max)", ("ratio/min", "ratio/mean", "ratio/max")),
     "advantage": ("advantage spread (std, min, max)", ("advantage_std", "advantage/min", "advantage/max")),
 }
-"""The RL diagnostics drawn together because they share units (:class:`finecap.objectives.policy.PolicyOptimization`'s
+"""The RL diagnostics drawn together because they share units (:class:`finecap.objectives.grpo.PolicyOptimization`'s
 metrics): ``{panel: (title, keys)}``."""
 
 

@@ -128,7 +128,14 @@ def title(objective: str, meta: dict[str, Any]) -> str:
     return f"{OBJECTIVE_NAMES.get(objective, objective)} captioner on {base}"
 
 
-OBJECTIVE_NAMES = {"mle": "MLE", "smile": "SMILE", "reinforce": "REINFORCE", "scst_me": "SCST-ME", "sle": "SLE"}
+OBJECTIVE_NAMES = {
+    "mle": "MLE",
+    "smile": "SMILE",
+    "reinforce": "REINFORCE",
+    "grpo": "GRPO",
+    "scst_me": "SCST-ME",
+    "sle": "SLE",
+}
 """How a title names finecap's objectives (a user's own by its name)."""
 
 

@@ -46,7 +46,7 @@ from finecap.models.memory import check_attention
 from finecap.objectives import get_objective
 from finecap.objectives.base import ObjectiveBase
 from finecap.outputs import write_output
-from finecap.registry import SAMPLERS, declared_needs, lookup
+from finecap.registry import SAMPLERS, VALIDATORS, declared_needs, lookup
 from finecap.runs import BEST, CONFIG_FILE, METRICS_FILE, checkpoint_dir
 from finecap.train.checkpoint import save_checkpoint
 from finecap.train.engine import (
@@ -72,7 +72,7 @@ from finecap.train.state import (
     prepare_run_dir,
     truncate_metrics,
 )
-from finecap.train.validators import VALIDATORS, caption_samples, validation_loss
+from finecap.train.validators import caption_samples, validation_loss
 from finecap.utils import seed_everything
 
 log = logging.getLogger(__name__)
@@ -206,7 +206,7 @@ def _build_run(
         log.info("train.strategy=fsdp with one process: nothing to shard, training as usual")
     optimizer = build_optimizer(model, cfg.train)
     global_batch = cfg.train.batch_size * accelerator.num_processes * cfg.train.grad_accum_steps
-    sampler = repeat_batches(get_sampler(cfg, data.train, global_batch), objective.batch_repeats)  # rl.iterations
+    sampler = repeat_batches(get_sampler(cfg, data.train, global_batch), objective.batch_repeats)  # grpo.iterations
     total = total_steps(cfg.train, sampler)
     scheduler = build_scheduler(optimizer, warmup=cfg.train.warmup_steps, total=total, kind=cfg.train.schedule)
     objective.setup(TrainContext(cfg, accelerator, data.train_records, model.tokenizer, run_dir))

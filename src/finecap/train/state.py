@@ -48,6 +48,7 @@ import yaml
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
+from finecap.config import migrate_moved_keys
 from finecap.outputs import check_output_file
 from finecap.runs import (
     BEST,
@@ -599,10 +600,11 @@ def truncate_metrics(path: Path, step: int) -> None:
 
 
 def config_changes(saved: Path, current: dict[str, dict[str, Any]]) -> list[str]:
-    """``section.key: old -> new`` for every value the saved run configuration has and ``current`` changes."""
+    """``section.key: old -> new`` for every value the saved run configuration has and ``current`` changes (a file
+    stored before a key moved read with its keys where they are now: :func:`finecap.config.migrate_moved_keys`)."""
     if not saved.exists():
         return []
-    old = read_yaml_mapping(saved, "a stored configuration must be a mapping of sections")
+    old = migrate_moved_keys(read_yaml_mapping(saved, "a stored configuration must be a mapping of sections"))
     changes = []
     for section, values in current.items():
         before = old.get(section) if isinstance(old.get(section), dict) else {}

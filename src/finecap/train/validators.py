@@ -5,8 +5,8 @@
 A validator factory ``factory(cfg) -> validator`` is called once before training; ``validator(model, cfg,
 accelerator) -> {name: value}`` then runs at every evaluation on every process (they share the work through
 :func:`finecap.caption.generate_captions`), under the run's autocast (:meth:`finecap.train.engine.Engine.evaluate`).
-:data:`VALIDATORS` maps the built-in names to their import paths (looked up with :func:`finecap.registry.lookup`, so
-``"pkg.module:factory"`` plugs in user code).
+:data:`finecap.registry.VALIDATORS` (re-exported here) maps the built-in names to their import paths (looked up with
+:func:`finecap.registry.lookup`, so ``"pkg.module:factory"`` plugs in user code).
 
 - ``captions``: mean length and distinct words of the captions (:func:`finecap.caption.caption_stats`, the same word
   count as ``finecap eval``'s ``Length`` and ``Lexical diversity``);
@@ -36,7 +36,7 @@ from finecap.metrics.retrieval import SelfRetrieval
 from finecap.metrics.suite import evaluate
 from finecap.models.retriever import load_retriever
 from finecap.objectives.mle import mle_loss
-from finecap.registry import requires
+from finecap.registry import VALIDATORS, requires
 
 if TYPE_CHECKING:
     from accelerate import Accelerator
@@ -45,12 +45,8 @@ if TYPE_CHECKING:
 
     Validator = Callable[[Any, Config, Accelerator], dict[str, float]]
 
-VALIDATORS: dict[str, str] = {
-    "captions": "finecap.train.validators:caption_stats_validator",
-    "retrieval": "finecap.train.validators:retrieval_validator",
-    "cider": "finecap.train.validators:cider_validator",
-}
-"""Built-in validator factories by name (``train.validators``); each ``factory(cfg)`` returns a validator."""
+__all__ = ["VALIDATORS", "caption_samples", "caption_stats_validator", "cider_validator", "retrieval_validator",
+           "validation_loss"]  # fmt: skip
 
 
 def caption_stats_validator(cfg: Config) -> Validator:

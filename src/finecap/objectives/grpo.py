@@ -6,17 +6,17 @@ starting policy and TRL's loss aggregations. Formulas and names follow TRL 1.16 
 
 It is the ``reinforce`` objective with options (:class:`PolicyOptimization`, built by the same factory when an option
 asks for it; the defaults are the papers' REINFORCE, :class:`~finecap.objectives.reinforce.Reinforce`). Per image,
-``s = rl.samples`` captions are sampled: the image's *group*. One optimizer step of the ``rl.iterations = μ`` that
+``s = rl.samples`` captions are sampled: the image's *group*. One optimizer step of the ``grpo.iterations = μ`` that
 share a rollout:
 
 1. **Roll out** (first step of a cycle only; :meth:`PolicyOptimization.begin_step`, before any micro-batch's
-   backward pass): decode and score every micro-batch of the step as REINFORCE does; with ``rl.kl_coef > 0`` score
+   backward pass): decode and score every micro-batch of the step as REINFORCE does; with ``grpo.kl_coef > 0`` score
    the captions under the reference policy too (:mod:`finecap.objectives.reference`).
 2. **Advantages** ``A`` per caption (no gradient), ``eps = 1e-4`` as TRL:
 
-   - ``rl.advantage=baseline``: ``R - b`` with ``rl.baseline`` (REINFORCE's);
-   - ``group`` with ``rl.reward_aggregation=sum_then_normalize``: ``A = (R - mean_g R) / (std + eps)``, ``std`` the
-     group's (``rl.scale_rewards=group``), the global batch's (``batch``) or none, ``A = R - mean_g R`` (``none``,
+   - ``grpo.advantage=baseline``: ``R - b`` with ``rl.baseline`` (REINFORCE's);
+   - ``group`` with ``grpo.reward_aggregation=sum_then_normalize``: ``A = (R - mean_g R) / (std + eps)``, ``std`` the
+     group's (``grpo.scale_rewards=group``), the global batch's (``batch``) or none, ``A = R - mean_g R`` (``none``,
      Dr. GRPO);
    - ``normalize_then_sum`` (GDPO): each reward of ``rl.rewards`` normalised within its group,
      ``a_k = (r_k - mean_g r_k) / (std_g r_k + eps)``, summed with the weights, ``S = sum_k w_k a_k``, and the sum
@@ -30,11 +30,11 @@ share a rollout:
    decoded together.
 3. **Loss**, with ``logp`` the policy's per-token log-probs (with gradient) and ``old`` those of the rollout:
 
-   - ``rl.policy_loss=reinforce``: ``-mean_n A_n log p(y_n)`` (``rl.logprob``: sum or mean of the caption's tokens);
+   - ``grpo.policy_loss=reinforce``: ``-mean_n A_n log p(y_n)`` (``rl.logprob``: sum or mean of the caption's tokens);
    - ``clipped``: per token ``-min(w A, clip(w, 1 - clip_low, 1 + clip_high) A)`` with ``w = exp(logp - old)``
-     (``rl.importance=token``) or ``w = exp(mean_t (logp - old))`` per caption (``sequence``, GSPO); plus, with
-     ``rl.kl_coef = β > 0``, ``β k3`` per token, ``k3 = exp(ref - logp) - (ref - logp) - 1`` (times ``w`` with
-     ``rl.kl_bias_correction``, TRL 1.16's default); aggregated by ``rl.loss_aggregation``: ``sequence`` (TRL's
+     (``grpo.importance=token``) or ``w = exp(mean_t (logp - old))`` per caption (``sequence``, GSPO); plus, with
+     ``grpo.kl_coef = β > 0``, ``β k3`` per token, ``k3 = exp(ref - logp) - (ref - logp) - 1`` (times ``w`` with
+     ``grpo.kl_bias_correction``, TRL 1.16's default); aggregated by ``grpo.loss_aggregation``: ``sequence`` (TRL's
      ``grpo``: mean over the caption's tokens, then over captions), ``token`` (``bnpo``/``dapo``: sum over every token
      of the global batch / their number; each micro-batch reports its token count as ``ObjectiveOutput.num_items``
      and the engine divides by the global count, so the mean is that of the global batch whatever its split),
@@ -71,7 +71,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from finecap.config import DecodeConfig, RLConfig
+from finecap.config import DecodeConfig, GRPOConfig, RLConfig
 from finecap.decode import Generation
 from finecap.objectives.base import ObjectiveOutput
 from finecap.objectives.baselines import NoBaseline
@@ -124,36 +124,72 @@ def batch_mean_std(x: torch.Tensor, reduce: Reduce = local) -> tuple[torch.Tenso
 
 
 def group_advantages(
-    rewards: torch.Tensor, samples: int, scale: str = "group", reduce: Reduce = local
+    rewards: torch.Tensor,
+    samples: int,
+    scale: str = "group",
+    reduce: Reduce = local,
+    failed: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """GRPO's advantages of ``rewards`` (N,), groups of ``samples`` contiguous captions: ``R - group mean``, divided
     by the group's std + eps (``scale="group"``), the global batch's std + eps (``"batch"``) or nothing (``"none"``).
+
+    ``failed`` (N,) bool marks captions a reward could not score (``RewardOutput.failed``): the statistics skip them
+    (the mean and std of a group over its other captions, the batch's over every scored caption) and their advantage
+    is 0, so they take no gradient; a group whose captions all failed is all 0. Without failures the result is the
+    unmasked computation's, bit for bit.
 
     >>> adv = group_advantages(torch.tensor([1.0, 2.0, 3.0, 5.0, 5.0, 5.0]), 3)  # std 1; a constant group: 0
     >>> [round(a, 4) for a in adv.tolist()]  # -1 / (1 + 1e-4), 0, 1 / (1 + 1e-4)
     [-0.9999, 0.0, 0.9999, 0.0, 0.0, 0.0]
     """
+    if scale not in ("group", "batch", "none"):
+        raise ValueError(f"grpo.scale_rewards: invalid value {scale!r}; valid choices: group, batch, none")
+    if failed is not None and bool(failed.any()):
+        return _scored_group_advantages(rewards, samples, scale, reduce, ~failed.to(rewards.device, torch.bool))
     grouped = rewards.view(-1, samples)  # (G, s)
     centred = (grouped - grouped.mean(dim=1, keepdim=True)).flatten()  # (N,)
     if scale == "none":
         return centred
     if scale == "group":
         std = grouped.std(dim=1, keepdim=True).expand_as(grouped).flatten()  # (N,), Bessel-corrected
-    elif scale == "batch":
-        std = batch_mean_std(rewards, reduce)[1].expand_as(rewards)
     else:
-        raise ValueError(f"rl.scale_rewards: invalid value {scale!r}; valid choices: group, batch, none")
+        std = batch_mean_std(rewards, reduce)[1].expand_as(rewards)
     return centred / (std + EPS)
 
 
+def _scored_group_advantages(
+    rewards: torch.Tensor, samples: int, scale: str, reduce: Reduce, scored: torch.Tensor
+) -> torch.Tensor:
+    """:func:`group_advantages` over the ``scored`` (N,) captions only; 0 for the others."""
+    ok = scored.view(-1, samples)  # (G, s)
+    r = torch.where(ok, rewards.view(-1, samples), torch.zeros_like(rewards.view(-1, samples)))  # a NaN kept out
+    count = ok.sum(dim=1, keepdim=True).to(rewards.dtype)  # (G, 1) scored captions of each group
+    mean = r.sum(dim=1, keepdim=True) / count.clamp(min=1.0)
+    centred = torch.where(ok, r - mean, torch.zeros_like(r))  # (G, s)
+    if scale == "none":
+        out = centred
+    elif scale == "group":  # Bessel-corrected over the group's scored captions; one or none: centred is 0 there
+        std = ((centred**2).sum(dim=1, keepdim=True) / (count - 1).clamp(min=1.0)).sqrt()
+        out = centred / (std + EPS)
+    else:
+        out = centred / (batch_mean_std(rewards[scored], reduce)[1] + EPS)
+    return torch.where(scored, out.flatten(), torch.zeros_like(rewards))
+
+
 def normalize_then_sum(parts: Sequence[torch.Tensor], weights: Sequence[float], samples: int,
-                       reduce: Reduce = local) -> torch.Tensor:  # fmt: skip
+                       reduce: Reduce = local, failed: torch.Tensor | None = None) -> torch.Tensor:  # fmt: skip
     """GDPO's advantages: each reward (N,) normalised within its group, the weighted sum of those, normalised over
-    the global batch (module docstring)."""
-    summed = sum(w * group_advantages(r, samples, "group") for r, w in zip(parts, weights, strict=True))
+    the global batch (module docstring). ``failed`` as :func:`group_advantages`: skipped by every statistic, 0."""
+    if failed is None or not bool(failed.any()):
+        summed = sum(w * group_advantages(r, samples, "group") for r, w in zip(parts, weights, strict=True))
+        assert isinstance(summed, torch.Tensor)
+        mean, std = batch_mean_std(summed, reduce)
+        return (summed - mean) / (std + EPS)
+    scored = ~failed.to(parts[0].device, torch.bool)
+    summed = sum(w * group_advantages(r, samples, "group", failed=failed) for r, w in zip(parts, weights, strict=True))
     assert isinstance(summed, torch.Tensor)
-    mean, std = batch_mean_std(summed, reduce)
-    return (summed - mean) / (std + EPS)
+    mean, std = batch_mean_std(summed[scored], reduce)
+    return torch.where(scored, (summed - mean) / (std + EPS), torch.zeros_like(summed))
 
 
 def zero_std_share(rewards: torch.Tensor, samples: int) -> float:
@@ -175,7 +211,7 @@ def log_importance(logp: torch.Tensor, old: torch.Tensor, mask: torch.Tensor, le
     if level == "sequence":
         m = mask.to(log_ratio.dtype)
         return ((log_ratio * m).sum(-1) / m.sum(-1).clamp(min=1.0)).unsqueeze(-1)  # (N, 1)
-    raise ValueError(f"rl.importance: invalid value {level!r}; valid choices: token, sequence")
+    raise ValueError(f"grpo.importance: invalid value {level!r}; valid choices: token, sequence")
 
 
 def clipped_surrogate(
@@ -221,7 +257,7 @@ def aggregate(per_token: torch.Tensor, mask: torch.Tensor, how: str, max_length:
         return masked.sum() / m.sum().clamp(min=1.0), float(m.sum())
     if how == "constant":
         return masked.sum() / (n * max_length), n
-    raise ValueError(f"rl.loss_aggregation: invalid value {how!r}; valid choices: sequence, token, constant")
+    raise ValueError(f"grpo.loss_aggregation: invalid value {how!r}; valid choices: sequence, token, constant")
 
 
 def masked_mean(x: torch.Tensor, mask: torch.Tensor) -> float:
@@ -239,12 +275,12 @@ def masked_mean(x: torch.Tensor, mask: torch.Tensor) -> float:
 
 @dataclass
 class Prepared:
-    """One micro-batch's rollout, kept for the ``rl.iterations`` steps of its cycle."""
+    """One micro-batch's rollout, kept for the ``grpo.iterations`` steps of its cycle."""
 
     index: torch.Tensor  # (B,) dataset indices of the micro-batch's images
     rollout: Rollout
     advantages: torch.Tensor  # (N,)
-    ref: torch.Tensor | None = None  # (N, L) reference log-probs (rl.kl_coef > 0)
+    ref: torch.Tensor | None = None  # (N, L) reference log-probs (grpo.kl_coef > 0)
     old: torch.Tensor | None = None  # (N, L) the policy's log-probs at the cycle's first step, detached
     seconds: dict[str, float] = field(default_factory=dict)  # the rollout's timings (logged at its first step only)
 
@@ -298,6 +334,16 @@ def batch_indices(batch: dict[str, Any]) -> torch.Tensor:
     return torch.arange(0 if rows is None else rows.shape[0])
 
 
+def failed_mask(rollouts: Sequence[Rollout]) -> torch.Tensor | None:
+    """The (N_all,) mask of the captions a reward could not score (``RewardOutput.failed``, read with ``getattr``:
+    rewards without it score every caption) of the micro-batches ``rollouts``, or ``None`` when none says."""
+    masks = [getattr(r.rewards, "failed", None) for r in rollouts]
+    if all(m is None for m in masks):
+        return None
+    return torch.cat([torch.zeros(len(r.samples), dtype=torch.bool) if m is None else m.detach().cpu().to(torch.bool)
+                      for r, m in zip(rollouts, masks, strict=True)])  # fmt: skip
+
+
 class PolicyOptimization(Reinforce):
     """``objective(model, batch)``: the GRPO family (module docstring); :class:`Reinforce`'s arguments.
 
@@ -308,15 +354,15 @@ class PolicyOptimization(Reinforce):
 
     headline = ("reward", "kl")  # the progress bar's: one iteration's clipped surrogate is 0 by construction
 
-    def __init__(self, reward: Reward, baseline: Any, *, rl: RLConfig | None = None,
+    def __init__(self, reward: Reward, baseline: Any, *, rl: RLConfig | None = None, grpo: GRPOConfig | None = None,
                  decode: DecodeConfig | None = None, seed: int = 0, vllm: VllmConfig | None = None):  # fmt: skip
-        rl = rl or RLConfig()
         super().__init__(reward, baseline, rl=rl, decode=decode, seed=seed, vllm=vllm)
-        if rl.advantage == "group":
+        self.grpo = grpo = grpo or GRPOConfig()
+        if grpo.advantage == "group":
             self.baseline = NoBaseline()  # the group mean is the baseline (rl.baseline is not used)
-        self.batch_repeats = rl.iterations
+        self.batch_repeats = grpo.iterations
         self.max_length = self.sample_cfg.max_length  # loss_aggregation=constant's divisor
-        self.reference = Reference() if rl.kl_coef > 0 else None
+        self.reference = Reference() if grpo.kl_coef > 0 else None
         self.reduce: Reduce = local
         self.cycle: list[Prepared] = []  # this process's micro-batches of the current rollout, in order
         self.taken = 0  # optimizer steps of the cycle finished
@@ -336,9 +382,9 @@ class PolicyOptimization(Reinforce):
         indices = [batch_indices(b) for b in micro_batches]
         kept = [p.index for p in self.cycle]
         same = len(kept) == len(indices) and all(torch.equal(a, b) for a, b in zip(kept, indices, strict=True))
-        if not (same and self.taken < self.rl.iterations):
-            if self.cycle and self.taken < self.rl.iterations:
-                log.warning("rl.iterations: the kept rollout is of other images than this step's (a resume with "
+        if not (same and self.taken < self.grpo.iterations):
+            if self.cycle and self.taken < self.grpo.iterations:
+                log.warning("grpo.iterations: the kept rollout is of other images than this step's (a resume with "
                             "another number of processes?); the cycle restarts with a fresh rollout")  # fmt: skip
             self.cycle, self.taken = self.prepare(model, micro_batches, indices), 0
         self.cursor, self.open = 0, True
@@ -351,7 +397,7 @@ class PolicyOptimization(Reinforce):
         if self.open:
             self.taken += 1
             self.open = False
-            if self.taken >= self.rl.iterations:
+            if self.taken >= self.grpo.iterations:
                 self.cycle, self.taken = [], 0
 
     def state_dict(self) -> dict[str, Any]:
@@ -366,8 +412,8 @@ class PolicyOptimization(Reinforce):
         if policy is None:
             return
         taken = policy["taken"]
-        if type(taken) is not int or not 0 <= taken < self.rl.iterations:
-            raise ValueError(f"the kept rollout's step count must be in [0, {self.rl.iterations}), got {taken!r}")
+        if type(taken) is not int or not 0 <= taken < self.grpo.iterations:
+            raise ValueError(f"the kept rollout's step count must be in [0, {self.grpo.iterations}), got {taken!r}")
         self.cycle, self.taken = [Prepared.from_state(p) for p in policy["cycle"]], taken
         if self.reference is not None and policy.get("reference") is not None:
             self.reference.load_state_dict(policy["reference"])
@@ -383,7 +429,7 @@ class PolicyOptimization(Reinforce):
         for r in rollouts:
             self._check_groups(r.samples)
         advantages = (
-            self.group_advantages(rollouts) if self.rl.advantage == "group" else [r.advantage for r in rollouts]
+            self.group_advantages(rollouts) if self.grpo.advantage == "group" else [r.advantage for r in rollouts]
         )
         prepared = []
         for batch, index, (rollout, seconds), adv in zip(micro_batches, indices, rolled, advantages, strict=True):
@@ -400,22 +446,24 @@ class PolicyOptimization(Reinforce):
             raise RuntimeError(f"rl.samples={s}: the decoded captions are not {s} contiguous ones per image")
 
     def group_advantages(self, rollouts: list[Rollout]) -> list[torch.Tensor]:
-        """The advantages of ``rl.advantage=group`` of every micro-batch, with the global batch's statistics."""
-        s, rl = self.rl.samples, self.rl
+        """The advantages of ``grpo.advantage=group`` of every micro-batch, with the global batch's statistics."""
+        s, grpo = self.rl.samples, self.grpo
         sizes = [len(r.samples) for r in rollouts]
-        if rl.reward_aggregation == "normalize_then_sum":
+        failed = failed_mask(rollouts)
+        if grpo.reward_aggregation == "normalize_then_sum":
             weights = self.reward_weights()
             parts = [torch.cat([r.rewards.parts[name] for r in rollouts]) for name in weights]  # each (N_all,)
-            flat = normalize_then_sum(parts, list(weights.values()), s, self.reduce)
+            flat = normalize_then_sum(parts, list(weights.values()), s, self.reduce, failed)
         else:
-            flat = group_advantages(torch.cat([r.rewards.total for r in rollouts]), s, rl.scale_rewards, self.reduce)
+            total = torch.cat([r.rewards.total for r in rollouts])
+            flat = group_advantages(total, s, grpo.scale_rewards, self.reduce, failed)
         return list(flat.split(sizes))
 
     def reward_weights(self) -> dict[str, float]:
         """``{name: weight}`` of the weighted rewards (GDPO normalises each one)."""
         rewards = getattr(self.reward, "rewards", None)
         if not isinstance(rewards, dict):
-            raise ValueError("rl.reward_aggregation=normalize_then_sum needs the weighted rewards of rl.rewards")
+            raise ValueError("grpo.reward_aggregation=normalize_then_sum needs the weighted rewards of rl.rewards")
         return {name: float(weight) for name, (weight, _) in rewards.items()}
 
     # -- the step --------------------------------------------------------------------------------------------------
@@ -427,7 +475,7 @@ class PolicyOptimization(Reinforce):
         item = self.cycle[self.cursor]
         self.cursor += 1
         if not torch.equal(item.index, batch_indices(batch)):
-            raise RuntimeError("rl.iterations: the micro-batch is not the one its rollout was made for")
+            raise RuntimeError("grpo.iterations: the micro-batch is not the one its rollout was made for")
         return item
 
     def __call__(self, model: torch.nn.Module, batch: dict[str, Any]) -> ObjectiveOutput:
@@ -445,7 +493,7 @@ class PolicyOptimization(Reinforce):
         metrics = {name: value if first else 0.0 for name, value in seconds.items()}
         weights, mismatch = self.engine_correction(item.old.to(logp.device), gen)  # vLLM's rollouts: TRL's IS
         metrics.update(mismatch)
-        if self.rl.policy_loss == "reinforce":
+        if self.grpo.policy_loss == "reinforce":
             weighted = seq_logp if weights is None else self.weighted_logprob(logp, gen, weights)
             losses, items = {"reinforce": policy_gradient_loss(adv, weighted)}, float(len(gen))
         else:
@@ -471,25 +519,25 @@ class PolicyOptimization(Reinforce):
     ) -> tuple[torch.Tensor, float, dict[str, float]]:
         """The clipped surrogate (times ``engine_weights``, the importance weights of rollouts vLLM decoded:
         :meth:`engine_correction`; + β k3) aggregated, its item count, and its metrics."""
-        rl = self.rl
+        grpo = self.grpo
         assert item.old is not None
-        ratio = torch.exp(log_importance(logp, item.old.to(logp.device, logp.dtype), mask, rl.importance))
-        per_token = clipped_surrogate(ratio, adv, rl.clip_low, rl.clip_high)  # (N, L) or (N, 1)
+        ratio = torch.exp(log_importance(logp, item.old.to(logp.device, logp.dtype), mask, grpo.importance))
+        per_token = clipped_surrogate(ratio, adv, grpo.clip_low, grpo.clip_high)  # (N, L) or (N, 1)
         if engine_weights is not None:  # TRL: the per-token loss times the IS weights, before the KL term
             per_token = per_token * engine_weights.to(per_token.dtype)  # (N, L)
         metrics = {}
         if self.reference is not None:
             assert item.ref is not None
             kl = k3(logp, item.ref.to(logp.device, logp.dtype))  # (N, L)
-            if rl.kl_bias_correction:
+            if grpo.kl_bias_correction:
                 kl = kl * ratio
-            per_token = per_token + rl.kl_coef * kl
+            per_token = per_token + grpo.kl_coef * kl
             metrics["kl"] = masked_mean(kl.detach(), mask)
             self.monitor.observe_kl(metrics["kl"])  # the rl.alarms.kl alarm's measure
-        loss, items = aggregate(per_token, mask, rl.loss_aggregation, self.max_length)
+        loss, items = aggregate(per_token, mask, grpo.loss_aggregation, self.max_length)
         w = ratio.detach()
         a = adv.to(w.dtype).unsqueeze(1)  # (N, 1)
-        clipped = ((w < 1 - rl.clip_low) & (a < 0)) | ((w > 1 + rl.clip_high) & (a > 0))
+        clipped = ((w < 1 - grpo.clip_low) & (a < 0)) | ((w > 1 + grpo.clip_high) & (a > 0))
         values = w[mask] if w.shape[-1] != 1 else w.flatten()
         metrics.update({"clip_fraction": masked_mean(clipped.float(), mask), "ratio/mean": float(values.mean()),
                         "ratio/min": float(values.min()), "ratio/max": float(values.max())})  # fmt: skip
@@ -499,7 +547,7 @@ class PolicyOptimization(Reinforce):
         adv = item.advantages
         out = {"advantage_std": float(adv.std()) if adv.numel() > 1 else 0.0,
                "advantage/min": float(adv.min()), "advantage/max": float(adv.max())}  # fmt: skip
-        if self.rl.advantage == "group":
+        if self.grpo.advantage == "group":
             out["zero_std_groups"] = zero_std_share(item.rollout.rewards.total, self.rl.samples)
         return out
 
@@ -509,17 +557,18 @@ class PolicyOptimization(Reinforce):
 # --------------------------------------------------------------------------------------------------------------------
 
 
-def uses_policy_options(rl: RLConfig) -> bool:
-    """Whether ``rl`` asks for anything of the GRPO family (group advantages or the clipped surrogate)."""
-    return rl.advantage != "baseline" or rl.policy_loss != "reinforce"
+def uses_policy_options(grpo: GRPOConfig) -> bool:
+    """Whether ``grpo`` asks for anything of the GRPO family (group advantages or the clipped surrogate)."""
+    return grpo.advantage != "baseline" or grpo.policy_loss != "reinforce"
 
 
 def build(cfg: Config) -> Reinforce:
-    """Factory of ``train.objective=reinforce``: SCST with the defaults (CIDEr-D reward, greedy baseline,
-    :class:`Reinforce`), the GRPO family (:class:`PolicyOptimization`) when ``rl.advantage`` or ``rl.policy_loss``
-    ask for it."""
-    cls = PolicyOptimization if uses_policy_options(cfg.rl) else Reinforce
-    return cls(**reinforce_kwargs(cfg))
+    """Factory of ``train.objective=grpo`` and of its former name ``reinforce``: SCST with the ``grpo`` section's
+    defaults (CIDEr-D reward, greedy baseline, :class:`Reinforce`), the GRPO family (:class:`PolicyOptimization`) when
+    ``grpo.advantage`` or ``grpo.policy_loss`` ask for it."""
+    if uses_policy_options(cfg.grpo):
+        return PolicyOptimization(**reinforce_kwargs(cfg), grpo=cfg.grpo)
+    return Reinforce(**reinforce_kwargs(cfg))
 
 
 def build_max_entropy(cfg: Config) -> Reinforce:

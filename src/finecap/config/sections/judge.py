@@ -1,5 +1,5 @@
 """The ``judge`` section: which judge answers the judge-backed rewards and metrics (:mod:`finecap.judges`) and how
-it is reached. Its own module so that the section list (:mod:`finecap.config.sections`) gains one line for it."""
+it is reached. One module of the section package (:mod:`finecap.config.sections`), as every section."""
 
 from __future__ import annotations
 

@@ -1,0 +1,98 @@
+"""The ``grpo`` section: the GRPO family's options (``train.objective=grpo``)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Literal
+
+from finecap.config.fields import Section, check, doc
+
+if TYPE_CHECKING:
+    from finecap.config.sections import Config
+
+Advantage = Literal["baseline", "group"]
+ScaleRewards = Literal["group", "batch", "none"]
+RewardAggregation = Literal["sum_then_normalize", "normalize_then_sum"]
+PolicyLoss = Literal["reinforce", "clipped"]
+Importance = Literal["token", "sequence"]
+LossAggregation = Literal["sequence", "token", "constant"]
+
+
+@dataclass
+class GRPOConfig(Section, name="grpo"):
+    """The GRPO family's options (docs/methods/grpo.md; TRL's names in brackets), read by ``train.objective=grpo``
+    (and by ``reinforce``, its former name). The defaults are the papers' REINFORCE: ``advantage: group`` and
+    ``policy_loss: clipped`` make it GRPO. The rollout, rewards and alarms are the ``rl`` section's."""
+
+    advantage: Advantage = doc(
+        "baseline", "baseline: R - rl.baseline (the papers); group: GRPO's (R - group mean) / scale, per image."
+    )
+    scale_rewards: ScaleRewards = doc(
+        "group", "advantage=group: divide by the std of the image's group, of the batch, or not (Dr. GRPO) [same]."
+    )
+    reward_aggregation: RewardAggregation = doc(
+        "sum_then_normalize",
+        "advantage=group: normalise the weighted sum, or each reward within its group, then sum (GDPO) "
+        "[multi_objective_aggregation].",
+    )
+    policy_loss: PolicyLoss = doc(
+        "reinforce", "reinforce: -A log p (rl.logprob); clipped: GRPO/PPO's clipped ratio surrogate [loss_type]."
+    )
+    iterations: int = doc(
+        1,
+        "clipped: optimizer steps per rollout batch; each global batch is taken this many times [num_iterations].",
+        ge=1,
+        le=64,
+        why="optimizer steps on one rollout batch; PPO and GRPO use 1 to 10",
+    )
+    clip_low: float = doc(0.2, "clipped: the ratio's lower clip is 1 - clip_low [epsilon].", ge=0, lt=1)
+    clip_high: float = doc(
+        0.2,
+        "clipped: the ratio's upper clip is 1 + clip_high; DAPO: 0.28 [epsilon_high].",
+        ge=0,
+        le=100,
+        why="a probability ratio clipped at 1 + 100 is unclipped in practice; PPO/GRPO use 0.2, DAPO 0.28",
+    )
+    importance: Importance = doc(
+        "token", "clipped: ratio per token, or per caption from its mean log-ratio (GSPO) [importance_sampling_level]."
+    )
+    loss_aggregation: LossAggregation = doc(
+        "sequence",
+        "clipped: mean per caption then over captions; mean over all tokens; / (captions x decode.max_length) "
+        "[loss_type grpo; bnpo, dapo; dr_grpo].",
+    )
+    kl_coef: float = doc(
+        0.0,
+        "clipped: beta of the k3 KL to the starting policy, per token; 0 = no reference [beta].",
+        ge=0,
+        le=100,
+        why="the KL term would swamp every advantage: TRL's beta is 0 or 0.04, RLHF's 0.001 to 0.2",
+    )
+    kl_bias_correction: bool = doc(
+        True,
+        "clipped: multiply the per-token KL by the importance ratio (TRL 1.16's default) [use_bias_correction_kl].",
+    )
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        for key, default in (("scale_rewards", "group"), ("reward_aggregation", "sum_then_normalize")):
+            check(
+                self.advantage == "group" or getattr(self, key) == default,
+                f"grpo.{key}",
+                "is an option of group advantages: set grpo.advantage=group as well",
+            )
+        check(
+            self.reward_aggregation == "sum_then_normalize" or self.scale_rewards == "group",
+            "grpo.scale_rewards",
+            "is not used with grpo.reward_aggregation=normalize_then_sum (each reward is scaled by its group's std, "
+            "their sum by the batch's)",
+        )
+        for key, unused in (("iterations", self.iterations == 1), ("kl_coef", self.kl_coef == 0)):
+            check(unused or self.policy_loss == "clipped", f"grpo.{key}", "needs grpo.policy_loss=clipped")
+
+    def check_config(self, cfg: Config) -> None:
+        check(
+            self.advantage != "group" or cfg.rl.samples >= 2,
+            "rl.samples",
+            "must be >= 2 with grpo.advantage=group (an image's samples are its group)",
+        )

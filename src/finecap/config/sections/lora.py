@@ -1,0 +1,32 @@
+"""The ``lora`` section: LoRA adapters."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from finecap.config.fields import Section, doc
+
+LoraInit = Literal["kaiming", "gaussian", "normal"]
+
+
+@dataclass
+class LoraConfig(Section, name="lora"):
+    lm: bool = doc(False, "Train the language model through LoRA adapters (needs model.train_lm=true).")
+    encoder: bool = doc(False, "Train the vision encoder through LoRA adapters (needs model.train_encoder=true).")
+    rank: int = doc(
+        32,
+        "LoRA rank r (NDLB: 32 on GPT-2 and CLIP).",
+        ge=1,
+        le=4096,
+        why="a rank beyond the layer's width adapts nothing more",
+    )
+    alpha: float = doc(32.0, "LoRA alpha; the update is scaled by alpha / rank.", gt=0)
+    dropout: float = doc(0.0, "Dropout on the LoRA input.", ge=0, lt=1)
+    init: LoraInit = doc(
+        "kaiming",
+        "Adapter initialisation: kaiming (peft's default: B = 0, A Kaiming-uniform), gaussian (peft: A with std 1/r), "
+        "normal (NDLB's released code: the weight's column-side factor N(0, 1), the other 0).",
+    )
+    lm_targets: list[str] = doc([], "LM module names (suffixes) to adapt; empty = every linear layer but the head.")
+    encoder_targets: list[str] = doc([], "Encoder module names (suffixes); empty = every image-side linear layer.")

@@ -1,0 +1,36 @@
+"""The ``vllm`` section: the vLLM engine's own options (``decode.engine=vllm``)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from finecap.config.fields import Section, doc
+from finecap.config.sections.limits import (
+    MAX_PROCESSES,
+)
+
+
+@dataclass
+class VllmConfig(Section, name="vllm"):
+    """The colocated vLLM engine of ``decode.engine=vllm`` (:mod:`finecap.engines.vllm`) and of boost's ``vllm``
+    backend (:mod:`finecap.boost.vllm_backend`); TRL's knob names."""
+
+    gpu_memory_utilization: float = doc(
+        0.3, "Fraction of the GPU's memory vLLM takes for weights and KV cache (TRL's colocate default).", gt=0, le=1
+    )
+    max_model_len: int = doc(
+        0,
+        "Longest prompt + caption vLLM serves (0: the model's context length).",
+        ge=0,
+        le=1_048_576,
+        why="tokens of context; the longest VLM contexts are ~1M",
+    )
+    tensor_parallel_size: int = doc(
+        1, "GPUs one vLLM engine shards the model over.", ge=1, le=MAX_PROCESSES, why="GPUs of one engine"
+    )
+    kv_cache_memory_bytes: int = doc(
+        0, "Bytes of KV cache (0: sized from gpu_memory_utilization; on a CPU vLLM's default).", ge=0
+    )
+    enforce_eager: bool = doc(
+        True, "Run vLLM eagerly: no torch.compile or CUDA graphs (faster start; false for throughput on a GPU)."
+    )

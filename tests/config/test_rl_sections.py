@@ -1,0 +1,113 @@
+"""The ``rl`` section split into ``rl`` (shared by every RL objective), ``grpo`` and ``sle``: a configuration stored
+before the split (a run's or checkpoint's ``config.yaml``), a recipe and overrides with the former ``rl.*`` keys load
+into the new sections (MOVED_KEYS); one layer setting a former key and its new one differently is refused naming
+both; each section's checks, and the checks across sections, name their key."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import yaml
+
+from finecap.config import (
+    MOVED_KEYS,
+    Config,
+    ConfigError,
+    GRPOConfig,
+    RLConfig,
+    SLEConfig,
+    load,
+    load_stored,
+    migrate_moved_keys,
+)
+
+GRPO_OPTIONS = {"advantage": "group", "policy_loss": "clipped", "iterations": 2, "clip_high": 0.28, "kl_coef": 0.04,
+                "loss_aggregation": "token", "reward_aggregation": "normalize_then_sum"}  # fmt: skip
+SLE_OPTIONS = {"alpha": 0.5, "distance": "overlap34"}
+
+
+def old_layout(cfg: Config) -> dict:
+    """``cfg`` as a configuration stored before the split wrote it: every grpo and sle key in the flat ``rl``."""
+    data = cfg.saved_dict()
+    data["rl"] = {**data["rl"], **data.pop("grpo"), **data.pop("sle")}
+    return data
+
+
+def test_every_grpo_and_sle_key_moved_from_rl_and_nothing_else():
+    moved = {k: v for k, v in MOVED_KEYS.items() if k.startswith("rl.")}
+    assert set(moved.values()) == {f"grpo.{f.name}" for f in dataclasses.fields(GRPOConfig)} | {
+        f"sle.{f.name}" for f in dataclasses.fields(SLEConfig)
+    }
+    assert all(k.split(".")[1] == v.split(".")[1] for k, v in moved.items())
+    assert not {f.name for f in dataclasses.fields(RLConfig)} & {k.split(".")[1] for k in moved}
+
+
+def test_a_config_stored_before_the_split_loads_into_the_new_sections(tmp_path):
+    want = load(None, ["rl.samples=8", *(f"grpo.{k}={v}" for k, v in GRPO_OPTIONS.items()),
+                       *(f"sle.{k}={v}" for k, v in SLE_OPTIONS.items()), f"run.dir={tmp_path / 'run'}"])  # fmt: skip
+    stored = tmp_path / "config.yaml"
+    stored.write_text(yaml.safe_dump(old_layout(want), sort_keys=False))
+    assert "grpo" not in yaml.safe_load(stored.read_text()) and "advantage" in yaml.safe_load(stored.read_text())["rl"]
+    assert load_stored(stored) == want
+    assert load(str(stored)) == want  # the stage runner reads a stored config.yaml as a recipe
+    assert migrate_moved_keys(old_layout(want))["grpo"]["advantage"] == "group"
+
+
+def test_a_recipe_and_overrides_with_the_former_keys_load_and_later_layers_win(tmp_path, caplog):
+    recipe = tmp_path / "old.yaml"
+    recipe.write_text("train:\n  objective: reinforce\nrl:\n  samples: 4\n  advantage: group\n  scale_rewards: none\n"
+                      "  alpha: 0.5\n")  # fmt: skip
+    cfg = load(str(recipe), ["rl.scale_rewards=batch", "rl.distance=overlap34"])
+    assert (cfg.grpo.advantage, cfg.grpo.scale_rewards, cfg.rl.samples) == ("group", "batch", 4)
+    assert (cfg.sle.alpha, cfg.sle.distance) == (0.5, "overlap34")
+    assert "rl.advantage -> grpo.advantage" in caplog.text and "rl.alpha -> sle.alpha" in caplog.text
+    new = tmp_path / "new.yaml"
+    new.write_text("rl:\n  samples: 4\ngrpo:\n  advantage: group\n  scale_rewards: none\n")
+    assert load(str(new), ["rl.scale_rewards=batch"]).grpo.scale_rewards == "batch"  # the override is above
+
+
+def test_a_former_key_and_its_new_one_set_apart_in_one_file_are_refused(tmp_path):
+    recipe = tmp_path / "both.yaml"
+    recipe.write_text("rl:\n  samples: 4\n  advantage: group\ngrpo:\n  advantage: baseline\n")
+    with pytest.raises(ConfigError, match=r"rl.advantage='group' and grpo.advantage='baseline' are both set") as e:
+        load(str(recipe))
+    assert e.value.key == "grpo.advantage" and str(e.value).startswith(str(recipe))
+
+
+@pytest.mark.parametrize(
+    ("overrides", "key", "message"),
+    [
+        (["grpo.scale_rewards=batch"], "grpo.scale_rewards", "set grpo.advantage=group as well"),
+        (["grpo.iterations=2"], "grpo.iterations", "needs grpo.policy_loss=clipped"),
+        (["grpo.kl_coef=0.1"], "grpo.kl_coef", "needs grpo.policy_loss=clipped"),
+        (["grpo.advantage=group", "rl.samples=1"], "rl.samples", "must be >= 2 with grpo.advantage=group"),
+        (["rl.alarms={kl: 0.5}"], "rl.alarms.kl", "needs grpo.kl_coef > 0"),
+        (["rl.alarms={failed: 2}"], "rl.alarms.failed", "must be in [0, 1]"),
+        (["rl.strategy=greedy", "rl.baseline=mean"], "rl.samples", "must be 1 with rl.strategy=greedy"),
+        (["sle.alpha=2"], "sle.alpha", "must be"),
+        (["sle.distance=bleu"], "sle.distance", "invalid value"),
+    ],
+)
+def test_each_sections_checks_name_their_key(overrides, key, message):
+    with pytest.raises(ConfigError) as e:
+        load(None, overrides)
+    assert e.value.key == key and message in str(e.value), str(e.value)
+    assert str(e.value).startswith("override "), str(e.value)  # where it was set
+
+
+def test_the_checks_across_sections_run_on_a_config_built_by_hand():
+    with pytest.raises(ConfigError) as e:
+        Config(rl=RLConfig(samples=1, strategy="greedy", baseline="mean"), grpo=GRPOConfig(advantage="group"))
+    assert e.value.key == "rl.samples"
+    assert Config(rl=RLConfig(samples=2), grpo=GRPOConfig(advantage="group")).grpo.advantage == "group"
+
+
+def test_a_resume_compares_a_run_stored_before_the_split_under_the_new_keys(tmp_path):
+    from finecap.train.state import config_changes
+
+    before = load(None, ["grpo.advantage=group", "grpo.policy_loss=clipped", "grpo.kl_coef=0.04"])
+    saved = tmp_path / "config.yaml"
+    saved.write_text(yaml.safe_dump(old_layout(before), sort_keys=False))
+    now = load(None, ["grpo.advantage=group", "grpo.policy_loss=clipped", "grpo.kl_coef=0.1"]).saved_dict()
+    assert config_changes(saved, now) == ["grpo.kl_coef: 0.04 -> 0.1"]
