@@ -3,7 +3,7 @@
 with it: the policy itself (``finecap``), or a colocated vLLM engine (TRL's ``vllm_mode="colocate"``).
 
 :class:`RolloutEngine` is what REINFORCE and the GRPO family (:mod:`finecap.objectives.reinforce`,
-:mod:`finecap.objectives.policy`) decode their samples and greedy captions with. It reads the engine class's declared
+:mod:`finecap.objectives.grpo`) decode their samples and greedy captions with. It reads the engine class's declared
 facts only: ``external_logprobs`` (:attr:`RolloutEngine.external`: the objective's importance correction and
 sync timing apply), ``reads_images`` (the batch must carry its PIL images) and ``check_processes``. With
 ``decode.engine=finecap`` the policy decodes itself. With ``vllm``:
