@@ -8,9 +8,9 @@ import math
 import pytest
 import torch
 
+from finecap.config.judge_section import JudgeConfig
 from finecap.judges.base import JudgeFailed, Question
 from finecap.judges.world import WorldJudge
-from finecap.config.judge_section import JudgeConfig
 from finecap.rewards import RewardOutput, WeightedSum, call_batch, reward_of
 from finecap.rewards.claims import ClaimsReward
 from finecap.rewards.qa_utility import QAUtilityReward

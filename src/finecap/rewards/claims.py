@@ -9,8 +9,9 @@ The evidence is read in ``setup(inputs)``: ``inputs.references`` (in a run the t
 
 ``reward`` = F1 (``score="f1"``, the default; a setting), or ``precision`` / ``recall``; parts ``precision``,
 ``recall``, ``f1`` and ``judge_failed`` (1 when a judge call for the caption failed: the caption is marked in
-``failed`` and its other values are NaN, :mod:`finecap.rewards.judged`). To pay the two parts each normalised on its own (BalCapRL, GDPO-style), sum two of
-these rewards, ``score="precision"`` and ``score="recall"``, under GDPO's per-reward normalisation.
+``failed`` and its other values are NaN, :mod:`finecap.rewards.judged`). To pay the two parts each normalised on its
+own (BalCapRL, GDPO-style), sum two of these rewards, ``score="precision"`` and ``score="recall"``, under GDPO's
+per-reward normalisation.
 
 Example::
 

@@ -170,9 +170,10 @@ class Shaped(Wrapper):
     @property
     def inner(self) -> RewardBase:  # type: ignore[override]
         if self.transform is None:
-            raise ValueError("length: wraps another reward; give reward= (a reward or its name) and kind= (one of "
-                             f"{', '.join(TRANSFORMS)}) as settings (an adapter's options); rl.rewards gives a reward "
-                             "no settings: name a factory of your own by dotted path (docs/methods/judges.md)")  # fmt: skip
+            kinds = ", ".join(TRANSFORMS)
+            raise ValueError(f"length: wraps another reward; give reward= (a reward or its name) and kind= (one of "
+                             f"{kinds}) as settings (an adapter's options); rl.rewards gives a reward no settings: "
+                             "name a factory of your own by dotted path (docs/methods/judges.md)")  # fmt: skip
         return self.transform
 
     def configure(self, **settings: Any) -> None:

@@ -1,14 +1,15 @@
 """QA utility (CapRL's reward): how many of an image's multiple-choice questions a text-only judge answers right from
 the caption alone.
 
-Per image a set of questions (:class:`~finecap.judges.base.Question`), read in ``setup(inputs)``:
-``inputs.questions`` (outside a run: ``questions={image_id: [Question]}``), else the questions file
-``judge.questions`` (CapRL's layout, :mod:`finecap.judges.questions`), else made from the world's scene graphs
-(``inputs.scenes``; :func:`finecap.judges.questions.scene_questions`). The judge is the ``judge`` setting (a
-:class:`~finecap.judges.base.Judge` or a judge name) or the run's ``judge`` section. Each question is asked ``k`` times (``judge.shuffles``), its
-options shuffled each time, :data:`~finecap.judges.base.CANNOT_ANSWER` last. At build time every question is also
-asked blind (no caption) in its ``k`` orders; a question the blind judge answers right in all ``k`` is dropped (it
-pays for nothing the caption says), and the share dropped is reported (:attr:`QAUtilityReward.blind`).
+Per image a set of questions (:class:`~finecap.judges.base.Question`), read in ``setup(inputs)``: ``inputs.questions``
+(outside a run: ``questions={image_id: [Question]}``), else the questions file ``judge.questions`` (CapRL's layout,
+:mod:`finecap.judges.questions`), else made from the world's scene graphs (``inputs.scenes``;
+:func:`finecap.judges.questions.scene_questions`). The judge is the ``judge`` setting (a
+:class:`~finecap.judges.base.Judge` or a judge name) or the run's ``judge`` section. Each question is asked ``k`` times
+(``judge.shuffles``), its options shuffled each time, :data:`~finecap.judges.base.CANNOT_ANSWER` last. At set-up
+every question is also asked blind (no caption) in its ``k`` orders; a question the blind judge answers right in all
+``k`` is dropped (it pays for nothing the caption says), and the share dropped is reported
+(:attr:`QAUtilityReward.blind`).
 
 For a caption with ``m`` asks (questions x ``k``) of which ``a`` are answered right, ``c`` "cannot answer" and ``w``
 wrongly: ``reward = a / m``; parts ``answered`` = a / m, ``cannot_answer`` = c / m, ``wrong`` = w / m (they sum to
