@@ -101,3 +101,25 @@ def test_failed_judge_calls_give_failed_captions_counted_never_paid_and_answered
     assert got["total"] == [None if f else v for f, v in zip(failed, clean.total.tolist())]
     assert all(v is None for name in ("qa_utility", "claims", "qa_utility/judge_failed")
                for v, f in zip(got["parts"][name], failed) if f)  # fmt: skip
+
+
+def test_a_shaped_judge_reward_in_rl_rewards_by_dotted_path_is_set_up_as_the_run_sets_it_up(world):
+    from finecap.app.serve_reward import load_reward
+    from finecap.config import load
+    from finecap.rewards.length import PiecewiseLength
+    from finecap.world.make import load_scenes
+    from helpers.tiny_world import world_items
+
+    rewards = "rl.rewards={'helpers.shaped_rewards:qa_shaped': 1.0, 'helpers.shaped_rewards:claims_precision': 1.0}"
+    served, _ = load_reward(load(None, [*world_items(world), rewards]))
+    scenes = load_scenes(world)
+    images = sorted(served.known_images())[:3]
+    ids = [i for i in images for _ in range(2)]
+    captions = [c for i in images for c in (f"a {scenes[i].objects[0].color} {scenes[i].objects[0].shape}",
+                                            "a red circle on grass in the middle of the image")]  # fmt: skip
+    out = served(captions, call_batch(ids))
+    qa = PiecewiseLength(reward_of("qa_utility", scenes=scenes), l1=2, l2=6, weight=0.5)(captions, call_batch(ids))
+    precision = reward_of("claims", scenes=scenes, score="precision")(captions, call_batch(ids))
+    assert out.parts["helpers.shaped_rewards:qa_shaped"].tolist() == qa.total.tolist()
+    assert qa.parts["length_reward"].tolist() == [0.75, 0.0] * 3  # 3 words: 1 - (3 - 2) / 4; 10 words: past l2
+    assert out.parts["helpers.shaped_rewards:claims_precision"].tolist() == precision.parts["precision"].tolist()
