@@ -101,6 +101,10 @@ def test_failed_judge_calls_give_failed_captions_counted_never_paid_and_answered
     assert got["total"] == [None if f else v for f, v in zip(failed, clean.total.tolist())]
     assert all(v is None for name in ("qa_utility", "claims", "qa_utility/judge_failed")
                for v, f in zip(got["parts"][name], failed) if f)  # fmt: skip
+    from finecap.integrations.trl import reward_function
+
+    trl = reward_function(mix, name="mix")(prompts=["p"] * 6, completions=CAPTIONS, image_id=IDS)
+    assert trl == got["total"]  # None: TRL leaves it out
 
 
 def test_a_shaped_judge_reward_in_rl_rewards_by_dotted_path_is_set_up_as_the_run_sets_it_up(world):
