@@ -3,12 +3,15 @@ recall and F1 on the world judge; a judge failure marks its caption, never pays 
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 
+from finecap.config.judge_section import JudgeConfig
 from finecap.judges.base import JudgeFailed, Question
 from finecap.judges.world import WorldJudge
-from finecap.rewards import RewardOutput, WeightedSum, call_batch, get_reward
+from finecap.rewards import RewardOutput, WeightedSum, call_batch, reward_of
 from finecap.rewards.claims import ClaimsReward
 from finecap.rewards.qa_utility import QAUtilityReward
 from finecap.world.facts import faithfulness
@@ -48,7 +51,7 @@ def test_qa_utility_by_hand():
 
 
 def test_qa_utility_from_the_scene_graphs_through_the_registry():
-    reward = get_reward("qa_utility", None, scenes=SCENES, shuffles=1)
+    reward = reward_of("qa_utility", scenes=SCENES, judge=JudgeConfig(shuffles=1))
     # A: colour, size, position, background, count (5); B: the same and the pattern (6)
     out = reward(CAPTIONS, BATCH)
     assert values(out.total) == values(torch.tensor([2 / 5, 0, 0, 2 / 6, 0, 0]))  # colour + background; colour + cell
@@ -87,14 +90,15 @@ class FailsOn(WorldJudge):
 def test_a_judge_failure_marks_its_caption_and_changes_no_other(name):
     judge = FailsOn(CAPTIONS[0])
     options = {"questions": QUESTIONS} if name == "qa_utility" else {"scenes": SCENES}
-    out = get_reward(name, None, judge=judge, **options)(CAPTIONS, BATCH)
-    clean = get_reward(name, None, judge=WorldJudge(), **options)(CAPTIONS, BATCH)
+    out = reward_of(name, judge=judge, **options)(CAPTIONS, BATCH)
+    clean = reward_of(name, judge=WorldJudge(), **options)(CAPTIONS, BATCH)
     assert out.parts["judge_failed"].tolist() == [1, 0, 0, 0, 0, 0]
-    assert out.total[0] == 0 and out.total[1:].tolist() == clean.total[1:].tolist()
-    if hasattr(out, "failed"):
-        assert out.failed.tolist() == [True, False, False, False, False, False]
-    summed = WeightedSum({name: (1.0, get_reward(name, None, judge=judge, **options))})(CAPTIONS, BATCH)
+    assert out.failed.tolist() == [True, False, False, False, False, False]
+    assert math.isnan(out.total[0]) and out.total[1:].tolist() == clean.total[1:].tolist()
+    assert all(math.isnan(p[0]) for k, p in out.parts.items() if k != "judge_failed")  # never a made-up value
+    summed = WeightedSum({name: (1.0, reward_of(name, judge=judge, **options))})(CAPTIONS, BATCH)
     assert summed.parts[f"{name}/judge_failed"].tolist() == [1, 0, 0, 0, 0, 0]
+    assert summed.failed.tolist() == out.failed.tolist() and math.isnan(summed.total[0])
 
 
 def test_claims_by_hand_and_equal_to_the_faithfulness_metric():
@@ -116,7 +120,7 @@ def test_claims_by_hand_and_equal_to_the_faithfulness_metric():
 
 def test_claims_against_a_calls_own_references():
     batch = call_batch([0, 0], [["a red circle on grass"]] * 2)
-    out = get_reward("claims", None, references={0: ["unused"]})(["a red circle", "a blue square"], batch)
+    out = reward_of("claims", references={0: ["unused"]})(["a red circle", "a blue square"], batch)
     # reference facts: object(circle), color(circle)=red, background=grass
     assert values(out.parts["precision"]) == [1.0, 0.0]
     assert values(out.parts["recall"]) == values(torch.tensor([2 / 3, 0.0]))
@@ -124,9 +128,15 @@ def test_claims_against_a_calls_own_references():
 
 def test_the_rewards_refuse_to_build_without_their_data():
     with pytest.raises(ValueError, match="questions="):
-        get_reward("qa_utility", None)
+        reward_of("qa_utility")
     with pytest.raises(ValueError, match="references="):
-        get_reward("claims", None)
+        reward_of("claims")
+    with pytest.raises(ValueError, match="score='f2'; valid: f1, precision, recall"):
+        reward_of("claims", scenes=SCENES, score="f2")
+    with pytest.raises(TypeError, match="judge= must be a finecap.judges.base.Judge or a judge name"):
+        reward_of("claims", scenes=SCENES, judge=3)
+    with pytest.raises(TypeError, match="unexpected keyword argument 'shuffles'"):  # a key of the judge section
+        reward_of("qa_utility", scenes=SCENES, shuffles=1)
     assert isinstance(QAUtilityReward(WorldJudge(), questions=QUESTIONS)(["a"], {"image_ids": [0]}), RewardOutput)
     with pytest.raises(ValueError, match="image 5 has no questions"):
         QAUtilityReward(WorldJudge(), questions=QUESTIONS)(["a"], {"image_ids": [5]})
@@ -138,7 +148,7 @@ def test_the_trl_adapter_pays_what_the_reward_pays_in_process():
     for name, options in (("qa_utility", {"questions": QUESTIONS}), ("claims", {"scenes": SCENES})):
         fn = reward_function(name, **options)
         ids = BATCH["image_index"].tolist()
-        in_process = get_reward(name, None, **options)(CAPTIONS, call_batch(ids))
+        in_process = reward_of(name, **options)(CAPTIONS, call_batch(ids))
         assert fn(prompts=["p"] * 6, completions=CAPTIONS, image_id=ids) == in_process.total.tolist()
 
 
@@ -158,29 +168,8 @@ def test_served_as_serve_reward_sets_it_up_the_values_are_the_in_process_ones(tm
     out = served(captions, call_batch(ids))
     scenes = load_scenes(world)
     judge = WorldJudge(noise=0.2)
-    qa = get_reward("qa_utility", None, judge=judge, scenes=scenes)(captions, call_batch(ids))
-    claims = get_reward("claims", None, judge=judge, scenes=scenes)(captions, call_batch(ids))
+    qa = reward_of("qa_utility", judge=judge, scenes=scenes)(captions, call_batch(ids))
+    claims = reward_of("claims", judge=judge, scenes=scenes)(captions, call_batch(ids))
     assert out.parts["qa_utility"].tolist() == qa.total.tolist()
     assert out.parts["claims"].tolist() == claims.total.tolist()
     assert out.total.tolist() == pytest.approx((qa.total + 0.5 * claims.total).tolist())
-
-
-def test_judged_output_sets_failed_where_the_output_has_the_field(monkeypatch):
-    import dataclasses as dc
-
-    from finecap.rewards import judged
-
-    total, failed = torch.tensor([0.5, 0.0]), torch.tensor([False, True])
-    plain = judged.judged_output(total, {"x": total}, failed)
-    assert plain.total is total
-    if "failed" not in {f.name for f in dc.fields(RewardOutput)}:  # before the contract has it: the part carries it
-
-        @dc.dataclass
-        class WithFailed:
-            total: torch.Tensor
-            parts: dict = dc.field(default_factory=dict)
-            failed: torch.Tensor | None = None
-
-        monkeypatch.setattr(judged, "RewardOutput", WithFailed)
-    out = judged.judged_output(total, {"x": total}, failed)
-    assert out.failed.tolist() == [False, True]

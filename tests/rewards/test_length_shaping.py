@@ -3,12 +3,10 @@ reward, DAPO's soft overlong punishment, BalCapRL's length-conditional mask; a w
 
 from __future__ import annotations
 
-import dataclasses
-
 import pytest
 import torch
 
-from finecap.rewards import RewardOutput, get_reward
+from finecap.rewards import RewardOutput, reward_of
 from finecap.rewards.length import LengthMask, PiecewiseLength, SoftOverlong, piecewise_length, soft_overlong
 
 BATCH = {"image_ids": [0, 1], "image_index": torch.tensor([0, 0, 0, 1, 1, 1])}
@@ -27,10 +25,8 @@ class Fixed:
         self.values, self.failed = torch.tensor(values), failed
 
     def __call__(self, captions, batch):
-        out = RewardOutput(self.values.clone(), {"inner": self.values.clone()})
-        if self.failed is not None and "failed" in {f.name for f in dataclasses.fields(RewardOutput)}:
-            out = RewardOutput(out.total, out.parts, failed=torch.tensor(self.failed))  # type: ignore[call-arg]
-        return out
+        failed = None if self.failed is None else torch.tensor(self.failed)
+        return RewardOutput(self.values.clone(), {"inner": self.values.clone()}, failed)
 
 
 INNER = [0.2, 0.4, 0.6, 0.8, 1.0, 0.0]
@@ -66,11 +62,37 @@ def test_balcaprl_length_mask():
 def test_a_transform_passes_the_wrapped_failures_and_hooks_on():
     failed = [False, True, False, False, False, False]
     out = PiecewiseLength(Fixed(INNER, failed), l1=3, l2=5)(words(1, 1, 1, 1, 1, 1), BATCH)
-    if hasattr(out, "failed"):
-        assert out.failed.tolist() == failed
-    shaped = get_reward("length", None, reward=Fixed(INNER), kind="mask", max_length=2)
+    assert out.failed.tolist() == failed
+    shaped = reward_of("length", reward=Fixed(INNER), kind="mask", max_length=2)
     assert shaped.per_caption and shaped(words(1, 3, 1, 1, 1, 1), BATCH).total.tolist()[:2] == pytest.approx([0.2, 0])
     with pytest.raises(ValueError, match="reward="):
-        get_reward("length", None)
+        reward_of("length")
     with pytest.raises(ValueError, match="unknown kind 'x'"):
-        get_reward("length", None, reward=Fixed(INNER), kind="x")
+        reward_of("length", reward=Fixed(INNER), kind="x")
+    with pytest.raises(TypeError, match="l1= is not a parameter of kind=mask"):
+        reward_of("length", reward=Fixed(INNER), kind="mask", l1=3)
+
+
+def test_the_registrys_length_wraps_a_named_reward_and_passes_its_settings_and_data_on():
+    from finecap.judges.world import WorldJudge
+    from finecap.world.scene import Obj, Scene
+
+    scenes = {0: Scene(0, "grass", [Obj("circle", "red", "large", 0, 0)])}
+    batch = {"image_ids": [0], "image_index": torch.tensor([0, 0])}
+    captions = ["a red circle", "a red circle on grass " + " ".join(["w"] * 10)]
+    shaped = reward_of("length", reward="claims", kind="soft_overlong", max_length=8, cache=4, score="precision",
+                       judge=WorldJudge(), scenes=scenes)  # fmt: skip
+    inner = reward_of("claims", score="precision", judge=WorldJudge(), scenes=scenes)(captions, batch)
+    out = shaped(captions, batch)
+    assert shaped.per_caption and shaped.known_images() is None
+    assert out.parts["overlong"].tolist() == [0, -1] and out.parts["precision"].tolist() == inner.total.tolist()
+    assert out.total.tolist() == pytest.approx((inner.total + torch.tensor([0.0, -1.0])).tolist())
+
+
+def test_length_in_rl_rewards_is_refused_before_the_run_naming_the_dotted_path_route():
+    from finecap.config import load
+    from finecap.rewards import RewardInputs, build_reward
+
+    reward = build_reward(load(None, ["rl.rewards={length: 1.0}"]))
+    with pytest.raises(ValueError, match="rl.rewards gives a reward no settings: name a factory of your own"):
+        reward.setup(RewardInputs())

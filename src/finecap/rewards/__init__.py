@@ -68,9 +68,11 @@ def build_reward(cfg: Config) -> WeightedSum:
 
 def options_config(options: dict[str, Any]) -> Config:
     """The configuration of a reward outside a run: the defaults, with the options that are configuration taken out
-    of ``options``: ``sr=SRConfig(...)`` (the ``sr`` section) and ``instances=<COCO instances_*.json>``
-    (``eval.instances``)."""
+    of ``options``: ``sr=SRConfig(...)`` (the ``sr`` section), ``judge=JudgeConfig(...)`` (the ``judge`` section;
+    a judge or a judge name given as ``judge=`` is the judge-backed rewards' setting instead) and
+    ``instances=<COCO instances_*.json>`` (``eval.instances``)."""
     from finecap.config import SRConfig, load
+    from finecap.config.judge_section import JudgeConfig
 
     cfg = load(None)
     sr = options.pop("sr", None)
@@ -78,6 +80,8 @@ def options_config(options: dict[str, Any]) -> Config:
         if not isinstance(sr, SRConfig):
             raise TypeError(f"sr= must be a finecap.config.SRConfig, got {type(sr).__name__}")
         cfg = dataclasses.replace(cfg, sr=sr)
+    if isinstance(options.get("judge"), JudgeConfig):
+        cfg = dataclasses.replace(cfg, judge=options.pop("judge"))
     instances = options.pop("instances", None)
     if instances is not None:
         cfg = dataclasses.replace(cfg, eval=dataclasses.replace(cfg.eval, instances=str(instances)))
@@ -102,7 +106,8 @@ def reward_of(name_or_reward: Any, **options: Any) -> RewardBase:
     (:func:`as_reward`; no options), or the reward named ``name_or_reward`` (a :data:`REWARDS` name or
     ``"pkg.module:factory"``) built on :func:`options_config`, given its declared settings
     (:meth:`RewardBase.configure`: the other options, e.g. ``sigma=``) and set up with :func:`options_inputs`
-    (``references=``, ``retriever=`` and ``images=`` or ``embeddings=``, ``scenes=`` or ``world=``, ``objects=``)."""
+    (``references=``, ``retriever=`` and ``images=`` or ``embeddings=``, ``scenes=`` or ``world=``, ``objects=``,
+    ``questions=``)."""
     if not isinstance(name_or_reward, str):
         if options:
             raise TypeError(f"options {sorted(options)} are given with a built reward; give them when building it")

@@ -3,10 +3,15 @@ and the references into atomic claims; precision = caption claims the image's ev
 claims the caption covers (:mod:`finecap.judges.claims`). On the world with the ``world`` judge the claims are the
 parsed facts and the evidence the scene graph, so precision and recall are the faithfulness metric's exactly.
 
-``reward`` = F1 (``score="f1"``, the default), or ``precision`` / ``recall``; parts ``precision``, ``recall``,
-``f1`` and ``judge_failed`` (1 when a judge call for the caption failed: the caption is marked failed,
-:mod:`finecap.rewards.judged`). To pay the two parts each normalised on its own (BalCapRL, GDPO-style), sum two of
-these rewards, ``score="precision"`` and ``score="recall"``, under GDPO's per-reward normalisation.
+The evidence is read in ``setup(inputs)``: ``inputs.references`` (in a run the training references) and
+``inputs.scenes`` (on the world); a call's own references (``caption_references``) replace an image's. The judge is the
+``judge`` setting (a :class:`~finecap.judges.base.Judge` or a judge name) or the run's ``judge`` section.
+
+``reward`` = F1 (``score="f1"``, the default; a setting), or ``precision`` / ``recall``; parts ``precision``,
+``recall``, ``f1`` and ``judge_failed`` (1 when a judge call for the caption failed: the caption is marked in
+``failed`` and its other values are NaN, :mod:`finecap.rewards.judged`). To pay the two parts each normalised on its
+own (BalCapRL, GDPO-style), sum two of these rewards, ``score="precision"`` and ``score="recall"``, under GDPO's
+per-reward normalisation.
 
 Example::
 
@@ -27,80 +32,86 @@ import torch
 
 from finecap.judges.base import Judge, JudgeFailed
 from finecap.judges.claims import claim_scores
-from finecap.rewards.judged import caption_subjects, judged_output, run_judge, run_scenes
+from finecap.rewards.base import RewardBase
+from finecap.rewards.judged import caption_subjects, judged_output, resolve_judge
 
 if TYPE_CHECKING:
     from finecap.config import Config
-    from finecap.contract import TrainContext
     from finecap.rewards.base import RewardOutput
+    from finecap.rewards.inputs import RewardInputs
     from finecap.world.scene import Scene
 
 Score = Literal["f1", "precision", "recall"]
+SCORES = ("f1", "precision", "recall")
 
 
-class ClaimsReward:
-    """Claim F1 (or precision, recall) of each caption (module docstring). ``references`` ``{image_id: [captions]}``
-    and ``scenes`` ``{image_id: Scene}`` are the evidence; ``None`` for both: the run's, read in :meth:`setup`."""
+def check_score(score: str) -> None:
+    if score not in SCORES:
+        raise ValueError(f"claims: score={score!r}; valid: {', '.join(SCORES)}")
+
+
+class ClaimsReward(RewardBase):
+    """Claim F1 (or precision, recall) of each caption (module docstring).
+
+    Args:
+        judge: the judge (or a judge name); ``None``: the ``judge`` section of ``cfg``, made in :meth:`setup`.
+        references: ``{image_id: [captions]}`` and ``scenes`` ``{image_id: Scene}``, the evidence; ``None`` for both:
+            read in :meth:`setup`.
+        score: the total, ``f1``, ``precision`` or ``recall``.
+        cfg: the configuration whose ``judge`` section builds the judge (``None``: the ``world`` judge's defaults).
+    """
 
     name = "claims"
-    per_caption = True
+    per_caption = True  # a caption's value needs only its own image's evidence
+    settings = ("judge", "score")
 
     def __init__(
         self,
-        judge: Judge | None = None,
+        judge: Judge | str | None = None,
         *,
         references: Mapping[Hashable, Sequence[str]] | None = None,
         scenes: Mapping[Hashable, Scene] | None = None,
         score: Score = "f1",
+        cfg: Config | None = None,
     ) -> None:
-        if score not in ("f1", "precision", "recall"):
-            raise ValueError(f"claims: score={score!r}; valid: f1, precision, recall")
-        self.judge, self.score = judge, score
+        check_score(score)
+        self.judge: Judge | str | None = judge
+        self.score, self.cfg = score, cfg
         self.references = None if references is None else {i: list(r) for i, r in references.items()}
         self.scenes = None if scenes is None else dict(scenes)
+        if judge is not None and not isinstance(judge, Judge):
+            self.judge = resolve_judge(judge, cfg, "claims")
 
-    def prepare(self, judge: Judge, references: Mapping[Hashable, Sequence[str]] | None,
-                scenes: Mapping[Hashable, Scene] | None) -> None:  # fmt: skip
-        """The one set-up step: the judge and the evidence."""
-        self.judge = judge
-        self.references = None if references is None else {i: list(r) for i, r in references.items()}
-        self.scenes = None if scenes is None else dict(scenes)
-
-    def setup(self, ctx: TrainContext) -> None:
-        """The run's judge, the training references and, on the world, its scene graphs."""
-        if self.judge is not None and (self.references is not None or self.scenes is not None):
+    def setup(self, inputs: RewardInputs) -> None:
+        """The judge and the evidence (module docstring), once."""
+        check_score(self.score)
+        self.judge = resolve_judge(self.judge, self.cfg, "claims")
+        if self.references is not None or self.scenes is not None:
             return
-        refs: dict[Hashable, list[str]] = {}
-        for record in ctx.train_records:
-            refs.setdefault(record.image_id, []).extend(record.captions)
-        self.prepare(self.judge or run_judge(ctx.cfg), refs, run_scenes(ctx.cfg))
+        if inputs.references is None and inputs.scenes is None:
+            raise ValueError("claims: outside a training run give references={image_id: [captions]} and/or scenes= "
+                             "(world=)")  # fmt: skip
+        self.references = None if inputs.references is None else {i: list(r) for i, r in inputs.references.items()}
+        self.scenes = None if inputs.scenes is None else dict(inputs.scenes)
 
     def __call__(self, captions: Sequence[str], batch: Mapping[str, Any]) -> RewardOutput:
-        if self.judge is None:
-            raise RuntimeError("ClaimsReward: no judge; pass one or call setup(ctx) first")
+        if not isinstance(self.judge, Judge) or (self.references is None and self.scenes is None):
+            raise RuntimeError("ClaimsReward: no judge or evidence; pass them or call setup(inputs) first")
         subjects = caption_subjects(captions, batch, self.scenes, self.references)
         scores = claim_scores(self.judge, list(captions), subjects)
         n = len(captions)
-        precision, recall, f1, failed = (torch.zeros(n) for _ in range(4))
+        precision, recall, f1 = (torch.zeros(n) for _ in range(3))
+        failed = torch.zeros(n, dtype=torch.bool)
         for i, s in enumerate(scores):
             if isinstance(s, JudgeFailed):
-                failed[i] = 1.0
+                failed[i] = True
             else:
                 precision[i], recall[i], f1[i] = s.precision, s.recall, s.f1
-        parts = {"precision": precision, "recall": recall, "f1": f1, "judge_failed": failed}
-        return judged_output(parts[self.score].clone(), parts, failed.bool())
+        parts = {"precision": precision, "recall": recall, "f1": f1}
+        return judged_output(parts[self.score].clone(), parts, failed)
 
 
-def build(cfg: Config | None = None, *, judge: Judge | str | None = None,
-          references: Mapping[Hashable, Sequence[str]] | None = None,
-          scenes: Mapping[Hashable, Scene] | None = None, score: Score = "f1") -> ClaimsReward:  # fmt: skip
-    """Factory of the reward registry (``rl.rewards: {claims: w}``): in a training run the judge and evidence are the
-    run's, read in ``setup(ctx)``; outside one (``cfg=None``) ``judge=`` (a Judge or name; default ``world``) and
-    ``references=`` and/or ``scenes=``."""
-    if isinstance(judge, str) or (judge is None and cfg is None):
-        from finecap.judges import get_judge
-
-        judge = get_judge(judge or "world", None)
-    if cfg is None and references is None and scenes is None:
-        raise ValueError("claims: outside a training run give references={image_id: [captions]} and/or scenes=")
-    return ClaimsReward(judge, references=references, scenes=scenes, score=score)
+def build(cfg: Config) -> ClaimsReward:
+    """Factory of the reward registry (``rl.rewards: {claims: w}``): the judge (``judge.*``, or the ``judge``
+    setting) and the evidence (the references and scenes of the inputs) are read in ``setup(inputs)``."""
+    return ClaimsReward(cfg=cfg)

@@ -23,6 +23,7 @@ import torch
 if TYPE_CHECKING:
     from finecap.config import Config
     from finecap.contract import TrainContext
+    from finecap.judges.base import Question
     from finecap.world.scene import Scene
 
 
@@ -51,6 +52,8 @@ class RewardInputs:
         retriever: a :class:`finecap.models.retriever.Retriever` (self-retrieval).
         scenes: ``{image_id: Scene}``, the world's scene graphs (the listener; CHAIR's ground truth on the world).
         objects: ``{image_id: annotated categories}`` (CHAIR outside a run).
+        questions: ``{image_id: [Question]}``, multiple-choice questions (:class:`finecap.judges.base.Question`) about
+            each image (``qa_utility`` outside a run; in a run they come from ``judge.questions`` or the world).
         gather: ``gather(tensor) -> tensor`` over processes, for a reward scoring against the global batch (the
             accelerator's; the identity outside a multi-process run).
         device: where set-up models and tables compute (``None``: leave a given model where it is; the CPU).
@@ -65,6 +68,7 @@ class RewardInputs:
     retriever: Any = None
     scenes: Mapping[Hashable, Scene] | None = None
     objects: Mapping[Hashable, frozenset[str]] | None = None
+    questions: Mapping[Hashable, Sequence[Question]] | None = None
     gather: Callable[[torch.Tensor], torch.Tensor] = identity
     device: torch.device | None = None
     main_process_first: Callable[[], AbstractContextManager] = nullcontext

@@ -1,49 +1,52 @@
-"""What the judge-backed rewards (``qa_utility``, ``claims``) share: the judge and the scene graphs they read in a
-training run, the subject of each caption, and an output that marks the captions the judge failed on.
+"""What the judge-backed rewards (``qa_utility``, ``claims``) share: their judge (the ``judge`` setting or the run's
+``judge`` section), the subject of each caption, and an output that marks the captions the judge failed on.
 
-A caption whose judge calls failed (after the judge's retries) is never paid a made-up value: its output row is
-marked in ``failed`` (when :class:`~finecap.rewards.base.RewardOutput` has that field, so that GRPO leaves it out of
-its group's advantage) and counted in the part ``judge_failed``; its ``total`` is 0 only as a placeholder.
+A caption whose judge calls failed (after the judge's retries) is never paid a made-up value: it is marked in the
+output's ``failed`` mask (:class:`~finecap.rewards.base.RewardOutput`; the weighted sum makes its total NaN, the
+reward server answers it ``null``) and counted in the part ``judge_failed`` (1 for it, 0 for the others); its other
+values are NaN.
 """
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Hashable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import torch
 
-from finecap.judges.base import Subject
+from finecap.judges.base import Judge, Subject
 from finecap.metrics.faithfulness import scene_of
 from finecap.rewards.base import CAPTION_REFERENCES, RewardOutput, caption_rows
 
 if TYPE_CHECKING:
     from finecap.config import Config
-    from finecap.judges.base import Judge
     from finecap.world.scene import Scene
 
 
 def judged_output(total: torch.Tensor, parts: dict[str, torch.Tensor], failed: torch.Tensor) -> RewardOutput:
-    """``RewardOutput(total, parts, failed=failed)``, or without ``failed`` where the output has no such field (the
-    failures are then in the ``judge_failed`` part only)."""
-    if "failed" in {f.name for f in dataclasses.fields(RewardOutput)}:
-        return RewardOutput(total, parts, failed=failed)  # type: ignore[call-arg]
-    return RewardOutput(total, parts)
+    """``RewardOutput(total, parts, failed)`` with the part ``judge_failed`` = ``failed`` as 0/1 and, at the failed
+    captions, the total and every other part NaN (values that mean nothing)."""
+    failed = failed.bool()
+    nan = float("nan")
+    out = {name: p.masked_fill(failed, nan) for name, p in parts.items()}
+    out["judge_failed"] = failed.float()
+    return RewardOutput(total.masked_fill(failed, nan), out, failed)
 
 
-def run_judge(cfg: Config | None) -> Judge:
-    """The judge of the ``judge`` section of ``cfg`` (the ``world`` judge's defaults without one)."""
+def resolve_judge(judge: Judge | str | None, cfg: Config | None, option: str) -> Judge:
+    """The judge of a reward: ``judge`` itself when it is a :class:`Judge`, the judge named ``judge`` (a
+    :data:`~finecap.registry.JUDGES` name or dotted path) built with ``cfg``'s ``judge`` section, or, for ``None``, the
+    section's own (``judge.name``; the ``world`` judge's defaults without a configuration)."""
     from finecap.judges import get_judge
 
-    return get_judge(cfg.judge.name if cfg is not None else "world", cfg)
-
-
-def run_scenes(cfg: Config | None) -> dict[Hashable, Scene] | None:
-    """The world's scene graphs when ``cfg`` trains on the world, else ``None``."""
-    from finecap.data.references import world_scenes
-
-    return world_scenes(cfg)
+    if isinstance(judge, Judge):
+        return judge
+    if judge is None:
+        return get_judge(cfg.judge.name if cfg is not None else "world", cfg)
+    if isinstance(judge, str):
+        return get_judge(judge, cfg)
+    raise TypeError(f"{option}: judge= must be a finecap.judges.base.Judge or a judge name (e.g. 'world', 'openai'), "
+                    f"got {type(judge).__name__}")  # fmt: skip
 
 
 def caption_subjects(

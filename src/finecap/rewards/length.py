@@ -9,13 +9,21 @@ CapRL and DAPO count tokens, finecap's rewards see text). Each keeps the wrapped
   is within ``[min_length, max_length]``, 0 elsewhere (wrap the part to mask, e.g. a fluency reward, and sum it with
   the others); part ``length_mask`` (1 kept, 0 masked).
 
-``failed`` of the wrapped output (a judge failure) is passed on.
+``failed`` of the wrapped output (a judge failure) is passed on (the shaped total of a failed caption is NaN, never
+paid). The wrapped reward's facts (``needs``, ``per_caption``, ``compares_images``, ``known_images``) and hooks
+(``setup``, ``state_dict``) are its.
+
+The registry's ``length`` (:func:`build`) is a :class:`Shaped` reward, given what it wraps by settings
+(:meth:`RewardBase.configure`): ``reward=`` (a reward name or a built reward), ``kind=`` (:data:`TRANSFORMS`) and the
+transform's parameters; every other setting is the wrapped reward's. Adapters give them as options
+(``reward_function("length", reward="qa_utility", kind="piecewise", l1=60, l2=120, scenes=...)``). ``rl.rewards``
+gives a reward no settings, so a training run names a factory of its own by dotted path (docs/methods/judges.md).
 
 Example::
 
     >>> import torch
     >>> from finecap.rewards.base import RewardOutput
-    >>> class One:
+    >>> class One:  # a plain callable reward
     ...     def __call__(self, captions, batch):
     ...         return RewardOutput(torch.ones(len(captions)))
     >>> shaped = PiecewiseLength(One(), l1=2, l2=4, weight=0.5)
@@ -25,18 +33,18 @@ Example::
 
 from __future__ import annotations
 
-import dataclasses
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Hashable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import torch
 
-from finecap.rewards.base import RewardOutput, call_hook, declared_needs
+from finecap.registry import declared_needs
+from finecap.rewards.base import RewardBase, RewardOutput, as_reward
 
 if TYPE_CHECKING:
     from finecap.config import Config
-    from finecap.contract import TrainContext
     from finecap.rewards.base import Reward
+    from finecap.rewards.inputs import RewardInputs
 
 
 def word_lengths(captions: Sequence[str]) -> torch.Tensor:
@@ -58,22 +66,41 @@ def soft_overlong(lengths: torch.Tensor, max_length: float, cache: float) -> tor
     return torch.where(lengths > max_length, torch.full_like(lengths, -1.0), inside)
 
 
-class _Transform:
-    """A reward wrapped: hooks and declared needs forwarded, the wrapped output's parts and ``failed`` kept."""
+class Wrapper(RewardBase):
+    """A reward around another (``inner``): its facts and hooks are the inner reward's."""
+
+    inner: RewardBase
+
+    @property
+    def needs(self) -> frozenset[str]:  # type: ignore[override]
+        return declared_needs(self.inner)
+
+    @property
+    def per_caption(self) -> bool:  # type: ignore[override]
+        return self.inner.per_caption
+
+    @property
+    def compares_images(self) -> bool:  # type: ignore[override]
+        return self.inner.compares_images
+
+    def known_images(self) -> Collection[Hashable] | None:
+        return self.inner.known_images()
+
+    def setup(self, inputs: RewardInputs) -> None:
+        self.inner.setup(inputs)
+
+    def state_dict(self) -> dict[str, Any]:
+        return self.inner.state_dict()
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        self.inner.load_state_dict(state)
+
+
+class Transform(Wrapper):
+    """A length transform of a wrapped reward: the wrapped output's parts and ``failed`` kept, :meth:`shape` adds."""
 
     def __init__(self, inner: Reward) -> None:
-        self.inner = inner
-        self.per_caption = bool(getattr(inner, "per_caption", False))
-        self.needs = declared_needs(inner)
-
-    def setup(self, ctx: TrainContext) -> None:
-        call_hook(self.inner, "setup", ctx)
-
-    def state_dict(self) -> Any:
-        return call_hook(self.inner, "state_dict")
-
-    def load_state_dict(self, state: Any) -> None:
-        call_hook(self.inner, "load_state_dict", state)
+        self.inner = as_reward(inner, "length: reward=")
 
     def shape(self, out: RewardOutput, lengths: torch.Tensor) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         raise NotImplementedError
@@ -81,14 +108,10 @@ class _Transform:
     def __call__(self, captions: Sequence[str], batch: Mapping[str, Any]) -> RewardOutput:
         out = self.inner(captions, batch)
         total, extra = self.shape(out, word_lengths(captions))
-        parts = {**out.parts, **extra}
-        failed = getattr(out, "failed", None)
-        if failed is not None:
-            return dataclasses.replace(out, total=total, parts=parts)
-        return RewardOutput(total, parts)
+        return RewardOutput(total, {**out.parts, **extra}, out.failed)
 
 
-class PiecewiseLength(_Transform):
+class PiecewiseLength(Transform):
     """CapRL's piecewise length reward added to the wrapped reward (module docstring)."""
 
     def __init__(self, inner: Reward, *, l1: float, l2: float, weight: float = 1.0) -> None:
@@ -100,7 +123,7 @@ class PiecewiseLength(_Transform):
         return out.total.float() + self.weight * r, {"length_reward": r}
 
 
-class SoftOverlong(_Transform):
+class SoftOverlong(Transform):
     """DAPO's soft overlong punishment added to the wrapped reward (module docstring)."""
 
     def __init__(self, inner: Reward, *, max_length: float, cache: float) -> None:
@@ -114,7 +137,7 @@ class SoftOverlong(_Transform):
         return out.total.float() + r, {"overlong": r}
 
 
-class LengthMask(_Transform):
+class LengthMask(Transform):
     """The wrapped reward only for captions of ``min_length`` to ``max_length`` words (module docstring)."""
 
     def __init__(self, inner: Reward, *, min_length: float = 0, max_length: float = float("inf")) -> None:
@@ -126,25 +149,58 @@ class LengthMask(_Transform):
         return out.total.float() * keep, {"length_mask": keep}
 
 
-TRANSFORMS = {"piecewise": PiecewiseLength, "soft_overlong": SoftOverlong, "mask": LengthMask}
-"""``build(kind=...)`` names -> transform classes."""
+TRANSFORMS: dict[str, tuple[type[Transform], tuple[str, ...]]] = {
+    "piecewise": (PiecewiseLength, ("l1", "l2", "weight")),
+    "soft_overlong": (SoftOverlong, ("max_length", "cache")),
+    "mask": (LengthMask, ("min_length", "max_length")),
+}
+"""``kind=`` names -> (transform class, its parameters)."""
 
 
-def build(
-    cfg: Config | None = None, *, reward: Reward | str | None = None, kind: str = "", **options: Any
-) -> _Transform:
-    """Factory of the reward registry, outside a training run: ``reward`` (a reward, or a ``REWARDS`` name built with
-    ``cfg``) wrapped by the transform ``kind`` (:data:`TRANSFORMS`) with its ``options`` (``l1``, ``l2``, ``weight``;
-    ``max_length``, ``cache``; ``min_length``, ``max_length``)."""
-    if reward is None:
-        raise ValueError(
-            "length: wraps another reward; give reward= (a reward or its name) and kind= (rl.rewards "
-            "gives a reward no options, so a shaped reward is built in Python: docs/methods/judges.md)"
-        )
-    if kind not in TRANSFORMS:
-        raise ValueError(f"length: unknown kind {kind!r}; valid: {', '.join(TRANSFORMS)}")
-    if isinstance(reward, str):
-        from finecap.rewards import get_reward
+class Shaped(Wrapper):
+    """The registry's ``length`` reward: a :class:`Transform` of the reward it is configured with (module docstring).
+    ``cfg`` builds a wrapped reward given by name."""
 
-        reward = get_reward(reward, cfg)
-    return TRANSFORMS[kind](reward, **options)
+    settings = ("reward", "kind", "l1", "l2", "weight", "max_length", "cache", "min_length")
+
+    def __init__(self, cfg: Config) -> None:
+        self.cfg = cfg
+        self.transform: Transform | None = None
+
+    @property
+    def inner(self) -> RewardBase:  # type: ignore[override]
+        if self.transform is None:
+            kinds = ", ".join(TRANSFORMS)
+            raise ValueError(f"length: wraps another reward; give reward= (a reward or its name) and kind= (one of "
+                             f"{kinds}) as settings (an adapter's options); rl.rewards gives a reward no settings: "
+                             "name a factory of your own by dotted path (docs/methods/judges.md)")  # fmt: skip
+        return self.transform
+
+    def configure(self, **settings: Any) -> None:
+        """``reward=``, ``kind=`` and the transform's parameters; the other settings are the wrapped reward's."""
+        if self.transform is not None:
+            raise RuntimeError("length: configured already")
+        reward, kind = settings.pop("reward", None), settings.pop("kind", "")
+        if reward is None:
+            self.inner  # noqa: B018 - the error naming the settings
+        if kind not in TRANSFORMS:
+            raise ValueError(f"length: unknown kind {kind!r}; valid: {', '.join(TRANSFORMS)}")
+        cls, params = TRANSFORMS[kind]
+        own = {k: settings.pop(k) for k in params if k in settings}
+        for key in settings.keys() & set(self.settings):
+            raise TypeError(f"length: {key}= is not a parameter of kind={kind} ({', '.join(params)})")
+        if isinstance(reward, str):
+            from finecap.rewards import get_reward
+
+            reward = get_reward(reward, self.cfg)
+        reward = as_reward(reward, "length: reward=")
+        reward.configure(**settings)
+        self.transform = cls(reward, **own)
+
+    def __call__(self, captions: Sequence[str], batch: Mapping[str, Any]) -> RewardOutput:
+        return self.inner(captions, batch)
+
+
+def build(cfg: Config) -> Shaped:
+    """Factory of the reward registry: a :class:`Shaped` reward, given what it wraps by :meth:`Shaped.configure`."""
+    return Shaped(cfg)

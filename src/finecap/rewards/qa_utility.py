@@ -1,17 +1,20 @@
 """QA utility (CapRL's reward): how many of an image's multiple-choice questions a text-only judge answers right from
 the caption alone.
 
-Per image a set of questions (:class:`~finecap.judges.base.Question`): read from a questions file (``judge.questions``
-or ``questions=``; CapRL's layout, :mod:`finecap.judges.questions`), or on the world made from the scene graph
-(:func:`finecap.judges.questions.scene_questions`). Each question is asked ``k`` times (``judge.shuffles``), its
-options shuffled each time, :data:`~finecap.judges.base.CANNOT_ANSWER` last. At build time every question is also
-asked blind (no caption) in its ``k`` orders; a question the blind judge answers right in all ``k`` is dropped (it
-pays for nothing the caption says), and the share dropped is reported (:attr:`QAUtilityReward.blind`).
+Per image a set of questions (:class:`~finecap.judges.base.Question`), read in ``setup(inputs)``: ``inputs.questions``
+(outside a run: ``questions={image_id: [Question]}``), else the questions file ``judge.questions`` (CapRL's layout,
+:mod:`finecap.judges.questions`), else made from the world's scene graphs (``inputs.scenes``;
+:func:`finecap.judges.questions.scene_questions`). The judge is the ``judge`` setting (a
+:class:`~finecap.judges.base.Judge` or a judge name) or the run's ``judge`` section. Each question is asked ``k`` times
+(``judge.shuffles``), its options shuffled each time, :data:`~finecap.judges.base.CANNOT_ANSWER` last. At set-up
+every question is also asked blind (no caption) in its ``k`` orders; a question the blind judge answers right in all
+``k`` is dropped (it pays for nothing the caption says), and the share dropped is reported
+(:attr:`QAUtilityReward.blind`).
 
 For a caption with ``m`` asks (questions x ``k``) of which ``a`` are answered right, ``c`` "cannot answer" and ``w``
 wrongly: ``reward = a / m``; parts ``answered`` = a / m, ``cannot_answer`` = c / m, ``wrong`` = w / m (they sum to
 1), ``judge_cannot_answer`` = c (a count) and ``judge_failed`` (1 when any of the caption's asks failed after the
-judge's retries: the caption is then marked failed, :mod:`finecap.rewards.judged`).
+judge's retries: the caption is then marked in ``failed`` and its other values are NaN, :mod:`finecap.rewards.judged`).
 
 Example (the world judge, one scene, a caption stating the circle's colour and nothing else)::
 
@@ -27,7 +30,6 @@ Example (the world judge, one scene, a caption stating the circle's colour and n
 from __future__ import annotations
 
 from collections.abc import Hashable, Mapping, Sequence
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -36,45 +38,53 @@ from finecap.judges.base import Judge, JudgeFailed, Question
 from finecap.judges.qa import drop_blind, qa_scores
 from finecap.judges.questions import read_questions, scene_questions
 from finecap.metrics.faithfulness import scene_of
-from finecap.rewards.base import caption_rows
-from finecap.rewards.judged import judged_output, run_judge, run_scenes
+from finecap.rewards.base import RewardBase, caption_rows
+from finecap.rewards.judged import judged_output, resolve_judge
 
 if TYPE_CHECKING:
     from finecap.config import Config
-    from finecap.contract import TrainContext
     from finecap.rewards.base import RewardOutput
+    from finecap.rewards.inputs import RewardInputs
     from finecap.world.scene import Scene
 
 
-class QAUtilityReward:
+class QAUtilityReward(RewardBase):
     """QA utility of each caption (module docstring).
 
     Args:
-        judge: the judge; ``None``: the run's (``judge.*``), made in :meth:`setup`.
-        questions: ``{image_id: [Question]}``; ``None``: made from ``scenes`` (or the run's data in :meth:`setup`).
-        scenes: ``{image_id: Scene}`` to make the questions from (the world).
+        judge: the judge (or a judge name); ``None``: the ``judge`` section of ``cfg``, made in :meth:`setup`.
+        questions: ``{image_id: [Question]}``; ``None``: read in :meth:`setup` (module docstring).
+        scenes: ``{image_id: Scene}`` to make the questions from (the world), when no questions are given.
         shuffles: ``k``, the orders each question is asked in; ``seed`` the shuffles' seed.
+        questions_file: a questions file read in :meth:`setup` when the inputs bring no questions
+            (``judge.questions``).
+        cfg: the configuration whose ``judge`` section builds the judge (``None``: the ``world`` judge's defaults).
+    Given a judge and questions (or scenes), the reward is set up at once.
     """
 
     name = "qa_utility"
-    per_caption = True
+    per_caption = True  # a caption's value needs only its own image's questions
+    settings = ("judge",)
 
     def __init__(
         self,
-        judge: Judge | None = None,
+        judge: Judge | str | None = None,
         *,
         questions: Mapping[Hashable, Sequence[Question]] | None = None,
         scenes: Mapping[Hashable, Scene] | None = None,
         shuffles: int = 2,
         seed: int = 0,
+        questions_file: str = "",
+        cfg: Config | None = None,
     ) -> None:
         if shuffles < 1:
             raise ValueError(f"qa_utility: shuffles={shuffles} must be at least 1")
-        self.judge, self.shuffles, self.seed = judge, shuffles, seed
+        self.judge: Judge | str | None = judge
+        self.shuffles, self.seed, self.questions_file, self.cfg = shuffles, seed, questions_file, cfg
         self.questions: dict[Hashable, list[Question]] | None = None
         self.blind: dict[str, float] = {}
         if judge is not None and (questions is not None or scenes is not None):
-            self.prepare(judge, questions, scenes)
+            self.prepare(resolve_judge(judge, cfg, "qa_utility"), questions, scenes)
 
     def prepare(
         self,
@@ -86,22 +96,28 @@ class QAUtilityReward:
         self.judge = judge
         if questions is None:
             if scenes is None:
-                raise ValueError("qa_utility: no questions; give a questions file (judge.questions) or train on the "
-                                 "world (questions from its scene graphs)")  # fmt: skip
+                raise ValueError("qa_utility: no questions; outside a training run give questions={image_id: "
+                                 "[Question]} or scenes= (world=); in a run set judge.questions=<questions file> or "
+                                 "train on the world (questions from its scene graphs)")  # fmt: skip
             questions = {i: scene_questions(i, s) for i, s in scenes.items()}
         self.questions, self.blind = drop_blind(judge, questions, self.shuffles, self.seed)
 
-    def setup(self, ctx: TrainContext) -> None:
-        """The run's judge and questions: ``judge.questions`` when set, else the world's scene graphs."""
+    def setup(self, inputs: RewardInputs) -> None:
+        """The judge and the questions (module docstring), once; the blind asks are made here."""
         if self.questions is not None:
             return
-        cfg = ctx.cfg
-        path = getattr(cfg.judge, "questions", "")
-        questions = read_questions(path) if path else None
-        self.prepare(self.judge or run_judge(cfg), questions, None if questions is not None else run_scenes(cfg))
+        questions = inputs.questions
+        if self.questions_file:
+            if questions is not None:
+                raise ValueError("qa_utility: give questions={image_id: [Question]} or a questions file "
+                                 "(judge.questions), not both")  # fmt: skip
+            questions = read_questions(self.questions_file)
+        judge = resolve_judge(self.judge, self.cfg, "qa_utility")
+        self.prepare(judge, questions, inputs.scenes if questions is None else None)
 
     def known_images(self) -> list[Hashable]:
-        return list(self.questions or {})
+        """The images with questions (less those whose questions were all answered blind)."""
+        return [i for i, qs in (self.questions or {}).items() if qs]
 
     def _questions_of(self, image_id: Hashable) -> list[Question]:
         qs = scene_of(image_id, self.questions or {})  # ids as ints or as their strings
@@ -110,44 +126,28 @@ class QAUtilityReward:
         return qs  # type: ignore[return-value]
 
     def __call__(self, captions: Sequence[str], batch: Mapping[str, Any]) -> RewardOutput:
-        if self.questions is None or self.judge is None:
-            raise RuntimeError("QAUtilityReward: no questions; pass them (or scenes) and a judge, or call setup first")
+        if self.questions is None or not isinstance(self.judge, Judge):
+            raise RuntimeError("QAUtilityReward: no questions; pass them (or scenes) and a judge, or call "
+                               "setup(inputs) first")  # fmt: skip
         rows = caption_rows(captions, batch).tolist()
         ids = batch["image_ids"]
         scores = qa_scores(self.judge, captions, [self._questions_of(ids[r]) for r in rows], self.shuffles, self.seed)
         n = len(captions)
-        right, cannot, wrong, cannot_count, failed = (torch.zeros(n) for _ in range(5))
+        right, cannot, wrong, cannot_count = (torch.zeros(n) for _ in range(4))
+        failed = torch.zeros(n, dtype=torch.bool)
         for i, s in enumerate(scores):
             if isinstance(s, JudgeFailed):
-                failed[i] = 1.0
+                failed[i] = True
                 continue
             right[i], cannot[i], wrong[i] = s.right / s.asks, s.cannot / s.asks, s.wrong / s.asks
             cannot_count[i] = s.cannot
-        parts = {"answered": right, "cannot_answer": cannot, "wrong": wrong, "judge_cannot_answer": cannot_count,
-                 "judge_failed": failed}  # fmt: skip
-        return judged_output(right.clone(), parts, failed.bool())
+        parts = {"answered": right, "cannot_answer": cannot, "wrong": wrong, "judge_cannot_answer": cannot_count}
+        return judged_output(right.clone(), parts, failed)
 
 
-def build(cfg: Config | None = None, *, judge: Judge | str | None = None,
-          questions: Mapping[Hashable, Sequence[Question]] | str | Path | None = None,
-          scenes: Mapping[Hashable, Scene] | None = None, shuffles: int | None = None) -> QAUtilityReward:  # fmt: skip
-    """Factory of the reward registry (``rl.rewards: {qa_utility: w}``): in a training run the judge, questions and
-    shuffles are the run's (``judge.*``, the world's scenes), read in ``setup(ctx)``; outside one (``cfg=None``)
-    ``judge=`` (a Judge or a judge name; default ``world``) and ``questions=`` (``{image_id: [Question]}`` or a
-    questions file) or ``scenes=``."""
-    k = shuffles if shuffles is not None else (cfg.judge.shuffles if cfg is not None else 2)
-    seed = cfg.judge.seed if cfg is not None else 0
-    reward = QAUtilityReward(shuffles=k, seed=seed)
-    if cfg is None:
-        if questions is None and scenes is None:
-            raise ValueError("qa_utility: outside a training run give questions= (or a questions file) or scenes=")
-        if isinstance(judge, str) or judge is None:
-            from finecap.judges import get_judge
-
-            judge = get_judge(judge or "world", None)
-        if isinstance(questions, str | Path):
-            questions = read_questions(questions)
-        reward.prepare(judge, questions, scenes)
-    elif judge is not None and not isinstance(judge, str):
-        reward.judge = judge
-    return reward
+def build(cfg: Config) -> QAUtilityReward:
+    """Factory of the reward registry (``rl.rewards: {qa_utility: w}``): ``judge.shuffles`` and ``judge.seed``; the
+    judge (``judge.*``, or the ``judge`` setting) and the questions (``judge.questions``, ``inputs.questions`` or the
+    world's scenes) are read in ``setup(inputs)``."""
+    return QAUtilityReward(shuffles=cfg.judge.shuffles, seed=cfg.judge.seed, questions_file=cfg.judge.questions,
+                           cfg=cfg)  # fmt: skip
