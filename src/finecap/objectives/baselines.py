@@ -80,11 +80,21 @@ class LeaveOneOut:
     def __call__(self, rewards: torch.Tensor, image_index: torch.Tensor, greedy: torch.Tensor | None) -> torch.Tensor:
         index = image_index.to(rewards.device)
         n_images = int(index.max()) + 1 if len(index) else 0
-        sums = torch.zeros(n_images, dtype=rewards.dtype, device=rewards.device).index_add_(0, index, rewards)
         counts = torch.bincount(index, minlength=n_images)  # (B,)
         if bool((counts[index] < 2).any()):
             raise ValueError("rl.baseline=leave_one_out needs at least 2 captions per image (rl.samples >= 2)")
-        return (sums[index] - rewards) / (counts[index] - 1).to(rewards.dtype)  # (N,)
+        scored = torch.isfinite(rewards)  # a caption a reward could not score (RewardOutput.failed) is NaN
+        if bool(scored.all()):
+            sums = torch.zeros(n_images, dtype=rewards.dtype, device=rewards.device).index_add_(0, index, rewards)
+            return (sums[index] - rewards) / (counts[index] - 1).to(rewards.dtype)  # (N,)
+        # the mean of the other *scored* captions (NaN when none is: the caption then takes no gradient)
+        kept = torch.where(scored, rewards, torch.zeros_like(rewards))
+        sums = torch.zeros(n_images, dtype=rewards.dtype, device=rewards.device).index_add_(0, index, kept)
+        n_scored = torch.zeros(n_images, dtype=rewards.dtype, device=rewards.device).index_add_(
+            0, index, scored.to(rewards.dtype)
+        )
+        others = n_scored[index] - scored.to(rewards.dtype)
+        return (sums[index] - kept) / others  # (N,): 0 / 0 = NaN where no other caption was scored
 
 
 class MeanBaseline:
@@ -112,6 +122,7 @@ class MeanBaseline:
 
     def __call__(self, rewards: torch.Tensor, image_index: torch.Tensor, greedy: torch.Tensor | None) -> torch.Tensor:
         detached = rewards.detach().double()
+        detached = detached[torch.isfinite(detached)]  # failed captions (NaN, RewardOutput.failed) are not rewards
         self._sum += float(detached.sum())
         self._n += detached.numel()
         return torch.full_like(rewards, self.mean)  # the mean of *past* steps (0 before the first one, as EGG)

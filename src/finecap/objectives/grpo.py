@@ -337,7 +337,7 @@ def batch_indices(batch: dict[str, Any]) -> torch.Tensor:
 def failed_mask(rollouts: Sequence[Rollout]) -> torch.Tensor | None:
     """The (N_all,) mask of the captions a reward could not score (``RewardOutput.failed``, read with ``getattr``:
     rewards without it score every caption) of the micro-batches ``rollouts``, or ``None`` when none says."""
-    masks = [getattr(r.rewards, "failed", None) for r in rollouts]
+    masks = [r.rewards.failed for r in rollouts]
     if all(m is None for m in masks):
         return None
     return torch.cat([torch.zeros(len(r.samples), dtype=torch.bool) if m is None else m.detach().cpu().to(torch.bool)

@@ -93,7 +93,16 @@ class Rollout:
 
     @property
     def advantage(self) -> torch.Tensor:
-        return self.rewards.total - self.baseline  # (N,)
+        """``R - b`` (N,); a caption a reward could not score (``RewardOutput.failed``: its total is NaN), or whose
+        baseline no scored caption gave (a failed greedy caption, an image whose other samples all failed), has
+        advantage 0: it takes no gradient and is never paid as a zero reward."""
+        advantage = self.rewards.total - self.baseline
+        usable = torch.isfinite(advantage)  # check_finite let only failed captions' NaN through
+        if self.rewards.failed is not None:
+            usable &= ~self.rewards.failed.to(advantage.device)
+        elif bool(usable.all()):
+            return advantage
+        return torch.where(usable, advantage, torch.zeros_like(advantage))
 
 
 def rollout_decode(decode: DecodeConfig, rl: RLConfig) -> DecodeConfig:
@@ -129,6 +138,13 @@ def sequence_logprob(token_logprobs: torch.Tensor, lengths: torch.Tensor, reduct
     if reduction == "mean":
         return total / lengths.to(total.device, total.dtype).clamp(min=1.0)
     raise ValueError(f"rl.logprob: invalid value {reduction!r}; valid choices: {', '.join(LOGPROBS)}")
+
+
+def _scored_mean(values: torch.Tensor) -> float:
+    """The mean of ``values`` over its finite entries (NaN only when none is): a logged mean of a step's rewards."""
+    values = values.detach().float()
+    finite = values[torch.isfinite(values)]
+    return float(finite.mean()) if finite.numel() else float("nan")
 
 
 def policy_gradient_loss(advantage: torch.Tensor, logprob: torch.Tensor) -> torch.Tensor:
@@ -339,20 +355,20 @@ class Reinforce(ObjectiveBase):
         ids = batch.get("image_ids")
         info = batch.get("step_info")
         image_ids = [ids[r] for r in rows] if ids is not None else rows
-        failed = getattr(rollout.rewards, "failed", None)
+        failed = rollout.rewards.failed
         if failed is not None:  # the rl.alarms.failed alarm's measure
             self.monitor.observe_failed(int(failed.sum()), failed.numel())
         return self.monitor.measure(rollout.samples.texts, image_ids, None if info is None else int(info.step) + 1)
 
     def metrics(self, rollout: Rollout, logp: torch.Tensor) -> dict[str, float]:
         r = rollout.rewards
-        out = {"reward": float(r.total.mean())}
-        out.update({f"reward/{k}": float(v.float().mean()) for k, v in r.parts.items()})
-        failed = getattr(r, "failed", None)  # captions a reward could not score (RewardOutput.failed), when it says
-        if failed is not None:
-            out["reward/failed"] = float(failed.float().mean())
+        # means over the captions the rewards scored: a failed caption's values are NaN (RewardOutput.failed)
+        out = {"reward": _scored_mean(r.total)}
+        out.update({f"reward/{k}": _scored_mean(v) for k, v in r.parts.items()})
+        if r.failed is not None:
+            out["reward/failed"] = float(r.failed.float().mean())
         if rollout.greedy_rewards is not None:
-            out["reward_greedy"] = float(rollout.greedy_rewards.total.mean())
+            out["reward_greedy"] = _scored_mean(rollout.greedy_rewards.total)
         adv = rollout.advantage
         out["baseline"] = float(rollout.baseline.mean())
         out["advantage_std"] = float(adv.std()) if adv.numel() > 1 else 0.0

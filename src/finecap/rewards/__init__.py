@@ -72,7 +72,7 @@ def options_config(options: dict[str, Any]) -> Config:
     a judge or a judge name given as ``judge=`` is the judge-backed rewards' setting instead) and
     ``instances=<COCO instances_*.json>`` (``eval.instances``)."""
     from finecap.config import SRConfig, load
-    from finecap.config.judge_section import JudgeConfig
+    from finecap.config.sections.judge import JudgeConfig
 
     cfg = load(None)
     sr = options.pop("sr", None)

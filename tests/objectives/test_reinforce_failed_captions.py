@@ -1,0 +1,66 @@
+"""REINFORCE's baselines and advantages with captions a reward could not score (``RewardOutput.failed``: a judge
+that failed; issue 66): a failed caption takes no gradient (advantage 0), is left out of the other captions'
+baselines and of the logged means, and is never paid as a zero reward. Hand-computed on 2 images x 3 captions."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from finecap.config import RLConfig
+from finecap.objectives.baselines import GreedyBaseline, LeaveOneOut, MeanBaseline
+from finecap.objectives.reinforce import Rollout, _scored_mean
+from finecap.rewards import RewardOutput
+
+NAN = float("nan")
+IMAGES = torch.tensor([0, 0, 0, 1, 1, 1])
+# caption 1 (image 0) and caption 5 (image 1) failed: their totals are NaN, as the weighted sum gives them
+TOTAL = torch.tensor([1.0, NAN, 3.0, 2.0, 4.0, NAN])
+FAILED = torch.tensor([False, True, False, False, False, True])
+
+
+def rollout(baseline: torch.Tensor) -> Rollout:
+    return Rollout(samples=None, rewards=RewardOutput(TOTAL, {}, failed=FAILED), baseline=baseline)
+
+
+def test_leave_one_out_averages_the_other_scored_captions():
+    b = LeaveOneOut()(TOTAL, IMAGES, None)
+    # image 0: caption 0 -> mean(3) = 3; caption 2 -> mean(1) = 1; image 1: caption 3 -> 4, caption 4 -> 2
+    assert b[[0, 2, 3, 4]].tolist() == [3.0, 1.0, 4.0, 2.0]
+    adv = rollout(b).advantage
+    assert adv.tolist() == [-2.0, 0.0, 2.0, -2.0, 2.0, 0.0]
+
+
+def test_leave_one_out_without_failures_is_unchanged():
+    total = torch.tensor([1.0, 2.0, 3.0, 2.0, 4.0, 6.0])
+    assert LeaveOneOut()(total, IMAGES, None).tolist() == [2.5, 2.0, 1.5, 5.0, 4.0, 3.0]
+
+
+def test_a_caption_whose_other_samples_all_failed_takes_no_gradient():
+    total = torch.tensor([5.0, NAN, NAN, 2.0, 4.0, 6.0])
+    failed = torch.isnan(total)
+    b = LeaveOneOut()(total, IMAGES, None)
+    adv = Rollout(None, RewardOutput(total, {}, failed=failed), b).advantage
+    assert adv.tolist() == [0.0, 0.0, 0.0, -3.0, 0.0, 3.0]  # caption 0: no scored caption to compare it with
+
+
+def test_the_running_mean_counts_only_scored_captions():
+    baseline = MeanBaseline(RLConfig())
+    assert baseline(TOTAL, IMAGES, None).tolist() == [0.0] * 6  # the mean of past steps: none yet
+    baseline.end_step()
+    assert baseline.mean == pytest.approx((1 + 3 + 2 + 4) / 4)
+
+
+def test_a_failed_greedy_caption_leaves_its_image_without_gradient():
+    total = torch.tensor([1.0, 2.0, 3.0, 2.0, 4.0, 6.0])
+    greedy = torch.tensor([2.0, NAN])  # image 1's greedy caption failed
+    b = GreedyBaseline()(total, IMAGES, greedy)
+    adv = Rollout(None, RewardOutput(total, {}), b).advantage  # the samples' rewards all scored
+    assert adv.tolist() == [-1.0, 0.0, 1.0, 0.0, 0.0, 0.0]
+
+
+def test_logged_means_skip_failed_captions():
+    assert _scored_mean(TOTAL) == pytest.approx(2.5)
+    assert math.isnan(_scored_mean(torch.tensor([NAN, NAN])))
