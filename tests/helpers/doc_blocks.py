@@ -11,9 +11,10 @@ A fenced block (a line of three backticks and a language, up to the closing back
 
 A line starting ``$ `` outside any fence is a one-line shell block too. An HTML comment right before a block (blank
 lines and other comments between allowed) marks it: ``<!-- docs-test: skip KIND: why -->`` with a KIND of
-:data:`SKIPS` (``skip KIND 2,3: why``: only the block's 2nd and 3rd commands), or ``<!-- docs-test: error -->`` for a console transcript of commands that must fail with the error the
-page shows. A comment ``<!-- docs-test: setup COMMAND -->`` on a line of its own is a shell command the test runs there,
-in the page's order (what the page assumes was done before, e.g. a run it captions from).
+:data:`SKIPS` (``skip KIND 2,3: why``: only the block's 2nd and 3rd commands), or ``<!-- docs-test: error -->`` for
+a console transcript of commands that must fail with the error the page shows. A comment ``<!-- docs-test: setup
+COMMAND -->`` on a line of its own is a shell command the test runs there, in the page's order (what the page assumes
+was done before, e.g. a run it captions from).
 """
 
 from __future__ import annotations

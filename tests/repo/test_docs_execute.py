@@ -4,8 +4,8 @@ execute"). A command that fails fails the page's test, naming the page and line;
 unknown marker fails :func:`test_every_block_is_runnable_or_marked`, so a new page cannot escape.
 
 Each page runs in an empty working directory of its own, its blocks in the page's order (a run trained by one block
-is there for the next), sharing one finecap home across pages (the world and its encoder are made once). The sizes
-are the test's: ``FINECAP_OVERRIDES`` (docs/configuration.md, "Overrides from the environment") appends
+is there for the next), with a finecap home of its own that holds the tiny world and its encoder (made once, copied).
+The sizes are the test's: ``FINECAP_OVERRIDES`` (docs/configuration.md, "Overrides from the environment") appends
 :data:`TINY`, a 56-image world of 32 px, one retriever epoch, a 1-layer ClipCap and 2 training steps, to every
 command; each command says so on stderr and writes them into its run's config.yaml. ``finecap`` commands run in this
 process (its imports paid once); any other command in ``bash -e``. The parser is tests/helpers/doc_blocks.py.
@@ -17,21 +17,23 @@ import contextlib
 import doctest
 import io
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
-from helpers.doc_blocks import Block, blocks, commands, problems
 
 from finecap.app.cli import OVERRIDES_ENV, main
+from helpers.doc_blocks import Block, blocks, commands, problems
 
 ROOT = Path(__file__).resolve().parents[2]
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
 TINY = (
     "world.n_train=40 world.n_val=8 world.n_test=8 world.image_size=32 retriever.epochs=1 clipcap.tiny_layers=1 "
     "clipcap.tiny_hidden=32 clipcap.tiny_heads=2 clipcap.prefix_length=2 train.batch_size=16 train.max_steps=2 "
-    "train.warmup_steps=1 train.eval_every=2 train.eval_samples=8 decode.max_length=10 decode.batch_size=16"
+    "train.warmup_steps=1 train.eval_every=2 train.eval_samples=8 decode.max_length=10 decode.batch_size=16 "
+    "eval.n_distractors=7"
 )
 """What the test appends to every command (:data:`finecap.app.cli.OVERRIDES_ENV`): a tiny world and model."""
 
@@ -137,22 +139,34 @@ def run_python(block: Block) -> None:
 
 
 @pytest.fixture(scope="module")
-def docs_home(tmp_path_factory):
-    """One finecap home for every page's commands (the tiny world and its encoder, made by the first that needs them)."""
-    return tmp_path_factory.mktemp("docs-home")
+def seeded_home(tmp_path_factory):
+    """A finecap home holding the tiny world and its world encoder (what a first command makes), copied into each
+    page's own home: each page runs as on a machine where only those were made, its runs its own."""
+    home = tmp_path_factory.mktemp("docs-home")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("FINECAP_HOME", str(home))
+        mp.setenv(OVERRIDES_ENV, TINY)
+        mp.chdir(home)
+        for words in (["world", "make"], ["retriever", "train"]):
+            code, printed = finecap(words)
+            assert code == 0, printed
+    return home
 
 
 @pytest.mark.slow  # every page's commands at the tiny size: about a minute in all, most of it the first world
 @pytest.mark.parametrize("page", runnable_pages())
-def test_page_executes(page, docs_home, tmp_path, monkeypatch):
-    monkeypatch.setenv("FINECAP_HOME", str(docs_home))
+def test_page_executes(page, seeded_home, tmp_path, monkeypatch):
+    home = tmp_path / "home"
+    shutil.copytree(seeded_home, home)
+    cwd = tmp_path / "cwd"
+    cwd.mkdir()
+    monkeypatch.setenv("FINECAP_HOME", str(home))
     monkeypatch.setenv(OVERRIDES_ENV, TINY)
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(ROOT / "src"), os.environ.get("PYTHONPATH", "")]))
     monkeypatch.setenv("PATH", os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")]))
-    monkeypatch.chdir(tmp_path)
+    monkeypatch.chdir(cwd)
     for block in [b for b in blocks(ROOT / page, ROOT) if runs(b)]:
         if block.kind == "shell":
-            run_shell(block, tmp_path)
+            run_shell(block, cwd)
         else:
             run_python(block)
-
