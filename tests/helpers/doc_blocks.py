@@ -195,8 +195,9 @@ def problems(block: Block) -> list[str]:
     for mark in block.marks:
         kind = mark.kind
         if kind == "error":
-            if block.lang != "console":
-                out.append(f"{where}: `error` marks a console transcript")
+            errors = [line for line in block.text.split("\n") if line.startswith("finecap: error:")]
+            if block.lang != "console" or len(errors) != len(commands(block)):
+                out.append(f"{where}: `error` marks a console transcript of commands, each with its error line")
         elif kind not in SKIPS:
             out.append(f"{where}: unknown marker {mark.text!r}: expected `skip KIND` (KIND one of "
                        f"{', '.join(SKIPS)}) or `error`")  # fmt: skip

@@ -81,6 +81,21 @@ def test_the_parser_finds_what_it_must(tmp_path):
     assert [bool(problems(b)) for b in found] == [False, False, True, False, False, True, True]
 
 
+def test_markers_are_checked(tmp_path):
+    page = tmp_path / "p.md"
+    page.write_text(
+        "<!-- docs-test: skip gpu 1 -->\n<!-- docs-test: skip external 3: jq -->\n```bash\na\nb\nc\n```\n"
+        "<!-- docs-test: skip download 3: x -->\n```bash\na\nb\n```\n"
+        "<!-- docs-test: skip long -->\n```bash\na\n```\n"
+        "<!-- docs-test: skip covered: no path -->\n```python\na\n```\n"
+        "<!-- docs-test: error -->\n```console\n$ finecap x\nfinecap: error: x ...\n```\n"
+        "<!-- docs-test: error -->\n```console\n$ finecap x\n```\n"
+    )
+    found = blocks(page, tmp_path)
+    assert [found[0].skips(n) for n in (1, 2, 3)] == [True, False, True] and not found[0].skipped
+    assert [bool(problems(b)) for b in found] == [False, True, True, True, False, True]
+
+
 def finecap(words: list[str]) -> tuple[int, str]:
     """``finecap WORDS`` in this process: (exit code, what it printed)."""
     out = io.StringIO()

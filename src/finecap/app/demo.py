@@ -359,12 +359,12 @@ def main(
 
 def check_demo_dir(run_dir: Path, *, recipe: Path | None, force: bool) -> None:
     """Refuse a run directory that is not the demo's: its ``config.yaml`` (the demo's first file) may not be the
-        user's ``recipe``, and when it exists must be one a demo wrote (beside its ``timings.json``); a folder holding
-        other files but no demo ``config.yaml`` is a folder of the user's files (a training stage's folder holding a run is
-    the demo's: ``finecap train demo/mle`` writes there). Both are allowed with ``--force``
-        (``demo.force``), except writing over the recipe. A symbolic link among the demo's files and folders (its stage
-        folders, ``captions/``, ``plots/``) is refused, with or without ``--force``: the run directory itself may be a
-        link the user made, nothing inside it."""
+    user's ``recipe``, and when it exists must be one a demo wrote (beside its ``timings.json``); a folder holding
+    other files but no demo ``config.yaml`` is a folder of the user's files, except a training stage's folder holding
+    a run (``finecap train demo/mle`` writes there). Both are allowed with ``--force`` (``demo.force``), except
+    writing over the recipe. A symbolic link among the demo's files and folders (its stage folders, ``captions/``,
+    ``plots/``) is refused, with or without ``--force``: the run directory itself may be a link the user made, nothing
+    inside it."""
     config = run_dir / CONFIG_FILE
     if run_dir.is_dir():  # everything the demo writes sits in folders of its own: a link among them was planted
         for folder in (run_dir, run_dir / "captions", run_dir / "plots"):
