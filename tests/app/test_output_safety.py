@@ -487,3 +487,18 @@ def test_an_edited_world_is_refused_by_its_fingerprint(tiny, tmp_path):
     refused(["train", *base, "--out", str(tmp_path / "r")], "dataset.json changed since")
     refused(["world", "make", "--out", str(copy), "--n-train", "40", "--n-val", "8", "--n-test", "8",
              "--image-size", "32"], "dataset.json changed since")  # fmt: skip
+
+
+def test_demo_takes_a_folder_holding_its_training_stages_runs(tmp_path):
+    # `finecap train demo/mle` writes <home>/runs/demo/mle, the demo's mle stage folder (docs/runs-and-home.md): a
+    # folder of training-stage runs is the demo's, while a stage-named folder holding no run is still the user's
+    from finecap.app.demo import check_demo_dir
+
+    demo = tmp_path / "demo"
+    for stage in ("mle", "discritune"):
+        (demo / stage).mkdir(parents=True)
+        (demo / stage / "config.yaml").write_text("run: {}\n")
+    check_demo_dir(demo, recipe=None, force=False)
+    (demo / "smile").mkdir()
+    with pytest.raises(OutputRefused, match=r"not a finecap demo's \(smile\)"):
+        check_demo_dir(demo, recipe=None, force=False)

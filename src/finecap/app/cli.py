@@ -14,6 +14,7 @@ import contextlib
 import logging
 import math
 import os
+import shlex
 import sys
 import time
 import typing
@@ -46,8 +47,31 @@ def _split_recipe(items: list[str]) -> tuple[str | None, list[str]]:
     return None, items
 
 
+OVERRIDES_ENV = "FINECAP_OVERRIDES"
+"""The environment variable whose ``section.key=value`` words every command that reads a configuration appends after
+its command line's overrides (docs/configuration.md, "Overrides from the environment")."""
+
+
+def environment_overrides() -> list[str]:
+    """:data:`OVERRIDES_ENV`'s overrides, split as a shell splits words (``[]`` when unset or blank), said on stderr
+    (secrets masked) so no setting hides: they land in the run's ``config.yaml`` and ``finecap config`` like any
+    other override. A word that is not ``section.key=value`` is an error naming the variable."""
+    text = os.environ.get(OVERRIDES_ENV, "").strip()
+    if not text:
+        return []
+    try:
+        items = shlex.split(text)
+    except ValueError as e:
+        raise ConfigError(f"{OVERRIDES_ENV}: cannot split {text!r} into words ({e})") from None
+    for item in items:
+        if "=" not in item or "." not in item.split("=", 1)[0]:
+            raise ConfigError(f"{OVERRIDES_ENV}: {masked_override(item)!r} is not section.key=value")
+    print(f"finecap: {OVERRIDES_ENV} appends {' '.join(map(masked_override, items))}", file=sys.stderr)
+    return items
+
+
 def _config(args: argparse.Namespace, flag_overrides: list[str] | None = None) -> Config:
-    recipe, overrides = _split_recipe(list(args.items))
+    recipe, overrides = _split_recipe([*args.items, *environment_overrides()])
     for item in overrides:
         if "=" not in item:
             raise ConfigError(
@@ -172,7 +196,7 @@ def cmd_caption(args: argparse.Namespace) -> None:
     from finecap.app.caption import main
 
     images, trailing = _images_and_overrides(args.images)
-    recipe, overrides = _split_recipe(list(args.items))  # on top of the checkpoint's own config: only keys given
+    recipe, overrides = _split_recipe([*args.items, *environment_overrides()])  # on the checkpoint's config
     engine = [f"decode.engine={args.engine}"] if args.engine else []
     main(checkpoint=args.checkpoint, split=args.split, out=args.out, data=args.data, images=images, recipe=recipe,
          overrides=[*overrides, *trailing, *engine], force=args.force,
@@ -242,7 +266,7 @@ def cmd_demo(args: argparse.Namespace) -> None:
         flags.append("demo.force=true")
     if args.stages:
         flags.append(f"demo.stages=[{args.stages}]")
-    items = [*flags, *items]
+    items = [*flags, *items, *environment_overrides()]
     main(load_demo_config(recipe, items, args.quick), items=items, quick=args.quick, recipe=recipe)
 
 

@@ -360,10 +360,11 @@ def main(
 def check_demo_dir(run_dir: Path, *, recipe: Path | None, force: bool) -> None:
     """Refuse a run directory that is not the demo's: its ``config.yaml`` (the demo's first file) may not be the
     user's ``recipe``, and when it exists must be one a demo wrote (beside its ``timings.json``); a folder holding
-    other files but no demo ``config.yaml`` is a folder of the user's files. Both are allowed with ``--force``
-    (``demo.force``), except writing over the recipe. A symbolic link among the demo's files and folders (its stage
-    folders, ``captions/``, ``plots/``) is refused, with or without ``--force``: the run directory itself may be a
-    link the user made, nothing inside it."""
+    other files but no demo ``config.yaml`` is a folder of the user's files, except a training stage's folder holding
+    a run (``finecap train demo/mle`` writes there). Both are allowed with ``--force`` (``demo.force``), except
+    writing over the recipe. A symbolic link among the demo's files and folders (its stage folders, ``captions/``,
+    ``plots/``) is refused, with or without ``--force``: the run directory itself may be a link the user made, nothing
+    inside it."""
     config = run_dir / CONFIG_FILE
     if run_dir.is_dir():  # everything the demo writes sits in folders of its own: a link among them was planted
         for folder in (run_dir, run_dir / "captions", run_dir / "plots"):
@@ -375,7 +376,9 @@ def check_demo_dir(run_dir: Path, *, recipe: Path | None, force: bool) -> None:
                         ours=lambda p: (p.parent / "timings.json").is_file())  # fmt: skip
     if force or config.exists() or not run_dir.is_dir():
         return
-    found = sorted(p.name for p in run_dir.iterdir() if p.name != DEMO_LOCK)
+    # `finecap train demo/<stage>` writes the demo's stage folder (<home>/runs/demo/<stage>, docs/runs-and-home.md)
+    stage_run = {name for name in TRAIN_STAGES if (run_dir / name / CONFIG_FILE).is_file()}
+    found = sorted(p.name for p in run_dir.iterdir() if p.name != DEMO_LOCK and p.name not in stage_run)
     if found:
         raise OutputRefused(
             f"--out: {run_dir} holds files that are not a finecap demo's ({', '.join(found[:5])}"
