@@ -1,7 +1,7 @@
 """``finecap models tiny KIND --out DIR`` (finecap.models.tiny, finecap.app.models): every kind's folder loads back
-with transformers' own Auto classes (a VLM's processor: with finecap's loader, which builds the
-image-only processors transformers' ``AutoProcessor`` wants a video processor for) and finecap's loader, with the weights that were written, at the default head
-width vLLM's CPU attention takes (32); a non-empty --out is refused."""
+with transformers' Auto classes and finecap's loader (a VLM's processor: finecap's, which builds the image-only
+processors transformers' ``AutoProcessor`` wants a video processor for), with the weights that were written, at the
+default head width vLLM's CPU attention takes (32); a non-empty --out is refused."""
 
 from __future__ import annotations
 
