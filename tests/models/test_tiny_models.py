@@ -84,3 +84,19 @@ def test_an_occupied_out_or_an_unknown_kind_is_refused_and_nothing_is_written(tm
     assert not (tmp_path / "new").exists()
     refused(["models", "tiny", "llava", "--out", str(tmp_path / "odd"), "--hidden", "60"], "--hidden 60", "--heads")
     assert not (tmp_path / "odd").exists()
+
+
+def test_vlm_name_tiny_builds_the_familys_tiny_vlm_and_leaves_the_random_generators_alone():
+    from finecap.config import load
+    from finecap.models.vlm import Vlm
+
+    torch.manual_seed(3)
+    expected = torch.rand(2)
+    torch.manual_seed(3)
+    captioner = Vlm.build(load(None, ["model.kind=vlm", "vlm.name=tiny:idefics3"]))
+    assert torch.equal(torch.rand(2), expected)
+    assert captioner.source == "tiny:idefics3" and captioner.model.config.model_type == "idefics3"
+    same_weights(tiny.tiny_family("idefics3")[0], captioner.model)
+    assert Vlm.built_here(load(None, ["model.kind=vlm", "vlm.name=tiny:idefics3"])) == "vlm.name=tiny:idefics3"
+    with pytest.raises(ValueError, match=r"vlm.name=tiny:gpt5: no tiny 'gpt5' VLM; valid: tiny:llava"):
+        Vlm.build(load(None, ["model.kind=vlm", "vlm.name=tiny:gpt5"]))
