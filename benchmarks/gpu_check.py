@@ -161,10 +161,10 @@ def any_family(ctx: Ctx) -> Path:
 def family_dir(ctx: Ctx, family: str) -> Path:
     folder = ctx.work / "families" / family
     if not (folder / "config.json").exists():
-        from finecap.models.tiny import BUILDERS as TINY_VLMS
+        from finecap.models.presets import VLM_FAMILIES as TINY_VLMS
 
         if family not in TINY_VLMS:
-            raise Skip(f"skipped: finecap.models.tiny has no tiny {family} yet (its CPU contract: "
+            raise Skip(f"skipped: finecap.models.presets has no tiny {family} yet (its CPU contract: "
                        "tests/models/test_vlm_families.py)")  # fmt: skip
         raise Skip(f"skipped: setup did not build the tiny {family}")
     return folder
@@ -218,10 +218,25 @@ def check_env(ctx: Ctx) -> dict:
 
 def tiny_family_model(family: str) -> tuple[Any, Any]:
     """A tiny random VLM of ``family`` with 2 language-model and 2 vision layers (weights N(0, 0.2)) and its
-    processor (:func:`finecap.models.tiny.tiny_family`, at its default sizes: 2 heads of 32)."""
-    from finecap.models.tiny import tiny_family
+    processor (:func:`finecap.models.presets.tiny_vlm`; Qwen2-VL's vision depth, fixed at 1 there, set to 2)."""
+    import torch
 
-    return tiny_family(family)
+    from finecap.models.presets import tiny_vlm
+
+    torch.manual_seed(0)
+    vision = {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2, "num_attention_heads": 2}
+    model, processor = tiny_vlm(family, layers=2, hidden=64, heads=4, kv_heads=2, intermediate=128, vision=vision)
+    if family == "qwen2_vl":
+        config = model.config
+        config.vision_config.depth = 2
+        generation = model.generation_config
+        model = type(model)(config)
+        model.generation_config = generation
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.ndim == 2:
+                p.normal_(0.0, 0.2)
+    return model, processor
 
 
 def layer_counts(config: Any) -> dict[str, int]:
@@ -242,8 +257,8 @@ def smolvlm_sizes(smoke: bool) -> dict[str, Any]:
 def check_setup(ctx: Ctx) -> dict:
     import torch
 
+    from finecap.models.presets import VLM_FAMILIES as TINY_VLMS
     from finecap.models.presets import save_tiny_clip, tiny_vlm
-    from finecap.models.tiny import BUILDERS as TINY_VLMS
     from finecap.models.vlm import FAMILIES
 
     out: dict[str, Any] = {"families": {}, "built": [], "no_tiny_builder": []}
