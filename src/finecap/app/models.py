@@ -43,6 +43,7 @@ def tiny_main(kind: str, out: str | Path, *, hidden: int = 64, heads: int = 2, s
             shutil.rmtree(out, ignore_errors=True)
         raise
     use = USE.get(kind, "model.kind=vlm vlm.name={out}").format(out=out)
+    needs = f" (its processor loads with {tiny.LOAD_NEEDS[kind]} installed)" if kind in tiny.LOAD_NEEDS else ""
     print(f"wrote a tiny random {kind} (width {sizes.hidden}, {sizes.heads} heads of {sizes.head_dim}) to {out}; "
-          f"use it with {use}")  # fmt: skip
+          f"use it with {use}{needs}")  # fmt: skip
     return out

@@ -14,8 +14,8 @@ Two processors need a package that captioning never touches; the builders put a 
 (:data:`STAND_INS`), in the process that builds them: SmolVLM2's processor refuses to build without ``num2words``
 (read only for videos), so ``num2words`` becomes ``str`` in its module when it is missing; Pixtral's processor module
 (Mistral 3) imports the torchvision image processor for one size function, so, without torchvision, the PIL image
-processor's module is registered under that name (a saved Mistral 3 folder then loads back only where torchvision is
-installed, or in a process that built one). Everything else is the family's own code.
+processor's module is registered under that name. A saved folder of either then loads back, in another process, only
+where the package is installed (:data:`LOAD_NEEDS`: ``pip install num2words`` for SmolVLM, torchvision for Mistral 3). Everything else is the family's own code.
 """
 
 from __future__ import annotations
@@ -37,6 +37,9 @@ from finecap.world.captions import vocabulary
 S = 16  # image side (px) the image processors resize to
 STAND_INS = {"smolvlm": "num2words-placeholder", "mistral3": "pixtral-processor-pil-import"}
 """Families whose processor builds only with a stand-in (module docstring), and the stand-in's name."""
+LOAD_NEEDS = {"smolvlm": "num2words", "mistral3": "torchvision"}
+"""The package a saved folder of these families needs to load back in another process (its processor class's
+requirement, which the stand-in stood for while it was built)."""
 
 
 @dataclass(frozen=True)
