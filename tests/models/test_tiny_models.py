@@ -36,7 +36,8 @@ def test_a_family_folder_loads_back_with_auto_classes_and_as_a_captioner(family,
     code, out, err = run_cli(["models", "tiny", family, "--out", str(tmp_path / family)])
     assert code == 0, err
     assert f"model.kind=vlm vlm.name={tmp_path / family}" in out
-    assert (f"loads with {tiny.LOAD_NEEDS[family]} installed" in out) == (family in tiny.LOAD_NEEDS)
+    assert ("its processor loads with" in out) == (family in tiny.LOAD_NEEDS)
+    assert family not in tiny.LOAD_NEEDS or f"loads with {tiny.LOAD_NEEDS[family]} installed" in out
     model, _ = tiny.tiny_family(family)  # the same seed: the same weights
     loaded = AutoModelForImageTextToText.from_pretrained(tmp_path / family)
     assert loaded.config.model_type == family

@@ -15,7 +15,8 @@ Two processors need a package that captioning never touches; the builders put a 
 (read only for videos), so ``num2words`` becomes ``str`` in its module when it is missing; Pixtral's processor module
 (Mistral 3) imports the torchvision image processor for one size function, so, without torchvision, the PIL image
 processor's module is registered under that name. A saved folder of either then loads back, in another process, only
-where the package is installed (:data:`LOAD_NEEDS`: ``pip install num2words`` for SmolVLM, torchvision for Mistral 3). Everything else is the family's own code.
+where the package is installed (:data:`LOAD_NEEDS`: ``pip install num2words`` for SmolVLM, torchvision for
+Mistral 3). Everything else is the family's own code.
 """
 
 from __future__ import annotations
