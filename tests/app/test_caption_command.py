@@ -370,3 +370,32 @@ def test_transformers_blip_generate_reads_the_saved_settings(world, tmp_path):
         assert (hf.generation_config.num_beams, hf.generation_config.max_new_tokens) == (
             3 if strategy == "beam" else 1, 7)  # fmt: skip
         assert [model.tokenizer.decode(s, skip_special_tokens=True).strip() for s in out] == ours
+
+
+def test_a_checkpoint_name_is_found_under_the_runs_root_as_train_init_from_is(beam_run, tmp_path, monkeypatch):
+    """``--checkpoint demo/mle`` (not in the working directory): the run under ``<home>/runs`` (or ``run.root``), as
+    ``train.init_from=demo/mle`` finds it; found nowhere, one line naming where it looked and the command making it."""
+    home = tmp_path / "home"
+    shutil.copytree(beam_run, home / "runs" / "demo" / "mle")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("FINECAP_HOME", str(home))
+    found = resolve("demo/mle")
+    assert found.checkpoint == home / "runs" / "demo" / "mle" / "checkpoints" / "best"
+    assert resolve("mle", overrides=[f"run.root={home / 'runs' / 'demo'}"]).checkpoint == found.checkpoint
+    out = tmp_path / "named.json"
+    assert cli(["caption", "--checkpoint", "demo/mle", "--out", str(out)]) == 0
+    assert captions(out) == captions_of(beam_run, tmp_path)
+    monkeypatch.setenv("FINECAP_HOME", str(tmp_path / "empty"))
+    with pytest.raises(FileNotFoundError) as e:
+        resolve("demo/mle")
+    assert str(e.value) == (
+        f"--checkpoint demo/mle: checkpoint or run directory not found (looked in the working "
+        f"directory and in {tmp_path / 'empty' / 'runs'}); make it with `finecap train demo/mle`"
+    )
+
+
+def captions_of(run: Path, tmp_path: Path) -> dict:
+    """The captions of ``finecap caption --checkpoint RUN`` (its path as such)."""
+    out = tmp_path / "by-path.json"
+    assert cli(["caption", "--checkpoint", str(run), "--out", str(out)]) == 0
+    return captions(out)

@@ -22,8 +22,8 @@ def quick_demo(quick_demo_run):
 def test_quick_demo_writes_table_captions_and_checkpoints(quick_demo):
     run_dir, _ = quick_demo
     results = json.loads((run_dir / "results.json").read_text())
-    expected = {"human", "mle", "smile", "scst", "sle", "discritune", "sr_bagcurri", "blip_mle", "blip_smile",
-                "vlm_mle", "vlm_smile"}  # fmt: skip
+    expected = {"human", "mle", "smile", "scst", "sle", "discritune", "sr_bagcurri", "grpo_sr_cider", "blip_mle",
+                "blip_smile", "vlm_mle", "vlm_smile"}  # fmt: skip
     assert expected <= set(results)
     for stage, row in results.items():
         for key in ("Length", "faith/precision", "faith/recall", "RD19/R@1", "bag3/R@1", "CIDEr-D"):

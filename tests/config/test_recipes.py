@@ -151,3 +151,16 @@ def test_coco_training_recipes_set_the_input_pipeline(name):
     assert written["num_workers"] >= 2 and written["persistent_workers"] is True and written["pin_memory"] is True
     cfg = load(resolve_recipe(name))
     assert (cfg.data.num_workers, cfg.data.persistent_workers, cfg.data.pin_memory) == (8, True, True)
+
+
+def test_the_small_world_recipe_shares_the_quick_demos_world_and_encoder_and_else_is_demo_mle():
+    """demo/mle_small (the README's recipe for a slow machine): the quick demo's world and world encoder (one cache:
+    the same world key and encoder settings), demo/mle's captioner, fewer steps."""
+    from finecap.recipes.settings import DEMO_QUICK
+    from finecap.world.key import world_key
+
+    small, quick, full = load("demo/mle_small"), load(None, base=DEMO_QUICK), load("demo/mle")
+    assert world_key(small.world) == world_key(quick.world) != world_key(full.world)
+    assert (small.retriever.epochs, small.retriever.batch_size) == (quick.retriever.epochs, quick.retriever.batch_size)
+    assert small.clipcap == full.clipcap and small.model == full.model and small.train.objective == "mle"
+    assert small.run.name == "demo/mle_small" and small.train.max_steps < 100

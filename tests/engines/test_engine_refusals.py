@@ -187,3 +187,55 @@ def test_the_collator_keeps_the_pil_images_for_vllm(folders):
     assert "images" not in model_collator(captioner, 8)(items)
     batch = model_collator(captioner, 8, keep_images=True)(items)
     assert batch["images"] == pictures and "pixel_values" in batch
+
+
+def fake_vllm(monkeypatch, head_sizes: list[int]) -> None:
+    """A stand-in ``vllm`` on a CPU whose attention backend takes ``head_sizes`` and whose registry serves every
+    family (no vLLM here: the refusal must come before any engine is built)."""
+    import types
+
+    backend = types.ModuleType("vllm.v1.attention.backends.cpu_attn")
+    backend.CPUAttentionBackend = SimpleNamespace(get_supported_head_sizes=lambda: list(head_sizes))
+    vllm = types.ModuleType("vllm")
+    vllm.__version__ = "0.0-stand-in"
+    vllm.ModelRegistry = SimpleNamespace(get_supported_archs=lambda: ["Idefics3ForConditionalGeneration"])
+    vllm.platforms = SimpleNamespace(current_platform=SimpleNamespace(is_cpu=lambda: True))
+    for name in ("vllm.v1", "vllm.v1.attention", "vllm.v1.attention.backends"):
+        monkeypatch.setitem(sys.modules, name, types.ModuleType(name))
+    monkeypatch.setitem(sys.modules, "vllm", vllm)
+    monkeypatch.setitem(sys.modules, "vllm.v1.attention.backends.cpu_attn", backend)
+
+
+def test_heads_vllms_cpu_attention_does_not_take_are_refused_in_one_line_before_the_engine(folders, monkeypatch):
+    """The tiny Idefics3 at save_tiny_vlm's default width (32, 2 heads of 16) on vLLM's CPU attention: one line
+    naming the head width, the sizes taken and the fixes, before the captioner is saved for vLLM (vLLM's own refusal
+    is a 60-line traceback from inside its attention once the engine is half built)."""
+    from finecap.engines import vllm as engines_vllm
+
+    captioner = Vlm.from_pretrained(folders["idefics3"])
+    assert engines_vllm.head_size_of(captioner.model.config) == 16
+    fake_vllm(monkeypatch, [32, 64, 80])
+    saved = []
+    monkeypatch.setattr(engines_vllm, "save_hf_folder", lambda *a: saved.append(a))
+    with pytest.raises(ConfigError) as e:
+        VllmEngine.from_captioner(captioner)
+    message = str(e.value)
+    assert message.startswith(f"decode.engine=vllm: vlm.name={folders['idefics3']}: its language model's attention "
+                              "heads are 16 wide")  # fmt: skip
+    assert "takes head sizes 32, 64, 80" in message and "finecap models tiny" in message
+    assert message.endswith("decode.engine=finecap") and "\n" not in message and e.value.key == "decode.engine"
+    assert saved == []
+
+
+def test_heads_the_backend_takes_or_an_unknown_limit_are_not_refused(folders, tmp_path, monkeypatch):
+    from finecap.engines.vllm import cpu_head_sizes, head_size_refusal
+
+    wide = Vlm.from_pretrained(save_tiny_vlm(tmp_path / "wide", "idefics3", hidden=64, heads=2))
+    narrow = Vlm.from_pretrained(folders["idefics3"])
+    assert head_size_refusal(wide, [32, 64]) is None
+    assert head_size_refusal(narrow, None) is None  # a GPU: no limit known before vLLM starts
+    assert head_size_refusal(narrow, [16, 32]) is None
+    fake_vllm(monkeypatch, [32])
+    assert cpu_head_sizes(sys.modules["vllm"]) == [32]
+    sys.modules["vllm"].platforms = SimpleNamespace(current_platform=SimpleNamespace(is_cpu=lambda: False))
+    assert cpu_head_sizes(sys.modules["vllm"]) is None

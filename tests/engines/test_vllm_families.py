@@ -74,3 +74,19 @@ def test_a_family_vllms_registry_lacks_is_refused_by_name_at_start(monkeypatch):
     assert message.startswith("decode.engine=vllm: vlm.name=tiny-idefics2: Idefics2ForConditionalGeneration")
     assert "model registry; it generates with decode.engine=finecap" in message and "\n" not in message
     assert e.value.key == "decode.engine" and saved == []
+
+
+def test_heads_vllms_cpu_attention_lacks_are_refused_in_one_line_before_it_starts(tmp_path):
+    """save_tiny_vlm's default width (2 heads of 16) on vLLM's own CPU attention: one line naming the head width
+    (vLLM's refusal, once the engine is half built, is a 60-line traceback)."""
+    from vllm.platforms import current_platform
+
+    from finecap.config import ConfigError
+
+    if not current_platform.is_cpu():
+        pytest.skip("vLLM runs on a GPU here: the CPU attention's head sizes do not apply")
+    captioner = Vlm.from_pretrained(save_tiny_vlm(tmp_path / "narrow", "idefics3"))
+    with pytest.raises(ConfigError) as e:
+        VllmEngine.from_captioner(captioner, VllmConfig(max_model_len=128, kv_cache_memory_bytes=2**28))
+    message = str(e.value)
+    assert "attention heads are 16 wide" in message and "32, 64" in message and "\n" not in message

@@ -152,3 +152,26 @@ def test_grpo_trains_with_vllm_rollouts_and_tempered_log_probs(tmp_path):
     assert values[1]["time/sync"] == values[3]["time/sync"] == 0.0
     assert values[0]["ratio/min"] == values[0]["ratio/max"] == 1.0
     assert values[1]["ratio/min"] < 1.0 or values[1]["ratio/max"] > 1.0  # the policy moved; the rollout is kept
+
+
+def test_the_packaged_grpo_vlm_vllm_recipe_trains_from_a_fresh_home(tmp_path, monkeypatch):
+    """``finecap train demo/grpo_vlm_vllm`` as a fresh clone runs it (an empty finecap home, nothing downloaded: the
+    tiny Idefics3 ``vlm.name=tiny:idefics3`` is built here), for 2 steps on a smaller world: vLLM's rollouts in step
+    with the policy (ratios of 1), a CIDEr-D reward and a KL logged, the run where the recipe's ``run.name`` puts
+    it."""
+    from finecap.train.run import train
+
+    monkeypatch.setenv("FINECAP_HOME", str(tmp_path / "home"))
+    cfg = load("demo/grpo_vlm_vllm", ["train.max_steps=2", "train.eval_every=2", "train.log_every=1",
+                                      "world.n_train=16", "world.n_val=8", "world.n_test=8"])  # fmt: skip
+    assert cfg.vlm.name == "tiny:idefics3" and cfg.decode.engine == "vllm" and cfg.rl.kl_coef > 0
+    run_dir = train(cfg)
+    assert run_dir == tmp_path / "home" / "runs" / "demo" / "grpo_vlm_vllm"
+    events = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    values = [e["values"] for e in events if e["split"] == "train"]
+    assert len(values) == 2
+    for v in values:
+        assert math.isfinite(v["loss"]) and v["reward/cider"] >= 0 and "kl" in v
+        assert 1 - 1e-4 <= v["vllm/is_ratio/min"] <= v["vllm/is_ratio/max"] <= 1 + 1e-4, v
+    assert values[0]["time/sync"] > 0 and values[1]["time/sync"] == 0.0  # one rollout, used for 2 steps
+    assert (run_dir / "checkpoints" / "best").is_dir()

@@ -213,6 +213,13 @@ def test_report_of_a_quick_demo_run(browser, quick_demo_run, tmp_path):
             # rank 1 (no bag image scores as high as the caption's own) means the top-scoring image is its own
             assert all(o["rank"] >= 1 and (o["rank"] > 1 or o["retrieved"] == o["image"]) for o in outcomes)
     assert browser.find_element(By.ID, "quick").is_displayed()  # the quick run says so above its numbers
+    # The GRPO stage (GRPO + KL on SR + CIDEr-D from the MLE start) gets its RL panels, each drawing a line.
+    grpo = browser.find_element(By.ID, "rl-grpo_sr_cider")
+    figures = {f.get_attribute("data-panel"): f for f in grpo.find_elements(By.CSS_SELECTOR, ".rl-panel")}
+    for panel in ("reward", "reward/cider", "reward/retrieval", "kl", "clip_fraction", "ratio", "advantage"):
+        assert panel in figures, f"no {panel} panel for the GRPO stage: {sorted(figures)}"
+        img = figures[panel].find_element(By.TAG_NAME, "img")
+        assert img.is_displayed() and browser.execute_script(INK, img) > 50, panel
     counts = [text for t in browser.find_elements(By.CSS_SELECTOR, "table.sortable")
               for text in column_texts(t, "Vocab usage")]  # fmt: skip
     assert counts and all(text.isdigit() for text in counts), counts  # a count: no decimals

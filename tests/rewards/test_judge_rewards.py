@@ -7,8 +7,8 @@ import math
 
 import pytest
 import torch
-from finecap.config.sections.judge import JudgeConfig
 
+from finecap.config.sections.judge import JudgeConfig
 from finecap.judges.base import JudgeFailed, Question
 from finecap.judges.world import WorldJudge
 from finecap.rewards import RewardOutput, WeightedSum, call_batch, reward_of

@@ -295,6 +295,12 @@ def cmd_serve_reward(args: argparse.Namespace) -> None:
          connections=connections)  # fmt: skip
 
 
+def cmd_models_tiny(args: argparse.Namespace) -> None:
+    from finecap.app.models import tiny_main
+
+    tiny_main(args.kind, args.out, hidden=args.hidden, heads=args.heads, seed=args.seed)
+
+
 def cmd_recipes(args: argparse.Namespace) -> None:
     if getattr(args, "action", None) == "cp":
         out = copy_recipe(args.name, args.file, force=args.force)
@@ -568,6 +574,19 @@ def build_parser() -> argparse.ArgumentParser:
                    help="connections open at once (beyond, new ones are closed; kept under ulimit -n)")  # fmt: skip
     p.add_argument("--log-every", dest="log_every", type=number(0, 86_400), default=60.0, help="seconds between "
                    "throughput lines (0: none)")  # fmt: skip
+
+    models = _group(sub, "models", "tiny models for trying finecap offline")
+    p = models.add_parser("tiny", help="Write a tiny random-weight CLIP, BLIP or VLM (any supported family) as a "
+                          "transformers folder, servable by every engine on a CPU (docs/vlm.md#tiny-models).",
+                          parents=[COMMON])  # fmt: skip
+    p.add_argument("kind", metavar="KIND", help="clip, blip or a VLM family (model_type: llava, idefics3, qwen2_vl, "
+                   "smolvlm, ...; docs/vlm.md)")  # fmt: skip
+    p.add_argument("--out", required=True, help="new (or empty) folder to write")
+    p.add_argument("--hidden", type=number(4, 4096, int), default=64, help="language model width (default 64)")
+    p.add_argument("--heads", type=number(1, 64, int), default=2, help="attention heads (default 2: heads of 32, "
+                   "which vLLM's CPU attention takes)")  # fmt: skip
+    p.add_argument("--seed", type=int, default=0, help="seed of the random weights")
+    p.set_defaults(func=cmd_models_tiny)
 
     p = sub.add_parser("recipes", help="List the packaged recipes (run one with `finecap train NAME`).",
                        description="List the packaged recipes, or copy one to start a configuration of your own.",

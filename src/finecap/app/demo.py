@@ -18,6 +18,9 @@ starts the longest side stages first.
   run recorded (``<stage>/fingerprints.json``: the data, the captioner's encoder, the retriever) are those of its
   configuration now; after a change of ``world.*`` or of the world encoder it is refused with an error naming both
   fingerprints (:meth:`finecap.stages.StageRunner.check_reuse`), and ``--force`` (``demo.force``) trains it again.
+- ``grpo_sr_cider`` (in the default list): GRPO (GDPO) on self-retrieval + CIDEr-D with a KL to the MLE start, the
+  recipe ``demo/grpo_sr_cider``; the report draws its RL panels (each reward part, KL, clip fraction, ratio range,
+  advantage spread, the monitors) and the captions its evaluations logged.
 - world-VLM stages (:data:`VLM_STAGES`): ``vlm_mle`` and ``vlm_smile`` (in the default ``demo.stages``) and
   ``vlm_discritune`` (optional) train the world VLM (a tiny LLaVA-architecture model reading the frozen world
   encoder's image tokens, ``vlm.name=world-tiny``) with the recipes ``demo/vlm_*``, as the world BLIP's ``blip_*``
@@ -107,6 +110,7 @@ TRAIN_STAGES: dict[str, str | None] = {
     "scst_me": "mle",
     "discritune": "mle",
     "sr_bagcurri": "mle",
+    "grpo_sr_cider": "mle",  # GRPO (GDPO) on self-retrieval + CIDEr-D with a KL to the MLE start
     "smile_random": "mle",
     "smile_reverse": "mle",
     "blip_mle": None,

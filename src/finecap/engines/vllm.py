@@ -208,6 +208,43 @@ def registry_refusal(captioner: Any, vllm: Any) -> str | None:
             "with decode.engine=finecap")  # fmt: skip
 
 
+def head_size_of(config: Any) -> int:
+    """The attention head width of a transformers model's language model: its text config's ``head_dim``, else
+    ``hidden_size // num_attention_heads``."""
+    text = config.get_text_config()
+    return int(getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads)
+
+
+def cpu_head_sizes(vllm: Any) -> list[int] | None:
+    """The head sizes vLLM's attention takes on this machine when it runs on the CPU (its CPU backend's
+    ``get_supported_head_sizes()``: 32, 64, 80, ... in vLLM 0.32), or ``None`` (a GPU, or a vLLM without that
+    backend: no limit known before the engine starts)."""
+    try:
+        if not vllm.platforms.current_platform.is_cpu():
+            return None
+        from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackend
+
+        return list(CPUAttentionBackend.get_supported_head_sizes())
+    except (AttributeError, ImportError):
+        return None
+
+
+def head_size_refusal(captioner: Any, supported: Sequence[int] | None) -> str | None:
+    """Why vLLM's attention cannot run a VLM's language model (one line naming its head width, the sizes vLLM takes
+    and what to do), or ``None``: ``supported`` is :func:`cpu_head_sizes` (``None``: no limit known). vLLM's own
+    refusal is a long traceback from inside its CPU attention once the engine is half built."""
+    if supported is None:
+        return None
+    head = head_size_of(captioner.model.config)
+    if head in supported:
+        return None
+    sizes = ", ".join(str(s) for s in sorted(supported))
+    return (f"decode.engine=vllm: vlm.name={captioner.source}: its language model's attention heads are {head} wide "
+            f"(text config head_dim / hidden_size over num_attention_heads); vLLM's CPU attention takes head sizes "
+            f"{sizes}: use a model with such heads (finecap models tiny KIND --out DIR writes heads of 32), or it "
+            "generates with decode.engine=finecap")  # fmt: skip
+
+
 def config_refusal(cfg: Config) -> str | None:
     """:func:`refusal` of the captioner ``cfg`` configures, known before it is built (a run's check before it
     prepares anything): its ``model.kind`` (a built-in one: a class of one's own is checked when built), whether it
@@ -363,6 +400,7 @@ class VllmEngine(GenerationEngine):
             raise ConfigError(reason, key="decode.engine")
         vllm = import_vllm()  # before the captioner is saved: a missing vLLM is named first
         reason = registry_refusal(captioner, vllm)  # then a family vLLM has no implementation of, by name
+        reason = reason or head_size_refusal(captioner, cpu_head_sizes(vllm))  # then heads its CPU attention lacks
         if reason is not None:
             raise ConfigError(reason, key="decode.engine")
         folder = Path(tempfile.mkdtemp(prefix="finecap-vllm-"))

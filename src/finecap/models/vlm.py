@@ -103,6 +103,9 @@ SECTION_KEYS = ("prompt", "train_projector", "processor_kwargs", "image_max_pixe
 """The ``vlm`` options a checkpoint records (``captioner.json``) and is rebuilt with (absent in an old one: the
 section's defaults)."""
 WORLD_VLM = "world-tiny"
+TINY = "tiny:"
+"""``vlm.name=tiny:<family>``: a tiny random VLM of a supported family built here (:func:`finecap.models.tiny.
+tiny_family`, heads vLLM's CPU attention takes), to try a family or vLLM offline (docs/vlm.md#tiny-models)."""
 
 LM_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 """LoRA's default targets in the language model of every family (Llama / SmolLM2 / Qwen2 projection names)."""
@@ -942,6 +945,8 @@ class Vlm(CaptionerBase):
         m, v = cfg.model, cfg.vlm
         kwargs = dict(train_encoder=m.train_encoder, train_lm=m.train_lm)
         options = memory.LoadOptions.of(m)
+        if v.name.startswith(TINY):
+            return cls.tiny(v, options, **kwargs)
         if v.name != WORLD_VLM:
             return cls.from_pretrained(v.name, options, section=v, **kwargs)
         world = load_frozen_tokens(cfg, options, f"vlm.name={WORLD_VLM}")
@@ -952,6 +957,22 @@ class Vlm(CaptionerBase):
                                      hidden=v.tiny_hidden, heads=v.tiny_heads, positions=positions)  # fmt: skip
         model = options.fresh(model, f"vlm.name={WORLD_VLM}")
         return cls(model, processor, v, source=WORLD_VLM, world=world, **kwargs)
+
+    @classmethod
+    def tiny(cls, v: VlmBackboneConfig, options: memory.LoadOptions, **kwargs: Any) -> Vlm:
+        """``vlm.name=tiny:<family>`` (:data:`TINY`): the family's tiny random VLM, the same weights at every build
+        (seed 0; the process's random generators are left as they were)."""
+        from finecap.models.tiny import BUILDERS, tiny_family
+        from finecap.utils import rng_preserved
+
+        family = v.name.removeprefix(TINY)
+        if family not in BUILDERS:
+            raise ValueError(f"vlm.name={v.name}: no tiny {family!r} VLM; valid: "
+                             f"{', '.join(TINY + f for f in BUILDERS)}")  # fmt: skip
+        with rng_preserved():
+            model, processor = tiny_family(family)
+        model = options.fresh(model, f"vlm.name={v.name}")
+        return cls(model, processor, v, source=v.name, **kwargs)
 
     TINY_SIZES = TEXT_TINY_SIZES
     """The world VLM's sizes (``vlm.tiny_*``) and its language model config's fields that hold them."""
@@ -982,8 +1003,9 @@ class Vlm(CaptionerBase):
 
     @staticmethod
     def built_here(cfg: Config) -> str | None:
-        """``vlm.name=world-tiny``: the world VLM is built here with random weights."""
-        return f"vlm.name={WORLD_VLM}" if cfg.vlm.name == WORLD_VLM else None
+        """``vlm.name=world-tiny`` / ``tiny:<family>``: the world VLM or a tiny VLM is built here with random
+        weights."""
+        return f"vlm.name={cfg.vlm.name}" if cfg.vlm.name == WORLD_VLM or cfg.vlm.name.startswith(TINY) else None
 
     @classmethod
     def load_weights(cls, path: Path, meta: dict[str, Any], load_encoder: bool,

@@ -13,8 +13,8 @@ from finecap.config.sections.limits import (
 @dataclass
 class DemoConfig(Section, name="demo"):
     stages: list[str] = doc(
-        ["world", "retriever", "mle", "blip_mle", "vlm_mle", "sr_bagcurri", "scst", "smile", "sle", "discritune",
-         "blip_smile", "vlm_smile", "report"],
+        ["world", "retriever", "mle", "blip_mle", "vlm_mle", "sr_bagcurri", "scst", "grpo_sr_cider", "smile", "sle",
+         "discritune", "blip_smile", "vlm_smile", "report"],
         "Demo stages to run, in order (optional: mle_continued, scst_me, blip_discritune, vlm_discritune, vcb, ...).",
     )  # fmt: skip
     quick: bool = doc(False, "Tiny settings that finish in about two minutes (used by tests).")

@@ -1,0 +1,49 @@
+"""``finecap models tiny KIND --out DIR``: a tiny random-weight model written as a transformers folder, to try
+finecap and its engines offline (docs/vlm.md#tiny-models).
+
+KIND is ``clip``, ``blip`` or a supported VLM family (``finecap.models.vlm.FAMILIES``); the folder holds the config,
+safetensors weights and processor / tokenizer (:func:`finecap.models.tiny.save_tiny`). The language model's default
+width (64, 2 heads of 32) is one vLLM's CPU attention takes. DIR must be new or an empty folder: nothing is
+replaced.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+from finecap.utils import OutputRefused, refuse_link
+
+USE = {"clip": "model.encoder={out} (the retriever / CLIP rewards)", "blip": "model.kind=blip blip.name={out}"}
+"""How a folder of each non-VLM kind is used in a recipe; a VLM's is ``model.kind=vlm vlm.name=DIR``."""
+
+
+def check_out(out: Path) -> None:
+    """:class:`OutputRefused` when ``out`` is a link, a file or a folder with something in it."""
+    refuse_link(out)
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise OutputRefused(f"--out {out}: exists and is not an empty folder; finecap models tiny writes a new folder")
+
+
+def tiny_main(kind: str, out: str | Path, *, hidden: int = 64, heads: int = 2, seed: int = 0) -> Path:
+    """Write the tiny ``kind`` into ``out`` (module docstring) and print one line saying what it is and how a
+    recipe uses it. Returns the folder."""
+    from finecap.models import tiny
+
+    if kind not in tiny.KINDS:
+        raise ValueError(f"finecap models tiny: unknown KIND {kind!r}; valid: {', '.join(tiny.KINDS)}")
+    sizes = tiny.Sizes(hidden=hidden, heads=heads)
+    out = Path(out)
+    check_out(out)
+    made = not out.exists()
+    try:
+        tiny.save_tiny(kind, out, seed=seed, sizes=sizes)
+    except BaseException:
+        if made:
+            shutil.rmtree(out, ignore_errors=True)
+        raise
+    use = USE.get(kind, "model.kind=vlm vlm.name={out}").format(out=out)
+    needs = f" (its processor loads with {tiny.LOAD_NEEDS[kind]} installed)" if kind in tiny.LOAD_NEEDS else ""
+    print(f"wrote a tiny random {kind} (width {sizes.hidden}, {sizes.heads} heads of {sizes.head_dim}) to {out}; "
+          f"use it with {use}{needs}")  # fmt: skip
+    return out

@@ -1,0 +1,104 @@
+"""``finecap models tiny KIND --out DIR`` (finecap.models.tiny, finecap.app.models): every kind's folder loads back
+with transformers' Auto classes and finecap's loader (a VLM's processor: finecap's, which builds the image-only
+processors transformers' ``AutoProcessor`` wants a video processor for), with the weights that were written, at the
+default head width vLLM's CPU attention takes (32); a non-empty --out is refused."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from PIL import Image
+
+from finecap.models import tiny
+from finecap.models.vlm import FAMILIES
+from helpers.cli import refused, run_cli
+
+
+def test_the_kinds_are_clip_blip_and_every_supported_family():
+    assert set(tiny.KINDS) == {"clip", "blip", *FAMILIES} and len(FAMILIES) == 13
+
+
+def same_weights(ours: torch.nn.Module, theirs: torch.nn.Module) -> None:
+    a, b = ours.state_dict(), theirs.state_dict()
+    assert a.keys() == b.keys()
+    for name in a:
+        torch.testing.assert_close(a[name], b[name], rtol=0, atol=0, msg=name)
+
+
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_a_family_folder_loads_back_with_auto_classes_and_as_a_captioner(family, tmp_path):
+    from transformers import AutoModelForImageTextToText
+    from transformers.utils import is_torchvision_available
+
+    from finecap.config import DecodeConfig
+    from finecap.models.vlm import Vlm
+
+    code, out, err = run_cli(["models", "tiny", family, "--out", str(tmp_path / family)])
+    assert code == 0, err
+    assert f"model.kind=vlm vlm.name={tmp_path / family}" in out
+    assert ("its processor loads with" in out) == (family in tiny.LOAD_NEEDS)
+    assert family not in tiny.LOAD_NEEDS or f"loads with {tiny.LOAD_NEEDS[family]} installed" in out
+    model, _ = tiny.tiny_family(family)  # the same seed: the same weights
+    loaded = AutoModelForImageTextToText.from_pretrained(tmp_path / family)
+    assert loaded.config.model_type == family
+    text = loaded.config.get_text_config()
+    head = getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads
+    assert (text.hidden_size, text.num_attention_heads, head) == (64, 2, 32)
+    same_weights(model, loaded)
+    if family == "mistral3" and not is_torchvision_available():  # the weights are checked; the processor is not
+        pytest.skip("PixtralProcessor loads from a folder only with torchvision (built here through a stand-in)")
+    captioner = Vlm.from_pretrained(tmp_path / family).eval()
+    images = [Image.new("RGB", (16, 16), c) for c in ("red", "blue")]
+    gen = captioner.generate(captioner.encoder.preprocess(images), DecodeConfig(strategy="greedy", max_length=4))
+    assert gen.sequences.shape[0] == 2 and 1 <= int(gen.lengths.max()) <= 4
+
+
+def test_a_clip_folder_loads_back_as_the_retriever_and_with_auto_classes(tmp_path):
+    from transformers import AutoModel, AutoProcessor
+
+    from finecap.models.retriever import Retriever
+
+    code, out, err = run_cli(["models", "tiny", "clip", "--out", str(tmp_path / "clip"), "--hidden", "32"])
+    assert code == 0 and f"model.encoder={tmp_path / 'clip'}" in out, err
+    theirs = AutoModel.from_pretrained(tmp_path / "clip")
+    assert type(theirs).__name__ == "CLIPModel" and theirs.config.text_config.hidden_size == 32
+    AutoProcessor.from_pretrained(tmp_path / "clip")
+    retriever = Retriever.from_pretrained(tmp_path / "clip")
+    same_weights(retriever.model, theirs)
+
+
+def test_a_blip_folder_loads_back_with_auto_classes(tmp_path):
+    from transformers import AutoModelForImageTextToText, AutoProcessor
+
+    code, _, err = run_cli(["models", "tiny", "blip", "--out", str(tmp_path / "blip")])
+    assert code == 0, err
+    model = AutoModelForImageTextToText.from_pretrained(tmp_path / "blip")
+    assert type(model).__name__ == "BlipForConditionalGeneration" and model.config.text_config.hidden_size == 64
+    AutoProcessor.from_pretrained(tmp_path / "blip")
+
+
+def test_an_occupied_out_or_an_unknown_kind_is_refused_and_nothing_is_written(tmp_path):
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine" / "notes.txt").write_text("mine")
+    refused(["models", "tiny", "llava", "--out", str(tmp_path / "mine")], "--out", "not an empty folder")
+    assert [p.name for p in (tmp_path / "mine").iterdir()] == ["notes.txt"]
+    refused(["models", "tiny", "gpt5", "--out", str(tmp_path / "new")], "KIND 'gpt5'", "smolvlm")
+    assert not (tmp_path / "new").exists()
+    refused(["models", "tiny", "llava", "--out", str(tmp_path / "odd"), "--hidden", "60"], "--hidden 60", "--heads")
+    assert not (tmp_path / "odd").exists()
+
+
+def test_vlm_name_tiny_builds_the_familys_tiny_vlm_and_leaves_the_random_generators_alone():
+    from finecap.config import load
+    from finecap.models.vlm import Vlm
+
+    torch.manual_seed(3)
+    expected = torch.rand(2)
+    torch.manual_seed(3)
+    captioner = Vlm.build(load(None, ["model.kind=vlm", "vlm.name=tiny:idefics3"]))
+    assert torch.equal(torch.rand(2), expected)
+    assert captioner.source == "tiny:idefics3" and captioner.model.config.model_type == "idefics3"
+    same_weights(tiny.tiny_family("idefics3")[0], captioner.model)
+    assert Vlm.built_here(load(None, ["model.kind=vlm", "vlm.name=tiny:idefics3"])) == "vlm.name=tiny:idefics3"
+    with pytest.raises(ValueError, match=r"vlm.name=tiny:gpt5: no tiny 'gpt5' VLM; valid: tiny:llava"):
+        Vlm.build(load(None, ["model.kind=vlm", "vlm.name=tiny:gpt5"]))
