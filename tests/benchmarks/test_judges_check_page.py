@@ -164,3 +164,29 @@ def test_the_page_says_where_and_when_each_run_ran(planted_page):
     assert "## Where and when the runs ran" in page
     assert "| 0 | 101 | `grpo_qa` | Planted CPU, 2 CPUs | abc1234 | 2026-11-26T04:01:00+00:00 | 151 |" in page
     assert "| 0 | 0 | `mle` | Planted CPU, 2 CPUs | abc1234 | 2026-11-26T04:00:00+00:00 | 150 |" in page
+
+
+@pytest.mark.slow  # trains an MLE start and eight two-step GRPO runs on a tiny world
+def test_run_seeds_train_every_rl_run_again_from_the_world_seeds_own_start(tmp_path):
+    import yaml
+
+    from helpers.paper_tables_world import tiny_world
+
+    overrides = tiny_world(tmp_path)
+    folders = ["--runs-dir", str(tmp_path / "runs"), "--data-dir", str(tmp_path / "data"), "--page-dir",
+               str(tmp_path / "pages")]  # fmt: skip
+    assert pt.main(["--paper", "judges", "--quick", "--seeds", "0", *folders, *overrides]) == 0
+    assert pt.main(["--paper", "judges", "--quick", "--seeds", "0", "--run-seeds", "5", *folders, *overrides]) == 0
+    runs, data = tmp_path / "runs" / "seed0", tmp_path / "data" / "judges" / "seed0"
+    keys = ["grpo_cider8", "grpo_qa", "grpo_qa_noise10", "grpo_qa_noise30"]
+    assert sorted(p.name for p in (runs / "run5").iterdir()) == keys  # the MLE start is not trained again
+    for key in keys:
+        cfg = yaml.safe_load((runs / "run5" / key / "config.yaml").read_text())
+        assert cfg["run"]["seed"] == 5 and cfg["world"]["seed"] == 0
+        assert Path(cfg["train"]["init_from"]) == runs / "mle" / "checkpoints" / "best"  # the world seed's own
+        record = json.loads((data / "run5" / f"{key}.json").read_text())
+        assert record["run_seed"] == 5 and {"faith/recall", "faith/precision", "Length"} <= set(record["metrics"])
+        assert not any(k.startswith(("family/", "hardRD")) for k in record["metrics"])  # no scene-family scoring
+    assert sorted(p.stem for p in data.glob("*.json") if not p.name.endswith(".items.json")) == sorted(["mle", *keys])
+    page = (tmp_path / "pages" / "judges.md").read_text()
+    assert "Noise curve on world seed 0 (2 run seeds per run;" in page and "| 0 | 5 | `grpo_qa` |" in page
