@@ -4,12 +4,13 @@ judge wrong on 10 % and 30 % of its answers (``judge.noise``: answers flipped at
 docs/methods/judges.md). Not a paper's page: no paper's numbers; each judged cell's expected sign was declared here
 before any run (2026-11-26).
 
-The signs: CapRL (Xing et al., *CapRL: Stimulating Dense Image Caption Capabilities via Reinforcement Learning*,
-InternLM/CapRL, 2025) claims that rewarding captions by the questions a text-only judge answers from them gives more
-complete captions than reference-matching rewards such as CIDEr-D, without more hallucination: fact recall ↑ against
-GRPO on CIDEr-D, and fact precision not lower. The verdict rule has no one-sided "not lower"; the precision cell is
-declared = (no change), so a precision within noise *holds*, and one beyond noise reads *changed*, the cell's Δ
-saying which way (a rise keeps CapRL's claim, a fall breaks it). Caption length, hallucination share and CIDEr-D are
+The signs: CapRL (InternLM/CapRL, 2025: Qwen2.5-VL-3B trained with GRPO on the share of an image's multiple-choice
+questions a text-only LLM answers from the caption) claims, as issue 66 states it, that QA utility raises recall over
+CIDEr-D rewards without losing precision: fact recall ↑ against GRPO on CIDEr-D, and fact precision not lower. The
+verdict rule has no one-sided "not lower"; the precision cell is declared = (no change), so a precision within noise
+*holds*, and one beyond noise reads *changed*, the cell's Δ saying which way (a rise keeps CapRL's claim, a fall
+breaks it; the row's word comes from its directional cells alone, so it can say *holds* while precision fell: read
+the precision cell). Caption length, hallucination share and CIDEr-D are
 printed, not judged (no claim). Primary cells, declared before running: QA utility against CIDEr-D on fact recall and
 on fact precision. The judge-noise curve (noise 0, 0.1, 0.3) has no declared sign: it is reported as measured, over
 the run seeds (the table's computed note). The settings were fixed before running and are not tuned after."""
