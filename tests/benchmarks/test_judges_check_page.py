@@ -190,3 +190,23 @@ def test_run_seeds_train_every_rl_run_again_from_the_world_seeds_own_start(tmp_p
     assert sorted(p.stem for p in data.glob("*.json") if not p.name.endswith(".items.json")) == sorted(["mle", *keys])
     page = (tmp_path / "pages" / "judges.md").read_text()
     assert "Noise curve on world seed 0 (2 run seeds per run;" in page and "| 0 | 5 | `grpo_qa` |" in page
+
+
+JUDGES_DATA = ROOT / "docs" / "reproductions" / "data" / "judges"
+
+
+def test_each_committed_result_file_is_its_run_as_the_page_names_it():
+    records = sorted(p for p in JUDGES_DATA.glob("seed*/**/*.json") if not p.name.endswith(".items.json"))
+    assert records  # at least the MLE start and one RL run (the grid itself runs when the machine is quiet)
+    ids = set()
+    for path in records:
+        record = json.loads(path.read_text())
+        run = pt.RUNS[record["run"]]
+        assert (record["paper"], record["run"], record["recipe"], record["init"]) == (
+            "judges", path.stem, run.recipe, run.init)  # fmt: skip
+        assert record["overrides"] == list(run.overrides) and record["items"] == [] and not record["quick"]
+        assert {"faith/recall", "faith/precision", "faith/halluc_rate", "Length", "CIDEr-D"} <= set(record["metrics"])
+        assert record["machine"]["processor"] and record["seconds"] > 0
+        items = json.loads(path.with_name(path.stem + ".items.json").read_text())
+        ids.add(tuple(items["groups"][0]["ids"]))
+    assert len(ids) == 1  # every run scored on the same test images
