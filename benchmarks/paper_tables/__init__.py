@@ -108,7 +108,9 @@ and say that they are not results.
 
 The package: :mod:`.schema` (what a table is), :mod:`.runs` (the world runs), one module of table data per paper
 (:mod:`.smile`, :mod:`.sle`, :mod:`.ndlb`, :mod:`.discritune`) and per finecap check page without a paper
-(:mod:`.grpo`: SCST against GRPO and GRPO + KL, ``--paper grpo``), :mod:`.verdicts`, :mod:`.page`, :mod:`.runner` (a
+(:mod:`.grpo`: SCST against GRPO and GRPO + KL, ``--paper grpo``; :mod:`.judges`: GRPO on QA utility at three judge
+error rates against GRPO on CIDEr-D, ``--paper judges``, whose ``--run-seeds`` retrain every RL run from the world
+seed's own MLE start, :attr:`Paper.replicate_from_start`), :mod:`.verdicts`, :mod:`.page`, :mod:`.runner` (a
 seed's grid on :class:`finecap.stages.StageRunner`), :mod:`.evaluation`, :mod:`.shift_tokens` (SMILE's shift token
 in a shifted run's raw token ids), :mod:`.fluency`, :mod:`.corpora` and :mod:`.cli`; ``benchmarks/paper_tables.py``
 runs :func:`main`.
@@ -119,6 +121,7 @@ from .corpora import simple_caption
 from .discritune import DISCRITUNE
 from .evaluation import extra_evaluations
 from .grpo import GRPO
+from .judges import JUDGES
 from .ndlb import NDLB
 from .page import render_page, render_table, write_page
 from .papers import PAPERS
@@ -129,7 +132,7 @@ from .sle import SLE
 from .smile import SMILE
 from .verdicts import metric_value, row_verdict, world_values
 
-__all__ = ["DISCRITUNE", "FIELDS", "GRPO", "NDLB", "PAPERS", "RUNS", "SLE", "SMILE", "Best", "Column", "Paper",
-           "Primary", "Results", "Row", "Run", "Table", "caption_field_overrides", "extra_evaluations", "main",
-           "make_grid", "metric_value", "primary_runs", "render_page", "render_table", "row_verdict", "run_grid",
-           "run_replicates", "runs_of", "simple_caption", "world_values", "write_page"]  # fmt: skip
+__all__ = ["DISCRITUNE", "FIELDS", "GRPO", "JUDGES", "NDLB", "PAPERS", "RUNS", "SLE", "SMILE", "Best", "Column",
+           "Paper", "Primary", "Results", "Row", "Run", "Table", "caption_field_overrides", "extra_evaluations",
+           "main", "make_grid", "metric_value", "primary_runs", "render_page", "render_table", "row_verdict",
+           "run_grid", "run_replicates", "runs_of", "simple_caption", "world_values", "write_page"]  # fmt: skip

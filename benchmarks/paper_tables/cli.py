@@ -60,14 +60,27 @@ def primary_runs(tables: Sequence[Table]) -> list[str]:
     return keys
 
 
+def replicate_plan(paper: Paper, tables: Sequence[Table]) -> tuple[frozenset[str], list[str]]:
+    """What ``--run-seeds`` trains again under each run seed, and from what: ``(starts, keys)``. By default the runs
+    of the tables' primary cells (:func:`primary_runs`), each with its whole chain retrained (no shared start); for a
+    paper with :attr:`.schema.Paper.replicate_from_start`, every trained run of the tables but the runs others start
+    from, which are the ``starts``, read from the world seed's own grid."""
+    if not paper.replicate_from_start:
+        return frozenset(), primary_runs(tables)
+    trained = [k for k in runs_of(paper, tables) if RUNS[k].recipe is not None]
+    starts = frozenset(RUNS[k].init for k in trained if RUNS[k].init is not None)
+    return starts, [k for k in trained if k not in starts]
+
+
 def record_run(grid: StageRunner, paper: Paper, key: str, result: Path, *, quick: bool, items: Sequence[str],
-               run_seed: int | None = None) -> None:  # fmt: skip
-    """Train run ``key`` of ``grid`` (and its starts) unless done, evaluate it for ``paper`` and write its items file,
-    then its result file (which marks the run done: a killed runner does it again)."""
+               run_seed: int | None = None, start_grid: StageRunner | None = None) -> None:  # fmt: skip
+    """Train run ``key`` of ``grid`` (and its starts, those of ``start_grid`` when given:
+    :func:`.runner.ensure_trained`) unless done, evaluate it for ``paper`` and write its items file, then its result
+    file (which marks the run done: a killed runner does it again)."""
     from finecap.utils import atomic_write_text, write_json
 
     start = time.perf_counter()
-    ensure_trained(grid, key)
+    ensure_trained(grid, key, start_grid)
     scores, groups = evaluate_run(grid, paper, key)
     run = RUNS[key]
     # the items first: the result file marks the run done (write_json writes through a temporary file)
@@ -105,24 +118,25 @@ def ensure_shared(grid: StageRunner, paper: Paper, keys: Sequence[str]) -> None:
         train_fluency_lm(grid)
     if "bags" in paper.metrics:
         paper_bags(grid, paper)
-    if has_families(grid.cfg):
+    if paper.families and has_families(grid.cfg):
         family_world(grid)
 
 
 def run_replicates(paper: Paper, tables: Sequence[Table], seeds: Sequence[int], run_seeds: Sequence[int], *,
                    quick: bool, runs_dir: Path, data_dir: Path, page_dir: Path,
                    items: Sequence[str]) -> Path:  # fmt: skip
-    """Run (or resume) the runs of the tables' primary cells again under each of ``run_seeds`` on every world seed
+    """Run (or resume) the runs of the tables' primary cells (or every run from the shared start:
+    :func:`replicate_plan`) again under each of ``run_seeds`` on every world seed
     (:func:`.runner.make_replicate`: in ``<runs>/seed<N>/run<M>/``), one result file per run in
     ``<data>/<paper>/seed<N>/run<M>/``, the page rewritten after each. A run whose result file exists is skipped, so
     the runner can be killed and started again, a run at a time, over days."""
     from finecap.train.prepare import prepare
 
-    keys = primary_runs(tables)
+    starts, keys = replicate_plan(paper, tables)
     for seed in seeds:
         grid = make_grid(seed, runs_dir, items, quick)
         for run_seed in run_seeds:
-            replicate = make_replicate(seed, run_seed, runs_dir, items, quick)
+            replicate = make_replicate(seed, run_seed, runs_dir, items, quick, starts)
             todo = [k for k in keys if not result_path(data_dir, paper, seed, k, run_seed).exists()]
             print(f"== {paper.key}, world seed {seed}, run seed {run_seed}: {len(keys) - len(todo)} of {len(keys)} "
                   f"primary runs have results; to do: {', '.join(todo) or 'nothing'}", flush=True)  # fmt: skip
@@ -130,13 +144,15 @@ def run_replicates(paper: Paper, tables: Sequence[Table], seeds: Sequence[int], 
                 continue
             grid.run_dir.mkdir(parents=True, exist_ok=True)
             prepare(grid.cfg, {"world", "retriever"}, make=True)
-            # the replicate's own world encoder (its key holds run.seed): a run on boosted captions does not train one
-            prepare(replicate.cfg, {"world", "retriever"}, make=True)
+            if not starts:  # the replicate's own world encoder (its key holds run.seed): a run on boosted captions
+                # does not train one; runs from a shared start read the start's
+                prepare(replicate.cfg, {"world", "retriever"}, make=True)
             ensure_shared(grid, paper, todo)
             for key in todo:
                 start = time.perf_counter()
                 result = result_path(data_dir, paper, seed, key, run_seed)
-                record_run(replicate, paper, key, result, quick=quick, items=items, run_seed=run_seed)
+                record_run(replicate, paper, key, result, quick=quick, items=items, run_seed=run_seed,
+                           start_grid=grid if starts else None)  # fmt: skip
                 page = write_page(paper, data_dir, page_dir)
                 print(f"== {key} (run seed {run_seed}): done in {time.perf_counter() - start:.0f} s; page {page}",
                       flush=True)  # fmt: skip
@@ -187,8 +203,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--tables", default="", help="comma-separated table ids (default: every runnable table)")
     p.add_argument("--seeds", default="0,1", help="comma-separated world seeds, run in this order")
     p.add_argument("--run-seeds", default="", help="comma-separated run seeds: run the tables' primary cells' runs "
-                   "again under each (on every world seed; none may be a world seed's own), results in "
-                   "seed<N>/run<M>/")  # fmt: skip
+                   "(the judges page: every run, from the shared MLE start) again under each (on every world seed; "
+                   "none may be a world seed's own), results in seed<N>/run<M>/")  # fmt: skip
     p.add_argument("--quick", action="store_true", help="the demo's quick settings: checks the runner, no results")
     p.add_argument("--runs-dir", default="", help="run directories (default runs/paper_tables[-quick])")
     p.add_argument("--data-dir", default="", help="result files (default docs/reproductions/data; quick: in runs)")

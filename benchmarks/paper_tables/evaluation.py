@@ -168,7 +168,8 @@ def boosted_field_metrics(predictions: dict[Any, str], own: dict[Any, list[str]]
 
 def evaluate_run(grid: StageRunner, paper: Paper, key: str) -> tuple[dict[str, float], list[ItemGroup]]:
     """The paper's metrics of run ``key`` on the test split (beam-5 captions of its best checkpoint), on the other test
-    worlds its tables read (:func:`extra_evaluations`) and on the scene families (:func:`family_metrics`); and the
+    worlds its tables read (:func:`extra_evaluations`) and on the scene families (:func:`family_metrics`, unless
+    ``paper.families`` is false); and the
     per-image values of those that are means over the test images, one :func:`item_group` per test world."""
     from finecap.data.datasets import load_records
     from finecap.data.results import read_results
@@ -209,7 +210,8 @@ def evaluate_run(grid: StageRunner, paper: Paper, key: str) -> tuple[dict[str, f
     others = []  # (scores, items) of the other test worlds
     if "shifted/" in extras:
         others.append(shifted_metrics(grid, paper, key, retriever))
-    others.append(family_metrics(grid, key, retriever or load_retriever(grid.cfg), required="family/" in extras))
+    if paper.families:
+        others.append(family_metrics(grid, key, retriever or load_retriever(grid.cfg), required="family/" in extras))
     for extra, group in others:
         scores.update(extra)
         if group is not None:

@@ -198,9 +198,35 @@ def render_page(paper: Paper, results: Results, meta: dict[str, Any]) -> str:
         lines += ["## The world runs", "", "| run | how it is made |", "| --- | --- |"]
         lines += [f"| `{key}` | {run_description(key)} |" for key in used]
         lines.append("")
+    if paper.provenance and meta.get("runs"):
+        lines += [provenance_table(meta["runs"]), ""]
     if meta.get("unavailable"):
         lines += ["Metrics not computed: " + "; ".join(f"{k}: {v}" for k, v in sorted(meta["unavailable"].items())),
                   ""]  # fmt: skip
+    return "\n".join(lines)
+
+
+PROVENANCE = ("machine", "seconds", "finished")
+"""What a result file says of where and when it was made (:func:`.cli.record_run`), kept for
+:func:`provenance_table`."""
+
+
+def provenance_table(runs: dict[int, dict[str, dict[str, Any]]]) -> str:
+    """Where and when each result file was made: world seed, run seed, run, processor and CPUs, finecap commit,
+    when it finished and the seconds it took (training and evaluation; on a shared machine, wall time under its
+    load), from the result files (:data:`PROVENANCE`)."""
+    lines = ["## Where and when the runs ran", "",
+             "| world seed | run seed | run | machine | finecap | finished (UTC) | seconds |",
+             "| --- | --- | --- | --- | --- | --- | --- |"]  # fmt: skip
+    for seed in sorted(runs):
+        for key in sorted(runs[seed], key=lambda k: (is_replicate(k), k)):
+            record = runs[seed][key]
+            run, _, run_seed = key.partition("@r")
+            machine = record.get("machine") or {}
+            where = f"{machine.get('processor', '?')}, {machine.get('cpus', '?')} CPUs"
+            seconds = "?" if record.get("seconds") is None else f"{record['seconds']:.0f}"
+            lines.append(f"| {seed} | {run_seed or seed} | `{run}` | {where} | {machine.get('commit', '?')} | "
+                         f"{record.get('finished') or '?'} | {seconds} |")  # fmt: skip
     return "\n".join(lines)
 
 
@@ -294,6 +320,7 @@ def load_results(data_dir: Path, paper: Paper) -> tuple[Results, dict[str, Any]]
         key = path.stem if replicate is None else replicate_key(path.stem, int(replicate.group(1)))
         record = read_json(path)
         results.setdefault(seed, {})[key] = record["metrics"]
+        meta.setdefault("runs", {}).setdefault(seed, {})[key] = {k: record.get(k) for k in PROVENANCE}
         meta["quick"] = meta["quick"] or bool(record.get("quick"))
         meta["unavailable"].update(record.get("unavailable", {}))
         if (per_image := path.with_name(path.stem + ITEMS_SUFFIX)).exists():

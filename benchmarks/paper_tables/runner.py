@@ -76,21 +76,26 @@ def replicate_runner() -> type[StageRunner]:
         made (boosted captions and their visual expert, corpora, fluency LM, bags) shared."""
 
         run_seed: int = 0
+        shared: frozenset[str] = SHARED_RUNS  # runs read from the world seed's folder, not retrained
 
         def stage_dir(self, stage: str) -> Path:
-            if stage in SHARED_RUNS:
+            if stage in self.shared:
                 return self.run_dir / stage
             return self.run_dir / replicate_dir(self.run_seed) / stage
 
     return ReplicateRunner
 
 
-def make_replicate(seed: int, run_seed: int, runs_dir: Path, items: Sequence[str], quick: bool) -> StageRunner:
+def make_replicate(seed: int, run_seed: int, runs_dir: Path, items: Sequence[str], quick: bool,
+                   starts: frozenset[str] = frozenset()) -> StageRunner:  # fmt: skip
     """World seed ``seed``'s grid under run seed ``run_seed`` (``world.seed=N``, ``run.seed=M``, the user's
     ``items`` last): the runs of :func:`make_grid` trained again in ``<runs>/seed<N>/run<M>/``, so that a cell's
     difference can be measured over run seeds (:func:`.verdicts.run_seed_interval`). The world seed's shared data
     (boosted captions, fluency LM) must be made by its own grid first (:func:`.cli.run_replicates` does), so that it
-    is the one the grid's own runs used."""
+    is the one the grid's own runs used. ``starts``: runs read from the world seed's own folder as its grid trained
+    them (:attr:`.schema.Paper.replicate_from_start`: the MLE start), never retrained under run seed M; a run
+    starting from one loads that start's checkpoint and the world encoder it names, so run seed M's own world encoder
+    is neither trained nor read."""
     import finecap.train.run
     from finecap.config import load
     from finecap.recipes.settings import DEMO_BASE, DEMO_QUICK
@@ -103,7 +108,8 @@ def make_replicate(seed: int, run_seed: int, runs_dir: Path, items: Sequence[str
     cfg = load(None, seed_items, base=DEMO_BASE, over=over)
     return replicate_runner()(grid_stages(), cfg, runs_dir / f"seed{seed}", train=finecap.train.run.train,
                               items=seed_items, quick=quick, base=DEMO_BASE, over=over, computed=run_overrides,
-                              what=WHAT, ways_out=WAYS_OUT, run_seed=run_seed)  # fmt: skip
+                              what=WHAT, ways_out=WAYS_OUT, run_seed=run_seed,
+                              shared=SHARED_RUNS | starts)  # fmt: skip
 
 
 def run_overrides(grid: StageRunner, key: str) -> list[str]:
@@ -112,17 +118,19 @@ def run_overrides(grid: StageRunner, key: str) -> list[str]:
     return [*caption_field_overrides(grid, run), *corpus_overrides(grid, run)]
 
 
-def ensure_trained(grid: StageRunner, key: str) -> None:
+def ensure_trained(grid: StageRunner, key: str, start_grid: StageRunner | None = None) -> None:
     """Train run ``key`` (and the run it starts from, and the boosted data set it trains on) unless its ``DONE``
     marker exists; resume a killed one (:meth:`finecap.stages.StageRunner.train_stage`). A finished run trained on
-    other inputs (another world encoder, world or data) is refused, naming both fingerprints."""
+    other inputs (another world encoder, world or data) is refused, naming both fingerprints. ``start_grid``: the
+    runner whose run ``key``'s start is (a from-start replicate's world seed grid, :func:`make_replicate`'s
+    ``starts``); default ``grid``."""
     run = RUNS[key]
     if run.recipe is None:
         return
     if run.captions != "original":
         ensure_boosted(grid)
     if run.init is not None:
-        ensure_trained(grid, run.init)
+        ensure_trained(start_grid or grid, run.init)
     if not grid.is_done(key):
         print(f"== train {key}: {run_description(key)}", flush=True)
     grid.train_stage(key)

@@ -156,4 +156,10 @@ RUNS: dict[str, Run] = {
     # the GRPO check (finecap's, issue 50): demo/grpo_cider at SCST's batch, without and with the KL to the start
     "grpo": Run("grpo_cider", GRPO_AT_SCST),
     "grpo_kl": Run("grpo_cider", (*GRPO_AT_SCST, "grpo.kl_coef=0.04")),
+    # judge-backed rewards (finecap's check, issue 66): GRPO on CapRL's QA utility with the world judge, error-free
+    # and wrong on 10 % / 30 % of its answers, against GRPO on CIDEr-D at the same batch (both recipes as packaged)
+    "grpo_cider8": Run("grpo_cider"),
+    "grpo_qa": Run("grpo_qa"),
+    "grpo_qa_noise10": Run("grpo_qa", ("judge.noise=0.1",)),
+    "grpo_qa_noise30": Run("grpo_qa", ("judge.noise=0.3",)),
 }

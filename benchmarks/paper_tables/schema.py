@@ -126,6 +126,15 @@ class Paper:
     fluency_lm: bool = False  # train the world's fluency LM and report perplexity under it (SMILE's PPL column)
     bags_from: str = "original"  # caption field whose text embeddings build the test bags (NDLB: holistic)
     notes: str = ""
+    # every run also scored on the scene-family test world (the ImageCoDe analogue; the world encoder reads it)
+    families: bool = True
+    # --run-seeds retrains every trained run of the tables (not only the primary cells'), each from the world seed's
+    # own start (its MLE start, shared: not retrained, nor its world encoder), so that the run seeds vary the runs
+    # the page compares and nothing beneath them (the judges page: RL runs from one MLE start)
+    replicate_from_start: bool = False
+    # the page ends with where and when each result file was made (machine, run seed, seconds): a check page whose
+    # runs share a busy machine says so run by run
+    provenance: bool = False
 
     def table(self, table_id: str) -> Table:
         for t in self.tables:

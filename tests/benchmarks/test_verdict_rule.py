@@ -394,8 +394,19 @@ def test_chance_rates_by_hand():
     assert verdicts.chance_rate(spread) == 0.025
 
 
+AWAITING_GRID = {"judges": "issue 66's grid runs when the machine is quiet; one RL run is committed so far"}
+"""Pages committed before their grid has judged a cell, and why: the tests on committed verdicts pass them by until
+then (:func:`test_a_page_awaiting_its_grid_judges_no_row_yet` fails once a row is judged, so this set is emptied)."""
+
+
+def test_a_page_awaiting_its_grid_judges_no_row_yet():
+    for key in AWAITING_GRID:
+        page = (ROOT / "docs" / "reproductions" / f"{key}.md").read_text()
+        assert "**Multiplicity.**" not in page and not any(cells_of(v) for v in verdict_cells(page)), key
+
+
 def test_each_page_says_how_many_cells_it_judges_and_how_many_chance_gives():
-    for key in pt.PAPERS:
+    for key in set(pt.PAPERS) - set(AWAITING_GRID):
         page = (ROOT / "docs" / "reproductions" / f"{key}.md").read_text()
         note = re.search(r"\*\*Multiplicity\.\*\* This page judges (\d+) cells with a noise estimate "
                          r"\((\d+) directional, (\d+) no-change\).*?about ([\d.]+) of these cells by chance",
@@ -455,6 +466,8 @@ def test_no_committed_verdict_rests_on_a_zero_width_interval(path):
 
 @pytest.mark.parametrize("path", PAPER_PAGES, ids=lambda p: p.stem)
 def test_no_committed_row_partly_holds_without_a_directional_cell_that_holds(path):
+    if path.stem in AWAITING_GRID:
+        pytest.skip(f"{path.name}: {AWAITING_GRID[path.stem]}")
     rows = [v for v in verdict_cells(path.read_text()) if v.startswith(("partly holds: ", "holds: "))]
     assert rows, path.name
     for verdict in rows:
