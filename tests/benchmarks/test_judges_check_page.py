@@ -53,7 +53,7 @@ def test_the_runs_differ_only_in_the_reward_and_the_judges_error_rate():
     for cfg in (cider, n10, n30):  # CapRL's comparison at the same batch, samples, steps and learning rate
         assert (cfg.train.batch_size, cfg.rl.samples, cfg.train.max_steps, cfg.train.lr) == (
             qa.train.batch_size, qa.rl.samples, qa.train.max_steps, qa.train.lr)  # fmt: skip
-        assert (cfg.rl.advantage, cfg.rl.scale_rewards, cfg.rl.policy_loss) == ("group", "group", "clipped")
+        assert (cfg.grpo.advantage, cfg.grpo.scale_rewards, cfg.grpo.policy_loss) == ("group", "group", "clipped")
     assert [c.judge.noise for c in (qa, n10, n30)] == [0.0, 0.1, 0.3]
     assert qa.judge.name == "world" and n10.judge.seed == n30.judge.seed == qa.judge.seed
     assert all(pt.RUNS[k].init == "mle" for k in ("grpo_cider8", "grpo_qa", "grpo_qa_noise10", "grpo_qa_noise30"))

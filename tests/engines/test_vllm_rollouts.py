@@ -164,7 +164,7 @@ def test_the_packaged_grpo_vlm_vllm_recipe_trains_from_a_fresh_home(tmp_path, mo
     monkeypatch.setenv("FINECAP_HOME", str(tmp_path / "home"))
     cfg = load("demo/grpo_vlm_vllm", ["train.max_steps=2", "train.eval_every=2", "train.log_every=1",
                                       "world.n_train=16", "world.n_val=8", "world.n_test=8"])  # fmt: skip
-    assert cfg.vlm.name == "tiny:idefics3" and cfg.decode.engine == "vllm" and cfg.rl.kl_coef > 0
+    assert cfg.vlm.name == "tiny:idefics3" and cfg.decode.engine == "vllm" and cfg.grpo.kl_coef > 0
     run_dir = train(cfg)
     assert run_dir == tmp_path / "home" / "runs" / "demo" / "grpo_vlm_vllm"
     events = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]

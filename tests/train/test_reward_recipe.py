@@ -114,7 +114,7 @@ def test_grpo_with_qa_utility_on_the_world_judge_logs_every_part(make_cfg, noise
 
     recipe = load_recipe("demo/grpo_qa")
     assert recipe.rl.rewards == {"qa_utility": 1.0} and recipe.judge.name == "world"
-    cfg = make_cfg(*RL, "rl.rewards={qa_utility: 1.0}", "rl.advantage=group", "rl.policy_loss=clipped",
+    cfg = make_cfg(*RL, "rl.rewards={qa_utility: 1.0}", "grpo.advantage=group", "grpo.policy_loss=clipped",
                    "train.max_steps=2", "train.log_every=1", f"judge.noise={noise}")  # fmt: skip
     values = train_values(train(cfg))
     assert len(values) == 2
