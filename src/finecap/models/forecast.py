@@ -51,6 +51,8 @@ from typing import Any
 from finecap.models.captioner import VOCAB_CHUNK_ELEMENTS
 
 GIB = 1024**3
+CHUNKED = ("mle", "reinforce")
+"""Objectives that score their captions through the head in vocabulary chunks under checkpointing."""
 LM_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
 
@@ -103,7 +105,7 @@ class VisionShapes:
     def of(cls, config: Any, pixel_values: Any, images: int) -> VisionShapes:
         """The shapes of a VLM's ``vision_config`` and one batch's ``pixel_values`` of ``images`` images."""
         vision = config.vision_config
-        hidden = int(getattr(vision, "hidden_size", 0) or getattr(vision, "embed_dim", 0))
+        hidden = int(getattr(vision, "embed_dim", 0) or vision.hidden_size)  # Qwen2-VL: embed_dim is the tower's
         intermediate = int(getattr(vision, "intermediate_size", 0) or hidden * getattr(vision, "mlp_ratio", 4))
         patch = int(vision.patch_size) ** 2 * int(getattr(vision, "temporal_patch_size", 1) or 1)
         pixels = pixel_values.numel() // images
@@ -145,13 +147,16 @@ class Training:
 class Step:
     """One step's shapes, per process: ``images``, each with a prompt of ``prompt`` tokens (padding included) and
     ``captions`` scored captions of ``tokens`` tokens; ``shared``: one prompt pass per image feeding its captions (the
-    KV cache repeated), else the prompt is run again for each caption (teacher forcing, or RL under checkpointing)."""
+    KV cache repeated), else the prompt is run again for each caption (teacher forcing, or RL under checkpointing);
+    ``chunked``: under checkpointing the captions are scored through the head in vocabulary chunks (MLE and the RL
+    objectives; SMILE's subset softmax reads whole logits)."""
 
     images: int
     prompt: int
     captions: int
     tokens: int
     shared: bool = False
+    chunked: bool = True  # under checkpointing the vocabulary is scored in chunks (MLE, RL; not SMILE's subsets)
 
 
 def _inputs(train: Training, width: int, x_bytes: int, names: tuple[str, ...], saved: bool) -> int:
@@ -221,19 +226,32 @@ def mask_bytes(train: Training, rows: int, queries: int, keys: int) -> int:
     return train.linear * rows * queries * keys if train.mask else 0
 
 
-def vocab_bytes(lm: LmShapes, train: Training, scored: int) -> int:
+def vocab_bytes(lm: LmShapes, train: Training, scored: int, chunked: bool = True) -> int:
     """The vocabulary's bytes at the step's peak for ``scored`` tokens: float32 log-softmax saved and two float32
     gradients of its size (``12 V`` a token), or under checkpointing one chunk's (module docstring)."""
-    if train.checkpointing:
+    if train.checkpointing and chunked:
         return 12 * lm.vocab * min(scored, max(1, VOCAB_CHUNK_ELEMENTS // lm.vocab))
     return 12 * lm.vocab * scored
 
 
 def activation_forecast(lm: LmShapes, train: Training, step: Step, vision: VisionShapes | None = None) -> dict:
     """Bytes of one step's activations at its peak, by part: ``lm`` (the decoder layers and final norm, per the
-    prompt and the captions), ``mask``, ``vocab``, ``images`` (pixel values and the projector's input), and
-    ``peak`` (their sum, or the vision tower's temporaries when larger); ``per_image`` and ``per_caption``: what one
-    more image (with its captions) or one more caption adds."""
+    prompt and the captions), ``mask``, ``vocab``, ``images`` (pixel values and the projector's input), ``tower``
+    (the frozen vision tower's temporaries), and ``peak`` (their sum, or the tower's temporaries and the images when
+    larger); ``per_image`` and ``per_caption``: what one more image (with its captions) or one more caption per
+    image adds."""
+    out = _forecast(lm, train, step, vision)
+    if step.images > 1:
+        fewer = Step(step.images - 1, step.prompt, step.captions, step.tokens, step.shared, step.chunked)
+        out["per_image"] = out["peak"] - _forecast(lm, train, fewer, vision)["peak"]
+    if step.captions > 1:
+        fewer = Step(step.images, step.prompt, step.captions - 1, step.tokens, step.shared, step.chunked)
+        out["per_caption"] = (out["peak"] - _forecast(lm, train, fewer, vision)["peak"]) // step.images
+    return out
+
+
+def _forecast(lm: LmShapes, train: Training, step: Step, vision: VisionShapes | None) -> dict:
+    """:func:`activation_forecast` by part, without the increments."""
     rows = step.images * step.captions
     caption_positions = step.tokens - 1  # the last token is scored, never read
     if step.shared:
@@ -258,7 +276,7 @@ def activation_forecast(lm: LmShapes, train: Training, step: Step, vision: Visio
     else:
         layers = lm.layers * (tokens * per_token + extra_kv + casts) + tokens * norm_final
         mask_total = lm.layers * mask
-    vocab = vocab_bytes(lm, train, rows * step.tokens)
+    vocab = vocab_bytes(lm, train, rows * step.tokens, step.chunked)
     if train.lm == "full":  # the head's weight gradient as the backward pass forms it, before it is accumulated
         vocab += 4 * lm.vocab * lm.hidden
     images = 0
@@ -273,12 +291,6 @@ def activation_forecast(lm: LmShapes, train: Training, step: Step, vision: Visio
     total = layers + head_cast + mask_total + vocab + images
     out = {"lm": layers + head_cast, "mask": mask_total, "vocab": vocab, "images": images, "tower": tower,
            "peak": max(total, tower + images)}  # fmt: skip
-    if step.images > 1:
-        fewer = Step(step.images - 1, step.prompt, step.captions, step.tokens, step.shared)
-        out["per_image"] = out["peak"] - activation_forecast(lm, train, fewer, vision)["peak"]
-    if step.captions > 1:
-        fewer = Step(step.images, step.prompt, step.captions - 1, step.tokens, step.shared)
-        out["per_caption"] = (out["peak"] - activation_forecast(lm, train, fewer, vision)["peak"]) // step.images
     return out
 
 
@@ -294,12 +306,13 @@ def training_of(cfg: Any, padded: bool = True) -> Training:
 
 def step_of(cfg: Any, batch: dict[str, Any], rl: Any | None, shares_prompt: bool) -> Step:
     """The :class:`Step` of a run's first batch (``prompt_ids``, ``input_ids``): an RL objective (``rl``: its
-    ``rl`` section) scores ``rl.samples`` captions of up to ``decode.max_length`` tokens per image (and the EOS),
+    ``rl`` section) scores ``rl.samples`` captions of up to ``decode.max_length`` tokens per image (EOS included),
     after one prompt pass per image when the model ``shares_prompt``; else one teacher-forced caption per image."""
     images, prompt = batch["prompt_ids"].shape
+    chunked = cfg.train.objective in CHUNKED
     if rl is None:
-        return Step(int(images), int(prompt), 1, int(batch["input_ids"].shape[1]))
-    return Step(int(images), int(prompt), int(rl.samples), int(cfg.decode.max_length) + 1, shares_prompt)
+        return Step(int(images), int(prompt), 1, int(batch["input_ids"].shape[1]), chunked=chunked)
+    return Step(int(images), int(prompt), int(rl.samples), int(cfg.decode.max_length), shares_prompt, chunked)
 
 
 def forecast_of_run(model: Any, cfg: Any, batch: dict[str, Any], objective: Any) -> dict[str, Any] | None:
@@ -353,3 +366,72 @@ def forecast_text(memory: dict[str, int], forecast: dict[str, Any] | None, devic
     against = f" of {device_bytes / GIB:.1f} GiB on this device ({total / device_bytes:.0%})" if device_bytes else ""
     rows.append(f"forecast total per process: {total / GIB:.3f} GiB{against}")
     return rows
+
+
+@dataclass(frozen=True)
+class Backbone:
+    """A reference backbone for sizing recipes without loading it: its language model's and vision tower's shapes,
+    the prompt's tokens per image under a recipe's pixel budget (:data:`BUDGET_PIXELS`), and its parameter
+    counts (language model with its head, vision tower, projector)."""
+
+    name: str
+    lm: LmShapes
+    vision: VisionShapes
+    prompt: int
+    lm_params: int
+    vision_params: int
+    projector_params: int
+
+    def lm_layers_lora(self, train: Training) -> int:
+        """The language model's LoRA parameters (:func:`lora_weights` of every layer)."""
+        return self.lm.layers * lora_weights(self.lm, train)
+
+
+BUDGET_PIXELS = 512 * 512
+"""The pixel budget (``vlm.image_max_pixels``) the ``coco/*_vlm`` recipes set and :data:`BACKBONES` assume."""
+BACKBONES = {
+    # SmolVLM-256M-Instruct (config.json): one 512 px crop under the budget: 64 image tokens + 14 of text (78, the
+    # prompt gpu_check measured); SigLIP 512 px / 16 = 1,024 patches of 768; parameters counted on the model built
+    # from this config on the meta device (language model 134.6 M + its untied head 28.4 M, tower, connector)
+    "SmolVLM-256M": Backbone("SmolVLM-256M", LmShapes(30, 576, 1536, 9, 3, 49_280),
+                             VisionShapes(768, 3072, 1024, 3 * 512 * 512), 78, 162_974_016, 86_433_024, 7_077_888),
+    # Qwen2-VL-2B-Instruct (config.json): 640 x 480 under 262,144 pixels -> 588 x 420 = 42 x 30 patches of 14 px
+    # (1,260 of width 1,280, 1,176 floats each), merged 2 x 2 into 315 image tokens + about 20 of text; head tied;
+    # parameters counted as SmolVLM's (2.209 B in all; the projector is visual.merger)
+    "Qwen2-VL-2B": Backbone("Qwen2-VL-2B", LmShapes(28, 1536, 8960, 12, 2, 151_936),
+                            VisionShapes(1280, 5120, 1260, 1260 * 1176), 335, 1_543_714_304, 631_183_360,
+                            34_087_936),
+}  # fmt: skip
+
+
+def recipe_state(cfg: Any, backbone: Backbone) -> dict[str, int]:
+    """Bytes of weights, gradients and AdamW state of a VLM recipe's configuration on ``backbone`` (as
+    :func:`finecap.models.memory.training_memory` counts them on the built model): frozen weights in
+    ``model.dtype``, what trains (LoRA adapters of ``lora.rank`` on ``lora.lm_targets`` per layer, or the whole
+    language model; the projector with ``vlm.train_projector``) in float32 (``model.trainable_dtype``)."""
+    train = training_of(cfg)
+    frozen_bytes = 2 if cfg.model.dtype in ("bfloat16", "float16") else 4
+    lm_trains = cfg.model.train_lm and not cfg.lora.lm
+    trainable = backbone.lm_layers_lora(train) if cfg.model.train_lm and cfg.lora.lm else 0
+    trainable += backbone.lm_params if lm_trains else 0
+    trainable += backbone.projector_params if cfg.vlm.train_projector else 0
+    frozen = backbone.vision_params + (0 if lm_trains else backbone.lm_params)
+    frozen += 0 if cfg.vlm.train_projector else backbone.projector_params
+    weights = 4 * trainable + frozen_bytes * frozen
+    out = {"weights": weights, "gradients": 4 * trainable, "optimizer": 8 * trainable}
+    return {**out, "total": sum(out.values())}
+
+
+def recipe_forecast(cfg: Any, backbone: Backbone) -> dict[str, Any]:
+    """A ``coco/*_vlm`` recipe's configuration sized on ``backbone`` without building it: its state
+    (:func:`recipe_state`) and the activations of one step of ``train.batch_size`` images
+    (:func:`activation_forecast`; ``reinforce``: ``rl.samples`` captions of ``decode.max_length`` tokens per image,
+    else one of ``data.max_tokens``; batches padded), and their ``total`` per process."""
+    rl = cfg.train.objective == "reinforce"
+    shared = rl and not cfg.train.gradient_checkpointing
+    captions, tokens = (cfg.rl.samples, cfg.decode.max_length) if rl else (1, cfg.data.max_tokens)
+    step = Step(cfg.train.batch_size, backbone.prompt, captions, tokens, shared, cfg.train.objective in CHUNKED)
+    train = Training(**{**training_of(cfg).__dict__, "projector_trains": bool(cfg.vlm.train_projector)})
+    state = recipe_state(cfg, backbone)
+    act = activation_forecast(backbone.lm, train, step, backbone.vision)
+    return {"state": state, "activations": act, "total": state["total"] + act["peak"], "step": step}
