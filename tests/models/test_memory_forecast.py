@@ -173,3 +173,34 @@ def test_forecast_within_a_quarter_of_the_measured_cpu_peak(tmp_path, name, over
     vision = VisionShapes(768, 3072, 1024, 3 * 512 * 512)  # SigLIP at 512 px, patch 16, one crop
     forecast = activation_forecast(SMOLVLM, train, shapes, vision)["peak"] / 2**20
     assert 0.75 <= forecast / row["activations_mb"] <= 1.25, (forecast, row)
+
+
+def test_forecast_of_a_runs_first_batch_reads_its_shapes(tmp_path):
+    """``--dry-run``'s forecast of a VLM run: the batch's images, prompt and caption lengths, the model's shapes and
+    the run's levers; the MLE objective scores one teacher-forced caption per image, in vocabulary chunks."""
+    from PIL import Image
+
+    from finecap.config import load
+    from finecap.data.datasets import model_collator
+    from finecap.models.backbones import build_model
+    from finecap.models.forecast import forecast_of_run
+    from finecap.models.presets import save_tiny_vlm
+    from finecap.objectives.mle import MLE
+
+    folder = save_tiny_vlm(tmp_path / "vlm", "idefics3")
+    cfg = load("coco/mle_vlm", [f"vlm.name={folder}"])
+    model = build_model(cfg)
+    items = [{"caption": "w1 w2", "image": Image.new("RGB", (32, 24)), "image_id": i, "references": ["w1"],
+              "index": i} for i in range(3)]  # fmt: skip
+    batch = model_collator(model, 8)(items)
+    out = forecast_of_run(model, cfg, batch, MLE())
+    step, train = out["step"], out["training"]
+    assert (step.images, step.prompt, step.captions, step.tokens) == (3, batch["prompt_ids"].shape[1], 1,
+                                                                      batch["input_ids"].shape[1])  # fmt: skip
+    assert step.chunked and not step.shared
+    assert (train.lm, train.weights_bytes, train.autocast, train.checkpointing) == ("lora", 2, True, True)
+    text = model.model.config.text_config
+    assert out["bytes"]["peak"] == activation_forecast(LmShapes.of(model.model.config), train, step,
+                                                       VisionShapes.of(model.model.config, batch["pixel_values"], 3)
+                                                       )["peak"] > 0  # fmt: skip
+    assert LmShapes.of(model.model.config).hidden == text.hidden_size

@@ -33,8 +33,9 @@ the step's peak (the vocabulary in chunks under checkpointing: one chunk of
 zeroes gradients to ``None`` keeps that very tensor); with the prompt shared (one prompt pass per image,
 its KV cache repeated to its captions), each caption's attention also saves its rows' keys and values over the
 prompt (``2 l k' P`` per layer); the image inputs (``pixel_values``, float32) and the projector's input (trained:
-saved) per image; a frozen vision tower runs without a graph (only one layer's temporaries at a time, before the
-language model runs). **Under gradient checkpointing** (non-reentrant, per layer) only each layer's input
+saved) per image, and per caption where the prompt is not shared (each caption's row then runs the model's own
+forward, vision tower included); a frozen vision tower runs without a graph (only one layer's temporaries at a time,
+before the language model runs). **Under gradient checkpointing** (non-reentrant, per layer) only each layer's input
 (``r h`` a token) is kept, and one layer's activations are recomputed at a time in the backward pass.
 
 The peak is taken at the start of the backward pass: everything saved, plus the vocabulary's gradients (or, under
@@ -282,12 +283,15 @@ def _forecast(lm: LmShapes, train: Training, step: Step, vision: VisionShapes | 
     images = 0
     tower = 0
     if vision is not None:
-        per_image = 4 * vision.pixels
+        # without the shared prompt each caption's row runs the model's own forward, vision tower included: the
+        # image's pixel values are copied per row and the tower and projector see every row
+        seen = step.images if step.shared or step.captions == 1 else rows
+        copies = seen if seen != step.images else 0
+        images = 4 * vision.pixels * (step.images + copies)
         if train.projector_trains:  # its input, cast to the projector's float32 (bf16 under autocast)
-            per_image += (2 if train.autocast else 4) * vision.projector_in
-        images = step.images * per_image
-        # one frozen tower layer's temporaries (q, k, v, output, the MLP's two intermediates), float32 or bf16
-        tower = step.images * vision.patches * (5 * vision.hidden + 2 * vision.intermediate) * train.weights_bytes
+            images += (2 if train.autocast else 4) * vision.projector_in * seen
+        # one frozen tower layer's temporaries (q, k, v, output, the MLP's two intermediates), in the weights' dtype
+        tower = seen * vision.patches * (5 * vision.hidden + 2 * vision.intermediate) * train.weights_bytes
     total = layers + head_cast + mask_total + vocab + images
     out = {"lm": layers + head_cast, "mask": mask_total, "vocab": vocab, "images": images, "tower": tower,
            "peak": max(total, tower + images)}  # fmt: skip
