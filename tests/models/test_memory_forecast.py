@@ -130,7 +130,7 @@ def test_forecast_text_says_a_cpu_line_is_a_forecast():
     text = "\n".join(forecast_text(memory, forecast, None, measured=False))
     assert "a forecast, not a measurement" in text and "forecast total per process" in text
     text = "\n".join(forecast_text(memory, forecast, 80 * 2**30, measured=True, vllm=2**30))
-    assert "a CUDA step below measures the peak" in text and "of 80.0 GiB" in text and "vLLM share" in text
+    assert "a CUDA step below measures the peak" in text and "of 80.00 GiB" in text and "vLLM share" in text
     assert "no forecast" in forecast_text(memory, None, None, measured=False)[0]
 
 

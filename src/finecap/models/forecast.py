@@ -336,6 +336,11 @@ def forecast_of_run(model: Any, cfg: Any, batch: dict[str, Any], objective: Any)
     return {"step": step, "training": train, "bytes": activation_forecast(LmShapes.of(config), train, step, vision)}
 
 
+def size(n: int | float) -> str:
+    """Bytes as GiB (from 1 GiB) or MiB."""
+    return f"{n / GIB:.2f} GiB" if n >= GIB else f"{n / 2**20:.1f} MiB"
+
+
 def vllm_share(cfg: Any, device_bytes: int | None) -> int:
     """Bytes a colocated vLLM engine reserves (``decode.engine=vllm``): ``vllm.kv_cache_memory_bytes`` when set,
     else ``vllm.gpu_memory_utilization`` of the device's memory (its weights and KV cache); 0 without vLLM or
@@ -357,18 +362,18 @@ def forecast_text(memory: dict[str, int], forecast: dict[str, Any] | None, devic
         return ["activations: no forecast for this captioner (a model of VLM shapes only): the step below measures"]
     b, step = forecast["bytes"], forecast["step"]
     what = "forecast (a CUDA step below measures the peak)" if measured else "a forecast, not a measurement"
-    per = ", ".join(f"{k.replace('_', ' ')} {b[k] / GIB:.3f}" for k in ("per_image", "per_caption") if k in b)
+    per = ", ".join(f"{k.replace('_', ' ')} {size(b[k])}" for k in ("per_image", "per_caption") if k in b)
     rows = [
-        f"activations (GiB, {what}): {step.images} images x {step.captions} captions, prompt {step.prompt} tokens"
-        f"{' shared' if step.shared else ''}, caption {step.tokens} tokens: language model {b['lm'] / GIB:.3f}, "
-        f"attention mask {b['mask'] / GIB:.3f}, vocabulary {b['vocab'] / GIB:.3f}, images {b['images'] / GIB:.3f}, "
-        f"peak {b['peak'] / GIB:.3f}" + (f" ({per})" if per else ""),
+        f"activations ({what}): {step.images} images x {step.captions} captions, prompt {step.prompt} tokens"
+        f"{' shared' if step.shared else ''}, caption {step.tokens} tokens: language model {size(b['lm'])}, "
+        f"attention mask {size(b['mask'])}, vocabulary {size(b['vocab'])}, images {size(b['images'])}, "
+        f"vision tower {size(b['tower'])}; peak {size(b['peak'])}" + (f" ({per})" if per else ""),
     ]
     total = memory["total"] + b["peak"] + vllm
     if vllm:
-        rows.append(f"vLLM share (weights and KV cache): {vllm / GIB:.3f} GiB")
-    against = f" of {device_bytes / GIB:.1f} GiB on this device ({total / device_bytes:.0%})" if device_bytes else ""
-    rows.append(f"forecast total per process: {total / GIB:.3f} GiB{against}")
+        rows.append(f"vLLM share (weights and KV cache): {size(vllm)}")
+    against = f" of {size(device_bytes)} on this device ({total / device_bytes:.0%})" if device_bytes else ""
+    rows.append(f"forecast total per process (weights, gradients, AdamW, activations): {size(total)}{against}")
     return rows
 
 
