@@ -85,4 +85,7 @@ def test_dry_run_of_a_vlm_recipe_prints_the_activation_forecast(tmp_path, monkey
     text = out.getvalue()
     line = next(x for x in text.splitlines() if x.startswith("activations (a forecast, not a measurement)"))
     assert "2 images x 2 captions" in line and "caption 6 tokens" in line and "per caption" in line
-    assert "forecast total per process:" in text and "peak RSS growth (not activations" in text
+    assert (
+        "forecast total per process (weights, gradients, AdamW, activations):" in text
+        and "peak RSS growth (not activations" in text
+    )
