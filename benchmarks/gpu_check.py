@@ -682,8 +682,8 @@ def check_memory(ctx: Ctx, recipe: str) -> dict:
             "gradient_checkpointing": cfg.train.gradient_checkpointing,
             "mixed_precision": cfg.train.mixed_precision, "processor_kwargs": cfg.vlm.processor_kwargs,
             "device_total_gib": device_total / GIB if device_total else None,
-            "forecast_note": "finecap's forecast: weights + gradients + optimizer state; activations are not "
-                             "forecast (the step measures them)"}  # fmt: skip
+            "forecast_note": "finecap's forecast: weights + gradients + optimizer state (exact) and, for a VLM, the "
+                             "activations forecast from its shapes (finecap.models.forecast)"}  # fmt: skip
     try:
         report = dry_run(cfg)
     except torch.OutOfMemoryError as e:
@@ -701,9 +701,14 @@ def check_memory(ctx: Ctx, recipe: str) -> dict:
            "measured_peak_gib": step["peak_bytes"] / GIB, "measured_what": "CUDA max_memory_allocated of one step"
            if ctx.cuda else "peak RSS growth (CPU)", "loss": step["loss"], "step_seconds": step["seconds"],
            "parameters": report["parameters"]}  # fmt: skip
+    activations = (report.get("forecast") or {}).get("activations")
+    if activations:
+        out["activation_forecast_bytes"] = activations
+        out["forecast_with_activations_gib"] = (forecast["total"] + activations["peak"]) / GIB
     if device_total:
         out["fits_fraction"] = step["peak_bytes"] / device_total
-    out["summary"] = (f"batch {cfg.train.batch_size}: forecast {out['forecast_gib']:.2f} GiB, measured "
+    total = out.get("forecast_with_activations_gib", out["forecast_gib"])
+    out["summary"] = (f"batch {cfg.train.batch_size}: forecast {total:.2f} GiB, measured "
                       f"{out['measured_peak_gib']:.2f} GiB, {step['seconds']:.1f} s/step")  # fmt: skip
     return out
 

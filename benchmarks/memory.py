@@ -238,7 +238,8 @@ def measure(overrides: list[str], step: str, images: int, samples: int, tokens: 
     state = sum(p.numel() * p.element_size() for p in trainable) + 8 * n_trainable  # grads + AdamW's 2 fp32 moments
     return {"weights_mb": weights / 2**20, "train_state_mb": state / 2**20, "step_peak_mb": peak / 2**20,
             "activations_mb": activations / 2**20, "saved_mb": kept_for_backward / 2**20,
-            "trainable_m": n_trainable / 1e6, "device": "cuda" if cuda else "cpu"}  # fmt: skip
+            "trainable_m": n_trainable / 1e6, "device": "cuda" if cuda else "cpu",
+            "prompt_tokens": int(batch["prompt_ids"].shape[1]) if "prompt_ids" in batch else 0}  # fmt: skip
 
 
 # --------------------------------------------------------------------------------------------------------------------

@@ -133,7 +133,7 @@ def test_vlm_recipes_build_a_vlm_captioner(name, tmp_path):
     assert isinstance(model, Vlm) and model.section.prompt == cfg.vlm.prompt
     assert model.train_lm and model.train_encoder == cfg.model.train_encoder and model.section.train_projector
     adapted = {n.split(".lora_A")[0].rsplit(".", 1)[-1] for n, _ in model.named_parameters() if ".lora_A" in n}
-    if cfg.lora.lm:  # the SR recipes: LoRA on the language model's attention (NDLB's GPT-2 targets' Llama names)
+    if cfg.lora.lm:  # every VLM recipe (issue 65): LoRA on the language model's attention (NDLB's GPT-2 targets)
         assert {"q_proj", "k_proj", "v_proj", "o_proj"} <= adapted and not adapted & {"gate_proj", "down_proj"}
     if cfg.lora.encoder:  # SR-LV: the vision tower's attention and MLP too
         assert {"fc1", "fc2", "out_proj"} <= adapted

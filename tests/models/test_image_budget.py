@@ -33,7 +33,8 @@ def splitting_like(processor, longest: int, crop: int):
 @pytest.mark.parametrize("checkpoint", sorted(SMOLVLM))
 def test_vlm_recipes_give_smolvlm_the_processor_options_they_wrote_before(checkpoint):
     """The RL and SR recipes said ``processor_kwargs: {do_image_splitting: false}``; their ``image_max_pixels``
-    (512 x 512) maps to exactly that for SmolVLM's settings, and the recipes without a budget to nothing."""
+    (512 x 512) maps to exactly that for SmolVLM's settings, and a recipe without a budget to nothing (since issue 65
+    every ``coco/*_vlm`` recipe sets the budget: tests/config/test_vlm_recipe_sizing.py)."""
     processor = splitting_like(tiny_family("idefics3")[1], *SMOLVLM[checkpoint])
     for recipe in ("mle_vlm", "smile_vlm", "discritune_vlm", "sr_l_vlm", "sr_lv_bagcurri_vlm", "grpo_cider_vlm",
                    "grpo_sr_cider_vlm"):  # fmt: skip

@@ -64,3 +64,28 @@ def test_dry_run_does_not_resume():
     with contextlib.redirect_stderr(err):
         code = main(["train", "demo/mle", "--dry-run", "--resume"])
     assert code == 2 and "--dry-run builds a fresh run" in err.getvalue()
+
+
+def test_dry_run_of_a_vlm_recipe_prints_the_activation_forecast(tmp_path, monkeypatch):
+    """A VLM recipe's dry run (issue 65): the activations forecast from the model's shapes by part, per image and
+    per caption, said to be a forecast on the CPU, and the total; the report carries the step's shapes."""
+    from helpers.vlm_families import save_family, write_tiny_coco
+
+    monkeypatch.setenv("FINECAP_HOME", str(tmp_path / "home"))
+    folder = save_family(tmp_path / "vlm", "idefics3")
+    data, images = write_tiny_coco(tmp_path / "coco")
+    out, err = io.StringIO(), io.StringIO()
+    args = ["train", "coco/grpo_cider_vlm", f"vlm.name={folder}", f"data.path={data}", f"data.images={images}",
+            "train.init_from=", "train.batch_size=2", "rl.samples=2", "decode.max_length=6", "data.max_tokens=8",
+            "data.num_workers=0", "data.persistent_workers=false", "data.pin_memory=false",
+            f"run.dir={tmp_path / 'run'}", f"run.cache_dir={tmp_path / 'cache'}", "--dry-run"]  # fmt: skip
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = main(args)
+    assert code == 0, err.getvalue()
+    text = out.getvalue()
+    line = next(x for x in text.splitlines() if x.startswith("activations (a forecast, not a measurement)"))
+    assert "2 images x 2 captions" in line and "caption 6 tokens" in line and "per caption" in line
+    assert (
+        "forecast total per process (weights, gradients, AdamW, activations):" in text
+        and "peak RSS growth (not activations" in text
+    )

@@ -183,6 +183,7 @@ def _build_run(
     """The objective, the world and encoder it needs (prepared), the accelerator, model, data, optimizer, schedule
     and engine of a run, as training and :func:`dry_run` use them; ``writes``: whether the engine saves checkpoints
     and the trackers log into ``run_dir`` (a dry run writes nothing there)."""
+    sharding.check_strategy(cfg.train.strategy, cfg.model.quantization)  # before anything is prepared
     objective = get_objective(cfg.train.objective, cfg)
     factories = validator_factories(cfg)
     fresh = resume_from is None and not cfg.train.init_from
@@ -239,6 +240,7 @@ def dry_run(cfg: Config) -> dict[str, Any]:
 
     import yaml
 
+    from finecap.models.forecast import forecast_of_run, forecast_text, vllm_share
     from finecap.models.memory import parameter_counts, training_memory
 
     cfg = resolve_start(cfg)
@@ -257,6 +259,10 @@ def dry_run(cfg: Config) -> dict[str, Any]:
         if len(micro) == cfg.train.grad_accum_steps:
             break
     info = engine.step_info(batches[0], fields)
+    forecast = forecast_of_run(run.model, cfg, micro[0], engine.objective) if micro else None
+    cuda = acc.device.type == "cuda"
+    device_bytes = torch.cuda.get_device_properties(acc.device).total_memory if cuda else None
+    forecast_lines = forecast_text(memory, forecast, device_bytes, cuda, vllm_share(cfg, device_bytes))
     micro = [to_device({**mb, "step_info": info}, acc.device) for mb in micro]
     if acc.device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(acc.device)
@@ -270,7 +276,9 @@ def dry_run(cfg: Config) -> dict[str, Any]:
     engine.close_loader()
     peak = torch.cuda.max_memory_allocated(acc.device) if acc.device.type == "cuda" else peak_rss_bytes() - rss
     report = {"parameters": counts, "memory_bytes": memory, "step": {"loss": values["loss"], "seconds": seconds,
-              "batch": cfg.train.batch_size, "peak_bytes": peak, "device": str(acc.device)}}  # fmt: skip
+              "batch": cfg.train.batch_size, "peak_bytes": peak, "device": str(acc.device)},
+              "forecast": forecast and {"activations": forecast["bytes"], "step": forecast["step"].__dict__},
+              "forecast_lines": forecast_lines}  # fmt: skip
     if acc.is_main_process:
         print(yaml.safe_dump(cfg.to_dict(redact=True), sort_keys=False), end="")
         print(dry_run_text(report))
@@ -293,9 +301,11 @@ def dry_run_text(report: dict[str, Any]) -> str:
             rows += [f"  {part:<8} {role:<9} {dtype:<9} {n:>14,}" for dtype, n in dtypes.items()]
     mem = report["memory_bytes"]
     rows.append("memory estimate per process (GiB): " + ", ".join(f"{k} {v / gib:.3f}" for k, v in mem.items())
-                + " (activations come on top: the step below measures them)")  # fmt: skip
+                + " (exact; activations come on top)")  # fmt: skip
+    rows += report.get("forecast_lines", [])
     step = report["step"]
-    where = "peak allocated" if step["device"].startswith("cuda") else "peak RSS growth"
+    where = ("peak allocated (measured)" if step["device"].startswith("cuda")
+             else "peak RSS growth (not activations: allocator reuse and AdamW's first allocation)")  # fmt: skip
     rows.append(
         f"one training step on the first batch ({step['batch']} per process, {step['device']}): loss "
         f"{step['loss']:.4f}, {step['seconds']:.2f} s, {where} {step['peak_bytes'] / gib:.3f} GiB"

@@ -1,0 +1,96 @@
+"""finecap's memory forecast (:mod:`finecap.models.forecast`) of every ``coco/*_vlm`` recipe at SmolVLM-256M's and
+Qwen2-VL-2B's shapes, and of the recipes as the first H200 run measured them (issue 65). Nothing is built or loaded:
+the numbers come from the shapes alone, in a fraction of a second.
+
+    .venv/bin/python benchmarks/memory_forecast.py [--card-gib 80] [--h200]
+
+Prints the table of docs/memory.md ("Forecast per recipe"): recipe x backbone -> weights, gradients, AdamW state,
+activations at the step's peak and the total per process, in GiB, and whether it fits the card. ``--h200``: the
+forecast of the three recipe steps ``benchmarks/results/gpu_check_h200_2026-11-26*.json`` measured (their
+settings as they ran then: float32 full fine-tuning with SmolVLM's image splitting, and so on) against the measured
+CUDA peaks.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from finecap.config import load
+from finecap.models.forecast import (
+    BACKBONES,
+    GIB,
+    LmShapes,
+    Step,
+    Training,
+    VisionShapes,
+    activation_forecast,
+    recipe_forecast,
+)
+
+RECIPES = ("mle_vlm", "smile_vlm", "discritune_vlm", "sr_l_vlm", "sr_lv_bagcurri_vlm", "grpo_cider_vlm",
+           "grpo_sr_cider_vlm")  # fmt: skip
+RESULTS = Path(__file__).parent / "results"
+
+
+def table(card_gib: float) -> list[str]:
+    rows = ["| recipe | backbone | batch x captions | weights | gradients | AdamW | activations | total | fits |",
+            "| --- | --- | --- | ---: | ---: | ---: | ---: | ---: | --- |"]  # fmt: skip
+    for recipe in RECIPES:
+        cfg = load(f"coco/{recipe}")
+        for backbone in BACKBONES.values():
+            f = recipe_forecast(cfg, backbone)
+            s, step = f["state"], f["step"]
+            note = " (+ the tower's LoRA activations, not forecast)" if cfg.model.train_encoder else ""
+            rows.append(
+                f"| `coco/{recipe}` | {backbone.name} | {step.images} x {step.captions} | {s['weights'] / GIB:.2f} | "
+                f"{s['gradients'] / GIB:.2f} | {s['optimizer'] / GIB:.2f} | {f['activations']['peak'] / GIB:.2f} | "
+                f"{f['total'] / GIB:.2f}{note} | {'yes' if f['total'] / GIB < card_gib else 'no'} |"
+            )
+    return rows
+
+
+SMOLVLM_AS_MEASURED = LmShapes(30, 576, 1536, 9, 3, 49_152)  # gpu_check's SmolVLM (benchmarks/rollouts.py)
+H200 = [  # gpu_check's settings then (the recipes before issue 65), the state it printed, its measured peak
+    ("memory:mle_vlm", "gpu_check_h200_2026-11-26.json", Training("full", 4),
+     Step(32, 894, 1, 9), VisionShapes(768, 3072, 13 * 1024, 13 * 3 * 512 * 512),
+     "float32 full fine-tune, image splitting on (13 crops, 894 prompt tokens), captions of 4-8 words (9 tokens)"),
+    ("memory:sr_l_vlm", "gpu_check_h200_2026-11-26.json",
+     Training("lora", 4, rank=32, targets=("q_proj", "k_proj", "v_proj", "o_proj")),
+     Step(100, 78, 1, 40, shared=True), VisionShapes(768, 3072, 1024, 3 * 512 * 512),
+     "float32, LoRA r32 on attention, one 512 px crop (78 prompt tokens), 1 sample of 40 tokens, prompt shared"),
+    ("memory:grpo_cider_vlm", "gpu_check_h200_2026-11-26_memory_rerun.json",
+     Training("lora", 2, autocast=True, checkpointing=True, rank=32, targets=("q_proj", "k_proj", "v_proj", "o_proj")),
+     Step(16, 78, 8, 40), VisionShapes(768, 3072, 1024, 3 * 512 * 512),
+     "bf16 + LoRA r32 + autocast + checkpointing, 16 images x 8 samples of 40 tokens"),
+]  # fmt: skip
+
+
+def h200() -> list[str]:
+    rows = ["| check | settings | weights + gradients + AdamW (exact) | activations (forecast) | total forecast | "
+            "measured CUDA peak | forecast / measured |",
+            "| --- | --- | ---: | ---: | ---: | ---: | ---: |"]  # fmt: skip
+    for name, file, train, step, vision, what in H200:
+        record = next(c for c in json.loads((RESULTS / file).read_text())["checks"] if c["name"] == name)
+        state = record["forecast_bytes"]["total"]
+        act = activation_forecast(SMOLVLM_AS_MEASURED, train, step, vision)["peak"]
+        measured = record["measured_peak_bytes"]
+        rows.append(f"| `{name}` | {what} | {state / GIB:.2f} | {act / GIB:.2f} | {(state + act) / GIB:.2f} | "
+                    f"{measured / GIB:.2f} | {(state + act) / measured:.3f} |")  # fmt: skip
+    return rows
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--card-gib", type=float, default=80.0, help="the card's memory the totals are held to")
+    parser.add_argument("--h200", action="store_true", help="also the forecast of the H200 run's measured steps")
+    args = parser.parse_args()
+    print("\n".join(table(args.card_gib)))
+    if args.h200:
+        print()
+        print("\n".join(h200()))
+
+
+if __name__ == "__main__":
+    main()

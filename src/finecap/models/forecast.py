@@ -1,0 +1,446 @@
+"""The activation memory of one training step of a decoder-only VLM, forecast from the shapes of its backbone
+(issue 65): what autograd keeps for the backward pass, counted tensor by tensor for the ``transformers``
+implementations finecap trains (Llama / SmolLM2 / Qwen2 decoder layers: RMSNorm, rotary attention through
+``sdpa``, a gated SiLU MLP), never fitted to a measurement. :func:`finecap.models.memory.training_memory` gives the
+exact rest (weights, gradients, AdamW's moments); ``finecap train --dry-run`` prints both (:func:`forecast_text`),
+and docs/memory.md says how close the forecast came to measured peaks.
+
+**Per decoder layer and token** (bytes; ``h`` hidden, ``i`` intermediate, ``q = heads x head_dim``, ``kv =
+kv_heads x head_dim``; ``r`` the residual stream's bytes (4 in float32 weights, 2 in bfloat16 weights), ``l`` a
+projection's output bytes (2 under bf16 autocast or bfloat16 weights, else 4)); "saved" means held by a backward
+node until the backward pass reaches it:
+
+- each of the two RMSNorms (``x.to(float32)``, ``pow``, ``mean``, ``rsqrt``, ``*``, ``weight *``): the float32 input
+  (``pow`` and ``*`` save it: ``4h``, the input itself when ``r = 4``), and, when the norm's weight trains, the
+  normalised ``hn`` in the input dtype (``weight * hn`` saves it: ``r h``);
+- the projections' inputs (:func:`_inputs`): a projection whose weight trains saves its input (one tensor for
+  ``q/k/v`` or ``gate/up``, which read the same one; under autocast each call saves its own bf16 cast, ``2w``); a
+  frozen projection with a LoRA adapter saves the adapter's input, which peft casts to the adapter's float32 (a copy
+  per adapted projection, ``4w``; under autocast the bf16 cast of that copy, ``2w``), plus the ``rank``-wide
+  adapter hidden state; a frozen projection without one saves nothing;
+- attention (``sdpa``, whose flash / memory-efficient kernels save query, key, value, output and the log-sum-exp):
+  ``l (q + 2 k' + q) + 4 heads``, with ``k' = q`` when an attention mask is passed (padding: ``transformers``
+  repeats the key/value heads before ``sdpa``) and ``k' = kv`` without one (``enable_gqa``); with a mask, ``sdpa``
+  also saves that layer's float copy of it, ``l x (query positions) x (key positions)`` per row;
+- the MLP ``down(silu(gate(x)) * up(x))``: ``silu`` saves ``gate``, ``*`` saves ``silu(gate)`` and ``up``: ``3 l i``,
+  and ``down``'s input as a projection input above.
+
+**Around the layers**: the final norm (as one norm) over every position; the vocabulary: a scored token's float32
+log-softmax (``4V``) is saved and the first backward nodes hold two more float32 gradients of that size, ``12V`` at
+the step's peak (the vocabulary in chunks under checkpointing: one chunk of
+:data:`~finecap.models.captioner.VOCAB_CHUNK_ELEMENTS` logits), and a trained head's weight gradient as it is formed
+(``4 V h``, before it is added to the gradient kept: counted here although the first micro-step of a run that
+zeroes gradients to ``None`` keeps that very tensor); with the prompt shared (one prompt pass per image,
+its KV cache repeated to its captions), each caption's attention also saves its rows' keys and values over the
+prompt (``2 l k' P`` per layer); the image inputs (``pixel_values``, float32) and the projector's input (trained:
+saved) per image, and per caption where the prompt is not shared (each caption's row then runs the model's own
+forward, vision tower included); a frozen vision tower runs without a graph (only one layer's temporaries at a time,
+before the language model runs). **Under gradient checkpointing** (non-reentrant, per layer) only each layer's input
+(``r h`` a token) is kept, and one layer's activations are recomputed at a time in the backward pass.
+
+The peak is taken at the start of the backward pass: everything saved, plus the vocabulary's gradients (or, under
+checkpointing, one recomputed layer), or the vision tower's temporaries if larger. Not counted: the allocator's
+rounding and fragmentation, the optimizer step's temporaries, a data-parallel wrapper's buckets, and decoding
+(rollouts run without a graph, before the step's forward).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from finecap.models.captioner import VOCAB_CHUNK_ELEMENTS
+
+GIB = 1024**3
+CHUNKED = ("mle", "reinforce")
+"""Objectives that score their captions through the head in vocabulary chunks under checkpointing."""
+LM_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+
+@dataclass(frozen=True)
+class LmShapes:
+    """The language model's shapes (``transformers`` config names)."""
+
+    layers: int
+    hidden: int
+    intermediate: int
+    heads: int
+    kv_heads: int
+    vocab: int
+    head_dim: int = 0  # 0: hidden // heads
+
+    @property
+    def q(self) -> int:
+        return self.heads * (self.head_dim or self.hidden // self.heads)
+
+    @property
+    def kv(self) -> int:
+        return self.kv_heads * (self.head_dim or self.hidden // self.heads)
+
+    @classmethod
+    def of(cls, config: Any) -> LmShapes:
+        """The shapes of a ``transformers`` config (its ``text_config`` where it has one)."""
+        text = getattr(config, "text_config", None) or config
+        heads = int(text.num_attention_heads)
+        return cls(int(text.num_hidden_layers), int(text.hidden_size), int(text.intermediate_size), heads,
+                   int(getattr(text, "num_key_value_heads", None) or heads), int(text.vocab_size),
+                   int(getattr(text, "head_dim", None) or 0))  # fmt: skip
+
+
+@dataclass(frozen=True)
+class VisionShapes:
+    """A frozen vision tower's shapes per image: ``patches`` (all crops) of width ``hidden`` (``intermediate`` in
+    its MLP), the float32 values of its ``pixel_values`` (``pixels``) and of the projector's input (``projector_in``:
+    the tower's output, pixel-shuffled or merged: ``patches x hidden``)."""
+
+    hidden: int
+    intermediate: int
+    patches: int
+    pixels: int
+
+    @property
+    def projector_in(self) -> int:
+        return self.patches * self.hidden
+
+    @classmethod
+    def of(cls, config: Any, pixel_values: Any, images: int) -> VisionShapes:
+        """The shapes of a VLM's ``vision_config`` and one batch's ``pixel_values`` of ``images`` images."""
+        vision = config.vision_config
+        hidden = int(getattr(vision, "embed_dim", 0) or vision.hidden_size)  # Qwen2-VL: embed_dim is the tower's
+        intermediate = int(getattr(vision, "intermediate_size", 0) or hidden * getattr(vision, "mlp_ratio", 4))
+        patch = int(vision.patch_size) ** 2 * int(getattr(vision, "temporal_patch_size", 1) or 1)
+        pixels = pixel_values.numel() // images
+        return cls(hidden, intermediate, pixels // (3 * patch), pixels)
+
+
+@dataclass(frozen=True)
+class Training:
+    """How the step trains: ``lm`` = ``"full"`` (the language model's weights train), ``"lora"`` (adapters of
+    ``rank`` on ``targets``, base and norms frozen) or ``"frozen"``; ``weights_bytes`` of the frozen base (2 or 4);
+    bf16 ``autocast``; gradient ``checkpointing``; whether an attention ``mask`` is passed (padded batches)."""
+
+    lm: str = "full"
+    weights_bytes: int = 4
+    autocast: bool = False
+    checkpointing: bool = False
+    rank: int = 16
+    targets: tuple[str, ...] = LM_TARGETS
+    mask: bool = True
+    projector_trains: bool = True
+
+    def __post_init__(self) -> None:
+        if self.lm not in ("full", "lora", "frozen"):
+            raise ValueError(f"Training.lm={self.lm!r}; valid: full, lora, frozen")
+
+    @property
+    def residual(self) -> int:
+        """Bytes of the residual stream: the weights' dtype (float32 weights stay float32 under autocast: the
+        embedding and the residual additions are not autocast)."""
+        return 4 if self.lm == "full" else self.weights_bytes
+
+    @property
+    def linear(self) -> int:
+        """Bytes of a projection's output."""
+        return 2 if self.autocast or self.residual == 2 else 4
+
+
+@dataclass(frozen=True)
+class Step:
+    """One step's shapes, per process: ``images``, each with a prompt of ``prompt`` tokens (padding included) and
+    ``captions`` scored captions of ``tokens`` tokens; ``shared``: one prompt pass per image feeding its captions (the
+    KV cache repeated), else the prompt is run again for each caption (teacher forcing, or RL under checkpointing);
+    ``chunked``: under checkpointing the captions are scored through the head in vocabulary chunks (MLE and the RL
+    objectives; SMILE's subset softmax reads whole logits)."""
+
+    images: int
+    prompt: int
+    captions: int
+    tokens: int
+    shared: bool = False
+    chunked: bool = True  # under checkpointing the vocabulary is scored in chunks (MLE, RL; not SMILE's subsets)
+
+
+def _inputs(train: Training, width: int, x_bytes: int, names: tuple[str, ...], saved: bool) -> int:
+    """Bytes saved for the projections ``names`` reading one input of ``width`` features and ``x_bytes`` a feature
+    (``saved``: that input is already counted as saved by another node)."""
+    if train.lm == "full":
+        if train.autocast and x_bytes != 2:
+            return 2 * width * len(names)  # one bf16 cast per call
+        return 0 if saved else x_bytes * width
+    if train.lm == "frozen":
+        return 0
+    adapted = [n for n in names if n in train.targets]
+    if not adapted:
+        return 0
+    hidden = train.rank * (2 if train.autocast else 4) * len(adapted)  # lora_B saves lora_A's output
+    if train.autocast:
+        return 2 * width * len(adapted) + hidden
+    if x_bytes == 4:
+        return (0 if saved else 4 * width) + hidden
+    return 4 * width * len(adapted) + hidden  # peft's float32 copy per adapter
+
+
+def layer_bytes(lm: LmShapes, train: Training) -> int:
+    """Bytes one decoder layer saves per token (module docstring), the attention mask aside
+    (:func:`mask_bytes`)."""
+    h, r, lb = lm.hidden, train.residual, train.linear
+    norm_trains = train.lm == "full"
+    norm = 4 * h + 4 + (r * h if norm_trains else 0)  # float32 input, rsqrt (one float), hn
+    kv = lm.q if train.mask else lm.kv
+    attention = lb * (lm.q + 2 * kv + lm.q) + 4 * lm.heads
+    mlp = 3 * lb * lm.intermediate
+    projections = (
+        _inputs(train, h, r, ("q_proj", "k_proj", "v_proj"), False)
+        + _inputs(train, lm.q, lb, ("o_proj",), saved=True)  # sdpa's output, saved by sdpa
+        + _inputs(train, h, r, ("gate_proj", "up_proj"), False)
+        + _inputs(train, lm.intermediate, lb, ("down_proj",), False)
+    )
+    return 2 * norm + attention + mlp + projections
+
+
+def linear_weights(lm: LmShapes) -> int:
+    """Weights of one decoder layer's projections."""
+    return lm.hidden * (2 * lm.q + 2 * lm.kv + 3 * lm.intermediate)
+
+
+def lora_weights(lm: LmShapes, train: Training) -> int:
+    """Weights of one decoder layer's LoRA adapters (``rank x (in + out)`` per adapted projection)."""
+    h, q, kv, i = lm.hidden, lm.q, lm.kv, lm.intermediate
+    sizes = {"q_proj": h + q, "k_proj": h + kv, "v_proj": h + kv, "o_proj": q + h, "gate_proj": h + i,
+             "up_proj": h + i, "down_proj": i + h}  # fmt: skip
+    return train.rank * sum(sizes[t] for t in train.targets if t in sizes) if train.lm == "lora" else 0
+
+
+def autocast_bytes(lm: LmShapes, train: Training) -> int:
+    """The bf16 copies of float32 weights that autocast makes for each projection it runs and the backward pass
+    keeps (the input's gradient reads the weight): per layer, the float32 projections (a full fine-tune's, or a
+    float32 base's) and the LoRA adapters (float32 by ``model.trainable_dtype``), and the output head when it trains
+    in float32; 0 without autocast."""
+    if not train.autocast:
+        return 0
+    base = linear_weights(lm) if train.lm == "full" or train.weights_bytes == 4 else 0
+    return 2 * (base + lora_weights(lm, train))
+
+
+def mask_bytes(train: Training, rows: int, queries: int, keys: int) -> int:
+    """The float copy of the attention mask ``sdpa`` saves per layer (``rows`` x ``queries`` x ``keys``)."""
+    return train.linear * rows * queries * keys if train.mask else 0
+
+
+def vocab_bytes(lm: LmShapes, train: Training, scored: int, chunked: bool = True) -> int:
+    """The vocabulary's bytes at the step's peak for ``scored`` tokens: float32 log-softmax saved and two float32
+    gradients of its size (``12 V`` a token), or under checkpointing one chunk's (module docstring)."""
+    if train.checkpointing and chunked:
+        return 12 * lm.vocab * min(scored, max(1, VOCAB_CHUNK_ELEMENTS // lm.vocab))
+    return 12 * lm.vocab * scored
+
+
+def activation_forecast(lm: LmShapes, train: Training, step: Step, vision: VisionShapes | None = None) -> dict:
+    """Bytes of one step's activations at its peak, by part: ``lm`` (the decoder layers and final norm, per the
+    prompt and the captions), ``mask``, ``vocab``, ``images`` (pixel values and the projector's input), ``tower``
+    (the frozen vision tower's temporaries), and ``peak`` (their sum, or the tower's temporaries and the images when
+    larger); ``per_image`` and ``per_caption``: what one more image (with its captions) or one more caption per
+    image adds."""
+    out = _forecast(lm, train, step, vision)
+    if step.images > 1:
+        fewer = Step(step.images - 1, step.prompt, step.captions, step.tokens, step.shared, step.chunked)
+        out["per_image"] = out["peak"] - _forecast(lm, train, fewer, vision)["peak"]
+    if step.captions > 1:
+        fewer = Step(step.images, step.prompt, step.captions - 1, step.tokens, step.shared, step.chunked)
+        out["per_caption"] = (out["peak"] - _forecast(lm, train, fewer, vision)["peak"]) // step.images
+    return out
+
+
+def _forecast(lm: LmShapes, train: Training, step: Step, vision: VisionShapes | None) -> dict:
+    """:func:`activation_forecast` by part, without the increments."""
+    rows = step.images * step.captions
+    caption_positions = step.tokens - 1  # the last token is scored, never read
+    if step.shared:
+        sequences = [(step.images, step.prompt, step.prompt), (rows, caption_positions, step.prompt + step.tokens)]
+    else:
+        sequences = [(rows, step.prompt + caption_positions, step.prompt + caption_positions)]
+    per_token = layer_bytes(lm, train)
+    tokens = sum(n * q for n, q, _ in sequences)
+    norm_final = 4 * lm.hidden + (train.residual * lm.hidden if train.lm == "full" else 0)
+    mask = sum(mask_bytes(train, n, q, k) for n, q, k in sequences)
+    extra_kv = 0
+    if step.shared:  # each caption's attention saves its rows' keys and values over the prompt
+        kv = lm.q if train.mask else lm.kv
+        extra_kv = rows * step.prompt * 2 * train.linear * kv
+    casts = autocast_bytes(lm, train)
+    head_cast = 2 * lm.vocab * lm.hidden if train.autocast and train.lm == "full" else 0
+    if train.checkpointing:
+        kept = tokens * train.residual * lm.hidden * lm.layers  # each layer's input
+        recomputed = tokens * per_token + mask + extra_kv + casts  # one layer at a time
+        layers = kept + recomputed + tokens * norm_final
+        mask_total = 0
+    else:
+        layers = lm.layers * (tokens * per_token + extra_kv + casts) + tokens * norm_final
+        mask_total = lm.layers * mask
+    vocab = vocab_bytes(lm, train, rows * step.tokens, step.chunked)
+    if train.lm == "full":  # the head's weight gradient as the backward pass forms it, before it is accumulated
+        vocab += 4 * lm.vocab * lm.hidden
+    images = 0
+    tower = 0
+    if vision is not None:
+        # without the shared prompt each caption's row runs the model's own forward, vision tower included: the
+        # image's pixel values are copied per row and the tower and projector see every row
+        seen = step.images if step.shared or step.captions == 1 else rows
+        copies = seen if seen != step.images else 0
+        images = 4 * vision.pixels * (step.images + copies)
+        if train.projector_trains:  # its input, cast to the projector's float32 (bf16 under autocast)
+            images += (2 if train.autocast else 4) * vision.projector_in * seen
+        # one frozen tower layer's temporaries (q, k, v, output, the MLP's two intermediates), in the weights' dtype
+        tower = seen * vision.patches * (5 * vision.hidden + 2 * vision.intermediate) * train.weights_bytes
+    total = layers + head_cast + mask_total + vocab + images
+    out = {"lm": layers + head_cast, "mask": mask_total, "vocab": vocab, "images": images, "tower": tower,
+           "peak": max(total, tower + images)}  # fmt: skip
+    return out
+
+
+def training_of(cfg: Any, padded: bool = True) -> Training:
+    """The :class:`Training` of a run's configuration (``model``, ``lora``, ``train``); ``padded``: whether its
+    batches pass an attention mask (captions of different lengths do)."""
+    lm = ("lora" if cfg.lora.lm else "full") if cfg.model.train_lm else "frozen"
+    weights = 2 if cfg.model.dtype in ("bfloat16", "float16") else 4
+    targets = tuple(cfg.lora.lm_targets) or LM_TARGETS
+    return Training(lm, weights, cfg.train.mixed_precision in ("bf16", "fp16"), cfg.train.gradient_checkpointing,
+                    cfg.lora.rank, targets, padded)  # fmt: skip
+
+
+def step_of(cfg: Any, batch: dict[str, Any], rl: Any | None, shares_prompt: bool) -> Step:
+    """The :class:`Step` of a run's first batch (``prompt_ids``, ``input_ids``): an RL objective (``rl``: its
+    ``rl`` section) scores ``rl.samples`` captions of up to ``decode.max_length`` tokens per image (EOS included),
+    after one prompt pass per image when the model ``shares_prompt``; else one teacher-forced caption per image."""
+    images, prompt = batch["prompt_ids"].shape
+    chunked = cfg.train.objective in CHUNKED
+    if rl is None:
+        return Step(int(images), int(prompt), 1, int(batch["input_ids"].shape[1]), chunked=chunked)
+    return Step(int(images), int(prompt), int(rl.samples), int(cfg.decode.max_length), shares_prompt, chunked)
+
+
+def forecast_of_run(model: Any, cfg: Any, batch: dict[str, Any], objective: Any) -> dict[str, Any] | None:
+    """The activation forecast (:func:`activation_forecast`) of a run's first batch, for a VLM whose own forward
+    reads prompt ids (``model.kind=vlm`` with a pretrained checkpoint); ``None`` for other captioners (no model of
+    their shapes here)."""
+    config = getattr(getattr(model, "model", None), "config", None)
+    if cfg.model.kind != "vlm" or config is None or "prompt_ids" not in batch or not hasattr(config, "text_config"):
+        return None
+    padded = any(not bool(batch[k].bool().all()) for k in ("prompt_mask", "attention_mask") if k in batch)
+    rl = getattr(objective, "rl", None)
+    shares = bool(getattr(model, "share_prompt", False)) and not cfg.train.gradient_checkpointing
+    train = training_of(cfg, padded or rl is not None)  # sampled captions end at different lengths
+    step = step_of(cfg, batch, rl, shares)
+    vision = VisionShapes.of(config, batch["pixel_values"], step.images) if "pixel_values" in batch else None
+    train = Training(**{**train.__dict__, "projector_trains": bool(getattr(cfg.vlm, "train_projector", True))})
+    return {"step": step, "training": train, "bytes": activation_forecast(LmShapes.of(config), train, step, vision)}
+
+
+def size(n: int | float) -> str:
+    """Bytes as GiB (from 1 GiB) or MiB."""
+    return f"{n / GIB:.2f} GiB" if n >= GIB else f"{n / 2**20:.1f} MiB"
+
+
+def vllm_share(cfg: Any, device_bytes: int | None) -> int:
+    """Bytes a colocated vLLM engine reserves (``decode.engine=vllm``): ``vllm.kv_cache_memory_bytes`` when set,
+    else ``vllm.gpu_memory_utilization`` of the device's memory (its weights and KV cache); 0 without vLLM or
+    without a known device size."""
+    if cfg.decode.engine != "vllm":
+        return 0
+    if cfg.vllm.kv_cache_memory_bytes:
+        return int(cfg.vllm.kv_cache_memory_bytes)
+    return int(cfg.vllm.gpu_memory_utilization * device_bytes) if device_bytes else 0
+
+
+def forecast_text(memory: dict[str, int], forecast: dict[str, Any] | None, device_bytes: int | None,
+                  measured: bool, vllm: int = 0) -> list[str]:  # fmt: skip
+    """The lines ``--dry-run`` prints: the activation forecast by part, per image and per caption, the total with
+    weights, gradients and optimizer state (``memory``: :func:`finecap.models.memory.training_memory`) and the vLLM
+    share (``vllm`` bytes: :func:`vllm_share`) against the device's memory (``device_bytes``; ``None``: unknown),
+    and whether the activation line is a forecast only (``measured``: a CUDA step's peak follows)."""
+    if forecast is None:
+        return ["activations: no forecast for this captioner (a model of VLM shapes only): the step below measures"]
+    b, step = forecast["bytes"], forecast["step"]
+    what = "forecast (a CUDA step below measures the peak)" if measured else "a forecast, not a measurement"
+    per = ", ".join(f"{k.replace('_', ' ')} {size(b[k])}" for k in ("per_image", "per_caption") if k in b)
+    rows = [
+        f"activations ({what}): {step.images} images x {step.captions} captions, prompt {step.prompt} tokens"
+        f"{' shared' if step.shared else ''}, caption {step.tokens} tokens: language model {size(b['lm'])}, "
+        f"attention mask {size(b['mask'])}, vocabulary {size(b['vocab'])}, images {size(b['images'])}, "
+        f"vision tower {size(b['tower'])}; peak {size(b['peak'])}" + (f" ({per})" if per else ""),
+    ]
+    total = memory["total"] + b["peak"] + vllm
+    if vllm:
+        rows.append(f"vLLM share (weights and KV cache): {size(vllm)}")
+    against = f" of {size(device_bytes)} on this device ({total / device_bytes:.0%})" if device_bytes else ""
+    rows.append(f"forecast total per process (weights, gradients, AdamW, activations): {size(total)}{against}")
+    return rows
+
+
+@dataclass(frozen=True)
+class Backbone:
+    """A reference backbone for sizing recipes without loading it: its language model's and vision tower's shapes,
+    the prompt's tokens per image under a recipe's pixel budget (:data:`BUDGET_PIXELS`), and its parameter
+    counts (language model with its head, vision tower, projector)."""
+
+    name: str
+    lm: LmShapes
+    vision: VisionShapes
+    prompt: int
+    lm_params: int
+    vision_params: int
+    projector_params: int
+
+    def lm_layers_lora(self, train: Training) -> int:
+        """The language model's LoRA parameters (:func:`lora_weights` of every layer)."""
+        return self.lm.layers * lora_weights(self.lm, train)
+
+
+BUDGET_PIXELS = 512 * 512
+"""The pixel budget (``vlm.image_max_pixels``) the ``coco/*_vlm`` recipes set and :data:`BACKBONES` assume."""
+BACKBONES = {
+    # SmolVLM-256M-Instruct (config.json): one 512 px crop under the budget: 64 image tokens + 14 of text (78, the
+    # prompt gpu_check measured); SigLIP 512 px / 16 = 1,024 patches of 768; parameters counted on the model built
+    # from this config on the meta device (language model 134.6 M + its untied head 28.4 M, tower, connector)
+    "SmolVLM-256M": Backbone("SmolVLM-256M", LmShapes(30, 576, 1536, 9, 3, 49_280),
+                             VisionShapes(768, 3072, 1024, 3 * 512 * 512), 78, 162_974_016, 86_433_024, 7_077_888),
+    # Qwen2-VL-2B-Instruct (config.json): 640 x 480 under 262,144 pixels -> 588 x 420 = 42 x 30 patches of 14 px
+    # (1,260 of width 1,280, 1,176 floats each), merged 2 x 2 into 315 image tokens + about 20 of text; head tied;
+    # parameters counted as SmolVLM's (2.209 B in all; the projector is visual.merger)
+    "Qwen2-VL-2B": Backbone("Qwen2-VL-2B", LmShapes(28, 1536, 8960, 12, 2, 151_936),
+                            VisionShapes(1280, 5120, 1260, 1260 * 1176), 335, 1_543_714_304, 631_183_360,
+                            34_087_936),
+}  # fmt: skip
+
+
+def recipe_state(cfg: Any, backbone: Backbone) -> dict[str, int]:
+    """Bytes of weights, gradients and AdamW state of a VLM recipe's configuration on ``backbone`` (as
+    :func:`finecap.models.memory.training_memory` counts them on the built model): frozen weights in
+    ``model.dtype``, what trains (LoRA adapters of ``lora.rank`` on ``lora.lm_targets`` per layer, or the whole
+    language model; the projector with ``vlm.train_projector``) in float32 (``model.trainable_dtype``)."""
+    train = training_of(cfg)
+    frozen_bytes = 2 if cfg.model.dtype in ("bfloat16", "float16") else 4
+    lm_trains = cfg.model.train_lm and not cfg.lora.lm
+    trainable = backbone.lm_layers_lora(train) if cfg.model.train_lm and cfg.lora.lm else 0
+    trainable += backbone.lm_params if lm_trains else 0
+    trainable += backbone.projector_params if cfg.vlm.train_projector else 0
+    frozen = backbone.vision_params + (0 if lm_trains else backbone.lm_params)
+    frozen += 0 if cfg.vlm.train_projector else backbone.projector_params
+    weights = 4 * trainable + frozen_bytes * frozen
+    out = {"weights": weights, "gradients": 4 * trainable, "optimizer": 8 * trainable}
+    return {**out, "total": sum(out.values())}
+
+
+def recipe_forecast(cfg: Any, backbone: Backbone) -> dict[str, Any]:
+    """A ``coco/*_vlm`` recipe's configuration sized on ``backbone`` without building it: its state
+    (:func:`recipe_state`) and the activations of one step of ``train.batch_size`` images
+    (:func:`activation_forecast`; ``reinforce``: ``rl.samples`` captions of ``decode.max_length`` tokens per image,
+    else one of ``data.max_tokens``; batches padded), and their ``total`` per process."""
+    rl = cfg.train.objective == "reinforce"
+    shared = rl and not cfg.train.gradient_checkpointing
+    captions, tokens = (cfg.rl.samples, cfg.decode.max_length) if rl else (1, cfg.data.max_tokens)
+    step = Step(cfg.train.batch_size, backbone.prompt, captions, tokens, shared, cfg.train.objective in CHUNKED)
+    train = Training(**{**training_of(cfg).__dict__, "projector_trains": bool(cfg.vlm.train_projector)})
+    state = recipe_state(cfg, backbone)
+    act = activation_forecast(backbone.lm, train, step, backbone.vision)
+    return {"state": state, "activations": act, "total": state["total"] + act["peak"], "step": step}

@@ -1,0 +1,53 @@
+"""The ``coco/*_vlm`` recipes are sized for one 80 GB card (issue 65): each defaults to bf16 weights, bf16 autocast,
+gradient checkpointing, LoRA on the language model and a pixel budget; finecap's forecast of a step
+(:func:`finecap.models.forecast.recipe_forecast`) at SmolVLM-256M's and Qwen2-VL-2B's shapes fits the card; the
+numbers each recipe's comment states are that forecast's; full fine-tuning is one override away."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from finecap.config import load
+from finecap.models.forecast import BACKBONES, BUDGET_PIXELS, GIB, recipe_forecast
+from finecap.recipes import resolve_recipe
+
+VLM_RECIPES = ["mle_vlm", "smile_vlm", "discritune_vlm", "sr_l_vlm", "sr_lv_bagcurri_vlm", "grpo_cider_vlm",
+               "grpo_sr_cider_vlm"]  # fmt: skip
+CARD = 80 * 10**9  # an "80 GB" card, in bytes (74.5 GiB)
+
+
+@pytest.mark.parametrize("recipe", VLM_RECIPES)
+def test_vlm_recipe_defaults_to_the_memory_levers(recipe):
+    cfg = load(f"coco/{recipe}")
+    assert cfg.model.dtype == "bfloat16" and cfg.train.mixed_precision == "bf16"
+    assert cfg.train.gradient_checkpointing and cfg.lora.lm and cfg.model.train_lm
+    assert cfg.vlm.image_max_pixels == BUDGET_PIXELS
+    assert "80 GB" in resolve_recipe(f"coco/{recipe}").read_text().splitlines()[0]
+
+
+@pytest.mark.parametrize("recipe", VLM_RECIPES)
+def test_vlm_recipe_fits_the_card_at_both_sizes_as_its_comment_says(recipe):
+    cfg = load(f"coco/{recipe}")
+    text = resolve_recipe(f"coco/{recipe}").read_text()
+    for backbone in BACKBONES.values():
+        f = recipe_forecast(cfg, backbone)
+        assert f["total"] < CARD, (recipe, backbone.name, f["total"] / GIB)
+        s, act = f["state"], f["activations"]["peak"]
+        stated = (
+            f"{backbone.name} {f['total'] / GIB:.2f} = weights {s['weights'] / GIB:.2f} + gradients "
+            f"{s['gradients'] / GIB:.2f} + AdamW {s['optimizer'] / GIB:.2f} + activations {act / GIB:.2f}"
+        )
+        assert stated in text, (recipe, stated)
+    assert re.search(rf"Memory per process, {cfg.train.batch_size} images", text)
+
+
+def test_full_fine_tuning_is_one_override_away():
+    lora = recipe_forecast(load("coco/mle_vlm"), BACKBONES["Qwen2-VL-2B"])
+    full = recipe_forecast(load("coco/mle_vlm", ["lora.lm=false"]), BACKBONES["Qwen2-VL-2B"])
+    # the language model (1.54 B parameters) trains in float32: 4 bytes of weights, 4 of gradients, 8 of AdamW each
+    assert full["state"]["gradients"] == 4 * (1_543_714_304 + 34_087_936)
+    assert full["state"]["optimizer"] == 2 * full["state"]["gradients"]
+    # LoRA r32 on q/k/v/o of 28 layers: 32 x ((1536 + 1536) + 2 x (1536 + 256) + (1536 + 1536)) x 28, + the projector
+    assert lora["state"]["optimizer"] == 8 * (32 * 9728 * 28 + 34_087_936)

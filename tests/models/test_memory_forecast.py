@@ -1,0 +1,208 @@
+"""The activation forecast (issue 65, :mod:`finecap.models.forecast`): its per-layer count equals the bytes of the
+tensors autograd saves in a ``transformers`` decoder layer (an independent reference: ``saved_tensors_hooks``), by
+hand on one shape, and at SmolVLM-256M's real shapes within 25 % of ``benchmarks/memory.py``'s measured CPU
+allocation peaks (slow)."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from peft import LoraConfig, get_peft_model
+from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
+
+from finecap.models.forecast import (
+    LmShapes,
+    Step,
+    Training,
+    VisionShapes,
+    activation_forecast,
+    autocast_bytes,
+    forecast_text,
+    layer_bytes,
+    mask_bytes,
+)
+
+B, T, RANK = 2, 16, 8
+SHAPES = {"hidden_size": 64, "intermediate_size": 160, "num_attention_heads": 4, "num_key_value_heads": 2,
+          "vocab_size": 50, "attn_implementation": "sdpa"}  # fmt: skip
+
+
+def saved_bytes(model: torch.nn.Module, forward) -> int:
+    """Bytes of the distinct non-parameter storages that ``forward()`` saves for backward."""
+    weights = {t.untyped_storage().data_ptr() for t in [*model.parameters(), *model.buffers()]}
+    storages: dict[int, int] = {}
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        if t.untyped_storage().data_ptr() not in weights:
+            storages[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        forward()
+    return sum(storages.values())
+
+
+def layers_saved(family: str, layers: int, train: Training) -> int:
+    """What a ``layers``-layer model of ``family`` saves for one forward of B rows of T tokens."""
+    config_cls, model_cls = {"llama": (LlamaConfig, LlamaForCausalLM), "qwen2": (Qwen2Config, Qwen2ForCausalLM)}[
+        family
+    ]
+    torch.manual_seed(0)
+    dtype = torch.bfloat16 if train.weights_bytes == 2 else torch.float32
+    model = model_cls(config_cls(num_hidden_layers=layers, **SHAPES)).to(dtype)
+    if train.lm == "lora":
+        model.requires_grad_(False)
+        model = get_peft_model(model, LoraConfig(r=RANK, target_modules=list(train.targets)))
+        for name, p in model.named_parameters():
+            if "lora_" in name:
+                p.data = p.data.float()  # model.trainable_dtype
+    model.train()
+    ids = torch.randint(0, 50, (B, T), generator=torch.Generator().manual_seed(0))
+    mask = torch.ones(B, T, dtype=torch.long)
+    if train.mask:
+        mask[0, :3] = 0  # left padding: transformers passes the mask to sdpa
+
+    def forward() -> None:
+        x = model.get_input_embeddings()(ids).detach().requires_grad_(True)  # the layers' input needs a gradient
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=train.autocast):
+            model(inputs_embeds=x, attention_mask=mask, logits_to_keep=1)
+
+    return saved_bytes(model, forward)
+
+
+CASES = [
+    Training("full", 4),
+    Training("lora", 4, rank=RANK),
+    Training("lora", 2, rank=RANK),
+    Training("lora", 2, autocast=True, rank=RANK),
+    Training("full", 4, autocast=True),
+    Training("lora", 2, autocast=True, rank=RANK, targets=("q_proj", "v_proj")),
+]
+
+
+PAIRS = [("llama", t, m) for t in CASES for m in (False, True)] + [
+    ("qwen2", CASES[0], True),
+    ("qwen2", CASES[3], True),
+]
+
+
+@pytest.mark.parametrize(("family", "train", "mask"), PAIRS, ids=[
+    f"{f}-{t.lm}-{t.weights_bytes}B-{'autocast' if t.autocast else 'plain'}-{len(t.targets)}-{'mask' if m else 'no'}"
+    for f, t, m in PAIRS])  # fmt: skip
+def test_one_layer_saves_what_the_formula_counts(family, train, mask):
+    """Qwen2's projections carry biases, which save nothing more."""
+    train = Training(**{**train.__dict__, "mask": mask})
+    measured = layers_saved(family, 3, train) - layers_saved(family, 2, train)  # one more layer
+    shapes = LmShapes(3, 64, 160, 4, 2, 50)
+    forecast = layer_bytes(shapes, train) * B * T + mask_bytes(train, B, T, T) + autocast_bytes(shapes, train)
+    assert forecast == measured
+
+
+def test_layer_bytes_by_hand():
+    """float32, every weight training, no mask: h = 64, i = 160, q = 64, kv = 32, 4 heads."""
+    norms = 2 * (4 * 64 + 4 + 4 * 64)  # float32 input, rsqrt, hn: 1032
+    attention = 4 * (64 + 32 + 32 + 64) + 4 * 4  # q, k, v, output, log-sum-exp: 784
+    mlp = 3 * 4 * 160  # gate, silu(gate), up: 1920
+    projections = 4 * 64 + 4 * 64 + 4 * 160  # the norms' outputs (q/k/v, gate/up) and down's input: 1152
+    assert layer_bytes(LmShapes(1, 64, 160, 4, 2, 50), Training("full", 4, mask=False)) == (
+        norms + attention + mlp + projections
+    )  # 4888
+
+
+def test_forecast_grows_with_images_and_captions_and_checkpointing_shrinks_it():
+    lm = LmShapes(30, 576, 1536, 9, 3, 49_280)
+    plain = activation_forecast(lm, Training("lora", 2, autocast=True), Step(16, 78, 8, 41))
+    ckpt = activation_forecast(lm, Training("lora", 2, autocast=True, checkpointing=True), Step(16, 78, 8, 41))
+    assert ckpt["peak"] < plain["peak"] / 5
+    assert plain["per_image"] > 0 and plain["per_caption"] > 0
+    shared = activation_forecast(lm, Training("lora", 2, autocast=True), Step(16, 78, 8, 41, shared=True))
+    assert shared["lm"] < plain["lm"]  # the prompt's layers run once per image, not once per caption
+
+
+def test_forecast_text_says_a_cpu_line_is_a_forecast():
+    lm = LmShapes(2, 64, 160, 4, 2, 50)
+    forecast = {"step": Step(2, 10, 1, 5), "bytes": activation_forecast(lm, Training(), Step(2, 10, 1, 5))}
+    memory = {"weights": 100, "gradients": 50, "optimizer": 100, "total": 250}
+    text = "\n".join(forecast_text(memory, forecast, None, measured=False))
+    assert "a forecast, not a measurement" in text and "forecast total per process" in text
+    text = "\n".join(forecast_text(memory, forecast, 80 * 2**30, measured=True, vllm=2**30))
+    assert "a CUDA step below measures the peak" in text and "of 80.00 GiB" in text and "vLLM share" in text
+    assert "no forecast" in forecast_text(memory, None, None, measured=False)[0]
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# Real size (SmolVLM-256M shapes, random weights) against benchmarks/memory.py's measured allocation peaks
+# --------------------------------------------------------------------------------------------------------------------
+
+
+def _memory_benchmark():
+    path = Path(__file__).resolve().parents[2] / "benchmarks" / "memory.py"
+    spec = importlib.util.spec_from_file_location("finecap_memory_benchmark", path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+SMOLVLM = LmShapes(30, 576, 1536, 9, 3, 49_152)  # benchmarks/memory.py's vocabulary: 49,152 words
+REAL = [  # variant overrides, step, Training (no mask: one image size, captions of one length)
+    ("fp32", [], "mle", Training("full", 4, mask=False)),
+    ("lora", ["lora.lm=true", "lora.rank=16"], "scst", Training("lora", 4, rank=16, mask=False)),
+    (
+        "bf16+lora+ckpt",
+        ["model.dtype=bfloat16", "lora.lm=true", "lora.rank=16", "train.gradient_checkpointing=true"],
+        "scst",
+        Training("lora", 2, rank=16, mask=False, checkpointing=True),
+    ),
+]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("name", "overrides", "step", "train"), REAL, ids=[r[0] for r in REAL])
+def test_forecast_within_a_quarter_of_the_measured_cpu_peak(tmp_path, name, overrides, step, train):
+    bench = _memory_benchmark()
+    loads = bench.save_checkpoints(tmp_path, ["vlm"])["vlm"]
+    images, samples, tokens = 2, 4, 24
+    row = bench.measure([*loads, "train.batch_size=8", *overrides], step, images, samples, tokens)
+    shapes = Step(images, row["prompt_tokens"], samples if step == "scst" else 1, tokens, shared=step == "scst"
+                  and not train.checkpointing)  # fmt: skip
+    vision = VisionShapes(768, 3072, 1024, 3 * 512 * 512)  # SigLIP at 512 px, patch 16, one crop
+    forecast = activation_forecast(SMOLVLM, train, shapes, vision)["peak"] / 2**20
+    print(f"{name}: prompt {row['prompt_tokens']} tokens, forecast {forecast:.0f} MB, measured "
+          f"{row['activations_mb']:.0f} MB ({forecast / row['activations_mb']:.3f})")  # fmt: skip
+    assert 0.75 <= forecast / row["activations_mb"] <= 1.25, (forecast, row)
+
+
+def test_forecast_of_a_runs_first_batch_reads_its_shapes(tmp_path):
+    """``--dry-run``'s forecast of a VLM run: the batch's images, prompt and caption lengths, the model's shapes and
+    the run's levers; the MLE objective scores one teacher-forced caption per image, in vocabulary chunks."""
+    from PIL import Image
+
+    from finecap.config import load
+    from finecap.data.datasets import model_collator
+    from finecap.models.backbones import build_model
+    from finecap.models.forecast import forecast_of_run
+    from finecap.models.presets import save_tiny_vlm
+    from finecap.objectives.mle import MLE
+
+    folder = save_tiny_vlm(tmp_path / "vlm", "idefics3")
+    cfg = load("coco/mle_vlm", [f"vlm.name={folder}"])
+    model = build_model(cfg)
+    items = [{"caption": "w1 w2", "image": Image.new("RGB", (32, 24)), "image_id": i, "references": ["w1"],
+              "index": i} for i in range(3)]  # fmt: skip
+    batch = model_collator(model, 8)(items)
+    out = forecast_of_run(model, cfg, batch, MLE())
+    step, train = out["step"], out["training"]
+    assert (step.images, step.prompt, step.captions, step.tokens) == (3, batch["prompt_ids"].shape[1], 1,
+                                                                      batch["input_ids"].shape[1])  # fmt: skip
+    assert step.chunked and not step.shared
+    assert (train.lm, train.weights_bytes, train.autocast, train.checkpointing) == ("lora", 2, True, True)
+    text = model.model.config.text_config
+    assert out["bytes"]["peak"] == activation_forecast(LmShapes.of(model.model.config), train, step,
+                                                       VisionShapes.of(model.model.config, batch["pixel_values"], 3)
+                                                       )["peak"] > 0  # fmt: skip
+    assert LmShapes.of(model.model.config).hidden == text.hidden_size
