@@ -52,8 +52,11 @@ from typing import Any
 from finecap.models.captioner import VOCAB_CHUNK_ELEMENTS
 
 GIB = 1024**3
-CHUNKED = ("mle", "reinforce")
-"""Objectives that score their captions through the head in vocabulary chunks under checkpointing."""
+CHUNKED = ("mle", "reinforce", "grpo")
+"""Objectives that score their captions through the head in vocabulary chunks under checkpointing (``grpo`` is
+``reinforce`` with options: one implementation)."""
+SAMPLING = ("reinforce", "grpo", "scst_me", "sle")
+"""Objectives that score ``rl.samples`` sampled captions per image."""
 LM_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
 
@@ -436,7 +439,7 @@ def recipe_forecast(cfg: Any, backbone: Backbone) -> dict[str, Any]:
     (:func:`recipe_state`) and the activations of one step of ``train.batch_size`` images
     (:func:`activation_forecast`; ``reinforce``: ``rl.samples`` captions of ``decode.max_length`` tokens per image,
     else one of ``data.max_tokens``; batches padded), and their ``total`` per process."""
-    rl = cfg.train.objective == "reinforce"
+    rl = cfg.train.objective in SAMPLING
     shared = rl and not cfg.train.gradient_checkpointing
     captions, tokens = (cfg.rl.samples, cfg.decode.max_length) if rl else (1, cfg.data.max_tokens)
     step = Step(cfg.train.batch_size, backbone.prompt, captions, tokens, shared, cfg.train.objective in CHUNKED)
