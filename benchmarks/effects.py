@@ -43,7 +43,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from finecap.utils import shell_command
+from finecap.utils.text import shell_command
 from paired_difference import mean_std, t_interval  # benchmarks/ is on sys.path, as for every benchmark script
 
 STAGES = ["world", "retriever", "mle", "blip_mle", "vlm_mle", "sr_bagcurri", "sle", "scst", "smile", "mle_continued",

@@ -57,7 +57,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import coco_like  # noqa: E402
-from finecap.utils import shell_command  # noqa: E402
+from finecap.utils.text import shell_command
 
 TARGETS = {"end_to_end": 15.0, "bleu": 10.0, "rouge_l": 10.0, "cider_d": 25.0, "lmms_eval": 20.0}
 

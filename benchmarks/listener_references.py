@@ -25,7 +25,7 @@ from finecap.data.references import load_references
 from finecap.metrics.suite import evaluate
 from finecap.models.retriever import load_retriever
 from finecap.report.table import markdown_table
-from finecap.utils import read_json
+from finecap.utils.reading import read_json
 from finecap.world.make import make_world
 from finecap.world.shift import shifted_world
 

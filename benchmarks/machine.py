@@ -41,7 +41,7 @@ def machine() -> dict[str, str | int]:
     import numpy
     import torch
 
-    from finecap.utils import usable_cpus
+    from finecap.utils.system import usable_cpus
 
     return {"processor": processor(), "cpus": usable_cpus(), "python": platform.python_version(),
             "torch": torch.__version__, "numpy": numpy.__version__, "commit": commit()}  # fmt: skip

@@ -163,7 +163,7 @@ def main(argv: list[str] | None = None) -> dict[str, dict[str, float]]:
 
     from finecap.home import CACHE
     from finecap.metrics.meteor import meteor_per_item
-    from finecap.utils import usable_cpus
+    from finecap.utils.system import usable_cpus
 
     procs = "" if args.processes is None else str(args.processes)
     results: dict[str, dict[str, float]] = {}

@@ -48,7 +48,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     from finecap.objectives.exploration import caption_distances, diversity_advantages
     from finecap.stages import finished_stages
     from finecap.stages.outputs import best_model
-    from finecap.utils import seed_everything
+    from finecap.utils.rng import seed_everything
 
     run = Path(args.run)
     demo = finished_stages(run, [args.stage])  # the stage as it trained: its own config.yaml

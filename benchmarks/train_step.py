@@ -41,7 +41,7 @@ from finecap.train.engine import build_optimizer, make_accelerator, weighted_los
 from finecap.train.run import train
 from finecap.train.schedule import build_scheduler
 from finecap.train.setup import build_data, build_model, train_unit
-from finecap.utils import seed_everything
+from finecap.utils.rng import seed_everything
 from finecap.world.make import make_world
 
 

@@ -74,7 +74,7 @@ def train_repeat(source: Path, folder: Path, stages: Sequence[str], seed: int, e
         shutil.copytree(source / "mle", partial)
         partial.rename(folder / "mle")
     from finecap.config import load
-    from finecap.utils import shell_command
+    from finecap.utils.text import shell_command
 
     quick = ["--quick"] if load(str(source / "config.yaml"), []).demo.quick else []
     cmd = [sys.executable, "-m", "finecap.app.cli", "demo", "-q", *quick, "--out", str(folder), "--stages",
@@ -106,7 +106,7 @@ def repeat_scores(folder: Path, stages: Sequence[str]) -> dict[str, dict[str, fl
 
 
 def source_scores(source: Path, stages: Sequence[str]) -> dict[str, dict[str, float]]:
-    from finecap.utils import read_json
+    from finecap.utils.reading import read_json
 
     results = read_json(source / "results.json")
     missing = [s for s in stages if s not in results]

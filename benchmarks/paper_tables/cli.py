@@ -77,7 +77,7 @@ def record_run(grid: StageRunner, paper: Paper, key: str, result: Path, *, quick
     """Train run ``key`` of ``grid`` (and its starts, those of ``start_grid`` when given:
     :func:`.runner.ensure_trained`) unless done, evaluate it for ``paper`` and write its items file, then its result
     file (which marks the run done: a killed runner does it again)."""
-    from finecap.utils import atomic_write_text, write_json
+    from finecap.utils.files import atomic_write_text, write_json
 
     start = time.perf_counter()
     ensure_trained(grid, key, start_grid)

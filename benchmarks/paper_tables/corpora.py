@@ -40,7 +40,8 @@ def simple_corpus(grid: StageRunner, level: str) -> Path:
     import random
 
     from finecap.home import world_path
-    from finecap.utils import read_json, write_json
+    from finecap.utils.files import write_json
+    from finecap.utils.reading import read_json
     from finecap.world.make import load_scenes
 
     out = grid.run_dir / f"corpus_{level}" / "dataset.json"

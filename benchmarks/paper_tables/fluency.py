@@ -86,7 +86,8 @@ def train_fluency_lm(grid: StageRunner) -> Path:
     from finecap.objectives.base import FunctionObjective
     from finecap.train.engine import Engine, TrainingData, make_accelerator
     from finecap.train.schedule import build_scheduler
-    from finecap.utils import atomic_write_text, seed_everything
+    from finecap.utils.files import atomic_write_text
+    from finecap.utils.rng import seed_everything
 
     out = grid.run_dir / "fluency_lm"
     if (out / "DONE").exists():

@@ -304,7 +304,7 @@ def load_results(data_dir: Path, paper: Paper) -> tuple[Results, dict[str, Any]]
     other run seeds, ``seed<N>/run<M>/<run>.json``, as ``<run>@r<M>``) and what the page says about
     them (quick runs present, metrics not computed, and ``meta["items"]``: the per-image values, :data:`Items`, of
     the runs that have an items file)."""
-    from finecap.utils import read_json
+    from finecap.utils.reading import read_json
 
     results: Results = {}
     items: Items = {}
@@ -339,7 +339,7 @@ def read_items(record: dict[str, Any]) -> dict[str, dict[str, float]]:
 
 
 def write_page(paper: Paper, data_dir: Path, page_dir: Path) -> Path:
-    from finecap.utils import atomic_write_text
+    from finecap.utils.files import atomic_write_text
 
     results, meta = load_results(data_dir, paper)
     data = data_dir.resolve()

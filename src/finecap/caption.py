@@ -26,7 +26,7 @@ from finecap.data.samplers import process_slice
 from finecap.decode import chunk_images
 from finecap.engines.finecap import as_engine
 from finecap.metrics.diversity import lexical_diversity, mean_length
-from finecap.utils import progress_enabled
+from finecap.utils.system import progress_enabled
 
 if TYPE_CHECKING:
     from accelerate import Accelerator

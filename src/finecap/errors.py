@@ -27,7 +27,7 @@ import re
 from pathlib import Path
 from types import TracebackType
 
-from finecap.utils import MissingExtra
+from finecap.utils.system import MissingExtra
 
 PATH_NAMES = ("filename", "path", "file", "save_directory", "folder")
 """Local variable names holding the file a failing call was reading or writing, most specific first."""
@@ -73,7 +73,7 @@ def culprit_path(exc: BaseException) -> str | None:
 
 TEMPORARY = re.compile(r"^\.(?P<name>.+?)(?:\.[A-Za-z0-9_]{8})?\.tmp$")
 """The temporary names finecap writes under before renaming into place (``.NAME.tmp``, ``.NAME.<8 random>.tmp``:
-:func:`finecap.utils.atomic_write_bytes`, :func:`finecap.utils.make_temporary_dir`)."""
+:func:`finecap.utils.files.atomic_write_bytes`, :func:`finecap.utils.files.make_temporary_dir`)."""
 
 
 def shown_path(path: str) -> str:
@@ -211,7 +211,7 @@ def explain(exc: BaseException) -> str | None:
 
 MAX_MESSAGE = 2000
 """Characters of an error message printed at most: finecap shortens the values it quotes
-(:func:`finecap.utils.short_repr`), but a library's message may repeat a whole input."""
+(:func:`finecap.utils.text.short_repr`), but a library's message may repeat a whole input."""
 
 
 def capped(message: str, limit: int = MAX_MESSAGE) -> str:

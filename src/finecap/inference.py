@@ -254,7 +254,7 @@ def caption_images(
     from finecap.data.samplers import process_slice
     from finecap.decode import chunk_images
     from finecap.engines.finecap import as_engine
-    from finecap.utils import progress_enabled
+    from finecap.utils.system import progress_enabled
 
     if not images:
         raise DataError("no images to caption")

@@ -31,7 +31,9 @@ from typing import Any
 from filelock import FileLock, Timeout
 
 from finecap.config import masked_override
-from finecap.utils import METADATA, read_bounded, refuse_link, shell_command
+from finecap.utils.files import refuse_link
+from finecap.utils.reading import METADATA, read_bounded
+from finecap.utils.text import shell_command
 
 LOCK_NAME = ".boost.lock"
 """``finecap boost``'s lock file in its output folder."""
@@ -57,7 +59,7 @@ def command_argv() -> list[str]:
 
 def command_line() -> str:
     """This process's command line (:func:`command_argv`, secrets masked) as a shell command that runs those
-    arguments when pasted (:func:`finecap.utils.shell_command`)."""
+    arguments when pasted (:func:`finecap.utils.text.shell_command`)."""
     return shell_command(command_argv())
 
 

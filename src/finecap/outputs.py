@@ -5,8 +5,8 @@ Three checks, used by every writer and every command that takes an output path:
 
 - :func:`refuse_link`: a symbolic link where finecap is about to write (planted in a run folder someone shared:
   links survive ``tar xf``) is refused with an error naming the link and its target; it is never written through.
-  The atomic writers (:func:`finecap.utils.atomic_write_bytes`, :func:`finecap.utils.atomic_replace_dir`,
-  :func:`finecap.utils.open_append`) call it.
+  The atomic writers (:func:`finecap.utils.files.atomic_write_bytes`, :func:`finecap.utils.folders.atomic_replace_dir`,
+  :func:`finecap.utils.files.open_append`) call it.
 - :func:`check_not_input`: a command resolves its outputs and its inputs to real paths (links and ``..`` followed,
   hard links compared by inode) and refuses an output that is one of its inputs, with or without ``--force``.
 - :func:`check_replaceable`: an output file that already exists is replaced only when finecap made it: its content
@@ -24,7 +24,7 @@ Example::
     >>> check_not_input(d / "preds.json", {"--predictions": d / "preds.json"}, option="--out")  # doctest: +ELLIPSIS
     Traceback (most recent call last):
     ...
-    finecap.utils.OutputRefused: --out: .../preds.json is also the command's --predictions; ...
+    finecap.utils.files.OutputRefused: --out: .../preds.json is also the command's --predictions; ...
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from finecap.utils import OutputRefused, atomic_write_bytes, refuse_link
+from finecap.utils.files import OutputRefused, atomic_write_bytes, refuse_link
 
 __all__ = [
     "OutputRefused",
@@ -147,7 +147,8 @@ def write_output(path: str | Path, data: bytes | str, kind: str) -> None:
 
 
 def write_output_json(path: str | Path, obj: Any, kind: str, indent: int | None = 2) -> None:
-    """:func:`write_output` of ``obj`` as JSON (plus a final newline), as :func:`finecap.utils.write_json` writes."""
+    """:func:`write_output` of ``obj`` as JSON (plus a final newline), as :func:`finecap.utils.files.write_json`
+    writes."""
     write_output(path, json.dumps(obj, indent=indent) + "\n", kind)
 
 

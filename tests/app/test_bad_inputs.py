@@ -263,7 +263,7 @@ def _eval_writing(ctx) -> tuple[list[str], Path]:
 
 def case_full_disk_in_a_write(ctx):
     # a patched writer: the write itself fails as on a full disk (the kernel's ENOSPC carries no file name)
-    import finecap.utils
+    import finecap.utils.files
 
     class FullDisk:
         def __init__(self, fd: int, mode: str):
@@ -279,7 +279,7 @@ def case_full_disk_in_a_write(ctx):
             raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
 
     proxy = type("os_proxy", (), {"__getattr__": lambda self, name: getattr(os, name), "fdopen": FullDisk})()
-    ctx.monkeypatch.setattr(finecap.utils, "os", proxy)
+    ctx.monkeypatch.setattr(finecap.utils.files, "os", proxy)
     argv, out = _eval_writing(ctx)
     return argv, [str(out.parent), "no space left on device (the disk is full)"]
 
@@ -303,12 +303,12 @@ def case_full_disk_in_a_checkpoint(ctx):
 
 def case_permission_denied(ctx):
     # a patched writer raising what open() raises in a folder the user may not write to
-    import finecap.utils
+    import finecap.utils.files
 
     def denied(dir, prefix, suffix):  # tempfile.mkstemp's keywords as atomic_write_bytes calls it
         raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), os.path.join(dir, prefix + "k3j_9qz1" + suffix))
 
-    ctx.monkeypatch.setattr(finecap.utils.tempfile, "mkstemp", denied)
+    ctx.monkeypatch.setattr(finecap.utils.files.tempfile, "mkstemp", denied)
     argv, out = _eval_writing(ctx)
     return argv, [f"{out}: permission denied (read-only file or folder)"]  # the file, not its temporary name
 

@@ -161,7 +161,7 @@ def test_a_missing_extra_is_one_line_naming_the_install(module, expected, monkey
     """An option whose package (an extra of finecap's) is not installed: one line, exit 2, never an ImportError
     traceback (issue 48, found in round three)."""
     from finecap.errors import explain
-    from finecap.utils import MissingExtra
+    from finecap.utils.system import MissingExtra
 
     assert explain(MissingExtra(expected)) == expected  # a known error, whatever raises it
     monkeypatch.setitem(sys.modules, module, None)  # `import MODULE` -> ImportError

@@ -10,7 +10,7 @@ import pytest
 from finecap.app.cli import configured_logging, main
 from finecap.config import WorldConfig
 from finecap.models.presets import save_tiny_clip
-from finecap.utils import PROGRESS_ENV, progress_enabled
+from finecap.utils.system import PROGRESS_ENV, progress_enabled
 from finecap.world.make import make_world, world_key
 
 SIZES = {"n_train": 24, "n_val": 4, "n_test": 4, "image_size": 32}

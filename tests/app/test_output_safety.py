@@ -20,7 +20,8 @@ import pytest
 
 from finecap.locks import TRAIN_LOCK, output_lock
 from finecap.outputs import OutputRefused, check_output_file, made_by_finecap, write_output
-from finecap.utils import append_jsonl, atomic_replace_dir, atomic_write_text, make_temporary_dir, open_append
+from finecap.utils.files import append_jsonl, atomic_write_text, make_temporary_dir, open_append
+from finecap.utils.folders import atomic_replace_dir
 from helpers.cli import refused, run_cli
 
 PRECIOUS = b"the user's own file: never to be overwritten\n"

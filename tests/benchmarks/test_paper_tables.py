@@ -558,7 +558,7 @@ def test_the_fluency_lm_trains_through_the_engine(tiny, tmp_path):
 
     from finecap.data.datasets import load_records
     from finecap.models.presets import build_world_lm
-    from finecap.utils import seed_everything
+    from finecap.utils.rng import seed_everything
     from paper_tables import fluency
 
     root, overrides = tiny

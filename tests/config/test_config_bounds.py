@@ -4,7 +4,7 @@ named error, never in a huge message, a hang or a silently wrong run.
 - YAML: anchors and aliases are refused (a 450-byte alias bomb stands for billions of values, which an error message
   used to expand), and so are duplicate keys at any depth (YAML keeps the last of two silently), in recipes, in
   command-line overrides and in stored ``config.yaml`` files, naming the file and the line(s) or the override.
-- Error messages shorten the values they quote (:func:`finecap.utils.short_repr`).
+- Error messages shorten the values they quote (:func:`finecap.utils.text.short_repr`).
 - Options that size memory or work have upper bounds, named in the error.
 - ``--resume`` checks ``trainer_state.json`` (and the states it restores) before using it.
 
@@ -22,7 +22,8 @@ import pytest
 
 from finecap.config import ConfigError, from_dict, load, load_stored
 from finecap.train.state import CheckpointError, check_info, check_resume
-from finecap.utils import YAMLRefused, load_yaml, read_yaml_mapping, short_repr
+from finecap.utils.reading import YAMLRefused, load_yaml, read_yaml_mapping
+from finecap.utils.text import short_repr
 from helpers.cli import run_cli
 
 MAX_LINE = 1000  # characters of a "one-line" error here: every message below is well under it

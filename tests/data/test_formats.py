@@ -19,7 +19,8 @@ from finecap.data.formats.karpathy import read_karpathy
 from finecap.data.records import NO_SPLIT, DataError, Record
 from finecap.data.results import read_results, write_results
 from finecap.metrics.cocoeval import CaptionFile
-from finecap.utils import read_json, write_json
+from finecap.utils.files import write_json
+from finecap.utils.reading import read_json
 
 
 def _touch(root: Path, *names: str) -> None:
@@ -342,8 +343,8 @@ def test_every_registry_row_is_a_format_spec_of_that_name():
 
 
 # --------------------------------------------------------------------------------------------------------------------
-# Every JSON reader reads strictly, through one parser (finecap.utils.parse_json; issue 61, class 10): a key twice in
-# one object, or nesting deeper than Python's parser goes, is an error naming the file and the place
+# Every JSON reader reads strictly, through one parser (finecap.utils.reading.parse_json; issue 61, class 10): a key
+# twice in one object, or nesting deeper than Python's parser goes, is an error naming the file and the place
 # --------------------------------------------------------------------------------------------------------------------
 
 

@@ -23,7 +23,7 @@ from finecap.models.presets import build_world_lm, save_tiny_blip, save_tiny_cli
 from finecap.models.vision import VisionEncoder
 from finecap.models.vlm import Vlm
 from finecap.objectives import get_objective
-from finecap.utils import MissingExtra
+from finecap.utils.system import MissingExtra
 from helpers.cli import refused
 from helpers.vlm import images
 

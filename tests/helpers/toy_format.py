@@ -15,7 +15,7 @@ import contextlib
 from finecap.data.containment import ImageFolder
 from finecap.data.formats import DataSource, Format
 from finecap.data.records import NO_SPLIT, DataError, Record, check_image_files
-from finecap.utils import read_lines
+from finecap.utils.reading import read_lines
 
 
 def read_tokens(source: DataSource) -> list[Record]:

@@ -29,7 +29,7 @@ from finecap.objectives.entropy import mean_entropy
 from finecap.objectives.reinforce import policy_gradient_loss, sequence_logprob
 from finecap.train.engine import Engine, TrainingData, build_optimizer, make_accelerator
 from finecap.train.schedule import build_scheduler
-from finecap.utils import seed_everything
+from finecap.utils.rng import seed_everything
 
 RL = ["rl.samples=2", "rl.strategy=sample", "decode.max_length=6", "train.lr=1e-3"]
 SR = [*RL, "train.objective=reinforce", "rl.rewards={retrieval: 1.0}", "rl.baseline=leave_one_out"]

@@ -20,7 +20,7 @@ from finecap.objectives import get_objective
 from finecap.train.engine import Engine, TrainingData, build_optimizer, make_accelerator
 from finecap.train.schedule import build_scheduler
 from finecap.train.setup import build_data, build_model, train_unit
-from finecap.utils import seed_everything
+from finecap.utils.rng import seed_everything
 
 BACKBONES = {
     "clipcap": [],

@@ -27,7 +27,7 @@ from finecap.train.run import train
 from finecap.train.schedule import build_scheduler
 from finecap.train.setup import build_model, train_unit
 from finecap.train.state import config_changes
-from finecap.utils import seed_everything
+from finecap.utils.rng import seed_everything
 
 
 def read_metrics(run_dir):

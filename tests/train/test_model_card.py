@@ -21,7 +21,7 @@ from finecap.data.formats import read_dataset
 from finecap.data.records import DataError
 from finecap.locks import command_argv, command_line
 from finecap.train.model_card import model_card
-from finecap.utils import shell_command
+from finecap.utils.text import shell_command
 from finecap.world.make import load_scenes
 
 HUB_BLIP, HUB_VLM = "Salesforce/blip-image-captioning-base", "HuggingFaceTB/SmolVLM-256M-Instruct"

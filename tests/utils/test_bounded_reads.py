@@ -1,6 +1,6 @@
 """Bounded reads (issue 48, class 7, round three of the hostile user's trial): files read whole.
 
-``finecap.utils.read_bounded`` / ``read_lines``: 10 GB sparse files (no disk taken) as a caption ``.txt``, a
+``finecap.utils.reading.read_bounded`` / ``read_lines``: 10 GB sparse files (no disk taken) as a caption ``.txt``, a
 ``captions.jsonl`` / ``captions.csv`` sidecar, a JSONL data set, references, predictions, a bags file, a run's
 ``metrics.jsonl`` (report, resume), captions and results files, a checkpoint's ``config.yaml`` and boost's cache end in
 one ``finecap: error:`` line naming the file and the limit (exit 2), never a ``MemoryError``; the same inputs of normal
@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 from PIL import Image
 
-from finecap.utils import DATA_FILE, LINE, FileTooLarge, SizeLimit, read_bounded, read_lines
+from finecap.utils.reading import DATA_FILE, LINE, FileTooLarge, SizeLimit, read_bounded, read_lines
 from helpers.cli import error_line, succeeds
 
 TEN_GB = 10**10

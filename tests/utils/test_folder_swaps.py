@@ -1,12 +1,12 @@
 """Issue 48, round three, class 1 (data loss): finecap swaps a folder into place only over a folder it made.
 
-Every folder finecap swaps into place (:func:`finecap.utils.atomic_replace_dir`: checkpoints, merged exports, world
-encoders) carries finecap's mark (:data:`finecap.utils.FOLDER_MARK`, holding the folder's kind). Whatever else is at
-the swap's names (``OUT``, ``OUT.old``, the temporary ``.OUT.tmp``) is refused with one line naming it and left as it
-was: a folder of the user's, a file, a link, an empty folder, a folder marked as another kind, a forged mark. Tested
-at the helper and through every caller: ``finecap export``, the checkpoint writer, training (``--resume``), the world
-encoder's cache. ``finecap export --force`` into a run's checkpoint folders is refused; the checkpoints a kill leaves
-(``.last.tmp``, ``last.old``) are still recovered (tests/train/test_run_safety.py).
+Every folder finecap swaps into place (:func:`finecap.utils.folders.atomic_replace_dir`: checkpoints, merged exports,
+world encoders) carries finecap's mark (:data:`finecap.utils.folders.FOLDER_MARK`, holding the folder's kind). Whatever
+else is at the swap's names (``OUT``, ``OUT.old``, the temporary ``.OUT.tmp``) is refused with one line naming it and
+left as it was: a folder of the user's, a file, a link, an empty folder, a folder marked as another kind, a forged
+mark. Tested at the helper and through every caller: ``finecap export``, the checkpoint writer, training
+(``--resume``), the world encoder's cache. ``finecap export --force`` into a run's checkpoint folders is refused; the
+checkpoints a kill leaves (``.last.tmp``, ``last.old``) are still recovered (tests/train/test_run_safety.py).
 """
 
 from __future__ import annotations
@@ -27,13 +27,12 @@ from finecap.models.presets import build_world_lm, save_tiny_clip
 from finecap.models.vision import VisionEncoder
 from finecap.train.checkpoint import save_checkpoint
 from finecap.train.state import CHECKPOINT_KIND
-from finecap.utils import (
+from finecap.utils.files import OutputRefused, make_temporary_dir
+from finecap.utils.folders import (
     FOLDER_MARK,
-    OutputRefused,
     atomic_replace_dir,
     folder_mark_text,
     is_finecap_folder,
-    make_temporary_dir,
     mark_folder,
     previous_dir,
     remove_own_folder,

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from finecap import utils
+from finecap.utils import files
 
 # Writes, under the umask the process was started with: a JSON file (results), report-like text (HTML), a
 # safetensors feature-cache file (atomic_write_bytes), a whole checkpoint of a tiny ClipCap (safetensors weights,
@@ -28,7 +28,8 @@ SCRIPT = textwrap.dedent(
     before = os.umask(0o022); os.umask(before)
 
     from finecap.config import load
-    from finecap.utils import atomic_replace_dir, atomic_write_text, make_temporary_dir, write_json
+    from finecap.utils.files import atomic_write_text, make_temporary_dir, write_json
+    from finecap.utils.folders import atomic_replace_dir
 
     write_json(out / "results.json", {"mle": {"CIDEr-D": 1.0}})
     atomic_write_text(out / "report" / "report.html", "<html><body>report</body></html>")
@@ -49,7 +50,7 @@ SCRIPT = textwrap.dedent(
     atomic_replace_dir(tmp, out / "encoder")
 
     after = os.umask(0o022); os.umask(after)
-    from finecap.utils import current_umask
+    from finecap.utils.files import current_umask
     print(before, after, current_umask())
     """
 )
@@ -100,16 +101,16 @@ def test_written_files_follow_the_umask(tmp_path, clip, mask):
 def test_umask_fallback_restores_the_process_umask(monkeypatch, tmp_path):
     # Without /proc (macOS), the umask is read by setting one and putting the old one back: the value is right and
     # the process keeps its umask.
-    monkeypatch.setattr(utils, "PROC_STATUS", str(tmp_path / "no-such-file"))
-    utils.current_umask.cache_clear()
+    monkeypatch.setattr(files, "PROC_STATUS", str(tmp_path / "no-such-file"))
+    files.current_umask.cache_clear()
     old = os.umask(0o027)
     try:
-        assert utils.current_umask() == 0o027
+        assert files.current_umask() == 0o027
         assert os.umask(0o027) == 0o027  # unchanged by the read
-        assert utils.file_mode() == 0o640 and utils.dir_mode() == 0o750
-        utils.write_json(tmp_path / "x.json", {"a": 1})
+        assert files.file_mode() == 0o640 and files.dir_mode() == 0o750
+        files.write_json(tmp_path / "x.json", {"a": 1})
         assert stat.S_IMODE((tmp_path / "x.json").stat().st_mode) == 0o640
         assert json.loads((tmp_path / "x.json").read_text()) == {"a": 1}
     finally:
         os.umask(old)
-        utils.current_umask.cache_clear()
+        files.current_umask.cache_clear()

@@ -36,7 +36,7 @@ from finecap.data.formats import read_dataset
 from finecap.data.references import data_file
 from finecap.locks import LOCK_NAME, output_lock
 from finecap.train.prepare import prepare
-from finecap.utils import atomic_write_text, write_json
+from finecap.utils.files import atomic_write_text, write_json
 
 log = logging.getLogger(__name__)
 

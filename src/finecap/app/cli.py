@@ -37,7 +37,7 @@ from finecap.errors import AnotherProcessFailed, explain
 from finecap.library_warnings import silenced
 from finecap.recipes import copy_recipe, describe_recipe, list_recipes, resolve_recipe
 from finecap.registry import ENGINES, PREDICTION_FORMATS
-from finecap.utils import shell_command
+from finecap.utils.text import shell_command
 
 
 def _split_recipe(items: list[str]) -> tuple[str | None, list[str]]:
@@ -658,7 +658,7 @@ def levels(verbose: int, quiet: int) -> tuple[int, int]:
 def configured_logging(verbose: int = 0, quiet: int = 0) -> Iterator[None]:
     """finecap's messages (the ``finecap`` logger) to stderr at the chosen level; the libraries' loggers with it
     (transformers reads ``TRANSFORMERS_VERBOSITY`` when it is first imported, so that is set too); progress bars off
-    with -q (``TQDM_DISABLE``, read by finecap's bars at each bar, :func:`finecap.utils.progress_enabled`;
+    with -q (``TQDM_DISABLE``, read by finecap's bars at each bar, :func:`finecap.utils.system.progress_enabled`;
     ``HF_HUB_DISABLE_PROGRESS_BARS``, and transformers' switch when it is already imported, as it reads the variable
     once). Everything is put back afterwards (tests call :func:`main` many times in one process)."""
     own, lib = levels(verbose, quiet)

@@ -89,7 +89,7 @@ from finecap.stages.outputs import caption_stage, diversity_metrics
 from finecap.train.prepare import prepare
 from finecap.train.run import train
 from finecap.train.state import check_config_target
-from finecap.utils import atomic_write_text, refuse_link, write_json
+from finecap.utils.files import atomic_write_text, refuse_link, write_json
 from finecap.world.make import load_scenes
 
 log = logging.getLogger(__name__)
@@ -173,7 +173,7 @@ def read_recipe(recipe: str | None) -> dict[str, dict[str, Any]]:
     :func:`load_demo_config` has validated it, with errors naming it."""
     if recipe is None:
         return {}
-    from finecap.utils import read_yaml_mapping
+    from finecap.utils.reading import read_yaml_mapping
 
     loaded = read_yaml_mapping(resolve_recipe(recipe), "a recipe must be a mapping of sections")
     return {section: dict(values or {}) for section, values in loaded.items()}

@@ -47,7 +47,7 @@ from finecap.metrics.suite import evaluate_items
 from finecap.stages import StageRunner
 from finecap.stages.outputs import caption_world
 from finecap.train.prepare import prepare
-from finecap.utils import DATA_FILE, read_json
+from finecap.utils.reading import DATA_FILE, read_json
 
 log = logging.getLogger(__name__)
 

@@ -30,7 +30,7 @@ from finecap.models.retriever import load_retriever
 from finecap.report.table import markdown_table, quick_labelled
 from finecap.stages.outputs import caption_world
 from finecap.train.prepare import prepare
-from finecap.utils import atomic_write_text, write_json
+from finecap.utils.files import atomic_write_text, write_json
 from finecap.world.shift import shifted_world
 
 METRICS = ["length", "bleu", "cider", "faithfulness", "retrieval", "bags", "listener"]

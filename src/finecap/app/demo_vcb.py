@@ -50,7 +50,8 @@ from finecap.metrics.suite import evaluate
 from finecap.models.retriever import load_retriever
 from finecap.report.table import markdown_table, quick_labelled
 from finecap.stages import Stage, StageRunner
-from finecap.utils import atomic_write_text, read_json, write_json
+from finecap.utils.files import atomic_write_text, write_json
+from finecap.utils.reading import read_json
 from finecap.world.facts import faithfulness
 from finecap.world.make import load_scenes
 

@@ -6,9 +6,9 @@ BLIP and VLMs a ``save_pretrained`` folder transformers loads alone, for ClipCap
 ``AutoModelForCausalLM`` folder) and the mapper, plus the source's model card with a line saying what was merged.
 
 OUT must be new or empty. The folder is written beside OUT (``.OUT.tmp``, never an existing one) and swapped in once
-complete (:func:`finecap.utils.atomic_replace_dir`), so it carries finecap's folder mark
-(:data:`finecap.utils.FOLDER_MARK`, kind :data:`EXPORT_KIND`). An earlier export (a folder holding that mark) is
-replaced only with ``--force``; any other folder at OUT or at ``OUT.old`` (where the swap keeps the replaced one) is
+complete (:func:`finecap.utils.folders.atomic_replace_dir`), so it carries finecap's folder mark
+(:data:`finecap.utils.folders.FOLDER_MARK`, kind :data:`EXPORT_KIND`). An earlier export (a folder holding that mark)
+is replaced only with ``--force``; any other folder at OUT or at ``OUT.old`` (where the swap keeps the replaced one) is
 refused, with or without ``--force``, and so is OUT inside a run's checkpoint folders (:func:`finecap.runs.
 training_folder_of`: only training writes there, and a resumable checkpoint is never replaced by an export).
 """
@@ -32,21 +32,12 @@ from finecap.runs import (
     training_folder_of,
 )
 from finecap.train.model_card import CARD_NAME, md_code, model_card
-from finecap.utils import (
-    FOLDER_MARK,
-    METADATA,
-    OutputRefused,
-    atomic_replace_dir,
-    check_own_folder,
-    is_finecap_folder,
-    previous_dir,
-    read_json,
-    read_text_bounded,
-    refuse_link,
-)
+from finecap.utils.files import OutputRefused, refuse_link
+from finecap.utils.folders import FOLDER_MARK, atomic_replace_dir, check_own_folder, is_finecap_folder, previous_dir
+from finecap.utils.reading import METADATA, read_json, read_text_bounded
 
 EXPORT_KIND = "export"
-"""The folder kind of a merged export (:func:`finecap.utils.folder_mark_text`)."""
+"""The folder kind of a merged export (:func:`finecap.utils.folders.folder_mark_text`)."""
 
 
 def check_export_dir(out: Path, source: Path, force: bool) -> None:

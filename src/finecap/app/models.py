@@ -12,7 +12,7 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
-from finecap.utils import OutputRefused, refuse_link
+from finecap.utils.files import OutputRefused, refuse_link
 
 USE = {"clip": "model.encoder={out} (the retriever / CLIP rewards)", "blip": "model.kind=blip blip.name={out}"}
 """How a folder of each non-VLM kind is used in a recipe; a VLM's is ``model.kind=vlm vlm.name=DIR``."""

@@ -81,7 +81,9 @@ from finecap.report.plots import (
 )
 from finecap.report.run import RunData, read_run
 from finecap.train.fingerprint import check_run_dir
-from finecap.utils import DATA_FILE, progress_enabled, read_json, refuse_link, write_json
+from finecap.utils.files import refuse_link, write_json
+from finecap.utils.reading import DATA_FILE, read_json
+from finecap.utils.system import progress_enabled
 
 log = logging.getLogger(__name__)
 

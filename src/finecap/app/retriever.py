@@ -55,7 +55,7 @@ from finecap.models.world_encoder import (
 )
 from finecap.outputs import check_output_file, write_output_json
 from finecap.train.world_encoder import ensure_world_encoder
-from finecap.utils import read_json
+from finecap.utils.reading import read_json
 from finecap.world.facts import facts, is_true
 from finecap.world.make import ensure_world, load_scenes
 from finecap.world.scene import LABEL_SIZES

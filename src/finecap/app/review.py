@@ -63,7 +63,7 @@ from finecap.data.references import load_references
 from finecap.report.html import TEMPLATES
 from finecap.serve.hosts import WILDCARD_HOSTS, HostPolicy, hostname
 from finecap.train.fingerprint import bags_file_data
-from finecap.utils import MissingExtra, is_loopback
+from finecap.utils.system import MissingExtra, is_loopback
 
 REVIEW_EXTRA = "finecap bags review needs Flask: pip install 'finecap[review]'"
 """The one line naming the extra when Flask is missing (this page is finecap's only user of Flask)."""

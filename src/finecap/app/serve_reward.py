@@ -34,7 +34,7 @@ from finecap.serve.protocol import Limits
 from finecap.serve.service import ImageTable, RewardService
 from finecap.train.engine import process_state
 from finecap.train.prepare import prepare_needs
-from finecap.utils import is_loopback
+from finecap.utils.system import is_loopback
 
 if TYPE_CHECKING:
     from finecap.serve.app import ConnectionLimits

@@ -47,7 +47,9 @@ from tqdm.auto import tqdm
 from finecap.boost.prompts import Prompts
 from finecap.data.images import check_image_file, load_record_image
 from finecap.data.records import DataError, Record
-from finecap.utils import open_append, progress_enabled, read_lines
+from finecap.utils.files import open_append
+from finecap.utils.reading import read_lines
+from finecap.utils.system import progress_enabled
 
 MODE_STEPS: dict[str, tuple[str, ...]] = {
     "blend": ("blend",),

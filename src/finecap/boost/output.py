@@ -28,16 +28,8 @@ from typing import Any
 
 from finecap.data.json_files import json_lines
 from finecap.data.records import Record
-from finecap.utils import (
-    DATA_FILE,
-    atomic_write_bytes,
-    atomic_write_text,
-    jsonl_rows_are,
-    read_bounded,
-    read_json,
-    refuse_link,
-    write_json,
-)
+from finecap.utils.files import atomic_write_bytes, atomic_write_text, refuse_link, write_json
+from finecap.utils.reading import DATA_FILE, jsonl_rows_are, read_bounded, read_json
 from finecap.world.make import content_hashes
 
 WRITABLE = ("world", "karpathy", "coco", "jsonl")
@@ -78,7 +70,8 @@ def is_boost_file(path: Path) -> bool:
     """Whether ``path`` (one of :data:`BOOST_FILES`) reads as what finecap boost writes there, by content: a
     ``boost.json`` summary (``status``, ``mode``, ``source``), or JSONL lines with :data:`JSONL_KEYS` (a last line
     cut by a kill allowed). A file of that name with other content is the user's; so is one too large to be
-    finecap's (:data:`~finecap.utils.METADATA` for the summary, :data:`~finecap.utils.DATA_FILE` for the logs)."""
+    finecap's (:data:`~finecap.utils.reading.METADATA` for the summary, :data:`~finecap.utils.reading.DATA_FILE` for
+    the logs)."""
     try:
         if path.name == "boost.json":
             summary = read_json(path)

@@ -49,7 +49,7 @@ from typing import Any
 
 import yaml
 
-from finecap.utils import METADATA, StrictYAMLLoader, read_bounded, read_yaml_mapping
+from finecap.utils.reading import METADATA, StrictYAMLLoader, read_bounded, read_yaml_mapping
 
 STEPS = ("blend", "visual", "holistic")
 VARIABLES: dict[str, tuple[str, ...]] = {

@@ -20,7 +20,7 @@ import typing
 from dataclasses import field
 from typing import Any, ClassVar, Literal
 
-from finecap.utils import short_repr
+from finecap.utils.text import short_repr
 
 BOUNDS = ("ge", "gt", "le", "lt")
 SYMBOLS = {"ge": ">=", "gt": ">", "le": "<=", "lt": "<"}

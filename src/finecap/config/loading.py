@@ -42,7 +42,8 @@ from finecap.registry import (
     VALIDATOR_KEYS,
     is_dotted_path,
 )
-from finecap.utils import SHORT_REPR_LIMIT, YAMLRefused, load_yaml, short_repr
+from finecap.utils.reading import YAMLRefused, load_yaml
+from finecap.utils.text import SHORT_REPR_LIMIT, short_repr
 
 log = logging.getLogger(__name__)
 
@@ -56,8 +57,8 @@ def did_you_mean(name: object, valid: typing.Iterable[object], prefix: str = "")
         >>> did_you_mean("n_trian", ["n_train", "n_val"])
         " (did you mean 'n_train'?)"
 
-    Only a name of at most :data:`~finecap.utils.SHORT_REPR_LIMIT` characters is compared (a number or a long text is
-    no typo of a name, and ``str()`` of a nested value read from a file can be enormous).
+    Only a name of at most :data:`~finecap.utils.text.SHORT_REPR_LIMIT` characters is compared (a number or a long text
+    is no typo of a name, and ``str()`` of a nested value read from a file can be enormous).
     """
     if not isinstance(name, str | int | float) or len(str(name)) > SHORT_REPR_LIMIT:
         return ""
@@ -112,9 +113,10 @@ def renamed_override(item: str) -> str:
 
 
 BOOL_WORDS = {"true": True, "yes": True, "on": True, "false": False, "no": False, "off": False}
-"""What a boolean option reads as a boolean. Values are read as YAML 1.2 (:class:`finecap.utils.StrictYAMLLoader`:
-only ``true`` / ``false`` are booleans), so ``yes``, ``no``, ``on`` and ``off`` reach the options as strings: a
-string option keeps them (``train.mixed_precision=no``), a boolean one reads them here."""
+"""What a boolean option reads as a boolean. Values are read as YAML 1.2
+(:class:`finecap.utils.reading.StrictYAMLLoader`: only ``true`` / ``false`` are booleans), so ``yes``, ``no``, ``on``
+and ``off`` reach the options as strings: a string option keeps them (``train.mixed_precision=no``), a boolean one
+reads them here."""
 
 
 def empty_path(value: Any, key: str) -> Any:
@@ -357,7 +359,7 @@ def override_key(item: str) -> str:
 
 def parse_override(item: str) -> tuple[list[str], Any]:
     """Parse ``section.key=value`` (value read as YAML: numbers, booleans, lists, mappings; anchors, aliases and
-    duplicate keys refused, :func:`finecap.utils.load_yaml`); the key as :func:`override_key` reads it."""
+    duplicate keys refused, :func:`finecap.utils.reading.load_yaml`); the key as :func:`override_key` reads it."""
     if "=" not in item:
         raise ConfigError(f"override {_shown_override(item)}: expected section.key=value")
     raw = item.split("=", 1)[1]
@@ -405,7 +407,7 @@ def masked_override(item: str) -> str:
 
 def _shown_override(item: str) -> str:
     """An override ``section.key=value`` as error messages quote it: :func:`masked_override`, shortened
-    (:func:`finecap.utils.short_repr`)."""
+    (:func:`finecap.utils.text.short_repr`)."""
     return short_repr(masked_override(item.strip()), OVERRIDE_SHOWN)
 
 
@@ -441,7 +443,7 @@ def load(
             path = resolve_recipe(path)  # a YAML path, or a packaged recipe by name (finecap.recipes)
         except ValueError as e:
             raise ConfigError(str(e)) from None
-        from finecap.utils import read_yaml_mapping
+        from finecap.utils.reading import read_yaml_mapping
 
         try:
             loaded = read_yaml_mapping(path, "a recipe must be a mapping of sections")

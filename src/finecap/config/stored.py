@@ -11,7 +11,7 @@ from finecap.config.fields import ConfigError
 from finecap.config.loading import from_dict, load, renamed_keys
 from finecap.config.paths import absolute_path_values
 from finecap.config.sections import MOVED_KEYS, Config, ModelConfig, moved_key
-from finecap.utils import read_yaml_mapping
+from finecap.utils.reading import read_yaml_mapping
 
 
 def migrate_moved_keys(data: dict[str, Any]) -> dict[str, Any]:

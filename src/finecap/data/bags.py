@@ -60,7 +60,7 @@ from finecap.data.truematch import nearest_neighbours, record_embeddings
 from finecap.home import cache_dir
 from finecap.models.retriever import load_retriever
 from finecap.registry import requires
-from finecap.utils import atomic_write_bytes
+from finecap.utils.files import atomic_write_bytes
 
 if TYPE_CHECKING:
     from finecap.config import Config

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from finecap.data.json_files import load_json
 from finecap.data.records import DataError, check_id, type_name
-from finecap.utils import short_repr
+from finecap.utils.text import short_repr
 
 
 def _finite(value: float) -> bool:

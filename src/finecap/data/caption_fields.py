@@ -17,7 +17,7 @@ from typing import get_args
 
 from finecap.config import CaptionField
 from finecap.data.records import Record
-from finecap.utils import DATA_FILE, read_json
+from finecap.utils.reading import DATA_FILE, read_json
 
 CAPTION_FIELDS: tuple[str, ...] = get_args(CaptionField)
 

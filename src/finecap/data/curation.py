@@ -18,8 +18,8 @@ or a closed browser tab loses nothing and reopening the same output resumes wher
 Concurrency: :meth:`BagCuration.decide` takes a lock (a thread lock, then an operating-system file lock on
 ``.<out name>.lock`` through ``filelock``, so two review servers on the same output also take turns), **reads the
 decisions file after taking it**, applies the one decision, and writes both files atomically
-(:func:`finecap.utils.write_json`) before releasing it. A decision that :meth:`~BagCuration.decide` returned from is
-therefore on disk, whatever other writers did at the same time.
+(:func:`finecap.utils.files.write_json`) before releasing it. A decision that :meth:`~BagCuration.decide` returned from
+is therefore on disk, whatever other writers did at the same time.
 
 Choices left open by the paper: a bag not yet decided is left out of the curated file (only reviewed, accepted bags
 count), a decision can be changed or withdrawn (``decide(key, None)``) at any time, and two bags of a bags file with
@@ -50,7 +50,9 @@ from filelock import FileLock, Timeout
 
 from finecap.data.bags_file import read_bags
 from finecap.data.records import DataError
-from finecap.utils import DATA_FILE, read_json, short_repr, write_json
+from finecap.utils.files import write_json
+from finecap.utils.reading import DATA_FILE, read_json
+from finecap.utils.text import short_repr
 
 Decision = Literal["accept", "reject"]
 DECISIONS: tuple[str, ...] = get_args(Decision)

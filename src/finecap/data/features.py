@@ -24,7 +24,7 @@ data fingerprint, the SHA-256 of the ordered texts (:func:`text_cache_file`).
 File: ``<cache_dir>/features/<split>-<hash16>.safetensors`` with one tensor ``features (N, D)`` (float32, row ``i``
 belongs to record ``i``) and the metadata ``encoder``, ``data``, ``split``, ``n``, checked on load: a file whose
 metadata disagree, or that cannot be read (truncated, foreign), is recomputed, never trusted. Files are written
-atomically (:func:`finecap.utils.atomic_write_bytes`).
+atomically (:func:`finecap.utils.files.atomic_write_bytes`).
 
 Building a file: images are decoded and preprocessed in DataLoader workers (``data.num_workers``,
 :mod:`finecap.data.loading`), the encoder runs in the calling process. Under several processes (``accelerate
@@ -58,7 +58,8 @@ from finecap.data.images import DEFAULT_LIMITS, ImageLimits
 from finecap.data.loading import LoaderSettings, Preprocess, RecordImages, chunks, encoder_draft
 from finecap.data.samplers import process_slice
 from finecap.home import cache_dir as resolve_cache_dir
-from finecap.utils import atomic_write_bytes, progress_enabled
+from finecap.utils.files import atomic_write_bytes
+from finecap.utils.system import progress_enabled
 
 CACHE_SUBDIR = "features"
 """Folder under the cache directory (``run.cache_dir``) holding the feature files."""

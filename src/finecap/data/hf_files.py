@@ -45,7 +45,8 @@ from typing import Any
 
 from finecap.data.containment import ImageFolder
 from finecap.data.records import MAX_LISTED, DataError, split_from_name
-from finecap.utils import JSONRefused, one_line, read_json, short_repr
+from finecap.utils.reading import JSONRefused, read_json
+from finecap.utils.text import one_line, short_repr
 
 __all__ = ["HF_CACHE", "HF_FILE_SUFFIXES", "MAX_METADATA_BYTES", "SplitFiles", "local_splits", "open_split"]
 

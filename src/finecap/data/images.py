@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 
 from finecap.config import DEFAULT_MAX_ASPECT_RATIO, DEFAULT_MAX_IMAGE_PIXELS, PIL_MAX_IMAGE_PIXELS
 from finecap.data.records import DataError
-from finecap.utils import one_line
+from finecap.utils.text import one_line
 
 if TYPE_CHECKING:
     from PIL import Image

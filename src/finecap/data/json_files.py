@@ -1,13 +1,13 @@
 """JSON and JSONL data files read within bounds, their faults a :class:`~finecap.data.records.DataError` naming the
 file and the line.
 
-Every file is parsed strictly (:func:`~finecap.utils.parse_json`): an object holding a key twice, or nesting deeper
-than Python's parser goes, is a :class:`~finecap.data.records.DataError` naming the file and the line, as a syntax
-error is.
+Every file is parsed strictly (:func:`~finecap.utils.reading.parse_json`): an object holding a key twice, or nesting
+deeper than Python's parser goes, is a :class:`~finecap.data.records.DataError` naming the file and the line, as a
+syntax error is.
 
-A JSON file is read whole only up to :data:`~finecap.utils.DATA_FILE` (2 GiB, ``FINECAP_MAX_DATA_BYTES``); a JSONL
-file is streamed with each line within :data:`~finecap.utils.LINE` (:mod:`finecap.utils`, "Bounded reads"): a larger
-file or line is an error naming it and the limit, never a ``MemoryError``.
+A JSON file is read whole only up to :data:`~finecap.utils.reading.DATA_FILE` (2 GiB, ``FINECAP_MAX_DATA_BYTES``); a
+JSONL file is streamed with each line within :data:`~finecap.utils.reading.LINE` (:mod:`finecap.utils`, "Bounded
+reads"): a larger file or line is an error naming it and the limit, never a ``MemoryError``.
 
 Format detection (:func:`finecap.data.formats.detect_format`) looks inside a JSON file before a reader reads it:
 :func:`peek_json` parses it once and keeps the result for the reader's :func:`load_json` (a second parse of a large
@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from finecap.data.records import DataError
-from finecap.utils import DATA_FILE, JSONRefused, parse_json, read_bounded, read_lines
+from finecap.utils.reading import DATA_FILE, JSONRefused, parse_json, read_bounded, read_lines
 
 _HANDOFF: dict[tuple[Path, int], Any] = {}
 """The last file :func:`peek_json` parsed (by path and modification time), for the next :func:`load_json`."""
@@ -40,7 +40,7 @@ def peek_json(path: str | Path) -> Any:
     """The parsed contents of the JSON file ``path``, kept for the next :func:`load_json` of the same unchanged file
     (one file at a time: :func:`forget_json` drops it); a ``ValueError`` naming the file when it is not JSON (format
     detection's error: no format reads it), a :class:`DataError` naming the file and the line when it is JSON that
-    no reader takes (a key twice in an object, nesting too deep: :func:`~finecap.utils.parse_json`)."""
+    no reader takes (a key twice in an object, nesting too deep: :func:`~finecap.utils.reading.parse_json`)."""
     path = Path(path)
     key = _key(path)
     if key is not None and key in _HANDOFF:
@@ -65,7 +65,7 @@ def forget_json() -> None:
 def load_json(path: Path) -> Any:
     """The parsed contents of the JSON data file ``path`` (as :func:`peek_json` left it, when it did): a
     :class:`DataError` naming the file when it is missing, not UTF-8, not JSON, holds a key twice in an object or is
-    nested too deeply (the line and column: :func:`~finecap.utils.parse_json`)."""
+    nested too deeply (the line and column: :func:`~finecap.utils.reading.parse_json`)."""
     if _HANDOFF:
         data = _HANDOFF.pop(_key(path), None)
         _HANDOFF.clear()
@@ -81,9 +81,9 @@ def load_json(path: Path) -> Any:
 
 def json_lines(path: Path) -> Iterator[tuple[str, Any]]:
     """``(where, record)`` of every non-blank line of the JSONL file ``path`` (``where``: ``"<path>, line <n>"``),
-    streamed: each line is read within :data:`~finecap.utils.LINE` (:func:`~finecap.utils.read_lines`), the file's
-    size is not bounded. A line that is not JSON (or holds a key twice in an object, or nests too deeply:
-    :func:`~finecap.utils.parse_json`), or a file that is not UTF-8, is a :class:`DataError` naming it."""
+    streamed: each line is read within :data:`~finecap.utils.reading.LINE` (:func:`~finecap.utils.reading.read_lines`),
+    the file's size is not bounded. A line that is not JSON (or holds a key twice in an object, or nests too deeply:
+    :func:`~finecap.utils.reading.parse_json`), or a file that is not UTF-8, is a :class:`DataError` naming it."""
     lines = read_lines(path)
     try:
         for lineno, line in enumerate(lines, 1):

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from finecap.utils import short_repr
+from finecap.utils.text import short_repr
 
 log = logging.getLogger(__name__)
 

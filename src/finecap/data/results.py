@@ -2,7 +2,7 @@
 (:func:`write_results`) of generated captions.
 
 Extra fields (``score``, ``id``) are ignored; an image listed several times keeps all its captions, as pycocotools'
-``loadRes`` does. Read within :data:`~finecap.utils.DATA_FILE`; nothing here imports torch.
+``loadRes`` does. Read within :data:`~finecap.utils.reading.DATA_FILE`; nothing here imports torch.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from pathlib import Path
 from finecap.data.json_files import load_json
 from finecap.data.records import DataError, check_id, is_id, require, require_id, type_name
 from finecap.outputs import write_output
-from finecap.utils import short_repr
+from finecap.utils.text import short_repr
 
 
 def read_results(path: str | Path) -> dict[int | str, list[str]]:

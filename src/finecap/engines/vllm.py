@@ -63,7 +63,8 @@ import torch
 from finecap.config import Config, ConfigError
 from finecap.decode import Generation, hash32, stop_token_ids, texts_of
 from finecap.engines.base import GenerationEngine, images_of
-from finecap.utils import MissingExtra, rng_preserved
+from finecap.utils.rng import rng_preserved
+from finecap.utils.system import MissingExtra
 
 if TYPE_CHECKING:
     from PIL import Image
@@ -89,8 +90,8 @@ def autocast_off() -> Iterator[None]:
 
 
 def import_vllm(option: str = "decode.engine=vllm") -> Any:
-    """The ``vllm`` module, or :class:`~finecap.utils.MissingExtra` naming ``option`` (what asked for vLLM) and the
-    install (module docstring)."""
+    """The ``vllm`` module, or :class:`~finecap.utils.system.MissingExtra` naming ``option`` (what asked for vLLM) and
+    the install (module docstring)."""
     try:
         import vllm
     except ImportError as e:
@@ -391,7 +392,8 @@ class VllmEngine(GenerationEngine):
         in the captioner's dtype. ``seed``: vLLM's seed of unseeded sampling. ``logprobs_mode``: the log-probs
         returned, of the model's own distribution (``raw_logprobs``) or of the one sampled from, temperature applied
         (``processed_logprobs``, what TRL's rollouts use; top-k / top-p too, when set). The process's random
-        generators are left as they were (vLLM reseeds them when it starts: :func:`~finecap.utils.rng_preserved`)."""
+        generators are left as they were (vLLM reseeds them when it starts:
+        :func:`~finecap.utils.rng.rng_preserved`)."""
         from finecap.config import VllmConfig
 
         section = section or VllmConfig()

@@ -134,7 +134,7 @@ def read_questions(path: str | Path) -> dict[Hashable, list[Question]]:
 
 def write_questions(questions: Mapping[Hashable, Sequence[Question]], path: str | Path) -> None:
     """Write ``{image_id: [Question]}`` as a questions file (atomically)."""
-    from finecap.utils import atomic_write_text
+    from finecap.utils.files import atomic_write_text
 
     lines = [json.dumps({"image_id": i, "questions": [q.to_dict() for q in qs]}) for i, qs in questions.items()]
     atomic_write_text(path, "".join(line + "\n" for line in lines))

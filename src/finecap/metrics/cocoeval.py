@@ -47,7 +47,7 @@ from typing import Any
 from finecap.metrics.meteor import BACKENDS, MetricUnavailable
 from finecap.metrics.ngram import ngram_metrics
 from finecap.metrics.ptb_tokenize import tokenize_all
-from finecap.utils import DATA_FILE, parse_json, read_bounded
+from finecap.utils.reading import DATA_FILE, parse_json, read_bounded
 
 __all__ = ["COCOEvalCap", "CaptionFile", "COCO_METRICS", "COCO_NAMES"]
 

@@ -74,7 +74,8 @@ from finecap.models.captioner import (
     token_scores,
 )
 from finecap.runs import CAPTIONER_FILE, CheckpointError
-from finecap.utils import read_json, write_json
+from finecap.utils.files import write_json
+from finecap.utils.reading import read_json
 
 if TYPE_CHECKING:
     from finecap.config import Config

@@ -71,7 +71,8 @@ from finecap.models import strict
 from finecap.models.captioner import PARTS
 from finecap.models.vision import TEXT_SIDE
 from finecap.runs import CAPTIONER_FILE, CheckpointError
-from finecap.utils import read_json, short_repr
+from finecap.utils.reading import read_json
+from finecap.utils.text import short_repr
 
 if TYPE_CHECKING:
     from finecap.config import Config

@@ -53,7 +53,7 @@ from torch.utils.checkpoint import checkpoint
 from finecap.config import AttnImplementation, Quantization, TrainableDtype, WeightsDtype
 from finecap.models import strict
 from finecap.models.captioner import PARTS
-from finecap.utils import MissingExtra
+from finecap.utils.system import MissingExtra
 
 if TYPE_CHECKING:
     from finecap.config import Config

@@ -69,7 +69,7 @@ from finecap.data.images import DEFAULT_LIMITS, ImageLimits
 from finecap.data.loading import draft_size
 from finecap.models.text_window import LONG_TEXT, TextEncoding
 from finecap.models.world_encoder import world_encoder_path
-from finecap.utils import short_repr
+from finecap.utils.text import short_repr
 
 if TYPE_CHECKING:
     from finecap.config import Config

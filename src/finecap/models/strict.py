@@ -38,7 +38,7 @@ from safetensors.torch import load_file
 from torch import nn
 
 from finecap.runs import CheckpointError
-from finecap.utils import read_json
+from finecap.utils.reading import read_json
 
 NAMED = 3
 """Offending tensors named per kind of problem; the rest are counted."""

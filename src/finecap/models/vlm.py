@@ -963,7 +963,7 @@ class Vlm(CaptionerBase):
         """``vlm.name=tiny:<family>`` (:data:`TINY`): the family's tiny random VLM, the same weights at every build
         (seed 0; the process's random generators are left as they were)."""
         from finecap.models.tiny import BUILDERS, tiny_family
-        from finecap.utils import rng_preserved
+        from finecap.utils.rng import rng_preserved
 
         family = v.name.removeprefix(TINY)
         if family not in BUILDERS:

@@ -64,7 +64,7 @@ from transformers import (
 from finecap.data.formats.world import read_world
 from finecap.data.images import load_image
 from finecap.home import cache_dir
-from finecap.utils import read_json
+from finecap.utils.reading import read_json
 from finecap.world.make import load_scenes, world_key
 from finecap.world.scene import COLORS, PATTERNS, SHAPES, SIZES, scene_labels
 

@@ -37,7 +37,7 @@ from typing import TYPE_CHECKING, Any, get_args
 import torch
 
 from finecap.config import Baseline, RLConfig
-from finecap.utils import short_repr
+from finecap.utils.text import short_repr
 
 if TYPE_CHECKING:
     from finecap.contract import TrainContext

@@ -48,7 +48,7 @@ import torch
 
 from finecap.config import RLConfig
 from finecap.data.references import world_scenes
-from finecap.utils import short_repr
+from finecap.utils.text import short_repr
 
 if TYPE_CHECKING:
     from finecap.contract import TrainContext

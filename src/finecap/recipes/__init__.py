@@ -76,7 +76,7 @@ def copy_recipe(name: str, dest: str | Path, force: bool = False) -> Path:
         >>> out.read_text() == resolve_recipe("demo/mle").read_text()
         True
     """
-    from finecap.utils import atomic_write_bytes
+    from finecap.utils.files import atomic_write_bytes
 
     source = resolve_recipe(name)
     dest = Path(dest)

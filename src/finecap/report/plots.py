@@ -16,7 +16,8 @@ from typing import Any
 
 from finecap.metrics.diversity import caption_length
 from finecap.runs import METRICS_FILE
-from finecap.utils import DATA_FILE, atomic_write_bytes, read_lines
+from finecap.utils.files import atomic_write_bytes
+from finecap.utils.reading import DATA_FILE, read_lines
 
 BAG_RECALL = re.compile(r"^bag(\d+)/R@1$")
 """Result keys of TrueMatch R@1 per bag size (``bag3/R@1``), as :func:`finecap.metrics.retrieval.bag_retrieval`
@@ -95,7 +96,7 @@ def _grid(n: int, ncols: int = 4) -> tuple[int, int]:
 
 def read_events(path: str | Path) -> list[dict[str, Any]]:
     """The events of a ``metrics.jsonl`` (``{"step", "split", "values", ...}`` per line; blank lines skipped), read
-    line by line within :data:`~finecap.utils.DATA_FILE` (:func:`~finecap.utils.read_lines`)."""
+    line by line within :data:`~finecap.utils.reading.DATA_FILE` (:func:`~finecap.utils.reading.read_lines`)."""
     path = Path(path)
     events = []
     for lineno, line in enumerate(read_lines(path, total=DATA_FILE), 1):

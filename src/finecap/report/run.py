@@ -31,7 +31,7 @@ from finecap.data.bags_file import read_bags
 from finecap.data.results import read_results
 from finecap.report.plots import read_events
 from finecap.runs import CONFIG_FILE, METRICS_FILE
-from finecap.utils import DATA_FILE, read_json
+from finecap.utils.reading import DATA_FILE, read_json
 
 
 @dataclass

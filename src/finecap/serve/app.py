@@ -56,7 +56,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
-from finecap.utils import MissingExtra
+from finecap.utils.system import MissingExtra
 
 try:
     import uvicorn

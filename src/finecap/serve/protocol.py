@@ -1,7 +1,7 @@
 """The reward server's requests: plain JSON read into :class:`RewardRequest`, or a :class:`RequestError` naming the
 field at fault (HTTP 400, or 413 for a limit). Nothing in a request is ever run or imported: bodies are read with
-:func:`finecap.utils.parse_json` (strict: no key twice, no ``NaN``) and every field is checked for its type, length
-and size (:class:`Limits`).
+:func:`finecap.utils.reading.parse_json` (strict: no key twice, no ``NaN``) and every field is checked for its type,
+length and size (:class:`Limits`).
 
 Two shapes:
 
@@ -42,7 +42,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from finecap.utils import JSONRefused, parse_json
+from finecap.utils.reading import JSONRefused, parse_json
 
 END_MARKERS = ("<|im_end|>", "<|endoftext|>", "<|eot_id|>", "<|end_of_text|>", "<end_of_turn>", "<|end|>", "</s>",
                "<eos>", "<|end▁of▁sentence|>", "<pad>", "<|pad|>")  # fmt: skip
@@ -101,8 +101,8 @@ class RewardRequest:
 
 def decode_json(raw: bytes, field: str = "body") -> Any:
     """The JSON value of a request body (or of a label's text, ``field``), read strictly
-    (:func:`finecap.utils.parse_json`): ``NaN`` and ``Infinity`` refused, as is an object holding a key twice (which
-    of its two values a reader keeps depends on the reader) and nesting deeper than Python's parser goes."""
+    (:func:`finecap.utils.reading.parse_json`): ``NaN`` and ``Infinity`` refused, as is an object holding a key twice
+    (which of its two values a reader keeps depends on the reader) and nesting deeper than Python's parser goes."""
     try:
         return parse_json(raw, field, constants=False)
     except JSONRefused as e:

@@ -16,7 +16,9 @@ from finecap.metrics.suite import evaluate_items
 from finecap.models.backbones import load_captioner
 from finecap.runs import model_dir
 from finecap.stages.runner import StageRunner
-from finecap.utils import DATA_FILE, read_json, seed_everything, write_json
+from finecap.utils.files import write_json
+from finecap.utils.reading import DATA_FILE, read_json
+from finecap.utils.rng import seed_everything
 
 SAMPLES = 5
 """Captions per test image of :func:`stage_samples` (the exploration paper's set-level diversity)."""

@@ -37,7 +37,8 @@ from finecap.recipes import resolve_recipe
 from finecap.runs import BEST, CONFIG_FILE, checkpoint_dir
 from finecap.train.fingerprint import FingerprintMismatch, check_run
 from finecap.train.state import continue_unfinished
-from finecap.utils import atomic_write_text, read_json, refuse_link, write_json
+from finecap.utils.files import atomic_write_text, refuse_link, write_json
+from finecap.utils.reading import read_json
 
 log = logging.getLogger(__name__)
 

@@ -3,9 +3,9 @@
 The run-directory layout (checkpoint folder names, :func:`~finecap.runs.model_dir`,
 :func:`~finecap.runs.find_checkpoint`) is :mod:`finecap.runs`, which every reader of a run imports; this module writes
 checkpoints. A folder is first written as ``checkpoints/.<name>.tmp`` (:func:`~finecap.runs.temporary_dir`) and then
-swapped in by :func:`finecap.utils.atomic_replace_dir` (which gives its files the user's umask), so a run killed while
-saving keeps its previous checkpoint. Each checkpoint folder holds finecap's folder mark
-(:data:`finecap.utils.FOLDER_MARK`): only a folder holding it (or one that reads as a checkpoint,
+swapped in by :func:`finecap.utils.folders.atomic_replace_dir` (which gives its files the user's umask), so a run
+killed while saving keeps its previous checkpoint. Each checkpoint folder holds finecap's folder mark
+(:data:`finecap.utils.folders.FOLDER_MARK`): only a folder holding it (or one that reads as a checkpoint,
 :func:`finecap.train.state.is_checkpoint_folder`) is ever replaced or removed; anything else at ``<name>``,
 ``<name>.old`` or ``.<name>.tmp`` is refused and kept.
 
@@ -49,7 +49,9 @@ from finecap.train.state import (
     remove_unfinished_checkpoint,
     replace_checkpoint,
 )
-from finecap.utils import check_swap, read_json, refuse_link, write_json
+from finecap.utils.files import refuse_link, write_json
+from finecap.utils.folders import check_swap
+from finecap.utils.reading import read_json
 
 if TYPE_CHECKING:
     from transformers import GenerationConfig

@@ -87,15 +87,11 @@ from finecap.train.state import (
     save_tree,
     state_errors,
 )
-from finecap.utils import (
-    check_swap,
-    progress_enabled,
-    refuse_link,
-    rng_state,
-    seed_everything,
-    set_rng_state,
-    short_repr,
-)
+from finecap.utils.files import refuse_link
+from finecap.utils.folders import check_swap
+from finecap.utils.rng import rng_state, seed_everything, set_rng_state
+from finecap.utils.system import progress_enabled
+from finecap.utils.text import short_repr
 
 log = logging.getLogger(__name__)
 

@@ -66,7 +66,8 @@ from typing import TYPE_CHECKING, Any
 
 from finecap.data.hashing import hub_revision, sha256_file, sha256_files
 from finecap.runs import CAPTIONER_FILE, FINGERPRINTS_FILE, model_dir, run_dir_of
-from finecap.utils import DATA_FILE, read_json, write_json
+from finecap.utils.files import write_json
+from finecap.utils.reading import DATA_FILE, read_json
 
 if TYPE_CHECKING:
     from finecap.config import Config

@@ -17,7 +17,7 @@ from accelerate import Accelerator
 from accelerate.tracking import GeneralTracker
 from accelerate.utils import gather_object
 
-from finecap.utils import append_jsonl
+from finecap.utils.files import append_jsonl
 
 
 class JsonlTracker(GeneralTracker):

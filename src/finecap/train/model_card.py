@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 from finecap.config.secrets import masked_url_secrets
 from finecap.runs import CAPTIONER_FILE
-from finecap.utils import CONTROL_CHARACTERS, shell_command
+from finecap.utils.text import CONTROL_CHARACTERS, shell_command
 
 if TYPE_CHECKING:
     from finecap.config import Config
@@ -97,8 +97,8 @@ def md_block(text: str) -> str:
 
 def command_block(argv: Sequence[str]) -> str:
     """A command's arguments as a fenced code block holding the shell command that runs exactly them
-    (:func:`finecap.utils.shell_command`: pasted, ``run.name=a;b`` or ``$(...)`` stay one quoted argument), fenced by
-    more backticks than any run in it (at least three), so no line of it can close the block. Unlike
+    (:func:`finecap.utils.text.shell_command`: pasted, ``run.name=a;b`` or ``$(...)`` stay one quoted argument), fenced
+    by more backticks than any run in it (at least three), so no line of it can close the block. Unlike
     :func:`md_block` nothing in it is escaped (an escape would change the command): an argument holding a line break
     spans lines inside its quotes, which a fenced block shows as they are."""
     text = shell_command(argv)

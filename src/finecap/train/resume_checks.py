@@ -40,7 +40,7 @@ import torch
 
 from finecap.train.schedule import lr_factor, schedule_of
 from finecap.train.state import CheckpointError
-from finecap.utils import short_repr
+from finecap.utils.text import short_repr
 
 ADVICE = (
     "resume with the settings the run was trained with (its config.yaml), or start a new run (--out) with "

@@ -73,7 +73,7 @@ from finecap.train.state import (
     truncate_metrics,
 )
 from finecap.train.validators import caption_samples, validation_loss
-from finecap.utils import seed_everything
+from finecap.utils.rng import seed_everything
 
 log = logging.getLogger(__name__)
 

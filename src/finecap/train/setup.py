@@ -37,7 +37,7 @@ from finecap.models.backbones import check_backbone, check_loaded, load_captione
 from finecap.models.lora import configure_training
 from finecap.objectives.base import ObjectiveBase
 from finecap.runs import model_dir
-from finecap.utils import shell_command
+from finecap.utils.text import shell_command
 
 
 def resolve_start(cfg: Config) -> Config:

@@ -65,26 +65,21 @@ from finecap.runs import (
     checkpoint_dir,
     temporary_dir,
 )
-from finecap.utils import (
+from finecap.utils.files import atomic_write_text, refuse_link
+from finecap.utils.folders import FOLDER_MARK, atomic_replace_dir, mark_folder, previous_dir, remove_own_folder
+from finecap.utils.reading import (
     DATA_FILE,
-    FOLDER_MARK,
     METADATA,
     FileTooLarge,
-    atomic_replace_dir,
-    atomic_write_text,
     jsonl_rows_are,
     load_yaml,
-    mark_folder,
-    previous_dir,
     read_bounded,
     read_json,
     read_lines,
     read_text_bounded,
     read_yaml_mapping,
-    refuse_link,
-    remove_own_folder,
-    short_repr,
 )
+from finecap.utils.text import short_repr
 
 log = logging.getLogger(__name__)
 
@@ -364,7 +359,8 @@ def find_resumable(run_dir: Path) -> Path | None:
 
 def promote(found: Path, run_dir: Path) -> Path:
     """Make ``found`` the ``last`` checkpoint (finishing an interrupted swap); returns ``last``. Older checkpoints
-    beside it are superseded and removed only as a normal save would (:func:`finecap.utils.atomic_replace_dir`)."""
+    beside it are superseded and removed only as a normal save would
+    (:func:`finecap.utils.folders.atomic_replace_dir`)."""
     last = checkpoint_dir(run_dir, LAST)
     if found == last:
         return last
@@ -401,18 +397,19 @@ CHECKPOINT_FOLDERS = frozenset(
 )
 """The folders finecap writes under ``checkpoints/``: ``last`` and ``best``, their temporary ``.<name>.tmp``
 (:func:`finecap.runs.temporary_dir`), the swapped-out ``<name>.old``
-(:func:`finecap.utils.previous_dir`) and the set-aside ``.last.incomplete`` (:func:`promote`)."""
+(:func:`finecap.utils.folders.previous_dir`) and the set-aside ``.last.incomplete`` (:func:`promote`)."""
 CHECKPOINT_ENTRIES = frozenset({MODEL_SUBDIR, CONFIG_FILE, FINGERPRINTS_FILE, INFO_FILE, STATE_DIR, FOLDER_MARK})
-"""What a checkpoint folder holds (a partial one: some of it), its :data:`~finecap.utils.FOLDER_MARK` included."""
+"""What a checkpoint folder holds (a partial one: some of it), its :data:`~finecap.utils.folders.FOLDER_MARK`
+included."""
 CHECKPOINT_KIND = "checkpoint"
-"""The folder kind of a checkpoint (:func:`finecap.utils.folder_mark_text`): what its mark says it is."""
+"""The folder kind of a checkpoint (:func:`finecap.utils.folders.folder_mark_text`): what its mark says it is."""
 
 
 def is_checkpoint_folder(folder: Path) -> bool:
     """Whether ``folder`` reads as a checkpoint folder finecap wrote before it marked the folders it makes
-    (:data:`~finecap.utils.FOLDER_MARK`): a real folder holding only :data:`CHECKPOINT_ENTRIES`, none a link (an
-    empty one too: a save killed as it began). The content test beside the mark when a checkpoint is swapped in or an
-    unfinished one removed (:func:`replace_checkpoint`, :func:`remove_unfinished_checkpoint`), so that runs from
+    (:data:`~finecap.utils.folders.FOLDER_MARK`): a real folder holding only :data:`CHECKPOINT_ENTRIES`, none a link
+    (an empty one too: a save killed as it began). The content test beside the mark when a checkpoint is swapped in or
+    an unfinished one removed (:func:`replace_checkpoint`, :func:`remove_unfinished_checkpoint`), so that runs from
     before the mark resume as they did."""
     try:
         if folder.is_symlink() or not folder.is_dir():
@@ -423,21 +420,21 @@ def is_checkpoint_folder(folder: Path) -> bool:
 
 
 def replace_checkpoint(tmp: Path, path: Path) -> None:
-    """Swap the complete checkpoint folder ``tmp`` in at ``path`` (:func:`finecap.utils.atomic_replace_dir`): only a
-    checkpoint of finecap's (marked, or :func:`is_checkpoint_folder`) at ``path`` or ``<path>.old`` is replaced;
+    """Swap the complete checkpoint folder ``tmp`` in at ``path`` (:func:`finecap.utils.folders.atomic_replace_dir`):
+    only a checkpoint of finecap's (marked, or :func:`is_checkpoint_folder`) at ``path`` or ``<path>.old`` is replaced;
     anything else there is refused, named and kept."""
     atomic_replace_dir(tmp, path, kind=CHECKPOINT_KIND, ours=is_checkpoint_folder)
 
 
 def remove_unfinished_checkpoint(tmp: Path) -> None:
     """Remove ``tmp``, an unfinished checkpoint folder of the run (``checkpoints/.<name>.tmp``), when it is finecap's
-    (:func:`finecap.utils.remove_own_folder`); anything else there is refused, named and kept."""
+    (:func:`finecap.utils.folders.remove_own_folder`); anything else there is refused, named and kept."""
     remove_own_folder(tmp, CHECKPOINT_KIND, ours=is_checkpoint_folder)
 
 
 def new_checkpoint_folder(tmp: Path) -> None:
     """Create the folder ``tmp`` a checkpoint is written in, marked as finecap's at once
-    (:func:`finecap.utils.mark_folder`): a save killed half-way leaves a folder the next one recognises."""
+    (:func:`finecap.utils.folders.mark_folder`): a save killed half-way leaves a folder the next one recognises."""
     tmp.mkdir(parents=True, exist_ok=True)
     mark_folder(tmp, CHECKPOINT_KIND)
 
@@ -445,8 +442,8 @@ def new_checkpoint_folder(tmp: Path) -> None:
 def is_metrics_log(path: Path) -> bool:
     """Whether ``path`` reads as finecap's ``metrics.jsonl``: every line an event of its JSONL tracker (an integer
     ``step``, a string ``split``, a ``values`` mapping); a last line cut short by a kill (no newline) is allowed.
-    Read line by line (:func:`finecap.utils.jsonl_rows_are`): a log too large to read is a
-    :class:`~finecap.utils.FileTooLarge` naming it, not taken for someone else's file."""
+    Read line by line (:func:`finecap.utils.reading.jsonl_rows_are`): a log too large to read is a
+    :class:`~finecap.utils.reading.FileTooLarge` naming it, not taken for someone else's file."""
 
     def is_event(row: Any) -> bool:
         return (isinstance(row, dict) and isinstance(row.get("step"), int) and isinstance(row.get("split"), str)
@@ -525,7 +522,7 @@ def prepare_run_dir(run_dir: Path, *, resume: bool, overwrite: bool) -> Path | N
       but nothing resumable is an error listing what was found, and nothing is deleted; an empty folder starts fresh.
 
     Before either, a symbolic link where the run writes (:func:`run_paths`) is refused, naming it
-    (:func:`finecap.utils.refuse_link`): a shared run folder keeps the links someone planted in it.
+    (:func:`finecap.utils.files.refuse_link`): a shared run folder keeps the links someone planted in it.
     """
     for path in run_paths(run_dir):
         refuse_link(path)

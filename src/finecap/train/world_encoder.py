@@ -54,7 +54,8 @@ from finecap.models.world_encoder import (
 from finecap.objectives.base import ObjectiveBase, ObjectiveOutput
 from finecap.train.engine import Engine, TrainingData, make_accelerator
 from finecap.train.schedule import build_scheduler
-from finecap.utils import atomic_replace_dir, check_swap, make_temporary_dir, write_json
+from finecap.utils.files import make_temporary_dir, write_json
+from finecap.utils.folders import atomic_replace_dir, check_swap
 from finecap.world.make import ensure_world
 from finecap.world.scene import LABEL_SIZES
 
@@ -195,8 +196,8 @@ def fit_world_encoder(
 # --------------------------------------------------------------------------------------------------------------------
 
 ENCODER_KIND = "world-encoder"
-"""The folder kind of a trained world encoder (:func:`finecap.utils.folder_mark_text`): only such a folder (and its
-``.old``) is ever replaced in the cache."""
+"""The folder kind of a trained world encoder (:func:`finecap.utils.folders.folder_mark_text`): only such a folder (and
+its ``.old``) is ever replaced in the cache."""
 
 
 def ensure_world_encoder(cfg: Config, progress: bool = True, *, make: bool = True) -> Path:

@@ -36,16 +36,10 @@ from tqdm import tqdm
 
 from finecap.config import Config, WorldConfig
 from finecap.home import world_path
-from finecap.utils import (
-    atomic_write_bytes,
-    atomic_write_text,
-    png_bytes,
-    progress_enabled,
-    read_json,
-    read_lines,
-    shell_command,
-    write_json,
-)
+from finecap.utils.files import atomic_write_bytes, atomic_write_text, png_bytes, write_json
+from finecap.utils.reading import read_json, read_lines
+from finecap.utils.system import progress_enabled
+from finecap.utils.text import shell_command
 from finecap.world.captions import dense_caption, reference_captions, vocabulary
 from finecap.world.key import WORLD_VERSION, world_key
 from finecap.world.key import content_config as _content_config

@@ -185,7 +185,7 @@ class Config:
     def save(self, path: str | Path) -> None:
         """Write the resolved configuration as YAML (atomically). Relative paths are written absolute
         (:func:`absolute_paths`), so the stored file means the same from any working directory."""
-        from finecap.utils import atomic_write_text
+        from finecap.utils.files import atomic_write_text
 
         atomic_write_text(path, self.to_yaml())
 

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from finecap.config.fields import Section, check, doc
-from finecap.utils import short_repr
+from finecap.utils.text import short_repr
 
 BoostMode = Literal["blend", "visual", "holistic"]
 BoostBackend = Literal["openai", "transformers", "vllm", "world"]

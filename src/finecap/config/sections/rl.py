@@ -10,7 +10,7 @@ from finecap.config.sections.limits import (
     FLOAT32_TINY,
     MAX_REWARD_WEIGHT,
 )
-from finecap.utils import short_repr
+from finecap.utils.text import short_repr
 
 if TYPE_CHECKING:
     from finecap.config.sections import Config

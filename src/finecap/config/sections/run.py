@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from finecap.config.fields import ConfigError, Section, doc
-from finecap.utils import CONTROL_CHARACTERS, short_repr
+from finecap.utils.text import CONTROL_CHARACTERS, short_repr
 
 
 @dataclass

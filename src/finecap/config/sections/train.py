@@ -9,7 +9,7 @@ from finecap.config.fields import Section, check, doc
 from finecap.config.sections.limits import (
     MAX_BATCH,
 )
-from finecap.utils import short_repr
+from finecap.utils.text import short_repr
 
 Schedule = Literal["linear", "cosine", "constant"]
 

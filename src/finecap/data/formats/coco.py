@@ -27,7 +27,7 @@ from finecap.data.records import (
     require_id,
     split_from_name,
 )
-from finecap.utils import short_repr
+from finecap.utils.text import short_repr
 
 
 def read_coco_captions(

@@ -9,7 +9,7 @@ id is the image's path relative to the folder, with ``/`` (``"cats/001.jpg"``). 
 with an empty caption list (captioning reads them; training and evaluation refuse them,
 :func:`finecap.data.references.require_captions`). The folder is its own image root; every file read, caption files
 too, must lie inside it (:class:`~finecap.data.containment.ImageFolder`). A caption ``.txt`` is read within
-:data:`~finecap.utils.CAPTION_TEXT` (1 MiB).
+:data:`~finecap.utils.reading.CAPTION_TEXT` (1 MiB).
 
 Detected: a folder holding an image file, at any depth (not hidden). Not cached by modification time (a folder
 changes below its own). Fingerprint: its images' relative paths and sizes, and the SHA-256 of its caption files.
@@ -41,7 +41,8 @@ from finecap.data.records import (
     clean_text,
     require,
 )
-from finecap.utils import CAPTION_TEXT, one_line, read_lines, read_text_bounded, short_repr
+from finecap.utils.reading import CAPTION_TEXT, read_lines, read_text_bounded
+from finecap.utils.text import one_line, short_repr
 
 CAPTION_FILES = ("captions.jsonl", "captions.csv")
 """The sidecar caption files a ``folder`` data set may hold at its top (:func:`read_folder`; at most one)."""

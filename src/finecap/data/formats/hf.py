@@ -57,7 +57,8 @@ from finecap.data.hashing import hub_revision, sha256_file, sha256_files
 from finecap.data.hf_files import HF_FILE_SUFFIXES, SplitFiles, local_splits, open_split, saved_splits
 from finecap.data.records import MAX_LISTED, DataError, Record, check_id, clean_captions, split_from_name
 from finecap.home import CACHE, home
-from finecap.utils import MissingExtra, short_repr
+from finecap.utils.system import MissingExtra
+from finecap.utils.text import short_repr
 
 __all__ = ["FORMAT", "HF_FILE_SUFFIXES", "ArrowImage", "ArrowImages", "is_hf_path", "read_hf"]
 

@@ -4,9 +4,9 @@
 (:data:`~finecap.data.records.NO_SPLIT`: the commands split such records, :mod:`finecap.data.splits`); a split
 spelled in another case (``"TRAIN"``) is read as that split and said (:class:`~finecap.data.records.SplitKeys`).
 Captions are one line each (:func:`~finecap.data.records.clean_text`: line breaks and tabs made spaces, other control
-characters refused). A line holding a key twice is refused (:func:`~finecap.utils.parse_json`). Relative
+characters refused). A line holding a key twice is refused (:func:`~finecap.utils.reading.parse_json`). Relative
 image paths are resolved against ``data.images`` (default: the JSONL file's folder). The file is streamed, each line
-read within :data:`~finecap.utils.LINE`. Detected: a ``.jsonl`` file (whose first line is not a chat record:
+read within :data:`~finecap.utils.reading.LINE`. Detected: a ``.jsonl`` file (whose first line is not a chat record:
 :mod:`.messages`).
 """
 
@@ -28,7 +28,7 @@ from finecap.data.records import (
     require,
     require_id,
 )
-from finecap.utils import short_repr
+from finecap.utils.text import short_repr
 
 
 def read_jsonl(

@@ -1,8 +1,8 @@
 """``data.format=messages``: chat data as LLaMA-Factory and ms-swift users have it, one image and one caption a
 record.
 
-One JSON object per line of a ``.jsonl`` file (streamed, each line read within :data:`~finecap.utils.LINE`), or a
-``.json`` file holding a list of them (read whole within :data:`~finecap.utils.DATA_FILE`, as LLaMA-Factory's
+One JSON object per line of a ``.jsonl`` file (streamed, each line read within :data:`~finecap.utils.reading.LINE`), or
+a ``.json`` file holding a list of them (read whole within :data:`~finecap.utils.reading.DATA_FILE`, as LLaMA-Factory's
 ``mllm_demo.json``)::
 
     {"messages": [{"role": "user", "content": "<image>Describe the image."},
@@ -34,7 +34,7 @@ writes it. What is refused, naming the line: a record with no image or several (
 several exchanges (multi-turn chat), another role (tools, observations), an image given as bytes or a URL, image parts
 carrying their own path, a record holding both ``messages`` and ``conversations`` (which one is meant cannot be
 told), a key twice in one object (``{"role": "user", "role": "assistant"}``: JSON readers keep one of the two
-silently) and nesting deeper than Python's parser goes (:func:`~finecap.utils.parse_json`).
+silently) and nesting deeper than Python's parser goes (:func:`~finecap.utils.reading.parse_json`).
 
 Detected: a ``.jsonl`` file whose first record holds ``messages`` or ``conversations``, or a ``.json`` file holding a
 list whose first item does.
@@ -61,7 +61,7 @@ from finecap.data.records import (
     require,
     type_name,
 )
-from finecap.utils import short_repr
+from finecap.utils.text import short_repr
 
 TURN_LISTS = ("messages", "conversations")
 """The key of a record's list of turns (ms-swift's and OpenAI's; LLaMA-Factory's sharegpt)."""

@@ -18,7 +18,8 @@ from finecap.data.formats import DataSource, Format
 from finecap.data.formats.karpathy import read_karpathy
 from finecap.data.hashing import sha256_file
 from finecap.data.records import DataError, Record
-from finecap.utils import read_json, shell_command
+from finecap.utils.reading import read_json
+from finecap.utils.text import shell_command
 
 if TYPE_CHECKING:
     from finecap.config import Config

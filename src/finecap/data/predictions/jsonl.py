@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from finecap.data.records import DataError
-from finecap.utils import DATA_FILE, parse_json, read_bounded
+from finecap.utils.reading import DATA_FILE, parse_json, read_bounded
 
 
 def records(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from finecap.data.records import MAX_LISTED, DataError
-from finecap.utils import short_repr
+from finecap.utils.text import short_repr
 
 
 @dataclass

@@ -13,7 +13,7 @@ from pathlib import Path
 from finecap.data.predictions import PredictionFormat, Predictions
 from finecap.data.predictions.reference_lists import ReferenceLists
 from finecap.data.records import DataError, check_id
-from finecap.utils import DATA_FILE, read_bounded
+from finecap.utils.reading import DATA_FILE, read_bounded
 
 COLUMNS = ("index", "prediction", "answer")
 

@@ -44,7 +44,7 @@ from finecap.metrics.meteor.table_scan import (
     row_starts,
     scan_table,
 )
-from finecap.utils import atomic_write_bytes
+from finecap.utils.files import atomic_write_bytes
 
 __all__ = [
     "JAR_NAME",

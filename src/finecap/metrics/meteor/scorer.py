@@ -23,7 +23,7 @@ from finecap.metrics.meteor.normalize import Normalizer, plain_words
 from finecap.metrics.meteor.resources import JarData, ParaphraseIndex, ParaphraseTable, PendingIndex
 from finecap.metrics.meteor.score import N_STATS, WEIGHTS, score_bound, segment_score
 from finecap.metrics.meteor.stemmer import Stemmer
-from finecap.utils import usable_cpus
+from finecap.utils.system import usable_cpus
 
 __all__ = ["MAX_CACHED", "MIN_PARALLEL", "MeteorScorer", "bound", "default_processes"]
 

@@ -494,7 +494,7 @@ def scan_table(gz: str | Path, helper: bool | None = None) -> ScannedTable:
     """
     gz = Path(gz)
     if helper is None:
-        from finecap.utils import usable_cpus  # here, not at the top: the helper runs this file without finecap
+        from finecap.utils.system import usable_cpus
 
         helper = usable_cpus() >= 2 and _is_python(sys.executable)
     blocks: queue.Queue = queue.Queue(maxsize=8)

@@ -1,148 +1,19 @@
-"""Small shared helpers: atomic writes (with the user's umask), JSON I/O, seeding, whether to show progress bars."""
+"""Bounded reads: how much of a file finecap reads at most, and strict JSON and YAML parsing."""
 
 from __future__ import annotations
 
-import contextlib
-import errno
-import functools
-import io
-import ipaddress
 import itertools
 import json
 import os
-import random
 import re
-import reprlib
-import shlex
-import shutil
-import socket
-import tempfile
-import threading
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import yaml
 
-_UMASK_LOCK = threading.Lock()
-PROC_STATUS = "/proc/self/status"
-
-
-@functools.cache
-def current_umask() -> int:
-    """The process's file-mode creation mask, read once.
-
-    On Linux it is read from :data:`PROC_STATUS` (``Umask:``), which changes nothing. Elsewhere the only way is to
-    set a mask and put the old one back (``os.umask`` returns the previous value); that is done once, under a lock,
-    so no thread of finecap creates a file in between.
-    """
-    try:
-        for line in Path(PROC_STATUS).read_text().splitlines():
-            if line.startswith("Umask:"):
-                return int(line.split()[1], 8)
-    except (OSError, ValueError, IndexError):
-        pass
-    with _UMASK_LOCK:
-        mask = os.umask(0o022)
-        os.umask(mask)
-    return mask
-
-
-def file_mode() -> int:
-    """Mode of a new file under the user's umask (``0o666 & ~umask``: 0644 under umask 022), what ``open`` gives."""
-    return 0o666 & ~current_umask()
-
-
-def dir_mode() -> int:
-    """Mode of a new folder under the user's umask (``0o777 & ~umask``: 0755 under umask 022), what ``mkdir``
-    gives."""
-    return 0o777 & ~current_umask()
-
-
-def is_loopback(host: str) -> bool:
-    """Whether binding ``host`` serves this machine only (every address it resolves to is a loopback address)."""
-    if host.lower() == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host.strip("[]")).is_loopback
-    except ValueError:
-        pass
-    try:
-        infos = socket.getaddrinfo(host, None)
-    except OSError:
-        return False
-    return bool(infos) and all(ipaddress.ip_address(str(info[4][0]).split("%")[0]).is_loopback for info in infos)
-
-
-class MissingExtra(ImportError):
-    """An option needs a package of one of finecap's extras that is not installed (``model.quantization`` needs
-    bitsandbytes, ``data.format=hf`` datasets); the message names the option and the ``pip install``; the command
-    line prints it and exits with code 2."""
-
-
-class OutputRefused(ValueError):
-    """An output path finecap will not write (a symbolic link, one of the command's inputs, a file it did not make;
-    :mod:`finecap.outputs`); a ``ValueError``: the command line prints the message and exits with code 2."""
-
-
-def refuse_link(path: str | Path) -> None:
-    """:class:`OutputRefused` when ``path`` is a symbolic link (dangling or not): finecap never writes through one,
-    and never replaces one (a link planted in a run folder someone shared, which survives ``tar xf``, is named)."""
-    if os.path.islink(path):
-        raise OutputRefused(
-            f"{path}: is a symbolic link (to {os.readlink(path)}); finecap never writes through a link: remove the "
-            "link, or choose another output"
-        )
-
-
-def usable_cpus() -> int:
-    """The CPUs this process may run on (its affinity mask on Linux, the machine's CPUs elsewhere), at least 1."""
-    try:
-        return max(1, len(os.sched_getaffinity(0)))
-    except AttributeError:  # not on Linux
-        return os.cpu_count() or 1
-
-
-def atomic_write_bytes(path: str | Path, data: bytes) -> None:
-    """Write ``data`` to ``path`` through a uniquely named temporary file in the same folder, then rename.
-
-    The one atomic file write of the package (text, JSON and safetensors go through it): readers see the old file or
-    the complete new one, never a half-written file, and an interrupted write leaves no temporary file behind. The
-    temporary name is unique per call (``mkstemp``), so concurrent writers of the same file never share one; the last
-    rename wins. ``mkstemp`` creates its file with mode 0600; it is given :func:`file_mode` before the rename, so the
-    file ends up with the mode a plain ``open(path, "w")`` would give (0644 under umask 022, 0600 under 077). A
-    symbolic link at ``path`` is refused (:func:`refuse_link`): ``rename`` would not write through it, but a link
-    where finecap writes was planted by someone else and is named, never silently replaced.
-    """
-    path = Path(path)
-    refuse_link(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            os.chmod(tmp, file_mode())
-            f.write(data)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
-def atomic_write_text(path: str | Path, text: str) -> None:
-    """Write ``text`` (UTF-8) to ``path`` atomically (:func:`atomic_write_bytes`)."""
-    atomic_write_bytes(path, text.encode("utf-8"))
-
-
-def write_json(path: str | Path, obj: Any, indent: int | None = 2) -> None:
-    """Write ``obj`` as JSON (plus a final newline) to ``path`` atomically."""
-    atomic_write_text(path, json.dumps(obj, indent=indent) + "\n")
-
-
-# ---------------------------------------------------------------------------------------------------------------------
-# Bounded reads: how much of a file finecap reads at most
-# ---------------------------------------------------------------------------------------------------------------------
+from finecap.utils.text import short_repr
 
 MiB, GiB = 2**20, 2**30
 
@@ -197,16 +68,32 @@ class SizeLimit:
 
 
 DATA_LIMIT_ENV = "FINECAP_MAX_DATA_BYTES"
+
+
 CAPTION_TEXT = SizeLimit("caption file", MiB, "one image's captions, a line each")
+
+
 """A folder data set's ``.txt`` beside an image (:func:`finecap.data.formats.folder.read_folder`)."""
+
+
 METADATA = SizeLimit("finecap file", 64 * MiB, "configurations, recipes, prompts and a run's records are kilobytes")
+
+
 """Files of a few kilobytes: recipes, ``config.yaml``, prompt files, and what finecap records in a run or
 checkpoint folder (``captioner.json``, ``trainer_state.json``, fingerprints, timings, lock records)."""
+
+
 DATA_FILE = SizeLimit("data file", 2 * GiB, "read whole into memory, which takes several times its size",
                       DATA_LIMIT_ENV)  # fmt: skip
+
+
 """JSON files read whole: data sets (Karpathy, COCO: 150 MB for COCO's), predictions, references, bags files, a
 run's captions and results; and the total of a line file read into memory (``metrics.jsonl``)."""
+
+
 LINE = SizeLimit("line", 16 * MiB, "one record or event a line; a record is kilobytes")
+
+
 """One line of a file read line by line (:func:`read_lines`): JSONL data sets, ``captions.jsonl`` and
 ``captions.csv``, ``metrics.jsonl``, boost's cache; their size is not bounded (they are streamed) unless asked."""
 
@@ -266,11 +153,6 @@ def read_lines(
             if whole is not None and seen > whole:
                 raise total.refusal(path, None)  # type: ignore[union-attr]
             yield text
-
-
-# ---------------------------------------------------------------------------------------------------------------------
-# Reading JSON strictly: the one parser of every JSON and JSONL file finecap reads
-# ---------------------------------------------------------------------------------------------------------------------
 
 
 class JSONRefused(ValueError):
@@ -339,8 +221,11 @@ def _find_duplicate(text: str) -> int | None:
 
 
 JSON_DEPTH_SHOWN = 500
+
+
 """How deep a JSON text a refusal for nesting says it is at least (Python's parser stops near 1,000 levels; data
 files nest a few): the first place the text passes it is named."""
+
 
 _JSON_TOKEN = re.compile(r'"(?:[^"\\]|\\.)*"?|[\[\]{}]', re.S)
 
@@ -430,60 +315,6 @@ def read_json(path: str | Path, limit: SizeLimit = METADATA) -> Any:
     is not JSON, holds a key twice in an object or is nested too deeply."""
     path = Path(path)
     return parse_json(read_bounded(path, limit), path)
-
-
-def shell_command(argv: Iterable[str | os.PathLike[str]]) -> str:
-    """``argv`` as one POSIX shell command line (bash, zsh, sh) that, pasted into a shell, runs exactly ``argv``: each
-    word quoted when it needs it (:func:`shlex.join`: ``'run;name'``, ``'$(touch x)'``, ``'it'"'"'s'``; a plain word
-    as it is). The one way finecap prints a command for a user to run again (a model card's "Made by", a lock's
-    record, a hint naming a path): joining the words with spaces would make ``run.name=a;rm -rf x`` two commands and
-    run ``$(...)``. An argument holding a line break keeps it inside its quotes (the command then spans lines and is
-    still one command; ``shlex.split`` reads it back).
-
-    Example::
-
-        >>> print(shell_command(["finecap", "train", "demo/mle", "run.name=a b;c", "run.out=$(id)"]))
-        finecap train demo/mle 'run.name=a b;c' 'run.out=$(id)'
-    """
-    return shlex.join(os.fspath(a) for a in argv)
-
-
-def one_line(error: BaseException) -> str:
-    """An exception's message on one line (whitespace runs joined), or its type's name when it has none."""
-    return " ".join(str(error).split()) or type(error).__name__
-
-
-SHORT_REPR_LIMIT = 60
-"""Characters of a user's value an error message shows at most (:func:`short_repr`)."""
-
-
-def short_repr(value: Any, limit: int = SHORT_REPR_LIMIT) -> str:
-    """``repr(value)`` in at most ``limit`` characters, for error messages: the one way finecap shows a user's value,
-    so that no message can be megabytes long (a value read from a file, or a YAML alias bomb, can be). Built on
-    :mod:`reprlib`, which never renders what it leaves out: a long string keeps its two ends, a container its first
-    items and the first levels of its nesting.
-
-    Example::
-
-        >>> short_repr("ten"), short_repr("x" * 1000, limit=20), short_repr([[[[1]]]] * 100, limit=30)
-        ("'ten'", "'xxxxxxx...xxxxxxxx'", '[[[[...]]], [[[...]]], [[[....')
-    """
-    shortener = reprlib.Repr()
-    shortener.maxlevel = 3
-    for name in ("maxlist", "maxtuple", "maxset", "maxfrozenset", "maxdeque", "maxarray", "maxdict"):
-        setattr(shortener, name, 6)
-    shortener.maxstring = shortener.maxlong = shortener.maxother = max(limit, 5)
-    try:
-        text = shortener.repr(value)
-    except (ValueError, RecursionError):  # an int past Python's digit limit; a self-referencing structure
-        text = f"<{type(value).__name__} too long to show>"
-    return text if len(text) <= limit else text[: max(limit - 3, 0)] + "..."
-
-
-CONTROL_CHARACTERS = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029]")
-"""Characters that end a line or are invisible controls (C0, DEL, C1, Unicode's line and paragraph separators): what
-a name finecap writes into a file or a page must not hold (``run.name``), and what a card shows escaped
-(:func:`finecap.train.model_card.one_line`)."""
 
 
 class YAMLRefused(yaml.YAMLError):
@@ -622,221 +453,3 @@ def jsonl_rows_are(path: str | Path, accept: Any) -> bool:
     except UnicodeDecodeError:
         return False
     return True
-
-
-def open_append(path: str | Path) -> io.TextIOWrapper:
-    """``path`` opened for appending text (created with the umask's mode when missing), never through a symbolic
-    link: ``O_NOFOLLOW`` makes the kernel refuse a link at ``path`` even if one is planted after the check."""
-    path = Path(path)
-    refuse_link(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    try:
-        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0), 0o666)
-    except OSError as e:
-        if e.errno == errno.ELOOP:
-            refuse_link(path)  # the link appeared after the check: name it
-        raise
-    return open(fd, "a", encoding="utf-8")  # noqa: SIM115 (the caller closes it)
-
-
-def png_bytes(image: Any, **options: Any) -> bytes:
-    """A PIL image encoded as PNG (``options``: PIL's, e.g. ``compress_level``), to write with
-    :func:`atomic_write_bytes` or send."""
-    buffer = io.BytesIO()
-    image.save(buffer, format="PNG", **options)
-    return buffer.getvalue()
-
-
-def append_jsonl(path: str | Path, record: dict[str, Any]) -> None:
-    with open_append(path) as f:
-        f.write(json.dumps(record) + "\n")
-
-
-def make_temporary_dir(final_dir: str | Path) -> Path:
-    """A new, uniquely named, empty folder next to ``final_dir`` (``.<name>.<random>.tmp``) to build it in before
-    :func:`atomic_replace_dir`; its mode is :func:`dir_mode` (``tempfile.mkdtemp`` alone gives 0700)."""
-    final_dir = Path(final_dir)
-    final_dir.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(dir=final_dir.parent, prefix=f".{final_dir.name}.", suffix=".tmp"))
-    os.chmod(tmp, dir_mode())
-    return tmp
-
-
-def apply_umask(root: str | Path) -> None:
-    """Give ``root`` and every folder under it :func:`dir_mode`, every file :func:`file_mode` (symbolic links are
-    left alone). For folders finecap builds before renaming them into place: ``tempfile.mkdtemp`` makes 0700 folders,
-    and safetensors (0.8) writes its files with mode 0600 whatever the umask, as do ``save_pretrained`` calls that go
-    through it."""
-    root = Path(root)
-    os.chmod(root, dir_mode())
-    for folder, dirs, files in os.walk(root):
-        for name in dirs:
-            if not os.path.islink(os.path.join(folder, name)):
-                os.chmod(os.path.join(folder, name), dir_mode())
-        for name in files:
-            if not os.path.islink(os.path.join(folder, name)):
-                os.chmod(os.path.join(folder, name), file_mode())
-
-
-FOLDER_MARK = ".finecap-folder"
-"""The file finecap writes into every folder it swaps into place (:func:`atomic_replace_dir`: checkpoints, merged
-exports, world encoders) and into the temporary folders it builds them in: a folder holding it with the text
-:func:`folder_mark_text` gives for its kind is finecap's (recognised by content, never by name), and only such a
-folder is ever replaced or removed by :func:`atomic_replace_dir` and :func:`remove_own_folder`. Deleting the file
-keeps finecap from touching the folder."""
-MAX_MARK_BYTES = 4096
-"""The largest :data:`FOLDER_MARK` file read (the mark is a short sentence; a larger file is not finecap's)."""
-
-
-def folder_mark_text(kind: str) -> str:
-    """The content of the :data:`FOLDER_MARK` of a folder finecap made as a ``kind`` (``"checkpoint"``,
-    ``"export"``, ``"world-encoder"``): one folder kind is never taken for another (``export --force`` replaces an
-    export, never a checkpoint)."""
-    return f"finecap made this folder ({kind}) and may replace or remove it; delete this file to keep it from that\n"
-
-
-def mark_folder(folder: str | Path, kind: str) -> None:
-    """Write the :data:`FOLDER_MARK` of ``kind`` into ``folder`` (atomically, never through a link)."""
-    atomic_write_text(Path(folder) / FOLDER_MARK, folder_mark_text(kind))
-
-
-def is_finecap_folder(path: str | Path, kind: str, ours: Callable[[Path], bool] | None = None) -> bool:
-    """Whether ``path`` is a real folder (not a link) that finecap made as a ``kind``: its :data:`FOLDER_MARK` is a
-    regular file holding exactly :func:`folder_mark_text` of ``kind``, or the caller's content test ``ours(path)``
-    says so (a checkpoint written before folders were marked: :func:`finecap.train.state.is_checkpoint_folder`)."""
-    path = Path(path)
-    if os.path.islink(path) or not path.is_dir():
-        return False
-    mark = path / FOLDER_MARK
-    try:
-        if (not os.path.islink(mark) and mark.is_file() and mark.stat().st_size <= MAX_MARK_BYTES
-                and mark.read_text(encoding="utf-8") == folder_mark_text(kind)):  # fmt: skip
-            return True
-    except (OSError, UnicodeDecodeError):
-        pass
-    return ours is not None and ours(path)
-
-
-def check_own_folder(path: str | Path, kind: str, ours: Callable[[Path], bool] | None = None) -> None:
-    """:class:`OutputRefused` naming ``path`` when something is there that finecap did not make as a ``kind``
-    (:func:`is_finecap_folder`): a link, a file, or a folder of the user's (or of another kind). Nothing there: no
-    error."""
-    refuse_link(path)
-    if not os.path.lexists(path) or is_finecap_folder(path, kind, ours):
-        return
-    what = "a folder" if os.path.isdir(path) else "a file"
-    raise OutputRefused(
-        f"{path}: {what} finecap did not make (no {FOLDER_MARK} of a {kind}) is where finecap swaps a {kind} "
-        "folder into place; finecap never removes what it did not make: move it away, or choose another output"
-    )
-
-
-def remove_own_folder(path: str | Path, kind: str, ours: Callable[[Path], bool] | None = None) -> None:
-    """Remove the folder ``path`` if finecap made it as a ``kind`` (:func:`check_own_folder`; an unfinished
-    temporary folder of finecap's); anything else there is refused, never removed."""
-    check_own_folder(path, kind, ours)
-    if os.path.lexists(path):
-        shutil.rmtree(path)
-
-
-def previous_dir(final_dir: Path) -> Path:
-    """Where :func:`atomic_replace_dir` keeps the replaced version of ``final_dir`` during the swap
-    (``<name>.old``)."""
-    return final_dir.with_name(final_dir.name + ".old")
-
-
-def check_swap(final_dir: str | Path, kind: str, ours: Callable[[Path], bool] | None = None) -> None:
-    """What :func:`atomic_replace_dir` checks before it swaps a ``kind`` folder in at ``final_dir``: ``final_dir``
-    and its :func:`previous_dir` are each missing or a folder finecap made as a ``kind`` (:func:`check_own_folder`),
-    never a link, a file or a folder of the user's. A command calls it before its work, to refuse early."""
-    final_dir = Path(final_dir)
-    for path in (final_dir, previous_dir(final_dir)):
-        check_own_folder(path, kind, ours)
-
-
-DEFAULT_KIND = "folder"
-"""The folder kind of :func:`atomic_replace_dir` when its caller names none."""
-
-
-def atomic_replace_dir(
-    tmp_dir: str | Path, final_dir: str | Path, *, kind: str = DEFAULT_KIND, ours: Callable[[Path], bool] | None = None
-) -> None:
-    """Move a fully written ``tmp_dir`` to ``final_dir``, replacing any previous version, which is first renamed
-    ``<name>.old`` (:func:`previous_dir`) and removed once the new folder is in place.
-
-    Only finecap's own folders are replaced or removed: ``final_dir`` and ``<name>.old`` must each be missing or a
-    folder finecap made as a ``kind`` (:func:`check_swap`: its :data:`FOLDER_MARK`, or ``ours``), else
-    :class:`OutputRefused` names it and nothing is changed. ``tmp_dir`` is marked as a ``kind`` before the swap
-    (:func:`mark_folder`), so the folder swapped in is recognised as finecap's the next time. Its modes follow the
-    user's umask first (:func:`apply_umask`): what ``mkdtemp`` or safetensors created 0700 / 0600 ends up as readable
-    as ``mkdir`` and ``open`` make it."""
-    tmp_dir, final_dir = Path(tmp_dir), Path(final_dir)
-    old = previous_dir(final_dir)
-    check_swap(final_dir, kind, ours)
-    mark_folder(tmp_dir, kind)
-    apply_umask(tmp_dir)
-    if old.exists():
-        shutil.rmtree(old)
-    if final_dir.exists():
-        os.replace(final_dir, old)
-    os.replace(tmp_dir, final_dir)
-    if old.exists():
-        shutil.rmtree(old)
-
-
-def seed_everything(seed: int) -> None:
-    # Deferred: utils is on the start-up path of text-only commands (`finecap eval` writes JSON with it), which
-    # must not import torch (tests/app/test_cli.py checks); only training seeds.
-    import torch
-
-    random.seed(seed)
-    np.random.seed(seed % (2**32))
-    torch.manual_seed(seed)
-
-
-def rng_state() -> dict[str, Any]:
-    """This process's random states (python, numpy, torch CPU and CUDA)."""
-    import torch  # deferred, as in seed_everything
-
-    version, internal, gauss = random.getstate()
-    state = {"python": {"version": version, "internal": torch.tensor(internal, dtype=torch.int64), "gauss": gauss},
-             "numpy": np.random.get_state(legacy=True), "torch": torch.get_rng_state()}  # fmt: skip
-    if torch.cuda.is_available():
-        state["cuda"] = torch.cuda.get_rng_state_all()
-    return state
-
-
-def set_rng_state(state: dict[str, Any]) -> None:
-    """Restore :func:`rng_state`."""
-    import torch
-
-    py = state["python"]
-    random.setstate((py["version"], tuple(int(v) for v in py["internal"].tolist()), py["gauss"]))
-    np.random.set_state(state["numpy"])
-    torch.set_rng_state(state["torch"])
-    if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
-
-
-@contextlib.contextmanager
-def rng_preserved() -> Iterator[None]:
-    """Within the block, code may reseed the process's random generators (vLLM's engine start does); after it they
-    are as before (:func:`rng_state`), so a training run's draws do not depend on when an engine was started."""
-    state = rng_state()
-    try:
-        yield
-    finally:
-        set_rng_state(state)
-
-
-PROGRESS_ENV = "TQDM_DISABLE"
-"""The environment variable that turns progress bars off: ``finecap -q`` sets it (unless the user did)."""
-NOT_SET = ("", "0", "false", "no", "off")
-
-
-def progress_enabled(wanted: bool = True) -> bool:
-    """Whether to show a progress bar the caller wants (``wanted``): not when :data:`PROGRESS_ENV` is set to
-    anything but :data:`NOT_SET` (``finecap -q`` sets it, a user may too). Read at each call: tqdm reads its
-    ``TQDM_*`` variables only once, when it is imported, and lets an explicit ``disable=`` win over them, so every
-    finecap bar is made with ``disable=not progress_enabled(...)``."""
-    return wanted and os.environ.get(PROGRESS_ENV, "").strip().lower() in NOT_SET

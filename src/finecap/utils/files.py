@@ -1,0 +1,153 @@
+"""Writing files as the user expects: atomic writes with the user's umask, appends never through a link."""
+
+from __future__ import annotations
+
+import errno
+import functools
+import io
+import json
+import os
+import tempfile
+import threading
+from pathlib import Path
+from typing import Any
+
+_UMASK_LOCK = threading.Lock()
+
+
+PROC_STATUS = "/proc/self/status"
+
+
+@functools.cache
+def current_umask() -> int:
+    """The process's file-mode creation mask, read once.
+
+    On Linux it is read from :data:`PROC_STATUS` (``Umask:``), which changes nothing. Elsewhere the only way is to
+    set a mask and put the old one back (``os.umask`` returns the previous value); that is done once, under a lock,
+    so no thread of finecap creates a file in between.
+    """
+    try:
+        for line in Path(PROC_STATUS).read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    with _UMASK_LOCK:
+        mask = os.umask(0o022)
+        os.umask(mask)
+    return mask
+
+
+def file_mode() -> int:
+    """Mode of a new file under the user's umask (``0o666 & ~umask``: 0644 under umask 022), what ``open`` gives."""
+    return 0o666 & ~current_umask()
+
+
+def dir_mode() -> int:
+    """Mode of a new folder under the user's umask (``0o777 & ~umask``: 0755 under umask 022), what ``mkdir``
+    gives."""
+    return 0o777 & ~current_umask()
+
+
+class OutputRefused(ValueError):
+    """An output path finecap will not write (a symbolic link, one of the command's inputs, a file it did not make;
+    :mod:`finecap.outputs`); a ``ValueError``: the command line prints the message and exits with code 2."""
+
+
+def refuse_link(path: str | Path) -> None:
+    """:class:`OutputRefused` when ``path`` is a symbolic link (dangling or not): finecap never writes through one,
+    and never replaces one (a link planted in a run folder someone shared, which survives ``tar xf``, is named)."""
+    if os.path.islink(path):
+        raise OutputRefused(
+            f"{path}: is a symbolic link (to {os.readlink(path)}); finecap never writes through a link: remove the "
+            "link, or choose another output"
+        )
+
+
+def atomic_write_bytes(path: str | Path, data: bytes) -> None:
+    """Write ``data`` to ``path`` through a uniquely named temporary file in the same folder, then rename.
+
+    The one atomic file write of the package (text, JSON and safetensors go through it): readers see the old file or
+    the complete new one, never a half-written file, and an interrupted write leaves no temporary file behind. The
+    temporary name is unique per call (``mkstemp``), so concurrent writers of the same file never share one; the last
+    rename wins. ``mkstemp`` creates its file with mode 0600; it is given :func:`file_mode` before the rename, so the
+    file ends up with the mode a plain ``open(path, "w")`` would give (0644 under umask 022, 0600 under 077). A
+    symbolic link at ``path`` is refused (:func:`refuse_link`): ``rename`` would not write through it, but a link
+    where finecap writes was planted by someone else and is named, never silently replaced.
+    """
+    path = Path(path)
+    refuse_link(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            os.chmod(tmp, file_mode())
+            f.write(data)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def atomic_write_text(path: str | Path, text: str) -> None:
+    """Write ``text`` (UTF-8) to ``path`` atomically (:func:`atomic_write_bytes`)."""
+    atomic_write_bytes(path, text.encode("utf-8"))
+
+
+def write_json(path: str | Path, obj: Any, indent: int | None = 2) -> None:
+    """Write ``obj`` as JSON (plus a final newline) to ``path`` atomically."""
+    atomic_write_text(path, json.dumps(obj, indent=indent) + "\n")
+
+
+def open_append(path: str | Path) -> io.TextIOWrapper:
+    """``path`` opened for appending text (created with the umask's mode when missing), never through a symbolic
+    link: ``O_NOFOLLOW`` makes the kernel refuse a link at ``path`` even if one is planted after the check."""
+    path = Path(path)
+    refuse_link(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0), 0o666)
+    except OSError as e:
+        if e.errno == errno.ELOOP:
+            refuse_link(path)  # the link appeared after the check: name it
+        raise
+    return open(fd, "a", encoding="utf-8")  # noqa: SIM115 (the caller closes it)
+
+
+def png_bytes(image: Any, **options: Any) -> bytes:
+    """A PIL image encoded as PNG (``options``: PIL's, e.g. ``compress_level``), to write with
+    :func:`atomic_write_bytes` or send."""
+    buffer = io.BytesIO()
+    image.save(buffer, format="PNG", **options)
+    return buffer.getvalue()
+
+
+def append_jsonl(path: str | Path, record: dict[str, Any]) -> None:
+    with open_append(path) as f:
+        f.write(json.dumps(record) + "\n")
+
+
+def make_temporary_dir(final_dir: str | Path) -> Path:
+    """A new, uniquely named, empty folder next to ``final_dir`` (``.<name>.<random>.tmp``) to build it in before
+    :func:`atomic_replace_dir`; its mode is :func:`dir_mode` (``tempfile.mkdtemp`` alone gives 0700)."""
+    final_dir = Path(final_dir)
+    final_dir.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=final_dir.parent, prefix=f".{final_dir.name}.", suffix=".tmp"))
+    os.chmod(tmp, dir_mode())
+    return tmp
+
+
+def apply_umask(root: str | Path) -> None:
+    """Give ``root`` and every folder under it :func:`dir_mode`, every file :func:`file_mode` (symbolic links are
+    left alone). For folders finecap builds before renaming them into place: ``tempfile.mkdtemp`` makes 0700 folders,
+    and safetensors (0.8) writes its files with mode 0600 whatever the umask, as do ``save_pretrained`` calls that go
+    through it."""
+    root = Path(root)
+    os.chmod(root, dir_mode())
+    for folder, dirs, files in os.walk(root):
+        for name in dirs:
+            if not os.path.islink(os.path.join(folder, name)):
+                os.chmod(os.path.join(folder, name), dir_mode())
+        for name in files:
+            if not os.path.islink(os.path.join(folder, name)):
+                os.chmod(os.path.join(folder, name), file_mode())

@@ -1,0 +1,124 @@
+"""Folders finecap swaps into place (checkpoints, exports, world encoders): marked as finecap's by content,
+replaced only when they are."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+
+from finecap.utils.files import OutputRefused, apply_umask, atomic_write_text, refuse_link
+
+FOLDER_MARK = ".finecap-folder"
+
+
+"""The file finecap writes into every folder it swaps into place (:func:`atomic_replace_dir`: checkpoints, merged
+exports, world encoders) and into the temporary folders it builds them in: a folder holding it with the text
+:func:`folder_mark_text` gives for its kind is finecap's (recognised by content, never by name), and only such a
+folder is ever replaced or removed by :func:`atomic_replace_dir` and :func:`remove_own_folder`. Deleting the file
+keeps finecap from touching the folder."""
+
+
+MAX_MARK_BYTES = 4096
+
+
+"""The largest :data:`FOLDER_MARK` file read (the mark is a short sentence; a larger file is not finecap's)."""
+
+
+def folder_mark_text(kind: str) -> str:
+    """The content of the :data:`FOLDER_MARK` of a folder finecap made as a ``kind`` (``"checkpoint"``,
+    ``"export"``, ``"world-encoder"``): one folder kind is never taken for another (``export --force`` replaces an
+    export, never a checkpoint)."""
+    return f"finecap made this folder ({kind}) and may replace or remove it; delete this file to keep it from that\n"
+
+
+def mark_folder(folder: str | Path, kind: str) -> None:
+    """Write the :data:`FOLDER_MARK` of ``kind`` into ``folder`` (atomically, never through a link)."""
+    atomic_write_text(Path(folder) / FOLDER_MARK, folder_mark_text(kind))
+
+
+def is_finecap_folder(path: str | Path, kind: str, ours: Callable[[Path], bool] | None = None) -> bool:
+    """Whether ``path`` is a real folder (not a link) that finecap made as a ``kind``: its :data:`FOLDER_MARK` is a
+    regular file holding exactly :func:`folder_mark_text` of ``kind``, or the caller's content test ``ours(path)``
+    says so (a checkpoint written before folders were marked: :func:`finecap.train.state.is_checkpoint_folder`)."""
+    path = Path(path)
+    if os.path.islink(path) or not path.is_dir():
+        return False
+    mark = path / FOLDER_MARK
+    try:
+        if (not os.path.islink(mark) and mark.is_file() and mark.stat().st_size <= MAX_MARK_BYTES
+                and mark.read_text(encoding="utf-8") == folder_mark_text(kind)):  # fmt: skip
+            return True
+    except (OSError, UnicodeDecodeError):
+        pass
+    return ours is not None and ours(path)
+
+
+def check_own_folder(path: str | Path, kind: str, ours: Callable[[Path], bool] | None = None) -> None:
+    """:class:`OutputRefused` naming ``path`` when something is there that finecap did not make as a ``kind``
+    (:func:`is_finecap_folder`): a link, a file, or a folder of the user's (or of another kind). Nothing there: no
+    error."""
+    refuse_link(path)
+    if not os.path.lexists(path) or is_finecap_folder(path, kind, ours):
+        return
+    what = "a folder" if os.path.isdir(path) else "a file"
+    raise OutputRefused(
+        f"{path}: {what} finecap did not make (no {FOLDER_MARK} of a {kind}) is where finecap swaps a {kind} "
+        "folder into place; finecap never removes what it did not make: move it away, or choose another output"
+    )
+
+
+def remove_own_folder(path: str | Path, kind: str, ours: Callable[[Path], bool] | None = None) -> None:
+    """Remove the folder ``path`` if finecap made it as a ``kind`` (:func:`check_own_folder`; an unfinished
+    temporary folder of finecap's); anything else there is refused, never removed."""
+    check_own_folder(path, kind, ours)
+    if os.path.lexists(path):
+        shutil.rmtree(path)
+
+
+def previous_dir(final_dir: Path) -> Path:
+    """Where :func:`atomic_replace_dir` keeps the replaced version of ``final_dir`` during the swap
+    (``<name>.old``)."""
+    return final_dir.with_name(final_dir.name + ".old")
+
+
+def check_swap(final_dir: str | Path, kind: str, ours: Callable[[Path], bool] | None = None) -> None:
+    """What :func:`atomic_replace_dir` checks before it swaps a ``kind`` folder in at ``final_dir``: ``final_dir``
+    and its :func:`previous_dir` are each missing or a folder finecap made as a ``kind`` (:func:`check_own_folder`),
+    never a link, a file or a folder of the user's. A command calls it before its work, to refuse early."""
+    final_dir = Path(final_dir)
+    for path in (final_dir, previous_dir(final_dir)):
+        check_own_folder(path, kind, ours)
+
+
+DEFAULT_KIND = "folder"
+
+
+"""The folder kind of :func:`atomic_replace_dir` when its caller names none."""
+
+
+def atomic_replace_dir(
+    tmp_dir: str | Path, final_dir: str | Path, *, kind: str = DEFAULT_KIND, ours: Callable[[Path], bool] | None = None
+) -> None:
+    """Move a fully written ``tmp_dir`` to ``final_dir``, replacing any previous version, which is first renamed
+    ``<name>.old`` (:func:`previous_dir`) and removed once the new folder is in place.
+
+    Only finecap's own folders are replaced or removed: ``final_dir`` and ``<name>.old`` must each be missing or a
+    folder finecap made as a ``kind`` (:func:`check_swap`: its :data:`FOLDER_MARK`, or ``ours``), else
+    :class:`OutputRefused` names it and nothing is changed. ``tmp_dir`` is marked as a ``kind`` before the swap
+    (:func:`mark_folder`), so the folder swapped in is recognised as finecap's the next time. Its modes follow the
+    user's umask first (:func:`apply_umask`): what ``mkdtemp`` or safetensors created 0700 / 0600 ends up as readable
+    as ``mkdir`` and ``open`` make it."""
+    tmp_dir, final_dir = Path(tmp_dir), Path(final_dir)
+    old = previous_dir(final_dir)
+    check_swap(final_dir, kind, ours)
+    mark_folder(tmp_dir, kind)
+    apply_umask(tmp_dir)
+    if old.exists():
+        shutil.rmtree(old)
+    if final_dir.exists():
+        os.replace(final_dir, old)
+    os.replace(tmp_dir, final_dir)
+    if old.exists():
+        shutil.rmtree(old)

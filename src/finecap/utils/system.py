@@ -1,0 +1,53 @@
+"""The process's surroundings: usable CPUs, loopback hosts, optional extras, progress bars."""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+import socket
+
+
+def is_loopback(host: str) -> bool:
+    """Whether binding ``host`` serves this machine only (every address it resolves to is a loopback address)."""
+    if host.lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        pass
+    try:
+        infos = socket.getaddrinfo(host, None)
+    except OSError:
+        return False
+    return bool(infos) and all(ipaddress.ip_address(str(info[4][0]).split("%")[0]).is_loopback for info in infos)
+
+
+class MissingExtra(ImportError):
+    """An option needs a package of one of finecap's extras that is not installed (``model.quantization`` needs
+    bitsandbytes, ``data.format=hf`` datasets); the message names the option and the ``pip install``; the command
+    line prints it and exits with code 2."""
+
+
+def usable_cpus() -> int:
+    """The CPUs this process may run on (its affinity mask on Linux, the machine's CPUs elsewhere), at least 1."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1
+
+
+PROGRESS_ENV = "TQDM_DISABLE"
+
+
+"""The environment variable that turns progress bars off: ``finecap -q`` sets it (unless the user did)."""
+
+
+NOT_SET = ("", "0", "false", "no", "off")
+
+
+def progress_enabled(wanted: bool = True) -> bool:
+    """Whether to show a progress bar the caller wants (``wanted``): not when :data:`PROGRESS_ENV` is set to
+    anything but :data:`NOT_SET` (``finecap -q`` sets it, a user may too). Read at each call: tqdm reads its
+    ``TQDM_*`` variables only once, when it is imported, and lets an explicit ``disable=`` win over them, so every
+    finecap bar is made with ``disable=not progress_enabled(...)``."""
+    return wanted and os.environ.get(PROGRESS_ENV, "").strip().lower() in NOT_SET

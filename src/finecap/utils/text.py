@@ -1,0 +1,68 @@
+"""Short texts for messages: one-line errors, short reprs, shell commands."""
+
+from __future__ import annotations
+
+import os
+import re
+import reprlib
+import shlex
+from collections.abc import Iterable
+from typing import Any
+
+
+def shell_command(argv: Iterable[str | os.PathLike[str]]) -> str:
+    """``argv`` as one POSIX shell command line (bash, zsh, sh) that, pasted into a shell, runs exactly ``argv``: each
+    word quoted when it needs it (:func:`shlex.join`: ``'run;name'``, ``'$(touch x)'``, ``'it'"'"'s'``; a plain word
+    as it is). The one way finecap prints a command for a user to run again (a model card's "Made by", a lock's
+    record, a hint naming a path): joining the words with spaces would make ``run.name=a;rm -rf x`` two commands and
+    run ``$(...)``. An argument holding a line break keeps it inside its quotes (the command then spans lines and is
+    still one command; ``shlex.split`` reads it back).
+
+    Example::
+
+        >>> print(shell_command(["finecap", "train", "demo/mle", "run.name=a b;c", "run.out=$(id)"]))
+        finecap train demo/mle 'run.name=a b;c' 'run.out=$(id)'
+    """
+    return shlex.join(os.fspath(a) for a in argv)
+
+
+def one_line(error: BaseException) -> str:
+    """An exception's message on one line (whitespace runs joined), or its type's name when it has none."""
+    return " ".join(str(error).split()) or type(error).__name__
+
+
+SHORT_REPR_LIMIT = 60
+
+
+"""Characters of a user's value an error message shows at most (:func:`short_repr`)."""
+
+
+def short_repr(value: Any, limit: int = SHORT_REPR_LIMIT) -> str:
+    """``repr(value)`` in at most ``limit`` characters, for error messages: the one way finecap shows a user's value,
+    so that no message can be megabytes long (a value read from a file, or a YAML alias bomb, can be). Built on
+    :mod:`reprlib`, which never renders what it leaves out: a long string keeps its two ends, a container its first
+    items and the first levels of its nesting.
+
+    Example::
+
+        >>> short_repr("ten"), short_repr("x" * 1000, limit=20), short_repr([[[[1]]]] * 100, limit=30)
+        ("'ten'", "'xxxxxxx...xxxxxxxx'", '[[[[...]]], [[[...]]], [[[....')
+    """
+    shortener = reprlib.Repr()
+    shortener.maxlevel = 3
+    for name in ("maxlist", "maxtuple", "maxset", "maxfrozenset", "maxdeque", "maxarray", "maxdict"):
+        setattr(shortener, name, 6)
+    shortener.maxstring = shortener.maxlong = shortener.maxother = max(limit, 5)
+    try:
+        text = shortener.repr(value)
+    except (ValueError, RecursionError):  # an int past Python's digit limit; a self-referencing structure
+        text = f"<{type(value).__name__} too long to show>"
+    return text if len(text) <= limit else text[: max(limit - 3, 0)] + "..."
+
+
+CONTROL_CHARACTERS = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029]")
+
+
+"""Characters that end a line or are invisible controls (C0, DEL, C1, Unicode's line and paragraph separators): what
+a name finecap writes into a file or a page must not hold (``run.name``), and what a card shows escaped
+(:func:`finecap.train.model_card.one_line`)."""
