@@ -307,9 +307,11 @@ def engine_dtype(option: str, weights: torch.dtype, mixed_precision: str = "no",
     ``train.mixed_precision=bf16``, ``float16`` under ``fp16`` on CUDA (on the CPU fp16 autocast runs in float32), else
     ``weights`` (the captioner's weights' dtype: :func:`weights_dtype`).
 
-    >>> engine_dtype("auto", torch.float32, "bf16"), engine_dtype("auto", torch.bfloat16), engine_dtype("float32", torch.bfloat16, "bf16")
-    ('bfloat16', 'bfloat16', 'float32')
-    """  # noqa: E501
+    >>> engine_dtype("auto", torch.float32, "bf16"), engine_dtype("auto", torch.bfloat16)
+    ('bfloat16', 'bfloat16')
+    >>> engine_dtype("float32", torch.bfloat16, "bf16"), engine_dtype("auto", torch.float32, "fp16", cuda=False)
+    ('float32', 'float32')
+    """
     if option != "auto":
         return option
     if mixed_precision == "bf16":
