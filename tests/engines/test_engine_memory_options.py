@@ -5,6 +5,7 @@ where vLLM cannot sleep, and ``train.strategy=fsdp`` with a quantized captioner 
 
 from __future__ import annotations
 
+import contextlib
 import sys
 import types
 from types import SimpleNamespace
@@ -89,7 +90,8 @@ def stand_in(monkeypatch, tmp_path):
     :meth:`VllmEngine.from_captioner` does), with ``vllm.SamplingParams`` a stand-in too and the policy's weights
     one named tensor."""
     monkeypatch.setitem(sys.modules, "vllm", types.SimpleNamespace(SamplingParams=lambda **kw: kw))
-    monkeypatch.setattr(engines_vllm, "hf_weights", lambda policy: {"lm_head.weight": torch.zeros(1)})
+    monkeypatch.setattr(engines_vllm, "streamed_weights",
+                        lambda policy: contextlib.nullcontext(iter([("lm_head.weight", torch.zeros(1))])))  # fmt: skip
     llm = StandInLLM()
 
     def open_on_stand_in(cls, policy, cfg, *, tempered=False):
@@ -155,3 +157,38 @@ def test_fsdp_with_a_quantized_captioner_is_refused_in_one_line(bits):
     assert "\n" not in message and e.value.key == "train.strategy"
     assert load(None, ["train.strategy=ddp", f"model.quantization={bits}"]).model.quantization == bits
     assert load(None, ["train.strategy=fsdp"]).train.strategy == "fsdp"
+
+
+class Shard:
+    """A stand-in for FSDP2's ``DTensor`` shard: ``full_tensor()`` (a collective every process calls) is recorded."""
+
+    def __init__(self, name: str, gathered: list[str]) -> None:
+        self.name, self.gathered = name, gathered
+
+    def full_tensor(self) -> torch.Tensor:
+        self.gathered.append(self.name)
+        return torch.zeros(2)
+
+
+def stand_in_captioner(state: dict) -> SimpleNamespace:
+    return SimpleNamespace(lora_module=lambda part: None, state_dict=lambda: state)
+
+
+def test_weights_are_streamed_from_the_parameters_without_a_copy():
+    weight = torch.nn.Parameter(torch.randn(3, 3))
+    captioner = stand_in_captioner({"model.lm_head.weight": weight, "encoder.x": torch.zeros(1)})
+    with engines_vllm.streamed_weights(captioner) as tensors:
+        (name, tensor), *rest = list(tensors)
+    assert name == "lm_head.weight" and rest == []  # the transformers model's names, the captioner's own dropped
+    assert tensor.data_ptr() == weight.data_ptr() and not tensor.requires_grad  # the parameter itself, detached
+
+
+def test_sharded_weights_are_gathered_one_at_a_time_and_all_of_them_in_every_process():
+    gathered: list[str] = []
+    names = ["model.a.weight", "model.b.weight", "model.c.weight"]
+    captioner = stand_in_captioner({name: Shard(name, gathered) for name in names})
+    with engines_vllm.streamed_weights(captioner) as tensors:
+        assert gathered == []  # nothing gathered before the engine reads
+        assert next(tensors)[0] == "a.weight" and gathered == names[:1]  # one tensor whole at a time
+        assert next(tensors)[0] == "b.weight" and gathered == names[:2]
+    assert gathered == names  # what the engine left unread is gathered too: every process calls every collective

@@ -17,8 +17,9 @@ sync timing apply), ``reads_images`` (the batch must carry its PIL images) and `
   <finecap.engines.vllm.VllmEngine.sync>`: full weights, adapters merged, ``collective_rpc("reload_weights")``,
   the engine's encoder and prefix caches dropped): once per rollout however many optimizer steps came between
   (the ``rl.iterations`` steps of a GRPO cycle share one rollout), as TRL syncs when the step changed since its last
-  sync. Under FSDP2 the engine is built from and synced with the full state dict, gathered once per sync
-  (:func:`~finecap.engines.vllm.hf_weights`; the rollout does not gather the policy for decoding as finecap's decoder
+  sync. The weights are streamed from the policy's parameters, not copied; under FSDP2 its state dict's shards are
+  gathered tensor by tensor as the engine loads them (:func:`~finecap.engines.vllm.streamed_weights`: one tensor
+  whole at a time, every process taking part; the rollout does not gather the policy for decoding as finecap's decoder
   needs, :func:`finecap.models.sharding.decoding`);
 - **log-probs** (the rollout's ``token_logprobs``, which the importance-sampling correction compares with the
   trainer's: :mod:`finecap.objectives.engine_mismatch`): of the distribution the loss scores, the model's own

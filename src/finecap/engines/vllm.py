@@ -32,14 +32,16 @@ the backbones it does not serve (:meth:`VllmEngine.refusal`). What it decodes wi
 In float32, greedy captions are token-identical to finecap's decoder and the log-probs equal the captioner's
 ``forward`` to 1e-5 (``tests/engines/``).
 
-**Weight sync** (RL rollouts, :mod:`finecap.engines.rollouts`): :meth:`VllmEngine.load_weights` loads ``(name,
+**Weight sync** (RL rollouts, :mod:`finecap.engines.rollouts`; the engine's first weights too):
+:meth:`VllmEngine.load_weights` loads ``(name,
 tensor)`` pairs under the transformers checkpoint's names into the running engine with
 ``collective_rpc("reload_weights")`` (the route that works on a CPU as on a GPU: TRL's
 ``model_runner.model.load_weights`` fails on vLLM's CPU backend, which repacks its weights), then drops what vLLM
 computed with the old weights and would reuse: the image features of its encoder cache (the worker's and the
 scheduler's record of them: ``reload_weights`` clears only the worker's, and the next request for an image seen
 before then fails with "Encoder cache miss") and the KV blocks of its prefix cache.
-:meth:`VllmEngine.sync` sends a captioner's current weights (:func:`hf_weights`).
+:meth:`VllmEngine.sync` streams a captioner's current weights into it, tensor by tensor, with no copy of them
+(:func:`streamed_weights`; of an FSDP2-sharded captioner one tensor gathered whole at a time).
 
 **Process.** The engine runs in this process (``VLLM_ENABLE_V1_MULTIPROCESSING=0`` unless set otherwise, so the
 weights iterator of :meth:`load_weights` is passed by reference) and binds to the loopback address
@@ -258,18 +260,24 @@ def adapters_merged(captioner: Any) -> Iterator[None]:
             module.unmerge_adapter()
 
 
-def hf_weights(captioner: Any) -> dict[str, torch.Tensor]:
-    """The captioner's transformers model weights under the names of its saved folder (``model.text_model....``,
-    ``lm_head.weight``), LoRA adapters merged (detached copies: the adapters are unmerged again after). Of a
-    captioner sharded with FSDP2 (its state dict's ``DTensor`` shards), the full weights, gathered once, tensor by
-    tensor: every process must call it then, together."""
+@contextlib.contextmanager
+def streamed_weights(captioner: Any) -> Iterator[Iterator[tuple[str, torch.Tensor]]]:
+    """Within the block, an iterator of the captioner's transformers model weights, ``(name, tensor)`` under the names
+    of its checkpoint (``model.text_model....``, ``lm_head.weight``), LoRA adapters merged into them (unmerged when the
+    block ends): the parameters themselves (detached, no copy), to be copied by their consumer (vLLM's weight loaders)
+    within the block. Of a captioner sharded with FSDP2 (its state dict's ``DTensor`` shards), each tensor is gathered
+    whole when the iterator reaches it (``full_tensor``) and dropped after, so at most one tensor is held whole at a
+    time; every process must then iterate together. What the consumer leaves unread is read when the block ends (every
+    process gathers every tensor, as FSDP2's collectives need)."""
     from finecap.models import lora
     from finecap.models.captioner import strip_prefix
 
     with adapters_merged(captioner):
         state = lora.plain_state(strip_prefix(captioner.state_dict(), "model."))
-        return {name: t.full_tensor() if hasattr(t, "full_tensor") else t.detach().clone()
-                for name, t in state.items()}  # fmt: skip
+        tensors = ((name, t.full_tensor() if hasattr(t, "full_tensor") else t.detach()) for name, t in state.items())
+        yield tensors
+        for _ in tensors:  # the rest, gathered in step with the other processes
+            pass
 
 
 def architecture_of(captioner: Any) -> str:
@@ -541,8 +549,8 @@ class VllmEngine(GenerationEngine):
     # ---- weights ------------------------------------------------------------------------------------------------
 
     def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
-        """Load ``(name, tensor)`` pairs (the transformers checkpoint's names: :func:`hf_weights`) into the running
-        engine (``collective_rpc("reload_weights")``), then drop its prefix cache (module docstring). An engine
+        """Load ``(name, tensor)`` pairs (the transformers checkpoint's names: :func:`streamed_weights`) into the
+        running engine (``collective_rpc("reload_weights")``), then drop its prefix cache (module docstring). An engine
         asleep wakes its weights first and its KV cache after (TRL's order: the cache is not held while loading)."""
         self.wake_up("weights")
         self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": iter(named_tensors)})
@@ -551,8 +559,10 @@ class VllmEngine(GenerationEngine):
         self.llm.reset_prefix_cache()
 
     def sync(self, captioner: Any) -> None:
-        """Load ``captioner``'s current weights (adapters merged) into the engine."""
-        self.load_weights(hf_weights(captioner).items())
+        """Load ``captioner``'s current weights (adapters merged) into the engine, streamed from its parameters
+        (:func:`streamed_weights`: no copy; under FSDP2 one tensor gathered at a time, every process together)."""
+        with streamed_weights(captioner) as tensors:
+            self.load_weights(tensors)
 
     def sleep(self) -> None:
         """With ``vllm.enable_sleep_mode``, free the engine's GPU memory until it is next used (vLLM's
