@@ -39,11 +39,13 @@ class VllmConfig(Section, name="vllm"):
     )
     dtype: VllmDtype = doc(
         "auto",
-        "Dtype the engine computes in; auto: the training step's (bfloat16 under train.mixed_precision=bf16, float16 "
-        "under fp16 on a GPU, else the captioner's weights' dtype; docs/scaling.md).",
+        "Dtype the captioner's engine computes in; auto: the training step's (bfloat16 under "
+        "train.mixed_precision=bf16, float16 under fp16 on a GPU, else the captioner's weights' dtype; "
+        "docs/scaling.md). Boost's vllm backend serves its model in the dtype its config names.",
     )
     enable_sleep_mode: bool = doc(
         False,
         "Free the engine's GPU memory between RL rollouts (vLLM's sleep level 1: weights offloaded to the CPU, KV "
-        "cache dropped; woken before the next sync or generation). CUDA only (TRL's vllm_enable_sleep_mode).",
+        "cache dropped; woken before the next sync or generation). GPU only: refused on the CPU (TRL's "
+        "vllm_enable_sleep_mode).",
     )
