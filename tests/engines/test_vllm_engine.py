@@ -1,6 +1,7 @@
 """vLLM generates what finecap's decoder generates (float32, tiny Idefics3 captioner; tests/engines/conftest.py):
 greedy captions token for token, the log-probs of finecap's ``forward`` to 1e-5, seeded samples repeatable and
-independent of the batch, beam search through ``LLM.beam_search``."""
+independent of the batch, beam search through ``LLM.beam_search``. The engine was started without weights
+(``load_format="dummy"``) and sent the captioner's from memory: its folder holds no weight file."""
 
 from __future__ import annotations
 
@@ -106,3 +107,18 @@ def test_collated_batches_decode_as_images_do(engine, greedy):
     items = [{"caption": "", "image": im, "image_id": i, "references": [], "index": i} for i, im in enumerate(IMAGES)]
     batch = model_collator(engine, 1)(items)
     assert engine.generate(batch, DecodeConfig(max_length=MAX_LENGTH)).texts == greedy[1].texts
+
+
+def test_the_engines_folder_holds_no_weight_file_while_it_serves(captioner, engine, greedy):
+    """The captioner's weights reached the engine from memory (the greedy captions above are the captioner's); the
+    folder vLLM was built from holds its config and processor files only, kilobytes."""
+    from finecap.engines.vllm import WEIGHT_FILES
+
+    files = sorted(p.name for p in engine.folder.iterdir())
+    assert {"config.json", "generation_config.json", "processor_config.json", "tokenizer.json"} <= set(files), files
+    assert [p.name for pattern in WEIGHT_FILES for p in engine.folder.glob(f"**/{pattern}")] == []
+    assert not any(name.endswith((".safetensors", ".bin")) for name in files), files
+    size = sum(p.stat().st_size for p in engine.folder.rglob("*") if p.is_file())
+    weights = sum(p.numel() * p.element_size() for p in captioner.parameters())
+    assert size < weights / 10, f"{size} bytes in {files}, {weights} of weights"  # 7.6 kB against 221 kB
+    assert engine.llm.llm_engine.vllm_config.load_config.load_format == "dummy"

@@ -67,7 +67,7 @@ def test_a_family_vllms_registry_lacks_is_refused_by_name_at_start(monkeypatch):
     model, processor = tiny_family("idefics2")
     captioner = Vlm(model, processor, source="tiny-idefics2")
     saved = []
-    monkeypatch.setattr(engines_vllm, "save_hf_folder", lambda *a: saved.append(a))
+    monkeypatch.setattr(engines_vllm, "save_engine_folder", lambda *a: saved.append(a))
     with pytest.raises(ConfigError) as e:
         VllmEngine.from_captioner(captioner, VllmConfig(max_model_len=128))
     message = str(e.value)

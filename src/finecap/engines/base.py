@@ -13,7 +13,8 @@ API and the RL rollouts use, with defaults, so that none of them probes an engin
   captioner before it is built, in one line naming the backbone; ``None`` for one it serves;
 - :meth:`~GenerationEngine.check_processes` (a classmethod): a refusal of a number of processes it cannot run in;
 - :meth:`~GenerationEngine.open` (a classmethod) builds one serving a captioner; :meth:`~GenerationEngine.sync` brings
-  its weights in step with the policy being trained; :meth:`~GenerationEngine.close` frees it (also ``with engine:``).
+  its weights in step with the policy being trained; :meth:`~GenerationEngine.sleep` releases its device memory
+  between rollouts; :meth:`~GenerationEngine.close` frees it (also ``with engine:``).
 
 What the captioning loops read besides :meth:`~GenerationEngine.generate`: ``device`` (where the batch goes and the
 generation comes back), ``tokenizer`` and ``encoder`` (the collator's tokenizer and preprocessing,
@@ -117,6 +118,12 @@ class GenerationEngine(abc.ABC):
     def sync(self, policy: Any) -> None:
         """Bring the engine's weights in step with ``policy``'s (the captioner being trained), after it changed; the
         default has nothing to send."""
+        return
+
+    def sleep(self) -> None:
+        """Release the engine's device memory until it is next used (its :meth:`generate` or :meth:`sync` takes it
+        back): RL rollouts call it after each generation, so that the training step has the memory (vLLM's
+        ``vllm.enable_sleep_mode``); the default keeps what it holds."""
         return
 
     def close(self) -> None:

@@ -9,21 +9,26 @@ sync timing apply), ``reads_images`` (the batch must carry its PIL images) and `
 ``decode.engine=finecap`` the policy decodes itself. With ``vllm``:
 
 - **one engine per training process**, built in that process at the first rollout from the policy as it is then (a
-  resumed run's restored weights, LoRA adapters merged: :meth:`VllmEngine.from_captioner
-  <finecap.engines.vllm.VllmEngine.from_captioner>`), freed by :meth:`RolloutEngine.close` (the objective's
-  ``close``, after training);
+  resumed run's restored weights, LoRA adapters merged, sent from memory into an engine started without weights:
+  :meth:`VllmEngine.from_captioner <finecap.engines.vllm.VllmEngine.from_captioner>`), freed by
+  :meth:`RolloutEngine.close` (the objective's ``close``, after training);
 - **weight sync**: after an optimizer step (:meth:`RolloutEngine.policy_changed`, which the objective's ``end_step``
   calls) the next rollout first loads the policy's current weights into the engine (:meth:`VllmEngine.sync
   <finecap.engines.vllm.VllmEngine.sync>`: full weights, adapters merged, ``collective_rpc("reload_weights")``,
   the engine's encoder and prefix caches dropped): once per rollout however many optimizer steps came between
   (the ``rl.iterations`` steps of a GRPO cycle share one rollout), as TRL syncs when the step changed since its last
-  sync. Under FSDP2 the engine is built from and synced with the full state dict, gathered once per sync
-  (:func:`~finecap.engines.vllm.hf_weights`; the rollout does not gather the policy for decoding as finecap's decoder
+  sync. The weights are streamed from the policy's parameters, not copied; under FSDP2 its state dict's shards are
+  gathered tensor by tensor as the engine loads them (:func:`~finecap.engines.vllm.streamed_weights`: one tensor
+  whole at a time, every process taking part; the rollout does not gather the policy for decoding as finecap's decoder
   needs, :func:`finecap.models.sharding.decoding`);
 - **log-probs** (the rollout's ``token_logprobs``, which the importance-sampling correction compares with the
   trainer's: :mod:`finecap.objectives.engine_mismatch`): of the distribution the loss scores, the model's own
   (``raw_logprobs``), or with ``tempered=True`` (``rl.scaled_logprob`` with sampling) the temperature-scaled one
   sampled from (``processed_logprobs``, as TRL's rollouts);
+- **sleep** (``vllm.enable_sleep_mode``, TRL's ``vllm_enable_sleep_mode``; CUDA only): after each generation the
+  engine releases its GPU memory (vLLM's sleep level 1: weights offloaded to the CPU, KV cache dropped) for the
+  training step; the next sync wakes its weights, then its KV cache, and the next generation whatever still sleeps.
+  A rollout that decodes twice (samples, then SCST's greedy baseline) sleeps and wakes between the two;
 - generation runs with autocast off (:func:`~finecap.engines.vllm.autocast_off`: the engine computes in its own
   dtype, the captioner's; a bf16 autocast of the training step must not reach vLLM's kernels, which run in this
   process), and the captions come back on the policy's device.
@@ -105,8 +110,11 @@ class RolloutEngine:
                  seeds: torch.Tensor | None = None) -> Generation:  # fmt: skip
         """``policy``'s captions of ``batch`` decoded with ``decode`` (per-image sampling ``seeds``), on the policy's
         device. An engine that ``reads_images`` reads the batch's PIL ``images`` (the training collator keeps them
-        for it: :func:`finecap.train.setup.build_training_data`)."""
-        gen = self.generator(policy).generate(batch, decode, seeds=seeds)
+        for it: :func:`finecap.train.setup.build_training_data`). The engine then sleeps
+        (:meth:`GenerationEngine.sleep <finecap.engines.base.GenerationEngine.sleep>`: ``vllm.enable_sleep_mode``)."""
+        engine = self.generator(policy)
+        gen = engine.generate(batch, decode, seeds=seeds)
+        engine.sleep()  # its device memory back to the training step until the next rollout (vllm.enable_sleep_mode)
         return gen.to(policy.device) if self.external else gen  # the policy's own are on its device already
 
     def close(self) -> None:

@@ -1,9 +1,13 @@
 """vLLM as finecap's generation engine (``decode.engine=vllm``): a colocated ``vllm.LLM`` serving a captioner.
 
 :class:`VllmEngine` serves a decoder-only VLM captioner (:class:`finecap.models.vlm.Vlm` with its own vision tower:
-LLaVA, Idefics3 / SmolVLM, Qwen2-VL) through vLLM's implementation of the same transformers architecture, built
-from the captioner saved as a transformers folder (a temporary one, removed by :meth:`VllmEngine.close`; LoRA
-adapters merged into it). It is a :class:`~finecap.engines.base.GenerationEngine` (``decode.engine=vllm``, opened by
+LLaVA, Idefics3 / SmolVLM, Qwen2-VL) through vLLM's implementation of the same transformers architecture. vLLM is
+built from a temporary folder holding the captioner's config and processor files only (:func:`save_engine_folder`,
+removed by :meth:`VllmEngine.close`), with dummy weights (``load_format="dummy"``), then sent the captioner's weights
+from memory (LoRA adapters merged) as weight sync sends them; it computes in ``vllm.dtype`` (:func:`engine_dtype`:
+by default the training step's) and, with ``vllm.enable_sleep_mode``, releases its GPU memory between RL rollouts
+(:meth:`VllmEngine.sleep`; docs/scaling.md#the-engine-on-a-shared-card). It is a
+:class:`~finecap.engines.base.GenerationEngine` (``decode.engine=vllm``, opened by
 :func:`~finecap.engines.base.open_engine`) that ``reads_images``, gives ``external_logprobs`` and refuses in one line
 the backbones it does not serve (:meth:`VllmEngine.refusal`). What it decodes with is the run's:
 
@@ -28,14 +32,16 @@ the backbones it does not serve (:meth:`VllmEngine.refusal`). What it decodes wi
 In float32, greedy captions are token-identical to finecap's decoder and the log-probs equal the captioner's
 ``forward`` to 1e-5 (``tests/engines/``).
 
-**Weight sync** (RL rollouts, :mod:`finecap.engines.rollouts`): :meth:`VllmEngine.load_weights` loads ``(name,
+**Weight sync** (RL rollouts, :mod:`finecap.engines.rollouts`; the engine's first weights too):
+:meth:`VllmEngine.load_weights` loads ``(name,
 tensor)`` pairs under the transformers checkpoint's names into the running engine with
 ``collective_rpc("reload_weights")`` (the route that works on a CPU as on a GPU: TRL's
 ``model_runner.model.load_weights`` fails on vLLM's CPU backend, which repacks its weights), then drops what vLLM
 computed with the old weights and would reuse: the image features of its encoder cache (the worker's and the
 scheduler's record of them: ``reload_weights`` clears only the worker's, and the next request for an image seen
 before then fails with "Encoder cache miss") and the KV blocks of its prefix cache.
-:meth:`VllmEngine.sync` sends a captioner's current weights (:func:`hf_weights`).
+:meth:`VllmEngine.sync` streams a captioner's current weights into it, tensor by tensor, with no copy of them
+(:func:`streamed_weights`; of an FSDP2-sharded captioner one tensor gathered whole at a time).
 
 **Process.** The engine runs in this process (``VLLM_ENABLE_V1_MULTIPROCESSING=0`` unless set otherwise, so the
 weights iterator of :meth:`load_weights` is passed by reference) and binds to the loopback address
@@ -201,7 +207,7 @@ def registry_refusal(captioner: Any, vllm: Any) -> str | None:
     """Why vLLM's own model registry (``vllm.ModelRegistry``) has no implementation for the architecture a VLM is
     saved as for it (its transformers class, the ``architectures`` of the folder vLLM loads), or ``None``: one line
     naming the architecture, the family and the vLLM version (Idefics2 is in transformers but not in vLLM)."""
-    architecture = type(captioner.model).__name__
+    architecture = architecture_of(captioner)
     if architecture in set(vllm.ModelRegistry.get_supported_archs()):
         return None
     return (f"decode.engine=vllm: vlm.name={captioner.source}: {architecture} (model_type "
@@ -292,42 +298,94 @@ def adapters_merged(captioner: Any) -> Iterator[None]:
             module.unmerge_adapter()
 
 
-def hf_weights(captioner: Any) -> dict[str, torch.Tensor]:
-    """The captioner's transformers model weights under the names of its saved folder (``model.text_model....``,
-    ``lm_head.weight``), LoRA adapters merged (detached copies: the adapters are unmerged again after). Of a
-    captioner sharded with FSDP2 (its state dict's ``DTensor`` shards), the full weights, gathered once, tensor by
-    tensor: every process must call it then, together."""
+@contextlib.contextmanager
+def streamed_weights(captioner: Any) -> Iterator[Iterator[tuple[str, torch.Tensor]]]:
+    """Within the block, an iterator of the captioner's transformers model weights, ``(name, tensor)`` under the names
+    of its checkpoint (``model.text_model....``, ``lm_head.weight``), LoRA adapters merged into them (unmerged when the
+    block ends): the parameters themselves (detached, no copy), to be copied by their consumer (vLLM's weight loaders)
+    within the block. Of a captioner sharded with FSDP2 (its state dict's ``DTensor`` shards), each tensor is gathered
+    whole when the iterator reaches it (``full_tensor``) and dropped after, so at most one tensor is held whole at a
+    time; every process must then iterate together. What the consumer leaves unread is read when the block ends (every
+    process gathers every tensor, as FSDP2's collectives need)."""
     from finecap.models import lora
     from finecap.models.captioner import strip_prefix
 
     with adapters_merged(captioner):
         state = lora.plain_state(strip_prefix(captioner.state_dict(), "model."))
-        return {name: t.full_tensor() if hasattr(t, "full_tensor") else t.detach().clone()
-                for name, t in state.items()}  # fmt: skip
+        tensors = ((name, t.full_tensor() if hasattr(t, "full_tensor") else t.detach()) for name, t in state.items())
+        yield tensors
+        for _ in tensors:  # the rest, gathered in step with the other processes
+            pass
 
 
-@contextlib.contextmanager
-def saved_on_every_rank(model: Any) -> Iterator[None]:
-    """Within the block, ``model.save_pretrained`` writes its files in every process: transformers writes a
-    checkpoint only from rank 0 of an initialised ``torch.distributed`` group (``should_save_on_this_rank``), and
-    each training process builds its own engine from a folder of its own (possibly on another machine)."""
-    if "should_save_on_this_rank" in vars(model):  # within an enclosing block already
-        yield
-        return
-    model.should_save_on_this_rank = lambda is_main_process: is_main_process
-    try:
-        yield
-    finally:
-        del model.should_save_on_this_rank
+def architecture_of(captioner: Any) -> str:
+    """The transformers class name a VLM captioner is served as (its folder's ``architectures``, what vLLM's model
+    registry is asked about); FSDP2's ``FSDP`` prefix of a sharded model's class dropped, as transformers does."""
+    return type(captioner.model).__name__.removeprefix("FSDP")
 
 
-def save_hf_folder(captioner: Any, out: Path) -> Path:
-    """``captioner``'s transformers model (adapters merged) and processor saved into ``out``: what vLLM loads (in
-    every training process: :func:`saved_on_every_rank`)."""
-    with saved_on_every_rank(captioner.model):
-        captioner.model.save_pretrained(out, state_dict=hf_weights(captioner))
+def save_engine_folder(captioner: Any, out: Path, dtype: str) -> Path:
+    """What vLLM builds the engine from, saved into ``out``: ``captioner``'s transformers config (its class as
+    ``architectures``, ``dtype`` the engine's), generation config and processor (tokenizer, chat template, image
+    preprocessing): kilobytes, no weight file. The engine starts with vLLM's ``load_format="dummy"`` and receives the
+    weights from memory (:meth:`VllmEngine.load_weights`). Written in every process of a training job (each builds
+    its own engine)."""
+    import copy
+
+    config = copy.deepcopy(captioner.model.config)
+    config.architectures = [architecture_of(captioner)]
+    config.dtype = dtype
+    config.save_pretrained(out)
+    generation = getattr(captioner.model, "generation_config", None)
+    if generation is not None:
+        generation.save_pretrained(out)
     captioner.processor.save_pretrained(out)
     return out
+
+
+WEIGHT_FILES = ("*.safetensors", "*.bin", "*.pt", "*.pth", "*.gguf")
+"""Name patterns of weight files (none is in an engine's folder: :func:`save_engine_folder`)."""
+
+
+def engine_dtype(option: str, weights: torch.dtype, mixed_precision: str = "no", cuda: bool = False) -> str:
+    """The dtype the engine computes in (vLLM's ``dtype``), from ``vllm.dtype`` (``option``): an explicit
+    ``bfloat16`` / ``float16`` / ``float32`` as given; ``auto`` the training step's: ``bfloat16`` under
+    ``train.mixed_precision=bf16``, ``float16`` under ``fp16`` on CUDA (on the CPU fp16 autocast runs in float32), else
+    ``weights`` (the captioner's weights' dtype: :func:`weights_dtype`).
+
+    >>> engine_dtype("auto", torch.float32, "bf16"), engine_dtype("auto", torch.bfloat16)
+    ('bfloat16', 'bfloat16')
+    >>> engine_dtype("float32", torch.bfloat16, "bf16"), engine_dtype("auto", torch.float32, "fp16", cuda=False)
+    ('float32', 'float32')
+    """
+    if option != "auto":
+        return option
+    if mixed_precision == "bf16":
+        return "bfloat16"
+    if mixed_precision == "fp16" and cuda:
+        return "float16"
+    return str(weights).removeprefix("torch.")
+
+
+def weights_dtype(model: torch.nn.Module) -> torch.dtype:
+    """The dtype most of ``model``'s floating-point parameter elements are in (frozen bf16 weights under float32
+    trained ones: ``bfloat16``); float32 for a model without any."""
+    counts: dict[torch.dtype, int] = {}
+    for p in model.parameters():
+        if p.is_floating_point():
+            counts[p.dtype] = counts.get(p.dtype, 0) + p.numel()
+    return max(counts, key=counts.__getitem__) if counts else torch.float32
+
+
+def sleep_refusal(platform: Any, version: str = "") -> str | None:
+    """Why ``vllm.enable_sleep_mode`` cannot be on with vLLM's ``platform`` (``vllm.platforms.current_platform``,
+    whose ``is_sleep_mode_available()`` vLLM itself checks: CUDA, ROCm, XPU), in one line naming the option; ``None``
+    where it can."""
+    if platform.is_sleep_mode_available():
+        return None
+    name = getattr(platform, "device_name", None) or getattr(platform, "device_type", "this")
+    return (f"vllm.enable_sleep_mode=true: vLLM {version} sleeps only on a GPU (CUDA, ROCm, XPU), not on the {name} "
+            "platform; set vllm.enable_sleep_mode=false")  # fmt: skip
 
 
 class VllmEngine(GenerationEngine):
@@ -338,14 +396,19 @@ class VllmEngine(GenerationEngine):
     it. Its log-probs are vLLM's (``external_logprobs``: RL's importance correction applies).
 
     Attributes: ``llm`` (the ``vllm.LLM``), ``tokenizer`` (the captioner's), ``prompt_text``, ``folder`` (what it
-    was built from)."""
+    was built from: config and processor files, no weights), ``sleep_mode`` (``vllm.enable_sleep_mode``: the engine
+    started with vLLM's sleep mode, and :meth:`sleep` frees its memory), ``asleep`` (the memory kinds vLLM holds
+    released now: ``"weights"``, ``"kv_cache"``)."""
 
     reads_images = True
     external_logprobs = True
 
-    def __init__(self, llm: Any, tokenizer: Any, prompt_text: str, folder: Path, owns_folder: bool) -> None:
+    def __init__(self, llm: Any, tokenizer: Any, prompt_text: str, folder: Path, owns_folder: bool,
+                 sleep_mode: bool = False) -> None:  # fmt: skip
         self.llm, self.tokenizer, self.prompt_text, self.folder = llm, tokenizer, prompt_text, folder
         self.device = torch.device("cpu")  # where the returned Generation's tensors are
+        self.sleep_mode = sleep_mode
+        self.asleep: set[str] = set()
         self._cleanup = weakref.finalize(self, shutil.rmtree, folder, True) if owns_folder else None
 
     # ---- what it serves -----------------------------------------------------------------------------------------
@@ -382,14 +445,20 @@ class VllmEngine(GenerationEngine):
     def open(cls, model: Any, cfg: Config, *, tempered: bool = False) -> VllmEngine:
         """:meth:`from_captioner` with ``cfg.vllm`` and ``run.seed``; ``tempered``: ``processed_logprobs``."""
         mode = "processed_logprobs" if tempered else "raw_logprobs"
-        return cls.from_captioner(model, cfg.vllm, seed=cfg.run.seed, logprobs_mode=mode)
+        return cls.from_captioner(model, cfg.vllm, seed=cfg.run.seed, logprobs_mode=mode,
+                                  mixed_precision=cfg.train.mixed_precision)  # fmt: skip
 
     @classmethod
     def from_captioner(cls, captioner: Any, section: VllmConfig | None = None, *, seed: int = 0,
-                       logprobs_mode: str = "raw_logprobs") -> VllmEngine:  # fmt: skip
+                       logprobs_mode: str = "raw_logprobs", mixed_precision: str = "no") -> VllmEngine:  # fmt: skip
         """An engine serving ``captioner`` (a :class:`~finecap.models.vlm.Vlm`; another backbone is a
         :class:`~finecap.config.ConfigError` naming it), with the ``vllm`` section's memory and parallelism settings,
-        in the captioner's dtype. ``seed``: vLLM's seed of unseeded sampling. ``logprobs_mode``: the log-probs
+        in ``vllm.dtype`` (:func:`engine_dtype`; ``auto`` with ``mixed_precision``, ``train.mixed_precision``, the
+        training step's dtype). Its folder holds the captioner's config and processor only
+        (:func:`save_engine_folder`): vLLM starts with dummy weights (``load_format="dummy"``) and is sent the
+        captioner's from memory (:meth:`sync`), adapters merged. ``vllm.enable_sleep_mode`` on a platform where vLLM
+        cannot sleep (the CPU) is a :class:`~finecap.config.ConfigError` naming it (:func:`sleep_refusal`).
+        ``seed``: vLLM's seed of unseeded sampling. ``logprobs_mode``: the log-probs
         returned, of the model's own distribution (``raw_logprobs``) or of the one sampled from, temperature applied
         (``processed_logprobs``, what TRL's rollouts use; top-k / top-p too, when set). The process's random
         generators are left as they were (vLLM reseeds them when it starts:
@@ -405,19 +474,34 @@ class VllmEngine(GenerationEngine):
         reason = reason or head_size_refusal(captioner, cpu_head_sizes(vllm))  # then heads its CPU attention lacks
         if reason is not None:
             raise ConfigError(reason, key="decode.engine")
+        if section.enable_sleep_mode:
+            from vllm.platforms import current_platform
+
+            reason = sleep_refusal(current_platform, vllm.__version__)
+            if reason is not None:
+                raise ConfigError(reason, key="vllm.enable_sleep_mode")
+        dtype = engine_dtype(section.dtype, weights_dtype(captioner.model), mixed_precision, torch.cuda.is_available())
         folder = Path(tempfile.mkdtemp(prefix="finecap-vllm-"))
+        engine = None
         try:
-            save_hf_folder(captioner, folder)
-            dtype = str(next(captioner.model.parameters()).dtype).removeprefix("torch.")
-            options: dict[str, Any] = {"limit_mm_per_prompt": {"image": 1}, "logprobs_mode": logprobs_mode}
+            save_engine_folder(captioner, folder, dtype)
+            options: dict[str, Any] = {"limit_mm_per_prompt": {"image": 1}, "logprobs_mode": logprobs_mode,
+                                       "load_format": "dummy"}  # fmt: skip
+            if section.enable_sleep_mode:
+                options["enable_sleep_mode"] = True
             if captioner.processor_kwargs:
                 options["mm_processor_kwargs"] = dict(captioner.processor_kwargs)
             with rng_preserved():
                 llm = start_llm(folder, section, dtype=dtype, seed=seed, **options)
+            engine = cls(llm, captioner.tokenizer, captioner.prompt_text, folder, owns_folder=True,
+                         sleep_mode=section.enable_sleep_mode)  # fmt: skip
+            engine.sync(captioner)  # the weights, from memory
         except BaseException:
+            if engine is not None:
+                engine.close()
             shutil.rmtree(folder, ignore_errors=True)
             raise
-        return cls(llm, captioner.tokenizer, captioner.prompt_text, folder, owns_folder=True)
+        return engine
 
     # ---- generation ---------------------------------------------------------------------------------------------
 
@@ -441,6 +525,7 @@ class VllmEngine(GenerationEngine):
             raise ValueError("vLLM engine: an empty batch (no images to caption)")
         if seeds is not None and len(seeds) != len(images):
             raise ValueError(f"sampling seeds must be one per image, {len(images)}; got {len(seeds)}")
+        self.wake_up("weights", "kv_cache")
         prompts = [{"prompt": self.prompt_text, "multi_modal_data": {"image": im}} for im in images]
         gen = self._beam(prompts, cfg) if cfg.strategy == "beam" else self._sample(prompts, cfg, seeds)
         gen.texts = texts_of(self.tokenizer, gen)
@@ -504,15 +589,37 @@ class VllmEngine(GenerationEngine):
     # ---- weights ------------------------------------------------------------------------------------------------
 
     def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
-        """Load ``(name, tensor)`` pairs (the transformers checkpoint's names: :func:`hf_weights`) into the running
-        engine (``collective_rpc("reload_weights")``), then drop its prefix cache (module docstring)."""
+        """Load ``(name, tensor)`` pairs (the transformers checkpoint's names: :func:`streamed_weights`) into the
+        running engine (``collective_rpc("reload_weights")``), then drop its prefix cache (module docstring). An engine
+        asleep wakes its weights first and its KV cache after (TRL's order: the cache is not held while loading)."""
+        self.wake_up("weights")
         self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": iter(named_tensors)})
+        self.wake_up("kv_cache")
         self.llm.llm_engine.reset_encoder_cache()  # the scheduler's record of cached image features too
         self.llm.reset_prefix_cache()
 
     def sync(self, captioner: Any) -> None:
-        """Load ``captioner``'s current weights (adapters merged) into the engine."""
-        self.load_weights(hf_weights(captioner).items())
+        """Load ``captioner``'s current weights (adapters merged) into the engine, streamed from its parameters
+        (:func:`streamed_weights`: no copy; under FSDP2 one tensor gathered at a time, every process together)."""
+        with streamed_weights(captioner) as tensors:
+            self.load_weights(tensors)
+
+    def sleep(self) -> None:
+        """With ``vllm.enable_sleep_mode``, free the engine's GPU memory until it is next used (vLLM's
+        ``sleep(level=1)``: weights offloaded to the CPU, KV cache dropped; :meth:`generate` and :meth:`load_weights`
+        wake it, :meth:`wake_up`); without it, nothing. RL rollouts call it after each generation
+        (:class:`~finecap.engines.rollouts.RolloutEngine`)."""
+        if self.sleep_mode and not self.asleep and self.llm is not None:
+            self.llm.sleep(level=1)
+            self.asleep = {"weights", "kv_cache"}
+
+    def wake_up(self, *tags: str) -> None:
+        """Bring back the memory kinds ``tags`` (of ``"weights"``, ``"kv_cache"``) that :meth:`sleep` released
+        (vLLM's ``wake_up(tags)``); those awake already are skipped."""
+        waking = [tag for tag in tags if tag in self.asleep]
+        if waking:
+            self.llm.wake_up(tags=waking)
+            self.asleep.difference_update(waking)
 
     def close(self) -> None:
         """Shut the engine down (now: every process of a launched job together, as they built it) and remove its

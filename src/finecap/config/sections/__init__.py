@@ -61,7 +61,7 @@ from finecap.config.sections.sle import Distance, DiversityBaseline, SLEConfig
 from finecap.config.sections.smile import FirstToken, SmileConfig, Subset
 from finecap.config.sections.sr import Distractors, SRConfig, SRReward
 from finecap.config.sections.train import TRACKERS, Schedule, TrainConfig
-from finecap.config.sections.vllm import VllmConfig
+from finecap.config.sections.vllm import VllmConfig, VllmDtype
 from finecap.config.sections.world import WorldConfig, WorldShift
 
 __all__ = [  # the names finecap.config re-exports
@@ -131,6 +131,7 @@ __all__ = [  # the names finecap.config re-exports
     "TrainableDtype",
     "VlmBackboneConfig",
     "VllmConfig",
+    "VllmDtype",
     "WeightsDtype",
     "WorldConfig",
     "WorldShift",

@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from finecap.config.fields import Section, check, doc
 from finecap.config.sections.limits import (
     MAX_BATCH,
 )
 from finecap.utils.text import short_repr
+
+if TYPE_CHECKING:
+    from finecap.config.sections import Config
 
 Schedule = Literal["linear", "cosine", "constant"]
 
@@ -111,3 +114,12 @@ class TrainConfig(Section, name="train"):
                 "train.log_with",
                 f"unknown tracker {short_repr(tracker)}; valid: {', '.join(TRACKERS)}",
             )
+
+    def check_config(self, cfg: Config) -> None:
+        quantization = cfg.model.quantization
+        check(
+            self.strategy != "fsdp" or quantization == "none",
+            "train.strategy",
+            f"fsdp with model.quantization={quantization} is not supported (finecap does not shard bitsandbytes' "
+            "quantized weights with FSDP2): use train.strategy=ddp for QLoRA, or model.quantization=none",
+        )

@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal
 
 from finecap.config.fields import Section, doc
 from finecap.config.sections.limits import (
     MAX_PROCESSES,
 )
+
+VllmDtype = Literal["auto", "bfloat16", "float16", "float32"]
 
 
 @dataclass
@@ -33,4 +36,16 @@ class VllmConfig(Section, name="vllm"):
     )
     enforce_eager: bool = doc(
         True, "Run vLLM eagerly: no torch.compile or CUDA graphs (faster start; false for throughput on a GPU)."
+    )
+    dtype: VllmDtype = doc(
+        "auto",
+        "Dtype the captioner's engine computes in; auto: the training step's (bfloat16 under "
+        "train.mixed_precision=bf16, float16 under fp16 on a GPU, else the captioner's weights' dtype; "
+        "docs/scaling.md). Boost's vllm backend serves its model in the dtype its config names.",
+    )
+    enable_sleep_mode: bool = doc(
+        False,
+        "Free the engine's GPU memory between RL rollouts (vLLM's sleep level 1: weights offloaded to the CPU, KV "
+        "cache dropped; woken before the next sync or generation). GPU only: refused on the CPU (TRL's "
+        "vllm_enable_sleep_mode).",
     )
