@@ -153,7 +153,7 @@ def test_fsdp_with_a_quantized_captioner_is_refused_in_one_line(bits):
     with pytest.raises(ConfigError) as e:
         load(None, ["train.strategy=fsdp", f"model.quantization={bits}"])
     message = str(e.value)
-    assert f"train.strategy: fsdp with model.quantization={bits} is not supported" in message
+    assert f"train.strategy: fsdp cannot shard a model.quantization={bits} base" in message
     assert "\n" not in message and e.value.key == "train.strategy"
     assert load(None, ["train.strategy=ddp", f"model.quantization={bits}"]).model.quantization == bits
     assert load(None, ["train.strategy=fsdp"]).train.strategy == "fsdp"

@@ -216,7 +216,7 @@ def test_heads_vllms_cpu_attention_does_not_take_are_refused_in_one_line_before_
     assert engines_vllm.head_size_of(captioner.model.config) == 16
     fake_vllm(monkeypatch, [32, 64, 80])
     saved = []
-    monkeypatch.setattr(engines_vllm, "save_hf_folder", lambda *a: saved.append(a))
+    monkeypatch.setattr(engines_vllm, "save_engine_folder", lambda *a: saved.append(a))
     with pytest.raises(ConfigError) as e:
         VllmEngine.from_captioner(captioner)
     message = str(e.value)

@@ -38,18 +38,6 @@ STRATEGIES = ("ddp", "fsdp")
 """``train.strategy``: how several processes share a run (one process: no difference)."""
 
 
-def check_strategy(strategy: str, quantization: str) -> None:
-    """Refuse ``train.strategy=fsdp`` with a quantized base (``model.quantization``: bitsandbytes' 4-bit and 8-bit
-    parameters are packed ``uint8`` tensors with their quantization state beside them, which FSDP2 would shard as
-    plain bytes: untested and unsupported here), in one line naming both options and what runs instead."""
-    if strategy == "fsdp" and quantization != "none":
-        raise ValueError(
-            f"train.strategy=fsdp cannot shard a model.quantization={quantization} base (bitsandbytes' packed "
-            "weights): use train.strategy=ddp (a quantized base is small enough to keep whole on every GPU) or "
-            "model.quantization=none"
-        )
-
-
 def fsdp_modules(model: nn.Module) -> list[nn.Module]:
     """The modules of ``model`` that ``fully_shard`` was applied to, in a fixed order (the same on every process)."""
     from torch.distributed.fsdp import FSDPModule

@@ -183,7 +183,6 @@ def _build_run(
     """The objective, the world and encoder it needs (prepared), the accelerator, model, data, optimizer, schedule
     and engine of a run, as training and :func:`dry_run` use them; ``writes``: whether the engine saves checkpoints
     and the trackers log into ``run_dir`` (a dry run writes nothing there)."""
-    sharding.check_strategy(cfg.train.strategy, cfg.model.quantization)  # before anything is prepared
     objective = get_objective(cfg.train.objective, cfg)
     factories = validator_factories(cfg)
     fresh = resume_from is None and not cfg.train.init_from

@@ -120,6 +120,7 @@ class TrainConfig(Section, name="train"):
         check(
             self.strategy != "fsdp" or quantization == "none",
             "train.strategy",
-            f"fsdp with model.quantization={quantization} is not supported (finecap does not shard bitsandbytes' "
-            "quantized weights with FSDP2): use train.strategy=ddp for QLoRA, or model.quantization=none",
+            f"fsdp cannot shard a model.quantization={quantization} base (bitsandbytes' packed uint8 weights, which "
+            "FSDP2 would shard as plain bytes): use train.strategy=ddp (a quantized base is small enough to keep "
+            "whole on every GPU) or model.quantization=none",
         )
