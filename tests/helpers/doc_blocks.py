@@ -207,6 +207,13 @@ def problems(block: Block) -> list[str]:
             out.append(f"{where}: `skip {kind}` must say after a colon what runs it instead")
         elif kind == "covered" and not mark.target:
             out.append(f"{where}: `skip covered` names the test file that runs the block (skip covered PATH: ...)")
+    if block.kind == "shell" and not block.error:
+        for number, command in enumerate(commands(block), 1):
+            if not block.skips(number) and any(w.startswith("/tmp") or "=/tmp" in w for w in command.words):
+                out.append(
+                    f"{block.page}:{command.line}: a command the test runs names a path under /tmp: it would "
+                    "write outside the page's folder (and meet the last run's files); use a relative path"
+                )
     return out
 
 
