@@ -394,7 +394,7 @@ def test_chance_rates_by_hand():
     assert verdicts.chance_rate(spread) == 0.025
 
 
-AWAITING_GRID = {"judges": "issue 66's grid runs when the machine is quiet; one RL run is committed so far"}
+AWAITING_GRID: dict[str, str] = {}
 """Pages committed before their grid has judged a cell, and why: the tests on committed verdicts pass them by until
 then (:func:`test_a_page_awaiting_its_grid_judges_no_row_yet` fails once a row is judged, so this set is emptied)."""
 
