@@ -43,6 +43,7 @@ REWARDS: dict[str, str] = {
 JUDGES: dict[str, str] = {
     "world": "finecap.judges.world:build",
     "openai": "finecap.judges.openai:build",
+    "vllm": "finecap.judges.vllm:build",
 }
 """``judge.name`` names -> factories ``factory(cfg, **options) -> Judge`` (:mod:`finecap.judges`): the judge the
 judge-backed rewards and metrics ask."""

@@ -157,5 +157,5 @@ def test_a_judge_of_ones_own_by_dotted_path():
     assert judge.name == "always_red" and judge.answer([ask("a blue circle")]) == ["red"]
     with pytest.raises(ValueError, match="not a finecap.judges.base.Judge"):
         get_judge(f"{__name__}:not_a_judge", None)
-    with pytest.raises(ValueError, match="judge.name: unknown judge 'nope'; valid names: openai, world"):
+    with pytest.raises(ValueError, match="judge.name: unknown judge 'nope'; valid names: openai, vllm, world"):
         get_judge("nope", None)

@@ -52,7 +52,8 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     # the stage runner (training runs and what is made of them), the reward server and the trainers' adapters
     # the openai judge talks through boost's client (found by name from the JUDGES table, imported by no one)
     ("uses of trained models", ("finecap.inference", "finecap.boost", "finecap.integrations", "finecap.report",
-                                "finecap.stages", "finecap.serve", "finecap.judges.openai")),
+                                "finecap.stages", "finecap.serve", "finecap.judges.openai",
+                                "finecap.judges.vllm")),
     ("api", ("finecap.api", "finecap")),
     ("application", (APP, "finecap.__main__")),
 ]  # fmt: skip

@@ -171,6 +171,10 @@ class OpenAIJudge(Judge):
             for url in urls
         ]  # fmt: skip
         self.cache = cache
+        self._setup_turns()
+
+    def _setup_turns(self) -> None:
+        """The round-robin over :attr:`backends` and the lock of the counters."""
         self._turn = itertools.count()
         self._lock = threading.Lock()
 

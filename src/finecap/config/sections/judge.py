@@ -12,7 +12,8 @@ from finecap.config.secrets import masked_url_secrets
 @dataclass
 class JudgeConfig(Section, name="judge"):
     name: str = doc(
-        "world", "Judge (finecap.registry.JUDGES: world, openai; or 'pkg.module:factory'), docs/methods/judges.md."
+        "world",
+        "Judge (finecap.registry.JUDGES: world, openai, vllm; or 'pkg.module:factory'), docs/methods/judges.md.",
     )
     urls: list[str] = doc([], "openai: server URLs (e.g. http://localhost:8000/v1), asked round-robin.")
     model: str = doc("", "openai: the served model name.")

@@ -1,0 +1,83 @@
+"""The ``vllm`` judge: a text LLM served by a ``vllm.LLM`` in this process (``judge.name=vllm``), the in-process
+counterpart of the ``openai`` judge against a vLLM server.
+
+Everything but the transport is the ``openai`` judge's (:class:`~finecap.judges.openai.OpenAIJudge`): the versioned
+prompts, the strict parsing (an unparsable answer re-asked, then counted failed), the answer cache and the counters.
+The transport is boost's in-process vLLM chat backend (:class:`finecap.boost.vllm_backend.VllmBackend`, LLM role):
+``judge.model`` is a transformers folder or a Hub name, its chat template renders the messages, decoding is greedy
+(temperature 0) up to ``judge.max_tokens`` tokens, the engine takes the ``vllm`` section's memory and parallelism
+settings. Calls go one at a time (``judge.concurrency`` is not used: one engine in one process answers one
+``generate`` call at a time); a prompt vLLM refuses (longer than ``vllm.max_model_len``) fails its call, as an HTTP
+400 does with the ``openai`` judge. Nothing is imported from vLLM until the judge is built.
+"""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+from typing import TYPE_CHECKING, Any
+
+from finecap.boost.engine import BackendError
+from finecap.judges.base import Judge
+from finecap.judges.cache import AnswerCache
+from finecap.judges.openai import OpenAIJudge, load_prompts
+
+if TYPE_CHECKING:
+    from finecap.config import Config, VllmConfig
+
+
+class _InProcess:
+    """``complete(request) -> text`` over an in-process chat backend (what :class:`OpenAIJudge` asks of a client)."""
+
+    def __init__(self, backend: Any) -> None:
+        self.backend = backend
+
+    def complete(self, request: Any) -> str:
+        (answer,) = self.backend.generate([SimpleNamespace(messages=request.messages)])
+        if isinstance(answer, BaseException):
+            raise answer if isinstance(answer, BackendError) else BackendError(str(answer))
+        return answer
+
+
+class VllmJudge(OpenAIJudge):
+    """The ``openai`` judge's prompts, parsing and cache over a ``vllm.LLM`` in this process (module docstring);
+    ``backend``: an in-process chat backend answering ``generate(tasks)`` (a test's stand-in), else one is built."""
+
+    name = "vllm"
+
+    def __init__(self, model: str, *, section: VllmConfig | None = None, retries: int = 3, max_tokens: int = 512,
+                 cache: AnswerCache | None = None, prompts: Any = None, seed: int = 0,
+                 backend: Any = None) -> None:  # fmt: skip
+        Judge.__init__(self)
+        if not model:
+            raise ValueError("judge.model: the vllm judge needs a transformers folder or a Hub name of a chat LLM")
+        if backend is None:
+            from finecap.boost.vllm_backend import VllmBackend
+
+            backend = VllmBackend(model, section=section, batch_size=1, max_new_tokens=max_tokens,
+                                  temperature=0.0, seed=seed, key="judge.name=vllm: judge.model")  # fmt: skip
+        self.prompts = load_prompts(prompts)
+        self.prompt_version = self.prompts["version"]
+        self.model, self.retries, self.concurrency = model, retries, 1
+        self.backends = [_InProcess(backend)]
+        self.cache = cache
+        self._setup_turns()
+
+    def close(self) -> None:
+        """Free the engine."""
+        for b in self.backends:
+            b.backend.close()
+
+
+def build(cfg: Config | None = None, **options: Any) -> VllmJudge:
+    """Factory of the judge registry: the ``judge`` and ``vllm`` sections of ``cfg`` (``options`` override the judge
+    keys, and may give ``backend``, ``prompts`` or ``cache_path``)."""
+    from finecap.config.sections.judge import JudgeConfig
+
+    j = cfg.judge if cfg is not None else JudgeConfig()
+    get = lambda key: options.pop(key, getattr(j, key))  # noqa: E731
+    model, retries, max_tokens, use_cache = get("model"), get("retries"), get("max_tokens"), get("cache")
+    cache_path = options.pop("cache_path", None)
+    cache = AnswerCache(cache_path) if use_cache else None
+    section = cfg.vllm if cfg is not None else None
+    seed = cfg.run.seed if cfg is not None else 0
+    return VllmJudge(model, section=section, retries=retries, max_tokens=max_tokens, cache=cache, seed=seed, **options)

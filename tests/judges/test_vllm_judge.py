@@ -1,0 +1,74 @@
+"""The ``vllm`` judge (issue 66): the ``openai`` judge's prompts, parsing, cache and counters over an in-process
+chat backend. Here with a stand-in backend (no vLLM): what it is asked, what it answers, re-asks and failures; the
+real engine on a tiny chat LM runs in ``.venv-vllm`` (tests/engines/test_vllm_judge_engine.py)."""
+
+from __future__ import annotations
+
+import pytest
+
+from finecap.boost.engine import BackendError
+from finecap.config import load
+from finecap.judges import get_judge
+from finecap.judges.base import CANNOT_ANSWER, Ask, JudgeFailed, Question
+from finecap.judges.cache import AnswerCache
+
+Q = Question("0/color", "What colour is the circle?", ("red", "blue", "green"), "red")
+OPTIONS = ("blue", "red", "green", CANNOT_ANSWER)
+
+
+class StandIn:
+    """An in-process chat backend answering from a script: ``replies`` in order (an exception is a refusal)."""
+
+    def __init__(self, *replies):
+        self.replies, self.seen = list(replies), []
+
+    def generate(self, tasks, images=()):
+        self.seen.append([t.messages for t in tasks])
+        reply = self.replies.pop(0)
+        return [reply]
+
+    def close(self):
+        self.replies = None
+
+
+def judge_with(backend, tmp_path=None, **options):
+    cfg = load(None, ["judge.name=vllm", "judge.model=my-chat-lm", "judge.retries=2",
+                      f"judge.cache={'true' if tmp_path else 'false'}"])  # fmt: skip
+    extra = {"cache_path": tmp_path / "answers.sqlite"} if tmp_path else {}
+    return get_judge("vllm", cfg, backend=backend, **extra, **options)
+
+
+def test_asks_with_the_versioned_prompt_and_parses_the_letter():
+    backend = StandIn("B")
+    judge = judge_with(backend)
+    assert judge.answer([Ask(Q, OPTIONS, "a red circle")]) == ["red"]
+    (messages,) = backend.seen[0]
+    assert [m["role"] for m in messages] == ["system", "user"] and "a red circle" in messages[-1]["content"]
+    assert judge.identity()["judge"] == "vllm" and judge.identity()["model"] == "my-chat-lm"
+
+
+def test_an_unparsable_answer_is_asked_again_then_counted_failed():
+    judge = judge_with(StandIn("Well, I think B.", "B"))
+    assert judge.answer([Ask(Q, OPTIONS, "a red circle")]) == ["red"] and judge.counts["unparsable"] == 1
+    judge = judge_with(StandIn("no idea", "no idea", "no idea"))
+    (out,) = judge.answer([Ask(Q, OPTIONS, "a red circle")])
+    assert isinstance(out, JudgeFailed) and "unparsable" in str(out) and judge.counts["failed"] == 1
+
+
+def test_a_prompt_vllm_refuses_fails_its_call():
+    judge = judge_with(StandIn(BackendError("vLLM refused the request: prompt too long")))
+    (out,) = judge.answer([Ask(Q, OPTIONS, "a red circle")])
+    assert isinstance(out, JudgeFailed) and "refused" in str(out)
+
+
+def test_answers_are_cached_and_not_asked_again(tmp_path):
+    backend = StandIn("B")
+    assert judge_with(backend, tmp_path).answer([Ask(Q, OPTIONS, "a red circle")]) == ["red"]
+    again = StandIn()  # asked nothing: an empty script would fail
+    assert judge_with(again, tmp_path).answer([Ask(Q, OPTIONS, "a red circle")]) == ["red"] and again.seen == []
+    assert AnswerCache(tmp_path / "answers.sqlite") is not None
+
+
+def test_a_missing_model_is_named():
+    with pytest.raises(ValueError, match="judge.model"):
+        get_judge("vllm", load(None, ["judge.name=vllm"]), backend=StandIn())
