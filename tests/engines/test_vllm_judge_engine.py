@@ -28,7 +28,8 @@ TOKENS = 8
 def test_the_vllm_judge_answers_as_transformers_generates(tmp_path):
     folder = save_chat_lm(tmp_path / "lm", hidden=64, heads=2, kv_heads=1, std=0.1)
     cfg = load(None, ["judge.name=vllm", f"judge.model={folder}", f"judge.max_tokens={TOKENS}", "judge.retries=1",
-                      "judge.cache=false", "vllm.max_model_len=512", "vllm.kv_cache_memory_bytes=67108864"])  # fmt: skip
+                      "judge.cache=false", "vllm.max_model_len=512",
+                      "vllm.kv_cache_memory_bytes=67108864"])  # fmt: skip
     judge = get_judge("vllm", cfg)
     try:
         messages = judge._messages("answer", caption="a red circle", question=Q.text, cannot_answer=CANNOT_ANSWER,
@@ -41,7 +42,7 @@ def test_the_vllm_judge_answers_as_transformers_generates(tmp_path):
     model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
     ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_tensors="pt", return_dict=True)
     out = model.generate(**ids, max_new_tokens=TOKENS, do_sample=False)
-    expected = tokenizer.decode(out[0, ids["input_ids"].shape[1]:], skip_special_tokens=True)
+    expected = tokenizer.decode(out[0, ids["input_ids"].shape[1] :], skip_special_tokens=True)
     assert raw == expected
     # random weights answer no option letter: re-asked once, then counted failed
     assert isinstance(answer, JudgeFailed) or answer in OPTIONS

@@ -241,7 +241,7 @@ def cmd_questions_make(args: argparse.Namespace) -> None:
     from finecap.app.questions import main
 
     main(_config(args, _flags(args, {"judge": "judge.name"})), out=args.out, data=args.data, split=args.split,
-         force=args.force, recipe=_recipe_file(args))  # fmt: skip
+         force=args.force, recipe=_recipe_file(args), per_image=args.per_image)  # fmt: skip
 
 
 def cmd_bags_review(args: argparse.Namespace) -> None:
@@ -488,9 +488,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--force", action="store_true", help=FORCE_FILE_HELP)
 
     questions = _group(sub, "questions", "multiple-choice questions for the qa_utility reward and the qa metric")
-    p = _add(questions, "make", cmd_questions_make, "Write a world's questions, less those a blind judge answers.")
+    p = _add(
+        questions,
+        "make",
+        cmd_questions_make,
+        "Write an image set's questions (a world's from its scene graphs, "
+        "other data's by an LLM judge from the references), less those a blind judge answers.",
+    )
     p.add_argument("--out", required=True, help="questions file to write (JSON Lines; judge.questions reads it)")
-    p.add_argument("--data", default=None, help="world folder (default: the configured world)")
+    p.add_argument("--data", default=None, help="world folder or data set (default: the configured world)")
+    p.add_argument("--per-image", type=int, default=8, help="questions an LLM judge writes per image (default: 8)")
     p.add_argument("--split", default="train", help="split whose images get questions (default: train)")
     p.add_argument("--judge", default=None, metavar="NAME", help="judge of the blind filter (default: judge.name)")
     p.add_argument("--force", action="store_true", help=FORCE_FILE_HELP)

@@ -114,6 +114,12 @@ class Judge(ABC):
     @abstractmethod
     def rate(self, pairs: Sequence[tuple[str, Subject]]) -> list[tuple[float, str] | JudgeFailed]: ...
 
+    def make_questions(self, subjects: Sequence[Subject], n: int) -> list[list[Question] | JudgeFailed]:
+        """Up to ``n`` multiple-choice questions per image written from its references (CapRL's question
+        generation; ``finecap questions make`` on data without scene graphs). A judge that writes none says so."""
+        raise NotImplementedError(f"the {self.name} judge does not write questions from references; use judge.name="
+                                  "openai or vllm (an LLM), or a world's scene graphs")  # fmt: skip
+
     def close(self) -> None:  # noqa: B027 - optional hook, nothing to release by default
         """Release connections (a judge behind a server)."""
 

@@ -26,7 +26,7 @@ import itertools
 import json
 import re
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from importlib import resources
@@ -37,9 +37,10 @@ import yaml
 
 from finecap.boost.engine import BackendError, FatalBackendError, MalformedReply
 from finecap.boost.openai_backend import OpenAIBackend, api_key_from_env
-from finecap.judges.base import CANNOT_ANSWER, Ask, Judge, JudgeFailed, Subject
+from finecap.judges.base import CANNOT_ANSWER, Ask, Judge, JudgeFailed, Question, Subject
 from finecap.judges.cache import AnswerCache, cache_key
 from finecap.judges.questions import letter
+from finecap.utils.text import short_repr
 
 if TYPE_CHECKING:
     import httpx
@@ -120,6 +121,31 @@ def parse_supports(text: str, n: int) -> list[bool]:
             out.append(v.strip().lower() == "yes")
         else:
             raise ValueError(f"verdict {v!r} is not 'yes' or 'no'")
+    return out
+
+
+def parse_questions(text: str, image_id: Hashable, n: int) -> list[Question]:
+    """Questions written by a judge (the ``questions`` prompt): a JSON list of at most ``n`` objects ``{"question",
+    "options", "answer"}`` with 2-6 distinct options, the answer one of them; anything else is a ``ValueError``
+    (asked again)."""
+    rows = _json(text)
+    if not isinstance(rows, list) or not rows or len(rows) > n:
+        raise ValueError(f"expected a JSON list of 1 to {n} questions, got {short_repr(rows)}")
+    out = []
+    for k, row in enumerate(rows):
+        if not isinstance(row, dict) or set(row) != {"question", "options", "answer"}:
+            raise ValueError(
+                f"question {k}: expected an object with question, options and answer, got {short_repr(row)}"
+            )
+        text_, options, answer = row["question"], row["options"], row["answer"]
+        if (
+            not isinstance(text_, str)
+            or not text_.strip()
+            or not isinstance(options, list)
+            or not (2 <= len(options) <= 6 and all(isinstance(o, str) and o.strip() for o in options))
+        ):
+            raise ValueError(f"question {k}: a question text and 2 to 6 options are needed, got {short_repr(row)}")
+        out.append(Question(f"{image_id}/q{k}", text_.strip(), tuple(o.strip() for o in options), str(answer).strip()))
     return out
 
 
@@ -269,6 +295,15 @@ class OpenAIJudge(Judge):
 
     def rate(self, pairs: Sequence[tuple[str, Subject]]) -> list[tuple[float, str] | JudgeFailed]:
         return self._map([lambda c=c, s=s: self._rate(c, s) for c, s in pairs])
+
+    def _make_questions(self, subject: Subject, n: int) -> Any:
+        references = "\n".join(f"- {r}" for r in subject.references)
+        messages = self._messages("questions", references=references, n=n)
+        return self._call("questions", [list(subject.references), n], messages,
+                          lambda text: parse_questions(text, subject.image_id, n))  # fmt: skip
+
+    def make_questions(self, subjects: Sequence[Subject], n: int) -> list[list[Question] | JudgeFailed]:
+        return self._map([lambda s=s: self._make_questions(s, n) for s in subjects])
 
     def close(self) -> None:
         for backend in self.backends:
