@@ -102,3 +102,35 @@ def test_a_retrieval_reward_from_options_embeds_given_images_and_refuses_a_missi
     assert built.sr.reward == "accuracy" and built.table is None  # the factory takes the configuration only
     with pytest.raises(TypeError, match="options \\['sigma'\\] are given with a built reward"):
         reward_of(built, sigma=1.0)
+
+
+def test_questions_come_from_the_data_set_itself(tmp_path):
+    """A JSONL line's ``questions`` (CapRL's layout; issue 66) reach ``RewardInputs.questions`` and the qa_utility
+    reward; a ``questions`` that is not a list is a DataError naming the line."""
+    import json
+
+    from PIL import Image
+
+    from finecap.config import load as load_config
+    from finecap.data.formats.jsonl import read_jsonl
+    from finecap.data.records import DataError
+    from finecap.rewards.inputs import RewardInputs
+
+    Image.new("RGB", (4, 4)).save(tmp_path / "a.png")
+    Image.new("RGB", (4, 4)).save(tmp_path / "b.png")
+    asked = [{"question": "What colour is the cat?\n  - A) black\n  - B) white", "answer": "A"},
+             {"question": "How many cats?", "options": ["one", "two"], "answer": "two"}]  # fmt: skip
+    lines = [{"image": "a.png", "captions": ["a black cat"], "id": 1, "questions": asked},
+             {"image": "b.png", "captions": ["a dog"], "id": 2}]  # fmt: skip
+    (tmp_path / "d.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
+    records = read_jsonl(tmp_path / "d.jsonl")
+    cfg = load_config(None, ["data.format=jsonl", f"data.path={tmp_path / 'd.jsonl'}"])
+    inputs = RewardInputs.of_run(cfg, records)
+    first, second = inputs.questions[1]
+    assert sorted(inputs.questions) == [1]
+    assert (first.text, first.options, first.answer) == ("What colour is the cat?", ("black", "white"), "black")
+    assert (second.options, second.answer) == (("one", "two"), "two")
+    assert RewardInputs.of_run(cfg, records[1:]).questions is None
+    (tmp_path / "bad.jsonl").write_text(json.dumps({**lines[0], "questions": "what?"}) + "\n")
+    with pytest.raises(DataError, match=r"bad.jsonl, line 1: 'questions' must be a list"):
+        read_jsonl(tmp_path / "bad.jsonl")

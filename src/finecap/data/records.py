@@ -53,6 +53,10 @@ class Record:
     prompt: str = ""
     """The text a chat data set gives with the image (the user turn of a ``messages`` record, its image placeholders
     removed); empty for the other formats. What reads it: docs/data.md, "Chat JSONL"."""
+    questions: list[Any] | None = None
+    """The image's multiple-choice questions as the data set gives them (a JSONL line's ``questions``: CapRL's layout,
+    ``{"question", "options", "answer"}`` or options embedded in the question), read by the ``qa_utility`` reward
+    (:func:`finecap.judges.questions.question_of`); ``None`` when it gives none."""
 
     @property
     def embedded(self) -> bool:

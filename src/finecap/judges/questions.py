@@ -91,7 +91,9 @@ def split_embedded(text: str) -> tuple[str, list[str]]:
     return lines[0].strip(), [o for o in options if not o.lower().startswith("can not answer")]
 
 
-def _question(raw: object, image_id: Hashable, n: int, where: str) -> Question:
+def question_of(raw: object, image_id: Hashable, n: int, where: str) -> Question:
+    """Question ``n`` of image ``image_id`` read from its JSON form ``raw`` (CapRL's layout: ``options`` listed or
+    embedded in the question text, ``answer`` an option or its letter); a ``ValueError`` naming ``where``."""
     if isinstance(raw, dict) and isinstance(raw.get("question"), str) and "options" not in raw:
         text, embedded = split_embedded(raw["question"])
         raw = {**raw, "question": text, "options": embedded}
@@ -128,7 +130,7 @@ def read_questions(path: str | Path) -> dict[Hashable, list[Question]]:
         if not isinstance(row, dict) or "image_id" not in row or not isinstance(row.get("questions"), list):
             raise ValueError(f"{where}: a line needs 'image_id' and 'questions' (a list)")
         image_id = row["image_id"]
-        out.setdefault(image_id, []).extend(_question(q, image_id, n, where) for n, q in enumerate(row["questions"]))
+        out.setdefault(image_id, []).extend(question_of(q, image_id, n, where) for n, q in enumerate(row["questions"]))
     return out
 
 

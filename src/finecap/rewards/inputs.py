@@ -40,6 +40,17 @@ def references_of(records: Sequence[Any]) -> dict[Hashable, list[str]]:
     return refs
 
 
+def questions_of(records: Sequence[Any]) -> dict[Hashable, list[Any]] | None:
+    """The questions the data set gives its images (``Record.questions``, a JSONL line's ``questions``), parsed
+    (:func:`finecap.judges.questions.question_of`); ``None`` when no record gives any."""
+    if not any(getattr(r, "questions", None) for r in records):
+        return None
+    from finecap.judges.questions import question_of
+
+    return {r.image_id: [question_of(q, r.image_id, n, f"data: image {r.image_id!r}")
+                         for n, q in enumerate(r.questions)] for r in records if r.questions}  # fmt: skip
+
+
 @dataclass
 class RewardInputs:
     """The data a reward is set up with (every field optional; a reward that misses one it needs says so).
@@ -96,6 +107,7 @@ class RewardInputs:
             from finecap.models.retriever import load_retriever
 
             retriever = load_retriever(cfg)
+        given.setdefault("questions", questions_of(records))
         return cls(references=references_of(records), records=records, scenes=world_scenes(cfg), retriever=retriever,
                    cache_dir=cache_dir(cfg.run), **given)  # fmt: skip
 

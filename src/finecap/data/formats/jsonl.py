@@ -38,7 +38,8 @@ def read_jsonl(
     split: str = NO_SPLIT,
     allow_outside: bool = False,
 ) -> list[Record]:
-    """Read ``{"image": path, "captions": [...], "id"?, "split"?}`` per line (blank lines are skipped); a line without
+    """Read ``{"image": path, "captions": [...], "id"?, "split"?, "questions"?}`` per line (blank lines are skipped;
+    ``questions``: the image's multiple-choice questions, CapRL's layout, for ``qa_utility``); a line without
     ``split`` gets ``split`` (default :data:`NO_SPLIT`: the commands split such records by
     :func:`finecap.data.splits.assign_splits`). Image paths, absolute ones too, must lie inside ``images``
     (:class:`~finecap.data.containment.ImageFolder`) unless ``allow_outside``."""
@@ -61,7 +62,11 @@ def read_jsonl(
         p = Path(image)
         path_ = p if p.is_absolute() else root / p
         folder.check(path_, where, image)
-        records.append(Record(image_id, path_, rec_split, clean_captions(caps, where), read_boosted(rec, where)))
+        questions = rec.get("questions")
+        if questions is not None and not isinstance(questions, list):
+            raise DataError(f"{where}: 'questions' must be a list of questions, got {short_repr(questions)}")
+        records.append(Record(image_id, path_, rec_split, clean_captions(caps, where), read_boosted(rec, where),
+                              questions=questions))  # fmt: skip
     splits.say()
     if check_images:
         check_image_files(records, path, root)
