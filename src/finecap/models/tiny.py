@@ -225,6 +225,9 @@ def idefics(family: str, sizes: Sizes) -> tuple[Any, Any]:
 
 
 def gemma3(family: str, sizes: Sizes) -> tuple[Any, Any]:
+    """Gemma 3 with its output head untied from the embeddings: tied (Gemma 3's own setting), the random model's
+    embeddings, scaled by sqrt(hidden) on the way in, make it repeat its last prompt token at every step (a special
+    token: every caption empty), which no decoding comparison can read."""
     specials = ["<start_of_turn>", "<end_of_turn>", "<start_of_image>", "<image_soft_token>", "<end_of_image>"]
     named = {"boi_token": "<start_of_image>", "image_token": "<image_soft_token>", "eoi_token": "<end_of_image>"}
     tok = tokenizer(specials, "<end_of_turn>", named)
@@ -236,7 +239,8 @@ def gemma3(family: str, sizes: Sizes) -> tuple[Any, Any]:
                              text_config=text, mm_tokens_per_image=4,
                              boi_token_index=tok.convert_tokens_to_ids("<start_of_image>"),
                              eoi_token_index=tok.convert_tokens_to_ids("<end_of_image>"),
-                             image_token_id=tok.convert_tokens_to_ids("<image_soft_token>"), **ids)  # fmt: skip
+                             image_token_id=tok.convert_tokens_to_ids("<image_soft_token>"),
+                             tie_word_embeddings=False, **ids)  # fmt: skip
     image_processor = tf.Gemma3ImageProcessorPil(size={"height": S, "width": S})
     processor = tf.Gemma3Processor(image_processor=image_processor, tokenizer=tok, image_seq_length=4,
                                    chat_template=GEMMA_TEMPLATE)  # fmt: skip
