@@ -187,15 +187,22 @@ class OpenAIJudge(Judge):
             )
         if not model:
             raise ValueError("judge.model: the openai judge needs the served model name")
-        self.prompts = load_prompts(prompts)
-        self.prompt_version = self.prompts["version"]
-        self.model, self.retries, self.concurrency = model, retries, concurrency
-        self.backends = [
+        backends = [
             OpenAIBackend(model, url, api_key, concurrency=concurrency, timeout=timeout, retries=retries,
                           max_tokens=max_tokens, temperature=0.0, backoff=backoff, key="judge", sleep=sleep,
                           transport=transport)
             for url in urls
         ]  # fmt: skip
+        self._start(model, backends, prompts=prompts, cache=cache, retries=retries, concurrency=concurrency)
+
+    def _start(self, model: str, backends: list[Any], *, prompts: str | Path | None, cache: AnswerCache | None,
+               retries: int, concurrency: int) -> None:  # fmt: skip
+        """What every judge over chat backends holds: its prompts (and their version), the model's name, the
+        backends it asks in turn, the cache, the retries of an unparsable answer and the requests in flight."""
+        self.prompts = load_prompts(prompts)
+        self.prompt_version = self.prompts["version"]
+        self.model, self.retries, self.concurrency = model, retries, concurrency
+        self.backends = backends
         self.cache = cache
         self._setup_turns()
 

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 from finecap.boost.engine import BackendError
 from finecap.judges.base import Judge
 from finecap.judges.cache import AnswerCache
-from finecap.judges.openai import OpenAIJudge, load_prompts
+from finecap.judges.openai import OpenAIJudge
 
 if TYPE_CHECKING:
     from finecap.config import Config, VllmConfig
@@ -55,12 +55,7 @@ class VllmJudge(OpenAIJudge):
 
             backend = VllmBackend(model, section=section, batch_size=1, max_new_tokens=max_tokens,
                                   temperature=0.0, seed=seed, key="judge.name=vllm: judge.model")  # fmt: skip
-        self.prompts = load_prompts(prompts)
-        self.prompt_version = self.prompts["version"]
-        self.model, self.retries, self.concurrency = model, retries, 1
-        self.backends = [_InProcess(backend)]
-        self.cache = cache
-        self._setup_turns()
+        self._start(model, [_InProcess(backend)], prompts=prompts, cache=cache, retries=retries, concurrency=1)
 
     def close(self) -> None:
         """Free the engine."""
