@@ -112,7 +112,7 @@ def test_hf_saved_dataset_uses_the_datasets_fingerprint(tmp_path):
     assert (fp["kind"], fp["datasets"]) == ("hf", saved)
     assert fp["options"]["caption_column"] == "captions"
     # Another column option reads other records: another fingerprint; so does other content saved in its place.
-    assert data_fingerprint(load(None, [*_hf(tmp_path), "data.caption_column=image"]))["id"] != fp["id"]
+    assert data_fingerprint(load(None, [*_hf(tmp_path), "data.hf.caption_column=image"]))["id"] != fp["id"]
     changed = save("another caption")
     assert changed["test"] != saved["test"] and data_fingerprint(cfg)["datasets"] == changed
 
