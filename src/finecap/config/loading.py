@@ -130,17 +130,31 @@ def merged(cls: type | None, below: dict[str, Any], above: dict[str, Any]) -> di
     return out
 
 
-def _set_keys(cls: type | None, values: dict[str, Any], prefix: str) -> list[str]:
-    """The dotted keys the mapping ``values`` of section class ``cls`` sets (a nested section's under it), each after
-    ``prefix``: where each was set, for :data:`Origins`."""
+def flat_options(data: dict[str, Any]) -> dict[str, Any]:
+    """Sections ``{section: {key: value}}`` (:meth:`~finecap.config.Config.to_dict`, a stored configuration) as
+    ``{"section.key": value}``, a nested section's keys under their whole name (``data.hf.image_column``); a mapping
+    option (``rl.rewards``) stays one value. For what compares or lists options one by one (trackers' tables, the
+    changes a resumed run reports).
+
+    >>> flat_options({"data": {"path": "d", "hf": {"image_column": "img"}}, "rl": {"rewards": {"cider": 1.0}}})
+    {'data.path': 'd', 'data.hf.image_column': 'img', 'rl.rewards': {'cider': 1.0}}
+    """
+    out: dict[str, Any] = {}
+    for name, values in data.items():
+        if isinstance(values, dict):
+            out.update(_flat(SECTIONS.get(name), values, f"{name}."))
+    return out
+
+
+def _flat(cls: type | None, values: dict[str, Any], prefix: str) -> dict[str, Any]:
     nested = subsections(cls) if cls is not None else {}
-    keys: list[str] = []
+    out: dict[str, Any] = {}
     for k, v in values.items():
-        if k in nested and isinstance(v, dict) and v:
-            keys += _set_keys(nested[k], v, f"{prefix}{k}.")
+        if k in nested and isinstance(v, dict):
+            out.update(_flat(nested[k], v, f"{prefix}{k}."))
         else:
-            keys.append(f"{prefix}{k}")
-    return keys
+            out[f"{prefix}{k}"] = v
+    return out
 
 
 def renamed_override(item: str) -> str:
@@ -541,8 +555,8 @@ def load(
                 data[name] = merged(SECTIONS.get(name), data[name], values)
             else:
                 data[name] = values
-            keys = _set_keys(SECTIONS.get(name), values, f"{name}.") if isinstance(values, dict) and values else [name]
-            origins.update({k: source for k in keys})
+            keys = list(_flat(SECTIONS.get(name), values, f"{name}.")) if isinstance(values, dict) else []
+            origins.update({k: source for k in keys or [name]})
     for name, values in renamed_keys(over or {}).items():
         data[name] = merged(SECTIONS.get(name), data.get(name) or {}, values)
     data = merge_overrides(data, overrides or [], origins)
