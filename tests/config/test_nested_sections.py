@@ -143,3 +143,18 @@ def test_a_resumed_run_and_the_trackers_see_the_nested_keys_one_by_one(tmp_path)
     assert config_changes(tmp_path / "config.yaml", changed.saved_dict()) == [
         "data.hf.caption_column: 'sentences' -> 'text'"
     ]
+
+
+def test_a_format_reads_its_options_from_its_own_nested_section(monkeypatch):
+    import helpers
+
+    from finecap.data.formats import Format, format_options
+    from finecap.data.records import DataError
+
+    cfg = load(None, ["data.format=hf", "data.hf.caption_column=sentences"])
+    assert format_options("hf", cfg)["caption_column"] == "sentences" and format_options("jsonl", cfg) == {}
+    # a format of one's own declaring options no section data.<name> holds is refused, naming them
+    monkeypatch.setattr(helpers, "LOST_FORMAT", Format("mine", lambda source: [], options=("image_column",)),
+                        raising=False)  # fmt: skip
+    with pytest.raises(DataError, match=r"its options image_column are no keys of a section data\.mine"):
+        format_options("helpers:LOST_FORMAT", cfg)

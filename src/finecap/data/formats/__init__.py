@@ -149,7 +149,13 @@ def format_options(fmt: str, cfg: Config) -> dict[str, Any]:
     """The options of format ``fmt`` (:attr:`Format.options`) as ``cfg`` sets them in its nested section
     ``data.<name>`` (``data.hf``)."""
     spec = data_format(fmt)
-    section = getattr(cfg.data, spec.name, None) if spec.options else None
+    if not spec.options:
+        return {}
+    section = getattr(cfg.data, spec.name, None)
+    missing = [key for key in spec.options if not hasattr(section, key)] if section is not None else list(spec.options)
+    if missing:
+        raise DataError(f"data.format={fmt}: its options {', '.join(missing)} are no keys of a section "
+                        f"data.{spec.name} (a format's options are the keys of its nested section)")  # fmt: skip
     return {key: getattr(section, key) for key in spec.options}
 
 
