@@ -147,7 +147,6 @@ def test_a_resumed_run_and_the_trackers_see_the_nested_keys_one_by_one(tmp_path)
 
 def test_a_format_reads_its_options_from_its_own_nested_section(monkeypatch):
     import helpers
-
     from finecap.data.formats import Format, format_options
     from finecap.data.records import DataError
 
