@@ -86,9 +86,10 @@ def render() -> str:
     lines += [
         "## Moved keys",
         "",
-        "Keys of the former flat `model` section and where they are now (`<kind>`: the section of `model.kind`; the "
-        "world VLM has no `tiny_dropout`). A recipe or override setting one is an error naming the new key; a run's "
-        "`config.yaml` stored before the move is migrated when read (`finecap caption`, `finecap report`).",
+        "Keys of the former flat `model`, `rl` and `data` sections and where they are now (`<kind>`: the section of "
+        "`model.kind`; the world VLM has no `tiny_dropout`). A recipe or override setting a former `model` key is an "
+        "error naming the new key; a former `rl` or `data` key is read as its new key, with a warning. A run's "
+        "`config.yaml` stored before a move is migrated when read (`finecap caption`, `finecap report`).",
         "",
         "| former key | now |",
         "| --- | --- |",

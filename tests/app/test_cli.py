@@ -22,6 +22,7 @@ def test_config_describe(capsys):
     assert main(["config", "--describe"]) == 0
     out = capsys.readouterr().out
     assert "world.image_size (int, default 64" in out or "world.image_size (int, default" in out
+    assert "data.hf.image_column (str, default 'image'): " in out  # a nested section's keys, by their whole name
 
 
 def test_bad_override_is_a_clean_error(capsys):

@@ -3,11 +3,11 @@ match them: a field added, removed or re-documented without regenerating the pag
 
 from __future__ import annotations
 
-import dataclasses
 import importlib.util
 from pathlib import Path
 
 from finecap.config import SECTIONS
+from finecap.config.fields import option_fields
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "docs" / "gen_config_reference.py"
@@ -34,8 +34,8 @@ def test_every_config_key_has_a_row_with_its_doc():
     page = _generator().render()
     rows = {line.split(" | ")[0].strip("| `"): line for line in page.splitlines() if line.startswith("| `")}
     for name, cls in SECTIONS.items():
-        for f in dataclasses.fields(cls):
-            key = f"{name}.{f.name}"
+        for option, f, _ in option_fields(cls):  # a nested section's keys too (data.hf.image_column)
+            key = f"{name}.{option}"
             assert key in rows, f"{key} missing from the generated reference"
             doc = f.metadata.get("doc", "")
             assert doc, f"{key} has no one-line doc (use finecap.config.doc(default, text))"
@@ -49,14 +49,14 @@ def test_every_bound_and_its_reason_are_in_its_row():
     rows = {line.split(" | ")[0].strip("| `"): line for line in page.splitlines() if line.startswith("| `")}
     reasons = 0
     for name, cls in SECTIONS.items():
-        for f in dataclasses.fields(cls):
+        for option, f, _ in option_fields(cls):
             bounds = f.metadata.get("bounds") or {}
-            row = rows[f"{name}.{f.name}"].replace("&gt;", ">").replace("&lt;", "<")
+            row = rows[f"{name}.{option}"].replace("&gt;", ">").replace("&lt;", "<")
             for bound, value in bounds.items():
-                assert str(value) in row, f"{name}.{f.name}: its bound {bound}={value} is not in its row: {row}"
+                assert str(value) in row, f"{name}.{option}: its bound {bound}={value} is not in its row: {row}"
             why = f.metadata.get("why", "")
             if why:
-                assert f"({why})." in row, f"{name}.{f.name}: the reason of its bound is not in its row: {row}"
+                assert f"({why})." in row, f"{name}.{option}: the reason of its bound is not in its row: {row}"
                 reasons += 1
     assert reasons >= 30  # the options that size memory or work (tests/config/test_config_bounds.py's BOUNDS)
 

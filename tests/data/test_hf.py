@@ -54,7 +54,7 @@ def test_saved_dataset_dict_named_splits_embedded_images(saved):
 
 
 def test_common_loaders_training_and_evaluation_read_it(saved, tmp_path):
-    cfg = load(overrides=["data.format=hf", f"data.path={saved}", "data.id_column=cocoid"])
+    cfg = load(overrides=["data.format=hf", f"data.path={saved}", "data.hf.id_column=cocoid"])
     train = load_records(cfg, "train")
     assert [r.image_id for r in train] == [1, 2]
     item = CaptionDataset(train, per_caption=True)[1]  # second caption of image 1, image from the bytes
@@ -81,7 +81,9 @@ def test_parquet_with_paths_and_split_column(tmp_path):
         (str(tmp_path / "a.png"), tmp_path / "a.png", "train", ["A dog."]),
         (str(tmp_path / "b.png"), tmp_path / "b.png", "val", ["A cat."]),
     ]
-    with pytest.raises(DataError, match=r"no column 'captions' \(data.caption_column\); columns: file, caption, part"):
+    with pytest.raises(
+        DataError, match=r"no column 'captions' \(data.hf.caption_column\); columns: file, caption, part"
+    ):
         read_hf(tmp_path / "captions.parquet", image_column="file")
     (tmp_path / "b.png").unlink()
     with pytest.raises(DataError, match=r"1 of 2 image files do not exist"):

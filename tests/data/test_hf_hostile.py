@@ -321,28 +321,36 @@ def case_image_struct_of_other_types(ctx):
 
 
 def case_caption_column_missing(ctx):
-    return ctx.saved, ["(split 'test'): no column 'caption' (data.caption_column)", "columns: image, captions, cocoid",
-                       "(did you mean 'captions'?)"], ["data.caption_column=caption"]  # fmt: skip
+    return (
+        ctx.saved,
+        ["(split 'test'): no column 'caption' (data.hf.caption_column)", "columns: image, captions, cocoid",
+         "(did you mean 'captions'?)"],
+        ["data.hf.caption_column=caption"],
+    )  # fmt: skip
 
 
 def case_image_column_missing(ctx):
     path = ctx.parquet()
     return (
         path,
-        [f"{path} (split 'test'): no column 'img' (data.image_column)", "(did you mean 'image'?)"],
-        ["data.image_column=img"],
+        [f"{path} (split 'test'): no column 'img' (data.hf.image_column)", "(did you mean 'image'?)"],
+        ["data.hf.image_column=img"],
     )
 
 
 def case_id_column_missing(ctx):
-    return ctx.saved, ["no column 'coco_id' (data.id_column)", "(did you mean 'cocoid'?)"], ["data.id_column=coco_id"]
+    return (
+        ctx.saved,
+        ["no column 'coco_id' (data.hf.id_column)", "(did you mean 'cocoid'?)"],
+        ["data.hf.id_column=coco_id"],
+    )
 
 
 def case_split_column_missing(ctx):
     return (
         ctx.saved,
-        ["no column 'part' (data.split_column)", "columns: image, captions, cocoid"],
-        ["data.split_column=part"],
+        ["no column 'part' (data.hf.split_column)", "columns: image, captions, cocoid"],
+        ["data.hf.split_column=part"],
     )
 
 
@@ -356,7 +364,7 @@ def eval_argv(ctx: Ctx, data: Path, overrides: list[str]) -> list[str]:
     predictions.write_text(json.dumps([{"image_id": 1, "caption": "the secret caption"},
                                        {"image_id": 2, "caption": "a blue circle"}]))  # fmt: skip
     return ["eval", "--predictions", str(predictions), "--references", str(data), "--metrics", "bleu",
-            "data.id_column=cocoid", *overrides]  # fmt: skip
+            "data.hf.id_column=cocoid", *overrides]  # fmt: skip
 
 
 @pytest.mark.parametrize("case", sorted(CASES))
@@ -430,7 +438,7 @@ from finecap.app.cli import main
 
 predictions, sources = sys.argv[1], sys.argv[2:]
 codes = [main(["eval", "--predictions", predictions, "--references", s, "--metrics", "bleu", "-q",
-               "data.id_column=cocoid"]) for s in sources]
+               "data.hf.id_column=cocoid"]) for s in sources]
 print(json.dumps(codes))
 """
 
@@ -489,7 +497,7 @@ def test_training_data_converts_parquet_into_run_cache_dir(tmp_path):
     for name in ROWS["image"]:
         Image.new("RGB", (4, 4)).save(path.parent / name)
     cache = tmp_path / "my-cache"
-    cfg = load(None, ["data.format=hf", f"data.path={path}", "data.id_column=cocoid", f"run.cache_dir={cache}"])
+    cfg = load(None, ["data.format=hf", f"data.path={path}", "data.hf.id_column=cocoid", f"run.cache_dir={cache}"])
     assert [r.image_id for r in load_records(cfg, "train", captioned=True)] == [1, 2]
     copies = list((cache / HF_CACHE).rglob("*.arrow"))
     assert copies and all(p.stat().st_size > 0 for p in copies)

@@ -112,7 +112,17 @@ def test_hf_saved_dataset_uses_the_datasets_fingerprint(tmp_path):
     assert (fp["kind"], fp["datasets"]) == ("hf", saved)
     assert fp["options"]["caption_column"] == "captions"
     # Another column option reads other records: another fingerprint; so does other content saved in its place.
-    assert data_fingerprint(load(None, [*_hf(tmp_path), "data.caption_column=image"]))["id"] != fp["id"]
+    assert data_fingerprint(load(None, [*_hf(tmp_path), "data.hf.caption_column=image"]))["id"] != fp["id"]
+    # data.hf.questions_column came later: unset, the options are the four columns runs recorded before it (the pinned
+    # ids below); set, it reads other records (their questions), so it is part of the fingerprint
+    assert fp["options"] == {
+        "caption_column": "captions",
+        "id_column": "",
+        "image_column": "image",
+        "split_column": "",
+    }
+    asked = data_fingerprint(load(None, [*_hf(tmp_path), "data.hf.questions_column=qa"]))
+    assert asked["options"]["questions_column"] == "qa" and asked["id"] != fp["id"]
     changed = save("another caption")
     assert changed["test"] != saved["test"] and data_fingerprint(cfg)["datasets"] == changed
 

@@ -4,6 +4,9 @@ A section is a dataclass deriving from :class:`Section` whose fields are declare
 
     prefix_length: int = doc(10, "Number of prefix embeddings.", ge=1, le=1024, why="GPT-2's whole context")
 
+A field whose type is another section is a nested subsection (:func:`subsection`: ``data.hf``, the options only the
+``hf`` data format reads), read from ``data: {hf: {image_column: img}}`` or ``data.hf.image_column=img``.
+
 The bounds (``ge``, ``gt``, ``le``, ``lt``) and the allowed values of a ``Literal`` type are the field's own rules:
 :func:`check_fields` reads them for every field when the section is constructed (:meth:`Section.__post_init__`),
 so a section built by hand (``SmileConfig(first_token="x")``, as tests and the TRL adapter do) is refused like one
@@ -54,6 +57,34 @@ def doc(
     if isinstance(default, list | dict):
         return field(default_factory=lambda d=default: type(d)(d), metadata=metadata)
     return field(default=default, metadata=metadata)
+
+
+def subsection(cls: type[Section], text: str) -> Any:
+    """A dataclass field holding the nested section ``cls`` (its defaults by default) with a one-line doc: its keys
+    are ``<section>.<field>.<key>`` (``cls`` names itself so: ``class HfDataConfig(Section, name="data.hf")``)."""
+    return field(default_factory=cls, metadata={"doc": text, "bounds": {}, "why": ""})
+
+
+def subsections(cls: type) -> dict[str, type[Section]]:
+    """``{field name: section class}`` of the fields of section class ``cls`` that are nested sections."""
+    types = _field_types(cls)
+    return {f.name: tp for f in dataclasses.fields(cls)
+            if isinstance(tp := types[f.name], type) and issubclass(tp, Section)}  # fmt: skip
+
+
+def option_fields(cls: type, prefix: str = "") -> list[tuple[str, dataclasses.Field, Any]]:
+    """``(key, field, type)`` of every option of section class ``cls``, a nested section's options in its place as
+    ``<field>.<key>`` (``hf.image_column``), each key after ``prefix``: the keys one can set, for listings (``finecap
+    config --describe``, docs/config-reference.md)."""
+    types = _field_types(cls)
+    nested = subsections(cls)
+    rows: list[tuple[str, dataclasses.Field, Any]] = []
+    for f in dataclasses.fields(cls):
+        if f.name in nested:
+            rows += option_fields(nested[f.name], f"{prefix}{f.name}.")
+        else:
+            rows.append((f"{prefix}{f.name}", f, types[f.name]))
+    return rows
 
 
 def check(cond: bool, key: str, message: str) -> None:
@@ -143,10 +174,12 @@ def non_finite(value: Any, key: str) -> tuple[str, float] | None:
 def check_fields(section: Any) -> None:
     """The one loop over a section's fields: every number finite (no NaN or infinity, in lists and mappings too),
     each value within its bounds (:func:`doc`) and, for a ``Literal`` type, one of its values; a
-    :class:`ConfigError` naming ``<section>.<field>`` otherwise."""
+    :class:`ConfigError` naming ``<section>.<field>`` otherwise. A nested section checked itself when built."""
     types = _field_types(type(section))
     for f in dataclasses.fields(section):
         value = getattr(section, f.name)
+        if isinstance(value, Section):
+            continue
         key = f"{section.section_name}.{f.name}"
         bad = non_finite(value, key)
         if bad:

@@ -26,7 +26,7 @@ from typing import Any, Literal
 
 import yaml
 
-from finecap.config.fields import ConfigError, constraint_text
+from finecap.config.fields import ConfigError, constraint_text, option_fields, subsections
 from finecap.config.paths import PATH_KEYS
 from finecap.config.secrets import MASK, SECRET_KEYS, looks_secret, masked_url_secrets
 from finecap.config.sections import MOVED_KEYS, SECTIONS, Config, ModelConfig, moved_key, renamed_key
@@ -78,26 +78,82 @@ def renamed_keys(data: dict[str, Any], source: str = "", warn: bool = False) -> 
     """Sections ``{section: {key: value}}`` with the keys of a former flat section read under their new names
     (:func:`~finecap.config.sections.renamed_key`: ``rl.advantage`` -> ``grpo.advantage``); ``data`` itself when it
     has none. One mapping setting both a former key and its new one to different values is refused, naming both;
-    ``warn`` logs one line naming the renamed keys (a recipe the user wrote)."""
+    ``warn`` logs one line naming the renamed keys (a recipe the user wrote). A new key may lie in a nested section
+    (``data.image_column`` -> ``data.hf.image_column``)."""
     moves = [(name, k, target) for name, values in data.items() if isinstance(values, dict)
              for k in values if (target := renamed_key(f"{name}.{k}"))]  # fmt: skip
     if not moves:
         return data
     out = {name: dict(values) if isinstance(values, dict) else values for name, values in data.items()}
     for name, k, target in moves:
-        section, new = target.split(".")
+        *path, new = target.split(".")
         value = out[name].pop(k)
-        if not isinstance(out.get(section), dict):
-            out[section] = {}
-        if new in out[section] and out[section][new] != value:
+        node = _mapping_at(out, path)
+        if new in node and node[new] != value:
             raise ConfigError(
-                f"{source}{name}.{k}={short_repr(value)} and {target}={short_repr(out[section][new])} are both set; "
+                f"{source}{name}.{k}={short_repr(value)} and {target}={short_repr(node[new])} are both set; "
                 f"{name}.{k} is the former name of {target}: keep {target} only",
                 key=target,
             )
-        out[section][new] = value
+        node[new] = value
     if warn:
         log.warning("%sread under their new names: %s", source, ", ".join(f"{n}.{k} -> {t}" for n, k, t in moves))
+    return out
+
+
+def _mapping_at(data: dict[str, Any], path: list[str]) -> dict[str, Any]:
+    """The mapping at ``path`` (``["data", "hf"]``) inside the nested mappings ``data``, made (or copied, so a caller's
+    mapping is never changed) on the way: the place to set a key of a nested section."""
+    node = data
+    for part in path:
+        node[part] = dict(node[part]) if isinstance(node.get(part), dict) else {}
+        node = node[part]
+    return node
+
+
+def merged(cls: type | None, below: dict[str, Any], above: dict[str, Any]) -> dict[str, Any]:
+    """The keys of one section (class ``cls``; ``None``: unknown) set by ``below`` with those ``above`` sets on top: a
+    nested section's (:func:`~finecap.config.fields.subsections`) mappings merged key by key, as the section's own,
+    any other value (a mapping option such as ``rl.rewards`` too) replaced whole.
+
+    >>> from finecap.config import DataConfig
+    >>> merged(DataConfig, {"path": "a", "hf": {"image_column": "img"}}, {"hf": {"caption_column": "text"}})
+    {'path': 'a', 'hf': {'image_column': 'img', 'caption_column': 'text'}}
+    """
+    nested = subsections(cls) if cls is not None else {}
+    out = dict(below)
+    for k, v in above.items():
+        if k in nested and isinstance(v, dict) and isinstance(out.get(k), dict):
+            out[k] = merged(nested[k], out[k], v)
+        else:
+            out[k] = v
+    return out
+
+
+def flat_options(data: dict[str, Any]) -> dict[str, Any]:
+    """Sections ``{section: {key: value}}`` (:meth:`~finecap.config.Config.to_dict`, a stored configuration) as
+    ``{"section.key": value}``, a nested section's keys under their whole name (``data.hf.image_column``); a mapping
+    option (``rl.rewards``) stays one value. For what compares or lists options one by one (trackers' tables, the
+    changes a resumed run reports).
+
+    >>> flat_options({"data": {"path": "d", "hf": {"image_column": "img"}}, "rl": {"rewards": {"cider": 1.0}}})
+    {'data.path': 'd', 'data.hf.image_column': 'img', 'rl.rewards': {'cider': 1.0}}
+    """
+    out: dict[str, Any] = {}
+    for name, values in data.items():
+        if isinstance(values, dict):
+            out.update(_flat(SECTIONS.get(name), values, f"{name}."))
+    return out
+
+
+def _flat(cls: type | None, values: dict[str, Any], prefix: str) -> dict[str, Any]:
+    nested = subsections(cls) if cls is not None else {}
+    out: dict[str, Any] = {}
+    for k, v in values.items():
+        if k in nested and isinstance(v, dict):
+            out.update(_flat(nested[k], v, f"{prefix}{k}."))
+        else:
+            out[f"{prefix}{k}"] = v
     return out
 
 
@@ -242,9 +298,19 @@ def _where(key: str | None, origins: Origins, source: str) -> str:
     return near[0] if near else source
 
 
+def _unknown_key(name: str, k: str, known: list[str], nested: dict[str, type]) -> str:
+    """The message of an unknown key ``name.k``: the closest key of the section, else a nested section's key of that
+    name (``data.questions_column`` -> ``data.hf.questions_column``), and the section's valid keys."""
+    inside = [f"{name}.{s}.{k}" for s, c in nested.items() if k in {f.name for f in dataclasses.fields(c)}]
+    hint = did_you_mean(k, known, f"{name}.") or (f" (did you mean {inside[0]!r}?)" if inside else "")
+    return f"unknown key {short_repr(f'{name}.{k}')}{hint}; valid keys of [{name}]: {', '.join(sorted(known))}"
+
+
 def _build_section(name: str, cls: type, values: dict[str, Any], source: str, origins: Origins) -> Any:
+    """Section ``cls`` named ``name`` (``data``, or ``data.hf`` for a nested one) from its mapping ``values``."""
     hints = typing.get_type_hints(cls)
     known = [f.name for f in dataclasses.fields(cls)]
+    nested = subsections(cls)
     kwargs = {}
     for k, v in values.items():
         key = f"{name}.{k}"
@@ -252,11 +318,16 @@ def _build_section(name: str, cls: type, values: dict[str, Any], source: str, or
         if k not in known and key in MOVED_KEYS:
             raise ConfigError(f"{where}{_moved_message(key, str(values.get('kind', ModelConfig.kind)))}", key=key)
         if k not in known:
-            raise ConfigError(
-                f"{where}unknown key {short_repr(key)}{did_you_mean(k, known, f'{name}.')}; "
-                f"valid keys of [{name}]: {', '.join(sorted(known))}",
-                key=key,
-            )
+            raise ConfigError(f"{where}{_unknown_key(name, k, known, nested)}", key=key)
+        if k in nested:
+            if v is not None and not isinstance(v, dict):
+                inner = ", ".join(f.name for f in dataclasses.fields(nested[k]))
+                raise ConfigError(f"{_where(_first_set(key, origins), origins, source)}{key} is a section: expected "
+                                  f"a mapping of its keys ({inner}), got {short_repr(v)}", key=key)  # fmt: skip
+            kwargs[k] = _build_section(key, nested[k], v or {}, source, origins)
+            continue
+        if key in SECRET_KEYS and v == MASK:  # a secret read back masked (a stored configuration) is unset
+            v = ""
         try:
             kwargs[k] = _coerce(empty_path(v, key), hints[k], key)
         except ConfigError as e:
@@ -266,6 +337,11 @@ def _build_section(name: str, cls: type, values: dict[str, Any], source: str, or
         return cls(**kwargs)
     except ConfigError as e:
         raise ConfigError(f"{_where(e.key or name, origins, source)}{e}", key=e.key) from None
+
+
+def _first_set(prefix: str, origins: Origins) -> str:
+    """The first key under ``prefix`` (a nested section) that origins record, else ``prefix``."""
+    return next((k for k in origins if k == prefix or k.startswith(prefix + ".")), prefix)
 
 
 def _check_name(name: str, valid: Any, key: str, kind: str, dotted: bool = True) -> None:
@@ -310,8 +386,9 @@ def check_names(cfg: Config) -> None:
 
 def from_dict(data: dict[str, Any] | None, source: str = "", origins: Origins | None = None) -> Config:
     """Build a :class:`Config` from nested mappings ``{section: {key: value}}``. Errors start with where the value at
-    fault was set (``origins``, see :func:`load`), else with ``source`` (e.g. ``"recipe.yaml: "``). A secret read
-    back as :data:`MASK` (a stored configuration) is unset."""
+    fault was set (``origins``, see :func:`load`), else with ``source`` (e.g. ``"recipe.yaml: "``). A nested section
+    is a mapping inside its section (``{"data": {"hf": {"image_column": "img"}}}``). A secret read back as
+    :data:`MASK` (a stored configuration) is unset."""
     data = data or {}
     origins = origins or {}
     if not isinstance(data, dict):
@@ -329,7 +406,6 @@ def from_dict(data: dict[str, Any] | None, source: str = "", origins: Origins | 
             values = {}
         if not isinstance(values, dict):
             raise ConfigError(f"{where}section {short_repr(name)} must be a mapping, got {short_repr(values)}")
-        values = {k: "" if f"{name}.{k}" in SECRET_KEYS and v == MASK else v for k, v in values.items()}
         sections[name] = _build_section(name, SECTIONS[name], values, source, origins)
     try:
         cfg = Config(**sections)  # the checks across sections (Section.check_config)
@@ -359,13 +435,14 @@ def override_key(item: str) -> str:
 
 def parse_override(item: str) -> tuple[list[str], Any]:
     """Parse ``section.key=value`` (value read as YAML: numbers, booleans, lists, mappings; anchors, aliases and
-    duplicate keys refused, :func:`finecap.utils.reading.load_yaml`); the key as :func:`override_key` reads it."""
+    duplicate keys refused, :func:`finecap.utils.reading.load_yaml`); the key as :func:`override_key` reads it, split
+    at its dots (a nested section's key has three parts: ``data.hf.image_column=img``)."""
     if "=" not in item:
         raise ConfigError(f"override {_shown_override(item)}: expected section.key=value")
     raw = item.split("=", 1)[1]
     key = override_key(item)
     parts = key.split(".")
-    if len(parts) != 2 or not all(parts):
+    if len(parts) < 2 or not all(parts):
         raise ConfigError(f"override {_shown_override(item)}: the key must look like section.key (e.g. train.lr=1e-4)")
     try:
         value = load_yaml(raw) if raw.strip() else ""
@@ -415,14 +492,36 @@ def merge_overrides(data: dict[str, Any], overrides: list[str], origins: Origins
     """``data`` with the dotlist ``overrides`` set; ``origins`` (when given) records which override set each key."""
     data = {k: dict(v or {}) for k, v in (data or {}).items()}
     for item in overrides:
-        (section, key), value = parse_override(item)
-        if target := renamed_key(f"{section}.{key}"):
-            log.warning("override %s: %s.%s is now %s (read as it)", _shown_override(item), section, key, target)
-            section, key = target.split(".")
-        data.setdefault(section, {})[key] = value
+        parts, value = parse_override(item)
+        key = ".".join(parts)
+        if target := renamed_key(key):
+            log.warning("override %s: %s is now %s (read as it)", _shown_override(item), key, target)
+            key, parts = target, target.split(".")
+        _check_nested(parts, item)
+        _mapping_at(data, parts[:-1])[parts[-1]] = value
         if origins is not None:
-            origins[f"{section}.{key}"] = f"override {_shown_override(item)}: "
+            origins[key] = f"override {_shown_override(item)}: "
     return data
+
+
+def _check_nested(parts: list[str], item: str) -> None:
+    """An override's key of more than two parts must name a nested section's key (``data.hf.image_column``): a
+    :class:`ConfigError` naming the part that is no nested section otherwise (an unknown section is named later)."""
+    cls = SECTIONS.get(parts[0])
+    for i, part in enumerate(parts[1:-1], start=1):
+        if cls is None:
+            return
+        nested = subsections(cls)
+        if part not in nested:
+            at, prefix = ".".join(parts[: i + 1]), ".".join(parts[:i]) + "."
+            inner = f"; nested sections of [{'.'.join(parts[:i])}]: {', '.join(nested)}" if nested else ""
+            hint = did_you_mean(part, nested, prefix)
+            raise ConfigError(
+                f"override {_shown_override(item)}: {at} is no nested section{hint}; a key looks like section.key "
+                f"(e.g. train.lr=1e-4){inner}",
+                key=at,
+            )
+        cls = nested[part]
 
 
 def load(
@@ -453,27 +552,27 @@ def load(
         loaded = renamed_keys(loaded, source, warn=True)
         for name, values in loaded.items():
             if isinstance(values, dict) and isinstance(data.get(name), dict):
-                data[name] = {**data[name], **values}
+                data[name] = merged(SECTIONS.get(name), data[name], values)
             else:
                 data[name] = values
-            keys = values if isinstance(values, dict) and values else [""]
-            origins.update({f"{name}.{k}" if k else name: source for k in keys})
+            keys = list(_flat(SECTIONS.get(name), values, f"{name}.")) if isinstance(values, dict) else []
+            origins.update({k: source for k in keys or [name]})
     for name, values in renamed_keys(over or {}).items():
-        data[name] = {**(data.get(name) or {}), **values}
+        data[name] = merged(SECTIONS.get(name), data.get(name) or {}, values)
     data = merge_overrides(data, overrides or [], origins)
     return from_dict(data, source, origins)
 
 
 def describe(cls: type) -> list[tuple[str, str, Any, str]]:
-    """(key, type, default, doc) rows of a section, for help output and documentation; the doc ends with the field's
+    """(key, type, default, doc) rows of a section, for help output and documentation, a nested section's keys in
+    its place (``hf.image_column``: :func:`~finecap.config.fields.option_fields`); the doc ends with the field's
     bounds (:func:`finecap.config.fields.constraint_text`) and why the upper one is where it is, when the field says
     (``Must be >= 1, <= 1024 (GPT-2's whole context).``)."""
     rows = []
-    hints = typing.get_type_hints(cls)
-    for f in dataclasses.fields(cls):
+    for key, f, tp in option_fields(cls):
         default = f.default if f.default is not dataclasses.MISSING else f.default_factory()  # type: ignore[misc]
         bounds = constraint_text(f)
         why = f.metadata.get("why", "")
         text = f.metadata.get("doc", "") + (f" Must be {bounds}{f' ({why})' if why else ''}." if bounds else "")
-        rows.append((f.name, _type_name(hints[f.name]), default, text))
+        rows.append((key, _type_name(tp), default, text))
     return rows

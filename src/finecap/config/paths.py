@@ -78,5 +78,6 @@ def absolute_paths(cfg: Any, base: str | Path | None = None) -> Any:
         '/home/me/data/w'
     """
     data = absolute_path_values(dataclasses.asdict(cfg), base if base is not None else os.getcwd())
+    paths = {name: {k: v for k, v in values.items() if f"{name}.{k}" in PATH_KEYS} for name, values in data.items()}
     return dataclasses.replace(cfg, **{name: dataclasses.replace(getattr(cfg, name), **values)
-                                       for name, values in data.items()})  # fmt: skip
+                                       for name, values in paths.items()})  # fmt: skip

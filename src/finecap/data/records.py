@@ -4,7 +4,8 @@ A reader (:mod:`finecap.data.formats`) returns :class:`Record` s, one per image;
 naming the file and the record at fault (missing keys, wrong types, empty caption lists, image files that do not
 exist, reported with a count and the first few paths). The helpers below are those checks, written once: a field of
 the right type (:func:`require`), an image id finecap reads and writes alike (:func:`check_id`), a caption list
-(:func:`clean_captions`), the captions ``finecap boost`` adds (:func:`read_boosted`), one record per image
+(:func:`clean_captions`), the captions ``finecap boost`` adds (:func:`read_boosted`), an image's questions
+(:func:`read_questions_field`), one record per image
 (:func:`check_unique_ids`), the image files present (:func:`check_image_files`) and a split read from a file name
 (:func:`split_from_name`).
 
@@ -54,8 +55,9 @@ class Record:
     """The text a chat data set gives with the image (the user turn of a ``messages`` record, its image placeholders
     removed); empty for the other formats. What reads it: docs/data.md, "Chat JSONL"."""
     questions: list[Any] | None = None
-    """The image's multiple-choice questions as the data set gives them (a JSONL line's ``questions``: CapRL's layout,
-    ``{"question", "options", "answer"}`` or options embedded in the question), read by the ``qa_utility`` reward
+    """The image's multiple-choice questions as the data set gives them (a JSONL line's or chat record's
+    ``questions``, an ``hf`` data set's ``data.hf.questions_column``: CapRL's layout, ``{"question", "options",
+    "answer"}`` or options embedded in the question; :func:`read_questions_field`), read by the ``qa_utility`` reward
     (:func:`finecap.judges.questions.question_of`); ``None`` when it gives none."""
 
     @property
@@ -220,6 +222,24 @@ def clean_captions(items: list[Any], where: str) -> list[str]:
             raise DataError(f"{where}: caption {j} is empty")
         out.append(clean_text(c, where, f"caption {j}"))
     return out
+
+
+def read_questions_field(value: Any, where: str, what: str = "'questions'") -> list[Any] | None:
+    """A record's questions (:attr:`Record.questions`) as its data set gives them in ``what`` (a JSON key, an ``hf``
+    column): ``None`` when absent (``None``), a list as it is (each question is read by the reward that asks it,
+    :func:`finecap.judges.questions.question_of`), anything else a :class:`DataError` naming ``where`` (the line or
+    row).
+
+    >>> read_questions_field([{"question": "Colour?", "options": ["red", "blue"], "answer": "A"}], "f.jsonl, line 1")
+    [{'question': 'Colour?', 'options': ['red', 'blue'], 'answer': 'A'}]
+    >>> read_questions_field("Colour?", "f.jsonl, line 1")
+    Traceback (most recent call last):
+    ...
+    finecap.data.records.DataError: f.jsonl, line 1: 'questions' must be a list of questions, got 'Colour?'
+    """
+    if value is not None and not isinstance(value, list):
+        raise DataError(f"{where}: {what} must be a list of questions, got {short_repr(value)}")
+    return value
 
 
 def read_boosted(rec: dict[str, Any], where: str) -> dict[str, list[str]]:

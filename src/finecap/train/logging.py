@@ -17,6 +17,7 @@ from accelerate import Accelerator
 from accelerate.tracking import GeneralTracker
 from accelerate.utils import gather_object
 
+from finecap.config import flat_options
 from finecap.utils.files import append_jsonl
 
 
@@ -59,13 +60,10 @@ class JsonlTracker(GeneralTracker):
 
 def tracker_config(config: dict[str, dict[str, Any]]) -> dict[str, int | float | str | bool]:
     """A configuration (``{section: {key: value}}``, secrets already masked) flattened to ``section.key`` scalars, as
-    trackers' hyper-parameter tables accept them."""
-    flat = {}
-    for section, values in config.items():
-        for key, value in values.items():
-            ok = isinstance(value, int | float | str | bool)
-            flat[f"{section}.{key}"] = value if ok else json.dumps(value)
-    return flat
+    trackers' hyper-parameter tables accept them (a nested section's keys by their whole name,
+    ``data.hf.image_column``: :func:`finecap.config.flat_options`)."""
+    return {key: value if isinstance(value, int | float | str | bool) else json.dumps(value)
+            for key, value in flat_options(config).items()}  # fmt: skip
 
 
 def mean_over_processes(values: dict[str, float], accelerator: Accelerator) -> dict[str, float]:

@@ -48,7 +48,7 @@ import yaml
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
-from finecap.config import migrate_moved_keys
+from finecap.config import flat_options, migrate_moved_keys
 from finecap.outputs import check_output_file
 from finecap.runs import (
     BEST,
@@ -602,9 +602,6 @@ def config_changes(saved: Path, current: dict[str, dict[str, Any]]) -> list[str]
     if not saved.exists():
         return []
     old = migrate_moved_keys(read_yaml_mapping(saved, "a stored configuration must be a mapping of sections"))
-    changes = []
-    for section, values in current.items():
-        before = old.get(section) if isinstance(old.get(section), dict) else {}
-        changes += [f"{section}.{k}: {short_repr(before[k], 200)} -> {short_repr(v, 200)}"
-                    for k, v in values.items() if k in before and before[k] != v]  # fmt: skip
-    return changes
+    before = flat_options(old)  # a nested section's keys one by one (data.hf.image_column)
+    return [f"{key}: {short_repr(before[key], 200)} -> {short_repr(v, 200)}"
+            for key, v in flat_options(current).items() if key in before and before[key] != v]  # fmt: skip

@@ -24,7 +24,7 @@ from finecap.config.sections.backbones import BlipBackboneConfig, ClipCapBackbon
 from finecap.config.sections.bags import BagsConfig
 from finecap.config.sections.boost import BoostBackend, BoostConfig, BoostMode
 from finecap.config.sections.choices import CaptionField
-from finecap.config.sections.data import DataConfig
+from finecap.config.sections.data import DataConfig, HfDataConfig
 from finecap.config.sections.decode import DecodeConfig, DecodeStrategy, EarlyStopping, FinishedBeams
 from finecap.config.sections.demo import DemoConfig
 from finecap.config.sections.eval import EvalConfig, MeteorBackend
@@ -92,6 +92,7 @@ __all__ = [  # the names finecap.config re-exports
     "FinishedBeams",
     "FirstToken",
     "GRPOConfig",
+    "HfDataConfig",
     "Importance",
     "LogProb",
     "LossAggregation",

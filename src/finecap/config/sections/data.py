@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from finecap.config.fields import Section, check, check_at_most, doc
+from finecap.config.fields import Section, check, check_at_most, doc, subsection
 from finecap.config.sections.choices import CaptionField
 from finecap.config.sections.limits import (
     DEFAULT_MAX_ASPECT_RATIO,
@@ -16,6 +16,23 @@ from finecap.config.sections.limits import (
     PIL_MAX_IMAGE_PIXELS,
 )
 from finecap.registry import DATA_FORMATS
+
+
+@dataclass
+class HfDataConfig(Section, name="data.hf"):
+    """The options only a Hugging Face data set (``data.format=hf``, :mod:`finecap.data.formats.hf`) reads: which
+    column holds what. Before they were a subsection they were ``data.image_column``, ...: those keys are read as
+    these (:data:`~finecap.config.sections.moved.MOVED_KEYS`)."""
+
+    image_column: str = doc("image", "Column of the image (Image feature or path string).")
+    caption_column: str = doc("captions", "Column of the reference caption(s) (string or list).")
+    split_column: str = doc("", "Column naming each row's split; empty = the named splits.")
+    id_column: str = doc("", "Column of the image id; empty = the image path (or split/row).")
+    questions_column: str = doc(
+        "",
+        "Column of each image's multiple-choice questions for the qa_utility reward (CapRL's layout, as JSONL's "
+        "'questions': docs/data.md); empty = none.",
+    )
 
 
 @dataclass
@@ -60,10 +77,6 @@ class DataConfig(Section, name="data"):
         le=1000,
         why="the image processor scales the shorter side to ~224-384 pixels; 1000:1 is then ~100 M pixels",
     )
-    image_column: str = doc("image", "data.format=hf: column of the image (Image feature or path string).")
-    caption_column: str = doc("captions", "data.format=hf: column of the reference caption(s) (string or list).")
-    split_column: str = doc("", "data.format=hf: column naming each row's split; empty = the named splits.")
-    id_column: str = doc("", "data.format=hf: column of the image id; empty = the image path (or split/row).")
     max_tokens: int = doc(
         48,
         "Captions are cut to this many tokens (EOS included); dense world captions reach 41.",
@@ -109,6 +122,7 @@ class DataConfig(Section, name="data"):
     captions: CaptionField = doc(
         "original", "Caption field trained on: original, a `finecap boost` field (blend/visual/holistic), world dense."
     )
+    hf: HfDataConfig = subsection(HfDataConfig, "The options only data.format=hf reads: its columns (docs/data.md).")
 
     def __post_init__(self) -> None:
         super().__post_init__()

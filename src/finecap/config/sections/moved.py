@@ -32,17 +32,19 @@ MOVED_KEYS: dict[str, str] = {
         )
     },  # fmt: skip
     **{f"rl.{k}": f"sle.{k}" for k in ("alpha", "distance", "diversity_baseline")},
+    **{f"data.{k}": f"data.hf.{k}" for k in ("image_column", "caption_column", "split_column", "id_column")},
 }
 """Keys of the former flat ``model`` and ``rl`` sections and where they live now (``{kind}``: the section of
 ``model.kind``, as each backbone has its own world-tiny sizes). A former ``model`` key in a recipe or override is an
 error naming the new key; a former ``rl`` key (the GRPO family's and SLE's options, split into the ``grpo`` and
-``sle`` sections) is read as its new key wherever it is set (:func:`renamed_key`: recipes, overrides and commands
-written before the split keep working). A stored configuration written before either move is migrated
+``sle`` sections) and a former ``data`` key (the ``hf`` format's columns, now the ``data.hf`` subsection) is read as
+its new key wherever it is set (:func:`renamed_key`: recipes, overrides and commands written before the move keep
+working, and say so in one warning). A stored configuration written before either move is migrated
 (:func:`finecap.config.stored.migrate_moved_keys`); no fingerprint reads these keys (:mod:`finecap.train.fingerprint`
 pins the data and encoders), so a run's fingerprints are the same before and after."""
 
 
-RENAMED_SECTIONS = ("rl",)
+RENAMED_SECTIONS = ("rl", "data")
 """Sections whose moved keys (:data:`MOVED_KEYS`) are read under their new name wherever they are set."""
 
 
@@ -51,6 +53,8 @@ def renamed_key(key: str) -> str | None:
 
     >>> renamed_key("rl.advantage"), renamed_key("rl.alpha"), renamed_key("rl.samples")
     ('grpo.advantage', 'sle.alpha', None)
+    >>> renamed_key("data.image_column")
+    'data.hf.image_column'
     """
     return MOVED_KEYS.get(key) if key.split(".")[0] in RENAMED_SECTIONS else None
 

@@ -59,7 +59,7 @@ class DataSource:
     cache_dir: Path | None = None
     """``run.cache_dir`` resolved: where a format may keep what it converts (``hf``: Arrow copies of parquet)."""
     options: Mapping[str, Any] = field(default_factory=dict)
-    """The format's own ``data.*`` options (:attr:`Format.options`), by name."""
+    """The format's own options (:attr:`Format.options`: ``data.hf.*`` for ``hf``), by name."""
 
 
 def file_fingerprint(path: Path, source: str) -> dict[str, Any]:
@@ -102,8 +102,11 @@ class Format:
     :attr:`options`). Default: the SHA-256 of the file (:func:`file_fingerprint`). Changing what a format's
     fingerprint holds makes runs recorded before it refuse to resume: don't, for a format in use."""
     options: tuple[str, ...] = ()
-    """The ``data.*`` fields the reader takes (:attr:`DataSource.options`; ``hf``: its columns), which are also part
-    of its fingerprint."""
+    """The fields of the format's own nested section ``data.<name>`` the reader takes (:attr:`DataSource.options`;
+    ``hf``: its columns, ``data.hf.*``), which are also part of its fingerprint."""
+    fingerprint_if_set: tuple[str, ...] = ()
+    """Those of :attr:`options` that are part of the fingerprint only when set (not empty): options added after runs
+    recorded fingerprints, so that a run recorded before one was added still matches while it is unset."""
     cached: bool = True
     """Whether records read once are reused while ``data.path``'s modification time is unchanged
     (:mod:`finecap.data.datasets`); ``False`` when the data set changes below it (an image folder)."""
@@ -143,8 +146,17 @@ def registered_formats() -> list[Format]:
 
 
 def format_options(fmt: str, cfg: Config) -> dict[str, Any]:
-    """The ``data.*`` options of format ``fmt`` (:attr:`Format.options`) as ``cfg`` sets them."""
-    return {key: getattr(cfg.data, key) for key in data_format(fmt).options}
+    """The options of format ``fmt`` (:attr:`Format.options`) as ``cfg`` sets them in its nested section
+    ``data.<name>`` (``data.hf``)."""
+    spec = data_format(fmt)
+    if not spec.options:
+        return {}
+    section = getattr(cfg.data, spec.name, None)
+    missing = [key for key in spec.options if not hasattr(section, key)] if section is not None else list(spec.options)
+    if missing:
+        raise DataError(f"data.format={fmt}: its options {', '.join(missing)} are no keys of a section "
+                        f"data.{spec.name} (a format's options are the keys of its nested section)")  # fmt: skip
+    return {key: getattr(section, key) for key in spec.options}
 
 
 def read_dataset(

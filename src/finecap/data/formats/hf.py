@@ -12,12 +12,16 @@ A local data set's files are found, contained in its folder and checked by :mod:
 files are memory-mapped where they are, its parquet files converted once into the finecap cache; nothing else is
 written (not ``~/.cache/huggingface``, not the working directory).
 
-Columns (``data.*``, see :func:`read_hf`): ``image_column`` holds the image (an ``Image`` feature, embedded bytes or
-a path, or a path string; relative paths are resolved against ``data.images``, by default the folder of the file or
-the saved data set folder), ``caption_column`` the reference captions (a string, or a list of strings per row),
-``split_column`` (optional) each row's split, else the splits are the data set's named splits (a lone unnamed split,
-as a file gives, takes its split from the file name like COCO files do: ``train``/``val``/``test``, default
-``test``); ``id_column`` (optional) the image id, else the image path, else ``<split>/<row>``.
+Columns (the ``data.hf`` section's options, see :func:`read_hf`): ``image_column`` holds the image (an ``Image``
+feature, embedded bytes or a path, or a path string; relative paths are resolved against ``data.images``, by default
+the folder of the file or the saved data set folder), ``caption_column`` the reference captions (a string, or a list of
+strings per row), ``split_column`` (optional) each row's split, else the splits are the data set's named splits (a lone
+unnamed split, as a file gives, takes its split from the file name like COCO files do: ``train``/``val``/``test``,
+default ``test``); ``id_column`` (optional) the image id, else the image path, else ``<split>/<row>``;
+``questions_column`` (optional) each image's multiple-choice questions for the ``qa_utility`` reward, a list per row in
+CapRL's layout as a JSONL line's ``questions`` (:attr:`~finecap.data.records.Record.questions`; a null cell: none for
+that image). Arrow stores a list of question objects as structs sharing every key, a key a question lacks as null:
+those nulls are dropped, so each question reads as the JSON object it was written as.
 
 Image files must lie inside the data set's image folder (:class:`finecap.data.containment.ImageFolder`, refused
 otherwise unless ``data.allow_outside_paths=true``): ``data.images`` when given, else the folder of a parquet/arrow
@@ -55,7 +59,15 @@ from finecap.data.containment import ImageFolder
 from finecap.data.formats import DataSource, Format
 from finecap.data.hashing import hub_revision, sha256_file, sha256_files
 from finecap.data.hf_files import HF_FILE_SUFFIXES, SplitFiles, local_splits, open_split, saved_splits
-from finecap.data.records import MAX_LISTED, DataError, Record, check_id, clean_captions, split_from_name
+from finecap.data.records import (
+    MAX_LISTED,
+    DataError,
+    Record,
+    check_id,
+    clean_captions,
+    read_questions_field,
+    split_from_name,
+)
 from finecap.home import CACHE, home
 from finecap.utils.system import MissingExtra
 from finecap.utils.text import short_repr
@@ -226,6 +238,7 @@ def read_hf(
     caption_column: str = "captions",
     split_column: str = "",
     id_column: str = "",
+    questions_column: str = "",
     splits: Sequence[str] | None = None,
     allow_outside: bool = False,
     cache_dir: str | Path | None = None,
@@ -252,17 +265,18 @@ def read_hf(
             continue
         if not len(ds):  # a Hub split of no rows (local ones are left out by _load)
             continue
-        for col, option in [(image_column, "data.image_column"), (caption_column, "data.caption_column")]:
+        for col, option in [(image_column, "data.hf.image_column"), (caption_column, "data.hf.caption_column")]:
             _column(ds, col, option, source, split_name)
-        for col, option in [(split_column, "data.split_column"), (id_column, "data.id_column")]:
+        optional = [(split_column, "split_column"), (id_column, "id_column"), (questions_column, "questions_column")]
+        for col, option in optional:
             if col:
-                _column(ds, col, option, source, split_name)
+                _column(ds, col, f"data.hf.{option}", source, split_name)
         if getattr(ds, "_indices", None) is not None:  # not from load_from_disk / load_dataset; rows as stored
             ds = ds.flatten_indices()
         feature = ds.features[image_column]
         if isinstance(feature, datasets.Image) and feature.decode:
             ds = ds.cast_column(image_column, datasets.Image(decode=False))  # bytes/path, not decoded PIL images
-        text = [c for c in (caption_column, split_column, id_column) if c]
+        text = [c for c in (caption_column, split_column, id_column, questions_column) if c]
         table = ds.select_columns(list(dict.fromkeys(text))).to_dict()  # no image column: its bytes stay on disk
 
         def where(i: int, split_name: str = split_name) -> str:
@@ -288,7 +302,11 @@ def read_hf(
                 raise DataError(f"{where(i)}: duplicate image id {image_id!r} (first in {seen[image_id]})")
             seen[image_id] = where(i)
             ref = ArrowImage(arrow, i) if embedded[i] and arrow is not None else None
-            records.append(Record(image_id, path, split, clean_captions(caps, where(i)), image_ref=ref))
+            questions = (
+                _questions(table[questions_column][i], where(i), questions_column) if questions_column else None
+            )
+            records.append(Record(image_id, path, split, clean_captions(caps, where(i)), image_ref=ref,
+                                  questions=questions))  # fmt: skip
     if not records:
         present = ", ".join(f"{s.shown()}: {s.rows} rows" for s in found) if found else ", ".join(parts) or "none"
         raise DataError(f"{source}: no rows: an empty data set (splits present: {present})")
@@ -300,8 +318,17 @@ def read_hf(
     return records
 
 
-OPTIONS = ("image_column", "caption_column", "split_column", "id_column")
-"""The ``data.*`` column options :func:`read_hf` takes (module docstring)."""
+def _questions(cell: Any, where: str, column: str) -> list[Any] | None:
+    """A row's questions (module docstring): a list as JSON would give it, the nulls Arrow fills into the keys a
+    question lacks dropped; a cell that is no list a :class:`DataError` naming the row and the column."""
+    questions = read_questions_field(cell, where, f"column {column!r} (data.hf.questions_column)")
+    if questions is None:
+        return None
+    return [{k: v for k, v in q.items() if v is not None} if isinstance(q, dict) else q for q in questions]
+
+
+OPTIONS = ("image_column", "caption_column", "split_column", "id_column", "questions_column")
+"""The ``data.hf.*`` column options :func:`read_hf` takes (module docstring)."""
 
 
 def _read(source: DataSource) -> list[Record]:
@@ -329,6 +356,7 @@ FORMAT = Format(
     detect=lambda path: path if is_hf_path(path) else None,
     fingerprint=_fingerprint,
     options=OPTIONS,
+    fingerprint_if_set=("questions_column",),
     hub_names=True,
-    split_hint="data.split_column, or a data set with this split",
+    split_hint="data.hf.split_column, or a data set with this split",
 )

@@ -1,4 +1,4 @@
-"""``data.format=jsonl``: one ``{"image": path, "captions": [str, ...], "id"?, "split"?}`` per line.
+"""``data.format=jsonl``: one ``{"image": path, "captions": [str, ...], "id"?, "split"?, "questions"?}`` per line.
 
 ``id`` defaults to the image path as written; a line without ``split`` names none
 (:data:`~finecap.data.records.NO_SPLIT`: the commands split such records, :mod:`finecap.data.splits`); a split
@@ -25,6 +25,7 @@ from finecap.data.records import (
     check_image_files,
     clean_captions,
     read_boosted,
+    read_questions_field,
     require,
     require_id,
 )
@@ -62,9 +63,7 @@ def read_jsonl(
         p = Path(image)
         path_ = p if p.is_absolute() else root / p
         folder.check(path_, where, image)
-        questions = rec.get("questions")
-        if questions is not None and not isinstance(questions, list):
-            raise DataError(f"{where}: 'questions' must be a list of questions, got {short_repr(questions)}")
+        questions = read_questions_field(rec.get("questions"), where)
         records.append(Record(image_id, path_, rec_split, clean_captions(caps, where), read_boosted(rec, where),
                               questions=questions))  # fmt: skip
     splits.say()

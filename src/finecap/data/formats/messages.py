@@ -25,16 +25,20 @@ a ``.json`` file holding a list of them (read whole within :data:`~finecap.utils
   (:mod:`finecap.data.splits`). A split in another case or with spaces around it (``"TRAIN"``, ``" val"``) is read
   as that split and said in one log line per file; another name (``"validation"``) is kept as a split of its own and
   said as a warning (:class:`~finecap.data.records.SplitKeys`).
+- ``questions`` (optional, as a JSONL line's): the image's multiple-choice questions for the ``qa_utility`` reward,
+  CapRL's layout (:attr:`~finecap.data.records.Record.questions`); a value that is not a list is refused, naming the
+  line.
 - the caption and the prompt are one line of text each: a line break, tab or separator in them is a space; another
   control character (NUL, ESC, ...) is refused, naming the line (:func:`~finecap.data.records.clean_text`).
 
 Several lines naming one image file are one record with a reference caption per line, in file order, and the first
-line's prompt (COCO converted to chat data has five lines per image); the image id is the path as the first line
-writes it. What is refused, naming the line: a record with no image or several (multi-image chat), no assistant turn,
-several exchanges (multi-turn chat), another role (tools, observations), an image given as bytes or a URL, image parts
-carrying their own path, a record holding both ``messages`` and ``conversations`` (which one is meant cannot be
-told), a key twice in one object (``{"role": "user", "role": "assistant"}``: JSON readers keep one of the two
-silently) and nesting deeper than Python's parser goes (:func:`~finecap.utils.reading.parse_json`).
+line's prompt (COCO converted to chat data has five lines per image) and the questions of the first line giving any (a
+later line giving other questions for the image is refused, naming both lines); the image id is the path as the first
+line writes it. What is refused, naming the line: a record with no image or several (multi-image chat), no assistant
+turn, several exchanges (multi-turn chat), another role (tools, observations), an image given as bytes or a URL, image
+parts carrying their own path, a record holding both ``messages`` and ``conversations`` (which one is meant cannot be
+told), a key twice in one object (``{"role": "user", "role": "assistant"}``: JSON readers keep one of the two silently)
+and nesting deeper than Python's parser goes (:func:`~finecap.utils.reading.parse_json`).
 
 Detected: a ``.jsonl`` file whose first record holds ``messages`` or ``conversations``, or a ``.json`` file holding a
 list whose first item does.
@@ -58,6 +62,7 @@ from finecap.data.records import (
     check_image_files,
     clean_captions,
     clean_text,
+    read_questions_field,
     require,
     type_name,
 )
@@ -75,12 +80,14 @@ IMAGE_TOKEN = "<image>"
 
 @dataclass(frozen=True)
 class ChatRecord:
-    """What one chat record says: its image as written, the prompt, the caption and the split (if any)."""
+    """What one chat record says: its image as written, the prompt, the caption, the split (if any) and the image's
+    questions (if any)."""
 
     image: str
     prompt: str
     caption: str
     split: str
+    questions: list[Any] | None = None
 
 
 def _text(content: Any, where: str) -> tuple[str, int]:
@@ -173,7 +180,8 @@ def parse_chat(rec: Any, where: str, splits: SplitKeys | None = None) -> ChatRec
                         "for one image; keep one, in the user turn")  # fmt: skip
     split = (splits or SplitKeys(where)).read(rec, where)
     prompt = " ".join(clean_text(prompt.replace(IMAGE_TOKEN, " "), f"{where}: the user turn", "the prompt").split())
-    return ChatRecord(_image(rec, where), prompt, clean_captions([caption], f"{where}: the assistant turn")[0], split)
+    caption = clean_captions([caption], f"{where}: the assistant turn")[0]
+    return ChatRecord(_image(rec, where), prompt, caption, split, read_questions_field(rec.get("questions"), where))
 
 
 def _chat_records(path: Path) -> Iterator[tuple[str, Any]]:
@@ -198,6 +206,7 @@ def read_messages(
     if not path.is_file():
         raise DataError(f"{path}: file not found")
     by_file: dict[str, tuple[Record, str]] = {}  # the image file -> its record, and where it was first named
+    asked: dict[str, str] = {}  # the image file -> where its questions were given
     splits = SplitKeys(path)
     for where, rec in _chat_records(path):
         chat = parse_chat(rec, where, splits)
@@ -209,9 +218,17 @@ def read_messages(
                 raise DataError(f"{where}: image {chat.image!r} has split {chat.split!r} here but {record.split!r} "
                                 f"at {first}; give each image one split")  # fmt: skip
             record.captions.append(chat.caption)
+            if chat.questions is not None and record.questions is None:
+                record.questions, asked[key] = chat.questions, where
+            elif chat.questions is not None and chat.questions != record.questions:
+                raise DataError(f"{where}: image {chat.image!r} has other questions here than at {asked[key]}; give "
+                                "an image's questions once (or the same on each of its lines)")  # fmt: skip
             continue
         folder.check(image_path, where, chat.image)
-        by_file[key] = (Record(chat.image, image_path, chat.split, [chat.caption], prompt=chat.prompt), where)
+        by_file[key] = (Record(chat.image, image_path, chat.split, [chat.caption], prompt=chat.prompt,
+                               questions=chat.questions), where)  # fmt: skip
+        if chat.questions is not None:
+            asked[key] = where
     splits.say()
     records = [record for record, _ in by_file.values()]
     if not records:
