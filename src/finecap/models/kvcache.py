@@ -52,12 +52,12 @@ class PromptCache(DynamicCache):
       a later update of the same layer (the backward pass recomputing that checkpointed layer) returns what the
       layer's update against the cache as it was before the first one would return, and stores nothing, so the
       recomputation sees the same keys and values as the forward pass and the cache holds the prompt once.
-    - **Read only**, a view from :meth:`read_rows` (the caption pass): every update returns the layer's update of the stored
-      prompt's rows ``rows`` (the image of each caption) by the new keys and values, computed on a shallow copy of
-      the layer (every ``transformers`` cache layer reassigns its tensors in ``update``, sliding-window ones included)
-      and stored nowhere: a recomputation computes it again. The prompt is kept once per image, its rows picked inside
-      the layer's call (under checkpointing never saved per caption). ``get_seq_length`` and the mask sizes stay the
-      prompt's, what the mask code reads before a layer's update.
+    - **Read only**, a view from :meth:`read_rows` (the caption pass): every update returns the layer's update of
+      the stored prompt's rows ``rows`` (the image of each caption) by the new keys and values, computed on a shallow
+      copy of the layer (every ``transformers`` cache layer reassigns its tensors in ``update``, sliding-window ones
+      included) and stored nowhere: a recomputation computes it again. The prompt is kept once per image, its rows
+      picked inside the layer's call (under checkpointing never saved per caption). ``get_seq_length`` and the mask
+      sizes stay the prompt's, what the mask code reads before a layer's update.
 
     Without checkpointing each layer updates once per pass and the values are a ``DynamicCache``'s with
     ``reorder_cache(rows)`` between the passes."""
