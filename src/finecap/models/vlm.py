@@ -849,8 +849,9 @@ class Vlm(CaptionerBase):
                         image_index: torch.Tensor | None) -> torch.Tensor:  # fmt: skip
         """Logits ``(N, L, V)`` of given sequences, rows mapped to images by ``image_index``: the vision tower runs
         once per image (:meth:`image_conditioning`), and so does the language model over each image's prompt
-        (:meth:`_shared_prompt_logits`) when :meth:`shares_prompt`."""
-        if image_index is not None and self.shares_prompt():
+        (:meth:`_shared_prompt_logits`) when :meth:`shares_prompt` and some image has several sequences (with one
+        sequence per image sharing saves nothing, and under checkpointing would keep the prompt's keys and values)."""
+        if image_index is not None and self.shares_prompt() and len(image_index) > prompt.mask.shape[0]:
             return self._shared_prompt_logits(prompt, image_index.to(self.device), sequences, mask)
         return super().sequence_logits(prompt, sequences, mask, image_index)
 
