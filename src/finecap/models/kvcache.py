@@ -45,8 +45,8 @@ lists of tensors)."""
 
 class PromptCache(DynamicCache):
     """The KV cache of a shared prompt pass (:meth:`finecap.models.vlm.Vlm.sequence_logits`), correct under gradient
-    checkpointing, where the backward pass runs each layer's forward a second time (docs/memory.md#the-prompt-shared-
-    under-checkpointing).
+    checkpointing, where the backward pass runs each layer's forward a second time
+    (docs/memory.md#the-prompt-shared-under-checkpointing).
 
     - **Recording** (the prompt pass): a layer's first update stores its keys and values as a ``DynamicCache`` does;
       a later update of the same layer (the backward pass recomputing that checkpointed layer) returns what the
