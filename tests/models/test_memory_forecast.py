@@ -125,19 +125,22 @@ def test_forecast_grows_with_images_and_captions_and_checkpointing_shrinks_it():
 
 def test_under_checkpointing_the_shared_prompt_keeps_its_keys_and_values_and_saves_the_repeats():
     """Checkpointed, the language model runs over B P + N (L - 1) positions with the prompt shared, N (P + L - 1)
-    repeated: (N - B) P positions fewer, each keeping its layer inputs (r h a layer), one recomputed layer's
-    activations and the final norm (4 h); the shared prompt adds its keys and values kept once per image ((r + l) kv a
-    layer) and, in the recomputed layer, the captions' rows of them (2 l kv). SmolVLM-256M's shapes, bf16 + LoRA
-    without a mask: r = l = 2, h = 576, kv = 3 x 64 = 192, 30 layers."""
+    repeated; each position keeps its layer inputs (r h a layer) and the final norm's input (4 h); one layer is
+    recomputed at a time, of one pass (the shared prompt's passes are recomputed one after the other, the captions'
+    with their rows of the prompt's keys and values, 2 l kv a caption and prompt position); the shared prompt keeps
+    its keys and values once per image ((r + l) kv a layer). SmolVLM-256M's shapes, bf16 + LoRA without a mask:
+    r = l = 2, h = 576, kv = 3 x 64 = 192, 30 layers."""
     lm = LmShapes(30, 576, 1536, 9, 3, 49_280)
     train = Training("lora", 2, autocast=True, checkpointing=True, mask=False)
-    images, prompt, captions, tokens = 4, 900, 8, 31
-    rows = images * captions
-    shared = activation_forecast(lm, train, Step(images, prompt, captions, tokens, shared=True))["lm"]
-    repeated = activation_forecast(lm, train, Step(images, prompt, captions, tokens))["lm"]
-    fewer = (rows - images) * prompt * (2 * 576 * 30 + layer_bytes(lm, train) + 4 * 576)
-    kv = images * prompt * (2 + 2) * 192 * 30 + rows * prompt * 2 * 2 * 192
-    assert shared - repeated == kv - fewer
+    B, P, S, L = 4, 900, 8, 31
+    N = B * S
+    per_token, casts = layer_bytes(lm, train), autocast_bytes(lm, train)
+    shared = activation_forecast(lm, train, Step(B, P, S, L, shared=True))["lm"]
+    repeated = activation_forecast(lm, train, Step(B, P, S, L))["lm"]
+    kept = 2 * 576 * 30 + 4 * 576  # a position's layer inputs and final norm input
+    recomputed = max(B * P * per_token, N * (L - 1) * per_token + N * P * 2 * 2 * 192)
+    assert shared == (B * P + N * (L - 1)) * kept + B * P * (2 + 2) * 192 * 30 + recomputed + casts
+    assert repeated == N * (P + L - 1) * (kept + per_token) + casts
     assert shared < repeated / 4  # 8 samples of a 900-token prompt: most of the work was the repeated prompt
 
 

@@ -39,7 +39,8 @@ before the language model runs). **Under gradient checkpointing** (non-reentrant
 (``r h`` a token) is kept, and one layer's activations are recomputed at a time in the backward pass; with the prompt
 shared (it is under checkpointing too: :class:`finecap.models.kvcache.PromptCache`) also every layer's keys and
 values over the prompt, once per image (the cache the captions read: ``(r + l) kv`` a prompt token, the keys in the
-residual stream's dtype after rope), the captions' rows of them formed only inside a recomputed layer.
+residual stream's dtype after rope), the captions' rows of them formed only inside a recomputed layer; the two passes
+are recomputed one after the other (the captions' first), so the larger one's layer is the recomputed peak.
 
 The peak is taken at the start of the backward pass: everything saved, plus the vocabulary's gradients (or, under
 checkpointing, one recomputed layer), or the vision tower's temporaries if larger. Not counted: the allocator's
@@ -280,7 +281,10 @@ def _forecast(lm: LmShapes, train: Training, step: Step, vision: VisionShapes | 
         kept = tokens * train.residual * lm.hidden * lm.layers  # each layer's input
         if step.shared:  # the prompt's keys and values, once per image, in the cache the captions read
             kept += step.images * step.prompt * (train.residual + train.linear) * lm.kv * lm.layers
-        recomputed = tokens * per_token + mask + extra_kv + casts  # one layer at a time
+        # one layer of one pass at a time (the captions' pass, then the prompt's: each its own checkpoint)
+        passes = [n * q * per_token + mask_bytes(train, n, q, k) for n, q, k in sequences]
+        passes[-1] += extra_kv  # the captions' rows of the prompt's keys and values
+        recomputed = max(passes) + casts
         layers = kept + recomputed + tokens * norm_final
         mask_total = 0
     else:
