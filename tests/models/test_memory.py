@@ -345,7 +345,8 @@ def test_decoding_with_checkpointing_gives_the_same_captions(dirs, backbone):
 def test_checkpointing_with_cache_checkpoints_by_hand_and_puts_everything_back_even_on_an_error(dirs):
     """Inside :func:`memory.checkpointing_with_cache` transformers' flags are off and each switched-on layer's call
     is checkpointed by finecap (an instance ``forward``); on leaving, even by an exception, the flags are on again
-    and the layers' own ``forward`` is back. Nothing changes where checkpointing is off."""
+    and the layers' own ``forward`` is back; ``by_hand=False`` only pauses checkpointing. Nothing changes where
+    checkpointing is off."""
     from transformers.modeling_layers import GradientCheckpointingLayer
 
     model = build(dirs, "vlm", "lora.lm=true", "train.gradient_checkpointing=true").train()
@@ -360,6 +361,9 @@ def test_checkpointing_with_cache_checkpoints_by_hand_and_puts_everything_back_e
         raise RuntimeError("inside")
     assert all(m.gradient_checkpointing for m in layers)
     assert not any("forward" in m.__dict__ for m in layers)
+    with memory.checkpointing_with_cache(model, by_hand=False):  # paused: transformers' flags off, nothing by hand
+        assert not any(m.gradient_checkpointing for m in layers) and not any("forward" in m.__dict__ for m in layers)
+    assert all(m.gradient_checkpointing for m in layers)
     memory.disable_gradient_checkpointing(model)
     with memory.checkpointing_with_cache(model):
         assert not any("forward" in m.__dict__ for m in model.modules())

@@ -559,7 +559,7 @@ def gradient_checkpointing(model: nn.Module) -> bool:
 
 
 @contextlib.contextmanager
-def checkpointing_with_cache(model: nn.Module) -> Iterator[None]:
+def checkpointing_with_cache(model: nn.Module, by_hand: bool = True) -> Iterator[None]:
     """Inside the block, ``model``'s checkpointed layers (:func:`enable_gradient_checkpointing`, those switched on:
     inside the captioner's ``forward`` with gradients enabled) are checkpointed here, non-reentrant, with the KV cache
     they are called with handed through, instead of by ``transformers``; everything is put back on leaving the block,
@@ -572,20 +572,22 @@ def checkpointing_with_cache(model: nn.Module) -> Iterator[None]:
     :class:`finecap.models.kvcache.PromptCache` (docs/memory.md#the-prompt-shared-under-checkpointing). A layer in
     eval mode, or called without gradients, runs as is (``transformers``' own rule). Keys and values leaving a
     checkpointed layer through the cache keep their graph (non-reentrant checkpoints recompute the layer when the
-    backward pass reaches them), so the gradient of the captions' loss reaches the prompt's layers through them."""
+    backward pass reaches them), so the gradient of the captions' loss reaches the prompt's layers through them.
+    ``by_hand=False``: the layers run without checkpointing in the block (for a cache that is not
+    recomputation-safe), as in the forward of a model without it."""
     from transformers.modeling_layers import GradientCheckpointingLayer
 
     state = getattr(model, _CHECKPOINTING, None)
     on = [] if state is None else [m for m in state.layers if m.gradient_checkpointing]
-    by_hand = [m for m in on if isinstance(m, GradientCheckpointingLayer)]
+    layers = [m for m in on if isinstance(m, GradientCheckpointingLayer)] if by_hand else []
     try:
         for m in on:
             m.gradient_checkpointing = False
-        for m in by_hand:
+        for m in layers:
             m.forward = functools.partial(_checkpointed, m, m.forward)  # an instance attribute over the class's
         yield
     finally:
-        for m in by_hand:
+        for m in layers:
             m.__dict__.pop("forward", None)
         for m in on:
             m.gradient_checkpointing = True

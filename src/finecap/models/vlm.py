@@ -34,7 +34,8 @@ captions run the model's ``forward`` on the prompt ids with the family's image a
 attention and rope are the model's; caption tokens are then fed from its ``DynamicCache`` at the positions above.
 Teacher forcing is one own forward over prompt and caption (with or without gradient checkpointing); a batch where a
 caption holds the image token (a sampled one can), which that forward would read as an image slot, is scored after
-the prompt's cache instead, as sampled captions are.
+the prompt's cache instead, as sampled captions are. Only the world VLM scatters image features into the prompt
+embeddings itself.
 
 **Under gradient checkpointing** the sampled captions are still scored after one prompt pass per image: transformers
 drops the KV cache of a checkpointed layer in training, so that pass and the captions' pass after it are checkpointed
@@ -42,7 +43,6 @@ by finecap (:func:`memory.checkpointing_with_cache`) over a cache that a layer's
 reads without writing it twice (:class:`finecap.models.kvcache.PromptCache`); losses and gradients equal those of
 the prompt repeated per caption, checkpointed or not (``tests/models/test_vlm_shared_prompt.py``;
 docs/memory.md#the-prompt-shared-under-checkpointing).
-Only the world VLM scatters image features into the prompt embeddings itself.
 
 **Decoding** runs the :class:`finecap.decode.Stepper` protocol: ``start`` pre-fills the cache with that prompt pass;
 ``step`` feeds one token per row with its position; ``select`` reorders cache rows for beams and samples. Greedy,
@@ -882,7 +882,7 @@ class Vlm(CaptionerBase):
         self.check_length(prompt, L, "sampled caption length")
         last = last_positions(1, prompt.length, self.device)
         given = cache_kwargs(self.model, PromptCache(config=self.model.config)) if LAYERED else {}
-        with memory.checkpointing_with_cache(self):
+        with memory.checkpointing_with_cache(self, by_hand=LAYERED):  # an older cache: checkpointing paused
             out = self.prompt_pass(prompt, use_cache=True, logits_to_keep=last, **given)  # once per image: (B, 1, V)
             first = out.logits[:, -1][image_index]  # (N, V): the prompt's last position predicts the first token
             if L == 1:
