@@ -575,11 +575,13 @@ def checkpointing_with_cache(model: nn.Module, by_hand: bool = True) -> Iterator
     backward pass reaches them), so the gradient of the captions' loss reaches the prompt's layers through them.
     ``by_hand=False``: the layers run without checkpointing in the block (for a cache that is not
     recomputation-safe), as in the forward of a model without it."""
-    from transformers.modeling_layers import GradientCheckpointingLayer
-
     state = getattr(model, _CHECKPOINTING, None)
     on = [] if state is None else [m for m in state.layers if m.gradient_checkpointing]
-    layers = [m for m in on if isinstance(m, GradientCheckpointingLayer)] if by_hand else []
+    layers = []
+    if by_hand and on:
+        from transformers.modeling_layers import GradientCheckpointingLayer  # transformers >= 4.52
+
+        layers = [m for m in on if isinstance(m, GradientCheckpointingLayer)]
     try:
         for m in on:
             m.gradient_checkpointing = False
