@@ -57,3 +57,26 @@ def test_the_cache_comes_out_of_either_output_field():
     marker, logits = object(), torch.zeros(1)
     assert returned_cache(OldOutput(logits, past_key_values=marker)) is marker
     assert returned_cache(NewOutput(logits, cache=marker)) is marker
+
+
+def test_the_prompt_cache_records_each_layer_once_and_its_view_reads_rows_without_writing():
+    """:class:`PromptCache`: a layer's second update in the recording pass (a checkpointed layer recomputed) returns
+    the update against the layer as it was before the first, storing nothing; the read-only view returns the stored
+    prompt's rows followed by the new keys and values, and leaves the cache as it was."""
+    from finecap.models.kvcache import PromptCache
+
+    g = torch.Generator().manual_seed(0)
+    k, v = torch.randn(2, 1, 3, 4, generator=g), torch.randn(2, 1, 3, 4, generator=g)  # (B, heads, P, head_dim)
+    cache = PromptCache()
+    keys, values = cache.update(k, v, 0)
+    assert torch.equal(keys, k) and torch.equal(values, v)
+    again = cache.update(2 * k, 2 * v, 0)  # the recomputation: against the empty layer, not after the first
+    assert torch.equal(again[0], 2 * k) and torch.equal(again[1], 2 * v)
+    assert torch.equal(cache.layers[0].keys, k) and cache.get_seq_length() == 3
+    rows = torch.tensor([1, 1, 0])
+    view = cache.read_rows(rows)
+    k2, v2 = torch.randn(3, 1, 2, 4, generator=g), torch.randn(3, 1, 2, 4, generator=g)  # (N, heads, L, head_dim)
+    for _ in range(2):  # a recomputation of the caption pass computes the same again
+        keys, values = view.update(k2, v2, 0)
+        assert torch.equal(keys, torch.cat([k[rows], k2], dim=2)) and torch.equal(values, torch.cat([v[rows], v2], 2))
+    assert torch.equal(cache.layers[0].keys, k) and view.get_seq_length() == cache.get_seq_length() == 3

@@ -342,6 +342,33 @@ def test_decoding_with_checkpointing_gives_the_same_captions(dirs, backbone):
         assert torch.equal(with_ckpt, without)
 
 
+def test_checkpointing_with_cache_checkpoints_by_hand_and_puts_everything_back_even_on_an_error(dirs):
+    """Inside :func:`memory.checkpointing_with_cache` transformers' flags are off and each switched-on layer's call
+    is checkpointed by finecap (an instance ``forward``); on leaving, even by an exception, the flags are on again
+    and the layers' own ``forward`` is back; ``by_hand=False`` only pauses checkpointing. Nothing changes where
+    checkpointing is off."""
+    from transformers.modeling_layers import GradientCheckpointingLayer
+
+    model = build(dirs, "vlm", "lora.lm=true", "train.gradient_checkpointing=true").train()
+    layers = getattr(model, memory._CHECKPOINTING).layers
+    by_hand = [m for m in layers if isinstance(m, GradientCheckpointingLayer)]
+    assert by_hand and len(by_hand) < len(layers)  # decoder / vision layers, and the models that hold them
+    for m in layers:  # as the captioner's forward switches them on
+        m.gradient_checkpointing = True
+    with pytest.raises(RuntimeError, match="inside"), memory.checkpointing_with_cache(model):
+        assert not any(m.gradient_checkpointing for m in layers)
+        assert all("forward" in m.__dict__ for m in by_hand)
+        raise RuntimeError("inside")
+    assert all(m.gradient_checkpointing for m in layers)
+    assert not any("forward" in m.__dict__ for m in layers)
+    with memory.checkpointing_with_cache(model, by_hand=False):  # paused: transformers' flags off, nothing by hand
+        assert not any(m.gradient_checkpointing for m in layers) and not any("forward" in m.__dict__ for m in layers)
+    assert all(m.gradient_checkpointing for m in layers)
+    memory.disable_gradient_checkpointing(model)
+    with memory.checkpointing_with_cache(model):
+        assert not any("forward" in m.__dict__ for m in model.modules())
+
+
 # --------------------------------------------------------------------------------------------------------------------
 # Attention implementation
 # --------------------------------------------------------------------------------------------------------------------

@@ -123,6 +123,27 @@ def test_forecast_grows_with_images_and_captions_and_checkpointing_shrinks_it():
     assert shared["lm"] < plain["lm"]  # the prompt's layers run once per image, not once per caption
 
 
+def test_under_checkpointing_the_shared_prompt_keeps_its_keys_and_values_and_saves_the_repeats():
+    """Checkpointed, the language model runs over B P + N (L - 1) positions with the prompt shared, N (P + L - 1)
+    repeated; each position keeps its layer inputs (r h a layer) and the final norm's input (4 h); one layer is
+    recomputed at a time, of one pass (the shared prompt's passes are recomputed one after the other, the captions'
+    with their rows of the prompt's keys and values, 2 l kv a caption and prompt position); the shared prompt keeps
+    its keys and values once per image ((r + l) kv a layer). SmolVLM-256M's shapes, bf16 + LoRA without a mask:
+    r = l = 2, h = 576, kv = 3 x 64 = 192, 30 layers."""
+    lm = LmShapes(30, 576, 1536, 9, 3, 49_280)
+    train = Training("lora", 2, autocast=True, checkpointing=True, mask=False)
+    B, P, S, L = 4, 900, 8, 31
+    N = B * S
+    per_token, casts = layer_bytes(lm, train), autocast_bytes(lm, train)
+    shared = activation_forecast(lm, train, Step(B, P, S, L, shared=True))["lm"]
+    repeated = activation_forecast(lm, train, Step(B, P, S, L))["lm"]
+    kept = 2 * 576 * 30 + 4 * 576  # a position's layer inputs and final norm input
+    recomputed = max(B * P * per_token, N * (L - 1) * per_token + N * P * 2 * 2 * 192)
+    assert shared == (B * P + N * (L - 1)) * kept + B * P * (2 + 2) * 192 * 30 + recomputed + casts
+    assert repeated == N * (P + L - 1) * (kept + per_token) + casts
+    assert shared < repeated / 4  # 8 samples of a 900-token prompt: most of the work was the repeated prompt
+
+
 def test_forecast_text_says_a_cpu_line_is_a_forecast():
     lm = LmShapes(2, 64, 160, 4, 2, 50)
     forecast = {"step": Step(2, 10, 1, 5), "bytes": activation_forecast(lm, Training(), Step(2, 10, 1, 5))}
@@ -168,8 +189,8 @@ def test_forecast_within_a_quarter_of_the_measured_cpu_peak(tmp_path, name, over
     loads = bench.save_checkpoints(tmp_path, ["vlm"])["vlm"]
     images, samples, tokens = 2, 4, 24
     row = bench.measure([*loads, "train.batch_size=8", *overrides], step, images, samples, tokens)
-    shapes = Step(images, row["prompt_tokens"], samples if step == "scst" else 1, tokens, shared=step == "scst"
-                  and not train.checkpointing)  # fmt: skip
+    shapes = Step(images, row["prompt_tokens"], samples if step == "scst" else 1, tokens,
+                  shared=step == "scst")  # fmt: skip
     vision = VisionShapes(768, 3072, 1024, 3 * 512 * 512)  # SigLIP at 512 px, patch 16, one crop
     forecast = activation_forecast(SMOLVLM, train, shapes, vision)["peak"] / 2**20
     print(f"{name}: prompt {row['prompt_tokens']} tokens, forecast {forecast:.0f} MB, measured "

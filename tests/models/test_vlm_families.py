@@ -12,7 +12,7 @@ installed here) is checked for:
 - beam captions equal to ``generate(num_beams=3)``'s;
 - bf16 weights + autocast + LoRA with gradient checkpointing: the loss and adapter gradients of the same model without
   it (checkpointing seen to run: the first layer runs again in the backward pass), also for a caption holding the
-  image token;
+  image token (scored after the prompt's cache, both passes checkpointed);
 - the family row's LoRA targets resolve in both parts;
 - from a saved folder: LoRA on both parts, saved; peft's adapter on the *original* base and the merged export, each
   loaded by ``AutoModelForImageTextToText``, caption like finecap.
@@ -218,16 +218,16 @@ def loss_and_grads(model: Vlm, batch: dict) -> tuple[float, dict[str, torch.Tens
 def test_bf16_lora_and_checkpointing_give_the_losses_without_checkpointing(tiny):
     """bf16 weights + autocast + LoRA with gradient checkpointing (the prompt and caption in one own forward,
     recomputed in the backward pass) give the loss and adapter gradients of the same model without it (the same one
-    own forward); a caption holding the image token (a sampled one can) is scored after the prompt's cache, with
-    checkpointing paused. bf16 rounding: 2e-2 relative."""
+    own forward); a caption holding the image token (a sampled one can) is scored after the prompt's cache, both
+    passes checkpointed (:func:`finecap.models.memory.checkpointing_with_cache`). bf16 rounding: 2e-2 relative."""
     family = tiny.model.config.model_type
     plain, checkpointed = levers_model(family, False), levers_model(family, True)
     batch = batch_of(plain)
     held = dict(batch, input_ids=batch["input_ids"].clone())
     held["input_ids"][0, 1] = plain.image_token_id
     # (forward, backward) calls of the first layer: one own forward, run again in the backward pass under
-    # checkpointing; for the image token the prompt pass and the caption pass after its cache, checkpointing paused
-    for b, expect, expect_ckpt in ((batch, (1, 0), (1, 1)), (held, (2, 0), (2, 0))):
+    # checkpointing; for the image token the prompt pass and the caption pass after its cache, each run again
+    for b, expect, expect_ckpt in ((batch, (1, 0), (1, 1)), (held, (2, 0), (2, 2))):
         loss, grads, calls = loss_and_grads(plain, b)
         loss_ckpt, grads_ckpt, calls_ckpt = loss_and_grads(checkpointed, b)
         assert (calls, calls_ckpt) == (expect, expect_ckpt)

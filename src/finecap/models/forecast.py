@@ -36,7 +36,11 @@ prompt (``2 l k' P`` per layer); the image inputs (``pixel_values``, float32) an
 saved) per image, and per caption where the prompt is not shared (each caption's row then runs the model's own
 forward, vision tower included); a frozen vision tower runs without a graph (only one layer's temporaries at a time,
 before the language model runs). **Under gradient checkpointing** (non-reentrant, per layer) only each layer's input
-(``r h`` a token) is kept, and one layer's activations are recomputed at a time in the backward pass.
+(``r h`` a token) is kept, and one layer's activations are recomputed at a time in the backward pass; with the prompt
+shared (it is under checkpointing too: :class:`finecap.models.kvcache.PromptCache`) also every layer's keys and
+values over the prompt, once per image (the cache the captions read: ``(r + l) kv`` a prompt token, the keys in the
+residual stream's dtype after rope), the captions' rows of them formed only inside a recomputed layer; the two passes
+are recomputed one after the other (the captions' first), so the larger one's layer is the recomputed peak.
 
 The peak is taken at the start of the backward pass: everything saved, plus the vocabulary's gradients (or, under
 checkpointing, one recomputed layer), or the vision tower's temporaries if larger. Not counted: the allocator's
@@ -50,6 +54,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from finecap.models.captioner import VOCAB_CHUNK_ELEMENTS
+from finecap.models.kvcache import LAYERED
 
 GIB = 1024**3
 CHUNKED = ("mle", "reinforce", "grpo")
@@ -151,7 +156,7 @@ class Training:
 class Step:
     """One step's shapes, per process: ``images``, each with a prompt of ``prompt`` tokens (padding included) and
     ``captions`` scored captions of ``tokens`` tokens; ``shared``: one prompt pass per image feeding its captions (the
-    KV cache repeated), else the prompt is run again for each caption (teacher forcing, or RL under checkpointing);
+    KV cache repeated; RL objectives, checkpointed or not), else the prompt is run again for each caption;
     ``chunked``: under checkpointing the captions are scored through the head in vocabulary chunks (MLE and the RL
     objectives; SMILE's subset softmax reads whole logits)."""
 
@@ -274,7 +279,12 @@ def _forecast(lm: LmShapes, train: Training, step: Step, vision: VisionShapes | 
     head_cast = 2 * lm.vocab * lm.hidden if train.autocast and train.lm == "full" else 0
     if train.checkpointing:
         kept = tokens * train.residual * lm.hidden * lm.layers  # each layer's input
-        recomputed = tokens * per_token + mask + extra_kv + casts  # one layer at a time
+        if step.shared:  # the prompt's keys and values, once per image, in the cache the captions read
+            kept += step.images * step.prompt * (train.residual + train.linear) * lm.kv * lm.layers
+        # one layer of one pass at a time (the captions' pass, then the prompt's: each its own checkpoint)
+        passes = [n * q * per_token + mask_bytes(train, n, q, k) for n, q, k in sequences]
+        passes[-1] += extra_kv  # the captions' rows of the prompt's keys and values
+        recomputed = max(passes) + casts
         layers = kept + recomputed + tokens * norm_final
         mask_total = 0
     else:
@@ -314,12 +324,14 @@ def training_of(cfg: Any, padded: bool = True) -> Training:
 def step_of(cfg: Any, batch: dict[str, Any], rl: Any | None, shares_prompt: bool) -> Step:
     """The :class:`Step` of a run's first batch (``prompt_ids``, ``input_ids``): an RL objective (``rl``: its
     ``rl`` section) scores ``rl.samples`` captions of up to ``decode.max_length`` tokens per image (EOS included),
-    after one prompt pass per image when the model ``shares_prompt``; else one teacher-forced caption per image."""
+    after one prompt pass per image when the model ``shares_prompt`` and samples several; else one teacher-forced
+    caption per image."""
     images, prompt = batch["prompt_ids"].shape
     chunked = cfg.train.objective in CHUNKED
     if rl is None:
         return Step(int(images), int(prompt), 1, int(batch["input_ids"].shape[1]), chunked=chunked)
-    return Step(int(images), int(prompt), int(rl.samples), int(cfg.decode.max_length), shares_prompt, chunked)
+    shared = shares_prompt and rl.samples > 1  # one caption per image: teacher forcing (Vlm.sequence_logits)
+    return Step(int(images), int(prompt), int(rl.samples), int(cfg.decode.max_length), shared, chunked)
 
 
 def forecast_of_run(model: Any, cfg: Any, batch: dict[str, Any], objective: Any) -> dict[str, Any] | None:
@@ -331,7 +343,7 @@ def forecast_of_run(model: Any, cfg: Any, batch: dict[str, Any], objective: Any)
         return None
     padded = any(not bool(batch[k].bool().all()) for k in ("prompt_mask", "attention_mask") if k in batch)
     rl = getattr(objective, "rl", None)
-    shares = bool(getattr(model, "share_prompt", False)) and not cfg.train.gradient_checkpointing
+    shares = bool(getattr(model, "share_prompt", False)) and (LAYERED or not cfg.train.gradient_checkpointing)
     train = training_of(cfg, padded or rl is not None)  # sampled captions end at different lengths
     step = step_of(cfg, batch, rl, shares)
     vision = VisionShapes.of(config, batch["pixel_values"], step.images) if "pixel_values" in batch else None
@@ -440,7 +452,8 @@ def recipe_forecast(cfg: Any, backbone: Backbone) -> dict[str, Any]:
     (:func:`activation_forecast`; ``reinforce``: ``rl.samples`` captions of ``decode.max_length`` tokens per image,
     else one of ``data.max_tokens``; batches padded), and their ``total`` per process."""
     rl = cfg.train.objective in SAMPLING
-    shared = rl and not cfg.train.gradient_checkpointing
+    # Vlm.sequence_logits: shared where an image has several captions
+    shared = rl and cfg.rl.samples > 1 and (LAYERED or not cfg.train.gradient_checkpointing)
     captions, tokens = (cfg.rl.samples, cfg.decode.max_length) if rl else (1, cfg.data.max_tokens)
     step = Step(cfg.train.batch_size, backbone.prompt, captions, tokens, shared, cfg.train.objective in CHUNKED)
     train = Training(**{**training_of(cfg).__dict__, "projector_trains": bool(cfg.vlm.train_projector)})

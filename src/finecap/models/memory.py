@@ -22,7 +22,9 @@ knows a backbone; the backbones call :class:`LoadOptions` where they load or bui
   embedding their gradient (the reentrant variant does not when no input of a checkpoint requires grad: the
   VLM-R1 / open-r1-multimodal report). It is switched on only for the duration of the captioner's ``forward`` (the
   one differentiable entry point), so decoding (``start`` / ``step`` with the KV cache, which ``transformers`` drops
-  in a checkpointed layer in training mode) never runs checkpointed (:func:`enable_gradient_checkpointing`).
+  in a checkpointed layer in training mode) never runs checkpointed (:func:`enable_gradient_checkpointing`); a VLM's
+  shared prompt pass, which hands its KV cache to the captions after it, is checkpointed by hand
+  (:func:`checkpointing_with_cache`).
 - **Attention implementation** (``model.attn_implementation``): passed through to ``from_pretrained`` (``sdpa``,
   ``eager``, ``flash_attention_2``), or set on the config of a model built here.
 - **Quantization** (``model.quantization``: ``4bit`` NF4 with double quantization, or ``8bit``, through
@@ -557,19 +559,48 @@ def gradient_checkpointing(model: nn.Module) -> bool:
 
 
 @contextlib.contextmanager
-def checkpointing_paused(model: nn.Module) -> Iterator[None]:
-    """Inside the block, ``model``'s checkpointed layers (:func:`enable_gradient_checkpointing`) run without
-    checkpointing, as in the forward of a model without it (their activations kept, ``transformers`` keeping the KV
-    cache); switched back on after. Nothing when checkpointing is off."""
+def checkpointing_with_cache(model: nn.Module, by_hand: bool = True) -> Iterator[None]:
+    """Inside the block, ``model``'s checkpointed layers (:func:`enable_gradient_checkpointing`, those switched on:
+    inside the captioner's ``forward`` with gradients enabled) are checkpointed here, non-reentrant, with the KV cache
+    they are called with handed through, instead of by ``transformers``; everything is put back on leaving the block,
+    even on an exception. Nothing when checkpointing is off.
+
+    Hand-rolled because ``transformers`` drops the cache of a checkpointed layer in training (its
+    ``GradientCheckpointingLayer`` sets ``use_cache=False`` and the cache to ``None``; the model's forward turns
+    ``use_cache`` off as well): a plain ``DynamicCache`` would be updated a second time when the backward pass
+    recomputes the layer. The cache passed in the block must be recomputation-safe: the shared prompt's
+    :class:`finecap.models.kvcache.PromptCache` (docs/memory.md#the-prompt-shared-under-checkpointing). A layer in
+    eval mode, or called without gradients, runs as is (``transformers``' own rule). Keys and values leaving a
+    checkpointed layer through the cache keep their graph (non-reentrant checkpoints recompute the layer when the
+    backward pass reaches them), so the gradient of the captions' loss reaches the prompt's layers through them.
+    ``by_hand=False``: the layers run without checkpointing in the block (for a cache that is not
+    recomputation-safe), as in the forward of a model without it."""
     state = getattr(model, _CHECKPOINTING, None)
-    paused = [] if state is None else [m for m in state.layers if m.gradient_checkpointing]
-    for m in paused:
-        m.gradient_checkpointing = False
+    on = [] if state is None else [m for m in state.layers if m.gradient_checkpointing]
+    layers = []
+    if by_hand and on:
+        from transformers.modeling_layers import GradientCheckpointingLayer  # transformers >= 4.52
+
+        layers = [m for m in on if isinstance(m, GradientCheckpointingLayer)]
     try:
+        for m in on:
+            m.gradient_checkpointing = False
+        for m in layers:
+            m.forward = functools.partial(_checkpointed, m, m.forward)  # an instance attribute over the class's
         yield
     finally:
-        for m in paused:
+        for m in layers:
+            m.__dict__.pop("forward", None)
+        for m in on:
             m.gradient_checkpointing = True
+
+
+def _checkpointed(layer: nn.Module, forward: Any, *args: Any, **kwargs: Any) -> Any:
+    """``forward(*args, **kwargs)`` (a layer's own, ``transformers``' checkpointing switched off) under a
+    non-reentrant checkpoint, when ``layer`` trains and gradients are enabled."""
+    if layer.training and torch.is_grad_enabled():
+        return checkpoint(forward, *args, use_reentrant=False, **kwargs)
+    return forward(*args, **kwargs)
 
 
 # --------------------------------------------------------------------------------------------------------------------

@@ -32,10 +32,17 @@ same positions as ``generate``, whatever the padding, and Qwen2-VL's cached ``ro
 captions run the model's ``forward`` on the prompt ids with the family's image and per-token inputs
 (:class:`Family`) and ``use_cache=True``, so image merging, Qwen3-VL's DeepStack, Gemma 3's bidirectional image
 attention and rope are the model's; caption tokens are then fed from its ``DynamicCache`` at the positions above.
-Under gradient checkpointing in training (transformers drops that cache) teacher forcing is one own forward over
-prompt and caption; a batch where a caption holds the image token (a sampled one can), which that forward would read
-as an image slot, is scored after the prompt's cache with checkpointing paused (:func:`memory.checkpointing_paused`).
-Only the world VLM scatters image features into the prompt embeddings itself.
+Teacher forcing is one own forward over prompt and caption (with or without gradient checkpointing); a batch where a
+caption holds the image token (a sampled one can), which that forward would read as an image slot, is scored after
+the prompt's cache instead, as sampled captions are. Only the world VLM scatters image features into the prompt
+embeddings itself.
+
+**Under gradient checkpointing** the sampled captions are still scored after one prompt pass per image: transformers
+drops the KV cache of a checkpointed layer in training, so that pass and the captions' pass after it are checkpointed
+by finecap (:func:`memory.checkpointing_with_cache`) over a cache that a layer's recomputation in the backward pass
+reads without writing it twice (:class:`finecap.models.kvcache.PromptCache`); losses and gradients equal those of
+the prompt repeated per caption, checkpointed or not (``tests/models/test_vlm_shared_prompt.py``;
+docs/memory.md#the-prompt-shared-under-checkpointing).
 
 **Decoding** runs the :class:`finecap.decode.Stepper` protocol: ``start`` pre-fills the cache with that prompt pass;
 ``step`` feeds one token per row with its position; ``select`` reorders cache rows for beams and samples. Greedy,
@@ -89,7 +96,7 @@ from finecap.models.base import TEXT_TINY_SIZES, CaptionerBase, module_path, sam
 from finecap.models.captioner import encode_images, last_positions
 from finecap.models.chat_templates import apply_chat_template
 from finecap.models.image_budget import budget_kwargs
-from finecap.models.kvcache import cache_kwargs, returned_cache
+from finecap.models.kvcache import LAYERED, PromptCache, cache_kwargs, returned_cache
 from finecap.models.presets import world_vlm
 from finecap.models.processors import load_processor
 from finecap.models.tokenizer import ensure_pad_token
@@ -822,12 +829,10 @@ class Vlm(CaptionerBase):
                                                                   int(self.tokenizer.eos_token_id))  # fmt: skip
             if bool((text == self.image_token_id).any()):
                 # the own forward would read a caption's image token as an image slot: the caption is continued
-                # from the prompt pass's cache instead (as generate reads it), checkpointing paused if on (it drops
-                # that cache)
+                # from the prompt pass's cache instead (as generate reads it)
                 rows = torch.arange(B, device=self.device)
-                with memory.checkpointing_paused(self):
-                    return self._shared_prompt_logits(prompt, rows, input_ids.to(self.device),
-                                                      caption_mask.to(self.device))  # fmt: skip
+                return self._shared_prompt_logits(prompt, rows, input_ids.to(self.device),
+                                                  caption_mask.to(self.device))  # fmt: skip
             # one own forward over prompt and caption: the same operations with and without checkpointing, so that
             # checkpointing changes no value (tests/models/test_memory.py)
             ids = torch.cat([prompt.ids, text.to(prompt.ids)], dim=1)  # (B, P+T-1)
@@ -844,8 +849,9 @@ class Vlm(CaptionerBase):
                         image_index: torch.Tensor | None) -> torch.Tensor:  # fmt: skip
         """Logits ``(N, L, V)`` of given sequences, rows mapped to images by ``image_index``: the vision tower runs
         once per image (:meth:`image_conditioning`), and so does the language model over each image's prompt
-        (:meth:`_shared_prompt_logits`) when :meth:`shares_prompt`."""
-        if image_index is not None and self.shares_prompt():
+        (:meth:`_shared_prompt_logits`) when :meth:`shares_prompt` and some image has several sequences (with one
+        sequence per image sharing saves nothing, and under checkpointing would keep the prompt's keys and values)."""
+        if image_index is not None and self.shares_prompt() and len(image_index) > prompt.mask.shape[0]:
             return self._shared_prompt_logits(prompt, image_index.to(self.device), sequences, mask)
         return super().sequence_logits(prompt, sequences, mask, image_index)
 
@@ -854,10 +860,12 @@ class Vlm(CaptionerBase):
     repeats the prompt for every sequence, as teacher forcing does (kept for tests and benchmarks to compare)."""
 
     def shares_prompt(self) -> bool:
-        """Whether :meth:`forward` scores sequences after one prompt pass per image: :attr:`share_prompt`, unless
-        the language model checkpoints its activations while training (transformers then drops the KV cache the
-        shared pass hands over, so the prompt is repeated per sequence instead)."""
-        return self.share_prompt and not (self.training and memory.gradient_checkpointing(self))
+        """Whether :meth:`forward` scores sequences after one prompt pass per image: :attr:`share_prompt`, with or
+        without gradient checkpointing (:meth:`_shared_prompt_logits` checkpoints its passes itself); only with a
+        ``transformers`` older than layered caches (:data:`finecap.models.kvcache.LAYERED`) does a model training
+        under checkpointing repeat the prompt per sequence."""
+        old_cache = self.training and memory.gradient_checkpointing(self) and not LAYERED
+        return self.share_prompt and not old_cache
 
     def _shared_prompt_logits(self, prompt: Prompt, image_index: torch.Tensor, sequences: torch.Tensor,
                               mask: torch.Tensor) -> torch.Tensor:  # fmt: skip
@@ -867,22 +875,28 @@ class Vlm(CaptionerBase):
         model) is repeated to the image's rows and only the caption tokens are run after it. The prompt's hundreds
         of image tokens are computed once per image instead of once per sample (SCST's S = 5: ~5x less prompt work);
         the result equals the per-sequence computation up to floating-point rounding
-        (``tests/models/test_vlm_shared_prompt.py``)."""
+        (``tests/models/test_vlm_shared_prompt.py``). Under gradient checkpointing both passes are checkpointed by
+        finecap over a :class:`~finecap.models.kvcache.PromptCache` (:func:`memory.checkpointing_with_cache`: the
+        module docstring)."""
         N, L = sequences.shape
         self.check_length(prompt, L, "sampled caption length")
         last = last_positions(1, prompt.length, self.device)
-        out = self.prompt_pass(prompt, use_cache=True, logits_to_keep=last)  # one pass per image: (B, 1, V)
-        first = out.logits[:, -1][image_index]  # (N, V): the prompt's last position predicts the first token
-        if L == 1:
-            return first[:, None]  # (N, 1, V)
-        cache = returned_cache(out)
-        cache.reorder_cache(image_index)  # (B, ...) -> (N, ...) rows, differentiable (index_select)
-        rows = prompt[image_index]
-        tokens = self.embed_tokens(sequences[:, :-1])  # (N, L-1, H)
-        attention = torch.cat([rows.mask, mask[:, :-1].to(rows.mask)], dim=1)  # (N, P+L-1)
-        positions = rows.caption_positions(0, L - 1)  # (N, L-1) or (4, N, L-1)
-        rest = self.model(inputs_embeds=tokens, attention_mask=attention, position_ids=positions,
-                          use_cache=True, **cache_kwargs(self.model, cache))  # fmt: skip
+        given = cache_kwargs(self.model, PromptCache(config=self.model.config)) if LAYERED else {}
+        with memory.checkpointing_with_cache(self, by_hand=LAYERED):  # an older cache: checkpointing paused
+            out = self.prompt_pass(prompt, use_cache=True, logits_to_keep=last, **given)  # once per image: (B, 1, V)
+            first = out.logits[:, -1][image_index]  # (N, V): the prompt's last position predicts the first token
+            if L == 1:
+                return first[:, None]  # (N, 1, V)
+            # (B, ...) prompt rows read as (N, ...) by the captions, differentiable (index_select)
+            cache = returned_cache(out).read_rows(image_index) if LAYERED else returned_cache(out)
+            if not LAYERED:
+                cache.reorder_cache(image_index)
+            rows = prompt[image_index]
+            tokens = self.embed_tokens(sequences[:, :-1])  # (N, L-1, H)
+            attention = torch.cat([rows.mask, mask[:, :-1].to(rows.mask)], dim=1)  # (N, P+L-1)
+            positions = rows.caption_positions(0, L - 1)  # (N, L-1) or (4, N, L-1)
+            rest = self.model(inputs_embeds=tokens, attention_mask=attention, position_ids=positions,
+                              use_cache=True, **cache_kwargs(self.model, cache))  # fmt: skip
         return torch.cat([first[:, None], rest.logits], dim=1)  # (N, L, V)
 
     # ------------------------------------------------------------------------------------------------------------
