@@ -30,11 +30,15 @@ knows a backbone; the backbones call :class:`LoadOptions` where they load or bui
   the projector and the output head are not. A quantized part trains only through LoRA adapters (float32): QLoRA
   (:func:`check_quantized_training`). A checkpoint stores the quantized base as ``transformers`` does; loading it
   with ``model.quantization=none`` dequantizes it (an unquantised base with the trained adapters).
+- **Where the weights load** (:func:`loading_onto`): a training process on a CUDA device reads each pretrained
+  checkpoint's weights straight onto that device (``device_map={"": device}``), so host memory never holds the whole
+  model; on the CPU (and outside :func:`loading_onto`) ``from_pretrained`` loads on the CPU as it always did.
 """
 
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import functools
 import importlib.metadata
 import inspect
@@ -110,14 +114,20 @@ class LoadOptions:
         """Keyword arguments of a ``from_pretrained`` call: ``dtype`` (``"auto"``: the checkpoint's), the attention
         implementation unless ``auto``, and with ``quantize`` (the language model's load) and ``model.quantization``
         set, a ``BitsAndBytesConfig`` keeping ``skip`` (module names or prefixes; ``None``: transformers' default,
-        the output head) unquantised, with the model placed on the current CUDA device (bitsandbytes quantizes there)
-        or the CPU."""
+        the output head) unquantised. Inside :func:`loading_onto` a CUDA device, ``device_map={"": device}`` loads
+        the weights straight onto it (transformers builds the model on the meta device and materialises each
+        tensor where the map puts it: no full copy in host memory); a quantized load is placed there too, else on
+        the current CUDA device (bitsandbytes quantizes there) or the CPU."""
         kwargs: dict[str, Any] = {"dtype": self.torch_dtype or "auto"}
         if self.attn_implementation != "auto":
             kwargs["attn_implementation"] = self.attn_implementation
+        device = _LOAD_DEVICE.get()
         if quantize and self.quantization != "none":
             kwargs["quantization_config"] = bnb_config(self.quantization, self.torch_dtype, skip)
-            kwargs["device_map"] = {"": torch.cuda.current_device() if torch.cuda.is_available() else "cpu"}
+            if device is None:
+                device = torch.cuda.current_device() if torch.cuda.is_available() else "cpu"
+        if device is not None:
+            kwargs["device_map"] = {"": device}
         return kwargs
 
     def load(self, auto_cls: Any, name: str | Path, what: str, skip: Sequence[str] | None = None,
@@ -174,6 +184,35 @@ class LoadOptions:
         if self.attn_implementation != "auto":
             set_attn_implementation(model, self.attn_implementation)
         return model
+
+
+_LOAD_DEVICE: contextvars.ContextVar[torch.device | None] = contextvars.ContextVar("finecap_load_device", default=None)
+"""The device :meth:`LoadOptions.pretrained` places pretrained weights on (``None``: transformers' default, the
+CPU); set by :func:`loading_onto`."""
+
+
+def load_device(device: torch.device | str) -> torch.device | None:
+    """Where a training process loads pretrained weights (:func:`loading_onto`): ``device`` itself when it is a CUDA
+    device (its index resolved, ``cuda`` = the current one), ``None`` (the CPU, ``from_pretrained``'s default) for
+    any other. Under either ``train.strategy`` a CUDA process then holds the weights on its device only: with
+    ``ddp`` every process keeps its full copy there; with ``fsdp`` it holds the full model there until
+    :func:`finecap.models.sharding.shard_captioner` keeps its shard (``docs/memory.md``, "Loading")."""
+    device = torch.device(device)
+    if device.type != "cuda":
+        return None
+    return device if device.index is not None else torch.device("cuda", torch.cuda.current_device())
+
+
+@contextlib.contextmanager
+def loading_onto(device: torch.device | str | None) -> Iterator[None]:
+    """Within the block, every ``from_pretrained`` of a captioner (:meth:`LoadOptions.pretrained`) reads its weights
+    straight onto :func:`load_device` of ``device`` (``None``, or a non-CUDA device: the CPU, as outside the
+    block). Models built here with random weights are not affected (they are small, or built on the CPU and moved)."""
+    token = _LOAD_DEVICE.set(None if device is None else load_device(device))
+    try:
+        yield
+    finally:
+        _LOAD_DEVICE.reset(token)
 
 
 def _restore_conv1d(model: nn.Module) -> None:

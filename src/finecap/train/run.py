@@ -194,7 +194,7 @@ def _build_run(
     accelerator = make_accelerator(cfg.train, run_dir if writes else None)
 
     seed_everything(cfg.run.seed)  # the same initial model on every process (DDP also broadcasts rank 0's)
-    model = build_model(cfg, resume_from).to(accelerator.device)
+    model = build_model(cfg, resume_from, accelerator.device).to(accelerator.device)  # CUDA: loaded onto it
     data = build_data(cfg, model, accelerator, per_caption=train_unit(cfg, objective) == "caption")
     all_validators = [factory(cfg) for factory in factories] + list(validators or [])
     if cfg.train.strategy == "fsdp" and accelerator.num_processes > 1:  # before the optimizer: it shards parameters

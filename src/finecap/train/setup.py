@@ -102,7 +102,9 @@ class CaptionData:
     """Images ``data.skip_bad_images`` left out of train and val (they do not decode)."""
 
 
-def build_model(cfg: Config, resume_from: Path | None = None) -> torch.nn.Module:
+def build_model(
+    cfg: Config, resume_from: Path | None = None, device: torch.device | str | None = None
+) -> torch.nn.Module:
     """The captioner to train: ``resume_from`` (a checkpoint), else ``train.init_from``, else a fresh one; what it
     trains (``model.train_lm``, ``model.train_encoder``, LoRA adapters ``lora.*``) follows ``cfg``, also for a
     checkpoint (:func:`finecap.models.lora.configure_training`), and so do the memory levers: weights loaded in
@@ -111,7 +113,15 @@ def build_model(cfg: Config, resume_from: Path | None = None) -> torch.nn.Module
     configured backbone and settings (:func:`finecap.models.backbones.check_backbone`) and is loaded strictly
     (:mod:`finecap.models.strict`: weights that do not fit, or hold NaN or infinity, are refused); its backbone
     section's other settings apply where they can (dropout) and are refused where they cannot
-    (:func:`finecap.models.backbones.check_loaded`)."""
+    (:func:`finecap.models.backbones.check_loaded`). ``device``: the process's device (``accelerator.device``); on a
+    CUDA device pretrained weights are read straight onto it (:func:`finecap.models.memory.loading_onto`), not into
+    host memory first; the caller still moves the model there (its parts built with random weights are on the CPU).
+    """
+    with memory.loading_onto(device):
+        return _build_model(cfg, resume_from)
+
+
+def _build_model(cfg: Config, resume_from: Path | None) -> torch.nn.Module:
     start = resume_from or cfg.train.init_from
     if not start:
         return memory.prepare_training(configure_training(build_captioner(cfg), cfg), cfg)
