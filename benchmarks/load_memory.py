@@ -29,7 +29,8 @@ cache and with other processes mapping the same file, so a per-process sum overc
 train.strategy=fsdp`` does and shard it (:func:`finecap.models.sharding.shard_captioner`): ``fsdp_all`` = every
 process loads the checkpoint, then shards; ``fsdp_rank0`` = only the main process reads the weights, the other
 builds the model on the meta device and receives its shard from the main process
-(:func:`finecap.models.sharding.receive_weights`). Printed: each process's peak and their sum.
+(:func:`finecap.models.sharding.receive_weights`); ``--fsdp-dtypes ,_fp32`` adds both with ``model.dtype=float32``
+(``fsdp_all_fp32``, ``fsdp_rank0_fp32``). Printed: each process's peak and their sum.
 
 What is not measured here: a CUDA process. There :func:`finecap.models.memory.loading_onto` loads each tensor
 straight onto the GPU (``device_map``), and the host holds at most the memory-mapped pages of the file being read;
@@ -42,6 +43,7 @@ import argparse
 import json
 import os
 import shutil
+import socket
 import subprocess
 import sys
 import tempfile
@@ -181,13 +183,19 @@ def main() -> None:
     parser.add_argument("--shapes", default=",".join(SHAPES))
     parser.add_argument("--variants", default=",".join(VARIANTS))
     parser.add_argument("--fsdp", action="store_true", help="also 2 gloo processes, with and without the rank-0 load")
+    parser.add_argument("--fsdp-dtypes", default="", help="',_fp32': the FSDP rows also with model.dtype=float32")
     parser.add_argument("--json", default=None, help="write the results as JSON")
     parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--save", default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--rank-child", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.save:
         shape, out = json.loads(args.save)
         save_shape(shape, Path(out))
+        return
+    if args.rank_child:
+        spec = json.loads(args.rank_child)
+        print(json.dumps(measure_fsdp(spec["variant"], spec["folder"])))
         return
     if args.child:
         spec = json.loads(args.child)
@@ -213,7 +221,7 @@ def main() -> None:
                       f"   after: anon {row['rss_anon_after'] / GIB:5.2f} GiB, file {row['rss_file_after'] / GIB:5.2f}"
                       " GiB", flush=True)  # fmt: skip
             if args.fsdp:
-                for variant in ("fsdp_all", "fsdp_rank0"):
+                for variant in [f"{v}{d}" for d in args.fsdp_dtypes.split(",") for v in ("fsdp_all", "fsdp_rank0")]:
                     try:
                         ranks = fsdp_group(variant, folder)
                     except RuntimeError as e:
@@ -230,7 +238,9 @@ def main() -> None:
     print("\nratios (peak host memory at start):")
     for shape, rows in results.items():
         parts = []
-        for a, b in (("finecap", "naive"), ("finecap", "finecap_fp32"), ("fsdp_rank0", "fsdp_all")):
+        pairs = [("finecap", "naive"), ("finecap", "finecap_fp32"), ("fsdp_rank0", "fsdp_all"),
+                 ("fsdp_rank0_fp32", "fsdp_all_fp32")]  # fmt: skip
+        for a, b in pairs:
             if a in rows and b in rows:
                 parts.append(f"{a} / {b} {rows[a]['peak'] / rows[b]['peak']:.2f}")
         print(f"  {shape}: " + "; ".join(parts))
@@ -238,8 +248,58 @@ def main() -> None:
         Path(args.json).write_text(json.dumps(results, indent=2))
 
 
-def fsdp_group(variant: str, folder: Path) -> list[dict[str, Any]]:  # filled in with the FSDP loading
-    raise RuntimeError("not built")
+def fsdp_group(variant: str, folder: Path) -> list[dict[str, Any]]:
+    """Each process's measurement of ``variant`` in a group of 2 gloo processes on a free loopback port."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    spec = json.dumps({"variant": variant, "folder": str(folder)})
+    procs = []
+    for rank in range(2):
+        env = {**os.environ, "TQDM_DISABLE": "1", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
+               "RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": "2", "OMP_NUM_THREADS": "1"}  # fmt: skip
+        procs.append(subprocess.Popen([sys.executable, __file__, "--rank-child", spec], stdout=subprocess.PIPE,
+                                      stderr=subprocess.PIPE, text=True, env=env))  # fmt: skip
+    outs = [p.communicate(timeout=1800) for p in procs]
+    for p, (_, err) in zip(procs, outs, strict=True):
+        if p.returncode != 0:
+            raise RuntimeError((err.strip().splitlines() or ["?"])[-1][:300])
+    return [json.loads(out.strip().splitlines()[-1]) for out, _ in outs]
+
+
+def measure_fsdp(variant: str, folder: str) -> dict[str, Any]:
+    """One process of a sharded run's start (``train.strategy=fsdp``, 2 gloo processes), the ``finecap`` variant's
+    settings: ``fsdp_rank0`` = :func:`finecap.train.setup.build_sharded_model` (the main process reads, the other
+    receives); ``fsdp_all`` = every process loads (:func:`finecap.train.setup.build_model`), then shards, as finecap
+    did before; ``..._fp32``: with ``model.dtype=float32``. Then every local shard is read once (:func:`touch`)."""
+    import torch
+    import torch.distributed as dist
+
+    from finecap.config import load
+    from finecap.models import sharding
+    from finecap.train.setup import build_model, build_sharded_model
+    from peak_rss import peak_bytes, reset_peak, status_kb
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo")
+    dtype = ["model.dtype=float32"] if variant.endswith("_fp32") else []
+    cfg = load(None, ["model.kind=vlm", f"vlm.name={folder}", *GPU_SETTINGS, *dtype, "train.strategy=fsdp"])
+    dist.barrier()
+    base = reset_peak()
+    if variant.startswith("fsdp_rank0"):
+        model, _ = build_sharded_model(cfg, None, "cpu", dist.get_rank() == 0)
+    else:
+        model = build_model(cfg, None, "cpu")
+        sharding.shard_captioner(model, cfg.train.mixed_precision)
+    with torch.no_grad():
+        for t in [*model.parameters(), *model.buffers()]:
+            (t.to_local() if hasattr(t, "to_local") else t).sum()
+    peak = peak_bytes() - base
+    local = sum((t.to_local() if hasattr(t, "to_local") else t).nbytes for t in model.parameters())
+    dist.barrier()
+    dist.destroy_process_group()
+    return {"peak": peak, "local_weights": local, "rss_anon_after": status_kb("RssAnon") * 1024,
+            "rss_file_after": status_kb("RssFile") * 1024}  # fmt: skip
 
 
 if __name__ == "__main__":
