@@ -25,12 +25,15 @@ cache and with other processes mapping the same file, so a per-process sum overc
 - ``naive``: ``AutoModelForImageTextToText.from_pretrained(folder, dtype=float32)`` then ``.to(bfloat16)``, the
   load-then-cast of a script that loads in the default dtype.
 
-``--fsdp``: 2 gloo processes (``torchrun``-style environment) build the ``finecap`` variant as ``finecap train
-train.strategy=fsdp`` does and shard it (:func:`finecap.models.sharding.shard_captioner`): ``fsdp_all`` = every
-process loads the checkpoint, then shards; ``fsdp_rank0`` = only the main process reads the weights, the other
-builds the model on the meta device and receives its shard from the main process
-(:func:`finecap.models.sharding.receive_weights`); ``--fsdp-dtypes ,_fp32`` adds both with ``model.dtype=float32``
-(``fsdp_all_fp32``, ``fsdp_rank0_fp32``). Printed: each process's peak and their sum.
+``--fsdp``: 2 gloo processes (``--fsdp-processes N``: N; a ``torchrun``-style environment) build the ``finecap``
+variant as ``finecap train train.strategy=fsdp`` does and shard it
+(:func:`finecap.models.sharding.shard_captioner`): ``fsdp_all`` = every process loads the checkpoint, then shards
+(finecap before issue 65); ``fsdp_rank0`` = only the main process reads the weights, the others build the model on
+the meta device and receive their shards from it (:func:`finecap.train.setup.build_sharded_model`);
+``--fsdp-dtypes ,_fp32`` adds both with ``model.dtype=float32`` (``fsdp_all_fp32``, ``fsdp_rank0_fp32``). Printed:
+each process's peak and their sum. The main process of ``fsdp_rank0`` holds the whole model and its shard at once
+(the full tensors are broadcast after sharding), about (1 + 1/N) models; every other holds about 1/N: the sum is
+about 2 models whatever N, against about N models when every process loads.
 
 What is not measured here: a CUDA process. There :func:`finecap.models.memory.loading_onto` loads each tensor
 straight onto the GPU (``device_map``), and the host holds at most the memory-mapped pages of the file being read;
@@ -85,6 +88,8 @@ def qwen2vl_2b() -> tuple[Any, Any]:
     ).items():
         setattr(text, key, value)  # fmt: skip
     text.rope_parameters = {"rope_type": "default", "mrope_section": [16, 24, 24], "rope_theta": 1_000_000.0}
+    if getattr(text, "layer_types", None) is not None:  # one entry per layer
+        text.layer_types = [text.layer_types[0]] * text.num_hidden_layers
     config.tie_word_embeddings = True
     vision = config.vision_config
     for key, value in dict(
@@ -182,7 +187,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--shapes", default=",".join(SHAPES))
     parser.add_argument("--variants", default=",".join(VARIANTS))
-    parser.add_argument("--fsdp", action="store_true", help="also 2 gloo processes, with and without the rank-0 load")
+    parser.add_argument("--fsdp", action="store_true", help="also FSDP processes, with and without the rank-0 load")
+    parser.add_argument("--fsdp-processes", type=int, default=2, help="processes of the FSDP rows")
     parser.add_argument("--fsdp-dtypes", default="", help="',_fp32': the FSDP rows also with model.dtype=float32")
     parser.add_argument("--json", default=None, help="write the results as JSON")
     parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
@@ -223,7 +229,7 @@ def main() -> None:
             if args.fsdp:
                 for variant in [f"{v}{d}" for d in args.fsdp_dtypes.split(",") for v in ("fsdp_all", "fsdp_rank0")]:
                     try:
-                        ranks = fsdp_group(variant, folder)
+                        ranks = fsdp_group(variant, folder, args.fsdp_processes)
                     except RuntimeError as e:
                         print(f"  {variant}: not measured ({e})", flush=True)
                         continue
@@ -248,16 +254,18 @@ def main() -> None:
         Path(args.json).write_text(json.dumps(results, indent=2))
 
 
-def fsdp_group(variant: str, folder: Path) -> list[dict[str, Any]]:
-    """Each process's measurement of ``variant`` in a group of 2 gloo processes on a free loopback port."""
+def fsdp_group(variant: str, folder: Path, processes: int = 2) -> list[dict[str, Any]]:
+    """Each process's measurement of ``variant`` in a group of ``processes`` gloo processes on a free loopback
+    port."""
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
     spec = json.dumps({"variant": variant, "folder": str(folder)})
     procs = []
-    for rank in range(2):
+    for rank in range(processes):
         env = {**os.environ, "TQDM_DISABLE": "1", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
-               "RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": "2", "OMP_NUM_THREADS": "1"}  # fmt: skip
+               "RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": str(processes),
+               "OMP_NUM_THREADS": "1"}  # fmt: skip
         procs.append(subprocess.Popen([sys.executable, __file__, "--rank-child", spec], stdout=subprocess.PIPE,
                                       stderr=subprocess.PIPE, text=True, env=env))  # fmt: skip
     outs = [p.communicate(timeout=1800) for p in procs]
@@ -268,7 +276,7 @@ def fsdp_group(variant: str, folder: Path) -> list[dict[str, Any]]:
 
 
 def measure_fsdp(variant: str, folder: str) -> dict[str, Any]:
-    """One process of a sharded run's start (``train.strategy=fsdp``, 2 gloo processes), the ``finecap`` variant's
+    """One process of a sharded run's start (``train.strategy=fsdp``, gloo processes), the ``finecap`` variant's
     settings: ``fsdp_rank0`` = :func:`finecap.train.setup.build_sharded_model` (the main process reads, the other
     receives); ``fsdp_all`` = every process loads (:func:`finecap.train.setup.build_model`), then shards, as finecap
     did before; ``..._fp32``: with ``model.dtype=float32``. Then every local shard is read once (:func:`touch`)."""
