@@ -1,8 +1,8 @@
 """One process of tests/train/test_fsdp_loading.py (started 2 times by ``accelerate launch``): the training model of a
 VLM checkpoint built sharded as ``finecap train train.strategy=fsdp`` builds it
 (:func:`finecap.train.setup.build_sharded_model`), with what each process saw recorded into ``<out>/rank<r>.json``:
-its parameters' devices when sharding began, and whether each full parameter and each buffer equals the main process's
-loaded one exactly."""
+its parameters' devices when sharding began, whether each full parameter and each buffer equals the main process's
+loaded one exactly, and which parameter names are one tensor (ties)."""
 
 from __future__ import annotations
 
@@ -20,8 +20,8 @@ from finecap.train.engine import process_state
 
 
 def main() -> None:
-    folder, out, overrides = sys.argv[1], Path(sys.argv[2]), json.loads(sys.argv[3])
-    cfg = load(None, ["model.kind=vlm", f"vlm.name={folder}", "train.strategy=fsdp", *overrides])
+    out, overrides = Path(sys.argv[1]), json.loads(sys.argv[2])
+    cfg = load(None, ["train.strategy=fsdp", *overrides])
     state = process_state(cfg.train)  # the launch's processes, as training sets them up (gloo on the CPU)
     rank = dist.get_rank()
     assert state.is_main_process == (rank == 0) and state.num_processes == 2
@@ -49,10 +49,12 @@ def main() -> None:
         other = [b.detach().clone()]
         dist.broadcast_object_list(other, src=0)
         buffers_equal[name] = bool(torch.equal(b, other[0]))
-    lm = model.model
-    tied = lm.get_input_embeddings().weight is lm.get_output_embeddings().weight
+    names: dict[int, list[str]] = {}
+    for name, p in model.named_parameters(remove_duplicate=False):
+        names.setdefault(id(p), []).append(name)
+    ties = sorted(group for group in names.values() if len(group) > 1)  # names that are one parameter
     record = {"devices": seen["devices"], "layers": len(layers), "equal": equal, "buffers_equal": buffers_equal,
-              "tied": tied, "params": len(params),
+              "ties": ties, "params": len(params),
               "sharded": sum(1 for p in params.values() if hasattr(p, "full_tensor"))}  # fmt: skip
     (out / f"rank{rank}.json").write_text(json.dumps(record))
     dist.barrier()

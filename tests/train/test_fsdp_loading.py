@@ -2,7 +2,8 @@
 checkpoint; the other builds the VLM on the meta device and, once sharded, holds exactly the main process's weights
 (every parameter gathered equal bit for bit, the rotary buffers no state dict holds equal too, tied embeddings still
 one parameter), with LoRA adapters over a bfloat16 base (two dtypes, random adapters that differ per process until the
-main one's arrive)."""
+main one's arrive), a BLIP (its tied text embeddings and head kept in the captioner's group) and a ClipCap whose
+language model is read from its folder."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from finecap.models.presets import tiny_vlm
+from finecap.models.presets import build_world_lm, save_tiny_blip, save_tiny_clip, tiny_vlm
 from helpers.launch import launch_bounded
 
 pytestmark = pytest.mark.skipif(torch.accelerator.is_available(), reason="launches CPU processes on a CPU machine")
@@ -36,18 +37,41 @@ def save_tied_qwen2_vl(out: Path) -> Path:
     return out
 
 
-@pytest.mark.parametrize("overrides", [["model.dtype=bfloat16", "lora.lm=true", "lora.rank=4", "lora.alpha=8"], []],
-                         ids=["bf16+lora", "fp32"])  # fmt: skip
-def test_only_the_main_process_reads_the_weights_and_every_shard_equals_them(tmp_path, launch_two, overrides):
-    folder = save_tied_qwen2_vl(tmp_path / "vlm")
+CASES = {
+    "vlm-bf16+lora": ("vlm", ["model.dtype=bfloat16", "lora.lm=true", "lora.rank=4", "lora.alpha=8"]),
+    "vlm-fp32": ("vlm", []),
+    "blip": ("blip", []),
+    "clipcap": ("clipcap", []),
+}
+"""Per case: the backbone (a tied tiny Qwen2-VL; a tiny BLIP, whose text embeddings and output head are tied too; a
+ClipCap over a tied GPT-2 read from its folder, with a CLIP encoder that every process reads) and the overrides."""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", list(CASES))
+def test_only_the_main_process_reads_the_weights_and_every_shard_equals_them(tmp_path, launch_two, case):
+    backbone, overrides = CASES[case]
+    if backbone == "vlm":
+        source = ["model.kind=vlm", f"vlm.name={save_tied_qwen2_vl(tmp_path / 'vlm')}"]
+    elif backbone == "blip":
+        source = ["model.kind=blip", f"blip.name={save_tiny_blip(tmp_path / 'blip', image_size=32, layers=1)}"]
+    else:
+        torch.manual_seed(0)
+        lm, tok = build_world_lm(layers=1, hidden=32, heads=2, dropout=0.0)
+        lm.save_pretrained(tmp_path / "gpt2")
+        tok.save_pretrained(tmp_path / "gpt2")
+        clip = save_tiny_clip(tmp_path / "clip", image_size=16, patch_size=8)
+        source = [f"clipcap.lm={tmp_path / 'gpt2'}", f"model.encoder={clip}", "clipcap.prefix_length=2"]
     worker = Path(__file__).with_name("load_worker.py")
-    launch_bounded([*launch_two, str(worker), str(folder), str(tmp_path), json.dumps(overrides)],
+    launch_bounded([*launch_two, str(worker), str(tmp_path), json.dumps([*source, *overrides])],
                    tmp_path / "log.txt", timeout=300)  # fmt: skip
     main, other = (json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1))
     assert main["devices"] == ["cpu"]
-    assert other["devices"] == ["meta"]  # LoRA adapters too: peft puts them on their base layer's device
+    # LoRA adapters on the meta device too (peft puts them on their base layer's device); ClipCap's mapper and CLIP
+    # encoder are built or read by every process (small), on the CPU
+    assert other["devices"] == (["cpu", "meta"] if backbone == "clipcap" else ["meta"])
     for record in (main, other):
         assert record["layers"] > 0 and record["sharded"] > 0
         assert record["equal"] and all(record["equal"].values()), [k for k, v in record["equal"].items() if not v]
         assert record["buffers_equal"] and all(record["buffers_equal"].values())
-        assert record["tied"]
+        assert record["ties"] and record["ties"] == main["ties"]  # the tied head is still one parameter

@@ -166,8 +166,9 @@ class LoadOptions:
         kwargs: dict[str, Any] = {"dtype": self.torch_dtype or getattr(config, "dtype", None) or torch.float32}
         if self.attn_implementation != "auto":
             kwargs["attn_implementation"] = self.attn_implementation
+        build = getattr(auto_cls, "from_config", None) or auto_cls._from_config  # an Auto class, or a model class
         with init_empty_weights(include_buffers=False):
-            model = auto_cls.from_config(config, **kwargs)
+            model = build(config, **kwargs)
         model.tie_weights()  # from_config leaves a meta model's tied head untied (transformers 5.x)
         with contextlib.suppress(OSError):
             model.generation_config = GenerationConfig.from_pretrained(name)
