@@ -81,3 +81,31 @@ def test_training_passes_its_device_to_the_load(tmp_path: Path, monkeypatch, dev
     assert seen[0].get("device_map") == ({"": device} if device.type == "cuda" else None)
     assert "device_map" not in LoadOptions().pretrained()  # the block ended with the build
     assert next(model.parameters()).device.type == "cpu"
+
+
+def test_a_checkpoint_with_adapters_builds_on_the_meta_device_quietly(tmp_path: Path):
+    """``train.init_from`` of a LoRA run built as a sharded run's other process builds it: no weight read (the base
+    and the adapters on the meta device), and no warning per adapter tensor loaded into a meta layer (a no-op by
+    design: the weights come from the main process); built normally, the same checkpoint holds its trained adapters."""
+    import warnings
+
+    from finecap.runs import model_dir
+    from finecap.train.checkpoint import save_checkpoint
+
+    folder = save_tiny_vlm(tmp_path / "vlm", "llava", std=0.2)
+    lora = ["model.kind=vlm", f"vlm.name={folder}", "lora.lm=true", "lora.rank=4", "lora.alpha=8"]
+    trained = build_model(load(None, lora))
+    with torch.no_grad():
+        for name, p in trained.named_parameters():
+            if "lora_B" in name:
+                p.normal_()
+    start = model_dir(save_checkpoint(tmp_path / "ck", model=trained, cfg=load(None, lora), info={"step": 1}))
+    cfg = load(None, [*lora, f"train.init_from={start}"])
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        empty = build_model(cfg, device="meta")
+    assert not [w for w in caught if "meta parameter" in str(w.message)]
+    assert {p.device.type for p in empty.parameters()} == {"meta"}
+    assert sum("lora_B" in n for n, _ in empty.named_parameters()) > 0
+    loaded = dict(build_model(cfg).named_parameters())
+    assert all(torch.equal(loaded[n], p) for n, p in trained.named_parameters() if "lora_B" in n)

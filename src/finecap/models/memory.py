@@ -46,6 +46,7 @@ import functools
 import importlib.metadata
 import inspect
 import logging
+import warnings
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -240,11 +241,16 @@ def load_device(device: torch.device | str) -> torch.device | None:
 def loading_onto(device: torch.device | str | None) -> Iterator[None]:
     """Within the block, every ``from_pretrained`` of a captioner (:meth:`LoadOptions.pretrained`) reads its weights
     straight onto :func:`load_device` of ``device`` (``None``, or a non-CUDA device: the CPU, as outside the
-    block; ``meta``: none read, the model's parameters left on the meta device, :meth:`LoadOptions.load`). Models
-    built here with random weights are not affected (they are small, or built on the CPU and moved)."""
-    token = _LOAD_DEVICE.set(None if device is None else load_device(device))
+    block; ``meta``: none read, the model's parameters left on the meta device, :meth:`LoadOptions.load`; torch's
+    warning that loading a state dict into them, e.g. a checkpoint's LoRA adapters, does nothing is silenced).
+    Models built here with random weights are not affected (they are small, or built on the CPU and moved)."""
+    placed = None if device is None else load_device(device)
+    token = _LOAD_DEVICE.set(placed)
     try:
-        yield
+        with warnings.catch_warnings():
+            if placed is not None and placed.type == "meta":  # a checkpoint's adapters loaded into meta layers
+                warnings.filterwarnings("ignore", message=r".*copying from a non-meta parameter.*meta parameter")
+            yield
     finally:
         _LOAD_DEVICE.reset(token)
 
