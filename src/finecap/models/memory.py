@@ -225,10 +225,10 @@ CPU); set by :func:`loading_onto`."""
 def load_device(device: torch.device | str) -> torch.device | None:
     """Where a training process loads pretrained weights (:func:`loading_onto`): ``device`` itself when it is a CUDA
     device (its index resolved, ``cuda`` = the current one), ``None`` (the CPU, ``from_pretrained``'s default) for
-    any other but ``meta`` (no weights read: :meth:`LoadOptions.empty`). Under either ``train.strategy`` a CUDA
-    process then holds the weights on its device only: with
-    ``ddp`` every process keeps its full copy there; with ``fsdp`` it holds the full model there until
-    :func:`finecap.models.sharding.shard_captioner` keeps its shard (``docs/memory.md``, "Loading")."""
+    any other but ``meta`` (no weights read: :meth:`LoadOptions.empty`). A CUDA process then holds the weights on
+    its device only: under ``train.strategy=ddp`` its full copy; under ``fsdp`` the main process holds the full model
+    there until :func:`finecap.models.sharding.shard_captioner` keeps its shard, the others load onto ``meta``
+    (``docs/memory.md``, "Loading")."""
     device = torch.device(device)
     if device.type == "meta":
         return device

@@ -144,8 +144,9 @@ def build_sharded_model(cfg: Config, resume_from: Path | None, device: torch.dev
     with several processes, :func:`finecap.models.sharding.shard_captioner`), and the names of its sharded layers.
     Only the ``main`` process reads the weights (onto ``device``, the process's device); every other builds the
     captioner with its pretrained parameters on the meta device, and receives its shards from the main process once
-    the model is sharded (:func:`finecap.models.sharding.receive_weights`): host memory holds one copy of the weights,
-    not one per process. Every process must call it."""
+    the model is sharded (:func:`finecap.models.sharding.receive_weights`): host memory holds about two copies of
+    the weights in all (the main process's, for a moment with its shard, and the shards), not one per process. Every
+    process must call it."""
     model = build_model(cfg, resume_from, device if main else "meta")
     if main:
         model.to(device)
