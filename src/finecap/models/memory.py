@@ -32,15 +32,23 @@ knows a backbone; the backbones call :class:`LoadOptions` where they load or bui
   the projector and the output head are not. A quantized part trains only through LoRA adapters (float32): QLoRA
   (:func:`check_quantized_training`). A checkpoint stores the quantized base as ``transformers`` does; loading it
   with ``model.quantization=none`` dequantizes it (an unquantised base with the trained adapters).
+- **Where the weights load** (:func:`loading_onto`): a training process on a CUDA device reads each pretrained
+  checkpoint's weights straight onto that device (``device_map={"": device}``), so host memory never holds the whole
+  model; on the CPU (and outside :func:`loading_onto`) ``from_pretrained`` loads on the CPU as it always did. Under
+  ``train.strategy=fsdp`` the processes other than the main one read no weights at all: their model is built on the
+  meta device (:meth:`LoadOptions.empty`) and receives its shards from the main process
+  (:func:`finecap.models.sharding.receive_weights`).
 """
 
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import functools
 import importlib.metadata
 import inspect
 import logging
+import warnings
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -112,14 +120,22 @@ class LoadOptions:
         """Keyword arguments of a ``from_pretrained`` call: ``dtype`` (``"auto"``: the checkpoint's), the attention
         implementation unless ``auto``, and with ``quantize`` (the language model's load) and ``model.quantization``
         set, a ``BitsAndBytesConfig`` keeping ``skip`` (module names or prefixes; ``None``: transformers' default,
-        the output head) unquantised, with the model placed on the current CUDA device (bitsandbytes quantizes there)
-        or the CPU."""
+        the output head) unquantised. Inside :func:`loading_onto` a CUDA device, ``device_map={"": device}`` loads
+        the weights straight onto it (transformers builds the model on the meta device and materialises each
+        tensor where the map puts it: no full copy in host memory); a quantized load is placed there too, else on
+        the current CUDA device (bitsandbytes quantizes there) or the CPU."""
         kwargs: dict[str, Any] = {"dtype": self.torch_dtype or "auto"}
         if self.attn_implementation != "auto":
             kwargs["attn_implementation"] = self.attn_implementation
+        device = _LOAD_DEVICE.get()
+        if device is not None and device.type == "meta":  # no weights read (:meth:`load`); a quantized load reads
+            device = None
         if quantize and self.quantization != "none":
             kwargs["quantization_config"] = bnb_config(self.quantization, self.torch_dtype, skip)
-            kwargs["device_map"] = {"": torch.cuda.current_device() if torch.cuda.is_available() else "cpu"}
+            if device is None:
+                device = torch.cuda.current_device() if torch.cuda.is_available() else "cpu"
+        if device is not None:
+            kwargs["device_map"] = {"": device}
         return kwargs
 
     def load(self, auto_cls: Any, name: str | Path, what: str, skip: Sequence[str] | None = None,
@@ -127,7 +143,11 @@ class LoadOptions:
         """``auto_cls.from_pretrained(name)`` with these options (:meth:`pretrained`, quantizing all but ``skip``),
         never running code from the checkpoint (``trust_remote_code=False``), then :meth:`loaded` (``what``: the
         option and value that named it, for errors). ``checkpoint``: ``name`` is a folder of a captioner checkpoint,
-        loaded strictly (:func:`finecap.models.strict.load_pretrained`: its weights must fit the model exactly)."""
+        loaded strictly (:func:`finecap.models.strict.load_pretrained`: its weights must fit the model exactly).
+        Inside :func:`loading_onto` the meta device, no weight is read: :meth:`empty` (a quantized load reads them)."""
+        device = _LOAD_DEVICE.get()
+        if device is not None and device.type == "meta" and self.quantization == "none":
+            return self.empty(auto_cls, name)
         kwargs = {"trust_remote_code": False, **self.pretrained(quantize=True, skip=skip)}
         model = (
             strict.load_pretrained(auto_cls, name, **kwargs)
@@ -135,6 +155,27 @@ class LoadOptions:
             else auto_cls.from_pretrained(name, **kwargs)
         )
         return self.loaded(model, what)
+
+    def empty(self, auto_cls: Any, name: str | Path) -> nn.Module:
+        """The model ``auto_cls.from_pretrained(name)`` would load, built from the checkpoint's config with its
+        parameters on the meta device (no weight read: a sharded run's other processes, which receive their shards
+        from the main process, :func:`finecap.models.sharding.receive_weights`) and its buffers computed on the CPU
+        (rotary frequencies, which no state dict holds), its tied weights tied; in ``model.dtype`` (``auto``: the
+        config's) with the attention implementation; the checkpoint's generation config when it has one."""
+        from accelerate import init_empty_weights
+        from transformers import AutoConfig, GenerationConfig
+
+        config = AutoConfig.from_pretrained(name, trust_remote_code=False)
+        kwargs: dict[str, Any] = {"dtype": self.torch_dtype or getattr(config, "dtype", None) or torch.float32}
+        if self.attn_implementation != "auto":
+            kwargs["attn_implementation"] = self.attn_implementation
+        build = getattr(auto_cls, "from_config", None) or auto_cls._from_config  # an Auto class, or a model class
+        with init_empty_weights(include_buffers=False):
+            model = build(config, **kwargs)
+        model.tie_weights()  # from_config leaves a meta model's tied head untied (transformers 5.x)
+        with contextlib.suppress(OSError):
+            model.generation_config = GenerationConfig.from_pretrained(name)
+        return model
 
     def loaded(self, model: nn.Module, what: str) -> nn.Module:
         """A model just loaded with :meth:`pretrained` (``what``: its option and value, for errors): a checkpoint
@@ -176,6 +217,44 @@ class LoadOptions:
         if self.attn_implementation != "auto":
             set_attn_implementation(model, self.attn_implementation)
         return model
+
+
+_LOAD_DEVICE: contextvars.ContextVar[torch.device | None] = contextvars.ContextVar("finecap_load_device", default=None)
+"""The device :meth:`LoadOptions.pretrained` places pretrained weights on (``None``: transformers' default, the
+CPU); set by :func:`loading_onto`."""
+
+
+def load_device(device: torch.device | str) -> torch.device | None:
+    """Where a training process loads pretrained weights (:func:`loading_onto`): ``device`` itself when it is a CUDA
+    device (its index resolved, ``cuda`` = the current one), ``None`` (the CPU, ``from_pretrained``'s default) for
+    any other but ``meta`` (no weights read: :meth:`LoadOptions.empty`). A CUDA process then holds the weights on
+    its device only: under ``train.strategy=ddp`` its full copy; under ``fsdp`` the main process holds the full model
+    there until :func:`finecap.models.sharding.shard_captioner` keeps its shard, the others load onto ``meta``
+    (``docs/memory.md``, "Loading")."""
+    device = torch.device(device)
+    if device.type == "meta":
+        return device
+    if device.type != "cuda":
+        return None
+    return device if device.index is not None else torch.device("cuda", torch.cuda.current_device())
+
+
+@contextlib.contextmanager
+def loading_onto(device: torch.device | str | None) -> Iterator[None]:
+    """Within the block, every ``from_pretrained`` of a captioner (:meth:`LoadOptions.pretrained`) reads its weights
+    straight onto :func:`load_device` of ``device`` (``None``, or a non-CUDA device: the CPU, as outside the
+    block; ``meta``: none read, the model's parameters left on the meta device, :meth:`LoadOptions.load`; torch's
+    warning that loading a state dict into them, e.g. a checkpoint's LoRA adapters, does nothing is silenced).
+    Models built here with random weights are not affected (they are small, or built on the CPU and moved)."""
+    placed = None if device is None else load_device(device)
+    token = _LOAD_DEVICE.set(placed)
+    try:
+        with warnings.catch_warnings():
+            if placed is not None and placed.type == "meta":  # a checkpoint's adapters loaded into meta layers
+                warnings.filterwarnings("ignore", message=r".*copying from a non-meta parameter.*meta parameter")
+            yield
+    finally:
+        _LOAD_DEVICE.reset(token)
 
 
 def _restore_conv1d(model: nn.Module) -> None:

@@ -17,6 +17,11 @@ captions of different lengths. :func:`decoding` (used by every caller that decod
 collective inside it, so each process may decode its own batch for as long as it needs) and reshards afterwards,
 as TRL's ``unwrap_model_for_generation`` gathers ZeRO-3 parameters. Without sharding it does nothing.
 
+**One process reads the weights.** In a run of several processes only the main one loads the checkpoint; the others
+build the captioner with its parameters on the meta device (:func:`finecap.models.memory.loading_onto`), shard it,
+and receive their shards from the main process (:func:`receive_weights`: torch's ``set_model_state_dict`` with
+``broadcast_from_rank0``, one tensor at a time), so host memory holds one copy of the model, not one per process.
+
 **Checkpoints without pickle.** :func:`model_state` gathers the full weights (plain CPU tensors on the main process)
 that the backbone's ``save`` writes in its own format; :func:`optimizer_state` / :func:`load_optimizer_state` use
 torch's ``torch.distributed.checkpoint.state_dict`` APIs to turn the sharded AdamW state into a full one keyed by
@@ -99,6 +104,64 @@ def shard_captioner(model: nn.Module, mixed_precision: str = "no") -> list[str]:
     # the root keeps its parameters gathered from its forward to its backward (FSDP2's default for a root)
     fully_shard(model, mp_policy=policy, ignored_params=ignored or None, reshard_after_forward=False)
     return layers
+
+
+def receives_weights(strategy: str, processes: int) -> bool:
+    """Whether the processes other than the main one build their model without weights and receive their shards from
+    it (:func:`receive_weights`): ``train.strategy=fsdp`` with several processes."""
+    return strategy == "fsdp" and processes > 1
+
+
+def match_main(model: nn.Module) -> None:
+    """Before sharding a model that the main process loaded and the others built on the meta device: every process
+    must shard the same parameters, of the same shapes, dtypes and ties. The main process sends its parameters'
+    names, shapes, dtypes and ties; another process casts a meta parameter of another dtype to the main one's (a
+    config build can differ from a loaded checkpoint there, e.g. ``model.dtype=auto``) and refuses any other
+    difference in one line.
+    Every process must call it."""
+    import torch.distributed as dist
+
+    first: dict[int, str] = {}
+    own = {}  # every name of every parameter: its shape, dtype and the first name of the tensor (ties)
+    for n, p in model.named_parameters(remove_duplicate=False):
+        own[n] = (tuple(p.shape), p.dtype, first.setdefault(id(p), n))
+    sent = [own if dist.get_rank() == 0 else None]
+    dist.broadcast_object_list(sent, src=0)
+    main = sent[0]
+    if dist.get_rank() == 0:
+        return
+    differ = sorted(set(main) ^ set(own))
+    differ += [n for n in main if n in own and (main[n][0], main[n][2]) != (own[n][0], own[n][2])]
+    if differ:
+        raise RuntimeError(f"train.strategy=fsdp: process {dist.get_rank()} built a model whose parameters differ "
+                           f"from the main process's loaded one: {differ[:5]}")  # fmt: skip
+    for name, p in model.named_parameters():
+        if p.dtype != main[name][1]:
+            if not p.is_meta:
+                raise RuntimeError(f"train.strategy=fsdp: {name} is {p.dtype} on process {dist.get_rank()}, "
+                                   f"{main[name][1]} on the main process")  # fmt: skip
+            p.data = p.data.to(main[name][1])
+
+
+def receive_weights(model: nn.Module, state: dict[str, torch.Tensor], device: torch.device | str) -> None:
+    """Give every process of a sharded ``model`` (:func:`shard_captioner`) the main process's weights: ``state`` is
+    the main process's full state dict taken before sharding (``model.state_dict()``; an empty dict on the others).
+    Another process's parameters still on the meta device are first materialised on ``device`` (``to_empty``: the
+    sharded ``DTensor`` parameters keep their identity, and so their ties), its buffers (rotary frequencies, which no
+    state dict holds) kept as they were computed; then each tensor is broadcast from the main process and each
+    process keeps its shard (``set_model_state_dict`` with ``full_state_dict`` and ``broadcast_from_rank0``,
+    strict: the keys must match). Every process must call it."""
+    import torch.distributed as dist
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+
+    if dist.get_rank() != 0 and any(p.is_meta for p in model.parameters()):
+        buffers = {name: b for name, b in model.named_buffers()}
+        model.to_empty(device=device)
+        for name, b in buffers.items():
+            parent, _, attr = name.rpartition(".")
+            model.get_submodule(parent)._buffers[attr] = b.to(device)
+    options = StateDictOptions(full_state_dict=True, broadcast_from_rank0=True)
+    set_model_state_dict(model, state if dist.get_rank() == 0 else {}, options=options)
 
 
 _GATHERED: weakref.WeakSet[nn.Module] = weakref.WeakSet()

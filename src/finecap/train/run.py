@@ -63,7 +63,15 @@ from finecap.train.fingerprint import write_fingerprints
 from finecap.train.logging import tracker_config
 from finecap.train.prepare import prepare_needs
 from finecap.train.schedule import build_scheduler
-from finecap.train.setup import CaptionData, build_data, build_model, resolve_start, train_unit
+from finecap.train.setup import (
+    CaptionData,
+    build_data,
+    build_model,
+    build_sharded_model,
+    reads_weights,
+    resolve_start,
+    train_unit,
+)
 from finecap.train.state import (
     TrainState,
     check_config_target,
@@ -194,16 +202,15 @@ def _build_run(
     accelerator = make_accelerator(cfg.train, run_dir if writes else None)
 
     seed_everything(cfg.run.seed)  # the same initial model on every process (DDP also broadcasts rank 0's)
-    model = build_model(cfg, resume_from).to(accelerator.device)
-    data = build_data(cfg, model, accelerator, per_caption=train_unit(cfg, objective) == "caption")
+    per_caption = train_unit(cfg, objective) == "caption"
+    if sharding.receives_weights(cfg.train.strategy, accelerator.num_processes):
+        model, data = _sharded_model(cfg, resume_from, accelerator, per_caption)
+    else:
+        model = build_model(cfg, resume_from, accelerator.device).to(accelerator.device)  # CUDA: loaded onto it
+        data = build_data(cfg, model, accelerator, per_caption=per_caption)
+        if cfg.train.strategy == "fsdp" and accelerator.is_main_process:
+            log.info("train.strategy=fsdp with one process: nothing to shard, training as usual")
     all_validators = [factory(cfg) for factory in factories] + list(validators or [])
-    if cfg.train.strategy == "fsdp" and accelerator.num_processes > 1:  # before the optimizer: it shards parameters
-        layers = sharding.shard_captioner(model, cfg.train.mixed_precision)
-        if accelerator.is_main_process:
-            log.info("train.strategy=fsdp: %d transformer layers and the captioner sharded over %d processes (FSDP2)",
-                     len(layers), accelerator.num_processes)  # fmt: skip
-    elif cfg.train.strategy == "fsdp" and accelerator.is_main_process:
-        log.info("train.strategy=fsdp with one process: nothing to shard, training as usual")
     optimizer = build_optimizer(model, cfg.train)
     global_batch = cfg.train.batch_size * accelerator.num_processes * cfg.train.grad_accum_steps
     sampler = repeat_batches(get_sampler(cfg, data.train, global_batch), objective.batch_repeats)  # grpo.iterations
@@ -227,6 +234,22 @@ def _build_run(
         callbacks=callbacks,
     )
     return BuiltRun(accelerator, model, data, engine)
+
+
+def _sharded_model(cfg: Config, resume_from: Path | None, accelerator: Accelerator,
+                   per_caption: bool) -> tuple[torch.nn.Module, CaptionData]:  # fmt: skip
+    """``train.strategy=fsdp`` over several processes, before the optimizer (it shards parameters): only the main
+    process reads the weights; the others build the captioner on the meta device, and every process shards it
+    (:func:`finecap.models.sharding.shard_captioner`) and receives its shards from the main process
+    (:func:`finecap.train.setup.build_sharded_model`). The data is built after, with the weights gathered where it
+    runs the model (a frozen encoder's feature cache: :func:`finecap.train.setup.build_data`)."""
+    model, layers = build_sharded_model(cfg, resume_from, accelerator.device, accelerator.is_main_process)
+    if accelerator.is_main_process:
+        log.info("train.strategy=fsdp: %d transformer layers and the captioner sharded over %d processes (FSDP2); "
+                 "the weights read by the main process only", len(layers), accelerator.num_processes)  # fmt: skip
+    with sharding.decoding(model) if reads_weights(model) else contextlib.nullcontext():
+        data = build_data(cfg, model, accelerator, per_caption=per_caption)
+    return model, data
 
 
 def dry_run(cfg: Config) -> dict[str, Any]:

@@ -31,7 +31,7 @@ from finecap.data.records import DataError
 from finecap.data.targets import unknown_tokens
 from finecap.engines import engine_class
 from finecap.home import run_path, runs_root, start_path
-from finecap.models import memory
+from finecap.models import memory, sharding
 from finecap.models.backbones import build_model as build_captioner
 from finecap.models.backbones import check_backbone, check_loaded, load_captioner
 from finecap.models.lora import configure_training
@@ -102,7 +102,9 @@ class CaptionData:
     """Images ``data.skip_bad_images`` left out of train and val (they do not decode)."""
 
 
-def build_model(cfg: Config, resume_from: Path | None = None) -> torch.nn.Module:
+def build_model(
+    cfg: Config, resume_from: Path | None = None, device: torch.device | str | None = None
+) -> torch.nn.Module:
     """The captioner to train: ``resume_from`` (a checkpoint), else ``train.init_from``, else a fresh one; what it
     trains (``model.train_lm``, ``model.train_encoder``, LoRA adapters ``lora.*``) follows ``cfg``, also for a
     checkpoint (:func:`finecap.models.lora.configure_training`), and so do the memory levers: weights loaded in
@@ -111,7 +113,17 @@ def build_model(cfg: Config, resume_from: Path | None = None) -> torch.nn.Module
     configured backbone and settings (:func:`finecap.models.backbones.check_backbone`) and is loaded strictly
     (:mod:`finecap.models.strict`: weights that do not fit, or hold NaN or infinity, are refused); its backbone
     section's other settings apply where they can (dropout) and are refused where they cannot
-    (:func:`finecap.models.backbones.check_loaded`)."""
+    (:func:`finecap.models.backbones.check_loaded`). ``device``: the process's device (``accelerator.device``); on a
+    CUDA device pretrained weights are read straight onto it (:func:`finecap.models.memory.loading_onto`), not into
+    host memory first; the caller still moves the model there (its parts built with random weights are on the CPU).
+    ``meta``: no pretrained weight is read, those parameters are left on the meta device (a sharded run's other
+    processes: :func:`finecap.models.sharding.receive_weights`).
+    """
+    with memory.loading_onto(device):
+        return _build_model(cfg, resume_from)
+
+
+def _build_model(cfg: Config, resume_from: Path | None) -> torch.nn.Module:
     start = resume_from or cfg.train.init_from
     if not start:
         return memory.prepare_training(configure_training(build_captioner(cfg), cfg), cfg)
@@ -121,8 +133,28 @@ def build_model(cfg: Config, resume_from: Path | None = None) -> torch.nn.Module
     options = memory.LoadOptions.of(cfg.model)
     model = load_captioner(folder, trusted=(cfg.model.kind,), options=options)  # strict: finecap.models.strict
     check_loaded(model, folder, cfg, option)  # per key: refused when it cannot apply (tiny sizes), else applied
-    memory.load_float32_masters(model, folder)
+    if not any(p.is_meta for p in model.parameters()):  # built without weights: they come from the main process
+        memory.load_float32_masters(model, folder)
     return memory.prepare_training(configure_training(model, cfg), cfg)
+
+
+def build_sharded_model(cfg: Config, resume_from: Path | None, device: torch.device | str,
+                        main: bool) -> tuple[torch.nn.Module, list[str]]:  # fmt: skip
+    """The training model of :func:`build_model` sharded over the current process group (``train.strategy=fsdp``
+    with several processes, :func:`finecap.models.sharding.shard_captioner`), and the names of its sharded layers.
+    Only the ``main`` process reads the weights (onto ``device``, the process's device); every other builds the
+    captioner with its pretrained parameters on the meta device, and receives its shards from the main process once
+    the model is sharded (:func:`finecap.models.sharding.receive_weights`): host memory holds about two copies of
+    the weights in all (the main process's, for a moment with its shard, and the shards), not one per process. Every
+    process must call it."""
+    model = build_model(cfg, resume_from, device if main else "meta")
+    if main:
+        model.to(device)
+    sharding.match_main(model)
+    state = model.state_dict() if main else {}
+    layers = sharding.shard_captioner(model, cfg.train.mixed_precision)
+    sharding.receive_weights(model, state, device)
+    return model, layers
 
 
 def train_unit(cfg: Config, objective: ObjectiveBase) -> str:
@@ -158,6 +190,12 @@ def check_vocabulary(tokenizer: Any, records: list, cfg: Config) -> None:
         )
 
 
+def reads_weights(model: Any) -> bool:
+    """Whether :func:`build_data` runs ``model`` (its frozen encoder fills the feature cache), so that a sharded
+    model's weights must be gathered around it (:func:`finecap.models.sharding.decoding`)."""
+    return not model.train_encoder and model.cache_features
+
+
 def build_data(cfg: Config, model: Any, accelerator: Accelerator, *, per_caption: bool) -> CaptionData:
     """Training examples (one per reference caption, or per image) and the first ``train.eval_samples`` validation
     images; frozen encoders read images through the feature cache, which every process builds its part of
@@ -170,7 +208,7 @@ def build_data(cfg: Config, model: Any, accelerator: Accelerator, *, per_caption
     val_records = validation_records(cfg)
     feats: dict[str, torch.Tensor | None] = {"train": None, "val": None}
     draft = None
-    if not model.train_encoder and model.cache_features:
+    if reads_weights(model):
         for split, records in (("train", train_records), ("val", val_records)):
             feats[split] = model_features(model, records, cfg, split, progress=accelerator.is_main_process,
                                           processes=accelerator)  # fmt: skip
