@@ -31,6 +31,9 @@ Checks, in this order (docs/scaling.md, "The GPU check", says what each line of 
   bf16) for 6 steps on the SmolVLM-256M-shaped model and the random data with finecap's decoder: seconds per step
   (median of steps 2-5; step 6 also validates and saves), sampled captions per second, peak CUDA memory. vLLM is
   recorded as not run (this check does not start it).
+- ``trl``: ``benchmarks/grpo_vs_trl.py`` on the GPU (``--device cuda``): finecap's GRPO step against TRL's
+  ``GRPOTrainer`` on SmolVLM-256M's shapes (4 images x 8 samples of at most 16 tokens, float32, no LoRA, 3 steps each,
+  one round): seconds per step of each and finecap's captions per second over TRL's; skipped where TRL is missing.
 - ``memory:<recipe>``: ``finecap train coco/<recipe> --dry-run`` for each ``coco/*_vlm`` recipe at its own batch on
   the SmolVLM-256M-shaped model: the forecast it prints (weights, gradients, optimizer state) against the CUDA peak
   of its one real step; a step that does not fit the card is recorded as ``oom``.
@@ -601,6 +604,29 @@ def recipe_overrides(ctx: Ctx, recipe: str, name: str) -> list[str]:
     return out
 
 
+def check_trl(ctx: Ctx) -> dict:
+    """``benchmarks/grpo_vs_trl.py`` on the device: finecap's GRPO step against TRL's ``GRPOTrainer`` on SmolVLM-256M's
+    shapes, 4 images x 8 samples of at most 16 tokens, 3 steps each, one round (the smoke mode: its ``--quick``)."""
+    try:
+        import trl  # noqa: F401
+    except Exception as e:  # noqa: BLE001
+        raise Skip(f"skipped: TRL is not installed here ({one_line(e)})") from None
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    import grpo_vs_trl
+
+    argv = (["--quick"] if ctx.smoke else
+            ["--size", "smolvlm", "--images", "4", "--group", "8", "--tokens", "16", "--steps", "3", "--rounds", "1",
+             "--threads", str(min(8, os.cpu_count() or 1))])  # fmt: skip
+    out = grpo_vs_trl.main([*argv, "--device", "cuda" if ctx.cuda else "cpu"])
+    ok = math.isfinite(out["ratio"]) and out["finecap"]["steps"] and out["trl"]["steps"]
+    out["status"] = "pass" if ok else "fail"
+    out["summary"] = (
+        f"{out['size']} on {out['device']}: finecap {out['finecap']['seconds_per_step']:.2f} s/step, "
+        f"TRL {out['trl']['seconds_per_step']:.2f} s/step; finecap/TRL {out['ratio']:.2f}x captions/s"
+    )
+    return out
+
+
 def check_grpo(ctx: Ctx) -> dict:
     import torch
 
@@ -723,7 +749,12 @@ def checks() -> list[Check]:
 
     out = [Check("env", check_env, 60), Check("setup", check_setup, 90)]
     out += [Check(f"family:{f}", lambda ctx, f=f: check_family(ctx, f), 60) for f in FAMILIES]
-    out += [Check("qlora", check_qlora, 60), Check("fsdp2", check_fsdp2, 60), Check("grpo", check_grpo, 120)]
+    out += [
+        Check("qlora", check_qlora, 60),
+        Check("fsdp2", check_fsdp2, 60),
+        Check("grpo", check_grpo, 120),
+        Check("trl", check_trl, 150),
+    ]
     out += [Check(f"memory:{r}", lambda ctx, r=r: check_memory(ctx, r), 100) for r in VLM_RECIPES]
     return out
 

@@ -2,12 +2,14 @@
 (issue 65), alternated in one run: seconds per step, sampled captions per second and their ratio.
 
     .venv/bin/python benchmarks/grpo_vs_trl.py [--size tiny|smolvlm] [--images 4] [--group 8] [--tokens 16]
-                                               [--steps 3] [--rounds 2] [--threads 2] [--quick] [--json OUT]
+                                               [--steps 3] [--rounds 2] [--threads 2] [--device cpu|cuda]
+                                               [--quick] [--json OUT]
 
 Both sides train one Idefics3 saved once to a temporary folder with random weights (``tiny``: finecap's tiny preset;
 ``smolvlm``: SmolVLM-256M-Instruct's shapes, as ``benchmarks/memory.py`` builds them), on ``--images`` random 64 x 48
 JPEGs a step, ``--group`` sampled captions per image of at most ``--tokens`` tokens, no KL (beta 0), one optimizer
-step per rollout, LoRA off (the whole language model and projector train), float32 on the CPU. The reward is
+step per rollout, LoRA off (the whole language model and projector train), float32 on the CPU (``--device cuda``:
+both sides on the GPU, ``train.cpu=false`` and TRL's ``use_cpu=False``; the GPU check's ``trl`` line). The reward is
 finecap's CIDEr-D, called by TRL through finecap's adapter (``finecap.integrations.trl.reward_function("cider")``)
 and by finecap itself (``rl.rewards={cider: 1.0}``), against the same five random references per image.
 
@@ -103,6 +105,7 @@ def finecap_steps(folder: Path, data: Path, work: Path, args: argparse.Namespace
                  "data.num_workers=0", "data.persistent_workers=false", "data.pin_memory=false",
                  "model.dtype=float32", "train.mixed_precision=no", "train.gradient_checkpointing=false",
                  "lora.lm=false", "vlm.image_max_pixels=null", f"run.dir={work / tag}",
+                 f"train.cpu={str(args.device == 'cpu').lower()}",
                  f"run.cache_dir={work / 'cache'}", "train.lr=1e-5"]  # fmt: skip
     cfg = load("coco/grpo_cider_vlm", overrides)
     timer = StepTimer()
@@ -143,7 +146,8 @@ def trl_steps(folder: Path, data_refs: tuple[Path, dict], work: Path, args: argp
 
     config = GRPOConfig(output_dir=str(work / "trl"), per_device_train_batch_size=args.images * args.group,
                         num_generations=args.group, max_completion_length=args.tokens, max_steps=args.steps,
-                        logging_steps=1, report_to="none", use_cpu=True, learning_rate=1e-5, save_strategy="no",
+                        logging_steps=1, report_to="none", use_cpu=args.device == "cpu", learning_rate=1e-5,
+                        save_strategy="no",
                         bf16=False, seed=0, beta=0.0)  # fmt: skip
     trainer = GRPOTrainer(model=model, processing_class=processor, args=config, train_dataset=Dataset.from_list(rows),
                           reward_funcs=[reward_function("cider", references=references)],
@@ -161,6 +165,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="where both sides train")
     parser.add_argument("--quick", action="store_true", help="tiny, 2 images x 2 samples of 4 tokens, 2 steps, once")
     parser.add_argument("--json", default=None)
     args = parser.parse_args(argv)
@@ -181,7 +186,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             times["trl"] += tr[1:] if r == 0 else tr  # the first step of the first round warms up
     captions = args.images * args.group
     out: dict[str, Any] = {"size": args.size, "images": args.images, "group": args.group, "tokens": args.tokens,
-                           "steps": args.steps, "rounds": args.rounds, "threads": args.threads}  # fmt: skip
+                           "steps": args.steps, "rounds": args.rounds, "threads": args.threads,
+                           "device": args.device}  # fmt: skip
     for side, seconds in times.items():
         median = statistics.median(seconds) if seconds else float("nan")
         out[side] = {"seconds_per_step": median, "captions_per_second": captions / median, "steps": seconds}

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-MUST_PASS = ["env", "setup", "family:llava", "family:idefics3", "family:qwen2_vl", "fsdp2", "grpo",
+MUST_PASS = ["env", "setup", "family:llava", "family:idefics3", "family:qwen2_vl", "fsdp2", "grpo", "trl",
              *(f"memory:{r}" for r in ("mle_vlm", "smile_vlm", "discritune_vlm", "sr_l_vlm", "sr_lv_bagcurri_vlm",
                                        "grpo_cider_vlm", "grpo_sr_cider_vlm"))]  # fmt: skip
 
