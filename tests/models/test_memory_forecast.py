@@ -182,11 +182,18 @@ REAL = [  # variant overrides, step, Training (no mask: one image size, captions
 ]
 
 
+@pytest.fixture(scope="module")
+def smolvlm_checkpoint(tmp_path_factory):
+    """benchmarks/memory.py's benchmark module and the overrides loading its SmolVLM-256M-shaped random checkpoint,
+    saved once for the cases below (each measures in a fresh child process)."""
+    bench = _memory_benchmark()
+    return bench, bench.save_checkpoints(tmp_path_factory.mktemp("real"), ["vlm"])["vlm"]
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize(("name", "overrides", "step", "train"), REAL, ids=[r[0] for r in REAL])
-def test_forecast_within_a_quarter_of_the_measured_cpu_peak(tmp_path, name, overrides, step, train):
-    bench = _memory_benchmark()
-    loads = bench.save_checkpoints(tmp_path, ["vlm"])["vlm"]
+def test_forecast_within_a_quarter_of_the_measured_cpu_peak(smolvlm_checkpoint, name, overrides, step, train):
+    bench, loads = smolvlm_checkpoint
     images, samples, tokens = 2, 4, 24
     row = bench.measure([*loads, "train.batch_size=8", *overrides], step, images, samples, tokens)
     shapes = Step(images, row["prompt_tokens"], samples if step == "scst" else 1, tokens,
