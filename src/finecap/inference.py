@@ -61,14 +61,20 @@ MAX_ID_DIGITS = 64
 
 def load_for_captioning(checkpoint: str | Path, cfg: Config, device: torch.device | str) -> Any:
     """The captioner of ``checkpoint`` (a folder :func:`finecap.runs.find_checkpoint` gave) loaded with
-    ``cfg.model``'s options (dtype, attention, quantization), on ``device``, in evaluation mode. Loading is strict
-    (:mod:`finecap.models.strict`): weights that do not fit the model, or hold NaN or infinity (a diverged run's
-    weights caption nothing, silently), are a :class:`~finecap.runs.CheckpointError` naming the file."""
+    ``cfg.model``'s options (dtype, attention, quantization), on ``device``, in evaluation mode. On a CUDA device the
+    pretrained weights are read straight onto it (:func:`finecap.models.memory.loading_onto`: no copy of the model in
+    host memory first), then the rest (a ClipCap's mapper) is moved there; on any other device the captioner loads
+    on the CPU and is moved. Every entry point that captions loads through here (``finecap caption``,
+    :class:`finecap.api.Captioner`). Loading is strict (:mod:`finecap.models.strict`): weights that do not fit the
+    model, or hold NaN or infinity (a diverged run's weights caption nothing, silently), are a
+    :class:`~finecap.runs.CheckpointError` naming the file."""
     from finecap.models.backbones import load_captioner
-    from finecap.models.memory import LoadOptions
+    from finecap.models.memory import LoadOptions, loading_onto
     from finecap.runs import model_dir
 
-    return load_captioner(model_dir(checkpoint), options=LoadOptions.of(cfg.model)).to(device).eval()
+    with loading_onto(device):
+        model = load_captioner(model_dir(checkpoint), options=LoadOptions.of(cfg.model))
+    return model.to(device).eval()
 
 
 # --------------------------------------------------------------------------------------------------------------------

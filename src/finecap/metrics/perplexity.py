@@ -54,7 +54,8 @@ class Perplexity:
         model: an ``AutoModelForCausalLM`` name or path, or an already loaded model.
         tokenizer: the model's tokenizer (default: loaded from ``model`` when that is a name or path).
         batch_size: captions per forward pass.
-        device: torch device (default: CPU, or the loaded model's device).
+        device: torch device (default: CPU, or the loaded model's device); a model named by its path is read straight
+            onto a CUDA device (:func:`finecap.models.memory.loading_onto`).
         add_eos: predict an end-of-sequence token after each caption (module docstring).
     """
 
@@ -70,9 +71,12 @@ class Perplexity:
         if batch_size < 1:
             raise ValueError(f"perplexity batch_size must be >= 1, got {batch_size}")
         if isinstance(model, str | Path):
+            from finecap.models.memory import loading_onto, placement
+
             name = str(model)
             try:
-                loaded = AutoModelForCausalLM.from_pretrained(name, trust_remote_code=False)
+                with loading_onto(device):  # a CUDA device's weights read straight onto it, not into host memory
+                    loaded = AutoModelForCausalLM.from_pretrained(name, trust_remote_code=False, **placement())
             except (OSError, ValueError) as e:
                 raise ValueError(f"perplexity language model {name!r} (eval.lm) cannot be loaded: {e}") from None
             if tokenizer is None:

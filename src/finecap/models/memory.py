@@ -32,12 +32,13 @@ knows a backbone; the backbones call :class:`LoadOptions` where they load or bui
   the projector and the output head are not. A quantized part trains only through LoRA adapters (float32): QLoRA
   (:func:`check_quantized_training`). A checkpoint stores the quantized base as ``transformers`` does; loading it
   with ``model.quantization=none`` dequantizes it (an unquantised base with the trained adapters).
-- **Where the weights load** (:func:`loading_onto`): a training process on a CUDA device reads each pretrained
-  checkpoint's weights straight onto that device (``device_map={"": device}``), so host memory never holds the whole
-  model; on the CPU (and outside :func:`loading_onto`) ``from_pretrained`` loads on the CPU as it always did. Under
-  ``train.strategy=fsdp`` the processes other than the main one read no weights at all: their model is built on the
-  meta device (:meth:`LoadOptions.empty`) and receives its shards from the main process
-  (:func:`finecap.models.sharding.receive_weights`).
+- **Where the weights load** (:func:`loading_onto`): a training process on a CUDA device, and every inference entry
+  point loading a captioner or a retriever for one (:func:`finecap.inference.load_for_captioning`, the retriever's
+  ``device``), reads each pretrained checkpoint's weights straight onto that device (``device_map={"": device}``,
+  :func:`placement`), so host memory never holds the whole model; on the CPU (and outside :func:`loading_onto`)
+  ``from_pretrained`` loads on the CPU as it always did. Under ``train.strategy=fsdp`` the processes other than the
+  main one read no weights at all: their model is built on the meta device (:meth:`LoadOptions.empty`) and receives
+  its shards from the main process (:func:`finecap.models.sharding.receive_weights`).
 """
 
 from __future__ import annotations
@@ -127,16 +128,12 @@ class LoadOptions:
         kwargs: dict[str, Any] = {"dtype": self.torch_dtype or "auto"}
         if self.attn_implementation != "auto":
             kwargs["attn_implementation"] = self.attn_implementation
-        device = _LOAD_DEVICE.get()
-        if device is not None and device.type == "meta":  # no weights read (:meth:`load`); a quantized load reads
-            device = None
+        placed = placement()
         if quantize and self.quantization != "none":
             kwargs["quantization_config"] = bnb_config(self.quantization, self.torch_dtype, skip)
-            if device is None:
-                device = torch.cuda.current_device() if torch.cuda.is_available() else "cpu"
-        if device is not None:
-            kwargs["device_map"] = {"": device}
-        return kwargs
+            if not placed:  # outside the block, or on meta (a quantized load reads its weights: :meth:`load`)
+                placed = {"device_map": {"": torch.cuda.current_device() if torch.cuda.is_available() else "cpu"}}
+        return {**kwargs, **placed}
 
     def load(self, auto_cls: Any, name: str | Path, what: str, skip: Sequence[str] | None = None,
              checkpoint: bool = False) -> nn.Module:  # fmt: skip
@@ -239,12 +236,24 @@ def load_device(device: torch.device | str) -> torch.device | None:
     return device if device.index is not None else torch.device("cuda", torch.cuda.current_device())
 
 
+def placement() -> dict[str, Any]:
+    """The ``from_pretrained`` keyword arguments that read a model's weights where :func:`loading_onto` puts them:
+    ``{"device_map": {"": device}}`` inside the block of a CUDA device; none on the CPU, on ``meta`` and outside any
+    block (``from_pretrained``'s default, the CPU). :meth:`LoadOptions.pretrained` adds it to a captioner's loads;
+    the pretrained models loaded without :class:`LoadOptions` call it themselves: a ClipCap's frozen dual encoder
+    (:func:`finecap.models.vision.load_dual_encoder`), the retriever
+    (:meth:`finecap.models.retriever.Retriever.from_pretrained`), ``finecap eval``'s perplexity language model."""
+    device = _LOAD_DEVICE.get()
+    return {"device_map": {"": device}} if device is not None and device.type == "cuda" else {}
+
+
 @contextlib.contextmanager
 def loading_onto(device: torch.device | str | None) -> Iterator[None]:
-    """Within the block, every ``from_pretrained`` of a captioner (:meth:`LoadOptions.pretrained`) reads its weights
-    straight onto :func:`load_device` of ``device`` (``None``, or a non-CUDA device: the CPU, as outside the
-    block; ``meta``: none read, the model's parameters left on the meta device, :meth:`LoadOptions.load`; torch's
-    warning that loading a state dict into them, e.g. a checkpoint's LoRA adapters, does nothing is silenced).
+    """Within the block, every ``from_pretrained`` of a captioner (:meth:`LoadOptions.pretrained`), and of the other
+    pretrained models that load with :func:`placement` (the retriever), reads its weights straight onto
+    :func:`load_device` of ``device`` (``None``, or a non-CUDA device: the CPU, as outside the block; ``meta``: none
+    read, the model's parameters left on the meta device, :meth:`LoadOptions.load`; torch's warning that loading a
+    state dict into them, e.g. a checkpoint's LoRA adapters, does nothing is silenced).
     Models built here with random weights are not affected (they are small, or built on the CPU and moved)."""
     placed = None if device is None else load_device(device)
     token = _LOAD_DEVICE.set(placed)

@@ -67,6 +67,7 @@ from finecap.data.features import (
 )
 from finecap.data.images import DEFAULT_LIMITS, ImageLimits
 from finecap.data.loading import draft_size
+from finecap.models import memory
 from finecap.models.text_window import LONG_TEXT, TextEncoding
 from finecap.models.world_encoder import world_encoder_path
 from finecap.utils.text import short_repr
@@ -142,7 +143,9 @@ class Retriever:
         """Load a dual encoder, its tokenizer and image processor from a Hub name or a local folder.
 
         The model class is the one recorded in the checkpoint's ``config.json`` (``architectures``), e.g.
-        ``CLIPModel`` or ``VisionTextDualEncoderModel``; the text window is its text config's.
+        ``CLIPModel`` or ``VisionTextDualEncoderModel``; the text window is its text config's. ``device``: where the
+        model runs (``None``: the CPU); a CUDA device's weights are read straight onto it
+        (:func:`finecap.models.memory.loading_onto`), any other's are loaded on the CPU and moved.
         """
         name = str(name_or_path)
         config = transformers.AutoConfig.from_pretrained(name, trust_remote_code=False)
@@ -155,7 +158,8 @@ class Retriever:
                 break
         if model_cls is None:
             model_cls = transformers.AutoModel
-        model = model_cls.from_pretrained(name, trust_remote_code=False)
+        with memory.loading_onto(device):
+            model = model_cls.from_pretrained(name, trust_remote_code=False, **memory.placement())
         if not (hasattr(model, "get_image_features") and hasattr(model, "get_text_features")):
             raise TypeError(
                 f"{name}: {type(model).__name__} (architectures={archs}) is not a dual encoder with "
@@ -501,7 +505,8 @@ class Retriever:
 def load_retriever(cfg: Config, batch_size: int | None = None, device: str | torch.device | None = None) -> Retriever:
     """The retriever a run uses: ``retriever.checkpoint`` if set, else the world encoder of ``cfg``, which must have
     been trained already (:func:`finecap.models.world_encoder.world_encoder_path` names the command otherwise);
-    on ``device`` (default: where ``from_pretrained`` puts it, the CPU)."""
+    on ``device`` (default: where ``from_pretrained`` puts it, the CPU; a CUDA device's weights are read straight onto
+    it: :meth:`Retriever.from_pretrained`)."""
     path = cfg.retriever.checkpoint or world_encoder_path(cfg)
     retriever = Retriever.from_pretrained(path, batch_size=batch_size or cfg.retriever.batch_size_eval, device=device,
                                           long_text=cfg.retriever.long_text)  # fmt: skip

@@ -25,7 +25,7 @@ import transformers
 from PIL import Image
 from torch import nn
 
-from finecap.models import strict
+from finecap.models import memory, strict
 
 TEXT_SIDE = ("text_model", "text_projection", "logit_scale")
 """Attributes of a dual encoder that belong to the text side (never trained through the captioner)."""
@@ -35,7 +35,8 @@ def load_dual_encoder(name_or_path: str | Path, dtype: torch.dtype | str = "auto
     """Load a dual encoder with ``get_image_features``; the class is the checkpoint's recorded architecture, the
     weights in ``dtype`` (``"auto"``: the checkpoint's own; a captioner passes ``model.dtype``). ``checkpoint``: the
     folder is part of a captioner checkpoint (a trained encoder saved in it), loaded strictly
-    (:func:`finecap.models.strict.load_pretrained`).
+    (:func:`finecap.models.strict.load_pretrained`). Inside :func:`finecap.models.memory.loading_onto` a CUDA device,
+    the weights are read straight onto it (:func:`~finecap.models.memory.placement`), as the captioner's are.
 
     Falls back to ``AutoModel``; raises ``TypeError`` naming the checkpoint if the loaded model has no
     ``get_image_features`` (e.g. a bare ``CLIPVisionModel``).
@@ -48,7 +49,7 @@ def load_dual_encoder(name_or_path: str | Path, dtype: torch.dtype | str = "auto
         transformers.AutoModel,
     )
     load = functools.partial(strict.load_pretrained, model_cls) if checkpoint else model_cls.from_pretrained
-    model = load(name, trust_remote_code=False, dtype=dtype)
+    model = load(name, trust_remote_code=False, dtype=dtype, **memory.placement())  # onto a CUDA device: loading_onto
     if not hasattr(model, "get_image_features"):
         raise TypeError(
             f"model.encoder={name}: {type(model).__name__} (architectures={archs}) has no get_image_features; "

@@ -97,7 +97,8 @@ class RewardInputs:
                ) -> RewardInputs:  # fmt: skip
         """The inputs of a run's configuration ``cfg`` and training ``records``: their references, the world's scenes
         (``data.format=world``), the cache folder, and the retriever (``retriever.*``) when ``needs`` names it
-        (prepared already). ``given``: the other fields (device, gather, ...)."""
+        (prepared already), loaded on ``given``'s ``device`` (a CUDA device's weights read straight onto it:
+        :func:`finecap.models.retriever.load_retriever`). ``given``: the other fields (device, gather, ...)."""
         from finecap.data.references import world_scenes
         from finecap.home import cache_dir
 
@@ -106,7 +107,7 @@ class RewardInputs:
         if "retriever" in needs:
             from finecap.models.retriever import load_retriever
 
-            retriever = load_retriever(cfg)
+            retriever = load_retriever(cfg, device=given.get("device"))  # where the retrieval reward runs it
         given.setdefault("questions", questions_of(records))
         return cls(references=references_of(records), records=records, scenes=world_scenes(cfg), retriever=retriever,
                    cache_dir=cache_dir(cfg.run), **given)  # fmt: skip
