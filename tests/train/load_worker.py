@@ -1,6 +1,7 @@
 """One process of tests/train/test_fsdp_loading.py (started 2 times by ``accelerate launch``): the training model of a
 VLM checkpoint built sharded as ``finecap train train.strategy=fsdp`` builds it
-(:func:`finecap.train.setup.build_sharded_model`), with what each process saw recorded into ``<out>/rank<r>.json``:
+(:func:`finecap.train.setup.build_sharded_model`), one checkpoint after another in one launch, with what each process
+saw recorded into ``<out>/<case>.rank<r>.json``:
 its parameters' devices when sharding began, whether each full parameter and each buffer equals the main process's
 loaded one exactly, and which parameter names are one tensor (ties)."""
 
@@ -19,12 +20,8 @@ from finecap.train import setup
 from finecap.train.engine import process_state
 
 
-def main() -> None:
-    out, overrides = Path(sys.argv[1]), json.loads(sys.argv[2])
-    cfg = load(None, ["train.strategy=fsdp", *overrides])
-    state = process_state(cfg.train)  # the launch's processes, as training sets them up (gloo on the CPU)
-    rank = dist.get_rank()
-    assert state.is_main_process == (rank == 0) and state.num_processes == 2
+def record_case(cfg, state, rank: int) -> dict:
+    """Build ``cfg``'s training model sharded and say what this process saw (module docstring)."""
     seen: dict = {}
     shard = sharding.shard_captioner
 
@@ -34,8 +31,11 @@ def main() -> None:
         return shard(model, mixed_precision)
 
     sharding.shard_captioner = recording
-    torch.manual_seed(rank)  # the processes' random parts (LoRA adapters) differ until the main one's arrive
-    model, layers = setup.build_sharded_model(cfg, None, "cpu", state.is_main_process)
+    try:
+        torch.manual_seed(rank)  # the processes' random parts (LoRA adapters) differ until the main one's arrive
+        model, layers = setup.build_sharded_model(cfg, None, "cpu", state.is_main_process)
+    finally:
+        sharding.shard_captioner = shard
     sent = [seen["loaded"]]
     dist.broadcast_object_list(sent, src=0)  # the main process's weights as loaded, before sharding
     main_state = sent[0]
@@ -53,11 +53,24 @@ def main() -> None:
     for name, p in model.named_parameters(remove_duplicate=False):
         names.setdefault(id(p), []).append(name)
     ties = sorted(group for group in names.values() if len(group) > 1)  # names that are one parameter
-    record = {"devices": seen["devices"], "layers": len(layers), "equal": equal, "buffers_equal": buffers_equal,
-              "ties": ties, "params": len(params),
-              "sharded": sum(1 for p in params.values() if hasattr(p, "full_tensor"))}  # fmt: skip
-    (out / f"rank{rank}.json").write_text(json.dumps(record))
-    dist.barrier()
+    return {"devices": seen["devices"], "layers": len(layers), "equal": equal, "buffers_equal": buffers_equal,
+            "ties": ties, "params": len(params),
+            "sharded": sum(1 for p in params.values() if hasattr(p, "full_tensor"))}  # fmt: skip
+
+
+def main() -> None:
+    """``<out> <cases JSON: {case: overrides}>``: every case built in turn in this one launch, each recorded into
+    ``<out>/<case>.rank<r>.json``."""
+    out, cases = Path(sys.argv[1]), json.loads(sys.argv[2])
+    state = None
+    for case, overrides in cases.items():
+        cfg = load(None, ["train.strategy=fsdp", *overrides])
+        if state is None:
+            state = process_state(cfg.train)  # the launch's processes, as training sets them up (gloo on the CPU)
+        rank = dist.get_rank()
+        assert state.is_main_process == (rank == 0) and state.num_processes == 2
+        (out / f"{case}.rank{rank}.json").write_text(json.dumps(record_case(cfg, state, rank)))
+        dist.barrier()
 
 
 if __name__ == "__main__":

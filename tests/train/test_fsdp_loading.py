@@ -47,31 +47,39 @@ CASES = {
 ClipCap over a tied GPT-2 read from its folder, with a CLIP encoder that every process reads) and the overrides."""
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("case", list(CASES))
-def test_only_the_main_process_reads_the_weights_and_every_shard_equals_them(tmp_path, launch_two, case):
-    backbone, overrides = CASES[case]
+def case_source(backbone: str, root: Path) -> list[str]:
+    """The overrides naming the case's checkpoint, saved under ``root``."""
+    root.mkdir(parents=True)
     if backbone == "vlm":
-        source = ["model.kind=vlm", f"vlm.name={save_tied_qwen2_vl(tmp_path / 'vlm')}"]
-    elif backbone == "blip":
-        source = ["model.kind=blip", f"blip.name={save_tiny_blip(tmp_path / 'blip', image_size=32, layers=1)}"]
-    else:
-        torch.manual_seed(0)
-        lm, tok = build_world_lm(layers=1, hidden=32, heads=2, dropout=0.0)
-        lm.save_pretrained(tmp_path / "gpt2")
-        tok.save_pretrained(tmp_path / "gpt2")
-        clip = save_tiny_clip(tmp_path / "clip", image_size=16, patch_size=8)
-        source = [f"clipcap.lm={tmp_path / 'gpt2'}", f"model.encoder={clip}", "clipcap.prefix_length=2"]
+        return ["model.kind=vlm", f"vlm.name={save_tied_qwen2_vl(root / 'vlm')}"]
+    if backbone == "blip":
+        return ["model.kind=blip", f"blip.name={save_tiny_blip(root / 'blip', image_size=32, layers=1)}"]
+    torch.manual_seed(0)
+    lm, tok = build_world_lm(layers=1, hidden=32, heads=2, dropout=0.0)
+    lm.save_pretrained(root / "gpt2")
+    tok.save_pretrained(root / "gpt2")
+    clip = save_tiny_clip(root / "clip", image_size=16, patch_size=8)
+    return [f"clipcap.lm={root / 'gpt2'}", f"model.encoder={clip}", "clipcap.prefix_length=2"]
+
+
+@pytest.mark.slow
+def test_only_the_main_process_reads_the_weights_and_every_shard_equals_them(tmp_path, launch_two):
+    # every case in one launch of 2 processes (one process group; a launch costs seconds of imports)
+    cases = {
+        case: [*case_source(backbone, tmp_path / case), *overrides] for case, (backbone, overrides) in CASES.items()
+    }
     worker = Path(__file__).with_name("load_worker.py")
-    launch_bounded([*launch_two, str(worker), str(tmp_path), json.dumps([*source, *overrides])],
-                   tmp_path / "log.txt", timeout=300)  # fmt: skip
-    main, other = (json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1))
-    assert main["devices"] == ["cpu"]
-    # LoRA adapters on the meta device too (peft puts them on their base layer's device); ClipCap's mapper and CLIP
-    # encoder are built or read by every process (small), on the CPU
-    assert other["devices"] == (["cpu", "meta"] if backbone == "clipcap" else ["meta"])
-    for record in (main, other):
-        assert record["layers"] > 0 and record["sharded"] > 0
-        assert record["equal"] and all(record["equal"].values()), [k for k, v in record["equal"].items() if not v]
-        assert record["buffers_equal"] and all(record["buffers_equal"].values())
-        assert record["ties"] and record["ties"] == main["ties"]  # the tied head is still one parameter
+    launch_bounded([*launch_two, str(worker), str(tmp_path), json.dumps(cases)], tmp_path / "log.txt",
+                   timeout=300)  # fmt: skip
+    for case, (backbone, _) in CASES.items():
+        main, other = (json.loads((tmp_path / f"{case}.rank{r}.json").read_text()) for r in (0, 1))
+        assert main["devices"] == ["cpu"], case
+        # LoRA adapters on the meta device too (peft puts them on their base layer's device); ClipCap's mapper and
+        # CLIP encoder are built or read by every process (small), on the CPU
+        assert other["devices"] == (["cpu", "meta"] if backbone == "clipcap" else ["meta"]), case
+        for record in (main, other):
+            assert record["layers"] > 0 and record["sharded"] > 0, case
+            assert record["equal"] and all(record["equal"].values()), (case, [k for k, v in record["equal"].items()
+                                                                              if not v])  # fmt: skip
+            assert record["buffers_equal"] and all(record["buffers_equal"].values()), case
+            assert record["ties"] and record["ties"] == main["ties"], case  # the tied head is still one parameter
