@@ -753,26 +753,29 @@ def check_grpo_vllm(ctx: Ctx) -> dict:
     sleeps: list[dict] = []
     after_steps: list[dict] = []
     engines: list[Any] = []
+    dtypes: list[str] = []
     original = VllmEngine.sleep
 
     def sleep(engine: Any) -> None:
         if engine not in engines:
             engines.append(engine)
+            with contextlib.suppress(Exception):  # the dtype vLLM computes in (vllm.dtype=auto: the step's)
+                dtypes.append(str(engine.llm.llm_engine.vllm_config.model_config.dtype))
         was_asleep, awake = bool(engine.asleep), device_memory(ctx)
         original(engine)
         if engine.asleep and not was_asleep:
             sleeps.append({"awake": awake, "asleep": device_memory(ctx)})
 
     def after_step(_state: Any) -> None:
-        asleep = sorted(engines[-1].asleep) if engines else []
+        asleep = sorted(engines[0].asleep) if engines else []  # the rollouts' engine (validation decodes itself)
         after_steps.append({"engine_asleep": asleep, **(device_memory(ctx) or {})})
 
-    steps = 5 if not ctx.smoke else 3
+    steps = 5  # the smoke mode's too: seconds on vLLM's CPU backend
     with mock.patch.object(VllmEngine, "sleep", sleep):
         cfg, out, rows = timed_grpo(ctx, "grpo_vllm", steps, extra, on_step=after_step)
-    out.update(engine="vllm", vllm_dtype=cfg.vllm.dtype, gpu_memory_utilization=cfg.vllm.gpu_memory_utilization,
-               enable_sleep_mode=sleep_on, sleeps=len(sleeps), sleep_events=sleeps,
-               memory_after_steps=after_steps)  # fmt: skip
+    out.update(engine="vllm", vllm_dtype=f"{cfg.vllm.dtype}: {dtypes[0] if dtypes else '?'}",
+               gpu_memory_utilization=cfg.vllm.gpu_memory_utilization, enable_sleep_mode=sleep_on,
+               sleeps=len(sleeps), sleep_events=sleeps, memory_after_steps=after_steps)  # fmt: skip
     for key in ("time/sync", "vllm/is_ratio/min", "vllm/is_ratio/max", "vllm/logp_diff/max"):
         values = [r[key] for r in rows if key in r]
         if values:
