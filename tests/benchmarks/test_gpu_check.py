@@ -1,11 +1,13 @@
 """benchmarks/gpu_check.py --cpu-smoke (issue 65): the GPU check's plumbing on the CPU at the tiniest sizes, so that it
 cannot rot between the rare runs on a GPU. Every check gets a status; the table is printed; what has a CPU stand-in
-(bfloat16 on the CPU, FSDP2 over gloo, bitsandbytes' CPU 4-bit layers) passes."""
+(bfloat16 on the CPU, FSDP2 over gloo, bitsandbytes' CPU 4-bit layers) passes; ``grpo_vllm`` is skipped where vLLM
+is not installed (its run on vLLM's CPU backend: tests/engines/test_vllm_gpu_check.py)."""
 
 from __future__ import annotations
 
 import importlib.util
 import json
+import math
 import os
 import subprocess
 import sys
@@ -30,7 +32,8 @@ def test_cpu_smoke_records_every_check(tmp_path):
     from finecap.models.vlm import FAMILIES
 
     families = [f"family:{f}" for f in FAMILIES]  # a line each (a family it cannot build: skipped)
-    assert report["mode"] == "cpu-smoke" and list(records) == [*MUST_PASS[:2], *families, "qlora", *MUST_PASS[5:]]
+    in_order = [*MUST_PASS[:2], *families, "qlora", *MUST_PASS[5:7], "grpo_vllm", *MUST_PASS[7:]]
+    assert report["mode"] == "cpu-smoke" and list(records) == in_order
     assert all(r["status"] for r in records.values())
     failed = {n: (records[n]["status"], records[n].get("error")) for n in MUST_PASS if records[n]["status"] != "pass"}
     assert not failed, failed
@@ -58,4 +61,11 @@ def test_cpu_smoke_records_every_check(tmp_path):
         assert part["first_token_max_rel_diff"] <= part["tolerance_rel"] < part["control_rel_diff_other_images"]
         assert records[f"family:{family}"]["parts"]["train/sdpa"]["gradient_checkpointing"] is True
     assert records["grpo"]["vllm"].startswith("not run")
+    grpo = records["grpo"]
+    assert len(grpo["losses"]) == grpo["steps"] == 3 and all(math.isfinite(x) for x in grpo["losses"])
+    if importlib.util.find_spec("vllm") is None:  # this venv; the check runs in .venv-vllm: test_vllm_gpu_check.py
+        assert records["grpo_vllm"]["status"] == "skipped", records["grpo_vllm"]
+        assert records["grpo_vllm"]["summary"].startswith("skipped: vLLM does not import here")
+    else:
+        assert records["grpo_vllm"]["status"] == "pass", records["grpo_vllm"]
     assert not list(tmp_path.glob("*.json"))  # nothing in the working directory
