@@ -451,7 +451,17 @@ def attn_implementations(ctx: Ctx) -> list[str]:
     return ["sdpa", *(["flash_attention_2"] if ctx.cuda and is_flash_attn_2_available() else [])]
 
 
+SMOKE_FAMILIES = ("llava", "llava_next", "idefics3", "qwen2_vl", "gemma3")
+"""The families ``--cpu-smoke`` runs the family check on: a plain LLaVA, one whose prompts are padded (anyres image
+tokens), Idefics3's image rows per token, Qwen2-VL's multimodal rope and Gemma 3's sliding layers. Every family's
+CPU contract (the same comparisons and a training step) is ``tests/models/test_vlm_families.py``'s; the GPU run checks
+them all."""
+
+
 def check_family(ctx: Ctx, family: str) -> dict:
+    if ctx.smoke and family not in SMOKE_FAMILIES:
+        raise Skip(f"skipped: --cpu-smoke checks {', '.join(SMOKE_FAMILIES)} (every family on the CPU: "
+                   "tests/models/test_vlm_families.py)")  # fmt: skip
     folder = family_dir(ctx, family)
     parts: dict[str, Any] = {}
     impls = attn_implementations(ctx)
