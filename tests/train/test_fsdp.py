@@ -25,6 +25,7 @@ from finecap.config import load
 from finecap.runs import INFO_FILE, checkpoint_dir, model_dir
 from finecap.train.run import train
 from helpers.equivalence import OBJECTIVES, compare, overrides, weights
+from helpers.launch import failure_report
 
 pytestmark = [
     pytest.mark.slow,
@@ -37,8 +38,7 @@ def launch(launch_two: list[str], runs: list[tuple[list[str], bool]]) -> str:
     cmd = [*launch_two, str(Path(__file__).with_name("fsdp_worker.py")), json.dumps(runs)]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env)
-    rank0 = [line for line in proc.stderr.splitlines() if line.startswith("[rank0]")]
-    assert proc.returncode == 0, "\n".join(rank0[-40:]) + proc.stderr[-2000:]
+    assert proc.returncode == 0, failure_report(proc.stderr)
     return proc.stderr
 
 
