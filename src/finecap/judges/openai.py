@@ -204,12 +204,8 @@ class OpenAIJudge(Judge):
         self.model, self.retries, self.concurrency = model, retries, concurrency
         self.backends = backends
         self.cache = cache
-        self._setup_turns()
-
-    def _setup_turns(self) -> None:
-        """The round-robin over :attr:`backends` and the lock of the counters."""
-        self._turn = itertools.count()
-        self._lock = threading.Lock()
+        self._turn = itertools.count()  # the round-robin over the backends
+        self._lock = threading.Lock()  # of the counters
 
     def identity(self) -> dict[str, Any]:
         return {**super().identity(), "model": self.model}
@@ -319,18 +315,25 @@ class OpenAIJudge(Judge):
             self.cache.close()
 
 
-def build(cfg: Config | None = None, **options: Any) -> OpenAIJudge:
-    """Factory of the judge registry: the ``judge`` section of ``cfg`` (``options`` override its keys, and may give
-    ``transport``, ``sleep``, ``backoff``, ``prompts`` or ``cache_path``)."""
+def judge_settings(cfg: Config | None, options: dict[str, Any],
+                   keys: Sequence[str]) -> tuple[dict[str, Any], AnswerCache | None]:  # fmt: skip
+    """The ``judge`` section's ``keys`` of ``cfg`` (its defaults without one), each given in ``options`` taken from
+    there instead (popped), and the answer cache ``judge.cache`` asks for (at ``options``' ``cache_path``, popped;
+    else the finecap home's): what the factories of the judges over chat backends read."""
     from finecap.config.sections.judge import JudgeConfig
 
     j = cfg.judge if cfg is not None else JudgeConfig()
-    get = lambda key: options.pop(key, getattr(j, key))  # noqa: E731
-    urls, model, retries, timeout = get("urls"), get("model"), get("retries"), get("timeout")
-    concurrency, max_tokens, use_cache = get("concurrency"), get("max_tokens"), get("cache")
-    api_key_env = get("api_key_env")
-    cache_path = options.pop("cache_path", None)
+    values = {key: options.pop(key, getattr(j, key)) for key in (*keys, "cache")}
+    use_cache, cache_path = values.pop("cache"), options.pop("cache_path", None)
+    return values, AnswerCache(cache_path) if use_cache else None
+
+
+def build(cfg: Config | None = None, **options: Any) -> OpenAIJudge:
+    """Factory of the judge registry: the ``judge`` section of ``cfg`` (``options`` override its keys, and may give
+    ``transport``, ``sleep``, ``backoff``, ``prompts`` or ``cache_path``)."""
+    keys = ("urls", "model", "retries", "timeout", "concurrency", "max_tokens", "api_key_env")
+    settings, cache = judge_settings(cfg, options, keys)
+    api_key_env = settings.pop("api_key_env")
     api_key = api_key_from_env(api_key_env, "judge.api_key_env", explicit=api_key_env != "OPENAI_API_KEY")
-    cache = AnswerCache(cache_path) if use_cache else None
-    return OpenAIJudge(urls, model, api_key=api_key, retries=retries, timeout=timeout, concurrency=concurrency,
-                       max_tokens=max_tokens, cache=cache, **options)  # fmt: skip
+    return OpenAIJudge(settings.pop("urls"), settings.pop("model"), api_key=api_key, cache=cache, **settings,
+                       **options)  # fmt: skip

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 from finecap.boost.engine import BackendError
 from finecap.judges.base import Judge
 from finecap.judges.cache import AnswerCache
-from finecap.judges.openai import OpenAIJudge
+from finecap.judges.openai import OpenAIJudge, judge_settings
 
 if TYPE_CHECKING:
     from finecap.config import Config, VllmConfig
@@ -66,13 +66,7 @@ class VllmJudge(OpenAIJudge):
 def build(cfg: Config | None = None, **options: Any) -> VllmJudge:
     """Factory of the judge registry: the ``judge`` and ``vllm`` sections of ``cfg`` (``options`` override the judge
     keys, and may give ``backend``, ``prompts`` or ``cache_path``)."""
-    from finecap.config.sections.judge import JudgeConfig
-
-    j = cfg.judge if cfg is not None else JudgeConfig()
-    get = lambda key: options.pop(key, getattr(j, key))  # noqa: E731
-    model, retries, max_tokens, use_cache = get("model"), get("retries"), get("max_tokens"), get("cache")
-    cache_path = options.pop("cache_path", None)
-    cache = AnswerCache(cache_path) if use_cache else None
+    settings, cache = judge_settings(cfg, options, ("model", "retries", "max_tokens"))
     section = cfg.vllm if cfg is not None else None
     seed = cfg.run.seed if cfg is not None else 0
-    return VllmJudge(model, section=section, retries=retries, max_tokens=max_tokens, cache=cache, seed=seed, **options)
+    return VllmJudge(settings.pop("model"), section=section, cache=cache, seed=seed, **settings, **options)

@@ -54,7 +54,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from finecap.models.captioner import VOCAB_CHUNK_ELEMENTS
-from finecap.models.kvcache import LAYERED
+from finecap.models.kvcache import prompt_shareable
 
 GIB = 1024**3
 CHUNKED = ("mle", "reinforce", "grpo")
@@ -343,7 +343,7 @@ def forecast_of_run(model: Any, cfg: Any, batch: dict[str, Any], objective: Any)
         return None
     padded = any(not bool(batch[k].bool().all()) for k in ("prompt_mask", "attention_mask") if k in batch)
     rl = getattr(objective, "rl", None)
-    shares = bool(getattr(model, "share_prompt", False)) and (LAYERED or not cfg.train.gradient_checkpointing)
+    shares = bool(getattr(model, "share_prompt", False)) and prompt_shareable(cfg.train.gradient_checkpointing)
     train = training_of(cfg, padded or rl is not None)  # sampled captions end at different lengths
     step = step_of(cfg, batch, rl, shares)
     vision = VisionShapes.of(config, batch["pixel_values"], step.images) if "pixel_values" in batch else None
@@ -453,7 +453,7 @@ def recipe_forecast(cfg: Any, backbone: Backbone) -> dict[str, Any]:
     else one of ``data.max_tokens``; batches padded), and their ``total`` per process."""
     rl = cfg.train.objective in SAMPLING
     # Vlm.sequence_logits: shared where an image has several captions
-    shared = rl and cfg.rl.samples > 1 and (LAYERED or not cfg.train.gradient_checkpointing)
+    shared = rl and cfg.rl.samples > 1 and prompt_shareable(cfg.train.gradient_checkpointing)
     captions, tokens = (cfg.rl.samples, cfg.decode.max_length) if rl else (1, cfg.data.max_tokens)
     step = Step(cfg.train.batch_size, backbone.prompt, captions, tokens, shared, cfg.train.objective in CHUNKED)
     train = Training(**{**training_of(cfg).__dict__, "projector_trains": bool(cfg.vlm.train_projector)})

@@ -43,6 +43,13 @@ LAYERED = "layers" in inspect.signature(Cache.__init__).parameters
 lists of tensors)."""
 
 
+def prompt_shareable(checkpointing: bool) -> bool:
+    """Whether a prompt pass can hand its KV cache to the captions scored after it, with gradient checkpointing on
+    or off: always with layered caches (:class:`PromptCache` is kept through a checkpointed layer's recomputation),
+    else only without checkpointing (``transformers`` drops a checkpointed layer's cache)."""
+    return LAYERED or not checkpointing
+
+
 class PromptCache(DynamicCache):
     """The KV cache of a shared prompt pass (:meth:`finecap.models.vlm.Vlm.sequence_logits`), correct under gradient
     checkpointing, where the backward pass runs each layer's forward a second time

@@ -96,7 +96,7 @@ from finecap.models.base import TEXT_TINY_SIZES, CaptionerBase, module_path, sam
 from finecap.models.captioner import encode_images, last_positions
 from finecap.models.chat_templates import apply_chat_template
 from finecap.models.image_budget import budget_kwargs
-from finecap.models.kvcache import LAYERED, PromptCache, cache_kwargs, returned_cache
+from finecap.models.kvcache import LAYERED, PromptCache, cache_kwargs, prompt_shareable, returned_cache
 from finecap.models.presets import world_vlm
 from finecap.models.processors import load_processor
 from finecap.models.tokenizer import ensure_pad_token
@@ -864,8 +864,7 @@ class Vlm(CaptionerBase):
         without gradient checkpointing (:meth:`_shared_prompt_logits` checkpoints its passes itself); only with a
         ``transformers`` older than layered caches (:data:`finecap.models.kvcache.LAYERED`) does a model training
         under checkpointing repeat the prompt per sequence."""
-        old_cache = self.training and memory.gradient_checkpointing(self) and not LAYERED
-        return self.share_prompt and not old_cache
+        return self.share_prompt and prompt_shareable(self.training and memory.gradient_checkpointing(self))
 
     def _shared_prompt_logits(self, prompt: Prompt, image_index: torch.Tensor, sequences: torch.Tensor,
                               mask: torch.Tensor) -> torch.Tensor:  # fmt: skip
