@@ -659,7 +659,8 @@ def timed_grpo(ctx: Ctx, name: str, steps: int, extra: list[str],
     ``runs/<name>``, logging every step: the configuration, the timing record (seconds per step: the median of the
     steps between the first, which builds, and the last, which also validates and saves; captions per second; the
     CUDA peak from step 2 on; the losses; ``status`` fail unless every step ran with a finite loss) and the logged
-    training values. ``on_step(state)`` runs after each step's timing mark."""
+    training values; its ``summary`` begins the check's line (seconds per step, captions per second, the shapes).
+    ``on_step(state)`` runs after each step's timing mark."""
     import torch
 
     from finecap.train.run import train
@@ -692,12 +693,14 @@ def timed_grpo(ctx: Ctx, name: str, steps: int, extra: list[str],
            "max_length": cfg.decode.max_length,
            "captions_per_second": cfg.train.batch_size * cfg.rl.samples / per_step, "losses": losses,
            "peak_cuda_gib_steps_2_on": peak / GIB if peak is not None else None, "model": model_note(ctx)}  # fmt: skip
+    out["summary"] = (f"{per_step:.2f} s/step, {out['captions_per_second']:.0f} captions/s "
+                      f"({cfg.train.batch_size}x{cfg.rl.samples}x<={cfg.decode.max_length} tok)")  # fmt: skip
     return cfg, out, rows
 
 
 def check_grpo(ctx: Ctx) -> dict:
     steps = 6 if not ctx.smoke else 3
-    cfg, out, _ = timed_grpo(ctx, "grpo", steps, [])
+    _, out, _ = timed_grpo(ctx, "grpo", steps, [])
     try:
         import vllm  # noqa: F401
 
@@ -707,10 +710,7 @@ def check_grpo(ctx: Ctx) -> dict:
     out.update(engine="finecap", vllm=vllm_note)
     peak = out["peak_cuda_gib_steps_2_on"]
     mem = f", peak {peak:.1f} GiB" if peak is not None else ""
-    out["summary"] = (
-        f"{out['seconds_per_step']:.2f} s/step, {out['captions_per_second']:.0f} captions/s "
-        f"({cfg.train.batch_size}x{cfg.rl.samples}x<={cfg.decode.max_length} tok){mem}; vLLM not run"
-    )
+    out["summary"] += f"{mem}; vLLM not run"
     return out
 
 
@@ -815,10 +815,7 @@ def check_grpo_vllm(ctx: Ctx) -> dict:
             if last
             else "no sleep"
         )
-    out["summary"] = (
-        f"{out['seconds_per_step']:.2f} s/step, {out['captions_per_second']:.0f} captions/s "
-        f"({cfg.train.batch_size}x{cfg.rl.samples}x<={cfg.decode.max_length} tok); {summary_mem}"
-    )
+    out["summary"] += f"; {summary_mem}"
     return out
 
 
