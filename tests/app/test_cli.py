@@ -246,3 +246,14 @@ def test_a_packaged_recipe_name_is_never_shadowed_by_a_folder(tmp_path, monkeypa
     assert resolve_recipe("demo/smile.yaml") == Path("demo/smile.yaml")  # the user's YAML file
     with pytest.raises(ValueError, match="is a directory"):
         resolve_recipe("demo")  # a folder that names no packaged recipe
+
+
+@pytest.mark.parametrize("argv, code", [(["config", "world.n_train=42"], 0), (["config", "train.schedule=nope"], 2)])
+def test_a_command_leaves_its_process_group(group, argv, code, capsys):
+    # a launched process that exits with its gloo group alive aborts now and then in the C++ teardown, after its work
+    # (SIGABRT, a failed run to the launcher): every command, done or refused, destroys the group before it returns
+    import torch.distributed as dist
+
+    assert dist.is_initialized()
+    assert main(argv) == code
+    assert not dist.is_initialized()

@@ -26,6 +26,8 @@ def words(cfg):
 if __name__ == "__main__":
     from finecap.config import load
     from finecap.train.run import train
+    from finecap.utils.system import leave_process_group
 
     for overrides in json.loads(sys.argv[1]):
         train(load(None, overrides))
+    leave_process_group()  # as the finecap command does: a gloo group alive at exit may abort the process

@@ -45,10 +45,14 @@ def launch_bounded(cmd: list[str], log: Path, timeout: float) -> None:
     assert proc.returncode == 0, failure_report(err)
 
 
-def failure_report(err: str, ranks: int = 2) -> str:
-    """What a failed launch printed, for an assertion: each rank's last 30 lines of its own (a rank that aborts,
-    such as the rare SIGABRT of rank 1 under the parallel suite in docs/benchmarks.md, says why there; the launcher's
-    summary leaves it out), then the end of the launcher's output."""
-    lines = err.splitlines()
-    tails = ["\n".join([x for x in lines if x.startswith(f"[rank{r}]")][-30:]) for r in range(ranks)]
-    return "\n".join(tails) + "\n" + err[-2000:]
+LAUNCHER_TRACEBACK = 'Traceback (most recent call last):\n  File "<frozen runpy>"'
+"""How the launcher's own traceback (torchrun's ``ChildFailedError``) starts in a failed launch's output."""
+
+
+def failure_report(err: str) -> str:
+    """What a failed launch printed, for an assertion: the end of what the processes themselves printed before the
+    launcher's traceback (where a rank that aborted says why: "terminate called without an active exception", a
+    Python traceback), then the launcher's summary of which rank ended how."""
+    cut = err.rfind(LAUNCHER_TRACEBACK)
+    own, launcher = (err[:cut], err[cut:]) if cut >= 0 else (err, "")
+    return f"{own[-4000:]}\n[the launcher]\n{launcher[-1500:]}"

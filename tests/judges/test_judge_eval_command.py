@@ -77,3 +77,36 @@ def test_questions_make_writes_a_worlds_questions_that_the_qa_metric_reads(world
     from_file = json.loads(capsys.readouterr().out)
     assert cli(args) == 0
     assert from_file == json.loads(capsys.readouterr().out)  # the file holds what the scenes give
+
+
+CLOSED: list[str] = []
+
+
+class CountedWorldJudge(WorldJudge):
+    """The world judge, counting its closes into :data:`CLOSED`."""
+
+    def close(self) -> None:
+        CLOSED.append(self.name)
+
+
+def counted_world_judge(cfg, **options):
+    return CountedWorldJudge()
+
+
+@pytest.mark.parametrize("metrics", ["claims,clair", "claims,bags"])
+def test_the_evaluation_closes_its_judge_once_however_it_ends(world, metrics):
+    # a judge behind a server holds connections and an answer cache, an in-process one an engine: the evaluation that
+    # opened it closes it, once for the groups sharing it, also when a later group fails ("bags" has no bags here)
+    from finecap.metrics.suite import evaluate
+
+    refs = load_references(load(), world, split="test")
+    predictions = {r.image_id: r.captions[0] for r in refs.records}
+    cfg = load(None, [f"judge.name={__name__}:counted_world_judge"])
+    CLOSED.clear()
+    if metrics.endswith("bags"):
+        with pytest.raises(ValueError, match="metric 'bags' needs bags"):
+            evaluate(predictions, None, scenes=refs.scenes, metrics=metrics, cfg=cfg)
+    else:
+        out = evaluate(predictions, None, scenes=refs.scenes, metrics=metrics, cfg=cfg)
+        assert out["claims/precision"] == 1.0  # each caption is one of its image's references
+    assert CLOSED == ["world"]

@@ -18,6 +18,7 @@ from finecap.config import load
 from finecap.models import sharding
 from finecap.train import setup
 from finecap.train.engine import process_state
+from finecap.utils.system import leave_process_group
 
 
 def record_case(cfg, state, rank: int) -> dict:
@@ -71,6 +72,7 @@ def main() -> None:
         assert state.is_main_process == (rank == 0) and state.num_processes == 2
         (out / f"{case}.rank{rank}.json").write_text(json.dumps(record_case(cfg, state, rank)))
         dist.barrier()
+    leave_process_group()  # as the finecap command does: a gloo group alive at exit may abort the process
 
 
 if __name__ == "__main__":

@@ -37,6 +37,7 @@ from finecap.errors import AnotherProcessFailed, explain
 from finecap.library_warnings import silenced
 from finecap.recipes import copy_recipe, describe_recipe, list_recipes, resolve_recipe
 from finecap.registry import ENGINES, PREDICTION_FORMATS
+from finecap.utils.system import leave_process_group
 from finecap.utils.text import shell_command
 
 
@@ -733,6 +734,14 @@ def launched_rank() -> int:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    try:
+        return _run(args)
+    finally:
+        leave_process_group()
+
+
+def _run(args: argparse.Namespace) -> int:
+    """Call the command's function; its error as one message and an exit code (module docstring)."""
     try:
         with configured_logging(args.verbose, args.quiet):
             args.func(args)

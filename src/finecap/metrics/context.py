@@ -41,6 +41,18 @@ class EvalContext:
     requested: tuple[str, ...] = ()
     items: dict[Hashable, dict[str, float]] | None = None  # per-image scores, when asked for (evaluate_items)
     cache: dict[str, Any] = field(default_factory=dict)
+    opened: list[Any] = field(default_factory=list)  # what the groups opened and the evaluation closes (a judge)
+
+    def own(self, resource: Any) -> Any:
+        """``resource`` (anything with ``close()``), closed by :meth:`close` when the evaluation ends."""
+        self.opened.append(resource)
+        return resource
+
+    def close(self) -> None:
+        """Close what the groups opened (a judge's connections and answer cache, an in-process judge's engine), the
+        last opened first; called by the evaluation however it ends."""
+        while self.opened:
+            self.opened.pop().close()
 
     def add_items(self, per_item: Mapping[Hashable, Mapping[str, float]], keys: Sequence[str]) -> None:
         """Record the per-image scores ``keys`` of ``per_item`` (when per-image scores are asked for)."""

@@ -38,7 +38,7 @@ def _judge(ctx: EvalContext) -> Judge:
     if "judge" not in ctx.cache:
         from finecap.judges import get_judge
 
-        ctx.cache["judge"] = get_judge(ctx.cfg.judge.name, ctx.cfg)
+        ctx.cache["judge"] = ctx.own(get_judge(ctx.cfg.judge.name, ctx.cfg))
     return ctx.cache["judge"]
 
 

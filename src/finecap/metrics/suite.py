@@ -204,8 +204,11 @@ def evaluate_items(
         items={i: {} for i in predictions} if per_image else None,
     )
     out: dict[str, float] = {}
-    for group in groups:
-        out.update({k: float(v) for k, v in group.compute(ctx).items()})
+    try:
+        for group in groups:
+            out.update({k: float(v) for k, v in group.compute(ctx).items()})
+    finally:
+        ctx.close()
     return out, ctx.items if ctx.items is not None else {}
 
 
