@@ -16,7 +16,7 @@ from finecap.objectives import get_objective
 from finecap.objectives.baselines import GreedyBaseline, LeaveOneOut, MeanBaseline, NoBaseline, build_baseline
 from finecap.objectives.entropy import mean_entropy, token_entropy
 from finecap.objectives.reinforce import Reinforce, sequence_logprob
-from finecap.rewards import RewardOutput, WeightedSum, caption_rows
+from finecap.rewards import RewardBase, RewardOutput, WeightedSum, caption_rows
 from helpers.contexts import training_context
 
 # --------------------------------------------------------------------------------------------------------------------
@@ -212,6 +212,21 @@ def test_objective_state_holds_the_baseline():
     other = Reinforce(TableReward(REWARDS), MeanBaseline(), rl=RLConfig(samples=2))
     other.load_state_dict(state)
     assert other.baseline.mean == 2.0 and other.baseline.count == 1
+
+
+def test_closing_the_objective_closes_its_reward():
+    closed = []
+
+    class Closing(RewardBase):
+        def __call__(self, captions, batch):
+            return TableReward(REWARDS)(captions, batch)
+
+        def close(self):
+            closed.append(self)
+
+    objective = Reinforce(Closing(), MeanBaseline(), rl=RLConfig(samples=2))
+    objective.close()  # training's end (the engine calls it once, also after an error)
+    assert closed == [objective.reward]
 
 
 def test_build_baseline_names():

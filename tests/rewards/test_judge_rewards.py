@@ -173,3 +173,33 @@ def test_served_as_serve_reward_sets_it_up_the_values_are_the_in_process_ones(tm
     assert out.parts["qa_utility"].tolist() == qa.total.tolist()
     assert out.parts["claims"].tolist() == claims.total.tolist()
     assert out.total.tolist() == pytest.approx((qa.total + 0.5 * claims.total).tolist())
+
+
+CLOSED: list[object] = []
+
+
+class ClosingWorldJudge(WorldJudge):
+    """The world judge, recording its close into :data:`CLOSED`."""
+
+    def close(self) -> None:
+        CLOSED.append(self)
+
+
+def closing_world_judge(cfg, **options):
+    return ClosingWorldJudge()
+
+
+def test_a_reward_closes_the_judge_it_built_once_and_never_a_judge_it_was_given():
+    # through the weighted sum and a length transform, as rl.rewards holds them; after use, closed twice over
+    from finecap.rewards.length import PiecewiseLength
+
+    CLOSED.clear()
+    path, given = f"{__name__}:closing_world_judge", ClosingWorldJudge()
+    qa = QAUtilityReward(path, questions=QUESTIONS)
+    claims = ClaimsReward(path, scenes=SCENES)
+    total = WeightedSum({"qa": (1.0, PiecewiseLength(qa, l1=2, l2=6, weight=0.5)), "claims": (1.0, claims),
+                         "given": (1.0, ClaimsReward(given, scenes=SCENES))})  # fmt: skip
+    assert total(CAPTIONS, BATCH).total.shape == (6,)
+    total.close()
+    total.close()
+    assert len(CLOSED) == 2 and CLOSED[0] is qa.judge and CLOSED[1] is claims.judge and given not in CLOSED

@@ -173,12 +173,24 @@ def test_a_reward_raising_system_exit_stops_the_server():
     assert isinstance(svc.fatal, SystemExit)
 
 
-def test_the_command_exits_non_zero_when_its_reward_stops_the_server(monkeypatch, capsys):
+def test_the_command_exits_non_zero_when_its_reward_stops_the_server_and_closes_the_reward(monkeypatch, capsys):
     import finecap.serve.app as app
     from finecap.app import serve_reward
     from finecap.config import load
+    from finecap.rewards import RewardBase
 
-    monkeypatch.setattr(serve_reward, "build_service", lambda cfg, **kw: service())
+    closed = []
+
+    class Closing(RewardBase):  # Words, recording its close (a judge it built: connections, an engine)
+        per_caption = True
+
+        def __call__(self, captions, batch):
+            return Words()(captions, batch)
+
+        def close(self):
+            closed.append(self)
+
+    monkeypatch.setattr(serve_reward, "build_service", lambda cfg, **kw: service(Closing()))
     make, found = app.make_server, {}
 
     def spy(svc, *args, **kwargs):  # the command's own server; its URL for the client below
@@ -202,7 +214,7 @@ def test_the_command_exits_non_zero_when_its_reward_stops_the_server(monkeypatch
     thread.start()
     with pytest.raises(SystemExit, match="the reward words raised SystemExit, which stops the server") as stopped:
         serve_reward.main(load(None, []), port=0)
-    assert stopped.value.code != 0
+    assert stopped.value.code != 0 and len(closed) == 1
     thread.join(10)
 
 

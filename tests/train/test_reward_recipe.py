@@ -123,3 +123,27 @@ def test_grpo_with_qa_utility_on_the_world_judge_logs_every_part(make_cfg, noise
         parts = [v[f"reward/qa_utility/{p}"] for p in ("answered", "cannot_answer", "wrong")]
         assert sum(parts) == pytest.approx(1.0, abs=1e-5) and v["reward/qa_utility/judge_failed"] == 0.0
         assert v["reward/qa_utility/judge_cannot_answer"] >= 0.0
+
+
+CLOSED: list[object] = []  # the judges the closing judge's factory made, as each was closed
+
+
+def closing_world_judge(cfg, **options):
+    """The world judge, recording its close into :data:`CLOSED`."""
+    from finecap.judges.world import WorldJudge
+
+    class Closing(WorldJudge):
+        def close(self) -> None:
+            CLOSED.append(self)
+
+    return Closing()
+
+
+def test_the_judge_a_training_reward_built_is_closed_when_training_ends(make_cfg):
+    # a judge behind a server holds connections, an in-process one an engine's memory (a demo trains stage after
+    # stage in one process): the reward that built its judge from judge.name closes it once, when the run ends
+    CLOSED.clear()
+    cfg = make_cfg(*RL, "rl.rewards={qa_utility: 1.0}", f"judge.name={__name__}:closing_world_judge")
+    values = train_values(train(cfg))
+    assert len(values) == 1 and 0.0 <= values[0]["reward/qa_utility"] <= 1.0
+    assert len(CLOSED) == 1

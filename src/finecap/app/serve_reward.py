@@ -120,7 +120,10 @@ def main(cfg: Config, *, host: str = "127.0.0.1", port: int = 8000, limits: Limi
     print(f"finecap serve-reward: {service.name} over {len(service.images)} training images on "
           f"http://{shown}:{bound} (POST /reward, POST /get_reward, GET /health); Ctrl-C or SIGTERM stops it",
           flush=True)  # fmt: skip
-    server.run(sockets=[sock])
+    try:
+        server.run(sockets=[sock])
+    finally:
+        service.reward.close()  # a judge the reward built: its connections, its in-process engine
     print(f"finecap serve-reward: stopped after {service.meter.total_requests} requests "
           f"({service.meter.total_captions} captions)", flush=True)  # fmt: skip
     if service.fatal is not None:

@@ -346,8 +346,11 @@ class Reinforce(ObjectiveBase):
         self.rollouts.policy_changed()
 
     def close(self) -> None:
-        """Free the rollouts' vLLM engine, if one was built."""
-        self.rollouts.close()
+        """Free the rollouts' vLLM engine, if one was built, and what the reward opened (a judge it built)."""
+        try:
+            self.rollouts.close()
+        finally:
+            self.reward.close()
 
     def watch(self, rollout: Rollout, batch: dict[str, Any]) -> dict[str, float]:
         """The reward-hacking monitor's measures of the sampled captions (:mod:`finecap.objectives.monitor`)."""

@@ -232,6 +232,10 @@ class RewardBase:
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Restore :meth:`state_dict`."""
 
+    def close(self) -> None:  # noqa: B027 - optional hook, nothing to release by default
+        """Release what the reward opened itself (a judge it built: a server's connections, an in-process engine);
+        called once when training ends (the objective's ``close``) or the reward server stops."""
+
 
 class FunctionReward(RewardBase):
     """A plain callable ``fn(captions, batch) -> RewardOutput`` as a reward: no set-up, no state; its declared facts
@@ -332,3 +336,7 @@ class WeightedSum(RewardBase):
         for name, sub in state.items():
             if name in self.rewards:
                 self.rewards[name][1].load_state_dict(sub)
+
+    def close(self) -> None:
+        for reward in self._components():
+            reward.close()

@@ -32,8 +32,7 @@ import torch
 
 from finecap.judges.base import Judge, JudgeFailed
 from finecap.judges.claims import claim_scores
-from finecap.rewards.base import RewardBase
-from finecap.rewards.judged import caption_subjects, judged_output, resolve_judge
+from finecap.rewards.judged import JudgedReward, caption_subjects, judged_output
 
 if TYPE_CHECKING:
     from finecap.config import Config
@@ -50,7 +49,7 @@ def check_score(score: str) -> None:
         raise ValueError(f"claims: score={score!r}; valid: {', '.join(SCORES)}")
 
 
-class ClaimsReward(RewardBase):
+class ClaimsReward(JudgedReward):
     """Claim F1 (or precision, recall) of each caption (module docstring).
 
     Args:
@@ -80,12 +79,12 @@ class ClaimsReward(RewardBase):
         self.references = None if references is None else {i: list(r) for i, r in references.items()}
         self.scenes = None if scenes is None else dict(scenes)
         if judge is not None and not isinstance(judge, Judge):
-            self.judge = resolve_judge(judge, cfg, "claims")
+            self.judge = self._resolve(judge, cfg, "claims")
 
     def setup(self, inputs: RewardInputs) -> None:
         """The judge and the evidence (module docstring), once."""
         check_score(self.score)
-        self.judge = resolve_judge(self.judge, self.cfg, "claims")
+        self.judge = self._resolve(self.judge, self.cfg, "claims")
         if self.references is not None or self.scenes is not None:
             return
         if inputs.references is None and inputs.scenes is None:

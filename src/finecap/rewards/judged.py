@@ -16,7 +16,7 @@ import torch
 
 from finecap.judges.base import Judge, Subject
 from finecap.metrics.faithfulness import scene_of
-from finecap.rewards.base import CAPTION_REFERENCES, RewardOutput, caption_rows
+from finecap.rewards.base import CAPTION_REFERENCES, RewardBase, RewardOutput, caption_rows
 
 if TYPE_CHECKING:
     from finecap.config import Config
@@ -47,6 +47,25 @@ def resolve_judge(judge: Judge | str | None, cfg: Config | None, option: str) ->
         return get_judge(judge, cfg)
     raise TypeError(f"{option}: judge= must be a finecap.judges.base.Judge or a judge name (e.g. 'world', 'openai'), "
                     f"got {type(judge).__name__}")  # fmt: skip
+
+
+class JudgedReward(RewardBase):
+    """Base of the rewards that ask a judge: the judge they resolve (:func:`resolve_judge`), closed by
+    :meth:`close` when the reward built it from a name or the configuration; a :class:`Judge` given to the reward
+    stays its giver's to close."""
+
+    _built: Judge | None = None
+
+    def _resolve(self, judge: Judge | str | None, cfg: Config | None, option: str) -> Judge:
+        resolved = resolve_judge(judge, cfg, option)
+        if resolved is not judge:
+            self._built = resolved
+        return resolved
+
+    def close(self) -> None:
+        if self._built is not None:
+            self._built.close()
+            self._built = None
 
 
 def caption_subjects(

@@ -95,6 +95,9 @@ class Wrapper(RewardBase):
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         self.inner.load_state_dict(state)
 
+    def close(self) -> None:
+        self.inner.close()
+
 
 class Transform(Wrapper):
     """A length transform of a wrapped reward: the wrapped output's parts and ``failed`` kept, :meth:`shape` adds."""
@@ -175,6 +178,10 @@ class Shaped(Wrapper):
                              f"{kinds}) as settings (an adapter's options); rl.rewards gives a reward no settings: "
                              "name a factory of your own by dotted path (docs/methods/judges.md)")  # fmt: skip
         return self.transform
+
+    def close(self) -> None:
+        if self.transform is not None:  # never configured: nothing wrapped, nothing to release
+            self.transform.close()
 
     def configure(self, **settings: Any) -> None:
         """``reward=``, ``kind=`` and the transform's parameters; the other settings are the wrapped reward's."""

@@ -38,8 +38,8 @@ from finecap.judges.base import Judge, JudgeFailed, Question
 from finecap.judges.qa import drop_blind, qa_scores
 from finecap.judges.questions import read_questions, scene_questions
 from finecap.metrics.faithfulness import scene_of
-from finecap.rewards.base import RewardBase, caption_rows
-from finecap.rewards.judged import judged_output, resolve_judge
+from finecap.rewards.base import caption_rows
+from finecap.rewards.judged import JudgedReward, judged_output
 
 if TYPE_CHECKING:
     from finecap.config import Config
@@ -48,7 +48,7 @@ if TYPE_CHECKING:
     from finecap.world.scene import Scene
 
 
-class QAUtilityReward(RewardBase):
+class QAUtilityReward(JudgedReward):
     """QA utility of each caption (module docstring).
 
     Args:
@@ -84,7 +84,7 @@ class QAUtilityReward(RewardBase):
         self.questions: dict[Hashable, list[Question]] | None = None
         self.blind: dict[str, float] = {}
         if judge is not None and (questions is not None or scenes is not None):
-            self.prepare(resolve_judge(judge, cfg, "qa_utility"), questions, scenes)
+            self.prepare(self._resolve(judge, cfg, "qa_utility"), questions, scenes)
 
     def prepare(
         self,
@@ -112,7 +112,7 @@ class QAUtilityReward(RewardBase):
                 raise ValueError("qa_utility: give questions={image_id: [Question]} or a questions file "
                                  "(judge.questions), not both")  # fmt: skip
             questions = read_questions(self.questions_file)
-        judge = resolve_judge(self.judge, self.cfg, "qa_utility")
+        judge = self._resolve(self.judge, self.cfg, "qa_utility")
         self.prepare(judge, questions, inputs.scenes if questions is None else None)
 
     def known_images(self) -> list[Hashable]:
