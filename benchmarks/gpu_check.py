@@ -646,11 +646,13 @@ def check_trl(ctx: Ctx) -> dict:
 
 def train_rows(run_dir: Path) -> list[dict]:
     """The values of a run's training events in its ``metrics.jsonl`` (one per logged step), oldest first."""
-    metrics = run_dir / "metrics.jsonl"
+    from finecap.report.plots import read_events
+    from finecap.runs import METRICS_FILE
+
+    metrics = run_dir / METRICS_FILE
     if not metrics.exists():
         return []
-    events = [json.loads(x) for x in metrics.read_text().splitlines() if x.strip()]
-    return [e["values"] for e in events if e.get("split") == "train"]
+    return [e["values"] for e in read_events(metrics) if e.get("split") == "train"]
 
 
 def timed_grpo(ctx: Ctx, name: str, steps: int, extra: list[str],

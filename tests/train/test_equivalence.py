@@ -18,8 +18,6 @@ Adam's first step is nearly ``lr * sign(g)`` and signs flip).
 from __future__ import annotations
 
 import json
-import os
-import subprocess
 from pathlib import Path
 
 import pytest
@@ -28,6 +26,7 @@ import torch
 from finecap.config import load
 from finecap.train.run import train
 from helpers.equivalence import OBJECTIVES, compare, overrides, weights
+from helpers.launch import launch_bounded
 
 
 @pytest.mark.slow
@@ -38,9 +37,7 @@ def test_two_processes_and_accumulation_equal_one_big_batch(world_args, clip_dir
     two = [overrides(name, tmp_path / f"{name}-2proc", batch=8, accum=1, **args) for name in OBJECTIVES]
     cmd = [*launch_two, str(Path(__file__).with_name("equivalence_worker.py")),
            json.dumps(two)]  # fmt: skip
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    launch_bounded(cmd, tmp_path / "launch.log", timeout=300)
     for name in OBJECTIVES:
         big = train(load(None, overrides(name, tmp_path / f"{name}-big", batch=16, accum=1, **args)))
         accum = train(load(None, overrides(name, tmp_path / f"{name}-accum", batch=8, accum=2, **args)))

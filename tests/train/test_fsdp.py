@@ -12,8 +12,6 @@ composes with sharding; the sharded run's checkpoint is a plain transformers fol
 from __future__ import annotations
 
 import json
-import os
-import subprocess
 from pathlib import Path
 
 import pytest
@@ -25,7 +23,7 @@ from finecap.config import load
 from finecap.runs import INFO_FILE, checkpoint_dir, model_dir
 from finecap.train.run import train
 from helpers.equivalence import OBJECTIVES, compare, overrides, weights
-from helpers.launch import failure_report
+from helpers.launch import launch_bounded
 
 pytestmark = [
     pytest.mark.slow,
@@ -34,18 +32,16 @@ pytestmark = [
 FSDP = ["train.strategy=fsdp"]
 
 
-def launch(launch_two: list[str], runs: list[tuple[list[str], bool]]) -> str:
-    cmd = [*launch_two, str(Path(__file__).with_name("fsdp_worker.py")), json.dumps(runs)]
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env)
-    assert proc.returncode == 0, failure_report(proc.stderr)
-    return proc.stderr
+def launch(launch_two: list[str], runs: list[tuple[list[str], bool]], log: Path) -> str:
+    """The ``runs`` (overrides, resume) trained one after another in one launch of 2 processes; what it printed."""
+    return launch_bounded([*launch_two, str(Path(__file__).with_name("fsdp_worker.py")), json.dumps(runs)], log,
+                          timeout=600)  # fmt: skip
 
 
 def test_two_sharded_processes_equal_one_big_batch(world_args, clip_dir, tmp_path, launch_two):
     args = dict(world=world_args, clip=clip_dir, cache=tmp_path / "cache")
     err = launch(launch_two, [([*overrides(n, tmp_path / f"{n}-fsdp", batch=8, accum=1, **args), *FSDP], False)
-                              for n in OBJECTIVES])  # fmt: skip
+                              for n in OBJECTIVES], tmp_path / "launch.log")  # fmt: skip
     assert "returned a view tensor" not in err  # FSDP2's warning: an in-place op on the logits would skip a gather
     for name in OBJECTIVES:
         info = json.loads((checkpoint_dir(tmp_path / f"{name}-fsdp", "last") / INFO_FILE).read_text())
@@ -72,7 +68,8 @@ def test_resume_sharded_is_exact_and_in_one_process_is_close(world_args, clip_di
         return [*base, *FSDP, f"train.max_steps={steps}", "train.grad_clip=0.05", "train.save_every=1", *extra]
 
     launch(launch_two, [(run("whole", 2), False), (run("cut", 1), False), (run("cut", 2), True),
-                        (run("ckpt", 2, "train.gradient_checkpointing=true"), False)])  # fmt: skip
+                        (run("ckpt", 2, "train.gradient_checkpointing=true"), False)],
+           tmp_path / "launch.log")  # fmt: skip
     whole, cut = weights(tmp_path / "whole"), weights(tmp_path / "cut")
     assert all(torch.equal(whole[k], cut[k]) for k in whole), "resumed sharded run differs from the uninterrupted one"
     compare(whole, weights(tmp_path / "ckpt"), "sharded with gradient checkpointing vs without")
@@ -80,7 +77,7 @@ def test_resume_sharded_is_exact_and_in_one_process_is_close(world_args, clip_di
     norms = [e["values"]["grad_norm"] for e in events if e["split"] == "train"]
     assert norms and all(n > 0.05 for n in norms)  # clipping was active (norm logged before clipping)
     # a sharded checkpoint of step 1 resumes in one process (1 x 8 x 2 accumulation steps: the same global batch)
-    launch(launch_two, [(run("cut1", 1), False)])
+    launch(launch_two, [(run("cut1", 1), False)], tmp_path / "launch-cut1.log")
     single = [o for o in run("cut1", 2) if not o.startswith(("train.batch_size", "train.grad_accum_steps"))]
     train(load(None, [*single, "train.batch_size=8", "train.grad_accum_steps=2"]), resume=True)
     compare(whole, weights(tmp_path / "cut1"), "sharded step 1, then step 2 resumed in one process")

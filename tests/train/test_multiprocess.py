@@ -6,15 +6,14 @@ without an accelerator device the loop then sets accelerate up for multi-CPU (gl
 """
 
 import json
-import os
 import re
-import subprocess
 
 import pytest
 import torch
 
 from finecap.runs import checkpoint_dir
 from finecap.train.state import load_tree
+from helpers.launch import launch_bounded
 
 
 @pytest.mark.slow
@@ -40,10 +39,8 @@ def test_two_cpu_processes(make_cfg, world_args, tiny_encoder, tmp_path, launch_
         "decode.max_length=10",
     ]
     cmd = [*launch_two, "-m", "finecap.app.cli", "train", *overrides]  # fmt: skip
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=180, env=env)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    assert len(re.findall(r"^train: 12 steps; best ", proc.stderr, re.M)) == 1  # logged by the main process only
+    printed = launch_bounded(cmd, tmp_path / "launch.log", timeout=180)
+    assert len(re.findall(r"^train: 12 steps; best ", printed, re.M)) == 1  # logged by the main process only
 
     events = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     keys = [(e["step"], e["split"]) for e in events]

@@ -8,8 +8,6 @@ global batch, so the first step's rewards equal those of a single process traini
 from __future__ import annotations
 
 import json
-import os
-import subprocess
 from pathlib import Path
 
 import pytest
@@ -18,6 +16,7 @@ import torch
 from finecap.config import load
 from finecap.recipes import resolve_recipe
 from finecap.train.run import train
+from helpers.launch import launch_bounded
 
 RECIPE = resolve_recipe("demo/discritune")
 
@@ -39,9 +38,7 @@ def test_in_batch_distractors_are_the_global_batch(world_args, clip_dir, tmp_pat
     two = tmp_path / "two"
     cmd = [*launch_two, "-m", "finecap.app.cli", "train", str(RECIPE), *common,
            f"run.dir={two}", "train.batch_size=8"]  # fmt: skip
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=180, env=env)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    launch_bounded(cmd, tmp_path / "launch.log", timeout=180)
 
     # 40 training images in global batches of 2 x 8 = 16: 16, 16, then the last 8 images
     values = train_values(two)
