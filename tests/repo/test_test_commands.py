@@ -27,9 +27,9 @@ def test_slow():
 
 
 def make_test_pytest_args() -> list[str]:
-    """The arguments ``make test`` gives pytest."""
+    """The arguments ``make test`` gives pytest (up to the end of its command: the recipe's shell goes on after)."""
     (line,) = [line for line in make_target("test") if " pytest" in line]
-    return shlex.split(line.split(" pytest", 1)[1])
+    return shlex.split(line.split(" pytest", 1)[1].split(";", 1)[0])
 
 
 def collected(tmp_path: Path, args: list[str]) -> set[str]:
@@ -62,3 +62,23 @@ def test_readme_documents_both_commands():
     readme = (ROOT / "README.md").read_text()
     development = readme.split("## Development", 1)[1].split("\n## ", 1)[0]
     assert "make test" in development and re.search(r"^\S*pytest\b", development, re.M), development
+
+
+def test_run_files_runs_each_file_alone_and_fails_when_one_fails(tmp_path):
+    """``make vllm-test``'s runner (tests/helpers/run_files.py): each file in a process of its own (a module-level
+    counter in one process would reach 2), outputs in the order given, exit 1 naming the failed file."""
+    (tmp_path / "conftest.py").write_text("")
+    count = "import os\nN = os.environ.get('SEEN', '0')\nos.environ['SEEN'] = '1'\n\ndef test_alone():\n    assert N == '0'\n"
+    (tmp_path / "test_a.py").write_text(count)
+    (tmp_path / "test_b.py").write_text(count + "\ndef test_fails():\n    assert False\n")
+    (tmp_path / "test_c.py").write_text(count)
+    files = [str(tmp_path / f"test_{x}.py") for x in "abc"]
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "tests" / "helpers" / "run_files.py"), "--jobs", "2", *files],
+        capture_output=True, text=True, cwd=tmp_path, timeout=120,
+    )  # fmt: skip
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert [line for line in proc.stdout.splitlines() if line.endswith(".py:")] == [f + ":" for f in files]
+    outputs = [part.split("\n", 1)[1] for part in proc.stdout.split(str(tmp_path) + "/")[1:]]  # each file's, in order
+    assert ["1 passed" in outputs[0], "1 failed, 1 passed" in outputs[1], "1 passed" in outputs[2]] == [True] * 3
+    assert proc.stderr.strip() == f"failed: {files[1]} (exit 1)"

@@ -1,16 +1,8 @@
 """Reading a configuration: YAML recipes and dotlist overrides, values coerced to the fields' types, errors that
 name where the value at fault was set (the override, else the file) and suggest the closest valid name.
 
-``load("recipe.yaml", ["train.lr=1e-4"])`` returns a :class:`~finecap.config.Config`; unknown sections or keys,
-values of the wrong type and values outside a ``Literal`` raise :class:`~finecap.config.ConfigError` naming the key
-(and the file) and listing the valid choices; the fields' own bounds and the sections' cross-field checks run when
-each section is built (:mod:`finecap.config.fields`).
-
-Example::
-
-    >>> cfg = load(None, ["world.n_train=200", "train.objective=mle"])
-    >>> cfg.world.n_train
-    200
+:func:`load`'s contract and an example: the package's docstring (:mod:`finecap.config`); the fields' own bounds and
+the sections' cross-field checks run when each section is built (:mod:`finecap.config.fields`).
 """
 
 from __future__ import annotations

@@ -56,7 +56,9 @@ def spice_unavailable_reason(spice_dir: str | Path | None = None, java: str = "j
     return None
 
 
-def _float(x: object) -> float:
+def spice_float(x: object) -> float:
+    """A value of the SPICE jar's results as a float, ``nan`` where it is none (``"NaN"``, ``null``, a missing
+    score), as pycocoevalcap's ``Spice.float_convert``."""
     try:
         return float(x)  # type: ignore[arg-type]
     except (TypeError, ValueError):
@@ -79,7 +81,7 @@ def spice_per_item(
                                         java=java, memory=memory, timeout=timeout)  # fmt: skip
     per: dict[Hashable, dict[str, float]] = {}
     for i, scores in results.items():
-        per[i] = {"SPICE": _float(scores["All"]["f"])}
+        per[i] = {"SPICE": spice_float(scores["All"]["f"])}
     values = [per[ids[j]]["SPICE"] for j in order]
     return {"SPICE": sum(values) / len(values)}, {i: per[i] for i in ids}
 

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from finecap.data.records import DataError
+from finecap.data.predictions import Predictions
+from finecap.data.predictions.reference_lists import ReferenceLists
+from finecap.data.records import DataError, require
 from finecap.utils.reading import DATA_FILE, parse_json, read_bounded
 
 
@@ -33,3 +35,20 @@ def first_record(path: Path, suffixes: tuple[str, ...] = (".jsonl", ".json")) ->
     except (OSError, ValueError):
         return None
     return rec if isinstance(rec, dict) else None
+
+
+def read_caption_lines(
+    path: Path, caption: str, labels: str, reference: Callable[[dict[str, Any], str], object] | None = None
+) -> Predictions:
+    """The predictions of a JSONL file with one image a line, its id the line's number from 0: the caption is the
+    text field ``caption``, the references the field ``labels`` (text, a stringified list or a list:
+    :class:`ReferenceLists`), or what ``reference(record, where)`` finds when the format looks elsewhere too."""
+    captions, references = {}, {}
+    lists = ReferenceLists(path, labels)
+    for k, (n, rec) in enumerate(records(path)):
+        where = f"{path}, line {n}"
+        captions[k] = [require(rec, caption, str, where)]
+        references[k] = lists.parse(
+            require(rec, labels, str, where) if reference is None else reference(rec, where), n
+        )
+    return Predictions(captions, references, lists.warnings())

@@ -9,19 +9,11 @@ from __future__ import annotations
 from pathlib import Path
 
 from finecap.data.predictions import PredictionFormat, Predictions
-from finecap.data.predictions.jsonl import first_record, records
-from finecap.data.predictions.reference_lists import ReferenceLists
-from finecap.data.records import require
+from finecap.data.predictions.jsonl import first_record, read_caption_lines
 
 
 def _read(path: Path) -> Predictions:
-    captions, references = {}, {}
-    labels = ReferenceLists(path, "label")
-    for k, (n, rec) in enumerate(records(path)):
-        where = f"{path}, line {n}"
-        captions[k] = [require(rec, "predict", str, where)]
-        references[k] = labels.parse(require(rec, "label", str, where), n)
-    return Predictions(captions, references, labels.warnings())
+    return read_caption_lines(path, "predict", "label")
 
 
 def _detect(path: Path) -> bool:

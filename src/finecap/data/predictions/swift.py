@@ -10,9 +10,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from finecap.data.predictions import PredictionFormat, Predictions
-from finecap.data.predictions.jsonl import first_record, records
-from finecap.data.predictions.reference_lists import ReferenceLists
-from finecap.data.records import DataError, require
+from finecap.data.predictions.jsonl import first_record, read_caption_lines
+from finecap.data.records import DataError
 
 
 def _answer(rec: dict, where: str) -> object:
@@ -27,13 +26,7 @@ def _answer(rec: dict, where: str) -> object:
 
 
 def _read(path: Path) -> Predictions:
-    captions, references = {}, {}
-    labels = ReferenceLists(path, "labels")
-    for k, (n, rec) in enumerate(records(path)):
-        where = f"{path}, line {n}"
-        captions[k] = [require(rec, "response", str, where)]
-        references[k] = labels.parse(_answer(rec, where), n)
-    return Predictions(captions, references, labels.warnings())
+    return read_caption_lines(path, "response", "labels", _answer)
 
 
 def _detect(path: Path) -> bool:

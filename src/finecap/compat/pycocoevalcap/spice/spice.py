@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import math
 from collections.abc import Hashable, Mapping, Sequence
 
 import numpy as np
 
 from finecap.compat.pycocoevalcap._inputs import scorer_inputs
 from finecap.metrics.meteor import MetricUnavailable
-from finecap.metrics.spice import spice_results, spice_unavailable_reason
+from finecap.metrics.spice import spice_float, spice_results, spice_unavailable_reason
 
 
 class Spice:
@@ -24,12 +23,7 @@ class Spice:
         if reason is not None:
             raise MetricUnavailable(f"Spice(): {reason}")
 
-    @staticmethod
-    def float_convert(obj: object) -> float:
-        try:
-            return float(obj)  # type: ignore[arg-type]
-        except (TypeError, ValueError):
-            return math.nan
+    float_convert = staticmethod(spice_float)
 
     def compute_score(
         self, gts: Mapping[Hashable, Sequence[str]], res: Mapping[Hashable, Sequence[str]]
