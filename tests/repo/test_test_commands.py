@@ -68,7 +68,8 @@ def test_run_files_runs_each_file_alone_and_fails_when_one_fails(tmp_path):
     """``make vllm-test``'s runner (tests/helpers/run_files.py): each file in a process of its own (a module-level
     counter in one process would reach 2), outputs in the order given, exit 1 naming the failed file."""
     (tmp_path / "conftest.py").write_text("")
-    count = "import os\nN = os.environ.get('SEEN', '0')\nos.environ['SEEN'] = '1'\n\ndef test_alone():\n    assert N == '0'\n"
+    count = "import os\nN = os.environ.get('SEEN', '0')\nos.environ['SEEN'] = '1'\n\n"
+    count += "def test_alone():\n    assert N == '0'\n"
     (tmp_path / "test_a.py").write_text(count)
     (tmp_path / "test_b.py").write_text(count + "\ndef test_fails():\n    assert False\n")
     (tmp_path / "test_c.py").write_text(count)
