@@ -35,6 +35,7 @@ from finecap.models.retriever import Retriever
 from finecap.models.tokenizer import world_tokenizer
 from finecap.world.make import make_world
 from finecap.world.scene import Obj, Scene
+from helpers.coco_reference import NoSpice
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -417,17 +418,6 @@ def test_format_coco_and_per_image_equal_the_drop_in_cocoevalcap(tmp_path, capsy
                                                                            "BLEU-4", "ROUGE-L", "CIDEr-D"}  # fmt: skip
 
 
-class _NoSpice:
-    """Stands in for pycocoevalcap's Spice when its Stanford CoreNLP jars are missing (pycocoevalcap would download
-    them; no network here): finecap then leaves SPICE out, and so does the comparison."""
-
-    def compute_score(self, gts, res):
-        return 0.0, [0.0] * len(res)
-
-    def method(self):
-        return "SPICE"
-
-
 @pytest.mark.slow
 @pytest.mark.java
 @pytest.mark.skipif(shutil.which("java") is None, reason="pycocoevalcap's tokenizer and METEOR need Java")
@@ -440,7 +430,7 @@ def test_format_coco_keys_and_values_equal_pycocoevalcap(tmp_path, capsys, monke
     refs, res = _id_only_coco(tmp_path, n=30, seed=5)
     spice_missing = spice_unavailable_reason() is not None
     if spice_missing:
-        monkeypatch.setattr(reference, "Spice", _NoSpice)
+        monkeypatch.setattr(reference, "Spice", NoSpice)
     with contextlib.redirect_stdout(io.StringIO()):  # pycocoevalcap's example flow (it prints as it goes)
         coco = COCO(str(refs))
         coco_result = coco.loadRes(str(res))

@@ -5,7 +5,10 @@ repetition, long captions, the pycocoevalcap protocol's ``|||`` and double space
 
 from __future__ import annotations
 
+import gzip
 import random
+import zipfile
+from pathlib import Path
 
 Item = tuple[str, list[str]]  # (hypothesis, references)
 
@@ -191,3 +194,19 @@ HANDPICKED: list[Item] = [
 ]  # fmt: skip
 """Small cases worth naming: empty segments, collisions, identical segments, normaliser examples, stems, and the
 search's rules (ties, chunks, distances) on minimal inputs."""
+
+
+def fake_meteor_jar(folder: Path, pairs: list[tuple[str, str]]) -> Path:
+    """A fake METEOR jar in ``folder`` (made if missing) holding the four data files METEOR reads, and beside it
+    ``data/paraphrase-en.gz``: a paraphrase table of ``pairs`` (phrase, paraphrase), each with probability 0.5."""
+    folder.mkdir(parents=True, exist_ok=True)
+    jar = folder / "meteor-1.5.jar"
+    with zipfile.ZipFile(jar, "w") as z:
+        z.writestr("function/english.words", "a\nthe\n")
+        z.writestr("nonbreaking/english.prefixes", "Mr\n")
+        z.writestr("synonym/english.synsets", "dog\n1\nhound\n1\n")
+        z.writestr("synonym/english.exceptions", "be\nwas were\n")
+    table = "".join(f"0.5\n{a}\n{b}\n" for a, b in pairs)
+    (folder / "data").mkdir()
+    (folder / "data" / "paraphrase-en.gz").write_bytes(gzip.compress(table.encode()))
+    return jar

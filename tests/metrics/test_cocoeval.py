@@ -13,6 +13,7 @@ import pytest
 from pycocotools.coco import COCO
 
 from finecap.metrics import CaptionFile, COCOEvalCap
+from helpers.coco_reference import NoSpice
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -41,24 +42,13 @@ def _example_flow(cls, annotation_file: Path, results_file: Path, **kwargs):
     return coco_eval
 
 
-class _NoSpice:
-    """Stands in for pycocoevalcap's Spice, which would download Stanford CoreNLP (no network here): the reference
-    flow runs unchanged otherwise, and SPICE is left out of the comparison."""
-
-    def compute_score(self, gts, res):
-        return 0.0, [0.0] * len(res)
-
-    def method(self):
-        return "SPICE"
-
-
 @pytest.mark.slow
 @pytest.mark.java
 @pytest.mark.skipif(shutil.which("java") is None, reason="pycocoevalcap's tokenizer and METEOR need Java")
 def test_example_flow_gives_pycocoevalcap_numbers(files, monkeypatch):
     import pycocoevalcap.eval as reference
 
-    monkeypatch.setattr(reference, "Spice", _NoSpice)
+    monkeypatch.setattr(reference, "Spice", NoSpice)
     ref = _example_flow(reference.COCOEvalCap, *files)
     ours = _example_flow(COCOEvalCap, *files, metrics=("bleu", "meteor", "rouge", "cider"))
     names = ["Bleu_1", "Bleu_2", "Bleu_3", "Bleu_4", "METEOR", "ROUGE_L", "CIDEr"]

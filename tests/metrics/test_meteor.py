@@ -14,7 +14,6 @@ import shutil
 import subprocess
 import sys
 import warnings
-import zipfile
 
 import pytest
 
@@ -36,6 +35,7 @@ from finecap.metrics.meteor.score import corpus_score, java_pow, segment_score
 from finecap.metrics.meteor.scorer import MeteorScorer
 from finecap.metrics.meteor.stemmer import Stemmer
 from finecap.metrics.spice import SPICE_ENV, spice, spice_unavailable_reason
+from helpers.meteor_cases import fake_meteor_jar
 
 PREDS = {1: "a man surfing on a wave", 2: "a dog running on grass"}
 REFS = {
@@ -249,23 +249,8 @@ def test_data_is_read_from_pycocoevalcaps_jar():
     assert "be" in data.exceptions["was"]
 
 
-def _tiny_meteor(tmp_path, pairs):
-    """A fake jar (the four data files) and paraphrase table beside it."""
-    tmp_path.mkdir(exist_ok=True)
-    jar = tmp_path / "meteor-1.5.jar"
-    with zipfile.ZipFile(jar, "w") as z:
-        z.writestr("function/english.words", "a\nthe\n")
-        z.writestr("nonbreaking/english.prefixes", "Mr\n")
-        z.writestr("synonym/english.synsets", "dog\n1\nhound\n1\n")
-        z.writestr("synonym/english.exceptions", "be\nwas were\n")
-    table = "".join(f"0.5\n{a}\n{b}\n" for a, b in pairs)
-    (tmp_path / "data").mkdir()
-    (tmp_path / "data" / "paraphrase-en.gz").write_bytes(gzip.compress(table.encode()))
-    return jar
-
-
 def test_paraphrase_index_is_built_once_cached_and_rebuilt_when_damaged(tmp_path, monkeypatch):
-    jar = _tiny_meteor(tmp_path / "m", [("a dog", "one dog"), ("the dog", "a hound"), ("a dog", "dogs")])
+    jar = fake_meteor_jar(tmp_path / "m", [("a dog", "one dog"), ("the dog", "a hound"), ("a dog", "dogs")])
     cache = tmp_path / "cache"
     index = R.load_paraphrase_index(jar, cache)
     path = R.index_path(jar, cache)
@@ -310,7 +295,7 @@ def test_paraphrase_index_is_built_once_cached_and_rebuilt_when_damaged(tmp_path
 
 
 def test_scorer_on_tiny_data(tmp_path):
-    jar = _tiny_meteor(tmp_path, [("a dog", "one dog")])
+    jar = fake_meteor_jar(tmp_path, [("a dog", "one dog")])
     scorer = MeteorScorer(R.read_jar_data(jar), R.load_paraphrase_index(jar, tmp_path / "cache"))
     scorer.prepare(["a dog", "one dog", "the hound"])
     st = scorer.statistics("one dog", ["a dog"])  # the paraphrase: 2 reference words, 2 hypothesis words

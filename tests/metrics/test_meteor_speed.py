@@ -8,7 +8,6 @@ import os
 import select
 import signal
 import time
-import zipfile
 import zlib
 
 import numpy as np
@@ -22,7 +21,7 @@ from finecap.metrics.meteor.match import EXACT, Segment, Word, candidates, java_
 from finecap.metrics.meteor.score import segment_score
 from finecap.metrics.meteor.scorer import bound
 from finecap.metrics.meteor.table_scan import MAX_WORD_BYTES, TableScanError, scan_table
-from helpers.meteor_cases import coco_like, stress
+from helpers.meteor_cases import coco_like, fake_meteor_jar, stress
 
 
 def _table(tmp_path, text: str, name: str = "paraphrase-en.gz", members: int = 1):
@@ -413,24 +412,11 @@ def test_bound_by_hand():
     assert bound(swapped, ref, candidates(swapped, ref)) == pytest.approx((1.0 - 0.6) * (1 + 1e-9), rel=1e-12)
 
 
-def _fake_jar(tmp_path, pairs):
-    """A jar with the four data files METEOR reads, and a paraphrase table beside it."""
-    jar = tmp_path / "meteor-1.5.jar"
-    with zipfile.ZipFile(jar, "w") as z:
-        z.writestr("function/english.words", "a\nthe\n")
-        z.writestr("nonbreaking/english.prefixes", "Mr\n")
-        z.writestr("synonym/english.synsets", "dog\n1\nhound\n1\n")
-        z.writestr("synonym/english.exceptions", "be\nwas were\n")
-    (tmp_path / "data").mkdir()
-    _table(tmp_path / "data", "".join(f"0.5\n{a}\n{b}\n" for a, b in pairs))
-    return jar
-
-
 @pytest.mark.parametrize("blocker", ["file", "file in the way of the key folder"])
 def test_a_failed_index_load_is_raised_and_tried_again(tmp_path, blocker):
     # the index loads in a thread (PendingIndex) while the jar's data is read: its error reaches the caller, and the
     # next evaluation loads again instead of keeping the failed scorer
-    jar = _fake_jar(tmp_path, [("a dog", "one dog")])
+    jar = fake_meteor_jar(tmp_path, [("a dog", "one dog")])
     cache = tmp_path / "cache"
     in_the_way = cache if blocker == "file" else R.index_path(jar, cache).parent
     in_the_way.parent.mkdir(parents=True, exist_ok=True)

@@ -31,17 +31,8 @@ def mle_loss(model: ClipCap, batch: dict) -> torch.Tensor:
     return F.cross_entropy(logits.flatten(0, 1), batch["labels"].flatten(), ignore_index=-100)
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """Tiny matrices: with cores shared, torch's intra-op threads only add waiting (7x slower here), so use one."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 @pytest.fixture(scope="module")
-def trained(one_thread):
+def trained():
     """A captioner fitted for a few steps to four captions of different lengths (4 random feature vectors)."""
     model = tiny_captioner()
     torch.manual_seed(1)

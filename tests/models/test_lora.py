@@ -22,14 +22,6 @@ from finecap.objectives.reinforce import Reinforce
 from finecap.rewards.retrieval import RetrievalReward
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 @pytest.fixture(scope="module")
 def clip_dir(tmp_path_factory) -> Path:
     """A tiny random CLIP (ViT + text tower over the world vocabulary) saved like a Hub checkpoint."""

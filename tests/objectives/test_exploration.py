@@ -24,6 +24,7 @@ from finecap.objectives.exploration import (
 )
 from finecap.rewards import RewardOutput
 from helpers.contexts import training_context
+from helpers.objective_steps import train_steps
 
 # --------------------------------------------------------------------------------------------------------------------
 # Distance
@@ -229,13 +230,6 @@ def test_smoke_sle_on_tiny_clipcap():
     objective = get_objective("sle", load(None, ["rl.samples=3", "decode.max_length=8"]))
     records = [SimpleNamespace(image_id=i, captions=c) for i, c in refs.items()]
     objective.setup(training_context(records))
-    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
     before = [p.detach().clone() for p in model.parameters()]
-    for _ in range(2):
-        out = objective(model, batch)
-        loss = sum(out.losses.values())
-        assert torch.isfinite(loss)
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
+    train_steps(model, objective, batch, 2)
     assert all(not torch.equal(a, b) for a, b in zip(before, model.parameters()))

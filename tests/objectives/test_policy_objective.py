@@ -27,6 +27,7 @@ from finecap.objectives.monitor import RewardHackingAlarm
 from finecap.objectives.reinforce import Reinforce
 from finecap.rewards import RewardOutput, WeightedSum
 from finecap.train.state import load_tree, save_tree
+from helpers.objective_steps import train_steps
 from helpers.rl_sections import rl_sections
 
 S, L = 3, 4  # samples per image, token positions
@@ -235,22 +236,13 @@ def clip_batch():
             "index": torch.tensor([0, 1])}  # fmt: skip
 
 
-def train_steps(model, obj, steps, lr=3e-2):
-    opt = torch.optim.Adam([p for p in model.parameters() if p.requires_grad], lr=lr)
-    outs = []
-    for _ in range(steps):
-        out = obj(model, clip_batch())
-        opt.zero_grad()
-        sum(out.losses.values()).backward()
-        opt.step()
-        obj.end_step()
-        outs.append(out)
-    return outs
+def policy_steps(model, obj, steps, lr=3e-2):
+    return train_steps(model, obj, clip_batch, steps, lr)
 
 
 def test_kl_is_zero_at_step_zero_and_positive_after_a_step():
     model = tiny_captioner().train()
-    outs = train_steps(model, kl_objective(), 3)
+    outs = policy_steps(model, kl_objective(), 3)
     assert outs[0].metrics["kl"] == pytest.approx(0.0, abs=1e-7)  # the reference is the policy itself, no dropout
     assert outs[1].metrics["kl"] > 1e-4 and outs[2].metrics["kl"] > 1e-4
 
@@ -260,7 +252,7 @@ def test_under_lora_the_reference_is_the_base_model_with_no_copy_of_the_adapters
     base = copy.deepcopy(model).eval()  # the captioner before any adapter: the policy at the start
     model = lora.configure_training(model, load(None, ["lora.lm=true", "lora.rank=4", "lora.alpha=8"])).train()
     obj = kl_objective()
-    train_steps(model, obj, 3, lr=5e-2)
+    policy_steps(model, obj, 3, lr=5e-2)
     ref = obj.reference
     assert ref.adapters_off and ref.snapshot  # the mapper trains fully: its start values are kept, the adapters not
     assert not any(lora.is_adapter_parameter(n) for n in ref.snapshot)
@@ -280,7 +272,7 @@ def test_under_lora_the_reference_is_the_base_model_with_no_copy_of_the_adapters
 def test_the_reference_is_kept_in_the_state(tmp_path):
     model = tiny_captioner().train()
     obj = kl_objective()
-    train_steps(model, obj, 1)
+    policy_steps(model, obj, 1)
     save_tree(tmp_path, "objective", obj.state_dict())
     restored = kl_objective()
     restored.load_state_dict(load_tree(tmp_path, "objective"))
@@ -320,12 +312,12 @@ def test_a_reference_copy_under_fsdp2_sharding_is_refused_naming_the_option(monk
     with pytest.raises(
         ValueError, match=r"^grpo.kl_coef: the reference policy needs a copy of \d+ trained parameters"
     ):
-        train_steps(model, kl_objective(), 1)
+        policy_steps(model, kl_objective(), 1)
     lora_only = lora.configure_training(tiny_captioner(), load(None, ["lora.lm=true", "lora.rank=4"]))
     for name, p in lora_only.named_parameters():  # adapters alone learn: their reference is the adapters off
         p.requires_grad_(lora.is_adapter_parameter(name))
     obj = kl_objective()
-    train_steps(lora_only.train(), obj, 1)
+    policy_steps(lora_only.train(), obj, 1)
     assert obj.reference.adapters_off and not obj.reference.snapshot
 
 

@@ -18,6 +18,7 @@ from finecap.objectives.entropy import mean_entropy, token_entropy
 from finecap.objectives.reinforce import Reinforce, sequence_logprob
 from finecap.rewards import RewardBase, RewardOutput, WeightedSum, caption_rows
 from helpers.contexts import training_context
+from helpers.objective_steps import train_steps
 
 # --------------------------------------------------------------------------------------------------------------------
 # Stand-ins
@@ -369,15 +370,8 @@ def test_smoke_reinforce_with_cider_on_tiny_clipcap(objective_name):
     objective = get_objective(objective_name, cfg)
     records = [SimpleNamespace(image_id=i, captions=c) for i, c in CAPTIONS.items()]
     objective.setup(training_context(records))
-    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
     before = [p.detach().clone() for p in model.parameters()]
-    for _ in range(3):
-        out = objective(model, batch)
-        loss = sum(out.losses.values())
-        assert torch.isfinite(loss)
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
+    out = train_steps(model, objective, batch, 3)[-1]
     assert set(out.losses) == ({"reinforce", "entropy"} if objective_name == "scst_me" else {"reinforce"})
     assert out.metrics["time/reward"] >= 0 and "reward/cider" in out.metrics and "reward_greedy" in out.metrics
     changed = [not torch.equal(a, b) for a, b in zip(before, model.parameters())]
