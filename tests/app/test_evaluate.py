@@ -36,16 +36,9 @@ from finecap.models.tokenizer import world_tokenizer
 from finecap.world.make import make_world
 from finecap.world.scene import Obj, Scene
 from helpers.coco_reference import NoSpice
+from helpers.scripts import benchmark
 
 ROOT = Path(__file__).resolve().parents[2]
-
-
-def _coco_like():
-    """benchmarks/coco_like.py: seeded COCO-like raw captions written as COCO files."""
-    spec = importlib.util.spec_from_file_location("coco_like", ROOT / "benchmarks" / "coco_like.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 # --------------------------------------------------------------------------------------------------------------------
@@ -367,7 +360,7 @@ def test_metrics_asked_for_that_cannot_run_name_the_option(world, tmp_path):
 
 def _id_only_coco(tmp_path: Path, n: int = 40, seed: int = 3) -> tuple[Path, Path]:
     """COCO files whose images carry only an id (no file_name, no image files), COCO-like raw captions."""
-    refs, res = _coco_like().write_coco(tmp_path / "coco", n, seed)
+    refs, res = benchmark("coco_like").write_coco(tmp_path / "coco", n, seed)
     data = json.loads(refs.read_text())
     data["images"] = [{"id": img["id"]} for img in data["images"]]
     refs = refs.with_name("captions_val2014.json")

@@ -6,13 +6,13 @@ or when its interval does not exclude the paper's effect."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import shutil
-import sys
 from pathlib import Path
 
 import pytest
+
+from helpers.scripts import benchmark
 
 ROOT = Path(__file__).resolve().parents[2]
 SEEDS = (0, 1, 2)
@@ -20,14 +20,7 @@ SEEDS = (0, 1, 2)
 
 @pytest.fixture(scope="module")
 def effects():
-    # as `python benchmarks/effects.py` runs it: benchmarks/ on sys.path (it imports paired_difference)
-    if str(ROOT / "benchmarks") not in sys.path:
-        sys.path.insert(0, str(ROOT / "benchmarks"))
-    spec = importlib.util.spec_from_file_location("effects_check_under_test", ROOT / "benchmarks" / "effects.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
+    return benchmark("effects", neighbours=True)
 
 
 @pytest.fixture

@@ -3,23 +3,18 @@ VLM, reward and images, both timed and compared, so that the comparison cannot r
 
 from __future__ import annotations
 
-import importlib.util
 import math
-import sys
-from pathlib import Path
 
 import pytest
+
+from helpers.scripts import benchmark
 
 
 def test_quick_comparison_times_both_sides(monkeypatch, tmp_path):
     pytest.importorskip("trl")
     monkeypatch.setenv("FINECAP_HOME", str(tmp_path / "home"))
     monkeypatch.setenv("TQDM_DISABLE", "1")
-    path = Path(__file__).resolve().parents[2] / "benchmarks" / "grpo_vs_trl.py"
-    spec = importlib.util.spec_from_file_location("finecap_grpo_vs_trl", path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
+    module = benchmark("grpo_vs_trl")
     out = module.main(["--quick", "--threads", "1", "--json", str(tmp_path / "out.json")])
     assert (out["images"], out["group"], out["tokens"], out["steps"]) == (2, 2, 4, 2)
     for side in ("finecap", "trl"):

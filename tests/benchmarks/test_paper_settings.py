@@ -8,10 +8,8 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import re
-import sys
 from pathlib import Path
 
 import pytest
@@ -19,6 +17,7 @@ import yaml
 
 from finecap.config import load
 from finecap.recipes import resolve_recipe
+from helpers.scripts import benchmark
 
 ROOT = Path(__file__).resolve().parents[2]
 DISCRITUNE_COMMIT = "7c5351f"  # EGG branch rll_refactor (facebookresearch/EGG#258)
@@ -73,14 +72,7 @@ def test_sr_bagcurri_header_describes_its_schedule():
 
 
 def load_effects():
-    # as `python benchmarks/effects.py` runs it: benchmarks/ on sys.path (it imports paired_difference)
-    if str(ROOT / "benchmarks") not in sys.path:
-        sys.path.insert(0, str(ROOT / "benchmarks"))
-    spec = importlib.util.spec_from_file_location("effects_under_test", ROOT / "benchmarks" / "effects.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
+    return benchmark("effects", neighbours=True)
 
 
 def test_effect_signs_are_the_papers():

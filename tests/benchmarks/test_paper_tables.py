@@ -5,7 +5,6 @@ files."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import sys
 from pathlib import Path
@@ -16,18 +15,10 @@ import yaml
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def load_benchmark(name: str):
-    """The script ``benchmarks/<name>.py`` as a module."""
-    spec = importlib.util.spec_from_file_location(f"{name}_under_test", ROOT / "benchmarks" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses resolve their annotations through sys.modules
-    spec.loader.exec_module(module)
-    return module
-
-
 sys.path.insert(0, str(ROOT / "benchmarks"))  # as `python benchmarks/paper_tables.py` has it
 import paper_tables as pt  # noqa: E402  (the package benchmarks/paper_tables/)
 from helpers.paper_tables_world import N_TEST, N_TRAIN, N_VAL, tiny_world  # noqa: E402
+from helpers.scripts import benchmark  # noqa: E402
 
 
 @pytest.mark.parametrize("paper", sorted(pt.PAPERS))
@@ -654,7 +645,7 @@ def test_a_finished_run_on_other_inputs_is_refused_with_the_runners_ways_out(sle
 
 
 def test_paired_bootstrap_of_hand_computed_differences():
-    pd = load_benchmark("paired_difference")
+    pd = benchmark("paired_difference")
     assert pd.paired_bootstrap([0.25, 0.25, 0.25]) == (0.25, 0.25, 0.25)  # no spread: a zero-width interval
     # two items, +1 and -1: a resample's mean is -1, 0 or +1 with probabilities 1/4, 1/2, 1/4, so the 2.5% and 97.5%
     # quantiles of 10,000 resampled means are the extremes
@@ -675,7 +666,7 @@ def test_paired_difference_is_the_corpus_difference_of_the_runners_results(sle_r
     """The mean per-image CIDEr-D difference of two runs equals the difference of their corpus CIDEr-D as the
     paper-tables runner computed it (CIDEr-D's corpus score is the mean of its per-image scores)."""
     root, _ = sle_run
-    pd = load_benchmark("paired_difference")
+    pd = benchmark("paired_difference")
     assert pd.main([str(root / "runs" / "seed0"), "--a", "sle", "--b", "scst", "--draws", "200"]) == 0
     row = capsys.readouterr().out.strip().splitlines()[-1].split(" | ")
     # the runner's own corpus CIDEr-D of sle (its result file; scst's is hand-edited by the test above), and scst's
@@ -695,7 +686,7 @@ def test_paired_difference_is_the_corpus_difference_of_the_runners_results(sle_r
 
 
 def test_training_noise_summary_of_hand_computed_runs():
-    tn = load_benchmark("training_noise")
+    tn = benchmark("training_noise")
 
     def scores(a_cider, b_cider, a_div, b_div):
         return {"sle": {"CIDEr-D": a_cider, "sample/Div-2": a_div},
@@ -720,7 +711,7 @@ def test_training_noise_summary_of_hand_computed_runs():
 def test_training_noise_repeats_carry_the_sources_own_settings(tmp_path):
     from finecap.app.demo import load_demo_config
 
-    tn = load_benchmark("training_noise")
+    tn = benchmark("training_noise")
     items = ["world.seed=1", "world.out=/data/w1", "rl.rewards={cider: 0.5}", "run.dir=/runs/x", "run.seed=4",
              "demo.stages=[mle,sle]", "demo.quick=true"]  # fmt: skip  # the demo saves demo.quick as it ran
     load_demo_config(None, items, quick=True).save(tmp_path / "config.yaml")
@@ -730,7 +721,7 @@ def test_training_noise_repeats_carry_the_sources_own_settings(tmp_path):
 
 
 def test_sle_vs_scst_plateau_and_summary_of_hand_computed_runs():
-    bench = load_benchmark("sle_vs_scst")
+    bench = benchmark("sle_vs_scst")
     # best 1.50 at step 300 of 400, 1.505 at 400: within 0.01 of the best before the last 100 steps -> plateau
     assert bench.plateau([(100, 1.2), (200, 1.4), (300, 1.50), (400, 1.505)]) == {
         "best_step": 400, "best": 1.505, "final": 1.505, "plateau": True}  # fmt: skip

@@ -3,17 +3,11 @@ positions as the arithmetic says: B P + N (L - 1) with the prompt shared, N (P +
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
+from helpers.scripts import benchmark
 
 
 def test_shared_prompt_mode_counts_the_positions_it_saves(tmp_path):
-    path = Path(__file__).resolve().parents[2] / "benchmarks" / "vlm_step.py"
-    spec = importlib.util.spec_from_file_location("finecap_vlm_step", path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
+    module = benchmark("vlm_step")
     images, samples, tokens = 2, 3, 5
     out = tmp_path / "out.json"
     results = module.main(["--shared-prompt", "--images", str(images), "--samples", str(samples), "--image-tokens",

@@ -22,17 +22,11 @@ from finecap.compat.pycocoevalcap.rouge.rouge import Rouge
 from finecap.compat.pycocoevalcap.spice.spice import Spice
 from finecap.compat.pycocoevalcap.tokenizer.ptbtokenizer import PTBTokenizer
 from finecap.metrics.meteor import MetricUnavailable, meteor_unavailable_reason
+from helpers.scripts import benchmark
 
 ROOT = Path(__file__).resolve().parents[2]
 needs_java = pytest.mark.skipif(shutil.which("java") is None, reason="pycocoevalcap's tokenizer and METEOR need Java")
 needs_meteor_data = pytest.mark.skipif(meteor_unavailable_reason() is not None, reason="pycocoevalcap's data missing")
-
-
-def _coco_like():
-    spec = importlib.util.spec_from_file_location("coco_like", ROOT / "benchmarks" / "coco_like.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def _edge_cases(n: int, seed: int) -> tuple[dict, dict]:
@@ -52,7 +46,7 @@ def _edge_cases(n: int, seed: int) -> tuple[dict, dict]:
 @pytest.fixture(scope="module")
 def coco_tokenized():
     """200 images of seeded COCO-like captions, tokenised once (by finecap: both sides score the same strings)."""
-    refs, preds = _coco_like().generate(200, seed=5)
+    refs, preds = benchmark("coco_like").generate(200, seed=5)
     tok = PTBTokenizer()
     gts = tok.tokenize({i: [{"caption": c} for c in caps] for i, caps in refs.items()})
     res = tok.tokenize({i: [{"caption": c}] for i, c in preds.items()})
@@ -96,7 +90,7 @@ def test_meteor_and_tokenizer_equal_pycocoevalcap_with_java():
     from pycocoevalcap.meteor.meteor import Meteor as RefMeteor
     from pycocoevalcap.tokenizer.ptbtokenizer import PTBTokenizer as RefTokenizer
 
-    refs, preds = _coco_like().generate(40, seed=7)  # raw text: capitals, punctuation, contractions, numbers
+    refs, preds = benchmark("coco_like").generate(40, seed=7)  # raw text: capitals, punctuation, contractions, numbers
     raw_gts = {i: [{"caption": c} for c in caps] for i, caps in refs.items()}
     raw_res = {i: [{"caption": c}] for i, c in preds.items()}
     gts, res = RefTokenizer().tokenize(raw_gts), RefTokenizer().tokenize(raw_res)
@@ -163,7 +157,7 @@ def _run_lmms_style(results, metrics):
 @needs_java
 @needs_meteor_data
 def test_install_runs_unmodified_lmms_eval_code_with_pycocoevalcaps_numbers():
-    refs, preds = _coco_like().generate(25, seed=11)
+    refs, preds = benchmark("coco_like").generate(25, seed=11)
     results = [{"image_id": i, "pred": preds[i], "answer": refs[i]} for i in refs]
     metrics = ["Bleu_4", "METEOR", "CIDEr"]  # each call starts 2 JVMs on pycocoevalcap (tokenizer, METEOR)
     want, ns = _run_lmms_style(results, metrics)

@@ -3,11 +3,11 @@ match them: a field added, removed or re-documented without regenerating the pag
 
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
 
 from finecap.config import SECTIONS
 from finecap.config.fields import option_fields
+from helpers.scripts import script_module
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "docs" / "gen_config_reference.py"
@@ -15,10 +15,7 @@ PAGE = ROOT / "docs" / "config-reference.md"
 
 
 def _generator():
-    spec = importlib.util.spec_from_file_location("gen_config_reference", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return script_module(SCRIPT)
 
 
 def test_committed_config_reference_is_up_to_date():

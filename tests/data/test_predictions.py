@@ -20,6 +20,7 @@ from pycocoevalcap.rouge.rouge import Rouge
 from finecap.app.cli import main as cli
 from finecap.data.predictions import read_predictions
 from finecap.metrics.ptb_tokenize import ptb_tokenize
+from helpers.scripts import benchmark
 
 ROOT = Path(__file__).resolve().parents[2]
 METRICS = ["--metrics", "bleu,rouge,cider", "--format", "json"]
@@ -28,10 +29,7 @@ METRICS = ["--metrics", "bleu,rouge,cider", "--format", "json"]
 @pytest.fixture(scope="module")
 def captions():
     """30 images of seeded COCO-like raw captions: ``(ids, predictions, references)`` (5 references each)."""
-    spec = importlib.util.spec_from_file_location("coco_like", ROOT / "benchmarks" / "coco_like.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    refs, preds = module.generate(30, seed=4)
+    refs, preds = benchmark("coco_like").generate(30, seed=4)
     ids = list(refs)
     return ids, [preds[i] for i in ids], [refs[i] for i in ids]
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import importlib.util
 import io
 import shutil
 import warnings
@@ -14,21 +13,15 @@ from pycocotools.coco import COCO
 
 from finecap.metrics import CaptionFile, COCOEvalCap
 from helpers.coco_reference import NoSpice
+from helpers.scripts import benchmark
 
 ROOT = Path(__file__).resolve().parents[2]
-
-
-def _coco_like():
-    spec = importlib.util.spec_from_file_location("coco_like", ROOT / "benchmarks" / "coco_like.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 @pytest.fixture(scope="module")
 def files(tmp_path_factory):
     """60 images of seeded COCO-like raw captions (capitals, punctuation, possessives, numbers, contractions)."""
-    return _coco_like().write_coco(tmp_path_factory.mktemp("cocoeval"), 60, seed=3)
+    return benchmark("coco_like").write_coco(tmp_path_factory.mktemp("cocoeval"), 60, seed=3)
 
 
 def _example_flow(cls, annotation_file: Path, results_file: Path, **kwargs):

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import random
 import shutil
 from pathlib import Path
@@ -22,16 +21,14 @@ from finecap.metrics.ptb_tokenize import (
     tokenize_all,
     tokens,
 )
+from helpers.scripts import benchmark
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
 def coco_like_captions(n_images: int, seed: int) -> list[str]:
     """Raw COCO-like captions of the benchmark generator (benchmarks/coco_like.py), references then predictions."""
-    spec = importlib.util.spec_from_file_location("coco_like", ROOT / "benchmarks" / "coco_like.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    refs, preds = module.generate(n_images, seed)
+    refs, preds = benchmark("coco_like").generate(n_images, seed)
     return [c for caps in refs.values() for c in caps] + list(preds.values())
 
 

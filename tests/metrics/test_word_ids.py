@@ -4,7 +4,6 @@ still equal pycocoevalcap on realistic raw and tokenised text."""
 from __future__ import annotations
 
 import contextlib
-import importlib.util
 import io
 import random
 import sys
@@ -20,16 +19,14 @@ from finecap.metrics import word_ids
 from finecap.metrics.ngram import counting, ngram_metrics, rouge_l_per_item
 from finecap.metrics.ptb_tokenize import ptb_tokenize
 from finecap.metrics.word_ids import split_ids
+from helpers.scripts import benchmark
 
 ROOT = Path(__file__).resolve().parents[2]
 TOL = 1e-9
 
 
 def _coco_like(n_images: int, seed: int) -> tuple[dict[int, list[str]], dict[int, str]]:
-    spec = importlib.util.spec_from_file_location("coco_like", ROOT / "benchmarks" / "coco_like.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module.generate(n_images, seed)
+    return benchmark("coco_like").generate(n_images, seed)
 
 
 def _spelled(text: str) -> list[str] | None:

@@ -5,10 +5,6 @@ allocation peaks (slow)."""
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
-
 import pytest
 import torch
 from peft import LoraConfig, get_peft_model
@@ -25,6 +21,7 @@ from finecap.models.forecast import (
     layer_bytes,
     mask_bytes,
 )
+from helpers.scripts import benchmark
 
 B, T, RANK = 2, 16, 8
 SHAPES = {"hidden_size": 64, "intermediate_size": 160, "num_attention_heads": 4, "num_key_value_heads": 2,
@@ -161,12 +158,7 @@ def test_forecast_text_says_a_cpu_line_is_a_forecast():
 
 
 def _memory_benchmark():
-    path = Path(__file__).resolve().parents[2] / "benchmarks" / "memory.py"
-    spec = importlib.util.spec_from_file_location("finecap_memory_benchmark", path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
+    return benchmark("memory")
 
 
 SMOLVLM = LmShapes(30, 576, 1536, 9, 3, 49_152)  # benchmarks/memory.py's vocabulary: 49,152 words
