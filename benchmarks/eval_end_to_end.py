@@ -57,66 +57,28 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import coco_like  # noqa: E402
+import lmms_eval_coco_cap  # noqa: E402
 from finecap.utils.text import shell_command
 
 TARGETS = {"end_to_end": 15.0, "bleu": 10.0, "rouge_l": 10.0, "cider_d": 25.0, "lmms_eval": 20.0}
 
-# lmms-eval's coco_cap aggregation (tasks/coco_cap/utils.py: coco_aggregation_result) as that task runs it, once per
-# metric; argv: references file, results file, "finecap" to run it on finecap.compat.install()
-LMMS_SCRIPT = r"""
-import json, sys
-if sys.argv[3] == "finecap":
-    import finecap.compat
-    finecap.compat.install()
-from pycocoevalcap.eval import COCOEvalCap, Bleu, Meteor, Rouge, Cider
-from pycocoevalcap.tokenizer.ptbtokenizer import PTBTokenizer
-from pycocotools.coco import COCO
-
-COCO_METRICS = ["Bleu_4", "Bleu_3", "Bleu_2", "Bleu_1", "METEOR", "ROUGE_L", "CIDEr"]
-
-
-def coco_aggregation_result(results, metric):
-    scorers = [(Bleu(4), "Bleu_1"), (Bleu(4), "Bleu_2"), (Bleu(4), "Bleu_3"), (Bleu(4), "Bleu_4"),
-               (Meteor(), "METEOR"), (Rouge(), "ROUGE_L"), (Cider(), "CIDEr")]
-    scorers_dict = {s[1]: s for s in scorers}
-    stored_results = []
-    dataset = {"annotations": [], "images": []}
-    idx = 0
-    for result in results:
-        stored_results.append({"image_id": int(result["image_id"]), "caption": result["pred"]})
-        for a in result["answer"]:
-            dataset["annotations"].append({"image_id": int(result["image_id"]), "caption": a, "id": idx})
-            idx += 1
-        dataset["images"].append({"id": result["image_id"]})
-    coco = COCO()
-    coco.dataset = dataset
-    coco.createIndex()
-    coco_result = coco.loadRes(stored_results)
-    coco_eval = COCOEvalCap(coco, coco_result)
-    imgIds = coco_eval.params["image_id"]
-    gts, res = {}, {}
-    for imgId in imgIds:
-        gts[imgId] = coco_eval.coco.imgToAnns[imgId]
-        res[imgId] = coco_eval.cocoRes.imgToAnns[imgId]
-    tokenizer = PTBTokenizer()
-    gts = tokenizer.tokenize(gts)
-    res = tokenizer.tokenize(res)
-    score, scores = scorers_dict[metric][0].compute_score(gts, res)
-    if type(score) == list:
-        n = int(metric.split("_")[-1])
-        score = score[n - 1]
-    return score
-
-
+# lmms-eval's coco_cap aggregation (lmms_eval_coco_cap.py) as that task runs it, once per metric; argv: references
+# file, results file, "finecap" to run it on finecap.compat.install()
+LMMS_SCRIPT = (
+    "import json, sys\nif sys.argv[3] == 'finecap':\n    import finecap.compat\n    finecap.compat.install()\n"
+    + lmms_eval_coco_cap.SOURCE
+    + f"""
+COCO_METRICS = {lmms_eval_coco_cap.COCO_METRICS!r}
 refs = json.load(open(sys.argv[1]))
-by_image = {}
+by_image = {{}}
 for a in refs["annotations"]:
     by_image.setdefault(a["image_id"], []).append(a["caption"])
-results = [{"image_id": r["image_id"], "pred": r["caption"], "answer": by_image[r["image_id"]]}
+results = [{{"image_id": r["image_id"], "pred": r["caption"], "answer": by_image[r["image_id"]]}}
            for r in json.load(open(sys.argv[2]))]
-out = {m: float(coco_aggregation_result(results, m)) for m in COCO_METRICS}
+out = {{m: float(coco_aggregation_result(results, m)) for m in COCO_METRICS}}
 print(json.dumps(out))
 """
+)
 
 REFERENCE_SCRIPT = r"""
 import json, sys

@@ -102,54 +102,12 @@ def test_meteor_and_tokenizer_equal_pycocoevalcap_with_java():
     assert 0.1 < got[0] < 0.9
 
 
-# lmms-eval's pattern (tasks/coco_cap/utils.py): per metric, build every scorer, a COCO index by hand, COCOEvalCap
-# for its params, the PTB tokenizer run on gts and res, then one scorer. Run unmodified with and without install().
-LMMS_STYLE = """
-from pycocoevalcap.eval import COCOEvalCap, Bleu, Meteor, Rouge, Cider, Spice
-from pycocoevalcap.tokenizer.ptbtokenizer import PTBTokenizer
-from pycocotools.coco import COCO
-
-
-def aggregate(results, metric):
-    scorers = [(Bleu(4), "Bleu_1"), (Bleu(4), "Bleu_2"), (Bleu(4), "Bleu_3"), (Bleu(4), "Bleu_4"),
-               (Meteor(), "METEOR"), (Rouge(), "ROUGE_L"), (Cider(), "CIDEr")]
-    scorers_dict = {s[1]: s for s in scorers}
-    stored_results = []
-    dataset = {"annotations": [], "images": []}
-    idx = 0
-    for result in results:
-        stored_results.append({"image_id": int(result["image_id"]), "caption": result["pred"]})
-        for a in result["answer"]:
-            dataset["annotations"].append({"image_id": int(result["image_id"]), "caption": a, "id": idx})
-            idx += 1
-        dataset["images"].append({"id": result["image_id"]})
-    coco = COCO()
-    coco.dataset = dataset
-    coco.createIndex()
-    coco_result = coco.loadRes(stored_results)
-    coco_eval = COCOEvalCap(coco, coco_result)
-    imgIds = coco_eval.params["image_id"]
-    gts = {}
-    res = {}
-    for imgId in imgIds:
-        gts[imgId] = coco_eval.coco.imgToAnns[imgId]
-        res[imgId] = coco_eval.cocoRes.imgToAnns[imgId]
-    tokenizer = PTBTokenizer()
-    gts = tokenizer.tokenize(gts)
-    res = tokenizer.tokenize(res)
-    score, scores = scorers_dict[metric][0].compute_score(gts, res)
-    if type(score) == list:
-        n = int(metric.split("_")[-1])
-        score = score[n - 1]
-    return score
-"""
-
-
 def _run_lmms_style(results, metrics):
+    """lmms-eval's aggregation (benchmarks/lmms_eval_coco_cap.py) run unmodified, once per metric."""
     namespace: dict = {}
     with contextlib.redirect_stdout(io.StringIO()):
-        exec(compile(LMMS_STYLE, "lmms_style.py", "exec"), namespace)
-        return {m: namespace["aggregate"](results, m) for m in metrics}, namespace
+        exec(compile(benchmark("lmms_eval_coco_cap").SOURCE, "lmms_eval_coco_cap.py", "exec"), namespace)
+        return {m: namespace["coco_aggregation_result"](results, m) for m in metrics}, namespace
 
 
 @pytest.mark.slow
