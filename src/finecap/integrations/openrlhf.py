@@ -74,4 +74,5 @@ def reward_function(name_or_reward: Any = None, *, url: str | None = None, limit
         total, parts = out.values()
         return {"rewards": torch.tensor(total), "extra_logs": {k: torch.tensor(v) for k, v in parts.items()}}
 
+    reward_func.close = scorer.close  # type: ignore[attr-defined]  # what the scorer opened (Scorer.close)
     return reward_func

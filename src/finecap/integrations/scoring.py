@@ -6,7 +6,9 @@ values, completions, message contents).
 
 Every adapter is entered the same way, :meth:`Scorer.of`'s: ``name_or_reward`` (a registry name or dotted path with
 its ``**options``, :func:`finecap.rewards.reward_of`; or a built reward) or ``url=`` (a running reward server).
-Every value is a :class:`finecap.rewards.RewardOutput`, which each adapter converts at its boundary.
+Every value is a :class:`finecap.rewards.RewardOutput`, which each adapter converts at its boundary. A scorer
+closes what it opened (:meth:`Scorer.close`, or ``with``): the reward it built from a name (a judge-backed reward's
+judge: its connections, answer cache or engine), never a reward it was given, and a server client's connections.
 
 In process, a call is checked exactly as the server checks a request, by the same code, and refused with the same
 message (a ``ValueError``: :class:`finecap.serve.protocol.RequestError`): its fields
@@ -60,6 +62,7 @@ class Scorer:
             raise TypeError(f"reward= must be a finecap reward (callable), got {type(reward).__name__}")
         self.reward = None if reward is None else as_reward(reward, "reward")
         self.name = name
+        self.owns_reward = False  # set by Scorer.of for a reward it built: close() closes it
         self.client = None
         self._check: CallCheck | None = None
         if url is not None:
@@ -81,7 +84,26 @@ class Scorer:
                 raise TypeError(f"options {sorted(options)} are the reward's: a server (url=) has its own")
             return cls(url=url, timeout=timeout, token=token, name=name or "the reward")
         shown = name or (name_or_reward if isinstance(name_or_reward, str) else "the reward")
-        return cls(reward_of(name_or_reward, **options), name=shown)
+        scorer = cls(reward_of(name_or_reward, **options), name=shown)
+        scorer.owns_reward = isinstance(name_or_reward, str)  # built here from a name or a dotted path
+        return scorer
+
+    def close(self) -> None:
+        """Release what this scorer opened: the reward it built from a name (:meth:`finecap.rewards.RewardBase.close`:
+        a judge-backed reward closes the judge it built), never one it was given; a server client's connections.
+        Safe to call again. A trainer's adapter calls none of this itself (the frameworks have no such hook): call it,
+        or ``with`` the scorer, when training is done; otherwise the process's end releases them."""
+        if self.client is not None:
+            self.client.close()
+        if self.owns_reward and self.reward is not None:
+            self.reward.close()
+            self.owns_reward = False
+
+    def __enter__(self) -> Scorer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
     @property
     def compares_images(self) -> bool:

@@ -54,6 +54,11 @@ class TrlReward:
         total, _ = self.scorer.score(texts, self.image_ids(len(texts), kwargs)).values(failed=None)
         return total
 
+    def close(self) -> None:
+        """Release what its scorer opened (:meth:`finecap.integrations.scoring.Scorer.close`): call it after
+        ``trainer.train()``."""
+        self.scorer.close()
+
 
 def reward_function(name_or_reward: Any = None, *, url: str | None = None, image_id_column: str = "image_id",
                     name: str | None = None, **options: Any) -> TrlReward:  # fmt: skip

@@ -73,6 +73,10 @@ class VerlReward:
         self.scorer = Scorer.of(name_or_reward, url=url, **options)
         self.image_key, self.references_key = image_key, references_key
 
+    def close(self) -> None:
+        """Release what its scorer opened (:meth:`finecap.integrations.scoring.Scorer.close`)."""
+        self.scorer.close()
+
     def _inputs(self, extra_infos: Sequence[Mapping[str, Any] | None]) -> tuple[list[Hashable], list | None]:
         ids, refs = [], []
         for n, info in enumerate(extra_infos):

@@ -74,6 +74,8 @@ class RewardClient:
         token = token if token is not None else os.environ.get(TOKEN_ENV) or None
         self._headers = {"Authorization": f"Bearer {token}"} if token else {}
         self._local = threading.local()  # one connection pool per thread (trainers call from worker threads)
+        self._pools: list[httpx.Client] = []  # every thread's, for close()
+        self._lock = threading.Lock()
 
     def __repr__(self) -> str:
         return f"RewardClient({masked_url_secrets(self.url)!r})"
@@ -107,9 +109,18 @@ class RewardClient:
 
     def _client(self) -> httpx.Client:
         client = getattr(self._local, "client", None)
-        if client is None:
+        if client is None or client.is_closed:
             client = self._local.client = httpx.Client(timeout=self.timeout, headers=self._headers)
+            with self._lock:
+                self._pools.append(client)
         return client
+
+    def close(self) -> None:
+        """Close every thread's connection pool (a later call opens a new one)."""
+        with self._lock:
+            pools, self._pools = self._pools, []
+        for client in pools:
+            client.close()
 
     def score(self, captions: Sequence[str], image_ids: Sequence[Hashable] | None = None,
               **kwargs: Any) -> RewardOutput:  # fmt: skip
