@@ -18,6 +18,7 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -69,6 +70,19 @@ def fixture_captions(records: list, n: int = N_CAPTIONS, seed: int = 0) -> tuple
 def serving(service, **options) -> Iterator[str]:
     """``service`` on 127.0.0.1 at a free port, in a thread, for the block: its base URL (``options``: those of
     :func:`finecap.serve.app.make_server`, ``token=`` and ``connections=``)."""
+    with serving_server(service, **options) as (url, _):
+        yield url
+
+
+def open_connections(server) -> int:
+    """How many connections the running uvicorn ``server`` holds open now (its own count)."""
+    return len(server.server_state.connections)
+
+
+@contextlib.contextmanager
+def serving_server(service, **options) -> Iterator[tuple[str, Any]]:
+    """:func:`serving`, yielding ``(base URL, the uvicorn server)``: a test can wait on the server's state
+    (:func:`open_connections`)."""
     from finecap.serve.app import make_server
 
     server, sock = make_server(service, **options)
@@ -81,7 +95,7 @@ def serving(service, **options) -> Iterator[str]:
             raise RuntimeError("the reward server did not start")
         time.sleep(0.01)
     try:
-        yield f"http://127.0.0.1:{port}"
+        yield f"http://127.0.0.1:{port}", server
     finally:
         server.should_exit = True
         thread.join(30)

@@ -7,7 +7,6 @@ import gzip
 import os
 import select
 import signal
-import time
 import zlib
 
 import numpy as np
@@ -22,6 +21,7 @@ from finecap.metrics.meteor.score import segment_score
 from finecap.metrics.meteor.scorer import bound
 from finecap.metrics.meteor.table_scan import MAX_WORD_BYTES, TableScanError, scan_table
 from helpers.meteor_cases import coco_like, fake_meteor_jar, stress
+from helpers.waiting import until
 
 
 def _table(tmp_path, text: str, name: str = "paraphrase-en.gz", members: int = 1):
@@ -322,10 +322,9 @@ def test_ctrl_c_in_the_process_group_leaves_the_helper_scanning(tmp_path, monkey
         if number == 0:
             # the signal goes once the helper ignores it (it starts with Python's default handler, as a child of
             # this process does: a Ctrl+C before that ends it, and the caller scans its blocks itself)
-            deadline = time.monotonic() + 60
-            while not _ignores_sigint(self.process.pid):
-                assert self.process.poll() is None and time.monotonic() < deadline, "the helper never set its handler"
-                time.sleep(0.005)
+            pid = self.process.pid
+            until(lambda: self.process.poll() is not None or _ignores_sigint(pid), "no handler set", timeout=60)
+            assert self.process.poll() is None, "the helper ended before it set its handler"
             self.process.send_signal(signal.SIGINT)
         return real_offer(self, number, line0, block)
 

@@ -19,7 +19,8 @@ from finecap.rewards import RewardOutput
 from finecap.serve.app import ConnectionLimits
 from finecap.serve.protocol import Limits
 from finecap.serve.service import ImageTable, RewardService
-from helpers.served import serving
+from helpers.served import open_connections, serving, serving_server
+from helpers.waiting import until
 
 
 class Words:
@@ -319,15 +320,16 @@ def test_a_departed_clients_request_is_never_scored():
 
 
 def test_connections_beyond_the_cap_are_closed_at_once_and_the_server_recovers():
-    with serving(service(), connections=ConnectionLimits(max_connections=4, header_timeout=30)) as url:
+    limits = ConnectionLimits(max_connections=4, header_timeout=30)
+    with serving_server(service(), connections=limits) as (url, server):
         port = int(url.rsplit(":", 1)[1])
         held = [socket.create_connection(("127.0.0.1", port)) for _ in range(4)]
-        time.sleep(0.1)
+        until(lambda: open_connections(server) == 4, "the server never held the 4 connections")
         extra = socket.create_connection(("127.0.0.1", port))
         assert recv_all(extra, 5) == b""  # closed at once: the cap is full
         for s in held:
             s.close()
-        time.sleep(0.1)
+        until(lambda: open_connections(server) == 0, "the server never saw the 4 connections close")
         assert httpx.post(f"{url}/reward", json=OK).json()["total"] == [3.0, 2.0]
         extra.close()
 
