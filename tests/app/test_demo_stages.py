@@ -18,6 +18,7 @@ from finecap.runs import FINGERPRINTS_FILE
 from finecap.stages import StageRunner
 from finecap.train.fingerprint import FingerprintMismatch, data_fingerprint, write_fingerprints
 from finecap.world.make import make_world
+from helpers.waiting import until
 
 SIZES = {"n_train": 4, "n_val": 2, "n_test": 3, "image_size": 32}
 
@@ -377,7 +378,6 @@ def test_a_killed_demos_stage_workers_end_with_it(tmp_path):
     import signal
     import subprocess
     import sys
-    import time
 
     import psutil  # a dependency of accelerate, so always installed with finecap
 
@@ -397,10 +397,7 @@ def test_a_killed_demos_stage_workers_end_with_it(tmp_path):
             except psutil.NoSuchProcess:
                 return False
 
-        deadline = time.monotonic() + 60  # a liveness bound for a loaded machine, not a speed claim
-        while time.monotonic() < deadline and running():
-            time.sleep(0.2)
-        assert not running()
+        until(lambda: not running(), "the pool's worker outlived its killed parent", timeout=60, every=0.2)
     finally:
         parent.kill()
         if worker is not None and worker.is_running():  # the orphan this test looks for, when the check failed

@@ -15,12 +15,13 @@ import contextlib
 import math
 import random
 import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import torch
+
+from helpers.waiting import until
 
 N_TRAIN = 100
 N_CAPTIONS = 1000
@@ -89,11 +90,8 @@ def serving_server(service, **options) -> Iterator[tuple[str, Any]]:
     port = sock.getsockname()[1]
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
     thread.start()
-    deadline = time.monotonic() + 30
-    while not server.started:
-        if not thread.is_alive() or time.monotonic() > deadline:
-            raise RuntimeError("the reward server did not start")
-        time.sleep(0.01)
+    until(lambda: server.started or not thread.is_alive(), "the reward server did not start", every=0.01)
+    assert server.started, "the reward server did not start (its thread ended)"
     try:
         yield f"http://127.0.0.1:{port}", server
     finally:

@@ -162,15 +162,16 @@ def test_a_reward_raising_system_exit_stops_the_server():
     with serving(svc) as url:
         response = httpx.post(f"{url}/reward", json={"captions": ["exit"], "image_ids": [1]})
         assert response.status_code == 500 and "stopped the server" in response.json()["error"]["message"]
-        deadline = time.monotonic() + 20
-        while time.monotonic() < deadline:  # the server shuts down by itself: nothing listens any more
+
+        def answers() -> bool:
             try:
                 httpx.get(f"{url}/health", timeout=1)
             except httpx.HTTPError:
-                break
-            time.sleep(0.05)
-        else:
-            raise AssertionError("the server still answers after its reward raised SystemExit")
+                return False
+            return True
+
+        # the server shuts down by itself: nothing listens any more
+        until(lambda: not answers(), "the server still answers after its reward raised SystemExit", 20, every=0.05)
     assert isinstance(svc.fatal, SystemExit)
 
 
