@@ -65,13 +65,15 @@ vllm-test: vllm
 
 # verl, ms-swift and OpenRLHF (tests/integrations/test_verl.py, test_swift.py, test_openrlhf.py) in a throwaway venv
 # of their own, .venv-adapters, as `make vllm` builds vLLM's: each pins its own torch, transformers, ray or deepspeed,
-# which the main venv must not get. Each framework is installed on its own, so one that cannot be built here (OpenRLHF
-# needs flash-attn, which builds only against CUDA) leaves the others tested: one line names each that failed and why,
-# and its tests skip (pytest.importorskip). The main venv is never touched; `rm -rf .venv-adapters` throws it away.
+# which the main venv must not get. Each framework is installed on its own, so one that cannot be built here leaves the
+# others tested: one line names each that failed and why, and its tests skip (pytest.importorskip). The main venv is
+# never touched; `rm -rf .venv-adapters` throws it away.
 ADAPTERS_VENV ?= .venv-adapters
 # pip names (joined by +) : the module its test imports. ms-swift's GRPO utilities import msgspec, which it does not
-# declare.
-ADAPTERS ?= verl:verl ms-swift+msgspec:swift.rlhf_trainers.utils openrlhf:openrlhf.utils.agent
+# declare. The names in ADAPTERS_NO_DEPS are installed after the others, without their requirements: OpenRLHF pins
+# flash-attn and deepspeed, which build only against CUDA, and its reward client needs only aiohttp and pylatexenc.
+ADAPTERS ?= verl:verl ms-swift+msgspec:swift.rlhf_trainers.utils openrlhf+aiohttp+pylatexenc:openrlhf.utils.agent
+ADAPTERS_NO_DEPS ?= openrlhf
 ADAPTERS_BIN := $(ADAPTERS_VENV)/bin
 ADAPTERS_STAMP := $(ADAPTERS_VENV)/.finecap-installed
 ADAPTERS_FAILED := $(ADAPTERS_VENV)/.finecap-not-installed
@@ -85,8 +87,11 @@ $(ADAPTERS_STAMP): pyproject.toml
 	  touch $(ADAPTERS_STAMP) || echo "the venv: $$(grep -E 'ERROR|Error' $(ADAPTERS_VENV)/install.log | tail -n 1)" \
 	    >> $(ADAPTERS_FAILED)
 	@test -f $(ADAPTERS_STAMP) && for pair in $(ADAPTERS); do \
-	  name=$${pair%%:*}; module=$${pair#*:}; log=$(ADAPTERS_VENV)/install-$$name.log; \
-	  $(ADAPTERS_BIN)/python -m pip install -q $$(echo $$name | tr + ' ') > $$log 2>&1 && \
+	  name=$${pair%%:*}; module=$${pair#*:}; log=$(ADAPTERS_VENV)/install-$$name.log; deps=; bare=; \
+	  for n in $$(echo $$name | tr + ' '); do \
+	    case " $(ADAPTERS_NO_DEPS) " in *" $$n "*) bare="$$bare $$n";; *) deps="$$deps $$n";; esac; done; \
+	  { test -z "$$deps" || $(ADAPTERS_BIN)/python -m pip install -q $$deps; } > $$log 2>&1 && \
+	  { test -z "$$bare" || $(ADAPTERS_BIN)/python -m pip install -q --no-deps $$bare; } >> $$log 2>&1 && \
 	  $(ADAPTERS_BIN)/python -c "import $$module, finecap" >> $$log 2>&1 || \
 	  echo "$$name: $$(grep -E 'ERROR|Error' $$log | tail -n 1) (full log: $$log)" >> $(ADAPTERS_FAILED); \
 	done || true

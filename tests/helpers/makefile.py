@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import subprocess
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -18,3 +19,12 @@ def make_target(name: str) -> list[str]:
             break
         recipe.append(line.strip())
     return recipe
+
+
+def make_variable(name: str) -> str:
+    """The value GNU make gives the Makefile's variable ``name`` (``?=`` defaults and overrides applied by make)."""
+    proc = subprocess.run(
+        ["make", "-s", "--no-print-directory", "--eval", "print-var-%: ; @echo $($*)", f"print-var-{name}"],
+        capture_output=True, text=True, cwd=ROOT, timeout=60, check=True,
+    )  # fmt: skip
+    return proc.stdout.strip()

@@ -12,7 +12,7 @@ import json
 
 import pytest
 
-pytest.importorskip("openrlhf.utils.agent", reason="OpenRLHF is not installed (pip install openrlhf)")
+pytest.importorskip("openrlhf.utils.agent", reason="OpenRLHF is not installed (make test-adapters installs it)")
 
 from finecap.config import SRConfig  # noqa: E402
 from finecap.rewards import call_batch  # noqa: E402

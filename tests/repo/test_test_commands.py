@@ -10,7 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from helpers.makefile import make_target
+from helpers.makefile import make_target, make_variable
 
 ROOT = Path(__file__).resolve().parents[2]
 TWO_TESTS = """import pytest
@@ -83,3 +83,25 @@ def test_run_files_runs_each_file_alone_and_fails_when_one_fails(tmp_path):
     outputs = [part.split("\n", 1)[1] for part in proc.stdout.split(str(tmp_path) + "/")[1:]]  # each file's, in order
     assert ["1 passed" in outputs[0], "1 failed, 1 passed" in outputs[1], "1 passed" in outputs[2]] == [True] * 3
     assert proc.stderr.strip() == f"failed: {files[1]} (exit 1)"
+
+
+def test_make_adapters_installs_each_framework_as_the_docs_say():
+    """docs/integrations.md tells a reader how each framework installs on a CPU; ``make test-adapters`` must install
+    it the same way. They drifted once: the Makefile asked pip for OpenRLHF with its requirements (flash-attn, whose
+    build needs CUDA), the docs said ``--no-deps``, and the OpenRLHF test skipped where it could run."""
+    bare_names = set(make_variable("ADAPTERS_NO_DEPS").split())
+    made = {}
+    for pair in make_variable("ADAPTERS").split():
+        names = pair.split(":", 1)[0].split("+")
+        made[names[0]] = ({n for n in names if n not in bare_names}, {n for n in names if n in bare_names})
+    documented = {}
+    for row in (ROOT / "docs" / "integrations.md").read_text().splitlines():
+        cells = [c.strip() for c in row.split("|")]
+        if len(cells) < 4 or not re.fullmatch(r"(verl|ms-swift|OpenRLHF) [\d.]+", cells[1]):
+            continue
+        deps, bare = set(), set()
+        for command in re.findall(r"`pip install ([^`]+)`", cells[2]):
+            words = command.split()
+            (bare if "--no-deps" in words else deps).update(w for w in words if not w.startswith("-"))
+        documented[cells[1].split()[0].lower()] = (deps, bare)
+    assert documented == made
