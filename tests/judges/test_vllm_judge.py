@@ -4,6 +4,8 @@ real engine on a tiny chat LM runs in ``.venv-vllm`` (tests/engines/test_vllm_ju
 
 from __future__ import annotations
 
+import sqlite3
+
 import pytest
 
 from finecap.boost.engine import BackendError
@@ -72,3 +74,15 @@ def test_answers_are_cached_and_not_asked_again(tmp_path):
 def test_a_missing_model_is_named():
     with pytest.raises(ValueError, match="judge.model"):
         get_judge("vllm", load(None, ["judge.name=vllm"]), backend=StandIn())
+
+
+def test_close_frees_the_engine_and_closes_the_answer_cache(tmp_path):
+    # the vllm judge's close once freed the engine only, leaving the SQLite cache open until the process ended
+    backend = StandIn("B")
+    judge = judge_with(backend, tmp_path)
+    assert judge.answer([Ask(Q, OPTIONS, "a red circle")]) == ["red"] and len(judge.cache) == 1
+    judge.close()
+    assert backend.replies is None
+    with pytest.raises(sqlite3.ProgrammingError, match="closed"):
+        len(judge.cache)
+    assert len(AnswerCache(tmp_path / "answers.sqlite")) == 1

@@ -189,6 +189,18 @@ def closing_world_judge(cfg, **options):
     return ClosingWorldJudge()
 
 
+class FailingWorldJudge(ClosingWorldJudge):
+    """A judge whose close fails (its server went away) after recording it."""
+
+    def close(self) -> None:
+        super().close()
+        raise OSError("the judge's server went away")
+
+
+def failing_world_judge(cfg, **options):
+    return FailingWorldJudge()
+
+
 def test_a_reward_closes_the_judge_it_built_once_and_never_a_judge_it_was_given():
     # through the weighted sum and a length transform, as rl.rewards holds them; after use, closed twice over
     from finecap.rewards.length import PiecewiseLength
@@ -203,3 +215,14 @@ def test_a_reward_closes_the_judge_it_built_once_and_never_a_judge_it_was_given(
     total.close()
     total.close()
     assert len(CLOSED) == 2 and CLOSED[0] is qa.judge and CLOSED[1] is claims.judge and given not in CLOSED
+
+
+def test_a_weighted_sum_closes_every_component_when_one_fails_to_close():
+    CLOSED.clear()
+    first = ClaimsReward(f"{__name__}:failing_world_judge", scenes=SCENES)
+    second = QAUtilityReward(f"{__name__}:closing_world_judge", questions=QUESTIONS)
+    total = WeightedSum({"first": (1.0, first), "second": (1.0, second)})
+    assert total(CAPTIONS, BATCH).total.shape == (6,)
+    with pytest.raises(OSError, match="went away"):
+        total.close()
+    assert len(CLOSED) == 2 and CLOSED[0] is first.judge and CLOSED[1] is second.judge

@@ -40,6 +40,7 @@ from finecap.boost.openai_backend import OpenAIBackend, api_key_from_env
 from finecap.judges.base import CANNOT_ANSWER, Ask, Judge, JudgeFailed, Question, Subject
 from finecap.judges.cache import AnswerCache, cache_key
 from finecap.judges.questions import letter
+from finecap.utils.closing import close_all
 from finecap.utils.text import short_repr
 
 if TYPE_CHECKING:
@@ -309,10 +310,9 @@ class OpenAIJudge(Judge):
         return self._map([lambda s=s: self._make_questions(s, n) for s in subjects])
 
     def close(self) -> None:
-        for backend in self.backends:
-            backend.close()
-        if self.cache is not None:
-            self.cache.close()
+        """Close the backends (connections, an in-process engine) and the answer cache, each even when another's
+        close fails."""
+        close_all([*self.backends, self.cache])
 
 
 def judge_settings(cfg: Config | None, options: dict[str, Any],

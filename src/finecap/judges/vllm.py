@@ -37,6 +37,10 @@ class _InProcess:
             raise answer if isinstance(answer, BackendError) else BackendError(str(answer))
         return answer
 
+    def close(self) -> None:
+        """Free the engine."""
+        self.backend.close()
+
 
 class VllmJudge(OpenAIJudge):
     """The ``openai`` judge's prompts, parsing and cache over a ``vllm.LLM`` in this process (module docstring);
@@ -56,11 +60,6 @@ class VllmJudge(OpenAIJudge):
             backend = VllmBackend(model, section=section, batch_size=1, max_new_tokens=max_tokens,
                                   temperature=0.0, seed=seed, key="judge.name=vllm: judge.model")  # fmt: skip
         self._start(model, [_InProcess(backend)], prompts=prompts, cache=cache, retries=retries, concurrency=1)
-
-    def close(self) -> None:
-        """Free the engine."""
-        for b in self.backends:
-            b.backend.close()
 
 
 def build(cfg: Config | None = None, **options: Any) -> VllmJudge:

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from finecap.home import cache_dir
 from finecap.metrics.ptb_tokenize import ptb_tokenize, tokenize_all
+from finecap.utils.closing import close_all
 
 if TYPE_CHECKING:
     from finecap.config import Config
@@ -50,9 +51,9 @@ class EvalContext:
 
     def close(self) -> None:
         """Close what the groups opened (a judge's connections and answer cache, an in-process judge's engine), the
-        last opened first; called by the evaluation however it ends."""
-        while self.opened:
-            self.opened.pop().close()
+        last opened first, each even when another's close fails; called by the evaluation however it ends."""
+        opened, self.opened = self.opened[::-1], []
+        close_all(opened)
 
     def add_items(self, per_item: Mapping[Hashable, Mapping[str, float]], keys: Sequence[str]) -> None:
         """Record the per-image scores ``keys`` of ``per_item`` (when per-image scores are asked for)."""

@@ -39,6 +39,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 import torch
 
 from finecap.registry import declared_needs
+from finecap.utils.closing import close_all
 
 if TYPE_CHECKING:
     from finecap.rewards.inputs import RewardInputs
@@ -338,5 +339,5 @@ class WeightedSum(RewardBase):
                 self.rewards[name][1].load_state_dict(sub)
 
     def close(self) -> None:
-        for reward in self._components():
-            reward.close()
+        """Close every component (each even when another's close fails)."""
+        close_all(self._components())

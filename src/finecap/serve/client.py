@@ -30,6 +30,7 @@ import torch
 from finecap.config.secrets import masked_url_secrets
 from finecap.rewards import RewardOutput
 from finecap.serve.protocol import RequestError, reward_body
+from finecap.utils.closing import close_all
 
 TOKEN_ENV = "FINECAP_REWARD_TOKEN"
 """The environment variable holding the reward server's bearer token (``finecap serve-reward --token-file``)."""
@@ -119,8 +120,7 @@ class RewardClient:
         """Close every thread's connection pool (a later call opens a new one)."""
         with self._lock:
             pools, self._pools = self._pools, []
-        for client in pools:
-            client.close()
+        close_all(pools)
 
     def score(self, captions: Sequence[str], image_ids: Sequence[Hashable] | None = None,
               **kwargs: Any) -> RewardOutput:  # fmt: skip
