@@ -141,3 +141,11 @@ def test_an_hf_questions_column_that_is_not_there_names_the_option_and_the_colum
     with pytest.raises(DataError, match=r"no column 'questions' \(data\.hf\.questions_column\); columns: image, "
                                         r"captions, id, qa"):  # fmt: skip
         read_hf(saved, questions_column="questions", cache_dir=folder / "cache")
+
+
+def test_two_questions_of_an_image_with_one_id_are_refused(folder):
+    twice = [{**ASKED[1], "id": "count"}, {**ASKED[1], "options": ["three", "two"], "id": "count"}]
+    line = {"image": "a.png", "captions": ["a cat"], "id": "a.png", "questions": twice}
+    records = read_jsonl(_jsonl(folder, [line]))
+    with pytest.raises(ValueError, match=r"data: image 'a.png' has two questions with id 'count'"):
+        questions_of(records)

@@ -133,6 +133,19 @@ def test_caprls_layout_with_the_options_in_the_question_text(tmp_path):
     assert (q.text, q.options, q.answer) == ("What colour is the circle?", ("red", "blue"), "blue")
 
 
+def test_an_images_questions_on_several_lines_get_distinct_ids_and_a_repeated_id_is_refused(tmp_path):
+    # the default id numbers an image's questions across its lines (it restarted at each line, so two questions
+    # shared "1/0" and the blind filter summed their answers as one question's)
+    path = tmp_path / "questions.jsonl"
+    line = {"image_id": 1, "questions": [{"question": "Colour?", "options": ["red", "blue"], "answer": "red"}]}
+    path.write_text(json.dumps(line) + "\n" + json.dumps(line) + "\n")
+    assert [q.id for q in read_questions(path)[1]] == ["1/0", "1/1"]
+    named = {**line, "questions": [{**line["questions"][0], "id": "colour"}]}
+    path.write_text(json.dumps(named) + "\n" + json.dumps(named) + "\n")
+    with pytest.raises(ValueError, match=r"questions.jsonl:2: image 1 has two questions with id 'colour'"):
+        read_questions(path)
+
+
 class AlwaysRed(WorldJudge):
     """A judge of one's own: the world judge, but every question is answered "red" when that is an option."""
 

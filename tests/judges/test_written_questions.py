@@ -7,11 +7,13 @@ from __future__ import annotations
 import json
 
 import pytest
+import yaml
 from PIL import Image
 
 from finecap.app.cli import main
-from finecap.judges.base import CANNOT_ANSWER
-from finecap.judges.openai import parse_questions
+from finecap.judges.base import CANNOT_ANSWER, Subject
+from finecap.judges.cache import AnswerCache
+from finecap.judges.openai import OpenAIJudge, parse_questions
 from finecap.judges.questions import read_questions
 from helpers.chat_server import ChatServer, completion
 
@@ -38,6 +40,25 @@ def test_parse_questions_is_strict():
     for text in bad:
         with pytest.raises(ValueError):
             parse_questions(text, 7, 8)
+
+
+def test_written_questions_go_through_the_answer_cache(tmp_path):
+    # the cache keeps the written rows; a hit gives the asking image's own question ids (the key holds only the
+    # references), and asks the server nothing (once, a cached judge crashed: a Question is no JSON)
+    asked = []
+
+    def writes(payload, n):
+        asked.append(payload)
+        return 200, completion(json.dumps(WRITTEN))
+
+    with ChatServer(writes) as server:
+        judge = OpenAIJudge([server.url], "judge-model", cache=AnswerCache(tmp_path / "answers.sqlite"))
+        (first,) = judge.make_questions([Subject(7, ("a black cat",))], 8)
+        (again,) = judge.make_questions([Subject(9, ("a black cat",))], 8)
+        judge.close()
+    assert [q.id for q in first] == ["7/q0", "7/q1"] and [q.id for q in again] == ["9/q0", "9/q1"]
+    assert [(q.text, q.options, q.answer) for q in again] == [(q.text, q.options, q.answer) for q in first]
+    assert len(asked) == 1 and judge.counts["cache_hits"] == 1
 
 
 def judge_answers(payload, n):
@@ -68,3 +89,20 @@ def test_questions_make_writes_judged_questions_for_jsonl_data(tmp_path, monkeyp
     assert sorted(kept) == [0, 1, 2]
     assert all([q.text for q in qs] == ["What colour is the cat?"] for qs in kept.values())  # day/night dropped
     assert kept[0][0].answer == "black" and kept[0][0].options == ("black", "white", "grey")
+
+
+def test_a_prompts_file_without_a_questions_prompt_is_refused_naming_it(tmp_path):
+    # the questions prompt is optional (only `finecap questions make` asks for it): left out, the file loads; asked
+    # for, a ValueError names the file (it was a bare KeyError); given malformed, the file is refused at load
+    from finecap.judges.openai import load_prompts
+
+    packaged = load_prompts()
+    mine = {k: v for k, v in packaged.items() if k not in ("questions", "file")}
+    path = tmp_path / "my_prompts.yaml"
+    path.write_text(yaml.safe_dump(mine))
+    judge = OpenAIJudge(["http://127.0.0.1:9/v1"], "judge-model", prompts=path)
+    with pytest.raises(ValueError, match=r"my_prompts\.yaml: has no 'questions' prompt"):
+        judge.make_questions([Subject(7, ("a black cat",))], 4)
+    path.write_text(yaml.safe_dump({**mine, "questions": {"system": "write questions"}}))
+    with pytest.raises(ValueError, match=r"my_prompts\.yaml: needs 'questions' with 'system' and 'user'"):
+        load_prompts(path)

@@ -49,6 +49,7 @@ if TYPE_CHECKING:
     from finecap.config import Config
 
 PROMPT_KINDS = ("answer", "blind", "claims", "supports", "rate")
+OPTIONAL_PROMPT_KINDS = ("questions",)  # only `finecap questions make` asks for it
 
 
 def load_prompts(path: str | Path | None = None) -> dict[str, Any]:
@@ -62,10 +63,11 @@ def load_prompts(path: str | Path | None = None) -> dict[str, Any]:
     data = yaml.safe_load(text)
     if not isinstance(data, dict) or not data.get("version"):
         raise ValueError(f"{where}: a judge prompts file needs a 'version'")
-    for kind in PROMPT_KINDS:
+    for kind in PROMPT_KINDS + tuple(k for k in OPTIONAL_PROMPT_KINDS if k in data):
         if not isinstance(data.get(kind), dict) or not {"system", "user"} <= set(data[kind]):
             raise ValueError(f"{where}: needs '{kind}' with 'system' and 'user' templates")
     data["version"] = str(data["version"])
+    data["file"] = where
     return data
 
 
@@ -128,7 +130,19 @@ def parse_supports(text: str, n: int) -> list[bool]:
 def parse_questions(text: str, image_id: Hashable, n: int) -> list[Question]:
     """Questions written by a judge (the ``questions`` prompt): a JSON list of at most ``n`` objects ``{"question",
     "options", "answer"}`` with 2-6 distinct options, the answer one of them; anything else is a ``ValueError``
-    (asked again)."""
+    (asked again). Their ids are ``<image_id>/q<k>``."""
+    return questions_of_rows(question_rows(text, n), image_id)
+
+
+def questions_of_rows(rows: Sequence[dict[str, Any]], image_id: Hashable) -> list[Question]:
+    """The :class:`Question` of each row of :func:`question_rows` (what the answer cache keeps), ids
+    ``<image_id>/q<k>``."""
+    return [Question(f"{image_id}/q{k}", r["question"], tuple(r["options"]), r["answer"]) for k, r in enumerate(rows)]
+
+
+def question_rows(text: str, n: int) -> list[dict[str, Any]]:
+    """The checked JSON rows ``{"question", "options", "answer"}`` of :func:`parse_questions` (texts stripped), before
+    they become questions of an image; a ``ValueError`` as it says."""
     rows = _json(text)
     if not isinstance(rows, list) or not rows or len(rows) > n:
         raise ValueError(f"expected a JSON list of 1 to {n} questions, got {short_repr(rows)}")
@@ -146,7 +160,8 @@ def parse_questions(text: str, image_id: Hashable, n: int) -> list[Question]:
             or not (2 <= len(options) <= 6 and all(isinstance(o, str) and o.strip() for o in options))
         ):
             raise ValueError(f"question {k}: a question text and 2 to 6 options are needed, got {short_repr(row)}")
-        out.append(Question(f"{image_id}/q{k}", text_.strip(), tuple(o.strip() for o in options), str(answer).strip()))
+        out.append({"question": text_.strip(), "options": [o.strip() for o in options], "answer": str(answer).strip()})
+    questions_of_rows(out, "written")  # the answer one of the options, the options distinct: a ValueError otherwise
     return out
 
 
@@ -216,7 +231,9 @@ class OpenAIJudge(Judge):
             self.counts[key] += 1
 
     def _messages(self, kind: str, **fields: Any) -> list[dict[str, Any]]:
-        prompt = self.prompts[kind]
+        prompt = self.prompts.get(kind)
+        if prompt is None:  # an optional kind a user's prompts file leaves out
+            raise ValueError(f"{self.prompts['file']}: has no '{kind}' prompt ('system' and 'user' templates)")
         return [{"role": "system", "content": prompt["system"]},
                 {"role": "user", "content": prompt["user"].format(**fields)}]  # fmt: skip
 
@@ -303,8 +320,9 @@ class OpenAIJudge(Judge):
     def _make_questions(self, subject: Subject, n: int) -> Any:
         references = "\n".join(f"- {r}" for r in subject.references)
         messages = self._messages("questions", references=references, n=n)
-        return self._call("questions", [list(subject.references), n], messages,
-                          lambda text: parse_questions(text, subject.image_id, n))  # fmt: skip
+        # the cache keeps the rows (JSON), the same for any image with these references; the ids are this image's
+        rows = self._call("questions", [list(subject.references), n], messages, lambda text: question_rows(text, n))
+        return rows if isinstance(rows, JudgeFailed) else questions_of_rows(rows, subject.image_id)
 
     def make_questions(self, subjects: Sequence[Subject], n: int) -> list[list[Question] | JudgeFailed]:
         return self._map([lambda s=s: self._make_questions(s, n) for s in subjects])

@@ -130,8 +130,21 @@ def read_questions(path: str | Path) -> dict[Hashable, list[Question]]:
         if not isinstance(row, dict) or "image_id" not in row or not isinstance(row.get("questions"), list):
             raise ValueError(f"{where}: a line needs 'image_id' and 'questions' (a list)")
         image_id = row["image_id"]
-        out.setdefault(image_id, []).extend(question_of(q, image_id, n, where) for n, q in enumerate(row["questions"]))
+        questions = out.setdefault(image_id, [])
+        start = len(questions)  # an image's later lines go on numbering its questions
+        questions.extend([question_of(q, image_id, start + n, where) for n, q in enumerate(row["questions"])])
+        check_unique_ids(questions, image_id, where)
     return out
+
+
+def check_unique_ids(questions: Sequence[Question], image_id: Hashable, where: str) -> None:
+    """A ``ValueError`` naming ``where`` when two of an image's questions share an id: the blind filter, the option
+    shuffles and the answer cache tell questions apart by it."""
+    seen: set[str] = set()
+    for q in questions:
+        if q.id in seen:
+            raise ValueError(f"{where}: image {image_id!r} has two questions with id {q.id!r} (ids must differ)")
+        seen.add(q.id)
 
 
 def write_questions(questions: Mapping[Hashable, Sequence[Question]], path: str | Path) -> None:

@@ -45,10 +45,15 @@ def questions_of(records: Sequence[Any]) -> dict[Hashable, list[Any]] | None:
     (:func:`finecap.judges.questions.question_of`); ``None`` when no record gives any."""
     if not any(getattr(r, "questions", None) for r in records):
         return None
-    from finecap.judges.questions import question_of
+    from finecap.judges.questions import check_unique_ids, question_of
 
-    return {r.image_id: [question_of(q, r.image_id, n, f"data: image {r.image_id!r}")
-                         for n, q in enumerate(r.questions)] for r in records if r.questions}  # fmt: skip
+    out = {}
+    for r in records:
+        if r.questions:
+            where = f"data: image {r.image_id!r}"
+            out[r.image_id] = [question_of(q, r.image_id, n, where) for n, q in enumerate(r.questions)]
+            check_unique_ids(out[r.image_id], r.image_id, "data")
+    return out
 
 
 @dataclass
