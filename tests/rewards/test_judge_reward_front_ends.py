@@ -127,3 +127,20 @@ def test_a_shaped_judge_reward_in_rl_rewards_by_dotted_path_is_set_up_as_the_run
     assert out.parts["helpers.shaped_rewards:qa_shaped"].tolist() == qa.total.tolist()
     assert qa.parts["length_reward"].tolist() == [0.75, 0.0] * 3  # 3 words: 1 - (3 - 2) / 4; 10 words: past l2
     assert out.parts["helpers.shaped_rewards:claims_precision"].tolist() == precision.parts["precision"].tolist()
+
+
+def test_claims_reads_an_image_id_as_an_int_or_its_string_and_refuses_an_image_without_evidence():
+    # through an adapter's scorer: "7" is image 7 (it was scored against no evidence: 0), an unknown image is refused
+    # before the judge (it was scored 0, an empty caption's precision 1), in process too
+    from finecap.integrations.scoring import Scorer
+
+    caption = ["a red circle on grass"]
+    with Scorer.of("claims", judge=WorldJudge(), references={7: ["a red circle on grass"]}) as scorer:
+        assert scorer.score(caption, [7]).total.tolist() == [1.0]
+        assert scorer.score(caption, ["7"]).total.tolist() == [1.0]
+        with pytest.raises(ValueError, match="unknown image id 8"):
+            scorer.score(caption, [8])
+    claims = reward_of("claims", judge=WorldJudge(), references={"7": ["a red circle on grass"]})
+    assert claims(caption, call_batch([7])).total.tolist() == [1.0]
+    with pytest.raises(ValueError, match="image 8 has no references and no scene"):
+        claims(caption, call_batch([8]))

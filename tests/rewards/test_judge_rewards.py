@@ -226,3 +226,30 @@ def test_a_weighted_sum_closes_every_component_when_one_fails_to_close():
     with pytest.raises(OSError, match="went away"):
         total.close()
     assert len(CLOSED) == 2 and CLOSED[0] is first.judge and CLOSED[1] is second.judge
+
+
+class KnowsEverythingBlind(WorldJudge):
+    """Answers every question about image 1 right without the caption."""
+
+    def answer(self, asks):
+        return [a.question.answer if a.caption is None and a.question.id.startswith("B/") else x
+                for a, x in zip(asks, super().answer(asks))]  # fmt: skip
+
+
+def test_a_run_whose_training_images_lack_questions_is_refused_at_set_up():
+    # a run's training image without questions once crashed the run at the first batch holding it
+    from types import SimpleNamespace
+
+    from finecap.rewards import RewardInputs
+
+    records = [SimpleNamespace(image_id=i) for i in (0, 1, 2)]
+    reward = QAUtilityReward(WorldJudge())
+    reward.setup(RewardInputs(questions=QUESTIONS, records=records[:2]))  # every training image has questions
+    assert sorted(reward.known_images()) == [0, 1]
+    with pytest.raises(ValueError, match=r"1 of 3 training images have no questions; given none: 1 \(2\)\."):
+        QAUtilityReward(WorldJudge()).setup(RewardInputs(questions=QUESTIONS, records=records))
+    blind = r"2 of 3 .*; given none: 1 \(2\); all answered right by a blind judge: 1 \(1\)"
+    with pytest.raises(ValueError, match=blind):
+        QAUtilityReward(KnowsEverythingBlind(), shuffles=1).setup(RewardInputs(questions=QUESTIONS, records=records))
+    QAUtilityReward(WorldJudge()).setup(RewardInputs(questions={"0": QUESTIONS[0], 1: QUESTIONS[1]},
+                                                     records=records[:2]))  # ids as ints or strings  # fmt: skip

@@ -84,7 +84,7 @@ def test_the_registrys_length_wraps_a_named_reward_and_passes_its_settings_and_d
                        judge=WorldJudge(), scenes=scenes)  # fmt: skip
     inner = reward_of("claims", score="precision", judge=WorldJudge(), scenes=scenes)(captions, batch)
     out = shaped(captions, batch)
-    assert shaped.per_caption and shaped.known_images() is None
+    assert shaped.per_caption and shaped.known_images() == [0]  # the inner reward's: the images with a scene
     assert out.parts["overlong"].tolist() == [0, -1] and out.parts["precision"].tolist() == inner.total.tolist()
     assert out.total.tolist() == pytest.approx((inner.total + torch.tensor([0.0, -1.0])).tolist())
 

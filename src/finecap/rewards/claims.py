@@ -93,6 +93,15 @@ class ClaimsReward(JudgedReward):
         self.references = None if inputs.references is None else {i: list(r) for i, r in inputs.references.items()}
         self.scenes = None if inputs.scenes is None else dict(inputs.scenes)
 
+    def known_images(self) -> list[Hashable] | None:
+        """The images with evidence: those of the references and of the scenes."""
+        if self.references is None and self.scenes is None:
+            return None
+        known: dict[str, Hashable] = {}  # one entry an image, whether a side keys it as an int or as its string
+        for image_id in [*(self.references or {}), *(self.scenes or {})]:
+            known.setdefault(str(image_id), image_id)
+        return list(known.values())
+
     def __call__(self, captions: Sequence[str], batch: Mapping[str, Any]) -> RewardOutput:
         if not isinstance(self.judge, Judge) or (self.references is None and self.scenes is None):
             raise RuntimeError("ClaimsReward: no judge or evidence; pass them or call setup(inputs) first")

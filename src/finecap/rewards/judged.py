@@ -75,14 +75,19 @@ def caption_subjects(
     references: Mapping[Hashable, Sequence[str]] | None,
 ) -> list[Subject]:
     """The :class:`~finecap.judges.base.Subject` of each caption: its image's references (the call's own,
-    ``caption_references``, else ``references``) and its scene (when ``scenes`` has one)."""
+    ``caption_references``, else ``references``) and its scene (when ``scenes`` has one), the image's id read as an
+    int or as that int's string on either side (:func:`~finecap.metrics.faithfulness.scene_of`). An image with no
+    evidence at all (no references, no scene) is a ``ValueError``: scored against nothing, its values would mean
+    nothing."""
     rows = caption_rows(captions, batch).tolist()
     ids = batch["image_ids"]
     given = batch.get(CAPTION_REFERENCES)
     out = []
     for n, row in enumerate(rows):
         image_id = ids[row]
-        refs = given[n] if given is not None else (references or {}).get(image_id, ())
+        refs = given[n] if given is not None else scene_of(image_id, references or {})
         scene = scene_of(image_id, scenes) if scenes is not None else None
-        out.append(Subject(image_id, tuple(refs), scene))
+        if refs is None and scene is None:
+            raise ValueError(f"image {image_id!r} has no references and no scene to check claims against")
+        out.append(Subject(image_id, tuple(refs or ()), scene))
     return out

@@ -9,7 +9,8 @@ Per image a set of questions (:class:`~finecap.judges.base.Question`), read in `
 (``judge.shuffles``), its options shuffled each time, :data:`~finecap.judges.base.CANNOT_ANSWER` last. At set-up
 every question is also asked blind (no caption) in its ``k`` orders; a question the blind judge answers right in all
 ``k`` is dropped (it pays for nothing the caption says), and the share dropped is reported
-(:attr:`QAUtilityReward.blind`).
+(:attr:`QAUtilityReward.blind`). In a run (``inputs.records``, the training images) a training image left with no
+question is refused at set-up, saying how many were given none and how many lost all theirs to the blind filter.
 
 For a caption with ``m`` asks (questions x ``k``) of which ``a`` are answered right, ``c`` "cannot answer" and ``w``
 wrongly: ``reward = a / m``; parts ``answered`` = a / m, ``cannot_answer`` = c / m, ``wrong`` = w / m (they sum to
@@ -91,8 +92,9 @@ class QAUtilityReward(JudgedReward):
         judge: Judge,
         questions: Mapping[Hashable, Sequence[Question]] | None,
         scenes: Mapping[Hashable, Scene] | None,
-    ) -> None:
-        """The one set-up step: take the judge, make or take the questions, drop the blind-answerable ones."""
+    ) -> Mapping[Hashable, Sequence[Question]]:
+        """The one set-up step: take the judge, make or take the questions, drop the blind-answerable ones; returns
+        the questions before the drop."""
         self.judge = judge
         if questions is None:
             if scenes is None:
@@ -101,6 +103,28 @@ class QAUtilityReward(JudgedReward):
                                  "train on the world (questions from its scene graphs)")  # fmt: skip
             questions = {i: scene_questions(i, s) for i, s in scenes.items()}
         self.questions, self.blind = drop_blind(judge, questions, self.shuffles, self.seed)
+        return questions
+
+    def check_covers(self, image_ids: Sequence[Hashable], asked: Mapping[Hashable, Sequence[Question]]) -> None:
+        """A ``ValueError`` when an image of ``image_ids`` (a run's training images) has no question left, naming how
+        many were given none and how many lost all theirs to the blind filter (``asked``: before it), before the run
+        rather than at the first batch that holds one."""
+        missing = [i for i in image_ids if not scene_of(i, self.questions or {})]
+        if not missing:
+            return
+        blind = [i for i in missing if scene_of(i, asked)]
+        none = [i for i in missing if i not in blind]
+
+        def some(ids: list[Hashable]) -> str:
+            return ", ".join(repr(i) for i in ids[:3]) + (", ..." if len(ids) > 3 else "")
+
+        raise ValueError(
+            f"qa_utility: {len(missing)} of {len(image_ids)} training images have no questions"
+            + (f"; given none: {len(none)} ({some(none)})" if none else "")
+            + (f"; all answered right by a blind judge: {len(blind)} ({some(blind)})" if blind else "")
+            + ". Give questions for every training image (judge.questions, the data set's questions) or leave these "
+            "images out of the training split"
+        )
 
     def setup(self, inputs: RewardInputs) -> None:
         """The judge and the questions (module docstring), once; the blind asks are made here."""
@@ -113,7 +137,9 @@ class QAUtilityReward(JudgedReward):
                                  "(judge.questions), not both")  # fmt: skip
             questions = read_questions(self.questions_file)
         judge = self._resolve(self.judge, self.cfg, "qa_utility")
-        self.prepare(judge, questions, inputs.scenes if questions is None else None)
+        asked = self.prepare(judge, questions, inputs.scenes if questions is None else None)
+        if inputs.records is not None:  # a run: its training images
+            self.check_covers([r.image_id for r in inputs.records], asked)
 
     def known_images(self) -> list[Hashable]:
         """The images with questions (less those whose questions were all answered blind)."""
