@@ -94,7 +94,23 @@ def test_the_caption_of_an_openrlhf_query_follows_its_prompt_without_end_tokens(
     assert caption_of_query(prompt + "A red circle on sand.<|im_end|><|endoftext|>", prompt) == "A red circle on sand."
     assert caption_of_query("<s>[INST] Describe [/INST] a square </s>", "[INST] Describe [/INST]") == "a square"
     assert caption_of_query("a red circle<|eot_id|>", None) == "a red circle"  # no prompt: the query is the response
-    assert caption_of_query("a red circle", "an absent prompt") == "a red circle"
+    # a prompt the query does not hold is refused: the whole query would score the prompt's text as the caption's
+    with pytest.raises(ValueError, match="the prompt is not in the query"):
+        caption_of_query("a red circle", "an absent prompt")
+
+
+def test_a_multimodal_prompt_whose_image_placeholder_the_query_expands_gives_the_response():
+    # Qwen-VL's prompt holds one <|image_pad|>, the decoded query one per image patch: the response follows the
+    # longest end of the prompt the query holds (it was the whole chat text, scored as the caption)
+    prompt = ("<|im_start|>user\n<|vision_start|><|image_pad|><|vision_end|>Describe.<|im_end|>\n"
+              "<|im_start|>assistant\n")  # fmt: skip
+    query = prompt.replace("<|image_pad|>", "<|image_pad|>" * 4) + "a red circle<|im_end|>"
+    assert caption_of_query(query, prompt) == "a red circle"
+    assert caption_of_query(" " + prompt[3:] + "a square</s>", prompt) == "a square"  # a decode changed its start
+    body = {"query": [query, "a red circle"], "prompts": [prompt, "an absent prompt"], "labels": [7, 8]}
+    with pytest.raises(RequestError) as caught:
+        parse_get_reward(body, Limits())
+    assert caught.value.field == "prompts[1]" and "not in the query" in caught.value.message
 
 
 def test_openrlhf_labels_carry_ids_objects_paths_and_references():

@@ -90,6 +90,26 @@ def test_a_bad_request_fails_alone_and_the_service_goes_on():
     assert reward.calls == [4, 1, 1, 1, 1]  # the merged call failed, then each request alone
 
 
+class OnePerImage:
+    """A reward breaking the contract: one value per distinct image of the call, not per caption."""
+
+    per_caption = True
+
+    def __call__(self, captions, batch):
+        return RewardOutput(torch.tensor([float(i) for i in dict.fromkeys(batch["image_ids"])]))
+
+
+def test_a_reward_giving_other_than_one_value_per_caption_fails_its_request_alone():
+    # merged, request A (3 captions, 2 images) got B's image's value and B nothing; both were answered 200
+    service = RewardService(OnePerImage(), ImageTable(range(10)))
+    got = run_concurrently(service, [request("a", "b", "c", ids=[1, 1, 2]), request("d", ids=[3])])
+    assert isinstance(got[0], RewardFailed) and got[1].total.tolist() == [3.0]
+    from finecap.integrations.scoring import Scorer
+
+    with pytest.raises(ValueError, match=r"total has shape \(2,\) for 3 captions"):
+        Scorer(OnePerImage(), name="one per image").score(["a", "b", "c"], [1, 1, 2])
+
+
 def test_a_reward_comparing_the_calls_images_refuses_a_request_of_one_image():
     reward = Counting(per_caption=False)
     reward.compares_images = True

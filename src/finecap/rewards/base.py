@@ -69,9 +69,16 @@ class RewardOutput:
 
     def split(self, sizes: Sequence[int]) -> list[RewardOutput]:
         """The output cut into consecutive calls of ``sizes`` captions (float32 on the CPU, detached): how a merged
-        call of the reward server is answered request by request."""
-        total = self.total.detach().float().cpu()
-        parts = {name: p.detach().float().cpu() for name, p in self.parts.items()}
+        call of the reward server is answered request by request. A ``ValueError`` unless the total and every part
+        hold one value per caption (``sum(sizes)``): cut otherwise, a call would be answered another's values."""
+        total = torch.as_tensor(self.total).detach().float().cpu()
+        parts = {name: torch.as_tensor(p).detach().float().cpu() for name, p in self.parts.items()}
+        n_all = sum(sizes)
+        for name, values in (("total", total), *parts.items()):
+            if values.shape != (n_all,):
+                where = "total" if name == "total" else f"part {name!r}"
+                raise ValueError(f"reward: {where} has shape {tuple(values.shape)} for {n_all} captions (a reward "
+                                 "gives one value per caption)")  # fmt: skip
         failed = self.failed_mask()
         out, at = [], 0
         for n in sizes:

@@ -19,10 +19,11 @@ Two shapes:
       {"query": [...], "prompts": [...], "labels": [...]}
 
   ``query[i]`` is the decoded prompt and response (OpenRLHF decodes with special tokens): the caption is what
-  follows ``prompts[i]`` in it (:func:`caption_of_query`). ``labels[i]`` (OpenRLHF's ``--label_key`` column) carries
-  the image: its id (a string or an integer), or a JSON object (or its text) ``{"image_id": 17}`` (or
-  ``{"image": "path"}``), optionally with ``"references": [...]``. Other fields (``datasources``, token ids) are
-  ignored, as OpenRLHF versions send different ones.
+  follows ``prompts[i]`` in it (:func:`caption_of_query`: an image placeholder expanded in the query is allowed for;
+  a prompt the query does not hold is refused). ``labels[i]`` (OpenRLHF's ``--label_key`` column) carries the image:
+  its id (a string or an integer), or a JSON object (or its text) ``{"image_id": 17}`` (or ``{"image": "path"}``),
+  optionally with ``"references": [...]``. Other fields (``datasources``, token ids) are ignored, as OpenRLHF versions
+  send different ones.
 
 Example::
 
@@ -252,17 +253,45 @@ def parse_reward(body: Any, limits: Limits) -> RewardRequest:
     return RewardRequest(list(captions), ids, by_path, references, request_id)
 
 
+MIN_PROMPT_TAIL = 8
+"""Characters at least of a prompt's end that must stand in the query when the whole prompt does not."""
+
+
+def response_start(query: str, prompt: str | None) -> int:
+    """Where the response starts in an OpenRLHF query: after ``prompt``'s first occurrence (0 without a prompt).
+
+    A query need not hold its prompt verbatim: a multimodal prompt's image placeholder comes back expanded (Qwen-VL's
+    one ``<|image_pad|>`` as one per image patch) and a tokenizer's decode may change the prompt's start. Then the
+    response follows the longest end of the prompt that the query holds (its first occurrence; found by bisection,
+    since every shorter end of a held end is held too), when that end is at least :data:`MIN_PROMPT_TAIL` characters
+    (or the whole prompt). Otherwise a ``ValueError``: the prompt is not in the query, and scoring the whole query
+    would score the prompt's text as the caption's."""
+    if not prompt:
+        return 0
+    at = query.find(prompt)
+    if at >= 0:
+        return at + len(prompt)
+    held, over = 0, len(prompt)  # the longest end known held, the shortest known not held
+    while over - held > 1:
+        mid = (held + over) // 2
+        if prompt[-mid:] in query:
+            held = mid
+        else:
+            over = mid
+    if held < min(len(prompt), MIN_PROMPT_TAIL):
+        raise ValueError(f"the prompt is not in the query (nor its last {MIN_PROMPT_TAIL} characters): send the "
+                         "prompt the query was made from")  # fmt: skip
+    return query.find(prompt[-held:]) + held
+
+
 def caption_of_query(query: str, prompt: str | None) -> str:
-    """The response in an OpenRLHF query: the text after ``prompt`` (its first occurrence; the whole query without
-    one), without trailing :data:`END_MARKERS` and surrounding white space.
+    """The response in an OpenRLHF query: the text after ``prompt`` (:func:`response_start`; the whole query without
+    a prompt), without trailing :data:`END_MARKERS` and surrounding white space.
 
     Linear in the query's length whatever it holds (the end is moved back over markers and white space without
-    copying the text; a query of a million end markers costs one pass)."""
-    start = 0
-    if prompt:
-        at = query.find(prompt)
-        if at >= 0:
-            start = at + len(prompt)
+    copying the text; a query of a million end markers costs one pass); finding a prompt the query does not hold
+    verbatim costs a search of the query per halving of the prompt's length."""
+    start = response_start(query, prompt)
     end = len(query)
     while True:
         while end > start and query[end - 1].isspace():
@@ -329,6 +358,11 @@ def parse_get_reward(body: Any, limits: Limits) -> RewardRequest:
     if any(with_refs) and not all(with_refs):
         raise RequestError(f"labels[{with_refs.index(False)}]", "has no references where other labels have: give "
                            "them for every caption of a request or for none")  # fmt: skip
-    captions = [caption_of_query(q, prompts[i] if prompts else None) for i, q in enumerate(queries)]
+    captions = []
+    for i, query in enumerate(queries):
+        try:
+            captions.append(caption_of_query(query, prompts[i] if prompts else None))
+        except ValueError as e:
+            raise RequestError(f"prompts[{i}]", str(e)) from None
     references = [r for _, _, r in parsed] if all(with_refs) else None
     return RewardRequest(captions, [i for i, _, _ in parsed], by_path.pop(), references)
