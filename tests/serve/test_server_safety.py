@@ -390,3 +390,27 @@ def test_connection_limits_are_checked(kwargs, words):
 def test_service_options_are_checked(kwargs, words):
     with pytest.raises(ValueError, match=words):
         RewardService(Words(), ImageTable(range(3)), **kwargs)
+
+
+def test_a_client_keeps_its_requests_under_the_servers_cap_and_its_threads_share_one_pool():
+    # a trainer awaiting many samples at once (verl's reward loop) had most of them closed by the cap; threads one
+    # after another each kept a pool (and its connection) for ever
+    import asyncio
+
+    from finecap.serve.client import RewardClient
+
+    limits = ConnectionLimits(max_connections=4, header_timeout=30)
+    with serving_server(service(), connections=limits) as (url, server):
+        client = RewardClient(url, max_in_flight=2)
+
+        async def many():
+            return await asyncio.gather(*(client.ascore(["a red circle"], [1]) for _ in range(24)))
+
+        assert [out.total.tolist() for out in asyncio.run(many())] == [[3.0]] * 24
+        until(lambda: open_connections(server) == 0, "the awaited requests' connections never closed")
+        for _ in range(8):
+            thread = threading.Thread(target=lambda: client.score(["a red circle"], [1]))
+            thread.start()
+            thread.join()
+        until(lambda: open_connections(server) == 1, "the threads' requests kept more than one connection", timeout=5)
+        client.close()

@@ -179,3 +179,14 @@ def test_the_served_reward_is_built_without_a_training_context_or_an_accelerator
     captions, ids = served["groups"][0]
     expected = served["mix"].reward(captions, call_batch(ids)).total
     assert torch.equal(reward(captions, call_batch(ids)).total, expected)
+
+
+def test_the_meter_keeps_a_bounded_number_of_latencies():
+    # with --log-every 0 no line is logged until the server stops: the latencies once grew by one a request for ever
+    from finecap.serve.service import LATENCIES_KEPT, Meter
+
+    meter = Meter(0)
+    for n in range(LATENCIES_KEPT + 10):
+        meter.latency(n / 1000)
+    assert len(meter.latencies) == LATENCIES_KEPT and meter.latencies[0] == 10 / 1000  # the last ones
+    assert "latency p50" in meter.line("r") and len(meter.latencies) == 0

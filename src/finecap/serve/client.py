@@ -18,9 +18,11 @@ Example (a server from ``finecap serve-reward demo/sr_bagcurri --port 8000``)::
 
 from __future__ import annotations
 
+import asyncio
 import math
 import os
 import threading
+import weakref
 from collections.abc import Hashable, Sequence
 from typing import Any
 
@@ -30,7 +32,6 @@ import torch
 from finecap.config.secrets import masked_url_secrets
 from finecap.rewards import RewardOutput
 from finecap.serve.protocol import RequestError, reward_body
-from finecap.utils.closing import close_all
 
 TOKEN_ENV = "FINECAP_REWARD_TOKEN"
 """The environment variable holding the reward server's bearer token (``finecap serve-reward --token-file``)."""
@@ -55,16 +56,33 @@ def reward_url(url: str) -> str:
     return f"{url}/reward"
 
 
+MAX_IN_FLIGHT = 64
+"""Requests a :class:`RewardClient` keeps in flight at most: from all threads (:meth:`RewardClient.score`) and from
+each event loop (:meth:`RewardClient.ascore`); more wait their turn. A server closes the connections over its
+``--max-connections`` (256 by default) at once, so a trainer awaiting hundreds of samples together would see most of
+them fail."""
+
+
+def _unreachable(url: str, e: httpx.HTTPError) -> RewardServerError:
+    """The error of a request that got no reply (``e``: httpx's), saying what happened even when ``e`` says nothing."""
+    text = str(e) or type(e).__name__
+    if isinstance(e, httpx.RemoteProtocolError):
+        text += " (the server closed the connection: more open than its --max-connections?)"
+    return RewardServerError(None, None, f"{url}: {text}")
+
+
 class RewardClient:
     """Scores captions on a reward server.
 
     Args:
         url: the server (``http://127.0.0.1:8000``, or its ``/reward`` endpoint).
-        timeout: seconds per request.
+        timeout: seconds per request (:meth:`score`'s wait for a free connection too).
         token: the server's bearer token (default: ``$FINECAP_REWARD_TOKEN``, if set).
+        max_in_flight: requests in flight at most (:data:`MAX_IN_FLIGHT`).
     """
 
-    def __init__(self, url: str, timeout: float = 180.0, token: str | None = None) -> None:
+    def __init__(self, url: str, timeout: float = 180.0, token: str | None = None,
+                 max_in_flight: int = MAX_IN_FLIGHT) -> None:  # fmt: skip
         if not isinstance(url, str) or not url.startswith(("http://", "https://")):
             raise ValueError(f"RewardClient: the server's URL must start with http:// or https://, got "
                              f"{masked_url_secrets(str(url))!r}")  # fmt: skip
@@ -74,8 +92,13 @@ class RewardClient:
         self.timeout = timeout
         token = token if token is not None else os.environ.get(TOKEN_ENV) or None
         self._headers = {"Authorization": f"Bearer {token}"} if token else {}
-        self._local = threading.local()  # one connection pool per thread (trainers call from worker threads)
-        self._pools: list[httpx.Client] = []  # every thread's, for close()
+        if not (isinstance(max_in_flight, int) and max_in_flight >= 1):
+            raise ValueError(f"RewardClient: max_in_flight must be a positive integer, got {max_in_flight!r}")
+        self.max_in_flight = max_in_flight
+        self._http: httpx.Client | None = None  # one pool for every thread (httpx's Client can be shared)
+        self._gates: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Semaphore] = (
+            weakref.WeakKeyDictionary()
+        )  # each event loop's turns (a trainer may run each step in a loop of its own)
         self._lock = threading.Lock()
 
     def __repr__(self) -> str:
@@ -109,18 +132,27 @@ class RewardClient:
         return checked_values(data, n, str(response.url))
 
     def _client(self) -> httpx.Client:
-        client = getattr(self._local, "client", None)
-        if client is None or client.is_closed:
-            client = self._local.client = httpx.Client(timeout=self.timeout, headers=self._headers)
-            with self._lock:
-                self._pools.append(client)
-        return client
+        with self._lock:
+            if self._http is None or self._http.is_closed:
+                limits = httpx.Limits(max_connections=self.max_in_flight, max_keepalive_connections=self.max_in_flight)
+                self._http = httpx.Client(timeout=self.timeout, headers=self._headers, limits=limits)
+            return self._http
+
+    def _gate(self) -> asyncio.Semaphore:
+        """The running event loop's turns: :attr:`max_in_flight` requests at once."""
+        loop = asyncio.get_running_loop()
+        with self._lock:
+            gate = self._gates.get(loop)
+            if gate is None:
+                gate = self._gates[loop] = asyncio.Semaphore(self.max_in_flight)
+            return gate
 
     def close(self) -> None:
-        """Close every thread's connection pool (a later call opens a new one)."""
+        """Close the connection pool (a later call opens a new one)."""
         with self._lock:
-            pools, self._pools = self._pools, []
-        close_all(pools)
+            http, self._http = self._http, None
+        if http is not None:
+            http.close()
 
     def score(self, captions: Sequence[str], image_ids: Sequence[Hashable] | None = None,
               **kwargs: Any) -> RewardOutput:  # fmt: skip
@@ -129,18 +161,19 @@ class RewardClient:
         try:
             response = self._client().post(self.url, json=body)
         except httpx.HTTPError as e:
-            raise RewardServerError(None, None, f"{self.url}: {e}") from None
+            raise _unreachable(self.url, e) from None
         return self.reply(response, len(body["captions"]))
 
     async def ascore(self, captions: Sequence[str], image_ids: Sequence[Hashable] | None = None,
                      **kwargs: Any) -> RewardOutput:  # fmt: skip
-        """:meth:`score`, awaited (a connection of its own: trainers run each step in a new event loop)."""
+        """:meth:`score`, awaited (a connection of its own: trainers run each step in a new event loop), at most
+        :attr:`max_in_flight` of one event loop at once."""
         body = self.payload(captions, image_ids, **kwargs)
         try:
-            async with httpx.AsyncClient(timeout=self.timeout, headers=self._headers) as client:
+            async with self._gate(), httpx.AsyncClient(timeout=self.timeout, headers=self._headers) as client:
                 response = await client.post(self.url, json=body)
         except httpx.HTTPError as e:
-            raise RewardServerError(None, None, f"{self.url}: {e}") from None
+            raise _unreachable(self.url, e) from None
         return self.reply(response, len(body["captions"]))
 
 

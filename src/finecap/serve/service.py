@@ -361,15 +361,21 @@ def settle(items: Sequence[tuple[Job, asyncio.Future, float]], results: Sequence
             future.set_result(result)
 
 
+LATENCIES_KEPT = 100_000
+"""Latencies a :class:`Meter` keeps: its percentiles are over the window's last this many requests, so that a server
+whose lines are never logged (``--log-every 0``) does not grow by one float a request for ever."""
+
+
 class Meter:
-    """Throughput and latency since the last logged line (``log_every`` seconds apart; 0: never logged)."""
+    """Throughput and latency since the last logged line (``log_every`` seconds apart; 0: only when the server
+    stops); latency over the window's last :data:`LATENCIES_KEPT` requests."""
 
     def __init__(self, log_every: float) -> None:
         self.log_every = log_every
         self.started = self.since = time.perf_counter()
         self.requests = self.captions = self.rounds = 0
         self.busy = 0.0
-        self.latencies: list[float] = []
+        self.latencies: deque[float] = deque(maxlen=LATENCIES_KEPT)
         self.total_requests = self.total_captions = 0
         self.abandoned = 0  # requests whose client left before their round: never scored
 
@@ -393,7 +399,8 @@ class Meter:
                 f"{self.captions / span:,.0f} captions/s, {self.captions / max(self.rounds, 1):.0f} captions a "
                 f"round, the reward busy {100 * self.busy / span:.0f}% of the time; latency p50 "
                 f"{np.percentile(lat, 50):.1f} ms, p99 {np.percentile(lat, 99):.1f} ms")  # fmt: skip
-        self.since, self.requests, self.captions, self.rounds, self.busy, self.latencies = now, 0, 0, 0, 0.0, []
+        self.since, self.requests, self.captions, self.rounds, self.busy = now, 0, 0, 0, 0.0
+        self.latencies.clear()
         return text
 
     def maybe_log(self, name: str) -> None:
