@@ -82,7 +82,8 @@ def test_bodies_are_plain_json_only():
            (deep, "not valid JSON"), (b"!!python/object:os.system", "not valid JSON"),
            (b'{"captions": ["a"], "image_ids": [1], "captions": ["b"]}', "not valid JSON: duplicate key 'captions'"),
            (b'{"captions": [{"x": 1, "x": 2}]}', "duplicate key 'x'"), (b"[-Infinity]", "-Infinity is not JSON"),
-           (b"{bad", "not valid JSON at line 1, column 2")]  # fmt: skip
+           (b"{bad", "not valid JSON at line 1, column 2"),
+           (b'{"image_ids": [' + b"9" * 5000 + b"]}", "not valid JSON: a number too long to read")]  # fmt: skip
     for raw, words in bad:
         with pytest.raises(RequestError) as caught:
             decode_json(raw)

@@ -414,3 +414,16 @@ def test_a_client_keeps_its_requests_under_the_servers_cap_and_its_threads_share
             thread.join()
         until(lambda: open_connections(server) == 1, "the threads' requests kept more than one connection", timeout=5)
         client.close()
+
+
+def test_a_request_the_server_cannot_read_is_a_400_never_a_500(caplog):
+    # an integer of over 4,300 digits (past Python's limit) and a path holding a NUL character were answered 500
+    # with a logged traceback, as if the server had failed
+    with serving(RewardService(Words(), ImageTable(range(10), {"img.jpg": 1}), log_every=0)) as url:
+        huge = b'{"captions": ["a"], "image_ids": [' + b"9" * 5000 + b"]}"
+        reply = httpx.post(f"{url}/reward", content=huge, headers={"content-type": "application/json"})
+        assert reply.status_code == 400 and "a number too long to read" in reply.json()["error"]["message"]
+        reply = httpx.post(f"{url}/reward", json={"captions": ["a"], "images": ["img\u0000.jpg"]})
+        assert reply.status_code == 400 and reply.json()["error"]["field"] == "images[0]"
+        assert "unknown image file" in reply.json()["error"]["message"]
+    assert not [r for r in caplog.records if r.exc_info]

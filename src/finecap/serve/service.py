@@ -115,7 +115,8 @@ class ImageTable:
             if by_path:
                 hit = self.by_path.get(value, _MISSING)
                 if hit is _MISSING:
-                    hit = self.by_path.get(str(Path(value).resolve()), _MISSING)
+                    with contextlib.suppress(ValueError, OSError):  # a NUL character, a path too long: no image
+                        hit = self.by_path.get(str(Path(value).resolve()), _MISSING)
             else:
                 hit = self.by_text.get(str(value), _MISSING)
             if hit is _MISSING:

@@ -158,8 +158,9 @@ def read_lines(
 class JSONRefused(ValueError):
     """A JSON text :func:`parse_json` refuses; the message names where (the file, the line) and what is wrong.
     ``kind``: ``"encoding"`` (not UTF-8) or ``"syntax"`` (not JSON), the text is not JSON at all; ``"duplicate"`` (a
-    key twice in an object) or ``"depth"`` (nesting too deep), JSON finecap does not read (format detection tells
-    the two apart). ``detail``: what is wrong, without where."""
+    key twice in an object), ``"depth"`` (nesting too deep) or ``"number"`` (an integer of over 4,300 digits, past
+    Python's limit), JSON finecap does not read (format detection tells the two apart). ``detail``: what is wrong,
+    without where."""
 
     def __init__(self, message: str, kind: str, detail: str) -> None:
         super().__init__(message)
@@ -294,6 +295,10 @@ def parse_json(data: str | bytes, where: str | Path, *, one_line: bool = False, 
         detail = (f"duplicate key {short_repr(e.key)}{place}; JSON readers keep one of the two values (which one "
                   "depends on the reader): keep one key")  # fmt: skip
         raise JSONRefused(f"{where}: {detail}", "duplicate", detail) from None
+    except ValueError as e:  # Python's limit on the digits of an integer (a JSONDecodeError is caught above)
+        too_long = "integer string conversion" in str(e)
+        detail = "invalid JSON: a number too long to read (over 4,300 digits)" if too_long else f"invalid JSON: {e}"
+        raise JSONRefused(f"{where}: {detail}", "number", detail) from None
     except RecursionError:
         offset = _too_deep(text)
         place = f" (more than {JSON_DEPTH_SHOWN} levels at {_position(text, offset, one_line)})" if offset else ""
