@@ -179,3 +179,11 @@ def test_every_adapter_takes_a_registry_name_with_its_options_as_trl_does():
             make("cider", references=refs, sigmaa=6.0)
     with pytest.raises(ValueError, match="give a finecap reward .* or a reward server's URL \\(url=\\), one of them"):
         VerlReward()
+
+
+def test_images_given_as_one_string_are_refused_not_split_into_characters():
+    from finecap.serve.client import RewardClient
+
+    with pytest.raises(ValueError, match=r"^images: expected an array of paths, got a string$"):
+        RewardClient.payload(["a red circle"], images="x.png")
+    assert RewardClient.payload(["a red circle"], images=("x.png",))["images"] == ["x.png"]

@@ -48,7 +48,9 @@ def test_a_token_file_is_read_and_refused_safely(tmp_path):
     os.chmod(good, 0o640)
     with pytest.raises(ValueError, match=r"readable by other users \(mode -rw-r-----\); chmod 600"):
         read_token(good)
-    for text, why in (("", "at least 16 printable"), ("short\n", "at least 16"), ("has a space in it 0123\n", "16")):
+    # a non-ASCII token is refused: the server reads a header's other bytes as Latin-1, so it would never match
+    for text, why in (("", "at least 16 printable"), ("short\n", "at least 16"), ("has a space in it 0123\n", "16"),
+                      ("s3cret-tökén-0123456789\n", "printable ASCII")):  # fmt: skip
         bad = tmp_path / "bad"
         bad.write_text(text)
         os.chmod(bad, 0o600)
@@ -66,3 +68,26 @@ def test_a_refused_token_file_is_one_error_line_before_anything_loads(tmp_path, 
     assert main(["serve-reward", "demo/sr_bagcurri", "--token-file", str(token)]) == 2
     err = capsys.readouterr().err
     assert err.startswith("finecap: error: --token-file") and "s3cret" not in err and len(err.splitlines()) == 1
+
+
+def test_the_address_is_given_back_when_setting_the_reward_up_fails(monkeypatch):
+    # main() takes the address first; a failed set-up once left its socket open in a program that called main()
+    from finecap.app import serve_reward
+    from finecap.config import load
+    from finecap.serve import app
+
+    taken = []
+
+    def bind(host, port):
+        taken.append(real_bind(host, port))
+        return taken[-1]
+
+    def fails(*args, **kwargs):
+        raise ValueError("the reward could not be set up")
+
+    real_bind = app.bind
+    monkeypatch.setattr(app, "bind", bind)
+    monkeypatch.setattr(serve_reward, "build_service", fails)
+    with pytest.raises(ValueError, match="could not be set up"):
+        serve_reward.main(load(None, []), port=0)
+    assert len(taken) == 1 and taken[0].fileno() == -1  # closed

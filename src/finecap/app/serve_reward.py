@@ -92,9 +92,9 @@ def read_token(path: str | os.PathLike) -> str:
                          f"chmod 600 {file}")  # fmt: skip
     lines = text.splitlines()
     token = lines[0].strip() if lines else ""
-    if len(token) < 16 or any(c.isspace() or not c.isprintable() for c in token):
-        raise ValueError(
-            f"--token-file {file}: its first line must be a token of at least 16 printable characters "
+    if len(token) < 16 or not token.isascii() or any(c.isspace() or not c.isprintable() for c in token):
+        raise ValueError(  # ASCII: a header's other bytes are read as Latin-1, and such a token never matches
+            f"--token-file {file}: its first line must be a token of at least 16 printable ASCII characters "
             "without spaces (e.g. python -c 'import secrets; print(secrets.token_urlsafe(32))')"
         )
     return token
@@ -109,9 +109,13 @@ def main(cfg: Config, *, host: str = "127.0.0.1", port: int = 8000, limits: Limi
 
     local = is_loopback(host)
     sock = bind(host, port)
-    service = build_service(cfg, limits=limits, batch_size=batch_size, batch_wait=batch_wait_ms / 1000,
-                            log_every=log_every)  # fmt: skip
-    server, sock = make_server(service, host, port, sock=sock, token=token, connections=connections)
+    try:
+        service = build_service(cfg, limits=limits, batch_size=batch_size, batch_wait=batch_wait_ms / 1000,
+                                log_every=log_every)  # fmt: skip
+        server, sock = make_server(service, host, port, sock=sock, token=token, connections=connections)
+    except BaseException:
+        sock.close()  # the address is free again when setting the reward up failed (main called by a program)
+        raise
     bound = sock.getsockname()[1]
     if not local and token is None:
         log.warning("--host %s is beyond loopback: any machine that reaches this one on port %d can query the reward "

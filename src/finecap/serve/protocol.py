@@ -210,6 +210,9 @@ def reward_body(captions: Any, image_ids: Any = None, *, images: Any = None, ref
             raise RequestError("image_ids", f"expected an array, got {_kind(image_ids)}")
         body["image_ids"] = [image_id_of(v, f"image_ids[{i}]") for i, v in enumerate(image_ids)]
     else:
+        images = as_array(images)
+        if not isinstance(images, list):  # a string is never split into its characters
+            raise RequestError("images", f"expected an array of paths, got {_kind(images)}")
         body["images"] = [str(p) for p in images]
     if references is not None:
         references = as_array(references)
