@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import re
+import sqlite3
 import time
 
 import pytest
@@ -225,3 +226,21 @@ def test_the_cache_is_safe_for_two_processes(tmp_path):
     assert [w.exitcode for w in workers] == [0, 0]
     cache = AnswerCache(path)
     assert len(cache) == 300 and all(cache.get(f"k{i}") == {"v": i} for i in range(300))
+
+
+def test_a_judge_that_cannot_be_built_closes_the_answer_cache_it_opened(tmp_path, monkeypatch):
+    # the factory opens the cache first; a refused setting (no judge.urls) left its SQLite handle open
+    opened = []
+
+    class Recorded(AnswerCache):
+        def __init__(self, path=None):
+            super().__init__(path)
+            opened.append(self)
+
+    monkeypatch.setattr("finecap.judges.openai.AnswerCache", Recorded)
+    cfg = load(None, ["judge.name=openai", "judge.model=judge-model", "judge.cache=true"])
+    with pytest.raises(ValueError, match="judge.urls: the openai judge needs at least one server URL"):
+        get_judge("openai", cfg, cache_path=tmp_path / "answers.sqlite")
+    assert len(opened) == 1
+    with pytest.raises(sqlite3.ProgrammingError, match="closed"):
+        len(opened[0])

@@ -346,12 +346,26 @@ def judge_settings(cfg: Config | None, options: dict[str, Any],
     return values, AnswerCache(cache_path) if use_cache else None
 
 
+def holding_cache(cache: AnswerCache | None, make: Callable[[], Any]) -> Any:
+    """``make()``, a judge that holds ``cache`` and closes it; the cache closed here when making the judge fails."""
+    try:
+        return make()
+    except BaseException:
+        if cache is not None:
+            cache.close()
+        raise
+
+
 def build(cfg: Config | None = None, **options: Any) -> OpenAIJudge:
     """Factory of the judge registry: the ``judge`` section of ``cfg`` (``options`` override its keys, and may give
     ``transport``, ``sleep``, ``backoff``, ``prompts`` or ``cache_path``)."""
     keys = ("urls", "model", "retries", "timeout", "concurrency", "max_tokens", "api_key_env")
     settings, cache = judge_settings(cfg, options, keys)
-    api_key_env = settings.pop("api_key_env")
-    api_key = api_key_from_env(api_key_env, "judge.api_key_env", explicit=api_key_env != "OPENAI_API_KEY")
-    return OpenAIJudge(settings.pop("urls"), settings.pop("model"), api_key=api_key, cache=cache, **settings,
-                       **options)  # fmt: skip
+
+    def make() -> OpenAIJudge:
+        api_key_env = settings.pop("api_key_env")
+        api_key = api_key_from_env(api_key_env, "judge.api_key_env", explicit=api_key_env != "OPENAI_API_KEY")
+        return OpenAIJudge(settings.pop("urls"), settings.pop("model"), api_key=api_key, cache=cache, **settings,
+                           **options)  # fmt: skip
+
+    return holding_cache(cache, make)

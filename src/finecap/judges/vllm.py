@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 from finecap.boost.engine import BackendError
 from finecap.judges.base import Judge
 from finecap.judges.cache import AnswerCache
-from finecap.judges.openai import OpenAIJudge, judge_settings
+from finecap.judges.openai import OpenAIJudge, holding_cache, judge_settings
 
 if TYPE_CHECKING:
     from finecap.config import Config, VllmConfig
@@ -68,4 +68,6 @@ def build(cfg: Config | None = None, **options: Any) -> VllmJudge:
     settings, cache = judge_settings(cfg, options, ("model", "retries", "max_tokens"))
     section = cfg.vllm if cfg is not None else None
     seed = cfg.run.seed if cfg is not None else 0
-    return VllmJudge(settings.pop("model"), section=section, cache=cache, seed=seed, **settings, **options)
+    return holding_cache(
+        cache, lambda: VllmJudge(settings.pop("model"), section=section, cache=cache, seed=seed, **settings, **options)
+    )
