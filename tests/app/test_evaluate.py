@@ -348,6 +348,19 @@ def test_default_metrics_follow_what_a_world_holds(world, tmp_path, capsys, monk
         eval_main(load(), predictions=tmp_path / "r.json", references=world, metrics="bleu,retrieval")
 
 
+def test_the_default_set_skips_retrieval_on_a_pool_smaller_than_rd_n(world, clip_dir, tmp_path, capsys, monkeypatch):
+    # with a retriever, the default set ran RD99 on a pool of 4 images: the whole evaluation failed, exit 2
+    monkeypatch.setenv("FINECAP_METEOR_JAR", str(tmp_path / "missing.jar"))
+    refs = load_references(load(), world, split="val")
+    write_results(tmp_path / "r.json", {r.image_id: "a red circle" for r in refs.records})
+    cfg = load(None, [f"retriever.checkpoint={clip_dir}", f"run.cache_dir={tmp_path / 'cache'}"])
+    out = eval_main(cfg, predictions=tmp_path / "r.json", references=world)
+    assert "CLIPScore" in out and "CIDEr-D" in out and not any(k.startswith(("RD", "pool/")) for k in out)
+    assert "skipping retrieval: RD99 needs at least 100 images, the pool has 4" in capsys.readouterr().out
+    with pytest.raises(ValueError, match=r"^--metrics: metric 'retrieval' cannot run here: RD99 needs at least 100"):
+        eval_main(cfg, predictions=tmp_path / "r.json", references=world, metrics="retrieval")
+
+
 def test_metrics_asked_for_that_cannot_run_name_the_option(world, tmp_path):
     refs = load_references(load(), world, split="val")
     write_results(tmp_path / "r.json", {r.image_id: "a red circle" for r in refs.records})

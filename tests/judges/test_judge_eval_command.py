@@ -12,6 +12,7 @@ from finecap.app.cli import main as cli
 from finecap.config import WorldConfig, load
 from finecap.data.references import load_references
 from finecap.data.results import write_results
+from finecap.judges.base import JudgeFailed
 from finecap.judges.qa import drop_blind, qa_scores
 from finecap.judges.questions import read_questions, scene_questions
 from finecap.judges.world import WorldJudge
@@ -110,3 +111,31 @@ def test_the_evaluation_closes_its_judge_once_however_it_ends(world, metrics):
         out = evaluate(predictions, None, scenes=refs.scenes, metrics=metrics, cfg=cfg)
         assert out["claims/precision"] == 1.0  # each caption is one of its image's references
     assert CLOSED == ["world"]
+
+
+class DownJudge(WorldJudge):
+    """A judge whose every call fails (its server is down)."""
+
+    def rate(self, pairs):
+        return [JudgeFailed("down") for _ in pairs]
+
+    def claims(self, texts):
+        return [JudgeFailed("down") for _ in texts]
+
+
+def down_judge(cfg, **options):
+    return DownJudge()
+
+
+def test_a_judge_failing_on_every_image_gives_no_score_not_zero(world):
+    # the corpus value was 0.0 when no image was left to average, as if every caption were worthless
+    import math
+
+    from finecap.metrics.suite import evaluate
+
+    refs = load_references(load(), world, split="test")
+    predictions = {r.image_id: r.captions[0] for r in refs.records}
+    cfg = load(None, [f"judge.name={__name__}:down_judge"])
+    out = evaluate(predictions, None, scenes=refs.scenes, metrics="claims,clair", cfg=cfg)
+    assert math.isnan(out["clair/score"]) and math.isnan(out["claims/f1"])
+    assert out["clair/judge_failed"] == out["claims/judge_failed"] == len(predictions)

@@ -179,3 +179,20 @@ def test_bleu_distance_and_shapes():
         pairwise_bleu_groups([["a"], ["a", "b"]])
     with pytest.raises(ValueError, match="n must be >= 1"):
         pairwise_bleu(["a"], 0)
+
+
+def test_the_suite_refuses_captions_given_as_strings_and_scores_the_predicted_images_samples():
+    # a string was split into its letters: a caption equal to its reference scored BLEU-4 ~0 and CIDEr-D 0
+    from finecap.metrics.suite import evaluate, evaluate_items
+
+    with pytest.raises(TypeError, match=r"references\[1\]: expected a list of captions, got a string"):
+        evaluate({1: "a red circle"}, {1: "a red circle"}, metrics="bleu")
+    with pytest.raises(TypeError, match=r"samples\[1\]: expected a list of captions, got a string"):
+        evaluate({1: "a red circle"}, None, metrics="diversity", samples={1: "a red circle"})
+    # samples of an image that was not predicted are not scored (they were, in the mean and as a row of their own)
+    samples = {1: ["a red circle", "a red square"], 2: ["two dogs", "two cats"]}
+    corpus, items = evaluate_items({1: "a red circle"}, None, metrics="diversity", samples=samples)
+    alone, _ = evaluate_items({1: "a red circle"}, None, metrics="diversity", samples={1: samples[1]})
+    assert corpus == alone and list(items) == [1]
+    with pytest.raises(ValueError, match="samples: none is of a predicted image"):
+        evaluate({3: "a dog"}, None, metrics="diversity", samples=samples)

@@ -192,3 +192,14 @@ def test_self_retrieval_end_to_end_with_stub():
 def test_self_retrieval_rejects_unknown_protocol():
     with pytest.raises(ValueError, match="valid: rd, pool, bags"):
         SelfRetrieval(StubRetriever({}, {}), [], protocols=["rd", "nope"])
+
+
+def test_a_score_that_is_not_finite_is_refused_naming_it():
+    # a NaN target score lost every >= comparison: its caption was ranked first (pool rank 0, an RD hit)
+    scores = SCORES.copy()
+    scores[0, 0] = np.nan
+    with pytest.raises(ValueError, match=r"1 caption-image score\(s\) are not finite, the first nan \(caption 0, "):
+        target_ranks(scores)
+    scores[0, 0], scores[2, 1] = 0.9, np.inf
+    with pytest.raises(ValueError, match=r"the first inf \(caption 2, image 1\)"):
+        pool_retrieval(torch.as_tensor(scores))

@@ -384,8 +384,10 @@ def _reasons(
             return "it needs a bags file: pass --bags (from `finecap bags build`)"
         if "instances" in reads and instances is None:
             return "it needs COCO instance annotations: pass --instances instances_<split>.json (or eval.instances)"
-        if "images" in reads:
-            return images(asked)
-        return None
+        reason = images(asked) if "images" in reads else None
+        n = cfg.eval.n_distractors
+        if reason is None and name == "retrieval" and len(pool) < n + 1:  # RD-N: N distractors from the pool
+            return f"RD{n} needs at least {n + 1} images, the pool has {len(pool)}: lower eval.n_distractors"
+        return reason
 
     return why_not

@@ -131,8 +131,13 @@ def _vocab(ctx: EvalContext) -> dict[str, float]:
 
 
 def _diversity(ctx: EvalContext) -> dict[str, float]:
+    from finecap.metrics.faithfulness import scene_of
+
     samples = ctx.need("samples", "diversity", "pass several sampled captions per image ({id: [caption, ...]})")
-    corpus, per = set_diversity_per_item({i: [tokenize(c) for c in caps] for i, caps in samples.items()})
+    mine = {i: caps for i in ctx.predictions if (caps := scene_of(i, samples)) is not None}  # the evaluated images'
+    if not mine:
+        raise ValueError("samples: none is of a predicted image (the images evaluated are those of the predictions)")
+    corpus, per = set_diversity_per_item({i: [tokenize(c) for c in caps] for i, caps in mine.items()})
     # Div-n is the mean of its per-image values; mBLEU-4 is not (corpus BLEU per sample round), so it has none
     ctx.add_items({i: {"Div-1": v["Div-1"], "Div-2": v["Div-2"]} for i, v in per.items()}, ["Div-1", "Div-2"])
     return corpus

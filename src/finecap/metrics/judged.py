@@ -19,6 +19,7 @@ Each image's row of ``--per-image`` also names the ``judge`` and its ``judge/pro
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Hashable
 from typing import TYPE_CHECKING, Any
 
@@ -54,8 +55,8 @@ def _subjects(ctx: EvalContext, group: str, need_references: bool) -> list[Subje
 
 
 def _record(ctx: EvalContext, group: str, scores: dict[Hashable, dict[str, Any]], keys: list[str]) -> dict[str, float]:
-    """Per-image rows (with the judge's name and prompt version), the corpus means over the images that did not fail,
-    and the count of those that did."""
+    """Per-image rows (with the judge's name and prompt version), the corpus means over the images that did not fail
+    (NaN when none is left: never a made-up 0), and the count of those that did."""
     judge = _judge(ctx)
     ok = {i: s for i, s in scores.items() if s is not None}
     ctx.add_items(ok, keys)
@@ -69,7 +70,7 @@ def _record(ctx: EvalContext, group: str, scores: dict[Hashable, dict[str, Any]]
     if n_failed:
         log.warning("%s: the judge failed on %d of %d images; they are left out of the means", group, n_failed,
                     len(scores))  # fmt: skip
-    corpus = {k: sum(s[k] for s in ok.values()) / len(ok) if ok else 0.0 for k in keys}
+    corpus = {k: sum(s[k] for s in ok.values()) / len(ok) if ok else math.nan for k in keys}  # none: no value
     corpus[f"{group}/judge_failed"] = float(n_failed)
     return corpus
 

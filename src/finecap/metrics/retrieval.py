@@ -40,13 +40,19 @@ _CHUNK = 1024  # captions per block when drawing distractors (bounds memory at C
 
 
 def as_score_matrix(scores: Any) -> np.ndarray:
-    """``scores`` (a tensor or array-like) as a float64 ``(captions, images)`` numpy matrix; another shape is an
-    error."""
+    """``scores`` (a tensor or array-like) as a float64 ``(captions, images)`` numpy matrix; another shape, or a
+    score that is NaN or infinite (an embedding that is not finite: no rank can be read from it, and a NaN compared
+    with ``>=`` would rank its caption first), is a ``ValueError``."""
     if hasattr(scores, "detach"):
         scores = scores.detach().cpu().float().numpy()
     scores = np.asarray(scores, dtype=np.float64)
     if scores.ndim != 2:
         raise ValueError(f"scores must be a (captions, images) matrix, got shape {scores.shape}")
+    bad = ~np.isfinite(scores)
+    if bad.any():
+        row, col = (int(v) for v in np.argwhere(bad)[0])
+        raise ValueError(f"scores: {int(bad.sum())} caption-image score(s) are not finite, the first "
+                         f"{scores[row, col]} (caption {row}, image {col}); are the embeddings finite?")  # fmt: skip
     return scores
 
 

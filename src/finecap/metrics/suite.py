@@ -190,15 +190,13 @@ def evaluate_items(
         instances = read_instances(instances if instances is not None else cfg.eval.instances, option)
     ctx = EvalContext(
         predictions=dict(predictions),
-        references={i: r if type(r) is list else list(r) for i, r in references.items()}
-        if references is not None
-        else None,
+        references=caption_lists(references, "references") if references is not None else None,
         cfg=cfg,
         retriever=retriever,
         images=list(images) if images is not None else None,
         scenes=scenes,
         bags={int(s): [list(b) for b in v] for s, v in bags.items()} if bags is not None else None,
-        samples={i: list(s) for i, s in samples.items()} if samples is not None else None,
+        samples=caption_lists(samples, "samples") if samples is not None else None,
         instances=instances,
         requested=tuple(names),
         items={i: {} for i in predictions} if per_image else None,
@@ -210,6 +208,17 @@ def evaluate_items(
     finally:
         ctx.close()
     return out, ctx.items if ctx.items is not None else {}
+
+
+def caption_lists(given: Mapping[Hashable, Sequence[str]], what: str) -> dict[Hashable, list[str]]:
+    """``{image_id: [captions]}`` of ``given`` (references, samples); a ``TypeError`` naming the image for a string
+    (``list`` would split it into its characters, and every score would be of letters)."""
+    out = {}
+    for i, captions in given.items():
+        if isinstance(captions, str):
+            raise TypeError(f"{what}[{i!r}]: expected a list of captions, got a string")
+        out[i] = captions if type(captions) is list else list(captions)
+    return out
 
 
 @corpus_only(evaluate_items, per_image=False)
