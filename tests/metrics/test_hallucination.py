@@ -138,3 +138,14 @@ def test_finecap_eval_refuses_missing_or_malformed_instances(tmp_path):
     refused([*argv, "--instances", str(tmp_path / "missing.json")], "--instances:", "missing.json", "no such file")
     refused([*argv, "--instances", str(refs)], "--instances:", "no 'categories' list")
     refused([*argv, f"eval.instances={tmp_path / 'gone.json'}"], "eval.instances:", "gone.json", "no such file")
+
+
+def test_eval_instances_is_read_only_by_a_metric_that_reads_it(tmp_path):
+    # a malformed eval.instances once failed an evaluation of BLEU alone (and a valid one was parsed every time)
+    from finecap.config import load
+    from finecap.metrics.suite import evaluate
+
+    cfg = load(None, [f"eval.instances={tmp_path / 'missing.json'}"])
+    assert evaluate({1: "a dog"}, {1: ["a dog"]}, metrics="rouge", cfg=cfg) == {"ROUGE-L": 1.0}
+    with pytest.raises(DataError, match="eval.instances"):
+        evaluate({1: "a dog"}, {1: ["a dog"]}, metrics="hallucination", cfg=cfg)

@@ -183,7 +183,8 @@ def evaluate_items(
             grouped.setdefault(len(b), []).append(list(b))
         bags = grouped
     groups = [metric_group(name) for name in names]
-    if isinstance(instances, (str, Path)) or (instances is None and cfg.eval.instances):
+    reads_instances = any("instances" in g.reads for g in groups)  # a file of ~160 MB: read only when asked for
+    if reads_instances and (isinstance(instances, (str, Path)) or (instances is None and cfg.eval.instances)):
         from finecap.metrics.hallucination import read_instances
 
         option = "instances" if instances is not None else "eval.instances"
