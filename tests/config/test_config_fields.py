@@ -145,3 +145,29 @@ def test_none_is_a_name_for_options_that_are_not_paths():
     assert load(None, ["run.name=none"]).run.name == "none"  # a run may be called that
     with pytest.raises(ConfigError, match="expected a string"):
         load(None, ["run.name=null"])
+
+
+@pytest.mark.parametrize("written", ["0123", "1:30", "12:30", "1_000", "0x1F", "0o17", "2024.10", "1e3", "-0", "+5"])
+def test_a_string_option_keeps_a_number_as_written(written, tmp_path):
+    # YAML 1.1 read 0123 as octal 83, 1:30 as 90, 0x1F as 31, 2024.10 as 2024.1: a run name or a data path given so
+    # was silently another (from the command line and from a recipe alike)
+    assert load(None, [f"run.name={written}"]).run.name == written
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_text(f"run:\n  name: {written}\ndata:\n  path: {written}\n")
+    cfg = load(recipe)
+    assert (cfg.run.name, cfg.data.path.rsplit("/", 1)[-1]) == (written, written)
+
+
+def test_numeric_options_read_the_yaml_numbers_as_plain_numbers():
+    cfg = load(None, ["train.max_steps=1_000", "train.lr=2.50e-4", "rl.rewards={cider: 0.50}"])
+    assert (cfg.train.max_steps, cfg.train.lr, cfg.rl.rewards) == (1000, 2.5e-4, {"cider": 0.5})
+    assert type(cfg.train.max_steps) is int and type(cfg.train.lr) is float and type(cfg.rl.rewards["cider"]) is float
+    assert "max_steps: 1000" in cfg.to_yaml()
+
+
+def test_a_stored_config_with_an_empty_section_loads(tmp_path):
+    from finecap.config import load_stored
+
+    stored = tmp_path / "config.yaml"
+    stored.write_text("run:\n  name: x\njudge:\n")  # a section left empty by hand: a bare TypeError before
+    assert load_stored(stored).run.name == "x"

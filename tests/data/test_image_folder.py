@@ -193,6 +193,13 @@ def test_linked_folders_are_read_once_and_loops_end(tmp_path):
             lambda f: (f / "captions.csv").write_bytes(b"image,caption\na.png,\xff\xfe\n"),
             r"captions.csv: not a UTF-8 text file",
         ),
+        (  # an unquoted comma: the caption was cut to "a dog" (or its second half read as the split), silently
+            lambda f: (f / "captions.csv").write_text(
+                'image,caption,split\na.png,"a cat, asleep",val\na.png,a dog, running on a beach,train\n'
+            ),
+            r"captions.csv, line 3: 4 cells for the header's 3 \(image, caption, split\); quote a caption holding a "
+            r'comma: "a dog, running on a beach"',
+        ),
         (
             lambda f: (image(f / "a.jpg"), (f / "a.txt").write_text("x")),
             r"a.txt: the captions of several images \(a.jpg, a.png\)",

@@ -157,3 +157,15 @@ def test_length_note_missing_references_and_xlsx_without_openpyxl(tmp_path, caps
         (tmp_path / "m_COCO_VAL.xlsx").write_bytes(b"PK\x03\x04")
         assert cli(["eval", "--predictions", str(tmp_path / "m_COCO_VAL.xlsx"), *METRICS]) != 0
         assert "pip install 'finecap[xlsx]'" in capsys.readouterr().err
+
+
+def test_a_jsonl_line_whose_caption_holds_a_unicode_line_separator_is_one_line(tmp_path):
+    # json.dumps(..., ensure_ascii=False) leaves U+2028 / U+2029 / U+0085 unescaped; str.splitlines cut the line there
+    # and the file was refused as "Unterminated string"
+    rows = [{"prompt": "", "predict": "a dog\u2028on a deck\u0085at noon", "label": "a dog on a deck"},
+            {"prompt": "", "predict": "a cat", "label": "a cat on a mat"}]  # fmt: skip
+    path = tmp_path / "generated_predictions.jsonl"
+    path.write_text("".join(json.dumps(r, ensure_ascii=False) + "\r\n" for r in rows), encoding="utf-8")
+    name, predictions = read_predictions(path)
+    assert name == "llamafactory" and len(predictions.captions) == 2
+    assert ["a dog\u2028on a deck\u0085at noon"] in predictions.captions.values()

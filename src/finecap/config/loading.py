@@ -199,7 +199,7 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
             raise ConfigError(
                 f"{key}: invalid value {short_repr(value)}{did_you_mean(value, args)}; valid choices: {choices}"
             )
-        return value
+        return args[args.index(value)]  # the choice itself (a plain value, whatever YAML built)
     if origin in (types.UnionType, typing.Union):
         if value is None and type(None) in args:
             return None
@@ -232,7 +232,7 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
         raise ConfigError(f"{key}: expected true/false, got {short_repr(value)}")
     if tp is int:
         if isinstance(value, int) and not isinstance(value, bool):
-            return value
+            return int(value)
         if isinstance(value, float) and value.is_integer():
             return int(value)
         raise ConfigError(f"{key}: expected an integer, got {short_repr(value)}")
@@ -254,7 +254,7 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
         if isinstance(value, str):
             return value
         if isinstance(value, int | float) and not isinstance(value, bool):
-            return str(value)
+            return getattr(value, "written", None) or str(value)  # as written: `0123`, not YAML 1.1's octal 83
         raise ConfigError(f"{key}: expected a string, got {short_repr(value)}")
     raise ConfigError(f"{key}: unsupported field type {tp!r}")
 
@@ -526,7 +526,7 @@ def load(
     the recipe), the recipe, ``over`` (settings above the recipe, e.g. the demo's ``--quick``), then the dotlist
     ``overrides``. An error names where the value at fault was set: the override (``override 'train.lr=x': ...``)
     or the recipe file."""
-    data: dict[str, Any] = {k: dict(v) for k, v in renamed_keys(base or {}).items()}
+    data: dict[str, Any] = {k: dict(v or {}) for k, v in renamed_keys(base or {}).items()}
     origins: Origins = {}
     source = ""
     if path is not None:

@@ -25,6 +25,7 @@ from collections.abc import Hashable, Mapping, Sequence
 from pathlib import Path
 
 from finecap.judges.base import CANNOT_ANSWER, Question
+from finecap.utils.reading import text_lines
 from finecap.world.scene import BACKGROUNDS, CELLS, COLORS, MAX_OBJECTS, PATTERNS, SIZES, Scene
 
 N_OPTIONS = 4
@@ -116,7 +117,7 @@ def read_questions(path: str | Path) -> dict[Hashable, list[Question]]:
     out: dict[Hashable, list[Question]] = {}
     path = Path(path)
     try:
-        lines = path.read_text(encoding="utf-8").splitlines()
+        lines = text_lines(path.read_text(encoding="utf-8"))
     except OSError as e:
         raise ValueError(f"questions file {path}: cannot read it ({e.strerror})") from None
     for number, line in enumerate(lines, 1):

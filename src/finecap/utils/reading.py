@@ -6,7 +6,7 @@ import itertools
 import json
 import os
 import re
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -123,6 +123,20 @@ def read_bounded(path: str | Path, limit: SizeLimit) -> bytes:
 def read_text_bounded(path: str | Path, limit: SizeLimit) -> str:
     """:func:`read_bounded` decoded as UTF-8 (``UnicodeDecodeError`` when it is not)."""
     return read_bounded(path, limit).decode("utf-8")
+
+
+def text_lines(text: str) -> list[str]:
+    r"""The lines of ``text`` (JSON Lines, already read), split at ``\n`` (a ``\r`` before it dropped) and at nothing
+    else: ``str.splitlines`` also splits at U+2028, U+2029, U+0085 and a few control characters, which a JSON string
+    may hold unescaped (``json.dumps(..., ensure_ascii=False)`` writes them so), and would cut such a line in two.
+
+    >>> text_lines('{"a": "one\u2028two"}\r\n{"b": 2}\n')
+    ['{"a": "one\u2028two"}', '{"b": 2}']
+    """
+    lines = text.split("\n")
+    if lines and lines[-1] == "":
+        lines.pop()  # the final line end ends the last line, it starts none
+    return [line.removesuffix("\r") for line in lines]
 
 
 def read_lines(
@@ -407,6 +421,36 @@ class StrictYAMLLoader(yaml.SafeLoader):
 
 StrictYAMLLoader.add_implicit_resolver(
     "tag:yaml.org,2002:bool", re.compile(r"^(?:true|True|TRUE|false|False|FALSE)$"), list("tTfF")
+)
+
+
+class WrittenInt(int):
+    """An integer :class:`StrictYAMLLoader` read, with the text it was written as (``written``): YAML 1.1 reads
+    ``0123`` as octal 83, ``1:30`` as 90 and ``1_000`` as 1000, so a string option given such a value keeps the text
+    (:func:`finecap.config.loading` ``_coerce``), never the number's digits."""
+
+    written: str
+
+
+class WrittenFloat(float):
+    """A float :class:`StrictYAMLLoader` read, with the text it was written as (``written``: ``2024.10``, which the
+    float prints as ``2024.1``)."""
+
+    written: str
+
+
+def _written(number_type: type, construct: Callable[[Any, Any], Any]) -> Callable[[Any, Any], Any]:
+    def constructor(loader: Any, node: Any) -> Any:
+        value = number_type(construct(loader, node))
+        value.written = node.value
+        return value
+
+    return constructor
+
+
+StrictYAMLLoader.add_constructor("tag:yaml.org,2002:int", _written(WrittenInt, yaml.SafeLoader.construct_yaml_int))
+StrictYAMLLoader.add_constructor(
+    "tag:yaml.org,2002:float", _written(WrittenFloat, yaml.SafeLoader.construct_yaml_float)
 )
 
 

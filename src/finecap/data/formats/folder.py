@@ -123,6 +123,10 @@ def _sidecar_csv(path: Path) -> dict[str, _Entry]:
                 )
             for row in reader:
                 where = f"{path}, line {reader.line_num}"
+                if None in row:  # more cells than the header names: an unquoted comma cut a caption
+                    raise DataError(f"{where}: {len(columns) + len(row[None])} cells for the header's {len(columns)} "
+                                    f"({', '.join(columns)}); quote a caption holding a comma: "
+                                    '"a dog, running on a beach"')  # fmt: skip
                 written = (row.get("image") or "").strip()
                 if not written:
                     raise DataError(f"{where}: empty 'image' cell")

@@ -9,13 +9,13 @@ from typing import Any
 from finecap.data.predictions import Predictions
 from finecap.data.predictions.reference_lists import ReferenceLists
 from finecap.data.records import DataError, require
-from finecap.utils.reading import DATA_FILE, parse_json, read_bounded
+from finecap.utils.reading import DATA_FILE, parse_json, read_bounded, text_lines
 
 
 def records(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
     """``(line number from 1, object)`` of each non-blank line; a :class:`DataError` naming the line otherwise."""
     text = read_bounded(path, DATA_FILE).decode("utf-8", errors="strict")
-    for n, line in enumerate(text.splitlines(), 1):
+    for n, line in enumerate(text_lines(text), 1):
         if not line.strip():
             continue
         rec = parse_json(line, f"{path}, line {n}", one_line=True)
