@@ -319,11 +319,19 @@ class SplitKeys:
                         shown)  # fmt: skip
 
 
+SPLIT_WORDS = {"train": "train", "training": "train", "val": "val", "valid": "val", "validation": "val",
+               "test": "test", "testing": "test"}  # fmt: skip
+"""The words of a file name that say its split (:func:`split_from_name`)."""
+
+
 def split_from_name(path: Path) -> str:
-    """The split a data file's name says (``captions_val2014.json``: ``val``; ``train``, ``val`` or ``test`` in it,
-    checked in that order), else ``test``: how COCO annotation files and lone Hugging Face files are split."""
-    name = path.name.lower()
-    for split in ("train", "val", "test"):
-        if split in name:
-            return split
-    return "test"
+    """The split a data file's name says, else ``test``: how COCO annotation files and lone Hugging Face files are
+    split. The name's words (its letters between other characters: ``captions_val2014.json`` has ``captions``,
+    ``val`` and ``json``) are looked up in :data:`SPLIT_WORDS`, ``train`` before ``val`` before ``test``: a word
+    holding one is not it (``retrieval`` is no ``val``, ``constrained`` no ``train``).
+
+    >>> [split_from_name(Path(n)) for n in ("captions_val2014.json", "coco_retrieval_test.json", "data.parquet")]
+    ['val', 'test', 'test']
+    """
+    said = {SPLIT_WORDS[w] for w in re.split(r"[^a-z]+", path.name.lower()) if w in SPLIT_WORDS}
+    return next((split for split in ("train", "val", "test") if split in said), "test")
