@@ -118,3 +118,18 @@ def test_the_export_card_says_what_the_folder_is(run):
     first = [line for line in card.splitlines() if line.startswith("# ")][0]
     assert first.startswith("# MLE captioner on ") and "a finecap captioner" not in card  # objective and base model
     assert "**Run**: `export-test`" in card and "finecap export" in card  # made by the export, from the run
+
+
+def test_a_recipes_decoding_wins_over_the_exports_and_an_override_over_both(run, tmp_path):
+    # docs/caption.md: "a recipe's or the command line's decode.* win"; the export's beam size and length replaced a
+    # recipe's (only overrides were kept)
+    from finecap.train.checkpoint import folder_config
+
+    _, export = run
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_text("decode:\n  beam_size: 2\n  max_length: 12\n")
+    cfg = folder_config(export, str(recipe))
+    assert (cfg.decode.strategy, cfg.decode.beam_size, cfg.decode.max_length) == ("beam", 2, 12)  # strategy: saved
+    cfg = folder_config(export, str(recipe), ["decode.beam_size=4"])
+    assert (cfg.decode.beam_size, cfg.decode.max_length) == (4, 12)
+    assert folder_config(export).decode.beam_size == 3  # nothing given: the export's own

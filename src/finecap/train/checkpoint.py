@@ -154,11 +154,17 @@ def decode_of_folder(model_folder: str | Path) -> dict[str, Any]:
 def folder_config(model_folder: str | Path, recipe: str | None = None, overrides: Sequence[str] = ()) -> Config:
     """The configuration to caption with from a model folder that has no run configuration beside it (an export, a
     bare model folder): ``recipe`` and ``overrides`` over the defaults, the decoding of its ``generation_config.json``
-    (:func:`decode_of_folder`) for every ``decode`` key the overrides do not set."""
+    (:func:`decode_of_folder`) for every ``decode`` key neither the recipe nor the overrides set."""
     from finecap.config import ConfigError, load, parse_override
+    from finecap.config.loading import renamed_keys
+    from finecap.recipes import resolve_recipe
+    from finecap.utils.reading import read_yaml_mapping
 
-    cfg = load(recipe, list(overrides))
+    cfg = load(recipe, list(overrides))  # a recipe that does not load is refused here, naming it
     given = {parse_override(o)[0][1] for o in overrides if parse_override(o)[0][0] == "decode"}
+    if recipe is not None:
+        written = renamed_keys(read_yaml_mapping(resolve_recipe(recipe), "a recipe must be a mapping of sections"))
+        given |= set(written.get("decode") or {})
     saved = {k: v for k, v in decode_of_folder(model_folder).items() if k not in given}
     try:
         decode = dataclasses.replace(cfg.decode, **saved)  # the section's checks run again
