@@ -39,3 +39,21 @@ def test_resume_without_checkpoint_starts_fresh(make_cfg):
     cfg = make_cfg("train.max_steps=2")
     run_dir = train(cfg, resume=True)
     assert json.loads((checkpoint_dir(run_dir, "last") / "trainer_state.json").read_text())["step"] == 2
+
+
+def test_a_resume_selecting_by_another_metric_or_mode_starts_the_best_anew(make_cfg, caplog):
+    # the restored best value was compared with the new metric's values: a loss of 2.4 stood as the best CIDEr-D,
+    # and `best` was never replaced; here the mode flips on the same metric
+    common = ["train.max_steps=6", "train.eval_every=2", "train.save_every=2"]
+    cfg = make_cfg(*common, run="reselect")
+    with pytest.raises(Killed):
+        train(cfg, callbacks=[kill_at(5)])
+    run_dir = run_path(cfg.run)
+    saved = json.loads((checkpoint_dir(run_dir, "last") / "trainer_state.json").read_text())
+    assert (saved["step"], saved["best_metric"], saved["best_mode"]) == (4, "loss", "min")
+    assert saved["best_step"] in (2, 4)
+    with caplog.at_level("WARNING", logger="finecap"):
+        train(make_cfg(*common, "train.best_mode=max", run="reselect"), resume=True)
+    assert "was chosen by loss (min); this run selects by loss (max)" in caplog.text
+    best = json.loads((checkpoint_dir(run_dir, "best") / "trainer_state.json").read_text())
+    assert (best["step"], best["best_step"], best["best_mode"]) == (6, 6, "max")  # the first validation after

@@ -49,6 +49,8 @@ uninterrupted one: the batches of an epoch are a function of ``(seed, epoch)``.
 
 from __future__ import annotations
 
+import contextlib
+import json
 import logging
 import math
 import os
@@ -441,6 +443,7 @@ class Engine:
         check_resume(info, folder, self.total, self.data.sampler.num_batches)
         for key, value in asdict(TrainState()).items():
             setattr(self.state, key, info.get(key, value))
+        self._keep_best_of_this_metric(info, folder)
         main = load_tree(folder / STATE_DIR, "main")
         main_file = folder / STATE_DIR / "main.json"
         with state_errors(main_file, "the optimizer and scheduler state"):
@@ -515,8 +518,30 @@ class Engine:
         acc.wait_for_everyone()
 
     def _info(self) -> dict[str, Any]:
-        return {**asdict(self.state), "total_steps": self.total, "num_processes": self.accelerator.num_processes,
+        return {**asdict(self.state), "best_metric": self.settings.best_metric, "best_mode": self.mode,
+                "total_steps": self.total, "num_processes": self.accelerator.num_processes,
                 "sharded": self.sharded}  # fmt: skip
+
+    def _keep_best_of_this_metric(self, info: dict[str, Any], folder: Path) -> None:
+        """Forget the restored best value when it was chosen by another ``train.best_metric`` or ``best_mode`` than
+        this run's (a loss of 2.4 would otherwise stand as the best CIDEr-D for ever): the next validation starts
+        the best anew. A checkpoint of finecap before ``best_metric`` was recorded: the ``best`` checkpoint's own
+        ``metric`` says it."""
+        if self.state.best_value is None:
+            return
+        metric, mode = info.get("best_metric"), info.get("best_mode")
+        if metric is None:
+            best = folder.parent / BEST / INFO_FILE
+            with contextlib.suppress(OSError, ValueError):
+                metric = json.loads(best.read_text()).get("metric")
+        if (metric is None or metric == self.settings.best_metric) and (mode is None or mode == self.mode):
+            return
+        if self.accelerator.is_main_process:
+            log.warning("resume: the best so far (%s at step %s) was chosen by %s (%s); this run selects by %s "
+                        "(%s): the next validation starts the best anew", self.state.best_value,
+                        self.state.best_step, metric or self.settings.best_metric, mode or "its mode",
+                        self.settings.best_metric, self.mode)  # fmt: skip
+        self.state.best_value = self.state.best_step = None
 
     def save_last(self) -> None:
         assert self.checkpoints is not None

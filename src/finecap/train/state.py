@@ -233,9 +233,10 @@ def is_complete(folder: Path) -> bool:
     return (folder / INFO_FILE).is_file() and (folder / STATE_DIR).is_dir()
 
 
-INFO_KEYS = frozenset({"step", "epoch", "position", "best_value", "best_step", "total_steps", "num_processes",
-                       "sharded", "metric", "values"})  # fmt: skip
-"""The fields of ``trainer_state.json``: the :class:`TrainState` counters, the run's ``total_steps``,
+INFO_KEYS = frozenset({"step", "epoch", "position", "best_value", "best_step", "best_metric", "best_mode",
+                       "total_steps", "num_processes", "sharded", "metric", "values"})  # fmt: skip
+"""The fields of ``trainer_state.json``: the :class:`TrainState` counters, the ``best_metric`` and ``best_mode``
+``best_value`` was chosen by (absent in checkpoints of finecap before them), the run's ``total_steps``,
 ``num_processes`` and whether it was ``sharded`` (FSDP2) when it was saved, and (``best`` only) the ``metric`` and
 the validation ``values``."""
 MAX_STATE_PROCESSES = 65_536
@@ -290,6 +291,9 @@ def check_info(info: Any, path: Path) -> dict[str, Any]:
         _state_int(info, path, "best_step", 0, step, default=None)
     if (best_value is None) != (best_step is None):
         raise CheckpointError(f"{path}: fields 'best_value' and 'best_step' must be set together; {RECOVER}")
+    for key in ("best_metric", "best_mode"):
+        if key in info and not isinstance(info[key], str):
+            raise CheckpointError(f"{path}: field {key!r} must be a string, got {short_repr(info[key])}; {RECOVER}")
     return info
 
 
