@@ -57,3 +57,20 @@ def test_a_resume_selecting_by_another_metric_or_mode_starts_the_best_anew(make_
     assert "was chosen by loss (min); this run selects by loss (max)" in caplog.text
     best = json.loads((checkpoint_dir(run_dir, "best") / "trainer_state.json").read_text())
     assert (best["step"], best["best_step"], best["best_mode"]) == (6, 6, "max")  # the first validation after
+
+
+def test_a_resume_inside_an_epoch_with_another_global_batch_is_refused(make_cfg):
+    # the position counts global batches of the checkpoint's size: resumed with 8 examples a step after 2 steps of
+    # 16, the run went on at example 16 of the epoch, training 16 of them again
+    from finecap.train.state import CheckpointError
+
+    common = ["train.max_steps=4", "train.save_every=2", "train.eval_every=100"]
+    cfg = make_cfg(*common, run="rebatch")
+    with pytest.raises(Killed):
+        train(cfg, callbacks=[kill_at(3)])
+    saved = json.loads((checkpoint_dir(run_path(cfg.run), "last") / "trainer_state.json").read_text())
+    assert (saved["position"], saved["global_batch"]) == (2, 16)
+    with pytest.raises(CheckpointError, match=r"2 global batches of 16 examples into epoch 0; this run takes 8 "):
+        train(make_cfg(*common, "train.batch_size=8", run="rebatch"), resume=True)
+    assert (train(make_cfg(*common, "train.batch_size=8", "train.grad_accum_steps=2", run="rebatch"),
+                  resume=True) / "checkpoints" / "last").is_dir()  # fmt: skip  # 8 x 2 = 16: resumed

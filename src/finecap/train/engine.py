@@ -440,7 +440,7 @@ class Engine:
         ones over it), and a state the optimizer, scheduler, RNG, logger or objective refuses is a
         :class:`~finecap.train.state.CheckpointError` naming its file (:func:`~finecap.train.state.state_errors`)."""
         info = read_info(folder)
-        check_resume(info, folder, self.total, self.data.sampler.num_batches)
+        check_resume(info, folder, self.total, self.data.sampler.num_batches, self.global_batch)
         for key, value in asdict(TrainState()).items():
             setattr(self.state, key, info.get(key, value))
         self._keep_best_of_this_metric(info, folder)
@@ -520,7 +520,12 @@ class Engine:
     def _info(self) -> dict[str, Any]:
         return {**asdict(self.state), "best_metric": self.settings.best_metric, "best_mode": self.mode,
                 "total_steps": self.total, "num_processes": self.accelerator.num_processes,
-                "sharded": self.sharded}  # fmt: skip
+                "global_batch": self.global_batch, "sharded": self.sharded}  # fmt: skip
+
+    @property
+    def global_batch(self) -> int:
+        """Examples a step: ``train.batch_size × processes × train.grad_accum_steps``."""
+        return self.settings.batch_size * self.accelerator.num_processes * self.settings.grad_accum_steps
 
     def _keep_best_of_this_metric(self, info: dict[str, Any], folder: Path) -> None:
         """Forget the restored best value when it was chosen by another ``train.best_metric`` or ``best_mode`` than

@@ -234,11 +234,12 @@ def is_complete(folder: Path) -> bool:
 
 
 INFO_KEYS = frozenset({"step", "epoch", "position", "best_value", "best_step", "best_metric", "best_mode",
-                       "total_steps", "num_processes", "sharded", "metric", "values"})  # fmt: skip
+                       "total_steps", "num_processes", "global_batch", "sharded", "metric", "values"})  # fmt: skip
 """The fields of ``trainer_state.json``: the :class:`TrainState` counters, the ``best_metric`` and ``best_mode``
-``best_value`` was chosen by (absent in checkpoints of finecap before them), the run's ``total_steps``,
-``num_processes`` and whether it was ``sharded`` (FSDP2) when it was saved, and (``best`` only) the ``metric`` and
-the validation ``values``."""
+``best_value`` was chosen by, the run's ``total_steps``, ``num_processes``, ``global_batch`` (examples a step:
+``train.batch_size × processes × train.grad_accum_steps``) and whether it was ``sharded`` (FSDP2) when it was saved
+(``best_metric``, ``best_mode`` and ``global_batch`` are absent in checkpoints of finecap before them), and
+(``best`` only) the ``metric`` and the validation ``values``."""
 MAX_STATE_PROCESSES = 65_536
 """The most processes a checkpoint may say wrote it (its ``state/process_<i>`` files)."""
 
@@ -278,6 +279,7 @@ def check_info(info: Any, path: Path) -> dict[str, Any]:
     _state_int(info, path, "epoch", 0, step, default=0)
     _state_int(info, path, "position", 0, step, default=0)
     _state_int(info, path, "num_processes", 1, MAX_STATE_PROCESSES, default=1)
+    _state_int(info, path, "global_batch", 1, 2**62, default=1)
     if type(info.get("sharded", False)) is not bool:
         raise CheckpointError(f"{path}: field 'sharded' must be true or false, got {short_repr(info['sharded'])}; "
                               f"{RECOVER}")  # fmt: skip
@@ -321,13 +323,24 @@ def state_errors(path: Path, what: str) -> Iterator[None]:
         raise CheckpointError(f"{path}: {what} cannot be restored ({reason}); {RECOVER}") from None
 
 
-def check_resume(info: dict[str, Any], folder: Path, total: int, num_batches: Callable[[int], int]) -> None:
+def check_resume(info: dict[str, Any], folder: Path, total: int, num_batches: Callable[[int], int],
+                 global_batch: int | None = None) -> None:  # fmt: skip
     """The checked trainer state ``info`` of checkpoint ``folder`` (:func:`read_info`) against the run resuming
     from it: its ``step`` within the run's ``total`` steps, its ``position`` within its epoch's global batches
-    (``num_batches(epoch)``). A :class:`CheckpointError` naming the file and the field otherwise (a position past
-    the end of its epoch would make the loop spin without training)."""
+    (``num_batches(epoch)``), and, inside an epoch, the same ``global_batch`` (examples a step) as the checkpoint's:
+    its position counts batches of that size, so another size would train again, or skip, examples of the epoch. A
+    :class:`CheckpointError` naming the file and the field otherwise (a position past the end of its epoch would
+    make the loop spin without training)."""
     path = folder / INFO_FILE
     step, epoch, position = info["step"], info.get("epoch", 0), info.get("position", 0)
+    saved = info.get("global_batch")
+    if position and global_batch is not None and saved is not None and saved != global_batch:
+        raise CheckpointError(
+            f"{path}: the run stopped {position} global batches of {saved} examples into epoch {epoch}; this run "
+            f"takes {global_batch} a step (train.batch_size × processes × train.grad_accum_steps), so it would train "
+            f"again or skip examples of the epoch: resume with settings giving {saved} examples a step (e.g. twice "
+            "train.batch_size on half the processes)"
+        )
     if step > total:
         raise CheckpointError(
             f"{path}: field 'step' is {step}, past the {total} steps of this run: resume with train.max_steps >= "
