@@ -198,7 +198,7 @@ USER_FILES = {  # a file of the user's where finecap's run files go -> what the 
     "checkpoints/.last/weights.bin": "checkpoints/.last",  # close to finecap's names, but none of them
     "checkpoints/best/my-notes.txt": "checkpoints/best/my-notes.txt",  # inside finecap's own checkpoint
     "metrics.jsonl": "metrics.jsonl",  # the user's CSV by that name in place of the event log
-    "trackers/notes.txt": "trackers",  # in a run folder whose config.yaml is not finecap's
+    "trackers/notes.txt": "trackers",  # in a run folder without finecap's config.yaml
 }
 
 
@@ -211,8 +211,8 @@ def test_overwrite_refuses_a_file_finecap_did_not_make_and_deletes_nothing(make_
     path = run / name
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_bytes(b"accuracy,0.93\n")
-    if name.startswith("trackers"):
-        (run / "config.yaml").write_text("my: settings\n")
+    if name.startswith("trackers"):  # a run folder without finecap's config.yaml (a user's one is refused first)
+        (run / "config.yaml").unlink()
     before = snapshot(run)
     named = re.escape(str(run / USER_FILES[name]))
     with pytest.raises(ValueError, match=rf"holds files finecap did not make .*\({named}\).*nothing was deleted"):
@@ -361,3 +361,14 @@ def test_continue_unfinished_resumes_restarts_or_refuses(tmp_path, caplog):
         continue_unfinished(best_only, **go)
     assert str(e.value).startswith(f"stage x: {best_only} holds an unfinished run with no checkpoint to resume from")
     assert str(e.value).endswith("nothing was deleted. To train it again from the start, do this")
+
+
+def test_overwrite_never_replaces_a_config_yaml_that_is_not_finecaps(make_cfg):
+    # with overwrite=True (the demo's --force) a user's config.yaml in the run folder was replaced by the run's
+    cfg = make_cfg("train.max_steps=1")
+    run = run_path(cfg.run)
+    run.mkdir(parents=True)
+    (run / "config.yaml").write_text("my: own notes\n")
+    with pytest.raises(ValueError, match=r"config.yaml exists and finecap did not make it .*; move it away"):
+        train(cfg, overwrite=True)
+    assert (run / "config.yaml").read_text() == "my: own notes\n"

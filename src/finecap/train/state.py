@@ -488,8 +488,11 @@ def check_config_target(path: Path, *, inputs: dict[str, Path | None], force: bo
     """The ``config.yaml`` a run (or the demo) is about to write at ``path``: never one of ``inputs`` (the recipe it
     reads); when it exists, finecap's (written through :func:`finecap.outputs.write_output`, or ``ours``: a stored
     configuration beside the run's own files), else refused unless ``force``
-    (:func:`finecap.outputs.check_output_file`)."""
-    check_output_file(path, inputs, force=force, option=option, kind="config", force_flag=force_flag,
+    (:func:`finecap.outputs.check_output_file`). ``force`` (replacing a run) replaces a finecap configuration of
+    another run, never a file that does not read as one: that is the user's, and refused whatever is asked."""
+    finecaps = force and path.is_file() and not path.is_symlink() and is_run_config(path)
+    check_output_file(path, inputs, force=finecaps, option=option, kind="config",
+                      force_flag=None if force else force_flag,
                       ours=lambda p: is_run_config(p) and ours(p))  # fmt: skip
 
 
