@@ -70,6 +70,11 @@ def test_a_finished_stage_on_other_inputs_is_refused_not_reused(tmp_path, caplog
     assert f"data fingerprint {recorded['id']} at {recorded['path']} (recorded) differs from {now['id']}" in message
     assert f"world_key: '{recorded['world_key']}' -> '{now['world_key']}'" in message and "--force" in message
     assert trained == []
+    # nor is it reported: the report scored its captions against the other world's references and images
+    from finecap.app.demo import stage_report
+
+    with pytest.raises(FingerprintMismatch, match="demo stage 'mle' was trained on other inputs"):
+        stage_report(other)
     # --force (demo.force): the stage trains again, over its old run.
     forced = _demo(tmp_path, [*other.items, "demo.force=true"], train=fake_train)
     assert forced.train_stage("mle") is True

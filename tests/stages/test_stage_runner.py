@@ -167,3 +167,37 @@ def test_finished_stages_are_read_with_the_configuration_they_saved(tmp_path):
     assert runner.cfg.train.lr == 0.07  # the run directory's own configuration
     with pytest.raises(RuntimeError, match="trains nothing"):
         runner.train(cfg, resume=False, overwrite=True)
+
+
+def test_a_forced_retrain_that_is_killed_is_no_finished_stage(tmp_path):
+    # its DONE marker stayed through the retrain: killed, the next run skipped the stage as finished and reported the
+    # old model's files as the new one's
+    runner = _runner(tmp_path)
+    runner.run(["world", "start"])
+
+    def killed(cfg, *, resume, overwrite):
+        raise KeyboardInterrupt
+
+    forced = _runner(tmp_path, force=True)
+    forced.train = killed
+    with pytest.raises(KeyboardInterrupt):
+        forced.train_stage("start")
+    assert not forced.is_done("start")
+    again = _runner(tmp_path)
+    assert again.train_stage("start") is True and again.is_done("start")
+
+
+def test_a_file_made_from_a_stages_model_is_made_again_once_the_stage_is_trained_again(tmp_path):
+    # a stage trained again alone (--force) left its samples and shifted captions, which later runs read as the new
+    # model's
+    runner = _runner(tmp_path)
+    runner.run(["world", "start"])
+    made = runner.stage_dir("start") / "samples_test_sample.json"
+    made.write_text("{}")
+    assert runner.made_since_training("start", made)
+    os.utime(made, ns=(1, 1))  # older than the stage's last training (its DONE marker), as after a retrain
+    assert not runner.made_since_training("start", made)
+    _runner(tmp_path, force=True).train_stage("start")
+    made.write_text("{}")  # made again after it
+    assert runner.made_since_training("start", made)
+    assert not runner.made_since_training("start", runner.stage_dir("start") / "missing.json")

@@ -242,6 +242,9 @@ def smile_length_plot(demo: StageRunner) -> Path | None:
 
 def stage_report(demo: StageRunner) -> dict[str, dict[str, float]]:
     cfg = demo.cfg
+    finished = [stage for stage in TRAIN_STAGES if demo.is_done(stage)]  # neither never trained nor a killed retrain
+    for stage in finished:  # trained on the inputs the report scores against (before anything loads)
+        demo.check_reuse(stage, demo.stage_config(stage))
     records = load_records(cfg, "test")
     scenes_by_imgid = load_scenes(world_path(cfg.world))
     scenes = {r.image_id: scenes_by_imgid[int(r.image_id)] for r in records}
@@ -265,10 +268,8 @@ def stage_report(demo: StageRunner) -> dict[str, dict[str, float]]:
 
     write_results(demo.run_dir / "captions" / "human.json", human)
     rows: dict[str, dict[str, Any]] = {"human": {**score(human), **score_families(None)}}
-    for stage in TRAIN_STAGES:
-        path = demo.stage_dir(stage) / "captions_test.json"
-        if not path.exists():
-            continue
+    for stage in finished:
+        path = caption_stage(demo, stage)  # made again when the stage was trained again since
         predictions = {i: caps[0] for i, caps in read_results(path).items()}
         write_results(demo.run_dir / "captions" / f"{stage}.json", predictions)
         rows[stage] = {**score(predictions), **score_families(stage)}

@@ -154,7 +154,7 @@ def overrides(demo: Any, stage: str) -> list[str]:
 
 def stage_boost(demo: Any) -> None:
     out = boosted_dir(demo)
-    if (out / "dataset.json").exists() and not demo.cfg.demo.force:
+    if not demo.cfg.demo.force and demo.made_since_training("visual_expert", out / "dataset.json"):  # its expert
         log.info("boost_holistic: %s exists; skipping", out)
         return
     expert = demo.best_checkpoint("visual_expert")

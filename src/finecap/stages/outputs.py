@@ -1,7 +1,8 @@
 """What a finished training stage of a :class:`~finecap.stages.StageRunner` makes on the test split: its best
 captioner, its captions, several captions per image and their set-level diversity. Each is written once into the
-stage's folder and read back on the next run (made again with the runner's ``force``); the demo's report and the
-papers' grids read them alike."""
+stage's folder and read back on the next run (made again with the runner's ``force``, or when the stage was trained
+again since: :meth:`~finecap.stages.StageRunner.made_since_training`); the demo's report and the papers' grids read
+them alike."""
 
 from __future__ import annotations
 
@@ -33,7 +34,7 @@ def caption_stage(runner: StageRunner, stage: str) -> Path:
     """Test-split captions of the stage's best checkpoint, decoded with its ``decode.*`` (beam 5 in the demo):
     ``<stage>/captions_test.json``."""
     out = runner.stage_dir(stage) / "captions_test.json"
-    if out.exists() and not runner.force:
+    if not runner.force and runner.made_since_training(stage, out):
         return out
     cfg = runner.stage_config(stage)
     captions = generate_captions(best_model(runner, stage), cfg, "test")
@@ -44,11 +45,12 @@ def caption_stage(runner: StageRunner, stage: str) -> Path:
 def caption_world(runner: StageRunner, stage: str, world: Any, tag: str, force: bool | None = None) -> dict[Any, str]:
     """Test-split captions of another world (``world``: a :class:`finecap.config.WorldConfig`, made beforehand) by the
     stage's best checkpoint, decoded with its ``decode.*`` (beam 5 in the demo) and kept in
-    ``<stage>/captions_<tag>_test.json``: the shifted domain's, the scene families'. The other world's test split
-    is captioned whatever data set the stage trained on (the VCB stages train on a boosted copy of the world through
-    ``data.path`` / ``data.captions``). Made again when ``force`` (default: the runner's ``force``)."""
+    ``<stage>/captions_<tag>_test.json``: the shifted domain's, the scene families'. The other world's test split is
+    captioned whatever data set the stage trained on (the VCB stages train on a boosted copy of the world through
+    ``data.path`` / ``data.captions``). Made again when ``force`` (default: the runner's ``force``) or when the stage
+    was trained again since (:meth:`~finecap.stages.StageRunner.made_since_training`)."""
     path = world_captions_file(runner.stage_dir(stage), tag)
-    if not path.exists() or (runner.force if force is None else force):
+    if (runner.force if force is None else force) or not runner.made_since_training(stage, path):
         cfg = world_config(runner.stage_config(stage), world)
         write_results(path, {i: c[0] for i, c in generate_captions(best_model(runner, stage), cfg, "test").items()})
     return {i: c[0] for i, c in read_results(path).items()}
@@ -71,7 +73,7 @@ def stage_samples(runner: StageRunner, stage: str, mode: str) -> dict[Any, list[
     """:data:`SAMPLES` captions per test image of the stage's best checkpoint: ``sample`` (T = 1) or ``beam`` (the
     top 5), kept in ``<stage>/samples_test_<mode>.json``."""
     path = runner.stage_dir(stage) / f"samples_test_{mode}.json"
-    if path.exists() and not runner.force:
+    if not runner.force and runner.made_since_training(stage, path):
         return {id_from_key(k): v for k, v in read_json(path, DATA_FILE).items()}  # ids written with str(id)
     cfg = runner.stage_config(stage)
     settings = {"sample": {"strategy": "sample", "temperature": 1.0}, "beam": {"strategy": "beam"}}[mode]

@@ -150,6 +150,16 @@ class StageRunner:
         refuse_link(marker)  # never taken for a finished stage, never written through
         return marker.exists()
 
+    def made_since_training(self, stage: str, path: Path) -> bool:
+        """Whether ``path``, a file made from training stage ``stage``'s model (its captions, samples, a boosted data
+        set), may be read back (unless forced): it exists and is no older than the stage's ``DONE`` marker (a stage
+        trained again since, e.g. alone with ``--force``, makes it again rather than pass the old model's off as the
+        new one's)."""
+        if not path.exists():
+            return False
+        marker = self.stage_dir(stage) / DONE
+        return not marker.exists() or path.stat().st_mtime_ns >= marker.stat().st_mtime_ns
+
     def training_stages(self) -> list[str]:
         return [name for name, stage in self.stages.items() if stage.kind == TRAIN]
 
@@ -199,8 +209,11 @@ class StageRunner:
             log.info("%s: already trained (%s); skipping", stage, out)
             return False
         self.check_inputs(stage)
-        if self.force:
+        if self.force:  # not finished until trained again: a killed retrain is no finished stage (nor its old files)
             resume, overwrite = False, True
+            marker = out / DONE
+            if marker.is_file() and not marker.is_symlink():
+                marker.unlink()
         else:  # a killed stage resumes, or starts again when it saved no checkpoint
             resume, overwrite = continue_unfinished(
                 out, what=f"{self.what} {stage!r}", ways_out=self.ways_out_of(stage)
