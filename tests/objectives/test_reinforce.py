@@ -256,6 +256,18 @@ def test_token_entropy_and_masked_mean():
     assert token_entropy(logits, 2.0)[0, 1].item() == pytest.approx(math.log(4))
 
 
+def test_the_entropy_term_is_the_steps_however_the_step_is_cut():
+    # the engine averages micro-batches weighted by their num_items (captions for REINFORCE): a token mean per
+    # micro-batch was not the step's (10 tokens of entropy 1, 2 of entropy 3: 16 / 12 whole, 2.0 cut in two)
+    h = torch.tensor([[1.0] * 10, [3.0, 3.0] + [0.0] * 8])
+    m = torch.tensor([[True] * 10, [True, True] + [False] * 8])
+    for per, items in (("caption", lambda mask: 1.0), ("token", lambda mask: float(mask.sum()))):
+        whole = mean_entropy(h, m, per).item()
+        parts = [(mean_entropy(h[i : i + 1], m[i : i + 1], per).item(), items(m[i])) for i in range(2)]
+        assert sum(v * n for v, n in parts) / sum(n for _, n in parts) == pytest.approx(whole), per
+    assert (mean_entropy(h, m).item(), mean_entropy(h, m, "token").item()) == (2.0, pytest.approx(16 / 12))
+
+
 class Uniform(StandIn):
     """A stand-in whose LM gives uniform logits over 2 tokens: every token log-prob is -ln 2, entropy ln 2."""
 

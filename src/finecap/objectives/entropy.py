@@ -3,10 +3,15 @@ and 5.2, after Mnih et al. 2016).
 
 Definition used here (the paper gives only ``H(p_theta(w_j | w_<j, x_i))``): at every position of a *decoded*
 caption (its tokens up to and including the stop token, not padding), the entropy of the full next-token
-distribution ``H_t = -sum_v p(v | y_<t, x) log p(v | y_<t, x)``; the regulariser is the mean of ``H_t`` over all
-such positions of the batch (token-level average), and the loss *subtracts* ``coef * mean H`` (maximising the
-entropy). The distribution is the one whose log-probs REINFORCE uses (temperature 1, or the sampling temperature
-with ``rl.scaled_logprob``). The paper's coefficient is 1e-2 (tuned among 1e-1, 1e-2, 1e-3).
+distribution ``H_t = -sum_v p(v | y_<t, x) log p(v | y_<t, x)``; the regulariser is the mean over the batch's
+captions of each caption's mean ``H_t`` (``per="caption"``; REINFORCE, and GRPO unless its loss is a token mean), or
+the mean of ``H_t`` over all positions of the batch (``per="token"``: GRPO's ``grpo.loss_aggregation=token``), as
+the objective's loss is a mean over captions or over tokens (its ``num_items``). So the term, like the loss, is
+that of the whole step however it is cut into micro-batches: a token mean per micro-batch weighted by its captions
+would not be (10 tokens of entropy 1 and 2 of entropy 3: 16 / 12 as one batch, (1 + 3) / 2 cut in two). The loss
+*subtracts* ``coef * mean H`` (maximising the entropy). The distribution is the one whose log-probs REINFORCE
+uses (temperature 1, or the sampling temperature with ``rl.scaled_logprob``). The paper's coefficient is 1e-2
+(tuned among 1e-1, 1e-2, 1e-3).
 
 The entropies come from the same forward pass as the REINFORCE log-probs: the captioner's ``forward`` with
 ``with_entropy=True`` returns both (:class:`finecap.models.captioner.TokenScores`).
@@ -32,7 +37,17 @@ def token_entropy(logits: torch.Tensor, temperature: float = 1.0) -> torch.Tenso
     return entropy_of(F.log_softmax(logits.float() / temperature, dim=-1))
 
 
-def mean_entropy(entropy: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """Mean of ``entropy`` (N, L) over the positions where ``mask`` (N, L) is true (token-level average)."""
+def mean_entropy(entropy: torch.Tensor, mask: torch.Tensor, per: str = "caption") -> torch.Tensor:
+    """Mean of ``entropy`` (N, L) over the positions where ``mask`` (N, L) is true: ``per="caption"`` the mean over
+    the captions of each one's mean, ``per="token"`` over all positions (module docstring).
+
+    >>> h, m = torch.tensor([[1.0, 1.0, 1.0], [3.0, 0.0, 0.0]]), torch.tensor([[True] * 3, [True, False, False]])
+    >>> mean_entropy(h, m).item(), mean_entropy(h, m, per="token").item()  # (1 + 3) / 2; 6 / 4
+    (2.0, 1.5)
+    """
     m = mask.to(entropy.dtype)
-    return (entropy * m).sum() / m.sum().clamp(min=1.0)
+    if per == "token":
+        return (entropy * m).sum() / m.sum().clamp(min=1.0)
+    if per != "caption":
+        raise ValueError(f"mean_entropy: per={per!r}; valid: caption, token")
+    return ((entropy * m).sum(-1) / m.sum(-1).clamp(min=1.0)).mean()

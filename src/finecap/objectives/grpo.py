@@ -501,7 +501,9 @@ class PolicyOptimization(Reinforce):
             losses = {"policy": loss}
             metrics.update(extra)
         if scores.entropy is not None:
-            entropy = mean_entropy(scores.entropy, mask.to(scores.entropy.device))
+            tokens = self.grpo.policy_loss != "reinforce" and self.grpo.loss_aggregation == "token"
+            per = "token" if tokens else "caption"  # a mean over what `items` counts
+            entropy = mean_entropy(scores.entropy, mask.to(scores.entropy.device), per)
             losses["entropy"] = -self.rl.entropy_coef * entropy
             metrics["entropy"] = float(entropy.detach())
         metrics.update(self.metrics(rollout, seq_logp))
