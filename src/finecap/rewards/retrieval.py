@@ -25,8 +25,10 @@ Distractors (``sr.distractors``):
   gradient-accumulation steps and no communication is needed (embeddings come from the table).
 - ``bag``: only the image's bag-mates, from ``batch["bag"]`` (bag numbers, a per-example field of the BagCurri
   sampler that the engine attaches, ``data.sampler=bagcurri``). In the random-batch epochs of a BagCurri schedule
-  (bag size 0) each image is its own bag and the other batch images are used instead. (With ``batch`` and
-  BagCurri, the distractors are the bag-mates *plus* the other bags of the batch, as NDLB trains.)
+  (bag size 0) each image is its own bag and the other batch images are used instead; so is an image whose bag-mates
+  were all dropped as near-duplicates (``sr.duplicate_threshold``), whose reward is then on the random-batch scale.
+  (With ``batch`` and BagCurri, the distractors are the bag-mates *plus* the other bags of the batch, as NDLB
+  trains.)
 - ``hard`` (DiscriTune D.2): the ``sr.hard_k`` training images most similar to the target under the retriever's
   image embeddings (mined over the whole training set, the target itself excluded), plus random ones: the other
   images of the global batch, in batch order (random batches are a random sample), skipping the mined ones, up to
