@@ -18,7 +18,7 @@ from finecap.data.datasets import load_records
 from finecap.data.formats import read_dataset
 from finecap.world.facts import facts
 from helpers.chat_server import ChatServer
-from helpers.tiny_world import make_tiny_world, world_items
+from helpers.tiny_world import SETTINGS, make_tiny_world, world_items
 
 
 @pytest.fixture(scope="module")
@@ -163,3 +163,28 @@ def test_formats_boost_cannot_write_fail_before_any_request(world, tmp_path):
     with pytest.raises(ValueError, match="data.format=hf: finecap boost writes world, karpathy, coco, jsonl only"):
         boost(cfg, tmp_path / "out", progress=False)
     assert not (tmp_path / "out").exists()
+
+
+def test_a_world_boosted_into_a_folder_of_another_worlds_boost_links_its_own_images(world, tmp_path):
+    # the images link of the earlier run stayed: the new captions were paired with the other world's images under the
+    # same file names (and a link left dangling failed the run after every request was paid for)
+    seeded = (*SETTINGS, "world.seed=1")
+    other = make_tiny_world(tmp_path / "other", seeded)
+    out = tmp_path / "out"
+    boost(load(None, [*world_items(other, seeded), "boost.mode=blend"]), out, progress=False)
+    assert (out / "images").resolve() == (other / "images").resolve()
+    boost(load(None, [*world_items(world), "boost.mode=blend"]), out, progress=False)
+    assert (out / "images").resolve() == (world / "images").resolve()
+    os.replace(out / "images", tmp_path / "moved")  # a real folder of the user's where the link goes: refused
+    (out / "images").mkdir()
+    with pytest.raises(ValueError, match=r"is a folder, not the link to the images boost makes"):
+        boost(load(None, [*world_items(world), "boost.mode=blend"]), out, progress=False)
+
+
+def test_a_data_set_named_like_a_boost_file_is_refused(world, tmp_path):
+    # a JSONL source named failures.jsonl was written, then replaced by the (empty) failures list; exit 0
+    source = tmp_path / "failures.jsonl"
+    source.write_text(json.dumps({"image": str(world / "images" / "x.png"), "captions": ["a dog"]}) + "\n")
+    cfg = load(None, [f"data.path={source}", "data.format=jsonl", "boost.mode=blend"])
+    with pytest.raises(ValueError, match=r"a data set named failures.jsonl would be written over"):
+        boost(cfg, tmp_path / "out", progress=False)

@@ -1,6 +1,7 @@
 """Default prompts with few-shot turns, prompt-file overrides, and errors naming the prompt file."""
 
 import pytest
+import yaml
 
 from finecap.boost.prompts import DEFAULT_PROMPTS, PACKAGED, Prompts
 from finecap.config import load
@@ -97,3 +98,20 @@ def test_packaged_paper_prompts():
 def test_coco_recipes_use_the_paper_prompts(recipe):
     assert load(recipe).boost.prompts == "ndlb"
     assert Prompts.load(load(recipe).boost.prompts).source == str(PACKAGED["ndlb"])
+
+
+@pytest.mark.parametrize(
+    ("example", "words"),
+    [
+        ({"captions": ["a dog"], "answer": "A dog."}, r"holistic.examples\[0\].* needs 'blend', 'visual'"),
+        ({"captions": "a dog", "blend": "b", "visual": "v", "answer": "A dog."}, r"'captions' must be a list"),
+        ({"captions": ["a dog"], "blend": ["b"], "visual": "v", "answer": "A dog."}, r"'blend' must be a string"),
+    ],
+)
+def test_an_example_missing_what_its_step_fills_in_is_refused_when_the_file_loads(tmp_path, example, words):
+    # it failed with a bare KeyError when the holistic messages were built, after the paid blend and visual steps;
+    # a string of captions was formatted one character a line
+    path = tmp_path / "prompts.yaml"
+    path.write_text(yaml.safe_dump({"holistic": {"examples": [example]}}))
+    with pytest.raises(ValueError, match=words):
+        Prompts.load(path)

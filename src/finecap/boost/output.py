@@ -89,6 +89,9 @@ def check_outputs(fmt: str, source: str | Path, out_dir: str | Path, images: str
 
     check_writable(fmt)
     source, out_dir = dataset_file(fmt, source), Path(out_dir)
+    if source.name in BOOST_FILES:  # the boosted copy keeps the source's name: boost's own file would replace it
+        raise ValueError(f"{source}: a data set named {source.name} would be written over by finecap boost's own "
+                         f"{source.name} in --out; copy or rename it")  # fmt: skip
     out = out_dir.resolve()
     for folder, what in ((source.parent, "the source data set's folder"), (images, "the image folder (data.images)")):
         if folder is None or str(folder) == "":
@@ -119,11 +122,26 @@ def check_outputs(fmt: str, source: str | Path, out_dir: str | Path, images: str
                 "finecap boost writes into an empty or new folder, or one it wrote before"
             )
     for path in output_paths(fmt, source, out_dir):
-        if path.is_dir() and not (path.name == "images" and fmt == "world"):
+        if path.name == "images" and fmt == "world":
+            if path.exists() and not path.is_symlink():  # boost makes a link there; a real folder is someone's
+                raise ValueError(f"--out {out_dir}: {path} is a folder, not the link to the images boost makes")
+        elif path.is_dir():
             raise ValueError(f"--out {out_dir}: {path} is a folder; finecap boost would write a file there")
     existing = next(p for p in (out_dir, *out_dir.parents) if p.exists())
     if not existing.is_dir() or not os.access(existing, os.W_OK | os.X_OK):
         raise ValueError(f"--out {out_dir}: {existing} is not a writable folder")
+
+
+def link_images(link: Path, images: Path) -> None:
+    """``link`` -> ``images``: the boosted world's images are the source world's. A link left by an earlier run into
+    the same folder that points elsewhere (another world boosted there; a world since deleted) is replaced, at once
+    (a new link renamed over it): its images would be another world's under the same file names."""
+    if link.is_symlink() and Path(os.readlink(link)) == images:
+        return
+    fresh = link.with_name(f".{link.name}.{os.getpid()}.tmp")
+    fresh.unlink(missing_ok=True)
+    os.symlink(images, fresh, target_is_directory=True)
+    os.replace(fresh, link)  # replaces a link, never a folder (check_outputs refuses a real folder there)
 
 
 def _check_aligned(n_raw: int, records: Sequence[Record], path: Path) -> None:
@@ -158,9 +176,7 @@ def write_boosted(
             if (source.parent / "world.json").exists():  # the copy's own content hashes: its captions are boosted
                 meta = read_json(source.parent / "world.json")
                 write_json(out_dir / "world.json", {**meta, "sha256": content_hashes(out_dir)})
-            link = out_dir / "images"
-            if not link.exists():
-                os.symlink((source.parent / "images").resolve(), link, target_is_directory=True)
+            link_images(out_dir / "images", (source.parent / "images").resolve())
     elif fmt == "coco":
         raw = read_json(source, DATA_FILE)
         by_id = dict(zip((r.image_id for r in records), fields, strict=True))

@@ -50,6 +50,7 @@ from typing import Any
 import yaml
 
 from finecap.utils.reading import METADATA, StrictYAMLLoader, read_bounded, read_yaml_mapping
+from finecap.utils.text import short_repr
 
 STEPS = ("blend", "visual", "holistic")
 VARIABLES: dict[str, tuple[str, ...]] = {
@@ -231,9 +232,21 @@ class Prompts:
             examples = t.get("examples") or []
             if not isinstance(examples, list):
                 raise ValueError(f"{self._where(step, 'examples')} must be a list")
+            used = _fields(t["user"], self._where(step, "user"))  # what an example fills in, as an image does
+            needs = {"captions" if f in ("captions", "n_captions", "reference_captions") else f for f in used}
             for i, ex in enumerate(examples):
+                where = self._where(step, "examples", f"[{i}]")
                 if not isinstance(ex, dict) or not isinstance(ex.get("answer"), str):
-                    raise ValueError(f"{self._where(step, 'examples', f'[{i}]')} needs an 'answer' string")
+                    raise ValueError(f"{where} needs an 'answer' string")
+                missing = sorted(needs - set(ex))
+                if missing:
+                    raise ValueError(f"{where} needs {', '.join(map(repr, missing))}: {step}.user uses it")
+                captions = ex.get("captions", [])
+                if not isinstance(captions, list) or not all(isinstance(c, str) for c in captions):
+                    raise ValueError(f"{where}: 'captions' must be a list of strings, got {short_repr(captions)}")
+                wrong = sorted(k for k in needs - {"captions"} if not isinstance(ex[k], str))
+                if wrong:
+                    raise ValueError(f"{where}: {', '.join(map(repr, wrong))} must be a string")
 
     def _user(self, step: str, variables: dict[str, Any]) -> str:
         captions = list(variables.get("captions") or [])
