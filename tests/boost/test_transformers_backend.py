@@ -2,6 +2,7 @@
 with a chat template; nothing downloaded): the chat template is applied, batches are left-padded so that batched
 greedy answers equal one-by-one answers, and the answers feed the engine."""
 
+import os
 from pathlib import Path
 
 import pytest
@@ -61,6 +62,21 @@ def test_engine_with_transformers_backend(chat_model, tmp_path):
     failed = {f.image_id for f in result.failures}
     for i, f in enumerate(result.fields):
         assert f["blend"] == records[i].captions if i in failed else len(f["blend"]) == 1
+
+
+def test_a_model_folder_saved_again_in_place_is_another_identity(chat_model, tmp_path):
+    # the identity (the cache key) held the folder's name alone: a model trained again into the same folder was
+    # answered from the cache of its earlier weights
+    import shutil
+
+    folder = tmp_path / "model"
+    shutil.copytree(chat_model, folder)
+    first = TransformersBackend(str(folder), max_new_tokens=4).identity()
+    assert first == TransformersBackend(str(folder), max_new_tokens=4).identity()
+    weights = next(folder.glob("*.safetensors"))
+    weights.write_bytes(weights.read_bytes())  # saved again: same name, new file
+    os.utime(weights, ns=(1, 1))
+    assert TransformersBackend(str(folder), max_new_tokens=4).identity() != first
 
 
 def test_model_without_chat_template_is_an_error(chat_model, tmp_path):

@@ -127,6 +127,17 @@ class Backend(Protocol):
         ...
 
 
+def weights_stamp(model: str | Path, patterns: Sequence[str] = ("*.safetensors", "*.bin")) -> list[Any] | None:
+    """``[(file, size, mtime_ns)]`` of the weight files of a local model folder ``model`` (``None`` for a Hub name):
+    part of a backend's :meth:`Backend.identity`, so that a folder trained or saved again in place is asked again
+    rather than answered from the cache of its earlier weights."""
+    path = Path(model)
+    if not path.is_dir():
+        return None
+    weights = sorted(w for pattern in patterns for w in path.rglob(pattern))
+    return [(str(w.relative_to(path)), w.stat().st_size, w.stat().st_mtime_ns) for w in weights]
+
+
 @dataclass
 class Failure:
     image_id: Any

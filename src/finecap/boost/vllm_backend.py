@@ -36,7 +36,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from finecap.boost.chat import InProcessBackend, load_chat_tokenizer, prompt_text
-from finecap.boost.engine import BackendError, Task
+from finecap.boost.engine import BackendError, Task, weights_stamp
 
 if TYPE_CHECKING:
     from finecap.config import VllmConfig
@@ -72,6 +72,7 @@ class VllmBackend(InProcessBackend):
         import_vllm(option)  # a missing vLLM is named before anything loads
         self.processor, self.tokenizer = load_chat_tokenizer(model, vision=vision, key=key, backend="vllm")
         self.name, self.vision = model, vision
+        self.weights = weights_stamp(model)  # read once: the identity of every request
         self.batch_size, self.max_new_tokens, self.temperature = batch_size, max_new_tokens, temperature
         images = {"limit_mm_per_prompt": {"image": 1}} if vision else {}
         self.llm = start_llm(model, section or VllmConfig(), dtype=saved_dtype(model), seed=seed,
@@ -79,7 +80,8 @@ class VllmBackend(InProcessBackend):
 
     def identity(self) -> dict[str, Any]:
         return {"backend": "vllm", "model": self.name, "vision": self.vision,
-                "max_new_tokens": self.max_new_tokens, "temperature": self.temperature}  # fmt: skip
+                "max_new_tokens": self.max_new_tokens, "temperature": self.temperature,
+                **({"weights": self.weights} if self.weights is not None else {})}  # fmt: skip
 
     def sampling_params(self) -> Any:
         """The folder's generation settings (module docstring) with ``boost.temperature`` and ``max_new_tokens``."""

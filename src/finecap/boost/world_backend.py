@@ -32,7 +32,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from finecap.boost.engine import Task
+from finecap.boost.engine import Task, weights_stamp
 from finecap.boost.world_facts import blend_facts, holistic_facts, render_facts
 from finecap.world.facts import facts
 
@@ -83,8 +83,7 @@ class WorldVLM:
         )  # fmt: skip
 
     def identity(self) -> dict[str, Any]:
-        weights = sorted(self.path.rglob("*.safetensors"))
-        stamp = [(str(w.relative_to(self.path)), w.stat().st_size, w.stat().st_mtime_ns) for w in weights]
+        stamp = weights_stamp(self.path, ("*.safetensors",))
         return {"backend": "world-vlm", "checkpoint": str(self.path.resolve()), "weights": stamp,
                 "decode": dataclasses.asdict(self.decode)}  # fmt: skip
 
