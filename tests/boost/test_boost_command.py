@@ -188,3 +188,21 @@ def test_a_data_set_named_like_a_boost_file_is_refused(world, tmp_path):
     cfg = load(None, [f"data.path={source}", "data.format=jsonl", "boost.mode=blend"])
     with pytest.raises(ValueError, match=r"a data set named failures.jsonl would be written over"):
         boost(cfg, tmp_path / "out", progress=False)
+
+
+def test_a_run_that_crashes_leaves_boost_json_running_not_an_earlier_runs_ok(world, tmp_path, monkeypatch):
+    # an earlier run's boost.json (status ok) stayed when a later run crashed (an out-of-memory error, a bug)
+    out = tmp_path / "out"
+    boost(load(None, [*world_items(world), "boost.mode=blend"]), out, progress=False)
+    assert json.loads((out / "boost.json").read_text())["status"] == "ok"
+
+    def crash(*args, **kwargs):
+        raise MemoryError("out of memory")
+
+    monkeypatch.setattr("finecap.app.boost.boost_records", crash)
+    with pytest.raises(MemoryError):
+        boost(load(None, [*world_items(world), "boost.mode=blend"]), out, progress=False)
+    assert json.loads((out / "boost.json").read_text())["status"] == "running"
+    boost_again = load(None, [*world_items(world), "boost.mode=blend"])
+    monkeypatch.undo()
+    assert boost(boost_again, out, progress=False)["status"] == "ok"  # the folder is boost's: a re-run finishes

@@ -29,7 +29,7 @@ from typing import Any
 
 from finecap.boost.backends import make_backend
 from finecap.boost.engine import MODE_STEPS, AnswerCache, BoostFailed, boost_records
-from finecap.boost.output import check_outputs, write_boosted
+from finecap.boost.output import check_outputs, dataset_file, write_boosted
 from finecap.boost.prompts import Prompts
 from finecap.config import Config
 from finecap.data.formats import read_dataset
@@ -65,6 +65,8 @@ def main(cfg: Config, out: str | Path, progress: bool = True) -> dict[str, Any]:
         llm = make_backend(cfg, "llm") if set(steps) & {"blend", "holistic"} else None
         vlm = make_backend(cfg, "vlm") if "visual" in steps else None
         cache = AnswerCache(out / "cache.jsonl")
+        # until this run ends: a crash leaves "running" here, never an earlier run's "ok"
+        write_json(out / "boost.json", {"status": "running", "source": str(source.resolve()), "mode": cfg.boost.mode})
         try:
             b = cfg.boost
             result = boost_records(
@@ -105,8 +107,10 @@ def main(cfg: Config, out: str | Path, progress: bool = True) -> dict[str, Any]:
         write_json(out / "boost.json", summary)
     counts = f"{summary['boosted']} of {summary['to_boost']} images boosted ({b.mode}), {summary['failed']} failed"
     if result.stopped:
+        earlier = dataset_file(cfg.data.format, source).name
+        left = f" (the {earlier} there is an earlier run's)" if (out / earlier).exists() else ""
         raise BoostFailed(
-            f"boost stopped: {result.stopped}. {counts}, {summary['not_done']} not done; no data set written. "
+            f"boost stopped: {result.stopped}. {counts}, {summary['not_done']} not done; no data set written{left}. "
             f"{len(cache.answers)} answers are kept in {out / 'cache.jsonl'}: re-run with the same --out to continue "
             f"(details: {out / 'boost.json'}, {out / 'failures.jsonl'})"
         )
