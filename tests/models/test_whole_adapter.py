@@ -5,6 +5,7 @@ alone."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -14,6 +15,7 @@ from PIL import Image
 from transformers import AutoModelForImageTextToText, BlipForConditionalGeneration
 
 from finecap.config import DecodeConfig
+from finecap.config.sections.backbones import VlmBackboneConfig
 from finecap.models import lora
 from finecap.models.base import module_path
 from finecap.models.blip import Blip
@@ -101,3 +103,30 @@ def test_no_whole_model_adapter_when_one_would_not_reproduce_the_captioner(dirs,
     out = model.save(tmp_path / "ckpt")
     assert "adapter" not in json.loads((out / "captioner.json").read_text())
     assert not (out / "adapter").exists() and (out / "lm_lora").is_dir()
+
+
+def test_a_stage_started_from_a_checkpoint_writes_an_adapter_only_while_its_base_is_the_sources(dirs, tmp_path):
+    """An earlier stage's adapters merged into the base (new LoRA settings: ``configure_training``), or its projector
+    trained fully, are base weights an adapter on the *source* does not carry: ``adapter/`` was written anyway, naming
+    the source, and lost the earlier stage (coco/sr_l_vlm starts from mle_vlm with another alpha)."""
+    first = adapted(Vlm.from_pretrained(dirs["llava"]))
+    stage1 = first.save(tmp_path / "stage1")
+    kept = Vlm.from_checkpoint(stage1)  # the same adapters go on (a resumed or continued LoRA run)
+    assert (kept.save(tmp_path / "kept") / "adapter").is_dir()
+    merged = Vlm.from_checkpoint(stage1)
+    lora.merge_part(merged, "lm")  # what configure_training does with other settings, before new adapters
+    lora.apply_lora(merged, "lm", lora.LoraSpec(rank=4, alpha=4.0))
+    out = merged.save(tmp_path / "stage2")
+    meta = json.loads((out / "captioner.json").read_text())
+    assert "adapter" not in meta and meta["base_changed"] is True and not (out / "adapter").exists()
+    assert (Vlm.from_checkpoint(out).save(tmp_path / "stage3") / "lm_lora").is_dir()  # and the stage after it
+    assert not (tmp_path / "stage3" / "adapter").exists()
+    # a start whose projector an earlier stage trained fully: an adapter now must carry it again
+    trains_projector = Vlm.from_pretrained(dirs["llava"], section=VlmBackboneConfig(train_projector=True))
+    with_projector = adapted(trains_projector, module_path(trains_projector.model, first.family.projector))
+    stage1p = with_projector.save(tmp_path / "stage1p")
+    assert json.loads((stage1p / "captioner.json").read_text())["adapter_modules"] == [first.family.projector]
+    assert (Vlm.from_checkpoint(stage1p).save(tmp_path / "stage2p") / "adapter").is_dir()  # it still trains
+    frozen = Vlm.from_checkpoint(stage1p)
+    frozen.section = dataclasses.replace(frozen.section, train_projector=False)  # a next stage freezing it
+    assert not (frozen.save(tmp_path / "stage3p") / "adapter").exists()

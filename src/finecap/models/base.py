@@ -175,6 +175,12 @@ class CaptionerBase(nn.Module, abc.ABC):
 
     kind: ClassVar[str] = ""
     PART_PATHS: ClassVar[dict[str, str]] = {}
+    base_changed: bool = False
+    """Whether the base weights differ from the source's (adapters merged into them, parts trained fully, a start from
+    a checkpoint whose base had changed): then no adapter on the source reproduces the captioner (:meth:`save`)."""
+    inherited_modules: frozenset[str] = frozenset()
+    """Modules (under :meth:`adapter_root`) a start checkpoint trained fully beside its adapters (its whole adapter's
+    ``modules_to_save``): they differ from the source's, so an adapter written now must carry them again."""
     DUAL_ENCODER_DIR: ClassVar[str] = "world_encoder"
     DUAL_SAVED_KEY: ClassVar[str] = "world_saved"
     DUAL_SOURCE_KEY: ClassVar[str] = "world_source"
@@ -500,13 +506,17 @@ class CaptionerBase(nn.Module, abc.ABC):
                 lora.save_encoder(dual, out / self.DUAL_ENCODER_DIR, self.part_state(state, "encoder"))
         part_states = {p: self.part_state(state, p) for p in PARTS}
         meta["lora"] = lora.save_adapters(self, out, part_states)
-        if meta["lora"] and self._adapter_reproduces():
+        reproduces = self._adapter_reproduces()
+        if meta["lora"] and reproduces:
             root = self.adapter_root()
             adapter = lora.save_whole_adapter(self, root, out, part_states, self.adapter_modules_to_save(),
                                               lora.plain_state(strip_prefix(state, root + ".")),
                                               meta.get("source", ""))  # fmt: skip
             if adapter is not None:
                 meta["adapter"] = adapter
+                meta["adapter_modules"] = sorted(self.adapter_modules_to_save())
+        # the base weights saved here are the source's only when adapters alone (and the modules they carry) learned
+        meta["base_changed"] = bool(self.base_changed or not reproduces or self.train_lm and "lm" not in meta["lora"])
         meta["dtypes"] = memory.part_dtypes(self)
         memory.save_float32_masters(self, out, state)
         write_json(out / CONFIG_NAME, meta)
@@ -515,8 +525,10 @@ class CaptionerBase(nn.Module, abc.ABC):
     def _adapter_reproduces(self) -> bool:
         """Whether one peft adapter on the base model reproduces this captioner: it has an :meth:`adapter_root` and
         no part learns without adapters (fully trained weights would be missing from an adapter)."""
-        if self.adapter_root() is None:
+        if self.adapter_root() is None or self.base_changed:
             return False
+        if not self.inherited_modules <= set(self.adapter_modules_to_save()):
+            return False  # a module an earlier stage trained fully, which this adapter would not carry
         flags = {"lm": self.train_lm, "encoder": self.train_encoder}
         return not any(on and not lora.is_peft(self.lora_module(p)) for p, on in flags.items())
 
@@ -542,6 +554,9 @@ class CaptionerBase(nn.Module, abc.ABC):
         model = cls.load_weights(path, meta, load_encoder, options or memory.LoadOptions())
         if meta.get("lora"):
             lora.load_adapters(model, path, meta["lora"])
+        # the folder's base is the source's when it recorded so, or (written before the record) held a whole adapter
+        model.base_changed = bool(meta.get("base_changed", "adapter" not in meta))
+        model.inherited_modules = frozenset(meta.get("adapter_modules", ()))
         return model
 
     def loaded_setting_differences(self, cfg: Config) -> list[tuple[str, Any, Any]]:

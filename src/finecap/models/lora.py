@@ -283,6 +283,7 @@ def merge_part(model: nn.Module, part: str) -> None:
         )
     if is_peft(module):
         _set_part_module(model, part, module.merge_and_unload())
+        model.base_changed = True  # the adapters are in the base weights now: no adapter on the source reproduces it
 
 
 def merge_lora(model: nn.Module) -> nn.Module:
