@@ -130,3 +130,18 @@ def test_a_stage_started_from_a_checkpoint_writes_an_adapter_only_while_its_base
     frozen = Vlm.from_checkpoint(stage1p)
     frozen.section = dataclasses.replace(frozen.section, train_projector=False)  # a next stage freezing it
     assert not (frozen.save(tmp_path / "stage3p") / "adapter").exists()
+
+
+def test_a_saved_vlm_keeps_the_runs_image_budget_for_a_plain_transformers_load(dirs, tmp_path):
+    """vlm.image_max_pixels / vlm.processor_kwargs are call arguments finecap passes; the folder's processor was saved
+    without them, so AutoProcessor on an export or a checkpoint read images into other (more) tokens than the run."""
+    from finecap.models.vlm import load_processor
+
+    model = Vlm.from_pretrained(dirs["qwen2_vl"], section=VlmBackboneConfig(image_max_pixels=64))
+    image = [[Image.new("RGB", (64, 48), (200, 10, 10))]]
+    run = model.processor(text=[model.prompt_text], images=image, return_tensors="pt", **model.processor_kwargs)
+    plain = load_processor(str(model.save(tmp_path / "ckpt")))(text=[model.prompt_text], images=image,
+                                                                 return_tensors="pt")  # fmt: skip
+    assert plain["input_ids"].tolist() == run["input_ids"].tolist()
+    again = model.processor(text=[model.prompt_text], images=image, return_tensors="pt", **model.processor_kwargs)
+    assert again["input_ids"].tolist() == run["input_ids"].tolist()  # the in-memory processor is as it was

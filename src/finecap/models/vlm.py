@@ -930,9 +930,20 @@ class Vlm(CaptionerBase):
 
     def save_weights(self, out: Path, state: dict[str, torch.Tensor]) -> dict[str, Any]:
         """The model (``save_pretrained``, base weights without adapters) and its processor in ``out`` itself:
-        ``AutoModelForImageTextToText.from_pretrained(out)`` and ``AutoProcessor.from_pretrained(out)`` load it."""
+        ``AutoModelForImageTextToText.from_pretrained(out)`` and ``AutoProcessor.from_pretrained(out)`` load it. The
+        processor is saved with the run's image budget (``vlm.image_max_pixels``, ``vlm.processor_kwargs``: the call
+        arguments finecap passes) as its image processor's own settings, so that a plain transformers load reads the
+        images into as many tokens as the run did."""
         self.save_plain_model(out, state)
-        self.processor.save_pretrained(out)
+        image_processor = getattr(self.processor, "image_processor", None)
+        kept = {k: getattr(image_processor, k) for k in self.processor_kwargs if hasattr(image_processor, k)}
+        try:
+            for key in kept:
+                setattr(image_processor, key, self.processor_kwargs[key])
+            self.processor.save_pretrained(out)
+        finally:
+            for key, value in kept.items():
+                setattr(image_processor, key, value)
         return {}
 
     @classmethod
