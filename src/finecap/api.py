@@ -120,6 +120,7 @@ class Captioner:
         """:meth:`caption`, with every caption decoded per image (``num_return_sequences`` of them: the beams or
         samples), best first for beam search."""
         from finecap.data.images import ImageLimits
+        from finecap.data.loading import encoder_draft
         from finecap.inference import caption_images
 
         images = _as_list(images)
@@ -129,7 +130,8 @@ class Captioner:
         with silenced():
             result = caption_images(self.generator(settings), images, settings,
                                     mixed_precision=self.cfg.train.mixed_precision, progress=progress,
-                                    limits=ImageLimits.of(self.cfg.data))  # fmt: skip
+                                    limits=ImageLimits.of(self.cfg.data),
+                                    draft=encoder_draft(self.model.encoder, self.cfg.data))  # fmt: skip
         return [caps for caps in result.captions if caps is not None]  # none skipped: bad images raise
 
     def generator(self, settings: Any) -> Any:
@@ -260,7 +262,7 @@ def train(recipe_or_config: str | os.PathLike | Config, /, *, resume: bool = Fal
             ``rl__rewards={"cider": 1.0}`` (what ``train.max_steps=2`` ... are on the command line). They are checked
             as the command line's are: an unknown key is a :class:`finecap.config.ConfigError` naming the closest.
 
-    Example (a few steps on a tiny world; docs/python-api.md trains the demo's recipes the same way)::
+    Example (a few steps on a tiny world; docs/training.md trains the demo's recipes the same way)::
 
         run_dir = finecap.train("demo/mle", train__max_steps=2, run__dir="runs/notebook")
         cap = finecap.Captioner.from_pretrained(run_dir)

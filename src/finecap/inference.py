@@ -187,8 +187,9 @@ class _Images:
     image processor would resize a 1 x 60,000 strip as it would the file); a bad image raises its
     :class:`DataError`, or with ``skip`` becomes ``{"index", "problem"}``."""
 
-    def __init__(self, images: Sequence[Any], indices: Sequence[int], skip: bool, limits: ImageLimits) -> None:
-        self.images, self.indices, self.skip, self.limits = images, list(indices), skip, limits
+    def __init__(self, images: Sequence[Any], indices: Sequence[int], skip: bool, limits: ImageLimits,
+                 draft: int | None = None) -> None:  # fmt: skip
+        self.images, self.indices, self.skip, self.limits, self.draft = images, list(indices), skip, limits, draft
 
     def __len__(self) -> int:
         return len(self.indices)
@@ -203,7 +204,7 @@ class _Images:
                 self.limits.check(*source.size, f"image {index} of the list (a PIL image)")
                 image = upright_rgb(source)
             else:
-                image = load_image(source, limits=self.limits)
+                image = load_image(source, draft=self.draft, limits=self.limits)
         except DataError as e:
             if not self.skip:
                 raise
@@ -234,6 +235,7 @@ def caption_images(
     accelerator: Accelerator | None = None,
     progress: bool = True,
     limits: ImageLimits = DEFAULT_LIMITS,
+    draft: int | None = None,
 ) -> ImageCaptions:
     """Caption ``images`` (PIL images or image file paths, mixed freely) with ``model`` (a captioner, decoding itself,
     or a generation engine serving one: :func:`finecap.engines.open_engine`), decoded with ``decode``.
@@ -248,7 +250,8 @@ def caption_images(
 
     A file that does not decode as an image (:func:`~finecap.data.images.load_image`: missing, empty, damaged,
     truncated, over the image budget ``limits`` or the decompression-bomb limit; a PIL image over ``limits`` too)
-    is a :class:`~finecap.data.records.DataError` naming it; with
+    is a :class:`~finecap.data.records.DataError` naming it; a JPEG file is decoded at ``draft`` pixels as the
+    run's data loading decodes it (``data.jpeg_draft``: :func:`finecap.data.loading.encoder_draft`); with
     ``skip_bad_images`` it is left out (``None``) and counted in ``skipped``, and it is an error only when no image
     decodes."""
     from accelerate.utils import gather_object
@@ -268,7 +271,7 @@ def caption_images(
     rank, world = (accelerator.process_index, accelerator.num_processes) if accelerator is not None else (0, 1)
     mine = process_slice(len(images), rank, world)
     loader = DataLoader(
-        _Images(images, mine, skip_bad_images, limits),
+        _Images(images, mine, skip_bad_images, limits, draft),
         batch_size=chunk_images(decode),
         num_workers=num_workers,
         collate_fn=_Collate(model_collator(model, 1)),  # one token: the empty caption's EOS (decoding reads none)

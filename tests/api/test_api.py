@@ -111,6 +111,25 @@ def test_every_checkpoint_folder_loads(run, files, tmp_path):
         Captioner.from_pretrained(run / "checkpoints")
 
 
+def test_a_jpeg_file_is_decoded_at_the_runs_draft_size_as_a_split_decodes_it(cap, tmp_path, monkeypatch):
+    # Captioner and finecap caption --images decoded JPEG files whole while a split (training, --split, the feature
+    # cache) decodes them at data.jpeg_draft's reduced size: the same file reached the encoder as other pixels
+    from finecap import inference
+    from finecap.data.images import DEFAULT_LIMITS
+    from finecap.data.loading import encoder_draft
+
+    path = tmp_path / "big.jpg"
+    Image.new("RGB", (960, 720), (200, 30, 30)).save(path, quality=95)
+    whole = inference._Images([path], [0], False, DEFAULT_LIMITS)[0]["image"]
+    drafted = inference._Images([path], [0], False, DEFAULT_LIMITS, draft=224)[0]["image"]
+    assert whole.size == (960, 720) and drafted.size == load_image(path, draft=224).size == (480, 360)
+    seen = []
+    real = inference.caption_images
+    monkeypatch.setattr(inference, "caption_images", lambda *a, **k: seen.append(k["draft"]) or real(*a, **k))
+    cap.caption([path])
+    assert seen == [encoder_draft(cap.model.encoder, cap.cfg.data)] and seen[0] is not None
+
+
 def test_pil_images_are_read_as_their_files_are(tmp_path):
     # EXIF orientation and odd modes: upright_rgb(PIL image) gives the pixels load_image gives for its file.
     stored = Image.new("RGB", (4, 2), (30, 30, 200))

@@ -131,6 +131,25 @@ def test_a_run_stored_before_the_backbone_sections_still_captions(beam_run, tmp_
     assert before == captions(main(checkpoint=beam_run, out=tmp_path / "new.json")) and len(before) == 8
 
 
+def test_data_given_reads_its_own_images_not_the_training_datas(beam_run, tmp_path):
+    # --data FILE kept the checkpoint's data.images: a JSONL's relative image paths were read from the training data's
+    # image folder (another image of the same name captioned under the new file's id), silently
+    run = tmp_path / "run"
+    shutil.copytree(beam_run, run)
+    for path in run.rglob("config.yaml"):  # a run trained on data with an image root of its own
+        stored = yaml.safe_load(path.read_text())
+        stored["data"]["images"] = str(tmp_path / "training-images")
+        path.write_text(yaml.safe_dump(stored, sort_keys=False))
+    data = tmp_path / "new" / "test.jsonl"
+    data.parent.mkdir()
+    data.write_text(json.dumps({"image": "0001.png", "captions": ["a red circle"], "split": "test"}) + "\n")
+    assert resolve(run).cfg.data.images == str(tmp_path / "training-images")
+    setup = resolve(run, data=data)
+    assert (setup.cfg.data.format, setup.cfg.data.images) == ("jsonl", "")  # the file's own folder
+    chosen = resolve(run, data=data, overrides=[f"data.images={tmp_path / 'mine'}"])
+    assert chosen.cfg.data.images == str(tmp_path / "mine")
+
+
 def test_only_the_keys_given_override_the_checkpoint(beam_run, tmp_path):
     setup = resolve(beam_run, overrides=["decode.strategy=greedy"])
     # strategy replaced; the checkpoint's max_length (10, not the default 24) and beam_size (3) kept

@@ -45,6 +45,7 @@ from finecap.caption import generate_captions
 from finecap.config import Config, RunConfig, load_stored, parse_override
 from finecap.data.formats import data_format, detect_format
 from finecap.data.images import ImageLimits
+from finecap.data.loading import encoder_draft
 from finecap.data.results import write_results
 from finecap.engines import engine_class, open_engine
 from finecap.home import runs_root, start_path, world_path
@@ -110,7 +111,10 @@ def resolve(
     if data is not None:
         fmt, path = detect_format(data)
         fmt = cfg.data.format if any(parse_override(o)[0] == ["data", "format"] for o in overrides) else fmt
-        folder = {"images": ""} if data_format(fmt).own_image_root else {}  # an image folder is its own root
+        # the new data set's images, not the training data's: an image folder is its own root, a file's relative paths
+        # read from its own folder, unless data.images is given here
+        images_given = any(parse_override(o)[0] == ["data", "images"] for o in overrides)
+        folder = {} if images_given and not data_format(fmt).own_image_root else {"images": ""}
         cfg = dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, format=fmt, path=str(path), **folder))
     if skip_bad_images:
         cfg = dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, skip_bad_images=True))
@@ -193,7 +197,8 @@ def main(
         if files is not None:
             result = caption_images(generator, [f.path for f in files], cfg.decode,
                                     skip_bad_images=cfg.data.skip_bad_images, num_workers=cfg.data.num_workers,
-                                    accelerator=accelerator, limits=ImageLimits.of(cfg.data))  # fmt: skip
+                                    accelerator=accelerator, limits=ImageLimits.of(cfg.data),
+                                    draft=encoder_draft(model.encoder, cfg.data))  # fmt: skip
             captions = {f.image_id: caps for f, caps in zip(files, result.captions, strict=True) if caps is not None}
             what = f"{len(files)} image(s)"
             if result.skipped and accelerator.is_main_process:
