@@ -488,6 +488,12 @@ def test_an_edited_world_is_refused_by_its_fingerprint(tiny, tmp_path):
     refused(["train", *base, "--out", str(tmp_path / "r")], "dataset.json changed since")
     refused(["world", "make", "--out", str(copy), "--n-train", "40", "--n-val", "8", "--n-test", "8",
              "--image-size", "32"], "dataset.json changed since")  # fmt: skip
+    # --force replaces it, as the message says (it was refused whatever was asked): the world of its key again
+    (copy / "notes.txt").write_text("mine\n")
+    assert run_cli(["world", "make", "--out", str(copy), "--n-train", "40", "--n-val", "8", "--n-test", "8",
+                    "--image-size", "32", "--force"])[0] == 0  # fmt: skip
+    assert (copy / "dataset.json").read_bytes() == (world / "dataset.json").read_bytes()
+    assert (copy / "notes.txt").read_text() == "mine\n"  # a file of the user's beside it stays
 
 
 def test_demo_takes_a_folder_holding_its_training_stages_runs(tmp_path):

@@ -331,3 +331,11 @@ def test_every_variant_kind_is_one_fact_level_detail():
             _assert_one_fact_level_detail(members[0][0], scene, variant)
             seen.add(variant)
     assert seen == set(VARIANTS)
+
+
+def test_a_float_setting_given_as_an_int_is_the_same_world():
+    # WorldConfig(pattern_prob=1) hashed to another key than 1.0: the same world made twice, or refused in world.out
+    from finecap.world.key import world_key
+
+    assert world_key(WorldConfig(pattern_prob=1)) == world_key(WorldConfig(pattern_prob=1.0))
+    assert world_key(WorldConfig(pattern_prob=1)) != world_key(WorldConfig(pattern_prob=0.5))

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import typing
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # the key reads a WorldConfig's fields; finecap.config resolves run folders through finecap.home
@@ -34,7 +35,9 @@ def world_key(cfg: WorldConfig) -> str:
 
 def content_config(cfg: WorldConfig) -> dict[str, Any]:
     """The settings :func:`world_key` hashes (what ``world.json`` and the marker record as ``config``)."""
-    d = {k: v for k, v in vars(cfg).items() if k not in NOT_CONTENT}
+    floats = {k for k, tp in typing.get_type_hints(type(cfg)).items() if tp is float}
+    # a float setting given as an int (WorldConfig(pattern_prob=1) from Python) is the same world as 1.0
+    d = {k: float(v) if k in floats and type(v) is int else v for k, v in vars(cfg).items() if k not in NOT_CONTENT}
     if d.get("shift") == "none":  # the training domain keeps the key it had before world.shift existed
         d.pop("shift")
     return d

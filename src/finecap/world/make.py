@@ -155,14 +155,15 @@ def check_world_folder(cfg: WorldConfig, out: Path | str, overwrite: bool | None
         )
     if record["key"] == key and is_complete(out, key):
         edited = edited_files(out)
-        if edited:
+        if edited and not overwrite:
             raise WorldFolderError(
                 f"world.out={out}: {', '.join(edited)} changed since finecap made this world (its content no longer "
                 "matches the SHA-256 in world.json), so it is not the world of its key; make it again in another "
                 "folder (world.out=DIR, or leave world.out empty for the finecap home), or replace it with "
                 "`finecap world make --force` (world.overwrite=true)"
             )
-        return True
+        if not edited:
+            return True
     if record["key"] == key or overwrite:  # to be written: never through a link into another folder
         for folder in image_folders(out):
             if folder.is_symlink():

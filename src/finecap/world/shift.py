@@ -12,8 +12,9 @@ the fact parser reads (:mod:`finecap.world.facts`), so faithfulness and the list
   ``turquoise``, ``violet``, ``tiny``, ``stripy``, ``spotted``, ``on the beach``, ``on planks``, ...) with probability
   :data:`SYNONYM_PROB` (training annotators pick uniformly), and they mention every optional detail
   :data:`DETAIL_FACTOR` times as often (capped at 0.95), so references are more detailed.
-- **Draws**: scenes and captions come from their own random streams (``"<seed>-domain-..."``), so no shifted test
-  scene repeats a training-world scene by construction of the seeds.
+- **Draws**: scenes and captions come from their own random streams (``"<seed>-domain-..."``). That makes them other
+  draws, not other scenes: cluttered scenes (three or four objects at the defaults) all but never repeat a training
+  scene, but with ``world.max_objects=1`` the shifted scenes are single objects again and many repeat one.
 
 The shifted world is a world data set like any other (``finecap world make --out data/world-shifted ...
 world.shift=domain``); the demo's ``transfer`` stage makes its test split only (:func:`shifted_world`).
