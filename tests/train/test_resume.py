@@ -74,3 +74,21 @@ def test_a_resume_inside_an_epoch_with_another_global_batch_is_refused(make_cfg)
         train(make_cfg(*common, "train.batch_size=8", run="rebatch"), resume=True)
     assert (train(make_cfg(*common, "train.batch_size=8", "train.grad_accum_steps=2", run="rebatch"),
                   resume=True) / "checkpoints" / "last").is_dir()  # fmt: skip  # 8 x 2 = 16: resumed
+
+
+def test_a_run_resumes_after_its_start_checkpoint_moved(make_cfg, tmp_path):
+    # train.init_from was looked up (and fingerprinted) again on --resume, though a resumed run reads its own
+    # checkpoint: a moved or deleted start stopped it with "checkpoint not found"
+    import shutil
+
+    start = train(make_cfg("train.max_steps=1", run="start"))
+    common = ["train.max_steps=4", "train.save_every=2", "train.eval_every=100",
+              f"train.init_from={start / 'checkpoints' / 'best'}"]  # fmt: skip
+    cfg = make_cfg(*common, run="next")
+    with pytest.raises(Killed):
+        train(cfg, callbacks=[kill_at(3)])
+    shutil.move(start, tmp_path / "moved")
+    with pytest.raises(FileNotFoundError, match="checkpoint not found"):
+        train(make_cfg(*common, run="fresh"))  # a fresh run still needs its start
+    run_dir = train(cfg, resume=True)
+    assert json.loads((checkpoint_dir(run_dir, "last") / "trainer_state.json").read_text())["step"] == 4

@@ -258,11 +258,12 @@ def run_fingerprints(
     return out
 
 
-def write_fingerprints(run_dir: str | Path, cfg: Config) -> Path:
+def write_fingerprints(run_dir: str | Path, cfg: Config, model_folder: str | Path | None = None) -> Path:
     """Record the fingerprints of ``cfg``'s inputs in ``<run_dir>/fingerprints.json``; returns the file. Called by
-    training once the run's ``config.yaml`` is written (and the world encoder it uses is trained)."""
+    training once the run's ``config.yaml`` is written (and the world encoder it uses is trained); ``model_folder``:
+    the captioner's from that saved captioner (a resumed run's checkpoint) rather than from ``train.init_from``."""
     path = Path(run_dir) / FINGERPRINTS_FILE
-    write_json(path, run_fingerprints(cfg))
+    write_json(path, run_fingerprints(cfg, model_folder=model_folder))
     return path
 
 

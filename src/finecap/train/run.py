@@ -47,7 +47,7 @@ from finecap.objectives import get_objective
 from finecap.objectives.base import ObjectiveBase
 from finecap.outputs import write_output
 from finecap.registry import SAMPLERS, VALIDATORS, declared_needs, lookup
-from finecap.runs import BEST, CONFIG_FILE, METRICS_FILE, checkpoint_dir
+from finecap.runs import BEST, CONFIG_FILE, METRICS_FILE, checkpoint_dir, model_dir
 from finecap.train.checkpoint import save_checkpoint
 from finecap.train.engine import (
     Checkpoints,
@@ -76,6 +76,7 @@ from finecap.train.state import (
     TrainState,
     check_config_target,
     config_changes,
+    find_resumable,
     holds_run,
     prepare_run_dir,
     truncate_metrics,
@@ -155,8 +156,10 @@ def train(
     process): a second stops with an error naming the first.
     """
     check_attention(cfg.model.attn_implementation)  # before anything is made: a kernel this machine lacks stops it
-    cfg = resolve_start(cfg)  # train.init_from found (working directory, else the runs root) before anything is made
     run_dir = run_path(cfg.run)
+    # train.init_from found (working directory, else the runs root) before anything is made; a run resuming from a
+    # checkpoint of its own reads its weights from there, so its start may have moved since
+    cfg = resolve_start(cfg, must_exist=not (resume and find_resumable(run_dir) is not None))
     processes = process_state(cfg.train)  # the processes, before any Accelerator: preparing may train with its own
     with contextlib.ExitStack() as held:
         if processes.is_main_process:
@@ -370,7 +373,8 @@ def _train(
         if resume_from is not None:  # first: a log that is not finecap's, or too large to read, changes nothing
             truncate_metrics(run_dir / METRICS_FILE, engine.state.step)
         write_output(run_dir / CONFIG_FILE, cfg.to_yaml(), "config")  # remembered as finecap's (finecap.outputs)
-        write_fingerprints(run_dir, cfg)  # the data, captioner start and retriever this run reads
+        # the data, captioner start and retriever this run reads (resumed: the captioner its checkpoint holds)
+        write_fingerprints(run_dir, cfg, model_dir(resume_from) if resume_from is not None else None)
     accelerator.init_trackers("finecap", config=tracker_config(saved))
 
     state = engine.fit()

@@ -40,7 +40,7 @@ from finecap.runs import model_dir
 from finecap.utils.text import shell_command
 
 
-def resolve_start(cfg: Config) -> Config:
+def resolve_start(cfg: Config, must_exist: bool = True) -> Config:
     """``cfg`` with ``train.init_from`` where the run reads it (:func:`finecap.home.start_path`: from the working
     directory, else under the runs root), absolute, so that the run's stored configuration names the checkpoint it
     started from. A start that is found nowhere is a ``FileNotFoundError`` naming the key, where it was looked for
@@ -48,12 +48,14 @@ def resolve_start(cfg: Config) -> Config:
 
         train.init_from=demo/mle/checkpoints/best: checkpoint not found (looked in the working directory and in
         <home>/runs); make it with `finecap train demo/mle`
-    """
+
+    ``must_exist=False`` (a run resuming from a checkpoint of its own, which never reads the start again) makes the
+    path absolute without looking for it."""
     value = cfg.train.init_from
     if not value:
         return cfg
     path = start_path(value, cfg.run)
-    if not path.exists():
+    if not path.exists() and must_exist:
         looked = "" if Path(value).is_absolute() else f" (looked in the working directory and in {runs_root(cfg.run)})"
         maker = maker_of(path, cfg.run.root)
         how = (f"make it with `{maker}`" if maker else "train the run that makes it, give an existing checkpoint or "
