@@ -223,3 +223,38 @@ def test_bagcurri_factory_on_per_caption_dataset(world_and_clip, monkeypatch):
     assert again.neighbours.tolist() == sampler.neighbours.tolist()
     with pytest.raises(ValueError, match="data.bag_schedule"):
         bagcurri_sampler(cfg, dataset, 12)
+
+
+def test_the_neighbour_table_is_cached_by_captions_too(world_and_clip, monkeypatch):
+    # the key held the model and the images only: the same images under other captions (data.captions=holistic, a
+    # boosted copy) reused the first captions' table, whose embeddings hold the mean caption embedding
+    import dataclasses
+
+    import finecap.data.bags as bags
+    from finecap.config import load
+    from finecap.data.datasets import load_records
+
+    root = world_and_clip
+    cfg = load(None, [f"world.out={root / 'world'}", f"retriever.checkpoint={root / 'clip'}",
+                      f"run.cache_dir={root / 'cache-2'}"])  # fmt: skip
+    records = load_records(cfg, "train")
+    first = bags.neighbour_table(cfg, records)
+    searched = []
+    real = bags.nearest_neighbours
+    monkeypatch.setattr(bags, "nearest_neighbours", lambda *a, **k: searched.append(1) or real(*a, **k))
+    assert bags.neighbour_table(cfg, records).tolist() == first.tolist() and searched == []  # cached
+    other = [dataclasses.replace(r, captions=[f"a caption of image {i}"]) for i, r in enumerate(records)]
+    bags.neighbour_table(cfg, other)
+    assert searched == [1]  # other captions: searched again, not the first table
+
+
+def test_any_run_seed_makes_bags_and_keep_hardest_counts_exactly():
+    # a negative run.seed (which the configuration takes) crashed numpy's generator at the first bag epoch; 0.07 of
+    # 100 bags kept 8 (7.000000000000001 rounded up)
+    from finecap.data.truematch import Bag, keep_hardest
+
+    _, nbrs = nearest_neighbours(torch.randn(12, 4), 5)
+    sampler = BagCurriSampler(nbrs, 4, {1: 0, 2: 3}, seed=-1)
+    assert sorted(i for b in sampler.batches(1) for i in b) == list(range(12))
+    assert [b for b in sampler.batches(1)] == [b for b in BagCurriSampler(nbrs, 4, {1: 0, 2: 3}, seed=-1).batches(1)]
+    assert len(keep_hardest([Bag([i], float(i)) for i in range(100)], 0.07)) == 7

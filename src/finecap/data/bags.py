@@ -32,9 +32,11 @@ bags. The bag order is shuffled every epoch from ``(seed, epoch)``; everything i
 returns the *global* batches, and each process takes a contiguous slice of each (the training loop's
 ``StepBatches``, or this sampler's own ``__iter__`` when built with ``num_processes``/``process_index``; the
 DataLoader is then *not* passed through ``accelerator.prepare``, which would shard a second time). The number of
-bags per global batch is rounded down to a multiple of ``num_processes`` so that each process's slice holds whole
-bags (except possibly in the last batch of an epoch); the self-retrieval reward gathers the global batch, so the
-distractors are the same whatever the number of processes.
+bags per global batch is rounded down to a multiple of ``num_processes`` (at least one bag a process: bags larger
+than a process's share of ``batch_size`` make batches of ``num_processes`` bags, more images than ``batch_size``), so
+that each process's slice holds whole bags when the bags are of one size; the one smaller bag of an epoch (``n`` not
+a multiple of ``s``) may fall in any batch and shift the slices there. The self-retrieval reward gathers the global
+batch, so the distractors are the same whatever the number of processes.
 
 Example::
 
@@ -46,7 +48,9 @@ Example::
 
 from __future__ import annotations
 
+import hashlib
 import io
+import json
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -94,7 +98,7 @@ def training_bags(neighbours: Any, size: int, *, seed: int = 0, shuffle_queries:
     n = len(nbrs)
     if size < 2:
         raise ValueError(f"training bag size must be >= 2, got {size}")
-    rng = np.random.default_rng((seed, size))
+    rng = np.random.default_rng((seed % 2**64, size))  # any int seed, as run.seed takes
     queries = rng.permutation(n) if shuffle_queries else np.arange(n)
     fill_order = rng.permutation(n)  # random free images are taken in this order
     fill_pos = 0
@@ -206,7 +210,9 @@ class BagCurriSampler(GlobalBatchSampler):
         return self._bags[size]
 
     def bags_per_batch(self, size: int) -> int:
-        """Whole bags per global batch: ``batch_size // size`` rounded down to a multiple of ``num_processes``."""
+        """Whole bags per global batch: ``batch_size // size`` rounded down to a multiple of ``num_processes``, and
+        at least one a process: with bags larger than a process's share of the batch, a batch holds ``num_processes``
+        bags, more images than ``batch_size`` (module docstring)."""
         per_process = max(1, (self.batch_size // self.num_processes) // size)
         return per_process * self.num_processes
 
@@ -217,14 +223,14 @@ class BagCurriSampler(GlobalBatchSampler):
             batches = RandomBatches(self.n, self.batch_size, seed=self.seed).batches(epoch)
             return [[[i] for i in b] for b in batches]
         bags = self.bags_for(size, epoch).bags
-        order = np.random.default_rng((self.seed, epoch)).permutation(len(bags)).tolist()
+        order = np.random.default_rng((self.seed % 2**64, epoch)).permutation(len(bags)).tolist()
         per = self.bags_per_batch(size)
         return [[bags[j] for j in order[i : i + per]] for i in range(0, len(order), per)]
 
     def _example(self, epoch: int) -> list[int] | None:
         if self.groups is None:
             return None
-        rng = np.random.default_rng((self.seed, epoch, 1))
+        rng = np.random.default_rng((self.seed % 2**64, epoch, 1))
         return [g[int(rng.integers(len(g)))] for g in self.groups]
 
     def batches(self, epoch: int) -> list[list[int]]:
@@ -279,11 +285,13 @@ class BagCurriSampler(GlobalBatchSampler):
 
 def neighbour_table(cfg: Config, records: Sequence[Any], k: int = TOP_K) -> torch.Tensor:
     """``(N, min(k, N-1))`` exact neighbour indices of ``records`` under the configured retriever's multimodal
-    embeddings (TrueMatch's Algorithm 1), cached in ``<cache>/train_bags/`` (:func:`finecap.home.cache_dir`) by model
-    and data set identity."""
+    embeddings (TrueMatch's Algorithm 1), cached in ``<cache>/train_bags/`` (:func:`finecap.home.cache_dir`) by model,
+    images and captions (the embedding holds the mean of the captions' text embeddings: ``data.captions=holistic``
+    on the same images is another table)."""
     retriever = load_retriever(cfg)
     k = min(k, len(records) - 1)
-    key = f"{retriever.identity()}-{fingerprint_data(records)}-k{k}"
+    captions = hashlib.sha256(json.dumps([list(r.captions) for r in records]).encode()).hexdigest()[:16]
+    key = f"{retriever.identity()}-{fingerprint_data(records)}-{captions}-k{k}"
     path = cache_dir(cfg.run) / "train_bags" / f"{key}.pt"
     if path.exists():
         try:

@@ -308,7 +308,7 @@ def keep_hardest(bags: Sequence[Bag], share: float) -> list[Bag]:
     if not 0 < share <= 1:
         raise ValueError(f"share of bags kept must lie in (0, 1], got {share}")
     order = sorted(range(len(bags)), key=lambda b: -bags[b].similarity)  # stable: equal alpha keep their order
-    return [bags[b] for b in order[: math.ceil(share * len(bags))]]
+    return [bags[b] for b in order[: math.ceil(round(share * len(bags), 9))]]  # 0.07 x 100 is 7, not 7.000000000000001
 
 
 def bag_statistics(result: Mapping[str, Any]) -> dict[str, float]:
