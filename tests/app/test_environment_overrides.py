@@ -4,6 +4,7 @@ error naming the variable. tests/repo/test_docs_execute.py runs the documented c
 
 from __future__ import annotations
 
+import pytest
 import yaml
 
 from finecap.app.cli import OVERRIDES_ENV
@@ -39,7 +40,26 @@ def test_a_word_that_is_no_override_names_the_variable(monkeypatch):
     monkeypatch.setenv(OVERRIDES_ENV, "train.max_steps=3 --resume")
     code, _, err = run_cli(["config", "demo/mle"])
     assert code == 2
-    assert f"finecap: error: {OVERRIDES_ENV}: '--resume' is not section.key=value" in err
+    assert f"finecap: error: {OVERRIDES_ENV}: word 2, '--resume', is not section.key=value" in err
+
+
+def test_no_error_repeats_a_secret(monkeypatch, capsys):
+    # the error paths repeated what they could not read, secrets with it: the variable's whole value when its quotes
+    # did not close, a value split off its key by a space, a key written with ':' instead of '='
+    for value in ("boost.llm_api_key=sk-SECRET-1 run.name='oops", "boost.llm_api_key= sk-SECRET-1"):
+        monkeypatch.setenv(OVERRIDES_ENV, value)
+        code, out, err = run_cli(["config", "demo/mle"])
+        assert code == 2 and "sk-SECRET-1" not in out + err and OVERRIDES_ENV in err, err
+    monkeypatch.delenv(OVERRIDES_ENV)
+    code, out, err = run_cli(["config", "demo/mle", "boost.llm_api_key: sk-SECRET-2"])
+    assert code == 2 and "sk-SECRET-2" not in out + err and "'boost.llm_api_key ***'" in err, err
+    # an option never abbreviated: serve-reward --token SECRET was read as --token-file SECRET, then printed
+    from finecap.app.cli import main
+
+    with pytest.raises(SystemExit) as usage:  # argparse's usage error
+        main(["serve-reward", "demo/sr_bagcurri", "--token", "sk-SECRET-3", "--port", "0"])
+    out, err = capsys.readouterr()
+    assert usage.value.code == 2 and "sk-SECRET-3" not in out + err and "did you mean '--token-file'" in err, err
 
 
 def test_an_unknown_key_is_the_usual_error(monkeypatch):

@@ -14,12 +14,14 @@ import contextlib
 import logging
 import math
 import os
+import re
 import shlex
 import sys
 import time
 import typing
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
+from typing import Any
 
 import yaml
 
@@ -33,6 +35,7 @@ from finecap.config import (
     masked_override,
     masked_url_secrets,
 )
+from finecap.config.secrets import MASK, looks_secret
 from finecap.errors import AnotherProcessFailed, explain
 from finecap.library_warnings import silenced
 from finecap.recipes import copy_recipe, describe_recipe, list_recipes, resolve_recipe
@@ -62,21 +65,45 @@ def environment_overrides() -> list[str]:
         return []
     try:
         items = shlex.split(text)
-    except ValueError as e:
-        raise ConfigError(f"{OVERRIDES_ENV}: cannot split {text!r} into words ({e})") from None
-    for item in items:
+    except ValueError as e:  # its value is not repeated: it may hold a secret
+        raise ConfigError(f"{OVERRIDES_ENV}: cannot split its value into words ({e}); check its quotes") from None
+    for n, item in enumerate(items):
         if "=" not in item or "." not in item.split("=", 1)[0]:
-            raise ConfigError(f"{OVERRIDES_ENV}: {masked_override(item)!r} is not section.key=value")
+            raise ConfigError(f"{OVERRIDES_ENV}: word {n + 1}, {shown_word(items, n)!r}, is not section.key=value")
     print(f"finecap: {OVERRIDES_ENV} appends {' '.join(map(masked_override, items))}", file=sys.stderr)
     return items
 
 
+def shown_extras(extras: Sequence[str]) -> list[str]:
+    """Words argparse did not recognise, as an error may show them: a bare word right after an unknown option (its
+    value: ``--token SECRET``) as ``***``, ``key=value`` words masked (:func:`finecap.config.masked_override`)."""
+    out = []
+    for n, word in enumerate(extras):
+        after_option = n and extras[n - 1].startswith("-") and "=" not in extras[n - 1]
+        out.append(MASK if after_option and not word.startswith("-") else masked_override(word))
+    return out
+
+
+def shown_word(words: Sequence[str], n: int) -> str:
+    """Word ``n`` of ``words`` as an error message may show it (:func:`finecap.config.masked_override`), or ``***``
+    when the word before it sets a secret-named key and ends at its ``=`` (``boost.llm_api_key= sk-...``: the value
+    split off by a space), or ``key ***`` when it starts with a secret-named key without ``=``
+    (``boost.llm_api_key: sk-...``)."""
+    word = words[n]
+    if n and words[n - 1].endswith("=") and masked_override(words[n - 1] + "x").endswith(MASK):
+        return MASK
+    head = re.split(r"[\s:]", word.strip(), maxsplit=1)[0]
+    if "=" not in word and head != word.strip() and looks_secret(head):
+        return f"{head} {MASK}"
+    return masked_override(word)
+
+
 def _config(args: argparse.Namespace, flag_overrides: list[str] | None = None) -> Config:
     recipe, overrides = _split_recipe([*args.items, *environment_overrides()])
-    for item in overrides:
+    for n, item in enumerate(overrides):
         if "=" not in item:
             raise ConfigError(
-                f"argument {masked_override(item)!r}: expected section.key=value (only the first argument may be a "
+                f"argument {shown_word(overrides, n)!r}: expected section.key=value (only the first argument may be a "
                 "recipe)"
             )
     return load(recipe, [*(flag_overrides or []), *overrides])
@@ -339,9 +366,15 @@ OUT_HELP = "run directory (run.dir; default <run.root>/<run.name>); --run-dir is
 
 class Parser(argparse.ArgumentParser):
     """argparse with a "did you mean" for mistyped commands and choices, and options allowed between positional
-    arguments (``finecap train RECIPE --resume train.max_steps=9``: ``parse_intermixed_args`` for each command)."""
+    arguments (``finecap train RECIPE --resume train.max_steps=9``: ``parse_intermixed_args`` for each command).
+    Options are never abbreviated: ``serve-reward --token SECRET`` was read as ``--token-file SECRET`` and the
+    secret printed as a missing file's name."""
 
     _intermixed = False
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("allow_abbrev", False)
+        super().__init__(*args, **kwargs)
 
     def _check_value(self, action: argparse.Action, value: object) -> None:
         if action.choices is not None and value not in action.choices:
@@ -357,7 +390,7 @@ class Parser(argparse.ArgumentParser):
             owner = _command_parser(self, parsed)
             first = next((e.split("=", 1)[0] for e in extras if e.startswith("-")), None)
             hint = did_you_mean(first, owner._option_string_actions) if first else ""
-            owner.error(f"unrecognized arguments: {' '.join(extras)}{hint}")
+            owner.error(f"unrecognized arguments: {' '.join(shown_extras(extras))}{hint}")
         return parsed
 
     def parse_known_args(self, args=None, namespace=None):  # noqa: ANN001, ANN201 - argparse's signature
