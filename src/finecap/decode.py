@@ -104,16 +104,25 @@ class Generation:
 
 
 def stop_token_ids(tokenizer: Any, stop_at_period: bool = False) -> list[int]:
-    """EOS, plus with ``stop_at_period`` every single-token spelling of a period (``"."``, ``" ."``) the tokenizer
-    has (none for the world tokenizer, which has no punctuation)."""
+    """EOS, plus with ``stop_at_period`` every single-token spelling of a period the tokenizer has: alone (``"."``,
+    ``" ."``) and right after a word (``"dog."`` less ``"dog"``: a SentencePiece tokenizer, Llama's, encodes ``"."``
+    alone as the word-start ``"▁."``, while a caption's period after a word is the plain ``"."``); none for the world
+    tokenizer, which has no punctuation."""
     if tokenizer.eos_token_id is None:
         raise ValueError(f"tokenizer {type(tokenizer).__name__} has no EOS token; decoding needs one to stop")
     ids = [int(tokenizer.eos_token_id)]
     if stop_at_period:
+        found = []
         for text in (".", " ."):
             enc = tokenizer.encode(text, add_special_tokens=False)
-            if len(enc) == 1 and enc[0] != tokenizer.unk_token_id and enc[0] not in ids:
-                ids.append(int(enc[0]))
+            found += enc if len(enc) == 1 else []
+        word = tokenizer.encode("dog", add_special_tokens=False)
+        after = tokenizer.encode("dog.", add_special_tokens=False)
+        if len(after) == len(word) + 1 and after[: len(word)] == word:
+            found.append(after[-1])
+        for token in found:
+            if token != tokenizer.unk_token_id and int(token) not in ids:
+                ids.append(int(token))
     return ids
 
 

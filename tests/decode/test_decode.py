@@ -407,6 +407,23 @@ class _Tok:
         return [DOT] if text == "." else [PAD, DOT]
 
 
+class _SentencePieceLike:
+    """Llama's spelling: ``"."`` alone is the word-start ``"▁."`` (7), a period after a word the plain ``"."`` (6)."""
+
+    eos_token_id, unk_token_id = EOS, None
+    vocab = {"▁dog": 5, ".": 6, "▁.": 7}
+
+    def encode(self, text, add_special_tokens=False):
+        if text.strip() == ".":
+            return [7]
+        return [5] + ([6] if text.endswith(".") else [])
+
+
+def test_stop_at_period_stops_at_the_period_that_follows_a_word():
+    # only "▁." stopped a caption: "a dog." (whose period is the plain ".") ran on
+    assert stop_token_ids(_SentencePieceLike(), stop_at_period=True) == [EOS, 7, 6]
+
+
 def test_decode_dispatch_texts_and_stop_ids():
     tok = _Tok()
     assert stop_token_ids(tok) == [EOS]
