@@ -89,6 +89,16 @@ def test_questions_make_writes_judged_questions_for_jsonl_data(tmp_path, monkeyp
     assert sorted(kept) == [0, 1, 2]
     assert all([q.text for q in qs] == ["What colour is the cat?"] for qs in kept.values())  # day/night dropped
     assert kept[0][0].answer == "black" and kept[0][0].options == ("black", "white", "grey")
+    # run again on its own output: replaced without --force (it was refused as a file finecap did not make)
+    args = ["questions", "make", "--out", "questions.jsonl", "--data", "data.jsonl", "--judge", "openai",
+            "--per-image", "2", "judge.model=judge-model", "judge.shuffles=2", "judge.cache=false",
+            "data.format=jsonl"]  # fmt: skip
+    with ChatServer(judge_answers) as server:
+        assert main([*args, f"judge.urls=[{server.url}]"]) in (0, None)
+    # a judge that writes nothing (unreachable): an error, and no empty file that reads as a result
+    before = (tmp_path / "questions.jsonl").read_bytes()
+    assert main([*args, "judge.urls=[http://127.0.0.1:9/v1]", "judge.retries=0", "--out", "none.jsonl"]) == 2
+    assert not (tmp_path / "none.jsonl").exists() and (tmp_path / "questions.jsonl").read_bytes() == before
 
 
 def test_a_prompts_file_without_a_questions_prompt_is_refused_naming_it(tmp_path):

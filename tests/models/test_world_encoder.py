@@ -172,3 +172,12 @@ def test_probe_writes_numbers_and_bar(tiny, tmp_path):
     assert set(saved["bar"]["passed"]) == {"probe/shape", "probe/color", "probe/size", "probe/position",
                                            "reference/R@1", "dense/R@1"}  # fmt: skip
     assert res["out"] == str(tmp_path / "probe.json")
+    # without --out: beside the retriever, never over a probe.json of the user's there (it was replaced)
+    import shutil
+
+    folder = shutil.copytree(path, tmp_path / "my-encoder")  # a retriever folder of the user's
+    mine = folder / "probe.json"
+    mine.write_text('{"my": "notes"}')
+    with pytest.raises(ValueError, match="finecap did not make it"):
+        ar.probe((folder, cfg.world.out), progress=False)
+    assert mine.read_text() == '{"my": "notes"}'

@@ -60,3 +60,14 @@ def test_report_out_never_over_what_it_reads_nor_a_users_file(run, tmp_path):
     out.write_text(out.read_text() + "<!-- edited -->")  # still a finecap report page by its content
     assert write_report(run, retrieval=False) == out
     assert write_report(run, mine, retrieval=False, force=True) == mine and b"finecap report" in mine.read_bytes()
+    # every file the report reads is refused, with --force too (vcb_results.json was replaced by the page)
+    vcb = run / "vcb_results.json"
+    made = not vcb.exists()
+    if made:
+        vcb.write_text("{}")
+    try:
+        with pytest.raises(OutputRefused, match="is also the command's"):
+            write_report(run, vcb, retrieval=False, force=True)
+    finally:
+        if made:
+            vcb.unlink()

@@ -38,6 +38,12 @@ def test_parameter_counts_and_training_memory_by_hand():
                                        "rest": {"trainable": {"float32": 5}}}  # fmt: skip
     # weights: 16 x 4 + 6 x 2 + 5 x 4 = 96 bytes; gradients: (16 + 5) x 4 = 84; AdamW: 2 x 84 = 168
     assert training_memory(model) == {"weights": 96, "gradients": 84, "optimizer": 168, "total": 348}
+    # sharded (FSDP2 over 2 processes: a DTensor's numel is the whole tensor's, its local shard half of it): what this
+    # process holds is counted, not the whole model once per process
+    for p in model.parameters():
+        p.to_local = lambda p=p: p.detach().flatten()[: p.numel() // 2]  # a stand-in for DTensor.to_local()
+    # local: 8 x 4 + 3 x 2 + 2 x 4 = 46 bytes of weights; gradients (8 + 2) x 4 = 40; AdamW 80
+    assert training_memory(model) == {"weights": 46, "gradients": 40, "optimizer": 80, "total": 166}
 
 
 @pytest.mark.slow

@@ -59,6 +59,9 @@ def main(
                     questions[r.image_id] = scene_questions(r.image_id, scene)
         else:
             questions = written_questions(judge, refs.records, per_image)
+        if not questions:  # the judge wrote none (unreachable, refusing): no empty file that reads as a result
+            raise ValueError(f"questions: no image of {data_set} (split {split}) got a question; nothing written to "
+                             f"{out} (is the {judge.name} judge reachable? judge.urls, judge.model)")  # fmt: skip
         kept, report = drop_blind(judge, questions, cfg.judge.shuffles, cfg.judge.seed)
     finally:
         judge.close()

@@ -53,7 +53,7 @@ from finecap.models.world_encoder import (
     MAIN_LABELS,
     load_split,
 )
-from finecap.outputs import check_output_file, write_output_json
+from finecap.outputs import check_output_file, check_replaceable, write_output_json
 from finecap.train.world_encoder import ensure_world_encoder
 from finecap.utils.reading import read_json
 from finecap.world.facts import facts, is_true
@@ -142,8 +142,8 @@ def probe(cfg_or_paths: Config | tuple[str | Path, str | Path], out: str | Path 
     Args:
         cfg_or_paths: a :class:`~finecap.config.Config` (probes ``retriever.checkpoint`` or the world encoder of the
             config, on the world of ``world.*``, made or trained first when missing) or ``(encoder_dir, world_dir)``.
-        out: JSON file for the results (default ``<encoder_dir>/probe.json``; for a Hub checkpoint, ``probe.json``
-            in the working directory).
+        out: JSON file for the results (default ``<encoder_dir>/probe.json``, never over a file finecap did not
+            make; a Hub checkpoint has no folder: then ``out`` is needed).
         ceiling: also compute the oracle R@1 ceiling of reference captions (:func:`retrieval_ceiling`).
 
     Probes are fitted on the training split's features and scored on the test split: main object ``shape``,
@@ -207,9 +207,14 @@ def probe(cfg_or_paths: Config | tuple[str | Path, str | Path], out: str | Path 
         result["train_seconds"] = meta.get("train_seconds")
         result["in_batch_accuracy"] = meta.get("in_batch_accuracy")
     result["probe_seconds"] = round(time.perf_counter() - t0, 1)
-    if out is not None:  # the user's path: not an input, not a file of theirs (the default is the encoder's own)
+    if out is None and not Path(enc).is_dir():  # a Hub name: no folder of its own, and never the working directory
+        raise ValueError(f"retriever probe: {enc} is no local folder to keep probe.json in; give --out FILE")
+    if out is not None:  # the user's path: not an input, not a file of theirs
         check_output_file(out, {"the retriever": enc}, force=False, kind="probe", force_flag=None)
-    out = Path(out) if out is not None else (Path(enc) / "probe.json" if Path(enc).is_dir() else Path("probe.json"))
+    else:  # beside the retriever, never over a file of the user's there (a probe.json of theirs was replaced)
+        out = Path(enc) / "probe.json"
+        check_replaceable(out, force=False, option="--out", kind="probe", force_flag=None)
+    out = Path(out)
     write_output_json(out, result, "probe")
     result["out"] = str(out)
     return result

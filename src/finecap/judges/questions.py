@@ -149,8 +149,9 @@ def check_unique_ids(questions: Sequence[Question], image_id: Hashable, where: s
 
 
 def write_questions(questions: Mapping[Hashable, Sequence[Question]], path: str | Path) -> None:
-    """Write ``{image_id: [Question]}`` as a questions file (atomically)."""
-    from finecap.utils.files import atomic_write_text
+    """Write ``{image_id: [Question]}`` as a questions file (atomically), remembered as finecap's output, so that
+    ``finecap questions make --out`` may replace it later without ``--force``."""
+    from finecap.outputs import write_output
 
     lines = [json.dumps({"image_id": i, "questions": [q.to_dict() for q in qs]}) for i, qs in questions.items()]
-    atomic_write_text(path, "".join(line + "\n" for line in lines))
+    write_output(path, "".join(line + "\n" for line in lines), "questions")

@@ -518,11 +518,17 @@ def _numel(p: torch.Tensor) -> int:
 def training_memory(model: nn.Module) -> dict[str, int]:
     """Bytes of what training holds besides activations, per process: ``weights`` (every parameter as stored),
     ``gradients`` (one per trainable parameter, in its dtype) and ``optimizer`` (AdamW's two moments per trainable
-    parameter, in its dtype, as ``torch.optim.AdamW`` keeps them), and their ``total``. Under FSDP2 each process holds
-    its shard of each (divide by the process count); activations depend on the batch and the sequence length, and
-    ``--dry-run`` measures them with one step."""
-    weights = sum(p.numel() * p.element_size() for _, p in _parts(model))
-    trainable = sum(p.numel() * p.element_size() for _, p in _parts(model) if p.requires_grad)
+    parameter, in its dtype, as ``torch.optim.AdamW`` keeps them), and their ``total``. Under FSDP2 a parameter is a
+    ``DTensor`` whose ``numel`` is the whole tensor's: what this process holds is its local shard, counted here (a
+    model sharded over N processes was counted N times over); activations depend on the batch and the sequence
+    length, and ``--dry-run`` measures them with one step."""
+
+    def local_bytes(p: torch.Tensor) -> int:
+        local = p.to_local() if hasattr(p, "to_local") else p  # a DTensor: this process's shard
+        return local.numel() * local.element_size()
+
+    weights = sum(local_bytes(p) for _, p in _parts(model))
+    trainable = sum(local_bytes(p) for _, p in _parts(model) if p.requires_grad)
     out = {"weights": weights, "gradients": trainable, "optimizer": 2 * trainable}
     return {**out, "total": sum(out.values())}
 

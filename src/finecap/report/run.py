@@ -64,7 +64,9 @@ class RunData:
         """The files of the run that a report reads (which its output may not replace)."""
         run_dir = self.run_dir
         found = [run_dir / "results.json", *sorted((run_dir / "captions").glob("*.json")), run_dir / METRICS_FILE,
-                 *sorted(run_dir.glob("*/metrics.jsonl")), self.bags_path, self.config_path]  # fmt: skip
+                 *sorted(run_dir.glob("*/metrics.jsonl")), self.bags_path, self.config_path,
+                 run_dir / "vcb_results.json", run_dir / "transfer" / "results.json",
+                 *sorted(run_dir.glob("families*/*.json")), *sorted(run_dir.glob("families*/*.jsonl"))]  # fmt: skip
         return [p for p in found if p is not None and p.exists()]
 
 
