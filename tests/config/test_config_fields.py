@@ -171,3 +171,12 @@ def test_a_stored_config_with_an_empty_section_loads(tmp_path):
     stored = tmp_path / "config.yaml"
     stored.write_text("run:\n  name: x\njudge:\n")  # a section left empty by hand: a bare TypeError before
     assert load_stored(stored).run.name == "x"
+
+
+def test_fp16_with_float16_trained_weights_is_refused_before_the_run():
+    # torch's GradScaler refuses float16 gradients: the run died at its first optimizer step on a GPU
+    for items in (["model.trainable_dtype=float16"], ["model.trainable_dtype=same", "model.dtype=float16"]):
+        with pytest.raises(ConfigError, match="train.mixed_precision: fp16 scales the gradients"):
+            load(None, ["train.mixed_precision=fp16", *items])
+    assert load(None, ["train.mixed_precision=fp16", "model.dtype=float16"]).model.trainable_dtype == "float32"
+    assert load(None, ["train.mixed_precision=bf16", "model.trainable_dtype=float16"])

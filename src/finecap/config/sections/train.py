@@ -116,6 +116,15 @@ class TrainConfig(Section, name="train"):
             )
 
     def check_config(self, cfg: Config) -> None:
+        trained = cfg.model.dtype if cfg.model.trainable_dtype == "same" else cfg.model.trainable_dtype
+        check(
+            self.mixed_precision != "fp16" or trained != "float16",
+            "train.mixed_precision",
+            "fp16 scales the gradients with a GradScaler, which refuses float16 trained weights (model.trainable_dtype"
+            f"={cfg.model.trainable_dtype}" + (f" with model.dtype={cfg.model.dtype}" if trained is cfg.model.dtype
+                                                 else "") + "): keep model.trainable_dtype=float32 (master weights) "
+            "or train with bf16",
+        )  # fmt: skip
         quantization = cfg.model.quantization
         check(
             self.strategy != "fsdp" or quantization == "none",
