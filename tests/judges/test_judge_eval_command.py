@@ -69,7 +69,12 @@ def test_questions_make_writes_a_worlds_questions_that_the_qa_metric_reads(world
     assert set(questions) == {r.image_id for r in refs.records}
     assert questions == {i: scene_questions(i, refs.scenes[i]) for i in questions}  # the world judge drops none
     assert "0 of" in capsys.readouterr().err
-    assert cli(["questions", "make", "--data", str(world), "--out", str(out)]) == 2  # exists: --force to replace
+    # its own output is replaced on a rerun, as every command's; a file finecap did not make needs --force
+    assert cli(["questions", "make", "--data", str(world), "--split", "test", "--out", str(out)]) == 0
+    mine = tmp_path / "mine.jsonl"
+    mine.write_text("my notes\n")
+    assert cli(["questions", "make", "--data", str(world), "--out", str(mine)]) == 2
+    assert mine.read_text() == "my notes\n"
     predictions = {r.image_id: r.captions[0] for r in refs.records}
     write_results(tmp_path / "r.json", predictions)
     args = ["eval", "--predictions", str(tmp_path / "r.json"), "--references", str(world), "--metrics", "qa",
