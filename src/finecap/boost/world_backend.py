@@ -74,6 +74,7 @@ class WorldVLM:
                 "`finecap train demo/visual_expert` (or set boost.vlm_backend)"
             )
         self.path = model_dir(path)
+        self.weights = weights_stamp(self.path, ("*.safetensors",))  # read once: the identity of every request
         self.model = load_captioner(self.path).eval()  # any backbone's checkpoint (the demo trains a ClipCap)
         self.cfg = cfg
         limit = self.model.max_caption_tokens or 10**6
@@ -83,8 +84,7 @@ class WorldVLM:
         )  # fmt: skip
 
     def identity(self) -> dict[str, Any]:
-        stamp = weights_stamp(self.path, ("*.safetensors",))
-        return {"backend": "world-vlm", "checkpoint": str(self.path.resolve()), "weights": stamp,
+        return {"backend": "world-vlm", "checkpoint": str(self.path.resolve()), "weights": self.weights,
                 "decode": dataclasses.asdict(self.decode)}  # fmt: skip
 
     def run(self, tasks: Sequence[Task]) -> Iterator[tuple[int, str | BaseException]]:

@@ -50,7 +50,6 @@ uninterrupted one: the batches of an epoch are a function of ``(seed, epoch)``.
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import math
 import os
@@ -91,6 +90,7 @@ from finecap.train.state import (
 )
 from finecap.utils.files import refuse_link
 from finecap.utils.folders import check_swap
+from finecap.utils.reading import read_json
 from finecap.utils.rng import rng_state, seed_everything, set_rng_state
 from finecap.utils.system import progress_enabled
 from finecap.utils.text import short_repr
@@ -536,9 +536,9 @@ class Engine:
             return
         metric, mode = info.get("best_metric"), info.get("best_mode")
         if metric is None:
-            best = folder.parent / BEST / INFO_FILE
-            with contextlib.suppress(OSError, ValueError):
-                metric = json.loads(best.read_text()).get("metric")
+            with contextlib.suppress(OSError, ValueError):  # bounded and strict, as every metadata file is read
+                best = read_json(folder.parent / BEST / INFO_FILE)
+                metric = best.get("metric") if isinstance(best, dict) else None
         if (metric is None or metric == self.settings.best_metric) and (mode is None or mode == self.mode):
             return
         if self.accelerator.is_main_process:
