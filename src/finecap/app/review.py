@@ -203,13 +203,14 @@ def create_app(
         raise FileNotFoundError(f"--images {root}: not a folder")
     if token is None and not is_loopback(host):
         raise ValueError(f"--host {host}: serving beyond this machine needs an access token (--token)")
-    curation = BagCuration(bags_path, out if out is not None else default_out(bags_path))
+    curation = BagCuration(bags_path, out if out is not None else default_out(bags_path), rebuild=False)
     records: dict[Hashable, Record] = {}
     served: dict[Hashable, str] = {}
     if curation.keys():
         source = _data_source(curation.source, bags_path, data)
         records = {r.image_id: r for r in load_references(cfg, source, images=root).records}
         served = _served_images(curation, records, root, source)
+    curation.rebuild()  # written only once every start check passed
     servable = set(served.values())
     base = root.resolve()
 

@@ -105,9 +105,13 @@ def _read_source(path: Path) -> dict[str, Any]:
 
 class BagCuration:
     """Accept/reject decisions on the bags of ``bags_path``, saved to ``out`` (and its decisions file) on every call
-    of :meth:`decide`; existing decisions for the same bags are loaded (resume)."""
+    of :meth:`decide`; existing decisions for the same bags are loaded (resume).
 
-    def __init__(self, bags_path: str | Path, out: str | Path) -> None:
+    Opening checks both files and rebuilds the curated file from the decisions file (:meth:`rebuild`); with
+    ``rebuild=False`` it only reads, and writes nothing until :meth:`rebuild` or the first :meth:`decide` (the review
+    command checks its data and images first, so a failed start leaves no file behind)."""
+
+    def __init__(self, bags_path: str | Path, out: str | Path, *, rebuild: bool = True) -> None:
         self.bags_path = Path(bags_path)
         self.out = Path(out)
         if self.out.resolve() == self.bags_path.resolve():
@@ -124,9 +128,16 @@ class BagCuration:
         self._check_out_is_ours()
         self.decisions: dict[str, str] = {}
         """``{"<size>/<index>": decision}`` of the bags file as last read or written (replaced, never mutated)."""
+        if rebuild:
+            self.rebuild()
+        else:  # read only (the file is written atomically), so no lock file is made either
+            self.decisions = self._by_key(self._read_decisions())
+
+    def rebuild(self) -> None:
+        """Write the decisions file and the curated file derived from it, as they stand on disk (e.g. after a kill
+        between the two writes of :meth:`decide`)."""
         with self._locked():
-            by_content = self._read_decisions()
-            self._save(by_content)  # rebuilds the curated file (e.g. after a kill between the two writes)
+            self._save(self._read_decisions())
 
     # --- reading the bags -------------------------------------------------------------------------------------------
 
@@ -260,9 +271,13 @@ class BagCuration:
                             f"bag(s) are not in it (e.g. images {missing[0]}); {start_over}")  # fmt: skip
         return out
 
+    def _by_key(self, by_content: dict[str, str]) -> dict[str, str]:
+        """``{content key: decision}`` -> ``{bag key: decision}`` (bags with the same images share the decision)."""
+        return {key: by_content[c] for key, c in self._content.items() if c in by_content}
+
     def _save(self, by_content: dict[str, str]) -> None:
         """Write the decisions file, then the curated file (derived from it); caller holds the lock."""
-        decisions = {key: by_content[c] for key, c in self._content.items() if c in by_content}
+        decisions = self._by_key(by_content)
         entries, seen = [], set()
         for key, c in self._content.items():  # in bag order, each content once
             if c in by_content and c not in seen:
