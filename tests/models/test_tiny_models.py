@@ -102,3 +102,28 @@ def test_vlm_name_tiny_builds_the_familys_tiny_vlm_and_leaves_the_random_generat
     assert Vlm.built_here(load(None, ["model.kind=vlm", "vlm.name=tiny:idefics3"])) == "vlm.name=tiny:idefics3"
     with pytest.raises(ValueError, match=r"vlm.name=tiny:gpt5: no tiny 'gpt5' VLM; valid: tiny:llava"):
         Vlm.build(load(None, ["model.kind=vlm", "vlm.name=tiny:gpt5"]))
+
+
+def test_a_failed_write_into_an_empty_folder_leaves_it_empty_and_a_complete_one_fills_it(tmp_path, monkeypatch):
+    """The model is built beside --out and renamed onto it when complete: a failure half-way (here after the
+    weights) leaves the user's empty folder empty and no folder of finecap's behind."""
+    from finecap.app.models import tiny_main
+
+    out = tmp_path / "empty"
+    out.mkdir()
+    real = tiny.save_tiny
+
+    def fails_half_way(kind, folder, **kw):
+        real(kind, folder, **kw)
+        raise OSError("disk full")
+
+    monkeypatch.setattr(tiny, "save_tiny", fails_half_way)
+    with pytest.raises(OSError, match="disk full"):
+        tiny_main("blip", out)
+    assert list(out.iterdir()) == [] and sorted(p.name for p in tmp_path.iterdir()) == ["empty"]
+    monkeypatch.setattr(tiny, "save_tiny", real)
+    tiny_main("blip", out)
+    assert (out / "config.json").is_file() and sorted(p.name for p in tmp_path.iterdir()) == ["empty"]
+    from finecap.utils.files import file_mode
+
+    assert {p.stat().st_mode & 0o777 for p in out.iterdir() if p.is_file()} == {file_mode()}  # as the umask says

@@ -4,15 +4,18 @@ finecap and its engines offline (docs/vlm.md#tiny-models).
 KIND is ``clip``, ``blip`` or a supported VLM family (``finecap.models.vlm.FAMILIES``); the folder holds the config,
 safetensors weights and processor / tokenizer (:func:`finecap.models.tiny.save_tiny`). The language model's default
 width (64, 2 heads of 32) is one vLLM's CPU attention takes. DIR must be new or an empty folder: nothing is
-replaced.
+replaced. The model is written into a new folder beside DIR (``.<DIR name>.<random>.tmp``) and renamed onto DIR
+when complete (a rename onto an empty folder is atomic on POSIX), so a failure or a kill never leaves a partial
+model under DIR; a kill leaves that hidden folder, which can be deleted.
 """
 
 from __future__ import annotations
 
+import os
 import shutil
 from pathlib import Path
 
-from finecap.utils.files import OutputRefused, refuse_link
+from finecap.utils.files import OutputRefused, apply_umask, make_temporary_dir, refuse_link
 
 USE = {"clip": "model.encoder={out} (the retriever / CLIP rewards)", "blip": "model.kind=blip blip.name={out}"}
 """How a folder of each non-VLM kind is used in a recipe; a VLM's is ``model.kind=vlm vlm.name=DIR``."""
@@ -35,12 +38,14 @@ def tiny_main(kind: str, out: str | Path, *, hidden: int = 64, heads: int = 2, s
     sizes = tiny.Sizes(hidden=hidden, heads=heads)
     out = Path(out)
     check_out(out)
-    made = not out.exists()
+    tmp = make_temporary_dir(out)
     try:
-        tiny.save_tiny(kind, out, seed=seed, sizes=sizes)
+        tiny.save_tiny(kind, tmp, seed=seed, sizes=sizes)
+        apply_umask(tmp)
+        check_out(out)  # still new or empty: refused rather than replacing what appeared meanwhile
+        os.replace(tmp, out)
     except BaseException:
-        if made:
-            shutil.rmtree(out, ignore_errors=True)
+        shutil.rmtree(tmp, ignore_errors=True)
         raise
     use = USE.get(kind, "model.kind=vlm vlm.name={out}").format(out=out)
     needs = f" (its processor loads with {tiny.LOAD_NEEDS[kind]} installed)" if kind in tiny.LOAD_NEEDS else ""
