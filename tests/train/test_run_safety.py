@@ -165,6 +165,41 @@ def test_resume_picks_the_newest_complete_checkpoint(make_cfg, kill_state):
     assert checkpoint_dir(run, "best").is_dir() and best_before  # best is kept (replaced only by a better one)
 
 
+def _fake_checkpoint(folder, step: int | None) -> None:
+    """A checkpoint folder of finecap's: complete at ``step``, or cut short by a kill (``step=None``)."""
+    from finecap.train.state import new_checkpoint_folder
+
+    new_checkpoint_folder(folder)
+    (folder / "model").mkdir()
+    if step is not None:
+        (folder / "state").mkdir()
+        (folder / "trainer_state.json").write_text(json.dumps({"step": step}))
+
+
+def test_a_second_fault_sets_the_newer_incomplete_last_aside_and_never_a_users_folder(tmp_path):
+    """Resume after two faults in a row: the first promotion set an incomplete ``last`` aside as
+    ``.last.incomplete``; the second replaces that (it failed "Directory not empty"). A folder of the user's by that
+    name is refused and kept."""
+    from finecap.train.state import promote
+
+    ckpts = tmp_path / "checkpoints"
+    for fault, old_step in enumerate((2, 4)):
+        _fake_checkpoint(ckpts / "last", None)
+        _fake_checkpoint(ckpts / "last.old", old_step)
+        assert find_resumable(tmp_path) == ckpts / "last.old"
+        assert promote(ckpts / "last.old", tmp_path) == ckpts / "last" and step_of(ckpts / "last") == old_step
+        assert (ckpts / ".last.incomplete" / "model").is_dir() and not (ckpts / "last.old").exists(), fault
+        shutil.rmtree(ckpts / "last")
+    shutil.rmtree(ckpts / ".last.incomplete")
+    (ckpts / ".last.incomplete").mkdir()
+    (ckpts / ".last.incomplete" / "mine.txt").write_text("mine")
+    _fake_checkpoint(ckpts / "last", None)
+    _fake_checkpoint(ckpts / "last.old", 6)
+    with pytest.raises(ValueError, match=r"\.last\.incomplete: a folder finecap did not make"):
+        promote(ckpts / "last.old", tmp_path)
+    assert (ckpts / ".last.incomplete" / "mine.txt").read_text() == "mine" and step_of(ckpts / "last.old") == 6
+
+
 def test_resume_with_nothing_resumable_refuses_and_deletes_nothing(make_cfg):
     run, _ = _run_with_checkpoints(make_cfg)
     shutil.rmtree(checkpoint_dir(run, "last"))  # the user deleted last

@@ -377,7 +377,9 @@ def find_resumable(run_dir: Path) -> Path | None:
 def promote(found: Path, run_dir: Path) -> Path:
     """Make ``found`` the ``last`` checkpoint (finishing an interrupted swap); returns ``last``. Older checkpoints
     beside it are superseded and removed only as a normal save would
-    (:func:`finecap.utils.folders.atomic_replace_dir`)."""
+    (:func:`finecap.utils.folders.atomic_replace_dir`). An incomplete ``last`` is set aside as ``.last.incomplete``,
+    replacing the one an earlier promotion set aside (a second fault), when that is a checkpoint folder of
+    finecap's; anything else there is refused, named and kept."""
     last = checkpoint_dir(run_dir, LAST)
     if found == last:
         return last
@@ -385,7 +387,9 @@ def promote(found: Path, run_dir: Path) -> Path:
         replace_checkpoint(found, last)  # the interrupted save's own completion
     else:  # last.old, with no newer complete checkpoint: last is missing or incomplete
         if last.exists():
-            os.replace(last, last.with_name(INCOMPLETE))
+            aside = last.with_name(INCOMPLETE)
+            remove_own_folder(aside, CHECKPOINT_KIND, ours=is_checkpoint_folder)
+            os.replace(last, aside)
         os.replace(found, last)
     return last
 
