@@ -186,6 +186,38 @@ def test_the_kept_rollout_is_saved_and_a_restored_objective_continues_identicall
         objective(policy_loss="clipped", iterations=3).load_state_dict({"policy": {"taken": 3, "cycle": []}})
 
 
+class FailsOne(Table):
+    """The table, but caption ``c1_1`` is not scored (as a judge that timed out: NaN and the failed mask)."""
+
+    def __call__(self, captions, batch):
+        out = super().__call__(captions, batch)
+        failed = torch.tensor([c == "c1_1" for c in captions])
+        total = out.total.masked_fill(failed, float("nan"))
+        return RewardOutput(total, {"table": total}, failed)
+
+
+def test_the_kept_rollouts_failed_captions_are_kept_and_reported_after_a_restore(tmp_path):
+    def failing():
+        sections = rl_sections(samples=S, advantage="group", policy_loss="clipped", iterations=3)
+        return PolicyOptimization(WeightedSum({"table": (1.0, FailsOne())}), NoBaseline(), **sections,
+                                  decode=DecodeConfig(max_length=L))  # fmt: skip
+
+    model, obj = StandIn(), failing()
+    grad_of(obj, model, batch(1, 2))
+    save_tree(tmp_path, "objective", obj.state_dict())
+    restored = failing()
+    restored.load_state_dict(load_tree(tmp_path, "objective"))
+    twin = copy.deepcopy(model)
+    _, out_a = grad_of(obj, model, batch(1, 2))
+    _, out_b = grad_of(restored, twin, batch(1, 2))
+    assert out_a[0].metrics["reward/failed"] == out_b[0].metrics["reward/failed"] == pytest.approx(1 / 6)
+    assert twin.generated == 1  # the restored objective went on with the kept rollout
+    state = obj.state_dict()
+    state["policy"]["cycle"][0]["failed"] = torch.zeros(5, dtype=torch.bool)
+    with pytest.raises(ValueError, match="failed mask must be a bool tensor of its 6 captions"):
+        failing().load_state_dict(state)
+
+
 # --------------------------------------------------------------------------------------------------------------------
 # Factory
 # --------------------------------------------------------------------------------------------------------------------

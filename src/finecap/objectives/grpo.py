@@ -291,6 +291,7 @@ class Prepared:
             "image_index": g.image_index, "scores": g.scores, "texts": list(g.texts), "rewards": r.rewards.total,
             "parts": dict(r.rewards.parts), "baseline": r.baseline, "advantages": self.advantages, "ref": self.ref,
             "old": self.old, "greedy_rewards": None if r.greedy_rewards is None else r.greedy_rewards.total,
+            "failed": r.rewards.failed_mask(),
         }  # fmt: skip
 
     @classmethod
@@ -300,7 +301,8 @@ class Prepared:
         samples = Generation(s["sequences"], s["token_logprobs"], s["lengths"], s["image_index"], s["scores"],
                              list(s["texts"]))  # fmt: skip
         greedy = None if s["greedy_rewards"] is None else RewardOutput(s["greedy_rewards"])
-        rollout = Rollout(samples, RewardOutput(s["rewards"], dict(s["parts"])), s["baseline"], None, greedy)
+        rewards = RewardOutput(s["rewards"], dict(s["parts"]), s.get("failed"))  # no "failed" before finecap kept it
+        rollout = Rollout(samples, rewards, s["baseline"], None, greedy)
         return cls(s["index"], rollout, s["advantages"], s["ref"], s["old"])
 
 
@@ -324,6 +326,10 @@ def check_kept(s: dict[str, Any]) -> None:
         raise ValueError(f"the kept rollout's reward parts must be tensors of its {n} captions")
     if not isinstance(s["index"], torch.Tensor) or s["index"].dim() != 1:
         raise ValueError("the kept rollout's image indices must be a vector")
+    failed = s.get("failed")
+    if failed is not None and (not isinstance(failed, torch.Tensor) or failed.dtype != torch.bool
+                               or tuple(failed.shape) != (n,)):  # fmt: skip
+        raise ValueError(f"the kept rollout's failed mask must be a bool tensor of its {n} captions")
 
 
 def batch_indices(batch: dict[str, Any]) -> torch.Tensor:
