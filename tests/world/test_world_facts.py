@@ -94,6 +94,16 @@ def test_exact_fact_sets():
     assert facts("a shape at the top") == {Fact("position", None, "top")}
 
 
+def test_a_corner_of_the_picture_is_a_position_not_a_relation():
+    """"right of the image" names where in the picture, not a relation to the next shape (a pretrained LM's words)."""
+    assert facts("a red circle at the bottom right of the image next to a square") == {
+        Fact("object", "circle"), Fact("color", "circle", "red"), Fact("object", "square"),
+        Fact("position", "circle", "bottom right"),
+    }  # fmt: skip
+    assert facts("a star on the left of the picture") == {Fact("object", "star"), Fact("position", "star", "left")}
+    assert Fact("relation", "circle", "right of", "square") in facts("a circle right of the square at the bottom")
+
+
 @pytest.mark.parametrize("caption", ["", "the and of a", "with with in at", "shape thing object"])
 def test_nothing_stated_gives_precision_one(caption):
     f = faithfulness(caption, SCENE)

@@ -108,6 +108,16 @@ _CENTER_WORDS = {"middle", "center", "centre"}
 _POSITION = set(_ROW_WORDS) | set(_COL_WORDS) | _CENTER_WORDS
 _NUMBER = {w: str(n) for n, w in NUMBER_WORDS.items()} | {"one": "1", "single": "1"}
 _RELATION = {"above": "above", "below": "below", "under": "below"}
+_FRAME = {"image", "picture", "photo", "photograph", "scene", "frame"}
+
+
+def _relation_word(tokens: list[str], i: int) -> bool:
+    """Whether the column word ``tokens[i]`` starts a relation ("left of the square"), not a position in the frame
+    ("at the bottom right of the image": the words after "of" name the picture itself)."""
+    if tokens[i] not in _COL_WORDS or i + 1 >= len(tokens) or tokens[i + 1] != "of":
+        return False
+    after = tokens[i + 2 : i + 4]
+    return not (after[:1] and after[0] in _FRAME or after[:1] == ["the"] and after[1:] and after[1] in _FRAME)
 
 
 @dataclass
@@ -137,11 +147,9 @@ def facts(caption: str) -> set[Fact]:
             entities.append(e)
             done_relations += [(s, r, e) for s, r in relations]
             relations = []
-        elif t in _POSITION and not (t in _COL_WORDS and i + 1 < len(tokens) and tokens[i + 1] == "of"):
+        elif t in _POSITION and not _relation_word(tokens, i):
             j = i
-            while j < len(tokens) and tokens[j] in _POSITION:
-                if tokens[j] in _COL_WORDS and j + 1 < len(tokens) and tokens[j + 1] == "of":
-                    break
+            while j < len(tokens) and tokens[j] in _POSITION and not _relation_word(tokens, j):
                 j += 1
             run = tokens[i:j]
             row = next((_ROW_WORDS[w] for w in run if w in _ROW_WORDS), 1)
