@@ -95,7 +95,7 @@ def test_exact_fact_sets():
 
 
 def test_a_corner_of_the_picture_is_a_position_not_a_relation():
-    """The words "right of the image" name where in the picture, not a relation to the next shape (a pretrained LM's words)."""
+    """The words "right of the image" name where in the picture, not a relation to the next shape."""
     assert facts("a red circle at the bottom right of the image next to a square") == {
         Fact("object", "circle"), Fact("color", "circle", "red"), Fact("object", "square"),
         Fact("position", "circle", "bottom right"),
