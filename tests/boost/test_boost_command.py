@@ -117,7 +117,7 @@ def test_bags_take_text_embeddings_from_the_chosen_field(world, tmp_path, monkey
         assert seen["captions"] == [r.boosted[field] for r in boosted if r.split == "train"]
 
 
-def _as_format(world: Path, fmt: str, out: Path) -> Path:
+def _as_format(world: Path, fmt: str, out: Path, ids: bool = True) -> Path:
     """The tiny world's test split as a ``fmt`` file in ``out`` naming images relative to ``world`` (COCO: with one
     image that has no caption annotation, which readers drop)."""
     source = [r for r in read_dataset("world", world) if r.split == "test"]
@@ -132,7 +132,8 @@ def _as_format(world: Path, fmt: str, out: Path) -> Path:
                 enumerate((r, c) for r in source for c in r.captions)]  # fmt: skip
         path, text = out / "captions_test.json", json.dumps({"images": images, "annotations": anns})
     else:
-        lines = [json.dumps({"image": p, "captions": r.captions, "id": r.image_id}) for r, p in zip(source, rel)]
+        lines = [json.dumps({"image": p, "captions": r.captions, **({"id": r.image_id} if ids else {})})
+                 for r, p in zip(source, rel)]  # fmt: skip
         path, text = out / "test.jsonl", "\n".join(lines) + "\n"
     out.mkdir(parents=True, exist_ok=True)
     path.write_text(text)
@@ -156,6 +157,25 @@ def test_blend_in_each_file_format_reads_back(world, tmp_path, fmt):
         raw = json.loads((tmp_path / "out" / src.name).read_text())
         assert raw["images"][-1] == {"id": 999, "file_name": "x"}
         assert len(raw["original_annotations"]) == sum(len(s.captions) for s in source)
+
+
+@pytest.mark.parametrize("fmt", ["coco", "jsonl"])
+def test_boosting_a_boosted_file_again_keeps_the_sources_ids_and_original_annotations(world, tmp_path, fmt):
+    """A JSONL whose lines have no ``id`` (the id is then the image path as written) keeps its ids although boost
+    writes absolute image paths; a COCO file boosted twice keeps the first source's annotations as the original."""
+    src = _as_format(world, fmt, tmp_path / "src", ids=False)
+    first, second = tmp_path / "out1", tmp_path / "out2"
+    for source, out in ((src, first), (first / src.name, second)):
+        cfg = load(None, [f"data.format={fmt}", f"data.path={source}", f"data.images={world}", "boost.mode=blend",
+                          "data.allow_outside_paths=true"])  # fmt: skip
+        assert boost(cfg, out, progress=False)["boosted"] == 4
+    want = [r.image_id for r in read_dataset(fmt, src, images=world)]
+    for out in (first, second):
+        assert [r.image_id for r in read_dataset(fmt, out / src.name, images=world, allow_outside=True)] == want
+    if fmt == "coco":
+        assert json.loads((second / src.name).read_text())["original_annotations"] == json.loads(src.read_text())[
+            "annotations"
+        ]
 
 
 def test_formats_boost_cannot_write_fail_before_any_request(world, tmp_path):

@@ -9,9 +9,10 @@ fields back.
   and ``DIR/images`` a symbolic link to the source images, so ``DIR`` is a world folder for every command;
 - ``karpathy``: ``DIR/<file name>`` with ``sentences`` replaced (``raw`` and ``tokens``);
 - ``coco``: ``DIR/<file name>`` with ``annotations`` replaced (one per caption, renumbered, in the order the images
-  were read) and the source's kept as ``original_annotations``; images without a caption annotation are left as they
-  are (they were not read, so not boosted);
-- ``jsonl``: ``DIR/<file name>`` with ``captions`` replaced and image paths made absolute.
+  were read) and the source's kept as ``original_annotations`` (a file boosted again keeps the first source's);
+  images without a caption annotation are left as they are (they were not read, so not boosted);
+- ``jsonl``: ``DIR/<file name>`` with ``captions`` replaced and image paths made absolute; a line without ``id``
+  gains the one it was read with (the image path as written), so the ids stay the source's.
 
 Karpathy and COCO files name images relative to an image root: read them with ``data.images`` set to the source
 root (the default, the file's folder, is now ``DIR``). Read a boosted JSONL the same way: its image paths are
@@ -186,7 +187,7 @@ def write_boosted(
                 img["boost"] = by_id[img["id"]]
         for image_id, f in by_id.items():
             annotations += [{"id": len(annotations) + 1, "image_id": image_id, "caption": c} for c in f[mode]]
-        raw["original_annotations"] = raw["annotations"]
+        raw.setdefault("original_annotations", raw["annotations"])  # boosted again: the first source's are kept
         raw["annotations"] = annotations
         write_json(out, raw, indent=None)
     elif fmt == "jsonl":
@@ -194,6 +195,7 @@ def write_boosted(
         _check_aligned(len(lines), records, source)
         rows = []
         for row, r, f in zip(lines, records, fields):
+            row.setdefault("id", r.image_id)  # the image path as written: the ids stay those of the source
             row["image"] = str(Path(r.path).resolve())
             row["captions"] = f[mode]
             row["boost"] = f
