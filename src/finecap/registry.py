@@ -11,6 +11,7 @@ Example::
 from __future__ import annotations
 
 import importlib
+import os
 from collections.abc import Mapping
 from typing import Any
 
@@ -160,6 +161,21 @@ def requires(*needs: str) -> Any:
         return obj
 
     return mark
+
+
+TRUST_ENV = "FINECAP_TRUSTED_CODE"
+"""Environment variable: comma-separated dotted paths of one's own code (a backbone, objective, reward, engine, ...)
+that a stored configuration or checkpoint may name (:func:`trusted_code`)."""
+LEGACY_TRUST_ENV = "FINECAP_TRUSTED_BACKBONES"
+"""The name :data:`TRUST_ENV` had when it covered backbones only; still read."""
+
+
+def trusted_code() -> frozenset[str]:
+    """The dotted paths :data:`TRUST_ENV` (and :data:`LEGACY_TRUST_ENV`) name. A run folder is data, never code
+    (docs/reliability.md): a dotted path read from one is imported only when the user names it, in what they typed
+    or here."""
+    names = ",".join(os.environ.get(env, "") for env in (TRUST_ENV, LEGACY_TRUST_ENV))
+    return frozenset(k.strip() for k in names.split(",") if k.strip())
 
 
 def is_dotted_path(name: str) -> bool:

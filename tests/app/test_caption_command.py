@@ -7,6 +7,7 @@ import dataclasses
 import json
 import logging
 import shutil
+import sys
 from pathlib import Path
 
 import pytest
@@ -129,6 +130,27 @@ def test_a_run_stored_before_the_backbone_sections_still_captions(beam_run, tmp_
     assert setup.cfg.clipcap.tiny_hidden == 32  # the run's world-tiny size, moved to the section of model.kind
     before = captions(main(checkpoint=old, out=tmp_path / "old.json"))
     assert before == captions(main(checkpoint=beam_run, out=tmp_path / "new.json")) and len(before) == 8
+
+
+def test_a_run_whose_config_names_code_is_refused_before_importing_it(beam_run, tmp_path, monkeypatch, capsys):
+    """A shared run folder whose config.yaml was edited to name a module (here one beside it, which ``python -m
+    finecap`` or the Python API would find on ``sys.path``): caption and the API refuse before importing it."""
+    from finecap.api import Captioner
+    from finecap.registry import LEGACY_TRUST_ENV, TRUST_ENV
+
+    for env in (TRUST_ENV, LEGACY_TRUST_ENV):
+        monkeypatch.delenv(env, raising=False)
+    shared = tmp_path / "shared"
+    shutil.copytree(beam_run, shared)
+    (shared / "planted.py").write_text("import sys\nsys.planted_ran = True\n")
+    monkeypatch.syspath_prepend(str(shared))
+    for path in shared.rglob("config.yaml"):
+        path.write_text(path.read_text().replace("engine: finecap", "engine: planted:Engine"))
+    assert cli(["caption", "--checkpoint", str(shared), "--out", str(tmp_path / "c.json")]) == 2
+    assert "decode.engine names 'planted:Engine', code of one's own" in capsys.readouterr().err
+    with pytest.raises(ValueError, match="decode.engine names 'planted:Engine'"):
+        Captioner.from_pretrained(shared)
+    assert not hasattr(sys, "planted_ran") and not (tmp_path / "c.json").exists()
 
 
 def test_data_given_reads_its_own_images_not_the_training_datas(beam_run, tmp_path):

@@ -1,6 +1,6 @@
 """A run folder is data, never code: a checkpoint whose ``captioner.json`` names a backbone by dotted path (one's own
 backbone) makes finecap import that module only when the user named it (``model.kind`` of the configuration being
-trained, or ``FINECAP_TRUSTED_BACKBONES``); a tampered ``captioner.json`` is refused before any import, naming the
+trained, or ``FINECAP_TRUSTED_CODE``); a tampered ``captioner.json`` is refused before any import, naming the
 file and how to name the backbone (:func:`finecap.models.backbones.stored_backbone`)."""
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ def planted(tmp_path, monkeypatch):
     (tmp_path / "planted_backbone.py").write_text(f"open({str(marker)!r}, 'w').close()\nclass Evil: pass\n")
     monkeypatch.syspath_prepend(str(tmp_path))
     monkeypatch.delenv(TRUST_ENV, raising=False)
+    monkeypatch.delenv("FINECAP_TRUSTED_BACKBONES", raising=False)  # the variable's former name, still read
     sys.modules.pop("planted_backbone", None)
     ckpt = tmp_path / "ckpt"
     ckpt.mkdir()
@@ -38,7 +39,7 @@ def planted(tmp_path, monkeypatch):
 def test_an_untrusted_dotted_kind_is_refused_before_any_import(planted, read):
     ckpt, marker = planted
     with pytest.raises(
-        CheckpointError, match=r"names the backbone 'planted_backbone:Evil'.*FINECAP_TRUSTED_BACKBONES"
+        CheckpointError, match=r"names the backbone 'planted_backbone:Evil'.*FINECAP_TRUSTED_CODE"
     ):
         read(ckpt)
     assert not marker.exists() and "planted_backbone" not in sys.modules

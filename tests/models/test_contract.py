@@ -152,7 +152,7 @@ CASES: dict[str, Case] = {
 @pytest.fixture(autouse=True)
 def trust_the_toy(monkeypatch):
     """The toy's checkpoints name its dotted path, which finecap imports only when the user names it (as a user of
-    their own backbone does: ``FINECAP_TRUSTED_BACKBONES``; ``tests/models/test_backbone_trust.py``)."""
+    their own backbone does: ``FINECAP_TRUSTED_CODE``; ``tests/models/test_backbone_trust.py``)."""
     monkeypatch.setenv(TRUST_ENV, TOY_KIND)
 
 

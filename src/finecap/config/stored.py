@@ -11,7 +11,16 @@ from finecap.config.fields import ConfigError
 from finecap.config.loading import from_dict, load, renamed_keys
 from finecap.config.paths import absolute_path_values
 from finecap.config.sections import MOVED_KEYS, Config, ModelConfig, moved_key
+from finecap.recipes import resolve_recipe
+from finecap.registry import TRUST_ENV, is_dotted_path, trusted_code
 from finecap.utils.reading import read_yaml_mapping
+
+CODE_OPTIONS = ("model.kind", "data.format", "decode.engine", "judge.name", "eval.metrics")
+"""The options naming code (a registry name, or a dotted path ``pkg.module:attr`` that is imported) that the commands
+reading a stored configuration (caption, export, report, eval of a run, the Python API) may import. The options
+only training imports (``train.objective``, ``data.sampler``, ``rl.rewards``, ``train.validators``) are read from
+the configuration being trained, never from a stored one, so a run trained with code of one's own captions as is
+(``tests/app/test_output_safety.py::test_a_stored_configuration_imports_nothing_when_read``)."""
 
 
 def migrate_moved_keys(data: dict[str, Any]) -> dict[str, Any]:
@@ -53,5 +62,56 @@ def load_stored(path: str | Path, overrides: list[str] | None = None, recipe: st
     except ValueError as e:
         raise ConfigError(str(e)) from None
     data = absolute_path_values(migrate_moved_keys(data), path.parent)
-    from_dict(data, f"{path}: ")  # the stored file alone is valid; errors name it
-    return load(recipe, overrides, base=data)
+    stored = from_dict(data, f"{path}: ")  # the stored file alone is valid; errors name it
+    cfg = load(recipe, overrides, base=data)
+    check_stored_code(path, stored, cfg, recipe, overrides or [])
+    return cfg
+
+
+def code_paths(cfg: Config) -> dict[str, list[str]]:
+    """``{option: [dotted path, ...]}`` of the :data:`CODE_OPTIONS` of ``cfg`` that name code of one's own."""
+    out: dict[str, list[str]] = {}
+    for option in CODE_OPTIONS:
+        section, key = option.split(".")
+        value = getattr(getattr(cfg, section), key)
+        names = [value] if isinstance(value, str) else list(value)  # rl.rewards: its names (a mapping's keys)
+        dotted = [n for n in names if isinstance(n, str) and is_dotted_path(n)]
+        if dotted:
+            out[option] = dotted
+    return out
+
+
+def _strings(obj: Any) -> set[str]:
+    """Every string of a parsed YAML document, mapping keys included."""
+    if isinstance(obj, str):
+        return {obj}
+    if isinstance(obj, dict):
+        return set().union(*(_strings(k) | _strings(v) for k, v in obj.items())) if obj else set()
+    if isinstance(obj, (list, tuple)):
+        return set().union(*(_strings(v) for v in obj)) if obj else set()
+    return set()
+
+
+def check_stored_code(
+    path: Path, stored: Config, cfg: Config, recipe: str | Path | None, overrides: list[str]
+) -> None:
+    """Refuse a dotted path (code of one's own) that the stored configuration ``path`` names and the loaded ``cfg``
+    still uses, unless the user named it too: in an override, in the recipe, or in
+    :data:`~finecap.registry.TRUST_ENV`. A run folder is data, never code: importing a module runs it, so a
+    tampered or shared ``config.yaml`` must not make finecap import one (as :func:`finecap.models.backbones.
+    stored_backbone` for a checkpoint's ``captioner.json``)."""
+    used = code_paths(cfg)
+    named: set[str] | None = None
+    for option, names in code_paths(stored).items():
+        for name in names:
+            if name not in used.get(option, ()) or name in trusted_code() or any(name in o for o in overrides):
+                continue
+            if named is None:
+                named = set() if recipe is None else _strings(read_yaml_mapping(resolve_recipe(recipe), "a recipe"))
+            if name not in named:
+                raise ConfigError(
+                    f"{path}: {option} names {name!r}, code of one's own, which finecap imports only when you name "
+                    f"it (a run folder is data, never code): pass {option}=... naming it again, or set "
+                    f"{TRUST_ENV}={name}",
+                    key=option,
+                )

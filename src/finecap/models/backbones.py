@@ -15,12 +15,11 @@ see :class:`finecap.config.Config` for a backbone given by dotted path). The rec
 from __future__ import annotations
 
 import logging
-import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from finecap.models.base import CONFIG_NAME, CaptionerBase, read_meta
-from finecap.registry import BACKBONES, is_dotted_path, lookup
+from finecap.registry import BACKBONES, TRUST_ENV, is_dotted_path, lookup, trusted_code
 from finecap.runs import CheckpointError
 
 if TYPE_CHECKING:
@@ -44,20 +43,16 @@ def build_model(cfg: Config) -> CaptionerBase:
     return backbone(cfg.model.kind).build(cfg)
 
 
-TRUST_ENV = "FINECAP_TRUSTED_BACKBONES"
-"""Environment variable: comma-separated dotted paths of one's own backbones that a checkpoint may name."""
-
-
 def stored_backbone(kind: object, where: str | Path, trusted: tuple[str, ...] = ()) -> type[CaptionerBase]:
     """The captioner class a checkpoint's ``captioner.json`` (``where``) names as its ``kind``. A registered name is
     looked up; a dotted path (one's own backbone) is imported only when the user named it: in ``trusted`` (the
-    caller's own configuration, ``model.kind`` of the recipe being trained) or in :data:`TRUST_ENV`. A run folder
+    caller's own configuration, ``model.kind`` of the recipe being trained) or in
+    :data:`~finecap.registry.TRUST_ENV`. A run folder
     is data, never code (docs/reliability.md): a tampered ``captioner.json`` must not make finecap import a module,
     whose import runs code before any check of the class. Else a :class:`~finecap.runs.CheckpointError` says how
     to name it."""
     name = str(kind)
-    from_env = tuple(k.strip() for k in os.environ.get(TRUST_ENV, "").split(",") if k.strip())
-    if is_dotted_path(name) and name not in trusted and name not in from_env:
+    if is_dotted_path(name) and name not in trusted and name not in trusted_code():
         raise CheckpointError(
             f"{where}: the checkpoint names the backbone {name!r}, code of one's own, which finecap imports only when "
             f"you name it: model.kind={name} in the configuration you train with, or {TRUST_ENV}={name}"
@@ -75,7 +70,7 @@ def checkpoint_kind(path: str | Path, trusted: tuple[str, ...] = ()) -> str:
 
 def load_captioner(path: str | Path, trusted: tuple[str, ...] = (), **kwargs: Any) -> CaptionerBase:
     """Load any captioner checkpoint folder written by a backbone's ``save`` (one's own backbone only when
-    ``trusted`` or :data:`TRUST_ENV` names it: :func:`stored_backbone`)."""
+    ``trusted`` or :data:`~finecap.registry.TRUST_ENV` names it: :func:`stored_backbone`)."""
     return backbone(checkpoint_kind(path, trusted)).from_checkpoint(path, **kwargs)
 
 
