@@ -173,9 +173,10 @@ def test_boosting_a_boosted_file_again_keeps_the_sources_ids_and_original_annota
     for out in (first, second):
         assert [r.image_id for r in read_dataset(fmt, out / src.name, images=world, allow_outside=True)] == want
     if fmt == "coco":
-        assert json.loads((second / src.name).read_text())["original_annotations"] == json.loads(src.read_text())[
-            "annotations"
-        ]
+        assert (
+            json.loads((second / src.name).read_text())["original_annotations"]
+            == json.loads(src.read_text())["annotations"]
+        )
 
 
 def test_formats_boost_cannot_write_fail_before_any_request(world, tmp_path):

@@ -48,4 +48,3 @@ def test_a_stored_dotted_path_loads_when_named_in_an_override_the_recipe_or_the_
     monkeypatch.setenv(TRUST_ENV, "planted_metric:M")
     cfg = load_stored(stored)  # train.objective, only training imports, is no stored code to refuse
     assert (cfg.decode.engine, cfg.train.objective) == (PLANTED, "planted_objective:O")
-

@@ -38,9 +38,7 @@ def planted(tmp_path, monkeypatch):
 ], ids=["checkpoint_kind", "load_captioner", "external_encoder", "another_kind_trusted"])  # fmt: skip
 def test_an_untrusted_dotted_kind_is_refused_before_any_import(planted, read):
     ckpt, marker = planted
-    with pytest.raises(
-        CheckpointError, match=r"names the backbone 'planted_backbone:Evil'.*FINECAP_TRUSTED_CODE"
-    ):
+    with pytest.raises(CheckpointError, match=r"names the backbone 'planted_backbone:Evil'.*FINECAP_TRUSTED_CODE"):
         read(ckpt)
     assert not marker.exists() and "planted_backbone" not in sys.modules
 
