@@ -267,6 +267,16 @@ def write_fingerprints(run_dir: str | Path, cfg: Config, model_folder: str | Pat
     return path
 
 
+def is_fingerprints_file(path: str | Path) -> bool:
+    """Whether ``path`` reads as a ``fingerprints.json`` of :func:`write_fingerprints` (a mapping of ``version``,
+    ``data`` and the ``captioner`` and ``retriever`` it may hold, nothing else): what a run may replace."""
+    try:
+        raw = read_json(path)
+    except (ValueError, OSError, RecursionError):
+        return False
+    return isinstance(raw, dict) and {"version", "data"} <= set(raw) <= {"version", "data", "captioner", "retriever"}
+
+
 def find_fingerprints(folder: str | Path) -> Path | None:
     """The ``fingerprints.json`` of a run directory or a checkpoint folder (its own, else its run's), or None."""
     folder = Path(folder)

@@ -45,9 +45,9 @@ from finecap.models.backbones import check_before_building, reads_world_encoder
 from finecap.models.memory import check_attention
 from finecap.objectives import get_objective
 from finecap.objectives.base import ObjectiveBase
-from finecap.outputs import write_output
+from finecap.outputs import check_replaceable, write_output
 from finecap.registry import SAMPLERS, VALIDATORS, declared_needs, lookup
-from finecap.runs import BEST, CONFIG_FILE, METRICS_FILE, checkpoint_dir, model_dir
+from finecap.runs import BEST, CONFIG_FILE, FINGERPRINTS_FILE, METRICS_FILE, checkpoint_dir, model_dir
 from finecap.train.checkpoint import save_checkpoint
 from finecap.train.engine import (
     Checkpoints,
@@ -59,7 +59,7 @@ from finecap.train.engine import (
     total_steps,
 )
 from finecap.train.fingerprint import check_run_dir as check_fingerprints_of_run
-from finecap.train.fingerprint import write_fingerprints
+from finecap.train.fingerprint import is_fingerprints_file, write_fingerprints
 from finecap.train.logging import tracker_config
 from finecap.train.prepare import prepare_needs
 from finecap.train.schedule import build_scheduler
@@ -167,7 +167,9 @@ def train(
             held.enter_context(output_lock(run_dir, name=TRAIN_LOCK, holder="finecap train", log=log.warning))
             check_config_target(run_dir / CONFIG_FILE, inputs={"recipe": Path(recipe) if recipe else None},
                                 force=overwrite, option="run.dir", force_flag=None,
-                                ours=lambda p: resume or holds_run(p.parent))  # fmt: skip
+                                ours=lambda p: holds_run(p.parent))  # fmt: skip
+            check_replaceable(run_dir / FINGERPRINTS_FILE, force=False, option="run.dir", kind="fingerprints",
+                              ours=is_fingerprints_file, force_flag=None)  # fmt: skip
         return _train(cfg, processes, validators=validators, resume=resume, overwrite=overwrite, callbacks=callbacks)
 
 

@@ -477,14 +477,22 @@ def is_metrics_log(path: Path) -> bool:
 
 
 def is_run_config(path: Path) -> bool:
-    """Whether ``path`` reads as the ``config.yaml`` finecap writes into a run directory (``run`` and ``train``)."""
+    """Whether ``path`` reads as the ``config.yaml`` finecap writes into a run directory: every option of every
+    section written out, so at least the sections :data:`STORED_SECTIONS` and ``run``'s ``name``, ``dir`` and
+    ``seed`` (a recipe of one's own names only what it changes: ``run:`` and ``train:`` alone are not enough)."""
     try:
         values = load_yaml(read_text_bounded(path, METADATA))
     except FileTooLarge:
         raise
     except (yaml.YAMLError, OSError, ValueError):
         return False
-    return isinstance(values, dict) and isinstance(values.get("run"), dict) and isinstance(values.get("train"), dict)
+    if not isinstance(values, dict) or not all(isinstance(values.get(name), dict) for name in STORED_SECTIONS):
+        return False
+    return {"name", "dir", "seed"} <= set(values["run"])
+
+
+STORED_SECTIONS = ("run", "data", "model", "train", "decode", "eval")
+"""Sections every ``config.yaml`` finecap has written holds (those of the first version included)."""
 
 
 def check_config_target(path: Path, *, inputs: dict[str, Path | None], force: bool, option: str,
