@@ -67,3 +67,51 @@ def test_tensorboard_and_jsonl_with_accumulation(make_cfg, tmp_path):
     assert texts, f"no caption text in TensorBoard (tensors: {acc.Tags()['tensors']})"
     logged = acc.Tensors(texts[0])[0].tensor_proto.string_val[0].decode()
     assert logged.splitlines()[0].split(": ", 1)[1] == val["text"]["captions"].splitlines()[0].split(": ", 1)[1]
+
+
+def test_a_tracker_that_is_not_installed_is_refused_before_training(make_cfg, monkeypatch):
+    import accelerate.tracking
+
+    from finecap.train.run import train
+
+    monkeypatch.setattr(accelerate.tracking, "get_available_trackers", lambda: [LoggerType.TENSORBOARD])
+    cfg = make_cfg("train.max_steps=1", "train.log_with=[jsonl,wandb,mlflow]")
+    with pytest.raises(ValueError, match=r"train.log_with: wandb, mlflow not installed \(pip install wandb mlflow\)"):
+        train(cfg)  # accelerate dropped them with a debug message: the run logged nothing there
+
+
+def test_trackers_start_under_the_run_folder_and_see_the_command_line_masked(make_cfg, monkeypatch, tmp_path):
+    """wandb, dvclive and swanlab wrote into the working directory (accelerate gives only tensorboard and aim a
+    folder), and wandb recorded sys.argv unmasked: an API key given as an override reached its run file."""
+    import sys
+
+    import accelerate
+    import accelerate.tracking
+
+    from finecap.train.run import train
+
+    monkeypatch.setattr(accelerate.tracking, "get_available_trackers", lambda: list(LoggerType))
+    for env in ("WANDB_DIR", "DVCLIVE_DIR", "SWANLAB_LOG_DIR"):
+        monkeypatch.delenv(env, raising=False)
+    seen = {}
+
+    def init_trackers(self, project_name, config=None, init_kwargs=None):  # records instead of starting them
+        seen.update(argv=list(sys.argv), kwargs=init_kwargs)
+
+    monkeypatch.setattr(accelerate.Accelerator, "init_trackers", init_trackers)
+    monkeypatch.setattr(sys, "argv", ["finecap", "train", "boost.vlm_api_key=sk-SECRET-1", "train.lr=1e-3"])
+    cwd = tmp_path / "cwd"
+    cwd.mkdir()
+    monkeypatch.chdir(cwd)
+    cfg = make_cfg("train.max_steps=1", "train.log_with=[jsonl,wandb,dvclive,swanlab]")
+    run = train(cfg)
+    assert seen["argv"] == ["finecap", "train", "boost.vlm_api_key=***", "train.lr=1e-3"]
+    assert sys.argv[2] == "boost.vlm_api_key=sk-SECRET-1"  # given back afterwards
+    trackers = run / "trackers"
+    assert seen["kwargs"] == {"wandb": {"dir": str(trackers)}, "dvclive": {"dir": str(trackers / "dvclive")},
+                              "swanlab": {"logdir": str(trackers / "swanlab")}}  # fmt: skip
+    assert list(cwd.iterdir()) == []  # nothing in the working directory
+    monkeypatch.setenv("WANDB_DIR", str(tmp_path / "mine"))  # the user's own placement wins
+    from finecap.train.logging import tracker_places
+
+    assert "wandb" not in tracker_places(["wandb"], trackers)

@@ -208,6 +208,18 @@ def _release_precision(mixed_precision: str) -> None:
         AcceleratorState._reset_state(reset_partial_state=False)
 
 
+def check_trackers_installed(log_with: Sequence[str]) -> None:
+    """``ValueError`` naming ``train.log_with`` and the package when a tracker asked for is not installed (accelerate
+    drops it with a debug message only, and the run would log nothing there)."""
+    from accelerate.tracking import get_available_trackers
+
+    available = {str(getattr(t, "value", t)) for t in get_available_trackers()}
+    missing = [t for t in log_with if t != "jsonl" and t not in available]
+    if missing:
+        raise ValueError(f"train.log_with: {', '.join(missing)} not installed (pip install {' '.join(missing)}); "
+                         "nothing would be logged there")  # fmt: skip
+
+
 def make_accelerator(settings: TrainConfig, run_dir: Path | None = None) -> Accelerator:
     """``Accelerator`` on the CPU when ``train.cpu`` is set, or when launched as several processes (``WORLD_SIZE``)
     on a machine without an accelerator device: accelerate only sets up multi-CPU (gloo) when asked for the CPU, and
@@ -220,6 +232,7 @@ def make_accelerator(settings: TrainConfig, run_dir: Path | None = None) -> Acce
     _release_precision(settings.mixed_precision)
     trackers: list[Any] = []
     if run_dir is not None:
+        check_trackers_installed(settings.log_with)
         trackers = [JsonlTracker(run_dir / METRICS_FILE) if t == "jsonl" else t for t in settings.log_with]
     accelerator = Accelerator(
         cpu=cpu,

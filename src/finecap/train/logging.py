@@ -3,13 +3,18 @@
 
 Logged values are averaged over micro-batches and processes and go to the trackers of ``train.log_with`` through
 ``accelerator.log`` (``jsonl``: ``metrics.jsonl``, one event per line; ``tensorboard``, ``wandb``, ``mlflow``, ... as
-accelerate supports them, under ``<run>/trackers``). Only the main process writes. Trackers receive the configuration
-with every secret masked (:func:`tracker_config`).
+accelerate supports them, under ``<run>/trackers``: :func:`tracker_places`). Only the main process writes. Trackers
+receive the configuration with every secret masked (:func:`tracker_config`) and see the command line masked while
+they start (:func:`masked_argv`: wandb records it).
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
+import sys
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +23,18 @@ from accelerate.tracking import GeneralTracker
 from accelerate.utils import gather_object
 
 from finecap.config import flat_options
+from finecap.locks import command_argv
 from finecap.utils.files import append_jsonl
+
+PLACES: dict[str, tuple[str, str, str]] = {
+    "wandb": ("dir", "WANDB_DIR", ""),
+    "dvclive": ("dir", "DVCLIVE_DIR", "dvclive"),
+    "swanlab": ("logdir", "SWANLAB_LOG_DIR", "swanlab"),
+}
+"""Trackers that write local files where they are started unless told a folder: ``{name: (their init keyword, the
+environment variable that places them instead, subfolder of <run>/trackers)}``. tensorboard and aim take accelerate's
+``project_dir``; mlflow is placed by its tracking URI (:func:`tracker_places`); trackio, comet_ml and clearml log to
+their servers or their own caches."""
 
 
 class JsonlTracker(GeneralTracker):
@@ -56,6 +72,38 @@ class JsonlTracker(GeneralTracker):
             if text:
                 record["text"] = text
             append_jsonl(self.path, record)
+
+
+def tracker_places(log_with: Sequence[str], folder: Path) -> dict[str, dict[str, str]]:
+    """``init_kwargs`` of ``accelerator.init_trackers`` placing each tracker of ``log_with`` that would write into the
+    working directory under ``folder`` (``<run>/trackers``), unless its own environment variable places it
+    (:data:`PLACES`). mlflow, whose local default is ``./mlruns``, is given ``file:<folder>/mlruns`` as its tracking
+    URI when ``MLFLOW_TRACKING_URI`` is unset (``mlflow.set_tracking_uri``; accelerate's tracker takes none)."""
+    out: dict[str, dict[str, str]] = {}
+    for name in log_with:
+        if name in PLACES and not os.environ.get(PLACES[name][1]):
+            keyword, _, sub = PLACES[name]
+            place = folder / sub if sub else folder
+            place.mkdir(parents=True, exist_ok=True)
+            out[name] = {keyword: str(place)}
+    if "mlflow" in log_with and not os.environ.get("MLFLOW_TRACKING_URI"):
+        import mlflow
+
+        (folder / "mlruns").mkdir(parents=True, exist_ok=True)
+        mlflow.set_tracking_uri((folder / "mlruns").resolve().as_uri())
+    return out
+
+
+@contextlib.contextmanager
+def masked_argv() -> Iterator[None]:
+    """``sys.argv`` with secrets masked (:func:`finecap.locks.command_argv`) while trackers start: wandb records the
+    command line itself, and an override like ``boost.llm_api_key=sk-...`` would reach its run files."""
+    saved = sys.argv
+    sys.argv = command_argv()
+    try:
+        yield
+    finally:
+        sys.argv = saved
 
 
 def tracker_config(config: dict[str, dict[str, Any]]) -> dict[str, int | float | str | bool]:

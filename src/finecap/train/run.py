@@ -47,7 +47,7 @@ from finecap.objectives import get_objective
 from finecap.objectives.base import ObjectiveBase
 from finecap.outputs import check_replaceable, write_output
 from finecap.registry import SAMPLERS, VALIDATORS, declared_needs, lookup
-from finecap.runs import BEST, CONFIG_FILE, FINGERPRINTS_FILE, METRICS_FILE, checkpoint_dir, model_dir
+from finecap.runs import BEST, CONFIG_FILE, FINGERPRINTS_FILE, METRICS_FILE, TRACKERS_DIR, checkpoint_dir, model_dir
 from finecap.train.checkpoint import save_checkpoint
 from finecap.train.engine import (
     Checkpoints,
@@ -60,7 +60,7 @@ from finecap.train.engine import (
 )
 from finecap.train.fingerprint import check_run_dir as check_fingerprints_of_run
 from finecap.train.fingerprint import is_fingerprints_file, write_fingerprints
-from finecap.train.logging import tracker_config
+from finecap.train.logging import masked_argv, tracker_config, tracker_places
 from finecap.train.prepare import prepare_needs
 from finecap.train.schedule import build_scheduler
 from finecap.train.setup import (
@@ -377,7 +377,9 @@ def _train(
         write_output(run_dir / CONFIG_FILE, cfg.to_yaml(), "config")  # remembered as finecap's (finecap.outputs)
         # the data, captioner start and retriever this run reads (resumed: the captioner its checkpoint holds)
         write_fingerprints(run_dir, cfg, model_dir(resume_from) if resume_from is not None else None)
-    accelerator.init_trackers("finecap", config=tracker_config(saved))
+    with masked_argv():  # wandb records the command line; trackers write under <run>/trackers, never the cwd
+        places = tracker_places(cfg.train.log_with, run_dir / TRACKERS_DIR) if accelerator.is_main_process else {}
+        accelerator.init_trackers("finecap", config=tracker_config(saved), init_kwargs=places)
 
     state = engine.fit()
     for tracker in accelerator.trackers:  # not end_training(): it would destroy the process group, and a caller (the
