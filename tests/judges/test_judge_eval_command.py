@@ -85,6 +85,15 @@ def test_questions_make_writes_a_worlds_questions_that_the_qa_metric_reads(world
     assert from_file == json.loads(capsys.readouterr().out)  # the file holds what the scenes give
 
 
+def test_questions_make_with_a_judge_that_never_answered_writes_nothing_and_fails(world, tmp_path, capsys):
+    # every blind ask failed, every question was kept as though filtered: exit 0 and "0 dropped"
+    out = tmp_path / "questions.jsonl"
+    args = ["questions", "make", "--data", str(world), "--split", "test", "--out", str(out)]
+    assert cli([*args, f"judge.name={__name__}:down_judge"]) == 2
+    err = capsys.readouterr().err
+    assert "could not answer the blind asks of" in err and "nothing written" in err and not out.exists()
+
+
 CLOSED: list[str] = []
 
 
@@ -127,6 +136,9 @@ class DownJudge(WorldJudge):
     def claims(self, texts):
         return [JudgeFailed("down") for _ in texts]
 
+    def answer(self, asks):
+        return [JudgeFailed("down") for _ in asks]
+
 
 def down_judge(cfg, **options):
     return DownJudge()
@@ -144,3 +156,13 @@ def test_a_judge_failing_on_every_image_gives_no_score_not_zero(world):
     out = evaluate(predictions, None, scenes=refs.scenes, metrics="claims,clair", cfg=cfg)
     assert math.isnan(out["clair/score"]) and math.isnan(out["claims/f1"])
     assert out["clair/judge_failed"] == out["claims/judge_failed"] == len(predictions)
+
+
+def test_eval_with_a_judge_failing_on_every_image_fails_and_writes_nothing(world, tmp_path, capsys):
+    # `finecap eval --metrics claims,bleu` wrote "claims/precision": NaN (no JSON a strict parser reads) and exit 0
+    refs = load_references(load(), world, split="test")
+    write_results(tmp_path / "r.json", {r.image_id: r.captions[0] for r in refs.records})
+    args = ["eval", "--predictions", str(tmp_path / "r.json"), "--references", str(world), "--metrics",
+            "claims,bleu", "--out", str(tmp_path / "scores.json"), f"judge.name={__name__}:down_judge"]  # fmt: skip
+    assert cli(args) == 2
+    assert "metric(s) claims: the" in capsys.readouterr().err and not (tmp_path / "scores.json").exists()

@@ -47,7 +47,7 @@ def test_qa_utility_by_hand():
     assert values(out.parts["cannot_answer"]) == values(torch.tensor([1 / 3, 1 / 3, 2 / 3, 0, 0, 1]))
     assert out.parts["judge_cannot_answer"].tolist() == [2, 2, 4, 0, 0, 4]  # asks: questions x 2 shuffles
     assert out.parts["judge_failed"].tolist() == [0] * 6
-    assert reward.blind == {"questions": 5, "dropped": 0, "share": 0.0}
+    assert reward.blind == {"questions": 5, "dropped": 0, "share": 0.0, "failed": 0}
 
 
 def test_qa_utility_from_the_scene_graphs_through_the_registry():
@@ -67,7 +67,7 @@ class BlindGuesser(WorldJudge):
 
 def test_blind_answerable_questions_are_dropped_and_their_share_reported():
     reward = QAUtilityReward(BlindGuesser(), questions=QUESTIONS, shuffles=2)
-    assert reward.blind == {"questions": 5, "dropped": 1, "share": 0.2}
+    assert reward.blind == {"questions": 5, "dropped": 1, "share": 0.2, "failed": 0}
     out = reward(CAPTIONS[:3], call_batch([0, 0, 0]))
     assert values(out.total) == values(torch.tensor([1 / 2, 0, 0]))  # colour and count only
 

@@ -231,6 +231,12 @@ def _main(
         cfg=cfg,
         per_image=per_image is not None,
     )
+    failed = "/judge_failed"
+    dead = [k.removesuffix(failed) for k, v in result.items() if k.endswith(failed) and v >= len(preds)]
+    if dead:  # a judge that answered for no image: no score at all (NaN), not a result to write and exit 0 on
+        raise ValueError(f"metric(s) {', '.join(dead)}: the {cfg.judge.name} judge failed on all {len(preds)} "
+                         "images (the warnings above say why; is it reachable? judge.urls, judge.model); nothing "
+                         "written")  # fmt: skip
     rename = (lambda k: COCO_NAMES.get(k, k)) if fmt == "coco" else (lambda k: k)
     result = {rename(k): v for k, v in result.items()}
     note(f"{len(preds)} images of {refs.path}" + (f" (split {split})" if split else ""))
