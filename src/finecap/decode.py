@@ -176,6 +176,18 @@ def hash32(x: torch.Tensor) -> torch.Tensor:
     return (x >> 16) ^ x
 
 
+def step_seeds(seed: int, step: int, index: torch.Tensor) -> torch.Tensor:
+    """Per-example seeds ``(B,)`` from ``(seed, step, dataset index)``: what a training step draws for an example
+    depends on nothing else, so not on how the global batch is split over processes and accumulation steps (each
+    process's generator would otherwise replay the same stream: equal draws on every process).
+
+    >>> torch.equal(step_seeds(0, 3, torch.tensor([5, 9]))[1:], step_seeds(0, 3, torch.tensor([9])))
+    True
+    """
+    first = hash32(torch.tensor([seed * 1_000_003 + int(step)]))  # (1,)
+    return hash32(first ^ hash32(torch.as_tensor(index).long().cpu()))  # (B,)
+
+
 def sample_keys(seeds: torch.Tensor, n: int) -> torch.Tensor:
     """Keys ``(B*n,)`` of the ``n`` samples of each image (rows of one image contiguous, as decoders order them)."""
     j = torch.arange(n, device=seeds.device).repeat(seeds.shape[0])  # (B*n,)

@@ -15,6 +15,7 @@ LR = 1e-3
 OBJECTIVES = {
     "mle": [],
     "smile": ["train.objective=smile"],
+    "smile_random": ["train.objective=smile", "smile.subset=random", "smile.random_k=20", "smile.first_token=none"],
     "scst": ["train.objective=reinforce", "rl.rewards={cider: 1.0}", "rl.baseline=greedy", "rl.samples=3"],
     "sr": ["train.objective=reinforce", "rl.rewards={retrieval: 1.0}", "rl.baseline=mean", "rl.samples=1",
            "rl.strategy=greedy", "sr.distractors=batch"],

@@ -191,3 +191,30 @@ def test_objective_shifts_the_first_token_of_input_and_label():
     model = RecordingLM()
     SmileObjective(SmileConfig(first_token="mle"))(model, batch)
     assert torch.equal(model.seen[0]["input_ids"], ids)
+
+
+
+def test_in_training_a_captions_random_subset_depends_on_its_index_not_on_the_batch_it_is_in(monkeypatch):
+    """Each process drew its micro-batch's subsets from a generator seeded by run.seed alone: row j of every process
+    got the same ids (2 processes did not equal 1). Seeded by (seed, step, index), a caption's subset is its own."""
+    import finecap.objectives.smile as smile_module
+    from finecap.contract import StepInfo
+
+    labels = torch.tensor([[1, 2, -100], [3, 1, 2], [2, 2, 1], [4, 0, -100]])
+    masks = []
+    real = smile_module.subset_mask
+    monkeypatch.setattr(smile_module, "subset_mask", lambda *a, **kw: masks.append(real(*a, **kw)) or masks[-1])
+
+    def subsets(index, step):
+        obj = smile_module.SmileObjective(SmileConfig(subset="random", random_k=3, first_token="none"), seed=7)
+        model = RecordingLM()
+        model.forward = lambda batch: logits_for(batch["labels"])  # the step info is no tensor to record
+        obj(model, {"input_ids": labels[index], "labels": labels[index], "index": torch.tensor(index),
+                    "step_info": StepInfo(step=step, image_ids=index)})  # fmt: skip
+        return {i: masks[-1][row, 0] for row, i in enumerate(index)}  # (V,) the subset at each caption's first token
+
+    whole, halves = subsets([0, 1, 2, 3], 5), {**subsets([0, 1], 5), **subsets([2, 3], 5)}
+    assert all(torch.equal(whole[i], halves[i]) for i in range(4))
+    assert not torch.equal(whole[0], whole[2])  # two rows of one batch draw apart
+    later = subsets([0, 1, 2, 3], 6)
+    assert any(not torch.equal(whole[i], later[i]) for i in range(4))  # and each step draws anew

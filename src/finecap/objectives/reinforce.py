@@ -60,7 +60,7 @@ from typing import TYPE_CHECKING, Any, get_args
 import torch
 
 from finecap.config import Config, ConfigError, DecodeConfig, LogProb, RLConfig, RunConfig, VllmConfig
-from finecap.decode import Generation, hash32
+from finecap.decode import Generation, step_seeds
 from finecap.engines import engine_class
 from finecap.engines.rollouts import RolloutEngine
 from finecap.models import sharding
@@ -233,8 +233,7 @@ class Reinforce(ObjectiveBase):
         info = batch.get("step_info")
         if info is None or "index" not in batch or self.rl.strategy != "sample":
             return None
-        step = hash32(torch.tensor([self.seed * 1_000_003 + int(info.step)]))  # (1,)
-        return hash32(step ^ hash32(torch.as_tensor(batch["index"]).long().cpu()))  # (B,)
+        return step_seeds(self.seed, int(info.step), batch["index"])  # (B,)
 
     def rollout(self, model: torch.nn.Module, batch: dict[str, Any]) -> tuple[Rollout, dict[str, float]]:
         """Decode (the bare model in eval mode, no gradient), score and compute the baseline; returns the rollout and

@@ -7,7 +7,9 @@ is the cross-entropy of the label under that restricted softmax (Eq. 2-3). Subse
 - ``reverse`` (Sec. 3.4): the complement of V_D plus the current label, V_{S_i} = {w not in V_D} ∪ {w_i}.
 - ``random`` (Sec. 3.4): ``random_k`` ids drawn uniformly without replacement from the whole vocabulary, redrawn per
   sequence, plus the current label. (The paper's released code applied the sequence mask in this mode by mistake;
-  here the random subset really is used, and a test checks it.)
+  here the random subset really is used, and a test checks it.) In training each caption's draw is seeded by
+  ``(run.seed, step, dataset index)`` (:func:`finecap.decode.step_seeds`), so the subsets do not depend on the
+  process count or accumulation (one generator per process drew the same subsets on every process).
 - ``full``: the whole vocabulary, i.e. plain MLE.
 
 Initial-context restriction (Sec. 3.3): ``first_token="mle"`` scores the first caption token over the full
@@ -46,6 +48,7 @@ import torch.nn.functional as F
 
 from finecap.config import SmileConfig
 from finecap.data.targets import IGNORE_INDEX
+from finecap.decode import step_seeds
 from finecap.objectives.base import ObjectiveBase, ObjectiveOutput, unwrap
 from finecap.objectives.mle import mle_loss
 
@@ -87,12 +90,14 @@ def subset_mask(
     ignore_index: int = IGNORE_INDEX,
     eos_token_id: int | None = None,
     generator: torch.Generator | None = None,
+    row_seeds: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Boolean mask (B, T, V): True where a vocabulary id takes part in the softmax at that position, for the
     options ``smile.subset``, ``smile.include_eos`` and ``smile.random_k`` (default: the section's defaults).
 
     Every valid position's own label is always inside its subset. Ignored positions get a full row (their loss is
-    dropped anyway).
+    dropped anyway). ``subset=random`` draws from ``generator``, or, with ``row_seeds`` (B,), each row from a
+    generator of its own seed.
 
     >>> labels = torch.tensor([[2, 0, -100]])
     >>> subset_mask(labels, 4)[0, 0].tolist()
@@ -106,7 +111,11 @@ def subset_mask(
     if smile.subset == "full":
         return torch.ones(B, T, vocab_size, dtype=torch.bool, device=labels.device)
     if smile.subset == "random":
-        scores = torch.rand(B, vocab_size, generator=generator, device="cpu").to(labels.device)  # (B, V)
+        if row_seeds is not None:
+            rows = [torch.rand(vocab_size, generator=torch.Generator().manual_seed(int(r))) for r in row_seeds]
+            scores = torch.stack(rows).to(labels.device)  # (B, V)
+        else:
+            scores = torch.rand(B, vocab_size, generator=generator, device="cpu").to(labels.device)  # (B, V)
         k = min(smile.random_k, vocab_size)
         chosen = torch.zeros(B, vocab_size, dtype=torch.bool, device=labels.device)
         chosen.scatter_(1, scores.topk(k, dim=1).indices, True)  # k distinct random ids per sequence
@@ -128,6 +137,7 @@ def smile_loss(
     ignore_index: int = IGNORE_INDEX,
     eos_token_id: int | None = None,
     generator: torch.Generator | None = None,
+    row_seeds: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Mean SMILE loss over non-ignored positions; ``logits[:, t]`` predicts ``labels[:, t]``; the options are the
     ``smile`` section's (:class:`~finecap.config.SmileConfig`, checked when it is built; default: its defaults).
@@ -151,9 +161,8 @@ def smile_loss(
         smile_labels = labels.clone()
         smile_labels[rows[has_first], first[has_first]] = smile.shift_token_id
 
-    mask = subset_mask(
-        smile_labels, V, smile, ignore_index=ignore_index, eos_token_id=eos_token_id, generator=generator
-    )  # (B, T, V)
+    mask = subset_mask(smile_labels, V, smile, ignore_index=ignore_index, eos_token_id=eos_token_id,
+                       generator=generator, row_seeds=row_seeds)  # fmt: skip  # (B, T, V)
     if smile.first_token == "mle":
         mask[rows[has_first], first[has_first]] = True  # first-token MLE: full vocabulary at the first position
     restricted = logits.masked_fill(~mask, float("-inf"))  # (B, T, V)
@@ -167,7 +176,8 @@ def smile_loss(
 @dataclass
 class SmileObjective(ObjectiveBase):
     """``objective(model, batch)``: SMILE on teacher-forced logits with the options of ``smile`` (the section);
-    logs the MLE loss of the same batch too. ``seed`` (``run.seed``) seeds the random subsets."""
+    logs the MLE loss of the same batch too. ``seed`` (``run.seed``) seeds the random subsets: per caption from
+    ``(seed, step, index)`` in training (module docstring), else from one generator."""
 
     smile: SmileConfig = field(default_factory=SmileConfig)
     seed: int = 0
@@ -188,7 +198,10 @@ class SmileObjective(ObjectiveBase):
         logits = model(batch)  # (B, T, V)
         labels = batch["labels"]  # (B, T)
         eos = unwrap(model).tokenizer.eos_token_id
-        loss = smile_loss(logits, labels, self.smile, eos_token_id=eos, generator=self._generator)
+        info, seeds = batch.get("step_info"), None
+        if self.smile.subset == "random" and info is not None and "index" in batch:  # training: per caption's index
+            seeds = step_seeds(self.seed, int(info.step), batch["index"])
+        loss = smile_loss(logits, labels, self.smile, eos_token_id=eos, generator=self._generator, row_seeds=seeds)
         with torch.no_grad():
             mle = mle_loss(logits, labels)
         n = int((labels != IGNORE_INDEX).sum())
