@@ -193,7 +193,6 @@ def test_objective_shifts_the_first_token_of_input_and_label():
     assert torch.equal(model.seen[0]["input_ids"], ids)
 
 
-
 def test_in_training_a_captions_random_subset_depends_on_its_index_not_on_the_batch_it_is_in(monkeypatch):
     """Each process drew its micro-batch's subsets from a generator seeded by run.seed alone: row j of every process
     got the same ids (2 processes did not equal 1). Seeded by (seed, step, index), a caption's subset is its own."""
