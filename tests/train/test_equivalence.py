@@ -1,8 +1,8 @@
 """The proof that distribution is right: one optimizer step with 2 CPU processes x batch b, and with 1 process x
 batch b x 2 accumulation steps, gives the parameters of 1 process x batch 2b, for MLE, SMILE (its sequence and
 random subsets: each caption's random subset is seeded by its index, not drawn from a generator per process), SCST
-(sampled captions, CIDEr-D, greedy baseline) and self-retrieval (DiscriTune-style: retrieval reward against the global batch,
-running-mean baseline).
+(sampled captions, CIDEr-D, greedy baseline) and self-retrieval (DiscriTune-style: retrieval reward against the
+global batch, running-mean baseline).
 
 Dropout is off (``clipcap.tiny_dropout=0``) and RL sampling is seeded per image (``finecap.decode.sample``), so the
 three runs compute the same function of the same data; what differs is only how the global batch is split, which
