@@ -140,3 +140,24 @@ def test_hard_distractors_through_the_loop(make_cfg):
     run = train(cfg)
     values = [json.loads(line)["values"] for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert [v["reward/retrieval/candidates"] for v in values if "reward" in v] == [12.0, 12.0]
+
+
+def test_a_mid_epoch_resume_with_another_split_of_the_global_batch_is_refused_under_bagcurri(make_cfg):
+    """BagCurri's bags per batch depend on processes x accumulation (whole bags per process), so the same global
+    batch split otherwise plans other batches: resumed mid-epoch it trained some images twice and skipped others
+    (the global batch alone was checked). The checkpoint now records which examples its epoch has trained."""
+    from finecap.train.state import CheckpointError
+
+    common = ["train.objective=reinforce", "data.sampler=bagcurri", "data.bag_schedule={1: 4}",
+              "rl.rewards={retrieval: 1.0}", "rl.baseline=mean", "rl.strategy=greedy", "rl.samples=1",
+              "sr.distractors=bag", "train.eval_every=100", "train.save_every=1"]  # fmt: skip
+    run = train(make_cfg(*common, "train.max_steps=1"))  # 1 process x 12: 3 bags of 4 a batch
+    state = json.loads((checkpoint_dir(run, "last") / "trainer_state.json").read_text())
+    assert state["position"] == 1 and len(state["trained"]) == 64
+    split = make_cfg(*common, "train.max_steps=3", "train.batch_size=6", "train.grad_accum_steps=2")  # 2 bags a batch
+    with pytest.raises(CheckpointError, match=r"stopped 1 global batches into epoch 0, but this run's first 1 "
+                                              r"batches of that epoch hold other examples"):  # fmt: skip
+        train(split, resume=True)
+    assert json.loads((checkpoint_dir(run, "last") / "trainer_state.json").read_text())["step"] == 1
+    same = train(make_cfg(*common, "train.max_steps=3"), resume=True)  # the checkpoint's split resumes
+    assert json.loads((checkpoint_dir(same, "last") / "trainer_state.json").read_text())["step"] == 3

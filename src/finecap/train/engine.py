@@ -87,6 +87,7 @@ from finecap.train.state import (
     remove_unfinished_checkpoint,
     save_tree,
     state_errors,
+    trained_digest,
 )
 from finecap.utils.files import refuse_link
 from finecap.utils.folders import check_swap
@@ -453,7 +454,8 @@ class Engine:
         ones over it), and a state the optimizer, scheduler, RNG, logger or objective refuses is a
         :class:`~finecap.train.state.CheckpointError` naming its file (:func:`~finecap.train.state.state_errors`)."""
         info = read_info(folder)
-        check_resume(info, folder, self.total, self.data.sampler.num_batches, self.global_batch)
+        check_resume(info, folder, self.total, self.data.sampler.num_batches, self.global_batch,
+                     self.data.sampler.batches)  # fmt: skip
         for key, value in asdict(TrainState()).items():
             setattr(self.state, key, info.get(key, value))
         self._keep_best_of_this_metric(info, folder)
@@ -533,7 +535,9 @@ class Engine:
     def _info(self) -> dict[str, Any]:
         return {**asdict(self.state), "best_metric": self.settings.best_metric, "best_mode": self.mode,
                 "total_steps": self.total, "num_processes": self.accelerator.num_processes,
-                "global_batch": self.global_batch, "sharded": self.sharded}  # fmt: skip
+                "global_batch": self.global_batch, "sharded": self.sharded,
+                **({"trained": trained_digest(self._plan.batches, self.state.position)}
+                   if self._plan is not None and self.state.position else {})}  # fmt: skip
 
     @property
     def global_batch(self) -> int:

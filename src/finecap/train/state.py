@@ -31,6 +31,7 @@ it stops with an error listing what it found. ``best`` is never touched by resum
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import logging
 import math
@@ -234,11 +235,13 @@ def is_complete(folder: Path) -> bool:
 
 
 INFO_KEYS = frozenset({"step", "epoch", "position", "best_value", "best_step", "best_metric", "best_mode",
-                       "total_steps", "num_processes", "global_batch", "sharded", "metric", "values"})  # fmt: skip
+                       "total_steps", "num_processes", "global_batch", "trained", "sharded", "metric",
+                       "values"})  # fmt: skip
 """The fields of ``trainer_state.json``: the :class:`TrainState` counters, the ``best_metric`` and ``best_mode``
 ``best_value`` was chosen by, the run's ``total_steps``, ``num_processes``, ``global_batch`` (examples a step:
-``train.batch_size × processes × train.grad_accum_steps``) and whether it was ``sharded`` (FSDP2) when it was saved
-(``best_metric``, ``best_mode`` and ``global_batch`` are absent in checkpoints of finecap before them), and
+``train.batch_size × processes × train.grad_accum_steps``), ``trained`` (the :func:`trained_digest` of the epoch's
+global batches done) and whether it was ``sharded`` (FSDP2) when it was saved (``best_metric``, ``best_mode``,
+``global_batch`` and ``trained`` are absent in checkpoints of finecap before them), and
 (``best`` only) the ``metric`` and the validation ``values``."""
 MAX_STATE_PROCESSES = 65_536
 """The most processes a checkpoint may say wrote it (its ``state/process_<i>`` files)."""
@@ -280,6 +283,9 @@ def check_info(info: Any, path: Path) -> dict[str, Any]:
     _state_int(info, path, "position", 0, step, default=0)
     _state_int(info, path, "num_processes", 1, MAX_STATE_PROCESSES, default=1)
     _state_int(info, path, "global_batch", 1, 2**62, default=1)
+    if "trained" in info and not (isinstance(info["trained"], str) and len(info["trained"]) == 64):
+        raise CheckpointError(f"{path}: field 'trained' must be a SHA-256 hex digest, got "
+                              f"{short_repr(info['trained'])}; {RECOVER}")  # fmt: skip
     if type(info.get("sharded", False)) is not bool:
         raise CheckpointError(f"{path}: field 'sharded' must be true or false, got {short_repr(info['sharded'])}; "
                               f"{RECOVER}")  # fmt: skip
@@ -323,8 +329,16 @@ def state_errors(path: Path, what: str) -> Iterator[None]:
         raise CheckpointError(f"{path}: {what} cannot be restored ({reason}); {RECOVER}") from None
 
 
+def trained_digest(batches: list[list[int]], position: int) -> str:
+    """SHA-256 of the sorted dataset indices of the first ``position`` global ``batches`` of an epoch: which examples
+    a run stopped inside that epoch has trained, whatever their order."""
+    done = sorted(int(i) for batch in batches[:position] for i in batch)
+    return hashlib.sha256(json.dumps(done).encode()).hexdigest()
+
+
 def check_resume(info: dict[str, Any], folder: Path, total: int, num_batches: Callable[[int], int],
-                 global_batch: int | None = None) -> None:  # fmt: skip
+                 global_batch: int | None = None,
+                 batches: Callable[[int], list[list[int]]] | None = None) -> None:  # fmt: skip
     """The checked trainer state ``info`` of checkpoint ``folder`` (:func:`read_info`) against the run resuming
     from it: its ``step`` within the run's ``total`` steps, its ``position`` within its epoch's global batches
     (``num_batches(epoch)``), and, inside an epoch, the same ``global_batch`` (examples a step) as the checkpoint's:
@@ -341,6 +355,16 @@ def check_resume(info: dict[str, Any], folder: Path, total: int, num_batches: Ca
             f"again or skip examples of the epoch: resume with settings giving {saved} examples a step (e.g. twice "
             "train.batch_size on half the processes)"
         )
+    if position and batches is not None and "trained" in info:
+        plan = batches(epoch)
+        if position <= len(plan) and trained_digest(plan, position) != info["trained"]:
+            raise CheckpointError(
+                f"{path}: the run stopped {position} global batches into epoch {epoch}, but this run's first "
+                f"{position} batches of that epoch hold other examples (a sampler whose batches depend on the process "
+                "count and train.grad_accum_steps, as data.sampler=bagcurri's bags per batch do, or changed data), so "
+                "it would train again or skip examples of the epoch: resume with the checkpoint's processes and "
+                f"train.grad_accum_steps (it was saved by {info.get('num_processes', '?')} processes)"
+            )
     if step > total:
         raise CheckpointError(
             f"{path}: field 'step' is {step}, past the {total} steps of this run: resume with train.max_steps >= "
