@@ -30,6 +30,11 @@ from helpers.equivalence import OBJECTIVES, compare, overrides, weights
 from helpers.launch import launch_bounded
 
 
+def logged_loss(run: Path) -> float:
+    events = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    return next(e for e in events if e["split"] == "train")["values"]["loss"]
+
+
 @pytest.mark.slow
 @pytest.mark.skipif(torch.accelerator.is_available(), reason="the test launches CPU processes on a CPU-only machine")
 def test_two_processes_and_accumulation_equal_one_big_batch(world_args, clip_dir, tmp_path, launch_two):
@@ -49,3 +54,9 @@ def test_two_processes_and_accumulation_equal_one_big_batch(world_args, clip_dir
         events = [json.loads(line) for line in (big / "metrics.jsonl").read_text().splitlines()]
         train_event = next(e for e in events if e["split"] == "train")
         assert train_event["values"]["grad_norm"] > 0
+        # the logged loss is the step's (item-weighted over every micro-batch), not a mean of micro-batch means
+        losses = [logged_loss(run) for run in (big, accum, tmp_path / f"{name}-2proc")]
+        assert losses[1] == pytest.approx(losses[0], rel=1e-6) and losses[2] == pytest.approx(losses[0], rel=1e-6), (
+            name,
+            losses,
+        )
