@@ -153,6 +153,27 @@ def test_a_run_whose_config_names_code_is_refused_before_importing_it(beam_run, 
     assert not hasattr(sys, "planted_ran") and not (tmp_path / "c.json").exists()
 
 
+def test_data_given_is_not_split_by_the_training_datas_fractions(beam_run, world, tmp_path):
+    # a run trained with data.val_fraction=0.25 (own/mle holds 10 % out) applied it to the folder given with --data:
+    # `--split train` captioned 3 of its 4 images, an INFO line saying why
+    run = tmp_path / "run"
+    shutil.copytree(beam_run, run)
+    for path in run.rglob("config.yaml"):
+        data = yaml.safe_load(path.read_text())
+        data["data"].update(val_fraction=0.25, split_seed=3)
+        path.write_text(yaml.safe_dump(data, sort_keys=False))
+    photos = tmp_path / "photos"
+    photos.mkdir()
+    for k, image in enumerate(sorted((world / "images").rglob("*.png"))[:4]):
+        shutil.copy(image, photos / f"photo{k}.png")
+    setup = resolve(run, data=photos)
+    assert (setup.cfg.data.val_fraction, setup.cfg.data.split_seed) == (0.0, 0)
+    assert resolve(run, data=photos, overrides=["data.val_fraction=0.5"]).cfg.data.val_fraction == 0.5
+    assert resolve(run).cfg.data.val_fraction == 0.25  # the run's own data keeps its settings
+    out = main(checkpoint=run, data=photos, split="train", out=tmp_path / "photos.json")
+    assert len(read_results(out)) == 4
+
+
 def test_data_given_reads_its_own_images_not_the_training_datas(beam_run, tmp_path):
     # --data FILE kept the checkpoint's data.images: a JSONL's relative image paths were read from the training data's
     # image folder (another image of the same name captioned under the new file's id), silently

@@ -42,7 +42,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from finecap.caption import generate_captions
-from finecap.config import Config, RunConfig, load_stored, parse_override
+from finecap.config import Config, DataConfig, HfDataConfig, RunConfig, load_stored, parse_override
 from finecap.data.formats import data_format, detect_format
 from finecap.data.images import ImageLimits
 from finecap.data.loading import encoder_draft
@@ -89,6 +89,11 @@ def checkpoint_where(checkpoint: str | Path, root: str = "") -> Path:
     raise FileNotFoundError(f"--checkpoint {checkpoint}: checkpoint or run directory not found{looked}{how}")
 
 
+DATA_SET_OPTIONS = ("val_fraction", "test_fraction", "split_seed")
+"""``data`` options that describe the training data set, reset to their defaults when ``--data`` names another (the
+``data.hf`` columns too), unless given on the command line."""
+
+
 def resolve(
     checkpoint: str | Path,
     *,
@@ -113,9 +118,17 @@ def resolve(
         fmt = cfg.data.format if any(parse_override(o)[0] == ["data", "format"] for o in overrides) else fmt
         # the new data set's images, not the training data's: an image folder is its own root, a file's relative paths
         # read from its own folder, unless data.images is given here
-        images_given = any(parse_override(o)[0] == ["data", "images"] for o in overrides)
+        keys = [parse_override(o)[0] for o in overrides]
+        images_given = ["data", "images"] in keys
         folder = {} if images_given and not data_format(fmt).own_image_root else {"images": ""}
-        cfg = dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, format=fmt, path=str(path), **folder))
+        # the training data set's split fractions (own/mle holds 10 % out for validation) and columns are not the new
+        # data set's: defaults unless given here (a folder's images are all in its one split)
+        fresh = {k: DataConfig.__dataclass_fields__[k].default for k in DATA_SET_OPTIONS if ["data", k] not in keys}
+        columns = {f.name: f.default for f in dataclasses.fields(HfDataConfig)  # given as data.hf.X or data.X
+                   if ["data", "hf", f.name] not in keys and ["data", f.name] not in keys}  # fmt: skip
+        data_cfg = dataclasses.replace(cfg.data, format=fmt, path=str(path), hf=dataclasses.replace(cfg.data.hf,
+                                       **columns), **folder, **fresh)  # fmt: skip
+        cfg = dataclasses.replace(cfg, data=data_cfg)
     if skip_bad_images:
         cfg = dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, skip_bad_images=True))
     from_command_line = data is not None or recipe is not None or bool(given & {"data", "world"})
