@@ -342,7 +342,7 @@ def test_default_metrics_follow_what_a_world_holds(world, tmp_path, capsys, monk
     assert {"Length", "Vocab usage", "faith/precision"} <= set(out) and "CLIPScore" not in out
     assert "skipping meteor: meteor-1.5.jar not found" in notes
     assert "skipping clipscore, retrieval: no retriever: retriever.checkpoint is not set" in notes
-    assert "the world encoder of this configuration is not trained" in notes
+    assert "no world encoder of this world is trained with these retriever.* settings" in notes
     # asked for by name, the same reason is an error naming the option
     with pytest.raises(ValueError, match=r"^--metrics: metric 'retrieval' cannot run here: no retriever: "):
         eval_main(load(), predictions=tmp_path / "r.json", references=world, metrics="bleu,retrieval")

@@ -181,3 +181,24 @@ def test_probe_writes_numbers_and_bar(tiny, tmp_path):
     with pytest.raises(ValueError, match="finecap did not make it"):
         ar.probe((folder, cfg.world.out), progress=False)
     assert mine.read_text() == '{"my": "notes"}'
+
+
+def test_eval_of_a_world_uses_that_worlds_encoder_without_its_settings_repeated(tiny, tmp_path):
+    # `finecap eval --references WORLD --metrics clipscore` looked the encoder up under the configured world (the
+    # default 10,000-scene one): it had to be told the references world's world.* settings again
+    from finecap.app.eval import main as eval_main
+    from finecap.data.references import load_references
+    from finecap.data.results import write_results
+
+    cfg, _ = tiny
+    world = Path(cfg.world.out)
+    refs = load_references(cfg, world, split="test")
+    write_results(tmp_path / "r.json", {r.image_id: r.captions[0] for r in refs.records})
+    retriever = [o for o in TINY if o.startswith("retriever.")]
+    plain = load(None, [*retriever, f"run.cache_dir={cfg.run.cache_dir}"])  # no world.* settings
+    out = eval_main(plain, predictions=tmp_path / "r.json", references=world, metrics="clipscore")
+    assert 0 < out["CLIPScore"] <= 2.5
+    other_seed = load(None, [*retriever, f"run.cache_dir={cfg.run.cache_dir}", "run.seed=5"])
+    with pytest.raises(ValueError, match=r"no world encoder of this world is trained with these retriever.\* "
+                                         r"settings and run.seed=5"):  # fmt: skip
+        eval_main(other_seed, predictions=tmp_path / "r.json", references=world, metrics="clipscore")

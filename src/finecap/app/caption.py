@@ -200,7 +200,12 @@ def main(
     parts = ["captioner"] if setup.data_from_command_line or files is not None else ["captioner", "data"]
     checked = check_run(setup.checkpoint, cfg, parts=parts, model_folder=model_dir(setup.checkpoint))
     accelerator = make_accelerator(cfg.train)
-    source = f"the checkpoint's {setup.config_file}" if setup.config_file else "the command line (no stored config)"
+    if setup.config_file:
+        source = f"the checkpoint's {setup.config_file}"
+    elif (model_dir(setup.checkpoint) / "generation_config.json").is_file():
+        source = f"{model_dir(setup.checkpoint) / 'generation_config.json'} and the command line (no stored config)"
+    else:
+        source = "the command line (no stored config)"
     if accelerator.is_main_process:
         log.info("caption: %s, decoding %s from %s%s", setup.checkpoint, describe_decoding(cfg), source,
                  "" if checked else "; no fingerprints recorded, inputs not checked")  # fmt: skip

@@ -355,7 +355,7 @@ def cmd_config(args: argparse.Namespace) -> None:
 
 DESCRIPTION = "finecap trains and evaluates image captioners that say more than maximum-likelihood captions do."
 EPILOG = """start here:
-  finecap demo --quick              the whole pipeline on the embedded world, offline (about two minutes)
+  finecap demo --quick              the whole pipeline on the embedded world, offline (about a minute)
   finecap recipes                   the packaged recipes; run one with `finecap train NAME key=value ...`
   finecap eval --predictions P.json --references REFS   score captions (pycocoevalcap's metrics and more)
   finecap COMMAND --help            a command's options; docs/cli.md has them all"""
@@ -574,7 +574,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_report)
 
     p = _add(sub, "demo", cmd_demo, "Run the whole pipeline on the embedded world and print the results table.")
-    p.add_argument("--quick", action="store_true", help="tiny settings (about two minutes)")
+    p.add_argument("--quick", action="store_true", help="tiny settings (about a minute)")
     p.add_argument("--out", "--run-dir", dest="out", default=None, help=OUT_HELP.replace("<run.name>", "demo"))
     p.add_argument("--force", action="store_true", help="re-run stages whose outputs exist")
     p.add_argument("--stages", default=None, help="comma-separated stages to run (default demo.stages)")

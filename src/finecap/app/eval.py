@@ -169,6 +169,7 @@ def _main(
     objects = _read_instances(cfg, instances)
     if references is not None:
         refs = load_references(cfg, references, split=split, images=images)
+        cfg = references_world(cfg, refs)
         if read.references is not None:
             note(f"{predictions}: the references it holds are not used: scoring against {references}")
     elif read.references is not None:
@@ -345,6 +346,21 @@ def default_metrics(*, coco: bool, world: bool, bags: bool, lm: bool, instances:
     return names + (["perplexity"] if lm else [])
 
 
+def references_world(cfg: Config, refs: LoadedReferences) -> Config:
+    """``cfg`` with the world settings of the references when they are a finecap world (its recorded settings,
+    :func:`finecap.world.make.recorded_settings`): the world encoder the image metrics use is that world's, whatever
+    ``world.*`` the configuration holds (a default configuration names the 10,000-scene world)."""
+    if refs.format != "world":
+        return cfg
+    import dataclasses
+
+    from finecap.world.make import recorded_settings
+
+    folder = Path(refs.path)
+    world = recorded_settings(folder if folder.is_dir() else folder.parent)
+    return cfg if world is None else dataclasses.replace(cfg, world=world)
+
+
 def _reasons(
     cfg: Config,
     refs: LoadedReferences,
@@ -371,7 +387,9 @@ def _reasons(
         if not (encoder_dir(cfg) / "encoder.json").exists():
             return (
                 "no retriever: retriever.checkpoint is not set (a CLIP model, e.g. openai/clip-vit-base-patch32) and "
-                "the world encoder of this configuration is not trained (finecap retriever train)"
+                "no world encoder of this world is trained with these retriever.* settings and "
+                f"run.seed={cfg.run.seed} (give those it was trained with, e.g. the run's recipe, or train it: "
+                "finecap retriever train)"
             )
         return None
 

@@ -117,6 +117,20 @@ def world_record(out: Path) -> dict[str, Any] | None:
     return None
 
 
+def recorded_settings(out: Path) -> WorldConfig | None:
+    """The world settings of the finecap world in ``out`` (:func:`world_record`, with ``world.out`` = ``out``) when
+    they give its recorded key, else ``None`` (not a finecap world, or one of another world code version)."""
+    record = world_record(out)
+    if record is None:
+        return None
+    names = {f.name for f in dataclasses.fields(WorldConfig)}
+    try:
+        cfg = WorldConfig(**{k: v for k, v in record["config"].items() if k in names}, out=str(out))
+    except (TypeError, ValueError):
+        return None
+    return cfg if world_key(cfg) == record["key"] else None
+
+
 def setting_changes(record: dict[str, Any], cfg: WorldConfig) -> list[str]:
     """``"key: old -> new"`` for every world setting (and the world code version) that differs between the world
     ``record`` (:func:`world_record`) and ``cfg``; settings the record lacks count as their defaults."""

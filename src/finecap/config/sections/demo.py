@@ -17,7 +17,7 @@ class DemoConfig(Section, name="demo"):
          "discritune", "blip_smile", "vlm_smile", "report"],
         "Demo stages to run, in order (optional: mle_continued, scst_me, blip_discritune, vlm_discritune, vcb, ...).",
     )  # fmt: skip
-    quick: bool = doc(False, "Tiny settings that finish in about two minutes (used by tests).")
+    quick: bool = doc(False, "Tiny settings that finish in about a minute (used by tests).")
     force: bool = doc(False, "Re-run stages even when their outputs exist.")
     jobs: int = doc(
         0,
