@@ -398,33 +398,28 @@ def test_continue_unfinished_resumes_restarts_or_refuses(tmp_path, caplog):
     assert str(e.value).endswith("nothing was deleted. To train it again from the start, do this")
 
 
-def test_overwrite_never_replaces_a_config_yaml_that_is_not_finecaps(make_cfg):
+@pytest.mark.parametrize(
+    ("name", "mine"),
+    [("config.yaml", "my: own notes\n"),
+     # a recipe of one's own with run: and train: sections read as finecap's: replaced by --resume and by overwrite
+     ("config.yaml", "# my experiment, v7\nrun:\n  seed: 3\ntrain:\n  lr: 0.0003\n"),
+     ("fingerprints.json", '{"my": "precious"}')],  # replaced by any run into the folder
+)  # fmt: skip
+def test_a_users_file_where_a_run_writes_its_own_is_never_replaced(make_cfg, name, mine):
     # with overwrite=True (the demo's --force) a user's config.yaml in the run folder was replaced by the run's
     cfg = make_cfg("train.max_steps=1")
     run = run_path(cfg.run)
     run.mkdir(parents=True)
-    (run / "config.yaml").write_text("my: own notes\n")
-    with pytest.raises(ValueError, match=r"config.yaml exists and finecap did not make it .*; move it away"):
-        train(cfg, overwrite=True)
-    assert (run / "config.yaml").read_text() == "my: own notes\n"
-    # a recipe of one's own with run: and train: sections read as finecap's: replaced by --resume and by overwrite
-    mine = "# my experiment, v7\nrun:\n  seed: 3\ntrain:\n  lr: 0.0003\n"
-    (run / "config.yaml").write_text(mine)
-    for kw in ({"resume": True}, {"overwrite": True}):
-        with pytest.raises(ValueError, match=r"config.yaml exists and finecap did not make it"):
+    (run / name).write_text(mine)
+    for kw in ({}, {"resume": True}, {"overwrite": True}):
+        with pytest.raises(ValueError, match=rf"{name} exists and finecap did not make it"):
             train(cfg, **kw)
-        assert (run / "config.yaml").read_text() == mine
+        assert (run / name).read_text() == mine
+    assert not (run / "checkpoints").exists()
 
 
-def test_a_users_fingerprints_json_in_the_run_folder_is_never_replaced(make_cfg):
+def test_a_runs_own_fingerprints_json_is_replaced_by_the_next_run(make_cfg):
     cfg = make_cfg("train.max_steps=1")
-    run = run_path(cfg.run)
-    run.mkdir(parents=True)
-    (run / "fingerprints.json").write_text('{"my": "precious"}')
-    with pytest.raises(ValueError, match=r"run.dir: .*fingerprints.json exists and finecap did not make it"):
-        train(cfg)
-    assert (run / "fingerprints.json").read_text() == '{"my": "precious"}' and not (run / "config.yaml").exists()
-    (run / "fingerprints.json").unlink()
-    train(cfg)  # its own, written by the run, is replaced by the next one
+    run = train(cfg)
     train(make_cfg("train.max_steps=2"), resume=True)
     assert json.loads((run / "fingerprints.json").read_text())["version"] == 1
