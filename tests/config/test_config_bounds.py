@@ -457,7 +457,9 @@ def _tampered_run(secret_run, tmp_path: Path) -> Path:
         ({"step": "2"}, "field 'step' must be an integer, got '2'"),
         ({"step": True}, "field 'step' must be an integer, got True"),
         ({"step": 10**18, "total_steps": 10**18}, "field 'step' is 1000000000000000000, past the 3 steps of this run"),
-        ({"step": 1, "position": 1, "best_step": 1}, "the learning-rate scheduler is at step 2, but"),  # not the truth
+        # not the truth: in a checkpoint of before the "trained" digest (removed: ...), and one with it
+        ({"step": 1, "position": 1, "best_step": 1, "trained": ...}, "the learning-rate scheduler is at step 2, but"),
+        ({"position": 1}, "but this run's first 1 batches of that epoch hold other examples"),
     ],
 )
 def test_resume_refuses_a_tampered_trainer_state(tiny, secret_run, tmp_path, change, fragment):
@@ -465,7 +467,7 @@ def test_resume_refuses_a_tampered_trainer_state(tiny, secret_run, tmp_path, cha
     info_file = run / "checkpoints" / "last" / "trainer_state.json"
     info = json.loads(info_file.read_text())
     assert info["step"] == 2 and info["total_steps"] == 2
-    info_file.write_text(json.dumps({**info, **change}))
+    info_file.write_text(json.dumps({k: v for k, v in {**info, **change}.items() if v is not ...}))
     before = {p: p.read_bytes() for p in run.rglob("*") if p.is_file()}
     line = one_line_error(["train", *tiny["base"], "--out", str(run), "--resume", "train.max_steps=3"])
     assert fragment in line

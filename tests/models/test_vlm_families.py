@@ -238,6 +238,20 @@ def test_bf16_lora_and_checkpointing_give_the_losses_without_checkpointing(tiny)
             assert float((grads_ckpt[name] - grad).abs().max()) <= 5e-2 * scale, name
 
 
+def test_every_module_from_vision_into_the_language_model_trains_with_the_projector(tiny):
+    """Qwen3-VL's DeepStack mergers project intermediate vision layers into its first decoder layers, as its merger
+    projects the last: they stayed frozen under ``vlm.train_projector`` while the merger trained."""
+    assert tiny.section.train_projector
+    tiny.apply_trainable()
+    names = {n for n, _ in tiny.model.named_parameters()}
+    deepstack = {n for n in names if "deepstack_merger_list" in n}
+    assert bool(deepstack) == (tiny.model.config.model_type == "qwen3_vl")
+    trains = {n for n, p in tiny.model.named_parameters() if p.requires_grad}
+    assert deepstack <= trains
+    projector = {n for n in names if n.startswith(tiny.family.projector + ".")}
+    assert projector and projector <= trains
+
+
 def test_default_lora_targets_resolve_in_both_parts_and_leave_the_projector_out(tiny):
     """The family row's LoRA targets name linear layers of its language model and its vision tower (a fused
     ``gate_up_proj``, GLM-4V's, would leave ``gate_proj`` matching nothing), never the projector nor the head."""
@@ -266,7 +280,8 @@ def test_adapters_on_the_original_base_and_the_merged_export_caption_like_the_ru
         pytest.skip("PixtralProcessor loads from a folder only with torchvision (built here through a stand-in)")
     folder = save_family(tmp_path / "base", family)
     model = Vlm.from_pretrained(folder)
-    model = adapted(model, module_path(model.model, model.family.projector))
+    # every projector moved (Qwen3-VL's DeepStack mergers too): the adapter must carry them all
+    model = adapted(model, torch.nn.ModuleList([module_path(model.model, p) for p in model.family.projectors]))
     enc = processor_batch(model, pictures(3, seed=1))
     start, greedy = enc["input_ids"].shape[1], dict(max_new_tokens=6, do_sample=False)
     got = model.generate(ours(enc), DecodeConfig(strategy="greedy", max_length=6))

@@ -74,7 +74,10 @@ def _column_cells(html: str, column: str) -> dict[str, str]:
 
 
 @pytest.mark.slow  # the report draws its plots and gallery: about 3 s
-def test_the_report_colours_a_users_metric_by_its_direction(fabricated_run, tmp_path):
+def test_the_report_colours_a_users_metric_by_its_direction(fabricated_run, tmp_path, monkeypatch):
+    from finecap.config import ConfigError
+    from finecap.registry import LEGACY_TRUST_ENV, TRUST_ENV
+
     run = shutil.copytree(fabricated_run, tmp_path / "run")
     for stage in ("mle", "smile", "smile_random"):
         shutil.rmtree(run / stage)  # their training logs: no curves to draw here
@@ -86,6 +89,11 @@ def test_the_report_colours_a_users_metric_by_its_direction(fabricated_run, tmp_
     config = yaml.safe_load((run / "config.yaml").read_text())
     config["eval"]["metrics"] = [TOY]
     (run / "config.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
+    monkeypatch.delenv(LEGACY_TRUST_ENV, raising=False)
+    monkeypatch.delenv(TRUST_ENV, raising=False)
+    with pytest.raises(ConfigError, match=rf"eval.metrics names '{TOY}', code of one's own"):
+        write_report(run, retrieval=False)  # the run folder's config alone never makes the report import code
+    monkeypatch.setenv(TRUST_ENV, TOY)  # named by the user: its direction colours the column
     html = write_report(run, retrieval=False).read_text()
     assert '<th>toy/unmatched<span class="dir" title="lower is better">' in html
     assert _column_cells(html, "toy/unmatched") == {"mle": "", "smile": "best", "blip_x": "worst"}  # 1 < 2 < 3

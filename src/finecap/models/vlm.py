@@ -136,6 +136,9 @@ class Family:
         language_model: the decoder without its head (LoRA's ``"lm"`` part).
         vision: the vision tower (LoRA's ``"encoder"`` part).
         projector: the module from vision features to the language model's embeddings.
+        more_projectors: other modules from vision features into the language model, trained with the projector
+            (``vlm.train_projector``): Qwen3-VL's DeepStack mergers, which project intermediate vision layers into
+            its first decoder layers.
         image_inputs: the processor outputs that the model's forward reads for the images.
         mrope: multimodal rope positions (``get_rope_index``: temporal / height / width rows), else 1-D positions.
         lm_targets, vision_targets: LoRA's default targets (names or dot-suffixes) in the two parts.
@@ -165,6 +168,12 @@ class Family:
     examples: tuple[str, ...] = ()
     vllm: str = ""
     image_budget: str = "fixed"
+    more_projectors: tuple[str, ...] = ()
+
+    @property
+    def projectors(self) -> tuple[str, ...]:
+        """Every module ``vlm.train_projector`` trains: :attr:`projector` and :attr:`more_projectors`."""
+        return (self.projector, *self.more_projectors)
 
 
 QWEN_VIT_TARGETS = ("qkv", "attn.proj", "fc1", "fc2")
@@ -220,6 +229,7 @@ FAMILIES: dict[str, Family] = {
         mrope=True, vision_targets=("attn.qkv", "attn.proj", "mlp.linear_fc1", "mlp.linear_fc2"), image_rows="tokens",
         name="Qwen3-VL (DeepStack)", examples=("Qwen/Qwen3-VL-2B-Instruct", "Qwen/Qwen3-VL-8B-Instruct"),
         vllm="Qwen3VLForConditionalGeneration", image_budget="pixels",
+        more_projectors=("model.visual.deepstack_merger_list",),
     ),
     "glm4v": Family(
         "model.language_model", "model.visual", "model.visual.merger", ("pixel_values", "image_grid_thw"),
@@ -651,12 +661,15 @@ class Vlm(CaptionerBase):
             self.world.set_trainable(self.train_encoder)
         else:
             lora.train_part(self.lora_module("encoder"), self.train_encoder)
-        module_path(self.model, self.family.projector).requires_grad_(self.section.train_projector)
+        for path in self.family.projectors:
+            module_path(self.model, path).requires_grad_(self.section.train_projector)
 
     def frozen_modules(self) -> list[nn.Module]:
-        """The parts whose flag is off, and the projector unless ``vlm.train_projector``."""
+        """The parts whose flag is off, and the projectors unless ``vlm.train_projector``."""
         frozen = super().frozen_modules()
-        return frozen if self.section.train_projector else [*frozen, module_path(self.model, self.family.projector)]
+        if self.section.train_projector:
+            return frozen
+        return [*frozen, *(module_path(self.model, path) for path in self.family.projectors)]
 
     def dual_encoder(self) -> FeatureMapTokens | None:
         return self.world
@@ -667,8 +680,15 @@ class Vlm(CaptionerBase):
         return "model" if self.world is None else None
 
     def adapter_modules_to_save(self) -> tuple[str, ...]:
-        """The projector when it trains (``vlm.train_projector``)."""
-        return (self.family.projector,) if self.section.train_projector else ()
+        """The projectors when they train (``vlm.train_projector``); a list of them (Qwen3-VL's DeepStack mergers)
+        as its members, the modules peft's ``modules_to_save`` can wrap."""
+        if not self.section.train_projector:
+            return ()
+        out: list[str] = []
+        for path in self.family.projectors:
+            module = module_path(self.model, path)
+            out += [f"{path}.{i}" for i in range(len(module))] if isinstance(module, nn.ModuleList) else [path]
+        return tuple(out)
 
     def own_config(self) -> dict[str, Any]:
         return {
