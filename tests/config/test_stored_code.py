@@ -44,6 +44,8 @@ def test_a_stored_dotted_path_loads_when_named_in_an_override_the_recipe_or_the_
     recipe.write_text(f"decode:\n  engine: {PLANTED}\neval:\n  metrics: [bleu, 'planted_metric:M']\n")
     assert load_stored(stored, recipe=recipe).decode.engine == PLANTED
     assert load_stored(stored, ["decode.engine=finecap", "eval.metrics=[bleu]"]).decode.engine == "finecap"
+    with pytest.raises(ConfigError, match="decode.engine names"):  # the name inside another option's value is not it
+        load_stored(stored, ["eval.metrics=[bleu, 'planted_metric:M']", "run.name=x_planted_engine_module:Engine"])
     monkeypatch.setenv(LEGACY_TRUST_ENV, f"x.y:Z, {PLANTED}")  # the former name of the variable is still read
     monkeypatch.setenv(TRUST_ENV, "planted_metric:M")
     cfg = load_stored(stored)  # train.objective, only training imports, is no stored code to refuse

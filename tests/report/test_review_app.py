@@ -339,6 +339,24 @@ def test_a_bags_file_whose_data_changed_is_refused_at_start(tiny_world, tmp_path
     assert create_app(bags, images, data=data).test_client().get("/bag/3/0").status_code == 200
 
 
+def test_a_bags_file_naming_a_format_of_code_is_refused_before_importing_it(tiny_world, tmp_path, monkeypatch):
+    # a bags file is data: its fingerprint's "format" was imported (a dotted path) to fingerprint the data again
+    import sys
+
+    from finecap.registry import LEGACY_TRUST_ENV, TRUST_ENV
+
+    for env in (TRUST_ENV, LEGACY_TRUST_ENV):
+        monkeypatch.delenv(env, raising=False)
+    (tmp_path / "planted_fmt.py").write_text("import sys\nsys.planted_fmt_ran = True\nF = None\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    bags = tmp_path / "bags.json"
+    bags.write_text(json.dumps({"data": str(tiny_world / "dataset.json"), "fingerprint": {"format": "planted_fmt:F"},
+                                "bags": {"3": [{"images": [1, 2, 3], "similarity": 0.9}]}}))  # fmt: skip
+    with pytest.raises(DataError, match="names the data format 'planted_fmt:F', code of one's own"):
+        create_app(bags, tiny_world / "images")
+    assert not hasattr(sys, "planted_fmt_ran")
+
+
 @pytest.mark.parametrize(
     ("text", "message"),
     [

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from finecap.config import Config, load
+from finecap.config import Config, ConfigError, load
 from finecap.stages import DONE, TASK, TRAIN, MissingInput, Stage, StageRunner, stage_table
 
 
@@ -167,6 +167,10 @@ def test_finished_stages_are_read_with_the_configuration_they_saved(tmp_path):
     assert runner.cfg.train.lr == 0.07  # the run directory's own configuration
     with pytest.raises(RuntimeError, match="trains nothing"):
         runner.train(cfg, resume=False, overwrite=True)
+    # a stage folder is data: its config naming code of one's own is refused, not used to decode
+    load(None, ["decode.engine=planted_engine:E", f"run.dir={run_dir / 'mle'}"]).save(run_dir / "mle" / "config.yaml")
+    with pytest.raises(ConfigError, match=r"mle/config.yaml: decode.engine names 'planted_engine:E'"):
+        finished_stages(run_dir, ["mle"])
 
 
 def test_a_forced_retrain_that_is_killed_is_no_finished_stage(tmp_path):

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from finecap.config.fields import ConfigError
-from finecap.config.loading import from_dict, load, renamed_keys
+from finecap.config.loading import from_dict, load, parse_override, renamed_keys
 from finecap.config.paths import absolute_path_values
 from finecap.config.sections import MOVED_KEYS, Config, ModelConfig, moved_key
 from finecap.recipes import resolve_recipe
@@ -92,6 +92,15 @@ def _strings(obj: Any) -> set[str]:
     return set()
 
 
+def _named_in(overrides: list[str], option: str, name: str) -> bool:
+    """Whether an override of ``option`` holds ``name`` (parsed: a value, a list item or a mapping key)."""
+    for item in overrides:
+        keys, value = parse_override(item)
+        if ".".join(keys) == option and name in _strings(value):
+            return True
+    return False
+
+
 def check_stored_code(
     path: Path, stored: Config, cfg: Config, recipe: str | Path | None, overrides: list[str]
 ) -> None:
@@ -104,7 +113,7 @@ def check_stored_code(
     named: set[str] | None = None
     for option, names in code_paths(stored).items():
         for name in names:
-            if name not in used.get(option, ()) or name in trusted_code() or any(name in o for o in overrides):
+            if name not in used.get(option, ()) or name in trusted_code() or _named_in(overrides, option, name):
                 continue
             if named is None:
                 named = set() if recipe is None else _strings(read_yaml_mapping(resolve_recipe(recipe), "a recipe"))

@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from finecap.config import Config, load
+from finecap.config import Config, load, load_stored
 from finecap.recipes import resolve_recipe
 from finecap.runs import BEST, CONFIG_FILE, checkpoint_dir
 from finecap.train.fingerprint import FingerprintMismatch, check_run
@@ -333,5 +333,7 @@ def finished_stages(run_dir: Path, stages: Iterable[str]) -> StageRunner:
     missing = [s for s in stages if not (run_dir / s / DONE).is_file()]
     if missing:
         raise MissingInput(f"{run_dir}: stage(s) {', '.join(missing)} have not finished (no {DONE} marker)")
+    for s in stages:  # stored configurations, read as such: one naming code of one's own is refused (never imported)
+        load_stored(run_dir / s / CONFIG_FILE)
     table = stage_table(Stage(s, TRAIN, recipe=str(run_dir / s / CONFIG_FILE)) for s in stages)
-    return StageRunner(table, load(str(run_dir / CONFIG_FILE), []), run_dir, train=never_train)
+    return StageRunner(table, load_stored(run_dir / CONFIG_FILE), run_dir, train=never_train)
