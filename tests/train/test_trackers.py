@@ -4,6 +4,7 @@ TensorBoard event file is read back (scalars per step, captions as text), and th
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 from accelerate.utils import LoggerType
@@ -91,19 +92,19 @@ def test_trackers_start_under_the_run_folder_and_see_the_command_line_masked(mak
     from finecap.train.run import train
 
     monkeypatch.setattr(accelerate.tracking, "get_available_trackers", lambda: list(LoggerType))
-    for env in ("WANDB_DIR", "DVCLIVE_DIR", "SWANLAB_LOG_DIR"):
+    for env in ("WANDB_DIR", "DVCLIVE_DIR", "SWANLAB_LOG_DIR", "MLFLOW_TRACKING_URI"):
         monkeypatch.delenv(env, raising=False)
     seen = {}
 
     def init_trackers(self, project_name, config=None, init_kwargs=None):  # records instead of starting them
-        seen.update(argv=list(sys.argv), kwargs=init_kwargs)
+        seen.update(argv=list(sys.argv), kwargs=init_kwargs, mlflow=os.environ.get("MLFLOW_TRACKING_URI"))
 
     monkeypatch.setattr(accelerate.Accelerator, "init_trackers", init_trackers)
     monkeypatch.setattr(sys, "argv", ["finecap", "train", "boost.vlm_api_key=sk-SECRET-1", "train.lr=1e-3"])
     cwd = tmp_path / "cwd"
     cwd.mkdir()
     monkeypatch.chdir(cwd)
-    cfg = make_cfg("train.max_steps=1", "train.log_with=[jsonl,wandb,dvclive,swanlab]")
+    cfg = make_cfg("train.max_steps=1", "train.log_with=[jsonl,wandb,dvclive,swanlab,mlflow]")
     run = train(cfg)
     assert seen["argv"] == ["finecap", "train", "boost.vlm_api_key=***", "train.lr=1e-3"]
     assert sys.argv[2] == "boost.vlm_api_key=sk-SECRET-1"  # given back afterwards
@@ -111,7 +112,10 @@ def test_trackers_start_under_the_run_folder_and_see_the_command_line_masked(mak
     assert seen["kwargs"] == {"wandb": {"dir": str(trackers)}, "dvclive": {"dir": str(trackers / "dvclive")},
                               "swanlab": {"logdir": str(trackers / "swanlab")}}  # fmt: skip
     assert list(cwd.iterdir()) == []  # nothing in the working directory
+    # mlflow reads its URI at every call: set while the run lasts, given back after (a next run gets its own)
+    assert seen["mlflow"] == (trackers / "mlruns").resolve().as_uri() and "MLFLOW_TRACKING_URI" not in os.environ
     monkeypatch.setenv("WANDB_DIR", str(tmp_path / "mine"))  # the user's own placement wins
-    from finecap.train.logging import tracker_places
+    from finecap.train.logging import placed_trackers
 
-    assert "wandb" not in tracker_places(["wandb"], trackers)
+    with placed_trackers(["wandb"], trackers) as places:
+        assert "wandb" not in places

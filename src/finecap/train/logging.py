@@ -3,7 +3,7 @@
 
 Logged values are averaged over micro-batches and processes and go to the trackers of ``train.log_with`` through
 ``accelerator.log`` (``jsonl``: ``metrics.jsonl``, one event per line; ``tensorboard``, ``wandb``, ``mlflow``, ... as
-accelerate supports them, under ``<run>/trackers``: :func:`tracker_places`). Only the main process writes. Trackers
+accelerate supports them, under ``<run>/trackers``: :func:`placed_trackers`). Only the main process writes. Trackers
 receive the configuration with every secret masked (:func:`tracker_config`) and see the command line masked while
 they start (:func:`masked_argv`: wandb records it).
 """
@@ -33,7 +33,7 @@ PLACES: dict[str, tuple[str, str, str]] = {
 }
 """Trackers that write local files where they are started unless told a folder: ``{name: (their init keyword, the
 environment variable that places them instead, subfolder of <run>/trackers)}``. tensorboard and aim take accelerate's
-``project_dir``; mlflow is placed by its tracking URI (:func:`tracker_places`); trackio, comet_ml and clearml log to
+``project_dir``; mlflow is placed by its tracking URI (:func:`placed_trackers`); trackio, comet_ml and clearml log to
 their servers or their own caches."""
 
 
@@ -74,24 +74,33 @@ class JsonlTracker(GeneralTracker):
             append_jsonl(self.path, record)
 
 
-def tracker_places(log_with: Sequence[str], folder: Path) -> dict[str, dict[str, str]]:
-    """``init_kwargs`` of ``accelerator.init_trackers`` placing each tracker of ``log_with`` that would write into the
-    working directory under ``folder`` (``<run>/trackers``), unless its own environment variable places it
-    (:data:`PLACES`). mlflow, whose local default is ``./mlruns``, is given ``file:<folder>/mlruns`` as its tracking
-    URI when ``MLFLOW_TRACKING_URI`` is unset (``mlflow.set_tracking_uri``; accelerate's tracker takes none)."""
-    out: dict[str, dict[str, str]] = {}
-    for name in log_with:
+MLFLOW_URI_ENV = "MLFLOW_TRACKING_URI"
+
+
+@contextlib.contextmanager
+def placed_trackers(log_with: Sequence[str], folder: Path, main: bool = True) -> Iterator[dict[str, dict[str, str]]]:
+    """For the length of a run: ``init_kwargs`` of ``accelerator.init_trackers`` placing each tracker of
+    ``log_with`` that would write into the working directory under ``folder`` (``<run>/trackers``), unless its own
+    environment variable places it (:data:`PLACES`); mlflow, whose local default is ``./mlruns`` and which reads its
+    tracking URI at every call, gets ``MLFLOW_TRACKING_URI=file:<folder>/mlruns`` while the run lasts when the
+    variable is unset (given back after, so a next run in the process is placed in its own folder). Nothing on
+    processes other than the main one (``main=False``), where trackers do not start."""
+    places: dict[str, dict[str, str]] = {}
+    for name in log_with if main else ():
         if name in PLACES and not os.environ.get(PLACES[name][1]):
             keyword, _, sub = PLACES[name]
             place = folder / sub if sub else folder
             place.mkdir(parents=True, exist_ok=True)
-            out[name] = {keyword: str(place)}
-    if "mlflow" in log_with and not os.environ.get("MLFLOW_TRACKING_URI"):
-        import mlflow
-
+            places[name] = {keyword: str(place)}
+    mlflow = main and "mlflow" in log_with and not os.environ.get(MLFLOW_URI_ENV)
+    if mlflow:
         (folder / "mlruns").mkdir(parents=True, exist_ok=True)
-        mlflow.set_tracking_uri((folder / "mlruns").resolve().as_uri())
-    return out
+        os.environ[MLFLOW_URI_ENV] = (folder / "mlruns").resolve().as_uri()
+    try:
+        yield places
+    finally:
+        if mlflow:
+            os.environ.pop(MLFLOW_URI_ENV, None)
 
 
 @contextlib.contextmanager

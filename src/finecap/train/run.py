@@ -60,7 +60,7 @@ from finecap.train.engine import (
 )
 from finecap.train.fingerprint import check_run_dir as check_fingerprints_of_run
 from finecap.train.fingerprint import is_fingerprints_file, write_fingerprints
-from finecap.train.logging import masked_argv, tracker_config, tracker_places
+from finecap.train.logging import masked_argv, placed_trackers, tracker_config
 from finecap.train.prepare import prepare_needs
 from finecap.train.schedule import build_scheduler
 from finecap.train.setup import (
@@ -377,13 +377,14 @@ def _train(
         write_output(run_dir / CONFIG_FILE, cfg.to_yaml(), "config")  # remembered as finecap's (finecap.outputs)
         # the data, captioner start and retriever this run reads (resumed: the captioner its checkpoint holds)
         write_fingerprints(run_dir, cfg, model_dir(resume_from) if resume_from is not None else None)
-    with masked_argv():  # wandb records the command line; trackers write under <run>/trackers, never the cwd
-        places = tracker_places(cfg.train.log_with, run_dir / TRACKERS_DIR) if accelerator.is_main_process else {}
-        accelerator.init_trackers("finecap", config=tracker_config(saved), init_kwargs=places)
-
-    state = engine.fit()
-    for tracker in accelerator.trackers:  # not end_training(): it would destroy the process group, and a caller (the
-        tracker.finish()  # demo, a sweep) may train again in the same processes
+    # trackers write under <run>/trackers, never the working directory, for the whole run (mlflow reads its tracking
+    # URI at every call); wandb records the command line when it starts
+    with placed_trackers(cfg.train.log_with, run_dir / TRACKERS_DIR, accelerator.is_main_process) as places:
+        with masked_argv():
+            accelerator.init_trackers("finecap", config=tracker_config(saved), init_kwargs=places)
+        state = engine.fit()
+        for tracker in accelerator.trackers:  # not end_training(): it would destroy the process group, and a caller
+            tracker.finish()  # (the demo, a sweep) may train again in the same processes
     if accelerator.is_main_process:
         log.info(summary(run_dir, state, cfg.train.best_metric, data.skipped))
     return run_dir
