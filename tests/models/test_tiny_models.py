@@ -111,6 +111,8 @@ def test_a_failed_write_into_an_empty_folder_leaves_it_empty_and_a_complete_one_
 
     out = tmp_path / "empty"
     out.mkdir()
+    out.chmod(0o2770)  # the user's folder: its mode (a shared group's setgid) and identity are kept
+    inode = out.stat().st_ino
     real = tiny.save_tiny
 
     def fails_half_way(kind, folder, **kw):
@@ -124,6 +126,8 @@ def test_a_failed_write_into_an_empty_folder_leaves_it_empty_and_a_complete_one_
     monkeypatch.setattr(tiny, "save_tiny", real)
     tiny_main("blip", out)
     assert (out / "config.json").is_file() and sorted(p.name for p in tmp_path.iterdir()) == ["empty"]
+    assert not [p for p in out.iterdir() if p.name.startswith(".")]  # no folder of finecap's left inside
+    assert (out.stat().st_ino, out.stat().st_mode & 0o7777) == (inode, 0o2770)
     from finecap.utils.files import file_mode
 
     assert {p.stat().st_mode & 0o777 for p in out.iterdir() if p.is_file()} == {file_mode()}  # as the umask says

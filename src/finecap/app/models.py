@@ -4,9 +4,10 @@ finecap and its engines offline (docs/vlm.md#tiny-models).
 KIND is ``clip``, ``blip`` or a supported VLM family (``finecap.models.vlm.FAMILIES``); the folder holds the config,
 safetensors weights and processor / tokenizer (:func:`finecap.models.tiny.save_tiny`). The language model's default
 width (64, 2 heads of 32) is one vLLM's CPU attention takes. DIR must be new or an empty folder: nothing is
-replaced. The model is written into a new folder beside DIR (``.<DIR name>.<random>.tmp``) and renamed onto DIR
-when complete (a rename onto an empty folder is atomic on POSIX), so a failure or a kill never leaves a partial
-model under DIR; a kill leaves that hidden folder, which can be deleted.
+replaced. The model is written into a new hidden folder (``.<DIR name>.<random>.tmp``) and put in place when
+complete: a new DIR is that folder renamed; an existing empty DIR (the user's: its permissions, group, ACLs, or a
+mount point) is kept, the folder made inside it and its files moved up, one rename each. A failure leaves DIR as it
+was; a kill leaves the hidden folder (which can be deleted), or, during the final renames, some of the files.
 """
 
 from __future__ import annotations
@@ -38,14 +39,28 @@ def tiny_main(kind: str, out: str | Path, *, hidden: int = 64, heads: int = 2, s
     sizes = tiny.Sizes(hidden=hidden, heads=heads)
     out = Path(out)
     check_out(out)
-    tmp = make_temporary_dir(out)
+    existing = out.is_dir()
+    tmp = make_temporary_dir(out / "model" if existing else out)  # inside an existing folder: its own place
+    moved: list[Path] = []
     try:
         tiny.save_tiny(kind, tmp, seed=seed, sizes=sizes)
         apply_umask(tmp)
-        check_out(out)  # still new or empty: refused rather than replacing what appeared meanwhile
-        os.replace(tmp, out)
+        if existing:
+            if [p for p in out.iterdir() if p != tmp]:  # something appeared meanwhile: refused, never replaced
+                raise OutputRefused(f"--out {out}: is no longer empty; finecap models tiny writes a new folder")
+            for entry in sorted(tmp.iterdir()):
+                os.replace(entry, out / entry.name)
+                moved.append(out / entry.name)
+            tmp.rmdir()
+        else:
+            check_out(out)  # still new: refused rather than replacing what appeared meanwhile
+            os.replace(tmp, out)
     except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
+        for path in [tmp, *moved]:  # finecap's own files only: what it made in this call
+            if path.is_dir():
+                shutil.rmtree(path, ignore_errors=True)
+            else:
+                path.unlink(missing_ok=True)
         raise
     use = USE.get(kind, "model.kind=vlm vlm.name={out}").format(out=out)
     needs = f" (its processor loads with {tiny.LOAD_NEEDS[kind]} installed)" if kind in tiny.LOAD_NEEDS else ""
