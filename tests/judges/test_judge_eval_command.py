@@ -166,3 +166,5 @@ def test_eval_with_a_judge_failing_on_every_image_fails_and_writes_nothing(world
             "claims,bleu", "--out", str(tmp_path / "scores.json"), f"judge.name={__name__}:down_judge"]  # fmt: skip
     assert cli(args) == 2
     assert "metric(s) claims: the" in capsys.readouterr().err and not (tmp_path / "scores.json").exists()
+    assert cli([*args[:6], "qa,bleu", *args[7:]]) == 2  # qa: its blind filter could not ask (the judge is down)
+    assert "could not answer the blind asks" in capsys.readouterr().err and not (tmp_path / "scores.json").exists()

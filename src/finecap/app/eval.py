@@ -233,10 +233,11 @@ def _main(
         per_image=per_image is not None,
     )
     failed = "/judge_failed"
-    dead = [k.removesuffix(failed) for k, v in result.items() if k.endswith(failed) and v >= len(preds)]
-    if dead:  # a judge that answered for no image: no score at all (NaN), not a result to write and exit 0 on
-        raise ValueError(f"metric(s) {', '.join(dead)}: the {cfg.judge.name} judge failed on all {len(preds)} "
-                         "images (the warnings above say why; is it reachable? judge.urls, judge.model); nothing "
+    groups = [k.removesuffix(failed) for k, v in result.items() if k.endswith(failed) and v > 0]
+    dead = [g for g in groups if any(k.startswith(f"{g}/") and v != v for k, v in result.items())]  # NaN: none left
+    if dead:  # a judge that answered for no image it scored: no score at all, not a result to write and exit 0 on
+        raise ValueError(f"metric(s) {', '.join(dead)}: the {cfg.judge.name} judge failed on every image it was to "
+                         "score (the warnings above say why; is it reachable? judge.urls, judge.model); nothing "
                          "written")  # fmt: skip
     rename = (lambda k: COCO_NAMES.get(k, k)) if fmt == "coco" else (lambda k: k)
     result = {rename(k): v for k, v in result.items()}

@@ -76,7 +76,7 @@ def _record(ctx: EvalContext, group: str, scores: dict[Hashable, dict[str, Any]]
 
 
 def _qa(ctx: EvalContext) -> dict[str, float]:
-    from finecap.judges.qa import drop_blind, qa_scores
+    from finecap.judges.qa import check_blind_filter, drop_blind, qa_scores
     from finecap.judges.questions import read_questions, scene_questions
 
     judge, j = _judge(ctx), ctx.cfg.judge
@@ -90,6 +90,7 @@ def _qa(ctx: EvalContext) -> dict[str, float]:
     if missing:
         raise ValueError(f"metric 'qa': no questions for {len(missing)} image(s), e.g. {missing[:5]}")
     kept, blind = drop_blind(judge, mine, j.shuffles, j.seed)  # type: ignore[arg-type]
+    check_blind_filter(blind, judge, "metric 'qa'")  # unfiltered questions would pass as filtered
     ids = [i for i in ctx.predictions if kept[i]]
     if len(ids) < len(ctx.predictions):
         log.warning("qa: %d image(s) keep no question a blind judge misses; they are not scored",
