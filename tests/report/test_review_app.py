@@ -293,6 +293,15 @@ def test_start_checks_the_image_folder_and_the_data(fabricated_run, tiny_world, 
     assert main(["bags", "review", str(bags), "--images", str(wrong), "--port", "0"]) == 2
     assert f"--images {wrong}: none of the 11 bag images" in capsys.readouterr().err
     assert sorted(p.name for p in tmp_path.iterdir()) == ["bags.json", "photos"]  # a failed start wrote nothing
+    import socket
+
+    with socket.socket() as taken:  # a port in use: the server cannot bind, and nothing is written either
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = str(taken.getsockname()[1])
+        assert main(["bags", "review", str(bags), "--images", str(tiny_world / "images"), "--port", port]) != 0
+    assert "in use" in capsys.readouterr().err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["bags.json", "photos"]
     # Bags built on another data set, and bags that do not say which data set they come from.
     other = tmp_path / "other.json"
     other.write_text(json.dumps({"data": str(tiny_world / "dataset.json"), "bags": {"2": [["x1", "x2"]]}}))

@@ -191,12 +191,14 @@ def _served_images(
 
 def create_app(
     bags: str | Path, images: str | Path, *, data: str | Path | None = None, out: str | Path | None = None,
-    cfg: Config | None = None, host: str = DEFAULT_HOST, token: str | None = None,
+    cfg: Config | None = None, host: str = DEFAULT_HOST, token: str | None = None, rebuild: bool = True,
 ) -> Flask:  # fmt: skip
     """The review app for the bags file ``bags`` with images under ``images``; decisions go to ``out``.
 
     ``host`` is the address the server binds (it decides which ``Host`` headers are accepted); ``token``, required
-    when ``host`` is beyond loopback, is the access token every request must present (module docstring)."""
+    when ``host`` is beyond loopback, is the access token every request must present (module docstring). Once every
+    start check passed, the curated and decisions files are rebuilt from the decisions file (``rebuild``; :func:`main`
+    does it itself once the server is bound, so that a port in use writes nothing either)."""
     cfg = cfg if cfg is not None else load()
     bags_path, root = Path(bags), Path(images)
     if not root.is_dir():
@@ -210,7 +212,8 @@ def create_app(
         source = _data_source(curation.source, bags_path, data)
         records = {r.image_id: r for r in load_references(cfg, source, images=root).records}
         served = _served_images(curation, records, root, source)
-    curation.rebuild()  # written only once every start check passed
+    if rebuild:
+        curation.rebuild()  # written only once every start check passed
     servable = set(served.values())
     base = root.resolve()
 
@@ -363,9 +366,16 @@ def main(
         log.warning("--host %s serves the review page beyond this machine, over plain HTTP: anyone who can reach it "
                     "and has the token can see the bag images and change decisions; the default is %s", host,
                     DEFAULT_HOST)  # fmt: skip
-    app = create_app(bags, images, data=data, out=out, cfg=cfg, host=host, token=token)
+    app = create_app(bags, images, data=data, out=out, cfg=cfg, host=host, token=token, rebuild=False)
     curation: BagCuration = app.config["curation"]
-    server = make_server(host, port, app, threaded=True)
+    try:  # a port in use stops here, before anything is written
+        server = make_server(host, port, app, threaded=True)
+    except SystemExit:  # werkzeug prints why ("Address already in use") and exits 1: a named error instead
+        raise OSError(
+            f"--host {host} --port {port}: the review server could not listen there (said above; a port in "
+            "use: pass another --port, or --port 0 for any free one)"
+        ) from None
+    curation.rebuild()
     counts = curation.counts()
     shown = socket.gethostname() if hostname(host) in WILDCARD_HOSTS else host
     shown = f"[{shown}]" if ":" in shown else shown
