@@ -100,7 +100,8 @@ def test_a_corner_of_the_picture_is_a_position_not_a_relation():
         Fact("object", "circle"), Fact("color", "circle", "red"), Fact("object", "square"),
         Fact("position", "circle", "bottom right"),
     }  # fmt: skip
-    assert facts("a star on the left of the picture") == {Fact("object", "star"), Fact("position", "star", "left")}
+    for frame in ("the picture", "this picture", "an image", "image"):
+        assert facts(f"a star on the left of {frame}") == {Fact("object", "star"), Fact("position", "star", "left")}
     assert Fact("relation", "circle", "right of", "square") in facts("a circle right of the square at the bottom")
 
 

@@ -109,6 +109,7 @@ _POSITION = set(_ROW_WORDS) | set(_COL_WORDS) | _CENTER_WORDS
 _NUMBER = {w: str(n) for n, w in NUMBER_WORDS.items()} | {"one": "1", "single": "1"}
 _RELATION = {"above": "above", "below": "below", "under": "below"}
 _FRAME = {"image", "picture", "photo", "photograph", "scene", "frame"}
+_DETERMINERS = {"the", "a", "an", "this", "that"}
 
 
 def _relation_word(tokens: list[str], i: int) -> bool:
@@ -117,7 +118,9 @@ def _relation_word(tokens: list[str], i: int) -> bool:
     if tokens[i] not in _COL_WORDS or i + 1 >= len(tokens) or tokens[i + 1] != "of":
         return False
     after = tokens[i + 2 : i + 4]
-    return not (after[:1] and after[0] in _FRAME or after[:1] == ["the"] and after[1:] and after[1] in _FRAME)
+    if after[:1] and after[0] in _DETERMINERS:
+        after = after[1:]
+    return not (after[:1] and after[0] in _FRAME)
 
 
 @dataclass
