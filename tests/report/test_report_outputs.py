@@ -39,6 +39,22 @@ def test_report_never_draws_a_plot_through_a_link(run, tmp_path):
 
 
 @pytest.mark.slow
+def test_report_never_draws_a_plot_over_a_users_file(run, tmp_path):
+    # plots/*.png were written over whatever was there (atomically, but a user's figure of that name was lost)
+    first = write_report(shutil.copytree(run, tmp_path / "first"), retrieval=False)
+    name = sorted(p.name for p in (first.parent / "plots").glob("*.png"))[0]
+    (run / "plots").mkdir(exist_ok=True)
+    mine = run / "plots" / name
+    mine.write_bytes(b"\x89PNG\r\n\x1a\n" + PRECIOUS)  # an image of the user's (not matplotlib's) by that name
+    with pytest.raises(OutputRefused, match=f"plots: {mine} exists and finecap did not make it as a plot file"):
+        write_report(run, retrieval=False)
+    assert mine.read_bytes() == b"\x89PNG\r\n\x1a\n" + PRECIOUS
+    mine.unlink()
+    write_report(run, retrieval=False)
+    write_report(run, retrieval=False, force=True)  # its own plots are drawn again
+
+
+@pytest.mark.slow
 def test_report_out_never_over_what_it_reads_nor_a_users_file(run, tmp_path):
     captions = run / "captions" / "mle.json"
     before = captions.read_bytes()

@@ -15,8 +15,8 @@ from pathlib import Path
 from typing import Any
 
 from finecap.metrics.diversity import caption_length
+from finecap.outputs import check_replaceable, write_output
 from finecap.runs import METRICS_FILE
-from finecap.utils.files import atomic_write_bytes
 from finecap.utils.reading import DATA_FILE, read_lines
 
 BAG_RECALL = re.compile(r"^bag(\d+)/R@1$")
@@ -85,8 +85,18 @@ def _save(fig: Any, out: str | Path) -> Path:
     buffer = io.BytesIO()
     fig.savefig(buffer, dpi=100, format=out.suffix.lstrip(".") or "png")
     plt.close(fig)
-    atomic_write_bytes(out, buffer.getvalue())  # never through a link planted at plots/*.png
+    # never through a link planted at plots/*.png, nor over a file of the user's there: one finecap wrote (remembered,
+    # or a figure of matplotlib's, as report plots of finecap before it remembered them) is replaced
+    check_replaceable(out, force=False, option="plots", kind="plot", ours=_is_matplotlib_png, force_flag=None)
+    write_output(out, buffer.getvalue(), "plot")
     return out
+
+
+def _is_matplotlib_png(path: Path) -> bool:
+    """Whether ``path`` is a PNG that matplotlib wrote (its ``Software: Matplotlib`` text chunk, near the start)."""
+    with path.open("rb") as f:
+        head = f.read(256)
+    return head.startswith(b"\x89PNG\r\n\x1a\n") and b"Matplotlib" in head
 
 
 def _grid(n: int, ncols: int = 4) -> tuple[int, int]:
