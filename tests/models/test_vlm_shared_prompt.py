@@ -161,11 +161,17 @@ def test_under_checkpointing_the_shared_prompt_gives_the_repeated_prompts_scores
     memory.enable_gradient_checkpointing(model)
     assert model.shares_prompt()
     memory.disable_gradient_checkpointing(model)
-    projector = f"model.{model.family.projector}."
+    projectors = tuple(f"model.{p}." for p in model.family.projectors)  # Qwen3-VL's DeepStack mergers too
     grads = reference[2]
-    assert grads and all("lora_" in n or n.startswith(projector) for n in grads), list(grads)[:5]
-    assert any(n.startswith(projector) for n in grads) and any("lora_" in n for n in grads)
-    assert all(g.norm() > 0 for g in grads.values())  # every adapter and the projector get a gradient
+    assert grads and all("lora_" in n or n.startswith(projectors) for n in grads), list(grads)[:5]
+    assert all(any(n.startswith(p) for n in grads) for p in projectors) and any("lora_" in n for n in grads)
+    # every adapter and projector gets a gradient, but a DeepStack merger whose features join after the last decoder
+    # layer (the tiny Qwen3-VL's second of 2): they change only the image positions' outputs, which no caption reads
+    config = model.model.config
+    layers, deep = config.text_config.num_hidden_layers, len(getattr(config.vision_config, "deepstack_visual_indexes",
+                                                                     None) or ())  # fmt: skip
+    late = tuple(f"model.model.visual.deepstack_merger_list.{k}." for k in range(layers - 1, deep))
+    assert all(g.norm() > 0 for n, g in grads.items() if not (late and n.startswith(late)))
     for share, checkpointing in ((True, True), (False, True), (True, False)):
         (logprobs, entropy, other), (forward, again) = scored(model, batch, share, checkpointing)
         where = f"share={share}, checkpointing={checkpointing}"
@@ -175,6 +181,9 @@ def test_under_checkpointing_the_shared_prompt_gives_the_repeated_prompts_scores
         assert relative(entropy, reference[1]) <= 1e-5, where
         assert other.keys() == grads.keys(), where
         for name, grad in grads.items():
+            if late and name.startswith(late):  # zero in both (see above)
+                assert not other[name].any() and not grad.any(), (where, name)
+                continue
             assert relative(other[name], grad) <= 1e-5, (where, name, relative(other[name], grad))
 
 
