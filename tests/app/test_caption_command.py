@@ -169,9 +169,10 @@ def test_data_given_is_not_split_by_the_training_datas_fractions(beam_run, world
     setup = resolve(run, data=photos)
     assert (setup.cfg.data.val_fraction, setup.cfg.data.split_seed) == (0.0, 0)
     assert resolve(run, data=photos, overrides=["data.val_fraction=0.5"]).cfg.data.val_fraction == 0.5
-    recipe = tmp_path / "mine.yaml"
-    recipe.write_text("data:\n  val_fraction: 0.5\n")
-    assert resolve(run, data=photos, recipe=str(recipe)).cfg.data.val_fraction == 0.5  # a recipe's, too
+    recipe = tmp_path / "mine.yaml"  # a recipe's data.* describe the data set it trains on, not --data's
+    recipe.write_text("data:\n  val_fraction: 0.5\n  images: /data/coco/images\n")
+    from_recipe = resolve(run, data=photos, recipe=str(recipe)).cfg.data
+    assert (from_recipe.val_fraction, from_recipe.images) == (0.0, "")
     assert resolve(run).cfg.data.val_fraction == 0.25  # the run's own data keeps its settings
     out = main(checkpoint=run, data=photos, split="train", out=tmp_path / "photos.json")
     assert len(read_results(out)) == 4

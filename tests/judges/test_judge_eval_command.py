@@ -158,6 +158,27 @@ def test_a_judge_failing_on_every_image_gives_no_score_not_zero(world):
     assert out["clair/judge_failed"] == out["claims/judge_failed"] == len(predictions)
 
 
+class KnowAllJudge(WorldJudge):
+    """A judge that answers every question right, with a caption or without."""
+
+    def answer(self, asks):
+        return [a.question.answer for a in asks]
+
+
+def know_all_judge(cfg, **options):
+    return KnowAllJudge()
+
+
+def test_eval_qa_with_every_question_answered_blind_fails_and_writes_nothing(world, tmp_path, capsys):
+    # the blind filter dropped every image's questions: qa/accuracy NaN written, exit 0 (no judge call had failed)
+    refs = load_references(load(), world, split="test")
+    write_results(tmp_path / "r.json", {r.image_id: r.captions[0] for r in refs.records})
+    args = ["eval", "--predictions", str(tmp_path / "r.json"), "--references", str(world), "--metrics", "qa",
+            "--out", str(tmp_path / "scores.json"), f"judge.name={__name__}:know_all_judge"]  # fmt: skip
+    assert cli(args) == 2
+    assert "no image keeps a question to score" in capsys.readouterr().err and not (tmp_path / "scores.json").exists()
+
+
 def test_eval_with_a_judge_failing_on_every_image_fails_and_writes_nothing(world, tmp_path, capsys):
     # `finecap eval --metrics claims,bleu` wrote "claims/precision": NaN (no JSON a strict parser reads) and exit 0
     refs = load_references(load(), world, split="test")

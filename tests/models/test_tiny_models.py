@@ -128,6 +128,11 @@ def test_a_failed_write_into_an_empty_folder_leaves_it_empty_and_a_complete_one_
     assert (out / "config.json").is_file() and sorted(p.name for p in tmp_path.iterdir()) == ["empty"]
     assert not [p for p in out.iterdir() if p.name.startswith(".")]  # no folder of finecap's left inside
     assert (out.stat().st_ino, out.stat().st_mode & 0o7777) == (inode, 0o2770)
+    # named relatively (tempfile gives absolute paths on Python 3.12+: finecap's own folder was taken for the user's)
+    (tmp_path / "rel").mkdir()
+    monkeypatch.chdir(tmp_path)
+    tiny_main("blip", "rel")
+    assert (tmp_path / "rel" / "config.json").is_file()
     from finecap.utils.files import file_mode
 
     assert {p.stat().st_mode & 0o777 for p in out.iterdir() if p.is_file()} == {file_mode()}  # as the umask says

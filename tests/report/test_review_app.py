@@ -299,7 +299,7 @@ def test_start_checks_the_image_folder_and_the_data(fabricated_run, tiny_world, 
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         port = str(taken.getsockname()[1])
-        assert main(["bags", "review", str(bags), "--images", str(tiny_world / "images"), "--port", port]) != 0
+        assert main(["bags", "review", str(bags), "--images", str(tiny_world / "images"), "--port", port]) == 2
     assert "in use" in capsys.readouterr().err
     assert sorted(p.name for p in tmp_path.iterdir()) == ["bags.json", "photos"]
     # Bags built on another data set, and bags that do not say which data set they come from.

@@ -119,3 +119,26 @@ def test_trackers_start_under_the_run_folder_and_see_the_command_line_masked(mak
 
     with placed_trackers(["wandb"], trackers) as places:
         assert "wandb" not in places
+
+
+def test_trackers_are_finished_when_training_stops_with_an_error(make_cfg, monkeypatch):
+    # an mlflow or wandb run left active by a failed training fails the next one in the same process
+    from finecap.train.engine import Engine
+    from finecap.train.logging import JsonlTracker
+    from finecap.train.run import train
+
+    finished = []
+
+    class Recording(JsonlTracker):
+        def finish(self):
+            finished.append(self.path)
+
+    monkeypatch.setattr("finecap.train.engine.JsonlTracker", Recording)
+
+    def fails(self):
+        raise RuntimeError("the step failed")
+
+    monkeypatch.setattr(Engine, "fit", fails)
+    with pytest.raises(RuntimeError, match="the step failed"):
+        train(make_cfg("train.max_steps=1"))
+    assert len(finished) == 1

@@ -42,7 +42,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from finecap.caption import generate_captions
-from finecap.config import Config, DataConfig, HfDataConfig, RunConfig, flat_options, load_stored, parse_override
+from finecap.config import Config, DataConfig, HfDataConfig, RunConfig, load_stored, parse_override
 from finecap.data.formats import data_format, detect_format
 from finecap.data.images import ImageLimits
 from finecap.data.loading import encoder_draft
@@ -56,7 +56,6 @@ from finecap.runs import find_checkpoint, model_dir, stored_config
 from finecap.train.checkpoint import folder_config
 from finecap.train.engine import make_accelerator
 from finecap.train.fingerprint import check_run
-from finecap.utils.reading import read_yaml_mapping
 
 log = logging.getLogger(__name__)
 
@@ -92,15 +91,7 @@ def checkpoint_where(checkpoint: str | Path, root: str = "") -> Path:
 
 DATA_SET_OPTIONS = ("val_fraction", "test_fraction", "split_seed", "allow_outside_paths")
 """``data`` options that describe the training data set, reset to their defaults when ``--data`` names another (the
-``data.hf`` columns too), unless given on the command line or in the recipe."""
-
-
-def recipe_keys(recipe: str | Path | None) -> list[list[str]]:
-    """The keys a recipe sets, split at their dots (``[["data", "val_fraction"], ["data", "hf", "image_column"]]``)."""
-    if recipe is None:
-        return []
-    raw = read_yaml_mapping(resolve_recipe(recipe), "a recipe must be a mapping of sections")
-    return [key.split(".") for key in flat_options(raw)]
+``data.hf`` columns too), unless given on the command line."""
 
 
 def resolve(
@@ -126,8 +117,9 @@ def resolve(
         fmt, path = detect_format(data)
         fmt = cfg.data.format if any(parse_override(o)[0] == ["data", "format"] for o in overrides) else fmt
         # the new data set's images, not the training data's: an image folder is its own root, a file's relative paths
-        # read from its own folder, unless data.images is given here
-        keys = [parse_override(o)[0] for o in overrides] + recipe_keys(recipe)
+        # read from its own folder, unless data.images is given here. Only the command line's data.* count: a recipe's
+        # describe the data set it trains on (a coco/* recipe's data.images is COCO's), as the checkpoint's do
+        keys = [parse_override(o)[0] for o in overrides]
         images_given = ["data", "images"] in keys
         folder = {} if images_given and not data_format(fmt).own_image_root else {"images": ""}
         # the training data set's split fractions (own/mle holds 10 % out for validation) and columns are not the new

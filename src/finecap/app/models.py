@@ -46,9 +46,11 @@ def tiny_main(kind: str, out: str | Path, *, hidden: int = 64, heads: int = 2, s
         tiny.save_tiny(kind, tmp, seed=seed, sizes=sizes)
         apply_umask(tmp)
         if existing:
-            if [p for p in out.iterdir() if p != tmp]:  # something appeared meanwhile: refused, never replaced
+            if [p for p in out.iterdir() if p.name != tmp.name]:  # appeared meanwhile: refused, never replaced
                 raise OutputRefused(f"--out {out}: is no longer empty; finecap models tiny writes a new folder")
             for entry in sorted(tmp.iterdir()):
+                if os.path.lexists(out / entry.name):  # appeared meanwhile: the user's, never replaced
+                    raise OutputRefused(f"--out {out}: {entry.name} appeared while the model was written")
                 os.replace(entry, out / entry.name)
                 moved.append(out / entry.name)
             tmp.rmdir()

@@ -375,7 +375,11 @@ def main(
             f"--host {host} --port {port}: the review server could not listen there (said above; a port in "
             "use: pass another --port, or --port 0 for any free one)"
         ) from None
-    curation.rebuild()
+    try:
+        curation.rebuild()
+    except BaseException:
+        server.server_close()
+        raise
     counts = curation.counts()
     shown = socket.gethostname() if hostname(host) in WILDCARD_HOSTS else host
     shown = f"[{shown}]" if ":" in shown else shown

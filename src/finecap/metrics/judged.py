@@ -92,6 +92,10 @@ def _qa(ctx: EvalContext) -> dict[str, float]:
     kept, blind = drop_blind(judge, mine, j.shuffles, j.seed)  # type: ignore[arg-type]
     check_blind_filter(blind, judge, "metric 'qa'")  # unfiltered questions would pass as filtered
     ids = [i for i in ctx.predictions if kept[i]]
+    if not ids:
+        raise ValueError(f"metric 'qa': a blind judge answers every question of all {len(ctx.predictions)} images, "
+                         "so no image keeps a question to score (judge.questions: questions that need the "
+                         "image)")  # fmt: skip
     if len(ids) < len(ctx.predictions):
         log.warning("qa: %d image(s) keep no question a blind judge misses; they are not scored",
                     len(ctx.predictions) - len(ids))  # fmt: skip

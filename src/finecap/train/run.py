@@ -382,9 +382,11 @@ def _train(
     with placed_trackers(cfg.train.log_with, run_dir / TRACKERS_DIR, accelerator.is_main_process) as places:
         with masked_argv():
             accelerator.init_trackers("finecap", config=tracker_config(saved), init_kwargs=places)
-        state = engine.fit()
-        for tracker in accelerator.trackers:  # not end_training(): it would destroy the process group, and a caller
-            tracker.finish()  # (the demo, a sweep) may train again in the same processes
+        try:
+            state = engine.fit()
+        finally:  # also when training stops with an error: an mlflow or wandb run left active fails the next one
+            for tracker in accelerator.trackers:  # not end_training(): it would destroy the process group, and a
+                tracker.finish()  # caller (the demo, a sweep) may train again in the same processes
     if accelerator.is_main_process:
         log.info(summary(run_dir, state, cfg.train.best_metric, data.skipped))
     return run_dir
