@@ -61,7 +61,10 @@ class Captioner:
     def from_pretrained(cls, path: str | os.PathLike[str], *, device: str | torch.device | None = None) -> Captioner:
         """Load the captioner of ``path``: a run directory (its best checkpoint, else its last), a checkpoint folder
         (``RUN/checkpoints/best``), its ``model/`` folder, or a bare model folder (a captioner's ``save``); any other
-        folder is a ``FileNotFoundError`` naming the folder to pass (:func:`finecap.runs.find_checkpoint`).
+        folder is a ``FileNotFoundError`` naming the folder to pass (:func:`finecap.runs.find_checkpoint`). A relative
+        ``path`` not in the working directory is looked for under the runs root, as ``finecap caption --checkpoint``
+        does (:func:`finecap.inference.checkpoint_where`): ``from_pretrained("demo/mle")`` is the run that
+        ``finecap.train("demo/mle")`` wrote.
 
         The checkpoint's own configuration (``config.yaml``) gives the model's load options (dtype, quantization),
         the decoding settings and the autocast, as ``finecap caption`` uses them. Its recorded fingerprint of the
@@ -70,13 +73,13 @@ class Captioner:
         (:func:`finecap.metrics.context.eval_device`)."""
         with silenced():  # the libraries' warnings the CLI leaves out (finecap.library_warnings), imports included
             from finecap.config import load_stored
-            from finecap.inference import load_for_captioning
+            from finecap.inference import checkpoint_where, load_for_captioning
             from finecap.metrics.context import eval_device
             from finecap.runs import find_checkpoint, model_dir, stored_config
             from finecap.train.checkpoint import folder_config
             from finecap.train.fingerprint import check_run
 
-            checkpoint = find_checkpoint(path)
+            checkpoint = find_checkpoint(checkpoint_where(path, option="path"))  # a run name as --checkpoint takes it
             stored = stored_config(checkpoint)
             cfg = load_stored(stored) if stored is not None else folder_config(model_dir(checkpoint))
             check_run(checkpoint, cfg, parts=["captioner"], model_folder=model_dir(checkpoint))
@@ -152,23 +155,32 @@ class Captioner:
             self._engine = None
 
     def decode_settings(self, **decode: Any) -> Any:
-        """The checkpoint's decoding settings (``cfg.decode``) with ``decode`` replacing some; an unknown key is a
-        ``ValueError`` listing the valid ones."""
-        from finecap.config import did_you_mean
+        """The checkpoint's decoding settings (``cfg.decode``) with ``decode`` replacing some, each converted and
+        checked as a recipe's value (``max_length="5"`` or ``5.7`` is a ``ConfigError`` naming ``decode.max_length``);
+        an unknown key is a ``ValueError`` listing the valid ones."""
+        from finecap.config import did_you_mean, replaced_section
 
         fields = [f.name for f in dataclasses.fields(self.cfg.decode)]
         for key in decode:
             if key not in fields:
                 raise ValueError(f"unknown decoding option {key!r}{did_you_mean(key, fields)}; valid: "
                                  f"{', '.join(fields)}")  # fmt: skip
-        return dataclasses.replace(self.cfg.decode, **decode)
+        return replaced_section(self.cfg.decode, "decode", **decode)
+
+
+def _is_image_or_path(item: Any) -> bool:
+    return isinstance(item, str | os.PathLike) or hasattr(item, "getpixel")  # a path, or a PIL image
 
 
 def _as_list(images: Any) -> list[Any]:
-    """One image (a PIL image, a path) as a list of one; a list or tuple of them as a list."""
-    if isinstance(images, str | os.PathLike) or hasattr(images, "getpixel"):  # a path, or a PIL image
+    """One image (a PIL image, a path) as a list of one; a list or tuple of them as a list; anything else (bytes, a
+    number, a nested list) a ``TypeError`` naming the item."""
+    if _is_image_or_path(images):
         return [images]
-    if isinstance(images, Sequence):
+    if isinstance(images, Sequence) and not isinstance(images, bytes | bytearray):
+        for i, item in enumerate(images):
+            if not _is_image_or_path(item):
+                raise TypeError(f"images[{i}]: expected a PIL image or a path, got {type(item).__name__}")
         return list(images)
     raise TypeError(f"images: expected a PIL image, a path, or a list of them, got {type(images).__name__}")
 
@@ -240,11 +252,21 @@ def _aligned(predictions: Any, references: Any) -> tuple[dict[Hashable, str], di
         raise TypeError("references: give a list (aligned with a list of predictions) or a dict {image_id: "
                         "[references]} (with a dict of predictions)")  # fmt: skip
     if not isinstance(references, Mapping):
+        if not isinstance(references, Sequence):
+            raise TypeError(f"references: expected a list or a dict, got {type(references).__name__}")
         if len(references) != len(preds):
             raise ValueError(f"references: {len(references)} items for {len(preds)} predictions (one list of "
                              "references per prediction, in the same order)")  # fmt: skip
         references = dict(enumerate(references))
-    return preds, {i: [r] if isinstance(r, str) else list(r) for i, r in references.items()}
+    refs: dict[Hashable, list[str]] = {}
+    for i, r in references.items():
+        texts = [r] if isinstance(r, str) else list(r) if isinstance(r, Sequence) else None
+        odd = [t for t in texts or () if not isinstance(t, str)]
+        if texts is None or odd:
+            what = type(r).__name__ + (f" holding a {type(odd[0]).__name__}" if odd else "")
+            raise TypeError(f"references of image {i!r}: expected a list of captions (str) or one caption, got {what}")
+        refs[i] = texts
+    return preds, refs
 
 
 def train(recipe_or_config: str | os.PathLike | Config, /, *, resume: bool = False, overwrite: bool = False,
@@ -289,4 +311,5 @@ def train(recipe_or_config: str | os.PathLike | Config, /, *, resume: bool = Fal
         cfg = load(recipe, over=over)
     else:
         raise TypeError(f"finecap.train: a recipe (path or name) or a Config, got {type(recipe_or_config).__name__}")
-    return train_run(cfg, resume=resume, overwrite=overwrite, recipe=recipe)
+    with silenced():  # the libraries' warnings the CLI and Captioner leave out (finecap.library_warnings)
+        return train_run(cfg, resume=resume, overwrite=overwrite, recipe=recipe)

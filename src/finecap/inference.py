@@ -35,10 +35,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from finecap.config import RunConfig
 from finecap.data.containment import ImageFolder
 from finecap.data.formats.folder import folder_images
 from finecap.data.images import DEFAULT_LIMITS, IMAGE_SUFFIXES, ImageLimits, load_image
 from finecap.data.records import MAX_LISTED, DataError, int_id_fits
+from finecap.home import runs_root, start_path
 
 if TYPE_CHECKING:
     import torch
@@ -305,3 +307,21 @@ def describe_skipped(result: ImageCaptions, total: int) -> str:
     shown = "; ".join(reason for _, reason in result.skipped[:MAX_LISTED])
     more = "; ..." if len(result.skipped) > MAX_LISTED else ""
     return f"skipped {len(result.skipped)} of {total} images that do not decode: {shown}{more}"
+
+
+def checkpoint_where(checkpoint: str | Path, root: str = "", option: str = "--checkpoint") -> Path:
+    """A checkpoint or run named as ``train.init_from`` is (:func:`finecap.home.start_path`): as given when absolute or
+    when it exists from the working directory, else under the runs root (``root``: ``run.root``; empty:
+    ``<home>/runs``): ``finecap caption --checkpoint demo/mle`` and ``Captioner.from_pretrained("demo/mle")`` read the
+    run ``finecap train demo/mle`` wrote. Found nowhere: a ``FileNotFoundError`` naming ``option``, where it was looked
+    for and, when a packaged recipe writes there, the command that makes it."""
+    run = RunConfig(root=root)
+    path = start_path(str(checkpoint), run)
+    if path.exists():
+        return path
+    from finecap.train.setup import maker_of  # only here: it imports the training stack
+
+    looked = "" if Path(checkpoint).is_absolute() else f" (looked in the working directory and in {runs_root(run)})"
+    maker = maker_of(path, root)
+    how = f"; make it with `{maker}`" if maker else ""
+    raise FileNotFoundError(f"{option} {checkpoint}: checkpoint or run directory not found{looked}{how}")

@@ -78,6 +78,10 @@ def test_decode_options(cap, files):
         cap.caption(files, beam=3)
     with pytest.raises(ConfigError, match="decode.beam_size"):
         cap.caption(files, strategy="beam", beam_size=0)
+    for bad in ("5", 5.7, None):  # checked as a recipe's value (a TypeError deep in decoding, or a torch sampler's)
+        with pytest.raises(ConfigError, match=r"decode.max_length: expected an integer"):
+            cap.caption(files, max_length=bad)
+    assert cap.caption(files[:2], max_length=2.0) == ["a red", "a blue"]  # a whole float is the integer
     with pytest.raises(ValueError, match="use caption_all"):
         cap.caption(files, strategy="beam", num_return_sequences=2)
     every = cap.caption_all(files, strategy="beam", beam_size=3, num_return_sequences=3)
@@ -101,7 +105,7 @@ def test_the_runs_autocast_is_used(cap, files):
     assert set(dtypes[len(dtypes) // 2 :]) == {torch.bfloat16}
 
 
-def test_every_checkpoint_folder_loads(run, files, tmp_path):
+def test_every_checkpoint_folder_loads(run, files, tmp_path, monkeypatch):
     best = checkpoint_dir(run, "best")
     for folder in (run, best, model_dir(best)):
         loaded = Captioner.from_pretrained(folder)
@@ -109,6 +113,13 @@ def test_every_checkpoint_folder_loads(run, files, tmp_path):
         assert loaded.caption(files) == EXPECTED
     with pytest.raises(FileNotFoundError, match=rf"pass the run directory {run} or one checkpoint, {best}"):
         Captioner.from_pretrained(run / "checkpoints")
+    # a run named as `finecap caption --checkpoint` names it: relative, under the runs root (run.root), as
+    # finecap.train("demo/mle") writes <home>/runs/demo/mle (from_pretrained("demo/mle") was not found)
+    monkeypatch.setattr("finecap.home.runs_root", lambda run_cfg: run.parent)
+    monkeypatch.chdir(tmp_path)
+    assert Captioner.from_pretrained(run.name).checkpoint == best
+    with pytest.raises(FileNotFoundError, match=r"^path no-such-run: checkpoint or run directory not found \(looked"):
+        Captioner.from_pretrained("no-such-run")
 
 
 def test_a_jpeg_file_is_decoded_at_the_runs_draft_size_as_a_split_decodes_it(cap, tmp_path, monkeypatch):
@@ -154,6 +165,13 @@ def test_a_bad_file_is_named(cap, files, tmp_path):
         cap.caption([files[0], tmp_path / "empty.png"])
     with pytest.raises(TypeError, match="expected a PIL image, a path, or a list of them"):
         cap.caption(42)
+    # items were not checked: a TypeError deep in pathlib (bytes split into integers, None, a nested list)
+    for bad, message in ((bytes(files[0]), "images: expected"), ([files[0], None], r"images\[1\]: expected"),
+                         ([[files[0]]], r"images\[0\]: expected a PIL image or a path, got list")):  # fmt: skip
+        with pytest.raises(TypeError, match=message):
+            cap.caption(bad)
+    with pytest.raises(DataError, match=r"empty image \(0 x 5 pixels\)"):  # a crop of nothing: a ZeroDivisionError
+        cap.caption(Image.new("RGB", (0, 5)))
 
 
 # --------------------------------------------------------------------------------------------------------------------
@@ -239,6 +257,12 @@ def test_evaluate_refuses_what_it_does_not_accept():
         evaluate({1: "a", 2: "b"}, {1: ["a"], 2: []}, metrics="bleu")
     with pytest.raises(ValueError, match="unknown metric"):
         evaluate(PREDS, REFS, metrics="bleu,cidr")
+    # a reference list's items were not checked: TypeErrors inside the tokenizer or a comprehension
+    for refs, message in (([None, *REFS[1:]], "references of image 0: expected a list of captions .* got NoneType"),
+                          ([[1, 2], *REFS[1:]], "references of image 0: .* got list holding a int"),
+                          ((r for r in REFS), "references: expected a list or a dict, got generator")):  # fmt: skip
+        with pytest.raises(TypeError, match=message):
+            evaluate(PREDS, refs, metrics="bleu")
 
 
 # --------------------------------------------------------------------------------------------------------------------

@@ -5,8 +5,8 @@
 else its last), a checkpoint's ``model/`` folder (its checkpoint: the configuration stored beside it is used) or a
 bare model folder; any other folder is an error naming the folder to pass
 (:func:`finecap.runs.find_checkpoint`). A relative ``CKPT`` that is not in the working directory is looked for
-under the runs root, as ``train.init_from`` is (:func:`checkpoint_where`): ``--checkpoint demo/mle`` is the run
-``finecap train demo/mle`` wrote.
+under the runs root, as ``train.init_from`` is (:func:`finecap.inference.checkpoint_where`): ``--checkpoint demo/mle``
+is the run ``finecap train demo/mle`` wrote.
 
 ``finecap caption --checkpoint CKPT --images DIR_OR_FILE ... --out results.json`` captions images that belong to no
 data set (no references needed): every image file under the folders (recursive) and the files named, with the ids of
@@ -42,14 +42,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from finecap.caption import generate_captions
-from finecap.config import Config, DataConfig, HfDataConfig, RunConfig, load_stored, parse_override
+from finecap.config import Config, DataConfig, HfDataConfig, load_stored, parse_override
 from finecap.data.formats import data_format, detect_format
 from finecap.data.images import ImageLimits
 from finecap.data.loading import encoder_draft
 from finecap.data.results import write_results
 from finecap.engines import engine_class, open_engine
-from finecap.home import runs_root, start_path, world_path
-from finecap.inference import caption_images, describe_skipped, image_files, load_for_captioning
+from finecap.home import world_path
+from finecap.inference import caption_images, checkpoint_where, describe_skipped, image_files, load_for_captioning
 from finecap.outputs import check_not_input, check_output_file
 from finecap.recipes import resolve_recipe
 from finecap.runs import find_checkpoint, model_dir, stored_config
@@ -69,24 +69,6 @@ class CaptionSetup:
     cfg: Config
     config_file: Path | None
     data_from_command_line: bool
-
-
-def checkpoint_where(checkpoint: str | Path, root: str = "") -> Path:
-    """``--checkpoint`` found as ``train.init_from`` is (:func:`finecap.home.start_path`): as given when absolute or
-    when it exists from the working directory, else under the runs root (``root``: ``run.root``; empty:
-    ``<home>/runs``).
-    Found nowhere: a ``FileNotFoundError`` naming where it was looked for and, when a packaged recipe writes there,
-    the command that makes it."""
-    run = RunConfig(root=root)
-    path = start_path(str(checkpoint), run)
-    if path.exists():
-        return path
-    from finecap.train.setup import maker_of  # only here: it imports the training stack
-
-    looked = "" if Path(checkpoint).is_absolute() else f" (looked in the working directory and in {runs_root(run)})"
-    maker = maker_of(path, root)
-    how = f"; make it with `{maker}`" if maker else ""
-    raise FileNotFoundError(f"--checkpoint {checkpoint}: checkpoint or run directory not found{looked}{how}")
 
 
 DATA_SET_OPTIONS = ("val_fraction", "test_fraction", "split_seed", "allow_outside_paths")

@@ -35,6 +35,7 @@ from finecap.config.loading import (
     override_key,
     parse_override,
     renamed_override,
+    replaced_section,
 )
 from finecap.config.paths import KEYWORDS, PATH_KEYS, absolute_path_values, absolute_paths
 from finecap.config.secrets import MASK, SECRET_KEYS, masked_url_secrets, redacted
@@ -67,5 +68,6 @@ __all__ = [
     "parse_override",
     "redacted",
     "renamed_override",
+    "replaced_section",
     *_sections,
 ]

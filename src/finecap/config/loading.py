@@ -298,6 +298,19 @@ def _unknown_key(name: str, k: str, known: list[str], nested: dict[str, type]) -
     return f"unknown key {short_repr(f'{name}.{k}')}{hint}; valid keys of [{name}]: {', '.join(sorted(known))}"
 
 
+def replaced_section(section: Any, name: str, **changes: Any) -> Any:
+    """The section ``section`` (named ``name``: ``decode``) with ``changes``, each converted and checked as a recipe's
+    value is (a ``ConfigError`` naming ``name.key``): for callers that take options as keywords (the Python API).
+
+    Example::
+
+        >>> from finecap.config import DecodeConfig
+        >>> replaced_section(DecodeConfig(), "decode", max_length=12.0).max_length
+        12
+    """
+    return _build_section(name, type(section), {**dataclasses.asdict(section), **changes}, "", {})
+
+
 def _build_section(name: str, cls: type, values: dict[str, Any], source: str, origins: Origins) -> Any:
     """Section ``cls`` named ``name`` (``data``, or ``data.hf`` for a nested one) from its mapping ``values``."""
     hints = typing.get_type_hints(cls)

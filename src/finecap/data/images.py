@@ -93,7 +93,10 @@ class ImageLimits:
         return cls(data.max_image_pixels, data.max_aspect_ratio)
 
     def check(self, width: int, height: int, name: str) -> None:
-        """A :class:`DataError` beginning with ``name`` when a ``width`` x ``height`` image is over the budget."""
+        """A :class:`DataError` beginning with ``name`` when a ``width`` x ``height`` image is empty or over the
+        budget."""
+        if width < 1 or height < 1:  # a crop of nothing: image processors divide by its sides
+            raise DataError(f"{name}: empty image ({width} x {height} pixels)")
         pixels = width * height
         if pixels > self.max_pixels:
             raise DataError(
