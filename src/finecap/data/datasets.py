@@ -104,9 +104,9 @@ def load_records(cfg: Config, split: str, *, captioned: bool = True) -> list[Rec
     decoded once here and those that fail are left out, counted in a warning (:func:`skipped_images`); without it
     the first bad image stops the command when it is read, named.
 
-    Every command reading a data set (training, captioning, evaluation, boosting) comes here or to
-    :func:`finecap.data.references.load_references`, so every format works everywhere, ``data.format=hf``
-    (:mod:`finecap.data.formats.hf`, where ``data.path`` may also be a Hub name) included."""
+    Training, captioning and evaluation come here or to :func:`finecap.data.references.load_references`, so every
+    format works for each, ``data.format=hf`` (:mod:`finecap.data.formats.hf`, where ``data.path`` may also be a Hub
+    name) included (``finecap boost`` writes back four formats only: :data:`finecap.boost.output.WRITABLE`)."""
     records = _split_records(cfg, split, captioned)
     note_prompts(cfg, records, data_file(cfg))
     if not cfg.data.skip_bad_images:

@@ -68,11 +68,13 @@ class TrainConfig(Section, name="train"):
     eval_every: int = doc(0, "Evaluate on the validation split every N steps (0 = once per epoch).", ge=0)
     eval_samples: int = doc(500, "Validation images used per evaluation (0 = all).", ge=0)
     best_metric: str = doc(
-        "loss", "Validation metric picking the best checkpoint ('loss' minimised, others maximised)."
+        "loss", "Validation metric picking the best checkpoint ('loss' and 'perplexity' minimised, others maximised)."
     )
     log_every: int = doc(20, "Log training metrics every N steps.", ge=1)
     save_every: int = doc(0, "Save a resumable checkpoint every N steps (0 = at each evaluation).", ge=0)
-    best_mode: Literal["auto", "min", "max"] = doc("auto", "Minimise/maximise best_metric (auto: min for 'loss').")
+    best_mode: Literal["auto", "min", "max"] = doc(
+        "auto", "Minimise/maximise best_metric (auto: min for 'loss' and 'perplexity')."
+    )
     loss_weights: dict[str, float] = doc({}, "Weight of each named loss of the objective (absent = 1.0).")
     validators: list[str] = doc(
         [], "Validators run at each evaluation (finecap.registry.VALIDATORS names or 'pkg.mod:factory')."
