@@ -122,7 +122,7 @@ def test_random_mode_uses_its_random_subset_not_the_sequence_mask():
 def test_random_mask_is_k_ids_plus_label_redrawn_per_sequence():
     V, k = 1000, 10
     labels = torch.tensor([[5, 6, 7], [5, 6, 7]])
-    mask = subset_mask(labels, V, SmileConfig(subset="random", random_k=k), generator=torch.Generator().manual_seed(0))
+    mask = subset_mask(labels, V, SmileConfig(subset="random", random_k=k), draws=torch.Generator().manual_seed(0))
     for b in range(2):
         random_ids = mask[b, 0] & mask[b, 1] & mask[b, 2]  # shared by every position of the sequence
         assert int(random_ids.sum()) == k  # exactly the k random ids (a label is only in its own position)

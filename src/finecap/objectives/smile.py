@@ -89,15 +89,14 @@ def subset_mask(
     *,
     ignore_index: int = IGNORE_INDEX,
     eos_token_id: int | None = None,
-    generator: torch.Generator | None = None,
-    row_seeds: torch.Tensor | None = None,
+    draws: torch.Generator | torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Boolean mask (B, T, V): True where a vocabulary id takes part in the softmax at that position, for the
     options ``smile.subset``, ``smile.include_eos`` and ``smile.random_k`` (default: the section's defaults).
 
     Every valid position's own label is always inside its subset. Ignored positions get a full row (their loss is
-    dropped anyway). ``subset=random`` draws from ``generator``, or, with ``row_seeds`` (B,), each row from a
-    generator of its own seed.
+    dropped anyway). ``subset=random`` draws from ``draws``: a generator, or (B,) seeds, each row drawn from a
+    generator of its own seed (torch's global generator when ``None``).
 
     >>> labels = torch.tensor([[2, 0, -100]])
     >>> subset_mask(labels, 4)[0, 0].tolist()
@@ -111,11 +110,11 @@ def subset_mask(
     if smile.subset == "full":
         return torch.ones(B, T, vocab_size, dtype=torch.bool, device=labels.device)
     if smile.subset == "random":
-        if row_seeds is not None:
-            rows = [torch.rand(vocab_size, generator=torch.Generator().manual_seed(int(r))) for r in row_seeds]
+        if isinstance(draws, torch.Tensor):
+            rows = [torch.rand(vocab_size, generator=torch.Generator().manual_seed(int(r))) for r in draws]
             scores = torch.stack(rows).to(labels.device)  # (B, V)
         else:
-            scores = torch.rand(B, vocab_size, generator=generator, device="cpu").to(labels.device)  # (B, V)
+            scores = torch.rand(B, vocab_size, generator=draws, device="cpu").to(labels.device)  # (B, V)
         k = min(smile.random_k, vocab_size)
         chosen = torch.zeros(B, vocab_size, dtype=torch.bool, device=labels.device)
         chosen.scatter_(1, scores.topk(k, dim=1).indices, True)  # k distinct random ids per sequence
@@ -136,8 +135,7 @@ def smile_loss(
     *,
     ignore_index: int = IGNORE_INDEX,
     eos_token_id: int | None = None,
-    generator: torch.Generator | None = None,
-    row_seeds: torch.Tensor | None = None,
+    draws: torch.Generator | torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Mean SMILE loss over non-ignored positions; ``logits[:, t]`` predicts ``labels[:, t]``; the options are the
     ``smile`` section's (:class:`~finecap.config.SmileConfig`, checked when it is built; default: its defaults).
@@ -162,7 +160,7 @@ def smile_loss(
         smile_labels[rows[has_first], first[has_first]] = smile.shift_token_id
 
     mask = subset_mask(smile_labels, V, smile, ignore_index=ignore_index, eos_token_id=eos_token_id,
-                       generator=generator, row_seeds=row_seeds)  # fmt: skip  # (B, T, V)
+                       draws=draws)  # fmt: skip  # (B, T, V)
     if smile.first_token == "mle":
         mask[rows[has_first], first[has_first]] = True  # first-token MLE: full vocabulary at the first position
     restricted = logits.masked_fill(~mask, float("-inf"))  # (B, T, V)
@@ -201,7 +199,9 @@ class SmileObjective(ObjectiveBase):
         info, seeds = batch.get("step_info"), None
         if self.smile.subset == "random" and info is not None and "index" in batch:  # training: per caption's index
             seeds = step_seeds(self.seed, int(info.step), batch["index"])
-        loss = smile_loss(logits, labels, self.smile, eos_token_id=eos, generator=self._generator, row_seeds=seeds)
+        loss = smile_loss(
+            logits, labels, self.smile, eos_token_id=eos, draws=self._generator if seeds is None else seeds
+        )
         with torch.no_grad():
             mle = mle_loss(logits, labels)
         n = int((labels != IGNORE_INDEX).sum())
