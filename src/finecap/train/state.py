@@ -598,8 +598,8 @@ def prepare_run_dir(run_dir: Path, *, resume: bool, overwrite: bool) -> Path | N
     if holds_run(run_dir):
         if not overwrite:
             raise ValueError(
-                f"run.dir: {run_dir} already holds a run; pass --resume to continue it, or choose another run.name / "
-                "run.dir"
+                f"run.dir: {run_dir} already holds a run; pass --resume (resume=True in finecap.train) to continue "
+                "it, or choose another run.name / run.dir"
             )
         foreign = foreign_run_files(run_dir)
         if foreign:
