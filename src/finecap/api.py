@@ -269,6 +269,10 @@ def _aligned(predictions: Any, references: Any) -> tuple[dict[Hashable, str], di
     return preds, refs
 
 
+KEYWORDS = "finecap.train keywords: "
+"""Where an error says a keyword override of :func:`train` was set."""
+
+
 def train(recipe_or_config: str | os.PathLike | Config, /, *, resume: bool = False, overwrite: bool = False,
           **overrides: Any) -> Path:  # fmt: skip
     """Train a captioner as ``finecap train`` does; returns the run directory (``run.dir``, or its default under the
@@ -291,7 +295,9 @@ def train(recipe_or_config: str | os.PathLike | Config, /, *, resume: bool = Fal
     """
     from finecap.config import Config, ConfigError, load
     from finecap.recipes import resolve_recipe
-    from finecap.train.run import train as train_run
+
+    with silenced():  # the libraries' warnings the CLI and Captioner leave out (finecap.library_warnings)
+        from finecap.train.run import train as train_run
 
     over: dict[str, dict[str, Any]] = {}
     for name, value in overrides.items():
@@ -302,13 +308,13 @@ def train(recipe_or_config: str | os.PathLike | Config, /, *, resume: bool = Fal
         over.setdefault(section, {})[key.replace("__", ".")] = value
     if isinstance(recipe_or_config, Config):
         recipe = None
-        cfg = load(base=recipe_or_config.to_dict(), over=over) if over else recipe_or_config
+        cfg = load(base=recipe_or_config.to_dict(), over=over, over_source=KEYWORDS) if over else recipe_or_config
     elif isinstance(recipe_or_config, str | os.PathLike):
         try:
             recipe = resolve_recipe(recipe_or_config)
         except ValueError as e:
             raise ConfigError(str(e)) from None
-        cfg = load(recipe, over=over)
+        cfg = load(recipe, over=over, over_source=KEYWORDS)
     else:
         raise TypeError(f"finecap.train: a recipe (path or name) or a Config, got {type(recipe_or_config).__name__}")
     with silenced():  # the libraries' warnings the CLI and Captioner leave out (finecap.library_warnings)

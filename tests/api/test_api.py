@@ -338,4 +338,7 @@ def test_finecap_train_refuses_a_keyword_that_is_no_option(tmp_path):
         finecap.train("demo/mle", train__max_stepz=2, run__dir=str(tmp_path / "run"))
     with pytest.raises(ConfigError):
         finecap.train("no-such-recipe")
+    # a bad keyword value is the keyword's, not the packaged recipe's (".../recipes/demo/mle.yaml: train.max_steps")
+    with pytest.raises(ConfigError, match=r"^finecap.train keywords: train.max_steps: expected an integer, got 'two'"):
+        finecap.train("demo/mle", train__max_steps="two", run__dir=str(tmp_path / "run"))
     assert not (tmp_path / "run").exists()

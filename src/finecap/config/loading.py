@@ -534,11 +534,12 @@ def load(
     overrides: list[str] | None = None,
     base: dict[str, Any] | None = None,
     over: dict[str, Any] | None = None,
+    over_source: str = "",
 ) -> Config:
     """Load ``path`` (YAML) and validate. Layers, lowest first: the dataclass defaults, ``base`` (settings beneath
     the recipe), the recipe, ``over`` (settings above the recipe, e.g. the demo's ``--quick``), then the dotlist
-    ``overrides``. An error names where the value at fault was set: the override (``override 'train.lr=x': ...``)
-    or the recipe file."""
+    ``overrides``. An error names where the value at fault was set: the override (``override 'train.lr=x': ...``),
+    ``over_source`` for a value of ``over`` (``"finecap.train keywords: "``), or the recipe file."""
     data: dict[str, Any] = {k: dict(v or {}) for k, v in renamed_keys(base or {}).items()}
     origins: Origins = {}
     source = ""
@@ -564,6 +565,8 @@ def load(
             origins.update({k: source for k in keys or [name]})
     for name, values in renamed_keys(over or {}).items():
         data[name] = merged(SECTIONS.get(name), data.get(name) or {}, values)
+        keys = list(_flat(SECTIONS.get(name), values, f"{name}.")) if isinstance(values, dict) else []
+        origins.update({k: over_source for k in keys or [name]})  # not the recipe's: it did not set them
     data = merge_overrides(data, overrides or [], origins)
     return from_dict(data, source, origins)
 
