@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import importlib
 import os
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from typing import Any
 
 # The name tables. They live here, torch-free, so that the configuration can check names when it is loaded
@@ -176,6 +176,12 @@ def trusted_code() -> frozenset[str]:
     or here."""
     names = ",".join(os.environ.get(env, "") for env in (TRUST_ENV, LEGACY_TRUST_ENV))
     return frozenset(k.strip() for k in names.split(",") if k.strip())
+
+
+def untrusted_code(name: str, named: Collection[str] = ()) -> bool:
+    """Whether ``name``, read from data (a checkpoint, a bags file), is code of one's own that the user has not named:
+    a dotted path neither in ``named`` (what the caller's own configuration says) nor in :func:`trusted_code`."""
+    return is_dotted_path(name) and name not in named and name not in trusted_code()
 
 
 def is_dotted_path(name: str) -> bool:

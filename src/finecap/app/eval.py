@@ -43,6 +43,7 @@ their keys are listed there).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import gc
 import json
 import sys
@@ -353,8 +354,6 @@ def references_world(cfg: Config, refs: LoadedReferences) -> Config:
     ``world.*`` the configuration holds (a default configuration names the 10,000-scene world)."""
     if refs.format != "world":
         return cfg
-    import dataclasses
-
     from finecap.world.make import recorded_settings
 
     folder = Path(refs.path)

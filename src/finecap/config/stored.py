@@ -74,7 +74,7 @@ def code_paths(cfg: Config) -> dict[str, list[str]]:
     for option in CODE_OPTIONS:
         section, key = option.split(".")
         value = getattr(getattr(cfg, section), key)
-        names = [value] if isinstance(value, str) else list(value)  # rl.rewards: its names (a mapping's keys)
+        names = [value] if isinstance(value, str) else list(value)  # eval.metrics: a list
         dotted = [n for n in names if isinstance(n, str) and is_dotted_path(n)]
         if dotted:
             out[option] = dotted

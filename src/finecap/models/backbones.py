@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from finecap.models.base import CONFIG_NAME, CaptionerBase, read_meta
-from finecap.registry import BACKBONES, TRUST_ENV, is_dotted_path, lookup, trusted_code
+from finecap.registry import BACKBONES, TRUST_ENV, lookup, untrusted_code
 from finecap.runs import CheckpointError
 
 if TYPE_CHECKING:
@@ -52,7 +52,7 @@ def stored_backbone(kind: object, where: str | Path, trusted: tuple[str, ...] = 
     whose import runs code before any check of the class. Else a :class:`~finecap.runs.CheckpointError` says how
     to name it."""
     name = str(kind)
-    if is_dotted_path(name) and name not in trusted and name not in trusted_code():
+    if untrusted_code(name, trusted):
         raise CheckpointError(
             f"{where}: the checkpoint names the backbone {name!r}, code of one's own, which finecap imports only when "
             f"you name it: model.kind={name} in the configuration you train with, or {TRUST_ENV}={name}"

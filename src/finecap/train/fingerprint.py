@@ -67,7 +67,7 @@ from typing import TYPE_CHECKING, Any
 
 from finecap.data.hashing import hub_revision, sha256_file, sha256_files
 from finecap.data.records import DataError
-from finecap.registry import TRUST_ENV, is_dotted_path, trusted_code
+from finecap.registry import TRUST_ENV, untrusted_code
 from finecap.runs import CAPTIONER_FILE, FINGERPRINTS_FILE, model_dir, run_dir_of
 from finecap.utils.files import write_json
 from finecap.utils.reading import DATA_FILE, read_json
@@ -411,7 +411,7 @@ def bags_file_data(bags_path: str | Path, raw: dict[str, Any] | None = None) -> 
     recorded = raw.get("fingerprint")
     if isinstance(recorded, dict):
         fmt = str(recorded.get("format", "world"))
-        if is_dotted_path(fmt) and fmt not in trusted_code():  # a bags file is data, never code
+        if untrusted_code(fmt):  # a bags file is data, never code
             raise DataError(f"{bags_path}: its fingerprint names the data format {fmt!r}, code of one's own, which "
                             f"finecap imports only when you name it: pass --data (read with your data.format), or "
                             f"set {TRUST_ENV}={fmt}")  # fmt: skip
