@@ -245,6 +245,22 @@ def test_check_refuses_other_data_naming_both_fingerprints(world, tmp_path):
         check_fingerprints(recorded, cfg, source=recorded_file, parts=["captioner"])
 
 
+def test_check_of_a_folder_without_captioner_json_names_the_file_not_a_gone_encoder(world, tmp_path):
+    enc = tmp_path / "enc"
+    enc.mkdir()
+    (enc / "model.safetensors").write_bytes(b"w")
+    cfg = load(None, [f"world.out={world}", f"model.encoder={enc}"])
+    recorded_file = write_fingerprints(tmp_path / "run", cfg)
+    folder = tmp_path / "copied-checkpoint"
+    folder.mkdir()  # the encoder is there; the checkpoint's record of it is not
+    with pytest.raises(FingerprintMismatch) as e:
+        check_fingerprints(json.loads(recorded_file.read_text()), cfg, source=recorded_file, parts=["captioner"],
+                           model_folder=folder)  # fmt: skip
+    message = str(e.value)
+    assert f"{folder} holds no captioner.json" in message and "incomplete copy" in message
+    assert "is gone" not in message
+
+
 def test_checkpoints_carry_the_runs_fingerprints(world, tmp_path):
     class Model:
         tokenizer = None  # the captioner contract's member save_checkpoint reads (no tokenizer: no special ids)

@@ -334,6 +334,11 @@ def check_fingerprints(
     for part in parts:
         if part not in recorded:
             continue
+        if part == "captioner" and model_folder is not None and not (Path(model_folder) / CAPTIONER_FILE).is_file():
+            problems.append(f"{WHAT[part]}: the checkpoint {model_folder} holds no {CAPTIONER_FILE}, which names the "
+                            "encoder it loads: not a finecap checkpoint, or an incomplete copy of one (copy the "
+                            "whole checkpoint folder)")  # fmt: skip
+            continue
         try:
             now = run_fingerprints(cfg, [part], model_folder)[part]
         except FileNotFoundError as e:
