@@ -400,6 +400,22 @@ def test_skip_bad_images_leaves_out_and_counts_a_corrupt_and_an_empty_image(tmp_
     assert [r.image_id for r, _ in find_bad_images(kept, workers=1)] == ["corrupt.png", "empty.jpg"]
 
 
+def test_one_bad_image_under_two_records_is_named_for_each(tmp_path):
+    from types import SimpleNamespace
+
+    # the same damaged bytes in two rows of a data set, and one damaged file behind two paths (a link)
+    rows = [SimpleNamespace(image_id=k, path=f"data.parquet#{k}", image_bytes=b"not an image") for k in ("a", "b")]
+    folder = images(tmp_path / "f", ["0.png"])
+    corrupt(folder / "0.png")
+    (folder / "link.png").symlink_to(folder / "0.png")
+    files = [SimpleNamespace(image_id=p.name, path=str(p)) for p in (folder / "0.png", folder / "link.png")]
+    for records in (rows, files):
+        reasons = [reason for _, reason in find_bad_images(records, workers=1)]
+        assert len(reasons) == 2
+        for record, reason in zip(records, reasons, strict=True):
+            assert str(record.path) in reason, reason  # each names its own record, not the first one read
+
+
 @pytest.mark.slow
 def test_a_bad_image_in_a_dataloader_worker_is_one_line(tmp_path):
     from torch.utils.data import DataLoader

@@ -255,8 +255,13 @@ def load_record_image(record: Any, draft: int | None = None, limits: ImageLimits
     data = _encoded(record)
     if data is None:
         return load_image(record.path, draft, limits)
+    return _decode(data, _embedded_label(record), draft, limits)[0]
+
+
+def _embedded_label(record: Any) -> str:
+    """How errors name the embedded image of ``record``: its id and its data set's row (else its path)."""
     where = getattr(getattr(record, "image_ref", None), "where", None) or record.path  # the data set's row, if known
-    return _decode(data, f"image of record {record.image_id!r} ({where})", draft, limits)[0]
+    return f"image of record {record.image_id!r} ({where})"
 
 
 def check_image_file(path: str | Path, limits: ImageLimits = DEFAULT_LIMITS) -> None:
@@ -270,15 +275,17 @@ def check_image_file(path: str | Path, limits: ImageLimits = DEFAULT_LIMITS) -> 
         image.verify()
 
 
-_IMAGE_CHECKS: dict[tuple[Any, ...], str | None] = {}
-"""Outcome of :func:`image_problem` per image version (real path, size, modification time; or embedded bytes)."""
+_IMAGE_CHECKS: dict[tuple[Any, ...], tuple[str, str | None]] = {}
+"""Outcome of :func:`image_problem` per image version (real path, size, modification time; or embedded bytes): the
+label its message names the image by, and the message (``None``: it decodes)."""
 
 
 def image_problem(record: Any, limits: ImageLimits = DEFAULT_LIMITS) -> str | None:
     """Why :func:`load_record_image` refuses the image of ``record`` within ``limits`` (its one-line message, naming
-    the file), or ``None`` when it decodes. The image is decoded whole (a truncated or damaged file fails; a header
-    check would pass some), once per file version, budget and process."""
+    the file, or the record and its row for embedded bytes), or ``None`` when it decodes. The image is decoded whole
+    (a truncated or damaged file fails; a header check would pass some), once per file version, budget and process."""
     data = _encoded(record)
+    label = _embedded_label(record) if data is not None else str(Path(record.path))
     if data is not None:
         key: tuple[Any, ...] | None = ("bytes", hashlib.blake2b(data, digest_size=16).digest(), limits)
     else:
@@ -288,14 +295,16 @@ def image_problem(record: Any, limits: ImageLimits = DEFAULT_LIMITS) -> str | No
         except OSError:
             key = None  # missing: load_record_image names it
     if key is not None and key in _IMAGE_CHECKS:
-        return _IMAGE_CHECKS[key]
+        first, problem = _IMAGE_CHECKS[key]
+        # the same image under another record (embedded bytes in another row): the message names this one
+        return problem.replace(first, label, 1) if problem is not None else None
     try:
         load_record_image(record, limits=limits)
         problem = None
     except DataError as e:
         problem = str(e)
     if key is not None:
-        _IMAGE_CHECKS[key] = problem
+        _IMAGE_CHECKS[key] = (label, problem)
     return problem
 
 
