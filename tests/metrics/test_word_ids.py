@@ -72,8 +72,16 @@ def test_split_ids_on_realistic_text():
 def test_single_spaced_stat_is_split_on_a_space(text):
     # the n-gram metrics reuse the word ids for ROUGE-L (split(" ")) only when they are also its words
     stats: dict = {}
-    if split_ids(text, stats) is not None:
-        assert stats["single_spaced"] == (text != "" and text.split(" ") == text.split()), repr(text)
+    declined = _declined(text, split_ids(text, stats))
+    assert declined or stats["single_spaced"] == (text != "" and text.split(" ") == text.split()), repr(text)
+
+
+def _declined(text: str, result) -> bool:
+    """Whether ``split_ids`` returned None, checked to be for the reasons it documents (a NUL, a non-ASCII space;
+    no hash collision happens in these short texts), so a test may leave out the stats it did not compute."""
+    documented = "\x00" in text or any(c.isspace() and not c.isascii() for c in text)
+    assert (result is None) == documented, repr(text)
+    return documented
 
 
 def test_split_ids_random_bytes_level_text():
@@ -83,8 +91,8 @@ def test_split_ids_random_bytes_level_text():
         text = "".join(rng.choice(alphabet) for _ in range(rng.randrange(0, 60)))
         assert _spelled(text) == text.split(), repr(text)
         stats: dict = {}
-        if split_ids(text, stats) is not None:
-            assert stats["single_spaced"] == (text != "" and text.split(" ") == text.split()), repr(text)
+        declined = _declined(text, split_ids(text, stats))
+        assert declined or stats["single_spaced"] == (text != "" and text.split(" ") == text.split()), repr(text)
 
 
 def test_split_ids_declines_non_ascii_whitespace_and_nul():
