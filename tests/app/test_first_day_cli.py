@@ -109,7 +109,11 @@ def test_eval_says_which_reference_images_the_predictions_leave_out(tmp_path):
     code, out, err = run_cli(["eval", "--predictions", str(preds), "--references", str(refs), "--metrics", "bleu",
                               "--format", "json"])  # fmt: skip
     assert code == 0, err
-    assert "BLEU-4" in json.loads(out) or json.loads(out)  # stdout stays JSON
+    scores = json.loads(out)  # stdout stays JSON: the scores of the 3 predicted images alone
+    assert set(scores) == {"BLEU-1", "BLEU-2", "BLEU-3", "BLEU-4"}
+    assert scores["BLEU-1"] == pytest.approx(1.0, abs=1e-6)  # every word of "a red circle" is in a reference
+    # no 4-gram in 3 words: pycocoevalcap's smoothing makes the 4-gram precision 1e-15 / 1e-9, BLEU-4 its 4th root
+    assert scores["BLEU-4"] == pytest.approx(10**-1.5, rel=1e-6)
     assert "note: the predictions cover 3 of the 4 reference images; 1 are not scored, e.g. [3]" in err
     preds.write_text(json.dumps([{"image_id": i, "caption": "a red circle"} for i in range(4)]))
     code, _, err = run_cli(["eval", "--predictions", str(preds), "--references", str(refs), "--metrics", "bleu"])
