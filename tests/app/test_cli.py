@@ -21,7 +21,12 @@ def test_config_prints_resolved(capsys):
 def test_config_describe(capsys):
     assert main(["config", "--describe"]) == 0
     out = capsys.readouterr().out
-    assert "world.image_size (int, default 64" in out or "world.image_size (int, default" in out
+    from finecap.config import TrainConfig, WorldConfig
+
+    # each key's type and the dataclass's own default, its text and its bounds
+    assert "  world.image_size (int, default 64): Rendered image side in pixels. Must be in [16, 1024].\n" in out
+    assert WorldConfig().image_size == 64
+    assert f"  train.lr (float, default {TrainConfig().lr!r}): Peak learning rate" in out
     assert "data.hf.image_column (str, default 'image'): " in out  # a nested section's keys, by their whole name
 
 
