@@ -189,7 +189,10 @@ def test_evaluate_is_the_suites_scores_in_every_accepted_form():
     assert set(by_id) >= {"BLEU-4", "ROUGE-L", "CIDEr-D", "Length"}
     assert evaluate(PREDS, REFS, metrics=names) == by_id
     ids = ["x", 7, "z"]
-    assert evaluate(dict(zip(ids, PREDS)), dict(zip(ids, REFS)), metrics=names.split(",")) == by_id
+    assert (
+        evaluate(dict(zip(ids, PREDS, strict=True)), dict(zip(ids, REFS, strict=True)), metrics=names.split(","))
+        == by_id
+    )
     # one reference as a bare string; extra reference ids are ignored
     assert evaluate({1: "a red circle"}, {1: "a red circle", 2: ["other"]}, metrics="bleu") == suite.evaluate(
         {1: "a red circle"}, {1: ["a red circle"]}, metrics="bleu")  # fmt: skip

@@ -276,7 +276,8 @@ def test_transformers_greedy_generate_reproduces_finecap_captions(world, clip, t
         out = model.lm.generate(inputs_embeds=prefix, attention_mask=torch.ones(prefix.shape[:2], dtype=torch.long),
                                 generation_config=gen)  # fmt: skip
     hf_caps = {
-        r.image_id: model.tokenizer.decode(seq, skip_special_tokens=True).strip() for r, seq in zip(records, out)
+        r.image_id: model.tokenizer.decode(seq, skip_special_tokens=True).strip()
+        for r, seq in zip(records, out, strict=True)
     }
     assert hf_caps == finecap_caps
 
@@ -315,7 +316,8 @@ def test_transformers_beam_generate_reproduces_set_aside_captions(set_aside_run,
                                   num_return_sequences=3, return_dict_in_generate=True,
                                   output_scores=True)  # fmt: skip
     hf_caps = {
-        r.image_id: model.tokenizer.decode(seq, skip_special_tokens=True).strip() for r, seq in zip(records, out)
+        r.image_id: model.tokenizer.decode(seq, skip_special_tokens=True).strip()
+        for r, seq in zip(records, out, strict=True)
     }
     assert hf_caps == finecap_caps and len(hf_caps) == 8
     three = dataclasses.replace(cfg.decode, num_return_sequences=3)

@@ -116,7 +116,7 @@ def test_the_model_folder_captions_the_runs_split(run, tmp_path):
     # The issue: `--checkpoint RUN/checkpoints/best/model` fell back to the default world, naming a world file that
     # does not exist. It is the checkpoint's model folder: its configuration and data are the run's.
     outs = [tmp_path / "run.json", tmp_path / "model.json"]
-    for folder, out in zip((run, model_dir(checkpoint_dir(run, "best"))), outs):
+    for folder, out in zip((run, model_dir(checkpoint_dir(run, "best"))), outs, strict=True):
         code, _, err = run_cli(["caption", "--checkpoint", str(folder), "--split", "val", "--out", str(out)])
         assert code == 0, err
     assert results(outs[0]) == results(outs[1]) and len(results(outs[0])) > 0

@@ -4,6 +4,7 @@ and transfer tables of a quick demo are titled as quick, and the VCB tables meas
 
 import json
 import logging
+from itertools import pairwise
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -189,7 +190,7 @@ def test_vcb_tables_show_clipsc_both_references_and_both_bags(tmp_path, monkeypa
     assert out["captions"]["HolisticCap"]["false facts"] == 1.0  # 3 stated, 2 true
     table = (demo.run_dir / "vcb_results.md").read_text()
     lines = table.splitlines()
-    fields_header, models_header, human_bags_header = (a for a, b in zip(lines, lines[1:]) if b.startswith("| --- "))
+    fields_header, models_header, human_bags_header = (a for a, b in pairwise(lines) if b.startswith("| --- "))
     assert fields_header.startswith("| caption |") and "| ClipSc |" in fields_header
     assert "| BLEU-4 | CIDEr-D | human refs/BLEU-4 | human refs/CIDEr-D |" in models_header
     assert "| ClipSc | bag3/R@1 |" in models_header

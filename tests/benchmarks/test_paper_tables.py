@@ -317,7 +317,9 @@ def test_lambda_runs_weigh_cider_on_the_worlds_scale():
     data = ROOT / "docs" / "reproductions" / "data" / "ndlb"
     world = [json.loads(p.read_text())["metrics"]["CIDEr-D"] for p in sorted(data.glob("seed*/mle_holistic.json"))]
     assert len(world) >= 2
-    paper = dict(zip([c.label for c in pt.NDLB.table("7").columns], pt.NDLB.table("7").rows[5].paper))["CIDEr"]
+    paper = dict(zip([c.label for c in pt.NDLB.table("7").columns], pt.NDLB.table("7").rows[5].paper, strict=True))[
+        "CIDEr"
+    ]
     assert pt.NDLB.table("7").rows[5].label == "HolisticCap, MLE" and paper == 26.6
     assert abs(WORLD_CIDER_SCALE - sum(world) / len(world) / (paper / 100)) < 0.05
     assert pytest.approx(sum(world) / len(world), abs=5e-4) == WORLD_MLE_HOLISTIC_CIDER  # the notes print it
@@ -602,7 +604,9 @@ def test_smile_fig4b_trains_on_the_simplified_corpora(sle_run):
     corpus = json.loads((root / "runs" / "seed0" / "corpus_simplest" / "dataset.json").read_text())
     world = json.loads((Path(overrides[0].removeprefix("world.out=")) / "dataset.json").read_text())
     assert len(corpus["images"]) == len(world["images"]) == N_TRAIN + N_VAL + N_TEST
-    for image, original in zip(corpus["images"], world["images"]):  # the same images, five captions of 2 words
+    for image, original in zip(
+        corpus["images"], world["images"], strict=True
+    ):  # the same images, five captions of 2 words
         assert image["filename"] == original["filename"] and len(image["sentences"]) == len(original["sentences"])
         assert all(len(s["raw"].split()) == 2 and s["raw"].startswith("a") for s in image["sentences"])
     cfg = yaml.safe_load((root / "runs" / "seed0" / "simpler_smile" / "config.yaml").read_text())
@@ -728,7 +732,7 @@ def test_sle_vs_scst_plateau_and_summary_of_hand_computed_runs():
     assert not bench.plateau([(100, 1.2), (200, 1.4), (300, 1.45), (400, 1.50)])["plateau"]  # +0.05 in the last 100
 
     def run(sle, scst, low, high, div, steps=(300, 200), flags=(True, False)):
-        validation = {s: {"best_step": b, "plateau": f} for s, b, f in zip(("sle", "scst"), steps, flags)}
+        validation = {s: {"best_step": b, "plateau": f} for s, b, f in zip(("sle", "scst"), steps, flags, strict=True)}
         return {"stages": {"sle": {"CIDEr-D": sle}, "scst": {"CIDEr-D": scst}},
                 "cider_difference": {"mean": sle - scst, "low": low, "high": high}, "div2_difference": div,
                 "validation": validation}  # fmt: skip

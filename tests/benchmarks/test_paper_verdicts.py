@@ -35,7 +35,10 @@ def world(shifts: dict[int, float], noise: float = 0.5, with_items: bool = True)
         b = a + shift + noise * rng.standard_normal(N)
         ids = [str(i) for i in range(N)]
         results[seed] = {"scst": {"CIDEr-D": float(a.mean())}, "sle": {"CIDEr-D": float(b.mean())}}
-        items[seed] = {"scst": {"CIDEr-D": dict(zip(ids, a.tolist()))}, "sle": {"CIDEr-D": dict(zip(ids, b.tolist()))}}
+        items[seed] = {
+            "scst": {"CIDEr-D": dict(zip(ids, a.tolist(), strict=True))},
+            "sle": {"CIDEr-D": dict(zip(ids, b.tolist(), strict=True))},
+        }
     return results, items if with_items else {}
 
 

@@ -45,7 +45,10 @@ def world(shifts: dict[int, float], key: str = "CIDEr-D", noise: float = 0.5) ->
     for seed, shift in shifts.items():
         a, b = per_image(shift, seed, noise)
         results[seed] = {"scst": {key: float(a.mean())}, "sle": {key: float(b.mean())}}
-        items[seed] = {"scst": {key: dict(zip(ids, a.tolist()))}, "sle": {key: dict(zip(ids, b.tolist()))}}
+        items[seed] = {
+            "scst": {key: dict(zip(ids, a.tolist(), strict=True))},
+            "sle": {key: dict(zip(ids, b.tolist(), strict=True))},
+        }
     return results, items
 
 
@@ -154,8 +157,16 @@ def test_a_saturated_cell_is_marked_and_left_out_of_the_rows_word():
         hard_b[rng.permutation(N)[:10]] = 1 - hard_b[rng.permutation(N)[:10]]
         results[seed] = {"scst": {"RD99/R@1": top_a.mean(), "hardRD99/R@1": hard_a.mean()},
                          "sle": {"RD99/R@1": top_b.mean(), "hardRD99/R@1": hard_b.mean()}}  # fmt: skip
-        items[seed] = {"scst": {"RD99/R@1": dict(zip(ids, top_a)), "hardRD99/R@1": dict(zip(ids, hard_a))},
-                       "sle": {"RD99/R@1": dict(zip(ids, top_b)), "hardRD99/R@1": dict(zip(ids, hard_b))}}  # fmt: skip
+        items[seed] = {
+            "scst": {
+                "RD99/R@1": dict(zip(ids, top_a, strict=True)),
+                "hardRD99/R@1": dict(zip(ids, hard_a, strict=True)),
+            },
+            "sle": {
+                "RD99/R@1": dict(zip(ids, top_b, strict=True)),
+                "hardRD99/R@1": dict(zip(ids, hard_b, strict=True)),
+            },
+        }
     rd_check, hard_check = verdicts.row_checks(table, table.rows[1], results, items)
     assert hard_check.paper_sign == rd_check.paper_sign == +1  # the hard RD takes RD100's direction (80 -> 90)
     assert rd_check.saturated and rd_check.verdict == "holds" and not hard_check.saturated
@@ -218,8 +229,8 @@ def replicated(shifts: dict[int, list[float]], key: str = "CIDEr-D") -> tuple[di
             a, b = per_image(shift, 10 * seed + k)
             suffix = "" if k == 0 else f"@r{100 + k}"
             results[seed][f"scst{suffix}"], results[seed][f"sle{suffix}"] = {key: a.mean()}, {key: b.mean()}
-            items[seed][f"scst{suffix}"] = {key: dict(zip(ids, a.tolist()))}
-            items[seed][f"sle{suffix}"] = {key: dict(zip(ids, b.tolist()))}
+            items[seed][f"scst{suffix}"] = {key: dict(zip(ids, a.tolist(), strict=True))}
+            items[seed][f"sle{suffix}"] = {key: dict(zip(ids, b.tolist(), strict=True))}
     return results, items
 
 
@@ -354,8 +365,14 @@ def test_boosted_field_cider_is_judged_on_the_images_whose_captions_are_equally_
         cider_b = 0.2 * length_b + 0.1 * rng.standard_normal(N)  # CIDEr-D that is length and nothing else
         results[seed] = {"mle_holistic": {"CIDEr-D": cider_a.mean()}, "sr_l_holistic": {"CIDEr-D": cider_b.mean()}}
         items[seed] = {
-            "mle_holistic": {"CIDEr-D": dict(zip(ids, cider_a)), "Length": dict(zip(ids, length_a))},
-            "sr_l_holistic": {"CIDEr-D": dict(zip(ids, cider_b)), "Length": dict(zip(ids, length_b))},
+            "mle_holistic": {
+                "CIDEr-D": dict(zip(ids, cider_a, strict=True)),
+                "Length": dict(zip(ids, length_a, strict=True)),
+            },
+            "sr_l_holistic": {
+                "CIDEr-D": dict(zip(ids, cider_b, strict=True)),
+                "Length": dict(zip(ids, length_b, strict=True)),
+            },
         }
     (check,) = verdicts.row_checks(table, table.rows[1], results, items)
     # over every image the longer captions "hold" (+0.8 CIDEr-D on average); at matched length nothing is left

@@ -40,7 +40,7 @@ def test_world_blend_through_the_world_backend(world, tmp_path):
     records = read_dataset("world", tmp_path / "out")  # a world folder: images link, scenes, dense captions
     source = read_dataset("world", world)
     assert [r.image_id for r in records] == [r.image_id for r in source]
-    for r, s in zip(records, source):
+    for r, s in zip(records, source, strict=True):
         assert r.boosted["original"] == s.captions
         union = set().union(*(facts(c) for c in s.captions))
         assert len(r.captions) == 1 and facts(r.captions[0]) == union  # BlendCap = the union of the human facts
@@ -124,16 +124,19 @@ def _as_format(world: Path, fmt: str, out: Path, ids: bool = True) -> Path:
     rel = [str(Path(r.path).relative_to(world)) for r in source]
     if fmt == "karpathy":
         images = [{"filename": Path(p).name, "filepath": str(Path(p).parent), "split": "test", "imgid": r.image_id,
-                   "sentences": [{"raw": c} for c in r.captions]} for r, p in zip(source, rel)]  # fmt: skip
+                   "sentences": [{"raw": c} for c in r.captions]}
+                  for r, p in zip(source, rel, strict=True)]  # fmt: skip
         path, text = out / "dataset_x.json", json.dumps({"images": images})
     elif fmt == "coco":
-        images = [{"id": r.image_id, "file_name": p} for r, p in zip(source, rel)] + [{"id": 999, "file_name": "x"}]
+        images = [{"id": r.image_id, "file_name": p} for r, p in zip(source, rel, strict=True)] + [
+            {"id": 999, "file_name": "x"}
+        ]
         anns = [{"id": k, "image_id": r.image_id, "caption": c} for k, (r, c) in
                 enumerate((r, c) for r in source for c in r.captions)]  # fmt: skip
         path, text = out / "captions_test.json", json.dumps({"images": images, "annotations": anns})
     else:
         lines = [json.dumps({"image": p, "captions": r.captions, **({"id": r.image_id} if ids else {})})
-                 for r, p in zip(source, rel)]  # fmt: skip
+                 for r, p in zip(source, rel, strict=True)]  # fmt: skip
         path, text = out / "test.jsonl", "\n".join(lines) + "\n"
     out.mkdir(parents=True, exist_ok=True)
     path.write_text(text)
@@ -149,7 +152,7 @@ def test_blend_in_each_file_format_reads_back(world, tmp_path, fmt):
     source = read_dataset(fmt, src, images=world)
     boosted = read_dataset(fmt, tmp_path / "out" / src.name, images=world)  # images named relative to the source root
     assert [r.image_id for r in boosted] == [r.image_id for r in source]
-    for r, s in zip(boosted, source):
+    for r, s in zip(boosted, source, strict=True):
         assert r.path.resolve() == s.path.resolve() and r.path.exists()
         assert r.boosted["original"] == s.captions
         assert len(r.captions) == 1 and facts(r.captions[0]) == set().union(*(facts(c) for c in s.captions))

@@ -245,7 +245,7 @@ def test_exponential_backoff_with_jitter_without_retry_after(tmp_path):
         answers = dict(backend.run(_tasks(_records(tmp_path, 1))))
     assert answers == {0: "boosted caption 0 a"} and len(waits) == 3
     # Attempt n waits backoff * 2**(n-1) plus a jitter in [0, backoff]: [1, 2], [2, 3], [4, 5].
-    for wait, low in zip(waits, (1.0, 2.0, 4.0)):
+    for wait, low in zip(waits, (1.0, 2.0, 4.0), strict=True):
         assert low <= wait <= low + 1.0
 
 

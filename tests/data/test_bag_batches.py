@@ -80,7 +80,7 @@ def test_bag_numbers_reach_the_reward_and_bag_mates_are_the_sampler_bags(make_cf
         size = 2 if step < 4 else 4
         expected = {frozenset(records[i].image_id for i in bag) for bag in sampler.bags_for(size).bags}
         groups: dict[int, list] = {}
-        for image_id, bag in zip(ids, bags):
+        for image_id, bag in zip(ids, bags, strict=True):
             groups.setdefault(bag, []).append(image_id)
         assert all(frozenset(g) in expected for g in groups.values())  # whole bags of the sampler
         assert candidates == [float(size)] * len(ids)  # distractors = the bag-mates only

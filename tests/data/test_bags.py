@@ -134,7 +134,7 @@ def test_sharding_keeps_bags_whole_per_process():
         assert len(mine) == len(full) == 3  # 10 bags: 4 + 4 + 2
         for part in mine:
             assert {tuple(part[i : i + 3]) for i in range(0, len(part), 3)} <= bags
-    for batch, p0, p1 in zip(full, *(list(s) for s in shards)):
+    for batch, p0, p1 in zip(full, *(list(s) for s in shards), strict=True):
         assert p0 + p1 == batch
 
 

@@ -113,7 +113,10 @@ def test_odd_modes_load_as_rgb(tmp_path):
     for name, color in expected.items():
         image = load_image(tmp_path / name)
         assert image.mode == "RGB" and image.size == (4, 4), name
-        assert all(abs(a - b) <= 3 for a, b in zip(image.getpixel((1, 1)), color)), (name, image.getpixel((1, 1)))
+        assert all(abs(a - b) <= 3 for a, b in zip(image.getpixel((1, 1)), color, strict=True)), (
+            name,
+            image.getpixel((1, 1)),
+        )
 
 
 def test_report_embeds_only_decoded_images(tmp_path):
@@ -200,7 +203,7 @@ def test_boost_within_budget_sends_only_decoded_images(planted, tmp_path, mode):
     ]
     assert sorted(m for m, _ in sent) == ["image/jpeg", "image/png", "image/png"]  # a.png, b.png, d.jpg: never key
     assert {c for m, c in sent if m == "image/png"} == {RED, GREEN}
-    assert all(abs(a - b) <= 8 for m, c in sent if m == "image/jpeg" for a, b in zip(c, BLUE))
+    assert all(abs(a - b) <= 8 for m, c in sent if m == "image/jpeg" for a, b in zip(c, BLUE, strict=True))
     summary = json.loads((out / "boost.json").read_text())
     assert (summary["status"], summary["boosted"], summary["failed"]) == ("ok", 3, 1)
     failures = [json.loads(x) for x in (out / "failures.jsonl").read_text().splitlines()]

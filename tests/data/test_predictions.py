@@ -62,7 +62,7 @@ def lmms_eval_log(path: Path, ids, preds, refs) -> Path:
     """lmms-eval --log_samples of coco2017_cap_val: per document the saved fields and one entry per metric
     (coco_process_result's data_dict), `target` the stringified answer list."""
     rows = []
-    for k, (i, p, r) in enumerate(zip(ids, preds, refs)):
+    for k, (i, p, r) in enumerate(zip(ids, preds, refs, strict=True)):
         entry = {"answer": r, "pred": p, "image_id": i, "id": 1000 + k}
         rows.append({"doc_id": k, "target": str(r), "filtered_resps": [p], "doc_hash": f"{k:064x}",
                      "prompt_hash": "ab" * 32, "target_hash": "cd" * 32,
@@ -78,7 +78,9 @@ def test_each_toolkits_file_scores_like_pycocoevalcap_and_the_coco_results(tmp_p
     # the COCO results file with the same captions, against COCO annotations
     anns = [{"image_id": i, "id": 10 * k + j, "caption": c} for k, i in enumerate(ids) for j, c in enumerate(refs[k])]
     (tmp_path / "captions.json").write_text(json.dumps({"images": [{"id": i} for i in ids], "annotations": anns}))
-    (tmp_path / "results.json").write_text(json.dumps([{"image_id": i, "caption": p} for i, p in zip(ids, preds)]))
+    (tmp_path / "results.json").write_text(
+        json.dumps([{"image_id": i, "caption": p} for i, p in zip(ids, preds, strict=True)])
+    )
     coco = score(
         capsys, "--predictions", str(tmp_path / "results.json"), "--references", str(tmp_path / "captions.json")
     )
@@ -87,8 +89,13 @@ def test_each_toolkits_file_scores_like_pycocoevalcap_and_the_coco_results(tmp_p
     # lmms-eval: the metric entries; and a log without them (filtered_resps + stringified target, doc_id as id)
     log = lmms_eval_log(tmp_path / "20250101_samples_coco2017_cap_val.jsonl", ids, preds, refs)
     assert score(capsys, "--predictions", str(log)) == five
-    bare = write_lines(tmp_path / "bare.jsonl", [{"doc_id": k, "target": str(r), "filtered_resps": [[p]]}
-                                                  for k, (p, r) in enumerate(zip(preds, refs))])  # fmt: skip
+    bare = write_lines(
+        tmp_path / "bare.jsonl",
+        [
+            {"doc_id": k, "target": str(r), "filtered_resps": [[p]]}
+            for k, (p, r) in enumerate(zip(preds, refs, strict=True))
+        ],
+    )
     assert score(capsys, "--predictions", str(bare)) == five
 
     # VLMEvalKit: <model>_COCO_VAL.tsv, `answer` a stringified list (pandas writes the list's str())
@@ -97,14 +104,15 @@ def test_each_toolkits_file_scores_like_pycocoevalcap_and_the_coco_results(tmp_p
         w = csv.writer(f, delimiter="\t")
         w.writerow(["index", "question", "answer", "prediction"])
         w.writerows(
-            [k, "Please describe this image in general.", str(r), p] for k, (p, r) in enumerate(zip(preds, refs))
+            [k, "Please describe this image in general.", str(r), p]
+            for k, (p, r) in enumerate(zip(preds, refs, strict=True))
         )
     assert score(capsys, "--predictions", str(tsv)) == five
 
     # LLaMA-Factory's generated_predictions.jsonl: one label per line
     lf = write_lines(tmp_path / "generated_predictions.jsonl",
                      [{"prompt": "user\n<image>Describe the image.\nassistant\n", "predict": p, "label": r[0]}
-                      for p, r in zip(preds, refs)])  # fmt: skip
+                      for p, r in zip(preds, refs, strict=True)])  # fmt: skip
     assert score(capsys, "--predictions", str(lf)) == one
 
     # ms-swift infer --result_path: the data set's messages (the answer as the assistant turn) plus `response`;
@@ -112,10 +120,11 @@ def test_each_toolkits_file_scores_like_pycocoevalcap_and_the_coco_results(tmp_p
     user = {"role": "user", "content": "<image>Describe the image."}
     sw = write_lines(tmp_path / "infer_result.jsonl",
                      [{"messages": [user, {"role": "assistant", "content": r[0]}], "images": [f"/data/coco/{i}.jpg"],
-                       "response": p} for i, p, r in zip(ids, preds, refs)])  # fmt: skip
+                       "response": p} for i, p, r in zip(ids, preds, refs, strict=True)])  # fmt: skip
     assert score(capsys, "--predictions", str(sw)) == one
     sw2 = write_lines(
-        tmp_path / "infer2.jsonl", [{"messages": [user], "labels": r[0], "response": p} for p, r in zip(preds, refs)]
+        tmp_path / "infer2.jsonl",
+        [{"messages": [user], "labels": r[0], "response": p} for p, r in zip(preds, refs, strict=True)],
     )
     assert score(capsys, "--predictions", str(sw2), "--predictions-format", "swift") == one
 
@@ -126,7 +135,7 @@ def test_each_toolkits_file_scores_like_pycocoevalcap_and_the_coco_results(tmp_p
 def test_stringified_lists_are_parsed_and_look_alikes_named(tmp_path, capsys, captions):
     ids, preds, refs = captions
     tsv = tmp_path / "m_COCO_VAL.tsv"
-    rows = [[k, str(r), p] for k, (p, r) in enumerate(zip(preds, refs))]
+    rows = [[k, str(r), p] for k, (p, r) in enumerate(zip(preds, refs, strict=True))]
     rows[1][1] = json.dumps(refs[1])  # JSON quoting parses too
     rows[2][1] = str(refs[2])[:40]  # a cut-off cell: looks like a list, is not one
     with open(tsv, "w", newline="") as f:
@@ -143,8 +152,10 @@ def test_stringified_lists_are_parsed_and_look_alikes_named(tmp_path, capsys, ca
 def test_length_note_missing_references_and_xlsx_without_openpyxl(tmp_path, capsys, captions):
     ids, preds, refs = captions
     long = [" ".join([p] * 3) for p in preds]  # three times the prediction: well over twice the references' length
-    lf = write_lines(tmp_path / "generated_predictions.jsonl",
-                     [{"prompt": "", "predict": p, "label": r[0]} for p, r in zip(long, refs)])  # fmt: skip
+    lf = write_lines(
+        tmp_path / "generated_predictions.jsonl",
+        [{"prompt": "", "predict": p, "label": r[0]} for p, r in zip(long, refs, strict=True)],
+    )
     assert cli(["eval", "--predictions", str(lf), *METRICS]) == 0
     assert "over twice their references'" in capsys.readouterr().err
     assert cli(["eval", "--predictions", str(lf), "--metrics", "bleu", "--format", "json",

@@ -60,7 +60,7 @@ class TableStepper:
 
     def step(self, tokens, state):
         self.calls += 1
-        state = [(img, hist + (int(t),)) for (img, hist), t in zip(state, tokens)]
+        state = [(img, hist + (int(t),)) for (img, hist), t in zip(state, tokens, strict=True)]
         return self._out(state), state
 
     def select(self, state, index):
@@ -78,7 +78,7 @@ def images(*ids):
 
 
 def rows(gen: Generation) -> list[list[int]]:
-    return [s[:n] for s, n in zip(gen.sequences.tolist(), gen.lengths.tolist())]
+    return [s[:n] for s, n in zip(gen.sequences.tolist(), gen.lengths.tolist(), strict=True)]
 
 
 def beam_cfg(max_length: int, **options) -> DecodeConfig:
@@ -219,7 +219,7 @@ def test_beam_logprobs_and_padding():
     s = TableStepper(4)
     gen = beam_search(s, images(0, 1, 2), beam_cfg(5, beam_size=3, length_penalty=1.0, num_return_sequences=3),
                       stop_ids=[EOS], pad_id=PAD)  # fmt: skip
-    for r, (seq, n) in enumerate(zip(gen.sequences.tolist(), gen.lengths.tolist())):
+    for r, (seq, n) in enumerate(zip(gen.sequences.tolist(), gen.lengths.tolist(), strict=True)):
         image = int(gen.image_index[r])
         assert gen.token_logprobs[r, :n].tolist() == pytest.approx(s.seq_logprob(image, seq[:n]), abs=1e-5)
         assert all(t == PAD for t in seq[n:])
@@ -382,7 +382,7 @@ def test_sampled_rows_of_one_image_are_contiguous_and_padded():
     cfg = sample_cfg(8, num_return_sequences=3)
     gen = sample(s, images(0, 1), cfg, [EOS], PAD, generator=torch.Generator().manual_seed(0))
     assert gen.image_index.tolist() == [0, 0, 0, 1, 1, 1]
-    for r, (seq, n) in enumerate(zip(gen.sequences.tolist(), gen.lengths.tolist())):
+    for r, (seq, n) in enumerate(zip(gen.sequences.tolist(), gen.lengths.tolist(), strict=True)):
         image = int(gen.image_index[r])
         assert gen.token_logprobs[r, :n].tolist() == pytest.approx(s.seq_logprob(image, seq[:n]), abs=1e-5)
         assert all(t == PAD for t in seq[n:])

@@ -27,7 +27,7 @@ def first_divergence(captioner, batch, ours, theirs) -> str:
     near-tie, a gap ~1e-5, is float32 rounding; a large gap is a real difference)."""
     for row in range(len(ours)):
         a, b = ours.sequences[row].tolist(), theirs.sequences[row].tolist()
-        t = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), None)
+        t = next((i for i, (x, y) in enumerate(zip(a, b, strict=True)) if x != y), None)
         if t is None:
             continue
         one = {k: v[row : row + 1] for k, v in batch.items()}

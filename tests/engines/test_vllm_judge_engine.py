@@ -32,8 +32,9 @@ def test_the_vllm_judge_answers_as_transformers_generates(tmp_path):
                       "vllm.kv_cache_memory_bytes=67108864"])  # fmt: skip
     judge = get_judge("vllm", cfg)
     try:
+        options = "\n".join(f"{k}. {o}" for k, o in zip("ABCD", OPTIONS, strict=True))
         messages = judge._messages("answer", caption="a red circle", question=Q.text, cannot_answer=CANNOT_ANSWER,
-                                   options="\n".join(f"{k}. {o}" for k, o in zip("ABCD", OPTIONS)))  # fmt: skip
+                                   options=options)  # fmt: skip
         raw = judge._call("raw", ["a red circle"], messages, lambda text: text)
         (answer,) = judge.answer([Ask(Q, OPTIONS, "a red circle")])
     finally:

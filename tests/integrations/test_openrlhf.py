@@ -32,14 +32,16 @@ def test_openrlhfs_executor_asks_the_server_and_loads_a_reward_file(tmp_path):
     from openrlhf.utils.agent import SingleTurnAgentExecutor
 
     reward = small_mixture(SRConfig(distractors="hard"))
-    in_process = [reward([c], call_batch([i])).total.item() for c, i in zip(CAPTIONS, IDS)]  # one sample a call
+    in_process = [
+        reward([c], call_batch([i])).total.item() for c, i in zip(CAPTIONS, IDS, strict=True)
+    ]  # one sample a call
     assert in_process == pytest.approx(EXPECTED, abs=1e-5)
     queries = [PROMPT + c + "<|im_end|>" for c in CAPTIONS]
     labels = [json.dumps({"image_id": i}) for i in IDS]
     with serving(RewardService(reward, ImageTable(["a", "b"]), log_every=0)) as url:
         executor = SingleTurnAgentExecutor(remote_rm_url=f"{url}/get_reward")
         answers = [asyncio.run(executor._fetch_rewards_via_http([q], [PROMPT], [label]))[0]
-                   for q, label in zip(queries, labels)]  # fmt: skip
+                   for q, label in zip(queries, labels, strict=True)]  # fmt: skip
     assert [a["rewards"][0] for a in answers] == in_process
     assert set(answers[0]["extra_logs"]) >= {"retrieval", "cider", "retrieval/candidates"}
     path = tmp_path / "finecap_reward.py"

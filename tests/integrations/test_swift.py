@@ -46,6 +46,6 @@ def test_ms_swifts_plugin_loading_and_reward_computation(tmp_path):
         assert isinstance(funcs[0], ORM) and isinstance(funcs[1], AsyncORM)
         samples = [GRPOSample(messages=[{"role": "user", "content": "<image>Describe the image."},
                                         {"role": "assistant", "content": c}], extra={"image_id": i})
-                   for c, i in zip(CAPTIONS, IDS)]  # fmt: skip
+                   for c, i in zip(CAPTIONS, IDS, strict=True)]  # fmt: skip
         rewards = compute_rewards_per_func(samples, funcs, None, torch.device("cpu"))  # (4, 2)
     assert rewards[:, 0].tolist() == in_process and rewards[:, 1].tolist() == in_process

@@ -87,11 +87,11 @@ def test_verls_per_sample_loader_with_mined_distractors():
 
         async def loop():
             calls = [awaited(data_source="finecap", solution_str=c, ground_truth="", extra_info={"image_id": i})
-                     for c, i in zip(CAPTIONS, IDS)]  # fmt: skip
+                     for c, i in zip(CAPTIONS, IDS, strict=True)]  # fmt: skip
             return await asyncio.gather(*calls)
 
         got = [r["score"] for r in asyncio.run(loop())]
         alone = [single(data_source="finecap", solution_str=c, ground_truth="", extra_info={"image_id": i})["score"]
-                 for c, i in zip(CAPTIONS, IDS)]  # fmt: skip
-    in_process = [reward([c], call_batch([i])).total.item() for c, i in zip(CAPTIONS, IDS)]
+                 for c, i in zip(CAPTIONS, IDS, strict=True)]  # fmt: skip
+    in_process = [reward([c], call_batch([i])).total.item() for c, i in zip(CAPTIONS, IDS, strict=True)]
     assert got == alone == in_process and in_process == pytest.approx(EXPECTED, abs=1e-5)

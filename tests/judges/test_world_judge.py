@@ -80,9 +80,9 @@ def test_noise_flips_the_set_share_of_answers_the_same_way_every_time():
     asks = [Ask(q, o, c) for q in questions for o in presentations(q, 4) for c in captions]
     exact = WorldJudge().answer(asks)
     always = WorldJudge(noise=1.0).answer(asks)
-    assert all(a != e for a, e in zip(always, exact))
+    assert all(a != e for a, e in zip(always, exact, strict=True))
     some = WorldJudge(noise=0.3, seed=5).answer(asks)
-    flipped = sum(a != e for a, e in zip(some, exact)) / len(asks)
+    flipped = sum(a != e for a, e in zip(some, exact, strict=True)) / len(asks)
     assert 0.22 < flipped < 0.38  # 180 draws of p = 0.3
     assert WorldJudge(noise=0.3, seed=5).answer(asks) == some
     assert WorldJudge(noise=0.3, seed=6).answer(asks) != some
@@ -94,7 +94,7 @@ def test_claims_against_the_scene_are_the_faithfulness_metrics():
     judge = get_judge("world", None)
     captions = ["a red circle at the top left", "a blue circle on sand", "two squares", "", "a striped square"]
     scores = claim_scores(judge, captions, [Subject(0, (), SCENE)] * len(captions))
-    for caption, s in zip(captions, scores):
+    for caption, s in zip(captions, scores, strict=True):
         want = faithfulness(caption, SCENE)
         assert (s.precision, s.recall) == (want.precision, want.recall), caption
         assert (s.n_claims, s.n_supported, s.n_covered) == (want.n_stated, want.n_correct, want.n_recalled)

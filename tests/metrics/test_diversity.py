@@ -91,7 +91,7 @@ def reference_div_stats(samples):
             for c in caps:
                 t = c.split()
                 total += len(t)
-                grams.update(zip(*[t[i:] for i in range(n)]))
+                grams.update(zip(*[t[i:] for i in range(n)], strict=False))
             vals.append(len(grams) / (1e-6 + total))
         return float(np.mean(vals))
 

@@ -55,7 +55,9 @@ def _differences(jar: JarProcess, items: list[Item]) -> list[tuple[Item, list[fl
     theirs_lines = jar.statistics(hyps, refs)
     seg, corpus = jar.evaluate(theirs_lines)
     theirs = [[float(x) for x in line.split()] for line in theirs_lines]
-    out = [(item, o, t) for item, o, t, s in zip(items, ours, theirs, seg) if o != t or segment_score(o) != s]
+    out = [
+        (item, o, t) for item, o, t, s in zip(items, ours, theirs, seg, strict=True) if o != t or segment_score(o) != s
+    ]
     if not out:
         assert corpus_score(ours) == corpus
     return out
@@ -169,5 +171,5 @@ def test_alignment_search_equals_the_jars_at_every_beam_size(tmp_path):
     for beam in (1, 2, 5, 40):
         theirs = _jar_alignments(pairs, beam, tmp_path)
         assert len(theirs) == len(pairs)
-        differ = [p for p, (c, n), t in zip(pairs, cands, theirs) if align(c, n, beam=beam) != t]
+        differ = [p for p, (c, n), t in zip(pairs, cands, theirs, strict=True) if align(c, n, beam=beam) != t]
         assert not differ, f"beam {beam}: {len(differ)} of {len(pairs)} pairs aligned otherwise, e.g. {differ[:3]}"

@@ -8,6 +8,7 @@ import os
 import select
 import signal
 import zlib
+from itertools import pairwise
 
 import numpy as np
 import pytest
@@ -489,7 +490,7 @@ def test_words_and_adjacent_words_of_many_captions(extra):
     for t in texts:
         ws = scorer.normalizer.words(t)
         words.update(ws)
-        pairs.update(zip(ws, ws[1:]))
+        pairs.update(pairwise(ws))
     assert scorer._words_and_bigrams(texts) == (words, pairs)
     assert ("|" in words) == bool(extra)
 

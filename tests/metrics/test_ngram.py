@@ -64,7 +64,7 @@ def coco_cider_fixed_df(corpus_refs, candidates, image_ids):
     base.compute_doc_freq()
     scorer = CiderScorer(n=4, sigma=6.0)
     scorer.document_frequency = base.document_frequency
-    for c, i in zip(candidates, image_ids):
+    for c, i in zip(candidates, image_ids, strict=True):
         scorer += (c, corpus_refs[i])
     scorer.crefs = _CorpusLen(scorer.crefs, len(corpus_refs))
     return np.array(scorer.compute_cider())
@@ -247,7 +247,7 @@ def test_lcs_lengths_bitparallel_and_long_fallback():
         a.append([rng.choice("abcd") for _ in range(la)])
         b.append([rng.choice("abcd") for _ in range(lb)])
     got = lcs_lengths(a, b)
-    assert got.tolist() == [my_lcs(x, y) for x, y in zip(a, b)]
+    assert got.tolist() == [my_lcs(x, y) for x, y in zip(a, b, strict=True)]
     # hand: LCS("abcbdab", "bdcaba") = 4 (e.g. "bcba")
     assert lcs_lengths([list("abcbdab")], [list("bdcaba")]).tolist() == [4]
 
@@ -345,7 +345,7 @@ def test_reward_small_batches_take_the_batch_paths():
     cands = [corpus_preds[i] for i in ids]
     # one caption of <= 16 words has < 64 n-grams: 16 x that is below the sizes where the batch paths switch on
     assert len(reward._index.rows) > 64 * 16 and len(reward._index.grams.tables[1]) > 16 * 16
-    one_by_one = np.array([reward.score([c], [i])[0] for c, i in zip(cands, ids)])
+    one_by_one = np.array([reward.score([c], [i])[0] for c, i in zip(cands, ids, strict=True)])
     assert np.abs(one_by_one - coco_cider_fixed_df(corpus_refs, cands, ids)).max() <= TOL
     assert 2 in reward._index.grams._hashes  # the bigram table got its hash index
 
@@ -355,15 +355,15 @@ def test_hash_table_finds_like_searchsorted(monkeypatch):
     keys = np.unique(rng.integers(0, 10**12, 5000))
     queries = np.concatenate([rng.choice(keys, 300), rng.integers(0, 10**12, 300)])
     ref_found, ref_pos = counting.find_sorted(keys, queries)
-    expected = sorted(zip(ref_found.tolist(), ref_pos.tolist()))
+    expected = sorted(zip(ref_found.tolist(), ref_pos.tolist(), strict=True))
     found, pos = counting.HashTable(keys).find(queries)
-    assert sorted(zip(found.tolist(), pos.tolist())) == expected
+    assert sorted(zip(found.tolist(), pos.tolist(), strict=True)) == expected
     # every key in one bucket: 8 slots, the rest in the overflow array, still found
     monkeypatch.setattr(counting.HashTable, "_bucket", lambda self, q: np.zeros(len(q), dtype=np.int64))
     table = counting.HashTable(keys)
     assert len(table.overflow) == len(keys) - 8 and table.spilled[0]
     found, pos = table.find(queries)
-    assert sorted(zip(found.tolist(), pos.tolist())) == expected
+    assert sorted(zip(found.tolist(), pos.tolist(), strict=True)) == expected
 
 
 def test_reward_hand_computed_and_errors():
@@ -418,7 +418,7 @@ def test_dense_ids_and_find_fallbacks():
         assert np.array_equal(uniq, ref_u) and np.array_equal(inv, ref_inv)
     table = np.array([2, 5, 9, 14])
     found, pos = counting.find_sorted(table, np.array([14, 3, 2, 9, 20]))  # unsorted queries
-    assert sorted(zip(found.tolist(), pos.tolist())) == [(0, 3), (2, 0), (3, 2)]
+    assert sorted(zip(found.tolist(), pos.tolist(), strict=True)) == [(0, 3), (2, 0), (3, 2)]
 
 
 def test_ngram_metrics_shared_word_ids_give_separate_rouge_scores():

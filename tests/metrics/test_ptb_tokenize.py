@@ -252,7 +252,9 @@ def test_batch_equals_java_ptb_tokenizer_with_line_context():
     captions = {i: [{"caption": s} for s in sentences[i : i + 5]] for i in range(0, len(sentences), 5)}
     java = PTBTokenizer().tokenize(captions)
     ours = ptb_tokenize(captions)
-    diffs = [(c["caption"], j, o) for i in captions for c, j, o in zip(captions[i], java[i], ours[i]) if j != o]
+    diffs = [
+        (c["caption"], j, o) for i in captions for c, j, o in zip(captions[i], java[i], ours[i], strict=True) if j != o
+    ]
     assert diffs == []
 
 
@@ -314,7 +316,7 @@ def test_batch_equals_the_lexer_line_by_line():
     )
     lines += [t for t, _ in EXPECTED] + ["a, b", "cat's", "isn't", "I'M", "YOU'LL", "a-b's c", "a-b c's", "b'll"]
     batch = tokenize_all([y for line in lines for y in (line, "x")])[::2]
-    diffs = [(line, lexed(line), got) for line, got in zip(lines, batch) if got != lexed(line)]
+    diffs = [(line, lexed(line), got) for line, got in zip(lines, batch, strict=True) if got != lexed(line)]
     assert diffs == []
     assert batch == [tokenize(line) for line in lines]  # the one-caption function agrees
 
@@ -336,7 +338,7 @@ def test_final_abbreviations_are_those_of_keeps_period():
                  "table", "stop", "co", "cos", "corp", "no", "nos", "prop", "abcdefg"}  # fmt: skip
     lines = [f"a {w}." for w in sorted(variants)]
     batch = tokenize_all([y for line in lines for y in (line, "x")])[::2]
-    for w, got in zip(sorted(variants), batch):
+    for w, got in zip(sorted(variants), batch, strict=True):
         assert got.endswith(".") == _keeps_period(w + "."), w
 
 

@@ -83,7 +83,7 @@ def test_random_distractors_exclude_target_without_replacement():
     targets = np.array([0, 3, 5, 5])
     d = random_distractors(4, 6, targets, 5, rng)
     assert d.shape == (4, 5)
-    for row, t in zip(d, targets):
+    for row, t in zip(d, targets, strict=True):
         # 5 distractors out of the 5 non-target images: exactly the other images.
         assert sorted(row.tolist()) == [i for i in range(6) if i != t]
 

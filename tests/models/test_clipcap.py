@@ -47,7 +47,7 @@ def trained():
         loss.backward()
         opt.step()
         losses.append(loss.item())
-    changed = all(not torch.equal(a, b) for a, b in zip(before, model.parameters()))
+    changed = all(not torch.equal(a, b) for a, b in zip(before, model.parameters(), strict=True))
     return model.eval(), feats, losses, changed
 
 
@@ -101,7 +101,7 @@ def test_padding_after_eos(trained):
     model, feats, _, _ = trained
     gen = model.generate(feats, DecodeConfig(max_length=12))
     assert gen.sequences.shape[1] == 9  # stops when the longest caption has ended
-    for seq, lp, n in zip(gen.sequences, gen.token_logprobs, gen.lengths.tolist()):
+    for seq, lp, n in zip(gen.sequences, gen.token_logprobs, gen.lengths.tolist(), strict=True):
         assert int(seq[n - 1]) == model.eos_token_id
         assert (seq[n:] == model.pad_token_id).all()
         assert (lp[n:] == 0).all() and (lp[:n] < 0).all()

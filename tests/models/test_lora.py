@@ -294,4 +294,4 @@ def test_sr_v_moves_the_captioner_encoder_but_not_the_retriever(clip_dir, use_lo
     moved = {k for k, v in encoder_before.items() if not torch.equal(v, encoder_after[k])}
     assert moved and all(("lora_" in k) == use_lora for k in moved)
     assert not any("text_model" in k for k in moved)
-    assert any(not torch.equal(a, b) for a, b in zip(mapper_before, model.mapper.parameters()))
+    assert any(not torch.equal(a, b) for a, b in zip(mapper_before, model.mapper.parameters(), strict=True))

@@ -232,4 +232,4 @@ def test_smoke_sle_on_tiny_clipcap():
     objective.setup(training_context(records))
     before = [p.detach().clone() for p in model.parameters()]
     train_steps(model, objective, batch, 2)
-    assert all(not torch.equal(a, b) for a, b in zip(before, model.parameters()))
+    assert all(not torch.equal(a, b) for a, b in zip(before, model.parameters(), strict=True))

@@ -191,4 +191,3 @@ def test_vllm_importance_correction_equals_trls_compute_loss(tiny_lm, tmp_path, 
     assert ((grads(model) - their_grads).norm() / their_grads.norm()).item() <= 1e-5
     uncorrected, _, _ = objective.clipped_loss(logp, item, inputs["advantages"], mask)
     assert abs(uncorrected.item() - ours.item()) > 1e-3  # the weights change the loss
-

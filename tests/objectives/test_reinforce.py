@@ -386,5 +386,5 @@ def test_smoke_reinforce_with_cider_on_tiny_clipcap(objective_name):
     out = train_steps(model, objective, batch, 3)[-1]
     assert set(out.losses) == ({"reinforce", "entropy"} if objective_name == "scst_me" else {"reinforce"})
     assert out.metrics["time/reward"] >= 0 and "reward/cider" in out.metrics and "reward_greedy" in out.metrics
-    changed = [not torch.equal(a, b) for a, b in zip(before, model.parameters())]
+    changed = [not torch.equal(a, b) for a, b in zip(before, model.parameters(), strict=True)]
     assert all(changed)

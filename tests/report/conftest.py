@@ -22,7 +22,7 @@ def tiny_world(tmp_path_factory) -> Path:
 
 def _events(losses: list[float], lengths: list[float]) -> str:
     lines = []
-    for k, (loss, length) in enumerate(zip(losses, lengths), 1):
+    for k, (loss, length) in enumerate(zip(losses, lengths, strict=True), 1):
         lines.append({"step": 4 * k, "epoch": 0.1 * k, "split": "train", "values": {"loss": loss, "lr": 1e-3}})
         lines.append({"step": 4 * k, "split": "val", "values": {"length": length, "R@1": 0.1 * k}})
     return "".join(json.dumps(e) + "\n" for e in lines)

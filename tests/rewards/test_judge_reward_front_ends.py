@@ -98,9 +98,9 @@ def test_failed_judge_calls_give_failed_captions_counted_never_paid_and_answered
         got = httpx.post(f"{url}/reward", json={"captions": CAPTIONS, "image_ids": IDS}).json()
     assert got["failed"] == 2
     assert [v is None for v in got["total"]] == failed
-    assert got["total"] == [None if f else v for f, v in zip(failed, clean.total.tolist())]
+    assert got["total"] == [None if f else v for f, v in zip(failed, clean.total.tolist(), strict=True)]
     assert all(v is None for name in ("qa_utility", "claims", "qa_utility/judge_failed")
-               for v, f in zip(got["parts"][name], failed) if f)  # fmt: skip
+               for v, f in zip(got["parts"][name], failed, strict=True) if f)  # fmt: skip
     from finecap.integrations.trl import reward_function
 
     trl = reward_function(mix, name="mix")(prompts=["p"] * 6, completions=CAPTIONS, image_id=IDS)

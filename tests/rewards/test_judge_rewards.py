@@ -62,7 +62,7 @@ class BlindGuesser(WorldJudge):
 
     def answer(self, asks):
         return [a.question.answer if a.caption is None and a.question.id == "A/bg" else x
-                for a, x in zip(asks, super().answer(asks))]  # fmt: skip
+                for a, x in zip(asks, super().answer(asks), strict=True)]  # fmt: skip
 
 
 def test_blind_answerable_questions_are_dropped_and_their_share_reported():
@@ -80,10 +80,13 @@ class FailsOn(WorldJudge):
         self.bad = caption
 
     def answer(self, asks):
-        return [JudgeFailed("down") if a.caption == self.bad else x for a, x in zip(asks, super().answer(asks))]
+        return [
+            JudgeFailed("down") if a.caption == self.bad else x
+            for a, x in zip(asks, super().answer(asks), strict=True)
+        ]
 
     def claims(self, texts):
-        return [JudgeFailed("down") if t == self.bad else x for t, x in zip(texts, super().claims(texts))]
+        return [JudgeFailed("down") if t == self.bad else x for t, x in zip(texts, super().claims(texts), strict=True)]
 
 
 @pytest.mark.parametrize("name", ["qa_utility", "claims"])
@@ -233,7 +236,7 @@ class KnowsEverythingBlind(WorldJudge):
 
     def answer(self, asks):
         return [a.question.answer if a.caption is None and a.question.id.startswith("B/") else x
-                for a, x in zip(asks, super().answer(asks))]  # fmt: skip
+                for a, x in zip(asks, super().answer(asks), strict=True)]  # fmt: skip
 
 
 def test_a_run_whose_training_images_lack_questions_is_refused_at_set_up():

@@ -37,7 +37,7 @@ def test_caprl_piecewise_length():
     out = PiecewiseLength(Fixed(INNER), l1=3, l2=5, weight=0.5)(words(2, 3, 4, 5, 6, 1), BATCH)
     r = [1, 1, 0.5, 0, 0, 1]
     assert out.parts["length_reward"].tolist() == r
-    assert out.total.tolist() == pytest.approx([v + 0.5 * x for v, x in zip(INNER, r)])
+    assert out.total.tolist() == pytest.approx([v + 0.5 * x for v, x in zip(INNER, r, strict=True)])
     assert out.parts["inner"].tolist() == pytest.approx(INNER)
     assert piecewise_length(torch.tensor([2.0, 3.0, 4.0]), 3, 3).tolist() == [1, 1, 0]  # l2 <= l1: a step
 
@@ -47,7 +47,7 @@ def test_dapo_soft_overlong():
     out = SoftOverlong(Fixed(INNER), max_length=6, cache=2)(words(2, 4, 5, 6, 7, 3), BATCH)
     r = [0, 0, -0.5, -1, -1, 0]
     assert out.parts["overlong"].tolist() == r
-    assert out.total.tolist() == pytest.approx([v + x for v, x in zip(INNER, r)])
+    assert out.total.tolist() == pytest.approx([v + x for v, x in zip(INNER, r, strict=True)])
     assert soft_overlong(torch.tensor([100.0]), 6, 2).tolist() == [-1]
     with pytest.raises(ValueError, match="cache"):
         SoftOverlong(Fixed(INNER), max_length=6, cache=0)

@@ -56,13 +56,16 @@ def test_per_sample_calls_of_a_per_caption_reward_equal_its_batch_values(served)
     captions, ids = served["groups"][3]
     batch = service.reward(captions, {"image_ids": ids}).total.tolist()
     local = VerlReward(service.reward)
-    assert [local("finecap", c, "", {"image_id": i})["score"] for c, i in zip(captions, ids)] == batch
+    assert [local("finecap", c, "", {"image_id": i})["score"] for c, i in zip(captions, ids, strict=True)] == batch
     with serving(service) as url:
-        remote = [compute_score("finecap", c, "", {"image_id": i}, url=url)["score"] for c, i in zip(captions, ids)]
+        remote = [
+            compute_score("finecap", c, "", {"image_id": i}, url=url)["score"]
+            for c, i in zip(captions, ids, strict=True)
+        ]
 
         async def concurrently():  # as verl's reward loop awaits its samples: the server merges them
             return await asyncio.gather(*(compute_score_async("finecap", c, "", {"image_id": i}, url=url)
-                                          for c, i in zip(captions, ids)))  # fmt: skip
+                                          for c, i in zip(captions, ids, strict=True)))  # fmt: skip
 
         awaited = [r["score"] for r in asyncio.run(concurrently())]
     assert remote == batch and awaited == batch

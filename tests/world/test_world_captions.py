@@ -1,6 +1,7 @@
 import random
 import re
 from collections import defaultdict
+from itertools import pairwise
 
 import pytest
 
@@ -153,6 +154,6 @@ def test_article_agrees_with_the_next_word():
         scene = sample_scene(rng, i, 1, 4)
         for c in reference_captions(scene, rng):
             toks = c.split()
-            for a, b in zip(toks, toks[1:]):
+            for a, b in pairwise(toks):
                 if a in ("a", "an"):
                     assert (a == "an") == (b[0] in "aeiou"), c
