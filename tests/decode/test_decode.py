@@ -500,3 +500,24 @@ def test_decode_batch_size_counts_sequences_not_images(cfg, chunks, most_rows):
     assert whole.images == [5]  # unchunked: every image at once
     assert gen.texts == one.texts and rows(gen) == rows(one) and torch.equal(gen.image_index, one.image_index)
     assert torch.allclose(gen.scores, one.scores)
+
+
+def test_seeded_draws_follow_the_softmax_and_differ_by_position():
+    """Gumbel-max with the counter-based noise: argmax(logits + G) is a draw from softmax(logits); the noise has the
+    Gumbel(0, 1) moments (mean Euler's gamma, variance pi^2 / 6), and a row's draws at two positions are unrelated."""
+    from finecap.decode import sample_keys, seeded_gumbel
+
+    keys = sample_keys(torch.arange(20_000), 1)  # (N,) one sample of 20,000 images
+    logits = torch.tensor([2.0, 1.0, 0.0, -1.0, 0.5], dtype=torch.float64)
+    noise = seeded_gumbel(keys, 0, 5)  # (N, V)
+    assert noise.shape == (20_000, 5)
+    assert abs(noise.mean().item() - 0.5772157) < 0.02 and abs(noise.var().item() - math.pi**2 / 6) < 0.06
+    draws = (logits + noise).argmax(-1)
+    p = logits.softmax(-1)
+    freq = torch.bincount(draws, minlength=5).double() / len(draws)
+    sigma = (p * (1 - p) / len(draws)).sqrt()
+    assert ((freq - p).abs() < 4 * sigma).all(), (freq, p)
+    later = (logits + seeded_gumbel(keys, 1, 5)).argmax(-1)
+    same = (draws == later).double().mean().item()
+    assert abs(same - (p**2).sum().item()) < 0.02  # independent draws agree with probability sum p^2
+    assert torch.equal(draws, (logits + seeded_gumbel(keys, 0, 5)).argmax(-1))  # a pure function of (key, t, v)
