@@ -41,3 +41,11 @@ def test_scheduler_drives_optimizer_lr():
 def test_unknown_schedule():
     with pytest.raises(ValueError, match="train.schedule: unknown schedule 'step'"):
         build_scheduler(torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=0.1), warmup=0, total=3, kind="step")
+
+
+@pytest.mark.parametrize("kind", ["linear", "cosine"])
+def test_the_rate_stays_at_zero_after_the_last_step(kind):
+    # the scheduler is stepped after the last optimizer step too; linear would turn negative there and cosine rise
+    # again if the progress were not held at 1
+    for step in (10, 11, 15, 30):
+        assert lr_factor(step, warmup=2, total=10, kind=kind) == pytest.approx(0.0, abs=1e-12)
