@@ -1,7 +1,7 @@
 """Weight sync (RL rollouts on vLLM): after the captioner's weights change and are loaded into the running engine
 (:meth:`VllmEngine.sync`, ``collective_rpc("reload_weights")``), the engine's greedy captions and log-probs are the
 updated captioner's, for images it had already seen (its encoder and prefix caches dropped), also with LoRA
-adapters (merged into the weights sent, unmerged after)."""
+adapters (added to the weights sent, the captioner's own left as they were)."""
 
 from __future__ import annotations
 

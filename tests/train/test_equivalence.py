@@ -30,9 +30,9 @@ from helpers.equivalence import OBJECTIVES, compare, overrides, weights
 from helpers.launch import launch_bounded
 
 
-def logged_loss(run: Path) -> float:
+def logged(run: Path, key: str) -> float:
     events = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
-    return next(e for e in events if e["split"] == "train")["values"]["loss"]
+    return next(e for e in events if e["split"] == "train")["values"][key]
 
 
 @pytest.mark.slow
@@ -55,8 +55,15 @@ def test_two_processes_and_accumulation_equal_one_big_batch(world_args, clip_dir
         train_event = next(e for e in events if e["split"] == "train")
         assert train_event["values"]["grad_norm"] > 0
         # the logged loss is the step's (item-weighted over every micro-batch), not a mean of micro-batch means
-        losses = [logged_loss(run) for run in (big, accum, tmp_path / f"{name}-2proc")]
+        runs = (big, accum, tmp_path / f"{name}-2proc")
+        losses = [logged(run, "loss") for run in runs]
         assert losses[1] == pytest.approx(losses[0], rel=1e-6) and losses[2] == pytest.approx(losses[0], rel=1e-6), (
             name,
             losses,
+        )
+        # ... and so is the gradient: Adam's first step hardly sees a gradient's scale, its norm does
+        norms = [logged(run, "grad_norm") for run in runs]
+        assert norms[1] == pytest.approx(norms[0], rel=1e-5) and norms[2] == pytest.approx(norms[0], rel=1e-5), (
+            name,
+            norms,
         )

@@ -278,44 +278,33 @@ def request_seed(seed: int) -> int:
 
 
 @contextlib.contextmanager
-def adapters_merged(captioner: Any) -> Iterator[None]:
-    """Within the block, every LoRA adapter of ``captioner`` is merged into its base layer (peft's
-    ``merge_adapter``), unmerged after (as TRL syncs a LoRA policy into vLLM): the base weights are then the
-    model's own."""
-    from finecap.models import lora
-    from finecap.models.captioner import PARTS
-
-    merged = []
-    try:
-        for part in PARTS:
-            module = captioner.lora_module(part)
-            if module is not None and lora.is_peft(module):
-                module.merge_adapter()
-                merged.append(module)
-        yield
-    finally:
-        for module in merged:
-            module.unmerge_adapter()
-
-
-@contextlib.contextmanager
 def streamed_weights(captioner: Any) -> Iterator[Iterator[tuple[str, torch.Tensor]]]:
     """Within the block, an iterator of the captioner's transformers model weights, ``(name, tensor)`` under the names
-    of its checkpoint (``model.text_model....``, ``lm_head.weight``), LoRA adapters merged into them (unmerged when the
-    block ends): the parameters themselves (detached, no copy), to be copied by their consumer (vLLM's weight loaders)
-    within the block. Of a captioner sharded with FSDP2 (its state dict's ``DTensor`` shards), each tensor is gathered
-    whole when the iterator reaches it (``full_tensor``) and dropped after, so at most one tensor is held whole at a
-    time; every process must then iterate together. What the consumer leaves unread is read when the block ends (every
-    process gathers every tensor, as FSDP2's collectives need)."""
+    of its checkpoint (``model.text_model....``, ``lm_head.weight``), LoRA adapters merged into them: the parameters
+    themselves (detached, no copy), to be copied by their consumer (vLLM's weight loaders) within the block, except the
+    base weights of LoRA layers, each a new tensor with its adapters added (:func:`finecap.models.lora.merged_weight`:
+    the training model's own weights are never written, as peft's merge and unmerge in place would, which in bfloat16
+    does not give them back). Of a captioner sharded with FSDP2 (its state dict's ``DTensor`` shards), each tensor is
+    gathered whole when the iterator reaches it (``full_tensor``) and dropped after, so at most one tensor is held
+    whole at a time; every process must then iterate together. What the consumer leaves unread is read when the block
+    ends (every process gathers every tensor, as FSDP2's collectives need)."""
     from finecap.models import lora
-    from finecap.models.captioner import strip_prefix
 
-    with adapters_merged(captioner):
-        state = lora.plain_state(strip_prefix(captioner.state_dict(), "model."))
-        tensors = ((name, t.full_tensor() if hasattr(t, "full_tensor") else t.detach()) for name, t in state.items())
-        yield tensors
-        for _ in tensors:  # the rest, gathered in step with the other processes
-            pass
+    layers = lora.lora_layers(captioner) if isinstance(captioner, torch.nn.Module) else {}
+
+    def tensors() -> Iterator[tuple[str, torch.Tensor]]:
+        for key, t in captioner.state_dict().items():
+            if not key.startswith("model.") or "lora_" in key:
+                continue
+            whole = t.full_tensor() if hasattr(t, "full_tensor") else t.detach()
+            if key in layers:
+                whole = lora.merged_weight(layers[key], whole)
+            yield lora.plain_name(key.removeprefix("model.")), whole
+
+    stream = tensors()
+    yield stream
+    for _ in stream:  # the rest, gathered in step with the other processes
+        pass
 
 
 def architecture_of(captioner: Any) -> str:

@@ -375,8 +375,36 @@ def configure_training(model: nn.Module, cfg: Config) -> nn.Module:
 def plain_state(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """A state dict of a model whose parts may be wrapped in adapters (``...text_decoder.base_model.model.x.
     base_layer.weight``), without the adapters and under the plain model's names (``...text_decoder.x.weight``)."""
-    return {k.replace("base_model.model.", "").replace(".base_layer.", "."): v for k, v in state.items()
-            if "lora_" not in k}  # fmt: skip
+    return {plain_name(k): v for k, v in state.items() if "lora_" not in k}
+
+
+def plain_name(key: str) -> str:
+    """The plain model's name of a state-dict key of an adapted model (:func:`plain_state`)."""
+    return key.replace("base_model.model.", "").replace(".base_layer.", ".")
+
+
+def merged_weight(layer: nn.Module, weight: torch.Tensor) -> torch.Tensor:
+    """``weight`` (the whole base weight of the LoRA ``layer``) with its active adapters added, as a new tensor: the
+    adapters' ``get_delta_weight`` added in float32 and rounded once to the weight's dtype, which for one adapter (as
+    finecap makes) are the values peft's ``merge_adapter`` would write into the base weight, without writing them.
+    Merging and unmerging in place, as peft does, does not give the base weight back (``(w + d) - d`` rounds twice;
+    in bfloat16 by far more than in float32): a policy synced that way at every step drifts from its own frozen
+    weights."""
+    total = weight.float()
+    for adapter in layer.active_adapters:
+        if adapter in layer.lora_A:
+            delta = layer.get_delta_weight(adapter)
+            total = total + (delta.full_tensor() if hasattr(delta, "full_tensor") else delta).float()
+    return total.to(weight.dtype)
+
+
+def lora_layers(model: nn.Module) -> dict[str, nn.Module]:
+    """The unmerged LoRA layers of ``model``'s adapted parts, by the state-dict key of their base weight
+    (``<layer>.base_layer.weight``); empty when no part is adapted."""
+    if not any(m is not None and is_peft(m) for m in map(model.lora_module, PARTS)):
+        return {}
+    return {f"{name}.base_layer.weight": m for name, m in model.named_modules()
+            if isinstance(m, LoraLayer) and not m.merged}  # fmt: skip
 
 
 @contextlib.contextmanager
