@@ -143,8 +143,11 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/ngram_metrics.py
 
 # The GPU check (benchmarks/gpu_check.py, docs/scaling.md "The GPU check"): CUDA paths on random-weight models, no
-# download, ~6 min on one H100. Needs no .venv: any python with torch, transformers, peft and accelerate, e.g.
-# `make gpu-check PYTHON=python3 OUT=/tmp/gpu`: the JSON and one log per check go to OUT (an environment variable OUT
-# counts too), else to $$FINECAP_HOME/gpu_check or a new temporary folder; GPU_CHECK_ARGS=--cpu-smoke for the CPU.
+# download, within 8 minutes on one H100 or H200. Needs no .venv: PYTHON (default python3) with torch, transformers,
+# peft and accelerate; the wheels in .whl/ (what a machine without internet lacks) are installed into /tmp first.
+# With OUT (a directory; a device machine sets the environment variable) the JSON, the printed log, nvidia-smi.txt and
+# one tarball of the per-check logs go there (benchmarks/gpu_check.sh); else to $$FINECAP_HOME/gpu_check or a new
+# temporary folder. GPU_CHECK_ARGS passes options, e.g. GPU_CHECK_ARGS="--budget 480" or --cpu-smoke for the CPU.
+# Device command (one H100 or H200; timeout_s=560, carry .whl): make gpu-check GPU_CHECK_ARGS="--budget 480"
 gpu-check:
-	PYTHONPATH=src$${PYTHONPATH:+:$$PYTHONPATH} $(PYTHON) benchmarks/gpu_check.py $(if $(OUT),--out-dir "$(OUT)") $(GPU_CHECK_ARGS)
+	OUT="$(OUT)" PYTHON="$(PYTHON)" bash benchmarks/gpu_check.sh $(GPU_CHECK_ARGS)

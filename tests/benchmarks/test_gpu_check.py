@@ -32,8 +32,8 @@ def test_cpu_smoke_records_every_check(tmp_path):
     from finecap.models.vlm import FAMILIES
 
     families = [f"family:{f}" for f in FAMILIES]  # a line each (a family it cannot build: skipped)
-    # the measurements first, the families last: a budget that runs short leaves families unchecked
-    in_order = [*MUST_PASS[:2], "qlora", *MUST_PASS[5:7], *MUST_PASS[8:], "grpo_vllm", "trl", *families]
+    # the training paths, then the families, then the measurements: a budget that runs short leaves measurements
+    in_order = [*MUST_PASS[:2], "qlora", *MUST_PASS[5:7], *families, *MUST_PASS[8:], "grpo_vllm", "trl"]
     assert report["mode"] == "cpu-smoke" and list(records) == in_order
     assert all(r["status"] for r in records.values())
     failed = {n: (records[n]["status"], records[n].get("error")) for n in MUST_PASS if records[n]["status"] != "pass"}
@@ -74,4 +74,51 @@ def test_cpu_smoke_records_every_check(tmp_path):
         assert records["grpo_vllm"]["summary"] == "skipped: vllm not installed"  # decided before any process
     else:
         assert records["grpo_vllm"]["status"] == "pass", records["grpo_vllm"]
+    assert not list(tmp_path.glob("*.json"))  # nothing in the working directory
+
+
+def test_out_of_memory_is_a_finding_of_a_memory_line_and_an_error_elsewhere(tmp_path):
+    import torch
+
+    from helpers.scripts import benchmark
+
+    gc = benchmark("gpu_check")
+
+    def short_of_memory(ctx):
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+
+    ctx = gc.Ctx(smoke=True, work=tmp_path)
+    assert gc.run_body(gc.Check("memory:mle_vlm", short_of_memory, 60), ctx)["status"] == "oom"
+    for name in ("grpo", "fsdp2", "family:llava"):  # a training path that runs out of memory failed
+        record = gc.run_body(gc.Check(name, short_of_memory, 60), ctx)
+        assert record["status"] == "error" and record["status"] in gc.FAILED
+        assert "out of memory" in record["error"]
+
+
+@pytest.mark.slow
+def test_make_gpu_check_leaves_four_files_in_out_and_the_env_record_when_finecap_does_not_import(tmp_path):
+    """What a device machine runs (make gpu-check -> benchmarks/gpu_check.sh, OUT set): four files come back, and
+    when finecap cannot be imported (a dependency missing there: a stand-in platformdirs that fails to import) the
+    env check still runs in its own fresh process (--spawn, as on a GPU) and records the versions and the error."""
+    broken = tmp_path / "broken" / "platformdirs"
+    broken.mkdir(parents=True)
+    (broken / "__init__.py").write_text("raise ImportError('platformdirs is missing here (a test stand-in)')\n")
+    (tmp_path / "no-wheels").mkdir()
+    out = tmp_path / "out"
+    env = {**os.environ, "OUT": str(out), "WHEELS": str(tmp_path / "no-wheels"), "PYTHON": sys.executable,
+           "PYTHONPATH": str(tmp_path / "broken")}  # fmt: skip
+    proc = subprocess.run(["make", "-s", "-C", str(ROOT), "gpu-check",
+                           f"GPU_CHECK_ARGS=--cpu-smoke --spawn --work-dir {tmp_path / 'work'}"],
+                          capture_output=True, text=True, env=env, cwd=tmp_path, timeout=300)  # fmt: skip
+    assert sorted(p.name for p in out.iterdir()) == [
+        "gpu_check.json", "gpu_check.log", "gpu_check_logs.tgz", "nvidia-smi.txt"
+    ], proc.stdout[-2000:] + proc.stderr[-2000:]  # fmt: skip
+    report = json.loads((out / "gpu_check.json").read_text())
+    assert "platformdirs is missing here" in report["preload_error"]
+    (record,) = report["checks"]
+    assert record["name"] == "env" and record["versions"]["torch"], record  # it ran: the versions are recorded
+    assert "platformdirs is missing here" in record["imports"]["finecap.train.run"]
+    assert record["status"] == "fail"  # finecap does not import: the run failed (the script's status 1, make's 2)
+    assert proc.returncode == 2 and "gpu-check] Error 1" in proc.stderr, proc.stderr
+    assert "env " in (out / "gpu_check.log").read_text()
     assert not list(tmp_path.glob("*.json"))  # nothing in the working directory

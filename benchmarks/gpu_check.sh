@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# `make gpu-check`: benchmarks/gpu_check.py as a lent GPU machine runs it (docs/scaling.md, "The GPU check").
+#
+#   OUT=/tmp/gpu bash benchmarks/gpu_check.sh [gpu_check.py options, e.g. --budget 480 --only family]
+#
+# - The wheels in WHEELS (default .whl/, ignored by git; what that machine lacks, e.g. platformdirs, snowballstemmer,
+#   bitsandbytes) are installed into a folder of their own in /tmp first (exit 3 when they cannot be), then found
+#   through PYTHONPATH beside src/; no .venv is needed: PYTHON (default python3) brings torch and transformers.
+# - With OUT (a device machine sets it; it brings back 8 files at most), OUT receives four files: gpu_check.json,
+#   gpu_check.log (what was printed), nvidia-smi.txt and gpu_check_logs.tgz (one log per check), replacing files of
+#   those names; the checks' own folders stay in a new temporary folder. Without OUT, gpu_check.py's defaults.
+# Exit status: gpu_check.py's (1 when a check failed), 3 when the wheels could not be installed.
+set -u -o pipefail
+cd "$(dirname "$0")/.."
+PYTHON=${PYTHON:-python3}
+WHEELS=${WHEELS:-.whl}
+path=src
+if compgen -G "$WHEELS/*.whl" > /dev/null; then
+    site=$(mktemp -d "${TMPDIR:-/tmp}/finecap-gpu-site.XXXXXX")
+    "$PYTHON" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target "$site" "$WHEELS"/*.whl \
+        || { echo "gpu_check.sh: the wheels in $WHEELS could not be installed into $site" >&2; exit 3; }
+    path="$path:$site"
+fi
+export PYTHONPATH="$path${PYTHONPATH:+:$PYTHONPATH}"
+if [ -z "${OUT:-}" ]; then
+    exec "$PYTHON" benchmarks/gpu_check.py "$@"
+fi
+mkdir -p "$OUT"
+work=$(mktemp -d "${TMPDIR:-/tmp}/finecap-gpu-out.XXXXXX")
+{ nvidia-smi || echo "nvidia-smi: not available here"; } > "$OUT/nvidia-smi.txt" 2>&1
+"$PYTHON" benchmarks/gpu_check.py --out-dir "$work" "$@" 2>&1 | tee "$OUT/gpu_check.log"
+rc=$?
+[ -f "$work/gpu_check.json" ] && cp "$work/gpu_check.json" "$OUT/gpu_check.json"
+[ -d "$work/gpu_check_logs" ] && tar czf "$OUT/gpu_check_logs.tgz" -C "$work" gpu_check_logs
+exit $rc
