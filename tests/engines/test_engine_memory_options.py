@@ -61,6 +61,7 @@ class StandInLLM:
 
     def __init__(self) -> None:
         self.calls: list[tuple] = []
+        self.autocast: list[bool] = []  # whether an autocast was on at each weight load
         self.llm_engine = SimpleNamespace(reset_encoder_cache=lambda: self.calls.append(("reset_encoder_cache",)))
 
     def sleep(self, level: int = 1) -> None:
@@ -71,6 +72,7 @@ class StandInLLM:
 
     def collective_rpc(self, method: str, kwargs: dict) -> None:
         self.calls.append((method, [name for name, _ in kwargs["weights_iterator"]]))
+        self.autocast.append(torch.is_autocast_enabled("cpu"))
 
     def reset_prefix_cache(self) -> None:
         self.calls.append(("reset_prefix_cache",))
@@ -231,3 +233,23 @@ def test_lora_weights_are_sent_merged_and_the_policys_own_weights_never_change(t
     plain = {lora.plain_name(k.removeprefix("model.")) for k in before if k.startswith("model.") and "lora_" not in k}
     assert set(sent) == plain
     assert drifted > 0  # what the in-place merge and unmerge did (in float32 too, by a rounding; bfloat16: far more)
+
+
+def test_no_autocast_reaches_the_engine_when_it_starts_or_loads_weights(stand_in, monkeypatch):
+    """A rollout of a training step runs under the step's bf16 autocast; vLLM's engine core runs in this process, so
+    its construction (the profiling pass that sizes the KV cache) and its weight loading must not see that autocast."""
+    seen = []
+
+    class LLM:
+        def __init__(self, **kwargs):
+            seen.append(torch.is_autocast_enabled("cpu"))
+
+    monkeypatch.setattr(engines_vllm, "import_vllm", lambda option="": SimpleNamespace(LLM=LLM))
+    monkeypatch.setattr(engines_vllm, "external_launcher", lambda options: 0)
+    cfg = load(None, ["decode.engine=vllm"])
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert torch.is_autocast_enabled("cpu")
+        engines_vllm.start_llm("folder", cfg.vllm, dtype="float32", seed=0)
+        engine = VllmEngine.open(SimpleNamespace(device=torch.device("cpu")), cfg)
+        engine.sync(SimpleNamespace())
+    assert seen == [False] and stand_in.autocast == [False, False]

@@ -130,7 +130,8 @@ def start_llm(folder: str | Path, section: VllmConfig, *, dtype: str, seed: int,
         kwargs["max_model_len"] = section.max_model_len
     if section.kv_cache_memory_bytes:
         kwargs["kv_cache_memory_bytes"] = section.kv_cache_memory_bytes
-    return vllm.LLM(**kwargs)
+    with autocast_off():  # the engine core is built here: its profiling pass sizes the KV cache in the engine's dtype
+        return vllm.LLM(**kwargs)
 
 
 def external_launcher(options: dict[str, Any]) -> int:
@@ -580,9 +581,12 @@ class VllmEngine(GenerationEngine):
     def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
         """Load ``(name, tensor)`` pairs (the transformers checkpoint's names: :func:`streamed_weights`) into the
         running engine (``collective_rpc("reload_weights")``), then drop its prefix cache (module docstring). An engine
-        asleep wakes its weights first and its KV cache after (TRL's order: the cache is not held while loading)."""
+        asleep wakes its weights first and its KV cache after (TRL's order: the cache is not held while loading). No
+        autocast reaches the loading, which runs in this process (a rollout of a training step syncs under its
+        autocast)."""
         self.wake_up("weights")
-        self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": iter(named_tensors)})
+        with autocast_off():
+            self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": iter(named_tensors)})
         self.wake_up("kv_cache")
         self.llm.llm_engine.reset_encoder_cache()  # the scheduler's record of cached image features too
         self.llm.reset_prefix_cache()
