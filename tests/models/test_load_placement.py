@@ -57,6 +57,10 @@ def test_a_quantized_load_goes_to_the_process_device(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 5)
     assert options.pretrained(quantize=True)["device_map"] == {"": 5}
+    with loading_onto("meta"):  # a quantized load reads its weights: where bitsandbytes quantizes
+        assert options.pretrained(quantize=True)["device_map"] == {"": 5}
+    with loading_onto("cpu"):  # a run on the CPU (train.cpu=true) on a GPU machine quantizes on the CPU
+        assert options.pretrained(quantize=True)["device_map"] == {"": "cpu"}
 
 
 @pytest.mark.parametrize("device", [torch.device("cuda", 1), torch.device("cpu")])

@@ -123,16 +123,19 @@ class LoadOptions:
         set, a ``BitsAndBytesConfig`` keeping ``skip`` (module names or prefixes; ``None``: transformers' default,
         the output head) unquantised. Inside :func:`loading_onto` a CUDA device, ``device_map={"": device}`` loads
         the weights straight onto it (transformers builds the model on the meta device and materialises each
-        tensor where the map puts it: no full copy in host memory); a quantized load is placed there too, else on
-        the current CUDA device (bitsandbytes quantizes there) or the CPU."""
+        tensor where the map puts it: no full copy in host memory); a quantized load is placed there too, on the CPU
+        inside the block of the CPU, else on the current CUDA device (bitsandbytes quantizes there) or the CPU."""
         kwargs: dict[str, Any] = {"dtype": self.torch_dtype or "auto"}
         if self.attn_implementation != "auto":
             kwargs["attn_implementation"] = self.attn_implementation
         placed = placement()
         if quantize and self.quantization != "none":
             kwargs["quantization_config"] = bnb_config(self.quantization, self.torch_dtype, skip)
-            if not placed:  # outside the block, or on meta (a quantized load reads its weights: :meth:`load`)
-                placed = {"device_map": {"": torch.cuda.current_device() if torch.cuda.is_available() else "cpu"}}
+            if not placed:  # the CPU, outside the block, or meta (a quantized load reads its weights: :meth:`load`)
+                device = _LOAD_DEVICE.get()
+                on_cpu = device is not None and device.type not in ("cuda", "meta")  # a CPU run on a GPU machine too
+                cuda = torch.cuda.is_available() and not on_cpu
+                placed = {"device_map": {"": torch.cuda.current_device() if cuda else "cpu"}}
         return {**kwargs, **placed}
 
     def load(self, auto_cls: Any, name: str | Path, what: str, skip: Sequence[str] | None = None,
@@ -255,7 +258,7 @@ def loading_onto(device: torch.device | str | None) -> Iterator[None]:
     read, the model's parameters left on the meta device, :meth:`LoadOptions.load`; torch's warning that loading a
     state dict into them, e.g. a checkpoint's LoRA adapters, does nothing is silenced).
     Models built here with random weights are not affected (they are small, or built on the CPU and moved)."""
-    placed = None if device is None else load_device(device)
+    placed = None if device is None else (load_device(device) or torch.device(device))  # the CPU: said, not None
     token = _LOAD_DEVICE.set(placed)
     try:
         with warnings.catch_warnings():
