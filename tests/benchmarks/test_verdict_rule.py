@@ -26,6 +26,11 @@ CIDER = pt.Column("CIDEr", "CIDEr-D", 100.0)
 COUNT = pt.Column("distinct words", "Lexical diversity")  # a corpus count: no per-image values
 
 
+def by_image(ids, columns: dict) -> dict:
+    """Per-image values as a results file holds them: ``{metric: {image id: value}}``."""
+    return {metric: dict(zip(ids, values, strict=True)) for metric, values in columns.items()}
+
+
 def two_rows(*columns: pt.Column, paper=((100.0,), (110.0,)), expect=(), primary=()) -> pt.Table:
     """Row "b" (run ``sle``) judged against row "a" (run ``scst``)."""
     return pt.Table("t", "constructed", columns, (pt.Row("a", "A", "scst", paper[0]),
@@ -157,16 +162,8 @@ def test_a_saturated_cell_is_marked_and_left_out_of_the_rows_word():
         hard_b[rng.permutation(N)[:10]] = 1 - hard_b[rng.permutation(N)[:10]]
         results[seed] = {"scst": {"RD99/R@1": top_a.mean(), "hardRD99/R@1": hard_a.mean()},
                          "sle": {"RD99/R@1": top_b.mean(), "hardRD99/R@1": hard_b.mean()}}  # fmt: skip
-        items[seed] = {
-            "scst": {
-                "RD99/R@1": dict(zip(ids, top_a, strict=True)),
-                "hardRD99/R@1": dict(zip(ids, hard_a, strict=True)),
-            },
-            "sle": {
-                "RD99/R@1": dict(zip(ids, top_b, strict=True)),
-                "hardRD99/R@1": dict(zip(ids, hard_b, strict=True)),
-            },
-        }
+        items[seed] = {"scst": by_image(ids, {"RD99/R@1": top_a, "hardRD99/R@1": hard_a}),
+                       "sle": by_image(ids, {"RD99/R@1": top_b, "hardRD99/R@1": hard_b})}  # fmt: skip
     rd_check, hard_check = verdicts.row_checks(table, table.rows[1], results, items)
     assert hard_check.paper_sign == rd_check.paper_sign == +1  # the hard RD takes RD100's direction (80 -> 90)
     assert rd_check.saturated and rd_check.verdict == "holds" and not hard_check.saturated
@@ -364,16 +361,8 @@ def test_boosted_field_cider_is_judged_on_the_images_whose_captions_are_equally_
         cider_a = 0.2 * length_a + 0.1 * rng.standard_normal(N)
         cider_b = 0.2 * length_b + 0.1 * rng.standard_normal(N)  # CIDEr-D that is length and nothing else
         results[seed] = {"mle_holistic": {"CIDEr-D": cider_a.mean()}, "sr_l_holistic": {"CIDEr-D": cider_b.mean()}}
-        items[seed] = {
-            "mle_holistic": {
-                "CIDEr-D": dict(zip(ids, cider_a, strict=True)),
-                "Length": dict(zip(ids, length_a, strict=True)),
-            },
-            "sr_l_holistic": {
-                "CIDEr-D": dict(zip(ids, cider_b, strict=True)),
-                "Length": dict(zip(ids, length_b, strict=True)),
-            },
-        }
+        items[seed] = {"mle_holistic": by_image(ids, {"CIDEr-D": cider_a, "Length": length_a}),
+                       "sr_l_holistic": by_image(ids, {"CIDEr-D": cider_b, "Length": length_b})}  # fmt: skip
     (check,) = verdicts.row_checks(table, table.rows[1], results, items)
     # over every image the longer captions "hold" (+0.8 CIDEr-D on average); at matched length nothing is left
     assert check.matched == {0: N // 2, 1: N // 2} and check.verdict == "within noise"
