@@ -60,3 +60,14 @@ def test_wheel_installs_and_runs_the_quick_demo(tmp_path):
          f"run.cache_dir={work / 'cache'}"], cwd=work, timeout=900)  # fmt: skip
     table = (work / "run" / "results.md").read_text()
     assert "| mle |" in table and "| smile |" in table
+
+
+def test_the_license_is_declared_as_setuptools_will_keep_building_it():
+    """``project.license`` as a table is deprecated by setuptools (builds stop being supported after 2027-02-18): an
+    SPDX expression and ``license-files``, with a setuptools that reads them (77 and later)."""
+    import tomllib
+
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    assert project["project"]["license"] == "MIT" and project["project"]["license-files"] == ["LICENSE"]
+    assert "setuptools>=77" in project["build-system"]["requires"]
+    assert (ROOT / "LICENSE").read_text().startswith("MIT License")
