@@ -455,3 +455,17 @@ def test_another_worlds_test_split_is_read_from_that_world_whatever_data_set_the
     assert len(records) == SIZES["n_test"]
     assert all(r.path.is_file() and r.path.is_relative_to(tmp_path / "other") for r in records)
     assert world_config(cfg, other).data.captions == "original"
+
+
+def test_the_quick_demo_keeps_out_of_the_folders_of_the_full_demo_and_the_demo_recipes(tmp_path, monkeypatch):
+    from finecap.config import load
+    from finecap.home import ENV
+
+    monkeypatch.setenv(ENV, str(tmp_path / "home"))
+    runs = tmp_path / "home" / "runs"
+    assert demo_mod.demo_dir(load_demo_config(None, [], False), False) == runs / "demo"
+    assert demo_mod.demo_dir(load_demo_config(None, [], True), True) == runs / "demo-quick"
+    # the demo/* recipes chain through <runs>/demo (the full demo's folder, never the quick one's)
+    assert load("demo/grpo_cider").train.init_from.startswith("demo/mle/")
+    out = tmp_path / "mine"
+    assert demo_mod.demo_dir(load_demo_config(None, [f"run.dir={out}"], True), True) == out  # --out wins

@@ -352,7 +352,7 @@ def main(
         raise ValueError(f"demo.stages: unknown stage(s) {unknown}{did_you_mean(unknown[0], STAGES)}; valid stages: "
                          f"{', '.join(STAGES)}")  # fmt: skip
     quick = cfg.demo.quick if quick is None else quick
-    run_dir = Path(cfg.run.dir) if cfg.run.dir else runs_root(cfg.run) / "demo"
+    run_dir = demo_dir(cfg, quick)
     log.info("demo: run directory %s", run_dir)
     cfg = dataclasses.replace(cfg, demo=dataclasses.replace(cfg.demo, quick=quick))  # config.yaml says quick
     demo = demo_runner(cfg, list(items or []), quick, run_dir, read_recipe(recipe))
@@ -360,6 +360,16 @@ def main(
     run_dir.mkdir(parents=True, exist_ok=True)
     with output_lock(run_dir, log=log.warning, name=DEMO_LOCK, holder="finecap demo"):
         return run_stages(demo)
+
+
+def demo_dir(cfg: Config, quick: bool) -> Path:
+    """The demo's run directory: ``--out`` (``run.dir``), else ``<runs root>/demo``, where the ``demo/*`` training
+    recipes write and read their starts (``demo/mle``, ...); a quick demo's ``<runs root>/demo-quick``, so that its
+    tiny stages never hold the folders of the full demo and of those recipes (a ``finecap train demo/grpo_cider``
+    after a quick demo started from the quick demo's MLE, and ``finecap train demo/mle`` found its folder taken)."""
+    if cfg.run.dir:
+        return Path(cfg.run.dir)
+    return runs_root(cfg.run) / ("demo-quick" if quick else "demo")
 
 
 def check_demo_dir(run_dir: Path, *, recipe: Path | None, force: bool) -> None:
