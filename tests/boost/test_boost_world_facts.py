@@ -136,3 +136,28 @@ def test_world_llm_through_the_engine_with_a_given_visual_expert(tmp_path):
     # Image 1: the expert answers nothing (twice): visual and holistic fail, the human caption is kept in both.
     assert result.fields[1]["visual"] == result.fields[1]["holistic"] == ["a blue square"]
     assert [(f.image_id, f.step) for f in result.failures] == [(1, "visual"), (1, "holistic")]
+
+
+def test_a_missing_visual_expert_is_named_with_the_command_that_makes_it_there(tmp_path, monkeypatch):
+    """The default boost.vlm_model is a run folder relative to the working directory; the recipe alone writes into
+    the home's runs: the hint names the run.dir that makes the named path, and a checkpoint the recipe wrote."""
+    import pytest
+
+    from finecap.boost.world_backend import WorldVLM
+    from finecap.config import load
+    from finecap.home import ENV
+
+    monkeypatch.setenv(ENV, str(tmp_path / "home"))
+    monkeypatch.chdir(tmp_path)
+    cfg = load(None, [])
+    with pytest.raises(FileNotFoundError) as e:
+        WorldVLM(cfg.boost.vlm_model, cfg)
+    message = str(e.value)
+    assert message == ("boost.vlm_model: visual expert checkpoint runs/visual_expert/checkpoints/best not found; "
+                       "train one with `finecap train demo/visual_expert run.dir=runs/visual_expert` (or set "
+                       "boost.vlm_backend)")  # fmt: skip
+    made = tmp_path / "home" / "runs" / "demo" / "visual_expert" / "checkpoints" / "best"
+    made.mkdir(parents=True)
+    with pytest.raises(FileNotFoundError) as e:
+        WorldVLM(cfg.boost.vlm_model, cfg)
+    assert str(e.value).endswith(f"`finecap train demo/visual_expert` wrote one: boost.vlm_model={made}")

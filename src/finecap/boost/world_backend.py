@@ -59,6 +59,18 @@ class WorldLLM:
             yield i, self.answer(task)
 
 
+def expert_hint(path: Path, cfg: Config) -> str:
+    """What makes the visual expert ``boost.vlm_model`` names: the recipe into that run folder (``finecap train
+    demo/visual_expert`` alone writes ``<runs root>/demo/visual_expert``, which is named when it is there)."""
+    from finecap.home import runs_root
+
+    made = runs_root(cfg.run) / "demo" / "visual_expert" / "checkpoints" / "best"
+    run_dir = path.parent.parent if path.parent.name == "checkpoints" else None
+    how = f"train one with `finecap train demo/visual_expert run.dir={run_dir}`" if run_dir else "name a checkpoint"
+    found = f"; `finecap train demo/visual_expert` wrote one: boost.vlm_model={made}" if made.exists() else ""
+    return f"{how} (or set boost.vlm_backend){found}"
+
+
 class WorldVLM:
     """The visual expert: a captioner checkpoint (``boost.vlm_model``; the demo's is a ClipCap) decoding greedily,
     up to ``data.max_tokens`` tokens (dense captions reach 41), on the frozen-feature cache of ``cfg``."""
@@ -69,10 +81,8 @@ class WorldVLM:
 
         path = Path(checkpoint)
         if not path.exists():
-            raise FileNotFoundError(
-                f"boost.vlm_model: visual expert checkpoint {path} not found; train one with "
-                "`finecap train demo/visual_expert` (or set boost.vlm_backend)"
-            )
+            hint = expert_hint(path, cfg)
+            raise FileNotFoundError(f"boost.vlm_model: visual expert checkpoint {path} not found; {hint}")
         self.path = model_dir(path)
         self.weights = weights_stamp(self.path, ("*.safetensors",))  # read once: the identity of every request
         self.model = load_captioner(self.path).eval()  # any backbone's checkpoint (the demo trains a ClipCap)
