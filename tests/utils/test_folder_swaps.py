@@ -317,3 +317,48 @@ def test_the_world_encoder_cache_never_replaces_a_folder_it_did_not_make(tmp_pat
     with pytest.raises(OutputRefused, match=re.escape(str(at))):
         train_world_encoder(cfg, tmp_path / "no-world")  # refused before the world is read
     assert snapshot(tmp_path) == before
+
+
+def test_made_folder_removes_only_the_empty_folders_it_made_when_the_block_fails(tmp_path):
+    from finecap.utils.folders import made_folder
+
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    with pytest.raises(RuntimeError), made_folder(mine / "runs" / "a") as out:
+        assert out.is_dir()
+        raise RuntimeError("the command failed before writing")
+    assert list(mine.iterdir()) == []  # runs/ and runs/a were made here and are gone; the user's folder stays
+    with pytest.raises(RuntimeError), made_folder(mine / "runs" / "b") as out:
+        (out / "config.yaml").write_text("run: {}\n")  # written before the failure: kept, and so are its parents
+        raise RuntimeError("failed later")
+    assert (mine / "runs" / "b" / "config.yaml").is_file()
+    with made_folder(mine / "runs" / "c") as out:  # no failure: kept
+        pass
+    assert out.is_dir()
+    with pytest.raises(RuntimeError), made_folder(mine) as out:  # an existing (empty) folder is never removed
+        raise RuntimeError("x")
+    assert mine.is_dir()
+
+
+def test_a_training_or_boost_that_fails_before_writing_leaves_no_empty_output_folder(tmp_path, monkeypatch):
+    from finecap.app import boost as boost_app
+    from finecap.config import load
+    from finecap.train import run as train_run
+
+    def fails(*args, **kwargs):
+        raise RuntimeError("could not build the model")
+
+    monkeypatch.setattr(train_run, "_train", fails)
+    with pytest.raises(RuntimeError, match="could not build"):
+        train_run.train(load(None, [f"run.dir={tmp_path / 'runs' / 'badq'}"]))
+    assert list(tmp_path.iterdir()) == []
+    monkeypatch.setattr(boost_app, "make_backend", fails)
+    monkeypatch.setattr(boost_app, "prepare", lambda *args, **kwargs: None)
+    (tmp_path / "source").mkdir()
+    data = tmp_path / "source" / "data.jsonl"
+    data.write_text('{"image": "a.png", "id": 1, "captions": ["a red circle"], "split": "train"}\n')
+    (tmp_path / "source" / "a.png").write_bytes(b"")
+    cfg = load(None, ["data.format=jsonl", f"data.path={data}"])
+    with pytest.raises(RuntimeError, match="could not build"):
+        boost_app.main(cfg, out=tmp_path / "boosted" / "holistic", progress=False)
+    assert [p.name for p in tmp_path.iterdir()] == ["source"]

@@ -37,6 +37,7 @@ from finecap.data.references import data_file
 from finecap.locks import LOCK_NAME, output_lock
 from finecap.train.prepare import prepare
 from finecap.utils.files import atomic_write_text, write_json
+from finecap.utils.folders import made_folder
 
 log = logging.getLogger(__name__)
 
@@ -60,8 +61,8 @@ def main(cfg: Config, out: str | Path, progress: bool = True) -> dict[str, Any]:
             r.captions = list(r.boosted["original"])
     steps = MODE_STEPS[cfg.boost.mode]
     prompts = Prompts.load(cfg.boost.prompts or None)
-    out.mkdir(parents=True, exist_ok=True)
-    with output_lock(out, name=LOCK_NAME, holder="finecap boost", log=log.warning):
+    # removed again if boost fails before writing anything (a backend that cannot start)
+    with made_folder(out), output_lock(out, name=LOCK_NAME, holder="finecap boost", log=log.warning):
         llm = make_backend(cfg, "llm") if set(steps) & {"blend", "holistic"} else None
         vlm = make_backend(cfg, "vlm") if "visual" in steps else None
         cache = AnswerCache(out / "cache.jsonl")

@@ -82,6 +82,7 @@ from finecap.train.state import (
     truncate_metrics,
 )
 from finecap.train.validators import caption_samples, validation_loss
+from finecap.utils.folders import made_folder
 from finecap.utils.rng import seed_everything
 
 log = logging.getLogger(__name__)
@@ -163,7 +164,7 @@ def train(
     processes = process_state(cfg.train)  # the processes, before any Accelerator: preparing may train with its own
     with contextlib.ExitStack() as held:
         if processes.is_main_process:
-            run_dir.mkdir(parents=True, exist_ok=True)
+            held.enter_context(made_folder(run_dir))  # removed again if training fails before writing anything
             held.enter_context(output_lock(run_dir, name=TRAIN_LOCK, holder="finecap train", log=log.warning))
             check_config_target(run_dir / CONFIG_FILE, inputs={"recipe": Path(recipe) if recipe else None},
                                 force=overwrite, option="run.dir", force_flag=None,

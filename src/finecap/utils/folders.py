@@ -3,9 +3,10 @@ replaced only when they are."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from finecap.utils.files import OutputRefused, apply_umask, atomic_write_text, refuse_link
@@ -122,3 +123,26 @@ def atomic_replace_dir(
     os.replace(tmp_dir, final_dir)
     if old.exists():
         shutil.rmtree(old)
+
+
+@contextlib.contextmanager
+def made_folder(path: str | Path) -> Iterator[Path]:
+    """``path`` made, with its missing parents, for the block. When the block raises, the folders made here that are
+    still empty are removed again, deepest first (``rmdir``: never a folder holding anything), so a command that failed
+    before writing leaves no empty output folder behind; one that wrote something leaves its folder as it is."""
+    path = Path(path)
+    made = []
+    missing = path
+    while not missing.exists() and not missing.is_symlink() and missing != missing.parent:
+        made.append(missing)
+        missing = missing.parent
+    path.mkdir(parents=True, exist_ok=True)
+    try:
+        yield path
+    except BaseException:
+        for folder in made:
+            try:
+                folder.rmdir()
+            except OSError:  # it holds something (or another process made it meanwhile): kept, and its parents
+                break
+        raise
