@@ -1,6 +1,7 @@
 """Library warnings that say nothing to a finecap user, silenced where finecap drives those libraries: the CLI for
 a whole command (:func:`finecap.app.cli.configured_logging`), the Python API for each call
-(:class:`finecap.Captioner`). Silenced for the duration only: nothing stays changed in the caller's logging."""
+(:class:`finecap.Captioner`), the demo's stage workers for their life (:func:`silence_process`). Silenced for the
+duration only where the process is the caller's: nothing stays changed in the caller's logging."""
 
 from __future__ import annotations
 
@@ -26,6 +27,13 @@ class _Silence(logging.Filter):
 
     def filter(self, record: logging.LogRecord) -> bool:
         return not any(text in record.getMessage() for text in self.texts)
+
+
+def silence_process() -> None:
+    """The warnings of :data:`SILENCED` left out for the rest of this process: for a process finecap owns whole (the
+    demo's stage workers, :func:`finecap.stages.pool.worker_setup`), where nothing is the caller's to give back."""
+    for name, texts in SILENCED.items():
+        logging.getLogger(name).addFilter(_Silence(texts))
 
 
 @contextlib.contextmanager

@@ -17,6 +17,7 @@ from finecap.config import ClipCapBackboneConfig, WorldConfig
 from finecap.report.table import QUICK_TITLE
 from finecap.runs import FINGERPRINTS_FILE
 from finecap.stages import StageRunner
+from finecap.stages.pool import worker_setup
 from finecap.train.fingerprint import FingerprintMismatch, data_fingerprint, write_fingerprints
 from finecap.world.make import make_world
 from helpers.waiting import until
@@ -469,3 +470,28 @@ def test_the_quick_demo_keeps_out_of_the_folders_of_the_full_demo_and_the_demo_r
     assert load("demo/grpo_cider").train.init_from.startswith("demo/mle/")
     out = tmp_path / "mine"
     assert demo_mod.demo_dir(load_demo_config(None, [f"run.dir={out}"], True), True) == out  # --out wins
+
+
+def test_a_stage_worker_leaves_out_the_library_warnings_the_command_leaves_out(monkeypatch):
+    """The demo's stage workers are processes of their own: the CLI's filter of torchvision's and bitsandbytes'
+    warnings (finecap.library_warnings) did not reach them, and the quick demo printed both."""
+    import queue
+
+    from finecap.library_warnings import SILENCED
+
+    monkeypatch.setenv("TQDM_DISABLE", "1")
+    finecap_logger = logging.getLogger("finecap")
+    kept = (finecap_logger.handlers[:], finecap_logger.level, finecap_logger.propagate)
+    loggers = {name: logging.getLogger(name) for name in SILENCED}
+    filters = {name: logger.filters[:] for name, logger in loggers.items()}
+    try:
+        worker_setup(queue.Queue(), logging.INFO)  # as the pool's initializer runs it in each worker
+        for name, texts in SILENCED.items():
+            record = logging.LogRecord(name, logging.WARNING, __file__, 1, f"x {texts[0]} y", None, None)
+            assert not loggers[name].filter(record), name  # left out
+            other = logging.LogRecord(name, logging.WARNING, __file__, 1, "another warning", None, None)
+            assert loggers[name].filter(other)  # the library's other warnings still show
+    finally:
+        finecap_logger.handlers[:], finecap_logger.level, finecap_logger.propagate = kept
+        for name, logger in loggers.items():
+            logger.filters[:] = filters[name]

@@ -16,6 +16,8 @@ import threading
 from concurrent.futures import ProcessPoolExecutor
 from typing import Any
 
+from finecap.library_warnings import silence_process
+
 
 def exit_with_parent() -> None:
     """Block until this worker's parent process ends, then end this process at once, so that no orphaned stage goes
@@ -33,10 +35,12 @@ def exit_with_parent() -> None:
 
 def worker_setup(queue: Any, level: int) -> None:
     """A worker process sends finecap's log records to the parent (``queue``), which hands them to its own loggers
-    (:class:`Redispatch`), shows no progress bars (several stages share the terminal), and ends when the parent
-    does (:func:`exit_with_parent`)."""
+    (:class:`Redispatch`), shows no progress bars (several stages share the terminal) nor the library warnings the
+    command leaves out (:func:`finecap.library_warnings.silence_process`), and ends when the parent does
+    (:func:`exit_with_parent`)."""
     threading.Thread(target=exit_with_parent, name="finecap-parent-watch", daemon=True).start()
     os.environ.setdefault("TQDM_DISABLE", "1")
+    silence_process()
     logger = logging.getLogger("finecap")
     logger.handlers[:] = [logging.handlers.QueueHandler(queue)]
     logger.setLevel(level)
