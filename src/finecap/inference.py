@@ -297,8 +297,8 @@ def caption_images(
             gathered_skips += part_skipped
         out, skipped = merged, sorted(gathered_skips)
     if skipped and len(skipped) == len(images):
-        shown = "; ".join(reason for _, reason in skipped[:MAX_LISTED])
-        raise DataError(f"none of the {len(images)} images decodes (every one skipped as bad): {shown}")
+        reasons = "; ".join(reason for _, reason in skipped[:MAX_LISTED])
+        raise DataError(f"none of the {len(images)} images decodes (every one skipped as bad): {reasons}")
     return ImageCaptions([out[i] for i in range(len(images))], skipped)
 
 

@@ -70,6 +70,7 @@ from finecap.data.loading import draft_size
 from finecap.models import memory
 from finecap.models.text_window import LONG_TEXT, TextEncoding
 from finecap.models.world_encoder import world_encoder_path
+from finecap.utils.system import progress_enabled
 from finecap.utils.text import short_repr
 
 if TYPE_CHECKING:
@@ -263,7 +264,7 @@ class Retriever:
         n = len(images)
         out = []
         starts = range(0, n, self.batch_size)
-        show = bool(desc) and n > 4 * self.batch_size
+        show = progress_enabled(bool(desc) and n > 4 * self.batch_size)
         for i in tqdm(starts, desc=desc, disable=not show, leave=False):
             chunk = images[i : i + self.batch_size]
             pv = chunk if isinstance(chunk, torch.Tensor) else self.preprocess(chunk)
@@ -453,7 +454,7 @@ class Retriever:
         if self.long_text == "error":
             self._refuse_long(texts, tokens, names)
         out = []
-        show = len(texts) > 4 * self.batch_size
+        show = progress_enabled(len(texts) > 4 * self.batch_size)
         for i in tqdm(range(0, len(texts), self.batch_size), desc="text features", disable=not show, leave=False):
             part = slice(i, i + self.batch_size)
             batch_names = names[part] if names is not None else None

@@ -65,6 +65,7 @@ from finecap.data.formats.world import read_world
 from finecap.data.images import load_image
 from finecap.home import cache_dir
 from finecap.utils.reading import read_json
+from finecap.utils.system import progress_enabled
 from finecap.world.make import load_scenes, world_key
 from finecap.world.scene import COLORS, PATTERNS, SHAPES, SIZES, scene_labels
 
@@ -218,7 +219,7 @@ def load_split(world: Path, split: str, records: list[Any] | None = None, progre
     scenes = load_scenes(world)
     dense = read_json(Path(world) / "dense.json")
     images, main, cell = [], [], torch.zeros(len(records), 9, len(CELL_ATTRS), dtype=torch.long)
-    for i, r in enumerate(tqdm(records, desc=f"load {split}", disable=not progress, leave=False)):
+    for i, r in enumerate(tqdm(records, desc=f"load {split}", disable=not progress_enabled(progress), leave=False)):
         images.append(torch.from_numpy(np.array(load_image(r.path))).permute(2, 0, 1))  # (3, H, W)
         scene = scenes[int(r.image_id)]
         labels = scene_labels(scene)
