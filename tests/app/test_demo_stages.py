@@ -83,6 +83,31 @@ def test_a_finished_stage_on_other_inputs_is_refused_not_reused(tmp_path, caplog
     assert trained == [(str(out), True)]
 
 
+def test_an_unfinished_run_on_other_inputs_is_refused_naming_the_demos_ways_out(tmp_path):
+    """A stage folder holding a run that never finished (a killed stage, or `finecap train demo/mle` wrote it) on
+    other inputs: training's own refusal, with the demo's ways out (--force, --out) beside it."""
+    from finecap.train.fingerprint import check_run
+
+    def resuming_train(cfg, *, resume, overwrite):  # what training checks first when it resumes
+        assert resume
+        check_run(cfg.run.dir, cfg)
+
+    first = _demo(tmp_path, _world(tmp_path / "world_a", seed=0))
+    out = first.stage_dir("mle")
+    out.mkdir(parents=True)
+    write_fingerprints(out, first.stage_config("mle"))
+    (out / "checkpoints" / "last" / "state").mkdir(parents=True)  # a checkpoint, no DONE: an unfinished run
+    (out / "checkpoints" / "last" / "trainer_state.json").write_text('{"step": 1}')
+    other = _demo(tmp_path, _world(tmp_path / "world_b", seed=1), train=resuming_train)
+    other.check_inputs = lambda stage: None  # the world and retriever stages it needs: not run in this test
+    with pytest.raises(FingerprintMismatch) as e:
+        other.train_stage("mle")
+    message = str(e.value)
+    assert message.startswith(f"demo stage 'mle': the unfinished run in {out} was trained on other inputs")
+    assert "data fingerprint" in message and "--force" in message and "--out" in message
+    assert not (out / "DONE").exists()
+
+
 # --------------------------------------------------------------------------------------------------------------------
 # Quick runs are labelled quick in the VCB and transfer tables
 # --------------------------------------------------------------------------------------------------------------------

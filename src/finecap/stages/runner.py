@@ -218,7 +218,13 @@ class StageRunner:
             resume, overwrite = continue_unfinished(
                 out, what=f"{self.what} {stage!r}", ways_out=self.ways_out_of(stage)
             )
-        self.train(cfg, resume=resume, overwrite=overwrite)
+        try:
+            self.train(cfg, resume=resume, overwrite=overwrite)
+        except FingerprintMismatch as e:  # an unfinished run there (killed, or written by `finecap train`)
+            raise FingerprintMismatch(
+                f"{self.what} {stage!r}: the unfinished run in {out} was trained on other inputs than its "
+                f"configuration names now, so it is not continued: {e} | {self.ways_out_of(stage)}"
+            ) from e
         atomic_write_text(out / DONE, "ok\n")
         return True
 
