@@ -84,6 +84,18 @@ VLM_RECIPES = ("mle_vlm", "smile_vlm", "discritune_vlm", "sr_l_vlm", "sr_lv_bagc
 """The ``coco/*_vlm`` recipes whose dry-run forecast ``memory:<recipe>`` measures."""
 FAILED = ("fail", "error", "timeout")
 BUDGET = "budget"
+OOM_TEXTS = ("CUBLAS_STATUS_ALLOC_FAILED", "CUDNN_STATUS_ALLOC_FAILED", "CUDA out of memory")
+"""What a library's allocation failure on a full card says when it is not torch's ``OutOfMemoryError`` (cuBLAS and
+cuDNN creating their workspaces raise a ``RuntimeError``)."""
+
+
+def out_of_memory(e: BaseException) -> bool:
+    """Whether ``e`` says the device's memory ran out (:data:`OOM_TEXTS`)."""
+    return type(e).__name__ == "OutOfMemoryError" or (
+        isinstance(e, RuntimeError) and any(text in str(e) for text in OOM_TEXTS)
+    )
+
+
 """The ``reason`` of a check skipped because what was left of ``--budget`` was below its cap."""
 """Statuses that make the run exit 1."""
 GIB = 1024**3
@@ -854,7 +866,9 @@ def check_memory(ctx: Ctx, recipe: str) -> dict:
                              "activations forecast from its shapes (finecap.models.forecast)"}  # fmt: skip
     try:
         report = dry_run(cfg)
-    except torch.OutOfMemoryError as e:
+    except Exception as e:
+        if not out_of_memory(e):
+            raise
         free_cuda()
         from finecap.train.setup import build_model
 
@@ -942,7 +956,7 @@ def run_body(check: Check, ctx: Ctx) -> dict:
         record = {"status": str(e).split(":")[0], "reason": str(e), "summary": str(e)}
     except BaseException as e:  # noqa: BLE001 - recorded, whatever it is
         # a recipe that does not fit the card is a finding of a memory line; anywhere else it is an error
-        oom = type(e).__name__ == "OutOfMemoryError" and check.name.startswith("memory:")
+        oom = out_of_memory(e) and check.name.startswith("memory:")
         record = {"status": "oom" if oom else "error", "error": one_line(e),
                   "traceback": traceback.format_exc().splitlines()[-15:], "summary": one_line(e)[:100]}  # fmt: skip
     record["seconds"] = time.perf_counter() - start

@@ -87,8 +87,16 @@ def test_out_of_memory_is_a_finding_of_a_memory_line_and_an_error_elsewhere(tmp_
     def short_of_memory(ctx):
         raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
 
+    def cublas_short_of_memory(ctx):  # cuBLAS creating its handle on a full card: a RuntimeError, not torch's
+        raise RuntimeError("CUDA error: CUBLAS_STATUS_ALLOC_FAILED when calling `cublasCreate(handle)`")
+
+    def other_error(ctx):
+        raise RuntimeError("CUDA error: device-side assert triggered")
+
     ctx = gc.Ctx(smoke=True, work=tmp_path)
     assert gc.run_body(gc.Check("memory:mle_vlm", short_of_memory, 60), ctx)["status"] == "oom"
+    assert gc.run_body(gc.Check("memory:sr_l_vlm", cublas_short_of_memory, 60), ctx)["status"] == "oom"
+    assert gc.run_body(gc.Check("memory:sr_l_vlm", other_error, 60), ctx)["status"] == "error"
     for name in ("grpo", "fsdp2", "family:llava"):  # a training path that runs out of memory failed
         record = gc.run_body(gc.Check(name, short_of_memory, 60), ctx)
         assert record["status"] == "error" and record["status"] in gc.FAILED
