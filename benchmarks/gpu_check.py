@@ -364,6 +364,28 @@ def write_karpathy(ctx: Ctx) -> dict:
 # --------------------------------------------------------------------------------------------------------------------
 
 
+def greedy_agreement(ours: list[list[int]], theirs: list[list[int]], logits: Any, pad_id: int,
+                     tolerance: float) -> tuple[int, list[dict]]:  # fmt: skip
+    """Rows of finecap's greedy tokens ``ours`` (each up to its end) equal to ``generate``'s ``theirs`` (padded after
+    its end), and the rows that part at a near tie: where ``generate``'s own logits at the first differing step
+    (``logits[t][row]``, of the prefix both share) put the two tokens within ``tolerance`` of each other (kernels that
+    round apart in bfloat16 may break a tie either way; past it the two continue from other prefixes)."""
+    equal, ties = 0, []
+    for row, (mine, seq) in enumerate(zip(ours, theirs, strict=True)):
+        n = len(mine)
+        if mine == seq[:n] and all(t == pad_id for t in seq[n:]):
+            equal += 1
+            continue
+        t = next((i for i, (a, b) in enumerate(zip(mine, seq, strict=False)) if a != b), None)
+        if t is None or t >= len(logits):  # one ended where the other went on: no tie to read
+            continue
+        step = logits[t][row].float()
+        gap = float(step[seq[t]] - step[mine[t]])
+        if gap <= tolerance:
+            ties.append({"row": row, "step": t, "logit_gap": gap, "tolerance": tolerance})
+    return equal, ties
+
+
 def compare_with_model(ctx: Ctx, folder: Path, dtype: str, attn: str) -> dict:
     """finecap's first-token logits and greedy captions against the transformers model's own forward (at the
     positions ``generate`` gives it) and ``generate`` on 4 images (prompts padded where the family's lengths
@@ -405,20 +427,21 @@ def compare_with_model(ctx: Ctx, folder: Path, dtype: str, attn: str) -> dict:
         other = model.model(**shifted).logits[:, -1]  # (B, V)
         control = (ours.float() - other.float()).abs().max().item() / max(scale, 1e-12)
         greedy = model.generate(batch, DecodeConfig(strategy="greedy", max_length=max_new))
-        generated = model.model.generate(**inputs, max_new_tokens=max_new, do_sample=False)
+        generated = model.model.generate(**inputs, max_new_tokens=max_new, do_sample=False, output_logits=True,
+                                         return_dict_in_generate=True)  # fmt: skip
     prompt_len = inputs["input_ids"].shape[1]
-    equal = 0
-    for row, seq in enumerate(generated[:, prompt_len:].tolist()):
-        n = int(greedy.lengths[row])
-        equal += greedy.sequences[row, :n].tolist() == seq[:n] and all(t == model.pad_token_id for t in seq[n:])
+    ours_rows = [greedy.sequences[row, : int(greedy.lengths[row])].tolist() for row in range(4)]
+    equal, ties = greedy_agreement(ours_rows, generated.sequences[:, prompt_len:].tolist(), generated.logits,
+                                   model.pad_token_id, TOL_REL[dtype] * scale)  # fmt: skip
     rel = diff.max().item() / max(scale, 1e-12)
     out = {"first_token_max_abs_diff": diff.max().item(), "first_token_max_rel_diff": rel, "logit_scale": scale,
            "tolerance_rel": TOL_REL[dtype], "argmax_equal": int((ours.argmax(-1) == theirs.argmax(-1)).sum()),
-           "greedy_rows_equal": f"{equal}/4", "distinct_captions": len(set(greedy.texts)),
+           "greedy_rows_equal": f"{equal}/4", "greedy_near_ties": ties, "distinct_captions": len(set(greedy.texts)),
            "prompt_tokens": prompt_len, "control_rel_diff_other_images": control}  # fmt: skip
     # the control: the model's own forward on other images (pixels shifted by 0.5) must differ from finecap's beyond
     # the tolerance, or the comparison could not see an image dropped or misplaced
-    ok = math.isfinite(rel) and rel <= TOL_REL[dtype] < control and equal == 4 and len(set(greedy.texts)) > 1
+    agree = equal + len(ties) == 4  # each row equal, or parting at a near tie of generate's own logits
+    ok = math.isfinite(rel) and rel <= TOL_REL[dtype] < control and agree and len(set(greedy.texts)) > 1
     out["status"] = "pass" if ok else "fail"
     return out
 

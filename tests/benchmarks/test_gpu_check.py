@@ -130,3 +130,29 @@ def test_make_gpu_check_leaves_four_files_in_out_and_the_env_record_when_finecap
     assert proc.returncode == 2 and "gpu-check] Error 1" in proc.stderr, proc.stderr
     assert "env " in (out / "gpu_check.log").read_text()
     assert not list(tmp_path.glob("*.json"))  # nothing in the working directory
+
+
+def test_greedy_rows_agree_when_equal_or_parting_at_a_near_tie():
+    import torch
+
+    from helpers.scripts import benchmark
+
+    gc = benchmark("gpu_check")
+    pad = 0
+    # generate's logits for 3 steps of 3 rows over 5 tokens; row 1 parts at step 1 where tokens 3 and 4 are 0.01
+    # apart, row 2 at step 0 where they are 2.0 apart
+    logits = torch.zeros(3, 3, 5)
+    logits[1, 1, 3], logits[1, 1, 4] = 1.00, 1.01
+    logits[0, 2, 1], logits[0, 2, 2] = 0.0, 2.0
+    theirs = [[1, 2, pad], [2, 4, 1], [2, 3, 1]]  # row 0 ended after two tokens (padded)
+    ours = [[1, 2], [2, 3, 1], [1, 3, 1]]
+    equal, ties = gc.greedy_agreement(ours, theirs, logits, pad, tolerance=0.05)
+    assert equal == 1 and [(t["row"], t["step"]) for t in ties] == [(1, 1)]
+    assert ties[0]["logit_gap"] == pytest.approx(0.01, abs=1e-6)
+    assert gc.greedy_agreement(ours, theirs, logits, pad, tolerance=0.001) == (1, [])  # no tie that close
+    # finecap went on where generate ended (its end token, here the padding id, chosen 0.5 above finecap's token 3)
+    ended = torch.zeros(3, 1, 5)
+    ended[2, 0, pad] = 0.5
+    assert gc.greedy_agreement([[1, 2, 3]], [[1, 2, pad]], ended, pad, 1.0)[0] == 0  # not equal ...
+    assert [t["step"] for t in gc.greedy_agreement([[1, 2, 3]], [[1, 2, pad]], ended, pad, 1.0)[1]] == [2]  # a tie
+    assert gc.greedy_agreement([[1, 2, 3]], [[1, 2, pad]], ended, pad, 0.1) == (0, [])  # ... or not, closer
