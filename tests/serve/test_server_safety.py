@@ -427,3 +427,59 @@ def test_a_request_the_server_cannot_read_is_a_400_never_a_500(caplog):
         assert reply.status_code == 400 and reply.json()["error"]["field"] == "images[0]"
         assert "unknown image file" in reply.json()["error"]["message"]
     assert not [r for r in caplog.records if r.exc_info]
+
+
+def test_an_overflowing_id_a_link_loop_and_a_departing_body_are_answered_quietly(tmp_path, caplog):
+    """Three requests that made a 500 and a logged traceback (round five): an id of 1e999 (a valid JSON number that
+    reads as infinity, which no JSON reply can echo), an image path inside a symbolic link loop (pathlib raises
+    RuntimeError there before Python 3.13), and a client that leaves while sending its body."""
+    loop = tmp_path / "loop"
+    loop.symlink_to(loop)
+    with serving(RewardService(Words(), ImageTable(range(10), {"img.jpg": 1}), log_every=0)) as url:
+        for number in (b"1e999", b"-1e999"):
+            body = b'{"id": ' + number + b', "captions": ["a"], "image_ids": [1]}'
+            reply = httpx.post(f"{url}/reward", content=body, headers={"content-type": "application/json"})
+            assert reply.status_code == 400 and reply.json()["error"]["field"] == "id", reply.text
+        for path in (str(loop), str(loop / "x")):
+            reply = httpx.post(f"{url}/reward", json={"captions": ["a"], "images": [path]})
+            assert reply.status_code == 400 and "unknown image file" in reply.json()["error"]["message"], reply.text
+        port = int(url.rsplit(":", 1)[1])
+        for _ in range(20):
+            gone = socket.create_connection(("127.0.0.1", port))
+            gone.sendall(b"POST /reward HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+                         b"Content-Length: 1000\r\n\r\n{")  # fmt: skip
+            gone.close()
+        assert httpx.post(f"{url}/reward", json=OK).json()["total"] == [3.0, 2.0]  # and the server goes on
+    assert not [r for r in caplog.records if r.exc_info], [r.getMessage() for r in caplog.records if r.exc_info]
+
+
+def test_reference_captions_beyond_the_limit_are_a_413():
+    """3 million two-letter references fit in 16 MiB and took a gigabyte to score: the request's references in all
+    are bounded (--max-references), for /reward and for /get_reward's labels."""
+    limits = Limits(max_references=6)
+    with serving(service(limits=limits)) as url:
+        body = {"captions": ["a", "b"], "image_ids": [1, 2], "references": [["r"] * 3, ["r"] * 3]}
+        assert httpx.post(f"{url}/reward", json=body).status_code == 200  # 6: at the limit
+        body["references"][1].append("r")
+        reply = httpx.post(f"{url}/reward", json=body)
+        assert reply.status_code == 413 and reply.json()["error"] == {
+            "field": "references", "message": "7 reference captions, more than the 6 a request may hold "
+            "(--max-references)"}  # fmt: skip
+        labels = [{"image_id": 1, "references": ["r"] * 4}, {"image_id": 2, "references": ["r"] * 3}]
+        reply = httpx.post(f"{url}/get_reward", json={"query": ["a", "b"], "labels": labels})
+        assert reply.status_code == 413 and reply.json()["error"]["field"] == "labels"
+
+
+def test_connections_cut_off_for_their_headers_are_one_log_line_every_ten_seconds(caplog):
+    """A client holding many idle connections made a log line for each one the header deadline closed (26 lines a
+    second under one client's load): now at most one line every 10 s, with the count."""
+    limits = ConnectionLimits(header_timeout=0.3)
+    with caplog.at_level(logging.INFO, logger="finecap"), serving(service(), connections=limits) as url:
+        port = int(url.rsplit(":", 1)[1])
+        idle = [socket.create_connection(("127.0.0.1", port)) for _ in range(12)]
+        for s in idle:
+            assert recv_all(s, 5) == b""  # each closed by the server's deadline
+            s.close()
+        assert httpx.post(f"{url}/reward", json=OK).json()["total"] == [3.0, 2.0]
+    said = [r.getMessage() for r in caplog.records if "no complete request headers" in r.getMessage()]
+    assert len(said) == 1 and said[0].startswith("reward server: 1 connection(s) sent no complete request headers")

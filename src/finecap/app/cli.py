@@ -314,7 +314,7 @@ def cmd_serve_reward(args: argparse.Namespace) -> None:
     from finecap.serve.protocol import Limits
 
     limits = Limits(max_request_bytes=args.max_request_bytes, max_captions=args.max_captions,
-                    max_caption_chars=args.max_caption_chars)  # fmt: skip
+                    max_caption_chars=args.max_caption_chars, max_references=args.max_references)  # fmt: skip
     connections = ConnectionLimits(header_timeout=args.header_timeout, body_timeout=args.body_timeout,
                                    max_connections=args.max_connections)  # fmt: skip
     token = read_token(args.token_file) if args.token_file else None
@@ -607,6 +607,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="captions per request at most (413 beyond)")  # fmt: skip
     p.add_argument("--max-caption-chars", dest="max_caption_chars", type=number(1, 10_000_000, int),
                    default=20_000, help="characters per caption or reference at most (413 beyond)")  # fmt: skip
+    p.add_argument("--max-references", dest="max_references", type=number(1, 100_000_000, int), default=65_536,
+                   help="reference captions per request at most, all captions together (413 beyond)")  # fmt: skip
     p.add_argument("--header-timeout", dest="header_timeout", type=number(0.001, 3600), default=10.0,
                    help="seconds for a request's headers to arrive (the connection is closed after)")  # fmt: skip
     p.add_argument("--body-timeout", dest="body_timeout", type=number(0.001, 3600), default=60.0,

@@ -38,7 +38,7 @@ from finecap.rewards import RewardOutput, as_reward, check_finite, reward_of
 from finecap.serve.protocol import Limits, parse_reward, reward_body
 from finecap.serve.service import CallCheck, ImageTable
 
-IN_PROCESS = Limits(max_request_bytes=2**62, max_captions=2**62, max_caption_chars=2**62)
+IN_PROCESS = Limits(max_request_bytes=2**62, max_captions=2**62, max_caption_chars=2**62, max_references=2**62)
 """A call in process has no size limits (the server's protect the server); every other check is the server's."""
 
 

@@ -62,7 +62,7 @@ try:
     import uvicorn
     from starlette.applications import Starlette
     from starlette.exceptions import HTTPException
-    from starlette.requests import Request
+    from starlette.requests import ClientDisconnect, Request
     from starlette.responses import Response
     from starlette.routing import Route
     from uvicorn.protocols.http.h11_impl import H11Protocol
@@ -246,6 +246,8 @@ def create_app(service: RewardService, *, host: str = "127.0.0.1", token: str | 
                 if not answered:
                     return Response(status_code=499)  # nobody reads it: the client is gone
                 return _json(reply(parsed, scored))
+            except ClientDisconnect:  # the client left while sending its body: nothing to answer, nothing to log
+                return Response(status_code=499)
             except RequestError as e:
                 return refusal(e)
             except RewardFailed as e:  # the reward's fault, in finecap's own words (the detail is in the log)
@@ -315,6 +317,8 @@ class GuardedH11Protocol(H11Protocol):
     cap = 256
     refused = 0
     _said = -math.inf
+    late = 0
+    _said_late = -math.inf
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
@@ -357,8 +361,12 @@ class GuardedH11Protocol(H11Protocol):
     def _headers_late(self) -> None:
         self._header_timer = None
         if self._between_requests() and not self.transport.is_closing():
-            log.info("reward server: a client sent no complete request headers within %g s (--header-timeout): "
-                     "connection closed", self.header_timeout)  # fmt: skip
+            cls = type(self)
+            cls.late += 1
+            if time.monotonic() - cls._said_late >= 10:  # at most a line every 10 s, however many clients idle
+                log.info("reward server: %d connection(s) sent no complete request headers within %g s "
+                         "(--header-timeout): closed", cls.late, self.header_timeout)  # fmt: skip
+                cls.late, cls._said_late = 0, time.monotonic()
             self.transport.close()
 
     def connection_lost(self, exc: Exception | None) -> None:

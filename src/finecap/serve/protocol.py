@@ -38,6 +38,7 @@ Example::
 
 from __future__ import annotations
 
+import math
 import numbers
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -61,14 +62,17 @@ class Limits:
         max_request_bytes: the body's size.
         max_captions: captions (queries) per request.
         max_caption_chars: characters of one caption (or query), and of one reference.
+        max_references: reference captions of all the request's captions together (CIDEr-D's cost and memory grow
+            with them: 3 million two-letter references fit in 16 MiB and took a gigabyte to score).
     """
 
     max_request_bytes: int = 16 * 2**20
     max_captions: int = 8192
     max_caption_chars: int = 20_000
+    max_references: int = 65_536
 
     def __post_init__(self) -> None:
-        for name in ("max_request_bytes", "max_captions", "max_caption_chars"):
+        for name in ("max_request_bytes", "max_captions", "max_caption_chars", "max_references"):
             if getattr(self, name) < 1:
                 raise ValueError(f"--{name.replace('_', '-')}: must be at least 1, got {getattr(self, name)}")
 
@@ -231,6 +235,8 @@ def parse_reward(body: Any, limits: Limits) -> RewardRequest:
     request_id = body.get("id")
     if isinstance(request_id, dict | list):
         raise RequestError("id", f"expected a JSON scalar (string, number, boolean or null), got {_kind(request_id)}")
+    if isinstance(request_id, float) and not math.isfinite(request_id):  # 1e999 reads as inf: no JSON echoes it
+        raise RequestError("id", "expected a finite number, got one beyond the range of a double")
     if "captions" not in body:
         raise RequestError("captions", "missing: give the captions to score")
     captions = _text_list(body["captions"], "captions", limits)
@@ -253,7 +259,15 @@ def parse_reward(body: Any, limits: Limits) -> RewardRequest:
     references = None
     if body.get("references") is not None:
         references = _references(body["references"], "references", len(captions), limits)
+        _check_reference_count(references, "references", limits)
     return RewardRequest(list(captions), ids, by_path, references, request_id)
+
+
+def _check_reference_count(references: list[list[str]], field: str, limits: Limits) -> None:
+    total = sum(len(refs) for refs in references)
+    if total > limits.max_references:
+        raise RequestError(field, f"{total} reference captions, more than the {limits.max_references} a request may "
+                           "hold (--max-references)", 413)  # fmt: skip
 
 
 MIN_PROMPT_TAIL = 8
@@ -368,4 +382,6 @@ def parse_get_reward(body: Any, limits: Limits) -> RewardRequest:
         except ValueError as e:
             raise RequestError(f"prompts[{i}]", str(e)) from None
     references = [r for _, _, r in parsed] if all(with_refs) else None
+    if references is not None:
+        _check_reference_count(references, "labels", limits)
     return RewardRequest(captions, [i for i, _, _ in parsed], by_path.pop(), references)

@@ -115,7 +115,8 @@ class ImageTable:
             if by_path:
                 hit = self.by_path.get(value, _MISSING)
                 if hit is _MISSING:
-                    with contextlib.suppress(ValueError, OSError):  # a NUL character, a path too long: no image
+                    # a NUL character, a path too long, a link loop (RuntimeError before Python 3.13): no image
+                    with contextlib.suppress(ValueError, OSError, RuntimeError):
                         hit = self.by_path.get(str(Path(value).resolve()), _MISSING)
             else:
                 hit = self.by_text.get(str(value), _MISSING)
