@@ -309,6 +309,10 @@ class QuietAcceptErrors:
             self.count, self.last = 0, now
 
 
+SHUTDOWN_GRACE = 30
+"""Seconds a stopping server gives the requests in flight (uvicorn's graceful-shutdown timeout)."""
+
+
 class GuardedH11Protocol(H11Protocol):
     """uvicorn's HTTP/1.1 protocol with a deadline for request headers and a cap on open connections (module
     docstring, "Connections"); :func:`make_server` makes a subclass holding the limits."""
@@ -408,14 +412,16 @@ def make_server(service: RewardService, host: str = "127.0.0.1", port: int = 0, 
                 ) -> tuple[Server, socket.socket]:  # fmt: skip
     """The uvicorn server of ``service`` and its socket: ``sock``, or one bound now (:func:`bind`; ``port`` 0: a free
     port, read it from ``sock.getsockname()``); run it with ``server.run(sockets=[sock])``. Stopped by SIGINT, SIGTERM
-    (both a graceful shutdown: the requests in flight are answered), ``server.should_exit = True``, or a reward that
-    raises ``SystemExit`` (:attr:`RewardService.fatal`). ``token`` and ``connections``: module docstring."""
+    (both a graceful shutdown: the requests in flight are answered, within :data:`SHUTDOWN_GRACE` seconds; one still
+    being read or scored then is cut off, and uvicorn answers it with a plain-text 500), ``server.should_exit =
+    True``, or a reward that raises ``SystemExit`` (:attr:`RewardService.fatal`). ``token`` and ``connections``:
+    module docstring."""
     connections = connections or ConnectionLimits()
     protocol = type("RewardServerProtocol", (GuardedH11Protocol,), {
         "header_timeout": connections.header_timeout, "cap": connections.connection_cap()})  # fmt: skip
     app = create_app(service, host=host, token=token, connections=connections)
     config = uvicorn.Config(app, host=host, port=port, log_level="warning", access_log=False, lifespan="on",
-                            timeout_graceful_shutdown=30, http=protocol, ws="none")  # fmt: skip
+                            timeout_graceful_shutdown=SHUTDOWN_GRACE, http=protocol, ws="none")  # fmt: skip
     server = Server(config)
 
     def stop() -> None:
