@@ -504,8 +504,11 @@ def test_finecaps_own_json_records_are_read_strictly(tmp_path):
     with pytest.raises(ValueError, match=rf"^{path}: JSON nested too deeply to read \(more than 500 levels at line 1, "
                                          r"column 501\)"):  # fmt: skip
         read_json(path)
-    path.write_bytes(b'{"a": "\xff"}')
-    with pytest.raises(ValueError, match=rf"^{path}: not a UTF-8 text file"):
-        read_json(path)
+    for bad in (b'{"a": "\xff"}', b'{"a": "\xed\xa0\x80"}'):  # the second: an encoded surrogate (not UTF-8 either)
+        path.write_bytes(bad)
+        with pytest.raises(ValueError, match=rf"^{path}: not a UTF-8 text file"):
+            read_json(path)
+    path.write_bytes('{"a": "\U0001f642"}'.encode("utf-16"))  # JSON in UTF-16 (its surrogate pair) still reads
+    assert read_json(path) == {"a": "\U0001f642"}
     path.write_text('{"a": {"b": 1}, "c": [{"b": 2}], "s": "{\\"d\\": 1, \\"d\\": 2}"}')  # the same key in two objects
     assert read_json(path) == {"a": {"b": 1}, "c": [{"b": 2}], "s": '{"d": 1, "d": 2}'}

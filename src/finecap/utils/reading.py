@@ -290,7 +290,7 @@ def parse_json(data: str | bytes, where: str | Path, *, one_line: bool = False, 
     """
     if isinstance(data, bytes | bytearray):
         try:
-            text = data.decode(json.detect_encoding(data), "surrogatepass")
+            text = data.decode(json.detect_encoding(data))  # strict: encoded surrogates are not UTF-8 either
         except UnicodeDecodeError as e:
             raise JSONRefused(f"{where}: not a UTF-8 text file ({e.reason})", "encoding", e.reason) from None
     else:
