@@ -1,6 +1,7 @@
 import json
 import logging
 import random
+import time
 from collections import defaultdict
 from pathlib import Path
 
@@ -339,3 +340,46 @@ def test_a_float_setting_given_as_an_int_is_the_same_world():
 
     assert world_key(WorldConfig(pattern_prob=1)) == world_key(WorldConfig(pattern_prob=1.0))
     assert world_key(WorldConfig(pattern_prob=1)) != world_key(WorldConfig(pattern_prob=0.5))
+
+
+def test_two_makers_of_one_folder_write_one_after_the_other(tmp_path):
+    """Two commands making a world into one folder at once (two terminals, a job array on a fresh home): the second
+    waits for the first and then finds its world (the same settings) or refuses it (other settings); it never took
+    the first's half-made folder for the user's, nor mixed its images into the first's world."""
+    import threading
+
+    from finecap.world import make as world_make
+
+    small = dict(n_train=6, n_val=2, n_test=2, image_size=16)
+    first, same, other = WorldConfig(seed=1, **small), WorldConfig(seed=1, **small), WorldConfig(seed=2, **small)
+    out = tmp_path / "world"
+    out.mkdir()
+    # the first maker's folder just after it began: its lock and its marker's temporary file, nothing else
+    (out / world_make.LOCK).touch()
+    (out / f".{world_make.MARKER}.abcd1234.tmp").write_text("{")
+    assert world_make.check_world_folder(same, out) is False  # a world being made, not a folder of the user's
+    (out / f".{world_make.MARKER}.abcd1234.tmp").unlink()
+    outcomes: dict[str, object] = {}
+
+    def second(name, cfg):
+        try:
+            outcomes[name] = world_make.make_world(cfg, out, progress=False)
+        except Exception as e:  # noqa: BLE001 - recorded and asserted below
+            outcomes[name] = e
+
+    with world_make.making_lock(out):  # the first maker, writing
+        threads = [threading.Thread(target=second, args=(n, c)) for n, c in (("same", same), ("other", other))]
+        for t in threads:
+            t.start()
+        time.sleep(0.5)
+        assert outcomes == {}  # both wait for the first
+        world_make._write_world(first, out, progress=False)
+    for t in threads:
+        t.join(30)
+    assert outcomes["same"] == out  # found complete: reused, not written again
+    assert isinstance(outcomes["other"], world_make.WorldFolderError)
+    assert "holds another finecap world" in str(outcomes["other"])
+    assert world_make.world_record(out)["key"] == world_make.world_key(first) and world_make.is_complete(
+        out, world_make.world_key(first)
+    )
+    assert not world_make.edited_files(out)

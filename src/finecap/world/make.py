@@ -24,11 +24,13 @@ one family share the id and lie in one split (the last family of a split may be 
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import json
 import logging
 import random
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -36,7 +38,7 @@ from tqdm import tqdm
 
 from finecap.config import Config, WorldConfig
 from finecap.home import world_path
-from finecap.utils.files import atomic_write_bytes, atomic_write_text, png_bytes, write_json
+from finecap.utils.files import atomic_write_bytes, atomic_write_text, png_bytes, refuse_link, write_json
 from finecap.utils.reading import read_json, read_lines
 from finecap.utils.system import progress_enabled
 from finecap.utils.text import shell_command
@@ -160,7 +162,7 @@ def check_world_folder(cfg: WorldConfig, out: Path | str, overwrite: bool | None
         raise WorldFolderError(f"world.out={out}: a file, not a folder; give a folder for the world")
     record = world_record(out)
     if record is None:
-        if not any(out.iterdir()):
+        if not any(p for p in out.iterdir() if not _being_made(p.name)):  # empty, or a world just begun
             return False
         raise WorldFolderError(
             f"world.out={out}: this folder is not empty and is not a finecap world (no {MARKER} marker); finecap "
@@ -195,6 +197,38 @@ def check_world_folder(cfg: WorldConfig, out: Path | str, overwrite: bool | None
         "or leave world.out empty to keep each world in the finecap home), or replace that world: "
         "`finecap world make --force` / world.overwrite=true (removes only the files finecap made there)"
     )
+
+
+LOCK = ".finecap-world.lock"
+"""The lock file in a world's folder that the one process writing the world holds (:func:`making_lock`)."""
+
+
+def _being_made(name: str) -> bool:
+    """Whether ``name`` is a file finecap makes in a world's folder before its marker stands there: the lock, and the
+    marker's temporary file (:func:`finecap.utils.files.atomic_write_bytes`) while it is written."""
+    return name == LOCK or (name.startswith(f".{MARKER}.") and name.endswith(".tmp"))
+
+
+@contextlib.contextmanager
+def making_lock(out: Path) -> Iterator[None]:
+    """Hold ``out``'s :data:`LOCK` (an operating-system lock: released when its holder dies, however it dies) for the
+    block, waiting for another process that holds it: two commands making a world into one folder at once (two
+    terminals, a job array on a fresh home) write it one after the other, the second finding the first's world (or
+    refusing another one) instead of mixing their files. The file stays in the folder (removing a file others wait
+    on would let a third process lock a new one)."""
+    from filelock import FileLock, Timeout
+
+    refuse_link(out / LOCK)
+    lock = FileLock(out / LOCK)
+    try:
+        lock.acquire(blocking=False)
+    except Timeout:
+        log.info("world: another finecap is making the world in %s; waiting for it", out)
+        lock.acquire()
+    try:
+        yield
+    finally:
+        lock.release()
 
 
 def image_folders(out: Path) -> list[Path]:
@@ -240,6 +274,16 @@ def make_world(
     out = Path(out) if out is not None else world_path(cfg)
     if check_world_folder(cfg, out, overwrite):
         return out
+    out.mkdir(parents=True, exist_ok=True)
+    with making_lock(out):  # one writer at a time; what another wrote meanwhile is checked again
+        if check_world_folder(cfg, out, overwrite):
+            return out
+        return _write_world(cfg, out, progress)
+
+
+def _write_world(cfg: WorldConfig, out: Path, progress: bool) -> Path:
+    """Write the world of ``cfg`` into ``out``, which :func:`check_world_folder` allowed (:func:`make_world`, with
+    ``out``'s :func:`making_lock` held)."""
     key = world_key(cfg)
     record = world_record(out) if out.exists() else None
     if record is not None and record["key"] != key:
