@@ -172,3 +172,38 @@ def test_a_judge_of_ones_own_by_dotted_path():
         get_judge(f"{__name__}:not_a_judge", None)
     with pytest.raises(ValueError, match="judge.name: unknown judge 'nope'; valid names: openai, vllm, world"):
         get_judge("nope", None)
+
+
+def test_the_answer_cache_opens_while_another_process_holds_it_locked(tmp_path, monkeypatch):
+    """Two processes opening a new cache at once: switching to the write-ahead log answered "database is locked" at
+    once, without SQLite's busy wait (15 of 100 pairs of judged evals on a fresh home died there); the opening is
+    retried within the busy time-out."""
+    import sqlite3
+
+    from finecap.judges import cache as cache_mod
+
+    real = sqlite3.connect
+    refusals = []
+
+    class Busy:  # the connection as another process's opening leaves it for a moment
+        def __init__(self, db):
+            self.db = db
+
+        def execute(self, statement, *args):
+            if statement.startswith("PRAGMA") and len(refusals) < 3:
+                refusals.append(statement)
+                raise sqlite3.OperationalError("database is locked")
+            return self.db.execute(statement, *args)
+
+        def close(self):
+            self.db.close()
+
+    monkeypatch.setattr(cache_mod.sqlite3, "connect", lambda *a, **k: Busy(real(*a, **k)))
+    cache = cache_mod.AnswerCache(tmp_path / "answers.sqlite")
+    cache.put("k", {"a": 1})
+    assert cache.get("k") == {"a": 1} and len(refusals) == 3
+    cache.close()
+    monkeypatch.setattr(cache_mod, "BUSY_SECONDS", 0)  # past the time-out, the error is raised
+    refusals.clear()
+    with pytest.raises(sqlite3.OperationalError, match="locked"):
+        cache_mod.AnswerCache(tmp_path / "other.sqlite")
