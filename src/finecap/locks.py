@@ -79,6 +79,20 @@ def _parse(data: bytes) -> dict[str, Any]:
     return record if isinstance(record, dict) else {}
 
 
+def _owner(path: Path) -> str:
+    """The name of the user owning ``path`` (its uid when the system has no name for it)."""
+    try:
+        uid = path.stat().st_uid
+    except OSError:
+        return "another user"
+    try:
+        import pwd
+
+        return pwd.getpwuid(uid).pw_name
+    except (ImportError, KeyError):
+        return f"uid {uid}"
+
+
 def read_holder(path: str | Path) -> dict[str, Any]:
     """The record in a lock file (``{}`` when it is missing or empty)."""
     try:
@@ -114,6 +128,12 @@ def output_lock(
         raise OutputLocked(
             f"{out}: another {holder} is writing to this folder ({_describe(read_holder(path))}); wait for it "
             f"to finish or choose another --out (lock file {path})"
+        ) from None
+    except PermissionError as e:  # another user's file: left by a run of theirs that died, or held by one running
+        raise OutputLocked(
+            f"{path}: cannot take the output folder's lock: the file is {_owner(path)}'s ({e.strerror}), left by a "
+            f"run of theirs ({_describe(read_holder(path)) if os.access(path, os.R_OK) else 'record unreadable'}); "
+            "once no run of theirs writes here, they (or an administrator) can remove it; or choose another --out"
         ) from None
     except OSError as e:  # a file system without flock (filelock does not fall back when on_acquired is set)
         raise OutputLocked(f"{path}: cannot take the output folder's lock ({e}); choose another --out") from None

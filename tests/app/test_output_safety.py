@@ -104,6 +104,33 @@ def test_a_lock_file_is_never_written_through_a_link(tmp_path):
     assert target.read_bytes() == PRECIOUS
 
 
+def test_another_users_lock_file_is_named_with_its_owner_and_record(tmp_path, monkeypatch):
+    """A lock file another user's dead run left (mode 0600, theirs): flock cannot open it; the error said only
+    "cannot take the output folder's lock (Permission denied)". It names the owner, the run that left it and the way
+    out."""
+    import pwd
+
+    from filelock import FileLock
+
+    from finecap.locks import OutputLocked
+
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / TRAIN_LOCK).write_text('{"pid": 4242, "host": "node7", "started": 0}')
+
+    def refused_open(self, *args, **kwargs):
+        raise PermissionError(13, "Permission denied", str(run / TRAIN_LOCK))
+
+    monkeypatch.setattr(FileLock, "acquire", refused_open)
+    with pytest.raises(OutputLocked) as e, output_lock(run, name=TRAIN_LOCK, holder="finecap train"):
+        pass
+    me = pwd.getpwuid(os.getuid()).pw_name  # the test's file is this user's: the message names whoever owns it
+    message = str(e.value)
+    assert message.startswith(f"{run / TRAIN_LOCK}: cannot take the output folder's lock: the file is {me}'s")
+    assert "pid 4242 on host node7" in message and "choose another --out" in message
+    assert (run / TRAIN_LOCK).exists()  # never removed
+
+
 def test_train_never_writes_through_a_link_in_its_run_folder(tiny, trained, tmp_path):
     target = precious(tmp_path / "user")
     # a fresh run folder whose config.yaml is a link
