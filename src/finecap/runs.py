@@ -43,6 +43,7 @@ Example::
 from __future__ import annotations
 
 import os
+import time
 from pathlib import Path
 
 LAST, BEST = "last", "best"
@@ -94,6 +95,21 @@ def model_dir(path: str | Path) -> Path:
     return path / MODEL_SUBDIR if (path / MODEL_SUBDIR).is_dir() else path
 
 
+SWAP_WAIT = 5.0
+"""Seconds :func:`find_checkpoint` waits for a checkpoint being swapped into place by a training run."""
+
+
+def _wait_for_swap(best: Path) -> None:
+    """Wait (at most :data:`SWAP_WAIT` seconds) while a training run swaps a new ``best`` into place: between the
+    two renames of :func:`finecap.utils.folders.atomic_replace_dir` only ``best.old`` stands, and a reader would take
+    ``last`` for the run's checkpoint without a word."""
+    from finecap.utils.folders import previous_dir
+
+    deadline = time.monotonic() + SWAP_WAIT
+    while not best.exists() and previous_dir(best).exists() and time.monotonic() < deadline:
+        time.sleep(0.01)
+
+
 def find_checkpoint(path: str | Path) -> Path:
     """The checkpoint meant by ``path``: a run directory gives its best checkpoint, else its last; a checkpoint's
     ``model/`` folder gives that checkpoint (``RUN/checkpoints/best/model`` -> ``RUN/checkpoints/best``); a checkpoint
@@ -104,6 +120,7 @@ def find_checkpoint(path: str | Path) -> Path:
     if not path.exists():
         raise FileNotFoundError(f"{path}: checkpoint or run directory not found")
     if (path / CHECKPOINTS_DIR).is_dir():
+        _wait_for_swap(checkpoint_dir(path, BEST))
         for which in (BEST, LAST):
             if (checkpoint_dir(path, which) / MODEL_SUBDIR).is_dir():
                 return checkpoint_dir(path, which)

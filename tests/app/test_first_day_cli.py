@@ -193,3 +193,32 @@ def test_bags_review_without_flask_names_the_extra(tmp_path, monkeypatch):
     bags.write_text("{}")
     refused(["bags", "review", str(bags), "--images", str(tmp_path), "--port", "0"], REVIEW_EXTRA)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["bags.json"]
+
+
+def test_a_best_checkpoint_being_swapped_into_place_is_waited_for_not_taken_for_last(tmp_path):
+    """Between the two renames of a checkpoint swap only best.old stands: a reader took the run's last checkpoint
+    for its checkpoint, without a word (21 of 457,000 lookups during a training that saved best at every step)."""
+    import threading
+    import time
+
+    from finecap.runs import find_checkpoint
+
+    run = tmp_path / "run"
+    for which in ("best.old", "last"):
+        (run / "checkpoints" / which / "model").mkdir(parents=True)
+    new = tmp_path / "new-best"
+    (new / "model").mkdir(parents=True)
+
+    def second_rename():  # the training run's os.replace(tmp, best), a moment later
+        time.sleep(0.3)
+        new.rename(run / "checkpoints" / "best")
+
+    swap = threading.Thread(target=second_rename)
+    swap.start()
+    try:
+        assert find_checkpoint(run) == run / "checkpoints" / "best"
+    finally:
+        swap.join()
+    (run / "checkpoints" / "best.old").rename(tmp_path / "gone")  # a run whose best was never saved: its last
+    (run / "checkpoints" / "best").rename(tmp_path / "gone2")
+    assert find_checkpoint(run) == run / "checkpoints" / "last"
