@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from finecap.config import DecodeConfig
-from finecap.objectives.grpo import PolicyOptimization, Prepared
+from finecap.objectives.grpo import PolicyOptimization, Prepared, group_advantages, normalize_then_sum
 from finecap.rewards.base import WeightedSum
 from helpers.rl_sections import rl_sections
 
@@ -191,3 +191,57 @@ def test_vllm_importance_correction_equals_trls_compute_loss(tiny_lm, tmp_path, 
     assert ((grads(model) - their_grads).norm() / their_grads.norm()).item() <= 1e-5
     uncorrected, _, _ = objective.clipped_loss(logp, item, inputs["advantages"], mask)
     assert abs(uncorrected.item() - ours.item()) > 1e-3  # the weights change the loss
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# Advantages
+# --------------------------------------------------------------------------------------------------------------------
+
+
+def trl_advantages(rewards_per_func, reward_weights, num_generations, scale_rewards, aggregation):
+    """TRL 1.16.0 ``_generate_and_score_completions``, lines 2761-2810 (one process: the slice is the whole batch)."""
+    from trl.trainer.utils import nanstd
+
+    unscorable_mask = torch.isnan(rewards_per_func).all(dim=1)
+    if aggregation == "sum_then_normalize":
+        rewards = (rewards_per_func * reward_weights.unsqueeze(0)).nansum(dim=1)
+        rewards[unscorable_mask] = torch.nan
+        mean_grouped_rewards = torch.nanmean(rewards.view(-1, num_generations), dim=1)
+        mean_grouped_rewards = mean_grouped_rewards.repeat_interleave(num_generations, dim=0)
+        if scale_rewards in ["group", "none"]:
+            std_rewards = nanstd(rewards.view(-1, num_generations), dim=1)
+            std_rewards = std_rewards.repeat_interleave(num_generations, dim=0)
+        else:
+            std_rewards = nanstd(rewards).expand_as(rewards)
+        advantages = rewards - mean_grouped_rewards
+        if scale_rewards != "none":
+            advantages = advantages / (std_rewards + 1e-4)
+    else:
+        grouped = rewards_per_func.view(-1, num_generations, rewards_per_func.shape[1])
+        mean_k = torch.nanmean(grouped, dim=1, keepdim=True)
+        std_k = nanstd(grouped, dim=1, keepdim=True)
+        reward_k = (grouped - mean_k) / (std_k + 1e-4)
+        reward_k = reward_k.view(-1, rewards_per_func.shape[1])
+        rewards = (reward_k * reward_weights.unsqueeze(0)).nansum(dim=1)
+        rewards[unscorable_mask] = torch.nan
+        std_rewards = nanstd(rewards).expand_as(rewards)
+        advantages = (rewards - torch.nanmean(rewards)) / (std_rewards + 1e-4)
+    return torch.nan_to_num(advantages, nan=0.0)
+
+
+@pytest.mark.parametrize(
+    ("scale", "aggregation"),
+    [("group", "sum_then_normalize"), ("batch", "sum_then_normalize"), ("none", "sum_then_normalize"),
+     ("group", "normalize_then_sum")],  # TRL's normalize_then_sum reads no scale_rewards (nor does finecap's)
+)  # fmt: skip
+def test_advantages_equal_trls(scale, aggregation):
+    g = torch.Generator().manual_seed(2)
+    parts = torch.rand(12, 2, generator=g) * torch.tensor([3.0, 1.0])  # 4 images x 3 samples, two rewards
+    parts[3:6, 0] = 0.5  # one group whose first reward is constant
+    weights = torch.tensor([1.0, 0.5])
+    theirs = trl_advantages(parts, weights, 3, scale, aggregation)
+    if aggregation == "sum_then_normalize":
+        ours = group_advantages((parts * weights).sum(dim=1), 3, scale)
+    else:
+        ours = normalize_then_sum([parts[:, 0], parts[:, 1]], weights.tolist(), 3)
+    assert torch.allclose(ours, theirs, rtol=1e-6, atol=1e-6), (ours - theirs).abs().max()
