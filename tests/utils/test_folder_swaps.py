@@ -362,3 +362,25 @@ def test_a_training_or_boost_that_fails_before_writing_leaves_no_empty_output_fo
     with pytest.raises(RuntimeError, match="could not build"):
         boost_app.main(cfg, out=tmp_path / "boosted" / "holistic", progress=False)
     assert [p.name for p in tmp_path.iterdir()] == ["source"]
+
+
+def test_made_folder_never_removes_a_parent_another_process_made_meanwhile(tmp_path, monkeypatch):
+    """Between finding which levels are missing and making them, another process makes one: it is not this call's,
+    so a failure leaves it (the first version listed the missing levels first and removed them all)."""
+    import pathlib
+
+    from finecap.utils.folders import made_folder
+
+    real_mkdir = pathlib.Path.mkdir
+    shared = tmp_path / "shared"
+
+    def racing_mkdir(self, *args, **kwargs):
+        if self == shared and not shared.exists():
+            os.mkdir(shared)  # another user's process, just before this one
+        return real_mkdir(self, *args, **kwargs)
+
+    monkeypatch.setattr(pathlib.Path, "mkdir", racing_mkdir)
+    with pytest.raises(RuntimeError), made_folder(shared / "run") as out:
+        assert out.is_dir()
+        raise RuntimeError("failed before writing")
+    assert shared.is_dir() and not (shared / "run").exists()  # ours removed, theirs kept

@@ -131,12 +131,19 @@ def made_folder(path: str | Path) -> Iterator[Path]:
     still empty are removed again, deepest first (``rmdir``: never a folder holding anything), so a command that failed
     before writing leaves no empty output folder behind; one that wrote something leaves its folder as it is."""
     path = Path(path)
-    made = []
-    missing = path
-    while not missing.exists() and not missing.is_symlink() and missing != missing.parent:
-        made.append(missing)
-        missing = missing.parent
-    path.mkdir(parents=True, exist_ok=True)
+    levels = []
+    level = path
+    while not level.exists() and not level.is_symlink() and level != level.parent:
+        levels.append(level)
+        level = level.parent
+    made = []  # the levels this call's own mkdir created, deepest first: never one another process made meanwhile
+    for level in reversed(levels):
+        try:
+            level.mkdir()
+        except FileExistsError:
+            continue
+        made.insert(0, level)
+    path.mkdir(parents=True, exist_ok=True)  # what is left (e.g. a level another process removed meanwhile)
     try:
         yield path
     except BaseException:
