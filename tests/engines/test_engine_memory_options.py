@@ -253,3 +253,24 @@ def test_no_autocast_reaches_the_engine_when_it_starts_or_loads_weights(stand_in
         engine = VllmEngine.open(SimpleNamespace(device=torch.device("cpu")), cfg)
         engine.sync(SimpleNamespace())
     assert seen == [False] and stand_in.autocast == [False, False]
+
+
+def test_no_autocast_reaches_the_vllm_judge_when_it_answers(monkeypatch):
+    """A judged reward (qa_utility, claims with judge.name=vllm) asks its in-process vLLM during a training step, under
+    the step's bf16 autocast: the judge's generate runs without it, as the captioner engine's does."""
+    from finecap.boost.vllm_backend import VllmBackend
+
+    monkeypatch.setitem(sys.modules, "vllm.exceptions", types.SimpleNamespace(VLLMClientError=RuntimeError))
+    seen = []
+
+    def generate(prompts, params, use_tqdm=False):
+        seen.append(torch.is_autocast_enabled("cpu"))
+        return [SimpleNamespace(outputs=[SimpleNamespace(token_ids=[1])]) for _ in prompts]
+
+    backend = object.__new__(VllmBackend)  # its engine and tokenizer stood in for
+    backend.llm = SimpleNamespace(generate=generate)
+    backend.tokenizer = SimpleNamespace(batch_decode=lambda ids, skip_special_tokens: ["B" for _ in ids])
+    monkeypatch.setattr(VllmBackend, "sampling_params", lambda self: None)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert backend._answers([{"prompt": "x"}]) == ["B"]
+    assert seen == [False]

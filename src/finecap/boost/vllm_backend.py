@@ -102,8 +102,11 @@ class VllmBackend(InProcessBackend):
         """Answers of ``prompts`` in one call; after a refusal, of each prompt alone (module docstring)."""
         from vllm.exceptions import VLLMClientError
 
+        from finecap.engines.vllm import autocast_off
+
         try:
-            outputs = self.llm.generate(prompts, self.sampling_params(), use_tqdm=False)
+            with autocast_off():  # a judged reward asks during a training step, under its bf16 autocast
+                outputs = self.llm.generate(prompts, self.sampling_params(), use_tqdm=False)
         except (VLLMClientError, ValueError) as e:  # the request's fault (vLLM's 4xx), found before generating
             if len(prompts) > 1:
                 return [answer for p in prompts for answer in self._answers([p])]
