@@ -3,18 +3,24 @@
 #
 #   OUT=/tmp/gpu bash benchmarks/gpu_check.sh [gpu_check.py options, e.g. --budget 480 --only family]
 #
-# - The wheels in WHEELS (default .whl/, ignored by git; what that machine lacks, e.g. platformdirs, snowballstemmer,
-#   bitsandbytes) are installed into a folder of their own in /tmp first (exit 3 when they cannot be), then found
-#   through PYTHONPATH beside src/; no .venv is needed: PYTHON (default python3) brings torch and transformers.
+# - The wheels in WHEELS (default the repository's .whl/, ignored by git; what that machine lacks, e.g. platformdirs,
+#   snowballstemmer, bitsandbytes) are installed into a folder of their own in /tmp first (exit 3 when they cannot
+#   be; removed at the end), then found through PYTHONPATH beside src/; no .venv is needed: PYTHON (default python3)
+#   brings torch and transformers. OUT and WHEELS are read from the caller's folder.
 # - With OUT (a device machine sets it; it brings back 8 files at most), OUT receives four files: gpu_check.json,
 #   gpu_check.log (what was printed), nvidia-smi.txt and gpu_check_logs.tgz (one log per check), replacing files of
 #   those names; the checks' own folders stay in a new temporary folder. Without OUT, gpu_check.py's defaults.
 # Exit status: gpu_check.py's (1 when a check failed), 3 when the wheels could not be installed.
 set -u -o pipefail
-cd "$(dirname "$0")/.."
+root=$(cd "$(dirname "$0")/.." && pwd)
+absolute() { case "$1" in /*) echo "$1" ;; *) echo "$PWD/$1" ;; esac; }  # as the caller named it, before the cd
+[ -n "${OUT:-}" ] && OUT=$(absolute "$OUT")
+WHEELS=$(absolute "${WHEELS:-$root/.whl}")
+cd "$root"
 PYTHON=${PYTHON:-python3}
-WHEELS=${WHEELS:-.whl}
 path=src
+site=
+trap '[ -n "$site" ] && rm -rf "$site"' EXIT  # the unpacked wheels: this run's alone
 if compgen -G "$WHEELS/*.whl" > /dev/null; then
     site=$(mktemp -d "${TMPDIR:-/tmp}/finecap-gpu-site.XXXXXX")
     "$PYTHON" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target "$site" "$WHEELS"/*.whl \
@@ -23,9 +29,11 @@ if compgen -G "$WHEELS/*.whl" > /dev/null; then
 fi
 export PYTHONPATH="$path${PYTHONPATH:+:$PYTHONPATH}"
 if [ -z "${OUT:-}" ]; then
-    exec "$PYTHON" benchmarks/gpu_check.py "$@"
+    "$PYTHON" benchmarks/gpu_check.py "$@"
+    exit $?
 fi
 mkdir -p "$OUT"
+rm -f "$OUT/gpu_check.json" "$OUT/gpu_check_logs.tgz"  # an earlier run's: never left beside this run's log
 work=$(mktemp -d "${TMPDIR:-/tmp}/finecap-gpu-out.XXXXXX")
 { nvidia-smi || echo "nvidia-smi: not available here"; } > "$OUT/nvidia-smi.txt" 2>&1
 "$PYTHON" benchmarks/gpu_check.py --out-dir "$work" "$@" 2>&1 | tee "$OUT/gpu_check.log"

@@ -156,3 +156,7 @@ def test_greedy_rows_agree_when_equal_or_parting_at_a_near_tie():
     assert gc.greedy_agreement([[1, 2, 3]], [[1, 2, pad]], ended, pad, 1.0)[0] == 0  # not equal ...
     assert [t["step"] for t in gc.greedy_agreement([[1, 2, 3]], [[1, 2, pad]], ended, pad, 1.0)[1]] == [2]  # a tie
     assert gc.greedy_agreement([[1, 2, 3]], [[1, 2, pad]], ended, pad, 0.1) == (0, [])  # ... or not, closer
+    # generate chose a token its own logits rank 10 below finecap's (a logits processor's doing): never a tie
+    lower = torch.zeros(1, 1, 5)
+    lower[0, 0, 3] = 10.0
+    assert gc.greedy_agreement([[3]], [[4]], lower, pad, 0.05) == (0, [])

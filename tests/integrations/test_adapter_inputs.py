@@ -187,3 +187,13 @@ def test_images_given_as_one_string_are_refused_not_split_into_characters():
     with pytest.raises(ValueError, match=r"^images: expected an array of paths, got a string$"):
         RewardClient.payload(["a red circle"], images="x.png")
     assert RewardClient.payload(["a red circle"], images=("x.png",))["images"] == ["x.png"]
+
+
+def test_the_openrlhf_function_in_process_applies_no_server_limit():
+    """OpenRLHF's reward function over a reward in process parsed its batch with the server's default limits: 9,000
+    queries (past --max-captions) or 70,000 references (past --max-references, nocaps has 10 an image) were refused
+    in process, naming a server option that does not apply there."""
+    n = 9000
+    labels = [json.dumps({"image_id": 1 + i % 2, "references": ["a red circle"] * 8}) for i in range(n)]
+    out = openrlhf_function(cider())(["Q:a red circle"] * n, ["Q:"] * n, labels)["rewards"]
+    assert out.shape == (n,) and bool((out > 0).all())

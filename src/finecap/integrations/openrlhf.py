@@ -40,7 +40,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from finecap.integrations.scoring import Scorer
+from finecap.integrations.scoring import IN_PROCESS, Scorer
 from finecap.serve.protocol import Limits, RequestError, parse_get_reward
 
 __all__ = ["reward_function"]
@@ -53,7 +53,7 @@ def reward_function(name_or_reward: Any = None, *, url: str | None = None, limit
     ``{"rewards": tensor (N,), "extra_logs": {part: tensor (N,)}}``, NaN where the reward could not score a caption.
     Labels name images by id (paths only through a server, which knows the data set's files)."""
     scorer = Scorer.of(name_or_reward, url=url, **options)
-    limits = limits or Limits()
+    limits = limits or IN_PROCESS  # the server's limits are the server's to apply; in process there are none
 
     def reward_func(queries: Sequence[str], prompts: Sequence[str], labels: Sequence[Any],
                     **kwargs: Any) -> dict[str, Any]:  # fmt: skip

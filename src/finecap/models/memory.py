@@ -220,8 +220,9 @@ class LoadOptions:
 
 
 _LOAD_DEVICE: contextvars.ContextVar[torch.device | None] = contextvars.ContextVar("finecap_load_device", default=None)
-"""The device :meth:`LoadOptions.pretrained` places pretrained weights on (``None``: transformers' default, the
-CPU); set by :func:`loading_onto`."""
+"""The device :meth:`LoadOptions.pretrained` places pretrained weights on, set by :func:`loading_onto`: a CUDA device,
+``meta``, the CPU (a run on the CPU: transformers' default placement, and a quantized load quantizes there), or
+``None`` outside any block (transformers' default; a quantized load goes to the current CUDA device if any)."""
 
 
 def load_device(device: torch.device | str) -> torch.device | None:
