@@ -116,7 +116,7 @@ def test_make_gpu_check_leaves_four_files_in_out_and_the_env_record_when_finecap
     env = {**os.environ, "OUT": str(out), "WHEELS": str(tmp_path / "no-wheels"), "PYTHON": sys.executable,
            "PYTHONPATH": str(tmp_path / "broken")}  # fmt: skip
     proc = subprocess.run(["make", "-s", "-C", str(ROOT), "gpu-check",
-                           f"GPU_CHECK_ARGS=--cpu-smoke --spawn --work-dir {tmp_path / 'work'}"],
+                           f"GPU_CHECK_ARGS=--cpu-smoke --spawn --only family:llava --work-dir {tmp_path / 'work'}"],
                           capture_output=True, text=True, env=env, cwd=tmp_path, timeout=300)  # fmt: skip
     assert sorted(p.name for p in out.iterdir()) == [
         "gpu_check.json", "gpu_check.log", "gpu_check_logs.tgz", "nvidia-smi.txt"
@@ -128,8 +128,18 @@ def test_make_gpu_check_leaves_four_files_in_out_and_the_env_record_when_finecap
     assert "platformdirs is missing here" in record["imports"]["finecap.train.run"]
     assert record["status"] == "fail"  # finecap does not import: the run failed (the script's status 1, make's 2)
     assert proc.returncode == 2 and "gpu-check] Error 1" in proc.stderr, proc.stderr
-    assert "env " in (out / "gpu_check.log").read_text()
+    assert "env " in (out / "gpu_check.log").read_text()  # --only family:llava: the env record all the same
     assert not list(tmp_path.glob("*.json"))  # nothing in the working directory
+    # the script itself, OUT named relative to the caller's folder (not the repository's)
+    (tmp_path / "rel").mkdir()
+    (tmp_path / "rel" / "gpu_check_logs.tgz").write_text("an earlier run's")
+    env["OUT"] = "rel"
+    proc = subprocess.run(["bash", str(ROOT / "benchmarks" / "gpu_check.sh"), "--cpu-smoke", "--spawn", "--work-dir",
+                           str(tmp_path / "work2")], capture_output=True, text=True, env=env, cwd=tmp_path,
+                          timeout=300)  # fmt: skip
+    assert proc.returncode == 1 and (tmp_path / "rel" / "gpu_check.json").is_file(), proc.stderr[-2000:]
+    assert (tmp_path / "rel" / "gpu_check_logs.tgz").read_bytes()[:2] == b"\x1f\x8b"  # this run's tarball
+    assert not (ROOT / "rel").exists()
 
 
 def test_greedy_rows_agree_when_equal_or_parting_at_a_near_tie():
