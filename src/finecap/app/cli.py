@@ -575,7 +575,13 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = _add(sub, "demo", cmd_demo, "Run the whole pipeline on the embedded world and print the results table.")
     p.add_argument("--quick", action="store_true", help="tiny settings (about a minute)")
-    p.add_argument("--out", "--run-dir", dest="out", default=None, help=OUT_HELP.replace("<run.name>", "demo"))
+    p.add_argument(
+        "--out",
+        "--run-dir",
+        dest="out",
+        default=None,
+        help=OUT_HELP.replace("<run.name>", "demo, or demo-quick with --quick"),
+    )
     p.add_argument("--force", action="store_true", help="re-run stages whose outputs exist")
     p.add_argument("--stages", default=None, help="comma-separated stages to run (default demo.stages)")
 

@@ -35,12 +35,16 @@ from typing import Any, Protocol
 from finecap.config import Config, load, load_stored
 from finecap.recipes import resolve_recipe
 from finecap.runs import BEST, CONFIG_FILE, checkpoint_dir
-from finecap.train.fingerprint import FingerprintMismatch, check_run
+from finecap.train.fingerprint import HINTS, FingerprintMismatch, check_run
 from finecap.train.state import continue_unfinished
 from finecap.utils.files import atomic_write_text, refuse_link, write_json
 from finecap.utils.reading import read_json
 
 log = logging.getLogger(__name__)
+
+STAGE_HINTS = {**HINTS, "data": "a stage reads the data its configuration names (the demo's: the world of world.*)"}
+"""What to do about each input a stage's run differs in (:func:`finecap.train.fingerprint.check_fingerprints`): as
+training says, but a stage takes no --data; the runner adds its own ways out (re-run with force, another folder)."""
 
 TRAIN = "train"
 TASK = "task"
@@ -193,7 +197,7 @@ class StageRunner:
         ``world.*`` or of the world encoder (:func:`finecap.train.fingerprint.check_run`); the error names both
         fingerprints and :attr:`ways_out`."""
         try:
-            check_run(self.stage_dir(stage), cfg)
+            check_run(self.stage_dir(stage), cfg, hints=STAGE_HINTS)
         except FingerprintMismatch as e:
             raise FingerprintMismatch(
                 f"{self.what} {stage!r} was trained on other inputs than its configuration names now, so it is not "
@@ -218,13 +222,15 @@ class StageRunner:
             resume, overwrite = continue_unfinished(
                 out, what=f"{self.what} {stage!r}", ways_out=self.ways_out_of(stage)
             )
-        try:
-            self.train(cfg, resume=resume, overwrite=overwrite)
-        except FingerprintMismatch as e:  # an unfinished run there (killed, or written by `finecap train`)
-            raise FingerprintMismatch(
-                f"{self.what} {stage!r}: the unfinished run in {out} was trained on other inputs than its "
-                f"configuration names now, so it is not continued: {e} | {self.ways_out_of(stage)}"
-            ) from e
+        if resume:  # an unfinished run there (killed, or written by `finecap train`): on this stage's inputs?
+            try:
+                check_run(out, cfg, hints=STAGE_HINTS)
+            except FingerprintMismatch as e:
+                raise FingerprintMismatch(
+                    f"{self.what} {stage!r}: the unfinished run in {out} was trained on other inputs than its "
+                    f"configuration names now, so it is not continued: {e} | {self.ways_out_of(stage)}"
+                ) from e
+        self.train(cfg, resume=resume, overwrite=overwrite)
         atomic_write_text(out / DONE, "ok\n")
         return True
 

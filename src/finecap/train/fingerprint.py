@@ -61,7 +61,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -325,11 +325,12 @@ def check_fingerprints(
     source: str | Path,
     parts: Sequence[str] = PARTS,
     model_folder: str | Path | None = None,
+    hints: Mapping[str, str] = HINTS,
 ) -> None:
     """Compare the fingerprints ``recorded`` (read from ``source``) with those of ``cfg`` now, for ``parts`` (the
     captioner's from the saved captioner in ``model_folder`` when given); raise :class:`FingerprintMismatch` naming
-    both fingerprints and what differs. A part the record does not hold (a file of an older version) is not
-    checked."""
+    both fingerprints and what differs, and for each part what to do (``hints``: :data:`HINTS`, or a caller's own,
+    e.g. a demo stage's). A part the record does not hold (a file of an older version) is not checked."""
     problems = []
     for part in parts:
         if part not in recorded:
@@ -342,25 +343,29 @@ def check_fingerprints(
         try:
             now = run_fingerprints(cfg, [part], model_folder)[part]
         except FileNotFoundError as e:
-            problems.append(f"{WHAT[part]}: the run's {_describe(recorded[part])} is gone ({e}); {HINTS[part]}")
+            problems.append(f"{WHAT[part]}: the run's {_describe(recorded[part])} is gone ({e}); {hints[part]}")
             continue
         diff = differences(recorded[part], now)
         if diff:
             problems.append(f"{WHAT[part]} fingerprint {_describe(recorded[part])} (recorded) differs from "
-                            f"{_describe(now)} (now): {'; '.join(diff)}; {HINTS[part]}")  # fmt: skip
+                            f"{_describe(now)} (now): {'; '.join(diff)}; {hints[part]}")  # fmt: skip
     if problems:
         raise FingerprintMismatch(f"{source}: the inputs differ from the run's. " + " | ".join(problems))
 
 
 def check_run(
-    folder: str | Path, cfg: Config, parts: Sequence[str] = PARTS, model_folder: str | Path | None = None
+    folder: str | Path,
+    cfg: Config,
+    parts: Sequence[str] = PARTS,
+    model_folder: str | Path | None = None,
+    hints: Mapping[str, str] = HINTS,
 ) -> Path | None:
     """Check the recorded fingerprints of a run directory or checkpoint folder (:func:`find_fingerprints`) against
-    ``cfg`` (:func:`check_fingerprints`); returns the file checked, or None when the run recorded none (made before
-    finecap recorded them)."""
+    ``cfg`` (:func:`check_fingerprints`, with its ``hints``); returns the file checked, or None when the run recorded
+    none (made before finecap recorded them)."""
     path = find_fingerprints(folder)
     if path is not None:
-        check_fingerprints(read_json(path), cfg, source=path, parts=parts, model_folder=model_folder)
+        check_fingerprints(read_json(path), cfg, source=path, parts=parts, model_folder=model_folder, hints=hints)
     return path
 
 
