@@ -102,7 +102,7 @@ def test_umask_fallback_restores_the_process_umask(monkeypatch, tmp_path):
     # Without /proc (macOS), the umask is read by setting one and putting the old one back: the value is right and
     # the process keeps its umask.
     monkeypatch.setattr(files, "PROC_STATUS", str(tmp_path / "no-such-file"))
-    files.current_umask.cache_clear()
+    files._umask_by_setting.cache_clear()
     old = os.umask(0o027)
     try:
         assert files.current_umask() == 0o027
@@ -113,4 +113,20 @@ def test_umask_fallback_restores_the_process_umask(monkeypatch, tmp_path):
         assert json.loads((tmp_path / "x.json").read_text()) == {"a": 1}
     finally:
         os.umask(old)
-        files.current_umask.cache_clear()
+        files._umask_by_setting.cache_clear()
+
+
+def test_a_umask_changed_during_the_process_is_followed(tmp_path):
+    """A notebook that sets another umask between two calls: finecap's files follow it, as open() does (the mask
+    was read once per process, so a later umask 077 still gave 0644 files)."""
+    old = os.umask(0o022)
+    try:
+        files.write_json(tmp_path / "a.json", {"a": 1})
+        os.umask(0o077)
+        files.write_json(tmp_path / "b.json", {"b": 1})
+        plain = tmp_path / "plain.txt"
+        plain.write_text("x")
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE((tmp_path / "a.json").stat().st_mode) == 0o644
+    assert stat.S_IMODE((tmp_path / "b.json").stat().st_mode) == stat.S_IMODE(plain.stat().st_mode) == 0o600

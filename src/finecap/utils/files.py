@@ -18,13 +18,13 @@ _UMASK_LOCK = threading.Lock()
 PROC_STATUS = "/proc/self/status"
 
 
-@functools.cache
 def current_umask() -> int:
-    """The process's file-mode creation mask, read once.
+    """The process's file-mode creation mask now.
 
-    On Linux it is read from :data:`PROC_STATUS` (``Umask:``), which changes nothing. Elsewhere the only way is to
-    set a mask and put the old one back (``os.umask`` returns the previous value); that is done once, under a lock,
-    so no thread of finecap creates a file in between.
+    On Linux it is read from :data:`PROC_STATUS` (``Umask:``) at each call, which changes nothing: a notebook that
+    changes its umask between two calls gets the new one. Elsewhere the only way is to set a mask and put the old one
+    back (``os.umask`` returns the previous value); that is done once (:func:`_umask_by_setting`), under a lock, so no
+    thread of finecap creates a file in between.
     """
     try:
         for line in Path(PROC_STATUS).read_text().splitlines():
@@ -32,6 +32,11 @@ def current_umask() -> int:
                 return int(line.split()[1], 8)
     except (OSError, ValueError, IndexError):
         pass
+    return _umask_by_setting()
+
+
+@functools.cache
+def _umask_by_setting() -> int:
     with _UMASK_LOCK:
         mask = os.umask(0o022)
         os.umask(mask)
