@@ -288,6 +288,11 @@ def train(recipe_or_config: str | os.PathLike | Config, /, *, resume: bool = Fal
             ``rl__rewards={"cider": 1.0}`` (what ``train.max_steps=2`` ... are on the command line). They are checked
             as the command line's are: an unknown key is a :class:`finecap.config.ConfigError` naming the closest.
 
+    The run seeds the process's random generators (python, numpy, torch) with ``run.seed`` as ``finecap train``
+    does; afterwards they are as the caller left them, and so is accelerate's per-process state (a caller's own
+    ``Accelerator`` keeps its precision and accumulation steps). Grad mode is on for the training steps whatever the
+    caller's.
+
     Example (a few steps on a tiny world; docs/training.md trains the demo's recipes the same way)::
 
         run_dir = finecap.train("demo/mle", train__max_steps=2, run__dir="runs/notebook")
@@ -317,5 +322,9 @@ def train(recipe_or_config: str | os.PathLike | Config, /, *, resume: bool = Fal
         cfg = load(recipe, over=over, over_source=KEYWORDS)
     else:
         raise TypeError(f"finecap.train: a recipe (path or name) or a Config, got {type(recipe_or_config).__name__}")
-    with silenced():  # the libraries' warnings the CLI and Captioner leave out (finecap.library_warnings)
+    from finecap.train.engine import accelerate_state_kept
+    from finecap.utils.rng import rng_preserved
+
+    # the caller's random generators and accelerate state are theirs again afterwards
+    with silenced(), rng_preserved(), accelerate_state_kept():
         return train_run(cfg, resume=resume, overwrite=overwrite, recipe=recipe)

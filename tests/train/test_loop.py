@@ -235,3 +235,55 @@ def test_train_unit(make_cfg):
     run_dir = train(make_cfg("data.train_unit=image", "train.max_steps=1"))
     # 40 training images (not 200 captions) / 16 per step -> 3 steps per epoch
     assert read_metrics(run_dir)[0]["epoch"] == pytest.approx(round(1 / 3, 4))
+
+
+def test_a_run_without_a_checkpoint_is_not_sent_to_resume(make_cfg):
+    """A run that failed before its first checkpoint (a notebook's interrupted cell) left config.yaml and the metrics:
+    the error said to pass --resume, which then refused for want of a checkpoint; it names what works instead."""
+    import shutil
+
+    cfg = make_cfg("train.max_steps=1")
+    run_dir = train(cfg)
+    shutil.rmtree(run_dir / "checkpoints")
+    with pytest.raises(ValueError) as e:
+        train(cfg)
+    message = str(e.value)
+    assert "already holds a run, with no checkpoint to resume from (found: no checkpoints/ folder)" in message
+    assert "--resume" not in message and "overwrite=True" in message
+    with pytest.raises(Exception, match="overwrite=True"):  # and --resume says so too
+        train(cfg, resume=True)
+    train(cfg, overwrite=True)  # what the message says works
+
+
+def test_training_turns_grad_on_whatever_the_callers_mode(make_cfg):
+    import torch
+
+    with torch.no_grad():  # left over from a notebook's inference cell
+        run_dir = train(make_cfg("train.max_steps=1"))
+    assert [e["step"] for e in read_metrics(run_dir) if e["split"] == "train"] == [1]
+
+
+def test_the_python_api_gives_the_callers_generators_and_accelerate_state_back(make_cfg):
+    """finecap.train seeds the generators with run.seed and sets accelerate's per-process state up for its run; a
+    notebook's own generators and Accelerator are as they were afterwards."""
+    import random
+
+    import numpy as np
+    import torch
+    from accelerate import Accelerator
+    from accelerate.state import AcceleratorState, GradientState
+
+    import finecap
+
+    mine = Accelerator(cpu=True, gradient_accumulation_steps=4)
+    try:
+        torch.manual_seed(1234), np.random.seed(1234), random.seed(1234)
+        expected = (torch.rand(3), np.random.rand(3), random.random())
+        torch.manual_seed(1234), np.random.seed(1234), random.seed(1234)
+        finecap.train(make_cfg("train.max_steps=1", "train.grad_accum_steps=1"))
+        got = (torch.rand(3), np.random.rand(3), random.random())
+        assert torch.equal(got[0], expected[0]) and np.array_equal(got[1], expected[1]) and got[2] == expected[2]
+        assert mine.gradient_accumulation_steps == 4 and GradientState().num_steps == 4
+    finally:  # this test's accelerator leaves nothing to the next test in this process
+        AcceleratorState._reset_state()
+        GradientState._reset_state()

@@ -54,7 +54,7 @@ import logging
 import math
 import os
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -207,6 +207,24 @@ def _release_precision(mixed_precision: str) -> None:
 
     if AcceleratorState._shared_state and AcceleratorState().mixed_precision != mixed_precision:
         AcceleratorState._reset_state(reset_partial_state=False)
+
+
+@contextlib.contextmanager
+def accelerate_state_kept() -> Iterator[None]:
+    """Within the block, training may set up accelerate's per-process state as its runs need (another precision, its
+    accumulation steps: :func:`make_accelerator`); after it, that state (``AcceleratorState``, ``GradientState``) is
+    as it was, so a caller's own ``Accelerator`` keeps its precision and accumulation, and a process that had none
+    may create one with any precision (the Python API, :func:`finecap.train`). The process group
+    (``PartialState``) is never changed."""
+    from accelerate.state import AcceleratorState, GradientState
+
+    saved = [(cls, dict(cls._shared_state)) for cls in (AcceleratorState, GradientState)]
+    try:
+        yield
+    finally:
+        for cls, state in saved:
+            cls._shared_state.clear()
+            cls._shared_state.update(state)
 
 
 def check_trackers_installed(log_with: Sequence[str]) -> None:
@@ -744,7 +762,8 @@ class Engine:
                         disable=not progress_enabled(self.progress and acc.is_main_process))  # fmt: skip
         accum = settings.grad_accum_steps
         try:
-            self._fit(progress, accum)
+            with torch.enable_grad():  # a caller's no_grad (a notebook's inference cell) must not reach the steps
+                self._fit(progress, accum)
         finally:
             self.close_loader()
             self.objective.close()  # e.g. the vLLM engine of REINFORCE's rollouts (decode.engine=vllm)

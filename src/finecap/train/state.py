@@ -568,6 +568,10 @@ def run_paths(run_dir: Path) -> list[Path]:
             run_dir / METRICS_FILE, run_dir / TRACKERS_DIR]  # fmt: skip
 
 
+OVERWRITE_API = "in Python, finecap.train(..., overwrite=True) replaces finecap's own run files there"
+"""How the Python API starts a run again over a run folder of finecap's (the command line has no such option)."""
+
+
 def prepare_run_dir(run_dir: Path, *, resume: bool, overwrite: bool) -> Path | None:
     """Check the run directory (main process); returns the checkpoint to resume from, or ``None`` for a fresh start.
 
@@ -592,11 +596,18 @@ def prepare_run_dir(run_dir: Path, *, resume: bool, overwrite: bool) -> Path | N
                      if best.is_dir() else "Start again in another run.dir")  # fmt: skip
             raise CheckpointError(
                 f"--resume: {run_dir} holds a run but no complete resumable checkpoint (found: "
-                f"{describe_checkpoints(run_dir)}); nothing was deleted. {again}, or remove the folder yourself"
+                f"{describe_checkpoints(run_dir)}); nothing was deleted. {again}, or remove the folder yourself "
+                f"({OVERWRITE_API})"
             )
         return None
     if holds_run(run_dir):
         if not overwrite:
+            if find_resumable(run_dir) is None:  # a run that failed or stopped before its first checkpoint
+                raise ValueError(
+                    f"run.dir: {run_dir} already holds a run, with no checkpoint to resume from (found: "
+                    f"{describe_checkpoints(run_dir)}); choose another run.name / run.dir, or remove its files "
+                    f"yourself ({OVERWRITE_API})"
+                )
             raise ValueError(
                 f"run.dir: {run_dir} already holds a run; pass --resume (resume=True in finecap.train) to continue "
                 "it, or choose another run.name / run.dir"
