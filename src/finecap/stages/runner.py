@@ -42,7 +42,7 @@ from finecap.utils.reading import read_json
 
 log = logging.getLogger(__name__)
 
-STAGE_HINTS = {**HINTS, "data": "a stage reads the data its configuration names (the demo's: the world of world.*)"}
+STAGE_HINTS = {**HINTS, "data": "a stage reads the data its configuration names (on the world: that of its world.*)"}
 """What to do about each input a stage's run differs in (:func:`finecap.train.fingerprint.check_fingerprints`): as
 training says, but a stage takes no --data; the runner adds its own ways out (re-run with force, another folder)."""
 
