@@ -290,8 +290,8 @@ def train(recipe_or_config: str | os.PathLike | Config, /, *, resume: bool = Fal
 
     The run seeds the process's random generators (python, numpy, torch) with ``run.seed`` as ``finecap train``
     does; afterwards they are as the caller left them, and so is accelerate's per-process state (a caller's own
-    ``Accelerator`` keeps its precision and accumulation steps). Grad mode is on for the training steps whatever the
-    caller's.
+    ``Accelerator`` keeps its precision and accumulation steps). Training runs with grad mode on and outside
+    inference mode whatever the caller's.
 
     Example (a few steps on a tiny world; docs/training.md trains the demo's recipes the same way)::
 
@@ -322,9 +322,12 @@ def train(recipe_or_config: str | os.PathLike | Config, /, *, resume: bool = Fal
         cfg = load(recipe, over=over, over_source=KEYWORDS)
     else:
         raise TypeError(f"finecap.train: a recipe (path or name) or a Config, got {type(recipe_or_config).__name__}")
+    import torch
+
     from finecap.train.engine import accelerate_state_kept
     from finecap.utils.rng import rng_preserved
 
-    # the caller's random generators and accelerate state are theirs again afterwards
-    with silenced(), rng_preserved(), accelerate_state_kept():
+    # the caller's random generators and accelerate state are theirs again afterwards; its no_grad or inference_mode
+    # (a notebook's inference cell) reaches neither the model's construction nor the steps
+    with silenced(), rng_preserved(), accelerate_state_kept(), torch.inference_mode(False), torch.enable_grad():
         return train_run(cfg, resume=resume, overwrite=overwrite, recipe=recipe)

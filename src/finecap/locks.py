@@ -79,6 +79,14 @@ def _parse(data: bytes) -> dict[str, Any]:
     return record if isinstance(record, dict) else {}
 
 
+def _others_file(path: Path) -> bool:
+    """Whether ``path`` exists and belongs to another user."""
+    try:
+        return path.lstat().st_uid != os.getuid()
+    except OSError:
+        return False
+
+
 def _owner(path: Path) -> str:
     """The name of the user owning ``path`` (its uid when the system has no name for it)."""
     try:
@@ -129,7 +137,10 @@ def output_lock(
             f"{out}: another {holder} is writing to this folder ({_describe(read_holder(path))}); wait for it "
             f"to finish or choose another --out (lock file {path})"
         ) from None
-    except PermissionError as e:  # another user's file: left by a run of theirs that died, or held by one running
+    except PermissionError as e:
+        if not _others_file(path):  # no lock file, or this user's: the folder is not writable by this user
+            raise OutputLocked(f"{out}: not writable by this user ({e.strerror}); choose another --out") from None
+        # another user's file: left by a run of theirs that died, or held by one running
         raise OutputLocked(
             f"{path}: cannot take the output folder's lock: the file is {_owner(path)}'s ({e.strerror}), left by a "
             f"run of theirs ({_describe(read_holder(path)) if os.access(path, os.R_OK) else 'record unreadable'}); "

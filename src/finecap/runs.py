@@ -42,9 +42,13 @@ Example::
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import os
 import time
 from pathlib import Path
+
+log = logging.getLogger(__name__)
 
 LAST, BEST = "last", "best"
 """The two checkpoints of a run: the resumable last one and the best evaluation so far."""
@@ -99,15 +103,25 @@ SWAP_WAIT = 5.0
 """Seconds :func:`find_checkpoint` waits for a checkpoint being swapped into place by a training run."""
 
 
-def _wait_for_swap(best: Path) -> None:
-    """Wait (at most :data:`SWAP_WAIT` seconds) while a training run swaps a new ``best`` into place: between the
-    two renames of :func:`finecap.utils.folders.atomic_replace_dir` only ``best.old`` stands, and a reader would take
-    ``last`` for the run's checkpoint without a word."""
+def _swapped(checkpoint: Path) -> Path:
+    """``checkpoint`` (``best`` or ``last``), or its ``<name>.old`` when a swap left only that: between the two renames
+    of :func:`finecap.utils.folders.atomic_replace_dir` only ``<name>.old`` stands, and a reader would take another
+    checkpoint (``last`` for ``best``) without a word. A swap under way (``<name>.old`` renamed within
+    :data:`SWAP_WAIT` seconds) is waited for; one a killed run left is read as it stands, said in a warning."""
     from finecap.utils.folders import previous_dir
 
-    deadline = time.monotonic() + SWAP_WAIT
-    while not best.exists() and previous_dir(best).exists() and time.monotonic() < deadline:
-        time.sleep(0.01)
+    old = previous_dir(checkpoint)
+    if checkpoint.exists() or not (old / MODEL_SUBDIR).is_dir():
+        return checkpoint
+    with contextlib.suppress(OSError):  # a rename sets the folder's change time: a fresh one is a swap under way
+        deadline = old.stat().st_ctime + SWAP_WAIT
+        while not checkpoint.exists() and old.exists() and time.time() < deadline:
+            time.sleep(0.01)
+    if checkpoint.exists() or not (old / MODEL_SUBDIR).is_dir():
+        return checkpoint
+    log.warning("%s is missing and %s stands in its place (a run killed while saving it): reading %s", checkpoint,
+                old.name, old)  # fmt: skip
+    return old
 
 
 def find_checkpoint(path: str | Path) -> Path:
@@ -120,10 +134,10 @@ def find_checkpoint(path: str | Path) -> Path:
     if not path.exists():
         raise FileNotFoundError(f"{path}: checkpoint or run directory not found")
     if (path / CHECKPOINTS_DIR).is_dir():
-        _wait_for_swap(checkpoint_dir(path, BEST))
         for which in (BEST, LAST):
-            if (checkpoint_dir(path, which) / MODEL_SUBDIR).is_dir():
-                return checkpoint_dir(path, which)
+            found = _swapped(checkpoint_dir(path, which))
+            if (found / MODEL_SUBDIR).is_dir():
+                return found
         raise FileNotFoundError(f"{path}: a run directory without a saved checkpoint (no checkpoints/best or /last)")
     if _is_checkpoint(path):
         return path

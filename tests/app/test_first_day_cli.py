@@ -222,3 +222,28 @@ def test_a_best_checkpoint_being_swapped_into_place_is_waited_for_not_taken_for_
     (run / "checkpoints" / "best.old").rename(tmp_path / "gone")  # a run whose best was never saved: its last
     (run / "checkpoints" / "best").rename(tmp_path / "gone2")
     assert find_checkpoint(run) == run / "checkpoints" / "last"
+
+
+def test_a_swap_a_killed_run_left_is_read_as_it_stands_without_waiting(tmp_path, monkeypatch, caplog):
+    """A run killed between the two renames leaves best.old and no best: each lookup waited its 5 s and then took
+    last without a word. A best.old renamed longer ago than the wait is read at once, said in a warning; a last being
+    swapped (last.old alone) is found the same way."""
+    import logging
+    import time
+
+    from finecap import runs
+    from finecap.runs import find_checkpoint
+
+    monkeypatch.setattr(runs, "SWAP_WAIT", 0.2)
+    run = tmp_path / "run"
+    for which in ("best.old", "last"):
+        (run / "checkpoints" / which / "model").mkdir(parents=True)
+    time.sleep(0.3)  # renamed longer ago than the wait: a leftover
+    start = time.monotonic()
+    with caplog.at_level(logging.WARNING, logger="finecap"):
+        assert find_checkpoint(run) == run / "checkpoints" / "best.old"
+    assert time.monotonic() - start < 0.1
+    assert "best is missing and best.old stands in its place" in caplog.text
+    (run / "checkpoints" / "best.old").rename(tmp_path / "gone")
+    (run / "checkpoints" / "last").rename(run / "checkpoints" / "last.old")  # no best; last mid-swap
+    assert find_checkpoint(run) == run / "checkpoints" / "last.old"

@@ -122,13 +122,20 @@ def test_another_users_lock_file_is_named_with_its_owner_and_record(tmp_path, mo
         raise PermissionError(13, "Permission denied", str(run / TRAIN_LOCK))
 
     monkeypatch.setattr(FileLock, "acquire", refused_open)
+    owner = pwd.getpwuid(os.getuid()).pw_name  # the file is this test's; the process is made another user below
+    real_uid = os.getuid()
+    monkeypatch.setattr(os, "getuid", lambda: real_uid + 1)
     with pytest.raises(OutputLocked) as e, output_lock(run, name=TRAIN_LOCK, holder="finecap train"):
         pass
-    me = pwd.getpwuid(os.getuid()).pw_name  # the test's file is this user's: the message names whoever owns it
     message = str(e.value)
-    assert message.startswith(f"{run / TRAIN_LOCK}: cannot take the output folder's lock: the file is {me}'s")
+    assert message.startswith(f"{run / TRAIN_LOCK}: cannot take the output folder's lock: the file is {owner}'s")
     assert "pid 4242 on host node7" in message and "choose another --out" in message
     assert (run / TRAIN_LOCK).exists()  # never removed
+    # no lock file at all: the folder is not this user's to write (no other user's run is blamed)
+    (run / TRAIN_LOCK).unlink()
+    with pytest.raises(OutputLocked) as e, output_lock(run, name=TRAIN_LOCK, holder="finecap train"):
+        pass
+    assert str(e.value) == f"{run}: not writable by this user (Permission denied); choose another --out"
 
 
 def test_train_never_writes_through_a_link_in_its_run_folder(tiny, trained, tmp_path):

@@ -258,8 +258,13 @@ def test_a_run_without_a_checkpoint_is_not_sent_to_resume(make_cfg):
 def test_training_turns_grad_on_whatever_the_callers_mode(make_cfg):
     import torch
 
+    import finecap
+
     with torch.no_grad():  # left over from a notebook's inference cell
         run_dir = train(make_cfg("train.max_steps=1"))
+    assert [e["step"] for e in read_metrics(run_dir) if e["split"] == "train"] == [1]
+    with torch.inference_mode():  # the same through the Python API, whose model is built in that mode too
+        run_dir = finecap.train(make_cfg("train.max_steps=1", run="inference"))
     assert [e["step"] for e in read_metrics(run_dir) if e["split"] == "train"] == [1]
 
 

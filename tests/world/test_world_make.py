@@ -363,7 +363,7 @@ def test_two_makers_of_one_folder_write_one_after_the_other(tmp_path):
 
     def second(name, cfg):
         try:
-            outcomes[name] = world_make.make_world(cfg, out, progress=False)
+            outcomes[name] = world_make.make_world_said(cfg, out, progress=False)
         except Exception as e:  # noqa: BLE001 - recorded and asserted below
             outcomes[name] = e
 
@@ -376,7 +376,7 @@ def test_two_makers_of_one_folder_write_one_after_the_other(tmp_path):
         world_make._write_world(first, out, progress=False)
     for t in threads:
         t.join(30)
-    assert outcomes["same"] == out  # found complete: reused, not written again
+    assert outcomes["same"] == (out, False)  # found complete: reused, not written again (and said so)
     assert isinstance(outcomes["other"], world_make.WorldFolderError)
     assert "holds another finecap world" in str(outcomes["other"])
     assert world_make.world_record(out)["key"] == world_make.world_key(first) and world_make.is_complete(

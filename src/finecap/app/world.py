@@ -15,7 +15,7 @@ from pathlib import Path
 
 from finecap.config import Config, WorldConfig
 from finecap.home import world_path
-from finecap.world.make import check_world_folder, make_world, world_key
+from finecap.world.make import make_world_said, world_key
 
 log = logging.getLogger(__name__)
 
@@ -25,10 +25,9 @@ def main(cfg: Config | WorldConfig) -> Path:
     wcfg = cfg.world if isinstance(cfg, Config) else cfg
     t0 = time.perf_counter()
     out = world_path(wcfg)
-    reused = check_world_folder(wcfg, out)  # raises before anything is written for a folder finecap may not write
-    make_world(wcfg, out)
+    _, wrote = make_world_said(wcfg, out)  # refuses before anything is written a folder finecap may not write
     total = wcfg.n_train + wcfg.n_val + wcfg.n_test
-    what = "up to date" if reused else f"written in {time.perf_counter() - t0:.1f}s"
+    what = f"written in {time.perf_counter() - t0:.1f}s" if wrote else "up to date"
     log.info("world: %d scenes (%d train / %d val / %d test), %dpx, key %s, %s: %s", total, wcfg.n_train,
              wcfg.n_val, wcfg.n_test, wcfg.image_size, world_key(wcfg), what, out)  # fmt: skip
     return out

@@ -271,14 +271,22 @@ def make_world(
     (:func:`check_world_folder` raises :class:`WorldFolderError`): finecap never deletes or overwrites a file it did
     not make.
     """
+    return make_world_said(cfg, out, progress, overwrite)[0]
+
+
+def make_world_said(
+    cfg: WorldConfig, out: Path | str | None = None, progress: bool = True, overwrite: bool | None = None
+) -> tuple[Path, bool]:
+    """:func:`make_world`, and whether this call wrote the world (``False``: it was there, or another process made
+    it while this one waited for the folder's :func:`making_lock`)."""
     out = Path(out) if out is not None else world_path(cfg)
     if check_world_folder(cfg, out, overwrite):
-        return out
+        return out, False
     out.mkdir(parents=True, exist_ok=True)
     with making_lock(out):  # one writer at a time; what another wrote meanwhile is checked again
         if check_world_folder(cfg, out, overwrite):
-            return out
-        return _write_world(cfg, out, progress)
+            return out, False
+        return _write_world(cfg, out, progress), True
 
 
 def _write_world(cfg: WorldConfig, out: Path, progress: bool) -> Path:
