@@ -322,12 +322,9 @@ def train(recipe_or_config: str | os.PathLike | Config, /, *, resume: bool = Fal
         cfg = load(recipe, over=over, over_source=KEYWORDS)
     else:
         raise TypeError(f"finecap.train: a recipe (path or name) or a Config, got {type(recipe_or_config).__name__}")
-    import torch
-
     from finecap.train.engine import accelerate_state_kept
     from finecap.utils.rng import rng_preserved
 
-    # the caller's random generators and accelerate state are theirs again afterwards; its no_grad or inference_mode
-    # (a notebook's inference cell) reaches neither the model's construction nor the steps
-    with silenced(), rng_preserved(), accelerate_state_kept(), torch.inference_mode(False), torch.enable_grad():
+    # the caller's random generators and accelerate state are theirs again afterwards (its grad mode: train_run's)
+    with silenced(), rng_preserved(), accelerate_state_kept():
         return train_run(cfg, resume=resume, overwrite=overwrite, recipe=recipe)

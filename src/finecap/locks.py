@@ -79,20 +79,15 @@ def _parse(data: bytes) -> dict[str, Any]:
     return record if isinstance(record, dict) else {}
 
 
-def _others_file(path: Path) -> bool:
-    """Whether ``path`` exists and belongs to another user."""
+def _other_owner(path: Path) -> str | None:
+    """The name of the user owning ``path`` (its uid when the system has no name for it) when it exists and is not
+    this user's; else ``None``."""
     try:
-        return path.lstat().st_uid != os.getuid()
+        uid = path.lstat().st_uid
     except OSError:
-        return False
-
-
-def _owner(path: Path) -> str:
-    """The name of the user owning ``path`` (its uid when the system has no name for it)."""
-    try:
-        uid = path.stat().st_uid
-    except OSError:
-        return "another user"
+        return None
+    if uid == os.getuid():
+        return None
     try:
         import pwd
 
@@ -138,11 +133,12 @@ def output_lock(
             f"to finish or choose another --out (lock file {path})"
         ) from None
     except PermissionError as e:
-        if not _others_file(path):  # no lock file, or this user's: the folder is not writable by this user
+        owner = _other_owner(path)
+        if owner is None:  # no lock file, or this user's: the folder is not writable by this user
             raise OutputLocked(f"{out}: not writable by this user ({e.strerror}); choose another --out") from None
         # another user's file: left by a run of theirs that died, or held by one running
         raise OutputLocked(
-            f"{path}: cannot take the output folder's lock: the file is {_owner(path)}'s ({e.strerror}), left by a "
+            f"{path}: cannot take the output folder's lock: the file is {owner}'s ({e.strerror}), left by a "
             f"run of theirs ({_describe(read_holder(path)) if os.access(path, os.R_OK) else 'record unreadable'}); "
             "once no run of theirs writes here, they (or an administrator) can remove it; or choose another --out"
         ) from None

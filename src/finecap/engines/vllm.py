@@ -291,7 +291,7 @@ def streamed_weights(captioner: Any) -> Iterator[Iterator[tuple[str, torch.Tenso
     ends (every process gathers every tensor, as FSDP2's collectives need)."""
     from finecap.models import lora
 
-    layers = lora.lora_layers(captioner) if isinstance(captioner, torch.nn.Module) else {}
+    layers = lora.lora_layers(captioner)
 
     def tensors() -> Iterator[tuple[str, torch.Tensor]]:
         for key, t in captioner.state_dict().items():

@@ -154,7 +154,8 @@ def train(
     without it an existing run directory is an error unless ``overwrite=True``. ``callbacks(state)`` run after every
     step (tests use one to simulate a kill). ``recipe``: the file the configuration was read from, which the run's
     ``config.yaml`` may never replace. One training at a time holds the run directory (``.train.lock``, main
-    process): a second stops with an error naming the first.
+    process): a second stops with an error naming the first. The run is built and trained with grad mode on and
+    outside inference mode, whatever the caller's (a notebook's ``no_grad`` or ``inference_mode`` cell).
     """
     check_attention(cfg.model.attn_implementation)  # before anything is made: a kernel this machine lacks stops it
     run_dir = run_path(cfg.run)
@@ -171,6 +172,8 @@ def train(
                                 ours=lambda p: holds_run(p.parent))  # fmt: skip
             check_replaceable(run_dir / FINGERPRINTS_FILE, force=False, option="run.dir", kind="fingerprints",
                               ours=is_fingerprints_file, force_flag=None)  # fmt: skip
+        held.enter_context(torch.inference_mode(False))  # the model built in inference mode could never train
+        held.enter_context(torch.enable_grad())
         return _train(cfg, processes, validators=validators, resume=resume, overwrite=overwrite, callbacks=callbacks)
 
 
