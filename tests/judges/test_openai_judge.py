@@ -87,6 +87,18 @@ def test_answers_claims_supports_and_rating_through_a_server():
     assert judge.prompt_version == "judge-1" and judge.counts["failed"] == 0
 
 
+def test_a_claim_the_judge_lists_twice_counts_once():
+    # the judge's claims are the caption's words: repeating a true one must not dilute the false one (precision is
+    # over the set of claims), nor a reference claim listed twice weigh twice in recall
+    with ChatServer(reads_the_caption) as server:
+        judge = judge_of(server)
+        subject = Subject(0, ("a red circle on Red. grass",))  # reference claims: red, circle, Red. (= red), grass
+        repeated, once = claim_scores(judge, ["a circle circle Circle. blue", "a circle blue"], [subject, subject])
+        assert (repeated.precision, repeated.n_claims, repeated.n_supported) == (0.5, 2, 1)
+        assert repeated == once
+        assert (once.recall, once.n_reference, once.n_covered) == (pytest.approx(1 / 3), 3, 1)
+
+
 def test_an_unparsable_answer_is_asked_again_then_counted_failed():
     def chatty_first(payload, n):
         return 200, completion("Well, I think B." if n == 0 else "B")

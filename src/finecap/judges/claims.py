@@ -7,6 +7,11 @@ and metric share (docs/methods/judges.md):
   claims (0.0 when there are none);
 - F1 = 2 P R / (P + R) (0 when both are 0).
 
+The claims are sets, as the definitions count them: a claim the judge lists twice (``"a red circle"`` again, up to
+case, spacing and a final full stop: :func:`distinct_claims`) counts once, so repeating a true sentence does not
+raise a caption's precision, nor a repeated reference claim weigh twice in recall. (An LLM judge returns a list; what
+counts as "the same claim" beyond that normalisation is left to the judge, as the papers leave it.)
+
 On the world with the ``world`` judge these are exactly the faithfulness metric's precision and recall
 (:func:`finecap.world.facts.faithfulness`).
 """
@@ -37,13 +42,31 @@ def f1(precision: float, recall: float) -> float:
     return 2 * precision * recall / (precision + recall) if precision + recall > 0 else 0.0
 
 
+def claim_key(claim: str) -> str:
+    """What identifies a claim within one caption's or one image's claims: case-folded, white space folded, a final
+    full stop dropped."""
+    return " ".join(claim.casefold().split()).removesuffix(".").rstrip()
+
+
+def distinct_claims(claims: Sequence[str]) -> list[str]:
+    """``claims`` without repeats (:func:`claim_key`), each kept where it first stands."""
+    seen: set[str] = set()
+    out = []
+    for claim in claims:
+        key = claim_key(claim)
+        if key not in seen:
+            seen.add(key)
+            out.append(claim)
+    return out
+
+
 def claim_scores(judge: Judge, captions: Sequence[str], subjects: Sequence[Subject]) -> list[ClaimScore | JudgeFailed]:
     """:class:`ClaimScore` of ``captions[n]`` against ``subjects[n]`` (module docstring), or the first failure of the
     judge calls it needed. Four batched judge calls in all."""
     if len(captions) != len(subjects):
         raise ValueError(f"claims: {len(subjects)} subjects for {len(captions)} captions")
-    claims = judge.claims(captions)
-    references = judge.reference_claims(subjects)
+    claims = [c if isinstance(c, JudgeFailed) else distinct_claims(c) for c in judge.claims(captions)]
+    references = [r if isinstance(r, JudgeFailed) else distinct_claims(r) for r in judge.reference_claims(subjects)]
     ok = [n for n in range(len(captions)) if not isinstance(claims[n], JudgeFailed)
           and not isinstance(references[n], JudgeFailed)]  # fmt: skip
     supported = judge.supports([(claims[n], subjects[n]) for n in ok])  # type: ignore[misc]
