@@ -2,7 +2,8 @@
 
 ``ChatServer(answer)`` serves ``POST /v1/chat/completions``; ``answer(payload, n) -> (status, body)`` or
 ``(status, body, headers)`` decides each response (``n`` = how many requests with the same payload came before) and
-may sleep. The server records every request (headers, JSON payload and the raw body bytes) and the largest number of
+may sleep; with ``drip`` seconds the body is sent one byte at a time, that long apart (a server that never stops
+answering). The server records every request (headers, JSON payload and the raw body bytes) and the largest number of
 requests it handled at once.
 """
 
@@ -38,8 +39,8 @@ def echo_first_caption(payload: dict[str, Any], n: int) -> tuple[int, Any]:
 
 
 class ChatServer:
-    def __init__(self, answer: Answer = echo_first_caption, delay: float = 0.0) -> None:
-        self.answer, self.delay = answer, delay
+    def __init__(self, answer: Answer = echo_first_caption, delay: float = 0.0, drip: float = 0.0) -> None:
+        self.answer, self.delay, self.drip = answer, delay, drip
         self.requests: list[dict[str, Any]] = []
         self.seen: Counter[str] = Counter()
         self.in_flight = self.max_in_flight = 0
@@ -75,7 +76,12 @@ class ChatServer:
                     for name, value in (extra[0] if extra else {}).items():
                         self.send_header(name, value)
                     self.end_headers()
-                    self.wfile.write(data)
+                    if not server.drip:
+                        self.wfile.write(data)
+                    for k in range(len(data) if server.drip else 0):
+                        self.wfile.write(data[k : k + 1])
+                        self.wfile.flush()
+                        time.sleep(server.drip)
                 except (BrokenPipeError, ConnectionResetError):
                     pass  # the client timed out and went away
 

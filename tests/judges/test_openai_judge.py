@@ -148,6 +148,71 @@ def test_a_slow_answer_times_out_and_is_retried():
         assert isinstance(out, JudgeFailed) and "Timeout" in str(out)
 
 
+def test_a_reply_dripped_a_byte_at_a_time_times_out():
+    # judge.timeout bounds the whole request: httpx's own time-out is per read, which every byte restarts
+    with ChatServer(lambda payload, n: (200, completion("B")), drip=0.05) as server:  # ~250 bytes: ~12 s whole
+        start = time.monotonic()
+        (out,) = judge_of(server, timeout=0.5, retries=0).answer([Ask(Q, OPTIONS, "a red circle")])
+        assert isinstance(out, JudgeFailed) and "still arriving after 0.5 s (judge.timeout)" in str(out)
+        assert time.monotonic() - start < 3
+
+
+def test_an_answer_echoing_the_api_key_is_masked_everywhere_it_goes(tmp_path):
+    key = "sk-SECRET-0123456789"
+
+    def echoes(payload, n):
+        system = payload["messages"][0]["content"]
+        if "how well" in system:
+            return 200, completion(json.dumps({"score": 50, "reason": f"your key is {key}"}))
+        return 200, completion(f"Sure! Bearer {key}")
+
+    with ChatServer(echoes) as server:
+        judge = judge_of(server, api_key=key, retries=0, cache=AnswerCache(tmp_path / "answers.sqlite"))
+        (failed,) = judge.answer([Ask(Q, OPTIONS, "a red circle")])
+        (rating,) = judge.rate([("a red circle", Subject(0, ("a red circle",)))])
+        judge.close()
+        assert server.requests[0]["headers"]["Authorization"] == f"Bearer {key}"  # the key was sent and echoed
+    assert isinstance(failed, JudgeFailed) and "Bearer ***" in str(failed) and key not in str(failed)
+    assert rating == (50.0, "your key is ***")
+    assert key.encode() not in (tmp_path / "answers.sqlite").read_bytes()
+    # a short key (vLLM's customary EMPTY) is no secret worth changing an answer's words for
+    with ChatServer(lambda payload, n: (200, completion("B"))) as server:
+        assert judge_of(server, api_key="B").answer([Ask(Q, OPTIONS, "a red circle")]) == ["red"]
+
+
+def test_a_retry_after_beyond_judge_retry_max_wait_fails_the_call_naming_it(monkeypatch):
+    monkeypatch.delenv("OPENAI_API_KEY", raising=False)
+
+    def busy(payload, n):
+        return (429, {"error": "busy"}, {"Retry-After": "90"}) if n == 0 else (200, completion("B"))
+
+    outs, waits = [], []
+    with ChatServer(busy) as server:
+        for limit in (60, 120):
+            cfg = load(None, ["judge.name=openai", f"judge.urls=[{server.url}]", "judge.model=m",
+                              f"judge.retry_max_wait={limit}", "judge.cache=false"])  # fmt: skip
+            server.seen.clear()
+            outs += get_judge("openai", cfg, sleep=waits.append, backoff=0.0).answer([Ask(Q, OPTIONS, "a red circle")])
+    assert isinstance(outs[0], JudgeFailed)
+    assert "retry after 90 s, more than judge.retry_max_wait=60" in str(outs[0])
+    assert outs[1] == "red" and waits == [90.0]  # the 120 s limit waited as the server asked, then was answered
+
+
+def test_an_image_with_a_scene_graph_and_no_references_is_refused_by_a_text_judge():
+    # a scene graph is evidence to the world judge alone: the openai judge asked with it scored against nothing
+    from finecap.rewards.claims import ClaimsReward
+    from finecap.world.scene import Obj, Scene
+
+    scene = Scene(0, "grass", [Obj("circle", "red", "large", 0, 0)])
+    with ChatServer(reads_the_caption) as server:
+        judge = judge_of(server)
+        with pytest.raises(ValueError, match="image 0 has no reference captions, the only evidence the openai judge"):
+            ClaimsReward(judge, scenes={0: scene})(["a red circle"], {"image_ids": [0], "image_index": [0]})
+        with pytest.raises(ValueError, match="image 0 has no reference captions"):
+            judge.rate([("a red circle", Subject(0, (), scene))])
+        assert not [r for r in server.requests if "Evidence" in user_text(r["payload"])]  # nothing asked without it
+
+
 def test_round_robin_over_urls_and_bounded_concurrency():
     with ChatServer(reads_the_caption, delay=0.05) as one, ChatServer(reads_the_caption, delay=0.05) as two:
         judge = judge_of(one, two, concurrency=3)

@@ -13,7 +13,7 @@ requests are in flight (a thread pool of that size sharing one connection pool).
 
 What happens to each request:
 
-- **retried** up to ``boost.retries`` times: no connection, a time-out (``boost.timeout``) or HTTP 408, 409, 429,
+- **retried** up to ``boost.retries`` times: no connection, a time-out or HTTP 408, 409, 429,
   500, 502, 503, 504. The wait before a retry is the server's ``Retry-After`` (seconds or an HTTP date) when it sends
   one, plus a random jitter of up to ``backoff`` seconds; otherwise exponential with jitter (``backoff * 2**(n-1)``
   plus up to ``backoff``), at most ``boost.retry_max_wait``. A ``Retry-After`` longer than ``boost.retry_max_wait``
@@ -25,6 +25,14 @@ What happens to each request:
 - **fails the image**: any other HTTP error (e.g. 400, a prompt too long for the model);
 - **asked again by the engine**: a reply that is not chat-completions JSON
   (:class:`~finecap.boost.engine.MalformedReply`, reported as "not JSON" or "no choices[0].message.content").
+
+The time-out (``boost.timeout``, ``judge.timeout``) bounds the whole request: a server silent for that long at any
+step (connecting, sending, the first byte of the reply, any later byte) is a time-out, and so is a reply whose bytes
+are still arriving when it has passed (checked as each piece arrives: a server dripping its reply a byte at a time
+cannot hold a request for ever). The API key (of ``MASKED_KEY_LENGTH`` characters or more: a shorter one, such as
+vLLM's customary ``EMPTY``, is no secret worth changing an answer's words for) and URL credentials are masked in the
+answer too: a server that echoes the ``Authorization`` header into its answer cannot put the key into a caption, a
+judge's cached answer or a log.
 
 The base URL is checked when the backend is made, before any request: an ``http(s)`` URL with a host. The API key is
 read from the environment variable ``boost.<role>_api_key_env`` (``OPENAI_API_KEY`` by default; a variable named
@@ -44,6 +52,7 @@ from __future__ import annotations
 
 import base64
 import email.utils
+import json
 import os
 import random
 import threading
@@ -77,6 +86,10 @@ FATAL_STATUS = {
     404: "no such endpoint or model (check the base URL, which usually ends in /v1, and the model name)",
 }
 """HTTP statuses that stop the run at once: every further request would get the same."""
+
+
+MASKED_KEY_LENGTH = 8
+"""An API key this long or longer is masked in answers as in messages (module docstring)."""
 
 
 def image_data_url(path: str | Path) -> str:
@@ -197,6 +210,8 @@ class OpenAIBackend:
         self._api_key = api_key or os.environ.get("OPENAI_API_KEY", "")
         headers = {"Authorization": f"Bearer {self._api_key}"} if self._api_key else {}
         self.concurrency, self.retries, self.backoff, self.max_wait = concurrency, retries, backoff, max_wait
+        self.timeout = timeout
+        self.section = key.split(".")[0]  # boost or judge: the section whose options are named in messages
         self.max_tokens, self.temperature = max_tokens, temperature
         self.key = key
         limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
@@ -223,6 +238,11 @@ class OpenAIBackend:
         URLs in it masked (:func:`~finecap.config.secrets.masked_url_secrets`: the server's own URL may hold some)."""
         return masked_url_secrets(text.replace(self._api_key, "***") if self._api_key else text)
 
+    def masked_answer(self, text: str) -> str:
+        """An answer as it is used: the API key masked when it has ``MASKED_KEY_LENGTH`` characters or more, URL
+        credentials masked (module docstring)."""
+        return self.redact(text) if len(self._api_key) >= MASKED_KEY_LENGTH else masked_url_secrets(text)
+
     def wait(self, state: RetryCallState) -> float:
         """Seconds before the next attempt: ``Retry-After`` plus jitter, else jittered exponential backoff."""
         error = state.outcome.exception() if state.outcome is not None else None
@@ -236,41 +256,55 @@ class OpenAIBackend:
             raise _Cancelled("not sent: the run is stopping")
         with self._lock:
             self.requests_sent += 1
+        deadline = time.monotonic() + self.timeout
         try:
-            response = self.client.post(self.url, json=payload)
+            with self.client.stream("POST", self.url, json=payload) as response:
+                raw = self._read_before(response, deadline)
         except httpx.TransportError as e:  # no connection, time-outs, a connection cut mid-reply
             raise _Retry(f"{type(e).__name__}: {self.redact(str(e))}", unavailable=True) from None
         status = response.status_code
+        text = raw.decode(response.encoding or "utf-8", errors="replace")
+        shown = self.redact(text[:300])  # what a message quotes of the reply
         if status in FATAL_STATUS:
             self._stop.set()  # no new request starts
             raise FatalBackendError(
-                f"{self.shown_url}: HTTP {status}: {FATAL_STATUS[status]} ({self.key}_*); the server said: "
-                f"{self.redact(response.text[:300])}"
+                f"{self.shown_url}: HTTP {status}: {FATAL_STATUS[status]} ({self.key}_*); the server said: {shown}"
             )
         if status in RETRY_STATUS:
             retry_after = parse_retry_after(response.headers.get("Retry-After"), self._clock())
-            message = f"HTTP {status}: {self.redact(response.text[:200])}"
+            message = f"HTTP {status}: {shown[:200]}"
             if retry_after is not None and retry_after > self.max_wait:
                 raise BackendError(
                     f"{self.shown_url}: {message}; the server asks to retry after {retry_after:g} s, more than "
-                    f"boost.retry_max_wait={self.max_wait:g}"
+                    f"{self.section}.retry_max_wait={self.max_wait:g}"
                 )
             raise _Retry(message, unavailable=status in UNAVAILABLE_STATUS, retry_after=retry_after)
         if status >= 400:
-            raise BackendError(f"{self.shown_url}: HTTP {status}: {self.redact(response.text[:300])}")
+            raise BackendError(f"{self.shown_url}: HTTP {status}: {shown}")
         try:
-            body = response.json()
+            body = json.loads(text)
         except ValueError:
-            raise MalformedReply(
-                f"HTTP {status} but the reply is not JSON: {self.redact(response.text[:200])!r}"
-            ) from None
+            raise MalformedReply(f"HTTP {status} but the reply is not JSON: {shown[:200]!r}") from None
         try:
             content = body["choices"][0]["message"]["content"]
         except (KeyError, IndexError, TypeError):
             content = None
         if not isinstance(content, str):
             raise MalformedReply(f"the reply has no choices[0].message.content text: {self.redact(str(body))[:200]}")
-        return content
+        return self.masked_answer(content)
+
+    def _read_before(self, response: httpx.Response, deadline: float) -> bytes:
+        """The reply's bytes, an ``httpx.ReadTimeout`` when they are still arriving at ``deadline`` (module
+        docstring: the time-out bounds the whole request)."""
+        pieces = []
+        for piece in response.iter_bytes():
+            pieces.append(piece)
+            if time.monotonic() > deadline:
+                raise httpx.ReadTimeout(
+                    f"the reply was still arriving after {self.timeout:g} s ({self.section}.timeout)",
+                    request=response.request,
+                )
+        return b"".join(pieces)
 
     def complete(self, task: Task) -> str:
         """One request with its retries (module docstring)."""

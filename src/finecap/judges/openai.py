@@ -188,6 +188,7 @@ class OpenAIJudge(Judge):
         api_key: str = "",
         retries: int = 3,
         timeout: float = 60.0,
+        retry_max_wait: float = 60.0,
         concurrency: int = 8,
         max_tokens: int = 512,
         backoff: float = 1.0,
@@ -205,8 +206,8 @@ class OpenAIJudge(Judge):
             raise ValueError("judge.model: the openai judge needs the served model name")
         backends = [
             OpenAIBackend(model, url, api_key, concurrency=concurrency, timeout=timeout, retries=retries,
-                          max_tokens=max_tokens, temperature=0.0, backoff=backoff, key="judge", sleep=sleep,
-                          transport=transport)
+                          max_tokens=max_tokens, temperature=0.0, backoff=backoff, max_wait=retry_max_wait,
+                          key="judge", sleep=sleep, transport=transport)
             for url in urls
         ]  # fmt: skip
         self._start(model, backends, prompts=prompts, cache=cache, retries=retries, concurrency=concurrency)
@@ -293,13 +294,24 @@ class OpenAIJudge(Judge):
     def claims(self, texts: Sequence[str]) -> list[list[str] | JudgeFailed]:
         return self._map([lambda t=t: self._claims(t) for t in texts])
 
+    def evidence(self, subject: Subject) -> tuple[str, ...]:
+        """The references this judge reads as ``subject``'s evidence; a ``ValueError`` when it has none: a scene
+        graph is evidence to the world judge alone, and a text judge asked with nothing would score against nothing
+        (docs/methods/judges.md: an image with no evidence is refused)."""
+        if not subject.references:
+            raise ValueError(
+                f"image {subject.image_id!r} has no reference captions, the only evidence the {self.name} judge "
+                "reads (a scene graph is the world judge's); give references for it"
+            )
+        return subject.references
+
     def reference_claims(self, subjects: Sequence[Subject]) -> list[list[str] | JudgeFailed]:
-        return self.claims([" ".join(s.references) for s in subjects])
+        return self.claims([" ".join(self.evidence(s)) for s in subjects])
 
     def _supports(self, claims: Sequence[str], subject: Subject) -> Any:
         if not claims:
             return []
-        evidence = "\n".join(f"- {r}" for r in subject.references)
+        evidence = "\n".join(f"- {r}" for r in self.evidence(subject))
         listed = "\n".join(f"{i + 1}. {c}" for i, c in enumerate(claims))
         messages = self._messages("supports", evidence=evidence, claims=listed, n=len(claims))
         return self._call("supports", [list(subject.references), list(claims)], messages,
@@ -309,7 +321,7 @@ class OpenAIJudge(Judge):
         return self._map([lambda c=c, s=s: self._supports(c, s) for c, s in checks])
 
     def _rate(self, caption: str, subject: Subject) -> Any:
-        references = "\n".join(f"- {r}" for r in subject.references)
+        references = "\n".join(f"- {r}" for r in self.evidence(subject))
         messages = self._messages("rate", references=references, caption=caption)
         value = self._call("rate", [caption, list(subject.references)], messages, parse_rating)
         return value if isinstance(value, JudgeFailed) else (float(value[0]), str(value[1]))
@@ -318,7 +330,7 @@ class OpenAIJudge(Judge):
         return self._map([lambda c=c, s=s: self._rate(c, s) for c, s in pairs])
 
     def _make_questions(self, subject: Subject, n: int) -> Any:
-        references = "\n".join(f"- {r}" for r in subject.references)
+        references = "\n".join(f"- {r}" for r in self.evidence(subject))
         messages = self._messages("questions", references=references, n=n)
         # the cache keeps the rows (JSON), the same for any image with these references; the ids are this image's
         rows = self._call("questions", [list(subject.references), n], messages, lambda text: question_rows(text, n))
@@ -359,7 +371,7 @@ def holding_cache(cache: AnswerCache | None, make: Callable[[], Any]) -> Any:
 def build(cfg: Config | None = None, **options: Any) -> OpenAIJudge:
     """Factory of the judge registry: the ``judge`` section of ``cfg`` (``options`` override its keys, and may give
     ``transport``, ``sleep``, ``backoff``, ``prompts`` or ``cache_path``)."""
-    keys = ("urls", "model", "retries", "timeout", "concurrency", "max_tokens", "api_key_env")
+    keys = ("urls", "model", "retries", "timeout", "retry_max_wait", "concurrency", "max_tokens", "api_key_env")
     settings, cache = judge_settings(cfg, options, keys)
 
     def make() -> OpenAIJudge:

@@ -25,6 +25,9 @@ class JudgeConfig(Section, name="judge"):
         why="each retry waits; a failing server would hold the run",
     )  # fmt: skip
     timeout: float = doc(60.0, "openai: seconds before a request times out (then retried).", gt=0)
+    retry_max_wait: float = doc(
+        60.0, "openai: longest wait before a retry, s; a server asking (Retry-After) for longer fails the call.", ge=0
+    )
     concurrency: int = doc(
         8, "openai: requests in flight at once.", ge=1, le=1024, why="requests in flight, one thread each"
     )
