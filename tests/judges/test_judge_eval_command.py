@@ -47,6 +47,9 @@ def test_eval_scores_a_world_with_the_world_judge(world, tmp_path):
     kept, _ = drop_blind(judge, questions, 2)
     scores = qa_scores(judge, [predictions[i] for i in kept], list(kept.values()), 2)
     assert out["qa/accuracy"] == pytest.approx(sum(s.accuracy for s in scores) / len(scores))
+    wrong, cannot = (sum(getattr(s, k) / s.asks for s in scores) / len(scores) for k in ("wrong", "cannot"))
+    assert (out["qa/wrong"], out["qa/cannot_answer"]) == (pytest.approx(wrong), pytest.approx(cannot))
+    assert cannot > 0 and wrong != cannot  # the pink circle and the references' silences: the two are told apart
     rows = {row["image_id"]: row for row in json.loads((tmp_path / "items.json").read_text())}
     row = rows[first.image_id]
     assert row["judge"] == "world" and row["judge/prompt_version"] == "world-1"

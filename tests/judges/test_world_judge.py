@@ -90,6 +90,26 @@ def test_noise_flips_the_set_share_of_answers_the_same_way_every_time():
         WorldJudge(noise=1.5)
 
 
+def test_noise_draws_apart_for_each_caption_and_each_order_and_may_answer_cannot():
+    # one draw per (caption, question, options as presented): a GRPO group's captions and a question's k orders get
+    # flips of their own; the flip is to any other option, "cannot answer" included
+    judge, exact = WorldJudge(noise=0.5, seed=1), "red"
+    by_caption = judge.answer([ask(f"a red circle {'and a square ' * n}") for n in range(40)])
+    assert {a == exact for a in by_caption} == {True, False}
+    orders = [o for seed in range(40) for o in presentations(COLOR, 1, seed)]
+    by_order = judge.answer([ask("a red circle", options=o) for o in orders])
+    assert {a == exact for a in by_order} == {True, False}
+    flips = WorldJudge(noise=1.0).answer([ask("a red circle", options=o) for s in range(200) for o in
+                                          presentations(COLOR, 1, s)])  # fmt: skip
+    assert exact not in flips and set(flips) == {"green", "blue", CANNOT_ANSWER}
+    assert 40 <= flips.count(CANNOT_ANSWER) <= 93  # 200 draws of p = 1/3: mean 66.7, 4 sigma 26.7
+
+
+def test_recall_is_zero_when_the_references_state_no_claim():
+    (score,) = claim_scores(WorldJudge(), ["a red circle"], [Subject(0, ("nothing to see",))])
+    assert (score.recall, score.n_reference, score.f1) == (0.0, 0, 0.0)
+
+
 def test_claims_against_the_scene_are_the_faithfulness_metrics():
     judge = get_judge("world", None)
     captions = ["a red circle at the top left", "a blue circle on sand", "two squares", "", "a striped square"]

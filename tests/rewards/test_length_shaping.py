@@ -63,6 +63,11 @@ def test_a_transform_passes_the_wrapped_failures_and_hooks_on():
     failed = [False, True, False, False, False, False]
     out = PiecewiseLength(Fixed(INNER, failed), l1=3, l2=5)(words(1, 1, 1, 1, 1, 1), BATCH)
     assert out.failed.tolist() == failed
+    judged = [float("nan") if f else v for v, f in zip(INNER, failed, strict=True)]  # a judged reward's failure
+    for shaped in (PiecewiseLength(Fixed(judged, failed), l1=3, l2=5), SoftOverlong(Fixed(judged, failed),
+                   max_length=6, cache=2), LengthMask(Fixed(judged, failed), min_length=0, max_length=4)):  # fmt: skip
+        total = shaped(words(1, 1, 1, 1, 1, 1), BATCH).total
+        assert total.isnan().tolist() == failed, type(shaped).__name__  # never paid a value
     shaped = reward_of("length", reward=Fixed(INNER), kind="mask", max_length=2)
     assert shaped.per_caption and shaped(words(1, 3, 1, 1, 1, 1), BATCH).total.tolist()[:2] == pytest.approx([0.2, 0])
     with pytest.raises(ValueError, match="reward="):

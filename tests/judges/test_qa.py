@@ -1,0 +1,69 @@
+"""QA utility's rules (finecap.judges.qa, finecap.judges.questions.presentations) on judges whose answers the test
+decides: a caption with any failed ask fails; a question is dropped only when a blind judge answers it right in every
+one of its ``k`` orders; the ``k`` orders differ from one another and follow the seed; the reward asks in the orders
+the blind filter used."""
+
+from __future__ import annotations
+
+from finecap.judges.base import CANNOT_ANSWER, JudgeFailed, Question
+from finecap.judges.qa import QAScore, drop_blind, qa_scores
+from finecap.judges.questions import presentations
+from finecap.judges.world import WorldJudge
+from finecap.rewards.qa_utility import QAUtilityReward
+
+Q = Question("0/color/circle", "What colour is the circle?", ("red", "blue", "green", "pink", "grey"), "red",
+             ("color", "circle"))  # fmt: skip
+
+
+class Scripted(WorldJudge):
+    """The world judge, but every ask whose options stand first in ``fail_orders`` fails, and a blind ask is
+    answered right when its options are among ``blind_right``; every ask it is given is kept."""
+
+    def __init__(self, fail_orders=(), blind_right=()):
+        super().__init__()
+        self.fail_orders, self.blind_right, self.asked = set(fail_orders), set(blind_right), []
+
+    def answer(self, asks):
+        self.asked += asks
+        out = []
+        for ask in asks:
+            if ask.options in self.fail_orders:
+                out.append(JudgeFailed("scripted failure"))
+            elif ask.caption is None:
+                out.append(ask.question.answer if ask.options in self.blind_right else CANNOT_ANSWER)
+            else:
+                out += super().answer([ask])
+        return out
+
+
+def test_a_caption_with_one_failed_ask_of_several_fails_whole():
+    orders = presentations(Q, 2)
+    (one_failed, none_failed) = (Scripted(fail_orders=[orders[1]]), Scripted())
+    assert isinstance(qa_scores(one_failed, ["a red circle"], [[Q]], 2)[0], JudgeFailed)
+    assert qa_scores(none_failed, ["a red circle"], [[Q]], 2) == [QAScore(2, 2, 0, 0)]
+
+
+def test_a_question_is_dropped_only_when_a_blind_judge_is_right_in_every_order():
+    orders = presentations(Q, 2)
+    for right_in, dropped in (((), False), ((orders[0],), False), ((orders[1],), False), (tuple(orders), True)):
+        kept, report = drop_blind(Scripted(blind_right=right_in), {0: [Q]}, 2)
+        assert (kept[0] == [], report["dropped"]) == (dropped, int(dropped)), right_in
+
+
+def test_the_k_orders_differ_from_one_another_and_follow_the_seed():
+    orders = presentations(Q, 6, seed=0)
+    assert len(set(orders)) > 1  # five options: six identical shuffles would be chance 1 in 120**5
+    assert all(o[-1] == CANNOT_ANSWER and sorted(o[:-1]) == sorted(Q.options) for o in orders)
+    firsts = {presentations(Q, 1, seed=s)[0] for s in range(10)}
+    assert len(firsts) > 1  # the seed changes the orders
+    assert presentations(Q, 6, seed=3)[:2] == presentations(Q, 2, seed=3)  # order j is the same for any k
+
+
+def test_the_reward_asks_in_the_orders_the_blind_filter_used():
+    judge = Scripted()
+    reward = QAUtilityReward(judge, questions={0: [Q]}, shuffles=3, seed=7)
+    reward(["a red circle"], {"image_ids": [0], "image_index": [0]})
+    blind = [a.options for a in judge.asked if a.caption is None]
+    captioned = [a.options for a in judge.asked if a.caption is not None]
+    assert blind == captioned == presentations(Q, 3, seed=7)
+    assert presentations(Q, 3, seed=7) != presentations(Q, 3, seed=0)
