@@ -304,13 +304,19 @@ def train(recipe_or_config: str | os.PathLike | Config, /, *, resume: bool = Fal
     with silenced():  # the libraries' warnings the CLI and Captioner leave out (finecap.library_warnings)
         from finecap.train.run import train as train_run
 
-    over: dict[str, dict[str, Any]] = {}
+    over: dict[str, Any] = {}
     for name, value in overrides.items():
-        section, sep, key = name.partition("__")
-        if not sep or not section or not key:
+        *path, key = name.split("__")
+        if not path or not all(path) or not key:
             raise TypeError(f"finecap.train: unexpected keyword {name!r}; an option is written section__key=value "
-                            "(e.g. train__max_steps=2)")  # fmt: skip
-        over.setdefault(section, {})[key.replace("__", ".")] = value
+                            "(e.g. train__max_steps=2, data__hf__caption_column='sentences')")  # fmt: skip
+        node = over
+        for part in path:  # a subsection's key (data__hf__caption_column) goes into its own table
+            given = node.get(part, {})
+            if not isinstance(given, dict):
+                raise TypeError(f"finecap.train: {name!r} sets a key inside {part!r}, which is given a value itself")
+            node[part] = node = dict(given)  # a copy: a table the caller gave is never changed
+        node[key] = value
     if isinstance(recipe_or_config, Config):
         recipe = None
         cfg = load(base=recipe_or_config.to_dict(), over=over, over_source=KEYWORDS) if over else recipe_or_config

@@ -332,6 +332,22 @@ def test_finecap_train_is_the_callable_training_package():
     assert "train" in finecap.__all__ and "train" in dir(finecap)
 
 
+def test_finecap_train_sets_a_subsections_key_as_the_command_line_does(monkeypatch):
+    """``data__hf__caption_column`` is ``data.hf.caption_column=...`` (it was refused as an unknown key
+    ``data.hf.caption_column``); a subsection given as a table takes more keys, the caller's table unchanged."""
+    seen = []
+    monkeypatch.setattr("finecap.train.run.train", lambda cfg, **kwargs: seen.append(cfg))
+    finecap.train("demo/mle", data__hf__caption_column="sentences", data__hf__id_column="cocoid", train__max_steps=2)
+    hf = {"image_column": "img"}
+    finecap.train("demo/mle", data__hf=hf, data__hf__caption_column="text")
+    assert (seen[0].data.hf.caption_column, seen[0].data.hf.id_column, seen[0].train.max_steps) == (
+        "sentences", "cocoid", 2)  # fmt: skip
+    assert (seen[1].data.hf.image_column, seen[1].data.hf.caption_column) == ("img", "text")
+    assert hf == {"image_column": "img"}
+    with pytest.raises(TypeError, match="sets a key inside 'max_steps'"):
+        finecap.train("demo/mle", train__max_steps=2, train__max_steps__x=1)
+
+
 def test_finecap_train_refuses_a_keyword_that_is_no_option(tmp_path):
     """A keyword that is not ``section__key`` is a TypeError naming the form; an unknown key is the configuration's
     own error (as on the command line), before anything is made."""

@@ -69,6 +69,28 @@ def test_common_loaders_training_and_evaluation_read_it(saved, tmp_path):
     assert out["BLEU-1"] == pytest.approx(1.0)
 
 
+def _saved_splits(tmp_path, *names):
+    """A DatasetDict saved to disk with one embedded image row per split name, the row's caption its split's name."""
+    features = datasets.Features({"image": datasets.Image(), "captions": datasets.Sequence(datasets.Value("string"))})
+    dd = datasets.DatasetDict({n: datasets.Dataset.from_dict({"image": [{"bytes": _png((k, 0, 0)), "path": None}],
+                                                              "captions": [[n]]}, features=features)
+                               for k, n in enumerate(names)})  # fmt: skip
+    dd.save_to_disk(str(tmp_path / "-".join(names)))
+    return tmp_path / "-".join(names)
+
+
+def test_hugging_faces_validation_split_is_read_as_val(tmp_path):
+    saved = _saved_splits(tmp_path, "train", "validation", "test")
+    assert [(r.split, r.captions) for r in read_hf(saved)] == [("train", ["train"]), ("val", ["validation"]),
+                                                               ("test", ["test"])]  # fmt: skip
+    assert [r.captions for r in read_hf(saved, splits=["val"])] == [["validation"]]
+    assert [r.split for r in read_hf(saved, splits=["validation"])] == ["validation"]  # asked by its own name
+    cfg = load(overrides=["data.format=hf", f"data.path={saved}"])
+    assert [r.captions for r in load_records(cfg, "val")] == [["validation"]]  # what training reads
+    both = _saved_splits(tmp_path, "train", "val", "validation")  # a val split of its own: validation stays itself
+    assert [r.split for r in read_hf(both)] == ["train", "val", "validation"]
+
+
 def test_parquet_with_paths_and_split_column(tmp_path):
     for name in ("a.png", "b.png"):
         Image.new("RGB", (2, 2)).save(tmp_path / name)

@@ -17,7 +17,9 @@ feature, embedded bytes or a path, or a path string; relative paths are resolved
 the folder of the file or the saved data set folder), ``caption_column`` the reference captions (a string, or a list of
 strings per row), ``split_column`` (optional) each row's split, else the splits are the data set's named splits (a lone
 unnamed split, as a file gives, takes its split from the file name like COCO files do: ``train``/``val``/``test``,
-default ``test``); ``id_column`` (optional) the image id, else the image path, else ``<split>/<row>``;
+default ``test``; Hugging Face's ``validation``, and ``training``/``testing``, are read as ``val``, ``train`` and
+``test`` unless the data set also has a split of that name: :func:`split_read_as`); ``id_column`` (optional) the
+image id, else the image path, else ``<split>/<row>``;
 ``questions_column`` (optional) each image's multiple-choice questions for the ``qa_utility`` reward, a list per row in
 CapRL's layout as a JSONL line's ``questions`` (:attr:`~finecap.data.records.Record.questions`; a null cell: none for
 that image). Arrow stores a list of question objects as structs sharing every key, a key a question lacks as null:
@@ -48,8 +50,9 @@ the name and the revision in the local Hugging Face cache; with the column optio
 from __future__ import annotations
 
 import json
+import logging
 import os
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -61,6 +64,7 @@ from finecap.data.hashing import hub_revision, sha256_file, sha256_files
 from finecap.data.hf_files import HF_FILE_SUFFIXES, SplitFiles, local_splits, open_split, saved_splits
 from finecap.data.records import (
     MAX_LISTED,
+    SPLIT_WORDS,
     DataError,
     Record,
     check_id,
@@ -71,6 +75,8 @@ from finecap.data.records import (
 from finecap.home import CACHE, home
 from finecap.utils.system import MissingExtra
 from finecap.utils.text import short_repr
+
+log = logging.getLogger(__name__)
 
 __all__ = ["FORMAT", "HF_FILE_SUFFIXES", "ArrowImage", "ArrowImages", "is_hf_path", "read_hf"]
 
@@ -94,6 +100,20 @@ def _import_datasets() -> Any:
     return datasets
 
 
+def split_read_as(name: str, names: Collection[str]) -> str:
+    """The finecap split a data set's split ``name`` is read as, among its splits ``names``: Hugging Face's
+    ``validation`` as ``val`` (and ``valid``, ``training``, ``testing``: :data:`~finecap.data.records.SPLIT_WORDS`),
+    unless the data set also has a split of that name; any other name as written.
+
+    Example::
+
+        >>> split_read_as("validation", ["train", "validation", "test"]), split_read_as("validation", ["val", "validation"])
+        ('val', 'validation')
+    """  # noqa: E501
+    read_as = SPLIT_WORDS.get(name, name)
+    return read_as if read_as == name or read_as not in names else name
+
+
 def _load(source: str | Path, splits: Sequence[str] | None, cache: Path) -> tuple[dict[str, Any], list[SplitFiles]]:
     """``{split name: Dataset}`` of a local data set (its files checked and contained: :mod:`finecap.data.hf_files`;
     only the ``splits`` named, when given; splits of no rows left out) or of a Hub name, and the local splits read.
@@ -103,7 +123,9 @@ def _load(source: str | Path, splits: Sequence[str] | None, cache: Path) -> tupl
     path = Path(source)
     if path.exists():
         found = local_splits(path)
-        wanted = [s for s in found if s.rows and (splits is None or s.name in splits)]
+        names = [s.name for s in found]
+        wanted = [s for s in found if s.rows and (splits is None or s.name in splits
+                                                   or split_read_as(s.name, names) in splits)]  # fmt: skip
         return {s.name: open_split(s, cache) for s in wanted}, found
     try:
         loaded = datasets.load_dataset(str(source))
@@ -260,9 +282,14 @@ def read_hf(
     folder = ImageFolder(root if root is not None else _hub_caches(), allow_outside)
     records: list[Record] = []
     seen: dict[Any, str] = {}
+    names = [s.name for s in found] if found else list(parts)
     for split_name, ds in parts.items():
-        if splits is not None and not split_column and split_name not in splits:
+        # a split asked for by its own name (--split validation) keeps it
+        read_as = split_name if splits is not None and split_name in splits else split_read_as(split_name, names)
+        if splits is not None and not split_column and read_as not in splits:
             continue
+        if read_as != split_name and not split_column:
+            log.info("data: %s: split %r read as %r", source, split_name, read_as)
         if not len(ds):  # a Hub split of no rows (local ones are left out by _load)
             continue
         for col, option in [(image_column, "data.hf.image_column"), (caption_column, "data.hf.caption_column")]:
@@ -293,7 +320,7 @@ def read_hf(
                 caps = [caps]
             elif not isinstance(caps, list):
                 raise DataError(f"{where(i)}: {caption_column!r} must be a string or a list of strings")
-            split = table[split_column][i] if split_column else split_name
+            split = table[split_column][i] if split_column else read_as
             if not isinstance(split, str):
                 raise DataError(f"{where(i)}: {split_column!r} must be a string, got {type(split).__name__}")
             image_id = table[id_column][i] if id_column else (str(path) if not embedded[i] else f"{split_name}/{i}")
