@@ -149,6 +149,9 @@ def test_bfloat16_weights_float32_master_weights_step_save_reload(dirs, backbone
     out = model.save(tmp_path / "ckpt")
     assert json.loads((out / "captioner.json").read_text())["dtypes"] == memory.part_dtypes(model)
     assert (out / memory.MASTERS).exists() == (backbone != "blip" or not adapters)  # BLIP + LoRA: adapters only
+    # nothing at the folder's top a loader could take for a shard of the model's weights (vLLM reads every
+    # *.safetensors there when no shard index lists them)
+    assert {f.name for f in out.glob("*.safetensors")} <= {"model.safetensors", "mapper.safetensors"}
     again = build(dirs, backbone, "model.dtype=bfloat16", *extra, f"train.init_from={out}")
     mine, theirs = model.state_dict(), again.state_dict()
     assert set(theirs) == set(mine)

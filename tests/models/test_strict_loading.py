@@ -217,7 +217,7 @@ def test_an_adapter_planted_at_the_top_of_a_model_folder_is_refused(made, tmp_pa
 
 
 def test_float32_master_weights_are_loaded_strictly(made, tmp_path):
-    """``float32_weights.safetensors`` (what a 16-bit run resumes from) names parameters of the model, of their
+    """``float32_weights/model.safetensors`` (what a 16-bit run resumes from) names parameters of the model, of their
     shapes, and finite."""
     folder = model_dir(copy_of(made, "clipcap", tmp_path))
     model = load_captioner(folder)
@@ -225,9 +225,14 @@ def test_float32_master_weights_are_loaded_strictly(made, tmp_path):
     for tensors, expected in (({name: torch.full_like(param, float("nan"))}, "non-finite values"),
                               ({name: torch.zeros(3)}, "of another shape"),
                               ({"mapper.nothing": torch.zeros(3)}, "unexpected: mapper.nothing")):  # fmt: skip
+        (folder / memory.MASTERS).parent.mkdir(exist_ok=True)
         save_file(tensors, str(folder / memory.MASTERS))
-        with pytest.raises(CheckpointError, match=f"float32_weights.safetensors: .*{expected}"):
+        with pytest.raises(CheckpointError, match=f"float32_weights/model.safetensors: .*{expected}"):
             memory.load_float32_masters(model, folder)
+    shutil.rmtree((folder / memory.MASTERS).parent)
+    save_file({name: torch.zeros(3)}, str(folder / memory.OLD_MASTERS))  # where checkpoints before 2026-11-27 have it
+    with pytest.raises(CheckpointError, match="float32_weights.safetensors: .*of another shape"):
+        memory.load_float32_masters(model, folder)
 
 
 # --------------------------------------------------------------------------------------------------------------------

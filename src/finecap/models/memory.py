@@ -74,8 +74,12 @@ log = logging.getLogger(__name__)
 DTYPES: dict[str, torch.dtype] = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 """``model.dtype`` / ``model.trainable_dtype`` names and their torch dtypes (``auto`` and ``same`` are not dtypes)."""
 HALF = (torch.bfloat16, torch.float16)
-MASTERS = "float32_weights.safetensors"
-"""Where a captioner checkpoint keeps the float32 values of its trained weights when its weights are 16-bit."""
+MASTERS = "float32_weights/model.safetensors"
+"""Where a captioner checkpoint keeps the float32 values of its trained weights when its weights are 16-bit: in a
+folder of its own, not beside the model's weights, where a loader of the folder (vLLM reads every ``*.safetensors``
+at the top of a folder without a shard index) would take it for a shard of the model."""
+OLD_MASTERS = "float32_weights.safetensors"
+"""Where checkpoints written before 2026-11-27 kept them (still read)."""
 QUANT_EXTRA = "pip install 'finecap[quant]'"
 _BRIDGES = "_finecap_dtype_bridges"
 _CHECKPOINTING = "_finecap_checkpointing"
@@ -544,8 +548,9 @@ def describe(dtypes: dict[str, dict[str, str]]) -> str:
 
 def save_float32_masters(model: nn.Module, out: str | Path, state: dict[str, torch.Tensor] | None = None) -> int:
     """When ``model`` holds 16-bit weights, write the float32 values of its trained weights (LoRA adapters aside:
-    peft saves those in their own dtype) to ``<out>/float32_weights.safetensors`` under the captioner's parameter
-    names, from ``state`` (default: the model's own). A backbone's ``save`` calls it; returns how many it wrote."""
+    peft saves those in their own dtype) to ``<out>/float32_weights/model.safetensors`` (:data:`MASTERS`) under the
+    captioner's parameter names, from ``state`` (default: the model's own). A backbone's ``save`` calls it; returns
+    how many it wrote."""
     params = dict(model.named_parameters())
     if not any(p.is_floating_point() and p.dtype in HALF for p in params.values()):
         return 0
@@ -553,6 +558,7 @@ def save_float32_masters(model: nn.Module, out: str | Path, state: dict[str, tor
     if not names:
         return 0
     state = model.state_dict() if state is None else state
+    (Path(out) / MASTERS).parent.mkdir(exist_ok=True)
     save_file({n: state[n].detach().float().contiguous().cpu() for n in names}, str(Path(out) / MASTERS))
     return len(names)
 
@@ -561,8 +567,8 @@ def load_float32_masters(model: nn.Module, path: str | Path) -> int:
     """Put back the float32 trained weights a checkpoint folder ``path`` saved (:func:`save_float32_masters`) into
     ``model`` (just loaded from it, perhaps in a 16-bit ``model.dtype``); returns how many (0 without the file). The
     file must name parameters of the model, of their shapes, finite (:func:`finecap.models.strict.fit_state`)."""
-    file = Path(path) / MASTERS
-    if not file.exists():
+    file = next((f for f in (Path(path) / MASTERS, Path(path) / OLD_MASTERS) if f.exists()), None)
+    if file is None:
         return 0
     params = dict(model.named_parameters())
     tensors = strict.read_tensors(file)
