@@ -83,6 +83,26 @@ def test_run_checkpoint_export_and_transformers_caption_alike(run):
     assert [t.strip() for t in theirs] == ours
 
 
+def test_a_bfloat16_runs_export_keeps_its_dtype_and_captions_as_the_run(tmp_path):
+    """The export loads the run in its model.dtype (it loaded every run in float32: a bfloat16 run's export was a
+    float32 model twice the size, captioning as the run decoded in float32, not as the run)."""
+    tiny = save_tiny_vlm(tmp_path / "vlm", "idefics3")
+    cfg = load(None, ["model.kind=vlm", f"vlm.name={tiny}", "model.dtype=bfloat16", "decode.max_length=6"])
+    torch.manual_seed(0)
+    model = build_model(cfg)
+    with torch.no_grad():  # weights of its own, not the base's
+        for p in model.parameters():
+            p.add_(torch.randn_like(p) * 0.05)
+    save_checkpoint(tmp_path / "run" / "checkpoints" / "best", model=model.eval(), cfg=cfg, info={"step": 1})
+    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+        assert main(["export", str(tmp_path / "run"), "--merged", str(tmp_path / "export")]) == 0
+    assert json.loads((tmp_path / "export" / "config.json").read_text())["dtype"] == "bfloat16"
+    exported = Captioner.from_pretrained(tmp_path / "export", device="cpu")
+    assert {p.dtype for p in exported.model.parameters()} == {torch.bfloat16}
+    pictures = images()
+    assert exported.caption(pictures) == Captioner.from_pretrained(tmp_path / "run", device="cpu").caption(pictures)
+
+
 def test_a_call_overrides_and_an_edited_generation_config_is_honoured(run, tmp_path):
     run_dir, export = run
     exported = Captioner.from_pretrained(export, device="cpu")
@@ -111,7 +131,10 @@ def test_a_call_overrides_and_an_edited_generation_config_is_honoured(run, tmp_p
 def test_the_export_card_says_what_the_folder_is(run):
     run_dir, export = run
     source = (run_dir / "checkpoints" / "best" / "model" / "README.md").read_text()
-    assert source.startswith("---\nlibrary_name: peft\n") and "`adapter/`" in source  # a LoRA checkpoint
+    # a LoRA checkpoint: a transformers model at the top (the Hub offers peft's loader only for an adapter there)
+    assert source.startswith("---\nlibrary_name: transformers\n") and "`adapter/`" in source
+    prompt = json.loads((run_dir / "checkpoints" / "best" / "model" / "captioner.json").read_text())["prompt"]
+    assert f"- **Prompt**: `{prompt}` (the user's turn of the chat template" in source  # in no other file but ours
     card = (export / "README.md").read_text()
     assert card.startswith("---\nlibrary_name: transformers\n")
     assert "a merged export of" in card and "no adapter folder" in card and "`adapter/`" not in card

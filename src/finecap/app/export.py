@@ -86,6 +86,7 @@ def export_card(checkpoint: Path, source: Path, merged_meta: dict, merged: str) 
     card = source / CARD_NAME
     if not card.is_file():
         return None
+    # (cards written before 2026-11-27 said library_name: peft for a checkpoint holding a whole-model adapter)
     text = read_text_bounded(card, METADATA).replace("\nlibrary_name: peft\n", "\nlibrary_name: transformers\n", 1)
     note = (f"\n## Export\n\nA merged export of {md_code(str(source))} (`finecap export --merged`): LoRA adapters "
             f"folded into the base weights: {merged or 'none'}; no adapter folder.\n")  # fmt: skip
@@ -106,7 +107,8 @@ def main(checkpoint: str, out: str, merged: bool, force: bool = False) -> Path:
     if tmp.exists():  # never deleted: it may be the user's
         raise OutputRefused(f"{tmp}: exists (an unfinished export? remove it) and is where OUT is written first")
     try:
-        export_merged(source, tmp)
+        stored = stored_config(found)  # the run's model.dtype, which `finecap caption` of the run loads in
+        export_merged(source, tmp, load_stored(stored).model.dtype if stored is not None else "float32")
         card = export_card(found, source, read_meta(tmp), ", ".join(sorted(meta.get("lora") or {})))
         if card is not None:
             (tmp / CARD_NAME).write_text(card, encoding="utf-8")

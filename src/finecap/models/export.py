@@ -14,18 +14,22 @@ from pathlib import Path
 
 from finecap.models import lora, strict
 from finecap.models.backbones import load_captioner
+from finecap.models.memory import LoadOptions
 from finecap.runs import GENERATION_CONFIG
 
 
-def export_merged(model_folder: str | Path, out: str | Path) -> Path:
-    """Load the captioner of ``model_folder`` (a folder holding ``captioner.json``), merge its LoRA adapters and save
-    it as a plain checkpoint in ``out`` (which the caller has checked may be written), with the source's decoding
+def export_merged(model_folder: str | Path, out: str | Path, dtype: str = "float32") -> Path:
+    """Load the captioner of ``model_folder`` (a folder holding ``captioner.json``) in ``dtype`` (a ``model.dtype``:
+    the run's, so a bfloat16 run exports bfloat16 weights and captions as ``finecap caption`` of the run computes;
+    never quantized: a QLoRA run's weights are exported dequantized, in ``dtype``), merge its LoRA adapters (peft
+    rounds a merged 16-bit weight to its dtype) and save it as a plain checkpoint in ``out`` (which the caller has
+    checked may be written), with the source's decoding
     settings: each ``generation_config.json`` of the source (its own, ClipCap's ``lm/``) replaces the one a save
     writes at the same place, so the export captions as the run did, with finecap and with ``generate``. Loading is
     strict (:mod:`finecap.models.strict`: weights that do not fit or hold NaN or infinity are refused, as ``finecap
     caption`` refuses them); the merged weights are checked to be finite again before anything is written (a merge
     can overflow)."""
-    model = lora.merge_lora(load_captioner(model_folder))
+    model = lora.merge_lora(load_captioner(model_folder, options=LoadOptions(dtype=dtype)))  # type: ignore[arg-type]
     strict.check_finite_weights(model, f"{model_folder} (its adapters merged)")
     saved = model.save(out)
     source = Path(model_folder)

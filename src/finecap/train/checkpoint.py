@@ -154,23 +154,26 @@ def decode_of_folder(model_folder: str | Path) -> dict[str, Any]:
 def folder_config(model_folder: str | Path, recipe: str | None = None, overrides: Sequence[str] = ()) -> Config:
     """The configuration to caption with from a model folder that has no run configuration beside it (an export, a
     bare model folder): ``recipe`` and ``overrides`` over the defaults, the decoding of its ``generation_config.json``
-    (:func:`decode_of_folder`) for every ``decode`` key neither the recipe nor the overrides set."""
+    (:func:`decode_of_folder`) for every ``decode`` key neither the recipe nor the overrides set, and ``model.dtype``
+    ``auto`` unless they set it: the folder loads in the dtype it was saved in (a bfloat16 run's export in bfloat16,
+    computing as the run did), as transformers' ``from_pretrained`` loads it."""
     from finecap.config import ConfigError, load, parse_override
     from finecap.config.loading import renamed_keys
     from finecap.recipes import resolve_recipe
     from finecap.utils.reading import read_yaml_mapping
 
     cfg = load(recipe, list(overrides))  # a recipe that does not load is refused here, naming it
-    given = {parse_override(o)[0][1] for o in overrides if parse_override(o)[0][0] == "decode"}
+    given = {tuple(parse_override(o)[0][:2]) for o in overrides}
     if recipe is not None:
         written = renamed_keys(read_yaml_mapping(resolve_recipe(recipe), "a recipe must be a mapping of sections"))
-        given |= set(written.get("decode") or {})
-    saved = {k: v for k, v in decode_of_folder(model_folder).items() if k not in given}
+        given |= {(section, key) for section in ("decode", "model") for key in written.get(section) or {}}
+    saved = {k: v for k, v in decode_of_folder(model_folder).items() if ("decode", k) not in given}
     try:
         decode = dataclasses.replace(cfg.decode, **saved)  # the section's checks run again
     except (ConfigError, TypeError) as e:
         raise ValueError(f"{Path(model_folder) / GENERATION_CONFIG}: {e}") from None
-    return dataclasses.replace(cfg, decode=decode)
+    model = cfg.model if ("model", "dtype") in given else dataclasses.replace(cfg.model, dtype="auto")
+    return dataclasses.replace(cfg, decode=decode, model=model)
 
 
 def write_generation_config(model_folder: str | Path, decode: DecodeConfig, tokenizer: Any = None) -> list[Path]:

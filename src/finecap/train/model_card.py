@@ -162,7 +162,9 @@ def model_card(cfg: Config, info: dict[str, Any], meta: dict[str, Any], fingerpr
     bases = base_models(meta)
     hub = [h for h in (_hub_name(s) for s in bases.values()) if h]
     objective = cfg.train.objective
-    header = ["---", f"library_name: {'peft' if meta.get('adapter') else 'transformers'}"]
+    # the folder is a transformers model at its top (a whole-model adapter, when there is one, is in a folder of its
+    # own): the Hub's loading snippet for library_name peft would look for adapter_config.json at the top
+    header = ["---", "library_name: transformers"]
     if hub:
         header.append(f"base_model: {_yaml_list(hub)}")
     header += ["pipeline_tag: image-to-text", f"tags: {_yaml_list(['finecap', 'image-captioning', kind, objective])}",
@@ -171,6 +173,8 @@ def model_card(cfg: Config, info: dict[str, Any], meta: dict[str, Any], fingerpr
             folder_line(meta, merged_from, merged),
             f"- **Backbone**: {md_code(kind)}" + (f" ({md_text(str(meta['family']))})" if meta.get("family") else ""),
             *[f"- **Base {role}**: {md_code(str(source))}" for role, source in bases.items()],
+            *([f"- **Prompt**: {md_code(str(meta['prompt']))} (the user's turn of the chat template: the image, then "
+               "this text; ask the model the same way for the run's captions)"] if meta.get("prompt") else []),
             f"- **Objective**: {md_code(objective)}",
             f"- **Trains**: language side {'yes' if meta.get('train_lm') else 'no'}, vision side "
             f"{'yes' if meta.get('train_encoder') else 'no'}"
