@@ -232,6 +232,13 @@ def test_read_jsonl(tmp_path):
         ('{"image": "a.png", "captions": ["x"], "id": 1.5}', r"line 2: 'id' must be int or str, got float"),
         ('{"image": "c.png", "captions": ["x"], "id": "a.png"}', r"line 2: duplicate image id 'a.png'"),
         ('{"image": "a.png",', r"line 2: invalid JSON"),
+        # one file under other spellings of its path: a duplicate image, in another split a leak between splits
+        ('{"image": "./a.png", "captions": ["x"]}', r"line 2: image './a.png' is the file of .*line 1 already"),
+        ('{"image": "b/../a.png", "captions": ["x"], "id": 7}', r"line 2: image 'b/../a.png' is the file of .*line 1"),
+        (
+            '{"image": ".//a.png", "captions": ["x"], "split": "test"}',
+            r"line 2: image './/a.png' has split 'test' here but no split at .*line 1 \(the same file\)",
+        ),
         ('["a.png"]', r"line 2: expected an object, got list"),
     ],
 )

@@ -12,6 +12,7 @@ read within :data:`~finecap.utils.reading.LINE`. Detected: a ``.jsonl`` file (wh
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 from finecap.data.containment import ImageFolder
@@ -51,6 +52,7 @@ def read_jsonl(
         raise DataError(f"{path}: file not found")
     records = []
     seen: set[int | str] = set()
+    by_file: dict[str, tuple[str, str, bool]] = {}  # normalised image path -> (split, where, its id given)
     splits = SplitKeys(path)
     for where, rec in json_lines(path):
         image = require(rec, "image", str, where)
@@ -62,6 +64,17 @@ def read_jsonl(
         seen.add(image_id)
         p = Path(image)
         path_ = p if p.is_absolute() else root / p
+        key = os.path.normpath(path_)  # ./a.jpg, a//b.jpg: the file, however written
+        if key in by_file:  # one image in two splits, or twice under spellings of its path standing for its id
+            first_split, first, named = by_file[key]
+            if first_split != rec_split:
+                here, there = (repr(x) if x != NO_SPLIT else "no split" for x in (rec_split, first_split))
+                raise DataError(f"{where}: image {image!r} has split {here} here but {there} at {first} (the same "
+                                "file); give each image one split")  # fmt: skip
+            if not (named and "id" in rec):
+                raise DataError(f"{where}: image {image!r} is the file of {first} already (duplicate image); give "
+                                "each image one line, its captions in one list")  # fmt: skip
+        by_file.setdefault(key, (rec_split, where, "id" in rec))
         folder.check(path_, where, image)
         questions = read_questions_field(rec.get("questions"), where)
         records.append(Record(image_id, path_, rec_split, clean_captions(caps, where), read_boosted(rec, where),
