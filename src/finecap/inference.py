@@ -29,7 +29,6 @@ way.
 from __future__ import annotations
 
 import os
-import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -39,7 +38,7 @@ from finecap.config import RunConfig
 from finecap.data.containment import ImageFolder
 from finecap.data.formats.folder import folder_images
 from finecap.data.images import DEFAULT_LIMITS, IMAGE_SUFFIXES, ImageLimits, load_image
-from finecap.data.records import MAX_LISTED, DataError, int_id_fits
+from finecap.data.records import MAX_LISTED, DataError, file_number
 from finecap.home import runs_root, start_path
 
 if TYPE_CHECKING:
@@ -49,11 +48,6 @@ if TYPE_CHECKING:
 
     from finecap.config import Config, DecodeConfig
 
-NUMBERED = re.compile(r"^(?:COCO_[A-Za-z]+\d*_)?(\d+)$")
-"""A file stem that gives an integer image id: digits, or COCO 2014's ``COCO_<set>_<digits>``."""
-MAX_ID_DIGITS = 64
-"""Digits of a file stem converted to a number at most (leading zeros included): a longer one is beyond
-:data:`~finecap.data.records.MAX_INT_ID` or all zeros, and Python refuses to convert more than 4300."""
 
 
 # --------------------------------------------------------------------------------------------------------------------
@@ -144,11 +138,9 @@ def image_ids(images: Sequence[tuple[str, Path]]) -> list[int | str]:
         ...
         finecap.data.records.DataError: a/x.png and b/x.png both have the image id 'x.png' (the same name relative to the folders named); pass the folder holding both instead
     """  # noqa: E501
-    numbers = [NUMBERED.match(Path(name).stem) for name, _ in images]
-    if images and all(m is not None and len(m.group(1)) <= MAX_ID_DIGITS for m in numbers):
-        numbered: list[int | str] = [int(m.group(1)) for m in numbers if m is not None]
-        if all(int_id_fits(n) for n in numbered) and len(set(numbered)) == len(numbered):  # type: ignore[arg-type]
-            return numbered
+    numbers = [file_number(name) for name, _ in images]
+    if images and None not in numbers and len(set(numbers)) == len(numbers):
+        return numbers  # type: ignore[return-value]
     first: dict[str, Path] = {}
     for name, path in images:
         if name in first:

@@ -64,3 +64,38 @@ def test_an_ambiguous_file_name_is_refused_showing_both_sides_ids(chat, tmp_path
         f.write(json.dumps({"messages": turns, "images": ["twin/img001.jpg"]}) + "\n")
     refused(["eval", "--predictions", str(predictions(tmp_path / "q.json", {"img001.jpg": "a cat"})), "--references",
              str(chat), "--metrics", "length"], "e.g. ['img001.jpg']")  # fmt: skip
+
+
+def numbered(tmp_path: Path, ids: dict[str, int | None]) -> Path:
+    """A JSONL data set of numbered image files (empty: nothing reads their pixels), each file's reference the
+    caption ``image <file name>``, with the ids given (None: none, the path is the id)."""
+    lines = []
+    for name, image_id in ids.items():
+        (tmp_path / "photos").mkdir(exist_ok=True)
+        (tmp_path / "photos" / name).write_bytes(b"")
+        line = {"image": f"photos/{name}", "captions": [f"image {name}"], "split": "test"}
+        lines.append(json.dumps(line | ({"id": image_id} if image_id is not None else {})))
+    path = tmp_path / "data.jsonl"
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def test_an_integer_id_names_the_file_of_that_number_as_caption_images_writes_it(tmp_path):
+    # `finecap caption --images photos/` names 1000092795.jpg 1000092795 (Flickr30k's files; its Karpathy ids are
+    # other numbers): it was "not in the references" of a data set whose ids are paths or other numbers
+    data = numbered(tmp_path, {"1000092795.jpg": None, "COCO_val2014_000000000042.jpg": 7})
+    preds = predictions(tmp_path / "p.json", {1000092795: "image 1000092795.jpg",
+                                              42: "image COCO_val2014_000000000042.jpg"})  # fmt: skip
+    got = scores(data, preds)
+    assert got["BLEU-1"] == pytest.approx(1.0)  # both matched, each against its own file's reference
+
+
+def test_an_integer_read_as_an_id_that_numbers_another_file_is_warned(tmp_path):
+    # ids 0 and 1 given crosswise to the files 1.jpg and 0.jpg: 0 is an id (of 1.jpg) and 0.jpg's number
+    data = numbered(tmp_path, {"0.jpg": 1, "1.jpg": 0})
+    preds = predictions(tmp_path / "p.json", {0: "image 1.jpg", 1: "image 0.jpg"})
+    code, out, err = run_cli(["eval", "--predictions", str(preds), "--references", str(data), "--metrics", "bleu",
+                              "--format", "json"])  # fmt: skip
+    assert code == 0 and json.loads(out)["BLEU-1"] == pytest.approx(1.0)  # scored by id, as `caption --data` writes
+    assert "warning: 2 predicted id(s) are ids of the references and numbers of other images' file names" in err
+    assert "e.g. 0: image 0 by id, image 1 by its file name" in err

@@ -32,7 +32,9 @@ their keys are listed there).
   average over twice their references' length (n-gram metrics punish detailed captions).
 - Predicted ids name reference images by id, by path relative to the data set's folder, or by file name when only one
   image has it (:func:`match_ids`: ``finecap caption --images photos/``'s ``img000.jpg`` is a chat JSONL's
-  ``photos/img000.jpg``); an id naming none is an error showing the first ids of both sides.
+  ``photos/img000.jpg``), or, an integer, by the number of a file's name (``--images``' ``1000092795`` is
+  ``1000092795.jpg``); an id naming none is an error showing the first ids of both sides, an integer read as an id
+  that is also another image's file number a warning (:func:`read_by_id_not_file`).
 - An image of the predictions listed several times is an error naming the ids
   (pycocoevalcap's scorers assert one caption per image), unless the ``diversity`` group is asked for by name: an
   image's captions are then its samples, and its first caption is what the other groups score.
@@ -54,7 +56,7 @@ from typing import Literal
 from finecap.config import Config
 from finecap.data.bags_file import read_bags
 from finecap.data.predictions import read_predictions
-from finecap.data.records import MAX_LISTED, DataError, Record
+from finecap.data.records import MAX_LISTED, DataError, Record, file_number
 from finecap.data.references import LoadedReferences, load_references, missing_images, require_captions
 from finecap.metrics.cocoeval import COCO_NAMES
 from finecap.metrics.group import metric_group
@@ -187,6 +189,13 @@ def _main(
             f"(neither as ids, paths relative to the data set nor unambiguous file names), e.g. "
             f"{missing[:MAX_LISTED]}; the references' ids are e.g. {list(by_id)[:MAX_LISTED]}"
         )
+    crossed = read_by_id_not_file(matched, refs)
+    if crossed:
+        i, other = crossed[0]
+        print(f"warning: {len(crossed)} predicted id(s) are ids of the references and numbers of other images' "
+              f"file names, e.g. {i!r}: image {i!r} by id, image {other!r} by its file name; scored by id (as "
+              "`finecap caption --data` writes them). Predictions of `finecap caption --images` name files: caption "
+              "the references' split with --data to score them by id", file=sys.stderr)  # fmt: skip
     results = {matched[i]: caps for i, caps in results.items()}
     samples = results if repeated else None
     # pycocoevalcap's order (loadRes keeps the reference file's image order): its tokenizer reads captions as
@@ -266,8 +275,9 @@ def _main(
 def match_ids(predicted: Sequence[Hashable], refs: LoadedReferences) -> dict[Hashable, Hashable]:
     """The reference image id of each predicted id that names one: the id itself, else the image's path relative to
     the data set's folder (``photos/img000.jpg``), else its file name (``img000.jpg``) when only one reference image
-    has it. So ``finecap caption --images photos/``'s ids (file names) score against a chat JSONL's (paths as the
-    file writes them), and the other way round. Ids naming no image, or naming one another id already took, are left
+    has it, else (an integer) the image whose file name is that number (:func:`file_numbers`). So ``finecap caption
+    --images photos/``'s ids (file names, or numbers of numbered files) score against a chat JSONL's (paths as the
+    file writes them), a folder's or Flickr30k's Karpathy file's, and the other way round. Ids naming no image, or naming one another id already took, are left
     out (the caller reports them).
 
     Example::
@@ -283,6 +293,7 @@ def match_ids(predicted: Sequence[Hashable], refs: LoadedReferences) -> dict[Has
     ids = {r.image_id for r in refs.records}
     by_path: dict[str, Hashable] = {}
     by_name: dict[str, list[Hashable]] = {}
+    by_number = file_numbers(refs)
     for r in refs.records:
         names = {PurePosixPath(str(r.image_id)).as_posix()}
         if not r.embedded and r.path.is_relative_to(folder):
@@ -299,10 +310,38 @@ def match_ids(predicted: Sequence[Hashable], refs: LoadedReferences) -> dict[Has
         text = PurePosixPath(str(i).replace("\\", "/"))
         same_name = set(by_name.get(text.name, ()))
         target = by_path.get(text.as_posix(), same_name.pop() if len(same_name) == 1 else None)
+        if target is None and isinstance(i, int) and not isinstance(i, bool):  # --images' id of a numbered file
+            target = by_number.get(i)
         if target is not None and target not in taken:
             matched[i] = target
             taken.add(target)
     return matched
+
+
+def file_numbers(refs: LoadedReferences) -> dict[int, Hashable]:
+    """``{number: image id}`` of the reference images whose file name is a number
+    (:func:`~finecap.data.records.file_number`: ``1000092795.jpg``, ``COCO_val2014_000000000042.jpg``), the ids
+    ``finecap caption --images`` gives them; a number two files share is left out."""
+    out: dict[int, Hashable] = {}
+    shared: set[int] = set()
+    for r in refs.records:
+        number = None if r.embedded else file_number(r.path.name)
+        if number is None:
+            continue
+        if number in out and out[number] != r.image_id:
+            shared.add(number)
+        out.setdefault(number, r.image_id)
+    return {n: i for n, i in out.items() if n not in shared}
+
+
+def read_by_id_not_file(matched: dict[Hashable, Hashable], refs: LoadedReferences) -> list[tuple[int, Hashable]]:
+    """The predicted integer ids that :func:`match_ids` read as another image's id while a reference file is named by
+    that number (Karpathy's Flickr30k numbers images from 0, its files are ``1000092795.jpg``): ``(id, the image
+    its file number names)``. Ids read as ids are what ``finecap caption --data`` writes; ``--images`` writes file
+    numbers, and a set of small numbered files may mean the other image."""
+    by_number = file_numbers(refs)
+    return [(i, by_number[i]) for i, target in matched.items()
+            if isinstance(i, int) and i == target and by_number.get(i, i) != i]  # fmt: skip
 
 
 def _read_instances(cfg: Config, instances: str | Path | None) -> dict | None:

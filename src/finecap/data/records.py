@@ -18,7 +18,7 @@ import logging
 import re
 from collections import Counter
 from dataclasses import dataclass, field
-from pathlib import Path
+from pathlib import Path, PurePath
 from typing import Any, Protocol
 
 from finecap.utils.text import short_repr
@@ -120,6 +120,31 @@ file name whose number is beyond it keeps its name as the id (:func:`finecap.inf
 def int_id_fits(value: int) -> bool:
     """Whether the integer ``value`` is a usable image id (``|value| <= MAX_INT_ID``)."""
     return -MAX_INT_ID <= value <= MAX_INT_ID
+
+
+NUMBERED = re.compile(r"^(?:COCO_[A-Za-z]+\d*_)?(\d+)$")
+"""A file stem that gives an integer image id: digits, or COCO 2014's ``COCO_<set>_<digits>``."""
+MAX_ID_DIGITS = 64
+"""Digits of a file stem converted to a number at most (leading zeros included): a longer one is beyond
+:data:`MAX_INT_ID` or all zeros, and Python refuses to convert more than 4300."""
+
+
+def file_number(name: str) -> int | None:
+    """The integer image id a file's name gives (:data:`NUMBERED`: ``000000391895.jpg`` and
+    ``COCO_val2014_000000391895.jpg`` give 391895), ``None`` when its stem is no such number or the number is beyond
+    :data:`MAX_INT_ID`: what ``finecap caption --images`` names a numbered file (:func:`finecap.inference.image_ids`)
+    and ``finecap eval`` matches a predicted integer id with (:func:`finecap.app.eval.match_ids`).
+
+    Example::
+
+        >>> file_number("000000391895.jpg"), file_number("COCO_val2014_000000000042.jpg"), file_number("cat.jpg")
+        (391895, 42, None)
+    """
+    found = NUMBERED.match(PurePath(name).stem)
+    if found is None or len(found.group(1)) > MAX_ID_DIGITS:
+        return None
+    number = int(found.group(1))
+    return number if int_id_fits(number) else None
 
 
 def check_id(value: Any, where: str, key: str = "image id") -> int | str:
