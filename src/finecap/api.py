@@ -106,7 +106,9 @@ class Captioner:
         ``decode.batch_size`` sequences on :attr:`device`, under the run's autocast
         (:func:`finecap.inference.caption_images`). A file that does not decode as an image is a
         :class:`finecap.data.records.DataError` naming it. ``progress``: show a progress bar. For several captions
-        per image (``num_return_sequences``), use :meth:`caption_all`."""
+        per image (``num_return_sequences``), use :meth:`caption_all`. A file and its PIL image give the same pixels
+        but for a JPEG at least twice the processor's size: its file is decoded at a reduced scale (the JPEG draft
+        training's feature cache used, ``data.jpeg_draft``), an already decoded PIL image at full size."""
         settings = self.decode_settings(**decode)
         if settings.num_return_sequences != 1:
             raise ValueError("caption() returns one caption per image; for num_return_sequences="

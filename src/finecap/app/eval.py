@@ -277,8 +277,8 @@ def match_ids(predicted: Sequence[Hashable], refs: LoadedReferences) -> dict[Has
     the data set's folder (``photos/img000.jpg``), else its file name (``img000.jpg``) when only one reference image
     has it, else (an integer) the image whose file name is that number (:func:`file_numbers`). So ``finecap caption
     --images photos/``'s ids (file names, or numbers of numbered files) score against a chat JSONL's (paths as the
-    file writes them), a folder's or Flickr30k's Karpathy file's, and the other way round. Ids naming no image, or naming one another id already took, are left
-    out (the caller reports them).
+    file writes them), a folder's or Flickr30k's Karpathy file's, and the other way round. Ids naming no image, or
+    naming one another id already took, are left out (the caller reports them).
 
     Example::
 

@@ -54,7 +54,7 @@ from safetensors.torch import load_file, safe_open
 from safetensors.torch import save as save_safetensors
 from tqdm.auto import tqdm
 
-from finecap.data.images import DEFAULT_LIMITS, ImageLimits
+from finecap.data.images import DEFAULT_LIMITS, RGB_CONVERSION, ImageLimits
 from finecap.data.loading import LoaderSettings, Preprocess, RecordImages, chunks, encoder_draft
 from finecap.data.samplers import process_slice
 from finecap.home import cache_dir as resolve_cache_dir
@@ -289,7 +289,8 @@ def model_features(
     encoder = model.encoder
     processor = getattr(encoder, "image_processor", None)
     draft = encoder_draft(encoder, cfg.data)
-    extra = {"class": type(encoder).__name__, "processor": processor.to_dict() if processor is not None else None}
+    extra = {"class": type(encoder).__name__, "processor": processor.to_dict() if processor is not None else None,
+             "rgb": RGB_CONVERSION}  # fmt: skip
     if draft is not None:
         extra["jpeg_draft"] = draft
     device = next(encoder.parameters()).device

@@ -129,15 +129,26 @@ def _formats() -> tuple[str, ...]:
     return tuple(f for f in IMAGE_FORMATS if f in Image.OPEN)
 
 
+RGB_CONVERSION = "alpha-on-white"
+"""How :func:`to_rgb` treats transparency, part of every image-feature cache key (features computed before
+2026-11-27 kept the colours under the alpha channel: a cache of them is not reused)."""
+
+
 def to_rgb(image: Image.Image) -> Image.Image:
-    """``image`` as 8-bit RGB: 16-bit grey scaled to 8 bits (not clipped), palette and alpha images through RGBA
-    (the colours under the alpha channel are kept, as every captioning preprocessor does), the rest converted."""
+    """``image`` as 8-bit RGB: 16-bit grey scaled to 8 bits (not clipped); an image with transparency (an alpha
+    band, a palette's or grey image's transparent colour) composited onto white, as transformers' image processors do
+    (``transformers.image_transforms.convert_to_rgb``, their ``do_convert_rgb``), so a transparent PNG reaches the
+    model as it reaches an exported checkpoint under plain transformers (the colours under a transparent pixel,
+    often black, are not what a viewer shows); the rest converted."""
+    from PIL import Image
+
     if image.mode == "RGB":
         return image
     if image.mode.startswith("I;16") or (image.mode == "I" and image.getextrema()[1] > 255):
         image = image.convert("I").point(lambda v: v * (1 / 257)).convert("L")  # 0..65535 -> 0..255
-    elif image.mode in ("P", "PA", "LA", "La", "RGBa") or "transparency" in image.info:
-        image = image.convert("RGBA")
+    if "A" in image.getbands() or "a" in image.getbands() or image.info.get("transparency") is not None:
+        rgba = image.convert("RGBA")
+        return Image.alpha_composite(Image.new("RGBA", rgba.size, (255, 255, 255, 255)), rgba).convert("RGB")
     return image.convert("RGB")
 
 

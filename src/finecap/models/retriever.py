@@ -65,7 +65,7 @@ from finecap.data.features import (
     fingerprint_module,
     text_cache_file,
 )
-from finecap.data.images import DEFAULT_LIMITS, ImageLimits
+from finecap.data.images import DEFAULT_LIMITS, RGB_CONVERSION, ImageLimits
 from finecap.data.loading import draft_size
 from finecap.models import memory
 from finecap.models.text_window import LONG_TEXT, TextEncoding
@@ -230,10 +230,10 @@ class Retriever:
 
     def identity(self) -> str:
         """The model fingerprint (:func:`finecap.data.features.fingerprint_module`): class, weights,
-        image-processor settings and the JPEG draft size, as the captioner's frozen features key them. Keys the
-        image-feature cache."""
+        image-processor settings, how images become RGB (:data:`~finecap.data.images.RGB_CONVERSION`) and the JPEG
+        draft size, as the captioner's frozen features key them. Keys the image-feature cache."""
         processor = self.image_processor.to_dict() if self.image_processor is not None else None
-        extra = {"class": type(self.model).__name__, "processor": processor}
+        extra = {"class": type(self.model).__name__, "processor": processor, "rgb": RGB_CONVERSION}
         if self.draft is not None:
             extra["jpeg_draft"] = self.draft
         return fingerprint_module(self.model, extra)
