@@ -268,7 +268,13 @@ def _aligned(predictions: Any, references: Any) -> tuple[dict[Hashable, str], di
             what = type(r).__name__ + (f" holding a {type(odd[0]).__name__}" if odd else "")
             raise TypeError(f"references of image {i!r}: expected a list of captions (str) or one caption, got {what}")
         refs[i] = texts
-    return preds, refs
+    from finecap.data.records import id_key
+
+    aligned: dict[Hashable, str] = {}
+    for i, caption in preds.items():  # an id given as an int on one side, as its string on the other: one image
+        key = id_key(i, refs)
+        aligned[key if key is not None and key not in preds else i] = caption
+    return aligned, refs
 
 
 KEYWORDS = "finecap.train keywords: "

@@ -196,6 +196,10 @@ def test_evaluate_is_the_suites_scores_in_every_accepted_form():
     # one reference as a bare string; extra reference ids are ignored
     assert evaluate({1: "a red circle"}, {1: "a red circle", 2: ["other"]}, metrics="bleu") == suite.evaluate(
         {1: "a red circle"}, {1: ["a red circle"]}, metrics="bleu")  # fmt: skip
+    # an id as an int on one side and as its string on the other is one image, as `finecap eval` reads it
+    as_strings = {str(i): r for i, r in enumerate(REFS)}
+    assert evaluate(dict(enumerate(PREDS)), as_strings, metrics=names) == by_id
+    assert evaluate({str(i): c for i, c in enumerate(PREDS)}, dict(enumerate(REFS)), metrics=names) == by_id
 
 
 def test_evaluate_equals_pycocoevalcap_and_a_hand_count():

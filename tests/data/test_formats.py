@@ -189,6 +189,10 @@ def test_coco_variants_pycocotools_reads(tmp_path):
         (lambda d: d.pop("annotations"), r"missing key 'annotations'"),
         (lambda d: d["annotations"][1].pop("caption"), r"annotations\[1\]: missing key 'caption'"),
         (lambda d: d["annotations"][0].update(image_id=99), r"annotations\[0\]: image_id 99 is not in 'images'"),
+        (
+            lambda d: d["images"][0].update(id="42"),  # an id the file writes as a string, its annotations as a number
+            r"annotations\[1\]: image_id 42 is not in 'images' \(an 'images' entry has id '42', a str: write both ids",
+        ),
         (lambda d: d["images"][1].update(id=42), r"images\[1\]: duplicate image id 42"),
         (lambda d: d["images"][0].update(file_name=3), r"images\[0\] \(id 42\): 'file_name' must be str"),
         (lambda d: d["annotations"].clear(), r"no image has a caption annotation"),

@@ -17,6 +17,7 @@ from __future__ import annotations
 import logging
 import re
 from collections import Counter
+from collections.abc import Collection, Hashable
 from dataclasses import dataclass, field
 from pathlib import Path, PurePath
 from typing import Any, Protocol
@@ -145,6 +146,25 @@ def file_number(name: str) -> int | None:
         return None
     number = int(found.group(1))
     return number if int_id_fits(number) else None
+
+
+def id_key(image_id: Hashable, keys: Collection[Hashable]) -> Hashable | None:
+    """The key among ``keys`` that names ``image_id``: itself, else the same id written the other way, an int as its
+    string or a string of digits as that int (data files give ids as strings, the world and COCO as ints), ``None``
+    when none does.
+
+    Example::
+
+        >>> id_key(42, {"42", "7"}), id_key("42", {42}), id_key(" 42", {42}), id_key("x", {"y"})
+        ('42', 42, 42, None)
+    """
+    if image_id in keys:
+        return image_id
+    if isinstance(image_id, str) and image_id.strip().lstrip("-").isdigit():
+        return int(image_id) if int(image_id) in keys else None
+    if isinstance(image_id, int) and not isinstance(image_id, bool) and str(image_id) in keys:
+        return str(image_id)
+    return None
 
 
 def check_id(value: Any, where: str, key: str = "image id") -> int | str:

@@ -31,6 +31,7 @@ from __future__ import annotations
 from collections.abc import Hashable, Mapping
 from typing import TYPE_CHECKING
 
+from finecap.data.records import id_key
 from finecap.world.facts import FACT_KINDS
 from finecap.world.facts import faithfulness as caption_faithfulness
 
@@ -95,10 +96,5 @@ def faithfulness(predictions: Mapping[Hashable, str], scenes: Mapping[Hashable, 
 def scene_of(image_id: Hashable, scenes: Mapping[Hashable, Scene]) -> Scene | None:
     """The scene of ``image_id`` in ``scenes``, whether either side keys it as an int or as that int's string (data
     files give ids as strings, the world as ints); ``None`` when there is none."""
-    if image_id in scenes:
-        return scenes[image_id]
-    if isinstance(image_id, str) and image_id.strip().lstrip("-").isdigit():
-        return scenes.get(int(image_id))
-    if isinstance(image_id, int) and str(image_id) in scenes:
-        return scenes[str(image_id)]
-    return None
+    key = id_key(image_id, scenes)
+    return scenes[key] if key is not None else None

@@ -21,6 +21,7 @@ from finecap.data.records import (
     check_image_files,
     clean_captions,
     has_control,
+    id_key,
     is_id,
     read_boosted,
     require,
@@ -99,7 +100,10 @@ def read_coco_captions(
             caption = require(ann, "caption", str, where)
             if image_id not in by_id:
                 if imgs is not None:
-                    raise DataError(f"{where}: image_id {short_repr(image_id)} is not in 'images'")
+                    other = id_key(image_id, by_id)  # 1 beside an image "id": "1": one written as a string
+                    hint = (f" (an 'images' entry has id {short_repr(other)}, a {type(other).__name__}: write both "
+                            "ids alike)") if other is not None else ""  # fmt: skip
+                    raise DataError(f"{where}: image_id {short_repr(image_id)} is not in 'images'{hint}")
                 by_id[image_id] = (None, [])
             by_id[image_id][1].append(caption)
     records = []
