@@ -26,7 +26,15 @@ def test_recipe_then_override(tmp_path):
 
 @pytest.mark.parametrize(
     ("text", "error"),
-    [("train: [unclosed\n", "invalid YAML"), ("- train\n", "a recipe must be a mapping of sections")],
+    [
+        ("train: [unclosed\n", "invalid YAML"),
+        ("- train\n", "a recipe must be a mapping of sections"),
+        # a section that is no mapping: a traceback (5, true), an error naming nothing (lr=1e-4), or nothing (false, 0)
+        *[
+            (f"train: {v}\n", rf"section 'train' must be a mapping of keys, got {e}")
+            for v, e in (("5", "5"), ("true", "True"), ("false", "False"), ("0", "0"), ("lr=1e-4", "'lr=1e-4'"))
+        ],
+    ],
 )
 def test_malformed_recipe_names_the_file(tmp_path, text, error):
     recipe = tmp_path / "bad.yaml"
@@ -34,6 +42,15 @@ def test_malformed_recipe_names_the_file(tmp_path, text, error):
     with pytest.raises(ConfigError, match=error) as e:
         load(recipe)
     assert str(e.value).startswith(f"{recipe}: ")
+
+
+def test_a_subsection_that_is_no_mapping_is_refused_with_an_override_too(tmp_path):
+    recipe = tmp_path / "bad.yaml"
+    recipe.write_text("data:\n  hf: [a]\n")
+    for overrides in ([], ["data.hf.image_column=x"]):  # with the override, the list was dropped without a word
+        with pytest.raises(ConfigError, match=r"data.hf .*mapping.* got \['a'\]") as e:
+            load(recipe, overrides)
+        assert str(e.value).startswith(f"{recipe}: ")
 
 
 def test_unknown_key_lists_valid_keys(tmp_path):

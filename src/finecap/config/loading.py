@@ -97,7 +97,10 @@ def _mapping_at(data: dict[str, Any], path: list[str]) -> dict[str, Any]:
     """The mapping at ``path`` (``["data", "hf"]``) inside the nested mappings ``data``, made (or copied, so a caller's
     mapping is never changed) on the way: the place to set a key of a nested section."""
     node = data
-    for part in path:
+    for depth, part in enumerate(path):
+        if node.get(part) is not None and not isinstance(node[part], dict):  # data: {hf: [a]}: never dropped
+            key = ".".join(path[: depth + 1])
+            raise ConfigError(f"{key} must be a mapping of keys, got {short_repr(node[part])}", key=key)
         node[part] = dict(node[part]) if isinstance(node.get(part), dict) else {}
         node = node[part]
     return node
@@ -503,7 +506,10 @@ def merge_overrides(data: dict[str, Any], overrides: list[str], origins: Origins
             log.warning("override %s: %s is now %s (read as it)", _shown_override(item), key, target)
             key, parts = target, target.split(".")
         _check_nested(parts, item)
-        _mapping_at(data, parts[:-1])[parts[-1]] = value
+        try:
+            _mapping_at(data, parts[:-1])[parts[-1]] = value
+        except ConfigError as e:  # a recipe's subsection that is no mapping: name the recipe
+            raise ConfigError(f"{_where(e.key, origins or {}, '')}{e}", key=e.key) from None
         if origins is not None:
             origins[key] = f"override {_shown_override(item)}: "
     return data
@@ -555,6 +561,10 @@ def load(
         except ValueError as e:
             raise ConfigError(str(e)) from None
         source = f"{path}: "
+        for name, values in loaded.items():  # before anything reads a section as a mapping
+            if values is not None and not isinstance(values, dict):
+                raise ConfigError(f"{source}section {short_repr(name)} must be a mapping of keys, got "
+                                  f"{short_repr(values)}: write each key below it, indented")  # fmt: skip
         loaded = renamed_keys(loaded, source, warn=True)
         for name, values in loaded.items():
             if isinstance(values, dict) and isinstance(data.get(name), dict):
