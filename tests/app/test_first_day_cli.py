@@ -64,11 +64,29 @@ def test_help_opens_with_what_finecap_is():
 def test_bare_train_prints_usage_and_the_recipes_and_builds_nothing(tmp_path, monkeypatch):
     monkeypatch.setenv("FINECAP_HOME", str(tmp_path / "home"))
     monkeypatch.chdir(tmp_path)
-    code, out, err = run_cli(["train"])
-    assert code == 2 and out == ""
-    assert err.startswith("usage: finecap train RECIPE")
-    assert all(name in err for name in list_recipes())
-    assert sorted(p.name for p in tmp_path.iterdir()) == []  # no world, no encoder, no run folder, no home
+    for argv in (["train"], ["train", "--resume"]):  # --resume alone trained the defaults into <home>/runs/run
+        code, out, err = run_cli(argv)
+        assert code == 2 and out == ""
+        assert err.startswith("usage: finecap train RECIPE")
+        assert all(name in err for name in list_recipes())
+        assert sorted(p.name for p in tmp_path.iterdir()) == []  # no world, no encoder, no run folder, no home
+
+
+def test_resume_without_a_recipe_takes_the_runs_own_settings(tiny, tmp_path):
+    """``finecap train --resume --out RUN [key=value ...]``: the settings the run was trained with (its config.yaml;
+    the error of a resume with other settings sends the user there), the overrides on top. A dotted path of code of
+    one's own in that file is imported only when named again (a run folder is data)."""
+    run = tmp_path / "run"
+    assert run_cli(["train", *tiny["base"], "--out", str(run)])[0] == 0
+    code, out, err = run_cli(["train", "--resume", "--out", str(run), "train.max_steps=3"])
+    assert code == 0, err
+    assert json.loads((run / "checkpoints" / "last" / "trainer_state.json").read_text())["step"] == 3
+    code, _, err = run_cli(["train", "--resume", "--out", str(tmp_path / "none")])
+    assert code == 2 and "no config.yaml of a run there" in err
+    stored = run / "config.yaml"
+    stored.write_text(stored.read_text().replace("objective: mle", "objective: not_a_module_anywhere:objective"))
+    code, _, err = run_cli(["train", "--resume", "--out", str(run), "train.max_steps=4"])
+    assert code == 2 and "train.objective names 'not_a_module_anywhere:objective', code of one's own" in err
 
 
 def _fake_run(folder):

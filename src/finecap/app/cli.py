@@ -162,9 +162,13 @@ def cmd_retriever_probe(args: argparse.Namespace) -> None:
 
 
 def cmd_train(args: argparse.Namespace) -> None:
-    if not args.items and not args.resume and args.out is None:
+    if not args.items and args.out is None:  # --resume alone: which run? (it trained the defaults into runs/run)
         raise UsageError(train_usage())
-    cfg = _config(args, _flags(args, {"out": "run.dir"}))
+    recipe, _ = _split_recipe(list(args.items))
+    if args.resume and recipe is None and args.out is not None:
+        cfg = _stored_run_config(args)
+    else:
+        cfg = _config(args, _flags(args, {"out": "run.dir"}))
     if args.dry_run:
         if args.resume:
             raise ValueError("--dry-run builds a fresh run and trains nothing; it does not take --resume")
@@ -175,6 +179,21 @@ def cmd_train(args: argparse.Namespace) -> None:
     from finecap.train.run import train
 
     train(cfg, resume=args.resume, recipe=_recipe_file(args))
+
+
+def _stored_run_config(args: argparse.Namespace) -> Config:
+    """``finecap train --resume --out RUN [key=value ...]`` without a recipe: the settings RUN was trained with (its
+    ``config.yaml``), the overrides on top, ``run.dir`` RUN; a dotted path of code of one's own in it is imported only
+    when named again (:func:`finecap.config.stored.load_stored` ``for_training``: a run folder is data)."""
+    from finecap.config import load_stored
+    from finecap.runs import CONFIG_FILE
+
+    stored = Path(args.out) / CONFIG_FILE
+    if not stored.is_file():
+        raise ValueError(f"--resume --out {args.out}: no {CONFIG_FILE} of a run there to take the settings from; "
+                         "give the run's recipe (finecap train RECIPE --resume --out RUN)")  # fmt: skip
+    _, overrides = _split_recipe([*args.items, *environment_overrides()])
+    return load_stored(stored, [f"run.dir={args.out}", *overrides], for_training=True)
 
 
 def number(low: float, high: float, kind: type = float) -> Callable[[str], typing.Any]:

@@ -20,7 +20,11 @@ CODE_OPTIONS = ("model.kind", "data.format", "decode.engine", "judge.name", "eva
 reading a stored configuration (caption, export, report, eval of a run, the Python API) may import. The options
 only training imports (``train.objective``, ``data.sampler``, ``rl.rewards``, ``train.validators``) are read from
 the configuration being trained, never from a stored one, so a run trained with code of one's own captions as is
-(``tests/app/test_output_safety.py::test_a_stored_configuration_imports_nothing_when_read``)."""
+(``tests/app/test_output_safety.py::test_a_stored_configuration_imports_nothing_when_read``). A stored configuration
+read to train again (``finecap train --resume --out RUN`` without a recipe: :func:`load_stored` ``for_training``) is
+checked for those too (:data:`TRAINING_CODE_OPTIONS`)."""
+TRAINING_CODE_OPTIONS = ("train.objective", "data.sampler", "rl.rewards", "train.validators")
+"""The options naming code only training imports (a mapping's keys, a list's items)."""
 
 
 def migrate_moved_keys(data: dict[str, Any]) -> dict[str, Any]:
@@ -47,14 +51,16 @@ def migrate_moved_keys(data: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def load_stored(path: str | Path, overrides: list[str] | None = None, recipe: str | Path | None = None) -> Config:
+def load_stored(path: str | Path, overrides: list[str] | None = None, recipe: str | Path | None = None,
+                for_training: bool = False) -> Config:  # fmt: skip
     """A configuration finecap stored (a run's or checkpoint's ``config.yaml``) with a ``recipe``'s keys and the
     dotlist ``overrides`` on top (only the keys they set replace the stored ones).
 
     finecap writes absolute paths (:meth:`Config.save`); a relative path found in the file (edited by hand) is read
     relative to the file's folder. Paths in the recipe and the overrides are the user's, relative to the working
     directory. A file stored before the backbone sections (``model.prefix_length``, ...) is migrated
-    (:func:`migrate_moved_keys`).
+    (:func:`migrate_moved_keys`). ``for_training``: the configuration is trained with, so a dotted path in an option
+    only training imports is refused as well unless named (:func:`check_stored_code`).
     """
     path = Path(path)
     try:
@@ -64,14 +70,14 @@ def load_stored(path: str | Path, overrides: list[str] | None = None, recipe: st
     data = absolute_path_values(migrate_moved_keys(data), path.parent)
     stored = from_dict(data, f"{path}: ")  # the stored file alone is valid; errors name it
     cfg = load(recipe, overrides, base=data)
-    check_stored_code(path, stored, cfg, recipe, overrides or [])
+    check_stored_code(path, stored, cfg, recipe, overrides or [], for_training)
     return cfg
 
 
-def code_paths(cfg: Config) -> dict[str, list[str]]:
-    """``{option: [dotted path, ...]}`` of the :data:`CODE_OPTIONS` of ``cfg`` that name code of one's own."""
+def code_paths(cfg: Config, options: tuple[str, ...] = CODE_OPTIONS) -> dict[str, list[str]]:
+    """``{option: [dotted path, ...]}`` of the ``options`` of ``cfg`` that name code of one's own."""
     out: dict[str, list[str]] = {}
-    for option in CODE_OPTIONS:
+    for option in options:
         section, key = option.split(".")
         value = getattr(getattr(cfg, section), key)
         names = [value] if isinstance(value, str) else list(value)  # eval.metrics: a list
@@ -102,16 +108,22 @@ def _named_in(overrides: list[str], option: str, name: str) -> bool:
 
 
 def check_stored_code(
-    path: Path, stored: Config, cfg: Config, recipe: str | Path | None, overrides: list[str]
+    path: Path,
+    stored: Config,
+    cfg: Config,
+    recipe: str | Path | None,
+    overrides: list[str],
+    for_training: bool = False,
 ) -> None:
     """Refuse a dotted path (code of one's own) that the stored configuration ``path`` names and the loaded ``cfg``
     still uses, unless the user named it too: in an override, in the recipe, or in
     :data:`~finecap.registry.TRUST_ENV`. A run folder is data, never code: importing a module runs it, so a
     tampered or shared ``config.yaml`` must not make finecap import one (as :func:`finecap.models.backbones.
     stored_backbone` for a checkpoint's ``captioner.json``)."""
-    used = code_paths(cfg)
+    options = CODE_OPTIONS + (TRAINING_CODE_OPTIONS if for_training else ())
+    used = code_paths(cfg, options)
     named: set[str] | None = None
-    for option, names in code_paths(stored).items():
+    for option, names in code_paths(stored, options).items():
         for name in names:
             if name not in used.get(option, ()) or name in trusted_code() or _named_in(overrides, option, name):
                 continue

@@ -43,8 +43,9 @@ from finecap.train.state import CheckpointError
 from finecap.utils.text import short_repr
 
 ADVICE = (
-    "resume with the settings the run was trained with (its config.yaml), or start a new run (--out) with "
-    "train.init_from=<its checkpoints/best>; if the run never had that setting, the state file was changed"
+    "resume with the settings the run was trained with (finecap train --resume --out RUN, no recipe, reads its "
+    "config.yaml), or start a new run (--out) with train.init_from=<its checkpoints/best>; if the run never had that "
+    "setting, the state file was changed"
 )
 
 OPTION_OF = {"weight_decay": "train.weight_decay", "initial_lr": "train.lr"}
