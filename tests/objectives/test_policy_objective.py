@@ -279,6 +279,37 @@ def test_kl_is_zero_at_step_zero_and_positive_after_a_step():
     assert outs[1].metrics["kl"] > 1e-4 and outs[2].metrics["kl"] > 1e-4
 
 
+def test_the_kl_term_and_the_clip_fraction_by_hand():
+    """One caption of one token, advantage 0, logp = -1, the reference's -2: k3 = e^(ref - logp) - (ref - logp) - 1
+    = e^-1 = 0.367879, beta = 0.5 (the TRL comparison checks these only in the slow suite)."""
+    from types import SimpleNamespace
+
+    def loss_and_grad(correction: bool, old: float, adv: float = 0.0):
+        obj = kl_objective(f"grpo.kl_bias_correction={str(correction).lower()}")
+        logp = torch.tensor([[-1.0]], requires_grad=True)
+        item = SimpleNamespace(old=torch.tensor([[old]]), ref=torch.tensor([[-2.0]]))
+        loss, _, metrics = obj.clipped_loss(logp, item, torch.tensor([adv]), torch.ones(1, 1, dtype=torch.bool))
+        (grad,) = torch.autograd.grad(loss, logp)
+        return float(loss.detach()), float(grad), metrics
+
+    k3, d_k3 = math.exp(-1), 1 - math.exp(-1)  # and d k3 / d logp
+    loss, grad, metrics = loss_and_grad(False, old=-1.0)
+    assert (loss, grad, metrics["kl"]) == (pytest.approx(0.5 * k3), pytest.approx(0.5 * d_k3), pytest.approx(k3))
+    # TRL's bias correction: k3 times the ratio e^(logp - old) = e^0.5, its gradient through the ratio too
+    ratio = math.exp(0.5)
+    loss, grad, _ = loss_and_grad(True, old=-1.5)
+    assert (loss, grad) == (pytest.approx(0.5 * k3 * ratio), pytest.approx(0.5 * ratio * (d_k3 + k3)))
+    # clip_fraction: a ratio of e^0.5 = 1.65 beyond 1 + 0.2, a positive advantage: clipped; a negative one: not
+    assert loss_and_grad(True, old=-1.5, adv=1.0)[2]["clip_fraction"] == 1.0
+    assert loss_and_grad(True, old=-1.5, adv=-1.0)[2]["clip_fraction"] == 0.0
+
+
+def test_the_reference_scores_at_the_policys_temperature():
+    # rl.scaled_logprob scores the policy at rl.temperature: the reference too, so the KL starts at 0 at T != 1
+    outs = policy_steps(tiny_captioner().train(), kl_objective("rl.temperature=0.5", "rl.scaled_logprob=true"), 1)
+    assert outs[0].metrics["kl"] == pytest.approx(0.0, abs=1e-7)
+
+
 def test_under_lora_the_reference_is_the_base_model_with_no_copy_of_the_adapters():
     model = tiny_captioner()
     base = copy.deepcopy(model).eval()  # the captioner before any adapter: the policy at the start

@@ -78,6 +78,11 @@ def test_first_token_shift_hand_computed():
     expected = (math.log(6 / 5) + math.log(6)) / 2
     got = smile_loss(logits_for(labels), labels, SmileConfig(subset="sequence", first_token="shift", shift_token_id=4))
     assert got.item() == pytest.approx(expected, abs=1e-6)
+    # the MLE term (smile.mle_weight) scores the labels given, not the shifted ones: -log p(2) - log p(0) over the
+    # full vocabulary (sum 15): (log 15/3 + log 15/1) / 2 (the shifted 4 would give (log 15/5 + log 15) / 2)
+    mle_only = SmileConfig(subset="sequence", first_token="shift", shift_token_id=4, mle_weight=1.0)
+    assert smile_loss(logits_for(labels), labels, mle_only).item() == pytest.approx(
+        (math.log(15 / 3) + math.log(15)) / 2, abs=1e-6)  # fmt: skip
     with pytest.raises(ConfigError, match="smile.shift_token_id: must be set when smile.first_token=shift"):
         SmileConfig(first_token="shift")
 

@@ -137,6 +137,14 @@ def test_in_batch_distractors():
     assert torch.equal(out.parts["retrieval"], out.total)
 
 
+def test_sr_logit_scale_replaces_the_retrievers():
+    # caption "1 0" of image a among (a, b): cos (1, 0); with sr.logit_scale=1 the logits are (1, 0), not the stand-in
+    # retriever's 2x: log p = 1 - log(e + 1) = -0.313262 (with scale 2: 2 - log(e^2 + 1) = -0.126928)
+    batch = {"image_ids": ["a", "b"], "image_index": torch.tensor([0])}
+    assert close(reward(logit_scale=1.0)(["1 0"], batch).total, [1 - math.log(math.e + 1)])
+    assert close(reward()(["1 0"], batch).total, [2 - math.log(math.e**2 + 1)])
+
+
 def test_variants_choose_the_total():
     batch = {"image_ids": ["a", "b", "c"]}
     captions = ["1 0", "0.6 0.8", "0 1"]
