@@ -191,9 +191,10 @@ class Command:
 
 
 @contextlib.contextmanager
-def serve_command(args: list[str], cwd: Path) -> Iterator[Command]:
+def serve_command(args: list[str], cwd: Path, stop: int | None = None) -> Iterator[Command]:
     """``finecap serve-reward ARGS --port 0`` run from ``cwd`` (this checkout's source first on the path) until the
-    block ends, then stopped with SIGTERM; the printed address is checked (the first line of its output)."""
+    block ends, then stopped with the signal ``stop`` (default SIGTERM); the printed address is checked (the first
+    line of its output)."""
     import os
     import signal
     import subprocess
@@ -212,7 +213,7 @@ def serve_command(args: list[str], cwd: Path) -> Iterator[Command]:
         command.url = line.split(" on ")[1].split()[0]
         command.out = line
         yield command
-        proc.send_signal(signal.SIGTERM)
+        proc.send_signal(signal.SIGTERM if stop is None else stop)
         out, command.err = proc.communicate(timeout=120)
         command.out += out
         command.code = proc.returncode

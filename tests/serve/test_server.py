@@ -187,6 +187,19 @@ def test_the_command_serves_and_stops_cleanly_on_sigterm(served, tmp_path):
     assert not list(tmp_path.iterdir())  # nothing written to the working directory
 
 
+@pytest.mark.slow
+def test_ctrl_c_is_a_clean_stop_too(served, tmp_path):
+    """Ctrl-C (SIGINT) stops the server as SIGTERM does, exit 0 with its closing line (docs/integrations.md); uvicorn
+    re-raised it after the graceful stop, and the command exited 130 as interrupted."""
+    import signal
+
+    captions, ids = served["groups"][2]
+    with serve_command([*served["base"], "rl.rewards={cider: 1.0}"], tmp_path, stop=signal.SIGINT) as command:
+        httpx.post(f"{command.url}/reward", json={"captions": captions, "image_ids": ids}, timeout=60)
+    assert command.code == 0, command.err
+    assert "stopped after 1 requests (100 captions)" in command.out and "interrupted" not in command.err
+
+
 def test_the_listening_socket_gives_its_connections_tcp_nodelay():
     """asyncio sets TCP_NODELAY on the connections of a socket made with proto=IPPROTO_TCP only; without it every
     small answer waited for the client's delayed ACK (40 ms a request, measured before the fix)."""

@@ -379,12 +379,16 @@ class GuardedH11Protocol(H11Protocol):
 
 
 class Server(uvicorn.Server):
-    """uvicorn's server, but a SIGTERM is a clean stop: uvicorn re-raises the signal it caught once it has shut down
-    gracefully (so that the process dies by it, exit code 143); a reward server its supervisor stops exits 0. SIGINT
-    keeps uvicorn's behaviour (a second one forces the exit)."""
+    """uvicorn's server, but SIGTERM and Ctrl-C (SIGINT) are a clean stop: uvicorn re-raises the signal it caught
+    once it has shut down gracefully (so that the process dies by it: exit code 143, or 130 through Python's
+    KeyboardInterrupt); a reward server stopped by its supervisor or its user exits 0 (docs/integrations.md). A second
+    Ctrl-C during the graceful stop forces the exit, as uvicorn's does."""
 
     def handle_exit(self, sig: int, frame: Any) -> None:
-        if sig == signal.SIGTERM:
+        if sig == signal.SIGINT and self.should_exit:
+            self.force_exit = True  # the second Ctrl-C: stop waiting for the requests in flight
+            return
+        if sig in (signal.SIGTERM, signal.SIGINT):
             self.should_exit = True
             return
         super().handle_exit(sig, frame)
