@@ -262,3 +262,26 @@ def test_a_command_leaves_its_process_group(group, argv, code, capsys):
     assert dist.is_initialized()
     assert main(argv) == code
     assert not dist.is_initialized()
+
+
+@pytest.mark.parametrize(
+    ("argv", "words"),
+    [
+        (["bags", "review", "b.json", "--images", "x", "--port", "99999"], "argument --port: must be from 0 to 65535"),
+        (["bags", "review", "b.json", "--images", "x", "--port", "-1"], "argument --port: must be from 0 to 65535"),
+        (["report", "runs/x", "--sample", "-3"], "argument --sample: must be from 0 to 10000, got -3"),
+        (["report", "runs/x", "--bags", "-1"], "argument --bags: must be from 0 to 10000"),
+        (["report", "runs/x", "--disagree", "-1"], "argument --disagree: must be from 0 to 10000"),
+        (["models", "tiny", "clip", "--out", "m", "--seed", "9" * 25], "argument --seed: must be from 0 to"),
+    ],
+)
+def test_numeric_options_of_the_other_commands_are_checked_at_the_command_line(argv, words, capsys, tmp_path,
+                                                                               monkeypatch):  # fmt: skip
+    """A port beyond 65535 served on another port, -1 was a traceback; a negative gallery count a Python slice or a
+    sampling error naming no option; a seed beyond 64 bits an overflow naming none."""
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SystemExit) as stopped:
+        main(argv)
+    err = capsys.readouterr().err
+    assert stopped.value.code == 2 and words in err and "Traceback" not in err
+    assert not list(tmp_path.iterdir())

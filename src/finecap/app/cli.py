@@ -571,7 +571,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--data", default=None, help="data set file for captions (default: the bags file's 'data')")
     p.add_argument("--out", default=None, help="curated bags JSON (default BAGS.curated.json)")
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")
-    p.add_argument("--port", type=int, default=8765, help="port (0 = any free port)")
+    p.add_argument("--port", type=number(0, 65535, int), default=8765, help="port (0 = any free port)")
     p.add_argument("--token", default=None, help="access token the browser must present (default "
                    "$FINECAP_REVIEW_TOKEN; generated and printed when --host is beyond loopback)")  # fmt: skip
     p.set_defaults(func=cmd_bags_review)
@@ -581,9 +581,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("items", nargs="*", metavar="key=value", help="overrides of the run's config.yaml")
     p.add_argument("--out", default=None, help="output HTML (default RUN_DIR/report.html)")
     p.add_argument("--force", action="store_true", help=FORCE_FILE_HELP)
-    p.add_argument("--sample", type=int, default=8, help="random images in the caption gallery")
-    p.add_argument("--disagree", type=int, default=8, help="images where stages disagree most in the gallery")
-    p.add_argument("--bags", type=int, default=3, help="bags of each size in the bag gallery")
+    p.add_argument("--sample", type=number(0, 10_000, int), default=8, help="random images in the caption gallery")
+    p.add_argument("--disagree", type=number(0, 10_000, int), default=8,
+                   help="images where stages disagree most in the gallery")  # fmt: skip
+    p.add_argument("--bags", type=number(0, 10_000, int), default=3, help="bags of each size in the bag gallery")
     p.add_argument(
         "--no-bag-outcomes",
         dest="no_bag_outcomes",
@@ -653,7 +654,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--hidden", type=number(4, 4096, int), default=64, help="language model width (default 64)")
     p.add_argument("--heads", type=number(1, 64, int), default=2, help="attention heads (default 2: heads of 32, "
                    "which vLLM's CPU attention takes)")  # fmt: skip
-    p.add_argument("--seed", type=int, default=0, help="seed of the random weights")
+    p.add_argument("--seed", type=number(0, 2**63 - 1, int), default=0, help="seed of the random weights")
     p.set_defaults(func=cmd_models_tiny)
 
     p = sub.add_parser("recipes", help="List the packaged recipes (run one with `finecap train NAME`).",
