@@ -96,6 +96,29 @@ def _other_owner(path: Path) -> str | None:
         return f"uid {uid}"
 
 
+LOCK_KEYS = {"pid", "host", "started"}
+"""What every lock record finecap writes holds (:func:`output_lock`)."""
+
+
+def refuse_foreign_lock(path: Path) -> None:
+    """:class:`OutputLocked` when ``path`` holds something other than a lock record finecap wrote (empty, or a JSON
+    object with :data:`LOCK_KEYS`): a file of the user's that happens to bear the name is never truncated or removed.
+    A file this user cannot read is left to the lock's own refusal."""
+    try:
+        data = read_bounded(path, METADATA)
+    except ValueError:  # larger than any lock record
+        data = b"x"
+    except OSError:  # none there, or not readable as a file: the lock's own refusal says what it is
+        return
+    try:
+        record = json.loads(data.decode("utf-8")) if data.strip() else None
+    except (UnicodeDecodeError, json.JSONDecodeError):
+        record = {}
+    if record is not None and not (isinstance(record, dict) and set(record) >= LOCK_KEYS):
+        raise OutputLocked(f"{path}: a file finecap did not write holds the name of its lock file (it is never "
+                           "overwritten); move it away, or choose another --out")  # fmt: skip
+
+
 def read_holder(path: str | Path) -> dict[str, Any]:
     """The record in a lock file (``{}`` when it is missing or empty)."""
     try:
@@ -113,6 +136,7 @@ def output_lock(
     boost``, ``finecap demo``) in messages."""
     path = Path(out) / name
     refuse_link(path)  # the lock file is written: never through a planted link
+    refuse_foreign_lock(path)
     record = {"pid": os.getpid(), "host": socket.gethostname(), "started": round(time.time(), 3),
               "command": command_line()}  # fmt: skip
     previous: dict[str, Any] = {}

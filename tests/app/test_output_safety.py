@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from finecap.locks import TRAIN_LOCK, output_lock
+from finecap.locks import TRAIN_LOCK, OutputLocked, output_lock
 from finecap.outputs import OutputRefused, check_output_file, made_by_finecap, write_output
 from finecap.utils.files import append_jsonl, atomic_write_text, make_temporary_dir, open_append
 from finecap.utils.folders import atomic_replace_dir
@@ -104,6 +104,26 @@ def test_a_lock_file_is_never_written_through_a_link(tmp_path):
     assert target.read_bytes() == PRECIOUS
 
 
+def test_a_users_file_bearing_the_lock_files_name_is_never_written_or_removed(tmp_path):
+    """A file of the user's named .train.lock (not a lock record finecap writes) was truncated, taken over with a
+    warning and deleted, even when the run was then refused; a record of finecap's (a run that died) is taken over."""
+    run = tmp_path / "run"
+    run.mkdir()
+    for mine in ("lock\n", '{"note": "my own settings"}', "[1, 2]"):
+        (run / TRAIN_LOCK).write_text(mine)
+        with (
+            pytest.raises(OutputLocked, match="a file finecap did not write holds the name of its lock file"),
+            output_lock(run, name=TRAIN_LOCK, holder="finecap train"),
+        ):
+            pass
+        assert (run / TRAIN_LOCK).read_text() == mine
+    said = []
+    (run / TRAIN_LOCK).write_text('{"pid": 4242, "host": "node7", "started": 0, "command": "finecap train"}')
+    with output_lock(run, name=TRAIN_LOCK, holder="finecap train", log=said.append) as record:
+        assert json.loads((run / TRAIN_LOCK).read_text())["pid"] == record["pid"]
+    assert "taking over the lock of pid 4242 on host node7" in said[0] and not (run / TRAIN_LOCK).exists()
+
+
 def test_another_users_lock_file_is_named_with_its_owner_and_record(tmp_path, monkeypatch):
     """A lock file another user's dead run left (mode 0600, theirs): flock cannot open it; the error said only
     "cannot take the output folder's lock (Permission denied)". It names the owner, the run that left it and the way
@@ -111,8 +131,6 @@ def test_another_users_lock_file_is_named_with_its_owner_and_record(tmp_path, mo
     import pwd
 
     from filelock import FileLock
-
-    from finecap.locks import OutputLocked
 
     run = tmp_path / "run"
     run.mkdir()
