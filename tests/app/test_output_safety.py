@@ -343,6 +343,18 @@ def test_train_never_replaces_the_recipe_nor_a_users_config(tiny, tmp_path):
     assert recipe.read_bytes() == before and (other / "config.yaml").read_bytes() == before
 
 
+def test_train_never_writes_its_run_into_the_data_it_reads(tiny, tmp_path):
+    """A run folder inside the world (or a data set folder, data.images) was made and trained into; caption, eval and
+    the report refuse such an output."""
+    world = tiny["root"] / "world"
+    before = sorted(p.relative_to(world) for p in world.rglob("*"))
+    for inside in (world / "myrun", world / "images" / "train" / "run"):
+        refused(["train", *tiny["base"], "--out", str(inside)], f"run.dir: {inside} lies inside the command's data")
+    refused(["train", *tiny["base"], f"data.images={tmp_path}", "--out", str(tmp_path / "run")],
+            "lies inside the command's image folder (data.images)")  # fmt: skip
+    assert sorted(p.relative_to(world) for p in world.rglob("*")) == before and not (tmp_path / "run").exists()
+
+
 def test_demo_refuses_a_folder_of_user_files_and_a_users_config(tiny, tmp_path):
     world = [o for o in tiny["base"] if o.startswith(("world.", "run.cache_dir"))]
     mine = tmp_path / "mine"

@@ -38,14 +38,14 @@ from finecap.contract import TrainContext
 from finecap.data.datasets import to_device
 from finecap.data.loading import LoaderSettings
 from finecap.data.samplers import get_sampler, repeat_batches
-from finecap.home import run_path
+from finecap.home import run_path, world_path
 from finecap.locks import TRAIN_LOCK, output_lock
 from finecap.models import sharding
 from finecap.models.backbones import check_before_building, reads_world_encoder
 from finecap.models.memory import check_attention
 from finecap.objectives import get_objective
 from finecap.objectives.base import ObjectiveBase
-from finecap.outputs import check_replaceable, write_output
+from finecap.outputs import check_not_input, check_replaceable, write_output
 from finecap.registry import SAMPLERS, VALIDATORS, declared_needs, lookup
 from finecap.runs import BEST, CONFIG_FILE, FINGERPRINTS_FILE, METRICS_FILE, TRACKERS_DIR, checkpoint_dir, model_dir
 from finecap.train.checkpoint import save_checkpoint
@@ -159,6 +159,9 @@ def train(
     """
     check_attention(cfg.model.attn_implementation)  # before anything is made: a kernel this machine lacks stops it
     run_dir = run_path(cfg.run)
+    # a run folder inside the data it reads (a data set folder, the world, data.images), as caption and eval refuse
+    check_not_input(run_dir, {"data set": cfg.data.path or world_path(cfg.world),
+                              "image folder (data.images)": cfg.data.images or None}, option="run.dir")  # fmt: skip
     # train.init_from found (working directory, else the runs root) before anything is made; a run resuming from a
     # checkpoint of its own reads its weights from there, so its start may have moved since
     cfg = resolve_start(cfg, must_exist=not (resume and find_resumable(run_dir) is not None))
