@@ -464,6 +464,18 @@ def load_yaml(text: str) -> Any:
         loader.dispose()
 
 
+def yaml_error_text(error: yaml.YAMLError) -> str:
+    """A YAML syntax error on one line, where it is first: ``" at line 2, column 5: expected ',' or ']', but got
+    '<stream end>' (while parsing a flow sequence that started at line 1, column 5)"`` (PyYAML's own message spans
+    several lines, each place named as ``in "<unicode string>"``)."""
+    mark = getattr(error, "problem_mark", None)
+    problem = getattr(error, "problem", None) or str(error).splitlines()[0]
+    where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+    context, context_mark = getattr(error, "context", None), getattr(error, "context_mark", None)
+    started = f" at line {context_mark.line + 1}, column {context_mark.column + 1}" if context_mark is not None else ""
+    return f"{where}: {problem}" + (f" ({context}{started})" if context else "")
+
+
 def read_yaml_mapping(path: str | Path, expected: str) -> dict[str, Any]:
     """A YAML file holding a mapping (an empty file is ``{}``); ``ValueError`` naming the file otherwise, with
     ``expected`` saying what the mapping should hold. Read with :func:`load_yaml`: anchors, aliases and duplicate
@@ -475,7 +487,7 @@ def read_yaml_mapping(path: str | Path, expected: str) -> dict[str, Any]:
     except YAMLRefused as e:
         raise ValueError(f"{path}: {e}") from None
     except yaml.YAMLError as e:
-        raise ValueError(f"{path}: invalid YAML: {e}") from None
+        raise ValueError(f"{path}: invalid YAML{yaml_error_text(e)}") from None
     except ValueError as e:  # a value Python cannot build, e.g. an integer of more than 4300 digits
         raise ValueError(f"{path}: invalid YAML value: {e}") from None
     if not isinstance(data, dict):
