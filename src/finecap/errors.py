@@ -93,13 +93,38 @@ def _prefix(path: str | None) -> str:
     return f"{shown_path(path)}: " if path else ""
 
 
+def denied_reason(path: str | None) -> str | None:
+    """What a permission error on ``path`` means, from what this user may do there: a file it cannot read (read, not
+    written: a recipe, a data file), one it cannot write, or a folder it cannot create a file in; inside the finecap
+    home, the way out is ``FINECAP_HOME`` (``--out`` does not move the home). ``None`` without a path."""
+    if path is None:
+        return None
+    from finecap.home import ENV, home
+
+    target = Path(shown_path(path))  # a temporary name's: the file it was being written as
+    try:
+        in_home = Path(os.path.realpath(target)).is_relative_to(os.path.realpath(home()))
+    except OSError:
+        in_home = False
+    elsewhere = f"set {ENV} to a folder of yours" if in_home else "write elsewhere (--out)"
+    if target.exists() and not os.access(target, os.R_OK):
+        return "permission denied: this user cannot read it; change its permissions (or run as its owner)"
+    if target.exists():
+        return f"permission denied: this user cannot write it; {elsewhere} or change its permissions"
+    return f"permission denied: this user cannot create it in its folder; {elsewhere} or change the folder's rights"
+
+
 def os_message(exc: OSError) -> str:
     """``PATH: what it means``; the path of a failed rename is its target (``filename2``)."""
     path = exc.filename2 or exc.filename
     if path is None:
         path = culprit_path(exc)
-    reason = OS_REASONS.get(exc.errno) if exc.errno is not None else None
-    return _prefix(None if path is None else str(path)) + (reason or (exc.strerror or str(exc)).rstrip("."))
+    shown = None if path is None else str(path)
+    reason = denied_reason(shown) if exc.errno in (errno.EACCES, errno.EPERM) else None
+    if exc.errno == errno.EEXIST and shown is not None and Path(shown).is_file():
+        reason = "a file, but a folder is expected here"
+    reason = reason or (OS_REASONS.get(exc.errno) if exc.errno is not None else None)
+    return _prefix(shown) + (reason or (exc.strerror or str(exc)).rstrip("."))
 
 
 def _hub_id_message(exc: OSError) -> str | None:

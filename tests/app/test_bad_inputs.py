@@ -310,7 +310,8 @@ def case_permission_denied(ctx):
 
     ctx.monkeypatch.setattr(finecap.utils.files.tempfile, "mkstemp", denied)
     argv, out = _eval_writing(ctx)
-    return argv, [f"{out}: permission denied (read-only file or folder)"]  # the file, not its temporary name
+    # the file, not its temporary name; created, not read
+    return argv, [f"{out}: permission denied: this user cannot create it in its folder; write elsewhere (--out)"]
 
 
 CASES: dict[str, Callable] = {n.removeprefix("case_"): f for n, f in globals().items() if n.startswith("case_")}
@@ -437,3 +438,33 @@ def test_model_command_prints_no_import_warnings_and_q_silences_libraries(secret
     if not (torchvision_missing and kernels_missing):
         pytest.skip("torchvision or `kernels` installed, or a CPU without AVX512-BF16: a library gave no warning to "
                     "silence here (the rest was checked)")  # fmt: skip
+
+
+def test_a_permission_error_says_whether_the_file_was_read_written_or_created(tmp_path, monkeypatch):
+    """One text served every permission error ("read-only file or folder; write elsewhere (--out)"), also for a
+    recipe this user cannot read and for a finecap home it cannot write, where --out cannot help. (os.access is
+    patched: this machine's tests run as root, who may read anything.)"""
+    from finecap.errors import os_message
+
+    mine = tmp_path / "recipe.yaml"
+    mine.write_text("train: {}\n")
+    denied = {str(mine)}
+    monkeypatch.setattr(os, "access", lambda path, mode: not (mode == os.R_OK and str(path) in denied))
+    home = tmp_path / "home"
+    (home / "cache").mkdir(parents=True)
+    monkeypatch.setenv("FINECAP_HOME", str(home))
+
+    def said(path) -> str:
+        return os_message(PermissionError(errno.EACCES, os.strerror(errno.EACCES), str(path)))
+
+    assert (
+        said(mine)
+        == f"{mine}: permission denied: this user cannot read it; change its permissions (or run as its owner)"
+    )
+    denied.clear()
+    assert said(mine).endswith("this user cannot write it; write elsewhere (--out) or change its permissions")
+    created = "cannot create it in its folder; {} or change the folder's rights"
+    assert said(tmp_path / "new.json").endswith(created.format("write elsewhere (--out)"))
+    assert said(home / "cache" / "x.sqlite").endswith(created.format("set FINECAP_HOME to a folder of yours"))
+    assert os_message(FileExistsError(errno.EEXIST, "File exists", str(mine))) == (
+        f"{mine}: a file, but a folder is expected here")  # fmt: skip
