@@ -183,8 +183,9 @@ def test_debug_shows_the_traceback(tmp_path, capsys, monkeypatch):
     monkeypatch.setenv("FINECAP_DEBUG", "1")  # the older spelling
     with pytest.raises(IsADirectoryError):
         main(argv)
-    monkeypatch.setenv("FINECAP_DEBUG", "0")
-    assert main(argv) == 2
+    for off in ("0", "false", "No", "off", ""):  # "false" turned it on
+        monkeypatch.setenv("FINECAP_DEBUG", off)
+        assert main(argv) == 2
 
 
 def test_verbosity_flags_set_finecap_and_library_loggers(capsys):

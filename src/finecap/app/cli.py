@@ -769,8 +769,9 @@ def configured_logging(verbose: int = 0, quiet: int = 0) -> Iterator[None]:
 
 
 def debug_requested(args: argparse.Namespace) -> bool:
-    """``--debug``, or ``FINECAP_DEBUG`` set to anything but empty or 0 (its older spelling)."""
-    return bool(getattr(args, "debug", False)) or os.environ.get("FINECAP_DEBUG", "") not in ("", "0")
+    """``--debug``, or ``FINECAP_DEBUG`` set to anything but empty, 0, false, no or off (its older spelling)."""
+    off = ("", "0", "false", "no", "off")
+    return bool(getattr(args, "debug", False)) or os.environ.get("FINECAP_DEBUG", "").strip().lower() not in off
 
 
 def _close_progress_bars() -> None:

@@ -114,12 +114,15 @@ class RLConfig(Section, name="rl"):
             "rl.rewards",
             "every weight is 0, so every caption's reward is 0 and nothing is learnt; give a reward a nonzero weight",
         )
+        from finecap.config.loading import did_you_mean  # (loading imports the sections)
+
         measures = get_args(AlarmMeasure)
         for measure, threshold in self.alarms.items():
             check(
                 measure in measures,
                 "rl.alarms",
-                f"unknown measure {short_repr(measure)}; valid: {', '.join(measures)}",
+                f"unknown measure {short_repr(measure)}{did_you_mean(str(measure), measures)}; valid: "
+                f"{', '.join(measures)}",
             )
             number = isinstance(threshold, int | float) and not isinstance(threshold, bool)
             drift = measure in ("length_drift", "kl")  # a relative change or a KL, any size; the others are shares

@@ -110,11 +110,14 @@ class TrainConfig(Section, name="train"):
     def __post_init__(self) -> None:
         super().__post_init__()
         check(self.epochs > 0 or self.max_steps > 0, "train.epochs/train.max_steps", "one of them must be > 0")
+        from finecap.config.loading import did_you_mean  # (loading imports the sections)
+
         for tracker in self.log_with:
             check(
                 tracker in TRACKERS,
                 "train.log_with",
-                f"unknown tracker {short_repr(tracker)}; valid: {', '.join(TRACKERS)}",
+                f"unknown tracker {short_repr(tracker)}{did_you_mean(str(tracker), TRACKERS)}; valid: "
+                f"{', '.join(TRACKERS)}",
             )
 
     def check_config(self, cfg: Config) -> None:
