@@ -47,6 +47,15 @@ def test_a_mistyped_option_gets_a_did_you_mean_from_its_own_command(argv, meant)
     assert f"finecap {' '.join(argv[:2]) if argv[0] == 'bags' else argv[0]}: error: unrecognized arguments" in err
 
 
+def test_a_mistyped_required_option_gets_a_did_you_mean_and_optional_positionals_are_not_required():
+    # argparse stopped at the missing --checkpoint before the unrecognised --checkpiont was looked at
+    code, _, err = run_cli(["caption", "--checkpiont", "runs/a", "--out", "x.json"])
+    assert code == 2 and err.strip().endswith("the following arguments are required: --checkpoint; unrecognized "
+                                              "argument '--checkpiont' (did you mean '--checkpoint'?)")  # fmt: skip
+    code, _, err = run_cli(["report"])  # its key=value overrides are optional
+    assert code == 2 and err.strip().endswith("error: the following arguments are required: RUN_DIR")
+
+
 def test_an_unrelated_option_gets_no_guess():
     code, _, err = run_cli(["train", "demo/mle", "--zzzzzz"])
     assert code == 2 and "unrecognized arguments: --zzzzzz" in err and "did you mean" not in err

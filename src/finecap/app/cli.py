@@ -416,10 +416,28 @@ class Parser(argparse.ArgumentParser):
         if self._subparsers is not None or self._intermixed:
             return super().parse_known_args(args, namespace)
         self._intermixed = True  # parse_known_intermixed_args calls parse_known_args itself
+        self._given = list(args) if args is not None else sys.argv[1:]
         try:
             return self.parse_known_intermixed_args(args, namespace)
         finally:
             self._intermixed = False
+
+    def error(self, message: str) -> typing.NoReturn:
+        """argparse's, but a missing required option that an unrecognised one misspells says so
+        (``caption --checkpiont runs/a``: "required: --checkpoint" alone hid the typo)."""
+        if message.startswith("the following arguments are required"):
+            # argparse's intermixed parsing lists the optional positionals (nargs "*": the overrides) as required
+            optional = {a.metavar or a.dest for a in self._actions if not a.option_strings and a.nargs == "*"}
+            named = [n for n in message.split(": ", 1)[1].split(", ") if n not in optional]
+            message = f"the following arguments are required: {', '.join(named)}" if named else message
+            for word in getattr(self, "_given", ()):
+                name = word.split("=", 1)[0]
+                if name.startswith("--") and name not in self._option_string_actions:
+                    hint = did_you_mean(name, self._option_string_actions)
+                    if hint:
+                        message += f"; unrecognized argument {name!r}{hint}"
+                        break
+        super().error(message)
 
 
 def _command_parser(parser: argparse.ArgumentParser, parsed: argparse.Namespace) -> argparse.ArgumentParser:
