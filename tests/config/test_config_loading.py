@@ -169,6 +169,10 @@ def test_typos_get_a_suggestion_in_files_and_overrides(tmp_path):
         load(None, ["decode.strategy=beem"])
     with pytest.raises(ConfigError, match=r"train.best_metric: 'los' \(did you mean 'loss'\?\) is not"):
         load(None, ["train.best_metric=los"])
+    with pytest.raises(ConfigError, match=r"YAML reads Describe: the image as a mapping: quote the text, e.g. "
+                                          r"vlm.prompt='\"Describe: the image\"'"):  # fmt: skip
+        load(None, ["vlm.prompt=Describe: the image"])
+    assert load(None, ['vlm.prompt="Describe: the image"']).vlm.prompt == "Describe: the image"  # the way out works
     with pytest.raises(ConfigError, match=r"unknown measure 'lenght_drift' \(did you mean 'length_drift'\?\); valid"):
         load(None, ["rl.alarms={lenght_drift: 1}"])
     with pytest.raises(ConfigError, match=r"unknown tracker 'tensorbord' \(did you mean 'tensorboard'\?\); valid"):

@@ -258,7 +258,11 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
             return value
         if isinstance(value, int | float) and not isinstance(value, bool):
             return getattr(value, "written", None) or str(value)  # as written: `0123`, not YAML 1.1's octal 83
-        raise ConfigError(f"{key}: expected a string, got {short_repr(value)}")
+        hint = ""
+        if isinstance(value, dict) and len(value) == 1:  # `vlm.prompt=Describe: the image` reads as a mapping
+            ((k, v),) = value.items()
+            hint = f" (YAML reads {k}: {v} as a mapping: quote the text, e.g. {key}='\"{k}: {v}\"')"
+        raise ConfigError(f"{key}: expected a string, got {short_repr(value)}{hint}")
     raise ConfigError(f"{key}: unsupported field type {tp!r}")
 
 
