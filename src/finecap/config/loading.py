@@ -8,7 +8,6 @@ the sections' cross-field checks run when each section is built (:mod:`finecap.c
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import logging
 import math
 import types
@@ -35,27 +34,9 @@ from finecap.registry import (
     is_dotted_path,
 )
 from finecap.utils.reading import YAMLRefused, load_yaml
-from finecap.utils.text import SHORT_REPR_LIMIT, short_repr
+from finecap.utils.text import did_you_mean, short_repr
 
 log = logging.getLogger(__name__)
-
-
-def did_you_mean(name: object, valid: typing.Iterable[object], prefix: str = "") -> str:
-    """`` (did you mean 'x'?)`` for the closest of ``valid`` to a mistyped ``name`` (:func:`difflib.get_close_matches`,
-    as argparse and git suggest), or ``""`` when nothing is close; ``prefix`` is prepended to the suggestion.
-
-    Example::
-
-        >>> did_you_mean("n_trian", ["n_train", "n_val"])
-        " (did you mean 'n_train'?)"
-
-    Only a name of at most :data:`~finecap.utils.text.SHORT_REPR_LIMIT` characters is compared (a number or a long text
-    is no typo of a name, and ``str()`` of a nested value read from a file can be enormous).
-    """
-    if not isinstance(name, str | int | float) or len(str(name)) > SHORT_REPR_LIMIT:
-        return ""
-    match = difflib.get_close_matches(str(name), [str(v) for v in valid], n=1, cutoff=0.6)
-    return f" (did you mean {prefix + match[0]!r}?)" if match else ""
 
 
 def _moved_message(key: str, kind: str) -> str:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import difflib
 import os
 import re
 import reprlib
@@ -66,3 +67,21 @@ CONTROL_CHARACTERS = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029]")
 """Characters that end a line or are invisible controls (C0, DEL, C1, Unicode's line and paragraph separators): what
 a name finecap writes into a file or a page must not hold (``run.name``), and what a card shows escaped
 (:func:`finecap.train.model_card.one_line`)."""
+
+
+def did_you_mean(name: object, valid: Iterable[object], prefix: str = "") -> str:
+    """`` (did you mean 'x'?)`` for the closest of ``valid`` to a mistyped ``name`` (:func:`difflib.get_close_matches`,
+    as argparse and git suggest), or ``""`` when nothing is close; ``prefix`` is prepended to the suggestion.
+
+    Example::
+
+        >>> did_you_mean("n_trian", ["n_train", "n_val"])
+        " (did you mean 'n_train'?)"
+
+    Only a name of at most :data:`SHORT_REPR_LIMIT` characters is compared (a number or a long text
+    is no typo of a name, and ``str()`` of a nested value read from a file can be enormous).
+    """
+    if not isinstance(name, str | int | float) or len(str(name)) > SHORT_REPR_LIMIT:
+        return ""
+    match = difflib.get_close_matches(str(name), [str(v) for v in valid], n=1, cutoff=0.6)
+    return f" (did you mean {prefix + match[0]!r}?)" if match else ""

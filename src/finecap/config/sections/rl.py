@@ -10,7 +10,7 @@ from finecap.config.sections.limits import (
     FLOAT32_TINY,
     MAX_REWARD_WEIGHT,
 )
-from finecap.utils.text import short_repr
+from finecap.utils.text import did_you_mean, short_repr
 
 if TYPE_CHECKING:
     from finecap.config.sections import Config
@@ -114,8 +114,6 @@ class RLConfig(Section, name="rl"):
             "rl.rewards",
             "every weight is 0, so every caption's reward is 0 and nothing is learnt; give a reward a nonzero weight",
         )
-        from finecap.config.loading import did_you_mean  # (loading imports the sections)
-
         measures = get_args(AlarmMeasure)
         for measure, threshold in self.alarms.items():
             check(

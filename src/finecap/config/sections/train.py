@@ -9,7 +9,7 @@ from finecap.config.fields import Section, check, doc
 from finecap.config.sections.limits import (
     MAX_BATCH,
 )
-from finecap.utils.text import short_repr
+from finecap.utils.text import did_you_mean, short_repr
 
 if TYPE_CHECKING:
     from finecap.config.sections import Config
@@ -110,8 +110,6 @@ class TrainConfig(Section, name="train"):
     def __post_init__(self) -> None:
         super().__post_init__()
         check(self.epochs > 0 or self.max_steps > 0, "train.epochs/train.max_steps", "one of them must be > 0")
-        from finecap.config.loading import did_you_mean  # (loading imports the sections)
-
         for tracker in self.log_with:
             check(
                 tracker in TRACKERS,
