@@ -94,24 +94,31 @@ def _prefix(path: str | None) -> str:
 
 
 def denied_reason(path: str | None) -> str | None:
-    """What a permission error on ``path`` means, from what this user may do there: a file it cannot read (read, not
-    written: a recipe, a data file), one it cannot write, or a folder it cannot create a file in; inside the finecap
-    home, the way out is ``FINECAP_HOME`` (``--out`` does not move the home). ``None`` without a path."""
+    """What a permission error on ``path`` means, from what this user may do there: a file it cannot reach (a
+    folder above it is closed to this user), read (a recipe, a data file: read, not written), or write, or a folder
+    it cannot create or replace a file in (finecap writes a file anew beside its name, then renames it); inside the
+    finecap home, the way out is ``FINECAP_HOME`` (``--out`` does not move the home). ``None`` without a path. A
+    guess from ``os.access``, which allows everything to root: then the folder is named."""
     if path is None:
         return None
     from finecap.home import ENV, home
 
     target = Path(shown_path(path))  # a temporary name's: the file it was being written as
     try:
+        exists = target.exists()
+    except OSError:  # Python 3.11 raises when a folder above cannot be searched
+        return "permission denied: this user cannot reach it (a folder above it is closed to this user)"
+    try:
         in_home = Path(os.path.realpath(target)).is_relative_to(os.path.realpath(home()))
     except OSError:
         in_home = False
     elsewhere = f"set {ENV} to a folder of yours" if in_home else "write elsewhere (--out)"
-    if target.exists() and not os.access(target, os.R_OK):
+    if exists and not os.access(target, os.R_OK):
         return "permission denied: this user cannot read it; change its permissions (or run as its owner)"
-    if target.exists():
+    if exists and not os.access(target, os.W_OK):
         return f"permission denied: this user cannot write it; {elsewhere} or change its permissions"
-    return f"permission denied: this user cannot create it in its folder; {elsewhere} or change the folder's rights"
+    verb = "replace" if exists else "create"
+    return f"permission denied: this user cannot {verb} it in its folder; {elsewhere} or change the folder's rights"
 
 
 def os_message(exc: OSError) -> str:
