@@ -271,3 +271,28 @@ def test_connection_refused_is_server_unavailable(tmp_path):
     ((_, error),) = list(backend.run(_tasks(_records(tmp_path, 1))))
     assert isinstance(error, ServerUnavailable) and "gave up after 3 attempt(s)" in str(error)
     assert "ConnectError" in str(error) and len(waits) == 2 and backend.requests_sent == 3
+
+
+def test_the_reply_is_read_as_json_reads_bytes_and_bounded_in_size():
+    """The body is JSON's bytes, whatever charset the headers claim (UTF-8 under a latin-1 header read 'hÃ©llo'; a
+    UTF-16 body was malformed; bytes that are no text were taken with replacement characters into a caption); a reply
+    over MAX_REPLY_BYTES is malformed, read no further."""
+    import pytest
+
+    from finecap.boost.engine import MalformedReply
+    from finecap.boost.openai_backend import MAX_REPLY_BYTES
+
+    def backend(body: bytes, content_type: str = "application/json") -> OpenAIBackend:
+        headers = {"Content-Type": content_type}
+        reply = httpx.MockTransport(lambda request: httpx.Response(200, content=body, headers=headers))
+        return OpenAIBackend("m", "http://llm.test/v1", transport=reply)
+
+    answer = json.dumps({"choices": [{"message": {"content": "h\u00e9llo"}}]}, ensure_ascii=False)
+    payload = {"model": "m", "messages": []}
+    assert backend(answer.encode(), "application/json; charset=iso-8859-1").attempt(payload) == "h\u00e9llo"
+    assert backend(answer.encode("utf-16")).attempt(payload) == "h\u00e9llo"
+    with pytest.raises(MalformedReply, match="not JSON"):
+        backend(answer.encode().replace("\u00e9".encode(), b"\xff")).attempt(payload)
+    huge = b'{"choices": [{"message": {"content": "' + b"a" * (MAX_REPLY_BYTES + 1) + b'"}}]}'
+    with pytest.raises(MalformedReply, match="the reply is over 8 MiB"):
+        backend(huge).attempt(payload)

@@ -26,13 +26,16 @@ What happens to each request:
 - **asked again by the engine**: a reply that is not chat-completions JSON
   (:class:`~finecap.boost.engine.MalformedReply`, reported as "not JSON" or "no choices[0].message.content").
 
-The time-out (``boost.timeout``, ``judge.timeout``) bounds the whole request: a server silent for that long at any
-step (connecting, sending, the first byte of the reply, any later byte) is a time-out, and so is a reply whose bytes
-are still arriving when it has passed (checked as each piece arrives: a server dripping its reply a byte at a time
-cannot hold a request for ever). The API key (of ``MASKED_KEY_LENGTH`` characters or more: a shorter one, such as
-vLLM's customary ``EMPTY``, is no secret worth changing an answer's words for) and URL credentials are masked in the
-answer too: a server that echoes the ``Authorization`` header into its answer cannot put the key into a caption, a
-judge's cached answer or a log.
+The time-out (``boost.timeout``, ``judge.timeout``) bounds the request: a server silent for that long at any step
+(connecting, sending, the first byte of the reply, any later byte) is a time-out, and so is a reply whose bytes are
+still arriving when it has passed (checked as each piece arrives: a server dripping its reply a byte at a time cannot
+hold a request for ever). A request therefore ends within about twice the time-out (a reply whose headers come just
+before it, and whose body stalls). A reply over :data:`MAX_REPLY_BYTES` is a malformed reply, read no further. The
+body is parsed as JSON from its bytes (UTF-8, -16 or -32, whatever charset the headers claim, as httpx's
+``Response.json`` reads it); bytes that are not text are a malformed reply. The API key (of ``MASKED_KEY_LENGTH``
+characters or more: a shorter one, such as vLLM's customary ``EMPTY``, is no secret worth changing an answer's words
+for) and URL credentials are masked in the answer too: a server that echoes the ``Authorization`` header into its
+answer cannot put the key into a caption, a judge's cached answer or a log.
 
 The base URL is checked when the backend is made, before any request: an ``http(s)`` URL with a host. The API key is
 read from the environment variable ``boost.<role>_api_key_env`` (``OPENAI_API_KEY`` by default; a variable named
@@ -88,6 +91,9 @@ FATAL_STATUS = {
 """HTTP statuses that stop the run at once: every further request would get the same."""
 
 
+MAX_REPLY_BYTES = 8 * 2**20
+"""The largest reply read (8 MiB; a chat answer of 32,768 tokens is about 150 kB): a larger one is a malformed reply,
+asked again, never held whole in memory."""
 MASKED_KEY_LENGTH = 8
 """An API key this long or longer is masked in answers as in messages (module docstring)."""
 
@@ -263,8 +269,7 @@ class OpenAIBackend:
         except httpx.TransportError as e:  # no connection, time-outs, a connection cut mid-reply
             raise _Retry(f"{type(e).__name__}: {self.redact(str(e))}", unavailable=True) from None
         status = response.status_code
-        text = raw.decode(response.encoding or "utf-8", errors="replace")
-        shown = self.redact(text[:300])  # what a message quotes of the reply
+        shown = self.redact(raw[:1200].decode(response.encoding or "utf-8", errors="replace")[:300])  # for messages
         if status in FATAL_STATUS:
             self._stop.set()  # no new request starts
             raise FatalBackendError(
@@ -282,8 +287,8 @@ class OpenAIBackend:
         if status >= 400:
             raise BackendError(f"{self.shown_url}: HTTP {status}: {shown}")
         try:
-            body = json.loads(text)
-        except ValueError:
+            body = json.loads(raw)  # JSON's own encoding detection, as httpx's Response.json; not the charset header
+        except ValueError:  # UnicodeDecodeError too
             raise MalformedReply(f"HTTP {status} but the reply is not JSON: {shown[:200]!r}") from None
         try:
             content = body["choices"][0]["message"]["content"]
@@ -296,9 +301,13 @@ class OpenAIBackend:
     def _read_before(self, response: httpx.Response, deadline: float) -> bytes:
         """The reply's bytes, an ``httpx.ReadTimeout`` when they are still arriving at ``deadline`` (module
         docstring: the time-out bounds the whole request)."""
-        pieces = []
+        pieces, size = [], 0
         for piece in response.iter_bytes():
             pieces.append(piece)
+            size += len(piece)
+            if size > MAX_REPLY_BYTES:
+                raise MalformedReply(f"the reply is over {MAX_REPLY_BYTES // 2**20} MiB (not a chat answer); read no "
+                                     "further")  # fmt: skip
             if time.monotonic() > deadline:
                 raise httpx.ReadTimeout(
                     f"the reply was still arriving after {self.timeout:g} s ({self.section}.timeout)",
