@@ -106,3 +106,22 @@ def test_an_earlier_export_is_replaced_only_with_force(run, tmp_path, capsys):
     assert "--force" in capsys.readouterr().err
     assert main(["export", str(run_dir), "--merged", str(out), "--force"]) == 0
     assert (out / "captioner.json").is_file() and not (tmp_path / ".exported.tmp").exists()
+
+
+def test_a_bfloat16_clipcaps_export_computes_as_the_run(tiny, tmp_path):
+    """A bare folder loads in the dtype its captioner.json records for its frozen weights: a ClipCap's frozen encoder
+    is loaded from its source (float32), which the folder's own files do not say; under model.dtype=auto the export's
+    features differed from the run's. The export holds no float32 master weights (they serve a resume)."""
+    from finecap import Captioner
+    from finecap.models import memory
+    from helpers.cli import run_cli
+
+    run, export = tmp_path / "run16", tmp_path / "exp16"
+    assert run_cli(["train", *tiny["base"], "model.dtype=bfloat16", "--out", str(run)])[0] == 0
+    assert run_cli(["export", str(run), "--merged", str(export)])[0] == 0
+    assert not (export / memory.MASTERS).parent.exists()
+    ours, theirs = Captioner.from_pretrained(run, device="cpu"), Captioner.from_pretrained(export, device="cpu")
+    assert memory.part_dtypes(theirs.model)["encoder"] == memory.part_dtypes(ours.model)["encoder"] == {
+        "frozen": "bfloat16"}  # fmt: skip
+    images = sorted((tiny["root"] / "world" / "images").rglob("*.png"))[:4]
+    assert theirs.caption(images) == ours.caption(images)

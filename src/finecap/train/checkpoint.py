@@ -155,8 +155,8 @@ def folder_config(model_folder: str | Path, recipe: str | None = None, overrides
     """The configuration to caption with from a model folder that has no run configuration beside it (an export, a
     bare model folder): ``recipe`` and ``overrides`` over the defaults, the decoding of its ``generation_config.json``
     (:func:`decode_of_folder`) for every ``decode`` key neither the recipe nor the overrides set, and ``model.dtype``
-    ``auto`` unless they set it: the folder loads in the dtype it was saved in (a bfloat16 run's export in bfloat16,
-    computing as the run did), as transformers' ``from_pretrained`` loads it."""
+    as saved unless they set it (:func:`saved_dtype`): the folder loads in the dtype it was saved in (a bfloat16
+    run's export in bfloat16, computing as the run did), as transformers' ``from_pretrained`` loads it."""
     from finecap.config import ConfigError, load, parse_override
     from finecap.config.loading import renamed_keys
     from finecap.recipes import resolve_recipe
@@ -172,8 +172,21 @@ def folder_config(model_folder: str | Path, recipe: str | None = None, overrides
         decode = dataclasses.replace(cfg.decode, **saved)  # the section's checks run again
     except (ConfigError, TypeError) as e:
         raise ValueError(f"{Path(model_folder) / GENERATION_CONFIG}: {e}") from None
-    model = cfg.model if ("model", "dtype") in given else dataclasses.replace(cfg.model, dtype="auto")
+    model = (
+        cfg.model if ("model", "dtype") in given else dataclasses.replace(cfg.model, dtype=saved_dtype(model_folder))
+    )
     return dataclasses.replace(cfg, decode=decode, model=model)
+
+
+def saved_dtype(model_folder: str | Path) -> str:
+    """The ``model.dtype`` a bare model folder was saved in: the one dtype of its frozen weights that its
+    ``captioner.json`` records (``dtypes``: a ClipCap's frozen encoder is loaded from its source, which the folder's
+    own files do not say), else ``auto`` (each model in the dtype of its files, as transformers loads them)."""
+    meta_file = Path(model_folder) / "captioner.json"
+    meta = read_json(meta_file) if meta_file.is_file() else {}
+    recorded = meta.get("dtypes") if isinstance(meta, dict) else None
+    frozen = {roles.get("frozen") for roles in (recorded or {}).values() if isinstance(roles, dict)} - {None}
+    return frozen.pop() if len(frozen) == 1 and next(iter(frozen)) in ("float32", "bfloat16", "float16") else "auto"
 
 
 def write_generation_config(model_folder: str | Path, decode: DecodeConfig, tokenizer: Any = None) -> list[Path]:
