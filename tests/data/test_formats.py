@@ -254,6 +254,17 @@ def test_jsonl_errors(tmp_path, text, message):
     assert str(path) in str(e.value)
 
 
+def test_jsonl_one_file_under_two_ids_is_kept_only_inside_one_named_split(tmp_path):
+    # without a split the ids' hash may put the two lines in train and val: one photo trained on and validated on
+    path = tmp_path / "data.jsonl"
+    lines = ['{"image": "a.png", "captions": ["x"], "id": 1%s}', '{"image": "./a.png", "captions": ["y"], "id": 2%s}']
+    path.write_text("\n".join(line % ', "split": "train"' for line in lines) + "\n")
+    assert [r.image_id for r in read_jsonl(path, check_images=False)] == [1, 2]  # both in train: the user's choice
+    path.write_text("\n".join(line % "" for line in lines) + "\n")
+    with pytest.raises(DataError, match=r"line 2: image './a.png' is the file of .*line 1 already"):
+        read_jsonl(path, check_images=False)
+
+
 def test_jsonl_missing_images(tmp_path):
     path = tmp_path / "data.jsonl"
     path.write_text('{"image": "gone.png", "captions": ["x"]}\n')

@@ -71,7 +71,7 @@ def read_jsonl(
                 here, there = (repr(x) if x != NO_SPLIT else "no split" for x in (rec_split, first_split))
                 raise DataError(f"{where}: image {image!r} has split {here} here but {there} at {first} (the same "
                                 "file); give each image one split")  # fmt: skip
-            if not (named and "id" in rec):
+            if not (named and "id" in rec and rec_split != NO_SPLIT):  # no split: the ids' hash may part them
                 raise DataError(f"{where}: image {image!r} is the file of {first} already (duplicate image); give "
                                 "each image one line, its captions in one list")  # fmt: skip
         by_file.setdefault(key, (rec_split, where, "id" in rec))
