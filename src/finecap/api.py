@@ -313,7 +313,9 @@ def train(recipe_or_config: str | os.PathLike | Config, /, *, resume: bool = Fal
         from finecap.train.run import train as train_run
 
     over: dict[str, Any] = {}
-    for name, value in overrides.items():
+    # a table first, then the keys inside it (data__hf={...} and data__hf__caption_column=...: in any order, the key
+    # set by name wins over the table's)
+    for name, value in sorted(overrides.items(), key=lambda item: item[0].count("__")):
         *path, key = name.split("__")
         if not path or not all(path) or not key:
             raise TypeError(f"finecap.train: unexpected keyword {name!r}; an option is written section__key=value "

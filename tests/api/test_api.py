@@ -200,6 +200,8 @@ def test_evaluate_is_the_suites_scores_in_every_accepted_form():
     as_strings = {str(i): r for i, r in enumerate(REFS)}
     assert evaluate(dict(enumerate(PREDS)), as_strings, metrics=names) == by_id
     assert evaluate({str(i): c for i, c in enumerate(PREDS)}, dict(enumerate(REFS)), metrics=names) == by_id
+    with pytest.raises(ValueError, match=r"no references for 1 image\(s\), e.g. \['--1'\]"):  # no int: int() raised
+        evaluate({"--1": "a red circle"}, {1: ["a red circle"]}, metrics="bleu")
 
 
 def test_evaluate_equals_pycocoevalcap_and_a_hand_count():
@@ -342,14 +344,20 @@ def test_finecap_train_sets_a_subsections_key_as_the_command_line_does(monkeypat
     seen = []
     monkeypatch.setattr("finecap.train.run.train", lambda cfg, **kwargs: seen.append(cfg))
     finecap.train("demo/mle", data__hf__caption_column="sentences", data__hf__id_column="cocoid", train__max_steps=2)
-    hf = {"image_column": "img"}
+    hf = {"image_column": "img", "caption_column": "sentences"}
     finecap.train("demo/mle", data__hf=hf, data__hf__caption_column="text")
+    finecap.train("demo/mle", data__hf__caption_column="text", data__hf=hf)  # the order of keywords is no matter
     assert (seen[0].data.hf.caption_column, seen[0].data.hf.id_column, seen[0].train.max_steps) == (
         "sentences", "cocoid", 2)  # fmt: skip
     assert (seen[1].data.hf.image_column, seen[1].data.hf.caption_column) == ("img", "text")
-    assert hf == {"image_column": "img"}
-    with pytest.raises(TypeError, match="sets a key inside 'max_steps'"):
-        finecap.train("demo/mle", train__max_steps=2, train__max_steps__x=1)
+    assert (seen[2].data.hf.image_column, seen[2].data.hf.caption_column) == ("img", "text")
+    assert hf == {"image_column": "img", "caption_column": "sentences"}
+    for keywords in (
+        {"train__max_steps": 2, "train__max_steps__x": 1},
+        {"train__max_steps__x": 1, "train__max_steps": 2},
+    ):
+        with pytest.raises(TypeError, match="sets a key inside 'max_steps'"):
+            finecap.train("demo/mle", **keywords)
 
 
 def test_finecap_train_refuses_a_keyword_that_is_no_option(tmp_path):

@@ -148,6 +148,10 @@ def file_number(name: str) -> int | None:
     return number if int_id_fits(number) else None
 
 
+_INT_TEXT = re.compile(rf"\s*-?[0-9]{{1,{MAX_ID_DIGITS}}}\s*")
+"""An integer id written as text, as :func:`id_key` reads one."""
+
+
 def id_key(image_id: Hashable, keys: Collection[Hashable]) -> Hashable | None:
     """The key among ``keys`` that names ``image_id``: itself, else the same id written the other way, an int as its
     string or a string of digits as that int (data files give ids as strings, the world and COCO as ints), ``None``
@@ -155,12 +159,12 @@ def id_key(image_id: Hashable, keys: Collection[Hashable]) -> Hashable | None:
 
     Example::
 
-        >>> id_key(42, {"42", "7"}), id_key("42", {42}), id_key(" 42", {42}), id_key("x", {"y"})
-        ('42', 42, 42, None)
+        >>> id_key(42, {"42", "7"}), id_key("42", {42}), id_key(" 42", {42}), id_key("x", {"y"}), id_key("--1", {1})
+        ('42', 42, 42, None, None)
     """
     if image_id in keys:
         return image_id
-    if isinstance(image_id, str) and image_id.strip().lstrip("-").isdigit():
+    if isinstance(image_id, str) and _INT_TEXT.fullmatch(image_id):  # ASCII digits, one sign ("--5", "²": none)
         return int(image_id) if int(image_id) in keys else None
     if isinstance(image_id, int) and not isinstance(image_id, bool) and str(image_id) in keys:
         return str(image_id)
