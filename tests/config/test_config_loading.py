@@ -34,6 +34,7 @@ def test_recipe_then_override(tmp_path):
         ),
         ("train:\n\tlr: 1\n", r"invalid YAML at line 2, column 1: found character '\\t' that cannot start any token"),
         ("- train\n", "a recipe must be a mapping of sections"),
+        ("trian: 5\n", r"unknown section 'trian' \(did you mean 'train'\?\)"),  # the name first, as for a mapping
         # a section that is no mapping: a traceback (5, true), an error naming nothing (lr=1e-4), or nothing (false, 0)
         *[
             (f"train: {v}\n", rf"section 'train' must be a mapping of keys, got {e}")
@@ -51,11 +52,12 @@ def test_malformed_recipe_names_the_file(tmp_path, text, error):
 
 def test_a_subsection_that_is_no_mapping_is_refused_with_an_override_too(tmp_path):
     recipe = tmp_path / "bad.yaml"
-    recipe.write_text("data:\n  hf: [a]\n")
-    for overrides in ([], ["data.hf.image_column=x"]):  # with the override, the list was dropped without a word
-        with pytest.raises(ConfigError, match=r"data.hf .*mapping.* got \['a'\]") as e:
-            load(recipe, overrides)
-        assert str(e.value).startswith(f"{recipe}: ")
+    for text in ("data:\n  hf: [a]\n", "data:\n  image_column: img\n  hf: [a]\n"):  # the second: a former key's move
+        recipe.write_text(text)
+        for overrides in ([], ["data.hf.image_column=x"]):  # with the override, the list was dropped without a word
+            with pytest.raises(ConfigError, match=r"data.hf .*mapping.* got \['a'\]") as e:
+                load(recipe, overrides)
+            assert str(e.value).startswith(f"{recipe}: ")
 
 
 def test_unknown_key_lists_valid_keys(tmp_path):

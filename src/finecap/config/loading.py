@@ -47,6 +47,11 @@ def _moved_message(key: str, kind: str) -> str:
     return f"{key!r} moved to the backbone sections ({', '.join(where)}); model.kind={kind} has no such option"
 
 
+def unknown_section(name: object) -> str:
+    """What a section name of no section is told (the closest section, the valid ones)."""
+    return f"unknown section {short_repr(name)}{did_you_mean(name, SECTIONS)}; valid sections: {', '.join(SECTIONS)}"
+
+
 def renamed_keys(data: dict[str, Any], source: str = "", warn: bool = False) -> dict[str, Any]:
     """Sections ``{section: {key: value}}`` with the keys of a former flat section read under their new names
     (:func:`~finecap.config.sections.renamed_key`: ``rl.advantage`` -> ``grpo.advantage``); ``data`` itself when it
@@ -61,7 +66,10 @@ def renamed_keys(data: dict[str, Any], source: str = "", warn: bool = False) -> 
     for name, k, target in moves:
         *path, new = target.split(".")
         value = out[name].pop(k)
-        node = _mapping_at(out, path)
+        try:
+            node = _mapping_at(out, path)
+        except ConfigError as e:  # data: {image_column: x, hf: [a]}: name the file
+            raise ConfigError(f"{source}{e}", key=e.key) from None
         if new in node and node[new] != value:
             raise ConfigError(
                 f"{source}{name}.{k}={short_repr(value)} and {target}={short_repr(node[new])} are both set; "
@@ -391,10 +399,7 @@ def from_dict(data: dict[str, Any] | None, source: str = "", origins: Origins | 
     for name, values in data.items():
         where = _where("/".join(k for k in origins if k.split(".")[0] == name), origins, source)
         if name not in SECTIONS:
-            raise ConfigError(
-                f"{where}unknown section {short_repr(name)}{did_you_mean(name, SECTIONS)}; valid sections: "
-                f"{', '.join(SECTIONS)}"
-            )
+            raise ConfigError(f"{where}{unknown_section(name)}")
         if values is None:
             values = {}
         if not isinstance(values, dict):
@@ -547,6 +552,8 @@ def load(
             raise ConfigError(str(e)) from None
         source = f"{path}: "
         for name, values in loaded.items():  # before anything reads a section as a mapping
+            if name not in SECTIONS:  # trian: 5: the name is what is wrong first
+                raise ConfigError(f"{source}{unknown_section(name)}")
             if values is not None and not isinstance(values, dict):
                 raise ConfigError(f"{source}section {short_repr(name)} must be a mapping of keys, got "
                                   f"{short_repr(values)}: write each key below it, indented")  # fmt: skip
