@@ -34,7 +34,7 @@ from finecap.registry import (
     is_dotted_path,
 )
 from finecap.utils.reading import YAMLRefused, load_yaml
-from finecap.utils.text import did_you_mean, short_repr
+from finecap.utils.text import SHORT_REPR_LIMIT, did_you_mean, short_repr
 
 log = logging.getLogger(__name__)
 
@@ -250,7 +250,8 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
         hint = ""
         if isinstance(value, dict) and len(value) == 1:  # `vlm.prompt=Describe: the image` reads as a mapping
             ((k, v),) = value.items()
-            hint = f" (YAML reads {k}: {v} as a mapping: quote the text, e.g. {key}='\"{k}: {v}\"')"
+            if isinstance(k, str) and isinstance(v, str) and len(k) + len(v) < SHORT_REPR_LIMIT:  # text, not data
+                hint = f" (YAML reads {k}: {v} as a mapping: quote the text, e.g. {key}='\"{k}: {v}\"')"
         raise ConfigError(f"{key}: expected a string, got {short_repr(value)}{hint}")
     raise ConfigError(f"{key}: unsupported field type {tp!r}")
 
