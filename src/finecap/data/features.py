@@ -100,6 +100,17 @@ def fingerprint_module(module: torch.nn.Module, extra: dict[str, Any] | None = N
     return h.hexdigest()
 
 
+def image_encoder_key(module: torch.nn.Module, processor: Any, draft: int | None) -> str:
+    """What an image-feature cache is keyed by (the captioner's frozen features, the retriever's image embeddings):
+    :func:`fingerprint_module` of ``module`` with its class, the image ``processor``'s settings, how images become
+    RGB (:data:`~finecap.data.images.RGB_CONVERSION`) and the JPEG ``draft`` size when there is one."""
+    extra = {"class": type(module).__name__, "processor": processor.to_dict() if processor is not None else None,
+             "rgb": RGB_CONVERSION}  # fmt: skip
+    if draft is not None:
+        extra["jpeg_draft"] = draft
+    return fingerprint_module(module, extra)
+
+
 def fingerprint_data(records: Sequence[Any]) -> str:
     """SHA-256 of the ordered images of ``records`` (objects with ``image_id`` and ``path``): id, resolved path, file
     size and modification time. A missing image raises ``FileNotFoundError`` naming its record."""
@@ -289,10 +300,6 @@ def model_features(
     encoder = model.encoder
     processor = getattr(encoder, "image_processor", None)
     draft = encoder_draft(encoder, cfg.data)
-    extra = {"class": type(encoder).__name__, "processor": processor.to_dict() if processor is not None else None,
-             "rgb": RGB_CONVERSION}  # fmt: skip
-    if draft is not None:
-        extra["jpeg_draft"] = draft
     device = next(encoder.parameters()).device
 
     def encode(pixel_values: torch.Tensor) -> torch.Tensor:
@@ -305,7 +312,7 @@ def model_features(
             records,
             encode,
             cache_dir=resolve_cache_dir(cfg.run),
-            encoder_key=fingerprint_module(encoder, extra),
+            encoder_key=image_encoder_key(encoder, processor, draft),
             split=split,
             batch_size=cfg.retriever.batch_size_eval,
             progress=progress,

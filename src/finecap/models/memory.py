@@ -14,7 +14,7 @@ knows a backbone; the backbones call :class:`LoadOptions` where they load or bui
   :func:`apply_dtypes`, so AdamW updates float32 master weights while frozen parts stay in ``model.dtype`` (``same``
   leaves them in ``model.dtype``). Where parts of different dtypes meet, the first module of each part casts its
   floating-point inputs to its own dtype (:func:`install_bridges`), as the part would see them in a model of one
-  dtype. A checkpoint keeps the trained weights' float32 values in ``float32_weights.safetensors``
+  dtype. A checkpoint keeps the trained weights' float32 values in ``float32_weights/model.safetensors``
   (:func:`save_float32_masters`), which a run resuming in a 16-bit ``model.dtype`` reads back
   (:func:`load_float32_masters`), so resuming never rounds master weights.
 - **Gradient checkpointing** (``train.gradient_checkpointing``): the layers of every part are recomputed in the

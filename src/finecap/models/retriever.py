@@ -62,10 +62,10 @@ from finecap.data.features import (
     cached_features,
     cached_tensor,
     compute_features,
-    fingerprint_module,
+    image_encoder_key,
     text_cache_file,
 )
-from finecap.data.images import DEFAULT_LIMITS, RGB_CONVERSION, ImageLimits
+from finecap.data.images import DEFAULT_LIMITS, ImageLimits
 from finecap.data.loading import draft_size
 from finecap.models import memory
 from finecap.models.text_window import LONG_TEXT, TextEncoding
@@ -232,11 +232,7 @@ class Retriever:
         """The model fingerprint (:func:`finecap.data.features.fingerprint_module`): class, weights,
         image-processor settings, how images become RGB (:data:`~finecap.data.images.RGB_CONVERSION`) and the JPEG
         draft size, as the captioner's frozen features key them. Keys the image-feature cache."""
-        processor = self.image_processor.to_dict() if self.image_processor is not None else None
-        extra = {"class": type(self.model).__name__, "processor": processor, "rgb": RGB_CONVERSION}
-        if self.draft is not None:
-            extra["jpeg_draft"] = self.draft
-        return fingerprint_module(self.model, extra)
+        return image_encoder_key(self.model, self.image_processor, self.draft)
 
     # ----------------------------------------------------------------------------------------------------------------
     # Images
