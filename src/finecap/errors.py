@@ -105,9 +105,12 @@ def denied_reason(path: str | None) -> str | None:
 
     target = Path(shown_path(path))  # a temporary name's: the file it was being written as
     try:
-        exists = target.exists()
-    except OSError:  # Python 3.11 raises when a folder above cannot be searched
+        os.stat(target)
+        exists = True
+    except PermissionError:  # a folder above cannot be searched (os.stat, not Path.exists: whose answer varies)
         return "permission denied: this user cannot reach it (a folder above it is closed to this user)"
+    except OSError:
+        exists = False
     try:
         in_home = Path(os.path.realpath(target)).is_relative_to(os.path.realpath(home()))
     except OSError:

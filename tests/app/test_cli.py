@@ -273,7 +273,14 @@ def test_a_command_leaves_its_process_group(group, argv, code, capsys):
         (["report", "runs/x", "--sample", "-3"], "argument --sample: must be from 0 to 10000, got -3"),
         (["report", "runs/x", "--bags", "-1"], "argument --bags: must be from 0 to 10000"),
         (["report", "runs/x", "--disagree", "-1"], "argument --disagree: must be from 0 to 10000"),
-        (["models", "tiny", "clip", "--out", "m", "--seed", "9" * 25], "argument --seed: must be from 0 to"),
+        (
+            ["models", "tiny", "clip", "--out", "m", "--seed", "9" * 25],
+            "argument --seed: must be from 0 to 9223372036854775807, got 9999999999999999999999999",
+        ),
+        (
+            ["models", "tiny", "clip", "--out", "m", "--seed", "9" * 400],
+            "got 9999999999999999999999999999999999999999...",
+        ),
     ],
 )
 def test_numeric_options_of_the_other_commands_are_checked_at_the_command_line(argv, words, capsys, tmp_path,

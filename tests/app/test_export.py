@@ -125,3 +125,6 @@ def test_a_bfloat16_clipcaps_export_computes_as_the_run(tiny, tmp_path):
         "frozen": "bfloat16"}  # fmt: skip
     images = sorted((tiny["root"] / "world" / "images").rglob("*.png"))[:4]
     assert theirs.caption(images) == ours.caption(images)
+    again = tmp_path / "again"  # an export of the export (no run configuration): the dtype its folder records
+    assert run_cli(["export", str(export), "--merged", str(again)])[0] == 0
+    assert set(memory.part_dtypes(Captioner.from_pretrained(again, device="cpu").model)["lm"].values()) == {"bfloat16"}

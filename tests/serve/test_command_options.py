@@ -20,7 +20,7 @@ from finecap.app.serve_reward import read_token
         ("--batch-wait-ms", "inf", "argument --batch-wait-ms: must be from 0 to 60000, got inf"),
         ("--batch-wait-ms", "nan", "argument --batch-wait-ms: must be from 0 to 60000, got nan"),
         ("--batch-wait-ms", "-5", "argument --batch-wait-ms"),
-        ("--batch-size", "0", "argument --batch-size: must be from 1 to 1e+06"),
+        ("--batch-size", "0", "argument --batch-size: must be from 1 to 1000000"),
         ("--max-request-bytes", "0", "argument --max-request-bytes"),
         ("--max-captions", "1e99", "argument --max-captions: expected a whole number"),
         ("--max-caption-chars", "-3", "argument --max-caption-chars"),

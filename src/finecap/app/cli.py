@@ -207,8 +207,10 @@ def number(low: float, high: float, kind: type = float) -> Callable[[str], typin
         except ValueError:
             raise argparse.ArgumentTypeError(f"expected {'a whole number' if kind is int else 'a number'}, got "
                                              f"{text!r}") from None  # fmt: skip
-        if not (math.isfinite(value) and low <= value <= high):
-            raise argparse.ArgumentTypeError(f"must be from {low:g} to {high:g}, got {text}")
+        if not ((kind is int or math.isfinite(value)) and low <= value <= high):  # isfinite overflows on a huge int
+            shown = f"{int(low)} to {int(high)}" if kind is int else f"{low:g} to {high:g}"  # a seed's 2**63 - 1 whole
+            given = text if len(text) <= 40 else text[:40] + "..."
+            raise argparse.ArgumentTypeError(f"must be from {shown}, got {given}")
         return value
 
     read.__name__ = "number"

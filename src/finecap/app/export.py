@@ -31,6 +31,7 @@ from finecap.runs import (
     temporary_dir,
     training_folder_of,
 )
+from finecap.train.checkpoint import saved_dtype
 from finecap.train.model_card import CARD_NAME, md_code, model_card
 from finecap.utils.files import OutputRefused, refuse_link
 from finecap.utils.folders import FOLDER_MARK, atomic_replace_dir, check_own_folder, is_finecap_folder, previous_dir
@@ -107,8 +108,8 @@ def main(checkpoint: str, out: str, merged: bool, force: bool = False) -> Path:
     if tmp.exists():  # never deleted: it may be the user's
         raise OutputRefused(f"{tmp}: exists (an unfinished export? remove it) and is where OUT is written first")
     try:
-        stored = stored_config(found)  # the run's model.dtype, which `finecap caption` of the run loads in
-        export_merged(source, tmp, load_stored(stored).model.dtype if stored is not None else "float32")
+        stored = stored_config(found)  # the run's model.dtype (else the folder's), which `finecap caption` loads in
+        export_merged(source, tmp, load_stored(stored).model.dtype if stored is not None else saved_dtype(source))
         card = export_card(found, source, read_meta(tmp), ", ".join(sorted(meta.get("lora") or {})))
         if card is not None:
             (tmp / CARD_NAME).write_text(card, encoding="utf-8")
