@@ -203,7 +203,8 @@ def evaluate(
     - ``predictions``: a list of captions (one per image, ``str``), or a mapping ``{image_id: caption}``;
     - ``references``: with a list of predictions, a list of the same length whose items are each image's reference
       captions (a list of ``str``, or one ``str``); with a mapping, a mapping ``{image_id: [reference, ...]}`` holding
-      every predicted id (extra ids are ignored). ``None`` for the metrics that need none (``length``, ``vocab``).
+      every predicted id (extra ids are ignored; an int id and its string name one image).
+      ``None`` for the metrics that need none (``length``, ``vocab``).
     - ``metrics``: metric group names (``"bleu,cider"`` or a list; :data:`finecap.metrics.suite.METRICS`, or a dotted
       path to your own :class:`~finecap.metrics.group.MetricGroup`). Default,
       with references: pycocoevalcap's five, ``bleu``, ``meteor``, ``rouge``, ``cider``, ``spice``, leaving out

@@ -5,6 +5,8 @@ The lock is an operating-system lock (``flock``) taken with ``filelock``, so the
 dies, however it dies. While held, the file records the holder as JSON (``pid``, ``host``, ``started``, ``command``)
 so that a second run stops with an error naming the first. The holder removes the file when it is done; a file left
 behind by a run that died (a kill, a power cut) holds a record but no lock: the next run takes it over and says so.
+A file under the lock's name that is no such record (the user's own) is refused and never written or removed
+(:func:`refuse_foreign_lock`).
 The file is the user's alone (mode 0600, :data:`LOCK_MODE`) and its command line has every secret masked.
 
 Example::

@@ -228,7 +228,8 @@ def train_usage() -> str:
     rows = "\n".join(f"  {name:<{width}}  {describe_recipe(name)}" for name in list_recipes())
     return ("usage: finecap train RECIPE [section.key=value ...] [--out DIR] [--resume]\n"
             "  RECIPE is a packaged recipe below or a YAML file; `finecap train key=value ...` (overrides only) "
-            "trains the defaults.\n  Example: finecap train demo/mle train.max_steps=100 --out runs/mle\n"
+            "trains the defaults; `finecap train --resume --out RUN [key=value ...]` resumes RUN with its own "
+            "settings.\n  Example: finecap train demo/mle train.max_steps=100 --out runs/mle\n"
             f"packaged recipes:\n{rows}")  # fmt: skip
 
 

@@ -26,11 +26,11 @@ What happens to each request:
 - **asked again by the engine**: a reply that is not chat-completions JSON
   (:class:`~finecap.boost.engine.MalformedReply`, reported as "not JSON" or "no choices[0].message.content").
 
-The time-out (``boost.timeout``, ``judge.timeout``) bounds the request: a server silent for that long at any step
-(connecting, sending, the first byte of the reply, any later byte) is a time-out, and so is a reply whose bytes are
-still arriving when it has passed (checked as each piece arrives: a server dripping its reply a byte at a time cannot
-hold a request for ever). A request therefore ends within about twice the time-out (a reply whose headers come just
-before it, and whose body stalls). A reply over :data:`MAX_REPLY_BYTES` is a malformed reply, read no further. The
+The time-out (``boost.timeout``, ``judge.timeout``) bounds each step of a request: a server silent for that long
+while connecting, sending or between any two reads is a time-out (httpx's time-outs are per step), and so is a reply
+body still arriving when the time-out has passed since the request began (checked as each piece arrives: a body
+dripped a byte at a time cannot hold a request for ever). Headers sent slowly are not cut off that way, so a request
+may take a few times the time-out. A reply over :data:`MAX_REPLY_BYTES` is a malformed reply, read no further. The
 body is parsed as JSON from its bytes (UTF-8, -16 or -32, whatever charset the headers claim, as httpx's
 ``Response.json`` reads it); bytes that are not text are a malformed reply. The API key (of ``MASKED_KEY_LENGTH``
 characters or more: a shorter one, such as vLLM's customary ``EMPTY``, is no secret worth changing an answer's words
