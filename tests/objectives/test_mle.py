@@ -3,9 +3,10 @@ import math
 import pytest
 import torch
 
-from finecap.config import load
+from finecap.config import SmileConfig, load
 from finecap.objectives import OBJECTIVES, ObjectiveOutput, get_objective
 from finecap.objectives.mle import MLE, mle_loss
+from finecap.objectives.smile import SmileObjective
 
 LN2, LN3, LN5 = math.log(2), math.log(3), math.log(5)
 
@@ -67,6 +68,12 @@ def test_mle_objective_output():
     assert out.losses["mle"].item() == pytest.approx((math.log(math.e + 2) - 1 + LN2 + LN5) / 3, abs=1e-6)
     # argmax predictions at real positions: 0 (right), 1 (right), 1 (label 0: wrong) -> accuracy 2/3
     assert out.metrics == {"accuracy": pytest.approx(2 / 3), "tokens": 3}
+    # the engine weighs micro-batches by num_items: tokens, not the 2 captions (only the slow 2-process equivalence
+    # test noticed sequences instead), for MLE and for SMILE alike
+    assert out.num_items == 3
+    model = FixedLogits(logits)
+    model.tokenizer = type("Tokenizer", (), {"eos_token_id": 2})()
+    assert SmileObjective(SmileConfig(subset="full"))(model, {"labels": labels}).num_items == 3
     out.losses["mle"].backward()  # the loss carries gradient to the model
 
 
