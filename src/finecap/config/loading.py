@@ -47,11 +47,6 @@ def _moved_message(key: str, kind: str) -> str:
     return f"{key!r} moved to the backbone sections ({', '.join(where)}); model.kind={kind} has no such option"
 
 
-def unknown_section(name: object) -> str:
-    """What a section name of no section is told (the closest section, the valid ones)."""
-    return f"unknown section {short_repr(name)}{did_you_mean(name, SECTIONS)}; valid sections: {', '.join(SECTIONS)}"
-
-
 def renamed_keys(data: dict[str, Any], source: str = "", warn: bool = False) -> dict[str, Any]:
     """Sections ``{section: {key: value}}`` with the keys of a former flat section read under their new names
     (:func:`~finecap.config.sections.renamed_key`: ``rl.advantage`` -> ``grpo.advantage``); ``data`` itself when it
@@ -400,11 +395,15 @@ def from_dict(data: dict[str, Any] | None, source: str = "", origins: Origins | 
     for name, values in data.items():
         where = _where("/".join(k for k in origins if k.split(".")[0] == name), origins, source)
         if name not in SECTIONS:
-            raise ConfigError(f"{where}{unknown_section(name)}")
+            raise ConfigError(
+                f"{where}unknown section {short_repr(name)}{did_you_mean(name, SECTIONS)}; valid sections: "
+                f"{', '.join(SECTIONS)}"
+            )
         if values is None:
             values = {}
         if not isinstance(values, dict):
-            raise ConfigError(f"{where}section {short_repr(name)} must be a mapping, got {short_repr(values)}")
+            raise ConfigError(f"{where}section {short_repr(name)} must be a mapping of keys, got "
+                              f"{short_repr(values)}: write each key below it, indented")  # fmt: skip
         sections[name] = _build_section(name, SECTIONS[name], values, source, origins)
     try:
         cfg = Config(**sections)  # the checks across sections (Section.check_config)
@@ -487,9 +486,17 @@ def _shown_override(item: str) -> str:
     return short_repr(masked_override(item.strip()), OVERRIDE_SHOWN)
 
 
+def _section_copy(values: Any) -> Any:
+    """A section's mapping copied (``None``: an empty one); any other value as it is, for :func:`from_dict` to refuse
+    naming where it was set (``train: 5``, ``train: false``: never read as no keys)."""
+    if values is None:
+        return {}
+    return dict(values) if isinstance(values, dict) else values
+
+
 def merge_overrides(data: dict[str, Any], overrides: list[str], origins: Origins | None = None) -> dict[str, Any]:
     """``data`` with the dotlist ``overrides`` set; ``origins`` (when given) records which override set each key."""
-    data = {k: dict(v or {}) for k, v in (data or {}).items()}
+    data = {k: _section_copy(v) for k, v in (data or {}).items()}
     for item in overrides:
         parts, value = parse_override(item)
         key = ".".join(parts)
@@ -537,7 +544,7 @@ def load(
     the recipe), the recipe, ``over`` (settings above the recipe, e.g. the demo's ``--quick``), then the dotlist
     ``overrides``. An error names where the value at fault was set: the override (``override 'train.lr=x': ...``),
     ``over_source`` for a value of ``over`` (``"finecap.train keywords: "``), or the recipe file."""
-    data: dict[str, Any] = {k: dict(v or {}) for k, v in renamed_keys(base or {}).items()}
+    data: dict[str, Any] = {k: _section_copy(v) for k, v in renamed_keys(base or {}).items()}
     origins: Origins = {}
     source = ""
     if path is not None:
@@ -552,12 +559,6 @@ def load(
         except ValueError as e:
             raise ConfigError(str(e)) from None
         source = f"{path}: "
-        for name, values in loaded.items():  # before anything reads a section as a mapping
-            if name not in SECTIONS:  # trian: 5: the name is what is wrong first
-                raise ConfigError(f"{source}{unknown_section(name)}")
-            if values is not None and not isinstance(values, dict):
-                raise ConfigError(f"{source}section {short_repr(name)} must be a mapping of keys, got "
-                                  f"{short_repr(values)}: write each key below it, indented")  # fmt: skip
         loaded = renamed_keys(loaded, source, warn=True)
         for name, values in loaded.items():
             if isinstance(values, dict) and isinstance(data.get(name), dict):
