@@ -180,7 +180,8 @@ def _main(
     else:
         raise ValueError(f"--references: required: {predictions} holds {pred_format} predictions, without references")
     by_id = {r.image_id: r for r in refs.records}
-    matched = match_ids(list(results), refs)
+    numbers = file_numbers(refs)
+    matched = match_ids(list(results), refs, numbers)
     missing = [i for i in results if i not in matched]
     if missing:
         where = f" (split {split!r})" if split else ""
@@ -189,7 +190,7 @@ def _main(
             f"(neither as ids, paths relative to the data set nor unambiguous file names), e.g. "
             f"{missing[:MAX_LISTED]}; the references' ids are e.g. {list(by_id)[:MAX_LISTED]}"
         )
-    crossed = read_by_id_not_file(matched, refs)
+    crossed = read_by_id_not_file(matched, numbers)
     if crossed:
         i, other = crossed[0]
         print(f"warning: {len(crossed)} predicted id(s) are ids of the references and numbers of other images' "
@@ -272,13 +273,16 @@ def _main(
     return result
 
 
-def match_ids(predicted: Sequence[Hashable], refs: LoadedReferences) -> dict[Hashable, Hashable]:
+def match_ids(
+    predicted: Sequence[Hashable], refs: LoadedReferences, numbers: dict[int, Hashable] | None = None
+) -> dict[Hashable, Hashable]:
     """The reference image id of each predicted id that names one: the id itself, else the image's path relative to
     the data set's folder (``photos/img000.jpg``), else its file name (``img000.jpg``) when only one reference image
     has it, else (an integer) the image whose file name is that number (:func:`file_numbers`). So ``finecap caption
     --images photos/``'s ids (file names, or numbers of numbered files) score against a chat JSONL's (paths as the
     file writes them), a folder's or Flickr30k's Karpathy file's, and the other way round. Ids naming no image, or
-    naming one another id already took, are left out (the caller reports them).
+    naming one another id already took, are left out (the caller reports them). ``numbers``: :func:`file_numbers`
+    of ``refs`` when the caller has them already.
 
     Example::
 
@@ -293,7 +297,7 @@ def match_ids(predicted: Sequence[Hashable], refs: LoadedReferences) -> dict[Has
     ids = {r.image_id for r in refs.records}
     by_path: dict[str, Hashable] = {}
     by_name: dict[str, list[Hashable]] = {}
-    by_number = file_numbers(refs)
+    by_number = file_numbers(refs) if numbers is None else numbers
     for r in refs.records:
         names = {PurePosixPath(str(r.image_id)).as_posix()}
         if not r.embedded and r.path.is_relative_to(folder):
@@ -334,14 +338,13 @@ def file_numbers(refs: LoadedReferences) -> dict[int, Hashable]:
     return {n: i for n, i in out.items() if n not in shared}
 
 
-def read_by_id_not_file(matched: dict[Hashable, Hashable], refs: LoadedReferences) -> list[tuple[int, Hashable]]:
+def read_by_id_not_file(matched: dict[Hashable, Hashable], numbers: dict[int, Hashable]) -> list[tuple[int, Hashable]]:
     """The predicted integer ids that :func:`match_ids` read as another image's id while a reference file is named by
-    that number (Karpathy's Flickr30k numbers images from 0, its files are ``1000092795.jpg``): ``(id, the image
-    its file number names)``. Ids read as ids are what ``finecap caption --data`` writes; ``--images`` writes file
-    numbers, and a set of small numbered files may mean the other image."""
-    by_number = file_numbers(refs)
-    return [(i, by_number[i]) for i, target in matched.items()
-            if isinstance(i, int) and i == target and by_number.get(i, i) != i]  # fmt: skip
+    that number (``numbers``: :func:`file_numbers`; Karpathy's Flickr30k numbers images from 0, its files are
+    ``1000092795.jpg``): ``(id, the image its file number names)``. Ids read as ids are what ``finecap caption
+    --data`` writes; ``--images`` writes file numbers, and a set of small numbered files may mean the other image."""
+    return [(i, numbers[i]) for i, target in matched.items()
+            if isinstance(i, int) and i == target and numbers.get(i, i) != i]  # fmt: skip
 
 
 def _read_instances(cfg: Config, instances: str | Path | None) -> dict | None:

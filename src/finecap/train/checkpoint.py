@@ -182,11 +182,13 @@ def saved_dtype(model_folder: str | Path) -> str:
     """The ``model.dtype`` a bare model folder was saved in: the one dtype of its frozen weights that its
     ``captioner.json`` records (``dtypes``: a ClipCap's frozen encoder is loaded from its source, which the folder's
     own files do not say), else ``auto`` (each model in the dtype of its files, as transformers loads them)."""
-    meta_file = Path(model_folder) / "captioner.json"
+    from finecap.models.memory import DTYPES
+
+    meta_file = Path(model_folder) / CAPTIONER_FILE
     meta = read_json(meta_file) if meta_file.is_file() else {}
     recorded = meta.get("dtypes") if isinstance(meta, dict) else None
     frozen = {roles.get("frozen") for roles in (recorded or {}).values() if isinstance(roles, dict)} - {None}
-    return frozen.pop() if len(frozen) == 1 and next(iter(frozen)) in ("float32", "bfloat16", "float16") else "auto"
+    return frozen.pop() if len(frozen) == 1 and next(iter(frozen)) in DTYPES else "auto"
 
 
 def write_generation_config(model_folder: str | Path, decode: DecodeConfig, tokenizer: Any = None) -> list[Path]:
