@@ -488,12 +488,13 @@ class CaptionerBase(nn.Module, abc.ABC):
         return {"kind": self.kind, "train_encoder": self.train_encoder, "train_lm": self.train_lm,
                 **self.own_config()}  # fmt: skip
 
-    def save(self, out: str | Path, state_dict: dict[str, torch.Tensor] | None = None) -> Path:
+    def save(self, out: str | Path, state_dict: dict[str, torch.Tensor] | None = None, masters: bool = True) -> Path:
         """Write a checkpoint folder: the backbone's own files (:meth:`save_weights`), a trained dual encoder
         (:meth:`dual_encoder`), LoRA adapters in peft's format (``lm_lora/``, ``encoder_lora/``), the float32 master
         weights of 16-bit trained weights, and ``captioner.json`` (what :meth:`config_dict` says, the adapters and the
         parts' dtypes). ``state_dict``: the weights to write (``accelerator.get_state_dict`` of a wrapped or sharded
-        model; default: this module's own). Reload with :meth:`from_checkpoint`."""
+        model; default: this module's own). ``masters``: write the float32 master weights (what a resume reads; an
+        export, which is not resumed, writes none). Reload with :meth:`from_checkpoint`."""
         out = Path(out)
         out.mkdir(parents=True, exist_ok=True)
         state = self.state_dict() if state_dict is None else state_dict
@@ -518,7 +519,8 @@ class CaptionerBase(nn.Module, abc.ABC):
         # the base weights saved here are the source's only when adapters alone (and the modules they carry) learned
         meta["base_changed"] = bool(self.base_changed or not reproduces or self.train_lm and "lm" not in meta["lora"])
         meta["dtypes"] = memory.part_dtypes(self)
-        memory.save_float32_masters(self, out, state)
+        if masters:
+            memory.save_float32_masters(self, out, state)
         write_json(out / CONFIG_NAME, meta)
         return out
 

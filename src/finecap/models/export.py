@@ -10,12 +10,11 @@ model as a plain ``AutoModelForCausalLM`` folder (``out/lm``) beside the mapper 
 
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 
 from finecap.models import lora, strict
 from finecap.models.backbones import load_captioner
-from finecap.models.memory import MASTERS, LoadOptions
+from finecap.models.memory import LoadOptions
 from finecap.runs import GENERATION_CONFIG
 
 
@@ -32,10 +31,7 @@ def export_merged(model_folder: str | Path, out: str | Path, dtype: str = "float
     can overflow)."""
     model = lora.merge_lora(load_captioner(model_folder, options=LoadOptions(dtype=dtype)))  # type: ignore[arg-type]
     strict.check_finite_weights(model, f"{model_folder} (its adapters merged)")
-    saved = model.save(out)
-    # a resuming run's float32 master weights (a 16-bit model's save writes them): an export is not resumed, and its
-    # weights are those the captioner computes with
-    shutil.rmtree(Path(out) / Path(MASTERS).parent, ignore_errors=True)
+    saved = model.save(out, masters=False)  # not resumed: its weights are those the captioner computes with
     source = Path(model_folder)
     for config in [source / GENERATION_CONFIG, *sorted(source.glob(f"*/{GENERATION_CONFIG}"))]:
         target = Path(out) / config.relative_to(source)
