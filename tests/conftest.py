@@ -3,25 +3,34 @@
 share lives in ``tests/helpers/`` (``from helpers.shapes import ...``: pyproject.toml puts ``tests/`` on the path)."""
 
 import socket
+from pathlib import Path
 
 import pytest
 
 
 @pytest.fixture(scope="session")
-def quick_demo_run(tmp_path_factory, finecap_home):
-    """One `finecap demo --quick` run shared by the tests that need it (tests/app/test_demo.py, the browser tests):
-    ``(run_dir, argv)``. It runs as a user would, from an empty working directory (``run_dir.parent``) with only
-    ``--run-dir`` given: its world and world encoder go to the finecap home (tests/app/test_user_data.py checks that
-    nothing else lands in the working directory)."""
-    from finecap.app.cli import main
+def installed_finecap(tmp_path_factory, worker_id) -> Path:
+    """finecap's wheel installed into a fresh virtualenv (:func:`helpers.wheel.install_wheel`), once per test
+    session for every xdist worker (:func:`helpers.once.once_per_session`): the virtualenv's folder."""
+    from helpers.once import once_per_session
+    from helpers.wheel import install_wheel
 
-    cwd = tmp_path_factory.mktemp("demo-cwd")
-    run_dir = cwd / "run"
-    argv = ["demo", "--quick", "--run-dir", str(run_dir)]
-    with pytest.MonkeyPatch.context() as mp:
-        mp.chdir(cwd)
-        assert main(argv) == 0
-    return run_dir, argv
+    return once_per_session(tmp_path_factory, worker_id, "wheel", install_wheel) / "venv"
+
+
+@pytest.fixture(scope="session")
+def quick_demo_run(tmp_path_factory, worker_id, installed_finecap):
+    """The one `finecap demo --quick` of the session, run by the installed wheel from an empty working directory
+    with only ``--run-dir`` given (:class:`helpers.quick_demo.QuickDemo`), shared by every xdist worker: the tests
+    of tests/app/test_demo.py, the browser tests, tests/repo/test_wheel.py. Its world and world encoder are in a
+    finecap home of its own (tests/app/test_user_data.py checks that nothing else lands in the working directory);
+    a test that runs more stages takes a copy (:func:`helpers.quick_demo.own_copy`)."""
+    from helpers.once import once_per_session
+    from helpers.quick_demo import quick_demo_in, run_quick_demo
+
+    folder = once_per_session(tmp_path_factory, worker_id, "quick-demo",
+                              lambda out: run_quick_demo(out, installed_finecap))  # fmt: skip
+    return quick_demo_in(folder, installed_finecap)
 
 
 @pytest.fixture(scope="session")

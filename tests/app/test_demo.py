@@ -10,17 +10,19 @@ from finecap.data.formats import read_dataset
 from finecap.data.results import read_results
 from finecap.metrics.suite import evaluate
 from finecap.report.table import QUICK_TITLE
+from helpers.quick_demo import own_copy
 
 pytestmark = pytest.mark.slow
 
 
-@pytest.fixture(scope="module")
-def quick_demo(quick_demo_run):
-    return quick_demo_run  # session-wide (tests/conftest.py): the browser tests open its report.html
+@pytest.fixture
+def own_demo(quick_demo_run, tmp_path, monkeypatch):
+    """A copy of the session's quick demo (tests/conftest.py) for a test that runs more stages into it."""
+    return own_copy(quick_demo_run, tmp_path, monkeypatch)
 
 
-def test_quick_demo_writes_table_captions_and_checkpoints(quick_demo):
-    run_dir, _ = quick_demo
+def test_quick_demo_writes_table_captions_and_checkpoints(quick_demo_run):
+    run_dir = quick_demo_run.run_dir
     results = json.loads((run_dir / "results.json").read_text())
     expected = {"human", "mle", "smile", "scst", "sle", "discritune", "sr_bagcurri", "grpo_sr_cider", "blip_mle",
                 "blip_smile", "vlm_mle", "vlm_smile"}  # fmt: skip
@@ -59,11 +61,11 @@ def test_quick_demo_writes_table_captions_and_checkpoints(quick_demo):
     assert (run_dir / "report.html").stat().st_size > 0  # the HTML report (tests/report/test_browser.py opens it)
 
 
-def test_report_bag_gallery_shows_the_bags_the_table_scores(quick_demo):
+def test_report_bag_gallery_shows_the_bags_the_table_scores(quick_demo_run):
     """The bag columns score the scene-family world's bags, so the report's bag gallery shows those: the first bags
     of each size of ``families10/bags_test.json``, read with each stage's captions of the family world (the human
     row: each family image's first reference)."""
-    run_dir, _ = quick_demo
+    run_dir = quick_demo_run.run_dir
     saved = json.loads((run_dir / "bag_outcomes.json").read_text())
     family_bags = run_dir / "families10" / "bags_test.json"
     assert saved["bags"] == str(family_bags.resolve())
@@ -75,17 +77,17 @@ def test_report_bag_gallery_shows_the_bags_the_table_scores(quick_demo):
     assert all(o["caption"] == family[o["image"]] for rows in saved["outcomes"].values() for o in rows["mle"])
 
 
-def test_rerun_skips_finished_stages(quick_demo, capsys):
-    run_dir, argv = quick_demo
+def test_rerun_skips_finished_stages(own_demo, capsys):
+    run_dir, argv = own_demo.run_dir, own_demo.argv
     before = (run_dir / "mle" / "checkpoints" / "best" / "trainer_state.json").stat().st_mtime_ns
     assert main([*argv, "--stages", "world,mle"]) == 0
     assert "mle: already trained" in capsys.readouterr().err  # a status line: the `finecap` logger, to stderr
     assert (run_dir / "mle" / "checkpoints" / "best" / "trainer_state.json").stat().st_mtime_ns == before
 
 
-def test_vcb_group_after_the_quick_demo(quick_demo):
+def test_vcb_group_after_the_quick_demo(own_demo):
     """The optional Visual Caption Boosting group (finecap.app.demo_vcb) on the quick demo's world and checkpoints."""
-    run_dir, argv = quick_demo
+    run_dir, argv = own_demo.run_dir, own_demo.argv
     assert main([*argv, "--stages", "vcb"]) == 0
     out = json.loads((run_dir / "vcb_results.json").read_text())
     assert set(out["captions"]) == {"human (1st caption)", "BlendCap", "VisualCap", "HolisticCap"}
@@ -129,8 +131,8 @@ def test_vcb_group_after_the_quick_demo(quick_demo):
     assert (run_dir / "vcb_results.md").read_text().startswith(QUICK_TITLE + "\n\nCaption fields")  # quick: labelled
 
 
-def test_transfer_stage_scores_every_trained_stage_on_the_shifted_domain(quick_demo):
-    run_dir, argv = quick_demo
+def test_transfer_stage_scores_every_trained_stage_on_the_shifted_domain(own_demo):
+    run_dir, argv = own_demo.run_dir, own_demo.argv
     assert main([*argv, "--stages", "transfer"]) == 0
     results = json.loads((run_dir / "transfer" / "results.json").read_text())
     assert (run_dir / "transfer" / "results.md").read_text().startswith(QUICK_TITLE + "\n\n| stage |")

@@ -61,7 +61,7 @@ def test_vlm_smile_before_vlm_mle_is_an_error_naming_it(tmp_path, capsys):
 def test_quick_demo_adds_world_vlm_rows_to_the_table(quick_demo_run):
     """The session's `finecap demo --quick` (default stages, tests/conftest.py) trains the two VLM stages of the
     default list, and the report scores them like every stage."""
-    run_dir, _ = quick_demo_run
+    run_dir = quick_demo_run.run_dir
     results = json.loads((run_dir / "results.json").read_text())
     assert {"human", "vlm_mle", "vlm_smile"} <= set(results) and "vlm_discritune" not in results  # stages that ran
     for stage in ("vlm_mle", "vlm_smile"):

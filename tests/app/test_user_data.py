@@ -219,12 +219,14 @@ def test_resolvers_use_the_fields_when_set(tmp_path, home_dir):
 
 
 @pytest.mark.slow
-def test_quick_demo_writes_nothing_into_the_working_directory(quick_demo_run, finecap_home):
+def test_quick_demo_writes_nothing_into_the_working_directory(quick_demo_run, monkeypatch):
     """`finecap demo --quick --run-dir B` from the empty directory A (tests/conftest.py): A holds only B; the world
-    and the world encoder are in the finecap home, keyed by the quick settings."""
+    and the world encoder are in the finecap home (the demo's own, ``FINECAP_HOME``), keyed by the quick settings."""
     from finecap.app.demo import QUICK, load_demo_config
 
-    run_dir, _ = quick_demo_run
+    finecap_home = quick_demo_run.home
+    monkeypatch.setenv("FINECAP_HOME", str(finecap_home))
+    run_dir = quick_demo_run.run_dir
     cwd = run_dir.parent
     assert [p.name for p in cwd.iterdir()] == ["run"]
     cfg = load_demo_config(None, [], quick=True)

@@ -197,7 +197,7 @@ def test_report_fits_the_window_colours_by_direction_and_prints_counts(browser, 
 
 
 def test_report_of_a_quick_demo_run(browser, quick_demo_run, tmp_path):
-    run_dir, _ = quick_demo_run
+    run_dir = quick_demo_run.run_dir
     report = run_dir / "report.html"
     assert report.exists()  # written by the demo's report stage
     check_report_page(browser, report)

@@ -1,0 +1,52 @@
+"""finecap as a user installs it: a wheel built from a copy of the source tree, installed into a fresh virtualenv
+without the source tree on the path (tests/repo/test_wheel.py checks where it imports from; the quick demo the
+tests share, ``quick_demo_run`` in tests/conftest.py, is run by it).
+
+The new virtualenv gets the heavy dependencies (torch, transformers, ...) from this environment's site-packages
+through a path entry in a ``.pth`` file: ``.pth`` files inside a directory added that way are not processed, so
+this environment's *editable* finecap (an import hook installed by its own ``.pth``) stays invisible.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import site
+import subprocess
+import sys
+import venv
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def run(cmd: list, cwd: Path, timeout: int = 600, env: dict[str, str] | None = None) -> str:
+    """``cmd`` run as a user's shell would, without this environment's ``PYTHONPATH`` and ``VIRTUAL_ENV``
+    (``env``: more variables); its stdout. A failure fails the test with the end of its stderr."""
+    full = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
+    full.update(OMP_NUM_THREADS="2", TOKENIZERS_PARALLELISM="false", **(env or {}))
+    proc = subprocess.run([str(c) for c in cmd], cwd=cwd, capture_output=True, text=True, timeout=timeout, env=full)
+    assert proc.returncode == 0, f"{cmd}: {proc.stderr[-3000:]}"
+    return proc.stdout
+
+
+def install_wheel(out: Path) -> Path:
+    """Build finecap's wheel and install it into the new virtualenv ``out/venv``; returns that virtualenv."""
+    wheels = out / "wheels"
+    # built from a copy of what a clone holds: an in-tree build/ left by an earlier build would ship modules since
+    # deleted from src/ (setuptools reuses build/lib without cleaning it)
+    tree = out / "tree"
+    tree.mkdir()
+    for name in ("pyproject.toml", "README.md", "LICENSE"):
+        shutil.copy2(ROOT / name, tree / name)
+    shutil.copytree(ROOT / "src", tree / "src", ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
+    run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", wheels, tree],
+        cwd=out)  # fmt: skip
+    (wheel,) = wheels.glob("finecap-*.whl")
+    env_dir = out / "venv"
+    venv.EnvBuilder(with_pip=False).create(env_dir)
+    python = env_dir / "bin" / "python"
+    own = Path(run([python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"], cwd=out).strip())
+    (own / "parent_env.pth").write_text("\n".join(site.getsitepackages()) + "\n")
+    run([sys.executable, "-m", "pip", "--python", python, "install", "--no-deps", "-q", wheel], cwd=out)
+    return env_dir
