@@ -81,7 +81,11 @@ def test_shared_prompt_scores_equal_the_per_sequence_computation(vlm_dirs, famil
         projector = f"model.{model.family.projector}."
         assert all("lora_" in n or n.startswith(projector) for n in shared[2]), list(shared[2])[:5]
     for name in shared[2]:
-        torch.testing.assert_close(shared[2][name], repeated[2][name], rtol=1e-4, atol=1e-6, msg=name)
+        # an entry summed over many positions keeps the rounding of its terms when they cancel (an embedding row of
+        # 0.0037 from terms near 10 differed by 1.4e-6 on an Intel Xeon): the absolute tolerance is the 6th digit of
+        # the tensor's largest entry, not of the entry itself
+        atol = 1e-6 * max(1.0, repeated[2][name].abs().max().item())
+        torch.testing.assert_close(shared[2][name], repeated[2][name], rtol=1e-4, atol=atol, msg=name)
     nonzero = [n for n, g in shared[2].items() if g.abs().sum() > 0]
     assert nonzero, "no gradient reached the trained parameters"
 
