@@ -237,6 +237,33 @@ def test_the_cache_answers_a_rerun_without_a_request(tmp_path):
         assert again.answer(reordered) == ["red"] and len(server.requests) == 4
 
 
+def test_a_prompts_file_keeping_the_version_but_not_the_words_gets_answers_of_its_own(tmp_path):
+    """The cache keys a call by its prompt's templates, not only by the prompts' version: a copy of the package's
+    prompts file with the claims prompt reworded, ``version`` kept, asks the server again (and the answers of the
+    unchanged kinds are still shared)."""
+    import yaml
+
+    from finecap.judges.openai import load_prompts
+
+    prompts = {k: v for k, v in load_prompts().items() if k != "file"}
+    prompts["claims"] = {**prompts["claims"], "user": "Reworded. " + prompts["claims"]["user"]}
+    own = tmp_path / "prompts.yaml"
+    own.write_text(yaml.safe_dump(prompts))
+    asks = [Ask(Q, OPTIONS, "a red circle")]
+    with ChatServer(reads_the_caption) as server:
+        package = judge_of(server, cache=AnswerCache(tmp_path / "answers.sqlite"))
+        package.claims(["a red circle"]), package.answer(asks)
+        package.close()
+        assert len(server.requests) == 2
+        reworded = judge_of(server, cache=AnswerCache(tmp_path / "answers.sqlite"), prompts=own)
+        assert reworded.prompt_version == package.prompt_version
+        reworded.answer(asks)  # the answer prompt is the package's: cached
+        assert len(server.requests) == 2 and reworded.counts["cache_hits"] == 1
+        reworded.claims(["a red circle"])  # the claims prompt is not: asked
+        assert len(server.requests) == 3 and "Reworded." in server.requests[-1]["payload"]["messages"][1]["content"]
+        reworded.close()
+
+
 def test_failures_are_not_cached(tmp_path):
     with ChatServer(lambda payload, n: (200, completion("??"))) as server:
         judge = judge_of(server, retries=0, cache=AnswerCache(tmp_path / "a.sqlite"))
