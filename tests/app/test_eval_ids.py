@@ -99,3 +99,13 @@ def test_an_integer_read_as_an_id_that_numbers_another_file_is_warned(tmp_path):
     assert code == 0 and json.loads(out)["BLEU-1"] == pytest.approx(1.0)  # scored by id, as `caption --data` writes
     assert "warning: 2 predicted id(s) are ids of the references and numbers of other images' file names" in err
     assert "e.g. 0: image 0 by id, image 1 by its file name" in err
+
+
+def test_two_ids_naming_one_image_are_refused_as_such(tmp_path):
+    # 1000 and "1000" both name image 1000: the second was refused as "not in the references", which it is
+    data = numbered(tmp_path, {"1000.jpg": 1000, "1001.jpg": 1001})
+    preds = predictions(tmp_path / "p.json", {1000: "image 1000.jpg", "1000": "image 1000.jpg"})
+    line = refused(["eval", "--predictions", str(preds), "--references", str(data), "--metrics", "length"],
+                   "1 predicted image id(s) name an image that another predicted id names too",
+                   "e.g. '1000' and 1000 both name image 1000")  # fmt: skip
+    assert "not in the references" not in line

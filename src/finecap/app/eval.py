@@ -183,6 +183,14 @@ def _main(
     numbers = file_numbers(refs)
     matched = match_ids(list(results), refs, numbers)
     missing = [i for i in results if i not in matched]
+    twice = match_ids(missing, refs, numbers)  # ids naming an image that another predicted id took already
+    if twice:
+        i, image = next(iter(twice.items()))
+        other = next(j for j, target in matched.items() if target == image)
+        raise DataError(
+            f"{predictions}: {len(twice)} predicted image id(s) name an image that another predicted id names too, "
+            f"e.g. {i!r} and {other!r} both name image {image!r} of {refs.path}; keep one caption entry per image"
+        )
     if missing:
         where = f" (split {split!r})" if split else ""
         raise DataError(
