@@ -56,7 +56,7 @@ import os
 import subprocess
 import sys
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -179,8 +179,15 @@ def saved_bytes(forward: Callable[[], Any], model: Any) -> int:
     return sum(storages.values())
 
 
-def measure(overrides: list[str], step: str, images: int, samples: int, tokens: int) -> dict[str, float]:
-    """Build the training model of ``overrides`` as ``finecap train`` does, run one warm-up and one measured step."""
+MEASURES = ("step_peak", "activations", "saved")
+"""What :func:`measure` measures, one pass each: the step's allocation peak, the activations' (the gradient buffers
+kept from the step before) and the tensors saved for the backward pass."""
+
+
+def measure(overrides: list[str], step: str, images: int, samples: int, tokens: int,
+            measures: Sequence[str] = MEASURES) -> dict[str, float]:  # fmt: skip
+    """Build the training model of ``overrides`` as ``finecap train`` does, run one warm-up step and one pass of each
+    of ``measures`` (:data:`MEASURES`; a test of the activations' peak alone leaves the others' passes out)."""
     import gc
 
     import torch
@@ -224,22 +231,30 @@ def measure(overrides: list[str], step: str, images: int, samples: int, tokens: 
         optimizer.zero_grad(set_to_none=set_to_none)
         forward().backward()
 
+    unknown = set(measures) - set(MEASURES)
+    if unknown:
+        raise ValueError(f"measures: unknown {sorted(unknown)}; valid: {', '.join(MEASURES)}")
     forward_backward()  # warm-up: AdamW's state, allocator pools
     optimizer.step()
-    optimizer.zero_grad(set_to_none=True)
+    # the step's peak starts without gradient buffers; the activations' is measured with them kept (from the warm-up
+    # when the step's peak is not measured before it)
+    optimizer.zero_grad(set_to_none="step_peak" in measures)
     gc.collect()
     cuda = torch.cuda.is_available() and next(model.parameters()).is_cuda
-    peak = allocation_peak(forward_backward, cuda)
-    gc.collect()
-    activations = allocation_peak(lambda: forward_backward(set_to_none=False), cuda)  # the gradient buffers kept
-    kept_for_backward = saved_bytes(forward, model)
     weights = sum(t.numel() * t.element_size() for t in [*model.parameters(), *model.buffers()])
     n_trainable = sum(p.numel() for p in trainable)
     state = sum(p.numel() * p.element_size() for p in trainable) + 8 * n_trainable  # grads + AdamW's 2 fp32 moments
-    return {"weights_mb": weights / 2**20, "train_state_mb": state / 2**20, "step_peak_mb": peak / 2**20,
-            "activations_mb": activations / 2**20, "saved_mb": kept_for_backward / 2**20,
-            "trainable_m": n_trainable / 1e6, "device": "cuda" if cuda else "cpu",
-            "prompt_tokens": int(batch["prompt_ids"].shape[1]) if "prompt_ids" in batch else 0}  # fmt: skip
+    row = {"weights_mb": weights / 2**20, "train_state_mb": state / 2**20, "trainable_m": n_trainable / 1e6,
+           "device": "cuda" if cuda else "cpu",
+           "prompt_tokens": int(batch["prompt_ids"].shape[1]) if "prompt_ids" in batch else 0}  # fmt: skip
+    if "step_peak" in measures:
+        row["step_peak_mb"] = allocation_peak(forward_backward, cuda) / 2**20
+        gc.collect()
+    if "activations" in measures:  # the gradient buffers kept
+        row["activations_mb"] = allocation_peak(lambda: forward_backward(set_to_none=False), cuda) / 2**20
+    if "saved" in measures:
+        row["saved_mb"] = saved_bytes(forward, model) / 2**20
+    return row
 
 
 # --------------------------------------------------------------------------------------------------------------------

@@ -9,17 +9,17 @@ import pytest
 
 
 @pytest.fixture(scope="session")
-def installed_finecap(tmp_path_factory, worker_id) -> Path:
+def installed_finecap(tmp_path_factory) -> Path:
     """finecap's wheel installed into a fresh virtualenv (:func:`helpers.wheel.install_wheel`), once per test
     session for every xdist worker (:func:`helpers.once.once_per_session`): the virtualenv's folder."""
     from helpers.once import once_per_session
     from helpers.wheel import install_wheel
 
-    return once_per_session(tmp_path_factory, worker_id, "wheel", install_wheel) / "venv"
+    return once_per_session(tmp_path_factory, "wheel", install_wheel) / "venv"
 
 
 @pytest.fixture(scope="session")
-def quick_demo_run(tmp_path_factory, worker_id, installed_finecap):
+def quick_demo_run(tmp_path_factory, installed_finecap):
     """The one `finecap demo --quick` of the session, run by the installed wheel from an empty working directory
     with only ``--run-dir`` given (:class:`helpers.quick_demo.QuickDemo`), shared by every xdist worker: the tests
     of tests/app/test_demo.py, the browser tests, tests/repo/test_wheel.py. Its world and world encoder are in a
@@ -28,7 +28,7 @@ def quick_demo_run(tmp_path_factory, worker_id, installed_finecap):
     from helpers.once import once_per_session
     from helpers.quick_demo import quick_demo_in, run_quick_demo
 
-    folder = once_per_session(tmp_path_factory, worker_id, "quick-demo",
+    folder = once_per_session(tmp_path_factory, "quick-demo",
                               lambda out: run_quick_demo(out, installed_finecap))  # fmt: skip
     return quick_demo_in(folder, installed_finecap)
 

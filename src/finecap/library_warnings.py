@@ -16,8 +16,9 @@ SILENCED = {
 """The warnings, by the logger that emits them (a logger's filter sees only its own records): transformers 5 warns
 once per process that ``CLIPImageProcessor`` falls back to its PIL twin without torchvision (every model command
 imports it), which is the processor finecap uses either way; bitsandbytes 0.50, imported by peft whenever it is
-installed, warns on CPUs with AVX512-BF16 that the optional ``kernels`` package for its 4-bit CPU matmul is missing,
-though no 4-bit layer is in use (with one, it runs its own fallback, which finecap's CPU tests train)."""
+installed (finecap imports peft where LoRA adapters are made, loaded or saved: :mod:`finecap.models.peft_import`),
+warns on CPUs with AVX512-BF16 that the optional ``kernels`` package for its 4-bit CPU matmul is missing, though no
+4-bit layer need be in use (with one, it runs its own fallback, which finecap's CPU tests train)."""
 
 
 class _Silence(logging.Filter):

@@ -11,6 +11,7 @@
 from __future__ import annotations
 
 import errno
+import importlib.util
 import json
 import os
 import shutil
@@ -400,7 +401,10 @@ KERNELS_WARNING = "Failed to load CPU gemm_4bit_forward from kernels-community"
 
 
 @pytest.mark.slow
-def test_model_command_prints_no_import_warnings_and_q_silences_libraries(secret_run, tmp_path):
+def test_model_command_prints_no_import_warnings_and_q_silences_libraries(secret_run, tiny, tmp_path):
+    """``finecap caption`` and the Python API print neither library's warning (finecap.library_warnings): on a
+    checkpoint with LoRA adapters, whose loading imports peft and with it bitsandbytes (a model without adapters
+    imports neither: finecap.models.peft_import)."""
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2] / "src"), "OMP_NUM_THREADS": "1"}
     control = subprocess.run([sys.executable, "-c", "from transformers import CLIPImageProcessor"], env=env,
                              capture_output=True, text=True, check=True)  # fmt: skip
@@ -408,13 +412,18 @@ def test_model_command_prints_no_import_warnings_and_q_silences_libraries(secret
     bnb = subprocess.run([sys.executable, "-c", "import peft"], env=env, capture_output=True, text=True, check=True)
     kernels_missing = KERNELS_WARNING in bnb.stderr  # bitsandbytes 0.50 on an AVX512-BF16 CPU without `kernels`
     ckpt = secret_run["run"] / "checkpoints" / "best"
+    code, _, err = run_cli(["train", *tiny["base"], "lora.lm=true", "lora.rank=4", "--out", str(tmp_path / "lora")])
+    assert code == 0, err
+    adapted = tmp_path / "lora" / "checkpoints" / "best"
+    assert (adapted / "model" / "lm_lora" / "adapter_config.json").is_file()
 
-    def caption(*flags: str) -> subprocess.CompletedProcess:
-        argv = ["-m", "finecap", "caption", "--checkpoint", str(ckpt), "--out", str(tmp_path / f"c{len(flags)}.json")]
+    def caption(*flags: str, checkpoint: Path = ckpt) -> subprocess.CompletedProcess:
+        argv = ["-m", "finecap", "caption", "--checkpoint", str(checkpoint), "--out",
+                str(tmp_path / f"c{len(flags)}.json")]  # fmt: skip
         return subprocess.run([sys.executable, *argv, *flags], env=env, capture_output=True, text=True, timeout=300,
                               check=False)  # fmt: skip
 
-    plain, verbose = caption(), caption("-v")
+    plain, verbose = caption(checkpoint=adapted), caption("-v")
     assert plain.returncode == 0 and verbose.returncode == 0, plain.stderr + verbose.stderr
     assert TORCHVISION_WARNING not in plain.stderr and TORCHVISION_WARNING not in verbose.stderr
     assert KERNELS_WARNING not in plain.stderr and KERNELS_WARNING not in verbose.stderr
@@ -427,11 +436,13 @@ def test_model_command_prints_no_import_warnings_and_q_silences_libraries(secret
     assert very.returncode == 0 and "more lines; -vv shows them" not in very.stderr and '"vocab_size"' in very.stderr
     assert len(very.stderr.splitlines()) > len(verbose.stderr.splitlines()) + 20
     # the Python API leaves out the same library warnings as the command (finecap.library_warnings)
-    api = ("import finecap; c = finecap.Captioner.from_pretrained(__import__('sys').argv[1], device='cpu'); "
-           "print(len(c.caption([__import__('PIL.Image').Image.new('RGB', (32, 32))])))")  # fmt: skip
-    used = subprocess.run([sys.executable, "-c", api, str(ckpt)], env=env, capture_output=True, text=True,
+    api = ("import sys, finecap; c = finecap.Captioner.from_pretrained(sys.argv[1], device='cpu'); "
+           "print(len(c.caption([__import__('PIL.Image').Image.new('RGB', (32, 32))])), 'peft' in sys.modules, "
+           "'bitsandbytes' in sys.modules)")  # fmt: skip
+    used = subprocess.run([sys.executable, "-c", api, str(adapted)], env=env, capture_output=True, text=True,
                           timeout=300, check=False)  # fmt: skip
-    assert used.returncode == 0 and used.stdout.strip() == "1", used.stderr
+    bnb_installed = importlib.util.find_spec("bitsandbytes") is not None
+    assert used.returncode == 0 and used.stdout.split() == ["1", "True", str(bnb_installed)], used.stderr
     assert TORCHVISION_WARNING not in used.stderr and KERNELS_WARNING not in used.stderr, used.stderr
     quiet = caption("-q")
     assert quiet.returncode == 0 and "Loading weights" not in quiet.stderr and "[transformers]" not in quiet.stderr

@@ -7,6 +7,7 @@ file lock while it works; a worker that asks meanwhile waits for it, and a worke
 from __future__ import annotations
 
 import fcntl
+import os
 import shutil
 import traceback
 from collections.abc import Callable
@@ -18,19 +19,24 @@ DONE = ".made"
 FAILED = ".failed"
 
 
-def shared_root(tmp_path_factory: pytest.TempPathFactory, worker_id: str) -> Path:
-    """The temporary folder every worker of this session sees (one process without xdist: its own)."""
+def shared_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The temporary folder every worker of this session sees: the parent of a popen worker's ``popen-<id>`` base
+    (``PYTEST_XDIST_WORKER`` names the worker); one process without xdist: its own base."""
     base = tmp_path_factory.getbasetemp()
-    return base if worker_id == "master" else base.parent
+    worker = os.environ.get("PYTEST_XDIST_WORKER")
+    if worker is None:
+        return base
+    assert base.name == f"popen-{worker}", (
+        f"an xdist worker's temporary base named otherwise than pytest-xdist's: {base}"
+    )
+    return base.parent
 
 
-def once_per_session(
-    tmp_path_factory: pytest.TempPathFactory, worker_id: str, name: str, make: Callable[[Path], None]
-) -> Path:
+def once_per_session(tmp_path_factory: pytest.TempPathFactory, name: str, make: Callable[[Path], object]) -> Path:
     """``make(folder)`` run once for the whole session into the empty ``folder`` (``<shared root>/<name>``); returns
     ``folder``. When ``make`` raised, every later asker fails at once with its traceback instead of making it again
     (a slow failure would otherwise be paid once per worker)."""
-    root = shared_root(tmp_path_factory, worker_id)
+    root = shared_root(tmp_path_factory)
     folder = root / name
     with open(root / f"{name}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes, also when this process dies

@@ -295,3 +295,37 @@ def test_sr_v_moves_the_captioner_encoder_but_not_the_retriever(clip_dir, use_lo
     assert moved and all(("lora_" in k) == use_lora for k in moved)
     assert not any("text_model" in k for k in moved)
     assert any(not torch.equal(a, b) for a, b in zip(mapper_before, model.mapper.parameters(), strict=True))
+
+
+PEFT_ON_DEMAND = """
+import sys
+import torch
+from finecap.config import ClipCapBackboneConfig
+import finecap.api, finecap.app.demo, finecap.models.backbones, finecap.train.run  # what a command imports
+from finecap.models import lora
+from finecap.models.clipcap import ClipCap
+from finecap.models.presets import build_world_lm
+
+before = "peft" in sys.modules or "bitsandbytes" in sys.modules
+lm, tok = build_world_lm(layers=1, hidden=32, heads=2)
+model = ClipCap(lm, tok, 8, ClipCapBackboneConfig(prefix_length=2))
+plain = lora.has_adapters(model) or "peft" in sys.modules  # a model without adapters: peft still not needed
+lora.apply_lora(model, "lm", lora.LoraSpec(rank=4))
+print(before, plain, "peft" in sys.modules, lora.is_peft(model.lm), lora.has_adapters(model))
+"""
+
+
+@pytest.mark.slow  # a process importing torch and transformers
+def test_peft_is_imported_where_adapters_are_first_made():
+    """Importing what a command imports, and building a model without adapters, imports neither peft nor
+    bitsandbytes (over a second of every command's start; finecap.models.peft_import); making adapters does, and
+    they are found as peft's."""
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2] / "src")}
+    proc = subprocess.run([sys.executable, "-c", PEFT_ON_DEMAND], capture_output=True, text=True, env=env,
+                          timeout=300, check=False)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.split() == ["False", "False", "True", "True", "True"], proc.stdout

@@ -24,7 +24,8 @@ def test_wheel_installs_and_runs_the_quick_demo(installed_finecap, quick_demo_ru
     assert where.startswith(str(installed_finecap)) and not where.startswith(str(ROOT)), where
     listing = run([installed_finecap / "bin" / "finecap", "recipes"], cwd=work)
     assert "demo/mle" in listing and "coco/smile_clipcap" in listing
-    table = (quick_demo_run.run_dir / "results.md").read_text()  # the demo of the wheel's `finecap` command
+    assert quick_demo_run.venv == installed_finecap  # the shared quick demo: this virtualenv's `finecap` ran it
+    table = (quick_demo_run.run_dir / "results.md").read_text()
     assert "| mle |" in table and "| smile |" in table
 
 

@@ -60,8 +60,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, get_args
 
 import torch
-from peft import LoraConfig, PeftModel, get_peft_model, get_peft_model_state_dict, set_peft_model_state_dict
-from peft.tuners.lora import LoraLayer
 from safetensors.torch import save_file
 from torch import nn
 from transformers.pytorch_utils import Conv1D
@@ -69,12 +67,15 @@ from transformers.pytorch_utils import Conv1D
 from finecap.config import LoraInit
 from finecap.models import strict
 from finecap.models.captioner import PARTS
+from finecap.models.peft_import import is_lora_layer, is_peft, peft_library
 from finecap.models.vision import TEXT_SIDE
 from finecap.runs import CAPTIONER_FILE, CheckpointError
 from finecap.utils.reading import read_json
 from finecap.utils.text import short_repr
 
 if TYPE_CHECKING:
+    from peft import LoraConfig, PeftModel
+
     from finecap.config import Config
 
 ADAPTER_DIRS = {"lm": "lm_lora", "encoder": "encoder_lora"}
@@ -117,11 +118,6 @@ def specs_from_config(cfg: Config) -> dict[str, LoraSpec | None]:
 # --------------------------------------------------------------------------------------------------------------------
 # Which modules of a part
 # --------------------------------------------------------------------------------------------------------------------
-
-
-def is_peft(module: Any) -> bool:
-    """Whether ``module`` is a ``peft.PeftModel``."""
-    return isinstance(module, PeftModel)
 
 
 def unwrapped(module: nn.Module) -> nn.Module:
@@ -199,8 +195,9 @@ def _lora_config(part: str, module: nn.Module, targets: Sequence[str], spec: Lor
     base = unwrapped(module)
     modules = dict(base.named_modules())
     conv1d = any(isinstance(modules[n], Conv1D) for n in names)  # GPT-2 stores weights as (in, out)
-    return LoraConfig(r=spec.rank, lora_alpha=spec.alpha, lora_dropout=spec.dropout, target_modules=names,
-                      fan_in_fan_out=conv1d, bias="none", init_lora_weights=PEFT_INIT[spec.init])  # fmt: skip
+    return peft_library().LoraConfig(r=spec.rank, lora_alpha=spec.alpha, lora_dropout=spec.dropout,
+                                     target_modules=names, fan_in_fan_out=conv1d, bias="none",
+                                     init_lora_weights=PEFT_INIT[spec.init])  # fmt: skip
 
 
 def init_adapters(module: nn.Module, init: LoraInit) -> None:
@@ -211,7 +208,7 @@ def init_adapters(module: nn.Module, init: LoraInit) -> None:
         return
     with torch.no_grad():
         for layer in module.modules():
-            if not isinstance(layer, LoraLayer):
+            if not is_lora_layer(layer):
                 continue
             for adapter in layer.lora_A:
                 a, b = layer.lora_A[adapter].weight, layer.lora_B[adapter].weight  # (r, in), (out, r)
@@ -228,7 +225,7 @@ def apply_lora(model: nn.Module, part: str, spec: LoraSpec) -> None:
     module = _part_module(model, part)
     if is_peft(module):
         raise ValueError(f"the {part} already has LoRA adapters; merge them first (merge_lora)")
-    wrapped = get_peft_model(module, _lora_config(part, module, _targets(model, part, spec), spec))
+    wrapped = peft_library().get_peft_model(module, _lora_config(part, module, _targets(model, part, spec), spec))
     init_adapters(wrapped, spec.init)
     _set_part_module(model, part, wrapped)
     freeze_to_adapters(wrapped)
@@ -310,7 +307,7 @@ def adapters_are_identity(model: nn.Module) -> bool:
     """Whether every LoRA adapter of ``model`` adds nothing (one of its factors all zero, as fresh adapters are):
     the model then computes what its base does, and :func:`adapters_disabled` gives the same function."""
     for module in model.modules():
-        if isinstance(module, LoraLayer):
+        if is_lora_layer(module):
             for key in module.lora_A:
                 if bool(module.lora_A[key].weight.any()) and bool(module.lora_B[key].weight.any()):
                     return False
@@ -404,7 +401,7 @@ def lora_layers(model: nn.Module) -> dict[str, nn.Module]:
     if not any(m is not None and is_peft(m) for m in map(model.lora_module, PARTS)):
         return {}
     return {f"{name}.base_layer.weight": m for name, m in model.named_modules()
-            if isinstance(m, LoraLayer) and not m.merged}  # fmt: skip
+            if is_lora_layer(m) and not m.merged}  # fmt: skip
 
 
 @contextlib.contextmanager
@@ -558,14 +555,14 @@ def load_part_adapters(model: nn.Module, path: Path, part: str, info: Any) -> No
     if is_peft(module):
         raise CheckpointError(f"{where}: the {part} already has LoRA adapters (listed twice?)")
     config = _checked_adapter_config(config_file, part, module, spec)
-    wrapped = get_peft_model(module, config)
+    wrapped = peft_library().get_peft_model(module, config)
     tensors = strict.read_tensors(weights_file)
     kinds = [f"{k} (stored {str(v.dtype).removeprefix('torch.')})" for k, v in tensors.items()
              if not v.is_floating_point()]  # fmt: skip
     strict.refuse_misfit(weights_file, {"of another kind": kinds})
     strict.check_finite(tensors.items(), weights_file)
     try:
-        result = set_peft_model_state_dict(wrapped, tensors)
+        result = peft_library().set_peft_model_state_dict(wrapped, tensors)
     except RuntimeError as e:  # torch's size mismatches, even with strict=False
         shapes = re.findall(SIZE_MISMATCH, str(e))
         if not shapes:
@@ -648,7 +645,7 @@ WHOLE_ADAPTER_DIR = "adapter"
 
 def _adapted_modules(part: PeftModel) -> list[str]:
     """Names (in the part's base model) of the modules carrying LoRA layers."""
-    return [name for name, m in part.get_base_model().named_modules() if isinstance(m, LoraLayer)]
+    return [name for name, m in part.get_base_model().named_modules() if is_lora_layer(m)]
 
 
 def save_whole_adapter(
@@ -687,7 +684,7 @@ def save_whole_adapter(
     configs = {}
     for p, module in parts.items():
         inner = paths[p][len(root) + 1 :]  # e.g. "model.language_model"
-        part_weights = get_peft_model_state_dict(module, state_dict=states.get(p) or None)
+        part_weights = peft_library().get_peft_model_state_dict(module, state_dict=states.get(p) or None)
         for key, value in part_weights.items():
             weights[f"base_model.model.{inner}.{key.removeprefix('base_model.model.')}"] = value.detach().cpu()
         names = [f"{inner}.{name}" for name in _adapted_modules(module)]
@@ -702,7 +699,7 @@ def save_whole_adapter(
         for key, value in (saved_modules or {}).items():
             if key.startswith(prefix):
                 weights[f"base_model.model.{key}"] = value.detach().cpu()
-    config = LoraConfig(
+    config = peft_library().LoraConfig(
         r=first.r,
         lora_alpha=first.lora_alpha,
         lora_dropout=first.lora_dropout,

@@ -56,7 +56,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, get_args
 
 import torch
-from peft import PeftModel
 from safetensors.torch import save_file
 from torch import nn
 from torch.utils.checkpoint import checkpoint
@@ -64,6 +63,7 @@ from torch.utils.checkpoint import checkpoint
 from finecap.config import AttnImplementation, Quantization, TrainableDtype, WeightsDtype
 from finecap.models import strict
 from finecap.models.captioner import PARTS
+from finecap.models.peft_import import is_peft
 from finecap.utils.system import MissingExtra
 
 if TYPE_CHECKING:
@@ -627,7 +627,7 @@ def enable_gradient_checkpointing(model: nn.Module) -> dict[str, int]:
         module = model.lora_module(part)
         if module is None:
             continue
-        found = _enable_layers(module.get_base_model() if isinstance(module, PeftModel) else module)
+        found = _enable_layers(module.get_base_model() if is_peft(module) else module)
         counts[part] = len(found)
         layers += found
 
@@ -718,7 +718,7 @@ def check_quantized_training(model: nn.Module) -> None:
         module = model.lora_module(part)
         kind = quantization_of(module) if module is not None else None
         trains = model.train_lm if part == "lm" else model.train_encoder
-        if kind is not None and trains and not isinstance(module, PeftModel):
+        if kind is not None and trains and not is_peft(module):
             key = "model.train_lm" if part == "lm" else "model.train_encoder"
             raise ValueError(
                 f"model.quantization={kind}: the {part}'s base weights are quantized and cannot be trained fully; "
