@@ -238,7 +238,7 @@ def test_the_cache_answers_a_rerun_without_a_request(tmp_path):
 
 
 def test_a_prompts_file_keeping_the_version_but_not_the_words_gets_answers_of_its_own(tmp_path):
-    """The cache keys a call by its prompt's templates, not only by the prompts' version: a copy of the package's
+    """The cache keys a call by the messages it asks, not only by the prompts' version: a copy of the package's
     prompts file with the claims prompt reworded, ``version`` kept, asks the server again (and the answers of the
     unchanged kinds are still shared)."""
     import yaml

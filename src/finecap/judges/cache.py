@@ -1,9 +1,8 @@
 """The judges' answer cache: one SQLite file, ``<finecap home>/cache/judges/answers.sqlite`` by default, keyed by
-the judge's identity (name, model, prompt version), the kind of call, its prompt and its inputs (caption, question,
-options),
-so that a re-run or a resumed run asks nothing twice. SQLite's locking (write-ahead log, a busy time-out) makes it
-safe for several processes at once; a value is written once per key (``INSERT OR IGNORE``), only for answers that
-parsed (failures are never cached).
+the judge's identity (name, model, prompt version), the kind of call, its inputs (caption, question, options) and
+the messages asked, so that a re-run or a resumed run asks nothing twice. SQLite's locking (write-ahead log, a busy
+time-out) makes it safe for several processes at once; a value is written once per key (``INSERT OR IGNORE``), only
+for answers that parsed (failures are never cached).
 """
 
 from __future__ import annotations

@@ -17,8 +17,8 @@ jittered exponential backoff and ``Retry-After``, masked secrets).
   time of the next server; a call still without an answer is a :class:`~finecap.judges.base.JudgeFailed` in its
   place, counted (``counts["failed"]``). HTTP 401/403/404 (a refused key, a wrong model or URL) raise at once.
 - **Cache**: every parsed answer is kept (:class:`~finecap.judges.cache.AnswerCache`), keyed by the judge's model,
-  prompt version, the kind of call, its prompt templates and its inputs (caption, question, options as presented,
-  ...).
+  prompt version, the kind of call, its inputs (caption, question, options as presented, ...) and the messages
+  asked (the prompt's words).
 """
 
 from __future__ import annotations
@@ -241,9 +241,9 @@ class OpenAIJudge(Judge):
 
     def _call(self, kind: str, inputs: Any, messages: list[dict[str, Any]], parse: Callable[[str], Any]) -> Any:
         """One judge call: the cached answer, else asked (and re-asked while unparsable) round-robin. The cache key
-        holds the kind's prompt templates as well as the prompts' version: a prompts file of one's own that keeps a
-        version of the package's but words a prompt otherwise gets answers of its own."""
-        key = cache_key(self.identity(), kind, inputs, self.prompts[kind])
+        holds the messages asked as well as the prompts' version: a prompts file of one's own that keeps a version of
+        the package's but words a prompt otherwise gets answers of its own."""
+        key = cache_key(self.identity(), kind, inputs, messages)
         self._count("calls")
         if self.cache is not None:
             hit = self.cache.get(key)
