@@ -5,7 +5,8 @@ It sits at the repository root because it is the one conftest both trees see; it
 tests' shared code is the package ``tests/helpers/``, imported as ``helpers.*`` (pyproject.toml's ``pythonpath``).
 
 - One torch thread per test process (the machine has 2 cores and the models are tiny).
-- One temporary finecap home for the whole session (:func:`finecap_home`), so nothing is written to ``~/.cache``.
+- One temporary finecap home for the whole session (:func:`finecap_home`), so nothing is written to ``~/.cache``,
+  and one temporary folder (:func:`session_tmpdir`), so nothing is left in ``/tmp``.
 - The names the docstring examples use (:func:`doctest_namespace`): tiny models built here from configs with random
   or fixed weights, saved into temporary folders as a Hub checkpoint would be, never downloaded. An example reads as
   a user would write it (``Retriever.from_pretrained(clip_dir)`` where a user writes a Hub name) and shows what these
@@ -14,6 +15,7 @@ tests' shared code is the package ``tests/helpers/``, imported as ``helpers.*`` 
 
 from __future__ import annotations
 
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +23,18 @@ import pytest
 import torch
 
 torch.set_num_threads(1)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def session_tmpdir(tmp_path_factory):
+    """The temporary folder of every test and docstring example of the session and of the processes they start
+    (``TMPDIR``): a folder under pytest's own, which pytest prunes, so that what they leave there (the examples'
+    ``tempfile.mkdtemp()`` folders, torch elastic's logs of the runs tests launch) does not pile up in ``/tmp``."""
+    folder = tmp_path_factory.mktemp("tmp")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("TMPDIR", str(folder))
+        mp.setattr(tempfile, "tempdir", str(folder))  # tempfile's cached choice, made before this fixture ran
+        yield folder
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -113,8 +113,9 @@ def test_make_gpu_check_leaves_four_files_in_out_and_the_env_record_when_finecap
     (broken / "__init__.py").write_text("raise ImportError('platformdirs is missing here (a test stand-in)')\n")
     (tmp_path / "no-wheels").mkdir()
     out = tmp_path / "out"
+    (tmp_path / "tmp").mkdir()  # the script's temporary folders (the checks' own, kept): here, not in /tmp
     env = {**os.environ, "OUT": str(out), "WHEELS": str(tmp_path / "no-wheels"), "PYTHON": sys.executable,
-           "PYTHONPATH": str(tmp_path / "broken")}  # fmt: skip
+           "PYTHONPATH": str(tmp_path / "broken"), "TMPDIR": str(tmp_path / "tmp")}  # fmt: skip
     proc = subprocess.run(["make", "-s", "-C", str(ROOT), "gpu-check",
                            f"GPU_CHECK_ARGS=--cpu-smoke --spawn --only family:llava --work-dir {tmp_path / 'work'}"],
                           capture_output=True, text=True, env=env, cwd=tmp_path, timeout=300)  # fmt: skip
@@ -140,6 +141,7 @@ def test_make_gpu_check_leaves_four_files_in_out_and_the_env_record_when_finecap
     assert proc.returncode == 1 and (tmp_path / "rel" / "gpu_check.json").is_file(), proc.stderr[-2000:]
     assert (tmp_path / "rel" / "gpu_check_logs.tgz").read_bytes()[:2] == b"\x1f\x8b"  # this run's tarball
     assert not (ROOT / "rel").exists()
+    assert len(list((tmp_path / "tmp").glob("finecap-gpu-out.*"))) == 2  # both runs' folders, under TMPDIR
 
 
 def test_greedy_rows_agree_when_equal_or_parting_at_a_near_tie():
