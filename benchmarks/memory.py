@@ -188,6 +188,9 @@ def measure(overrides: list[str], step: str, images: int, samples: int, tokens: 
             measures: Sequence[str] = MEASURES) -> dict[str, float]:  # fmt: skip
     """Build the training model of ``overrides`` as ``finecap train`` does, run one warm-up step and one pass of each
     of ``measures`` (:data:`MEASURES`; a test of the activations' peak alone leaves the others' passes out)."""
+    unknown = set(measures) - set(MEASURES)
+    if unknown:
+        raise ValueError(f"measures: unknown {sorted(unknown)}; valid: {', '.join(MEASURES)}")
     import gc
 
     import torch
@@ -231,9 +234,6 @@ def measure(overrides: list[str], step: str, images: int, samples: int, tokens: 
         optimizer.zero_grad(set_to_none=set_to_none)
         forward().backward()
 
-    unknown = set(measures) - set(MEASURES)
-    if unknown:
-        raise ValueError(f"measures: unknown {sorted(unknown)}; valid: {', '.join(MEASURES)}")
     forward_backward()  # warm-up: AdamW's state, allocator pools
     optimizer.step()
     # the step's peak starts without gradient buffers; the activations' is measured with them kept (from the warm-up

@@ -13,9 +13,9 @@ def installed_finecap(tmp_path_factory) -> Path:
     """finecap's wheel installed into a fresh virtualenv (:func:`helpers.wheel.install_wheel`), once per test
     session for every xdist worker (:func:`helpers.once.once_per_session`): the virtualenv's folder."""
     from helpers.once import once_per_session
-    from helpers.wheel import install_wheel
+    from helpers.wheel import install_wheel, venv_in
 
-    return once_per_session(tmp_path_factory, "wheel", install_wheel) / "venv"
+    return venv_in(once_per_session(tmp_path_factory, "wheel", install_wheel))
 
 
 @pytest.fixture(scope="session")

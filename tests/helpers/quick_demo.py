@@ -25,10 +25,15 @@ class QuickDemo:
     venv: Path
 
 
+def demo_argv(run_dir: Path) -> list[str]:
+    """``finecap``'s arguments of a quick demo into ``run_dir``, as a user gives them: only ``--run-dir``."""
+    return ["demo", "--quick", "--run-dir", str(run_dir)]
+
+
 def quick_demo_in(out: Path, env_dir: Path) -> QuickDemo:
     """The quick demo :func:`run_quick_demo` runs into ``out``: working directory ``out/cwd``, home ``out/home``."""
-    cwd = out / "cwd"
-    return QuickDemo(cwd / "run", ["demo", "--quick", "--run-dir", str(cwd / "run")], out / "home", env_dir)
+    run_dir = out / "cwd" / "run"
+    return QuickDemo(run_dir, demo_argv(run_dir), out / "home", env_dir)
 
 
 def run_quick_demo(out: Path, env_dir: Path) -> None:
@@ -48,4 +53,4 @@ def own_copy(demo: QuickDemo, folder: Path, monkeypatch: pytest.MonkeyPatch) -> 
     run_dir = folder / "run"
     shutil.copytree(demo.run_dir, run_dir, symlinks=True)
     monkeypatch.setenv("FINECAP_HOME", str(demo.home))
-    return QuickDemo(run_dir, ["demo", "--quick", "--run-dir", str(run_dir)], demo.home, demo.venv)
+    return QuickDemo(run_dir, demo_argv(run_dir), demo.home, demo.venv)

@@ -30,8 +30,13 @@ def run(cmd: list, cwd: Path, timeout: int = 600, env: dict[str, str] | None = N
     return proc.stdout
 
 
+def venv_in(out: Path) -> Path:
+    """The virtualenv :func:`install_wheel` makes in ``out``."""
+    return out / "venv"
+
+
 def install_wheel(out: Path) -> Path:
-    """Build finecap's wheel and install it into the new virtualenv ``out/venv``; returns that virtualenv."""
+    """Build finecap's wheel and install it into the new virtualenv :func:`venv_in` ``out``; returns it."""
     wheels = out / "wheels"
     # built from a copy of what a clone holds: an in-tree build/ left by an earlier build would ship modules since
     # deleted from src/ (setuptools reuses build/lib without cleaning it)
@@ -43,7 +48,7 @@ def install_wheel(out: Path) -> Path:
     run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", wheels, tree],
         cwd=out)  # fmt: skip
     (wheel,) = wheels.glob("finecap-*.whl")
-    env_dir = out / "venv"
+    env_dir = venv_in(out)
     venv.EnvBuilder(with_pip=False).create(env_dir)
     python = env_dir / "bin" / "python"
     own = Path(run([python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"], cwd=out).strip())

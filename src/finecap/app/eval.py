@@ -183,7 +183,7 @@ def _main(
     numbers = file_numbers(refs)
     matched = match_ids(list(results), refs, numbers)
     missing = [i for i in results if i not in matched]
-    twice = match_ids(missing, refs, numbers)  # ids naming an image that another predicted id took already
+    twice = match_ids(missing, refs, numbers) if missing else {}  # ids naming an image another id took already
     if twice:
         i, image = next(iter(twice.items()))
         other = next(j for j, target in matched.items() if target == image)
