@@ -17,7 +17,6 @@ are empty folders, as ``datasets`` reads them when imported).
 
 from __future__ import annotations
 
-import contextlib
 import io
 import json
 import os
@@ -30,9 +29,9 @@ import pytest
 
 datasets = pytest.importorskip("datasets")
 
-from finecap.app.cli import main  # noqa: E402
 from finecap.data.hf_files import HF_CACHE, MAX_METADATA_BYTES  # noqa: E402
 from finecap.data.records import DataError  # noqa: E402
+from helpers.cli import run_cli  # noqa: E402
 
 ROWS = {"image": ["a.png", "b.png"], "captions": [["a red square"], ["a blue circle"]], "cocoid": [1, 2]}
 SECRET = {"image": ["s.png", "t.png"], "captions": [["the secret caption"], ["another secret"]], "cocoid": [1, 2]}
@@ -40,15 +39,6 @@ EMPTY = {"image": [], "captions": [], "cocoid": []}
 FEATURES = datasets.Features({"image": datasets.Value("string"), "cocoid": datasets.Value("int64"),
                               "captions": datasets.Sequence(datasets.Value("string"))})  # fmt: skip
 DEEP = "[" * 100_000 + "]" * 100_000
-
-
-def run_cli(argv: list[str]) -> tuple[int, str, str]:
-    """``finecap ARGV`` in this process: (exit code, stdout, stderr); an exception the CLI does not turn into a
-    message propagates (a traceback fails the test)."""
-    out, err = io.StringIO(), io.StringIO()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        code = main(argv)
-    return code, out.getvalue(), err.getvalue()
 
 
 def one_error_line(code: int, err: str) -> str:

@@ -14,8 +14,6 @@ skipped.
 
 from __future__ import annotations
 
-import contextlib
-import io
 import json
 import logging
 import os
@@ -24,7 +22,6 @@ from pathlib import Path
 import pytest
 from PIL import Image
 
-from finecap.app.cli import main
 from finecap.config import ConfigError, load
 from finecap.data.datasets import CaptionDataset, load_records, skipped_images
 from finecap.data.formats import detect_format
@@ -36,6 +33,7 @@ from finecap.data.references import load_references, missing_images
 from finecap.data.splits import assign_splits, split_value
 from finecap.errors import explain
 from finecap.train.fingerprint import data_fingerprint
+from helpers.cli import run_cli
 
 COLOURS = [(200, 30, 30), (30, 200, 30), (30, 30, 200), (200, 200, 30), (30, 200, 200), (200, 30, 200)]
 
@@ -58,13 +56,6 @@ def corrupt(path: Path) -> Path:
     data[60:80] = b"\x00" * 20  # inside the compressed pixels
     path.write_bytes(bytes(data))
     return path
-
-
-def run_cli(argv: list[str]) -> tuple[int, str, str]:
-    out, err = io.StringIO(), io.StringIO()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        code = main(argv)
-    return code, out.getvalue(), err.getvalue()
 
 
 def folder_cfg(folder: Path, *overrides: str):

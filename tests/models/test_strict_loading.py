@@ -12,8 +12,6 @@ by the checkpoint writer; each test tampers with a copy."""
 
 from __future__ import annotations
 
-import contextlib
-import io
 import json
 import shutil
 from pathlib import Path
@@ -25,7 +23,6 @@ from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
 from finecap import Captioner
-from finecap.app.cli import main
 from finecap.config import ClipCapBackboneConfig, load
 from finecap.models import lora, memory
 from finecap.models.backbones import load_captioner
@@ -37,25 +34,10 @@ from finecap.models.vlm import Vlm
 from finecap.runs import CheckpointError, model_dir
 from finecap.train.checkpoint import save_checkpoint
 from finecap.train.setup import build_model
+from helpers.cli import refused, run_cli
 
 INFO = {"step": 1, "epoch": 0, "total_steps": 1, "metric": "loss", "values": {"loss": 1.0}}
 PLANTED = "finecap_planted.weight"
-
-
-def run_cli(argv: list[str]) -> tuple[int, str]:
-    """``finecap ARGV`` in this process: (exit code, stderr)."""
-    out, err = io.StringIO(), io.StringIO()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        code = main(argv)
-    return code, err.getvalue()
-
-
-def one_error_line(argv: list[str]) -> str:
-    """The one ``finecap: error:`` line of ``finecap ARGV``, which must exit with code 2 and no traceback."""
-    code, err = run_cli(argv)
-    lines = [line for line in err.splitlines() if line.startswith("finecap: error: ")]
-    assert code == 2 and len(lines) == 1 and "Traceback" not in err, err
-    return lines[0]
 
 
 def randomise_adapters(model) -> None:
@@ -111,11 +93,11 @@ def refusal_everywhere(checkpoint: Path, made: dict[str, Path], tmp_path: Path, 
     ``expected`` text, writing nothing; ``Captioner.from_pretrained`` raises a CheckpointError with the same
     message. Returns the message."""
     captions = tmp_path / "captions.json"
-    line = one_error_line(["caption", "--checkpoint", str(checkpoint), "--images", str(made["image"]), "--out",
+    line = refused(["caption", "--checkpoint", str(checkpoint), "--images", str(made["image"]), "--out",
                            str(captions)])  # fmt: skip
     assert not captions.exists()
     exported = tmp_path / "exported"
-    assert one_error_line(["export", str(checkpoint), "--merged", str(exported)]) == line
+    assert refused(["export", str(checkpoint), "--merged", str(exported)]) == line
     assert not exported.exists() and not any(p.name.startswith(".exported") for p in tmp_path.iterdir())
     with pytest.raises(CheckpointError) as e:
         Captioner.from_pretrained(checkpoint, device="cpu")
@@ -132,11 +114,11 @@ def test_pristine_checkpoints_load_and_caption(made, tmp_path):
     (the world GPT-2's, tied to its embeddings and not saved) is not a missing tensor."""
     for backbone in ("clipcap", "vlm", "blip"):
         out = tmp_path / f"{backbone}.json"
-        code, err = run_cli(["caption", "--checkpoint", str(made[backbone]), "--images", str(made["image"]),
+        code, _, err = run_cli(["caption", "--checkpoint", str(made[backbone]), "--images", str(made["image"]),
                              "--out", str(out)])  # fmt: skip
         assert code == 0 and out.exists(), err
         assert len(Captioner.from_pretrained(made[backbone], device="cpu").caption(made["image"])) == 1
-        code, err = run_cli(["export", str(made[backbone]), "--merged", str(tmp_path / f"{backbone}-merged")])
+        code, _, err = run_cli(["export", str(made[backbone]), "--merged", str(tmp_path / f"{backbone}-merged")])
         assert code == 0, err
     lm = load_captioner(model_dir(made["clipcap"])).lm.get_base_model()
     assert lm.config.tie_word_embeddings and lm.lm_head.weight is lm.transformer.wte.weight
@@ -363,7 +345,7 @@ def test_init_from_another_backbone_ends_the_train_command_in_one_line(made, tmp
     for i in range(4):
         shutil.copy(made["image"], data / f"{i}.png")
         (data / f"{i}.txt").write_text("a red square\n")
-    line = one_error_line(["train", "data.format=folder", f"data.path={data}", f"model.encoder={made['clip']}",
+    line = refused(["train", "data.format=folder", f"data.path={data}", f"model.encoder={made['clip']}",
                            f"train.init_from={made['vlm']}", f"run.cache_dir={tmp_path / 'cache'}", "--out",
                            str(tmp_path / "run")])  # fmt: skip
     assert "is a vlm captioner, but model.kind=clipcap" in line

@@ -5,14 +5,12 @@ already been initialized and cannot be changed") until :func:`finecap.train.engi
 
 from __future__ import annotations
 
-import contextlib
-import io
 import json
 import math
 
 import pytest
 
-from finecap.app.cli import main
+from helpers.cli import run_cli
 
 WORLD = ("world.n_train=20", "world.n_val=4", "world.n_test=4", "world.image_size=32")
 ENCODER = ("retriever.epochs=1", "retriever.batch_size=8", "retriever.batch_size_eval=16")
@@ -23,13 +21,6 @@ BACKBONES = {
     "demo/blip_mle": ("blip.tiny_layers=1", "blip.tiny_hidden=32", "blip.tiny_heads=2"),
     "demo/vlm_mle": ("vlm.tiny_layers=1", "vlm.tiny_hidden=32", "vlm.tiny_heads=2"),
 }
-
-
-def run_cli(argv: list[str]) -> tuple[int, str]:
-    err = io.StringIO()
-    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(err):
-        code = main(argv)
-    return code, err.getvalue()
 
 
 def test_a_second_accelerator_may_take_another_precision():
@@ -53,8 +44,9 @@ def test_mixed_precision_trains_from_an_empty_home(recipe, precision, tmp_path, 
     monkeypatch.setenv("FINECAP_HOME", str(home))
     dtype = "bfloat16" if precision == "bf16" else "float32"  # fp16 weights do not train on the CPU; autocast does
     run = tmp_path / "run"
-    code, err = run_cli(["train", recipe, *WORLD, *ENCODER, *TRAIN, *BACKBONES[recipe], f"world.out={tmp_path / 'w'}",
-                         f"model.dtype={dtype}", f"train.mixed_precision={precision}", "--out", str(run)])  # fmt: skip
+    argv = ["train", recipe, *WORLD, *ENCODER, *TRAIN, *BACKBONES[recipe], f"world.out={tmp_path / 'w'}",
+            f"model.dtype={dtype}", f"train.mixed_precision={precision}", "--out", str(run)]  # fmt: skip
+    code, _, err = run_cli(argv)
     assert code == 0, err
     assert "training the world encoder" in err  # the encoder was trained in this process, first
     events = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
