@@ -11,10 +11,9 @@ import time
 
 import pytest
 
-from finecap.boost.engine import FatalBackendError
 from finecap.config import load
 from finecap.judges import get_judge
-from finecap.judges.base import CANNOT_ANSWER, Ask, JudgeFailed, Question, Subject
+from finecap.judges.base import CANNOT_ANSWER, Ask, JudgeFailed, JudgeUnavailable, Question, Subject
 from finecap.judges.cache import AnswerCache
 from finecap.judges.claims import claim_scores
 from finecap.judges.openai import OpenAIJudge, parse_claims, parse_letter, parse_rating, parse_supports
@@ -128,9 +127,10 @@ def test_server_errors_are_retried_and_a_dead_server_fails_the_call():
         assert isinstance(out, JudgeFailed) and "gave up after 2 attempt(s)" in str(out)
     with (
         ChatServer(lambda payload, n: (401, {"error": "bad key"})) as server,
-        pytest.raises(FatalBackendError, match="401"),
+        pytest.raises(JudgeUnavailable, match="judge openai: .*HTTP 401"),
     ):
         judge_of(server).answer([Ask(Q, OPTIONS, "a red circle")])
+    assert isinstance(JudgeUnavailable("x"), ValueError)  # the command line's one-line error, not a traceback
 
 
 def test_a_slow_answer_times_out_and_is_retried():

@@ -86,3 +86,25 @@ def test_close_frees_the_engine_and_closes_the_answer_cache(tmp_path):
     with pytest.raises(sqlite3.ProgrammingError, match="closed"):
         len(judge.cache)
     assert len(AnswerCache(tmp_path / "answers.sqlite")) == 1
+
+
+def test_a_folder_saved_again_in_place_is_asked_again(tmp_path):
+    """The cache key holds the weight files' names, sizes and times of a local model folder, as boost's vLLM backend
+    keys its own: answers of the earlier weights are not reused for the new ones."""
+    import os
+
+    folder = tmp_path / "judge-lm"
+    folder.mkdir()
+    weights = folder / "model.safetensors"
+    weights.write_bytes(b"first weights")
+    cfg = load(None, ["judge.name=vllm", f"judge.model={folder}", "judge.cache=true"])
+    first = get_judge("vllm", cfg, backend=StandIn("B"), cache_path=tmp_path / "answers.sqlite")
+    assert first.answer([Ask(Q, OPTIONS, "a red circle")]) == ["red"]
+    first.close()
+    weights.write_bytes(b"second weights, trained further")
+    os.utime(weights, ns=(weights.stat().st_atime_ns, weights.stat().st_mtime_ns + 10**9))
+    backend = StandIn("C")
+    again = get_judge("vllm", cfg, backend=backend, cache_path=tmp_path / "answers.sqlite")
+    assert again.answer([Ask(Q, OPTIONS, "a red circle")]) == ["green"] and len(backend.seen) == 1
+    assert again.identity()["weights"][0][0] == "model.safetensors"
+    again.close()

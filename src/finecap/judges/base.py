@@ -15,7 +15,8 @@ a server can send them concurrently:
   against its subject's references, with the judge's reason.
 
 A call that fails (no answer after the judge's retries, an answer that does not parse) comes back as a
-:class:`JudgeFailed` in its place, never as a made-up value: the caller counts it and leaves the caption out.
+:class:`JudgeFailed` in its place, never as a made-up value: the caller counts it and leaves the caption out. A judge
+that cannot answer at all (its server down call after call, a refused key) raises :class:`JudgeUnavailable`.
 :attr:`Judge.counts` counts calls, cache hits and failures. The design: docs/methods/judges.md.
 """
 
@@ -39,6 +40,12 @@ T = TypeVar("T")
 class JudgeFailed(Exception):
     """A judge call that gave no usable answer after its retries (the message says why); returned in the call's place
     by the batched methods, raised by nothing."""
+
+
+class JudgeUnavailable(ValueError):
+    """The judge cannot answer any call: its servers refuse the key, the model or the URL, or
+    ``judge.max_consecutive_failures`` calls in a row reached none of them. Raised, never returned: the rewards and
+    metrics stop with this message (a one-line error of the command) rather than score every caption as failed."""
 
 
 @dataclass(frozen=True)

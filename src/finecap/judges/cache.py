@@ -60,9 +60,13 @@ class AnswerCache:
             row = self._db.execute("SELECT value FROM answers WHERE key = ?", (key,)).fetchone()
         return None if row is None else json.loads(row[0])
 
-    def put(self, key: str, value: Any) -> None:
+    def put(self, key: str, value: Any) -> Any:
+        """Keep ``value`` under ``key`` unless a value is there already; the value kept, which every writer of the key
+        then uses (another process may have answered the same call first, differently)."""
         with self._lock:
             self._db.execute("INSERT OR IGNORE INTO answers (key, value) VALUES (?, ?)", (key, json.dumps(value)))
+            row = self._db.execute("SELECT value FROM answers WHERE key = ?", (key,)).fetchone()
+        return json.loads(row[0])
 
     def __len__(self) -> int:
         with self._lock:

@@ -62,11 +62,17 @@ def distinct_claims(claims: Sequence[str]) -> list[str]:
 
 def claim_scores(judge: Judge, captions: Sequence[str], subjects: Sequence[Subject]) -> list[ClaimScore | JudgeFailed]:
     """:class:`ClaimScore` of ``captions[n]`` against ``subjects[n]`` (module docstring), or the first failure of the
-    judge calls it needed. Four batched judge calls in all."""
+    judge calls it needed. Four batched judge calls in all; the reference claims are asked once per distinct subject
+    (the samples of one image share them: one answer, as docs/methods/judges.md says)."""
     if len(captions) != len(subjects):
         raise ValueError(f"claims: {len(subjects)} subjects for {len(captions)} captions")
     claims = [c if isinstance(c, JudgeFailed) else distinct_claims(c) for c in judge.claims(captions)]
-    references = [r if isinstance(r, JudgeFailed) else distinct_claims(r) for r in judge.reference_claims(subjects)]
+    distinct: dict[tuple, Subject] = {}
+    for s in subjects:
+        distinct.setdefault(_subject_key(s), s)
+    asked = dict(zip(distinct, judge.reference_claims(list(distinct.values())), strict=True))
+    references = [r if isinstance(r, JudgeFailed) else distinct_claims(r)
+                  for r in (asked[_subject_key(s)] for s in subjects)]  # fmt: skip
     ok = [n for n in range(len(captions)) if not isinstance(claims[n], JudgeFailed)
           and not isinstance(references[n], JudgeFailed)]  # fmt: skip
     supported = judge.supports([(claims[n], subjects[n]) for n in ok])  # type: ignore[misc]
@@ -81,3 +87,8 @@ def claim_scores(judge: Judge, captions: Sequence[str], subjects: Sequence[Subje
         r = sum(c) / n_reference if n_reference else 0.0
         out[n] = ClaimScore(p, r, f1(p, r), n_claims, sum(s), n_reference, sum(c))
     return out
+
+
+def _subject_key(subject: Subject) -> tuple:
+    """What makes two subjects one: the image, its references and its scene's id (a scene is not hashable)."""
+    return subject.image_id, subject.references, None if subject.scene is None else subject.scene.id

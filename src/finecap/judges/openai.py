@@ -13,12 +13,19 @@ jittered exponential backoff and ``Retry-After``, masked secrets).
   claims a JSON list of strings; supports a JSON list of ``"yes"``/``"no"``, one per claim; a rating a JSON object
   ``{"score": 0-100, "reason": "..."}``. A JSON reply may be wrapped in one Markdown code fence.
 - **Failures**: connection errors, time-outs and HTTP 408/409/429/5xx are retried by the client (``judge.retries``
-  times, with backoff); an unparsable or malformed answer is asked again, up to ``judge.retries`` more times, each
-  time of the next server; a call still without an answer is a :class:`~finecap.judges.base.JudgeFailed` in its
-  place, counted (``counts["failed"]``). HTTP 401/403/404 (a refused key, a wrong model or URL) raise at once.
+  times, with backoff); a server that still fails passes the call to the next server it has not failed on; an
+  unparsable or malformed answer is asked again, up to ``judge.retries`` more times, each time of the next server; a
+  call still without an answer is a :class:`~finecap.judges.base.JudgeFailed` in its place, counted
+  (``counts["failed"]``). A judge that cannot answer at all raises :class:`~finecap.judges.base.JudgeUnavailable`
+  (the run stops with its message): at once on HTTP 401/403/404 (a refused key, a wrong model or URL), and when
+  ``judge.max_consecutive_failures`` calls in a row reached no server (a judge server down would otherwise leave
+  every caption unscored, step after step); every call after that raises too, without a request.
 - **Cache**: every parsed answer is kept (:class:`~finecap.judges.cache.AnswerCache`), keyed by the judge's model,
   prompt version, the kind of call, its inputs (caption, question, options as presented, ...) and the messages
-  asked (the prompt's words).
+  asked (the prompt's words). A call asked again while the same call is in flight (the samples of one image asking
+  for its reference claims at once) waits for that answer rather than asking twice, and the answer kept is the one
+  every caller gets (the first written, when several processes share the cache), so that a re-run from the cache
+  scores as the first run did.
 """
 
 from __future__ import annotations
@@ -28,7 +35,7 @@ import json
 import re
 import threading
 from collections.abc import Callable, Hashable, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
@@ -36,9 +43,9 @@ from typing import TYPE_CHECKING, Any
 
 import yaml
 
-from finecap.boost.engine import BackendError, FatalBackendError, MalformedReply
+from finecap.boost.engine import BackendError, FatalBackendError, MalformedReply, ServerUnavailable
 from finecap.boost.openai_backend import OpenAIBackend, api_key_from_env
-from finecap.judges.base import CANNOT_ANSWER, Ask, Judge, JudgeFailed, Question, Subject
+from finecap.judges.base import CANNOT_ANSWER, Ask, Judge, JudgeFailed, JudgeUnavailable, Question, Subject
 from finecap.judges.cache import AnswerCache, cache_key
 from finecap.judges.questions import letter
 from finecap.utils.closing import close_all
@@ -192,6 +199,7 @@ class OpenAIJudge(Judge):
         retry_max_wait: float = 60.0,
         concurrency: int = 8,
         max_tokens: int = 512,
+        max_consecutive_failures: int = 10,
         backoff: float = 1.0,
         cache: AnswerCache | None = None,
         prompts: str | Path | None = None,
@@ -211,19 +219,27 @@ class OpenAIJudge(Judge):
                           key="judge", sleep=sleep, transport=transport)
             for url in urls
         ]  # fmt: skip
-        self._start(model, backends, prompts=prompts, cache=cache, retries=retries, concurrency=concurrency)
+        self._start(model, backends, prompts=prompts, cache=cache, retries=retries, concurrency=concurrency,
+                    max_consecutive_failures=max_consecutive_failures)  # fmt: skip
 
     def _start(self, model: str, backends: list[Any], *, prompts: str | Path | None, cache: AnswerCache | None,
-               retries: int, concurrency: int) -> None:  # fmt: skip
+               retries: int, concurrency: int, max_consecutive_failures: int = 10) -> None:  # fmt: skip
         """What every judge over chat backends holds: its prompts (and their version), the model's name, the
-        backends it asks in turn, the cache, the retries of an unparsable answer and the requests in flight."""
+        backends it asks in turn, the cache, the retries of an unparsable answer, the requests in flight and the
+        count of calls in a row that reached no server."""
+        if max_consecutive_failures < 1:
+            raise ValueError(f"judge.max_consecutive_failures must be >= 1, got {max_consecutive_failures}")
         self.prompts = load_prompts(prompts)
         self.prompt_version = self.prompts["version"]
         self.model, self.retries, self.concurrency = model, retries, concurrency
         self.backends = backends
         self.cache = cache
+        self.max_consecutive_failures = max_consecutive_failures
         self._turn = itertools.count()  # the round-robin over the backends
-        self._lock = threading.Lock()  # of the counters
+        self._lock = threading.Lock()  # of the counters, the calls in flight and the unreachable streak
+        self._in_flight: dict[str, Future] = {}  # cache key -> the answer of the call asking it now
+        self._unreachable = 0  # calls in a row that reached no server
+        self._unavailable = ""  # why the judge is unavailable, once the streak reached its limit
 
     def identity(self) -> dict[str, Any]:
         return {**super().identity(), "model": self.model}
@@ -240,37 +256,96 @@ class OpenAIJudge(Judge):
                 {"role": "user", "content": prompt["user"].format(**fields)}]  # fmt: skip
 
     def _call(self, kind: str, inputs: Any, messages: list[dict[str, Any]], parse: Callable[[str], Any]) -> Any:
-        """One judge call: the cached answer, else asked (and re-asked while unparsable) round-robin. The cache key
-        holds the messages asked as well as the prompts' version: a prompts file of one's own that keeps a version of
-        the package's but words a prompt otherwise gets answers of its own."""
+        """One judge call: the cached answer, the answer of the same call in flight, else asked (module docstring).
+        The cache key holds the messages asked as well as the prompts' version: a prompts file of one's own that keeps
+        a version of the package's but words a prompt otherwise gets answers of its own."""
         key = cache_key(self.identity(), kind, inputs, messages)
         self._count("calls")
+        with self._lock:
+            pending = self._in_flight.get(key)
+            if pending is None:
+                mine: Future = Future()
+                self._in_flight[key] = mine
+        if pending is not None:  # asked by another thread now: its answer, asked once
+            self._count("shared")
+            return pending.result()
+        try:
+            value = self._answer(kind, key, messages, parse)
+        except BaseException as e:
+            mine.set_exception(e)
+            raise
+        else:
+            mine.set_result(value)
+            return value
+        finally:
+            with self._lock:
+                del self._in_flight[key]
+
+    def _next_server(self, failed: set[int]) -> int | None:
+        """The next server of the round-robin that this call has not failed on (``None`` when it failed on all)."""
+        with self._lock:
+            for _ in range(len(self.backends)):
+                index = next(self._turn) % len(self.backends)
+                if index not in failed:
+                    return index
+        return None
+
+    def _answer(self, kind: str, key: str, messages: list[dict[str, Any]], parse: Callable[[str], Any]) -> Any:
+        """The cached answer, else the servers asked in turn (module docstring: failures)."""
+        if self._unavailable:
+            raise JudgeUnavailable(self._unavailable)
         if self.cache is not None:
             hit = self.cache.get(key)
             if hit is not None:
                 self._count("cache_hits")
                 return hit
-        why = ""
-        for attempt in range(self.retries + 1):
-            with self._lock:
-                backend = self.backends[next(self._turn) % len(self.backends)]
+        why, reached, asked = "", False, 0
+        failed: set[int] = set()  # the servers this call failed on
+        while asked <= self.retries:
+            index = self._next_server(failed)
+            if index is None:
+                break
             self._count("requests")
             try:
-                value = parse(backend.complete(_Request(messages)))  # type: ignore[arg-type]
-            except (ValueError, MalformedReply) as e:  # asked again
+                value = parse(self.backends[index].complete(_Request(messages)))  # type: ignore[arg-type]
+            except (ValueError, MalformedReply) as e:  # the server answered: asked again
+                reached, asked = True, asked + 1
                 self._count("unparsable")
-                why = f"unparsable answer after {attempt + 1} attempt(s): {e}"
+                why = f"unparsable answer after {asked} attempt(s): {e}"
                 continue
-            except FatalBackendError:  # a refused key, a wrong model or URL: every call would fail alike
-                raise
-            except BackendError as e:  # the client retried already
+            except FatalBackendError as e:  # a refused key, a wrong model or URL: every call would fail alike
+                raise JudgeUnavailable(f"judge {self.name}: {e}") from None
+            except BackendError as e:  # the client retried already: the next server, if any
+                reached = reached or not isinstance(e, ServerUnavailable)
+                failed.add(index)
                 why = str(e)
-                break
-            if self.cache is not None:
-                self.cache.put(key, value)
-            return value
+                continue
+            self._reached()
+            return self.cache.put(key, value) if self.cache is not None else value
+        if reached:
+            self._reached()
+        else:
+            self._reached_none(why)
         self._count("failed")
         return JudgeFailed(f"judge {self.name} ({kind}): {why}")
+
+    def _reached(self) -> None:
+        with self._lock:
+            self._unreachable = 0
+
+    def _reached_none(self, why: str) -> None:
+        """A call that reached no server: the streak grows; at its ``max_consecutive_failures`` the judge is out."""
+        with self._lock:
+            self._unreachable += 1
+            if self._unreachable >= self.max_consecutive_failures and not self._unavailable:
+                self._unavailable = (
+                    f"judge {self.name}: {self._unreachable} calls in a row reached none of its {len(self.backends)} "
+                    f"server(s) (judge.max_consecutive_failures={self.max_consecutive_failures}); is it running? "
+                    f"Last error: {why}"
+                )
+            unavailable = self._unavailable
+        if unavailable:
+            raise JudgeUnavailable(unavailable)
 
     def _map(self, jobs: Sequence[Callable[[], Any]]) -> list[Any]:
         if len(jobs) <= 1:
@@ -374,7 +449,8 @@ def holding_cache(cache: AnswerCache | None, make: Callable[[], Any]) -> Any:
 def build(cfg: Config | None = None, **options: Any) -> OpenAIJudge:
     """Factory of the judge registry: the ``judge`` section of ``cfg`` (``options`` override its keys, and may give
     ``transport``, ``sleep``, ``backoff``, ``prompts`` or ``cache_path``)."""
-    keys = ("urls", "model", "retries", "timeout", "retry_max_wait", "concurrency", "max_tokens", "api_key_env")
+    keys = ("urls", "model", "retries", "timeout", "retry_max_wait", "concurrency", "max_tokens",
+            "max_consecutive_failures", "api_key_env")  # fmt: skip
     settings, cache = judge_settings(cfg, options, keys)
 
     def make() -> OpenAIJudge:

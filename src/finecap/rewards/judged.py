@@ -87,7 +87,7 @@ def caption_subjects(
         image_id = ids[row]
         refs = given[n] if given is not None else scene_of(image_id, references or {})
         scene = scene_of(image_id, scenes) if scenes is not None else None
-        if refs is None and scene is None:
+        if not refs and scene is None:  # none, or an empty list
             raise ValueError(f"image {image_id!r} has no references and no scene to check claims against")
         out.append(Subject(image_id, tuple(refs or ()), scene))
     return out

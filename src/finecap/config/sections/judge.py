@@ -24,6 +24,9 @@ class JudgeConfig(Section, name="judge"):
         3, "Retries of a failed call or unparsable answer before it counts as failed.", ge=0, le=100,
         why="each retry waits; a failing server would hold the run",
     )  # fmt: skip
+    max_consecutive_failures: int = doc(
+        10, "openai: the run stops (judge unavailable) after this many calls in a row reached no server.", ge=1
+    )
     timeout: float = doc(60.0, "openai: seconds before a request times out (then retried).", gt=0)
     retry_max_wait: float = doc(
         60.0, "openai: longest wait before a retry, s; a server asking (Retry-After) for longer fails the call.", ge=0

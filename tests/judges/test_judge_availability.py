@@ -1,0 +1,130 @@
+"""A judge whose servers are down, one of several servers down, and one call asked by many at once (session 31's
+review): the run stops with a one-line error rather than scoring every caption as failed, step after step; a dead
+server among several costs no call; the samples of one image asking for its reference claims at once are asked once,
+and every caller (a re-run from the cache too) gets the one answer kept."""
+
+from __future__ import annotations
+
+import json
+import re
+import threading
+
+import pytest
+
+from finecap.judges.base import CANNOT_ANSWER, Ask, JudgeFailed, JudgeUnavailable, Question, Subject
+from finecap.judges.cache import AnswerCache
+from finecap.judges.claims import claim_scores
+from finecap.judges.openai import OpenAIJudge
+from finecap.judges.world import WorldJudge
+from finecap.rewards.claims import ClaimsReward
+from helpers.chat_server import ChatServer, completion
+
+Q = Question("0/color", "What colour is the circle?", ("red", "blue", "green"), "red")
+OPTIONS = ("blue", "red", "green", CANNOT_ANSWER)
+
+
+def judge_of(*urls: str, **options) -> OpenAIJudge:
+    options.setdefault("sleep", lambda seconds: None)
+    return OpenAIJudge(list(urls), "judge-model", **options)
+
+
+def down(payload, n):
+    return 503, {"error": "unavailable"}
+
+
+def test_a_judge_server_down_stops_the_run_after_max_consecutive_failures_calls():
+    asks = [Ask(Q, OPTIONS, f"a red circle {i}") for i in range(12)]
+    with ChatServer(down) as server:
+        judge = judge_of(server.url, retries=1, concurrency=1, max_consecutive_failures=4)
+        assert all(isinstance(a, JudgeFailed) for a in judge.answer(asks[:3]))  # below the limit: counted failures
+        with pytest.raises(JudgeUnavailable, match=r"4 calls in a row reached none of its 1 server\(s\)") as stopped:
+            judge.answer(asks[3:])
+        assert "judge.max_consecutive_failures=4" in str(stopped.value) and "HTTP 503" in str(stopped.value)
+        sent = len(server.requests)
+        assert sent == 4 * 2  # 4 calls, each tried twice by the client (retries=1), then no request
+        with pytest.raises(JudgeUnavailable):
+            judge.answer(asks[:1])
+        assert len(server.requests) == sent  # every call after it raises without a request
+
+
+def test_a_reply_resets_the_streak_and_an_unreachable_port_counts_too():
+    def every_third_answers(payload, n):
+        number = int(re.search(r"a red circle (\d+)", payload["messages"][-1]["content"]).group(1))
+        return (200, completion("B")) if number % 3 == 0 else down(payload, n)
+
+    asks = [Ask(Q, OPTIONS, f"a red circle {i}") for i in range(12)]
+    with ChatServer(every_third_answers) as server:
+        judge = judge_of(server.url, retries=0, concurrency=1, max_consecutive_failures=3)
+        out = judge.answer(asks)  # never 3 in a row
+        assert [isinstance(a, JudgeFailed) for a in out] == [i % 3 != 0 for i in range(12)]
+    with ChatServer(down) as server:
+        url = server.url
+    closed = judge_of(url, retries=0, max_consecutive_failures=2)  # nothing listens there now: no connection
+    with pytest.raises(JudgeUnavailable, match="ConnectError"):
+        closed.answer(asks[:2])
+
+
+def test_unparsable_answers_and_http_500_reach_the_server_and_never_stop_the_judge():
+    with (
+        ChatServer(lambda payload, n: (200, completion("no idea"))) as chatty,
+        ChatServer(lambda payload, n: (500, {"error": "bug"})) as broken,
+    ):
+        for server in (chatty, broken):
+            judge = judge_of(server.url, retries=0, max_consecutive_failures=1)
+            assert all(isinstance(a, JudgeFailed) for a in judge.answer([Ask(Q, OPTIONS, f"c {i}") for i in range(3)]))
+
+
+def test_a_dead_server_among_several_costs_no_call():
+    with ChatServer(down) as dead, ChatServer(lambda payload, n: (200, completion("B"))) as live:
+        judge = judge_of(dead.url, live.url, retries=0, concurrency=1)
+        assert judge.answer([Ask(Q, OPTIONS, f"a red circle {i}") for i in range(6)]) == ["red"] * 6
+        assert len(live.requests) == 6 and 1 <= len(dead.requests) <= 6  # each call that met the dead one moved on
+        assert judge.counts["failed"] == 0
+
+
+def test_one_call_asked_by_many_at_once_is_asked_once_and_all_get_its_answer():
+    lock, numbers = threading.Lock(), iter(range(1, 100))
+
+    def another_answer_each_time(payload, n):  # a server whose answers vary from request to request
+        with lock:
+            k = next(numbers)
+        return 200, completion(json.dumps([f"claim {k}"]))
+
+    with ChatServer(another_answer_each_time, delay=0.05) as server:
+        judge = judge_of(server.url, concurrency=8)
+        out = judge.claims(["a red circle"] * 8)
+        assert out == [["claim 1"]] * 8 and len(server.requests) == 1
+        assert judge.counts["calls"] == 8 and judge.counts["shared"] == 7
+
+
+def test_the_answer_kept_in_the_cache_is_the_one_every_writer_gets(tmp_path):
+    cache = AnswerCache(tmp_path / "answers.sqlite")
+    assert cache.put("k", ["first"]) == ["first"]
+    assert cache.put("k", ["second"]) == ["first"]  # another process answered the same call first: its answer
+    assert cache.get("k") == ["first"]
+    cache.close()
+
+
+def test_the_reference_claims_are_asked_once_per_image():
+    class Counting(WorldJudge):
+        def __init__(self):
+            super().__init__()
+            self.subjects = []
+
+        def reference_claims(self, subjects):
+            self.subjects.append(list(subjects))
+            return super().reference_claims(subjects)
+
+    judge = Counting()
+    one, two = Subject(0, ("a red circle",)), Subject(1, ("a blue square",))
+    captions = ["a red circle", "a circle", "a blue square", "a red circle"]
+    scores = claim_scores(judge, captions, [one, one, two, Subject(0, ("a red circle",))])
+    assert judge.subjects == [[one, two]]  # 4 captions, 2 images
+    alone = claim_scores(Counting(), captions[3:], [one])
+    assert scores[3] == alone[0]
+
+
+def test_an_image_with_an_empty_reference_list_and_no_scene_is_refused():
+    reward = ClaimsReward(WorldJudge(), references={0: []})
+    with pytest.raises(ValueError, match="image 0 has no references and no scene"):
+        reward(["a red circle"], {"image_ids": [0], "image_index": [0]})
