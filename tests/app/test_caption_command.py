@@ -467,3 +467,19 @@ def captions_of(run: Path, tmp_path: Path) -> dict:
     out = tmp_path / "by-path.json"
     assert cli(["caption", "--checkpoint", str(run), "--out", str(out)]) == 0
     return captions(out)
+
+
+def test_caption_data_may_be_a_hub_name_with_data_format_hf(beam_run, world, tmp_path, monkeypatch):
+    """``--data <hub name> data.format=hf``: not a local path, so read by the format that reads Hub names
+    (``datasets.load_dataset`` answering from memory here, no network), as ``finecap eval --references`` does."""
+    datasets = pytest.importorskip("datasets")
+    records = load_references(load(None, [f"world.out={world}", *WORLD]), split="test").records
+    rows = {"image": [r.path.relative_to(world / "images").as_posix() for r in records],
+            "captions": [list(r.captions) for r in records], "cocoid": list(range(len(records)))}  # fmt: skip
+    monkeypatch.setattr(datasets, "load_dataset", lambda name, *a, **k: datasets.DatasetDict(
+        {"test": datasets.Dataset.from_dict(rows)}))  # fmt: skip
+    out = tmp_path / "hub.json"
+    assert cli(["caption", "--checkpoint", str(beam_run), "--out", str(out), "--data", "someone/captions",
+                "--split", "test", "data.format=hf", f"data.images={world / 'images'}",
+                "data.hf.id_column=cocoid"]) == 0  # fmt: skip
+    assert sorted(captions(out)) == list(range(len(records)))

@@ -109,3 +109,13 @@ def test_two_ids_naming_one_image_are_refused_as_such(tmp_path):
                    "1 predicted image id(s) name an image that another predicted id names too",
                    "e.g. '1000' and 1000 both name image 1000")  # fmt: skip
     assert "not in the references" not in line
+
+
+def test_an_id_naming_another_folder_never_takes_an_image_of_the_same_file_name(chat, tmp_path):
+    # more/img001.jpg shares its file name with photos/img001.jpg only: its folder names no reference image
+    preds = predictions(tmp_path / "p.json", {"more/img001.jpg": CAPTIONS["photos/img001.jpg"]})
+    refused(["eval", "--predictions", str(preds), "--references", str(chat), "--metrics", "length"],
+            "1 predicted image id(s) are not in the references", "['more/img001.jpg']")  # fmt: skip
+    # a longer path whose folders agree with the image's as far as both go still names it
+    longer = predictions(tmp_path / "q.json", {str(tmp_path / "photos/img001.jpg"): CAPTIONS["photos/img001.jpg"]})
+    assert scores(chat, longer)["BLEU-1"] == pytest.approx(1.0)

@@ -295,6 +295,16 @@ def test_eval_outputs_never_over_its_inputs_even_with_force(eval_files):
     assert (preds.read_bytes(), refs.read_bytes()) == before
 
 
+def test_eval_outputs_never_over_the_inputs_its_configuration_names_even_with_force(eval_files):
+    preds, refs = eval_files
+    instances, questions = precious(preds.parent, "instances.json"), precious(preds.parent, "questions.jsonl")
+    refused(eval_argv(preds, refs, f"eval.instances={instances}", "--out", str(instances), "--force"),
+            "--out", "eval.instances", "destroy the input")  # fmt: skip
+    refused(eval_argv(preds, refs, f"judge.questions={questions}", "--per-image", str(questions), "--force"),
+            "--per-image", "judge.questions")  # fmt: skip
+    assert instances.read_bytes() == questions.read_bytes() == PRECIOUS
+
+
 def test_an_existing_file_finecap_did_not_make_needs_force(eval_files, tmp_path):
     preds, refs = eval_files
     mine = precious(tmp_path / "user", "scores.json")

@@ -529,3 +529,24 @@ def test_training_on_an_embedded_image_that_is_no_image_is_one_named_error(tmp_p
             "train.eval_samples=0", "decode.max_length=5", "--out", str(tmp_path / "run")]  # fmt: skip
     line = one_error_line(*run_cli(argv)[::2])
     assert f"image of record 'train/3' ({tmp_path / 'saved'}: split 'train', row 3): not an image" in line, line
+
+
+def test_a_hub_name_is_read_as_references_with_data_format_hf(tmp_path, monkeypatch):
+    """``finecap eval --references <hub name> data.format=hf`` (docs/data.md): not a local path, so not detected but
+    read by the format that reads Hub names (here ``datasets.load_dataset`` answers from memory, no network)."""
+    ctx = Ctx(tmp_path)
+    expected = scores(ctx, ctx.saved)
+    asked = []
+
+    def from_the_hub(name, *args, **kwargs):
+        asked.append(name)
+        return datasets.DatasetDict({"test": datasets.Dataset.from_dict(ROWS, features=FEATURES)})
+
+    monkeypatch.setattr(datasets, "load_dataset", from_the_hub)
+    hub = "someone/captions"
+    hf = ["data.format=hf", f"data.images={tmp_path}"]  # the rows' relative image paths: under a folder of ours
+    code, out, err = run_cli([*eval_argv(ctx, Path(hub), hf), "--format", "json"])
+    assert code == 0, err
+    assert json.loads(out) == expected and asked == [hub]
+    line = one_error_line(*run_cli(eval_argv(ctx, Path(hub), []))[::2])  # without it: not found, naming the way
+    assert line == f"finecap: error: {hub}: reference file not found (a Hugging Face Hub data set: data.format=hf)"

@@ -161,6 +161,9 @@ def test_length_note_missing_references_and_xlsx_without_openpyxl(tmp_path, caps
     assert cli(["eval", "--predictions", str(lf), "--metrics", "bleu", "--format", "json",
                 "--predictions-format", "llamafactory"]) == 0  # fmt: skip
     capsys.readouterr()
+    for chosen in (["--split", "test"], ["--images", str(tmp_path)]):  # nothing to choose from: said, not ignored
+        assert cli(["eval", "--predictions", str(lf), *chosen, *METRICS]) == 2
+        assert f"{chosen[0]}: {lf} carries its own references" in capsys.readouterr().err
     (tmp_path / "results.json").write_text(json.dumps([{"image_id": 1, "caption": "a dog"}]))
     assert cli(["eval", "--predictions", str(tmp_path / "results.json"), *METRICS]) != 0
     assert "--references: required" in capsys.readouterr().err

@@ -96,8 +96,12 @@ def resolve(
         cfg = folder_config(model_dir(ckpt), recipe, overrides)
     given = {parse_override(item)[0][0] for item in overrides}
     if data is not None:
-        fmt, path = detect_format(data)
-        fmt = cfg.data.format if any(parse_override(o)[0] == ["data", "format"] for o in overrides) else fmt
+        named = any(parse_override(o)[0] == ["data", "format"] for o in overrides)
+        if named and not Path(data).exists() and data_format(cfg.data.format).hub_names:  # a Hub name (hf)
+            fmt, path = cfg.data.format, Path(data)
+        else:
+            fmt, path = detect_format(data)
+        fmt = cfg.data.format if named else fmt
         # the new data set's images, not the training data's: an image folder is its own root, a file's relative paths
         # read from its own folder, unless data.images is given here. Only the command line's data.* count: a recipe's
         # describe the data set it trains on (a coco/* recipe's data.images is COCO's), as the checkpoint's do

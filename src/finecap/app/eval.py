@@ -100,9 +100,10 @@ def main(
     ``predictions_format``: a name of :data:`finecap.registry.PREDICTION_FORMATS` or ``"auto"`` (detected).
     ``references`` may be ``None`` when the predictions file carries them.
 
-    ``out`` and ``per_image`` may not name an input (the predictions, the references, the bags, the ``recipe`` the
-    configuration was read from: refused even with
-    ``force``), nor replace an existing file finecap did not make unless ``force`` (:mod:`finecap.outputs`).
+    ``out`` and ``per_image`` may not name an input (the predictions, the references, the bags, the instances and
+    questions files, given as options or in the configuration, the ``recipe`` the configuration was read from:
+    refused even with ``force``), nor replace an existing file finecap did not make unless ``force``
+    (:mod:`finecap.outputs`).
     """
     if fmt not in FORMATS:
         raise ValueError(f"--format: expected one of {', '.join(FORMATS)}, got {fmt!r}")
@@ -113,6 +114,8 @@ def main(
             "--references": references,
             "--bags": bags,
             "--instances": instances,
+            "eval.instances": cfg.eval.instances or None,  # the inputs the configuration names too
+            "judge.questions": cfg.judge.questions or None,
             "recipe": recipe,
         },
         force=force,
@@ -176,6 +179,12 @@ def _main(
         if read.references is not None:
             note(f"{predictions}: the references it holds are not used: scoring against {references}")
     elif read.references is not None:
+        unused = [option for option, value in (("--split", split), ("--images", images)) if value is not None]
+        if unused:  # they choose among the images of a references file; these captions carry their own
+            raise ValueError(
+                f"{' and '.join(unused)}: {predictions} carries its own references, so there is nothing to choose "
+                "from; give --references to score against a data set's split or images"
+            )
         refs = _carried_references(Path(predictions), pred_format, read.references)
     else:
         raise ValueError(f"--references: required: {predictions} holds {pred_format} predictions, without references")
@@ -286,7 +295,9 @@ def match_ids(
 ) -> dict[Hashable, Hashable]:
     """The reference image id of each predicted id that names one: the id itself, else the image's path relative to
     the data set's folder (``photos/img000.jpg``), else its file name (``img000.jpg``) when only one reference image
-    has it, else (an integer) the image whose file name is that number (:func:`file_numbers`). So ``finecap caption
+    has it and the id's folders, if it names any, agree with that image's path as far as both go
+    (``val2014/img000.jpg`` names ``/data/coco/val2014/img000.jpg``, ``dogs/001.jpg`` never names ``cats/001.jpg``),
+    else (an integer) the image whose file name is that number (:func:`file_numbers`). So ``finecap caption
     --images photos/``'s ids (file names, or numbers of numbered files) score against a chat JSONL's (paths as the
     file writes them), a folder's or Flickr30k's Karpathy file's, and the other way round. Ids naming no image, or
     naming one another id already took, are left out (the caller reports them). ``numbers``: :func:`file_numbers`
@@ -300,11 +311,14 @@ def match_ids(
         ...                          Record("y/b.jpg", Path("/d/y/b.jpg"), "test")], Path("/d/data.jsonl"), "jsonl")
         >>> match_ids(["a.jpg", "./x/b.jpg", "b.jpg", "c.jpg"], refs)
         {'a.jpg': 'photos/a.jpg', './x/b.jpg': 'x/b.jpg'}
+        >>> match_ids(["cats/a.jpg", "/d/x/b.jpg"], refs)
+        {'/d/x/b.jpg': 'x/b.jpg'}
     """
     folder = refs.path if refs.path.is_dir() else refs.path.parent
     ids = {r.image_id for r in refs.records}
     by_path: dict[str, Hashable] = {}
     by_name: dict[str, list[Hashable]] = {}
+    paths: dict[Hashable, set[tuple[str, ...]]] = {}  # the path forms of each image, as their parts
     by_number = file_numbers(refs) if numbers is None else numbers
     for r in refs.records:
         names = {PurePosixPath(str(r.image_id)).as_posix()}
@@ -314,13 +328,15 @@ def match_ids(
             by_path.setdefault(name, r.image_id)
         for name in {PurePosixPath(n).name for n in names} | {r.path.name}:
             by_name.setdefault(name, []).append(r.image_id)
+        forms = names | (set() if r.embedded else {r.path.as_posix()})
+        paths.setdefault(r.image_id, set()).update(PurePosixPath(f).parts for f in forms)
     matched: dict[Hashable, Hashable] = {i: i for i in predicted if i in ids}  # the ids themselves first
     taken = set(matched)
     for i in predicted:
         if i in matched:
             continue
         text = PurePosixPath(str(i).replace("\\", "/"))
-        same_name = set(by_name.get(text.name, ()))
+        same_name = {j for j in by_name.get(text.name, ()) if any(_agree(text.parts, f) for f in paths[j])}
         target = by_path.get(text.as_posix(), same_name.pop() if len(same_name) == 1 else None)
         if target is None and isinstance(i, int) and not isinstance(i, bool):  # --images' id of a numbered file
             target = by_number.get(i)
@@ -328,6 +344,13 @@ def match_ids(
             matched[i] = target
             taken.add(target)
     return matched
+
+
+def _agree(named: tuple[str, ...], path: tuple[str, ...]) -> bool:
+    """Whether two paths' parts agree as far as both go from their file names up (``dogs/001.jpg`` and
+    ``/d/cats/001.jpg`` do not; ``001.jpg``, ``cats/001.jpg`` and ``/d/cats/001.jpg`` all do)."""
+    n = min(len(named), len(path))
+    return named[len(named) - n :] == path[len(path) - n :]
 
 
 def file_numbers(refs: LoadedReferences) -> dict[int, Hashable]:

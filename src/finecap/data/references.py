@@ -133,7 +133,8 @@ def load_references(
     check_images: bool = False,
 ) -> LoadedReferences:
     """Read a reference data set: ``data`` (format detected; read by ``data.format`` when that is one's own format,
-    ``pkg.module:FORMAT``), or the configured one (``data.format``/``data.path``,
+    ``pkg.module:FORMAT``, or when ``data`` is no local path and ``data.format`` reads Hub names: ``hf``), or the
+    configured one (``data.format``/``data.path``,
     default the world at ``world.out``). ``split`` keeps one split (:func:`select_split`). ``images`` (default
     ``data.images``) is the image root; ``check_images`` verifies that the image files exist. Records naming files
     outside the image root are refused unless ``data.allow_outside_paths``. Records naming no split are split by
@@ -144,6 +145,8 @@ def load_references(
             raise FileNotFoundError(f"{path}: no world here; run `finecap world make` (or pass the data set file)")
     elif is_dotted_path(cfg.data.format):  # one's own format, which detection does not try: it reads ``data``
         fmt, path = cfg.data.format, data_format(cfg.data.format).locate(Path(data))
+    elif not Path(data).exists() and data_format(cfg.data.format).hub_names:  # a Hub name (data.format=hf)
+        fmt, path = cfg.data.format, Path(data)
     else:
         fmt, path = detect_format(data)
     root = images if images is not None else (cfg.data.images or None)

@@ -189,7 +189,7 @@ def detect_format(path: str | Path) -> tuple[str, Path]:
     when none does."""
     path = Path(path)
     if not path.exists():
-        raise FileNotFoundError(f"{path}: reference file not found")
+        raise FileNotFoundError(f"{path}: reference file not found (a Hugging Face Hub data set: data.format=hf)")
     for spec in registered_formats():
         found = spec.detect(path) if spec.detect is not None else None
         if found is not None:

@@ -40,10 +40,13 @@ def read_coco_captions(
 ) -> list[Record]:
     """Read COCO caption annotations (``captions_val2014.json`` layout); one record per image, in file order.
 
-    Accepts every variant pycocotools' ``COCO`` class (hence pycocoevalcap) reads: ``images`` entries with only an
+    Accepts the variants pycocotools' ``COCO`` class (hence pycocoevalcap) reads: ``images`` entries with only an
     ``id`` (text metrics need no image file; such a record's path is ``<images>/<id>`` and ``check_images`` names
     the missing ``file_name``), extra fields anywhere (ignored), images without annotations (dropped: nothing to
     evaluate or train on), and no ``images`` list at all (images are then those of the annotations, in order).
+    Refused, each named, where pycocotools reads on: an image listed twice in ``images``, an annotation whose
+    ``image_id`` is not in ``images``, and an empty caption (pycocoevalcap would score against it as an empty
+    reference; these are mistakes in a file, not captions).
     Image paths must lie inside ``images`` (:class:`~finecap.data.containment.ImageFolder`) unless ``allow_outside``.
     """
     path = Path(path)
