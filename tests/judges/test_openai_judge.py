@@ -61,8 +61,13 @@ def test_strict_parsers():
     for bad in ("B because it is red", "red", "E", "", "AB"):
         with pytest.raises(ValueError):
             parse_letter(bad, OPTIONS)
+    assert parse_letter("The answer is (B).", OPTIONS) == parse_letter("(B).", OPTIONS) == "red"
+    assert parse_letter("The answer is: A", OPTIONS) == "blue"
     assert parse_claims('```json\n["a circle", "red"]\n```') == ["a circle", "red"]
+    for fenced in ('```JSON\n["a circle"]\n```', '```json ["a circle"]```', '```\n["a circle"]```'):
+        assert parse_claims(fenced) == ["a circle"], fenced
     assert parse_supports('["yes", "No", true]', 3) == [True, False, True]
+    assert parse_supports('["Yes.", "no."]', 2) == [True, False]
     assert parse_rating('{"score": 55, "reason": "ok"}') == (55.0, "ok")
     for parse, bad in ((parse_claims, '{"a": 1}'), (lambda t: parse_supports(t, 2), '["yes"]'),
                        (lambda t: parse_supports(t, 1), '["maybe"]'), (parse_rating, '{"score": 101}'),

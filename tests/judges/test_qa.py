@@ -5,6 +5,8 @@ the blind filter used."""
 
 from __future__ import annotations
 
+import pytest
+
 from finecap.judges.base import CANNOT_ANSWER, JudgeFailed, Question
 from finecap.judges.qa import QAScore, drop_blind, qa_scores
 from finecap.judges.questions import presentations
@@ -67,3 +69,15 @@ def test_the_reward_asks_in_the_orders_the_blind_filter_used():
     captioned = [a.options for a in judge.asked if a.caption is not None]
     assert blind == captioned == presentations(Q, 3, seed=7)
     assert presentations(Q, 3, seed=7) != presentations(Q, 3, seed=0)
+
+
+def test_a_blind_filter_that_could_not_ask_is_refused_naming_the_first_failure():
+    # a questions file's free-text question (no fact) given to the world judge: every blind ask fails, and the
+    # refusal says why (the judge's own words), not only that the judge may be unreachable
+    free = Question("0/q0", "Is the picture pleasant?", ("yes", "no"), "yes")
+    kept, report = drop_blind(WorldJudge(), {0: [free]}, 2)  # without refuse=: kept unfiltered and counted
+    assert kept == {0: [free]} and report["failed"] == 1
+    with pytest.raises(ValueError) as refused:
+        QAUtilityReward(WorldJudge(), questions={0: [free]}, shuffles=2)(["a red circle"], {"image_ids": [0]})
+    assert str(refused.value).startswith("qa_utility: the world judge could not answer the blind asks of 1 of 1")
+    assert "the world judge answers only questions with a 'fact'; '0/q0' has none" in str(refused.value)

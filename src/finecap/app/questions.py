@@ -21,7 +21,7 @@ from finecap.data.references import load_references
 from finecap.home import world_path
 from finecap.judges import get_judge
 from finecap.judges.base import Judge, Question, Subject, failed
-from finecap.judges.qa import check_blind_filter, drop_blind
+from finecap.judges.qa import drop_blind
 from finecap.judges.questions import scene_questions, write_questions
 from finecap.metrics.faithfulness import scene_of
 from finecap.outputs import check_output_file
@@ -62,8 +62,8 @@ def main(
         if not questions:  # the judge wrote none (unreachable, refusing): no empty file that reads as a result
             raise ValueError(f"questions: no image of {data_set} (split {split}) got a question; nothing written to "
                              f"{out} (is the {judge.name} judge reachable? judge.urls, judge.model)")  # fmt: skip
-        kept, report = drop_blind(judge, questions, cfg.judge.shuffles, cfg.judge.seed)
-        check_blind_filter(report, judge, f"questions: nothing written to {out}")
+        refuse = f"questions: nothing written to {out}"
+        kept, report = drop_blind(judge, questions, cfg.judge.shuffles, cfg.judge.seed, refuse=refuse)
     finally:
         judge.close()
     write_questions(kept, out)

@@ -8,8 +8,8 @@ jittered exponential backoff and ``Retry-After``, masked secrets).
 - **Concurrency**: at most ``judge.concurrency`` calls in flight (a thread pool).
 - **Prompts**: the versioned file ``prompts/judge.yaml`` of this package; its ``version`` goes into every output and
   every cached answer's key.
-- **Parsing, strictly**: an answer to a question is one option letter (``B``, ``B.``, ``(B)`` or CapRL's ``The answer
-  is B.``, nothing else);
+- **Parsing, strictly**: an answer to a question is one option letter (``B``, ``B.``, ``(B)``, ``(B).`` or CapRL's
+  ``The answer is B.``, nothing else);
   claims a JSON list of strings; supports a JSON list of ``"yes"``/``"no"``, one per claim; a rating a JSON object
   ``{"score": 0-100, "reason": "..."}``. A JSON reply may be wrapped in one Markdown code fence.
 - **Failures**: connection errors, time-outs and HTTP 408/409/429/5xx are retried by the client (``judge.retries``
@@ -87,7 +87,7 @@ class _Request:
     image: None = None
 
 
-_FENCE = re.compile(r"^```(?:json)?\s*\n(.*)\n```$", re.DOTALL)
+_FENCE = re.compile(r"^```[A-Za-z]*\s*(.*?)\s*```$", re.DOTALL)  # ```json, ```JSON or ```, on one line or more
 
 
 def _json(text: str) -> Any:
@@ -100,9 +100,9 @@ def _json(text: str) -> Any:
 
 
 def parse_letter(text: str, options: Sequence[str]) -> str:
-    """The option a reply names by its letter (``"B"``, ``"B."``, ``"(B)"``, CapRL's ``"The answer is B."``);
-    ``ValueError`` for anything else."""
-    found = re.fullmatch(r"\s*(?:the answer is\s+)?\(?([A-Za-z])[.)]?\s*", text, re.IGNORECASE)
+    """The option a reply names by its letter (``"B"``, ``"B."``, ``"(B)"``, ``"(B)."``, CapRL's ``"The answer is
+    B."``, ``"The answer is: (B)"``); ``ValueError`` for anything else."""
+    found = re.fullmatch(r"\s*(?:the answer is:?\s*)?\(?([A-Za-z])\)?\.?\s*", text, re.IGNORECASE)
     if found is None:
         raise ValueError(f"not one option letter: {text[:80]!r}")
     index = ord(found.group(1).upper()) - ord("A")
@@ -120,7 +120,8 @@ def parse_claims(text: str) -> list[str]:
 
 
 def parse_supports(text: str, n: int) -> list[bool]:
-    """A JSON list of ``n`` ``"yes"``/``"no"`` (or booleans); ``ValueError`` otherwise."""
+    """A JSON list of ``n`` ``"yes"``/``"no"`` (any case, a final full stop allowed; or booleans); ``ValueError``
+    otherwise."""
     value = _json(text)
     if not isinstance(value, list) or len(value) != n:
         raise ValueError(f"not a JSON list of {n} verdicts: {text[:80]!r}")
@@ -128,8 +129,8 @@ def parse_supports(text: str, n: int) -> list[bool]:
     for v in value:
         if isinstance(v, bool):
             out.append(v)
-        elif isinstance(v, str) and v.strip().lower() in ("yes", "no"):
-            out.append(v.strip().lower() == "yes")
+        elif isinstance(v, str) and v.strip().removesuffix(".").lower() in ("yes", "no"):
+            out.append(v.strip().removesuffix(".").lower() == "yes")
         else:
             raise ValueError(f"verdict {v!r} is not 'yes' or 'no'")
     return out

@@ -32,12 +32,18 @@ class QAScore:
 
 
 def drop_blind(
-    judge: Judge, questions: Mapping[Hashable, Sequence[Question]], shuffles: int, seed: int = 0
+    judge: Judge,
+    questions: Mapping[Hashable, Sequence[Question]],
+    shuffles: int,
+    seed: int = 0,
+    *,
+    refuse: str | None = None,
 ) -> tuple[dict[Hashable, list[Question]], dict[str, float]]:
     """The questions a blind judge (no caption) does not answer right in all ``shuffles`` orders, and the report
     ``{"questions": n, "dropped": d, "share": d / n, "failed": f}``. A blind ask that fails keeps its question
-    unfiltered: ``f`` counts those questions (warned here; ``finecap questions make`` and the ``qa_utility`` reward
-    refuse to go on with any, as a judge that never answered would pass every question as filtered)."""
+    unfiltered: ``f`` counts those questions, warned here; with ``refuse`` (what is refused: ``finecap questions
+    make``, the ``qa_utility`` reward, the ``qa`` metric) any is a ``ValueError`` naming it and the first failure, as
+    a judge that never answered would pass every question as filtered."""
     asks = [(i, q, Ask(q, options, None)) for i, qs in questions.items() for q in qs
             for options in presentations(q, shuffles, seed)]  # fmt: skip
     answers = judge.answer([a for _, _, a in asks])
@@ -56,18 +62,12 @@ def drop_blind(
                  100 * report["share"])  # fmt: skip
     if unasked:
         first = next(a for a in answers if isinstance(a, JudgeFailed))
+        if refuse is not None:
+            raise ValueError(f"{refuse}: the {judge.name} judge could not answer the blind asks of {len(unasked)} of "
+                             f"{n} questions, so they cannot be filtered; the first failure: {first}")  # fmt: skip
         log.warning("qa: the %s judge could not answer the blind asks of %d of %d questions (kept unfiltered): %s",
                     judge.name, len(unasked), n, first)  # fmt: skip
     return kept, report
-
-
-def check_blind_filter(report: Mapping[str, float], judge: Judge, what: str) -> None:
-    """``ValueError`` when the blind filter's ``report`` (:func:`drop_blind`) counts questions it could not ask:
-    ``what`` would keep questions a blind judge may answer, as though filtered."""
-    if report.get("failed"):
-        raise ValueError(f"{what}: the {judge.name} judge could not answer the blind asks of {int(report['failed'])} "
-                         f"of {int(report['questions'])} questions, so they cannot be filtered (is it reachable? "
-                         "judge.urls, judge.model, judge.timeout)")  # fmt: skip
 
 
 def qa_scores(

@@ -76,7 +76,7 @@ def _record(ctx: EvalContext, group: str, scores: dict[Hashable, dict[str, Any]]
 
 
 def _qa(ctx: EvalContext) -> dict[str, float]:
-    from finecap.judges.qa import check_blind_filter, drop_blind, qa_scores
+    from finecap.judges.qa import drop_blind, qa_scores
     from finecap.judges.questions import read_questions, scene_questions
 
     judge, j = _judge(ctx), ctx.cfg.judge
@@ -89,8 +89,8 @@ def _qa(ctx: EvalContext) -> dict[str, float]:
     missing = [i for i, qs in mine.items() if not qs]
     if missing:
         raise ValueError(f"metric 'qa': no questions for {len(missing)} image(s), e.g. {missing[:5]}")
-    kept, blind = drop_blind(judge, mine, j.shuffles, j.seed)  # type: ignore[arg-type]
-    check_blind_filter(blind, judge, "metric 'qa'")  # unfiltered questions would pass as filtered
+    # unfiltered questions would pass as filtered: refused
+    kept, blind = drop_blind(judge, mine, j.shuffles, j.seed, refuse="metric 'qa'")  # type: ignore[arg-type]
     ids = [i for i in ctx.predictions if kept[i]]
     if not ids:
         raise ValueError(f"metric 'qa': a blind judge answers every question of all {len(ctx.predictions)} images, "

@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from finecap.judges.base import Judge, JudgeFailed, Question
-from finecap.judges.qa import check_blind_filter, drop_blind, qa_scores
+from finecap.judges.qa import drop_blind, qa_scores
 from finecap.judges.questions import read_questions, scene_questions
 from finecap.metrics.faithfulness import scene_of
 from finecap.rewards.base import caption_rows
@@ -102,8 +102,7 @@ class QAUtilityReward(JudgedReward):
                                  "[Question]} or scenes= (world=); in a run set judge.questions=<questions file> or "
                                  "train on the world (questions from its scene graphs)")  # fmt: skip
             questions = {i: scene_questions(i, s) for i, s in scenes.items()}
-        self.questions, self.blind = drop_blind(judge, questions, self.shuffles, self.seed)
-        check_blind_filter(self.blind, judge, "qa_utility")
+        self.questions, self.blind = drop_blind(judge, questions, self.shuffles, self.seed, refuse="qa_utility")
         return questions
 
     def check_covers(self, image_ids: Sequence[Hashable], asked: Mapping[Hashable, Sequence[Question]]) -> None:

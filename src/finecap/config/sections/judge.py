@@ -16,10 +16,10 @@ class JudgeConfig(Section, name="judge"):
         "Judge (finecap.registry.JUDGES: world, openai, vllm; or 'pkg.module:factory'), docs/methods/judges.md.",
     )
     urls: list[str] = doc([], "openai: server URLs (e.g. http://localhost:8000/v1), asked round-robin.")
-    model: str = doc("", "openai: the served model name.")
+    model: str = doc("", "openai: the served model name; vllm: a chat LLM's folder or Hub name.")
     api_key_env: str = doc("OPENAI_API_KEY", "openai: environment variable holding the judge server's API key.")
     noise: float = doc(0.0, "world: share of answers flipped to another option at random (seeded).", ge=0, le=1)
-    seed: int = doc(0, "world: seed of the flipped answers (judge.noise).")
+    seed: int = doc(0, "Seed of the option shuffles of QA questions (every judge) and of world's flipped answers.")
     retries: int = doc(
         3, "Retries of a failed call or unparsable answer before it counts as failed.", ge=0, le=100,
         why="each retry waits; a failing server would hold the run",
@@ -35,7 +35,7 @@ class JudgeConfig(Section, name="judge"):
         8, "openai: requests in flight at once.", ge=1, le=1024, why="requests in flight, one thread each"
     )
     max_tokens: int = doc(
-        512, "openai: most tokens of one answer.", ge=1, le=32_768, why="a claim list takes a few hundred tokens"
+        512, "openai, vllm: most tokens of one answer.", ge=1, le=32_768, why="a claim list takes a few hundred tokens"
     )
     cache: bool = doc(True, "Keep every answer in <finecap home>/cache/judges, so a re-run asks nothing twice.")
     questions: str = doc(
