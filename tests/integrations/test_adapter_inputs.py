@@ -153,6 +153,23 @@ def test_a_non_finite_value_in_process_names_the_reward():
         asyncio.run(Scorer(Broken()).ascore(["a", "b"], [1, 2]))
 
 
+def test_a_value_beyond_float32s_range_in_process_names_the_reward():
+    # 1e39 is finite in float64 and inf as float32, the values every front end answers: it passed the check and the
+    # trainer got inf
+    import torch
+
+    from finecap.rewards import RewardOutput
+
+    def huge(captions, batch):
+        total = torch.tensor([1.0, 1e39], dtype=torch.float64)
+        return RewardOutput(total, {"part": torch.tensor([2.0, 3.0], dtype=torch.float64)})
+
+    with pytest.raises(ValueError, match=r"^reward 'huge': total is inf at caption 1 .*beyond float32's range"):
+        Scorer(huge, name="huge").score(["a", "b"], [1, 2])
+    with pytest.raises(ValueError, match=r"^reward 'the reward': total is inf at caption 1"):
+        VerlReward(huge).batch(["d"] * 2, ["a", "b"], ["", ""], [{"image_id": 1}, {"image_id": 2}])
+
+
 def test_every_adapter_takes_a_registry_name_with_its_options_as_trl_does():
     """One entry shape (``Scorer.of``): each framework's adapter built from ``"cider"`` and its references gives the
     values of the CIDEr-D reward built by hand on the same references (its own doctest: 5.26, 1.743), and refuses

@@ -50,6 +50,9 @@ class Words:
             return RewardOutput(total, {"length": part})
         if "inf-total" in captions:
             total[captions.index("inf-total")] = float("inf")
+        if "huge-total" in captions:  # finite in float64, beyond float32's range (3.4e38): inf as float32
+            total = total.double()
+            total[captions.index("huge-total")] = 1e39
         return RewardOutput(total, {"length": total})
 
 
@@ -146,8 +149,11 @@ def test_a_rewards_exception_is_a_500_without_its_text_and_the_server_goes_on(ca
     assert "sk-live-1234" in caplog.text or "/srv/secret/path" in caplog.text  # the detail is the server's log's
 
 
-@pytest.mark.parametrize(("caption", "part"), [("nan-part", "part 'length' is nan"), ("inf-total", "total is inf")])
+@pytest.mark.parametrize(("caption", "part"), [("nan-part", "part 'length' is nan"), ("inf-total", "total is inf"),
+                                               ("huge-total", "total is inf")])  # fmt: skip
 def test_a_non_finite_value_is_a_500_naming_the_reward_and_the_reply_is_strict_json(caption, part):
+    # huge-total: a float64 value beyond float32's range passed the check and became inf once answered as float32
+    # (json.dumps then refused it: a generic 500 without the reward's name)
     with serving(service()) as url:
         for path, body in (("/reward", {"captions": ["a b", caption], "image_ids": [1, 2]}),
                            ("/get_reward", {"query": ["a b", caption], "labels": [1, 2]})):  # fmt: skip
@@ -155,6 +161,7 @@ def test_a_non_finite_value_is_a_500_naming_the_reward_and_the_reply_is_strict_j
             assert response.status_code == 500
             message = strict_json(response.text)["error"]["message"]
             assert f"reward 'words': {part} at caption 1 (1 of 2 captions not finite)" in message
+            assert ("beyond float32's range" in message) == (caption == "huge-total")
 
 
 def test_a_reward_raising_system_exit_stops_the_server():

@@ -15,8 +15,9 @@ message (a ``ValueError``: :class:`finecap.serve.protocol.RequestError`): its fi
 (:func:`~finecap.serve.protocol.parse_reward`: captions are strings, ids strings or integers, references lists of
 strings, never a string split into characters), its images (:class:`~finecap.serve.service.CallCheck`: the ids the
 reward knows, ``17`` and ``"17"`` one image; a reward that compares a call's images refuses a call of one image,
-as TRL's default of one prompt a generation batch would give); and its values: a non-finite one is a
-:class:`finecap.rewards.NonFiniteReward` naming the reward, and a server's reply is checked for its length, types
+as TRL's default of one prompt a generation batch would give); and its values (:meth:`CallCheck.answer`, the
+server's): a value that is not finite as float32 is a :class:`finecap.rewards.NonFiniteReward` naming the reward, and
+a server's reply is checked for its length, types
 and finiteness (:func:`finecap.serve.client.checked_values`).
 
 Example::
@@ -34,7 +35,7 @@ from __future__ import annotations
 from collections.abc import Hashable, Mapping, Sequence
 from typing import Any
 
-from finecap.rewards import RewardOutput, as_reward, check_finite, reward_of
+from finecap.rewards import RewardOutput, as_reward, reward_of
 from finecap.serve.protocol import Limits, parse_reward, reward_body
 from finecap.serve.service import CallCheck, ImageTable
 
@@ -127,8 +128,7 @@ class Scorer:
         if self.client is not None:
             return self.client.score(captions, image_ids, references=references)
         job = self.check().job(parse_reward(reward_body(captions, image_ids, references=references), IN_PROCESS))
-        out = check_finite(self.reward(job.captions, job.batch()), self.name)
-        return out.split([len(job.captions)])[0]
+        return self.check().answer(self.reward(job.captions, job.batch()), [len(job.captions)])[0]
 
     async def ascore(self, captions: Sequence[str], image_ids: Sequence[Hashable],
                      references: Sequence[Sequence[str]] | None = None) -> RewardOutput:  # fmt: skip

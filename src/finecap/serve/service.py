@@ -128,9 +128,10 @@ class ImageTable:
 
 
 class CallCheck:
-    """What every front end checks of a call's images before the reward sees them: the reward server on each
-    request, the adapters in process (:class:`finecap.integrations.scoring.Scorer`), so that both refuse the same
-    input with the same message (:class:`~finecap.serve.protocol.RequestError`, a ``ValueError``).
+    """What every front end checks of a call's images before the reward sees them, and of its values after: the
+    reward server on each request, the adapters in process (:class:`finecap.integrations.scoring.Scorer`), so that
+    both refuse the same input with the same message (:class:`~finecap.serve.protocol.RequestError`, a
+    ``ValueError``) and the same values (:meth:`answer`).
 
     Args:
         images: the images the reward knows (``None``: a reward that does not say; any id is passed on as given).
@@ -154,6 +155,20 @@ class CallCheck:
                                "the request's images (sr.distractors=batch, or the listener): send a generation batch "
                                "of several images per request, or serve sr.distractors=hard")  # fmt: skip
         return Job(request, ids)
+
+    def answer(self, out: RewardOutput, sizes: Sequence[int]) -> list[RewardOutput]:
+        """``out`` as every front end answers it: float32 on the CPU, cut into consecutive calls of ``sizes``
+        captions (:meth:`finecap.rewards.RewardOutput.split`), every value finite *as float32*: a
+        :class:`~finecap.rewards.NonFiniteReward` naming the reward, the part and the caption otherwise
+        (:func:`~finecap.rewards.check_finite`), a float64 value beyond float32's range (about 3.4e38, answered as
+        inf) included."""
+        whole = check_finite(out, self.name).split([sum(sizes)])[0]  # the reward's own values named first
+        try:
+            check_finite(whole, self.name)
+        except NonFiniteReward as e:
+            raise NonFiniteReward(f"{e} (a value beyond float32's range, about 3.4e38, in which every front end "
+                                  "answers)") from None  # fmt: skip
+        return whole.split(sizes)
 
 
 class RewardFailed(RuntimeError):
@@ -231,7 +246,7 @@ class RewardService:
                 try:
                     captions = [c for j in jobs for c in j.captions]
                     out = self.reward(captions, call_batch([i for j in jobs for i in j.image_ids]))
-                    return check_finite(out, self.name).split([len(j.captions) for j in jobs])
+                    return self.check.answer(out, [len(j.captions) for j in jobs])
                 except BaseException:  # noqa: BLE001 - retried one by one below, where the culprit fails alone
                     pass  # (and where a SystemExit is recorded: _one)
             return [self._one(j) for j in jobs]
@@ -240,8 +255,7 @@ class RewardService:
         self._requests_seen += 1
         number = self._requests_seen
         try:
-            out = check_finite(self.reward(job.captions, job.batch()), self.name)
-            return out.split([len(job.captions)])[0]
+            return self.check.answer(self.reward(job.captions, job.batch()), [len(job.captions)])[0]
         except NonFiniteReward as e:  # finecap's own words: the reward, its part and the caption
             log.error("reward server: request #%d: %s", number, e)
             return RewardFailed(f"{e} (request #{number}); the server's log has the details")
