@@ -215,3 +215,26 @@ def test_the_listening_socket_gives_its_connections_tcp_nodelay():
             bind("127.0.0.1", sock.getsockname()[1])  # another server listens there
     finally:
         sock.close()
+
+
+def test_the_address_is_taken_at_once_a_second_bind_fails_and_an_early_client_waits_for_the_server():
+    """:func:`bind` listens: a second command on the port fails at its bind, before it loads its reward (both bound
+    with SO_REUSEADDR and neither listening, the second bound too and failed only once serving, its reward loaded),
+    and a client that connects while the reward loads waits in the backlog and is answered once serving starts."""
+    import socket
+
+    from finecap.serve.app import bind
+    from helpers.served import serving_server
+
+    sock = bind("127.0.0.1", 0)
+    port = sock.getsockname()[1]
+    try:
+        with pytest.raises(ValueError, match=rf"--host 127.0.0.1 --port {port}: cannot listen there: "):
+            bind("127.0.0.1", port)  # at once: not listening, the old socket let it bind
+        early = socket.create_connection(("127.0.0.1", port), timeout=10)  # the reward is still loading
+        early.sendall(b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+        with serving_server(RewardService(Judge(), ImageTable(range(3)), log_every=0), sock=sock):
+            assert early.recv(65536).startswith(b"HTTP/1.1 200")
+        early.close()
+    finally:
+        sock.close()

@@ -394,16 +394,23 @@ class Server(uvicorn.Server):
         super().handle_exit(sig, frame)
 
 
+BACKLOG = 2048
+"""Connections the listening socket holds before they are accepted (uvicorn's default ``backlog``)."""
+
+
 def bind(host: str, port: int) -> socket.socket:
-    """A TCP socket bound to ``host:port`` (``port`` 0: a free one). Made with ``proto=IPPROTO_TCP``: asyncio sets
-    ``TCP_NODELAY`` only on connections accepted by such a socket, and one made with ``proto`` 0 (as uvicorn's own
-    ``bind_socket`` makes it) leaves Nagle's algorithm on, so that every small answer waits for the client's delayed
-    ACK: 40 ms a request on Linux, measured."""
+    """A TCP socket bound to ``host:port`` (``port`` 0: a free one) and listening: the address is taken now, so that
+    a second server on the port fails here, before it loads its reward (SO_REUSEADDR lets a socket bind a port whose
+    other sockets do not listen), and a client that connects meanwhile waits in the backlog until serving starts.
+    Made with ``proto=IPPROTO_TCP``: asyncio sets ``TCP_NODELAY`` only on connections accepted by such a socket, and
+    one made with ``proto`` 0 (as uvicorn's own ``bind_socket`` makes it) leaves Nagle's algorithm on, so that every
+    small answer waits for the client's delayed ACK: 40 ms a request on Linux, measured."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
         sock.bind((host.strip("[]"), port))
+        sock.listen(BACKLOG)  # uvicorn's create_server listens again, with the same backlog
     except OSError as e:
         sock.close()
         raise ValueError(f"--host {host} --port {port}: cannot listen there: {e.strerror or e}") from None
@@ -425,7 +432,8 @@ def make_server(service: RewardService, host: str = "127.0.0.1", port: int = 0, 
         "header_timeout": connections.header_timeout, "cap": connections.connection_cap()})  # fmt: skip
     app = create_app(service, host=host, token=token, connections=connections)
     config = uvicorn.Config(app, host=host, port=port, log_level="warning", access_log=False, lifespan="on",
-                            timeout_graceful_shutdown=SHUTDOWN_GRACE, http=protocol, ws="none")  # fmt: skip
+                            timeout_graceful_shutdown=SHUTDOWN_GRACE, backlog=BACKLOG, http=protocol,
+                            ws="none")  # fmt: skip
     server = Server(config)
 
     def stop() -> None:
