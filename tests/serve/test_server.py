@@ -113,6 +113,16 @@ def test_refused_requests_name_their_field_and_the_server_goes_on(served):
         assert response.status_code == 405 and response.json()["error"]["field"] is None
 
 
+def test_a_405_names_the_methods_allowed():
+    # the error handler answered the JSON error without the Allow header RFC 9110 requires of a 405
+    with serving(RewardService(Judge(), ImageTable(range(3)), log_every=0)) as url:
+        for method, path, allowed in (("PUT", "/reward", {"POST"}), ("GET", "/get_reward", {"POST"}),
+                                      ("POST", "/health", {"GET", "HEAD"})):  # fmt: skip
+            response = httpx.request(method, f"{url}{path}", json={})
+            assert response.status_code == 405 and response.json()["error"]["field"] is None, response.text
+            assert set(response.headers.get("allow", "").replace(" ", "").split(",")) == allowed, response.headers
+
+
 def test_a_reward_comparing_images_refuses_a_one_image_request(served):
     captions, ids = served["groups"][0]
     with serving(served["mix"]) as url:

@@ -16,10 +16,11 @@ as ``null`` in ``total`` / ``rewards`` and in every part, and the reply then say
 
 A refused request gets ``{"error": {"field": "captions[3]", "message": "..."}}`` with 400 (malformed: bad JSON,
 wrong types, unknown images), 413 (beyond the limits: the body, captions per request, characters per caption), 404
-/ 405 (no such endpoint or method), or the policy's answers below; a fault of the reward gets 500 with a generic
-message (the detail in the server's log, :mod:`finecap.serve.service`); the server goes on serving in every case but
-one: a reward that raises ``SystemExit`` stops it (exit code 1). Replies are strict JSON: no ``NaN`` or
-``Infinity`` token, ever (a reward's non-finite value is a 500 naming the reward).
+/ 405 (no such endpoint or method; a 405 names the methods allowed in ``Allow``), or the policy's answers below; a
+fault of the reward gets 500 with a generic message (the detail in the server's log, :mod:`finecap.serve.service`);
+the server goes on serving in every case but one: a reward that raises ``SystemExit`` stops it (exit code 1).
+Replies are strict JSON: no ``NaN`` or ``Infinity`` token, ever (a reward's non-finite value is a 500 naming the
+reward).
 
 Policy (docs/integrations.md, "The reward server's safety"):
 
@@ -268,8 +269,9 @@ def create_app(service: RewardService, *, host: str = "127.0.0.1", token: str | 
                       "requests": meter.total_requests, "captions": meter.total_captions})  # fmt: skip
 
     async def http_error(request: Request, exc: HTTPException) -> Response:
+        """404 / 405 as a JSON error, with Starlette's headers (a 405's ``Allow``: the methods the path takes)."""
         return _json({"error": {"field": None, "message": f"{request.method} {request.url.path}: {exc.detail}"}},
-                     exc.status_code)  # fmt: skip
+                     exc.status_code, dict(exc.headers or {}))  # fmt: skip
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
