@@ -10,7 +10,7 @@ import asyncio
 
 import pytest
 
-from finecap.integrations.verl import VerlReward, compute_score, compute_score_async
+from finecap.integrations.verl import VerlReward, compute_score, compute_score_async, compute_score_batch
 from finecap.rewards.cider import CiderReward
 from finecap.serve.service import ImageTable, RewardService
 from helpers.served import CAPTIONS, EXPECTED, IDS, every_front_end, serving, small_mixture
@@ -34,6 +34,37 @@ def test_the_per_sample_form_is_refused_for_a_reward_comparing_the_calls_images(
         cider("finecap", "1 0", "", {"img": "a"})
     with pytest.raises(ValueError, match="reward_kwargs.url"):
         compute_score("finecap", "1 0", "", {"image_id": "a"})
+
+
+def test_verls_server_functions_take_the_token_and_timeout_of_reward_kwargs(monkeypatch):
+    """``token`` and ``timeout`` in verl's ``reward_kwargs`` reach the client (they were swallowed: a server with a
+    token answered 401, a timeout was 180 s whatever was given), and the cached client is one per (url, token,
+    timeout), never another's."""
+    import time
+
+    import torch
+
+    from finecap.rewards import RewardOutput
+    from finecap.serve.client import TOKEN_ENV, RewardServerError
+
+    def words(captions, batch):  # a caption "slow" takes 1 s
+        if "slow" in captions:
+            time.sleep(1.0)
+        total = torch.tensor([float(len(c.split())) for c in captions])
+        return RewardOutput(total, {"words": total})
+
+    monkeypatch.delenv(TOKEN_ENV, raising=False)
+    token = "s3cret-token-0123456789"
+    info = {"image_id": 1}
+    with serving(RewardService(words, ImageTable([1]), log_every=0), token=token) as url:
+        assert compute_score("d", "a red circle", "", info, url=url, token=token) == {"score": 3.0, "words": 3.0}
+        assert asyncio.run(compute_score_async("d", "a b", "", info, url=url, token=token))["score"] == 2.0
+        assert compute_score_batch(["d"], ["a"], [""], [info], url=url, token=token)[0]["score"] == 1.0
+        with pytest.raises(RewardServerError, match=r"needs its token.*\[HTTP 401\]"):
+            compute_score("d", "a red circle", "", info, url=url, token="wrong-token-0123456789")
+        with pytest.raises(RewardServerError, match="ReadTimeout|timed out"):
+            compute_score("d", "slow", "", info, url=url, token=token, timeout=0.2)
+        assert compute_score("d", "slow", "", info, url=url, token=token)["score"] == 1.0  # the default: 180 s
 
 
 @pytest.mark.parametrize("n_groups", [1, pytest.param(10, marks=pytest.mark.slow)])

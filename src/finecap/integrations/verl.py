@@ -25,7 +25,9 @@ Two ways to point verl at a reward:
       reward.custom_reward_function.name=compute_score_async      # or compute_score, compute_score_batch
       +reward.custom_reward_function.reward_kwargs.url=http://127.0.0.1:8000
 
-  (verl < 0.6 reads ``custom_reward_function`` at the top level of its configuration.)
+  (verl < 0.6 reads ``custom_reward_function`` at the top level of its configuration.) ``reward_kwargs.timeout``
+  (seconds per request, default 180) and ``reward_kwargs.token`` (the server's bearer token; default
+  ``$FINECAP_REWARD_TOKEN`` of verl's reward workers, which keeps it off the command line) reach the client too.
 - a reward in verl's own process, from a file of yours (:class:`VerlReward` takes the adapters' one entry,
   :meth:`finecap.integrations.scoring.Scorer.of`: a registry name with its options, a built reward, or ``url=``)::
 
@@ -125,38 +127,48 @@ class VerlReward:
                              "sr.distractors=hard")  # fmt: skip
 
 
-_SERVED: dict[tuple[str, str, str], VerlReward] = {}
+_SERVED: dict[tuple[str, str, str, str | None, float], VerlReward] = {}
+"""The server adapters of the module's functions, one per ``(url, image_key, references_key, token, timeout)``."""
 
 
-def _served(url: str | None, image_key: str, references_key: str) -> VerlReward:
+def _served(url: str | None, image_key: str, references_key: str, token: str | None, timeout: float) -> VerlReward:
     if not url:
         raise ValueError("finecap.integrations.verl.compute_score: give the reward server's URL in verl's "
                          "custom_reward_function.reward_kwargs.url (or build a VerlReward over a reward in a file of "
                          "yours; docs/integrations.md)")  # fmt: skip
-    key = (url, image_key, references_key)
+    key = (url, image_key, references_key, token, timeout)
     if key not in _SERVED:
-        _SERVED[key] = VerlReward(url=url, image_key=image_key, references_key=references_key)
+        _SERVED[key] = VerlReward(url=url, image_key=image_key, references_key=references_key, token=token,
+                                  timeout=timeout)  # fmt: skip
     return _SERVED[key]
 
 
 def compute_score(data_source: str, solution_str: str, ground_truth: Any, extra_info: Mapping[str, Any] | None = None,
                   *, url: str | None = None, image_key: str = "image_id", references_key: str = "references",
-                  **reward_kwargs: Any) -> dict[str, float]:  # fmt: skip
-    """verl's per-sample reward function on the reward server at ``url`` (``reward_kwargs`` of verl's config)."""
-    return _served(url, image_key, references_key)(data_source, solution_str, ground_truth, extra_info)
+                  token: str | None = None, timeout: float = 180.0, **reward_kwargs: Any
+                  ) -> dict[str, float]:  # fmt: skip
+    """verl's per-sample reward function on the reward server at ``url`` (``url``, ``image_key``,
+    ``references_key``, ``token``: the server's bearer token, default ``$FINECAP_REWARD_TOKEN``, and ``timeout``:
+    seconds per request, are ``reward_kwargs`` of verl's config; the other keywords, which verl's reward loop adds
+    for reward models of its own, are not read)."""
+    scorer = _served(url, image_key, references_key, token, timeout)
+    return scorer(data_source, solution_str, ground_truth, extra_info)
 
 
 async def compute_score_async(data_source: str, solution_str: str, ground_truth: Any,
                               extra_info: Mapping[str, Any] | None = None, *, url: str | None = None,
                               image_key: str = "image_id", references_key: str = "references",
+                              token: str | None = None, timeout: float = 180.0,
                               **reward_kwargs: Any) -> dict[str, float]:  # fmt: skip
     """:func:`compute_score` as a coroutine, which verl's reward loop awaits."""
-    return await _served(url, image_key, references_key).ascore(data_source, solution_str, ground_truth, extra_info)
+    scorer = _served(url, image_key, references_key, token, timeout)
+    return await scorer.ascore(data_source, solution_str, ground_truth, extra_info)
 
 
 def compute_score_batch(data_sources: Sequence[str], solution_strs: Sequence[str], ground_truths: Sequence[Any],
                         extra_infos: Sequence[Mapping[str, Any] | None], *, url: str | None = None,
-                        image_key: str = "image_id", references_key: str = "references",
-                        **reward_kwargs: Any) -> list[dict[str, float]]:  # fmt: skip
-    """verl's batch reward function on the reward server at ``url``."""
-    return _served(url, image_key, references_key).batch(data_sources, solution_strs, ground_truths, extra_infos)
+                        image_key: str = "image_id", references_key: str = "references", token: str | None = None,
+                        timeout: float = 180.0, **reward_kwargs: Any) -> list[dict[str, float]]:  # fmt: skip
+    """verl's batch reward function on the reward server at ``url`` (keywords: :func:`compute_score`'s)."""
+    scorer = _served(url, image_key, references_key, token, timeout)
+    return scorer.batch(data_sources, solution_strs, ground_truths, extra_infos)
