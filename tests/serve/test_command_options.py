@@ -45,9 +45,21 @@ def test_a_token_file_is_read_and_refused_safely(tmp_path):
     good.write_text("s3cret-token-0123456789\nignored second line\n")
     os.chmod(good, 0o600)
     assert read_token(good) == "s3cret-token-0123456789"
-    os.chmod(good, 0o640)
-    with pytest.raises(ValueError, match=r"readable by other users \(mode -rw-r-----\); chmod 600"):
-        read_token(good)
+    # every group or other bit is refused, and the message names those set (any was "readable by other users")
+    shared = [
+        (0o640, "readable by its group (mode -rw-r-----)"),
+        (0o620, "writable by its group (mode -rw--w----)"),
+        (0o604, "readable by other users (mode -rw----r--)"),
+        (0o602, "writable by other users (mode -rw-----w-)"),
+        (0o710, "executable by its group (mode -rwx--x---)"),
+        (0o666, "readable and writable by its group and by other users (mode -rw-rw-rw-)"),
+        (0o664, "readable and writable by its group, readable by other users (mode -rw-rw-r--)"),
+    ]
+    for mode, words in shared:
+        os.chmod(good, mode)
+        with pytest.raises(ValueError) as refused:
+            read_token(good)
+        assert str(refused.value) == f"--token-file {good}: {words}; chmod 600 {good}"
     # a non-ASCII token is refused: the server reads a header's other bytes as Latin-1, so it would never match
     for text, why in (("", "at least 16 printable"), ("short\n", "at least 16"), ("has a space in it 0123\n", "16"),
                       ("s3cret-tökén-0123456789\n", "printable ASCII")):  # fmt: skip

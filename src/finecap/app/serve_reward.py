@@ -76,9 +76,27 @@ TOKEN_ENV = "FINECAP_REWARD_TOKEN"
 the server's bearer token from."""
 
 
+def shared_bits(mode: int) -> str:
+    """What the group and other bits of a file's ``mode`` let other users do, in words (``""`` when none is set).
+
+    >>> shared_bits(0o640), shared_bits(0o604), shared_bits(0o664)
+    ('readable by its group', 'readable by other users', 'readable and writable by its group, readable by other users')
+    >>> shared_bits(0o666), shared_bits(0o600)
+    ('readable and writable by its group and by other users', '')
+    """
+    said: dict[str, list[str]] = {}
+    for who, bits in (("its group", (stat.S_IRGRP, stat.S_IWGRP, stat.S_IXGRP)),
+                      ("other users", (stat.S_IROTH, stat.S_IWOTH, stat.S_IXOTH))):  # fmt: skip
+        can = [word for word, bit in zip(("readable", "writable", "executable"), bits, strict=True) if mode & bit]
+        if can:
+            said.setdefault(" and ".join(can), []).append(who)
+    return ", ".join(f"{can} by {' and by '.join(whom)}" for can, whom in said.items())
+
+
 def read_token(path: str | os.PathLike) -> str:
     """The bearer token in the file ``path`` (its first line, stripped): refused when the file is missing, empty,
-    or readable by other users (a token others can read is no secret)."""
+    or open to other users in any way (a group or other bit of its mode: a token others can read is no secret, one
+    they can write is not yours), the message naming the bits set (:func:`shared_bits`)."""
     file = Path(path)
     try:
         info = file.stat()
@@ -88,7 +106,7 @@ def read_token(path: str | os.PathLike) -> str:
     except UnicodeDecodeError:
         raise ValueError(f"--token-file {file}: not UTF-8 text") from None
     if info.st_mode & (stat.S_IRWXG | stat.S_IRWXO):
-        raise ValueError(f"--token-file {file}: readable by other users (mode {stat.filemode(info.st_mode)}); "
+        raise ValueError(f"--token-file {file}: {shared_bits(info.st_mode)} (mode {stat.filemode(info.st_mode)}); "
                          f"chmod 600 {file}")  # fmt: skip
     lines = text.splitlines()
     token = lines[0].strip() if lines else ""
