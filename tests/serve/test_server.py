@@ -68,10 +68,27 @@ def test_a_failed_caption_is_answered_null_with_the_count_of_failed_captions():
         assert got.status_code == 200
         assert got.json() == {"id": None, "image_ids": [0, 1, 2, 3], "total": [2.0, None, 1.0, None],
                               "parts": {"words": [2.0, None, 1.0, None]}, "failed": 2}  # fmt: skip
-        got = httpx.post(f"{url}/get_reward", json={"query": ["a b", "why ?"], "labels": [0, 1]}).json()
-        assert got == {"rewards": [2.0, None], "extra_logs": {"words": [2.0, None]}, "failed": 1}
         got = httpx.post(f"{url}/reward", json={"captions": ["a b"], "image_ids": [0]}).json()
         assert "failed" not in got and got["total"] == [2.0]  # no caption failed: no count
+
+
+def test_get_reward_refuses_a_request_holding_a_failed_caption_with_a_502_naming_it(caplog):
+    """OpenRLHF reads every reward of the reply as a number (``torch.tensor``): the ``null`` of a failed caption
+    stopped it with a TypeError naming nothing, and a NaN would spread through its group's advantages. /get_reward
+    answers a number for every caption or a 502 naming the failed ones (OpenRLHF retries it, then stops)."""
+    import logging
+
+    with caplog.at_level(logging.WARNING, logger="finecap.serve"), \
+            serving(RewardService(Judge(), ImageTable(range(5)), log_every=0, name="words")) as url:  # fmt: skip
+        got = httpx.post(f"{url}/get_reward", json={"query": ["a b", "why ?", "c", "?"], "labels": [0, 1, 2, 3]})
+        assert got.status_code == 502, got.text
+        error = got.json()["error"]
+        assert error["field"] is None
+        assert error["message"].startswith("the reward words could not score 2 of 4 captions (query[1], query[3]): "
+                                           "its judge failed on them"), error["message"]  # fmt: skip
+        got = httpx.post(f"{url}/get_reward", json={"query": ["a b", "c"], "labels": [0, 1]})  # none failed
+        assert got.status_code == 200 and got.json() == {"rewards": [2.0, 1.0], "extra_logs": {"words": [2.0, 1.0]}}
+    assert any("could not score 2 of 4 captions" in r.getMessage() for r in caplog.records)  # the server's log too
 
 
 def test_refused_requests_name_their_field_and_the_server_goes_on(served):

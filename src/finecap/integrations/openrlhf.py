@@ -18,6 +18,9 @@ caption's image among the request's images (self-retrieval with ``sr.distractors
 several images per request, so with one-sample requests serve ``sr.distractors=hard`` (mined distractors); the
 server refuses a one-image request of such a reward rather than answer a constant.
 
+A request holding a caption the reward could not score (a judge that failed on it) is answered 502, never a
+``null`` or a NaN reward, which OpenRLHF cannot read (:func:`finecap.serve.app.openrlhf_reply`).
+
 OpenRLHF also loads a reward function from a Python file (``--remote_rm_url my_reward.py``, which defines
 ``reward_func(queries, prompts, labels, **kwargs)``); :func:`reward_function` makes one over a finecap reward in
 OpenRLHF's process or over a server, reading queries and labels exactly as the server does::

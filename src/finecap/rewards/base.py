@@ -50,8 +50,9 @@ class RewardOutput:
     """One reward per caption (``total`` (N,)), named parts (each (N,)) that are logged separately, and ``failed``:
     ``None`` or an (N,) bool mask of the captions the reward could not score (e.g. a judge that failed). A failed
     caption's values mean nothing and are never paid as 0: :func:`check_finite` ignores them, :class:`WeightedSum`
-    ORs its components' masks and makes the total NaN there, the reward server answers them as JSON ``null`` (with
-    their count), TRL's adapter as ``None`` (TRL reads it as NaN) and the other adapters as NaN."""
+    ORs its components' masks and makes the total NaN there, the reward server's ``/reward`` answers them as JSON
+    ``null`` (with their count) and its ``/get_reward`` with a 502 naming them (OpenRLHF reads every reward as a
+    number), TRL's adapter as ``None`` (TRL reads it as NaN) and the other adapters as NaN."""
 
     total: torch.Tensor
     parts: dict[str, torch.Tensor] = field(default_factory=dict)

@@ -22,8 +22,9 @@ requests.
   path or a token), a non-finite value included (its message is finecap's own: the reward, the part and the
   caption). A reward that raises ``SystemExit`` or another non-``Exception`` stops the server, which exits
   non-zero (:attr:`RewardService.fatal`); it never leaves a server that accepts but no longer answers.
-- **Failed captions.** Captions the reward could not score (:attr:`finecap.rewards.RewardOutput.failed`) are
-  answered as JSON ``null`` with their count (``failed``; :mod:`finecap.serve.app`), never as a number.
+- **Failed captions.** Captions the reward could not score (:attr:`finecap.rewards.RewardOutput.failed`) are never
+  answered as a number: ``/reward`` answers them JSON ``null`` with their count (``failed``), ``/get_reward``
+  refuses the request with a 502 naming them (:mod:`finecap.serve.app`).
 - **Abandoned work.** A request whose client went away before its round began is never scored
   (:meth:`RewardService.score` cancelled: the HTTP layer cancels it when the client disconnects).
 - **Throughput logs.** Every ``log_every`` seconds one line: requests, captions, captions per second, the mean
