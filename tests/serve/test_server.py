@@ -4,6 +4,7 @@ time lose and mix up nothing (slow); ``finecap serve-reward`` stops cleanly on S
 
 from __future__ import annotations
 
+import contextlib
 import json
 import threading
 import time
@@ -16,6 +17,7 @@ import torch
 from finecap.rewards import RewardBase, RewardOutput, call_batch
 from finecap.serve.service import ImageTable, RewardService
 from helpers.served import serve_command, serving
+from helpers.waiting import until
 
 SRC = Path(__file__).resolve().parents[2] / "src"
 
@@ -225,6 +227,147 @@ def test_ctrl_c_is_a_clean_stop_too(served, tmp_path):
         httpx.post(f"{command.url}/reward", json={"captions": captions, "image_ids": ids}, timeout=60)
     assert command.code == 0, command.err
     assert "stopped after 1 requests (100 captions)" in command.out and "interrupted" not in command.err
+
+
+class Hangs(RewardBase):
+    """A reward whose calls hang until ``release`` is set (at most a minute: an old server, which waited for it,
+    ends then); ``called`` is set once a call began; ``closed`` counts its closes."""
+
+    def __init__(self) -> None:
+        self.called, self.release = threading.Event(), threading.Event()
+        self.closed = 0
+
+    def close(self) -> None:
+        self.closed += 1
+
+    def __call__(self, captions, batch):
+        self.called.set()
+        self.release.wait(60)
+        total = torch.ones(len(captions))
+        return RewardOutput(total, {"one": total})
+
+
+def start_hung_server(reward: Hangs):
+    """A server of ``reward`` in a thread, one request hanging in its reward call: ``(server, service, thread)``."""
+    from finecap.serve.app import make_server
+
+    service = RewardService(reward, ImageTable(range(3)), log_every=0, name="hangs")
+    server, sock = make_server(service)
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    url = f"http://127.0.0.1:{sock.getsockname()[1]}"
+
+    def ask():
+        with contextlib.suppress(httpx.HTTPError):
+            httpx.post(f"{url}/reward", json={"captions": ["a"], "image_ids": [1]}, timeout=90)
+
+    threading.Thread(target=ask, daemon=True).start()
+    assert reward.called.wait(30), "the reward was never called"
+    return server, service, thread
+
+
+def listening(port: int) -> bool:
+    """Whether something accepts connections on 127.0.0.1:``port``."""
+    import socket
+
+    try:
+        socket.create_connection(("127.0.0.1", port), timeout=1).close()
+    except OSError:
+        return False
+    return True
+
+
+def test_a_stop_ends_within_the_grace_when_a_reward_call_hangs(monkeypatch, caplog):
+    """A reward call that never returns: the server's run returns the grace (shortened here) plus the service's
+    stop_wait after the stop, logging the abandoned call (it waited for the call without limit, in
+    ``ThreadPoolExecutor.shutdown(wait=True)``: here a minute, for ever in a real hang)."""
+    import logging
+
+    import finecap.serve.app as app
+
+    monkeypatch.setattr(app, "SHUTDOWN_GRACE", 0.5)  # uvicorn's timeout_graceful_shutdown
+    reward = Hangs()
+    try:
+        with caplog.at_level(logging.WARNING, logger="finecap.serve"):
+            server, service, thread = start_hung_server(reward)
+            service.stop_wait = 0.5
+            stopped = time.monotonic()
+            server.should_exit = True
+            thread.join(20)
+            took = time.monotonic() - stopped
+        assert not thread.is_alive(), "the server's run still waits for the hung reward call"
+        assert took < 0.5 + 0.5 + 5, took  # the grace, the stop_wait, and a liveness margin for a loaded machine
+        assert service.abandoned and not reward.release.is_set()
+        assert any("abandoned" in r.getMessage() and "hangs" in r.getMessage() for r in caplog.records)
+    finally:
+        reward.release.set()
+
+
+def test_a_second_ctrl_c_ends_the_stop_at_once_when_a_reward_call_hangs():
+    """Ctrl-C waits for the requests in flight (the grace: 30 s); a second one forces the exit, as the Server's
+    docstring says: neither the grace nor the wait for the reward call (a forced exit once waited for the call
+    without limit)."""
+    import signal
+
+    reward = Hangs()
+    try:
+        server, service, thread = start_hung_server(reward)
+        port = server.servers[0].sockets[0].getsockname()[1]
+        server.handle_exit(signal.SIGINT, None)  # the first: a graceful stop, which waits for the hung request
+        until(lambda: not listening(port), "the first Ctrl-C did not start the stop")
+        assert thread.is_alive()  # the listening socket closed, it waits for the request in flight
+        forced = time.monotonic()
+        server.handle_exit(signal.SIGINT, None)
+        thread.join(20)
+        took = time.monotonic() - forced
+        assert not thread.is_alive(), "a second Ctrl-C did not end the stop"
+        assert took < 3, took  # neither the 30 s grace nor the service's stop_wait
+        assert service.abandoned
+    finally:
+        reward.release.set()
+
+
+def test_the_command_ends_and_leaves_the_reward_unclosed_when_a_call_of_it_hangs(monkeypatch, capsys):
+    """``finecap serve-reward`` stopped while a reward call hangs: ``main`` returns (it waited without limit), and
+    does not close the reward under the running call (its judge's connections or engine): the process's end does."""
+    import finecap.serve.app as app
+    from finecap.app import serve_reward
+    from finecap.config import load
+
+    monkeypatch.setattr(app, "SHUTDOWN_GRACE", 0.5)
+    reward = Hangs()
+    svc = RewardService(reward, ImageTable(range(3)), log_every=0, name="hangs")
+    svc.stop_wait = 0.5
+    monkeypatch.setattr(serve_reward, "build_service", lambda cfg, **kw: svc)
+    make, found = app.make_server, {}
+
+    def spy(service, *args, **kwargs):  # the command's own server, stopped below once its reward call hangs
+        found["server"], sock = make(service, *args, **kwargs)
+        found["url"] = f"http://127.0.0.1:{sock.getsockname()[1]}"
+        return found["server"], sock
+
+    monkeypatch.setattr(app, "make_server", spy)
+
+    def client():
+        until(lambda: "url" in found and found["server"].started, "the command's server never started")
+        threading.Thread(
+            target=lambda: httpx.post(
+                f"{found['url']}/reward", timeout=90, json={"captions": ["a"], "image_ids": [1]}
+            ),
+            daemon=True,
+        ).start()
+        assert reward.called.wait(30)
+        found["server"].should_exit = True
+
+    thread = threading.Thread(target=client, daemon=True)
+    thread.start()
+    try:
+        serve_reward.main(load(None, []), port=0)  # returns: the stop did not wait for the call
+        assert svc.abandoned and reward.closed == 0 and not reward.release.is_set()
+        assert "stopped after" in capsys.readouterr().out
+    finally:
+        reward.release.set()
+    thread.join(10)
 
 
 def test_the_listening_socket_gives_its_connections_tcp_nodelay():

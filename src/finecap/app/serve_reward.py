@@ -145,7 +145,8 @@ def main(cfg: Config, *, host: str = "127.0.0.1", port: int = 8000, limits: Limi
     try:
         server.run(sockets=[sock])
     finally:
-        service.reward.close()  # a judge the reward built: its connections, its in-process engine
+        if not service.abandoned:  # else a call still runs in it (logged): the process's end releases the reward
+            service.reward.close()  # a judge the reward built: its connections, its in-process engine
     print(f"finecap serve-reward: stopped after {service.meter.total_requests} requests "
           f"({service.meter.total_captions} captions)", flush=True)  # fmt: skip
     if service.fatal is not None:

@@ -416,11 +416,17 @@ class Server(uvicorn.Server):
     """uvicorn's server, but SIGTERM and Ctrl-C (SIGINT) are a clean stop: uvicorn re-raises the signal it caught
     once it has shut down gracefully (so that the process dies by it: exit code 143, or 130 through Python's
     KeyboardInterrupt); a reward server stopped by its supervisor or its user exits 0 (docs/integrations.md). A second
-    Ctrl-C during the graceful stop forces the exit, as uvicorn's does."""
+    Ctrl-C during the graceful stop forces the exit: uvicorn stops waiting for the requests in flight, and the
+    service (``service``, set by :func:`make_server`) for a reward call still running
+    (:meth:`RewardService.abandon`)."""
+
+    service: RewardService | None = None
 
     def handle_exit(self, sig: int, frame: Any) -> None:
         if sig == signal.SIGINT and self.should_exit:
             self.force_exit = True  # the second Ctrl-C: stop waiting for the requests in flight
+            if self.service is not None:
+                self.service.abandon()  # and for the reward call they wait for
             return
         if sig in (signal.SIGTERM, signal.SIGINT):
             self.should_exit = True
@@ -458,9 +464,10 @@ def make_server(service: RewardService, host: str = "127.0.0.1", port: int = 0, 
     """The uvicorn server of ``service`` and its socket: ``sock``, or one bound now (:func:`bind`; ``port`` 0: a free
     port, read it from ``sock.getsockname()``); run it with ``server.run(sockets=[sock])``. Stopped by SIGINT, SIGTERM
     (both a graceful shutdown: the requests in flight are answered, within :data:`SHUTDOWN_GRACE` seconds; one still
-    being read or scored then is cut off, and uvicorn answers it with a plain-text 500), ``server.should_exit =
-    True``, or a reward that raises ``SystemExit`` (:attr:`RewardService.fatal`). ``token`` and ``connections``:
-    module docstring."""
+    being read or scored then is cut off, and uvicorn answers it with a plain-text 500; a reward call still running
+    :attr:`RewardService.stop_wait` seconds later is abandoned, so that the run returns even when a call hangs; a
+    second SIGINT ends the stop at once), ``server.should_exit = True``, or a reward that raises ``SystemExit``
+    (:attr:`RewardService.fatal`). ``token`` and ``connections``: module docstring."""
     connections = connections or ConnectionLimits()
     protocol = type("RewardServerProtocol", (GuardedH11Protocol,), {
         "header_timeout": connections.header_timeout, "cap": connections.connection_cap()})  # fmt: skip
@@ -469,6 +476,7 @@ def make_server(service: RewardService, host: str = "127.0.0.1", port: int = 0, 
                             timeout_graceful_shutdown=SHUTDOWN_GRACE, backlog=BACKLOG, http=protocol,
                             ws="none")  # fmt: skip
     server = Server(config)
+    server.service = service
 
     def stop() -> None:
         server.should_exit = True

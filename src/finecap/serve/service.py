@@ -26,7 +26,10 @@ requests.
   answered as a number: ``/reward`` answers them JSON ``null`` with their count (``failed``), ``/get_reward``
   refuses the request with a 502 naming them (:mod:`finecap.serve.app`).
 - **Abandoned work.** A request whose client went away before its round began is never scored
-  (:meth:`RewardService.score` cancelled: the HTTP layer cancels it when the client disconnects).
+  (:meth:`RewardService.score` cancelled: the HTTP layer cancels it when the client disconnects). A reward call still
+  running when the service stops is waited for :attr:`RewardService.stop_wait` seconds at most (none after
+  :meth:`RewardService.abandon`), then abandoned to its daemon thread (:class:`DaemonThreads`), so that a hung
+  call never keeps the server from stopping.
 - **Throughput logs.** Every ``log_every`` seconds one line: requests, captions, captions per second, the mean
   round, the share of the time the reward was busy, and the p50 / p99 latency of the requests since the previous
   line (and one at the end).
@@ -50,11 +53,12 @@ import asyncio
 import contextlib
 import logging
 import math
+import queue
 import threading
 import time
 from collections import deque
 from collections.abc import AsyncIterator, Callable, Hashable, Iterable, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Executor, Future
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -74,6 +78,61 @@ MAX_BATCH_WAIT = 60.0
 """``--batch-wait-ms`` at most, in seconds: a round waits at most a minute for more requests."""
 CHECK_THREADS = 2
 """Threads that decode and check requests off the event loop (:meth:`RewardService.off_loop`)."""
+STOP_WAIT = 2.0
+"""Seconds a stopping service waits for a reward call (or a request's check) still running before abandoning it
+(:attr:`RewardService.stop_wait`): the HTTP server has already given the requests in flight its grace."""
+
+
+class DaemonThreads(Executor):
+    """A pool of ``n`` daemon threads (``concurrent.futures``' executor interface): unlike ``ThreadPoolExecutor``,
+    whose threads the interpreter joins at exit, a call that never returns (a hung reward) cannot keep the process
+    alive once the service has abandoned it (:meth:`RewardService.running`)."""
+
+    def __init__(self, n: int, name: str) -> None:
+        self._queue: queue.SimpleQueue[tuple[Future, Callable[..., Any], tuple, dict] | None] = queue.SimpleQueue()
+        self._closed = False
+        self._threads = [threading.Thread(target=self._work, name=f"{name}_{i}", daemon=True) for i in range(n)]
+        for thread in self._threads:
+            thread.start()
+
+    def submit(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Future:
+        if self._closed:
+            raise RuntimeError("DaemonThreads: cannot take work after shutdown")
+        future: Future = Future()
+        self._queue.put((future, fn, args, kwargs))
+        return future
+
+    def _work(self) -> None:
+        while (item := self._queue.get()) is not None:
+            future, fn, args, kwargs = item
+            if not future.set_running_or_notify_cancel():
+                continue
+            try:
+                result = fn(*args, **kwargs)
+            except BaseException as e:  # noqa: BLE001 - handed to the caller, as ThreadPoolExecutor does
+                future.set_exception(e)
+            else:
+                future.set_result(result)
+
+    def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
+        """No more work; queued work cancelled (``cancel_futures``); each thread ends after its current call
+        (``wait``: joined, without limit)."""
+        self._closed = True
+        if cancel_futures:
+            with contextlib.suppress(queue.Empty):
+                while True:
+                    item = self._queue.get_nowait()
+                    if item is not None:
+                        item[0].cancel()
+        for _ in self._threads:
+            self._queue.put(None)
+        if wait:
+            for thread in self._threads:
+                thread.join()
+
+    def busy(self) -> bool:
+        """Whether a thread is still running (a call it had begun, after :meth:`shutdown`)."""
+        return any(thread.is_alive() for thread in self._threads)
 
 
 class ImageTable:
@@ -231,7 +290,14 @@ class RewardService:
         self._lock = threading.Lock()  # one reward call at a time, whoever calls
         self._pending: deque[tuple[Job, asyncio.Future, float]] = deque()
         self._wakeup: asyncio.Event | None = None
-        self._executor: ThreadPoolExecutor | None = None
+        self._executor: DaemonThreads | None = None
+        self._checks: DaemonThreads | None = None
+        self.stop_wait = STOP_WAIT
+        """Seconds :meth:`running`'s end waits for a reward call or a check still running before abandoning it."""
+        self.abandoned = False
+        """A reward call (or a check) was still running when the service stopped, and was left to its daemon thread:
+        the reward must not be closed under it (``finecap serve-reward`` leaves it to the process's end)."""
+        self._abandon_now = False
 
     # ---------------------------------------------------------------------------------------------------------------
     def job(self, request: RewardRequest) -> Job:
@@ -274,10 +340,14 @@ class RewardService:
     # ---------------------------------------------------------------------------------------------------------------
     @contextlib.asynccontextmanager
     async def running(self) -> AsyncIterator[RewardService]:
-        """The worker serving the queue, for the life of the block (the server's lifespan)."""
+        """The worker serving the queue, for the life of the block (the server's lifespan). Its end waits for a
+        reward call or a check still running at most :attr:`stop_wait` seconds (none after :meth:`abandon`), then
+        abandons it to its daemon thread (:class:`DaemonThreads`: the process can end under it), sets
+        :attr:`abandoned` and logs it."""
         self._wakeup = asyncio.Event()
-        self._executor = ThreadPoolExecutor(1, thread_name_prefix="finecap-reward")
-        self._checks = ThreadPoolExecutor(CHECK_THREADS, thread_name_prefix="finecap-checks")
+        self._executor = DaemonThreads(1, "finecap-reward")
+        self._checks = DaemonThreads(CHECK_THREADS, "finecap-checks")
+        self.abandoned = self._abandon_now = False
         worker = asyncio.create_task(self._serve_queue())
         try:
             yield self
@@ -289,9 +359,22 @@ class RewardService:
                 _, future, _ = self._pending.popleft()
                 if not future.done():
                     future.set_exception(RuntimeError("the reward server stopped before scoring this request"))
-            self._executor.shutdown(wait=True)
-            self._checks.shutdown(wait=True)
+            pools = (self._executor, self._checks)
+            for pool in pools:
+                pool.shutdown(wait=False, cancel_futures=True)
+            deadline = time.monotonic() + self.stop_wait
+            while any(p.busy() for p in pools) and time.monotonic() < deadline and not self._abandon_now:
+                await asyncio.sleep(0.02)  # the event loop goes on (a second Ctrl-C: abandon)
+            if any(p.busy() for p in pools):
+                self.abandoned = True
+                what = "a call of the reward" if self._executor.busy() else "a request's check"
+                log.warning("reward server: %s %s was still running when the server stopped: abandoned (the process "
+                            "ends without it; the reward is not closed)", what, self.name)  # fmt: skip
             self._executor = self._checks = self._wakeup = None
+
+    def abandon(self) -> None:
+        """Stop waiting for a reward call still running (:meth:`running`'s end): a second Ctrl-C."""
+        self._abandon_now = True
 
     async def off_loop(self, fn: Callable[..., Any], *args: Any) -> Any:
         """``fn(*args)`` on one of the service's :data:`CHECK_THREADS` threads (:meth:`running` must be active): the
