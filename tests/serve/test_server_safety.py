@@ -264,6 +264,80 @@ def test_health_answers_within_a_second_while_a_maximal_request_is_checked():
     assert len(slowest) >= 3 and max(slowest) < 1.0, (len(slowest), max(slowest))
 
 
+def test_large_bodies_read_and_not_yet_checked_are_bounded(monkeypatch):
+    """32 clients send a 1.5 MiB body at once while the check is slow (0.05 s each on the two check threads): the
+    bodies the server holds read but not yet checked never exceed BODIES_AT_ONCE (each body was read as it came and
+    queued for the check threads: up to --max-connections bodies of 16 MiB, and a 16 MiB body of empty objects costs
+    about 400 MiB while parsed), and every request is answered."""
+    import finecap.serve.app as app
+
+    held, most, lock = [0], [0], threading.Lock()
+    read, decode = app.read_body, app.decode_json
+
+    async def counting_read(*args, **kwargs):
+        body = await read(*args, **kwargs)
+        with lock:
+            held[0] += 1
+            most[0] = max(most[0], held[0])
+        return body
+
+    def slow_decode(raw):
+        time.sleep(0.05)
+        try:
+            return decode(raw)
+        finally:
+            with lock:
+                held[0] -= 1
+
+    monkeypatch.setattr(app, "read_body", counting_read)
+    monkeypatch.setattr(app, "decode_json", slow_decode)
+    body = json.dumps(OK).encode() + b" " * (3 << 19)  # 1.5 MiB: a large body (JSON's white space)
+    assert len(body) > app.SMALL_BODY
+    answers = []
+    with serving(service()) as url:
+
+        def client():
+            reply = httpx.post(f"{url}/reward", content=body, headers={"Content-Type": "application/json"}, timeout=60)
+            answers.append((reply.status_code, reply.json().get("total")))
+
+        threads = [threading.Thread(target=client) for _ in range(32)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+    assert answers == [(200, [3.0, 2.0])] * 32
+    assert 2 <= most[0] <= app.BODIES_AT_ONCE, most[0]
+
+
+def test_stalled_large_bodies_hold_up_no_small_request():
+    """BODIES_AT_ONCE clients declare a large body and stall after a few bytes, holding every slot for large bodies:
+    a small request (the trainers' requests are kilobytes) is answered meanwhile, and a large one once the stalled
+    bodies are cut off (--body-timeout)."""
+    from finecap.serve.app import BODIES_AT_ONCE, SMALL_BODY
+
+    limits = ConnectionLimits(body_timeout=2.0)
+    with serving(service(), connections=limits) as url:
+        port = int(url.rsplit(":", 1)[1])
+        stalled = []
+        for _ in range(BODIES_AT_ONCE):
+            s = socket.create_connection(("127.0.0.1", port))
+            s.sendall(b"POST /reward HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+                      b"Content-Length: %d\r\n\r\n{\"captions\"" % (2 * SMALL_BODY))  # fmt: skip
+            stalled.append(s)
+        assert httpx.post(f"{url}/reward", json=OK).json()["total"] == [3.0, 2.0]
+        for s in stalled:  # still held: the small request did not wait for their slots
+            s.setblocking(False)
+            with pytest.raises(BlockingIOError):
+                s.recv(1)
+            s.setblocking(True)
+        large = json.dumps(OK).encode() + b" " * (2 * SMALL_BODY)
+        reply = httpx.post(f"{url}/reward", content=large, headers={"Content-Type": "application/json"}, timeout=60)
+        assert reply.json()["total"] == [3.0, 2.0]
+        for s in stalled:
+            assert recv_all(s, 10).startswith(b"HTTP/1.1 408")
+            s.close()
+
+
 def recv_all(sock: socket.socket, timeout: float) -> bytes:
     sock.settimeout(timeout)
     data = b""

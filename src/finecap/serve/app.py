@@ -37,7 +37,11 @@ Policy (docs/integrations.md, "The reward server's safety"):
   once (beyond, a new one is closed at once; the cap is kept under the process's file-descriptor limit), and a
   failing ``accept`` is logged at most once every 10 s with its count. What a request's bytes decide (decoding,
   checks, image paths) runs on the service's check threads, never on the event loop; a request whose client
-  disconnects is cancelled and, if it has not started, never scored.
+  disconnects is cancelled and, if it has not started, never scored. At most :data:`BODIES_AT_ONCE` large bodies
+  (over :data:`SMALL_BODY`, 1 MiB, or chunked) are read and checked at once, so that the bodies held in memory are
+  bounded (a 16 MiB body of empty JSON objects costs about 400 MiB while parsed); a large body waits for a slot with
+  its connection paused (uvicorn reads 64 KiB of an unread body, then stops), and its ``body_timeout`` runs from
+  then. Small bodies take no slot: clients stalling large bodies hold up no trainer's request.
 
 Values are sent with Python's ``repr`` of the float32 values, which reads back to the same float32.
 """
@@ -74,7 +78,7 @@ except ImportError:  # pragma: no cover - the serve extra is in the test extra
 from finecap.rewards import RewardOutput
 from finecap.serve.hosts import HostPolicy
 from finecap.serve.protocol import Limits, RequestError, RewardRequest, decode_json, parse_get_reward, parse_reward
-from finecap.serve.service import RewardFailed, RewardService
+from finecap.serve.service import CHECK_THREADS, RewardFailed, RewardService
 
 log = logging.getLogger(__name__)
 
@@ -111,6 +115,20 @@ class ConnectionLimits:
         return max(1, min(self.max_connections, soft - 64))
 
 
+SMALL_BODY = 1 << 20
+"""Bytes of a request body read without a slot (:data:`BODIES_AT_ONCE`): a trainer's requests are kilobytes."""
+BODIES_AT_ONCE = 4 * CHECK_THREADS
+"""Large request bodies (over :data:`SMALL_BODY` bytes, or of undeclared length) read and checked at once at most
+(module docstring, "Connections")."""
+
+
+def large_body(request: Request) -> bool:
+    """Whether ``request``'s body takes a slot (:data:`BODIES_AT_ONCE`): it declares more than :data:`SMALL_BODY`
+    bytes, or no length (chunked)."""
+    declared = request.headers.get("content-length", "")
+    return not declared.isdigit() or int(declared) > SMALL_BODY
+
+
 def _json(payload: Any, status: int = 200, headers: dict[str, str] | None = None) -> Response:
     """A strict JSON answer: a non-finite float is a ``ValueError``, never a bare ``NaN`` token."""
     return Response(json.dumps(payload, separators=(",", ":"), allow_nan=False), status_code=status,
@@ -119,7 +137,8 @@ def _json(payload: Any, status: int = 200, headers: dict[str, str] | None = None
 
 async def read_body(request: Request, limits: Limits, timeout: float = 60.0) -> bytes:
     """The request's body, refused (413) beyond ``limits.max_request_bytes`` before it is all read, and (408) when
-    it has not all arrived ``timeout`` seconds after its headers."""
+    it has not all arrived ``timeout`` seconds after this call (after its headers, or after a large body's wait for a
+    slot: :data:`BODIES_AT_ONCE`)."""
     limit = limits.max_request_bytes
     declared = request.headers.get("content-length", "")
     if declared.isdigit() and int(declared) > limit:
@@ -261,6 +280,7 @@ def create_app(service: RewardService, *, host: str = "127.0.0.1", token: str | 
     policy of a server bound to ``host`` with the bearer ``token`` (or none) (module docstring)."""
     guard = Guard(host, token)
     body_timeout = (connections or ConnectionLimits()).body_timeout
+    slots = asyncio.Semaphore(BODIES_AT_ONCE)  # large bodies read and checked at once (module docstring)
 
     def endpoint(parse: Callable[[Any, Limits], RewardRequest], reply: Callable[[RewardRequest, RewardOutput], dict]):
         def checked(raw: bytes) -> tuple[RewardRequest, Any]:
@@ -270,7 +290,10 @@ def create_app(service: RewardService, *, host: str = "127.0.0.1", token: str | 
         async def handle(request: Request) -> Response:
             try:
                 guard.check(request)
-                parsed, job = await service.off_loop(checked, await read_body(request, service.limits, body_timeout))
+                async with slots if large_body(request) else contextlib.nullcontext():  # its --body-timeout: once in
+                    raw = await read_body(request, service.limits, body_timeout)
+                    parsed, job = await service.off_loop(checked, raw)
+                    del raw  # the bytes are not kept while the request waits for the reward
                 answered, scored = await until_gone(request, service.score(job))
                 if not answered:
                     return Response(status_code=499)  # nobody reads it: the client is gone
