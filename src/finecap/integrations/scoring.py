@@ -17,8 +17,7 @@ strings, never a string split into characters), its images (:class:`~finecap.ser
 reward knows, ``17`` and ``"17"`` one image; a reward that compares a call's images refuses a call of one image,
 as TRL's default of one prompt a generation batch would give); and its values (:meth:`CallCheck.answer`, the
 server's): a value that is not finite as float32 is a :class:`finecap.rewards.NonFiniteReward` naming the reward, and
-a server's reply is checked for its length, types
-and finiteness (:func:`finecap.serve.client.checked_values`).
+a server's reply is checked for its length, types and finiteness (:func:`finecap.serve.client.checked_values`).
 
 Example::
 

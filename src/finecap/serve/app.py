@@ -290,7 +290,7 @@ def create_app(service: RewardService, *, host: str = "127.0.0.1", token: str | 
         async def handle(request: Request) -> Response:
             try:
                 guard.check(request)
-                async with slots if large_body(request) else contextlib.nullcontext():  # its --body-timeout: once in
+                async with slots if large_body(request) else contextlib.nullcontext():  # --body-timeout runs from here
                     raw = await read_body(request, service.limits, body_timeout)
                     parsed, job = await service.off_loop(checked, raw)
                     del raw  # the bytes are not kept while the request waits for the reward

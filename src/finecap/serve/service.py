@@ -295,8 +295,8 @@ class RewardService:
         self.stop_wait = STOP_WAIT
         """Seconds :meth:`running`'s end waits for a reward call or a check still running before abandoning it."""
         self.abandoned = False
-        """A reward call (or a check) was still running when the service stopped, and was left to its daemon thread:
-        the reward must not be closed under it (``finecap serve-reward`` leaves it to the process's end)."""
+        """A reward call was still running when the service stopped, and was left to its daemon thread: the reward
+        must not be closed under it (``finecap serve-reward`` leaves it to the process's end)."""
         self._abandon_now = False
 
     # ---------------------------------------------------------------------------------------------------------------
@@ -342,8 +342,8 @@ class RewardService:
     async def running(self) -> AsyncIterator[RewardService]:
         """The worker serving the queue, for the life of the block (the server's lifespan). Its end waits for a
         reward call or a check still running at most :attr:`stop_wait` seconds (none after :meth:`abandon`), then
-        abandons it to its daemon thread (:class:`DaemonThreads`: the process can end under it), sets
-        :attr:`abandoned` and logs it."""
+        abandons it to its daemon thread (:class:`DaemonThreads`: the process can end under it) and logs it; an
+        abandoned reward call sets :attr:`abandoned`."""
         self._wakeup = asyncio.Event()
         self._executor = DaemonThreads(1, "finecap-reward")
         self._checks = DaemonThreads(CHECK_THREADS, "finecap-checks")
@@ -365,11 +365,13 @@ class RewardService:
             deadline = time.monotonic() + self.stop_wait
             while any(p.busy() for p in pools) and time.monotonic() < deadline and not self._abandon_now:
                 await asyncio.sleep(0.02)  # the event loop goes on (a second Ctrl-C: abandon)
-            if any(p.busy() for p in pools):
+            if self._executor.busy():
                 self.abandoned = True
-                what = "a call of the reward" if self._executor.busy() else "a request's check"
-                log.warning("reward server: %s %s was still running when the server stopped: abandoned (the process "
-                            "ends without it; the reward is not closed)", what, self.name)  # fmt: skip
+                log.warning("reward server: a call of the reward %s was still running when the server stopped: "
+                            "abandoned (the process ends without it; the reward is not closed)",
+                            self.name)  # fmt: skip
+            if self._checks.busy():
+                log.warning("reward server: a request's check was still running when the server stopped: abandoned")
             self._executor = self._checks = self._wakeup = None
 
     def abandon(self) -> None:
