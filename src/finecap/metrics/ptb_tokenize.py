@@ -23,8 +23,11 @@ and against the lexer line by line (``tests/metrics/test_ptb_tokenize.py``; the 
 Faithfully reproduced quirks: brackets become ``-lrb- -rrb- -lsb- -rsb- -lcb- -rcb-`` and *stay* (pycocoevalcap's
 list holds the upper-case forms, but the Java tokenizer has already lower-cased them); ``!!!``, ``?!``, ``/``, ``&``,
 ``%``, ``$``, ``#``, ``*``, ``@`` stay; ``2 1/2`` is one token joined by a no-break space (U+00A0);
-abbreviations such as ``st.``, ``mr.``, ``etc.``, ``jan.``, acronyms (``u.s.``, ``a.m.``) and single letters
-(``plan b.``) keep their period, ``no.``/``nos.``/``prop.`` only before a number.
+the abbreviations of the Java lexer's lists (``st.``, ``mr.``, ``etc.``, ``jan.``, ``ct.``, ``ph.d.``, ...: in the
+cases they may be written in, ``Ark.`` ``ARK.`` ``Mfg.`` but not ``ark.`` ``MFG.`` ``PTY.``), acronyms (``u.s.``,
+``a.m.``, ``non-u.s``) and single letters (``plan b.``) keep their period, ``no. nos. prop. fig. ca. art. pp. op.``
+only before a number; ``etc.X y`` gives ``etc. x y`` (the lexer reads the two characters after ``etc.``, ``jan.``,
+``inc.``, ...: the longer word ``etc.Xy`` wins).
 
 Text in any script is tokenised as Java does it (``docs/evaluation.md#tokenisation``). The lexer's character classes
 (its letters, digits, the combining marks it reads as letters of a word, its symbols) were read off the jar by running
@@ -41,17 +44,15 @@ Known differences from the Java tokenizer (outside ordinary caption text):
 
 - Java's lexer reads pycocoevalcap's captions as the lines of one file, and at a line's end it can look into the
   next line: ``plan b.`` gives ``b`` when the next caption starts with a sentence-start word such as ``The`` or
-  ``A`` (blank lines between count as white space; ``b.`` otherwise), ``says no.`` keeps ``no.`` when the next
-  caption starts with a digit, and ``plan b. The`` gives ``b`` and ``photo 5.x`` keeps ``5.x`` when another caption
-  follows (at the end of the file they give ``b.`` and ``5 x``). :func:`tokenize_all` and :func:`ptb_tokenize`
-  reproduce these from the captions after it in their input (give captions in pycocoevalcap's order: images, then
-  each image's captions); :func:`tokenize` alone tokenises a caption as if it were the last line.
+  ``A`` (blank lines between count as white space; ``b.`` otherwise), ``says no.`` (``fig.``, ...) keeps ``no.``
+  when the next caption starts with a digit, and ``plan b. The`` gives ``b``, ``photo 5.x`` keeps ``5.x``, ``etc.X``
+  gives ``etc. x`` and ``etc.5`` ``etc. 5`` when another caption follows (at the end of the file they give ``b.``,
+  ``5 x``, ``etc.x`` and ``etc. .5``). :func:`tokenize_all` and :func:`ptb_tokenize` reproduce these from the
+  captions after it in their input (give captions in pycocoevalcap's order: images, then each image's captions);
+  :func:`tokenize` alone tokenises a caption as if it were the last line.
 - SGML tags, phone numbers and dates are recognised only in their simplest forms.
-- Abbreviations (ASCII): Java's lists hold some that are missing here (``Ct. Rt. Az. Bldg. Adj. Adv. Asst. Assoc.
-  Ens. Insp. Mlle. Mme. Msgr. Sfc. Pte. Ph.D. Ed.D.``; ``ca. fig. art. pp. op.`` before a number), they are
-  case-sensitive where the lists hold a character class (``MFG.`` and ``PTY.`` are no abbreviations for Java), and a
-  month, state, company or ``Jr./etc./Rd.`` followed directly by a single letter and more text keeps its period for
-  Java (``etc.X y`` gives ``etc. x y``; here ``etc.x y``).
+- A smiley at the very end of the file (the end of the last caption of a call): Java reads ``:)`` and ``;P`` as
+  smileys only with a character after them (there ``:`` ``-rrb-`` and ``;`` ``p``); here they are smileys.
 - The Greek capital sigma inside a token where digits, marks, hyphens or other scripts sit next to it: Java picks
   ``σ`` or ``ς`` by ``java.text.BreakIterator``'s word boundaries, Python by Unicode's Final_Sigma rule
   (``ΟΔΟΣ-ΣΟΣ`` gives ``οδοσ-σος`` in Java, ``οδος-σος`` here); in words of Greek letters both agree.
@@ -179,20 +180,47 @@ _CLASSES = {
 _D = _CLASSES[False][1]
 _SP = r"[ \t\xa0\u2000-\u200a\u3000]"  # a space (Java SPACE)
 _INSENTP = r"[,;:\u3001]"
-_ACRO = r"[A-Za-z](?:\.[A-Za-z])+"
+# Java's ACRO: letters joined by periods (u.s, a.m), and a few written with a hyphen (non-U.S, U.S.-U.K)
+_ACRO_HYPHEN = r"(?i:(?:canada|sino|korean|eu|japan|non)-u\.s|u\.s\.-(?:u\.k|u\.s\.s\.r))"
+_ACRO_DOTS = r"[A-Za-z](?:\.[A-Za-z])+"
+_ACRO = rf"(?:{_ACRO_HYPHEN}|{_ACRO_DOTS})"
 
-# Abbreviations keeping their period (CoreNLP 3.4.1, probed against the jar): case-insensitive ones ...
-_ABBREV = (
-    "jan|feb|mar|apr|jun|jul|aug|sep|sept|oct|nov|dec|mon|tue|tues|wed|thu|thurs|fri|"
-    "ala|ariz|calif|colo|conn|dak|fla|ga|ind|kans?|ky|md|mich|minn|mo|mont|neb|nev|okla|penn|tenn|va|vt|wisc?|wyo|"
-    "mr|mrs|ms|drs?|profs?|sens?|reps?|attys?|lt|col|gen|messrs|govs?|adm|rev|maj|sgt|cpl|pvt|mt|capt|ste?|ave|pres|"
-    "lieut|hon|brig|co?mdr|pfc|spc|supts?|det|jr|sr|bros|blvd|rd|esq|inc|cos?|corp|ptys?|ltd|plc|bancorp|dept|bhd|"
-    "assn|univ|intl|sys|invt|elec|natl|m[ft]g|ph|tel|est|ext|sq|ft|etc|al|seq|vs|alex|wm|jos|cie|cf|treas"
+# Abbreviations keeping their period: the lists of CoreNLP 3.4.1's PTBLexer.flex (checked against the jar), written as
+# there: letters in any case, a [class] only as written (Java's lexer is caseless except inside character classes:
+# "Ark." and "ARK." are abbreviations, "ark." is not; "Mfg." is, "MFG." is not), "s?" an optional letter. ABBREV1, the
+# ones usually followed by a lower-case word: the lexer reads them with the two characters after them (any two), so
+# that "etc.X y" gives "etc." before the word "etc.X" (a longer word wins: "etc.Xy z"); with fewer characters left
+# (the end of the file) it reads the period again ("etc.5" gives "etc." and ".5").
+_ABBREV1 = (
+    "jan|feb|mar|apr|jun|jul|aug|sept?|oct|nov|dec|mon|tues?|wed|thu|thurs|fri|"
+    "ala|ariz|[A]z|[A]rk|calif|colo|conn|ct|dak|[D]el|fla|ga|[I]ll|ind|kans?|ky|[L]a|[M]ass|md|mich|minn|[M]iss|mo|"
+    "mont|neb|nev|okla|[O]re|[P]a|penn|tenn|[T]ex|va|vt|[W]ash|wisc?|wyo|"
+    "inc|cos?|corp|pp?t[ye]s?|ltd|plc|rt|bancorp|bhd|assn|univ|intl|sys|tel|est|ext|sq|"
+    "jr|sr|bros|ed.d|ph.d|blvd|rd|esq|etc|al|seq|bldg"
 )
-# ... ones that need a capital first letter (their lower-case forms are ordinary words) ...
-_ABBREV_CAP = "A(?i:rk)|I(?i:ll)|M(?i:ass)|M(?i:iss)|O(?i:re)|W(?i:ash)|P(?i:a)|L(?i:a)|T(?i:ex)|D(?i:el)"
-# ... and ones that keep the period only before a number
-_ABBREV_NUM = "nos?|prop"
+# ABBREV2 (titles and a few more, usually followed by a capitalised word): the token is the word and its period
+_ABBREV2 = (
+    "mr|mrs|ms|[M]iss|drs?|profs?|sens?|reps?|attys?|lt|col|gen|messrs|govs?|adm|rev|maj|sgt|cpl|pvt|capt|ste?|ave|"
+    "pres|lieut|hon|brig|co?mdr|pfc|spc|supts?|det|mt|ft|adj|adv|asst|assoc|ens|insp|mlle|mme|msgr|sfc|"
+    "vs|alex|wm|jos|cie|cf|treas|ph|invt|elec|natl|m[ft]g|dept"
+)
+_ABBREV = f"{_ABBREV1}|{_ABBREV2}"  # all that keep a period written right after them
+# ABBREV3: ones that keep the period only before a number ("fig. 5", "no.5"; "bldg." is in ABBREV1 too)
+_ABBREV_NUM = "ca|figs?|prop|nos?|art|bldg|pp|op"
+
+
+# what the abbreviation rules match starts with: letters and a period (or, an ACRO, a hyphen: "non-U.S"), tested
+# first (the long alternations are slow to fail)
+_GUARD = r"(?=[A-Za-z]+\.)"
+_GUARD_ACRO = r"(?=[A-Za-z]+[.-])"
+
+
+def _abbrev_regex(pattern: str) -> str:
+    """A regex of the abbreviation list ``pattern`` (:data:`_ABBREV1`): letters in any case, classes as written."""
+    body = pattern.replace(".", r"\.")
+    return "(?i:" + re.sub(r"\[[^]]*\]", lambda m: f"(?-i:{m.group(0)})", body) + ")"
+
+
 # words after which a single letter + period counts as sentence end ("the letter I. The ...")
 # (the first letter a capital, the rest in any case: Java's lexer is caseless but for character classes)
 _SENT_START_WORDS = (
@@ -311,16 +339,20 @@ def _rules(entities: bool, ascii_only: bool) -> list[tuple[str, str, str]]:
         ("dolsign", r"[A-Z]*\$|#", r"[A-Z$#]"),
         ("currency", _CURRENCY_CLASS, _CURRENCY_CLASS),
         # ACRONYM (multi-letter) before a sentence-start word: token keeps the period, a period is re-emitted
-        ("acronym_end", rf"(?P<t>{_ACRO}\.)(?={_SP}+(?:{_SENT_START}){_SP})", r"[A-Za-z]"),
+        ("acronym_end", rf"{_GUARD_ACRO}(?P<t>{_ACRO}\.)(?={_SP}+(?:{_SENT_START}){_SP})", r"[A-Za-z]"),
         # single letter + period before a sentence-start word: letter, then period
         ("letter_end", rf"(?P<t>[A-Za-z])(?=\.{_SP}+(?:{_SENT_START}){_SP})\.", r"[A-Za-z]"),
-        ("abbrev", rf"(?i:{_ABBREV})\.|(?:{_ABBREV_CAP})\.", r"[A-Za-z]"),
-        ("abbrev_num", rf"(?i:{_ABBREV_NUM})\.(?={_SP}?{_D})", r"[A-Za-z]"),
-        ("abbrev2", rf"{_ACRO}\.|[A-Za-z]\.", r"[A-Za-z]"),
-        ("acro", _ACRO, r"[A-Za-z]"),
+        # the abbreviations (before a number, pty. ltd., ABBREV1 with its two characters after, ABBREV2, ACRO.)
+        ("abbrev_num", rf"{_GUARD}(?P<t>{_abbrev_regex(_ABBREV_NUM)}\.){_SP}?{_D}", r"[A-Za-z]"),
+        ("pty_ltd", rf"(?P<t>(?i:pt[eyEY]|co)\.){_SP}(?i:ltd|lim)", r"[pPcC]"),
+        ("abbrev1", rf"{_GUARD}(?P<t>{_abbrev_regex(_ABBREV1)}\.)(?P<after>(?s:..))?", r"[A-Za-z]"),
+        ("abbrev2", rf"{_GUARD_ACRO}(?:{_abbrev_regex(_ABBREV2)}\.|{_ACRO}\.|[A-Za-z]\.)", r"[A-Za-z]"),
+        # (an ACRO written with a hyphen is a token before a space only; the others are words anyway)
+        ("acro", rf"{_GUARD_ACRO}(?:(?P<t>{_ACRO_HYPHEN}){_SP}|{_ACRO_DOTS})", r"[A-Za-z]"),
         ("tbspec2", rf"{apos}[0-9][0-9](?={_SP}|$)", apos_first),
-        ("filename", rf"{_WLD}+(?:\.{_WLD}+)*\.(?i:{_FILENAME_EXT})(?={_SP}|[.?!,])", _WLD),
-        ("word_dot_insentp", rf"(?P<t>{word}\.)(?={_INSENTP})", wl_first),
+        # (the character after a file name or "word." counts for the longest match: "Ala.gz " is a file name)
+        ("filename", rf"(?P<t>{_WLD}+(?:\.{_WLD}+)*\.(?i:{_FILENAME_EXT}))(?:{_SP}|[.?!,])", _WLD),
+        ("word_dot_insentp", rf"(?P<t>{word}\.){_INSENTP}", wl_first),
         ("smiley", r"[<>]?[:;=][\-o*']?[()DPdpO\\{@|\[\]](?![A-Za-z0-9])", r"[<>:;=]"),
         (
             "asiansmiley",
@@ -343,7 +375,8 @@ def _rules(entities: bool, ascii_only: bool) -> list[tuple[str, str, str]]:
         ("dot", _DOT, _DOT),
         (
             "hthing",
-            rf"[A-Za-z0-9][A-Za-z0-9.,\xad]*(?:-(?:[A-Za-z0-9\xad]+|{_ACRO}\.))+(?:\.(?={_INSENTP}))?",
+            # (the acronym first: the longer match, "x-U.S.a." rather than "x-U"; those with a hyphen are parts)
+            rf"[A-Za-z0-9][A-Za-z0-9.,\xad]*(?:-(?:{_ACRO_DOTS}\.|[A-Za-z0-9\xad]+))+(?:\.(?={_INSENTP}))?",
             r"[A-Za-z0-9]",
         ),
         (
@@ -397,7 +430,7 @@ _LATEX = str.maketrans(
 )
 _AMP_ENTITY = re.compile("(?i:&amp;)")
 _SOFT_HYPHEN_RULES = frozenset(["word", "word_redaux", "word_dot_insentp", "sword_nt", "number", "hthing"])
-_ABBREV_END = re.compile(rf"(?:(?i:{_ABBREV})|{_ABBREV_CAP}|[A-Za-z])\.")
+_ABBREV_END = re.compile(rf"(?:{_abbrev_regex(_ABBREV)}|[A-Za-z])\.")
 _TOKEN_GROUPS = ("t", "t2", "t3", "t4", "t5")
 _LEFT_QUOTE_NEXT = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789$")  # ASCII
 
@@ -459,8 +492,8 @@ def tokens(text: str) -> list[str]:
         if best_name in _SOFT_HYPHEN_RULES:
             if "\xad" in tok:
                 tok = tok.replace("\xad", "") or "-"  # soft hyphens are removed (a token of them only: "-")
-        elif best_name == "acronym_end":
-            end -= 1  # the period is emitted again as its own token
+        elif best_name == "acronym_end" or (best_name == "abbrev1" and best.group("after") is None):
+            end -= 1  # the period is read again (abbrev1: at the end of the text, "etc.5" gives "etc." ".5")
         elif best_name == "frac":
             tok = tok.replace(" ", "\xa0")
         elif best_name == "dash" or (best_name == "hyphens" and 3 <= len(tok) <= 4):
@@ -504,12 +537,15 @@ _FAST = re.compile(rf"[ \t]*(?:{_FAST_WORD}{_FAST_SEP})*{_FAST_WORD}(?:[ \t]*\.)
 # what makes Java's tokenizer look past the end of a line into the next one (module docstring)
 _LETTER_END = re.compile(r"[A-Za-z]\.$")
 _LETTER_END_TOKEN = re.compile(r"(?:^| )[a-z]\.$")  # ... read as a token of its own (not "u.s.", "dog.")
-_NUM_ABBREV_END = re.compile(r"(?i:nos?|prop)\.$")
-_NUM_ABBREV_TOKEN = re.compile(r"(?:^| )(?:nos?|prop)$")
+_NUM_ABBREV_END = re.compile(rf"{_abbrev_regex(_ABBREV_NUM)}\.$")
+_NUM_ABBREV_TOKEN = re.compile(rf"(?:^| )(?:{_ABBREV_NUM})$")
 # line ends that Java reads differently before a line break than at the end of the file (tokenize's last line): a
-# single letter and period before a final sentence-start word ("plan b. The"), a final file name ("photo 1.jpg")
+# single letter and period before a final sentence-start word ("plan b. The"), a final file name ("photo 1.jpg") ...
 _BEFORE_LINE_BREAK = re.compile(rf"[A-Za-z]\.{_SP}+(?:{_SENT_START})$|\.(?i:{_FILENAME_EXT})$")
-_NO_END = ("no", "os", "op")  # the last two letters of no. nos. prop.
+# ... an ABBREV1 and its period before one character ("etc.X": "etc." and "x" before a line break, the word "etc.x" at
+# the end of the file), a final ACRO with a hyphen ("non-U.S"): both have a period before the last character
+# (also inside a word: "'90ssr.5" is "'90s" and "sr." for Java)
+_BEFORE_LINE_BREAK_SHORT = re.compile(rf"{_GUARD_ACRO}(?:{_abbrev_regex(_ABBREV1)}\..|{_ACRO_HYPHEN})$")
 _SENT_NEXT = re.compile(rf"{_SP}*(?:{_SENT_START})(?P<end>{_SP}|$)")
 _SP_CHARS = " \t\xa0\u2000\u2001\u2002\u2003\u2004\u2005\u2006\u2007\u2008\u2009\u200a\u3000"  # _SP's
 _DIGIT = re.compile(_D)
@@ -546,8 +582,8 @@ def _next_line_effect(texts: list[str], k: int, out: str) -> str:
     """``out`` (:func:`tokenize` of the line ``texts[k]``) as Java gives it when the lines after it follow (one at
     least). Java's lexer looks across the line break in two rules: a single letter with a period before a
     sentence-start word (``plan b.`` + ``The ...`` gives ``b``, then the period is dropped; blank lines between are
-    white space), and ``no.`` / ``nos.`` / ``prop.`` directly before a digit (``says no.`` + ``5 dogs`` keeps
-    ``no.``)."""
+    white space), and the abbreviations of :data:`_ABBREV_NUM` (``no.``, ``fig.``, ``prop.``, ...) directly before a
+    digit (``says no.`` + ``5 dogs`` keeps ``no.``)."""
     text = texts[k]
     if _LETTER_END_TOKEN.search(out) and _LETTER_END.search(text.rstrip(_SP_CHARS)):
         j = k + 1
@@ -667,7 +703,7 @@ def _batch_lines(text: _Text) -> tuple[list[str], np.ndarray]:
 
 def _kept_periods(text: _Text, end: np.ndarray) -> np.ndarray:
     """Those of the final periods ``end`` written right after a word that keeps it (:func:`_keeps_period`: st.,
-    etc., b.; each distinct word is tested once)."""
+    etc., b.)."""
     b, cls = text.b, text.cls
     end = end[cls[end - 1] == _LET]
     run = np.zeros(len(end), dtype=np.int64)  # letters before the period (up to 8)
@@ -680,20 +716,25 @@ def _kept_periods(text: _Text, end: np.ndarray) -> np.ndarray:
     offs = np.arange(8)
     word = np.where(offs < run[:, None], b[np.minimum(end[:, None] - run[:, None] + offs, len(b) - 1)], 0)  # (M, 8)
     lower = np.ascontiguousarray(((word | 32) * (word != 0)).astype(np.uint8)).view("<u8")[:, 0]  # (M,) zero-padded
-    keeps = (run == 1) | np.isin(lower, _ABBREV_KEYS)  # single letters, abbreviations in any case
-    keeps |= np.isin(lower, _ABBREV_CAP_KEYS) & (word[:, 0] >= ord("A")) & (word[:, 0] <= ord("Z"))  # Ark., Ill.
+    keeps = run == 1  # single letters
+    maybe = np.flatnonzero(np.isin(lower, _ABBREV_LOWER_KEYS))  # abbreviations in some case (few)
+    if len(maybe):  # ... in a case they may be written in (Ark. ARK. Mfg., not ark. MFG.)
+        key = np.ascontiguousarray(word[maybe].astype(np.uint8)).view("<u8")[:, 0]
+        keeps[maybe] |= _ABBREV_KEYS[np.minimum(np.searchsorted(_ABBREV_KEYS, key), len(_ABBREV_KEYS) - 1)] == key
     return end[keeps]
 
 
-def _expand(pattern: str) -> list[str]:
+def _expand(pattern: str, cased: bool = False) -> list[str]:
     """The words matched by ``pattern``, an alternation of letters, optional letters (``s?``) and classes (``[ft]``)
-    (:data:`_ABBREV`)."""
+    (:data:`_ABBREV`): lower-cased, or (``cased``) in every case they may be written in (a class only as written)."""
     words = []
     for alternative in pattern.split("|"):
         out, i = [""], 0
         while i < len(alternative):
             j = alternative.index("]", i) + 1 if alternative[i] == "[" else i + 1
             options = list(alternative[i:j].strip("[]"))
+            if cased and j == i + 1 and options[0].isalpha():
+                options = [options[0].lower(), options[0].upper()]
             if alternative[j : j + 1] == "?":
                 options, j = [*options, ""], j + 1
             out, i = [w + o for w in out for o in options], j
@@ -707,8 +748,11 @@ def _keys(words: list[str]) -> np.ndarray:
     return np.array(sorted({int.from_bytes(w.encode("ascii"), "little") for w in words}), dtype=np.uint64)
 
 
-_ABBREV_KEYS = _keys(_expand(_ABBREV))
-_ABBREV_CAP_KEYS = _keys([a.lower() + b for a, b in re.findall(r"([A-Z])\(\?i:([a-z]+)\)", _ABBREV_CAP)])
+# the abbreviations (all but ph.d. and ed.d.) lower-cased, and in every case they may be written in (1,838 keys)
+_ABBREV_LOWER_KEYS = _keys([w.lower() for w in _expand(_ABBREV) if w.isalpha()])
+_ABBREV_KEYS = _keys([w for w in _expand(_ABBREV, cased=True) if w.isalpha()])
+# the last two letters of no. nos. fig. figs. prop. ... (lower-cased, as 256 * x + y)
+_NO_END = sorted({256 * ord(w[-2]) + ord(w[-1]) for w in _expand(_ABBREV_NUM)})
 
 
 def _assim(text: _Text) -> np.ndarray:
@@ -727,22 +771,36 @@ def _assim(text: _Text) -> np.ndarray:
 
 
 def _next_line_candidates(texts: list[str], text: _Text) -> list[int]:
-    """Lines but the last whose end may depend on the next line: a final period after a single letter or no / nos /
-    prop (the test of :func:`tokenize_all`'s older loop), preselected on the bytes of all lines at once."""
+    """Lines but the last whose end may depend on the next line: a final period after a single letter or a word
+    that keeps it before a number only (no. fig. prop. ...: :data:`_ABBREV_NUM`; the test of :func:`tokenize_all`'s
+    older loop), preselected on the bytes of all lines at once."""
     b, cls = text.b, text.cls
     last = text.starts[1:] - 2  # (n - 1,) last character of every line but the last (or the newline before it)
     blank = (b[last] == ord(" ")) | (b[last] == ord("\t")) | (b[last] == ord("?"))  # white space, non-ASCII
     letter = (cls[last - 1] == _LET) | (b[last - 1] == ord("?"))
     single = letter & ((cls[last - 2] & (_LET | _DIG)) == 0)
-    x, y = b[last - 2] | 32, b[last - 1] | 32  # the two letters before the period, lower-cased
-    no = ((x == ord("n")) & (y == ord("o"))) | ((x == ord("o")) & ((y == ord("s")) | (y == ord("p"))))
+    xy = ((b[last - 2] | 32).astype(np.uint16) << 8) | (b[last - 1] | 32)  # the two letters before the period
+    no = np.zeros(len(last), dtype=bool)
+    for end in _NO_END:
+        no |= xy == end
     out = []
     for k in np.flatnonzero(blank | ((b[last] == ord(".")) & (single | no))).tolist():
         end = texts[k].rstrip(_SP_CHARS)[-5:]
         single = end[-2:-1].isascii() and end[-2:-1].isalpha()
-        if end.endswith(".") and (single or end[-3:-1].lower() in _NO_END):
+        if end.endswith(".") and (single or _NUM_ABBREV_END.search(end)):
             out.append(k)
     return out
+
+
+def _before_line_break(text: str) -> bool:
+    """Whether Java reads the end of the line ``text`` differently before a line break than at the end of the file
+    (:data:`_BEFORE_LINE_BREAK`)."""
+    if text[-2:-1] == "." and _BEFORE_LINE_BREAK_SHORT.search(text, max(len(text) - 12, 0)):
+        return True
+    # a match holds one of the line's last two periods, as its first or second character: searched from there
+    last = text.rfind(".")
+    before = text.rfind(".", 0, last)
+    return _BEFORE_LINE_BREAK.search(text, max((before if before >= 0 else last) - 1, 0)) is not None
 
 
 def tokenize_all(texts: Iterable[str]) -> list[str]:
@@ -763,7 +821,7 @@ def tokenize_all(texts: Iterable[str]) -> list[str]:
     for k in np.flatnonzero(bad).tolist():
         t = texts[k]
         # "plan b. The", "photo 1.jpg" end a line: Java reads the line break after them as a space (not at the end)
-        out[k] = tokenize(t + " " if k < last and "." in t and _BEFORE_LINE_BREAK.search(t) else t)
+        out[k] = tokenize(t + " " if k < last and "." in t and _before_line_break(t) else t)
     for k in _next_line_candidates(texts, text):
         out[k] = _next_line_effect(texts, k, out[k])
     return out
