@@ -103,3 +103,14 @@ def test_the_address_is_given_back_when_setting_the_reward_up_fails(monkeypatch)
     with pytest.raises(ValueError, match="could not be set up"):
         serve_reward.main(load(None, []), port=0)
     assert len(taken) == 1 and taken[0].fileno() == -1  # closed
+
+
+def test_allow_host_is_repeatable_and_reaches_the_server(monkeypatch):
+    import finecap.app.serve_reward as serve_reward
+
+    seen = {}
+    monkeypatch.setattr(serve_reward, "main", lambda cfg, **options: seen.update(options))
+    assert main(["serve-reward", "demo/sr_bagcurri", "--allow-host", "reward", "--allow-host", "reward.local"]) == 0
+    assert seen["allowed_hosts"] == ["reward", "reward.local"]
+    main(["serve-reward", "demo/sr_bagcurri"])
+    assert seen["allowed_hosts"] == []

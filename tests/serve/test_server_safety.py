@@ -117,6 +117,18 @@ def test_json_with_a_charset_and_the_loopback_names_are_accepted():
             assert response.status_code == 200, (host, response.text)
 
 
+def test_a_name_clients_use_is_answered_only_when_allowed():
+    # a docker-compose service or a cluster's DNS name: refused by default (naming the way), answered once allowed
+    with serving(service()) as url:
+        response = httpx.post(f"{url}/reward", json=OK, headers={"Host": "reward:8000"})
+        assert response.status_code == 400 and "--allow-host NAME" in strict_json(response.text)["error"]["message"]
+    with serving(service(), allowed_hosts=["reward", "Rewards.Cluster.Local"]) as url:
+        for host in ("reward:8000", "REWARD", "rewards.cluster.local:80"):
+            assert httpx.post(f"{url}/reward", json=OK, headers={"Host": host}).status_code == 200, host
+        for host in ("reward.evil.example", "evil.example", "rewar"):
+            assert httpx.post(f"{url}/reward", json=OK, headers={"Host": host}).status_code == 400, host
+
+
 def test_a_bearer_token_is_required_when_given_and_compared_exactly():
     token = "s3cret-token-0123456789"
     with serving(service(), token=token) as url:

@@ -342,7 +342,7 @@ def cmd_serve_reward(args: argparse.Namespace) -> None:
     token = read_token(args.token_file) if args.token_file else None
     main(_config(args), host=args.host, port=args.port, limits=limits, batch_size=args.batch_size,
          batch_wait_ms=args.batch_wait_ms, log_every=args.log_every, token=token,
-         connections=connections)  # fmt: skip
+         connections=connections, allowed_hosts=args.allowed_hosts)  # fmt: skip
 
 
 def cmd_models_tiny(args: argparse.Namespace) -> None:
@@ -637,6 +637,10 @@ def build_parser() -> argparse.ArgumentParser:
     p = _add(sub, "serve-reward", cmd_serve_reward, "Serve a recipe's rewards (rl.rewards) over HTTP to RL trainers "
              "(OpenRLHF, verl, ms-swift; docs/integrations.md).")  # fmt: skip
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")
+    p.add_argument("--allow-host", dest="allowed_hosts", action="append", default=[], metavar="NAME",
+                   help="a host name clients reach the server by (a docker-compose service, a cluster's DNS name), "
+                   "answered in the Host header beside the bound address, loopback and, with --host 0.0.0.0, IP "
+                   "addresses and this machine's names; repeatable")  # fmt: skip
     p.add_argument("--port", type=number(0, 65535, int), default=8000, help="port (default 8000; 0 = any free port, "
                    "printed)")  # fmt: skip
     p.add_argument("--token-file", dest="token_file", default=None, help="a file holding a bearer token every "

@@ -24,6 +24,7 @@ from __future__ import annotations
 import logging
 import os
 import stat
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -120,9 +121,11 @@ def read_token(path: str | os.PathLike) -> str:
 
 def main(cfg: Config, *, host: str = "127.0.0.1", port: int = 8000, limits: Limits | None = None,
          batch_size: int = 1024, batch_wait_ms: float = 0.0, log_every: float = 60.0, token: str | None = None,
-         connections: ConnectionLimits | None = None) -> None:  # fmt: skip
+         connections: ConnectionLimits | None = None, allowed_hosts: Sequence[str] = ()) -> None:  # fmt: skip
     """Serve ``cfg``'s rewards on ``host:port`` until SIGINT or SIGTERM (the address is taken first: a port in use
-    stops the command before the reward is loaded); ``SystemExit(1)`` when the reward stopped the server."""
+    stops the command before the reward is loaded); ``SystemExit(1)`` when the reward stopped the server. Requests
+    whose ``Host`` names this address, a loopback name or one of ``allowed_hosts`` are answered
+    (:mod:`finecap.serve.hosts`)."""
     from finecap.serve.app import bind, make_server  # Starlette and uvicorn: the serve extra
 
     local = is_loopback(host)
@@ -130,7 +133,8 @@ def main(cfg: Config, *, host: str = "127.0.0.1", port: int = 8000, limits: Limi
     try:
         service = build_service(cfg, limits=limits, batch_size=batch_size, batch_wait=batch_wait_ms / 1000,
                                 log_every=log_every)  # fmt: skip
-        server, sock = make_server(service, host, port, sock=sock, token=token, connections=connections)
+        server, sock = make_server(service, host, port, sock=sock, token=token, connections=connections,
+                                   allowed_hosts=allowed_hosts)  # fmt: skip
     except BaseException:
         sock.close()  # the address is free again when setting the reward up failed (main called by a program)
         raise

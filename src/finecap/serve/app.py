@@ -58,7 +58,7 @@ import secrets
 import signal
 import socket
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -175,8 +175,8 @@ def refusal(error: RequestError) -> Response:
 class Guard:
     """The policy every request passes before its body is read (module docstring, "Host and origin", "Token")."""
 
-    def __init__(self, host: str, token: str | None) -> None:
-        self.hosts = HostPolicy(host)
+    def __init__(self, host: str, token: str | None, allowed_hosts: Iterable[str] = ()) -> None:
+        self.hosts = HostPolicy(host, allowed_hosts)
         self.token = token.encode() if token else None
 
     def check(self, request: Request) -> None:
@@ -184,7 +184,8 @@ class Guard:
         host = request.headers.get("host")
         if not self.hosts.accepts(host):
             raise RequestError("Host", f"{host!r} is not the address this reward server is bound to (a "
-                               "DNS-rebinding request?); use the URL it printed")  # fmt: skip
+                               "DNS-rebinding request?); use the URL it printed, an IP address of this machine, or "
+                               "start the server with --allow-host NAME for a name its clients use")  # fmt: skip
         origin = request.headers.get("origin")
         if origin is not None:
             raise RequestError("Origin", f"requests from web pages ({origin}) are refused: the reward server answers "
@@ -275,10 +276,12 @@ def openrlhf_reply(request: RewardRequest, out: RewardOutput) -> dict[str, Any]:
 
 
 def create_app(service: RewardService, *, host: str = "127.0.0.1", token: str | None = None,
-               connections: ConnectionLimits | None = None) -> Starlette:  # fmt: skip
+               connections: ConnectionLimits | None = None,
+               allowed_hosts: Iterable[str] = ()) -> Starlette:  # fmt: skip
     """The Starlette application serving ``service`` (its worker runs for the application's lifespan) under the
-    policy of a server bound to ``host`` with the bearer ``token`` (or none) (module docstring)."""
-    guard = Guard(host, token)
+    policy of a server bound to ``host`` with the bearer ``token`` (or none), answering the ``Host`` names
+    ``allowed_hosts`` too (module docstring)."""
+    guard = Guard(host, token, allowed_hosts)
     body_timeout = (connections or ConnectionLimits()).body_timeout
     slots = asyncio.Semaphore(BODIES_AT_ONCE)  # large bodies read and checked at once (module docstring)
 
@@ -482,19 +485,19 @@ def bind(host: str, port: int) -> socket.socket:
 
 
 def make_server(service: RewardService, host: str = "127.0.0.1", port: int = 0, sock: socket.socket | None = None,
-                *, token: str | None = None, connections: ConnectionLimits | None = None
-                ) -> tuple[Server, socket.socket]:  # fmt: skip
+                *, token: str | None = None, connections: ConnectionLimits | None = None,
+                allowed_hosts: Iterable[str] = ()) -> tuple[Server, socket.socket]:  # fmt: skip
     """The uvicorn server of ``service`` and its socket: ``sock``, or one bound now (:func:`bind`; ``port`` 0: a free
     port, read it from ``sock.getsockname()``); run it with ``server.run(sockets=[sock])``. Stopped by SIGINT, SIGTERM
     (both a graceful shutdown: the requests in flight are answered, within :data:`SHUTDOWN_GRACE` seconds; one still
     being read or scored then is cut off, and uvicorn answers it with a plain-text 500; a reward call still running
     :attr:`RewardService.stop_wait` seconds later is abandoned, so that the run returns even when a call hangs; a
     second SIGINT ends the stop at once), ``server.should_exit = True``, or a reward that raises ``SystemExit``
-    (:attr:`RewardService.fatal`). ``token`` and ``connections``: module docstring."""
+    (:attr:`RewardService.fatal`). ``token``, ``connections`` and ``allowed_hosts``: module docstring."""
     connections = connections or ConnectionLimits()
     protocol = type("RewardServerProtocol", (GuardedH11Protocol,), {
         "header_timeout": connections.header_timeout, "cap": connections.connection_cap()})  # fmt: skip
-    app = create_app(service, host=host, token=token, connections=connections)
+    app = create_app(service, host=host, token=token, connections=connections, allowed_hosts=allowed_hosts)
     config = uvicorn.Config(app, host=host, port=port, log_level="warning", access_log=False, lifespan="on",
                             timeout_graceful_shutdown=SHUTDOWN_GRACE, backlog=BACKLOG, http=protocol,
                             ws="none")  # fmt: skip

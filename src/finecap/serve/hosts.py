@@ -5,19 +5,23 @@ A web page can make a browser send requests to ``127.0.0.1`` under a name of the
 server first resolved elsewhere and then to this machine ("DNS rebinding"); the browser then reads the answers as the
 page's own. Such a request carries the page's name in ``Host``, so a server answers only a ``Host`` naming the
 address it is bound to or a loopback name (``localhost``, ``127.0.0.1``, ``::1``); bound to a wildcard address
-(``0.0.0.0``, ``::``), also the machine's own names and any IP literal.
+(``0.0.0.0``, ``::``), also the machine's own names and any IP literal; and the names the server is told clients use
+(``finecap serve-reward --allow-host reward``: a docker-compose service, a Kubernetes Service's DNS name).
 
 Example::
 
     >>> policy = HostPolicy("127.0.0.1")
     >>> policy.accepts("127.0.0.1:8000"), policy.accepts("localhost"), policy.accepts("evil.example:8000")
     (True, True, False)
+    >>> HostPolicy("0.0.0.0", allowed=["reward"]).accepts("reward:8000"), HostPolicy("0.0.0.0").accepts("reward:8000")
+    (True, False)
 """
 
 from __future__ import annotations
 
 import ipaddress
 import socket
+from collections.abc import Iterable
 
 LOOPBACK_NAMES = frozenset({"localhost", "127.0.0.1", "::1"})
 WILDCARD_HOSTS = frozenset({"0.0.0.0", "::", ""})
@@ -43,9 +47,9 @@ def is_ip(name: str) -> bool:
 class HostPolicy:
     """The ``Host`` headers a server bound to ``bound`` answers (module docstring)."""
 
-    def __init__(self, bound: str) -> None:
+    def __init__(self, bound: str, allowed: Iterable[str] = ()) -> None:
         name = hostname(bound)
-        self.hosts = set(LOOPBACK_NAMES) | {name}
+        self.hosts = set(LOOPBACK_NAMES) | {name} | {hostname(a) for a in allowed}
         self.wildcard = name in WILDCARD_HOSTS
         if self.wildcard:
             self.hosts |= {socket.gethostname().lower(), socket.getfqdn().lower()}
