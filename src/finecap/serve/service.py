@@ -222,10 +222,11 @@ class CallCheck:
         :class:`~finecap.rewards.NonFiniteReward` naming the reward, the part and the caption otherwise
         (:func:`~finecap.rewards.check_finite`), a float64 value beyond float32's range (about 3.4e38, answered as
         inf) included."""
-        whole = check_finite(out, self.name).split([sum(sizes)])[0]  # the reward's own values named first
+        whole = out.split([sum(sizes)])[0]
         try:
             check_finite(whole, self.name)
         except NonFiniteReward as e:
+            check_finite(out, self.name)  # the reward's own non-finite value, named as such
             raise NonFiniteReward(f"{e} (a value beyond float32's range, about 3.4e38, in which every front end "
                                   "answers)") from None  # fmt: skip
         return whole.split(sizes)
