@@ -256,6 +256,32 @@ def test_overwrite_refuses_a_file_finecap_did_not_make_and_deletes_nothing(make_
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("start", ["checkpoints/last", "checkpoints/last/model", "."])
+def test_overwrite_refuses_a_start_inside_the_run_it_would_delete(make_cfg, start):
+    """A new run overwriting a folder whose own checkpoint (or the folder itself) is its train.init_from: refused
+    before anything is deleted (the checkpoint was removed, then not found, and nothing trained)."""
+    run = train(make_cfg("train.max_steps=1"))
+    before = snapshot(run)
+    init = os.path.normpath(run / start)
+    with pytest.raises(ValueError, match=rf"train.init_from={re.escape(init)}: .*would delete first; nothing was"):
+        train(make_cfg("train.max_steps=1", f"train.init_from={init}"), overwrite=True)
+    assert snapshot(run) == before
+
+
+def test_prepare_run_dir_names_the_option_that_reads_a_removed_file(tmp_path):
+    """The check itself, for every option it is given (an empty one skipped, one outside the run left alone)."""
+    model = tmp_path / "checkpoints" / "last" / "model"
+    model.mkdir(parents=True)
+    reads = {"train.init_from": "", "retriever.checkpoint": str(model)}
+    with pytest.raises(ValueError, match=rf"^retriever.checkpoint={re.escape(str(model))}: the new run reads it"):
+        prepare_run_dir(tmp_path, resume=False, overwrite=True, reads=reads)
+    assert model.is_dir()
+    other = tmp_path.parent / f"{tmp_path.name}-elsewhere"
+    assert prepare_run_dir(tmp_path, resume=False, overwrite=True, reads={"train.init_from": other}) is None
+    assert not (tmp_path / "checkpoints").exists()
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize("left", [".last.tmp", ".best.tmp", "last.old", "best.old", ".last.incomplete"])
 def test_overwrite_replaces_finecaps_own_run_files(make_cfg, left):
     """The same folder with only what finecap leaves (checkpoints, what a kill while saving leaves, an event log whose

@@ -360,7 +360,8 @@ def _train(
     run_dir = run_path(cfg.run)
     found = [""]
     if processes.is_main_process:
-        found = [str(prepare_run_dir(run_dir, resume=resume, overwrite=overwrite) or "")]
+        reads = {"train.init_from": cfg.train.init_from, "retriever.checkpoint": cfg.retriever.checkpoint}
+        found = [str(prepare_run_dir(run_dir, resume=resume, overwrite=overwrite, reads=reads) or "")]
     if processes.num_processes > 1:
         found = broadcast_object_list(found)
     resume_from = Path(found[0]) if found[0] else None

@@ -38,7 +38,7 @@ import math
 import os
 import shutil
 import tempfile
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -572,12 +572,16 @@ OVERWRITE_API = "in Python, finecap.train(..., overwrite=True) replaces finecap'
 """How the Python API starts a run again over a run folder of finecap's (the command line has no such option)."""
 
 
-def prepare_run_dir(run_dir: Path, *, resume: bool, overwrite: bool) -> Path | None:
+def prepare_run_dir(
+    run_dir: Path, *, resume: bool, overwrite: bool, reads: Mapping[str, str | Path | None] | None = None
+) -> Path | None:
     """Check the run directory (main process); returns the checkpoint to resume from, or ``None`` for a fresh start.
 
     - fresh start in a folder holding a run: an error, unless ``overwrite`` (then finecap's own run files
       ``checkpoints/``, ``metrics.jsonl`` and ``trackers/`` are removed, nothing else; when any of them is not
-      recognisably finecap's, :func:`foreign_run_files`, an error naming it, and nothing is deleted);
+      recognisably finecap's, :func:`foreign_run_files`, an error naming it, and nothing is deleted; likewise when
+      one of ``reads`` (``{option: path}``, what the new run will read: ``train.init_from``, the retriever's
+      checkpoint) is one of those files or lies inside them, or holds them: the run folder itself as the start);
     - ``resume``: the newest complete checkpoint (:func:`find_resumable`, promoted to ``last``); a folder with a run
       but nothing resumable is an error listing what was found, and nothing is deleted; an empty folder starts fresh.
 
@@ -619,12 +623,32 @@ def prepare_run_dir(run_dir: Path, *, resume: bool, overwrite: bool) -> Path | N
                 f"({', '.join(str(p) for p in foreign)}); overwriting removes only finecap's own run files, so "
                 "nothing was deleted: move them, or choose another run.name / run.dir"
             )
-        for old in (run_dir / CHECKPOINTS_DIR, run_dir / METRICS_FILE, run_dir / TRACKERS_DIR):
+        olds = (run_dir / CHECKPOINTS_DIR, run_dir / METRICS_FILE, run_dir / TRACKERS_DIR)
+        refuse_reading_removed(olds, reads or {})
+        for old in olds:
             if old.is_dir():
                 shutil.rmtree(old)
             elif old.exists():
                 old.unlink()
     return None
+
+
+def refuse_reading_removed(removed: Sequence[Path], reads: Mapping[str, str | Path | None]) -> None:
+    """A ``ValueError`` naming the option when a path the new run reads (``{option: path}``, empty ones skipped) is
+    one of the ``removed`` files, lies inside one, or holds one (a run folder given as the start is read through its
+    ``checkpoints/``): overwriting would delete it before it is read."""
+    for option, value in reads.items():
+        if not value:
+            continue
+        read = Path(os.path.realpath(value))
+        for old in removed:
+            gone = Path(os.path.realpath(old))
+            if old.exists() and (read.is_relative_to(gone) or gone.is_relative_to(read)):
+                raise ValueError(
+                    f"{option}={value}: the new run reads it from {old}, which overwriting the run in "
+                    f"{old.parent} would delete first; nothing was deleted: copy it elsewhere and point {option} "
+                    "there, or choose another run.name / run.dir"
+                )
 
 
 def continue_unfinished(run_dir: Path, *, what: str, ways_out: str) -> tuple[bool, bool]:
