@@ -81,6 +81,19 @@ def test_a_former_key_and_its_new_one_set_apart_in_one_file_are_refused(tmp_path
         (["grpo.scale_rewards=batch"], "grpo.scale_rewards", "set grpo.advantage=group as well"),
         (["grpo.iterations=2"], "grpo.iterations", "needs grpo.policy_loss=clipped"),
         (["grpo.kl_coef=0.1"], "grpo.kl_coef", "needs grpo.policy_loss=clipped"),
+        # read only by the clipped loss: with the default reinforce loss they trained exactly as without them
+        (["grpo.loss_aggregation=token"], "grpo.loss_aggregation", "needs grpo.policy_loss=clipped"),
+        (["grpo.clip_low=0.1"], "grpo.clip_low", "needs grpo.policy_loss=clipped"),
+        (["grpo.clip_high=0.28"], "grpo.clip_high", "needs grpo.policy_loss=clipped"),
+        (["grpo.importance=sequence"], "grpo.importance", "needs grpo.policy_loss=clipped"),
+        (["grpo.kl_bias_correction=false"], "grpo.kl_bias_correction", "needs grpo.policy_loss=clipped"),
+        # the group's mean is the baseline of group advantages
+        (
+            ["grpo.advantage=group", "rl.samples=4", "rl.baseline=mean"],
+            "rl.baseline",
+            "is not used with grpo.advantage=group",
+        ),
+        (["grpo.advantage=group", "rl.samples=4", "rl.mean_momentum=0.9"], "rl.mean_momentum", "is not used with"),
         (["grpo.advantage=group", "rl.samples=1"], "rl.samples", "must be >= 2 with grpo.advantage=group"),
         (["rl.alarms={kl: 0.5}"], "rl.alarms.kl", "needs grpo.kl_coef > 0"),
         (["rl.alarms={failed: 2}"], "rl.alarms.failed", "must be in [0, 1]"),

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING, Literal
 
 from finecap.config.fields import Section, check, doc
@@ -16,6 +16,16 @@ RewardAggregation = Literal["sum_then_normalize", "normalize_then_sum"]
 PolicyLoss = Literal["reinforce", "clipped"]
 Importance = Literal["token", "sequence"]
 LossAggregation = Literal["sequence", "token", "constant"]
+CLIPPED_ONLY = (
+    "iterations",
+    "clip_low",
+    "clip_high",
+    "importance",
+    "loss_aggregation",
+    "kl_coef",
+    "kl_bias_correction",
+)
+"""The options only ``grpo.policy_loss=clipped`` reads: refused at another value than their default without it."""
 
 
 @dataclass
@@ -87,8 +97,13 @@ class GRPOConfig(Section, name="grpo"):
             "is not used with grpo.reward_aggregation=normalize_then_sum (each reward is scaled by its group's std, "
             "their sum by the batch's)",
         )
-        for key, unused in (("iterations", self.iterations == 1), ("kl_coef", self.kl_coef == 0)):
-            check(unused or self.policy_loss == "clipped", f"grpo.{key}", "needs grpo.policy_loss=clipped")
+        for f in fields(self):  # read only by the clipped loss: set without it, they would change nothing
+            if f.name in CLIPPED_ONLY:
+                check(
+                    getattr(self, f.name) == f.default or self.policy_loss == "clipped",
+                    f"grpo.{f.name}",
+                    "needs grpo.policy_loss=clipped",
+                )
 
     def check_config(self, cfg: Config) -> None:
         check(
@@ -96,3 +111,11 @@ class GRPOConfig(Section, name="grpo"):
             "rl.samples",
             "must be >= 2 with grpo.advantage=group (an image's samples are its group)",
         )
+        defaults = {f.name: f.default for f in fields(cfg.rl)}
+        for key in ("baseline", "mean_momentum"):  # the group mean is the baseline
+            check(
+                self.advantage != "group" or getattr(cfg.rl, key) == defaults[key],
+                f"rl.{key}",
+                "is not used with grpo.advantage=group (the group's mean is the baseline): leave it out, or set "
+                "grpo.advantage=baseline",
+            )
