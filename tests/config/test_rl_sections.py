@@ -6,6 +6,7 @@ both; each section's checks, and the checks across sections, name their key."""
 from __future__ import annotations
 
 import dataclasses
+import logging
 
 import pytest
 import yaml
@@ -124,3 +125,29 @@ def test_a_resume_compares_a_run_stored_before_the_split_under_the_new_keys(tmp_
     saved.write_text(yaml.safe_dump(old_layout(before), sort_keys=False))
     now = load(None, ["grpo.advantage=group", "grpo.policy_loss=clipped", "grpo.kl_coef=0.1"]).saved_dict()
     assert config_changes(saved, now) == ["grpo.kl_coef: 0.04 -> 0.1"]
+
+
+@pytest.mark.parametrize(
+    ("sections", "unread"),
+    [
+        ({"grpo": {"policy_loss": "reinforce", "loss_aggregation": "token", "clip_high": 0.28}},
+         ["grpo.clip_high", "grpo.loss_aggregation"]),
+        ({"rl": {"samples": 4, "baseline": "mean", "mean_momentum": 0.9}, "grpo": {"advantage": "group"}},
+         ["rl.baseline", "rl.mean_momentum"]),
+        ({"rl": {"samples": 4, "advantage": "group", "baseline": "mean"}}, ["rl.baseline"]),  # before the split
+    ],
+)  # fmt: skip
+def test_a_stored_run_with_options_it_never_read_loads_without_them(tmp_path, caplog, sections, unread):
+    """Options refused now because they change nothing: a run stored before was trained exactly as without them, so
+    its configuration loads (captioning, export, reports of it) with their defaults, and says which it dropped; a new
+    configuration with them is refused."""
+    caplog.set_level(logging.INFO, logger="finecap")
+    stored = tmp_path / "config.yaml"
+    stored.write_text(yaml.safe_dump({"train": {"objective": "reinforce"}, **sections}))
+    with pytest.raises(ConfigError, match="needs grpo.policy_loss=clipped|is not used with grpo.advantage=group"):
+        load(str(stored))
+    cfg = load_stored(stored)
+    for option in unread:
+        section, key = option.split(".")
+        assert getattr(getattr(cfg, section), key) == getattr(getattr(Config(), section), key), option
+    assert f"read without {', '.join(unread)}, which the run set but never read" in caplog.text

@@ -4,6 +4,7 @@ key moved migrated (:data:`~finecap.config.sections.MOVED_KEYS`)."""
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 from typing import Any
 
@@ -11,9 +12,12 @@ from finecap.config.fields import ConfigError
 from finecap.config.loading import from_dict, load, parse_override, renamed_keys
 from finecap.config.paths import absolute_path_values
 from finecap.config.sections import MOVED_KEYS, Config, ModelConfig, moved_key
+from finecap.config.sections.grpo import never_read
 from finecap.recipes import resolve_recipe
 from finecap.registry import TRUST_ENV, is_dotted_path, trusted_code
 from finecap.utils.reading import read_yaml_mapping
+
+log = logging.getLogger(__name__)
 
 CODE_OPTIONS = ("model.kind", "data.format", "decode.engine", "judge.name", "eval.metrics")
 """The options naming code (a registry name, or a dotted path ``pkg.module:attr`` that is imported) that the commands
@@ -51,6 +55,21 @@ def migrate_moved_keys(data: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def without_unread(data: dict[str, Any], path: Path) -> dict[str, Any]:
+    """Sections with the options the stored run set but never read dropped
+    (:func:`~finecap.config.sections.grpo.never_read`; logged), so that a run stored before they were refused loads."""
+    grpo, rl = (data.get(name) if isinstance(data.get(name), dict) else {} for name in ("grpo", "rl"))
+    unread = never_read(grpo, rl)
+    if not unread:
+        return data
+    log.info("%s: read without %s, which the run set but never read", path, ", ".join(unread))
+    out = {name: dict(values) if isinstance(values, dict) else values for name, values in data.items()}
+    for option in unread:
+        section, key = option.split(".")
+        del out[section][key]
+    return out
+
+
 def load_stored(path: str | Path, overrides: list[str] | None = None, recipe: str | Path | None = None,
                 for_training: bool = False) -> Config:  # fmt: skip
     """A configuration finecap stored (a run's or checkpoint's ``config.yaml``) with a ``recipe``'s keys and the
@@ -67,7 +86,7 @@ def load_stored(path: str | Path, overrides: list[str] | None = None, recipe: st
         data = read_yaml_mapping(path, "a stored configuration must be a mapping of sections")
     except ValueError as e:
         raise ConfigError(str(e)) from None
-    data = absolute_path_values(migrate_moved_keys(data), path.parent)
+    data = absolute_path_values(without_unread(migrate_moved_keys(data), path), path.parent)
     stored = from_dict(data, f"{path}: ")  # the stored file alone is valid; errors name it
     cfg = load(recipe, overrides, base=data)
     check_stored_code(path, stored, cfg, recipe, overrides or [], for_training)

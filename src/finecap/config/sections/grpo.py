@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, fields
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from finecap.config.fields import Section, check, doc
+from finecap.config.sections.rl import RLConfig
 
 if TYPE_CHECKING:
     from finecap.config.sections import Config
@@ -26,6 +28,8 @@ CLIPPED_ONLY = (
     "kl_bias_correction",
 )
 """The options only ``grpo.policy_loss=clipped`` reads: refused at another value than their default without it."""
+GROUP_UNUSED = ("baseline", "mean_momentum")
+"""The ``rl`` options ``grpo.advantage=group`` never reads (the group's mean is the baseline)."""
 
 
 @dataclass
@@ -112,10 +116,26 @@ class GRPOConfig(Section, name="grpo"):
             "must be >= 2 with grpo.advantage=group (an image's samples are its group)",
         )
         defaults = {f.name: f.default for f in fields(cfg.rl)}
-        for key in ("baseline", "mean_momentum"):  # the group mean is the baseline
+        for key in GROUP_UNUSED:
             check(
                 self.advantage != "group" or getattr(cfg.rl, key) == defaults[key],
                 f"rl.{key}",
                 "is not used with grpo.advantage=group (the group's mean is the baseline): leave it out, or set "
                 "grpo.advantage=baseline",
             )
+
+
+def never_read(grpo: Mapping[str, Any], rl: Mapping[str, Any]) -> list[str]:
+    """The options of a stored ``grpo`` and ``rl`` section (``{key: value}`` as the file holds them) that the run set
+    to other values than their defaults but never read: :data:`CLIPPED_ONLY` without ``policy_loss: clipped``,
+    :data:`GROUP_UNUSED` with ``advantage: group``. A new configuration refuses them; a run stored before that was
+    trained exactly as without them, so its configuration is read without them
+    (:func:`finecap.config.stored.load_stored`)."""
+    ours = {f.name: f.default for f in fields(GRPOConfig)}
+    theirs = {f.name: f.default for f in fields(RLConfig)}
+    out = []
+    if grpo.get("policy_loss", ours["policy_loss"]) != "clipped":
+        out += [f"grpo.{k}" for k in CLIPPED_ONLY if k in grpo and grpo[k] != ours[k]]
+    if grpo.get("advantage", ours["advantage"]) == "group":
+        out += [f"rl.{k}" for k in GROUP_UNUSED if k in rl and rl[k] != theirs[k]]
+    return out
