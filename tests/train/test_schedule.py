@@ -3,7 +3,7 @@ import math
 import pytest
 import torch
 
-from finecap.train.schedule import build_scheduler, lr_factor
+from finecap.train.schedule import build_scheduler, lr_factor, short_run_note
 
 
 def factors(kind, warmup, total):
@@ -49,3 +49,23 @@ def test_the_rate_stays_at_zero_after_the_last_step(kind):
     # again if the progress were not held at 1
     for step in (10, 11, 15, 30):
         assert lr_factor(step, warmup=2, total=10, kind=kind) == pytest.approx(0.0, abs=1e-12)
+
+
+def test_a_warmup_not_below_the_runs_steps_is_named():
+    """A recipe's warmup on a small data set: the peak the rate reaches, and what to change."""
+    assert short_run_note(warmup=100, total=10) == (
+        "train.warmup_steps=100 is not below this run's 10 optimizer steps: the learning rate rises to 10% of "
+        "train.lr at the last step and never decays; lower train.warmup_steps (e.g. to a tenth of the steps) or "
+        "train longer (train.epochs)"
+    )
+    assert "rises to 100% of train.lr" in short_run_note(warmup=10, total=10)
+    assert short_run_note(warmup=9, total=10) is None and short_run_note(warmup=0, total=1) is None
+
+
+@pytest.mark.slow
+def test_training_warns_when_the_warmup_outlasts_the_run(make_cfg, caplog):
+    from finecap.train.run import train
+
+    train(make_cfg("train.max_steps=2", "train.warmup_steps=8"))
+    want = "train.warmup_steps=8 is not below this run's 2 optimizer steps: the learning rate rises to 25%"
+    assert want in caplog.text

@@ -62,7 +62,7 @@ from finecap.train.fingerprint import check_run_dir as check_fingerprints_of_run
 from finecap.train.fingerprint import is_fingerprints_file, write_fingerprints
 from finecap.train.logging import masked_argv, placed_trackers, tracker_config
 from finecap.train.prepare import prepare_needs
-from finecap.train.schedule import build_scheduler
+from finecap.train.schedule import build_scheduler, short_run_note
 from finecap.train.setup import (
     CaptionData,
     build_data,
@@ -228,6 +228,9 @@ def _build_run(
     sampler = repeat_batches(get_sampler(cfg, data.train, global_batch), objective.batch_repeats)  # grpo.iterations
     total = total_steps(cfg.train, sampler)
     scheduler = build_scheduler(optimizer, warmup=cfg.train.warmup_steps, total=total, kind=cfg.train.schedule)
+    short = short_run_note(warmup=cfg.train.warmup_steps, total=total)
+    if short and accelerator.is_main_process:
+        log.warning(short)
     objective.setup(TrainContext(cfg, accelerator, data.train_records, model.tokenizer, run_dir))
 
     acc_device = accelerator.device

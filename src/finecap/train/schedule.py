@@ -49,6 +49,19 @@ def build_scheduler(
     return torch.optim.lr_scheduler.LambdaLR(optimizer, partial(lr_factor, warmup=warmup, total=total, kind=kind))
 
 
+def short_run_note(*, warmup: int, total: int) -> str | None:
+    """A warning when ``train.warmup_steps`` is not below the run's ``total`` optimizer steps (a recipe's warmup on a
+    small data set): the learning rate peaks at ``total / warmup`` of ``train.lr``, at the last step, and never
+    decays; ``None`` otherwise."""
+    if warmup <= 0 or warmup < total:
+        return None
+    return (
+        f"train.warmup_steps={warmup} is not below this run's {total} optimizer steps: the learning rate rises to "
+        f"{lr_factor(total - 1, warmup=warmup, total=total, kind='constant'):.0%} of train.lr at the last step and "
+        "never decays; lower train.warmup_steps (e.g. to a tenth of the steps) or train longer (train.epochs)"
+    )
+
+
 def schedule_of(scheduler: torch.optim.lr_scheduler.LRScheduler) -> tuple[int, int, str]:
     """``(warmup, total, kind)`` of a scheduler made by :func:`build_scheduler` (a resumed run compares its saved
     learning rates with them: :mod:`finecap.train.resume_checks`); ``ValueError`` for any other scheduler.
