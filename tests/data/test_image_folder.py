@@ -477,3 +477,18 @@ def test_train_and_caption_from_an_image_folder_without_split_keys(tmp_path, tin
     lines = [line for line in err.splitlines() if line.startswith("finecap: ")]
     assert code == 2 and "Traceback" not in err and len(lines) == 1, err
     assert f"{folder / 'bad.png'}: damaged image" in lines[0] or f"{folder / 'empty.jpg'}: not an image" in lines[0]
+
+
+def test_a_coco_file_missing_a_training_split_says_which_formats_can_hold_one(tmp_path):
+    """A COCO file is the one split its name says: the advice for a missing split is another format, not 'another
+    annotation file', which data.path could never take beside it."""
+    images(tmp_path, ["a.png"])
+    data = tmp_path / "captions_train.json"
+    data.write_text(json.dumps({"images": [{"id": 1, "file_name": "a.png"}],
+                                "annotations": [{"image_id": 1, "caption": "a square"}]}))  # fmt: skip
+    cfg = load(None, ["data.format=coco", f"data.path={data}"])
+    assert len(load_records(cfg, "train")) == 1
+    with pytest.raises(ValueError, match=r"no records in split 'val'; splits present: train; give some records split "
+                                         r"'val' \(a COCO file holds the one split its name says .*write the captions "
+                                         r"as JSONL or in the Karpathy format"):  # fmt: skip
+        load_records(cfg, "val")

@@ -147,5 +147,8 @@ FORMAT = Format(
     "coco",
     _read,
     detect=_detect,
-    split_hint="another annotation file (the split is read from the file name: train, val or test)",
+    split_hint=(
+        "a COCO file holds the one split its name says (train, val or test, else test) and data.path reads one file: "
+        "to train, which needs train and val, write the captions as JSONL or in the Karpathy format (docs/data.md)"
+    ),
 )
