@@ -68,7 +68,8 @@ def load_for_captioning(checkpoint: str | Path, cfg: Config, device: torch.devic
     from finecap.runs import model_dir
 
     with loading_onto(device):
-        model = load_captioner(model_dir(checkpoint), options=LoadOptions.of(cfg.model))
+        encoder_at = None if cfg.model.encoder == "world" else cfg.model.encoder  # a frozen encoder that moved
+        model = load_captioner(model_dir(checkpoint), options=LoadOptions.of(cfg.model), encoder_at=encoder_at)
     return model.to(device).eval()
 
 

@@ -128,3 +128,29 @@ def test_a_bfloat16_clipcaps_export_computes_as_the_run(tiny, tmp_path):
     again = tmp_path / "again"  # an export of the export (no run configuration): the dtype its folder records
     assert run_cli(["export", str(export), "--merged", str(again)])[0] == 0
     assert set(memory.part_dtypes(Captioner.from_pretrained(again, device="cpu").model)["lm"].values()) == {"bfloat16"}
+
+
+def test_an_export_whose_frozen_encoder_moved_captions_with_model_encoder(run, tmp_path, capsys):
+    """The export refers to the CLIP folder it was trained with by its absolute path: on another machine (or after a
+    move) model.encoder names where it is now, and without it the error says so; an encoder still where the
+    checkpoint says is always the one read."""
+    from PIL import Image
+
+    run_dir, _ = run
+    out = tmp_path / "exported"
+    assert main(["export", str(run_dir), "--merged", str(out)]) == 0
+    photos = tmp_path / "photos"
+    photos.mkdir()
+    for i in range(2):
+        Image.new("RGB", (16, 16), (40 * i, 90, 200)).save(photos / f"p{i}.png")
+    before = main(["caption", "--checkpoint", str(out), "--images", str(photos), "--out", str(tmp_path / "a.json")])
+    assert before == 0
+    (tmp_path / "clip").rename(tmp_path / "clip-moved")
+    capsys.readouterr()
+    args = ["caption", "--checkpoint", str(out), "--images", str(photos), "--out", str(tmp_path / "b.json")]
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert f"the frozen encoder it refers to, {tmp_path / 'clip'}, is not there" in err
+    assert "name where it is now with model.encoder=PATH" in err
+    assert main([*args, f"model.encoder={tmp_path / 'clip-moved'}"]) == 0
+    assert json.loads((tmp_path / "b.json").read_text()) == json.loads((tmp_path / "a.json").read_text())

@@ -54,6 +54,7 @@ from __future__ import annotations
 import abc
 import contextlib
 import functools
+import logging
 from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
@@ -76,6 +77,8 @@ from finecap.models.captioner import (
 from finecap.runs import CAPTIONER_FILE, CheckpointError
 from finecap.utils.files import write_json
 from finecap.utils.reading import read_json
+
+log = logging.getLogger(__name__)
 
 if TYPE_CHECKING:
     from finecap.config import Config
@@ -542,17 +545,19 @@ class CaptionerBase(nn.Module, abc.ABC):
             self.model.save_pretrained(out, state_dict=lora.plain_state(strip_prefix(state, "model.")))
 
     @classmethod
-    def from_checkpoint(cls, path: str | Path, load_encoder: bool = True,
-                        options: memory.LoadOptions | None = None) -> CaptionerBase:  # fmt: skip
+    def from_checkpoint(cls, path: str | Path, load_encoder: bool = True, options: memory.LoadOptions | None = None,
+                        encoder_at: str | None = None) -> CaptionerBase:  # fmt: skip
         """Load a folder written by :meth:`save`. ``load_encoder=False`` skips a frozen dual encoder the folder
-        refers to (batches must then carry cached ``features``); ``options``: dtype, attention and quantization of the
+        refers to (batches must then carry cached ``features``); ``encoder_at``: where that encoder is now, read
+        instead when the local folder the checkpoint records is gone (a run or export copied to another machine;
+        ``model.encoder`` when captioning); ``options``: dtype, attention and quantization of the
         loaded models (``model.*``; default float32). Adapters are loaded unmerged and trainable
         (:func:`finecap.models.lora.merge_lora` merges them). Loading is strict (:mod:`finecap.models.strict`): a
         weight file that does not fit the model exactly or holds NaN or infinity, and adapters that are not what
         ``captioner.json`` records or lie outside the folder, are a :class:`~finecap.runs.CheckpointError` naming the
         file."""
         path = Path(path)
-        meta = read_meta(path)
+        meta = cls.relocated_encoder(read_meta(path), encoder_at)
         model = cls.load_weights(path, meta, load_encoder, options or memory.LoadOptions())
         if meta.get("lora"):
             lora.load_adapters(model, path, meta["lora"])
@@ -582,6 +587,19 @@ class CaptionerBase(nn.Module, abc.ABC):
         starting from the checkpoint would train the checkpoint's model under a configuration naming another
         (:func:`finecap.models.backbones.check_backbone`). Default: none."""
         return []
+
+    @classmethod
+    def relocated_encoder(cls, meta: dict[str, Any], encoder_at: str | None) -> dict[str, Any]:
+        """``meta`` (a ``captioner.json``) with its frozen dual encoder's source replaced by ``encoder_at`` when the
+        source recorded is a local folder that no longer exists (logged); unchanged otherwise: an encoder still where
+        the checkpoint says is the one it was trained with."""
+        source = cls.external_encoder(meta)
+        if not (source and encoder_at) or encoder_at == source:
+            return meta
+        if not Path(source).is_absolute() or Path(source).exists():
+            return meta
+        log.info("the frozen encoder %s the checkpoint records is gone: reading model.encoder=%s", source, encoder_at)
+        return {**meta, cls.DUAL_SOURCE_KEY: encoder_at}
 
     @classmethod
     def external_encoder(cls, meta: dict[str, Any]) -> str | None:
@@ -624,6 +642,12 @@ class CaptionerBase(nn.Module, abc.ABC):
         source = meta.get(cls.DUAL_SOURCE_KEY)
         if not (source and load_encoder):
             return None
+        if Path(source).is_absolute() and not Path(source).exists():  # else transformers reads it as a Hub id
+            raise CheckpointError(
+                f"{path / CONFIG_NAME}: the frozen encoder it refers to, {source}, is not there (moved, or the "
+                "checkpoint came from another machine): name where it is now with model.encoder=PATH (Python: "
+                "encoder_at=PATH), or load_encoder=False to use cached features"
+            )
         try:
             encoder = encoder_cls.from_pretrained(source, dtype)
         except OSError as e:
