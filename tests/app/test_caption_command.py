@@ -174,6 +174,13 @@ def test_data_given_is_not_split_by_the_training_datas_fractions(beam_run, world
     from_recipe = resolve(run, data=photos, recipe=str(recipe)).cfg.data
     assert (from_recipe.val_fraction, from_recipe.images) == (0.0, "")
     assert resolve(run).cfg.data.val_fraction == 0.25  # the run's own data keeps its settings
+    # ... and is never split otherwise: the test split would hold images the run trained or validated on (a new
+    # user followed 'set data.test_fraction' and captioned two training images as test)
+    for change in ("data.test_fraction=0.5", "data.val_fraction=0.1", "data.split_seed=4"):
+        key = change.split("=")[0]
+        with pytest.raises(ValueError, match=rf"^{key}=.*: the run was trained on this data set split with {key}="):
+            resolve(run, overrides=[change])
+    assert resolve(run, overrides=["data.val_fraction=0.25"]).cfg.data.val_fraction == 0.25  # the same: free
     out = main(checkpoint=run, data=photos, split="train", out=tmp_path / "photos.json")
     assert len(read_results(out)) == 4
 

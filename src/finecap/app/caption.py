@@ -71,7 +71,11 @@ class CaptionSetup:
     data_from_command_line: bool
 
 
-DATA_SET_OPTIONS = ("val_fraction", "test_fraction", "split_seed", "allow_outside_paths")
+SPLIT_OPTIONS = ("val_fraction", "test_fraction", "split_seed")
+"""The ``data`` options that split a data set's images without a split of their own (:mod:`finecap.data.splits`)."""
+
+
+DATA_SET_OPTIONS = (*SPLIT_OPTIONS, "allow_outside_paths")
 """``data`` options that describe the training data set, reset to their defaults when ``--data`` names another (the
 ``data.hf`` columns too), unless given on the command line."""
 
@@ -92,6 +96,8 @@ def resolve(
     stored = stored_config(ckpt)
     if stored is not None:
         cfg = load_stored(stored, overrides, recipe=recipe)
+        if data is None:
+            check_same_splits(load_stored(stored), cfg)
     else:  # an export or bare model folder: its generation_config.json gives the decoding
         cfg = folder_config(model_dir(ckpt), recipe, overrides)
     given = {parse_override(item)[0][0] for item in overrides}
@@ -120,6 +126,22 @@ def resolve(
         cfg = dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, skip_bad_images=True))
     from_command_line = data is not None or recipe is not None or bool(given & {"data", "world"})
     return CaptionSetup(ckpt, cfg, stored, from_command_line)
+
+
+def check_same_splits(run: Config, cfg: Config) -> None:
+    """Refuse to caption the data set a run trained on (``run``: its stored configuration) split otherwise (``cfg``:
+    with the command line's changes): other fractions or seed move images the run trained or validated on into the
+    split captioned, and their scores would be those of training images. Another data set (``data.path``) is free."""
+    if (cfg.data.format, cfg.data.path) != (run.data.format, run.data.path):
+        return
+    for key in SPLIT_OPTIONS:
+        theirs, ours = getattr(run.data, key), getattr(cfg.data, key)
+        if theirs != ours:
+            raise ValueError(
+                f"data.{key}={ours}: the run was trained on this data set split with data.{key}={theirs}; split "
+                "otherwise, the split captioned would hold images the run trained or validated on. Caption images "
+                "it never saw: --images FOLDER, or --data FILE of captions it was not trained on"
+            )
 
 
 def describe_decoding(cfg: Config) -> str:
