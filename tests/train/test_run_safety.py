@@ -451,3 +451,19 @@ def test_a_runs_own_fingerprints_json_is_replaced_by_the_next_run(make_cfg):
     (run / "fingerprints.json").write_text(json.dumps({**written, "data": None}))  # finecap's layout, other content
     train(cfg, overwrite=True)
     assert json.loads((run / "fingerprints.json").read_text()) == written  # written again by the next run
+
+
+def test_a_missing_split_is_named_before_any_model_is_loaded(make_cfg, tmp_path):
+    """A data set without a val split stopped only after the language model had loaded (a new user's run spent 51 s
+    retrying the Hub for clipcap.lm=gpt2 and reported that, not the data); the splits are read first."""
+    from PIL import Image
+
+    lines = []
+    for i in range(3):
+        Image.new("RGB", (32, 32), (80 * i, 30, 160)).save(tmp_path / f"p{i}.png")
+        lines.append(json.dumps({"image": f"p{i}.png", "captions": ["a red circle"]}))
+    data = tmp_path / "captions.jsonl"
+    data.write_text("\n".join(lines) + "\n")
+    cfg = make_cfg("data.format=jsonl", f"data.path={data}", f"clipcap.lm={tmp_path / 'no-such-lm'}")
+    with pytest.raises(ValueError, match=r"captions.jsonl: no records in split 'val'"):
+        train(cfg)

@@ -35,7 +35,7 @@ from accelerate.utils import broadcast_object_list
 
 from finecap.config import Config
 from finecap.contract import TrainContext
-from finecap.data.datasets import to_device
+from finecap.data.datasets import load_records, to_device, validation_records
 from finecap.data.loading import LoaderSettings
 from finecap.data.samplers import get_sampler, repeat_batches
 from finecap.home import run_path, world_path
@@ -209,6 +209,10 @@ def _build_run(
     if fresh:
         check_before_building(cfg)  # before the world and its encoder are made (seconds, not minutes)
     prepare_needs(cfg, run_needs(cfg, objective, factories, fresh=fresh), processes)
+    # the splits read before any model is loaded: a missing split is named in seconds, not after minutes of loading
+    # (or of retrying a download of) the weights; build_data reads them again from the reader's cache
+    load_records(cfg, "train")
+    validation_records(cfg)
     # After preparing: accelerate keeps one gradient-accumulation state per process, which an Accelerator made
     # while preparing (the world encoder's engine) would have set for itself.
     accelerator = make_accelerator(cfg.train, run_dir if writes else None)
