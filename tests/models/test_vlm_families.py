@@ -167,6 +167,42 @@ def test_beam_captions_equal_generate(tiny):
         assert all(t in (tiny.pad_token_id, tiny.eos_token_id) for t in seq[n:]), row  # beam search pads with EOS
 
 
+def test_gemma3_captions_end_with_end_of_turn_where_generate_stops(tmp_path):
+    """Gemma 3 as ``google/gemma-3-*-it`` is (the tiny builder's): the tokenizer's EOS is ``<eos>``,
+    ``generation_config.eos_token_id`` is ``[<eos>, <end_of_turn>]`` and the chat template ends an assistant turn with
+    ``<end_of_turn>``. Training targets end with ``<end_of_turn>``; finecap's greedy captions equal ``generate``'s
+    when the model ends its answer with ``<end_of_turn>`` (its head made to prefer it at the second step); the saved
+    ``generation_config.json`` stops at ``<end_of_turn>`` first."""
+    from transformers import GenerationConfig
+
+    from finecap.train.checkpoint import write_generation_config
+
+    model, processor = tiny_family("gemma3")
+    tok = processor.tokenizer
+    eos, eot = tok.convert_tokens_to_ids("<eos>"), tok.convert_tokens_to_ids("<end_of_turn>")
+    assert (tok.eos_token_id, model.generation_config.eos_token_id) == (eos, [eos, eot])
+    vlm = Vlm(model, processor, source="tiny-gemma3").eval()
+    assert vlm.eos_token_id == eot and vlm.stop_token_ids() == [eot, eos]
+    batch = batch_of(vlm)
+    ends = batch["input_ids"].gather(1, batch["attention_mask"].sum(1, keepdim=True) - 1)[:, 0]  # (B,)
+    assert ends.tolist() == [eot] * len(ends)
+    enc = processor_batch(vlm, pictures(2, seed=1))
+    start = enc["input_ids"].shape[1]
+    with torch.no_grad():
+        first = model.generate(**enc, max_new_tokens=6, do_sample=False)[:, start:]
+        head = model.get_output_embeddings().weight
+        head[eot] = head[first[0, 1]] * 3  # <end_of_turn> wins where the first row's second token did
+        theirs = model.generate(**enc, max_new_tokens=6, do_sample=False)[:, start:].tolist()
+    got = vlm.generate(ours(enc), DecodeConfig(strategy="greedy", max_length=6))
+    assert eot in theirs[0]
+    for row, seq in enumerate(theirs):
+        n = int(got.lengths[row])
+        assert got.sequences[row, :n].tolist() == seq[:n], row
+        assert all(t == vlm.pad_token_id for t in seq[n:]), row
+    write_generation_config(tmp_path, DecodeConfig(), tok, vlm.end_token_ids)
+    assert GenerationConfig.from_pretrained(tmp_path).eos_token_id == [eot, eos]
+
+
 def levers_model(family: str, checkpointing: bool) -> Vlm:
     """A tiny ``family`` VLM with finecap's GPU levers: bf16 frozen weights, LoRA on the language model (float32,
     B drawn at random so the adapters matter), gradient checkpointing on or off (``memory.prepare_training``)."""

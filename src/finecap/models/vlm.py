@@ -10,9 +10,12 @@ and image processing all come from the checkpoint.
 **Prompt and caption.** Every image is captioned after the same chat prompt: a user turn holding the image and
 ``vlm.prompt`` (default ``Describe the image.``), rendered with the processor's chat template and its
 generation prompt (``... Assistant:``), the image placeholder expanded by the processor to the model's image tokens.
-The caption is the assistant's answer: the caption tokens followed by the tokenizer's EOS, which must be the token
-that ends an assistant turn (``<end_of_utterance>`` for SmolVLM, ``<|im_end|>`` for Qwen2-VL, ``</s>`` for LLaVA-1.5)
-and one of ``generation_config.eos_token_id`` (checked), so decoding stops where ``generate`` stops. The collator
+The caption is the assistant's answer: the caption tokens followed by the token that ends an assistant turn
+(:attr:`Vlm.eos_token_id`: read from the chat template, the first token after an answer that is one of
+``generation_config.eos_token_id``: ``<end_of_utterance>`` for SmolVLM, ``<|im_end|>`` for Qwen2-VL,
+``<end_of_turn>`` for Gemma 3, whose tokenizer's EOS is ``<eos>``; else the tokenizer's EOS, ``</s>`` for LLaVA-1.5,
+which must then be one of them: checked). Decoding stops at it and at the model's other stop tokens
+(:attr:`Vlm.end_token_ids`), where ``generate`` stops. The collator
 pre-processes images into ``prompt_ids`` / ``prompt_mask`` (left-padded, as ``generate`` pads a batch of prompts) plus
 the family's image inputs (``pixel_values`` and ``pixel_attention_mask`` / ``image_grid_thw`` / ``image_sizes``); the
 captions are the batch's ``input_ids`` as for every backbone.
@@ -414,6 +417,52 @@ def processor_options(family: Family, processor: Any, section: VlmBackboneConfig
     return options
 
 
+ANSWER_MARKER = "a red circle"
+"""The assistant answer :func:`answer_context` renders to find what the chat template writes around an answer."""
+
+
+def answer_context(processor: Any, messages: list[dict[str, Any]], prompt_text: str) -> tuple[str, str]:
+    """What the chat template writes around an assistant answer: ``(before, after)``, the text between the generation
+    prompt (``prompt_text``, rendered from ``messages``) and the answer, and the text after the answer (the end of the
+    assistant turn: ``"<end_of_turn>\n"`` for Gemma 3), from ``messages`` followed by an assistant turn holding
+    :data:`ANSWER_MARKER`. ``("", "")`` where the template does not render that conversation or the answer."""
+    turn = {"role": "assistant", "content": [{"type": "text", "text": ANSWER_MARKER}]}
+    try:
+        full = apply_chat_template(processor, [*messages, turn], tokenize=False)
+    except ValueError:  # a template that refuses an assistant turn: the tokenizer's EOS ends captions
+        return "", ""
+    at = full.find(ANSWER_MARKER, len(prompt_text) if full.startswith(prompt_text) else 0)
+    if at < 0:
+        return "", ""
+    before = full[len(prompt_text) : at] if full.startswith(prompt_text) else ""
+    return before, full[at + len(ANSWER_MARKER) :]
+
+
+def model_stop_tokens(model: Any) -> list[int]:
+    """The model's stop tokens, ``generation_config.eos_token_id`` as a list (``[]``: none set)."""
+    stops = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+    return [int(stops)] if isinstance(stops, int) else [int(t) for t in stops or []]
+
+
+def caption_end(tokenizer: Any, after: str, stops: Sequence[int], source: str = "") -> int:
+    """The token that ends a caption: the first token of ``after`` (what the chat template writes after an assistant
+    answer, :func:`answer_context`) that is among the model's ``stops``; else the tokenizer's EOS, which must then be
+    among ``stops`` when there are any (one line naming ``vlm.name``), so that decoding stops where ``generate``
+    does."""
+    ids = tokenizer(after, add_special_tokens=False)["input_ids"] if after else []
+    end = next((int(t) for t in ids if int(t) in stops), None)
+    if end is not None:
+        return end
+    eos = tokenizer.eos_token_id
+    if stops and eos not in stops:
+        raise ValueError(
+            f"vlm.name={source}: the tokenizer's EOS {tokenizer.eos_token!r} (id {eos}) is not among the model's stop "
+            f"tokens (generation_config.eos_token_id={list(stops)}), nor is a token the chat template writes after an "
+            f"assistant answer ({after!r}); captions end with the token that ends an assistant turn"
+        )
+    return int(eos)
+
+
 # --------------------------------------------------------------------------------------------------------------------
 # The prompt and the decoding state
 # --------------------------------------------------------------------------------------------------------------------
@@ -585,15 +634,10 @@ class Vlm(CaptionerBase):
         # rendered once, under bounds: a checkpoint's template is code (finecap.models.chat_templates)
         self.prompt_text = apply_chat_template(processor, messages, add_generation_prompt=True, tokenize=False)
         self.image_token_id = int(model.config.image_token_id)
-        stops = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
-        stops = [stops] if isinstance(stops, int) else list(stops or [])
-        if stops and self.tokenizer.eos_token_id not in stops:
-            raise ValueError(
-                f"vlm.name={source}: the tokenizer's EOS {self.tokenizer.eos_token!r} (id "
-                f"{self.tokenizer.eos_token_id}) is not among the model's stop tokens "
-                f"(generation_config.eos_token_id={stops}); captions end with "
-                "the token that ends an assistant turn, so the tokenizer's EOS must be one of them"
-            )
+        stops = model_stop_tokens(model)
+        _, after = answer_context(processor, messages, self.prompt_text)
+        self._eos = caption_end(self.tokenizer, after, stops, source)
+        self._ends = (self._eos, *(t for t in stops if t != self._eos))
         self.train_encoder = bool(train_encoder)
         self.train_lm = bool(train_lm)
         self.source = source
@@ -608,6 +652,19 @@ class Vlm(CaptionerBase):
 
     kind = KIND
     TRANSFORMERS_CLASS = "AutoModelForImageTextToText"
+
+    @property
+    def eos_token_id(self) -> int:
+        """The token that ends a caption: the one that ends an assistant turn in the chat template, among the model's
+        stop tokens (:func:`caption_end`: Gemma 3's ``<end_of_turn>``, SmolVLM's ``<end_of_utterance>``, Qwen's
+        ``<|im_end|>``), else the tokenizer's EOS."""
+        return self._eos
+
+    @property
+    def end_token_ids(self) -> tuple[int, ...]:
+        """:attr:`eos_token_id`, then the model's other stop tokens (``generation_config.eos_token_id``): decoding
+        stops where ``generate`` stops."""
+        return self._ends
 
     @property
     def encoder(self) -> VlmImages | FeatureMapTokens:
@@ -846,7 +903,7 @@ class Vlm(CaptionerBase):
             # a masked caption position (padding after the EOS) is never read: given the EOS id, so that a padding id
             # that is an image token is not counted as an image slot
             text = input_ids[:, :-1].to(self.device).masked_fill(~caption_mask[:, :-1].to(self.device).bool(),
-                                                                  int(self.tokenizer.eos_token_id))  # fmt: skip
+                                                                  self.eos_token_id)  # fmt: skip
             if bool((text == self.image_token_id).any()):
                 # the own forward would read a caption's image token as an image slot: the caption is continued
                 # from the prompt pass's cache instead (as generate reads it)
