@@ -46,9 +46,14 @@ def test_vlm_recipes_give_smolvlm_the_processor_options_they_wrote_before(checkp
 
 def pixels_seen(model: Vlm) -> tuple[int, torch.Tensor]:
     """The pixel inputs' size for :data:`IMAGE` and finecap's first-token logits ``(V,)``, each checked against the
-    model's own forward on the processor's output with the captioner's options (1e-5 relative)."""
+    model's own forward on the processor's output with the captioner's options (1e-5 relative): transformers'
+    ``apply_chat_template(tokenize=True)`` of the prompt (one BOS where the template writes it)."""
     batch = model.encoder.preprocess([IMAGE])
-    enc = model.processor(text=[model.prompt_text], images=[[IMAGE]], return_tensors="pt", **model.processor_kwargs)
+    messages = [{"role": "user", "content": [{"type": "image", "image": IMAGE},
+                                             {"type": "text", "text": model.section.prompt}]}]  # fmt: skip
+    options = dict(model.processor_kwargs)
+    enc = model.processor.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=True,
+                                              return_tensors="pt", processor_kwargs=options)  # fmt: skip
     assert torch.equal(enc["input_ids"], batch["prompt_ids"])
     with torch.no_grad():
         reference = model.model(**enc).logits[0, -1]

@@ -97,6 +97,22 @@ def test_first_token_logits_equal_the_models_own_forward(tiny, n):
         assert relative(reference[0], reference[1]) > 1e-2
 
 
+def test_prompt_ids_are_transformers_apply_chat_template_ids(tiny):
+    """The collator's prompt ids are transformers' ``apply_chat_template(tokenize=True)``'s: where the template writes
+    the BOS itself (Gemma 3's ``{{ bos_token }}``, its tokenizer adding one too) the prompt holds one BOS, elsewhere
+    the tokenizer's special tokens are added as transformers adds them."""
+    image = pictures(1)[0]
+    messages = [{"role": "user", "content": [{"type": "image", "image": image},
+                                             {"type": "text", "text": tiny.section.prompt}]}]  # fmt: skip
+    theirs = tiny.processor.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=True,
+                                                return_tensors="pt")  # fmt: skip
+    ours_ids = tiny.encoder.preprocess([image])["prompt_ids"]
+    assert ours_ids.tolist() == theirs["input_ids"].tolist()
+    bos = tiny.tokenizer.bos_token_id
+    if tiny.model.config.model_type == "gemma3":  # the template's BOS, once
+        assert ours_ids[0, :2].tolist() == [bos, tiny.tokenizer.convert_tokens_to_ids("<start_of_turn>")]
+
+
 def test_greedy_captions_equal_generate(tiny):
     enc = processor_batch(tiny, pictures(3, seed=1))
     got = tiny.generate(ours(enc), DecodeConfig(strategy="greedy", max_length=6))
@@ -164,7 +180,9 @@ def test_beam_captions_equal_generate(tiny):
     for row, seq in enumerate(theirs[:, enc["input_ids"].shape[1] :].tolist()):
         n = int(got.lengths[row])
         assert got.sequences[row, :n].tolist() == seq[:n], row
-        assert all(t in (tiny.pad_token_id, tiny.eos_token_id) for t in seq[n:]), row  # beam search pads with EOS
+        # beam search pads with EOS: generation_config's first stop token (Gemma 3's <eos>, its captions' end token
+        # being <end_of_turn>)
+        assert all(t in (tiny.pad_token_id, *tiny.end_token_ids) for t in seq[n:]), row
 
 
 def test_gemma3_captions_end_with_end_of_turn_where_generate_stops(tmp_path):

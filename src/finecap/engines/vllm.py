@@ -12,8 +12,8 @@ by default the training step's) and, with ``vllm.enable_sleep_mode``, releases i
 the backbones it does not serve (:meth:`VllmEngine.refusal`). What it decodes with is the run's:
 
 - **prompt**: the captioner's rendered chat prompt (``vlm.prompt`` in the checkpoint's chat template,
-  :attr:`Vlm.prompt_text`), the image placeholder expanded by the folder's processor as finecap's collator does,
-  with ``vlm.processor_kwargs`` (vLLM's ``mm_processor_kwargs``);
+  :attr:`Vlm.prompt_text`; :func:`served_prompt`: one BOS, as finecap's), the image placeholder expanded by the
+  folder's processor as finecap's collator does, with ``vlm.processor_kwargs`` (vLLM's ``mm_processor_kwargs``);
 - **decoding** (the ``decode`` section): greedy (``temperature=0``); sampling at ``decode.temperature`` with
   ``top_k`` / ``top_p``, ``num_return_sequences`` captions per image as vLLM's ``n``, per-image ``seeds`` as each
   request's seed (:func:`request_seed`; vLLM gives the ``j``-th of the ``n`` samples ``seed + j``); beam search
@@ -315,6 +315,19 @@ def architecture_of(captioner: Any) -> str:
     return type(captioner.model).__name__.removeprefix("FSDP")
 
 
+def served_prompt(captioner: Any) -> str:
+    """The prompt text vLLM is sent for ``captioner``: its rendered chat prompt (:attr:`Vlm.prompt_text`), less the
+    BOS its template wrote where its tokenizer adds one itself (Gemma 3's): vLLM's processor call adds the tokenizer's
+    special tokens, and finecap's prompt (:meth:`VlmImages.preprocess`, transformers' ``apply_chat_template``) holds
+    one BOS."""
+    text, tokenizer = captioner.prompt_text, captioner.tokenizer
+    bos = tokenizer.bos_token
+    if captioner.prompt_special_tokens or bos is None:
+        return text
+    adds_bos = tokenizer("a")["input_ids"][:1] == [tokenizer.bos_token_id]
+    return text.removeprefix(bos) if adds_bos else text
+
+
 def save_engine_folder(captioner: Any, out: Path, dtype: str) -> Path:
     """What vLLM builds the engine from, saved into ``out``: ``captioner``'s transformers config (its class as
     ``architectures``, ``dtype`` the engine's), generation config and processor (tokenizer, chat template, image
@@ -486,7 +499,7 @@ class VllmEngine(GenerationEngine):
                 options["mm_processor_kwargs"] = dict(captioner.processor_kwargs)
             with rng_preserved():
                 llm = start_llm(folder, section, dtype=dtype, seed=seed, **options)
-            engine = cls(llm, captioner.tokenizer, captioner.prompt_text, folder, owns_folder=True,
+            engine = cls(llm, captioner.tokenizer, served_prompt(captioner), folder, owns_folder=True,
                          sleep_mode=section.enable_sleep_mode, ends=captioner.end_token_ids)  # fmt: skip
             engine.sync(captioner)  # the weights, from memory
         except BaseException:

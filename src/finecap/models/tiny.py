@@ -29,6 +29,7 @@ from typing import Any
 
 import torch
 import transformers as tf
+from tokenizers import processors
 
 from finecap.models.presets import PROMPT_WORDS, save_tiny_blip, save_tiny_clip, tiny_vlm
 from finecap.models.processors import image_only_processor
@@ -229,10 +230,13 @@ def gemma3(family: str, sizes: Sizes) -> tuple[Any, Any]:
     embeddings, scaled by sqrt(hidden) on the way in, make it repeat its last prompt token at every step (a special
     token: every caption empty), which no decoding comparison can read. As ``google/gemma-3-*-it``: the tokenizer's
     EOS is ``<eos>``, the chat template ends an assistant turn with ``<end_of_turn>``, and the model stops at both
-    (:data:`MORE_STOPS`)."""
+    (:data:`MORE_STOPS`); the tokenizer adds ``<bos>`` and the chat template writes it too (``{{ bos_token }}``)."""
     specials = ["<start_of_turn>", "<end_of_turn>", "<start_of_image>", "<image_soft_token>", "<end_of_image>"]
     named = {"boi_token": "<start_of_image>", "image_token": "<image_soft_token>", "eoi_token": "<end_of_image>"}
     tok = tokenizer(specials, None, named)
+    tok._tokenizer.post_processor = processors.TemplateProcessing(  # <bos> first, as Gemma's tokenizer adds it
+        single="<bos> $A", pair="<bos> $A <bos> $B", special_tokens=[("<bos>", tok.bos_token_id)]
+    )
     text, ids = text_config(
         tok, sizes, head_dim=sizes.head_dim, sliding_window=8, layer_types=["sliding_attention", "full_attention"]
     )
@@ -245,7 +249,7 @@ def gemma3(family: str, sizes: Sizes) -> tuple[Any, Any]:
                              tie_word_embeddings=False, **ids)  # fmt: skip
     image_processor = tf.Gemma3ImageProcessorPil(size={"height": S, "width": S})
     processor = tf.Gemma3Processor(image_processor=image_processor, tokenizer=tok, image_seq_length=4,
-                                   chat_template=GEMMA_TEMPLATE)  # fmt: skip
+                                   chat_template="{{ bos_token }}" + GEMMA_TEMPLATE)  # fmt: skip
     return tf.Gemma3ForConditionalGeneration(config), processor
 
 

@@ -563,11 +563,14 @@ class VlmImages:
 
     def preprocess(self, images: Sequence[Image.Image]) -> dict[str, torch.Tensor]:
         """PIL images -> ``prompt_ids`` / ``prompt_mask`` ``(B, P)`` (the chat prompt with the image tokens expanded,
-        left-padded) and the family's image inputs (``pixel_values``, ...), with the checkpoint's processor."""
+        left-padded) and the family's image inputs (``pixel_values``, ...), with the checkpoint's processor: the ids
+        of transformers' ``apply_chat_template(tokenize=True)`` (the tokenizer's special tokens added unless the
+        rendered prompt starts with its BOS: :attr:`Vlm.prompt_special_tokens`)."""
         images = [im.convert("RGB") for im in images]
         vlm = self.vlm
+        special = {} if vlm.prompt_special_tokens else {"add_special_tokens": False}  # a BOS the template wrote
         enc = vlm.processor(text=[vlm.prompt_text] * len(images), images=[[im] for im in images], padding=True,
-                            return_tensors="pt", **vlm.processor_kwargs)  # fmt: skip
+                            return_tensors="pt", **special, **vlm.processor_kwargs)  # fmt: skip
         out = {"prompt_ids": enc["input_ids"], "prompt_mask": enc["attention_mask"]}
         out.update({k: enc[k] for k in (*vlm.family.image_inputs, *vlm.family.token_inputs) if k in enc})
         return out
@@ -633,6 +636,11 @@ class Vlm(CaptionerBase):
             raise ValueError(f"vlm.name={source}: the processor has no chat template to build the prompt with")
         # rendered once, under bounds: a checkpoint's template is code (finecap.models.chat_templates)
         self.prompt_text = apply_chat_template(processor, messages, add_generation_prompt=True, tokenize=False)
+        # whether the processor adds the tokenizer's special tokens to the rendered prompt: not when the template wrote
+        # the BOS itself (Gemma 3's, Pixtral's {{ bos_token }}), as transformers' apply_chat_template(tokenize=True)
+        # decides, so that the prompt holds one BOS
+        bos = self.tokenizer.bos_token
+        self.prompt_special_tokens = not (bos is not None and self.prompt_text.startswith(bos))
         self.image_token_id = int(model.config.image_token_id)
         stops = model_stop_tokens(model)
         _, after = answer_context(processor, messages, self.prompt_text)
