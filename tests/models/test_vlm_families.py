@@ -221,6 +221,35 @@ def test_gemma3_captions_end_with_end_of_turn_where_generate_stops(tmp_path):
     assert GenerationConfig.from_pretrained(tmp_path).eos_token_id == [eot, eos]
 
 
+PAN_AND_SCAN = {"do_pan_and_scan": True, "pan_and_scan_min_crop_size": 4, "pan_and_scan_max_num_crops": 3,
+                "pan_and_scan_min_ratio_to_activate": 1.2}  # fmt: skip
+"""Gemma 3's pan-and-scan at the tiny model's 16 px: a wide image is read as crops besides the whole image."""
+
+
+def test_gemma3_pan_and_scan_captions_equal_generate():
+    """Gemma 3 with ``do_pan_and_scan`` (``vlm.processor_kwargs``): images of three aspect ratios, the wider ones
+    read as crops besides the whole image (more pixel rows than images); finecap's greedy captions equal
+    ``generate``'s on the processor's batch (pixel rows read per image token: one row per image crashed, the image
+    features and image tokens not matching)."""
+    from finecap.config import VlmBackboneConfig
+
+    model, processor = tiny_family("gemma3")
+    vlm = Vlm(model, processor, VlmBackboneConfig(processor_kwargs=PAN_AND_SCAN), source="tiny-gemma3").eval()
+    g = torch.Generator().manual_seed(0)
+    ims = [Image.fromarray((torch.rand(16, w, 3, generator=g) * 255).byte().numpy()) for w in (16, 48, 32)]
+    batch = vlm.encoder.preprocess(ims)
+    assert batch["pixel_values"].shape[0] > len(ims)  # crops were made
+    enc = dict(processor(text=[vlm.prompt_text] * 3, images=[[im] for im in ims], padding=True, return_tensors="pt",
+                         add_special_tokens=False, **PAN_AND_SCAN))  # fmt: skip
+    assert torch.equal(enc["input_ids"], batch["prompt_ids"])
+    got = vlm.generate(batch, DecodeConfig(strategy="greedy", max_length=6))
+    with torch.no_grad():
+        theirs = model.generate(**enc, max_new_tokens=6, do_sample=False)[:, enc["input_ids"].shape[1] :]
+    for row, seq in enumerate(theirs.tolist()):
+        n = int(got.lengths[row])
+        assert got.sequences[row, :n].tolist() == seq[:n], row
+
+
 def levers_model(family: str, checkpointing: bool) -> Vlm:
     """A tiny ``family`` VLM with finecap's GPU levers: bf16 frozen weights, LoRA on the language model (float32,
     B drawn at random so the adapters matter), gradient checkpointing on or off (``memory.prepare_training``)."""

@@ -149,7 +149,7 @@ class Family:
             mask (Gemma 3's ``token_type_ids``: bidirectional attention among an image's tokens); caption tokens get 0.
         image_rows: how the image inputs hold the batch's images: ``"image"``, one row of every image input per image;
             ``"tokens"``, ``pixel_values`` rows in proportion to each image's image tokens (Qwen's patches,
-            InternVL's tiles), the other inputs one row per image.
+            InternVL's tiles, Gemma 3's pan-and-scan crops), the other inputs one row per image.
         name: the family's name in the documentation.
         examples: checkpoints of the family (``vlm.name=...``).
         vllm: the architecture that vLLM's model registry serves the family by (documentation; ``""``: none).
@@ -248,7 +248,7 @@ FAMILIES: dict[str, Family] = {
     ),
     "gemma3": Family(
         "model.language_model", "model.vision_tower", "model.multi_modal_projector", ("pixel_values",),
-        token_inputs=("token_type_ids",), name="Gemma 3", examples=("google/gemma-3-4b-it",),
+        token_inputs=("token_type_ids",), image_rows="tokens", name="Gemma 3", examples=("google/gemma-3-4b-it",),
         vllm="Gemma3ForConditionalGeneration", image_budget="fixed",
     ),
     "mistral3": Family(
