@@ -82,6 +82,7 @@ built once. The checkpoint records the world encoder it reads, as ClipCap's and 
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -98,7 +99,7 @@ from finecap.models import lora, memory
 from finecap.models.base import TEXT_TINY_SIZES, CaptionerBase, module_path, same_source
 from finecap.models.captioner import encode_images, last_positions
 from finecap.models.chat_templates import apply_chat_template
-from finecap.models.image_budget import budget_kwargs
+from finecap.models.image_budget import budget_kwargs, unsaved_options
 from finecap.models.kvcache import LAYERED, PromptCache, cache_kwargs, prompt_shareable, returned_cache
 from finecap.models.presets import world_vlm
 from finecap.models.processors import load_processor
@@ -1018,7 +1019,18 @@ class Vlm(CaptionerBase):
         ``AutoModelForImageTextToText.from_pretrained(out)`` and ``AutoProcessor.from_pretrained(out)`` load it. The
         processor is saved with the run's image budget (``vlm.image_max_pixels``, ``vlm.processor_kwargs``: the call
         arguments finecap passes) as its image processor's own settings, so that a plain transformers load reads the
-        images into as many tokens as the run did."""
+        images into as many tokens as the run did. An option the processor class's call defaults pass over those
+        settings (:func:`finecap.models.image_budget.unsaved_options`: Gemma 3's ``do_pan_and_scan``) cannot be
+        saved so: a warning names it (finecap's own load, which reads ``captioner.json``, still passes it)."""
+        unsaved = unsaved_options(self.processor, self.processor_kwargs)
+        if unsaved:
+            given = ", ".join(f"{k}={v!r}" for k, v in unsaved.items())
+            warnings.warn(
+                f"vlm.processor_kwargs: {given}: {type(self.processor).__name__} passes its own default over the "
+                f"saved image processor's setting, so a plain AutoProcessor.from_pretrained({out}) does not read "
+                "images as this run did; pass the same to its calls (finecap's own load does)",
+                stacklevel=2,
+            )
         self.save_plain_model(out, state)
         image_processor = getattr(self.processor, "image_processor", None)
         kept = {k: getattr(image_processor, k) for k in self.processor_kwargs if hasattr(image_processor, k)}
