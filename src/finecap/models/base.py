@@ -376,6 +376,11 @@ class CaptionerBase(nn.Module, abc.ABC):
         says otherwise (a VLM adds the other stop tokens of its ``generation_config.eos_token_id``)."""
         return (self.eos_token_id,)
 
+    caption_prefix: str = ""
+    """Text a caption is tokenised after as a training target, merged into its first token (a VLM's chat template may
+    write a space between the generation prompt and the answer: :attr:`finecap.models.vlm.Vlm.caption_prefix`);
+    ``""`` for ClipCap and BLIP. Decoded captions are stripped (:func:`finecap.decode.texts_of`)."""
+
     def stop_token_ids(self, stop_at_period: bool = False) -> list[int]:
         """The tokens decoding stops at: :attr:`end_token_ids` and, with ``decode.stop_at_period``, the tokenizer's
         period tokens (:func:`finecap.decode.stop_token_ids`), :attr:`eos_token_id` first. finecap's decoder, the

@@ -439,6 +439,23 @@ def answer_context(processor: Any, messages: list[dict[str, Any]], prompt_text: 
     return before, full[at + len(ANSWER_MARKER) :]
 
 
+def answer_prefix(tokenizer: Any, prompt_text: str, before: str, answer: str = ANSWER_MARKER) -> str:
+    """The text a caption is tokenised after as a training target (:attr:`Vlm.caption_prefix`), so that its tokens
+    are the ones the chat format gives the answer: ``before`` (what the template writes between the generation prompt
+    and the answer, :func:`answer_context`: SmolVLM's space after ``Assistant:``, which a byte-level BPE merges into
+    the first word, ``Ġa``) when the answer's tokens after ``prompt_text`` are those of ``before + answer``; else
+    ``""`` (the answer alone: a SentencePiece tokenizer's ``▁a`` already, a prompt ending in a newline)."""
+    if not before:
+        return ""
+
+    def ids(text: str) -> list[int]:
+        return list(tokenizer(text, add_special_tokens=False)["input_ids"])
+
+    prompt, full = ids(prompt_text), ids(prompt_text + before + answer)
+    chat = full[len(prompt) :] if full[: len(prompt)] == prompt else None
+    return before if chat is not None and ids(before + answer) == chat and ids(answer) != chat else ""
+
+
 def model_stop_tokens(model: Any) -> list[int]:
     """The model's stop tokens, ``generation_config.eos_token_id`` as a list (``[]``: none set)."""
     stops = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
@@ -644,7 +661,8 @@ class Vlm(CaptionerBase):
         self.prompt_special_tokens = not (bos is not None and self.prompt_text.startswith(bos))
         self.image_token_id = int(model.config.image_token_id)
         stops = model_stop_tokens(model)
-        _, after = answer_context(processor, messages, self.prompt_text)
+        before, after = answer_context(processor, messages, self.prompt_text)
+        self.caption_prefix = answer_prefix(self.tokenizer, self.prompt_text, before)
         self._eos = caption_end(self.tokenizer, after, stops, source)
         self._ends = (self._eos, *(t for t in stops if t != self._eos))
         self.train_encoder = bool(train_encoder)
@@ -668,6 +686,11 @@ class Vlm(CaptionerBase):
         stop tokens (:func:`caption_end`: Gemma 3's ``<end_of_turn>``, SmolVLM's ``<end_of_utterance>``, Qwen's
         ``<|im_end|>``), else the tokenizer's EOS."""
         return self._eos
+
+    caption_prefix: str = ""
+    """What the chat template writes between the generation prompt and the answer, where the answer's tokens in the
+    chat format include it (:func:`answer_prefix`: SmolVLM's space with a byte-level BPE); ``""`` elsewhere. The
+    collator tokenises each caption after it, so training targets are the tokens the chat format gives the answer."""
 
     @property
     def end_token_ids(self) -> tuple[int, ...]:
