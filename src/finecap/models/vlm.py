@@ -64,9 +64,10 @@ and is excluded by these names) nor the output head.
 **Checkpoints** (:meth:`Vlm.save`): the model with ``save_pretrained`` (base weights, adapters' wrappers removed)
 and the processor in the folder itself, so ``AutoModelForImageTextToText.from_pretrained(folder)`` and
 ``AutoProcessor.from_pretrained(folder)`` load a fine-tuned VLM outside finecap; LoRA adapters in peft's format
-beside it (``lm_lora/`` on the language model, ``encoder_lora/`` on the vision tower:
-``PeftModel.from_pretrained(model.model.language_model, folder / "lm_lora")``); ``captioner.json`` (``"kind":
-"vlm"``, the family, the prompt, what trains).
+beside it (``lm_lora/`` on the language model, ``encoder_lora/`` on the vision tower, at the family's paths,
+:attr:`Family.language_model`: ``PeftModel.from_pretrained(model.model.language_model, folder / "lm_lora")`` for
+LLaVA or Qwen2-VL, ``model.model.text_model`` for SmolVLM / Idefics3); ``captioner.json`` (``"kind": "vlm"``, the
+family, the prompt, what trains).
 
 Processors load with :func:`finecap.models.processors.load_processor` (``AutoProcessor``, or Qwen2-VL's processor
 class without its video processor where ``transformers`` cannot build one without ``torchvision``).
