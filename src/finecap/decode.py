@@ -103,14 +103,16 @@ class Generation:
 # --------------------------------------------------------------------------------------------------------------------
 
 
-def stop_token_ids(tokenizer: Any, stop_at_period: bool = False) -> list[int]:
-    """EOS, plus with ``stop_at_period`` every single-token spelling of a period the tokenizer has: alone (``"."``,
-    ``" ."``) and right after a word (``"dog."`` less ``"dog"``: a SentencePiece tokenizer, Llama's, encodes ``"."``
-    alone as the word-start ``"▁."``, while a caption's period after a word is the plain ``"."``); none for the world
-    tokenizer, which has no punctuation."""
-    if tokenizer.eos_token_id is None:
+def stop_token_ids(tokenizer: Any, stop_at_period: bool = False, ends: Sequence[int] | None = None) -> list[int]:
+    """The tokens decoding stops at: ``ends``, the tokens that end a caption, the caption's own end token first
+    (a captioner's :attr:`~finecap.models.base.CaptionerBase.end_token_ids`; default the tokenizer's EOS), plus with
+    ``stop_at_period`` every single-token spelling of a period the tokenizer has: alone (``"."``, ``" ."``) and right
+    after a word (``"dog."`` less ``"dog"``: a SentencePiece tokenizer, Llama's, encodes ``"."`` alone as the
+    word-start ``"▁."``, while a caption's period after a word is the plain ``"."``); none for the world tokenizer,
+    which has no punctuation."""
+    if ends is None and tokenizer.eos_token_id is None:
         raise ValueError(f"tokenizer {type(tokenizer).__name__} has no EOS token; decoding needs one to stop")
-    ids = [int(tokenizer.eos_token_id)]
+    ids = [int(tokenizer.eos_token_id)] if ends is None else list(dict.fromkeys(int(t) for t in ends))
     if stop_at_period:
         found = []
         for text in (".", " ."):
@@ -531,14 +533,17 @@ def decode(
     tokenizer: Any,
     generator: torch.Generator | None = None,
     seeds: torch.Tensor | None = None,
+    stop_ids: Sequence[int] | None = None,
 ) -> Generation:
     """Decode ``features`` (the conditioning of B images: ClipCap features ``(B, D)``, BLIP image tokens
     ``(B, P, H)``, a VLM's prompt) with the strategy of ``cfg``; fills ``texts`` with ``tokenizer``. ``seeds (B,)``:
-    per-image sampling seeds (see :func:`sample`; ignored by greedy and beam search).
+    per-image sampling seeds (see :func:`sample`; ignored by greedy and beam search). ``stop_ids``: the tokens that
+    end a caption (a captioner's :meth:`~finecap.models.base.CaptionerBase.stop_token_ids`; default
+    :func:`stop_token_ids` of ``tokenizer`` and ``decode.stop_at_period``).
 
     The images go in chunks of at most ``decode.batch_size`` *sequences* (images x beams or samples,
     :func:`chunk_images`), at least one image each, whose generations are concatenated."""
-    stop_ids = stop_token_ids(tokenizer, cfg.stop_at_period)
+    stop_ids = stop_token_ids(tokenizer, cfg.stop_at_period) if stop_ids is None else list(stop_ids)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     size = chunk_images(cfg)
     chunks = []

@@ -428,6 +428,8 @@ def test_decode_dispatch_texts_and_stop_ids():
     tok = _Tok()
     assert stop_token_ids(tok) == [EOS]
     assert stop_token_ids(tok, stop_at_period=True) == [EOS, DOT]
+    # a captioner's end tokens (a VLM's turn end first, then its other stop tokens) in place of the tokenizer's EOS
+    assert stop_token_ids(tok, stop_at_period=True, ends=[A, EOS, A]) == [A, EOS, DOT]
     table = {(): [0, 0.1, 0.6, 0.3, 0], (A,): [0, 0.7, 0.2, 0.1, 0]}
     s = TableStepper(5, table)
     gen = decode(s, images(0), DecodeConfig(strategy="greedy", max_length=5), tok)

@@ -174,11 +174,14 @@ def test_a_template_is_compiled_once_and_a_captioner_renders_its_prompt_once(tmp
     monkeypatch.setattr(vlm_module, "apply_chat_template", lambda *a, **k: renders.append(1) or apply_chat_template(
         *a, **k))  # fmt: skip
     model = Vlm.from_pretrained(save_tiny_vlm(tmp_path / "vlm", "llava"))
+    # built: the prompt, and once the prompt with an assistant answer (what the template writes around an answer:
+    # finecap.models.vlm.answer_context)
+    assert renders == [1, 1]
     items = [{"caption": "a red circle", "image": Image.new("RGB", (16, 16), c), "image_id": i, "references": ["x"],
               "index": i} for i, c in enumerate(["red", "blue", "green"])]  # fmt: skip
     for _ in range(2):
         model.generate(model_collator(model, 8)(items), DecodeConfig(strategy="greedy", max_length=3))
-    assert renders == [1]  # the prompt of every caption is the one rendered when the captioner was built
+    assert renders == [1, 1]  # the prompt of every caption is the one rendered when the captioner was built
 
 
 def _train_tiny_vlm_run(tmp_path: Path) -> Path:

@@ -46,9 +46,14 @@ def test_vlm_recipes_give_smolvlm_the_processor_options_they_wrote_before(checkp
 
 def pixels_seen(model: Vlm) -> tuple[int, torch.Tensor]:
     """The pixel inputs' size for :data:`IMAGE` and finecap's first-token logits ``(V,)``, each checked against the
-    model's own forward on the processor's output with the captioner's options (1e-5 relative)."""
+    model's own forward on the processor's output with the captioner's options (1e-5 relative): transformers'
+    ``apply_chat_template(tokenize=True)`` of the prompt (one BOS where the template writes it)."""
     batch = model.encoder.preprocess([IMAGE])
-    enc = model.processor(text=[model.prompt_text], images=[[IMAGE]], return_tensors="pt", **model.processor_kwargs)
+    messages = [{"role": "user", "content": [{"type": "image", "image": IMAGE},
+                                             {"type": "text", "text": model.section.prompt}]}]  # fmt: skip
+    options = dict(model.processor_kwargs)
+    enc = model.processor.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=True,
+                                              return_tensors="pt", processor_kwargs=options)  # fmt: skip
     assert torch.equal(enc["input_ids"], batch["prompt_ids"])
     with torch.no_grad():
         reference = model.model(**enc).logits[0, -1]
@@ -84,9 +89,49 @@ def test_a_budget_maps_to_each_familys_own_option(family):
 def test_processor_kwargs_win_over_the_budget_key_by_key():
     model, processor = tiny_family("internvl")
     section = VlmBackboneConfig(image_max_pixels=300, processor_kwargs={"max_patches": 2})
-    assert processor_options(FAMILIES["internvl"], processor, section) == {"crop_to_patches": False, "max_patches": 2}
+    # the budget's one tile is max_patches = min_patches = 1: the user's max_patches wins, its min_patches stays
+    assert processor_options(FAMILIES["internvl"], processor, section) == {"max_patches": 2, "min_patches": 1}
     section = VlmBackboneConfig(image_max_pixels=300, processor_kwargs={"crop_to_patches": True, "max_patches": 2})
-    assert processor_options(FAMILIES["internvl"], processor, section) == {"crop_to_patches": True, "max_patches": 2}
+    assert processor_options(FAMILIES["internvl"], processor, section) == {"crop_to_patches": True, "max_patches": 2,
+                                                                           "min_patches": 1}  # fmt: skip
+
+
+@pytest.mark.parametrize("budget", [300, 600], ids=["one-tile", "two-tiles"])
+def test_a_saved_internvl_reads_images_into_the_runs_tokens_on_a_plain_load(budget, tmp_path):
+    """The checkpoint's processor, loaded by transformers alone (``AutoProcessor.from_pretrained``: finecap's
+    ``load_processor`` builds the same class), reads an image into as many image tokens as the run did: InternVL's
+    one tile is ``max_patches = min_patches = 1`` on the image processor, which a plain load keeps
+    (``crop_to_patches=False`` it did not: the processor class's call default ``crop_to_patches=True`` wins)."""
+    from finecap.models.image_budget import unsaved_options
+    from finecap.models.processors import load_processor
+
+    model, processor = tiny_family("internvl")
+    vlm = Vlm(model, processor, VlmBackboneConfig(image_max_pixels=budget), source="tiny-internvl")
+    assert unsaved_options(processor, vlm.processor_kwargs) == {}
+    wide = Image.fromarray((torch.rand(16, 40, 3, generator=torch.Generator().manual_seed(0)) * 255).byte().numpy())
+    run = int((vlm.encoder.preprocess([wide])["prompt_ids"] == vlm.image_token_id).sum())
+    plain = load_processor(vlm.save(tmp_path / "ckpt"))
+    enc = plain(text=[vlm.prompt_text], images=[[wide]], return_tensors="pt")
+    assert int((enc["input_ids"] == vlm.image_token_id).sum()) == run
+    full = processor(text=[vlm.prompt_text], images=[[wide]], return_tensors="pt")["input_ids"]
+    everything = int((full == vlm.image_token_id).sum())
+    assert run < everything  # the budget did cut the tiles
+
+
+def test_an_option_a_saved_processor_cannot_carry_is_named_when_saving(tmp_path):
+    """Gemma 3's ``do_pan_and_scan`` is a call default of its processor class (``False``), which a plain load passes
+    over any image-processor setting: saving warns, naming the option; finecap's own load passes it again."""
+    from finecap.models.backbones import load_captioner
+
+    kw = {"do_pan_and_scan": True, "pan_and_scan_min_crop_size": 4, "pan_and_scan_max_num_crops": 3}
+    model, processor = tiny_family("gemma3")
+    vlm = Vlm(model, processor, VlmBackboneConfig(processor_kwargs=kw), source="tiny-gemma3")
+    with pytest.warns(UserWarning, match=r"vlm.processor_kwargs: do_pan_and_scan=True.*Gemma3Processor.*plain "
+                                         r"AutoProcessor.from_pretrained"):  # fmt: skip
+        out = vlm.save(tmp_path / "ckpt")
+    wide = Image.fromarray((torch.rand(16, 48, 3, generator=torch.Generator().manual_seed(0)) * 255).byte().numpy())
+    back = load_captioner(out)
+    assert torch.equal(back.encoder.preprocess([wide])["prompt_ids"], vlm.encoder.preprocess([wide])["prompt_ids"])
 
 
 def test_crops_count_the_global_image():

@@ -390,3 +390,62 @@ def model_part(model, path: str):
     for name in path.split("."):
         model = getattr(model, name)
     return model
+
+
+def trained_tokenizer(kind: str):
+    """A small BPE tokenizer trained here: ``"byte-level"`` (GPT-2's / SmolLM2's kind: a space is part of the next
+    word, ``Ġa``) or ``"sentencepiece"`` (Llama's / Mistral's kind: a word-start marker ``▁a``, a space before the
+    first word added)."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    bpe = Tokenizer(models.BPE(unk_token="<unk>"))
+    if kind == "byte-level":
+        bpe.pre_tokenizer, bpe.decoder = pre_tokenizers.ByteLevel(add_prefix_space=False), decoders.ByteLevel()
+        alphabet = pre_tokenizers.ByteLevel.alphabet()
+    else:
+        bpe.pre_tokenizer, bpe.decoder = pre_tokenizers.Metaspace(), decoders.Metaspace()
+        alphabet = []
+    corpus = ["User: Describe the image.", "Assistant: a red circle on the left", "ASSISTANT: a red circle",
+              "a red circle", "<|im_start|>assistant\na red circle"] * 50  # fmt: skip
+    specials = ["<unk>", "<end_of_utterance>", "<|im_start|>", "<|im_end|>", "<image>"]
+    bpe.train_from_iterator(corpus, trainers.BpeTrainer(vocab_size=300, special_tokens=specials,
+                                                        initial_alphabet=alphabet))  # fmt: skip
+    return PreTrainedTokenizerFast(tokenizer_object=bpe, unk_token="<unk>", eos_token="<end_of_utterance>")
+
+
+@pytest.mark.parametrize(
+    "kind, template, prefix",
+    [("byte-level", "idefics", " "), ("sentencepiece", "idefics", ""), ("sentencepiece", "llava", ""),
+     ("byte-level", "qwen", "")],
+    ids=["smolvlm-byte-level", "idefics2-sentencepiece", "llava-sentencepiece", "qwen-newline"],
+)  # fmt: skip
+def test_caption_targets_are_the_tokens_the_chat_format_gives_the_answer(kind, template, prefix):
+    """SmolVLM's template writes ``Assistant: <answer>`` but its generation prompt ends at ``Assistant:``: with a
+    byte-level BPE the answer's first token in the chat format is ``Ġa``, and finecap's targets said ``a``. The space
+    is the caption's prefix there; a SentencePiece tokenizer's ``▁a`` already matches (no prefix), and a prompt that
+    ends in a newline (Qwen) has none. Decoded, the caption has no leading space."""
+    from finecap.data.targets import encode_captions
+    from finecap.decode import Generation, texts_of
+    from finecap.models.tiny import IDEFICS_TEMPLATE, LLAVA_TEMPLATE, QWEN_TEMPLATE
+    from finecap.models.vlm import answer_context, answer_prefix
+
+    tok = trained_tokenizer(kind)
+    tok.chat_template = {"idefics": IDEFICS_TEMPLATE, "llava": LLAVA_TEMPLATE,
+                         "qwen": QWEN_TEMPLATE.replace("IMAGE", "<image>")}[template]  # fmt: skip
+    user = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "Describe the image."}]}]
+    prompt = tok.apply_chat_template(user, add_generation_prompt=True, tokenize=False)
+    answer = [{"role": "assistant", "content": [{"type": "text", "text": "a red circle on the left"}]}]
+    full = tok.apply_chat_template(user + answer, tokenize=False)
+    n_prompt = len(tok(prompt, add_special_tokens=False)["input_ids"])
+    chat = tok(full, add_special_tokens=False)["input_ids"][n_prompt:]
+    before, _ = answer_context(tok, user, prompt)
+    assert answer_prefix(tok, prompt, before) == prefix
+    ids = encode_captions(tok, ["a red circle on the left"], 16, prefix=prefix)["input_ids"][0].tolist()
+    assert ids[:-1] == chat[: len(ids) - 1]  # the answer's tokens, then the end token
+    if kind == "byte-level" and template == "idefics":
+        assert tok.convert_ids_to_tokens(ids[:1]) == ["Ġa"]
+    row = torch.tensor([ids])
+    generation = Generation(sequences=row, token_logprobs=torch.zeros(row.shape), lengths=torch.tensor([len(ids)]),
+                            image_index=torch.tensor([0]), scores=torch.zeros(1))  # fmt: skip
+    assert texts_of(tok, generation) == ["a red circle on the left"]

@@ -97,6 +97,22 @@ def test_first_token_logits_equal_the_models_own_forward(tiny, n):
         assert relative(reference[0], reference[1]) > 1e-2
 
 
+def test_prompt_ids_are_transformers_apply_chat_template_ids(tiny):
+    """The collator's prompt ids are transformers' ``apply_chat_template(tokenize=True)``'s: where the template writes
+    the BOS itself (Gemma 3's ``{{ bos_token }}``, its tokenizer adding one too) the prompt holds one BOS, elsewhere
+    the tokenizer's special tokens are added as transformers adds them."""
+    image = pictures(1)[0]
+    messages = [{"role": "user", "content": [{"type": "image", "image": image},
+                                             {"type": "text", "text": tiny.section.prompt}]}]  # fmt: skip
+    theirs = tiny.processor.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=True,
+                                                return_tensors="pt")  # fmt: skip
+    ours_ids = tiny.encoder.preprocess([image])["prompt_ids"]
+    assert ours_ids.tolist() == theirs["input_ids"].tolist()
+    bos = tiny.tokenizer.bos_token_id
+    if tiny.model.config.model_type == "gemma3":  # the template's BOS, once
+        assert ours_ids[0, :2].tolist() == [bos, tiny.tokenizer.convert_tokens_to_ids("<start_of_turn>")]
+
+
 def test_greedy_captions_equal_generate(tiny):
     enc = processor_batch(tiny, pictures(3, seed=1))
     got = tiny.generate(ours(enc), DecodeConfig(strategy="greedy", max_length=6))
@@ -164,7 +180,74 @@ def test_beam_captions_equal_generate(tiny):
     for row, seq in enumerate(theirs[:, enc["input_ids"].shape[1] :].tolist()):
         n = int(got.lengths[row])
         assert got.sequences[row, :n].tolist() == seq[:n], row
-        assert all(t in (tiny.pad_token_id, tiny.eos_token_id) for t in seq[n:]), row  # beam search pads with EOS
+        # beam search pads with EOS: generation_config's first stop token (Gemma 3's <eos>, its captions' end token
+        # being <end_of_turn>)
+        assert all(t in (tiny.pad_token_id, *tiny.end_token_ids) for t in seq[n:]), row
+
+
+def test_gemma3_captions_end_with_end_of_turn_where_generate_stops(tmp_path):
+    """Gemma 3 as ``google/gemma-3-*-it`` is (the tiny builder's): the tokenizer's EOS is ``<eos>``,
+    ``generation_config.eos_token_id`` is ``[<eos>, <end_of_turn>]`` and the chat template ends an assistant turn with
+    ``<end_of_turn>``. Training targets end with ``<end_of_turn>``; finecap's greedy captions equal ``generate``'s
+    when the model ends its answer with ``<end_of_turn>`` (its head made to prefer it at the second step); the saved
+    ``generation_config.json`` stops at ``<end_of_turn>`` first."""
+    from transformers import GenerationConfig
+
+    from finecap.train.checkpoint import write_generation_config
+
+    model, processor = tiny_family("gemma3")
+    tok = processor.tokenizer
+    eos, eot = tok.convert_tokens_to_ids("<eos>"), tok.convert_tokens_to_ids("<end_of_turn>")
+    assert (tok.eos_token_id, model.generation_config.eos_token_id) == (eos, [eos, eot])
+    vlm = Vlm(model, processor, source="tiny-gemma3").eval()
+    assert vlm.eos_token_id == eot and vlm.stop_token_ids() == [eot, eos]
+    batch = batch_of(vlm)
+    ends = batch["input_ids"].gather(1, batch["attention_mask"].sum(1, keepdim=True) - 1)[:, 0]  # (B,)
+    assert ends.tolist() == [eot] * len(ends)
+    enc = processor_batch(vlm, pictures(2, seed=1))
+    start = enc["input_ids"].shape[1]
+    with torch.no_grad():
+        first = model.generate(**enc, max_new_tokens=6, do_sample=False)[:, start:]
+        head = model.get_output_embeddings().weight
+        head[eot] = head[first[0, 1]] * 3  # <end_of_turn> wins where the first row's second token did
+        theirs = model.generate(**enc, max_new_tokens=6, do_sample=False)[:, start:].tolist()
+    got = vlm.generate(ours(enc), DecodeConfig(strategy="greedy", max_length=6))
+    assert eot in theirs[0]
+    for row, seq in enumerate(theirs):
+        n = int(got.lengths[row])
+        assert got.sequences[row, :n].tolist() == seq[:n], row
+        assert all(t == vlm.pad_token_id for t in seq[n:]), row
+    write_generation_config(tmp_path, DecodeConfig(), tok, vlm.end_token_ids)
+    assert GenerationConfig.from_pretrained(tmp_path).eos_token_id == [eot, eos]
+
+
+PAN_AND_SCAN = {"do_pan_and_scan": True, "pan_and_scan_min_crop_size": 4, "pan_and_scan_max_num_crops": 3,
+                "pan_and_scan_min_ratio_to_activate": 1.2}  # fmt: skip
+"""Gemma 3's pan-and-scan at the tiny model's 16 px: a wide image is read as crops besides the whole image."""
+
+
+def test_gemma3_pan_and_scan_captions_equal_generate():
+    """Gemma 3 with ``do_pan_and_scan`` (``vlm.processor_kwargs``): images of three aspect ratios, the wider ones
+    read as crops besides the whole image (more pixel rows than images); finecap's greedy captions equal
+    ``generate``'s on the processor's batch (pixel rows read per image token: one row per image crashed, the image
+    features and image tokens not matching)."""
+    from finecap.config import VlmBackboneConfig
+
+    model, processor = tiny_family("gemma3")
+    vlm = Vlm(model, processor, VlmBackboneConfig(processor_kwargs=PAN_AND_SCAN), source="tiny-gemma3").eval()
+    g = torch.Generator().manual_seed(0)
+    ims = [Image.fromarray((torch.rand(16, w, 3, generator=g) * 255).byte().numpy()) for w in (16, 48, 32)]
+    batch = vlm.encoder.preprocess(ims)
+    assert batch["pixel_values"].shape[0] > len(ims)  # crops were made
+    enc = dict(processor(text=[vlm.prompt_text] * 3, images=[[im] for im in ims], padding=True, return_tensors="pt",
+                         add_special_tokens=False, **PAN_AND_SCAN))  # fmt: skip
+    assert torch.equal(enc["input_ids"], batch["prompt_ids"])
+    got = vlm.generate(batch, DecodeConfig(strategy="greedy", max_length=6))
+    with torch.no_grad():
+        theirs = model.generate(**enc, max_new_tokens=6, do_sample=False)[:, enc["input_ids"].shape[1] :]
+    for row, seq in enumerate(theirs.tolist()):
+        n = int(got.lengths[row])
+        assert got.sequences[row, :n].tolist() == seq[:n], row
 
 
 def levers_model(family: str, checkpointing: bool) -> Vlm:

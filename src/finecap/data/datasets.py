@@ -224,20 +224,26 @@ class CaptionCollator:
     EOS (so the model always learns to stop); padding uses the tokenizer's pad id, or EOS when it has none (GPT-2);
     labels are -100 there either way. ``preprocess(images) -> (B, 3, H, W)`` is needed only without features.
     ``keep_images``: the examples' PIL images are also kept, as ``batch["images"]`` (what a vLLM engine decodes RL
-    rollouts from: ``decode.engine=vllm``).
+    rollouts from: ``decode.engine=vllm``). ``eos_token_id``: the token that ends a caption when it is not the
+    tokenizer's EOS (the captioner's :attr:`~finecap.models.base.CaptionerBase.eos_token_id`,
+    :func:`finecap.data.targets.encode_captions`); ``caption_prefix``: the text each caption is tokenised after (a
+    captioner's ``caption_prefix``).
     """
 
     tokenizer: Any
     max_tokens: int
     preprocess: Callable[[list], torch.Tensor] | None = None
     keep_images: bool = False
+    eos_token_id: int | None = None
+    caption_prefix: str = ""
 
     def __post_init__(self) -> None:
         if self.max_tokens < 1:
             raise ValueError(f"data.max_tokens: must be >= 1 (EOS needs a place), got {self.max_tokens}")
 
     def __call__(self, items: list[dict[str, Any]]) -> dict[str, Any]:
-        enc = encode_captions(self.tokenizer, [it["caption"] for it in items], self.max_tokens)
+        captions = [it["caption"] for it in items]
+        enc = encode_captions(self.tokenizer, captions, self.max_tokens, self.eos_token_id, self.caption_prefix)
         input_ids, attention_mask = enc["input_ids"], enc["attention_mask"]  # (B, T)
         batch: dict[str, Any] = {
             "input_ids": input_ids,
@@ -260,11 +266,14 @@ class CaptionCollator:
 
 
 def model_collator(model: Any, max_tokens: int, keep_images: bool = False) -> CaptionCollator:
-    """The collator for a captioner: its tokenizer, and its encoder's image preprocessing (if it has an encoder);
-    ``keep_images``: :class:`CaptionCollator`'s."""
+    """The collator for a captioner (or a generation engine serving one): its tokenizer, caption end token and
+    caption prefix (a captioner's ``eos_token_id`` and ``caption_prefix``; an engine's tokenizer's EOS), and its
+    encoder's image preprocessing (if it has an encoder); ``keep_images``: :class:`CaptionCollator`'s."""
     encoder = model.encoder
     preprocess = encoder.preprocess if encoder is not None else None
-    return CaptionCollator(model.tokenizer, max_tokens, preprocess=preprocess, keep_images=keep_images)
+    return CaptionCollator(model.tokenizer, max_tokens, preprocess=preprocess, keep_images=keep_images,
+                           eos_token_id=getattr(model, "eos_token_id", None),
+                           caption_prefix=getattr(model, "caption_prefix", ""))  # fmt: skip
 
 
 def to_device(batch: dict[str, Any], device: torch.device | str) -> dict[str, Any]:

@@ -46,17 +46,24 @@ def eos_and_pad(tokenizer: Any, needed_by: str) -> tuple[int, int]:
     return eos, tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos
 
 
-def encode_captions(tokenizer: Any, texts: Sequence[str], max_tokens: int) -> dict[str, torch.Tensor]:
+def encode_captions(
+    tokenizer: Any, texts: Sequence[str], max_tokens: int, eos_token_id: int | None = None, prefix: str = ""
+) -> dict[str, torch.Tensor]:
     """Captioner targets: tokens of each text (no BOS: the image prefix starts the sequence) followed by EOS.
 
     Works for any tokenizer with an EOS token: texts are tokenised without special tokens, cut to
     ``max_tokens - 1`` tokens, EOS is appended, rows are right-padded with the pad id (EOS when the tokenizer has no
-    pad token, as for GPT-2). Returns ``input_ids`` and ``attention_mask`` ``(B, T)`` with ``T <= max_tokens``.
+    pad token, as for GPT-2). ``eos_token_id``: the token that ends a caption when it is not the tokenizer's EOS (a
+    captioner's :attr:`~finecap.models.base.CaptionerBase.eos_token_id`: Gemma 3's ``<end_of_turn>``). ``prefix``:
+    text each caption is tokenised after (a captioner's ``caption_prefix``: SmolVLM's space, which its byte-level
+    BPE merges into the first word, ``Ġa``, as its chat format does). Returns
+    ``input_ids`` and ``attention_mask`` ``(B, T)`` with ``T <= max_tokens``.
     """
     if max_tokens < 1:
         raise ValueError(f"max_tokens must be >= 1 (EOS needs a place), got {max_tokens}")
     eos, pad = eos_and_pad(tokenizer, "captions need one")
-    enc = tokenizer(list(texts), add_special_tokens=False)["input_ids"]
+    eos = eos if eos_token_id is None else int(eos_token_id)
+    enc = tokenizer([prefix + t for t in texts], add_special_tokens=False)["input_ids"]
     rows = [list(r[: max_tokens - 1]) + [eos] for r in enc]
     return pad_rows(rows, pad)
 

@@ -12,15 +12,16 @@ by default the training step's) and, with ``vllm.enable_sleep_mode``, releases i
 the backbones it does not serve (:meth:`VllmEngine.refusal`). What it decodes with is the run's:
 
 - **prompt**: the captioner's rendered chat prompt (``vlm.prompt`` in the checkpoint's chat template,
-  :attr:`Vlm.prompt_text`), the image placeholder expanded by the folder's processor as finecap's collator does,
-  with ``vlm.processor_kwargs`` (vLLM's ``mm_processor_kwargs``);
+  :attr:`Vlm.prompt_text`; :func:`served_prompt`: one BOS, as finecap's), the image placeholder expanded by the
+  folder's processor as finecap's collator does, with ``vlm.processor_kwargs`` (vLLM's ``mm_processor_kwargs``);
 - **decoding** (the ``decode`` section): greedy (``temperature=0``); sampling at ``decode.temperature`` with
   ``top_k`` / ``top_p``, ``num_return_sequences`` captions per image as vLLM's ``n``, per-image ``seeds`` as each
   request's seed (:func:`request_seed`; vLLM gives the ``j``-th of the ``n`` samples ``seed + j``); beam search
   through ``LLM.beam_search`` (vLLM's own ranking: ``sum(logprob) / length ** length_penalty`` with the *prompt*
   counted in the length and EOS not, best ``num_return_sequences`` returned; ``decode.finished_beams`` and
   ``early_stopping`` are finecap's decoder's and do not apply); ``max_length`` as ``max_tokens``; stopping at the
-  tokenizer's EOS, and with ``stop_at_period`` at a period token (:func:`finecap.decode.stop_token_ids`), and
+  captioner's end tokens (:meth:`finecap.models.base.CaptionerBase.stop_token_ids`: a VLM's turn end and its
+  ``generation_config``'s other stop tokens), and with ``stop_at_period`` at a period token, and
   nothing else (``generation_config="vllm"``: the folder's ``generation_config.json`` adds no stop token or
   default, as finecap's decoder reads none);
 - **what it returns**: a :class:`finecap.decode.Generation` as finecap's decoder gives it: the tokens with the stop
@@ -314,6 +315,19 @@ def architecture_of(captioner: Any) -> str:
     return type(captioner.model).__name__.removeprefix("FSDP")
 
 
+def served_prompt(captioner: Any) -> str:
+    """The prompt text vLLM is sent for ``captioner``: its rendered chat prompt (:attr:`Vlm.prompt_text`), less the
+    BOS its template wrote where its tokenizer adds one itself (Gemma 3's): vLLM's processor call adds the tokenizer's
+    special tokens, and finecap's prompt (:meth:`VlmImages.preprocess`, transformers' ``apply_chat_template``) holds
+    one BOS."""
+    text, tokenizer = captioner.prompt_text, captioner.tokenizer
+    bos = tokenizer.bos_token
+    if captioner.prompt_special_tokens or bos is None:
+        return text
+    adds_bos = tokenizer("a")["input_ids"][:1] == [tokenizer.bos_token_id]
+    return text.removeprefix(bos) if adds_bos else text
+
+
 def save_engine_folder(captioner: Any, out: Path, dtype: str) -> Path:
     """What vLLM builds the engine from, saved into ``out``: ``captioner``'s transformers config (its class as
     ``architectures``, ``dtype`` the engine's), generation config and processor (tokenizer, chat template, image
@@ -385,17 +399,19 @@ class VllmEngine(GenerationEngine):
     ``images``: it ``reads_images``); :meth:`load_weights` / :meth:`sync` update its weights; :meth:`close` frees
     it. Its log-probs are vLLM's (``external_logprobs``: RL's importance correction applies).
 
-    Attributes: ``llm`` (the ``vllm.LLM``), ``tokenizer`` (the captioner's), ``prompt_text``, ``folder`` (what it
-    was built from: config and processor files, no weights), ``sleep_mode`` (``vllm.enable_sleep_mode``: the engine
-    started with vLLM's sleep mode, and :meth:`sleep` frees its memory), ``asleep`` (the memory kinds vLLM holds
-    released now: ``"weights"``, ``"kv_cache"``)."""
+    Attributes: ``llm`` (the ``vllm.LLM``), ``tokenizer`` (the captioner's), ``prompt_text``, ``ends`` (the
+    captioner's :attr:`~finecap.models.base.CaptionerBase.end_token_ids`: the caption's end token first),
+    ``folder`` (what it was built from: config and processor files, no weights), ``sleep_mode``
+    (``vllm.enable_sleep_mode``: the engine started with vLLM's sleep mode, and :meth:`sleep` frees its memory),
+    ``asleep`` (the memory kinds vLLM holds released now: ``"weights"``, ``"kv_cache"``)."""
 
     reads_images = True
     external_logprobs = True
 
     def __init__(self, llm: Any, tokenizer: Any, prompt_text: str, folder: Path, owns_folder: bool,
-                 sleep_mode: bool = False) -> None:  # fmt: skip
+                 sleep_mode: bool = False, ends: Sequence[int] | None = None) -> None:  # fmt: skip
         self.llm, self.tokenizer, self.prompt_text, self.folder = llm, tokenizer, prompt_text, folder
+        self.ends = None if ends is None else tuple(int(t) for t in ends)
         self.device = torch.device("cpu")  # where the returned Generation's tensors are
         self.sleep_mode = sleep_mode
         self.asleep: set[str] = set()
@@ -483,8 +499,8 @@ class VllmEngine(GenerationEngine):
                 options["mm_processor_kwargs"] = dict(captioner.processor_kwargs)
             with rng_preserved():
                 llm = start_llm(folder, section, dtype=dtype, seed=seed, **options)
-            engine = cls(llm, captioner.tokenizer, captioner.prompt_text, folder, owns_folder=True,
-                         sleep_mode=section.enable_sleep_mode)  # fmt: skip
+            engine = cls(llm, captioner.tokenizer, served_prompt(captioner), folder, owns_folder=True,
+                         sleep_mode=section.enable_sleep_mode, ends=captioner.end_token_ids)  # fmt: skip
             engine.sync(captioner)  # the weights, from memory
         except BaseException:
             if engine is not None:
@@ -528,7 +544,7 @@ class VllmEngine(GenerationEngine):
 
         greedy = cfg.strategy == "greedy"
         n = 1 if greedy else cfg.num_return_sequences
-        stops = stop_token_ids(self.tokenizer, cfg.stop_at_period)
+        stops = stop_token_ids(self.tokenizer, cfg.stop_at_period, self.ends)
         params = []
         for i in range(len(prompts)):
             seed = None if greedy or seeds is None else request_seed(int(seeds[i]))
@@ -543,13 +559,22 @@ class VllmEngine(GenerationEngine):
         return self._generation(rows, n)
 
     def _beam(self, prompts: list[dict[str, Any]], cfg: DecodeConfig) -> Generation:
-        """``LLM.beam_search`` with ``beam_size`` beams; the ``num_return_sequences`` best per image."""
+        """``LLM.beam_search`` with ``beam_size`` beams; the ``num_return_sequences`` best per image. vLLM's beam
+        search stops at the tokenizer's EOS only: a captioner whose captions end with another token (Gemma 3's
+        ``<end_of_turn>``) is refused in one line naming ``decode.engine``."""
+        eos = self.tokenizer.eos_token_id
+        if self.ends is not None and self.ends[0] != eos:
+            raise ValueError(
+                f"decode.engine=vllm: vLLM's beam search stops only at the tokenizer's EOS "
+                f"{self.tokenizer.eos_token!r} but this captioner's captions end with "
+                f"{self.tokenizer.convert_ids_to_tokens(self.ends[0])!r}; "
+                "beam search with decode.engine=finecap"
+            )
         from vllm.entrypoints.generate.beam_search.utils import get_beam_search_score
         from vllm.sampling_params import BeamSearchParams
 
         params = BeamSearchParams(beam_width=cfg.beam_size, max_tokens=cfg.max_length,
                                   length_penalty=cfg.length_penalty)  # fmt: skip
-        eos = self.tokenizer.eos_token_id
         rows = []
         for out in self.llm.beam_search(prompts, params):
             for seq in out.sequences[: cfg.num_return_sequences]:

@@ -64,7 +64,7 @@ from torch import nn
 from torch.distributed.fsdp import FSDPModule
 
 from finecap.config import DecodeConfig
-from finecap.decode import Conditioning, Generation, decode
+from finecap.decode import Conditioning, Generation, decode, stop_token_ids
 from finecap.models import lora, memory, strict
 from finecap.models.captioner import (
     PARTS,
@@ -367,7 +367,28 @@ class CaptionerBase(nn.Module, abc.ABC):
 
     @property
     def eos_token_id(self) -> int:
+        """The token that ends a caption: the last token of every training target (the collator's,
+        :func:`finecap.data.datasets.model_collator`), the first of :attr:`end_token_ids` and the EOS that SMILE's
+        ``smile.include_eos`` reads; the tokenizer's EOS unless a backbone says otherwise (a VLM: the token that ends
+        an assistant turn in its chat template)."""
         return int(self.tokenizer.eos_token_id)
+
+    @property
+    def end_token_ids(self) -> tuple[int, ...]:
+        """Every token that ends a generated caption, :attr:`eos_token_id` first: that one alone unless a backbone
+        says otherwise (a VLM adds the other stop tokens of its ``generation_config.eos_token_id``)."""
+        return (self.eos_token_id,)
+
+    caption_prefix: str = ""
+    """Text a caption is tokenised after as a training target, merged into its first token (a VLM's chat template may
+    write a space between the generation prompt and the answer: :attr:`finecap.models.vlm.Vlm.caption_prefix`);
+    ``""`` for ClipCap and BLIP. Decoded captions are stripped (:func:`finecap.decode.texts_of`)."""
+
+    def stop_token_ids(self, stop_at_period: bool = False) -> list[int]:
+        """The tokens decoding stops at: :attr:`end_token_ids` and, with ``decode.stop_at_period``, the tokenizer's
+        period tokens (:func:`finecap.decode.stop_token_ids`), :attr:`eos_token_id` first. finecap's decoder, the
+        vLLM engine and the saved ``generation_config.json`` all read these."""
+        return stop_token_ids(self.tokenizer, stop_at_period, self.end_token_ids)
 
     @property
     def max_caption_tokens(self) -> int | None:
@@ -482,7 +503,9 @@ class CaptionerBase(nn.Module, abc.ABC):
         if isinstance(conditioning, torch.Tensor):
             conditioning = conditioning.to(self.device)
         self.check_length(conditioning, cfg.max_length, "decode.max_length")
-        return decode(self, conditioning, cfg, self.tokenizer, generator, seeds)
+        return decode(
+            self, conditioning, cfg, self.tokenizer, generator, seeds, self.stop_token_ids(cfg.stop_at_period)
+        )
 
     # ---- saving and loading -------------------------------------------------------------------------------------
 

@@ -14,7 +14,8 @@ the budget to the processor options that respect it:
 - ``"crops"`` (SmolVLM, Idefics3): ``n x n`` crops of ``max_image_size`` plus the global image: ``size.longest_edge``
   = ``n`` crops' side, or ``do_image_splitting=False`` (one crop) below 2 x 2 crops + 1;
 - ``"splitting"`` (Idefics2): no splitting (4 crops + the image) below 5 images, a smaller ``size`` below one;
-- ``"tiles"`` (InternVL): ``max_patches`` tiles plus the thumbnail, or ``crop_to_patches=False`` (one tile);
+- ``"tiles"`` (InternVL): ``max_patches`` tiles plus the thumbnail, or ``max_patches=min_patches=1`` (one tile, no
+  thumbnail: what ``crop_to_patches=False`` gives, in options a saved processor keeps, :func:`call_defaults`);
 - ``"grid"`` (LLaVA-NeXT, LLaVA-OneVision): ``image_grid_pinpoints`` kept to the grids that fit with the base
   image (at least the smallest); the model reads the same list (:func:`finecap.models.vlm.Vlm` sets both);
 - ``"fixed"`` (Gemma 3, LLaVA-1.5): the processor resizes every image to one size: nothing to map; a budget below it
@@ -36,10 +37,26 @@ def setting(processor: Any, key: str) -> Any:
     """What a processor call uses for the image option ``key`` when not given it: the processor's own image defaults
     (its class's ``images_kwargs`` and ``_defaults``, which transformers passes over the image processor's, e.g.
     InternVL's ``crop_to_patches=True``), else the image processor's attribute (from the checkpoint)."""
-    kwargs_class = getattr(processor, "valid_processor_kwargs", None)
-    defaults = {**(getattr(processor, "images_kwargs", None) or {}),
-                **getattr(kwargs_class, "_defaults", {}).get("images_kwargs", {})}  # fmt: skip
+    defaults = call_defaults(processor)
     return defaults[key] if key in defaults else getattr(processor.image_processor, key, None)
+
+
+def call_defaults(processor: Any) -> dict[str, Any]:
+    """The image options a processor call passes over the image processor's own settings when not given them: its
+    class's ``images_kwargs`` and ``_defaults`` (InternVL's ``crop_to_patches=True``, Gemma 3's
+    ``do_pan_and_scan=False``). A saved processor does not keep them: a plain ``AutoProcessor.from_pretrained`` of
+    it uses its class's again."""
+    kwargs_class = getattr(processor, "valid_processor_kwargs", None)
+    return {**(getattr(processor, "images_kwargs", None) or {}),
+            **getattr(kwargs_class, "_defaults", {}).get("images_kwargs", {})}  # fmt: skip
+
+
+def unsaved_options(processor: Any, options: dict[str, Any]) -> dict[str, Any]:
+    """The ``options`` (a run's processor call options) that a saved processor cannot carry: those the processor
+    class's :func:`call_defaults` set to another value, which a plain load of the saved processor passes over any
+    image-processor setting. ``{}`` when a plain load reads images as the run did."""
+    defaults = call_defaults(processor)
+    return {k: v for k, v in options.items() if k in defaults and defaults[k] != v}
 
 
 def own_size(processor: Any, key: str = "size") -> dict[str, int]:
@@ -99,8 +116,8 @@ def tiles(processor: Any, budget: int) -> dict[str, Any]:
         return {}  # one tile
     tile = own_size(processor)
     allowed = budget // (tile["height"] * tile["width"]) - 1  # tiles besides the thumbnail
-    if allowed <= 1:
-        return {"crop_to_patches": False}
+    if allowed <= 1:  # one tile, in options the saved image processor keeps (crop_to_patches is a call default)
+        return {"max_patches": 1, "min_patches": 1}
     most, least = setting(processor, "max_patches"), setting(processor, "min_patches")
     return {"max_patches": allowed, "min_patches": min(least, allowed)} if allowed < most else {}
 

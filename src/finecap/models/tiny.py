@@ -29,6 +29,7 @@ from typing import Any
 
 import torch
 import transformers as tf
+from tokenizers import processors
 
 from finecap.models.presets import PROMPT_WORDS, save_tiny_blip, save_tiny_clip, tiny_vlm
 from finecap.models.processors import image_only_processor
@@ -227,10 +228,15 @@ def idefics(family: str, sizes: Sizes) -> tuple[Any, Any]:
 def gemma3(family: str, sizes: Sizes) -> tuple[Any, Any]:
     """Gemma 3 with its output head untied from the embeddings: tied (Gemma 3's own setting), the random model's
     embeddings, scaled by sqrt(hidden) on the way in, make it repeat its last prompt token at every step (a special
-    token: every caption empty), which no decoding comparison can read."""
+    token: every caption empty), which no decoding comparison can read. As ``google/gemma-3-*-it``: the tokenizer's
+    EOS is ``<eos>``, the chat template ends an assistant turn with ``<end_of_turn>``, and the model stops at both
+    (:data:`MORE_STOPS`); the tokenizer adds ``<bos>`` and the chat template writes it too (``{{ bos_token }}``)."""
     specials = ["<start_of_turn>", "<end_of_turn>", "<start_of_image>", "<image_soft_token>", "<end_of_image>"]
     named = {"boi_token": "<start_of_image>", "image_token": "<image_soft_token>", "eoi_token": "<end_of_image>"}
-    tok = tokenizer(specials, "<end_of_turn>", named)
+    tok = tokenizer(specials, None, named)
+    tok._tokenizer.post_processor = processors.TemplateProcessing(  # <bos> first, as Gemma's tokenizer adds it
+        single="<bos> $A", pair="<bos> $A <bos> $B", special_tokens=[("<bos>", tok.bos_token_id)]
+    )
     text, ids = text_config(
         tok, sizes, head_dim=sizes.head_dim, sliding_window=8, layer_types=["sliding_attention", "full_attention"]
     )
@@ -243,7 +249,7 @@ def gemma3(family: str, sizes: Sizes) -> tuple[Any, Any]:
                              tie_word_embeddings=False, **ids)  # fmt: skip
     image_processor = tf.Gemma3ImageProcessorPil(size={"height": S, "width": S})
     processor = tf.Gemma3Processor(image_processor=image_processor, tokenizer=tok, image_seq_length=4,
-                                   chat_template=GEMMA_TEMPLATE)  # fmt: skip
+                                   chat_template="{{ bos_token }}" + GEMMA_TEMPLATE)  # fmt: skip
     return tf.Gemma3ForConditionalGeneration(config), processor
 
 
@@ -315,6 +321,10 @@ BUILDERS = {"llava": presets, "idefics3": presets, "qwen2_vl": presets, "qwen2_5
             "gemma3": gemma3, "internvl": internvl, "mistral3": mistral3, "glm4v": glm4v}  # fmt: skip
 """A tiny builder per supported family (``model_type``)."""
 
+MORE_STOPS = {"gemma3": ("<end_of_turn>",)}
+"""Stop tokens of a family's ``generation_config.eos_token_id`` besides the tokenizer's EOS (Gemma 3's
+``[<eos>, <end_of_turn>]``)."""
+
 ENCODERS = ("clip", "blip")
 """The kinds that are not a VLM family: a CLIP dual encoder (``model.encoder=DIR``, the retriever) and a BLIP
 captioner (``blip.name=DIR``), both over the world tokenizer."""
@@ -334,7 +344,9 @@ def tiny_family(family: str, *, seed: int = 0, std: float = 0.2, sizes: Sizes | 
         for p in model.parameters():
             if p.ndim == 2:
                 p.normal_(0.0, std)
-    model.generation_config.eos_token_id = processor.tokenizer.eos_token_id
+    tok = processor.tokenizer
+    stops = [tok.eos_token_id, *tok.convert_tokens_to_ids(list(MORE_STOPS.get(family, ())))]
+    model.generation_config.eos_token_id = stops[0] if len(stops) == 1 else stops
     model.generation_config.pad_token_id = processor.tokenizer.pad_token_id
     return model, processor
 

@@ -10,9 +10,12 @@ and image processing all come from the checkpoint.
 **Prompt and caption.** Every image is captioned after the same chat prompt: a user turn holding the image and
 ``vlm.prompt`` (default ``Describe the image.``), rendered with the processor's chat template and its
 generation prompt (``... Assistant:``), the image placeholder expanded by the processor to the model's image tokens.
-The caption is the assistant's answer: the caption tokens followed by the tokenizer's EOS, which must be the token
-that ends an assistant turn (``<end_of_utterance>`` for SmolVLM, ``<|im_end|>`` for Qwen2-VL, ``</s>`` for LLaVA-1.5)
-and one of ``generation_config.eos_token_id`` (checked), so decoding stops where ``generate`` stops. The collator
+The caption is the assistant's answer: the caption tokens followed by the token that ends an assistant turn
+(:attr:`Vlm.eos_token_id`: read from the chat template, the first token after an answer that is one of
+``generation_config.eos_token_id``: ``<end_of_utterance>`` for SmolVLM, ``<|im_end|>`` for Qwen2-VL,
+``<end_of_turn>`` for Gemma 3, whose tokenizer's EOS is ``<eos>``; else the tokenizer's EOS, ``</s>`` for LLaVA-1.5,
+which must then be one of them: checked). Decoding stops at it and at the model's other stop tokens
+(:attr:`Vlm.end_token_ids`), where ``generate`` stops. The collator
 pre-processes images into ``prompt_ids`` / ``prompt_mask`` (left-padded, as ``generate`` pads a batch of prompts) plus
 the family's image inputs (``pixel_values`` and ``pixel_attention_mask`` / ``image_grid_thw`` / ``image_sizes``); the
 captions are the batch's ``input_ids`` as for every backbone.
@@ -61,9 +64,10 @@ and is excluded by these names) nor the output head.
 **Checkpoints** (:meth:`Vlm.save`): the model with ``save_pretrained`` (base weights, adapters' wrappers removed)
 and the processor in the folder itself, so ``AutoModelForImageTextToText.from_pretrained(folder)`` and
 ``AutoProcessor.from_pretrained(folder)`` load a fine-tuned VLM outside finecap; LoRA adapters in peft's format
-beside it (``lm_lora/`` on the language model, ``encoder_lora/`` on the vision tower:
-``PeftModel.from_pretrained(model.model.language_model, folder / "lm_lora")``); ``captioner.json`` (``"kind":
-"vlm"``, the family, the prompt, what trains).
+beside it (``lm_lora/`` on the language model, ``encoder_lora/`` on the vision tower, at the family's paths,
+:attr:`Family.language_model`: ``PeftModel.from_pretrained(model.model.language_model, folder / "lm_lora")`` for
+LLaVA or Qwen2-VL, ``model.model.text_model`` for SmolVLM / Idefics3); ``captioner.json`` (``"kind": "vlm"``, the
+family, the prompt, what trains).
 
 Processors load with :func:`finecap.models.processors.load_processor` (``AutoProcessor``, or Qwen2-VL's processor
 class without its video processor where ``transformers`` cannot build one without ``torchvision``).
@@ -79,6 +83,7 @@ built once. The checkpoint records the world encoder it reads, as ClipCap's and 
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -95,7 +100,7 @@ from finecap.models import lora, memory
 from finecap.models.base import TEXT_TINY_SIZES, CaptionerBase, module_path, same_source
 from finecap.models.captioner import encode_images, last_positions
 from finecap.models.chat_templates import apply_chat_template
-from finecap.models.image_budget import budget_kwargs
+from finecap.models.image_budget import budget_kwargs, unsaved_options
 from finecap.models.kvcache import LAYERED, PromptCache, cache_kwargs, prompt_shareable, returned_cache
 from finecap.models.presets import world_vlm
 from finecap.models.processors import load_processor
@@ -146,7 +151,7 @@ class Family:
             mask (Gemma 3's ``token_type_ids``: bidirectional attention among an image's tokens); caption tokens get 0.
         image_rows: how the image inputs hold the batch's images: ``"image"``, one row of every image input per image;
             ``"tokens"``, ``pixel_values`` rows in proportion to each image's image tokens (Qwen's patches,
-            InternVL's tiles), the other inputs one row per image.
+            InternVL's tiles, Gemma 3's pan-and-scan crops), the other inputs one row per image.
         name: the family's name in the documentation.
         examples: checkpoints of the family (``vlm.name=...``).
         vllm: the architecture that vLLM's model registry serves the family by (documentation; ``""``: none).
@@ -245,7 +250,7 @@ FAMILIES: dict[str, Family] = {
     ),
     "gemma3": Family(
         "model.language_model", "model.vision_tower", "model.multi_modal_projector", ("pixel_values",),
-        token_inputs=("token_type_ids",), name="Gemma 3", examples=("google/gemma-3-4b-it",),
+        token_inputs=("token_type_ids",), image_rows="tokens", name="Gemma 3", examples=("google/gemma-3-4b-it",),
         vllm="Gemma3ForConditionalGeneration", image_budget="fixed",
     ),
     "mistral3": Family(
@@ -414,6 +419,69 @@ def processor_options(family: Family, processor: Any, section: VlmBackboneConfig
     return options
 
 
+ANSWER_MARKER = "a red circle"
+"""The assistant answer :func:`answer_context` renders to find what the chat template writes around an answer."""
+
+
+def answer_context(processor: Any, messages: list[dict[str, Any]], prompt_text: str) -> tuple[str, str]:
+    """What the chat template writes around an assistant answer: ``(before, after)``, the text between the generation
+    prompt (``prompt_text``, rendered from ``messages``) and the answer, and the text after the answer (the end of the
+    assistant turn: ``"<end_of_turn>\n"`` for Gemma 3), from ``messages`` followed by an assistant turn holding
+    :data:`ANSWER_MARKER`. ``("", "")`` where the template does not render that conversation or the answer."""
+    turn = {"role": "assistant", "content": [{"type": "text", "text": ANSWER_MARKER}]}
+    try:
+        full = apply_chat_template(processor, [*messages, turn], tokenize=False)
+    except ValueError:  # a template that refuses an assistant turn: the tokenizer's EOS ends captions
+        return "", ""
+    at = full.find(ANSWER_MARKER, len(prompt_text) if full.startswith(prompt_text) else 0)
+    if at < 0:
+        return "", ""
+    before = full[len(prompt_text) : at] if full.startswith(prompt_text) else ""
+    return before, full[at + len(ANSWER_MARKER) :]
+
+
+def answer_prefix(tokenizer: Any, prompt_text: str, before: str, answer: str = ANSWER_MARKER) -> str:
+    """The text a caption is tokenised after as a training target (:attr:`Vlm.caption_prefix`), so that its tokens
+    are the ones the chat format gives the answer: ``before`` (what the template writes between the generation prompt
+    and the answer, :func:`answer_context`: SmolVLM's space after ``Assistant:``, which a byte-level BPE merges into
+    the first word, ``Ġa``) when the answer's tokens after ``prompt_text`` are those of ``before + answer``; else
+    ``""`` (the answer alone: a SentencePiece tokenizer's ``▁a`` already, a prompt ending in a newline)."""
+    if not before:
+        return ""
+
+    def ids(text: str) -> list[int]:
+        return list(tokenizer(text, add_special_tokens=False)["input_ids"])
+
+    prompt, full = ids(prompt_text), ids(prompt_text + before + answer)
+    chat = full[len(prompt) :] if full[: len(prompt)] == prompt else None
+    return before if chat is not None and ids(before + answer) == chat and ids(answer) != chat else ""
+
+
+def model_stop_tokens(model: Any) -> list[int]:
+    """The model's stop tokens, ``generation_config.eos_token_id`` as a list (``[]``: none set)."""
+    stops = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+    return [int(stops)] if isinstance(stops, int) else [int(t) for t in stops or []]
+
+
+def caption_end(tokenizer: Any, after: str, stops: Sequence[int], source: str = "") -> int:
+    """The token that ends a caption: the first token of ``after`` (what the chat template writes after an assistant
+    answer, :func:`answer_context`) that is among the model's ``stops``; else the tokenizer's EOS, which must then be
+    among ``stops`` when there are any (one line naming ``vlm.name``), so that decoding stops where ``generate``
+    does."""
+    ids = tokenizer(after, add_special_tokens=False)["input_ids"] if after else []
+    end = next((int(t) for t in ids if int(t) in stops), None)
+    if end is not None:
+        return end
+    eos = tokenizer.eos_token_id
+    if stops and eos not in stops:
+        raise ValueError(
+            f"vlm.name={source}: the tokenizer's EOS {tokenizer.eos_token!r} (id {eos}) is not among the model's stop "
+            f"tokens (generation_config.eos_token_id={list(stops)}), nor is a token the chat template writes after an "
+            f"assistant answer ({after!r}); captions end with the token that ends an assistant turn"
+        )
+    return int(eos)
+
+
 # --------------------------------------------------------------------------------------------------------------------
 # The prompt and the decoding state
 # --------------------------------------------------------------------------------------------------------------------
@@ -514,11 +582,14 @@ class VlmImages:
 
     def preprocess(self, images: Sequence[Image.Image]) -> dict[str, torch.Tensor]:
         """PIL images -> ``prompt_ids`` / ``prompt_mask`` ``(B, P)`` (the chat prompt with the image tokens expanded,
-        left-padded) and the family's image inputs (``pixel_values``, ...), with the checkpoint's processor."""
+        left-padded) and the family's image inputs (``pixel_values``, ...), with the checkpoint's processor: the ids
+        of transformers' ``apply_chat_template(tokenize=True)`` (the tokenizer's special tokens added unless the
+        rendered prompt starts with its BOS: :attr:`Vlm.prompt_special_tokens`)."""
         images = [im.convert("RGB") for im in images]
         vlm = self.vlm
+        special = {} if vlm.prompt_special_tokens else {"add_special_tokens": False}  # a BOS the template wrote
         enc = vlm.processor(text=[vlm.prompt_text] * len(images), images=[[im] for im in images], padding=True,
-                            return_tensors="pt", **vlm.processor_kwargs)  # fmt: skip
+                            return_tensors="pt", **special, **vlm.processor_kwargs)  # fmt: skip
         out = {"prompt_ids": enc["input_ids"], "prompt_mask": enc["attention_mask"]}
         out.update({k: enc[k] for k in (*vlm.family.image_inputs, *vlm.family.token_inputs) if k in enc})
         return out
@@ -584,16 +655,17 @@ class Vlm(CaptionerBase):
             raise ValueError(f"vlm.name={source}: the processor has no chat template to build the prompt with")
         # rendered once, under bounds: a checkpoint's template is code (finecap.models.chat_templates)
         self.prompt_text = apply_chat_template(processor, messages, add_generation_prompt=True, tokenize=False)
+        # whether the processor adds the tokenizer's special tokens to the rendered prompt: not when the template wrote
+        # the BOS itself (Gemma 3's, Pixtral's {{ bos_token }}), as transformers' apply_chat_template(tokenize=True)
+        # decides, so that the prompt holds one BOS
+        bos = self.tokenizer.bos_token
+        self.prompt_special_tokens = not (bos is not None and self.prompt_text.startswith(bos))
         self.image_token_id = int(model.config.image_token_id)
-        stops = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
-        stops = [stops] if isinstance(stops, int) else list(stops or [])
-        if stops and self.tokenizer.eos_token_id not in stops:
-            raise ValueError(
-                f"vlm.name={source}: the tokenizer's EOS {self.tokenizer.eos_token!r} (id "
-                f"{self.tokenizer.eos_token_id}) is not among the model's stop tokens "
-                f"(generation_config.eos_token_id={stops}); captions end with "
-                "the token that ends an assistant turn, so the tokenizer's EOS must be one of them"
-            )
+        stops = model_stop_tokens(model)
+        before, after = answer_context(processor, messages, self.prompt_text)
+        self.caption_prefix = answer_prefix(self.tokenizer, self.prompt_text, before)
+        self._eos = caption_end(self.tokenizer, after, stops, source)
+        self._ends = (self._eos, *(t for t in stops if t != self._eos))
         self.train_encoder = bool(train_encoder)
         self.train_lm = bool(train_lm)
         self.source = source
@@ -608,6 +680,24 @@ class Vlm(CaptionerBase):
 
     kind = KIND
     TRANSFORMERS_CLASS = "AutoModelForImageTextToText"
+
+    @property
+    def eos_token_id(self) -> int:
+        """The token that ends a caption: the one that ends an assistant turn in the chat template, among the model's
+        stop tokens (:func:`caption_end`: Gemma 3's ``<end_of_turn>``, SmolVLM's ``<end_of_utterance>``, Qwen's
+        ``<|im_end|>``), else the tokenizer's EOS."""
+        return self._eos
+
+    caption_prefix: str = ""
+    """What the chat template writes between the generation prompt and the answer, where the answer's tokens in the
+    chat format include it (:func:`answer_prefix`: SmolVLM's space with a byte-level BPE); ``""`` elsewhere. The
+    collator tokenises each caption after it, so training targets are the tokens the chat format gives the answer."""
+
+    @property
+    def end_token_ids(self) -> tuple[int, ...]:
+        """:attr:`eos_token_id`, then the model's other stop tokens (``generation_config.eos_token_id``): decoding
+        stops where ``generate`` stops."""
+        return self._ends
 
     @property
     def encoder(self) -> VlmImages | FeatureMapTokens:
@@ -846,7 +936,7 @@ class Vlm(CaptionerBase):
             # a masked caption position (padding after the EOS) is never read: given the EOS id, so that a padding id
             # that is an image token is not counted as an image slot
             text = input_ids[:, :-1].to(self.device).masked_fill(~caption_mask[:, :-1].to(self.device).bool(),
-                                                                  int(self.tokenizer.eos_token_id))  # fmt: skip
+                                                                  self.eos_token_id)  # fmt: skip
             if bool((text == self.image_token_id).any()):
                 # the own forward would read a caption's image token as an image slot: the caption is continued
                 # from the prompt pass's cache instead (as generate reads it)
@@ -953,7 +1043,18 @@ class Vlm(CaptionerBase):
         ``AutoModelForImageTextToText.from_pretrained(out)`` and ``AutoProcessor.from_pretrained(out)`` load it. The
         processor is saved with the run's image budget (``vlm.image_max_pixels``, ``vlm.processor_kwargs``: the call
         arguments finecap passes) as its image processor's own settings, so that a plain transformers load reads the
-        images into as many tokens as the run did."""
+        images into as many tokens as the run did. An option the processor class's call defaults pass over those
+        settings (:func:`finecap.models.image_budget.unsaved_options`: Gemma 3's ``do_pan_and_scan``) cannot be
+        saved so: a warning names it (finecap's own load, which reads ``captioner.json``, still passes it)."""
+        unsaved = unsaved_options(self.processor, self.processor_kwargs)
+        if unsaved:
+            given = ", ".join(f"{k}={v!r}" for k, v in unsaved.items())
+            warnings.warn(
+                f"vlm.processor_kwargs: {given}: {type(self.processor).__name__} passes its own default over the "
+                f"saved image processor's setting, so a plain AutoProcessor.from_pretrained({out}) does not read "
+                "images as this run did; pass the same to its calls (finecap's own load does)",
+                stacklevel=2,
+            )
         self.save_plain_model(out, state)
         image_processor = getattr(self.processor, "image_processor", None)
         kept = {k: getattr(image_processor, k) for k in self.processor_kwargs if hasattr(image_processor, k)}

@@ -195,7 +195,8 @@ class SmileObjective(ObjectiveBase):
             batch = shift_first_tokens(batch, self.smile.shift_token_id)
         logits = model(batch)  # (B, T, V)
         labels = batch["labels"]  # (B, T)
-        eos = unwrap(model).tokenizer.eos_token_id
+        captioner = unwrap(model)  # the caption's end token (a VLM's turn end: not always the tokenizer's EOS)
+        eos = captioner.eos_token_id if hasattr(captioner, "eos_token_id") else captioner.tokenizer.eos_token_id
         info, seeds = batch.get("step_info"), None
         if self.smile.subset == "random" and info is not None and "index" in batch:  # training: per caption's index
             seeds = step_seeds(self.seed, int(info.step), batch["index"])

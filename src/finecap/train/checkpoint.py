@@ -72,13 +72,18 @@ def _quiet_transformers():
 
 
 def generation_config(
-    decode: DecodeConfig, tokenizer: Any = None, base: GenerationConfig | None = None
+    decode: DecodeConfig,
+    tokenizer: Any = None,
+    base: GenerationConfig | None = None,
+    ends: Sequence[int] | None = None,
 ) -> GenerationConfig:
     """``decode`` as a ``transformers.GenerationConfig`` (``base``'s other settings kept): the strategy's own
     settings only (``length_penalty`` and ``early_stopping`` for beam search, ``temperature`` / ``top_k`` / ``top_p``
     for sampling, the others unset, as transformers requires; greedy decoding returns one caption, finecap refuses
-    more), and with ``tokenizer`` the stop ids (EOS, and with ``decode.stop_at_period`` the period tokens) and the
-    pad id finecap's decoder uses. ``generate`` reproduces finecap's beam search only under
+    more), and with ``tokenizer`` the stop ids (``ends``, the captioner's
+    :attr:`~finecap.models.base.CaptionerBase.end_token_ids`, default the tokenizer's EOS, and with
+    ``decode.stop_at_period`` the period tokens: :func:`finecap.decode.stop_token_ids`) and the pad id finecap's
+    decoder uses. ``generate`` reproduces finecap's beam search only under
     ``decode.finished_beams=set_aside`` (:mod:`finecap.decode`)."""
     from transformers import GenerationConfig
 
@@ -101,7 +106,7 @@ def generation_config(
     # what transformers has no name for, so that finecap decodes a saved folder exactly as the run did
     gen.finecap_decode = {key: getattr(decode, key) for key in FINECAP_ONLY}
     if tokenizer is not None and tokenizer.eos_token_id is not None:
-        stops = stop_token_ids(tokenizer, decode.stop_at_period)
+        stops = stop_token_ids(tokenizer, decode.stop_at_period, ends)
         gen.eos_token_id = stops[0] if len(stops) == 1 else stops
         pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
         gen.pad_token_id = int(pad)
@@ -191,10 +196,11 @@ def saved_dtype(model_folder: str | Path) -> str:
     return frozen.pop() if len(frozen) == 1 and next(iter(frozen)) in DTYPES else "auto"
 
 
-def write_generation_config(model_folder: str | Path, decode: DecodeConfig, tokenizer: Any = None) -> list[Path]:
-    """Write :func:`generation_config` into ``model_folder`` and every sub-folder that already holds a
-    ``generation_config.json`` (a transformers model saved inside, e.g. ClipCap's ``lm/``, whose settings are
-    kept); returns the files written."""
+def write_generation_config(model_folder: str | Path, decode: DecodeConfig, tokenizer: Any = None,
+                            ends: Sequence[int] | None = None) -> list[Path]:  # fmt: skip
+    """Write :func:`generation_config` (``ends``: the captioner's end tokens) into ``model_folder`` and every
+    sub-folder that already holds a ``generation_config.json`` (a transformers model saved inside, e.g. ClipCap's
+    ``lm/``, whose settings are kept); returns the files written."""
     from transformers import GenerationConfig
 
     model_folder = Path(model_folder)
@@ -202,7 +208,7 @@ def write_generation_config(model_folder: str | Path, decode: DecodeConfig, toke
     written = []
     for folder in folders:
         base = GenerationConfig.from_pretrained(folder) if (folder / GENERATION_CONFIG).exists() else None
-        generation_config(decode, tokenizer, base).save_pretrained(folder)
+        generation_config(decode, tokenizer, base, ends).save_pretrained(folder)
         written.append(folder / GENERATION_CONFIG)
     return written
 
@@ -239,7 +245,9 @@ def save_checkpoint(
     try:
         with _quiet_transformers():
             model.save(tmp / MODEL_SUBDIR, state_dict=state_dict)
-            write_generation_config(tmp / MODEL_SUBDIR, cfg.decode, model.tokenizer)
+            write_generation_config(
+                tmp / MODEL_SUBDIR, cfg.decode, model.tokenizer, getattr(model, "end_token_ids", None)
+            )
         meta_file = tmp / MODEL_SUBDIR / CAPTIONER_FILE
         meta = read_json(meta_file) if meta_file.is_file() else {}  # a captioner's save writes it
         card = model_card(cfg, info, meta, fingerprints, command_argv())
