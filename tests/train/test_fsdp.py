@@ -5,8 +5,9 @@ parameters of 1 process x batch 16, for MLE, SMILE, SCST (seeded sampled rollout
 each process decodes its own batch) and self-retrieval, within that test's bounds (justified there). Then: a run
 stopped after its first step and resumed sharded continues exactly as the uninterrupted sharded run (equal bit for
 bit); the same checkpoint resumes in one process (the optimizer state is stored full, keyed by parameter names) to
-within the equivalence bounds; gradient accumulation and clipping act on sharded gradients; gradient checkpointing
-composes with sharding; the sharded run's checkpoint is a plain transformers folder.
+within the equivalence bounds, and a checkpoint of one process resumes sharded; gradient accumulation and clipping
+act on sharded gradients; gradient checkpointing composes with sharding; the sharded run's checkpoint is a plain
+transformers folder.
 """
 
 from __future__ import annotations
@@ -81,3 +82,11 @@ def test_resume_sharded_is_exact_and_in_one_process_is_close(world_args, clip_di
     single = [o for o in run("cut1", 2) if not o.startswith(("train.batch_size", "train.grad_accum_steps"))]
     train(load(None, [*single, "train.batch_size=8", "train.grad_accum_steps=2"]), resume=True)
     compare(whole, weights(tmp_path / "cut1"), "sharded step 1, then step 2 resumed in one process")
+    # and the other way: a run started in one process (nothing to shard: torch's position-keyed optimizer state)
+    # resumes sharded over 2 (refused before, as 'trained with train.strategy=ddp'; a run could never scale out)
+    alone = [o for o in run("one", 1) if not o.startswith(("train.batch_size", "train.grad_accum_steps"))]
+    train(load(None, [*alone, "train.batch_size=8", "train.grad_accum_steps=2"]))
+    launch(launch_two, [(run("one", 2), True)], tmp_path / "launch-one.log")
+    info = json.loads((checkpoint_dir(tmp_path / "one", "last") / INFO_FILE).read_text())
+    assert (info["step"], info["sharded"], info["num_processes"]) == (2, True, 2)
+    compare(whole, weights(tmp_path / "one"), "step 1 in one process, then step 2 resumed sharded over 2")

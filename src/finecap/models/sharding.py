@@ -223,6 +223,30 @@ def is_named_optimizer_state(state: dict[str, Any]) -> bool:
     return any(isinstance(k, str) for k in state.get("state", {}))
 
 
+def named_optimizer_state(model: nn.Module, optimizer: torch.optim.Optimizer, state: dict[str, Any]) -> dict[str, Any]:
+    """Torch's own optimizer state (keyed by the positions of the parameters in the optimizer's groups: what an
+    unsharded run saves, under DDP or in one process) keyed by the names of ``optimizer``'s parameters in ``model``
+    instead, group by group and position by position, so that a sharded run loads it (:func:`load_optimizer_state`).
+    The two optimizers must hold their parameters in the same order, as :func:`finecap.train.engine.build_optimizer`
+    makes them from the same model; a ``ValueError`` when the groups differ in number or size."""
+    names = {id(p): name for name, p in model.named_parameters()}
+    saved_groups = state.get("param_groups", [])
+    if len(saved_groups) != len(optimizer.param_groups):
+        raise ValueError(f"it has {len(saved_groups)} parameter groups, this run's optimizer "
+                         f"{len(optimizer.param_groups)}")  # fmt: skip
+    out: dict[str, Any] = {"state": {}, "param_groups": []}
+    for k, (saved, current) in enumerate(zip(saved_groups, optimizer.param_groups, strict=True)):
+        if len(saved["params"]) != len(current["params"]):
+            raise ValueError(f"its parameter group {k} holds {len(saved['params'])} parameters, this run's "
+                             f"{len(current['params'])}")  # fmt: skip
+        fqns = [names[id(p)] for p in current["params"]]
+        for index, name in zip(saved["params"], fqns, strict=True):
+            if index in state.get("state", {}):
+                out["state"][name] = state["state"][index]
+        out["param_groups"].append({**saved, "params": fqns})
+    return out
+
+
 def load_optimizer_state(model: nn.Module, optimizer: torch.optim.Optimizer, state: dict[str, Any]) -> None:
     """Load a full, name-keyed optimizer state (:func:`optimizer_state`) into ``optimizer`` of ``model``, sharded or
     not; every process passes the whole state and keeps its shard."""

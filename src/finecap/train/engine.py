@@ -487,11 +487,13 @@ class Engine:
                     f"{folder / INFO_FILE} says step {self.state.step}: one of them was changed"
                 )
             named = sharding.is_named_optimizer_state(main["optimizer"])  # written by a sharded run
-            if self.sharded and not named:
-                raise CheckpointError(
-                    f"{main_file}: the optimizer state of a run trained with train.strategy=ddp; resume it with "
-                    "train.strategy=ddp (a sharded run resumes under either strategy)"
-                )
+            if self.sharded and not named:  # written unsharded (DDP, or one process): keyed by names here
+                try:
+                    main["optimizer"] = sharding.named_optimizer_state(unwrap(self.model), self.optimizer.optimizer,
+                                                                       main["optimizer"])  # fmt: skip
+                except ValueError as e:
+                    raise CheckpointError(f"{main_file}: the optimizer state does not fit this model: {e}") from None
+                named = True
             scheduler = getattr(self.scheduler, "scheduler", self.scheduler)  # accelerate's wrapper, or torch's own
             check_main_state(main, optimizer=self.optimizer.optimizer, scheduler=scheduler,
                              scaler=self.accelerator.scaler, path=main_file, step=self.state.step,
