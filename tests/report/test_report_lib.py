@@ -101,11 +101,11 @@ def test_report_of_fabricated_run_is_self_contained(fabricated_run, tmp_path):
     run = read_run(fabricated_run)
     assert run.stages == ["human", "mle", "smile", "blip_x", "smile_random"]
     assert sorted(run.bags) == [3, 5]
-    out = write_report(fabricated_run, tmp_path / "r.html", retrieval=False)
+    out = write_report(fabricated_run, tmp_path / "r.html", retrieval=False, plots=tmp_path / "plots")
     html = out.read_text()
     assert "http://" not in html and "https://" not in html and "<script src" not in html  # nothing fetched
     assert html.count('src="data:image/png;base64,') >= 7 + 12  # 7 plots, gallery images
-    assert sorted(p.name for p in (fabricated_run / "plots").iterdir()) == [
+    assert sorted(p.name for p in (tmp_path / "plots").iterdir()) == [
         "bag_recall.png", "curves_mle.png", "curves_smile.png", "curves_smile_random.png", "faithfulness.png",
         "length_hist.png", "smile_length.png"]  # fmt: skip
 

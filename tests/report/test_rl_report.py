@@ -125,7 +125,7 @@ def logged_keys(run_dir) -> set[str]:
 @pytest.mark.slow
 def test_finecap_report_takes_a_grpo_run_directory(grpo_run, tmp_path):
     out = tmp_path / "grpo.html"
-    assert main(["report", str(grpo_run), "--out", str(out), "--sample", "4"]) == 0
+    assert main(["report", str(grpo_run), "--out", str(out), "--sample", "4", "--plots", str(tmp_path / "plots")]) == 0
     html = out.read_text()
     keys = logged_keys(grpo_run)
     parts = {k for k in keys if k.count("/") == 1 and k.startswith("reward/")}
@@ -134,7 +134,7 @@ def test_finecap_report_takes_a_grpo_run_directory(grpo_run, tmp_path):
     panels = panels_of(html, grpo_run.name)
     assert {"reward", *parts, "kl", "clip_fraction", "ratio", "advantage", *monitors} <= set(panels)
     assert len(panels) == len(set(panels))
-    assert all((grpo_run / "plots" / f"rl_{grpo_run.name}_{p.replace('/', '-')}.png").is_file() for p in panels)
+    assert all((tmp_path / "plots" / f"rl_{grpo_run.name}_{p.replace('/', '-')}.png").is_file() for p in panels)
     # The results row is the last evaluation; the captions table and the gallery show its logged captions, with
     # their images (the ids logged as text matched to the data set's).
     assert 'id="results-note"' in html and "<td>grpo_sr_cider</td>" in html
