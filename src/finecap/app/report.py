@@ -370,6 +370,22 @@ def _extra_sections(run_dir: Path, rules: ColumnRules) -> list[dict[str, Any]]:
     return sections
 
 
+def results_note(run_dir: Path, step: int, cfg: Config) -> str:
+    """The note under the results table of a run without ``results.json`` (its row is the last evaluation), with the
+    two commands that score its best checkpoint on the test split: ``finecap caption`` (into the run's ``captions/``,
+    which the report's gallery then shows), then ``finecap eval`` against the run's data set."""
+    try:
+        references = str(data_file(cfg))
+    except ValueError:  # no data set file to name (a format without a default path)
+        references = "DATA"
+    captions = run_dir / "captions" / "test.json"
+    return (
+        f"No results.json in this run: the row is its last evaluation (validation split, step {step}). To score its "
+        f"best checkpoint on the test split: `finecap caption --checkpoint {run_dir} --split test --out {captions}`, "
+        f"then `finecap eval --predictions {captions} --references {references}`."
+    )
+
+
 def _records(cfg: Config) -> tuple[dict[Hashable, Record], dict | None]:
     try:
         refs = load_references(cfg)
@@ -421,12 +437,7 @@ def main(
         "reference_rows": [r for r in REFERENCE_ROWS if r in run.results],
         "headlines": headline_comparisons(run.results, rules),
         "tables": results_tables(run.results, rules=rules),
-        "results_note": None
-        if run.results_from is None
-        else (
-            f"No results.json in this run: the row is its last evaluation (validation split, step "
-            f"{run.results_from}). `finecap eval` scores a checkpoint on the test split."
-        ),
+        "results_note": None if run.results_from is None else results_note(run.run_dir, run.results_from, cfg),
         "rl": rl,
         "extra": _extra_sections(run.run_dir, rules),
         "plots": figures,
