@@ -58,6 +58,7 @@ from finecap.data.bags_file import read_bags
 from finecap.data.records import Record
 from finecap.data.references import data_file, load_references
 from finecap.data.results import read_results
+from finecap.metrics.faithfulness import SILENT_NOTE, mostly_silent
 from finecap.outputs import OutputRefused, check_not_input, check_output_file, refuse_link, write_output
 from finecap.report.columns import ColumnRules, rules_for
 from finecap.report.gallery import bag_outcomes, check_facts, select_images
@@ -386,6 +387,24 @@ def results_note(run_dir: Path, step: int, cfg: Config) -> str:
     )
 
 
+def silent_note(results: dict[str, dict[str, Any]]) -> str | None:
+    """The note under the results tables when most captions of some stage state no fact
+    (:func:`finecap.metrics.faithfulness.mostly_silent`): their precision 1 and no hallucination are by definition.
+
+    Example::
+
+        >>> silent_note({"mle": {"faith/no_facts": 0.8}, "smile": {"faith/no_facts": 0.1}})[:50]
+        'Most captions of mle (80%) state no fact the world'
+        >>> silent_note({"smile": {"faith/no_facts": 0.1}}) is None
+        True
+    """
+    silent = {stage: share for stage, row in results.items() if (share := mostly_silent(row)) is not None}
+    if not silent:
+        return None
+    stages = ", ".join(f"{stage} ({share:.0%})" for stage, share in silent.items())
+    return f"Most captions of {stages} {SILENT_NOTE}."
+
+
 def _records(cfg: Config) -> tuple[dict[Hashable, Record], dict | None]:
     try:
         refs = load_references(cfg)
@@ -438,6 +457,7 @@ def main(
         "headlines": headline_comparisons(run.results, rules),
         "tables": results_tables(run.results, rules=rules),
         "results_note": None if run.results_from is None else results_note(run.run_dir, run.results_from, cfg),
+        "silent_note": silent_note(run.results),
         "rl": rl,
         "extra": _extra_sections(run.run_dir, rules),
         "plots": figures,
