@@ -35,6 +35,7 @@ from finecap.models.retriever import Retriever
 from finecap.models.tokenizer import world_tokenizer
 from finecap.world.make import make_world
 from finecap.world.scene import Obj, Scene
+from helpers.cli import refused
 from helpers.coco_reference import NoSpice
 from helpers.scripts import benchmark
 
@@ -340,6 +341,14 @@ def test_eval_says_when_most_captions_state_no_fact(world, tmp_path, capsys):
     assert cli([*args, "--format", "json"]) == 0  # the note on stderr: stdout stays the JSON
     captured = capsys.readouterr()
     assert json.loads(captured.out)["faith/no_facts"] == 0.75 and "note: 75% of the captions" in captured.err
+
+
+def test_eval_names_an_empty_predictions_file(world, tmp_path):
+    # "predictions: empty, nothing to evaluate" named neither the option nor the file
+    empty = tmp_path / "none.json"
+    empty.write_text("[]")
+    refused(["eval", "--predictions", str(empty), "--references", str(world), "--metrics", "bleu"],
+            f"--predictions: {empty}: no captions in it (read as coco predictions); nothing to evaluate")  # fmt: skip
 
 
 def test_eval_command_unknown_metric_and_missing_ids(world, tmp_path, capsys):

@@ -163,6 +163,9 @@ def _main(
     results = read.captions
     for warning in read.warnings:
         print(f"warning: {warning}", file=sys.stderr)
+    if not results:
+        raise DataError(f"--predictions: {predictions}: no captions in it (read as {pred_format} predictions); "
+                        "nothing to evaluate")  # fmt: skip
     repeated = [i for i, caps in results.items() if len(caps) > 1]
     if repeated and "diversity" not in (asked or ()):
         raise DataError(
