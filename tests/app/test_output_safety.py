@@ -295,6 +295,17 @@ def test_eval_outputs_never_over_its_inputs_even_with_force(eval_files):
     assert (preds.read_bytes(), refs.read_bytes()) == before
 
 
+def test_eval_out_and_per_image_naming_one_file_are_refused_as_such(eval_files):
+    # both are outputs: "--per-image: s.json is also the command's --out; writing it would destroy the input"
+    preds, refs = eval_files
+    same = preds.parent / "s.json"
+    for per_image in (same, preds.parent / "." / "s.json"):
+        line = refused(eval_argv(preds, refs, "--out", str(same), "--per-image", str(per_image), "--force"),
+                       f"--out and --per-image are the same file ({per_image}); name two files")  # fmt: skip
+        assert "input" not in line
+    assert not same.exists()
+
+
 def test_eval_outputs_never_over_the_inputs_its_configuration_names_even_with_force(eval_files):
     preds, refs = eval_files
     instances, questions = precious(preds.parent, "instances.json"), precious(preds.parent, "questions.jsonl")
