@@ -364,13 +364,23 @@ def test_train_never_replaces_the_recipe_nor_a_users_config(tiny, tmp_path):
     assert recipe.read_bytes() == before and (other / "config.yaml").read_bytes() == before
 
 
+def test_train_into_a_run_folder_names_the_option_that_chose_it(tiny, trained):
+    # `finecap train ... --out DIR` on a run folder said "run.dir: DIR already holds a run; ... choose another run.name
+    # / run.dir", options the user never typed
+    line = refused(["train", *tiny["base"], "--out", str(trained)],
+                   f"--out: {trained} already holds a run; pass --resume", "or choose another --out")  # fmt: skip
+    assert "run.dir" not in line and "run.name" not in line
+    refused(["train", *tiny["base"], f"run.dir={trained}"],
+            f"run.dir: {trained} already holds a run", "choose another run.name / run.dir")  # fmt: skip
+
+
 def test_train_never_writes_its_run_into_the_data_it_reads(tiny, tmp_path):
     """A run folder inside the world (or a data set folder, data.images) was made and trained into; caption, eval and
     the report refuse such an output."""
     world = tiny["root"] / "world"
     before = sorted(p.relative_to(world) for p in world.rglob("*"))
     for inside in (world / "myrun", world / "images" / "train" / "run"):
-        refused(["train", *tiny["base"], "--out", str(inside)], f"run.dir: {inside} lies inside the command's data")
+        refused(["train", *tiny["base"], "--out", str(inside)], f"--out: {inside} lies inside the command's data")
     refused(["train", *tiny["base"], f"data.images={tmp_path}", "--out", str(tmp_path / "run")],
             "lies inside the command's image folder (data.images)")  # fmt: skip
     assert sorted(p.relative_to(world) for p in world.rglob("*")) == before and not (tmp_path / "run").exists()

@@ -178,7 +178,8 @@ def cmd_train(args: argparse.Namespace) -> None:
         return
     from finecap.train.run import train
 
-    train(cfg, resume=args.resume, recipe=_recipe_file(args))
+    option = "run.dir" if args.out is None else "--out"  # the errors about the run folder name what the user typed
+    train(cfg, resume=args.resume, recipe=_recipe_file(args), run_dir_option=option)
 
 
 def _stored_run_config(args: argparse.Namespace) -> Config:
