@@ -206,8 +206,11 @@ def check_outputs(
     outs: Iterable[tuple[str, str | Path | None, str]], inputs: Mapping[str, str | Path | None], *, force: bool
 ) -> None:
     """:func:`check_output_file` for each ``(option, path, kind)`` of ``outs`` (no path: skipped), and two outputs
-    that name one file refused."""
+    that name one file refused, saying so (``--out and --per-image are the same file (s.json); name two files``)."""
     named = [(option, Path(path), kind) for option, path, kind in outs if path]
-    for i, (option, path, kind) in enumerate(named):
-        earlier = {o: p for o, p, _ in named[:i]}
-        check_output_file(path, {**inputs, **earlier}, force=force, option=option, kind=kind)
+    for i, (option, path, _) in enumerate(named):
+        for other, other_path, _ in named[:i]:
+            if _same(path, other_path):
+                raise OutputRefused(f"{other} and {option} are the same file ({path}); name two files")
+    for option, path, kind in named:
+        check_output_file(path, inputs, force=force, option=option, kind=kind)

@@ -88,9 +88,15 @@ def test_caption_uses_the_checkpoints_saved_beam(beam_run, tmp_path, caplog):
     assert not setup.data_from_command_line
 
     default = captions(main(checkpoint=beam_run, out=tmp_path / "default.json"))
-    assert "decoding beam (beam_size=3, length_penalty=1.0, finished_beams=keep, max_length=10)" in caplog.text
+    config = checkpoint_dir(beam_run, "best") / "config.yaml"
+    said = [r.getMessage() for r in caplog.records if r.getMessage().startswith("caption: ")]
+    assert said[-1].endswith(f"max_length=10) from the checkpoint's {config}")
     explicit = captions(main(checkpoint=beam_run, out=tmp_path / "explicit.json",
                              overrides=["decode.strategy=beam", "decode.beam_size=3"]))  # fmt: skip
+    # the settings given on the command line are said to come from there, not from the checkpoint's config.yaml alone
+    said = [r.getMessage() for r in caplog.records if r.getMessage().startswith("caption: ")]
+    assert said[-1].endswith(f"max_length=10) from the checkpoint's {config}, with decode.strategy=beam, "
+                             "decode.beam_size=3 from the command line")  # fmt: skip
     assert default == explicit and len(default) == 8  # the tiny world's test split
     # An independent decode of the same model with the settings spelled out gives the same captions.
     cfg = load_stored(beam_run / "config.yaml")

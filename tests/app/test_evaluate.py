@@ -35,6 +35,7 @@ from finecap.models.retriever import Retriever
 from finecap.models.tokenizer import world_tokenizer
 from finecap.world.make import make_world
 from finecap.world.scene import Obj, Scene
+from helpers.cli import refused
 from helpers.coco_reference import NoSpice
 from helpers.scripts import benchmark
 
@@ -231,7 +232,8 @@ def test_per_image_values_of_the_text_groups_average_to_the_corpus_values():
     references = {0: ["a red circle on grass", "a large red circle"], 1: ["a blue square and a green star"]}
     corpus, items = evaluate_items(predictions, references, metrics="bleu,rouge,cider,length,faithfulness",
                                    scenes=scenes)  # fmt: skip
-    keys = ["CIDEr-D", "ROUGE-L", "Length", "faith/precision", "faith/recall", "faith/facts", "faith/halluc_rate"]
+    keys = ["CIDEr-D", "ROUGE-L", "Length", "faith/precision", "faith/recall", "faith/facts", "faith/no_facts",
+            "faith/halluc_rate"]  # fmt: skip
     assert_image_means_are_corpus_values(corpus, items, keys)
     assert items[0]["Length"] == 5 and items[0]["faith/halluc_rate"] == 1.0  # "blue" is false of the red circle
     assert corpus["faith/precision"] < 1 and corpus["CIDEr-D"] > 0
@@ -319,6 +321,34 @@ def test_eval_command_end_to_end_text_metrics(world, tmp_path, capsys):
     assert out["Length"] == pytest.approx(expected_len)
     printed = capsys.readouterr().out
     assert "| metric | results.json |" in printed and "| faith/precision | 1.000 |" in printed
+    assert out["faith/no_facts"] == 0.0 and "state no fact" not in printed  # the references state facts
+
+
+def test_eval_says_when_most_captions_state_no_fact(world, tmp_path, capsys):
+    # captions naming no shape got faith/precision 1.000 and faith/halluc_rate 0.000, the rule only in a docstring
+    refs = load_references(load(), world, split="test")
+    silent = {r.image_id: "a big big big big" for r in refs.records[:9]}  # 9 of 12 state nothing
+    write_results(tmp_path / "silent.json", silent | {r.image_id: r.captions[0] for r in refs.records[9:]})
+    args = ["eval", "--predictions", str(tmp_path / "silent.json"), "--references", str(world), "--metrics",
+            "length,faithfulness"]  # fmt: skip
+    assert cli(args) == 0
+    printed = capsys.readouterr().out
+    assert "| faith/no_facts | 0.750 |" in printed and "| faith/precision | 1.000 |" in printed
+    notes = [line for line in printed.splitlines() if "state no fact" in line]
+    assert notes == ["note: 75% of the captions (9 of 12) state no fact the world's parser reads; each such caption "
+                     "counts as faith/precision 1 and no hallucination, so faith/precision and faith/halluc_rate say "
+                     "little about them (docs/metrics.md#faithfulness-on-the-world)"]  # fmt: skip
+    assert cli([*args, "--format", "json"]) == 0  # the note on stderr: stdout stays the JSON
+    captured = capsys.readouterr()
+    assert json.loads(captured.out)["faith/no_facts"] == 0.75 and "note: 75% of the captions" in captured.err
+
+
+def test_eval_names_an_empty_predictions_file(world, tmp_path):
+    # "predictions: empty, nothing to evaluate" named neither the option nor the file
+    empty = tmp_path / "none.json"
+    empty.write_text("[]")
+    refused(["eval", "--predictions", str(empty), "--references", str(world), "--metrics", "bleu"],
+            f"--predictions: {empty}: no captions in it (read as coco predictions); nothing to evaluate")  # fmt: skip
 
 
 def test_eval_command_unknown_metric_and_missing_ids(world, tmp_path, capsys):

@@ -295,6 +295,17 @@ def test_eval_outputs_never_over_its_inputs_even_with_force(eval_files):
     assert (preds.read_bytes(), refs.read_bytes()) == before
 
 
+def test_eval_out_and_per_image_naming_one_file_are_refused_as_such(eval_files):
+    # both are outputs: "--per-image: s.json is also the command's --out; writing it would destroy the input"
+    preds, refs = eval_files
+    same = preds.parent / "s.json"
+    for per_image in (same, preds.parent / "." / "s.json"):
+        line = refused(eval_argv(preds, refs, "--out", str(same), "--per-image", str(per_image), "--force"),
+                       f"--out and --per-image are the same file ({per_image}); name two files")  # fmt: skip
+        assert "input" not in line
+    assert not same.exists()
+
+
 def test_eval_outputs_never_over_the_inputs_its_configuration_names_even_with_force(eval_files):
     preds, refs = eval_files
     instances, questions = precious(preds.parent, "instances.json"), precious(preds.parent, "questions.jsonl")
@@ -353,13 +364,23 @@ def test_train_never_replaces_the_recipe_nor_a_users_config(tiny, tmp_path):
     assert recipe.read_bytes() == before and (other / "config.yaml").read_bytes() == before
 
 
+def test_train_into_a_run_folder_names_the_option_that_chose_it(tiny, trained):
+    # `finecap train ... --out DIR` on a run folder said "run.dir: DIR already holds a run; ... choose another run.name
+    # / run.dir", options the user never typed
+    line = refused(["train", *tiny["base"], "--out", str(trained)],
+                   f"--out: {trained} already holds a run; pass --resume", "or choose another --out")  # fmt: skip
+    assert "run.dir" not in line and "run.name" not in line
+    refused(["train", *tiny["base"], f"run.dir={trained}"],
+            f"run.dir: {trained} already holds a run", "choose another run.name / run.dir")  # fmt: skip
+
+
 def test_train_never_writes_its_run_into_the_data_it_reads(tiny, tmp_path):
     """A run folder inside the world (or a data set folder, data.images) was made and trained into; caption, eval and
     the report refuse such an output."""
     world = tiny["root"] / "world"
     before = sorted(p.relative_to(world) for p in world.rglob("*"))
     for inside in (world / "myrun", world / "images" / "train" / "run"):
-        refused(["train", *tiny["base"], "--out", str(inside)], f"run.dir: {inside} lies inside the command's data")
+        refused(["train", *tiny["base"], "--out", str(inside)], f"--out: {inside} lies inside the command's data")
     refused(["train", *tiny["base"], f"data.images={tmp_path}", "--out", str(tmp_path / "run")],
             "lies inside the command's image folder (data.images)")  # fmt: skip
     assert sorted(p.relative_to(world) for p in world.rglob("*")) == before and not (tmp_path / "run").exists()

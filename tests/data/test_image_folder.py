@@ -138,6 +138,24 @@ def test_folders_that_are_not_image_folders(tmp_path):
         read_folder(tmp_path / "nope")
 
 
+def test_a_data_file_given_as_a_folder_names_the_format_it_reads_as(tmp_path):
+    # own/mle's data.format=folder on a captions.jsonl said "a file, not a folder" without the way out
+    lines = tmp_path / "captions.jsonl"
+    lines.write_text(json.dumps({"image": "a.jpg", "captions": ["a cat"]}) + "\n")
+    with pytest.raises(DataError, match=r"captions.jsonl: a file, not a folder \(data.format=folder reads a folder of "
+                                        r"images\); it reads as data.format=jsonl: pass that$"):  # fmt: skip
+        read_folder(lines)
+    chat = tmp_path / "chat.jsonl"
+    chat.write_text(json.dumps({"messages": [{"role": "user", "content": "<image>"}], "images": ["a.jpg"]}) + "\n")
+    with pytest.raises(DataError, match=r"it reads as data.format=messages: pass that$"):
+        read_folder(chat)
+    notes = tmp_path / "notes.txt"
+    notes.write_text("not a data set")  # no format reads it: nothing suggested
+    with pytest.raises(DataError, match=r"notes.txt: a file, not a folder \(data.format=folder reads a folder of "
+                                        r"images\)$"):  # fmt: skip
+        read_folder(notes)
+
+
 def test_linked_folders_are_read_once_and_loops_end(tmp_path):
     folder = images(tmp_path / "f", ["a/1.png"])
     os.symlink(folder / "a", folder / "b")  # the same images twice

@@ -39,8 +39,9 @@ def test_corpus_scores_by_hand():
     assert out["faith/recall"] == pytest.approx(0.175)
     # micro precision: true facts (5 + 1 + 0 + 1) / stated (5 + 4 + 0 + 2) = 7 / 11
     assert out["faith/precision_micro"] == pytest.approx(7 / 11)
-    # facts per caption: 11 / 4
+    # facts per caption: 11 / 4; captions stating none: c -> 1 / 4
     assert out["faith/facts"] == pytest.approx(2.75)
+    assert out["faith/no_facts"] == pytest.approx(0.25)
     # hallucinated facts: 0 + 3 + 0 + 1 = 4; captions with >= 1: b and d -> 2 / 4
     assert out["faith/hallucinated"] == 4.0
     assert out["faith/halluc_rate"] == pytest.approx(0.5)

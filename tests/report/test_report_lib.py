@@ -1,6 +1,7 @@
 """Report library: generic tables, headline comparisons, plot data, gallery choices, reading a run directory."""
 
 import json
+import re
 import shutil
 
 import pytest
@@ -101,11 +102,11 @@ def test_report_of_fabricated_run_is_self_contained(fabricated_run, tmp_path):
     run = read_run(fabricated_run)
     assert run.stages == ["human", "mle", "smile", "blip_x", "smile_random"]
     assert sorted(run.bags) == [3, 5]
-    out = write_report(fabricated_run, tmp_path / "r.html", retrieval=False)
+    out = write_report(fabricated_run, tmp_path / "r.html", retrieval=False, plots=tmp_path / "plots")
     html = out.read_text()
     assert "http://" not in html and "https://" not in html and "<script src" not in html  # nothing fetched
     assert html.count('src="data:image/png;base64,') >= 7 + 12  # 7 plots, gallery images
-    assert sorted(p.name for p in (fabricated_run / "plots").iterdir()) == [
+    assert sorted(p.name for p in (tmp_path / "plots").iterdir()) == [
         "bag_recall.png", "curves_mle.png", "curves_smile.png", "curves_smile_random.png", "faithfulness.png",
         "length_hist.png", "smile_length.png"]  # fmt: skip
 
@@ -131,15 +132,16 @@ def test_every_column_the_toolkit_writes_has_a_declared_meaning():
 
     columns = [c.replace("RD/", "RD19/") for c in [*demo.COLUMNS, *demo.LISTENER_COLUMNS, *demo.DIVERSITY_COLUMNS]]
     columns += ["BLEU-1", "ROUGE-L", "METEOR", "SPICE", "RefCLIPScore", "ClipSc", "Div-1", "faith/precision_micro",
-                "faith/hallucinated", "faith/halluc/color", "faith/facts", "RD19/mean_rank", "pool/median_rank",
-                "bag5/n", "listener/RD19/R@1_expected", "perplexity", "perplexity/nll", "perplexity/tokens",
-                "Bleu_4", "CIDEr", "ROUGE_L", "true facts", "false facts", "transfer/acc"]  # fmt: skip
+                "faith/hallucinated", "faith/halluc/color", "faith/facts", "faith/no_facts", "RD19/mean_rank",
+                "pool/median_rank", "bag5/n", "listener/RD19/R@1_expected", "perplexity", "perplexity/nll",
+                "perplexity/tokens", "Bleu_4", "CIDEr", "ROUGE_L", "true facts", "false facts",
+                "transfer/acc"]  # fmt: skip
     assert [c for c in columns if column_info(c) is None] == []
     lower = ["faith/halluc_rate", "faith/hallucinated", "faith/halluc/color", "false facts", "sample/mBLEU-4",
              "beam/mBLEU-4", "RD19/mean_rank", "pool/median_rank", "listener/RD19/tie_rate", "listener/RD19/exploit",
              "listener/bag3/tie_rate", "listener/bag3/exploit", "perplexity", "perplexity/nll"]  # fmt: skip
     assert [c for c in lower if direction(c) != "lower"] == []
-    neutral = ["Length", "faith/facts", "bag5/n", "perplexity/tokens"]
+    neutral = ["Length", "faith/facts", "faith/no_facts", "bag5/n", "perplexity/tokens"]
     assert [c for c in neutral if direction(c) is not None] == []
     higher = [c for c in columns if c not in lower and c not in neutral]
     assert [c for c in higher if direction(c) != "higher"] == []
@@ -250,3 +252,20 @@ def test_the_vcb_and_transfer_tables_are_in_the_report_when_the_run_has_them(fab
         and '<td class="" data-value="2.0">2.000</td>' in transfer_part  # the human row: not ranked
     )
     assert '<a href="#vcb">Visual Caption Boosting</a>' in html and '<a href="#transfer">Shifted domain</a>' in html
+
+
+@pytest.mark.slow
+def test_the_report_says_when_most_of_a_stages_captions_state_no_fact(fabricated_run, tmp_path):
+    # a stage whose captions state nothing showed faith/precision 1.000 and no hallucination, without a word
+    run = tmp_path / fabricated_run.name
+    shutil.copytree(fabricated_run, run)
+    results = json.loads((run / "results.json").read_text())
+    results["mle"] |= {"faith/no_facts": 0.9}
+    results["smile"] |= {"faith/no_facts": 0.5}  # half: not most
+    (run / "results.json").write_text(json.dumps(results))
+    html = write_report(run, tmp_path / "silent.html", retrieval=False).read_text()
+    note = re.search(r'<p class="note" id="silent-note">(.*?)</p>', html, re.S).group(1)
+    assert note.startswith("Most captions of mle (90%) state no fact the world&#39;s parser reads; each such caption "
+                           "counts as faith/precision 1 and no hallucination")  # fmt: skip
+    assert "smile" not in note and "#faithfulness-on-the-world" in note
+    assert 'id="silent-note"' not in write_report(fabricated_run, tmp_path / "plain.html", retrieval=False).read_text()

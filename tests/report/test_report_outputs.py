@@ -1,5 +1,6 @@
 """`finecap report` writes only its page and plots (issue 32): never through a link planted at `plots/*.png` or at
-`--out`, never over a file of the run it reads, never over a file of the user's without `--force`."""
+`--out`, never over a file of the run it reads, never over a file of the user's without `--force`; with `--out` the
+page alone (its plots inlined), unless `--plots DIR` asks for the plot files."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import pytest
 
 from finecap.app.report import main as write_report
 from finecap.outputs import OutputRefused
+from helpers.cli import refused, run_cli
 
 PRECIOUS = b"the user's own file\n"
 
@@ -46,12 +48,55 @@ def test_report_never_draws_a_plot_over_a_users_file(run, tmp_path):
     (run / "plots").mkdir(exist_ok=True)
     mine = run / "plots" / name
     mine.write_bytes(b"\x89PNG\r\n\x1a\n" + PRECIOUS)  # an image of the user's (not matplotlib's) by that name
-    with pytest.raises(OutputRefused, match=f"plots: {mine} exists and finecap did not make it as a plot file"):
+    with pytest.raises(OutputRefused, match=f"{mine}: a file in the run folder's plots/, where the report writes its "
+                                            "plots, that finecap did not draw"):  # fmt: skip
         write_report(run, retrieval=False)
     assert mine.read_bytes() == b"\x89PNG\r\n\x1a\n" + PRECIOUS
     mine.unlink()
     write_report(run, retrieval=False)
     write_report(run, retrieval=False, force=True)  # its own plots are drawn again
+
+
+@pytest.mark.slow
+def test_report_checks_every_plot_file_before_writing_any(run, tmp_path):
+    # a figure of the user's at plots/length_hist.png stopped the report after plots/curves_*.png were written, with
+    # "plots: ... choose another plots" (no such option) and --force of no help
+    names = sorted(p.name for p in (write_report(shutil.copytree(run, tmp_path / "first"), retrieval=False).parent
+                                    / "plots").glob("*.png"))  # fmt: skip
+    assert "curves_mle.png" in names and "length_hist.png" in names  # the curves are drawn before the histogram
+    (run / "plots").mkdir()
+    mine = run / "plots" / "length_hist.png"
+    mine.write_bytes(PRECIOUS)
+    line = refused(["report", str(run), "--no-bag-outcomes"], f"{mine}: ", "the run folder's plots/", "--force",
+                   "--out (one HTML file, no plot files)", "--plots DIR")  # fmt: skip
+    assert "choose another plots" not in line
+    assert sorted(p.name for p in (run / "plots").iterdir()) == ["length_hist.png"]  # nothing else written
+    assert mine.read_bytes() == PRECIOUS and not (run / "report.html").exists()
+    # --force replaces it; --plots DIR refuses a file of the user's there naming --plots
+    assert run_cli(["report", str(run), "--no-bag-outcomes", "--force"])[0] == 0
+    assert sorted(p.name for p in (run / "plots").iterdir()) == names and mine.read_bytes() != PRECIOUS
+    figures = tmp_path / "figures"
+    figures.mkdir()
+    (figures / names[-1]).write_bytes(PRECIOUS)
+    refused(["report", str(run), "--no-bag-outcomes", "--out", str(tmp_path / "page.html"), "--plots", str(figures)],
+            f"--plots: {figures / names[-1]}: ", "choose another --plots")  # fmt: skip
+    assert sorted(p.name for p in figures.iterdir()) == [names[-1]] and not (tmp_path / "page.html").exists()
+
+
+@pytest.mark.slow
+def test_report_out_writes_one_html_file_and_plots_only_where_asked(run, tmp_path):
+    # --out elsewhere wrote plots/ into the run folder too, where the docs promise one HTML file
+    page = tmp_path / "page" / "report.html"
+    page.parent.mkdir()
+    assert write_report(run, page, retrieval=False) == page
+    assert not (run / "plots").exists() and sorted(p.name for p in page.parent.iterdir()) == ["report.html"]
+    assert page.read_text().count('src="data:image/png;base64,') >= 7  # the plots are in the page
+    figures = tmp_path / "figures"
+    write_report(run, page, retrieval=False, plots=figures)
+    assert sorted(p.name for p in figures.glob("*.png")) and not (run / "plots").exists()
+    # a --plots that names what the report reads is refused, as --out is
+    with pytest.raises(OutputRefused, match="--plots: .*results.json is also the command's"):
+        write_report(run, page, retrieval=False, plots=run / "results.json")
 
 
 @pytest.mark.slow

@@ -5,11 +5,13 @@ of a real tiny GRPO run and of a folder of stages holding an RL stage."""
 
 import json
 import re
+import shlex
 import shutil
+from pathlib import Path
 
 import pytest
 
-from finecap.app.cli import main
+from finecap.app.cli import build_parser, main
 from finecap.app.report import main as write_report
 from finecap.report.plots import curve_panels, is_rl, rl_curves, rl_panel, rl_panels
 from finecap.report.run import read_run
@@ -125,7 +127,7 @@ def logged_keys(run_dir) -> set[str]:
 @pytest.mark.slow
 def test_finecap_report_takes_a_grpo_run_directory(grpo_run, tmp_path):
     out = tmp_path / "grpo.html"
-    assert main(["report", str(grpo_run), "--out", str(out), "--sample", "4"]) == 0
+    assert main(["report", str(grpo_run), "--out", str(out), "--sample", "4", "--plots", str(tmp_path / "plots")]) == 0
     html = out.read_text()
     keys = logged_keys(grpo_run)
     parts = {k for k in keys if k.count("/") == 1 and k.startswith("reward/")}
@@ -134,10 +136,20 @@ def test_finecap_report_takes_a_grpo_run_directory(grpo_run, tmp_path):
     panels = panels_of(html, grpo_run.name)
     assert {"reward", *parts, "kl", "clip_fraction", "ratio", "advantage", *monitors} <= set(panels)
     assert len(panels) == len(set(panels))
-    assert all((grpo_run / "plots" / f"rl_{grpo_run.name}_{p.replace('/', '-')}.png").is_file() for p in panels)
+    assert all((tmp_path / "plots" / f"rl_{grpo_run.name}_{p.replace('/', '-')}.png").is_file() for p in panels)
     # The results row is the last evaluation; the captions table and the gallery show its logged captions, with
     # their images (the ids logged as text matched to the data set's).
     assert 'id="results-note"' in html and "<td>grpo_sr_cider</td>" in html
+    # the note's way to the test split is two commands that run (`finecap eval` has no --checkpoint)
+    note = re.search(r'<p class="note" id="results-note">(.*?)</p>', html, re.S).group(1)
+    commands = [shlex.split(c) for c in re.findall(r"`(finecap [^`]+)`", note)]
+    assert len(commands) == 2 and "`finecap eval` scores a checkpoint" not in note, note
+    test_json = str(grpo_run / "captions" / "test.json")
+    assert commands == [["finecap", "caption", "--checkpoint", str(grpo_run), "--split", "test", "--out", test_json],
+                        ["finecap", "eval", "--predictions", test_json, "--references", commands[1][-1]]]  # fmt: skip
+    assert Path(commands[1][-1]).is_file()  # the run's data set
+    for command in commands:
+        build_parser().parse_args(command[1:])  # every option exists
     table = re.search(r'<table class="captions".*?</table>', html, re.S).group(0)
     assert len(re.findall(r"<tr>", table)) == 1 + 4  # header + train.log_captions images
     assert re.search(r'<div class="card" id="image-\d+">\s*<img src="data:image/', html)

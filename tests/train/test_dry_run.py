@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+from pathlib import Path
 
 import pytest
 import torch
@@ -63,6 +64,17 @@ def test_dry_run_prints_the_report_and_writes_nothing(tmp_path, monkeypatch):
     line = [x for x in text.splitlines() if x.startswith("one training step on the first batch (8 per process")]
     assert line and "loss" in line[0], text
     assert not run.exists() or not any(run.iterdir())  # no config.yaml, no metrics.jsonl, no checkpoint
+
+
+def test_the_docs_say_the_dry_run_prints_the_whole_configuration_first():
+    # README said --dry-run "prints parameters, a memory forecast and one step's loss": it prints the resolved
+    # configuration first, every key (284 lines for own/mle; the test above reads it)
+    root = Path(__file__).resolve().parents[2]
+    for page in ("README.md", "docs/memory.md"):
+        text = " ".join((root / page).read_text().split())
+        start = text.index("`--dry-run` prints")
+        said = text[start : text.index(".", start)]
+        assert "whole resolved configuration" in said and "every key" in said, (page, said)
 
 
 def test_dry_run_does_not_resume():

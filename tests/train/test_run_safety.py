@@ -219,6 +219,9 @@ def test_resume_of_a_run_killed_before_any_checkpoint_refuses_without_pointing_a
         prepare_run_dir(tmp_path, resume=True, overwrite=False)
     assert "(found: no checkpoints/ folder); nothing was deleted. Start again in another run.dir" in str(e.value)
     assert "init_from" not in str(e.value) and (tmp_path / "metrics.jsonl").exists()
+    with pytest.raises(CheckpointError) as e:  # the folder came from the command line's --out: that is named
+        prepare_run_dir(tmp_path, resume=True, overwrite=False, option="--out")
+    assert "Start again in another --out" in str(e.value) and "run.dir" not in str(e.value)
 
 
 def test_resume_in_an_empty_folder_starts_fresh(make_cfg):

@@ -155,6 +155,25 @@ def describe_decoding(cfg: Config) -> str:
     return f"{d.strategy} ({', '.join(f'{k}={getattr(d, k)}' for k in shown)})"
 
 
+def decode_changes(recipe: str | None, overrides: Sequence[str]) -> str:
+    """What the command line put on top of the checkpoint's decoding settings, as the status line says it: the
+    recipe and the ``decode.*`` overrides, e.g. ``", with decode.beam_size=3 from the command line"``; ``""`` when
+    neither.
+
+    Example::
+
+        >>> decode_changes(None, ["decode.beam_size=3", "data.images=x"]), decode_changes(None, ["data.images=x"])
+        (', with decode.beam_size=3 from the command line', '')
+        >>> decode_changes("demo/mle", [])
+        ', with the recipe demo/mle on top'
+    """
+    decode = [item for item in overrides if parse_override(item)[0][0] == "decode"]
+    given = ([f"the recipe {recipe}"] if recipe else []) + ([", ".join(decode)] if decode else [])
+    if not given:
+        return ""
+    return f", with {' and '.join(given)} {'from the command line' if decode else 'on top'}"
+
+
 def main(
     cfg: Config | None = None,
     *,
@@ -188,6 +207,7 @@ def main(
         if skip_bad_images:
             cfg = dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, skip_bad_images=True))
         setup = CaptionSetup(find_checkpoint(checkpoint_where(checkpoint, cfg.run.root)), cfg, None, True)
+    changes = decode_changes(recipe, overrides) if cfg is None else ""  # a caller's cfg is used as it is
     cfg = setup.cfg
     recipe_file = resolve_recipe(recipe) if recipe else None
     if images is not None:
@@ -210,7 +230,7 @@ def main(
     checked = check_run(setup.checkpoint, cfg, parts=parts, model_folder=model_dir(setup.checkpoint))
     accelerator = make_accelerator(cfg.train)
     if setup.config_file:
-        source = f"the checkpoint's {setup.config_file}"
+        source = f"the checkpoint's {setup.config_file}{changes}"
     elif (model_dir(setup.checkpoint) / "generation_config.json").is_file():
         source = f"{model_dir(setup.checkpoint) / 'generation_config.json'} and the command line (no stored config)"
     else:

@@ -178,7 +178,8 @@ def cmd_train(args: argparse.Namespace) -> None:
         return
     from finecap.train.run import train
 
-    train(cfg, resume=args.resume, recipe=_recipe_file(args))
+    option = "run.dir" if args.out is None else "--out"  # the errors about the run folder name what the user typed
+    train(cfg, resume=args.resume, recipe=_recipe_file(args), run_dir_option=option)
 
 
 def _stored_run_config(args: argparse.Namespace) -> Config:
@@ -304,7 +305,7 @@ def cmd_report(args: argparse.Namespace) -> None:
     from finecap.app.report import main
 
     main(args.run_dir, args.out, items=args.items, n_sample=args.sample, n_disagree=args.disagree, n_bags=args.bags,
-         retrieval=not args.no_bag_outcomes, force=args.force)  # fmt: skip
+         retrieval=not args.no_bag_outcomes, force=args.force, plots=args.plots)  # fmt: skip
 
 
 def cmd_demo(args: argparse.Namespace) -> None:
@@ -600,7 +601,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("report", help="Write a self-contained HTML report of a run directory.", parents=[COMMON])
     p.add_argument("run_dir", metavar="RUN_DIR", help="run directory (e.g. runs/demo)")
     p.add_argument("items", nargs="*", metavar="key=value", help="overrides of the run's config.yaml")
-    p.add_argument("--out", default=None, help="output HTML (default RUN_DIR/report.html)")
+    p.add_argument("--out", default=None, help="output HTML (default RUN_DIR/report.html, with its plots as PNG files "
+                   "in RUN_DIR/plots/; with --out, the one HTML file alone)")  # fmt: skip
+    p.add_argument("--plots", default=None, metavar="DIR", help="also write the plots as PNG files into this folder")
     p.add_argument("--force", action="store_true", help=FORCE_FILE_HELP)
     p.add_argument("--sample", type=number(0, 10_000, int), default=8, help="random images in the caption gallery")
     p.add_argument("--disagree", type=number(0, 10_000, int), default=8,

@@ -59,6 +59,7 @@ from finecap.data.predictions import read_predictions
 from finecap.data.records import MAX_LISTED, DataError, Record, file_number
 from finecap.data.references import LoadedReferences, load_references, missing_images, require_captions
 from finecap.metrics.cocoeval import COCO_NAMES
+from finecap.metrics.faithfulness import SILENT_NOTE, mostly_silent
 from finecap.metrics.group import metric_group
 from finecap.metrics.suite import CAPTION_METRICS, evaluate_items, parse_metrics, unavailable_reason
 from finecap.outputs import check_outputs, write_output_json
@@ -162,6 +163,9 @@ def _main(
     results = read.captions
     for warning in read.warnings:
         print(f"warning: {warning}", file=sys.stderr)
+    if not results:
+        raise DataError(f"--predictions: {predictions}: no captions in it (read as {pred_format} predictions); "
+                        "nothing to evaluate")  # fmt: skip
     repeated = [i for i, caps in results.items() if len(caps) > 1]
     if repeated and "diversity" not in (asked or ()):
         raise DataError(
@@ -271,6 +275,9 @@ def _main(
     result = {rename(k): v for k, v in result.items()}
     note(f"{len(preds)} images of {refs.path}" + (f" (split {split})" if split else ""))
     _length_note(preds, refs.captions(), note)  # after scoring: a command that fails prints its error alone
+    silent = mostly_silent(result)
+    if silent is not None:
+        note(f"note: {silent:.0%} of the captions ({round(silent * len(preds))} of {len(preds)}) {SILENT_NOTE}")
     if fmt == "table":
         from finecap.report.columns import rules_for  # only for the table
         from finecap.report.table import markdown_table

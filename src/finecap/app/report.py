@@ -3,8 +3,9 @@
 after its folder; its results row is its last evaluation unless it holds a ``results.json``:
 :mod:`finecap.report.run`).
 
-It reads whatever the run holds (:mod:`finecap.report.run`), draws the plots into ``<run_dir>/plots/`` (reusable PNG
-files, also inlined in the page), and renders (:mod:`finecap.report.html`):
+It reads whatever the run holds (:mod:`finecap.report.run`), draws the plots (inlined in the page; also written as
+reusable PNG files into ``<run_dir>/plots/`` when the page is the default ``<run_dir>/report.html``, into ``--plots
+DIR`` when given, and nowhere with ``--out`` alone: :func:`plots_folder`), and renders (:mod:`finecap.report.html`):
 
 - the results tables, sortable, with each paper's headline comparison highlighted; then, when the run holds them,
   the ``vcb`` group's tables (``vcb_results.json``, NDLB Tables 2-3) and the ``transfer`` stage's
@@ -43,6 +44,7 @@ from __future__ import annotations
 import datetime
 import logging
 import os
+import tempfile
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -56,7 +58,8 @@ from finecap.data.bags_file import read_bags
 from finecap.data.records import Record
 from finecap.data.references import data_file, load_references
 from finecap.data.results import read_results
-from finecap.outputs import check_output_file
+from finecap.metrics.faithfulness import SILENT_NOTE, mostly_silent
+from finecap.outputs import OutputRefused, check_not_input, check_output_file, refuse_link, write_output
 from finecap.report.columns import ColumnRules, rules_for
 from finecap.report.gallery import bag_outcomes, check_facts, select_images
 from finecap.report.html import (
@@ -73,6 +76,7 @@ from finecap.report.plots import (
     bag_recall_curves,
     length_curves,
     length_histograms,
+    plot_replaceable,
     precision_recall,
     rl_curves,
     rl_panels,
@@ -81,7 +85,7 @@ from finecap.report.plots import (
 )
 from finecap.report.run import RunData, read_run
 from finecap.train.fingerprint import check_run_dir
-from finecap.utils.files import refuse_link, write_json
+from finecap.utils.files import write_json
 from finecap.utils.reading import DATA_FILE, read_json
 from finecap.utils.system import progress_enabled
 
@@ -89,9 +93,62 @@ log = logging.getLogger(__name__)
 
 SMILE_RUNS = (("sequence (SMILE)", "smile"), ("random", "smile_random"), ("reverse", "smile_reverse"))
 
+PLOTS_DIR = "plots"
+"""The run folder's folder of the default page's plot files (``<run_dir>/plots/``)."""
+
+
+def plots_folder(run_dir: Path, out: str | Path | None, plots: str | Path | None) -> Path | None:
+    """Where the report writes its plots as PNG files: ``plots`` (``--plots DIR``) when given; else, for the default
+    page (no ``out``), the run folder's ``plots/``; else (``--out`` alone: one HTML file, the plots inlined) nowhere.
+
+    Example::
+
+        >>> plots_folder(Path("runs/a"), None, None), plots_folder(Path("runs/a"), "a.html", None)
+        (PosixPath('runs/a/plots'), None)
+        >>> plots_folder(Path("runs/a"), "a.html", "figs")
+        PosixPath('figs')
+    """
+    if plots is not None:
+        return Path(plots)
+    return run_dir / PLOTS_DIR if out is None else None
+
+
+def check_plot_files(folder: Path, names: Sequence[str], *, given: bool, force: bool) -> None:
+    """Refuse, before any plot is written, a plot file ``folder/<name>`` that may not be replaced: a symbolic link
+    (always), anything but a regular file, or a file finecap did not draw (:func:`finecap.report.plots.
+    plot_replaceable`) unless ``force``. ``given``: the folder is ``--plots DIR`` (it may itself be a link the user
+    made), else the run folder's ``plots/`` (a link there was planted: refused)."""
+    if not given:
+        refuse_link(folder)
+    option = "--plots: " if given else ""
+    ways_out = ("choose another --plots" if given else "give --out (one HTML file, no plot files) or --plots DIR (the "
+                "plot files elsewhere)")  # fmt: skip
+    if folder.exists() and not folder.is_dir():
+        raise OutputRefused(f"{option}{folder}: not a folder, but the report writes its plots there; {ways_out}")
+    for name in names:
+        target = folder / name
+        refuse_link(target)
+        if not target.exists():
+            continue
+        if not target.is_file():
+            raise OutputRefused(f"{option}{target}: not a regular file, where the report writes a plot; move it away, "
+                                f"or {ways_out}")  # fmt: skip
+        if force or plot_replaceable(target):
+            continue
+        where = "in --plots" if given else f"in the run folder's {PLOTS_DIR}/, where the report writes its plots,"
+        raise OutputRefused(
+            f"{option}{target}: a file {where} that finecap did not draw (or that changed since); move it away, pass "
+            f"--force to replace it, or {ways_out}"
+        )
+
+
+def _write_plots(drawn: Path, folder: Path) -> None:
+    folder.mkdir(parents=True, exist_ok=True)
+    for path in sorted(drawn.iterdir()):
+        write_output(folder / path.name, path.read_bytes(), "plot")
+
 
 def _plots(run: RunData, folder: Path) -> list[dict[str, str]]:
-    refuse_link(folder)  # a planted plots/ link: never drawn into (each file is checked again as it is written)
     plots: list[dict[str, str]] = []
 
     def add(path: Path | None, title: str, note: str = "") -> None:
@@ -314,6 +371,40 @@ def _extra_sections(run_dir: Path, rules: ColumnRules) -> list[dict[str, Any]]:
     return sections
 
 
+def results_note(run_dir: Path, step: int, cfg: Config) -> str:
+    """The note under the results table of a run without ``results.json`` (its row is the last evaluation), with the
+    two commands that score its best checkpoint on the test split: ``finecap caption`` (into the run's ``captions/``,
+    which the report's gallery then shows), then ``finecap eval`` against the run's data set."""
+    try:
+        references = str(data_file(cfg))
+    except ValueError:  # no data set file to name (a format without a default path)
+        references = "DATA"
+    captions = run_dir / "captions" / "test.json"
+    return (
+        f"No results.json in this run: the row is its last evaluation (validation split, step {step}). To score its "
+        f"best checkpoint on the test split: `finecap caption --checkpoint {run_dir} --split test --out {captions}`, "
+        f"then `finecap eval --predictions {captions} --references {references}`."
+    )
+
+
+def silent_note(results: dict[str, dict[str, Any]]) -> str | None:
+    """The note under the results tables when most captions of some stage state no fact
+    (:func:`finecap.metrics.faithfulness.mostly_silent`): their precision 1 and no hallucination are by definition.
+
+    Example::
+
+        >>> silent_note({"mle": {"faith/no_facts": 0.8}, "smile": {"faith/no_facts": 0.1}})[:50]
+        'Most captions of mle (80%) state no fact the world'
+        >>> silent_note({"smile": {"faith/no_facts": 0.1}}) is None
+        True
+    """
+    silent = {stage: share for stage, row in results.items() if (share := mostly_silent(row)) is not None}
+    if not silent:
+        return None
+    stages = ", ".join(f"{stage} ({share:.0%})" for stage, share in silent.items())
+    return f"Most captions of {stages} {SILENT_NOTE}."
+
+
 def _records(cfg: Config) -> tuple[dict[Hashable, Record], dict | None]:
     try:
         refs = load_references(cfg)
@@ -326,21 +417,34 @@ def _records(cfg: Config) -> tuple[dict[Hashable, Record], dict | None]:
 def main(
     run_dir: str | Path, out: str | Path | None = None, *, items: Sequence[str] = (), n_sample: int = 8,
     n_disagree: int = 8, n_bags: int = 3, retrieval: bool = True, seed: int = 0, force: bool = False,
+    plots: str | Path | None = None,
 ) -> Path:  # fmt: skip
     """Write the report of ``run_dir`` to ``out`` (default ``<run_dir>/report.html``) and return its path. ``out`` may
     not be a file the report reads (refused even with ``force``), nor an existing file that is not a finecap report
-    unless ``force``."""
+    unless ``force``.
+
+    The plots are inlined in the page, and written as PNG files into :func:`plots_folder` (``<run_dir>/plots/`` for
+    the default page, ``plots`` when given, none for an ``out`` alone). Every plot file is checked before any is
+    written (:func:`check_plot_files`): one finecap did not draw is replaced only with ``force``."""
     run = read_run(run_dir)
+    folder = plots_folder(run.run_dir, out, plots)
     out = Path(out) if out is not None else run.run_dir / "report.html"
     cfg = load_stored(run.config_path, list(items)) if run.config_path else load(None, list(items))
     inputs = {**{str(p): p for p in run.inputs()}, "data set": data_file(cfg), "images": cfg.data.images or None}
     check_output_file(out, inputs, force=force, kind="report", ours=is_report)
+    if plots is not None:
+        check_not_input(folder, inputs, option="--plots")
     check_run_dir(run.run_dir, cfg)  # the data and retriever read now must be the run's (exit 2 naming both)
     records, scenes = _records(cfg)
     run.captions = _match_ids(run.captions, records)
     rules = rules_for(cfg.eval.metrics)  # the directions of the run's own metric groups' columns too
-    plots = _plots(run, run.run_dir / "plots")
-    rl = _rl_sections(run, run.run_dir / "plots")
+    with tempfile.TemporaryDirectory(prefix="finecap-plots-") as scratch:
+        drawn = Path(scratch)  # drawn here first: every target is checked before any plot file is written
+        figures = _plots(run, drawn)
+        rl = _rl_sections(run, drawn)
+        if folder is not None:
+            check_plot_files(folder, sorted(p.name for p in drawn.iterdir()), given=plots is not None, force=force)
+            _write_plots(drawn, folder)
     gallery = _gallery(run, records, scenes, n_sample, n_disagree, seed)
     bags, bag_note = _bag_gallery(run, cfg, records, n_bags) if retrieval else ([], "Bag outcomes not computed.")
     context = {
@@ -352,15 +456,11 @@ def main(
         "reference_rows": [r for r in REFERENCE_ROWS if r in run.results],
         "headlines": headline_comparisons(run.results, rules),
         "tables": results_tables(run.results, rules=rules),
-        "results_note": None
-        if run.results_from is None
-        else (
-            f"No results.json in this run: the row is its last evaluation (validation split, step "
-            f"{run.results_from}). `finecap eval` scores a checkpoint on the test split."
-        ),
+        "results_note": None if run.results_from is None else results_note(run.run_dir, run.results_from, cfg),
+        "silent_note": silent_note(run.results),
         "rl": rl,
         "extra": _extra_sections(run.run_dir, rules),
-        "plots": plots,
+        "plots": figures,
         "gallery": gallery,
         "facts_checked": bool(scenes),
         "bag_gallery": bags,

@@ -7,11 +7,14 @@ count for recall); this module aggregates over a set of captions.
 Reported (keys of :func:`faithfulness`):
 
 - ``faith/precision``: mean over captions of (true stated facts / stated facts); a caption that states nothing has
-  precision 1 (no claim, nothing false), as in :mod:`finecap.world.facts`.
+  precision 1 (no claim, nothing false), as in :mod:`finecap.world.facts`, and no hallucination: read it with
+  ``faith/no_facts`` (docs/metrics.md#faithfulness-on-the-world).
 - ``faith/recall``: mean over captions of (scene facts stated / scene facts).
 - ``faith/precision_micro``: all true stated facts / all stated facts (pooled; captions stating many facts weigh
   more). 1.0 when no caption states anything.
 - ``faith/facts``: mean number of facts stated per caption.
+- ``faith/no_facts``: share of captions that state no fact the parser reads (each counted as precision 1 and no
+  hallucination above).
 - ``faith/hallucinated``: total number of hallucinated (false) facts over all captions.
 - ``faith/halluc_rate``: share of captions with at least one hallucinated fact.
 - ``faith/halluc/<kind>``: number of hallucinated facts of each kind of :data:`finecap.world.facts.FACT_KINDS`
@@ -29,7 +32,7 @@ Example::
 from __future__ import annotations
 
 from collections.abc import Hashable, Mapping
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from finecap.data.records import id_key
 from finecap.world.facts import FACT_KINDS
@@ -39,7 +42,15 @@ if TYPE_CHECKING:
     from finecap.world.facts import Faithfulness
     from finecap.world.scene import Scene
 
-__all__ = ["faithfulness", "faithfulness_per_item"]
+__all__ = ["SILENT_NOTE", "faithfulness", "faithfulness_per_item", "mostly_silent"]
+
+SILENT_SHARE = 0.5
+"""Above this share of captions stating no fact (``faith/no_facts``), ``finecap eval`` and the report say so."""
+SILENT_NOTE = (
+    "state no fact the world's parser reads; each such caption counts as faith/precision 1 and no hallucination, so "
+    "faith/precision and faith/halluc_rate say little about them (docs/metrics.md#faithfulness-on-the-world)"
+)
+"""What the note on mostly silent captions says after its subject (:func:`mostly_silent`)."""
 
 
 def faithfulness_per_item(
@@ -81,6 +92,7 @@ def faithfulness_per_item(
         "faith/recall": sum(f.recall for f in items.values()) / n,
         "faith/precision_micro": correct / stated if stated else 1.0,
         "faith/facts": stated / n,
+        "faith/no_facts": sum(1 for f in items.values() if f.n_stated == 0) / n,
         "faith/hallucinated": float(sum(len(f.hallucinated) for f in items.values())),
         "faith/halluc_rate": sum(1 for f in items.values() if f.hallucinated) / n,
     }
@@ -91,6 +103,19 @@ def faithfulness_per_item(
 def faithfulness(predictions: Mapping[Hashable, str], scenes: Mapping[Hashable, Scene]) -> dict[str, float]:
     """Corpus faithfulness scores of ``{image_id: caption}`` against ``{image_id: Scene}`` (module docstring)."""
     return faithfulness_per_item(predictions, scenes)[0]
+
+
+def mostly_silent(values: Mapping[str, Any]) -> float | None:
+    """``faith/no_facts`` of scores ``values`` when over :data:`SILENT_SHARE` (most captions state no fact, so
+    precision 1 and no hallucination are theirs by definition: :data:`SILENT_NOTE`), else ``None``.
+
+    Example::
+
+        >>> mostly_silent({"faith/no_facts": 0.75}), mostly_silent({"faith/no_facts": 0.5}), mostly_silent({})
+        (0.75, None, None)
+    """
+    share = values.get("faith/no_facts")
+    return float(share) if isinstance(share, int | float) and share > SILENT_SHARE else None
 
 
 def scene_of(image_id: Hashable, scenes: Mapping[Hashable, Scene]) -> Scene | None:

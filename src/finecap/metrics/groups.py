@@ -162,9 +162,10 @@ def _faithfulness(ctx: EvalContext) -> dict[str, float]:
 
     scenes = ctx.need("scenes", "faithfulness", "scene graphs exist only for the world (scenes.jsonl)")
     corpus, items = faithfulness_per_item(ctx.predictions, scenes)
+    keys = ["faith/precision", "faith/recall", "faith/facts", "faith/no_facts", "faith/halluc_rate"]
     ctx.add_items({i: {"faith/precision": f.precision, "faith/recall": f.recall, "faith/facts": f.n_stated,
-                       "faith/halluc_rate": float(bool(f.hallucinated))} for i, f in items.items()},
-                  ["faith/precision", "faith/recall", "faith/facts", "faith/halluc_rate"])  # fmt: skip
+                       "faith/no_facts": float(f.n_stated == 0), "faith/halluc_rate": float(bool(f.hallucinated))}
+                   for i, f in items.items()}, keys)  # fmt: skip
     return corpus
 
 
@@ -185,11 +186,11 @@ def _listener(ctx: EvalContext) -> dict[str, float]:
 FAITHFULNESS = MetricGroup(
     "faithfulness", _faithfulness, reads=frozenset({"world"}),
     columns=(Column("*halluc_rate", "lower"), Column("*hallucinated", "lower", count=True),
-             Column("*halluc/*", "lower", count=True), Column("faith/facts", None), Column("*precision*", "higher"),
-             Column("*recall*", "higher")),
+             Column("*halluc/*", "lower", count=True), Column("faith/facts", None), Column("faith/no_facts", None),
+             Column("*precision*", "higher"), Column("*recall*", "higher")),
 )  # fmt: skip
 """Precision and recall of the stated facts, hallucinations (counts and the share of captions with one); facts
-stated per caption have no better direction."""
+stated per caption and the share of captions stating none have no better direction."""
 LISTENER = MetricGroup("listener", _listener, reads=frozenset({"world"}),
                        columns=(Column("*tie_rate", "lower"), Column("*exploit", "lower"), *RANKS))  # fmt: skip
 """The fact-based listener's recalls; its ties (it cannot tell the target from a distractor) and ``exploit`` (the

@@ -52,7 +52,8 @@ Per-image scores: :func:`evaluate_items` also returns ``{image_id: {metric key: 
 them: the caption metrics (``bleu``, ``meteor``, ``rouge``, ``cider``, ``spice``), as pycocoevalcap's
 ``COCOEvalCap.imgToEval`` holds them (SPICE's entry is its F-score), and the per-image values whose mean is the corpus
 value: ``Length``; ``Div-1`` and ``Div-2`` (of the image's sampled captions); ``faith/precision``, ``faith/recall``,
-``faith/facts``, ``faith/halluc_rate`` (1 when the caption states a false fact); ``RD{N}/R@k`` (the share of the
+``faith/facts``, ``faith/no_facts`` (1 when the caption states no fact), ``faith/halluc_rate`` (1 when the caption
+states a false fact); ``RD{N}/R@k`` (the share of the
 ``eval.draws`` draws in which the image ranks in the top k), ``RD{N}/mean_rank``, ``pool/R@k`` (1 or 0),
 ``pool/mean_rank``; ``bag{s}/R@k`` and ``bag{s}/mean_rank`` for the images in a bag of size s; ``CLIPScore`` and
 ``RefCLIPScore``; ``CHAIRs``, ``CHAIRi`` (the caption's own share), ``chair/objects`` and ``chair/recall`` (for

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from finecap.metrics.diversity import caption_length
-from finecap.outputs import check_replaceable, write_output
+from finecap.outputs import check_replaceable, made_by_finecap, write_output
 from finecap.runs import METRICS_FILE
 from finecap.utils.reading import DATA_FILE, read_lines
 
@@ -85,11 +85,18 @@ def _save(fig: Any, out: str | Path) -> Path:
     buffer = io.BytesIO()
     fig.savefig(buffer, dpi=100, format=out.suffix.lstrip(".") or "png")
     plt.close(fig)
-    # never through a link planted at plots/*.png, nor over a file of the user's there: one finecap wrote (remembered,
-    # or a figure of matplotlib's, as report plots of finecap before it remembered them) is replaced
-    check_replaceable(out, force=False, option="plots", kind="plot", ours=_is_matplotlib_png, force_flag=None)
+    # never through a link, nor over a file of the user's: one finecap wrote (remembered, or a figure of
+    # matplotlib's, as report plots of finecap before it remembered them) is replaced
+    check_replaceable(out, force=False, option="out", kind="plot", ours=_is_matplotlib_png, force_flag=None)
     write_output(out, buffer.getvalue(), "plot")
     return out
+
+
+def plot_replaceable(path: str | Path) -> bool:
+    """Whether the existing regular file ``path`` is a plot finecap may draw again: one it wrote as a plot
+    (:func:`finecap.outputs.made_by_finecap`), or a PNG of matplotlib's (as report plots of finecap were before it
+    remembered them)."""
+    return made_by_finecap(path, ("plot",)) or _is_matplotlib_png(Path(path))
 
 
 def _is_matplotlib_png(path: Path) -> bool:

@@ -147,6 +147,7 @@ def train(
     overwrite: bool = False,
     callbacks: Sequence[Callable[[TrainState], None]] = (),
     recipe: str | Path | None = None,
+    run_dir_option: str = "run.dir",
 ) -> Path:
     """Train a captioner as configured (logs :func:`summary`); returns the run directory (``home.run_path(cfg.run)``).
 
@@ -156,12 +157,16 @@ def train(
     ``config.yaml`` may never replace. One training at a time holds the run directory (``.train.lock``, main
     process): a second stops with an error naming the first. The run is built and trained with grad mode on and
     outside inference mode, whatever the caller's (a notebook's ``no_grad`` or ``inference_mode`` cell).
+    ``run_dir_option``: what the errors about the run directory name (``--out`` when the command line's gave it).
     """
     check_attention(cfg.model.attn_implementation)  # before anything is made: a kernel this machine lacks stops it
     run_dir = run_path(cfg.run)
     # a run folder inside the data it reads (a data set folder, the world, data.images), as caption and eval refuse
-    check_not_input(run_dir, {"data set": cfg.data.path or world_path(cfg.world),
-                              "image folder (data.images)": cfg.data.images or None}, option="run.dir")  # fmt: skip
+    inputs = {
+        "data set": cfg.data.path or world_path(cfg.world),
+        "image folder (data.images)": cfg.data.images or None,
+    }
+    check_not_input(run_dir, inputs, option=run_dir_option)
     # train.init_from found (working directory, else the runs root) before anything is made; a run resuming from a
     # checkpoint of its own reads its weights from there, so its start may have moved since
     cfg = resolve_start(cfg, must_exist=not (resume and find_resumable(run_dir) is not None))
@@ -171,13 +176,14 @@ def train(
             held.enter_context(made_folder(run_dir))  # removed again if training fails before writing anything
             held.enter_context(output_lock(run_dir, name=TRAIN_LOCK, holder="finecap train", log=log.warning))
             check_config_target(run_dir / CONFIG_FILE, inputs={"recipe": Path(recipe) if recipe else None},
-                                force=overwrite, option="run.dir", force_flag=None,
+                                force=overwrite, option=run_dir_option, force_flag=None,
                                 ours=lambda p: holds_run(p.parent))  # fmt: skip
-            check_replaceable(run_dir / FINGERPRINTS_FILE, force=False, option="run.dir", kind="fingerprints",
+            check_replaceable(run_dir / FINGERPRINTS_FILE, force=False, option=run_dir_option, kind="fingerprints",
                               ours=is_fingerprints_file, force_flag=None)  # fmt: skip
         held.enter_context(torch.inference_mode(False))  # the model built in inference mode could never train
         held.enter_context(torch.enable_grad())
-        return _train(cfg, processes, validators=validators, resume=resume, overwrite=overwrite, callbacks=callbacks)
+        return _train(cfg, processes, validators=validators, resume=resume, overwrite=overwrite, callbacks=callbacks,
+                      run_dir_option=run_dir_option)  # fmt: skip
 
 
 @dataclass
@@ -362,13 +368,15 @@ def _train(
     resume: bool,
     overwrite: bool,
     callbacks: Sequence[Callable[[TrainState], None]],
+    run_dir_option: str = "run.dir",
 ) -> Path:
     """:func:`train` with the run directory's lock held (main process)."""
     run_dir = run_path(cfg.run)
     found = [""]
     if processes.is_main_process:
         reads = {"train.init_from": cfg.train.init_from, "retriever.checkpoint": cfg.retriever.checkpoint}
-        found = [str(prepare_run_dir(run_dir, resume=resume, overwrite=overwrite, reads=reads) or "")]
+        found = [str(prepare_run_dir(run_dir, resume=resume, overwrite=overwrite, reads=reads,
+                                     option=run_dir_option) or "")]  # fmt: skip
     if processes.num_processes > 1:
         found = broadcast_object_list(found)
     resume_from = Path(found[0]) if found[0] else None

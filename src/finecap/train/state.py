@@ -573,7 +573,12 @@ OVERWRITE_API = "in Python, finecap.train(..., overwrite=True) replaces finecap'
 
 
 def prepare_run_dir(
-    run_dir: Path, *, resume: bool, overwrite: bool, reads: Mapping[str, str | Path | None] | None = None
+    run_dir: Path,
+    *,
+    resume: bool,
+    overwrite: bool,
+    reads: Mapping[str, str | Path | None] | None = None,
+    option: str = "run.dir",
 ) -> Path | None:
     """Check the run directory (main process); returns the checkpoint to resume from, or ``None`` for a fresh start.
 
@@ -587,7 +592,11 @@ def prepare_run_dir(
 
     Before either, a symbolic link where the run writes (:func:`run_paths`) is refused, naming it
     (:func:`finecap.utils.files.refuse_link`): a shared run folder keeps the links someone planted in it.
+
+    ``option``: how the user chose the folder, which the errors name: ``run.dir`` (or ``run.name``: the default), or
+    ``--out`` when the command line's ``--out`` gave it.
     """
+    another = "run.name / run.dir" if option == "run.dir" else option
     for path in run_paths(run_dir):
         refuse_link(path)
     if resume:
@@ -596,8 +605,9 @@ def prepare_run_dir(
             return promote(found, run_dir)
         if holds_run(run_dir):
             best = checkpoint_dir(run_dir, BEST)
-            again = (f"Start again from its best checkpoint with train.init_from={best} and another run.dir"
-                     if best.is_dir() else "Start again in another run.dir")  # fmt: skip
+            folder = "run.dir" if option == "run.dir" else option
+            again = (f"Start again from its best checkpoint with train.init_from={best} and another {folder}"
+                     if best.is_dir() else f"Start again in another {folder}")  # fmt: skip
             raise CheckpointError(
                 f"--resume: {run_dir} holds a run but no complete resumable checkpoint (found: "
                 f"{describe_checkpoints(run_dir)}); nothing was deleted. {again}, or remove the folder yourself "
@@ -608,23 +618,23 @@ def prepare_run_dir(
         if not overwrite:
             if find_resumable(run_dir) is None:  # a run that failed or stopped before its first checkpoint
                 raise ValueError(
-                    f"run.dir: {run_dir} already holds a run, with no checkpoint to resume from (found: "
-                    f"{describe_checkpoints(run_dir)}); choose another run.name / run.dir, or remove its files "
+                    f"{option}: {run_dir} already holds a run, with no checkpoint to resume from (found: "
+                    f"{describe_checkpoints(run_dir)}); choose another {another}, or remove its files "
                     f"yourself ({OVERWRITE_API})"
                 )
             raise ValueError(
-                f"run.dir: {run_dir} already holds a run; pass --resume (resume=True in finecap.train) to continue "
-                "it, or choose another run.name / run.dir"
+                f"{option}: {run_dir} already holds a run; pass --resume (resume=True in finecap.train) to continue "
+                f"it, or choose another {another}"
             )
         foreign = foreign_run_files(run_dir)
         if foreign:
             raise ValueError(
-                f"run.dir: {run_dir} holds files finecap did not make where its run files go "
+                f"{option}: {run_dir} holds files finecap did not make where its run files go "
                 f"({', '.join(str(p) for p in foreign)}); overwriting removes only finecap's own run files, so "
-                "nothing was deleted: move them, or choose another run.name / run.dir"
+                f"nothing was deleted: move them, or choose another {another}"
             )
         olds = (run_dir / CHECKPOINTS_DIR, run_dir / METRICS_FILE, run_dir / TRACKERS_DIR)
-        refuse_reading_removed(olds, reads or {})
+        refuse_reading_removed(olds, reads or {}, another=another)
         for old in olds:
             if old.is_dir():
                 shutil.rmtree(old)
@@ -633,10 +643,13 @@ def prepare_run_dir(
     return None
 
 
-def refuse_reading_removed(removed: Sequence[Path], reads: Mapping[str, str | Path | None]) -> None:
+def refuse_reading_removed(
+    removed: Sequence[Path], reads: Mapping[str, str | Path | None], *, another: str = "run.name / run.dir"
+) -> None:
     """A ``ValueError`` naming the option when a path the new run reads (``{option: path}``, empty ones skipped) is
     one of the ``removed`` files, lies inside one, or holds one (a run folder given as the start is read through its
-    ``checkpoints/``): overwriting would delete it before it is read."""
+    ``checkpoints/``): overwriting would delete it before it is read. ``another``: what the error says to choose
+    another of (the run folder's option)."""
     for option, value in reads.items():
         if not value:
             continue
@@ -647,7 +660,7 @@ def refuse_reading_removed(removed: Sequence[Path], reads: Mapping[str, str | Pa
                 raise ValueError(
                     f"{option}={value}: the new run reads it from {old}, which overwriting the run in "
                     f"{old.parent} would delete first; nothing was deleted: copy it elsewhere and point {option} "
-                    "there, or choose another run.name / run.dir"
+                    f"there, or choose another {another}"
                 )
 
 

@@ -157,6 +157,18 @@ def _caption_txt(path: Path) -> list[str]:
     return [clean_text(line, f"{path}, line {k}", "the caption") for k, line in lines if line.strip()]
 
 
+def _as_file(path: Path) -> str:
+    """How to read the file ``path`` instead: ``"; it reads as data.format=jsonl: pass that"``, the format detection
+    would pick (:func:`finecap.data.formats.detect_format`), or ``""`` when none recognises it."""
+    from finecap.data.formats import detect_format
+
+    try:
+        fmt, _ = detect_format(path)
+    except (OSError, ValueError):  # no format recognises it: the message stays as it is
+        return ""
+    return f"; it reads as data.format={fmt}: pass that"
+
+
 def read_folder(
     path: str | Path, images: str | Path | None = None, check_images: bool = True, allow_outside: bool = False
 ) -> list[Record]:
@@ -169,8 +181,9 @@ def read_folder(
     file is opened) unless ``allow_outside``; ``images`` (``data.images``), when given, must be the folder itself."""
     path = Path(path)
     if not path.is_dir():
-        what = "no such folder" if not path.exists() else "a file, not a folder"
-        raise DataError(f"{path}: {what} (data.format=folder reads a folder of images)")
+        if not path.exists():
+            raise DataError(f"{path}: no such folder (data.format=folder reads a folder of images)")
+        raise DataError(f"{path}: a file, not a folder (data.format=folder reads a folder of images){_as_file(path)}")
     if images is not None and os.path.realpath(images) != os.path.realpath(path):
         raise DataError(f"{path}: data.format=folder: the folder is the image root; data.images (or --images) must be "
                         f"empty or the folder itself, got {images}")  # fmt: skip
