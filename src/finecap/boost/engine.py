@@ -24,7 +24,9 @@ resumable cache, retries of malformed answers, a failure budget and a per-image 
 - **Stopping** (:class:`FailureBudget`): the run stops as soon as more than ``boost.max_failure_rate`` of the images
   to boost failed (the fraction can then only be exceeded at the end too), after ``boost.max_consecutive_failures``
   requests in a row could not reach the server (:class:`ServerUnavailable`), and at once on a
-  :class:`FatalBackendError` (a refused API key, a wrong URL). The result then carries ``stopped`` (the reason);
+  :class:`FatalBackendError` (a refused API key, a wrong URL), whichever answer of the requests in flight arrives
+  first: a request the backend did not send or retry because the run is stopping (:class:`Cancelled`) leaves its
+  image not done, never failed. The result then carries ``stopped`` (the reason);
   :mod:`finecap.app.boost` turns it into :class:`BoostFailed` (exit code 2) after saving what was done.
 - **Backends** implement :class:`Backend`: ``identity()`` for the cache key and ``run(tasks)`` yielding ``(position,
   answer or exception)`` as answers complete (so the progress bar and the cache advance while a remote server works).
@@ -76,6 +78,16 @@ class MalformedReply(BackendError):
 class FatalBackendError(BackendError):
     """Every further request would fail the same way (HTTP 401/403: the key is refused; 404: wrong URL or model):
     the run stops at once."""
+
+
+class Cancelled(BackendError):
+    """A request not sent, or not retried, because the run is stopping (another request's
+    :class:`FatalBackendError`, or the engine closing the backend): its image is not done, never a failed image.
+    ``sent``: whether the request went out before (then it counts in ``requested``)."""
+
+    def __init__(self, message: str, *, sent: bool = False) -> None:
+        super().__init__(message)
+        self.sent = sent
 
 
 class BadImage(ValueError):
@@ -343,6 +355,7 @@ def run_step(
         bar.update(1)
         out.stopped = out.stopped or budget.failed(task.index, error)
 
+    cancelled: Cancelled | None = None
     for attempt in range(1, retries + 2):
         if not pending or out.stopped:
             break
@@ -352,6 +365,11 @@ def run_step(
         with closing(iter(backend.run(pending))) as results:  # closing stops the backend when the run stops
             for pos, answer in results:
                 task = pending[pos]
+                if isinstance(answer, Cancelled):  # the image is not done, and no failure of its own
+                    if not answer.sent:
+                        out.sent -= 1
+                    cancelled = cancelled or answer
+                    continue
                 if isinstance(answer, MalformedReply):
                     reason, text = f"malformed reply: {answer}", None
                 elif isinstance(answer, BaseException):
@@ -375,6 +393,8 @@ def run_step(
                 answers[task.index] = text
                 bar.update(1)
         pending = [t for t, _ in malformed]
+    if cancelled is not None and not out.stopped:  # a backend stopped by something the engine was not told of
+        out.stopped = f"the backend cancelled requests: {cancelled}"
     bar.close()
     return out
 

@@ -21,7 +21,9 @@ What happens to each request:
   time-outs, 502/503/504) is :class:`~finecap.boost.engine.ServerUnavailable` (the engine stops after
   ``boost.max_consecutive_failures`` of them in a row), anything else a :class:`~finecap.boost.engine.BackendError`;
 - **stops the run at once**: HTTP 401 or 403 (the key is refused) and 404 (wrong URL or model name): every further
-  request would fail the same way (:class:`~finecap.boost.engine.FatalBackendError`); no new request starts after it;
+  request would fail the same way (:class:`~finecap.boost.engine.FatalBackendError`); no new request starts after it,
+  and a request not sent or not retried because of it is :class:`~finecap.boost.engine.Cancelled` (its image not
+  done, not failed), whatever order the answers of the requests in flight arrive in;
 - **fails the image**: any other HTTP error (e.g. 400, a prompt too long for the model);
 - **asked again by the engine**: a reply that is not chat-completions JSON
   (:class:`~finecap.boost.engine.MalformedReply`, reported as "not JSON" or "no choices[0].message.content").
@@ -75,7 +77,15 @@ from tenacity import (
     wait_exponential_jitter,
 )
 
-from finecap.boost.engine import BackendError, BadImage, FatalBackendError, MalformedReply, ServerUnavailable, Task
+from finecap.boost.engine import (
+    BackendError,
+    BadImage,
+    Cancelled,
+    FatalBackendError,
+    MalformedReply,
+    ServerUnavailable,
+    Task,
+)
 from finecap.config.secrets import masked_url_secrets
 from finecap.data.images import decode_image, encode_image
 from finecap.data.records import DataError
@@ -149,10 +159,6 @@ class _Retry(Exception):
     def __init__(self, message: str, *, unavailable: bool, retry_after: float | None = None) -> None:
         super().__init__(message)
         self.unavailable, self.retry_after = unavailable, retry_after
-
-
-class _Cancelled(BackendError):
-    """Not sent: the run is stopping."""
 
 
 def check_base_url(url: str, key: str) -> None:
@@ -259,7 +265,7 @@ class OpenAIBackend:
     def attempt(self, payload: dict[str, Any]) -> str:
         """One POST; the answer text, or an exception saying whether and how to go on."""
         if self._stop.is_set():
-            raise _Cancelled("not sent: the run is stopping")
+            raise Cancelled("not sent: the run is stopping")
         with self._lock:
             self.requests_sent += 1
         deadline = time.monotonic() + self.timeout
@@ -326,7 +332,13 @@ class OpenAIBackend:
         )
         try:
             return retrying(self.attempt, self.payload(task))
+        except Cancelled:
+            if retrying.statistics.get("attempt_number", 1) == 1:
+                raise
+            raise Cancelled("not retried: the run is stopping", sent=True) from None  # an earlier attempt went out
         except _Retry as e:
+            if self._stop.is_set():  # retries cut short by the stop: not this request's failure
+                raise Cancelled(f"not retried: the run is stopping (last error {e})", sent=True) from None
             error = ServerUnavailable if e.unavailable else BackendError
             n = retrying.statistics.get("attempt_number", self.retries + 1)
             raise error(f"{self.shown_url}: gave up after {n} attempt(s); last error {e}") from None
