@@ -99,6 +99,7 @@ def main(cfg: Config, out: str | Path, progress: bool = True) -> dict[str, Any]:
             "failed": len(result.failed),
             "not_done": len(result.chosen) - len(result.boosted) - len(result.failed),
             "failed_steps": failed_steps,
+            "cut_off": result.cut_off,
             "requested": result.requested,
             "cached": result.cached,
             "seconds": round(time.perf_counter() - start, 1),

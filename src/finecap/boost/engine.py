@@ -11,7 +11,8 @@ resumable cache, retries of malformed answers, a failure budget and a per-image 
   one space, surrounding quotes and one leading label such as ``Caption:`` are dropped, nothing else. An empty answer
   or a reply that is not a chat completion (:class:`MalformedReply`) is asked again, up to ``boost.retries`` times;
   a backend error that survived the backend's own retries (:class:`BackendError`: HTTP 5xx, time-outs) fails the
-  image at once.
+  image at once, and so does an answer cut off at ``boost.max_new_tokens`` (:class:`CutOff`: every backend that can
+  tell reports one; it is never a caption).
 - **Failures** (:class:`Failure`): every image whose step failed, with the step, the reason and the attempts; the
   caller writes them to ``failures.jsonl`` and keeps the image's human captions for that field. A failed ``blend`` or
   ``visual`` step also fails the image's ``holistic`` step (its inputs are missing).
@@ -88,6 +89,30 @@ class Cancelled(BackendError):
     def __init__(self, message: str, *, sent: bool = False) -> None:
         super().__init__(message)
         self.sent = sent
+
+
+class CutOff(BackendError):
+    """The answer reached ``boost.max_new_tokens`` before the model ended it (``finish_reason: "length"`` from a
+    server; no end-of-sequence token from an in-process model): a cut-off caption, never accepted or cached. Its image
+    fails at once (the same settings would cut it again) and ``boost.json`` counts it under ``cut_off``."""
+
+
+def cut_off(text: str, max_new_tokens: int, how: str) -> CutOff:
+    """The :class:`CutOff` of the answer ``text``, cut at ``max_new_tokens`` tokens (``how``: what told it), naming the
+    option to raise.
+
+    Example::
+
+        >>> error = cut_off("A red circle on the", 5, "finish_reason 'length'")
+        >>> str(error).startswith("the answer reached boost.max_new_tokens=5 before the model ended it")
+        True
+        >>> str(error).endswith("(finish_reason 'length'): 'A red circle on the'; raise boost.max_new_tokens")
+        True
+    """
+    tail = " ".join(text.split())
+    shown = repr(tail if len(tail) <= 80 else "..." + tail[-77:])
+    return CutOff(f"the answer reached boost.max_new_tokens={max_new_tokens} before the model ended it ({how}): "
+                  f"{shown}; raise boost.max_new_tokens")  # fmt: skip
 
 
 class BadImage(ValueError):
@@ -228,6 +253,8 @@ class BoostResult:
     """Positions of the records with a failed step (they keep their human captions there)."""
     stopped: str | None = None
     """Why the run stopped before the end, or ``None``."""
+    cut_off: dict[str, int] = field(default_factory=dict)
+    """Answers per step cut off at ``boost.max_new_tokens`` (:class:`CutOff`; their images failed)."""
 
 
 _LABEL = re.compile(
@@ -328,6 +355,8 @@ class StepResult:
     """Requests sent to the backend (retries of malformed answers included)."""
     cached: int
     stopped: str | None = None
+    cut_off: int = 0
+    """Answers cut off at ``boost.max_new_tokens`` (:class:`CutOff`), among the failures."""
 
 
 def run_step(
@@ -352,6 +381,7 @@ def run_step(
     def fail(task: Task, error: BaseException | str, attempt: int) -> None:
         message = f"{type(error).__name__}: {error}" if isinstance(error, BaseException) else error
         out.failures.append(Failure(task.record.image_id, step, message, attempt))
+        out.cut_off += isinstance(error, CutOff)
         bar.update(1)
         out.stopped = out.stopped or budget.failed(task.index, error)
 
@@ -456,6 +486,8 @@ def boost_records(
         answers[step] = done.answers
         result.failures += done.failures
         result.requested[step], result.cached[step] = done.sent, done.cached
+        if done.cut_off:
+            result.cut_off[step] = done.cut_off
         result.stopped = done.stopped
     if result.stopped is None and budget.over_budget():  # checked at the end too
         result.stopped = budget.budget_reason(result.failures[-1].error if result.failures else "none")

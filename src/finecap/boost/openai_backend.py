@@ -25,6 +25,9 @@ What happens to each request:
   and a request not sent or not retried because of it is :class:`~finecap.boost.engine.Cancelled` (its image not
   done, not failed), whatever order the answers of the requests in flight arrive in;
 - **fails the image**: any other HTTP error (e.g. 400, a prompt too long for the model);
+- **fails the image, as cut off** (:class:`~finecap.boost.engine.CutOff`, unless made with ``refuse_cut_off=False``,
+  as the judges are: they parse an answer rather than keep it): an answer whose ``finish_reason`` is ``"length"``,
+  stopped at ``max_tokens`` (``boost.max_new_tokens``) before the model ended it;
 - **asked again by the engine**: a reply that is not chat-completions JSON
   (:class:`~finecap.boost.engine.MalformedReply`, reported as "not JSON" or "no choices[0].message.content").
 
@@ -85,6 +88,7 @@ from finecap.boost.engine import (
     MalformedReply,
     ServerUnavailable,
     Task,
+    cut_off,
 )
 from finecap.config.secrets import masked_url_secrets
 from finecap.data.images import decode_image, encode_image
@@ -190,6 +194,8 @@ class OpenAIBackend:
     ``Retry-After`` dates are read against (default ``time.time``), ``transport`` answers the HTTP requests (default:
     httpx's network transport; an ``httpx.MockTransport`` can play a slow server on a fake clock, raising
     ``httpx.ReadTimeout`` when the request's ``timeout`` extension is shorter than the server's delay).
+    ``refuse_cut_off``: an answer cut off at ``max_tokens`` is a :class:`~finecap.boost.engine.CutOff` (module
+    docstring); ``False`` returns it as it came.
     """
 
     def __init__(
@@ -209,6 +215,7 @@ class OpenAIBackend:
         sleep: Callable[[float], Any] | None = None,
         clock: Callable[[], float] = time.time,
         transport: httpx.BaseTransport | None = None,
+        refuse_cut_off: bool = True,
     ) -> None:
         if not model:
             raise ValueError(f"{key}_model: the openai backend needs the served model name")
@@ -224,7 +231,7 @@ class OpenAIBackend:
         self.concurrency, self.retries, self.backoff, self.max_wait = concurrency, retries, backoff, max_wait
         self.timeout = timeout
         self.section = key.split(".")[0]  # boost or judge: the section whose options are named in messages
-        self.max_tokens, self.temperature = max_tokens, temperature
+        self.max_tokens, self.temperature, self.refuse_cut_off = max_tokens, temperature, refuse_cut_off
         self.key = key
         limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
         self.client = httpx.Client(headers=headers, timeout=timeout, limits=limits, transport=transport)
@@ -302,6 +309,8 @@ class OpenAIBackend:
             content = None
         if not isinstance(content, str):
             raise MalformedReply(f"the reply has no choices[0].message.content text: {self.redact(str(body))[:200]}")
+        if self.refuse_cut_off and body["choices"][0].get("finish_reason") == "length":
+            raise cut_off(self.masked_answer(content), self.max_tokens, "finish_reason 'length'")
         return self.masked_answer(content)
 
     def _read_before(self, response: httpx.Response, deadline: float) -> bytes:
