@@ -182,6 +182,29 @@ def test_boosting_a_boosted_file_again_keeps_the_sources_ids_and_original_annota
         )
 
 
+def test_a_coco_file_without_images_keeps_its_boost_fields(world, tmp_path):
+    # pycocotools reads a file of annotations alone; boost stored the fields on 'images' entries only: none were
+    # written, the boosted captions read back as human ones, and a second boost blended the first one's answers
+    src = _as_format(world, "coco", tmp_path / "src")
+    raw = json.loads(src.read_text())
+    del raw["images"]
+    src.write_text(json.dumps(raw))
+    source = read_dataset("coco", src, images=world, check_images=False)
+    first, second = tmp_path / "out1", tmp_path / "out2"
+    for data, out in ((src, first), (first / src.name, second)):
+        cfg = load(None, ["data.format=coco", f"data.path={data}", f"data.images={world}", "boost.mode=blend"])
+        assert boost(cfg, out, progress=False)["boosted"] == 4
+    humans = [r.captions for r in source]
+    for out in (first, second):
+        boosted = read_dataset("coco", out / src.name, images=world, check_images=False)
+        assert [(r.image_id, r.path) for r in boosted] == [(r.image_id, r.path) for r in source]
+        assert [r.captions for r in select_captions(boosted, "original", out / src.name)] == humans
+        blend = [r.captions for r in select_captions(boosted, "blend", out / src.name)]
+        assert blend == [r.captions for r in boosted] and blend != humans
+    written = json.loads((first / src.name).read_text())["images"]
+    assert [img["id"] for img in written] == [r.image_id for r in source] and all(img["boost"] for img in written)
+
+
 def test_formats_boost_cannot_write_fail_before_any_request(world, tmp_path):
     cfg = load(None, ["data.format=hf", f"data.path={world}", "boost.mode=blend"])
     with pytest.raises(ValueError, match="data.format=hf: finecap boost writes world, karpathy, coco, jsonl only"):

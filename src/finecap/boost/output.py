@@ -10,7 +10,9 @@ fields back.
 - ``karpathy``: ``DIR/<file name>`` with ``sentences`` replaced (``raw`` and ``tokens``);
 - ``coco``: ``DIR/<file name>`` with ``annotations`` replaced (one per caption, renumbered, in the order the images
   were read) and the source's kept as ``original_annotations`` (a file boosted again keeps the first source's);
-  images without a caption annotation are left as they are (they were not read, so not boosted);
+  images without a caption annotation are left as they are (they were not read, so not boosted). A file without an
+  ``images`` list gains one, ``{"id", "boost"}`` per image of the annotations in the order read (no ``file_name``, as
+  the source had none), so that its boost fields are read back;
 - ``jsonl``: ``DIR/<file name>`` with ``captions`` replaced and image paths made absolute; a line without ``id``
   gains the one it was read with (the image path as written), so the ids stay the source's.
 
@@ -182,7 +184,9 @@ def write_boosted(
         raw = read_json(source, DATA_FILE)
         by_id = dict(zip((r.image_id for r in records), fields, strict=True))
         annotations: list[dict[str, Any]] = []
-        for img in raw.get("images", ()):  # images without a caption were not read: they stay as they are
+        if "images" not in raw:  # the images were those of the annotations: listed, to carry their boost fields
+            raw["images"] = [{"id": image_id} for image_id in by_id]
+        for img in raw["images"]:  # images without a caption were not read: they stay as they are
             if img["id"] in by_id:
                 img["boost"] = by_id[img["id"]]
         for image_id, f in by_id.items():
