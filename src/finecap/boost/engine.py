@@ -8,8 +8,9 @@ resumable cache, retries of malformed answers, a failure budget and a per-image 
   file, skips every cached key and asks only for the rest. A last line cut by a kill is ignored; a key written twice
   keeps its first answer, so nothing is duplicated in the output.
 - **Answers** are kept whole (:func:`clean_answer`): white space runs (line breaks and paragraphs included) become
-  one space, surrounding quotes and one leading label such as ``Caption:`` are dropped, nothing else. An empty answer
-  or a reply that is not a chat completion (:class:`MalformedReply`) is asked again, up to ``boost.retries`` times;
+  one space, a pair of quotes around the whole answer and one leading label such as ``Caption:`` are dropped, nothing
+  else. An empty answer or a reply that is not a chat completion (:class:`MalformedReply`) is asked again, up to
+  ``boost.retries`` times;
   a backend error that survived the backend's own retries (:class:`BackendError`: HTTP 5xx, time-outs) fails the
   image at once, and so does an answer cut off at ``boost.max_new_tokens`` (:class:`CutOff`: every backend that can
   tell reports one; it is never a caption).
@@ -260,12 +261,26 @@ class BoostResult:
 _LABEL = re.compile(
     r"^(?:improved |blended |holistic |human |final |correct |new )?(?:caption|description|answer)\s*:\s*", re.I
 )
-_QUOTES = "\"'`“”"
+_QUOTE_PAIRS = {'"': '"', "'": "'", "`": "`", "“": "”", "‘": "’"}
+"""Opening quote -> its closing quote, for :func:`clean_answer`."""
+_APOSTROPHE = re.compile(r"(?<=\w)['’](?=\w)")
+"""A single quote between two letters (``dog's``): an apostrophe, not a quote."""
+
+
+def _unquoted(line: str) -> str:
+    """``line`` without a pair of quotes around the whole of it: the same kind at both ends and none inside (an
+    apostrophe inside a word aside); a quote that opens and one that closes two quotations inside stay."""
+    close = _QUOTE_PAIRS.get(line[:1])
+    if len(line) < 2 or close is None or line[-1] != close:
+        return line
+    inner = _APOSTROPHE.sub("", line[1:-1]) if close in "'’" else line[1:-1]
+    return line if line[0] in inner or close in inner else line[1:-1].strip()
 
 
 def clean_answer(text: Any) -> str | None:
-    """The whole answer with white space normalised, without surrounding quotes or a leading label; ``None`` when
-    nothing is left. Every line and paragraph is kept (a VLM's description runs to several).
+    """The whole answer with white space normalised, without quotes around the whole of it (a matching pair with no
+    other quote of that kind inside) or a leading label; ``None`` when nothing is left. Every line and paragraph is
+    kept (a VLM's description runs to several).
 
     Example::
 
@@ -273,15 +288,15 @@ def clean_answer(text: Any) -> str | None:
         'A red circle on grass. A blue square is above it.'
         >>> clean_answer('"A red circle on grass.\\n  It is small."')
         'A red circle on grass. It is small.'
+        >>> clean_answer('"STOP" is painted on a sign reading "SLOW"')  # two quotations, not one around it all
+        '"STOP" is painted on a sign reading "SLOW"'
         >>> clean_answer("   ") is None
         True
     """
     if not isinstance(text, str):
         return None
     line = _LABEL.sub("", " ".join(text.split()))
-    if len(line) >= 2 and line[0] in _QUOTES and line[-1] in _QUOTES:  # a quoted answer, not a quote inside it
-        line = line[1:-1].strip()
-    return line.strip() or None
+    return _unquoted(line.strip()) or None
 
 
 def _sha256_file(path: Path, memo: dict[Path, str]) -> str:
