@@ -4,6 +4,7 @@
 import json
 import logging
 import os
+import re
 import subprocess
 import sys
 import time
@@ -11,7 +12,9 @@ from pathlib import Path
 
 import pytest
 
+from finecap.app import boost as boost_command
 from finecap.app.boost import main as boost
+from finecap.boost.engine import BoostFailed
 from finecap.config import load
 from finecap.data.caption_fields import select_captions
 from finecap.data.datasets import load_records
@@ -180,6 +183,66 @@ def test_boosting_a_boosted_file_again_keeps_the_sources_ids_and_original_annota
             json.loads((second / src.name).read_text())["original_annotations"]
             == json.loads(src.read_text())["annotations"]
         )
+
+
+def test_a_coco_file_without_images_keeps_its_boost_fields(world, tmp_path):
+    # pycocotools reads a file of annotations alone; boost stored the fields on 'images' entries only: none were
+    # written, the boosted captions read back as human ones, and a second boost blended the first one's answers
+    src = _as_format(world, "coco", tmp_path / "src")
+    raw = json.loads(src.read_text())
+    del raw["images"]
+    src.write_text(json.dumps(raw))
+    source = read_dataset("coco", src, images=world, check_images=False)
+    first, second = tmp_path / "out1", tmp_path / "out2"
+    for data, out in ((src, first), (first / src.name, second)):
+        cfg = load(None, ["data.format=coco", f"data.path={data}", f"data.images={world}", "boost.mode=blend"])
+        assert boost(cfg, out, progress=False)["boosted"] == 4
+    humans = [r.captions for r in source]
+    for out in (first, second):
+        boosted = read_dataset("coco", out / src.name, images=world, check_images=False)
+        assert [(r.image_id, r.path) for r in boosted] == [(r.image_id, r.path) for r in source]
+        assert [r.captions for r in select_captions(boosted, "original", out / src.name)] == humans
+        blend = [r.captions for r in select_captions(boosted, "blend", out / src.name)]
+        assert blend == [r.captions for r in boosted] and blend != humans
+    written = json.loads((first / src.name).read_text())["images"]
+    assert [img["id"] for img in written] == [r.image_id for r in source] and all(img["boost"] for img in written)
+
+
+@pytest.mark.parametrize("fmt", ["karpathy", "jsonl"])
+def test_a_source_reordered_during_the_run_is_refused_not_paired_by_position(world, tmp_path, monkeypatch, fmt):
+    # the file was read again at the end and its entries given the fields by position: each image of a file reordered
+    # meanwhile got another image's captions, exit 0
+    src = _as_format(world, fmt, tmp_path / "src")
+    before = src.read_text()
+    boost_records = boost_command.boost_records
+
+    def reordered_meanwhile(*args, **kwargs):
+        result = boost_records(*args, **kwargs)
+        if fmt == "karpathy":
+            raw = json.loads(src.read_text())
+            src.write_text(json.dumps({"images": raw["images"][::-1]}))
+        else:
+            src.write_text("\n".join(src.read_text().splitlines()[::-1]) + "\n")
+        return result
+
+    monkeypatch.setattr(boost_command, "boost_records", reordered_meanwhile)
+    first = read_dataset(fmt, src, images=world)[0]
+    cfg = load(None, [f"data.format={fmt}", f"data.path={src}", f"data.images={world}", "boost.mode=blend"])
+    out = tmp_path / "out"
+    said = f"boost stopped: {src}: changed while boost ran: entry 0 is now image "
+    boosted = f", but image {first.image_id!r} ({first.path}) was boosted there; re-run with the same --out"
+    with pytest.raises(BoostFailed, match=re.escape(said) + ".*" + re.escape(boosted)):
+        boost(cfg, out, progress=False)
+    assert not (out / src.name).exists() and src.read_text() != before
+    summary = json.loads((out / "boost.json").read_text())
+    assert summary["status"] == "failed" and summary["error"].startswith(f"{src}: changed while boost ran")
+    # Re-run on the file as it is now: every answer from the cache, each paired with its own image.
+    monkeypatch.setattr(boost_command, "boost_records", boost_records)
+    assert boost(cfg, out, progress=False)["requested"] == {"blend": 0}
+    source = {r.image_id: r.captions for r in read_dataset(fmt, src, images=world)}
+    written = read_dataset(fmt, out / src.name, images=world, allow_outside=True)
+    assert [r.image_id for r in written] == list(source)
+    assert all(r.boosted["original"] == source[r.image_id] for r in written)
 
 
 def test_formats_boost_cannot_write_fail_before_any_request(world, tmp_path):

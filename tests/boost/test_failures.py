@@ -279,3 +279,37 @@ def test_whole_multi_paragraph_answer_is_kept(world, tmp_path):
     raw = json.loads((tmp_path / "out" / "dataset.json").read_text())["images"]
     expected = "A red circle in the middle. A blue square sits above it. Both shapes are small."
     assert raw[0]["boost"]["blend"] == [expected] and raw[0]["sentences"][0]["raw"] == expected
+
+
+def test_an_answer_cut_off_at_max_new_tokens_fails_its_image_and_is_counted(world, tmp_path):
+    # The server stops image 3's answer at max_tokens (finish_reason "length"): a cut-off caption is no caption.
+    order = _image_order(world)
+
+    def cut_at_3(payload, n):
+        if order[_captions(payload)] != 3:
+            return echo_first_caption(payload, n)
+        body = completion("boosted a striped")
+        body["choices"][0]["finish_reason"] = "length"
+        return 200, body
+
+    settings = ["boost.few_shot=false", "boost.max_new_tokens=7"]
+    with ChatServer(cut_at_3) as server:
+        cfg = load(None, [*world_items(world), *_openai(server.url, *settings, "boost.max_failure_rate=0.1")])
+        summary = boost(cfg, tmp_path / "out", progress=False)
+        assert len(server.requests) == 32  # not asked again: the same settings would cut it again
+        # Within the default budget (1 %) it stops the run, naming the option to raise.
+        cfg = load(None, [*world_items(world), *_openai(server.url, *settings)])
+        stop = r"1 of 32 images failed, .*; last error: the answer reached boost.max_new_tokens=7 .*; raise boost"
+        with pytest.raises(BoostFailed, match=stop + r"\.max_new_tokens\. "):
+            boost(cfg, tmp_path / "stopped", progress=False)
+    out = tmp_path / "out"
+    assert (summary["status"], summary["boosted"], summary["failed"], summary["not_done"]) == ("ok", 31, 1, 0)
+    assert summary["cut_off"] == {"blend": 1} and summary["failed_steps"] == {"blend": 1}
+    raw = json.loads((out / "dataset.json").read_text())["images"]
+    assert raw[3]["boost"]["blend"] == raw[3]["boost"]["original"]  # the human captions kept
+    failures = [json.loads(line) for line in (out / "failures.jsonl").read_text().splitlines()]
+    assert [(f["step"], f["error"], f["attempts"]) for f in failures] == [
+        ("blend", "CutOff: the answer reached boost.max_new_tokens=7 before the model ended it (finish_reason "
+                  "'length'): 'boosted a striped'; raise boost.max_new_tokens", 1)]  # fmt: skip
+    answers = [json.loads(line)["answer"] for line in _cache_lines(out / "cache.jsonl")]
+    assert len(answers) == 31 and "boosted a striped" not in answers  # never cached

@@ -12,7 +12,15 @@ from pathlib import Path
 import httpx
 from PIL import Image
 
-from finecap.boost.engine import AnswerCache, ServerUnavailable, Task, boost_records, run_step
+from finecap.boost.engine import (
+    AnswerCache,
+    FailureBudget,
+    FatalBackendError,
+    ServerUnavailable,
+    Task,
+    boost_records,
+    run_step,
+)
 from finecap.boost.openai_backend import OpenAIBackend
 from finecap.boost.prompts import Prompts
 from finecap.data.records import Record
@@ -296,3 +304,36 @@ def test_the_reply_is_read_as_json_reads_bytes_and_bounded_in_size():
     huge = b'{"choices": [{"message": {"content": "' + b"a" * (MAX_REPLY_BYTES + 1) + b'"}}]}'
     with pytest.raises(MalformedReply, match="the reply is over 8 MiB"):
         backend(huge).attempt(payload)
+
+
+def test_a_refused_key_stops_the_run_with_its_own_reason_and_fails_no_cancelled_image(tmp_path):
+    # 60 images, 16 requests at a time (the 1 % budget of 60 images allows no failed image). Every fourth image gets
+    # HTTP 500 (retried after a wait the stop interrupts), the others HTTP 401. After the first 401 the other requests
+    # are not sent, or not retried: cancelled. The pool hands answers over in whatever order they complete; the
+    # wrapper below gives the engine every cancelled one before any 401, the worst order the pool may give.
+    records = _records(tmp_path, 60)
+
+    def answer(payload, n):
+        image = int(payload["messages"][-1]["content"].split("- caption ")[1].split()[0])
+        return (500, {"error": "busy"}) if image % 4 == 0 else (401, {"error": {"message": "Incorrect API key"}})
+
+    class RefusalsLast:
+        def __init__(self, backend):
+            self.backend = backend
+
+        def identity(self):
+            return self.backend.identity()
+
+        def run(self, tasks):
+            yield from sorted(self.backend.run(tasks), key=lambda done: isinstance(done[1], FatalBackendError))
+
+    with ChatServer(answer) as server:
+        backend = OpenAIBackend("m", server.url, concurrency=16, retries=3)
+        cache = AnswerCache(tmp_path / "cache.jsonl")
+        budget = FailureBudget(60, max_rate=0.01, max_consecutive=10)
+        result = run_step("blend", _tasks(records), RefusalsLast(backend), cache, 3, progress=False, budget=budget)
+    assert result.stopped.startswith(f"{server.url}/chat/completions: HTTP 401: the server refused the API key")
+    assert [f.error.split(":")[0] for f in result.failures] == ["FatalBackendError"]  # the first 401 alone
+    assert budget.failed_images == {result.failures[0].image_id}  # image i is at position i
+    assert result.sent == len(server.seen)  # requests that went out; the cancelled unsent ones are not counted
+    assert result.answers == {}

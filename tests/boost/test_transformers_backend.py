@@ -9,7 +9,7 @@ import pytest
 import torch
 from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
-from finecap.boost.engine import AnswerCache, Task, boost_records
+from finecap.boost.engine import AnswerCache, CutOff, Task, boost_records
 from finecap.boost.hf_backend import TransformersBackend
 from finecap.boost.prompts import Prompts
 from finecap.data.records import Record
@@ -36,14 +36,15 @@ def _tasks(n: int, few_shot: bool = False) -> list[Task]:
 
 
 def test_chat_template_and_batched_generation(chat_model):
-    backend = TransformersBackend(str(chat_model), batch_size=4, max_new_tokens=6)
+    # The raw generations of random weights are compared: cut off or not (test_an_answer_cut_off_...).
+    backend = TransformersBackend(str(chat_model), batch_size=4, max_new_tokens=6, refuse_cut_off=False)
     tasks = _tasks(5)
     tok = AutoTokenizer.from_pretrained(chat_model)
     prompt = tok.apply_chat_template(tasks[0].messages, tokenize=False, add_generation_prompt=True)
     assert prompt.startswith("<system> ") and prompt.endswith("<eos><assistant>")
     batched = dict(backend.run(tasks))
     assert sorted(batched) == list(range(5)) and all(isinstance(t, str) for t in batched.values())
-    one_by_one = TransformersBackend(str(chat_model), batch_size=1, max_new_tokens=6)
+    one_by_one = TransformersBackend(str(chat_model), batch_size=1, max_new_tokens=6, refuse_cut_off=False)
     assert dict(one_by_one.run(tasks)) == batched  # left padding does not change greedy answers
     # The answer is the decoded continuation of the prompt (greedy, 6 new tokens at most).
     enc = tok(prompt, return_tensors="pt", add_special_tokens=False)
@@ -53,7 +54,8 @@ def test_chat_template_and_batched_generation(chat_model):
 
 
 def test_engine_with_transformers_backend(chat_model, tmp_path):
-    backend = TransformersBackend(str(chat_model), batch_size=2, max_new_tokens=4)
+    # Random weights rarely end an answer within 4 tokens: the answers are taken as they come here.
+    backend = TransformersBackend(str(chat_model), batch_size=2, max_new_tokens=4, refuse_cut_off=False)
     records = [t.record for t in _tasks(3)]
     cache = AnswerCache(tmp_path / "cache.jsonl")
     result = boost_records(records, "blend", backend, None, cache, Prompts.load(), retries=0, progress=False)
@@ -66,6 +68,50 @@ def test_engine_with_transformers_backend(chat_model, tmp_path):
     assert failed == {i for i, answer in direct.items() if not answer.strip()}
     for i, f in enumerate(result.fields):
         assert f["blend"] == (records[i].captions if i in failed else [direct[i].strip()])
+
+
+def _with_generation(model: Path, out: Path, **settings) -> Path:
+    """A copy of the model folder ``model`` in ``out`` with ``settings`` in its generation_config.json."""
+    import shutil
+
+    from transformers import GenerationConfig
+
+    shutil.copytree(model, out)
+    config = GenerationConfig.from_pretrained(out)
+    config.update(**settings)
+    config.save_pretrained(out)
+    return out
+
+
+def test_an_answer_cut_off_at_max_new_tokens_fails_its_image(chat_model, tmp_path):
+    # Where answers end is the folder's generation_config.json: with EOS (4) suppressed no answer ends within
+    # max_new_tokens, every one is cut off; with every token an EOS, every answer ends with its first token, also at
+    # max_new_tokens=1 (an EOS as the last allowed token ends the answer).
+    never = _with_generation(chat_model, tmp_path / "never", suppress_tokens=[4])
+    always = _with_generation(
+        chat_model, tmp_path / "always", eos_token_id=list(range(len(AutoTokenizer.from_pretrained(chat_model))))
+    )
+    tasks = _tasks(5)
+    cut = dict(TransformersBackend(str(never), batch_size=2, max_new_tokens=6).run(tasks))
+    raw = dict(TransformersBackend(str(never), batch_size=2, max_new_tokens=6, refuse_cut_off=False).run(tasks))
+    assert sorted(cut) == list(range(5)) and all(isinstance(answer, CutOff) for answer in cut.values())
+    for i, answer in cut.items():
+        said = f"(no end-of-sequence token): {' '.join(raw[i].split())!r}; raise boost.max_new_tokens"
+        assert str(answer) == f"the answer reached boost.max_new_tokens=6 before the model ended it {said}"
+    for limit in (6, 1):
+        ended = dict(TransformersBackend(str(always), batch_size=2, max_new_tokens=limit).run(tasks))
+        assert sorted(ended) == list(range(5)) and all(isinstance(answer, str) for answer in ended.values())
+    # The engine: every image failed as cut off, counted apart; nothing cached; the human captions kept.
+    records = [t.record for t in tasks]
+    cache = AnswerCache(tmp_path / "cache.jsonl")
+    backend = TransformersBackend(str(never), batch_size=2, max_new_tokens=6)
+    result = boost_records(records, "blend", backend, None, cache, Prompts.load(), retries=2, progress=False)
+    cache.close()
+    assert result.cut_off == {"blend": 5} and result.failed == list(range(5)) and result.boosted == []
+    assert all(f.error.startswith("CutOff: the answer reached boost.max_new_tokens=6") for f in result.failures)
+    assert result.requested == {"blend": 5}  # not asked again: the same settings would cut it again
+    assert (tmp_path / "cache.jsonl").read_text().strip() == ""
+    assert [f["blend"] for f in result.fields] == [r.captions for r in records]
 
 
 def test_a_model_folder_saved_again_in_place_is_another_identity(chat_model, tmp_path):
@@ -149,8 +195,9 @@ def test_vlm_describes_images_through_the_processor(tiny_vlm, tmp_path):
         Image.new("RGB", (20, 20), color).save(tmp_path / f"{i}.png")
         r = Record(i, tmp_path / f"{i}.png", "test", ["a caption"])
         tasks.append(Task(i, r, "visual", prompts.messages("visual"), {"captions": r.captions}))
-    batched = dict(TransformersBackend(str(tiny_vlm), vision=True, batch_size=3, max_new_tokens=5).run(tasks))
-    single = dict(TransformersBackend(str(tiny_vlm), vision=True, batch_size=1, max_new_tokens=5).run(tasks))
+    options = {"vision": True, "max_new_tokens": 5, "refuse_cut_off": False}  # raw generations compared
+    batched = dict(TransformersBackend(str(tiny_vlm), batch_size=3, **options).run(tasks))
+    single = dict(TransformersBackend(str(tiny_vlm), batch_size=1, **options).run(tasks))
     assert batched == single and sorted(batched) == [0, 1, 2]
     # Reference: the processor and model called directly on image 1, the image before the text in the last turn.
     processor = AutoProcessor.from_pretrained(tiny_vlm)

@@ -14,7 +14,8 @@ the configured backends (:mod:`finecap.boost`) and writes the same format into `
 
 Before the first request: the output paths are checked (:func:`~finecap.boost.output.check_outputs`; never inside
 the source data), the prompts and backends are built (URLs and API-key variables checked), the lock is taken. A run
-that stops (failure budget, consecutive connection failures, a refused key) or ends over budget writes ``boost.json``
+that stops (failure budget, consecutive connection failures, a refused key), ends over budget or finds its source
+changed when writing (:func:`~finecap.boost.output.write_boosted`) writes ``boost.json``
 with ``status: failed`` but no data set, keeps every cached answer, and raises
 :class:`~finecap.boost.engine.BoostFailed` (exit code 2).
 """
@@ -81,8 +82,12 @@ def main(cfg: Config, out: str | Path, progress: bool = True) -> dict[str, Any]:
                 close = getattr(backend, "close", None)
                 if close is not None:
                     close()
-        path = None if result.stopped else write_boosted(cfg.data.format, source, out, records, result.fields,
-                                                          cfg.boost.mode)  # fmt: skip
+        path = None
+        if not result.stopped:
+            try:
+                path = write_boosted(cfg.data.format, source, out, records, result.fields, cfg.boost.mode)
+            except ValueError as e:  # the source changed during the run, the folder became unwritable: a failed run
+                result.stopped = str(e)
         atomic_write_text(out / "failures.jsonl", "".join(json.dumps(f.to_dict()) + "\n" for f in result.failures))
         failed_steps: dict[str, int] = {}
         for f in result.failures:
@@ -99,6 +104,7 @@ def main(cfg: Config, out: str | Path, progress: bool = True) -> dict[str, Any]:
             "failed": len(result.failed),
             "not_done": len(result.chosen) - len(result.boosted) - len(result.failed),
             "failed_steps": failed_steps,
+            "cut_off": result.cut_off,
             "requested": result.requested,
             "cached": result.cached,
             "seconds": round(time.perf_counter() - start, 1),

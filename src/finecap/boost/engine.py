@@ -8,10 +8,12 @@ resumable cache, retries of malformed answers, a failure budget and a per-image 
   file, skips every cached key and asks only for the rest. A last line cut by a kill is ignored; a key written twice
   keeps its first answer, so nothing is duplicated in the output.
 - **Answers** are kept whole (:func:`clean_answer`): white space runs (line breaks and paragraphs included) become
-  one space, surrounding quotes and one leading label such as ``Caption:`` are dropped, nothing else. An empty answer
-  or a reply that is not a chat completion (:class:`MalformedReply`) is asked again, up to ``boost.retries`` times;
+  one space, a pair of quotes around the whole answer and one leading label such as ``Caption:`` are dropped, nothing
+  else. An empty answer or a reply that is not a chat completion (:class:`MalformedReply`) is asked again, up to
+  ``boost.retries`` times;
   a backend error that survived the backend's own retries (:class:`BackendError`: HTTP 5xx, time-outs) fails the
-  image at once.
+  image at once, and so does an answer cut off at ``boost.max_new_tokens`` (:class:`CutOff`: every backend that can
+  tell reports one; it is never a caption).
 - **Failures** (:class:`Failure`): every image whose step failed, with the step, the reason and the attempts; the
   caller writes them to ``failures.jsonl`` and keeps the image's human captions for that field. A failed ``blend`` or
   ``visual`` step also fails the image's ``holistic`` step (its inputs are missing).
@@ -24,7 +26,9 @@ resumable cache, retries of malformed answers, a failure budget and a per-image 
 - **Stopping** (:class:`FailureBudget`): the run stops as soon as more than ``boost.max_failure_rate`` of the images
   to boost failed (the fraction can then only be exceeded at the end too), after ``boost.max_consecutive_failures``
   requests in a row could not reach the server (:class:`ServerUnavailable`), and at once on a
-  :class:`FatalBackendError` (a refused API key, a wrong URL). The result then carries ``stopped`` (the reason);
+  :class:`FatalBackendError` (a refused API key, a wrong URL), whichever answer of the requests in flight arrives
+  first: a request the backend did not send or retry because the run is stopping (:class:`Cancelled`) leaves its
+  image not done, never failed. The result then carries ``stopped`` (the reason);
   :mod:`finecap.app.boost` turns it into :class:`BoostFailed` (exit code 2) after saving what was done.
 - **Backends** implement :class:`Backend`: ``identity()`` for the cache key and ``run(tasks)`` yielding ``(position,
   answer or exception)`` as answers complete (so the progress bar and the cache advance while a remote server works).
@@ -76,6 +80,40 @@ class MalformedReply(BackendError):
 class FatalBackendError(BackendError):
     """Every further request would fail the same way (HTTP 401/403: the key is refused; 404: wrong URL or model):
     the run stops at once."""
+
+
+class Cancelled(BackendError):
+    """A request not sent, or not retried, because the run is stopping (another request's
+    :class:`FatalBackendError`, or the engine closing the backend): its image is not done, never a failed image.
+    ``sent``: whether the request went out before (then it counts in ``requested``)."""
+
+    def __init__(self, message: str, *, sent: bool = False) -> None:
+        super().__init__(message)
+        self.sent = sent
+
+
+class CutOff(BackendError):
+    """The answer reached ``boost.max_new_tokens`` before the model ended it (``finish_reason: "length"`` from a
+    server; no end-of-sequence token from an in-process model): a cut-off caption, never accepted or cached. Its image
+    fails at once (the same settings would cut it again) and ``boost.json`` counts it under ``cut_off``."""
+
+
+def cut_off(text: str, max_new_tokens: int, how: str) -> CutOff:
+    """The :class:`CutOff` of the answer ``text``, cut at ``max_new_tokens`` tokens (``how``: what told it), naming the
+    option to raise.
+
+    Example::
+
+        >>> error = cut_off("A red circle on the", 5, "finish_reason 'length'")
+        >>> str(error).startswith("the answer reached boost.max_new_tokens=5 before the model ended it")
+        True
+        >>> str(error).endswith("(finish_reason 'length'): 'A red circle on the'; raise boost.max_new_tokens")
+        True
+    """
+    tail = " ".join(text.split())
+    shown = repr(tail if len(tail) <= 80 else "..." + tail[-77:])
+    return CutOff(f"the answer reached boost.max_new_tokens={max_new_tokens} before the model ended it ({how}): "
+                  f"{shown}; raise boost.max_new_tokens")  # fmt: skip
 
 
 class BadImage(ValueError):
@@ -216,17 +254,33 @@ class BoostResult:
     """Positions of the records with a failed step (they keep their human captions there)."""
     stopped: str | None = None
     """Why the run stopped before the end, or ``None``."""
+    cut_off: dict[str, int] = field(default_factory=dict)
+    """Answers per step cut off at ``boost.max_new_tokens`` (:class:`CutOff`; their images failed)."""
 
 
 _LABEL = re.compile(
     r"^(?:improved |blended |holistic |human |final |correct |new )?(?:caption|description|answer)\s*:\s*", re.I
 )
-_QUOTES = "\"'`“”"
+_QUOTE_PAIRS = {'"': '"', "'": "'", "`": "`", "“": "”", "‘": "’"}
+"""Opening quote -> its closing quote, for :func:`clean_answer`."""
+_APOSTROPHE = re.compile(r"(?<=\w)['’](?=\w)")
+"""A single quote between two letters (``dog's``): an apostrophe, not a quote."""
+
+
+def _unquoted(line: str) -> str:
+    """``line`` without a pair of quotes around the whole of it: the same kind at both ends and none inside (an
+    apostrophe inside a word aside); a quote that opens and one that closes two quotations inside stay."""
+    close = _QUOTE_PAIRS.get(line[:1])
+    if len(line) < 2 or close is None or line[-1] != close:
+        return line
+    inner = _APOSTROPHE.sub("", line[1:-1]) if close in "'’" else line[1:-1]
+    return line if line[0] in inner or close in inner else line[1:-1].strip()
 
 
 def clean_answer(text: Any) -> str | None:
-    """The whole answer with white space normalised, without surrounding quotes or a leading label; ``None`` when
-    nothing is left. Every line and paragraph is kept (a VLM's description runs to several).
+    """The whole answer with white space normalised, without quotes around the whole of it (a matching pair with no
+    other quote of that kind inside) or a leading label; ``None`` when nothing is left. Every line and paragraph is
+    kept (a VLM's description runs to several).
 
     Example::
 
@@ -234,15 +288,15 @@ def clean_answer(text: Any) -> str | None:
         'A red circle on grass. A blue square is above it.'
         >>> clean_answer('"A red circle on grass.\\n  It is small."')
         'A red circle on grass. It is small.'
+        >>> clean_answer('"STOP" is painted on a sign reading "SLOW"')  # two quotations, not one around it all
+        '"STOP" is painted on a sign reading "SLOW"'
         >>> clean_answer("   ") is None
         True
     """
     if not isinstance(text, str):
         return None
     line = _LABEL.sub("", " ".join(text.split()))
-    if len(line) >= 2 and line[0] in _QUOTES and line[-1] in _QUOTES:  # a quoted answer, not a quote inside it
-        line = line[1:-1].strip()
-    return line.strip() or None
+    return _unquoted(line.strip()) or None
 
 
 def _sha256_file(path: Path, memo: dict[Path, str]) -> str:
@@ -316,6 +370,8 @@ class StepResult:
     """Requests sent to the backend (retries of malformed answers included)."""
     cached: int
     stopped: str | None = None
+    cut_off: int = 0
+    """Answers cut off at ``boost.max_new_tokens`` (:class:`CutOff`), among the failures."""
 
 
 def run_step(
@@ -340,9 +396,11 @@ def run_step(
     def fail(task: Task, error: BaseException | str, attempt: int) -> None:
         message = f"{type(error).__name__}: {error}" if isinstance(error, BaseException) else error
         out.failures.append(Failure(task.record.image_id, step, message, attempt))
+        out.cut_off += isinstance(error, CutOff)
         bar.update(1)
         out.stopped = out.stopped or budget.failed(task.index, error)
 
+    cancelled: Cancelled | None = None
     for attempt in range(1, retries + 2):
         if not pending or out.stopped:
             break
@@ -352,6 +410,11 @@ def run_step(
         with closing(iter(backend.run(pending))) as results:  # closing stops the backend when the run stops
             for pos, answer in results:
                 task = pending[pos]
+                if isinstance(answer, Cancelled):  # the image is not done, and no failure of its own
+                    if not answer.sent:
+                        out.sent -= 1
+                    cancelled = cancelled or answer
+                    continue
                 if isinstance(answer, MalformedReply):
                     reason, text = f"malformed reply: {answer}", None
                 elif isinstance(answer, BaseException):
@@ -375,6 +438,8 @@ def run_step(
                 answers[task.index] = text
                 bar.update(1)
         pending = [t for t, _ in malformed]
+    if cancelled is not None and not out.stopped:  # a backend stopped by something the engine was not told of
+        out.stopped = f"the backend cancelled requests: {cancelled}"
     bar.close()
     return out
 
@@ -436,6 +501,8 @@ def boost_records(
         answers[step] = done.answers
         result.failures += done.failures
         result.requested[step], result.cached[step] = done.sent, done.cached
+        if done.cut_off:
+            result.cut_off[step] = done.cut_off
         result.stopped = done.stopped
     if result.stopped is None and budget.over_budget():  # checked at the end too
         result.stopped = budget.budget_reason(result.failures[-1].error if result.failures else "none")

@@ -11,6 +11,9 @@ image's place in the conversation and the batches are :mod:`finecap.boost.chat`'
 
 Greedy decoding at ``boost.temperature=0``, sampling otherwise; at most ``boost.max_new_tokens`` new tokens; the
 rest of the decoding settings are the folder's ``generation_config.json`` (``transformers.generate``'s own reading).
+An answer with no end-of-sequence token (the generation config's ``eos_token_id``, else the tokenizer's) in its
+``boost.max_new_tokens`` tokens was cut off: a :class:`~finecap.boost.engine.CutOff`, unless the backend is made with
+``refuse_cut_off=False``.
 A model without a chat template is an error naming ``boost.llm_model`` / ``boost.vlm_model``.
 """
 
@@ -22,7 +25,7 @@ from typing import Any
 import torch
 
 from finecap.boost.chat import InProcessBackend, conversation, load_chat_tokenizer, prompt_text
-from finecap.boost.engine import Task, weights_stamp
+from finecap.boost.engine import Task, cut_off, weights_stamp
 from finecap.models.chat_templates import apply_chat_template
 
 
@@ -38,6 +41,7 @@ class TransformersBackend(InProcessBackend):
         max_new_tokens: int = 120,
         temperature: float = 0.0,
         key: str = "boost.llm",
+        refuse_cut_off: bool = True,
     ) -> None:
         from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
 
@@ -45,6 +49,7 @@ class TransformersBackend(InProcessBackend):
         self.name, self.vision = model, vision
         self.weights = weights_stamp(model)  # read once: the identity of every request
         self.batch_size, self.max_new_tokens, self.temperature = batch_size, max_new_tokens, temperature
+        self.refuse_cut_off = refuse_cut_off
         auto = AutoModelForImageTextToText if vision else AutoModelForCausalLM
         self.model = auto.from_pretrained(model, trust_remote_code=False)
         self.tokenizer.padding_side = "left"
@@ -76,4 +81,17 @@ class TransformersBackend(InProcessBackend):
             **inputs, max_new_tokens=self.max_new_tokens, pad_token_id=self.tokenizer.pad_token_id, **sampling
         )  # (B, T_in + T_new)
         new = out[:, inputs["input_ids"].shape[1] :]  # (B, T_new)
-        return self.tokenizer.batch_decode(new, skip_special_tokens=True)
+        texts: list[str | BaseException] = list(self.tokenizer.batch_decode(new, skip_special_tokens=True))
+        if self.refuse_cut_off and new.shape[1] >= self.max_new_tokens:  # a shorter batch ended every answer
+            ends = torch.isin(new, torch.tensor(self.eos_ids(), dtype=new.dtype)).any(dim=1)  # (B,)
+            for b in (~ends).nonzero().flatten().tolist():
+                texts[b] = cut_off(str(texts[b]), self.max_new_tokens, "no end-of-sequence token")
+        return texts
+
+    def eos_ids(self) -> list[int]:
+        """The tokens that end an answer: the generation config's ``eos_token_id`` (one or a list), else the
+        tokenizer's."""
+        eos = getattr(self.model.generation_config, "eos_token_id", None)
+        if eos is None:
+            eos = self.tokenizer.eos_token_id
+        return [] if eos is None else [eos] if isinstance(eos, int) else list(eos)

@@ -21,8 +21,13 @@ What happens to each request:
   time-outs, 502/503/504) is :class:`~finecap.boost.engine.ServerUnavailable` (the engine stops after
   ``boost.max_consecutive_failures`` of them in a row), anything else a :class:`~finecap.boost.engine.BackendError`;
 - **stops the run at once**: HTTP 401 or 403 (the key is refused) and 404 (wrong URL or model name): every further
-  request would fail the same way (:class:`~finecap.boost.engine.FatalBackendError`); no new request starts after it;
+  request would fail the same way (:class:`~finecap.boost.engine.FatalBackendError`); no new request starts after it,
+  and a request not sent or not retried because of it is :class:`~finecap.boost.engine.Cancelled` (its image not
+  done, not failed), whatever order the answers of the requests in flight arrive in;
 - **fails the image**: any other HTTP error (e.g. 400, a prompt too long for the model);
+- **fails the image, as cut off** (:class:`~finecap.boost.engine.CutOff`, unless made with ``refuse_cut_off=False``,
+  as the judges are: they parse an answer rather than keep it): an answer whose ``finish_reason`` is ``"length"``,
+  stopped at ``max_tokens`` (``boost.max_new_tokens``) before the model ended it;
 - **asked again by the engine**: a reply that is not chat-completions JSON
   (:class:`~finecap.boost.engine.MalformedReply`, reported as "not JSON" or "no choices[0].message.content").
 
@@ -75,7 +80,16 @@ from tenacity import (
     wait_exponential_jitter,
 )
 
-from finecap.boost.engine import BackendError, BadImage, FatalBackendError, MalformedReply, ServerUnavailable, Task
+from finecap.boost.engine import (
+    BackendError,
+    BadImage,
+    Cancelled,
+    FatalBackendError,
+    MalformedReply,
+    ServerUnavailable,
+    Task,
+    cut_off,
+)
 from finecap.config.secrets import masked_url_secrets
 from finecap.data.images import decode_image, encode_image
 from finecap.data.records import DataError
@@ -151,10 +165,6 @@ class _Retry(Exception):
         self.unavailable, self.retry_after = unavailable, retry_after
 
 
-class _Cancelled(BackendError):
-    """Not sent: the run is stopping."""
-
-
 def check_base_url(url: str, key: str) -> None:
     """``ValueError`` naming ``key`` unless ``url`` is an http(s) URL with a host."""
     try:
@@ -184,6 +194,8 @@ class OpenAIBackend:
     ``Retry-After`` dates are read against (default ``time.time``), ``transport`` answers the HTTP requests (default:
     httpx's network transport; an ``httpx.MockTransport`` can play a slow server on a fake clock, raising
     ``httpx.ReadTimeout`` when the request's ``timeout`` extension is shorter than the server's delay).
+    ``refuse_cut_off``: an answer cut off at ``max_tokens`` is a :class:`~finecap.boost.engine.CutOff` (module
+    docstring); ``False`` returns it as it came.
     """
 
     def __init__(
@@ -203,6 +215,7 @@ class OpenAIBackend:
         sleep: Callable[[float], Any] | None = None,
         clock: Callable[[], float] = time.time,
         transport: httpx.BaseTransport | None = None,
+        refuse_cut_off: bool = True,
     ) -> None:
         if not model:
             raise ValueError(f"{key}_model: the openai backend needs the served model name")
@@ -218,7 +231,7 @@ class OpenAIBackend:
         self.concurrency, self.retries, self.backoff, self.max_wait = concurrency, retries, backoff, max_wait
         self.timeout = timeout
         self.section = key.split(".")[0]  # boost or judge: the section whose options are named in messages
-        self.max_tokens, self.temperature = max_tokens, temperature
+        self.max_tokens, self.temperature, self.refuse_cut_off = max_tokens, temperature, refuse_cut_off
         self.key = key
         limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
         self.client = httpx.Client(headers=headers, timeout=timeout, limits=limits, transport=transport)
@@ -259,7 +272,7 @@ class OpenAIBackend:
     def attempt(self, payload: dict[str, Any]) -> str:
         """One POST; the answer text, or an exception saying whether and how to go on."""
         if self._stop.is_set():
-            raise _Cancelled("not sent: the run is stopping")
+            raise Cancelled("not sent: the run is stopping")
         with self._lock:
             self.requests_sent += 1
         deadline = time.monotonic() + self.timeout
@@ -296,6 +309,8 @@ class OpenAIBackend:
             content = None
         if not isinstance(content, str):
             raise MalformedReply(f"the reply has no choices[0].message.content text: {self.redact(str(body))[:200]}")
+        if self.refuse_cut_off and body["choices"][0].get("finish_reason") == "length":
+            raise cut_off(self.masked_answer(content), self.max_tokens, "finish_reason 'length'")
         return self.masked_answer(content)
 
     def _read_before(self, response: httpx.Response, deadline: float) -> bytes:
@@ -326,7 +341,13 @@ class OpenAIBackend:
         )
         try:
             return retrying(self.attempt, self.payload(task))
+        except Cancelled:
+            if retrying.statistics.get("attempt_number", 1) == 1:
+                raise
+            raise Cancelled("not retried: the run is stopping", sent=True) from None  # an earlier attempt went out
         except _Retry as e:
+            if self._stop.is_set():  # retries cut short by the stop: not this request's failure
+                raise Cancelled(f"not retried: the run is stopping (last error {e})", sent=True) from None
             error = ServerUnavailable if e.unavailable else BackendError
             n = retrying.statistics.get("attempt_number", self.retries + 1)
             raise error(f"{self.shown_url}: gave up after {n} attempt(s); last error {e}") from None

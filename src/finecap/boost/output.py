@@ -10,9 +10,15 @@ fields back.
 - ``karpathy``: ``DIR/<file name>`` with ``sentences`` replaced (``raw`` and ``tokens``);
 - ``coco``: ``DIR/<file name>`` with ``annotations`` replaced (one per caption, renumbered, in the order the images
   were read) and the source's kept as ``original_annotations`` (a file boosted again keeps the first source's);
-  images without a caption annotation are left as they are (they were not read, so not boosted);
+  images without a caption annotation are left as they are (they were not read, so not boosted). A file without an
+  ``images`` list gains one, ``{"id", "boost"}`` per image of the annotations in the order read (no ``file_name``, as
+  the source had none), so that its boost fields are read back;
 - ``jsonl``: ``DIR/<file name>`` with ``captions`` replaced and image paths made absolute; a line without ``id``
   gains the one it was read with (the image path as written), so the ids stay the source's.
+
+Karpathy, world and JSONL files are read again to be written, entry by entry beside the records boosted: an entry
+whose id or image file is not its record's (the file changed during the run) is refused, naming the file and the
+entry, and nothing is written.
 
 Karpathy and COCO files name images relative to an image root: read them with ``data.images`` set to the source
 root (the default, the file's folder, is now ``DIR``). Read a boosted JSONL the same way: its image paths are
@@ -150,6 +156,20 @@ def _check_aligned(n_raw: int, records: Sequence[Record], path: Path) -> None:
         raise ValueError(f"{path}: {n_raw} entries in the file but {len(records)} records were read; file changed?")
 
 
+def _check_entry(i: int, image_id: Any, file: str, record: Record, path: Path) -> None:
+    """``ValueError`` naming ``path`` unless entry ``i`` of the source, read again to be written (id ``image_id``,
+    image ``file`` as written), is the image ``record`` that was boosted: a source changed during the run would give
+    an image another's captions."""
+    parts = Path(file).parts
+    if image_id == record.image_id and Path(record.path).parts[-len(parts) :] == parts:
+        return
+    raise ValueError(
+        f"{path}: changed while boost ran: entry {i} is now image {image_id!r} ({file}), but image "
+        f"{record.image_id!r} ({record.path}) was boosted there; re-run with the same --out to boost the file as it "
+        "is now (answers already given come from the cache)"
+    )
+
+
 def write_boosted(
     fmt: str,
     source: str | Path,
@@ -166,6 +186,9 @@ def write_boosted(
     if fmt in ("world", "karpathy"):
         raw = read_json(source, DATA_FILE)
         _check_aligned(len(raw["images"]), records, source)
+        for i, (img, r) in enumerate(zip(raw["images"], records)):  # ids and files as the Karpathy reader reads them
+            image_id = img["cocoid"] if "cocoid" in img else img.get("imgid", i)
+            _check_entry(i, image_id, os.path.join(img.get("filepath", ""), img.get("filename", "")), r, source)
         for img, f in zip(raw["images"], fields):
             img["sentences"] = [{"raw": c, "tokens": c.split()} for c in f[mode]]
             img["boost"] = f
@@ -182,7 +205,9 @@ def write_boosted(
         raw = read_json(source, DATA_FILE)
         by_id = dict(zip((r.image_id for r in records), fields, strict=True))
         annotations: list[dict[str, Any]] = []
-        for img in raw.get("images", ()):  # images without a caption were not read: they stay as they are
+        if "images" not in raw:  # the images were those of the annotations: listed, to carry their boost fields
+            raw["images"] = [{"id": image_id} for image_id in by_id]
+        for img in raw["images"]:  # images without a caption were not read: they stay as they are
             if img["id"] in by_id:
                 img["boost"] = by_id[img["id"]]
         for image_id, f in by_id.items():
@@ -193,6 +218,8 @@ def write_boosted(
     elif fmt == "jsonl":
         lines = [record for _, record in json_lines(source)]  # as the reader read them
         _check_aligned(len(lines), records, source)
+        for i, (row, r) in enumerate(zip(lines, records)):  # the ids and files as the JSONL reader reads them
+            _check_entry(i, row.get("id", row.get("image")), str(row.get("image", "")), r, source)
         rows = []
         for row, r, f in zip(lines, records, fields):
             row.setdefault("id", r.image_id)  # the image path as written: the ids stay those of the source

@@ -15,7 +15,9 @@ so a killed run loses at most one batch).
   ``boost.max_new_tokens`` tokens; every other setting (stop tokens, ``top_k``, ``top_p``, ``repetition_penalty``)
   is the folder's ``generation_config.json``, as ``transformers.generate`` and a vLLM server read it
   (``generation_config="auto"``). Unseeded samples follow vLLM's seed, ``run.seed``. Answers are the generated
-  tokens decoded as the ``transformers`` backend decodes them (special tokens skipped).
+  tokens decoded as the ``transformers`` backend decodes them (special tokens skipped); one that vLLM stopped at
+  ``boost.max_new_tokens`` (``finish_reason`` ``"length"``) was cut off: a :class:`~finecap.boost.engine.CutOff`,
+  unless the backend is made with ``refuse_cut_off=False``.
 - **Engine**: built once per role in the model's saved dtype (``config.json``'s, as transformers loads it; vLLM's
   own default would run a float32 model in half precision), with the ``vllm`` section's memory and parallelism
   settings (``max_model_len``, ``kv_cache_memory_bytes``, ``gpu_memory_utilization``, ``tensor_parallel_size``,
@@ -36,7 +38,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from finecap.boost.chat import InProcessBackend, load_chat_tokenizer, prompt_text
-from finecap.boost.engine import BackendError, Task, weights_stamp
+from finecap.boost.engine import BackendError, Task, cut_off, weights_stamp
 
 if TYPE_CHECKING:
     from finecap.config import VllmConfig
@@ -64,6 +66,7 @@ class VllmBackend(InProcessBackend):
         temperature: float = 0.0,
         seed: int = 0,
         key: str = "boost.llm",
+        refuse_cut_off: bool = True,
     ) -> None:
         from finecap.config import VllmConfig
         from finecap.engines.vllm import import_vllm, start_llm
@@ -74,6 +77,7 @@ class VllmBackend(InProcessBackend):
         self.name, self.vision = model, vision
         self.weights = weights_stamp(model)  # read once: the identity of every request
         self.batch_size, self.max_new_tokens, self.temperature = batch_size, max_new_tokens, temperature
+        self.refuse_cut_off = refuse_cut_off
         images = {"limit_mm_per_prompt": {"image": 1}} if vision else {}
         self.llm = start_llm(model, section or VllmConfig(), dtype=saved_dtype(model), seed=seed,
                              generation_config="auto", option=option, **images)  # fmt: skip
@@ -111,7 +115,13 @@ class VllmBackend(InProcessBackend):
             if len(prompts) > 1:
                 return [answer for p in prompts for answer in self._answers([p])]
             return [BackendError(f"vLLM refused the request: {' '.join(str(e).split())[:300]}")]
-        return self.tokenizer.batch_decode([list(o.outputs[0].token_ids) for o in outputs], skip_special_tokens=True)
+        texts = self.tokenizer.batch_decode([list(o.outputs[0].token_ids) for o in outputs], skip_special_tokens=True)
+        return [
+            cut_off(text, self.max_new_tokens, "no end-of-sequence token")
+            if self.refuse_cut_off and o.outputs[0].finish_reason == "length"
+            else text
+            for o, text in zip(outputs, texts, strict=True)
+        ]
 
     def generate(self, tasks: Sequence[Task], images: Sequence[Any] = ()) -> list[str | BaseException]:
         """Answers of ``tasks`` (a :class:`BackendError` for a prompt vLLM refuses); ``images``: their decoded

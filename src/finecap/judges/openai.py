@@ -214,10 +214,11 @@ class OpenAIJudge(Judge):
             )
         if not model:
             raise ValueError("judge.model: the openai judge needs the served model name")
+        # refuse_cut_off=False: an answer is parsed, not kept; a verdict given before judge.max_tokens counts
         backends = [
             OpenAIBackend(model, url, api_key, concurrency=concurrency, timeout=timeout, retries=retries,
                           max_tokens=max_tokens, temperature=0.0, backoff=backoff, max_wait=retry_max_wait,
-                          key="judge", sleep=sleep, transport=transport)
+                          key="judge", sleep=sleep, transport=transport, refuse_cut_off=False)
             for url in urls
         ]  # fmt: skip
         self._start(model, backends, prompts=prompts, cache=cache, retries=retries, concurrency=concurrency,

@@ -57,8 +57,10 @@ class VllmJudge(OpenAIJudge):
         if backend is None:
             from finecap.boost.vllm_backend import VllmBackend
 
+            # refuse_cut_off=False: an answer is parsed, not kept; a verdict given before judge.max_tokens counts
             backend = VllmBackend(model, section=section, batch_size=1, max_new_tokens=max_tokens,
-                                  temperature=0.0, seed=seed, key="judge.name=vllm: judge.model")  # fmt: skip
+                                  temperature=0.0, seed=seed, key="judge.name=vllm: judge.model",
+                                  refuse_cut_off=False)  # fmt: skip
         self.weights = weights_stamp(model)  # a folder trained or saved again in place is asked again
         self._start(model, [_InProcess(backend)], prompts=prompts, cache=cache, retries=retries, concurrency=1)
 

@@ -83,7 +83,7 @@ class BoostConfig(Section, name="boost"):
     )
     max_new_tokens: int = doc(
         120,
-        "openai/transformers/vllm: most tokens generated per answer.",
+        "openai/transformers/vllm: most tokens generated per answer; an answer cut off there fails its image.",
         ge=1,
         le=32_768,
         why="a caption rewrite takes ~200 tokens",
