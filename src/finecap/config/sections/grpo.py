@@ -18,15 +18,8 @@ RewardAggregation = Literal["sum_then_normalize", "normalize_then_sum"]
 PolicyLoss = Literal["reinforce", "clipped"]
 Importance = Literal["token", "sequence"]
 LossAggregation = Literal["sequence", "token", "constant"]
-CLIPPED_ONLY = (
-    "iterations",
-    "clip_low",
-    "clip_high",
-    "importance",
-    "loss_aggregation",
-    "kl_coef",
-    "kl_bias_correction",
-)
+CLIPPED_ONLY = ("iterations", "clip_low", "clip_high", "importance", "loss_aggregation", "kl_coef",
+                "kl_bias_correction")  # fmt: skip
 """The options only ``grpo.policy_loss=clipped`` reads: refused at another value than their default without it."""
 GROUP_UNUSED = ("baseline", "mean_momentum")
 """The ``rl`` options ``grpo.advantage=group`` never reads (the group's mean is the baseline)."""
