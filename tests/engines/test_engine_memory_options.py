@@ -265,10 +265,11 @@ def test_no_autocast_reaches_the_vllm_judge_when_it_answers(monkeypatch):
 
     def generate(prompts, params, use_tqdm=False):
         seen.append(torch.is_autocast_enabled("cpu"))
-        return [SimpleNamespace(outputs=[SimpleNamespace(token_ids=[1])]) for _ in prompts]
+        return [SimpleNamespace(outputs=[SimpleNamespace(token_ids=[1], finish_reason="stop")]) for _ in prompts]
 
     backend = object.__new__(VllmBackend)  # its engine and tokenizer stood in for
     backend.llm = SimpleNamespace(generate=generate)
+    backend.refuse_cut_off, backend.max_new_tokens = True, 8
     backend.tokenizer = SimpleNamespace(batch_decode=lambda ids, skip_special_tokens: ["B" for _ in ids])
     monkeypatch.setattr(VllmBackend, "sampling_params", lambda self: None)
     with torch.autocast("cpu", dtype=torch.bfloat16):

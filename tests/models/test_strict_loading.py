@@ -345,7 +345,9 @@ def test_init_from_another_backbone_ends_the_train_command_in_one_line(made, tmp
     for i in range(4):
         shutil.copy(made["image"], data / f"{i}.png")
         (data / f"{i}.txt").write_text("a red square\n")
-    line = refused(["train", "data.format=folder", f"data.path={data}", f"model.encoder={made['clip']}",
+    # the data's splits are read before any model (half the images held out for validation: a split of each)
+    line = refused(["train", "data.format=folder", f"data.path={data}", "data.val_fraction=0.5",
+                    f"model.encoder={made['clip']}",
                            f"train.init_from={made['vlm']}", f"run.cache_dir={tmp_path / 'cache'}", "--out",
                            str(tmp_path / "run")])  # fmt: skip
     assert "is a vlm captioner, but model.kind=clipcap" in line
