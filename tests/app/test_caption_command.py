@@ -496,3 +496,29 @@ def test_caption_data_may_be_a_hub_name_with_data_format_hf(beam_run, world, tmp
                 "--split", "test", "data.format=hf", f"data.images={world / 'images'}",
                 "data.hf.id_column=cocoid"]) == 0  # fmt: skip
     assert sorted(captions(out)) == list(range(len(records)))
+
+
+def test_a_missing_split_of_the_runs_own_data_points_to_images_it_never_saw(beam_run, world, tmp_path):
+    """A run on data without a test split: 'set data.test_fraction' (the data readers' advice) would have been refused
+    as re-splitting the run's data, so captioning the run's own data says what works instead, before any model
+    loads; another data set named on the command line keeps the readers' advice."""
+    photos = tmp_path / "photos"
+    photos.mkdir()
+    lines = []
+    for k, image in enumerate(sorted((world / "images").rglob("*.png"))[:4]):
+        shutil.copy(image, photos / f"photo{k}.png")
+        lines.append(json.dumps({"image": f"photo{k}.png", "captions": ["a red circle"]}))
+    data = photos / "captions.jsonl"
+    data.write_text("\n".join(lines) + "\n")
+    run = tmp_path / "run"
+    shutil.copytree(beam_run, run)
+    for path in run.rglob("config.yaml"):
+        stored = yaml.safe_load(path.read_text())
+        stored["data"].update(format="jsonl", path=str(data), val_fraction=0.25)
+        path.write_text(yaml.safe_dump(stored, sort_keys=False))
+    with pytest.raises(ValueError) as e:
+        main(checkpoint=run, out=tmp_path / "t.json")
+    assert "no records in split 'test'" in str(e.value) and "--images FOLDER, or --data FILE" in str(e.value)
+    assert "data.test_fraction" not in str(e.value)
+    with pytest.raises(ValueError, match=r"no records in split 'test'.*set data.test_fraction"):
+        main(checkpoint=run, data=data, out=tmp_path / "t.json")

@@ -43,9 +43,12 @@ from pathlib import Path
 
 from finecap.caption import generate_captions
 from finecap.config import Config, DataConfig, HfDataConfig, load_stored, parse_override
+from finecap.data.datasets import load_records
 from finecap.data.formats import data_format, detect_format
 from finecap.data.images import ImageLimits
 from finecap.data.loading import encoder_draft
+from finecap.data.records import DataError
+from finecap.data.references import MissingSplit
 from finecap.data.results import write_results
 from finecap.engines import engine_class, open_engine
 from finecap.home import world_path
@@ -225,6 +228,15 @@ def main(
             )
         inputs = {"--checkpoint": setup.checkpoint, "data set": cfg.data.path or world_path(cfg.world),
                   "image folder (data.images)": cfg.data.images or None, "recipe": recipe_file}  # fmt: skip
+        try:  # the split before the model loads (the reader keeps it); the run's own data is split as it trained
+            load_records(cfg, split, captioned=False)
+        except MissingSplit as e:
+            if setup.data_from_command_line:
+                raise
+            raise DataError(
+                f"{e.found}; the run's own data set is split as it was trained (another split would hold images it "
+                "trained or validated on): caption images it never saw with --images FOLDER, or --data FILE"
+            ) from None
     check_output_file(out, inputs, force=force, kind="results")
     parts = ["captioner"] if setup.data_from_command_line or files is not None else ["captioner", "data"]
     checked = check_run(setup.checkpoint, cfg, parts=parts, model_folder=model_dir(setup.checkpoint))

@@ -56,18 +56,27 @@ def world_scenes(cfg: Config | None) -> dict[Hashable, Scene] | None:
     return dict(load_scenes(data_file(cfg).parent))
 
 
+class MissingSplit(ValueError):
+    """No record of a split (:func:`select_split`): ``found`` is the message without its advice (the file, the
+    split, the splits present), which a caller that knows better ways out words again."""
+
+    def __init__(self, found: str, advice: str) -> None:
+        super().__init__(f"{found}; {advice}")
+        self.found = found
+
+
 def select_split(
     records: Sequence[Record], split: str, path: str | Path, fmt: str | None = None, unsplit: int = 0
 ) -> list[Record]:
-    """The records of ``split`` (``"train"`` = :data:`TRAIN_SPLITS`); none raises ``ValueError`` listing the splits
-    present in ``path`` and saying what to add (format ``fmt``'s split key; ``data.val_fraction`` /
+    """The records of ``split`` (``"train"`` = :data:`TRAIN_SPLITS`); none raises :class:`MissingSplit` listing the
+    splits present in ``path`` and saying what to add (format ``fmt``'s split key; ``data.val_fraction`` /
     ``data.test_fraction`` when ``unsplit`` records named no split: :func:`finecap.data.splits.split_unsplit`)."""
     wanted = TRAIN_SPLITS if split == "train" else (split,)
     kept = [r for r in records if r.split in wanted]
     if not kept:
         present = sorted({r.split for r in records})
-        advice = missing_split_advice(split, fmt, records, unsplit)
-        raise ValueError(f"{path}: no records in split {split!r}; splits present: {', '.join(present)}; {advice}")
+        found = f"{path}: no records in split {split!r}; splits present: {', '.join(present)}"
+        raise MissingSplit(found, missing_split_advice(split, fmt, records, unsplit))
     return kept
 
 
