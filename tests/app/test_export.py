@@ -151,6 +151,6 @@ def test_an_export_whose_frozen_encoder_moved_captions_with_model_encoder(run, t
     assert main(args) == 2
     err = capsys.readouterr().err
     assert f"the frozen encoder it refers to, {tmp_path / 'clip'}, is not there" in err
-    assert "name where it is now with model.encoder=PATH" in err
+    assert "finecap caption takes where it is now as model.encoder=PATH" in err
     assert main([*args, f"model.encoder={tmp_path / 'clip-moved'}"]) == 0
     assert json.loads((tmp_path / "b.json").read_text()) == json.loads((tmp_path / "a.json").read_text())

@@ -668,8 +668,9 @@ class CaptionerBase(nn.Module, abc.ABC):
         if Path(source).is_absolute() and not Path(source).exists():  # else transformers reads it as a Hub id
             raise CheckpointError(
                 f"{path / CONFIG_NAME}: the frozen encoder it refers to, {source}, is not there (moved, or the "
-                "checkpoint came from another machine): name where it is now with model.encoder=PATH (Python: "
-                "encoder_at=PATH), or load_encoder=False to use cached features"
+                "checkpoint came from another machine): finecap caption takes where it is now as model.encoder=PATH "
+                "(Python: encoder_at=PATH, or load_encoder=False to use cached features); for other commands, copy "
+                "or link the folder back to that path"
             )
         try:
             encoder = encoder_cls.from_pretrained(source, dtype)
