@@ -449,3 +449,15 @@ def test_caption_targets_are_the_tokens_the_chat_format_gives_the_answer(kind, t
     generation = Generation(sequences=row, token_logprobs=torch.zeros(row.shape), lengths=torch.tensor([len(ids)]),
                             image_index=torch.tensor([0]), scores=torch.zeros(1))  # fmt: skip
     assert texts_of(tok, generation) == ["a red circle on the left"]
+
+
+@pytest.mark.parametrize("kind", ["byte-level", "sentencepiece"])
+def test_only_white_space_merged_into_the_answer_is_a_caption_prefix(kind):
+    """A template that writes other text between the generation prompt and the answer (the tiny Mistral 3 writes
+    ``[INST]`` for every role) put that text's tokens at the start of every caption target."""
+    from finecap.models.vlm import answer_prefix
+
+    tok = trained_tokenizer(kind)
+    prompt = "User: Describe the image."
+    assert answer_prefix(tok, prompt, "[INST]") == ""
+    assert answer_prefix(tok, prompt, "Assistant: ") == ""

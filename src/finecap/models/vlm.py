@@ -445,8 +445,10 @@ def answer_prefix(tokenizer: Any, prompt_text: str, before: str, answer: str = A
     are the ones the chat format gives the answer: ``before`` (what the template writes between the generation prompt
     and the answer, :func:`answer_context`: SmolVLM's space after ``Assistant:``, which a byte-level BPE merges into
     the first word, ``Ġa``) when the answer's tokens after ``prompt_text`` are those of ``before + answer``; else
-    ``""`` (the answer alone: a SentencePiece tokenizer's ``▁a`` already, a prompt ending in a newline)."""
-    if not before:
+    ``""`` (the answer alone: a SentencePiece tokenizer's ``▁a`` already, a prompt ending in a newline). Only white
+    space merged into the answer's tokens (as many as the answer's alone) is a prefix: a template writing other text
+    there (the tiny Mistral 3's ``[INST]`` for every role) would put tokens of its own into every caption target."""
+    if not before or not before.isspace():
         return ""
 
     def ids(text: str) -> list[int]:
@@ -454,7 +456,12 @@ def answer_prefix(tokenizer: Any, prompt_text: str, before: str, answer: str = A
 
     prompt, full = ids(prompt_text), ids(prompt_text + before + answer)
     chat = full[len(prompt) :] if full[: len(prompt)] == prompt else None
-    return before if chat is not None and ids(before + answer) == chat and ids(answer) != chat else ""
+    merged = ids(before + answer)
+    return (
+        before
+        if chat is not None and merged == chat and ids(answer) != chat and len(merged) == len(ids(answer))
+        else ""
+    )
 
 
 def model_stop_tokens(model: Any) -> list[int]:
