@@ -86,7 +86,7 @@ def main(cfg: Config, out: str | Path, progress: bool = True) -> dict[str, Any]:
         if not result.stopped:
             try:
                 path = write_boosted(cfg.data.format, source, out, records, result.fields, cfg.boost.mode)
-            except ValueError as e:  # the source changed during the run, the folder became unwritable: a failed run
+            except ValueError as e:  # the source changed during the run (checked entry by entry): a failed run
                 result.stopped = str(e)
         atomic_write_text(out / "failures.jsonl", "".join(json.dumps(f.to_dict()) + "\n" for f in result.failures))
         failed_steps: dict[str, int] = {}
