@@ -228,6 +228,8 @@ def main(
             )
         inputs = {"--checkpoint": setup.checkpoint, "data set": cfg.data.path or world_path(cfg.world),
                   "image folder (data.images)": cfg.data.images or None, "recipe": recipe_file}  # fmt: skip
+    check_output_file(out, inputs, force=force, kind="results")
+    if files is None:
         try:  # the split before the model loads (the reader keeps it); the run's own data is split as it trained
             load_records(cfg, split, captioned=False)
         except MissingSplit as e:
@@ -237,7 +239,6 @@ def main(
                 f"{e.found}; the run's own data set is split as it was trained (another split would hold images it "
                 "trained or validated on): caption images it never saw with --images FOLDER, or --data FILE"
             ) from None
-    check_output_file(out, inputs, force=force, kind="results")
     parts = ["captioner"] if setup.data_from_command_line or files is not None else ["captioner", "data"]
     checked = check_run(setup.checkpoint, cfg, parts=parts, model_folder=model_dir(setup.checkpoint))
     accelerator = make_accelerator(cfg.train)
