@@ -117,7 +117,7 @@ class VllmBackend(InProcessBackend):
             return [BackendError(f"vLLM refused the request: {' '.join(str(e).split())[:300]}")]
         texts = self.tokenizer.batch_decode([list(o.outputs[0].token_ids) for o in outputs], skip_special_tokens=True)
         return [
-            cut_off(text, self.max_new_tokens, "vLLM's finish_reason 'length'")
+            cut_off(text, self.max_new_tokens, "no end-of-sequence token")  # as the transformers backend says it
             if self.refuse_cut_off and o.outputs[0].finish_reason == "length"
             else text
             for o, text in zip(outputs, texts, strict=True)
