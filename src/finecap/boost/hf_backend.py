@@ -27,6 +27,7 @@ import torch
 from finecap.boost.chat import InProcessBackend, conversation, load_chat_tokenizer, prompt_text
 from finecap.boost.engine import Task, cut_off, weights_stamp
 from finecap.models.chat_templates import apply_chat_template
+from finecap.models.vlm import model_stop_tokens
 
 
 class TransformersBackend(InProcessBackend):
@@ -91,7 +92,5 @@ class TransformersBackend(InProcessBackend):
     def eos_ids(self) -> list[int]:
         """The tokens that end an answer: the generation config's ``eos_token_id`` (one or a list), else the
         tokenizer's."""
-        eos = getattr(self.model.generation_config, "eos_token_id", None)
-        if eos is None:
-            eos = self.tokenizer.eos_token_id
-        return [] if eos is None else [eos] if isinstance(eos, int) else list(eos)
+        eos = self.tokenizer.eos_token_id
+        return model_stop_tokens(self.model) or ([] if eos is None else [int(eos)])
