@@ -6,9 +6,11 @@ import json
 import logging
 import os
 import shlex
+import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -313,3 +315,39 @@ def test_an_answer_cut_off_at_max_new_tokens_fails_its_image_and_is_counted(worl
                   "'length'): 'boosted a striped'; raise boost.max_new_tokens", 1)]  # fmt: skip
     answers = [json.loads(line)["answer"] for line in _cache_lines(out / "cache.jsonl")]
     assert len(answers) == 31 and "boosted a striped" not in answers  # never cached
+
+
+def test_ctrl_c_keeps_the_answers_in_flight_and_says_interrupted(world, tmp_path):
+    # Two requests at a time. The first two wait for each other (a barrier), one of them interrupts the main thread
+    # as a Ctrl-C does (SIGINT), and both answer only once the backend has said it is waiting for them: their answers
+    # arrive after the interrupt, and nothing more is sent.
+    barrier, waiting, main = threading.Barrier(2), threading.Event(), threading.main_thread().ident
+
+    class Said(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            if record.getMessage().startswith("interrupted: waiting for the 2 request(s) in flight"):
+                waiting.set()
+
+    def answer(payload, n):
+        if barrier.wait(timeout=30) == 0:  # a real SIGINT to the main thread: it wakes a blocked wait
+            signal.pthread_kill(main, signal.SIGINT)
+        assert waiting.wait(timeout=30)
+        return echo_first_caption(payload, n)
+
+    said = Said()
+    logging.getLogger("finecap.boost.openai_backend").addHandler(said)
+    try:
+        with ChatServer(answer) as server:
+            cfg = load(None, [*world_items(world), *_openai(server.url, "boost.concurrency=2")])
+            with pytest.raises(KeyboardInterrupt):
+                boost(cfg, tmp_path / "out", progress=False)
+    finally:
+        logging.getLogger("finecap.boost.openai_backend").removeHandler(said)
+    assert len(server.requests) == 2
+    cached = [json.loads(line) for line in (tmp_path / "out" / "cache.jsonl").read_text().splitlines()]
+    assert sorted(c["answer"] for c in cached) == sorted(
+        echo_first_caption(r["payload"], 0)[1]["choices"][0]["message"]["content"] for r in server.requests
+    )
+    summary = json.loads((tmp_path / "out" / "boost.json").read_text())
+    assert summary["status"] == "interrupted" and summary["answers_kept"] == 2 and summary["output"] is None
+    assert not (tmp_path / "out" / "dataset.json").exists()

@@ -7,9 +7,9 @@ the configured backends (:mod:`finecap.boost`) and writes the same format into `
 - ``DIR/cache.jsonl``: every accepted answer, keyed by request hash; a killed or stopped run re-run with the same
   ``--out`` continues where it stopped (:mod:`finecap.boost.engine`);
 - ``DIR/failures.jsonl``: one line per image and step that failed (those images keep their human captions);
-- ``DIR/boost.json``: ``status`` (``ok`` or ``failed`` with the ``error``), the counts of images ``boosted``,
-  ``failed`` and ``not_done``, the requests and cached answers per step, the wall time and the configuration
-  (secrets masked: :mod:`finecap.config.secrets`);
+- ``DIR/boost.json``: ``status`` (``ok``, ``failed`` with the ``error``, or ``interrupted`` by Ctrl-C), the counts
+  of images ``boosted``, ``failed`` and ``not_done``, the requests and cached answers per step, the wall time and the
+  configuration (secrets masked: :mod:`finecap.config.secrets`);
 - ``DIR/.boost.lock`` while it runs (:mod:`finecap.locks`): one writer per folder.
 
 Before the first request: the output paths are checked (:func:`~finecap.boost.output.check_outputs`; never inside
@@ -76,6 +76,9 @@ def main(cfg: Config, out: str | Path, progress: bool = True) -> dict[str, Any]:
                 progress=progress, max_failure_rate=b.max_failure_rate,
                 max_consecutive_failures=b.max_consecutive_failures,
             )  # fmt: skip
+        except KeyboardInterrupt:
+            interrupted(out, source, cfg.boost.mode, len(cache.answers), time.perf_counter() - start)
+            raise
         finally:
             cache.close()
             for backend in (llm, vlm):
@@ -126,3 +129,13 @@ def main(cfg: Config, out: str | Path, progress: bool = True) -> dict[str, Any]:
         log.warning("boost: %d failures logged in %s (human captions kept; within boost.max_failure_rate=%g)",
                     len(result.failures), out / "failures.jsonl", b.max_failure_rate)  # fmt: skip
     return summary
+
+
+def interrupted(out: Path, source: Path, mode: str, kept: int, seconds: float) -> None:
+    """``out/boost.json`` of a run stopped by Ctrl-C (``status: interrupted``; no data set written), and a log line
+    saying how to go on."""
+    write_json(out / "boost.json", {"status": "interrupted", "error": "interrupted (Ctrl-C)",
+                                    "source": str(source.resolve()), "output": None, "mode": mode,
+                                    "answers_kept": kept, "seconds": round(seconds, 1)})  # fmt: skip
+    log.warning("boost interrupted: no data set written; %d answers are kept in %s: re-run with the same --out to "
+                "continue", kept, out / "cache.jsonl")  # fmt: skip

@@ -61,12 +61,13 @@ from __future__ import annotations
 import base64
 import email.utils
 import json
+import logging
 import os
 import random
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
-from concurrent.futures import ThreadPoolExecutor, as_completed
+from concurrent.futures import Future, ThreadPoolExecutor, as_completed
 from pathlib import Path
 from typing import Any
 
@@ -93,6 +94,8 @@ from finecap.boost.engine import (
 from finecap.config.secrets import masked_url_secrets
 from finecap.data.images import decode_image, encode_image
 from finecap.data.records import DataError
+
+log = logging.getLogger(__name__)
 
 DEFAULT_BASE_URL = "https://api.openai.com/v1"
 RETRY_STATUS = {408, 409, 429, 500, 502, 503, 504}
@@ -353,15 +356,23 @@ class OpenAIBackend:
             raise error(f"{self.shown_url}: gave up after {n} attempt(s); last error {e}") from None
 
     def run(self, tasks: Sequence[Task]) -> Iterator[tuple[int, str | BaseException]]:
+        """``(position, answer or exception)`` as the requests complete, ``concurrency`` at a time. A Ctrl-C while
+        waiting for answers sends nothing more but hands over the answers of the requests in flight (the engine
+        caches them; a second Ctrl-C drops them), then raises ``KeyboardInterrupt``."""
         pool = ThreadPoolExecutor(max_workers=self.concurrency)
         done = False
         try:
             futures = {pool.submit(self.complete, t): i for i, t in enumerate(tasks)}
-            for future in as_completed(futures):
-                try:
-                    yield futures[future], future.result()
-                except Exception as e:  # noqa: BLE001 - every failure goes to the engine, which logs or stops
-                    yield futures[future], e
+            handed: set[Future] = set()
+            try:
+                yield from _outcomes(futures, handed)
+            except KeyboardInterrupt:
+                self._stop.set()  # the requests not yet sent end as Cancelled at once
+                in_flight = sum(f.running() for f in futures)
+                log.warning("interrupted: waiting for the %d request(s) in flight to keep their answers (Ctrl-C "
+                            "again to drop them)", in_flight)  # fmt: skip
+                yield from _outcomes(futures, handed)
+                raise
             done = True
         finally:
             if not done:  # the engine stopped early (or a kill): send nothing more, wake retries from their wait
@@ -371,3 +382,15 @@ class OpenAIBackend:
 
     def close(self) -> None:
         self.client.close()
+
+
+def _outcomes(futures: dict[Future, int], handed: set[Future]) -> Iterator[tuple[int, str | BaseException]]:
+    """``(position, answer or exception)`` of each future of ``futures`` not in ``handed`` as it completes; each is
+    added to ``handed`` (so that a second call after an interrupt hands over only the others)."""
+    for future in as_completed([f for f in futures if f not in handed]):
+        handed.add(future)
+        try:
+            outcome: str | BaseException = future.result()
+        except Exception as e:  # noqa: BLE001 - every failure goes to the engine, which logs or stops
+            outcome = e
+        yield futures[future], outcome
