@@ -185,6 +185,24 @@ def test_an_answer_echoing_the_api_key_is_masked_everywhere_it_goes(tmp_path):
         assert judge_of(server, api_key="B").answer([Ask(Q, OPTIONS, "a red circle")]) == ["red"]
 
 
+@pytest.mark.parametrize("status", [401, 400])
+def test_an_error_reply_echoing_the_api_key_where_the_message_is_cut_leaks_no_part_of_it(status):
+    # the error body is shown cut at 300 characters; cut before masking, a key across the cut left its first part
+    key = "sk-live-ABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789"
+
+    def refuses(payload, n):
+        return status, '{"error": "' + "x" * 260 + f' invalid key {key}"}}'  # the key from character 284 on
+
+    with ChatServer(refuses) as server:
+        judge = judge_of(server, api_key=key, retries=0)
+        try:
+            message = str(judge.answer([Ask(Q, OPTIONS, "a red circle")])[0])
+        except JudgeUnavailable as e:
+            message = str(e)
+    assert f"HTTP {status}" in message and "invalid key" in message
+    assert key[:6] not in message
+
+
 def test_a_retry_after_beyond_judge_retry_max_wait_fails_the_call_naming_it(monkeypatch):
     monkeypatch.delenv("OPENAI_API_KEY", raising=False)
 
