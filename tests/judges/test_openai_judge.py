@@ -371,3 +371,18 @@ def test_a_judge_that_cannot_be_built_closes_the_answer_cache_it_opened(tmp_path
     assert len(opened) == 1
     with pytest.raises(sqlite3.ProgrammingError, match="closed"):
         len(opened[0])
+
+
+@pytest.mark.parametrize("damage", ["not sqlite", "cut short"])
+def test_a_damaged_answer_cache_is_a_one_line_error_naming_the_file(tmp_path, damage):
+    path = tmp_path / "answers.sqlite"
+    if damage == "not sqlite":
+        path.write_bytes(b"garbage" * 100)
+    else:
+        cache = AnswerCache(path)
+        for n in range(2000):
+            cache.put(f"k{n}", ["a red circle"] * 5)
+        cache.close()
+        path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])  # a copy cut short
+    with pytest.raises(ValueError, match=f"judge answer cache {re.escape(str(path))} is damaged .*delete it"):
+        AnswerCache(path)
