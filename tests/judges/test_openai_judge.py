@@ -69,6 +69,7 @@ def test_strict_parsers():
     assert parse_supports('["yes", "No", true]', 3) == [True, False, True]
     assert parse_supports('["Yes.", "no."]', 2) == [True, False]
     assert parse_rating('{"score": 55, "reason": "ok"}') == (55.0, "ok")
+    assert parse_rating('{"score": 55, "reason": null}') == parse_rating('{"score": 55}') == (55.0, "")  # not "None"
     for parse, bad in ((parse_claims, '{"a": 1}'), (lambda t: parse_supports(t, 2), '["yes"]'),
                        (lambda t: parse_supports(t, 1), '["maybe"]'), (parse_rating, '{"score": 101}'),
                        (parse_rating, "seventy")):  # fmt: skip

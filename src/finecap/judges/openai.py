@@ -175,12 +175,14 @@ def question_rows(text: str, n: int) -> list[dict[str, Any]]:
 
 
 def parse_rating(text: str) -> tuple[float, str]:
-    """A JSON object ``{"score": 0-100, "reason": str}``; ``ValueError`` otherwise."""
+    """A JSON object ``{"score": 0-100, "reason": str}`` (the reason missing or ``null``: ``""``); ``ValueError``
+    otherwise."""
     value = _json(text)
     score = value.get("score") if isinstance(value, dict) else None
     if isinstance(score, bool) or not isinstance(score, int | float) or not 0 <= score <= 100:
         raise ValueError(f"no score in 0-100: {text[:80]!r}")
-    return float(score), str(value.get("reason", ""))
+    reason = value.get("reason")
+    return float(score), "" if reason is None else str(reason)
 
 
 class OpenAIJudge(Judge):
