@@ -387,3 +387,21 @@ def test_a_damaged_answer_cache_is_a_one_line_error_naming_the_file(tmp_path, da
         path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])  # a copy cut short
     with pytest.raises(ValueError, match=f"judge answer cache {re.escape(str(path))} is damaged .*delete it"):
         AnswerCache(path)
+
+
+@pytest.mark.parametrize(("template", "named"), [("Caption: {captoin}\n{question}\n{options}", "KeyError: 'captoin'"),
+                                                 ('Reply {"letter": "B"} to {question}', "KeyError: '\"letter\"'"),
+                                                 ("Caption: {caption", "ValueError")])  # fmt: skip
+def test_a_prompts_file_whose_template_cannot_be_filled_is_refused_naming_it(tmp_path, template, named):
+    # it was a bare KeyError at the judge's first call, naming neither the file nor the template
+    import yaml
+
+    from finecap.judges.openai import load_prompts
+
+    prompts = {k: v for k, v in load_prompts().items() if k != "file"}
+    prompts["answer"] = {**prompts["answer"], "user": template}
+    path = tmp_path / "prompts.yaml"
+    path.write_text(yaml.safe_dump(prompts), encoding="utf-8")
+    with pytest.raises(ValueError, match=f"{re.escape(str(path))}: the 'answer' user template cannot be filled "
+                                         f"\\({re.escape(named)}.*a literal brace is written twice"):  # fmt: skip
+        OpenAIJudge(["http://127.0.0.1:9/v1"], "judge-model", prompts=path)
