@@ -69,6 +69,7 @@ def test_strict_parsers():
     assert parse_supports('["yes", "No", true]', 3) == [True, False, True]
     assert parse_supports('["Yes.", "no."]', 2) == [True, False]
     assert parse_rating('{"score": 55, "reason": "ok"}') == (55.0, "ok")
+    assert parse_rating('{"score": 55, "reason": null}') == parse_rating('{"score": 55}') == (55.0, "")  # not "None"
     for parse, bad in ((parse_claims, '{"a": 1}'), (lambda t: parse_supports(t, 2), '["yes"]'),
                        (lambda t: parse_supports(t, 1), '["maybe"]'), (parse_rating, '{"score": 101}'),
                        (parse_rating, "seventy")):  # fmt: skip
@@ -183,6 +184,24 @@ def test_an_answer_echoing_the_api_key_is_masked_everywhere_it_goes(tmp_path):
     # a short key (vLLM's customary EMPTY) is no secret worth changing an answer's words for
     with ChatServer(lambda payload, n: (200, completion("B"))) as server:
         assert judge_of(server, api_key="B").answer([Ask(Q, OPTIONS, "a red circle")]) == ["red"]
+
+
+@pytest.mark.parametrize("status", [401, 400])
+def test_an_error_reply_echoing_the_api_key_where_the_message_is_cut_leaks_no_part_of_it(status):
+    # the error body is shown cut at 300 characters; cut before masking, a key across the cut left its first part
+    key = "sk-live-ABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789"
+
+    def refuses(payload, n):
+        return status, '{"error": "' + "x" * 260 + f' invalid key {key}"}}'  # the key from character 284 on
+
+    with ChatServer(refuses) as server:
+        judge = judge_of(server, api_key=key, retries=0)
+        try:
+            message = str(judge.answer([Ask(Q, OPTIONS, "a red circle")])[0])
+        except JudgeUnavailable as e:
+            message = str(e)
+    assert f"HTTP {status}" in message and "invalid key" in message
+    assert key[:6] not in message
 
 
 def test_a_retry_after_beyond_judge_retry_max_wait_fails_the_call_naming_it(monkeypatch):
@@ -353,3 +372,36 @@ def test_a_judge_that_cannot_be_built_closes_the_answer_cache_it_opened(tmp_path
     assert len(opened) == 1
     with pytest.raises(sqlite3.ProgrammingError, match="closed"):
         len(opened[0])
+
+
+@pytest.mark.parametrize("damage", ["not sqlite", "cut short"])
+def test_a_damaged_answer_cache_is_a_one_line_error_naming_the_file(tmp_path, damage):
+    path = tmp_path / "answers.sqlite"
+    if damage == "not sqlite":
+        path.write_bytes(b"garbage" * 100)
+    else:
+        cache = AnswerCache(path)
+        for n in range(2000):
+            cache.put(f"k{n}", ["a red circle"] * 5)
+        cache.close()
+        path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])  # a copy cut short
+    with pytest.raises(ValueError, match=f"judge answer cache {re.escape(str(path))} is damaged .*delete it"):
+        AnswerCache(path)
+
+
+@pytest.mark.parametrize(("template", "named"), [("Caption: {captoin}\n{question}\n{options}", "KeyError: 'captoin'"),
+                                                 ('Reply {"letter": "B"} to {question}', "KeyError: '\"letter\"'"),
+                                                 ("Caption: {caption", "ValueError")])  # fmt: skip
+def test_a_prompts_file_whose_template_cannot_be_filled_is_refused_naming_it(tmp_path, template, named):
+    # it was a bare KeyError at the judge's first call, naming neither the file nor the template
+    import yaml
+
+    from finecap.judges.openai import load_prompts
+
+    prompts = {k: v for k, v in load_prompts().items() if k != "file"}
+    prompts["answer"] = {**prompts["answer"], "user": template}
+    path = tmp_path / "prompts.yaml"
+    path.write_text(yaml.safe_dump(prompts), encoding="utf-8")
+    with pytest.raises(ValueError, match=f"{re.escape(str(path))}: the 'answer' user template cannot be filled "
+                                         f"\\({re.escape(named)}.*a literal brace is written twice"):  # fmt: skip
+        OpenAIJudge(["http://127.0.0.1:9/v1"], "judge-model", prompts=path)

@@ -227,3 +227,13 @@ def test_the_answer_cache_opens_while_another_process_holds_it_locked(tmp_path, 
     refusals.clear()
     with pytest.raises(sqlite3.OperationalError, match="locked"):
         cache_mod.AnswerCache(tmp_path / "other.sqlite")
+
+
+def test_what_the_world_judge_does_not_read_is_as_its_docs_say():
+    """docs/methods/judges.md, 'What it does not read': a negated or digit-counted caption is scored as stated."""
+    from finecap.rewards.claims import ClaimsReward
+
+    out = ClaimsReward(WorldJudge(), scenes={0: SCENE}, score="precision")(
+        ["there is no red circle", "no triangle", "3 shapes"], {"image_ids": [0, 0, 0]}
+    )
+    assert out.total.tolist() == [1.0, 0.0, 1.0]  # the false caption's precision is 1, the true one's 0

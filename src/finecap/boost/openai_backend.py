@@ -285,7 +285,10 @@ class OpenAIBackend:
         except httpx.TransportError as e:  # no connection, time-outs, a connection cut mid-reply
             raise _Retry(f"{type(e).__name__}: {self.redact(str(e))}", unavailable=True) from None
         status = response.status_code
-        shown = self.redact(raw[:1200].decode(response.encoding or "utf-8", errors="replace")[:300])  # for messages
+        # for messages: masked before it is cut, so that a key (or URL) the cut falls inside leaks no prefix of itself;
+        # the first 300 characters lie within the first 1200 bytes, a key starting among them within its length more
+        head = raw[: 1200 + len(self._api_key)].decode(response.encoding or "utf-8", errors="replace")
+        shown = self.redact(head)[:300]
         if status in FATAL_STATUS:
             self._stop.set()  # no new request starts
             raise FatalBackendError(

@@ -58,6 +58,11 @@ if TYPE_CHECKING:
 
 PROMPT_KINDS = ("answer", "blind", "claims", "supports", "rate")
 OPTIONAL_PROMPT_KINDS = ("questions",)  # only `finecap questions make` asks for it
+_ASK_FIELDS = ("caption", "question", "options", "cannot_answer")
+PROMPT_FIELDS = {"answer": _ASK_FIELDS, "blind": _ASK_FIELDS, "claims": ("text",),
+                 "supports": ("evidence", "claims", "n"), "rate": ("references", "caption"),
+                 "questions": ("references", "n")}  # fmt: skip
+"""The fields each kind's ``user`` template may name (``str.format``: a literal brace is written twice)."""
 
 
 def load_prompts(path: str | Path | None = None) -> dict[str, Any]:
@@ -74,9 +79,25 @@ def load_prompts(path: str | Path | None = None) -> dict[str, Any]:
     for kind in PROMPT_KINDS + tuple(k for k in OPTIONAL_PROMPT_KINDS if k in data):
         if not isinstance(data.get(kind), dict) or not {"system", "user"} <= set(data[kind]):
             raise ValueError(f"{where}: needs '{kind}' with 'system' and 'user' templates")
+        check_template(data[kind]["user"], kind, where)
     data["version"] = str(data["version"])
     data["file"] = where
     return data
+
+
+def check_template(template: Any, kind: str, where: str) -> None:
+    """A ``ValueError`` naming ``where`` and ``kind`` when the ``user`` template ``template`` is not text or names a
+    field its kind is not filled with (:data:`PROMPT_FIELDS`), a typo or a single brace, rather than a ``KeyError`` at
+    the judge's first call."""
+    fields = PROMPT_FIELDS[kind]
+    try:
+        if not isinstance(template, str):
+            raise ValueError(f"not text but {type(template).__name__}")
+        template.format(**dict.fromkeys(fields, ""))
+    except (KeyError, IndexError, ValueError) as e:
+        raise ValueError(f"{where}: the '{kind}' user template cannot be filled ({type(e).__name__}: {e}); it may "
+                         f"name {', '.join('{' + f + '}' for f in fields)}, and a literal brace is written twice "
+                         "({{ or }})") from None  # fmt: skip
 
 
 @dataclass
@@ -175,12 +196,14 @@ def question_rows(text: str, n: int) -> list[dict[str, Any]]:
 
 
 def parse_rating(text: str) -> tuple[float, str]:
-    """A JSON object ``{"score": 0-100, "reason": str}``; ``ValueError`` otherwise."""
+    """A JSON object ``{"score": 0-100, "reason": str}`` (the reason missing or ``null``: ``""``); ``ValueError``
+    otherwise."""
     value = _json(text)
     score = value.get("score") if isinstance(value, dict) else None
     if isinstance(score, bool) or not isinstance(score, int | float) or not 0 <= score <= 100:
         raise ValueError(f"no score in 0-100: {text[:80]!r}")
-    return float(score), str(value.get("reason", ""))
+    reason = value.get("reason")
+    return float(score), "" if reason is None else str(reason)
 
 
 class OpenAIJudge(Judge):

@@ -18,6 +18,10 @@ What it answers, exactly:
   false and the missing facts.
 
 No answer is cached: computing one costs less than looking it up. Noise touches only the answers to questions.
+
+The captions' facts are read as the world's grammar writes them: negation is not read ("no red circle" states the red
+circle), nor are digits ("3 shapes" states nothing); docs/methods/judges.md lists what this judge disagrees with the
+truth on.
 """
 
 from __future__ import annotations
