@@ -9,7 +9,10 @@
 #   brings torch and transformers. OUT and WHEELS are read from the caller's folder.
 # - With OUT (a device machine sets it; it brings back 8 files at most), OUT receives four files: gpu_check.json,
 #   gpu_check.log (what was printed), nvidia-smi.txt and gpu_check_logs.tgz (one log per check), replacing files of
-#   those names; the checks' own folders stay in a new temporary folder. Without OUT, gpu_check.py's defaults.
+#   those names; the checks' own folders stay in a new temporary folder. The JSON is written straight into OUT and
+#   rewritten there after every check (gpu_check.py --out), so a command cut off by the device's time limit (it may
+#   run under less than its timeout_s when less device time is left) still brings back what was measured, beside
+#   the log; only the tarball needs the end. Without OUT, gpu_check.py's defaults.
 # Exit status: gpu_check.py's (1 when a check failed), 3 when the wheels could not be installed.
 set -u -o pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -36,8 +39,7 @@ mkdir -p "$OUT"
 rm -f "$OUT/gpu_check.json" "$OUT/gpu_check_logs.tgz"  # an earlier run's: never left beside this run's log
 work=$(mktemp -d "${TMPDIR:-/tmp}/finecap-gpu-out.XXXXXX")
 { nvidia-smi || echo "nvidia-smi: not available here"; } > "$OUT/nvidia-smi.txt" 2>&1
-"$PYTHON" benchmarks/gpu_check.py --out-dir "$work" "$@" 2>&1 | tee "$OUT/gpu_check.log"
+"$PYTHON" benchmarks/gpu_check.py --out-dir "$work" --out "$OUT/gpu_check.json" "$@" 2>&1 | tee "$OUT/gpu_check.log"
 rc=$?
-[ -f "$work/gpu_check.json" ] && cp "$work/gpu_check.json" "$OUT/gpu_check.json"
 [ -d "$work/gpu_check_logs" ] && tar czf "$OUT/gpu_check_logs.tgz" -C "$work" gpu_check_logs
 exit $rc

@@ -298,8 +298,9 @@ def train(recipe_or_config: str | os.PathLike | Config, /, *, resume: bool = Fal
             as the command line's are: an unknown key is a :class:`finecap.config.ConfigError` naming the closest.
 
     The run seeds the process's random generators (python, numpy, torch) with ``run.seed`` as ``finecap train``
-    does; afterwards they are as the caller left them, and so is accelerate's per-process state (a caller's own
-    ``Accelerator`` keeps its precision and accumulation steps). Training runs with grad mode on and outside
+    does; afterwards they are as the caller left them, and so are accelerate's per-process state (a caller's own
+    ``Accelerator`` keeps its precision and accumulation steps) and torch's TF32 flags (``train.tf32`` sets them on
+    a GPU). Training runs with grad mode on and outside
     inference mode whatever the caller's.
 
     Example (a few steps on a tiny world; docs/training.md trains the demo's recipes the same way)::
@@ -339,9 +340,10 @@ def train(recipe_or_config: str | os.PathLike | Config, /, *, resume: bool = Fal
         cfg = load(recipe, over=over, over_source=KEYWORDS)
     else:
         raise TypeError(f"finecap.train: a recipe (path or name) or a Config, got {type(recipe_or_config).__name__}")
-    from finecap.train.engine import accelerate_state_kept
+    from finecap.train.engine import accelerate_state_kept, tf32_kept
     from finecap.utils.rng import rng_preserved
 
-    # the caller's random generators and accelerate state are theirs again afterwards (its grad mode: train_run's)
-    with silenced(), rng_preserved(), accelerate_state_kept():
+    # the caller's random generators, accelerate state and TF32 flags are theirs again afterwards (its grad mode:
+    # train_run's)
+    with silenced(), rng_preserved(), accelerate_state_kept(), tf32_kept():
         return train_run(cfg, resume=resume, overwrite=overwrite, recipe=recipe)

@@ -5,6 +5,7 @@ is not installed (its run on vLLM's CPU backend: tests/engines/test_vllm_gpu_che
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import json
 import math
@@ -142,6 +143,46 @@ def test_make_gpu_check_leaves_four_files_in_out_and_the_env_record_when_finecap
     assert (tmp_path / "rel" / "gpu_check_logs.tgz").read_bytes()[:2] == b"\x1f\x8b"  # this run's tarball
     assert not (ROOT / "rel").exists()
     assert len(list((tmp_path / "tmp").glob("finecap-gpu-out.*"))) == 2  # both runs' folders, under TMPDIR
+
+
+@pytest.mark.slow
+def test_a_gpu_check_cut_off_from_outside_leaves_its_json_in_out(tmp_path):
+    """The device kills a command that runs past its limit (less than timeout_s when less device time is left) and
+    brings back what is under OUT: the JSON must be there as soon as a check has ended, not only copied at the end."""
+    import signal
+    import time
+
+    (tmp_path / "no-wheels").mkdir()
+    (tmp_path / "tmp").mkdir()
+    out = tmp_path / "out"
+    env = {**os.environ, "OUT": str(out), "WHEELS": str(tmp_path / "no-wheels"), "PYTHON": sys.executable,
+           "TMPDIR": str(tmp_path / "tmp")}  # fmt: skip
+    proc = subprocess.Popen(["bash", str(ROOT / "benchmarks" / "gpu_check.sh"), "--cpu-smoke", "--only", "env",
+                             "--work-dir", str(tmp_path / "work")], env=env, cwd=tmp_path, start_new_session=True,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+    log, deadline = out / "gpu_check.log", time.monotonic() + 240
+    try:
+        while not (log.exists() and "  env " in log.read_text()) and time.monotonic() < deadline:
+            assert proc.poll() is None, "the check ended before it could be cut off"
+            time.sleep(0.05)
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)  # the script, gpu_check.py and tee: the command, cut off mid-run
+        proc.wait()
+    # setup's process, if it had begun its own session, outlives the command: let it end before the folder is left
+    work, deadline = str(tmp_path / "work"), time.monotonic() + 120
+    while any(work in cmd for cmd in command_lines()) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    report = json.loads((out / "gpu_check.json").read_text())
+    assert [r["name"] for r in report["checks"]] == ["env"] and report["checks"][0]["status"] == "pass"
+
+
+def command_lines() -> list[str]:
+    """The command lines of this machine's processes (Linux's /proc), arguments joined by spaces."""
+    out = []
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+        with contextlib.suppress(OSError):
+            out.append(cmdline.read_bytes().replace(b"\0", b" ").decode(errors="replace"))
+    return out
 
 
 def test_greedy_rows_agree_when_equal_or_parting_at_a_near_tie():

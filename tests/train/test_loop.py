@@ -268,6 +268,35 @@ def test_training_turns_grad_on_whatever_the_callers_mode(make_cfg):
     assert [e["step"] for e in read_metrics(run_dir) if e["split"] == "train"] == [1]
 
 
+def test_the_python_api_gives_the_callers_tf32_flags_back(make_cfg, monkeypatch):
+    """train.tf32 sets torch's process-wide TF32 flags on a CUDA device (here the CPU run is handed a CUDA device's
+    call, as accelerate on a GPU would make it); after finecap.train a notebook's float32 matmuls keep its precision:
+    the flags are as the caller left them, whether the run turned TF32 on or, with train.tf32=false, cuDNN's off."""
+    import torch
+
+    import finecap
+    from finecap.train import engine
+
+    seen = []
+    apply = engine.apply_tf32
+
+    def on_cuda(enabled, device):
+        seen.append(apply(enabled, torch.device("cuda")))
+        seen.append((torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32))
+
+    monkeypatch.setattr(engine, "apply_tf32", on_cuda)
+    saved = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+    try:
+        for tf32, theirs, during in ((True, (False, False), (True, True)), (False, (True, True), (False, False))):
+            torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = theirs
+            seen.clear()
+            finecap.train(make_cfg("train.max_steps=1", f"train.tf32={str(tf32).lower()}", run=f"tf32_{tf32}"))
+            assert seen == [True, during]  # the run itself had the flags it asked for
+            assert (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32) == theirs
+    finally:
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = saved
+
+
 def test_the_python_api_gives_the_callers_generators_and_accelerate_state_back(make_cfg):
     """finecap.train seeds the generators with run.seed and sets accelerate's per-process state up for its run; a
     notebook's own generators and Accelerator are as they were afterwards."""

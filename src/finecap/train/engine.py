@@ -189,6 +189,18 @@ def apply_tf32(enabled: bool, device: torch.device) -> bool:
     return True
 
 
+@contextlib.contextmanager
+def tf32_kept() -> Iterator[None]:
+    """Within the block, training may set torch's TF32 flags (:func:`apply_tf32`, on a CUDA device: ``false`` turns
+    cuDNN's off too); after it they are as before, so that the float32 matmuls a caller runs after
+    :func:`finecap.train` keep the caller's precision. The flags are process-wide and exist without a GPU."""
+    saved = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+    try:
+        yield
+    finally:
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = saved
+
+
 def process_state(settings: TrainConfig) -> PartialState:
     """The launch's processes (accelerate's ``PartialState``, set up as :func:`make_accelerator` would), for work
     that must be coordinated before an ``Accelerator`` exists (preparing data and encoders on the main process)."""
