@@ -7,7 +7,9 @@ transformers model inside the captioner (the classes listed in that model's ``_n
 inside another) and then to the captioner itself, the root, which holds what remains (embeddings, heads, norms,
 ClipCap's mapper, a VLM's projector). The same code runs on CPU (gloo, tested here with 2 processes) and GPU (NCCL):
 the process group is accelerate's. Mixed precision goes through FSDP2's ``MixedPrecisionPolicy`` (``bf16``: parameters
-gathered in bfloat16 for the forward and backward, gradients reduced in float32).
+gathered in bfloat16 for the forward and backward, gradients reduced in float32). Under gradient accumulation each
+micro-batch's gradients are reduce-scattered (FSDP2's default, kept: the accumulated gradients stay sharded; skipping
+the sync until the last micro-batch would hold every layer's full gradient on every process; docs/training.md).
 
 **Decoding needs full parameters.** Outside the root's ``forward``, a sharded parameter is a ``DTensor`` (decoding's
 ``start`` / ``step`` call the language model directly: "mixed torch.Tensor and DTensor"), and each layer's forward
