@@ -132,6 +132,23 @@ def test_refused_requests_name_their_field_and_the_server_goes_on(served):
         assert response.status_code == 405 and response.json()["error"]["field"] is None
 
 
+def test_a_lone_surrogate_is_the_clients_400_not_the_rewards_500(served, caplog):
+    """``"\\ud800"`` is valid JSON and no Unicode text: the retriever's tokenizer raised on it (TypeError), answered
+    500 "the reward failed" with a traceback in the log, found by posting it to a running ``finecap serve-reward``."""
+    service = served["mix"]
+    captions, ids = served["groups"][0]
+    total, _ = in_process(service, captions[:4], ids[:4])
+    with serving(service) as url:
+        body = json.dumps({"captions": [*captions[:3], "a red \ud800 circle"], "image_ids": ids[:4]})
+        reply = httpx.post(f"{url}/reward", content=body, headers={"content-type": "application/json"})
+        assert reply.status_code == 400, reply.text
+        error = reply.json()["error"]
+        assert error["field"] == "captions[3]" and "lone surrogate" in error["message"]
+        reply = httpx.post(f"{url}/reward", json={"captions": captions[:4], "image_ids": ids[:4]})
+        assert reply.json()["total"] == total  # and the server goes on
+    assert not [r for r in caplog.records if r.exc_info]
+
+
 def test_a_405_names_the_methods_allowed():
     # the error handler answered the JSON error without the Allow header RFC 9110 requires of a 405
     with serving(RewardService(Judge(), ImageTable(range(3)), log_every=0)) as url:
