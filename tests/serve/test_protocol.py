@@ -75,6 +75,30 @@ def test_limits_are_413_naming_the_field():
         Limits(max_captions=0)
 
 
+def test_a_lone_surrogate_is_refused_naming_its_field():
+    """JSON's ``"\\ud800"`` escape is valid JSON but reads as a lone surrogate, no Unicode text: a caption holding one
+    reached the reward, whose tokenizer failed on it (a 500 blamed on the reward); it is the client's, a 400 naming the
+    field, in every text a request holds. A surrogate pair is one character and passes."""
+    raw = b'{"captions": ["a", "b \\ud83d\\ude00"], "image_ids": [1, 2]}'
+    assert parse_reward(decode_json(raw), LIMITS).captions == ["a", "b \U0001f600"]
+    lone = "b \ud800"
+    cases = [
+        (parse_reward, {"captions": ["a", lone], "image_ids": [1, 2]}, "captions[1]"),
+        (parse_reward, {"captions": ["a"], "image_ids": [1], "references": [["x", lone]]}, "references[0][1]"),
+        (parse_reward, {"captions": ["a"], "images": [lone]}, "images[0]"),
+        (parse_get_reward, {"query": [lone], "labels": [1]}, "query[0]"),
+        (parse_get_reward, {"query": ["a"], "prompts": [lone], "labels": [1]}, "prompts[0]"),
+        (parse_get_reward, {"query": ["a"], "labels": [{"image_id": 1, "references": [lone]}]},
+         "labels[0].references[0][0]"),
+    ]  # fmt: skip
+    for parse, body, field in cases:
+        error = refused(parse, body)
+        assert (error.field, error.status) == (field, 400), error
+        assert "lone surrogate (\\ud800 at character 2)" in error.message
+    error = refused(parse_reward, decode_json(b'{"captions": ["\\udc00"], "image_ids": [1]}'))
+    assert error.field == "captions[0]" and "\\udc00 at character 0" in error.message
+
+
 def test_bodies_are_plain_json_only():
     assert decode_json(b'{"captions": ["a"]}') == {"captions": ["a"]}
     deep = b"[" * 100_000 + b"]" * 100_000

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import threading
 import time
 from pathlib import Path
@@ -130,6 +131,23 @@ def test_refused_requests_name_their_field_and_the_server_goes_on(served):
         refused("/nowhere", 404, None, "Not Found", json={})
         response = httpx.get(f"{url}/reward")
         assert response.status_code == 405 and response.json()["error"]["field"] is None
+
+
+def test_a_lone_surrogate_is_the_clients_400_not_the_rewards_500(served, caplog):
+    """``"\\ud800"`` is valid JSON and no Unicode text: the retriever's tokenizer raised on it (TypeError), answered
+    500 "the reward failed" with a traceback in the log, found by posting it to a running ``finecap serve-reward``."""
+    service = served["mix"]
+    captions, ids = served["groups"][0]
+    total, _ = in_process(service, captions[:4], ids[:4])
+    with serving(service) as url:
+        body = json.dumps({"captions": [*captions[:3], "a red \ud800 circle"], "image_ids": ids[:4]})
+        reply = httpx.post(f"{url}/reward", content=body, headers={"content-type": "application/json"})
+        assert reply.status_code == 400, reply.text
+        error = reply.json()["error"]
+        assert error["field"] == "captions[3]" and "lone surrogate" in error["message"]
+        reply = httpx.post(f"{url}/reward", json={"captions": captions[:4], "image_ids": ids[:4]})
+        assert reply.json()["total"] == total  # and the server goes on
+    assert not [r for r in caplog.records if r.exc_info]
 
 
 def test_a_405_names_the_methods_allowed():
@@ -368,6 +386,49 @@ def test_the_command_ends_and_leaves_the_reward_unclosed_when_a_call_of_it_hangs
     finally:
         reward.release.set()
     thread.join(10)
+
+
+def test_the_command_shows_no_progress_bar_while_serving(monkeypatch):
+    """A reward call showed its progress bars (the retriever's "text features" for a request of over 4 x
+    ``retriever.batch_size`` captions) in the log of ``finecap serve-reward``, one a request (seen in the stderr of a
+    running server): serving turns them off, and gives the variable back as it found it when it stops."""
+    import finecap.serve.app as app
+    from finecap.app import serve_reward
+    from finecap.config import load
+    from finecap.utils.system import PROGRESS_ENV, progress_enabled
+
+    shown = []
+
+    class Watches(RewardBase):
+        per_caption = True
+
+        def __call__(self, captions, batch):
+            shown.append(progress_enabled())
+            return RewardOutput(torch.ones(len(captions)), {})
+
+    monkeypatch.delenv(PROGRESS_ENV, raising=False)
+    svc = RewardService(Watches(), ImageTable(range(3)), log_every=0)
+    monkeypatch.setattr(serve_reward, "build_service", lambda cfg, **kw: svc)
+    make, found = app.make_server, {}
+
+    def spy(service, *args, **kwargs):
+        found["server"], sock = make(service, *args, **kwargs)
+        found["url"] = f"http://127.0.0.1:{sock.getsockname()[1]}"
+        return found["server"], sock
+
+    monkeypatch.setattr(app, "make_server", spy)
+
+    def client():
+        until(lambda: "url" in found and found["server"].started, "the command's server never started")
+        httpx.post(f"{found['url']}/reward", timeout=60, json={"captions": ["a"], "image_ids": [1]})
+        found["server"].should_exit = True
+
+    thread = threading.Thread(target=client, daemon=True)
+    thread.start()
+    serve_reward.main(load(None, []), port=0)
+    thread.join(10)
+    assert shown == [False]
+    assert PROGRESS_ENV not in os.environ and progress_enabled()  # as it was
 
 
 def test_the_listening_socket_gives_its_connections_tcp_nodelay():

@@ -21,10 +21,11 @@ request does not have (serve ``batch``, the request's other images, or ``hard``,
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import stat
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -35,7 +36,7 @@ from finecap.serve.protocol import Limits
 from finecap.serve.service import ImageTable, RewardService
 from finecap.train.engine import process_state
 from finecap.train.prepare import prepare_needs
-from finecap.utils.system import is_loopback
+from finecap.utils.system import PROGRESS_ENV, is_loopback
 
 if TYPE_CHECKING:
     from finecap.serve.app import ConnectionLimits
@@ -119,6 +120,22 @@ def read_token(path: str | os.PathLike) -> str:
     return token
 
 
+@contextlib.contextmanager
+def quiet_progress() -> Iterator[None]:
+    """Progress bars off for the block (:data:`~finecap.utils.system.PROGRESS_ENV` set, then unset), unless the user
+    set that variable: a served request's reward call is no task of the user's to watch, and its bars (the
+    retriever's "text features" for a request of over 4 x ``retriever.batch_size`` captions) went to the log of a
+    server left running for days, one a request."""
+    if PROGRESS_ENV in os.environ:
+        yield
+        return
+    os.environ[PROGRESS_ENV] = "1"
+    try:
+        yield
+    finally:
+        os.environ.pop(PROGRESS_ENV, None)
+
+
 def main(cfg: Config, *, host: str = "127.0.0.1", port: int = 8000, limits: Limits | None = None,
          batch_size: int = 1024, batch_wait_ms: float = 0.0, log_every: float = 60.0, token: str | None = None,
          connections: ConnectionLimits | None = None, allowed_hosts: Sequence[str] = ()) -> None:  # fmt: skip
@@ -147,7 +164,8 @@ def main(cfg: Config, *, host: str = "127.0.0.1", port: int = 8000, limits: Limi
           f"http://{shown}:{bound} (POST /reward, POST /get_reward, GET /health); Ctrl-C or SIGTERM stops it",
           flush=True)  # fmt: skip
     try:
-        server.run(sockets=[sock])
+        with quiet_progress():  # setting the reward up showed its bars; serving shows none
+            server.run(sockets=[sock])
     finally:
         if not service.abandoned:  # else a call still runs in it (logged): the process's end releases the reward
             service.reward.close()  # a judge the reward built: its connections, its in-process engine

@@ -145,11 +145,35 @@ def _text_list(value: Any, field: str, limits: Limits, *, n: int | None = None) 
 
 
 def _text(value: Any, field: str, limits: Limits) -> str:
+    """A string within :attr:`Limits.max_caption_chars`, and Unicode text (:func:`unicode_text`)."""
     if not isinstance(value, str):
         raise RequestError(field, f"expected a string, got {_kind(value)}")
     if len(value) > limits.max_caption_chars:
         raise RequestError(field, f"{len(value)} characters exceed the server's limit of {limits.max_caption_chars} "
                            "(--max-caption-chars)", 413)  # fmt: skip
+    return unicode_text(value, field)
+
+
+def unicode_text(value: str, field: str) -> str:
+    """``value``, refused (400 naming ``field``) when it holds a lone surrogate: JSON's ``"\\ud800"`` escape reads
+    as one (valid JSON, but no Unicode text), which a reward's tokenizer fails on, a 500 blamed on the reward.
+
+    >>> unicode_text("a caption", "captions[0]")
+    'a caption'
+    >>> unicode_text("a \\ud800 b", "captions[3]")
+    Traceback (most recent call last):
+    ...
+    finecap.serve.protocol.RequestError: captions[3]: holds a lone surrogate (\\ud800 at character 2), which is no \
+Unicode text: escape a character beyond U+FFFF as its surrogate pair, or send it as UTF-8
+    """
+    if value.isascii():
+        return value
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise RequestError(field, f"holds a lone surrogate (\\u{ord(value[e.start]):04x} at character {e.start}), "
+                           "which is no Unicode text: escape a character beyond U+FFFF as its surrogate pair, or "
+                           "send it as UTF-8") from None  # fmt: skip
     return value
 
 
