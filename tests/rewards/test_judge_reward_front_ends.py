@@ -105,6 +105,12 @@ def test_failed_judge_calls_give_failed_captions_counted_never_paid_and_answered
 
     trl = reward_function(mix, name="mix")(prompts=["p"] * 6, completions=CAPTIONS, image_id=IDS)
     assert trl == got["total"]  # None: TRL leaves it out
+    from finecap.integrations.openrlhf import reward_function as openrlhf_function
+    from finecap.serve.protocol import FailedCaptions
+
+    # OpenRLHF has no NaN handling (a NaN reaches its group's statistics): in process, the server's 502 as an error
+    with pytest.raises(FailedCaptions, match=r"could not score 2 of 6 captions \(query\[2\], query\[5\]\)"):
+        openrlhf_function(mix)(CAPTIONS, [""] * 6, IDS)
 
 
 def test_a_shaped_judge_reward_in_rl_rewards_by_dotted_path_is_set_up_as_the_run_sets_it_up(world):

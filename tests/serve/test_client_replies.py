@@ -17,6 +17,7 @@ from finecap.integrations.openrlhf import reward_function as openrlhf_function
 from finecap.integrations.swift import async_orm, orm
 from finecap.integrations.verl import compute_score_batch
 from finecap.serve.client import RewardClient, RewardServerError
+from finecap.serve.protocol import FailedCaptions
 
 
 @contextlib.contextmanager
@@ -136,7 +137,8 @@ def test_a_url_that_is_no_http_url_is_refused_at_once(url):
 
 def test_a_counted_null_is_a_failed_caption_through_the_client_and_every_adapter():
     """A server's ``null`` with its count (a caption the reward could not score) reaches each trainer in its own
-    way: the client's mask, TRL's ``None`` (read by TRL as NaN), NaN for verl, ms-swift and OpenRLHF; never a 0."""
+    way: the client's mask, TRL's ``None`` (read by TRL as NaN), NaN for verl and ms-swift, OpenRLHF's
+    ``reward_func`` the error ``/get_reward`` answers 502 (it has no NaN handling); never a 0."""
     import math
 
     from finecap.integrations.trl import reward_function as trl_function
@@ -150,12 +152,12 @@ def test_a_counted_null_is_a_failed_caption_through_the_client_and_every_adapter
         verl = compute_score_batch(["d"] * 2, captions, ["", ""], [{"image_id": i} for i in ids], url=url)
         swift = orm(url=url)()(captions, image_id=ids)
         swift_async = asyncio.run(async_orm(url=url)()(captions, image_id=ids))
-        openrlhf = openrlhf_function(url=url)(captions, ["", ""], ids)["rewards"].tolist()
+        with pytest.raises(FailedCaptions, match=r"the reward could not score 1 of 2 captions \(query\[1\]\)"):
+            openrlhf_function(url=url)(captions, ["", ""], ids)  # OpenRLHF has no NaN handling: /get_reward's 502
         for who, values in {
             "verl": [r["score"] for r in verl],
             "verl part": [r["judge"] for r in verl],
             "ms-swift": swift,
             "ms-swift async": swift_async,
-            "OpenRLHF": openrlhf,
         }.items():
             assert values[0] == 1.5 and math.isnan(values[1]), who

@@ -19,7 +19,8 @@ several images per request, so with one-sample requests serve ``sr.distractors=h
 server refuses a one-image request of such a reward rather than answer a constant.
 
 A request holding a caption the reward could not score (a judge that failed on it) is answered 502, never a
-``null`` or a NaN reward, which OpenRLHF cannot read (:func:`finecap.serve.app.openrlhf_reply`).
+``null`` or a NaN reward, which OpenRLHF cannot read (:func:`finecap.serve.protocol.openrlhf_reply`); the
+``reward_func`` below raises the same error (:class:`~finecap.serve.protocol.FailedCaptions`, a ``ValueError``).
 
 OpenRLHF also loads a reward function from a Python file (``--remote_rm_url my_reward.py``, which defines
 ``reward_func(queries, prompts, labels, **kwargs)``); :func:`reward_function` makes one over a finecap reward in
@@ -44,7 +45,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from finecap.integrations.scoring import IN_PROCESS, Scorer
-from finecap.serve.protocol import Limits, RequestError, parse_get_reward
+from finecap.serve.protocol import FailedCaptions, Limits, RequestError, openrlhf_reply, parse_get_reward
 
 __all__ = ["reward_function"]
 
@@ -53,8 +54,11 @@ def reward_function(name_or_reward: Any = None, *, url: str | None = None, limit
                     **options: Any) -> Callable[..., dict[str, Any]]:  # fmt: skip
     """OpenRLHF's ``reward_func(queries, prompts, labels, **kwargs)`` over a finecap reward (``name_or_reward`` with
     its ``options``, or a built one) or the reward server at ``url`` (:meth:`finecap.integrations.scoring.Scorer.of`):
-    ``{"rewards": tensor (N,), "extra_logs": {part: tensor (N,)}}``, NaN where the reward could not score a caption.
-    Labels name images by id (paths only through a server, which knows the data set's files)."""
+    ``{"rewards": tensor (N,), "extra_logs": {part: tensor (N,)}}``. A call holding a caption the reward could not
+    score (a judge that failed on it) raises :class:`~finecap.serve.protocol.FailedCaptions` naming it, as the
+    server's ``/get_reward`` answers 502: OpenRLHF has no NaN handling (a NaN would reach every sample of the group
+    through its statistics). Labels name images by id (paths only through a server, which knows the data set's
+    files)."""
     scorer = Scorer.of(name_or_reward, url=url, **options)
     limits = limits or IN_PROCESS  # the server's limits are the server's to apply; in process there are none
 
@@ -74,8 +78,12 @@ def reward_function(name_or_reward: Any = None, *, url: str | None = None, limit
             out = scorer.client.score(request.captions, images=request.image_ids, references=request.references)
         else:
             out = scorer.score(request.captions, request.image_ids, request.references)
-        total, parts = out.values()
-        return {"rewards": torch.tensor(total), "extra_logs": {k: torch.tensor(v) for k, v in parts.items()}}
+        try:
+            reply = openrlhf_reply(request, out)
+        except FailedCaptions as e:
+            raise FailedCaptions(f"finecap OpenRLHF reward: the reward {e}") from None
+        return {"rewards": torch.tensor(reply["rewards"]),
+                "extra_logs": {k: torch.tensor(v) for k, v in reply["extra_logs"].items()}}  # fmt: skip
 
     reward_func.close = scorer.close  # type: ignore[attr-defined]  # what the scorer opened (Scorer.close)
     return reward_func

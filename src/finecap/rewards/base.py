@@ -52,7 +52,8 @@ class RewardOutput:
     caption's values mean nothing and are never paid as 0: :func:`check_finite` ignores them, :class:`WeightedSum`
     ORs its components' masks and makes the total NaN there, the reward server's ``/reward`` answers them as JSON
     ``null`` (with their count) and its ``/get_reward`` with a 502 naming them (OpenRLHF reads every reward as a
-    number), TRL's adapter as ``None`` (TRL reads it as NaN) and the other adapters as NaN."""
+    number; its in-process ``reward_func`` raises the same error), TRL's adapter as ``None`` (TRL reads it as NaN)
+    and verl's and ms-swift's as NaN."""
 
     total: torch.Tensor
     parts: dict[str, torch.Tensor] = field(default_factory=dict)

@@ -13,7 +13,7 @@ Endpoints:
 A caption the reward could not score (:attr:`finecap.rewards.RewardOutput.failed`: a judge that failed) is never a
 number a trainer would pay: ``/reward`` answers it ``null`` in ``total`` and in every part, and the reply then says
 how many with ``"failed": k`` (absent when none failed); ``/get_reward`` refuses the request with a 502 naming the
-failed captions, since OpenRLHF reads every reward as a number (:func:`openrlhf_reply`).
+failed captions, since OpenRLHF reads every reward as a number (:func:`~finecap.serve.protocol.openrlhf_reply`).
 
 A refused request gets ``{"error": {"field": "captions[3]", "message": "..."}}`` with 400 (malformed: bad JSON,
 wrong types, unknown images), 413 (beyond the limits: the body, captions per request, characters per caption), 404
@@ -77,7 +77,16 @@ except ImportError:  # pragma: no cover - the serve extra is in the test extra
 
 from finecap.rewards import RewardOutput
 from finecap.serve.hosts import HostPolicy
-from finecap.serve.protocol import Limits, RequestError, RewardRequest, decode_json, parse_get_reward, parse_reward
+from finecap.serve.protocol import (
+    FailedCaptions,
+    Limits,
+    RequestError,
+    RewardRequest,
+    decode_json,
+    openrlhf_reply,
+    parse_get_reward,
+    parse_reward,
+)
 from finecap.serve.service import CHECK_THREADS, RewardFailed, RewardService
 
 log = logging.getLogger(__name__)
@@ -241,40 +250,6 @@ def finecap_reply(request: RewardRequest, out: RewardOutput) -> dict[str, Any]:
             **failed_count(out)}  # fmt: skip
 
 
-class FailedCaptions(Exception):
-    """A ``/get_reward`` request holding captions the reward could not score (:func:`openrlhf_reply`): answered 502
-    with this message."""
-
-
-SHOWN_FAILED = 10
-"""Failed captions a :class:`FailedCaptions` message names at most (then their count)."""
-
-
-def openrlhf_reply(request: RewardRequest, out: RewardOutput) -> dict[str, Any]:
-    """The answer of ``POST /get_reward``: ``rewards`` (OpenRLHF trains on them) and ``extra_logs`` (it logs them).
-
-    A request holding a caption the reward could not score (:attr:`finecap.rewards.RewardOutput.failed`: a judge
-    that failed) is refused whole, :class:`FailedCaptions` (a 502 naming the captions, ``query[i]``), where
-    ``/reward`` answers ``null`` and the adapters NaN (docs/methods/judges.md, "Judge failures are counted, never
-    paid"). OpenRLHF reads every reward of the reply as a number: ``torch.tensor(reply["rewards"])`` before 0.9,
-    ``torch.tensor([reward])`` for each sample since, so a ``null`` stops the run with a ``TypeError`` that names
-    nothing; and it has no NaN handling, so a NaN would spread through its group's mean and standard deviation to
-    every sample of the prompt and into the loss. An HTTP error is what its client expects of a reward server that
-    could not answer: it retries the request (5 times, a second apart: a judge's passing failure is scored then),
-    and then stops (before 0.9 with its "Request error" exception; since, the sample has no reward, which stops the
-    run when it gathers the batch's rewards); the server's log names the captions (docs/integrations.md)."""
-    mask = out.failed_mask()
-    if mask is not None:
-        bad = mask.nonzero().flatten().tolist()
-        named = ", ".join(f"query[{i}]" for i in bad[:SHOWN_FAILED]) + (", ..." if len(bad) > SHOWN_FAILED else "")
-        raise FailedCaptions(f"could not score {len(bad)} of {mask.numel()} captions ({named}): its judge failed on "
-                             "them; /get_reward answers a number for every caption or an error (OpenRLHF reads "
-                             "every reward as a number): ask again, or ask /reward, which answers them "
-                             "null")  # fmt: skip
-    total, parts = out.values()
-    return {"rewards": total, "extra_logs": parts}
-
-
 def create_app(service: RewardService, *, host: str = "127.0.0.1", token: str | None = None,
                connections: ConnectionLimits | None = None,
                allowed_hosts: Iterable[str] = ()) -> Starlette:  # fmt: skip
@@ -308,7 +283,7 @@ def create_app(service: RewardService, *, host: str = "127.0.0.1", token: str | 
             except RewardFailed as e:  # the reward's fault, in finecap's own words (the detail is in the log)
                 return _json({"error": {"field": None, "message": str(e)}}, 500)
             except FailedCaptions as e:  # /get_reward: a judge failed on some of its captions (openrlhf_reply)
-                message = f"the reward {service.name} {e}"
+                message = f"the reward {service.name} {e}; ask again, or ask /reward, which answers them null"
                 log.warning("reward server: %s %s: %s", request.method, request.url.path, message)
                 return _json({"error": {"field": None, "message": message}}, 502)
             except Exception:  # noqa: BLE001 - a bug of the server's: logged, answered without its text

@@ -42,9 +42,12 @@ import math
 import numbers
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from finecap.utils.reading import JSONRefused, parse_json
+
+if TYPE_CHECKING:
+    from finecap.rewards import RewardOutput
 
 END_MARKERS = ("<|im_end|>", "<|endoftext|>", "<|eot_id|>", "<|end_of_text|>", "<end_of_turn>", "<|end|>", "</s>",
                "<eos>", "<|end▁of▁sentence|>", "<pad>", "<|pad|>")  # fmt: skip
@@ -409,3 +412,37 @@ def parse_get_reward(body: Any, limits: Limits) -> RewardRequest:
     if references is not None:
         _check_reference_count(references, "labels", limits)
     return RewardRequest(captions, [i for i, _, _ in parsed], by_path.pop(), references)
+
+
+class FailedCaptions(ValueError):
+    """A request for OpenRLHF holding captions the reward could not score (:func:`openrlhf_reply`): the server's
+    ``/get_reward`` answers it 502 with this message, OpenRLHF's ``reward_func`` in process raises it."""
+
+
+SHOWN_FAILED = 10
+"""Failed captions a :class:`FailedCaptions` message names at most (then their count)."""
+
+
+def openrlhf_reply(request: RewardRequest, out: RewardOutput) -> dict[str, Any]:
+    """The answer of ``POST /get_reward``: ``rewards`` (OpenRLHF trains on them) and ``extra_logs`` (it logs them).
+
+    A request holding a caption the reward could not score (:attr:`finecap.rewards.RewardOutput.failed`: a judge that
+    failed) is refused whole, :class:`FailedCaptions` (the server's 502 naming the captions, ``query[i]``; OpenRLHF's
+    ``reward_func`` in process raises it), where ``/reward`` answers ``null`` and the other adapters NaN
+    (docs/methods/judges.md, "Judge failures are counted, never paid"). OpenRLHF reads every reward of the reply as a
+    number: ``torch.tensor(reply["rewards"])`` before 0.9, ``torch.tensor([reward])`` for each sample since, so a
+    ``null`` stops the run with a ``TypeError`` that names nothing; and it has no NaN handling, so a NaN would spread
+    through its group's mean and standard deviation to every sample of the prompt and into the loss. An HTTP error is
+    what its client expects of a reward server that could not answer: it retries the request (5 times, a second apart:
+    a judge's passing failure is scored then), and then stops (before 0.9 with its "Request error" exception; since,
+    the sample has no reward, which stops the run when it gathers the batch's rewards); the server's log names the
+    captions (docs/integrations.md)."""
+    mask = out.failed_mask()
+    if mask is not None:
+        bad = mask.nonzero().flatten().tolist()
+        named = ", ".join(f"query[{i}]" for i in bad[:SHOWN_FAILED]) + (", ..." if len(bad) > SHOWN_FAILED else "")
+        raise FailedCaptions(f"could not score {len(bad)} of {mask.numel()} captions ({named}): its judge failed on "
+                             "them, and OpenRLHF reads every reward as a number (a NaN would reach every sample of "
+                             "their groups)")  # fmt: skip
+    total, parts = out.values()
+    return {"rewards": total, "extra_logs": parts}
