@@ -93,6 +93,24 @@ def test_hand_checked_scores_and_named_errors(tmp_path):
         COCOEvalCap(gt, {1: "x"})
 
 
+def test_an_image_listed_twice_in_params_is_scored_once():
+    # pycocoevalcap keys gts and res by image id, so a repeated id is one image; finecap zipped the ids with the
+    # captions it had tokenised once per image, shifting every later image's caption (a KeyError at the end)
+    gt = CaptionFile({"images": [{"id": 1}, {"id": 2}, {"id": 3}],
+                      "annotations": [{"image_id": 1, "caption": "a dog on grass"},
+                                      {"image_id": 2, "caption": "a red car"},
+                                      {"image_id": 3, "caption": "a blue boat"}]})  # fmt: skip
+    res = gt.loadRes([{"image_id": 1, "caption": "a dog on grass"}, {"image_id": 2, "caption": "a red car"},
+                      {"image_id": 3, "caption": "a boat"}])  # fmt: skip
+    once = COCOEvalCap(gt, res, metrics=("bleu", "rouge", "cider"))
+    once.evaluate()
+    twice = COCOEvalCap(gt, res, metrics=("bleu", "rouge", "cider"))
+    twice.params["image_id"] = [1, 1, 2, 3, 2]
+    twice.evaluate()
+    assert twice.eval == once.eval and twice.imgToEval == once.imgToEval
+    assert [e["image_id"] for e in twice.evalImgs] == [1, 2, 3]
+
+
 def test_unavailable_java_metric_is_skipped_with_the_reason(files, monkeypatch):
     monkeypatch.setenv("FINECAP_SPICE_DIR", "/nonexistent")
     ev = COCOEvalCap(str(files[0]), str(files[1]), metrics=("cider", "spice"))

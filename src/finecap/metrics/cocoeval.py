@@ -141,8 +141,10 @@ class COCOEvalCap:
         self.params: dict[str, Any] = {"image_id": self.coco.getImgIds()}
 
     def evaluate(self) -> None:
-        """Tokenise, score every selected metric, and fill ``eval``, ``imgToEval`` and ``evalImgs``."""
-        img_ids = list(self.params["image_id"])
+        """Tokenise, score every selected metric, and fill ``eval``, ``imgToEval`` and ``evalImgs``. An image listed
+        several times in ``params["image_id"]`` is scored once, where it is first listed (pycocoevalcap keys its
+        captions by image id)."""
+        img_ids = list(dict.fromkeys(self.params["image_id"]))
         gts_raw: dict[Hashable, list[str]] = {}
         res_raw: dict[Hashable, str] = {}
         for i in img_ids:
