@@ -85,6 +85,12 @@ def test_hand_checked_scores_and_named_errors(tmp_path):
         e = COCOEvalCap(gt, gt.loadRes([{"image_id": 1, "caption": "x"}]), metrics=("bleu",))
         e.params["image_id"] = [1, 2]
         e.evaluate()
+    for caption in (None, 5, ["x"]):  # a bare TypeError from the tokenizer, naming no image, before
+        with pytest.raises(ValueError, match=r"image 1: a result caption must be a string, got"):
+            COCOEvalCap(gt, gt.loadRes([{"image_id": 1, "caption": caption}]), metrics=("bleu",)).evaluate()
+    bad_ref = CaptionFile({"images": [{"id": 1}], "annotations": [{"image_id": 1, "caption": None}]})
+    with pytest.raises(ValueError, match=r"image 1: a reference caption must be a string, got None"):
+        COCOEvalCap(bad_ref, gt.loadRes([{"image_id": 1, "caption": "x"}]), metrics=("bleu",)).evaluate()
     with pytest.raises(ValueError, match=r"1 image id\(s\) are not in the reference file"):
         gt.loadRes([{"image_id": 9, "caption": "x"}])
     with pytest.raises(ValueError, match=r"unknown \['bleurt'\]"):
