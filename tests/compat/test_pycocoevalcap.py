@@ -167,6 +167,9 @@ def test_named_errors(monkeypatch):
         Bleu().compute_score({1: ["a"]}, {1: ["a", "b"]})
     with pytest.raises(ValueError, match=r"Rouge.compute_score: gts\[1\] must be a non-empty list"):
         Rouge().compute_score({1: []}, {1: ["a"]})
+    # a string where the list of captions belongs: its characters were tokenised as captions, silently
+    with pytest.raises(ValueError, match=r"tokenize: captions_for_image\[1\]: expected a list of captions, got a str"):
+        PTBTokenizer().tokenize({1: "A dog.", 2: ["Two CATS!"]})
     monkeypatch.setenv("FINECAP_SPICE_DIR", "/nonexistent/spice")
     with pytest.raises(MetricUnavailable) as e:
         Spice()

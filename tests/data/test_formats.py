@@ -349,6 +349,10 @@ def test_read_bags_roundtrip_and_errors(tmp_path):
     write_json(path, {"bags": {"2": [[1]]}})
     with pytest.raises(DataError, match=r"bags\['2'\]\[0\] must hold a list of at least two image ids"):
         read_bags(path)
+    # an image twice in a bag of 3: its caption competed with one other image, reported as bag3/R@1
+    write_json(path, {"bags": {"3": [[1, 2, 3], {"images": [4, 4, 5]}]}})
+    with pytest.raises(DataError, match=r"bags\['3'\]\[1\] names image\(s\) \[4\] more than once"):
+        read_bags(path)
     with pytest.raises(FileNotFoundError, match="finecap bags build"):
         read_bags(tmp_path / "missing.json")
 

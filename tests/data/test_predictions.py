@@ -19,6 +19,7 @@ from pycocoevalcap.rouge.rouge import Rouge
 
 from finecap.app.cli import main as cli
 from finecap.data.predictions import read_predictions
+from finecap.data.records import DataError
 from finecap.metrics.ptb_tokenize import ptb_tokenize
 from helpers.scripts import benchmark
 
@@ -183,3 +184,17 @@ def test_a_jsonl_line_whose_caption_holds_a_unicode_line_separator_is_one_line(t
     name, predictions = read_predictions(path)
     assert name == "llamafactory" and len(predictions.captions) == 2
     assert ["a dog\u2028on a deck\u0085at noon"] in predictions.captions.values()
+
+
+def test_an_lmms_eval_image_listed_again_with_other_references_is_refused(tmp_path):
+    # its first caption was scored against the last line's references (BLEU-1 0.30 for "a dog" and "a dog on grass")
+    entry = {"pred": "a dog", "answer": ["a dog on grass"], "image_id": 7}
+    lines = [{"doc_id": 0, "coco_Bleu_4": entry}, {"doc_id": 1, "coco_Bleu_4": entry | {"pred": "a puppy"}}]
+    path = tmp_path / "samples_coco2017_cap_val.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in lines), encoding="utf-8")
+    name, predictions = read_predictions(path)  # the same references on both lines: two samples of image 7
+    assert name == "lmms-eval" and predictions.captions == {7: ["a dog", "a puppy"]}
+    lines[1]["coco_Bleu_4"] = entry | {"answer": ["a red car"]}
+    path.write_text("".join(json.dumps(r) + "\n" for r in lines), encoding="utf-8")
+    with pytest.raises(DataError, match=r"line 2: image id 7 is listed again with other references"):
+        read_predictions(path)

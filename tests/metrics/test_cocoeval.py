@@ -85,12 +85,36 @@ def test_hand_checked_scores_and_named_errors(tmp_path):
         e = COCOEvalCap(gt, gt.loadRes([{"image_id": 1, "caption": "x"}]), metrics=("bleu",))
         e.params["image_id"] = [1, 2]
         e.evaluate()
+    for caption in (None, 5, ["x"]):  # a bare TypeError from the tokenizer, naming no image, before
+        with pytest.raises(ValueError, match=r"image 1: a result caption must be a string, got"):
+            COCOEvalCap(gt, gt.loadRes([{"image_id": 1, "caption": caption}]), metrics=("bleu",)).evaluate()
+    bad_ref = CaptionFile({"images": [{"id": 1}], "annotations": [{"image_id": 1, "caption": None}]})
+    with pytest.raises(ValueError, match=r"image 1: a reference caption must be a string, got None"):
+        COCOEvalCap(bad_ref, gt.loadRes([{"image_id": 1, "caption": "x"}]), metrics=("bleu",)).evaluate()
     with pytest.raises(ValueError, match=r"1 image id\(s\) are not in the reference file"):
         gt.loadRes([{"image_id": 9, "caption": "x"}])
     with pytest.raises(ValueError, match=r"unknown \['bleurt'\]"):
         COCOEvalCap(gt, gt, metrics=("bleurt",))
     with pytest.raises(TypeError, match=r"cocoRes: expected a pycocotools COCO object or a file path"):
         COCOEvalCap(gt, {1: "x"})
+
+
+def test_an_image_listed_twice_in_params_is_scored_once():
+    # pycocoevalcap keys gts and res by image id, so a repeated id is one image; finecap zipped the ids with the
+    # captions it had tokenised once per image, shifting every later image's caption (a KeyError at the end)
+    gt = CaptionFile({"images": [{"id": 1}, {"id": 2}, {"id": 3}],
+                      "annotations": [{"image_id": 1, "caption": "a dog on grass"},
+                                      {"image_id": 2, "caption": "a red car"},
+                                      {"image_id": 3, "caption": "a blue boat"}]})  # fmt: skip
+    res = gt.loadRes([{"image_id": 1, "caption": "a dog on grass"}, {"image_id": 2, "caption": "a red car"},
+                      {"image_id": 3, "caption": "a boat"}])  # fmt: skip
+    once = COCOEvalCap(gt, res, metrics=("bleu", "rouge", "cider"))
+    once.evaluate()
+    twice = COCOEvalCap(gt, res, metrics=("bleu", "rouge", "cider"))
+    twice.params["image_id"] = [1, 1, 2, 3, 2]
+    twice.evaluate()
+    assert twice.eval == once.eval and twice.imgToEval == once.imgToEval
+    assert [e["image_id"] for e in twice.evalImgs] == [1, 2, 3]
 
 
 def test_unavailable_java_metric_is_skipped_with_the_reason(files, monkeypatch):

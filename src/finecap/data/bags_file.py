@@ -21,12 +21,18 @@ def _finite(value: float) -> bool:
         return False
 
 
+def _repeated(images: list) -> list:
+    """The ids ``images`` holds more than once, in order."""
+    return [i for i in dict.fromkeys(images) if images.count(i) > 1]
+
+
 def read_bags(path: str | Path) -> dict[int, list[list[int | str]]]:
     """Read a bags file of ``finecap bags build`` into ``{size: [[image_id, ...], ...]}``.
 
     Accepts ``{"bags": {size: [bag, ...]}}`` where a bag is ``{"images": [...], ...}`` (what the command writes,
     :mod:`finecap.data.truematch`) or a plain list of image ids; every bag holds at least two images, and a bag's
-    ``similarity``, when present, is a number (the review page and the report print it as one).
+    ``similarity``, when present, is a number (the review page and the report print it as one). An image named twice
+    in one bag is an error naming the bag.
     """
     path = Path(path)
     if not path.exists():
@@ -50,6 +56,11 @@ def read_bags(path: str | Path) -> dict[int, list[list[int | str]]]:
                 raise DataError(f"{path}: bags[{key!r}][{j}] must hold a list of at least two image ids")
             for item in images:
                 check_id(item, f"{path}: bags[{key!r}][{j}]")
+            if len(set(images)) < len(images):  # a bag of 3 naming an image twice holds 2: not a bag of 3
+                twice = short_repr(_repeated(images))
+                raise DataError(
+                    f"{path}: bags[{key!r}][{j}] names image(s) {twice} more than once; a bag's images are distinct"
+                )
             similarity = b.get("similarity") if isinstance(b, dict) else None
             if similarity is not None and (isinstance(similarity, bool) or not isinstance(similarity, int | float)
                                            or not _finite(similarity)):  # fmt: skip

@@ -32,8 +32,9 @@ reproducing its jar; ``meteor_backend="java"`` runs the jar) and SPICE through t
 - SPICE's per-image entry is its F-score (``imgToEval[i]["SPICE"]``), not pycocoevalcap's dict of per-category
   precision/recall; the corpus ``eval["SPICE"]`` is the same mean F-score.
 - Nothing is printed (pycocoevalcap prints progress and each score); ``verbose=True`` prints the scores.
-- An image of ``params["image_id"]`` without a result caption, or with several, raises ``ValueError`` naming it
-  (pycocoevalcap fails with a bare ``KeyError`` or ``AssertionError``).
+- An image of ``params["image_id"]`` without a result caption, or with several, or with a caption that is not a
+  string, raises ``ValueError`` naming it (pycocoevalcap fails with a bare ``KeyError``, ``AssertionError`` or
+  ``AttributeError``).
 """
 
 from __future__ import annotations
@@ -141,8 +142,10 @@ class COCOEvalCap:
         self.params: dict[str, Any] = {"image_id": self.coco.getImgIds()}
 
     def evaluate(self) -> None:
-        """Tokenise, score every selected metric, and fill ``eval``, ``imgToEval`` and ``evalImgs``."""
-        img_ids = list(self.params["image_id"])
+        """Tokenise, score every selected metric, and fill ``eval``, ``imgToEval`` and ``evalImgs``. An image listed
+        several times in ``params["image_id"]`` is scored once, where it is first listed (pycocoevalcap keys its
+        captions by image id)."""
+        img_ids = list(dict.fromkeys(self.params["image_id"]))
         gts_raw: dict[Hashable, list[str]] = {}
         res_raw: dict[Hashable, str] = {}
         for i in img_ids:
@@ -153,8 +156,8 @@ class COCOEvalCap:
                 raise ValueError(f"image {i!r}: {got}; pycocoevalcap's scorers need exactly one per image")
             if not refs:
                 raise ValueError(f"image {i!r}: no reference caption in the annotations")
-            gts_raw[i] = [a["caption"] for a in refs]
-            res_raw[i] = res[0]["caption"]
+            gts_raw[i] = [_caption(a, i, "reference") for a in refs]
+            res_raw[i] = _caption(res[0], i, "result")
         gts, res = _tokenize(gts_raw), dict(zip(img_ids, tokenize_all(res_raw.values())))
         ngram = [m for m in ("bleu", "rouge", "cider") if m in self.metrics]
         per: dict[Hashable, dict] = {}
@@ -178,6 +181,15 @@ class COCOEvalCap:
             if self.verbose:
                 print(f"{name}: {corpus[name]:0.3f}")
         self.evalImgs = list(self.imgToEval.values())
+
+
+def _caption(ann: Any, image_id: Hashable, what: str) -> str:
+    """The ``caption`` of an annotation or result entry of ``image_id``; a ``ValueError`` naming the image when it
+    is not a string (pycocoevalcap fails on it with a bare ``AttributeError``)."""
+    caption = ann.get("caption") if isinstance(ann, dict) else None
+    if not isinstance(caption, str):
+        raise ValueError(f"image {image_id!r}: a {what} caption must be a string, got {caption!r} in {ann!r}"[:300])
+    return caption
 
 
 _KEYS = {

@@ -5,6 +5,8 @@ A caption task's line holds its metric entries, each the ``process_results`` dic
 Flickr30k / NoCaps / DetailCaps alike. The first such entry (a dict with ``pred`` and ``answer``) gives the caption,
 the references and the image id (``image_id``, else the line's ``doc_id``). A line without one falls back to
 ``filtered_resps`` (the caption) and ``target`` (the references, a stringified list: parsed) with ``doc_id`` as id.
+An image id on several lines (its captions are then samples) must carry the same references on each; other
+references are an error naming the line.
 """
 
 from __future__ import annotations
@@ -42,6 +44,9 @@ def _read(path: Path) -> Predictions:
                             "and 'target'): not an lmms-eval sample log of a caption task")  # fmt: skip
         if not isinstance(pred, str):
             raise DataError(f"{where}: the caption must be text, got {type(pred).__name__}")
+        if image_id in references and references[image_id] != refs:  # the first caption is scored: against which?
+            raise DataError(f"{where}: image id {image_id!r} is listed again with other references than on the line "
+                            f"of its first caption ({references[image_id]!r} there, {refs!r} here)"[:400])  # fmt: skip
         captions.setdefault(image_id, []).append(pred)
         references[image_id] = refs
     return Predictions(captions, references, targets.warnings())

@@ -19,9 +19,14 @@ class PTBTokenizer:
 
     def tokenize(self, captions_for_image: Mapping[Hashable, Sequence[dict]]) -> dict[Hashable, list[str]]:
         """``{id: [{"caption": str, ...}, ...]}`` -> ``{id: [tokenised caption, ...]}``, all captions as one batch in
-        this order (pycocoevalcap's; an id with no caption is left out, as there). Plain strings are taken too."""
+        this order (pycocoevalcap's; an id with no caption is left out, as there). Plain strings are taken too, in
+        the list. An id whose value is a string, not a list, is a ``ValueError`` naming it (its characters would be
+        its captions; pycocoevalcap fails on it with a ``TypeError``)."""
         for key, caps in captions_for_image.items():
-            for j, c in enumerate(caps if not isinstance(caps, str) else [caps]):
+            if isinstance(caps, str):
+                raise ValueError(f"PTBTokenizer.tokenize: captions_for_image[{key!r}]: expected a list of captions, "
+                                 f"got a string ({caps[:40]!r})")  # fmt: skip
+            for j, c in enumerate(caps):
                 if isinstance(c, dict) and not isinstance(c.get("caption"), str):
                     raise ValueError(f"PTBTokenizer.tokenize: captions_for_image[{key!r}][{j}]: no 'caption' string")
         # pycocoevalcap joins the captions as lines after replacing their newlines with spaces
