@@ -32,6 +32,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import math
 import os
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
@@ -48,6 +49,7 @@ __all__ = [
     "refuse_link",
     "remember",
     "write_output",
+    "strict_json",
     "write_output_json",
 ]
 
@@ -148,9 +150,29 @@ def write_output(path: str | Path, data: bytes | str, kind: str) -> None:
 
 
 def write_output_json(path: str | Path, obj: Any, kind: str, indent: int | None = 2) -> None:
-    """:func:`write_output` of ``obj`` as JSON (plus a final newline), as :func:`finecap.utils.files.write_json`
-    writes."""
-    write_output(path, json.dumps(obj, indent=indent) + "\n", kind)
+    """:func:`write_output` of ``obj`` as strict JSON (:func:`strict_json`, plus a final newline)."""
+    write_output(path, strict_json(obj, indent=indent) + "\n", kind)
+
+
+def strict_json(obj: Any, indent: int | None = 2) -> str:
+    """``obj`` as JSON that every reader takes: a float that is no number (SPICE's ``NaN`` for an image, the
+    perplexity of an empty caption, ``inf``) is ``null``, never Python's ``NaN`` or ``Infinity`` tokens, which
+    ``jq``, JavaScript's ``JSON.parse`` and strict parsers refuse.
+
+    >>> strict_json({"SPICE": float("nan"), "rows": [1.5, float("inf")]}, indent=None)
+    '{"SPICE": null, "rows": [1.5, null]}'
+    """
+    return json.dumps(_finite_or_none(obj), indent=indent, allow_nan=False)
+
+
+def _finite_or_none(obj: Any) -> Any:
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    if isinstance(obj, Mapping):
+        return {k: _finite_or_none(v) for k, v in obj.items()}
+    if isinstance(obj, list | tuple):
+        return [_finite_or_none(v) for v in obj]
+    return obj
 
 
 def check_replaceable(

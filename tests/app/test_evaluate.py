@@ -662,3 +662,31 @@ def test_bags_build_and_clip_metrics_end_to_end(world, clip_dir, tmp_path, capsy
     assert out["pool/R@10"] <= 1.0 and 1.0 <= out["pool/mean_rank"] <= 12.0
     assert out["bag2/n"] == 2 * len(built["bags"]["2"])
     assert 0.0 <= out["CLIPScore"] <= 2.5 and math.isfinite(out["RefCLIPScore"])
+
+
+def test_a_value_that_is_no_number_is_written_null_in_strict_json(tmp_path, monkeypatch, capsys):
+    """SPICE's jar writes ``"NaN"`` for an image it cannot score (pycocoevalcap reads it as NaN, and so does finecap):
+    ``--out``, ``--per-image`` and ``--format json`` write it as ``null``; the ``NaN`` token was not JSON that ``jq``
+    or JavaScript read."""
+    import finecap.metrics.spice as spice
+
+    def jar(predictions, references, **kwargs):  # the jar's results for two images, the second unscorable
+        results = {1: {"All": {"f": 0.5}}, 2: {"All": {"f": "NaN"}}}
+        return [1, 2], [0, 1], results
+
+    monkeypatch.setattr(spice, "spice_unavailable_reason", lambda *args: None)  # no jars here: the jar's output
+    monkeypatch.setattr(spice, "spice_results", jar)
+    refs = tmp_path / "refs.jsonl"
+    refs.write_text("".join(json.dumps({"id": i, "image": f"{i}.png", "captions": [c]}) + "\n"
+                            for i, c in ((1, "a red circle"), (2, "a blue square"))))  # fmt: skip
+    preds = tmp_path / "preds.json"
+    preds.write_text(json.dumps([{"image_id": 1, "caption": "a red circle"}, {"image_id": 2, "caption": "a"}]))
+    out, per = tmp_path / "scores.json", tmp_path / "per.json"
+    assert cli(["eval", "--predictions", str(preds), "--references", str(refs), "--metrics", "spice", "--format",
+                "json", "--out", str(out), "--per-image", str(per)]) == 0  # fmt: skip
+    printed = capsys.readouterr().out
+    for text in (printed, out.read_text(), per.read_text()):
+        assert "NaN" not in text
+        json.loads(text, parse_constant=lambda token: pytest.fail(f"{token} is not JSON"))
+    assert json.loads(out.read_text()) == {"SPICE": None}  # pycocoevalcap's mean with the NaN included: NaN
+    assert [row["SPICE"] for row in json.loads(per.read_text())] == [0.5, None]

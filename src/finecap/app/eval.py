@@ -47,7 +47,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import gc
-import json
 import sys
 from collections.abc import Callable, Hashable, Iterator, Sequence
 from pathlib import Path, PurePosixPath
@@ -62,7 +61,7 @@ from finecap.metrics.cocoeval import COCO_NAMES
 from finecap.metrics.faithfulness import SILENT_NOTE, mostly_silent
 from finecap.metrics.group import metric_group
 from finecap.metrics.suite import CAPTION_METRICS, evaluate_items, parse_metrics, unavailable_reason
-from finecap.outputs import check_outputs, write_output_json
+from finecap.outputs import check_outputs, strict_json, write_output_json
 
 Format = Literal["table", "json", "coco"]
 FORMATS = ("table", "json", "coco")
@@ -286,7 +285,7 @@ def _main(
         print(markdown_table({k: {title: v} for k, v in result.items()}, columns=[title], row_header="metric",
                              rules=rules_for(names)))  # fmt: skip
     else:
-        print(json.dumps(result, indent=1))
+        print(strict_json(result, indent=1))
     if out is not None:
         write_output_json(out, result, "scores")
         note(f"wrote {out}")
