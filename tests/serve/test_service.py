@@ -190,3 +190,5 @@ def test_the_meter_keeps_a_bounded_number_of_latencies():
         meter.latency(n / 1000)
     assert len(meter.latencies) == LATENCIES_KEPT and meter.latencies[0] == 10 / 1000  # the last ones
     assert "latency p50" in meter.line("r") and len(meter.latencies) == 0
+    # a window without any answered request (a server stopped before its first, or every client left): no "nan ms"
+    assert meter.line("r").endswith("of the time; no request answered")

@@ -497,11 +497,12 @@ class Meter:
         """The throughput line of the window (and starts a new one)."""
         now = time.perf_counter()
         span = max(now - self.since, 1e-9)
-        lat = np.array(self.latencies or [float("nan")]) * 1000
+        lat = np.array(self.latencies) * 1000
+        latency = (f"latency p50 {np.percentile(lat, 50):.1f} ms, p99 {np.percentile(lat, 99):.1f} ms" if len(lat)
+                   else "no request answered")  # fmt: skip
         text = (f"reward server ({name}): {self.requests} requests, {self.captions} captions in {span:.1f} s: "
                 f"{self.captions / span:,.0f} captions/s, {self.captions / max(self.rounds, 1):.0f} captions a "
-                f"round, the reward busy {100 * self.busy / span:.0f}% of the time; latency p50 "
-                f"{np.percentile(lat, 50):.1f} ms, p99 {np.percentile(lat, 99):.1f} ms")  # fmt: skip
+                f"round, the reward busy {100 * self.busy / span:.0f}% of the time; {latency}")  # fmt: skip
         self.since, self.requests, self.captions, self.rounds, self.busy = now, 0, 0, 0, 0.0
         self.latencies.clear()
         return text
