@@ -10,6 +10,9 @@ import csv
 import importlib.util
 import io
 import json
+import shlex
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -198,3 +201,24 @@ def test_an_lmms_eval_image_listed_again_with_other_references_is_refused(tmp_pa
     path.write_text("".join(json.dumps(r) + "\n" for r in lines), encoding="utf-8")
     with pytest.raises(DataError, match=r"line 2: image id 7 is listed again with other references"):
         read_predictions(path)
+
+
+def test_coco_results_written_one_object_a_line_are_named_as_json_lines_with_the_fix(tmp_path):
+    # the keys of COCO results, one object a line (as many tools write them): the error said only "invalid JSON at
+    # line 2, column 1: Extra data"
+    path = tmp_path / "my results.jsonl"
+    rows = [{"image_id": 1, "caption": "a red circle"}, {"image_id": 2, "caption": "a square"}]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    error = str(read_error(path))
+    assert "holds one JSON object a line (JSON Lines); COCO results are one JSON list" in error
+    fix = error.split("e.g. ", 1)[1].split(" > ", 1)[0]
+    out = subprocess.run(shlex.split(fix.replace("python", sys.executable, 1)), capture_output=True, text=True)
+    assert json.loads(out.stdout) == rows  # the command it suggests makes the list
+    (tmp_path / "results.json").write_text(out.stdout)
+    assert read_predictions(tmp_path / "results.json")[1].captions == {1: ["a red circle"], 2: ["a square"]}
+
+
+def read_error(path):
+    with pytest.raises(DataError) as e:
+        read_predictions(path)
+    return e.value

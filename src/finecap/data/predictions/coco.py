@@ -2,14 +2,28 @@
 
 from __future__ import annotations
 
+import shlex
 from pathlib import Path
 
 from finecap.data.predictions import PredictionFormat, Predictions
+from finecap.data.predictions.jsonl import first_record
+from finecap.data.records import DataError
 from finecap.data.results import read_results
 
 
 def _read(path: Path) -> Predictions:
-    return Predictions(read_results(path))
+    try:
+        return Predictions(read_results(path))
+    except DataError as e:
+        first = first_record(path)
+        if first is not None and "image_id" in first and "invalid JSON at line 2" in str(e):
+            raise DataError(
+                f"{path}: holds one JSON object a line (JSON Lines); COCO results are one JSON list "
+                '[{"image_id": ..., "caption": ...}, ...], e.g. python -c "import json, sys; print(json.dumps('
+                f'[json.loads(line) for line in open(sys.argv[1]) if line.strip()]))" {shlex.quote(str(path))} '
+                f"> results.json ({e})"
+            ) from None
+        raise
 
 
 def _detect(path: Path) -> bool:
