@@ -357,14 +357,7 @@ def test_the_command_ends_and_leaves_the_reward_unclosed_when_a_call_of_it_hangs
     svc = RewardService(reward, ImageTable(range(3)), log_every=0, name="hangs")
     svc.stop_wait = 0.5
     monkeypatch.setattr(serve_reward, "build_service", lambda cfg, **kw: svc)
-    make, found = app.make_server, {}
-
-    def spy(service, *args, **kwargs):  # the command's own server, stopped below once its reward call hangs
-        found["server"], sock = make(service, *args, **kwargs)
-        found["url"] = f"http://127.0.0.1:{sock.getsockname()[1]}"
-        return found["server"], sock
-
-    monkeypatch.setattr(app, "make_server", spy)
+    found = spied_server(monkeypatch)  # the command's own server, stopped below once its reward call hangs
 
     def client():
         until(lambda: "url" in found and found["server"].started, "the command's server never started")
@@ -392,7 +385,6 @@ def test_the_command_shows_no_progress_bar_while_serving(monkeypatch):
     """A reward call showed its progress bars (the retriever's "text features" for a request of over 4 x
     ``retriever.batch_size`` captions) in the log of ``finecap serve-reward``, one a request (seen in the stderr of a
     running server): serving turns them off, and gives the variable back as it found it when it stops."""
-    import finecap.serve.app as app
     from finecap.app import serve_reward
     from finecap.config import load
     from finecap.utils.system import PROGRESS_ENV, progress_enabled
@@ -409,14 +401,7 @@ def test_the_command_shows_no_progress_bar_while_serving(monkeypatch):
     monkeypatch.delenv(PROGRESS_ENV, raising=False)
     svc = RewardService(Watches(), ImageTable(range(3)), log_every=0)
     monkeypatch.setattr(serve_reward, "build_service", lambda cfg, **kw: svc)
-    make, found = app.make_server, {}
-
-    def spy(service, *args, **kwargs):
-        found["server"], sock = make(service, *args, **kwargs)
-        found["url"] = f"http://127.0.0.1:{sock.getsockname()[1]}"
-        return found["server"], sock
-
-    monkeypatch.setattr(app, "make_server", spy)
+    found = spied_server(monkeypatch)
 
     def client():
         until(lambda: "url" in found and found["server"].started, "the command's server never started")
@@ -469,3 +454,18 @@ def test_the_address_is_taken_at_once_a_second_bind_fails_and_an_early_client_wa
         early.close()
     finally:
         sock.close()
+
+
+def spied_server(monkeypatch) -> dict:
+    """Filled once ``finecap serve-reward``'s own server is made: ``{"server": uvicorn server, "url": its URL}``."""
+    import finecap.serve.app as app
+
+    make, found = app.make_server, {}
+
+    def spy(service, *args, **kwargs):
+        found["server"], sock = make(service, *args, **kwargs)
+        found["url"] = f"http://127.0.0.1:{sock.getsockname()[1]}"
+        return found["server"], sock
+
+    monkeypatch.setattr(app, "make_server", spy)
+    return found
