@@ -73,3 +73,12 @@ def test_no_failure_is_the_unmasked_computation_bit_for_bit(scale):
     assert torch.equal(group_advantages(rewards, 3, scale, failed=none), group_advantages(rewards, 3, scale))
     assert torch.equal(normalize_then_sum([rewards, rewards.flip(0)], [1.0, 0.5], 3, failed=none),
                        normalize_then_sum([rewards, rewards.flip(0)], [1.0, 0.5], 3))  # fmt: skip
+
+
+def test_a_lone_scored_caption_of_the_batch_gets_zero_not_nan():
+    # every caption of the global batch but one failed: the batch std of one value is undefined (NaN, TRL's nanstd);
+    # TRL's nan_to_num makes the advantage 0. finecap divided 0 by NaN and handed the loss a NaN advantage.
+    rewards = torch.tensor([2.0, float("nan"), float("nan"), float("nan")])
+    failed = torch.tensor([False, True, True, True])
+    assert group_advantages(rewards, 2, "batch", failed=failed).tolist() == [0.0, 0.0, 0.0, 0.0]
+    assert normalize_then_sum([rewards], [1.0], 2, failed=failed).tolist() == [0.0, 0.0, 0.0, 0.0]
