@@ -8,7 +8,7 @@ import math
 import pytest
 import torch
 
-from finecap.objectives.grpo import EPS, group_advantages, normalize_then_sum
+from finecap.objectives.grpo import EPS, group_advantages, normalize_then_sum, zero_std_share
 
 # Image 0 samples (1, x, 6), caption 1 failed (its value, NaN here, must not matter); image 1 (3, 4, 8).
 #   image 0 over its scored (1, 6): mean 3.5, deviations (-2.5, 2.5), Bessel variance 12.5 / 1, std sqrt(12.5)
@@ -82,3 +82,12 @@ def test_a_lone_scored_caption_of_the_batch_gets_zero_not_nan():
     failed = torch.tensor([False, True, True, True])
     assert group_advantages(rewards, 2, "batch", failed=failed).tolist() == [0.0, 0.0, 0.0, 0.0]
     assert normalize_then_sum([rewards], [1.0], 2, failed=failed).tolist() == [0.0, 0.0, 0.0, 0.0]
+
+
+def test_zero_std_groups_reads_the_scored_captions_only():
+    # image 0: scored (5, 5), one failed: no signal, a zero-std group (TRL's nanstd skips the NaN); finecap's plain
+    # std of the NaN-holding group was NaN, so the group was not counted. image 1 (3, 4, 8): a signal.
+    rewards = torch.tensor([5.0, float("nan"), 5.0, 3.0, 4.0, 8.0])
+    assert zero_std_share(rewards, 3) == 0.5
+    lone = torch.tensor([5.0, float("nan"), float("nan"), 1.0, 1.0, 1.0])  # image 0: one scored caption, no std
+    assert zero_std_share(lone, 3) == 0.5

@@ -203,8 +203,19 @@ def normalize_then_sum(parts: Sequence[torch.Tensor], weights: Sequence[float], 
 
 
 def zero_std_share(rewards: torch.Tensor, samples: int) -> float:
-    """Share of groups whose rewards are all equal (TRL's ``frac_reward_zero_std``): no learning signal."""
-    std = rewards.view(-1, samples).std(dim=1)  # (G,)
+    """Share of groups whose rewards are all equal (TRL's ``frac_reward_zero_std``): no learning signal. The std of a
+    group is over its scored captions (a failed caption's reward is NaN, which TRL's ``nanstd`` skips too), so a group
+    whose scored captions agree counts; one with fewer than two scored captions has no std and does not (as TRL's).
+
+    >>> zero_std_share(torch.tensor([2.0, float("nan"), 2.0, 1.0, 2.0, 3.0]), 3)  # group 0: (2, 2) scored
+    0.5
+    """
+    grouped = rewards.view(-1, samples)  # (G, s)
+    scored = ~torch.isnan(grouped)
+    count = scored.sum(dim=1, keepdim=True).to(grouped.dtype)  # (G, 1)
+    kept = torch.where(scored, grouped, torch.zeros_like(grouped))
+    centred = torch.where(scored, kept - kept.sum(dim=1, keepdim=True) / count.clamp(min=1.0), torch.zeros_like(kept))
+    std = ((centred**2).sum(dim=1) / (count.squeeze(1) - 1)).sqrt()  # (G,), NaN under two scored captions
     return float(torch.isclose(std, torch.zeros_like(std)).float().mean())
 
 
