@@ -8,7 +8,7 @@ import math
 import pytest
 import torch
 
-from finecap.objectives.grpo import EPS, group_advantages, normalize_then_sum
+from finecap.objectives.grpo import EPS, group_advantages, normalize_then_sum, zero_std_share
 
 # Image 0 samples (1, x, 6), caption 1 failed (its value, NaN here, must not matter); image 1 (3, 4, 8).
 #   image 0 over its scored (1, 6): mean 3.5, deviations (-2.5, 2.5), Bessel variance 12.5 / 1, std sqrt(12.5)
@@ -73,3 +73,21 @@ def test_no_failure_is_the_unmasked_computation_bit_for_bit(scale):
     assert torch.equal(group_advantages(rewards, 3, scale, failed=none), group_advantages(rewards, 3, scale))
     assert torch.equal(normalize_then_sum([rewards, rewards.flip(0)], [1.0, 0.5], 3, failed=none),
                        normalize_then_sum([rewards, rewards.flip(0)], [1.0, 0.5], 3))  # fmt: skip
+
+
+def test_a_lone_scored_caption_of_the_batch_gets_zero_not_nan():
+    # every caption of the global batch but one failed: the batch std of one value is undefined (NaN, TRL's nanstd);
+    # TRL's nan_to_num makes the advantage 0. finecap divided 0 by NaN and handed the loss a NaN advantage.
+    rewards = torch.tensor([2.0, float("nan"), float("nan"), float("nan")])
+    failed = torch.tensor([False, True, True, True])
+    assert group_advantages(rewards, 2, "batch", failed=failed).tolist() == [0.0, 0.0, 0.0, 0.0]
+    assert normalize_then_sum([rewards], [1.0], 2, failed=failed).tolist() == [0.0, 0.0, 0.0, 0.0]
+
+
+def test_zero_std_groups_reads_the_scored_captions_only():
+    # image 0: scored (5, 5), one failed: no signal, a zero-std group (TRL's nanstd skips the NaN); finecap's plain
+    # std of the NaN-holding group was NaN, so the group was not counted. image 1 (3, 4, 8): a signal.
+    rewards = torch.tensor([5.0, float("nan"), 5.0, 3.0, 4.0, 8.0])
+    assert zero_std_share(rewards, 3) == 0.5
+    lone = torch.tensor([5.0, float("nan"), float("nan"), 1.0, 1.0, 1.0])  # image 0: one scored caption, no std
+    assert zero_std_share(lone, 3) == 0.5

@@ -222,3 +222,65 @@ def test_in_training_a_captions_random_subset_depends_on_its_index_not_on_the_ba
     assert not torch.equal(whole[0], whole[2])  # two rows of one batch draw apart
     later = subsets([0, 1, 2, 3], 6)
     assert any(not torch.equal(whole[i], later[i]) for i in range(4))  # and each step draws anew
+
+
+class _Val(list):
+    """Validation examples: what the training loop's evaluation reads of a data set."""
+
+    features = None
+
+
+class _Accelerator:
+    """One process on the CPU: what :func:`finecap.train.validators.validation_loss` reads of an accelerator."""
+
+    process_index, num_processes, device = 0, 1, torch.device("cpu")
+
+    def autocast(self):
+        import contextlib
+
+        return contextlib.nullcontext()
+
+    def reduce(self, t, reduction="sum"):
+        return t
+
+
+class _Recorder(torch.nn.Module):
+    """A captioner whose logits put all mass on token 5 at every position; records the batches it scores."""
+
+    def __init__(self):
+        super().__init__()
+        self.seen = []
+
+    def forward(self, batch):
+        self.seen.append({k: v.clone() for k, v in batch.items() if isinstance(v, torch.Tensor)})
+        B, T = batch["labels"].shape
+        return torch.full((B, T, 7), -30.0).index_fill_(2, torch.tensor([5]), 0.0)
+
+
+@pytest.mark.parametrize("first_token", ["shift", "mle"])
+def test_validation_loss_scores_the_captions_as_the_model_is_trained_to_emit_them(first_token):
+    # The training loop's validation `loss` (train.best_metric=loss) scored SMILE-shifted models on unshifted
+    # captions: their first label a word the model is trained not to emit, every later token after a context it never
+    # read. It scores the shifted captions now (input and label), as SmileObjective trains them.
+    from types import SimpleNamespace
+
+    from finecap.config import Config, TrainConfig
+    from finecap.train.run import make_evaluate
+
+    items = _Val([torch.tensor([1, 2, 3]), torch.tensor([4, 2, 6])])
+
+    def collate(rows):
+        ids = torch.stack(rows)
+        return {"input_ids": ids, "labels": ids.clone()}
+
+    shift = 5 if first_token == "shift" else None
+    cfg = Config(train=TrainConfig(objective="smile", log_captions=0),
+                 smile=SmileConfig(first_token=first_token, shift_token_id=shift))  # fmt: skip
+    model = _Recorder()
+    values = make_evaluate(cfg, SimpleNamespace(val=items, collator=collate), [], _Accelerator())(model)
+    (seen,) = model.seen
+    firsts = [5, 5] if first_token == "shift" else [1, 4]
+    assert seen["input_ids"][:, 0].tolist() == firsts and seen["labels"][:, 0].tolist() == firsts
+    assert seen["labels"][:, 1:].tolist() == [[2, 3], [2, 6]]  # the rest of each caption is as it was
+    if first_token == "shift":  # the shift token has probability ~1: only the 4 later labels cost 30 nats each
+        assert values["loss"] == pytest.approx(4 * 30.0 / 6, rel=1e-4)

@@ -135,8 +135,10 @@ def group_advantages(
 
     ``failed`` (N,) bool marks captions a reward could not score (``RewardOutput.failed``): the statistics skip them
     (the mean and std of a group over its other captions, the batch's over every scored caption) and their advantage
-    is 0, so they take no gradient; a group whose captions all failed is all 0. Without failures the result is the
-    unmasked computation's, bit for bit.
+    is 0, so they take no gradient; a group whose captions all failed is all 0. A batch std of a single scored
+    caption (every other caption of the global batch failed) is undefined (NaN, as TRL's ``nanstd``): that caption's
+    advantage is 0 too, as TRL's ``nan_to_num`` of the advantages makes it, never NaN. Without failures the result is
+    the unmasked computation's, bit for bit.
 
     >>> adv = group_advantages(torch.tensor([1.0, 2.0, 3.0, 5.0, 5.0, 5.0]), 3)  # std 1; a constant group: 0
     >>> [round(a, 4) for a in adv.tolist()]  # -1 / (1 + 1e-4), 0, 1 / (1 + 1e-4)
@@ -173,13 +175,21 @@ def _scored_group_advantages(
         out = centred / (std + EPS)
     else:
         out = centred / (batch_mean_std(rewards[scored], reduce)[1] + EPS)
-    return torch.where(scored, out.flatten(), torch.zeros_like(rewards))
+    return scored_only(out.flatten(), scored)
+
+
+def scored_only(advantages: torch.Tensor, scored: torch.Tensor) -> torch.Tensor:
+    """``advantages`` (N,) where a caption was ``scored`` and its advantage is a number, 0 elsewhere: a failed
+    caption, or one whose statistics are undefined (a batch std over one scored caption is NaN, TRL's
+    ``nan_to_num`` then gives 0)."""
+    return torch.where(scored & ~torch.isnan(advantages), advantages, torch.zeros_like(advantages))
 
 
 def normalize_then_sum(parts: Sequence[torch.Tensor], weights: Sequence[float], samples: int,
                        reduce: Reduce = local, failed: torch.Tensor | None = None) -> torch.Tensor:  # fmt: skip
     """GDPO's advantages: each reward (N,) normalised within its group, the weighted sum of those, normalised over
-    the global batch (module docstring). ``failed`` as :func:`group_advantages`: skipped by every statistic, 0."""
+    the global batch (module docstring). ``failed`` as :func:`group_advantages`: skipped by every statistic, 0 (and
+    0 for a lone scored caption, whose batch std is undefined)."""
     if failed is None or not bool(failed.any()):
         summed = sum(w * group_advantages(r, samples, "group") for r, w in zip(parts, weights, strict=True))
         assert isinstance(summed, torch.Tensor)
@@ -189,12 +199,23 @@ def normalize_then_sum(parts: Sequence[torch.Tensor], weights: Sequence[float], 
     summed = sum(w * group_advantages(r, samples, "group", failed=failed) for r, w in zip(parts, weights, strict=True))
     assert isinstance(summed, torch.Tensor)
     mean, std = batch_mean_std(summed[scored], reduce)
-    return torch.where(scored, (summed - mean) / (std + EPS), torch.zeros_like(summed))
+    return scored_only((summed - mean) / (std + EPS), scored)
 
 
 def zero_std_share(rewards: torch.Tensor, samples: int) -> float:
-    """Share of groups whose rewards are all equal (TRL's ``frac_reward_zero_std``): no learning signal."""
-    std = rewards.view(-1, samples).std(dim=1)  # (G,)
+    """Share of groups whose rewards are all equal (TRL's ``frac_reward_zero_std``): no learning signal. The std of a
+    group is over its scored captions (a failed caption's reward is NaN, which TRL's ``nanstd`` skips too), so a group
+    whose scored captions agree counts; one with fewer than two scored captions has no std and does not (as TRL's).
+
+    >>> zero_std_share(torch.tensor([2.0, float("nan"), 2.0, 1.0, 2.0, 3.0]), 3)  # group 0: (2, 2) scored
+    0.5
+    """
+    grouped = rewards.view(-1, samples)  # (G, s)
+    scored = ~torch.isnan(grouped)
+    count = scored.sum(dim=1, keepdim=True).to(grouped.dtype)  # (G, 1)
+    kept = torch.where(scored, grouped, torch.zeros_like(grouped))
+    centred = torch.where(scored, kept - kept.sum(dim=1, keepdim=True) / count.clamp(min=1.0), torch.zeros_like(kept))
+    std = ((centred**2).sum(dim=1) / (count.squeeze(1) - 1)).sqrt()  # (G,), NaN under two scored captions
     return float(torch.isclose(std, torch.zeros_like(std)).float().mean())
 
 

@@ -209,6 +209,21 @@ class SmileObjective(ObjectiveBase):
         return ObjectiveOutput(losses={"smile": loss}, metrics={"mle_loss": float(mle)}, num_items=n)  # n tokens
 
 
+def validation_shift_token(cfg) -> int | None:
+    """The token the training loop's validation loss puts first in every validation caption: ``smile.shift_token_id``
+    for ``train.objective=smile`` with ``smile.first_token=shift``, else ``None`` (captions as they are).
+
+    The paper selects SMILE checkpoints by self-retrieval and says nothing of a validation loss; finecap's ``loss``
+    (``train.best_metric=loss``) scores the caption the model is trained to emit, so a shifted model is scored with
+    its shift token first, as :class:`SmileObjective` trains it (the training log's ``mle_loss`` likewise). Scored on
+    unshifted captions (finecap until 2026-11), its first label was a word the model is trained not to emit there and
+    every later token was read after a context it never saw in training.
+    """
+    if cfg.train.objective == "smile" and cfg.smile.first_token == "shift":
+        return cfg.smile.shift_token_id
+    return None
+
+
 def build(cfg) -> SmileObjective:
     """Factory used by the objective registry (``train.objective=smile``): the ``smile`` section itself."""
     return SmileObjective(cfg.smile, seed=cfg.run.seed)

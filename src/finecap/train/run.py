@@ -6,9 +6,11 @@ the objective named by ``train.objective``, the training data (one example per r
 objectives that sample captions: :func:`train_unit`), AdamW with warmup + linear/cosine/constant decay and gradient
 clipping, and hands them to :class:`~finecap.train.engine.Engine`. Every ``train.eval_every`` steps (0: each epoch)
 and at the end it evaluates on the validation split: the teacher-forced MLE token loss (``loss``, always, whatever
-the objective, so runs are comparable) plus every validator's values; the best value of ``train.best_metric``
-selects ``checkpoints/best``. Events go to the trackers (``metrics.jsonl`` by default); the resolved configuration,
-secrets masked, to ``config.yaml``; layout and resume in :mod:`finecap.train.state`.
+the objective, so runs are comparable; of the shifted captions under SMILE's first-token shifting, which is what
+such a model emits: :func:`finecap.objectives.smile.validation_shift_token`) plus every validator's values; the
+best value of ``train.best_metric`` selects ``checkpoints/best``. Events go to the trackers (``metrics.jsonl`` by
+default); the resolved configuration, secrets masked, to ``config.yaml``; layout and resume in
+:mod:`finecap.train.state`.
 
 Validators are callables ``validator(model, cfg, accelerator) -> dict[str, float]`` run on every process at each
 evaluation (:mod:`finecap.train.validators`). They come from ``train.validators`` (built-in names, or
@@ -45,6 +47,7 @@ from finecap.models.backbones import check_before_building, reads_world_encoder
 from finecap.models.memory import check_attention
 from finecap.objectives import get_objective
 from finecap.objectives.base import ObjectiveBase
+from finecap.objectives.smile import validation_shift_token
 from finecap.outputs import check_not_input, check_replaceable, write_output
 from finecap.registry import SAMPLERS, VALIDATORS, declared_needs, lookup
 from finecap.runs import BEST, CONFIG_FILE, FINGERPRINTS_FILE, METRICS_FILE, TRACKERS_DIR, checkpoint_dir, model_dir
@@ -125,7 +128,8 @@ def make_evaluate(cfg: Config, data: CaptionData, validators: list[Validator], a
     def evaluate(model: torch.nn.Module) -> dict[str, Any]:
         loader = LoaderSettings.of(cfg.data, accelerator.device, workers=data.val.features is None)
         values: dict[str, Any] = validation_loss(model, data.val, data.collator, cfg.train.batch_size, accelerator,
-                                                 loader=loader)  # fmt: skip
+                                                 loader=loader,
+                                                 shift_token_id=validation_shift_token(cfg))  # fmt: skip
         for validator in validators:
             extra = validator(model, cfg, accelerator)
             clash = set(extra) & set(values)

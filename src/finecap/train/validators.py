@@ -36,6 +36,7 @@ from finecap.metrics.retrieval import SelfRetrieval
 from finecap.metrics.suite import evaluate
 from finecap.models.retriever import load_retriever
 from finecap.objectives.mle import mle_loss
+from finecap.objectives.smile import shift_first_tokens
 from finecap.registry import VALIDATORS, requires
 
 if TYPE_CHECKING:
@@ -126,13 +127,18 @@ def cider_validator(cfg: Config) -> Validator:
 
 @torch.no_grad()
 def validation_loss(model: Any, data: CaptionDataset, collator: Any, batch_size: int, accelerator: Accelerator, *,
-                    loader: LoaderSettings | None = None) -> dict[str, float]:  # fmt: skip
+                    loader: LoaderSettings | None = None,
+                    shift_token_id: int | None = None) -> dict[str, float]:  # fmt: skip
     """Teacher-forced MLE token loss on the validation images (first reference each), summed over processes;
-    batches made by ``loader`` (:class:`~finecap.data.loading.LoaderSettings`; default: in this process)."""
+    batches made by ``loader`` (:class:`~finecap.data.loading.LoaderSettings`; default: in this process). With
+    ``shift_token_id`` (SMILE's first-token shifting: :func:`~finecap.objectives.smile.validation_shift_token`) each
+    caption's first token is that token, input and label, as the model was trained to emit it."""
     mine = process_slice(len(data), accelerator.process_index, accelerator.num_processes)
     totals = torch.zeros(2, dtype=torch.float64, device=accelerator.device)  # (nll sum, tokens)
     for batch in (loader or LoaderSettings()).loader(data, chunks(mine, batch_size), collator):
         batch = to_device(batch, accelerator.device)
+        if shift_token_id is not None:
+            batch = shift_first_tokens(batch, shift_token_id)
         with accelerator.autocast():
             logits = model(batch)  # (B, T, V)
         labels = batch["labels"]  # (B, T)
