@@ -11,7 +11,7 @@ import pytest
 from pycocotools import coco as pycocotools_coco
 
 from finecap.data.bags_file import read_bags
-from finecap.data.formats import read_dataset
+from finecap.data.formats import detect_format, read_dataset
 from finecap.data.formats.coco import read_coco_captions
 from finecap.data.formats.folder import read_folder
 from finecap.data.formats.jsonl import read_jsonl
@@ -538,3 +538,22 @@ def test_finecaps_own_json_records_are_read_strictly(tmp_path):
     assert read_json(path) == {"a": "\U0001f642"}
     path.write_text('{"a": {"b": 1}, "c": [{"b": 2}], "s": "{\\"d\\": 1, \\"d\\": 2}"}')  # the same key in two objects
     assert read_json(path) == {"a": {"b": 1}, "c": [{"b": 2}], "s": '{"d": 1, "d": 2}'}
+
+
+BOM = "\ufeff"  # the byte-order mark Windows editors (Notepad, Excel's "CSV UTF-8") write at a file's start
+
+
+def test_a_jsonl_file_starting_with_a_byte_order_mark_is_read_as_json_files_are(tmp_path):
+    """A BOM before the first line was refused ("invalid JSON at column 1: Unexpected UTF-8 BOM") in JSONL data and
+    chat files, while a JSON file (Karpathy, COCO) with one was read: it is skipped, and detection sees the file."""
+    _touch(tmp_path, "a.jpg", "b.jpg")
+    lines = [{"image": "a.jpg", "captions": ["a dog"]}, {"image": "b.jpg", "captions": ["a cat"], "split": "val"}]
+    path = tmp_path / "data.jsonl"
+    path.write_text(BOM + "\r\n".join(json.dumps(line) for line in lines) + "\r\n", encoding="utf-8")
+    assert [(r.image_id, r.captions) for r in read_jsonl(path)] == [("a.jpg", ["a dog"]), ("b.jpg", ["a cat"])]
+    chat = {"messages": [{"role": "user", "content": "<image>Describe."}, {"role": "assistant", "content": "a dog"}],
+            "images": ["a.jpg"]}  # fmt: skip
+    path = tmp_path / "chat.jsonl"
+    path.write_text(BOM + json.dumps(chat) + "\n", encoding="utf-8")
+    assert [(r.image_id, r.captions) for r in read_dataset("messages", path)] == [("a.jpg", ["a dog"])]
+    assert detect_format(path)[0] == "messages"  # the first record is seen through the mark

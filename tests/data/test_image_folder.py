@@ -510,3 +510,14 @@ def test_a_coco_file_missing_a_training_split_says_which_formats_can_hold_one(tm
                                          r"'val' \(a COCO file holds the one split its name says .*write the captions "
                                          r"as JSONL or in the Karpathy format"):  # fmt: skip
         load_records(cfg, "val")
+
+
+def test_sidecars_starting_with_a_byte_order_mark_are_read_without_it(tmp_path):
+    """A ``.txt`` caption file saved with a BOM gave its first caption an invisible U+FEFF ('\\ufeffa red cat', a
+    word no reference shares); a ``captions.jsonl`` with one was refused. Both are read as the CSV sidecar was."""
+    folder = images(tmp_path / "txt", ["1.png", "2.png"])
+    (folder / "1.txt").write_text("\ufeffa red cat\r\na cat\r\n", encoding="utf-8")
+    assert {r.image_id: r.captions for r in read_folder(folder)} == {"1.png": ["a red cat", "a cat"], "2.png": []}
+    folder = images(tmp_path / "jsonl", ["1.png", "2.png"])
+    (folder / "captions.jsonl").write_text('\ufeff{"image": "1.png", "captions": ["a red cat"]}\n', encoding="utf-8")
+    assert {r.image_id: r.captions for r in read_folder(folder)} == {"1.png": ["a red cat"], "2.png": []}
