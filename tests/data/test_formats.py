@@ -557,3 +557,24 @@ def test_a_jsonl_file_starting_with_a_byte_order_mark_is_read_as_json_files_are(
     path.write_text(BOM + json.dumps(chat) + "\n", encoding="utf-8")
     assert [(r.image_id, r.captions) for r in read_dataset("messages", path)] == [("a.jpg", ["a dog"])]
     assert detect_format(path)[0] == "messages"  # the first record is seen through the mark
+
+
+def test_ids_written_as_a_number_and_as_a_string_are_one_id(tmp_path):
+    """``1`` and ``"1"`` on two images were two ids to every reader, while finecap eval matches a predicted "1" with
+    a reference 1, per-image outputs key images by str(id) and the reward server refuses the pair: refused when
+    read, in every format, naming both spellings."""
+    _touch(tmp_path, "a.jpg", "b.jpg")
+    path = tmp_path / "data.jsonl"
+    path.write_text('{"image": "a.jpg", "captions": ["x"], "id": 1}\n{"image": "b.jpg", "captions": ["y"], "id": "1"}')
+    with pytest.raises(DataError, match=r"data\.jsonl, line 2: duplicate image id '1' \(written 1 at .*line 1"):
+        read_jsonl(path)
+    images = [{"filename": n, "split": "train", "cocoid": i, "sentences": [{"raw": "x"}]}
+              for n, i in (("a.jpg", 1), ("b.jpg", "1"))]  # fmt: skip
+    path = _write(tmp_path / "dataset.json", {"images": images})
+    with pytest.raises(DataError, match=r"id 1 and '1' in images\[0, 1\].*a number and as a string is one id"):
+        read_dataset("karpathy", path)
+    coco = {"images": [{"id": 1, "file_name": "a.jpg"}, {"id": "1", "file_name": "b.jpg"}],
+            "annotations": [{"image_id": 1, "caption": "x"}, {"image_id": "1", "caption": "y"}]}  # fmt: skip
+    path = _write(tmp_path / "captions_val.json", coco)
+    with pytest.raises(DataError, match=r"captions_val\.json: 1 image id\(s\) .*id 1 and '1'"):
+        read_dataset("coco", path)

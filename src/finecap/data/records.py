@@ -303,18 +303,27 @@ def read_boosted(rec: dict[str, Any], where: str) -> dict[str, list[str]]:
 
 def check_unique_ids(records: list[Record], path: Path, what: str = "records") -> None:
     """Raise :class:`DataError` naming the image ids that several ``records`` share: each image has one record
-    holding all its references, and which of two would be meant cannot be guessed."""
-    if len({r.image_id for r in records}) == len(records):
+    holding all its references, and which of two would be meant cannot be guessed. Ids that read the same as text
+    are one id (``1`` and ``"1"``): results files, per-image outputs and the reward server key images by that text,
+    and ``finecap eval`` matches a predicted ``"1"`` with a reference ``1`` (:func:`id_key`)."""
+    if len({str(r.image_id) for r in records}) == len(records):
         return
-    where: dict[int | str, list[int]] = {}
+    where: dict[str, list[int]] = {}
     for k, r in enumerate(records):
-        where.setdefault(r.image_id, []).append(k)
+        where.setdefault(str(r.image_id), []).append(k)
     dups = {i: ks for i, ks in where.items() if len(ks) > 1}
-    shown = "; ".join(f"id {i!r} in {what}[{', '.join(map(str, ks[:3]))}{', ...' if len(ks) > 3 else ''}]"
-                      for i, ks in list(dups.items())[:MAX_LISTED])  # fmt: skip
+
+    def named(ks: list[int]) -> str:
+        written = list(dict.fromkeys(repr(records[k].image_id) for k in ks))  # 1 and '1': both, as written
+        return f"id {' and '.join(written)} in {what}[{', '.join(map(str, ks[:3]))}{', ...' if len(ks) > 3 else ''}]"
+
+    shown = "; ".join(named(ks) for ks in list(dups.values())[:MAX_LISTED])
+    mixed = any(len({type(records[k].image_id) for k in ks}) > 1 for ks in dups.values())
+    alike = "; an id written as a number and as a string is one id (finecap eval and per-image outputs read it so)"
     raise DataError(
         f"{path}: {len(dups)} image id(s) appear in several {what}: {shown}"
         f"{' ...' if len(dups) > MAX_LISTED else ''}; give each image one entry (with all its captions)"
+        f"{alike if mixed else ''}"
     )
 
 
