@@ -314,6 +314,22 @@ def test_a_tiny_data_set_still_gets_a_split_it_asks_for():
     assert {r.split for r in assign_splits(records)} == {"train"}
 
 
+def test_a_tiny_data_set_hashed_wholly_out_of_train_keeps_one_training_image():
+    """2 images with data.val_fraction=0.5 whose ids both hash below 0.5 all went to val: training stopped ("no
+    records in split 'train'"), where the same data set hashed otherwise trains; the val image of highest u moves."""
+    from finecap.data.records import Record
+
+    names = [n for n in (f"{k}.png" for k in range(100)) if split_value(n) < 0.5][:3]
+    records = [Record(n, Path(n), NO_SPLIT) for n in names[:2]]
+    split = assign_splits(records, val_fraction=0.5)
+    highest = max(names[:2], key=split_value)
+    assert {r.image_id: r.split for r in split} == {n: "train" if n == highest else "val" for n in names[:2]}
+    assert {r.split for r in assign_splits(records[:1], val_fraction=0.5)} == {"val"}  # one image: nothing to move
+    named = [Record("t.png", Path("t.png"), "train"), *records]  # a named training image: hashing is left alone
+    assert [r.split for r in assign_splits(named, val_fraction=0.5)] == ["train", "val", "val"]
+    assert {r.split for r in assign_splits(records, test_fraction=0.5, val_fraction=0.5)} == {"test"}  # no share
+
+
 def test_jsonl_without_split_keys_says_what_to_add(tmp_path):
     images(tmp_path, ["a.png", "b.png", "c.png"])
     data = tmp_path / "captions.jsonl"
