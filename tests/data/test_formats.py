@@ -578,3 +578,16 @@ def test_ids_written_as_a_number_and_as_a_string_are_one_id(tmp_path):
     path = _write(tmp_path / "captions_val.json", coco)
     with pytest.raises(DataError, match=r"captions_val\.json: 1 image id\(s\) .*id 1 and '1'"):
         read_dataset("coco", path)
+
+
+def test_a_missing_image_whose_name_exists_in_another_unicode_normalisation_is_said_so(tmp_path):
+    """A file copied from macOS keeps its NFD name ('cafe' + U+0301); a JSONL typed on Linux names it in NFC: the
+    error listed a path that prints as the file `ls` shows, "does not exist", and nothing more."""
+    import unicodedata
+
+    (tmp_path / unicodedata.normalize("NFD", "café.jpg")).write_bytes(b"")
+    path = tmp_path / "data.jsonl"
+    path.write_text(json.dumps({"image": "café.jpg", "captions": ["x"]}, ensure_ascii=False) + "\n", encoding="utf-8")
+    with pytest.raises(DataError, match=r"(?s)1 of 1 image files do not exist.*café\.jpg \(it exists with its name in "
+                                        r"Unicode NFD, 'cafe\\u0301\.jpg' against 'caf\\xe9\.jpg'"):  # fmt: skip
+        read_jsonl(path)

@@ -205,12 +205,26 @@ def is_id(value: Any) -> bool:
     return type(value) is str or (type(value) is int and int_id_fits(value))
 
 
+def _other_normalisation(path: Path) -> str:
+    """What to say of the missing file ``path`` when it exists under its name in another Unicode normalisation
+    (``café`` typed as one character, NFC, for a file copied from macOS, whose names are NFD: the two print alike
+    and are two names on Linux), else ``""``."""
+    import unicodedata
+
+    for form in ("NFC", "NFD"):
+        other = Path(unicodedata.normalize(form, str(path)))
+        if other != path and other.is_file():
+            return (f" (it exists with its name in Unicode {form}, {ascii(other.name)} against {ascii(path.name)} "
+                    "here: write the name as the file system has it, or rename the file)")  # fmt: skip
+    return ""
+
+
 def check_image_files(records: list[Record], path: Path, root: Path) -> None:
     """A :class:`DataError` naming the data file ``path``, the image root ``root`` and the first missing files when
     some of ``records`` name an image file that does not exist."""
     missing = [r.path for r in records if not r.path.is_file()]
     if missing:
-        shown = "\n  ".join(str(p) for p in missing[:MAX_LISTED])
+        shown = "\n  ".join(str(p) + _other_normalisation(p) for p in missing[:MAX_LISTED])
         more = f"\n  ... and {len(missing) - MAX_LISTED} more" if len(missing) > MAX_LISTED else ""
         raise DataError(
             f"{path}: {len(missing)} of {len(records)} image files do not exist (image root {root}; set the image "
