@@ -11,7 +11,7 @@ import pytest
 from pycocotools import coco as pycocotools_coco
 
 from finecap.data.bags_file import read_bags
-from finecap.data.formats import read_dataset
+from finecap.data.formats import detect_format, read_dataset
 from finecap.data.formats.coco import read_coco_captions
 from finecap.data.formats.folder import read_folder
 from finecap.data.formats.jsonl import read_jsonl
@@ -538,3 +538,56 @@ def test_finecaps_own_json_records_are_read_strictly(tmp_path):
     assert read_json(path) == {"a": "\U0001f642"}
     path.write_text('{"a": {"b": 1}, "c": [{"b": 2}], "s": "{\\"d\\": 1, \\"d\\": 2}"}')  # the same key in two objects
     assert read_json(path) == {"a": {"b": 1}, "c": [{"b": 2}], "s": '{"d": 1, "d": 2}'}
+
+
+BOM = "\ufeff"  # the byte-order mark Windows editors (Notepad, Excel's "CSV UTF-8") write at a file's start
+
+
+def test_a_jsonl_file_starting_with_a_byte_order_mark_is_read_as_json_files_are(tmp_path):
+    """A BOM before the first line was refused ("invalid JSON at column 1: Unexpected UTF-8 BOM") in JSONL data and
+    chat files, while a JSON file (Karpathy, COCO) with one was read: it is skipped, and detection sees the file."""
+    _touch(tmp_path, "a.jpg", "b.jpg")
+    lines = [{"image": "a.jpg", "captions": ["a dog"]}, {"image": "b.jpg", "captions": ["a cat"], "split": "val"}]
+    path = tmp_path / "data.jsonl"
+    path.write_text(BOM + "\r\n".join(json.dumps(line) for line in lines) + "\r\n", encoding="utf-8")
+    assert [(r.image_id, r.captions) for r in read_jsonl(path)] == [("a.jpg", ["a dog"]), ("b.jpg", ["a cat"])]
+    chat = {"messages": [{"role": "user", "content": "<image>Describe."}, {"role": "assistant", "content": "a dog"}],
+            "images": ["a.jpg"]}  # fmt: skip
+    path = tmp_path / "chat.jsonl"
+    path.write_text(BOM + json.dumps(chat) + "\n", encoding="utf-8")
+    assert [(r.image_id, r.captions) for r in read_dataset("messages", path)] == [("a.jpg", ["a dog"])]
+    assert detect_format(path)[0] == "messages"  # the first record is seen through the mark
+
+
+def test_ids_written_as_a_number_and_as_a_string_are_one_id(tmp_path):
+    """``1`` and ``"1"`` on two images were two ids to every reader, while finecap eval matches a predicted "1" with
+    a reference 1, per-image outputs key images by str(id) and the reward server refuses the pair: refused when
+    read, in every format, naming both spellings."""
+    _touch(tmp_path, "a.jpg", "b.jpg")
+    path = tmp_path / "data.jsonl"
+    path.write_text('{"image": "a.jpg", "captions": ["x"], "id": 1}\n{"image": "b.jpg", "captions": ["y"], "id": "1"}')
+    with pytest.raises(DataError, match=r"data\.jsonl, line 2: duplicate image id '1' \(written 1 at .*line 1"):
+        read_jsonl(path)
+    images = [{"filename": n, "split": "train", "cocoid": i, "sentences": [{"raw": "x"}]}
+              for n, i in (("a.jpg", 1), ("b.jpg", "1"))]  # fmt: skip
+    path = _write(tmp_path / "dataset.json", {"images": images})
+    with pytest.raises(DataError, match=r"id 1 and '1' in images\[0, 1\].*a number and as a string is one id"):
+        read_dataset("karpathy", path)
+    coco = {"images": [{"id": 1, "file_name": "a.jpg"}, {"id": "1", "file_name": "b.jpg"}],
+            "annotations": [{"image_id": 1, "caption": "x"}, {"image_id": "1", "caption": "y"}]}  # fmt: skip
+    path = _write(tmp_path / "captions_val.json", coco)
+    with pytest.raises(DataError, match=r"captions_val\.json: 1 image id\(s\) .*id 1 and '1'"):
+        read_dataset("coco", path)
+
+
+def test_a_missing_image_whose_name_exists_in_another_unicode_normalisation_is_said_so(tmp_path):
+    """A file copied from macOS keeps its NFD name ('cafe' + U+0301); a JSONL typed on Linux names it in NFC: the
+    error listed a path that prints as the file `ls` shows, "does not exist", and nothing more."""
+    import unicodedata
+
+    (tmp_path / unicodedata.normalize("NFD", "café.jpg")).write_bytes(b"")
+    path = tmp_path / "data.jsonl"
+    path.write_text(json.dumps({"image": "café.jpg", "captions": ["x"]}, ensure_ascii=False) + "\n", encoding="utf-8")
+    with pytest.raises(DataError, match=r"(?s)1 of 1 image files do not exist.*café\.jpg \(it exists with its name in "
+                                        r"Unicode NFD, 'cafe\\u0301\.jpg' against 'caf\\xe9\.jpg'"):  # fmt: skip
+        read_jsonl(path)

@@ -112,6 +112,24 @@ def test_parquet_with_paths_and_split_column(tmp_path):
         read_hf(tmp_path / "captions.parquet", image_column="file", caption_column="caption")
 
 
+def test_parquet_written_by_pyarrow_with_image_structs_and_no_paths_is_read(tmp_path):
+    """{"bytes", "path": None} cells (the Image feature's storage) written by pyarrow or pandas, not by datasets:
+    pyarrow types a field no row fills as null, and the reader refused the column ("field 'path' must be string,
+    got null") though every row embeds its image."""
+    pq = pytest.importorskip("pyarrow.parquet")
+    import pyarrow as pa
+
+    cells = [{"bytes": _png((255, 0, 0)), "path": None}, {"bytes": _png((0, 0, 255)), "path": None}]
+    table = pa.table({"image": cells, "caption": ["A red square.", "A blue square."]})
+    assert table.schema.field("image").type.field("path").type == pa.null()
+    pq.write_table(table, tmp_path / "train.parquet")
+    records = read_hf(tmp_path / "train.parquet", caption_column="caption", cache_dir=tmp_path / "cache")
+    assert [(r.image_id, r.captions, r.embedded) for r in records] == [
+        ("train/0", ["A red square."], True), ("train/1", ["A blue square."], True)
+    ]  # fmt: skip
+    assert load_record_image(records[1]).getpixel((0, 0)) == (0, 0, 255)
+
+
 def test_bad_rows_are_named(tmp_path):
     ds = datasets.Dataset.from_dict({"image": ["a.png", "b.png"], "captions": [["x"], []]})
     ds.save_to_disk(str(tmp_path / "d"))

@@ -314,6 +314,22 @@ def test_a_tiny_data_set_still_gets_a_split_it_asks_for():
     assert {r.split for r in assign_splits(records)} == {"train"}
 
 
+def test_a_tiny_data_set_hashed_wholly_out_of_train_keeps_one_training_image():
+    """2 images with data.val_fraction=0.5 whose ids both hash below 0.5 all went to val: training stopped ("no
+    records in split 'train'"), where the same data set hashed otherwise trains; the val image of highest u moves."""
+    from finecap.data.records import Record
+
+    names = [n for n in (f"{k}.png" for k in range(100)) if split_value(n) < 0.5][:3]
+    records = [Record(n, Path(n), NO_SPLIT) for n in names[:2]]
+    split = assign_splits(records, val_fraction=0.5)
+    highest = max(names[:2], key=split_value)
+    assert {r.image_id: r.split for r in split} == {n: "train" if n == highest else "val" for n in names[:2]}
+    assert {r.split for r in assign_splits(records[:1], val_fraction=0.5)} == {"val"}  # one image: nothing to move
+    named = [Record("t.png", Path("t.png"), "train"), *records]  # a named training image: hashing is left alone
+    assert [r.split for r in assign_splits(named, val_fraction=0.5)] == ["train", "val", "val"]
+    assert {r.split for r in assign_splits(records, test_fraction=0.5, val_fraction=0.5)} == {"test"}  # no share
+
+
 def test_jsonl_without_split_keys_says_what_to_add(tmp_path):
     images(tmp_path, ["a.png", "b.png", "c.png"])
     data = tmp_path / "captions.jsonl"
@@ -510,3 +526,14 @@ def test_a_coco_file_missing_a_training_split_says_which_formats_can_hold_one(tm
                                          r"'val' \(a COCO file holds the one split its name says .*write the captions "
                                          r"as JSONL or in the Karpathy format"):  # fmt: skip
         load_records(cfg, "val")
+
+
+def test_sidecars_starting_with_a_byte_order_mark_are_read_without_it(tmp_path):
+    """A ``.txt`` caption file saved with a BOM gave its first caption an invisible U+FEFF ('\\ufeffa red cat', a
+    word no reference shares); a ``captions.jsonl`` with one was refused. Both are read as the CSV sidecar was."""
+    folder = images(tmp_path / "txt", ["1.png", "2.png"])
+    (folder / "1.txt").write_text("\ufeffa red cat\r\na cat\r\n", encoding="utf-8")
+    assert {r.image_id: r.captions for r in read_folder(folder)} == {"1.png": ["a red cat", "a cat"], "2.png": []}
+    folder = images(tmp_path / "jsonl", ["1.png", "2.png"])
+    (folder / "captions.jsonl").write_text('\ufeff{"image": "1.png", "captions": ["a red cat"]}\n', encoding="utf-8")
+    assert {r.image_id: r.captions for r in read_folder(folder)} == {"1.png": ["a red cat"], "2.png": []}

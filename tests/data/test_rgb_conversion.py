@@ -10,6 +10,7 @@ import pytest
 from PIL import Image
 
 from finecap.data.images import load_image, to_rgb
+from finecap.data.records import DataError
 
 transformers_rgb = pytest.importorskip("transformers.image_transforms").convert_to_rgb
 
@@ -55,3 +56,15 @@ def test_images_without_transparency_convert_as_pil_does():
     for mode, colour in (("L", 90), ("CMYK", (0, 255, 255, 0)), ("P", 3)):
         image = Image.new(mode, (3, 2), colour)
         assert np.array_equal(np.asarray(to_rgb(image)), np.asarray(image.convert("RGB"))), mode
+
+
+def test_a_floating_point_image_is_refused_naming_the_file(tmp_path):
+    """A float TIFF (PIL mode F) has no one scale to 8 bits: PIL's conversion clips, so 0..1 samples decoded black
+    (all zeros) and reached the model silently; it is refused, naming the file and what to do."""
+    path = tmp_path / "depth.tif"
+    Image.fromarray(np.linspace(0, 1, 24, dtype=np.float32).reshape(4, 6)).save(path)
+    refused = r"depth\.tif: floating-point image \(PIL mode F, values 0 to 1\).*8- or 16-bit"
+    with pytest.raises(DataError, match=refused):
+        load_image(path)
+    with pytest.raises(DataError, match="floating-point image"):  # a PIL image given to the API: the same rule
+        to_rgb(Image.open(path))

@@ -134,16 +134,30 @@ RGB_CONVERSION = "alpha-on-white"
 2026-11-27 kept the colours under the alpha channel: a cache of them is not reused)."""
 
 
-def to_rgb(image: Image.Image) -> Image.Image:
+FLOAT_MODES = ("F",)
+"""PIL modes of floating-point samples (a float TIFF): :func:`to_rgb` refuses them."""
+
+
+def to_rgb(image: Image.Image, name: str = "the image") -> Image.Image:
     """``image`` as 8-bit RGB: 16-bit grey scaled to 8 bits (not clipped); an image with transparency (an alpha
     band, a palette's or grey image's transparent colour) composited onto white, as transformers' image processors do
     (``transformers.image_transforms.convert_to_rgb``, their ``do_convert_rgb``), so a transparent PNG reaches the
     model as it reaches an exported checkpoint under plain transformers (the colours under a transparent pixel,
-    often black, are not what a viewer shows); the rest converted."""
+    often black, are not what a viewer shows); the rest converted.
+
+    A floating-point image (PIL mode ``F``: a float TIFF, a depth or scientific map) is a :class:`DataError`
+    beginning with ``name``: its samples have no one scale (0..1, 0..255, any range), and PIL's conversion clips
+    them to 0..255, so a 0..1 image became black, silently."""
     from PIL import Image
 
     if image.mode == "RGB":
         return image
+    if image.mode in FLOAT_MODES:
+        low, high = image.getextrema()
+        raise DataError(
+            f"{name}: floating-point image (PIL mode {image.mode}, values {low:g} to {high:g}): it has no one scale "
+            "to 8-bit colour (0..1 would read as black); save it as an 8- or 16-bit image (PNG, JPEG, TIFF) first"
+        )
     if image.mode.startswith("I;16") or (image.mode == "I" and image.getextrema()[1] > 255):
         image = image.convert("I").point(lambda v: v * (1 / 257)).convert("L")  # 0..65535 -> 0..255
     if "A" in image.getbands() or "a" in image.getbands() or image.info.get("transparency") is not None:
@@ -228,7 +242,7 @@ def _decode(
             upright = ImageOps.exif_transpose(image)  # EXIF orientation honoured
         except Exception:  # noqa: BLE001 - unreadable EXIF: the pixels as stored (they decoded)
             upright = image
-        return to_rgb(upright), fmt
+        return to_rgb(upright, name), fmt
 
 
 def load_image(path: str | Path, draft: int | None = None, limits: ImageLimits = DEFAULT_LIMITS) -> Image.Image:
@@ -239,7 +253,8 @@ def load_image(path: str | Path, draft: int | None = None, limits: ImageLimits =
     truncated, over the image budget ``limits`` (:class:`ImageLimits`: pixels and aspect ratio, read from the
     header before decoding), or larger than ``PIL.Image.MAX_IMAGE_PIXELS`` (PIL's decompression-bomb limit; PIL
     only warns between one and two times the limit, finecap refuses there too). The EXIF orientation is applied;
-    16-bit, palette, alpha, CMYK and grey images come out as 8-bit RGB.
+    16-bit, palette, alpha, CMYK and grey images come out as 8-bit RGB; a floating-point image (a float TIFF) is
+    refused (:func:`to_rgb`).
 
     ``draft`` (pixels; ``data.jpeg_draft``, :func:`finecap.data.loading.draft_size`): a JPEG is decoded at the
     smallest of 1/1, 1/2, 1/4, 1/8 of its size (libjpeg's DCT scaling, ``PIL.Image.draft``) whose both sides are

@@ -83,8 +83,10 @@ def json_lines(path: Path) -> Iterator[tuple[str, Any]]:
     """``(where, record)`` of every non-blank line of the JSONL file ``path`` (``where``: ``"<path>, line <n>"``),
     streamed: each line is read within :data:`~finecap.utils.reading.LINE` (:func:`~finecap.utils.reading.read_lines`),
     the file's size is not bounded. A line that is not JSON (or holds a key twice in an object, or nests too deeply:
-    :func:`~finecap.utils.reading.parse_json`), or a file that is not UTF-8, is a :class:`DataError` naming it."""
-    lines = read_lines(path)
+    :func:`~finecap.utils.reading.parse_json`), or a file that is not UTF-8, is a :class:`DataError` naming it. A
+    byte-order mark at the start of the file (Windows editors write one) is skipped, as :func:`load_json` skips
+    one."""
+    lines = read_lines(path, encoding="utf-8-sig")
     try:
         for lineno, line in enumerate(lines, 1):
             if not line.strip():

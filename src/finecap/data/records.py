@@ -205,12 +205,26 @@ def is_id(value: Any) -> bool:
     return type(value) is str or (type(value) is int and int_id_fits(value))
 
 
+def _other_normalisation(path: Path) -> str:
+    """What to say of the missing file ``path`` when it exists under its name in another Unicode normalisation
+    (``café`` typed as one character, NFC, for a file copied from macOS, whose names are NFD: the two print alike
+    and are two names on Linux), else ``""``."""
+    import unicodedata
+
+    for form in ("NFC", "NFD"):
+        other = Path(unicodedata.normalize(form, str(path)))
+        if other != path and other.is_file():
+            return (f" (it exists with its name in Unicode {form}, {ascii(other.name)} against {ascii(path.name)} "
+                    "here: write the name as the file system has it, or rename the file)")  # fmt: skip
+    return ""
+
+
 def check_image_files(records: list[Record], path: Path, root: Path) -> None:
     """A :class:`DataError` naming the data file ``path``, the image root ``root`` and the first missing files when
     some of ``records`` name an image file that does not exist."""
     missing = [r.path for r in records if not r.path.is_file()]
     if missing:
-        shown = "\n  ".join(str(p) for p in missing[:MAX_LISTED])
+        shown = "\n  ".join(str(p) + _other_normalisation(p) for p in missing[:MAX_LISTED])
         more = f"\n  ... and {len(missing) - MAX_LISTED} more" if len(missing) > MAX_LISTED else ""
         raise DataError(
             f"{path}: {len(missing)} of {len(records)} image files do not exist (image root {root}; set the image "
@@ -303,18 +317,27 @@ def read_boosted(rec: dict[str, Any], where: str) -> dict[str, list[str]]:
 
 def check_unique_ids(records: list[Record], path: Path, what: str = "records") -> None:
     """Raise :class:`DataError` naming the image ids that several ``records`` share: each image has one record
-    holding all its references, and which of two would be meant cannot be guessed."""
-    if len({r.image_id for r in records}) == len(records):
+    holding all its references, and which of two would be meant cannot be guessed. Ids that read the same as text
+    are one id (``1`` and ``"1"``): results files, per-image outputs and the reward server key images by that text,
+    and ``finecap eval`` matches a predicted ``"1"`` with a reference ``1`` (:func:`id_key`)."""
+    if len({str(r.image_id) for r in records}) == len(records):
         return
-    where: dict[int | str, list[int]] = {}
+    where: dict[str, list[int]] = {}
     for k, r in enumerate(records):
-        where.setdefault(r.image_id, []).append(k)
+        where.setdefault(str(r.image_id), []).append(k)
     dups = {i: ks for i, ks in where.items() if len(ks) > 1}
-    shown = "; ".join(f"id {i!r} in {what}[{', '.join(map(str, ks[:3]))}{', ...' if len(ks) > 3 else ''}]"
-                      for i, ks in list(dups.items())[:MAX_LISTED])  # fmt: skip
+
+    def named(ks: list[int]) -> str:
+        written = list(dict.fromkeys(repr(records[k].image_id) for k in ks))  # 1 and '1': both, as written
+        return f"id {' and '.join(written)} in {what}[{', '.join(map(str, ks[:3]))}{', ...' if len(ks) > 3 else ''}]"
+
+    shown = "; ".join(named(ks) for ks in list(dups.values())[:MAX_LISTED])
+    mixed = any(len({type(records[k].image_id) for k in ks}) > 1 for ks in dups.values())
+    alike = "; an id written as a number and as a string is one id (finecap eval and per-image outputs read it so)"
     raise DataError(
         f"{path}: {len(dups)} image id(s) appear in several {what}: {shown}"
         f"{' ...' if len(dups) > MAX_LISTED else ''}; give each image one entry (with all its captions)"
+        f"{alike if mixed else ''}"
     )
 
 

@@ -11,7 +11,8 @@ SHA-256 of ``"<data.split_seed>:<image id>"`` as a number in [0, 1); ``u < test_
 image to another split, and a folder read anywhere splits the same way. The shares are therefore approximate (each
 image goes to ``val`` with probability ``val_fraction``): 1,000 images with ``data.val_fraction=0.1`` give about 100
 (85 to 115 nine times in ten). One exception, for tiny data sets only: a split asked for (its fraction > 0) that
-hashing leaves empty takes the training image of lowest ``u``, so that a run finds an image there.
+hashing leaves empty takes the training image of lowest ``u``, and when hashing leaves train empty, the held-out
+image of highest ``u`` (of a split holding two or more) moves to train, so that a run finds an image there.
 
 Example::
 
@@ -65,7 +66,20 @@ def assign_splits(
         trains = sorted((u, i) for i, u in values.items() if chosen[i] == "train")
         if fraction > 0 and split not in chosen.values() and len(trains) > 1:
             chosen[trains[0][1]] = split
+    _keep_one_train(records, values, chosen, val_fraction + test_fraction)
     return [dataclasses.replace(r, split=chosen[i]) if i in chosen else r for i, r in enumerate(records)]
+
+
+def _keep_one_train(records: Sequence[Record], values: dict[int, float], chosen: dict[int, str], held: float) -> None:
+    """When hashing left no image in train (a tiny data set: 2 images, ``data.val_fraction=0.5``, both in val) and
+    the fractions leave train a share (``held`` < 1), the held-out image of highest ``u`` of a split holding two or
+    more moves to train (in place, in ``chosen``), so that training finds an image there."""
+    if held >= 1 or "train" in chosen.values() or any(r.split in ("train", "restval") for r in records):
+        return
+    counts = Counter(chosen.values())
+    movable = [(u, i) for i, u in values.items() if counts[chosen[i]] > 1]
+    if movable:
+        chosen[max(movable)[1]] = "train"
 
 
 _LOGGED: set[tuple[Any, ...]] = set()

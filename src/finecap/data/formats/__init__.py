@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any
 from finecap.data.hashing import sha256_file
 from finecap.data.images import IMAGE_SUFFIXES
 from finecap.data.json_files import forget_json
-from finecap.data.records import DataError, Record
+from finecap.data.records import DataError, Record, check_unique_ids
 from finecap.registry import DATA_FORMATS, import_object, is_dotted_path
 
 if TYPE_CHECKING:
@@ -180,7 +180,9 @@ def read_dataset(
                         f"{', '.join(spec.options) or 'none'})")  # fmt: skip
     source = DataSource(Path(path), Path(images) if images is not None else None, check_images, allow_outside,
                         Path(cache_dir) if cache_dir is not None else None, options)  # fmt: skip
-    return spec.read(source)
+    records = spec.read(source)
+    check_unique_ids(records, Path(path))  # every format, one's own too: one record per image
+    return records
 
 
 def detect_format(path: str | Path) -> tuple[str, Path]:

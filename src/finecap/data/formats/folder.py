@@ -41,7 +41,7 @@ from finecap.data.records import (
     clean_text,
     require,
 )
-from finecap.utils.reading import CAPTION_TEXT, read_lines, read_text_bounded
+from finecap.utils.reading import CAPTION_TEXT, read_bounded, read_lines
 from finecap.utils.text import one_line, short_repr
 
 CAPTION_FILES = ("captions.jsonl", "captions.csv")
@@ -150,7 +150,7 @@ def _sidecar_csv(path: Path) -> dict[str, _Entry]:
 
 def _caption_txt(path: Path) -> list[str]:
     try:
-        text = read_text_bounded(path, CAPTION_TEXT)  # one image's captions: a 10 GB .txt is not read
+        text = read_bounded(path, CAPTION_TEXT).decode("utf-8-sig")  # a 10 GB .txt is not read; -sig: a BOM
     except UnicodeDecodeError as e:
         raise DataError(f"{path}: not a UTF-8 text file ({e.reason})") from None
     lines = enumerate(re.split(r"\r\n|\r|\n", text), 1)  # a caption a line; a tab or separator in one is a space

@@ -157,7 +157,9 @@ def _image_cells(ds: Any, column: str, where: Any) -> tuple[list[str | None], li
     kind = array.type
     if pa.types.is_struct(kind):  # an Image feature, or a {"bytes", "path"} struct
         names = [kind.field(k).name for k in range(kind.num_fields)]
-        stored = {"bytes": (pa.binary(), pa.large_binary()), "path": (pa.string(), pa.large_string())}
+        # null: a field no row fills (pyarrow and pandas type {"bytes": b, "path": None} cells so)
+        stored = {"bytes": (pa.binary(), pa.large_binary(), pa.null()), "path": (pa.string(), pa.large_string(),
+                                                                                 pa.null())}  # fmt: skip
         for name, types in stored.items():  # a forged column's fields would reach the image decoder as other values
             if name in names and kind.field(name).type not in types:
                 raise DataError(f"{where(0)}: the image column's field {name!r} must be {types[0]}, "

@@ -51,7 +51,7 @@ def read_jsonl(
     if not path.exists():
         raise DataError(f"{path}: file not found")
     records = []
-    seen: set[int | str] = set()
+    seen: dict[str, tuple[int | str, str]] = {}  # an id as text -> (as written, where)
     by_file: dict[str, tuple[str, str, bool]] = {}  # normalised image path -> (split, where, its id given)
     splits = SplitKeys(path)
     for where, rec in json_lines(path):
@@ -59,9 +59,10 @@ def read_jsonl(
         caps = require(rec, "captions", list, where)
         image_id = require_id(rec, "id", where) if "id" in rec else image
         rec_split = splits.read(rec, where, split)
-        if image_id in seen:
-            raise DataError(f"{where}: duplicate image id {short_repr(image_id)}")
-        seen.add(image_id)
+        first_id, first_where = seen.setdefault(str(image_id), (image_id, where))  # 1 and "1": one id
+        if first_where != where:
+            written = "" if first_id == image_id else f" (written {short_repr(first_id)} at {first_where}: one id)"
+            raise DataError(f"{where}: duplicate image id {short_repr(image_id)}{written}")
         p = Path(image)
         path_ = p if p.is_absolute() else root / p
         key = os.path.normpath(path_)  # ./a.jpg, a//b.jpg: the file, however written
