@@ -145,3 +145,36 @@ def test_a_saved_vlm_keeps_the_runs_image_budget_for_a_plain_transformers_load(d
     assert plain["input_ids"].tolist() == run["input_ids"].tolist()
     again = model.processor(text=[model.prompt_text], images=image, return_tensors="pt", **model.processor_kwargs)
     assert again["input_ids"].tolist() == run["input_ids"].tolist()  # the in-memory processor is as it was
+
+
+def test_a_saved_qwen2_vl_keeps_its_video_processor_settings_for_autoprocessor(dirs, tmp_path):
+    """Without torchvision finecap builds Qwen2-VL's processor without its video processor, and its checkpoints and
+    merged exports were saved without the video processor's settings: ``AutoProcessor.from_pretrained`` then refused
+    them on every machine ("Can't load video processor", raised while reading the folder, before torchvision is
+    needed), vLLM serving the export included. Found by loading a tiny run's export with transformers alone."""
+    import shutil
+
+    from transformers.video_processing_utils import BaseVideoProcessor
+
+    from finecap.models.processors import load_processor
+
+    def video(folder):
+        return BaseVideoProcessor.get_video_processor_dict(str(folder))[0]
+
+    source = shutil.copytree(dirs["qwen2_vl"], tmp_path / "source")
+    planted = {"video_processor_type": "Qwen2VLVideoProcessor", "fps": 2.0, "temporal_patch_size": 2}
+    config = json.loads((source / "processor_config.json").read_text())  # a Hub checkpoint's, as transformers 5 saves
+    (source / "processor_config.json").write_text(json.dumps(config | {"video_processor": planted}))
+    saved = Vlm.from_pretrained(source).save(tmp_path / "ckpt")
+    export = export_merged(saved, tmp_path / "merged")
+    for folder in (saved, export):  # the source's settings, through the checkpoint into its export
+        assert {k: video(folder).get(k) for k in planted} == planted, folder
+    # a source holding none (the tiny folders): the image processor's, as transformers reads a video processor from
+    # a folder holding only the image processor's file
+    plain = Vlm.from_pretrained(dirs["qwen2_vl"]).save(tmp_path / "plain")
+    image = json.loads((plain / "processor_config.json").read_text())["image_processor"]
+    assert video(plain) == image
+    image_in = [[Image.new("RGB", (32, 24), (10, 200, 10))]]
+    ours, again = Vlm.from_pretrained(dirs["qwen2_vl"]), load_processor(plain)  # the saved folder still loads here
+    call = {"text": [ours.prompt_text], "images": image_in, "return_tensors": "pt"}
+    assert again(**call)["input_ids"].tolist() == ours.processor(**call)["input_ids"].tolist()
