@@ -214,3 +214,21 @@ def test_feature_cache_key_of_embedded_images_reads_no_bytes(embedded, tmp_path,
     # embedded bytes given in memory (no file) are hashed, as before
     eager = [Record(r.image_id, r.path, r.split, r.captions, image_bytes=r.encoded_image()) for r in records]
     assert fingerprint_data(eager) == fingerprint_data(eager) != key
+
+
+def test_a_column_of_raw_image_bytes_is_refused_with_the_cast_that_reads_it(tmp_path):
+    # pandas writes an image's file bytes as a plain binary column: the error said only "got bytes"; the cast it
+    # names makes a file the reader takes
+    pq = pytest.importorskip("pyarrow.parquet")
+    import pyarrow as pa
+
+    table = pa.table({"image": [_png((255, 0, 0)), _png((0, 0, 255))], "caption": ["A red one.", "A blue one."]})
+    pq.write_table(table, tmp_path / "train.parquet")
+    with pytest.raises(DataError, match=r"holds raw bytes, not an Image feature; cast it once") as e:
+        read_hf(tmp_path / "train.parquet", caption_column="caption", cache_dir=tmp_path / "cache")
+    assert "ds.cast_column('image', datasets.Image())" in str(e.value)
+    ds = datasets.Dataset.from_parquet(str(tmp_path / "train.parquet"), cache_dir=str(tmp_path / "cache2"))
+    (tmp_path / "cast").mkdir()
+    ds.cast_column("image", datasets.Image()).to_parquet(str(tmp_path / "cast" / "train.parquet"))
+    records = read_hf(tmp_path / "cast" / "train.parquet", caption_column="caption", cache_dir=tmp_path / "cache3")
+    assert load_record_image(records[1]).getpixel((0, 0)) == (0, 0, 255)

@@ -180,6 +180,10 @@ def _image_cells(ds: Any, column: str, where: Any) -> tuple[list[str | None], li
             if path is None:
                 raise DataError(f"{where(i)}: image must be an Image feature or a path string, got NoneType")
         return paths, [False] * len(paths)
+    if pa.types.is_binary(kind) or pa.types.is_large_binary(kind):  # pandas' bytes: the file's bytes, untyped
+        raise DataError(f"{where(0)}: the image column {column!r} holds raw bytes, not an Image feature; cast it once "
+                        f"and save it: ds = ds.cast_column({column!r}, datasets.Image()); ds.to_parquet(...) (or "
+                        "save_to_disk)")  # fmt: skip
     value = array[0].as_py() if len(array) else None
     raise DataError(f"{where(0)}: image must be an Image feature or a path string, got {type(value).__name__}")
 
