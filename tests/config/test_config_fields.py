@@ -5,6 +5,7 @@ do), with the same message naming the key."""
 from __future__ import annotations
 
 import dataclasses
+import re
 import typing
 
 import pytest
@@ -163,6 +164,33 @@ def test_numeric_options_read_the_yaml_numbers_as_plain_numbers():
     assert (cfg.train.max_steps, cfg.train.lr, cfg.rl.rewards) == (1000, 2.5e-4, {"cider": 0.5})
     assert type(cfg.train.max_steps) is int and type(cfg.train.lr) is float and type(cfg.rl.rewards["cider"]) is float
     assert "max_steps: 1000" in cfg.to_yaml()
+
+
+@pytest.mark.parametrize(
+    ("key", "written", "read"),
+    [
+        ("run.seed", "010", 8),
+        ("world.n_train", "0755", 493),
+        ("world.n_train", "12:30", 750),
+        ("train.lr", "1:30.5", 90.5),
+        ("eval.bag_sizes", "[3, 010]", 8),
+        ("rl.rewards", "{cider: 010}", 8),
+    ],
+)
+def test_a_numeric_option_refuses_a_number_yaml_1_1_reads_otherwise(key, written, read, tmp_path):
+    # YAML 1.1 reads a leading 0 as octal and a colon as base 60: run.seed: 010 trained with seed 8, silently
+    with pytest.raises(ConfigError, match=rf"{re.escape(key)}.*reads as {read}\b.*YAML 1.1"):
+        load(None, [f"{key}={written}"])
+    section, name = key.split(".")
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_text(f"{section}:\n  {name}: {written}\n")
+    with pytest.raises(ConfigError, match=rf"recipe.yaml: {re.escape(key)}.*reads as {read}\b"):
+        load(recipe)
+
+
+def test_a_numeric_option_reads_what_yaml_1_1_reads_as_written():
+    cfg = load(None, ["run.seed=07", "world.n_train=0x10", "train.max_steps=1_000", "train.weight_decay=00"])
+    assert (cfg.run.seed, cfg.world.n_train, cfg.train.max_steps, cfg.train.weight_decay) == (7, 16, 1000, 0.0)
 
 
 def test_a_stored_config_with_an_empty_section_loads(tmp_path):

@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
+import re
 import types
 import typing
 from pathlib import Path
@@ -217,6 +218,8 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
         if isinstance(value, str) and value.strip().lower() in BOOL_WORDS:  # YAML 1.1's words, read as strings
             return BOOL_WORDS[value.strip().lower()]
         raise ConfigError(f"{key}: expected true/false, got {short_repr(value)}")
+    if tp is int or tp is float:
+        _refuse_yaml11_number(value, key)
     if tp is int:
         if isinstance(value, int) and not isinstance(value, bool):
             return int(value)
@@ -249,6 +252,33 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
                 hint = f" (YAML reads {k}: {v} as a mapping: quote the text, e.g. {key}='\"{k}: {v}\"')"
         raise ConfigError(f"{key}: expected a string, got {short_repr(value)}{hint}")
     raise ConfigError(f"{key}: unsupported field type {tp!r}")
+
+
+def _refuse_yaml11_number(value: Any, key: str) -> None:
+    """A :class:`ConfigError` naming ``key`` when ``value`` is a number YAML 1.1 read otherwise than it is written
+    in decimal, which a numeric option would take silently: a leading zero (``run.seed: 010`` is octal 8) or a colon
+    (``world.n_train: 12:30`` is base 60: 750). ``0x1F``, ``1_000`` and ``07`` (7 either way) are what they say.
+
+    Example::
+
+        >>> _refuse_yaml11_number(load_yaml("07"), "run.seed")
+        >>> try:
+        ...     _refuse_yaml11_number(load_yaml("010"), "run.seed")
+        ... except ConfigError as e:
+        ...     print(e)
+        run.seed: '010' reads as 8 (YAML 1.1 reads a leading 0 as octal); write 10 (no leading 0), or 8
+    """
+    written = getattr(value, "written", None)
+    if written is None:
+        return
+    digits = written.replace("_", "")
+    if ":" in digits:
+        how, fix = "a colon as base 60", f"write the number itself ({value})"
+    elif re.fullmatch(r"[-+]?0[0-9]+", digits) and int(digits, 10) != value:
+        how, fix = "a leading 0 as octal", f"write {int(digits, 10)} (no leading 0), or {value}"
+    else:
+        return
+    raise ConfigError(f"{key}: {written!r} reads as {value} (YAML 1.1 reads {how}); {fix}", key=key)
 
 
 def _list_item(text: str, tp: Any) -> Any:
