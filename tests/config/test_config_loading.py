@@ -50,6 +50,25 @@ def test_malformed_recipe_names_the_file(tmp_path, text, error):
     assert str(e.value).startswith(f"{recipe}: ") and "\n" not in str(e.value)  # one line (PyYAML's: six)
 
 
+@pytest.mark.parametrize(
+    ("encoding", "error"),
+    [
+        ("utf-16", r"not a UTF-8 text file \(.*\): it is UTF-16 .*save it as UTF-8"),
+        ("latin-1", "not a UTF-8 text file"),
+    ],
+)
+def test_a_recipe_or_stored_config_not_in_utf8_names_the_file(tmp_path, encoding, error):
+    # a recipe saved as Windows' "Unicode": the error was "'utf-8' codec can't decode byte 0xff in position 0"
+    from finecap.config import load_stored
+
+    recipe = tmp_path / "bad.yaml"
+    recipe.write_bytes("run:\n  name: caf\u00e9\n".encode(encoding))
+    for read in (load, load_stored):
+        with pytest.raises(ConfigError, match=error) as e:
+            read(recipe)
+        assert str(e.value).startswith(f"{recipe}: ")
+
+
 def test_a_subsection_that_is_no_mapping_is_refused_with_an_override_too(tmp_path):
     recipe = tmp_path / "bad.yaml"
     for text in ("data:\n  hf: [a]\n", "data:\n  image_column: img\n  hf: [a]\n"):  # the second: a former key's move

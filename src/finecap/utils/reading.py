@@ -477,11 +477,17 @@ def yaml_error_text(error: yaml.YAMLError) -> str:
 
 
 def read_yaml_mapping(path: str | Path, expected: str) -> dict[str, Any]:
-    """A YAML file holding a mapping (an empty file is ``{}``); ``ValueError`` naming the file otherwise, with
-    ``expected`` saying what the mapping should hold. Read with :func:`load_yaml`: anchors, aliases and duplicate
-    keys are refused, naming the file and the line."""
+    """A YAML file holding a mapping (an empty file is ``{}``); ``ValueError`` naming the file otherwise (not UTF-8,
+    not YAML, not a mapping), with ``expected`` saying what the mapping should hold. Read with :func:`load_yaml`:
+    anchors, aliases and duplicate keys are refused, naming the file and the line."""
     path = Path(path)
-    text = read_text_bounded(path, METADATA)
+    raw = read_bounded(path, METADATA)
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:  # a bare "'utf-8' codec can't decode byte 0xff in position 0" named no file
+        utf16 = raw[:2] in (b"\xff\xfe", b"\xfe\xff")
+        how = ": it is UTF-16 (Windows' 'Unicode'); save it as UTF-8" if utf16 else ""
+        raise ValueError(f"{path}: not a UTF-8 text file ({e.reason} at byte {e.start}){how}") from None
     try:
         data = load_yaml(text) or {}
     except YAMLRefused as e:
