@@ -278,12 +278,26 @@ def test_secrets_are_masked_when_saved_printed_or_logged(tmp_path):
     assert (again.boost.llm_api_key, again.boost.vlm_api_key) == ("", "")
 
 
+def test_only_mistypings_of_a_secret_key_are_taken_for_one():
+    # a key close to a secret key's name is masked (its typo); no option of finecap's own is close enough to be
+    from finecap.config.fields import option_fields
+    from finecap.config.secrets import _secret_name, looks_secret
+
+    keys = [f"{name}.{key}" for name, cls in SECTIONS.items() for key, _, _ in option_fields(cls)]
+    assert [k for k in keys if looks_secret(k) and not _secret_name(k.rsplit(".", 1)[-1])] == []
+
+
 def test_errors_never_repeat_a_secret(tmp_path):
     cases = {
         "boost.llm_apikey=sk-typo-1": "override 'boost.llm_apikey=***': unknown key 'boost.llm_apikey' (did you mean "
         "'boost.llm_api_key'?)",
         "boost.llm_api_key=[sk-list-2]": "override 'boost.llm_api_key=***': boost.llm_api_key: expected str (the "
         "value is not shown)",
+        # a typo of a secret key's name without a secret word in it: the key was repeated in the error
+        "boost.llm_api_kye=sk-typo-3": "override 'boost.llm_api_kye=***': unknown key 'boost.llm_api_kye' (did you "
+        "mean 'boost.llm_api_key'?)",
+        "boost.vlm_api=sk-typo-4": "override 'boost.vlm_api=***': unknown key 'boost.vlm_api' (did you mean "
+        "'boost.vlm_api_key'?)",
     }
     for override, message in cases.items():
         with pytest.raises(ConfigError) as e:

@@ -17,6 +17,7 @@ credentials given again (an override, or better the environment of the tool that
 
 from __future__ import annotations
 
+import difflib
 import re
 from typing import Any
 
@@ -104,14 +105,23 @@ def redacted(data: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+SECRET_TYPO_CUTOFF = 0.8
+"""How close (:func:`difflib.get_close_matches`' ratio) a key must be to one of :data:`SECRET_KEYS` to be taken for a
+mistyping of it (``boost.llm_api``: 0.87, ``boost.llm_api_kye``: 0.94); no other option's key comes this close (the
+nearest, ``boost.llm_backend``, is under 0.8: ``tests/config/test_config_loading.py``)."""
+
+
 def looks_secret(key: str) -> bool:
-    """A key of :data:`SECRET_KEYS`, or one named like a secret (a mistyped ``boost.llm_apikey``): its value is never
-    repeated in an error message.
+    """A key of :data:`SECRET_KEYS`, one named like a secret (a mistyped ``boost.llm_apikey``) or one close to a
+    secret key's name (a mistyped ``boost.llm_api_kye`` or ``boost.llm_api``, :data:`SECRET_TYPO_CUTOFF`): its value
+    is never repeated in an error message.
 
     Example::
 
-        >>> looks_secret("boost.llm_apikey"), looks_secret("train.lr")
-        (True, False)
+        >>> looks_secret("boost.llm_apikey"), looks_secret("boost.llm_api_kye"), looks_secret("train.lr")
+        (True, True, False)
     """
     name = key.rsplit(".", 1)[-1]
-    return key in SECRET_KEYS or _secret_name(name)
+    if key in SECRET_KEYS or _secret_name(name):
+        return True
+    return bool(difflib.get_close_matches(key, SECRET_KEYS, n=1, cutoff=SECRET_TYPO_CUTOFF))
