@@ -173,3 +173,35 @@ def test_each_builder_reads_its_own_section(tmp_path):
     vlm = build_model(load(None, [*base, "model.kind=vlm"]))
     text = vlm.model.config.get_text_config()
     assert (text.num_hidden_layers, text.hidden_size, vlm.section.prompt) == (1, 24, "Say it.")
+
+
+def test_a_decode_option_the_strategy_never_reads_is_named_in_a_warning(caplog, tmp_path):
+    """decode.temperature=0.7 under the default greedy decoding was accepted and changed nothing (the config review):
+    a warning names the option and the setting that reads it. Never for a stored configuration's own values (a
+    checkpoint trained with beam search, captioned greedily), nor where something reads the option."""
+    import logging
+
+    from finecap.config import load
+
+    def warned(*overrides, path=None, **kwargs):
+        caplog.clear()
+        with caplog.at_level(logging.WARNING, logger="finecap.config"):
+            load(path, list(overrides), **kwargs)
+        return [r.getMessage() for r in caplog.records if "changes nothing" in r.getMessage()]
+
+    assert warned("decode.temperature=0.7") == [
+        "override 'decode.temperature=0.7': decode.temperature changes nothing: it is read with "
+        "decode.strategy=sample (this configuration decodes with decode.strategy=greedy)"
+    ]
+    assert [m.split(":")[0] for m in warned("decode.strategy=sample", "decode.beam_size=3", "decode.top_k=5")] == [
+        "override 'decode.beam_size=3'"
+    ]
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text("decode:\n  length_penalty: 0.5\n")
+    assert warned(path=recipe) == [
+        f"{recipe}: decode.length_penalty changes nothing: it is read with decode.strategy=beam (this configuration "
+        "decodes with decode.strategy=greedy)"
+    ]
+    assert warned("decode.strategy=beam", "decode.beam_size=3") == []
+    assert warned("rl.strategy=beam", "rl.samples=1", "decode.beam_size=3") == []  # RL rollouts search beams
+    assert warned("decode.strategy=greedy", base={"decode": {"strategy": "beam", "beam_size": 3}}) == []

@@ -602,7 +602,21 @@ def load(
         keys = list(_flat(SECTIONS.get(name), values, f"{name}.")) if isinstance(values, dict) else []
         origins.update({k: over_source for k in keys or [name]})  # not the recipe's: it did not set them
     data = merge_overrides(data, overrides or [], origins)
-    return from_dict(data, source, origins)
+    cfg = from_dict(data, source, origins)
+    warn_unread(cfg, origins)
+    return cfg
+
+
+def warn_unread(cfg: Config, origins: Origins) -> None:
+    """A warning for each option a recipe or override set (``origins``) that no decoding of ``cfg`` reads
+    (:func:`~finecap.config.sections.decode.unread_options`: ``decode.temperature=0.7`` alone decodes greedily),
+    naming the setting that would read it."""
+    from finecap.config.sections.decode import unread_options
+
+    for key, needs in unread_options(cfg).items():
+        if key in origins:
+            log.warning("%s%s changes nothing: it is read with %s (this configuration decodes with "
+                        "decode.strategy=%s)", origins[key], key, needs, cfg.decode.strategy)  # fmt: skip
 
 
 def describe(cls: type) -> list[tuple[str, str, Any, str]]:
