@@ -338,6 +338,21 @@ def test_finecap_train_is_the_callable_training_package():
     assert "train" in finecap.__all__ and "train" in dir(finecap)
 
 
+def test_help_on_finecap_train_gives_the_functions_contract():
+    """What a notebook asks of ``finecap.train`` (``help``, ``finecap.train?``, ``inspect.signature``) is the API
+    function's signature and docstring, then the package's: they gave the package alone (its modules, no keyword,
+    no example) and a signature ``(recipe_or_config, /, **kwargs)`` without ``resume`` and ``overwrite``."""
+    import inspect
+    import pydoc
+
+    from finecap import api
+
+    assert inspect.signature(finecap.train) == inspect.signature(api.train)
+    text = pydoc.render_doc(finecap.train, renderer=pydoc.plaintext)
+    assert "overwrite: 'bool' = False" in text and "train__max_steps=2" in text and "Example" in text
+    assert "library pieces of training" in text  # the package's own docstring follows
+
+
 def test_finecap_train_sets_a_subsections_key_as_the_command_line_does(monkeypatch):
     """``data__hf__caption_column`` is ``data.hf.caption_column=...`` (it was refused as an unknown key
     ``data.hf.caption_column``); a subsection given as a table takes more keys, the caller's table unchanged."""
