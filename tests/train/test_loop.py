@@ -321,3 +321,25 @@ def test_the_python_api_gives_the_callers_generators_and_accelerate_state_back(m
     finally:  # this test's accelerator leaves nothing to the next test in this process
         AcceleratorState._reset_state()
         GradientState._reset_state()
+
+
+def test_an_interrupted_run_closes_its_progress_bar(make_cfg, monkeypatch):
+    """Ctrl-C (or any error) during the steps closes the training bar: a notebook keeps the traceback, which held the
+    bar open, and the next run's bar was drawn under it (tqdm's position 1) with the stale one redrawn."""
+    from finecap.train import engine
+
+    closed = []
+
+    class Bar(engine.tqdm):
+        def close(self):
+            closed.append(self.desc)
+            super().close()
+
+    def interrupt(state):
+        if state.step == 2:
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(engine, "tqdm", Bar)
+    with pytest.raises(KeyboardInterrupt) as interrupted:  # holds the traceback, as a notebook does
+        train(make_cfg("train.max_steps=4"), callbacks=[interrupt])
+    assert closed == ["train"] and interrupted.traceback
