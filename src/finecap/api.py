@@ -108,7 +108,9 @@ class Captioner:
         :class:`finecap.data.records.DataError` naming it. ``progress``: show a progress bar. For several captions
         per image (``num_return_sequences``), use :meth:`caption_all`. A file and its PIL image give the same pixels
         but for a JPEG at least twice the processor's size: its file is decoded at a reduced scale (the JPEG draft
-        training's feature cache used, ``data.jpeg_draft``), an already decoded PIL image at full size."""
+        training's feature cache used, ``data.jpeg_draft``), an already decoded PIL image at full size. Greedy decoding
+        and beam search leave torch's random generator as they found it; sampling draws from it (``torch.manual_seed``
+        before the call repeats its captions)."""
         settings = self.decode_settings(**decode)
         if settings.num_return_sequences != 1:
             raise ValueError("caption() returns one caption per image; for num_return_sequences="

@@ -71,6 +71,17 @@ def test_batches_do_not_change_captions(cap, files):
     assert beams == cap.caption(files, strategy="beam", beam_size=3)
 
 
+def test_greedy_and_beam_captions_leave_the_callers_random_stream_alone(cap, files):
+    """A notebook seeds torch, captions, then draws: its draws are those it would have had without the captions (the
+    images' DataLoader drew its workers' base seed from torch's global generator, one draw per call)."""
+    torch.manual_seed(0)
+    expected = torch.rand(3)
+    for options in ({}, {"strategy": "beam", "beam_size": 3}):
+        torch.manual_seed(0)
+        cap.caption(files, **options)
+        assert torch.equal(torch.rand(3), expected), options
+
+
 def test_decode_options(cap, files):
     assert cap.caption(files[:2], max_length=2) == ["a red", "a blue"]
     assert cap.cfg.decode.max_length == 6  # the run's setting, not changed by a call
