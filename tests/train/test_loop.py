@@ -71,8 +71,10 @@ def test_smoke_training_changes_parameters_and_lowers_loss(make_cfg):
 def test_existing_run_needs_resume_or_overwrite(make_cfg):
     cfg = make_cfg("train.max_steps=1")
     train(cfg)
-    with pytest.raises(ValueError, match="run.dir: .* already holds a run; pass --resume"):
+    with pytest.raises(ValueError, match="run.dir: .* already holds a run; pass --resume") as refused:
         train(cfg)
+    # a notebook's training cell run again: the message names what replaces the run (it named only --resume)
+    assert "finecap.train(..., overwrite=True)" in str(refused.value)
     train(cfg, overwrite=True)
     assert [e["step"] for e in read_metrics(run_path(cfg.run))] == [1, 1]  # one train + one val event, old ones gone
 
