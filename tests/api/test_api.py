@@ -116,6 +116,20 @@ def test_the_runs_autocast_is_used(cap, files):
     assert set(dtypes[len(dtypes) // 2 :]) == {torch.bfloat16}
 
 
+def test_a_device_that_cannot_hold_the_weights_is_named(run):
+    """``device=`` that torch does not know, the meta device, or an accelerator this machine lacks is a ValueError
+    naming it before anything is read (it was torch's AssertionError 'Torch not compiled with CUDA enabled', a
+    RuntimeError listing device types, or 'Tensor.item() cannot be called on meta tensors', after the weights)."""
+    with pytest.raises(ValueError, match=r"^device='gpu': not a device torch knows"):
+        Captioner.from_pretrained(run, device="gpu")
+    with pytest.raises(ValueError, match=r"^device='meta': the meta device holds no weights"):
+        Captioner.from_pretrained(run, device="meta")
+    missing = f"cuda:{torch.cuda.device_count()}"  # one GPU more than this machine has (cuda:0 without a GPU)
+    with pytest.raises(ValueError, match=rf"^device='{missing}': not usable on this machine"):
+        Captioner.from_pretrained(run, device=missing)
+    assert Captioner.from_pretrained(run, device=torch.device("cpu")).device == torch.device("cpu")
+
+
 def test_every_checkpoint_folder_loads(run, files, tmp_path, monkeypatch):
     best = checkpoint_dir(run, "best")
     for folder in (run, best, model_dir(best)):
