@@ -5,11 +5,13 @@ evaluate``. They are imported on first use, so ``import finecap`` imports no tor
 
 ``finecap.train`` is also the package of the training library (``finecap.train.engine``, ...): a package is what
 Python finds at ``finecap.train`` once any of its modules is imported, so the package itself is made callable
-(:class:`_TrainPackage`) and a call is :func:`finecap.api.train`; its modules import as before.
+(:class:`_TrainPackage`) and a call is :func:`finecap.api.train`, whose signature and docstring ``help`` and
+``inspect.signature`` show; its modules import as before.
 """
 
 from __future__ import annotations
 
+import inspect
 import types
 from typing import Any
 
@@ -20,8 +22,23 @@ __all__ = ["Captioner", "__version__", "evaluate", "train"]
 
 
 class _TrainPackage(types.ModuleType):
-    """The ``finecap.train`` package, callable: ``finecap.train(recipe_or_config, **overrides)`` is
-    :func:`finecap.api.train`."""
+    # The ``finecap.train`` package, callable: ``finecap.train(recipe_or_config, **overrides)`` is
+    # :func:`finecap.api.train`, and what a notebook asks of it (``help(finecap.train)``, ``finecap.train?``,
+    # ``inspect.signature``) answers with that function's signature and contract, then the package's own docstring
+    # (they showed only the package: its modules, no arguments, no example).
+
+    @property
+    def __doc__(self) -> str:  # type: ignore[override]
+        from finecap.api import train
+
+        return (f"finecap.train{inspect.signature(train)}\n\n{inspect.getdoc(train)}\n\n"
+                f"{vars(self).get('__doc__') or ''}")  # fmt: skip
+
+    @property
+    def __signature__(self) -> inspect.Signature:
+        from finecap.api import train
+
+        return inspect.signature(train)
 
     def __call__(self, recipe_or_config: Any, /, **kwargs: Any) -> Any:
         from finecap.api import train

@@ -70,7 +70,8 @@ class Captioner:
         the decoding settings and the autocast, as ``finecap caption`` uses them. Its recorded fingerprint of the
         vision encoder is checked (:func:`finecap.train.fingerprint.check_run`), and weights holding NaN are refused.
         ``device``: default the machine's accelerator (a GPU) unless the run set ``train.cpu``, else the CPU
-        (:func:`finecap.metrics.context.eval_device`)."""
+        (:func:`finecap.metrics.context.eval_device`); one torch does not know or this machine lacks is a
+        ``ValueError`` naming it (:func:`usable_device`), before the model loads."""
         with silenced():  # the libraries' warnings the CLI leaves out (finecap.library_warnings), imports included
             from finecap.config import load_stored
             from finecap.inference import checkpoint_where, load_for_captioning
@@ -79,11 +80,12 @@ class Captioner:
             from finecap.train.checkpoint import folder_config
             from finecap.train.fingerprint import check_run
 
+            where = usable_device(device) if device is not None else None  # a wrong device said before any reading
             checkpoint = find_checkpoint(checkpoint_where(path, option="path"))  # a run name as --checkpoint takes it
             stored = stored_config(checkpoint)
             cfg = load_stored(stored) if stored is not None else folder_config(model_dir(checkpoint))
             check_run(checkpoint, cfg, parts=["captioner"], model_folder=model_dir(checkpoint))
-            model = load_for_captioning(checkpoint, cfg, device if device is not None else eval_device(cfg))
+            model = load_for_captioning(checkpoint, cfg, where if where is not None else eval_device(cfg))
         return cls(model, cfg, checkpoint)
 
     @property
@@ -108,7 +110,9 @@ class Captioner:
         :class:`finecap.data.records.DataError` naming it. ``progress``: show a progress bar. For several captions
         per image (``num_return_sequences``), use :meth:`caption_all`. A file and its PIL image give the same pixels
         but for a JPEG at least twice the processor's size: its file is decoded at a reduced scale (the JPEG draft
-        training's feature cache used, ``data.jpeg_draft``), an already decoded PIL image at full size."""
+        training's feature cache used, ``data.jpeg_draft``), an already decoded PIL image at full size. Greedy decoding
+        and beam search leave torch's random generator as they found it; sampling draws from it (``torch.manual_seed``
+        before the call repeats its captions)."""
         settings = self.decode_settings(**decode)
         if settings.num_return_sequences != 1:
             raise ValueError("caption() returns one caption per image; for num_return_sequences="
@@ -168,6 +172,26 @@ class Captioner:
                 raise ValueError(f"unknown decoding option {key!r}{did_you_mean(key, fields)}; valid: "
                                  f"{', '.join(fields)}")  # fmt: skip
         return replaced_section(self.cfg.decode, "decode", **decode)
+
+
+def usable_device(device: str | torch.device) -> torch.device:
+    """``device`` as a ``torch.device`` that can hold the weights here; a name torch does not know (``"gpu"``), the
+    meta device (no weights) or one this machine lacks (``"cuda"`` without a GPU or a CUDA build of torch,
+    ``"cuda:3"`` with two GPUs) is a ``ValueError`` naming ``device`` and torch's reason (torch said it as an
+    ``AssertionError`` or a ``RuntimeError`` once the weights were read)."""
+    import torch
+
+    try:
+        found = torch.device(device)
+    except (RuntimeError, TypeError) as e:
+        raise ValueError(f"device={device!r}: not a device torch knows ({e})") from None
+    if found.type == "meta":
+        raise ValueError(f"device={device!r}: the meta device holds no weights; pass 'cpu' or an accelerator")
+    try:
+        torch.empty(1, device=found)  # an allocation there: torch checks the device (its index too) only then
+    except (AssertionError, RuntimeError) as e:
+        raise ValueError(f"device={device!r}: not usable on this machine ({e})") from None
+    return found
 
 
 def _is_image_or_path(item: Any) -> bool:
@@ -303,7 +327,9 @@ def train(recipe_or_config: str | os.PathLike | Config, /, *, resume: bool = Fal
     a GPU). Training runs with grad mode on and outside
     inference mode whatever the caller's.
 
-    Example (a few steps on a tiny world; docs/training.md trains the demo's recipes the same way)::
+    Example (two steps of the demo's MLE recipe; the first run in a finecap home makes the demo's world, 11,500
+    images, and trains its world encoder before them: minutes on a CPU. docs/training.md's notebook example trains
+    on a tiny world and a tiny CLIP in seconds)::
 
         run_dir = finecap.train("demo/mle", train__max_steps=2, run__dir="runs/notebook")
         cap = finecap.Captioner.from_pretrained(run_dir)

@@ -247,7 +247,8 @@ def caption_images(
     is a :class:`~finecap.data.records.DataError` naming it; a JPEG file is decoded at ``draft`` pixels as the
     run's data loading decodes it (``data.jpeg_draft``: :func:`finecap.data.loading.encoder_draft`); with
     ``skip_bad_images`` it is left out (``None``) and counted in ``skipped``, and it is an error only when no image
-    decodes."""
+    decodes. Reading the images draws nothing from torch's global random generator (only sampling does)."""
+    import torch
     from accelerate.utils import gather_object
     from torch.utils.data import DataLoader
     from tqdm.auto import tqdm
@@ -269,6 +270,7 @@ def caption_images(
         batch_size=chunk_images(decode),
         num_workers=num_workers,
         collate_fn=_Collate(model_collator(model, 1)),  # one token: the empty caption's EOS (decoding reads none)
+        generator=torch.Generator().manual_seed(0),  # the workers' seeds: a private one keeps the global RNG untouched
     )
     device = model.device
     autocast = accelerator.autocast() if accelerator is not None else mixed_precision_autocast(mixed_precision, device)

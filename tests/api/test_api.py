@@ -71,6 +71,17 @@ def test_batches_do_not_change_captions(cap, files):
     assert beams == cap.caption(files, strategy="beam", beam_size=3)
 
 
+def test_greedy_and_beam_captions_leave_the_callers_random_stream_alone(cap, files):
+    """A notebook seeds torch, captions, then draws: its draws are those it would have had without the captions (the
+    images' DataLoader drew its workers' base seed from torch's global generator, one draw per call)."""
+    torch.manual_seed(0)
+    expected = torch.rand(3)
+    for options in ({}, {"strategy": "beam", "beam_size": 3}):
+        torch.manual_seed(0)
+        cap.caption(files, **options)
+        assert torch.equal(torch.rand(3), expected), options
+
+
 def test_decode_options(cap, files):
     assert cap.caption(files[:2], max_length=2) == ["a red", "a blue"]
     assert cap.cfg.decode.max_length == 6  # the run's setting, not changed by a call
@@ -103,6 +114,20 @@ def test_the_runs_autocast_is_used(cap, files):
         handle.remove()
     assert dtypes and set(dtypes[: len(dtypes) // 2]) == {torch.float32}
     assert set(dtypes[len(dtypes) // 2 :]) == {torch.bfloat16}
+
+
+def test_a_device_that_cannot_hold_the_weights_is_named(run):
+    """``device=`` that torch does not know, the meta device, or an accelerator this machine lacks is a ValueError
+    naming it before anything is read (it was torch's AssertionError 'Torch not compiled with CUDA enabled', a
+    RuntimeError listing device types, or 'Tensor.item() cannot be called on meta tensors', after the weights)."""
+    with pytest.raises(ValueError, match=r"^device='gpu': not a device torch knows"):
+        Captioner.from_pretrained(run, device="gpu")
+    with pytest.raises(ValueError, match=r"^device='meta': the meta device holds no weights"):
+        Captioner.from_pretrained(run, device="meta")
+    missing = f"cuda:{torch.cuda.device_count()}"  # one GPU more than this machine has (cuda:0 without a GPU)
+    with pytest.raises(ValueError, match=rf"^device='{missing}': not usable on this machine"):
+        Captioner.from_pretrained(run, device=missing)
+    assert Captioner.from_pretrained(run, device=torch.device("cpu")).device == torch.device("cpu")
 
 
 def test_every_checkpoint_folder_loads(run, files, tmp_path, monkeypatch):
@@ -336,6 +361,21 @@ def test_finecap_train_is_the_callable_training_package():
 
     assert callable(finecap.train) and finecap.train.engine is engine
     assert "train" in finecap.__all__ and "train" in dir(finecap)
+
+
+def test_help_on_finecap_train_gives_the_functions_contract():
+    """What a notebook asks of ``finecap.train`` (``help``, ``finecap.train?``, ``inspect.signature``) is the API
+    function's signature and docstring, then the package's: they gave the package alone (its modules, no keyword,
+    no example) and a signature ``(recipe_or_config, /, **kwargs)`` without ``resume`` and ``overwrite``."""
+    import inspect
+    import pydoc
+
+    from finecap import api
+
+    assert inspect.signature(finecap.train) == inspect.signature(api.train)
+    text = pydoc.render_doc(finecap.train, renderer=pydoc.plaintext)
+    assert "overwrite: 'bool' = False" in text and "train__max_steps=2" in text and "Example" in text
+    assert "library pieces of training" in text  # the package's own docstring follows
 
 
 def test_finecap_train_sets_a_subsections_key_as_the_command_line_does(monkeypatch):

@@ -71,8 +71,10 @@ def test_smoke_training_changes_parameters_and_lowers_loss(make_cfg):
 def test_existing_run_needs_resume_or_overwrite(make_cfg):
     cfg = make_cfg("train.max_steps=1")
     train(cfg)
-    with pytest.raises(ValueError, match="run.dir: .* already holds a run; pass --resume"):
+    with pytest.raises(ValueError, match="run.dir: .* already holds a run; pass --resume") as refused:
         train(cfg)
+    # a notebook's training cell run again: the message names what replaces the run (it named only --resume)
+    assert "finecap.train(..., overwrite=True)" in str(refused.value)
     train(cfg, overwrite=True)
     assert [e["step"] for e in read_metrics(run_path(cfg.run))] == [1, 1]  # one train + one val event, old ones gone
 
@@ -321,3 +323,25 @@ def test_the_python_api_gives_the_callers_generators_and_accelerate_state_back(m
     finally:  # this test's accelerator leaves nothing to the next test in this process
         AcceleratorState._reset_state()
         GradientState._reset_state()
+
+
+def test_an_interrupted_run_closes_its_progress_bar(make_cfg, monkeypatch):
+    """Ctrl-C (or any error) during the steps closes the training bar: a notebook keeps the traceback, which held the
+    bar open, and the next run's bar was drawn under it (tqdm's position 1) with the stale one redrawn."""
+    from finecap.train import engine
+
+    closed = []
+
+    class Bar(engine.tqdm):
+        def close(self):
+            closed.append(self.desc)
+            super().close()
+
+    def interrupt(state):
+        if state.step == 2:
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(engine, "tqdm", Bar)
+    with pytest.raises(KeyboardInterrupt) as interrupted:  # holds the traceback, as a notebook does
+        train(make_cfg("train.max_steps=4"), callbacks=[interrupt])
+    assert closed == ["train"] and interrupted.traceback

@@ -781,7 +781,9 @@ class Engine:
         finally:
             self.close_loader()
             self.objective.close()  # e.g. the vLLM engine of REINFORCE's rollouts (decode.engine=vllm)
-        progress.close()
+            # an error or Ctrl-C too: a notebook keeps the traceback, and an open bar there would stay open,
+            # redrawn under the next run's bar
+            progress.close()
         acc.wait_for_everyone()
         return state
 

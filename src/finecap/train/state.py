@@ -624,7 +624,7 @@ def prepare_run_dir(
                 )
             raise ValueError(
                 f"{option}: {run_dir} already holds a run; pass --resume (resume=True in finecap.train) to continue "
-                f"it, or choose another {another}"
+                f"it, or choose another {another} ({OVERWRITE_API})"
             )
         foreign = foreign_run_files(run_dir)
         if foreign:
