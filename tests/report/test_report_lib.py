@@ -269,3 +269,19 @@ def test_the_report_says_when_most_of_a_stages_captions_state_no_fact(fabricated
                            "counts as faith/precision 1 and no hallucination")  # fmt: skip
     assert "smile" not in note and "#faithfulness-on-the-world" in note
     assert 'id="silent-note"' not in write_report(fabricated_run, tmp_path / "plain.html", retrieval=False).read_text()
+
+
+def test_a_run_still_writing_its_log_is_reported(fabricated_run, tmp_path):
+    # A run still training (or killed mid-line) leaves its last metrics.jsonl line cut short, without its newline:
+    # the report reads the events before it. Another line that is not JSON stays an error naming it.
+    run = tmp_path / fabricated_run.name
+    shutil.copytree(fabricated_run, run)
+    log = run / "mle" / "metrics.jsonl"
+    complete = log.read_text()
+    log.write_text(complete + '{"step": 12, "split": "tr')
+    assert read_run(run).events["mle"] == read_run(fabricated_run).events["mle"]
+    html = write_report(run, tmp_path / "r.html", retrieval=False).read_text()
+    assert "training curves: mle" in html
+    log.write_text('{"step": 12, "split": "tr\n' + complete)
+    with pytest.raises(ValueError, match=r"mle/metrics.jsonl, line 1: invalid JSON"):
+        read_run(run)
