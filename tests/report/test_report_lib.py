@@ -285,3 +285,19 @@ def test_a_run_still_writing_its_log_is_reported(fabricated_run, tmp_path):
     log.write_text('{"step": 12, "split": "tr\n' + complete)
     with pytest.raises(ValueError, match=r"mle/metrics.jsonl, line 1: invalid JSON"):
         read_run(run)
+
+
+def test_a_nan_or_infinite_metric_is_never_coloured():
+    # A diverged stage's NaN (or inf) CIDEr-D was marked the column's best, wherever its row came first, and the
+    # real best left unmarked; a NaN headline difference was coloured worse.
+    nan, inf = float("nan"), float("inf")
+    for rows in [{"a": {"CIDEr-D": nan}, "b": {"CIDEr-D": 0.5}, "c": {"CIDEr-D": 0.3}},
+                 {"b": {"CIDEr-D": 0.5}, "a": {"CIDEr-D": inf}, "c": {"CIDEr-D": 0.3}}]:  # fmt: skip
+        marks = {
+            stage: (cells[0].text, cells[0].rank, cells[0].value) for stage, cells in results_tables(rows)[0].rows
+        }
+        assert marks["b"][:2] == ("0.500", "best") and marks["c"][:2] == ("0.300", "worst"), marks
+        assert marks["a"][0] in ("nan", "inf") and marks["a"][1:] == ("", None), marks  # shown, not ranked
+    assert better(nan, 0.5, "CIDEr-D") is None and better(0.5, -inf, "CIDEr-D") is None
+    item = headline_comparisons({"mle": {"CIDEr-D": 0.5}, "smile": {"CIDEr-D": nan}})[0]["items"][0]
+    assert item["value"] == "nan" and item["better"] is None
