@@ -271,6 +271,7 @@ def test_the_report_says_when_most_of_a_stages_captions_state_no_fact(fabricated
     assert 'id="silent-note"' not in write_report(fabricated_run, tmp_path / "plain.html", retrieval=False).read_text()
 
 
+@pytest.mark.slow
 def test_a_run_still_writing_its_log_is_reported(fabricated_run, tmp_path):
     # A run still training (or killed mid-line) leaves its last metrics.jsonl line cut short, without its newline:
     # the report reads the events before it. Another line that is not JSON stays an error naming it.
@@ -301,3 +302,22 @@ def test_a_nan_or_infinite_metric_is_never_coloured():
     assert better(nan, 0.5, "CIDEr-D") is None and better(0.5, -inf, "CIDEr-D") is None
     item = headline_comparisons({"mle": {"CIDEr-D": 0.5}, "smile": {"CIDEr-D": nan}})[0]["items"][0]
     assert item["value"] == "nan" and item["better"] is None
+
+
+@pytest.mark.slow
+def test_hostile_captions_stage_names_and_columns_are_escaped(fabricated_run, tmp_path):
+    # Captions a model wrote, a stage (file) name and a results column are text, printed escaped: no markup of theirs.
+    hostile = '<script>alert(1)</script>"><img src=x onerror=alert(2)></textarea>{{7*7}}'
+    stage = '"><img src=x onerror=alert(3)>'
+    run = tmp_path / 'run "q" & <é>'
+    shutil.copytree(fabricated_run, run)
+    captions = [{"image_id": row["image_id"], "caption": hostile}
+                for row in json.loads((run / "captions" / "mle.json").read_text())]  # fmt: skip
+    (run / "captions" / f"{stage}.json").write_text(json.dumps(captions))
+    results = json.loads((run / "results.json").read_text())
+    results[stage] = {"Length": 1.0, hostile: 0.5}
+    (run / "results.json").write_text(json.dumps(results))
+    html = write_report(run, tmp_path / "r.html", retrieval=False, n_sample=2, n_disagree=2).read_text()
+    assert "<script>alert" not in html and "<img src=x" not in html and "</textarea>" not in html
+    assert html.count("<script>") == 1  # the page's own table sorting
+    assert "&lt;script&gt;alert(1)&lt;/script&gt;" in html and "&#34;&gt;&lt;img src=x onerror=alert(3)&gt;" in html
