@@ -321,3 +321,21 @@ def test_hostile_captions_stage_names_and_columns_are_escaped(fabricated_run, tm
     assert "<script>alert" not in html and "<img src=x" not in html and "</textarea>" not in html
     assert html.count("<script>") == 1  # the page's own table sorting
     assert "&lt;script&gt;alert(1)&lt;/script&gt;" in html and "&#34;&gt;&lt;img src=x onerror=alert(3)&gt;" in html
+
+
+@pytest.mark.slow
+def test_a_malformed_vcb_or_transfer_results_file_is_a_named_error_before_any_write(fabricated_run, tmp_path):
+    # vcb_results.json or transfer/results.json of another layout stopped the report with an AttributeError traceback
+    # ('list' object has no attribute 'get'), after the plot files were written into the run folder
+    run = tmp_path / fabricated_run.name
+    shutil.copytree(fabricated_run, run)
+    (run / "transfer").mkdir()
+    for file, text, where in [("vcb_results.json", "[1, 2]", "vcb_results.json"),
+                              ("vcb_results.json", '{"models": [1]}', "vcb_results.json: 'models'"),
+                              ("vcb_results.json", '{"settings": {"trained on": 3}}', "'settings': 'trained on'"),
+                              ("transfer/results.json", '{"mle": 0.5}', "transfer/results.json")]:  # fmt: skip
+        (run / "vcb_results.json").unlink(missing_ok=True)
+        (run / file).write_text(text)
+        with pytest.raises(ValueError, match=re.escape(where) + ": expected"):
+            write_report(run, retrieval=False)
+        assert not (run / "plots").exists() and not (run / "report.html").exists()
