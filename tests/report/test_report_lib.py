@@ -269,3 +269,73 @@ def test_the_report_says_when_most_of_a_stages_captions_state_no_fact(fabricated
                            "counts as faith/precision 1 and no hallucination")  # fmt: skip
     assert "smile" not in note and "#faithfulness-on-the-world" in note
     assert 'id="silent-note"' not in write_report(fabricated_run, tmp_path / "plain.html", retrieval=False).read_text()
+
+
+@pytest.mark.slow
+def test_a_run_still_writing_its_log_is_reported(fabricated_run, tmp_path):
+    # A run still training (or killed mid-line) leaves its last metrics.jsonl line cut short, without its newline:
+    # the report reads the events before it. Another line that is not JSON stays an error naming it.
+    run = tmp_path / fabricated_run.name
+    shutil.copytree(fabricated_run, run)
+    log = run / "mle" / "metrics.jsonl"
+    complete = log.read_text()
+    log.write_text(complete + '{"step": 12, "split": "tr')
+    assert read_run(run).events["mle"] == read_run(fabricated_run).events["mle"]
+    html = write_report(run, tmp_path / "r.html", retrieval=False).read_text()
+    assert "training curves: mle" in html
+    log.write_text('{"step": 12, "split": "tr\n' + complete)
+    with pytest.raises(ValueError, match=r"mle/metrics.jsonl, line 1: invalid JSON"):
+        read_run(run)
+
+
+def test_a_nan_or_infinite_metric_is_never_coloured():
+    # A diverged stage's NaN (or inf) CIDEr-D was marked the column's best, wherever its row came first, and the
+    # real best left unmarked; a NaN headline difference was coloured worse.
+    nan, inf = float("nan"), float("inf")
+    for rows in [{"a": {"CIDEr-D": nan}, "b": {"CIDEr-D": 0.5}, "c": {"CIDEr-D": 0.3}},
+                 {"b": {"CIDEr-D": 0.5}, "a": {"CIDEr-D": inf}, "c": {"CIDEr-D": 0.3}}]:  # fmt: skip
+        marks = {
+            stage: (cells[0].text, cells[0].rank, cells[0].value) for stage, cells in results_tables(rows)[0].rows
+        }
+        assert marks["b"][:2] == ("0.500", "best") and marks["c"][:2] == ("0.300", "worst"), marks
+        assert marks["a"][0] in ("nan", "inf") and marks["a"][1:] == ("", None), marks  # shown, not ranked
+    assert better(nan, 0.5, "CIDEr-D") is None and better(0.5, -inf, "CIDEr-D") is None
+    item = headline_comparisons({"mle": {"CIDEr-D": 0.5}, "smile": {"CIDEr-D": nan}})[0]["items"][0]
+    assert item["value"] == "nan" and item["better"] is None
+
+
+@pytest.mark.slow
+def test_hostile_captions_stage_names_and_columns_are_escaped(fabricated_run, tmp_path):
+    # Captions a model wrote, a stage (file) name and a results column are text, printed escaped: no markup of theirs.
+    hostile = '<script>alert(1)</script>"><img src=x onerror=alert(2)></textarea>{{7*7}}'
+    stage = '"><img src=x onerror=alert(3)>'
+    run = tmp_path / 'run "q" & <é>'
+    shutil.copytree(fabricated_run, run)
+    captions = [{"image_id": row["image_id"], "caption": hostile}
+                for row in json.loads((run / "captions" / "mle.json").read_text())]  # fmt: skip
+    (run / "captions" / f"{stage}.json").write_text(json.dumps(captions))
+    results = json.loads((run / "results.json").read_text())
+    results[stage] = {"Length": 1.0, hostile: 0.5}
+    (run / "results.json").write_text(json.dumps(results))
+    html = write_report(run, tmp_path / "r.html", retrieval=False, n_sample=2, n_disagree=2).read_text()
+    assert "<script>alert" not in html and "<img src=x" not in html and "</textarea>" not in html
+    assert html.count("<script>") == 1  # the page's own table sorting
+    assert "&lt;script&gt;alert(1)&lt;/script&gt;" in html and "&#34;&gt;&lt;img src=x onerror=alert(3)&gt;" in html
+
+
+@pytest.mark.slow
+def test_a_malformed_vcb_or_transfer_results_file_is_a_named_error_before_any_write(fabricated_run, tmp_path):
+    # vcb_results.json or transfer/results.json of another layout stopped the report with an AttributeError traceback
+    # ('list' object has no attribute 'get'), after the plot files were written into the run folder
+    run = tmp_path / fabricated_run.name
+    shutil.copytree(fabricated_run, run)
+    (run / "transfer").mkdir()
+    for file, text, where in [("vcb_results.json", "[1, 2]", "vcb_results.json"),
+                              ("vcb_results.json", '{"models": [1]}', "vcb_results.json: 'models'"),
+                              ("vcb_results.json", '{"settings": {"trained on": 3}}', "'settings': 'trained on'"),
+                              ("transfer/results.json", '{"mle": 0.5}', "transfer/results.json")]:  # fmt: skip
+        (run / "vcb_results.json").unlink(missing_ok=True)
+        (run / file).write_text(text)
+        with pytest.raises(ValueError, match=re.escape(where) + ": expected"):
+            write_report(run, retrieval=False)
+        assert not (run / "plots").exists() and not (run / "report.html").exists()

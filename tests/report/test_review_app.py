@@ -2,11 +2,13 @@
 made (and none lost to simultaneous clicks), checks at start, and a server that serves no one else (Host, Origin,
 CSRF token, access token beyond loopback, images only)."""
 
+import html
 import itertools
 import json
 import logging
 import os
 import re
+import shutil
 import threading
 import urllib.error
 import urllib.parse
@@ -395,3 +397,30 @@ def test_a_decisions_file_for_other_bags_is_refused_at_start(app_and_paths, caps
 
     assert main(["bags", "review", str(bags), "--images", str(world / "images"), "--port", "0"]) == 2
     assert "made for a different version of" in capsys.readouterr().err
+
+
+HOSTILE = '<script>alert(1)</script>"><img src=x onerror=alert(2)></textarea>{{7*7}}'
+
+
+def test_hostile_captions_and_file_names_are_escaped_and_served(tiny_world, tmp_path):
+    # A data set's references and image file names are the user's (or anyone's) text: printed escaped, never as
+    # markup, and an image whose name holds URL syntax (#, ?, %, quotes) is still served by its page's link.
+    world = tmp_path / "world"
+    shutil.copytree(tiny_world, world)
+    dataset = json.loads((world / "dataset.json").read_text())
+    test = [im for im in dataset["images"] if im["split"] == "test"][:3]
+    for im, name in zip(test, ["a#b?.png", '%41 "q" &amp;.png', "é'<x>.png"], strict=True):
+        (world / "images" / im["filepath"] / im["filename"]).rename(world / "images" / im["filepath"] / name)
+        im["filename"], im["sentences"][0]["raw"] = name, HOSTILE
+    (world / "dataset.json").write_text(json.dumps(dataset))
+    bags = tmp_path / "bags.json"
+    bags.write_text(json.dumps({"bags": {"3": [{"images": [im["imgid"] for im in test]}]}}))
+    client = create_app(bags, world / "images", data=world / "dataset.json").test_client()
+    page = client.get("/bag/3/0").get_data(as_text=True)
+    assert "<script>alert" not in page and "<img src=x" not in page and "</textarea>" not in page
+    assert page.count("&lt;script&gt;alert(1)&lt;/script&gt;&#34;&gt;&lt;img src=x") == 3
+    sources = [html.unescape(s) for s in re.findall(r'<img src="([^"]+)"', page)]
+    assert len(sources) == 3
+    for src in sources:
+        response = client.get(src)
+        assert response.status_code == 200 and response.mimetype == "image/png", src

@@ -88,6 +88,7 @@ from finecap.train.fingerprint import check_run_dir
 from finecap.utils.files import write_json
 from finecap.utils.reading import DATA_FILE, read_json
 from finecap.utils.system import progress_enabled
+from finecap.utils.text import short_repr
 
 log = logging.getLogger(__name__)
 
@@ -339,22 +340,38 @@ def _bag_gallery(run: RunData, cfg: Config, records: dict[Hashable, Record], n_b
     return out, note
 
 
+def _rows(value: Any, where: str) -> dict[str, dict[str, Any]]:
+    """``value`` when it is a table's rows, ``{row: {column: value}}``; else a ``ValueError`` naming ``where``."""
+    if not isinstance(value, dict) or not all(isinstance(v, dict) for v in value.values()):
+        raise ValueError(f"{where}: expected {{row: {{column: value}}}}, got {short_repr(value)}")
+    return value
+
+
+def _mapping(value: Any, where: str) -> dict[str, Any]:
+    """``value`` when it is a JSON object; else a ``ValueError`` naming ``where``."""
+    if not isinstance(value, dict):
+        raise ValueError(f"{where}: expected an object, got {short_repr(value)}")
+    return value
+
+
 def _extra_sections(run_dir: Path, rules: ColumnRules) -> list[dict[str, Any]]:
     """Sections for the demo's other result files, when present: the ``vcb`` group's ``vcb_results.json`` (NDLB
-    Tables 2-3) and the ``transfer`` stage's ``transfer/results.json`` (the shifted domain)."""
+    Tables 2-3) and the ``transfer`` stage's ``transfer/results.json`` (the shifted domain). A file of another
+    layout is a ``ValueError`` naming it and the part that is wrong."""
     sections = []
     vcb = run_dir / "vcb_results.json"
     if vcb.is_file():
-        data = read_json(vcb, DATA_FILE)
-        settings = data.get("settings", {})
-        trained_on = settings.get("trained on", {})
+        data = _mapping(read_json(vcb, DATA_FILE), str(vcb))
+        settings = _mapping(data.get("settings", {}), f"{vcb}: 'settings'")
+        trained_on = _mapping(settings.get("trained on", {}), f"{vcb}: 'settings': 'trained on'")
+        captions = _rows(data.get("captions", {}), f"{vcb}: 'captions'")
         models = {stage: {"trained on": trained_on.get(stage, "?"), **values}
-                  for stage, values in data.get("models", {}).items()}  # fmt: skip
+                  for stage, values in _rows(data.get("models", {}), f"{vcb}: 'models'").items()}  # fmt: skip
         note = "; ".join(f"{k}: {v}" for k, v in settings.items() if isinstance(v, str))
         sections.append({
             "id": "vcb", "short": "Visual Caption Boosting", "title": "Visual Caption Boosting (NDLB Tables 2-3)",
             "note": f"From {vcb.name}. {note}.",
-            "tables": [single_table("caption fields of the test split (Table 2)", data.get("captions", {}),
+            "tables": [single_table("caption fields of the test split (Table 2)", captions,
                                     reference_rows=[row for row, field in FIELD_ROWS.items() if field == "original"],
                                     rules=rules),
                        single_table("captioners trained on them (Table 3)", models, rules=rules)],
@@ -365,8 +382,8 @@ def _extra_sections(run_dir: Path, rules: ColumnRules) -> list[dict[str, Any]]:
             "id": "transfer", "short": "Shifted domain", "title": "Shifted domain (the transfer stage)",
             "note": "From transfer/results.json: every trained stage captions the shifted domain's test split "
                     "(world.shift=domain), scored against its references.",
-            "tables": [single_table("shifted domain", read_json(transfer, DATA_FILE), reference_rows=REFERENCE_ROWS,
-                                    rules=rules)],
+            "tables": [single_table("shifted domain", _rows(read_json(transfer, DATA_FILE), str(transfer)),
+                                    reference_rows=REFERENCE_ROWS, rules=rules)],
         })  # fmt: skip
     return sections
 
@@ -438,6 +455,7 @@ def main(
     records, scenes = _records(cfg)
     run.captions = _match_ids(run.captions, records)
     rules = rules_for(cfg.eval.metrics)  # the directions of the run's own metric groups' columns too
+    extra = _extra_sections(run.run_dir, rules)  # read before anything is written: a malformed file stops here
     with tempfile.TemporaryDirectory(prefix="finecap-plots-") as scratch:
         drawn = Path(scratch)  # drawn here first: every target is checked before any plot file is written
         figures = _plots(run, drawn)
@@ -459,7 +477,7 @@ def main(
         "results_note": None if run.results_from is None else results_note(run.run_dir, run.results_from, cfg),
         "silent_note": silent_note(run.results),
         "rl": rl,
-        "extra": _extra_sections(run.run_dir, rules),
+        "extra": extra,
         "plots": figures,
         "gallery": gallery,
         "facts_checked": bool(scenes),

@@ -30,6 +30,7 @@ from __future__ import annotations
 import fnmatch
 import functools
 import logging
+import math
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
@@ -152,9 +153,12 @@ def format_difference(new: float, old: float, column: str, rules: ColumnRules | 
 
 def better(new: object, old: object, column: str, rules: ColumnRules | None = None) -> bool | None:
     """Whether ``new`` is better than ``old`` by the column's direction; None when the column has no direction,
-    either is not a number, or they are equal at the precision shown."""
+    either is not a finite number (NaN, inf: a diverged run is neither better nor worse), or they are equal at the
+    precision shown."""
     side = direction(column, rules)
     if side is None or not _number(new) or not _number(old):
+        return None
+    if not math.isfinite(float(new)) or not math.isfinite(float(old)):
         return None
     if format_value(float(new), column, rules) == format_value(float(old), column, rules):
         return None

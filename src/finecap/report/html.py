@@ -21,6 +21,7 @@ from __future__ import annotations
 import base64
 import fnmatch
 import io
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -131,9 +132,15 @@ def headline_comparisons(
     return out
 
 
+def _finite(value: object) -> bool:
+    """Whether ``value`` is a finite number (not a bool): what a column ranks and a headline compares."""
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+
+
 def _rank(table: Table, reference_rows: Sequence[str]) -> None:
-    """Mark the best and worst cell of each column with a direction, among the rows that are not references (ties at
-    the precision shown share the mark; nothing is marked when all are equal)."""
+    """Mark the best and worst cell of each column with a direction, among the rows that are not references and
+    whose value is a finite number (ties at the precision shown share the mark; nothing is marked when all are
+    equal): a NaN or infinite value (a diverged stage) is never marked best or worst."""
     for j, column in enumerate(table.columns):
         side = direction(column, table.rules)
         cells = [cells[j] for stage, cells in table.rows if stage not in reference_rows and cells[j].value is not None]
@@ -188,7 +195,7 @@ def _table(
         cells = []
         for c in columns:
             v = values.get(c)
-            number = float(v) if isinstance(v, int | float) and not isinstance(v, bool) else None
+            number = float(v) if _finite(v) else None  # NaN / inf: shown, never ranked nor sorted as a number
             cells.append(Cell(format_value(v, c, rules), number, roles.get((stage, c), "")))
         table.rows.append((stage, cells))
     _rank(table, reference_rows)

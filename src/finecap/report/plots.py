@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import io
 import json
+import logging
 import math
 import re
 from collections.abc import Mapping, Sequence
@@ -18,6 +19,8 @@ from finecap.metrics.diversity import caption_length
 from finecap.outputs import check_replaceable, made_by_finecap, write_output
 from finecap.runs import METRICS_FILE
 from finecap.utils.reading import DATA_FILE, read_lines
+
+log = logging.getLogger(__name__)
 
 BAG_RECALL = re.compile(r"^bag(\d+)/R@1$")
 """Result keys of TrueMatch R@1 per bag size (``bag3/R@1``), as :func:`finecap.metrics.retrieval.bag_retrieval`
@@ -113,7 +116,10 @@ def _grid(n: int, ncols: int = 4) -> tuple[int, int]:
 
 def read_events(path: str | Path) -> list[dict[str, Any]]:
     """The events of a ``metrics.jsonl`` (``{"step", "split", "values", ...}`` per line; blank lines skipped), read
-    line by line within :data:`~finecap.utils.reading.DATA_FILE` (:func:`~finecap.utils.reading.read_lines`)."""
+    line by line within :data:`~finecap.utils.reading.DATA_FILE` (:func:`~finecap.utils.reading.read_lines`).
+
+    A last line without its line end that is not JSON (a run still writing it, or killed while it did) is not read,
+    as resuming drops it; any other line that is not JSON is a ``ValueError`` naming the file and the line."""
     path = Path(path)
     events = []
     for lineno, line in enumerate(read_lines(path, total=DATA_FILE), 1):
@@ -122,6 +128,9 @@ def read_events(path: str | Path) -> list[dict[str, Any]]:
         try:
             events.append(json.loads(line))
         except json.JSONDecodeError as e:
+            if not line.endswith("\n"):  # only the last line can lack its line end: cut short
+                log.info("%s, line %d: cut short (a run still writing it, or killed): not read", path, lineno)
+                break
             raise ValueError(f"{path}, line {lineno}: invalid JSON: {e.msg}") from None
     return events
 
