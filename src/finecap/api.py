@@ -177,8 +177,8 @@ class Captioner:
 def usable_device(device: str | torch.device) -> torch.device:
     """``device`` as a ``torch.device`` that can hold the weights here; a name torch does not know (``"gpu"``), the
     meta device (no weights) or one this machine lacks (``"cuda"`` without a GPU or a CUDA build of torch,
-    ``"cuda:3"`` with two GPUs) is a ``ValueError`` naming ``device`` and torch's reason (torch said it as an
-    ``AssertionError`` or a ``RuntimeError`` once the weights were read)."""
+    ``"cuda:3"`` with two GPUs, as ``torch.accelerator`` tells) is a ``ValueError`` naming ``device`` and why (torch
+    said it as an ``AssertionError`` or a ``RuntimeError`` once the weights were read)."""
     import torch
 
     try:
@@ -187,10 +187,17 @@ def usable_device(device: str | torch.device) -> torch.device:
         raise ValueError(f"device={device!r}: not a device torch knows ({e})") from None
     if found.type == "meta":
         raise ValueError(f"device={device!r}: the meta device holds no weights; pass 'cpu' or an accelerator")
-    try:
-        torch.empty(1, device=found)  # an allocation there: torch checks the device (its index too) only then
-    except (AssertionError, RuntimeError) as e:
-        raise ValueError(f"device={device!r}: not usable on this machine ({e})") from None
+    if found.type == "cpu":
+        return found
+    # torch.accelerator's answers, not an allocation there (which would start the device's context before the
+    # weights are read, and which a test's mocked accelerator cannot make)
+    here = torch.accelerator.current_accelerator() if torch.accelerator.is_available() else None
+    if here is None or here.type != found.type:
+        why = f"its accelerator is {here.type}" if here is not None else "it has no accelerator torch can use"
+        raise ValueError(f"device={device!r}: not usable on this machine ({why})")
+    count = torch.accelerator.device_count()
+    if found.index is not None and found.index >= count:
+        raise ValueError(f"device={device!r}: not usable on this machine (it has {count} {found.type} device(s))")
     return found
 
 

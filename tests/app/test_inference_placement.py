@@ -45,8 +45,10 @@ def record(monkeypatch, cls, *, stop: bool) -> list[dict]:
 
 
 def mock_cuda(monkeypatch, index: int = 0) -> None:
-    """A machine whose accelerator is CUDA device ``index`` (``torch.accelerator``, ``torch.cuda.current_device``)."""
+    """A machine whose accelerator is CUDA device ``index`` of two or more (``torch.accelerator``,
+    ``torch.cuda.current_device``)."""
     monkeypatch.setattr(torch.accelerator, "is_available", lambda: True)
+    monkeypatch.setattr(torch.accelerator, "device_count", lambda: max(2, index + 1))
     monkeypatch.setattr(torch.accelerator, "current_accelerator", lambda *a, **k: torch.device("cuda"))
     monkeypatch.setattr(torch.cuda, "current_device", lambda: index)
 
