@@ -74,6 +74,21 @@ def test_read_karpathy(tmp_path):
     assert read_dataset("karpathy", path) == records
 
 
+def test_karpathy_splits_are_read_as_every_reader_reads_them(tmp_path, caplog):
+    # "Train" was a split of its own (left out of training), "validation" too without a word: as JSONL reads them now
+    import copy
+
+    data = copy.deepcopy(KARPATHY)
+    data["images"][0]["split"], data["images"][1]["split"] = "Train", "validation"
+    path = _write(tmp_path / "dataset_coco.json", data)
+    with caplog.at_level(logging.INFO, logger="finecap.data"):
+        records = read_karpathy(path, check_images=False)
+    assert [r.split for r in records] == ["train", "validation"]
+    said = [r.getMessage() for r in caplog.records]
+    assert any("spell their split in another case" in m and "'Train' as 'train'" in m for m in said), said
+    assert any("name a split that is none of train, val, test: 'validation' (1)" in m for m in said), said
+
+
 def test_read_karpathy_flickr_layout_and_image_root(tmp_path):
     data = {"images": [{"filename": "1000.jpg", "imgid": 5, "split": "train", "sentences": [{"raw": "a man"}]}]}
     path = _write(tmp_path / "dataset_flickr30k.json", data)

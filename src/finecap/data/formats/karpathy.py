@@ -3,9 +3,11 @@
 ``{"images": [{"filename", "filepath"?, "split", "imgid"?, "cocoid"?, "sentences": [{"raw", "tokens"?}]}]}``. Image
 path: ``<images>/<filepath>/<filename>`` (``filepath`` optional, as in Flickr30k). ``image_id`` is ``cocoid`` when
 present (what COCO evaluation expects), else ``imgid``, else the record index. Captions are the ``raw`` strings
-(stripped), or the joined ``tokens`` when ``raw`` is missing. Splits are kept as written (``restval`` included;
-:mod:`finecap.data.references` counts it as training). Default image root: the JSON file's folder. Detected: a JSON
-object whose ``images`` is a list (and that has no ``annotations``: COCO, detected first).
+(stripped), or the joined ``tokens`` when ``raw`` is missing. Splits are read as every reader reads them
+(:class:`~finecap.data.records.SplitKeys`: ``restval`` kept, :mod:`finecap.data.references` counts it as training;
+``"Train"`` read as ``train`` and said; another name, ``"validation"``, kept and warned about). Default image root: the
+JSON file's folder. Detected: a JSON object whose ``images`` is a list (and that has no ``annotations``: COCO, detected
+first).
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from finecap.data.json_files import load_json, peek_json
 from finecap.data.records import (
     DataError,
     Record,
+    SplitKeys,
     check_image_files,
     check_unique_ids,
     clean_captions,
@@ -40,11 +43,13 @@ def read_karpathy(
     data = load_json(path)
     entries = require(data, "images", list, f"{path}")
     records = []
+    splits = SplitKeys(path)
     for i, img in enumerate(entries):
         where = f"{path}: images[{i}]"
         filename = require(img, "filename", str, where)
         where = f"{path}: images[{i}] ({filename})"
-        split = require(img, "split", str, where)
+        require(img, "split", str, where)
+        split = splits.read(img, where)  # "Train" as train, said; "validation" kept, warned (as every reader)
         filepath = require(img, "filepath", str, where) if "filepath" in img else ""
         if "cocoid" in img:
             image_id = require_id(img, "cocoid", where)
@@ -66,6 +71,7 @@ def read_karpathy(
         image_path = root / filepath / filename
         folder.check(image_path, where, os.path.join(filepath, filename))
         records.append(Record(image_id, image_path, split, clean_captions(texts, where), read_boosted(img, where)))
+    splits.say()
     check_unique_ids(records, path, "images")
     if check_images:
         check_image_files(records, path, root)
