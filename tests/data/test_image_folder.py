@@ -353,6 +353,13 @@ def test_jsonl_without_split_keys_says_what_to_add(tmp_path):
     data.write_text(json.dumps({"image": "a.png", "captions": ["x"]}) + "\n")
     with pytest.raises(ValueError, match=r"no records in split 'test'; .*set data.test_fraction"):
         load_references(load(None), data, split="test")
+    # one image held out by data.val_fraction (a.png hashes to 0.64): training finds none, and the advice named no
+    # fraction
+    assert split_value("a.png") < 0.7
+    held = load(None, ["data.format=jsonl", f"data.path={data}", "data.val_fraction=0.7"])
+    advice = r"1 of 1 images name no split \(now 1 val\): lower data.val_fraction / data.test_fraction"
+    with pytest.raises(ValueError, match=rf"no records in split 'train'; splits present: val; {advice}"):
+        load_records(held, "train")
 
 
 def test_the_missing_images_hint_names_the_image_root(tmp_path):

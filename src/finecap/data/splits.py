@@ -111,11 +111,15 @@ def split_unsplit(cfg: Any, records: Sequence[Record], path: str | Path) -> tupl
 def missing_split_advice(split: str, fmt: str | None, records: Sequence[Record], unsplit: int) -> str:
     """What to add when no record is in ``split``: the format's way of naming a split (:attr:`Format.split_hint
     <finecap.data.formats.Format.split_hint>`), and
-    for records that named none, the fraction that holds images out for it."""
+    for records that named none, the fraction that holds images out for it (for train: the fractions that held them
+    all out)."""
     how = (data_format(fmt).split_hint if fmt else "") or "the records' splits"
     if not unsplit:
         return f"give some records split {split!r} ({how})"
     option = {"val": "data.val_fraction", "test": "data.test_fraction"}.get(split)
     shares = ", ".join(f"{n} {s}" for s, n in sorted(Counter(r.split for r in records).items()))
-    held_out = f"set {option} (e.g. {option}=0.1) to hold out a share by image-id hash, or " if option else ""
+    if option:
+        held_out = f"set {option} (e.g. {option}=0.1) to hold out a share by image-id hash, or "
+    else:  # train: the fractions held every unsplit image out (one image, data.val_fraction > 0)
+        held_out = "lower data.val_fraction / data.test_fraction (they hold out images by id hash), or "
     return f"{unsplit} of {len(records)} images name no split (now {shares}): {held_out}give them their split ({how})"
