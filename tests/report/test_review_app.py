@@ -161,6 +161,9 @@ def test_cross_site_requests_and_foreign_hosts_are_refused(app_and_paths):
                                                          "Sec-Fetch-Site": "same-origin"})  # fmt: skip
         assert ok.status_code == 303, host
     assert app.config["curation"].decisions == {"3/0": "accept"}
+    # a body beyond a decision's form is refused before it is read (it was spooled to a temporary file first)
+    huge = client.post("/bag/3/0", data={**form, "pad": "x" * (1 << 20)}, headers={"Origin": "http://localhost"})
+    assert huge.status_code == 413 and app.config["curation"].decisions == {"3/0": "accept"}
 
 
 def test_beyond_loopback_a_token_is_required(fabricated_run, tiny_world, tmp_path):

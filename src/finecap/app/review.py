@@ -78,6 +78,9 @@ log = logging.getLogger(__name__)
 
 DEFAULT_HOST = "127.0.0.1"
 TOKEN_ENV = "FINECAP_REVIEW_TOKEN"
+MAX_FORM_BYTES = 64 * 1024
+"""The largest request body the server reads (a decision's form is under 200 bytes): a larger one is a 413 before it
+is read, where werkzeug spooled any body, 200 MB included, into a temporary file before refusing it."""
 """Environment variable read for the access token when ``--token`` is not given."""
 IMAGE_TYPES: dict[str, str] = {".png": "image/png", ".jpg": "image/jpeg", ".jpeg": "image/jpeg", ".gif": "image/gif",
                                ".webp": "image/webp", ".bmp": "image/bmp"}  # fmt: skip
@@ -223,6 +226,7 @@ def create_app(
     app = Flask(__name__, template_folder=str(TEMPLATES))
     app.config["curation"] = curation
     app.config["csrf_token"] = csrf_token
+    app.config["MAX_CONTENT_LENGTH"] = MAX_FORM_BYTES  # a decision's form: werkzeug spooled any body to disk first
 
     def refuse(code: int, why: str) -> None:
         abort(code, why)
