@@ -91,3 +91,5 @@ def test_zero_std_groups_reads_the_scored_captions_only():
     assert zero_std_share(rewards, 3) == 0.5
     lone = torch.tensor([5.0, float("nan"), float("nan"), 1.0, 1.0, 1.0])  # image 0: one scored caption, no std
     assert zero_std_share(lone, 3) == 0.5
+    none = torch.tensor([float("nan")] * 3 + [1.0, 1.0, 1.0])  # image 0: every caption failed, no std either
+    assert zero_std_share(none, 3) == 0.5

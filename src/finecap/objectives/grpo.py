@@ -163,19 +163,29 @@ def _scored_group_advantages(
     rewards: torch.Tensor, samples: int, scale: str, reduce: Reduce, scored: torch.Tensor
 ) -> torch.Tensor:
     """:func:`group_advantages` over the ``scored`` (N,) captions only; 0 for the others."""
-    ok = scored.view(-1, samples)  # (G, s)
-    r = torch.where(ok, rewards.view(-1, samples), torch.zeros_like(rewards.view(-1, samples)))  # a NaN kept out
-    count = ok.sum(dim=1, keepdim=True).to(rewards.dtype)  # (G, 1) scored captions of each group
-    mean = r.sum(dim=1, keepdim=True) / count.clamp(min=1.0)
-    centred = torch.where(ok, r - mean, torch.zeros_like(r))  # (G, s)
+    count, centred = _scored_centred(rewards.view(-1, samples), scored.view(-1, samples))
     if scale == "none":
         out = centred
-    elif scale == "group":  # Bessel-corrected over the group's scored captions; one or none: centred is 0 there
-        std = ((centred**2).sum(dim=1, keepdim=True) / (count - 1).clamp(min=1.0)).sqrt()
-        out = centred / (std + EPS)
+    elif scale == "group":  # one scored caption or none: centred is 0 there
+        out = centred / (_scored_std(centred, count) + EPS)
     else:
         out = centred / (batch_mean_std(rewards[scored], reduce)[1] + EPS)
     return scored_only(out.flatten(), scored)
+
+
+def _scored_centred(grouped: torch.Tensor, ok: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(count (G, 1), centred (G, s))`` of rewards ``grouped`` (G, s): how many captions of each group are ``ok``
+    (scored), and their rewards minus the mean over them; 0 at the others (a failed caption's NaN kept out)."""
+    r = torch.where(ok, grouped, torch.zeros_like(grouped))
+    count = ok.sum(dim=1, keepdim=True).to(grouped.dtype)
+    mean = r.sum(dim=1, keepdim=True) / count.clamp(min=1.0)
+    return count, torch.where(ok, r - mean, torch.zeros_like(r))
+
+
+def _scored_std(centred: torch.Tensor, count: torch.Tensor) -> torch.Tensor:
+    """(G, 1) Bessel-corrected std of each group's scored captions (:func:`_scored_centred`); 0 for a group of fewer
+    than two."""
+    return ((centred**2).sum(dim=1, keepdim=True) / (count - 1).clamp(min=1.0)).sqrt()
 
 
 def scored_only(advantages: torch.Tensor, scored: torch.Tensor) -> torch.Tensor:
@@ -209,14 +219,14 @@ def zero_std_share(rewards: torch.Tensor, samples: int) -> float:
 
     >>> zero_std_share(torch.tensor([2.0, float("nan"), 2.0, 1.0, 2.0, 3.0]), 3)  # group 0: (2, 2) scored
     0.5
+    >>> zero_std_share(torch.tensor([float("nan")] * 3 + [1.0, 2.0, 3.0]), 3)  # group 0: none scored, no std
+    0.0
     """
     grouped = rewards.view(-1, samples)  # (G, s)
-    scored = ~torch.isnan(grouped)
-    count = scored.sum(dim=1, keepdim=True).to(grouped.dtype)  # (G, 1)
-    kept = torch.where(scored, grouped, torch.zeros_like(grouped))
-    centred = torch.where(scored, kept - kept.sum(dim=1, keepdim=True) / count.clamp(min=1.0), torch.zeros_like(kept))
-    std = ((centred**2).sum(dim=1) / (count.squeeze(1) - 1)).sqrt()  # (G,), NaN under two scored captions
-    return float(torch.isclose(std, torch.zeros_like(std)).float().mean())
+    count, centred = _scored_centred(grouped, ~torch.isnan(grouped))
+    std = _scored_std(centred, count)
+    zero = torch.isclose(std, torch.zeros_like(std)) & (count >= 2)  # (G, 1)
+    return float(zero.float().mean())
 
 
 # --------------------------------------------------------------------------------------------------------------------
