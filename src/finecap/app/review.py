@@ -78,10 +78,10 @@ log = logging.getLogger(__name__)
 
 DEFAULT_HOST = "127.0.0.1"
 TOKEN_ENV = "FINECAP_REVIEW_TOKEN"
+"""Environment variable read for the access token when ``--token`` is not given."""
 MAX_FORM_BYTES = 64 * 1024
 """The largest request body the server reads (a decision's form is under 200 bytes): a larger one is a 413 before it
 is read, where werkzeug spooled any body, 200 MB included, into a temporary file before refusing it."""
-"""Environment variable read for the access token when ``--token`` is not given."""
 IMAGE_TYPES: dict[str, str] = {".png": "image/png", ".jpg": "image/jpeg", ".jpeg": "image/jpeg", ".gif": "image/gif",
                                ".webp": "image/webp", ".bmp": "image/bmp"}  # fmt: skip
 """Image file extensions served, with their MIME types."""

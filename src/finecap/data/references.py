@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from finecap.data.formats import data_format, detect_format, format_options, read_dataset
-from finecap.data.records import MAX_LISTED, DataError, Record, check_unique_ids
+from finecap.data.records import MAX_LISTED, DataError, Record
 from finecap.data.splits import missing_split_advice, split_unsplit
 from finecap.home import cache_dir as resolve_cache_dir
 from finecap.registry import is_dotted_path
@@ -162,7 +162,6 @@ def load_references(
     records = read_dataset(fmt, path, images=root, check_images=check_images,
                            allow_outside=cfg.data.allow_outside_paths, cache_dir=resolve_cache_dir(cfg.run),
                            **format_options(fmt, cfg))  # fmt: skip
-    check_unique_ids(records, Path(path))  # every format: one record per image, never a silent replacement
     records, unsplit = split_unsplit(cfg, records, path)
     if split is not None:
         records = select_split(records, split, path, fmt, unsplit)

@@ -169,7 +169,8 @@ def read_dataset(
     **options: Any,
 ) -> list[Record]:
     """Records of the data set ``path`` of format ``fmt`` (a name or ``pkg.module:FORMAT``): the one reader of every
-    format. ``images`` (``data.images``) is the image root (default: the format's); ``allow_outside``
+    format, each image id in one record (:func:`~finecap.data.records.check_unique_ids`, ``1`` and ``"1"`` one id).
+    ``images`` (``data.images``) is the image root (default: the format's); ``allow_outside``
     (``data.allow_outside_paths``) lets records name image files outside it (:mod:`finecap.data.containment`);
     ``cache_dir`` (``run.cache_dir`` resolved) is where a format keeps what it converts; ``options`` are the
     format's own (:func:`format_options`)."""
