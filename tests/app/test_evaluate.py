@@ -558,16 +558,17 @@ def test_duplicate_reference_ids_are_named(tmp_path):
 
 
 def test_duplicate_ids_from_any_reader_are_named(tmp_path, monkeypatch):
-    # a reader that does not check (a Hugging Face data set, say): load_references checks every format
-    from finecap.data import references
+    # a format's reader that does not check (a Hugging Face data set, one's own): read_dataset checks every format
+    from finecap.data import formats
 
     records = [Record(5, tmp_path / "a.png", "test", ["a cat"]), Record(5, tmp_path / "b.png", "test", ["a dog"])]
-    monkeypatch.setattr(references, "read_dataset", lambda *a, **k: records)
+    unchecking = formats.Format("jsonl", lambda source: records)
+    monkeypatch.setattr(formats, "data_format", lambda fmt: unchecking)
     (tmp_path / "x.jsonl").write_text("")
     with pytest.raises(
         DataError, match=r"x\.jsonl: 1 image id\(s\) appear in several records: id 5 in records\[0, 1\]"
     ):
-        load_references(load(), tmp_path / "x.jsonl")
+        load_references(load(None, ["data.format=jsonl", f"data.path={tmp_path / 'x.jsonl'}"]))
 
 
 def test_coco_annotations_of_one_image_are_its_references_as_pycocotools_groups_them(tmp_path, capsys):
