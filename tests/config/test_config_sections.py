@@ -118,6 +118,19 @@ def test_backbone_sections_check_their_own_keys():
         assert str(e.value).startswith(f"override {override!r}: {message}"), str(e.value)
 
 
+@pytest.mark.parametrize(
+    ("overrides", "key", "flag"),
+    [(["lora.lm=true", "model.train_lm=false"], "lora.lm", "model.train_lm=true"),
+     (["lora.encoder=true"], "lora.encoder", "model.train_encoder=true")],
+)  # fmt: skip
+def test_lora_on_a_frozen_part_is_refused_when_the_configuration_loads(overrides, key, flag):
+    # it was refused only when the model was built: `finecap train --dry-run` passed it
+    with pytest.raises(ConfigError) as e:
+        load(None, overrides)
+    assert e.value.key == key and f"set {flag} as well" in str(e.value), str(e.value)
+    assert load(None, ["lora.lm=true", "model.train_lm=true"]).lora.lm
+
+
 @pytest.mark.parametrize("kind", ["clipcap", "blip", "vlm"])
 def test_a_stored_config_from_before_the_sections_is_migrated(tmp_path, kind):
     (tmp_path / "my_gpt2").mkdir()  # a local LM folder next to the file: the relative path is read from there

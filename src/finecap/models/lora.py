@@ -346,11 +346,7 @@ def configure_training(model: nn.Module, cfg: Config) -> nn.Module:
     missing ones are created fresh.
     """
     wanted = specs_from_config(cfg)
-    flags = {"lm": cfg.model.train_lm, "encoder": cfg.model.train_encoder}
-    for part in PARTS:
-        if wanted[part] is not None and not flags[part]:
-            key = "model.train_lm" if part == "lm" else "model.train_encoder"
-            raise ValueError(f"lora.{part}=true trains the {part} through adapters: set {key}=true as well")
+    flags = {"lm": cfg.model.train_lm, "encoder": cfg.model.train_encoder}  # LoRA on a frozen part: a ConfigError
     for part in PARTS:
         have = adapter_spec(model, part)
         want = wanted[part]

@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
-from finecap.config.fields import Section, doc
+from finecap.config.fields import Section, check, doc
+
+if TYPE_CHECKING:
+    from finecap.config.sections import Config
 
 LoraInit = Literal["kaiming", "gaussian", "normal"]
 
@@ -30,3 +33,13 @@ class LoraConfig(Section, name="lora"):
     )
     lm_targets: list[str] = doc([], "LM module names (suffixes) to adapt; empty = every linear layer but the head.")
     encoder_targets: list[str] = doc([], "Encoder module names (suffixes); empty = every image-side linear layer.")
+
+    def check_config(self, cfg: Config) -> None:
+        # here rather than when the model is built, so that `finecap train --dry-run` names it too
+        for part, key in (("lm", "model.train_lm"), ("encoder", "model.train_encoder")):
+            check(
+                not getattr(self, part) or getattr(cfg.model, key.split(".")[1]),
+                f"lora.{part}",
+                f"true trains the {'language model' if part == 'lm' else 'vision encoder'} through adapters: set "
+                f"{key}=true as well",
+            )
