@@ -204,7 +204,7 @@ def test_a_decode_option_the_strategy_never_reads_is_named_in_a_warning(caplog, 
 
     assert warned("decode.temperature=0.7") == [
         "override 'decode.temperature=0.7': decode.temperature changes nothing: it is read with "
-        "decode.strategy=sample (this configuration decodes with decode.strategy=greedy)"
+        "decode.strategy=sample (this configuration has decode.strategy=greedy)"
     ]
     assert [m.split(":")[0] for m in warned("decode.strategy=sample", "decode.beam_size=3", "decode.top_k=5")] == [
         "override 'decode.beam_size=3'"
@@ -213,8 +213,60 @@ def test_a_decode_option_the_strategy_never_reads_is_named_in_a_warning(caplog, 
     recipe.write_text("decode:\n  length_penalty: 0.5\n")
     assert warned(path=recipe) == [
         f"{recipe}: decode.length_penalty changes nothing: it is read with decode.strategy=beam (this configuration "
-        "decodes with decode.strategy=greedy)"
+        "has decode.strategy=greedy)"
     ]
     assert warned("decode.strategy=beam", "decode.beam_size=3") == []
     assert warned("rl.strategy=beam", "rl.samples=1", "decode.beam_size=3") == []  # RL rollouts search beams
     assert warned("decode.strategy=greedy", base={"decode": {"strategy": "beam", "beam_size": 3}}) == []
+
+
+@pytest.mark.parametrize(
+    ("overrides", "warning"),
+    [
+        (["model.kind=blip", "clipcap.prefix_length=40"],
+         "clipcap.prefix_length changes nothing: it is read with model.kind=clipcap (this configuration has "
+         "model.kind=blip)"),
+        (["vlm.name=world-tiny"], "vlm.name changes nothing: it is read with model.kind=vlm"),
+        (["data.format=jsonl", "data.hf.image_column=img"],
+         "data.hf.image_column changes nothing: it is read with data.format=hf (this configuration has "
+         "data.format=jsonl)"),
+        (["data.bag_schedule={1: 0, 2: 3}"],
+         "data.bag_schedule changes nothing: it is read with data.sampler=bagcurri"),
+        (["vllm.gpu_memory_utilization=0.5"],
+         "vllm.gpu_memory_utilization changes nothing: it is read with decode.engine=vllm (this configuration has "
+         "decode.engine=finecap)"),
+        (["lora.rank=8"], "lora.rank changes nothing: it is read with lora.lm=true or lora.encoder=true"),
+        (["lora.lm=true", "model.train_lm=true", "lora.encoder_targets=[mlp.fc1]"],
+         "lora.encoder_targets changes nothing: it is read with lora.encoder=true (this configuration has "
+         "lora.encoder=false)"),
+    ],
+)  # fmt: skip
+def test_an_option_of_a_part_the_configuration_does_not_use_is_named_in_a_warning(caplog, overrides, warning):
+    """Options of a section the configuration never reads (``clipcap.*`` with a BLIP, ``data.hf.*`` with JSONL,
+    ``vllm.*`` with finecap's engine, ``lora.*`` without adapters) were accepted without a word (session 33's note)."""
+    import logging
+
+    with caplog.at_level(logging.WARNING, logger="finecap.config"):
+        load(None, overrides)
+    messages = [r.getMessage() for r in caplog.records if "changes nothing" in r.getMessage()]
+    assert len(messages) == 1 and warning in messages[0], messages
+    assert messages[0].startswith(f"override {overrides[-1]!r}: "), messages
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        ["model.kind=clipcap", "clipcap.prefix_length=40"],
+        ["model.kind=helpers.toy_backbone:ShowTell", "clipcap.prefix_length=40"],  # one's own may read it
+        ["data.format=hf", "data.hf.image_column=img"],
+        ["data.sampler=bagcurri", "data.bag_schedule={1: 0, 2: 3}"],
+        ["boost.llm_backend=vllm", "vllm.gpu_memory_utilization=0.5"],
+        ["lora.encoder=true", "model.train_encoder=true", "lora.rank=8", "lora.encoder_targets=[mlp.fc1]"],
+    ],
+)
+def test_an_option_something_reads_is_not_warned_about(caplog, overrides):
+    import logging
+
+    with caplog.at_level(logging.WARNING, logger="finecap.config"):
+        load(None, overrides)
+    assert not [r.getMessage() for r in caplog.records if "changes nothing" in r.getMessage()]

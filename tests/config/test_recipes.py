@@ -45,6 +45,15 @@ def test_recipe_loads_and_documents_its_command(name):
     assert "verride" in comments, "the opening comment gives an override example"
 
 
+@pytest.mark.parametrize("name", RECIPES)
+def test_recipe_sets_no_option_its_configuration_never_reads(name, caplog):
+    import logging
+
+    with caplog.at_level(logging.WARNING, logger="finecap.config"):
+        load(resolve_recipe(name))
+    assert not [r.getMessage() for r in caplog.records if "changes nothing" in r.getMessage()]
+
+
 def promised(name: str) -> dict:
     """What a recipe's name promises (its file name's words): the objective's class, the reward's parts with their
     weights, and the captioner kind. SR + lambda CIDEr (NDLB Sec. 4.6) adds CIDEr to a self-retrieval reward at a

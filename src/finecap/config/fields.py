@@ -211,3 +211,10 @@ class Section:
     def check_config(self, cfg: Any) -> None:
         """Checks of this section's options against other sections of the whole configuration ``cfg`` (run when a
         :class:`~finecap.config.Config` is built); ``ConfigError`` naming the key to change. None by default."""
+
+    def unread_options(self, cfg: Any) -> dict[str, tuple[str, str]]:
+        """This section's options that nothing ``cfg`` configures reads, each with the setting that would read it
+        and ``cfg``'s own (``{"decode.top_k": ("decode.strategy=sample", "decode.strategy=greedy")}``). Not refused
+        (a stored configuration keeps options its run did not read): :func:`finecap.config.loading.load` warns
+        about the ones a recipe or override set. None by default."""
+        return {}

@@ -608,15 +608,14 @@ def load(
 
 
 def warn_unread(cfg: Config, origins: Origins) -> None:
-    """A warning for each option a recipe or override set (``origins``) that no decoding of ``cfg`` reads
-    (:func:`~finecap.config.sections.decode.unread_options`: ``decode.temperature=0.7`` alone decodes greedily),
-    naming the setting that would read it."""
-    from finecap.config.sections.decode import unread_options
-
-    for key, needs in unread_options(cfg).items():
-        if key in origins:
-            log.warning("%s%s changes nothing: it is read with %s (this configuration decodes with "
-                        "decode.strategy=%s)", origins[key], key, needs, cfg.decode.strategy)  # fmt: skip
+    """A warning for each option a recipe or override set (``origins``) that nothing ``cfg`` configures reads
+    (:meth:`Section.unread_options <finecap.config.fields.Section.unread_options>`: ``decode.temperature=0.7`` alone
+    decodes greedily, ``clipcap.prefix_length`` with ``model.kind=blip``), naming the setting that would read it."""
+    for f in dataclasses.fields(cfg):
+        for key, (needs, have) in getattr(cfg, f.name).unread_options(cfg).items():
+            if key in origins:
+                log.warning("%s%s changes nothing: it is read with %s (this configuration has %s)", origins[key], key,
+                            needs, have)  # fmt: skip
 
 
 def describe(cls: type) -> list[tuple[str, str, Any, str]]:

@@ -6,11 +6,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from finecap.config.fields import Section, check, doc
+from finecap.config.fields import Section, check, doc, option_fields
 from finecap.config.sections.limits import (
     MAX_TINY_HIDDEN,
     MAX_TINY_LAYERS,
 )
+from finecap.registry import BACKBONES
 
 Mapper = Literal["mlp", "transformer"]
 
@@ -55,6 +56,15 @@ class WorldTinySection(Section):
         check(
             hidden % self.tiny_heads == 0, f"{name}.tiny_heads", f"must be >= 1 and divide {name}.tiny_hidden={hidden}"
         )
+
+    def unread_options(self, cfg: Any) -> dict[str, tuple[str, str]]:
+        """Every option of this section when ``model.kind`` is another registered backbone (a backbone of one's own,
+        named by dotted path, may read any section)."""
+        kind, name = cfg.model.kind, self.section_name
+        if kind == name or kind not in BACKBONES:
+            return {}
+        needs, have = f"model.kind={name}", f"model.kind={kind}"
+        return {key: (needs, have) for key, _, _ in option_fields(type(self), f"{name}.")}
 
 
 @dataclass

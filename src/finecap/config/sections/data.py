@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
-from finecap.config.fields import Section, check, check_at_most, doc, subsection
+from finecap.config.fields import Section, check, check_at_most, doc, option_fields, subsection
 from finecap.config.sections.choices import CaptionField
 from finecap.config.sections.limits import (
     DEFAULT_MAX_ASPECT_RATIO,
@@ -15,7 +15,7 @@ from finecap.config.sections.limits import (
     MAX_TOKENS,
     PIL_MAX_IMAGE_PIXELS,
 )
-from finecap.registry import DATA_FORMATS
+from finecap.registry import DATA_FORMATS, SAMPLERS
 
 
 @dataclass
@@ -133,3 +133,15 @@ class DataConfig(Section, name="data"):
             check(end >= 1, "data.bag_schedule", f"end epochs must be >= 1, got {end}")
             check(size == 0 or size >= 2, "data.bag_schedule", f"bag sizes must be 0 (random) or >= 2, got {size}")
             check_at_most(size, "data.bag_schedule", MAX_BAG, "images per bag; BagCurri grows bags from 3 to 7")
+
+    def unread_options(self, cfg: Any) -> dict[str, tuple[str, str]]:
+        """``data.hf.*`` under another registered format, BagCurri's options under another registered sampler (a
+        format or sampler of one's own, named by dotted path, may read them)."""
+        out = {}
+        if self.format in DATA_FORMATS and self.format != "hf":
+            have = f"data.format={self.format}"
+            out |= {key: ("data.format=hf", have) for key, _, _ in option_fields(HfDataConfig, "data.hf.")}
+        if self.sampler in SAMPLERS and self.sampler != "bagcurri":
+            have = f"data.sampler={self.sampler}"
+            out |= {f"data.{k}": ("data.sampler=bagcurri", have) for k in ("bag_schedule", "bag_neighbours")}
+        return out

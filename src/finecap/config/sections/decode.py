@@ -21,6 +21,12 @@ FinishedBeams = Literal["keep", "set_aside"]
 EarlyStopping = Literal[False, True, "never"]
 
 
+SAMPLE_ONLY = ("temperature", "top_k", "top_p")
+"""``decode`` options only sampling reads (``decode.strategy=sample``; RL rollouts sample at ``rl.temperature``)."""
+BEAM_ONLY = ("beam_size", "length_penalty", "finished_beams", "early_stopping")
+"""``decode`` options only beam search reads (``decode.strategy=beam``, or RL rollouts with ``rl.strategy=beam``)."""
+
+
 @dataclass
 class DecodeConfig(Section, name="decode"):
     engine: str = doc(
@@ -101,21 +107,13 @@ class DecodeConfig(Section, name="decode"):
             "is a setting of decode.finished_beams=set_aside (the keep rule ends when every beam has finished)",
         )
 
-
-SAMPLE_ONLY = ("temperature", "top_k", "top_p")
-"""``decode`` options only sampling reads (``decode.strategy=sample``; RL rollouts sample at ``rl.temperature``)."""
-BEAM_ONLY = ("beam_size", "length_penalty", "finished_beams", "early_stopping")
-"""``decode`` options only beam search reads (``decode.strategy=beam``, or RL rollouts with ``rl.strategy=beam``)."""
-
-
-def unread_options(cfg: Config) -> dict[str, str]:
-    """The ``decode`` options no decoding of ``cfg`` reads, each with the setting that would read it: sampling's
-    under greedy or beam search, beam search's when neither captions nor rollouts search beams (``{"decode.top_k":
-    "decode.strategy=sample"}``). Not refused (a checkpoint's stored beam settings stay when a caption command asks
-    for greedy): :func:`finecap.config.loading.load` warns about the ones a recipe or override set."""
-    out = {}
-    if cfg.decode.strategy != "sample":
-        out |= {f"decode.{k}": "decode.strategy=sample" for k in SAMPLE_ONLY}
-    if cfg.decode.strategy != "beam" and cfg.rl.strategy != "beam":
-        out |= {f"decode.{k}": "decode.strategy=beam" for k in BEAM_ONLY}
-    return out
+    def unread_options(self, cfg: Config) -> dict[str, tuple[str, str]]:
+        """Sampling's options under greedy or beam search, beam search's when neither captions nor rollouts search
+        beams. A checkpoint's stored beam settings stay when a caption command asks for greedy: hence a warning."""
+        have = f"decode.strategy={self.strategy}"
+        out = {}
+        if self.strategy != "sample":
+            out |= {f"decode.{k}": ("decode.strategy=sample", have) for k in SAMPLE_ONLY}
+        if self.strategy != "beam" and cfg.rl.strategy != "beam":
+            out |= {f"decode.{k}": ("decode.strategy=beam", have) for k in BEAM_ONLY}
+        return out

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
-from finecap.config.fields import Section, check, doc
+from finecap.config.fields import Section, check, doc, option_fields
 
 if TYPE_CHECKING:
     from finecap.config.sections import Config
@@ -43,3 +43,12 @@ class LoraConfig(Section, name="lora"):
                 f"true trains the {'language model' if part == 'lm' else 'vision encoder'} through adapters: set "
                 f"{key}=true as well",
             )
+
+    def unread_options(self, cfg: Config) -> dict[str, tuple[str, str]]:
+        """The adapters' settings when no part has adapters; a part's targets when that part has none."""
+        if not (self.lm or self.encoder):
+            have = "lora.lm=false, lora.encoder=false"
+            return {k: ("lora.lm=true or lora.encoder=true", have) for k, _, _ in option_fields(LoraConfig, "lora.")
+                    if k not in ("lora.lm", "lora.encoder")}  # fmt: skip
+        return {f"lora.{part}_targets": (f"lora.{part}=true", f"lora.{part}=false")
+                for part in ("lm", "encoder") if not getattr(self, part)}  # fmt: skip

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
-from finecap.config.fields import Section, doc
+from finecap.config.fields import Section, doc, option_fields
 from finecap.config.sections.limits import (
     MAX_PROCESSES,
 )
+from finecap.registry import ENGINES
 
 VllmDtype = Literal["auto", "bfloat16", "float16", "float32"]
 
@@ -49,3 +50,12 @@ class VllmConfig(Section, name="vllm"):
         "cache dropped; woken before the next sync or generation). GPU only: refused on the CPU (TRL's "
         "vllm_enable_sleep_mode).",
     )
+
+    def unread_options(self, cfg: Any) -> dict[str, tuple[str, str]]:
+        """Every option when neither ``decode.engine`` (a registered engine: one's own may read the section) nor a
+        boost backend is vLLM."""
+        engine, boost = cfg.decode.engine, cfg.boost
+        if engine not in ENGINES or "vllm" in (engine, boost.llm_backend, boost.vlm_backend):
+            return {}
+        have = f"decode.engine={engine}"
+        return {key: ("decode.engine=vllm", have) for key, _, _ in option_fields(VllmConfig, "vllm.")}
