@@ -11,6 +11,8 @@ from pathlib import Path
 from typing import Any
 
 from finecap.caption import generate_captions
+from finecap.config import DecodeConfig
+from finecap.config.sections.decode import BEAM_ONLY
 from finecap.data.records import id_from_key
 from finecap.data.results import read_results, write_results
 from finecap.metrics.suite import evaluate_items
@@ -70,13 +72,19 @@ def world_config(cfg: Any, world: Any) -> Any:
 
 
 def stage_samples(runner: StageRunner, stage: str, mode: str) -> dict[Any, list[str]]:
-    """:data:`SAMPLES` captions per test image of the stage's best checkpoint: ``sample`` (T = 1) or ``beam`` (the
-    top 5), kept in ``<stage>/samples_test_<mode>.json``."""
+    """:data:`SAMPLES` captions per test image of the stage's best checkpoint: ``sample`` (the whole distribution at
+    T = 1: ``decode.top_k`` / ``top_p`` off, as the rollouts sample) or ``beam`` (the top 5: the stage's beam options
+    where the stage itself decodes with beams, else beam search's defaults), kept in
+    ``<stage>/samples_test_<mode>.json``."""
     path = runner.stage_dir(stage) / f"samples_test_{mode}.json"
     if not runner.force and runner.made_since_training(stage, path):
         return {id_from_key(k): v for k, v in read_json(path, DATA_FILE).items()}  # ids written with str(id)
     cfg = runner.stage_config(stage)
-    settings = {"sample": {"strategy": "sample", "temperature": 1.0}, "beam": {"strategy": "beam"}}[mode]
+    if mode == "sample":
+        settings: dict[str, Any] = {"strategy": "sample", "temperature": 1.0, "top_k": 0, "top_p": 1.0}
+    else:  # a greedy stage's beam options are read nowhere else (a recipe setting them is warned about)
+        own = cfg.decode if cfg.decode.strategy == "beam" else DecodeConfig()
+        settings = {"strategy": "beam", **{k: getattr(own, k) for k in BEAM_ONLY if k != "beam_size"}}
     decode = dataclasses.replace(cfg.decode, beam_size=SAMPLES, num_return_sequences=SAMPLES, **settings)
     model = best_model(runner, stage)
     seed_everything(cfg.run.seed)  # sampled captions depend on the seed only, not on what this process ran before
