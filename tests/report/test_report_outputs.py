@@ -132,3 +132,27 @@ def test_report_out_never_over_what_it_reads_nor_a_users_file(run, tmp_path):
     finally:
         if made:
             vcb.unlink()
+
+
+def test_report_never_writes_bag_outcomes_over_a_users_file(run, tmp_path):
+    # bag_outcomes.json was rewritten in the run folder whatever it held (session 33's note)
+    from finecap.app.report import check_bag_outcomes_file
+    from finecap.outputs import write_output_json
+
+    mine = run / "bag_outcomes.json"
+    mine.write_bytes(PRECIOUS)
+    with pytest.raises(OutputRefused, match=f"{mine}: a file finecap did not write .* pass --force to replace it, or "
+                                            "--no-bag-outcomes"):  # fmt: skip
+        write_report(run)  # refused before any work: no page either
+    assert mine.read_bytes() == PRECIOUS and not (run / "report.html").exists()
+    assert check_bag_outcomes_file(run, force=True) == mine
+    write_output_json(mine, {"bags": "b.json", "retriever": "world", "outcomes": {}}, "bag-outcomes")  # finecap's
+    assert check_bag_outcomes_file(run, force=False) == mine
+    os.unlink(mine)
+    os.symlink(tmp_path / "precious.json", mine)
+    with pytest.raises(OutputRefused, match="is a symbolic link"):
+        check_bag_outcomes_file(run, force=True)
+    os.unlink(mine)
+    mine.mkdir()
+    with pytest.raises(OutputRefused, match="not a regular file"):
+        check_bag_outcomes_file(run, force=True)

@@ -59,7 +59,15 @@ from finecap.data.records import Record
 from finecap.data.references import data_file, load_references
 from finecap.data.results import read_results
 from finecap.metrics.faithfulness import SILENT_NOTE, mostly_silent
-from finecap.outputs import OutputRefused, check_not_input, check_output_file, refuse_link, write_output
+from finecap.outputs import (
+    OutputRefused,
+    check_not_input,
+    check_output_file,
+    made_by_finecap,
+    refuse_link,
+    write_output,
+    write_output_json,
+)
 from finecap.report.columns import ColumnRules, rules_for
 from finecap.report.gallery import bag_outcomes, check_facts, select_images
 from finecap.report.html import (
@@ -85,7 +93,6 @@ from finecap.report.plots import (
 )
 from finecap.report.run import RunData, read_run
 from finecap.train.fingerprint import check_run_dir
-from finecap.utils.files import write_json
 from finecap.utils.reading import DATA_FILE, read_json
 from finecap.utils.system import progress_enabled
 from finecap.utils.text import short_repr
@@ -96,6 +103,8 @@ SMILE_RUNS = (("sequence (SMILE)", "smile"), ("random", "smile_random"), ("rever
 
 PLOTS_DIR = "plots"
 """The run folder's folder of the default page's plot files (``<run_dir>/plots/``)."""
+BAG_OUTCOMES = "bag_outcomes.json"
+"""The bag gallery's outcomes, saved in the run folder (unless ``--no-bag-outcomes``)."""
 
 
 def plots_folder(run_dir: Path, out: str | Path | None, plots: str | Path | None) -> Path | None:
@@ -141,6 +150,20 @@ def check_plot_files(folder: Path, names: Sequence[str], *, given: bool, force: 
             f"{option}{target}: a file {where} that finecap did not draw (or that changed since); move it away, pass "
             f"--force to replace it, or {ways_out}"
         )
+
+
+def check_bag_outcomes_file(run_dir: Path, *, force: bool) -> Path:
+    """``<run_dir>/bag_outcomes.json``, refused before any work when it may not be replaced: a link (always),
+    anything but a regular file, or a file finecap did not write there (or changed since) unless ``force``."""
+    target = run_dir / BAG_OUTCOMES
+    refuse_link(target)
+    where = "where the report saves its bag gallery's outcomes"
+    if target.exists() and not target.is_file():
+        raise OutputRefused(f"{target}: not a regular file, {where}; move it away, or pass --no-bag-outcomes")
+    if target.exists() and not force and not made_by_finecap(target, ("bag-outcomes",)):
+        raise OutputRefused(f"{target}: a file finecap did not write (or that changed since), {where}; move it "
+                            "away, pass --force to replace it, or --no-bag-outcomes")  # fmt: skip
+    return target
 
 
 def _write_plots(drawn: Path, folder: Path) -> None:
@@ -329,8 +352,8 @@ def _bag_gallery(run: RunData, cfg: Config, records: dict[Hashable, Record], n_b
     saved = {bag["key"]: {row["stage"]: [{k: o[k] for k in ("caption", "retrieved", "rank")} | {"image": im["id"]}
                                          for o, im in zip(row["outcomes"], bag["images"])] for row in bag["rows"]}
              for bag in out}  # fmt: skip
-    write_json(run.run_dir / "bag_outcomes.json", {"bags": os.path.abspath(source.path), "retriever": retriever.name,
-                                                   "outcomes": saved})  # fmt: skip
+    write_output_json(run.run_dir / BAG_OUTCOMES, {"bags": os.path.abspath(source.path), "retriever": retriever.name,
+                                                   "outcomes": saved}, "bag-outcomes")  # fmt: skip
     note = (
         f"The {n_bags} most similar bags of each size on {source.where} "
         f"({source.path.relative_to(run.run_dir)}); "
@@ -449,6 +472,8 @@ def main(
     cfg = load_stored(run.config_path, list(items)) if run.config_path else load(None, list(items))
     inputs = {**{str(p): p for p in run.inputs()}, "data set": data_file(cfg), "images": cfg.data.images or None}
     check_output_file(out, inputs, force=force, kind="report", ours=is_report)
+    if retrieval:
+        check_bag_outcomes_file(run.run_dir, force=force)
     if plots is not None:
         check_not_input(folder, inputs, option="--plots")
     check_run_dir(run.run_dir, cfg)  # the data and retriever read now must be the run's (exit 2 naming both)
