@@ -53,6 +53,21 @@ def test_ref_clip_score_needs_one_reference_set_per_candidate():
         ref_clip_score([1.0, 1.0], TEXTS[:2], [np.array([[1.0, 0.0]])])
 
 
+@pytest.mark.parametrize("bad", [np.nan, np.inf])
+def test_an_embedding_that_is_not_finite_is_refused_not_scored_0(bad):
+    # A NaN caption embedding (a half precision overflow gives inf, and inf / inf = NaN) has a NaN cosine: CLIP-S was
+    # NaN but RefCLIP-S 0.0, since the harmonic mean's "total > 0" is False for NaN: a made-up 0 in the mean.
+    texts = np.array([[bad, 1.0], [0.6, 0.8]])
+    with pytest.raises(ValueError, match="caption embeddings: 1 embedding.* not finite, the first of row 0"):
+        clip_score(IMAGES[:2], texts)
+    with pytest.raises(ValueError, match="caption embeddings: 1 embedding.* not finite"):
+        ref_clip_score([1.5, 2.0], texts, [np.array([[0.0, 1.0]]), np.array([[0.6, 0.8]])])
+    with pytest.raises(ValueError, match="reference embeddings of candidate 1: 1 embedding.* not finite"):
+        ref_clip_score([1.5, 2.0], TEXTS[:2], [np.array([[0.0, 1.0]]), np.array([[1.0, 0.0], [bad, 0.8]])])
+    with pytest.raises(ValueError, match="image embeddings: 1 embedding.* not finite"):
+        clip_score(texts[::-1], TEXTS[:2])
+
+
 def test_prefix_auto_world_tokenizer_has_no_prefix_words():
     assert resolve_prefix(world_tokenizer(), None) == ""  # "photo", "depicts" are <unk> in the world vocabulary
     assert resolve_prefix(world_tokenizer(), "a") == "a"  # explicit wins
@@ -114,3 +129,15 @@ def test_clipscore_class_prefix_and_means():
     assert stub.cache_dirs == [None]  # only the call with references: they go through the text cache (off here)
     CLIPScore(stub, [Rec(0, Path("0.png"))], cache_dir="c")({0: "x"}, {0: ["r"]})
     assert stub.cache_dirs[-1] == "c"
+
+
+def test_clipscore_class_names_the_image_whose_embedding_is_not_finite():
+    stub = StubRetriever()
+    cs = CLIPScore(stub, [Rec(0, Path("0.png")), Rec(2, Path("2.png"))])
+    embed = stub.embed_texts
+    stub.embed_texts = lambda texts: torch.where(torch.tensor([t.endswith("y") for t in texts])[:, None],
+                                                 torch.nan, embed(texts))  # fmt: skip
+    with pytest.raises(ValueError, match="caption embeddings: 1 embedding.* the first of image 2"):
+        cs({0: "x", 2: "y"})
+    with pytest.raises(ValueError, match="reference embeddings: 1 embedding.* the first of image 2"):
+        cs({0: "x", 2: "x"}, {0: ["r"], 2: ["x", "y"]})

@@ -196,3 +196,6 @@ def test_the_suite_refuses_captions_given_as_strings_and_scores_the_predicted_im
     assert corpus == alone and list(items) == [1]
     with pytest.raises(ValueError, match="samples: none is of a predicted image"):
         evaluate({3: "a dog"}, None, metrics="diversity", samples=samples)
+    # a predicted image without samples was left out of the means silently: Div-1 of image 1 passed for both images'
+    with pytest.raises(ValueError, match=r"samples: none for 1 of the 2 predicted images, e.g. \[3\]"):
+        evaluate({1: "a red circle", 3: "a dog"}, None, metrics="diversity", samples=samples)

@@ -99,6 +99,13 @@ def test_without_start_or_eos_the_first_token_is_context():
     assert out["perplexity"] == pytest.approx(math.exp(nll / 2), rel=1e-5)
     with pytest.raises(ValueError, match="no eos_token_id"):
         Perplexity(model, tok)
+    # an empty caption is then no token at all: a batch of such ones made a (B, 0) forward pass, which GPT-2 refuses
+    # ("cannot reshape tensor of 0 elements"); it predicts nothing and the other captions' value is unchanged
+    one = Perplexity(model, tok, add_eos=False, batch_size=1)
+    assert one(["", "a red circle", ""]) == out
+    assert math.isnan(one.per_item({1: ""})[1])
+    with pytest.raises(ValueError, match="no token to predict"):
+        one([""])
 
 
 def test_batch_size_does_not_change_the_result():

@@ -52,15 +52,25 @@ def _np(x: Any) -> np.ndarray:
     return np.asarray(x, dtype=np.float64)
 
 
-def _unit(x: Any) -> np.ndarray:
+def _unit(x: Any, what: str, names: Sequence[Hashable] | None = None) -> np.ndarray:
+    """``x`` scaled to unit norm along its last axis. An embedding that is not finite (NaN or infinite: a half
+    precision overflow) is a ``ValueError`` naming ``what`` and its row (its image id when ``names`` gives the rows'),
+    as self-retrieval refuses such scores (:func:`finecap.metrics.retrieval.as_score_matrix`): its cosine is NaN,
+    which the clipping of RefCLIP-S would turn into a made-up 0."""
     x = _np(x)
+    bad = ~np.isfinite(x).reshape(-1, x.shape[-1]).all(axis=-1) if x.size else np.zeros(0, dtype=bool)  # (rows,)
+    if bad.any():
+        row = int(np.flatnonzero(bad)[0])
+        first = f"image {names[row]!r}" if names is not None else f"row {row}"
+        raise ValueError(f"{what}: {int(bad.sum())} embedding(s) are not finite, the first of {first}; is the "
+                         "retriever's output finite?")  # fmt: skip
     norm = np.linalg.norm(x, axis=-1, keepdims=True)
     return x / np.maximum(norm, 1e-12)
 
 
 def clip_score(image_emb: Any, text_emb: Any, w: float = W) -> np.ndarray:
     """Per-pair CLIP-S ``(N,)`` = ``w * max(cos(image_n, text_n), 0)`` (inputs need not be normalised)."""
-    image_emb, text_emb = _unit(image_emb), _unit(text_emb)
+    image_emb, text_emb = _unit(image_emb, "image embeddings"), _unit(text_emb, "caption embeddings")
     if image_emb.shape != text_emb.shape:
         raise ValueError(f"image embeddings {image_emb.shape} and caption embeddings {text_emb.shape} must match")
     return w * np.clip((image_emb * text_emb).sum(axis=-1), 0.0, None)
@@ -74,12 +84,12 @@ def ref_clip_score(clip_scores: Any, text_emb: Any, ref_embs: Sequence[Any]) -> 
         text_emb: ``(N, D)`` candidate caption embeddings.
         ref_embs: per candidate, a ``(R_n, D)`` array of its reference embeddings (``R_n >= 1``).
     """
-    clip_scores, text_emb = _np(clip_scores), _unit(text_emb)
+    clip_scores, text_emb = _np(clip_scores), _unit(text_emb, "caption embeddings")
     if len(ref_embs) != len(text_emb):
         raise ValueError(f"{len(text_emb)} candidates but {len(ref_embs)} reference sets")
     ref_part = np.empty(len(text_emb))
     for n, refs in enumerate(ref_embs):
-        refs = _unit(refs).reshape(-1, text_emb.shape[-1])  # (R_n, D)
+        refs = _unit(refs, f"reference embeddings of candidate {n}").reshape(-1, text_emb.shape[-1])  # (R_n, D)
         if not len(refs):
             raise ValueError(f"candidate {n} has no references")
         ref_part[n] = max(float((refs @ text_emb[n]).max()), 0.0)
@@ -161,10 +171,10 @@ class CLIPScore:
             raise KeyError(f"predictions for images not among the CLIPScore images: {missing[:5]}")
         encoding = encode_texts(self.retriever, with_prefix([predictions[i] for i in ids], self.prefix), ids)
         log_note(encoding, "clipscore")
-        text_emb = _np(encoding.embeddings)
-        image_emb = self.image_emb[[self.row[i] for i in ids]]
+        text_emb = _unit(encoding.embeddings, "caption embeddings", ids)
+        image_emb = _unit(self.image_emb[[self.row[i] for i in ids]], "image embeddings", ids)
         cs = clip_score(image_emb, text_emb, self.w)
-        cos = (_unit(image_emb) * _unit(text_emb)).sum(axis=-1)  # (N,) unclipped cosines for NDLB's ClipSc
+        cos = (image_emb * text_emb).sum(axis=-1)  # (N,) unclipped cosines for NDLB's ClipSc
         out = {i: {"CLIPScore": float(s), "ClipSc": NDLB_SCALE * float(c)} for i, s, c in zip(ids, cs, cos)}
         if references is not None:
             no_refs = [i for i in ids if not references.get(i)]
@@ -172,7 +182,8 @@ class CLIPScore:
                 raise KeyError(f"no references for images {no_refs[:5]}")
             flat = [r for i in ids for r in references[i]]
             # the references are the same for every system scored on a data set: cached with the image features
-            flat_emb = _np(self.retriever.text_embeddings(with_prefix(flat, self.prefix), self.cache_dir))
+            flat_emb = _unit(self.retriever.text_embeddings(with_prefix(flat, self.prefix), self.cache_dir),
+                             "reference embeddings", [i for i in ids for _ in references[i]])  # fmt: skip
             bounds = np.cumsum([0] + [len(references[i]) for i in ids])
             refs = [flat_emb[a:b] for a, b in zip(bounds[:-1], bounds[1:])]
             for i, r in zip(ids, ref_clip_score(cs, text_emb, refs)):

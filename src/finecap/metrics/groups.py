@@ -137,6 +137,10 @@ def _diversity(ctx: EvalContext) -> dict[str, float]:
     mine = {i: caps for i in ctx.predictions if (caps := scene_of(i, samples)) is not None}  # the evaluated images'
     if not mine:
         raise ValueError("samples: none is of a predicted image (the images evaluated are those of the predictions)")
+    missing = [i for i in ctx.predictions if i not in mine]
+    if missing:  # a mean over the images that have samples would pass for the predictions' (faithfulness refuses too)
+        raise ValueError(f"samples: none for {len(missing)} of the {len(ctx.predictions)} predicted images, e.g. "
+                         f"{missing[:5]}; Div-1, Div-2 and mBLEU-4 average over every predicted image")  # fmt: skip
     corpus, per = set_diversity_per_item({i: [tokenize(c) for c in caps] for i, caps in mine.items()})
     # Div-n is the mean of its per-image values; mBLEU-4 is not (corpus BLEU per sample round), so it has none
     ctx.add_items({i: {"Div-1": v["Div-1"], "Div-2": v["Div-2"]} for i, v in per.items()}, ["Div-1", "Div-2"])

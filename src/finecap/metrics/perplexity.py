@@ -128,6 +128,8 @@ class Perplexity:
         for start in range(0, len(order), self.batch_size):
             idx = order[start : start + self.batch_size]
             length = max(len(seqs[i]) for i in idx)
+            if length == 0:  # empty captions without a start or end token: nothing to predict, no forward pass
+                continue
             ids = torch.full((len(idx), length), self.pad_id, dtype=torch.long)  # (B, T)
             mask = torch.zeros((len(idx), length), dtype=torch.long)  # (B, T)
             for row, i in enumerate(idx):

@@ -237,7 +237,7 @@ def evaluate() -> dict[str, float]:
         images: records (``image_id``, ``path``) of the retrieval pool; must include every predicted image.
         scenes: ``{image_id: Scene}`` for ``faithfulness``.
         bags: ``{size: [[image_id, ...], ...]}`` (or a plain list of bags) for ``bags``.
-        samples: ``{image_id: [sampled captions]}`` for ``diversity``.
+        samples: ``{image_id: [sampled captions]}`` for ``diversity`` (every predicted image needs its own).
         instances: a COCO ``instances_*.json`` (or its ``{image_id: categories}``,
             :func:`finecap.metrics.hallucination.read_instances`) for ``hallucination``; default ``eval.instances``.
         cfg: configuration (``eval.*``, ``run.cache_dir``, ``retriever.*``); default: the defaults.
