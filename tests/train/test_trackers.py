@@ -70,6 +70,28 @@ def test_tensorboard_and_jsonl_with_accumulation(make_cfg, tmp_path):
     assert logged.splitlines()[0].split(": ", 1)[1] == val["text"]["captions"].splitlines()[0].split(": ", 1)[1]
 
 
+def test_a_resumed_run_shows_each_step_once_in_tensorboard(make_cfg):
+    # killed after step 5, resumed from the step-3 checkpoint: the killed run's events of steps 4-5 stayed in its
+    # event file and the resumed run logged them again, so TensorBoard showed steps 1, 2, 3, 4, 5, 4, 5, 6
+    event_accumulator = pytest.importorskip(
+        "tensorboard.backend.event_processing.event_accumulator", reason="tensorboard is a test dependency"
+    )
+    from finecap.train.run import train
+    from helpers.resume import Killed, kill_at, train_events
+
+    cfg = make_cfg("train.max_steps=6", "train.save_every=3", "train.eval_every=3",
+                   "train.log_with=[jsonl,tensorboard]")  # fmt: skip
+    with pytest.raises(Killed):
+        train(cfg, callbacks=[kill_at(5)])
+    run_dir = train(cfg, resume=True)
+    acc = event_accumulator.EventAccumulator(str(run_dir / "trackers" / "finecap"), size_guidance={"scalars": 0})
+    acc.Reload()
+    assert [e.step for e in acc.Scalars("train/loss")] == [1, 2, 3, 4, 5, 6]
+    logged = [(e.step, pytest.approx(e.value, rel=1e-6)) for e in acc.Scalars("train/loss")]
+    assert logged == train_events(run_dir)  # the resumed run's values, as metrics.jsonl holds them
+    assert [e.step for e in acc.Scalars("val/loss")] == [3, 6]
+
+
 def test_a_tracker_that_is_not_installed_is_refused_before_training(make_cfg, monkeypatch):
     import accelerate.tracking
 

@@ -78,20 +78,29 @@ MLFLOW_URI_ENV = "MLFLOW_TRACKING_URI"
 
 
 @contextlib.contextmanager
-def placed_trackers(log_with: Sequence[str], folder: Path, main: bool = True) -> Iterator[dict[str, dict[str, str]]]:
+def placed_trackers(
+    log_with: Sequence[str], folder: Path, main: bool = True, resumed_at: int | None = None
+) -> Iterator[dict[str, dict[str, Any]]]:
     """For the length of a run: ``init_kwargs`` of ``accelerator.init_trackers`` placing each tracker of
     ``log_with`` that would write into the working directory under ``folder`` (``<run>/trackers``), unless its own
     environment variable places it (:data:`PLACES`); mlflow, whose local default is ``./mlruns`` and which reads its
     tracking URI at every call, gets ``MLFLOW_TRACKING_URI=file:<folder>/mlruns`` while the run lasts when the
     variable is unset (given back after, so a next run in the process is placed in its own folder). Nothing on
-    processes other than the main one (``main=False``), where trackers do not start."""
-    places: dict[str, dict[str, str]] = {}
+    processes other than the main one (``main=False``), where trackers do not start.
+
+    ``resumed_at``: the step of the checkpoint a resumed run continues from. TensorBoard's writer then gets
+    ``purge_step=resumed_at + 1``, so the events the killed run logged after that checkpoint (written again by the
+    resumed run) are hidden, as ``metrics.jsonl`` drops them (:func:`finecap.train.state.truncate_metrics`);
+    without it TensorBoard shows those steps twice."""
+    places: dict[str, dict[str, Any]] = {}
     for name in log_with if main else ():
         if name in PLACES and not os.environ.get(PLACES[name][1]):
             keyword, _, sub = PLACES[name]
             place = folder / sub if sub else folder
             place.mkdir(parents=True, exist_ok=True)
             places[name] = {keyword: str(place)}
+    if main and resumed_at is not None and "tensorboard" in log_with:
+        places.setdefault("tensorboard", {})["purge_step"] = resumed_at + 1  # SummaryWriter: steps >= it hidden
     mlflow = main and "mlflow" in log_with and not os.environ.get(MLFLOW_URI_ENV)
     if mlflow:
         (folder / "mlruns").mkdir(parents=True, exist_ok=True)

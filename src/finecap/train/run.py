@@ -406,7 +406,9 @@ def _train(
         write_fingerprints(run_dir, cfg, model_dir(resume_from) if resume_from is not None else None)
     # trackers write under <run>/trackers, never the working directory, for the whole run (mlflow reads its tracking
     # URI at every call); wandb records the command line when it starts
-    with placed_trackers(cfg.train.log_with, run_dir / TRACKERS_DIR, accelerator.is_main_process) as places:
+    resumed_at = engine.state.step if resume_from is not None else None  # the killed run's later steps are hidden
+    with placed_trackers(cfg.train.log_with, run_dir / TRACKERS_DIR, accelerator.is_main_process,
+                         resumed_at) as places:  # fmt: skip
         with masked_argv():
             accelerator.init_trackers("finecap", config=tracker_config(saved), init_kwargs=places)
         try:
