@@ -191,6 +191,28 @@ def test_tampered_weights_are_refused_naming_the_file_and_tensor(made, tmp_path,
     refusal_everywhere(checkpoint, made, tmp_path, f"model/{file}: ", VARIANTS[variant], shown)
 
 
+PICKLED_IN_PLACE = [("clipcap", "lm"), ("vlm", ""), ("blip", "")]
+"""The ``save_pretrained`` folders of each checkpoint (under ``model/``) whose weights are swapped for a pickle."""
+
+
+@pytest.mark.parametrize(("backbone", "folder"), PICKLED_IN_PLACE, ids=[b for b, _ in PICKLED_IN_PLACE])
+def test_a_pickled_weights_file_in_place_of_safetensors_is_never_unpickled(made, tmp_path, monkeypatch, backbone,
+                                                                           folder):  # fmt: skip
+    """The same tensors as a ``pytorch_model.bin`` (a pickle that only holds tensors, which torch's
+    ``weights_only=True`` unpickler accepts): transformers loaded it and the checkpoint captioned; the load is refused,
+    naming the file, and torch never unpickles anything."""
+    checkpoint = copy_of(made, backbone, tmp_path)
+    weights = checkpoint / "model" / folder / "model.safetensors"
+    torch.save(load_file(str(weights)), weights.with_name("pytorch_model.bin"))
+    weights.unlink()
+    unpickled: list[str] = []
+    real_load = torch.load
+    monkeypatch.setattr(torch, "load", lambda f, *a, **k: unpickled.append(str(f)) or real_load(f, *a, **k))
+    named = Path("model", folder, "pytorch_model.bin").as_posix()
+    refusal_everywhere(checkpoint, made, tmp_path, f"{named}: ", "never unpickles")
+    assert unpickled == []
+
+
 def test_an_adapter_planted_at_the_top_of_a_model_folder_is_refused(made, tmp_path):
     """transformers' ``from_pretrained`` loads a peft adapter it finds beside a model's weights, unasked."""
     checkpoint = copy_of(made, "vlm", tmp_path)
