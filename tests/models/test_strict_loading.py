@@ -213,6 +213,28 @@ def test_a_pickled_weights_file_in_place_of_safetensors_is_never_unpickled(made,
     assert unpickled == []
 
 
+@pytest.mark.parametrize("where", ["parent", "absolute"])
+def test_a_weights_index_naming_a_shard_outside_the_checkpoint_is_refused(made, tmp_path, where):
+    """``model.safetensors.index.json`` naming its shard by ``..`` or an absolute path: transformers read the weights
+    from there and the checkpoint captioned with another folder's weights; refused naming the index and the entry.
+    A shard named inside the folder loads."""
+    checkpoint = copy_of(made, "blip", tmp_path)
+    folder = checkpoint / "model"
+    with safe_open(str(folder / "model.safetensors"), framework="pt") as f:
+        names = list(f.keys())  # noqa: SIM118 (no __iter__)
+    inside = {name: "model.safetensors" for name in names}
+    (folder / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": inside}))
+    assert len(Captioner.from_pretrained(checkpoint, device="cpu").caption(made["image"])) == 1
+    outside = tmp_path / "elsewhere" / "shard.safetensors"
+    outside.parent.mkdir()
+    shutil.move(folder / "model.safetensors", outside)
+    shard = str(outside) if where == "absolute" else "../../elsewhere/shard.safetensors"
+    weight_map = dict.fromkeys(names, shard)
+    (folder / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
+    refusal_everywhere(checkpoint, made, tmp_path, "model/model.safetensors.index.json: weight_map[",
+                       f"names {shard!r}, outside the checkpoint folder")  # fmt: skip
+
+
 def test_an_adapter_planted_at_the_top_of_a_model_folder_is_refused(made, tmp_path):
     """transformers' ``from_pretrained`` loads a peft adapter it finds beside a model's weights, unasked."""
     checkpoint = copy_of(made, "vlm", tmp_path)

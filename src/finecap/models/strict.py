@@ -151,12 +151,21 @@ def load_module_state(module: nn.Module, file: str | Path) -> None:
 
 def weight_files(folder: Path) -> dict[str, Path]:
     """``{tensor name: its file}`` of a ``save_pretrained`` folder's safetensors weights (one file or an index of
-    shards); empty when it has neither (transformers then names what is missing)."""
+    shards); empty when it has neither (transformers then names what is missing). An index naming a shard outside
+    the folder (an absolute path, ``..``), which transformers would read, is refused naming the entry: a checkpoint
+    refers only to files it holds (a shard that is a link, as in a Hugging Face cache's snapshot, is the folder's)."""
     if (folder / INDEX).is_file():
         index = read_json(folder / INDEX)
         weight_map = index.get("weight_map") if isinstance(index, dict) else None
         if not isinstance(weight_map, dict):
             raise CheckpointError(f"{folder / INDEX}: no weight_map of tensor names to files")
+        for name, shard in weight_map.items():
+            written = os.path.normpath(str(shard))
+            if os.path.isabs(written) or written.split(os.sep)[0] == os.pardir:
+                raise CheckpointError(
+                    f"{folder / INDEX}: weight_map[{str(name)!r}] names {str(shard)!r}, outside the checkpoint folder "
+                    f"{folder}; refused (a checkpoint refers only to files it holds): copy the checkpoint again"
+                )
         return {str(k): folder / str(v) for k, v in weight_map.items()}
     file = folder / SINGLE  # named ``file``: a damaged header is reported with this file (finecap.errors)
     if file.is_file():
