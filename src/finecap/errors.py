@@ -173,6 +173,14 @@ PICKLED = "the weights are a pickle (e.g. pytorch_model.bin), which can run code
 REMOTE_CODE = "the checkpoint asks to run its own Python code (an auto_map in its config.json)"
 
 
+def pickled_message(path: str | None) -> str:
+    """The one line refusing the pickled weights file ``path`` (``None``: unknown) of a checkpoint or run folder."""
+    return (
+        f"{_prefix(path)}{PICKLED}: finecap never unpickles a file of a checkpoint or run folder, so it is not "
+        "loaded; use the checkpoint's safetensors weights (model.safetensors)"
+    )
+
+
 def _is_pickle_error(exc: BaseException) -> bool:
     """torch's refusal to unpickle more than tensors (``weights_only=True``), whose message advises
     ``weights_only=False``: finecap names the file and never repeats that advice."""
@@ -221,10 +229,7 @@ def explain(exc: BaseException) -> str | None:
             return os_message(exc)
         return _hub_id_message(exc) or " ".join(str(exc).split()) or type(exc).__name__
     if _is_pickle_error(exc):
-        return (
-            f"{_prefix(culprit_path(exc))}{PICKLED}: finecap never unpickles a file of a checkpoint or run "
-            "folder, so it is not loaded; use the checkpoint's safetensors weights (model.safetensors)"
-        )
+        return pickled_message(culprit_path(exc))
     if _is_remote_code_error(exc):
         return (
             f"{_prefix(culprit_path(exc))}{REMOTE_CODE}; finecap never runs code from a checkpoint "

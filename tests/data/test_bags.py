@@ -248,6 +248,39 @@ def test_the_neighbour_table_is_cached_by_captions_too(world_and_clip, monkeypat
     assert searched == [1]  # other captions: searched again, not the first table
 
 
+def test_the_neighbour_table_cache_is_never_unpickled_nor_used_when_tampered(world_and_clip, monkeypatch):
+    # the table was a torch.save pickle read back with torch.load, and any table of the right shape was used: one of
+    # zeros (every bag built around image 0), of indices past the images, or of floats trained on silently
+    from safetensors import safe_open
+    from safetensors.torch import save_file
+
+    import finecap.data.bags as bags
+    from finecap.config import load
+    from finecap.data.datasets import load_records
+
+    root = world_and_clip
+    cfg = load(None, [f"world.out={root / 'world'}", f"retriever.checkpoint={root / 'clip'}",
+                      f"run.cache_dir={root / 'cache-3'}"])  # fmt: skip
+    records = load_records(cfg, "train")
+    first = bags.neighbour_table(cfg, records)
+    monkeypatch.setattr(torch, "load", lambda *a, **k: pytest.fail("the cached table was unpickled"))
+    searched = []
+    real = bags.nearest_neighbours
+    monkeypatch.setattr(bags, "nearest_neighbours", lambda *a, **k: searched.append(1) or real(*a, **k))
+    assert bags.neighbour_table(cfg, records).tolist() == first.tolist() and searched == []  # cached, read as is
+    (cached,) = (root / "cache-3" / "train_bags").iterdir()
+    with safe_open(str(cached), "pt") as f:
+        metadata = f.metadata()
+    n = len(records)
+    swapped = first.clone()
+    swapped[:, 0] = torch.arange(n)  # each image its own first neighbour
+    tampered = [torch.zeros_like(first), first + n, first.float(), swapped, first[:, :1].repeat(1, first.shape[1])]
+    for i, table in enumerate(tampered, start=1):
+        save_file({"features": table.contiguous()}, str(cached), metadata=metadata)
+        assert bags.neighbour_table(cfg, records).tolist() == first.tolist() and searched == [1] * i  # searched again
+    assert bags.neighbour_table(cfg, records).tolist() == first.tolist() and searched == [1] * len(tampered)
+
+
 def test_any_run_seed_makes_bags_and_keep_hardest_counts_exactly():
     # a negative run.seed (which the configuration takes) crashed numpy's generator at the first bag epoch; 0.07 of
     # 100 bags kept 8 (7.000000000000001 rounded up)

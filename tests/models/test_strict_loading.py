@@ -191,6 +191,50 @@ def test_tampered_weights_are_refused_naming_the_file_and_tensor(made, tmp_path,
     refusal_everywhere(checkpoint, made, tmp_path, f"model/{file}: ", VARIANTS[variant], shown)
 
 
+PICKLED_IN_PLACE = [("clipcap", "lm"), ("vlm", ""), ("blip", "")]
+"""The ``save_pretrained`` folders of each checkpoint (under ``model/``) whose weights are swapped for a pickle."""
+
+
+@pytest.mark.parametrize(("backbone", "folder"), PICKLED_IN_PLACE, ids=[b for b, _ in PICKLED_IN_PLACE])
+def test_a_pickled_weights_file_in_place_of_safetensors_is_never_unpickled(made, tmp_path, monkeypatch, backbone,
+                                                                           folder):  # fmt: skip
+    """The same tensors as a ``pytorch_model.bin`` (a pickle that only holds tensors, which torch's
+    ``weights_only=True`` unpickler accepts): transformers loaded it and the checkpoint captioned; the load is refused,
+    naming the file, and torch never unpickles anything."""
+    checkpoint = copy_of(made, backbone, tmp_path)
+    weights = checkpoint / "model" / folder / "model.safetensors"
+    torch.save(load_file(str(weights)), weights.with_name("pytorch_model.bin"))
+    weights.unlink()
+    unpickled: list[str] = []
+    real_load = torch.load
+    monkeypatch.setattr(torch, "load", lambda f, *a, **k: unpickled.append(str(f)) or real_load(f, *a, **k))
+    named = Path("model", folder, "pytorch_model.bin").as_posix()
+    refusal_everywhere(checkpoint, made, tmp_path, f"{named}: ", "never unpickles")
+    assert unpickled == []
+
+
+@pytest.mark.parametrize("where", ["parent", "absolute"])
+def test_a_weights_index_naming_a_shard_outside_the_checkpoint_is_refused(made, tmp_path, where):
+    """``model.safetensors.index.json`` naming its shard by ``..`` or an absolute path: transformers read the weights
+    from there and the checkpoint captioned with another folder's weights; refused naming the index and the entry.
+    A shard named inside the folder loads."""
+    checkpoint = copy_of(made, "blip", tmp_path)
+    folder = checkpoint / "model"
+    with safe_open(str(folder / "model.safetensors"), framework="pt") as f:
+        names = list(f.keys())  # noqa: SIM118 (no __iter__)
+    inside = {name: "model.safetensors" for name in names}
+    (folder / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": inside}))
+    assert len(Captioner.from_pretrained(checkpoint, device="cpu").caption(made["image"])) == 1
+    outside = tmp_path / "elsewhere" / "shard.safetensors"
+    outside.parent.mkdir()
+    shutil.move(folder / "model.safetensors", outside)
+    shard = str(outside) if where == "absolute" else "../../elsewhere/shard.safetensors"
+    weight_map = dict.fromkeys(names, shard)
+    (folder / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
+    refusal_everywhere(checkpoint, made, tmp_path, "model/model.safetensors.index.json: weight_map[",
+                       f"names {shard!r}, outside the checkpoint folder")  # fmt: skip
+
+
 def test_an_adapter_planted_at_the_top_of_a_model_folder_is_refused(made, tmp_path):
     """transformers' ``from_pretrained`` loads a peft adapter it finds beside a model's weights, unasked."""
     checkpoint = copy_of(made, "vlm", tmp_path)

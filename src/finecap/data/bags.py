@@ -49,7 +49,6 @@ Example::
 from __future__ import annotations
 
 import hashlib
-import io
 import json
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -58,13 +57,12 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
-from finecap.data.features import fingerprint_data
+from finecap.data.features import cached_tensor, fingerprint_data
 from finecap.data.samplers import GlobalBatchSampler, RandomBatches, shard
 from finecap.data.truematch import nearest_neighbours, record_embeddings
 from finecap.home import cache_dir
 from finecap.models.retriever import load_retriever
 from finecap.registry import requires
-from finecap.utils.files import atomic_write_bytes
 
 if TYPE_CHECKING:
     from finecap.config import Config
@@ -292,20 +290,36 @@ def neighbour_table(cfg: Config, records: Sequence[Any], k: int = TOP_K) -> torc
     k = min(k, len(records) - 1)
     captions = hashlib.sha256(json.dumps([list(r.captions) for r in records]).encode()).hexdigest()[:16]
     key = f"{retriever.identity()}-{fingerprint_data(records)}-{captions}-k{k}"
-    path = cache_dir(cfg.run) / "train_bags" / f"{key}.pt"
-    if path.exists():
-        try:
-            table = torch.load(path, weights_only=True)
-            if tuple(table.shape) == (len(records), k):
-                return table
-        except Exception:  # a truncated or foreign file is recomputed, never trusted
-            pass
-    emb = record_embeddings(retriever, records, cache_dir(cfg.run))
-    _, table = nearest_neighbours(emb, k, device=retriever.device)
-    buffer = io.BytesIO()
-    torch.save(table, buffer)
-    atomic_write_bytes(path, buffer.getvalue())
-    return table
+    path = cache_dir(cfg.run) / "train_bags" / f"{key}.safetensors"  # never a pickle: nothing there is unpickled
+
+    def search() -> torch.Tensor:
+        emb = record_embeddings(retriever, records, cache_dir(cfg.run))
+        return nearest_neighbours(emb, k, device=retriever.device)[1]
+
+    return cached_tensor(path, {"key": key}, search, valid=lambda t: is_neighbour_table(t, len(records), k))
+
+
+def is_neighbour_table(table: torch.Tensor, n: int, k: int) -> bool:
+    """Whether ``table`` can be an ``(n, k)`` neighbour table of :func:`neighbour_table`: integer indices of images
+    ``0..n-1``, none an image's own, none twice in a row. A cached file that is not (a damaged or tampered one: all
+    zeros would build every bag around image 0) is searched again, never used.
+
+    Example::
+
+        >>> is_neighbour_table(torch.tensor([[1, 2], [2, 0], [0, 1]]), 3, 2)
+        True
+        >>> is_neighbour_table(torch.tensor([[1, 1], [2, 0], [0, 1]]), 3, 2)  # image 1 twice in the first row
+        False
+    """
+    if table.dtype != torch.long or tuple(table.shape) != (n, k):
+        return False
+    if n == 0 or k == 0:
+        return True
+    if int(table.min()) < 0 or int(table.max()) >= n:
+        return False
+    own = torch.arange(n).unsqueeze(1)  # (n, 1)
+    ordered = table.sort(dim=1).values  # (n, k)
+    return not bool((table == own).any()) and not bool((ordered[:, 1:] == ordered[:, :-1]).any())
 
 
 @requires("retriever")

@@ -206,11 +206,13 @@ def _load(path: Path, wanted: dict[str, str]) -> torch.Tensor | None:
         return None
 
 
-def cached_tensor(path: Path, meta: dict[str, str], compute: Callable[[], torch.Tensor]) -> torch.Tensor:
-    """The tensor stored in the safetensors file ``path`` when its metadata equal ``meta``; otherwise ``compute()``,
-    written there atomically (with ``meta``) and returned. Unreadable or mismatching files are recomputed."""
+def cached_tensor(path: Path, meta: dict[str, str], compute: Callable[[], torch.Tensor],
+                  valid: Callable[[torch.Tensor], bool] | None = None) -> torch.Tensor:  # fmt: skip
+    """The tensor stored in the safetensors file ``path`` when its metadata equal ``meta`` (and ``valid`` accepts
+    it, when given); otherwise ``compute()``, written there atomically (with ``meta``) and returned. Unreadable,
+    mismatching or invalid files are recomputed."""
     stored = _load(path, meta)
-    if stored is not None:
+    if stored is not None and (valid is None or valid(stored)):
         return stored
     tensor = compute()
     atomic_write_bytes(path, save_safetensors({"features": tensor.contiguous()}, metadata=meta))

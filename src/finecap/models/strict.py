@@ -37,6 +37,7 @@ from safetensors import safe_open
 from safetensors.torch import load_file
 from torch import nn
 
+from finecap.errors import pickled_message
 from finecap.runs import CheckpointError
 from finecap.utils.reading import read_json
 
@@ -46,6 +47,9 @@ RECOVER = ("refused, as a tensor the model lacks keeps random weights and one it
            "checkpoint again from where it came from, or use another checkpoint of the run")  # fmt: skip
 SINGLE, INDEX = "model.safetensors", "model.safetensors.index.json"
 """The weight files of a ``save_pretrained`` folder: one file, or shards listed in an index."""
+PICKLED_WEIGHTS = ("pytorch_model.bin", "pytorch_model.bin.index.json")
+"""transformers' names of pickled weights (one file, or an index of shards), which a checkpoint folder's load never
+reads (:func:`load_pretrained`)."""
 ADAPTER_CONFIG = "adapter_config.json"
 
 
@@ -147,12 +151,21 @@ def load_module_state(module: nn.Module, file: str | Path) -> None:
 
 def weight_files(folder: Path) -> dict[str, Path]:
     """``{tensor name: its file}`` of a ``save_pretrained`` folder's safetensors weights (one file or an index of
-    shards); empty when it has neither (transformers then names what is missing)."""
+    shards); empty when it has neither (transformers then names what is missing). An index naming a shard outside
+    the folder (an absolute path, ``..``), which transformers would read, is refused naming the entry: a checkpoint
+    refers only to files it holds (a shard that is a link, as in a Hugging Face cache's snapshot, is the folder's)."""
     if (folder / INDEX).is_file():
         index = read_json(folder / INDEX)
         weight_map = index.get("weight_map") if isinstance(index, dict) else None
         if not isinstance(weight_map, dict):
             raise CheckpointError(f"{folder / INDEX}: no weight_map of tensor names to files")
+        for name, shard in weight_map.items():
+            written = os.path.normpath(str(shard))
+            if os.path.isabs(written) or written.split(os.sep)[0] == os.pardir:
+                raise CheckpointError(
+                    f"{folder / INDEX}: weight_map[{str(name)!r}] names {str(shard)!r}, outside the checkpoint folder "
+                    f"{folder}; refused (a checkpoint refers only to files it holds): copy the checkpoint again"
+                )
         return {str(k): folder / str(v) for k, v in weight_map.items()}
     file = folder / SINGLE  # named ``file``: a damaged header is reported with this file (finecap.errors)
     if file.is_file():
@@ -192,9 +205,10 @@ def _without_load_report() -> Iterator[None]:
 def load_pretrained(auto_cls: Any, folder: str | Path, **kwargs: Any) -> nn.Module:
     """``auto_cls.from_pretrained(folder, **kwargs)`` of a folder a checkpoint holds, refused unless its weights fit
     the model exactly (module docstring): missing, unexpected, mismatched tensors and transformers' own loading
-    errors, tensors of another kind, non-finite values. A peft adapter at the top of the folder
-    (``adapter_config.json``), which transformers would load into the model unasked, is refused too: finecap keeps
-    adapters in subfolders and loads them itself (:mod:`finecap.models.lora`)."""
+    errors, tensors of another kind, non-finite values. Only safetensors weights are read (``use_safetensors=True``):
+    a pickled ``pytorch_model.bin`` in their place is refused, naming it, and never unpickled. A peft adapter at the
+    top of the folder (``adapter_config.json``), which transformers would load into the model unasked, is refused
+    too: finecap keeps adapters in subfolders and loads them itself (:mod:`finecap.models.lora`)."""
     folder = Path(folder)
     if (folder / ADAPTER_CONFIG).exists():
         raise CheckpointError(
@@ -203,10 +217,13 @@ def load_pretrained(auto_cls: Any, folder: str | Path, **kwargs: Any) -> nn.Modu
             "remove it, or copy the checkpoint again"
         )
     files = weight_files(folder)
+    pickled = [folder / name for name in PICKLED_WEIGHTS if (folder / name).exists()]
+    if not files and pickled:  # transformers would unpickle it (torch.load, weights_only=True): never
+        raise CheckpointError(pickled_message(str(pickled[0])))
     try:
         with _without_load_report():
             model, info = auto_cls.from_pretrained(folder, output_loading_info=True, ignore_mismatched_sizes=True,
-                                                   **kwargs)  # fmt: skip
+                                                   use_safetensors=True, **kwargs)  # fmt: skip
     except RuntimeError as e:  # transformers' errors while loading tensors: the first line of their details
         lines = [line.strip() for line in str(e).splitlines() if line.strip()]
         if not lines or not lines[0].startswith(("Error(s) in loading state_dict", "We encountered some issues")):
