@@ -339,3 +339,11 @@ def test_a_malformed_vcb_or_transfer_results_file_is_a_named_error_before_any_wr
         with pytest.raises(ValueError, match=re.escape(where) + ": expected"):
             write_report(run, retrieval=False)
         assert not (run / "plots").exists() and not (run / "report.html").exists()
+
+
+def test_a_bag_outcome_lost_on_a_tie_shows_the_other_image_as_retrieved():
+    # a tie counts against the caption (rank 2, a miss), but the gallery showed its own image as the one retrieved
+    from finecap.report.gallery import bag_outcomes
+
+    tied, *_ = bag_outcomes([[0.4, 0.0, 0.4], [0.0, 0.5, 0.0], [0.0, 0.0, 0.5]], [7, 8, 9], {7: 0, 8: 1, 9: 2})
+    assert (tied.rank, tied.correct, tied.retrieved) == (2, False, 9)

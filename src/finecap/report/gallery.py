@@ -101,18 +101,21 @@ class BagOutcome:
 
 def bag_outcomes(scores: Any, bag: Sequence[Hashable], columns: Mapping[Hashable, int]) -> list[BagOutcome]:
     """Outcome of each bag image's caption; ``scores`` ``(len(bag), N)`` holds the caption of ``bag[q]`` in row ``q``
-    scored against every image, ``columns`` maps image ids to score columns.
+    scored against every image, ``columns`` maps image ids to score columns. A tie counts against the caption (as
+    ``bagN/R@1`` counts it): the image shown as retrieved is then the other one.
 
-    Example (caption of image 7 prefers image 8; image 8's caption prefers itself)::
+    Example (the caption of image 7 scores it and image 9 alike; image 8's prefers its own; image 9's prefers 8)::
 
-        >>> out = bag_outcomes([[0.2, 0.9], [0.1, 0.5]], [7, 8], {7: 0, 8: 1})
+        >>> out = bag_outcomes([[0.4, 0.0, 0.4], [0.1, 0.5, 0.3], [0.2, 0.9, 0.1]], [7, 8, 9], {7: 0, 8: 1, 9: 2})
         >>> [(o.image, o.retrieved, o.rank, o.correct) for o in out]
-        [(7, 8, 2, False), (8, 8, 1, True)]
+        [(7, 9, 2, False), (8, 8, 1, True), (9, 8, 3, False)]
     """
     scores = np.asarray(scores, dtype=np.float64)
     cols = np.array([columns[i] for i in bag], dtype=np.int64)  # (S,)
     if scores.shape[0] != len(bag):
         raise ValueError(f"bag_outcomes: {scores.shape[0]} score rows for a bag of {len(bag)} images")
     ranks = target_ranks(scores, cols, np.broadcast_to(cols, (len(bag), len(cols))))  # (S,)
-    best = scores[:, cols].argmax(axis=1)  # (S,) position in the bag of the highest-scoring image
+    others = scores[:, cols]  # (S, S) each caption against the bag's images
+    others[np.arange(len(bag)), np.arange(len(bag))] = -np.inf  # its own image left out
+    best = np.where(ranks == 1, np.arange(len(bag)), others.argmax(axis=1))  # (S,) position in the bag retrieved
     return [BagOutcome(bag[q], bag[int(best[q])], int(ranks[q])) for q in range(len(bag))]
