@@ -139,6 +139,18 @@ def test_error_names_the_caption_its_length_and_the_window():
     assert torch.isfinite(reward(["a red circle", "the big square"], call_batch([7, 8])).total).all()  # fits: scored
 
 
+def test_error_refuses_a_long_text_whose_embedding_the_cache_holds(tmp_path):
+    # the cached embeddings are truncate's (the same key), so a long text read from the cache skipped the refusal
+    texts = ["a red circle", f"{PREFIX} red circle"]
+    cached = tiny_retriever().text_embeddings(texts, cache_dir=tmp_path)
+    assert cached.shape[0] == 2
+    with pytest.raises(ValueError, match="retriever.long_text=error: text 1 .* has 23 tokens"):
+        with_mode(tiny_retriever(), "error").text_embeddings(texts, cache_dir=tmp_path)
+    fits = ["a red circle", "the big square"]
+    truncated = tiny_retriever().text_embeddings(fits, cache_dir=tmp_path)
+    assert torch.equal(with_mode(tiny_retriever(), "error").text_embeddings(fits, cache_dir=tmp_path), truncated)
+
+
 def test_truncated_counts_and_share_by_hand(tmp_path, caplog):
     r = tiny_retriever()
     words = (WORDS * 4)[:30]

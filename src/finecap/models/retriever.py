@@ -482,6 +482,8 @@ class Retriever:
         texts = list(texts)
         if cache_dir is None:
             return self.embed_texts(texts)
+        if self.long_text == "error":  # truncate's embeddings, cached under its key: a long text is refused anyway
+            self._refuse_long(texts, self.token_counts(texts), None)
         vocab = self.tokenizer.get_vocab()
         tokenizer = hashlib.sha256(json.dumps(sorted(vocab.items())).encode()).hexdigest()
         key = f"{self.identity()}|tokenizer {tokenizer}|max_length {self.max_length}|eos {self.pool_eos_id}"
