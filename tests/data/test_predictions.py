@@ -5,6 +5,7 @@ about; the length note."""
 
 from __future__ import annotations
 
+import codecs
 import contextlib
 import csv
 import importlib.util
@@ -187,6 +188,25 @@ def test_a_jsonl_line_whose_caption_holds_a_unicode_line_separator_is_one_line(t
     name, predictions = read_predictions(path)
     assert name == "llamafactory" and len(predictions.captions) == 2
     assert ["a dog\u2028on a deck\u0085at noon"] in predictions.captions.values()
+
+
+@pytest.mark.parametrize("name", ["llamafactory", "swift", "lmms-eval"])
+def test_a_jsonl_file_saved_with_a_byte_order_mark_reads_as_without(tmp_path, name):
+    # finecap's own JSONL readers skipped a BOM (a file saved by a Windows editor); these refused it as not JSON
+    rows = {
+        "llamafactory": [{"prompt": "", "predict": "a cat", "label": "a cat on a mat"}],
+        "swift": [{"response": "a cat", "labels": "a cat on a mat"}],
+    }
+    plain = tmp_path / "plain" / "generated_predictions.jsonl"
+    plain.parent.mkdir()
+    if name == "lmms-eval":
+        lmms_eval_log(plain, [1], ["a cat"], [["a cat on a mat"]])
+    else:
+        write_lines(plain, rows[name])
+    marked = tmp_path / plain.name
+    marked.write_bytes(codecs.BOM_UTF8 + plain.read_bytes())
+    assert read_predictions(plain)[0] == name
+    assert read_predictions(marked) == read_predictions(plain)
 
 
 def test_an_lmms_eval_image_listed_again_with_other_references_is_refused(tmp_path):

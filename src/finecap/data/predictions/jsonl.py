@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import codecs
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -13,8 +14,9 @@ from finecap.utils.reading import DATA_FILE, parse_json, read_bounded, text_line
 
 
 def records(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
-    """``(line number from 1, object)`` of each non-blank line; a :class:`DataError` naming the line otherwise."""
-    text = read_bounded(path, DATA_FILE).decode("utf-8", errors="strict")
+    """``(line number from 1, object)`` of each non-blank line (a byte-order mark before the first skipped); a
+    :class:`DataError` naming the line otherwise."""
+    text = read_bounded(path, DATA_FILE).decode("utf-8-sig", errors="strict")
     for n, line in enumerate(text_lines(text), 1):
         if not line.strip():
             continue
@@ -25,12 +27,13 @@ def records(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
 
 
 def first_record(path: Path, suffixes: tuple[str, ...] = (".jsonl", ".json")) -> dict[str, Any] | None:
-    """The first line of ``path`` as a JSON object when ``path`` has one of ``suffixes`` and that line is one."""
+    """The first line of ``path`` (after a byte-order mark) as a JSON object when ``path`` has one of ``suffixes``
+    and that line is one."""
     if path.suffix.lower() not in suffixes:
         return None
     try:
         with open(path, "rb") as f:
-            line = f.readline(1 << 24)
+            line = f.readline(1 << 24).removeprefix(codecs.BOM_UTF8)
         rec = parse_json(line, str(path), one_line=True)
     except (OSError, ValueError):
         return None
