@@ -52,6 +52,15 @@ def test_transparency_is_composited_onto_white_as_transformers_does(name, tmp_pa
         assert np.array_equal(np.asarray(load_image(tmp_path / "file.png")), ours)
 
 
+def test_a_premultiplied_grey_and_alpha_image_converts_as_its_plain_alpha_one():
+    # PIL converts mode La (made in memory, e.g. by a caller of the Python API) only to LA: to_rgb raised PIL's
+    # "conversion from La to L not supported"
+    plain = transparent_images()["LA"]
+    premultiplied = plain.convert("La")
+    assert np.array_equal(np.asarray(to_rgb(premultiplied)), np.asarray(to_rgb(premultiplied.convert("LA"))))
+    assert (np.asarray(to_rgb(premultiplied)) == 255).any()  # composited onto white
+
+
 def test_images_without_transparency_convert_as_pil_does():
     for mode, colour in (("L", 90), ("CMYK", (0, 255, 255, 0)), ("P", 3)):
         image = Image.new(mode, (3, 2), colour)

@@ -158,6 +158,8 @@ def to_rgb(image: Image.Image, name: str = "the image") -> Image.Image:
             f"{name}: floating-point image (PIL mode {image.mode}, values {low:g} to {high:g}): it has no one scale "
             "to 8-bit colour (0..1 would read as black); save it as an 8- or 16-bit image (PNG, JPEG, TIFF) first"
         )
+    if image.mode == "La":  # premultiplied grey + alpha (made in memory, e.g. by a caller): PIL converts it only to LA
+        image = image.convert("LA")
     if image.mode.startswith("I;16") or (image.mode == "I" and image.getextrema()[1] > 255):
         image = image.convert("I").point(lambda v: v * (1 / 257)).convert("L")  # 0..65535 -> 0..255
     if "A" in image.getbands() or "a" in image.getbands() or image.info.get("transparency") is not None:
