@@ -160,6 +160,13 @@ class Captioner:
             self._engine.close()
             self._engine = None
 
+    def __enter__(self) -> Captioner:
+        """``with Captioner.from_pretrained(path) as captioner:``: :meth:`close` on leaving the block."""
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
     def decode_settings(self, **decode: Any) -> Any:
         """The checkpoint's decoding settings (``cfg.decode``) with ``decode`` replacing some, each converted and
         checked as a recipe's value (``max_length="5"`` or ``5.7`` is a ``ConfigError`` naming ``decode.max_length``);

@@ -64,6 +64,16 @@ def test_the_api_and_the_command_share_their_captions(cap, run, files, tmp_path)
         assert cap.caption(files, **options) == [cli[f.name] for f in files]
 
 
+def test_a_with_block_closes_the_captioners_engine(run, files, monkeypatch):
+    closed = []
+    with Captioner.from_pretrained(run, device="cpu") as captioner:
+        assert captioner.caption(files[:1]) == EXPECTED[:1]
+        engine = captioner._engine
+        monkeypatch.setattr(engine, "close", lambda: closed.append(engine))
+    assert closed == [engine] and captioner._engine is None  # the engine freed, the model kept
+    assert captioner.caption(files[:1]) == EXPECTED[:1]  # a later call opens one again
+
+
 def test_batches_do_not_change_captions(cap, files):
     # decode.batch_size counts sequences: 1 -> one image per batch; 3 with 3 beams -> one image per batch too
     assert cap.caption(files * 3, batch_size=1) == cap.caption(files * 3) == EXPECTED * 3
