@@ -10,6 +10,7 @@ from collections import Counter
 from pathlib import Path
 
 import httpx
+import pytest
 from PIL import Image
 
 from finecap.boost.engine import (
@@ -285,8 +286,6 @@ def test_the_reply_is_read_as_json_reads_bytes_and_bounded_in_size():
     """The body is JSON's bytes, whatever charset the headers claim (UTF-8 under a latin-1 header read 'hÃ©llo'; a
     UTF-16 body was malformed; bytes that are no text were taken with replacement characters into a caption); a reply
     over MAX_REPLY_BYTES is malformed, read no further."""
-    import pytest
-
     from finecap.boost.engine import MalformedReply
     from finecap.boost.openai_backend import MAX_REPLY_BYTES
 
@@ -337,3 +336,36 @@ def test_a_refused_key_stops_the_run_with_its_own_reason_and_fails_no_cancelled_
     assert budget.failed_images == {result.failures[0].image_id}  # image i is at position i
     assert result.sent == len(server.seen)  # requests that went out; the cancelled unsent ones are not counted
     assert result.answers == {}
+
+
+def test_a_step_stopped_by_an_error_closes_its_progress_bar(tmp_path, monkeypatch):
+    # a library caller's KeyboardInterrupt (or a backend's own error) left the step's bar open on the terminal
+    import finecap.boost.engine as engine
+
+    bars = []
+
+    class Bar:
+        def __init__(self, *args, **kwargs):
+            self.closed = False
+            bars.append(self)
+
+        def update(self, n):
+            pass
+
+        def close(self):
+            self.closed = True
+
+    class Interrupted:
+        def identity(self):
+            return "interrupted"
+
+        def run(self, tasks):
+            raise KeyboardInterrupt
+            yield  # a generator, as backends are
+
+    monkeypatch.setattr(engine, "tqdm", Bar)
+    cache = AnswerCache(tmp_path / "cache.jsonl")
+    with pytest.raises(KeyboardInterrupt):
+        run_step("blend", _tasks(_records(tmp_path, 2)), Interrupted(), cache, 0)
+    cache.close()
+    assert [bar.closed for bar in bars] == [True]

@@ -400,47 +400,49 @@ def run_step(
         bar.update(1)
         out.stopped = out.stopped or budget.failed(task.index, error)
 
-    cancelled: Cancelled | None = None
-    for attempt in range(1, retries + 2):
-        if not pending or out.stopped:
-            break
-        malformed: list[tuple[Task, str]] = []
-        out.sent += len(pending)
-        last = attempt == retries + 1
-        with closing(iter(backend.run(pending))) as results:  # closing stops the backend when the run stops
-            for pos, answer in results:
-                task = pending[pos]
-                if isinstance(answer, Cancelled):  # the image is not done, and no failure of its own
-                    if not answer.sent:
-                        out.sent -= 1
-                    cancelled = cancelled or answer
-                    continue
-                if isinstance(answer, MalformedReply):
-                    reason, text = f"malformed reply: {answer}", None
-                elif isinstance(answer, BaseException):
-                    fail(task, answer, attempt)
-                    if out.stopped:
-                        break
-                    continue
-                else:
-                    reason, text = f"empty answer {answer!r:.200}", clean_answer(answer)
-                if text is None:
-                    if last:
-                        fail(task, reason, attempt)
+    try:  # the bar closed however the step ends (an interrupt, a backend's error)
+        cancelled: Cancelled | None = None
+        for attempt in range(1, retries + 2):
+            if not pending or out.stopped:
+                break
+            malformed: list[tuple[Task, str]] = []
+            out.sent += len(pending)
+            last = attempt == retries + 1
+            with closing(iter(backend.run(pending))) as results:  # closing stops the backend when the run stops
+                for pos, answer in results:
+                    task = pending[pos]
+                    if isinstance(answer, Cancelled):  # the image is not done, and no failure of its own
+                        if not answer.sent:
+                            out.sent -= 1
+                        cancelled = cancelled or answer
+                        continue
+                    if isinstance(answer, MalformedReply):
+                        reason, text = f"malformed reply: {answer}", None
+                    elif isinstance(answer, BaseException):
+                        fail(task, answer, attempt)
                         if out.stopped:
                             break
+                        continue
                     else:
-                        budget.succeeded()  # the server answered
-                        malformed.append((task, reason))
-                    continue
-                budget.succeeded()
-                cache.put(keys[task.index], step, task.record.image_id, text)
-                answers[task.index] = text
-                bar.update(1)
-        pending = [t for t, _ in malformed]
-    if cancelled is not None and not out.stopped:  # a backend stopped by something the engine was not told of
-        out.stopped = f"the backend cancelled requests: {cancelled}"
-    bar.close()
+                        reason, text = f"empty answer {answer!r:.200}", clean_answer(answer)
+                    if text is None:
+                        if last:
+                            fail(task, reason, attempt)
+                            if out.stopped:
+                                break
+                        else:
+                            budget.succeeded()  # the server answered
+                            malformed.append((task, reason))
+                        continue
+                    budget.succeeded()
+                    cache.put(keys[task.index], step, task.record.image_id, text)
+                    answers[task.index] = text
+                    bar.update(1)
+            pending = [t for t, _ in malformed]
+        if cancelled is not None and not out.stopped:  # a backend stopped by something the engine was not told of
+            out.stopped = f"the backend cancelled requests: {cancelled}"
+    finally:
+        bar.close()
     return out
 
 
