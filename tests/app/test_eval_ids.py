@@ -119,3 +119,17 @@ def test_an_id_naming_another_folder_never_takes_an_image_of_the_same_file_name(
     # a longer path whose folders agree with the image's as far as both go still names it
     longer = predictions(tmp_path / "q.json", {str(tmp_path / "photos/img001.jpg"): CAPTIONS["photos/img001.jpg"]})
     assert scores(chat, longer)["BLEU-1"] == pytest.approx(1.0)
+
+
+def test_an_image_coco_lists_without_a_caption_is_named_so(tmp_path):
+    # pycocotools reads an image without annotations; finecap leaves it out, and a caption of it was called
+    # "not in the references" of a file that plainly lists it
+    refs = tmp_path / "captions_val2014.json"
+    refs.write_text(json.dumps({
+        "images": [{"id": 1, "file_name": "a.jpg"}, {"id": 2, "file_name": "b.jpg"}],
+        "annotations": [{"id": 10, "image_id": 1, "caption": "a dog on a deck"}],
+    }))  # fmt: skip
+    preds = predictions(tmp_path / "p.json", {1: "a dog", 2: "a cat"})
+    refused(["eval", "--predictions", str(preds), "--references", str(refs), "--metrics", "length"],
+            "1 predicted image id(s) are not in the references", "1 of them ([2]) are in its 'images' list without a "
+            "caption annotation")  # fmt: skip

@@ -209,6 +209,7 @@ def _main(
             f"{predictions}: {len(missing)} predicted image id(s) are not in the references {refs.path}{where} "
             f"(neither as ids, paths relative to the data set nor unambiguous file names), e.g. "
             f"{missing[:MAX_LISTED]}; the references' ids are e.g. {list(by_id)[:MAX_LISTED]}"
+            + _uncaptioned_note(refs, missing)
         )
     crossed = read_by_id_not_file(matched, numbers)
     if crossed:
@@ -394,6 +395,21 @@ def _read_instances(cfg: Config, instances: str | Path | None) -> dict | None:
     if instances is not None:
         return read_instances(instances, "--instances")
     return read_instances(cfg.eval.instances, "eval.instances")
+
+
+def _uncaptioned_note(refs: LoadedReferences, missing: list[Hashable]) -> str:
+    """For COCO references: which of the ``missing`` ids the file lists under ``images`` without a caption (read
+    as no image: nothing to score against), else nothing."""
+    if refs.format != "coco":
+        return ""
+    from finecap.data.formats.coco import uncaptioned_images
+
+    listed = {str(i) for i in uncaptioned_images(refs.path)}
+    found = [i for i in missing if str(i) in listed]
+    if not found:
+        return ""
+    return (f"; {len(found)} of them ({found[:MAX_LISTED]}) are in its 'images' list without a caption annotation "
+            "(COCO images without captions are left out: nothing to score them against)")  # fmt: skip
 
 
 def _carried_references(path: Path, pred_format: str, references: dict) -> LoadedReferences:

@@ -134,6 +134,16 @@ def read_coco_captions(
     return records
 
 
+def uncaptioned_images(path: str | Path) -> set[int | str]:
+    """The ids of the images ``path``'s ``images`` list holds without a caption annotation, which
+    :func:`read_coco_captions` drops (nothing to evaluate or train on): for an error naming them so."""
+    data = load_json(Path(path))
+    imgs = data.get("images") if isinstance(data, dict) else None
+    anns = data.get("annotations") if isinstance(data, dict) else None
+    listed = {img.get("id") for img in imgs or () if isinstance(img, dict) and is_id(img.get("id"))}
+    return listed - {a.get("image_id") for a in anns or () if isinstance(a, dict)}
+
+
 def _read(source: DataSource) -> list[Record]:
     return read_coco_captions(source.path, source.images, source.check_images, allow_outside=source.allow_outside)
 
