@@ -229,6 +229,15 @@ def test_recipes_cp_starts_a_config(tmp_path, capsys):
     assert "(did you mean 'demo/smile'?)" in capsys.readouterr().err and not (tmp_path / "x.yaml").exists()
 
 
+def test_recipes_cp_into_a_new_folder_named_with_a_slash(tmp_path, capsys):
+    # `recipes cp demo/smile mine/` wrote the recipe to a file named `mine` and said "run it with: finecap train mine"
+    from finecap.recipes import resolve_recipe
+
+    assert main(["recipes", "cp", "demo/smile", f"{tmp_path / 'mine'}/"]) == 0
+    assert (tmp_path / "mine" / "smile.yaml").read_text() == resolve_recipe("demo/smile").read_text()
+    assert f"finecap train {tmp_path / 'mine' / 'smile.yaml'}" in capsys.readouterr().out
+
+
 def test_mistyped_metric_and_stage_get_a_suggestion(tmp_path, capsys):
     (tmp_path / "res.json").write_text(json.dumps([{"image_id": 1, "caption": "a red circle"}]))
     (tmp_path / "refs.jsonl").write_text(json.dumps({"id": 1, "image": "1.png", "captions": ["a red circle"]}) + "\n")

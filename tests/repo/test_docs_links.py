@@ -6,6 +6,9 @@ as GitHub does (lower case; letters, digits, marks, ``-``, ``_`` and spaces kept
 become ``-``; a repeated heading gets ``-1``, ``-2``, ...), or an explicit ``<a id=...>``/``<a name=...>``. Links
 inside code blocks and code spans are not links. Inline links, images, reference definitions and HTML ``href`` /
 ``src`` attributes are all checked.
+
+So is every test a page names as the one behind a promise (``tests/x.py::test_y``, or a bare ```test_y```): it must
+be a test of that file, or of some test file, or the promise is backed by nothing.
 """
 
 from __future__ import annotations
@@ -125,6 +128,48 @@ def problems(page: Path, root: Path = ROOT) -> list[str]:
                 f"{where}: no heading #{anchor} in {dest.relative_to(root)}" + (f" (near: {near})" if near else "")
             )
     return out
+
+
+NAMED_TEST = re.compile(r"(tests/[\w/]+\.py)::(test_\w+)\b(?!\*)")
+BARE_TEST = re.compile(r"`(test_\w+)`")
+
+
+def missing_tests(page: Path, root: Path = ROOT) -> list[str]:
+    """One message per test ``page`` names (``tests/x.py::test_y``, or a bare ```test_y```, code blocks excluded)
+    that no test file of ``root`` defines (``def test_y``)."""
+    defined: dict[Path, str] = {f: f.read_text(encoding="utf-8") for f in (root / "tests").rglob("test_*.py")}
+    out = []
+    for lineno, line in _prose_lines(page):
+        where = f"{page.relative_to(root)}:{lineno}"
+        for file, name in NAMED_TEST.findall(line):
+            text = defined.get(root / file)
+            if text is None or not re.search(rf"^\s*(async )?def {name}\(", text, re.M):
+                out.append(f"{where}: {file}::{name}: no such test")
+        for name in BARE_TEST.findall(line):
+            if not any(re.search(rf"^\s*(async )?def {name}\(", text, re.M) for text in defined.values()):
+                out.append(f"{where}: {name}: no test of that name under tests/")
+    return out
+
+
+@pytest.mark.parametrize("page", PAGES, ids=[str(p.relative_to(ROOT)) for p in PAGES])
+def test_every_test_a_page_names_exists(page):
+    assert not missing_tests(page), "tests named but missing:\n" + "\n".join(missing_tests(page))
+
+
+def test_the_checker_finds_tests_that_are_not_there(tmp_path):
+    (tmp_path / "tests" / "x").mkdir(parents=True)
+    (tmp_path / "tests" / "x" / "test_a.py").write_text("def test_one():\n    pass\n", encoding="utf-8")
+    (tmp_path / "README.md").write_text(
+        "`tests/x/test_a.py::test_one`, `test_one`, `tests/x/test_a.py::test_some_*`\n"
+        "`tests/x/test_a.py::test_two` `tests/x/test_b.py::test_one` (`test_gone`)\n```\n`test_in_code`\n```\n",
+        encoding="utf-8",
+    )
+    found = missing_tests(tmp_path / "README.md", tmp_path)
+    assert found == [
+        "README.md:2: tests/x/test_a.py::test_two: no such test",
+        "README.md:2: tests/x/test_b.py::test_one: no such test",
+        "README.md:2: test_gone: no test of that name under tests/",
+    ], found
 
 
 @pytest.mark.parametrize("page", PAGES, ids=[str(p.relative_to(ROOT)) for p in PAGES])

@@ -430,7 +430,7 @@ def test_continue_unfinished_resumes_restarts_or_refuses(tmp_path, caplog):
 @pytest.mark.parametrize(
     ("name", "mine"),
     [("config.yaml", "my: own notes\n"),
-     # a recipe of one's own with run: and train: sections read as finecap's: replaced by --resume and by overwrite
+     # a recipe of one's own with run: and train: sections, once read as finecap's and replaced: not enough now
      ("config.yaml", "# my experiment, v7\nrun:\n  seed: 3\ntrain:\n  lr: 0.0003\n"),
      ("fingerprints.json", '{"my": "precious"}')],  # replaced by any run into the folder
 )  # fmt: skip

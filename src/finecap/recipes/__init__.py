@@ -16,6 +16,7 @@ Example::
 from __future__ import annotations
 
 import difflib
+import os
 from importlib.resources import as_file, files
 from pathlib import Path
 
@@ -66,8 +67,9 @@ def resolve_recipe(name_or_path: str | Path) -> Path:
 
 
 def copy_recipe(name: str, dest: str | Path, force: bool = False) -> Path:
-    """Copy the recipe ``name`` (packaged, or any YAML file) to ``dest`` (a folder: ``dest/<name>.yaml``) to start a
-    configuration; returns the file written. An existing file is never replaced unless ``force`` (``FileExistsError``).
+    """Copy the recipe ``name`` (packaged, or any YAML file) to ``dest`` (a folder, or a path ending in ``/``, made
+    if missing: ``dest/<name>.yaml``) to start a configuration; returns the file written. An existing file is never
+    replaced unless ``force`` (``FileExistsError``).
 
     Example::
 
@@ -79,8 +81,9 @@ def copy_recipe(name: str, dest: str | Path, force: bool = False) -> Path:
     from finecap.utils.files import atomic_write_bytes
 
     source = resolve_recipe(name)
+    folder = str(dest).endswith(("/", os.sep))  # `recipes cp demo/smile mine/`: a folder, even before it exists
     dest = Path(dest)
-    if dest.is_dir():
+    if folder or dest.is_dir():
         dest = dest / source.name
     if dest.exists() and not force:
         raise FileExistsError(f"{dest}: already exists; choose another file, or pass --force to overwrite it")
