@@ -6,7 +6,8 @@ dies, however it dies. While held, the file records the holder as JSON (``pid``,
 so that a second run stops with an error naming the first. The holder removes the file when it is done; a file left
 behind by a run that died (a kill, a power cut) holds a record but no lock: the next run takes it over and says so.
 A file under the lock's name that is no such record (the user's own) is refused and never written or removed
-(:func:`refuse_foreign_lock`).
+(:func:`refuse_foreign_lock`). What several commands share (a world in the home, a world encoder) is made under a
+lock that waits instead (:func:`waiting_lock`): one makes it, the others then find it made.
 The file is the user's alone (mode 0600, :data:`LOCK_MODE`) and its command line has every secret masked.
 
 Example::
@@ -176,4 +177,25 @@ def output_lock(
         yield record
     finally:
         path.unlink(missing_ok=True)  # while still held: a waiting run then creates a fresh file
+        lock.release()
+
+
+@contextmanager
+def waiting_lock(path: str | Path, *, waiting: str, log: Callable[[str], Any] = print) -> Iterator[None]:
+    """Hold the operating-system lock ``path`` (``flock``: released when its holder dies, however it dies) for the
+    ``with`` block, waiting while another process holds it (after logging ``waiting`` once). For what several
+    commands sharing a home make once (a world, a world encoder): the one that waited checks again, under the lock,
+    whether the other made it. The file stays (removing a file others wait on would let a third process lock a new
+    one); a planted link at ``path`` is refused, never written through."""
+    path = Path(path)
+    refuse_link(path)
+    lock = FileLock(path)
+    try:
+        lock.acquire(blocking=False)
+    except Timeout:
+        log(waiting)
+        lock.acquire()
+    try:
+        yield
+    finally:
         lock.release()

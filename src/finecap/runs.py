@@ -22,7 +22,8 @@ Layout of a run directory::
 Why a module of its own, on the bottom floor next to :mod:`finecap.home`: every layer reads runs (a captioner finds
 the checkpoint it loads, fingerprints find the run they pin, ``finecap caption`` and the report find a run's config)
 while only training writes them (:mod:`finecap.train.checkpoint`, :mod:`finecap.train.state`). With the names here,
-none of the readers imports the training package. Nothing here imports finecap, writes a file or creates a folder.
+none of the readers imports the training package. Nothing here imports finecap, writes a file or creates a folder
+(:func:`swap_guard` locks the ``checkpoints/`` folder itself).
 
 :func:`model_dir` accepts either a checkpoint folder or a bare model folder, so both ``--checkpoint
 runs/x/checkpoints/best`` and ``train.init_from=runs/x/checkpoints/best`` work; :func:`find_checkpoint` also takes a
@@ -46,7 +47,13 @@ import contextlib
 import logging
 import os
 import time
+from collections.abc import Iterator
 from pathlib import Path
+
+try:
+    import fcntl
+except ImportError:  # Windows: checkpoint swaps unguarded (swap_guard)
+    fcntl = None  # type: ignore[assignment]
 
 log = logging.getLogger(__name__)
 
@@ -97,6 +104,49 @@ def model_dir(path: str | Path) -> Path:
     if not path.exists():
         raise FileNotFoundError(f"{path}: checkpoint not found")
     return path / MODEL_SUBDIR if (path / MODEL_SUBDIR).is_dir() else path
+
+
+def checkpoints_folder_of(path: str | Path) -> Path | None:
+    """The run's ``checkpoints/`` folder that ``path`` (a checkpoint folder, or its ``model/``) lies in, else None."""
+    path = Path(path)
+    for folder in (path, path.parent):
+        if folder.parent.name == CHECKPOINTS_DIR:
+            return folder.parent
+    return None
+
+
+@contextlib.contextmanager
+def swap_guard(path: str | Path, *, exclusive: bool = False, log_wait: str = "") -> Iterator[None]:
+    """Hold the run's ``checkpoints/`` folder (``flock`` on the folder itself: no file is made, and the kernel drops
+    it when its holder dies) for the block when ``path`` lies in one (:func:`checkpoints_folder_of`); else nothing.
+
+    A reader holds it shared while it loads a checkpoint's files (:func:`finecap.models.backbones.load_captioner`),
+    a training run exclusively while it swaps a new ``best`` or ``last`` in (:func:`finecap.train.state.
+    replace_checkpoint`): a load never reads some files of one checkpoint and the rest of the next (a ClipCap's
+    LM of one save and its mapper of another). The swap waits for loads under way (logging ``log_wait`` first), a
+    load for the swap. A file system that refuses ``flock`` on a folder (some network file systems) leaves the block
+    unguarded, as before."""
+    folder = checkpoints_folder_of(path)
+    fd = None
+    if folder is not None and fcntl is not None:
+        with contextlib.suppress(OSError):  # gone (a run removed) or not readable: nothing to guard
+            fd = os.open(folder, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+    try:
+        if fd is not None:
+            mode = fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH
+            try:
+                try:
+                    fcntl.flock(fd, mode | fcntl.LOCK_NB)
+                except BlockingIOError:
+                    if log_wait:
+                        log.info(log_wait)
+                    fcntl.flock(fd, mode)
+            except OSError as e:  # no flock on this file system (EBADF, ENOLCK, EOPNOTSUPP): unguarded
+                log.debug("%s: cannot lock the folder (%s): checkpoint swaps unguarded", folder, e)
+        yield
+    finally:
+        if fd is not None:
+            os.close(fd)  # releases the lock
 
 
 SWAP_WAIT = 5.0

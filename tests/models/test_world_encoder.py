@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import json
 import math
+import signal
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -202,3 +205,85 @@ def test_eval_of_a_world_uses_that_worlds_encoder_without_its_settings_repeated(
     with pytest.raises(ValueError, match=r"no world encoder of this world is trained with these retriever.\* "
                                          r"settings and run.seed=5"):  # fmt: skip
         eval_main(other_seed, predictions=tmp_path / "r.json", references=world, metrics="clipscore")
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# Two processes needing one world encoder (one home, two terminals or a job array)
+# --------------------------------------------------------------------------------------------------------------------
+
+PAUSED_TRAINER = """
+import logging, sys
+from finecap.config import load
+from finecap.train import world_encoder as tw
+
+class Said(logging.Handler):
+    def emit(self, record):
+        if "waiting for it" in record.getMessage():
+            print("waiting", flush=True)
+
+logging.getLogger("finecap").addHandler(Said())
+logging.getLogger("finecap").setLevel(logging.INFO)
+train = tw.train_dual_encoder
+
+def paused(*args, **kwargs):
+    print("training", flush=True)
+    sys.stdin.readline()  # the test says when to go on (or kills this process here)
+    return train(*args, **kwargs)
+
+tw.train_dual_encoder = paused
+print("done", tw.ensure_world_encoder(load(None, sys.argv[1:]), progress=False), flush=True)
+"""
+
+
+def _paused_trainer(settings: list[str]) -> subprocess.Popen:
+    """A process asking for the world encoder of ``settings``: prints ``training`` (then waits for a line on its
+    stdin) when it starts training, ``waiting`` when it waits for another's lock, ``done PATH`` at the end."""
+    return subprocess.Popen([sys.executable, "-c", PAUSED_TRAINER, *settings], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, text=True)  # fmt: skip
+
+
+@pytest.mark.slow
+def test_two_processes_needing_one_world_encoder_train_it_once(tmp_path):
+    # ensure_world_encoder took no lock: a second process trained the same encoder again (minutes of the demo's
+    # time) and swapped its folder in under the first while the first went on to load it
+    settings = [*TINY, f"world.out={tmp_path / 'world'}", f"run.cache_dir={tmp_path / 'cache'}"]
+    cfg = load(None, settings)
+    make_world(cfg.world, progress=False)
+    first = _paused_trainer(settings)
+    second = None
+    try:
+        assert first.stdout.readline() == "training\n"  # the first trains, paused here
+        second = _paused_trainer(settings)
+        assert second.stdout.readline() == "waiting\n", "the second process trained the encoder again"
+        first_out, _ = first.communicate("go\n", timeout=300)
+        second_out, _ = second.communicate("", timeout=300)
+    finally:
+        for proc in (first, second):
+            if proc is not None and proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    path = we.encoder_dir(cfg)
+    assert first.returncode == 0 and first_out == f"done {path}\n"
+    assert second.returncode == 0 and second_out == f"done {path}\n"  # found it made: never trained
+    assert json.loads((path / "encoder.json").read_text())["key"] == we.encoder_key(cfg)
+    assert sorted(p.name for p in path.parent.iterdir()) == [f".{path.name}.lock", path.name]
+
+
+@pytest.mark.slow
+def test_a_killed_trainer_of_the_world_encoder_blocks_no_one(tmp_path):
+    settings = [*TINY, f"world.out={tmp_path / 'world'}", f"run.cache_dir={tmp_path / 'cache'}"]
+    cfg = load(None, settings)
+    make_world(cfg.world, progress=False)
+    killed = _paused_trainer(settings)
+    assert killed.stdout.readline() == "training\n"  # holds the lock
+    killed.send_signal(signal.SIGKILL)
+    killed.wait()
+    after = _paused_trainer(settings)
+    try:
+        assert after.stdout.readline() == "training\n"  # the lock died with its holder: no wait
+        out, _ = after.communicate("go\n", timeout=300)
+    finally:
+        if after.poll() is None:
+            after.kill()
+            after.wait()
+    assert after.returncode == 0 and out == f"done {we.encoder_dir(cfg)}\n"

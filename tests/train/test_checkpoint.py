@@ -45,3 +45,93 @@ def test_model_dir_resolution(tmp_path):
     assert model_dir(best / "model") == best / "model"  # a bare model folder is accepted too
     with pytest.raises(FileNotFoundError, match="checkpoint not found"):
         model_dir(tmp_path / "missing")
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# A checkpoint loaded by one process while the training run swaps a new one in
+# --------------------------------------------------------------------------------------------------------------------
+
+PAUSED_READER = """
+import json, sys
+from finecap.models import backbones, strict
+real = strict.load_module_state
+
+def paused(module, file):  # ClipCap reads its LM first, then its mapper
+    print("lm loaded", flush=True)
+    sys.stdin.readline()  # the test says when to go on
+    return real(module, file)
+
+strict.load_module_state = paused
+model = backbones.load_captioner(sys.argv[1])
+print(json.dumps({part: float(sum(p.detach().double().sum() for p in getattr(model, part).parameters()))
+                  for part in ("lm", "mapper")}), flush=True)
+"""
+
+
+def _sums(model) -> dict[str, float]:
+    parts = {part: getattr(model, part).parameters() for part in ("lm", "mapper")}
+    return {part: float(sum(p.detach().double().sum() for p in params)) for part, params in parts.items()}
+
+
+@pytest.mark.slow
+def test_a_checkpoint_loading_in_another_process_is_never_swapped_under_it(make_cfg, tmp_path):
+    # a load of RUN/checkpoints/best (finecap caption / eval of a run still training) read the LM of one save and
+    # the mapper of the next when training swapped a new best in between: a mixed model, silently
+    import json
+    import logging
+    import subprocess
+    import sys
+    import threading
+
+    import torch
+
+    from finecap.models.backbones import load_captioner
+    from finecap.models.clipcap import ClipCap
+
+    cfg = make_cfg()
+    model = ClipCap.build(cfg)
+    best = checkpoint_dir(tmp_path / "run", "best")
+    save_checkpoint(best, model=model, cfg=cfg, info={"step": 1})
+    old = _sums(load_captioner(best / "model"))
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(1.0)  # the next best, every weight another
+    reader = subprocess.Popen([sys.executable, "-c", PAUSED_READER, str(best / "model")], stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, text=True)  # fmt: skip
+    said = threading.Event()  # the saver waited, or it finished
+    waited = []
+
+    class Waiting(logging.Handler):
+        def emit(self, record):
+            if "waiting for another process to finish loading" in record.getMessage():
+                waited.append(record.getMessage())
+                said.set()
+
+    runs_log = logging.getLogger("finecap.runs")
+    handler, level = Waiting(), runs_log.level
+    runs_log.addHandler(handler)
+    runs_log.setLevel(logging.INFO)
+
+    def save():
+        try:
+            save_checkpoint(best, model=model, cfg=cfg, info={"step": 2})
+        finally:
+            said.set()
+
+    saver = threading.Thread(target=save)
+    try:
+        assert reader.stdout.readline() == "lm loaded\n"  # the reader has read the old LM, not yet the mapper
+        saver.start()  # the training run saves its next best now
+        assert said.wait(120)
+        assert waited, "the new best was swapped in while another process was loading the old one"
+        out, _ = reader.communicate("go\n", timeout=120)
+        saver.join(120)
+    finally:
+        runs_log.removeHandler(handler)
+        runs_log.setLevel(level)
+        if reader.poll() is None:
+            reader.kill()
+            reader.wait()
+    assert reader.returncode == 0 and json.loads(out) == old  # one checkpoint's LM and mapper, both the old one's
+    new = _sums(load_captioner(best / "model"))
+    assert load_info(best) == {"step": 2} and new["lm"] != old["lm"] and new["mapper"] != old["mapper"]

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from finecap.models.base import CONFIG_NAME, CaptionerBase, read_meta
 from finecap.registry import BACKBONES, TRUST_ENV, lookup, untrusted_code
-from finecap.runs import CheckpointError
+from finecap.runs import CheckpointError, swap_guard
 
 if TYPE_CHECKING:
     from finecap.config import Config
@@ -70,8 +70,11 @@ def checkpoint_kind(path: str | Path, trusted: tuple[str, ...] = ()) -> str:
 
 def load_captioner(path: str | Path, trusted: tuple[str, ...] = (), **kwargs: Any) -> CaptionerBase:
     """Load any captioner checkpoint folder written by a backbone's ``save`` (one's own backbone only when
-    ``trusted`` or :data:`~finecap.registry.TRUST_ENV` names it: :func:`stored_backbone`)."""
-    return backbone(checkpoint_kind(path, trusted)).from_checkpoint(path, **kwargs)
+    ``trusted`` or :data:`~finecap.registry.TRUST_ENV` names it: :func:`stored_backbone`). A checkpoint of a run is
+    read under :func:`finecap.runs.swap_guard`: a training run saving a new one meanwhile swaps it in before or after
+    the load, never in the middle of it."""
+    with swap_guard(path):
+        return backbone(checkpoint_kind(path, trusted)).from_checkpoint(path, **kwargs)
 
 
 def check_backbone(path: str | Path, cfg: Config, option: str) -> None:

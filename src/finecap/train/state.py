@@ -64,6 +64,7 @@ from finecap.runs import (
     TRACKERS_DIR,
     CheckpointError,
     checkpoint_dir,
+    swap_guard,
     temporary_dir,
 )
 from finecap.utils.files import atomic_write_text, refuse_link
@@ -467,8 +468,11 @@ def is_checkpoint_folder(folder: Path) -> bool:
 def replace_checkpoint(tmp: Path, path: Path) -> None:
     """Swap the complete checkpoint folder ``tmp`` in at ``path`` (:func:`finecap.utils.folders.atomic_replace_dir`):
     only a checkpoint of finecap's (marked, or :func:`is_checkpoint_folder`) at ``path`` or ``<path>.old`` is replaced;
-    anything else there is refused, named and kept."""
-    atomic_replace_dir(tmp, path, kind=CHECKPOINT_KIND, ours=is_checkpoint_folder)
+    anything else there is refused, named and kept. The swap holds :func:`finecap.runs.swap_guard` exclusively: it
+    waits for a process loading one of the run's checkpoints (``finecap caption`` or ``eval`` of the run) to finish."""
+    wait = f"train: waiting for another process to finish loading a checkpoint of the run before replacing {path}"
+    with swap_guard(path, exclusive=True, log_wait=wait):
+        atomic_replace_dir(tmp, path, kind=CHECKPOINT_KIND, ours=is_checkpoint_folder)
 
 
 def remove_unfinished_checkpoint(tmp: Path) -> None:

@@ -36,6 +36,7 @@ from torch import nn
 
 from finecap.config import Config, RetrieverConfig, TrainConfig
 from finecap.data.samplers import RandomBatches
+from finecap.locks import waiting_lock
 from finecap.models.retriever import Retriever
 from finecap.models.tokenizer import world_tokenizer
 from finecap.models.world_encoder import (
@@ -206,6 +207,8 @@ def ensure_world_encoder(cfg: Config, progress: bool = True, *, make: bool = Tru
     with one logged line saying so and where; without ``make`` a missing encoder raises ``FileNotFoundError``
     naming ``finecap retriever train``. ``retriever train`` and ``probe`` call it, other commands reach it through
     :func:`finecap.train.prepare.prepare`. Call it on one process (the main one) before the others load the encoder.
+    Training holds :func:`training_lock`: a second process asking for the same encoder meanwhile waits for it and
+    then returns its folder.
     """
     out = encoder_dir(cfg)
     if (out / "encoder.json").exists():
@@ -219,8 +222,23 @@ def ensure_world_encoder(cfg: Config, progress: bool = True, *, make: bool = Tru
             "model.encoder) to a CLIP checkpoint"
         )
     world = ensure_world(cfg, make=True, progress=progress)
-    log.info("retriever: training the world encoder %s on the world at %s into %s", out.name, world, out)
-    return train_world_encoder(cfg, world, progress=progress)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with waiting_lock(training_lock(out), log=log.info, waiting=f"retriever: another finecap is training the world "
+                      f"encoder {out.name}; waiting for it ({training_lock(out)})"):  # fmt: skip
+        if (out / "encoder.json").exists():  # trained by the process this one waited for
+            log.info("retriever: the world encoder %s was trained meanwhile by another finecap: %s", out.name, out)
+            return out
+        log.info("retriever: training the world encoder %s on the world at %s into %s", out.name, world, out)
+        return train_world_encoder(cfg, world, progress=progress)
+
+
+def training_lock(out: Path) -> Path:
+    """The lock file (``<cache>/world_encoder/.<key>.lock``, beside the folder it guards, which is swapped whole)
+    that the one process training the world encoder ``out`` holds (:func:`finecap.locks.waiting_lock`): two
+    commands needing the same encoder on one home (two terminals, a job array) train it once, the second waiting
+    for the first and then loading its folder, rather than training it again and swapping its own folder in under
+    the first while that one loads it."""
+    return out.parent / f".{out.name}.lock"
 
 
 def train_world_encoder(cfg: Config, world: Path, progress: bool = True) -> Path:

@@ -38,7 +38,8 @@ from tqdm import tqdm
 
 from finecap.config import Config, WorldConfig
 from finecap.home import world_path
-from finecap.utils.files import atomic_write_bytes, atomic_write_text, png_bytes, refuse_link, write_json
+from finecap.locks import waiting_lock
+from finecap.utils.files import atomic_write_bytes, atomic_write_text, png_bytes, write_json
 from finecap.utils.reading import read_json, read_lines
 from finecap.utils.system import progress_enabled
 from finecap.utils.text import shell_command
@@ -211,24 +212,13 @@ def _being_made(name: str) -> bool:
 
 @contextlib.contextmanager
 def making_lock(out: Path) -> Iterator[None]:
-    """Hold ``out``'s :data:`LOCK` (an operating-system lock: released when its holder dies, however it dies) for the
-    block, waiting for another process that holds it: two commands making a world into one folder at once (two
-    terminals, a job array on a fresh home) write it one after the other, the second finding the first's world (or
-    refusing another one) instead of mixing their files. The file stays in the folder (removing a file others wait
-    on would let a third process lock a new one)."""
-    from filelock import FileLock, Timeout
-
-    refuse_link(out / LOCK)
-    lock = FileLock(out / LOCK)
-    try:
-        lock.acquire(blocking=False)
-    except Timeout:
-        log.info("world: another finecap is making the world in %s; waiting for it", out)
-        lock.acquire()
-    try:
+    """Hold ``out``'s :data:`LOCK` for the block, waiting for another process that holds it
+    (:func:`finecap.locks.waiting_lock`): two commands making a world into one folder at once (two terminals, a job
+    array on a fresh home) write it one after the other, the second finding the first's world (or refusing another
+    one) instead of mixing their files."""
+    with waiting_lock(out / LOCK, log=log.info, waiting=f"world: another finecap is making the world in {out}; "
+                      "waiting for it"):  # fmt: skip
         yield
-    finally:
-        lock.release()
 
 
 def image_folders(out: Path) -> list[Path]:
