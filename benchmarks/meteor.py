@@ -154,7 +154,7 @@ def _compare(a: tuple[float, list[float]], b: tuple[float, list[float]]) -> dict
 def main(argv: list[str] | None = None) -> dict[str, dict[str, float]]:
     ap = corpus_parser(__doc__.split("\n\n")[0])
     ap.add_argument("--processes", type=int, default=None, help="finecap's worker processes (default: the CPUs)")
-    ap.add_argument("--json", type=Path, default=None, help="write {timing: {finecap_s, reference_s, ratio}}")
+    ap.add_argument("--json", type=Path, default=None, help="write {timing: {finecap_s, ...}, comparison, machine}")
     ap.add_argument("--vocabulary", type=int, default=0, metavar="N",
                     help="add the N words the paraphrase table holds most often to the 420 caption words (real "
                     "captions use thousands: more synonyms and paraphrase pairs to keep; default 0)")  # fmt: skip
