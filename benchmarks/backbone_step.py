@@ -28,6 +28,9 @@ from finecap.objectives import get_objective
 from finecap.train.engine import build_optimizer
 from finecap.train.setup import build_model
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from machine import machine, machine_line  # noqa: E402  (benchmarks/machine.py)
+
 
 def batch_for(model, n: int, generator: torch.Generator) -> dict:
     vocab = len(model.tokenizer)
@@ -72,11 +75,12 @@ def main(argv: list[str]) -> dict:
         for kind, ts in times.items():
             results[f"{kind}/{objective}"] = statistics.median(ts[2:])
         results[f"ratio/{objective}"] = results[f"blip/{objective}"] / results[f"clipcap/{objective}"]
+    print(machine_line())
     for key, value in results.items():
         unit = "" if key.startswith("ratio") else " s per step (median)"
         print(f"{key}: {value:.3f}{unit}")
     if args.json:
-        args.json.write_text(json.dumps(results, indent=2) + "\n")
+        args.json.write_text(json.dumps({**results, "machine": machine()}, indent=2) + "\n")
     return results
 
 

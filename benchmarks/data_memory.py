@@ -34,6 +34,9 @@ import sys
 import tempfile
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from machine import machine, machine_line  # noqa: E402  (benchmarks/machine.py)
+
 ROOT = Path(__file__).resolve().parents[1]
 CAPTIONS = 5
 
@@ -166,11 +169,12 @@ def main() -> None:
                   f"after: allocated +{row['anon_mb']:7.1f} MB, mapped file +{row['file_mb']:6.1f} MB  "
                   f"({row['examples']} examples){extra}", flush=True)  # fmt: skip
     eager, lazy = results["eager"]["peak_mb"], results["lazy"]["peak_mb"]
-    print(f"\nratios in this run: eager / lazy peak {eager / lazy:.1f}x; lazy peak / images "
+    print(f"\n{machine_line()}")
+    print(f"ratios in this run: eager / lazy peak {eager / lazy:.1f}x; lazy peak / images "
           f"{lazy * 2**20 / size:.3f}; eager peak / images {eager * 2**20 / size:.2f}")  # fmt: skip
     if args.json:
-        Path(args.json).write_text(json.dumps({"images": args.images, "side": args.side, "bytes": size,
-                                               "results": results}, indent=2))  # fmt: skip
+        Path(args.json).write_text(json.dumps({"machine": machine(), "images": args.images, "side": args.side,
+                                               "bytes": size, "results": results}, indent=2))  # fmt: skip
 
 
 if __name__ == "__main__":

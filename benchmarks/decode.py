@@ -47,6 +47,9 @@ from finecap.models.clipcap import ClipCap
 from finecap.models.presets import VLM_FAMILIES, build_world_lm, save_tiny_blip, tiny_vlm
 from finecap.models.vlm import Vlm
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from machine import machine, machine_line  # noqa: E402  (benchmarks/machine.py)
+
 
 def best_time(fn: Callable[[], object], repeat: int) -> float:
     times = []
@@ -168,12 +171,12 @@ def main(argv: list[str] | None = None) -> dict:
                 if label != "beam5_set_aside":  # both beam rows are timed against the same generate call
                     t_ref = best_time(lambda fns=fns, k=k: fns["generate"](k), args.repeat)
                 results[f"{name}/{label}"] = {"finecap_s": t_ours, "generate_s": t_ref, "ratio": t_ref / t_ours}
-    print(f"\n{args.images} images, {args.max_length} tokens, torch threads {torch.get_num_threads()}")
+    print(f"\n{args.images} images, {args.max_length} tokens, best of {args.repeat}; {machine_line()}")
     print(f"{'case':<30}{'finecap s':>11}{'generate s':>12}{'ratio':>8}")
     for key, r in results.items():
         print(f"{key:<30}{r['finecap_s']:>11.3f}{r['generate_s']:>12.3f}{r['ratio']:>8.2f}")
     if args.json:
-        args.json.write_text(json.dumps(results, indent=2))
+        args.json.write_text(json.dumps({**results, "machine": machine()}, indent=2))
     return results
 
 

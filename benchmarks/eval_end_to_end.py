@@ -59,6 +59,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import coco_like  # noqa: E402
 import lmms_eval_coco_cap  # noqa: E402
 from finecap.utils.text import shell_command
+from machine import machine, machine_line  # noqa: E402  (benchmarks/machine.py)
 
 TARGETS = {"end_to_end": 15.0, "bleu": 10.0, "rouge_l": 10.0, "cider_d": 25.0, "lmms_eval": 20.0}
 
@@ -254,7 +255,8 @@ def main() -> None:
         work = Path(args.work or tmp)
         _ENV.pop("PYTHONDONTWRITEBYTECODE", None)
         _ENV["PYTHONPYCACHEPREFIX"] = tmp + "/pycache"
-        out: dict = {"machine": f"{os.cpu_count()} CPUs, {sys.platform}", "images": args.images}
+        out: dict = {"machine": machine(), "images": args.images}
+        print(machine_line())
         if not args.skip_compare:
             refs, res = coco_like.write_coco(work / f"n{args.images}", args.images, args.seed)
             print(f"{args.images} images, 5 references each (benchmarks/coco_like.py, seed {args.seed})")

@@ -33,6 +33,9 @@ import tempfile
 import time
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from machine import machine, machine_line  # noqa: E402  (benchmarks/machine.py)
+
 STRATEGIES = ("ddp", "fsdp")
 
 
@@ -141,6 +144,7 @@ def main() -> None:
     print(f"ClipCap, GPT-2 shape {args.layers} x {args.hidden}, vocab {args.vocab}: "
           f"{results['ddp'][0]['numel'] / 1e6:.0f} M parameters, 2 processes, batch {args.batch} x {args.tokens} "
           "tokens per process")  # fmt: skip
+    print(machine_line())
     print("| strategy | rank | parameters MB | gradients MB | AdamW state MB | total MB | step s |")
     print("|---|---:|---:|---:|---:|---:|---:|")
     for strategy, ranks in results.items():
@@ -157,7 +161,7 @@ def main() -> None:
     step = {s: max(r["step_s"] for r in ranks) for s, ranks in results.items()}
     print(f"FSDP2 / DDP step time: {step['fsdp'] / step['ddp']:.2f} ({step['fsdp']:.2f} s vs {step['ddp']:.2f} s)")
     if args.json:
-        Path(args.json).write_text(json.dumps(results, indent=2))
+        Path(args.json).write_text(json.dumps({**results, "machine": machine()}, indent=2))
 
 
 if __name__ == "__main__":

@@ -40,6 +40,9 @@ import time
 from pathlib import Path
 from typing import Any
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from machine import machine, machine_line  # noqa: E402  (benchmarks/machine.py)
+
 WORDS = ("a", "red", "blue", "green", "small", "big", "circle", "square", "star", "on", "the", "left", "right", "two")
 
 
@@ -187,7 +190,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     captions = args.images * args.group
     out: dict[str, Any] = {"size": args.size, "images": args.images, "group": args.group, "tokens": args.tokens,
                            "steps": args.steps, "rounds": args.rounds, "threads": args.threads,
-                           "device": args.device}  # fmt: skip
+                           "device": args.device, "machine": machine()}  # fmt: skip
+    print(machine_line())
     for side, seconds in times.items():
         median = statistics.median(seconds) if seconds else float("nan")
         out[side] = {"seconds_per_step": median, "captions_per_second": captions / median, "steps": seconds}

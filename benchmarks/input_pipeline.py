@@ -31,9 +31,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import sys
 import tempfile
 import time
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from machine import machine, machine_line  # noqa: E402  (benchmarks/machine.py)
 
 
 def make_folder(folder: Path, n: int) -> None:
@@ -160,6 +164,7 @@ def main() -> None:
     load = os.getloadavg()[0]
     print(f"{args.images} 640x480 JPEGs, batches of {args.batch}, CLIPImageProcessor (224), best of {args.repeat}; "
           f"{os.cpu_count()} cores, load average {load:.1f}")  # fmt: skip
+    print(machine_line())
     for name, r in rate.items():
         print(f"  {name:<37} {r:7.1f} images/s  ({1000 / r:5.2f} ms per image; CPU, workers included: "
               f"{1000 * cpu[name] / args.images:5.2f} ms per image)")  # fmt: skip
@@ -173,8 +178,9 @@ def main() -> None:
         print(f"  {name:<37} / bare {rate[name] / rate['bare']:.2f} (CPU per image: bare / this "
               f"{cpu['bare'] / cpu[name]:.2f}){scaling}")  # fmt: skip
     if args.json:
-        Path(args.json).write_text(json.dumps({"images": args.images, "batch": args.batch, "load": load,
-                                               "images_per_s": rate, "cpu_s": cpu}, indent=2))  # fmt: skip
+        out = {"machine": machine(), "images": args.images, "batch": args.batch, "load": load, "images_per_s": rate,
+               "cpu_s": cpu}  # fmt: skip
+        Path(args.json).write_text(json.dumps(out, indent=2))
 
 
 if __name__ == "__main__":

@@ -37,6 +37,9 @@ from finecap.world.scene import sample_scene
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 from helpers.chat_server import ChatServer, completion  # noqa: E402  (the test suite's fake server)
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from machine import machine_line  # noqa: E402  (benchmarks/machine.py)
+
 
 def fake_judge(payload, n):
     text, system = payload["messages"][-1]["content"], payload["messages"][0]["content"]
@@ -93,6 +96,7 @@ def main() -> None:
     print(f"{args.images} images x {args.samples} captions = {len(captions)} captions; {questions} questions "
           f"({questions / args.images:.2f} per image), {args.shuffles} shuffles; "
           f"concurrency {args.concurrency}")  # fmt: skip
+    print(machine_line())
     print("| what | calls | prompt words | seconds |\n| --- | ---: | ---: | ---: |")
     for name, calls, words, seconds in rows:
         print(f"| {name} | {calls:,} | {words:,} | {seconds:.2f} |")

@@ -53,6 +53,9 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from machine import machine, machine_line  # noqa: E402  (benchmarks/machine.py)
+
 SHAPES = ("smolvlm", "qwen2vl")
 VARIANTS = ("finecap", "naive", "finecap_fp32")
 GPU_SETTINGS = ["model.dtype=bfloat16", "lora.lm=true", "lora.rank=16", "lora.alpha=32"]
@@ -241,7 +244,8 @@ def main() -> None:
             results[shape] = rows
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    print("\nratios (peak host memory at start):")
+    print(f"\n{machine_line()}")
+    print("ratios (peak host memory at start):")
     for shape, rows in results.items():
         parts = []
         pairs = [("finecap", "naive"), ("finecap", "finecap_fp32"), ("fsdp_rank0", "fsdp_all"),
@@ -251,7 +255,7 @@ def main() -> None:
                 parts.append(f"{a} / {b} {rows[a]['peak'] / rows[b]['peak']:.2f}")
         print(f"  {shape}: " + "; ".join(parts))
     if args.json:
-        Path(args.json).write_text(json.dumps(results, indent=2))
+        Path(args.json).write_text(json.dumps({**results, "machine": machine()}, indent=2))
 
 
 def fsdp_group(variant: str, folder: Path, processes: int = 2) -> list[dict[str, Any]]:

@@ -1,5 +1,7 @@
-"""The machine a benchmark's numbers come from, recorded beside them: processor, usable CPUs, Python, torch and numpy
-versions, and the finecap commit.
+"""The machine a benchmark's numbers come from, recorded beside them: processor, usable CPUs, torch's thread count,
+Python, torch and numpy versions, and the finecap commit. Every benchmark that times or measures prints
+:func:`machine_line` with its numbers and stores :func:`machine` in its ``--json`` file
+(``tests/benchmarks/test_benchmark_machine.py``).
 
 Training is deterministic on one machine but not across processors: the same code, seeds and data gave other
 weights on the AMD EPYC development machine of 2026-11-23/24 than on the Intel Xeon one of 2026-11-25 (docs/results.md,
@@ -37,17 +39,22 @@ def commit() -> str:
 
 
 def machine() -> dict[str, str | int]:
-    """``{processor, cpus, python, torch, numpy, commit}`` of this process (``cpus``: the CPUs it may use)."""
+    """``{processor, cpus, threads, python, torch, numpy, commit}`` of this process (``cpus``: the CPUs it may use;
+    ``threads``: torch's intra-op threads when called, so call it after the benchmark sets them)."""
     import numpy
     import torch
 
     from finecap.utils.system import usable_cpus
 
-    return {"processor": processor(), "cpus": usable_cpus(), "python": platform.python_version(),
-            "torch": torch.__version__, "numpy": numpy.__version__, "commit": commit()}  # fmt: skip
+    return {"processor": processor(), "cpus": usable_cpus(), "threads": torch.get_num_threads(),
+            "python": platform.python_version(), "torch": torch.__version__, "numpy": numpy.__version__,
+            "commit": commit()}  # fmt: skip
 
 
 def machine_line() -> str:
     """:func:`machine` in one line, for a benchmark's printout."""
     m = machine()
-    return f"{m['processor']}, {m['cpus']} CPUs, Python {m['python']}, torch {m['torch']}, finecap {m['commit']}"
+    return (
+        f"{m['processor']}, {m['cpus']} CPUs, torch threads {m['threads']}, Python {m['python']}, "
+        f"torch {m['torch']}, finecap {m['commit']}"
+    )

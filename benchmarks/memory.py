@@ -60,6 +60,9 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from machine import machine, machine_line  # noqa: E402  (benchmarks/machine.py)
+
 VARIANTS = {
     "fp32": [],
     "fp32+ckpt": ["train.gradient_checkpointing=true"],
@@ -304,7 +307,8 @@ def main() -> None:
                           f"{row['train_state_mb']:7.0f} MB  step peak {row['step_peak_mb']:7.0f} MB  "
                           f"activations {row['activations_mb']:7.0f} MB  saved {row['saved_mb']:6.0f} MB  "
                           f"({row['trainable_m']:.1f} M trainable, {row['device']})", flush=True)  # fmt: skip
-    print(f"\n{args.images} images x {args.tokens} tokens (scst: x {args.samples} samples); ratios in this run:")
+    print(f"\n{machine_line()}")
+    print(f"{args.images} images x {args.tokens} tokens (scst: x {args.samples} samples); ratios in this run:")
     for key, rows in results.items():
         parts = []
         for plain, ckpt in (("fp32", "fp32+ckpt"), ("bf16", "bf16+ckpt"), ("lora", "lora+ckpt")):
@@ -320,7 +324,7 @@ def main() -> None:
             parts.append(f"4bit / fp32 weights {rows['4bit+lora']['weights_mb'] / rows['fp32']['weights_mb']:.2f}")
         print(f"  {key}: " + "; ".join(parts))
     if args.json:
-        Path(args.json).write_text(json.dumps(results, indent=2))
+        Path(args.json).write_text(json.dumps({**results, "machine": machine()}, indent=2))
 
 
 if __name__ == "__main__":

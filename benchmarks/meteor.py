@@ -37,6 +37,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from machine import machine, machine_line  # noqa: E402  (benchmarks/machine.py)
 from metric_args import corpus_parser  # noqa: E402
 
 TARGET = 3.0
@@ -153,7 +154,7 @@ def _compare(a: tuple[float, list[float]], b: tuple[float, list[float]]) -> dict
 def main(argv: list[str] | None = None) -> dict[str, dict[str, float]]:
     ap = corpus_parser(__doc__.split("\n\n")[0])
     ap.add_argument("--processes", type=int, default=None, help="finecap's worker processes (default: the CPUs)")
-    ap.add_argument("--json", type=Path, default=None, help="write {timing: {finecap_s, reference_s, ratio}}")
+    ap.add_argument("--json", type=Path, default=None, help="write {timing: {finecap_s, ...}, comparison, machine}")
     ap.add_argument("--vocabulary", type=int, default=0, metavar="N",
                     help="add the N words the paraphrase table holds most often to the 420 caption words (real "
                     "captions use thousands: more synonyms and paraphrase pairs to keep; default 0)")  # fmt: skip
@@ -216,6 +217,7 @@ def main(argv: list[str] | None = None) -> dict[str, dict[str, float]]:
         f"{args.images} images x {args.refs} references{vocabulary}, best of {args.repeat}, wall time, {cpus} CPUs, "
         f"load average {load:.1f} at the start and {os.getloadavg()[0]:.1f} at the end"
     )
+    print(machine_line())
     print(f"{'timing':<11} {'finecap_s':>10} {'pycocoevalcap_s':>16} {'ratio':>8}")
     for name, r in results.items():
         ok = ("  ok" if r["ratio"] >= TARGET else "  MISS") + f" (target {TARGET:g}x)"
@@ -229,7 +231,7 @@ def main(argv: list[str] | None = None) -> dict[str, dict[str, float]]:
     )
     if args.json is not None:
         args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps({**results, "comparison": worst}, indent=2) + "\n")
+        args.json.write_text(json.dumps({**results, "comparison": worst, "machine": machine()}, indent=2) + "\n")
     return results
 
 

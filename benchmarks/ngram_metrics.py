@@ -15,7 +15,8 @@ jobs sharing the machine; ``--clock wall`` measures wall time instead. Metrics:
   once (constructor not timed) and only processes the candidates. Timed over 10 batches.
 
 Also checks that both give the same numbers (max absolute difference printed). Target ratios: CIDEr-D >= 20x,
-BLEU and ROUGE-L >= 5x, SCST batch >= 40x. ``--json OUT`` writes ``{metric: {"finecap_s", "reference_s", "ratio"}}``.
+BLEU and ROUGE-L >= 5x, SCST batch >= 40x. ``--json OUT`` writes ``{metric: {"finecap_s", "reference_s", "ratio"}}``
+and ``"machine"``.
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ from finecap.metrics.ngram import CiderD, bleu_per_item, cider_d_per_item, rouge
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from machine import machine, machine_line  # noqa: E402  (benchmarks/machine.py)
 from metric_args import corpus_parser  # noqa: E402
 
 TARGETS = {"bleu": 5.0, "rouge_l": 5.0, "cider_d": 20.0, "scst_batch": 40.0}
@@ -117,7 +119,7 @@ def main(argv: list[str] | None = None) -> dict[str, dict[str, float]]:
     ap.add_argument(
         "--clock", choices=sorted(CLOCKS), default="process", help="CPU time of this process (default) or wall time"
     )
-    ap.add_argument("--json", type=Path, default=None, help="write {metric: {finecap_s, reference_s, ratio}}")
+    ap.add_argument("--json", type=Path, default=None, help="write {metric: {finecap_s, ...}, machine}")
     args = ap.parse_args(argv)
     clock = CLOCKS[args.clock]
 
@@ -161,7 +163,7 @@ def main(argv: list[str] | None = None) -> dict[str, dict[str, float]]:
     diffs["scst_batch"] = max(float(np.abs(a - b).max()) for a, b in zip(ref_scores, our_scores))
     results["scst_batch"] = {"finecap_s": t_our / 10, "reference_s": t_ref / 10, "ratio": t_ref / t_our}
 
-    print(f"{args.images} images x {args.refs} references, best of {args.repeat}, {args.clock} time")
+    print(f"{args.images} images x {args.refs} references, best of {args.repeat}, {args.clock} time; {machine_line()}")
     print(f"{'metric':<12} {'finecap_s':>10} {'reference_s':>12} {'ratio':>8} {'target':>7} {'max |diff|':>11}")
     for name, r in results.items():
         ok = "ok" if r["ratio"] >= TARGETS[name] else "MISS"
@@ -171,7 +173,7 @@ def main(argv: list[str] | None = None) -> dict[str, dict[str, float]]:
         )
     if args.json is not None:
         args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(results, indent=2) + "\n")
+        args.json.write_text(json.dumps({**results, "machine": machine()}, indent=2) + "\n")
     return results
 
 

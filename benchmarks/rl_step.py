@@ -29,6 +29,7 @@ import argparse
 import json
 import random
 import statistics
+import sys
 import time
 from pathlib import Path
 from types import SimpleNamespace
@@ -42,6 +43,9 @@ from finecap.models.presets import build_world_lm
 from finecap.objectives import get_objective
 from finecap.world.captions import reference_captions
 from finecap.world.scene import sample_scene
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from machine import machine, machine_line  # noqa: E402  (benchmarks/machine.py)
 
 
 def world_references(n: int, seed: int = 0) -> dict[int, list[str]]:
@@ -182,12 +186,12 @@ def main() -> None:
         after, before = (results[k]["median_s"] for k in ("shared prompt (after)", "prompt per sample (before)"))
         steps = (results[k + " step"]["median_s"] for k in ("shared prompt (after)", "prompt per sample (before)"))
         step_after, step_before = steps
-        print(f"\n{args.images} images x {args.samples} samples, {args.steps} timed steps, {args.threads} thread(s)")
+        print(f"\n{args.images} images x {args.samples} samples, {args.steps} timed steps; {machine_line()}")
         print(f"scoring forward + backward: before {before:.3f} s, after {after:.3f} s ({before / after:.2f}x)")
         print(f"whole SCST step (decoding and CIDEr-D included): before {step_before:.3f} s, after {step_after:.3f} s "
               f"({step_before / step_after:.2f}x)")  # fmt: skip
         if args.json:
-            Path(args.json).write_text(json.dumps(results, indent=2))
+            Path(args.json).write_text(json.dumps({**results, "machine": machine()}, indent=2))
         return
 
     refs = world_references(args.train_scenes)
@@ -213,7 +217,7 @@ def main() -> None:
         "scst (reinforce)": time_objective("reinforce", common, model, records, batches, args.steps),
         "sle": time_objective("sle", common, model, records, batches, args.steps),
     }
-    print(f"\n{args.images} images x {args.samples} samples, {args.steps} timed steps, {args.threads} thread(s)")
+    print(f"\n{args.images} images x {args.samples} samples, {args.steps} timed steps; {machine_line()}")
     columns = [("objective", 18), ("step s", 9), ("decode s", 10), ("reward s", 10), ("divers. s", 10),
                ("reward %", 10), ("words", 7)]  # fmt: skip
     print("".join(f"{name:<{w}}" if i == 0 else f"{name:>{w}}" for i, (name, w) in enumerate(columns)))
@@ -223,7 +227,7 @@ def main() -> None:
     print(f"(CIDEr-D statistics of {len(refs)} images' references computed once in setup: "
           f"{results['scst (reinforce)']['setup']:.2f} s)")  # fmt: skip
     if args.json:
-        Path(args.json).write_text(json.dumps(results, indent=2))
+        Path(args.json).write_text(json.dumps({**results, "machine": machine()}, indent=2))
 
 
 if __name__ == "__main__":

@@ -45,6 +45,9 @@ from finecap.config import DecodeConfig, VllmConfig
 from finecap.models.presets import tiny_vlm
 from finecap.models.vlm import Vlm
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from machine import machine, machine_line  # noqa: E402  (benchmarks/machine.py)
+
 SMOLVLM_256M = dict(image_size=512, hidden=576, layers=30, heads=9, kv_heads=3, intermediate=1536, positions=8192,
                     patch=16, scale=4, extra_words=49_152 - 200,
                     vision={"hidden_size": 768, "intermediate_size": 3072, "num_hidden_layers": 12,
@@ -135,6 +138,7 @@ def main(argv: list[str] | None = None) -> dict:
             runs[name].append(timed(fn))
 
     width = args.images * args.samples
+    print(machine_line())
     print(f"rollouts: {args.images} images x {args.samples} samples x <= {args.max_length} tokens, SmolVLM-256M "
           f"shapes (random weights, float32), {args.threads} thread(s), best / median of {args.repeat}")  # fmt: skip
     results: dict[str, dict[str, float]] = {}
@@ -151,7 +155,8 @@ def main(argv: list[str] | None = None) -> dict:
               f"x{base / r['seconds']:.2f} finecap's speed")  # fmt: skip
     for what, seconds in start.items():
         print(f"  vllm {what}: {seconds:.2f} s (not in the rates)")
-    out = {"settings": vars(args), "results": results, "vllm_costs": start, "vllm_missing": missing}
+    out = {"machine": machine(), "settings": vars(args), "results": results, "vllm_costs": start,
+           "vllm_missing": missing}  # fmt: skip
     if args.json:
         Path(args.json).write_text(json.dumps(out, indent=2))
     return out

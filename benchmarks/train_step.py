@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -43,6 +44,9 @@ from finecap.train.schedule import build_scheduler
 from finecap.train.setup import build_data, build_model, train_unit
 from finecap.utils.rng import seed_everything
 from finecap.world.make import make_world
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from machine import machine, machine_line  # noqa: E402  (benchmarks/machine.py)
 
 
 def finecap_step(cfg, skip: int) -> float:
@@ -117,11 +121,12 @@ def main() -> None:
             for side, values in times.items():
                 results[f"{tag}{stage}/{side}"] = statistics.median(values)
             results[f"{tag}{stage}/ratio"] = results[f"{tag}{stage}/finecap"] / results[f"{tag}{stage}/bare"]
+    print(machine_line())
     for name, value in results.items():
         unit = "" if name.endswith("ratio") else " s per step (median)"
         print(f"{name}: {value:.3f}{unit}")
     if args.json:
-        Path(args.json).write_text(json.dumps(results, indent=2) + "\n")
+        Path(args.json).write_text(json.dumps({**results, "machine": machine()}, indent=2) + "\n")
 
 
 if __name__ == "__main__":

@@ -52,6 +52,9 @@ from finecap.models.vlm import Vlm
 from finecap.objectives.mle import MLE
 from finecap.objectives.smile import SmileObjective
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from machine import machine, machine_line  # noqa: E402  (benchmarks/machine.py)
+
 SIZES = dict(layers=3, hidden=128, heads=4)
 
 
@@ -149,6 +152,7 @@ def shared_prompt(args: argparse.Namespace) -> dict:
         f"{args.samples} samples, prompt {prompt} tokens ({args.image_tokens} image tokens), captions of "
         f"{args.tokens} tokens; torch threads {torch.get_num_threads()}, {args.steps} timed steps"
     )
+    print(machine_line())
     print(f"{'scoring':<20}{'LM positions/step':>19}{'s/step':>9}")
     for name, r in results.items():
         print(f"{name:<20}{r['positions']:>19,}{r['median_s']:>9.3f}")
@@ -175,7 +179,7 @@ def main(argv: list[str]) -> dict:
     if args.shared_prompt:
         results = shared_prompt(args)
         if args.json:
-            args.json.write_text(json.dumps(results, indent=2) + "\n")
+            args.json.write_text(json.dumps({**results, "machine": machine()}, indent=2) + "\n")
         return results
     kinds = ["clipcap", "blip", *(f"vlm_{f}" for f in VLM_FAMILIES)]
     results: dict[str, float] = {}
@@ -196,14 +200,14 @@ def main(argv: list[str]) -> dict:
                 times[kind].append(time.perf_counter() - start)
         for kind, ts in times.items():
             results[f"{kind}/{name}"] = statistics.median(ts[2:])
-    print(f"batch {args.batch}, 12 words + EOS, torch threads {torch.get_num_threads()}")
+    print(f"batch {args.batch}, 12 words + EOS; {machine_line()}")
     print(f"{'backbone':<16}{'mle s/step':>12}{'x clipcap':>11}{'smile s/step':>14}{'x clipcap':>11}")
     for kind in kinds:
         row = [results[f"{kind}/{o}"] for o in ("mle", "smile")]
         ratios = [r / results[f"clipcap/{o}"] for r, o in zip(row, ("mle", "smile"), strict=True)]
         print(f"{kind:<16}{row[0]:>12.3f}{ratios[0]:>11.2f}{row[1]:>14.3f}{ratios[1]:>11.2f}")
     if args.json:
-        args.json.write_text(json.dumps(results, indent=2) + "\n")
+        args.json.write_text(json.dumps({**results, "machine": machine()}, indent=2) + "\n")
     return results
 
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import sys
 import tempfile
 import time
 from datetime import date
@@ -30,6 +31,9 @@ from finecap.config import load
 from finecap.models.world_encoder import PRESETS, Preset
 from finecap.train.world_encoder import train_world_encoder
 from finecap.world.make import make_world
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from machine import machine, machine_line  # noqa: E402  (benchmarks/machine.py)
 
 OUT = Path(__file__).resolve().parent / "results" / "world_encoder_budget.jsonl"
 
@@ -145,6 +149,7 @@ def run_trial(name: str, overrides: list[str], seed: int, world_root: Path, cach
         "probe": {k: round(v["test"], 4) for k, v in result["probe"].items()},
         "reference_R@1": round(result["retrieval"]["reference"]["R@1"], 4),
         "dense_R@1": round(result["retrieval"]["dense"]["R@1"], 4), "bar_passed": result["bar"]["all_passed"],
+        "machine": machine(),
     }  # fmt: skip
 
 
@@ -165,6 +170,7 @@ def main() -> None:
             print(f"{name}: {' '.join(overrides) or '(defaults)'}")
         return
     register_architectures()
+    print(machine_line(), flush=True)
     work = args.work or Path(tempfile.mkdtemp(prefix="finecap-we-budget-"))
     finished = done(args.out)
     for name in args.trials.split(","):

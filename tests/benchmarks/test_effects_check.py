@@ -6,6 +6,7 @@ or when its interval does not exclude the paper's effect."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import shutil
 from pathlib import Path
@@ -169,3 +170,37 @@ def test_the_sle_non_reproduction_passes_when_its_interval_excludes_the_papers_g
     # the same, but one world seed's runs far below: an interval so wide it reaches +0.033 fails
     set_sle_gain(store, {(2, r): -0.3 + 0.01 * r for r in range(4)})
     assert "SLE CIDEr-D change (sle - scst)" in names(failures(effects, store))
+
+
+def markdown_rows(text: str, heading: str) -> list[dict[str, str]]:
+    """The rows of the first Markdown table after ``heading`` in ``text``, each as ``{column: cell}``."""
+    lines = text[text.index(heading) :].splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("|"))
+    table = list(itertools.takewhile(lambda line: line.startswith("|"), lines[start:]))
+    cells = [[c.strip() for c in line.strip().strip("|").split("|")] for line in table if not line.startswith("| ---")]
+    return [dict(zip(cells[0], row, strict=True)) for row in cells[1:]]
+
+
+DOC_COLUMNS = {"headline effect": "effect", "mean ± std over world seeds (run seed 0)": "mean ± std"}
+"""docs/results.md's column names that differ from those `effects.py` prints."""
+
+
+@pytest.mark.parametrize(
+    "heading", ["### Over world seeds and run seeds (issue 54)", "### With the hard RD (issue 35)"]
+)
+def test_the_results_pages_tables_are_what_the_committed_files_give(effects, heading, capsys, tmp_path):
+    """Every cell of the two effects tables docs/results.md gives as the committed results' equals what
+    ``effects.py --summarise-only`` prints from ``benchmarks/results/effects/`` (a verdict may add a note after
+    the script's words), so a re-run that changes the files cannot leave the page on the old numbers."""
+    effects.main(["--seeds", "0,1,2", "--root", str(tmp_path / "none"), "--store", str(effects.STORE),
+                  "--summarise-only"])  # fmt: skip
+    printed = {row["effect"]: row for row in markdown_rows(capsys.readouterr().out, "| effect |")}
+    rows = markdown_rows((ROOT / "docs" / "results.md").read_text(), heading)
+    assert len(rows) >= 11, heading
+    for row in rows:
+        effect = row.get("effect", row.get("headline effect"))
+        assert effect in printed, (heading, effect)
+        for column, cell in row.items():
+            expected = printed[effect][DOC_COLUMNS.get(column, column)]
+            ok = cell.startswith(expected) if column == "verdict" else cell == expected
+            assert ok, f"docs/results.md, {heading}, {effect}, {column}: {cell!r}, the files give {expected!r}"
