@@ -21,9 +21,10 @@ and pixels (VLM) to the caption texts (finecap's ``generate`` returns texts, so 
 ``tokenizer.batch_decode``).
 
 Settings matched: ``max_new_tokens = --max-length``, ``length_penalty=1``, no sampling, the same EOS/pad ids. Each
-timing is the best of ``--repeat`` wall-clock runs (``torch.no_grad``, eval mode). Beam search is timed with both
-finishing rules (``decode.finished_beams``): ``beam5`` is finecap's default ``keep`` (ClipCap's rule), and
-``beam5_set_aside`` is generate's rule, against the same ``generate`` timing. Greedy and set-aside beam outputs are
+timing is the best of ``--repeat`` wall-clock runs (``torch.no_grad``, eval mode), the two sides interleaved run by
+run (:mod:`timing`), printed with the range of the rounds' ratios. Beam search is timed with both finishing rules
+(``decode.finished_beams``): ``beam5`` is finecap's default ``keep`` (ClipCap's rule), and ``beam5_set_aside`` is
+generate's rule, each against its own ``generate`` runs. Greedy and set-aside beam outputs are
 checked to be identical to ``generate``'s. Target: ratio (generate time / finecap time) >= 1 for every row.
 """
 
@@ -33,7 +34,6 @@ import argparse
 import json
 import sys
 import tempfile
-import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -49,15 +49,7 @@ from finecap.models.vlm import Vlm
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from machine import machine, machine_line  # noqa: E402  (benchmarks/machine.py)
-
-
-def best_time(fn: Callable[[], object], repeat: int) -> float:
-    times = []
-    for _ in range(repeat):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return min(times)
+from timing import interleaved, spread  # noqa: E402  (benchmarks/timing.py)
 
 
 def agrees(gen: Generation, reference: torch.Tensor) -> tuple[bool, int]:
@@ -167,14 +159,17 @@ def main(argv: list[str] | None = None) -> dict:
             print(f"{name}: identical to generate: greedy {greedy_same}, beam5 set_aside {beam_same} "
                   f"({early} of {args.images} beam captions end before --max-length)")  # fmt: skip
             for k, label, rule in ((1, "greedy", "keep"), (5, "beam5", "keep"), (5, "beam5_set_aside", "set_aside")):
-                t_ours = best_time(lambda fns=fns, k=k, rule=rule: fns["finecap"](k, rule), args.repeat)
-                if label != "beam5_set_aside":  # both beam rows are timed against the same generate call
-                    t_ref = best_time(lambda fns=fns, k=k: fns["generate"](k), args.repeat)
-                results[f"{name}/{label}"] = {"finecap_s": t_ours, "generate_s": t_ref, "ratio": t_ref / t_ours}
+                times = interleaved({"finecap": lambda fns=fns, k=k, rule=rule: fns["finecap"](k, rule),
+                                     "generate": lambda fns=fns, k=k: fns["generate"](k)}, args.repeat)  # fmt: skip
+                ours, ref = times["finecap"], times["generate"]
+                results[f"{name}/{label}"] = {
+                    "finecap_s": ours.best, "generate_s": ref.best, "ratio": ref.best / ours.best,
+                    "finecap_runs": ours.runs, "generate_runs": ref.runs, "ratio_rounds": spread(ours, ref),
+                }  # fmt: skip
     print(f"\n{args.images} images, {args.max_length} tokens, best of {args.repeat}; {machine_line()}")
-    print(f"{'case':<30}{'finecap s':>11}{'generate s':>12}{'ratio':>8}")
+    print(f"{'case':<30}{'finecap s':>11}{'generate s':>12}  ratio (range over the interleaved rounds)")
     for key, r in results.items():
-        print(f"{key:<30}{r['finecap_s']:>11.3f}{r['generate_s']:>12.3f}{r['ratio']:>8.2f}")
+        print(f"{key:<30}{r['finecap_s']:>11.3f}{r['generate_s']:>12.3f}  {r['ratio_rounds']}")
     if args.json:
         args.json.write_text(json.dumps({**results, "machine": machine()}, indent=2))
     return results

@@ -3,7 +3,8 @@
     .venv/bin/python benchmarks/ngram_metrics.py [--images 5000] [--refs 5] [--repeat 3] [--json OUT]
 
 Data: synthetic tokenised captions (seeded; Zipf-distributed words from a 1,000-word vocabulary, 8-15 words), one
-prediction and ``--refs`` references per image. Each timing is the best of ``--repeat`` runs, measured by default as
+prediction and ``--refs`` references per image. Each timing is the best of ``--repeat`` runs, the two sides interleaved
+run by run (:mod:`timing`; the range of the rounds' ratios is printed beside the best's), measured by default as
 CPU time of this process (``time.process_time``; both implementations are single-threaded), which is robust to other
 jobs sharing the machine; ``--clock wall`` measures wall time instead. Metrics:
 
@@ -15,8 +16,8 @@ jobs sharing the machine; ``--clock wall`` measures wall time instead. Metrics:
   once (constructor not timed) and only processes the candidates. Timed over 10 batches.
 
 Also checks that both give the same numbers (max absolute difference printed). Target ratios: CIDEr-D >= 20x,
-BLEU and ROUGE-L >= 5x, SCST batch >= 40x. ``--json OUT`` writes ``{metric: {"finecap_s", "reference_s", "ratio"}}``
-and ``"machine"``.
+BLEU and ROUGE-L >= 5x, SCST batch >= 40x. ``--json OUT`` writes ``{metric: {"finecap_s", "reference_s", "ratio",
+"finecap_runs", "reference_runs", "ratio_rounds"}}`` and ``"machine"``.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ import time
 from collections import defaultdict
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 from pycocoevalcap.bleu.bleu import Bleu
@@ -43,6 +45,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from machine import machine, machine_line  # noqa: E402  (benchmarks/machine.py)
 from metric_args import corpus_parser  # noqa: E402
+from timing import Timing, interleaved, spread  # noqa: E402  (benchmarks/timing.py)
 
 TARGETS = {"bleu": 5.0, "rouge_l": 5.0, "cider_d": 20.0, "scst_batch": 40.0}
 
@@ -97,13 +100,11 @@ def reference_scst_batch(
 CLOCKS = {"process": time.process_time, "wall": time.perf_counter}
 
 
-def best_of(fn: Callable[[], object], repeat: int, clock: Callable[[], float]) -> tuple[float, object]:
-    best, out = float("inf"), None
-    for _ in range(repeat):
-        t = clock()
-        out = fn()
-        best = min(best, clock() - t)
-    return best, out
+def timed(ours: Timing, ref: Timing, per: int = 1) -> dict[str, Any]:
+    """The row of a metric: the best times (divided by ``per``: a batch's), their ratio, every run's time and the range
+    of the rounds' ratios (:func:`timing.spread`)."""
+    return {"finecap_s": ours.best / per, "reference_s": ref.best / per, "ratio": ref.best / ours.best,
+            "finecap_runs": ours.runs, "reference_runs": ref.runs, "ratio_rounds": spread(ours, ref)}  # fmt: skip
 
 
 def quiet(fn: Callable[[], object]) -> Callable[[], object]:
@@ -134,15 +135,15 @@ def main(argv: list[str] | None = None) -> dict[str, dict[str, float]]:
         ("cider_d", lambda: Cider().compute_score(refs, res), lambda: cider_d_per_item(preds, refs)),
     ]
     for name, ref_fn, our_fn in cases:
-        t_ref, (ref_corpus, ref_per) = best_of(quiet(ref_fn), args.repeat, clock)
-        t_our, (corpus, per) = best_of(our_fn, args.repeat, clock)
+        times = interleaved({"reference": quiet(ref_fn), "finecap": our_fn}, args.repeat, clock)
+        (ref_corpus, ref_per), (corpus, per) = times["reference"].out, times["finecap"].out
         if name == "bleu":
             d = max(abs(a - b) for a, b in zip(ref_corpus, corpus.values()))
             d = max(d, max(abs(ref_per[k][j] - per[i][f"BLEU-{k + 1}"]) for k in range(4) for j, i in enumerate(refs)))
         else:
             key = next(iter(corpus))
             d = max(abs(ref_corpus - corpus[key]), max(abs(ref_per[j] - per[i][key]) for j, i in enumerate(refs)))
-        results[name] = {"finecap_s": t_our, "reference_s": t_ref, "ratio": t_ref / t_our}
+        results[name] = timed(times["finecap"], times["reference"])
         diffs[name] = d
 
     # SCST: 10 batches of 100 images x 5 samples, document frequencies of the whole reference corpus
@@ -156,12 +157,11 @@ def main(argv: list[str] | None = None) -> dict[str, dict[str, float]]:
     df = corpus_document_frequency(refs)
     scorer = CiderD(refs)  # precomputed once, like the reward keeps it for the whole training run
 
-    t_ref, ref_scores = best_of(
-        lambda: [reference_scst_batch(df, len(refs), refs, s, i) for s, i in batches], args.repeat, clock
-    )
-    t_our, our_scores = best_of(lambda: [scorer.score(s, i) for s, i in batches], args.repeat, clock)
+    times = interleaved({"reference": lambda: [reference_scst_batch(df, len(refs), refs, s, i) for s, i in batches],
+                         "finecap": lambda: [scorer.score(s, i) for s, i in batches]}, args.repeat, clock)  # fmt: skip
+    ref_scores, our_scores = times["reference"].out, times["finecap"].out
     diffs["scst_batch"] = max(float(np.abs(a - b).max()) for a, b in zip(ref_scores, our_scores))
-    results["scst_batch"] = {"finecap_s": t_our / 10, "reference_s": t_ref / 10, "ratio": t_ref / t_our}
+    results["scst_batch"] = timed(times["finecap"], times["reference"], per=len(batches))
 
     print(f"{args.images} images x {args.refs} references, best of {args.repeat}, {args.clock} time; {machine_line()}")
     print(f"{'metric':<12} {'finecap_s':>10} {'reference_s':>12} {'ratio':>8} {'target':>7} {'max |diff|':>11}")
@@ -169,7 +169,7 @@ def main(argv: list[str] | None = None) -> dict[str, dict[str, float]]:
         ok = "ok" if r["ratio"] >= TARGETS[name] else "MISS"
         print(
             f"{name:<12} {r['finecap_s']:>10.4f} {r['reference_s']:>12.4f} {r['ratio']:>7.1f}x "
-            f"{TARGETS[name]:>5.0f}x {diffs[name]:>11.2e}  {ok}"
+            f"{TARGETS[name]:>5.0f}x {diffs[name]:>11.2e}  {ok}  (rounds {r['ratio_rounds'].split('rounds ')[1]}"
         )
     if args.json is not None:
         args.json.parent.mkdir(parents=True, exist_ok=True)

@@ -14,11 +14,13 @@ import pytest
 from helpers.scripts import benchmark
 
 BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
-MEASURES = {"perf_counter", "process_time", "time", "peak_bytes", "max_memory_allocated", "measure"}
-"""Calls that time a step or read a memory peak (``time.time``, ``peak_rss.peak_bytes``, ...)."""
+MEASURES = {"perf_counter", "process_time", "time", "peak_bytes", "max_memory_allocated", "measure", "interleaved"}
+"""Calls that time a step or read a memory peak (``time.time``, ``peak_rss.peak_bytes``, ``timing.interleaved``,
+...)."""
 EXEMPT = {
     "machine.py": "the module itself",
     "peak_rss.py": "the peak-memory method the memory benchmarks call, not a benchmark",
+    "timing.py": "the interleaved timer the speed benchmarks call, not a benchmark",
     "effects.py": "times a seed's demo run for its log; its numbers are results, not speed",
     "chair_lemmatiser_gap.py": "prints each lemmatiser's seconds to stderr as progress; its numbers are CHAIR values",
     "gpu_check.py": "records its own machine: GPU, CUDA, and every package's version (its env line)",

@@ -412,7 +412,7 @@ def test_the_runner_writes_one_result_per_run_and_the_page(sle_run):
         assert sum(values) / len(values) == pytest.approx(record["metrics"][key], rel=1e-3, abs=1e-4), key
     assert record["quick"] and record["recipe"] == "sle" and record["init"] == "mle"
     # where it was made: the same code and seeds train other weights on another processor (benchmarks/machine.py)
-    assert {"processor", "cpus", "python", "torch", "numpy", "commit"} == set(record["machine"])
+    assert {"processor", "cpus", "threads", "python", "torch", "numpy", "commit"} == set(record["machine"])
     assert record["machine"]["processor"] and record["machine"]["cpus"] >= 1
     assert {"CIDEr-D", "BLEU-4", "sample/Div-2", "beam/mBLEU-4"} <= set(record["metrics"])
     assert not any(k.startswith(("family/", "hardRD")) for k in record["metrics"])  # 8 test images: no family of 10
