@@ -43,6 +43,15 @@ def test_vocabulary_is_sorted_stable_and_closed(scenes):
             assert set(c.split()) <= words, set(c.split()) - words
 
 
+def test_the_docs_count_the_vocabulary_s_words():
+    # docs/data.md said "the world's 74 words": 74 is the tokenizer's size, 69 words and 5 special tokens
+    from helpers.scripts import ROOT
+
+    text = " ".join((ROOT / "docs" / "data.md").read_text(encoding="utf-8").split())
+    stated = re.search(r"holds the world's (\d+) words", text)
+    assert stated is not None and int(stated.group(1)) == len(vocabulary())
+
+
 def test_reference_captions_shape(scenes):
     rng = random.Random(2)
     lengths = []

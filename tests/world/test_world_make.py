@@ -323,6 +323,35 @@ def test_load_scene_records_errors(tmp_path):
         load_scenes(tmp_path)
 
 
+@pytest.mark.parametrize(
+    "line, says",
+    [
+        ('{"imgid": 0, "scene": {"id": 0, "background": "grass", "objects": [{"shape": "circle", "color": "red", '
+         '"size": "large", "row": "1", "col": 1}]}}', r"cell \('1', 1\): row and col must be integers"),
+        ('{"imgid": 0, "scene": {"id": 0, "background": "grass", "objects": [{"shape": "circle", "color": "red", '
+         '"size": "large", "row": null, "col": 1}]}}', r"cell \(None, 1\): row and col must be integers"),
+        ("[1, 2]", "a JSON object with an integer 'imgid'"),
+        ('{"scene": {"id": 0, "background": "grass", "objects": []}}', "a JSON object with an integer 'imgid'"),
+    ],
+)  # fmt: skip
+def test_a_scene_record_of_the_wrong_type_names_its_file_and_line(tmp_path, line, says):
+    # A string or null row raised TypeError ('<=' not supported), a line that is a list TypeError (list indices), a
+    # line without imgid KeyError in load_scenes: tracebacks naming neither the file nor the line
+    (tmp_path / "scenes.jsonl").write_text("\n" + line + "\n")
+    with pytest.raises(ValueError, match=r"scenes.jsonl, line 2: invalid scene record: .*" + says):
+        load_scenes(tmp_path)
+
+
+def test_a_float_cell_is_refused_not_read_as_a_cell_of_its_own(tmp_path):
+    # row 1.0 was accepted: the object's cell was 4.0, and every fact check then failed on CELLS[4.0] (TypeError)
+    (tmp_path / "scenes.jsonl").write_text(
+        '{"imgid": 0, "scene": {"id": 0, "background": "grass", "objects": [{"shape": "circle", "color": "red", '
+        '"size": "large", "row": 1.0, "col": 1}]}}\n'
+    )
+    with pytest.raises(ValueError, match=r"line 1: invalid scene record: scene 0: cell \(1.0, 1\): row and col"):
+        load_scenes(tmp_path)
+
+
 def test_every_variant_kind_is_one_fact_level_detail():
     rng = random.Random(0)
     seen = set()

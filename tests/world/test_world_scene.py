@@ -60,6 +60,11 @@ def test_to_dict_round_trip_and_errors():
         Scene.from_dict(bad)
     with pytest.raises(ValueError, match="invalid scene record"):
         Scene.from_dict({"id": 1, "objects": []})
+    for row in (True, 1.0, "1"):  # JSON true, 1.0 and "1" are no grid row (a bool is an int to Python)
+        bad = scene.to_dict()
+        bad["objects"][0]["row"] = row
+        with pytest.raises(ValueError, match="scene 7: cell .*row and col must be integers"):
+            Scene.from_dict(bad)
 
 
 def test_scene_labels_are_hand_computed():

@@ -361,6 +361,8 @@ def load_scene_records(out: Path | str) -> list[dict[str, Any]]:
             continue
         try:
             r = json.loads(line)
+            if not isinstance(r, dict) or type(r.get("imgid")) is not int:
+                raise ValueError(f"a JSON object with an integer 'imgid' and a 'scene' expected, not {line[:80]}")
             r["scene"] = Scene.from_dict(r["scene"])
         except (json.JSONDecodeError, KeyError, ValueError) as e:
             raise ValueError(f"{path}, line {lineno}: invalid scene record: {e}") from None

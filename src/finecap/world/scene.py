@@ -93,7 +93,8 @@ class Scene:
 
 
 def validate(scene: Scene) -> None:
-    """Raise ``ValueError`` when a scene breaks the world's rules (unknown words, shared cells or shapes)."""
+    """Raise ``ValueError`` when a scene breaks the world's rules (unknown words, a row or column that is no integer
+    of the grid, shared cells or shapes)."""
 
     def bad(msg: str) -> None:
         raise ValueError(f"scene {scene.id}: {msg}")
@@ -107,6 +108,8 @@ def validate(scene: Scene) -> None:
                                   ("pattern", o.pattern, [None, *PATTERNS])):  # fmt: skip
             if value not in valid:
                 bad(f"{key} {value!r} not in {valid}")
+        if not all(type(v) is int for v in (o.row, o.col)):  # a float or a string is no grid cell (nor is a bool)
+            bad(f"cell ({o.row!r}, {o.col!r}): row and col must be integers")
         if not (0 <= o.row < GRID and 0 <= o.col < GRID):
             bad(f"cell ({o.row}, {o.col}) outside the {GRID}x{GRID} grid")
     if len({o.shape for o in scene.objects}) != len(scene.objects):
