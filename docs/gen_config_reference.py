@@ -6,8 +6,8 @@
 Every key comes from :data:`finecap.config.SECTIONS` through :func:`finecap.config.describe` (the same rows
 ``finecap config --describe`` prints, each doc followed by the field's bounds and why the upper one is where it is): a
 field added to a section with ``doc(default, "...")`` appears here when this script is run again.
-``tests/config/test_config_reference.py`` fails when the committed page differs from what this script writes. Defaults that
-depend on the machine (the user's home folder) are written as ``~``.
+``tests/config/test_config_reference.py`` fails when the committed page differs from what this script writes.
+Defaults that depend on the machine (the user's home folder) are written as ``~``.
 """
 
 from __future__ import annotations
