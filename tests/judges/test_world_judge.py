@@ -143,6 +143,13 @@ def test_questions_file_round_trip_and_errors(tmp_path):
     path.write_text("not json\n")
     with pytest.raises(ValueError, match=r"questions.jsonl:1: not JSON"):
         read_questions(path)
+    # a misspelt fact was answered "cannot answer" whatever the caption said, silently
+    for fact in ('["colour", "circle"]', '["color", "circel"]', '["count", "circle"]', '"color"'):
+        path.write_text('{"image_id": 1, "questions": [{"question": "Colour?", "options": ["red", "blue"], '
+                        f'"answer": "red", "fact": {fact}}}]}}\n')  # fmt: skip
+        with pytest.raises(ValueError, match=r"questions.jsonl:1: question 0 of image 1: 'fact' .* is no fact the "
+                                             "world judge answers"):  # fmt: skip
+            read_questions(path)
 
 
 def test_caprls_layout_with_the_options_in_the_question_text(tmp_path):

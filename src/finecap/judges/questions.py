@@ -26,7 +26,7 @@ from pathlib import Path
 
 from finecap.judges.base import CANNOT_ANSWER, Question
 from finecap.utils.reading import text_lines
-from finecap.world.scene import BACKGROUNDS, CELLS, COLORS, MAX_OBJECTS, PATTERNS, SIZES, Scene
+from finecap.world.scene import BACKGROUNDS, CELLS, COLORS, MAX_OBJECTS, PATTERNS, SHAPES, SIZES, Scene
 
 N_OPTIONS = 4
 """Options of a world question (fewer when the world has fewer values: size and pattern have 2)."""
@@ -105,11 +105,37 @@ def question_of(raw: object, image_id: Hashable, n: int, where: str) -> Question
     if answer not in options and len(answer) == 1 and 0 <= ord(answer.upper()) - ord("A") < len(options):
         answer = options[ord(answer.upper()) - ord("A")]
     fact = raw.get("fact")
+    if fact and not is_question_fact(fact):
+        raise ValueError(
+            f"{where}: question {n} of image {image_id!r}: 'fact' {fact!r} is no fact the world judge answers: "
+            f"[kind, shape] with kind one of {', '.join(QUESTION_KINDS)} and shape one of {', '.join(SHAPES)} "
+            "(null for background and count)"
+        )
     try:
         return Question(str(raw.get("id") or f"{image_id}/{n}"), raw["question"], options, answer,
                         tuple(fact) if fact else None)  # fmt: skip
     except ValueError as e:
         raise ValueError(f"{where}: {e}") from None
+
+
+QUESTION_KINDS = ("color", "size", "position", "pattern", "background", "count")
+"""The kinds of fact a question may ask (:func:`scene_questions`): an object's (with its shape) or the scene's."""
+
+
+def is_question_fact(fact: object) -> bool:
+    """Whether ``fact`` is a question's ``[kind, shape]`` that the world judge can answer: a misspelt kind
+    (``colour``) or shape would be answered "cannot answer" whatever the caption says.
+
+    Example::
+
+        >>> [is_question_fact(f) for f in (["color", "circle"], ["count", None], ["colour", "circle"])]
+        [True, True, False]
+    """
+    if not (isinstance(fact, list | tuple) and len(fact) == 2):
+        return False
+    kind, shape = fact
+    scene_wide = kind in ("background", "count")
+    return kind in QUESTION_KINDS and (shape is None if scene_wide else shape in SHAPES)
 
 
 def read_questions(path: str | Path) -> dict[Hashable, list[Question]]:
