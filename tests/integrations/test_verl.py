@@ -95,3 +95,31 @@ def test_verls_per_sample_loader_with_mined_distractors():
                  for c, i in zip(CAPTIONS, IDS, strict=True)]  # fmt: skip
     in_process = [reward([c], call_batch([i])).total.item() for c, i in zip(CAPTIONS, IDS, strict=True)]
     assert got == alone == in_process and in_process == pytest.approx(EXPECTED, abs=1e-5)
+
+
+VERL_FILE = """
+from finecap.integrations.verl import VerlReward
+
+compute_score = VerlReward(url={url!r})
+"""
+
+
+def test_verls_remote_manager_ships_a_file_defined_server_reward_to_its_workers(tmp_path):
+    """verl's ``remote`` reward manager (``reward_manager.name=remote``) hands the loaded ``compute_score`` to Ray
+    workers (``RewardComputeWorker.remote(compute_score)``: Ray's cloudpickle). A ``VerlReward(url=...)`` of a file
+    of the user's could not be pickled (its client's lock and pool); the unpickled copy asks the server as the
+    original does."""
+    from ray import cloudpickle
+    from verl.trainer.ppo.reward import get_custom_reward_fn
+
+    reward = small_mixture(SRConfig(distractors="hard"))
+    path = tmp_path / "finecap_reward.py"
+    with serving(RewardService(reward, ImageTable(["a", "b"]), log_every=0)) as url:
+        path.write_text(VERL_FILE.format(url=url))
+        config = OmegaConf.create({"reward": {"custom_reward_function": {"path": str(path), "name": "compute_score"}}})
+        loaded = get_custom_reward_fn(config)
+        loaded(data_source="finecap", solution_str=CAPTIONS[0], ground_truth="", extra_info={"image_id": IDS[0]})
+        shipped = cloudpickle.loads(cloudpickle.dumps(loaded))  # what Ray does with RewardComputeWorker's argument
+        got = [shipped(data_source="finecap", solution_str=c, ground_truth="", extra_info={"image_id": i})["score"]
+               for c, i in zip(CAPTIONS, IDS, strict=True)]  # fmt: skip
+    assert got == [reward([c], call_batch([i])).total.item() for c, i in zip(CAPTIONS, IDS, strict=True)]
