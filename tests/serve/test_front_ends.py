@@ -11,6 +11,7 @@ import asyncio
 import pytest
 
 from finecap.integrations.verl import VerlReward, compute_score, compute_score_async, compute_score_batch
+from finecap.rewards import call_batch
 from finecap.rewards.cider import CiderReward
 from finecap.serve.service import ImageTable, RewardService
 from helpers.served import CAPTIONS, EXPECTED, IDS, every_front_end, serving, small_mixture
@@ -65,6 +66,25 @@ def test_verls_server_functions_take_the_token_and_timeout_of_reward_kwargs(monk
         with pytest.raises(RewardServerError, match="ReadTimeout|timed out"):
             compute_score("d", "slow", "", info, url=url, token=token, timeout=0.2)
         assert compute_score("d", "slow", "", info, url=url, token=token)["score"] == 1.0  # the default: 180 s
+
+
+def test_a_server_adapter_pickles_into_another_process_and_asks_the_same_server():
+    """verl's ``remote`` reward manager pickles ``compute_score`` to Ray workers: a ``VerlReward(url=...)`` that has
+    asked once (its client's pool and lock open) could not be pickled; its copy opens a pool of its own and gets the
+    same values (tests/integrations/test_verl.py runs it through verl's own loader)."""
+    import pickle
+
+    reward = small_mixture()
+    with serving(RewardService(reward, ImageTable(["a", "b"]), log_every=0)) as url:
+        served = VerlReward(url=url)
+        infos = [{"image_id": i} for i in IDS]
+        first = served.batch(["d"] * 4, CAPTIONS, [""] * 4, infos)
+        copy = pickle.loads(pickle.dumps(served))
+        assert copy.batch(["d"] * 4, CAPTIONS, [""] * 4, infos) == first
+        assert asyncio.run(copy.scorer.ascore(CAPTIONS, IDS)).total.tolist() == [r["score"] for r in first]
+        copy.close()
+        assert served.batch(["d"] * 4, CAPTIONS, [""] * 4, infos) == first  # the original's pool is its own
+    assert [r["score"] for r in first] == reward(CAPTIONS, call_batch(IDS)).total.tolist()
 
 
 @pytest.mark.parametrize("n_groups", [1, pytest.param(10, marks=pytest.mark.slow)])

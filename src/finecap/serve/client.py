@@ -104,6 +104,18 @@ class RewardClient:
     def __repr__(self) -> str:
         return f"RewardClient({masked_url_secrets(self.url)!r})"
 
+    def __getstate__(self) -> dict[str, Any]:
+        """What a copy in another process needs (verl's ``remote`` reward manager ships its ``compute_score`` to Ray
+        workers): the URL, timeout, token and limit; its pool, event-loop gates and lock are this process's, and the
+        copy opens its own."""
+        return {k: v for k, v in self.__dict__.items() if k not in ("_http", "_gates", "_lock")}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._http = None
+        self._gates = weakref.WeakKeyDictionary()
+        self._lock = threading.Lock()
+
     @staticmethod
     def payload(captions: Sequence[str], image_ids: Sequence[Hashable] | None = None, *,
                 images: Sequence[str] | None = None, references: Sequence[Sequence[str]] | None = None,
