@@ -152,6 +152,12 @@ def test_retrieval_scores_against_the_calls_other_images(tmp_path):
     unit = reward_function("retrieval", retriever=retriever, embeddings=embeddings, sr=SRConfig(logit_scale=1.0))
     want = torch.log_softmax(text_emb @ image_emb.T, dim=1)[torch.arange(4), torch.tensor([0, 0, 1, 1])]
     assert unit(prompts=[""] * 4, completions=texts, image_id=ids) == pytest.approx(want.tolist(), abs=1e-5)
+    # the reward's parts reach TRL's log_metric (they were dropped: TRL logged the total alone)
+    logged = {}
+    got = same(prompts=[""] * 4, completions=texts, image_id=ids, log_metric=logged.__setitem__)
+    assert logged["rewards/retrieval/accuracy/mean"] == pytest.approx(float(right.mean()))
+    assert logged["rewards/retrieval/log_prob/mean"] == pytest.approx(sum(got) / 4, abs=1e-6)
+    assert "rewards/retrieval/retrieval/mean" not in logged  # the total is TRL's own rewards/retrieval/mean
     with pytest.raises(ValueError, match="sr.distractors=hard; TRL gives batch only"):
         reward_function("retrieval", retriever=retriever, embeddings=embeddings, sr=SRConfig(distractors="hard"))
 

@@ -4,9 +4,10 @@
 name or dotted path with the reward's options, a built reward, or ``url=`` of a running ``finecap serve-reward``. It
 returns a callable with TRL's signature ``fn(prompts, completions, **kwargs) -> list[float | None]``: one value per
 completion (plain or conversational), the image of each read from the data-set column ``image_id_column`` that TRL
-passes through ``kwargs``; its ``__name__`` is the reward's name (TRL logs ``rewards/<name>/mean``). A completion
-the reward could not score (:attr:`finecap.rewards.RewardOutput.failed`) is ``None``, which TRL (1.16) reads as NaN
-and leaves out of the reward, never 0. docs/integrations.md lists each reward's options.
+passes through ``kwargs``; its ``__name__`` is the reward's name (TRL logs ``rewards/<name>/mean``; the reward's
+parts, such as a sum's terms or retrieval's accuracy, go to TRL's ``log_metric`` as ``rewards/<name>/<part>/mean``). A
+completion the reward could not score (:attr:`finecap.rewards.RewardOutput.failed`) is ``None``, which TRL (1.16) reads
+as NaN and leaves out of the reward, never 0. docs/integrations.md lists each reward's options.
 
 Example (plain-text completions)::
 
@@ -19,6 +20,7 @@ Example (plain-text completions)::
 
 from __future__ import annotations
 
+import math
 from collections.abc import Hashable, Mapping, Sequence
 from typing import Any
 
@@ -51,7 +53,13 @@ class TrlReward:
         is refused alike (a ``ValueError`` with the server's message: :class:`finecap.integrations.scoring.Scorer`),
         a conversational completion without an assistant message too."""
         texts = [t.strip() for t in completion_texts(completions)]
-        total, _ = self.scorer.score(texts, self.image_ids(len(texts), kwargs)).values(failed=None)
+        total, parts = self.scorer.score(texts, self.image_ids(len(texts), kwargs)).values(failed=None)
+        log_metric = kwargs.get("log_metric")  # TRL >= 1.16: averaged over the logging step beside its own metrics
+        if callable(log_metric):
+            for part, values in parts.items():
+                scored = [v for v in values if v is not None and math.isfinite(v)]
+                if part != self.__name__ and scored:  # a reward's one part named like it is TRL's own rewards/<name>
+                    log_metric(f"rewards/{self.__name__}/{part}/mean", sum(scored) / len(scored))
         return total
 
     def close(self) -> None:
