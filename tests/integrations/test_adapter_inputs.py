@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import math
 
 import httpx
@@ -89,6 +90,24 @@ def test_an_id_and_its_string_are_one_image_in_every_front_end():
         labels = [json.dumps({"image_id": int(i) if not isinstance(i, str) else i}) for i in ids]
         got = openrlhf_function(cider())([f"Q:{c}" for c in captions], ["Q:", "Q:"], labels)["rewards"].tolist()
         assert [float(np.float32(v)) for v in got] == [float(np.float32(v)) for v in expected]
+
+
+def test_verl_says_once_that_it_does_not_read_references_put_in_ground_truth(caplog):
+    # verl's natural place for references is ground_truth, which the adapter does not read: the reward's own
+    # references scored the call without a word
+    captions = ["a red circle", "a square"]
+    infos = [{"image_id": 1}, {"image_id": 2}]
+    reward = VerlReward(cider())
+    with caplog.at_level(logging.WARNING, logger="finecap.integrations.verl"):
+        reward.batch(["d", "d"], captions, ["", ""], infos)  # verl's required field, empty: nothing to say
+        assert not caplog.records
+        reward.batch(["d", "d"], captions, [["a red ball"], ["a blue box"]], infos)
+        reward.batch(["d", "d"], captions, [["a red ball"], ["a blue box"]], infos)
+        with_refs = [{**info, "references": ["a red circle"]} for info in infos]
+        VerlReward(cider()).batch(["d", "d"], captions, [["x"], ["y"]], with_refs)  # references given: read
+    (record,) = caplog.records
+    assert "ground_truth holds text, which it does not read" in record.getMessage()
+    assert "put them in extra_info['references']" in record.getMessage()
 
 
 def test_verl_and_swift_refuse_references_given_as_a_string():

@@ -51,10 +51,13 @@ Example::
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Hashable, Mapping, Sequence
 from typing import Any
 
 from finecap.integrations.scoring import Scorer
+
+log = logging.getLogger(__name__)
 
 __all__ = ["VerlReward", "compute_score", "compute_score_async", "compute_score_batch"]
 
@@ -74,6 +77,7 @@ class VerlReward:
                  references_key: str = "references", **options: Any) -> None:  # fmt: skip
         self.scorer = Scorer.of(name_or_reward, url=url, **options)
         self.image_key, self.references_key = image_key, references_key
+        self._told_ground_truth = False
 
     def close(self) -> None:
         """Release what its scorer opened (:meth:`finecap.integrations.scoring.Scorer.close`)."""
@@ -102,6 +106,7 @@ class VerlReward:
               ) -> list[dict[str, float]]:  # fmt: skip
         """verl's batch form: one reward call for the batch."""
         ids, refs = self._inputs(extra_infos)
+        self._note_ground_truth(ground_truths, refs)
         total, parts = self.scorer.score(solution_strs, ids, refs).values()
         return [{"score": t, **{k: v[n] for k, v in parts.items()}} for n, t in enumerate(total)]
 
@@ -117,8 +122,21 @@ class VerlReward:
         """The per-sample form as a coroutine (a server is asked without blocking verl's event loop)."""
         self._check_single()
         ids, refs = self._inputs([extra_info])
+        self._note_ground_truth([ground_truth], refs)
         total, parts = (await self.scorer.ascore([solution_str], ids, refs)).values()
         return {"score": total[0], **{k: v[0] for k, v in parts.items()}}
+
+    def _note_ground_truth(self, ground_truths: Sequence[Any], refs: list | None) -> None:
+        """A warning, once, when ``ground_truth`` holds text and no references came in ``extra_info``: verl's natural
+        place for the references is not read (module docstring), so the reward's own references score the call."""
+        if refs is not None or self._told_ground_truth:
+            return
+        if any(isinstance(g, str) and g.strip() or isinstance(g, list | tuple) and g and all(isinstance(t, str)
+               for t in g) for g in ground_truths):  # fmt: skip
+            self._told_ground_truth = True
+            log.warning("finecap verl reward: ground_truth holds text, which it does not read: the reward scores "
+                        "against its own references of the image in extra_info[%r]; to score against the data set's, "
+                        "put them in extra_info[%r]", self.image_key, self.references_key)  # fmt: skip
 
     def _check_single(self) -> None:
         if self.scorer.compares_images:
