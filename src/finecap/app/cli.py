@@ -826,9 +826,9 @@ def launched_rank() -> int:
 
 class Terminated(KeyboardInterrupt):
     """SIGTERM (``kill PID``, a scheduler's stop, ``timeout``), raised in the main thread as Ctrl-C's
-    ``KeyboardInterrupt`` is, so that the same clean-up runs (the output folder's lock removed, a boost's ``boost.json``
-    set to ``interrupted``, the demo's side stages stopped) and the command ends with one line and exit code 143
-    (docs/cli.md#errors), instead of dying at once, silent after its progress bar's half line."""
+    ``KeyboardInterrupt`` is, so that the same clean-up runs (the output folder's lock removed, a boost's
+    ``boost.json`` set to ``interrupted``, the demo's side stages stopped) and the command ends with one line and
+    exit code 143 (docs/cli.md#errors), instead of dying at once, silent after its progress bar's half line."""
 
 
 @contextlib.contextmanager
