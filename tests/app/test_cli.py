@@ -327,3 +327,23 @@ def test_a_signal_ends_a_training_run_with_one_line_and_its_lock_removed(tiny, t
     assert err.strip().splitlines()[-1] == line and "Traceback" not in err, err
     assert out == ""
     assert not (run / TRAIN_LOCK).exists()  # a killed run's lock is taken over with a warning; an ended one's is gone
+
+
+@pytest.mark.parametrize("stages", [[], ["--stages", ""], ["demo.stages=[]"]])
+def test_a_demo_given_no_stage_is_refused_not_run_whole(stages, tmp_path, monkeypatch, capsys):
+    # `--stages "$STAGES"` with the variable empty started the whole default demo (hours) instead of saying so
+    import finecap.app.demo
+
+    def ran(demo):  # noqa: ANN001, ANN202
+        raise AssertionError(f"the demo ran stages {demo.cfg.demo.stages}")
+
+    monkeypatch.setattr(finecap.app.demo, "run_stages", ran)
+    argv = ["demo", "--quick", *stages, "--out", str(tmp_path / "demo")]
+    if not stages:  # no --stages: the default list, which runs
+        with pytest.raises(AssertionError, match="the demo ran stages"):
+            main(argv)
+        return
+    assert main(argv) == 2
+    assert "finecap: error: demo.stages (--stages): no stage given, nothing to run; valid stages: world," in (
+        capsys.readouterr().err
+    )

@@ -317,7 +317,7 @@ def cmd_demo(args: argparse.Namespace) -> None:
     flags = _flags(args, {"out": "run.dir"})
     if args.force:
         flags.append("demo.force=true")
-    if args.stages:
+    if args.stages is not None:  # given empty (`--stages "$STAGES"`): refused, never read as the default list
         flags.append(f"demo.stages=[{args.stages}]")
     items = [*flags, *items, *environment_overrides()]
     main(load_demo_config(recipe, items, args.quick), items=items, quick=args.quick, recipe=recipe)
