@@ -302,3 +302,57 @@ def test_numeric_options_of_the_other_commands_are_checked_at_the_command_line(a
     err = capsys.readouterr().err
     assert stopped.value.code == 2 and words in err and "Traceback" not in err
     assert not list(tmp_path.iterdir())
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("sig", "code", "line"), [("SIGTERM", 143, "finecap: terminated"),
+                                                   ("SIGINT", 130, "finecap: interrupted")])  # fmt: skip
+def test_a_signal_ends_a_training_run_with_one_line_and_its_lock_removed(tiny, tmp_path, sig, code, line):
+    # `kill PID`, a scheduler's stop or `timeout` (SIGTERM) end a command as Ctrl-C (SIGINT) does: one line, exit
+    # code 128 + the signal, and the clean-up done (SIGTERM used to kill the process at once: nothing said, the
+    # progress bar's half line last, the run's .train.lock left behind)
+    import signal
+
+    from finecap.locks import TRAIN_LOCK
+    from helpers.waiting import until
+
+    run = tmp_path / "run"
+    argv = [*tiny["base"], "train.max_steps=100000", "train.save_every=2", "train.eval_every=1000000"]
+    process = subprocess.Popen([sys.executable, "-m", "finecap", "train", *argv, "--out", str(run)],
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                               env={**os.environ, "TQDM_DISABLE": "1"},
+                               preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))  # fmt: skip
+    try:
+        metrics = run / "metrics.jsonl"
+        until(lambda: metrics.is_file() and metrics.read_text().count("\n") >= 4, "training did not start",
+              timeout=240, every=0.2)  # fmt: skip
+        assert (run / TRAIN_LOCK).is_file()  # training, holding its run folder
+        process.send_signal(getattr(signal, sig))
+        out, err = process.communicate(timeout=120)
+    finally:
+        process.kill()
+        process.wait()
+    assert process.returncode == code, err
+    assert err.strip().splitlines()[-1] == line and "Traceback" not in err, err
+    assert out == ""
+    assert not (run / TRAIN_LOCK).exists()  # a killed run's lock is taken over with a warning; an ended one's is gone
+
+
+@pytest.mark.parametrize("stages", [[], ["--stages", ""], ["demo.stages=[]"]])
+def test_a_demo_given_no_stage_is_refused_not_run_whole(stages, tmp_path, monkeypatch, capsys):
+    # `--stages "$STAGES"` with the variable empty started the whole default demo (hours) instead of saying so
+    import finecap.app.demo
+
+    def ran(demo):  # noqa: ANN001, ANN202
+        raise AssertionError(f"the demo ran stages {demo.cfg.demo.stages}")
+
+    monkeypatch.setattr(finecap.app.demo, "run_stages", ran)
+    argv = ["demo", "--quick", *stages, "--out", str(tmp_path / "demo")]
+    if not stages:  # no --stages: the default list, which runs
+        with pytest.raises(AssertionError, match="the demo ran stages"):
+            main(argv)
+        return
+    assert main(argv) == 2
+    assert "finecap: error: demo.stages (--stages): no stage given, nothing to run; valid stages: world," in (
+        capsys.readouterr().err
+    )

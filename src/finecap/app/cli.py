@@ -16,7 +16,9 @@ import math
 import os
 import re
 import shlex
+import signal
 import sys
+import threading
 import time
 import typing
 from collections.abc import Callable, Iterator, Sequence
@@ -315,7 +317,7 @@ def cmd_demo(args: argparse.Namespace) -> None:
     flags = _flags(args, {"out": "run.dir"})
     if args.force:
         flags.append("demo.force=true")
-    if args.stages:
+    if args.stages is not None:  # given empty (`--stages "$STAGES"`): refused, never read as the default list
         flags.append(f"demo.stages=[{args.stages}]")
     items = [*flags, *items, *environment_overrides()]
     main(load_demo_config(recipe, items, args.quick), items=items, quick=args.quick, recipe=recipe)
@@ -822,10 +824,42 @@ def launched_rank() -> int:
         return 0
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM (``kill PID``, a scheduler's stop, ``timeout``), raised in the main thread as Ctrl-C's
+    ``KeyboardInterrupt`` is, so that the same clean-up runs (the output folder's lock removed, a boost's
+    ``boost.json`` set to ``interrupted``, the demo's side stages stopped) and the command ends with one line and
+    exit code 143 (docs/cli.md#errors), instead of dying at once, silent after its progress bar's half line."""
+
+
+@contextlib.contextmanager
+def sigterm_as_interrupt() -> Iterator[None]:
+    """While the command runs, SIGTERM raises :class:`Terminated` in this process's main thread; a process forked
+    from it (a data loader's worker) dies by the signal as before. Left alone when the handler is not the default
+    (a caller's own) or when not called from the main thread; put back afterwards."""
+    if threading.current_thread() is not threading.main_thread() or signal.getsignal(signal.SIGTERM) != signal.SIG_DFL:
+        yield
+        return
+    main_pid = os.getpid()
+
+    def terminated(signum: int, frame: object) -> None:
+        if os.getpid() != main_pid:  # a forked child: die by the signal, as it would have
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+            os.kill(os.getpid(), signal.SIGTERM)
+            return
+        raise Terminated
+
+    signal.signal(signal.SIGTERM, terminated)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
-        return _run(args)
+        with sigterm_as_interrupt():
+            return _run(args)
     finally:
         leave_process_group()
 
@@ -840,12 +874,13 @@ def _run(args: argparse.Namespace) -> int:
         return 2
     except AnotherProcessFailed:  # the main process of the launch prints the error; this one only stops
         return 2
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as e:  # Ctrl-C (SIGINT), or SIGTERM (Terminated): exit codes as a shell's, 128 + signal
         if debug_requested(args):
             raise
         _close_progress_bars()
-        print("finecap: interrupted", file=sys.stderr)
-        return 130
+        terminated = isinstance(e, Terminated)
+        print(f"finecap: {'terminated' if terminated else 'interrupted'}", file=sys.stderr)
+        return 143 if terminated else 130
     except Exception as e:
         message = explain(e)
         if message is None or debug_requested(args):

@@ -347,6 +347,8 @@ def main(
     """Run ``cfg.demo.stages``; returns the results table (also written to ``<run_dir>/results.json``). ``cfg`` is
     :func:`load_demo_config` of the user's ``recipe`` and override ``items``; every stage applies the ``items`` above
     its own recipe and the ``recipe`` beneath it (:func:`stage_base`)."""
+    if not cfg.demo.stages:
+        raise ValueError(f"demo.stages (--stages): no stage given, nothing to run; valid stages: {', '.join(STAGES)}")
     unknown = [s for s in cfg.demo.stages if s not in STAGES]
     if unknown:
         raise ValueError(f"demo.stages: unknown stage(s) {unknown}{did_you_mean(unknown[0], STAGES)}; valid stages: "

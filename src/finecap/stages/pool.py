@@ -57,7 +57,8 @@ class Redispatch(logging.Handler):
 
 class SidePool:
     """``jobs`` spawned worker processes (:func:`worker_setup`) and the listener that relays their log records; a
-    context manager that shuts both down (cancelling stages not started) however the block ends."""
+    context manager that shuts both down (cancelling stages not started) however the block ends; ended by an
+    interrupt (Ctrl-C, SIGTERM), it stops the stages still running too."""
 
     def __init__(self, jobs: int) -> None:
         context = multiprocessing.get_context("spawn")  # no fork of a parent holding torch threads and open files
@@ -71,8 +72,14 @@ class SidePool:
     def __enter__(self) -> ProcessPoolExecutor:
         return self.executor
 
-    def __exit__(self, *exc: object) -> None:
+    def __exit__(self, kind: type[BaseException] | None, *exc: object) -> None:
         try:
+            if kind is not None and issubclass(kind, KeyboardInterrupt):
+                # Ctrl-C, or SIGTERM (finecap.app.cli.Terminated), told this process alone (`kill -INT PID`, a
+                # scheduler's stop): the stages still training stop with it, as a terminal's Ctrl-C, sent to the
+                # whole process group, stops them; the shutdown below would otherwise wait for them to finish
+                for process in list(self.executor._processes.values()):
+                    process.terminate()
             self.executor.shutdown(wait=True, cancel_futures=True)
         finally:
             self.listener.stop()
