@@ -356,3 +356,19 @@ def test_a_demo_given_no_stage_is_refused_not_run_whole(stages, tmp_path, monkey
     assert "finecap: error: demo.stages (--stages): no stage given, nothing to run; valid stages: world," in (
         capsys.readouterr().err
     )
+
+
+@pytest.mark.slow
+def test_a_reader_that_stops_reading_stdout_is_no_error(tmp_path):
+    # `finecap recipes | head -1`: the pipe's reader is gone before finecap writes (its end closed before the
+    # start, so no race); finecap stops quietly with the code of a writer stopped by SIGPIPE (128 + 13), as
+    # `yes | head` does, not `finecap: error: Broken pipe` and code 2
+    read, write = os.pipe()
+    os.close(read)
+    env = {**os.environ, "FINECAP_HOME": str(tmp_path / "home")}
+    try:
+        proc = subprocess.run([sys.executable, "-m", "finecap", "recipes"], stdout=write, stderr=subprocess.PIPE,
+                              text=True, env=env, timeout=120)  # fmt: skip
+    finally:
+        os.close(write)
+    assert (proc.returncode, proc.stderr) == (141, "")

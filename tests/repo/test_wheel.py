@@ -38,3 +38,28 @@ def test_the_license_is_declared_as_setuptools_will_keep_building_it():
     assert project["project"]["license"] == "MIT" and project["project"]["license-files"] == ["LICENSE"]
     assert "setuptools>=77" in project["build-system"]["requires"]
     assert (ROOT / "LICENSE").read_text().startswith("MIT License")
+
+
+# The lowest version of a dependency that finecap was seen to run on (what a researcher's existing environment may
+# hold, and pip then keeps): `finecap demo --quick` from the wheel, without torchvision (no dependency of finecap's).
+# transformers 5.17 stops there (AutoImageProcessor needs torchvision to build CLIP's) and 4.46, the floor declared
+# before, at ``import transformers.video_processing_utils`` (review of 2026-11-27, a throwaway venv per version).
+RAN_ON = {"transformers": "5.18"}
+
+
+def test_declared_floors_are_versions_finecap_ran_on():
+    import tomllib
+
+    from packaging.requirements import Requirement
+    from packaging.version import Version
+
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    floors = {}
+    for line in project["dependencies"]:
+        req = Requirement(line)
+        floors[req.name] = min((Version(s.version) for s in req.specifier if s.operator == ">="), default=None)
+    for name, version in RAN_ON.items():
+        assert floors[name] is not None and floors[name] >= Version(version), (
+            f"pyproject.toml: {name} >= {floors[name]} admits versions finecap was not seen to run on (it needs "
+            f"{name}>={version})"
+        )

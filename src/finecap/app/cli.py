@@ -15,6 +15,7 @@ import logging
 import math
 import os
 import re
+import select
 import shlex
 import signal
 import sys
@@ -882,6 +883,9 @@ def _run(args: argparse.Namespace) -> int:
         print(f"finecap: {'terminated' if terminated else 'interrupted'}", file=sys.stderr)
         return 143 if terminated else 130
     except Exception as e:
+        if isinstance(e, BrokenPipeError) and _stdout_reader_gone():  # `finecap recipes | head`: not an error
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # the flush at exit writes nowhere
+            return 128 + signal.SIGPIPE  # the shell's code of a writer the pipe's end stopped (`yes | head`)
         message = explain(e)
         if message is None or debug_requested(args):
             raise  # a bug, or --debug: the traceback
@@ -892,6 +896,17 @@ def _run(args: argparse.Namespace) -> int:
         print(f"finecap: error: {masked_url_secrets(message)}", file=sys.stderr)  # a URL may hold a password
         return 2
     return 0
+
+
+def _stdout_reader_gone() -> bool:
+    """Whether stdout is a pipe whose reader has closed it (``poll`` reports an error on the writing end): a write
+    failing with a broken pipe elsewhere (a socket, a helper process) is still an error."""
+    try:
+        poller = select.poll()
+        poller.register(sys.stdout.fileno(), select.POLLOUT)
+    except (AttributeError, OSError, ValueError):  # no poll (Windows), or stdout is no file
+        return False
+    return any(event & select.POLLERR for _, event in poller.poll(0))
 
 
 if __name__ == "__main__":

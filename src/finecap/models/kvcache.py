@@ -1,10 +1,10 @@
 """The language model's KV cache under both of its names in ``transformers``.
 
 ``transformers`` 5.24 renamed the cache argument and output field from ``past_key_values`` to ``cache`` (the old name
-still works there, with a deprecation warning, until 5.40); finecap supports ``transformers>=4.46``. The backbones'
-decoding steps pass and read the cache through these two functions so that they run warning-free on either side of
-the rename (``tests/models/test_kvcache.py`` checks both names, ``tests/models/test_contract.py`` that no backbone's
-decoding warns about them).
+still works there, with a deprecation warning, until 5.40); finecap needs ``transformers>=5.18`` (pyproject.toml).
+The backbones' decoding steps pass and read the cache through these two functions so that they run warning-free on
+either side of the rename (``tests/models/test_kvcache.py`` checks both names, ``tests/models/test_contract.py`` that
+no backbone's decoding warns about them).
 """
 
 from __future__ import annotations
