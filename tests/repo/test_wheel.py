@@ -47,6 +47,21 @@ def test_the_license_is_declared_as_setuptools_will_keep_building_it():
 RAN_ON = {"transformers": "5.18"}
 
 
+def test_the_torch_floor_has_the_apis_finecap_calls_unconditionally():
+    # torch>=2.1 was declared while finecap calls torch.accelerator (2.6) and FSDP2's public fully_shard (2.6)
+    # outside any version check, and torch<2.6's weights_only=True can be bypassed (CVE-2025-32434)
+    import tomllib
+
+    from packaging.requirements import Requirement
+    from packaging.version import Version
+
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    (torch,) = [Requirement(r) for r in project["dependencies"] if Requirement(r).name == "torch"]
+    assert min(Version(s.version) for s in torch.specifier if s.operator == ">=") >= Version("2.6")
+    source = "\n".join(p.read_text() for p in (ROOT / "src" / "finecap").rglob("*.py"))
+    assert "torch.accelerator" in source and "fully_shard" in source  # what makes 2.6 the floor
+
+
 def test_declared_floors_are_versions_finecap_ran_on():
     import tomllib
 
