@@ -1,6 +1,7 @@
 """Configuration loading: YAML + dotlist overrides, type checks, error messages that name the key."""
 
 import dataclasses
+import re
 
 import pytest
 import yaml
@@ -255,6 +256,13 @@ def test_list_values_from_a_file_and_bad_items(tmp_path):
         load(None, ["train.log_with=jsonl,tensorbord"])
     with pytest.raises(ConfigError, match="eval.bag_sizes: expected a list, got"):
         load(None, ["eval.bag_sizes={a: 1}"])
+    # no YAML list ('[a,,b]', '[,]': `finecap demo --stages ","`) was split at its commas, brackets and all:
+    # "unknown stage(s) ['[', ']']", or ['[mle', '', 'smile]']
+    for value in ("[mle,,smile]", "[,]", "mle,,smile", "mle,", "[mle"):
+        with pytest.raises(ConfigError, match=rf"demo.stages: '{re.escape(value)}' is not a list: an empty item or "
+                                              "an unclosed bracket; write \\[a, b\\] or a,b"):  # fmt: skip
+            load(None, [f"demo.stages={value}"])
+    assert load(None, ["demo.stages=[mle,]"]).demo.stages == ["mle"]  # YAML's own trailing comma
 
 
 # --- secrets ------------------------------------------------------------------------------------------------------

@@ -202,7 +202,12 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
         raise ConfigError(f"{key}: expected {' | '.join(_type_name(a) for a in args)}, got {short_repr(value)}")
     if origin is list:
         if isinstance(value, str):  # "a,b" reads like [a, b], "a" like [a], "" like []
-            value = [_list_item(part.strip(), args[0]) for part in value.split(",")] if value.strip() else []
+            text = value.strip()
+            parts = [part.strip() for part in text.split(",")] if text else []
+            if text.startswith("[") or text.endswith("]") or "" in parts:  # "[a,,b]" is no YAML list: not '[a', 'b]'
+                raise ConfigError(f"{key}: {short_repr(value)} is not a list: an empty item or an unclosed bracket; "
+                                  "write [a, b] or a,b")  # fmt: skip
+            value = [_list_item(part, args[0]) for part in parts]
         elif not isinstance(value, list | tuple | dict):  # a single number or boolean
             value = [value]
         if not isinstance(value, list | tuple):
