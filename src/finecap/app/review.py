@@ -390,7 +390,7 @@ def main(
     url = f"http://{shown}:{server.server_port}/" + (f"?token={token}" if token else "")
     print(f"Reviewing {len(curation.keys())} bags of {bags} ({counts['accepted']} accepted, {counts['rejected']} "
           f"rejected so far): open {url}")  # fmt: skip
-    log.info("Curated bags are saved to %s after every click (Ctrl+C to stop).", curation.out)
+    log.info("Curated bags are written to %s now and after every click (Ctrl+C to stop).", curation.out)
     try:
         server.serve_forever()
     except KeyboardInterrupt:
