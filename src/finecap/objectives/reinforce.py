@@ -32,7 +32,13 @@ Choices the papers leave open:
   the model in train mode. With dropout (the world-tiny GPT-2 preset has GPT-2's 0.1) the scored policy is thus the
   dropout-perturbed one, a small mismatch that self-critical implementations sampling in train mode share the other
   way round; the captions themselves are always drawn from the clean policy.
-- The loss is a mean over captions (not a sum), so its scale does not depend on the batch size or s.
+- The loss is a mean over captions (not a sum), so its scale does not depend on the batch size or s; so is EGG's
+  REINFORCE (DiscriTune's code base: ``((loss - baseline) * log_prob).mean()`` over messages, EOS included).
+  self-critical.pytorch's ``RewardCriterion`` (SCST's reference code) divides by the batch's tokens instead (stop
+  tokens included): the same gradient direction, finecap's ``T / N`` times larger with ``rl.logprob=sum`` (T tokens,
+  N captions: the mean caption length), a factor Adam's normalisation largely absorbs and plain SGD's learning rate
+  does not. ``grpo.policy_loss=clipped grpo.loss_aggregation=token`` at one iteration has its gradient exactly
+  (both written out in ``tests/objectives/test_reinforce_reference.py``).
 - Sampling in the training loop is seeded per image: the draws of image ``i`` at optimizer step ``t`` are a function
   of ``(run.seed, t, i)`` (Gumbel-max with counter-based noise, :func:`finecap.decode.sample`), so they do not depend
   on how the global batch is split over processes and accumulation steps, and ``--resume`` repeats them exactly.
