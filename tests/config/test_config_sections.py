@@ -236,6 +236,9 @@ def test_a_decode_option_the_strategy_never_reads_is_named_in_a_warning(caplog, 
          "vllm.gpu_memory_utilization changes nothing: it is read with decode.engine=vllm (this configuration has "
          "decode.engine=finecap)"),
         (["lora.rank=8"], "lora.rank changes nothing: it is read with lora.lm=true or lora.encoder=true"),
+        (["grpo.policy_loss=clipped", "rl.logprob=mean"],
+         "rl.logprob changes nothing: it is read with grpo.policy_loss=reinforce (this configuration has "
+         "grpo.policy_loss=clipped)"),
         (["lora.lm=true", "model.train_lm=true", "lora.encoder_targets=[mlp.fc1]"],
          "lora.encoder_targets changes nothing: it is read with lora.encoder=true (this configuration has "
          "lora.encoder=false)"),

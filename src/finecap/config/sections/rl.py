@@ -151,3 +151,9 @@ class RLConfig(Section, name="rl"):
             "rl.alarms.kl",
             "needs grpo.kl_coef > 0 (the KL to the starting policy is computed only with its penalty)",
         )
+
+    def unread_options(self, cfg: Config) -> dict[str, tuple[str, str]]:
+        """``rl.logprob`` under the clipped loss, which works per token (docs/methods/grpo.md)."""
+        if cfg.grpo.policy_loss == "clipped":
+            return {"rl.logprob": ("grpo.policy_loss=reinforce", "grpo.policy_loss=clipped")}
+        return {}
