@@ -432,6 +432,23 @@ def test_skip_bad_images_leaves_out_and_counts_a_corrupt_and_an_empty_image(tmp_
     assert [r.image_id for r, _ in find_bad_images(kept, workers=1)] == ["corrupt.png", "empty.jpg"]
 
 
+def test_skipped_images_are_said_once_per_launch_not_once_per_process(tmp_path, caplog, monkeypatch):
+    # every process of `accelerate launch` reads the data and skips the same images: the warning came once per
+    # process (twice under 2 processes, beside one summary); rank 0 alone says it, and every rank skips alike
+    folder = images(tmp_path / "f", ["0.png", "1.png"])
+    corrupt(folder / "corrupt.png")
+    cfg = folder_cfg(folder, "data.skip_bad_images=true")
+    with caplog.at_level(logging.WARNING, logger="finecap"):
+        monkeypatch.setenv("RANK", "1")
+        other = load_records(cfg, "train", captioned=False)
+        assert not [r for r in caplog.records if "skipped" in r.getMessage()]
+        monkeypatch.setenv("RANK", "0")
+        first = load_records(cfg, "train", captioned=False)
+    said = [r.getMessage() for r in caplog.records if "skipped" in r.getMessage()]
+    assert len(said) == 1 and said[0].startswith("data: skipped 1 of 3 images of split 'train'")
+    assert [r.image_id for r in other] == [r.image_id for r in first] == ["0.png", "1.png"]
+
+
 def test_one_bad_image_under_two_records_is_named_for_each(tmp_path):
     from types import SimpleNamespace
 

@@ -4,6 +4,8 @@ persistent workers."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 
@@ -60,6 +62,14 @@ def test_killed_and_resumed_run_with_persistent_workers_matches_uninterrupted(ma
     a, b = weights(full), weights(resumed)
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
     assert train_events(resumed) == train_events(full)
+
+
+@pytest.mark.slow
+def test_a_seed_of_nanoseconds_trains_with_workers(make_cfg, loaders):
+    # run.seed=$(date +%s%N): the sampler's and the workers' epoch seeds (seed * 1_000_003 + epoch) overflowed
+    # torch's manual_seed at the first step, after the data and the feature cache were built
+    run = train(make_cfg("train.max_steps=2", "run.seed=1700000000000000000", "data.num_workers=2"))
+    assert json.loads((checkpoint_dir(run, "last") / "trainer_state.json").read_text())["step"] == 2
 
 
 def test_captions_decoded_in_workers_equal_the_main_process(make_cfg, loaders):

@@ -1,4 +1,5 @@
 import pytest
+import torch
 
 from finecap.data.samplers import RandomBatches, StepBatches, process_slice, shard, step_micro_batches
 
@@ -11,6 +12,18 @@ def test_random_batches_reproducible_and_cover_each_index_once():
     assert sorted(i for b in b0 for i in b) == list(range(10))
     assert s.batches(1) != b0  # a new permutation each epoch
     assert RandomBatches(10, 4, seed=4).batches(0) != b0
+
+
+def test_random_batches_take_any_integer_seed():
+    # run.seed is any integer (run.seed=$(date +%s%N) is 1.7e18): seed * 1_000_003 overflowed torch's manual_seed
+    # ("Overflow when unpacking long long") at the first training step; the epoch's seed is taken modulo 2**64
+    big = 1_700_000_000_000_000_000
+    batches = RandomBatches(10, 4, seed=big).batches(1)
+    want = torch.randperm(10, generator=torch.Generator().manual_seed((big * 1_000_003 + 1) % 2**64)).tolist()
+    assert [i for b in batches for i in b] == want and sorted(want) == list(range(10))
+    # a seed that worked keeps its order: torch reads -1_000_003 (run.seed=-1, epoch 0) modulo 2**64 too
+    old = torch.randperm(10, generator=torch.Generator().manual_seed(-1_000_003)).tolist()
+    assert [i for b in RandomBatches(10, 4, seed=-1).batches(0) for i in b] == old
 
 
 def test_shard_contiguous_even_and_never_empty():

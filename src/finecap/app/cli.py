@@ -43,7 +43,7 @@ from finecap.errors import AnotherProcessFailed, explain
 from finecap.library_warnings import silenced
 from finecap.recipes import copy_recipe, describe_recipe, list_recipes, resolve_recipe
 from finecap.registry import ENGINES, PREDICTION_FORMATS
-from finecap.utils.system import leave_process_group
+from finecap.utils.system import launched_rank, leave_process_group
 from finecap.utils.text import shell_command
 
 
@@ -815,14 +815,6 @@ def _close_progress_bars() -> None:
 LAUNCH_GRACE = 10.0
 """Seconds a launched process other than rank 0 waits before it exits on a configuration error that every process
 meets alike, so that rank 0 prints it before the launcher (torchrun), seeing one process end, stops the others."""
-
-
-def launched_rank() -> int:
-    """This process's rank under ``accelerate launch`` / ``torchrun`` (``RANK``), 0 otherwise."""
-    try:
-        return int(os.environ.get("RANK", "0"))
-    except ValueError:
-        return 0
 
 
 class Terminated(KeyboardInterrupt):

@@ -63,6 +63,7 @@ from finecap.data.truematch import nearest_neighbours, record_embeddings
 from finecap.home import cache_dir
 from finecap.models.retriever import load_retriever
 from finecap.registry import requires
+from finecap.utils.rng import epoch_seed
 
 if TYPE_CHECKING:
     from finecap.config import Config
@@ -200,7 +201,7 @@ class BagCurriSampler(GlobalBatchSampler):
     def bags_for(self, size: int, epoch: int = 0) -> TrainingBags:
         """The training bags of ``size`` (image indices), built once per size (or per epoch, see the docstring)."""
         if self.rebuild_each_epoch:
-            return training_bags(self.neighbours, size, seed=self.seed * 1_000_003 + epoch,
+            return training_bags(self.neighbours, size, seed=epoch_seed(self.seed, epoch),
                                  shuffle_queries=self.shuffle_queries)  # fmt: skip
         if size not in self._bags:
             self._bags[size] = training_bags(self.neighbours, size, seed=self.seed,

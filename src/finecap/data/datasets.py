@@ -44,6 +44,7 @@ from finecap.data.references import data_file, require_captions, select_split
 from finecap.data.splits import split_unsplit
 from finecap.data.targets import IGNORE_INDEX, encode_captions
 from finecap.home import cache_dir as resolve_cache_dir
+from finecap.utils.system import launched_rank
 
 if TYPE_CHECKING:
     from finecap.config import Config
@@ -101,8 +102,8 @@ def load_records(cfg: Config, split: str, *, captioned: bool = True) -> list[Rec
     no split are split by ``data.val_fraction`` / ``data.test_fraction`` (:mod:`finecap.data.splits`, logged).
     ``captioned`` (training, validation, evaluation): images without a reference caption (an image folder's may
     have none) are an error naming them; captioning passes ``False``. With ``data.skip_bad_images`` every image is
-    decoded once here and those that fail are left out, counted in a warning (:func:`skipped_images`); without it
-    the first bad image stops the command when it is read, named.
+    decoded once here and those that fail are left out, counted in a warning (:func:`skipped_images`; said by the
+    first process of a launch alone); without it the first bad image stops the command when it is read, named.
 
     Training, captioning and evaluation come here or to :func:`finecap.data.references.load_references`, so every
     format works for each, ``data.format=hf`` (:mod:`finecap.data.formats.hf`, where ``data.path`` may also be a Hub
@@ -115,7 +116,7 @@ def load_records(cfg: Config, split: str, *, captioned: bool = True) -> list[Rec
     if not bad:
         return records
     key = (str(data_file(cfg)), split, tuple(str(r.image_id) for r, _ in bad))
-    if key not in _SKIP_LOGGED:
+    if key not in _SKIP_LOGGED and launched_rank() == 0:  # every process of a launch skips the same: said once
         _SKIP_LOGGED.add(key)
         shown = "; ".join(reason for _, reason in bad[:MAX_LISTED]) + ("; ..." if len(bad) > MAX_LISTED else "")
         log.warning("data: skipped %d of %d images of split %r (data.skip_bad_images=true): %s", len(bad),

@@ -30,6 +30,7 @@ import torch
 from torch.utils.data import Sampler
 
 from finecap.registry import SAMPLERS, lookup
+from finecap.utils.rng import epoch_seed
 
 if TYPE_CHECKING:
     from finecap.config import Config
@@ -76,7 +77,7 @@ class RandomBatches(GlobalBatchSampler):
 
     def batches(self, epoch: int) -> list[list[int]]:
         if self.shuffle:
-            generator = torch.Generator().manual_seed(self.seed * 1_000_003 + epoch)
+            generator = torch.Generator().manual_seed(epoch_seed(self.seed, epoch))
             order = torch.randperm(self.n, generator=generator).tolist()
         else:
             order = list(range(self.n))

@@ -92,7 +92,7 @@ from finecap.train.state import (
 from finecap.utils.files import refuse_link
 from finecap.utils.folders import check_swap
 from finecap.utils.reading import read_json
-from finecap.utils.rng import rng_state, seed_everything, set_rng_state
+from finecap.utils.rng import epoch_seed, rng_state, seed_everything, set_rng_state
 from finecap.utils.system import progress_enabled
 from finecap.utils.text import short_repr
 
@@ -741,7 +741,7 @@ class Engine:
                                                    generator=self._worker_seeds)  # fmt: skip
         assert self._plan is not None
         self._plan.batches, self._plan.start = batches, self.state.position
-        self._worker_seeds.manual_seed(self.seed * 1_000_003 + self.state.epoch)
+        self._worker_seeds.manual_seed(epoch_seed(self.seed, self.state.epoch))
         return self._loader
 
     def close_loader(self) -> None:

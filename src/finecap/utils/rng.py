@@ -10,6 +10,20 @@ from typing import Any
 import numpy as np
 
 
+def epoch_seed(seed: int, epoch: int) -> int:
+    """The seed of ``epoch``'s draws (the data order, the DataLoader workers' seeds, BagCurri's rebuilt bags) under
+    ``run.seed`` = ``seed``: ``seed * 1_000_003 + epoch`` taken modulo 2**64, the range a torch generator takes (it
+    reads a negative seed modulo 2**64 too, so every seed keeps the order it had), so that any integer ``run.seed``
+    works (``run.seed=$(date +%s%N)`` overflowed torch's ``manual_seed`` at the first training step).
+
+    Example::
+
+        >>> epoch_seed(3, 1), epoch_seed(-1, 0) == 2**64 - 1_000_003, epoch_seed(2**62, 0) < 2**64
+        (3000010, True, True)
+    """
+    return (seed * 1_000_003 + epoch) % 2**64
+
+
 def seed_everything(seed: int) -> None:
     # Deferred: utils is on the start-up path of text-only commands (`finecap eval` writes JSON with it), which
     # must not import torch (tests/app/test_cli.py checks); only training seeds.

@@ -1,5 +1,5 @@
-"""The process's surroundings: usable CPUs, loopback hosts, optional extras, progress bars, leaving a launch's
-process group."""
+"""The process's surroundings: usable CPUs, loopback hosts, optional extras, progress bars, a launch's rank,
+leaving a launch's process group."""
 
 from __future__ import annotations
 
@@ -54,6 +54,15 @@ def progress_enabled(wanted: bool = True) -> bool:
     ``TQDM_*`` variables only once, when it is imported, and lets an explicit ``disable=`` win over them, so every
     finecap bar is made with ``disable=not progress_enabled(...)``."""
     return wanted and os.environ.get(PROGRESS_ENV, "").strip().lower() in NOT_SET
+
+
+def launched_rank() -> int:
+    """This process's rank under ``accelerate launch`` / ``torchrun`` (``RANK``), 0 otherwise: a note or error every
+    process of a launch meets alike (the same data, the same configuration) is said by rank 0 alone."""
+    try:
+        return int(os.environ.get("RANK", "0"))
+    except ValueError:
+        return 0
 
 
 def leave_process_group() -> None:
