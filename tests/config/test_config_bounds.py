@@ -360,6 +360,16 @@ def test_lower_bounds_that_were_missing():
             load(None, [override])
 
 
+def test_a_seed_torch_cannot_take_is_refused_when_the_configuration_loads():
+    # run.seed=2**64 passed the configuration and stopped training at its first step ("Overflow when unpacking long
+    # long", no option named); 2**64 - 1 and negative seeds are torch's
+    with pytest.raises(ConfigError, match=r"run.seed: must be <= 18446744073709551615, got 18446744073709551616 "
+                                          r"\(torch.manual_seed's range\)"):  # fmt: skip
+        load(None, [f"run.seed={2**64}"])
+    assert load(None, [f"run.seed={2**64 - 1}"]).run.seed == 2**64 - 1
+    assert load(None, ["run.seed=-1"]).run.seed == -1
+
+
 def test_every_shipped_recipe_is_within_the_bounds():
     from pathlib import Path
 

@@ -16,7 +16,13 @@ class RunConfig(Section, name="run"):
     name: str = doc("run", "Run name; the run directory is <run.root>/<run.name> unless run.dir is set.")
     root: str = doc("", "Folder holding run directories; empty = <finecap home>/runs (never the working directory).")
     dir: str = doc("", "Explicit run directory (overrides root/name when non-empty).")
-    seed: int = doc(0, "Global random seed (torch, numpy, python).")
+    seed: int = doc(
+        0,
+        "Global random seed (torch, numpy, python).",
+        ge=-(2**63),
+        le=2**64 - 1,
+        why="torch.manual_seed's range",
+    )
     cache_dir: str = doc(
         "", "Folder of the reusable caches (world encoders, frozen features); empty = <finecap home>/cache."
     )
