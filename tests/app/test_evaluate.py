@@ -7,6 +7,7 @@ import contextlib
 import importlib.util
 import io
 import json
+import logging
 import math
 import random
 import shutil
@@ -284,7 +285,8 @@ def test_detect_format(world, tmp_path):
         detect_format(tmp_path / "nope.json")
 
 
-def test_eval_command_scores_first_caption_and_uses_all_as_samples(world, tmp_path, capsys):
+def test_eval_command_scores_first_caption_and_uses_all_as_samples(world, tmp_path, caplog):
+    caplog.set_level(logging.INFO, logger="finecap")
     refs = load_references(load(), world, split="test")
     first, second = refs.records[0], refs.records[1]
     path = tmp_path / "r.json"
@@ -292,7 +294,7 @@ def test_eval_command_scores_first_caption_and_uses_all_as_samples(world, tmp_pa
     rows = [{"image_id": r.image_id, "caption": r.captions[j]} for j in (0, 2) for r in (first, second)]
     path.write_text(json.dumps(rows))
     out = eval_main(load(), predictions=path, references=world, metrics="length,diversity", out=tmp_path / "e.json")
-    assert "2 image(s) have several captions" in capsys.readouterr().out
+    assert "2 image(s) have several captions" in caplog.text
     only_first = evaluate({first.image_id: first.captions[0], second.image_id: second.captions[0]}, None,
                           metrics="length")  # fmt: skip
     only_third = evaluate({r.image_id: r.captions[2] for r in (first, second)}, None, metrics="length")
@@ -319,9 +321,9 @@ def test_eval_command_end_to_end_text_metrics(world, tmp_path, capsys):
     assert out["CIDEr-D"] > 0
     expected_len = sum(len(r.captions[0].split()) for r in refs.records) / 12
     assert out["Length"] == pytest.approx(expected_len)
-    printed = capsys.readouterr().out
-    assert "| metric | results.json |" in printed and "| faith/precision | 1.000 |" in printed
-    assert out["faith/no_facts"] == 0.0 and "state no fact" not in printed  # the references state facts
+    printed = capsys.readouterr()
+    assert "| metric | results.json |" in printed.out and "| faith/precision | 1.000 |" in printed.out
+    assert out["faith/no_facts"] == 0.0 and "state no fact" not in printed.out + printed.err  # references state facts
 
 
 def test_eval_says_when_most_captions_state_no_fact(world, tmp_path, capsys):
@@ -332,13 +334,14 @@ def test_eval_says_when_most_captions_state_no_fact(world, tmp_path, capsys):
     args = ["eval", "--predictions", str(tmp_path / "silent.json"), "--references", str(world), "--metrics",
             "length,faithfulness"]  # fmt: skip
     assert cli(args) == 0
-    printed = capsys.readouterr().out
-    assert "| faith/no_facts | 0.750 |" in printed and "| faith/precision | 1.000 |" in printed
-    notes = [line for line in printed.splitlines() if "state no fact" in line]
+    printed = capsys.readouterr()
+    assert "| faith/no_facts | 0.750 |" in printed.out and "| faith/precision | 1.000 |" in printed.out
+    assert "state no fact" not in printed.out  # a note is a log record on stderr, not a row of the table
+    notes = [line for line in printed.err.splitlines() if "state no fact" in line]
     assert notes == ["note: 75% of the captions (9 of 12) state no fact the world's parser reads; each such caption "
                      "counts as faith/precision 1 and no hallucination, so faith/precision and faith/halluc_rate say "
                      "little about them (docs/metrics.md#faithfulness-on-the-world)"]  # fmt: skip
-    assert cli([*args, "--format", "json"]) == 0  # the note on stderr: stdout stays the JSON
+    assert cli([*args, "--format", "json"]) == 0  # the note on stderr here too: stdout stays the JSON
     captured = capsys.readouterr()
     assert json.loads(captured.out)["faith/no_facts"] == 0.75 and "note: 75% of the captions" in captured.err
 
@@ -361,12 +364,13 @@ def test_eval_command_unknown_metric_and_missing_ids(world, tmp_path, capsys):
     assert "not in the references" in capsys.readouterr().err
 
 
-def test_default_metrics_follow_what_a_world_holds(world, tmp_path, capsys, monkeypatch):
+def test_default_metrics_follow_what_a_world_holds(world, tmp_path, caplog, monkeypatch):
+    caplog.set_level(logging.INFO, logger="finecap")
     monkeypatch.setenv("FINECAP_METEOR_JAR", str(tmp_path / "missing.jar"))  # no METEOR here: said, not an error
     refs = load_references(load(), world, split="val")
     write_results(tmp_path / "r.json", {r.image_id: "a red circle" for r in refs.records})
     out = eval_main(load(), predictions=tmp_path / "r.json", references=world)
-    notes = capsys.readouterr().out
+    notes = caplog.text
     # caption metrics, text statistics and the world's faithfulness; image metrics need a retriever: none trained
     assert list(out)[:6] == ["BLEU-1", "BLEU-2", "BLEU-3", "BLEU-4", "ROUGE-L", "CIDEr-D"]
     assert {"Length", "Vocab usage", "faith/precision"} <= set(out) and "CLIPScore" not in out
@@ -378,7 +382,8 @@ def test_default_metrics_follow_what_a_world_holds(world, tmp_path, capsys, monk
         eval_main(load(), predictions=tmp_path / "r.json", references=world, metrics="bleu,retrieval")
 
 
-def test_the_default_set_skips_retrieval_on_a_pool_smaller_than_rd_n(world, clip_dir, tmp_path, capsys, monkeypatch):
+def test_the_default_set_skips_retrieval_on_a_pool_smaller_than_rd_n(world, clip_dir, tmp_path, caplog, monkeypatch):
+    caplog.set_level(logging.INFO, logger="finecap")
     # with a retriever, the default set ran RD99 on a pool of 4 images: the whole evaluation failed, exit 2
     monkeypatch.setenv("FINECAP_METEOR_JAR", str(tmp_path / "missing.jar"))
     refs = load_references(load(), world, split="val")
@@ -386,7 +391,7 @@ def test_the_default_set_skips_retrieval_on_a_pool_smaller_than_rd_n(world, clip
     cfg = load(None, [f"retriever.checkpoint={clip_dir}", f"run.cache_dir={tmp_path / 'cache'}"])
     out = eval_main(cfg, predictions=tmp_path / "r.json", references=world)
     assert "CLIPScore" in out and "CIDEr-D" in out and not any(k.startswith(("RD", "pool/")) for k in out)
-    assert "skipping retrieval: RD99 needs at least 100 images, the pool has 4" in capsys.readouterr().out
+    assert "skipping retrieval: RD99 needs at least 100 images, the pool has 4" in caplog.text
     with pytest.raises(ValueError, match=r"^--metrics: metric 'retrieval' cannot run here: RD99 needs at least 100"):
         eval_main(cfg, predictions=tmp_path / "r.json", references=world, metrics="retrieval")
 
@@ -418,7 +423,7 @@ def test_id_only_coco_references_give_the_caption_metrics_first_time(tmp_path, c
     out = json.loads((tmp_path / "e.json").read_text())
     assert [k for k in out if k in COCO_NAMES] == ["BLEU-1", "BLEU-2", "BLEU-3", "BLEU-4", "ROUGE-L", "CIDEr-D"]
     assert "CLIPScore" not in out and "faith/precision" not in out
-    printed = capsys.readouterr().out
+    printed = capsys.readouterr().err
     assert "skipping clipscore, retrieval: it needs the image files" in printed
     assert "names its images by id only, without 'file_name'" in printed and "data.images" not in printed
     # an image metric asked for by name: an error naming --metrics (exit 2), not data.images
@@ -531,7 +536,7 @@ def test_eval_meteor_without_pycocoevalcap_says_what_to_install(tmp_path, capsys
     assert not (tmp_path / "e.json").exists()
     # not asked for by name: left out with a note saying the same, the other metrics computed
     assert cli(argv) == 0
-    assert "skipping meteor: meteor-1.5.jar not found" in capsys.readouterr().out
+    assert "skipping meteor: meteor-1.5.jar not found" in capsys.readouterr().err
     assert "METEOR" not in json.loads((tmp_path / "e.json").read_text())
 
 

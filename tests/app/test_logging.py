@@ -1,6 +1,7 @@
 """finecap's own messages go through `logging` and its progress bars follow one switch: `finecap train` on a tiny
 world says what it did by default, says nothing with -q (no status line, no progress bar), and more with -v."""
 
+import json
 import logging
 import os
 import re
@@ -99,3 +100,33 @@ def test_progress_enabled_follows_the_switch(monkeypatch, value, shown):
         monkeypatch.setenv(PROGRESS_ENV, value)
     assert progress_enabled() is shown and progress_enabled(True) is shown
     assert progress_enabled(False) is False  # a bar the caller does not want is never shown
+
+
+def test_eval_table_alone_on_stdout_and_quiet_keeps_its_warnings(tmp_path, capsys):
+    # `finecap eval --format table` printed its notes ("skipping ...", "N images of ...", "wrote ...") on stdout,
+    # inside `> scores.md`, and -q did not drop them; its warnings were bare prints, not log records
+    lines = []
+    for name, image_id in (("0.jpg", 1), ("1.jpg", 0), ("2.jpg", 2)):  # ids 0 and 1 crosswise to the file numbers
+        (tmp_path / name).write_bytes(b"")
+        lines.append(json.dumps({"image": name, "captions": [f"image {name}"], "id": image_id, "split": "test"}))
+    (tmp_path / "data.jsonl").write_text("\n".join(lines) + "\n")
+    preds = tmp_path / "p.json"  # 2 of the 3 images, 6 words against references of 2: three notes and a warning
+    preds.write_text(json.dumps([{"image_id": i, "caption": "a long caption of six words"} for i in (0, 1)]))
+    argv = ["eval", "--predictions", str(preds), "--references", str(tmp_path / "data.jsonl"), "--metrics",
+            "bleu,length", "--format", "table", "--out", str(tmp_path / "scores.json")]  # fmt: skip
+    notes = ["note: the predictions cover 2 of the 3 reference images; 1 are not scored, e.g. [2]",
+             f"2 images of {tmp_path / 'data.jsonl'}", "note: the captions average 6.0 words, over twice their "
+             "references' 2.0", f"wrote {tmp_path / 'scores.json'}"]  # fmt: skip
+    warning = "warning: 2 predicted id(s) are ids of the references and numbers of other images' file names, e.g. 0:"
+    assert main(argv) == 0
+    out, err = capsys.readouterr()
+    table = out.splitlines()
+    assert table[:2] == ["| metric | p.json |", "| --- | --- |"] and len(table) == 2 + 5  # BLEU-1..4, Length
+    assert all(line.startswith("| ") and line.endswith(" |") for line in table)  # the table, nothing else
+    said = err.splitlines()
+    assert all(any(line.startswith(note) for line in said) for note in notes), err
+    assert sum(line.startswith(warning) for line in said) == 1, err
+    assert main(["-q", *argv]) == 0
+    quiet_out, quiet_err = capsys.readouterr()
+    assert quiet_out == out  # the product is the same
+    assert [line for line in quiet_err.splitlines() if line] == [next(x for x in said if x.startswith(warning))]

@@ -116,3 +116,27 @@ def test_a_prompts_file_without_a_questions_prompt_is_refused_naming_it(tmp_path
     path.write_text(yaml.safe_dump({**mine, "questions": {"system": "write questions"}}))
     with pytest.raises(ValueError, match=r"my_prompts\.yaml: needs 'questions' with 'system' and 'user'"):
         load_prompts(path)
+
+
+def test_images_the_judge_wrote_no_questions_for_are_a_warning(tmp_path, monkeypatch, capsys):
+    # the count of images left without questions was a bare print on stderr: no `warning:`, not a log record
+    monkeypatch.chdir(tmp_path)
+    rows = []
+    for i in range(3):
+        Image.new("RGB", (8, 8), (i * 40, 0, 0)).save(tmp_path / f"img{i}.png")
+        rows.append({"image": f"img{i}.png", "captions": [f"a black cat on a sofa {i}"], "id": i, "split": "train"})
+    (tmp_path / "data.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+
+    def one_unwritten(payload, n):  # the questions of the image of "sofa 1" are never valid JSON
+        if "sofa 1" in payload["messages"][-1]["content"]:
+            return 200, completion("not json")
+        return judge_answers(payload, n)
+
+    with ChatServer(one_unwritten) as server:
+        code = main(["-q", "questions", "make", "--out", "questions.jsonl", "--data", "data.jsonl", "--judge",
+                     "openai", "--per-image", "2", f"judge.urls=[{server.url}]", "judge.model=judge-model",
+                     "judge.shuffles=2", "judge.cache=false", "data.format=jsonl"])  # fmt: skip
+    assert code in (0, None)
+    assert sorted(read_questions(tmp_path / "questions.jsonl")) == [0, 2]
+    err = capsys.readouterr().err
+    assert "warning: questions: the openai judge wrote no usable questions for 1 of 3 images (left out)\n" in err

@@ -15,12 +15,15 @@ their keys are listed there).
   ``eval.instances``: a COCO ``instances_*.json``), ``perplexity`` when ``eval.lm`` is set. What is left out is
   said in one note each. A group asked for by name that cannot run here is an error naming ``--metrics`` (or
   ``eval.metrics``) and why.
-- Output: a Markdown table on stdout (``--format table``, default), or only the JSON ``{metric: value}``
-  (``--format json``, for scripts; notes go to stderr), or that JSON with pycocoevalcap's names (``--format coco``:
+- Output: only a Markdown table on stdout (``--format table``, default), or only the JSON ``{metric: value}``
+  (``--format json``, for scripts), or that JSON with pycocoevalcap's names (``--format coco``:
   ``Bleu_1`` .. ``Bleu_4``, ``METEOR``, ``ROUGE_L``, ``CIDEr``, ``SPICE``, the keys of ``COCOEvalCap.eval``; by
   default only those five groups). ``--out`` also writes that JSON to a file. ``--per-image FILE`` writes the
   per-image scores of the caption metrics as a JSON list of ``{"image_id": id, metric: score, ...}``, one per image
   in the references' order: ``COCOEvalCap.evalImgs`` (the values of ``imgToEval``), with the names of ``--format``.
+  What the command says about its work (the notes: metrics left out, images scored, ``wrote FILE``) are INFO records
+  of the ``finecap`` logger, its warnings WARNING records: stderr, never inside the table or JSON
+  (docs/cli.md#verbosity--v-and--q).
 - References: the format is detected from the file (:func:`finecap.data.formats.detect_format`; a world also
   brings its scene graphs). An image id in several records of the references is an error naming the ids; COCO
   annotations of one ``image_id`` are that image's references (as pycocotools groups them).
@@ -47,7 +50,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import gc
-import sys
+import logging
 from collections.abc import Callable, Hashable, Iterator, Sequence
 from pathlib import Path, PurePosixPath
 from typing import Literal
@@ -65,6 +68,8 @@ from finecap.outputs import check_outputs, strict_json, write_output_json
 
 Format = Literal["table", "json", "coco"]
 FORMATS = ("table", "json", "coco")
+
+log = logging.getLogger(__name__)
 
 TEXT_METRICS = ("length", "vocab")
 """Descriptive statistics of the captions, in the default set of the table and JSON formats."""
@@ -155,13 +160,12 @@ def _main(
     per_image: str | Path | None,
     predictions_format: str,
 ) -> dict[str, float]:
-    note = print if fmt == "table" else lambda *a: print(*a, file=sys.stderr)
     source = "--metrics" if metrics is not None else "eval.metrics" if cfg.eval.metrics else None
     asked = parse_metrics(metrics, cfg.eval.metrics, option=source) if source else None
     pred_format, read = read_predictions(predictions, predictions_format)
     results = read.captions
     for warning in read.warnings:
-        print(f"warning: {warning}", file=sys.stderr)
+        log.warning("%s", warning)
     if not results:
         raise DataError(f"--predictions: {predictions}: no captions in it (read as {pred_format} predictions); "
                         "nothing to evaluate")  # fmt: skip
@@ -173,14 +177,15 @@ def _main(
             "(--metrics diversity,...) to use them as samples (the first caption of each image is then scored)"
         )
     if repeated:
-        note(f"{len(repeated)} image(s) have several captions: the first is scored, all of them are diversity samples")
+        log.info(f"{len(repeated)} image(s) have several captions: the first is scored, all of them are diversity "
+                 "samples")  # fmt: skip
     bag_data = read_bags(bags) if bags is not None else None
     objects = _read_instances(cfg, instances)
     if references is not None:
         refs = load_references(cfg, references, split=split, images=images)
         cfg = references_world(cfg, refs)
         if read.references is not None:
-            note(f"{predictions}: the references it holds are not used: scoring against {references}")
+            log.info(f"{predictions}: the references it holds are not used: scoring against {references}")
     elif read.references is not None:
         unused = [option for option, value in (("--split", split), ("--images", images)) if value is not None]
         if unused:  # they choose among the images of a references file; these captions carry their own
@@ -214,10 +219,10 @@ def _main(
     crossed = read_by_id_not_file(matched, numbers)
     if crossed:
         i, other = crossed[0]
-        print(f"warning: {len(crossed)} predicted id(s) are ids of the references and numbers of other images' "
-              f"file names, e.g. {i!r}: image {i!r} by id, image {other!r} by its file name; scored by id (as "
-              "`finecap caption --data` writes them). Predictions of `finecap caption --images` name files: caption "
-              "the references' split with --data to score them by id", file=sys.stderr)  # fmt: skip
+        log.warning(f"{len(crossed)} predicted id(s) are ids of the references and numbers of other images' "
+                    f"file names, e.g. {i!r}: image {i!r} by id, image {other!r} by its file name; scored by id "
+                    "(as `finecap caption --data` writes them). Predictions of `finecap caption --images` name files: "
+                    "caption the references' split with --data to score them by id")  # fmt: skip
     results = {matched[i]: caps for i, caps in results.items()}
     samples = results if repeated else None
     # pycocoevalcap's order (loadRes keeps the reference file's image order): its tokenizer reads captions as
@@ -230,10 +235,10 @@ def _main(
         if len(splits) == 1:
             pool = [r for r in refs.records if r.split in splits]
     unscored = [r.image_id for r in pool if r.image_id not in results]
-    if unscored:  # scores over a subset are not the data set's: say so, on stderr (JSON on stdout stays clean)
-        print(f"note: the predictions cover {len(preds)} of the {len(pool)} reference images"
-              f"{f' of split {split!r}' if split else ''}; {len(unscored)} are not scored, "
-              f"e.g. {unscored[:MAX_LISTED]}", file=sys.stderr)  # fmt: skip
+    if unscored:  # scores over a subset are not the data set's: say so (a log record: stdout holds the scores alone)
+        log.info(f"note: the predictions cover {len(preds)} of the {len(pool)} reference images"
+                 f"{f' of split {split!r}' if split else ''}; {len(unscored)} are not scored, "
+                 f"e.g. {unscored[:MAX_LISTED]}")  # fmt: skip
     why_not = _reasons(cfg, refs, pool, samples=samples, bags=bag_data, instances=objects)
     if asked is not None:
         names = asked
@@ -251,7 +256,7 @@ def _main(
             else:
                 names.append(name)
         for reason, left_out in skipped.items():
-            note(f"skipping {', '.join(left_out)}: {reason}")
+            log.info(f"skipping {', '.join(left_out)}: {reason}")
     result, items = evaluate_items(
         preds,
         refs.captions(),
@@ -273,11 +278,11 @@ def _main(
                          "written")  # fmt: skip
     rename = (lambda k: COCO_NAMES.get(k, k)) if fmt == "coco" else (lambda k: k)
     result = {rename(k): v for k, v in result.items()}
-    note(f"{len(preds)} images of {refs.path}" + (f" (split {split})" if split else ""))
-    _length_note(preds, refs.captions(), note)  # after scoring: a command that fails prints its error alone
+    log.info(f"{len(preds)} images of {refs.path}" + (f" (split {split})" if split else ""))
+    _length_note(preds, refs.captions())  # after scoring: a command that fails prints its error alone
     silent = mostly_silent(result)
     if silent is not None:
-        note(f"note: {silent:.0%} of the captions ({round(silent * len(preds))} of {len(preds)}) {SILENT_NOTE}")
+        log.info(f"note: {silent:.0%} of the captions ({round(silent * len(preds))} of {len(preds)}) {SILENT_NOTE}")
     if fmt == "table":
         from finecap.report.columns import rules_for  # only for the table
         from finecap.report.table import markdown_table
@@ -289,11 +294,11 @@ def _main(
         print(strict_json(result, indent=1))
     if out is not None:
         write_output_json(out, result, "scores")
-        note(f"wrote {out}")
+        log.info(f"wrote {out}")
     if per_image is not None:
         rows = [{"image_id": i, **{rename(k): v for k, v in s.items()}} for i, s in items.items()]
         write_output_json(per_image, rows, "per-image")
-        note(f"wrote {per_image} (per-image scores of {len(items)} images)")
+        log.info(f"wrote {per_image} (per-image scores of {len(items)} images)")
     return result
 
 
@@ -418,15 +423,16 @@ def _carried_references(path: Path, pred_format: str, references: dict) -> Loade
     return LoadedReferences(records, path, pred_format)
 
 
-def _length_note(preds: dict, references: dict, note: Callable[..., None]) -> None:
+def _length_note(preds: dict, references: dict) -> None:
     """Say when the captions average over twice the words of their references (detailed captions under n-gram
     metrics, which reward matching the references' n-grams and length: BLEU's precisions, CIDEr-D's penalty)."""
     cand = sum(len(c.split()) for c in preds.values()) / len(preds)
     ref = sum(sum(len(r.split()) for r in references[i]) / len(references[i]) for i in preds) / len(preds)
     if cand > 2 * ref:
-        note(f"note: the captions average {cand:.1f} words, over twice their references' {ref:.1f}: n-gram metrics "
-             "(BLEU, CIDEr-D, ROUGE-L, METEOR) score such detailed captions low whatever they say; compare them with "
-             "references of their own length, or with reference-free metrics (clipscore)")  # fmt: skip
+        log.info(f"note: the captions average {cand:.1f} words, over twice their references' {ref:.1f}: n-gram "
+                 "metrics (BLEU, CIDEr-D, ROUGE-L, METEOR) score such detailed captions low whatever they say; "
+                 "compare them with references of their own length, or with reference-free metrics "
+                 "(clipscore)")  # fmt: skip
 
 
 def default_metrics(*, coco: bool, world: bool, bags: bool, lm: bool, instances: bool = False) -> list[str]:

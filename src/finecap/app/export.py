@@ -15,6 +15,7 @@ training_folder_of`: only training writes there, and a resumable checkpoint is n
 
 from __future__ import annotations
 
+import logging
 import shutil
 from pathlib import Path
 
@@ -36,6 +37,8 @@ from finecap.train.model_card import CARD_NAME, md_code, model_card
 from finecap.utils.files import OutputRefused, refuse_link
 from finecap.utils.folders import FOLDER_MARK, atomic_replace_dir, check_own_folder, is_finecap_folder, previous_dir
 from finecap.utils.reading import METADATA, read_json, read_text_bounded
+
+log = logging.getLogger(__name__)
 
 EXPORT_KIND = "export"
 """The folder kind of a merged export (:func:`finecap.utils.folders.folder_mark_text`)."""
@@ -120,5 +123,5 @@ def main(checkpoint: str, out: str, merged: bool, force: bool = False) -> Path:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     parts = ", ".join(sorted(meta.get("lora") or {})) or "none"
-    print(f"finecap export: {source} -> {target} (merged adapters: {parts})")
+    log.info(f"finecap export: {source} -> {target} (merged adapters: {parts})")
     return target

@@ -12,11 +12,14 @@ was; a kill leaves the hidden folder (which can be deleted), or, during the fina
 
 from __future__ import annotations
 
+import logging
 import os
 import shutil
 from pathlib import Path
 
 from finecap.utils.files import OutputRefused, apply_umask, make_temporary_dir, refuse_link
+
+log = logging.getLogger(__name__)
 
 USE = {"clip": "model.encoder={out} (the retriever / CLIP rewards)", "blip": "model.kind=blip blip.name={out}"}
 """How a folder of each non-VLM kind is used in a recipe; a VLM's is ``model.kind=vlm vlm.name=DIR``."""
@@ -66,6 +69,6 @@ def tiny_main(kind: str, out: str | Path, *, hidden: int = 64, heads: int = 2, s
         raise
     use = USE.get(kind, "model.kind=vlm vlm.name={out}").format(out=out)
     needs = f" (its processor loads with {tiny.LOAD_NEEDS[kind]} installed)" if kind in tiny.LOAD_NEEDS else ""
-    print(f"wrote a tiny random {kind} (width {sizes.hidden}, {sizes.heads} heads of {sizes.head_dim}) to {out}; "
-          f"use it with {use}{needs}")  # fmt: skip
+    log.info(f"wrote a tiny random {kind} (width {sizes.hidden}, {sizes.heads} heads of {sizes.head_dim}) to {out}; "
+             f"use it with {use}{needs}")  # fmt: skip
     return out

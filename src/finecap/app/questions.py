@@ -11,7 +11,7 @@ question generation), then the same blind filter runs.
 
 from __future__ import annotations
 
-import sys
+import logging
 from collections.abc import Hashable, Sequence
 from pathlib import Path
 from typing import Any
@@ -26,6 +26,8 @@ from finecap.judges.questions import scene_questions, write_questions
 from finecap.metrics.faithfulness import scene_of
 from finecap.outputs import check_output_file
 
+log = logging.getLogger(__name__)
+
 
 def written_questions(judge: Judge, records: Sequence[Any], per_image: int) -> dict[Hashable, list[Question]]:
     """Up to ``per_image`` questions per image written by ``judge`` from the image's references; an image whose
@@ -34,8 +36,8 @@ def written_questions(judge: Judge, records: Sequence[Any], per_image: int) -> d
     made = judge.make_questions(subjects, per_image)
     lost = sum(failed(m) for m in made)
     if lost:
-        print(f"questions: the {judge.name} judge wrote no usable questions for {lost} of {len(subjects)} images "
-              "(left out)", file=sys.stderr)  # fmt: skip
+        log.warning(f"questions: the {judge.name} judge wrote no usable questions for {lost} of {len(subjects)} "
+                    "images (left out)")  # fmt: skip
     return {s.image_id: list(m) for s, m in zip(subjects, made, strict=True) if not failed(m)}
 
 
@@ -67,7 +69,7 @@ def main(
     finally:
         judge.close()
     write_questions(kept, out)
-    print(f"wrote {out}: {report['questions'] - report['dropped']} questions of {len(kept)} images; "
-          f"{report['dropped']} of {report['questions']} ({100 * report['share']:.1f} %) dropped: the {judge.name} "
-          f"judge answers them without a caption", file=sys.stderr)  # fmt: skip
+    log.info(f"wrote {out}: {report['questions'] - report['dropped']} questions of {len(kept)} images; "
+             f"{report['dropped']} of {report['questions']} ({100 * report['share']:.1f} %) dropped: the {judge.name} "
+             f"judge answers them without a caption")  # fmt: skip
     return report
