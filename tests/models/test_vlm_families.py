@@ -227,8 +227,9 @@ def test_a_turn_end_the_models_stops_lack_ends_captions_and_joins_the_stops(fami
     ``<end_of_utterance>`` (a special token), while the tokenizer's EOS is another token and the model's stop tokens
     are the EOS ids alone. Training targets end with ``<end_of_utterance>`` (they ended with the tokenizer's EOS, a
     format the chat template never shows the model), finecap's greedy decoding stops there, the caption holding no
-    text generated after the turn's end, and the saved ``generation_config.json`` stops there first, so ``generate``
-    with it gives finecap's captions (it ran past ``<end_of_utterance>``, the text after it kept in the caption)."""
+    text generated after the turn's end, and the model's generation config, a saved folder's and a run checkpoint's
+    ``generation_config.json`` stop there first, so ``generate`` gives finecap's captions (it ran past
+    ``<end_of_utterance>``, the text after it kept in the caption)."""
     from transformers import GenerationConfig
 
     from finecap.train.checkpoint import write_generation_config
@@ -246,13 +247,13 @@ def test_a_turn_end_the_models_stops_lack_ends_captions_and_joins_the_stops(fami
     enc = processor_batch(vlm, pictures(2, seed=1))
     start = enc["input_ids"].shape[1]
     write_generation_config(tmp_path, DecodeConfig(strategy="greedy", max_length=6), tok, vlm.end_token_ids)
-    written = GenerationConfig.from_pretrained(tmp_path)
-    assert written.eos_token_id == [eou, eos]
+    assert GenerationConfig.from_pretrained(tmp_path).eos_token_id == [eou, eos]
+    assert GenerationConfig.from_pretrained(vlm.save(tmp_path / "saved")).eos_token_id == [eou, eos]
     with torch.no_grad():
         first = model.generate(**enc, max_new_tokens=6, do_sample=False)[:, start:]
         head = model.get_output_embeddings().weight
         head[eou] = head[first[0, 1]] * 3  # <end_of_utterance> wins where the first row's second token did
-        theirs = model.generate(**enc, generation_config=written)[:, start:].tolist()
+        theirs = model.generate(**enc, max_new_tokens=6, do_sample=False)[:, start:].tolist()
     got = vlm.generate(ours(enc), DecodeConfig(strategy="greedy", max_length=6))
     n = theirs[0].index(eou) + 1  # the model ends its answer within the 6 tokens
     assert got.sequences[0, :n].tolist() == theirs[0][:n] and int(got.lengths[0]) == n

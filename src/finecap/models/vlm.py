@@ -14,10 +14,10 @@ The caption is the assistant's answer: the caption tokens followed by the token 
 (:attr:`Vlm.eos_token_id`: read from the chat template, the first token after an answer that is one of
 ``generation_config.eos_token_id``: ``<end_of_utterance>`` for SmolVLM, ``<|im_end|>`` for Qwen2-VL,
 ``<end_of_turn>`` for Gemma 3, whose tokenizer's EOS is ``<eos>``; else the special token the template ends an
-answer with, added to the stop tokens: Idefics3-8B-Llama3's ``<end_of_utterance>``; else the tokenizer's EOS, ``</s>``
-for LLaVA-1.5, which must then be one of them: checked, :func:`caption_end`). Decoding stops at it and at the model's
-other stop tokens (:attr:`Vlm.end_token_ids`), where ``generate`` stops (with the ``generation_config.json`` finecap
-saves). The collator
+answer with, added to the stop tokens and the model's ``generation_config``: Idefics3-8B-Llama3's
+``<end_of_utterance>``; else the tokenizer's EOS, ``</s>`` for LLaVA-1.5, which must then be one of them: checked,
+:func:`caption_end`). Decoding stops at it and at the model's other stop tokens (:attr:`Vlm.end_token_ids`), where
+``generate`` stops. The collator
 pre-processes images into ``prompt_ids`` / ``prompt_mask`` (left-padded, as ``generate`` pads a batch of prompts) plus
 the family's image inputs (``pixel_values`` and ``pixel_attention_mask`` / ``image_grid_thw`` / ``image_sizes``); the
 captions are the batch's ``input_ids`` as for every backbone.
@@ -477,10 +477,10 @@ def caption_end(tokenizer: Any, after: str, stops: Sequence[int], source: str = 
     answer, :func:`answer_context`) that is among the model's ``stops``; else, where the tokenizer's EOS is among
     ``stops`` and the answer continues the generation prompt (``before``, what the template writes between them, is
     white space), the special token the template ends the answer with when it is not among ``stops``
-    (Idefics3-8B-Llama3's ``<end_of_utterance>``, its stops being Llama 3's EOS ids: the caller adds it to the stop
-    tokens, so that captions end, and decoding stops, where the chat format ends an answer); else the tokenizer's EOS,
-    which must then be among ``stops`` when there are any (one line naming ``vlm.name``), so that decoding stops
-    where ``generate`` does."""
+    (Idefics3-8B-Llama3's ``<end_of_utterance>``, its stops being Llama 3's EOS ids: :class:`Vlm` adds it to the stop
+    tokens and to the model's ``generation_config``, so that captions end, and decoding stops, where the chat format
+    ends an answer); else the tokenizer's EOS, which must then be among ``stops`` when there are any (one line naming
+    ``vlm.name``), so that decoding stops where ``generate`` does."""
     ids = [int(t) for t in tokenizer(after, add_special_tokens=False)["input_ids"]] if after else []
     end = next((t for t in ids if t in stops), None)
     if end is not None:
@@ -682,6 +682,8 @@ class Vlm(CaptionerBase):
         self.caption_prefix = answer_prefix(self.tokenizer, self.prompt_text, before)
         self._eos = caption_end(self.tokenizer, after, stops, source, before)
         self._ends = (self._eos, *(t for t in stops if t != self._eos))
+        if stops and self._eos not in stops:  # the template's turn end, added: generate and a saved folder stop there
+            model.generation_config.eos_token_id = list(self._ends)
         self.train_encoder = bool(train_encoder)
         self.train_lm = bool(train_lm)
         self.source = source
