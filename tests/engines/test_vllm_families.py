@@ -1,6 +1,7 @@
 """The other VLM families through vLLM: greedy captions token-identical to finecap's decoder (float32). vLLM's LLaVA
 and Qwen2-VL import torchvision, of which PyPI has no CPU build: without it they skip, saying so (they run on GPU
-machines, where torchvision is installed with vLLM)."""
+machines, where torchvision is installed with vLLM). The run's processor options reach vLLM's processor (Idefics3's
+image splitting)."""
 
 from __future__ import annotations
 
@@ -90,3 +91,33 @@ def test_heads_vllms_cpu_attention_lacks_are_refused_in_one_line_before_it_start
         VllmEngine.from_captioner(captioner, VllmConfig(max_model_len=128, kv_cache_memory_bytes=2**28))
     message = str(e.value)
     assert "attention heads are 16 wide" in message and "32, 64" in message and "\n" not in message
+
+
+def test_the_runs_processor_options_reach_vllms_processor(tmp_path):
+    """``vlm.processor_kwargs`` (and what ``vlm.image_max_pixels`` maps to) are every processor call's options in
+    finecap; vLLM's processor gets them too (``mm_processor_kwargs``): Idefics3 with image splitting turned on reads
+    a 32 px image as 2 x 2 crops of 16 px plus the whole image, 20 image tokens where its saved processor gives 4, in
+    finecap's prompt and vLLM's alike, and the greedy captions are token-identical."""
+    from PIL import Image
+
+    from finecap.config import VlmBackboneConfig
+
+    folder = save_tiny_vlm(tmp_path / "idefics3", "idefics3", std=0.1, hidden=64, heads=2, kv_heads=1)
+    options = {"do_image_splitting": True, "size": {"longest_edge": 32}}
+    captioner = Vlm.from_pretrained(folder, section=VlmBackboneConfig(processor_kwargs=options)).eval()
+    g = torch.Generator().manual_seed(0)
+    ims = [Image.fromarray((torch.rand(32, 32, 3, generator=g) * 255).byte().numpy()) for _ in range(3)]
+    batch = captioner.encoder.preprocess(ims)
+    assert int((batch["prompt_ids"][0] == captioner.image_token_id).sum()) == 20
+    cfg = DecodeConfig(max_length=8)
+    engine = VllmEngine.from_captioner(captioner, VllmConfig(max_model_len=128, kv_cache_memory_bytes=2**28))
+    try:
+        request = {"prompt": engine.prompt_text, "multi_modal_data": {"image": ims[0]}}
+        sent = engine.llm.generate([request], use_tqdm=False)[0].prompt_token_ids
+        theirs = engine.generate_images(ims, cfg)
+    finally:
+        engine.close()
+    assert sent == batch["prompt_ids"][0].tolist()
+    ours = captioner.generate(batch, cfg)
+    assert torch.equal(theirs.sequences, ours.sequences)
+    torch.testing.assert_close(theirs.token_logprobs, ours.token_logprobs, atol=1e-5, rtol=0)

@@ -221,6 +221,49 @@ def test_gemma3_captions_end_with_end_of_turn_where_generate_stops(tmp_path):
     assert GenerationConfig.from_pretrained(tmp_path).eos_token_id == [eot, eos]
 
 
+@pytest.mark.parametrize("family", ["idefics2", "idefics3"], ids=["family-idefics2", "family-idefics3"])
+def test_a_turn_end_the_models_stops_lack_ends_captions_and_joins_the_stops(family, tmp_path):
+    """Idefics2/3 as ``HuggingFaceM4/Idefics3-8B-Llama3`` is: the chat template ends an assistant turn with
+    ``<end_of_utterance>`` (a special token), while the tokenizer's EOS is another token and the model's stop tokens
+    are the EOS ids alone. Training targets end with ``<end_of_utterance>`` (they ended with the tokenizer's EOS, a
+    format the chat template never shows the model), finecap's greedy decoding stops there, the caption holding no
+    text generated after the turn's end, and the model's generation config, a saved folder's and a run checkpoint's
+    ``generation_config.json`` stop there first, so ``generate`` gives finecap's captions (it ran past
+    ``<end_of_utterance>``, the text after it kept in the caption)."""
+    from transformers import GenerationConfig
+
+    from finecap.train.checkpoint import write_generation_config
+
+    model, processor = tiny_family(family)
+    tok = processor.tokenizer
+    tok.eos_token = "<eos>"  # as Idefics3-8B-Llama3's <|end_of_text|>, Idefics2-8b's </s>
+    eos, eou = tok.eos_token_id, tok.convert_tokens_to_ids("<end_of_utterance>")
+    model.generation_config.eos_token_id = [eos]
+    vlm = Vlm(model, processor, source=f"tiny-{family}").eval()
+    assert vlm.eos_token_id == eou and vlm.stop_token_ids() == [eou, eos]
+    batch = batch_of(vlm)
+    ends = batch["input_ids"].gather(1, batch["attention_mask"].sum(1, keepdim=True) - 1)[:, 0]  # (B,)
+    assert ends.tolist() == [eou] * len(ends)
+    enc = processor_batch(vlm, pictures(2, seed=1))
+    start = enc["input_ids"].shape[1]
+    write_generation_config(tmp_path, DecodeConfig(strategy="greedy", max_length=6), tok, vlm.end_token_ids)
+    assert GenerationConfig.from_pretrained(tmp_path).eos_token_id == [eou, eos]
+    assert GenerationConfig.from_pretrained(vlm.save(tmp_path / "saved")).eos_token_id == [eou, eos]
+    with torch.no_grad():
+        first = model.generate(**enc, max_new_tokens=6, do_sample=False)[:, start:]
+        head = model.get_output_embeddings().weight
+        head[eou] = head[first[0, 1]] * 3  # <end_of_utterance> wins where the first row's second token did
+        theirs = model.generate(**enc, max_new_tokens=6, do_sample=False)[:, start:].tolist()
+    got = vlm.generate(ours(enc), DecodeConfig(strategy="greedy", max_length=6))
+    n = theirs[0].index(eou) + 1  # the model ends its answer within the 6 tokens
+    assert got.sequences[0, :n].tolist() == theirs[0][:n] and int(got.lengths[0]) == n
+    assert got.texts[0] == tok.decode(theirs[0][: n - 1], skip_special_tokens=True).strip()
+    for row, seq in enumerate(theirs):
+        n = int(got.lengths[row])
+        assert got.sequences[row, :n].tolist() == seq[:n], row
+        assert all(t == vlm.pad_token_id for t in seq[n:]), row
+
+
 PAN_AND_SCAN = {"do_pan_and_scan": True, "pan_and_scan_min_crop_size": 4, "pan_and_scan_max_num_crops": 3,
                 "pan_and_scan_min_ratio_to_activate": 1.2}  # fmt: skip
 """Gemma 3's pan-and-scan at the tiny model's 16 px: a wide image is read as crops besides the whole image."""

@@ -13,9 +13,11 @@ generation prompt (``... Assistant:``), the image placeholder expanded by the pr
 The caption is the assistant's answer: the caption tokens followed by the token that ends an assistant turn
 (:attr:`Vlm.eos_token_id`: read from the chat template, the first token after an answer that is one of
 ``generation_config.eos_token_id``: ``<end_of_utterance>`` for SmolVLM, ``<|im_end|>`` for Qwen2-VL,
-``<end_of_turn>`` for Gemma 3, whose tokenizer's EOS is ``<eos>``; else the tokenizer's EOS, ``</s>`` for LLaVA-1.5,
-which must then be one of them: checked). Decoding stops at it and at the model's other stop tokens
-(:attr:`Vlm.end_token_ids`), where ``generate`` stops. The collator
+``<end_of_turn>`` for Gemma 3, whose tokenizer's EOS is ``<eos>``; else the special token the template ends an
+answer with, added to the stop tokens and the model's ``generation_config``: Idefics3-8B-Llama3's
+``<end_of_utterance>``; else the tokenizer's EOS, ``</s>`` for LLaVA-1.5, which must then be one of them: checked,
+:func:`caption_end`). Decoding stops at it and at the model's other stop tokens (:attr:`Vlm.end_token_ids`), where
+``generate`` stops. The collator
 pre-processes images into ``prompt_ids`` / ``prompt_mask`` (left-padded, as ``generate`` pads a batch of prompts) plus
 the family's image inputs (``pixel_values`` and ``pixel_attention_mask`` / ``image_grid_thw`` / ``image_sizes``); the
 captions are the batch's ``input_ids`` as for every backbone.
@@ -470,16 +472,23 @@ def model_stop_tokens(model: Any) -> list[int]:
     return [int(stops)] if isinstance(stops, int) else [int(t) for t in stops or []]
 
 
-def caption_end(tokenizer: Any, after: str, stops: Sequence[int], source: str = "") -> int:
+def caption_end(tokenizer: Any, after: str, stops: Sequence[int], source: str = "", before: str = "") -> int:
     """The token that ends a caption: the first token of ``after`` (what the chat template writes after an assistant
-    answer, :func:`answer_context`) that is among the model's ``stops``; else the tokenizer's EOS, which must then be
-    among ``stops`` when there are any (one line naming ``vlm.name``), so that decoding stops where ``generate``
-    does."""
-    ids = tokenizer(after, add_special_tokens=False)["input_ids"] if after else []
-    end = next((int(t) for t in ids if int(t) in stops), None)
+    answer, :func:`answer_context`) that is among the model's ``stops``; else, where the tokenizer's EOS is among
+    ``stops`` and the answer continues the generation prompt (``before``, what the template writes between them, is
+    white space), the special token the template ends the answer with when it is not among ``stops``
+    (Idefics3-8B-Llama3's ``<end_of_utterance>``, its stops being Llama 3's EOS ids: :class:`Vlm` adds it to the stop
+    tokens and to the model's ``generation_config``, so that captions end, and decoding stops, where the chat format
+    ends an answer); else the tokenizer's EOS, which must then be among ``stops`` when there are any (one line naming
+    ``vlm.name``), so that decoding stops where ``generate`` does."""
+    ids = [int(t) for t in tokenizer(after, add_special_tokens=False)["input_ids"]] if after else []
+    end = next((t for t in ids if t in stops), None)
     if end is not None:
         return end
     eos = tokenizer.eos_token_id
+    turn_end = next((t for t in ids if tokenizer.decode([t]).strip()), None)  # the first token that is not a space
+    if eos in stops and not before.strip() and turn_end in tokenizer.all_special_ids:
+        return turn_end
     if stops and eos not in stops:
         raise ValueError(
             f"vlm.name={source}: the tokenizer's EOS {tokenizer.eos_token!r} (id {eos}) is not among the model's stop "
@@ -671,8 +680,10 @@ class Vlm(CaptionerBase):
         stops = model_stop_tokens(model)
         before, after = answer_context(processor, messages, self.prompt_text)
         self.caption_prefix = answer_prefix(self.tokenizer, self.prompt_text, before)
-        self._eos = caption_end(self.tokenizer, after, stops, source)
+        self._eos = caption_end(self.tokenizer, after, stops, source, before)
         self._ends = (self._eos, *(t for t in stops if t != self._eos))
+        if stops and self._eos not in stops:  # the template's turn end, added: generate and a saved folder stop there
+            model.generation_config.eos_token_id = list(self._ends)
         self.train_encoder = bool(train_encoder)
         self.train_lm = bool(train_lm)
         self.source = source
@@ -692,7 +703,7 @@ class Vlm(CaptionerBase):
     def eos_token_id(self) -> int:
         """The token that ends a caption: the one that ends an assistant turn in the chat template, among the model's
         stop tokens (:func:`caption_end`: Gemma 3's ``<end_of_turn>``, SmolVLM's ``<end_of_utterance>``, Qwen's
-        ``<|im_end|>``), else the tokenizer's EOS."""
+        ``<|im_end|>``) or added to them (Idefics3-8B-Llama3's ``<end_of_utterance>``), else the tokenizer's EOS."""
         return self._eos
 
     caption_prefix: str = ""
