@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 import os
+import time
+from pathlib import Path
 
 import pytest
 from accelerate.utils import LoggerType
@@ -78,11 +80,17 @@ def test_a_resumed_run_shows_each_step_once_in_tensorboard(make_cfg):
     )
     from finecap.train.run import train
     from helpers.resume import Killed, kill_at, train_events
+    from helpers.waiting import until
 
     cfg = make_cfg("train.max_steps=6", "train.save_every=3", "train.eval_every=3",
                    "train.log_with=[jsonl,tensorboard]")  # fmt: skip
     with pytest.raises(Killed):
         train(cfg, callbacks=[kill_at(5)])
+    # TensorBoard reads a folder's event files in name order, and a name starts with the second it was made: a resume
+    # within the killed run's second (only a test is that quick) could sort before it, as under the parallel suite
+    (first,) = (Path(cfg.run.dir) / "trackers" / "finecap").glob("events.out.tfevents.*")
+    until(lambda: int(time.time()) > int(first.name.split(".")[3]), "the clock did not pass the first file's second",
+          timeout=5, every=0.05)  # fmt: skip
     run_dir = train(cfg, resume=True)
     acc = event_accumulator.EventAccumulator(str(run_dir / "trackers" / "finecap"), size_guidance={"scalars": 0})
     acc.Reload()
