@@ -13,6 +13,9 @@ from finecap.boost.engine import clean_answer
         ("“A red circle on grass.”", "A red circle on grass."),
         ("`A red circle on grass.`", "A red circle on grass."),
         ('Caption: "A dog\'s red ball."', "A dog's red ball."),
+        # the label inside the quotes: it was kept ('Caption: A dog's red ball.'), the quotes alone dropped
+        ('"Caption: A dog\'s red ball."', "A dog's red ball."),
+        ("“Improved caption: A red circle on grass.”", "A red circle on grass."),
         ("'A dog's red ball.'", "A dog's red ball."),  # an apostrophe is no quote
         # two quotations, not one around the whole answer: the quotes stay (they lost their first and last)
         ('"STOP" is painted on a sign reading "SLOW"', '"STOP" is painted on a sign reading "SLOW"'),

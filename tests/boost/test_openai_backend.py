@@ -13,6 +13,7 @@ import httpx
 import pytest
 from PIL import Image
 
+from finecap.boost.chat import conversation
 from finecap.boost.engine import (
     AnswerCache,
     FailureBudget,
@@ -60,8 +61,11 @@ def test_request_format_and_image_data_url(tmp_path):
     assert [m["role"] for m in payload["messages"]] == ["system", "user"]
     assert "- caption 0 a\n- caption 0 b" in payload["messages"][-1]["content"]
     parts = image_req["payload"]["messages"][-1]["content"]
-    assert parts[0]["type"] == "text" and parts[1]["type"] == "image_url"
-    url = parts[1]["image_url"]["url"]
+    # the image before the text, as the in-process backends (chat.conversation) and InstructBLIP place it: it came
+    # after the text, so a VLM whose template keeps the parts' order was prompted otherwise through a server
+    assert [p["type"] for p in parts] == ["image_url", "text"]
+    assert [p["type"] for p in conversation(_tasks(records, "visual")[1], None)[-1]["content"]] == ["image", "text"]
+    url = parts[0]["image_url"]["url"]
     assert url.startswith("data:image/png;base64,")
     assert base64.b64decode(url.split(",", 1)[1]) == (tmp_path / "1.png").read_bytes()
 

@@ -33,7 +33,7 @@ def completion(content: Any) -> dict[str, Any]:
 def echo_first_caption(payload: dict[str, Any], n: int) -> tuple[int, Any]:
     """Answer ``"boosted <first '- ' line of the last user message>"`` (or ``"described"`` without one)."""
     content = payload["messages"][-1]["content"]
-    text = content if isinstance(content, str) else content[0]["text"]
+    text = content if isinstance(content, str) else next(p["text"] for p in content if p["type"] == "text")
     lines = [ln[2:] for ln in text.splitlines() if ln.startswith("- ")]
     return 200, completion(f"boosted {lines[0]}" if lines else "described")
 

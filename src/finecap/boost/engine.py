@@ -8,9 +8,9 @@ resumable cache, retries of malformed answers, a failure budget and a per-image 
   file, skips every cached key and asks only for the rest. A last line cut by a kill is ignored; a key written twice
   keeps its first answer, so nothing is duplicated in the output.
 - **Answers** are kept whole (:func:`clean_answer`): white space runs (line breaks and paragraphs included) become
-  one space, a pair of quotes around the whole answer and one leading label such as ``Caption:`` are dropped, nothing
-  else. An empty answer or a reply that is not a chat completion (:class:`MalformedReply`) is asked again, up to
-  ``boost.retries`` times;
+  one space, a pair of quotes around the whole answer and one leading label such as ``Caption:`` (before the quotes or
+  inside them) are dropped, nothing else (docs/boost.md#prompts: finecap's rule, not the paper's). An empty answer
+  or a reply that is not a chat completion (:class:`MalformedReply`) is asked again, up to ``boost.retries`` times;
   a backend error that survived the backend's own retries (:class:`BackendError`: HTTP 5xx, time-outs) fails the
   image at once, and so does an answer cut off at ``boost.max_new_tokens`` (:class:`CutOff`: every backend that can
   tell reports one; it is never a caption).
@@ -279,8 +279,8 @@ def _unquoted(line: str) -> str:
 
 def clean_answer(text: Any) -> str | None:
     """The whole answer with white space normalised, without quotes around the whole of it (a matching pair with no
-    other quote of that kind inside) or a leading label; ``None`` when nothing is left. Every line and paragraph is
-    kept (a VLM's description runs to several).
+    other quote of that kind inside) or a leading label (before the quotes or inside them); ``None`` when nothing is
+    left. Every line and paragraph is kept (a VLM's description runs to several).
 
     Example::
 
@@ -295,8 +295,11 @@ def clean_answer(text: Any) -> str | None:
     """
     if not isinstance(text, str):
         return None
-    line = _LABEL.sub("", " ".join(text.split()))
-    return _unquoted(line.strip()) or None
+    line = _LABEL.sub("", " ".join(text.split())).strip()
+    unquoted = _unquoted(line)
+    if unquoted != line:  # a label inside the quotes: '"Caption: A dog."'
+        unquoted = _LABEL.sub("", unquoted)
+    return unquoted or None
 
 
 def _sha256_file(path: Path, memo: dict[Path, str]) -> str:

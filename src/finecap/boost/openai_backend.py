@@ -2,14 +2,15 @@
 ``transformers serve``, OpenAI itself) over HTTP with ``httpx``, retried with ``tenacity``.
 
 ``POST {base_url}/chat/completions`` with ``{"model", "messages", "max_tokens", "temperature"}``; the answer is
-``choices[0].message.content``. For the ``visual`` step the image is sent inline as a base64 data URL in the last
-user message (``{"type": "image_url", "image_url": {"url": "data:image/png;base64,..."}}``), which every server
-above accepts for vision models. What is sent is never the file's bytes: the image is decoded
-(:func:`finecap.data.images.decode_image`: a real image within the decompression-bomb limit, EXIF orientation
-applied) and its RGB pixels re-encoded, as JPEG (quality 95) when the file was a JPEG and PNG otherwise, with the
-matching MIME type (:func:`finecap.data.images.encode_image`). A file that does not decode is a
-:class:`~finecap.boost.engine.BadImage`: that image fails, nothing is sent. At most ``boost.concurrency``
-requests are in flight (a thread pool of that size sharing one connection pool).
+``choices[0].message.content``. For the ``visual`` step the image is sent inline as a base64 data URL in the last user
+message (``{"type": "image_url", "image_url": {"url": "data:image/png;base64,..."}}``), which every server above
+accepts for vision models, before the text part, as the in-process backends place it
+(:func:`finecap.boost.chat.conversation`) and as the paper's VLM, InstructBLIP, reads its instruction after the image.
+What is sent is never the file's bytes: the image is decoded (:func:`finecap.data.images.decode_image`: a real image
+within the decompression-bomb limit, EXIF orientation applied) and its RGB pixels re-encoded, as JPEG (quality 95) when
+the file was a JPEG and PNG otherwise, with the matching MIME type (:func:`finecap.data.images.encode_image`). A file
+that does not decode is a :class:`~finecap.boost.engine.BadImage`: that image fails, nothing is sent. At most
+``boost.concurrency`` requests are in flight (a thread pool of that size sharing one connection pool).
 
 What happens to each request:
 
@@ -127,11 +128,12 @@ def image_data_url(path: str | Path) -> str:
 
 
 def with_image(messages: list[dict[str, Any]], image: str | Path) -> list[dict[str, Any]]:
-    """``messages`` with the image attached to the last user message (OpenAI content-parts format)."""
+    """``messages`` with the image attached to the last user message (OpenAI content-parts format), before its
+    text (module docstring)."""
     out = [dict(m) for m in messages]
     last = out[-1]
-    last["content"] = [{"type": "text", "text": last["content"]},
-                       {"type": "image_url", "image_url": {"url": image_data_url(image)}}]  # fmt: skip
+    last["content"] = [{"type": "image_url", "image_url": {"url": image_data_url(image)}},
+                       {"type": "text", "text": last["content"]}]  # fmt: skip
     return out
 
 
