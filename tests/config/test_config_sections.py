@@ -273,3 +273,11 @@ def test_an_option_something_reads_is_not_warned_about(caplog, overrides):
     with caplog.at_level(logging.WARNING, logger="finecap.config"):
         load(None, overrides)
     assert not [r.getMessage() for r in caplog.records if "changes nothing" in r.getMessage()]
+
+
+def test_the_papers_prompts_without_their_examples_are_refused():
+    # the ndlb system prompts announce "Three examples are shown below :"; few_shot=false sent them with none after
+    with pytest.raises(ConfigError) as e:
+        load(None, ["boost.prompts=ndlb", "boost.few_shot=false"])
+    assert e.value.key == "boost.few_shot" and "Three examples are shown below" in str(e.value)
+    assert not load(None, ["boost.few_shot=false"]).boost.few_shot  # the default prompts read without examples

@@ -97,3 +97,9 @@ class BoostConfig(Section, name="boost"):
             problem = _http_url_problem(getattr(self, f"{role}_base_url"))
             check(problem is None, f"boost.{role}_base_url", str(problem))
             check(bool(getattr(self, f"{role}_api_key_env")), f"boost.{role}_api_key_env", "must name a variable")
+        check(
+            self.few_shot or self.prompts != "ndlb",
+            "boost.few_shot",
+            "false with boost.prompts=ndlb would send the paper's system prompts, which announce \"Three examples are "
+            'shown below", without the examples; keep few_shot=true, or give a prompts file of your own',
+        )
