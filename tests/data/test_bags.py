@@ -225,23 +225,31 @@ def test_bagcurri_factory_on_per_caption_dataset(world_and_clip, monkeypatch):
         bagcurri_sampler(cfg, dataset, 12)
 
 
+def cached_neighbour_table(root, cache: str, monkeypatch) -> tuple:
+    """``(cfg, records, table, searched)``: the training records of the world under ``root`` with a cache folder of
+    their own, their neighbour table (searched and cached), and a list that grows by one at each search after it."""
+    import finecap.data.bags as bags
+    from finecap.config import load
+    from finecap.data.datasets import load_records
+
+    cfg = load(None, [f"world.out={root / 'world'}", f"retriever.checkpoint={root / 'clip'}",
+                      f"run.cache_dir={root / cache}"])  # fmt: skip
+    records = load_records(cfg, "train")
+    table = bags.neighbour_table(cfg, records)
+    searched: list[int] = []
+    real = bags.nearest_neighbours
+    monkeypatch.setattr(bags, "nearest_neighbours", lambda *a, **k: searched.append(1) or real(*a, **k))
+    return cfg, records, table, searched
+
+
 def test_the_neighbour_table_is_cached_by_captions_too(world_and_clip, monkeypatch):
     # the key held the model and the images only: the same images under other captions (data.captions=holistic, a
     # boosted copy) reused the first captions' table, whose embeddings hold the mean caption embedding
     import dataclasses
 
     import finecap.data.bags as bags
-    from finecap.config import load
-    from finecap.data.datasets import load_records
 
-    root = world_and_clip
-    cfg = load(None, [f"world.out={root / 'world'}", f"retriever.checkpoint={root / 'clip'}",
-                      f"run.cache_dir={root / 'cache-2'}"])  # fmt: skip
-    records = load_records(cfg, "train")
-    first = bags.neighbour_table(cfg, records)
-    searched = []
-    real = bags.nearest_neighbours
-    monkeypatch.setattr(bags, "nearest_neighbours", lambda *a, **k: searched.append(1) or real(*a, **k))
+    cfg, records, first, searched = cached_neighbour_table(world_and_clip, "cache-2", monkeypatch)
     assert bags.neighbour_table(cfg, records).tolist() == first.tolist() and searched == []  # cached
     other = [dataclasses.replace(r, captions=[f"a caption of image {i}"]) for i, r in enumerate(records)]
     bags.neighbour_table(cfg, other)
@@ -255,20 +263,11 @@ def test_the_neighbour_table_cache_is_never_unpickled_nor_used_when_tampered(wor
     from safetensors.torch import save_file
 
     import finecap.data.bags as bags
-    from finecap.config import load
-    from finecap.data.datasets import load_records
 
-    root = world_and_clip
-    cfg = load(None, [f"world.out={root / 'world'}", f"retriever.checkpoint={root / 'clip'}",
-                      f"run.cache_dir={root / 'cache-3'}"])  # fmt: skip
-    records = load_records(cfg, "train")
-    first = bags.neighbour_table(cfg, records)
+    cfg, records, first, searched = cached_neighbour_table(world_and_clip, "cache-3", monkeypatch)
     monkeypatch.setattr(torch, "load", lambda *a, **k: pytest.fail("the cached table was unpickled"))
-    searched = []
-    real = bags.nearest_neighbours
-    monkeypatch.setattr(bags, "nearest_neighbours", lambda *a, **k: searched.append(1) or real(*a, **k))
     assert bags.neighbour_table(cfg, records).tolist() == first.tolist() and searched == []  # cached, read as is
-    (cached,) = (root / "cache-3" / "train_bags").iterdir()
+    (cached,) = (world_and_clip / "cache-3" / "train_bags").iterdir()
     with safe_open(str(cached), "pt") as f:
         metadata = f.metadata()
     n = len(records)

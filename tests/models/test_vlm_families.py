@@ -26,6 +26,8 @@ is printed by its test (``-s`` or ``-rP``; docs/vlm.md gives them).
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 import torch
 from PIL import Image
@@ -185,6 +187,32 @@ def test_beam_captions_equal_generate(tiny):
         assert all(t in (tiny.pad_token_id, *tiny.end_token_ids) for t in seq[n:]), row
 
 
+def target_ends(vlm: Vlm) -> list[int]:
+    """The last token of each training target of a batch of ``vlm`` (what ends a caption it learns)."""
+    batch = batch_of(vlm)
+    return batch["input_ids"].gather(1, batch["attention_mask"].sum(1, keepdim=True) - 1)[:, 0].tolist()  # (B,)
+
+
+def generate_ending_at(model: Any, enc: dict, token: int, steps: int = 6) -> list[list[int]]:
+    """``generate``'s greedy tokens after the prompt once ``token`` is made to win where the first row's second token
+    did (its output-embedding row raised), so that the model ends an answer with it within ``steps`` tokens."""
+    start = enc["input_ids"].shape[1]
+    with torch.no_grad():
+        first = model.generate(**enc, max_new_tokens=steps, do_sample=False)[:, start:]
+        head = model.get_output_embeddings().weight
+        head[token] = head[first[0, 1]] * 3
+        return model.generate(**enc, max_new_tokens=steps, do_sample=False)[:, start:].tolist()
+
+
+def assert_greedy_equal(got: Any, theirs: list[list[int]], pad: int) -> None:
+    """finecap's greedy ``got`` holds ``generate``'s tokens up to each row's end, and ``generate`` only padding
+    after it."""
+    for row, seq in enumerate(theirs):
+        n = int(got.lengths[row])
+        assert got.sequences[row, :n].tolist() == seq[:n], row
+        assert all(t == pad for t in seq[n:]), row
+
+
 def test_gemma3_captions_end_with_end_of_turn_where_generate_stops(tmp_path):
     """Gemma 3 as ``google/gemma-3-*-it`` is (the tiny builder's): the tokenizer's EOS is ``<eos>``,
     ``generation_config.eos_token_id`` is ``[<eos>, <end_of_turn>]`` and the chat template ends an assistant turn with
@@ -201,22 +229,12 @@ def test_gemma3_captions_end_with_end_of_turn_where_generate_stops(tmp_path):
     assert (tok.eos_token_id, model.generation_config.eos_token_id) == (eos, [eos, eot])
     vlm = Vlm(model, processor, source="tiny-gemma3").eval()
     assert vlm.eos_token_id == eot and vlm.stop_token_ids() == [eot, eos]
-    batch = batch_of(vlm)
-    ends = batch["input_ids"].gather(1, batch["attention_mask"].sum(1, keepdim=True) - 1)[:, 0]  # (B,)
-    assert ends.tolist() == [eot] * len(ends)
+    assert set(target_ends(vlm)) == {eot}
     enc = processor_batch(vlm, pictures(2, seed=1))
-    start = enc["input_ids"].shape[1]
-    with torch.no_grad():
-        first = model.generate(**enc, max_new_tokens=6, do_sample=False)[:, start:]
-        head = model.get_output_embeddings().weight
-        head[eot] = head[first[0, 1]] * 3  # <end_of_turn> wins where the first row's second token did
-        theirs = model.generate(**enc, max_new_tokens=6, do_sample=False)[:, start:].tolist()
+    theirs = generate_ending_at(model, enc, eot)
     got = vlm.generate(ours(enc), DecodeConfig(strategy="greedy", max_length=6))
     assert eot in theirs[0]
-    for row, seq in enumerate(theirs):
-        n = int(got.lengths[row])
-        assert got.sequences[row, :n].tolist() == seq[:n], row
-        assert all(t == vlm.pad_token_id for t in seq[n:]), row
+    assert_greedy_equal(got, theirs, vlm.pad_token_id)
     write_generation_config(tmp_path, DecodeConfig(), tok, vlm.end_token_ids)
     assert GenerationConfig.from_pretrained(tmp_path).eos_token_id == [eot, eos]
 
@@ -241,27 +259,17 @@ def test_a_turn_end_the_models_stops_lack_ends_captions_and_joins_the_stops(fami
     model.generation_config.eos_token_id = [eos]
     vlm = Vlm(model, processor, source=f"tiny-{family}").eval()
     assert vlm.eos_token_id == eou and vlm.stop_token_ids() == [eou, eos]
-    batch = batch_of(vlm)
-    ends = batch["input_ids"].gather(1, batch["attention_mask"].sum(1, keepdim=True) - 1)[:, 0]  # (B,)
-    assert ends.tolist() == [eou] * len(ends)
+    assert set(target_ends(vlm)) == {eou}
     enc = processor_batch(vlm, pictures(2, seed=1))
-    start = enc["input_ids"].shape[1]
     write_generation_config(tmp_path, DecodeConfig(strategy="greedy", max_length=6), tok, vlm.end_token_ids)
     assert GenerationConfig.from_pretrained(tmp_path).eos_token_id == [eou, eos]
     assert GenerationConfig.from_pretrained(vlm.save(tmp_path / "saved")).eos_token_id == [eou, eos]
-    with torch.no_grad():
-        first = model.generate(**enc, max_new_tokens=6, do_sample=False)[:, start:]
-        head = model.get_output_embeddings().weight
-        head[eou] = head[first[0, 1]] * 3  # <end_of_utterance> wins where the first row's second token did
-        theirs = model.generate(**enc, max_new_tokens=6, do_sample=False)[:, start:].tolist()
+    theirs = generate_ending_at(model, enc, eou)
     got = vlm.generate(ours(enc), DecodeConfig(strategy="greedy", max_length=6))
     n = theirs[0].index(eou) + 1  # the model ends its answer within the 6 tokens
     assert got.sequences[0, :n].tolist() == theirs[0][:n] and int(got.lengths[0]) == n
     assert got.texts[0] == tok.decode(theirs[0][: n - 1], skip_special_tokens=True).strip()
-    for row, seq in enumerate(theirs):
-        n = int(got.lengths[row])
-        assert got.sequences[row, :n].tolist() == seq[:n], row
-        assert all(t == vlm.pad_token_id for t in seq[n:]), row
+    assert_greedy_equal(got, theirs, vlm.pad_token_id)
 
 
 PAN_AND_SCAN = {"do_pan_and_scan": True, "pan_and_scan_min_crop_size": 4, "pan_and_scan_max_num_crops": 3,

@@ -17,7 +17,7 @@ import transformers
 from PIL import Image
 
 from finecap.app import retriever as ar
-from finecap.config import load
+from finecap.config import Config, load
 from finecap.models import world_encoder as we
 from finecap.models.retriever import Retriever
 from finecap.models.tokenizer import world_tokenizer
@@ -213,7 +213,7 @@ def test_eval_of_a_world_uses_that_worlds_encoder_without_its_settings_repeated(
 
 PAUSED_TRAINER = """
 import logging, sys
-from finecap.config import load
+from finecap.config import Config, load
 from finecap.train import world_encoder as tw
 
 class Said(logging.Handler):
@@ -242,13 +242,19 @@ def _paused_trainer(settings: list[str]) -> subprocess.Popen:
                             stdout=subprocess.PIPE, text=True)  # fmt: skip
 
 
+def _made_world(tmp_path: Path) -> tuple[list[str], Config]:
+    """The settings of a tiny world made under ``tmp_path`` (its encoder not trained yet), and their configuration."""
+    settings = [*TINY, f"world.out={tmp_path / 'world'}", f"run.cache_dir={tmp_path / 'cache'}"]
+    cfg = load(None, settings)
+    make_world(cfg.world, progress=False)
+    return settings, cfg
+
+
 @pytest.mark.slow
 def test_two_processes_needing_one_world_encoder_train_it_once(tmp_path):
     # ensure_world_encoder took no lock: a second process trained the same encoder again (minutes of the demo's
     # time) and swapped its folder in under the first while the first went on to load it
-    settings = [*TINY, f"world.out={tmp_path / 'world'}", f"run.cache_dir={tmp_path / 'cache'}"]
-    cfg = load(None, settings)
-    make_world(cfg.world, progress=False)
+    settings, cfg = _made_world(tmp_path)
     first = _paused_trainer(settings)
     second = None
     try:
@@ -271,9 +277,7 @@ def test_two_processes_needing_one_world_encoder_train_it_once(tmp_path):
 
 @pytest.mark.slow
 def test_a_killed_trainer_of_the_world_encoder_blocks_no_one(tmp_path):
-    settings = [*TINY, f"world.out={tmp_path / 'world'}", f"run.cache_dir={tmp_path / 'cache'}"]
-    cfg = load(None, settings)
-    make_world(cfg.world, progress=False)
+    settings, cfg = _made_world(tmp_path)
     killed = _paused_trainer(settings)
     assert killed.stdout.readline() == "training\n"  # holds the lock
     killed.send_signal(signal.SIGKILL)
