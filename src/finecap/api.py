@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from finecap.library_warnings import silenced
+from finecap.utils.closing import Closeable
 
 if TYPE_CHECKING:
     import torch
@@ -46,12 +47,13 @@ if TYPE_CHECKING:
 __all__ = ["Captioner", "evaluate", "train"]
 
 
-class Captioner:
+class Captioner(Closeable):
     """A trained captioner for notebooks: :meth:`from_pretrained` loads a checkpoint, :meth:`caption` captions images.
 
     Attributes: ``model`` (the finecap captioner, a ``torch.nn.Module`` in evaluation mode), ``cfg`` (the
     configuration stored with the checkpoint, or the defaults for a bare model folder: its ``decode`` section gives the
-    default decoding settings, its ``train.mixed_precision`` the autocast), ``checkpoint`` (the folder loaded)."""
+    default decoding settings, its ``train.mixed_precision`` the autocast), ``checkpoint`` (the folder loaded).
+    ``with Captioner.from_pretrained(path) as captioner:`` calls :meth:`close` on leaving the block."""
 
     def __init__(self, model: Any, cfg: Config, checkpoint: Path | None = None) -> None:
         self.model, self.cfg, self.checkpoint = model, cfg, checkpoint
@@ -159,13 +161,6 @@ class Captioner:
         if self._engine is not None:
             self._engine.close()
             self._engine = None
-
-    def __enter__(self) -> Captioner:
-        """``with Captioner.from_pretrained(path) as captioner:``: :meth:`close` on leaving the block."""
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
     def decode_settings(self, **decode: Any) -> Any:
         """The checkpoint's decoding settings (``cfg.decode``) with ``decode`` replacing some, each converted and

@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from finecap.config import ConfigError
 from finecap.registry import ENGINES, lookup
+from finecap.utils.closing import Closeable
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
@@ -49,7 +50,7 @@ OPTION = "decode.engine"
 """The option that names the engine, as errors name it."""
 
 
-class GenerationEngine(abc.ABC):
+class GenerationEngine(Closeable, abc.ABC):
     """Base of generation engines: the facts and hooks the captioning loops, the API and the rollouts use, with
     defaults (module docstring). A subclass implements the abstract :meth:`open` and :meth:`generate`."""
 
@@ -129,12 +130,6 @@ class GenerationEngine(abc.ABC):
     def close(self) -> None:
         """Free what the engine holds (its model may be built again by :meth:`open`); the default holds nothing."""
         return
-
-    def __enter__(self) -> GenerationEngine:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
 
 def images_of(batch: dict[str, Any], engine: str) -> list[Any]:

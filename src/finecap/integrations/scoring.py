@@ -37,12 +37,13 @@ from typing import Any
 from finecap.rewards import RewardOutput, as_reward, reward_of
 from finecap.serve.protocol import Limits, parse_reward, reward_body
 from finecap.serve.service import CallCheck, ImageTable
+from finecap.utils.closing import Closeable
 
 IN_PROCESS = Limits(max_request_bytes=2**62, max_captions=2**62, max_caption_chars=2**62, max_references=2**62)
 """A call in process has no size limits (the server's protect the server); every other check is the server's."""
 
 
-class Scorer:
+class Scorer(Closeable):
     """A finecap reward (``reward``, in this process) or a reward server (``url``), one of them.
 
     Args:
@@ -98,12 +99,6 @@ class Scorer:
         if self.owns_reward and self.reward is not None:
             self.reward.close()
             self.owns_reward = False
-
-    def __enter__(self) -> Scorer:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
     @property
     def compares_images(self) -> bool:

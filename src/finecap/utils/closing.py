@@ -1,9 +1,34 @@
-"""Closing several things at once: every one is closed even when an earlier one's ``close`` raises."""
+"""Closing things: ``with`` on anything that has a ``close()`` (:class:`Closeable`), and several things at once, every
+one closed even when an earlier one's ``close`` raises (:func:`close_all`)."""
 
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Any
+from typing import Any, Self
+
+
+class Closeable:
+    """A base that gives a class with a ``close()`` method ``with obj:``, the block ending with ``obj.close()``
+    (a generation engine, a reward scorer, a :class:`finecap.Captioner`).
+
+    >>> class Thing(Closeable):
+    ...     closed = False
+    ...     def close(self):
+    ...         self.closed = True
+    >>> with Thing() as thing:
+    ...     pass
+    >>> thing.closed
+    True
+    """
+
+    def close(self) -> None:
+        """Release what the object holds; nothing by default."""
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
 
 def close_all(things: Iterable[Any]) -> None:
