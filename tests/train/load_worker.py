@@ -26,10 +26,10 @@ def record_case(cfg, state, rank: int) -> dict:
     seen: dict = {}
     shard = sharding.shard_captioner
 
-    def recording(model, mixed_precision="no"):
+    def recording(model, mixed_precision="no", device=None):
         seen["devices"] = sorted({p.device.type for p in model.parameters()})
         seen["loaded"] = {k: v.detach().clone() for k, v in model.state_dict().items()} if rank == 0 else None
-        return shard(model, mixed_precision)
+        return shard(model, mixed_precision, device)
 
     sharding.shard_captioner = recording
     try:

@@ -42,6 +42,7 @@ from finecap.train.engine import (
 )
 from finecap.train.run import train
 from finecap.train.schedule import build_scheduler
+from finecap.train.setup import build_sharded_model
 
 U = 2.0**-8  # bf16 keeps 8 significant bits (7 stored + 1 implicit): one rounding to nearest errs by <= 2**-8 relative
 FP16_MAX = 65504.0  # the largest finite float16
@@ -442,3 +443,18 @@ def test_fp16_on_the_cpu_says_it_runs_in_float32(caplog):
     with caplog.at_level("WARNING", logger="finecap.train.engine"):
         make_accelerator(TrainConfig(cpu=True, mixed_precision="fp16"))
     assert "train.mixed_precision=fp16 on cpu" in caplog.text and "runs in float32" in caplog.text
+
+
+@pytest.mark.parametrize(("precision", "computes"), [("fp16", torch.float32), ("bf16", torch.bfloat16)])
+def test_a_sharded_run_on_the_cpu_computes_as_the_warning_says(make_cfg, group, precision, computes):
+    """``train.strategy=fsdp`` (:func:`finecap.train.setup.build_sharded_model`, here in a 1-process gloo group) on the
+    CPU: fp16, which accelerate cannot autocast nor scale there (the run says it trains in float32), gathers the
+    sharded parameters in float32; FSDP2's policy gathered them in float16, so the step computed in float16 with no
+    gradient scaler. bf16 still gathers them in bfloat16."""
+    model, _ = build_sharded_model(make_cfg("train.strategy=fsdp", f"train.mixed_precision={precision}"), None, "cpu",
+                                   main=True)  # fmt: skip
+    seen = []
+    model.lm.transformer.h[0].attn.c_attn.register_forward_hook(lambda m, i, o: seen.append((m.weight.dtype, o.dtype)))
+    batch = {"features": torch.randn(2, model.feature_dim), "input_ids": torch.tensor([[5, 6, 2], [7, 2, 0]]),
+             "attention_mask": torch.tensor([[1, 1, 1], [1, 1, 0]])}  # fmt: skip
+    assert model(batch).dtype == computes and seen == [(computes, computes)]

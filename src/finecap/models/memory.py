@@ -184,7 +184,8 @@ class LoadOptions:
     def loaded(self, model: nn.Module, what: str) -> nn.Module:
         """A model just loaded with :meth:`pretrained` (``what``: its option and value, for errors): a checkpoint
         stored quantized is dequantized when ``model.quantization=none`` (into ``model.dtype``, GPT-2's ``Conv1D``
-        layers restored), and refused when it was quantized otherwise; 4-bit layers keep their training layout on the
+        layers restored), kept quantized in ``model.dtype`` when it was quantized so (:func:`_quantized_in`), and
+        refused when it was quantized otherwise; 4-bit layers keep their training layout on the
         CPU (:func:`keep_cpu_layout`); the model saves again (:func:`_reversible_conversions`)."""
         stored = quantization_of(model)
         if stored is not None and self.quantization == "none":
@@ -199,6 +200,8 @@ class LoadOptions:
                 f"{what}: the checkpoint is stored quantized in {stored}, not model.quantization={self.quantization}; "
                 f"set model.quantization={stored} (or none, to dequantize it)"
             )
+        elif stored is not None and self.torch_dtype is not None:
+            _quantized_in(model, self.torch_dtype)
         keep_cpu_layout(model)
         _reversible_conversions(model)
         return model
@@ -295,6 +298,24 @@ def _restore_conv1d(model: nn.Module) -> None:
             conv.bias = old.bias
         parent, _, attr = name.rpartition(".")
         setattr(model.get_submodule(parent), attr, conv)
+
+
+def _quantized_in(model: nn.Module, dtype: torch.dtype) -> None:
+    """A model loaded from a checkpoint stored quantized, kept quantized, in ``dtype`` (``model.dtype``): its
+    floating-point parameters cast to it and its 4-bit layers computing in it, as a base quantized as it loads is.
+    transformers 5.x leaves such a load half in the dtype the checkpoint was saved in (the weights of the layers it
+    does not quantize: embeddings, norms, a VLM's projector and vision tower) and half in ``dtype`` (their biases),
+    with the 4-bit layers computing in the saved ``bnb_4bit_compute_dtype``: a bfloat16 QLoRA run's checkpoint then
+    fails in its first forward, in bfloat16 as in float32 (tests/models/test_memory.py)."""
+    for p in model.parameters():
+        if p.is_floating_point() and p.dtype != dtype:
+            p.data = p.data.to(dtype)
+    for m in model.modules():
+        if hasattr(m, "compute_type_is_set") and hasattr(m, "compute_dtype"):  # bitsandbytes' Linear4bit
+            m.compute_dtype, m.compute_type_is_set = dtype, True
+    config = getattr(getattr(model, "config", None), "quantization_config", None)
+    if getattr(config, "load_in_4bit", False):  # what a save records
+        config.bnb_4bit_compute_dtype = dtype
 
 
 def _reversible_conversions(model: nn.Module) -> None:

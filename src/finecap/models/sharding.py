@@ -85,14 +85,19 @@ def shard_layers(model: nn.Module) -> list[str]:
     return chosen
 
 
-def shard_captioner(model: nn.Module, mixed_precision: str = "no") -> list[str]:
+def shard_captioner(
+    model: nn.Module, mixed_precision: str = "no", device: torch.device | str | None = None
+) -> list[str]:
     """Apply ``fully_shard`` to each transformer layer of ``model`` (:func:`shard_layers`), then to ``model`` itself,
     over the default process group (all processes); ``mixed_precision`` (``train.mixed_precision``): ``bf16``
-    gathers parameters in bfloat16 and reduces gradients in float32 (``fp16`` likewise in float16). Returns the names
-    of the sharded layers. Parameters must be on the process's device already."""
+    gathers parameters in bfloat16 and reduces gradients in float32 (``fp16`` likewise in float16, except on a CPU
+    ``device``, the process's: there accelerate has no float16 autocast nor gradient scaler and the run trains in
+    float32, as it says at its start). Returns the names of the sharded layers. Parameters must be on the process's
+    device already (or on the meta device, for a process that receives its shards)."""
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
-    dtypes = {"bf16": torch.bfloat16, "fp16": torch.float16}
+    cpu = device is not None and torch.device(device).type == "cpu"
+    dtypes = {"bf16": torch.bfloat16} if cpu else {"bf16": torch.bfloat16, "fp16": torch.float16}
     policy = MixedPrecisionPolicy(param_dtype=dtypes.get(mixed_precision), reduce_dtype=torch.float32)
     scalars = {n: p for n, p in model.named_parameters() if p.ndim == 0}  # fully_shard cannot shard a 0-d tensor
     trained = sorted(n for n, p in scalars.items() if p.requires_grad)

@@ -154,7 +154,7 @@ def build_sharded_model(cfg: Config, resume_from: Path | None, device: torch.dev
         model.to(device)
     sharding.match_main(model)
     state = model.state_dict() if main else {}
-    layers = sharding.shard_captioner(model, cfg.train.mixed_precision)
+    layers = sharding.shard_captioner(model, cfg.train.mixed_precision, device)
     sharding.receive_weights(model, state, device)
     return model, layers
 
