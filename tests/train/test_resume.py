@@ -92,3 +92,20 @@ def test_a_run_resumes_after_its_start_checkpoint_moved(make_cfg, tmp_path):
         train(make_cfg(*common, run="fresh"))  # a fresh run still needs its start
     run_dir = train(cfg, resume=True)
     assert json.loads((checkpoint_dir(run_dir, "last") / "trainer_state.json").read_text())["step"] == 4
+
+
+def test_a_resume_in_other_dtypes_is_refused_naming_the_change(make_cfg):
+    # model.dtype / trainable_dtype changed at a resume were only logged as "configuration changed": torch cast the
+    # saved optimizer moments to the new dtypes silently
+    from finecap.runs import CheckpointError
+    from finecap.train.run import train
+    from helpers.resume import Killed, kill_at
+
+    cfg = make_cfg("train.max_steps=4", "train.save_every=2")
+    with pytest.raises(Killed):
+        train(cfg, callbacks=[kill_at(3)])
+    changed = make_cfg("train.max_steps=4", "train.save_every=2", "model.trainable_dtype=bfloat16")
+    refusal = r"resuming with model.trainable_dtype: 'float32' -> 'bfloat16': the checkpoint's weights and optimizer"
+    with pytest.raises(CheckpointError, match=refusal):
+        train(changed, resume=True)
+    assert train(cfg, resume=True).is_dir()  # the run's own settings resume

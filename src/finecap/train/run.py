@@ -78,6 +78,7 @@ from finecap.train.setup import (
 from finecap.train.state import (
     TrainState,
     check_config_target,
+    check_unchanged_on_resume,
     config_changes,
     find_resumable,
     holds_run,
@@ -384,8 +385,9 @@ def _train(
     if processes.num_processes > 1:
         found = broadcast_object_list(found)
     resume_from = Path(found[0]) if found[0] else None
-    if resume_from is not None:  # a resumed run reads the data and retriever it started with
+    if resume_from is not None:  # a resumed run reads the data and retriever it started with, in its dtypes
         check_fingerprints_of_run(run_dir, cfg, parts=("data", "retriever"))
+        check_unchanged_on_resume(run_dir / CONFIG_FILE, cfg.saved_dict())
 
     run = _build_run(cfg, run_dir, resume_from, validators=validators, callbacks=callbacks, processes=processes)
     accelerator, engine, data = run.accelerator, run.engine, run.data

@@ -704,6 +704,23 @@ def truncate_metrics(path: Path, step: int) -> None:
         atomic_write_text(path, "".join(lines))
 
 
+RESUME_FIXED = ("model.dtype", "model.trainable_dtype", "model.quantization")
+"""Options a resume may not change: the checkpoint's weights and optimizer state are in the run's dtypes, and torch
+would cast the saved optimizer moments to other ones silently (:func:`check_unchanged_on_resume`)."""
+
+
+def check_unchanged_on_resume(saved: Path, current: dict[str, dict[str, Any]]) -> None:
+    """A :class:`CheckpointError` when ``current`` (the resuming run's stored form) changes an option of
+    :data:`RESUME_FIXED` against the run's stored configuration ``saved``, naming each change and the way out."""
+    fixed = [change for change in config_changes(saved, current) if change.split(":", 1)[0] in RESUME_FIXED]
+    if fixed:
+        raise CheckpointError(
+            f"{saved}: resuming with {'; '.join(fixed)}: the checkpoint's weights and optimizer state are in the "
+            "run's dtypes (the saved optimizer moments would be cast silently); resume with the run's settings, or "
+            "start a new run from its checkpoint (train.init_from=<run>/checkpoints/last)"
+        )
+
+
 def config_changes(saved: Path, current: dict[str, dict[str, Any]]) -> list[str]:
     """``section.key: old -> new`` for every value the saved run configuration has and ``current`` changes (a file
     stored before a key moved read with its keys where they are now: :func:`finecap.config.migrate_moved_keys`)."""
