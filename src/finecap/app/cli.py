@@ -22,6 +22,7 @@ import sys
 import threading
 import time
 import typing
+import warnings
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -760,13 +761,22 @@ def configured_logging(verbose: int = 0, quiet: int = 0) -> Iterator[None]:
     (transformers reads ``TRANSFORMERS_VERBOSITY`` when it is first imported, so that is set too); progress bars off
     with -q (``TQDM_DISABLE``, read by finecap's bars at each bar, :func:`finecap.utils.system.progress_enabled`;
     ``HF_HUB_DISABLE_PROGRESS_BARS``, and transformers' switch when it is already imported, as it reads the variable
-    once). Everything is put back afterwards (tests call :func:`main` many times in one process)."""
+    once). Everything is put back afterwards (tests call :func:`main` many times in one process).
+
+    Under ``accelerate launch`` a process other than rank 0 (:func:`finecap.utils.system.launched_rank`) logs errors
+    alone, finecap's and the libraries', shows no progress bar and no Python warning, whatever the flags and the
+    environment say: every process of a launch meets the same notes, so the main process says them once
+    (docs/cli.md#verbosity-v-and-q); the error that stops a process is :func:`_run`'s."""
     own, lib = levels(verbose, quiet)
+    follower = launched_rank() > 0
+    if follower:
+        own = lib = logging.ERROR
     env = {"TRANSFORMERS_VERBOSITY": logging.getLevelName(lib).lower(), "DATASETS_VERBOSITY":
            logging.getLevelName(lib).lower()}  # fmt: skip
-    if own == logging.WARNING:
+    if own >= logging.WARNING:
         env |= {"TQDM_DISABLE": "1", "HF_HUB_DISABLE_PROGRESS_BARS": "1"}
-    env = {k: v for k, v in env.items() if k not in os.environ}  # the user's own settings win
+    if not follower:
+        env = {k: v for k, v in env.items() if k not in os.environ}  # the user's own settings win
     hf_logging = sys.modules.get("transformers.utils.logging")
     hf_bars_off = "TQDM_DISABLE" in env and hf_logging is not None and hf_logging.is_progress_bar_enabled()
     saved_env = {k: os.environ.get(k) for k in env}
@@ -784,7 +794,9 @@ def configured_logging(verbose: int = 0, quiet: int = 0) -> Iterator[None]:
         hf_logging.disable_progress_bar()
     short = _shortened_records() if verbose - quiet == 1 else contextlib.nullcontext()
     try:
-        with silenced(), short:
+        with silenced(), short, warnings.catch_warnings():
+            if follower:
+                warnings.simplefilter("ignore")
             yield
     finally:
         if hf_bars_off:
