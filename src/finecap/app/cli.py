@@ -825,8 +825,23 @@ def _close_progress_bars() -> None:
 
 
 LAUNCH_GRACE = 10.0
-"""Seconds a launched process other than rank 0 waits before it exits on a configuration error that every process
-meets alike, so that rank 0 prints it before the launcher (torchrun), seeing one process end, stops the others."""
+"""Seconds a launched process other than rank 0 waits before it says the error that stops it (:func:`_launch_grace`),
+so that rank 0, meeting the same error (the same configuration, the same data), says it before the launcher
+(torchrun), seeing one process end, stops the others."""
+
+
+def _launch_grace() -> bool:
+    """On a launched process other than rank 0, wait :data:`LAUNCH_GRACE` seconds before saying the error that stops
+    it: whether it is still to be said (``False`` when the launcher stopped this process meanwhile, SIGTERM, because
+    rank 0 ended first, having said it). An error this process alone meets is still said, after the wait. ``True``
+    at once outside a launch and on rank 0."""
+    if launched_rank() == 0:
+        return True
+    try:
+        time.sleep(LAUNCH_GRACE)
+    except KeyboardInterrupt:  # Terminated: the launcher's stop, quiet (the error is rank 0's to say)
+        return False
+    return True
 
 
 class Terminated(KeyboardInterrupt):
@@ -878,13 +893,15 @@ def _run(args: argparse.Namespace) -> int:
         print(e, file=sys.stderr)
         return 2
     except AnotherProcessFailed:  # the main process of the launch prints the error; this one only stops
+        _launch_grace()  # exiting at once, it could have the launcher stop the main process before it says why
         return 2
     except KeyboardInterrupt as e:  # Ctrl-C (SIGINT), or SIGTERM (Terminated): exit codes as a shell's, 128 + signal
         if debug_requested(args):
             raise
         _close_progress_bars()
         terminated = isinstance(e, Terminated)
-        print(f"finecap: {'terminated' if terminated else 'interrupted'}", file=sys.stderr)
+        if launched_rank() == 0:  # the launcher passes Ctrl-C or its stop to every process: said once, by rank 0
+            print(f"finecap: {'terminated' if terminated else 'interrupted'}", file=sys.stderr)
         return 143 if terminated else 130
     except Exception as e:
         if isinstance(e, BrokenPipeError) and _stdout_reader_gone():  # `finecap recipes | head`: not an error
@@ -894,8 +911,7 @@ def _run(args: argparse.Namespace) -> int:
         if message is None or debug_requested(args):
             raise  # a bug, or --debug: the traceback
         _close_progress_bars()
-        if isinstance(e, ConfigError) and launched_rank() > 0:  # the same on every process: said once, by rank 0
-            time.sleep(LAUNCH_GRACE)  # the launcher stops the others when one exits: rank 0 says it first
+        if not _launch_grace():  # the same on every process (a configuration, the data): said once, by rank 0
             return 2
         print(f"finecap: error: {masked_url_secrets(message)}", file=sys.stderr)  # a URL may hold a password
         return 2
