@@ -1,8 +1,8 @@
 """A command that stops under ``accelerate launch`` says why once (issue 49, item 4): a missing prerequisite met by
 the main process (the world encoder of one's own data set) is relayed to the other process, which stops without a
-line of its own instead of crashing at the next barrier with a traceback; a configuration or data error, the same on
-every process, and Ctrl-C, which the launcher passes to every process, are said by the main process only. (The
-launcher still reports the failed processes in its own words.)"""
+line of its own instead of crashing at the next barrier with a traceback; a mistake in the command line, a
+configuration or data error, the same on every process, and Ctrl-C, which the launcher passes to every process, are
+said by the main process only. (The launcher still reports the failed processes in its own words.)"""
 
 from __future__ import annotations
 
@@ -71,6 +71,21 @@ def test_a_data_error_every_process_meets_said_once(own_data, tiny_encoder, tmp_
            f"model.encoder={tiny_encoder}", "clipcap.tiny_layers=1", "clipcap.tiny_hidden=32", "clipcap.tiny_heads=2",
            "train.validators=[]", "--out", str(tmp_path / "run")]  # fmt: skip
     said_once(cmd, env, "1 of 5 image files do not exist")
+
+
+@pytest.mark.parametrize(
+    ("argv", "line"),
+    [
+        (["train", "demo/mle", "--reusme"], "finecap train: error: unrecognized arguments: --reusme"),  # argparse's
+        (["train"], "usage: finecap train RECIPE"),  # a bare `finecap train`: its usage and the recipes
+    ],
+)
+def test_a_usage_mistake_said_once(tmp_path, launch_two, argv, line):
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "FINECAP_HOME": str(tmp_path / "home")}
+    proc = subprocess.run([*launch_two, "-m", "finecap.app.cli", *argv], capture_output=True, text=True, timeout=300,
+                          env=env)  # fmt: skip
+    out = proc.stdout + proc.stderr
+    assert proc.returncode != 0 and out.count(line) == 1, out[-3000:]
 
 
 def test_ctrl_c_said_once(own_data, tiny_encoder, tmp_path, launch_two):

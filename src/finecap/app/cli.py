@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import io
 import logging
 import math
 import os
@@ -875,8 +876,24 @@ def sigterm_as_interrupt() -> Iterator[None]:
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
 
+def _parsed(argv: list[str] | None) -> argparse.Namespace:
+    """The parsed command line. argparse prints a mistake's usage and error itself, then exits 2; under
+    ``accelerate launch`` a process other than rank 0 holds them back for :func:`_launch_grace`, as it does its
+    other errors (every process is given the same command line)."""
+    if launched_rank() == 0:
+        return build_parser().parse_args(argv)
+    said = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(said):
+            return build_parser().parse_args(argv)
+    except SystemExit:
+        if said.getvalue() and _launch_grace():
+            sys.stderr.write(said.getvalue())
+        raise
+
+
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    args = _parsed(argv)
     try:
         with sigterm_as_interrupt():
             return _run(args)
@@ -890,7 +907,8 @@ def _run(args: argparse.Namespace) -> int:
         with configured_logging(args.verbose, args.quiet):
             args.func(args)
     except UsageError as e:
-        print(e, file=sys.stderr)
+        if _launch_grace():  # the same on every process: said once, by rank 0
+            print(e, file=sys.stderr)
         return 2
     except AnotherProcessFailed:  # the main process of the launch prints the error; this one only stops
         _launch_grace()  # exiting at once, it could have the launcher stop the main process before it says why
