@@ -45,7 +45,7 @@ from finecap.errors import AnotherProcessFailed, explain
 from finecap.library_warnings import silenced
 from finecap.recipes import copy_recipe, describe_recipe, list_recipes, resolve_recipe
 from finecap.registry import ENGINES, PREDICTION_FORMATS
-from finecap.utils.system import launched_rank, leave_process_group
+from finecap.utils.system import launched_processes, launched_rank, leave_process_group
 from finecap.utils.text import shell_command
 
 
@@ -268,6 +268,9 @@ def cmd_export(args: argparse.Namespace) -> None:
 def cmd_eval(args: argparse.Namespace) -> None:
     from finecap.app.eval import main
 
+    if launched_processes() > 1:  # each process would score it all: its table printed, its judges paid, N times
+        raise ConfigError(f"finecap eval scores in one process; it was launched as {launched_processes()} "
+                          "(accelerate launch): run it without the launcher")  # fmt: skip
     main(
         _config(args, _flags(args, {"judge": "judge.name"})),
         predictions=args.predictions,
