@@ -111,6 +111,26 @@ def test_eval_prints_json_to_stdout_without_out_on_id_only_coco_references(tmp_p
     assert "| BLEU-1 " in capsys.readouterr().out and not list(tmp_path.glob("*eval*"))
 
 
+def test_eval_refuses_a_launch_of_several_processes(tmp_path, capsys, monkeypatch):
+    # `accelerate launch -m finecap.app.cli eval ...` made every process score it all: the table printed (and any LLM
+    # judge paid) once per process, the --out file written by each; now one line, said by the main process
+    refs = {"images": [{"id": 1}], "annotations": [{"image_id": 1, "id": 10, "caption": "A red circle."}]}
+    (tmp_path / "refs.json").write_text(json.dumps(refs))
+    (tmp_path / "res.json").write_text(json.dumps([{"image_id": 1, "caption": "a red circle"}]))
+    argv = ["eval", "--predictions", str(tmp_path / "res.json"), "--references", str(tmp_path / "refs.json"),
+            "--metrics", "bleu", "--out", str(tmp_path / "scores.json")]  # fmt: skip
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    assert main(argv) == 2
+    out = capsys.readouterr()
+    assert out.out == "" and out.err == (
+        "finecap: error: finecap eval scores in one process; it was launched as 2 (accelerate launch): run it "
+        "without the launcher\n"
+    )
+    assert not (tmp_path / "scores.json").exists()
+    monkeypatch.setenv("WORLD_SIZE", "1")
+    assert main(argv) == 0 and (tmp_path / "scores.json").is_file()
+
+
 # --- conventions (issue 23) ----------------------------------------------------------------------------------------
 
 

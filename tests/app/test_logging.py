@@ -5,14 +5,17 @@ import json
 import logging
 import os
 import re
+from collections import Counter
 
 import pytest
+import torch
 
 from finecap.app.cli import configured_logging, main
 from finecap.config import WorldConfig
 from finecap.models.presets import save_tiny_clip
 from finecap.utils.system import PROGRESS_ENV, progress_enabled
 from finecap.world.make import make_world, world_key
+from helpers.launch import launch_bounded, two_processes
 
 SIZES = {"n_train": 24, "n_val": 4, "n_test": 4, "image_size": 32}
 
@@ -90,6 +93,31 @@ def test_warnings_are_labelled_and_kept_with_quiet(capsys):
         assert ("an info line\n" in err) == (quiet == 0)
 
 
+@pytest.mark.parametrize("flags", [(0, 0), (2, 0)])
+def test_a_launched_process_other_than_rank_0_says_errors_alone(capsys, monkeypatch, flags):
+    # under accelerate launch rank 1 meets the notes rank 0 says: it says its errors only, whatever -v and the user's
+    # TQDM_DISABLE=0 ask, and Python warnings and progress bars not at all (docs/cli.md#verbosity-v-and-q)
+    import warnings
+
+    monkeypatch.setenv("RANK", "1")
+    monkeypatch.setenv(PROGRESS_ENV, "0")
+    log = logging.getLogger("finecap.app.example")
+    with configured_logging(*flags):
+        log.info("an info line")
+        log.warning("a warning")
+        log.error("an error")
+        warnings.warn("a Python warning", UserWarning, stacklevel=1)
+        bars, library = progress_enabled(), logging.getLogger("transformers").level
+    assert capsys.readouterr().err == "error: an error\n"
+    assert not bars and library == logging.ERROR
+    assert os.environ[PROGRESS_ENV] == "0"  # put back afterwards
+    monkeypatch.setenv("RANK", "0")
+    with configured_logging(*flags):  # the main process says them
+        log.info("an info line")
+        bars, library = progress_enabled(), logging.getLogger("transformers").level
+    assert capsys.readouterr().err == "an info line\n" and bars and library < logging.ERROR
+
+
 @pytest.mark.parametrize(
     ("value", "shown"), [(None, True), ("", True), ("0", True), ("false", True), ("1", False), ("True", False)]
 )
@@ -130,3 +158,29 @@ def test_eval_table_alone_on_stdout_and_quiet_keeps_its_warnings(tmp_path, capsy
     quiet_out, quiet_err = capsys.readouterr()
     assert quiet_out == out  # the product is the same
     assert [line for line in quiet_err.splitlines() if line] == [next(x for x in said if x.startswith(warning))]
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(torch.accelerator.is_available(), reason="the test launches CPU processes on a CPU-only machine")
+def test_a_two_process_launch_says_each_line_once(tiny, tmp_path):
+    """``finecap train`` under ``accelerate launch`` of 2 processes: every status line, note and progress bar on
+    stderr once, as docs/cli.md says (the processes other than rank 0 used to repeat the data's split note, the model
+    dtypes and transformers' "Loading weights" bar). The data: the world's first images as one's own JSONL data set
+    naming no split (finecap's data note), the captioner's encoder a tiny CLIP read from its folder (a library bar)."""
+    images = sorted((tiny["world"] / "images").rglob("*.png"))[:12]
+    lines = [{"image": str(image.relative_to(tiny["world"])), "captions": ["a shape"]} for image in images]
+    (tmp_path / "d.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
+    run = tmp_path / "run"
+    cmd = [*two_processes(), "-m", "finecap.app.cli", "train", *tiny["base"], "data.format=jsonl",
+           f"data.path={tmp_path / 'd.jsonl'}", f"data.images={tiny['world']}", "data.val_fraction=0.25",
+           "train.validators=[]", "train.batch_size=2", f"run.cache_dir={tmp_path / 'cache'}",
+           "--out", str(run)]  # fmt: skip
+    err = launch_bounded(cmd, tmp_path / "launch.log", timeout=240)
+    # a bar's frames as lines; its timings (in brackets) differ from process to process, its label and counts do not
+    said = Counter(
+        re.sub(r"\[[\d:]+<[^\]]*\]", "[]", line).strip() for line in re.split(r"[\r\n]", err) if line.strip()
+    )
+    assert not {line: n for line, n in said.items() if n > 1}, err[-3000:]
+    assert summary_line(str(run)).search(err) and "model dtypes: " in err, err[-3000:]
+    assert re.search(r"^data: all 12 images of .* name no split", err, re.M), err[-3000:]
+    assert {"train", "Loading weights"} <= bars(err), err[-3000:]  # shown, by the main process

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import io
 import logging
 import math
 import os
@@ -22,6 +23,7 @@ import sys
 import threading
 import time
 import typing
+import warnings
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -43,7 +45,7 @@ from finecap.errors import AnotherProcessFailed, explain
 from finecap.library_warnings import silenced
 from finecap.recipes import copy_recipe, describe_recipe, list_recipes, resolve_recipe
 from finecap.registry import ENGINES, PREDICTION_FORMATS
-from finecap.utils.system import launched_rank, leave_process_group
+from finecap.utils.system import launched_processes, launched_rank, leave_process_group
 from finecap.utils.text import shell_command
 
 
@@ -266,6 +268,9 @@ def cmd_export(args: argparse.Namespace) -> None:
 def cmd_eval(args: argparse.Namespace) -> None:
     from finecap.app.eval import main
 
+    if launched_processes() > 1:  # each process would score it all: its table printed, its judges paid, N times
+        raise ConfigError(f"finecap eval scores in one process; it was launched as {launched_processes()} "
+                          "(accelerate launch): run it without the launcher")  # fmt: skip
     main(
         _config(args, _flags(args, {"judge": "judge.name"})),
         predictions=args.predictions,
@@ -760,13 +765,22 @@ def configured_logging(verbose: int = 0, quiet: int = 0) -> Iterator[None]:
     (transformers reads ``TRANSFORMERS_VERBOSITY`` when it is first imported, so that is set too); progress bars off
     with -q (``TQDM_DISABLE``, read by finecap's bars at each bar, :func:`finecap.utils.system.progress_enabled`;
     ``HF_HUB_DISABLE_PROGRESS_BARS``, and transformers' switch when it is already imported, as it reads the variable
-    once). Everything is put back afterwards (tests call :func:`main` many times in one process)."""
+    once). Everything is put back afterwards (tests call :func:`main` many times in one process).
+
+    Under ``accelerate launch`` a process other than rank 0 (:func:`finecap.utils.system.launched_rank`) logs errors
+    alone, finecap's and the libraries', shows no progress bar and no Python warning, whatever the flags and the
+    environment say: every process of a launch meets the same notes, so the main process says them once
+    (docs/cli.md#verbosity-v-and-q); the error that stops a process is :func:`_run`'s."""
     own, lib = levels(verbose, quiet)
+    follower = launched_rank() > 0
+    if follower:
+        own = lib = logging.ERROR
     env = {"TRANSFORMERS_VERBOSITY": logging.getLevelName(lib).lower(), "DATASETS_VERBOSITY":
            logging.getLevelName(lib).lower()}  # fmt: skip
-    if own == logging.WARNING:
+    if own >= logging.WARNING:
         env |= {"TQDM_DISABLE": "1", "HF_HUB_DISABLE_PROGRESS_BARS": "1"}
-    env = {k: v for k, v in env.items() if k not in os.environ}  # the user's own settings win
+    if not follower:
+        env = {k: v for k, v in env.items() if k not in os.environ}  # the user's own settings win
     hf_logging = sys.modules.get("transformers.utils.logging")
     hf_bars_off = "TQDM_DISABLE" in env and hf_logging is not None and hf_logging.is_progress_bar_enabled()
     saved_env = {k: os.environ.get(k) for k in env}
@@ -784,7 +798,9 @@ def configured_logging(verbose: int = 0, quiet: int = 0) -> Iterator[None]:
         hf_logging.disable_progress_bar()
     short = _shortened_records() if verbose - quiet == 1 else contextlib.nullcontext()
     try:
-        with silenced(), short:
+        with silenced(), short, warnings.catch_warnings():
+            if follower:
+                warnings.simplefilter("ignore")
             yield
     finally:
         if hf_bars_off:
@@ -813,8 +829,23 @@ def _close_progress_bars() -> None:
 
 
 LAUNCH_GRACE = 10.0
-"""Seconds a launched process other than rank 0 waits before it exits on a configuration error that every process
-meets alike, so that rank 0 prints it before the launcher (torchrun), seeing one process end, stops the others."""
+"""Seconds a launched process other than rank 0 waits before it says the error that stops it (:func:`_launch_grace`),
+so that rank 0, meeting the same error (the same configuration, the same data), says it before the launcher
+(torchrun), seeing one process end, stops the others."""
+
+
+def _launch_grace() -> bool:
+    """On a launched process other than rank 0, wait :data:`LAUNCH_GRACE` seconds before saying the error that stops
+    it: whether it is still to be said (``False`` when the launcher stopped this process meanwhile, SIGTERM, because
+    rank 0 ended first, having said it). An error this process alone meets is still said, after the wait. ``True``
+    at once outside a launch and on rank 0."""
+    if launched_rank() == 0:
+        return True
+    try:
+        time.sleep(LAUNCH_GRACE)
+    except KeyboardInterrupt:  # Terminated: the launcher's stop, quiet (the error is rank 0's to say)
+        return False
+    return True
 
 
 class Terminated(KeyboardInterrupt):
@@ -848,8 +879,24 @@ def sigterm_as_interrupt() -> Iterator[None]:
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
 
+def _parsed(argv: list[str] | None) -> argparse.Namespace:
+    """The parsed command line. argparse prints a mistake's usage and error itself, then exits 2; under
+    ``accelerate launch`` a process other than rank 0 holds them back for :func:`_launch_grace`, as it does its
+    other errors (every process is given the same command line)."""
+    if launched_rank() == 0:
+        return build_parser().parse_args(argv)
+    said = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(said):
+            return build_parser().parse_args(argv)
+    except SystemExit:
+        if said.getvalue() and _launch_grace():
+            sys.stderr.write(said.getvalue())
+        raise
+
+
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    args = _parsed(argv)
     try:
         with sigterm_as_interrupt():
             return _run(args)
@@ -863,16 +910,19 @@ def _run(args: argparse.Namespace) -> int:
         with configured_logging(args.verbose, args.quiet):
             args.func(args)
     except UsageError as e:
-        print(e, file=sys.stderr)
+        if _launch_grace():  # the same on every process: said once, by rank 0
+            print(e, file=sys.stderr)
         return 2
     except AnotherProcessFailed:  # the main process of the launch prints the error; this one only stops
+        _launch_grace()  # exiting at once, it could have the launcher stop the main process before it says why
         return 2
     except KeyboardInterrupt as e:  # Ctrl-C (SIGINT), or SIGTERM (Terminated): exit codes as a shell's, 128 + signal
         if debug_requested(args):
             raise
         _close_progress_bars()
         terminated = isinstance(e, Terminated)
-        print(f"finecap: {'terminated' if terminated else 'interrupted'}", file=sys.stderr)
+        if launched_rank() == 0:  # the launcher passes Ctrl-C or its stop to every process: said once, by rank 0
+            print(f"finecap: {'terminated' if terminated else 'interrupted'}", file=sys.stderr)
         return 143 if terminated else 130
     except Exception as e:
         if isinstance(e, BrokenPipeError) and _stdout_reader_gone():  # `finecap recipes | head`: not an error
@@ -882,8 +932,7 @@ def _run(args: argparse.Namespace) -> int:
         if message is None or debug_requested(args):
             raise  # a bug, or --debug: the traceback
         _close_progress_bars()
-        if isinstance(e, ConfigError) and launched_rank() > 0:  # the same on every process: said once, by rank 0
-            time.sleep(LAUNCH_GRACE)  # the launcher stops the others when one exits: rank 0 says it first
+        if not _launch_grace():  # the same on every process (a configuration, the data): said once, by rank 0
             return 2
         print(f"finecap: error: {masked_url_secrets(message)}", file=sys.stderr)  # a URL may hold a password
         return 2

@@ -65,6 +65,14 @@ def launched_rank() -> int:
         return 0
 
 
+def launched_processes() -> int:
+    """How many processes ``accelerate launch`` / ``torchrun`` started (``WORLD_SIZE``), 1 otherwise."""
+    try:
+        return max(1, int(os.environ.get("WORLD_SIZE", "1")))
+    except ValueError:
+        return 1
+
+
 def leave_process_group() -> None:
     """Destroy this process's process groups, if a command started them (``accelerate launch`` of several
     processes), and collect the garbage that still holds them (a sharded model's device meshes, in reference cycles),
