@@ -52,7 +52,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import math
-import os
 import warnings
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
@@ -93,7 +92,7 @@ from finecap.utils.files import refuse_link
 from finecap.utils.folders import check_swap
 from finecap.utils.reading import read_json
 from finecap.utils.rng import epoch_seed, rng_state, seed_everything, set_rng_state
-from finecap.utils.system import progress_enabled
+from finecap.utils.system import launched_processes, progress_enabled
 from finecap.utils.text import short_repr
 
 log = logging.getLogger(__name__)
@@ -173,8 +172,7 @@ EvaluateFn = Callable[[torch.nn.Module], dict[str, Any]]
 
 
 def _use_cpu(settings: TrainConfig) -> bool:
-    world = int(os.environ.get("WORLD_SIZE", "1"))
-    return settings.cpu or (world > 1 and not torch.accelerator.is_available())
+    return settings.cpu or (launched_processes() > 1 and not torch.accelerator.is_available())
 
 
 def apply_tf32(enabled: bool, device: torch.device) -> bool:
@@ -258,7 +256,7 @@ def make_accelerator(settings: TrainConfig, run_dir: Path | None = None) -> Acce
     are configured (``jsonl`` writes ``<run_dir>/metrics.jsonl``, the others log under ``<run_dir>/trackers``).
     Note: accelerate 1.15's ``accelerate launch --cpu --num_processes N`` starts a *single* process (its CPU launcher
     needs an MPI hostfile for more), so use ``--multi_gpu`` (torchrun) for several CPU processes."""
-    world = int(os.environ.get("WORLD_SIZE", "1"))
+    world = launched_processes()
     cpu = _use_cpu(settings)
     _release_precision(settings.mixed_precision)
     trackers: list[Any] = []
