@@ -123,10 +123,18 @@ def test_eval_refuses_a_launch_of_several_processes(tmp_path, capsys, monkeypatc
     assert main(argv) == 2
     out = capsys.readouterr()
     assert out.out == "" and out.err == (
-        "finecap: error: finecap eval scores in one process; it was launched as 2 (accelerate launch): run it "
-        "without the launcher\n"
+        "finecap: error: finecap eval runs in one process; it was launched as 2 (accelerate launch): run it "
+        "without the launcher (train and caption share their work among launched processes)\n"
     )
     assert not (tmp_path / "scores.json").exists()
+    # every command but train and caption (world make, report, export, boost, ...: each would do all of it N times)
+    assert main(["world", "make", "--out", str(tmp_path / "world")]) == 2
+    assert "finecap world runs in one process; it was launched as 2" in capsys.readouterr().err
+    assert not (tmp_path / "world").exists()
+    from finecap.app.cli import check_one_process
+
+    check_one_process("train")  # they share the work: never refused
+    check_one_process("caption")
     monkeypatch.setenv("WORLD_SIZE", "1")
     assert main(argv) == 0 and (tmp_path / "scores.json").is_file()
 

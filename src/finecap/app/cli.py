@@ -268,9 +268,6 @@ def cmd_export(args: argparse.Namespace) -> None:
 def cmd_eval(args: argparse.Namespace) -> None:
     from finecap.app.eval import main
 
-    if launched_processes() > 1:  # each process would score it all: its table printed, its judges paid, N times
-        raise ConfigError(f"finecap eval scores in one process; it was launched as {launched_processes()} "
-                          "(accelerate launch): run it without the launcher")  # fmt: skip
     main(
         _config(args, _flags(args, {"judge": "judge.name"})),
         predictions=args.predictions,
@@ -904,10 +901,25 @@ def main(argv: list[str] | None = None) -> int:
         leave_process_group()
 
 
+LAUNCHED_COMMANDS = ("train", "caption")
+"""The commands that share their work among the processes of ``accelerate launch``; any other, launched as several
+processes, would do all of it in each (``finecap eval``: its table printed, its judges paid, N times): refused."""
+
+
+def check_one_process(command: str) -> None:
+    """A :class:`ConfigError` when ``command`` (not one of :data:`LAUNCHED_COMMANDS`) runs under a launch of
+    several processes."""
+    if launched_processes() > 1 and command not in LAUNCHED_COMMANDS:
+        raise ConfigError(f"finecap {command} runs in one process; it was launched as {launched_processes()} "
+                          f"(accelerate launch): run it without the launcher ({' and '.join(LAUNCHED_COMMANDS)} "
+                          "share their work among launched processes)")  # fmt: skip
+
+
 def _run(args: argparse.Namespace) -> int:
     """Call the command's function; its error as one message and an exit code (module docstring)."""
     try:
         with configured_logging(args.verbose, args.quiet):
+            check_one_process(args.command)
             args.func(args)
     except UsageError as e:
         if _launch_grace():  # the same on every process: said once, by rank 0
