@@ -336,12 +336,16 @@ def test_ctrl_c_keeps_the_answers_in_flight_and_says_interrupted(world, tmp_path
 
     said = Said()
     logging.getLogger("finecap.boost.openai_backend").addHandler(said)
+    # Python's own Ctrl-C handler, as a user's process has it: once in the parallel suite (session 34) the SIGINT
+    # raised nothing in this worker process, whose handler something run before had changed (not found)
+    handler = signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         with ChatServer(answer) as server:
             cfg = load(None, [*world_items(world), *_openai(server.url, "boost.concurrency=2")])
             with pytest.raises(KeyboardInterrupt):
                 boost(cfg, tmp_path / "out", progress=False)
     finally:
+        signal.signal(signal.SIGINT, handler)
         logging.getLogger("finecap.boost.openai_backend").removeHandler(said)
     assert len(server.requests) == 2
     cached = [json.loads(line) for line in (tmp_path / "out" / "cache.jsonl").read_text().splitlines()]
