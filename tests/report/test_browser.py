@@ -29,13 +29,25 @@ def decide(driver, button: str, then: str) -> None:
     """Click accept/reject on a page that has finished loading, and wait until the browser has left it and the page
     at the URL ending in ``then`` has finished loading (its own ``document.readyState``): the next click, reload or
     check never lands on a page still being parsed (whose buttons may not exist yet) nor cuts its loads short."""
+    from selenium.common.exceptions import WebDriverException
     from selenium.webdriver.support import expected_conditions
     from selenium.webdriver.support.ui import WebDriverWait
+
+    def left(_driver) -> bool:
+        """Whether ``old`` belongs to a page the browser has left: stale, or, as chromedriver 156 sometimes answers
+        for a node of a document being replaced, "does not belong to the document" (an unknown error, not a stale
+        reference: expected_conditions.staleness_of raised it, once in the parallel suite)."""
+        try:
+            return expected_conditions.staleness_of(old)(_driver)
+        except WebDriverException as e:
+            if "does not belong to the document" in str(e):
+                return True
+            raise
 
     WebDriverWait(driver, 20).until(loaded)
     old = driver.find_element(By.ID, "status")
     driver.find_element(By.ID, button).click()
-    WebDriverWait(driver, 20).until(expected_conditions.staleness_of(old))
+    WebDriverWait(driver, 20).until(left)
     WebDriverWait(driver, 20).until(lambda d: d.current_url.endswith(then) and loaded(d))
     assert driver.find_elements(By.ID, "status"), driver.page_source[:2000]
 
