@@ -256,6 +256,29 @@ def test_the_neighbour_table_is_cached_by_captions_too(world_and_clip, monkeypat
     assert searched == [1]  # other captions: searched again, not the first table
 
 
+def test_the_neighbour_table_is_cached_by_the_text_settings_too(world_and_clip, monkeypatch):
+    # the key held the retriever's weights and image settings only: retriever.long_text=chunks on captions longer
+    # than the 48-token window reused the table of truncate's embeddings (every one of the 20 rows differs here)
+    import dataclasses
+
+    import finecap.data.bags as bags
+    from finecap.config import load
+
+    cfg, records, _, searched = cached_neighbour_table(world_and_clip, "cache-4", monkeypatch)
+    long = [dataclasses.replace(r, captions=[" ".join(r.captions * 4)]) for r in records]
+    assert min(bags.load_retriever(cfg).token_counts([r.captions[0] for r in long])) > 48  # past the window
+    truncated = bags.neighbour_table(cfg, long)
+    assert searched == [1]
+
+    def chunks(cache: str):
+        return load(None, [f"world.out={cfg.world.out}", f"retriever.checkpoint={cfg.retriever.checkpoint}",
+                           f"run.cache_dir={world_and_clip / cache}", "retriever.long_text=chunks"])  # fmt: skip
+
+    expected = bags.neighbour_table(chunks("cache-5"), long)  # chunks' table, searched in a cache of its own
+    assert searched == [1, 1] and expected.tolist() != truncated.tolist()
+    assert bags.neighbour_table(chunks("cache-4"), long).tolist() == expected.tolist() and searched == [1, 1, 1]
+
+
 def test_the_neighbour_table_cache_is_never_unpickled_nor_used_when_tampered(world_and_clip, monkeypatch):
     # the table was a torch.save pickle read back with torch.load, and any table of the right shape was used: one of
     # zeros (every bag built around image 0), of indices past the images, or of floats trained on silently

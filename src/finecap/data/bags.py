@@ -284,13 +284,15 @@ class BagCurriSampler(GlobalBatchSampler):
 
 def neighbour_table(cfg: Config, records: Sequence[Any], k: int = TOP_K) -> torch.Tensor:
     """``(N, min(k, N-1))`` exact neighbour indices of ``records`` under the configured retriever's multimodal
-    embeddings (TrueMatch's Algorithm 1), cached in ``<cache>/train_bags/`` (:func:`finecap.home.cache_dir`) by model,
-    images and captions (the embedding holds the mean of the captions' text embeddings: ``data.captions=holistic``
-    on the same images is another table)."""
+    embeddings (TrueMatch's Algorithm 1), cached in ``<cache>/train_bags/`` (:func:`finecap.home.cache_dir`) by
+    model and text settings (:meth:`~finecap.models.retriever.Retriever.text_identity`: tokenizer, text window,
+    ``retriever.long_text``), images and captions (the embedding holds the mean of the captions' text embeddings:
+    ``data.captions=holistic`` on the same images is another table)."""
     retriever = load_retriever(cfg)
     k = min(k, len(records) - 1)
     captions = hashlib.sha256(json.dumps([list(r.captions) for r in records]).encode()).hexdigest()[:16]
-    key = f"{retriever.identity()}-{fingerprint_data(records)}-{captions}-k{k}"
+    # the text side's key, not only the model's: the captions' embeddings (tokenizer, text window, long_text) are in it
+    key = f"{retriever.text_identity()}-{fingerprint_data(records)}-{captions}-k{k}"
     path = cache_dir(cfg.run) / "train_bags" / f"{key}.safetensors"  # never a pickle: nothing there is unpickled
 
     def search() -> torch.Tensor:

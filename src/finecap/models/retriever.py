@@ -477,20 +477,27 @@ class Retriever:
     def text_embeddings(self, texts: Sequence[str], cache_dir: str | Path | None = None) -> torch.Tensor:
         """:meth:`embed_texts`, through the feature cache when ``cache_dir`` is given: the embeddings of the same
         ordered texts under the same model and tokenizer are computed once
-        (:func:`finecap.data.features.text_cache_file`; the key adds the tokenizer's vocabulary and settings to
-        :meth:`identity`)."""
+        (:func:`finecap.data.features.text_cache_file`, keyed by :meth:`text_identity`)."""
         texts = list(texts)
         if cache_dir is None:
             return self.embed_texts(texts)
         if self.long_text == "error":  # truncate's embeddings, cached under its key: a long text is refused anyway
             self._refuse_long(texts, self.token_counts(texts), None)
+        path, meta = text_cache_file(cache_dir, self.text_identity(), texts)
+        return cached_tensor(path, meta, lambda: self.embed_texts(texts))
+
+    def text_identity(self) -> str:
+        """What keys a cache of :meth:`embed_texts`' embeddings (SHA-256 hex): :meth:`identity`, the tokenizer's
+        vocabulary, the text window, the pooling EOS and, for ``chunks``, :attr:`long_text` (``error`` embeds as
+        ``truncate`` does, refusing a long text instead). The text-embedding cache (:meth:`text_embeddings`) and
+        every cache of something computed from text embeddings (BagCurri's neighbour table,
+        :func:`finecap.data.bags.neighbour_table`) use it."""
         vocab = self.tokenizer.get_vocab()
         tokenizer = hashlib.sha256(json.dumps(sorted(vocab.items())).encode()).hexdigest()
         key = f"{self.identity()}|tokenizer {tokenizer}|max_length {self.max_length}|eos {self.pool_eos_id}"
         if self.long_text == "chunks":  # other embeddings of long texts (the key of the others is unchanged)
             key += "|long_text chunks"
-        path, meta = text_cache_file(cache_dir, hashlib.sha256(key.encode()).hexdigest(), texts)
-        return cached_tensor(path, meta, lambda: self.embed_texts(texts))
+        return hashlib.sha256(key.encode()).hexdigest()
 
     # ----------------------------------------------------------------------------------------------------------------
     # Scores
