@@ -129,6 +129,31 @@ def test_a_model_folder_saved_again_in_place_is_another_identity(chat_model, tmp
     assert TransformersBackend(str(folder), max_new_tokens=4).identity() != first
 
 
+def test_a_model_folder_whose_generation_settings_or_chat_template_changed_is_another_identity(chat_model, tmp_path):
+    # the identity held the weight files alone: a generation_config.json edited in place (a repetition setting)
+    # changed every answer, and a re-run into the same --out took the answers of the earlier settings from the cache
+    import json
+    import shutil
+
+    folder = tmp_path / "model"
+    shutil.copytree(chat_model, folder)
+    tasks = _tasks(2)
+
+    def answers_and_identity() -> tuple[dict, dict]:
+        backend = TransformersBackend(str(folder), max_new_tokens=8, refuse_cut_off=False)
+        return dict(backend.run(tasks)), backend.identity()
+
+    first, identity = answers_and_identity()
+    settings = folder / "generation_config.json"
+    settings.write_text(json.dumps({**json.loads(settings.read_text()), "no_repeat_ngram_size": 1}))
+    second, edited = answers_and_identity()
+    assert second != first  # the file decides the answers
+    assert edited != identity
+    template = next(p for p in folder.iterdir() if p.name in ("chat_template.jinja", "tokenizer_config.json"))
+    template.write_text(template.read_text().replace("<assistant>", "<assistant> "))
+    assert answers_and_identity()[1] != edited
+
+
 def test_model_without_chat_template_is_an_error(chat_model, tmp_path):
     tok = AutoTokenizer.from_pretrained(chat_model)
     tok.chat_template = None

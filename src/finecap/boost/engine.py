@@ -165,10 +165,16 @@ class Backend(Protocol):
         ...
 
 
-def weights_stamp(model: str | Path, patterns: Sequence[str] = ("*.safetensors", "*.bin")) -> list[Any] | None:
-    """``[(file, size, mtime_ns)]`` of the weight files of a local model folder ``model`` (``None`` for a Hub name):
-    part of a backend's :meth:`Backend.identity`, so that a folder trained or saved again in place is asked again
-    rather than answered from the cache of its earlier weights."""
+MODEL_FILES = ("*.safetensors", "*.bin", "*.json", "*.jinja", "*.model", "*.txt")
+"""The files of a model folder that decide its answers: weights, and the configuration, tokenizer, chat template and
+``generation_config.json`` (decoding settings ``transformers`` and vLLM read from it) beside them."""
+
+
+def weights_stamp(model: str | Path, patterns: Sequence[str] = MODEL_FILES) -> list[Any] | None:
+    """``[(file, size, mtime_ns)]`` of the files ``patterns`` of a local model folder ``model`` (default
+    :data:`MODEL_FILES`; ``None`` for a Hub name): part of a backend's :meth:`Backend.identity`, so that a folder
+    trained or saved again in place, or whose chat template or generation settings were edited, is asked again rather
+    than answered from the cache of its earlier files."""
     path = Path(model)
     if not path.is_dir():
         return None

@@ -65,7 +65,7 @@ class VllmJudge(OpenAIJudge):
         self._start(model, [_InProcess(backend)], prompts=prompts, cache=cache, retries=retries, concurrency=1)
 
     def identity(self) -> dict[str, Any]:
-        """The ``openai`` judge's, with the weight files' names, sizes and times of a local folder (as boost's vLLM
+        """The ``openai`` judge's, with the model files' names, sizes and times of a local folder (as boost's vLLM
         backend keys its cache): answers of earlier weights saved under the same folder are not reused."""
         own = super().identity()
         return {**own, "weights": self.weights} if self.weights is not None else own
