@@ -89,3 +89,19 @@ def test_load_records_splits(tmp_path):
         load_records(missing, "train")
     with pytest.raises(ValueError, match="data.path: required for data.format='karpathy'"):
         load_records(load(None, ["data.format=karpathy"]), "train")
+
+
+def test_a_data_file_rewritten_under_the_same_time_is_read_again(tmp_path):
+    # the records were kept per (file, modification time) alone: a file rewritten within one tick of a coarse clock
+    # (or copied in keeping its time) gave the records of its earlier content, other captions, in the same process
+    import os
+
+    Image.new("RGB", (8, 8)).save(tmp_path / "a.png")
+    path = tmp_path / "data.jsonl"
+    cfg = load(None, ["data.format=jsonl", f"data.path={path}"])
+    path.write_text(json.dumps({"image": "a.png", "captions": ["a red circle"], "split": "train"}) + "\n")
+    first = path.stat().st_mtime_ns
+    assert load_records(cfg, "train")[0].captions == ["a red circle"]
+    path.write_text(json.dumps({"image": "a.png", "captions": ["a big red circle"], "split": "train"}) + "\n")
+    os.utime(path, ns=(first, first))  # the time the first version had
+    assert load_records(cfg, "train")[0].captions == ["a big red circle"]

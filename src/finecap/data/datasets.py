@@ -57,7 +57,7 @@ def _read(
     fmt: str,
     path: Path,
     images: str,
-    mtime_ns: int,
+    version: tuple[int, ...],
     options: tuple = (),
     allow_outside: bool = False,
     cache: Path | None = None,
@@ -73,9 +73,12 @@ def _split_records(cfg: Config, split: str, captioned: bool) -> list[Record]:
     if not path.exists() and not spec.hub_names:
         raise FileNotFoundError(f"{path}: data set file not found (data.path / world.out)")
     options = tuple(sorted(format_options(cfg.data.format, cfg).items()))
-    mtime = path.stat().st_mtime_ns if path.exists() else 0
+    # the file's version: its time alone kept the records of a file rewritten within one tick of a coarse clock (or
+    # copied in keeping the old one's time); its size and inode tell most such rewrites, an atomic one always
+    st = path.stat() if path.exists() else None
+    version = (st.st_mtime_ns, st.st_size, st.st_ino) if st is not None else ()
     read = _read if spec.cached else _read.__wrapped__  # read again: a folder changes below its own mtime
-    records = read(cfg.data.format, path, cfg.data.images, mtime, options, cfg.data.allow_outside_paths,
+    records = read(cfg.data.format, path, cfg.data.images, version, options, cfg.data.allow_outside_paths,
                    resolve_cache_dir(cfg.run))  # fmt: skip
     records, unsplit = split_unsplit(cfg, records, path)
     records = select_captions(select_split(records, split, path, cfg.data.format, unsplit), cfg.data.captions, path)
