@@ -94,6 +94,27 @@ def test_an_old_key_in_an_override_names_its_new_key(overrides, message):
     assert e.value.key == overrides[-1].split("=")[0]
 
 
+@pytest.mark.parametrize(
+    ("overrides", "suggested"),
+    [
+        (["rl.kl_cof=0.1"], "'grpo.kl_coef'? rl.kl_coef moved there"),
+        (["rl.alph=0.5"], "'sle.alpha'? rl.alpha moved there"),
+        (["data.image_colum=img"], "'data.hf.image_column'? data.image_column moved there"),
+        (["model.prefix_lenght=5"], "'clipcap.prefix_length'? model.prefix_length moved there"),
+        (["model.kind=blip", "model.tiny_hiden=64"], "'blip.tiny_hidden'? model.tiny_hidden moved there"),
+        (["model.vlm_promt=Hi."], "'vlm.prompt'? model.vlm_prompt moved there"),
+    ],
+)
+def test_a_misspelt_old_key_is_told_the_new_name_of_the_key_it_is_close_to(overrides, suggested):
+    # the former name spelt right is read as its new one (rl, data) or named by its own error (model); spelt wrong,
+    # the section's own keys are all that was compared, and nothing was suggested
+    with pytest.raises(ConfigError) as e:
+        load(None, overrides)
+    key = overrides[-1].split("=")[0]
+    assert str(e.value).startswith(f"override {overrides[-1]!r}: unknown key {key!r} (did you mean {suggested})")
+    assert e.value.key == key
+
+
 def test_an_old_recipe_fails_naming_the_file_and_the_new_key(tmp_path):
     recipe = tmp_path / "old.yaml"
     recipe.write_text("model:\n  kind: blip\n  blip: world-tiny\n  tiny_hidden: 64\n")

@@ -76,6 +76,21 @@ def test_a_former_key_and_its_new_one_set_apart_in_one_file_are_refused(tmp_path
     assert e.value.key == "grpo.advantage" and str(e.value).startswith(str(recipe))
 
 
+def test_a_stored_configuration_setting_a_former_key_and_its_new_one_apart_names_the_file(tmp_path):
+    """A run's config.yaml edited by hand (rl.kl_coef added beside grpo.kl_coef) is refused as a recipe is: naming
+    the file, wherever finecap reads it (caption, eval and resume through load_stored; a resume's list of changes)."""
+    from finecap.train.state import config_changes
+
+    data = load(None).saved_dict()
+    data["rl"]["kl_coef"] = 0.04  # grpo.kl_coef: 0.0
+    stored = tmp_path / "config.yaml"
+    stored.write_text(yaml.safe_dump(data, sort_keys=False))
+    for read in (lambda: load_stored(stored), lambda: config_changes(stored, load(None).saved_dict())):
+        with pytest.raises(ConfigError, match=r"rl.kl_coef=0.04 and grpo.kl_coef=0.0 are both set") as e:
+            read()
+        assert str(e.value).startswith(f"{stored}: ") and e.value.key == "grpo.kl_coef", str(e.value)
+
+
 @pytest.mark.parametrize(
     ("overrides", "key", "message"),
     [

@@ -5,6 +5,7 @@ worker processes with their own thread count."""
 from __future__ import annotations
 
 import json
+import logging
 import os
 from pathlib import Path
 
@@ -171,6 +172,31 @@ def test_finished_stages_are_read_with_the_configuration_they_saved(tmp_path):
     load(None, ["decode.engine=planted_engine:E", f"run.dir={run_dir / 'mle'}"]).save(run_dir / "mle" / "config.yaml")
     with pytest.raises(ConfigError, match=r"mle/config.yaml: decode.engine names 'planted_engine:E'"):
         finished_stages(run_dir, ["mle"])
+
+
+def test_a_finished_stage_stored_by_an_older_finecap_is_read_as_a_stored_configuration(tmp_path, caplog):
+    """A stage's config.yaml written before the backbone sections and the rl split (model.prefix_length, rl.alpha),
+    with an option its run set but never read (rl.baseline beside group advantages), configures the stage as
+    load_stored reads it: it was read as a recipe, which refuses the former model keys and the unread option, and
+    took every stored option for one the recipe set (a warning for each the run does not read)."""
+    from finecap.config import load_stored
+    from finecap.stages import finished_stages
+
+    run_dir = tmp_path / "run"
+    (run_dir / "sle").mkdir(parents=True)
+    load(None).save(run_dir / "config.yaml")
+    cfg = load(None, ["train.objective=sle", "sle.alpha=0.5", "clipcap.prefix_length=7", f"run.dir={run_dir / 'sle'}"])
+    old = cfg.saved_dict()
+    old["model"]["prefix_length"] = old.pop("clipcap")["prefix_length"]  # the flat model section, before the move
+    old["rl"] = {**old["rl"], **old.pop("grpo"), **old.pop("sle"), "advantage": "group", "baseline": "mean"}
+    stored = run_dir / "sle" / "config.yaml"
+    stored.write_text(yaml.safe_dump(old, sort_keys=False))
+    (run_dir / "sle" / DONE).write_text("ok\n")
+    caplog.set_level(logging.WARNING, logger="finecap")
+    got = finished_stages(run_dir, ["sle"]).stage_config("sle")
+    assert got == load_stored(stored)
+    assert (got.clipcap.prefix_length, got.sle.alpha, got.grpo.advantage) == (7, 0.5, "group")
+    assert "changes nothing" not in caplog.text, caplog.text
 
 
 def test_a_forced_retrain_that_is_killed_is_no_finished_stage(tmp_path):

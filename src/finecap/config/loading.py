@@ -35,7 +35,7 @@ from finecap.registry import (
     is_dotted_path,
 )
 from finecap.utils.reading import YAMLRefused, load_yaml
-from finecap.utils.text import SHORT_REPR_LIMIT, did_you_mean, short_repr
+from finecap.utils.text import SHORT_REPR_LIMIT, closest, did_you_mean, short_repr
 
 log = logging.getLogger(__name__)
 
@@ -317,11 +317,17 @@ def _where(key: str | None, origins: Origins, source: str) -> str:
     return near[0] if near else source
 
 
-def _unknown_key(name: str, k: str, known: list[str], nested: dict[str, type]) -> str:
+def _unknown_key(name: str, k: str, known: list[str], nested: dict[str, type], kind: str) -> str:
     """The message of an unknown key ``name.k``: the closest key of the section, else a nested section's key of that
-    name (``data.questions_column`` -> ``data.hf.questions_column``), and the section's valid keys."""
+    name (``data.questions_column`` -> ``data.hf.questions_column``), else the new name of the closest key the section
+    had before it moved (:data:`MOVED_KEYS`: ``rl.kl_cof`` -> ``grpo.kl_coef``; a former ``model`` key's for
+    ``model.kind=kind``), and the section's valid keys."""
     inside = [f"{name}.{s}.{k}" for s, c in nested.items() if k in {f.name for f in dataclasses.fields(c)}]
     hint = did_you_mean(k, known, f"{name}.") or (f" (did you mean {inside[0]!r}?)" if inside else "")
+    former = [key.split(".", 1)[1] for key in MOVED_KEYS if key.split(".")[0] == name]
+    if not hint and (match := closest(k, former)) is not None:
+        target = renamed_key(f"{name}.{match}") or moved_key(f"{name}.{match}", kind)
+        hint = f" (did you mean {target!r}? {name}.{match} moved there)" if target else ""
     return f"unknown key {short_repr(f'{name}.{k}')}{hint}; valid keys of [{name}]: {', '.join(sorted(known))}"
 
 
@@ -350,7 +356,8 @@ def _build_section(name: str, cls: type, values: dict[str, Any], source: str, or
         if k not in known and key in MOVED_KEYS:
             raise ConfigError(f"{where}{_moved_message(key, str(values.get('kind', ModelConfig.kind)))}", key=key)
         if k not in known:
-            raise ConfigError(f"{where}{_unknown_key(name, k, known, nested)}", key=key)
+            kind = str(values.get("kind", ModelConfig.kind))
+            raise ConfigError(f"{where}{_unknown_key(name, k, known, nested, kind)}", key=key)
         if k in nested:
             if v is not None and not isinstance(v, dict):
                 inner = ", ".join(f.name for f in dataclasses.fields(nested[k]))

@@ -31,12 +31,13 @@ TRAINING_CODE_OPTIONS = ("train.objective", "data.sampler", "rl.rewards", "train
 """The options naming code only training imports (a mapping's keys, a list's items)."""
 
 
-def migrate_moved_keys(data: dict[str, Any]) -> dict[str, Any]:
+def migrate_moved_keys(data: dict[str, Any], source: str = "") -> dict[str, Any]:
     """Sections ``{section: {key: value}}`` of a configuration stored before the backbone sections or the split of
     ``rl`` into ``rl``, ``grpo`` and ``sle`` (:data:`MOVED_KEYS`) with the former keys moved to their sections (for a
     ``model`` key a value already set there wins; an option the backbone no longer has is dropped). Configurations
-    without such keys come back unchanged."""
-    data = renamed_keys(data)
+    without such keys come back unchanged. A former ``rl`` or ``data`` key set beside its new one to another value is
+    a :class:`ConfigError` beginning with ``source`` (``"runs/x/config.yaml: "``: the file at fault)."""
+    data = renamed_keys(data, source)
     model = data.get("model")
     if not isinstance(model, dict) or not any(f"model.{k}" in MOVED_KEYS for k in model):
         return data
@@ -86,7 +87,7 @@ def load_stored(path: str | Path, overrides: list[str] | None = None, recipe: st
         data = read_yaml_mapping(path, "a stored configuration must be a mapping of sections")
     except ValueError as e:
         raise ConfigError(str(e)) from None
-    data = absolute_path_values(without_unread(migrate_moved_keys(data), path), path.parent)
+    data = absolute_path_values(without_unread(migrate_moved_keys(data, f"{path}: "), path), path.parent)
     stored = from_dict(data, f"{path}: ")  # the stored file alone is valid; errors name it
     cfg = load(recipe, overrides, base=data)
     check_stored_code(path, stored, cfg, recipe, overrides or [], for_training)

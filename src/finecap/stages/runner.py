@@ -84,6 +84,10 @@ class Stage:
     inputs: tuple[str, ...] = ()
     run: Callable[[StageRunner], Any] | None = None
     then: Callable[[StageRunner, str], Any] | None = None
+    stored: bool = False
+    """``recipe`` is a configuration finecap stored (a finished stage's ``config.yaml``: :func:`finished_stages`),
+    read as such (:func:`finecap.config.load_stored`: written before a key moved, migrated; options its run never
+    read, dropped) with the overrides on top, the runner's ``base`` and ``over`` left out: it holds every option."""
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
@@ -172,8 +176,11 @@ class StageRunner:
         its starting checkpoint."""
         row = self.stages[stage]
         computed = self.computed(self, stage) if self.computed is not None else []
-        cfg = load(resolve_recipe(row.recipe), [*row.overrides, *computed, *self.items], base=self.base,
-                   over=self.over)  # fmt: skip
+        overrides = [*row.overrides, *computed, *self.items]
+        if row.stored:
+            cfg = load_stored(row.recipe, overrides)
+        else:
+            cfg = load(resolve_recipe(row.recipe), overrides, base=self.base, over=self.over)
         run = dataclasses.replace(cfg.run, dir=str(self.stage_dir(stage)))
         train = cfg.train
         if row.init is not None:
@@ -347,5 +354,5 @@ def finished_stages(run_dir: Path, stages: Iterable[str]) -> StageRunner:
         raise MissingInput(f"{run_dir}: stage(s) {', '.join(missing)} have not finished (no {DONE} marker)")
     for s in stages:  # stored configurations, read as such: one naming code of one's own is refused (never imported)
         load_stored(run_dir / s / CONFIG_FILE)
-    table = stage_table(Stage(s, TRAIN, recipe=str(run_dir / s / CONFIG_FILE)) for s in stages)
+    table = stage_table(Stage(s, TRAIN, recipe=str(run_dir / s / CONFIG_FILE), stored=True) for s in stages)
     return StageRunner(table, load_stored(run_dir / CONFIG_FILE), run_dir, train=never_train)

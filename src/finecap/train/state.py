@@ -726,7 +726,8 @@ def config_changes(saved: Path, current: dict[str, dict[str, Any]]) -> list[str]
     stored before a key moved read with its keys where they are now: :func:`finecap.config.migrate_moved_keys`)."""
     if not saved.exists():
         return []
-    old = migrate_moved_keys(read_yaml_mapping(saved, "a stored configuration must be a mapping of sections"))
+    stored = read_yaml_mapping(saved, "a stored configuration must be a mapping of sections")
+    old = migrate_moved_keys(stored, f"{saved}: ")
     before = flat_options(old)  # a nested section's keys one by one (data.hf.image_column)
     return [f"{key}: {short_repr(before[key], 200)} -> {short_repr(v, 200)}"
             for key, v in flat_options(current).items() if key in before and before[key] != v]  # fmt: skip

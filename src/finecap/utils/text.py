@@ -81,7 +81,18 @@ def did_you_mean(name: object, valid: Iterable[object], prefix: str = "") -> str
     Only a name of at most :data:`SHORT_REPR_LIMIT` characters is compared (a number or a long text
     is no typo of a name, and ``str()`` of a nested value read from a file can be enormous).
     """
+    match = closest(name, valid)
+    return f" (did you mean {prefix + match!r}?)" if match is not None else ""
+
+
+def closest(name: object, valid: Iterable[object]) -> str | None:
+    """The one of ``valid`` (as text) :func:`did_you_mean` would suggest for ``name``, else ``None``: for a caller that
+    suggests something the match stands for (a moved option's new name).
+
+    >>> closest("kl_cof", ["kl_coef", "alpha"]), closest("x", ["kl_coef"])
+    ('kl_coef', None)
+    """
     if not isinstance(name, str | int | float) or len(str(name)) > SHORT_REPR_LIMIT:
-        return ""
+        return None
     match = difflib.get_close_matches(str(name), [str(v) for v in valid], n=1, cutoff=0.6)
-    return f" (did you mean {prefix + match[0]!r}?)" if match else ""
+    return match[0] if match else None
