@@ -160,6 +160,9 @@ class Family:
         image_budget: how ``vlm.image_max_pixels`` maps to the family's processor options: a rule of
             :data:`finecap.models.image_budget.RULES` (``"pixels"``: Qwen's ``max_pixels``; ``"crops"``: SmolVLM's
             ``longest_edge`` / splitting; ``"grid"``: LLaVA-NeXT's grids; ``"tiles"``: InternVL's tiles; ...).
+        processor_reads: image options that the family's processor reads from its image processor's own settings,
+            not from the call, when it writes the image tokens (Idefics2's ``do_image_splitting``: 5 images' tokens
+            per image): :class:`Vlm` sets them there too, so that the prompt's image tokens match the features.
     """
 
     language_model: str
@@ -176,6 +179,7 @@ class Family:
     vllm: str = ""
     image_budget: str = "fixed"
     more_projectors: tuple[str, ...] = ()
+    processor_reads: tuple[str, ...] = ()
 
     @property
     def projectors(self) -> tuple[str, ...]:
@@ -209,6 +213,7 @@ FAMILIES: dict[str, Family] = {
     "idefics2": Family(
         "model.text_model", "model.vision_model", "model.connector", ("pixel_values", "pixel_attention_mask"),
         name="Idefics2", examples=("HuggingFaceM4/idefics2-8b",), image_budget="splitting",
+        processor_reads=("do_image_splitting",),
     ),
     "idefics3": Family(
         "model.text_model", "model.vision_model", "model.connector", ("pixel_values", "pixel_attention_mask"),
@@ -630,8 +635,9 @@ class Vlm(CaptionerBase):
             ``train_projector``; ``processor_kwargs``, keyword arguments of every processor call (the image-token
             budget, e.g. Qwen2-VL's ``max_pixels``, Idefics3's ``do_image_splitting``; checked against the
             processor here) over what ``image_max_pixels`` maps to by the family's rule (:func:`processor_options`;
-            LLaVA-NeXT's grids are set on the processor and the model's config alike). Its ``name`` and ``tiny_*``
-            options built ``model`` (:meth:`build`), not read here.
+            LLaVA-NeXT's grids are set on the processor and the model's config alike, Idefics2's splitting on its
+            image processor: :attr:`Family.processor_reads`). Its ``name`` and ``tiny_*`` options built ``model``
+            (:meth:`build`), not read here.
         train_encoder: train the vision tower.
         train_lm: train the language model and its head.
         source: where the model came from (recorded in checkpoints).
@@ -658,6 +664,9 @@ class Vlm(CaptionerBase):
         if pinpoints is not None:  # the processor counts image tokens and the model packs features by one list
             processor.image_processor.image_grid_pinpoints = pinpoints
             model.config.image_grid_pinpoints = pinpoints
+        for key in self.family.processor_reads:  # the processor counts image tokens by these, not by the call's
+            if key in options:
+                setattr(processor.image_processor, key, options[key])
         self.processor_kwargs = processor_call_kwargs(processor, options)
         if world is not None and self.family is not FAMILIES["llava"]:
             raise ValueError(f"vlm.name={source}: world image tokens need a LLaVA-architecture model")
