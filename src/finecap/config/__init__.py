@@ -41,7 +41,7 @@ from finecap.config.paths import KEYWORDS, PATH_KEYS, absolute_path_values, abso
 from finecap.config.secrets import MASK, SECRET_KEYS, masked_url_secrets, redacted
 from finecap.config.sections import *  # noqa: F403 - the sections, Config and the Literal types of the options
 from finecap.config.sections import __all__ as _sections
-from finecap.config.stored import load_stored, migrate_moved_keys
+from finecap.config.stored import load_stored, migrate_moved_keys, with_added_keys
 
 __all__ = [
     "KEYWORDS",
@@ -69,5 +69,6 @@ __all__ = [
     "redacted",
     "renamed_override",
     "replaced_section",
+    "with_added_keys",
     *_sections,
 ]

@@ -11,7 +11,7 @@ from typing import Any
 from finecap.config.fields import ConfigError
 from finecap.config.loading import from_dict, load, parse_override, renamed_keys
 from finecap.config.paths import absolute_path_values
-from finecap.config.sections import MOVED_KEYS, Config, ModelConfig, moved_key
+from finecap.config.sections import ADDED_KEYS, MOVED_KEYS, Config, ModelConfig, moved_key
 from finecap.config.sections.grpo import never_read
 from finecap.recipes import resolve_recipe
 from finecap.registry import TRUST_ENV, is_dotted_path, trusted_code
@@ -56,6 +56,23 @@ def migrate_moved_keys(data: dict[str, Any], source: str = "") -> dict[str, Any]
     return out
 
 
+def with_added_keys(data: dict[str, Any], path: Path) -> dict[str, Any]:
+    """Sections with each key of :data:`~finecap.config.sections.ADDED_KEYS` that a stored section lacks set to the
+    value of the behaviour before the key existed (logged): finecap stores every key of a section, so the file was
+    written before it (``data.jpeg_draft``: ``false``, full-size JPEG decoding, as the run trained). A section the
+    file lacks altogether is left to its defaults."""
+    out = {name: dict(values) if isinstance(values, dict) else values for name, values in data.items()}
+    added = {}
+    for option, value in ADDED_KEYS.items():
+        section, key = option.split(".")
+        if isinstance(out.get(section), dict) and key not in out[section]:
+            out[section][key] = added[option] = value
+    if added:
+        log.info("%s: written before %s existed: read with %s, as the finecap that wrote it behaved", path,
+                 ", ".join(added), ", ".join(f"{k}={v!r}" for k, v in added.items()))  # fmt: skip
+    return out
+
+
 def without_unread(data: dict[str, Any], path: Path) -> dict[str, Any]:
     """Sections with the options the stored run set but never read dropped
     (:func:`~finecap.config.sections.grpo.never_read`; logged), so that a run stored before they were refused loads."""
@@ -79,15 +96,17 @@ def load_stored(path: str | Path, overrides: list[str] | None = None, recipe: st
     finecap writes absolute paths (:meth:`Config.save`); a relative path found in the file (edited by hand) is read
     relative to the file's folder. Paths in the recipe and the overrides are the user's, relative to the working
     directory. A file stored before the backbone sections (``model.prefix_length``, ...) is migrated
-    (:func:`migrate_moved_keys`). ``for_training``: the configuration is trained with, so a dotted path in an option
-    only training imports is refused as well unless named (:func:`check_stored_code`).
+    (:func:`migrate_moved_keys`); one stored before a key of :data:`~finecap.config.sections.ADDED_KEYS` existed reads
+    it as the behaviour before it (:func:`with_added_keys`). ``for_training``: the configuration is trained with, so a
+    dotted path in an option only training imports is refused as well unless named (:func:`check_stored_code`).
     """
     path = Path(path)
     try:
         data = read_yaml_mapping(path, "a stored configuration must be a mapping of sections")
     except ValueError as e:
         raise ConfigError(str(e)) from None
-    data = absolute_path_values(without_unread(migrate_moved_keys(data, f"{path}: "), path), path.parent)
+    data = with_added_keys(migrate_moved_keys(data, f"{path}: "), path)
+    data = absolute_path_values(without_unread(data, path), path.parent)
     stored = from_dict(data, f"{path}: ")  # the stored file alone is valid; errors name it
     cfg = load(recipe, overrides, base=data)
     check_stored_code(path, stored, cfg, recipe, overrides or [], for_training)

@@ -49,7 +49,7 @@ import yaml
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
-from finecap.config import flat_options, migrate_moved_keys
+from finecap.config import flat_options, migrate_moved_keys, with_added_keys
 from finecap.outputs import check_output_file
 from finecap.runs import (
     BEST,
@@ -723,11 +723,12 @@ def check_unchanged_on_resume(saved: Path, current: dict[str, dict[str, Any]]) -
 
 def config_changes(saved: Path, current: dict[str, dict[str, Any]]) -> list[str]:
     """``section.key: old -> new`` for every value the saved run configuration has and ``current`` changes (a file
-    stored before a key moved read with its keys where they are now: :func:`finecap.config.migrate_moved_keys`)."""
+    stored before a key moved read with its keys where they are now: :func:`finecap.config.migrate_moved_keys`; one
+    stored before a key was added, with the value it behaved by: :func:`finecap.config.with_added_keys`)."""
     if not saved.exists():
         return []
     stored = read_yaml_mapping(saved, "a stored configuration must be a mapping of sections")
-    old = migrate_moved_keys(stored, f"{saved}: ")
+    old = with_added_keys(migrate_moved_keys(stored, f"{saved}: "), saved)
     before = flat_options(old)  # a nested section's keys one by one (data.hf.image_column)
     return [f"{key}: {short_repr(before[key], 200)} -> {short_repr(v, 200)}"
             for key, v in flat_options(current).items() if key in before and before[key] != v]  # fmt: skip

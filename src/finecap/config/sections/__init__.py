@@ -53,7 +53,7 @@ from finecap.config.sections.limits import (
 )
 from finecap.config.sections.lora import LoraConfig, LoraInit
 from finecap.config.sections.model import AttnImplementation, ModelConfig, Quantization, TrainableDtype, WeightsDtype
-from finecap.config.sections.moved import MOVED_KEYS, moved_key, renamed_key
+from finecap.config.sections.moved import ADDED_KEYS, MOVED_KEYS, moved_key, renamed_key
 from finecap.config.sections.retriever import LongText, RetrieverConfig
 from finecap.config.sections.rl import AlarmAction, AlarmMeasure, Baseline, LogProb, RLConfig, RLStrategy
 from finecap.config.sections.run import RunConfig
@@ -107,6 +107,7 @@ __all__ = [  # the names finecap.config re-exports
     "MAX_TINY_HIDDEN",
     "MAX_TINY_LAYERS",
     "MAX_TOKENS",
+    "ADDED_KEYS",
     "MOVED_KEYS",
     "Mapper",
     "PIL_MAX_IMAGE_PIXELS",

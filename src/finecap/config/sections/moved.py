@@ -44,6 +44,17 @@ working, and say so in one warning). A stored configuration written before eithe
 pins the data and encoders), so a run's fingerprints are the same before and after."""
 
 
+ADDED_KEYS: dict[str, object] = {
+    "data.jpeg_draft": False,
+}
+"""Keys added after finecap first stored configurations whose default is not what the finecap before them did, with
+the value that behaviour is: a configuration finecap stored (:meth:`~finecap.config.sections.Config.save` writes every
+key of a section) whose section lacks the key was written before it existed, and reads it as this value
+(:func:`finecap.config.stored.with_added_keys`), so an old run captions, evaluates and resumes as it trained. Before
+``data.jpeg_draft`` JPEGs were decoded at full size (``false``); its default ``true`` gives pixels about one grey
+level apart (docs/data.md)."""
+
+
 RENAMED_SECTIONS = ("rl", "data")
 """Sections whose moved keys (:data:`MOVED_KEYS`) are read under their new name wherever they are set."""
 
