@@ -19,7 +19,9 @@ the backbones it does not serve (:meth:`VllmEngine.refusal`). What it decodes wi
   request's seed (:func:`request_seed`; vLLM gives the ``j``-th of the ``n`` samples ``seed + j``); beam search
   through ``LLM.beam_search`` (vLLM's own ranking: ``sum(logprob) / length ** length_penalty`` with the *prompt*
   counted in the length and EOS not, best ``num_return_sequences`` returned; ``decode.finished_beams`` and
-  ``early_stopping`` are finecap's decoder's and do not apply); ``max_length`` as ``max_tokens``; stopping at the
+  ``early_stopping`` are finecap's decoder's and do not apply); ``max_length`` as ``max_tokens`` (a sampled or
+  greedy caption vLLM cuts shorter because prompt and caption fill ``vllm.max_model_len`` is refused, not returned
+  as if ended there); stopping at the
   captioner's end tokens (:meth:`finecap.models.base.CaptionerBase.stop_token_ids`: a VLM's turn end and its
   ``generation_config``'s other stop tokens), and with ``stop_at_period`` at a period token, and
   nothing else (``generation_config="vllm"``: the folder's ``generation_config.json`` adds no stop token or
@@ -570,9 +572,25 @@ class VllmEngine(GenerationEngine):
                 ignore_eos=True, logprobs=0, detokenize=False,  # stops: the captioner's, its end tokens included
             ))  # fmt: skip
         outputs = self.llm.generate(prompts, params, use_tqdm=False)
+        self._check_context(outputs, cfg.max_length)
         rows = [(list(c.token_ids), [c.logprobs[t][tok].logprob for t, tok in enumerate(c.token_ids)], None)
                 for out in outputs for c in out.outputs]  # fmt: skip
         return self._generation(rows, n)
+
+    def _check_context(self, outputs: Sequence[Any], max_length: int) -> None:
+        """Refuse captions vLLM cut short of ``max_length`` because prompt and caption filled its context
+        (``vllm.max_model_len``): vLLM ends them as if at ``max_length``, silently, where finecap's decoder decodes
+        them whole (or refuses a model with too few positions); a ``ValueError`` naming both options."""
+        for out in outputs:
+            for c in out.outputs:
+                if c.finish_reason == "length" and len(c.token_ids) < max_length:
+                    limit = self.llm.llm_engine.model_config.max_model_len
+                    raise ValueError(
+                        f"decode.engine=vllm: a caption was cut after {len(c.token_ids)} tokens, short of "
+                        f"decode.max_length={max_length}: its prompt of {len(out.prompt_token_ids)} tokens and the "
+                        f"caption fill the engine's context of {limit} (vllm.max_model_len, 0: the model's context "
+                        "length); raise vllm.max_model_len or lower decode.max_length"
+                    )
 
     def _beam(self, prompts: list[dict[str, Any]], cfg: DecodeConfig) -> Generation:
         """``LLM.beam_search`` with ``beam_size`` beams; the ``num_return_sequences`` best per image. vLLM's beam
