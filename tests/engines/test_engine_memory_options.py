@@ -80,7 +80,8 @@ class StandInLLM:
     def generate(self, prompts, params, use_tqdm=False):
         self.calls.append(("generate", len(prompts)))
         logprob = {2: SimpleNamespace(logprob=-0.5)}
-        return [SimpleNamespace(outputs=[SimpleNamespace(token_ids=[2], logprobs=[logprob])]) for _ in prompts]
+        caption = SimpleNamespace(token_ids=[2], logprobs=[logprob], finish_reason="stop")  # ended at EOS
+        return [SimpleNamespace(outputs=[caption]) for _ in prompts]
 
 
 TOKENIZER = SimpleNamespace(eos_token_id=2, pad_token_id=0, decode=lambda ids, skip_special_tokens: "")

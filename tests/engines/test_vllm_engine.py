@@ -102,6 +102,15 @@ def test_beam_search(captioner, batch, greedy, engine):
     torch.testing.assert_close(beams.token_logprobs, scores.logprobs, atol=1e-5, rtol=0)
 
 
+def test_a_caption_the_engines_context_cuts_short_is_refused_naming_it(captioner, engine, greedy):
+    """The engine's context is 128 tokens (vllm.max_model_len, conftest.py); a prompt of ~20 and 120 caption tokens
+    do not fit it, and vLLM would end the captions that do not stop before as if at decode.max_length."""
+    prompt = captioner.encoder.preprocess(IMAGES[:1])["prompt_ids"].shape[1]
+    assert 128 - prompt < 120
+    with pytest.raises(ValueError, match=r"short of decode.max_length=120.*vllm.max_model_len"):
+        engine.generate_images(IMAGES, DecodeConfig(max_length=120))
+
+
 def test_collated_batches_decode_as_images_do(engine, greedy):
     """The captioning loops' route: the collator runs the engine's preprocessing, generate reads the batch."""
     items = [{"caption": "", "image": im, "image_id": i, "references": [], "index": i} for i, im in enumerate(IMAGES)]

@@ -19,11 +19,14 @@ the backbones it does not serve (:meth:`VllmEngine.refusal`). What it decodes wi
   request's seed (:func:`request_seed`; vLLM gives the ``j``-th of the ``n`` samples ``seed + j``); beam search
   through ``LLM.beam_search`` (vLLM's own ranking: ``sum(logprob) / length ** length_penalty`` with the *prompt*
   counted in the length and EOS not, best ``num_return_sequences`` returned; ``decode.finished_beams`` and
-  ``early_stopping`` are finecap's decoder's and do not apply); ``max_length`` as ``max_tokens``; stopping at the
+  ``early_stopping`` are finecap's decoder's and do not apply); ``max_length`` as ``max_tokens`` (a sampled or
+  greedy caption vLLM cuts shorter because prompt and caption fill ``vllm.max_model_len`` is refused, not returned
+  as if ended there); stopping at the
   captioner's end tokens (:meth:`finecap.models.base.CaptionerBase.stop_token_ids`: a VLM's turn end and its
   ``generation_config``'s other stop tokens), and with ``stop_at_period`` at a period token, and
   nothing else (``generation_config="vllm"``: the folder's ``generation_config.json`` adds no stop token or
-  default, as finecap's decoder reads none);
+  default, as finecap's decoder reads none; ``ignore_eos``: not at the tokenizer's EOS either where it is none of
+  the captioner's end tokens, as vLLM would by itself);
 - **what it returns**: a :class:`finecap.decode.Generation` as finecap's decoder gives it: the tokens with the stop
   token included, their log-probs under the model's own distribution (vLLM's ``raw_logprobs``: temperature 1, before
   top-k / top-p; an engine built with ``logprobs_mode="processed_logprobs"``, as RL rollouts scored at the sampling
@@ -331,7 +334,10 @@ def served_prompt(captioner: Any) -> str:
 def save_engine_folder(captioner: Any, out: Path, dtype: str) -> Path:
     """What vLLM builds the engine from, saved into ``out``: ``captioner``'s transformers config (its class as
     ``architectures``, ``dtype`` the engine's), generation config and processor (tokenizer, chat template, image
-    preprocessing): kilobytes, no weight file. The engine starts with vLLM's ``load_format="dummy"`` and receives the
+    preprocessing): kilobytes, no weight file. Its ``tie_word_embeddings`` (top level and text config) says whether
+    the model's output head *is* its input embeddings (:func:`embeddings_tied`): vLLM ties by the text config's flag,
+    transformers by the top level's, and a checkpoint where they differ would otherwise be served with its embeddings
+    as its head. The engine starts with vLLM's ``load_format="dummy"`` and receives the
     weights from memory (:meth:`VllmEngine.load_weights`). Written in every process of a training job (each builds
     its own engine)."""
     import copy
@@ -339,12 +345,24 @@ def save_engine_folder(captioner: Any, out: Path, dtype: str) -> Path:
     config = copy.deepcopy(captioner.model.config)
     config.architectures = [architecture_of(captioner)]
     config.dtype = dtype
+    tied = embeddings_tied(captioner.model)
+    for section in {id(c): c for c in (config, config.get_text_config())}.values():
+        section.tie_word_embeddings = tied  # vLLM reads the text config's flag, transformers the top level's
     config.save_pretrained(out)
     generation = getattr(captioner.model, "generation_config", None)
     if generation is not None:
         generation.save_pretrained(out)
     captioner.processor.save_pretrained(out)
     return out
+
+
+def embeddings_tied(model: torch.nn.Module) -> bool:
+    """Whether a transformers model's output head shares its weight with its input embeddings (what
+    ``tie_word_embeddings`` made of it when it was loaded, whatever its config's flags say)."""
+    head, embeddings = model.get_output_embeddings(), model.get_input_embeddings()
+    if head is None or embeddings is None:
+        return False
+    return head.weight is embeddings.weight
 
 
 WEIGHT_FILES = ("*.safetensors", "*.bin", "*.pt", "*.pth", "*.gguf")
@@ -551,12 +569,28 @@ class VllmEngine(GenerationEngine):
             params.append(SamplingParams(
                 n=n, temperature=0.0 if greedy else cfg.temperature, top_k=0 if greedy else cfg.top_k,
                 top_p=1.0 if greedy else cfg.top_p, seed=seed, max_tokens=cfg.max_length, stop_token_ids=stops,
-                logprobs=0, detokenize=False,
+                ignore_eos=True, logprobs=0, detokenize=False,  # stops: the captioner's, its end tokens included
             ))  # fmt: skip
         outputs = self.llm.generate(prompts, params, use_tqdm=False)
+        self._check_context(outputs, cfg.max_length)
         rows = [(list(c.token_ids), [c.logprobs[t][tok].logprob for t, tok in enumerate(c.token_ids)], None)
                 for out in outputs for c in out.outputs]  # fmt: skip
         return self._generation(rows, n)
+
+    def _check_context(self, outputs: Sequence[Any], max_length: int) -> None:
+        """Refuse captions vLLM cut short of ``max_length`` because prompt and caption filled its context
+        (``vllm.max_model_len``): vLLM ends them as if at ``max_length``, silently, where finecap's decoder decodes
+        them whole (or refuses a model with too few positions); a ``ValueError`` naming both options."""
+        for out in outputs:
+            for c in out.outputs:
+                if c.finish_reason == "length" and len(c.token_ids) < max_length:
+                    limit = self.llm.llm_engine.model_config.max_model_len
+                    raise ValueError(
+                        f"decode.engine=vllm: a caption was cut after {len(c.token_ids)} tokens, short of "
+                        f"decode.max_length={max_length}: its prompt of {len(out.prompt_token_ids)} tokens and the "
+                        f"caption fill the engine's context of {limit} (vllm.max_model_len, 0: the model's context "
+                        "length); raise vllm.max_model_len or lower decode.max_length"
+                    )
 
     def _beam(self, prompts: list[dict[str, Any]], cfg: DecodeConfig) -> Generation:
         """``LLM.beam_search`` with ``beam_size`` beams; the ``num_return_sequences`` best per image. vLLM's beam
