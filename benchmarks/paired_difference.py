@@ -47,7 +47,30 @@ T_975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 
          2.131, 2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048, 2.045,
          2.042)  # fmt: skip
 """Student's t 97.5% quantiles for 1..30 degrees of freedom (printed tables; scipy is not a dependency of finecap);
-the normal's 1.96 beyond."""
+:func:`t_975` beyond."""
+
+Z_975 = 1.959963984540054
+"""The standard normal's 97.5% quantile."""
+
+
+def t_975(df: int) -> float:
+    """Student's t 97.5% quantile for ``df`` degrees of freedom: :data:`T_975` up to 30, beyond it the
+    Cornish-Fisher expansion in ``1/df`` (Abramowitz & Stegun 26.7.5, four terms; within 1e-5 of the exact
+    quantile from 10 degrees of freedom on), never the normal's 1.96, which makes a "95%" interval too narrow
+    (t(0.975, 31) = 2.0395: 4% wider).
+
+    >>> t_975(2), t_975(31), t_975(60), t_975(120)  # scipy.stats.t.ppf(0.975, df): 2.0395, 2.0003, 1.9799
+    (4.303, 2.0395..., 2.0002..., 1.9799...)
+    """
+    if df < 1:
+        raise ValueError(f"t_975: {df} degrees of freedom; at least 1")
+    if df <= len(T_975):
+        return T_975[df - 1]
+    z = Z_975
+    terms = ((z**3 + z) / 4, (5 * z**5 + 16 * z**3 + 3 * z) / 96,
+             (3 * z**7 + 19 * z**5 + 17 * z**3 - 15 * z) / 384,
+             (79 * z**9 + 776 * z**7 + 1482 * z**5 - 1920 * z**3 - 945 * z) / 92160)  # fmt: skip
+    return z + sum(g / df ** (k + 1) for k, g in enumerate(terms))
 
 
 def mean_std(values: Sequence[float]) -> tuple[float, float]:
@@ -62,7 +85,8 @@ def mean_std(values: Sequence[float]) -> tuple[float, float]:
 
 
 def t_interval(values: Sequence[float]) -> tuple[float, float, float]:
-    """Mean of ``values`` and its 95% Student-t interval, ``mean ± t(0.975, n - 1)·sd/√n`` (sample sd); one value
+    """Mean of ``values`` and its 95% Student-t interval, ``mean ± t(0.975, n - 1)·sd/√n`` (sample sd,
+    :func:`t_975`); one value
     gives no interval (``nan`` bounds). The seed-to-seed spread of an effect, whose draws (worlds, initialisations)
     are too few for a bootstrap.
 
@@ -74,7 +98,7 @@ def t_interval(values: Sequence[float]) -> tuple[float, float, float]:
     if n < 2:
         return mean, float("nan"), float("nan")
     sd = float(np.std(values, ddof=1))
-    half = (T_975[n - 2] if n - 1 <= len(T_975) else 1.96) * sd / float(np.sqrt(n))
+    half = t_975(n - 1) * sd / float(np.sqrt(n))
     return mean, mean - half, mean + half
 
 

@@ -10,9 +10,9 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 from paired_difference import (  # benchmarks/ is on sys.path, as for every benchmark script
-    T_975,
     mean_std,
     paired_bootstrap,
+    t_975,
     t_interval,
 )
 
@@ -115,8 +115,8 @@ def seed_spread(differences: Sequence[float]) -> tuple[float, float] | None:
 
 
 def t_quantile(df: int) -> float:
-    """Student's t 97.5% quantile for ``df`` degrees of freedom (:data:`paired_difference.T_975`; 1.96 beyond)."""
-    return T_975[df - 1] if df <= len(T_975) else 1.96
+    """Student's t 97.5% quantile for ``df`` degrees of freedom (:func:`paired_difference.t_975`)."""
+    return t_975(df)
 
 
 def run_seed_interval(per_run: Sequence[float], per_image: Sequence[Sequence[float]] | None = None
