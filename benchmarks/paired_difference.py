@@ -86,9 +86,8 @@ def mean_std(values: Sequence[float]) -> tuple[float, float]:
 
 def t_interval(values: Sequence[float]) -> tuple[float, float, float]:
     """Mean of ``values`` and its 95% Student-t interval, ``mean ± t(0.975, n - 1)·sd/√n`` (sample sd,
-    :func:`t_975`); one value
-    gives no interval (``nan`` bounds). The seed-to-seed spread of an effect, whose draws (worlds, initialisations)
-    are too few for a bootstrap.
+    :func:`t_975`); one value gives no interval (``nan`` bounds). The seed-to-seed spread of an effect, whose draws
+    (worlds, initialisations) are too few for a bootstrap.
 
     >>> [round(v, 4) for v in t_interval([0.1, -0.1, 0.2, 0.0])]  # sd 0.1291, 3.182 * 0.1291 / 2 = 0.2054
     [0.05, -0.1554, 0.2554]

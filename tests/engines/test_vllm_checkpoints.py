@@ -11,12 +11,10 @@ import json
 import pytest
 import torch
 
-from helpers.vllm_engines import NOT_HERE
+from helpers.vllm_engines import NOT_HERE, served_as_decoded
 
 pytest.importorskip("vllm", reason=NOT_HERE)
 
-from finecap.config import DecodeConfig, VllmConfig  # noqa: E402
-from finecap.engines.vllm import VllmEngine  # noqa: E402
 from finecap.models.presets import save_tiny_vlm  # noqa: E402
 from finecap.models.vlm import Vlm  # noqa: E402
 from helpers.vlm import images  # noqa: E402
@@ -24,7 +22,6 @@ from helpers.vlm import images  # noqa: E402
 pytestmark = pytest.mark.slow
 
 IMAGES = images(4)
-CFG = DecodeConfig(max_length=12)
 
 
 def edited_folder(out, file, change):
@@ -36,19 +33,6 @@ def edited_folder(out, file, change):
     return folder
 
 
-def served_as_decoded(captioner):
-    """The engine's greedy captions and log-probs against finecap's decoder's."""
-    engine = VllmEngine.from_captioner(captioner, VllmConfig(max_model_len=128, kv_cache_memory_bytes=2**28))
-    try:
-        theirs = engine.generate_images(IMAGES, CFG)
-    finally:
-        engine.close()
-    ours = captioner.generate(captioner.encoder.preprocess(IMAGES), CFG)
-    assert torch.equal(theirs.sequences, ours.sequences)
-    torch.testing.assert_close(theirs.token_logprobs, ours.token_logprobs, atol=1e-5, rtol=0)
-    return ours
-
-
 def test_a_head_tied_by_the_text_config_alone_is_served_untied_as_transformers_loads_it(tmp_path):
     def text_tied(config):
         config["tie_word_embeddings"], config["text_config"]["tie_word_embeddings"] = False, True
@@ -57,7 +41,7 @@ def test_a_head_tied_by_the_text_config_alone_is_served_untied_as_transformers_l
     model = captioner.model
     assert model.lm_head.weight is not model.get_input_embeddings().weight  # transformers reads the top level
     assert not torch.equal(model.lm_head.weight, model.get_input_embeddings().weight)
-    served_as_decoded(captioner)
+    served_as_decoded(captioner, IMAGES)
 
 
 def test_a_tokenizer_eos_that_ends_no_caption_does_not_stop_the_engine(tmp_path):
@@ -70,5 +54,5 @@ def test_a_tokenizer_eos_that_ends_no_caption_does_not_stop_the_engine(tmp_path)
     assert eos not in captioner.end_token_ids
     with torch.no_grad():
         captioner.model.lm_head.weight[eos] *= 4  # the model writes the tokenizer's EOS often
-    ours = served_as_decoded(captioner)
+    ours = served_as_decoded(captioner, IMAGES)
     assert (ours.sequences[:, :-1] == eos).any()  # written within captions that go on after it

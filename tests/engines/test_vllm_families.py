@@ -10,7 +10,7 @@ import importlib.util
 import pytest
 import torch
 
-from helpers.vllm_engines import NOT_HERE
+from helpers.vllm_engines import NOT_HERE, served_as_decoded
 
 pytest.importorskip("vllm", reason=NOT_HERE)
 
@@ -31,16 +31,7 @@ def test_greedy_captions_are_token_identical(family, tmp_path):
     if importlib.util.find_spec("torchvision") is None:
         pytest.skip(NO_TORCHVISION)
     folder = save_tiny_vlm(tmp_path / family, family, std=0.1, hidden=64, heads=2, kv_heads=1)
-    captioner = Vlm.from_pretrained(folder).eval()
-    ims, cfg = images(4), DecodeConfig(max_length=12)
-    engine = VllmEngine.from_captioner(captioner, VllmConfig(max_model_len=128, kv_cache_memory_bytes=2**28))
-    try:
-        theirs = engine.generate_images(ims, cfg)
-    finally:
-        engine.close()
-    ours = captioner.generate(captioner.encoder.preprocess(ims), cfg)
-    assert torch.equal(theirs.sequences, ours.sequences)
-    torch.testing.assert_close(theirs.token_logprobs, ours.token_logprobs, atol=1e-5, rtol=0)
+    served_as_decoded(Vlm.from_pretrained(folder).eval(), images(4))
 
 
 def test_the_family_rows_name_what_vllms_own_registry_serves():

@@ -20,3 +20,21 @@ def tiny_captioner(out):
     with torch.no_grad():
         captioner.model.lm_head.weight[captioner.tokenizer.eos_token_id] *= 4
     return captioner
+
+
+def served_as_decoded(captioner, images):
+    """The vLLM engine's greedy captions of ``images`` (``decode.max_length=12``) asserted token for token equal to
+    finecap's decoder's, their log-probs within 1e-5; finecap's :class:`~finecap.decode.Generation` returned."""
+    from finecap.config import DecodeConfig, VllmConfig
+    from finecap.engines.vllm import VllmEngine
+
+    cfg = DecodeConfig(max_length=12)
+    engine = VllmEngine.from_captioner(captioner, VllmConfig(max_model_len=128, kv_cache_memory_bytes=2**28))
+    try:
+        theirs = engine.generate_images(images, cfg)
+    finally:
+        engine.close()
+    ours = captioner.generate(captioner.encoder.preprocess(images), cfg)
+    assert torch.equal(theirs.sequences, ours.sequences)
+    torch.testing.assert_close(theirs.token_logprobs, ours.token_logprobs, atol=1e-5, rtol=0)
+    return ours
