@@ -152,6 +152,70 @@ def test_forecast_text_says_a_cpu_line_is_a_forecast():
     assert "no forecast" in forecast_text(memory, None, None, measured=False)[0]
 
 
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_the_kl_reference_pass_peaks_at_what_the_forecast_counts(tmp_path, dtype):
+    """The GRPO KL's reference pass (grpo.kl_coef > 0) scores the sampled captions without gradient, so never in
+    vocabulary chunks: measured with torch's profiler (benchmarks/memory.py's allocation peak) on a tiny Idefics3 whose
+    vocabulary (20,084 words) dwarfs the rest, 4 images x 8 captions of 20 tokens, it peaks at (l + 8) V a position:
+    12 bytes in float32 (logits, their copy over the temperature, the log-softmax), 10 in bf16 under autocast."""
+    from PIL import Image
+
+    from finecap.config import load
+    from finecap.data.datasets import model_collator
+    from finecap.decode import Generation
+    from finecap.models.backbones import build_model
+    from finecap.models.forecast import reference_bytes, training_of
+    from finecap.models.presets import save_tiny_vlm
+    from finecap.objectives.reference import Reference
+
+    folder = save_tiny_vlm(tmp_path / "vlm", "idefics3", extra_words=20_000)
+    autocast = dtype == "bfloat16"
+    cfg = load("coco/grpo_sr_cider_vlm", [f"vlm.name={folder}", f"model.dtype={dtype}",
+                                          f"train.mixed_precision={'bf16' if autocast else 'no'}"])  # fmt: skip
+    model = build_model(cfg).train()
+    items = [{"caption": "w1 w2", "image": Image.new("RGB", (32, 24)), "image_id": i, "references": ["w1"],
+              "index": i} for i in range(4)]  # fmt: skip
+    batch = model_collator(model, 8)(items)
+    V, S, L = model.model.config.text_config.vocab_size, 8, 20
+    N = 4 * S
+    sequences = torch.randint(5, V, (N, L), generator=torch.Generator().manual_seed(0))
+    gen = Generation(sequences, torch.zeros(N, L), torch.full((N,), L), torch.arange(4).repeat_interleave(S),
+                     torch.zeros(N))  # fmt: skip
+    reference = Reference()
+    reference.capture(model)
+
+    def score() -> None:
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):  # as the training step's rollout runs
+            reference.logprobs(model, batch, gen)
+
+    measured = _memory_benchmark().allocation_peak(score, cuda=False)
+    train = training_of(cfg)
+    forecast = reference_bytes(LmShapes.of(model.model.config), train, N * L)
+    assert forecast == (12 if dtype == "float32" else 10) * V * N * L
+    assert forecast <= measured < 1.01 * forecast, (forecast, measured)  # the rest: a tiny model's hidden states
+
+
+def test_a_recipe_with_the_kl_forecasts_its_reference_pass():
+    """coco/grpo_sr_cider_vlm (grpo.kl_coef 0.04) at Qwen2-VL-2B's shapes: 32 images x 8 captions of 40 tokens
+    scored once more without gradient, whole logits in bf16 (autocast) and two float32 copies: 10 x 256 x 40 x
+    151,936 bytes, more than the checkpointed step itself: the step's peak; without the KL there is no such pass."""
+    from finecap.config import load
+    from finecap.models.forecast import BACKBONES, recipe_forecast, step_of
+
+    qwen = BACKBONES["Qwen2-VL-2B"]
+    act = recipe_forecast(load("coco/grpo_sr_cider_vlm"), qwen)["activations"]
+    assert act["reference"] == 10 * 256 * 40 * 151_936
+    assert act["peak"] == act["reference"] > act["lm"] + act["vocab"] + act["images"]
+    without = recipe_forecast(load("coco/grpo_sr_cider_vlm", ["grpo.kl_coef=0"]), qwen)["activations"]
+    assert without["reference"] == 0 and without["peak"] < act["peak"] / 3
+    # --dry-run's forecast of a run's first batch reads the same setting
+    batch = {"prompt_ids": torch.zeros(32, 335), "input_ids": torch.zeros(32, 12)}
+    cfg = load("coco/grpo_sr_cider_vlm")
+    assert step_of(cfg, batch, cfg.rl, True).reference
+    cfg = load("coco/grpo_sr_cider_vlm", ["grpo.kl_coef=0"])
+    assert not step_of(cfg, batch, cfg.rl, True).reference
+
+
 # --------------------------------------------------------------------------------------------------------------------
 # Real size (SmolVLM-256M shapes, random weights) against benchmarks/memory.py's measured allocation peaks
 # --------------------------------------------------------------------------------------------------------------------

@@ -42,15 +42,22 @@ values over the prompt, once per image (the cache the captions read: ``(r + l) k
 residual stream's dtype after rope), the captions' rows of them formed only inside a recomputed layer; the two passes
 are recomputed one after the other (the captions' first), so the larger one's layer is the recomputed peak.
 
+**The reference pass** of the GRPO family's KL term (``grpo.kl_coef > 0``, :mod:`finecap.objectives.reference`)
+scores the step's captions once more before the step, without gradient and in eval mode, so never in vocabulary
+chunks: the whole logits (``l`` bytes: bf16 under autocast or bf16 weights), their float32 copy divided by the
+temperature and its float32 log-softmax, ``(l + 8) V`` a scored position (every position of every caption, padding
+included), measured to the byte on the CPU (``tests/models/test_memory_forecast.py``).
+
 The peak is taken at the start of the backward pass: everything saved, plus the vocabulary's gradients (or, under
-checkpointing, one recomputed layer), or the vision tower's temporaries if larger. Not counted: the allocator's
+checkpointing, one recomputed layer), or the vision tower's temporaries if larger, or the reference pass's logits if
+larger still (the pass's KV cache, freed before its log-softmax, aside). Not counted: the allocator's
 rounding and fragmentation, the optimizer step's temporaries, a data-parallel wrapper's buckets, and decoding
 (rollouts run without a graph, before the step's forward).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from finecap.models.captioner import VOCAB_CHUNK_ELEMENTS
@@ -62,6 +69,8 @@ CHUNKED = ("mle", "reinforce", "grpo")
 ``reinforce`` with options: one implementation)."""
 SAMPLING = ("reinforce", "grpo", "scst_me", "sle")
 """Objectives that score ``rl.samples`` sampled captions per image."""
+POLICY = ("reinforce", "grpo", "scst_me")
+"""Objectives built by ``finecap.objectives.grpo`` (its ``grpo`` section read: ``grpo.kl_coef``'s reference pass)."""
 LM_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
 
@@ -158,7 +167,8 @@ class Step:
     ``captions`` scored captions of ``tokens`` tokens; ``shared``: one prompt pass per image feeding its captions (the
     KV cache repeated; RL objectives, checkpointed or not), else the prompt is run again for each caption;
     ``chunked``: under checkpointing the captions are scored through the head in vocabulary chunks (MLE and the RL
-    objectives; SMILE's subset softmax reads whole logits)."""
+    objectives; SMILE's subset softmax reads whole logits); ``reference``: the GRPO KL's reference pass scores the
+    captions once more before the step (module docstring)."""
 
     images: int
     prompt: int
@@ -166,6 +176,7 @@ class Step:
     tokens: int
     shared: bool = False
     chunked: bool = True  # under checkpointing the vocabulary is scored in chunks (MLE, RL; not SMILE's subsets)
+    reference: bool = False  # grpo.kl_coef > 0: the captions scored again without gradient, their whole logits held
 
 
 def _inputs(train: Training, width: int, x_bytes: int, names: tuple[str, ...], saved: bool) -> int:
@@ -243,18 +254,25 @@ def vocab_bytes(lm: LmShapes, train: Training, scored: int, chunked: bool = True
     return 12 * lm.vocab * scored
 
 
+def reference_bytes(lm: LmShapes, train: Training, scored: int) -> int:
+    """The peak of the GRPO KL's reference pass over ``scored`` positions: the whole logits in the projections'
+    output dtype, their float32 copy divided by the temperature and its float32 log-softmax (module docstring)."""
+    return (train.linear + 8) * lm.vocab * scored
+
+
 def activation_forecast(lm: LmShapes, train: Training, step: Step, vision: VisionShapes | None = None) -> dict:
     """Bytes of one step's activations at its peak, by part: ``lm`` (the decoder layers and final norm, per the
     prompt and the captions), ``mask``, ``vocab``, ``images`` (pixel values and the projector's input), ``tower``
-    (the frozen vision tower's temporaries), and ``peak`` (their sum, or the tower's temporaries and the images when
-    larger); ``per_image`` and ``per_caption``: what one more image (with its captions) or one more caption per
+    (the frozen vision tower's temporaries), ``reference`` (the KL's reference pass, before the step), and ``peak``
+    (the sum of the first five, or the tower's temporaries and the images, or the reference pass, whichever is
+    largest); ``per_image`` and ``per_caption``: what one more image (with its captions) or one more caption per
     image adds."""
     out = _forecast(lm, train, step, vision)
     if step.images > 1:
-        fewer = Step(step.images - 1, step.prompt, step.captions, step.tokens, step.shared, step.chunked)
+        fewer = replace(step, images=step.images - 1)
         out["per_image"] = out["peak"] - _forecast(lm, train, fewer, vision)["peak"]
     if step.captions > 1:
-        fewer = Step(step.images, step.prompt, step.captions - 1, step.tokens, step.shared, step.chunked)
+        fewer = replace(step, captions=step.captions - 1)
         out["per_caption"] = (out["peak"] - _forecast(lm, train, fewer, vision)["peak"]) // step.images
     return out
 
@@ -306,8 +324,9 @@ def _forecast(lm: LmShapes, train: Training, step: Step, vision: VisionShapes | 
         # one frozen tower layer's temporaries (q, k, v, output, the MLP's two intermediates), in the weights' dtype
         tower = seen * vision.patches * (5 * vision.hidden + 2 * vision.intermediate) * train.weights_bytes
     total = layers + head_cast + mask_total + vocab + images
+    reference = reference_bytes(lm, train, rows * step.tokens) if step.reference else 0
     out = {"lm": layers + head_cast, "mask": mask_total, "vocab": vocab, "images": images, "tower": tower,
-           "peak": max(total, tower + images)}  # fmt: skip
+           "reference": reference, "peak": max(total, tower + images, reference)}  # fmt: skip
     return out
 
 
@@ -331,7 +350,13 @@ def step_of(cfg: Any, batch: dict[str, Any], rl: Any | None, shares_prompt: bool
     if rl is None:
         return Step(int(images), int(prompt), 1, int(batch["input_ids"].shape[1]), chunked=chunked)
     shared = shares_prompt and rl.samples > 1  # one caption per image: teacher forcing (Vlm.sequence_logits)
-    return Step(int(images), int(prompt), int(rl.samples), int(cfg.decode.max_length), shared, chunked)
+    return Step(int(images), int(prompt), int(rl.samples), int(cfg.decode.max_length), shared, chunked,
+                has_reference(cfg))  # fmt: skip
+
+
+def has_reference(cfg: Any) -> bool:
+    """Whether a run's objective scores its captions under the KL's reference policy (``grpo.kl_coef > 0``)."""
+    return cfg.train.objective in POLICY and cfg.grpo.kl_coef > 0
 
 
 def forecast_of_run(model: Any, cfg: Any, batch: dict[str, Any], objective: Any) -> dict[str, Any] | None:
@@ -382,7 +407,10 @@ def forecast_text(memory: dict[str, int], forecast: dict[str, Any] | None, devic
         f"activations ({what}): {step.images} images x {step.captions} captions, prompt {step.prompt} tokens"
         f"{' shared' if step.shared else ''}, caption {step.tokens} tokens: language model {size(b['lm'])}, "
         f"attention mask {size(b['mask'])}, vocabulary {size(b['vocab'])}, images {size(b['images'])}, "
-        f"vision tower {size(b['tower'])}; peak {size(b['peak'])}" + (f" ({per})" if per else ""),
+        f"vision tower {size(b['tower'])}"
+        + (f", the KL's reference pass {size(b['reference'])}" if b.get("reference") else "")
+        + f"; peak {size(b['peak'])}"
+        + (f" ({per})" if per else ""),
     ]
     total = memory["total"] + b["peak"] + vllm
     if vllm:
@@ -455,7 +483,8 @@ def recipe_forecast(cfg: Any, backbone: Backbone) -> dict[str, Any]:
     # Vlm.sequence_logits: shared where an image has several captions
     shared = rl and cfg.rl.samples > 1 and prompt_shareable(cfg.train.gradient_checkpointing)
     captions, tokens = (cfg.rl.samples, cfg.decode.max_length) if rl else (1, cfg.data.max_tokens)
-    step = Step(cfg.train.batch_size, backbone.prompt, captions, tokens, shared, cfg.train.objective in CHUNKED)
+    step = Step(cfg.train.batch_size, backbone.prompt, captions, tokens, shared, cfg.train.objective in CHUNKED,
+                rl and has_reference(cfg))  # fmt: skip
     train = Training(**{**training_of(cfg).__dict__, "projector_trains": bool(cfg.vlm.train_projector)})
     state = recipe_state(cfg, backbone)
     act = activation_forecast(backbone.lm, train, step, backbone.vision)
