@@ -216,6 +216,24 @@ def test_a_recipe_with_the_kl_forecasts_its_reference_pass():
     assert not step_of(cfg, batch, cfg.rl, True).reference
 
 
+def test_a_vllm_kv_cache_of_a_set_size_comes_beside_the_engines_weights():
+    """vLLM's kv_cache_memory_bytes sizes the KV cache alone (the utilization is then ignored): the engine holds its
+    own copy of the weights besides. A 1-layer tied Llama (h = 64, i = 160, 4 heads, 2 key-value heads of 16, 50
+    words) with LoRA r8 on q/v: embedding 3,200 (the head tied to it), q 4,096, k 2,048, v 2,048, o 4,096, MLP
+    30,720, norms 3 x 64: 46,400 weights, the adapters merged into them; 92,800 bytes in bf16."""
+    from finecap.config import load
+    from finecap.models.forecast import engine_weights, vllm_share
+
+    config = LlamaConfig(num_hidden_layers=1, tie_word_embeddings=True, **SHAPES)
+    model = get_peft_model(LlamaForCausalLM(config), LoraConfig(r=RANK, target_modules=["q_proj", "v_proj"]))
+    assert engine_weights(model, 2) == 2 * 46_400
+    sized = load("coco/grpo_cider_vlm", ["decode.engine=vllm", f"vllm.kv_cache_memory_bytes={2**30}"])
+    assert vllm_share(sized, None, weights=92_800) == 2**30 + 92_800
+    share = load("coco/grpo_cider_vlm", ["decode.engine=vllm", "vllm.gpu_memory_utilization=0.25"])
+    assert vllm_share(share, 80 * 2**30, weights=92_800) == 20 * 2**30  # the weights are inside the share
+    assert vllm_share(load("coco/grpo_cider_vlm"), 80 * 2**30, weights=92_800) == 0
+
+
 # --------------------------------------------------------------------------------------------------------------------
 # Real size (SmolVLM-256M shapes, random weights) against benchmarks/memory.py's measured allocation peaks
 # --------------------------------------------------------------------------------------------------------------------

@@ -62,6 +62,7 @@ from typing import Any
 
 from finecap.models.captioner import VOCAB_CHUNK_ELEMENTS
 from finecap.models.kvcache import prompt_shareable
+from finecap.models.memory import weight_count
 
 GIB = 1024**3
 CHUNKED = ("mle", "reinforce", "grpo")
@@ -381,15 +382,22 @@ def size(n: int | float) -> str:
     return f"{n / GIB:.2f} GiB" if n >= GIB else f"{n / 2**20:.1f} MiB"
 
 
-def vllm_share(cfg: Any, device_bytes: int | None) -> int:
-    """Bytes a colocated vLLM engine reserves (``decode.engine=vllm``): ``vllm.kv_cache_memory_bytes`` when set,
-    else ``vllm.gpu_memory_utilization`` of the device's memory (its weights and KV cache); 0 without vLLM or
-    without a known device size."""
+def vllm_share(cfg: Any, device_bytes: int | None, weights: int = 0) -> int:
+    """Bytes a colocated vLLM engine reserves (``decode.engine=vllm``): ``vllm.gpu_memory_utilization`` of the
+    device's memory (its weights and KV cache), or, when ``vllm.kv_cache_memory_bytes`` is set (vLLM then ignores
+    the utilization and sizes only its KV cache so), that KV cache plus the engine's own copy of the weights
+    (``weights``: :func:`engine_weights`); 0 without vLLM, or with the utilization on a device of unknown size."""
     if cfg.decode.engine != "vllm":
         return 0
     if cfg.vllm.kv_cache_memory_bytes:
-        return int(cfg.vllm.kv_cache_memory_bytes)
+        return int(cfg.vllm.kv_cache_memory_bytes) + weights
     return int(cfg.vllm.gpu_memory_utilization * device_bytes) if device_bytes else 0
+
+
+def engine_weights(model: Any, element_bytes: int) -> int:
+    """Bytes of a vLLM engine's copy of the transformers ``model`` it serves, in a dtype of ``element_bytes``: every
+    weight once (tied ones once), LoRA adapters merged into their base weights (so not counted themselves)."""
+    return element_bytes * sum(weight_count(p) for name, p in model.named_parameters() if "lora_" not in name)
 
 
 def forecast_text(memory: dict[str, int], forecast: dict[str, Any] | None, device_bytes: int | None,
