@@ -234,6 +234,43 @@ def test_a_vllm_kv_cache_of_a_set_size_comes_beside_the_engines_weights():
     assert vllm_share(load("coco/grpo_cider_vlm"), 80 * 2**30, weights=92_800) == 0
 
 
+@pytest.mark.parametrize("name", ["SmolVLM-256M", "Qwen2-VL-2B"])
+def test_the_reference_towers_and_their_adapters_count_what_the_built_towers_hold(name):
+    """The vision towers of SmolVLM-256M (SigLIP at 512 px) and Qwen2-VL-2B (its ViT, merger included: the
+    projector) built from their config.json shapes on the meta device, and peft's LoRA r32 on the family's default
+    targets (finecap.models.vlm): the parameters the recipe sizing counts."""
+    import transformers as tf
+
+    from finecap.models.forecast import BACKBONES
+    from finecap.models.vlm import QWEN_VIT_TARGETS, VIT_TARGETS
+
+    backbone = BACKBONES[name]
+    with torch.device("meta"):
+        if name == "Qwen2-VL-2B":
+            from transformers.models.qwen2_vl import modeling_qwen2_vl
+
+            config = tf.Qwen2VLConfig().vision_config.__class__(
+                depth=32, embed_dim=1280, hidden_size=1536, num_heads=16, mlp_ratio=4, patch_size=14,
+                spatial_merge_size=2, temporal_patch_size=2)  # fmt: skip
+            tower, targets = (
+                modeling_qwen2_vl.Qwen2VisionTransformerPretrainedModel._from_config(config),
+                QWEN_VIT_TARGETS,
+            )
+            extra = backbone.projector_params  # visual.merger
+        else:
+            from transformers.models.idefics3 import modeling_idefics3
+
+            config = tf.Idefics3VisionConfig(hidden_size=768, intermediate_size=3072, num_hidden_layers=12,
+                                             num_attention_heads=12, image_size=512, patch_size=16)  # fmt: skip
+            tower, targets = modeling_idefics3.Idefics3VisionTransformer._from_config(config), VIT_TARGETS
+            extra = 0
+        assert sum(p.numel() for p in tower.parameters()) == backbone.vision_params + extra
+        adapted = get_peft_model(tower, LoraConfig(r=32, target_modules=list(targets)))
+    adapters = sum(p.numel() for n, p in adapted.named_parameters() if "lora_" in n)
+    assert backbone.vision_lora(32) == adapters
+    assert backbone.vision_lora(32, ("fc1",)) < adapters
+
+
 # --------------------------------------------------------------------------------------------------------------------
 # Real size (SmolVLM-256M shapes, random weights) against benchmarks/memory.py's measured allocation peaks
 # --------------------------------------------------------------------------------------------------------------------

@@ -431,8 +431,10 @@ def forecast_text(memory: dict[str, int], forecast: dict[str, Any] | None, devic
 @dataclass(frozen=True)
 class Backbone:
     """A reference backbone for sizing recipes without loading it: its language model's and vision tower's shapes,
-    the prompt's tokens per image under a recipe's pixel budget (:data:`BUDGET_PIXELS`), and its parameter
-    counts (language model with its head, vision tower, projector)."""
+    the prompt's tokens per image under a recipe's pixel budget (:data:`BUDGET_PIXELS`), its parameter counts
+    (language model with its head, vision tower, projector), and the vision tower's ``vision_layers`` with each
+    linear layer a LoRA adapter may target there (``vision_linears``: name, inputs + outputs; the family's default
+    targets, all of them)."""
 
     name: str
     lm: LmShapes
@@ -441,10 +443,23 @@ class Backbone:
     lm_params: int
     vision_params: int
     projector_params: int
+    vision_layers: int
+    vision_linears: tuple[tuple[str, int], ...]
 
     def lm_layers_lora(self, train: Training) -> int:
         """The language model's LoRA parameters (:func:`lora_weights` of every layer)."""
         return self.lm.layers * lora_weights(self.lm, train)
+
+    def vision_lora(self, rank: int, targets: tuple[str, ...] = ()) -> int:
+        """The vision tower's LoRA parameters: ``rank x (in + out)`` of each targeted linear layer of every layer
+        (``targets`` empty: the family's defaults, every one of :attr:`vision_linears`); ``ValueError`` naming
+        ``lora.encoder_targets`` for a target this backbone's sizing does not know."""
+        sizes = dict(self.vision_linears)
+        unknown = [t for t in targets if t not in sizes]
+        if unknown:
+            raise ValueError(f"lora.encoder_targets: {unknown[0]!r} is not a vision linear layer the sizing of "
+                             f"{self.name} knows ({', '.join(sizes)})")  # fmt: skip
+        return self.vision_layers * rank * sum(sizes[t] for t in (targets or tuple(sizes)))
 
 
 BUDGET_PIXELS = 512 * 512
@@ -452,15 +467,19 @@ BUDGET_PIXELS = 512 * 512
 BACKBONES = {
     # SmolVLM-256M-Instruct (config.json): one 512 px crop under the budget: 64 image tokens + 14 of text (78, the
     # prompt gpu_check measured); SigLIP 512 px / 16 = 1,024 patches of 768; parameters counted on the model built
-    # from this config on the meta device (language model 134.6 M + its untied head 28.4 M, tower, connector)
+    # from this config on the meta device (language model 134.6 M + its untied head 28.4 M, tower, connector); the
+    # tower's LoRA targets (finecap.models.vlm.VIT_TARGETS) per layer: attention 4 x 768 -> 768, fc1 768 -> 3,072, fc2
     "SmolVLM-256M": Backbone("SmolVLM-256M", LmShapes(30, 576, 1536, 9, 3, 49_280),
-                             VisionShapes(768, 3072, 1024, 3 * 512 * 512), 78, 162_974_016, 86_433_024, 7_077_888),
+                             VisionShapes(768, 3072, 1024, 3 * 512 * 512), 78, 162_974_016, 86_433_024, 7_077_888,
+                             12, (("q_proj", 1536), ("k_proj", 1536), ("v_proj", 1536), ("out_proj", 1536),
+                                  ("fc1", 3840), ("fc2", 3840))),
     # Qwen2-VL-2B-Instruct (config.json): 640 x 480 under 262,144 pixels -> 588 x 420 = 42 x 30 patches of 14 px
     # (1,260 of width 1,280, 1,176 floats each), merged 2 x 2 into 315 image tokens + about 20 of text; head tied;
     # parameters counted as SmolVLM's (2.209 B in all; the projector is visual.merger)
+    # the tower's LoRA targets (QWEN_VIT_TARGETS) per layer: qkv 1,280 -> 3,840, proj, fc1 1,280 -> 5,120, fc2
     "Qwen2-VL-2B": Backbone("Qwen2-VL-2B", LmShapes(28, 1536, 8960, 12, 2, 151_936),
                             VisionShapes(1280, 5120, 1260, 1260 * 1176), 335, 1_543_714_304, 631_183_360,
-                            34_087_936),
+                            34_087_936, 32, (("qkv", 5120), ("attn.proj", 2560), ("fc1", 6400), ("fc2", 6400))),
 }  # fmt: skip
 
 
@@ -468,14 +487,19 @@ def recipe_state(cfg: Any, backbone: Backbone) -> dict[str, int]:
     """Bytes of weights, gradients and AdamW state of a VLM recipe's configuration on ``backbone`` (as
     :func:`finecap.models.memory.training_memory` counts them on the built model): frozen weights in
     ``model.dtype``, what trains (LoRA adapters of ``lora.rank`` on ``lora.lm_targets`` per layer, or the whole
-    language model; the projector with ``vlm.train_projector``) in float32 (``model.trainable_dtype``)."""
+    language model; with ``model.train_encoder`` the vision tower's adapters on ``lora.encoder_targets``, or the
+    whole tower; the projector with ``vlm.train_projector``) in float32 (``model.trainable_dtype``)."""
     train = training_of(cfg)
     frozen_bytes = 2 if cfg.model.dtype in ("bfloat16", "float16") else 4
     lm_trains = cfg.model.train_lm and not cfg.lora.lm
+    tower_trains = cfg.model.train_encoder and not cfg.lora.encoder
     trainable = backbone.lm_layers_lora(train) if cfg.model.train_lm and cfg.lora.lm else 0
     trainable += backbone.lm_params if lm_trains else 0
+    if cfg.model.train_encoder:
+        trainable += backbone.vision_params if tower_trains else backbone.vision_lora(
+            cfg.lora.rank, tuple(cfg.lora.encoder_targets))  # fmt: skip
     trainable += backbone.projector_params if cfg.vlm.train_projector else 0
-    frozen = backbone.vision_params + (0 if lm_trains else backbone.lm_params)
+    frozen = (0 if tower_trains else backbone.vision_params) + (0 if lm_trains else backbone.lm_params)
     frozen += 0 if cfg.vlm.train_projector else backbone.projector_params
     weights = 4 * trainable + frozen_bytes * frozen
     out = {"weights": weights, "gradients": 4 * trainable, "optimizer": 8 * trainable}
