@@ -51,3 +51,17 @@ def test_full_fine_tuning_is_one_override_away():
     assert full["state"]["optimizer"] == 2 * full["state"]["gradients"]
     # LoRA r32 on q/k/v/o of 28 layers: 32 x ((1536 + 1536) + 2 x (1536 + 256) + (1536 + 1536)) x 28, + the projector
     assert lora["state"]["optimizer"] == 8 * (32 * 9728 * 28 + 34_087_936)
+
+
+def test_a_recipe_training_the_vision_tower_counts_its_adapters_or_the_tower():
+    """coco/sr_lv_bagcurri_vlm (model.train_encoder, lora.encoder) at Qwen2-VL-2B's shapes trains, besides the
+    language model's adapters (32 x 9,728 x 28) and the projector (34,087,936), LoRA r32 on the tower's qkv, proj,
+    fc1 and fc2 of 32 layers: 32 x 32 x ((1,280 + 3,840) + (1,280 + 1,280) + 2 x (1,280 + 5,120)) = 20,971,520 (what
+    peft puts on the tower built on the meta device: tests/models/test_memory_forecast.py)."""
+    qwen = BACKBONES["Qwen2-VL-2B"]
+    lv = recipe_forecast(load("coco/sr_lv_bagcurri_vlm"), qwen)["state"]
+    assert lv["gradients"] == 4 * (32 * 9728 * 28 + 20_971_520 + 34_087_936)
+    full = recipe_forecast(load("coco/sr_lv_bagcurri_vlm", ["lora.encoder=false"]), qwen)["state"]
+    assert full["gradients"] == 4 * (32 * 9728 * 28 + 631_183_360 + 34_087_936)  # the whole tower trains
+    frozen = recipe_forecast(load("coco/sr_l_vlm"), qwen)["state"]
+    assert frozen["gradients"] == 4 * (32 * 9728 * 28 + 34_087_936)

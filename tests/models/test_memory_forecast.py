@@ -152,6 +152,125 @@ def test_forecast_text_says_a_cpu_line_is_a_forecast():
     assert "no forecast" in forecast_text(memory, None, None, measured=False)[0]
 
 
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_the_kl_reference_pass_peaks_at_what_the_forecast_counts(tmp_path, dtype):
+    """The GRPO KL's reference pass (grpo.kl_coef > 0) scores the sampled captions without gradient, so never in
+    vocabulary chunks: measured with torch's profiler (benchmarks/memory.py's allocation peak) on a tiny Idefics3 whose
+    vocabulary (20,084 words) dwarfs the rest, 4 images x 8 captions of 20 tokens, it peaks at (l + 8) V a position:
+    12 bytes in float32 (logits, their copy over the temperature, the log-softmax), 10 in bf16 under autocast."""
+    from PIL import Image
+
+    from finecap.config import load
+    from finecap.data.datasets import model_collator
+    from finecap.decode import Generation
+    from finecap.models.backbones import build_model
+    from finecap.models.forecast import reference_bytes, training_of
+    from finecap.models.presets import save_tiny_vlm
+    from finecap.objectives.reference import Reference
+
+    folder = save_tiny_vlm(tmp_path / "vlm", "idefics3", extra_words=20_000)
+    autocast = dtype == "bfloat16"
+    cfg = load("coco/grpo_sr_cider_vlm", [f"vlm.name={folder}", f"model.dtype={dtype}",
+                                          f"train.mixed_precision={'bf16' if autocast else 'no'}"])  # fmt: skip
+    model = build_model(cfg).train()
+    items = [{"caption": "w1 w2", "image": Image.new("RGB", (32, 24)), "image_id": i, "references": ["w1"],
+              "index": i} for i in range(4)]  # fmt: skip
+    batch = model_collator(model, 8)(items)
+    V, S, L = model.model.config.text_config.vocab_size, 8, 20
+    N = 4 * S
+    sequences = torch.randint(5, V, (N, L), generator=torch.Generator().manual_seed(0))
+    gen = Generation(sequences, torch.zeros(N, L), torch.full((N,), L), torch.arange(4).repeat_interleave(S),
+                     torch.zeros(N))  # fmt: skip
+    reference = Reference()
+    reference.capture(model)
+
+    def score() -> None:
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):  # as the training step's rollout runs
+            reference.logprobs(model, batch, gen)
+
+    measured = _memory_benchmark().allocation_peak(score, cuda=False)
+    train = training_of(cfg)
+    forecast = reference_bytes(LmShapes.of(model.model.config), train, N * L)
+    assert forecast == (12 if dtype == "float32" else 10) * V * N * L
+    assert forecast <= measured < 1.01 * forecast, (forecast, measured)  # the rest: a tiny model's hidden states
+
+
+def test_a_recipe_with_the_kl_forecasts_its_reference_pass():
+    """coco/grpo_sr_cider_vlm (grpo.kl_coef 0.04) at Qwen2-VL-2B's shapes: 32 images x 8 captions of 40 tokens
+    scored once more without gradient, whole logits in bf16 (autocast) and two float32 copies: 10 x 256 x 40 x
+    151,936 bytes, more than the checkpointed step itself: the step's peak; without the KL there is no such pass."""
+    from finecap.config import load
+    from finecap.models.forecast import BACKBONES, recipe_forecast, step_of
+
+    qwen = BACKBONES["Qwen2-VL-2B"]
+    act = recipe_forecast(load("coco/grpo_sr_cider_vlm"), qwen)["activations"]
+    assert act["reference"] == 10 * 256 * 40 * 151_936
+    assert act["peak"] == act["reference"] > act["lm"] + act["vocab"] + act["images"]
+    without = recipe_forecast(load("coco/grpo_sr_cider_vlm", ["grpo.kl_coef=0"]), qwen)["activations"]
+    assert without["reference"] == 0 and without["peak"] < act["peak"] / 3
+    # --dry-run's forecast of a run's first batch reads the same setting
+    batch = {"prompt_ids": torch.zeros(32, 335), "input_ids": torch.zeros(32, 12)}
+    cfg = load("coco/grpo_sr_cider_vlm")
+    assert step_of(cfg, batch, cfg.rl, True).reference
+    cfg = load("coco/grpo_sr_cider_vlm", ["grpo.kl_coef=0"])
+    assert not step_of(cfg, batch, cfg.rl, True).reference
+
+
+def test_a_vllm_kv_cache_of_a_set_size_comes_beside_the_engines_weights():
+    """vLLM's kv_cache_memory_bytes sizes the KV cache alone (the utilization is then ignored): the engine holds its
+    own copy of the weights besides. A 1-layer tied Llama (h = 64, i = 160, 4 heads, 2 key-value heads of 16, 50
+    words) with LoRA r8 on q/v: embedding 3,200 (the head tied to it), q 4,096, k 2,048, v 2,048, o 4,096, MLP
+    30,720, norms 3 x 64: 46,400 weights, the adapters merged into them; 92,800 bytes in bf16."""
+    from finecap.config import load
+    from finecap.models.forecast import engine_weights, vllm_share
+
+    config = LlamaConfig(num_hidden_layers=1, tie_word_embeddings=True, **SHAPES)
+    model = get_peft_model(LlamaForCausalLM(config), LoraConfig(r=RANK, target_modules=["q_proj", "v_proj"]))
+    assert engine_weights(model, 2) == 2 * 46_400
+    sized = load("coco/grpo_cider_vlm", ["decode.engine=vllm", f"vllm.kv_cache_memory_bytes={2**30}"])
+    assert vllm_share(sized, None, weights=92_800) == 2**30 + 92_800
+    share = load("coco/grpo_cider_vlm", ["decode.engine=vllm", "vllm.gpu_memory_utilization=0.25"])
+    assert vllm_share(share, 80 * 2**30, weights=92_800) == 20 * 2**30  # the weights are inside the share
+    assert vllm_share(load("coco/grpo_cider_vlm"), 80 * 2**30, weights=92_800) == 0
+
+
+@pytest.mark.parametrize("name", ["SmolVLM-256M", "Qwen2-VL-2B"])
+def test_the_reference_towers_and_their_adapters_count_what_the_built_towers_hold(name):
+    """The vision towers of SmolVLM-256M (SigLIP at 512 px) and Qwen2-VL-2B (its ViT, merger included: the
+    projector) built from their config.json shapes on the meta device, and peft's LoRA r32 on the family's default
+    targets (finecap.models.vlm): the parameters the recipe sizing counts."""
+    import transformers as tf
+
+    from finecap.models.forecast import BACKBONES
+    from finecap.models.vlm import QWEN_VIT_TARGETS, VIT_TARGETS
+
+    backbone = BACKBONES[name]
+    with torch.device("meta"):
+        if name == "Qwen2-VL-2B":
+            from transformers.models.qwen2_vl import modeling_qwen2_vl
+
+            config = tf.Qwen2VLConfig().vision_config.__class__(
+                depth=32, embed_dim=1280, hidden_size=1536, num_heads=16, mlp_ratio=4, patch_size=14,
+                spatial_merge_size=2, temporal_patch_size=2)  # fmt: skip
+            tower, targets = (
+                modeling_qwen2_vl.Qwen2VisionTransformerPretrainedModel._from_config(config),
+                QWEN_VIT_TARGETS,
+            )
+            extra = backbone.projector_params  # visual.merger
+        else:
+            from transformers.models.idefics3 import modeling_idefics3
+
+            config = tf.Idefics3VisionConfig(hidden_size=768, intermediate_size=3072, num_hidden_layers=12,
+                                             num_attention_heads=12, image_size=512, patch_size=16)  # fmt: skip
+            tower, targets = modeling_idefics3.Idefics3VisionTransformer._from_config(config), VIT_TARGETS
+            extra = 0
+        assert sum(p.numel() for p in tower.parameters()) == backbone.vision_params + extra
+        adapted = get_peft_model(tower, LoraConfig(r=32, target_modules=list(targets)))
+    adapters = sum(p.numel() for n, p in adapted.named_parameters() if "lora_" in n)
+    assert backbone.vision_lora(32) == adapters
+    assert backbone.vision_lora(32, ("fc1",)) < adapters
+
+
 # --------------------------------------------------------------------------------------------------------------------
 # Real size (SmolVLM-256M shapes, random weights) against benchmarks/memory.py's measured allocation peaks
 # --------------------------------------------------------------------------------------------------------------------

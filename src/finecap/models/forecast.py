@@ -42,19 +42,27 @@ values over the prompt, once per image (the cache the captions read: ``(r + l) k
 residual stream's dtype after rope), the captions' rows of them formed only inside a recomputed layer; the two passes
 are recomputed one after the other (the captions' first), so the larger one's layer is the recomputed peak.
 
+**The reference pass** of the GRPO family's KL term (``grpo.kl_coef > 0``, :mod:`finecap.objectives.reference`)
+scores the step's captions once more before the step, without gradient and in eval mode, so never in vocabulary
+chunks: the whole logits (``l`` bytes: bf16 under autocast or bf16 weights), their float32 copy divided by the
+temperature and its float32 log-softmax, ``(l + 8) V`` a scored position (every position of every caption, padding
+included), measured to the byte on the CPU (``tests/models/test_memory_forecast.py``).
+
 The peak is taken at the start of the backward pass: everything saved, plus the vocabulary's gradients (or, under
-checkpointing, one recomputed layer), or the vision tower's temporaries if larger. Not counted: the allocator's
+checkpointing, one recomputed layer), or the vision tower's temporaries if larger, or the reference pass's logits if
+larger still (the pass's KV cache, freed before its log-softmax, aside). Not counted: the allocator's
 rounding and fragmentation, the optimizer step's temporaries, a data-parallel wrapper's buckets, and decoding
 (rollouts run without a graph, before the step's forward).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from finecap.models.captioner import VOCAB_CHUNK_ELEMENTS
 from finecap.models.kvcache import prompt_shareable
+from finecap.models.memory import weight_count
 
 GIB = 1024**3
 CHUNKED = ("mle", "reinforce", "grpo")
@@ -62,6 +70,8 @@ CHUNKED = ("mle", "reinforce", "grpo")
 ``reinforce`` with options: one implementation)."""
 SAMPLING = ("reinforce", "grpo", "scst_me", "sle")
 """Objectives that score ``rl.samples`` sampled captions per image."""
+POLICY = ("reinforce", "grpo", "scst_me")
+"""Objectives built by ``finecap.objectives.grpo`` (its ``grpo`` section read: ``grpo.kl_coef``'s reference pass)."""
 LM_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
 
@@ -158,7 +168,8 @@ class Step:
     ``captions`` scored captions of ``tokens`` tokens; ``shared``: one prompt pass per image feeding its captions (the
     KV cache repeated; RL objectives, checkpointed or not), else the prompt is run again for each caption;
     ``chunked``: under checkpointing the captions are scored through the head in vocabulary chunks (MLE and the RL
-    objectives; SMILE's subset softmax reads whole logits)."""
+    objectives; SMILE's subset softmax reads whole logits); ``reference``: the GRPO KL's reference pass scores the
+    captions once more before the step (module docstring)."""
 
     images: int
     prompt: int
@@ -166,6 +177,7 @@ class Step:
     tokens: int
     shared: bool = False
     chunked: bool = True  # under checkpointing the vocabulary is scored in chunks (MLE, RL; not SMILE's subsets)
+    reference: bool = False  # grpo.kl_coef > 0: the captions scored again without gradient, their whole logits held
 
 
 def _inputs(train: Training, width: int, x_bytes: int, names: tuple[str, ...], saved: bool) -> int:
@@ -243,18 +255,25 @@ def vocab_bytes(lm: LmShapes, train: Training, scored: int, chunked: bool = True
     return 12 * lm.vocab * scored
 
 
+def reference_bytes(lm: LmShapes, train: Training, scored: int) -> int:
+    """The peak of the GRPO KL's reference pass over ``scored`` positions: the whole logits in the projections'
+    output dtype, their float32 copy divided by the temperature and its float32 log-softmax (module docstring)."""
+    return (train.linear + 8) * lm.vocab * scored
+
+
 def activation_forecast(lm: LmShapes, train: Training, step: Step, vision: VisionShapes | None = None) -> dict:
     """Bytes of one step's activations at its peak, by part: ``lm`` (the decoder layers and final norm, per the
     prompt and the captions), ``mask``, ``vocab``, ``images`` (pixel values and the projector's input), ``tower``
-    (the frozen vision tower's temporaries), and ``peak`` (their sum, or the tower's temporaries and the images when
-    larger); ``per_image`` and ``per_caption``: what one more image (with its captions) or one more caption per
+    (the frozen vision tower's temporaries), ``reference`` (the KL's reference pass, before the step), and ``peak``
+    (the sum of the first five, or the tower's temporaries and the images, or the reference pass, whichever is
+    largest); ``per_image`` and ``per_caption``: what one more image (with its captions) or one more caption per
     image adds."""
     out = _forecast(lm, train, step, vision)
     if step.images > 1:
-        fewer = Step(step.images - 1, step.prompt, step.captions, step.tokens, step.shared, step.chunked)
+        fewer = replace(step, images=step.images - 1)
         out["per_image"] = out["peak"] - _forecast(lm, train, fewer, vision)["peak"]
     if step.captions > 1:
-        fewer = Step(step.images, step.prompt, step.captions - 1, step.tokens, step.shared, step.chunked)
+        fewer = replace(step, captions=step.captions - 1)
         out["per_caption"] = (out["peak"] - _forecast(lm, train, fewer, vision)["peak"]) // step.images
     return out
 
@@ -306,8 +325,9 @@ def _forecast(lm: LmShapes, train: Training, step: Step, vision: VisionShapes | 
         # one frozen tower layer's temporaries (q, k, v, output, the MLP's two intermediates), in the weights' dtype
         tower = seen * vision.patches * (5 * vision.hidden + 2 * vision.intermediate) * train.weights_bytes
     total = layers + head_cast + mask_total + vocab + images
+    reference = reference_bytes(lm, train, rows * step.tokens) if step.reference else 0
     out = {"lm": layers + head_cast, "mask": mask_total, "vocab": vocab, "images": images, "tower": tower,
-           "peak": max(total, tower + images)}  # fmt: skip
+           "reference": reference, "peak": max(total, tower + images, reference)}  # fmt: skip
     return out
 
 
@@ -331,7 +351,13 @@ def step_of(cfg: Any, batch: dict[str, Any], rl: Any | None, shares_prompt: bool
     if rl is None:
         return Step(int(images), int(prompt), 1, int(batch["input_ids"].shape[1]), chunked=chunked)
     shared = shares_prompt and rl.samples > 1  # one caption per image: teacher forcing (Vlm.sequence_logits)
-    return Step(int(images), int(prompt), int(rl.samples), int(cfg.decode.max_length), shared, chunked)
+    return Step(int(images), int(prompt), int(rl.samples), int(cfg.decode.max_length), shared, chunked,
+                has_reference(cfg))  # fmt: skip
+
+
+def has_reference(cfg: Any) -> bool:
+    """Whether a run's objective scores its captions under the KL's reference policy (``grpo.kl_coef > 0``)."""
+    return cfg.train.objective in POLICY and cfg.grpo.kl_coef > 0
 
 
 def forecast_of_run(model: Any, cfg: Any, batch: dict[str, Any], objective: Any) -> dict[str, Any] | None:
@@ -356,15 +382,22 @@ def size(n: int | float) -> str:
     return f"{n / GIB:.2f} GiB" if n >= GIB else f"{n / 2**20:.1f} MiB"
 
 
-def vllm_share(cfg: Any, device_bytes: int | None) -> int:
-    """Bytes a colocated vLLM engine reserves (``decode.engine=vllm``): ``vllm.kv_cache_memory_bytes`` when set,
-    else ``vllm.gpu_memory_utilization`` of the device's memory (its weights and KV cache); 0 without vLLM or
-    without a known device size."""
+def vllm_share(cfg: Any, device_bytes: int | None, weights: int = 0) -> int:
+    """Bytes a colocated vLLM engine reserves (``decode.engine=vllm``): ``vllm.gpu_memory_utilization`` of the
+    device's memory (its weights and KV cache), or, when ``vllm.kv_cache_memory_bytes`` is set (vLLM then ignores
+    the utilization and sizes only its KV cache so), that KV cache plus the engine's own copy of the weights
+    (``weights``: :func:`engine_weights`); 0 without vLLM, or with the utilization on a device of unknown size."""
     if cfg.decode.engine != "vllm":
         return 0
     if cfg.vllm.kv_cache_memory_bytes:
-        return int(cfg.vllm.kv_cache_memory_bytes)
+        return int(cfg.vllm.kv_cache_memory_bytes) + weights
     return int(cfg.vllm.gpu_memory_utilization * device_bytes) if device_bytes else 0
+
+
+def engine_weights(model: Any, element_bytes: int) -> int:
+    """Bytes of a vLLM engine's copy of the transformers ``model`` it serves, in a dtype of ``element_bytes``: every
+    weight once (tied ones once), LoRA adapters merged into their base weights (so not counted themselves)."""
+    return element_bytes * sum(weight_count(p) for name, p in model.named_parameters() if "lora_" not in name)
 
 
 def forecast_text(memory: dict[str, int], forecast: dict[str, Any] | None, device_bytes: int | None,
@@ -382,7 +415,10 @@ def forecast_text(memory: dict[str, int], forecast: dict[str, Any] | None, devic
         f"activations ({what}): {step.images} images x {step.captions} captions, prompt {step.prompt} tokens"
         f"{' shared' if step.shared else ''}, caption {step.tokens} tokens: language model {size(b['lm'])}, "
         f"attention mask {size(b['mask'])}, vocabulary {size(b['vocab'])}, images {size(b['images'])}, "
-        f"vision tower {size(b['tower'])}; peak {size(b['peak'])}" + (f" ({per})" if per else ""),
+        f"vision tower {size(b['tower'])}"
+        + (f", the KL's reference pass {size(b['reference'])}" if b.get("reference") else "")
+        + f"; peak {size(b['peak'])}"
+        + (f" ({per})" if per else ""),
     ]
     total = memory["total"] + b["peak"] + vllm
     if vllm:
@@ -395,8 +431,10 @@ def forecast_text(memory: dict[str, int], forecast: dict[str, Any] | None, devic
 @dataclass(frozen=True)
 class Backbone:
     """A reference backbone for sizing recipes without loading it: its language model's and vision tower's shapes,
-    the prompt's tokens per image under a recipe's pixel budget (:data:`BUDGET_PIXELS`), and its parameter
-    counts (language model with its head, vision tower, projector)."""
+    the prompt's tokens per image under a recipe's pixel budget (:data:`BUDGET_PIXELS`), its parameter counts
+    (language model with its head, vision tower, projector), and the vision tower's ``vision_layers`` with each
+    linear layer a LoRA adapter may target there (``vision_linears``: name, inputs + outputs; the family's default
+    targets, all of them)."""
 
     name: str
     lm: LmShapes
@@ -405,10 +443,23 @@ class Backbone:
     lm_params: int
     vision_params: int
     projector_params: int
+    vision_layers: int
+    vision_linears: tuple[tuple[str, int], ...]
 
     def lm_layers_lora(self, train: Training) -> int:
         """The language model's LoRA parameters (:func:`lora_weights` of every layer)."""
         return self.lm.layers * lora_weights(self.lm, train)
+
+    def vision_lora(self, rank: int, targets: tuple[str, ...] = ()) -> int:
+        """The vision tower's LoRA parameters: ``rank x (in + out)`` of each targeted linear layer of every layer
+        (``targets`` empty: the family's defaults, every one of :attr:`vision_linears`); ``ValueError`` naming
+        ``lora.encoder_targets`` for a target this backbone's sizing does not know."""
+        sizes = dict(self.vision_linears)
+        unknown = [t for t in targets if t not in sizes]
+        if unknown:
+            raise ValueError(f"lora.encoder_targets: {unknown[0]!r} is not a vision linear layer the sizing of "
+                             f"{self.name} knows ({', '.join(sizes)})")  # fmt: skip
+        return self.vision_layers * rank * sum(sizes[t] for t in (targets or tuple(sizes)))
 
 
 BUDGET_PIXELS = 512 * 512
@@ -416,15 +467,19 @@ BUDGET_PIXELS = 512 * 512
 BACKBONES = {
     # SmolVLM-256M-Instruct (config.json): one 512 px crop under the budget: 64 image tokens + 14 of text (78, the
     # prompt gpu_check measured); SigLIP 512 px / 16 = 1,024 patches of 768; parameters counted on the model built
-    # from this config on the meta device (language model 134.6 M + its untied head 28.4 M, tower, connector)
+    # from this config on the meta device (language model 134.6 M + its untied head 28.4 M, tower, connector); the
+    # tower's LoRA targets (finecap.models.vlm.VIT_TARGETS) per layer: attention 4 x 768 -> 768, fc1 768 -> 3,072, fc2
     "SmolVLM-256M": Backbone("SmolVLM-256M", LmShapes(30, 576, 1536, 9, 3, 49_280),
-                             VisionShapes(768, 3072, 1024, 3 * 512 * 512), 78, 162_974_016, 86_433_024, 7_077_888),
+                             VisionShapes(768, 3072, 1024, 3 * 512 * 512), 78, 162_974_016, 86_433_024, 7_077_888,
+                             12, (("q_proj", 1536), ("k_proj", 1536), ("v_proj", 1536), ("out_proj", 1536),
+                                  ("fc1", 3840), ("fc2", 3840))),
     # Qwen2-VL-2B-Instruct (config.json): 640 x 480 under 262,144 pixels -> 588 x 420 = 42 x 30 patches of 14 px
     # (1,260 of width 1,280, 1,176 floats each), merged 2 x 2 into 315 image tokens + about 20 of text; head tied;
     # parameters counted as SmolVLM's (2.209 B in all; the projector is visual.merger)
+    # the tower's LoRA targets (QWEN_VIT_TARGETS) per layer: qkv 1,280 -> 3,840, proj, fc1 1,280 -> 5,120, fc2
     "Qwen2-VL-2B": Backbone("Qwen2-VL-2B", LmShapes(28, 1536, 8960, 12, 2, 151_936),
                             VisionShapes(1280, 5120, 1260, 1260 * 1176), 335, 1_543_714_304, 631_183_360,
-                            34_087_936),
+                            34_087_936, 32, (("qkv", 5120), ("attn.proj", 2560), ("fc1", 6400), ("fc2", 6400))),
 }  # fmt: skip
 
 
@@ -432,14 +487,19 @@ def recipe_state(cfg: Any, backbone: Backbone) -> dict[str, int]:
     """Bytes of weights, gradients and AdamW state of a VLM recipe's configuration on ``backbone`` (as
     :func:`finecap.models.memory.training_memory` counts them on the built model): frozen weights in
     ``model.dtype``, what trains (LoRA adapters of ``lora.rank`` on ``lora.lm_targets`` per layer, or the whole
-    language model; the projector with ``vlm.train_projector``) in float32 (``model.trainable_dtype``)."""
+    language model; with ``model.train_encoder`` the vision tower's adapters on ``lora.encoder_targets``, or the
+    whole tower; the projector with ``vlm.train_projector``) in float32 (``model.trainable_dtype``)."""
     train = training_of(cfg)
     frozen_bytes = 2 if cfg.model.dtype in ("bfloat16", "float16") else 4
     lm_trains = cfg.model.train_lm and not cfg.lora.lm
+    tower_trains = cfg.model.train_encoder and not cfg.lora.encoder
     trainable = backbone.lm_layers_lora(train) if cfg.model.train_lm and cfg.lora.lm else 0
     trainable += backbone.lm_params if lm_trains else 0
+    if cfg.model.train_encoder:
+        trainable += backbone.vision_params if tower_trains else backbone.vision_lora(
+            cfg.lora.rank, tuple(cfg.lora.encoder_targets))  # fmt: skip
     trainable += backbone.projector_params if cfg.vlm.train_projector else 0
-    frozen = backbone.vision_params + (0 if lm_trains else backbone.lm_params)
+    frozen = (0 if tower_trains else backbone.vision_params) + (0 if lm_trains else backbone.lm_params)
     frozen += 0 if cfg.vlm.train_projector else backbone.projector_params
     weights = 4 * trainable + frozen_bytes * frozen
     out = {"weights": weights, "gradients": 4 * trainable, "optimizer": 8 * trainable}
@@ -455,7 +515,8 @@ def recipe_forecast(cfg: Any, backbone: Backbone) -> dict[str, Any]:
     # Vlm.sequence_logits: shared where an image has several captions
     shared = rl and cfg.rl.samples > 1 and prompt_shareable(cfg.train.gradient_checkpointing)
     captions, tokens = (cfg.rl.samples, cfg.decode.max_length) if rl else (1, cfg.data.max_tokens)
-    step = Step(cfg.train.batch_size, backbone.prompt, captions, tokens, shared, cfg.train.objective in CHUNKED)
+    step = Step(cfg.train.batch_size, backbone.prompt, captions, tokens, shared, cfg.train.objective in CHUNKED,
+                rl and has_reference(cfg))  # fmt: skip
     train = Training(**{**training_of(cfg).__dict__, "projector_trains": bool(cfg.vlm.train_projector)})
     state = recipe_state(cfg, backbone)
     act = activation_forecast(backbone.lm, train, step, backbone.vision)

@@ -534,11 +534,11 @@ def parameter_counts(model: nn.Module) -> dict[str, dict[str, dict[str, int]]]:
         role = "quantized" if quantized else "trainable" if p.requires_grad else "frozen"
         dtype = quantized or str(p.dtype).removeprefix("torch.")
         roles = out.setdefault(part, {}).setdefault(role, {})
-        roles[dtype] = roles.get(dtype, 0) + _numel(p)
+        roles[dtype] = roles.get(dtype, 0) + weight_count(p)
     return out
 
 
-def _numel(p: torch.Tensor) -> int:
+def weight_count(p: torch.Tensor) -> int:
     """The weights a parameter stands for (a bitsandbytes 4-bit parameter stores two per byte)."""
     shape = getattr(getattr(p, "quant_state", None), "shape", None)
     return int(torch.Size(shape).numel()) if shape is not None else p.numel()
