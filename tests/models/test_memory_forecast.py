@@ -5,6 +5,9 @@ allocation peaks (slow)."""
 
 from __future__ import annotations
 
+import dataclasses
+from types import SimpleNamespace
+
 import pytest
 import torch
 from peft import LoraConfig, get_peft_model
@@ -222,16 +225,24 @@ def test_a_vllm_kv_cache_of_a_set_size_comes_beside_the_engines_weights():
     words) with LoRA r8 on q/v: embedding 3,200 (the head tied to it), q 4,096, k 2,048, v 2,048, o 4,096, MLP
     30,720, norms 3 x 64: 46,400 weights, the adapters merged into them; 92,800 bytes in bf16."""
     from finecap.config import load
+    from finecap.engines.base import engine_class
     from finecap.models.forecast import engine_weights, vllm_share
 
     config = LlamaConfig(num_hidden_layers=1, tie_word_embeddings=True, **SHAPES)
     model = get_peft_model(LlamaForCausalLM(config), LoraConfig(r=RANK, target_modules=["q_proj", "v_proj"]))
     assert engine_weights(model, 2) == 2 * 46_400
     sized = load("coco/grpo_cider_vlm", ["decode.engine=vllm", f"vllm.kv_cache_memory_bytes={2**30}"])
-    assert vllm_share(sized, None, weights=92_800) == 2**30 + 92_800
+    assert vllm_share(sized.vllm, None, weights=92_800) == 2**30 + 92_800
     share = load("coco/grpo_cider_vlm", ["decode.engine=vllm", "vllm.gpu_memory_utilization=0.25"])
-    assert vllm_share(share, 80 * 2**30, weights=92_800) == 20 * 2**30  # the weights are inside the share
-    assert vllm_share(load("coco/grpo_cider_vlm"), 80 * 2**30, weights=92_800) == 0
+    assert vllm_share(share.vllm, 80 * 2**30, weights=92_800) == 20 * 2**30  # the weights are inside the share
+    # what --dry-run adds: the engine decode.engine names says (finecap's decoder holds nothing of its own)
+    captioner = SimpleNamespace(model=model)
+    assert sized.train.mixed_precision == "bf16"  # vllm.dtype=auto: the engine computes in bf16
+    assert engine_class(sized.decode).device_share(captioner, sized, None, cuda=False) == 2**30 + 92_800
+    fp32 = dataclasses.replace(sized, vllm=dataclasses.replace(sized.vllm, dtype="float32"))
+    assert engine_class(fp32.decode).device_share(captioner, fp32, None, cuda=False) == 2**30 + 4 * 46_400
+    plain = load("coco/grpo_cider_vlm")
+    assert engine_class(plain.decode).device_share(captioner, plain, 80 * 2**30, cuda=True) == 0
 
 
 @pytest.mark.parametrize("name", ["SmolVLM-256M", "Qwen2-VL-2B"])

@@ -85,6 +85,14 @@ class GenerationEngine(Closeable, abc.ABC):
         return
 
     @classmethod
+    def device_share(cls, model: Any, cfg: Config, device_bytes: int | None, cuda: bool) -> int:
+        """Bytes the engine, colocated with training, holds on the training device beside the step for the captioner
+        ``model`` (what ``finecap train --dry-run``'s memory forecast adds; ``device_bytes``: the device's memory,
+        ``None`` when unknown; ``cuda``: the device is a GPU); the default holds none (finecap's decoder is the
+        captioner itself)."""
+        return 0
+
+    @classmethod
     @abc.abstractmethod
     def open(cls, model: Any, cfg: Config, *, tempered: bool = False) -> GenerationEngine:
         """An engine serving the captioner ``model`` as ``cfg`` configures (its ``decode`` is what

@@ -466,6 +466,20 @@ class VllmEngine(GenerationEngine):
                               key="decode.engine")  # fmt: skip
 
     @classmethod
+    def device_share(cls, model: Any, cfg: Config, device_bytes: int | None, cuda: bool) -> int:
+        """What the engine reserves beside training (:func:`finecap.models.forecast.vllm_share`): its share of the
+        device, or its KV cache of ``vllm.kv_cache_memory_bytes`` plus its own copy of the served transformers model's
+        weights (LoRA merged) in the dtype it computes in (:func:`engine_dtype`)."""
+        from finecap.models.forecast import engine_weights, vllm_share
+
+        served = getattr(model, "model", None)  # the transformers model the engine serves
+        weights = 0
+        if served is not None:
+            dtype = engine_dtype(cfg.vllm.dtype, weights_dtype(served), cfg.train.mixed_precision, cuda)
+            weights = engine_weights(served, getattr(torch, dtype).itemsize)
+        return vllm_share(cfg.vllm, device_bytes, weights)
+
+    @classmethod
     def open(cls, model: Any, cfg: Config, *, tempered: bool = False) -> VllmEngine:
         """:meth:`from_captioner` with ``cfg.vllm`` and ``run.seed``; ``tempered``: ``processed_logprobs``."""
         mode = "processed_logprobs" if tempered else "raw_logprobs"

@@ -382,16 +382,15 @@ def size(n: int | float) -> str:
     return f"{n / GIB:.2f} GiB" if n >= GIB else f"{n / 2**20:.1f} MiB"
 
 
-def vllm_share(cfg: Any, device_bytes: int | None, weights: int = 0) -> int:
-    """Bytes a colocated vLLM engine reserves (``decode.engine=vllm``): ``vllm.gpu_memory_utilization`` of the
-    device's memory (its weights and KV cache), or, when ``vllm.kv_cache_memory_bytes`` is set (vLLM then ignores
-    the utilization and sizes only its KV cache so), that KV cache plus the engine's own copy of the weights
-    (``weights``: :func:`engine_weights`); 0 without vLLM, or with the utilization on a device of unknown size."""
-    if cfg.decode.engine != "vllm":
-        return 0
-    if cfg.vllm.kv_cache_memory_bytes:
-        return int(cfg.vllm.kv_cache_memory_bytes) + weights
-    return int(cfg.vllm.gpu_memory_utilization * device_bytes) if device_bytes else 0
+def vllm_share(vllm: Any, device_bytes: int | None, weights: int = 0) -> int:
+    """Bytes a colocated vLLM engine reserves by its section ``vllm`` (:meth:`VllmEngine.device_share
+    <finecap.engines.vllm.VllmEngine.device_share>`): ``vllm.gpu_memory_utilization`` of the device's memory (its
+    weights and KV cache), or, when ``vllm.kv_cache_memory_bytes`` is set (vLLM then ignores the utilization and sizes
+    only its KV cache so), that KV cache plus the engine's own copy of the weights (``weights``:
+    :func:`engine_weights`); 0 with the utilization on a device of unknown size."""
+    if vllm.kv_cache_memory_bytes:
+        return int(vllm.kv_cache_memory_bytes) + weights
+    return int(vllm.gpu_memory_utilization * device_bytes) if device_bytes else 0
 
 
 def engine_weights(model: Any, element_bytes: int) -> int:
@@ -404,8 +403,9 @@ def forecast_text(memory: dict[str, int], forecast: dict[str, Any] | None, devic
                   measured: bool, vllm: int = 0) -> list[str]:  # fmt: skip
     """The lines ``--dry-run`` prints: the activation forecast by part, per image and per caption, the total with
     weights, gradients and optimizer state (``memory``: :func:`finecap.models.memory.training_memory`) and the vLLM
-    share (``vllm`` bytes: :func:`vllm_share`) against the device's memory (``device_bytes``; ``None``: unknown),
-    and whether the activation line is a forecast only (``measured``: a CUDA step's peak follows)."""
+    share (``vllm`` bytes: the engine's :meth:`~finecap.engines.base.GenerationEngine.device_share`) against the
+    device's memory (``device_bytes``; ``None``: unknown), and whether the activation line is a forecast only
+    (``measured``: a CUDA step's peak follows)."""
     if forecast is None:
         return ["activations: no forecast for this captioner (a model of VLM shapes only): the step below measures"]
     b, step = forecast["bytes"], forecast["step"]

@@ -292,7 +292,8 @@ def dry_run(cfg: Config) -> dict[str, Any]:
 
     import yaml
 
-    from finecap.models.forecast import engine_weights, forecast_of_run, forecast_text, vllm_share
+    from finecap.engines.base import engine_class
+    from finecap.models.forecast import forecast_of_run, forecast_text
     from finecap.models.memory import parameter_counts, training_memory
 
     cfg = resolve_start(cfg)
@@ -314,14 +315,8 @@ def dry_run(cfg: Config) -> dict[str, Any]:
     forecast = forecast_of_run(run.model, cfg, micro[0], engine.objective) if micro else None
     cuda = acc.device.type == "cuda"
     device_bytes = torch.cuda.get_device_properties(acc.device).total_memory if cuda else None
-    engine_bytes = 0
-    served = getattr(acc.unwrap_model(run.model), "model", None)  # the transformers model a vLLM engine serves
-    if cfg.decode.engine == "vllm" and served is not None:  # the engine's own copy of it, in the dtype it computes in
-        from finecap.engines.vllm import engine_dtype, weights_dtype
-
-        dtype = engine_dtype(cfg.vllm.dtype, weights_dtype(served), cfg.train.mixed_precision, cuda)
-        engine_bytes = engine_weights(served, getattr(torch, dtype).itemsize)
-    share = vllm_share(cfg, device_bytes, engine_bytes)
+    # a colocated engine's own share of the device (vLLM's KV cache and weights: decode.engine), beside the step
+    share = engine_class(cfg.decode).device_share(acc.unwrap_model(run.model), cfg, device_bytes, cuda)
     forecast_lines = forecast_text(memory, forecast, device_bytes, cuda, share)
     micro = [to_device({**mb, "step_info": info}, acc.device) for mb in micro]
     if acc.device.type == "cuda":
