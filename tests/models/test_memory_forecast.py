@@ -13,6 +13,7 @@ import torch
 from peft import LoraConfig, get_peft_model
 from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
+from finecap.models.captioner import VOCAB_CHUNK_ELEMENTS
 from finecap.models.forecast import (
     LmShapes,
     Step,
@@ -155,12 +156,15 @@ def test_forecast_text_says_a_cpu_line_is_a_forecast():
     assert "no forecast" in forecast_text(memory, None, None, measured=False)[0]
 
 
+@pytest.mark.parametrize("checkpointing", [False, True], ids=["whole", "chunks"])
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-def test_the_kl_reference_pass_peaks_at_what_the_forecast_counts(tmp_path, dtype):
-    """The GRPO KL's reference pass (grpo.kl_coef > 0) scores the sampled captions without gradient, so never in
-    vocabulary chunks: measured with torch's profiler (benchmarks/memory.py's allocation peak) on a tiny Idefics3 whose
-    vocabulary (20,084 words) dwarfs the rest, 4 images x 8 captions of 20 tokens, it peaks at (l + 8) V a position:
-    12 bytes in float32 (logits, their copy over the temperature, the log-softmax), 10 in bf16 under autocast."""
+def test_the_kl_reference_pass_peaks_at_what_the_forecast_counts(tmp_path, dtype, checkpointing):
+    """The GRPO KL's reference pass (grpo.kl_coef > 0) scores the sampled captions without gradient: measured with
+    torch's profiler (benchmarks/memory.py's allocation peak) on a tiny Idefics3 whose vocabulary (20,084 words)
+    dwarfs the rest, 4 images x 8 captions of 20 tokens, it peaks at (l + 8) V a position: 12 bytes in float32
+    (logits, their copy over the temperature, the log-softmax), 10 in bf16 under autocast. Under gradient
+    checkpointing it scores in the policy's vocabulary chunks (208 positions of the 640 here), so its peak is one
+    chunk's and the hidden states, a third of the whole; its log-probs equal the policy's training pass's."""
     from PIL import Image
 
     from finecap.config import load
@@ -168,6 +172,7 @@ def test_the_kl_reference_pass_peaks_at_what_the_forecast_counts(tmp_path, dtype
     from finecap.decode import Generation
     from finecap.models.backbones import build_model
     from finecap.models.forecast import reference_bytes, training_of
+    from finecap.models.memory import enable_gradient_checkpointing
     from finecap.models.presets import save_tiny_vlm
     from finecap.objectives.reference import Reference
 
@@ -176,6 +181,9 @@ def test_the_kl_reference_pass_peaks_at_what_the_forecast_counts(tmp_path, dtype
     cfg = load("coco/grpo_sr_cider_vlm", [f"vlm.name={folder}", f"model.dtype={dtype}",
                                           f"train.mixed_precision={'bf16' if autocast else 'no'}"])  # fmt: skip
     model = build_model(cfg).train()
+    if checkpointing:
+        enable_gradient_checkpointing(model)
+    assert model.trains_in_chunks is checkpointing
     items = [{"caption": "w1 w2", "image": Image.new("RGB", (32, 24)), "image_id": i, "references": ["w1"],
               "index": i} for i in range(4)]  # fmt: skip
     batch = model_collator(model, 8)(items)
@@ -192,25 +200,42 @@ def test_the_kl_reference_pass_peaks_at_what_the_forecast_counts(tmp_path, dtype
             reference.logprobs(model, batch, gen)
 
     measured = _memory_benchmark().allocation_peak(score, cuda=False)
-    train = training_of(cfg)
-    forecast = reference_bytes(LmShapes.of(model.model.config), train, N * L)
-    assert forecast == (12 if dtype == "float32" else 10) * V * N * L
-    assert forecast <= measured < 1.01 * forecast, (forecast, measured)  # the rest: a tiny model's hidden states
+    train = dataclasses.replace(training_of(cfg), checkpointing=checkpointing)
+    lm = LmShapes.of(model.model.config)
+    forecast = reference_bytes(lm, train, N * L)
+    per_logit = 12 if dtype == "float32" else 10
+    if not checkpointing:
+        assert forecast == per_logit * V * N * L
+        assert forecast <= measured < 1.01 * forecast, (forecast, measured)  # the rest: a tiny model's hidden states
+        return
+    rows = VOCAB_CHUNK_ELEMENTS // V
+    assert (rows, forecast) == (208, per_logit * V * rows + train.linear * lm.hidden * N * L)
+    assert 0.95 * forecast <= measured < 1.05 * forecast, (forecast, measured)
+    # the same log-probs as the policy's training pass at the start (the reference is the policy, scored alike)
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+        policy = model(batch, gen.sequences, gen.mask, gen.image_index).logprobs
+        ref = reference.logprobs(model, batch, gen)
+    assert model.scores_in_chunks and torch.equal(policy.detach(), ref)
 
 
 def test_a_recipe_with_the_kl_forecasts_its_reference_pass():
-    """coco/grpo_sr_cider_vlm (grpo.kl_coef 0.04) at Qwen2-VL-2B's shapes: 32 images x 8 captions of 40 tokens
-    scored once more without gradient, whole logits in bf16 (autocast) and two float32 copies: 10 x 256 x 40 x
-    151,936 bytes, more than the checkpointed step itself: the step's peak; without the KL there is no such pass."""
+    """coco/grpo_sr_cider_vlm (grpo.kl_coef 0.04, gradient checkpointing) at Qwen2-VL-2B's shapes: 32 images x 8
+    captions of 40 tokens scored once more without gradient, in the policy's vocabulary chunks (27 positions of
+    151,936 words: bf16 logits under autocast and two float32 copies) beside the bf16 last hidden states of all
+    10,240 positions (1,536 wide): 10 x 27 x 151,936 + 2 x 1,536 x 10,240 bytes, below the step's own peak; without
+    checkpointing the whole logits, 10 x 10,240 x 151,936 bytes (the step's own peak is larger still); without the KL
+    there is no such pass."""
     from finecap.config import load
     from finecap.models.forecast import BACKBONES, recipe_forecast, step_of
 
     qwen = BACKBONES["Qwen2-VL-2B"]
     act = recipe_forecast(load("coco/grpo_sr_cider_vlm"), qwen)["activations"]
-    assert act["reference"] == 10 * 256 * 40 * 151_936
-    assert act["peak"] == act["reference"] > act["lm"] + act["vocab"] + act["images"]
+    assert act["reference"] == 10 * 27 * 151_936 + 2 * 1_536 * 10_240
+    assert act["peak"] == act["lm"] + act["vocab"] + act["images"] + act["mask"] > act["reference"]
+    whole = recipe_forecast(load("coco/grpo_sr_cider_vlm", ["train.gradient_checkpointing=false"]), qwen)
+    assert whole["activations"]["reference"] == 10 * 10_240 * 151_936 < whole["activations"]["peak"]
     without = recipe_forecast(load("coco/grpo_sr_cider_vlm", ["grpo.kl_coef=0"]), qwen)["activations"]
-    assert without["reference"] == 0 and without["peak"] < act["peak"] / 3
+    assert without["reference"] == 0 and without["peak"] == act["peak"]
     # --dry-run's forecast of a run's first batch reads the same setting
     batch = {"prompt_ids": torch.zeros(32, 335), "input_ids": torch.zeros(32, 12)}
     cfg = load("coco/grpo_sr_cider_vlm")

@@ -425,15 +425,19 @@ class CaptionerBase(nn.Module, abc.ABC):
     """Logits per chunk when :attr:`scores_in_chunks` (:func:`finecap.models.captioner.chunked_token_scores`)."""
 
     @property
+    def trains_in_chunks(self) -> bool:
+        """Whether this captioner's training scores given sequences in vocabulary chunks (:attr:`scores_in_chunks`
+        while training): gradient checkpointing is on (``train.gradient_checkpointing``: the memory lever that
+        trades compute for activations covers the head too) and the backbone has an :meth:`output_head`."""
+        return memory.gradient_checkpointing(self) and self.output_head() is not None
+
+    @property
     def scores_in_chunks(self) -> bool:
         """Whether :meth:`forward` scores given sequences through the vocabulary head in chunks of positions,
         recomputed one at a time in the backward pass, instead of holding their whole logits: while training with
-        gradient checkpointing (``train.gradient_checkpointing``: the memory lever that trades compute for
-        activations covers the head too) with gradient enabled, when the backbone has an :meth:`output_head`.
-        Objectives ask it through :func:`finecap.objectives.base.unwrap` (MLE then scores its captions as given
-        sequences)."""
-        return (self.training and torch.is_grad_enabled() and memory.gradient_checkpointing(self)
-                and self.output_head() is not None)  # fmt: skip
+        gradient enabled when :attr:`trains_in_chunks`. Objectives ask it through
+        :func:`finecap.objectives.base.unwrap` (MLE then scores its captions as given sequences)."""
+        return self.training and torch.is_grad_enabled() and self.trains_in_chunks
 
     @contextlib.contextmanager
     def _head_deferred(self, head: nn.Module) -> Iterator[None]:
@@ -457,6 +461,7 @@ class CaptionerBase(nn.Module, abc.ABC):
         temperature: float = 1.0,
         with_entropy: bool = False,
         with_top: bool = False,
+        chunks: bool | None = None,
     ) -> torch.Tensor | TokenScores:
         """The one differentiable entry point (module docstring).
 
@@ -466,15 +471,17 @@ class CaptionerBase(nn.Module, abc.ABC):
         log-probs under ``softmax(logits / temperature)`` with gradient, 0 where ``mask`` is false, the
         next-token entropies when ``with_entropy`` and whether each token is the most likely one when ``with_top``.
         ``image_index (N,)`` maps rows to batch images (e.g. ``Generation.image_index``), so the image side runs
-        once per image; without it row ``n`` is image ``n``. When :attr:`scores_in_chunks`, the sequences' logits
-        are never held whole (:func:`~finecap.models.captioner.chunked_token_scores`).
+        once per image; without it row ``n`` is image ``n``. When ``chunks`` (default :attr:`scores_in_chunks`), the
+        sequences' logits are never held whole (:func:`~finecap.models.captioner.chunked_token_scores`): the GRPO
+        KL's reference pass, in eval mode without gradient, passes :attr:`trains_in_chunks`, so that it scores as
+        the policy's training pass does (the same chunks: equal log-probs) and never holds the whole logits.
         """
         conditioning = self.scoring_conditioning(self.image_conditioning(batch))
         if sequences is None:
             return self.caption_logits(conditioning, batch["input_ids"], batch.get("attention_mask"))
         sequences = sequences.to(self.device)
         mask = torch.ones_like(sequences, dtype=torch.bool) if mask is None else mask.to(self.device)
-        if not self.scores_in_chunks:
+        if not (self.scores_in_chunks if chunks is None else chunks):
             logits = self.sequence_logits(conditioning, sequences, mask, image_index)  # (N, L, V)
             return token_scores(logits, sequences, mask, temperature, with_entropy, with_top)
         head = self.output_head()

@@ -43,10 +43,11 @@ residual stream's dtype after rope), the captions' rows of them formed only insi
 are recomputed one after the other (the captions' first), so the larger one's layer is the recomputed peak.
 
 **The reference pass** of the GRPO family's KL term (``grpo.kl_coef > 0``, :mod:`finecap.objectives.reference`)
-scores the step's captions once more before the step, without gradient and in eval mode, so never in vocabulary
-chunks: the whole logits (``l`` bytes: bf16 under autocast or bf16 weights), their float32 copy divided by the
-temperature and its float32 log-softmax, ``(l + 8) V`` a scored position (every position of every caption, padding
-included), measured to the byte on the CPU (``tests/models/test_memory_forecast.py``).
+scores the step's captions once more before the step, without gradient and in eval mode: the logits (``l`` bytes:
+bf16 under autocast or bf16 weights), their float32 copy divided by the temperature and its float32 log-softmax,
+``(l + 8) V`` a scored position (every position of every caption, padding included); under checkpointing it scores
+in the policy's vocabulary chunks, so only one chunk's positions at a time, beside the last hidden states
+(``l H`` a position). Both measured on the CPU (``tests/models/test_memory_forecast.py``).
 
 The peak is taken at the start of the backward pass: everything saved, plus the vocabulary's gradients (or, under
 checkpointing, one recomputed layer), or the vision tower's temporaries if larger, or the reference pass's logits if
@@ -256,8 +257,13 @@ def vocab_bytes(lm: LmShapes, train: Training, scored: int, chunked: bool = True
 
 
 def reference_bytes(lm: LmShapes, train: Training, scored: int) -> int:
-    """The peak of the GRPO KL's reference pass over ``scored`` positions: the whole logits in the projections'
-    output dtype, their float32 copy divided by the temperature and its float32 log-softmax (module docstring)."""
+    """The peak of the GRPO KL's reference pass over ``scored`` positions: the logits in the projections' output
+    dtype, their float32 copy divided by the temperature and its float32 log-softmax, of every position, or under
+    checkpointing of one vocabulary chunk's positions (the policy's chunks) beside the last hidden states of all
+    (module docstring)."""
+    if train.checkpointing:
+        rows = min(scored, max(1, VOCAB_CHUNK_ELEMENTS // lm.vocab))
+        return (train.linear + 8) * lm.vocab * rows + train.linear * lm.hidden * scored
     return (train.linear + 8) * lm.vocab * scored
 
 

@@ -16,7 +16,11 @@ Why the training dtype and not ``model.dtype``: the copy is then bit-equal to th
 float32 master weights would not be), so the KL is exactly 0 before the first step (without dropout).
 
 The reference log-probs are computed once per rollout (at the first of its ``grpo.iterations`` steps), without
-gradient and in eval mode (no dropout: the reference is a fixed function), with the same temperature as the policy's.
+gradient and in eval mode (no dropout: the reference is a fixed function), with the same temperature as the policy's,
+and, under gradient checkpointing, in the vocabulary chunks the policy's training pass scores in
+(:attr:`~finecap.models.base.CaptionerBase.trains_in_chunks`): the same log-probs as the policy's at the start, and
+never the whole logits of the step's captions (``(N, L, V)``: 14 GiB for 256 captions of 40 tokens over Qwen2-VL's
+151,936 words in bf16 with their float32 copies).
 The copy is part of the objective's state (every resumable checkpoint holds it), so a resumed run keeps the
 reference of its start; a run resumed from a checkpoint without one (KL switched on later) takes the policy at the
 resume as its reference.
@@ -70,6 +74,8 @@ class Reference:
         self.capture(model)
         bare = unwrap(model)
         kwargs = dict(sequences=gen.sequences, mask=gen.mask, image_index=gen.image_index, temperature=temperature)
+        if getattr(bare, "trains_in_chunks", False):  # scored as the policy's training pass: in vocabulary chunks
+            kwargs["chunks"] = True
         was_training = bare.training
         bare.eval()
         try:
