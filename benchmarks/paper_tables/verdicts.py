@@ -83,11 +83,14 @@ fewer, its per-seed interval is the test split's alone."""
 
 RUN_TO_TEST_NOISE = (1.8, 9.7)
 """How much larger retraining noise is than a one-run cell's test-split noise, as measured: the run-to-run standard
-deviation of SLE − SCST within a world seed (docs/results.md, "Training noise: SLE against SCST in 12 runs": beam
-CIDEr-D 0.037-0.131 over four run seeds on each of three worlds, sampled Div-2 0.011-0.028) over the standard error
-of the same difference over the 1,000 test images of one run (the exploration grid's per-image values: CIDEr-D
-0.0135 and 0.0201, Div-2 0.0033 and 0.0032): 1.8-9.7 times for CIDEr-D, 3.3-8.6 for Div-2. Used for the chance rates
-of the page's multiplicity note (:func:`chance_note`)."""
+deviation of SLE − SCST within a world seed (the 12 pairs of docs/results.md, "Training noise: SLE against SCST in 12
+runs", as committed in benchmarks/results/effects/ and its run_seeds/: beam CIDEr-D 0.037-0.131 over four run seeds on
+each of three worlds, sampled Div-2 0.014-0.029, run seed 0's Div-2 being the issue-35 re-run's, which the page's
+table predates) over the standard error of the same difference over the 1,000 test images of one run (the
+exploration grid's per-image values: CIDEr-D 0.0135 and 0.0201, Div-2 0.0033 and 0.0032), the smallest spread over
+the largest error to the largest over the smallest: 1.8-9.7 times for CIDEr-D, 4.1-9.0 for Div-2
+(tests/benchmarks/test_quoted_results.py recomputes them from those files). Used for the chance rates of the page's
+multiplicity note (:func:`chance_note`)."""
 
 
 def zero_width(low: float, high: float) -> bool:

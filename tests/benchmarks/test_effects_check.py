@@ -6,13 +6,13 @@ or when its interval does not exclude the paper's effect."""
 
 from __future__ import annotations
 
-import itertools
 import json
 import shutil
 from pathlib import Path
 
 import pytest
 
+from helpers.markdown_tables import markdown_rows
 from helpers.scripts import benchmark
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -170,15 +170,6 @@ def test_the_sle_non_reproduction_passes_when_its_interval_excludes_the_papers_g
     # the same, but one world seed's runs far below: an interval so wide it reaches +0.033 fails
     set_sle_gain(store, {(2, r): -0.3 + 0.01 * r for r in range(4)})
     assert "SLE CIDEr-D change (sle - scst)" in names(failures(effects, store))
-
-
-def markdown_rows(text: str, heading: str) -> list[dict[str, str]]:
-    """The rows of the first Markdown table after ``heading`` in ``text``, each as ``{column: cell}``."""
-    lines = text[text.index(heading) :].splitlines()
-    start = next(i for i, line in enumerate(lines) if line.startswith("|"))
-    table = list(itertools.takewhile(lambda line: line.startswith("|"), lines[start:]))
-    cells = [[c.strip() for c in line.strip().strip("|").split("|")] for line in table if not line.startswith("| ---")]
-    return [dict(zip(cells[0], row, strict=True)) for row in cells[1:]]
 
 
 DOC_COLUMNS = {"headline effect": "effect", "mean ± std over world seeds (run seed 0)": "mean ± std"}
