@@ -132,18 +132,22 @@ def filter_logits(logits: torch.Tensor, top_k: int = 0, top_p: float = 1.0) -> t
     """Set logits outside the top-k and outside the nucleus to -inf. ``logits (N, V)``.
 
     top-k keeps the k largest logits (ties with the k-th are kept); top-p keeps the smallest set of most likely
-    tokens whose probability mass reaches ``top_p`` (the most likely token is always kept).
+    tokens whose probability mass reaches ``top_p`` (the most likely token is always kept). Both are transformers'
+    ``TopKLogitsWarper`` and ``TopPLogitsWarper`` (``min_tokens_to_keep=1``, what ``generate(do_sample=True)``
+    applies after the temperature) operation for operation, so that the nucleus is ``generate``'s also where
+    tokens tie at its edge (common with bfloat16 logits) or the mass reaches ``top_p`` exactly: top-p sorts the
+    logits ascending and drops the tokens whose cumulative mass, theirs and that of every less likely token, is at
+    most ``1 - top_p``.
     """
     if top_k > 0 and top_k < logits.shape[-1]:
         kth = logits.topk(top_k, dim=-1).values[..., -1:]  # (N, 1)
         logits = logits.masked_fill(logits < kth, float("-inf"))
     if top_p < 1.0:
-        sorted_logits, order = logits.sort(dim=-1, descending=True)  # (N, V)
-        probs = sorted_logits.softmax(dim=-1)
-        mass_before = probs.cumsum(dim=-1) - probs  # (N, V) mass of strictly more likely tokens
-        remove_sorted = mass_before >= top_p
-        remove_sorted[..., 0] = False
-        remove = torch.zeros_like(remove_sorted).scatter(-1, order, remove_sorted)
+        sorted_logits, order = logits.sort(dim=-1, descending=False)  # (N, V) least likely first
+        mass_up_to = sorted_logits.softmax(dim=-1).cumsum(dim=-1)  # (N, V) mass of a token and the less likely ones
+        remove_sorted = mass_up_to <= (1 - top_p)
+        remove_sorted[..., -1:] = False  # the most likely token stays
+        remove = remove_sorted.scatter(-1, order, remove_sorted)  # (N, V) back to token order
         logits = logits.masked_fill(remove, float("-inf"))
     return logits
 

@@ -1,4 +1,5 @@
 import pytest
+import torch
 
 from finecap.config import load
 from finecap.runs import checkpoint_dir, model_dir, temporary_dir
@@ -135,3 +136,35 @@ def test_a_checkpoint_loading_in_another_process_is_never_swapped_under_it(make_
     assert reader.returncode == 0 and json.loads(out) == old  # one checkpoint's LM and mapper, both the old one's
     new = _sums(load_captioner(best / "model"))
     assert load_info(best) == {"step": 2} and new["lm"] != old["lm"] and new["mapper"] != old["mapper"]
+
+
+def test_generate_with_the_saved_generation_config_ignores_the_bases_own_penalties(tmp_path):
+    # Qwen2-VL-Instruct's generation_config.json holds repetition_penalty 1.05; a run's saved file kept it (base's
+    # other settings are kept), so generate with it penalised repeats that finecap's decoder writes: 2 of these 4
+    # greedy captions differed (3 of 4 with no_repeat_ngram_size 2 as well)
+    from PIL import Image
+    from transformers import GenerationConfig
+
+    from finecap.config import DecodeConfig
+    from finecap.models.vlm import Vlm
+    from finecap.train.checkpoint import write_generation_config
+    from helpers.vlm_families import tiny_family
+
+    model, processor = tiny_family("qwen2_vl")
+    model.generation_config.update(repetition_penalty=1.05, no_repeat_ngram_size=2)
+    vlm = Vlm(model, processor, source="tiny-qwen2_vl").eval()
+    model.generation_config.save_pretrained(tmp_path)  # what the model's save_pretrained writes into model/
+    cfg = DecodeConfig(strategy="greedy", max_length=12)
+    write_generation_config(tmp_path, cfg, vlm.tokenizer, vlm.end_token_ids)
+    saved = GenerationConfig.from_pretrained(tmp_path)
+    assert (saved.repetition_penalty, saved.no_repeat_ngram_size) == (1.0, 0)
+
+    g = torch.Generator().manual_seed(1)
+    images = [[Image.fromarray((torch.rand(16, 16, 3, generator=g) * 255).byte().numpy())] for _ in range(4)]
+    enc = dict(processor(text=[vlm.prompt_text] * 4, images=images, padding=True, return_tensors="pt"))
+    ours = vlm.generate(enc | {"prompt_ids": enc["input_ids"], "prompt_mask": enc["attention_mask"]}, cfg)
+    with torch.no_grad():  # the model's own settings still hold the penalties: the saved ones must turn them off
+        theirs = model.generate(**enc, generation_config=saved)[:, enc["input_ids"].shape[1] :]
+    for row, seq in enumerate(theirs.tolist()):
+        n = int(ours.lengths[row])
+        assert ours.sequences[row, :n].tolist() == seq[:n], row

@@ -80,11 +80,11 @@ def generation_config(
     """``decode`` as a ``transformers.GenerationConfig`` (``base``'s other settings kept): the strategy's own
     settings only (``length_penalty`` and ``early_stopping`` for beam search, ``temperature`` / ``top_k`` / ``top_p``
     for sampling, the others unset, as transformers requires; greedy decoding returns one caption, finecap refuses
-    more), and with ``tokenizer`` the stop ids (``ends``, the captioner's
-    :attr:`~finecap.models.base.CaptionerBase.end_token_ids`, default the tokenizer's EOS, and with
-    ``decode.stop_at_period`` the period tokens: :func:`finecap.decode.stop_token_ids`) and the pad id finecap's
-    decoder uses. ``generate`` reproduces finecap's beam search only under
-    ``decode.finished_beams=set_aside`` (:mod:`finecap.decode`)."""
+    more; ``base``'s settings of what finecap's decoder does not do, :data:`NOT_DECODED`, turned off), and with
+    ``tokenizer`` the stop ids (``ends``, the captioner's :attr:`~finecap.models.base.CaptionerBase.end_token_ids`,
+    default the tokenizer's EOS, and with ``decode.stop_at_period`` the period tokens:
+    :func:`finecap.decode.stop_token_ids`) and the pad id finecap's decoder uses. ``generate`` reproduces finecap's
+    beam search only under ``decode.finished_beams=set_aside`` (:mod:`finecap.decode`)."""
     from transformers import GenerationConfig
 
     from finecap.decode import stop_token_ids
@@ -103,6 +103,7 @@ def generation_config(
         top_k=decode.top_k if sample else None,
         top_p=decode.top_p if sample else None,
     )
+    gen.update(**{key: off for key, off in NOT_DECODED.items() if hasattr(gen, key)})
     # what transformers has no name for, so that finecap decodes a saved folder exactly as the run did
     gen.finecap_decode = {key: getattr(decode, key) for key in FINECAP_ONLY}
     if tokenizer is not None and tokenizer.eos_token_id is not None:
@@ -112,6 +113,25 @@ def generation_config(
         gen.pad_token_id = int(pad)
     return gen
 
+
+NOT_DECODED: dict[str, Any] = {
+    **dict.fromkeys(("repetition_penalty", "encoder_repetition_penalty", "typical_p"), 1.0),
+    **dict.fromkeys(("no_repeat_ngram_size", "encoder_no_repeat_ngram_size", "min_length"), 0),
+    **dict.fromkeys(("epsilon_cutoff", "eta_cutoff", "diversity_penalty"), 0.0),
+    "renormalize_logits": False,
+    "num_beam_groups": 1,
+    **dict.fromkeys(
+        ("min_new_tokens", "bad_words_ids", "sequence_bias", "suppress_tokens", "begin_suppress_tokens",
+         "forced_bos_token_id", "forced_eos_token_id", "exponential_decay_length_penalty", "min_p", "top_h",
+         "penalty_alpha", "dola_layers", "guidance_scale", "constraints", "force_words_ids", "stop_strings",
+         "max_time", "token_healing", "watermarking_config"),
+    ),
+}  # fmt: skip
+"""``GenerationConfig`` settings that change what ``generate`` writes and finecap's decoder has no counterpart for,
+with the value that turns each off: a base model's own (Qwen2-VL-Instruct ships ``repetition_penalty`` 1.05) would
+make ``generate`` with the saved file write other captions than the run's, so :func:`generation_config` writes these
+values (explicit where transformers has one, since ``generate(generation_config=...)`` fills a ``None`` from the
+model's own settings)."""
 
 FINECAP_ONLY = ("finished_beams", "stop_at_period", "batch_size")
 """``decode`` settings with no ``GenerationConfig`` name, kept in ``generation_config.json`` under
