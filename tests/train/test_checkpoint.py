@@ -168,3 +168,25 @@ def test_generate_with_the_saved_generation_config_ignores_the_bases_own_penalti
     for row, seq in enumerate(theirs.tolist()):
         n = int(ours.lengths[row])
         assert ours.sequences[row, :n].tolist() == seq[:n], row
+
+
+def test_an_edited_generation_config_setting_finecap_cannot_apply_is_named(tmp_path, caplog):
+    # docs/caption.md: an edited generation_config.json is honoured; a setting finecap's decoder has no counterpart
+    # for (a repetition penalty added by hand, another tool's file) was dropped without a word
+    from transformers import GenerationConfig
+
+    from finecap.config import DecodeConfig
+    from finecap.train.checkpoint import decode_of_folder, write_generation_config
+
+    write_generation_config(tmp_path, DecodeConfig(strategy="beam", beam_size=3, max_length=9))
+    with caplog.at_level("WARNING", logger="finecap.train.checkpoint"):
+        assert decode_of_folder(tmp_path)["beam_size"] == 3
+    assert caplog.records == []  # finecap's own file sets every such setting off
+    edited = GenerationConfig.from_pretrained(tmp_path)
+    edited.update(repetition_penalty=1.2, no_repeat_ngram_size=3)
+    edited.save_pretrained(tmp_path)
+    with caplog.at_level("WARNING", logger="finecap.train.checkpoint"):
+        assert decode_of_folder(tmp_path)["beam_size"] == 3
+    (record,) = caplog.records
+    assert str(tmp_path / "generation_config.json") in record.getMessage()
+    assert "no_repeat_ngram_size=3, repetition_penalty=1.2" in record.getMessage()

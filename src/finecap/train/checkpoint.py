@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import logging
 import shutil
 from collections.abc import Sequence
 from pathlib import Path
@@ -57,6 +58,8 @@ if TYPE_CHECKING:
     from transformers import GenerationConfig
 
     from finecap.config import Config, DecodeConfig
+
+log = logging.getLogger(__name__)
 
 
 @contextlib.contextmanager
@@ -141,8 +144,9 @@ FINECAP_ONLY = ("finished_beams", "stop_at_period", "batch_size")
 def decode_of_folder(model_folder: str | Path) -> dict[str, Any]:
     """The ``decode`` settings a model folder's ``generation_config.json`` holds (:func:`generation_config`'s
     inverse), for a folder with no run configuration beside it (an export, a bare model folder): what a user loading
-    it as its model card says gets the run's decoding, and an edited ``generation_config.json`` is honoured.
-    ``{}`` without the file. A file written by other tools (no ``finecap_decode``) gives transformers' beam rule
+    it as its model card says gets the run's decoding, and an edited ``generation_config.json`` is honoured where
+    finecap's decoder has the setting (one of :data:`NOT_DECODED` set on is named in a warning). ``{}`` without the
+    file. A file written by other tools (no ``finecap_decode``) gives transformers' beam rule
     (``finished_beams=set_aside``), which is what ``generate`` with it does."""
     from transformers import GenerationConfig
 
@@ -173,6 +177,11 @@ def decode_of_folder(model_folder: str | Path) -> dict[str, Any]:
     extras = getattr(gen, "finecap_decode", None)
     if isinstance(extras, dict):
         out.update({k: extras[k] for k in FINECAP_ONLY if k in extras})
+    unread = {k: v for k, off in NOT_DECODED.items() if (v := getattr(gen, k, None)) is not None and v != off}
+    if unread:  # an edited or another tool's file: generate would apply these, finecap's decoder cannot
+        log.warning("%s: finecap's decoder does not apply %s (transformers' generate with this file would); its "
+                    "captions follow the file's other settings", folder / GENERATION_CONFIG,
+                    ", ".join(f"{k}={v!r}" for k, v in sorted(unread.items())))  # fmt: skip
     return out
 
 
